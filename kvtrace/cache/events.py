@@ -1,0 +1,107 @@
+"""Typed cache events.
+
+The manager appends these to a per-step buffer and hands the whole batch to its
+listeners once per scheduler step (``KVCacheManager.subscribe``). Events are plain
+data: the cache never formats them, and nothing here knows about OpenTelemetry.
+
+Block hashes are ``bytes`` (sha256_cbor: 32 bytes; xxhash: 8 bytes). Steps are
+scheduler step indices (the cache has no clock; the engine maps steps to virtual time).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Union
+
+# Publish kinds (why a block became reachable by hash).
+PUBLISH_FULL = "full"  # a full block at a retained position
+PUBLISH_PARTIAL_TAIL = "partial_tail"  # the prompt's last hash boundary inside a block
+PUBLISH_CHECKPOINT = "checkpoint"  # an internal prefill checkpoint re-keyed at its position
+PUBLISH_BOUNDARY = "boundary"  # a semantic boundary kept by a sparse retention mask
+
+# Eviction reasons.
+EVICT_LRU = "lru"  # popped from the free-queue head by an allocation
+EVICT_STALE_HASH = "stale_hash"  # the slot is about to be overwritten by request-local state
+EVICT_REPLACED = "replaced"  # a key moved to another block, or a partial key promoted
+EVICT_CONNECTOR = "connector"  # dropped from the external tier
+EVICT_RESET = "reset"  # reset_prefix_cache()
+
+# Copy reasons.
+COPY_PARTIAL_HIT = "partial_hit"  # new request whose hit ends mid-block: fresh copy block
+COPY_RUNNING_TAIL = "running_tail"  # partial-tail entry of a running request moved to a copy
+COPY_EXTERNAL = "external"  # external tier loaded into a local block
+
+
+@dataclass(slots=True, frozen=True)
+class BlockPublished:
+    step: int
+    request_id: str
+    group_id: int
+    kind: str  # PUBLISH_*
+    block_ids: tuple[int, ...]
+    block_hashes: tuple[bytes, ...]
+    num_tokens: int  # prefix length (tokens) the last published key stands for
+
+
+@dataclass(slots=True, frozen=True)
+class BlockEvicted:
+    step: int
+    group_id: int
+    reason: str  # EVICT_*
+    block_ids: tuple[int, ...]
+    block_hashes: tuple[bytes, ...]
+    ages: tuple[int, ...]  # steps since each entry was published
+    idle: tuple[int, ...]  # steps since each entry was last used (hit or freed)
+    request_id: str | None  # the request whose allocation or checkpoint caused it
+
+
+@dataclass(slots=True, frozen=True)
+class BlockCopied:
+    step: int
+    request_id: str
+    group_id: int
+    src: int
+    dst: int
+    why: str  # COPY_*
+
+
+@dataclass(slots=True, frozen=True)
+class PrefixLookup:
+    step: int
+    request_id: str
+    num_query_tokens: int
+    num_hit_tokens: int  # local hit after the coordinator's fixed point
+    hit_tokens_per_group: tuple[int, ...]
+    shared_prefix_boundary: int
+    num_external_hit_tokens: int
+    root_hash: bytes | None  # hash of the first full block: identifies the prefix family
+    first_miss_hash: bytes | None  # hash of the first full block that missed (group 0)
+    first_miss_index: int  # its block index, -1 when everything hit
+
+
+@dataclass(slots=True, frozen=True)
+class BlocksFreed:
+    step: int
+    request_id: str
+    group_id: int
+    block_ids: tuple[int, ...]  # in free order (tail first)
+
+
+@dataclass(slots=True, frozen=True)
+class StaleHashLeft:
+    """A hashed block was overwritten by state that does not match its key.
+
+    Emitted when the behaviour that would have evicted the key is switched off, so
+    the stale entry is visible as data and not only as a later wrong hit.
+    """
+
+    step: int
+    request_id: str
+    group_id: int
+    block_id: int
+    block_hash: bytes
+    num_tokens: int  # the prefix length the stale key claims
+
+
+CacheEvent = Union[BlockPublished, BlockEvicted, BlockCopied, PrefixLookup, BlocksFreed, StaleHashLeft]
+CacheListener = Callable[[list[CacheEvent]], None]

@@ -1,0 +1,42 @@
+"""Deterministic token synthesis for traces that carry block ids instead of tokens.
+
+Mooncake, Bailian and WEKA traces give prefix-chained block ids. Each id gets its own
+fixed token list, derived from (namespace, id) alone, so the same id always expands to
+the same tokens and the cache can memoise per-id hashes (cost grows with unique blocks).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+VOCAB_SIZE = 163_840  # Kimi-class vocabulary; token ids lie in [0, VOCAB_SIZE)
+
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        x = x + _GOLDEN
+        x = (x ^ (x >> np.uint64(30))) * _M1
+        x = (x ^ (x >> np.uint64(27))) * _M2
+        return x ^ (x >> np.uint64(31))
+
+
+def block_tokens(block_id: int, block_size: int, namespace: int = 0) -> np.ndarray:
+    """The fixed token list (int64, length ``block_size``) of one trace block id."""
+    seed = (int(namespace) * 0x1F123BB5 + int(block_id) * 0x5851F42D4C957F2D) & 0xFFFFFFFFFFFFFFFF
+    with np.errstate(over="ignore"):
+        x = np.arange(block_size, dtype=np.uint64) + np.uint64(seed)
+    return (_splitmix64(x) % np.uint64(VOCAB_SIZE)).astype(np.int64)
+
+
+def tokens_for_block_ids(
+    block_ids: tuple[int, ...] | list[int], block_size: int, input_length: int, namespace: int = 0
+) -> np.ndarray:
+    """Expand prefix-chained block ids to ``input_length`` tokens; the last block is cut."""
+    if not block_ids:
+        return np.zeros(0, dtype=np.int64)
+    out = np.concatenate([block_tokens(b, block_size, namespace) for b in block_ids])
+    return out[:input_length]

@@ -1,0 +1,83 @@
+"""Typed engine events (virtual time in integer nanoseconds).
+
+The engine delivers, once per step, a ``StepExecuted`` together with that step's cache
+events, so a listener can place cache events on the virtual time line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence, Union
+
+from kvtrace.cache.events import CacheEvent
+
+
+@dataclass(slots=True, frozen=True)
+class StepExecuted:
+    step: int
+    start_ns: int
+    end_ns: int
+    num_prefill_tokens: int
+    num_decode_seqs: int
+    num_running: int
+    num_waiting: int
+    num_copies: int
+    num_preempted: int
+    usage: tuple[float, ...]  # block-pool usage per KV cache group, 0..1
+
+
+@dataclass(slots=True, frozen=True)
+class RequestFinished:
+    request_id: str
+    session_id: str | None
+    arrival_ns: int
+    first_scheduled_ns: int
+    first_token_ns: int
+    finish_ns: int
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_local_hit_tokens: int  # prefix-cache hit at first schedule
+    num_external_hit_tokens: int
+    num_computed_prompt_tokens: int  # prompt tokens actually prefilled (all chunks, incl. recompute)
+    num_preemptions: int
+    num_divergent_tokens: int
+    itl_ns: tuple[int, ...]  # every inter-token gap
+    prefill_chunks: tuple[tuple[int, int, int], ...]  # (start_ns, end_ns, num_tokens)
+
+
+@dataclass(slots=True, frozen=True)
+class StaleHashFound:
+    step: int
+    time_ns: int
+    group_id: int
+    block_id: int
+    block_hash: bytes
+    num_tokens: int  # the prefix length the key claims
+    expected_fingerprint: int
+    actual_fingerprint: int
+    request_id: str | None  # the request that last wrote the block, when known
+
+
+@dataclass(slots=True, frozen=True)
+class DivergentOutput:
+    step: int
+    time_ns: int
+    request_id: str
+    position: int  # output index
+    expected_token: int
+    actual_token: int
+
+
+EngineEvent = Union[StepExecuted, RequestFinished, StaleHashFound, DivergentOutput]
+
+
+@dataclass(slots=True)
+class StepBatch:
+    """What listeners receive once per step."""
+
+    step: StepExecuted
+    cache_events: Sequence[CacheEvent]
+    engine_events: Sequence[EngineEvent] = field(default_factory=tuple)
+
+
+StepListener = Callable[[StepBatch], None]
