@@ -1,0 +1,49 @@
+"""kvtrace.dashboard: the Streamlit app over a kvtrace store.
+
+``launch(db)`` runs the real Streamlit server on ``app.py``; the CLI's
+``kvtrace dashboard --db PATH`` calls it. The app reads only through ``kvtrace.store``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from kvtrace.errors import ConfigError
+
+APP_PATH = Path(__file__).with_name("app.py")
+DB_ENV = "KVTRACE_DB"
+
+
+def server_command(db: str | os.PathLike, host: str = "127.0.0.1", port: int = 8501, headless: bool = True) -> list[str]:
+    """The argv that serves the dashboard for ``db`` (``streamlit run app.py -- --db PATH``)."""
+    return [
+        sys.executable, "-m", "streamlit", "run", str(APP_PATH),
+        "--server.address", host,
+        "--server.port", str(int(port)),
+        "--server.headless", "true" if headless else "false",
+        "--browser.gatherUsageStats", "false",
+        "--server.fileWatcherType", "none",
+        "--client.toolbarMode", "viewer",
+        "--", "--db", str(Path(db).resolve()),
+    ]
+
+
+def launch(db: str | os.PathLike, host: str = "127.0.0.1", port: int = 8501, headless: bool = True) -> int:
+    """Serve the dashboard until interrupted; returns the server's exit status.
+
+    Binds to loopback unless ``host`` says otherwise. A missing database is a one-line
+    ConfigError here, before a server starts that could only show an error.
+    """
+    path = Path(db)
+    if not path.is_file():
+        raise ConfigError("kvtrace dashboard", "--db", f"{path}: no such database file (fill one with `kvtrace demo` or `kvtrace replay TRACE --db {path}`)")
+    if not 0 < int(port) < 65536:
+        raise ConfigError("kvtrace dashboard", "--port", f"expected 1..65535, got {port}")
+    env = dict(os.environ, **{DB_ENV: str(path.resolve())})
+    try:
+        return subprocess.call(server_command(path, host, port, headless), env=env)
+    except KeyboardInterrupt:
+        return 130

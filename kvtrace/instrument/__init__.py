@@ -1,0 +1,34 @@
+"""kvtrace.instrument: cache and engine events -> OpenTelemetry spans -> store / OTLP.
+
+Public API:
+- ``KVCacheInstrumentor``: subscribes to an engine or cache manager, emits spans in bulk.
+- ``SeededIdGenerator``: deterministic span/trace ids (an OTel ``IdGenerator``).
+- ``BulkSpanProcessor``: a never-dropping SDK span processor with a columnar fast path.
+- ``DuckDBSpanExporter``: an SDK ``SpanExporter`` writing Arrow batches to the store.
+- ``build_tracer_provider``: store and/or OTLP wiring in one call.
+- ``SpanBatch``, ``table_to_readable_spans``, ``readable_spans_to_table``: conversions.
+- ``kvtrace.instrument.receiver.serve_collector``: OTLP/HTTP receiver into the store.
+- ``kvtrace.instrument.vllm.capture_vllm``: live vLLM KV events (ZMQ) into the store.
+"""
+
+from kvtrace.instrument.convert import readable_spans_to_table, table_to_readable_spans
+from kvtrace.instrument.exporter import DuckDBSpanExporter
+from kvtrace.instrument.ids import SeededIdGenerator
+from kvtrace.instrument.instrumentor import KVCacheInstrumentor
+from kvtrace.instrument.pipeline import build_tracer_provider, otlp_span_exporter
+from kvtrace.instrument.processor import BulkSpanProcessor
+from kvtrace.instrument.spans import BATCH_SCHEMA, SpanBatch, SpanBatchBuilder
+
+__all__ = [
+    "BATCH_SCHEMA",
+    "BulkSpanProcessor",
+    "DuckDBSpanExporter",
+    "KVCacheInstrumentor",
+    "SeededIdGenerator",
+    "SpanBatch",
+    "SpanBatchBuilder",
+    "build_tracer_provider",
+    "otlp_span_exporter",
+    "readable_spans_to_table",
+    "table_to_readable_spans",
+]

@@ -1,0 +1,96 @@
+"""Budget: cache-only replay vs a bare OrderedDict LRU loop (issue 3: within 6x).
+
+Replays the shared Mooncake synthetic trace (512-token blocks, 5,859 blocks) through
+``kvtrace.replay.cache_only.replay_cache_only`` with a ``Digest`` listener (what the CLI
+runs: the real KVCacheManager, events on), and through ``lru_reference`` over the raw
+hash ids (the bare loop) in the same process. Prints medians of interleaved repeats, the
+ratio, both hit rates and the Belady bound. ``--profile`` adds a cProfile top-10.
+
+    .venv/bin/python bench/cache_only.py [TRACE] [--capacity 5859] [--repeat 5] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from kvtrace.replay.cache_only import lru_reference, replay_cache_only  # noqa: E402
+from kvtrace.replay.digest import Digest  # noqa: E402
+from kvtrace.replay.readers import open_trace  # noqa: E402
+
+DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
+
+
+def bare_loop(id_lists, capacity):
+    t = time.perf_counter()
+    hits, *_ = lru_reference(id_lists, capacity)
+    return time.perf_counter() - t, hits
+
+
+def kvtrace_path(reqs, capacity):
+    digest = Digest()
+    t = time.perf_counter()
+    result = replay_cache_only(reqs, capacity_blocks=capacity, listeners=[digest])
+    return time.perf_counter() - t, result, digest.hexdigest()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("trace", nargs="?", default=str(DEFAULT_TRACE))
+    ap.add_argument("--capacity", type=int, default=5859)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args()
+
+    t = time.perf_counter()
+    source = open_trace(args.trace)
+    reqs = list(source)
+    t_read = time.perf_counter() - t
+    id_lists = [r.hash_ids for r in reqs]
+
+    bare_times, path_times = [], []
+    digests = set()
+    for _ in range(args.repeat):
+        tb, hits = bare_loop(id_lists, args.capacity)
+        tp, result, digest = kvtrace_path(reqs, args.capacity)
+        bare_times.append(tb)
+        path_times.append(tp)
+        digests.add(digest)
+    assert result.per_request_hit_blocks == hits, "kvtrace path disagrees with the bare loop"
+    assert len(digests) == 1, "digest differs between identical runs"
+    tb, tp = statistics.median(bare_times), statistics.median(path_times)
+    t = time.perf_counter()
+    bound = replay_cache_only(reqs, capacity_blocks=args.capacity, policy="belady")
+    t_belady = time.perf_counter() - t
+
+    print(f"trace            {args.trace} ({len(reqs)} requests, {result.prompt_tokens:,} prompt tokens)")
+    print(f"capacity         {args.capacity} blocks x {result.block_size} tokens")
+    print(f"read trace       {t_read * 1e3:8.1f} ms")
+    print(f"bare LRU loop    {tb * 1e3:8.1f} ms   (median of {args.repeat})")
+    print(f"kvtrace LRU      {tp * 1e3:8.1f} ms   (KVCacheManager + events + digest)")
+    print(f"ratio            {tp / tb:8.2f} x  (budget 6x)")
+    print(f"ratio incl. read {(tp + t_read) / tb:8.2f} x")
+    print(f"belady bound     {t_belady * 1e3:8.1f} ms")
+    print(f"LRU    token hit {result.token_hit_rate:.4f}  block hit {result.block_hit_rate:.4f}  "
+          f"publishes {result.publishes}  evictions {result.evictions}")
+    print(f"Belady token hit {bound.token_hit_rate:.4f}  block hit {bound.block_hit_rate:.4f}  "
+          f"evictions {bound.evictions}")
+    print(f"digest           {digests.pop()}")
+    if args.profile:
+        prof = cProfile.Profile()
+        prof.enable()
+        kvtrace_path(reqs, args.capacity)
+        prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(10)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,174 @@
+"""The exact int64 content model (CACHE_SEMANTICS.md, "Exact content model").
+
+Every value is an int64 in [0, P) with P = 2^31 - 1, and every product is reduced
+mod P before anything else touches it (two residues multiply to < 2^62), so results
+are bit-identical on any device and for any chunking of the same tokens.
+
+- Attention: the token at position p stores kv = (a*token + b*p + c) mod P.
+- Recurrent state: D lanes, lane d updated per token as s <- (m_d*s + token) mod P.
+  Over a chunk of positions [p0, p1) this has the closed form
+      s(p1) = m^(p1-p0) * s(p0) + m^(p1-1) * sum_{p0<=q<p1} token_q * m^(-q)
+  so a whole step's chunks are one cumsum over precomputed power tables.
+- Sampling: next token = (sum of the state lanes + sum of kv over the request's
+  attention positions) mod VOCAB_SIZE.
+- Fingerprints: a block's kv slots or state lanes folded with powers of R, so a stale
+  block shows up as one differing integer.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvtrace.cache.tokens import VOCAB_SIZE
+
+P = 2**31 - 1
+_UNREDUCED_TERMS = 1 << 13  # up to this many unreduced 2^49 terms sum below 2^63
+KV_A = 1_103_515_245 % P
+KV_B = 12_345_679
+KV_C = 2_654_435_761 % P
+FINGERPRINT_BASE = 1_000_003
+# Lane multipliers: fixed primitive-looking residues, distinct per lane (lane d uses the d-th).
+_LANE_MULTIPLIERS = (48_271, 69_621, 16_807, 39_373, 742_938_285, 950_706_376, 1_226_874_159, 62_089_911)
+
+
+def lane_multipliers(num_lanes: int) -> tuple[int, ...]:
+    base = list(_LANE_MULTIPLIERS)
+    while len(base) < num_lanes:  # more lanes than listed: derive further ones deterministically
+        base.append((base[-1] * 48_271 + len(base)) % P or 7)
+    return tuple(base[:num_lanes])
+
+
+def mulmod(x: torch.Tensor, y: torch.Tensor | int) -> torch.Tensor:
+    """(x * y) mod P for residues x, y in [0, P)."""
+    return (x * y) % P
+
+
+def kv_values(tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Attention content of each token at its absolute position.
+
+    One reduction suffices: token < 2^18 and position < 2^32 keep the sum below 2^63.
+    """
+    return (tokens * KV_A + positions * KV_B + KV_C) % P
+
+
+def kv_sum_closed_form(token_sum: int, start: int, end: int) -> int:
+    """Sum of kv over positions [start, end) given the sum of their tokens (mod P)."""
+    n = end - start
+    pos_sum = (start + end - 1) * n // 2
+    return (KV_A * (token_sum % P) + KV_B * (pos_sum % P) + KV_C * n) % P
+
+
+class ContentModel:
+    """Power tables for ``num_lanes`` recurrent lanes on one device (grown on demand)."""
+
+    def __init__(self, num_lanes: int = 4, device: torch.device | str = "cpu"):
+        self.num_lanes = num_lanes
+        self.device = torch.device(device)
+        self.multipliers = lane_multipliers(num_lanes)
+        self._m = torch.tensor(self.multipliers, dtype=torch.int64, device=self.device)
+        self._m_inv = torch.tensor([pow(m, P - 2, P) for m in self.multipliers], dtype=torch.int64, device=self.device)
+        self.pow = torch.ones((1, num_lanes), dtype=torch.int64, device=self.device)
+        self.inv_pow = torch.ones((1, num_lanes), dtype=torch.int64, device=self.device)
+        self.ensure(4096)
+
+    def ensure(self, n: int) -> None:
+        """Make ``pow[k]`` = m^k and ``inv_pow[k]`` = m^-k available for k < n (doubling)."""
+        have = self.pow.shape[0]
+        if have >= n:
+            return
+        pw, ipw = self.pow, self.inv_pow
+        while pw.shape[0] < n:
+            k = pw.shape[0]
+            step, istep = self._powk(self._m, k), self._powk(self._m_inv, k)
+            pw = torch.cat([pw, (pw * step) % P])
+            ipw = torch.cat([ipw, (ipw * istep) % P])
+        self.pow, self.inv_pow = pw, ipw
+
+    @staticmethod
+    def _powk(base: torch.Tensor, k: int) -> torch.Tensor:
+        out = torch.ones_like(base)
+        b = base.clone()
+        while k:
+            if k & 1:
+                out = (out * b) % P
+            b = (b * b) % P
+            k >>= 1
+        return out
+
+    # -- recurrent state ----------------------------------------------------------------
+    def advance(
+        self,
+        start_states: torch.Tensor,  # [B, D] state at each segment's start position
+        tokens: torch.Tensor,  # [N] all segments' tokens, concatenated
+        positions: torch.Tensor,  # [N] absolute position of each token
+        seg_offsets: torch.Tensor,  # [B] flat index of each segment's first token
+        seg_starts: torch.Tensor,  # [B] absolute start position of each segment
+        query_seg: torch.Tensor,  # [Q] segment of each query
+        query_end: torch.Tensor,  # [Q] absolute position the state is wanted after (> seg start)
+    ) -> torch.Tensor:
+        """States [Q, D] after ``query_end`` tokens, for queries inside the segments."""
+        if tokens.numel():
+            self.ensure(int(positions.max()) + 2)
+        else:
+            self.ensure(int(query_end.max()) + 2 if query_end.numel() else 1)
+        n = tokens.shape[0]
+        terms = tokens.unsqueeze(1) * self.inv_pow[positions]  # [N, D], each < 2^18 * 2^31 = 2^49
+        if n > _UNREDUCED_TERMS:  # keep the running sum below 2^63
+            terms %= P
+        csum = torch.zeros((n + 1, self.num_lanes), dtype=torch.int64, device=self.device)
+        torch.cumsum(terms, dim=0, out=csum[1:])  # csum[i] = sum of terms[:i]
+        start = seg_starts[query_seg]
+        lo = seg_offsets[query_seg]
+        hi = lo + (query_end - start)
+        seg_sum = (csum[hi] - csum[lo]) % P
+        decay = self.pow[query_end - start]
+        lift = self.pow[query_end - 1]
+        return ((decay * start_states[query_seg]) % P + (lift * seg_sum) % P) % P
+
+    def states_from_scratch(self, tokens: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+        """States [Q, D] after ``ends[q]`` tokens of one sequence, starting from zero."""
+        n = tokens.shape[0]
+        dev = self.device
+        return self.advance(
+            torch.zeros((1, self.num_lanes), dtype=torch.int64, device=dev),
+            tokens,
+            torch.arange(n, dtype=torch.int64, device=dev),
+            torch.zeros(1, dtype=torch.int64, device=dev),
+            torch.zeros(1, dtype=torch.int64, device=dev),
+            torch.zeros(ends.shape[0], dtype=torch.int64, device=dev),
+            ends,
+        )
+
+    def step_state(self, state: list[int], token: int) -> list[int]:
+        """One token on a Python-int state (the reference's decode path)."""
+        return [(m * s + token) % P for m, s in zip(self.multipliers, state)]
+
+
+def sample_token(state_lane_sum: int, kv_sum: int) -> int:
+    return (state_lane_sum + kv_sum) % P % VOCAB_SIZE
+
+
+def fingerprint_rows(values: torch.Tensor, num_valid: torch.Tensor | None = None) -> torch.Tensor:
+    """Fold each row [.., W] to one residue: sum_i v_i * R^i mod P over the first num_valid."""
+    width = values.shape[-1]
+    powers = _fp_powers(width, values.device)
+    terms = (values * powers) % P
+    if num_valid is not None:
+        mask = torch.arange(width, device=values.device).unsqueeze(0) < num_valid.unsqueeze(1)
+        terms = terms * mask
+    return terms.sum(dim=-1) % P
+
+
+_FP_CACHE: dict[tuple[int, str], torch.Tensor] = {}
+
+
+def _fp_powers(width: int, device: torch.device) -> torch.Tensor:
+    key = (width, str(device))
+    t = _FP_CACHE.get(key)
+    if t is None:
+        vals = [1] * width
+        for i in range(1, width):
+            vals[i] = vals[i - 1] * FINGERPRINT_BASE % P
+        t = torch.tensor(vals, dtype=torch.int64, device=device)
+        _FP_CACHE[key] = t
+    return t

@@ -1,0 +1,49 @@
+"""The external tier: a second-level cache (CPU, store, another node) keyed by (group, hash).
+
+Write-through: every key published on the GPU is stored here too. It has its own
+capacity (in blocks) and LRU; entries dropped for room are ``connector`` evictions.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from kvtrace.cache.block_pool import EventSink
+from kvtrace.cache.events import EVICT_CONNECTOR, BlockEvicted
+
+
+class ExternalTier:
+    __slots__ = ("capacity", "entries", "sink", "stored_step")
+
+    def __init__(self, capacity_blocks: int, sink: EventSink):
+        self.capacity = capacity_blocks
+        self.entries: OrderedDict[tuple[int, bytes], int] = OrderedDict()  # key -> num_tokens
+        self.stored_step: dict[tuple[int, bytes], int] = {}
+        self.sink = sink
+
+    def __contains__(self, key: tuple[int, bytes]) -> bool:
+        return key in self.entries
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def store(self, group_id: int, block_hash: bytes, num_tokens: int) -> None:
+        key = (group_id, block_hash)
+        if key in self.entries:
+            self.entries.move_to_end(key)
+            return
+        self.entries[key] = num_tokens
+        self.stored_step[key] = self.sink.step
+        while len(self.entries) > self.capacity:
+            (gid, h), _ = self.entries.popitem(last=False)
+            born = self.stored_step.pop((gid, h), self.sink.step)
+            self.sink.evictions += 1
+            self.sink.evictions_by_reason[EVICT_CONNECTOR] += 1
+            if self.sink.enabled:
+                age = self.sink.step - born
+                self.sink.events.append(BlockEvicted(self.sink.step, gid, EVICT_CONNECTOR, (-1,), (h,), (age,), (age,), None))
+
+    def touch(self, group_id: int, block_hash: bytes) -> None:
+        key = (group_id, block_hash)
+        if key in self.entries:
+            self.entries.move_to_end(key)

@@ -1,0 +1,164 @@
+"""Chained block hashing, after vLLM's ``hash_block_tokens``.
+
+hash(unit i) = H(parent or NONE_HASH, token ids of unit i, extra keys). Extra keys are
+the LoRA name (every unit) and the cache salt (first unit only). ``sha256_cbor`` hashes
+the canonical CBOR encoding and is stable across processes; ``xxhash`` (xxh3-64) hashes
+the same encoding faster.
+
+Trace requests given as prefix-chained block ids memoise the hashes of all units of a
+trace block per (parent hash, namespace, id, extra keys): the cost grows with unique
+blocks, not with tokens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import TYPE_CHECKING, Callable
+
+import cbor2
+import numpy as np
+import xxhash
+
+
+if TYPE_CHECKING:
+    from kvtrace.cache.request import Request
+
+HashFn = Callable[[object], bytes]
+
+_NONE_HASH_SEED = "kvtrace/NONE_HASH/v1"
+
+
+def sha256_cbor(obj: object) -> bytes:
+    return hashlib.sha256(cbor2.dumps(obj, canonical=True)).digest()
+
+
+def xxhash_cbor(obj: object) -> bytes:
+    return xxhash.xxh3_64_digest(cbor2.dumps(obj, canonical=True))
+
+
+HASH_FNS: dict[str, HashFn] = {"sha256_cbor": sha256_cbor, "xxhash": xxhash_cbor}
+
+
+def none_hash(hash_fn: HashFn) -> bytes:
+    """The parent of the first unit: H of a fixed seed (deterministic across runs)."""
+    return hash_fn(_NONE_HASH_SEED)
+
+
+def hash_block_tokens(
+    hash_fn: HashFn, parent: bytes, token_ids: tuple[int, ...] | list[int], extra_keys: tuple | None
+) -> bytes:
+    return hash_fn((parent, tuple(token_ids), extra_keys))
+
+
+class BlockHasher:
+    """Fills ``Request.block_hashes`` incrementally, in ``hash_block_size`` units.
+
+    Token units hash ``(parent, tokens, extra keys)``. Units inside a trace block
+    (``Request.trace_block_ids``) hash ``(parent, ("trace", namespace, id, unit index),
+    extra keys)`` instead: a trace block's tokens are a pure function of (namespace,
+    id), so this names the same content without synthesising tokens, and the hashes
+    of all units of one (parent, id) are memoised. Token-given and id-given requests
+    therefore do not share keys (a trace is replayed in one mode).
+    """
+
+    __slots__ = ("hash_fn", "hash_block_size", "none_hash", "_trace_memo", "memo_hits", "memo_misses")
+
+    def __init__(self, hash_fn_name: str, hash_block_size: int):
+        self.hash_fn = HASH_FNS[hash_fn_name]
+        self.hash_block_size = hash_block_size
+        self.none_hash = none_hash(self.hash_fn)
+        # (namespace, lora, salt, trace block size) -> {(parent, id): unit hashes of that block}
+        self._trace_memo: dict[tuple, dict[tuple[bytes, int], tuple[bytes, ...]]] = {}
+        self.memo_hits = 0
+        self.memo_misses = 0
+
+    @staticmethod
+    def extra_keys(request: "Request", first_unit: bool) -> tuple | None:
+        keys: tuple = ()
+        if request.lora_name is not None:
+            keys += (request.lora_name,)
+        if first_unit and request.cache_salt is not None:
+            keys += (request.cache_salt,)
+        return keys or None
+
+    def update(self, request: "Request") -> None:
+        """Hash every full unit of ``request``'s tokens not hashed yet."""
+        hashes = request._block_hashes
+        hbs = self.hash_block_size
+        target = request.num_tokens // hbs
+        n = len(hashes)
+        if n >= target:
+            return
+        tids = request.trace_block_ids
+        tbs = request.trace_block_size
+        if tids is not None and tbs and tbs % hbs == 0:
+            per_block = tbs // hbs
+            prompt_units = min(request.num_prompt_tokens // hbs, target)
+            if n < prompt_units and n % per_block == 0:
+                n = self._update_trace(request, hashes, tids, tbs, per_block, n, prompt_units)
+        if n >= target:
+            return
+        tokens = request.get_token_ids(n * hbs, target * hbs)
+        fn = self.hash_fn
+        parent = hashes[n - 1] if n else self.none_hash
+        lora_only = self.extra_keys(request, False)
+        for i in range(target - n):
+            unit = tuple(tokens[i * hbs:(i + 1) * hbs].tolist())
+            extra = self.extra_keys(request, True) if n + i == 0 else lora_only
+            parent = fn((parent, unit, extra))
+            hashes.append(parent)
+
+    def _update_trace(self, request, hashes, tids, tbs, per_block, n, prompt_units) -> int:
+        ctx = (request.namespace, request.lora_name, request.cache_salt, tbs)
+        memo = self._trace_memo.get(ctx)
+        if memo is None:
+            memo = self._trace_memo[ctx] = {}
+        fn = self.hash_fn
+        ns = request.namespace
+        parent = hashes[n - 1] if n else self.none_hash
+        j = n // per_block
+        last_j = min(len(tids), -(-prompt_units // per_block))
+        misses = 0
+        if per_block == 1:  # one unit per trace block: the memo holds the hash itself
+            append = hashes.append
+            lora_only = self.extra_keys(request, False)
+            get = memo.get
+            for tid in tids[j:last_j]:
+                h = get((parent, tid))
+                if h is None:
+                    misses += 1
+                    extra = self.extra_keys(request, True) if not hashes else lora_only
+                    h = fn((parent, ("trace", ns, tid, 0), extra))
+                    memo[(parent, tid)] = h
+                append(h)
+                parent = h
+        else:
+            while j < last_j:
+                tid = tids[j]
+                units = memo.get((parent, tid))
+                if units is None:
+                    misses += 1
+                    out = []
+                    p = parent
+                    for u in range(per_block):
+                        p = fn((p, ("trace", ns, tid, u), self.extra_keys(request, j == 0 and u == 0)))
+                        out.append(p)
+                    units = tuple(out)
+                    memo[(parent, tid)] = units
+                take = prompt_units - len(hashes)
+                hashes.extend(units if take >= per_block else units[:take])
+                parent = units[-1]
+                j += 1
+        self.memo_misses += misses
+        self.memo_hits += (last_j - n // per_block) - misses
+        return len(hashes)
+
+def coarse_hashes(fine: list[bytes], scale: int) -> list[bytes]:
+    """Hashes of a group whose block is ``scale`` hash units: block i reuses fine[(i+1)*scale-1]."""
+    if scale == 1:
+        return fine
+    return fine[scale - 1::scale]
+
+
+def token_array(x) -> np.ndarray:
+    return np.asarray(x, dtype=np.int64)

@@ -1,0 +1,514 @@
+"""KVCacheManager: the scheduler-facing facade (vLLM's ``KVCacheManager`` + coordinator).
+
+Call order per scheduler step (mirrors vLLM's ``Scheduler.schedule``):
+
+1. Running requests first. For each: ``allocate_slots(req, num_new_tokens,
+   num_lookahead_tokens=...)``. ``None`` means no room: preempt a request
+   (``free(victim)``; reset its ``num_computed_tokens`` to 0) and retry, or skip.
+2. Waiting requests (``num_computed_tokens == 0``):
+   ``blocks, num_hit, boundary = get_computed_blocks(req)``; set
+   ``req.shared_prefix_boundary = boundary``; optionally
+   ``num_ext = get_num_external_hit_tokens(req, num_hit)``; choose the chunk
+   (block-aligned split for Mamba, stopping at ``boundary``), then
+   ``allocate_slots(req, num_new_tokens, num_new_computed_tokens=num_hit,
+   new_computed_blocks=blocks, num_external_computed_tokens=num_ext)``.
+   A new request's full table is ``get_block_ids(req_id)``; a running request's
+   worker table gets the returned ids appended (Mamba lists include null padding).
+3. After scheduling: ``take_block_copies()`` and ``take_state_writes()`` go into the
+   step's output. The worker runs the copies first, then loads external content,
+   computes, writes the state writes. (Copy endpoints stay referenced until
+   ``take_block_copies`` hands them out.)
+4. After the step's results: the engine advances ``req.num_computed_tokens`` and
+   appends output tokens (``req.append_output_token_ids``); finished requests are
+   ``free``-d; then ``new_step_starts()`` flushes the step's events to listeners,
+   makes this step's published keys hittable and advances the step counter.
+
+Hashes are registered during ``allocate_slots`` (before the forward pass writes
+content), which is why keys published in a step are only hittable from the next one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from math import lcm
+from typing import Iterator
+
+from kvtrace.cache.block_pool import BlockPool, EventSink
+from kvtrace.cache.config import (
+    EXTERNAL_HIT_RUNNING_COW,
+    SHARED_PREFIX_PINNING,
+    TRANSIENT_CHECKPOINT_RETENTION,
+    CacheConfig,
+    FullAttentionSpec,
+    MambaSpec,
+    SlidingWindowSpec,
+)
+from kvtrace.cache.events import COPY_EXTERNAL, PUBLISH_FULL, BlockCopied, BlocksFreed, CacheListener, PrefixLookup
+from kvtrace.cache.external import ExternalTier
+from kvtrace.cache.hashing import BlockHasher
+from kvtrace.cache.plans import BlockCopy, KVCacheBlocks, StateWrite
+from kvtrace.cache.request import Request
+from kvtrace.cache.single_type import (
+    MANAGER_FOR_SPEC,
+    FullAttentionManager,
+    MambaManager,
+    SingleTypeManager,
+    cdiv,
+)
+
+
+@dataclass(slots=True)
+class CacheStats:
+    queries: int = 0  # get_computed_blocks calls
+    query_tokens: int = 0
+    hit_tokens: int = 0  # local hits after the fixed point
+    hit_requests: int = 0
+    external_hit_tokens: int = 0
+    copies: int = 0
+    stale_hash_left: int = 0
+    failed_allocations: int = 0
+    freed_requests: int = 0
+    sink: EventSink | None = field(default=None, repr=False)
+
+    @property
+    def publishes(self) -> int:
+        return self.sink.publishes if self.sink else 0
+
+    @property
+    def evictions(self) -> dict[str, int]:
+        return dict(sorted(self.sink.evictions_by_reason.items())) if self.sink else {}
+
+    @property
+    def token_hit_rate(self) -> float:
+        return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "queries": self.queries, "query_tokens": self.query_tokens, "hit_tokens": self.hit_tokens,
+            "hit_requests": self.hit_requests, "external_hit_tokens": self.external_hit_tokens,
+            "publishes": self.publishes, "evictions": self.evictions, "copies": self.copies,
+            "stale_hash_left": self.stale_hash_left, "failed_allocations": self.failed_allocations,
+        }
+
+
+class _Context:
+    """Settings and per-step queues shared by the per-group managers."""
+
+    __slots__ = (
+        "hash_block_size", "retention_interval", "enable_partial_hits", "num_speculative_blocks",
+        "num_prefill_checkpoint_blocks", "scheduler_block_size", "pinning", "transient_checkpoint_retention",
+        "external_hit_running_cow", "sink", "stats", "retained", "copies", "state_writes",
+    )
+
+    def __init__(self, config: CacheConfig, sink: EventSink, stats: CacheStats):
+        self.hash_block_size = config.hash_block_size
+        self.retention_interval = config.retention_interval
+        self.enable_partial_hits = config.enable_partial_hits
+        self.num_speculative_blocks = config.num_speculative_blocks
+        self.num_prefill_checkpoint_blocks = config.num_prefill_checkpoint_blocks
+        self.scheduler_block_size = lcm(*(s.block_size for s in config.groups))
+        self.pinning = SHARED_PREFIX_PINNING in config.behaviours
+        self.transient_checkpoint_retention = TRANSIENT_CHECKPOINT_RETENTION in config.behaviours
+        self.external_hit_running_cow = EXTERNAL_HIT_RUNNING_COW in config.behaviours
+        self.sink = sink
+        self.stats = stats
+        self.retained: list = []  # (pool, block) references released by take_block_copies
+        self.copies: list[BlockCopy] = []
+        self.state_writes: list[StateWrite] = []
+
+    def queue_copy(self, copy: BlockCopy) -> None:
+        self.copies.append(copy)
+        self.stats.copies += 1
+        if self.sink.enabled:
+            self.sink.events.append(BlockCopied(self.sink.step, copy.request_id, copy.group_id, copy.src, copy.dst, copy.why))
+
+    def note_external_load(self, request: Request, group_id: int, block) -> None:
+        if self.sink.enabled:
+            self.sink.events.append(
+                BlockCopied(self.sink.step, request.request_id, group_id, -1, block.block_id, COPY_EXTERNAL)
+            )
+
+
+class KVCacheManager:
+    """Hybrid prefix-cache manager over one block pool per KV cache group.
+
+    Block ids are per group (group g's blocks are 0..num_gpu_blocks[g]-1, 0 = null).
+    """
+
+    def __init__(self, config: CacheConfig):
+        self.config = config
+        self.enable_caching = config.enable_caching
+        self.hash_block_size = config.hash_block_size
+        self.sink = EventSink(enabled=False)
+        self.stats = CacheStats(sink=self.sink)
+        self.ctx = _Context(config, self.sink, self.stats)
+        self.scheduler_block_size = self.ctx.scheduler_block_size
+        self.hasher = BlockHasher(config.hash_fn, config.hash_block_size)
+        self.pools = [BlockPool(n, g, self.sink) for g, n in enumerate(config.num_gpu_blocks)]
+        self.managers: list[SingleTypeManager] = [
+            MANAGER_FOR_SPEC[type(spec)](g, spec, self.pools[g], self.ctx) for g, spec in enumerate(config.groups)
+        ]
+        self.num_groups = len(self.managers)
+        # Attention groups are queried first in the fixed point (they are downward closed).
+        self._lookup_order = sorted(
+            range(self.num_groups), key=lambda g: 0 if isinstance(config.groups[g], FullAttentionSpec) else 1
+        )
+        self._attention_groups = [g for g, s in enumerate(config.groups) if isinstance(s, FullAttentionSpec)]
+        self._mamba = [m for m in self.managers if isinstance(m, MambaManager)]
+        self._skipping = [m for m in self.managers if not isinstance(m, FullAttentionManager)]
+        self._no_hits: tuple = ((),) * self.num_groups
+        # one full-attention group keyed per hash unit: the vLLM "unitary" fast path
+        self._unitary = (
+            self.num_groups == 1 and isinstance(config.groups[0], FullAttentionSpec)
+            and config.groups[0].block_size == config.hash_block_size
+        )
+        # Hits land on hash units with partial hits on, else on the scheduler block size.
+        self.hit_alignment = config.hash_block_size if config.enable_partial_hits else self.scheduler_block_size
+        self.external: ExternalTier | None = None
+        if config.external is not None:
+            self.external = ExternalTier(config.external.capacity_blocks, self.sink)
+            for p in self.pools:
+                p.external = self.external
+        self._listeners: list[CacheListener] = []
+
+    # -- events -------------------------------------------------------------------
+    def subscribe(self, listener: CacheListener) -> None:
+        """``listener(events)`` receives each step's events once, at ``new_step_starts``."""
+        self._listeners.append(listener)
+        self.sink.enabled = True
+
+    def unsubscribe(self, listener: CacheListener) -> None:
+        self._listeners.remove(listener)
+        self.sink.enabled = bool(self._listeners)
+
+    @property
+    def step(self) -> int:
+        return self.sink.step
+
+    def new_step_starts(self) -> None:
+        """End the step: flush its events, make its published keys hittable, step += 1."""
+        batch = self.sink.events
+        self.sink.events = []
+        for listener in self._listeners:
+            listener(batch)
+        step = self.sink.step = self.sink.step + 1
+        for p in self.pools:
+            p.step = step
+
+    # -- lookup -------------------------------------------------------------------
+    def attach(self, request: Request) -> None:
+        """Give ``request`` this manager's block hasher and hash its tokens so far.
+
+        Called implicitly by the first lookup or allocation; the engine may call it at
+        request creation (as vLLM hashes in ``Request.__init__``).
+        """
+        if request._hasher is None:
+            request._hasher = self.hasher
+        request.block_hashes
+
+    def _attach(self, request: Request) -> None:
+        if request._hasher is None:
+            request._hasher = self.hasher
+
+    def find_longest_cache_hit(self, fine: list[bytes], max_length: int):
+        """The hybrid fixed point: (blocks per group, hit length, uncached shared prefix, first hits)."""
+        align = self.hit_alignment
+        mgrs = self.managers
+        if self.num_groups == 1:
+            blocks, hit = mgrs[0].find_longest_cache_hit(fine, max_length, align)
+            return [blocks], hit, 0, (hit,)
+        length = max_length
+        results: list = [None] * self.num_groups
+        first: list = [None] * self.num_groups
+        while True:
+            reduced = False
+            for g in self._lookup_order:
+                blocks, hit = mgrs[g].find_longest_cache_hit(fine, length, align)
+                results[g] = blocks
+                if first[g] is None:
+                    first[g] = hit
+                if hit < length:
+                    length = hit
+                    reduced = True
+            if not reduced or length == 0:
+                break
+        if length == 0:
+            results = [[] for _ in mgrs]
+        else:
+            for g in self._attention_groups:
+                del results[g][cdiv(length, mgrs[g].block_size):]
+        longest = max((first[g] for g in self._attention_groups), default=length)
+        sbs = self.scheduler_block_size
+        longest = longest // sbs * sbs
+        uncached = max(longest - length, 0)
+        return results, length, uncached, tuple(first)
+
+    def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int, int]:
+        """Longest local prefix hit of a waiting request.
+
+        Returns (hit blocks per group, num hit tokens, shared_prefix_boundary). The hit
+        is capped at ``num_tokens - 1`` (the last token is always recomputed). The
+        boundary is the Marconi junction (hit + uncached common prefix) when
+        ``shared-prefix-pinning`` is on and a sparse group lags, else 0; the scheduler
+        stores it in ``request.shared_prefix_boundary``.
+        """
+        self._attach(request)
+        st = self.stats
+        st.queries += 1
+        st.query_tokens += request.num_tokens
+        if not self.enable_caching:
+            return KVCacheBlocks.empty(self.num_groups), 0, 0
+        fine = request.block_hashes
+        blocks, hit, uncached, first = self.find_longest_cache_hit(fine, request.num_tokens - 1)
+        boundary = hit + uncached if (uncached and self.ctx.pinning) else 0
+        st.hit_tokens += hit
+        if hit:
+            st.hit_requests += 1
+        if self.sink.enabled:
+            bs0 = self.managers[0].block_size
+            coarse0 = self.managers[0].coarse(fine)
+            miss_idx = hit // bs0
+            miss = coarse0[miss_idx] if miss_idx < len(coarse0) else None
+            self.sink.events.append(
+                PrefixLookup(
+                    self.sink.step, request.request_id, request.num_tokens, hit, first, boundary, 0,
+                    coarse0[0] if coarse0 else None, miss, miss_idx if miss is not None else -1,
+                )
+            )
+        return KVCacheBlocks(tuple(blocks)), hit, boundary
+
+    def get_num_external_hit_tokens(self, request: Request, num_local_hit_tokens: int) -> int:
+        """Tokens beyond the local hit that the external tier can supply for every group."""
+        ext = self.external
+        if ext is None or not self.enable_caching:
+            return 0
+        self._attach(request)
+        fine = request.block_hashes
+        hbs = self.hash_block_size
+        unit = self.hit_alignment
+        max_len = request.num_tokens - 1
+        # contiguous full blocks present for attention groups, from the local hit on
+        runs = {}
+        for g in self._attention_groups:
+            m = self.managers[g]
+            coarse = m.coarse(fine)
+            i = num_local_hit_tokens // m.block_size
+            while i < len(coarse) and (g, coarse[i]) in ext:
+                i += 1
+            runs[g] = i
+        length = max_len // unit * unit
+        while length > num_local_hit_tokens:
+            if all(self._external_has(g, fine, length, runs) for g in range(self.num_groups)):
+                return length - num_local_hit_tokens
+            length -= unit
+        return 0
+
+    def _external_has(self, g: int, fine: list[bytes], length: int, runs: dict) -> bool:
+        m = self.managers[g]
+        bs, hbs, ext = m.block_size, self.hash_block_size, self.external
+        spec = self.config.groups[g]
+        if isinstance(spec, FullAttentionSpec):
+            if length // bs > runs[g]:
+                return False
+            return length % bs == 0 or (g, fine[length // hbs - 1]) in ext
+        if isinstance(spec, MambaSpec):
+            if length % bs and not self.config.enable_partial_hits:
+                return False
+            return (g, fine[length // hbs - 1]) in ext
+        if length % bs:
+            return False
+        coarse = m.coarse(fine)
+        end = length // bs
+        return all((g, coarse[i]) in ext for i in range(max(0, end - m.need), end))
+
+    # -- allocation ---------------------------------------------------------------
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: KVCacheBlocks | None = None,
+        num_external_computed_tokens: int = 0,
+        num_lookahead_tokens: int = 0,
+    ) -> KVCacheBlocks | None:
+        """Give ``request`` slots for ``num_new_tokens`` more tokens this step.
+
+        ``num_new_computed_tokens``/``new_computed_blocks``: the local hit of a new
+        request (from ``get_computed_blocks``). ``num_external_computed_tokens``: tokens
+        loaded from the external tier this step (before local compute).
+
+        Returns, per group, the blocks appended to the request's table this step, in
+        table order (Mamba lists include null padding, so a worker that appends keeps
+        its indices aligned), plus any copy-on-write block swapped into the table of a
+        request on its first allocation. Returns None when a group lacks free blocks;
+        nothing has changed then, and the caller preempts.
+
+        Mamba groups also queue ``StateWrite``s: ``running`` (state after the step's
+        last token, into the table's last block), ``checkpoint`` (internal prefill
+        checkpoint at slot cdiv(query_end, bs) - 2, state after the last hash boundary
+        before query_end) and ``external`` (loaded state).
+        """
+        if request._hasher is None:
+            request._hasher = self.hasher
+        if self._unitary and not num_external_computed_tokens:
+            return self._allocate_slots_unitary(request, num_new_tokens, num_new_computed_tokens,
+                                                new_computed_blocks, num_lookahead_tokens)
+        rid = request.request_id
+        num_local = request.num_computed_tokens + num_new_computed_tokens
+        total_computed = num_local + num_external_computed_tokens
+        num_tokens_main = total_computed + num_new_tokens
+        num_tokens_slots = num_tokens_main + num_lookahead_tokens
+        mgrs = self.managers
+        hits = new_computed_blocks.blocks if new_computed_blocks is not None else self._no_hits
+
+        for m in self._skipping:
+            m.remove_skipped_blocks(rid, total_computed)
+        for g, m in enumerate(mgrs):
+            is_mamba = m.is_mamba
+            need = m.get_num_blocks_to_allocate(
+                rid, num_tokens_main if is_mamba else num_tokens_slots, hits[g], num_local, total_computed
+            )
+            if num_external_computed_tokens and is_mamba:
+                need += 1
+            if need > m.pool.free_block_queue.num_free_blocks:
+                self.stats.failed_allocations += 1
+                return None
+
+        if new_computed_blocks is not None:
+            for g, m in enumerate(mgrs):
+                m.add_computed_blocks(rid, hits[g], num_local)
+        new_out: list[list] = [[] for _ in mgrs]
+        for g, m in enumerate(mgrs):
+            if m.partial_hit_reqs:
+                m.apply_cow(request, new_out[g])
+        if num_external_computed_tokens:
+            self.stats.external_hit_tokens += num_external_computed_tokens
+            for g, m in enumerate(mgrs):
+                m.allocate_external_blocks(request, num_local, num_external_computed_tokens, new_out[g])
+            self._touch_external(request, num_local, total_computed)
+        for g, m in enumerate(mgrs):
+            m.allocate_new_blocks(request, num_tokens_slots, num_tokens_main, total_computed, new_out[g])
+        if self.enable_caching:
+            num_to_cache = min(num_tokens_main, request.num_tokens)
+            for m in mgrs:
+                m.cache_blocks(request, num_to_cache)
+        for m in self._mamba:
+            if num_new_tokens > 0:
+                m.queue_running_state(request, num_tokens_main)
+            m.handed_out.add(rid)
+        return KVCacheBlocks(tuple(new_out))
+
+    def _allocate_slots_unitary(self, request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
+                                num_lookahead_tokens):
+        """``allocate_slots`` for one full-attention group whose blocks are hash units."""
+        m = self.managers[0]
+        pool = m.pool
+        rid = request.request_id
+        num_local = request.num_computed_tokens + num_new_computed_tokens
+        num_tokens_main = num_local + num_new_tokens
+        bs = m.block_size
+        table = m.req_to_blocks.get(rid)
+        hits = new_computed_blocks.blocks[0] if new_computed_blocks is not None else ()
+        have = (len(table) if table is not None else 0) + len(hits)
+        need = max(-(-(num_tokens_main + num_lookahead_tokens) // bs) - have, 0)
+        if hits:
+            need += sum([b.ref_cnt == 0 for b in hits])
+        if need > pool.free_block_queue.num_free_blocks:
+            self.stats.failed_allocations += 1
+            return None
+        if table is None:
+            table = m.req_to_blocks[rid] = []
+            m.num_cached_block[rid] = 0
+        if hits:
+            pool.touch(hits)
+            table.extend(hits)
+            m.num_cached_block[rid] = len(hits)
+        n = -(-(num_tokens_main + num_lookahead_tokens) // bs) - len(table)
+        new = pool.get_new_blocks(n, rid) if n > 0 else []
+        if new:
+            table.extend(new)
+        if self.enable_caching:
+            num_full = min(num_tokens_main, request.num_tokens) // bs
+            num_cached = m.num_cached_block[rid]
+            if num_full > num_cached:
+                pool.cache_full_blocks(rid, table, request.block_hashes, num_cached, num_full, bs, None, PUBLISH_FULL)
+                m.num_cached_block[rid] = num_full
+        return KVCacheBlocks((new,))
+
+    def _touch_external(self, request: Request, start: int, end: int) -> None:
+        ext = self.external
+        if ext is None:
+            return
+        fine = request.block_hashes
+        for g, m in enumerate(self.managers):
+            coarse = m.coarse(fine)
+            for i in range(start // m.block_size, min(end // m.block_size, len(coarse))):
+                ext.touch(g, coarse[i])
+            if end % m.block_size and end // self.hash_block_size:
+                ext.touch(g, fine[end // self.hash_block_size - 1])
+
+    def free(self, request: Request | str) -> None:
+        """Release a finished or preempted request's blocks (tail first)."""
+        rid = request if isinstance(request, str) else request.request_id
+        self.stats.freed_requests += 1
+        sink = self.sink
+        for g, m in enumerate(self.managers):
+            freed = m.free(rid)
+            if freed and sink.enabled:
+                sink.events.append(BlocksFreed(sink.step, rid, g, tuple([b.block_id for b in freed])))
+
+    def take_block_copies(self) -> list[BlockCopy]:
+        """Device copies (src -> dst, per group) the worker must run before this step's compute.
+
+        Hands out the copies queued since the last call and releases the references
+        that kept both endpoints alive until now.
+        """
+        copies = self.ctx.copies
+        self.ctx.copies = []
+        retained = self.ctx.retained
+        self.ctx.retained = []
+        for pool, block in retained:
+            pool.free_blocks((block,))
+        return copies
+
+    def take_state_writes(self) -> list[StateWrite]:
+        """States/contents the worker must materialise this step (see ``StateWrite``)."""
+        out = self.ctx.state_writes
+        self.ctx.state_writes = []
+        return out
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached key; refused (False) while any request holds blocks."""
+        if any(p.num_free_blocks != p.num_blocks - 1 for p in self.pools) or self.ctx.retained:
+            return False
+        for p in self.pools:
+            p.reset_prefix_cache()
+        return True
+
+    # -- introspection ------------------------------------------------------------
+    def get_blocks(self, request_id: str) -> KVCacheBlocks:
+        return KVCacheBlocks(tuple(list(m.req_to_blocks.get(request_id, ())) for m in self.managers))
+
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        return tuple([b.block_id for b in m.req_to_blocks.get(request_id, ())] for m in self.managers)
+
+    def cached_entries(self) -> Iterator[tuple[int, bytes, int, int]]:
+        """(group_id, block_hash, block_id, num_tokens) for every cached key."""
+        for g, p in enumerate(self.pools):
+            for h, v in list(p.cached.items()):
+                for b in ([v] if not isinstance(v, dict) else list(v.values())):
+                    if b.block_hash == h:
+                        yield g, h, b.block_id, b.hash_num_tokens
+                    else:
+                        for ah, nt in b.aliases or ():
+                            if ah == h:
+                                yield g, h, b.block_id, nt
+                                break
+
+    @property
+    def usage(self) -> tuple[float, ...]:
+        return tuple(p.usage() for p in self.pools)
+
+    @property
+    def num_free_blocks(self) -> tuple[int, ...]:
+        return tuple(p.num_free_blocks for p in self.pools)

@@ -1,0 +1,59 @@
+"""What the manager hands the worker each step: block lists, copies, state writes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from kvtrace.cache.block_pool import KVCacheBlock
+
+# StateWrite kinds
+STATE_RUNNING = "running"  # the state after the step's last token
+STATE_CHECKPOINT = "checkpoint"  # an internal prefill checkpoint inside the chunk
+
+
+class BlockCopy(NamedTuple):
+    """Copy block ``src`` to ``dst`` in group ``group_id`` before this step's compute."""
+
+    group_id: int
+    src: int
+    dst: int
+    request_id: str
+    why: str  # events.COPY_*
+
+
+class StateWrite(NamedTuple):
+    """Materialise the recurrent state after ``num_tokens`` tokens into ``block_id``.
+
+    The worker computes the request's state up to ``num_tokens`` (within this step's
+    chunk) and writes it to ``block_id`` of group ``group_id`` after the compute.
+    """
+
+    request_id: str
+    group_id: int
+    block_id: int
+    num_tokens: int
+    kind: str  # STATE_RUNNING | STATE_CHECKPOINT
+
+
+@dataclass(slots=True)
+class KVCacheBlocks:
+    """Per-group block lists (vLLM's ``KVCacheBlocks``)."""
+
+    blocks: tuple[list["KVCacheBlock"], ...]
+
+    def get_block_ids(self) -> tuple[list[int], ...]:
+        return tuple([b.block_id for b in g] for g in self.blocks)
+
+    def get_unhashed_block_ids(self) -> list[int]:
+        return [b.block_id for b in self.blocks[0] if b.block_hash is None]
+
+    def __add__(self, other: "KVCacheBlocks") -> "KVCacheBlocks":
+        return KVCacheBlocks(tuple(a + b for a, b in zip(self.blocks, other.blocks)))
+
+    @staticmethod
+    def empty(num_groups: int) -> "KVCacheBlocks":
+        return KVCacheBlocks(tuple([] for _ in range(num_groups)))
+
+STATE_EXTERNAL = "external"  # content loaded from the external tier (see KVCacheManager)

@@ -1,0 +1,116 @@
+"""Device storage for block content: one torch tensor per KV cache group.
+
+The manager never touches this; the worker does. Attention groups hold kv slots
+``[num_blocks, block_size]`` plus a per-block sum of all its slots (kept current on
+every write and copy, so sampling reads a long context as a few block sums); Mamba
+groups hold state lanes ``[num_blocks, D]``. Values follow ``kvtrace.cache.content``.
+Copy-on-write is a device copy (``index_copy_``).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import torch
+
+from kvtrace.cache.config import CacheConfig, MambaSpec
+from kvtrace.cache.content import P, fingerprint_rows
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+class DeviceStorage:
+    def __init__(self, cache_config: CacheConfig, device: torch.device | str | None = None):
+        self.device = torch.device(device) if device is not None else default_device()
+        self.is_state: list[bool] = []
+        self.block_size: list[int] = []
+        self.data: list[torch.Tensor] = []
+        self.block_sum: list[torch.Tensor | None] = []
+        for spec, num_blocks in zip(cache_config.groups, cache_config.num_gpu_blocks):
+            if isinstance(spec, MambaSpec):
+                self.is_state.append(True)
+                self.data.append(torch.zeros((num_blocks, spec.num_lanes), dtype=torch.int64, device=self.device))
+                self.block_sum.append(None)
+            else:
+                self.is_state.append(False)
+                self.data.append(torch.zeros((num_blocks, spec.block_size), dtype=torch.int64, device=self.device))
+                self.block_sum.append(torch.zeros(num_blocks, dtype=torch.int64, device=self.device))
+            self.block_size.append(spec.block_size)
+        self.num_copies = 0
+
+    # -- copies ---------------------------------------------------------------------------
+    def copy_blocks(self, copies: Iterable) -> int:
+        """Execute ``(group_id, src, dst, ...)`` copies in order; returns how many ran.
+
+        A run of copies with no block read after being written is one batched device copy.
+        """
+        n = 0
+        batch: dict[int, tuple[list[int], list[int], set[int]]] = {}
+        for c in copies:
+            g, src, dst = c[0], c[1], c[2]
+            srcs, dsts, written = batch.setdefault(g, ([], [], set()))
+            if src in written or dst in written:  # ordering matters: flush what is pending
+                self._flush_copies(g, srcs, dsts)
+                srcs.clear(), dsts.clear(), written.clear()
+            srcs.append(src)
+            dsts.append(dst)
+            written.add(dst)
+            n += 1
+        for g, (srcs, dsts, _) in batch.items():
+            self._flush_copies(g, srcs, dsts)
+        self.num_copies += n
+        return n
+
+    def _flush_copies(self, group_id: int, srcs: list[int], dsts: list[int]) -> None:
+        if not srcs:
+            return
+        s = torch.tensor(srcs, dtype=torch.int64, device=self.device)
+        d = torch.tensor(dsts, dtype=torch.int64, device=self.device)
+        t = self.data[group_id]
+        t.index_copy_(0, d, t.index_select(0, s))
+        bs = self.block_sum[group_id]
+        if bs is not None:
+            bs.index_copy_(0, d, bs.index_select(0, s))
+
+    # -- attention ------------------------------------------------------------------------
+    def write_kv(self, group_id: int, block_ids: torch.Tensor, slots: torch.Tensor, values: torch.Tensor) -> None:
+        """Write kv ``values`` into (block, slot) pairs and refresh the touched blocks' sums."""
+        if values.numel() == 0:
+            return
+        t = self.data[group_id]
+        flat = block_ids * t.shape[1] + slots
+        t.view(-1).index_copy_(0, flat, values)
+        touched = torch.unique(block_ids)
+        self.block_sum[group_id].index_copy_(0, touched, t.index_select(0, touched).sum(dim=1) % P)
+
+    def read_kv(self, group_id: int, block_ids: torch.Tensor) -> torch.Tensor:
+        return self.data[group_id].index_select(0, block_ids)
+
+    def block_sums(self, group_id: int, block_ids: torch.Tensor) -> torch.Tensor:
+        return self.block_sum[group_id].index_select(0, block_ids)
+
+    def slot_values(self, group_id: int, block_ids: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        t = self.data[group_id]
+        return t.view(-1).index_select(0, block_ids * t.shape[1] + slots)
+
+    # -- recurrent state ------------------------------------------------------------------
+    def write_states(self, group_id: int, block_ids: torch.Tensor, states: torch.Tensor) -> None:
+        if block_ids.numel():
+            self.data[group_id].index_copy_(0, block_ids, states)
+
+    def read_states(self, group_id: int, block_ids: torch.Tensor) -> torch.Tensor:
+        return self.data[group_id].index_select(0, block_ids)
+
+    # -- fingerprints ---------------------------------------------------------------------
+    def fingerprints(self, group_id: int, block_ids: Sequence[int], num_valid: Sequence[int] | None = None) -> list[int]:
+        """One residue per block: kv slots [0, num_valid) for attention, all lanes for state."""
+        if not block_ids:
+            return []
+        ids = torch.tensor(list(block_ids), dtype=torch.int64, device=self.device)
+        rows = self.data[group_id].index_select(0, ids)
+        nv = None
+        if num_valid is not None and not self.is_state[group_id]:
+            nv = torch.tensor(list(num_valid), dtype=torch.int64, device=self.device)
+        return fingerprint_rows(rows, nv).tolist()

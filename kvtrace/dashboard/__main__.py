@@ -1,0 +1,26 @@
+"""``python -m kvtrace.dashboard --db PATH [--port N] [--host H]``: the same as ``kvtrace dashboard``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from kvtrace.dashboard import launch
+from kvtrace.errors import KVTraceError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kvtrace.dashboard")
+    parser.add_argument("--db", required=True)
+    parser.add_argument("--port", type=int, default=8501)
+    parser.add_argument("--host", default="127.0.0.1")
+    args = parser.parse_args(argv)
+    try:
+        return launch(args.db, host=args.host, port=args.port)
+    except KVTraceError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

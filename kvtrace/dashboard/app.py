@@ -1,0 +1,51 @@
+"""kvtrace dashboard entry point: ``streamlit run app.py -- --db PATH`` (or KVTRACE_DB).
+
+The entry script is the frame around every page: it resolves the database, draws the
+sidebar (refresh, run picker, links that keep the current filters) and runs the page.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import streamlit as st
+
+from kvtrace.dashboard import queries, state
+
+HERE = Path(__file__).parent
+PAGES = [
+    st.Page(str(HERE / "views" / "overview.py"), title="Overview", icon=":material/dashboard:", url_path="overview", default=True),
+    st.Page(str(HERE / "views" / "hit_rate.py"), title="Hit rate", icon=":material/target:", url_path="hit-rate"),
+    st.Page(str(HERE / "views" / "evictions.py"), title="Evictions", icon=":material/delete_sweep:", url_path="evictions"),
+    st.Page(str(HERE / "views" / "stale.py"), title="Stale hashes & correctness", icon=":material/report:", url_path="stale"),
+    st.Page(str(HERE / "views" / "latency.py"), title="Latency", icon=":material/timer:", url_path="latency"),
+    st.Page(str(HERE / "views" / "compare.py"), title="Compare", icon=":material/compare_arrows:", url_path="compare"),
+]
+
+st.set_page_config(page_title="kvtrace", page_icon=":material/memory:", layout="wide")
+page = st.navigation(PAGES, position="hidden")  # our own links below carry the filters
+# (page files live in views/, not pages/: a pages/ folder beside the entry script switches
+# Streamlit to its legacy directory mode, which runs a page without this frame)
+
+with st.sidebar:
+    st.markdown("### kvtrace")
+    nav = st.container()  # filled after the page ran, so links carry the filters it set
+    st.divider()
+    db = state.db_path()
+    st.caption(f"database: `{db}`" if db else "database: none")
+    if st.button("Refresh", icon=":material/refresh:", help="Re-read the store (a replay may still be writing it)"):
+        state.bump_refresh()
+
+if queries.open_store(db):
+    frame = queries.runs()
+    with st.sidebar:
+        labels = dict(zip(frame["run_id"], frame["label"]))  # a plain dict: format_func must be pure
+        run_id = state.bound_select("Run", frame["run_id"].to_list(), "run", format_func=lambda r: labels.get(r, r),
+                                    help="name · mode · behaviours · status")
+    queries.context()["run_id"] = run_id
+    page.run()
+
+with nav:
+    params = state.shared_params()
+    for p in PAGES:
+        st.page_link(p, query_params=params)

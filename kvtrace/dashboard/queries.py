@@ -1,0 +1,227 @@
+"""Cached reads for the pages, composed only from ``kvtrace.store.read`` (no SQL here).
+
+Every cached call is keyed on (function, database path, refresh token, arguments):
+the Refresh button bumps the token, so a store being written by a replay is re-read
+on demand and otherwise served from memory.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import streamlit as st
+
+from kvtrace.dashboard import state, ui
+from kvtrace.errors import KVTraceError
+from kvtrace.store import read
+
+CTX_KEY = "kvtrace_ctx"
+SUMMARY_KEYS = (
+    "requests", "prompt_tokens", "hit_tokens", "token_hit_rate", "block_hit_rate", "ttft_ms_p50", "ttft_ms_p99",
+    "itl_ms_p50", "itl_ms_p99", "publishes", "evictions", "cow_copies", "stale_hashes", "divergent_outputs",
+    "preemptions",
+)
+GROUP_ALL = -1  # the store's all-groups series (read.OVERALL_GROUP)
+
+# The read functions a page may call through ``call``; a typo fails loudly in tests.
+_READS = {
+    name: getattr(read, name)
+    for name in (
+        "span_counts", "hit_rate_over_time", "hit_token_sources", "usage_over_time", "evictions_over_time",
+        "evictions_by_reason", "evictions_by_publish_kind", "eviction_attribution", "eviction_attribution_flows",
+        "block_histograms", "per_prefix_reuse", "stale_hashes_over_time", "stale_hashes", "stale_hash_chain",
+        "divergent_outputs", "requests", "per_request_hits", "itl_gaps", "latency_cdf", "latency_percentiles",
+        "latency_histogram", "itl_over_time", "request_waterfall",
+    )
+}
+
+
+@st.cache_data(show_spinner=False, max_entries=512)
+def _cached(name: str, db: str, token: int, args: tuple, kwargs: tuple) -> Any:
+    return _READS[name](db, *args, **dict(kwargs))
+
+
+def call(name: str, *args: Any, **kwargs: Any) -> Any:
+    """``read.<name>(db, *args, **kwargs)``, cached per refresh token."""
+    ctx = context()
+    return _cached(name, ctx["db"], state.refresh_token(), args, tuple(sorted(kwargs.items())))
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def _runs(db: str, token: int) -> pl.DataFrame:
+    return with_run_columns(read.runs(db))
+
+
+def with_run_columns(frame: pl.DataFrame) -> pl.DataFrame:
+    """Flatten the runs frame for display: behaviours on/off, summary fields as columns."""
+    rows = frame.to_dicts()
+    known: set[str] = set()
+    for r in rows:
+        known |= set(_behaviour_names(r.get("behaviours")))
+    for r in rows:
+        on = _behaviour_names(r.get("behaviours"))
+        r["behaviours_on"] = ", ".join(on)
+        r["behaviours_off"] = ", ".join(sorted(known - set(on)))
+        summary = _json(r.get("summary")) or {}
+        for k in SUMMARY_KEYS:
+            v = summary.get(k)
+            r[k] = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+        r["label"] = ui.run_label(r)
+    schema = dict(frame.schema) | {"behaviours_on": pl.String, "behaviours_off": pl.String, "label": pl.String}
+    schema |= {k: pl.Float64 for k in SUMMARY_KEYS}
+    return pl.DataFrame(rows, schema=schema)
+
+
+def _json(text: Any) -> Any:
+    if text is None or isinstance(text, (dict, list)):
+        return text
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError):
+        return None
+
+
+def _behaviour_names(value: Any) -> list[str]:
+    """Behaviours are stored as a JSON list of the switched-on names or a {name: bool} map."""
+    value = _json(value)
+    if isinstance(value, dict):
+        return sorted(k for k, v in value.items() if v)
+    if isinstance(value, list):
+        return sorted(str(v) for v in value)
+    return []
+
+
+def open_store(db: str | None) -> bool:
+    """Check the database and load the runs; on failure show one st.error line and return False."""
+    if not db:
+        st.error("No database given: start with `kvtrace dashboard --db PATH` (or set KVTRACE_DB).")
+        return False
+    if not Path(db).is_file():
+        st.error(f"{db}: no such database file. Create it with `kvtrace demo` or `kvtrace replay TRACE --db {db}`.")
+        return False
+    try:
+        frame = _runs(db, state.refresh_token())
+    except KVTraceError as err:
+        st.error(str(err))
+        return False
+    except Exception as err:  # a foreign or damaged file must not show a traceback
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        st.error(f"{db}: cannot read as a kvtrace store ({first})")
+        return False
+    st.session_state[CTX_KEY] = {"db": db, "runs": frame}
+    if frame.height == 0:
+        ui.empty("This store has no runs yet.")
+        return False
+    return True
+
+
+def context() -> dict[str, Any]:
+    return st.session_state[CTX_KEY]
+
+
+def runs() -> pl.DataFrame:
+    return context()["runs"]
+
+
+def run_row(run_id: str) -> dict[str, Any]:
+    frame = runs().filter(pl.col("run_id") == run_id)
+    return frame.row(0, named=True) if frame.height else {}
+
+
+def summary(run_id: str) -> dict[str, Any]:
+    return _json(run_row(run_id).get("summary")) or {}
+
+
+def config(run_id: str) -> dict[str, Any]:
+    return _json(run_row(run_id).get("config")) or {}
+
+
+# --- compositions of the read API --------------------------------------------------------
+def group_hit_rates(run_id: str) -> dict[int, float]:
+    """Whole-run token hit rate per KV group (and GROUP_ALL): the last cumulative point."""
+    frame = call("hit_rate_over_time", run_id, window_ns=window_ns(run_id))
+    if frame.height == 0:
+        return {}
+    last = frame.sort("window_start_ns").group_by("group_id", maintain_order=True).last()
+    return {int(g): float(r) for g, r in zip(last["group_id"], last["cum_hit_rate"]) if r is not None}
+
+
+def belady_run(run_id: str) -> dict[str, Any] | None:
+    """A cache-only Belady run of the same trace (same trace digest), if the store has one."""
+    row = run_row(run_id)
+    digest = row.get("trace_digest")
+    if not digest:
+        return None
+    for other in runs().filter((pl.col("trace_digest") == digest) & (pl.col("run_id") != run_id)).iter_rows(named=True):
+        cfg = _json(other.get("config")) or {}
+        policy = str(cfg.get("policy") or "").lower()
+        if policy == "belady" or "belady" in str(other.get("name") or "").lower():
+            return other
+    return None
+
+
+def comparable_runs(run_id: str) -> pl.DataFrame:
+    """Runs of the same trace (equal trace digest, or equal trace source when no digest)."""
+    row = run_row(run_id)
+    frame = runs().filter(pl.col("run_id") != run_id)
+    if row.get("trace_digest"):
+        return frame.filter(pl.col("trace_digest") == row["trace_digest"])
+    return frame.filter(pl.col("trace_source") == row.get("trace_source"))
+
+
+def request_diff(run_a: str, run_b: str) -> pl.DataFrame:
+    """Per request in both runs: hit tokens and TTFT in A and B, and B - A."""
+    a = call("per_request_hits", run_a).select("request_id", "num_prompt_tokens", pl.col("num_hit_tokens").alias("hit_a"), pl.col("ttft_ns").alias("ttft_a_ns"))
+    b = call("per_request_hits", run_b).select("request_id", pl.col("num_hit_tokens").alias("hit_b"), pl.col("ttft_ns").alias("ttft_b_ns"))
+    return (
+        a.join(b, on="request_id", how="inner")
+        .with_columns(
+            (pl.col("hit_b") - pl.col("hit_a")).alias("hit_delta"),
+            ((pl.col("ttft_b_ns") - pl.col("ttft_a_ns")) / 1e6).alias("ttft_delta_ms"),
+        )
+        .sort("request_id")
+    )
+
+
+def time_extent_s(run_id: str) -> float:
+    """The run's length in virtual seconds (last request finish), for the time-window slider."""
+    reqs = call("requests", run_id)
+    if reqs.height == 0:
+        return 0.0
+    end = reqs["finish_ns"].max()
+    return float(end) / 1e9 if end is not None else 0.0
+
+
+def group_names(run_id: str) -> dict[int, str]:
+    """``group g (attention|state)`` from the run's config where it names the group kinds."""
+    cfg = config(run_id)
+    specs = cfg.get("groups") or cfg.get("kv_cache_groups") or []
+    names = {GROUP_ALL: "all groups"}
+    for gid, spec in enumerate(specs if isinstance(specs, list) else []):
+        text = json.dumps(spec).lower() if not isinstance(spec, str) else spec.lower()
+        kind = next((k for k, words in _GROUP_KINDS if any(w in text for w in words)), None)
+        names[gid] = f"group {gid} ({kind})" if kind else f"group {gid}"
+    return names
+
+
+_GROUP_KINDS = (
+    ("state", ("mamba", "kda", "linear", "state", "recurrent")),
+    ("sliding window", ("sliding",)),
+    ("attention", ("attention", "full")),
+)
+
+
+def window_ns(run_id: str) -> int | None:
+    """A round window giving about one window per 4 requests (20..200 windows), so small
+    runs get readable curves and large runs keep ~200 points; None lets the store choose."""
+    reqs = call("requests", run_id)
+    end = reqs["finish_ns"].max() if reqs.height else None
+    if not end:
+        return None
+    windows = min(200, max(20, reqs.height // 4))
+    raw = max(1, int(end) // windows)
+    scale = 10 ** (len(str(raw)) - 1)
+    return next(m * scale for m in (1, 2, 5, 10) if m * scale >= raw)

@@ -1,0 +1,117 @@
+"""Where the app's inputs come from: the database path, the refresh token, and filters
+bound to the URL's query parameters (so any view is a shareable link)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Callable, Sequence, TypeVar
+
+import streamlit as st
+
+DB_ENV = "KVTRACE_DB"
+REFRESH_KEY = "kvtrace_refresh"
+T = TypeVar("T")
+
+
+def db_path() -> str | None:
+    """``streamlit run app.py -- --db PATH`` wins; else the KVTRACE_DB environment variable."""
+    if Path(sys.argv[0]).name == "app.py":
+        parser = argparse.ArgumentParser(add_help=False)
+        parser.add_argument("--db")
+        args, _ = parser.parse_known_args(sys.argv[1:])
+        if args.db:
+            return args.db
+    return os.environ.get(DB_ENV) or None
+
+
+def refresh_token() -> int:
+    """Part of every cache key: bumping it makes every query re-read the store."""
+    return int(st.session_state.get(REFRESH_KEY, 0))
+
+
+def bump_refresh() -> None:
+    st.session_state[REFRESH_KEY] = refresh_token() + 1
+
+
+def shared_params() -> dict[str, str]:
+    """The current filters, to carry over when linking to another page."""
+    return {k: st.query_params[k] for k in st.query_params}
+
+
+def bound_select(
+    label: str,
+    options: Sequence[T],
+    param: str,
+    *,
+    default: T | None = None,
+    format_func: Callable[[T], str] = str,
+    container=None,
+    help: str | None = None,
+) -> T | None:
+    """A selectbox whose value lives in ``?param=``; options are matched by ``str(option)``."""
+    if not options:
+        st.query_params.pop(param, None)
+        return None
+    by_text = {str(o): o for o in options}
+    key = f"qp_{param}"
+    if key in st.session_state and str(st.session_state[key]) not in by_text:
+        del st.session_state[key]  # the option vanished (e.g. another run picked)
+    wanted = st.query_params.get(param)
+    chosen = by_text.get(wanted) if wanted is not None else None
+    if chosen is None:
+        chosen = default if default in options else options[0]
+    where = container if container is not None else st
+    value = where.selectbox(label, list(options), index=list(options).index(chosen), key=key, format_func=format_func, help=help)
+    st.query_params[param] = str(value)
+    return value
+
+
+def bound_window(label: str, t_max_s: float, *, container=None) -> tuple[float, float]:
+    """A virtual-time window [t0, t1] in seconds, bound to ``?t0=&t1=``."""
+    t_max_s = float(t_max_s) if t_max_s and math.isfinite(t_max_s) and t_max_s > 0 else 1.0
+    hi = _round_up(t_max_s)
+
+    def read(name: str, fallback: float) -> float:
+        try:
+            v = float(st.query_params.get(name, fallback))
+        except ValueError:
+            return fallback
+        return min(max(v, 0.0), hi) if math.isfinite(v) else fallback
+
+    t0, t1 = read("t0", 0.0), read("t1", hi)
+    if t1 <= t0:
+        t0, t1 = 0.0, hi
+    key = "qp_window"
+    if key in st.session_state:
+        lo_s, hi_s = st.session_state[key]
+        if not (0.0 <= lo_s <= hi and 0.0 <= hi_s <= hi):
+            del st.session_state[key]
+    where = container if container is not None else st
+    lo_v, hi_v = where.slider(label, 0.0, hi, (t0, t1), key=key, format="%.3f s")
+    if (lo_v, hi_v) == (0.0, hi):
+        st.query_params.pop("t0", None)
+        st.query_params.pop("t1", None)
+    else:
+        st.query_params["t0"] = f"{lo_v:g}"
+        st.query_params["t1"] = f"{hi_v:g}"
+    return float(lo_v), float(hi_v)
+
+
+def _round_up(x: float) -> float:
+    """A tidy slider bound just above ``x``."""
+    if x <= 0:
+        return 1.0
+    mag = 10 ** math.floor(math.log10(x))
+    return math.ceil(x / mag * 10) / 10 * mag
+
+
+def in_window(frame, column: str, window: tuple[float, float]):
+    """Rows whose ``column`` (ns) falls in the [t0, t1] seconds window."""
+    import polars as pl
+
+    lo, hi = window
+    return frame.filter((pl.col(column) >= int(lo * 1e9)) & (pl.col(column) <= int(hi * 1e9)))

@@ -1,0 +1,67 @@
+"""Small rendering helpers shared by the pages: charts with captions, empty states, numbers."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import plotly.graph_objects as go
+import polars as pl
+import streamlit as st
+
+FILL_RUN = "`kvtrace demo`, or `kvtrace replay TRACE --db PATH`"
+FILL_CACHE_ONLY = "`kvtrace replay TRACE --db PATH --mode cache-only --policy belady`"
+
+
+def empty(what: str, command: str = FILL_RUN) -> None:
+    """The empty state: what is missing and which command fills it (never a blank chart)."""
+    st.info(f"{what} Fill it with {command}.", icon=":material/info:")
+
+
+def chart(fig: go.Figure | None, caption: str, *, empty_what: str, command: str = FILL_RUN, key: str | None = None) -> None:
+    """A plotly chart with its one-line caption, or the empty state when there is nothing to plot."""
+    if fig is None or not fig.data:
+        empty(empty_what, command)
+        return
+    fig.update_layout(margin=dict(l=10, r=10, t=40, b=10), legend=dict(orientation="h", y=-0.2))
+    st.plotly_chart(fig, width="stretch", key=key)
+    st.caption(caption)
+
+
+def table(frame: pl.DataFrame | None, caption: str, *, empty_what: str, command: str = FILL_RUN, height: int | None = None) -> None:
+    if frame is None or frame.height == 0:
+        empty(empty_what, command)
+        return
+    st.dataframe(frame, width="stretch", hide_index=True, height=height or "auto")
+    st.caption(caption)
+
+
+def pct(x: Any) -> str:
+    return "–" if not _finite(x) else f"{100.0 * float(x):.1f}%"
+
+
+def ms(x: Any) -> str:
+    return "–" if not _finite(x) else f"{float(x):.1f} ms"
+
+
+def count(x: Any) -> str:
+    return "–" if not _finite(x) else f"{int(x):,}"
+
+
+def _finite(x: Any) -> bool:
+    try:
+        return x is not None and math.isfinite(float(x))
+    except (TypeError, ValueError):
+        return False
+
+
+def run_label(row: dict[str, Any]) -> str:
+    """``name · mode · behaviours-off · status`` for a run picker."""
+    name = row.get("name") or row.get("run_id")
+    off = row.get("behaviours_off") or ""
+    bits = [str(name), str(row.get("mode") or "")]
+    bits.append(f"without {off}" if off else "all behaviours")
+    status = row.get("status")
+    if status and status != "complete":
+        bits.append(str(status).upper())
+    return " · ".join(b for b in bits if b)

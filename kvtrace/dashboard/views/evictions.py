@@ -1,0 +1,45 @@
+"""Evictions: by reason and by the publish that forced them, attribution, block histograms."""
+
+import polars as pl
+import streamlit as st
+
+from kvtrace.dashboard import charts, queries, state, ui
+
+ctx = queries.context()
+run_id = ctx["run_id"]
+
+st.title("Evictions")
+window = state.bound_window("Virtual time window", queries.time_extent_s(run_id))
+
+by_reason = state.in_window(queries.call("evictions_over_time", run_id, window_ns=queries.window_ns(run_id), by="reason"), "window_start_ns", window)
+ui.chart(charts.stacked_counts(by_reason, "Evicted blocks by reason", "blocks per window"),
+         "Blocks evicted per window, stacked by eviction reason (lru, stale_hash, replaced, connector, reset).",
+         empty_what="No evictions in this run: the cache never filled.", key="ev_reason")
+by_kind = state.in_window(queries.call("evictions_over_time", run_id, window_ns=queries.window_ns(run_id), by="publish_kind"), "window_start_ns", window)
+ui.chart(charts.stacked_counts(by_kind, "Evicted blocks by the publish that took their place", "blocks per window"),
+         "Blocks evicted per window, stacked by the kind of publish that next took the block (full, partial tail, checkpoint, boundary; none = not reused yet).",
+         empty_what="No evictions in this run: the cache never filled.", key="ev_kind")
+
+st.subheader("Eviction attribution")
+flows = queries.call("eviction_attribution_flows", run_id)
+ui.chart(charts.attribution_sankey(flows),
+         "Later misses on blocks that were cached before, traced back: the kind of publish that took the block, the eviction reason, and the hot prefix that lost it.",
+         empty_what="No miss in this run hit a block that had been evicted, so there is nothing to attribute.", key="sankey")
+att = queries.call("eviction_attribution", run_id)
+if att.height:
+    att = state.in_window(att, "miss_ns", window)
+    top = (att.group_by("publish_kind", "publish_request_id", "root_hash")
+           .agg(pl.len().alias("later_misses"), pl.col("miss_request_id").n_unique().alias("requests_hurt"),
+                pl.col("evict_reason").first().alias("evict_reason"))
+           .sort(["later_misses", "publish_request_id"], descending=[True, False], nulls_last=True))
+    ui.table(top.head(200), "Which publishes (kind, request) evicted which hot prefixes (root hash), and how many later misses each caused; largest first.",
+             empty_what="No attributed misses in this time window.")
+    with st.expander("Every attributed miss"):
+        ui.table(att.head(5000), "One row per lookup miss: the eviction that removed the missed block and the publish that took its block id (first 5000).",
+                 empty_what="No attributed misses in this time window.")
+
+st.subheader("Block lifetimes")
+hist = queries.call("block_histograms", run_id)
+ui.chart(charts.histograms(hist, (("lifetime", "lifetime at eviction"), ("idle_before_evict", "idle before eviction"), ("reuse_gap", "prefix reuse gap"))),
+         "Exact distributions, in scheduler steps, of block lifetime at eviction, idle time before eviction, and the gap between reuses of a prefix (vLLM only samples these).",
+         empty_what="No evictions or repeated prefixes in this run.", key="hist")

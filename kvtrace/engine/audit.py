@@ -1,0 +1,95 @@
+"""Stale-hash audit: every cached key's block must hold the content its prefix defines.
+
+When a key is published (``BlockPublished``), the expected fingerprint of its content
+is computed from the publishing request's tokens (kv slots of the block's range for
+attention, the state after ``num_tokens`` for Mamba). An audit reads the actual blocks
+from device storage for every entry of ``cached_entries()`` and reports each mismatch
+once. Keys are content-derived, so the expectation does not depend on who published.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from kvtrace.cache import CacheConfig, MambaSpec
+from kvtrace.cache.events import BlockPublished
+from kvtrace.cache.storage import DeviceStorage
+from kvtrace.engine.events import StaleHashFound
+from kvtrace.engine.reference import expected_kv_fingerprint, expected_state_fingerprint
+
+
+class StaleHashAuditor:
+    def __init__(self, cache_config: CacheConfig, storage: DeviceStorage, oracle_for):
+        self.cache_config = cache_config
+        self.storage = storage
+        self.oracle_for = oracle_for  # request -> PrefixOracle (the worker's reference)
+        self.is_state = [isinstance(s, MambaSpec) for s in cache_config.groups]
+        self.block_size = [s.block_size for s in cache_config.groups]
+        self.hbs = cache_config.hash_block_size
+        self.expected: dict[tuple[int, bytes], tuple[int, int]] = {}  # (group, hash) -> (num_tokens, fp)
+        self._hash_index: dict[str, tuple[int, dict[bytes, int]]] = {}
+        self._reported: set[tuple[int, bytes, int]] = set()
+        self.num_stale = 0
+        self.num_unverified = 0
+
+    def forget_request(self, request_id: str) -> None:
+        self._hash_index.pop(request_id, None)
+
+    def _num_tokens_of(self, request, block_hash: bytes) -> int | None:
+        hashes = request.block_hashes
+        cached = self._hash_index.get(request.request_id)
+        if cached is None or cached[0] != len(hashes):
+            index = cached[1] if cached is not None else {}
+            for i in range(len(index), len(hashes)):
+                index.setdefault(hashes[i], i)
+            cached = (len(hashes), index)
+            self._hash_index[request.request_id] = cached
+        i = cached[1].get(block_hash)
+        return None if i is None else (i + 1) * self.hbs
+
+    def on_published(self, events, requests: dict) -> None:
+        """Record expectations for this step's publishes (requests still hold their tokens)."""
+        for ev in events:
+            if not isinstance(ev, BlockPublished):
+                continue
+            req = requests.get(ev.request_id)
+            if req is None:
+                continue
+            g = ev.group_id
+            for h in ev.block_hashes:
+                ntok = self._num_tokens_of(req, h)
+                if ntok is None or ntok > req.num_tokens:
+                    continue
+                if self.is_state[g]:
+                    fp = expected_state_fingerprint(self.oracle_for(req).state_at(ntok))
+                else:
+                    bs = self.block_size[g]
+                    start = (ntok - 1) // bs * bs
+                    fp = expected_kv_fingerprint(req.get_token_ids(start, ntok), start, ntok, bs)
+                self.expected[(g, h)] = (ntok, fp)
+
+    def audit(self, entries, step: int, time_ns: int) -> list[StaleHashFound]:
+        by_group: dict[int, list[tuple[bytes, int, int]]] = {}
+        for g, h, blk, ntok in entries:
+            by_group.setdefault(g, []).append((h, blk, ntok))
+        found: list[StaleHashFound] = []
+        live: dict[tuple[int, bytes], tuple[int, int]] = {}
+        for g in sorted(by_group):
+            rows = by_group[g]
+            bs = self.block_size[g]
+            ids = [blk for _, blk, _ in rows]
+            valid = [ntok - (ntok - 1) // bs * bs for _, _, ntok in rows]
+            actual = self.storage.fingerprints(g, ids, None if self.is_state[g] else valid)
+            for (h, blk, ntok), fp in zip(rows, actual):
+                exp = self.expected.get((g, h))
+                if exp is None or exp[0] != ntok:
+                    self.num_unverified += 1
+                    continue
+                live[(g, h)] = exp
+                if exp[1] != fp and (g, h, blk) not in self._reported:
+                    self._reported.add((g, h, blk))
+                    self.num_stale += 1
+                    found.append(StaleHashFound(step, time_ns, g, blk, h, ntok, exp[1], fp, None))
+        self.expected = live  # keep expectations only for keys still cached
+        return found

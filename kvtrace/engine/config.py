@@ -1,0 +1,24 @@
+"""Scheduler configuration (vLLM's ``SchedulerConfig``, reduced to what kvtrace models)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvtrace.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    max_num_batched_tokens: int = 8192  # token budget per step
+    max_num_seqs: int = 256  # running requests at most
+    long_prefill_token_threshold: int = 0  # 0 = off; else a prefill chunk is at most this long
+    max_model_len: int = 1 << 20
+    enable_chunked_prefill: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ConfigError("SchedulerConfig", name, f"expected a positive int, got {v!r}")
+        if self.long_prefill_token_threshold < 0:
+            raise ConfigError("SchedulerConfig", "long_prefill_token_threshold", "expected >= 0")

@@ -1,0 +1,240 @@
+"""The engine loop: arrivals -> schedule -> worker -> clock -> update -> events.
+
+``Engine(preset).run(workload, listeners)`` streams a workload (TraceRequests in arrival
+order), runs it to completion on virtual time and returns summary metrics plus one
+``RequestFinished`` per request. Each step, listeners receive one ``StepBatch``:
+the ``StepExecuted``, that step's cache events, and the engine events (finished
+requests, divergent outputs, stale hashes found by the audit).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from kvtrace.cache import CacheConfig, KVCacheManager
+from kvtrace.cache.events import BlockCopied, BlockEvicted, BlockPublished
+from kvtrace.cache.storage import DeviceStorage
+from kvtrace.engine.audit import StaleHashAuditor
+from kvtrace.engine.clock import Clock, CostModel
+from kvtrace.engine.config import SchedulerConfig
+from kvtrace.engine.events import DivergentOutput, RequestFinished, StepBatch, StepExecuted, StepListener
+from kvtrace.engine.presets import EnginePreset, get_preset
+from kvtrace.engine.request import EngineRequest
+from kvtrace.engine.scheduler import Scheduler
+from kvtrace.engine.workload import TraceRequest
+from kvtrace.engine.worker import Worker
+from kvtrace.errors import KVTraceError
+
+
+@dataclass
+class EngineResult:
+    summary: dict
+    requests: list[RequestFinished]
+
+
+def percentile(sorted_values: Sequence[int], q: float) -> int:
+    """Nearest-rank percentile of sorted ints (0 for an empty list)."""
+    if not sorted_values:
+        return 0
+    k = max(0, min(len(sorted_values) - 1, -(-int(q * len(sorted_values)) // 100) - 1))
+    return sorted_values[k]
+
+
+class Engine:
+    def __init__(
+        self,
+        preset: str | EnginePreset = "kimi-hybrid",
+        *,
+        cache_config: CacheConfig | None = None,
+        scheduler_config: SchedulerConfig | None = None,
+        cost_model: CostModel | None = None,
+        device=None,
+        verify: bool = True,
+        audit_interval: int = 1000,
+    ):
+        p = get_preset(preset) if isinstance(preset, str) else preset
+        self.preset_name = p.name
+        self.cache_config = cache_config or p.cache_config
+        self.scheduler_config = scheduler_config or p.scheduler_config
+        self.cost_model = cost_model or p.cost_model
+        self.device = device
+        self.verify = verify
+        self.audit_interval = audit_interval
+
+    def run(self, workload: Iterable[TraceRequest], listeners: Sequence[StepListener] = ()) -> EngineResult:
+        cc = self.cache_config
+        manager = KVCacheManager(cc)
+        cache_events: list = []
+        manager.subscribe(cache_events.extend)
+        storage = DeviceStorage(cc, self.device)
+        worker = Worker(cc, storage, verify=self.verify)
+        auditor = StaleHashAuditor(cc, storage, worker.oracle) if self.verify else None
+        scheduler = Scheduler(self.scheduler_config, cc, manager)
+        clock = Clock(self.cost_model)
+        live: dict[str, EngineRequest] = {}
+        records: list[RequestFinished] = []
+        stats = {"publishes": 0, "evictions": 0, "cow_copies": 0, "divergent_outputs": 0, "stale_hashes": 0,
+                 "table_disagreements": 0, "steps": 0}
+        it = iter(workload)
+        pending = next(it, None)
+        last_arrival = -1
+        step = 0
+
+        def admit() -> None:
+            nonlocal pending, last_arrival
+            while pending is not None and pending.arrival_ns <= clock.now_ns:
+                if pending.arrival_ns < last_arrival:
+                    raise KVTraceError(f"workload: request {pending.request_id!r} arrives before the previous one")
+                last_arrival = pending.arrival_ns
+                req = EngineRequest(pending)
+                live[req.request_id] = req
+                scheduler.add_request(req)
+                pending = next(it, None)
+
+        while True:
+            admit()
+            if not scheduler.has_unfinished_requests():
+                if pending is None:
+                    break
+                clock.advance_to(pending.arrival_ns)
+                continue
+            out = scheduler.schedule()
+            if out.total_num_scheduled_tokens == 0:
+                if pending is not None and not scheduler.running:
+                    clock.advance_to(pending.arrival_ns)
+                    continue
+                stuck = scheduler.waiting[0] if scheduler.waiting else None
+                raise KVTraceError(
+                    f"engine: request {stuck.request_id if stuck else '?'} cannot be scheduled "
+                    f"(needs more KV blocks than capacity {cc.num_gpu_blocks})"
+                )
+            step += 1
+            res = worker.execute(out)
+            start_ns, end_ns = clock.run_step(
+                num_tokens=out.total_num_scheduled_tokens,
+                prefill_pairs=res.prefill_pairs,
+                decode_context_tokens=res.decode_context_tokens,
+                num_decode_seqs=res.num_decode_seqs,
+                num_kv_copies=res.num_kv_copies,
+                num_state_copies=res.num_state_copies,
+            )
+            for nr in out.scheduled_new_reqs:
+                if nr.request.first_scheduled_ns < 0:
+                    nr.request.first_scheduled_ns = start_ns
+            for rid, st, n in res.prefill_spans:
+                req = live[rid]
+                req.prefill_chunks.append((start_ns, end_ns, n))
+                if st < req.num_prompt_tokens:
+                    req.num_computed_prompt_tokens += min(st + n, req.num_prompt_tokens) - st
+            engine_events: list = []
+            for d in res.divergences:
+                live[d.request_id].num_divergent_tokens += 1
+                engine_events.append(DivergentOutput(step, end_ns, d.request_id, d.position, d.expected, d.actual))
+            stats["divergent_outputs"] += len(res.divergences)
+            stats["table_disagreements"] += res.table_disagreements
+            finished = scheduler.update_from_output(out, res.sampled, end_ns)
+            manager.new_step_starts()
+            batch_events = list(cache_events)
+            cache_events.clear()
+            for ev in batch_events:
+                if isinstance(ev, BlockPublished):
+                    stats["publishes"] += len(ev.block_ids)
+                elif isinstance(ev, BlockEvicted):
+                    stats["evictions"] += len(ev.block_ids)
+                elif isinstance(ev, BlockCopied):
+                    stats["cow_copies"] += 1
+            if auditor is not None:
+                auditor.on_published(batch_events, live)
+                if self.audit_interval and step % self.audit_interval == 0:
+                    found = auditor.audit(manager.cached_entries(), step, end_ns)
+                    engine_events.extend(found)
+            for req in finished:
+                records.append(self._record(req))
+                engine_events.append(records[-1])
+                del live[req.request_id]
+                worker.forget(req.request_id)
+                if auditor is not None:
+                    auditor.forget_request(req.request_id)
+                req.release_tokens()
+            if listeners:
+                usage = tuple(getattr(manager, "usage", ()) or ())
+                se = StepExecuted(step, start_ns, end_ns, res.num_prefill_tokens, res.num_decode_seqs,
+                                  len(scheduler.running), len(scheduler.waiting), len(out.block_copies),
+                                  len(out.preempted_req_ids), usage)
+                batch = StepBatch(se, batch_events, engine_events)
+                for listener in listeners:
+                    listener(batch)
+
+        if auditor is not None:
+            found = auditor.audit(manager.cached_entries(), step, clock.now_ns)
+            if found and listeners:
+                se = StepExecuted(step, clock.now_ns, clock.now_ns, 0, 0, 0, 0, 0, 0, ())
+                for listener in listeners:
+                    listener(StepBatch(se, (), found))
+            stats["stale_hashes"] = auditor.num_stale
+        stats["steps"] = step
+        stats["preemptions"] = scheduler.num_preemptions
+        return EngineResult(self._summary(records, stats, clock.now_ns), records)
+
+    @staticmethod
+    def _record(req: EngineRequest) -> RequestFinished:
+        times = req.token_times_ns
+        itl = tuple(b - a for a, b in zip(times, times[1:]))
+        return RequestFinished(
+            request_id=req.request_id,
+            session_id=req.session_id,
+            arrival_ns=req.arrival_ns,
+            first_scheduled_ns=req.first_scheduled_ns,
+            first_token_ns=req.first_token_ns,
+            finish_ns=times[-1],
+            num_prompt_tokens=req.num_prompt_tokens,
+            num_output_tokens=len(req.output_token_ids),
+            num_local_hit_tokens=max(req.num_local_hit_tokens, 0),
+            num_external_hit_tokens=req.num_external_hit_tokens,
+            num_computed_prompt_tokens=req.num_computed_prompt_tokens,
+            num_preemptions=req.num_preemptions,
+            num_divergent_tokens=req.num_divergent_tokens,
+            itl_ns=itl,
+            prefill_chunks=tuple(req.prefill_chunks),
+        )
+
+    def _summary(self, records: list[RequestFinished], stats: dict, end_ns: int) -> dict:
+        prompt = sum(r.num_prompt_tokens for r in records)
+        hit = sum(r.num_local_hit_tokens + r.num_external_hit_tokens for r in records)
+        bs = self.cache_config.groups[0].block_size
+        blocks = sum(-(-r.num_prompt_tokens // bs) for r in records)
+        hit_blocks = sum((r.num_local_hit_tokens + r.num_external_hit_tokens) // bs for r in records)
+        ttft = sorted(r.first_token_ns - r.arrival_ns for r in records)
+        itl = sorted(g for r in records for g in r.itl_ns)
+        e2e = sorted(r.finish_ns - r.arrival_ns for r in records)
+        queue = sorted(r.first_scheduled_ns - r.arrival_ns for r in records)
+        outputs = sum(r.num_output_tokens for r in records)
+        first_arrival = min((r.arrival_ns for r in records), default=0)
+        span_s = max(end_ns - first_arrival, 1) / 1e9
+
+        def ms(v: int) -> float:
+            return round(v / 1e6, 3)
+
+        return {
+            "preset": self.preset_name,
+            "requests": len(records),
+            "prompt_tokens": prompt,
+            "hit_tokens": hit,
+            "external_hit_tokens": sum(r.num_external_hit_tokens for r in records),
+            "computed_prompt_tokens": sum(r.num_computed_prompt_tokens for r in records),
+            "token_hit_rate": round(hit / prompt, 6) if prompt else 0.0,
+            "block_hit_rate": round(hit_blocks / blocks, 6) if blocks else 0.0,
+            "output_tokens": outputs,
+            "ttft_ms_p50": ms(percentile(ttft, 50)),
+            "ttft_ms_p99": ms(percentile(ttft, 99)),
+            "itl_ms_p50": ms(percentile(itl, 50)),
+            "itl_ms_p99": ms(percentile(itl, 99)),
+            "e2e_ms_p50": ms(percentile(e2e, 50)),
+            "e2e_ms_p99": ms(percentile(e2e, 99)),
+            "queue_ms_p50": ms(percentile(queue, 50)),
+            "queue_ms_p99": ms(percentile(queue, 99)),
+            "output_tok_per_s": round(outputs / span_s, 3),
+            "virtual_duration_s": round(span_s, 6),
+            **stats,
+        }

@@ -1,0 +1,96 @@
+"""Named engine presets: a CacheConfig, a SchedulerConfig and a cost model.
+
+| preset | groups | hash block | retention | partial hits | checkpoints | blocks per group | batch tokens / seqs | cost model |
+|---|---|---|---|---|---|---|---|---|
+| dense-attention | FullAttention(16) | 16 | None (dense) | off | 0 | 53_760 (~860k tokens) | 8192 / 256 | h200-dense-8b |
+| kimi-hybrid | FullAttention(512) + Mamba/KDA(512, align, 4 lanes) | 64 | 0 (latest-only) | on | 1 | 8_192 attention (~4.2M tokens), 2_048 states | 8192 / 256 | h200-kimi-hybrid |
+
+Capacity is overridable (``capacity_blocks`` per group or for all; ``capacity_tokens``
+for the attention groups), as are retention and the behaviours.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from kvtrace.cache import ALL_BEHAVIOURS, CacheConfig, ExternalTierConfig, FullAttentionSpec, MambaSpec
+from kvtrace.engine.clock import CostModel, get_cost_model
+from kvtrace.engine.config import SchedulerConfig
+from kvtrace.errors import ConfigError
+
+_KEEP = object()
+
+
+@dataclass(frozen=True)
+class EnginePreset:
+    name: str
+    cache_config: CacheConfig
+    scheduler_config: SchedulerConfig
+    cost_model: CostModel
+
+
+def _dense_attention() -> EnginePreset:
+    return EnginePreset(
+        "dense-attention",
+        CacheConfig(groups=(FullAttentionSpec(16),), num_gpu_blocks=53_760, hash_block_size=16, retention_interval=None),
+        SchedulerConfig(max_num_batched_tokens=8192, max_num_seqs=256),
+        get_cost_model("h200-dense-8b"),
+    )
+
+
+def _kimi_hybrid() -> EnginePreset:
+    return EnginePreset(
+        "kimi-hybrid",
+        CacheConfig(
+            groups=(FullAttentionSpec(512), MambaSpec(512, num_lanes=4)),
+            num_gpu_blocks=(8_192, 2_048),
+            hash_block_size=64,
+            retention_interval=0,
+            enable_partial_hits=True,
+            num_prefill_checkpoint_blocks=1,
+        ),
+        SchedulerConfig(max_num_batched_tokens=8192, max_num_seqs=256),
+        get_cost_model("h200-kimi-hybrid"),
+    )
+
+
+PRESETS = {"dense-attention": _dense_attention, "kimi-hybrid": _kimi_hybrid}
+
+
+def get_preset(
+    name: str,
+    *,
+    capacity_blocks: int | tuple[int, ...] | None = None,
+    capacity_tokens: int | None = None,
+    retention_interval=_KEEP,
+    without: tuple[str, ...] = (),
+    external_capacity_blocks: int | None = None,
+    scheduler: dict | None = None,
+) -> EnginePreset:
+    try:
+        preset = PRESETS[name]()
+    except KeyError:
+        raise ConfigError("preset", name, f"unknown; known: {sorted(PRESETS)}") from None
+    cc = preset.cache_config
+    changes: dict = {}
+    blocks = list(cc.num_gpu_blocks)
+    if capacity_blocks is not None:
+        blocks = [capacity_blocks] * len(blocks) if isinstance(capacity_blocks, int) else list(capacity_blocks)
+    if capacity_tokens is not None:
+        for g, spec in enumerate(cc.groups):
+            if not isinstance(spec, MambaSpec):
+                blocks[g] = -(-capacity_tokens // spec.block_size) + 1
+    changes["num_gpu_blocks"] = tuple(blocks)
+    if retention_interval is not _KEEP:
+        changes["retention_interval"] = retention_interval
+    if without:
+        unknown = sorted(set(without) - ALL_BEHAVIOURS)
+        if unknown:
+            raise ConfigError("preset", "without", f"unknown behaviours {unknown}; known: {sorted(ALL_BEHAVIOURS)}")
+        changes["behaviours"] = cc.behaviours - frozenset(without)
+    if external_capacity_blocks is not None:
+        changes["external"] = ExternalTierConfig(external_capacity_blocks)
+    sc = preset.scheduler_config
+    if scheduler:
+        sc = replace(sc, **scheduler)
+    return replace(preset, cache_config=replace(cc, **changes), scheduler_config=sc)

@@ -1,0 +1,264 @@
+"""The scheduler, after vLLM v1's ``Scheduler.schedule``.
+
+One step: the RUNNING requests first (in order), each getting up to its remaining
+tokens within the token budget; then, if nobody was preempted, WAITING requests in
+arrival order (preempted ones at the front), each after a prefix-cache lookup and an
+external-tier lookup. A chunk is cut by ``long_prefill_token_threshold``, the budget,
+and for Mamba-align models by the block-aligned split. When ``allocate_slots`` returns
+None, the last running request is preempted (recompute) and the allocation retried.
+
+It calls the cache manager where vLLM does: ``get_computed_blocks`` and
+``get_num_external_hit_tokens`` for a new request, ``allocate_slots`` for everyone
+scheduled, ``free`` on preemption and finish, ``take_block_copies`` and
+``take_state_writes`` when the step's output is built. ``new_step_starts`` is called by
+the engine between steps (vLLM calls it at the top of ``schedule``; nothing happens in
+between, so it is the same point).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from kvtrace.cache import BlockCopy, CacheConfig, KVCacheManager, MambaSpec, StateWrite
+from kvtrace.engine.config import SchedulerConfig
+from kvtrace.engine.request import FINISHED, PREEMPTED, RUNNING, WAITING, EngineRequest
+
+
+@dataclass(slots=True)
+class NewRequestData:
+    """A request entering the batch (first time or resumed): the worker sets its table."""
+
+    request_id: str
+    request: EngineRequest  # the worker reads prompt (+ replayed output) tokens from it
+    block_ids: tuple[list[int], ...]  # the full table per group
+    num_computed_tokens: int  # before this step: local hit + external hit
+    num_external_tokens: int  # [num_computed - external, num_computed) came from the external tier
+
+
+@dataclass(slots=True)
+class CachedRequestData:
+    """A request already in the batch: the worker appends ``new_block_ids``."""
+
+    request_id: str
+    new_block_ids: tuple[list[int], ...]
+    num_computed_tokens: int  # before this step
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    step: int
+    scheduled_new_reqs: list[NewRequestData]
+    scheduled_cached_reqs: list[CachedRequestData]
+    num_scheduled_tokens: dict[str, int]
+    total_num_scheduled_tokens: int
+    block_copies: list[BlockCopy]
+    state_writes: list[StateWrite]
+    finished_req_ids: list[str]  # finished since the previous output: drop their tables
+    preempted_req_ids: list[str] = field(default_factory=list)
+
+
+class Scheduler:
+    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, kv_cache_manager: KVCacheManager):
+        self.config = scheduler_config
+        self.cache_config = cache_config
+        self.kv_cache_manager = kv_cache_manager
+        self.running: list[EngineRequest] = []
+        self.waiting: deque[EngineRequest] = deque()
+        self.step = 0
+        self._finished_since_last: list[str] = []
+        mamba = [s for s in cache_config.groups if isinstance(s, MambaSpec)]
+        self.need_mamba_block_aligned_split = bool(mamba)
+        self.block_size = mamba[0].block_size if mamba else cache_config.groups[0].block_size
+        self.hash_block_size = cache_config.hash_block_size
+        self.mamba_partial_cache_hit = cache_config.enable_partial_hits
+        self.use_external = cache_config.external is not None
+        self.num_preemptions = 0
+
+    # -- queue -----------------------------------------------------------------------------
+    def add_request(self, request: EngineRequest) -> None:
+        request.status = WAITING
+        self.waiting.append(request)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    # -- the block-aligned split -------------------------------------------------------------
+    def _mamba_block_aligned_split(
+        self,
+        request: EngineRequest,
+        num_new_tokens: int,
+        num_new_local_computed_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+    ) -> int:
+        """Cut a prefill chunk so it ends where a Mamba state must be materialised.
+
+        A chunk that does not reach the end of prefill is rounded down to a block
+        boundary (unless a block is wider than any chunk can be and the chunk would not
+        move), and then stops at the earliest of these strictly inside it: the next block
+        boundary when it starts mid-block, the last block-aligned position
+        ``floor(num_tokens/bs)*bs``, the prompt's tail hash boundary (partial hits), and
+        the shared-prefix junction (block-floored from the chunk start).
+        """
+        start = request.num_computed_tokens + num_new_local_computed_tokens + num_external_computed_tokens
+        prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
+        if start >= prefill_end:
+            return num_new_tokens
+        bs = self.block_size
+        last_cache_position = request.num_tokens - request.num_tokens % bs
+        end = start + num_new_tokens
+        if end < prefill_end:
+            max_prefill = self.config.max_num_batched_tokens
+            thr = self.config.long_prefill_token_threshold
+            if thr > 0:
+                max_prefill = min(max_prefill, thr)
+            aligned_end = end // bs * bs
+            if aligned_end > start or bs <= max_prefill:
+                end = aligned_end
+        hbs = self.hash_block_size
+        tail_boundary = request.num_prompt_tokens // hbs * hbs if self.mamba_partial_cache_hit else 0
+        spb = request.shared_prefix_boundary
+        stops = (
+            (start // bs + 1) * bs if start % bs else 0,
+            last_cache_position,
+            tail_boundary if last_cache_position < tail_boundary < request.num_prompt_tokens else 0,
+            start + (spb - start) // bs * bs if start < spb < end else 0,
+        )
+        end = min((s for s in stops if start < s < end), default=end)
+        return max(end - start, 0)
+
+    def _cap(self, request: EngineRequest, num_new_tokens: int, token_budget: int) -> int:
+        thr = self.config.long_prefill_token_threshold
+        if 0 < thr < num_new_tokens:
+            num_new_tokens = thr
+        num_new_tokens = min(num_new_tokens, token_budget)
+        return min(num_new_tokens, self.config.max_model_len - request.num_computed_tokens)
+
+    # -- one step -----------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        self.step += 1
+        kv = self.kv_cache_manager
+        token_budget = self.config.max_num_batched_tokens
+        new_reqs: list[NewRequestData] = []
+        cached_reqs: list[CachedRequestData] = []
+        num_scheduled: dict[str, int] = {}
+        preempted: list[EngineRequest] = []
+
+        # RUNNING first.
+        running = self.running
+        i = 0
+        while i < len(running) and token_budget > 0:
+            request = running[i]
+            n = self._cap(request, request.num_tokens - request.num_computed_tokens, token_budget)
+            if self.need_mamba_block_aligned_split and n > 0:
+                n = self._mamba_block_aligned_split(request, n)
+            if n <= 0:
+                i += 1
+                continue
+            while True:
+                new_blocks = kv.allocate_slots(request, n)
+                if new_blocks is not None:
+                    break
+                victim = running.pop()  # FCFS: the latest admitted goes first
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is request:
+                    break
+            if new_blocks is None:
+                break
+            cached_reqs.append(CachedRequestData(request.request_id, new_blocks.get_block_ids(), request.num_computed_tokens))
+            num_scheduled[request.request_id] = n
+            token_budget -= n
+            i += 1
+
+        # Then WAITING, in arrival order, unless this step had to preempt.
+        if not preempted:
+            waiting = self.waiting
+            while waiting and token_budget > 0 and len(running) < self.config.max_num_seqs:
+                request = waiting[0]
+                blocks, num_local, request.shared_prefix_boundary = kv.get_computed_blocks(request)
+                num_external = 0
+                if self.use_external:
+                    num_external = kv.get_num_external_hit_tokens(request, num_local)
+                num_computed = num_local + num_external
+                n = request.num_tokens - num_computed
+                thr = self.config.long_prefill_token_threshold
+                if 0 < thr < n:
+                    n = thr
+                if not self.config.enable_chunked_prefill and n > token_budget:
+                    break
+                n = min(n, token_budget)
+                if self.need_mamba_block_aligned_split:
+                    n = self._mamba_block_aligned_split(request, n, num_local, num_external)
+                if n <= 0:
+                    break
+                new_blocks = kv.allocate_slots(
+                    request,
+                    n,
+                    num_new_computed_tokens=num_local,
+                    new_computed_blocks=blocks,
+                    num_external_computed_tokens=num_external,
+                )
+                if new_blocks is None:
+                    break
+                waiting.popleft()
+                running.append(request)
+                request.status = RUNNING
+                request.num_computed_tokens = num_computed
+                if request.num_local_hit_tokens < 0:  # first admission: the hit the user sees
+                    request.num_local_hit_tokens = num_local
+                    request.num_external_hit_tokens = num_external
+                new_reqs.append(
+                    NewRequestData(request.request_id, request, kv.get_block_ids(request.request_id), num_computed, num_external)
+                )
+                num_scheduled[request.request_id] = n
+                token_budget -= n
+
+        # vLLM's _update_after_schedule: the scheduled tokens count as computed from now on.
+        for request in running:
+            n = num_scheduled.get(request.request_id)
+            if n:
+                request.num_computed_tokens += n
+        out = SchedulerOutput(
+            step=self.step,
+            scheduled_new_reqs=new_reqs,
+            scheduled_cached_reqs=cached_reqs,
+            num_scheduled_tokens=num_scheduled,
+            total_num_scheduled_tokens=sum(num_scheduled.values()),
+            block_copies=list(kv.take_block_copies()),
+            state_writes=list(kv.take_state_writes()),
+            finished_req_ids=self._finished_since_last,
+            preempted_req_ids=[r.request_id for r in preempted],
+        )
+        self._finished_since_last = []
+        self.num_preemptions += len(preempted)
+        return out
+
+    def _preempt(self, request: EngineRequest) -> None:
+        self.kv_cache_manager.free(request)
+        request.status = PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    # -- after the step ------------------------------------------------------------------------
+    def update_from_output(self, out: SchedulerOutput, sampled: dict[str, int], end_ns: int) -> list[EngineRequest]:
+        """Append sampled tokens; finish requests that reached their output length."""
+        finished: list[EngineRequest] = []
+        index = {r.request_id: r for r in self.running} if sampled else {}
+        for rid, token in sampled.items():
+            request = index[rid]
+            request.append_output_token_ids(token)
+            request.token_times_ns.append(end_ns)
+            if request.first_token_ns < 0:
+                request.first_token_ns = end_ns
+            if len(request.output_token_ids) >= request.max_tokens:
+                finished.append(request)
+        if finished:
+            done = {r.request_id for r in finished}
+            self.running = [r for r in self.running if r.request_id not in done]
+            for request in finished:
+                request.status = FINISHED
+                self.kv_cache_manager.free(request)
+                self._finished_since_last.append(request.request_id)
+        return finished

@@ -1,0 +1,77 @@
+"""Small Arrow builders for the bulk span path (vectorised; no per-row Python where avoidable)."""
+
+from __future__ import annotations
+
+from itertools import chain
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from kvtrace.instrument.ids import hex_fixed
+
+_I64 = pa.int64()
+
+
+def strings_from_fixed(digits: np.ndarray) -> pa.StringArray:
+    """(n, w) uint8 ASCII rows -> StringArray of n strings of width w (zero-copy layout)."""
+    n, width = digits.shape
+    offsets = np.arange(0, n * width + 1, width, dtype=np.int32)
+    data = np.ascontiguousarray(digits).reshape(-1)
+    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(data))
+
+
+def constant(value, n: int, type_: pa.DataType = pa.string()) -> pa.Array:
+    return pa.repeat(pa.scalar(value, type_), n)
+
+
+def offsets_from_lengths(lengths: Sequence[int]) -> np.ndarray:
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
+    offsets[1:] = np.cumsum(np.asarray(lengths, dtype=np.int64))
+    return offsets
+
+
+def int_lists(lists: Sequence[Sequence[int]]) -> pa.ListArray:
+    """list<int64> from a sequence of int tuples."""
+    lengths = list(map(len, lists))
+    flat = pa.array(list(chain.from_iterable(lists)), _I64)
+    return pa.ListArray.from_arrays(pa.array(offsets_from_lengths(lengths)), flat)
+
+
+def hex_strings(hashes: Sequence[bytes]) -> pa.StringArray:
+    """Lowercase hex of each bytes value; vectorised when all have one width."""
+    if not hashes:
+        return pa.array([], pa.string())
+    width = len(hashes[0])
+    blob = b"".join(hashes)
+    # all widths equal <=> none is shorter than the first and they sum to n * width
+    if width and len(blob) == width * len(hashes) and min(map(len, hashes)) == width:
+        raw = np.frombuffer(blob, dtype=np.uint8).reshape(-1, width)
+        return strings_from_fixed(hex_fixed(raw))
+    return pa.array([h.hex() for h in hashes], pa.string())
+
+
+def hex_lists(lists: Sequence[Sequence[bytes]]) -> pa.ListArray:
+    """list<string> of hex hashes from a sequence of bytes tuples."""
+    lengths = list(map(len, lists))
+    flat = hex_strings(list(chain.from_iterable(lists)))
+    return pa.ListArray.from_arrays(pa.array(offsets_from_lengths(lengths)), flat)
+
+
+def optional_hex(values: Sequence[bytes | None]) -> pa.StringArray:
+    return pa.array([None if v is None else v.hex() for v in values], pa.string())
+
+
+def single_item_lists(values: pa.Array) -> pa.ListArray:
+    """Wrap each value into a one-element list."""
+    return pa.ListArray.from_arrays(pa.array(np.arange(len(values) + 1, dtype=np.int32)), values)
+
+
+def constant_map(items: Sequence[tuple[str, str]], n: int, type_: pa.MapType) -> pa.MapArray:
+    """The same string map on each of n rows."""
+    k = len(items)
+    offsets = pa.array(np.arange(0, (n + 1) * k, k, dtype=np.int32) if k else np.zeros(n + 1, np.int32))
+    pick = pa.array(np.tile(np.arange(k, dtype=np.int64), n))
+    keys = pa.array([key for key, _ in items], pa.string()).take(pick)
+    vals = pa.array([val for _, val in items], pa.string()).take(pick)
+    return pa.MapArray.from_arrays(offsets, keys, vals, type=type_)

@@ -1,0 +1,334 @@
+"""Store rows <-> OTel spans.
+
+- ``table_to_readable_spans``: a ``SpanBatch`` table -> SDK ``ReadableSpan`` objects, for
+  any ``SpanExporter`` (OTLP, console, in-memory).
+- ``SpanRowsBuilder``: spans given as plain values (from ``ReadableSpan``s, or decoded
+  OTLP) -> one Arrow table in the store schema. Attributes with a typed column
+  (``ATTRIBUTE_COLUMNS``) land there; every other attribute goes to
+  ``extra_attributes`` as a string (sequences as JSON).
+
+OTel attribute values are scalars or flat arrays, so three columns are encoded:
+``kvtrace.request.prefill_chunks`` as a flat int array of (start_ns, end_ns, num_tokens)
+triples, and the uint64 fingerprints as the int64 with the same bits.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable, Mapping, Sequence
+
+import pyarrow as pa
+from opentelemetry import trace as trace_api
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanKind, Status, StatusCode, TraceFlags, TraceState
+
+from kvtrace.instrument.spans import BATCH_SCHEMA, conform
+from kvtrace.store.schema import ATTRIBUTE_COLUMNS, GENAI_CACHE_READ, SPAN_REQUEST
+
+RUN_ID_RESOURCE_KEY = "kvtrace.run.id"  # the otel_traces view adds it from run_id
+HIT_TOKENS_KEY = "kvtrace.hit_tokens"
+EXTERNAL_HIT_TOKENS_KEY = "kvtrace.external_hit_tokens"
+PREFILL_CHUNKS_KEY = "kvtrace.request.prefill_chunks"
+
+_TYPES = {f.name: f.type for f in BATCH_SCHEMA}
+_MASK64 = (1 << 64) - 1
+_SIGN64 = 1 << 63
+
+KIND_NAMES = {
+    SpanKind.INTERNAL: None,  # NULL = Internal
+    SpanKind.SERVER: "Server",
+    SpanKind.CLIENT: "Client",
+    SpanKind.PRODUCER: "Producer",
+    SpanKind.CONSUMER: "Consumer",
+}
+_KIND_BY_NAME = {v: k for k, v in KIND_NAMES.items() if v}
+STATUS_NAMES = {StatusCode.UNSET: "Unset", StatusCode.OK: "Ok", StatusCode.ERROR: "Error"}
+_STATUS_BY_NAME = {v: k for k, v in STATUS_NAMES.items()}
+
+
+# --- column value <-> attribute value ----------------------------------------------------------
+def _to_signed(v: int) -> int:
+    return v - (1 << 64) if v & _SIGN64 else v
+
+
+def _chunks_to_flat(v: list[dict]) -> tuple[int, ...]:
+    return tuple(x for c in v for x in (c["start_ns"], c["end_ns"], c["num_tokens"]))
+
+
+def _attr_encoder(column: str):
+    t = _TYPES[column]
+    if column == "prefill_chunks":
+        return _chunks_to_flat
+    if t == pa.uint64():
+        return _to_signed
+    if pa.types.is_list(t):
+        return tuple
+    return None
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _column_value(column: str, v: Any) -> tuple[bool, Any]:
+    """Coerce an attribute value to its column's type; (False, None) when it does not fit."""
+    t = _TYPES[column]
+    if column == "prefill_chunks":
+        if isinstance(v, (list, tuple)) and len(v) % 3 == 0 and all(map(_is_int, v)):
+            return True, [{"start_ns": v[i], "end_ns": v[i + 1], "num_tokens": v[i + 2]} for i in range(0, len(v), 3)]
+        return False, None
+    if pa.types.is_list(t):
+        if not isinstance(v, (list, tuple)):
+            return False, None
+        item = t.value_type
+        if pa.types.is_integer(item):
+            return (all(map(_is_int, v)), list(v))
+        if pa.types.is_floating(item):
+            if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
+                return True, [float(x) for x in v]
+            return False, None
+        if pa.types.is_string(item):
+            return (all(isinstance(x, str) for x in v), list(v))
+        return False, None
+    if t == pa.uint64():
+        return (True, v & _MASK64) if _is_int(v) else (False, None)
+    if pa.types.is_integer(t):
+        return (True, v) if _is_int(v) else (False, None)
+    if pa.types.is_floating(t):
+        return (True, float(v)) if isinstance(v, (int, float)) and not isinstance(v, bool) else (False, None)
+    if pa.types.is_string(t):
+        return (True, v) if isinstance(v, str) else (False, None)
+    return False, None
+
+
+def attribute_text(v: Any) -> str:
+    """How an attribute without a typed column is kept: a string (arrays as JSON)."""
+    if isinstance(v, str):
+        return v
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, bytes):
+        return v.hex()
+    if isinstance(v, (list, tuple, dict)):
+        return json.dumps(v, separators=(",", ":"), default=_json_default)
+    return str(v)
+
+
+def _json_default(v: Any) -> Any:
+    if isinstance(v, bytes):
+        return v.hex()
+    return str(v)
+
+
+def _string_map(attrs: Mapping[str, Any] | None, drop: str | None = None) -> list[tuple[str, str]] | None:
+    if not attrs:
+        return None
+    return [(k, attribute_text(v)) for k, v in attrs.items() if k != drop]
+
+
+# --- plain values -> store rows -------------------------------------------------------------
+class SpanRowsBuilder:
+    """Accumulates spans column by column; only the columns a span sets cost anything."""
+
+    __slots__ = ("_cols", "n")
+
+    def __init__(self):
+        self._cols: dict[str, list] = {}
+        self.n = 0
+
+    def _put(self, column: str, value: Any) -> None:
+        lst = self._cols.get(column)
+        if lst is None:
+            lst = self._cols[column] = []
+        if len(lst) < self.n:
+            lst.extend([None] * (self.n - len(lst)))
+        lst.append(value)
+
+    def add(
+        self,
+        *,
+        name: str,
+        trace_id: str,
+        span_id: str,
+        parent_span_id: str = "",
+        start_ns: int,
+        end_ns: int,
+        attributes: Mapping[str, Any] | None = None,
+        resource: Mapping[str, Any] | None = None,
+        scope_name: str | None = None,
+        scope_version: str | None = None,
+        trace_state: str | None = None,
+        span_kind: str | None = None,
+        status_code: str = "Unset",
+        status_message: str | None = None,
+        events: Sequence[tuple[int, str, Mapping[str, Any] | None]] = (),
+        links: Sequence[tuple[str, str, str | None, Mapping[str, Any] | None]] = (),
+        default_source: str | None = None,
+    ) -> None:
+        put = self._put
+        put("trace_id", trace_id)
+        put("span_id", span_id)
+        put("parent_span_id", parent_span_id)
+        put("name", name)
+        put("start_ns", start_ns)
+        put("end_ns", end_ns)
+        put("status_code", status_code)
+        if trace_state:
+            put("trace_state", trace_state)
+        if span_kind:
+            put("span_kind", span_kind)
+        if status_message:
+            put("status_message", status_message)
+        resource = resource or {}
+        service = resource.get("service.name")
+        if service is not None:
+            put("service_name", attribute_text(service))
+        if scope_name:
+            put("scope_name", scope_name)
+        if scope_version:
+            put("scope_version", scope_version)
+        put("resource_attributes", [(k, attribute_text(v)) for k, v in resource.items() if k != RUN_ID_RESOURCE_KEY])
+        extras = []
+        attributes = attributes or {}
+        derived_cache_read = HIT_TOKENS_KEY in attributes
+        for key, value in attributes.items():
+            column = ATTRIBUTE_COLUMNS.get(key)
+            if column is not None:
+                ok, coerced = _column_value(column, value)
+                if ok:
+                    put(column, coerced)
+                    continue
+            elif key == GENAI_CACHE_READ and derived_cache_read:
+                continue  # derived from the hit columns, not stored
+            extras.append((key, attribute_text(value)))
+        if "kvtrace.source" not in attributes and default_source is not None:
+            put("source", default_source)
+        if extras:
+            put("extra_attributes", extras)
+        if events:
+            put("events", [{"time_ns": t, "name": n, "attributes": _string_map(a)} for t, n, a in events])
+        if links:
+            put("links", [{"trace_id": t, "span_id": s, "trace_state": st or None, "attributes": _string_map(a)}
+                          for t, s, st, a in links])
+        self.n += 1
+
+    def add_readable(self, span: ReadableSpan, default_source: str | None = None) -> None:
+        ctx = span.context
+        parent = span.parent
+        state = ctx.trace_state.to_header() if ctx.trace_state else None
+        self.add(
+            name=span.name,
+            trace_id=trace_api.format_trace_id(ctx.trace_id),
+            span_id=trace_api.format_span_id(ctx.span_id),
+            parent_span_id=trace_api.format_span_id(parent.span_id) if parent is not None else "",
+            start_ns=span.start_time or 0,
+            end_ns=span.end_time or span.start_time or 0,
+            attributes=span.attributes,
+            resource=span.resource.attributes if span.resource is not None else None,
+            scope_name=span.instrumentation_scope.name if span.instrumentation_scope else None,
+            scope_version=span.instrumentation_scope.version if span.instrumentation_scope else None,
+            trace_state=state or None,
+            span_kind=KIND_NAMES.get(span.kind),
+            status_code=STATUS_NAMES[span.status.status_code],
+            status_message=span.status.description,
+            events=[(e.timestamp, e.name, e.attributes) for e in span.events],
+            links=[(trace_api.format_trace_id(link.context.trace_id), trace_api.format_span_id(link.context.span_id),
+                    link.context.trace_state.to_header() if link.context.trace_state else None, link.attributes)
+                   for link in span.links],
+            default_source=default_source,
+        )
+
+    def to_table(self) -> pa.Table:
+        n = self.n
+        arrays, fields = [], []
+        for column, values in self._cols.items():
+            if len(values) < n:
+                values.extend([None] * (n - len(values)))
+            fields.append(pa.field(column, _TYPES[column]))
+            arrays.append(pa.array(values, _TYPES[column]))
+        self._cols, self.n = {}, 0
+        return conform(pa.Table.from_arrays(arrays, schema=pa.schema(fields)))
+
+
+def readable_spans_to_table(spans: Iterable[ReadableSpan], default_source: str | None = None) -> pa.Table:
+    rows = SpanRowsBuilder()
+    for span in spans:
+        rows.add_readable(span, default_source)
+    return rows.to_table()
+
+
+# --- store rows -> ReadableSpan -------------------------------------------------------------
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+
+
+def _context(trace_id: str, span_id: str, state: str | None = None) -> trace_api.SpanContext:
+    return trace_api.SpanContext(
+        trace_id=int(trace_id, 16), span_id=int(span_id, 16), is_remote=False, trace_flags=_SAMPLED,
+        trace_state=TraceState.from_header([state]) if state else None,
+    )
+
+
+def table_to_readable_spans(table: pa.Table, resource: Resource | None = None,
+                            run_id: str | None = None) -> list[ReadableSpan]:
+    """One ``ReadableSpan`` per row. ``resource``: use it for every span (else per row)."""
+    n = table.num_rows
+    cols = {c: table.column(c).to_pylist() for c in table.column_names if table.column(c).null_count < n}
+    typed = [(key, cols[col], _attr_encoder(col)) for key, col in ATTRIBUTE_COLUMNS.items() if col in cols]
+    none = [None] * n
+    get = lambda c: cols.get(c, none)  # noqa: E731
+    name_c, trace_c, span_c, parent_c = get("name"), get("trace_id"), get("span_id"), get("parent_span_id")
+    state_c, kind_c, start_c, end_c = get("trace_state"), get("span_kind"), get("start_ns"), get("end_ns")
+    status_c, msg_c, extra_c = get("status_code"), get("status_message"), get("extra_attributes")
+    events_c, links_c = get("events"), get("links")
+    res_c, service_c = get("resource_attributes"), get("service_name")
+    scope_c, scope_v = get("scope_name"), get("scope_version")
+    hit_c, ext_c = get("num_hit_tokens"), get("num_external_hit_tokens")
+    resources: dict[tuple, Resource] = {}
+    scopes: dict[tuple, InstrumentationScope] = {}
+    out = []
+    for i in range(n):
+        attrs: dict[str, Any] = {}
+        for key, values, enc in typed:
+            v = values[i]
+            if v is not None:
+                attrs[key] = enc(v) if enc else v
+        if extra_c[i]:
+            for k, v in extra_c[i]:
+                attrs.setdefault(k, v)
+        if name_c[i] == SPAN_REQUEST and (hit_c[i] is not None or ext_c[i] is not None):
+            attrs[GENAI_CACHE_READ] = (hit_c[i] or 0) + (ext_c[i] or 0)
+        res = resource
+        if res is None:
+            key = (tuple(res_c[i] or ()), service_c[i])
+            res = resources.get(key)
+            if res is None:
+                items = dict(res_c[i] or ())
+                if service_c[i] is not None:
+                    items.setdefault("service.name", service_c[i])
+                if run_id is not None:
+                    items[RUN_ID_RESOURCE_KEY] = run_id
+                res = resources[key] = Resource(items)
+        skey = (scope_c[i], scope_v[i])
+        scope = scopes.get(skey)
+        if scope is None:
+            scope = scopes[skey] = InstrumentationScope(scope_c[i] or "kvtrace.instrument", scope_v[i])
+        parent = _context(trace_c[i], parent_c[i]) if parent_c[i] else None
+        status = _STATUS_BY_NAME.get(status_c[i] or "Unset", StatusCode.UNSET)
+        out.append(ReadableSpan(
+            name=name_c[i],
+            context=_context(trace_c[i], span_c[i], state_c[i]),
+            parent=parent,
+            resource=res,
+            attributes=attrs,
+            events=[Event(e["name"], dict(e["attributes"] or ()), e["time_ns"]) for e in events_c[i]] if events_c[i] else (),
+            links=[trace_api.Link(_context(lk["trace_id"], lk["span_id"], lk["trace_state"]), dict(lk["attributes"] or ()) or None)
+                   for lk in links_c[i]] if links_c[i] else (),
+            kind=_KIND_BY_NAME.get(kind_c[i], SpanKind.INTERNAL),
+            status=Status(status, msg_c[i] if status is StatusCode.ERROR else None),
+            start_time=start_c[i],
+            end_time=end_c[i],
+            instrumentation_scope=scope,
+        ))
+    return out

@@ -1,0 +1,45 @@
+"""``DuckDBSpanExporter``: spans into the kvtrace store, in bulk Arrow appends.
+
+A real SDK ``SpanExporter`` (``export(Sequence[ReadableSpan])``), plus the columnar fast
+path ``export_batch(SpanBatch)`` that ``BulkSpanProcessor`` uses: the batch is already an
+Arrow table in the store schema, so it is handed to ``Store.append_spans`` as is.
+
+The store is owned by the caller (the exporter never closes it); it is not thread-safe,
+so while a background processor exports, the caller should not write to the same store
+until ``force_flush`` returns.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from kvtrace.instrument.convert import readable_spans_to_table
+from kvtrace.instrument.spans import SpanBatch
+
+
+class DuckDBSpanExporter(SpanExporter):
+    def __init__(self, store, run_id: str):
+        """``store``: an open ``kvtrace.store.writer.Store``; ``run_id``: a run created in it."""
+        self.store = store
+        self.run_id = run_id
+        self.spans_written = 0
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        if not spans:
+            return SpanExportResult.SUCCESS
+        self.spans_written += self.store.append_spans(readable_spans_to_table(spans), run_id=self.run_id)
+        return SpanExportResult.SUCCESS
+
+    def export_batch(self, batch: SpanBatch) -> SpanExportResult:
+        self.spans_written += self.store.append_spans(batch.table, run_id=self.run_id)
+        return SpanExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        self.store.flush()
+        return True
+
+    def shutdown(self) -> None:
+        self.store.flush()

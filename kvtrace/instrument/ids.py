@@ -1,0 +1,118 @@
+"""Deterministic span and trace ids.
+
+Replays must store identical rows, so ids come from a seeded counter (splitmix64), not
+from ``random``. The bulk span path reserves a block of ordinals per flush and computes
+the ids with numpy; the SDK path (``generate_span_id``) draws from the same counter, so
+spans made either way never collide. Request spans are keyed by request id instead,
+because cache spans (lookups, copies) link to a request before it has finished.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+from opentelemetry.sdk.trace.id_generator import IdGenerator
+
+_MASK64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+_M1 = 0xBF58476D1CE4E5B9
+_M2 = 0x94D049BB133111EB
+_HEX_DIGITS = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
+# byte -> its two hex digits, as one uint16 in memory order (one gather per byte)
+_HEX_PAIRS = np.stack([_HEX_DIGITS[np.arange(256) >> 4], _HEX_DIGITS[np.arange(256) & 15]], axis=1).copy().view(np.uint16).reshape(256)
+
+# Stream keys: each id kind mixes its own key into the counter.
+_SPAN, _TRACE_HI, _TRACE_LO = 1, 2, 3
+
+
+def _mix(x: int) -> int:
+    z = (x + _GOLDEN) & _MASK64
+    z = ((z ^ (z >> 30)) * _M1) & _MASK64
+    z = ((z ^ (z >> 27)) * _M2) & _MASK64
+    return z ^ (z >> 31)
+
+
+def mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser over a uint64 array (wrapping arithmetic)."""
+    z = x + np.uint64(_GOLDEN)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(_M1)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(_M2)
+    return z ^ (z >> np.uint64(31))
+
+
+def hex_fixed(raw: np.ndarray) -> np.ndarray:
+    """(n, k) uint8 -> (n, 2k) uint8 of lowercase hex digits."""
+    return _HEX_PAIRS[raw].view(np.uint8).reshape(raw.shape[0], raw.shape[1] * 2)
+
+
+def u64_bytes(values: np.ndarray) -> np.ndarray:
+    """uint64 array -> (n, 8) big-endian bytes, as OTel hex-encodes ids."""
+    return values.astype(">u8").view(np.uint8).reshape(-1, 8)
+
+
+class SeededIdGenerator(IdGenerator):
+    """An OTel ``IdGenerator`` whose ids are a pure function of (seed, ordinal)."""
+
+    def __init__(self, seed: int = 0):
+        self.seed = int(seed)
+        self._next = 0
+        base = _mix(self.seed & _MASK64)
+        self._keys = {k: _mix(base ^ k) for k in (_SPAN, _TRACE_HI, _TRACE_LO)}
+        self._request_key = hashlib.blake2b(
+            self.seed.to_bytes(16, "big", signed=True), digest_size=16
+        ).digest()
+
+    # -- SDK interface (one id at a time) --------------------------------------------------
+    def generate_span_id(self) -> int:
+        return self._span_id_at(self.reserve(1))
+
+    def generate_trace_id(self) -> int:
+        ordinal = self.reserve(1)
+        hi = _mix((self._keys[_TRACE_HI] + ordinal) & _MASK64)
+        lo = _mix((self._keys[_TRACE_LO] + ordinal) & _MASK64)
+        return ((hi << 64) | lo) or 1
+
+    def is_trace_id_random(self) -> bool:
+        return False  # derived from a counter, not uniformly random
+
+    def _span_id_at(self, ordinal: int) -> int:
+        return _mix((self._keys[_SPAN] + ordinal) & _MASK64) or 1
+
+    # -- bulk interface ----------------------------------------------------------------------
+    def reserve(self, n: int) -> int:
+        """Claim ``n`` consecutive ordinals; returns the first."""
+        first = self._next
+        self._next += n
+        return first
+
+    def _stream(self, key: int, ordinals: np.ndarray) -> np.ndarray:
+        ids = mix64(ordinals.astype(np.uint64) + np.uint64(self._keys[key]))
+        ids[ids == 0] = 1  # 0 is the invalid id
+        return ids
+
+    def span_ids(self, ordinals: np.ndarray) -> np.ndarray:
+        """uint64 span ids for the given ordinals."""
+        return self._stream(_SPAN, ordinals)
+
+    def span_ids_hex(self, ordinals: np.ndarray) -> np.ndarray:
+        """(n, 16) uint8 hex digits of the span ids."""
+        return hex_fixed(u64_bytes(self.span_ids(ordinals)))
+
+    def trace_ids_hex(self, ordinals: np.ndarray) -> np.ndarray:
+        """(n, 32) uint8 hex digits of 128-bit trace ids."""
+        hi = u64_bytes(self._stream(_TRACE_HI, ordinals))
+        lo = u64_bytes(self._stream(_TRACE_LO, ordinals))
+        return hex_fixed(np.concatenate([hi, lo], axis=1))
+
+    def request_ids(self, request_id: str) -> tuple[str, str]:
+        """(trace_id hex, span_id hex) of a request's span, keyed by its id."""
+        digest = hashlib.blake2b(
+            request_id.encode("utf-8"), digest_size=24, key=self._request_key
+        ).hexdigest()
+        trace_id, span_id = digest[:32], digest[32:]
+        if trace_id == "0" * 32:
+            trace_id = "0" * 31 + "1"
+        if span_id == "0" * 16:
+            span_id = "0" * 15 + "1"
+        return trace_id, span_id

@@ -1,0 +1,180 @@
+"""A span processor that never drops.
+
+The SDK's ``BatchSpanProcessor`` drops spans when its queue is full. ``BulkSpanProcessor``
+implements the same SDK ``SpanProcessor`` interface but applies back-pressure instead:
+
+- columnar batches (``on_batch``) go straight to exporters that accept them
+  (``export_batch``, e.g. ``DuckDBSpanExporter``); other exporters get ``ReadableSpan``s
+  made from the batch, in chunks of ``max_export_batch_size``;
+- SDK spans (``on_end``) are buffered and exported in chunks of the same size;
+- with ``background=True`` exports run on one worker thread behind a bounded queue, and a
+  full queue blocks the producer (it never discards). An exporter error is re-raised in
+  the producer on its next call, so a failure is never silent.
+
+``spans_received == spans_exported + spans_failed`` always holds after ``force_flush``;
+``spans_failed`` counts spans an exporter answered ``FAILURE`` for (e.g. an unreachable
+OTLP collector after its own retries).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from typing import Protocol, Sequence, runtime_checkable
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from kvtrace.instrument.convert import table_to_readable_spans
+from kvtrace.instrument.spans import SpanBatch
+
+_log = logging.getLogger(__name__)
+_STOP = object()
+
+
+@runtime_checkable
+class ColumnarSpanExporter(Protocol):
+    """An exporter that takes a whole ``SpanBatch`` (Arrow) at once."""
+
+    def export_batch(self, batch: SpanBatch) -> SpanExportResult: ...
+
+
+class BulkSpanProcessor(SpanProcessor):
+    def __init__(
+        self,
+        exporter: SpanExporter,
+        *,
+        max_export_batch_size: int = 2048,
+        background: bool = False,
+        max_queued_batches: int = 4,
+        resource: Resource | None = None,
+        run_id: str | None = None,
+    ):
+        """``resource``/``run_id``: used when batches are turned into ``ReadableSpan``s."""
+        self.exporter = exporter
+        self.max_export_batch_size = max_export_batch_size
+        self.resource = resource
+        self.run_id = run_id
+        self.columnar = isinstance(exporter, ColumnarSpanExporter)
+        self.spans_received = 0
+        self.spans_exported = 0
+        self.spans_failed = 0
+        self._pending: list[ReadableSpan] = []
+        self._lock = threading.Lock()
+        self._error: BaseException | None = None
+        self._shutdown = False
+        self._queue: queue.Queue | None = None
+        self._worker: threading.Thread | None = None
+        if background:
+            self._queue = queue.Queue(maxsize=max_queued_batches)
+            self._worker = threading.Thread(target=self._run, name="kvtrace-span-export", daemon=True)
+            self._worker.start()
+
+    # -- SDK SpanProcessor ---------------------------------------------------------------------
+    def on_start(self, span, parent_context=None) -> None:
+        pass
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if not span.context.trace_flags.sampled:
+            return
+        with self._lock:
+            self._pending.append(span)
+            self.spans_received += 1
+            if len(self._pending) < self.max_export_batch_size:
+                return
+            chunk, self._pending = self._pending, []
+        self._submit(chunk)
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        with self._lock:
+            chunk, self._pending = self._pending, []
+        if chunk:
+            self._submit(chunk)
+        if self._queue is not None:
+            self._queue.join()
+        self._raise_pending_error()
+        flush = getattr(self.exporter, "force_flush", None)
+        return bool(flush(timeout_millis)) if flush is not None else True
+
+    def shutdown(self) -> None:
+        if self._shutdown:
+            return
+        try:
+            self.force_flush()
+        finally:
+            self._shutdown = True
+            if self._queue is not None:
+                self._queue.put(_STOP)
+                self._worker.join()
+            self.exporter.shutdown()
+
+    # -- columnar ------------------------------------------------------------------------------
+    def on_batch(self, batch: SpanBatch) -> None:
+        """Export a whole batch (blocks while the queue is full; never drops)."""
+        if batch.num_spans == 0:
+            return
+        self.spans_received += batch.num_spans
+        self._submit(batch)
+
+    # -- internals -----------------------------------------------------------------------------
+    def _submit(self, item: SpanBatch | list[ReadableSpan]) -> None:
+        if self._shutdown:
+            raise RuntimeError("BulkSpanProcessor: span submitted after shutdown")
+        self._raise_pending_error()
+        if self._queue is None:
+            self._export(item)
+        else:
+            self._queue.put(item)  # blocks when full: back-pressure, not loss
+
+    def _raise_pending_error(self) -> None:
+        err, self._error = self._error, None
+        if err is not None:
+            raise err
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is _STOP:
+                    return
+                if self._error is None:
+                    self._export(item)
+                else:  # exporter already broken: count, do not pretend
+                    self.spans_failed += _count(item)
+            except BaseException as err:  # handed to the producer thread
+                self._error = err
+            finally:
+                self._queue.task_done()
+
+    def _export(self, item: SpanBatch | list[ReadableSpan]) -> None:
+        """Export one item; an exception counts what was not exported as failed, then propagates."""
+        left = _count(item)
+        try:
+            if isinstance(item, SpanBatch):
+                if self.columnar:
+                    left -= self._account(self.exporter.export_batch(item), item.num_spans)
+                    return
+                table = item.table
+                step = self.max_export_batch_size
+                for offset in range(0, table.num_rows, step):
+                    spans = table_to_readable_spans(table.slice(offset, step), self.resource, self.run_id)
+                    left -= self._account(self.exporter.export(spans), len(spans))
+            else:
+                left -= self._account(self.exporter.export(item), len(item))
+        except BaseException:
+            self.spans_failed += left
+            raise
+
+    def _account(self, result: SpanExportResult, n: int) -> int:
+        if result is SpanExportResult.SUCCESS:
+            self.spans_exported += n
+        else:
+            self.spans_failed += n
+            _log.warning("%s failed to export %d spans", type(self.exporter).__name__, n)
+        return n
+
+
+def _count(item) -> int:
+    return 0 if item is _STOP else (item.num_spans if isinstance(item, SpanBatch) else len(item))

@@ -1,0 +1,122 @@
+"""Offline-optimal (Belady MIN) bound for cache-only replay, and trace block keys.
+
+Cache-only conventions (Mooncake paper, Dynamo ``datagen analyze``): each trace hash id
+is one block, the partial last block included, and a request's hit is its
+prefix-contiguous cached blocks. Belady replays the same trace knowing the future: when
+a block must be evicted it takes the cached, unused block whose next use is farthest
+(never used again first). Blocks of the running request cannot be evicted.
+
+Ties (equal next use) go to the block deepest in its prefix chain: a child is never used
+without its parent, so its next use is never earlier, and evicting it first keeps the
+cache prefix-closed (no cached block behind a missing one), as LRU with vLLM's free order
+also does. With nested reuse like this, MIN gives the best hit count any eviction policy
+can reach on the trace: the headroom a user sees against LRU.
+
+Implementation: a max-heap on (next use, depth) with lazy deletion (an entry is stale
+when its block was evicted or re-used since; a version number tells).
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Iterable, Sequence
+
+from kvtrace.engine.workload import TraceRequest
+
+NEVER = 1 << 62
+
+
+def chain_keys(requests: Iterable[TraceRequest]) -> tuple[list[list[int]], list[int], list[int]]:
+    """Interned block keys of each request: equal key == equal (salt, namespace, id chain).
+
+    Returns (keys per request, input lengths, block size per request). Trace ids are
+    prefix-chained within a namespace; keying by the whole chain keeps a cache honest
+    even for traces that reuse an id after a different parent.
+    """
+    index: dict[tuple, int] = {}
+    all_keys: list[list[int]] = []
+    lengths: list[int] = []
+    sizes: list[int] = []
+    for req in requests:
+        if req.hash_ids is None:
+            raise ValueError(f"cache-only replay needs hash ids; request {req.request_id} has token ids only")
+        parent: object = (req.namespace, req.cache_salt)
+        keys = []
+        for h in req.hash_ids:
+            k = index.get((parent, h))
+            if k is None:
+                k = index[(parent, h)] = len(index)
+            keys.append(k)
+            parent = k
+        all_keys.append(keys)
+        lengths.append(req.input_length)
+        sizes.append(req.hash_block_size)
+    return all_keys, lengths, sizes
+
+
+def next_uses(keys: Sequence[Sequence[int]]) -> list[list[int]]:
+    """For each request r and block position, the next request index > r using that key."""
+    upcoming: dict[int, int] = {}
+    out: list[list[int]] = [[]] * len(keys)
+    for r in range(len(keys) - 1, -1, -1):
+        ks = keys[r]
+        get = upcoming.get
+        out[r] = [get(k, NEVER) for k in ks]
+        for k in ks:
+            upcoming[k] = r
+    return out
+
+
+def belady_hits(keys: Sequence[Sequence[int]], capacity: int) -> tuple[list[int], int, int, int]:
+    """Replay with MIN eviction: (hit blocks per request, publishes, evictions, oversized).
+
+    ``capacity`` counts usable blocks (the pool minus vLLM's null block). A request with
+    more blocks than the capacity is served uncached (``oversized``), as an engine would
+    never fit it either.
+    """
+    nxt = next_uses(keys)
+    version: dict[int, int] = {}  # cached key -> version of its live heap entry
+    heap: list[tuple[int, int, int, int]] = []  # (-next_use, -depth, key, version)
+    free_slots = capacity
+    hits: list[int] = []
+    publishes = evictions = oversized = 0
+    push, pop = heapq.heappush, heapq.heappop
+    for r, ks in enumerate(keys):
+        n = len(ks)
+        hit = 0
+        while hit < n and ks[hit] in version:
+            hit += 1
+        hits.append(hit)
+        if n > capacity:
+            oversized += 1
+            continue
+        # this request's cached blocks (the hit, and any later cached ones) are in use:
+        # give them fresh entries at their new next use (old entries become stale)
+        needed = 0
+        use = nxt[r]
+        in_use = set()
+        for d in range(n):
+            k = ks[d]
+            if k in version:
+                in_use.add(k)
+            else:
+                needed += 1
+        while free_slots < needed:
+            _, _, k, v = pop(heap)
+            if version.get(k) != v or k in in_use:
+                continue  # stale, or in use (it gets a fresh entry just below)
+            del version[k]
+            free_slots += 1
+            evictions += 1
+        for d in range(n):
+            k = ks[d]
+            v = version.get(k, -1) + 1
+            if v == 0:
+                free_slots -= 1
+                publishes += 1
+            version[k] = v
+            push(heap, (-use[d], -d, k, v))
+        if len(heap) > 4 * (capacity + 64):
+            heap = [e for e in heap if version.get(e[2]) == e[3]]
+            heapq.heapify(heap)
+    return hits, publishes, evictions, oversized

@@ -1,0 +1,293 @@
+"""Cache-only replay: the fast trace analysis (Mooncake paper / Dynamo ``datagen analyze``).
+
+Conventions:
+
+- requests run one at a time in trace order, with no scheduler and no clock;
+- each trace hash id is one block of ``block_size`` tokens, the partial last block
+  included (it can hit, as in the paper's hit-rate figure);
+- a request's hit is its prefix-contiguous cached blocks, and its hit tokens are
+  ``min(hit_blocks * block_size, input_length)``;
+- after the request, its blocks return to the LRU in vLLM's free order (reverse, so a
+  request's tail is evicted before its prefix).
+
+``policy="lru"`` runs through the real :class:`kvtrace.cache.KVCacheManager` (one full
+attention group, one request per step) so its events flow to listeners (digest, spans).
+Block keys are the trace ids themselves (with their scope, see :func:`block_keys`), not
+hashes of synthesised tokens: in this mode ids *are* the content, and hashing tokens
+would make the analysis cost grow with tokens instead of unique blocks. To let the last id hit, the
+request is presented with one token beyond its last block (vLLM always recomputes a
+prompt's last token); the pool holds one extra block for that token, so the capacity
+seen by the trace is exactly ``capacity_blocks``.
+
+``policy="belady"`` is the offline-optimal bound on the same trace (:mod:`.belady`).
+``lru_reference`` is a bare OrderedDict model of the same conventions, for tests and the
+benchmark baseline.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from itertools import chain
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+from kvtrace.engine.workload import TraceRequest
+from kvtrace.errors import ConfigError
+from kvtrace.replay.belady import belady_hits, chain_keys
+from kvtrace.replay.writers import BlockInterner
+
+POLICIES = ("lru", "belady")
+
+
+@dataclass(slots=True)
+class CacheOnlyResult:
+    policy: str
+    block_size: int
+    capacity_blocks: int
+    requests: int = 0
+    prompt_tokens: int = 0
+    hit_tokens: int = 0
+    total_blocks: int = 0
+    hit_blocks: int = 0
+    publishes: int = 0
+    evictions: int = 0
+    oversized: int = 0  # requests with more blocks than the capacity: served uncached
+    request_ids: list[str] = field(default_factory=list)
+    per_request_hit_tokens: list[int] = field(default_factory=list)
+    per_request_hit_blocks: list[int] = field(default_factory=list)
+
+    @property
+    def token_hit_rate(self) -> float:
+        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def block_hit_rate(self) -> float:
+        return self.hit_blocks / self.total_blocks if self.total_blocks else 0.0
+
+    def summary(self) -> dict:
+        return {
+            "mode": "cache-only",
+            "policy": self.policy,
+            "block_size": self.block_size,
+            "capacity_blocks": self.capacity_blocks,
+            "requests": self.requests,
+            "prompt_tokens": self.prompt_tokens,
+            "hit_tokens": self.hit_tokens,
+            "token_hit_rate": self.token_hit_rate,
+            "block_hit_rate": self.block_hit_rate,
+            "publishes": self.publishes,
+            "evictions": self.evictions,
+            "oversized_requests": self.oversized,
+        }
+
+    def _add(self, rid: str, input_length: int, n_blocks: int, hit_blocks: int) -> None:
+        hit_tokens = min(hit_blocks * self.block_size, input_length)
+        self.requests += 1
+        self.prompt_tokens += input_length
+        self.hit_tokens += hit_tokens
+        self.total_blocks += n_blocks
+        self.hit_blocks += hit_blocks
+        self.request_ids.append(rid)
+        self.per_request_hit_tokens.append(hit_tokens)
+        self.per_request_hit_blocks.append(hit_blocks)
+
+
+def as_block_requests(requests: Iterable[TraceRequest], block_size: int | None) -> tuple[list[TraceRequest], int]:
+    """Materialise the stream with hash ids of one block size.
+
+    Hash-id requests keep their ids when their block size is the analysis block size;
+    token-id requests (or another block size) are re-blocked by content, as a Mooncake
+    writer would.
+    """
+    reqs = list(requests)
+    if block_size is None:
+        sizes = {r.hash_block_size for r in reqs if r.hash_ids is not None}
+        if len(sizes) > 1:
+            raise ConfigError("cache-only", "block_size", f"trace mixes block sizes {sorted(sizes)}; pass one")
+        block_size = sizes.pop() if sizes else 16
+    if block_size < 1:
+        raise ConfigError("cache-only", "block_size", f"expected >= 1, got {block_size}")
+    interner: BlockInterner | None = None
+    out = []
+    for r in reqs:
+        if r.hash_ids is not None and r.hash_block_size == block_size:
+            out.append(r)
+            continue
+        interner = interner or BlockInterner(block_size)
+        out.append(TraceRequest(
+            r.request_id, r.arrival_ns, r.input_length, r.output_length,
+            hash_ids=tuple(interner.block_ids(r)), hash_block_size=block_size,
+            namespace=(1 << 62) + 1,  # re-blocked ids live apart from the trace's own
+            session_id=r.session_id, cache_salt=None,  # the salt is inside the ids already
+        ))
+    return out, block_size
+
+
+# -- bare reference model ------------------------------------------------------------------
+
+def lru_reference(keys: Sequence[Sequence[int]], capacity: int) -> tuple[list[int], int, int, int]:
+    """Bare OrderedDict LRU with vLLM's free order: (hits per request, publishes,
+    evictions, oversized). The benchmark's baseline and the tests' oracle."""
+    free: OrderedDict[int, None] = OrderedDict()  # cached, unused; first = next victim
+    unhashed = capacity  # never-used blocks (popped before any eviction)
+    hits: list[int] = []
+    publishes = evictions = oversized = 0
+    for ks in keys:
+        n = len(ks)
+        hit = 0
+        while hit < n and ks[hit] in free:
+            hit += 1
+        hits.append(hit)
+        if n > capacity:
+            oversized += 1
+            continue
+        for k in ks[:hit]:
+            del free[k]  # touch: in use now
+        need = n - hit
+        take = min(need, unhashed)
+        unhashed -= take
+        for _ in range(need - take):
+            free.popitem(last=False)
+            evictions += 1
+        # No key past the hit can still be cached: a child is always used with its parent
+        # and freed before it, so LRU never evicts a parent before its children.
+        publishes += need
+        for k in reversed(ks):
+            free[k] = None
+    return hits, publishes, evictions, oversized
+
+
+# -- replay ----------------------------------------------------------------------------
+
+def _root_indices(reqs: Sequence[TraceRequest]) -> list[int]:
+    """Index of each request's (namespace, salt) scope, in order of first appearance."""
+    roots: dict[tuple[int, str | None], int] = {}
+    return [roots.setdefault((r.namespace, r.cache_salt), len(roots)) for r in reqs]
+
+
+def block_keys(reqs: Sequence[TraceRequest]) -> list[list[bytes]]:
+    """The cache key of every trace block: 16 bytes, (scope index, trace id) big-endian.
+
+    A trace is prefix-chained when each (scope, id) always follows the same parent id:
+    the id then names its whole chain, and (scope, id) is a complete key (checked here,
+    vectorised). Otherwise keys fall back to interned chains, (2^64-1, chain index).
+    Keys are plain data, not digests: an event's block hash shows its trace id.
+    """
+    lengths = np.fromiter((len(r.hash_ids) for r in reqs), dtype=np.int64, count=len(reqs))
+    total = int(lengths.sum())
+    if total == 0:
+        return [[] for _ in reqs]
+    flat = np.fromiter(chain.from_iterable(r.hash_ids for r in reqs), dtype=np.int64, count=total)
+    starts = np.zeros(len(reqs), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=starts[1:])
+    scope = np.repeat(np.asarray(_root_indices(reqs), dtype=np.int64), lengths)
+    parent = np.empty_like(flat)
+    parent[1:] = flat[:-1]
+    nonempty = starts[lengths > 0]
+    parent[nonempty] = -1  # a chain's first block follows the scope root
+    if int(scope.max()) == 0:
+        _, first, inverse = np.unique(flat, return_index=True, return_inverse=True)
+    else:
+        _, first, inverse = np.unique(np.stack([scope, flat], axis=1), axis=0, return_index=True,
+                                      return_inverse=True)
+    inverse = inverse.reshape(-1)
+    if np.array_equal(parent[first][inverse], parent):
+        pairs = np.empty((total, 2), dtype=">u8")
+        pairs[:, 0] = scope
+        pairs[:, 1] = flat
+        buf = pairs.tobytes()
+        flat_keys = [buf[o:o + 16] for o in range(0, 16 * total, 16)]
+    else:
+        flat_keys = _interned_chain_keys(reqs)
+    out = []
+    for s0, n in zip(starts.tolist(), lengths.tolist()):
+        out.append(flat_keys[s0:s0 + n])
+    return out
+
+
+def _interned_chain_keys(reqs: Sequence[TraceRequest]) -> list[bytes]:
+    index: dict[tuple, int] = {}
+    marker = (2**64 - 1).to_bytes(8, "big")
+    out = []
+    for r, root in zip(reqs, _root_indices(reqs)):
+        parent: object = ("root", root)
+        for h in r.hash_ids:
+            k = index.get((parent, h))
+            if k is None:
+                k = index[(parent, h)] = len(index)
+            out.append(marker + k.to_bytes(8, "big"))
+            parent = k
+    return out
+
+
+def replay_cache_only(
+    requests: Iterable[TraceRequest],
+    *,
+    capacity_blocks: int | None = None,
+    capacity_tokens: int | None = None,
+    block_size: int | None = None,
+    policy: str = "lru",
+    listeners: Sequence[Callable[[list], None]] = (),
+    progress: Callable[[int], None] | None = None,
+) -> CacheOnlyResult:
+    """Replay in cache-only mode with ``capacity_blocks`` usable blocks (or
+    ``capacity_tokens // block_size``) of ``block_size`` tokens (default: the trace's).
+
+    ``listeners`` get each step's cache events, one step per request (``policy="lru"``
+    only: Belady is an analytical bound without a cache manager). ``progress(i)`` is
+    called after each request.
+    """
+    if policy not in POLICIES:
+        raise ConfigError("cache-only", "policy", f"expected one of {POLICIES}, got {policy!r}")
+    reqs, bs = as_block_requests(requests, block_size)
+    if (capacity_blocks is None) == (capacity_tokens is None):
+        raise ConfigError("cache-only", "capacity", "give exactly one of capacity_blocks / capacity_tokens")
+    if capacity_blocks is None:
+        capacity_blocks = capacity_tokens // bs if isinstance(capacity_tokens, int) else capacity_tokens
+    if not isinstance(capacity_blocks, int) or capacity_blocks < 1:
+        raise ConfigError("cache-only", "capacity_blocks", f"expected an int >= 1 blocks, got {capacity_blocks!r}")
+    result = CacheOnlyResult(policy, bs, capacity_blocks)
+    if policy == "belady":
+        keys, _, _ = chain_keys(reqs)
+        hits, result.publishes, result.evictions, result.oversized = belady_hits(keys, capacity_blocks)
+        for i, (r, ks, hit) in enumerate(zip(reqs, keys, hits)):
+            result._add(r.request_id, r.input_length, len(ks), hit)
+            if progress is not None:
+                progress(i + 1)
+        return result
+    return _replay_manager(reqs, bs, capacity_blocks, result, listeners, progress)
+
+
+def _replay_manager(reqs, bs, capacity, result, listeners, progress) -> CacheOnlyResult:
+    from kvtrace.cache import CacheConfig, FullAttentionSpec, KVCacheManager, Request
+
+    # + the null block + the block of the one extra token each request is presented with
+    config = CacheConfig(groups=(FullAttentionSpec(bs),), num_gpu_blocks=capacity + 2, hash_block_size=bs)
+    mgr = KVCacheManager(config)
+    for listener in listeners:
+        mgr.subscribe(listener)
+    hashes = block_keys(reqs)
+    add = result._add
+    for i, r in enumerate(reqs):
+        hs = hashes[i]
+        n = len(hs)
+        num_tokens = n * bs + 1
+        req = Request(r.request_id, None, trace_block_ids=r.hash_ids, trace_block_size=bs,
+                      namespace=r.namespace, cache_salt=r.cache_salt, num_prompt_tokens=num_tokens)
+        req._block_hashes = hs  # the trace-id keys (see the module docstring)
+        computed, num_hit, _ = mgr.get_computed_blocks(req)
+        if n > capacity or mgr.allocate_slots(req, num_tokens - num_hit, num_hit, computed) is None:
+            result.oversized += 1
+        else:
+            req.num_computed_tokens = num_tokens
+            mgr.free(req)
+        add(r.request_id, r.input_length, n, num_hit // bs)
+        mgr.new_step_starts()  # one request per step: flushes its events
+        if progress is not None:
+            progress(i + 1)
+    result.publishes, result.evictions = mgr.sink.publishes, mgr.sink.evictions
+    for listener in listeners:
+        mgr.unsubscribe(listener)
+    return result

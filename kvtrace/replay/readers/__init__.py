@@ -1,0 +1,101 @@
+"""Streaming trace readers: ``open_trace(path)`` -> a re-iterable :class:`TraceSource`.
+
+Formats: ``mooncake``, ``bailian``, ``weka`` (a file or a directory of files), ``azure``,
+``native`` (kvtrace JSONL, see :mod:`kvtrace.replay.readers.native`). Each yields
+``TraceRequest`` in file order and raises ``TraceFormatError`` naming file and line.
+"""
+
+from __future__ import annotations
+
+import os
+import msgspec
+
+from kvtrace.engine.workload import TraceRequest
+from kvtrace.errors import TraceFormatError
+from kvtrace.replay.readers._base import TraceSource, numbered_lines
+from kvtrace.replay.readers.azure import read_azure
+from kvtrace.replay.readers.bailian import read_bailian
+from kvtrace.replay.readers.mooncake import read_mooncake
+from kvtrace.replay.readers.native import HEADER_KEY, read_header, read_native
+from kvtrace.replay.readers.weka import read_weka, weka_files
+
+READERS = {
+    "mooncake": read_mooncake,
+    "bailian": read_bailian,
+    "weka": read_weka,
+    "azure": read_azure,
+    "native": read_native,
+}
+FORMATS = tuple(READERS)
+# Formats whose hash ids come without a block size in the file (a reader option).
+BLOCK_SIZE_OPTION = frozenset({"mooncake", "bailian", "azure"})
+
+__all__ = ["FORMATS", "TraceSource", "detect_format", "open_trace", "read_trace"]
+
+
+def detect_format(path: str) -> str:
+    """Guess the format from the content (first line), falling back to the suffix."""
+    if os.path.isdir(path):
+        weka_files(path)
+        return "weka"
+    if not os.path.exists(path):
+        raise TraceFormatError(path, None, "no such file or directory")
+    first = next(numbered_lines(path), None)
+    if first is None:
+        raise TraceFormatError(path, None, "empty file; cannot detect the trace format")
+    lineno, text = first
+    stripped = text.strip()
+    if stripped.startswith("{"):
+        try:
+            obj = msgspec.json.decode(stripped)
+        except msgspec.DecodeError:
+            obj = None
+        if isinstance(obj, dict):
+            if HEADER_KEY in obj:
+                return "native"
+            if "chat_id" in obj:
+                return "bailian"
+            if "requests" in obj:
+                return "weka"
+            if "hash_ids" in obj and "timestamp" in obj:
+                return "mooncake"
+        elif path.endswith(".json"):  # a pretty-printed WEKA conversation
+            return "weka"
+    elif "ContextTokens" in stripped and "TIMESTAMP" in stripped:
+        return "azure"
+    raise TraceFormatError(
+        path, lineno, f"cannot detect the trace format; pass a format, one of {', '.join(FORMATS)}"
+    )
+
+
+def open_trace(
+    path: str | os.PathLike, format: str | None = None, limit: int | None = None, *, block_size: int | None = None
+) -> TraceSource:
+    """A streaming source. ``block_size`` overrides the tokens per hash id where the
+    format does not carry it (mooncake 512, bailian 16, azure 16 by default)."""
+    path = os.fspath(path)
+    fmt = format or detect_format(path)
+    if fmt not in READERS:
+        raise TraceFormatError(path, None, f"unknown trace format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    if limit is not None and (not isinstance(limit, int) or limit < 0):
+        raise TraceFormatError(path, None, f"limit: expected an int >= 0, got {limit!r}")
+    options: dict = {}
+    if block_size is not None:
+        if fmt not in BLOCK_SIZE_OPTION:
+            raise TraceFormatError(path, None, f"block_size: the {fmt} format carries its own block size")
+        if not isinstance(block_size, int) or block_size < 1:
+            raise TraceFormatError(path, None, f"block_size: expected an int >= 1, got {block_size!r}")
+        options["block_size"] = block_size
+    files = weka_files(path) if fmt == "weka" else None
+    if files is None and not os.path.isfile(path):
+        raise TraceFormatError(path, None, "no such file")
+    return TraceSource(path, fmt, READERS[fmt], limit, options, files)
+
+
+def read_trace(path: str | os.PathLike, format: str | None = None, limit: int | None = None, **kw) -> list[TraceRequest]:
+    return list(open_trace(path, format, limit, **kw))
+
+
+def native_header(path: str | os.PathLike) -> dict:
+    """The header object of a native trace (its metadata)."""
+    return read_header(os.fspath(path))

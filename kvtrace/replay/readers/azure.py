@@ -1,0 +1,109 @@
+"""Azure LLM inference traces (AzurePublicDataset, 2023/2024 CSV).
+
+Columns used: ``TIMESTAMP`` ("YYYY-MM-DD HH:MM:SS[.fffffff]", taken as UTC),
+``ContextTokens``, ``GeneratedTokens``. The trace carries no prompt content, so nothing
+may be shared: request *i* gets hash ids ``(i << 24) + j`` in their own namespace, i.e.
+tokens unique to that request and derived from its index alone. Arrival times are made
+relative to the first row.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import re
+from datetime import date
+from typing import Iterator
+
+from kvtrace.engine.workload import TraceRequest
+from kvtrace.errors import TraceFormatError
+from kvtrace.replay.readers._base import ArrivalOrder, cdiv, check_int
+
+DEFAULT_BLOCK_SIZE = 16
+REQUIRED_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+AZURE_NAMESPACE = int.from_bytes(hashlib.sha256(b"kvtrace/azure").digest()[:8], "big") >> 1
+_BLOCKS_PER_REQUEST = 1 << 24
+
+_TS = re.compile(r"^(\d{4})-(\d{2})-(\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?(?:Z|\+00:?00)?$")
+
+
+def parse_timestamp_ns(text: str) -> int | None:
+    """Nanoseconds since 0001-01-01 (no time zones, no floats: exact and locale-free)."""
+    m = _TS.match(text.strip())
+    if not m:
+        return None
+    y, mo, d, hh, mm, ss, frac = m.groups()
+    try:
+        days = date(int(y), int(mo), int(d)).toordinal()
+    except ValueError:
+        return None
+    if int(hh) > 23 or int(mm) > 59 or int(ss) > 60:
+        return None
+    secs = days * 86_400 + int(hh) * 3600 + int(mm) * 60 + int(ss)
+    ns = int((frac or "").ljust(9, "0"))
+    return secs * 1_000_000_000 + ns
+
+
+def _int(path: str, line: int, key: str, text: str | None, minimum: int) -> int:
+    try:
+        value = int(text)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise TraceFormatError(path, line, f"{key}: expected an integer, got {text!r}") from None
+    return check_int(path, line, key, value, minimum)
+
+
+def read_azure(path: str, block_size: int = DEFAULT_BLOCK_SIZE) -> Iterator[TraceRequest]:
+    try:
+        f = open(path, encoding="utf-8", newline="")
+    except OSError as e:
+        raise TraceFormatError(path, None, f"cannot open: {e.strerror}") from None
+    with f:
+        reader = csv.reader(f)
+        try:
+            header = next(reader, None)
+        except (csv.Error, UnicodeDecodeError) as e:
+            raise TraceFormatError(path, 1, f"unreadable CSV header: {e}") from None
+        if header is None:
+            raise TraceFormatError(path, 1, "empty file; expected a CSV header")
+        header = [h.strip() for h in header]
+        missing = [c for c in REQUIRED_COLUMNS if c not in header]
+        if missing:
+            raise TraceFormatError(path, 1, f"missing column(s) {missing}; expected {list(REQUIRED_COLUMNS)}")
+        its, ictx, igen = (header.index(c) for c in REQUIRED_COLUMNS)
+        width = max(its, ictx, igen) + 1
+        order = ArrivalOrder(path, "TIMESTAMP")
+        origin = None
+        index = 0
+        while True:
+            try:
+                row = next(reader)
+            except StopIteration:
+                return
+            except (csv.Error, UnicodeDecodeError) as e:
+                raise TraceFormatError(path, reader.line_num, f"unreadable CSV row: {e}") from None
+            line = reader.line_num
+            if not row or not any(c.strip() for c in row):
+                continue
+            if len(row) < width:
+                raise TraceFormatError(path, line, f"expected {len(header)} columns, got {len(row)}")
+            ts = parse_timestamp_ns(row[its])
+            if ts is None:
+                raise TraceFormatError(path, line, f"TIMESTAMP: expected 'YYYY-MM-DD HH:MM:SS.fff', got {row[its]!r}")
+            if origin is None:
+                origin = ts
+            n = _int(path, line, "ContextTokens", row[ictx], 1)
+            out = _int(path, line, "GeneratedTokens", row[igen], 0)
+            nblocks = cdiv(n, block_size)
+            if nblocks >= _BLOCKS_PER_REQUEST:
+                raise TraceFormatError(path, line, f"ContextTokens: {n} is too long for block_size {block_size}")
+            base = index << 24
+            yield TraceRequest(
+                request_id=f"r{index}",
+                arrival_ns=order.check(ts - origin, line),
+                input_length=n,
+                output_length=out,
+                hash_ids=tuple(range(base, base + nblocks)),
+                hash_block_size=block_size,
+                namespace=AZURE_NAMESPACE,
+            )
+            index += 1

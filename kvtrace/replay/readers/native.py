@@ -1,0 +1,152 @@
+"""kvtrace native trace format, version 1 (JSONL). Also documented in docs/trace-format.md.
+
+Line 1 is a header object; ``kvtrace_trace`` is the format version, the other keys are
+free metadata kept as ``TraceSource.header`` (writers put ``source``, ``generator``)::
+
+    {"kvtrace_trace": 1, "source": "mooncake:sha256...", "block_size": 16}
+
+``block_size`` in the header, when present, is the default for request lines that give
+``hash_ids`` without their own ``block_size``.
+
+Every further non-blank line is one request; arrival times must not decrease::
+
+    {"request_id": "r0", "arrival_ns": 0, "session": "s1", "input_length": 40,
+     "output_length": 8, "hash_ids": [0, 1, 2], "block_size": 16}
+    {"request_id": "r1", "arrival_ns": 1500000, "input_length": 3, "output_length": 2,
+     "token_ids": [11, 12, 13], "expected_output": [5, 6], "cache_salt": "tenant-a"}
+
+=================  ======================  =============================================
+key                type                    meaning
+=================  ======================  =============================================
+request_id         str, optional           unique; default ``r<index>`` (0-based)
+arrival_ns         int >= 0                arrival time in ns (virtual; trace-relative)
+session            str, optional           conversation / agent session
+input_length       int >= 1                prompt length in tokens
+output_length      int >= 0                tokens to generate
+token_ids          [int], optional         the prompt; len == input_length,
+                                           each in [0, VOCAB_SIZE)
+hash_ids           [int], optional         prefix-chained block ids, each in [0, 2^63);
+                                           len == ceil(input_length / block_size),
+                                           the last block partial
+block_size         int >= 1                tokens per hash id (here or in the header)
+namespace          int >= 0, optional      scope of the hash ids (default 0)
+expected_output    [int], optional         reference output; len == output_length
+cache_salt         str, optional           vLLM ``cache_salt`` (first block's extra key)
+=================  ======================  =============================================
+
+Exactly one of ``token_ids`` / ``hash_ids`` is given. Unknown request keys are an error
+(they are usually typos); unknown header keys are kept.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import msgspec
+import numpy as np
+
+from kvtrace.cache.tokens import VOCAB_SIZE
+from kvtrace.engine.workload import TraceRequest
+from kvtrace.errors import TraceFormatError
+from kvtrace.replay.readers._base import MAX_ID, ArrivalOrder, check_hash_ids, check_int, numbered_lines
+from kvtrace.replay.readers._jsonl import decode_error
+
+FORMAT_VERSION = 1
+HEADER_KEY = "kvtrace_trace"
+
+
+class NativeLine(msgspec.Struct, forbid_unknown_fields=True):
+    arrival_ns: int
+    input_length: int
+    output_length: int
+    request_id: str | None = None
+    session: str | None = None
+    token_ids: list[int] | None = None
+    hash_ids: list[int] | None = None
+    block_size: int | None = None
+    namespace: int = 0
+    expected_output: list[int] | None = None
+    cache_salt: str | None = None
+
+
+def parse_header(path: str, lineno: int, text: str) -> dict:
+    try:
+        header = msgspec.json.decode(text)
+    except msgspec.DecodeError as e:
+        raise decode_error(path, lineno, e) from None
+    if not isinstance(header, dict) or HEADER_KEY not in header:
+        raise TraceFormatError(path, lineno, f'expected a header line {{"{HEADER_KEY}": {FORMAT_VERSION}, ...}}')
+    if header[HEADER_KEY] != FORMAT_VERSION:
+        raise TraceFormatError(
+            path, lineno, f"{HEADER_KEY}: unsupported version {header[HEADER_KEY]!r}; expected {FORMAT_VERSION}"
+        )
+    bs = header.get("block_size")
+    if bs is not None:
+        check_int(path, lineno, "block_size", bs, 1)
+    return header
+
+
+def read_header(path: str) -> dict:
+    for lineno, text in numbered_lines(path):
+        return parse_header(path, lineno, text)
+    raise TraceFormatError(path, None, "empty file; expected a kvtrace header line")
+
+
+def read_native(path: str) -> Iterator[TraceRequest]:
+    lines = numbered_lines(path)
+    first = next(lines, None)
+    if first is None:
+        raise TraceFormatError(path, None, "empty file; expected a kvtrace header line")
+    header = parse_header(path, *first)
+    default_bs = header.get("block_size")
+    decoder = msgspec.json.Decoder(NativeLine)
+    order = ArrivalOrder(path, "arrival_ns")
+    seen: set[str] = set()
+    for index, (lineno, text) in enumerate(lines):
+        try:
+            row = decoder.decode(text)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            raise decode_error(path, lineno, e) from None
+        n = check_int(path, lineno, "input_length", row.input_length, 1)
+        out = check_int(path, lineno, "output_length", row.output_length, 0)
+        rid = row.request_id if row.request_id is not None else f"r{index}"
+        if rid in seen:
+            raise TraceFormatError(path, lineno, f"request_id: {rid!r} appears twice")
+        seen.add(rid)
+        req = TraceRequest(
+            request_id=rid,
+            arrival_ns=order.check(row.arrival_ns, lineno),
+            input_length=n,
+            output_length=out,
+            session_id=row.session,
+            cache_salt=row.cache_salt,
+        )
+        if (row.token_ids is None) == (row.hash_ids is None):
+            raise TraceFormatError(path, lineno, "expected exactly one of token_ids / hash_ids")
+        if row.token_ids is not None:
+            if len(row.token_ids) != n:
+                raise TraceFormatError(
+                    path, lineno, f"token_ids: expected input_length {n} tokens, got {len(row.token_ids)}"
+                )
+            toks = np.asarray(row.token_ids, dtype=np.int64)
+            if toks.size and (int(toks.min()) < 0 or int(toks.max()) >= VOCAB_SIZE):
+                raise TraceFormatError(path, lineno, f"token_ids: expected ids in [0, {VOCAB_SIZE})")
+            req.token_ids = toks
+        else:
+            bs = row.block_size if row.block_size is not None else default_bs
+            if bs is None:
+                raise TraceFormatError(path, lineno, "block_size: required with hash_ids (here or in the header)")
+            check_int(path, lineno, "block_size", bs, 1)
+            req.hash_ids = check_hash_ids(path, lineno, row.hash_ids, n, bs)
+            req.hash_block_size = bs
+            req.namespace = check_int(path, lineno, "namespace", row.namespace, 0)
+            if req.namespace > MAX_ID:
+                raise TraceFormatError(path, lineno, "namespace: must fit in 63 bits")
+        if row.expected_output is not None:
+            if len(row.expected_output) != out:
+                raise TraceFormatError(
+                    path, lineno,
+                    f"expected_output: expected output_length {out} tokens, got {len(row.expected_output)}",
+                )
+            req.expected_output = tuple(row.expected_output)
+        yield req

@@ -1,0 +1,189 @@
+"""WEKA kv-cache-tester conversation traces (one JSON object per conversation file).
+
+File keys used: ``block_size``, ``hash_id_scope`` ("local" or "global"; default local),
+``id`` (optional), ``requests[{t, type, model, in, out, hash_ids}]`` with ``t`` in
+seconds from the conversation start. Other keys are ignored.
+
+- ``local`` ids are only meaningful inside their file, so each file gets its own
+  namespace, derived from the file *name* (sha256, not Python's salted ``hash()``): the
+  same conversation file always expands to the same tokens.
+- kv-cache-tester hashes only full blocks (``len(hash_ids) == floor(in / block_size)``).
+  kvtrace's convention is one id per block with the last one partial, so a leftover tail
+  gets a synthetic id unique to that request (``TAIL_ID_BASE + request index``): it can
+  never hit, as in the tester. Lists already of length ``ceil`` are taken as they are.
+- A directory of such files is one workload: requests of all files merged by arrival,
+  ties broken by file name and then by position, so the order is deterministic.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import heapq
+import json
+import os
+import re
+from typing import Iterator
+
+import msgspec
+
+from kvtrace.engine.workload import TraceRequest
+from kvtrace.errors import TraceFormatError
+from kvtrace.replay.readers._base import MAX_ID, ArrivalOrder, cdiv, check_int, s_to_ns
+
+TAIL_ID_BASE = 1 << 62
+
+
+class WekaRequest(msgspec.Struct):
+    t: int | float
+    in_: int = msgspec.field(name="in")
+    out: int = 0
+    hash_ids: list[int] = msgspec.field(default_factory=list)
+    type: str | None = None
+    model: str | None = None
+
+
+class WekaFile(msgspec.Struct):
+    block_size: int
+    requests: list[WekaRequest]
+    hash_id_scope: str = "local"
+    id: str | None = None
+
+
+def namespace_for(file_name: str) -> int:
+    """A 63-bit namespace from a file's base name (stable across processes and machines)."""
+    digest = hashlib.sha256(b"kvtrace/weka/" + os.path.basename(file_name).encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+def weka_files(path: str) -> list[str] | None:
+    """The sorted .json files of a directory source, or None for a single file."""
+    if not os.path.isdir(path):
+        return None
+    files = sorted(glob.glob(os.path.join(path, "*.json")))
+    if not files:
+        raise TraceFormatError(path, None, "directory holds no *.json conversation files")
+    return files
+
+
+def _skip_ws(text: str, i: int) -> int:
+    while i < len(text) and text[i] in " \t\r\n":
+        i += 1
+    return i
+
+
+def request_line(text: str, index: int) -> int | None:
+    """1-based line where ``requests[index]`` starts (error path only; walks the JSON)."""
+    dec = json.JSONDecoder()
+    try:
+        i = _skip_ws(text, 0)
+        if text[i] != "{":
+            return None
+        i += 1
+        while True:
+            i = _skip_ws(text, i)
+            if text[i] == "}":
+                return None
+            key, i = dec.raw_decode(text, i)
+            i = _skip_ws(text, i) + 1  # ':'
+            i = _skip_ws(text, i)
+            if key == "requests" and text[i] == "[":
+                i += 1
+                k = 0
+                while True:
+                    i = _skip_ws(text, i)
+                    if text[i] == "]":
+                        return None
+                    if k == index:
+                        return text.count("\n", 0, i) + 1
+                    _, i = dec.raw_decode(text, i)
+                    i = _skip_ws(text, i)
+                    if text[i] == ",":
+                        i += 1
+                    k += 1
+            _, i = dec.raw_decode(text, i)
+            i = _skip_ws(text, i)
+            if text[i] == ",":
+                i += 1
+    except (ValueError, IndexError):
+        return None
+
+
+def _load(path: str) -> tuple[str, WekaFile]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise TraceFormatError(path, None, f"cannot open: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise TraceFormatError(path, None, "not UTF-8 text") from None
+    try:
+        return text, msgspec.json.decode(text, type=WekaFile)
+    except msgspec.ValidationError as e:
+        m = re.search(r"\$\.requests\[(\d+)\]", str(e))
+        line = request_line(text, int(m.group(1))) if m else 1
+        raise TraceFormatError(path, line, str(e)) from None
+    except msgspec.DecodeError as e:
+        try:
+            json.loads(text)
+            line = None
+        except json.JSONDecodeError as je:
+            line = je.lineno
+        raise TraceFormatError(path, line, f"invalid JSON: {e}") from None
+
+
+def read_weka_file(path: str, rank: int = 0) -> Iterator[tuple[int, int, int, TraceRequest]]:
+    """(arrival_ns, rank, index, request) for each request of one conversation file."""
+    text, conv = _load(path)
+    bs = conv.block_size
+    if bs <= 0:
+        raise TraceFormatError(path, 1, f"block_size: expected > 0, got {bs}")
+    if conv.hash_id_scope == "local":
+        namespace = namespace_for(path)
+    elif conv.hash_id_scope == "global":
+        namespace = 0
+    else:
+        raise TraceFormatError(path, 1, f"hash_id_scope: expected 'local' or 'global', got {conv.hash_id_scope!r}")
+    stem = os.path.splitext(os.path.basename(path))[0]
+    session = conv.id or stem
+    order = ArrivalOrder(path, "t")
+    for i, r in enumerate(conv.requests):
+        def fail(what: str):
+            return TraceFormatError(path, request_line(text, i), f"requests[{i}].{what}")
+        try:
+            n = check_int(path, None, "in", r.in_, 1)
+            out = check_int(path, None, "out", r.out, 0)
+            arrival = order.check(s_to_ns(r.t), None)
+        except TraceFormatError as e:
+            raise fail(e.what) from None
+        ids = r.hash_ids
+        full, want = n // bs, cdiv(n, bs)
+        if len(ids) == full and full != want:
+            ids = ids + [TAIL_ID_BASE + i]
+        elif len(ids) != want:
+            raise fail(
+                f"hash_ids: expected floor or ceil of in {n} / block_size {bs} ({full} or {want}) ids, got {len(ids)}"
+            )
+        if ids and (min(ids) < 0 or max(ids) > MAX_ID):
+            raise fail("hash_ids: ids must lie in [0, 2^63)")
+        yield arrival, rank, i, TraceRequest(
+            request_id=f"{stem}/{i}",
+            arrival_ns=arrival,
+            input_length=n,
+            output_length=out,
+            hash_ids=tuple(ids),
+            hash_block_size=bs,
+            namespace=namespace,
+            session_id=session,
+        )
+
+
+def read_weka(path: str) -> Iterator[TraceRequest]:
+    files = weka_files(path)
+    if files is None:
+        for *_, req in read_weka_file(path):
+            yield req
+        return
+    merged = heapq.merge(*(read_weka_file(f, rank) for rank, f in enumerate(files)), key=lambda x: x[:3])
+    for *_, req in merged:
+        yield req

@@ -1,0 +1,37 @@
+"""Human-readable summaries for the terminal (rich tables on stdout)."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from rich.console import Console
+from rich.table import Table
+
+_PERCENT = {"token_hit_rate", "block_hit_rate"}
+
+
+def format_value(key: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if key in _PERCENT and isinstance(value, (int, float)):
+        return f"{100 * value:.2f}%"
+    if isinstance(value, float):
+        return f"{value:,.3f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def summary_table(summary: Mapping[str, Any], title: str = "summary") -> Table:
+    table = Table(title=title, show_header=True, header_style="bold")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, value in summary.items():
+        if isinstance(value, (dict, list)):
+            continue
+        table.add_row(key, format_value(key, value))
+    return table
+
+
+def print_summary(summary: Mapping[str, Any], title: str = "summary", console: Console | None = None) -> None:
+    (console or Console()).print(summary_table(summary, title))

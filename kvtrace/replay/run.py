@@ -1,0 +1,360 @@
+"""The run driver: one trace, one config -> one recorded run.
+
+It wires a trace source (a file, or ``gen:NAME`` for a built-in generated workload)
+through the engine (engine mode) or the bare cache manager (cache-only mode). Listeners
+on the per-step event stream: the digest (always), the span instrumentor (when a DuckDB
+store or an OTLP endpoint is given) and a progress bar. The run is registered in the
+store as ``running`` before the first span and finished as ``complete`` or ``failed``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from kvtrace.engine.workload import TraceRequest
+from kvtrace.errors import ConfigError
+from kvtrace.replay.config_file import load_config_file, parse_retention
+from kvtrace.replay.digest import Digest
+
+SUMMARY_FIELDS = (
+    "requests",
+    "prompt_tokens",
+    "hit_tokens",
+    "token_hit_rate",
+    "block_hit_rate",
+    "ttft_ms_p50",
+    "ttft_ms_p99",
+    "itl_ms_p50",
+    "itl_ms_p99",
+    "publishes",
+    "evictions",
+    "cow_copies",
+    "stale_hashes",
+    "divergent_outputs",
+    "preemptions",
+    "digest",
+)
+MODES = ("engine", "cache-only")
+GENERATED_PREFIX = "gen:"
+
+
+@dataclass(slots=True)
+class RunSpec:
+    trace: str  # a path, or "gen:NAME" for a built-in generated workload
+    preset: str = "kimi-hybrid"
+    mode: str = "engine"  # engine | cache-only
+    policy: str = "lru"  # lru | belady (cache-only)
+    config_file: str | None = None
+    trace_format: str | None = None
+    block_size: int | None = None
+    capacity_blocks: int | None = None
+    capacity_tokens: int | None = None
+    retention: str | None = None  # "none" | "0" | "K"
+    without: tuple[str, ...] = ()
+    limit: int | None = None
+    seed: int = 0
+    name: str | None = None
+    external_capacity_blocks: int | None = None
+
+
+@dataclass(slots=True)
+class RunResult:
+    summary: dict[str, Any]
+    run_id: str | None = None
+    per_request: list[dict[str, Any]] = field(default_factory=list)
+
+
+# -- the workload ------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Workload:
+    requests: Iterable[TraceRequest]
+    source: str  # what the run record calls the trace
+    source_id: str  # identity of the input, for "same trace" checks
+    total: int | None
+
+
+def _open_workload(spec: RunSpec) -> _Workload:
+    if spec.trace.startswith(GENERATED_PREFIX):
+        from kvtrace.replay.generate import generate
+
+        name = spec.trace[len(GENERATED_PREFIX):]
+        reqs = generate(name, spec.seed)
+        if spec.limit is not None:
+            reqs = reqs[: spec.limit]
+        ident = hashlib.sha256(f"{name}:{spec.seed}:{len(reqs)}".encode()).hexdigest()
+        return _Workload(reqs, spec.trace, f"gen:{ident}", len(reqs))
+    from kvtrace.replay.readers import open_trace
+
+    src = open_trace(spec.trace, format=spec.trace_format, limit=spec.limit)
+    ident = getattr(src, "source_id", None) or spec.trace
+    if spec.limit is not None:
+        ident = f"{ident}:limit={spec.limit}"
+    return _Workload(src, spec.trace, ident, spec.limit)
+
+
+# -- configuration -----------------------------------------------------------------------
+
+
+def _engine_preset(spec: RunSpec):
+    from kvtrace.cache import FullAttentionSpec, MambaSpec, SlidingWindowSpec
+    from kvtrace.engine.presets import _KEEP, get_preset
+
+    file_cfg = load_config_file(spec.config_file) if spec.config_file else None
+    preset_name = (file_cfg.preset if file_cfg and file_cfg.preset else None) or spec.preset
+    cache_kw = dict(file_cfg.cache) if file_cfg else {}
+    without = tuple(cache_kw.pop("without", ())) + tuple(spec.without)
+    retention = cache_kw.pop("retention_interval", _KEEP)
+    if spec.retention is not None:
+        retention = parse_retention(spec.retention)
+    capacity = cache_kw.pop("num_gpu_blocks", None)
+    if spec.capacity_blocks is not None:
+        capacity = spec.capacity_blocks
+    external = cache_kw.pop("external_capacity_blocks", None)
+    if spec.external_capacity_blocks is not None:
+        external = spec.external_capacity_blocks
+    preset = get_preset(
+        preset_name,
+        capacity_blocks=capacity,
+        capacity_tokens=spec.capacity_tokens,
+        retention_interval=retention,
+        without=without,
+        external_capacity_blocks=external,
+        scheduler=(file_cfg.scheduler if file_cfg else None) or None,
+    )
+    cc = preset.cache_config
+    if spec.block_size is not None:
+        bs = spec.block_size
+        if bs < 1:
+            raise ConfigError("--block-size", str(bs), "expected a positive token count")
+        groups = []
+        for g in cc.groups:
+            if isinstance(g, SlidingWindowSpec):
+                groups.append(SlidingWindowSpec(bs, g.sliding_window))
+            elif isinstance(g, MambaSpec):
+                groups.append(MambaSpec(bs, g.num_lanes))
+            else:
+                groups.append(FullAttentionSpec(bs))
+        cache_kw["groups"] = tuple(groups)
+        cache_kw["hash_block_size"] = math.gcd(cc.hash_block_size, bs)
+    if cache_kw:
+        from dataclasses import replace
+
+        preset = replace(preset, cache_config=cc.with_(**cache_kw))
+    return preset
+
+
+def config_json(preset) -> dict[str, Any]:
+    """A JSON-able record of the exact configuration of a run."""
+    cc = preset.cache_config
+    return {
+        "preset": preset.name,
+        "cache": {
+            "groups": [{"type": type(g).__name__, **asdict(g)} for g in cc.groups],
+            "num_gpu_blocks": list(cc.num_gpu_blocks),
+            "hash_block_size": cc.hash_block_size,
+            "hash_fn": cc.hash_fn,
+            "retention_interval": cc.retention_interval,
+            "enable_partial_hits": cc.enable_partial_hits,
+            "num_speculative_blocks": cc.num_speculative_blocks,
+            "num_prefill_checkpoint_blocks": cc.num_prefill_checkpoint_blocks,
+            "external_capacity_blocks": cc.external.capacity_blocks if cc.external else None,
+            "behaviours": sorted(cc.behaviours),
+        },
+        "scheduler": asdict(preset.scheduler_config),
+        "cost_model": asdict(preset.cost_model) if hasattr(preset.cost_model, "__dataclass_fields__") else str(preset.cost_model),
+    }
+
+
+# -- progress --------------------------------------------------------------------------
+
+
+class _Progress:
+    """A rich progress bar on stderr, advanced by finished requests."""
+
+    def __init__(self, enabled: bool, total: int | None, label: str):
+        self._bar = None
+        if enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._bar = Progress(
+                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                console=Console(stderr=True), transient=True,
+            )
+            self._task = self._bar.add_task(label, total=total)
+            self._bar.start()
+
+    def advance(self, n: int) -> None:
+        if self._bar is not None and n:
+            self._bar.advance(self._task, n)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+# -- the driver ------------------------------------------------------------------------
+
+
+def run_replay(
+    spec: RunSpec,
+    *,
+    db: str | Path | None = None,
+    otlp_endpoint: str | None = None,
+    progress: bool = False,
+    store=None,
+) -> RunResult:
+    """Replay ``spec``; record spans and the run into ``db`` (or an open ``store``)."""
+    if spec.mode not in MODES:
+        raise ConfigError("--mode", spec.mode, f"expected one of {', '.join(MODES)}")
+    workload = _open_workload(spec)
+    if spec.mode == "engine":
+        preset = _engine_preset(spec)
+        config = config_json(preset)
+        behaviours = config["cache"]["behaviours"]
+    else:
+        if spec.policy not in ("lru", "belady"):
+            raise ConfigError("--policy", spec.policy, "expected lru or belady")
+        preset = None
+        config = {"mode": "cache-only", "policy": spec.policy, "capacity_blocks": spec.capacity_blocks,
+                  "block_size": spec.block_size}
+        behaviours = []
+
+    owns_store = False
+    if store is None and db is not None:
+        from kvtrace.store import Store
+
+        store = Store.open(db)
+        owns_store = True
+    run_id = None
+    provider = None
+    instrumentor = None
+    try:
+        if store is not None:
+            run_id = store.create_run(
+                spec.name or _default_name(spec, behaviours),
+                trace_source=workload.source,
+                trace_digest=workload.source_id,
+                config=config,
+                behaviours=behaviours,
+                mode=spec.mode if spec.mode == "engine" else f"cache-only/{spec.policy}",
+            )
+        if store is not None or otlp_endpoint:
+            from kvtrace.instrument import KVCacheInstrumentor, build_tracer_provider
+
+            provider = build_tracer_provider(store=store, run_id=run_id, otlp_endpoint=otlp_endpoint,
+                                             seed=spec.seed, background=False)
+            instrumentor = KVCacheInstrumentor(provider, run_id=run_id, seed=spec.seed)
+        digest = Digest()
+        bar = _Progress(progress, workload.total, f"{spec.mode} {Path(workload.source).name}")
+        try:
+            if spec.mode == "engine":
+                summary, per_request = _run_engine(preset, workload, digest, instrumentor, bar)
+            else:
+                summary, per_request = _run_cache_only(spec, workload, digest, instrumentor, bar)
+        finally:
+            bar.close()
+        summary["digest"] = digest.hexdigest()
+        summary["mode"] = spec.mode
+        summary["trace"] = workload.source
+        if instrumentor is not None:
+            instrumentor.flush()
+            summary["spans"] = instrumentor.spans_emitted
+            provider.force_flush()
+        if store is not None:
+            store.finish_run(run_id, status="complete", digest=summary["digest"], summary=summary)
+        return RunResult(summary, run_id, per_request)
+    except BaseException as exc:
+        if store is not None and run_id is not None:
+            try:
+                if provider is not None:
+                    provider.force_flush()
+                store.finish_run(run_id, status="failed", summary={"error": f"{type(exc).__name__}: {exc}"})
+            except Exception:
+                pass  # the original error matters more; the run stays marked running -> incomplete
+        raise
+    finally:
+        if provider is not None:
+            provider.shutdown()
+        if owns_store:
+            store.close()
+
+
+def _default_name(spec: RunSpec, behaviours: list[str]) -> str:
+    parts = [Path(spec.trace).name if not spec.trace.startswith(GENERATED_PREFIX) else spec.trace, spec.mode]
+    if spec.mode == "engine":
+        parts.append(spec.preset)
+    else:
+        parts.append(spec.policy)
+    if spec.without:
+        parts.append("without " + ",".join(spec.without))
+    if spec.retention is not None:
+        parts.append(f"retention={spec.retention}")
+    if spec.capacity_blocks is not None:
+        parts.append(f"blocks={spec.capacity_blocks}")
+    return " ".join(parts)
+
+
+def _run_engine(preset, workload: _Workload, digest: Digest, instrumentor, bar: _Progress):
+    from kvtrace.engine import Engine
+    from kvtrace.engine.events import RequestFinished
+
+    def progress_listener(batch) -> None:
+        bar.advance(sum(1 for e in batch.engine_events if isinstance(e, RequestFinished)))
+
+    listeners: list[Callable] = [digest.on_step]
+    if instrumentor is not None:
+        listeners.append(instrumentor.on_step)
+    listeners.append(progress_listener)
+    engine = Engine(preset)
+    result = engine.run(workload.requests, listeners=listeners)
+    per_request = [
+        {
+            "request_id": r.request_id,
+            "prompt_tokens": r.num_prompt_tokens,
+            "hit_tokens": r.num_local_hit_tokens + r.num_external_hit_tokens,
+            "ttft_ns": r.first_token_ns - r.arrival_ns,
+            "divergent_tokens": r.num_divergent_tokens,
+        }
+        for r in result.requests
+    ]
+    return dict(result.summary), per_request
+
+
+def _run_cache_only(spec: RunSpec, workload: _Workload, digest: Digest, instrumentor, bar: _Progress):
+    from kvtrace.replay.cache_only import replay_cache_only
+
+    capacity = spec.capacity_blocks
+    if capacity is None and spec.capacity_tokens is not None:
+        if spec.block_size is None:
+            raise ConfigError("--capacity-tokens", str(spec.capacity_tokens), "cache-only mode needs --block-size with it")
+        capacity = -(-spec.capacity_tokens // spec.block_size)
+    if capacity is None:
+        raise ConfigError("--capacity-blocks", "-", "cache-only mode needs a capacity in blocks (or --capacity-tokens)")
+    listeners: list[Callable] = [digest.on_cache_events]
+    if instrumentor is not None and spec.policy == "lru":
+        listeners.append(instrumentor.on_cache_events)
+    done = [0]
+
+    def on_progress(n: int) -> None:
+        bar.advance(n - done[0])
+        done[0] = n
+
+    res = replay_cache_only(
+        workload.requests, capacity_blocks=capacity, block_size=spec.block_size,
+        policy=spec.policy, listeners=listeners, progress=on_progress,
+    )
+    summary = res.summary()
+    for key in SUMMARY_FIELDS:
+        summary.setdefault(key, 0 if key != "digest" else None)
+    per_request = [
+        {"request_id": rid, "hit_tokens": hit}
+        for rid, hit in zip(res.request_ids, res.per_request_hit_tokens)
+    ]
+    return summary, per_request

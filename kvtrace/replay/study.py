@@ -1,0 +1,255 @@
+"""Reproducible behaviour studies: one trace, one behaviour switched on and off.
+
+``run_study("shared-prefix-pinning")`` replays the behaviour's generated workload
+(``gen:study-<behaviour>``) twice through ``run_replay`` — once as configured (behaviour
+on, as in current vLLM) and once with ``without=(behaviour,)`` (the old vLLM) — and diffs
+the two runs. With ``sweep`` it repeats the pair for each value of one parameter
+(capacities or retention intervals).
+
+Diff direction: A = behaviour **off**, B = behaviour **on**, so every delta reads as
+"what the behaviour buys" (a positive token_hit_rate delta = the behaviour raises it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from kvtrace.cache.config import (
+    EXTERNAL_HIT_RUNNING_COW,
+    SHARED_PREFIX_PINNING,
+    TRANSIENT_CHECKPOINT_RETENTION,
+)
+from kvtrace.errors import KVTraceError
+from kvtrace.replay.diff import RunDiff, diff_runs, diff_summaries
+from kvtrace.replay.run import RunSpec, run_replay
+
+# Fixed order (never iterate the frozenset ALL_BEHAVIOURS: its order varies per process).
+BEHAVIOURS = (TRANSIENT_CHECKPOINT_RETENTION, SHARED_PREFIX_PINNING, EXTERNAL_HIT_RUNNING_COW)
+
+# What each study expects when the behaviour is switched off (checked by tests and by the
+# notebook's verdict): metric -> +1 when "off" should be higher, -1 when lower.
+EXPECTED_OFF_DIRECTION: dict[str, dict[str, int]] = {
+    TRANSIENT_CHECKPOINT_RETENTION: {"token_hit_rate": -1, "ttft_ms_p50": +1},
+    SHARED_PREFIX_PINNING: {"hit_tokens": -1, "token_hit_rate": -1},
+    EXTERNAL_HIT_RUNNING_COW: {"divergent_outputs": +1, "stale_hashes": +1},
+}
+
+SWEEP_PARAMETERS = ("capacity_blocks", "capacity_tokens", "retention")
+
+
+def study_trace(behaviour: str) -> str:
+    """The built-in generated workload that exposes ``behaviour``."""
+    return f"gen:study-{check_behaviour(behaviour)}"
+
+
+def check_behaviour(behaviour: str) -> str:
+    if behaviour not in BEHAVIOURS:
+        raise KVTraceError(f"study: unknown behaviour {behaviour!r}; expected one of {', '.join(BEHAVIOURS)}")
+    return behaviour
+
+
+@dataclass(slots=True)
+class StudyPoint:
+    """One on/off pair (one sweep value, or the only pair)."""
+
+    on: dict[str, Any]
+    off: dict[str, Any]
+    diff: RunDiff
+    run_on: str | None = None
+    run_off: str | None = None
+    parameter: str | None = None
+    value: Any = None
+
+    def to_json(self) -> dict[str, Any]:
+        out = {"on": self.on, "off": self.off, "diff": self.diff.to_json()}
+        if self.run_on is not None:
+            out["run_on"], out["run_off"] = self.run_on, self.run_off
+        if self.parameter is not None:
+            out = {"parameter": self.parameter, "value": self.value, **out}
+        return out
+
+
+@dataclass(slots=True)
+class StudyResult:
+    behaviour: str
+    trace: str
+    points: list[StudyPoint] = field(default_factory=list)
+    db: str | None = None
+
+    @property
+    def first(self) -> StudyPoint:
+        return self.points[0]
+
+    @property
+    def on(self) -> dict[str, Any]:
+        return self.first.on
+
+    @property
+    def off(self) -> dict[str, Any]:
+        return self.first.off
+
+    @property
+    def diff(self) -> RunDiff:
+        return self.first.diff
+
+    def to_json(self) -> dict[str, Any]:
+        """{"behaviour", "trace", "on", "off", "diff"} (of the first point) [+ "sweep"]."""
+        out: dict[str, Any] = {"behaviour": self.behaviour, "trace": self.trace, **self.first.to_json()}
+        out.pop("parameter", None)
+        out.pop("value", None)
+        if self.db is not None:
+            out["db"] = self.db
+        if len(self.points) > 1 or self.first.parameter is not None:
+            out["sweep"] = {
+                "parameter": self.first.parameter,
+                "points": [p.to_json() for p in self.points],
+            }
+        return out
+
+    def to_markdown(self) -> str:
+        parts = [f"## kvtrace study `{self.behaviour}` on `{self.trace}`", "",
+                 "A = behaviour off (old vLLM), B = behaviour on: deltas are what the behaviour buys.", ""]
+        if len(self.points) > 1:
+            parts += [self.sweep_markdown(), ""]
+        for p in self.points:
+            if p.parameter is not None:
+                parts += [f"#### {p.parameter} = {p.value}", ""]
+            parts.append(p.diff.to_markdown())
+        return "\n".join(parts)
+
+    def sweep_markdown(self, metrics: Iterable[str] = ("token_hit_rate", "ttft_ms_p50", "divergent_outputs")) -> str:
+        metrics = list(metrics)
+        head = f"| {self.first.parameter} | " + " | ".join(f"{m} off | {m} on" for m in metrics) + " |"
+        sep = "|---:|" + "---:|---:|" * len(metrics)
+        rows = []
+        for p in self.points:
+            cells = []
+            for m in metrics:
+                cells += [_cell(p.off.get(m)), _cell(p.on.get(m))]
+            rows.append(f"| {p.value} | " + " | ".join(cells) + " |")
+        return "\n".join([head, sep, *rows])
+
+    def print(self, console: Any = None) -> None:
+        from rich.console import Console
+
+        console = console or Console()
+        console.print(f"[bold]kvtrace study {self.behaviour}[/bold] on {self.trace}  (A = off, B = on)")
+        for p in self.points:
+            if p.parameter is not None:
+                console.print(f"[bold]{p.parameter} = {p.value}[/bold]")
+            p.diff.print(console)
+
+    def expectation_failures(self) -> list[str]:
+        """The expected off-direction checks this study's first point does not meet."""
+        return expectation_failures(self.behaviour, self.on, self.off)
+
+
+def expectation_failures(behaviour: str, on: Mapping[str, Any], off: Mapping[str, Any]) -> list[str]:
+    """Which of the behaviour's expected effects (``EXPECTED_OFF_DIRECTION``) did not show.
+
+    For external-hit-running-cow either divergent outputs or stale hashes suffice, and the
+    run with the behaviour on must have none of either.
+    """
+    failures = []
+    if behaviour == EXTERNAL_HIT_RUNNING_COW:
+        if on.get("divergent_outputs", 0) or on.get("stale_hashes", 0):
+            failures.append("behaviour on still has divergent outputs or stale hashes")
+        if not (off.get("divergent_outputs", 0) > 0 or off.get("stale_hashes", 0) > 0):
+            failures.append("behaviour off shows neither divergent outputs nor stale hashes")
+        return failures
+    for metric, sign in EXPECTED_OFF_DIRECTION[behaviour].items():
+        a, b = off.get(metric), on.get(metric)
+        if a is None or b is None or not (a - b) * sign > 0:
+            failures.append(f"{metric}: expected off {'>' if sign > 0 else '<'} on, got off={a} on={b}")
+    return failures
+
+
+def parse_sweep(sweep: Any) -> tuple[str, list[Any]] | None:
+    """``{"capacity_blocks": [64, 128]}`` or ``"capacity_blocks=64,128"`` -> (name, values)."""
+    if sweep is None:
+        return None
+    if isinstance(sweep, str):
+        name, sep, raw = sweep.partition("=")
+        if not sep or not raw.strip():
+            raise KVTraceError(f"--sweep {sweep!r}: expected NAME=V1,V2,... with NAME one of {', '.join(SWEEP_PARAMETERS)}")
+        items = {name.strip(): [v.strip() for v in raw.split(",") if v.strip()]}
+    elif isinstance(sweep, Mapping):
+        items = dict(sweep)
+    else:
+        raise KVTraceError(f"sweep: expected a mapping or NAME=V1,V2 text, got {type(sweep).__name__}")
+    if len(items) != 1:
+        raise KVTraceError(f"sweep: expected exactly one parameter, got {sorted(items)}")
+    ((name, values),) = items.items()
+    if name not in SWEEP_PARAMETERS:
+        raise KVTraceError(f"sweep: unknown parameter {name!r}; expected one of {', '.join(SWEEP_PARAMETERS)}")
+    values = list(values)
+    if not values:
+        raise KVTraceError(f"sweep: {name} needs at least one value")
+    if name in ("capacity_blocks", "capacity_tokens"):
+        try:
+            values = [int(v) for v in values]
+        except (TypeError, ValueError):
+            raise KVTraceError(f"sweep: {name} values must be integers, got {values}") from None
+    else:
+        values = [str(v) for v in values]
+    return name, values
+
+
+def run_study(
+    behaviour: str,
+    trace: str | None = None,
+    db: str | Path | None = None,
+    sweep: Any = None,
+    seed: int = 0,
+    progress: bool = False,
+    *,
+    base: RunSpec | None = None,
+    limit: int | None = None,
+) -> StudyResult:
+    """Replay ``trace`` (default: the behaviour's generated workload) with the behaviour
+    on and off, for each sweep value, and diff each pair (A = off, B = on).
+
+    Without ``db`` the diff covers the summaries only; with ``db`` both runs are recorded
+    and diffed through the store (per-request changes, evictions, latency CIs).
+    """
+    check_behaviour(behaviour)
+    trace = trace or study_trace(behaviour)
+    spec0 = base if base is not None else RunSpec(trace=trace)
+    spec0 = replace(spec0, trace=trace, seed=seed, limit=limit if limit is not None else spec0.limit)
+    parsed = parse_sweep(sweep)
+    grid: list[tuple[str | None, Any]] = [(None, None)] if parsed is None else [(parsed[0], v) for v in parsed[1]]
+    result = StudyResult(behaviour=behaviour, trace=trace, db=str(db) if db is not None else None)
+    for parameter, value in grid:
+        spec = spec0 if parameter is None else replace(spec0, **{parameter: value})
+        suffix = "" if parameter is None else f" {parameter}={value}"
+        on_spec = replace(spec, name=f"study {behaviour} on{suffix}")
+        off_spec = replace(spec, without=tuple(sorted(set(spec.without) | {behaviour})), name=f"study {behaviour} off{suffix}")
+        off = run_replay(off_spec, db=db, progress=progress)
+        on = run_replay(on_spec, db=db, progress=progress)
+        if db is not None and on.run_id and off.run_id:
+            diff = diff_runs(db, off.run_id, on.run_id, seed=seed)
+        else:
+            diff = diff_summaries(
+                off.summary, on.summary,
+                run_a={"run_id": off.run_id, "name": off_spec.name, "trace": trace, "behaviours": _on_list(off_spec)},
+                run_b={"run_id": on.run_id, "name": on_spec.name, "trace": trace, "behaviours": _on_list(on_spec)},
+            )
+        result.points.append(
+            StudyPoint(on=on.summary, off=off.summary, diff=diff, run_on=on.run_id, run_off=off.run_id,
+                       parameter=parameter, value=value)
+        )
+    return result
+
+
+def _on_list(spec: RunSpec) -> list[str]:
+    return [b for b in BEHAVIOURS if b not in spec.without]
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return f"{v:.4f}" if abs(v) < 1 else f"{v:.2f}"
+    return str(v)

@@ -1,0 +1,104 @@
+"""Short-lived DuckDB connections with lock retry.
+
+DuckDB lets one process open a file read-write, or any number open it read-only, never
+both. kvtrace's writer therefore holds the file only while it commits a batch, and
+readers open it read-only for one query at a time. Either side that finds the file
+locked retries with backoff until ``timeout_s``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from pathlib import Path
+from typing import Iterator
+
+import duckdb
+
+from kvtrace.store.errors import StoreBusyError, StoreError
+from kvtrace.store.schema import META_TABLE, SCHEMA_VERSION, STORE_MAGIC
+
+DEFAULT_TIMEOUT_S = 30.0
+_FIRST_BACKOFF_S = 0.005
+_MAX_BACKOFF_S = 0.1
+
+
+def _is_lock_conflict(err: Exception) -> bool:
+    text = str(err)
+    return "Could not set lock" in text or "Conflicting lock" in text
+
+
+def _classify(path: str, err: Exception) -> StoreError:
+    text = str(err).splitlines()[0] if str(err) else type(err).__name__
+    if "not a valid DuckDB database" in text or "database file" in text.lower() and "valid" in text:
+        return StoreError(path, "not a DuckDB database (expected a kvtrace store file)")
+    if "version" in text.lower() and "storage" in text.lower():
+        return StoreError(path, f"unsupported DuckDB storage version: {text}")
+    return StoreError(path, f"cannot open as a kvtrace store: {text}")
+
+
+def _open(path: str, read_only: bool, timeout_s: float) -> duckdb.DuckDBPyConnection:
+    if read_only and not os.path.exists(path):
+        raise StoreError(path, "no such database file (run `kvtrace replay --db` or `kvtrace demo` first)")
+    deadline = time.monotonic() + timeout_s
+    backoff = _FIRST_BACKOFF_S
+    while True:
+        try:
+            con = duckdb.connect(path, read_only=read_only)
+            con.execute("SET enable_progress_bar = false")
+            return con
+        except duckdb.Error as err:
+            if not _is_lock_conflict(err):
+                raise _classify(path, err) from None
+            if time.monotonic() >= deadline:
+                raise StoreBusyError(
+                    path, f"locked by another process for over {timeout_s:g}s ({err})".splitlines()[0]
+                ) from None
+            time.sleep(backoff)
+            backoff = min(backoff * 2, _MAX_BACKOFF_S)
+
+
+def check_store(con: duckdb.DuckDBPyConnection, path: str) -> None:
+    """Raise StoreError unless ``con`` is a kvtrace store of a schema version we read."""
+    try:
+        rows = con.execute(f"SELECT key, value FROM {META_TABLE}").fetchall()
+    except duckdb.CatalogException:
+        raise StoreError(path, f"not a kvtrace store (DuckDB file without a {META_TABLE} table)") from None
+    except duckdb.Error as err:
+        raise _classify(path, err) from None
+    meta = dict(rows)
+    if meta.get("magic") != STORE_MAGIC:
+        raise StoreError(path, f"not a kvtrace store ({META_TABLE}.magic is {meta.get('magic')!r})")
+    version = int(meta.get("schema_version", "0"))
+    if version > SCHEMA_VERSION:
+        raise StoreError(path, f"store schema version {version} is newer than this kvtrace ({SCHEMA_VERSION})")
+
+
+@contextlib.contextmanager
+def read_connection(path: str | Path, timeout_s: float = DEFAULT_TIMEOUT_S) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A read-only connection for one query or a few; closed on exit so writers can proceed."""
+    path = str(path)
+    con = _open(path, read_only=True, timeout_s=timeout_s)
+    try:
+        check_store(con, path)
+        yield con
+    finally:
+        con.close()
+
+
+@contextlib.contextmanager
+def write_connection(path: str | Path, timeout_s: float = DEFAULT_TIMEOUT_S) -> Iterator[duckdb.DuckDBPyConnection]:
+    path = str(path)
+    con = _open(path, read_only=False, timeout_s=timeout_s)
+    try:
+        yield con
+    finally:
+        con.close()
+
+
+def fetch_one(con: duckdb.DuckDBPyConnection, sql: str, params=None) -> tuple | None:
+    """First row of a query, with the result fully consumed (DuckDB 2 refuses new work on a
+    connection whose previous result is still pending)."""
+    rows = con.execute(sql, params or []).fetchall()
+    return rows[0] if rows else None

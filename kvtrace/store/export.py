@@ -1,0 +1,35 @@
+"""Parquet export of one run: spans, the run row, and derived tables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvtrace.store.connection import fetch_one, read_connection
+from kvtrace.store.errors import StoreError, UnknownRunError
+
+EXPORTED_TABLES = ("spans", "runs", "evicted_blocks")
+
+
+def export_parquet(db: str | Path, run_id: str, directory: str | Path) -> dict[str, Path]:
+    """Write ``<dir>/{spans,runs,evicted_blocks}.parquet`` for ``run_id`` (zstd).
+
+    Spans keep their store schema (run_id, seq and every typed column), so
+    ``read_parquet`` gives back exactly what ``spans`` holds for the run, in ``seq`` order.
+    Returns table name -> file written.
+    """
+    out_dir = Path(directory)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise StoreError(str(out_dir), f"cannot create export directory: {err.strerror}") from None
+    written: dict[str, Path] = {}
+    with read_connection(db) as con:
+        if fetch_one(con, "SELECT 1 FROM runs WHERE run_id = ?", [run_id]) is None:
+            raise UnknownRunError(str(db), run_id)
+        for table in EXPORTED_TABLES:
+            order = {"spans": "ORDER BY seq", "evicted_blocks": "ORDER BY evict_seq"}.get(table, "")
+            target = out_dir / f"{table}.parquet"
+            rel = con.sql(f"SELECT * FROM {table} WHERE run_id = $run_id {order}", params={"run_id": run_id})
+            rel.to_parquet(str(target), compression="zstd")
+            written[table] = target
+    return written

@@ -1,0 +1,39 @@
+"""Is the process that opened a run still alive? (Used to mark orphaned runs incomplete.)"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+
+def host_name() -> str:
+    return socket.gethostname()
+
+
+def process_start_token(pid: int) -> str | None:
+    """The kernel's start time of ``pid`` (guards against pid reuse); None where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # Field 22 (starttime) counted after the parenthesised command name, which may hold spaces.
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return fields[19].decode() if len(fields) > 19 else None
+
+
+def writer_alive(pid: int | None, host: str | None, start_token: str | None) -> bool:
+    """False only when we can tell the writer is gone: same host, and the pid is dead or reused."""
+    if pid is None or host != host_name():
+        return host is not None and host != host_name()  # another machine: assume alive
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    if start_token is not None:
+        current = process_start_token(pid)
+        if current is not None and current != start_token:
+            return False
+    return True

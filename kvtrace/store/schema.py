@@ -1,0 +1,378 @@
+"""The store's schema, as data: span columns, their Arrow types and OTel attribute keys.
+
+One row of ``spans`` is one span. Typed columns hold the ``kvtrace.*`` attributes the
+dashboard queries (fast, columnar); everything else a producer sends lands in
+``extra_attributes``. The view ``otel_traces`` reassembles the ClickHouse-exporter shape
+(``SpanAttributes`` map built from the typed columns plus ``extra_attributes``).
+
+Producers (the instrument's exporters, the OTLP receiver, the vLLM capture) build Arrow
+tables in ``SPAN_ARROW_SCHEMA`` (any subset of its columns, in any order; missing
+columns are NULL) and hand them to ``Store.append_spans``. ``ATTRIBUTE_COLUMNS`` maps an
+OTel attribute key to the typed column that stores it, so a span read back from OTLP
+lands in the same columns as one produced in-process.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+
+# --- span names -------------------------------------------------------------------------
+SPAN_PUBLISH = "kvtrace.cache.publish"
+SPAN_EVICT = "kvtrace.cache.evict"
+SPAN_COW = "kvtrace.cache.cow"
+SPAN_LOOKUP = "kvtrace.cache.lookup"
+SPAN_FREE = "kvtrace.cache.free"
+SPAN_STALE_LEFT = "kvtrace.cache.stale_left"
+SPAN_STEP = "kvtrace.engine.step"
+SPAN_REQUEST = "kvtrace.request"
+SPAN_STALE_HASH = "kvtrace.verify.stale_hash"
+SPAN_DIVERGENT = "kvtrace.verify.divergent_output"
+# Live vLLM KV events reuse the cache names with ``source = 'vllm'``:
+#   BlockStored -> kvtrace.cache.publish (publish_kind 'vllm_stored')
+#   BlockRemoved -> kvtrace.cache.evict (evict_reason 'vllm_removed')
+#   AllBlocksCleared -> kvtrace.cache.evict (evict_reason 'reset', no block ids)
+SPAN_NAMES = (
+    SPAN_PUBLISH, SPAN_EVICT, SPAN_COW, SPAN_LOOKUP, SPAN_FREE, SPAN_STALE_LEFT,
+    SPAN_STEP, SPAN_REQUEST, SPAN_STALE_HASH, SPAN_DIVERGENT,
+)
+
+SOURCE_REPLAY = "replay"  # produced in-process by kvtrace's engine
+SOURCE_VLLM = "vllm"  # live vLLM KV events (ZMQ)
+SOURCE_OTLP = "otlp"  # received over OTLP/HTTP
+
+# --- columns ----------------------------------------------------------------------------
+_I64 = pa.int64()
+_I32 = pa.int32()
+_STR = pa.string()
+_F64 = pa.float64()
+_ATTR_MAP = pa.map_(pa.string(), pa.string())
+
+EVENT_STRUCT = pa.struct([("time_ns", _I64), ("name", _STR), ("attributes", _ATTR_MAP)])
+LINK_STRUCT = pa.struct(
+    [("trace_id", _STR), ("span_id", _STR), ("trace_state", _STR), ("attributes", _ATTR_MAP)]
+)
+CHUNK_STRUCT = pa.struct([("start_ns", _I64), ("end_ns", _I64), ("num_tokens", _I64)])
+
+
+class Col:
+    """One span column: name, Arrow type, DuckDB type, the OTel attribute key it stores."""
+
+    __slots__ = ("name", "arrow", "sql", "attr", "doc")
+
+    def __init__(self, name: str, arrow: pa.DataType, sql: str, attr: str | None, doc: str):
+        self.name, self.arrow, self.sql, self.attr, self.doc = name, arrow, sql, attr, doc
+
+
+# (name, arrow type, duckdb type, OTel attribute key or None, meaning)
+SPAN_COLUMN_DEFS: tuple[Col, ...] = (
+    # identity and OTel envelope
+    Col("run_id", _STR, "VARCHAR", None, "run this span belongs to (filled by Store.append_spans)"),
+    Col("trace_id", _STR, "VARCHAR", None, "32 lowercase hex chars"),
+    Col("span_id", _STR, "VARCHAR", None, "16 lowercase hex chars"),
+    Col("parent_span_id", _STR, "VARCHAR", None, "16 hex chars, '' or NULL for a root span"),
+    Col("trace_state", _STR, "VARCHAR", None, "W3C trace state"),
+    Col("name", _STR, "VARCHAR", None, "span name, one of SPAN_NAMES for kvtrace spans"),
+    Col("span_kind", _STR, "VARCHAR", None, "OTel kind as the ClickHouse exporter writes it; NULL = Internal"),
+    Col("start_ns", _I64, "BIGINT", None, "start, virtual (replay) or unix (live) nanoseconds"),
+    Col("end_ns", _I64, "BIGINT", None, "end nanoseconds; Duration = end_ns - start_ns"),
+    Col("status_code", _STR, "VARCHAR", None, "Unset | Ok | Error; NULL = Unset"),
+    Col("status_message", _STR, "VARCHAR", None, ""),
+    Col("service_name", _STR, "VARCHAR", None, "NULL = 'kvtrace'"),
+    Col("scope_name", _STR, "VARCHAR", None, "instrumentation scope"),
+    Col("scope_version", _STR, "VARCHAR", None, ""),
+    Col("resource_attributes", _ATTR_MAP, "MAP(VARCHAR, VARCHAR)", None, "OTel resource attributes"),
+    Col("extra_attributes", _ATTR_MAP, "MAP(VARCHAR, VARCHAR)", None, "attributes without a typed column"),
+    Col("events", pa.list_(EVENT_STRUCT), "STRUCT(time_ns BIGINT, name VARCHAR, attributes MAP(VARCHAR, VARCHAR))[]", None, "OTel span events"),
+    Col("links", pa.list_(LINK_STRUCT), "STRUCT(trace_id VARCHAR, span_id VARCHAR, trace_state VARCHAR, attributes MAP(VARCHAR, VARCHAR))[]", None, "OTel span links"),
+    Col("source", _STR, "VARCHAR", "kvtrace.source", "replay | vllm | otlp; NULL = replay"),
+    # common kvtrace attributes
+    Col("step", _I64, "BIGINT", "kvtrace.step", "scheduler step index"),
+    Col("group_id", _I32, "INTEGER", "kvtrace.group", "KV cache group (vLLM group_idx)"),
+    Col("request_id", _STR, "VARCHAR", "kvtrace.request.id", "request id"),
+    Col("block_ids", pa.list_(_I64), "BIGINT[]", "kvtrace.block.ids", "block ids this span covers"),
+    Col("block_hashes", pa.list_(_STR), "VARCHAR[]", "kvtrace.block.hashes", "block hashes, lowercase hex, aligned with block_ids"),
+    Col("num_tokens", _I64, "BIGINT", "kvtrace.num_tokens", "publish: prefix length the last key stands for; stale: prefix length the key claims"),
+    # publish / evict / cow
+    Col("publish_kind", _STR, "VARCHAR", "kvtrace.publish.kind", "full | partial_tail | checkpoint | boundary (| vllm_stored)"),
+    Col("evict_reason", _STR, "VARCHAR", "kvtrace.evict.reason", "lru | stale_hash | replaced | connector | reset (| vllm_removed)"),
+    Col("ages", pa.list_(_I64), "BIGINT[]", "kvtrace.evict.ages", "evict: steps since each entry was published"),
+    Col("idle", pa.list_(_I64), "BIGINT[]", "kvtrace.evict.idle", "evict: steps since each entry was last used"),
+    Col("copy_reason", _STR, "VARCHAR", "kvtrace.cow.why", "partial_hit | running_tail | external"),
+    Col("copy_src", _I64, "BIGINT", "kvtrace.cow.src", "cow source block id"),
+    Col("copy_dst", _I64, "BIGINT", "kvtrace.cow.dst", "cow destination block id"),
+    # lookup (and request: hit counts at first schedule)
+    Col("num_query_tokens", _I64, "BIGINT", "kvtrace.lookup.query_tokens", "lookup: tokens looked up"),
+    Col("num_hit_tokens", _I64, "BIGINT", "kvtrace.hit_tokens", "local prefix-cache hit tokens"),
+    Col("hit_tokens_per_group", pa.list_(_I64), "BIGINT[]", "kvtrace.lookup.hit_tokens_per_group", "lookup: hit tokens per KV group"),
+    Col("shared_prefix_boundary", _I64, "BIGINT", "kvtrace.shared_prefix_boundary", "lookup: shared prefix boundary (tokens)"),
+    Col("num_external_hit_tokens", _I64, "BIGINT", "kvtrace.external_hit_tokens", "hit tokens loaded from the external tier"),
+    Col("root_hash", _STR, "VARCHAR", "kvtrace.lookup.root_hash", "lookup: hash of the first full block (prefix family), hex"),
+    Col("first_miss_hash", _STR, "VARCHAR", "kvtrace.lookup.first_miss_hash", "lookup: hash of the first full block that missed (group 0), hex"),
+    Col("first_miss_index", _I64, "BIGINT", "kvtrace.lookup.first_miss_index", "lookup: its block index, -1 when all hit"),
+    # engine step
+    Col("num_prefill_tokens", _I64, "BIGINT", "kvtrace.step.prefill_tokens", ""),
+    Col("num_decode_seqs", _I64, "BIGINT", "kvtrace.step.decode_seqs", ""),
+    Col("num_running", _I64, "BIGINT", "kvtrace.step.running", ""),
+    Col("num_waiting", _I64, "BIGINT", "kvtrace.step.waiting", ""),
+    Col("num_copies", _I64, "BIGINT", "kvtrace.step.copies", ""),
+    Col("num_preempted", _I64, "BIGINT", "kvtrace.step.preempted", ""),
+    Col("usage", pa.list_(_F64), "DOUBLE[]", "kvtrace.step.usage", "block-pool usage per KV group, 0..1"),
+    # request
+    Col("session_id", _STR, "VARCHAR", "kvtrace.request.session_id", ""),
+    Col("arrival_ns", _I64, "BIGINT", "kvtrace.request.arrival_ns", "request arrival (span start is arrival too)"),
+    Col("first_scheduled_ns", _I64, "BIGINT", "kvtrace.request.first_scheduled_ns", ""),
+    Col("first_token_ns", _I64, "BIGINT", "kvtrace.request.first_token_ns", ""),
+    Col("num_prompt_tokens", _I64, "BIGINT", "gen_ai.usage.input_tokens", ""),
+    Col("num_output_tokens", _I64, "BIGINT", "gen_ai.usage.output_tokens", ""),
+    Col("num_computed_tokens", _I64, "BIGINT", "kvtrace.request.computed_prompt_tokens", "prompt tokens actually prefilled"),
+    Col("num_preemptions", _I64, "BIGINT", "kvtrace.request.preemptions", ""),
+    Col("num_divergent_tokens", _I64, "BIGINT", "kvtrace.request.divergent_tokens", ""),
+    Col("ttft_ns", _I64, "BIGINT", "kvtrace.request.ttft_ns", "first_token_ns - arrival_ns"),
+    Col("itl_ns", pa.list_(_I64), "BIGINT[]", "kvtrace.request.itl_ns", "every inter-token gap"),
+    Col("itl_mean_ns", _F64, "DOUBLE", "kvtrace.request.itl_mean_ns", ""),
+    Col("itl_p50_ns", _F64, "DOUBLE", "kvtrace.request.itl_p50_ns", ""),
+    Col("itl_p99_ns", _F64, "DOUBLE", "kvtrace.request.itl_p99_ns", ""),
+    Col("itl_max_ns", _I64, "BIGINT", "kvtrace.request.itl_max_ns", ""),
+    Col("prefill_chunks", pa.list_(CHUNK_STRUCT), "STRUCT(start_ns BIGINT, end_ns BIGINT, num_tokens BIGINT)[]", "kvtrace.request.prefill_chunks", "(start_ns, end_ns, num_tokens) per prefill chunk"),
+    # verification
+    Col("expected_fingerprint", pa.uint64(), "UBIGINT", "kvtrace.verify.expected_fingerprint", "stale hash: content fingerprint the key implies"),
+    Col("actual_fingerprint", pa.uint64(), "UBIGINT", "kvtrace.verify.actual_fingerprint", "stale hash: fingerprint actually found"),
+    Col("position", _I64, "BIGINT", "kvtrace.verify.position", "divergent output: output index"),
+    Col("expected_token", _I64, "BIGINT", "kvtrace.verify.expected_token", ""),
+    Col("actual_token", _I64, "BIGINT", "kvtrace.verify.actual_token", ""),
+    # live vLLM extras
+    Col("parent_block_hash", _STR, "VARCHAR", "kvtrace.vllm.parent_block_hash", "BlockStored parent hash, hex"),
+    Col("token_ids", pa.list_(_I64), "BIGINT[]", "kvtrace.vllm.token_ids", "BlockStored token ids"),
+    Col("block_size", _I32, "INTEGER", "kvtrace.vllm.block_size", ""),
+    Col("lora_id", _I64, "BIGINT", "kvtrace.vllm.lora_id", ""),
+    Col("medium", _STR, "VARCHAR", "kvtrace.vllm.medium", "GPU | CPU | ..."),
+    Col("kv_cache_spec_kind", _STR, "VARCHAR", "kvtrace.vllm.kv_cache_spec_kind", ""),
+)
+
+SPAN_COLUMNS: tuple[str, ...] = tuple(c.name for c in SPAN_COLUMN_DEFS)
+SPAN_ARROW_SCHEMA: pa.Schema = pa.schema([pa.field(c.name, c.arrow) for c in SPAN_COLUMN_DEFS])
+# OTel attribute key -> column name, for the OTLP receiver and the OTel exporter.
+ATTRIBUTE_COLUMNS: dict[str, str] = {c.attr: c.name for c in SPAN_COLUMN_DEFS if c.attr}
+# Derived GenAI attribute shown in otel_traces, not stored: local + external hit tokens.
+GENAI_CACHE_READ = "gen_ai.usage.cache_read.input_tokens"
+
+RUN_STATUSES = ("running", "complete", "failed", "incomplete")
+
+# Filled by the writer (never needed from producers): per-run append order, the tie-break
+# for spans that share a virtual timestamp (all cache events of one step do).
+SEQ_COLUMN = "seq"
+
+# --- DDL ----------------------------------------------------------------------------------
+META_TABLE = "kvtrace_meta"
+STORE_MAGIC = "kvtrace-store"
+
+RUNS_DDL = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id VARCHAR PRIMARY KEY,
+    name VARCHAR,
+    created VARCHAR,          -- caller-supplied (ISO 8601 recommended); never read from a clock here
+    trace_source VARCHAR,     -- path/URL/generator spec of the input trace
+    trace_digest VARCHAR,     -- digest of the input trace: runs are comparable when equal
+    config JSON,
+    behaviours JSON,
+    mode VARCHAR,             -- engine | cache-only | live | otlp
+    digest VARCHAR,           -- run determinism digest (set by finish_run)
+    status VARCHAR,           -- running | complete | failed | incomplete
+    summary JSON,             -- run summary (set by finish_run)
+    writer_pid INTEGER,
+    writer_host VARCHAR,
+    writer_start VARCHAR      -- writer process start token (pid reuse guard)
+)
+"""
+
+
+# --- physical layout ------------------------------------------------------------------
+# Spans are stored in one table per span family, each holding the shared columns plus the
+# family's own: DuckDB's append cost grows with the number of columns (NULL or not), so a
+# family table takes a batch about twice as fast as one 76-column table, and each query
+# scans only its family. ``spans`` is a VIEW with every column (SPAN_COLUMNS order + seq)
+# over all family tables. Rows that carry a column their family lacks (say, an OTLP span
+# with unusual attributes) go to ``spans_other``, which has every column, so nothing is
+# dropped; each family VIEW (``lookup_spans`` ...) also reads its names from spans_other.
+SHARED_COLUMNS = (
+    "run_id", "trace_id", "span_id", "parent_span_id", "trace_state", "name", "span_kind",
+    "start_ns", "end_ns", "status_code", "status_message", "service_name", "scope_name",
+    "scope_version", "resource_attributes", "extra_attributes", "events", "links", "source",
+    "step", "group_id", "request_id",
+)
+_BLOCKS = ("block_ids", "block_hashes", "num_tokens")
+_VLLM = ("parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "kv_cache_spec_kind")
+# family table -> (family view, span names, own columns)
+FAMILIES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
+    "spans_cache": ("cache_spans", (SPAN_PUBLISH, SPAN_EVICT, SPAN_COW, SPAN_FREE, SPAN_STALE_LEFT),
+                    _BLOCKS + ("publish_kind", "evict_reason", "ages", "idle", "copy_reason", "copy_src",
+                               "copy_dst") + _VLLM),
+    "spans_lookup": ("lookup_spans", (SPAN_LOOKUP,),
+                     ("num_query_tokens", "num_hit_tokens", "hit_tokens_per_group", "shared_prefix_boundary",
+                      "num_external_hit_tokens", "root_hash", "first_miss_hash", "first_miss_index")),
+    "spans_step": ("step_spans", (SPAN_STEP,),
+                   ("num_prefill_tokens", "num_decode_seqs", "num_running", "num_waiting", "num_copies",
+                    "num_preempted", "usage")),
+    "spans_request": ("request_spans", (SPAN_REQUEST,),
+                      ("num_hit_tokens", "num_external_hit_tokens", "session_id", "arrival_ns",
+                       "first_scheduled_ns", "first_token_ns", "num_prompt_tokens", "num_output_tokens",
+                       "num_computed_tokens", "num_preemptions", "num_divergent_tokens", "ttft_ns", "itl_ns",
+                       "itl_mean_ns", "itl_p50_ns", "itl_p99_ns", "itl_max_ns", "prefill_chunks")),
+    "spans_verify": ("verify_spans", (SPAN_STALE_HASH, SPAN_DIVERGENT),
+                     _BLOCKS + ("expected_fingerprint", "actual_fingerprint", "position", "expected_token",
+                                "actual_token")),
+}
+OTHER_TABLE = "spans_other"
+FAMILY_OF_NAME: dict[str, str] = {n: t for t, (_, names, _) in FAMILIES.items() for n in names}
+VIEW_OF_NAME: dict[str, str] = {n: FAMILIES[t][0] for n, t in FAMILY_OF_NAME.items()}
+_SQL_TYPE = {c.name: c.sql for c in SPAN_COLUMN_DEFS}
+
+
+def family_columns(table: str) -> tuple[str, ...]:
+    """Stored columns of a family table (SPAN_COLUMNS order, then seq)."""
+    if table == OTHER_TABLE:
+        return SPAN_COLUMNS + (SEQ_COLUMN,)
+    own = set(SHARED_COLUMNS) | set(FAMILIES[table][2])
+    return tuple(c for c in SPAN_COLUMNS if c in own) + (SEQ_COLUMN,)
+
+
+def _table_ddl(table: str) -> str:
+    cols = ",\n    ".join(
+        f"{c} {_SQL_TYPE.get(c, 'BIGINT')}" for c in family_columns(table)
+    )
+    return f"CREATE TABLE IF NOT EXISTS {table} (\n    {cols}\n)"
+
+
+def _select_as(table: str, columns: tuple[str, ...], where: str = "") -> str:
+    have = set(family_columns(table))
+    items = ", ".join(c if c in have else f"CAST(NULL AS {_SQL_TYPE.get(c, 'BIGINT')}) AS {c}" for c in columns)
+    return f"SELECT {items} FROM {table}{where}"
+
+
+def span_tables_ddl() -> list[str]:
+    """CREATE statements: family tables, spans_other, the ``spans`` view, family views."""
+    stmts = [_table_ddl(t) for t in FAMILIES] + [_table_ddl(OTHER_TABLE)]
+    everything = SPAN_COLUMNS + (SEQ_COLUMN,)
+    union = "\nUNION ALL ".join(_select_as(t, everything) for t in (*FAMILIES, OTHER_TABLE))
+    stmts.append(f"CREATE OR REPLACE VIEW spans AS\n{union}")
+    for table, (view, names, _) in FAMILIES.items():
+        cols = family_columns(table)
+        in_names = ", ".join(f"'{n}'" for n in names)
+        stmts.append(
+            f"CREATE OR REPLACE VIEW {view} AS\n{_select_as(table, cols)}\n"
+            f"UNION ALL {_select_as(OTHER_TABLE, cols, f' WHERE name IN ({in_names})')}"
+        )
+    return stmts
+
+
+# Exploded evictions with the publish that next took each block: materialised per run at
+# finish_run (computed on the fly for running runs). See derived.py.
+EVICTED_BLOCKS_DDL = """
+CREATE TABLE IF NOT EXISTS evicted_blocks (
+    run_id VARCHAR,
+    evict_seq BIGINT,
+    evict_span_id VARCHAR,
+    evict_ns BIGINT,
+    step BIGINT,
+    group_id INTEGER,
+    block_id BIGINT,
+    block_hash VARCHAR,
+    reason VARCHAR,
+    age BIGINT,
+    idle BIGINT,
+    evict_request_id VARCHAR,
+    next_publish_seq BIGINT,
+    next_publish_span_id VARCHAR,
+    next_publish_ns BIGINT,
+    next_publish_kind VARCHAR,
+    next_publish_request_id VARCHAR
+)
+"""
+
+DERIVED_TABLES = ("evicted_blocks",)
+SPAN_TABLES = (*FAMILIES, OTHER_TABLE)
+
+
+def _attr_value_sql(c: Col) -> str:
+    # ClickHouse's exporter stores every attribute as a string; arrays as JSON, like AsString().
+    if c.sql.endswith("[]"):
+        return f"CAST(to_json({c.name}) AS VARCHAR)"
+    return f"CAST({c.name} AS VARCHAR)"
+
+
+def otel_traces_view_ddl() -> str:
+    """The ClickHouse exporter's ``otel_traces`` shape over ``spans`` (plus a trailing RunId)."""
+    entries = ",\n            ".join(
+        f"struct_pack(k := '{c.attr}', v := {_attr_value_sql(c)})"
+        for c in SPAN_COLUMN_DEFS
+        if c.attr
+    )
+    cache_read = (
+        f"struct_pack(k := '{GENAI_CACHE_READ}', v := CASE WHEN name = '{SPAN_REQUEST}' THEN "
+        "CAST(coalesce(num_hit_tokens, 0) + coalesce(num_external_hit_tokens, 0) AS VARCHAR) END)"
+    )
+    return f"""
+CREATE OR REPLACE VIEW otel_traces AS
+SELECT
+    make_timestamp_ns(start_ns) AS "Timestamp",
+    coalesce(trace_id, '') AS "TraceId",
+    coalesce(span_id, '') AS "SpanId",
+    coalesce(parent_span_id, '') AS "ParentSpanId",
+    coalesce(trace_state, '') AS "TraceState",
+    name AS "SpanName",
+    coalesce(span_kind, 'SPAN_KIND_INTERNAL') AS "SpanKind",
+    coalesce(service_name, 'kvtrace') AS "ServiceName",
+    map_concat(coalesce(resource_attributes, MAP {{}}::MAP(VARCHAR, VARCHAR)),
+               MAP {{'kvtrace.run.id': run_id}}) AS "ResourceAttributes",
+    coalesce(scope_name, '') AS "ScopeName",
+    coalesce(scope_version, '') AS "ScopeVersion",
+    map_concat(
+        map_from_entries(list_filter([
+            {entries},
+            {cache_read}
+        ], lambda e: e.v IS NOT NULL)),
+        coalesce(extra_attributes, MAP {{}}::MAP(VARCHAR, VARCHAR))
+    )::MAP(VARCHAR, VARCHAR) AS "SpanAttributes",
+    CAST(greatest(end_ns - start_ns, 0) AS UBIGINT) AS "Duration",
+    coalesce(status_code, 'STATUS_CODE_UNSET') AS "StatusCode",
+    coalesce(status_message, '') AS "StatusMessage",
+    coalesce(list_transform(events, lambda e: make_timestamp_ns(e.time_ns)), [])::TIMESTAMP_NS[] AS "Events.Timestamp",
+    coalesce(list_transform(events, lambda e: e.name), [])::VARCHAR[] AS "Events.Name",
+    coalesce(list_transform(events, lambda e: e.attributes), [])::MAP(VARCHAR, VARCHAR)[] AS "Events.Attributes",
+    coalesce(list_transform(links, lambda l: l.trace_id), [])::VARCHAR[] AS "Links.TraceId",
+    coalesce(list_transform(links, lambda l: l.span_id), [])::VARCHAR[] AS "Links.SpanId",
+    coalesce(list_transform(links, lambda l: l.trace_state), [])::VARCHAR[] AS "Links.TraceState",
+    coalesce(list_transform(links, lambda l: l.attributes), [])::MAP(VARCHAR, VARCHAR)[] AS "Links.Attributes",
+    run_id AS "RunId"
+FROM spans
+"""
+
+
+# Column names and DuckDB types of the ClickHouse exporter's otel_traces (Nested columns
+# flattened the way ClickHouse exposes them), for the compatibility test and docs.
+OTEL_TRACES_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("Timestamp", "TIMESTAMP_NS"),
+    ("TraceId", "VARCHAR"),
+    ("SpanId", "VARCHAR"),
+    ("ParentSpanId", "VARCHAR"),
+    ("TraceState", "VARCHAR"),
+    ("SpanName", "VARCHAR"),
+    ("SpanKind", "VARCHAR"),
+    ("ServiceName", "VARCHAR"),
+    ("ResourceAttributes", "MAP(VARCHAR, VARCHAR)"),
+    ("ScopeName", "VARCHAR"),
+    ("ScopeVersion", "VARCHAR"),
+    ("SpanAttributes", "MAP(VARCHAR, VARCHAR)"),
+    ("Duration", "UBIGINT"),
+    ("StatusCode", "VARCHAR"),
+    ("StatusMessage", "VARCHAR"),
+    ("Events.Timestamp", "TIMESTAMP_NS[]"),
+    ("Events.Name", "VARCHAR[]"),
+    ("Events.Attributes", "MAP(VARCHAR, VARCHAR)[]"),
+    ("Links.TraceId", "VARCHAR[]"),
+    ("Links.SpanId", "VARCHAR[]"),
+    ("Links.TraceState", "VARCHAR[]"),
+    ("Links.Attributes", "MAP(VARCHAR, VARCHAR)[]"),
+)

@@ -1,0 +1,343 @@
+"""The store writer: runs, bulk span appends, crash-safe flushes.
+
+The writer never keeps the DuckDB file open between flushes (see connection.py): each
+flush opens the file, inserts every buffered Arrow table in one transaction through
+DuckDB's Arrow scan, commits and closes. A committed flush survives kill -9 (DuckDB's
+WAL); what was still buffered in memory is lost. Readers in other processes get the file
+between flushes.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from kvtrace.store import derived
+from kvtrace.store.connection import DEFAULT_TIMEOUT_S, check_store, fetch_one, write_connection
+from kvtrace.store.errors import StoreError, UnknownRunError
+from kvtrace.store.liveness import host_name, process_start_token, writer_alive
+from kvtrace.store.schema import (
+    EVICTED_BLOCKS_DDL,
+    META_TABLE,
+    RUN_STATUSES,
+    RUNS_DDL,
+    SCHEMA_VERSION,
+    SEQ_COLUMN,
+    SPAN_ARROW_SCHEMA,
+    STORE_MAGIC,
+    FAMILIES,
+    FAMILY_OF_NAME,
+    OTHER_TABLE,
+    family_columns,
+    otel_traces_view_ddl,
+    span_tables_ddl,
+)
+
+DEFAULT_FLUSH_ROWS = 65_536
+DEFAULT_FLUSH_INTERVAL_S = 1.0
+
+# Where each appended column must end up; producers may send narrower ints etc.
+_ARROW_TYPES = {f.name: f.type for f in SPAN_ARROW_SCHEMA}
+
+
+def _json_or_none(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        json.loads(value)  # must already be JSON text
+        return value
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def _conform(table: pa.Table) -> pa.Table:
+    """Check column names against the span schema and cast to its types."""
+    unknown = [n for n in table.column_names if n not in _ARROW_TYPES]
+    if unknown:
+        raise ValueError(f"append_spans: columns not in SPAN_ARROW_SCHEMA: {unknown}")
+    for i, name in enumerate(table.column_names):
+        want = _ARROW_TYPES[name]
+        if table.schema.field(i).type != want:
+            table = table.set_column(i, name, table.column(i).cast(want))
+    return table
+
+
+def split_by_family(table: pa.Table) -> list[tuple[str, pa.Table]]:
+    """(family table, rows) pairs: each row goes to its name's family table, unless it sets a
+    column that table lacks (then to spans_other, which has every column)."""
+    names = table.column("name") if "name" in table.column_names else pa.nulls(table.num_rows, pa.string())
+    unique = [n for n in names.unique().to_pylist()]
+    families = {FAMILY_OF_NAME.get(n, OTHER_TABLE) for n in unique}
+    out: list[tuple[str, pa.Table]] = []
+    other_masks = []
+    for fam in sorted(families):
+        if fam == OTHER_TABLE:
+            continue
+        in_fam = pc.is_in(names, value_set=pa.array(FAMILIES[fam][1]))
+        keep = set(family_columns(fam))
+        stray = [c for c in table.column_names if c not in keep]
+        misfit = None
+        for c in stray:
+            valid = pc.is_valid(table.column(c))
+            misfit = valid if misfit is None else pc.or_(misfit, valid)
+        mask = in_fam if misfit is None else pc.and_(in_fam, pc.invert(misfit))
+        rows = table.filter(mask) if len(families) > 1 or misfit is not None else table
+        if rows.num_rows:
+            out.append((fam, rows.select([c for c in rows.column_names if c in keep])))
+        if misfit is not None:
+            other_masks.append(pc.and_(in_fam, misfit))
+    known = pc.is_in(names, value_set=pa.array(list(FAMILY_OF_NAME)))
+    other = pc.invert(pc.fill_null(known, False))
+    for m in other_masks:
+        other = pc.or_(other, m)
+    if pc.any(other).as_py():
+        out.append((OTHER_TABLE, table.filter(other)))
+    return out
+
+
+def _init_schema(con: duckdb.DuckDBPyConnection, path: str) -> None:
+    tables = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+    if tables and META_TABLE not in tables:
+        raise StoreError(path, f"not a kvtrace store (DuckDB file with tables {sorted(tables)[:5]} but no {META_TABLE})")
+    if META_TABLE in tables:
+        check_store(con, path)
+    con.execute("BEGIN")
+    con.execute(f"CREATE TABLE IF NOT EXISTS {META_TABLE} (key VARCHAR PRIMARY KEY, value VARCHAR)")
+    con.execute(
+        f"INSERT OR IGNORE INTO {META_TABLE} VALUES ('magic', ?), ('schema_version', ?)",
+        [STORE_MAGIC, str(SCHEMA_VERSION)],
+    )
+    con.execute(RUNS_DDL)
+    for stmt in span_tables_ddl():
+        con.execute(stmt)
+    con.execute(EVICTED_BLOCKS_DDL)
+    con.execute(otel_traces_view_ddl())
+    con.execute("COMMIT")
+
+
+def recover_orphaned_runs(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """Mark runs whose writer died (kill -9, power loss) ``incomplete``; return their ids."""
+    rows = con.execute(
+        "SELECT run_id, writer_pid, writer_host, writer_start FROM runs WHERE status = 'running'"
+    ).fetchall()
+    dead = [r[0] for r in rows if not writer_alive(r[1], r[2], r[3])]
+    for run_id in dead:
+        con.execute("BEGIN")
+        derived.materialise(con, run_id)
+        con.execute("UPDATE runs SET status = 'incomplete' WHERE run_id = ?", [run_id])
+        con.execute("COMMIT")
+    return dead
+
+
+class Store:
+    """Writer handle on one store file. Not thread-safe; one per producing process.
+
+    ``flush_rows``/``flush_interval_s``: a flush happens when this many rows are buffered
+    or this long has passed since the last flush (checked on append). ``lock_timeout_s``:
+    how long a flush waits for readers to release the file.
+    """
+
+    def __init__(self, path: str | Path, *, flush_rows: int, flush_interval_s: float, lock_timeout_s: float):
+        self.path = str(path)
+        self.flush_rows = flush_rows
+        self.flush_interval_s = flush_interval_s
+        self.lock_timeout_s = lock_timeout_s
+        self._buffer: list[tuple[str, pa.Table]] = []
+        self._buffered_rows = 0
+        self._last_flush = time.monotonic()
+        self._next_seq: dict[str, int] = {}
+        self._open_runs: set[str] = set()  # created here and not finished yet
+        self._closed = False
+        self.recovered_runs: list[str] = []
+
+    # -- lifecycle -------------------------------------------------------------------
+    @classmethod
+    def open(
+        cls,
+        path: str | Path,
+        *,
+        flush_rows: int = DEFAULT_FLUSH_ROWS,
+        flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
+        lock_timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> "Store":
+        """Create or open a store; mark runs left ``running`` by dead writers ``incomplete``."""
+        store = cls(path, flush_rows=flush_rows, flush_interval_s=flush_interval_s, lock_timeout_s=lock_timeout_s)
+        parent = Path(store.path).parent
+        if not parent.is_dir():
+            raise StoreError(store.path, f"directory {parent} does not exist")
+        with store._connect() as con:
+            _init_schema(con, store.path)
+            store.recovered_runs = recover_orphaned_runs(con)
+        return store
+
+    def _connect(self):
+        return write_connection(self.path, timeout_s=self.lock_timeout_s)
+
+    def close(self) -> None:
+        """Flush, and mark runs created here but never finished ``incomplete``."""
+        if self._closed:
+            return
+        self.flush()
+        for run_id in sorted(self._open_runs):
+            self.finish_run(run_id, status="incomplete")
+        self._closed = True
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        # Ctrl-C or an error mid-run: keep every span we hold, then mark our runs failed.
+        try:
+            self.flush()
+            for run_id in sorted(self._open_runs):
+                self.finish_run(run_id, status="failed", summary={"error": f"{exc_type.__name__}: {exc}"})
+        finally:
+            self._closed = True
+
+    # -- runs ------------------------------------------------------------------------
+    def create_run(
+        self,
+        name: str,
+        *,
+        created: str | None = None,
+        trace_source: str | None = None,
+        trace_digest: str | None = None,
+        config: Any = None,
+        behaviours: Any = None,
+        mode: str | None = None,
+        run_id: str | None = None,
+    ) -> str:
+        """Register a run (status ``running``) and return its id (default ``r<N>``).
+
+        ``created`` is the caller's timestamp (ISO 8601); when omitted the current UTC time
+        is stored (the store is not part of the deterministic digest).
+        ``config``/``behaviours``: JSON text or JSON-serialisable values.
+        """
+        if created is None:
+            created = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+        with self._connect() as con:
+            if run_id is None:
+                n = fetch_one(
+                    con,
+                    "SELECT coalesce(max(TRY_CAST(substr(run_id, 2) AS BIGINT)), 0) + 1 FROM runs "
+                    "WHERE run_id SIMILAR TO 'r[0-9]+'"
+                )[0]
+                run_id = f"r{n}"
+            elif fetch_one(con, "SELECT 1 FROM runs WHERE run_id = ?", [run_id]):
+                raise StoreError(self.path, f"run id {run_id!r} already exists")
+            pid = os.getpid()
+            con.execute(
+                "INSERT INTO runs (run_id, name, created, trace_source, trace_digest, config, behaviours, mode,"
+                " status, writer_pid, writer_host, writer_start) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?)",
+                [run_id, name, created, trace_source, trace_digest, _json_or_none(config),
+                 _json_or_none(behaviours), mode, pid, host_name(), process_start_token(pid)],
+            )
+        self._open_runs.add(run_id)
+        self._next_seq[run_id] = 0
+        return run_id
+
+    def finish_run(
+        self,
+        run_id: str,
+        status: str = "complete",
+        digest: str | None = None,
+        summary: Any = None,
+    ) -> None:
+        """Flush, build the run's derived tables, and set its final status/digest/summary."""
+        if status not in RUN_STATUSES or status == "running":
+            raise ValueError(f"finish_run: status must be one of complete|failed|incomplete, not {status!r}")
+        self.flush()
+        with self._connect() as con:
+            if not fetch_one(con, "SELECT 1 FROM runs WHERE run_id = ?", [run_id]):
+                raise UnknownRunError(self.path, run_id)
+            con.execute("BEGIN")
+            derived.materialise(con, run_id)
+            con.execute(
+                "UPDATE runs SET status = ?, digest = coalesce(?, digest), summary = coalesce(?, summary) "
+                "WHERE run_id = ?",
+                [status, digest, _json_or_none(summary), run_id],
+            )
+            con.execute("COMMIT")
+        self._open_runs.discard(run_id)
+
+    # -- spans -----------------------------------------------------------------------
+    def append_spans(self, spans: pa.Table | pa.RecordBatch | Iterable[pa.RecordBatch], run_id: str | None = None) -> int:
+        """Buffer spans (Arrow, columns from SPAN_ARROW_SCHEMA) for one run; flush when due.
+
+        ``run_id`` may be omitted when the table has a single-valued ``run_id`` column.
+        Returns the number of rows accepted.
+        """
+        if isinstance(spans, pa.RecordBatch):
+            table = pa.Table.from_batches([spans])
+        elif isinstance(spans, pa.Table):
+            table = spans
+        else:
+            table = pa.Table.from_batches(list(spans))
+        if table.num_rows == 0:
+            return 0
+        if "run_id" in table.column_names:
+            ids = table.column("run_id").unique().to_pylist()
+            if len(ids) != 1 or (run_id is not None and ids[0] != run_id):
+                raise ValueError(f"append_spans: one run per call, got run_id values {ids[:5]}")
+            run_id = ids[0]
+            table = table.drop_columns(["run_id"])
+        if run_id is None:
+            raise ValueError("append_spans: pass run_id or a run_id column")
+        table = _conform(table)
+        start = self._next_seq.get(run_id)
+        if start is None:
+            start = self._resume_seq(run_id)
+        n = table.num_rows
+        table = table.append_column(SEQ_COLUMN, pa.array(np.arange(start, start + n, dtype=np.int64)))
+        self._next_seq[run_id] = start + n
+        self._buffer.append((run_id, table))
+        self._buffered_rows += n
+        if self._buffered_rows >= self.flush_rows or time.monotonic() - self._last_flush >= self.flush_interval_s:
+            self.flush()
+        return n
+
+    def _resume_seq(self, run_id: str) -> int:
+        with self._connect() as con:
+            row = fetch_one(con, "SELECT status FROM runs WHERE run_id = ?", [run_id])
+            if row is None:
+                raise UnknownRunError(self.path, run_id)
+            return fetch_one(
+                con,
+                "SELECT coalesce(max(seq) + 1, 0) FROM spans WHERE run_id = ?", [run_id]
+            )[0]
+
+    def flush(self) -> int:
+        """Commit every buffered span in one transaction; return rows written."""
+        if not self._buffer:
+            self._last_flush = time.monotonic()
+            return 0
+        batch, rows = self._buffer, self._buffered_rows
+        with self._connect() as con:
+            con.execute("BEGIN")
+            for i, (run_id, table) in enumerate(batch):
+                for j, (family, rows) in enumerate(split_by_family(table)):
+                    view = f"kvtrace_append_{i}_{j}"
+                    con.register(view, rows)
+                    con.execute(
+                        f"INSERT INTO {family} BY NAME SELECT *, $run_id AS run_id FROM {view}", {"run_id": run_id}
+                    )
+                    con.unregister(view)
+            con.execute("COMMIT")
+        self._buffer, self._buffered_rows = [], 0
+        self._last_flush = time.monotonic()
+        return rows
+
+    @property
+    def buffered_rows(self) -> int:
+        return self._buffered_rows

@@ -1,0 +1,250 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Regression analysis: one trace, two runs
+#
+# An isolated A/B measurement of a cache-policy change: both runs replay the *same* trace
+# deterministically, so every difference below comes from the change alone (the reviews
+# in `shared/seeds` each end with "the gain is not an isolated measurement").
+#
+# Give a store and two run ids (A = baseline, B = candidate), or leave them empty and give
+# a behaviour: the notebook then runs `kvtrace study` into a temporary store, with
+# A = the behaviour switched off (old vLLM) and B = on (current vLLM).
+#
+# All latencies are *modelled* times from kvtrace's engine clock, not measurements.
+
+# %% tags=["parameters"]
+db_path = None  # a kvtrace DuckDB store; None: run a study into a temp store
+run_a = None  # baseline run id
+run_b = None  # candidate run id
+behaviour = "shared-prefix-pinning"  # study mode: the behaviour switched off (A) / on (B)
+trace = None  # study mode: trace to replay; None = the generated workload of the behaviour
+limit = None  # study mode: replay only the first N requests
+seed = 0  # study replays and bootstrap resampling
+force = False  # compare runs of different traces anyway
+result_path = None  # also write the RESULT json here
+
+# %%
+import json
+import math
+import os
+import tempfile
+
+import plotly.express as px
+import polars as pl
+
+from kvtrace.store import read as store
+from kvtrace.replay.diff import diff_runs, metric_direction
+
+if db_path is None or run_a is None or run_b is None:
+    from kvtrace.replay.study import run_study
+
+    db_path = db_path or os.path.join(tempfile.mkdtemp(prefix="kvtrace-nb-"), "study.duckdb")
+    study = run_study(behaviour, trace=trace, db=db_path, seed=seed, limit=limit)
+    run_a, run_b = study.first.run_off, study.first.run_on
+    print(f"study {behaviour} on {study.trace}: A = off ({run_a}), B = on ({run_b}) in {db_path}")
+
+runs = store.runs(db_path).filter(pl.col("run_id").is_in([run_a, run_b]))
+label = {r["run_id"]: f"{'A' if r['run_id'] == run_a else 'B'}: {r['name'] or r['run_id']}"
+         for r in runs.iter_rows(named=True)}
+runs.select([c for c in ("run_id", "name", "trace_source", "mode", "behaviours", "status", "digest") if c in runs.columns])
+
+# %% [markdown]
+# ## Overall deltas
+# Every summary metric, B − A, absolute and relative; then the percentile shifts of TTFT and
+# ITL with 95% bootstrap confidence intervals over requests (paired: the same resampled
+# requests in both runs).
+
+# %%
+diff = diff_runs(db_path, run_a, run_b, seed=seed, force=force)
+deltas = pl.DataFrame(
+    [{"metric": m.name, "A": m.a, "B": m.b, "delta": m.delta, "rel": m.rel, "verdict": m.verdict}
+     for m in diff.metrics],
+    schema={"metric": pl.Utf8, "A": pl.Float64, "B": pl.Float64, "delta": pl.Float64, "rel": pl.Float64,
+            "verdict": pl.Utf8},
+)
+latency = pl.DataFrame(
+    [{"percentile": s.name, "A": s.a, "B": s.b, "delta": s.delta, "ci_low": s.ci_low, "ci_high": s.ci_high,
+      "significant": s.significant} for s in diff.latency],
+    schema={"percentile": pl.Utf8, "A": pl.Float64, "B": pl.Float64, "delta": pl.Float64, "ci_low": pl.Float64,
+            "ci_high": pl.Float64, "significant": pl.Boolean},
+)
+rel = deltas.drop_nulls("rel").filter(pl.col("rel") != 0)
+if rel.height:
+    px.bar(rel, x="rel", y="metric", color="verdict", orientation="h",
+           title="Relative change B vs A (non-zero metrics)").show()
+deltas
+
+# %%
+latency
+
+# %% [markdown]
+# ## Hit rate over time
+# The token hit rate per window of virtual time, and its cumulative value: where in the
+# trace the two runs part ways.
+
+# %%
+hr = pl.concat(
+    [store.hit_rate_over_time(db_path, r, group=store.OVERALL_GROUP).with_columns(run=pl.lit(label[r]))
+     for r in (run_a, run_b)],
+    how="vertical_relaxed",
+).with_columns(t_s=pl.col("window_start_ns") / 1e9)
+hr_long = hr.unpivot(index=["t_s", "run"], on=["hit_rate", "cum_hit_rate"], variable_name="series",
+                     value_name="token_hit_rate")
+px.line(hr_long, x="t_s", y="token_hit_rate", color="run", line_dash="series",
+        title="Token hit rate per window and cumulative, over virtual time (s)").show()
+cum_hit_rate_end = {
+    lbl: (lambda f: f["cum_hit_rate"][-1] if f.height else None)(hr.filter(pl.col("run") == lbl).sort("t_s"))
+    for lbl in (label[run_a], label[run_b])
+}
+cum_hit_rate_end
+
+# %% [markdown]
+# ## Eviction attribution
+# For every miss on a block that was cached before: which eviction removed it and which
+# kind of publish took its place. A change that stops one publish kind from evicting hot
+# prefixes shows here first.
+
+# %%
+attr = pl.concat(
+    [store.eviction_attribution(db_path, r).with_columns(run=pl.lit(label[r])) for r in (run_a, run_b)],
+    how="diagonal_relaxed",
+)
+attr = attr.with_columns(pl.col("publish_kind").fill_null("none")) if attr.height else attr
+group_cols = ["run", "evict_reason", "publish_kind"]
+attribution = (attr.group_by(group_cols).agg(pl.len().alias("misses")).sort(group_cols) if attr.height
+               else pl.DataFrame(schema={"run": pl.Utf8, "evict_reason": pl.Utf8, "publish_kind": pl.Utf8,
+                                         "misses": pl.UInt32}))
+if attribution.height:
+    px.bar(attribution, x="publish_kind", y="misses", color="run", barmode="group", hover_data=["evict_reason"],
+           title="Misses on previously cached blocks, by the kind of publish that took the evicted block").show()
+else:
+    print("no miss in either run hit a block that had been evicted")
+evictions = pl.DataFrame(
+    [{"by": "reason", "key": s.key, "A": s.a, "B": s.b, "delta": s.delta} for s in diff.evictions_by_reason]
+    + [{"by": "publish kind", "key": s.key, "A": s.a, "B": s.b, "delta": s.delta}
+       for s in diff.evictions_by_publish_kind],
+    schema={"by": pl.Utf8, "key": pl.Utf8, "A": pl.Int64, "B": pl.Int64, "delta": pl.Int64},
+)
+attribution_misses = {lbl: int(attribution.filter(pl.col("run") == lbl)["misses"].sum()) for lbl in label.values()}
+evictions
+
+# %% [markdown]
+# ## Per-request changes
+# Hit tokens of each request in A against B: points above the diagonal gained.
+
+# %%
+per_req = (
+    store.per_request_hits(db_path, run_a).select("request_id", pl.col("num_hit_tokens").alias("hit_A"))
+    .join(store.per_request_hits(db_path, run_b).select("request_id", pl.col("num_hit_tokens").alias("hit_B")),
+          on="request_id", how="inner")
+    .with_columns(delta=pl.col("hit_B") - pl.col("hit_A"))
+    .sort(["delta", "request_id"])
+)
+px.scatter(per_req, x="hit_A", y="hit_B", hover_name="request_id",
+           title="Hit tokens per request, A against B").show()
+r = diff.requests
+print(f"{r.gained} requests gained hit tokens, {r.lost} lost, {r.requests - r.gained - r.lost} unchanged "
+      f"(net {r.hit_tokens_delta:+d} tokens)")
+pl.concat([per_req.head(5), per_req.tail(5)]).unique(maintain_order=True)
+
+# %% [markdown]
+# ## Latency CDFs
+# TTFT per request and every inter-token gap, both runs overlaid (modelled times).
+
+# %%
+for metric in ("ttft", "itl"):
+    cdf = pl.concat(
+        [store.latency_cdf(db_path, rid, metric).with_columns(run=pl.lit(label[rid])) for rid in (run_a, run_b)],
+        how="vertical_relaxed",
+    ).with_columns(value_ms=pl.col("value_ns") / 1e6)
+    if cdf.height:
+        px.line(cdf, x="value_ms", y="q", color="run", log_x=True,
+                title=f"{metric.upper()} CDF (ms, modelled)").show()
+
+# %% [markdown]
+# ## Conclusion
+# Generated from the numbers above: a count or rate is called better or worse when it
+# moved in its preferred direction; a latency percentile only when its bootstrap
+# confidence interval excludes 0 (a modelled-time shift inside the noise is no finding).
+
+# %%
+def _fmt(v):
+    return "–" if v is None else (f"{v:.4f}" if isinstance(v, float) and abs(v) < 1 else f"{v:,.2f}" if isinstance(v, float) else f"{v:,}")
+
+
+LATENCY_PREFIXES = ("ttft_", "itl_", "e2e_", "queue_")
+better = [m for m in diff.metrics if m.verdict == "better" and not m.name.startswith(LATENCY_PREFIXES)]
+worse = [m for m in diff.metrics if m.verdict == "worse" and not m.name.startswith(LATENCY_PREFIXES)]
+sig = [s for s in diff.latency if s.significant]
+lines = []
+hr_m = diff.metric("token_hit_rate")
+if hr_m.delta:
+    lines.append(f"B {'raises' if hr_m.delta > 0 else 'lowers'} the token hit rate from {_fmt(hr_m.a)} to {_fmt(hr_m.b)} "
+                 f"({hr_m.delta:+.4f}" + (f", {hr_m.rel * 100:+.1f}%)" if hr_m.rel is not None else ")") + ".")
+else:
+    lines.append(f"The token hit rate is unchanged at {_fmt(hr_m.a)}.")
+for s in sig:
+    lines.append(f"{s.name} {'rises' if s.delta > 0 else 'falls'} by {abs(s.delta):.3f} ms "
+                 f"(95% CI [{s.ci_low:+.3f}, {s.ci_high:+.3f}]).")
+for name in ("stale_hashes", "divergent_outputs"):
+    m = diff.metric(name)
+    if (m.a or 0) or (m.b or 0):
+        lines.append(f"{name}: A {m.a:g}, B {m.b:g}.")
+if diff.requests and (diff.requests.gained or diff.requests.lost):
+    lines.append(f"{diff.requests.gained} requests gained hit tokens and {diff.requests.lost} lost.")
+worse_names = {m.name for m in worse} | {s.name for s in sig if s.delta * metric_direction(s.name) < 0}
+better_names = {m.name for m in better} | {s.name for s in sig if s.delta * metric_direction(s.name) > 0}
+if not worse_names and better_names:
+    overall = "B is better than A"
+elif worse_names and not better_names:
+    overall = "B is worse than A"
+elif worse_names:
+    overall = "B trades off against A"
+else:
+    overall = "B and A are indistinguishable"
+verdict = f"{overall}: better on {', '.join(sorted(better_names)) or 'nothing'}; " \
+          f"worse on {', '.join(sorted(worse_names)) or 'nothing'}. " + " ".join(lines)
+print(verdict)
+
+# %%
+result = {
+    "db_path": str(db_path),
+    "run_a": run_a,
+    "run_b": run_b,
+    "same_trace": diff.same_trace,
+    "token_hit_rate_a": hr_m.a,
+    "token_hit_rate_b": hr_m.b,
+    "token_hit_rate_delta": hr_m.delta,
+    "hit_tokens_delta": diff.metric("hit_tokens").delta,
+    "metrics": {m.name: {"a": m.a, "b": m.b, "delta": m.delta} for m in diff.metrics},
+    "latency": {s.name: {"a": s.a, "b": s.b, "delta": s.delta,
+                         "ci": [None if math.isnan(v) else v for v in (s.ci_low, s.ci_high)]} for s in diff.latency},
+    "requests_gained": diff.requests.gained if diff.requests else None,
+    "requests_lost": diff.requests.lost if diff.requests else None,
+    "per_request_delta_sum": int(per_req["delta"].sum()) if per_req.height else 0,
+    "cum_hit_rate_end": {"a": cum_hit_rate_end[label[run_a]], "b": cum_hit_rate_end[label[run_b]]},
+    "evictions_by_publish_kind": {s.key: {"a": s.a, "b": s.b} for s in diff.evictions_by_publish_kind},
+    "attribution_misses": {"a": attribution_misses.get(label[run_a], 0), "b": attribution_misses.get(label[run_b], 0)},
+    "better": sorted(better_names),
+    "worse": sorted(worse_names),
+    "overall": overall,
+    "verdict": verdict,
+}
+if result_path:
+    with open(result_path, "w") as fh:
+        json.dump(result, fh, indent=2)
+print("RESULT " + json.dumps(result, sort_keys=True))

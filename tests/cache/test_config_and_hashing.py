@@ -1,0 +1,105 @@
+"""CacheConfig validation, behaviour switches, chained hashing and the trace memo."""
+
+import numpy as np
+import pytest
+
+from kvtrace.cache import (
+    ALL_BEHAVIOURS,
+    EXTERNAL_HIT_RUNNING_COW,
+    SHARED_PREFIX_PINNING,
+    TRANSIENT_CHECKPOINT_RETENTION,
+    CacheConfig,
+    FullAttentionSpec,
+    KVCacheManager,
+    MambaSpec,
+    Request,
+)
+from kvtrace.cache.hashing import BlockHasher, hash_block_tokens, none_hash, sha256_cbor
+from kvtrace.errors import ConfigError
+
+
+def test_behaviours_default_on_and_without_returns_a_copy():
+    cfg = CacheConfig(groups=(FullAttentionSpec(16),), num_gpu_blocks=8, hash_block_size=16)
+    assert cfg.behaviours == ALL_BEHAVIOURS == {
+        TRANSIENT_CHECKPOINT_RETENTION, SHARED_PREFIX_PINNING, EXTERNAL_HIT_RUNNING_COW
+    }
+    off = cfg.without(SHARED_PREFIX_PINNING)
+    assert SHARED_PREFIX_PINNING not in off.behaviours and cfg.behaviours == ALL_BEHAVIOURS
+    with pytest.raises(ConfigError, match="unknown"):
+        cfg.without("no-such-behaviour")
+    with pytest.raises(ConfigError, match="behaviours"):
+        CacheConfig(groups=(FullAttentionSpec(16),), num_gpu_blocks=8, hash_block_size=16, behaviours={"x"})
+
+
+@pytest.mark.parametrize(
+    "kwargs, key",
+    [
+        (dict(groups=(FullAttentionSpec(24),), hash_block_size=16), "block_size"),
+        (dict(groups=(FullAttentionSpec(16), MambaSpec(32)), hash_block_size=16, retention_interval=48),
+         "retention_interval"),
+        (dict(groups=(FullAttentionSpec(16),), hash_block_size=16, hash_fn="md5"), "hash_fn"),
+        (dict(groups=(FullAttentionSpec(16),), hash_block_size=16, num_gpu_blocks=(8, 8)), "num_gpu_blocks"),
+        (dict(groups=(FullAttentionSpec(16),), hash_block_size=16, num_prefill_checkpoint_blocks=1),
+         "num_prefill_checkpoint_blocks"),
+        (dict(groups=(), hash_block_size=16), "groups"),
+    ],
+)
+def test_invalid_configs_name_the_key(kwargs, key):
+    kwargs.setdefault("num_gpu_blocks", 8)
+    with pytest.raises(ConfigError) as e:
+        CacheConfig(**kwargs)
+    assert key in e.value.key and "CacheConfig" in str(e.value)
+
+
+def test_chained_hash_matches_the_definition():
+    hasher = BlockHasher("sha256_cbor", 4)
+    r = Request("r", np.arange(10))
+    r._hasher = hasher
+    hashes = r.block_hashes
+    assert len(hashes) == 2  # only full units
+    nh = none_hash(sha256_cbor)
+    h0 = hash_block_tokens(sha256_cbor, nh, (0, 1, 2, 3), None)
+    assert hashes == [h0, hash_block_tokens(sha256_cbor, h0, (4, 5, 6, 7), None)]
+    r.append_output_token_ids([10, 11])  # 12 tokens: a third unit appears
+    assert len(r.block_hashes) == 3 and r.block_hashes[:2] == [h0, hashes[1]]
+
+
+def test_salt_on_first_unit_and_lora_everywhere_change_the_chain():
+    hasher = BlockHasher("xxhash", 4)
+
+    def hashes(**kw):
+        r = Request("r", np.arange(8), **kw)
+        r._hasher = hasher
+        return r.block_hashes
+
+    plain, salted, lora = hashes(), hashes(cache_salt="s"), hashes(lora_name="a")
+    assert len(plain[0]) == 8  # xxh3-64
+    assert plain[0] != salted[0] and plain[1] != salted[1]  # the chain carries the salt
+    assert plain[0] != lora[0] and plain[1] != lora[1]
+    assert hashes(cache_salt="s") == salted  # deterministic
+
+
+def test_trace_block_hashes_are_memoised_per_parent_and_id():
+    hasher = BlockHasher("sha256_cbor", 16)
+
+    def req(ids, n):
+        r = Request("r", None, trace_block_ids=ids, trace_block_size=64, num_prompt_tokens=n)
+        r._hasher = hasher
+        return r
+
+    a = req((1, 2, 3), 64 * 3 - 10)
+    assert len(a.block_hashes) == (64 * 3 - 10) // 16
+    misses = hasher.memo_misses
+    b = req((1, 2, 3), 64 * 3)
+    assert b.block_hashes[: len(a.block_hashes)] == a.block_hashes
+    assert hasher.memo_misses == misses  # no new trace block hashed
+    c = req((1, 9), 128)
+    assert c.block_hashes[:4] == a.block_hashes[:4] and c.block_hashes[4] != a.block_hashes[4]
+    assert hasher.memo_misses == misses + 1
+    # tokens are synthesised lazily and agree with the trace token model
+    assert c.prompt_token_ids.shape == (128,)
+
+
+def test_manager_rejects_unknown_hash_fn_through_config():
+    with pytest.raises(ConfigError):
+        KVCacheManager(CacheConfig(groups=(FullAttentionSpec(4),), num_gpu_blocks=4, hash_block_size=4, hash_fn="x"))

@@ -1,0 +1,244 @@
+"""Every dashboard page under Streamlit's AppTest, against a real store file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from conftest import APP
+from kvtrace.dashboard import ui
+from kvtrace.store import read
+
+PAGES = ["overview", "hit_rate", "evictions", "stale", "latency", "compare"]
+
+
+def render(db: str, monkeypatch, page: str = "overview", **params: str) -> AppTest:
+    monkeypatch.setenv("KVTRACE_DB", db)
+    at = AppTest.from_file(APP, default_timeout=60)
+    for k, v in params.items():
+        at.query_params[k] = v
+    at.run()
+    if page != "overview":
+        at.switch_page(f"views/{page}.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def traces(at: AppTest) -> list[dict]:
+    out = []
+    for el in at.get("plotly_chart"):
+        out += json.loads(el.proto.spec)["data"]
+    return out
+
+
+def names(at: AppTest) -> set[str]:
+    return {t.get("name") for t in traces(at)}
+
+
+def metrics(at: AppTest) -> dict[str, str]:
+    return {m.label: m.value for m in at.metric}
+
+
+def run_ids(db: str) -> dict[str, dict]:
+    """{run_id: run} with 'on' (no behaviour off) first."""
+    runs = {r: read.run(db, r) for r in read.runs(db)["run_id"]}
+    return dict(sorted(runs.items(), key=lambda kv: -len(kv[1]["behaviours"] or [])))
+
+
+def on_off(db: str) -> tuple[str, str]:
+    ids = list(run_ids(db))
+    return ids[0], ids[-1]
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_renders_every_run_without_error(dashboard_db, monkeypatch, page):
+    for run_id in run_ids(dashboard_db):
+        at = render(dashboard_db, monkeypatch, page, run=run_id)
+        assert not at.error, [e.value for e in at.error]
+        assert at.title[0].value  # the page ran to its title at least
+        # Every chart carries its one-line caption right below it.
+        assert len(at.caption) >= len(at.get("plotly_chart"))
+
+
+def test_overview_headline_metrics_equal_the_run_summary(dashboard_db, monkeypatch):
+    for run_id, run in run_ids(dashboard_db).items():
+        s = run["summary"]
+        m = metrics(render(dashboard_db, monkeypatch, run=run_id))
+        assert m["Token hit rate"] == ui.pct(s["token_hit_rate"])
+        assert m["Block hit rate"] == ui.pct(s["block_hit_rate"])
+        assert m["TTFT p50 / p99"] == f"{ui.ms(s['ttft_ms_p50'])} / {ui.ms(s['ttft_ms_p99'])}"
+        assert m["ITL p50 / p99"] == f"{ui.ms(s['itl_ms_p50'])} / {ui.ms(s['itl_ms_p99'])}"
+        for label, key in (("Evictions", "evictions"), ("CoW copies", "cow_copies"), ("Stale hashes", "stale_hashes"),
+                           ("Divergent outputs", "divergent_outputs")):
+            assert m[label] == f"{int(s[key]):,}", label
+        # Per-group hit rate: the store's cumulative rate at the end of the run.
+        rates = read.hit_rate_over_time(dashboard_db, run_id).sort("window_start_ns").group_by("group_id").last()
+        for g, rate in zip(rates["group_id"], rates["cum_hit_rate"]):
+            if g >= 0:
+                hits = [v for k, v in m.items() if k.startswith(f"Hit rate · group {g}")]
+                assert hits == [ui.pct(rate)]
+
+
+def test_overview_runs_table_lists_every_run(dashboard_db, monkeypatch):
+    at = render(dashboard_db, monkeypatch)
+    table = at.dataframe[0].value
+    assert sorted(table["run_id"]) == sorted(run_ids(dashboard_db))
+    assert {"token_hit_rate", "status", "behaviours_off"} <= set(table.columns)
+
+
+def test_hit_rate_page_plots_each_group_windowed_and_cumulative(dashboard_db, monkeypatch):
+    run_id, _ = on_off(dashboard_db)
+    at = render(dashboard_db, monkeypatch, "hit_rate", run=run_id)
+    n = names(at)
+    groups = read.hit_rate_over_time(dashboard_db, run_id)["group_id"].unique().to_list()
+    assert len([x for x in n if x.endswith("(windowed)")]) == len(groups)
+    assert "all groups (cumulative)" in n and "group 1 (state) (windowed)" in n
+    assert {"local hit", "external hit", "computed"} <= n
+    assert {"group 0 (attention) mean", "group 1 (state) max"} <= n
+    # The cumulative curve ends at the store's whole-run rate.
+    cum = next(t for t in traces(at) if t["name"] == "all groups (cumulative)")
+    rates = read.hit_rate_over_time(dashboard_db, run_id, group=-1).sort("window_start_ns")
+    assert cum["y"][-1] == pytest.approx(rates["cum_hit_rate"][-1])
+
+
+def test_group_and_window_filters_are_bound_to_the_url(dashboard_db, monkeypatch):
+    run_id, _ = on_off(dashboard_db)
+    at = render(dashboard_db, monkeypatch, "hit_rate", run=run_id, group="0")
+    assert {x for x in names(at) if "windowed" in x} == {"group 0 (attention) (windowed)"}
+    at.selectbox(key="qp_group").select(1).run()
+    assert at.query_params["group"] == ["1"] or at.query_params["group"] == "1"
+    assert {x for x in names(at) if "windowed" in x} == {"group 1 (state) (windowed)"}
+    # A time window from the URL trims the x axis.
+    at = render(dashboard_db, monkeypatch, "hit_rate", run=run_id, t0="1", t1="2")
+    xs = [x for t in traces(at) if t["name"].endswith("(windowed)") for x in t["x"]]
+    assert xs and min(xs) >= 1 and max(xs) <= 2
+
+
+def test_evictions_page_shows_reasons_publish_kinds_attribution_and_histograms(dashboard_db, monkeypatch):
+    run_on, run_off = on_off(dashboard_db)
+    at = render(dashboard_db, monkeypatch, "evictions", run=run_off)
+    n = names(at)
+    reasons = set(read.evictions_by_reason(dashboard_db, run_off)["reason"])
+    kinds = set(read.evictions_by_publish_kind(dashboard_db, run_off)["publish_kind"])
+    assert reasons | kinds <= n
+    assert "checkpoint" in kinds  # behaviour off: checkpoints take evicted blocks
+    assert any(t["type"] == "sankey" for t in traces(at))
+    assert {"lifetime at eviction", "idle before eviction"} <= n
+    at_on = render(dashboard_db, monkeypatch, "evictions", run=run_on)
+    assert "stale_hash" in names(at_on)  # behaviour on: stale keys evicted, not left
+
+
+def test_stale_page_drills_down_to_the_span_chain(dashboard_db, monkeypatch):
+    run_on, run_off = on_off(dashboard_db)
+    at = render(dashboard_db, monkeypatch, "stale", run=run_off)
+    assert {"stale hash found", "divergent output"} <= names(at)
+    first = read.stale_hashes(dashboard_db, run_off).row(0, named=True)
+    m = metrics(at)
+    assert m["Request"] == first["request_id"]
+    assert m["Block id (group)"] == f"{first['block_id']} (g{first['group_id']})"
+    assert m["Expected fingerprint"] == f"{first['expected_fingerprint']:#x}"
+    chain = at.dataframe[0].value
+    assert {"publish", "overwrite", "stale_hit"} <= set(chain["role"])
+    # The behaviour-on run is clean: an empty state that says what to run.
+    at = render(dashboard_db, monkeypatch, "stale", run=run_on)
+    assert not at.get("plotly_chart")
+    assert any("kvtrace replay" in i.value for i in at.info)
+
+
+def test_latency_page_cdfs_and_waterfall_for_the_requested_request(dashboard_db, monkeypatch):
+    run_id, _ = on_off(dashboard_db)
+    reqs = read.requests(dashboard_db, run_id)
+    rid = reqs["request_id"][3]
+    at = render(dashboard_db, monkeypatch, "latency", run=run_id, request=rid)
+    n = names(at)
+    assert {"TTFT", "ITL", "queue", "mean ITL"} <= n
+    assert {"prefill", "decode", "cache hit"} <= n
+    ttft = next(t for t in traces(at) if t["name"] == "TTFT" and t["type"] == "scatter")
+    assert ttft["x"][-1] == pytest.approx(reqs["ttft_ns"].max() / 1e6)
+    prefill = next(t for t in traces(at) if t["name"] == "prefill")
+    chunks = read.request_waterfall(dashboard_db, run_id, rid).filter(pl.col("segment") == "prefill")
+    assert len(prefill["x"]) == chunks.height
+    titles = [json.loads(el.proto.spec)["layout"]["title"]["text"] for el in at.get("plotly_chart")]
+    assert f"Request {rid}" in titles
+    assert at.query_params["request"] in (rid, [rid])
+
+
+def test_compare_page_deltas_and_per_request_difference(dashboard_db, monkeypatch):
+    run_on, run_off = on_off(dashboard_db)
+    at = render(dashboard_db, monkeypatch, "compare", run=run_on, b=run_off)
+    s_on, s_off = read.run(dashboard_db, run_on)["summary"], read.run(dashboard_db, run_off)["summary"]
+    m = {x.label: x for x in at.metric}
+    assert m["Stale hashes (B)"].value == f"{s_off['stale_hashes']:,}"
+    assert m["Stale hashes (B)"].proto.delta == f"{s_off['stale_hashes'] - s_on['stale_hashes']:+,}"
+    assert m["Token hit rate (B)"].proto.delta == f"{100 * (s_off['token_hit_rate'] - s_on['token_hit_rate']):+.1f} pp"
+    bars = next(t for t in traces(at) if t["name"] == "hit tokens B − A")
+    a = read.per_request_hits(dashboard_db, run_on)
+    b = read.per_request_hits(dashboard_db, run_off)
+    joined = a.join(b, on="request_id", suffix="_b").sort("request_id")
+    assert bars["y"] == (joined["num_hit_tokens_b"] - joined["num_hit_tokens"]).to_list()
+    assert any("Behaviours that differ: transient-checkpoint-retention" in c.value for c in at.caption)
+
+
+def test_missing_and_foreign_databases_give_one_error_line(tmp_path, monkeypatch):
+    at = render(str(tmp_path / "nope.duckdb"), monkeypatch)
+    assert len(at.error) == 1 and "no such database file" in at.error[0].value
+    bad = tmp_path / "bad.duckdb"
+    bad.write_text("not a database\n")
+    at = render(str(bad), monkeypatch)
+    assert len(at.error) == 1 and str(bad) in at.error[0].value
+    monkeypatch.delenv("KVTRACE_DB", raising=False)
+    at = AppTest.from_file(APP, default_timeout=60).run()
+    assert not at.exception and "No database given" in at.error[0].value
+
+
+def test_empty_store_says_what_fills_it(tmp_path, monkeypatch):
+    from kvtrace.store.writer import Store
+
+    db = tmp_path / "empty.duckdb"
+    Store.open(db).close()
+    at = render(str(db), monkeypatch)
+    assert not at.error and "kvtrace demo" in at.info[0].value
+
+
+def test_running_run_is_shown_and_refresh_rereads_the_store(tmp_path, monkeypatch):
+    import synthetic_run
+    from kvtrace.store.writer import Store
+
+    db = str(tmp_path / "live.duckdb")
+    synthetic_run.write_runs(db, n_requests=20)
+    at = render(db, monkeypatch)
+    before = at.selectbox(key="qp_run").options
+    store = Store.open(db)
+    live = store.create_run("live-replay", trace_source="gen:live", mode="engine")
+    rows, _ = synthetic_run.simulate(True, n_requests=10)
+    store.append_spans(synthetic_run._table(rows), run_id=live)
+    store.flush()
+    at.run()
+    assert not at.exception and not at.error, ([e.value for e in at.exception], [e.value for e in at.error], [i.value for i in at.info])
+    assert at.selectbox(key="qp_run").options == before  # served from the cache until Refresh
+    at.button[0].click().run()
+    options = at.selectbox(key="qp_run").options
+    assert len(options) == len(before) + 1 and any("RUNNING" in o for o in options)
+    at.selectbox(key="qp_run").select(live).run()
+    assert any("still being written" in w.value for w in at.warning)
+    for page in PAGES[1:]:
+        at.switch_page(f"views/{page}.py").run()
+        assert not at.exception and not at.error, page
+    store.close()
+
+
+def test_launch_refuses_a_missing_database_and_binds_loopback(tmp_path):
+    from kvtrace.dashboard import launch, server_command
+    from kvtrace.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="no such database file"):
+        launch(tmp_path / "missing.duckdb")
+    cmd = server_command(tmp_path / "x.duckdb", port=8765)
+    assert cmd[cmd.index("--server.address") + 1] == "127.0.0.1"
+    assert cmd[cmd.index("--server.port") + 1] == "8765"
+    assert cmd[-2:] == ["--db", str((tmp_path / "x.duckdb").resolve())]
+    assert Path(cmd[cmd.index("run") + 1]).name == "app.py"

@@ -1,0 +1,141 @@
+"""Generated workloads: seeded, structured as described, and the right geometry for studies."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from kvtrace.errors import ConfigError
+from kvtrace.replay.generate import WORKLOADS, generate, study_workload, write_generated
+from kvtrace.replay.readers import native_header, read_trace
+
+
+def common_prefix(a, b) -> int:
+    n = min(len(a), len(b))
+    k = 0
+    while k < n and a[k] == b[k]:
+        k += 1
+    return k
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_same_seed_same_workload_other_seed_differs(name, tmp_path):
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    write_generated(name, a, seed=7)
+    write_generated(name, b, seed=7)
+    assert a.read_bytes() == b.read_bytes()
+    c = tmp_path / "c.jsonl"
+    write_generated(name, c, seed=8)
+    assert c.read_bytes() != a.read_bytes()
+    reqs = read_trace(a)
+    assert len(reqs) == WORKLOADS[name].default_requests
+    assert [r.arrival_ns for r in reqs] == sorted(r.arrival_ns for r in reqs)
+    assert len({r.request_id for r in reqs}) == len(reqs)
+    assert all(len(r.hash_ids) == math.ceil(r.input_length / 16) for r in reqs)
+    assert native_header(a)["generator"] == name
+
+
+def test_token_and_hash_prompts_describe_the_same_sharing():
+    tok = generate("chat", 3, 40, prompt="tokens")
+    hsh = generate("chat", 3, 40)
+    assert [r.input_length for r in tok] == [r.input_length for r in hsh]
+    for i in range(1, 40):
+        shared_tokens = common_prefix(tok[0].token_ids, tok[i].token_ids)
+        shared_blocks = common_prefix(hsh[0].hash_ids, hsh[i].hash_ids)
+        full = min(tok[0].input_length, tok[i].input_length) // 16
+        assert min(shared_blocks, full) == min(shared_tokens // 16, full)
+
+
+def test_chat_turns_extend_the_conversation():
+    reqs = generate("chat", 1)
+    by_session: dict[str, list] = {}
+    for r in reqs:
+        by_session.setdefault(r.session_id, []).append(r)
+    multi = [s for s in by_session.values() if len(s) > 2]
+    assert len(multi) >= 5
+    for turns in multi:
+        for prev, nxt in zip(turns, turns[1:]):
+            assert nxt.input_length > prev.input_length
+            assert nxt.arrival_ns > prev.arrival_ns
+            # every full block of the previous prompt is a prefix of the next one
+            assert nxt.hash_ids[: prev.input_length // 16] == prev.hash_ids[: prev.input_length // 16]
+    # a few system prompts are shared across sessions
+    firsts = {turns[0].hash_ids[0] for turns in by_session.values()}
+    assert 2 <= len(firsts) <= 4 < len(by_session)
+
+
+def test_agent_contexts_grow_long():
+    reqs = generate("agent", 2)
+    assert max(r.input_length for r in reqs) > 8000
+    sessions = {r.session_id for r in reqs}
+    assert len(sessions) >= 5
+    assert len({r.hash_ids[0] for r in reqs}) <= 2  # two shared tool preambles
+
+
+def test_mixed_is_small_enough_for_the_demo():
+    reqs = generate("mixed", 0)
+    total = sum(r.input_length for r in reqs)
+    assert 100 <= len(reqs) <= 200 and total < 600_000
+    assert {r.session_id[:4] for r in reqs} == {"chat", "agen"}
+
+
+def test_shared_prefix_study_junction_is_mid_mamba_block():
+    reqs = generate(study_workload("shared-prefix-pinning"), 0, block_size=16, mamba_block_size=64)
+    sys_lengths = set()
+    for a in reqs[:3]:
+        for b in reqs[3:]:
+            if a.session_id == b.session_id:
+                shared = common_prefix(a.hash_ids, b.hash_ids) * 16
+                sys_lengths.add((a.session_id, shared))
+    assert len({s for s, _ in sys_lengths}) == 3
+    for _, junction in sys_lengths:
+        assert junction % 16 == 0 and junction % 64 != 0 and junction >= 64 * 16
+
+
+def test_external_cow_study_geometry():
+    bs, mbs = 16, 64
+    reqs = generate("study-external-hit-running-cow", 4, block_size=bs, mamba_block_size=mbs)
+    parents = {r.session_id: r for r in reqs if r.request_id.endswith("-parent")}
+    children = [r for r in reqs if "-child" in r.request_id]
+    assert len(parents) >= 5 and len(children) >= 2 * (len(parents) - 1)
+    for c in children:
+        p = parents[c.session_id]
+        e = p.input_length
+        assert e % bs == 0 and e % mbs == bs  # the hit ends on a hash boundary mid Mamba block
+        assert c.hash_ids[: e // bs] == p.hash_ids  # the child extends the parent exactly
+        n = c.input_length
+        assert n // mbs == e // mbs  # continues inside the same Mamba block
+        assert n % bs != 0 and (n // bs) * bs > e  # a partial tail past the hit, then more tokens
+    fillers = [r for r in reqs if "-fill" in r.request_id]
+    assert all(r.session_id is None for r in fillers) and len(fillers) >= 3 * (len(parents) - 1)
+
+
+def test_transient_checkpoint_study_has_hot_prefixes_and_long_prompts():
+    reqs = generate("study-transient-checkpoint-retention", 0, block_size=16, mamba_block_size=64)
+    hot = {}
+    for r in reqs:
+        hot.setdefault(r.session_id, []).append(r)
+    assert 2 <= len(hot) <= 4
+    for group in hot.values():
+        if len(group) > 1:
+            shared = common_prefix(group[0].hash_ids, group[1].hash_ids) * 16
+            assert shared % 64 == 0 and shared >= 24 * 64
+    assert min(r.input_length for r in reqs) > 4000
+
+
+def test_bad_arguments():
+    with pytest.raises(ConfigError, match="unknown 'nope'"):
+        generate("nope")
+    with pytest.raises(ConfigError, match="num_requests"):
+        generate("chat", 0, 0)
+    with pytest.raises(ConfigError, match="mamba_block_size"):
+        generate("chat", 0, block_size=16, mamba_block_size=24)
+    with pytest.raises(ConfigError, match="no study workload"):
+        study_workload("faster-gpus")
+
+
+def test_num_requests_and_token_prompts():
+    reqs = generate("agent", 5, 12, prompt="tokens")
+    assert len(reqs) == 12 and all(r.hash_ids is None and r.token_ids.dtype == np.int64 for r in reqs)

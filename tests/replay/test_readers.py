@@ -1,0 +1,335 @@
+"""Trace readers on the shared public samples and on malformed inputs."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvtrace.errors import TraceFormatError
+from kvtrace.replay.readers import FORMATS, detect_format, native_header, open_trace, read_trace
+from kvtrace.replay.readers.azure import AZURE_NAMESPACE, parse_timestamp_ns
+from kvtrace.replay.readers.weka import TAIL_ID_BASE, namespace_for
+
+TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
+MOONCAKE = TRACES / "mooncake_synthetic_trace.jsonl"
+AZURE = TRACES / "AzureLLMInferenceTrace_conv.csv"
+WEKA = TRACES / "weka_sample"
+
+needs_samples = pytest.mark.skipif(not MOONCAKE.exists(), reason="shared public traces are not in this checkout")
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def line(**kw) -> str:
+    return json.dumps(kw)
+
+
+# -- the shared samples ------------------------------------------------------------------
+
+@needs_samples
+def test_mooncake_sample_facts():
+    src = open_trace(MOONCAKE)
+    assert src.format == "mooncake"
+    reqs = list(src)
+    assert len(reqs) == 3993
+    assert sum(r.input_length for r in reqs) / len(reqs) == pytest.approx(15325.5, abs=0.05)
+    assert reqs[-1].arrival_ns == 1_022_025 * 1_000_000
+    assert all(r.hash_block_size == 512 and len(r.hash_ids) == math.ceil(r.input_length / 512) for r in reqs)
+    assert [r.request_id for r in reqs[:2]] == ["r0", "r1"]
+    # streaming: a second pass re-reads and agrees; limit stops early
+    assert [r.hash_ids for r in open_trace(MOONCAKE, limit=5)] == [r.hash_ids for r in reqs[:5]]
+    assert len(src.source_id) == 64 and src.source_id == open_trace(MOONCAKE, "mooncake").source_id
+
+
+@needs_samples
+def test_azure_sample_is_unique_per_request():
+    reqs = read_trace(AZURE)
+    assert len(reqs) == 19366
+    assert reqs[0].arrival_ns == 0
+    assert reqs[1].arrival_ns == parse_timestamp_ns("2023-11-16 18:15:50.9951690") - parse_timestamp_ns(
+        "2023-11-16 18:15:46.6805900"
+    ) == 4_314_579_000
+    assert (reqs[0].input_length, reqs[0].output_length) == (374, 44)
+    ids = [h for r in reqs[:500] for h in r.hash_ids]
+    assert len(ids) == len(set(ids))  # no prefix sharing at all
+    assert all(r.namespace == AZURE_NAMESPACE for r in reqs[:10])
+    toks = reqs[3].prompt_token_ids()
+    assert toks.shape == (91,) and toks.dtype == np.int64
+
+
+@needs_samples
+def test_weka_directory_merges_files_by_arrival():
+    src = open_trace(WEKA)
+    assert src.format == "weka"
+    reqs = list(src)
+    assert len(reqs) == 6 + 27 + 22
+    arrivals = [r.arrival_ns for r in reqs]
+    assert arrivals == sorted(arrivals)
+    assert {r.session_id for r in reqs} == {"trace_0211", "trace_0393", "trace_0616"}
+    first = [r for r in reqs if r.session_id == "trace_0211"][0]
+    # 109555 tokens in 64-token blocks: 1711 full ids + a synthetic tail id
+    assert first.input_length == 109555 and len(first.hash_ids) == 1712
+    assert first.hash_ids[-1] == TAIL_ID_BASE + 0
+    assert first.namespace == namespace_for("trace_0211.json") != namespace_for("trace_0393.json")
+    # consecutive turns of one conversation share their prefix
+    conv = [r for r in reqs if r.session_id == "trace_0393"]
+    assert conv[1].hash_ids[:1055] == conv[0].hash_ids[:1055]
+    # the directory's id is stable and differs from one file's
+    assert src.source_id == open_trace(WEKA).source_id != open_trace(WEKA / "trace_0211.json").source_id
+
+
+def test_weka_namespace_is_stable_across_processes():
+    # sha256-derived: a fixed value, not Python's salted hash()
+    assert namespace_for("/a/b/trace_0211.json") == namespace_for("trace_0211.json") == 0x50EE9B1B9259712F
+    assert 0 <= namespace_for("x.json") < 2**63
+
+
+# -- small well-formed files of each format ----------------------------------------------
+
+def test_bailian_sessions_follow_the_root(tmp_path):
+    rows = [
+        dict(chat_id=10, parent_chat_id=-1, timestamp=0.5, input_length=20, output_length=3, type="text", turn=1,
+             hash_ids=[1, 2]),
+        dict(chat_id=11, parent_chat_id=-1, timestamp=0.75, input_length=16, output_length=3, type="text", turn=1,
+             hash_ids=[7]),
+        dict(chat_id=12, parent_chat_id=10, timestamp=1.25, input_length=40, output_length=5, type="text", turn=2,
+             hash_ids=[1, 2, 3]),
+        dict(chat_id=13, parent_chat_id=12, timestamp=2.0, input_length=50, output_length=5, type="text", turn=3,
+             hash_ids=[1, 2, 3, 4]),
+        dict(chat_id=14, parent_chat_id=99, timestamp=2.0, input_length=1, output_length=0, type="text", turn=5,
+             hash_ids=[5]),
+    ]
+    p = write(tmp_path, "b.jsonl", "\n".join(json.dumps(r) for r in rows) + "\n")
+    assert detect_format(str(p)) == "bailian"
+    reqs = read_trace(p)
+    assert [r.session_id for r in reqs] == ["10", "11", "10", "10", "99"]
+    assert [r.arrival_ns for r in reqs] == [500_000_000, 750_000_000, 1_250_000_000, 2_000_000_000, 2_000_000_000]
+    assert reqs[2].request_id == "chat-12" and reqs[2].hash_block_size == 16
+    assert reqs[3].prompt_token_ids()[:40].tolist() == reqs[2].prompt_token_ids().tolist()
+
+
+def test_native_reads_tokens_hashes_and_options(tmp_path):
+    text = "\n".join([
+        json.dumps({"kvtrace_trace": 1, "block_size": 4, "note": "x"}),
+        line(arrival_ns=0, input_length=6, output_length=2, hash_ids=[3, 4]),
+        "",
+        line(request_id="q", arrival_ns=5, session="s", input_length=3, output_length=2, token_ids=[7, 8, 9],
+             expected_output=[1, 2], cache_salt="salt"),
+        line(arrival_ns=5, input_length=3, output_length=1, hash_ids=[9], block_size=8, namespace=3),
+    ]) + "\n"
+    p = write(tmp_path, "n.jsonl", text)
+    assert detect_format(str(p)) == "native"
+    assert native_header(p)["note"] == "x"
+    a, b, c = read_trace(p)
+    assert (a.request_id, a.hash_ids, a.hash_block_size, a.namespace) == ("r0", (3, 4), 4, 0)
+    assert (b.request_id, b.session_id, b.cache_salt, b.expected_output) == ("q", "s", "salt", (1, 2))
+    assert b.token_ids.tolist() == [7, 8, 9] and b.hash_ids is None
+    assert (c.request_id, c.hash_block_size, c.namespace) == ("r2", 8, 3)
+
+
+def test_detect_and_unknown_format(tmp_path):
+    p = write(tmp_path, "m.jsonl", line(timestamp=0, input_length=3, output_length=1, hash_ids=[0]) + "\n")
+    assert detect_format(str(p)) == "mooncake"
+    assert read_trace(p, block_size=4)[0].hash_block_size == 4
+    with pytest.raises(TraceFormatError, match="unknown trace format 'parquet'"):
+        open_trace(p, format="parquet")
+    junk = write(tmp_path, "j.txt", "hello\n")
+    with pytest.raises(TraceFormatError, match=r"j\.txt:1: cannot detect the trace format"):
+        open_trace(junk)
+    with pytest.raises(TraceFormatError, match="no such file"):
+        open_trace(tmp_path / "missing.jsonl")
+    assert set(FORMATS) == {"mooncake", "bailian", "weka", "azure", "native"}
+
+
+# -- malformed inputs: file and line in the message -------------------------------------
+
+GOOD_MC = line(timestamp=0, input_length=600, output_length=1, hash_ids=[0, 1])
+
+MOONCAKE_BAD = [
+    ("{not json", "invalid JSON"),
+    (line(timestamp=0, input_length=600, output_length=1), "missing required field `hash_ids`"),
+    (line(timestamp=0, input_length="600", output_length=1, hash_ids=[0, 1]), "Expected `int`, got `str`"),
+    (line(timestamp=0, input_length=600, output_length=-1, hash_ids=[0, 1]), "output_length: expected >= 0"),
+    (line(timestamp=0, input_length=0, output_length=1, hash_ids=[]), "input_length: expected >= 1"),
+    (line(timestamp=0, input_length=600, output_length=1, hash_ids=[0, 1, 2]), r"expected ceil\(input_length 600"),
+    (line(timestamp=0, input_length=600, output_length=1, hash_ids=[0, -1]), r"ids must lie in \[0, 2\^63\)"),
+    (line(timestamp=-5, input_length=600, output_length=1, hash_ids=[0, 1]), "goes back in time"),
+    (line(timestamp=0, input_length=True, output_length=1, hash_ids=[0, 1]), "Expected `int`, got `bool`"),
+]
+
+
+@pytest.mark.parametrize("bad,what", MOONCAKE_BAD)
+def test_mooncake_malformed_line_is_named(tmp_path, bad, what):
+    p = write(tmp_path, "t.jsonl", GOOD_MC + "\n\n" + bad + "\n" + GOOD_MC + "\n")
+    with pytest.raises(TraceFormatError, match=what) as e:
+        read_trace(p, format="mooncake")
+    assert e.value.line == 3 and str(e.value).startswith(f"{p}:3: ")
+
+
+def test_arrival_going_back_is_refused(tmp_path):
+    p = write(tmp_path, "t.jsonl", "\n".join([
+        line(timestamp=10, input_length=5, output_length=1, hash_ids=[0]),
+        line(timestamp=10, input_length=5, output_length=1, hash_ids=[0]),
+        line(timestamp=9, input_length=5, output_length=1, hash_ids=[0]),
+    ]))
+    with pytest.raises(TraceFormatError, match=r"t\.jsonl:3: timestamp goes back in time"):
+        read_trace(p, format="mooncake")
+    p = write(tmp_path, "neg.jsonl", line(timestamp=-1.5, input_length=5, output_length=1, hash_ids=[0]))
+    with pytest.raises(TraceFormatError, match=r"neg\.jsonl:1: timestamp: expected >= 0, got a negative time"):
+        read_trace(p, format="mooncake")
+
+
+BAILIAN_OK = dict(chat_id=1, parent_chat_id=-1, timestamp=0.0, input_length=17, output_length=1, type="text", turn=1,
+                  hash_ids=[0, 1])
+
+
+@pytest.mark.parametrize("change,what", [
+    (dict(chat_id=1), "chat_id: 1 appears twice"),
+    (dict(parent_chat_id=-7), "parent_chat_id: expected -1"),
+    (dict(hash_ids=[0]), "expected ceil"),
+    (dict(timestamp="late"), "Expected `int | float`"),
+])
+def test_bailian_malformed(tmp_path, change, what):
+    p = write(tmp_path, "b.jsonl", json.dumps(BAILIAN_OK) + "\n" + json.dumps({**BAILIAN_OK, "chat_id": 2, **change}))
+    with pytest.raises(TraceFormatError, match=what) as e:
+        read_trace(p, format="bailian")
+    assert e.value.line == 2
+
+
+NATIVE_HEAD = json.dumps({"kvtrace_trace": 1})
+
+
+@pytest.mark.parametrize("bad,what", [
+    (line(arrival_ns=0, input_length=3, output_length=1), "exactly one of token_ids / hash_ids"),
+    (line(arrival_ns=0, input_length=3, output_length=1, token_ids=[1, 2], hash_ids=[1]), "exactly one of"),
+    (line(arrival_ns=0, input_length=3, output_length=1, token_ids=[1, 2]), "token_ids: expected input_length 3"),
+    (line(arrival_ns=0, input_length=2, output_length=1, token_ids=[1, -2]), r"token_ids: expected ids in \[0,"),
+    (line(arrival_ns=0, input_length=3, output_length=1, hash_ids=[1]), "block_size: required with hash_ids"),
+    (line(arrival_ns=0, input_length=3, output_length=2, token_ids=[1, 2, 3], expected_output=[1]),
+     "expected_output: expected output_length 2"),
+    (line(arrival_ns=0, input_length=3, output_length=1, token_ids=[1, 2, 3], colour="red"), "unknown field `colour`"),
+    (line(request_id="r0", arrival_ns=0, input_length=1, output_length=1, token_ids=[1]), "'r0' appears twice"),
+    (line(arrival_ns=0, input_length=1, output_length=1, hash_ids=[1], block_size=0), "block_size: expected >= 1"),
+])
+def test_native_malformed(tmp_path, bad, what):
+    good = line(arrival_ns=0, input_length=1, output_length=1, token_ids=[5])
+    p = write(tmp_path, "n.jsonl", "\n".join([NATIVE_HEAD, good, bad]) + "\n")
+    with pytest.raises(TraceFormatError, match=what) as e:
+        read_trace(p, format="native")
+    assert e.value.line == 3 and str(e.value).startswith(f"{p}:3:")
+
+
+def test_native_header_problems(tmp_path):
+    body = line(arrival_ns=0, input_length=1, output_length=1, token_ids=[5])
+    p = write(tmp_path, "a.jsonl", body + "\n")
+    with pytest.raises(TraceFormatError, match=r"a\.jsonl:1: expected a header line"):
+        read_trace(p, format="native")
+    p = write(tmp_path, "b.jsonl", json.dumps({"kvtrace_trace": 2}) + "\n" + body)
+    with pytest.raises(TraceFormatError, match="unsupported version 2"):
+        read_trace(p)
+    p = write(tmp_path, "c.jsonl", "")
+    with pytest.raises(TraceFormatError, match="empty file"):
+        read_trace(p, format="native")
+
+
+AZURE_HEAD = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+
+
+@pytest.mark.parametrize("bad,what", [
+    ("2023-11-16 18:15:47.1,12,x", "GeneratedTokens: expected an integer, got 'x'"),
+    ("2023-11-16 18:15:47.1,-3,4", "ContextTokens: expected >= 1"),
+    ("yesterday,12,4", "TIMESTAMP: expected 'YYYY-MM-DD HH:MM:SS.fff'"),
+    ("2023-11-16 18:15:45.0,12,4", "TIMESTAMP goes back in time"),
+    ("2023-11-16 18:15:47.1,12", "expected 3 columns, got 2"),
+])
+def test_azure_malformed(tmp_path, bad, what):
+    p = write(tmp_path, "a.csv", AZURE_HEAD + "2023-11-16 18:15:46.6805900,374,44\n" + bad + "\n")
+    with pytest.raises(TraceFormatError, match=what) as e:
+        read_trace(p, format="azure")
+    assert e.value.line == 3
+
+
+def test_azure_missing_column(tmp_path):
+    p = write(tmp_path, "a.csv", "TIMESTAMP,ContextTokens\n2023-11-16 18:15:46.6,374\n")
+    with pytest.raises(TraceFormatError, match=r"a\.csv:1: missing column\(s\) \['GeneratedTokens'\]"):
+        read_trace(p, format="azure")
+
+
+def weka_doc(requests, **top) -> dict:
+    return {"id": "c", "block_size": 4, "hash_id_scope": "local", **top, "requests": requests}
+
+
+def weka_req(**kw) -> dict:
+    return {"t": 0.0, "type": "n", "model": "m", "in": 9, "out": 2, "hash_ids": [1, 2], **kw}
+
+
+@pytest.mark.parametrize("bad,what", [
+    (weka_req(t=2.0, hash_ids=[1]), r"requests\[2\]\.hash_ids: expected floor or ceil"),
+    (weka_req(t=2.0, out=-1), r"requests\[2\]\.out: expected >= 0"),
+    (weka_req(t=0.5), r"requests\[2\]\.t goes back in time"),
+    (weka_req(t=2.0, **{"in": "nine"}), r"Expected `int`, got `str` - at `\$\.requests\[2\]\.in`"),
+])
+def test_weka_malformed_points_at_the_request_line(tmp_path, bad, what):
+    # pretty-printed: each request starts on its own line
+    doc = weka_doc([weka_req(), weka_req(t=1.0, hash_ids=[1, 2, 3]), bad])
+    text = json.dumps(doc, indent=1)
+    p = write(tmp_path, "c.json", text)
+    expected_line = text.splitlines().index(" \"requests\": [") + 1  # the array's line
+    with pytest.raises(TraceFormatError, match=what) as e:
+        read_trace(p, format="weka")
+    # request 2 starts after two requests of 10 lines each (indent=1 layout)
+    assert e.value.line is not None and e.value.line > expected_line + 2 * 9
+    assert text.splitlines()[e.value.line - 1].strip() == "{"
+
+
+def test_weka_bad_json_and_scope(tmp_path):
+    p = write(tmp_path, "c.json", '{\n "block_size": 4,\n "requests": [\n  {"t": 0,, }\n ]\n}\n')
+    with pytest.raises(TraceFormatError, match="invalid JSON") as e:
+        read_trace(p, format="weka")
+    assert e.value.line == 4
+    p = write(tmp_path, "d.json", json.dumps(weka_doc([weka_req()], hash_id_scope="galactic")))
+    with pytest.raises(TraceFormatError, match="hash_id_scope: expected 'local' or 'global'"):
+        read_trace(p)
+    empty = tmp_path / "empty_dir"
+    empty.mkdir()
+    with pytest.raises(TraceFormatError, match="no \\*.json conversation files"):
+        open_trace(empty)
+
+
+def test_weka_local_ids_are_namespaced_per_file(tmp_path):
+    d = tmp_path / "convs"
+    d.mkdir()
+    for name, t0 in (("b.json", 0.0), ("a.json", 0.0)):
+        (d / name).write_text(json.dumps(weka_doc([weka_req(t=t0), weka_req(t=t0 + 1, **{"in": 8})], id=None)))
+    reqs = read_trace(d)
+    # ties on arrival: file-name order, then position
+    assert [r.request_id for r in reqs] == ["a/0", "b/0", "a/1", "b/1"]
+    assert reqs[0].hash_ids[:2] == reqs[1].hash_ids[:2] == (1, 2)
+    assert reqs[0].namespace != reqs[1].namespace  # same local ids, different conversations
+    assert reqs[0].prompt_token_ids()[:8].tolist() != reqs[1].prompt_token_ids()[:8].tolist()
+    assert reqs[2].hash_ids == (1, 2)  # in 8 = exactly two full blocks: no tail id
+    # global scope shares ids across files
+    g = tmp_path / "g"
+    g.mkdir()
+    for name in ("x.json", "y.json"):
+        (g / name).write_text(json.dumps(weka_doc([weka_req()], hash_id_scope="global")))
+    gx, gy = read_trace(g)
+    assert gx.namespace == gy.namespace == 0
+
+
+def test_copy_of_file_has_same_source_id(tmp_path):
+    p = write(tmp_path, "m.jsonl", GOOD_MC + "\n")
+    q = tmp_path / "copy.jsonl"
+    shutil.copy(p, q)
+    assert open_trace(p).source_id == open_trace(q).source_id
+    q.write_text(GOOD_MC + "\n" + GOOD_MC + "\n")
+    assert open_trace(p).source_id != open_trace(q).source_id

@@ -1,0 +1,163 @@
+"""kvtrace study: each behaviour's generated workload, replayed with the behaviour on and off.
+
+The three end-to-end tests assert the direction the reviews in shared/seeds describe.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvtrace.errors import KVTraceError
+from kvtrace.replay import study as S
+from kvtrace.replay.diff import diff_summaries
+
+# --------------------------------------------------------------------- pure pieces
+
+
+def test_study_trace_names_and_unknown_behaviour():
+    assert S.study_trace("shared-prefix-pinning") == "gen:study-shared-prefix-pinning"
+    with pytest.raises(KVTraceError, match="unknown behaviour 'pinning'"):
+        S.run_study("pinning")
+
+
+@pytest.mark.parametrize("sweep, expected", [
+    ("capacity_blocks=64, 128,256", ("capacity_blocks", [64, 128, 256])),
+    ({"retention": [0, 64]}, ("retention", ["0", "64"])),
+    (None, None),
+])
+def test_parse_sweep(sweep, expected):
+    assert S.parse_sweep(sweep) == expected
+
+
+@pytest.mark.parametrize("sweep, match", [
+    ("capacity_blocks", "NAME=V1,V2"),
+    ("block_size=16", "unknown parameter 'block_size'"),
+    ({"capacity_blocks": ["x"]}, "must be integers"),
+    ({"capacity_blocks": [1], "retention": ["0"]}, "exactly one parameter"),
+])
+def test_parse_sweep_errors(sweep, match):
+    with pytest.raises(KVTraceError, match=match):
+        S.parse_sweep(sweep)
+
+
+def test_expectation_failures():
+    on = {"token_hit_rate": 0.8, "ttft_ms_p50": 10.0, "hit_tokens": 800, "stale_hashes": 0, "divergent_outputs": 0}
+    off = {"token_hit_rate": 0.5, "ttft_ms_p50": 14.0, "hit_tokens": 500, "stale_hashes": 3, "divergent_outputs": 0}
+    for b in S.BEHAVIOURS:
+        assert S.expectation_failures(b, on, off) == []
+    # reversed: every expectation fails
+    assert len(S.expectation_failures(S.TRANSIENT_CHECKPOINT_RETENTION, off, on)) == 2
+    assert S.expectation_failures(S.EXTERNAL_HIT_RUNNING_COW, off, on) == [
+        "behaviour on still has divergent outputs or stale hashes",
+        "behaviour off shows neither divergent outputs nor stale hashes",
+    ]
+
+
+def test_study_json_shape_without_and_with_sweep():
+    on, off = {"token_hit_rate": 0.8, "digest": "x"}, {"token_hit_rate": 0.5, "digest": "y"}
+    d = diff_summaries(off, on)
+    res = S.StudyResult("shared-prefix-pinning", "gen:study-shared-prefix-pinning",
+                        [S.StudyPoint(on=on, off=off, diff=d)])
+    j = res.to_json()
+    assert list(j) == ["behaviour", "trace", "on", "off", "diff"]
+    assert j["diff"]["metrics"]["token_hit_rate"]["delta"] == pytest.approx(0.3)
+    res.points.append(S.StudyPoint(on=on, off=off, diff=d, parameter="capacity_blocks", value=64))
+    res.points[0].parameter, res.points[0].value = "capacity_blocks", 32
+    j = res.to_json()
+    assert j["sweep"]["parameter"] == "capacity_blocks"
+    assert [p["value"] for p in j["sweep"]["points"]] == [32, 64]
+    json.dumps(j)
+    md = res.to_markdown()
+    assert "| capacity_blocks | token_hit_rate off | token_hit_rate on |" in md
+    assert "| 32 | 0.5000 | 0.8000 |" in md
+
+
+# --------------------------------------------------------------------- end to end
+
+
+@pytest.fixture(scope="module")
+def studies(tmp_path_factory):
+    db = tmp_path_factory.mktemp("study") / "study.duckdb"
+    return {b: S.run_study(b, db=db, seed=0) for b in S.BEHAVIOURS}, db
+
+
+def test_transient_checkpoint_retention_off_lowers_hit_rate_raises_ttft(studies):
+    res = studies[0][S.TRANSIENT_CHECKPOINT_RETENTION]
+    assert res.expectation_failures() == []
+    assert res.off["token_hit_rate"] < res.on["token_hit_rate"] - 0.02  # a non-trivial effect
+    assert res.off["ttft_ms_p50"] > res.on["ttft_ms_p50"]
+    # Off, checkpoint publishes evict blocks; on, they never do (they stay request-local).
+    by_kind = {s.key: s for s in res.diff.evictions_by_publish_kind}
+    assert "checkpoint" in by_kind and by_kind["checkpoint"].a > 0 and by_kind["checkpoint"].b == 0
+
+
+def test_shared_prefix_pinning_off_re_prefills_the_system_prompt(studies):
+    res = studies[0][S.SHARED_PREFIX_PINNING]
+    assert res.expectation_failures() == []
+    assert res.off["hit_tokens"] < res.on["hit_tokens"]
+    assert res.diff.requests is not None and res.diff.requests.gained > res.diff.requests.lost
+
+
+def test_external_hit_running_cow_off_diverges(studies):
+    res = studies[0][S.EXTERNAL_HIT_RUNNING_COW]
+    assert res.on["divergent_outputs"] == 0 and res.on["stale_hashes"] == 0
+    assert res.off["divergent_outputs"] > 0 or res.off["stale_hashes"] > 0
+
+
+def test_study_json_carries_full_summaries_and_store_diff(studies):
+    res, db = studies
+    r = res[S.SHARED_PREFIX_PINNING]
+    j = json.loads(json.dumps(r.to_json()))
+    assert j["behaviour"] == S.SHARED_PREFIX_PINNING and j["trace"] == "gen:study-shared-prefix-pinning"
+    from kvtrace.replay.run import SUMMARY_FIELDS
+
+    assert set(SUMMARY_FIELDS) <= set(j["on"]) and set(SUMMARY_FIELDS) <= set(j["off"])
+    assert j["diff"]["metrics"]["hit_tokens"]["delta"] == j["on"]["hit_tokens"] - j["off"]["hit_tokens"]
+    assert "latency" in j["diff"] and "requests" in j["diff"]  # read back through the store
+    assert j["diff"]["run_b"]["behaviours"] is not None
+
+
+def test_study_without_db_diffs_summaries_only():
+    res = S.run_study(S.SHARED_PREFIX_PINNING, seed=0, limit=30)
+    assert res.diff.requests is None and res.diff.latency == []
+    assert res.diff.metric("hit_tokens").delta == res.on["hit_tokens"] - res.off["hit_tokens"]
+
+
+def test_study_is_deterministic():
+    a = S.run_study(S.SHARED_PREFIX_PINNING, seed=1, limit=20).to_json()
+    b = S.run_study(S.SHARED_PREFIX_PINNING, seed=1, limit=20).to_json()
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def test_capacity_sweep_runs_one_pair_per_value():
+    res = S.run_study(S.SHARED_PREFIX_PINNING, seed=0, limit=30, sweep="capacity_blocks=64,256")
+    assert [(p.parameter, p.value) for p in res.points] == [("capacity_blocks", 64), ("capacity_blocks", 256)]
+    assert res.points[0].on != res.points[1].on  # the capacity changes the run
+
+
+# --------------------------------------------------------------------- demo
+
+
+def test_demo_records_four_runs_and_ends_with_the_dashboard_command(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from kvtrace.replay.demo import run_demo
+    from kvtrace.store import read
+
+    db = tmp_path / "kvtrace-demo.duckdb"
+    db.write_bytes(b"")  # an earlier demo file is replaced, not appended to
+    buf = io.StringIO()
+    res = run_demo(db, progress=False, console=Console(file=buf, width=200, color_system=None), limit=25)
+    runs = read.runs(db)
+    assert runs.height == 4 and set(runs["status"]) == {"complete"}
+    assert len(set(runs["trace_digest"])) == 1  # one trace, four configurations
+    assert sorted(res.diffs) == sorted(S.BEHAVIOURS)
+    for behaviour, d in res.diffs.items():
+        assert d.run_a["name"] == f"demo: without {behaviour}" and d.run_b["name"] == "demo: all on"
+    text = buf.getvalue()
+    assert "token_hit_rate" in text and "shared-prefix-pinning" in text
+    assert text.rstrip().splitlines()[-1] == f"kvtrace dashboard --db {db}"
