@@ -25,9 +25,9 @@ from typing import Iterable
 from kvtrace.cache.events import (
     EVICT_LRU,
     EVICT_REPLACED,
-    BlockEvicted,
-    BlockPublished,
+    EVICT_RESET,
 )
+from kvtrace.cache.event_ctors import new_block_evicted, new_block_published
 
 
 class KVCacheBlock:
@@ -200,12 +200,14 @@ class BlockPool:
             if h is not None:
                 if ev_blocks is None:
                     ev_blocks, ev_hashes = [], []
-                if b.aliases is None and cached.get(h) is b:  # the common case: one key
-                    del cached[h]
+                v = cached.pop(h, None) if b.aliases is None else None
+                if v is b:  # the common case: the block is the key's only holder
                     b.block_hash = None
                     ev_blocks.append(b)
                     ev_hashes.append(h)
                 else:
+                    if v is not None:
+                        cached[h] = v  # a duplicates map: put it back, remove b from it below
                     for kh, _nt in b.keys():
                         ev_blocks.append(b)
                         ev_hashes.append(kh)
@@ -222,7 +224,7 @@ class BlockPool:
             if sink.enabled:
                 step = sink.step
                 sink.events.append(
-                    BlockEvicted(
+                    new_block_evicted(
                         step, self.group_id, EVICT_LRU,
                         tuple([b.block_id for b in ev_blocks]), tuple(ev_hashes),
                         tuple([step - b.published_step for b in ev_blocks]),
@@ -231,23 +233,99 @@ class BlockPool:
                 )
         return out
 
+    def get_new_blocks_and_cache(
+        self, n: int, request_id: str, block_hashes: list[bytes], first_index: int, num_full: int, block_size: int
+    ) -> list[KVCacheBlock]:
+        """``get_new_blocks(n)`` for table slots first_index.. and key those below ``num_full``.
+
+        One pass instead of allocate-then-``cache_full_blocks`` for the common case of a
+        request whose earlier blocks are all keyed (the full-attention fast path).
+        """
+        q = self.free_block_queue
+        if n > q.num_free_blocks:
+            raise ValueError(f"group {self.group_id}: need {n} blocks, {q.num_free_blocks} free")
+        sink = self.sink
+        step = sink.step
+        cached = self.cached
+        external = self.external
+        out = []
+        append = out.append
+        evicted = None  # (block id, hash, age, idle) per evicted key
+        num_pub = min(max(num_full - first_index, 0), n)
+        idx = first_index
+        b = q.head
+        for k in range(n):
+            b = b.next_free
+            b.ref_cnt = 1
+            append(b)
+            h = b.block_hash
+            if h is not None:
+                if evicted is None:
+                    evicted = []
+                v = cached.pop(h, None) if b.aliases is None else None
+                if v is b:
+                    b.block_hash = None
+                    evicted.append((b.block_id, h, step - b.published_step, step - b.last_used_step))
+                else:
+                    if v is not None:
+                        cached[h] = v
+                    for kh, _nt in b.keys():
+                        evicted.append((b.block_id, kh, step - b.published_step, step - b.last_used_step))
+                    self._drop_keys(b)
+            if k < num_pub:
+                h = block_hashes[idx]
+                idx += 1
+                b.block_hash = h
+                b.hash_num_tokens = idx * block_size
+                b.published_step = b.last_used_step = step
+                if h in cached:
+                    self._insert_key(h, b)
+                else:
+                    cached[h] = b
+                if external is not None:
+                    external.store(self.group_id, h, b.hash_num_tokens)
+        nxt = b.next_free
+        q.head.next_free = nxt
+        nxt.prev_free = q.head
+        q.num_free_blocks -= n
+        if evicted is not None:
+            sink.evictions += len(evicted)
+            sink.evictions_by_reason[EVICT_LRU] += len(evicted)
+            if sink.enabled:
+                ids, hashes, ages, idle = zip(*evicted)
+                sink.events.append(new_block_evicted(step, self.group_id, EVICT_LRU, ids, hashes, ages, idle, request_id))
+        if num_pub:
+            sink.publishes += num_pub
+            if sink.enabled:
+                pub = out[:num_pub]
+                sink.events.append(new_block_published(
+                    step, request_id, self.group_id, "full", tuple([x.block_id for x in pub]),
+                    tuple(block_hashes[first_index:first_index + num_pub]), (first_index + num_pub) * block_size))
+        return out
+
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Take a reference on hit blocks (removing free ones from the queue)."""
-        q = self.free_block_queue
         step = self.sink.step
+        n_removed = 0
         for b in blocks:
             if b.is_null:
                 continue
-            if b.ref_cnt == 0:
-                q.remove(b)
+            if b.ref_cnt == 0:  # unlink from the free queue
+                p, n = b.prev_free, b.next_free
+                p.next_free = n
+                n.prev_free = p
+                b.prev_free = b.next_free = None
+                n_removed += 1
             b.ref_cnt += 1
             b.last_used_step = step
+        self.free_block_queue.num_free_blocks -= n_removed
 
     def free_blocks(self, ordered: Iterable[KVCacheBlock]) -> None:
         """Drop one reference each; blocks reaching 0 rejoin the queue (see module doc)."""
         q = self.free_block_queue
         step = self.sink.step
-        head, tail = q.head, q.tail
+        head = q.head
+        last = q.tail.prev_free  # hashed blocks are chained after it, then linked to the tail once
         n_free = 0
         for b in ordered:
             if b.is_null:
@@ -262,12 +340,15 @@ class BlockPool:
                     b.prev_free = head
                     b.next_free = first
                     first.prev_free = b
+                    if last is head:
+                        last = b
                 else:  # to the tail: LRU order
-                    last = tail.prev_free
                     last.next_free = b
                     b.prev_free = last
-                    b.next_free = tail
-                    tail.prev_free = b
+                    last = b
+        tail = q.tail
+        last.next_free = tail
+        tail.prev_free = last
         q.num_free_blocks += n_free
 
     # -- publishing ---------------------------------------------------------------
@@ -319,7 +400,7 @@ class BlockPool:
         if self.sink.enabled:
             n = len(keys)
             self.sink.events.append(
-                BlockEvicted(step, self.group_id, reason, (b.block_id,) * n, tuple(h for h, _ in keys),
+                new_block_evicted(step, self.group_id, reason, (b.block_id,) * n, tuple(h for h, _ in keys),
                              (step - b.published_step,) * n,
                              (step - b.last_used_step,) * n, request_id)
             )
@@ -350,11 +431,11 @@ class BlockPool:
         for i in range(start, end):
             b = blocks[i]
             if b.block_hash is not None or b.is_null or (mask is not None and not mask[i - start]):
-                if b.is_null or b.block_hash is None or (mask is not None and not mask[i - start]):
+                # off the fast path: skip null and masked-out blocks and blocks already
+                # keyed for this prefix (hits); promote a block keyed at a partial prefix
+                if b.is_null or (mask is not None and not mask[i - start]) or b.hash_num_tokens >= (i + 1) * block_size:
                     continue
-                if b.hash_num_tokens >= (i + 1) * block_size:
-                    continue  # a hit block, already keyed
-                self.evict_block_keys(b, EVICT_REPLACED, request_id)  # promotion from a partial key
+                self.evict_block_keys(b, EVICT_REPLACED, request_id)  # the old key goes first
             h = block_hashes[i]
             b.block_hash = h
             b.hash_num_tokens = (i + 1) * block_size
@@ -377,7 +458,7 @@ class BlockPool:
                     self._emit_publish(request_id, ids, hashes, kinds)
                 else:
                     sink.events.append(
-                        BlockPublished(step, request_id, self.group_id, kind, tuple(ids), tuple(hashes),
+                        new_block_published(step, request_id, self.group_id, kind, tuple(ids), tuple(hashes),
                                        pub[-1].hash_num_tokens)
                     )
         return len(pub)
@@ -390,7 +471,7 @@ class BlockPool:
             if i == len(kinds) or kinds[i] != kinds[start]:
                 nt = self.blocks[ids[i - 1]].hash_num_tokens
                 self.sink.events.append(
-                    BlockPublished(step, request_id, self.group_id, kinds[start], tuple(ids[start:i]),
+                    new_block_published(step, request_id, self.group_id, kinds[start], tuple(ids[start:i]),
                                    tuple(hashes[start:i]), nt)
                 )
                 start = i
@@ -427,7 +508,7 @@ class BlockPool:
         self.sink.publishes += 1
         if self.sink.enabled:
             self.sink.events.append(
-                BlockPublished(step, request_id, self.group_id, kind, (b.block_id,), (block_hash,), num_tokens)
+                new_block_published(step, request_id, self.group_id, kind, (b.block_id,), (block_hash,), num_tokens)
             )
         return block_hash
 
@@ -443,18 +524,18 @@ class BlockPool:
         (h0, n0), rest = keys[0], keys[1:]
         dst.block_hash, dst.hash_num_tokens = h0, n0
         dst.aliases = list(rest) if rest else None
-        dst.published_step, dst.last_used_step = published, last_used
+        dst.last_used_step = last_used
         for h, _ in keys:
-            self._insert_key(h, dst)
+            self._insert_key(h, dst)  # fresh: the copy runs with this step
         if self.sink.enabled:
             n = len(keys)
             hashes = tuple(h for h, _ in keys)
             self.sink.events.append(
-                BlockEvicted(step, self.group_id, EVICT_REPLACED, (src.block_id,) * n, hashes,
+                new_block_evicted(step, self.group_id, EVICT_REPLACED, (src.block_id,) * n, hashes,
                              (step - published,) * n, (step - last_used,) * n, request_id)
             )
             self.sink.events.append(
-                BlockPublished(step, request_id, self.group_id, "partial_tail", (dst.block_id,) * n, hashes,
+                new_block_published(step, request_id, self.group_id, "partial_tail", (dst.block_id,) * n, hashes,
                                max(nt for _, nt in keys))
             )
         return keys
@@ -467,8 +548,6 @@ class BlockPool:
         """Drop every key; only allowed when no block is in use."""
         if self.free_block_queue.num_free_blocks != self.num_blocks - 1:
             return False
-        from kvtrace.cache.events import EVICT_RESET
-
         for b in self.blocks[1:]:
             if b.block_hash is not None or b.aliases:
                 self.evict_block_keys(b, EVICT_RESET, None)

@@ -125,6 +125,10 @@ class ContentModel:
         lift = self.pow[query_end - 1]
         return ((decay * start_states[query_seg]) % P + (lift * seg_sum) % P) % P
 
+    def step_one(self, states: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """States [B, D] after one more token each (the decode step)."""
+        return (states * self._m + tokens.unsqueeze(1)) % P
+
     def states_from_scratch(self, tokens: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
         """States [Q, D] after ``ends[q]`` tokens of one sequence, starting from zero."""
         n = tokens.shape[0]

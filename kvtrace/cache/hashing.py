@@ -16,7 +16,6 @@ import hashlib
 from typing import TYPE_CHECKING, Callable
 
 import cbor2
-import numpy as np
 import xxhash
 
 
@@ -152,13 +151,3 @@ class BlockHasher:
         self.memo_misses += misses
         self.memo_hits += (last_j - n // per_block) - misses
         return len(hashes)
-
-def coarse_hashes(fine: list[bytes], scale: int) -> list[bytes]:
-    """Hashes of a group whose block is ``scale`` hash units: block i reuses fine[(i+1)*scale-1]."""
-    if scale == 1:
-        return fine
-    return fine[scale - 1::scale]
-
-
-def token_array(x) -> np.ndarray:
-    return np.asarray(x, dtype=np.int64)

@@ -25,6 +25,17 @@ Call order per scheduler step (mirrors vLLM's ``Scheduler.schedule``):
 
 Hashes are registered during ``allocate_slots`` (before the forward pass writes
 content), which is why keys published in a step are only hittable from the next one.
+
+Mamba (align mode) tables: slot p holds the state after (p+1)*bs tokens; skipped
+slots are the null block (id 0). A step's state is written to slot
+cdiv(end, bs) - 1 (``StateWrite(kind="running")``) and read from the slot holding the
+state at the step's start. A slot only takes its block-end key when its state was
+materialised exactly there, so chunks should follow vLLM's block-aligned split (stop at
+the next block boundary when starting mid-block, at floor(num_tokens/bs)*bs, at the
+prompt's tail hash boundary and at the shared-prefix junction); other splits lose
+cache entries but never create stale ones. ``num_lookahead_tokens`` is ignored for
+Mamba groups (align mode). With ``num_prefill_checkpoint_blocks`` a prefill chunk
+also gets a checkpoint slot at cdiv(end, bs) - 2 (``kind="checkpoint"``).
 """
 
 from __future__ import annotations
@@ -41,9 +52,9 @@ from kvtrace.cache.config import (
     CacheConfig,
     FullAttentionSpec,
     MambaSpec,
-    SlidingWindowSpec,
 )
-from kvtrace.cache.events import COPY_EXTERNAL, PUBLISH_FULL, BlockCopied, BlocksFreed, CacheListener, PrefixLookup
+from kvtrace.cache.event_ctors import new_block_copied, new_blocks_freed, new_prefix_lookup
+from kvtrace.cache.events import COPY_EXTERNAL, PUBLISH_FULL, CacheListener
 from kvtrace.cache.external import ExternalTier
 from kvtrace.cache.hashing import BlockHasher
 from kvtrace.cache.plans import BlockCopy, KVCacheBlocks, StateWrite
@@ -120,12 +131,12 @@ class _Context:
         self.copies.append(copy)
         self.stats.copies += 1
         if self.sink.enabled:
-            self.sink.events.append(BlockCopied(self.sink.step, copy.request_id, copy.group_id, copy.src, copy.dst, copy.why))
+            self.sink.events.append(new_block_copied(self.sink.step, copy.request_id, copy.group_id, copy.src, copy.dst, copy.why))
 
     def note_external_load(self, request: Request, group_id: int, block) -> None:
         if self.sink.enabled:
             self.sink.events.append(
-                BlockCopied(self.sink.step, request.request_id, group_id, -1, block.block_id, COPY_EXTERNAL)
+                new_block_copied(self.sink.step, request.request_id, group_id, -1, block.block_id, COPY_EXTERNAL)
             )
 
 
@@ -252,14 +263,20 @@ class KVCacheManager:
         ``shared-prefix-pinning`` is on and a sparse group lags, else 0; the scheduler
         stores it in ``request.shared_prefix_boundary``.
         """
-        self._attach(request)
+        if request._hasher is None:
+            request._hasher = self.hasher
+        num_tokens = request.num_tokens
         st = self.stats
         st.queries += 1
-        st.query_tokens += request.num_tokens
+        st.query_tokens += num_tokens
         if not self.enable_caching:
             return KVCacheBlocks.empty(self.num_groups), 0, 0
         fine = request.block_hashes
-        blocks, hit, uncached, first = self.find_longest_cache_hit(fine, request.num_tokens - 1)
+        if self._unitary:
+            hit_blocks, hit = self.managers[0].find_longest_cache_hit(fine, num_tokens - 1, self.hit_alignment)
+            blocks, uncached, first = [hit_blocks], 0, (hit,)
+        else:
+            blocks, hit, uncached, first = self.find_longest_cache_hit(fine, num_tokens - 1)
         boundary = hit + uncached if (uncached and self.ctx.pinning) else 0
         st.hit_tokens += hit
         if hit:
@@ -270,8 +287,8 @@ class KVCacheManager:
             miss_idx = hit // bs0
             miss = coarse0[miss_idx] if miss_idx < len(coarse0) else None
             self.sink.events.append(
-                PrefixLookup(
-                    self.sink.step, request.request_id, request.num_tokens, hit, first, boundary, 0,
+                new_prefix_lookup(
+                    self.sink.step, request.request_id, num_tokens, hit, first, boundary, 0,
                     coarse0[0] if coarse0 else None, miss, miss_idx if miss is not None else -1,
                 )
             )
@@ -424,6 +441,14 @@ class KVCacheManager:
             table.extend(hits)
             m.num_cached_block[rid] = len(hits)
         n = -(-(num_tokens_main + num_lookahead_tokens) // bs) - len(table)
+        num_cached = m.num_cached_block[rid]
+        if n > 0 and self.enable_caching and num_cached == len(table):
+            # every earlier block is keyed: allocate and key the new ones in one pass
+            num_full = min(num_tokens_main, request.num_tokens) // bs
+            new = pool.get_new_blocks_and_cache(n, rid, request.block_hashes, len(table), num_full, bs)
+            table.extend(new)
+            m.num_cached_block[rid] = max(min(num_full, len(table)), num_cached)
+            return KVCacheBlocks((new,))
         new = pool.get_new_blocks(n, rid) if n > 0 else []
         if new:
             table.extend(new)
@@ -455,7 +480,7 @@ class KVCacheManager:
         for g, m in enumerate(self.managers):
             freed = m.free(rid)
             if freed and sink.enabled:
-                sink.events.append(BlocksFreed(sink.step, rid, g, tuple([b.block_id for b in freed])))
+                sink.events.append(new_blocks_freed(sink.step, rid, g, tuple([b.block_id for b in freed])))
 
     def take_block_copies(self) -> list[BlockCopy]:
         """Device copies (src -> dst, per group) the worker must run before this step's compute.

@@ -14,7 +14,11 @@ STATE_CHECKPOINT = "checkpoint"  # an internal prefill checkpoint inside the chu
 
 
 class BlockCopy(NamedTuple):
-    """Copy block ``src`` to ``dst`` in group ``group_id`` before this step's compute."""
+    """Copy block ``src`` to ``dst`` in group ``group_id`` before this step's compute.
+
+    ``why`` is ``partial_hit`` (a copy block swapped into the request's table) or
+    ``running_tail`` (the live block stays; the cache entry moved to ``dst``).
+    """
 
     group_id: int
     src: int
@@ -24,10 +28,17 @@ class BlockCopy(NamedTuple):
 
 
 class StateWrite(NamedTuple):
-    """Materialise the recurrent state after ``num_tokens`` tokens into ``block_id``.
+    """Content the worker must materialise in ``block_id`` of group ``group_id`` this step.
 
-    The worker computes the request's state up to ``num_tokens`` (within this step's
-    chunk) and writes it to ``block_id`` of group ``group_id`` after the compute.
+    kinds:
+    * ``running`` (Mamba): the state after the step's last token (``num_tokens`` =
+      computed tokens after the step) goes to the table's last block;
+    * ``checkpoint`` (Mamba): an internal prefill checkpoint, the state after
+      ``num_tokens`` (the last hash boundary before the chunk end), written into a
+      slot inside the chunk;
+    * ``external`` (any group): loaded from the external tier before compute. Mamba:
+      the state after ``num_tokens``; attention: the block's token slots of the
+      request's prefix up to ``num_tokens``.
     """
 
     request_id: str

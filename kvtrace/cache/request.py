@@ -121,7 +121,9 @@ class Request:
     def block_hashes(self) -> list[bytes]:
         """Chained hashes of every full ``hash_block_size`` unit (grows with tokens)."""
         h = self._hasher
-        if h is not None and len(self._block_hashes) < self.num_tokens // h.hash_block_size:
+        if h is not None and len(self._block_hashes) < (
+            self.num_prompt_tokens + len(self.output_token_ids)
+        ) // h.hash_block_size:
             h.update(self)
         return self._block_hashes
 

@@ -12,8 +12,6 @@ from typing import TYPE_CHECKING
 
 from kvtrace.cache.block_pool import BlockPool, KVCacheBlock
 from kvtrace.cache.config import (
-    EXTERNAL_HIT_RUNNING_COW,
-    TRANSIENT_CHECKPOINT_RETENTION,
     FullAttentionSpec,
     MambaSpec,
     SlidingWindowSpec,
@@ -26,9 +24,8 @@ from kvtrace.cache.events import (
     PUBLISH_CHECKPOINT,
     PUBLISH_FULL,
     PUBLISH_PARTIAL_TAIL,
-    BlockCopied,
-    StaleHashLeft,
 )
+from kvtrace.cache.event_ctors import new_stale_hash_left
 from kvtrace.cache.plans import STATE_CHECKPOINT, STATE_EXTERNAL, STATE_RUNNING, BlockCopy, StateWrite
 from kvtrace.cache.retention import mamba_reachable_mask, swa_reachable_mask
 
@@ -95,12 +92,14 @@ class SingleTypeManager:
     def add_computed_blocks(self, request_id: str, blocks: list[KVCacheBlock], num_local_computed: int) -> None:
         """Take the hit blocks of a new request (touch) and note a mid-block hit for CoW."""
         table = self.req_to_blocks.setdefault(request_id, [])
+        if not blocks:
+            self.num_cached_block.setdefault(request_id, len(table))
+            return
         assert not table, f"{request_id}: hit blocks for a request that already has blocks"
-        if blocks:
-            self.pool.touch(blocks)
-            table.extend(blocks)
+        self.pool.touch(blocks)
+        table.extend(blocks)
         self.num_cached_block[request_id] = len(blocks)
-        if blocks and num_local_computed % self.block_size:
+        if num_local_computed % self.block_size:
             idx = num_local_computed // self.block_size
             self.partial_hit_reqs[request_id] = (idx, blocks[idx])
             self.num_cached_block[request_id] = idx  # re-cache from the copy when it fills
@@ -136,7 +135,14 @@ class SingleTypeManager:
         while len(table) < min(skipped, cdiv(total, self.block_size)):
             table.append(self.null_block)
             new_out.append(self.null_block)
-        n = cdiv(total, self.block_size) - len(table)
+        bs = self.block_size
+        if num_local % bs and len(table) > num_local // bs:
+            # the local hit ends inside this block: the load fills the rest of it
+            b = table[num_local // bs]
+            self.ctx.state_writes.append(
+                StateWrite(rid, self.group_id, b.block_id, min((num_local // bs + 1) * bs, total), STATE_EXTERNAL)
+            )
+        n = cdiv(total, bs) - len(table)
         if n <= 0:
             return
         first = len(table)
@@ -207,7 +213,8 @@ class SingleTypeManager:
             return
         self._remove_blocks_in_range(request_id, 0, skipped // self.block_size)
 
-    def free(self, request_id: str) -> list[int]:
+    def free(self, request_id: str) -> list[KVCacheBlock]:
+        """Return the request's blocks to the pool, tail first; returns them in that order."""
         table = self.req_to_blocks.pop(request_id, None)
         self.num_cached_block.pop(request_id, None)
         self.partial_hit_reqs.pop(request_id, None)
@@ -252,6 +259,18 @@ class FullAttentionManager(SingleTypeManager):
         hit -= hit % alignment
         del blocks[cdiv(hit, bs):]
         return blocks, hit
+
+    def free(self, request_id: str) -> list[KVCacheBlock]:
+        # full-attention tables hold no null blocks: free the reversed table as is
+        table = self.req_to_blocks.pop(request_id, None)
+        self.num_cached_block.pop(request_id, None)
+        if self.partial_hit_reqs:
+            self.partial_hit_reqs.pop(request_id, None)
+        if not table:
+            return []
+        ordered = table[::-1]
+        self.pool.free_blocks(ordered)
+        return ordered
 
     def cache_blocks(self, request, num_tokens):
         super().cache_blocks(request, num_tokens)
@@ -333,6 +352,9 @@ class MambaManager(SingleTypeManager):
         self.last_state_block_idx: dict[str, int] = {}
         self.checkpoints: dict[str, list[tuple[int, int]]] = {}  # req -> [(position, slot)] this step
         self.handed_out: set[str] = set()  # requests whose blocks the worker has seen
+        # req -> {slot: tokens its state summarises}. A slot is keyed at its block end
+        # only if its state was materialised exactly there (robust to chunk splits).
+        self.state_pos: dict[str, dict[int, int]] = {}
 
     def find_longest_cache_hit(self, fine, max_length, alignment):
         bs = self.block_size
@@ -396,10 +418,15 @@ class MambaManager(SingleTypeManager):
 
     def add_computed_blocks(self, request_id, blocks, num_local_computed):
         table = self.req_to_blocks.setdefault(request_id, [])
+        if not blocks:
+            self.num_cached_block.setdefault(request_id, len(table))
+            return
         assert not table, f"{request_id}: hit blocks for a request that already has blocks"
         self.pool.touch(blocks)
         table.extend(blocks)
         self.num_cached_block[request_id] = len(blocks)
+        if blocks:
+            self.state_pos[request_id] = {len(blocks) - 1: num_local_computed}
         if blocks and num_local_computed % self.block_size:
             idx = len(blocks) - 1
             self.partial_hit_reqs[request_id] = (idx, blocks[idx])
@@ -431,7 +458,7 @@ class MambaManager(SingleTypeManager):
             self.ctx.stats.stale_hash_left += 1
             if sink.enabled:
                 sink.events.append(
-                    StaleHashLeft(sink.step, rid, self.group_id, src.block_id, src.block_hash, src.hash_num_tokens)
+                    new_stale_hash_left(sink.step, rid, self.group_id, src.block_id, src.block_hash, src.hash_num_tokens)
                 )
         self._swap_in_copy(request, idx, src, new_out)
         self.allocated_block_reqs.add(rid)
@@ -455,6 +482,7 @@ class MambaManager(SingleTypeManager):
         (b,) = self.pool.get_new_blocks(1, rid)
         table.append(b)
         new_out.append(b)
+        self.state_pos.setdefault(rid, {})[slot] = total
         self.ctx.state_writes.append(StateWrite(rid, self.group_id, b.block_id, total, STATE_EXTERNAL))
         self.ctx.note_external_load(request, self.group_id, b)
 
@@ -464,6 +492,8 @@ class MambaManager(SingleTypeManager):
         spec_n = self.num_speculative_blocks
         required = cdiv(num_tokens_main, self.block_size) + spec_n
         ckpts = self._plan_checkpoints(request, step_start, num_tokens_main, len(table))
+        if num_tokens_main > step_start:
+            self.state_pos.setdefault(rid, {})[cdiv(num_tokens_main, self.block_size) - 1] = num_tokens_main
         if required <= len(table):
             # No new state block (e.g. the first continuation after an external hit
             # stays inside the loaded block). The fix marks the request allocated so a
@@ -496,7 +526,9 @@ class MambaManager(SingleTypeManager):
         new_out.extend(table[prev_len:])
         if ckpts:
             self.checkpoints[rid] = ckpts
+            positions = self.state_pos.setdefault(rid, {})
             for (pos, slot) in ckpts:
+                positions[slot] = pos
                 self.ctx.state_writes.append(
                     StateWrite(rid, self.group_id, table[slot].block_id, pos, STATE_CHECKPOINT)
                 )
@@ -513,10 +545,24 @@ class MambaManager(SingleTypeManager):
             )
 
     def reachable_mask(self, request, start, end):
-        return mamba_reachable_mask(
+        mask, owed = mamba_reachable_mask(
             start, end, self.block_size, self.ctx.scheduler_block_size,
             self.ctx.retention_interval, self.reachable_boundaries(request),
         )
+        # Only slots holding the state at their own block end may take the full key
+        # (this step's checkpoint slots go through the checkpoint branch afterwards).
+        positions = self.state_pos.get(request.request_id, {})
+        ckpt_slots = {slot for _, slot in self.checkpoints.get(request.request_id, ())}
+        bs = self.block_size
+        for i in range(start, end):
+            if i in ckpt_slots:
+                continue
+            if positions.get(i) != (i + 1) * bs:
+                if mask is None:
+                    mask = [True] * (end - start)
+                mask[i - start] = False
+                owed.discard(i)
+        return mask, owed
 
     def cache_blocks(self, request, num_tokens):
         super().cache_blocks(request, num_tokens)
@@ -568,6 +614,7 @@ class MambaManager(SingleTypeManager):
         self.last_state_block_idx.pop(request_id, None)
         self.checkpoints.pop(request_id, None)
         self.handed_out.discard(request_id)
+        self.state_pos.pop(request_id, None)
         return super().free(request_id)
 
 

@@ -75,14 +75,25 @@ class DeviceStorage:
             bs.index_copy_(0, d, bs.index_select(0, s))
 
     # -- attention ------------------------------------------------------------------------
-    def write_kv(self, group_id: int, block_ids: torch.Tensor, slots: torch.Tensor, values: torch.Tensor) -> None:
-        """Write kv ``values`` into (block, slot) pairs and refresh the touched blocks' sums."""
+    def write_kv(
+        self,
+        group_id: int,
+        block_ids: torch.Tensor,
+        slots: torch.Tensor,
+        values: torch.Tensor,
+        touched: torch.Tensor | None = None,
+    ) -> None:
+        """Write kv ``values`` into (block, slot) pairs and refresh the touched blocks' sums.
+
+        ``touched`` (the distinct blocks written, if the caller knows them) saves a unique().
+        """
         if values.numel() == 0:
             return
         t = self.data[group_id]
         flat = block_ids * t.shape[1] + slots
         t.view(-1).index_copy_(0, flat, values)
-        touched = torch.unique(block_ids)
+        if touched is None:
+            touched = torch.unique(block_ids)
         self.block_sum[group_id].index_copy_(0, touched, t.index_select(0, touched).sum(dim=1) % P)
 
     def read_kv(self, group_id: int, block_ids: torch.Tensor) -> torch.Tensor:

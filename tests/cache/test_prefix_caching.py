@@ -126,6 +126,16 @@ def test_hybrid_shared_prefix_detection():
     blocks, hit, boundary = m.get_computed_blocks(b)
     assert (hit, boundary) == (0, 32)
     assert blocks.get_block_ids() == ([], [])
+    # the scheduler splits at the junction: the state at 32 exists and is kept at k=0
+    b.shared_prefix_boundary = boundary
+    events = []
+    m.subscribe(events.extend)
+    run_chunk(m, b, 32, num_new_computed_tokens=hit, new_computed_blocks=blocks)
+    run_chunk(m, b, b.num_tokens - 32)
+    kept = [e for e in events if getattr(e, "kind", None) == "boundary" and e.group_id == 1]
+    assert [e.num_tokens for e in kept] == [32]
+    c = make_request("c", list(range(48)) + [3000 + i for i in range(60)])
+    assert m.get_computed_blocks(c)[1] == 32
 
 
 def test_partial_hash_hit_with_copy_on_write():
