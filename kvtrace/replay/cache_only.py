@@ -14,10 +14,10 @@ Conventions:
 attention group, one request per step) so its events flow to listeners (digest, spans).
 Block keys are the trace ids themselves (with their scope, see :func:`block_keys`), not
 hashes of synthesised tokens: in this mode ids *are* the content, and hashing tokens
-would make the analysis cost grow with tokens instead of unique blocks. To let the last id hit, the
-request is presented with one token beyond its last block (vLLM always recomputes a
-prompt's last token); the pool holds one extra block for that token, so the capacity
-seen by the trace is exactly ``capacity_blocks``.
+would make the analysis cost grow with tokens instead of unique blocks. To let the last
+id hit, the request is presented with one token beyond its last block (vLLM always
+recomputes a prompt's last token); the pool holds one extra block for that token, so
+the capacity seen by the trace is exactly ``capacity_blocks``.
 
 ``policy="belady"`` is the offline-optimal bound on the same trace (:mod:`.belady`).
 ``lru_reference`` is a bare OrderedDict model of the same conventions, for tests and the
@@ -33,6 +33,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
+from kvtrace.cache.events import PrefixLookup
 from kvtrace.engine.workload import TraceRequest
 from kvtrace.errors import ConfigError
 from kvtrace.replay.belady import belady_hits, chain_keys
@@ -168,25 +169,26 @@ def _root_indices(reqs: Sequence[TraceRequest]) -> list[int]:
 
 
 def block_keys(reqs: Sequence[TraceRequest]) -> list[list[bytes]]:
-    """The cache key of every trace block: 16 bytes, (scope index, trace id) big-endian.
+    """The cache key of every trace block: (scope index, trace id) as 8 + 8 big-endian
+    bytes, then a ``\x01`` end marker (17 bytes).
 
     A trace is prefix-chained when each (scope, id) always follows the same parent id:
     the id then names its whole chain, and (scope, id) is a complete key (checked here,
-    vectorised). Otherwise keys fall back to interned chains, (2^64-1, chain index).
-    Keys are plain data, not digests: an event's block hash shows its trace id.
+    vectorised). Otherwise keys fall back to interned chains, scope 2^64-1 and the chain's
+    index. Keys are plain data, not digests: an event's block hash shows its trace id.
     """
-    lengths = np.fromiter((len(r.hash_ids) for r in reqs), dtype=np.int64, count=len(reqs))
-    total = int(lengths.sum())
+    lengths = [len(r.hash_ids) for r in reqs]
+    total = sum(lengths)
     if total == 0:
         return [[] for _ in reqs]
     flat = np.fromiter(chain.from_iterable(r.hash_ids for r in reqs), dtype=np.int64, count=total)
+    lens = np.asarray(lengths, dtype=np.int64)
     starts = np.zeros(len(reqs), dtype=np.int64)
-    np.cumsum(lengths[:-1], out=starts[1:])
-    scope = np.repeat(np.asarray(_root_indices(reqs), dtype=np.int64), lengths)
+    np.cumsum(lens[:-1], out=starts[1:])
+    scope = np.repeat(np.asarray(_root_indices(reqs), dtype=np.int64), lens)
     parent = np.empty_like(flat)
     parent[1:] = flat[:-1]
-    nonempty = starts[lengths > 0]
-    parent[nonempty] = -1  # a chain's first block follows the scope root
+    parent[starts[lens > 0]] = -1  # a chain's first block follows its scope's root
     if int(scope.max()) == 0:
         _, first, inverse = np.unique(flat, return_index=True, return_inverse=True)
     else:
@@ -194,16 +196,19 @@ def block_keys(reqs: Sequence[TraceRequest]) -> list[list[bytes]]:
                                       return_inverse=True)
     inverse = inverse.reshape(-1)
     if np.array_equal(parent[first][inverse], parent):
-        pairs = np.empty((total, 2), dtype=">u8")
-        pairs[:, 0] = scope
-        pairs[:, 1] = flat
-        buf = pairs.tobytes()
-        flat_keys = [buf[o:o + 16] for o in range(0, 16 * total, 16)]
+        rows = np.empty(len(first), dtype=[("scope", ">u8"), ("id", ">u8"), ("end", "u1")])
+        rows["scope"] = scope[first]
+        rows["id"] = flat[first]
+        rows["end"] = 1  # numpy drops trailing NULs of S items; the marker keeps all 17 bytes
+        unique_keys = rows.view("S17").tolist()  # one bytes object per unique block
+        flat_keys = [unique_keys[i] for i in inverse.tolist()]
     else:
         flat_keys = _interned_chain_keys(reqs)
     out = []
-    for s0, n in zip(starts.tolist(), lengths.tolist()):
-        out.append(flat_keys[s0:s0 + n])
+    o = 0
+    for n in lengths:
+        out.append(flat_keys[o:o + n])
+        o += n
     return out
 
 
@@ -217,7 +222,7 @@ def _interned_chain_keys(reqs: Sequence[TraceRequest]) -> list[bytes]:
             k = index.get((parent, h))
             if k is None:
                 k = index[(parent, h)] = len(index)
-            out.append(marker + k.to_bytes(8, "big"))
+            out.append(marker + k.to_bytes(8, "big") + b"\x01")
             parent = k
     return out
 
@@ -235,8 +240,9 @@ def replay_cache_only(
     """Replay in cache-only mode with ``capacity_blocks`` usable blocks (or
     ``capacity_tokens // block_size``) of ``block_size`` tokens (default: the trace's).
 
-    ``listeners`` get each step's cache events, one step per request (``policy="lru"``
-    only: Belady is an analytical bound without a cache manager). ``progress(i)`` is
+    ``listeners`` get each step's cache events, one step per request. Belady is an
+    analytical bound without a cache manager: its listeners get one ``PrefixLookup`` per
+    request (the bound's hit), so its digest still pins the result. ``progress(i)`` is
     called after each request.
     """
     if policy not in POLICIES:
@@ -254,6 +260,13 @@ def replay_cache_only(
         hits, result.publishes, result.evictions, result.oversized = belady_hits(keys, capacity_blocks)
         for i, (r, ks, hit) in enumerate(zip(reqs, keys, hits)):
             result._add(r.request_id, r.input_length, len(ks), hit)
+            if listeners:
+                # Belady has no cache manager; its per-request lookups are the event stream
+                tokens = result.per_request_hit_tokens[-1]
+                lookup = [PrefixLookup(i, r.request_id, r.input_length, tokens, (tokens,), 0, 0, None, None,
+                                       hit if hit < len(ks) else -1)]
+                for listener in listeners:
+                    listener(lookup)
             if progress is not None:
                 progress(i + 1)
         return result
@@ -287,7 +300,8 @@ def _replay_manager(reqs, bs, capacity, result, listeners, progress) -> CacheOnl
         mgr.new_step_starts()  # one request per step: flushes its events
         if progress is not None:
             progress(i + 1)
-    result.publishes, result.evictions = mgr.sink.publishes, mgr.sink.evictions
+    result.publishes = mgr.stats.publishes
+    result.evictions = sum(mgr.stats.evictions.values())
     for listener in listeners:
         mgr.unsubscribe(listener)
     return result

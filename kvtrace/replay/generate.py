@@ -15,27 +15,36 @@ General workloads
 - ``mixed``: chat and agent sessions interleaved (the demo workload; sized so an
   engine replay takes seconds).
 
-Study workloads (one per behaviour in CACHE_SEMANTICS.md; ``mamba_block_size`` is the
-Mamba/KDA group's block size of the preset the study runs, a multiple of ``block_size``)
-- ``study-transient-checkpoint-retention``: long prompts (several prefill chunks) made
-  of one of a few hot shared prefixes (a whole number of Mamba blocks) plus a long
-  unique suffix. Published transient checkpoints compete with the hot prefixes.
+Study workloads (one per behaviour in CACHE_SEMANTICS.md). Their geometry is laid out
+in the replaying preset's units: ``hash_block_size`` H and ``mamba_block_size`` M
+(kimi-hybrid: 64 and 512). ``WORKLOADS[name].hints`` suggests replay settings
+(retention, capacities, external tier) under which the effect shows.
+
+- ``study-transient-checkpoint-retention``: prompts of one of four hot shared prefixes
+  (whole Mamba blocks, 2-4k tokens, Zipf-like popularity) plus a 2-6k-token unique
+  suffix that does not end on a hash boundary. The prefill stops at the junction and
+  at the tail hash boundary, so checkpoints fall inside the prompt: transient ones.
+  Published (behaviour off), they compete in a small Mamba pool with the hot prefixes.
 - ``study-shared-prefix-pinning``: many short requests over three system prompts whose
-  length is a multiple of ``block_size`` but *not* of ``mamba_block_size``: the junction
-  (shared-prefix boundary) falls inside a Mamba block, where neither a block boundary
-  nor a prompt end would keep a state at retention 0. Only pinning keeps it.
+  length is a multiple of H but *not* of M: the junction (shared-prefix boundary) lies
+  inside a Mamba block, where neither a block boundary nor a prompt end keeps a state
+  at retention 0. User messages are longer than a Mamba block, so the state at a
+  prompt's last full block never covers only the system prompt. Only pinning keeps the
+  junction's state; without it every request re-prefills the system prompt.
 - ``study-external-hit-running-cow``: families of a parent whose prompt ends at
-  ``E = m*mamba_block_size + block_size`` (a hash boundary inside a Mamba block), filler
-  requests that push the parent out of GPU memory (to the external tier), then children
-  whose prompt is the parent's plus ``d`` tokens, ending inside the *same* Mamba block
-  and not on a hash boundary: the external hit ends mid-block and the prefill continues
-  to a partial tail in that block (the 10 -> 14 -> 15 geometry of review 003, scaled).
+  ``E = m*M + H`` (a hash boundary one hash block into a Mamba block), filler requests
+  that push the parent out of GPU memory (it stays in the external tier), then children
+  whose prompt is the parent's plus ``d = j*H + r`` tokens (1 <= j <= M/H - 2,
+  0 < r < H): the external hit ends mid-block, the prefill runs to a partial tail in the
+  same block and continues past it (review 003's 10 -> 14 -> 15 geometry, scaled).
+  A retry of the first child (the same prompt again) then hits the keys that child left:
+  wrong content there shows up as divergent output tokens, the "verbatim repeats".
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -85,7 +94,7 @@ def _uniform_int(rng: np.random.Generator, lo: int, hi: int) -> int:
 # -- general workloads -------------------------------------------------------------------
 
 def _chat(w: _Workload, num_requests: int, tag: str = "chat", t0: float = 0.0,
-          session_gap_s: float = 1.2) -> None:
+          session_gap_s: float = 0.4) -> None:
     rng = w.rng
     system_prompts = [w.tokens(_uniform_int(rng, 300, 1200)) for _ in range(4)]
     popularity = np.array([0.4, 0.3, 0.2, 0.1])
@@ -97,17 +106,17 @@ def _chat(w: _Workload, num_requests: int, tag: str = "chat", t0: float = 0.0,
         ts = t
         for turn in range(turns):
             context = np.concatenate([context, w.tokens(_uniform_int(rng, 20, 300))])
-            out = _uniform_int(rng, 16, 160)
+            out = _uniform_int(rng, 16, 96)
             w.add(ts, f"{tag}{session}-t{turn}", f"{tag}{session}", context, out)
             # the answer becomes part of the next turn's prompt
             context = np.concatenate([context, w.tokens(out)])
-            ts += float(rng.uniform(3.0, 20.0))
+            ts += float(rng.uniform(2.0, 8.0))  # reading and typing time
         made += turns
         session += 1
 
 
 def _agent(w: _Workload, num_requests: int, tag: str = "agent", t0: float = 0.0,
-           session_gap_s: float = 4.0) -> None:
+           session_gap_s: float = 1.5) -> None:
     rng = w.rng
     preambles = [w.tokens(_uniform_int(rng, 2000, 3000)) for _ in range(2)]
     made, session, t = 0, 0, t0
@@ -117,11 +126,11 @@ def _agent(w: _Workload, num_requests: int, tag: str = "agent", t0: float = 0.0,
         context = np.concatenate([preambles[int(rng.integers(2))], w.tokens(_uniform_int(rng, 200, 800))])
         ts = t
         for step in range(steps):
-            out = _uniform_int(rng, 30, 200)
+            out = _uniform_int(rng, 30, 120)
             w.add(ts, f"{tag}{session}-s{step}", f"{tag}{session}", context, out)
             tool_output = w.tokens(_uniform_int(rng, 100, 1500))
             context = np.concatenate([context, w.tokens(out), tool_output])
-            ts += float(rng.uniform(0.5, 4.0))
+            ts += float(rng.uniform(0.5, 3.0))  # tool execution time
         made += steps
         session += 1
 
@@ -129,89 +138,123 @@ def _agent(w: _Workload, num_requests: int, tag: str = "agent", t0: float = 0.0,
 def _mixed(w: _Workload, num_requests: int) -> None:
     n_agent = num_requests // 3
     _chat(w, num_requests - n_agent)
-    _agent(w, n_agent, session_gap_s=6.0)
+    _agent(w, n_agent, session_gap_s=2.5)
 
 
 # -- study workloads ---------------------------------------------------------------------
 
-def _study_transient_checkpoint(w: _Workload, num_requests: int, block_size: int, mamba_bs: int) -> None:
+def _blocks_for(tokens: int, block: int) -> int:
+    return max(1, round(tokens / block))
+
+
+def _study_transient_checkpoint(w: _Workload, num_requests: int, g: "_Geometry") -> None:
     rng = w.rng
-    hot = [w.tokens(mamba_bs * _uniform_int(rng, 24, 40)) for _ in range(4)]
+    mbs = g.mamba_block_size
+    # hot prefixes of ~2-4k tokens, whole Mamba blocks (the junction is block-aligned)
+    lo, hi = _blocks_for(2048, mbs), _blocks_for(4096, mbs)
+    hot = [w.tokens(mbs * _uniform_int(rng, lo, max(lo, hi))) for _ in range(4)]
     popularity = np.array([0.4, 0.3, 0.2, 0.1])
     t = 0.0
     for i in range(num_requests):
         t += float(rng.uniform(0.5, 1.0))
         k = int(rng.choice(4, p=popularity))
-        prompt = np.concatenate([hot[k], w.tokens(_uniform_int(rng, 3000, 6000))])
+        # a long unique suffix, not ending on a hash boundary: the prefill stops at the
+        # junction and at the tail hash boundary, so its checkpoints fall inside the prompt
+        suffix = g.hash_block_size * _uniform_int(rng, 2000 // g.hash_block_size, 6000 // g.hash_block_size)
+        suffix += _uniform_int(rng, 1, g.hash_block_size - 1)
+        prompt = np.concatenate([hot[k], w.tokens(suffix)])
         w.add(t, f"ckpt{i}", f"hot{k}", prompt, _uniform_int(rng, 8, 32))
 
 
-def _not_aligned_length(rng: np.random.Generator, block_size: int, mamba_bs: int, lo_blocks: int, hi_blocks: int) -> int:
-    per = mamba_bs // block_size
-    if per < 2:
-        raise ConfigError("generate", "mamba_block_size", f"must be >= 2 x block_size ({block_size}), got {mamba_bs}")
-    return mamba_bs * _uniform_int(rng, lo_blocks, hi_blocks) + block_size * _uniform_int(rng, 1, per - 1)
+def _not_aligned_length(rng: np.random.Generator, g: "_Geometry", lo_tokens: int, hi_tokens: int) -> int:
+    """A multiple of the hash block size that is not a multiple of the Mamba block size."""
+    mbs, hbs = g.mamba_block_size, g.hash_block_size
+    per = mbs // hbs
+    lo, hi = _blocks_for(lo_tokens, mbs), _blocks_for(hi_tokens, mbs)
+    return mbs * _uniform_int(rng, lo, max(lo, hi)) + hbs * _uniform_int(rng, 1, per - 1)
 
 
-def _study_shared_prefix(w: _Workload, num_requests: int, block_size: int, mamba_bs: int) -> None:
+def _study_shared_prefix(w: _Workload, num_requests: int, g: "_Geometry") -> None:
     rng = w.rng
-    system_prompts = [w.tokens(_not_aligned_length(rng, block_size, mamba_bs, 16, 32)) for _ in range(3)]
+    system_prompts = [w.tokens(_not_aligned_length(rng, g, 1024, 2048)) for _ in range(3)]
     t = 0.0
     for i in range(num_requests):
         t += float(rng.uniform(0.2, 0.5))
         k = i % 3 if i < 3 else int(rng.integers(3))
-        prompt = np.concatenate([system_prompts[k], w.tokens(_uniform_int(rng, 40, 300))])
+        # The user message runs past the next Mamba block boundary, so the state at the
+        # prompt's last full block (kept at retention 0) lies beyond the system prompt
+        # and cannot stand in for the junction's state.
+        user = _uniform_int(rng, g.mamba_block_size + 8, 2 * g.mamba_block_size)
+        prompt = np.concatenate([system_prompts[k], w.tokens(user)])
         w.add(t, f"sys{k}-q{i}", f"sys{k}", prompt, _uniform_int(rng, 8, 32))
 
 
-def _study_external_cow(w: _Workload, num_requests: int, block_size: int, mamba_bs: int,
+def _study_external_cow(w: _Workload, num_requests: int, g: "_Geometry",
                         fillers_per_family: int = 3, children_per_family: int = 2) -> None:
     rng = w.rng
-    per = mamba_bs // block_size
-    if per < 3:
-        raise ConfigError("generate", "mamba_block_size", f"must be >= 3 x block_size ({block_size}), got {mamba_bs}")
+    mbs, hbs = g.mamba_block_size, g.hash_block_size
+    per = mbs // hbs
     t, i, fam = 0.0, 0, 0
     while i < num_requests:
         # the parent's prompt ends on a hash boundary one hash block into a Mamba block
-        parent = w.tokens(mamba_bs * _uniform_int(rng, 4, 16) + block_size)
+        parent = w.tokens(mbs * _uniform_int(rng, _blocks_for(512, mbs), _blocks_for(2048, mbs)) + hbs)
         t += 1.0
         w.add(t, f"fam{fam}-parent", f"fam{fam}", parent, _uniform_int(rng, 8, 16))
         i += 1
         for f in range(min(fillers_per_family, num_requests - i)):
             t += 1.0
-            w.add(t, f"fam{fam}-fill{f}", None, w.tokens(mamba_bs * _uniform_int(rng, 8, 16)), 8)
+            filler = w.tokens(mbs * _uniform_int(rng, _blocks_for(2048, mbs), _blocks_for(3072, mbs)))
+            w.add(t, f"fam{fam}-fill{f}", None, filler, 8)
             i += 1
         for c in range(min(children_per_family, num_requests - i)):
-            # d > block_size so a tail hash boundary lies past E, d % block_size != 0 so the
-            # prompt continues past it, and E + d stays inside the same Mamba block
-            d = block_size * _uniform_int(rng, 1, per - 2) + _uniform_int(rng, 1, block_size - 1)
+            # d > one hash block so a tail hash boundary lies past E, d % hash block != 0
+            # so the prompt continues past it, and E + d stays inside the same Mamba block
+            d = hbs * _uniform_int(rng, 1, per - 2) + _uniform_int(rng, 1, hbs - 1)
             t += 1.0
-            w.add(t, f"fam{fam}-child{c}", f"fam{fam}", np.concatenate([parent, w.tokens(d)]),
-                  _uniform_int(rng, 8, 16))
+            child = np.concatenate([parent, w.tokens(d)])
+            w.add(t, f"fam{fam}-child{c}", f"fam{fam}", child, _uniform_int(rng, 8, 16))
             i += 1
+            if c == 0 and i < num_requests:
+                # the user retries the same message: a local hit on the keys the child left
+                t += 1.0
+                w.add(t, f"fam{fam}-retry{c}", f"fam{fam}", child, _uniform_int(rng, 8, 16))
+                i += 1
         fam += 1
 
 
 # -- registry ----------------------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)
+class _Geometry:
+    block_size: int  # tokens per trace hash id
+    hash_block_size: int  # the cache's hash unit (kimi-hybrid: 64)
+    mamba_block_size: int  # the Mamba/KDA group's block size (kimi-hybrid: 512)
+
+
+@dataclass(frozen=True, slots=True)
 class WorkloadSpec:
     build: Callable
     default_requests: int
-    study: bool = False
     description: str = ""
+    # Suggested replay settings (RunSpec fields) under which the study shows its effect
+    # with kimi-hybrid: capacities small enough that what the behaviour keeps or drops
+    # matters. Empty for general workloads.
+    hints: dict = field(default_factory=dict)
 
 
 WORKLOADS: dict[str, WorkloadSpec] = {
-    "chat": WorkloadSpec(lambda w, n, bs, mbs: _chat(w, n), 160, description="multi-turn chat, shared system prompts"),
-    "agent": WorkloadSpec(lambda w, n, bs, mbs: _agent(w, n), 80, description="agent sessions, growing contexts"),
-    "mixed": WorkloadSpec(lambda w, n, bs, mbs: _mixed(w, n), 150, description="chat + agent (demo default)"),
+    "chat": WorkloadSpec(lambda w, n, g: _chat(w, n), 160, "multi-turn chat, shared system prompts"),
+    "agent": WorkloadSpec(lambda w, n, g: _agent(w, n), 80, "agent sessions, growing contexts"),
+    "mixed": WorkloadSpec(lambda w, n, g: _mixed(w, n), 150, "chat + agent (demo default)"),
     "study-transient-checkpoint-retention": WorkloadSpec(
-        _study_transient_checkpoint, 60, True, "long prompts over hot shared prefixes"),
+        _study_transient_checkpoint, 60, "long prompts over hot shared prefixes",
+        {"preset": "kimi-hybrid", "retention": "0", "capacity_blocks": (1024, 16)}),
     "study-shared-prefix-pinning": WorkloadSpec(
-        _study_shared_prefix, 90, True, "short requests over system prompts ending mid Mamba block"),
+        _study_shared_prefix, 90, "short requests over system prompts ending mid Mamba block",
+        {"preset": "kimi-hybrid", "retention": "0"}),
     "study-external-hit-running-cow": WorkloadSpec(
-        _study_external_cow, 60, True, "external hits ending mid Mamba block, continued in it"),
+        _study_external_cow, 60, "external hits ending mid Mamba block, continued in it",
+        {"preset": "kimi-hybrid", "capacity_blocks": 10, "external_capacity_blocks": 4096}),
 }
 DEFAULT_WORKLOAD = "mixed"
 
@@ -230,11 +273,17 @@ def generate(
     num_requests: int | None = None,
     *,
     block_size: int = 16,
-    mamba_block_size: int = 64,
+    hash_block_size: int = 64,
+    mamba_block_size: int = 512,
     prompt: str = "hash",
 ) -> list[TraceRequest]:
-    """Build workload ``name`` with ``seed``; ``prompt`` is "hash" (hash_ids of
-    ``block_size`` tokens) or "tokens" (token_ids)."""
+    """Build workload ``name`` with ``seed``.
+
+    ``prompt`` is "hash" (hash_ids of ``block_size`` tokens) or "tokens" (token_ids).
+    Study geometry is laid out in units of the replaying preset's ``hash_block_size``
+    and ``mamba_block_size`` (defaults: kimi-hybrid's 64 and 512); ``block_size`` must
+    divide the hash block size so that shared prefixes end exactly where designed.
+    """
     spec = WORKLOADS.get(name)
     if spec is None:
         raise ConfigError("generate", "workload", f"unknown {name!r}; expected one of {', '.join(WORKLOADS)}")
@@ -243,13 +292,17 @@ def generate(
     n = spec.default_requests if num_requests is None else num_requests
     if not isinstance(n, int) or n < 1:
         raise ConfigError("generate", "num_requests", f"expected an int >= 1, got {n!r}")
-    if block_size < 1 or mamba_block_size % block_size:
+    if block_size < 1 or hash_block_size % block_size:
+        raise ConfigError("generate", "hash_block_size",
+                          f"expected a multiple of block_size {block_size}, got {hash_block_size}")
+    if mamba_block_size % hash_block_size or mamba_block_size < 3 * hash_block_size:
         raise ConfigError("generate", "mamba_block_size",
-                          f"expected a multiple of block_size {block_size}, got {mamba_block_size}")
+                          f"expected a multiple of hash_block_size {hash_block_size}, at least 3x, "
+                          f"got {mamba_block_size}")
     if prompt not in ("hash", "tokens"):
         raise ConfigError("generate", "prompt", f"expected 'hash' or 'tokens', got {prompt!r}")
     w = _Workload(np.random.Generator(np.random.PCG64(seed)))
-    spec.build(w, n, block_size, mamba_block_size)
+    spec.build(w, n, _Geometry(block_size, hash_block_size, mamba_block_size))
     interner = BlockInterner(block_size) if prompt == "hash" else None
     out: list[TraceRequest] = []
     for d in w.sorted_drafts()[:n]:
@@ -259,8 +312,8 @@ def generate(
             input_length=int(d.tokens.shape[0]),
             output_length=d.output_length,
             session_id=d.session,
+            token_ids=d.tokens,
         )
-        req.token_ids = d.tokens
         if interner is not None:
             req.hash_ids = tuple(interner.block_ids(req))
             req.hash_block_size = block_size
@@ -277,16 +330,18 @@ def write_generated(
     seed: int = 0,
     num_requests: int | None = None,
     block_size: int = 16,
-    mamba_block_size: int = 64,
+    hash_block_size: int = 64,
+    mamba_block_size: int = 512,
     prompt: str = "hash",
     mooncake_block_size: int = 512,
 ) -> int:
     """Generate and write a workload as ``native`` (lossless) or ``mooncake`` JSONL
-    (re-blocked to ``mooncake_block_size``: a study's sub-block geometry is lost)."""
-    reqs = generate(name, seed, num_requests, block_size=block_size, mamba_block_size=mamba_block_size,
-                    prompt=prompt)
+    (re-blocked to ``mooncake_block_size``: sub-block study geometry is lost)."""
+    reqs = generate(name, seed, num_requests, block_size=block_size, hash_block_size=hash_block_size,
+                    mamba_block_size=mamba_block_size, prompt=prompt)
     if fmt == "native":
-        header = {"generator": name, "seed": seed, "mamba_block_size": mamba_block_size}
+        header = {"generator": name, "seed": seed, "hash_block_size": hash_block_size,
+                  "mamba_block_size": mamba_block_size}
         if prompt == "hash":
             header["block_size"] = block_size
         return write_native(reqs, out, header=header)

@@ -30,8 +30,8 @@ def run(events_per_step) -> str:
 def test_digest_is_sha256_of_documented_msgpack():
     d = Digest()
     d.on_cache_events([pub()])
-    # [[["BlockPublished", {fields in order}]]] as MessagePack
-    body = msgspec.msgpack.encode([[["BlockPublished", {
+    # [[[type names], [{fields in order}]]] as MessagePack
+    body = msgspec.msgpack.encode([[["BlockPublished"], [{
         "step": 1, "request_id": "r0", "group_id": 0, "kind": "full", "block_ids": [3, 4],
         "block_hashes": [b"\x01\xff", b"\x00"], "num_tokens": 32}]]])
     assert d.hexdigest() == hashlib.sha256(VERSION_LINE + body).hexdigest()

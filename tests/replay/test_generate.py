@@ -82,38 +82,49 @@ def test_mixed_is_small_enough_for_the_demo():
 
 
 def test_shared_prefix_study_junction_is_mid_mamba_block():
-    reqs = generate(study_workload("shared-prefix-pinning"), 0, block_size=16, mamba_block_size=64)
-    sys_lengths = set()
+    reqs = generate(study_workload("shared-prefix-pinning"), 0)  # kimi-hybrid: H 64, M 512
+    junctions = {}
     for a in reqs[:3]:
         for b in reqs[3:]:
             if a.session_id == b.session_id:
-                shared = common_prefix(a.hash_ids, b.hash_ids) * 16
-                sys_lengths.add((a.session_id, shared))
-    assert len({s for s, _ in sys_lengths}) == 3
-    for _, junction in sys_lengths:
-        assert junction % 16 == 0 and junction % 64 != 0 and junction >= 64 * 16
+                junctions.setdefault(a.session_id, set()).add(common_prefix(a.hash_ids, b.hash_ids) * 16)
+    assert len(junctions) == 3
+    for found in junctions.values():
+        (junction,) = found  # one system prompt per session, always the same length
+        assert junction % 64 == 0 and junction % 512 != 0 and 1024 <= junction <= 2560
 
 
-def test_external_cow_study_geometry():
-    bs, mbs = 16, 64
-    reqs = generate("study-external-hit-running-cow", 4, block_size=bs, mamba_block_size=mbs)
+@pytest.mark.parametrize("hbs,mbs", [(64, 512), (16, 64)])
+def test_external_cow_study_geometry(hbs, mbs):
+    reqs = generate("study-external-hit-running-cow", 4, hash_block_size=hbs, mamba_block_size=mbs)
     parents = {r.session_id: r for r in reqs if r.request_id.endswith("-parent")}
     children = [r for r in reqs if "-child" in r.request_id]
     assert len(parents) >= 5 and len(children) >= 2 * (len(parents) - 1)
     for c in children:
         p = parents[c.session_id]
         e = p.input_length
-        assert e % bs == 0 and e % mbs == bs  # the hit ends on a hash boundary mid Mamba block
-        assert c.hash_ids[: e // bs] == p.hash_ids  # the child extends the parent exactly
+        assert e % mbs == hbs  # the hit ends on a hash boundary one hash block into a Mamba block
+        assert c.hash_ids[: e // 16] == p.hash_ids  # the child extends the parent exactly
         n = c.input_length
         assert n // mbs == e // mbs  # continues inside the same Mamba block
-        assert n % bs != 0 and (n // bs) * bs > e  # a partial tail past the hit, then more tokens
+        assert n % hbs != 0 and (n // hbs) * hbs > e  # a partial tail past the hit, then more tokens
     fillers = [r for r in reqs if "-fill" in r.request_id]
     assert all(r.session_id is None for r in fillers) and len(fillers) >= 3 * (len(parents) - 1)
+    retries = [r for r in reqs if "-retry" in r.request_id]
+    assert retries and all(
+        np.array_equal(r.prompt_token_ids(), next(c for c in children if c.request_id == r.request_id.replace(
+            "retry", "child")).prompt_token_ids()) for r in retries)
+    # the fillers between parent and child hold more blocks than the hinted GPU capacity
+    # (so the parent leaves the GPU), yet each fits in it
+    usable = WORKLOADS["study-external-hit-running-cow"].hints["capacity_blocks"] - 1  # the null block
+    if mbs == 512:
+        for k in range(len(parents) - 1):
+            sizes = [-(-f.input_length // 512) for f in fillers[3 * k:3 * k + 3]]
+            assert sum(sizes) > usable and max(sizes) < usable
 
 
 def test_transient_checkpoint_study_has_hot_prefixes_and_long_prompts():
-    reqs = generate("study-transient-checkpoint-retention", 0, block_size=16, mamba_block_size=64)
+    reqs = generate("study-transient-checkpoint-retention", 0)
     hot = {}
     for r in reqs:
         hot.setdefault(r.session_id, []).append(r)
@@ -121,7 +132,8 @@ def test_transient_checkpoint_study_has_hot_prefixes_and_long_prompts():
     for group in hot.values():
         if len(group) > 1:
             shared = common_prefix(group[0].hash_ids, group[1].hash_ids) * 16
-            assert shared % 64 == 0 and shared >= 24 * 64
+            assert shared % 512 == 0 and 2048 <= shared <= 4096
+    assert all(r.input_length % 64 != 0 for r in reqs)  # a tail hash boundary inside the prompt
     assert min(r.input_length for r in reqs) > 4000
 
 
@@ -131,7 +143,9 @@ def test_bad_arguments():
     with pytest.raises(ConfigError, match="num_requests"):
         generate("chat", 0, 0)
     with pytest.raises(ConfigError, match="mamba_block_size"):
-        generate("chat", 0, block_size=16, mamba_block_size=24)
+        generate("chat", 0, mamba_block_size=96)
+    with pytest.raises(ConfigError, match="hash_block_size"):
+        generate("chat", 0, block_size=48)
     with pytest.raises(ConfigError, match="no study workload"):
         study_workload("faster-gpus")
 

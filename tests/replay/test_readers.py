@@ -175,6 +175,14 @@ def test_mooncake_malformed_line_is_named(tmp_path, bad, what):
     assert e.value.line == 3 and str(e.value).startswith(f"{p}:3: ")
 
 
+def test_readers_stream_requests_before_a_later_bad_line(tmp_path):
+    p = write(tmp_path, "t.jsonl", GOOD_MC + "\n" + GOOD_MC + "\n{broken\n")
+    it = iter(open_trace(p))
+    assert next(it).request_id == "r0" and next(it).request_id == "r1"  # yielded before line 3 is read
+    with pytest.raises(TraceFormatError, match=r"t\.jsonl:3: invalid JSON"):
+        next(it)
+
+
 def test_arrival_going_back_is_refused(tmp_path):
     p = write(tmp_path, "t.jsonl", "\n".join([
         line(timestamp=10, input_length=5, output_length=1, hash_ids=[0]),
@@ -283,6 +291,7 @@ def test_weka_malformed_points_at_the_request_line(tmp_path, bad, what):
     doc = weka_doc([weka_req(), weka_req(t=1.0, hash_ids=[1, 2, 3]), bad])
     text = json.dumps(doc, indent=1)
     p = write(tmp_path, "c.json", text)
+    assert detect_format(str(p)) == "weka"  # pretty-printed: detected by its suffix
     expected_line = text.splitlines().index(" \"requests\": [") + 1  # the array's line
     with pytest.raises(TraceFormatError, match=what) as e:
         read_trace(p, format="weka")

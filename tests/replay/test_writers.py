@@ -14,6 +14,8 @@ from kvtrace.replay.writers import BlockInterner, write_mooncake, write_native
 
 TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
 MOONCAKE = TRACES / "mooncake_synthetic_trace.jsonl"
+WEKA = TRACES / "weka_sample"
+AZURE = TRACES / "AzureLLMInferenceTrace_conv.csv"
 needs_samples = pytest.mark.skipif(not MOONCAKE.exists(), reason="shared public traces are not in this checkout")
 
 
@@ -64,6 +66,19 @@ def test_mooncake_to_native_to_mooncake(tmp_path):
     assert [r.arrival_ns for r in again] == [r.arrival_ns for r in a]
     first = json.loads(mc.read_text().splitlines()[0])
     assert set(first) == {"timestamp", "input_length", "output_length", "hash_ids"}
+
+
+@needs_samples
+@pytest.mark.parametrize("path,limit", [(WEKA, None), (AZURE, 500)])
+def test_every_format_converts_to_native_losslessly(tmp_path, path, limit):
+    src = open_trace(path, limit=limit)
+    out = tmp_path / "n.jsonl"
+    n = write_native(src, out)
+    back = read_trace(out)
+    assert n == len(back) == len(list(src))
+    assert all(same(x, y) for x, y in zip(src, back))
+    # the expanded prompts (namespaced ids, synthetic tails) are the same tokens
+    assert np.array_equal(back[-1].prompt_token_ids(), list(src)[-1].prompt_token_ids())
 
 
 def test_mooncake_reblocking_keeps_sharing(tmp_path):
