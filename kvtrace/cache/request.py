@@ -25,7 +25,7 @@ class Request:
     ``num_computed_tokens`` is advanced by the engine after each step.
     ``shared_prefix_boundary`` is set by the scheduler from ``get_computed_blocks``.
     ``block_hashes`` (``hash_block_size`` units) fill in lazily as tokens grow, once the
-    manager has seen the request.
+    manager has seen the request; a caller with its own keys may pass them in.
     """
 
     __slots__ = (
@@ -56,6 +56,7 @@ class Request:
         trace_block_size: int = 0,
         namespace: int = 0,
         num_prompt_tokens: int | None = None,
+        block_hashes: list[bytes] | None = None,
     ):
         self.request_id = request_id
         self.cache_salt = cache_salt
@@ -74,7 +75,8 @@ class Request:
         self.num_computed_tokens = 0
         self.output_token_ids: list[int] = []
         self.shared_prefix_boundary = 0
-        self._block_hashes: list[bytes] = []
+        # Precomputed keys (cache-only replay keys blocks by trace id) skip the hasher.
+        self._block_hashes: list[bytes] = list(block_hashes) if block_hashes is not None else []
         self._hasher: BlockHasher | None = None
 
     # -- tokens -------------------------------------------------------------------

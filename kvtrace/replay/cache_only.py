@@ -288,8 +288,8 @@ def _replay_manager(reqs, bs, capacity, result, listeners, progress) -> CacheOnl
         n = len(hs)
         num_tokens = n * bs + 1
         req = Request(r.request_id, None, trace_block_ids=r.hash_ids, trace_block_size=bs,
-                      namespace=r.namespace, cache_salt=r.cache_salt, num_prompt_tokens=num_tokens)
-        req._block_hashes = hs  # the trace-id keys (see the module docstring)
+                      namespace=r.namespace, cache_salt=r.cache_salt, num_prompt_tokens=num_tokens,
+                      block_hashes=hs)  # the trace-id keys (see the module docstring)
         computed, num_hit, _ = mgr.get_computed_blocks(req)
         if n > capacity or mgr.allocate_slots(req, num_tokens - num_hit, num_hit, computed) is None:
             result.oversized += 1
