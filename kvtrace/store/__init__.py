@@ -3,40 +3,58 @@
 Imports only duckdb, polars, pyarrow and the stdlib (plus kvtrace.errors): the schema is data.
 
 Schema (``schema.py``)
-    ``spans``: one row per span. OTel envelope columns (trace_id/span_id hex, name,
-    start_ns/end_ns, status, resource/extra attribute maps, events, links) plus typed
-    ``kvtrace.*`` columns (step, group_id, request_id, block_ids BIGINT[], block_hashes
-    VARCHAR[] hex, publish_kind, evict_reason, ages/idle, lookup counts, request latency
-    fields, verification fields, live-vLLM fields) and ``run_id``/``seq`` filled by the
-    writer. ``SPAN_COLUMN_DEFS`` lists each column with its Arrow type, DuckDB type and
-    OTel attribute key; ``SPAN_ARROW_SCHEMA`` is what producers build;
-    ``ATTRIBUTE_COLUMNS`` maps attribute keys back to columns (OTLP receiver).
-    ``otel_traces``: a VIEW with the OpenTelemetry Collector ClickHouse exporter's columns
-    (Timestamp, TraceId, ..., SpanAttributes map assembled from the typed columns plus
-    ``extra_attributes``, Duration ns, Events.*, Links.*) and a trailing RunId.
-    ``runs``: run_id, name, created, trace_source, trace_digest, config JSON, behaviours
-    JSON, mode, digest, status (running|complete|failed|incomplete), summary JSON, writer
-    pid/host/start token. ``evicted_blocks``: per-run derived table (one row per evicted
-    block with the publish that next took its block id), built by ``finish_run``.
-    Live vLLM KV events reuse the cache span names with ``source = 'vllm'``
-    (BlockStored -> publish 'vllm_stored', BlockRemoved -> evict 'vllm_removed',
-    AllBlocksCleared -> evict 'reset').
+    One span = one row. ``SPAN_COLUMN_DEFS`` lists every column with its Arrow type, DuckDB
+    type and OTel attribute key: OTel envelope (trace_id/span_id hex, name, start_ns/end_ns,
+    status, resource/extra attribute maps, events, links) and typed ``kvtrace.*`` columns
+    (step, group_id, request_id, block_ids BIGINT[], block_hashes VARCHAR[] hex,
+    publish_kind, evict_reason, copy_reason, ages/idle, lookup counts and hashes, step
+    counters and usage, request latency fields, verification fields, live-vLLM fields).
+    Producers build Arrow tables in ``SPAN_ARROW_SCHEMA`` (any subset of columns);
+    ``ATTRIBUTE_COLUMNS`` maps OTel attribute keys to columns (OTLP receiver). The writer
+    adds ``run_id``, ``seq`` (per-run append order: the tie-break for spans sharing a step's
+    virtual time) and ``num_blocks``.
+    Physical layout: one table per span family (``spans_cache``: publish/evict/cow/free/
+    stale_left, ``spans_lookup``, ``spans_step``, ``spans_request``, ``spans_verify``) with
+    the shared columns plus the family's own, and ``spans_other`` (every column) for other
+    names or rows setting a column their family lacks. DuckDB's append cost grows with the
+    column count, so this roughly halves insert time and each query scans one family.
+    Views: ``spans`` (all columns, all families), ``cache_spans``/``lookup_spans``/...
+    (one family, incl. its rows in spans_other) and ``otel_traces``: the OpenTelemetry
+    Collector ClickHouse exporter's columns (Timestamp, TraceId, ..., SpanAttributes map
+    built from the typed columns plus extra_attributes, Duration ns, Events.*, Links.*),
+    then RunId. ``runs``: run_id, name, created, trace_source, trace_digest, config JSON,
+    behaviours JSON, mode, digest, status (running|complete|failed|incomplete), summary JSON,
+    writer pid/host/start token.
+    Live vLLM KV events reuse the cache span names with ``source = 'vllm'`` (BlockStored ->
+    publish 'vllm_stored', BlockRemoved -> evict 'vllm_removed', AllBlocksCleared -> evict
+    'reset').
+
+Derived tables (``derived.py``), built per run by ``finish_run`` (and by crash recovery):
+    evicted_blocks (each evicted block + the publish that next took its block id),
+    miss_attribution (each lookup miss on a previously cached hash -> its eviction -> that
+    publish), span_stats, latency_quantiles (exact quantile grid of TTFT/E2E/queue/ITL),
+    block_values (lifetime/idle/reuse-gap value counts). Readers use them for finished
+    runs and run the same SQL on the fly for running ones, so answers agree.
 
 Concurrency (``connection.py``)
     DuckDB allows one read-write process or many read-only ones. The writer (``Store``)
     buffers Arrow tables in memory and holds the file only while it commits a flush (open,
-    one transaction of bulk Arrow inserts, close); readers open read-only for one query.
-    Each side retries a lock conflict with backoff up to a timeout (default 30 s), so the
-    dashboard reads a store while a replay writes, seeing every committed flush.
+    one transaction of bulk Arrow inserts, close); readers open read-only per query. Both
+    retry a lock conflict with backoff (default timeout 30 s). A writer kept waiting
+    touches ``<db>.writer-waiting``; readers hold back (up to 2 s) while it is fresh, so a
+    polling dashboard cannot starve a replay. ``finish_run`` computes derived tables on a
+    read-only connection and writes them in one short transaction.
 
 Crash safety
-    Each flush is a committed DuckDB transaction: it survives kill -9 (the WAL is replayed
-    on the next open). ``Store.open`` marks runs left ``running`` by a dead writer
-    ``incomplete`` (and builds their derived tables); readers already report them as
-    ``incomplete``. ``with Store.open(p) as s:`` marks its unfinished runs ``failed`` on
-    an exception (Ctrl-C included) after flushing what it holds.
+    Each flush is a committed DuckDB transaction: it survives kill -9 (WAL replay on the
+    next open); spans still buffered in memory are lost. Readers report a ``running`` run
+    whose writer process is gone as ``incomplete``; ``Store.open`` persists that (and builds
+    its derived tables). ``with Store.open(p) as s:`` flushes and marks its unfinished
+    runs ``failed`` on an exception, Ctrl-C included; ``close()`` marks them ``incomplete``.
 
-Read API (``read.py``): functions ``f(db_path, run_id, ...) -> polars.DataFrame``.
+Read API (``read.py``): ``f(db_path, run_id, ...) -> polars.DataFrame``, bound parameters
+only; see the module for the list. Errors: ``StoreError`` (a ``KVTraceError``) naming the
+file for a missing, corrupt, foreign or busy database; ``UnknownRunError`` for a bad run id.
 """
 
 from kvtrace.store.errors import StoreBusyError, StoreError, UnknownRunError  # noqa: F401

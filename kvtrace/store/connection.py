@@ -22,6 +22,40 @@ from kvtrace.store.schema import META_TABLE, SCHEMA_VERSION, STORE_MAGIC
 DEFAULT_TIMEOUT_S = 30.0
 _FIRST_BACKOFF_S = 0.005
 _MAX_BACKOFF_S = 0.1
+_WRITER_MAX_BACKOFF_S = 0.02
+# Writer priority: a writer that finds the file held touches ``<db>.writer-waiting``;
+# readers about to open wait (at most READER_YIELD_S) while a fresh marker exists, so a
+# dashboard polling in a loop cannot starve a replay's flushes.
+READER_YIELD_S = 2.0
+_MARKER_FRESH_S = 5.0
+
+
+def writer_marker(path: str) -> str:
+    return f"{path}.writer-waiting"
+
+
+def _marker_is_fresh(marker: str) -> bool:
+    try:
+        return time.time() - os.stat(marker).st_mtime < _MARKER_FRESH_S
+    except OSError:
+        return False
+
+
+def _yield_to_writer(path: str) -> None:
+    marker = writer_marker(path)
+    deadline = time.monotonic() + READER_YIELD_S
+    while _marker_is_fresh(marker) and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
+def _touch(marker: str) -> bool:
+    try:
+        with open(marker, "a"):
+            pass
+        os.utime(marker)
+        return True
+    except OSError:
+        return False  # read-only directory: no priority, plain retry
 
 
 def _is_lock_conflict(err: Exception) -> bool:
@@ -31,8 +65,10 @@ def _is_lock_conflict(err: Exception) -> bool:
 
 def _classify(path: str, err: Exception) -> StoreError:
     text = str(err).splitlines()[0] if str(err) else type(err).__name__
-    if "not a valid DuckDB database" in text or "database file" in text.lower() and "valid" in text:
+    if "not a valid DuckDB database" in text or ("database file" in text.lower() and "valid" in text):
         return StoreError(path, "not a DuckDB database (expected a kvtrace store file)")
+    if "Could not read enough bytes" in text or "orrupt" in text:
+        return StoreError(path, f"corrupt or truncated DuckDB file ({text})")
     if "version" in text.lower() and "storage" in text.lower():
         return StoreError(path, f"unsupported DuckDB storage version: {text}")
     return StoreError(path, f"cannot open as a kvtrace store: {text}")
@@ -41,22 +77,32 @@ def _classify(path: str, err: Exception) -> StoreError:
 def _open(path: str, read_only: bool, timeout_s: float) -> duckdb.DuckDBPyConnection:
     if read_only and not os.path.exists(path):
         raise StoreError(path, "no such database file (run `kvtrace replay --db` or `kvtrace demo` first)")
+    if read_only:
+        _yield_to_writer(path)
     deadline = time.monotonic() + timeout_s
     backoff = _FIRST_BACKOFF_S
-    while True:
-        try:
-            con = duckdb.connect(path, read_only=read_only)
-            con.execute("SET enable_progress_bar = false")
-            return con
-        except duckdb.Error as err:
-            if not _is_lock_conflict(err):
-                raise _classify(path, err) from None
-            if time.monotonic() >= deadline:
-                raise StoreBusyError(
-                    path, f"locked by another process for over {timeout_s:g}s ({err})".splitlines()[0]
-                ) from None
-            time.sleep(backoff)
-            backoff = min(backoff * 2, _MAX_BACKOFF_S)
+    marker = None
+    try:
+        while True:
+            try:
+                con = duckdb.connect(path, read_only=read_only)
+                con.execute("SET enable_progress_bar = false")
+                return con
+            except duckdb.Error as err:
+                if not _is_lock_conflict(err):
+                    raise _classify(path, err) from None
+                if time.monotonic() >= deadline:
+                    raise StoreBusyError(
+                        path, f"locked by another process for over {timeout_s:g}s ({err})".splitlines()[0]
+                    ) from None
+                if not read_only and _touch(writer_marker(path)):
+                    marker = writer_marker(path)
+                time.sleep(backoff)
+                backoff = min(backoff * 2, _MAX_BACKOFF_S if read_only else _WRITER_MAX_BACKOFF_S)
+    finally:
+        if marker is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(marker)
 
 
 def check_store(con: duckdb.DuckDBPyConnection, path: str) -> None:

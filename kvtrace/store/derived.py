@@ -2,13 +2,61 @@
 
 ``evicted_blocks``: one row per evicted block, with the publish that next took the same
 block id (same group) before that block id was evicted again: "the publish that took its
-place". Order within a run is ``seq`` (append order), which breaks the ties of spans
-sharing one step's virtual timestamp.
+place". ``miss_attribution``: for each lookup miss on a hash that was cached before, the
+latest eviction of that hash (group 0) before the miss, joined to that eviction's row in
+evicted_blocks. ``span_stats``: spans and blocks per span name. Order within a run is
+``seq`` (append order), which breaks the ties of spans sharing one step's virtual time.
 """
 
 from __future__ import annotations
 
-from kvtrace.store.schema import SPAN_EVICT, SPAN_PUBLISH
+import pyarrow as pa  # noqa: F401  (type of compute's values)
+
+from kvtrace.store.schema import (
+    SPAN_EVICT,
+    SPAN_LOOKUP,
+    SPAN_PUBLISH,
+    SPAN_REQUEST,
+    SPAN_STALE_HASH,
+    SPAN_STALE_LEFT,
+)
+
+QUANTILE_GRID = 1000  # latency quantiles are kept at q = i / QUANTILE_GRID
+
+# Per-request latency samples (ns) of $run_id, one SELECT per metric, column ``v``.
+LATENCY_VALUES = {
+    "ttft": "SELECT coalesce(ttft_ns, first_token_ns - coalesce(arrival_ns, start_ns)) AS v FROM request_spans "
+            f"WHERE run_id = $run_id AND name = '{SPAN_REQUEST}'",
+    "e2e": "SELECT end_ns - coalesce(arrival_ns, start_ns) AS v FROM request_spans "
+           f"WHERE run_id = $run_id AND name = '{SPAN_REQUEST}'",
+    "queue": "SELECT first_scheduled_ns - coalesce(arrival_ns, start_ns) AS v FROM request_spans "
+             f"WHERE run_id = $run_id AND name = '{SPAN_REQUEST}'",
+    "itl": f"SELECT unnest(itl_ns) AS v FROM request_spans WHERE run_id = $run_id AND name = '{SPAN_REQUEST}'",
+}
+
+
+def quantile_grid_sql(metric: str) -> str:
+    """Exact quantile_cont at every grid point, from one sort (DuckDB's list form of
+    quantile_cont re-selects per quantile and takes minutes on tens of millions of gaps)."""
+    return f"""(
+        WITH s AS (
+            SELECT v, row_number() OVER (ORDER BY v) - 1 AS i
+            FROM ({LATENCY_VALUES[metric]}) WHERE v IS NOT NULL
+        ),
+        cnt AS (SELECT count(*) AS n FROM s),
+        g AS (
+            SELECT r / {QUANTILE_GRID} AS q, r / {QUANTILE_GRID} * (cnt.n - 1) AS pos, cnt.n
+            FROM range({QUANTILE_GRID} + 1) AS t(r), cnt WHERE cnt.n > 0
+        )
+        SELECT $run_id AS run_id, '{metric}' AS metric, g.q,
+               lo.v + (g.pos - floor(g.pos)) * (hi.v - lo.v) AS value_ns, g.n
+        FROM g JOIN s AS lo ON lo.i = floor(g.pos) JOIN s AS hi ON hi.i = ceil(g.pos)
+    )"""
+
+
+LATENCY_QUANTILES_SELECT = "\nUNION ALL ".join(
+    f"SELECT * FROM {quantile_grid_sql(m)}" for m in LATENCY_VALUES
+)
 
 # $run_id is the only parameter.
 EVICTED_BLOCKS_SELECT = f"""
@@ -48,10 +96,142 @@ FROM (
 """
 
 
+# {evicted_blocks}: the relation holding the run's evicted_blocks rows.
+MISS_ATTRIBUTION_TEMPLATE = f"""
+WITH m AS (
+    SELECT run_id, seq AS miss_seq, start_ns AS miss_ns, request_id AS miss_request_id, root_hash,
+           first_miss_hash AS missed_hash, first_miss_index AS missed_index
+    FROM lookup_spans
+    WHERE run_id = $run_id AND name = '{SPAN_LOOKUP}' AND first_miss_hash IS NOT NULL
+),
+eb AS (SELECT * FROM {{evicted_blocks}} WHERE group_id = 0 AND block_hash IS NOT NULL)
+SELECT m.*, eb.evict_seq, eb.evict_span_id, eb.evict_ns, eb.reason AS evict_reason, eb.block_id,
+       eb.age, eb.idle, eb.evict_request_id, eb.next_publish_seq AS publish_seq,
+       eb.next_publish_span_id AS publish_span_id, eb.next_publish_ns AS publish_ns,
+       eb.next_publish_kind AS publish_kind, eb.next_publish_request_id AS publish_request_id
+FROM m ASOF JOIN eb ON m.missed_hash = eb.block_hash AND m.miss_seq > eb.evict_seq
+"""
+
+# {evicted_blocks}: as above. Values in scheduler steps; see read.block_histograms.
+BLOCK_VALUES_TEMPLATE = f"""
+WITH v AS (
+    SELECT 'lifetime' AS metric, age AS x FROM {{evicted_blocks}} WHERE age IS NOT NULL
+    UNION ALL
+    SELECT 'idle_before_evict', idle FROM {{evicted_blocks}} WHERE idle IS NOT NULL
+    UNION ALL
+    SELECT 'reuse_gap', gap FROM (
+        SELECT step - lag(step) OVER (PARTITION BY root_hash ORDER BY seq) AS gap, num_hit_tokens > 0 AS hit
+        FROM lookup_spans
+        WHERE run_id = $run_id AND name = '{SPAN_LOOKUP}' AND root_hash IS NOT NULL
+    ) WHERE hit AND gap IS NOT NULL
+)
+SELECT $run_id AS run_id, metric, x, count(*) AS n FROM v GROUP BY metric, x
+"""
+
+# For each hash the worker found stale: the seq of every cache/verify span naming it (the
+# stale-hash drill-down reads these few rows instead of scanning every block list).
+STALE_CHAIN_SELECT = f"""
+WITH h AS (
+    SELECT DISTINCT block_hashes[1] AS block_hash FROM verify_spans
+    WHERE run_id = $run_id AND name = '{SPAN_STALE_HASH}' AND len(block_hashes) > 0
+),
+x AS (
+    SELECT seq, unnest(block_hashes) AS block_hash FROM cache_spans
+    WHERE run_id = $run_id AND name IN ('{SPAN_PUBLISH}', '{SPAN_EVICT}', '{SPAN_STALE_LEFT}')
+    UNION ALL
+    SELECT seq, unnest(block_hashes) AS block_hash FROM verify_spans WHERE run_id = $run_id
+)
+SELECT DISTINCT $run_id AS run_id, x.block_hash, x.seq FROM x SEMI JOIN h ON x.block_hash = h.block_hash
+"""
+
+# {evicted_blocks}: as above. Evicted blocks per (time, reason, kind of the next publish):
+# spans of one step share a timestamp, so this is several times smaller than evicted_blocks.
+EVICT_COUNTS_TEMPLATE = """
+SELECT $run_id AS run_id, evict_ns, reason, next_publish_kind AS publish_kind, count(*) AS blocks
+FROM {evicted_blocks} GROUP BY ALL
+"""
+
+SPAN_STATS_SELECT = """
+SELECT run_id, name, count(*) AS spans, CAST(sum(num_blocks) AS BIGINT) AS blocks
+FROM spans WHERE run_id = $run_id GROUP BY run_id, name
+"""
+
+MISS_ATTRIBUTION_DDL = """
+CREATE TABLE IF NOT EXISTS miss_attribution (
+    run_id VARCHAR, miss_seq BIGINT, miss_ns BIGINT, miss_request_id VARCHAR, root_hash VARCHAR,
+    missed_hash VARCHAR, missed_index BIGINT, evict_seq BIGINT, evict_span_id VARCHAR, evict_ns BIGINT,
+    evict_reason VARCHAR, block_id BIGINT, age BIGINT, idle BIGINT, evict_request_id VARCHAR,
+    publish_seq BIGINT, publish_span_id VARCHAR, publish_ns BIGINT, publish_kind VARCHAR,
+    publish_request_id VARCHAR
+)
+"""
+SPAN_STATS_DDL = "CREATE TABLE IF NOT EXISTS span_stats (run_id VARCHAR, name VARCHAR, spans BIGINT, blocks BIGINT)"
+LATENCY_QUANTILES_DDL = (
+    "CREATE TABLE IF NOT EXISTS latency_quantiles (run_id VARCHAR, metric VARCHAR, q DOUBLE, value_ns DOUBLE, n BIGINT)"
+)
+BLOCK_VALUES_DDL = "CREATE TABLE IF NOT EXISTS block_values (run_id VARCHAR, metric VARCHAR, x BIGINT, n BIGINT)"
+STALE_CHAIN_DDL = "CREATE TABLE IF NOT EXISTS stale_chain (run_id VARCHAR, block_hash VARCHAR, seq BIGINT)"
+EVICT_COUNTS_DDL = (
+    "CREATE TABLE IF NOT EXISTS evict_counts (run_id VARCHAR, evict_ns BIGINT, reason VARCHAR, "
+    "publish_kind VARCHAR, blocks BIGINT)"
+)
+DDL = (MISS_ATTRIBUTION_DDL, SPAN_STATS_DDL, LATENCY_QUANTILES_DDL, BLOCK_VALUES_DDL, STALE_CHAIN_DDL, EVICT_COUNTS_DDL)
+TABLES = ("evicted_blocks", "miss_attribution", "span_stats", "latency_quantiles", "block_values", "stale_chain",
+          "evict_counts")
+
+
+def live_sql(table: str) -> str:
+    """The SELECT that computes ``table``'s rows of $run_id from the spans (running runs)."""
+    if table == "evicted_blocks":
+        return EVICTED_BLOCKS_SELECT
+    if table == "miss_attribution":
+        return MISS_ATTRIBUTION_TEMPLATE.format(evicted_blocks=f"({EVICTED_BLOCKS_SELECT})")
+    if table == "span_stats":
+        return SPAN_STATS_SELECT
+    if table == "latency_quantiles":
+        return LATENCY_QUANTILES_SELECT
+    if table == "block_values":
+        return BLOCK_VALUES_TEMPLATE.format(evicted_blocks=f"({EVICTED_BLOCKS_SELECT})")
+    if table == "evict_counts":
+        return EVICT_COUNTS_TEMPLATE.format(evicted_blocks=f"({EVICTED_BLOCKS_SELECT})")
+    raise KeyError(table)
+
+
+def compute(con, run_id: str) -> dict[str, "pa.Table"]:
+    """Every derived table's rows of one run, as Arrow. Needs only read access, so
+    ``finish_run`` runs it on a read-only connection while dashboards keep reading."""
+    params = {"run_id": run_id}
+    out = {"evicted_blocks": con.sql(f"{EVICTED_BLOCKS_SELECT} ORDER BY evict_seq", params=params).to_arrow_table()}
+    con.register("kvtrace_evicted_blocks", out["evicted_blocks"])
+    try:
+        eb = "kvtrace_evicted_blocks"
+        out["miss_attribution"] = con.sql(
+            f"{MISS_ATTRIBUTION_TEMPLATE.format(evicted_blocks=eb)} ORDER BY miss_seq", params=params
+        ).to_arrow_table()
+        out["block_values"] = con.sql(BLOCK_VALUES_TEMPLATE.format(evicted_blocks=eb), params=params).to_arrow_table()
+        out["evict_counts"] = con.sql(
+            f"{EVICT_COUNTS_TEMPLATE.format(evicted_blocks=eb)} ORDER BY evict_ns", params=params
+        ).to_arrow_table()
+    finally:
+        con.unregister("kvtrace_evicted_blocks")
+    out["span_stats"] = con.sql(SPAN_STATS_SELECT, params=params).to_arrow_table()
+    out["stale_chain"] = con.sql(f"{STALE_CHAIN_SELECT} ORDER BY block_hash, seq", params=params).to_arrow_table()
+    out["latency_quantiles"] = con.sql(LATENCY_QUANTILES_SELECT, params=params).to_arrow_table()
+    return out
+
+
+def store(con, run_id: str, tables: dict) -> None:
+    """Replace one run's derived rows with ``tables`` (inside the caller's transaction)."""
+    for name in TABLES:
+        con.execute(f"DELETE FROM {name} WHERE run_id = $run_id", {"run_id": run_id})
+        view = f"kvtrace_derived_{name}"
+        con.register(view, tables[name])
+        try:
+            con.execute(f"INSERT INTO {name} BY NAME SELECT * FROM {view}")
+        finally:
+            con.unregister(view)
+
+
 def materialise(con, run_id: str) -> None:
-    """(Re)build the derived rows of one run inside the caller's transaction."""
-    con.execute("DELETE FROM evicted_blocks WHERE run_id = $run_id", {"run_id": run_id})
-    con.execute(
-        f"INSERT INTO evicted_blocks {EVICTED_BLOCKS_SELECT} ORDER BY evict_seq",
-        {"run_id": run_id},
-    )
+    """(Re)build the derived rows of one run on a read-write connection."""
+    store(con, run_id, compute(con, run_id))

@@ -14,6 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import bisect
+
 import polars as pl
 
 from kvtrace.store import derived
@@ -21,6 +23,7 @@ from kvtrace.store.connection import fetch_one, read_connection
 from kvtrace.store.errors import UnknownRunError
 from kvtrace.store.liveness import writer_alive
 from kvtrace.store.schema import (
+    FAMILIES,
     SPAN_COW,
     SPAN_DIVERGENT,
     SPAN_EVICT,
@@ -30,12 +33,13 @@ from kvtrace.store.schema import (
     SPAN_STALE_HASH,
     SPAN_STALE_LEFT,
     SPAN_STEP,
+    family_columns,
 )
 
 DB = str | Path
 DEFAULT_WINDOWS = 200
 OVERALL_GROUP = -1  # group_id of the all-groups series in hit_rate_over_time
-QUANTILE_GRID = 1000  # latency quantiles are computed on q = i / QUANTILE_GRID
+QUANTILE_GRID = derived.QUANTILE_GRID
 
 
 def _tidy(frame: pl.DataFrame) -> pl.DataFrame:
@@ -86,11 +90,12 @@ def _window(con, run_id: str, window_ns: int | None) -> int:
     return _nice_window(0 if lo is None else hi - lo)
 
 
-def _evicted_blocks_sql(status: str) -> str:
-    """Materialised rows for finished runs; the same SELECT on the fly for running ones."""
+def _derived(table: str, status: str) -> str:
+    """A derived table's rows of $run_id: materialised for finished runs, computed on the
+    fly (same SQL) for running ones."""
     if status == "running":
-        return f"({derived.EVICTED_BLOCKS_SELECT})"
-    return "(SELECT * FROM evicted_blocks WHERE run_id = $run_id)"
+        return f"({derived.live_sql(table)})"
+    return f"(SELECT * FROM {table} WHERE run_id = $run_id)"
 
 
 def _with_run(db: DB, run_id: str, window_ns: int | None, build) -> pl.DataFrame:
@@ -114,9 +119,13 @@ def runs(db: DB) -> pl.DataFrame:
                    CAST(r.behaviours AS VARCHAR) AS behaviours, r.status, r.digest,
                    CAST(r.config AS VARCHAR) AS config, CAST(r.summary AS VARCHAR) AS summary,
                    r.writer_pid, r.writer_host, r.writer_start,
-                   coalesce(c.num_spans, 0) AS num_spans
+                   coalesce(live.n, stats.n, 0) AS num_spans
             FROM runs r
-            LEFT JOIN (SELECT run_id, count(*) AS num_spans FROM spans GROUP BY run_id) c USING (run_id)
+            LEFT JOIN (SELECT run_id, CAST(sum(spans) AS BIGINT) AS n FROM span_stats GROUP BY run_id) stats
+                   USING (run_id)
+            LEFT JOIN (SELECT run_id, count(*) AS n FROM spans
+                       WHERE run_id IN (SELECT run_id FROM runs WHERE status = 'running')
+                       GROUP BY run_id) live USING (run_id)
             ORDER BY r.created DESC NULLS LAST, r.run_id DESC
             """, {})
     status = [
@@ -139,10 +148,8 @@ def run(db: DB, run_id: str) -> dict[str, Any]:
 
 def span_counts(db: DB, run_id: str) -> pl.DataFrame:
     """Per span name: spans and blocks covered (headline counts for the Overview)."""
-    return _with_run(db, run_id, False, lambda s, w: """
-        SELECT name, count(*) AS spans,
-               sum(coalesce(len(block_ids), len(block_hashes), 0)) AS blocks
-        FROM spans WHERE run_id = $run_id GROUP BY name ORDER BY name""")
+    return _with_run(db, run_id, False, lambda s, w: f"""
+        SELECT name, spans, blocks FROM {_derived("span_stats", s)} ORDER BY name""")
 
 
 # --- hit rates ------------------------------------------------------------------------
@@ -210,26 +217,21 @@ def usage_over_time(db: DB, run_id: str, window_ns: int | None = None) -> pl.Dat
 
 # --- evictions ------------------------------------------------------------------------
 def evictions_over_time(db: DB, run_id: str, window_ns: int | None = None, by: str = "reason") -> pl.DataFrame:
-    """Evicted blocks per window, keyed by eviction reason or by the kind of the publish
-    that next took each block (``publish_kind``; 'none' when no publish took it)."""
-    if by == "reason":
+    """Evicted blocks per window (columns window_start_ns, key, blocks), keyed by eviction
+    reason or by the kind of the publish that next took each block (``publish_kind``;
+    'none' when no publish took it)."""
+    if by in ("reason", "publish_kind"):
+        key = "reason" if by == "reason" else "coalesce(publish_kind, 'none')"
         return _with_run(db, run_id, window_ns, lambda s, w: f"""
-            SELECT start_ns // $w * $w AS window_start_ns, evict_reason AS key,
-                   sum(coalesce(len(block_ids), len(block_hashes), 0)) AS blocks, count(*) AS spans
-            FROM cache_spans WHERE run_id = $run_id AND name = '{SPAN_EVICT}'
-            GROUP BY ALL ORDER BY window_start_ns, key""")
-    if by == "publish_kind":
-        return _with_run(db, run_id, window_ns, lambda s, w: f"""
-            SELECT evict_ns // $w * $w AS window_start_ns, coalesce(next_publish_kind, 'none') AS key,
-                   count(*) AS blocks, count(DISTINCT evict_seq) AS spans
-            FROM {_evicted_blocks_sql(s)} GROUP BY ALL ORDER BY window_start_ns, key""")
+            SELECT evict_ns // $w * $w AS window_start_ns, {key} AS key, sum(blocks) AS blocks
+            FROM {_derived("evict_counts", s)} GROUP BY ALL ORDER BY window_start_ns, key""")
     raise ValueError(f"by must be 'reason' or 'publish_kind', not {by!r}")
 
 
 def evictions_by_reason(db: DB, run_id: str) -> pl.DataFrame:
     """Total evicted blocks (and spans) per eviction reason, with each reason's share."""
     return _with_run(db, run_id, False, lambda s, w: f"""
-        SELECT evict_reason AS reason, sum(coalesce(len(block_ids), len(block_hashes), 0)) AS blocks,
+        SELECT evict_reason AS reason, sum(num_blocks) AS blocks,
                count(*) AS spans, blocks / sum(blocks) OVER () AS share
         FROM cache_spans WHERE run_id = $run_id AND name = '{SPAN_EVICT}'
         GROUP BY ALL ORDER BY blocks DESC, reason""")
@@ -238,9 +240,9 @@ def evictions_by_reason(db: DB, run_id: str) -> pl.DataFrame:
 def evictions_by_publish_kind(db: DB, run_id: str) -> pl.DataFrame:
     """Evicted blocks per kind of the publish that took the block next ('none' if none)."""
     return _with_run(db, run_id, False, lambda s, w: f"""
-        SELECT coalesce(next_publish_kind, 'none') AS publish_kind, count(*) AS blocks,
-               blocks / sum(blocks) OVER () AS share
-        FROM {_evicted_blocks_sql(s)} GROUP BY ALL ORDER BY blocks DESC, publish_kind""")
+        SELECT coalesce(publish_kind, 'none') AS publish_kind, sum(blocks) AS blocks,
+               sum(blocks) / sum(sum(blocks)) OVER () AS share
+        FROM {_derived("evict_counts", s)} GROUP BY ALL ORDER BY blocks DESC, publish_kind""")
 
 
 def eviction_attribution(db: DB, run_id: str, limit: int | None = None) -> pl.DataFrame:
@@ -254,39 +256,23 @@ def eviction_attribution(db: DB, run_id: str, limit: int | None = None) -> pl.Da
     """
     lim = "" if limit is None else f"LIMIT {int(limit)}"
     return _with_run(db, run_id, False, lambda s, w: f"""
-        WITH m AS (
-            SELECT seq AS miss_seq, start_ns AS miss_ns, request_id AS miss_request_id, root_hash,
-                   first_miss_hash AS missed_hash, first_miss_index AS missed_index
-            FROM lookup_spans WHERE run_id = $run_id AND name = '{SPAN_LOOKUP}' AND first_miss_hash IS NOT NULL
-        ),
-        eb AS (SELECT * FROM {_evicted_blocks_sql(s)} WHERE group_id = 0 AND block_hash IS NOT NULL)
-        SELECT m.*, eb.evict_span_id, eb.evict_ns, eb.reason AS evict_reason, eb.block_id, eb.age,
-               eb.idle, eb.evict_request_id, eb.next_publish_span_id AS publish_span_id,
-               eb.next_publish_ns AS publish_ns, eb.next_publish_kind AS publish_kind,
-               eb.next_publish_request_id AS publish_request_id
-        FROM m ASOF JOIN eb ON m.missed_hash = eb.block_hash AND m.miss_seq > eb.evict_seq
-        ORDER BY m.miss_seq {lim}""")
+        SELECT miss_seq, miss_ns, miss_request_id, root_hash, missed_hash, missed_index, evict_span_id,
+               evict_ns, evict_reason, block_id, age, idle, evict_request_id, publish_span_id, publish_ns,
+               publish_kind, publish_request_id
+        FROM {_derived("miss_attribution", s)} ORDER BY miss_seq {lim}""")
 
 
 def eviction_attribution_flows(db: DB, run_id: str, top_prefixes: int = 10) -> pl.DataFrame:
     """Sankey input: (publish_kind, evict_reason, prefix) -> misses, where prefix is one of
     the ``top_prefixes`` root hashes with most attributed misses, or 'other'."""
-    att = eviction_attribution(db, run_id)
-    if att.height == 0:
-        return pl.DataFrame(schema={"publish_kind": pl.String, "evict_reason": pl.String,
-                                    "prefix": pl.String, "misses": pl.UInt32})
-    top = (
-        att.group_by("root_hash").len().sort(["len", "root_hash"], descending=[True, False])
-        .head(top_prefixes)["root_hash"].to_list()
-    )
-    return (
-        att.with_columns(
-            pl.col("publish_kind").fill_null("none"),
-            pl.when(pl.col("root_hash").is_in(top)).then(pl.col("root_hash")).otherwise(pl.lit("other")).alias("prefix"),
-        )
-        .group_by("publish_kind", "evict_reason", "prefix").len(name="misses")
-        .sort(["misses", "publish_kind", "evict_reason", "prefix"], descending=[True, False, False, False])
-    )
+    return _with_run(db, run_id, False, lambda s, w: f"""
+        WITH a AS (SELECT * FROM {_derived("miss_attribution", s)}),
+        top AS (SELECT root_hash FROM a GROUP BY root_hash ORDER BY count(*) DESC, root_hash
+                LIMIT {int(top_prefixes)})
+        SELECT coalesce(publish_kind, 'none') AS publish_kind, evict_reason,
+               CASE WHEN root_hash IN (SELECT root_hash FROM top) THEN root_hash ELSE 'other' END AS prefix,
+               count(*) AS misses
+        FROM a GROUP BY ALL ORDER BY misses DESC, publish_kind, evict_reason, prefix""")
 
 
 def block_histograms(db: DB, run_id: str, bins: int = 40) -> pl.DataFrame:
@@ -296,21 +282,11 @@ def block_histograms(db: DB, run_id: str, bins: int = 40) -> pl.DataFrame:
     metric. Columns: metric, bin_lo, bin_hi, count."""
     bins = max(1, int(bins))
     return _with_run(db, run_id, False, lambda s, w: f"""
-        WITH v AS (
-            SELECT 'lifetime' AS metric, age AS x FROM {_evicted_blocks_sql(s)} WHERE age IS NOT NULL
-            UNION ALL
-            SELECT 'idle_before_evict', idle FROM {_evicted_blocks_sql(s)} WHERE idle IS NOT NULL
-            UNION ALL
-            SELECT 'reuse_gap', gap FROM (
-                SELECT step - lag(step) OVER (PARTITION BY root_hash ORDER BY seq) AS gap,
-                       num_hit_tokens > 0 AS hit
-                FROM lookup_spans WHERE run_id = $run_id AND name = '{SPAN_LOOKUP}' AND root_hash IS NOT NULL
-            ) WHERE hit AND gap IS NOT NULL
-        ),
+        WITH v AS (SELECT metric, x, n FROM {_derived("block_values", s)}),
         r AS (SELECT metric, min(x) AS lo, greatest(ceil((max(x) - min(x) + 1) / {bins}), 1)::BIGINT AS width
               FROM v GROUP BY metric),
-        b AS (SELECT v.metric, r.lo, r.width, (v.x - r.lo) // r.width AS i FROM v JOIN r USING (metric))
-        SELECT metric, lo + i * width AS bin_lo, lo + (i + 1) * width AS bin_hi, count(*) AS count
+        b AS (SELECT v.metric, r.lo, r.width, (v.x - r.lo) // r.width AS i, v.n FROM v JOIN r USING (metric))
+        SELECT metric, lo + i * width AS bin_lo, lo + (i + 1) * width AS bin_hi, sum(n) AS count
         FROM b GROUP BY metric, lo, width, i ORDER BY metric, bin_lo""")
 
 
@@ -351,40 +327,77 @@ def stale_hashes(db: DB, run_id: str) -> pl.DataFrame:
         FROM verify_spans WHERE run_id = $run_id AND name = '{SPAN_STALE_HASH}' ORDER BY seq""")
 
 
+_CHAIN_COLUMNS = (
+    "seq", "start_ns", "step", "name", "request_id", "group_id", "block_ids", "block_hashes", "publish_kind",
+    "evict_reason", "copy_reason", "copy_src", "copy_dst", "num_tokens", "num_hit_tokens",
+    "expected_fingerprint", "actual_fingerprint", "span_id",
+)
+_CHAIN_ROLES = {
+    SPAN_PUBLISH: "publish", SPAN_STALE_LEFT: "overwrite", SPAN_COW: "cow", SPAN_EVICT: "evict",
+    SPAN_STALE_HASH: "stale_hit", SPAN_LOOKUP: "lookup",
+}
+
+
+_COW_COLUMNS = ("seq", "start_ns", "step", "name", "request_id", "group_id", "copy_reason", "copy_src",
+                "copy_dst", "span_id")
+
+
+def _chain_select(view: str, where: str, only: tuple[str, ...] = _CHAIN_COLUMNS) -> str:
+    """SELECT of the chain columns from one family view (NULL where the family lacks one,
+    and for columns outside ``only``: list columns cost a scan even where filtered out)."""
+    table = next(t for t, (v, _, _) in FAMILIES.items() if v == view)
+    have = set(family_columns(table)) & set(only)
+    cols = ", ".join(c if c in have else f"NULL AS {c}" for c in _CHAIN_COLUMNS)
+    return f"SELECT {cols} FROM {view} WHERE run_id = $run_id AND {where}"
+
+
 def stale_hash_chain(db: DB, run_id: str, block_hash: str, group_id: int | None = None) -> pl.DataFrame:
     """The spans that explain one stale hash, in order: its publishes, the overwrite
-    (stale_left, CoW into its block), evictions, lookups naming it, and the stale hit."""
+    (stale_left, CoW into or out of its block), evictions, lookups naming it, and the stale
+    hit. Columns: seq, time_ns, step, name, role, request_id, group_id, block_ids, ..."""
     with read_connection(db) as con:
-        _run_row(con, db, run_id)
-        params = {"run_id": run_id, "h": block_hash, "g": group_id}
-        return _pl(con, f"""
-            WITH touched AS (
-                SELECT * FROM spans
-                WHERE run_id = $run_id AND ($g IS NULL OR group_id = $g OR group_id IS NULL)
-                  AND (list_contains(block_hashes, $h) OR root_hash = $h OR first_miss_hash = $h)
-            ),
-            blocks AS (
-                SELECT DISTINCT group_id, block_ids[list_position(block_hashes, $h)] AS block_id
-                FROM touched WHERE list_contains(block_hashes, $h) AND block_ids IS NOT NULL
-            ),
-            cows AS (
-                SELECT s.* FROM cache_spans s JOIN blocks b
-                  ON s.group_id = b.group_id AND (s.copy_dst = b.block_id OR s.copy_src = b.block_id)
-                WHERE s.run_id = $run_id AND s.name = '{SPAN_COW}'
-                  AND s.seq BETWEEN (SELECT min(seq) FROM touched) AND (SELECT max(seq) FROM touched)
+        status = _run_row(con, db, run_id)[0]
+        params = {"run_id": run_id, "h": block_hash}
+        # Finished runs index the spans naming each stale hash (derived.stale_chain); the
+        # seqs (integers read from the store) go in as literals so zone maps skip the rest.
+        by_hash = "list_contains(block_hashes, $h)"
+        if status != "running":
+            seqs = [int(r[0]) for r in con.execute(
+                "SELECT seq FROM stale_chain WHERE run_id = $run_id AND block_hash = $h", params).fetchall()]
+            if seqs:
+                by_hash = f"seq IN ({', '.join(map(str, seqs))})"
+        group = "" if group_id is None else f" AND group_id = {int(group_id)}"
+        names = f"name IN ('{SPAN_PUBLISH}', '{SPAN_EVICT}', '{SPAN_STALE_LEFT}')"
+        touched = _pl(con, " UNION ALL ".join([
+            _chain_select("cache_spans", f"{names}{group} AND {by_hash}"),
+            _chain_select("verify_spans", f"{by_hash}{group}"),
+            _chain_select("lookup_spans", "(root_hash = $h OR first_miss_hash = $h)"),
+        ]), params)
+        touched = touched.filter(
+            pl.col("block_hashes").is_null() | pl.col("block_hashes").list.contains(block_hash)
+        )
+        holders = (
+            touched.filter(pl.col("block_ids").is_not_null())
+            .select("group_id", pl.col("block_ids").list.get(pl.col("block_hashes").list.eval(
+                pl.element() == block_hash).list.arg_max()).alias("block_id"))
+            .unique().drop_nulls().rows()
+        )
+        if holders and touched.height:
+            lo, hi = int(touched["seq"].min()), int(touched["seq"].max())
+            pairs = " OR ".join(
+                f"(group_id = {int(g)} AND (copy_dst = {int(b)} OR copy_src = {int(b)}))" for g, b in holders
             )
-            SELECT seq, start_ns AS time_ns, step, name,
-                   CASE name WHEN '{SPAN_PUBLISH}' THEN 'publish'
-                             WHEN '{SPAN_STALE_LEFT}' THEN 'overwrite'
-                             WHEN '{SPAN_COW}' THEN 'cow'
-                             WHEN '{SPAN_EVICT}' THEN 'evict'
-                             WHEN '{SPAN_STALE_HASH}' THEN 'stale_hit'
-                             WHEN '{SPAN_LOOKUP}' THEN 'lookup'
-                             ELSE 'other' END AS role,
-                   request_id, group_id, block_ids, publish_kind, evict_reason, copy_reason, copy_src,
-                   copy_dst, num_tokens, num_hit_tokens, expected_fingerprint, actual_fingerprint, span_id
-            FROM (SELECT * FROM touched UNION ALL BY NAME SELECT * FROM cows)
-            ORDER BY seq""", params)
+            cows = _pl(con, _chain_select("cache_spans", f"name = '{SPAN_COW}' AND seq BETWEEN {lo} AND {hi} "
+                                                         f"AND ({pairs})", _COW_COLUMNS), {"run_id": run_id})
+            touched = pl.concat([touched, cows], how="vertical_relaxed")
+    return (
+        touched.sort("seq")
+        .with_columns(pl.col("name").replace_strict(_CHAIN_ROLES, default="other").alias("role"))
+        .rename({"start_ns": "time_ns"})
+        .select("seq", "time_ns", "step", "name", "role", "request_id", "group_id", "block_ids", "publish_kind",
+                "evict_reason", "copy_reason", "copy_src", "copy_dst", "num_tokens", "num_hit_tokens",
+                "expected_fingerprint", "actual_fingerprint", "span_id")
+    )
 
 
 def divergent_outputs(db: DB, run_id: str) -> pl.DataFrame:
@@ -442,59 +455,66 @@ def itl_gaps(db: DB, run_id: str, request_id: str | None = None) -> pl.DataFrame
             FROM r ORDER BY request_id, index""", {"run_id": run_id, "rid": request_id})
 
 
-_LATENCY_VALUES = {
-    "ttft": f"SELECT coalesce(ttft_ns, first_token_ns - coalesce(arrival_ns, start_ns)) AS v FROM request_spans "
-            f"WHERE run_id = $run_id AND name = '{SPAN_REQUEST}'",
-    "e2e": f"SELECT end_ns - coalesce(arrival_ns, start_ns) AS v FROM request_spans "
-            f"WHERE run_id = $run_id AND name = '{SPAN_REQUEST}'",
-    "queue": f"SELECT first_scheduled_ns - coalesce(arrival_ns, start_ns) AS v FROM request_spans "
-            f"WHERE run_id = $run_id AND name = '{SPAN_REQUEST}'",
-    "itl": f"SELECT unnest(itl_ns) AS v FROM request_spans WHERE run_id = $run_id AND name = '{SPAN_REQUEST}'",
-}
+def _interp(x: float, xs: list[float], ys: list[float]) -> float:
+    """Piecewise-linear y(x) through sorted xs (clamped at the ends), like numpy.interp."""
+    if x <= xs[0]:
+        return ys[0]
+    if x >= xs[-1]:
+        return ys[-1]
+    i = bisect.bisect_right(xs, x)
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return y0 if x1 == x0 else y0 + (x - x0) * (y1 - y0) / (x1 - x0)
 
 
 def _check_metric(metric: str) -> None:
-    if metric not in _LATENCY_VALUES:
-        raise ValueError(f"metric must be one of {sorted(_LATENCY_VALUES)}, not {metric!r}")
+    if metric not in derived.LATENCY_VALUES:
+        raise ValueError(f"metric must be one of {sorted(derived.LATENCY_VALUES)}, not {metric!r}")
 
 
 def latency_cdf(db: DB, run_id: str, metric: str = "ttft") -> pl.DataFrame:
-    """Quantiles of a latency (ttft | e2e | queue | itl over all gaps) on a fixed grid:
-    columns q (0..1 in 1/QUANTILE_GRID steps), value_ns, n (sample count)."""
+    """Exact quantiles (quantile_cont) of a latency (ttft | e2e | queue | itl over every
+    gap) on a fixed grid: columns q (0..1 in 1/QUANTILE_GRID steps), value_ns, n (samples).
+    Empty when the run has no samples."""
     _check_metric(metric)
-    return _with_run(db, run_id, False, lambda s, w: f"""
-        WITH v AS ({_LATENCY_VALUES[metric]}),
-        agg AS (SELECT quantile_cont(v, [i / {QUANTILE_GRID} for i in range({QUANTILE_GRID} + 1)]) AS qs,
-                       count(v) AS n FROM v)
-        SELECT unnest(range({QUANTILE_GRID} + 1)) / {QUANTILE_GRID} AS q, unnest(qs) AS value_ns, n
-        FROM agg WHERE n > 0""")
+    with read_connection(db) as con:
+        status = _run_row(con, db, run_id)[0]
+        if status == "running":
+            sql = f"SELECT q, value_ns, n FROM {derived.quantile_grid_sql(metric)} ORDER BY q"
+            return _pl(con, sql, {"run_id": run_id})
+        return _pl(con, "SELECT q, value_ns, n FROM latency_quantiles WHERE run_id = $run_id AND metric = $m "
+                        "ORDER BY q", {"run_id": run_id, "m": metric})
 
 
 def latency_percentiles(db: DB, run_id: str, metric: str = "ttft", qs: tuple[float, ...] = (0.5, 0.9, 0.99)) -> dict[float, float]:
-    """Selected exact percentiles of one latency metric, in ns ({} when no samples)."""
-    _check_metric(metric)
-    with read_connection(db) as con:
-        _run_row(con, db, run_id)
-        row = fetch_one(
-        con,
-            f"SELECT quantile_cont(v, $qs), count(v) FROM ({_LATENCY_VALUES[metric]})",
-            {"run_id": run_id, "qs": list(qs)},
-        )
-    if not row[1]:
+    """Percentiles of one latency metric in ns ({} without samples): exact quantile_cont at
+    multiples of 1/QUANTILE_GRID (0.5, 0.9, 0.99 ...), linear between grid points."""
+    cdf = latency_cdf(db, run_id, metric)
+    if cdf.height == 0:
         return {}
-    return dict(zip(qs, row[0]))
+    grid_q, grid_v = cdf["q"].to_list(), cdf["value_ns"].to_list()
+    return {q: float(_interp(q, grid_q, grid_v)) for q in qs}
 
 
 def latency_histogram(db: DB, run_id: str, metric: str = "ttft", bins: int = 50) -> pl.DataFrame:
-    """Linear-bin histogram of a latency (ns): bin_lo, bin_hi, count."""
-    _check_metric(metric)
+    """Linear-bin histogram of a latency (ns) from its quantile grid: bin_lo, bin_hi, count
+    (samples per bin, interpolated within each 1/QUANTILE_GRID slice, so fractional)."""
     bins = max(1, int(bins))
-    return _with_run(db, run_id, False, lambda s, w: f"""
-        WITH v AS ({_LATENCY_VALUES[metric]}),
-        r AS (SELECT min(v) AS lo, greatest((max(v) - min(v)) / {bins}, 1e-9) AS width FROM v),
-        b AS (SELECT least(floor((v - lo) / width), {bins} - 1) AS i FROM v, r WHERE v IS NOT NULL)
-        SELECT r.lo + i * r.width AS bin_lo, r.lo + (i + 1) * r.width AS bin_hi, count(*) AS count
-        FROM b, r GROUP BY i, r.lo, r.width ORDER BY i""")
+    cdf = latency_cdf(db, run_id, metric)
+    if cdf.height == 0:
+        return pl.DataFrame(schema={"bin_lo": pl.Float64, "bin_hi": pl.Float64, "count": pl.Float64})
+    grid_q, grid_v, n = cdf["q"].to_list(), cdf["value_ns"].to_list(), int(cdf["n"][0])
+    lo, hi = grid_v[0], grid_v[-1]
+    width = (hi - lo) / bins if hi > lo else 1.0 / bins
+    edges = [lo + i * width for i in range(bins + 1)]
+    # the CDF at each edge: invert the monotone quantile function (last point of a tie run)
+    mass = []
+    for e in edges:
+        j = bisect.bisect_right(grid_v, e)
+        mass.append(1.0 if j >= len(grid_v) else (0.0 if j == 0 else
+                    _interp(e, grid_v[j - 1:j + 1], grid_q[j - 1:j + 1])))
+    mass[-1] = 1.0
+    counts = [(b - a) * n for a, b in zip(mass, mass[1:])]
+    return pl.DataFrame({"bin_lo": edges[:-1], "bin_hi": edges[1:], "count": counts})
 
 
 def itl_over_time(db: DB, run_id: str, window_ns: int | None = None) -> pl.DataFrame:

@@ -163,6 +163,9 @@ RUN_STATUSES = ("running", "complete", "failed", "incomplete")
 # Filled by the writer (never needed from producers): per-run append order, the tie-break
 # for spans that share a virtual timestamp (all cache events of one step do).
 SEQ_COLUMN = "seq"
+# Filled by the writer in the families that carry block lists: len(block_ids) (or of
+# block_hashes when a vLLM span has no ids), so block counts scan a scalar column.
+NUM_BLOCKS_COLUMN = "num_blocks"
 
 # --- DDL ----------------------------------------------------------------------------------
 META_TABLE = "kvtrace_meta"
@@ -227,15 +230,23 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
 OTHER_TABLE = "spans_other"
 FAMILY_OF_NAME: dict[str, str] = {n: t for t, (_, names, _) in FAMILIES.items() for n in names}
 VIEW_OF_NAME: dict[str, str] = {n: FAMILIES[t][0] for n, t in FAMILY_OF_NAME.items()}
-_SQL_TYPE = {c.name: c.sql for c in SPAN_COLUMN_DEFS}
+_SQL_TYPE = {c.name: c.sql for c in SPAN_COLUMN_DEFS} | {NUM_BLOCKS_COLUMN: "INTEGER"}
+
+
+WRITER_COLUMNS = (SEQ_COLUMN, NUM_BLOCKS_COLUMN)
+
+
+def has_block_lists(table: str) -> bool:
+    return table == OTHER_TABLE or "block_ids" in FAMILIES[table][2]
 
 
 def family_columns(table: str) -> tuple[str, ...]:
-    """Stored columns of a family table (SPAN_COLUMNS order, then seq)."""
+    """Stored columns of a family table (SPAN_COLUMNS order, then seq[, num_blocks])."""
+    extra = (SEQ_COLUMN, NUM_BLOCKS_COLUMN) if has_block_lists(table) else (SEQ_COLUMN,)
     if table == OTHER_TABLE:
-        return SPAN_COLUMNS + (SEQ_COLUMN,)
+        return SPAN_COLUMNS + extra
     own = set(SHARED_COLUMNS) | set(FAMILIES[table][2])
-    return tuple(c for c in SPAN_COLUMNS if c in own) + (SEQ_COLUMN,)
+    return tuple(c for c in SPAN_COLUMNS if c in own) + extra
 
 
 def _table_ddl(table: str) -> str:
@@ -247,14 +258,17 @@ def _table_ddl(table: str) -> str:
 
 def _select_as(table: str, columns: tuple[str, ...], where: str = "") -> str:
     have = set(family_columns(table))
-    items = ", ".join(c if c in have else f"CAST(NULL AS {_SQL_TYPE.get(c, 'BIGINT')}) AS {c}" for c in columns)
+    def absent(c: str) -> str:
+        return "CAST(0 AS INTEGER)" if c == NUM_BLOCKS_COLUMN else f"CAST(NULL AS {_SQL_TYPE.get(c, 'BIGINT')})"
+
+    items = ", ".join(c if c in have else f"{absent(c)} AS {c}" for c in columns)
     return f"SELECT {items} FROM {table}{where}"
 
 
 def span_tables_ddl() -> list[str]:
     """CREATE statements: family tables, spans_other, the ``spans`` view, family views."""
     stmts = [_table_ddl(t) for t in FAMILIES] + [_table_ddl(OTHER_TABLE)]
-    everything = SPAN_COLUMNS + (SEQ_COLUMN,)
+    everything = SPAN_COLUMNS + WRITER_COLUMNS
     union = "\nUNION ALL ".join(_select_as(t, everything) for t in (*FAMILIES, OTHER_TABLE))
     stmts.append(f"CREATE OR REPLACE VIEW spans AS\n{union}")
     for table, (view, names, _) in FAMILIES.items():
@@ -291,7 +305,8 @@ CREATE TABLE IF NOT EXISTS evicted_blocks (
 )
 """
 
-DERIVED_TABLES = ("evicted_blocks",)
+DERIVED_TABLES = ("evicted_blocks", "miss_attribution", "span_stats", "latency_quantiles", "block_values",
+                  "stale_chain", "evict_counts")
 SPAN_TABLES = (*FAMILIES, OTHER_TABLE)
 
 
@@ -376,3 +391,15 @@ OTEL_TRACES_COLUMNS: tuple[tuple[str, str], ...] = (
     ("Links.TraceState", "VARCHAR[]"),
     ("Links.Attributes", "MAP(VARCHAR, VARCHAR)[]"),
 )
+
+
+def attribute_table_markdown() -> str:
+    """The README's attribute table: OTel key, store column, DuckDB type, meaning."""
+    lines = ["| attribute | column | type | meaning |", "|---|---|---|---|"]
+    for c in SPAN_COLUMN_DEFS:
+        if c.attr:
+            sql = "STRUCT[]" if c.sql.startswith("STRUCT") else c.sql
+            doc = c.doc.replace(" | ", " / ")
+            lines.append(f"| `{c.attr}` | `{c.name}` | {sql} | {doc} |")
+    lines.append(f"| `{GENAI_CACHE_READ}` | (derived) | BIGINT | request spans: local + external hit tokens |")
+    return "\n".join(lines)

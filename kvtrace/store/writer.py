@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import duckdb
-import numpy as np
+import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from kvtrace.store import derived
-from kvtrace.store.connection import DEFAULT_TIMEOUT_S, check_store, fetch_one, write_connection
+from kvtrace.store.connection import DEFAULT_TIMEOUT_S, check_store, fetch_one, read_connection, write_connection
 from kvtrace.store.errors import StoreError, UnknownRunError
 from kvtrace.store.liveness import host_name, process_start_token, writer_alive
 from kvtrace.store.schema import (
@@ -36,6 +36,8 @@ from kvtrace.store.schema import (
     STORE_MAGIC,
     FAMILIES,
     FAMILY_OF_NAME,
+    NUM_BLOCKS_COLUMN,
+    has_block_lists,
     OTHER_TABLE,
     family_columns,
     otel_traces_view_ddl,
@@ -103,12 +105,22 @@ def split_by_family(table: pa.Table) -> list[tuple[str, pa.Table]]:
     return out
 
 
+def _with_num_blocks(rows: pa.Table) -> pa.Table:
+    counts = pa.nulls(rows.num_rows, pa.int32())
+    for col in ("block_ids", "block_hashes"):
+        if col in rows.column_names:
+            counts = pc.coalesce(counts, pc.list_value_length(rows.column(col)).cast(pa.int32()))
+    return rows.append_column(NUM_BLOCKS_COLUMN, pc.fill_null(counts, 0))
+
+
 def _init_schema(con: duckdb.DuckDBPyConnection, path: str) -> None:
     tables = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
     if tables and META_TABLE not in tables:
         raise StoreError(path, f"not a kvtrace store (DuckDB file with tables {sorted(tables)[:5]} but no {META_TABLE})")
     if META_TABLE in tables:
         check_store(con, path)
+        if "spans" in tables:  # a pre-release layout: one spans table instead of families
+            raise StoreError(path, "store written by an older kvtrace layout (spans table); re-create it")
     con.execute("BEGIN")
     con.execute(f"CREATE TABLE IF NOT EXISTS {META_TABLE} (key VARCHAR PRIMARY KEY, value VARCHAR)")
     con.execute(
@@ -119,6 +131,8 @@ def _init_schema(con: duckdb.DuckDBPyConnection, path: str) -> None:
     for stmt in span_tables_ddl():
         con.execute(stmt)
     con.execute(EVICTED_BLOCKS_DDL)
+    for stmt in derived.DDL:
+        con.execute(stmt)
     con.execute(otel_traces_view_ddl())
     con.execute("COMMIT")
 
@@ -258,11 +272,15 @@ class Store:
         if status not in RUN_STATUSES or status == "running":
             raise ValueError(f"finish_run: status must be one of complete|failed|incomplete, not {status!r}")
         self.flush()
-        with self._connect() as con:
+        # Derived tables are computed on a read-only connection (other readers carry on) and
+        # then written in one short read-write transaction with the status change.
+        with read_connection(self.path, timeout_s=self.lock_timeout_s) as con:
             if not fetch_one(con, "SELECT 1 FROM runs WHERE run_id = ?", [run_id]):
                 raise UnknownRunError(self.path, run_id)
+            tables = derived.compute(con, run_id)
+        with self._connect() as con:
             con.execute("BEGIN")
-            derived.materialise(con, run_id)
+            derived.store(con, run_id, tables)
             con.execute(
                 "UPDATE runs SET status = ?, digest = coalesce(?, digest), summary = coalesce(?, summary) "
                 "WHERE run_id = ?",
@@ -299,7 +317,7 @@ class Store:
         if start is None:
             start = self._resume_seq(run_id)
         n = table.num_rows
-        table = table.append_column(SEQ_COLUMN, pa.array(np.arange(start, start + n, dtype=np.int64)))
+        table = table.append_column(SEQ_COLUMN, pl.int_range(start, start + n, dtype=pl.Int64, eager=True).to_arrow())
         self._next_seq[run_id] = start + n
         self._buffer.append((run_id, table))
         self._buffered_rows += n
@@ -327,6 +345,8 @@ class Store:
             con.execute("BEGIN")
             for i, (run_id, table) in enumerate(batch):
                 for j, (family, rows) in enumerate(split_by_family(table)):
+                    if has_block_lists(family):
+                        rows = _with_num_blocks(rows)
                     view = f"kvtrace_append_{i}_{j}"
                     con.register(view, rows)
                     con.execute(

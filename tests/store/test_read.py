@@ -100,16 +100,30 @@ def test_eviction_attribution_chain(scenario_db):
         ("partial_tail", "lru", "h1"), ("none", "lru", "h2"), ("checkpoint", "stale_hash", "h1")}
 
 
-def test_attribution_on_a_running_run_matches_finished(tmp_path):
-    """A running run computes the derived rows on the fly: same answer as materialised."""
+LIVE_OR_MATERIALISED = (
+    lambda db, r: read.eviction_attribution(db, r),
+    lambda db, r: read.eviction_attribution_flows(db, r),
+    lambda db, r: read.evictions_by_publish_kind(db, r),
+    lambda db, r: read.evictions_over_time(db, r, 1000, by="publish_kind"),
+    lambda db, r: read.block_histograms(db, r),
+    lambda db, r: read.span_counts(db, r),
+    lambda db, r: read.latency_cdf(db, r, "itl"),
+    lambda db, r: read.runs(db).select("run_id", "num_spans"),
+)
+
+
+def test_running_run_answers_equal_finished_run(tmp_path):
+    """A running run computes the derived tables on the fly: same answers as materialised."""
     store = Store.open(tmp_path / "live.duckdb")
     run_id = store.create_run("live")
     store.append_spans(scenario_table(), run_id=run_id)
     store.flush()
-    live = read.eviction_attribution(store.path, run_id)
     assert read.runs(store.path)["status"].to_list() == ["running"]
+    live = [f(store.path, run_id) for f in LIVE_OR_MATERIALISED]
+    assert live[0].height == 3 and live[-1]["num_spans"].to_list() == [21]
     store.finish_run(run_id)
-    assert read.eviction_attribution(store.path, run_id).equals(live)
+    for f, before in zip(LIVE_OR_MATERIALISED, live):
+        assert f(store.path, run_id).equals(before)
 
 
 def test_block_histograms(scenario_db):
@@ -157,7 +171,9 @@ def test_requests_and_latency(scenario_db):
     assert cdf.height == read.QUANTILE_GRID + 1
     assert (cdf["value_ns"][0], cdf["value_ns"][-1], cdf["n"][0]) == (900.0, 1000.0, 2)
     hist = read.latency_histogram(*scenario_db, "itl", bins=4)
-    assert hist["count"].sum() == 4 and hist["bin_lo"][0] == 1000.0
+    assert hist["count"].sum() == pytest.approx(4) and hist["bin_lo"][0] == 1000.0
+    # gaps 1000, 1100, 1500, 2000: the interpolated CDF at 1250 is 1/3 + (150 / 400) / 3
+    assert hist["count"][0] == pytest.approx(4 * (1 / 3 + 150 / 400 / 3))
     gaps = read.itl_gaps(*scenario_db, "A")
     assert gaps.select("index", "token_ns", "gap_ns").rows() == [(1, 1900, 1000), (2, 3900, 2000), (3, 5000, 1100)]
     assert read.itl_gaps(*scenario_db).height == 4

@@ -7,6 +7,7 @@ flush the child prints ``flushed <total>``. MODE:
   hang    - after the last flush print ``ready`` and sleep (the test kills it with -9)
   sigint  - like hang, inside ``with Store.open(...)``: Ctrl-C marks the run failed
   stream  - write all batches, then finish_run(complete) and print ``done``
+  lockstep - like stream, but wait for a line on stdin after each flush
 """
 
 from __future__ import annotations
@@ -29,11 +30,13 @@ def batch(start: int, rows: int) -> pa.Table:
     })
 
 
-def write(store: Store, run_id: str, batches: int, rows: int, pause: float) -> None:
+def write(store: Store, run_id: str, batches: int, rows: int, pause: float, lockstep: bool = False) -> None:
     for i in range(batches):
         store.append_spans(batch(i * rows, rows), run_id=run_id)
         store.flush()
         print(f"flushed {(i + 1) * rows}", flush=True)
+        if lockstep:
+            sys.stdin.readline()
         if pause:
             time.sleep(pause)
 
@@ -55,8 +58,8 @@ def main() -> None:
         print("ready", flush=True)
         while True:
             time.sleep(0.05)
-    elif mode == "stream":
-        write(store, run_id, batches, rows, 0.01)
+    elif mode in ("stream", "lockstep"):
+        write(store, run_id, batches, rows, 0.01 if mode == "stream" else 0.0, lockstep=mode == "lockstep")
         store.finish_run(run_id, digest="d", summary={"rows": batches * rows})
         print("done", flush=True)
 

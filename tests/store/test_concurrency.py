@@ -1,0 +1,87 @@
+"""One writer process, readers in another: reads succeed while a replay writes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import duckdb
+import pyarrow as pa
+import pytest
+
+from kvtrace.store import Store, read
+from tests.store.test_crash import ROOT, _start, _wait_for
+
+
+def test_reader_sees_each_flush_while_writer_process_is_alive(tmp_path):
+    db = tmp_path / "lockstep.duckdb"
+    proc = _start(db, "lockstep", 4, 250)
+    try:
+        for i in range(1, 5):
+            assert proc.stdout.readline().strip() == f"flushed {i * 250}"
+            runs = read.runs(db)  # the writer process is alive and mid-run
+            assert runs.select("status", "num_spans").rows() == [("running", i * 250)]
+            steps = read.usage_over_time(db, "child", window_ns=1000)
+            assert steps.filter(steps["group_id"] == 0).height == i * 250
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+        _wait_for(proc, "done")
+    finally:
+        proc.stdin.close()
+        assert proc.wait(timeout=60) == 0
+    assert read.run(db, "child")["status"] == "complete"
+
+
+def test_reads_in_a_loop_never_fail_while_writer_streams(tmp_path):
+    db = tmp_path / "stream.duckdb"
+    Store.open(db)  # create the file so the first read finds a store
+    proc = _start(db, "stream", 15, 200)
+    seen = []
+    while proc.poll() is None:
+        frame = read.runs(db)
+        if frame.height:
+            seen.append(frame["num_spans"][0])
+    assert proc.wait() == 0
+    final = read.runs(db).row(0, named=True)
+    assert (final["status"], final["num_spans"]) == ("complete", 3000)
+    assert seen == sorted(seen)  # committed flushes only ever grow
+    assert all(n % 200 == 0 for n in seen)  # never a half-written batch
+
+
+HOLDER = """
+import sys, time
+from kvtrace.store.connection import read_connection
+with read_connection(sys.argv[1]):
+    print("holding", flush=True)
+    time.sleep(1.0)
+print("released", flush=True)
+"""
+
+
+def test_writer_waits_for_a_reader_process_holding_the_file(tmp_path):
+    db = tmp_path / "held.duckdb"
+    store = Store.open(db)
+    run_id = store.create_run("held")
+    store.append_spans(pa.table({"name": ["kvtrace.engine.step"] * 3, "start_ns": [1, 2, 3]}), run_id=run_id)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(db)], stdout=subprocess.PIPE, text=True,
+                              cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
+    assert holder.stdout.readline().strip() == "holding"
+    # the reader process holds DuckDB's shared lock now: a read-write open must wait for it
+    with pytest.raises(duckdb.IOException, match="lock"):
+        duckdb.connect(str(db))
+    store.flush()  # retries until the reader lets go, then commits
+    assert holder.stdout.readline().strip() == "released"
+    assert holder.wait() == 0
+    assert read.runs(db)["num_spans"].to_list() == [3]
+
+
+def test_read_only_open_fails_fast_without_store(tmp_path):
+    missing = tmp_path / "missing.duckdb"
+    try:
+        read.runs(missing)
+    except Exception as err:  # noqa: BLE001
+        assert str(missing) in str(err)
+    else:
+        raise AssertionError("expected an error")
+    assert not missing.exists()

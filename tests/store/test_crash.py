@@ -1,0 +1,67 @@
+"""Crash safety with a real writer process: kill -9 and Ctrl-C mid-run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+
+from kvtrace.store import Store, read
+
+CHILD = str(Path(__file__).with_name("writer_child.py"))
+ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def _start(db, mode, batches, rows):
+    return subprocess.Popen(
+        [sys.executable, CHILD, str(db), mode, str(batches), str(rows)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
+
+
+def _wait_for(proc, word):
+    lines = []
+    for line in proc.stdout:
+        lines.append(line.strip())
+        if line.strip() == word:
+            return lines
+    raise AssertionError(f"child exited before {word!r}: {lines}, rc={proc.wait()}")
+
+
+def test_kill_9_keeps_flushed_batches_and_marks_run_incomplete(tmp_path):
+    db = tmp_path / "crash.duckdb"
+    proc = _start(db, "hang", 5, 1000)
+    lines = _wait_for(proc, "ready")
+    assert lines[-2] == "flushed 5000"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    # readers see every flushed span (the unflushed sixth batch is gone) and a dead writer
+    runs = read.runs(db)
+    assert runs.select("run_id", "status", "num_spans").rows() == [("child", "incomplete", 5000)]
+    assert read.usage_over_time(db, "child", window_ns=10**9)["mean_usage"].to_list() == [0.5, 0.25]
+    # reopening for writing works, persists the status and accepts new runs
+    store = Store.open(db)
+    assert store.recovered_runs == ["child"]
+    assert read.run(db, "child")["status"] == "incomplete"
+    run_id = store.create_run("after-crash")
+    store.append_spans(pa.table({"name": ["kvtrace.engine.step"], "start_ns": [1]}), run_id=run_id)
+    store.finish_run(run_id)
+    assert dict(read.runs(db).select("run_id", "num_spans").iter_rows()) == {"child": 5000, run_id: 1}
+
+
+def test_ctrl_c_flushes_and_marks_run_failed(tmp_path):
+    db = tmp_path / "sigint.duckdb"
+    proc = _start(db, "sigint", 3, 700)
+    _wait_for(proc, "ready")
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) != 0  # KeyboardInterrupt propagates after the cleanup
+    info = read.run(db, "child")
+    assert info["status"] == "failed"
+    assert "KeyboardInterrupt" in info["summary"]["error"]
+    assert info["num_spans"] == 2100
+    assert Store.open(db).recovered_runs == []  # already final: nothing to recover

@@ -1,0 +1,83 @@
+"""Parquet export round trip; one-line errors for bad, foreign or missing database files."""
+
+from __future__ import annotations
+
+import duckdb
+import pyarrow.parquet as pq
+import pytest
+
+from kvtrace.errors import KVTraceError
+from kvtrace.store import Store, StoreError, export_parquet, read
+from tests.store.scenario import scenario_rows, scenario_table
+
+
+def test_export_parquet_round_trip(scenario_db, tmp_path):
+    db, run_id = scenario_db
+    # a second run in the same store must not leak into the export
+    store = Store.open(db)
+    other = store.create_run("other")
+    store.append_spans(scenario_table(scenario_rows()[:3]), run_id=other)
+    store.finish_run(other)
+    written = export_parquet(db, run_id, tmp_path / "out")
+    assert sorted(written) == ["evicted_blocks", "runs", "spans"]
+    spans = pq.read_table(written["spans"])
+    expected = scenario_table()
+    assert spans.num_rows == expected.num_rows
+    assert set(spans.column("run_id").to_pylist()) == {run_id}
+    for name in expected.column_names:
+        assert spans.column(name).to_pylist() == expected.column(name).to_pylist(), name
+    assert pq.read_table(written["runs"]).column("digest").to_pylist() == ["abc"]
+    assert pq.read_table(written["evicted_blocks"]).num_rows == 3
+    # the exported spans answer the same SQL as the store
+    con = duckdb.connect()
+    n = con.execute("SELECT count(*) FROM read_parquet(?) WHERE name = 'kvtrace.cache.lookup'",
+                    [str(written["spans"])]).fetchall()[0][0]
+    assert n == 6
+
+
+def test_export_unknown_run(scenario_db, tmp_path):
+    db, _ = scenario_db
+    with pytest.raises(KVTraceError, match="no run with id 'zz'"):
+        export_parquet(db, "zz", tmp_path / "out")
+
+
+@pytest.mark.parametrize("content", [b"this is not a database\n" * 100, b"", b"\x00" * 8192])
+def test_garbage_file_is_a_one_line_error_naming_the_path(tmp_path, content):
+    bad = tmp_path / "bad.duckdb"
+    bad.write_bytes(content)
+    for action in (lambda: read.runs(bad), lambda: Store.open(bad)):
+        with pytest.raises(StoreError) as err:
+            action()
+        msg = str(err.value)
+        assert msg.startswith(str(bad)) and "\n" not in msg
+        assert isinstance(err.value, KVTraceError)
+
+
+def test_foreign_duckdb_file_is_refused_and_left_alone(tmp_path):
+    foreign = tmp_path / "foreign.duckdb"
+    con = duckdb.connect(str(foreign))
+    con.execute("CREATE TABLE invoices (id INTEGER)")
+    con.close()
+    with pytest.raises(StoreError, match="not a kvtrace store"):
+        Store.open(foreign)
+    with pytest.raises(StoreError, match="not a kvtrace store"):
+        read.runs(foreign)
+    con = duckdb.connect(str(foreign), read_only=True)
+    assert [r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()] == ["invoices"]
+    con.close()
+
+
+def test_truncated_store_is_a_store_error(scenario_db, tmp_path):
+    db, _ = scenario_db
+    broken = tmp_path / "truncated.duckdb"
+    broken.write_bytes(db.read_bytes()[:6000])
+    with pytest.raises(StoreError) as err:
+        read.runs(broken)
+    assert str(broken) in str(err.value)
+
+
+def test_missing_file_and_missing_directory(tmp_path):
+    with pytest.raises(StoreError, match="no such database file"):
+        read.runs(tmp_path / "nope.duckdb")
+    with pytest.raises(StoreError, match="does not exist"):
+        Store.open(tmp_path / "no-dir" / "x.duckdb")

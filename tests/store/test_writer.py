@@ -1,0 +1,134 @@
+"""Writer: bulk Arrow round trip, run lifecycle, family routing, argument checks."""
+
+from __future__ import annotations
+
+import duckdb
+import pyarrow as pa
+import pytest
+
+from kvtrace.errors import KVTraceError
+from kvtrace.store import SPAN_ARROW_SCHEMA, Store, read
+from tests.store.scenario import scenario_rows, scenario_table
+
+
+def _spans(path, where="TRUE"):
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        return con.sql(f"SELECT * FROM spans WHERE {where} ORDER BY run_id, seq").to_arrow_table()
+    finally:
+        con.close()
+
+
+def test_bulk_round_trip_keeps_every_value(tmp_path):
+    path = tmp_path / "rt.duckdb"
+    store = Store.open(path)
+    run_id = store.create_run("rt")
+    table = scenario_table()
+    assert store.append_spans(table, run_id=run_id) == table.num_rows
+    store.finish_run(run_id)
+    back = _spans(path)
+    assert back.column("seq").to_pylist() == list(range(table.num_rows))
+    assert set(back.column("run_id").to_pylist()) == {run_id}
+    for name in table.column_names:
+        assert back.column(name).to_pylist() == table.column(name).to_pylist(), name
+
+
+def test_appends_across_batches_and_flushes_keep_order(tmp_path):
+    path = tmp_path / "order.duckdb"
+    store = Store.open(path, flush_rows=4)  # several automatic flushes
+    run_id = store.create_run("o")
+    rows = scenario_rows()
+    for i in range(0, len(rows), 3):
+        store.append_spans(scenario_table(rows[i:i + 3]), run_id=run_id)
+    store.finish_run(run_id)
+    back = _spans(path)
+    assert back.column("name").to_pylist() == [r["name"] for r in rows]
+    assert back.column("seq").to_pylist() == list(range(len(rows)))
+
+
+def test_narrow_types_are_cast_and_run_id_column_accepted(tmp_path):
+    path = tmp_path / "cast.duckdb"
+    store = Store.open(path)
+    run_id = store.create_run("c")
+    store.append_spans(pa.table({
+        "run_id": [run_id, run_id],
+        "name": ["kvtrace.engine.step"] * 2,
+        "step": pa.array([1, 2], pa.int32()),
+        "start_ns": pa.array([10, 20], pa.int32()),
+        "usage": pa.array([[0.5], [0.75]], pa.list_(pa.float32())),
+    }))
+    store.finish_run(run_id)
+    back = _spans(path)
+    assert back.column("step").to_pylist() == [1, 2]
+    assert back.column("usage").to_pylist() == [[0.5], [0.75]]
+
+
+def test_append_argument_errors(tmp_path):
+    store = Store.open(tmp_path / "e.duckdb")
+    run_id = store.create_run("e")
+    with pytest.raises(ValueError, match="not in SPAN_ARROW_SCHEMA"):
+        store.append_spans(pa.table({"name": ["x"], "colour": ["red"]}), run_id=run_id)
+    with pytest.raises(ValueError, match="one run per call"):
+        store.append_spans(pa.table({"run_id": ["a", "b"], "name": ["x", "y"]}))
+    with pytest.raises(ValueError, match="pass run_id"):
+        store.append_spans(pa.table({"name": ["x"]}))
+    with pytest.raises(KVTraceError, match="no run with id 'ghost'"):
+        store.append_spans(pa.table({"name": ["x"]}), run_id="ghost")
+
+
+def test_unknown_names_and_stray_columns_go_to_spans_other(tmp_path):
+    path = tmp_path / "other.duckdb"
+    store = Store.open(path)
+    run_id = store.create_run("o")
+    store.append_spans(pa.table({
+        "name": ["http.request", "kvtrace.request", "kvtrace.request"],
+        "start_ns": [1, 2, 3],
+        "request_id": ["x", "a", "b"],
+        # a request span carrying block ids (no column for it in spans_request)
+        "block_ids": pa.array([None, None, [7]], pa.list_(pa.int64())),
+    }), run_id=run_id)
+    store.finish_run(run_id)
+    con = duckdb.connect(str(path), read_only=True)
+    other = con.execute("SELECT name, request_id, block_ids FROM spans_other ORDER BY seq").fetchall()
+    assert other == [("http.request", "x", None), ("kvtrace.request", "b", [7])]
+    assert con.execute("SELECT request_id FROM spans_request").fetchall() == [("a",)]
+    con.close()
+    # nothing lost: the spans view and the request family view see all of them
+    assert _spans(path).column("name").to_pylist() == ["http.request", "kvtrace.request", "kvtrace.request"]
+    assert read.requests(path, run_id)["request_id"].to_list() == ["a", "b"]
+
+
+def test_run_lifecycle_and_ids(tmp_path):
+    path = tmp_path / "life.duckdb"
+    store = Store.open(path)
+    first, second = store.create_run("a"), store.create_run("b", created="2030-01-01T00:00:00Z")
+    assert (first, second) == ("r1", "r2")
+    with pytest.raises(KVTraceError, match="already exists"):
+        store.create_run("c", run_id="r1")
+    assert read.run(path, first)["status"] == "running"
+    store.finish_run(first, status="failed", summary={"error": "boom"})
+    with pytest.raises(ValueError):
+        store.finish_run(second, status="running")
+    store.close()  # second was never finished
+    statuses = dict(read.runs(path).select("run_id", "status").iter_rows())
+    assert statuses == {"r1": "failed", "r2": "incomplete"}
+    assert Store.open(path).create_run("d") == "r3"
+
+
+def test_context_manager_marks_failed_and_keeps_spans(tmp_path):
+    path = tmp_path / "cm.duckdb"
+    with pytest.raises(RuntimeError):
+        with Store.open(path, flush_rows=1 << 20, flush_interval_s=1e9) as store:
+            run_id = store.create_run("cm")
+            store.append_spans(scenario_table(), run_id=run_id)  # still buffered
+            raise RuntimeError("mid-run failure")
+    info = read.run(path, run_id)
+    assert info["status"] == "failed"
+    assert "mid-run failure" in info["summary"]["error"]
+    assert info["num_spans"] == len(scenario_rows())
+
+
+def test_arrow_schema_is_what_producers_build():
+    assert SPAN_ARROW_SCHEMA.field("block_ids").type == pa.list_(pa.int64())
+    assert SPAN_ARROW_SCHEMA.field("block_hashes").type == pa.list_(pa.string())
+    assert SPAN_ARROW_SCHEMA.field("start_ns").type == pa.int64()
