@@ -74,6 +74,15 @@ def _classify(path: str, err: Exception) -> StoreError:
     return StoreError(path, f"cannot open as a kvtrace store: {text}")
 
 
+def _quiet(con: duckdb.DuckDBPyConnection) -> None:
+    """No progress bar on long queries. Inside a Jupyter kernel DuckDB refuses the SET
+    (it wants ipywidgets) although the bar is already off there, so a refusal is fine."""
+    try:
+        con.execute("SET enable_progress_bar = false")
+    except duckdb.InvalidInputException:
+        pass
+
+
 def _open(path: str, read_only: bool, timeout_s: float) -> duckdb.DuckDBPyConnection:
     if read_only and not os.path.exists(path):
         raise StoreError(path, "no such database file (run `kvtrace replay --db` or `kvtrace demo` first)")
@@ -86,7 +95,7 @@ def _open(path: str, read_only: bool, timeout_s: float) -> duckdb.DuckDBPyConnec
         while True:
             try:
                 con = duckdb.connect(path, read_only=read_only)
-                con.execute("SET enable_progress_bar = false")
+                _quiet(con)
                 return con
             except duckdb.Error as err:
                 if not _is_lock_conflict(err):
