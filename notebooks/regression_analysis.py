@@ -27,11 +27,11 @@
 # All latencies are *modelled* times from kvtrace's engine clock, not measurements.
 
 # %% tags=["parameters"]
-db_path = None  # a kvtrace DuckDB store; None: run a study into a temp store
+db_path = None  # a kvtrace DuckDB store (None: run a study into a temp store)
 run_a = None  # baseline run id
 run_b = None  # candidate run id
 behaviour = "shared-prefix-pinning"  # study mode: the behaviour switched off (A) / on (B)
-trace = None  # study mode: trace to replay; None = the generated workload of the behaviour
+trace = None  # study mode: trace to replay (None: the generated workload of the behaviour)
 limit = None  # study mode: replay only the first N requests
 seed = 0  # study replays and bootstrap resampling
 force = False  # compare runs of different traces anyway
@@ -204,6 +204,10 @@ for name in ("stale_hashes", "divergent_outputs"):
     m = diff.metric(name)
     if (m.a or 0) or (m.b or 0):
         lines.append(f"{name}: A {m.a:g}, B {m.b:g}.")
+kind_shifts = [k for k in diff.evictions_by_publish_kind if k.key != "none" and k.delta]
+if kind_shifts:
+    k = kind_shifts[0]  # the largest shift (sorted by size of change)
+    lines.append(f"Blocks evicted to make room for {k.key} publishes: A {k.a}, B {k.b}.")
 if diff.requests and (diff.requests.gained or diff.requests.lost):
     lines.append(f"{diff.requests.gained} requests gained hit tokens and {diff.requests.lost} lost.")
 worse_names = {m.name for m in worse} | {s.name for s in sig if s.delta * metric_direction(s.name) < 0}

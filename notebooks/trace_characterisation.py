@@ -159,11 +159,13 @@ if capacities is None:
     top = unique_blocks + max(len(block_keys(r)) for r in requests)  # everything fits
     capacities = sorted({max(2, int(round(top * f))) for f in (0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75)} | {top})
 capacities = [int(c) for c in capacities]
+# Hash-id traces are swept in their own block unit; token-id traces in `block_size` tokens.
+sweep_block_size = block_size if any(r.hash_ids is None for r in requests) else None
 sweep_rows = []
 for cap in capacities:
     for policy in ("lru", "belady"):
         spec = RunSpec(trace=str(trace_path), mode="cache-only", policy=policy, capacity_blocks=cap,
-                       trace_format=trace_format, limit=limit, seed=seed)
+                       block_size=sweep_block_size, trace_format=trace_format, limit=limit, seed=seed)
         s = run_replay(spec).summary
         sweep_rows.append({"capacity_blocks": cap, "policy": policy, "token_hit_rate": s["token_hit_rate"],
                            "block_hit_rate": s["block_hit_rate"], "evictions": s["evictions"]})

@@ -20,12 +20,16 @@ from kvtrace.replay.study import BEHAVIOURS
 DEMO_DB = "kvtrace-demo.duckdb"
 DEMO_TRACE = "gen:mixed"
 DEMO_PRESET = "kimi-hybrid"
+# A small GPU pool (40 blocks of 512 tokens per group) in front of an external tier, so
+# that a workload of seconds puts the cache under the pressure a production server sees:
+# evictions, external hits and re-prefills happen, and the behaviours have work to do.
+DEMO_SETTINGS = {"capacity_blocks": 40, "external_capacity_blocks": 4096}
 ALL_ON = "all on"
 
 
 def demo_specs(trace: str = DEMO_TRACE, *, seed: int = 0, limit: int | None = None) -> list[RunSpec]:
     """The four runs: all behaviours on, then each one off."""
-    all_on = RunSpec(trace=trace, preset=DEMO_PRESET, seed=seed, limit=limit, name=f"demo: {ALL_ON}")
+    all_on = RunSpec(trace=trace, preset=DEMO_PRESET, seed=seed, limit=limit, name=f"demo: {ALL_ON}", **DEMO_SETTINGS)
     return [all_on] + [replace(all_on, without=(b,), name=f"demo: without {b}") for b in BEHAVIOURS]
 
 
@@ -72,7 +76,7 @@ def run_demo(
     for behaviour, d in result.diffs.items():
         console.print()
         console.print(f"[bold]{behaviour}[/bold]: A = switched off, B = all on (what the behaviour buys)")
-        for table in d.tables()[:2]:  # metric deltas, latency percentiles with CIs
+        for table in d.tables(metrics=SUMMARY_FIELDS)[:2]:  # metric deltas, latency percentiles with CIs
             console.print(table)
     console.print()
     console.print(f"{len(result.runs)} runs recorded in {db}. Open the dashboard:")
@@ -86,7 +90,8 @@ def summary_table(result: DemoResult) -> Any:
 
     from kvtrace.replay.report import format_value
 
-    table = Table(title=f"kvtrace demo: {DEMO_TRACE} on {DEMO_PRESET}", title_justify="left")
+    settings = ", ".join(f"{k}={v}" for k, v in DEMO_SETTINGS.items())
+    table = Table(title=f"kvtrace demo: {DEMO_TRACE} on {DEMO_PRESET} ({settings})", title_justify="left")
     table.add_column("metric")
     for spec, _ in result.runs:
         table.add_column(ALL_ON if not spec.without else f"without\n{spec.without[0]}", justify="right")
@@ -98,11 +103,25 @@ def summary_table(result: DemoResult) -> Any:
 
 
 def _remove_store(db: str) -> None:
-    for path in (db, db + ".wal"):
-        if os.path.isdir(path):
-            from kvtrace.errors import KVTraceError
+    """Delete an earlier demo store at ``db``; refuse anything else that lives there."""
+    from kvtrace.errors import KVTraceError
 
-            raise KVTraceError(f"{path}: is a directory; expected a DuckDB file path for the demo store")
+    if os.path.isdir(db):
+        raise KVTraceError(f"{db}: is a directory; expected a DuckDB file path for the demo store")
+    if os.path.exists(db) and os.path.getsize(db) > 0:
+        from kvtrace.store import read
+
+        try:
+            names = read.runs(db)["name"].to_list()
+        except KVTraceError as err:
+            raise KVTraceError(f"{db}: exists and is not a kvtrace demo store ({err}); choose another --db") from None
+        foreign = [n for n in names if not str(n or "").startswith("demo: ")]
+        if foreign:
+            raise KVTraceError(
+                f"{db}: holds {len(foreign)} run(s) that are not the demo's (e.g. {foreign[0]!r}); "
+                "choose another --db or remove the file"
+            )
+    for path in (db, db + ".wal"):
         Path(path).unlink(missing_ok=True)
 
 

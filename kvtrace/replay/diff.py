@@ -28,7 +28,7 @@ import polars as pl
 from kvtrace.errors import KVTraceError
 from kvtrace.replay.run import SUMMARY_FIELDS
 
-QUANTILES = (0.50, 0.90, 0.99)
+PERCENTILES = (50, 90, 99)  # nearest rank, as the engine's summary percentiles
 LATENCY_METRICS = ("ttft_ms", "itl_ms")
 DEFAULT_RESAMPLES = 1000
 CI_LEVEL = 0.95
@@ -39,10 +39,13 @@ METRIC_DIRECTION: dict[str, int] = {
     "token_hit_rate": 1,
     "block_hit_rate": 1,
     "external_hit_tokens": 1,
-    "throughput_tokens_per_s": 1,
+    "output_tok_per_s": 1,
+    "computed_prompt_tokens": -1,  # prefill work the cache did not save
     "evictions": -1,
     "stale_hashes": -1,
+    "stale_hashes_left": -1,
     "divergent_outputs": -1,
+    "table_disagreements": -1,  # Core and Worker disagree on a block table
     "preemptions": -1,
 }
 _LOWER_IS_BETTER_PREFIXES = ("ttft_", "itl_", "e2e_", "queue_", "latency_")
@@ -81,7 +84,7 @@ class MetricDelta:
 @dataclass(slots=True, frozen=True)
 class PercentileShift:
     metric: str  # ttft_ms | itl_ms
-    quantile: float
+    percentile: int
     a: float
     b: float
     delta: float
@@ -90,7 +93,7 @@ class PercentileShift:
 
     @property
     def name(self) -> str:
-        return f"{self.metric}_p{round(self.quantile * 100)}"
+        return f"{self.metric}_p{self.percentile}"
 
     @property
     def significant(self) -> bool:
@@ -145,6 +148,9 @@ class RunDiff:
     evictions_by_publish_kind: list[CountShift] = field(default_factory=list)
     latency: list[PercentileShift] = field(default_factory=list)
     bootstrap: dict[str, Any] = field(default_factory=dict)
+    # Per run ("a"/"b"), read from the store's verification spans: requests whose output
+    # diverged from the no-cache reference, most divergent tokens first.
+    divergent_requests: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
 
     # -- lookups
     def metric(self, name: str) -> MetricDelta:
@@ -193,12 +199,33 @@ class RunDiff:
         out["correctness"] = {
             k: {"a": self._raw(k, "a"), "b": self._raw(k, "b")} for k in ("stale_hashes", "divergent_outputs")
         }
+        if self.divergent_requests:
+            out["correctness"]["divergent_requests"] = {
+                side: [{"request_id": rid, "divergent_tokens": n} for rid, n in reqs]
+                for side, reqs in self.divergent_requests.items()
+            }
         if self.latency:
             out["latency"] = {
                 s.name: {"a": s.a, "b": s.b, "delta": s.delta, "ci": [_nan_none(s.ci_low), _nan_none(s.ci_high)]}
                 for s in self.latency
             }
             out["bootstrap"] = self.bootstrap
+        return out
+
+    def _correctness_markdown(self) -> list[str]:
+        parts = []
+        for name in ("stale_hashes", "divergent_outputs"):
+            a, b = self._raw(name, "a"), self._raw(name, "b")
+            if a or b:
+                parts.append(f"{name.replace('_', ' ')} A {_fmt(a)} → B {_fmt(b)}")
+        if not parts:
+            return []
+        out = ["", "**Correctness**: " + "; ".join(parts) + "."]
+        for side in ("a", "b"):
+            reqs = self.divergent_requests.get(side) or []
+            if reqs:
+                shown = ", ".join(f"`{rid}` ({n})" for rid, n in reqs[:5])
+                out.append(f"Divergent requests in {side.upper()}: {len(reqs)}; most divergent tokens: {shown}.")
         return out
 
     def _raw(self, name: str, side: str) -> Any:
@@ -218,11 +245,22 @@ class RunDiff:
         ]
         if a.get("behaviours") is not None or b.get("behaviours") is not None:
             lines.append(f"Behaviours: A `{_fmt_behaviours(a)}` · B `{_fmt_behaviours(b)}`")
-        lines += ["", "| metric | A | B | Δ | Δ% | |", "|---|---:|---:|---:|---:|---|"]
-        for m in self.metrics:
-            lines.append(
-                f"| {m.name} | {_fmt(m.a)} | {_fmt(m.b)} | {_fmt(m.delta, signed=True)} | {_fmt_rel(m.rel)} | {_mark(m.verdict)} |"
-            )
+        for side, run in (("A", a), ("B", b)):
+            if run.get("status") not in (None, "complete"):
+                lines += ["", f"> ⚠️ run {side} is **{run['status']}**: its numbers cover only what was recorded."]
+        head = ["| metric | A | B | Δ | Δ% | |", "|---|---:|---:|---:|---:|---|"]
+
+        def row(m: MetricDelta) -> str:
+            return (f"| {m.name} | {_fmt(m.a)} | {_fmt(m.b)} | {_fmt(m.delta, signed=True)} | "
+                    f"{_fmt_rel(m.rel)} | {_mark(m.verdict)} |")
+
+        # The summary fields first; the run's further metrics folded away below them.
+        main = [m for m in self.metrics if m.name in SUMMARY_FIELDS]
+        extra = [m for m in self.metrics if m.name not in SUMMARY_FIELDS]
+        lines += ["", *head, *map(row, main or extra)]
+        if main and extra:
+            lines += ["", f"<details><summary>{len(extra)} more metrics</summary>", "", *head, *map(row, extra),
+                      "", "</details>"]
         if self.latency:
             bs = self.bootstrap
             lines += [
@@ -244,7 +282,8 @@ class RunDiff:
             for dim, shifts in (("reason", self.evictions_by_reason), ("publish kind", self.evictions_by_publish_kind)):
                 for s in shifts:
                     lines.append(f"| {dim} | {s.key} | {s.a} | {s.b} | {s.delta:+d} |")
-        if self.requests is not None:
+        lines += self._correctness_markdown()
+        if self.requests is not None and (self.requests.requests or self.requests.only_a or self.requests.only_b):
             r = self.requests
             lines += [
                 "",
@@ -259,15 +298,19 @@ class RunDiff:
                     lines.append(f"| `{c.request_id}` | {c.prompt_tokens} | {c.hit_a} | {c.hit_b} | {c.delta:+d} |")
         return "\n".join(lines) + "\n"
 
-    def tables(self) -> list[Any]:
-        """rich Tables (summary, latency, evictions, top requests) for a terminal."""
+    def tables(self, metrics: Iterable[str] | None = None) -> list[Any]:
+        """rich Tables (summary, latency, evictions, top requests) for a terminal;
+        ``metrics`` limits the first table to those names."""
         from rich.table import Table
 
         out = []
+        keep = None if metrics is None else set(metrics)
         t = Table(title=f"{_label(self.run_a)} → {_label(self.run_b)}", title_justify="left")
         for col in ("metric", "A", "B", "Δ", "Δ%"):
             t.add_column(col, justify="left" if col == "metric" else "right")
         for m in self.metrics:
+            if keep is not None and m.name not in keep:
+                continue
             style = {"better": "green", "worse": "red"}.get(m.verdict)
             t.add_row(m.name, _fmt(m.a), _fmt(m.b), _fmt(m.delta, signed=True), _fmt_rel(m.rel), style=style)
         out.append(t)
@@ -310,6 +353,9 @@ class RunDiff:
         from rich.console import Console
 
         console = console or Console()
+        for side, run in (("A", self.run_a), ("B", self.run_b)):
+            if run.get("status") not in (None, "complete"):
+                console.print(f"[yellow]run {side} ({_label(run)}) is {run['status']}: partial numbers[/yellow]")
         for t in self.tables():
             console.print(t)
 
@@ -439,38 +485,69 @@ def count_shifts(counts_a: pl.DataFrame, counts_b: pl.DataFrame, key: str, value
 # ------------------------------------------------------------------------ bootstrap
 
 
-def weighted_quantiles(sorted_values: np.ndarray, weights: np.ndarray, quantiles: Sequence[float]) -> np.ndarray:
-    """Quantiles (numpy's default 'linear' method) of multisets given as integer weights.
+def nearest_rank(total: np.ndarray | int, percentile: int) -> np.ndarray | int:
+    """0-based rank of the nearest-rank percentile in a multiset of ``total`` items:
+    ceil(p * N / 100) - 1, in integers (the engine's summary percentiles use the same)."""
+    return np.maximum(0, -(-(percentile * np.asarray(total, dtype=np.int64)) // 100) - 1)
+
+
+def weighted_percentiles(sorted_values: np.ndarray, weights: np.ndarray, percentiles: Sequence[int]) -> np.ndarray:
+    """Nearest-rank percentiles of multisets given as integer weights (reference version).
 
     sorted_values: (m,) ascending. weights: (B, m) non-negative ints, one multiset per row.
-    Returns (B, len(quantiles)); NaN for an empty multiset. All rows in one vectorised pass:
-    row b's cumulative weights are shifted by b*BIG so one flat searchsorted serves every row.
+    Returns (B, len(percentiles)); NaN for an empty multiset.
     """
     weights = np.asarray(weights, dtype=np.int64)
     B, m = weights.shape
-    q = np.asarray(quantiles, dtype=np.float64)
-    out = np.full((B, q.size), np.nan)
+    out = np.full((B, len(percentiles)), np.nan)
     if m == 0 or B == 0:
         return out
     cw = np.cumsum(weights, axis=1)
     total = cw[:, -1]
+    for i, p in enumerate(percentiles):
+        rank = nearest_rank(total, p)
+        idx = np.minimum((cw > rank[:, None]).argmax(axis=1), m - 1)  # first cumulative weight > rank
+        out[:, i] = np.where(total > 0, sorted_values[idx], np.nan)
+    return out
+
+
+def chunked_weighted_percentiles(
+    sorted_values: np.ndarray,
+    owner: np.ndarray,
+    counts: np.ndarray,
+    percentiles: Sequence[int],
+    chunks: int | None = None,
+) -> np.ndarray:
+    """``weighted_percentiles(sorted_values, counts[:, owner], percentiles)`` without
+    building the (B, m) weight matrix: exact, and fast when m (every ITL gap) is large.
+
+    The sorted observations are cut into ``chunks`` runs of positions. One matrix product,
+    counts (B, n) @ per-request chunk histogram (n, K), gives every replicate's weight per
+    chunk; the chunk holding each wanted rank is found on those totals, and only inside
+    that chunk are the individual weights expanded. About sqrt(m) chunks balances the two
+    (measured: 4000 requests x 150 gaps, 1000 resamples, both runs, in about 1 s).
+    """
+    counts = np.asarray(counts)
+    B, n = counts.shape
+    m = sorted_values.size
+    out = np.full((B, len(percentiles)), np.nan)
+    if m == 0 or B == 0:
+        return out
+    if chunks is None:
+        chunks = int(np.sqrt(m)) + 1
+    size = -(-m // min(chunks, m))  # positions per chunk
+    k = -(-m // size)
+    hist = np.bincount(owner * k + np.arange(m) // size, minlength=n * k).reshape(n, k).astype(np.float64)
+    cum = np.rint(np.cumsum(counts.astype(np.float64) @ hist, axis=1)).astype(np.int64)  # (B, K), exact
+    total = cum[:, -1]
+    rank = np.stack([nearest_rank(total, p) for p in percentiles], axis=1)  # (B, P)
+    j = np.minimum((cum[:, None, :] > rank[:, :, None]).argmax(axis=2), k - 1)  # chunk holding the rank
+    before = np.where(j > 0, np.take_along_axis(cum, np.maximum(j - 1, 0), axis=1), 0)
+    pos = j[:, :, None] * size + np.arange(size)  # (B, P, size)
+    w = np.where(pos < m, counts[np.arange(B)[:, None, None], owner[np.minimum(pos, m - 1)]], 0)
+    within = (np.cumsum(w, axis=2) > (rank - before)[:, :, None]).argmax(axis=2)
+    v = sorted_values[np.minimum(j * size + within, m - 1)]
     ok = total > 0
-    big = int(total.max()) + 1
-    offset = np.arange(B, dtype=np.int64) * big
-    flat = (cw + offset[:, None]).ravel()
-    h = q[None, :] * np.maximum(total - 1, 0)[:, None]  # (B, Q) 0-based rank positions
-    lo = np.floor(h)
-    frac = h - lo
-    hi = np.minimum(lo + 1, np.maximum(total - 1, 0)[:, None])
-    base = (np.arange(B, dtype=np.int64) * m)[:, None]
-
-    def value_at(rank: np.ndarray) -> np.ndarray:
-        # The element of rank k is the first index whose cumulative weight exceeds k.
-        idx = np.searchsorted(flat, (rank.astype(np.int64) + offset[:, None]).ravel(), side="right")
-        idx = np.minimum(idx.reshape(rank.shape) - base, m - 1)
-        return sorted_values[idx]
-
-    v = value_at(lo) + frac * (value_at(hi) - value_at(lo))
     out[ok] = v[ok]
     return out
 
@@ -483,7 +560,7 @@ def percentile_shifts(
     *,
     metric: str,
     counts: tuple[np.ndarray, np.ndarray],
-    quantiles: Sequence[float] = QUANTILES,
+    percentiles: Sequence[int] = PERCENTILES,
 ) -> list[PercentileShift]:
     """Percentile shifts B-A with bootstrap CIs, given per-request resample counts.
 
@@ -492,89 +569,35 @@ def percentile_shifts(
     resample counts for A and for B (the same array when paired).
     """
     counts_a, counts_b = counts
-    qs = np.asarray(quantiles, dtype=np.float64)
-    point_a = _point_quantiles(a_values, qs)
-    point_b = _point_quantiles(b_values, qs)
-    lo = hi = np.full(qs.size, np.nan)
+    point_a = _point_percentiles(a_values, percentiles)
+    point_b = _point_percentiles(b_values, percentiles)
+    lo = hi = np.full(len(percentiles), np.nan)
     if a_values.size and b_values.size:
-        deltas = _boot_quantiles(b_owner, b_values, counts_b, qs) - _boot_quantiles(a_owner, a_values, counts_a, qs)
+        deltas = _boot_percentiles(b_owner, b_values, counts_b, percentiles) - _boot_percentiles(
+            a_owner, a_values, counts_a, percentiles
+        )
         alpha = (1 - CI_LEVEL) / 2
         if not np.all(np.isnan(deltas)):
             with np.errstate(all="ignore"):
                 lo = np.nanquantile(deltas, alpha, axis=0)
                 hi = np.nanquantile(deltas, 1 - alpha, axis=0)
     return [
-        PercentileShift(metric, float(q), float(pa), float(pb), float(pb - pa), float(l), float(h))
-        for q, pa, pb, l, h in zip(qs, point_a, point_b, lo, hi)
+        PercentileShift(metric, int(p), float(pa), float(pb), float(pb - pa), float(l), float(h))
+        for p, pa, pb, l, h in zip(percentiles, point_a, point_b, lo, hi)
     ]
 
 
-def _point_quantiles(values: np.ndarray, qs: np.ndarray) -> np.ndarray:
+def _point_percentiles(values: np.ndarray, percentiles: Sequence[int]) -> np.ndarray:
     if values.size == 0:
-        return np.full(qs.size, np.nan)
-    return np.quantile(values.astype(np.float64), qs)
+        return np.full(len(percentiles), np.nan)
+    v = np.sort(values.astype(np.float64))
+    return np.array([v[nearest_rank(v.size, p)] for p in percentiles])
 
 
-def _boot_quantiles(owner: np.ndarray, values: np.ndarray, counts: np.ndarray, qs: np.ndarray) -> np.ndarray:
-    """Exact bootstrap quantiles, (B, Q), of observations owned by resampled requests."""
+def _boot_percentiles(owner: np.ndarray, values: np.ndarray, counts: np.ndarray, percentiles: Sequence[int]) -> np.ndarray:
+    """Exact bootstrap percentiles, (B, P), of observations owned by resampled requests."""
     order = np.argsort(values, kind="stable")
-    return chunked_weighted_quantiles(values[order].astype(np.float64), owner[order], counts, qs)
-
-
-def chunked_weighted_quantiles(
-    sorted_values: np.ndarray,
-    owner: np.ndarray,
-    counts: np.ndarray,
-    quantiles: Sequence[float],
-    chunks: int | None = None,
-) -> np.ndarray:
-    """``weighted_quantiles(sorted_values, counts[:, owner], quantiles)`` without building
-    the (B, m) weight matrix: exact, and fast when m (e.g. every ITL gap) is large.
-
-    The sorted observations are cut into ``chunks`` runs of positions. One matrix product,
-    counts (B, n) @ per-request chunk histogram (n, K), gives every replicate's weight per
-    chunk; the chunk holding each wanted rank is found on those totals, and only inside
-    that chunk are the individual weights expanded. About sqrt(m) chunks balances the two
-    (measured: 4000 requests x 150 gaps, 1000 resamples, in about 0.5 s).
-    """
-    counts = np.asarray(counts)
-    B, n = counts.shape
-    m = sorted_values.size
-    q = np.asarray(quantiles, dtype=np.float64)
-    out = np.full((B, q.size), np.nan)
-    if m == 0 or B == 0:
-        return out
-    if chunks is None:
-        chunks = int(np.sqrt(m)) + 1
-    size = -(-m // min(chunks, m))  # positions per chunk
-    k = -(-m // size)
-    chunk_of = np.arange(m) // size
-    hist = np.bincount(owner * k + chunk_of, minlength=n * k).reshape(n, k).astype(np.float64)
-    cum = np.cumsum(counts.astype(np.float64) @ hist, axis=1)  # (B, K), exact in float64
-    total = cum[:, -1]
-    ok = total > 0
-    last = np.maximum(total - 1, 0)[:, None]
-    h = q[None, :] * last
-    lo = np.floor(h)
-    frac = h - lo
-    hi = np.minimum(lo + 1, last)
-    rows = np.arange(B)[:, None, None]
-    offsets = np.arange(size)
-
-    def value_at(rank: np.ndarray) -> np.ndarray:
-        # chunk j holding rank r: the first whose cumulative weight exceeds r
-        j = np.minimum((cum[:, None, :] > rank[:, :, None]).argmax(axis=2), k - 1)  # (B, Q)
-        before = np.where(j > 0, np.take_along_axis(cum, np.maximum(j - 1, 0), axis=1), 0.0)
-        pos = j[:, :, None] * size + offsets  # (B, Q, size)
-        inside = pos < m
-        w = np.where(inside, counts[rows, owner[np.minimum(pos, m - 1)]], 0)
-        within = (np.cumsum(w, axis=2) > (rank - before)[:, :, None]).argmax(axis=2)
-        return sorted_values[np.minimum(j * size + within, m - 1)]
-
-    v_lo = value_at(lo)
-    v = v_lo + frac * (value_at(hi) - v_lo)
-    out[ok] = v[ok]
-    return out
+    return chunked_weighted_percentiles(values[order].astype(np.float64), owner[order], counts, percentiles)
 
 
 def resample_counts(rng: np.random.Generator, n_requests: int, resamples: int) -> np.ndarray:
@@ -606,7 +629,7 @@ def latency_shifts(
     *,
     seed: int = 0,
     resamples: int = DEFAULT_RESAMPLES,
-    quantiles: Sequence[float] = QUANTILES,
+    percentiles: Sequence[int] = PERCENTILES,
 ) -> tuple[list[PercentileShift], dict[str, Any]]:
     """TTFT/ITL percentile shifts with a seeded request-level bootstrap.
 
@@ -627,7 +650,9 @@ def latency_shifts(
             continue
         oa, va = _owned_values(frames_a[metric], metric, ua)
         ob, vb = _owned_values(frames_b[metric], metric, ub)
-        shifts += percentile_shifts(oa, va, ob, vb, metric=metric, counts=(counts_a, counts_b), quantiles=quantiles)
+        if va.size == 0 and vb.size == 0:
+            continue  # e.g. cache-only runs: no request timing at all
+        shifts += percentile_shifts(oa, va, ob, vb, metric=metric, counts=(counts_a, counts_b), percentiles=percentiles)
     info = {"seed": seed, "resamples": resamples, "paired": paired, "requests_a": ua.height, "requests_b": ub.height}
     return shifts, info
 
@@ -688,13 +713,13 @@ def check_fail_if(diff: RunDiff, gates: Iterable[str]) -> list[str]:
         limit = gate.threshold * 100 if gate.relative else gate.threshold
         if gate.bad_direction < 0 and change < gate.threshold:
             failures.append(
-                f"{gate.metric} dropped by {_fmt(-shown)}{unit} (A={_fmt(m.a)}, B={_fmt(m.b)}); "
-                f"allowed drop {_fmt(-limit)}{unit}"
+                f"{gate.metric} dropped by {-shown:.6g}{unit} (A={m.a:.6g}, B={m.b:.6g}); "
+                f"allowed drop {abs(limit):.6g}{unit}"
             )
         elif gate.bad_direction > 0 and change > gate.threshold:
             failures.append(
-                f"{gate.metric} rose by {_fmt(shown)}{unit} (A={_fmt(m.a)}, B={_fmt(m.b)}); "
-                f"allowed rise {_fmt(limit)}{unit}"
+                f"{gate.metric} rose by {shown:.6g}{unit} (A={m.a:.6g}, B={m.b:.6g}); "
+                f"allowed rise {limit:.6g}{unit}"
             )
     return failures
 
@@ -732,6 +757,7 @@ def diff_runs(
         view.evictions_by_publish_kind(run_a), view.evictions_by_publish_kind(run_b), "publish_kind"
     )
     diff.latency, diff.bootstrap = latency_shifts(view.latency(run_a), view.latency(run_b), seed=seed, resamples=resamples)
+    diff.divergent_requests = {"a": view.divergent_requests(run_a), "b": view.divergent_requests(run_b)}
     return diff
 
 
@@ -787,6 +813,13 @@ class StoreView:
         f = self.read.evictions_by_publish_kind(self.db, run_id)
         return f.select("publish_kind", pl.col("blocks").alias("count"))
 
+    def divergent_requests(self, run_id: str) -> list[tuple[str, int]]:
+        f = self.read.divergent_outputs(self.db, run_id)
+        if f.height == 0:
+            return []
+        per = f.group_by("request_id").agg(pl.len().alias("n")).sort(["n", "request_id"], descending=[True, False])
+        return [(str(r), int(n)) for r, n in per.iter_rows()]
+
     def latency(self, run_id: str) -> dict[str, pl.DataFrame]:
         """ttft_ms: one row per request that produced a token; itl_ms: one row per gap."""
         req = self.read.requests(self.db, run_id).drop_nulls("ttft_ns")
@@ -816,6 +849,8 @@ def _fmt_behaviours(run: dict[str, Any]) -> str:
 def _fmt(v: float | None, signed: bool = False) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "–"
+    if isinstance(v, float) and abs(v) < 1e-9:
+        v = 0.0  # float noise from subtracting equal sums, not a change
     if isinstance(v, int) or (isinstance(v, float) and v.is_integer() and abs(v) >= 1000):
         return f"{int(v):+,d}" if signed else f"{int(v):,d}"
     if abs(v) >= 100:

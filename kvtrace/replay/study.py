@@ -36,7 +36,19 @@ EXPECTED_OFF_DIRECTION: dict[str, dict[str, int]] = {
     EXTERNAL_HIT_RUNNING_COW: {"divergent_outputs": +1, "stale_hashes": +1},
 }
 
-SWEEP_PARAMETERS = ("capacity_blocks", "capacity_tokens", "retention")
+# RunSpec settings under which each generated study workload exposes its behaviour on the
+# kimi-hybrid preset (retention 0, partial hits and prefill checkpoints on). Applied only
+# to the built-in workload; a user's --trace runs on the preset as it is.
+# - transient checkpoints: a small pool, so published checkpoints compete with hot prefixes;
+# - pinning: 64-token blocks so the system prompts' junction falls on a hash boundary;
+# - external hits: a pool small enough that fillers push parents out to the external tier.
+STUDY_DEFAULTS: dict[str, dict[str, Any]] = {
+    TRANSIENT_CHECKPOINT_RETENTION: {"capacity_blocks": 24},
+    SHARED_PREFIX_PINNING: {"block_size": 64},
+    EXTERNAL_HIT_RUNNING_COW: {"capacity_blocks": 10, "external_capacity_blocks": 4096},
+}
+
+SWEEP_PARAMETERS = ("capacity_blocks", "capacity_tokens", "external_capacity_blocks", "retention")
 
 
 def study_trace(behaviour: str) -> str:
@@ -187,7 +199,7 @@ def parse_sweep(sweep: Any) -> tuple[str, list[Any]] | None:
     values = list(values)
     if not values:
         raise KVTraceError(f"sweep: {name} needs at least one value")
-    if name in ("capacity_blocks", "capacity_tokens"):
+    if name != "retention":
         try:
             values = [int(v) for v in values]
         except (TypeError, ValueError):
@@ -208,23 +220,26 @@ def run_study(
     base: RunSpec | None = None,
     limit: int | None = None,
 ) -> StudyResult:
-    """Replay ``trace`` (default: the behaviour's generated workload) with the behaviour
-    on and off, for each sweep value, and diff each pair (A = off, B = on).
+    """Replay ``trace`` (default: the behaviour's generated workload, with its
+    ``STUDY_DEFAULTS``) with the behaviour on and off, for each sweep value, and diff each
+    pair (A = off, B = on). ``base``: a RunSpec whose settings (preset, capacity, ...)
+    both runs share instead; its trace, seed and behaviours are set here.
 
     Without ``db`` the diff covers the summaries only; with ``db`` both runs are recorded
     and diffed through the store (per-request changes, evictions, latency CIs).
     """
     check_behaviour(behaviour)
+    if base is None:
+        base = RunSpec(trace="", **(STUDY_DEFAULTS[behaviour] if trace is None else {}))
     trace = trace or study_trace(behaviour)
-    spec0 = base if base is not None else RunSpec(trace=trace)
-    spec0 = replace(spec0, trace=trace, seed=seed, limit=limit if limit is not None else spec0.limit)
+    spec0 = replace(base, trace=trace, seed=seed, limit=limit if limit is not None else base.limit)
     parsed = parse_sweep(sweep)
     grid: list[tuple[str | None, Any]] = [(None, None)] if parsed is None else [(parsed[0], v) for v in parsed[1]]
     result = StudyResult(behaviour=behaviour, trace=trace, db=str(db) if db is not None else None)
     for parameter, value in grid:
         spec = spec0 if parameter is None else replace(spec0, **{parameter: value})
         suffix = "" if parameter is None else f" {parameter}={value}"
-        on_spec = replace(spec, name=f"study {behaviour} on{suffix}")
+        on_spec = replace(spec, without=tuple(b for b in spec.without if b != behaviour), name=f"study {behaviour} on{suffix}")
         off_spec = replace(spec, without=tuple(sorted(set(spec.without) | {behaviour})), name=f"study {behaviour} off{suffix}")
         off = run_replay(off_spec, db=db, progress=progress)
         on = run_replay(on_spec, db=db, progress=progress)

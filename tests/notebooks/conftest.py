@@ -3,27 +3,40 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
+KERNEL_NAME = "kvtrace-pytest"
 
 
-def _kernel_name() -> str:
-    """The native ``python3`` kernel of *this* interpreter.
+@pytest.fixture(scope="session")
+def kernel_name(tmp_path_factory):
+    """A kernelspec that runs *this* interpreter (the venv with kvtrace installed).
 
-    jupyter_client resolves ``python3`` to ipykernel's built-in spec, and replaces a bare
-    ``python`` in a kernel's argv with ``sys.executable``, so the kernel always runs the
-    interpreter (and the installed kvtrace) that runs the tests, on a fresh CI machine
-    too: nothing needs ``jupyter kernelspec install`` first.
+    It lives in a temporary JUPYTER_PATH entry, which jupyter_client searches before the
+    user's and the system's kernel directories, under a name nothing else uses: a fresh CI
+    machine needs no ``jupyter kernelspec install``, and a developer's own ``python3``
+    kernel pointing at another interpreter cannot shadow it.
     """
-    from jupyter_client.kernelspec import NATIVE_KERNEL_NAME, KernelSpecManager
-
-    spec = KernelSpecManager().get_kernel_spec(NATIVE_KERNEL_NAME)
-    assert spec.argv[0] in ("python", "python3", sys.executable), spec.argv
-    return NATIVE_KERNEL_NAME
+    root = tmp_path_factory.mktemp("jupyter")
+    spec_dir = root / "kernels" / KERNEL_NAME
+    spec_dir.mkdir(parents=True)
+    (spec_dir / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "kvtrace tests",
+        "language": "python",
+    }))
+    old = os.environ.get("JUPYTER_PATH")
+    os.environ["JUPYTER_PATH"] = os.pathsep.join([str(root)] + ([old] if old else []))
+    yield KERNEL_NAME
+    if old is None:
+        os.environ.pop("JUPYTER_PATH", None)
+    else:
+        os.environ["JUPYTER_PATH"] = old
 
 
 def result_of(nb) -> dict:
@@ -38,7 +51,7 @@ def result_of(nb) -> dict:
 
 
 @pytest.fixture
-def run_notebook(tmp_path):
+def run_notebook(tmp_path, kernel_name):
     import papermill as pm
 
     def run(name: str, **parameters):
@@ -47,7 +60,7 @@ def run_notebook(tmp_path):
             str(NOTEBOOKS / f"{name}.ipynb"),
             str(out),
             parameters=parameters,
-            kernel_name=_kernel_name(),
+            kernel_name=kernel_name,
             cwd=str(tmp_path),
             progress_bar=False,
             log_output=False,

@@ -102,19 +102,29 @@ def test_count_shifts_outer_join_sorted_by_size_of_change():
 # ------------------------------------------------------------------ bootstrap
 
 
-def test_weighted_quantiles_match_numpy_on_expanded_multisets():
+def test_weighted_percentiles_match_numpy_nearest_rank_on_expanded_multisets():
     rng = np.random.default_rng(3)
     values = np.sort(rng.gamma(2.0, 10.0, size=37))
     weights = rng.integers(0, 4, size=(25, 37))
     weights[5] = 0  # an empty multiset -> NaN
-    qs = (0.0, 0.5, 0.9, 0.99, 1.0)
-    got = D.weighted_quantiles(values, weights, qs)
+    ps = (0, 1, 50, 90, 99, 100)
+    got = D.weighted_percentiles(values, weights, ps)
     for row in range(25):
         expanded = np.repeat(values, weights[row])
         if expanded.size == 0:
             assert np.isnan(got[row]).all()
         else:
-            np.testing.assert_allclose(got[row], np.quantile(expanded, qs), rtol=1e-12)
+            want = np.percentile(expanded, ps, method="inverted_cdf")
+            np.testing.assert_array_equal(got[row], want)
+
+
+def test_nearest_rank_matches_the_engine_summary_percentile():
+    from kvtrace.engine.engine import percentile
+
+    for n in (1, 2, 7, 100, 101, 999):
+        vals = list(range(n))
+        for p in (50, 90, 99):
+            assert D.nearest_rank(n, p) == percentile(vals, p)
 
 
 def test_resample_counts_are_seeded_and_sum_to_n():
@@ -168,7 +178,7 @@ def test_paired_bootstrap_brackets_a_constant_shift_and_zero_for_no_change():
     s = by["itl_ms_p90"]
     assert s.delta == 0.0 and s.ci_low == 0.0 and s.ci_high == 0.0 and not s.significant
     # Point estimates equal numpy's percentile over all observations.
-    assert by["itl_ms_p99"].a == pytest.approx(np.quantile(a["itl_ms"]["itl_ms"].to_numpy(), 0.99))
+    assert by["itl_ms_p99"].a == np.percentile(a["itl_ms"]["itl_ms"].to_numpy(), 99, method="inverted_cdf")
 
 
 def test_unpaired_bootstrap_when_request_sets_differ():
@@ -188,7 +198,7 @@ def _diff_with_latency():
     a = _summary()
     b = _summary(hit_tokens=58_500, token_hit_rate=0.585, ttft_ms_p99=90.0, stale_hashes=2)
     d = D.diff_summaries(a, b)
-    d.latency = [D.PercentileShift("ttft_ms", 0.9, 40.0, 46.0, 6.0, 4.0, 8.0)]
+    d.latency = [D.PercentileShift("ttft_ms", 90, 40.0, 46.0, 6.0, 4.0, 8.0)]
     return d
 
 
@@ -196,7 +206,7 @@ def test_fail_if_sign_convention():
     d = _diff_with_latency()
     # token_hit_rate dropped by 0.015: a max allowed drop of 0.01 fails, 0.02 passes.
     (msg,) = D.check_fail_if(d, ["token_hit_rate:-0.01"])
-    assert "token_hit_rate dropped by 0.0150" in msg and "allowed drop 0.0100" in msg
+    assert msg == "token_hit_rate dropped by 0.015 (A=0.6, B=0.585); allowed drop 0.01"
     assert D.check_fail_if(d, ["token_hit_rate:-0.02"]) == []
     # A rise gate on a metric that dropped never fails.
     assert D.check_fail_if(d, ["token_hit_rate:+0"]) == []
@@ -401,14 +411,41 @@ def test_diff_unknown_run_is_a_user_error(store_db):
         D.diff_runs(db, ids["off"], "nope")
 
 
-@pytest.mark.parametrize("m, n, chunks", [(1, 1, 1024), (37, 9, 4), (500, 40, 16), (2000, 100, 1024), (999, 50, 7)])
-def test_chunked_weighted_quantiles_equal_the_reference(m, n, chunks):
+@pytest.mark.parametrize("m, n, chunks", [(1, 1, None), (37, 9, 4), (500, 40, 16), (2000, 100, None), (999, 50, 7)])
+def test_chunked_weighted_percentiles_equal_the_reference(m, n, chunks):
     rng = np.random.default_rng(m + n)
     values = np.sort(np.round(rng.gamma(2.0, 5.0, size=m), 1))  # ties included
     owner = rng.integers(0, n, size=m)
     counts = rng.integers(0, 3, size=(30, n))
     counts[0] = 0
-    qs = (0.0, 0.5, 0.9, 0.99, 1.0)
-    fast = D.chunked_weighted_quantiles(values, owner, counts, qs, chunks=chunks)
-    ref = D.weighted_quantiles(values, counts[:, owner], qs)
-    np.testing.assert_allclose(fast, ref, rtol=1e-12, equal_nan=True)
+    ps = (0, 50, 90, 99, 100)
+    fast = D.chunked_weighted_percentiles(values, owner, counts, ps, chunks=chunks)
+    ref = D.weighted_percentiles(values, counts[:, owner], ps)
+    np.testing.assert_array_equal(fast, ref)
+
+
+def test_markdown_folds_metrics_beyond_the_summary_fields():
+    d = D.diff_summaries(_summary(steps=10), _summary(steps=12, token_hit_rate=0.7))
+    md = d.to_markdown()
+    main, folded = md.split("<details><summary>1 more metrics</summary>")
+    assert "| token_hit_rate |" in main and "| steps |" not in main
+    assert "| steps | 10 | 12 | +2 | +20.0% |  |" in folded and folded.rstrip().endswith("</details>")
+
+
+def test_an_unfinished_run_is_flagged():
+    d = _full_diff()
+    d.run_b["status"] = "incomplete"
+    assert "> ⚠️ run B is **incomplete**" in d.to_markdown()
+    assert "run B (on) is incomplete" in d.to_text()
+
+
+def test_runs_without_request_timing_have_no_latency_section():
+    empty = {"ttft_ms": pl.DataFrame(schema={"request_id": pl.Utf8, "ttft_ms": pl.Float64}),
+             "itl_ms": pl.DataFrame(schema={"request_id": pl.Utf8, "itl_ms": pl.Float64})}
+    shifts, info = D.latency_shifts(empty, empty, seed=0, resamples=10)
+    assert shifts == [] and info["requests_a"] == 0
+    d = D.diff_summaries(_summary(), _summary())
+    d.requests = D.request_hit_diff(pl.DataFrame(schema={"request_id": pl.Utf8, "hit_tokens": pl.Int64}),
+                                    pl.DataFrame(schema={"request_id": pl.Utf8, "hit_tokens": pl.Int64}))
+    md = d.to_markdown()
+    assert "Latency percentiles" not in md and "Per-request hit tokens" not in md
