@@ -23,6 +23,7 @@ from kvtrace.cache.config import (
 )
 from kvtrace.errors import KVTraceError
 from kvtrace.replay.diff import RunDiff, diff_runs, diff_summaries
+from kvtrace.replay.generate import WORKLOADS, study_workload
 from kvtrace.replay.run import RunSpec, run_replay
 
 # Fixed order (never iterate the frozenset ALL_BEHAVIOURS: its order varies per process).
@@ -36,17 +37,12 @@ EXPECTED_OFF_DIRECTION: dict[str, dict[str, int]] = {
     EXTERNAL_HIT_RUNNING_COW: {"divergent_outputs": +1, "stale_hashes": +1},
 }
 
-# RunSpec settings under which each generated study workload exposes its behaviour on the
-# kimi-hybrid preset (retention 0, partial hits and prefill checkpoints on). Applied only
-# to the built-in workload; a user's --trace runs on the preset as it is.
-# - transient checkpoints: a small pool, so published checkpoints compete with hot prefixes;
-# - pinning: 64-token blocks so the system prompts' junction falls on a hash boundary;
-# - external hits: a pool small enough that fillers push parents out to the external tier.
-STUDY_DEFAULTS: dict[str, dict[str, Any]] = {
-    TRANSIENT_CHECKPOINT_RETENTION: {"capacity_blocks": 24},
-    SHARED_PREFIX_PINNING: {"block_size": 64},
-    EXTERNAL_HIT_RUNNING_COW: {"capacity_blocks": 10, "external_capacity_blocks": 4096},
-}
+
+def study_defaults(behaviour: str) -> dict[str, Any]:
+    """RunSpec settings under which the behaviour's generated workload exposes it: the
+    generator's hints (preset, retention, capacities, external tier). Applied only to the
+    built-in workload; a user's --trace runs on the preset as it is."""
+    return dict(WORKLOADS[study_workload(behaviour)].hints)
 
 SWEEP_PARAMETERS = ("capacity_blocks", "capacity_tokens", "external_capacity_blocks", "retention")
 
@@ -221,7 +217,7 @@ def run_study(
     limit: int | None = None,
 ) -> StudyResult:
     """Replay ``trace`` (default: the behaviour's generated workload, with its
-    ``STUDY_DEFAULTS``) with the behaviour on and off, for each sweep value, and diff each
+    ``study_defaults``) with the behaviour on and off, for each sweep value, and diff each
     pair (A = off, B = on). ``base``: a RunSpec whose settings (preset, capacity, ...)
     both runs share instead; its trace, seed and behaviours are set here.
 
@@ -230,7 +226,7 @@ def run_study(
     """
     check_behaviour(behaviour)
     if base is None:
-        base = RunSpec(trace="", **(STUDY_DEFAULTS[behaviour] if trace is None else {}))
+        base = RunSpec(trace="", **(study_defaults(behaviour) if trace is None else {}))
     trace = trace or study_trace(behaviour)
     spec0 = replace(base, trace=trace, seed=seed, limit=limit if limit is not None else base.limit)
     parsed = parse_sweep(sweep)
