@@ -5,7 +5,8 @@ Public API:
 - ``SeededIdGenerator``: deterministic span/trace ids (an OTel ``IdGenerator``).
 - ``BulkSpanProcessor``: a never-dropping SDK span processor with a columnar fast path.
 - ``DuckDBSpanExporter``: an SDK ``SpanExporter`` writing Arrow batches to the store.
-- ``build_tracer_provider``: store and/or OTLP wiring in one call.
+- ``build_tracer_provider``: store and/or OTLP wiring in one call; ``recording``: the same
+  as a context manager that flushes and shuts down on exit (errors included).
 - ``SpanBatch``, ``table_to_readable_spans``, ``readable_spans_to_table``: conversions.
 - ``kvtrace.instrument.receiver.serve_collector``: OTLP/HTTP receiver into the store.
 - ``kvtrace.instrument.vllm.capture_vllm``: live vLLM KV events (ZMQ) into the store.
@@ -15,7 +16,7 @@ from kvtrace.instrument.convert import readable_spans_to_table, table_to_readabl
 from kvtrace.instrument.exporter import DuckDBSpanExporter
 from kvtrace.instrument.ids import SeededIdGenerator
 from kvtrace.instrument.instrumentor import KVCacheInstrumentor
-from kvtrace.instrument.pipeline import build_tracer_provider, otlp_span_exporter
+from kvtrace.instrument.pipeline import build_tracer_provider, otlp_span_exporter, recording
 from kvtrace.instrument.processor import BulkSpanProcessor
 from kvtrace.instrument.spans import BATCH_SCHEMA, SpanBatch, SpanBatchBuilder
 
@@ -30,5 +31,6 @@ __all__ = [
     "build_tracer_provider",
     "otlp_span_exporter",
     "readable_spans_to_table",
+    "recording",
     "table_to_readable_spans",
 ]

@@ -28,6 +28,15 @@ from kvtrace.instrument.spans import BATCH_SCHEMA, conform
 from kvtrace.store.schema import ATTRIBUTE_COLUMNS, GENAI_CACHE_READ, SPAN_REQUEST
 
 RUN_ID_RESOURCE_KEY = "kvtrace.run.id"  # the otel_traces view adds it from run_id
+# Resource keys kvtrace's own spans do not store per row: the run id and service name have
+# columns; the SDK's self-description repeats on every row (a third of the append cost)
+# and service.instance.id is a random UUID per process, which would break determinism.
+_UNSTORED_RESOURCE_PREFIXES = ("telemetry.sdk.", "service.instance.id", "service.name", RUN_ID_RESOURCE_KEY)
+
+
+def stored_resource_items(attrs: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The resource attributes kvtrace stores per row for its own spans (often none)."""
+    return [(k, attribute_text(v)) for k, v in attrs.items() if not k.startswith(_UNSTORED_RESOURCE_PREFIXES)]
 HIT_TOKENS_KEY = "kvtrace.hit_tokens"
 EXTERNAL_HIT_TOKENS_KEY = "kvtrace.external_hit_tokens"
 PREFILL_CHUNKS_KEY = "kvtrace.request.prefill_chunks"
@@ -132,11 +141,15 @@ def _string_map(attrs: Mapping[str, Any] | None, drop: str | None = None) -> lis
 class SpanRowsBuilder:
     """Accumulates spans column by column; only the columns a span sets cost anything."""
 
-    __slots__ = ("_cols", "n")
+    __slots__ = ("_cols", "n", "full_resource")
 
-    def __init__(self):
+    def __init__(self, full_resource: bool = True):
+        """``full_resource=False``: store only ``stored_resource_items`` (kvtrace's own
+        spans, as the columnar path does); True keeps every resource attribute but the
+        run id (spans received from other producers)."""
         self._cols: dict[str, list] = {}
         self.n = 0
+        self.full_resource = full_resource
 
     def _put(self, column: str, value: Any) -> None:
         lst = self._cols.get(column)
@@ -189,7 +202,12 @@ class SpanRowsBuilder:
             put("scope_name", scope_name)
         if scope_version:
             put("scope_version", scope_version)
-        put("resource_attributes", [(k, attribute_text(v)) for k, v in resource.items() if k != RUN_ID_RESOURCE_KEY])
+        if self.full_resource:
+            items = [(k, attribute_text(v)) for k, v in resource.items() if k != RUN_ID_RESOURCE_KEY]
+        else:
+            items = stored_resource_items(resource)
+        if items:
+            put("resource_attributes", items)
         extras = []
         attributes = attributes or {}
         derived_cache_read = HIT_TOKENS_KEY in attributes
@@ -252,8 +270,9 @@ class SpanRowsBuilder:
         return conform(pa.Table.from_arrays(arrays, schema=pa.schema(fields)))
 
 
-def readable_spans_to_table(spans: Iterable[ReadableSpan], default_source: str | None = None) -> pa.Table:
-    rows = SpanRowsBuilder()
+def readable_spans_to_table(spans: Iterable[ReadableSpan], default_source: str | None = None,
+                            full_resource: bool = False) -> pa.Table:
+    rows = SpanRowsBuilder(full_resource)
     for span in spans:
         rows.add_readable(span, default_source)
     return rows.to_table()

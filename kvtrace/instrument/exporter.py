@@ -34,7 +34,8 @@ class DuckDBSpanExporter(SpanExporter):
         return SpanExportResult.SUCCESS
 
     def export_batch(self, batch: SpanBatch) -> SpanExportResult:
-        self.spans_written += self.store.append_spans(batch.table, run_id=self.run_id)
+        for part in batch.parts:  # one per store family: appended without re-splitting
+            self.spans_written += self.store.append_spans(part, run_id=self.run_id)
         return SpanExportResult.SUCCESS
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:

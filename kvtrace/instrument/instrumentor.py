@@ -10,11 +10,13 @@ to the tracer provider's span processors:
 - any other processor (the SDK's ``SimpleSpanProcessor``, ``BatchSpanProcessor``, ...)
   receives one ``ReadableSpan`` per span through ``on_end``.
 
-Subscribe to the engine (``StepBatch`` per step: the step, its cache events, its engine
-events) or, in cache-only mode, to the ``KVCacheManager`` (``list[CacheEvent]`` per step;
-the step's virtual window is then ``[step * step_ns, (step + 1) * step_ns)``). Do not
-subscribe to both an engine and its own manager: the engine already forwards the cache
-events.
+The instrumentor is itself the listener: ``instrument(engine)`` adds it to the listeners
+of ``engine.run`` (or pass it yourself: ``Engine.run(workload, listeners=[instrumentor])``;
+a ``StepBatch`` per step: the step, its cache events, its engine events), or
+``instrument(manager)`` subscribes it to a ``KVCacheManager`` in cache-only mode (``list[CacheEvent]`` per step; the step's virtual window is then
+``[step * step_ns, (step + 1) * step_ns)``). Do not feed it both an engine and that
+engine's own manager: the engine already forwards the cache events. ``uninstrument()``
+(or ``flush()``) hands over what is still pending.
 """
 
 from __future__ import annotations
@@ -28,7 +30,12 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from kvtrace.engine.events import StepBatch
 from kvtrace.errors import KVTraceError
-from kvtrace.instrument.convert import RUN_ID_RESOURCE_KEY, attribute_text, table_to_readable_spans
+from kvtrace.instrument.convert import (
+    RUN_ID_RESOURCE_KEY,
+    attribute_text,
+    stored_resource_items,
+    table_to_readable_spans,
+)
 from kvtrace.instrument.ids import SeededIdGenerator
 from kvtrace.instrument.processor import BulkSpanProcessor
 from kvtrace.instrument.spans import Envelope, SpanBatch, SpanBatchBuilder
@@ -92,7 +99,7 @@ class KVCacheInstrumentor:
             attrs[RUN_ID_RESOURCE_KEY] = run_id
         self.resource = Resource(attrs, resource.schema_url)
         self.scope = InstrumentationScope(SCOPE_NAME, SCOPE_VERSION)
-        stored = tuple((k, attribute_text(v)) for k, v in attrs.items() if k != RUN_ID_RESOURCE_KEY)
+        stored = tuple(stored_resource_items(attrs))
         self.envelope = Envelope(
             service_name=attribute_text(attrs["service.name"]), scope_name=SCOPE_NAME,
             scope_version=SCOPE_VERSION, resource_attributes=stored,
@@ -110,26 +117,46 @@ class KVCacheInstrumentor:
         return bool(self._targets)
 
     def instrument(self, *targets: Any) -> "KVCacheInstrumentor":
-        """Subscribe to each target's per-step events (an engine or a ``KVCacheManager``)."""
+        """Attach to each target: a ``KVCacheManager`` (``subscribe``) or an engine whose
+        ``run(workload, listeners)`` gets this instrumentor added to its listeners."""
         self._resolve_processors()
         for target in targets:
             if any(t is target for t in self._targets):
                 continue  # idempotent, like BaseInstrumentor
-            subscribe = getattr(target, "subscribe", None)
-            if subscribe is None:
-                raise KVTraceError(f"{type(target).__name__}: cannot instrument (no subscribe(listener) method)")
-            subscribe(self)
+            if callable(getattr(target, "subscribe", None)):
+                target.subscribe(self)
+            elif callable(getattr(target, "run", None)):
+                self._wrap_run(target)
+            else:
+                raise KVTraceError(
+                    f"{type(target).__name__}: cannot instrument (no subscribe(listener) or run(workload, listeners)); "
+                    "pass the instrumentor as a step listener instead: engine.run(workload, listeners=[instrumentor])"
+                )
             self._targets.append(target)
         return self
 
     def uninstrument(self, *targets: Any) -> None:
-        """Unsubscribe (all targets when none given) and flush every pending span."""
+        """Detach (all targets when none given) and flush every pending span."""
         chosen = list(targets) if targets else list(self._targets)
         for target in chosen:
             if any(t is target for t in self._targets):
-                target.unsubscribe(self)
+                run = target.__dict__.get("run")
+                if getattr(run, "_kvtrace_instrumentor", None) is self:
+                    del target.run  # back to the class's run
+                else:
+                    target.unsubscribe(self)
                 self._targets = [t for t in self._targets if t is not target]
         self.flush()
+
+    def _wrap_run(self, engine: Any) -> None:
+        original = engine.run
+
+        def run(workload, listeners=(), *args, **kwargs):
+            return original(workload, (*listeners, self), *args, **kwargs)
+
+        run._kvtrace_instrumentor = self
+        run.__wrapped__ = original
+        engine.run = run
 
     def _resolve_processors(self) -> None:
         procs = self._explicit_processors

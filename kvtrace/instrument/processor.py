@@ -13,7 +13,9 @@ implements the same SDK ``SpanProcessor`` interface but applies back-pressure in
 
 ``spans_received == spans_exported + spans_failed`` always holds after ``force_flush``;
 ``spans_failed`` counts spans an exporter answered ``FAILURE`` for (e.g. an unreachable
-OTLP collector after its own retries).
+OTLP collector after its own retries). After a failure the exporter is given a rest of
+``failure_backoff_s`` during which batches count as failed without being tried, so a
+dead collector costs one exporter timeout per rest, not one per chunk.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from typing import Protocol, Sequence, runtime_checkable
+import time
+from typing import Protocol, runtime_checkable
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
@@ -51,6 +54,7 @@ class BulkSpanProcessor(SpanProcessor):
         max_queued_batches: int = 4,
         resource: Resource | None = None,
         run_id: str | None = None,
+        failure_backoff_s: float = 10.0,
     ):
         """``resource``/``run_id``: used when batches are turned into ``ReadableSpan``s."""
         self.exporter = exporter
@@ -61,6 +65,8 @@ class BulkSpanProcessor(SpanProcessor):
         self.spans_received = 0
         self.spans_exported = 0
         self.spans_failed = 0
+        self.failure_backoff_s = failure_backoff_s
+        self._resting_until = 0.0
         self._pending: list[ReadableSpan] = []
         self._lock = threading.Lock()
         self._error: BaseException | None = None
@@ -149,30 +155,39 @@ class BulkSpanProcessor(SpanProcessor):
                 self._queue.task_done()
 
     def _export(self, item: SpanBatch | list[ReadableSpan]) -> None:
-        """Export one item; an exception counts what was not exported as failed, then propagates."""
+        """Export one item; whatever is not exported (refused, skipped while resting, or cut
+        short by an exception, which propagates) counts as failed."""
         left = _count(item)
         try:
             if isinstance(item, SpanBatch):
                 if self.columnar:
-                    left -= self._account(self.exporter.export_batch(item), item.num_spans)
+                    if not self._resting():
+                        left -= self._account(self.exporter.export_batch(item), item.num_spans)
                     return
                 table = item.table
                 step = self.max_export_batch_size
                 for offset in range(0, table.num_rows, step):
+                    if self._resting():
+                        return
                     spans = table_to_readable_spans(table.slice(offset, step), self.resource, self.run_id)
                     left -= self._account(self.exporter.export(spans), len(spans))
-            else:
+            elif not self._resting():
                 left -= self._account(self.exporter.export(item), len(item))
-        except BaseException:
-            self.spans_failed += left
-            raise
+        finally:
+            self.spans_failed += left  # not exported: failed, skipped while resting, or raised
+
+    def _resting(self) -> bool:
+        return bool(self._resting_until) and time.monotonic() < self._resting_until
 
     def _account(self, result: SpanExportResult, n: int) -> int:
         if result is SpanExportResult.SUCCESS:
             self.spans_exported += n
+            self._resting_until = 0.0
         else:
             self.spans_failed += n
-            _log.warning("%s failed to export %d spans", type(self.exporter).__name__, n)
+            self._resting_until = time.monotonic() + self.failure_backoff_s
+            _log.warning("%s failed to export %d spans (%d failed so far); next try in %.0f s",
+                         type(self.exporter).__name__, n, self.spans_failed, self.failure_backoff_s)
         return n
 
 

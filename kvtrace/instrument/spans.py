@@ -1,10 +1,13 @@
 """Events -> spans, in bulk.
 
 ``SpanBatchBuilder`` collects whole steps (one list append per step, nothing per event)
-and, on ``build()``, turns them into one Arrow table in the store's span schema: one row
-per span, ids from the seeded generator, virtual timestamps from the step's window.
-That table is the columnar ``SpanBatch`` every processor receives; exporters that only
-speak the SDK get ``ReadableSpan`` objects made from it (``kvtrace.instrument.convert``).
+and, on ``build()``, turns them into Arrow tables in the store's span schema: one row per
+span, ids from the seeded generator, virtual timestamps from the step's window, one
+table per store span family. That is the columnar ``SpanBatch`` every processor
+receives; exporters that only speak the SDK get ``ReadableSpan`` objects made from it
+(``kvtrace.instrument.convert``). Per event kind, columns are pulled out with
+``attrgetter`` maps and hex-encoded with numpy, so the per-event Python cost is a few
+C-level loop iterations.
 
 Span layout:
 - one trace per step: a ``kvtrace.engine.step`` root span, its cache and verification
@@ -44,6 +47,7 @@ from kvtrace.instrument.arrow_columns import (
 )
 from kvtrace.instrument.ids import SeededIdGenerator
 from kvtrace.store.schema import (
+    FAMILY_OF_NAME,
     SOURCE_REPLAY,
     SPAN_ARROW_SCHEMA,
     SPAN_COW,
@@ -76,18 +80,30 @@ def conform(table: pa.Table) -> pa.Table:
     return table.select(BATCH_SCHEMA.names)
 
 
-@dataclass(slots=True, frozen=True)
 class SpanBatch:
-    """A columnar batch of finished spans: an Arrow table in ``BATCH_SCHEMA``."""
+    """A columnar batch of finished spans, in the store's span schema (no run_id).
 
-    table: pa.Table
+    ``parts``: one Arrow table per store span family (``FAMILY_OF_NAME``), each holding
+    only the columns its spans set, in a fixed order: the store appends them without
+    re-splitting or NULL padding. ``table``: all parts as one table (rows in part order).
+    """
+
+    __slots__ = ("parts", "num_spans", "_table")
+
+    def __init__(self, parts: Sequence[pa.Table]):
+        self.parts = tuple(parts)
+        self.num_spans = sum(p.num_rows for p in self.parts)
+        self._table: pa.Table | None = None
 
     @property
-    def num_spans(self) -> int:
-        return self.table.num_rows
+    def table(self) -> pa.Table:
+        if self._table is None:
+            table = pa.concat_tables(self.parts, promote_options="default")
+            self._table = table.select([n for n in BATCH_SCHEMA.names if n in table.column_names])
+        return self._table
 
     def __len__(self) -> int:
-        return self.table.num_rows
+        return self.num_spans
 
 
 @dataclass(slots=True, frozen=True)
@@ -97,7 +113,7 @@ class Envelope:
     service_name: str = "kvtrace"
     scope_name: str = "kvtrace.instrument"
     scope_version: str = "0.1.0"
-    resource_attributes: tuple[tuple[str, str], ...] = ()
+    resource_attributes: tuple[tuple[str, str], ...] = ()  # stored per row (none: NULL)
     source: str = SOURCE_REPLAY
 
 
@@ -199,16 +215,13 @@ class SpanBatchBuilder:
         if self._finished:
             segments.append(self._request_segment())
         self._reset()
-        table = pa.concat_tables(segments, promote_options="default")
-        # Only the columns some span set: NULL padding costs DuckDB more than it saves.
-        order = [n for n in BATCH_SCHEMA.names if n in table.column_names]
-        return SpanBatch(table.select(order))
+        return SpanBatch(_family_parts(segments))
 
     # -- segments ---------------------------------------------------------------------------
     def _envelope(self, name: str, n: int, trace_id: pa.Array, span_id: pa.Array, parent: pa.Array,
                   start: np.ndarray, end: np.ndarray, status: str = STATUS_UNSET) -> dict[str, pa.Array]:
         env = self.envelope
-        return {
+        cols = {
             "trace_id": trace_id,
             "span_id": span_id,
             "parent_span_id": parent,
@@ -219,9 +232,11 @@ class SpanBatchBuilder:
             "service_name": constant(env.service_name, n),
             "scope_name": constant(env.scope_name, n),
             "scope_version": constant(env.scope_version, n),
-            "resource_attributes": constant_map(env.resource_attributes, n, _TYPES["resource_attributes"]),
             "source": constant(env.source, n),
         }
+        if env.resource_attributes:
+            cols["resource_attributes"] = constant_map(env.resource_attributes, n, _TYPES["resource_attributes"])
+        return cols
 
     def _table(self, cols: dict[str, pa.Array]) -> pa.Table:
         return pa.Table.from_arrays(list(cols.values()), schema=pa.schema([pa.field(k, _TYPES[k]) for k in cols]))
@@ -415,6 +430,24 @@ class SpanBatchBuilder:
             [[{"start_ns": c[0], "end_ns": c[1], "num_tokens": c[2]} for c in e.prefill_chunks] for e in evs],
             "prefill_chunks")
         return self._table(cols)
+
+
+def _family_parts(segments: list[pa.Table]) -> list[pa.Table]:
+    """Group per-kind segments into one table per store family (sorted by family name).
+
+    Only the columns some span of the family set are kept: NULL padding costs DuckDB
+    more than it saves.
+    """
+    by_family: dict[str, list[pa.Table]] = {}
+    for seg in segments:
+        name = seg.column("name")[0].as_py()
+        by_family.setdefault(FAMILY_OF_NAME.get(name, "~other"), []).append(seg)
+    parts = []
+    for family in sorted(by_family):
+        segs = by_family[family]
+        table = segs[0] if len(segs) == 1 else pa.concat_tables(segs, promote_options="default")
+        parts.append(table.select([n for n in BATCH_SCHEMA.names if n in table.column_names]))
+    return parts
 
 
 def _percentile(ordered: list[int], q: float) -> float:

@@ -366,7 +366,7 @@ class VllmKVCapture:
         seq = int.from_bytes(seq_bytes, "big")
         last = self.last_seq
         if last is not None and seq <= last:
-            if seq == 0:
+            if seq == 0 and last > 0:
                 self.stats.restarts += 1  # the publisher restarted its counter
                 self.last_seq = None
             else:
@@ -401,6 +401,8 @@ class VllmKVCapture:
         self.stats.gaps += 1
         got: dict[int, bytes] = {}
         if self._replay is not None:
+            while self._replay.poll(0):  # late answers to an earlier, timed-out request
+                self._replay.recv_multipart()
             self._replay.send_multipart([b"", first.to_bytes(8, "big")])
             deadline = time.monotonic() + self.replay_timeout_s
             while time.monotonic() < deadline:

@@ -1,0 +1,206 @@
+"""Span path throughput: cache event -> OTel span -> DuckDB row.
+
+    .venv/bin/python bench/span_path.py [--steps 20000] [--repeat 3] [--engine-limit 300]
+
+Budgets (issue 4, on 2 cores):
+- end to end (events -> KVCacheInstrumentor -> BulkSpanProcessor -> DuckDB): >= 100k spans/s;
+- exporter alone (SpanBatch -> DuckDBSpanExporter -> committed rows): >= 300k spans/s;
+- an instrumented engine replay (kimi-hybrid, the shared Mooncake trace, DuckDB export)
+  at most 1.25x the same replay uninstrumented, with zero spans dropped.
+
+Events are real event objects (kvtrace.instrument.synthetic) built before the clock
+starts. Each figure is the best of ``--repeat`` runs (the machine is shared). Also
+printed: the SDK ReadableSpan exporter path and the cost of ``tracer.start_span`` +
+``end`` for comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
+
+from kvtrace.instrument import (  # noqa: E402
+    BulkSpanProcessor,
+    DuckDBSpanExporter,
+    KVCacheInstrumentor,
+    SeededIdGenerator,
+    SpanBatchBuilder,
+    table_to_readable_spans,
+)
+from kvtrace.instrument.synthetic import synthetic_steps  # noqa: E402
+from kvtrace.store.writer import Store  # noqa: E402
+
+TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
+
+
+def _store(tmp: str, name: str) -> tuple[Store, str]:
+    # flush_rows above DuckDB's row group (122,880) per flush: about 2x the default 65,536
+    store = Store.open(os.path.join(tmp, f"{name}-{time.monotonic_ns()}.duckdb"), flush_rows=262_144,
+                       flush_interval_s=1e9)
+    return store, store.create_run(name)
+
+
+def bench_build(steps, repeat: int) -> tuple[float, int]:
+    best, n = 0.0, 0
+    for _ in range(repeat):
+        builder = SpanBatchBuilder(SeededIdGenerator(0))
+        t = time.perf_counter()
+        n = 0
+        for s in steps:
+            builder.add_step(s.step.step, s.step.start_ns, s.step.end_ns, s.cache_events, s.engine_events, s.step)
+            if builder.pending_spans >= 32_768:
+                n += builder.build().num_spans
+        n += builder.build().num_spans
+        best = max(best, n / (time.perf_counter() - t))
+    return best, n
+
+
+def prebuilt_batches(steps):
+    builder = SpanBatchBuilder(SeededIdGenerator(0))
+    out = []
+    for s in steps:
+        builder.add_step(s.step.step, s.step.start_ns, s.step.end_ns, s.cache_events, s.engine_events, s.step)
+        if builder.pending_spans >= 32_768:
+            out.append(builder.build())
+    out.append(builder.build())
+    return out
+
+
+def bench_exporter(batches, tmp: str, repeat: int) -> float:
+    n = sum(b.num_spans for b in batches)
+    best = 0.0
+    for _ in range(repeat):
+        store, run = _store(tmp, "exporter")
+        exporter = DuckDBSpanExporter(store, run)
+        t = time.perf_counter()
+        for b in batches:
+            exporter.export_batch(b)
+        store.flush()
+        best = max(best, n / (time.perf_counter() - t))
+        store.close()
+    return best
+
+
+def bench_exporter_readable(batches, tmp: str) -> float:
+    spans = [s for b in batches[:2] for s in table_to_readable_spans(b.table)]
+    store, run = _store(tmp, "readable")
+    exporter = DuckDBSpanExporter(store, run)
+    t = time.perf_counter()
+    for i in range(0, len(spans), 8192):
+        exporter.export(spans[i:i + 8192])
+    store.flush()
+    rate = len(spans) / (time.perf_counter() - t)
+    store.close()
+    return rate
+
+
+def bench_end_to_end(steps, tmp: str, repeat: int, background: bool) -> tuple[float, int]:
+    best, n = 0.0, 0
+    for _ in range(repeat):
+        store, run = _store(tmp, "e2e")
+        processor = BulkSpanProcessor(DuckDBSpanExporter(store, run), background=background)
+        inst = KVCacheInstrumentor(TracerProvider(id_generator=SeededIdGenerator(0)), run_id=run,
+                                   processors=[processor])
+        t = time.perf_counter()
+        for s in steps:
+            inst(s)
+        inst.force_flush()
+        dt = time.perf_counter() - t
+        n = inst.spans_emitted
+        assert processor.spans_exported == n and processor.spans_failed == 0
+        best = max(best, n / dt)
+        store.close()
+    return best, n
+
+
+def bench_sdk_span_cost(count: int = 20_000) -> float:
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
+    tracer = provider.get_tracer("bench")
+    t = time.perf_counter()
+    for i in range(count):
+        tracer.start_span("kvtrace.cache.publish", attributes={"kvtrace.step": i}, start_time=i).end(end_time=i)
+    return (time.perf_counter() - t) / count * 1e6
+
+
+def _read_mooncake(path: Path, limit: int):
+    from kvtrace.engine.workload import TraceRequest
+
+    with open(path) as f:
+        for i, line in enumerate(f):
+            if i >= limit:
+                return
+            row = json.loads(line)
+            yield TraceRequest(f"m{i}", int(row["timestamp"]) * 1_000_000, int(row["input_length"]),
+                               int(row["output_length"]), hash_ids=tuple(row["hash_ids"]), hash_block_size=512)
+
+
+def bench_engine(limit: int, tmp: str, repeat: int) -> dict:
+    from kvtrace.engine.engine import Engine
+    from kvtrace.instrument import build_tracer_provider
+
+    plain, instrumented, spans = [], [], 0
+    for _ in range(repeat):
+        t = time.perf_counter()
+        Engine("kimi-hybrid").run(_read_mooncake(TRACE, limit))
+        plain.append(time.perf_counter() - t)
+        store, run = _store(tmp, "engine")
+        provider = build_tracer_provider(store=store, run_id=run, background=True)
+        inst = KVCacheInstrumentor(provider, run_id=run)
+        t = time.perf_counter()
+        Engine("kimi-hybrid").run(_read_mooncake(TRACE, limit), listeners=[inst])
+        inst.force_flush()
+        provider.force_flush()
+        instrumented.append(time.perf_counter() - t)
+        processor = provider._active_span_processor._span_processors[0]
+        assert processor.spans_exported == inst.spans_emitted and processor.spans_failed == 0
+        spans = inst.spans_emitted
+        provider.shutdown()
+        store.close()
+    return {"plain_s": min(plain), "instrumented_s": min(instrumented), "ratio": min(instrumented) / min(plain),
+            "spans": spans}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=20_000)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--engine-limit", type=int, default=300, help="Mooncake requests for the engine ratio (0: skip)")
+    args = ap.parse_args()
+    steps = list(synthetic_steps(args.steps, seed=1))
+    print(f"load average at start: {os.getloadavg()[0]:.1f} (2 cores are shared; figures are best of {args.repeat})")
+    with tempfile.TemporaryDirectory() as tmp:
+        rate, n = bench_build(steps, args.repeat)
+        print(f"build (events -> Arrow SpanBatch):        {rate:>10,.0f} spans/s  ({n:,} spans)")
+        batches = prebuilt_batches(steps)
+        print(f"exporter alone (SpanBatch -> DuckDB):     {bench_exporter(batches, tmp, args.repeat):>10,.0f} spans/s"
+              "  (budget 300,000)")
+        print(f"exporter, ReadableSpan path:              {bench_exporter_readable(batches, tmp):>10,.0f} spans/s")
+        t = time.perf_counter()
+        made = sum(len(table_to_readable_spans(b.table)) for b in batches[:2])
+        print(f"SpanBatch -> ReadableSpan (OTLP feed):    {made / (time.perf_counter() - t):>10,.0f} spans/s")
+        for bg in (False, True):
+            rate, n = bench_end_to_end(steps, tmp, args.repeat, bg)
+            label = "background" if bg else "inline"
+            print(f"end to end, {label:<10} (event -> row):   {rate:>10,.0f} spans/s  (budget 100,000; {n:,} spans)")
+        print(f"SDK tracer.start_span + end:              {bench_sdk_span_cost():>10.1f} us/span")
+        if args.engine_limit and TRACE.exists():
+            r = bench_engine(args.engine_limit, tmp, args.repeat)
+            print(f"engine replay, {args.engine_limit} Mooncake requests: plain {r['plain_s']:.2f} s, "
+                  f"instrumented {r['instrumented_s']:.2f} s, ratio {r['ratio']:.3f} (budget 1.25; "
+                  f"{r['spans']:,} spans, 0 dropped)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,157 @@
+"""Live vLLM KV-event capture over real ZMQ sockets, gaps and both wire layouts included."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from kvtrace.instrument.vllm import ChainTracer, KVEvent, capture_vllm, decode_kv_batch, hash_hex
+from tests.instrument.helpers import store_rows
+from tests.instrument.vllm_publisher import CURRENT, LEGACY, VllmPublisher
+
+
+def _bytes_hash(i: int) -> bytes:
+    return i.to_bytes(4, "big") * 8  # 32 bytes, like sha256_cbor
+
+
+def _batches(layout, n: int, bytes_hashes: bool):
+    """Batch k stores block k (child of k-1) and, from k=3 on, removes block k-3."""
+    EventBatch, BlockStored, BlockRemoved, AllBlocksCleared = layout
+    mk = _bytes_hash if bytes_hashes else (lambda i: -i if i % 2 else i * 1_000_003)
+    out = []
+    for k in range(n):
+        events = [BlockStored([mk(k + 1)], mk(k) if k else None, [k] * 4, 4, None, "GPU", None,
+                              group_idx=k % 2, kv_cache_spec_kind="full_attention")]
+        if k >= 3:
+            events.append(BlockRemoved([mk(k - 2)], "GPU", group_idx=k % 2))
+        if k == n - 1:
+            events.append(AllBlocksCleared())
+        out.append(EventBatch(1_700_000_000.0 + k * 0.01, events, 0))
+    return out
+
+
+def stats_of(capture_ref) -> int:
+    return capture_ref[0].stats.batches if capture_ref else 0
+
+
+def _run_capture(tmp_path, layout, bytes_hashes, drop: set[int], duplicate: int | None = None, replay: bool = True):
+    pub = VllmPublisher()
+    batches = _batches(layout, 20, bytes_hashes)
+    received = threading.Event()
+    done = threading.Event()
+    result = {}
+
+    capture_ref = []
+
+    def on_ready(cap):
+        capture_ref.append(cap)
+        cap.on_batch = lambda seq, batch: received.set()
+
+    def capture():
+        result["stats"] = capture_vllm(pub.endpoint, pub.replay_endpoint if replay else None,
+                                       store_path=tmp_path / "live.duckdb",
+                                       topic="kv-events", trace_out=tmp_path / "trace.jsonl",
+                                       should_stop=done.is_set, on_ready=on_ready)
+
+    t = threading.Thread(target=capture)
+    t.start()
+    try:
+        # seq 0 until the subscription is live (late joiners miss PUB messages); repeats are duplicates
+        first = pub.publish(batches[0])
+        deadline = time.monotonic() + 20
+        while not received.wait(0.05):
+            assert time.monotonic() < deadline, "subscriber never connected"
+            pub.resend(first)
+        for k in range(1, len(batches)):
+            pub.publish(batches[k], send=k not in drop)
+            if duplicate == k:
+                pub.resend(k)
+        deadline = time.monotonic() + 20
+        while stats_of(capture_ref) < len(batches) - (0 if replay else len(drop)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        done.set()
+        t.join(30)
+        pub.close()
+    return result["stats"], pub
+
+
+@pytest.mark.parametrize("layout, bytes_hashes", [(LEGACY, False), (CURRENT, True)], ids=["legacy-int", "current-bytes"])
+def test_capture_recovers_a_gap_through_replay(tmp_path, layout, bytes_hashes):
+    stats, pub = _run_capture(tmp_path, layout, bytes_hashes, drop={5, 6, 7, 12}, duplicate=9)
+    assert stats.gaps == 2 and stats.recovered == 4 and stats.lost == 0
+    assert pub.replay_requests == [5, 12]
+    assert stats.batches == 20
+    assert stats.duplicates >= 1
+    rows = store_rows(tmp_path / "live.duckdb", stats.run_id)
+    steps = sorted(r["step"] for r in rows if r["name"] == "kvtrace.engine.step")
+    assert steps == list(range(20))
+    pubs = [r for r in rows if r["name"] == "kvtrace.cache.publish"]
+    evicts = [r for r in rows if r["name"] == "kvtrace.cache.evict"]
+    assert len(pubs) == 20 and len(evicts) == 17 + 1
+    assert {r["source"] for r in rows} == {"vllm"}
+    mk = _bytes_hash if bytes_hashes else (lambda i: -i if i % 2 else i * 1_000_003)
+    by_step = {r["step"]: r for r in pubs}
+    for k in range(20):
+        r = by_step[k]
+        assert r["block_hashes"] == [hash_hex(mk(k + 1))]
+        assert r["parent_block_hash"] == (hash_hex(mk(k)) if k else None)
+        assert (r["token_ids"], r["block_size"], r["medium"]) == ([k] * 4, 4, "GPU")
+        assert r["group_id"] == k % 2 and r["kv_cache_spec_kind"] == "full_attention"
+        assert r["publish_kind"] == "vllm_stored"
+        assert r["num_tokens"] == (k + 1) * 4  # chain depth x block size
+        assert r["start_ns"] == int(round((1_700_000_000.0 + k * 0.01) * 1e9))
+    assert sorted(r["evict_reason"] for r in evicts) == ["reset"] + ["vllm_removed"] * 17
+    step_ids = {r["span_id"] for r in rows if r["name"] == "kvtrace.engine.step"}
+    assert all(r["parent_span_id"] in step_ids for r in pubs + evicts)
+    # the reconstructed trace: one request chaining the 20 blocks (each step extends the tail)
+    lines = (tmp_path / "trace.jsonl").read_text().splitlines()
+    header, reqs = json.loads(lines[0]), [json.loads(x) for x in lines[1:]]
+    assert header["kvtrace_trace"] == 1 and header["block_size"] == 4
+    assert len(reqs) == 1
+    assert reqs[0]["hash_ids"] == list(range(20)) and reqs[0]["input_length"] == 80
+
+
+def test_decode_tolerates_both_layouts_and_unknown_events():
+    import msgspec
+
+    EventBatch, BlockStored, BlockRemoved, _ = LEGACY
+    legacy = msgspec.msgpack.encode(EventBatch(1.0, [BlockStored([1, -2], None, [1], 16, None, None, None)]))
+    batch, unknown = decode_kv_batch(legacy)
+    assert [e.block_hashes for e in batch.events] == [["0000000000000001", "fffffffffffffffe"]]
+    assert unknown == 0
+    # a map-form batch (EventBatch without array_like) holding an event kind from the future
+    doc = {"ts": 2.0, "events": [{"type": "BlockMigrated", "block_hashes": [1]},
+                                 {"type": "BlockRemoved", "block_hashes": [b"\x01\x02"], "medium": "CPU"}],
+           "data_parallel_rank": 3}
+    batch, unknown = decode_kv_batch(msgspec.msgpack.encode(doc))
+    assert (batch.ts, batch.dp_rank, unknown) == (2.0, 3, 1)
+    assert batch.events[0].kind == "BlockRemoved" and batch.events[0].block_hashes == ["0102"]
+    # the oldest layout: no medium, no dp rank
+    old = msgspec.msgpack.encode([3.0, [["BlockStored", [7], 6, [1, 2], 2, None], ["BlockRemoved", [6]]]])
+    batch, _ = decode_kv_batch(old)
+    assert batch.events[0].parent_block_hash == hash_hex(6) and batch.events[1].block_hashes == [hash_hex(6)]
+
+
+def test_chain_tracer_splits_requests_by_chain_and_time():
+    t = ChainTracer(merge_window_ns=1_000)
+    st = lambda hashes, parent: KVEvent("BlockStored", hashes, parent, block_size=16)  # noqa: E731
+    t.add(0, st(["a", "b"], None))        # request 1: a b
+    t.add(500, st(["c"], "b"))            # chunked prefill continues request 1
+    t.add(600, st(["x"], None))           # request 2: x
+    t.add(5_000, st(["d"], "b"))          # later, shares a b: request 3 = a b d
+    assert [t.chain(r["tail"]) for r in t.requests] == [["a", "b", "c"], ["x"], ["a", "b", "d"]]
+
+
+def test_without_a_replay_socket_a_gap_is_counted_as_lost(tmp_path):
+    stats, pub = _run_capture(tmp_path, CURRENT, True, drop={4, 5}, replay=False)
+    assert (stats.gaps, stats.recovered, stats.lost, stats.batches) == (1, 0, 2, 18)
+    assert pub.replay_requests == []
+    rows = store_rows(tmp_path / "live.duckdb", stats.run_id, "name, step")
+    assert sorted(r["step"] for r in rows if r["name"] == "kvtrace.engine.step") == [0, 1, 2, 3, *range(6, 20)]
+    from kvtrace.store import read
+    summary = read.run(tmp_path / "live.duckdb", stats.run_id)["summary"]
+    assert (summary["lost"], summary["gaps"]) == (2, 1)

@@ -1,0 +1,119 @@
+"""A ZMQ KV-event publisher that speaks vLLM's wire format (vllm/distributed/kv_events.py).
+
+The structs mirror vLLM's msgspec definitions, so ``msgspec.msgpack`` produces exactly the
+bytes a vLLM server sends: ``LEGACY`` is the array-like layout of older releases,
+``CURRENT`` the tagged-map events of newer ones (with group_idx / kv_cache_spec_kind).
+Replay follows ``ZmqEventPublisher._service_replay``: ROUTER receives
+``(identity, "", start_seq)`` and answers ``(identity, "", seq, payload)`` per buffered
+batch with seq >= start, then ``(identity, "", -1, "")``.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import msgspec
+import zmq
+
+END_SEQ = (-1).to_bytes(8, "big", signed=True)
+
+
+def _structs(array_like: bool):
+    class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+        ts: float
+        events: list[Any]
+        data_parallel_rank: int | None = None
+
+    class KVCacheEvent(msgspec.Struct, array_like=array_like, omit_defaults=True, gc=False, tag=True):
+        pass
+
+    class BlockStored(KVCacheEvent):
+        block_hashes: list[int | bytes]
+        parent_block_hash: int | bytes | None
+        token_ids: list[int]
+        block_size: int
+        lora_id: int | None
+        medium: str | None
+        lora_name: str | None
+        extra_keys: list | None = None
+        group_idx: int | None = None
+        kv_cache_spec_kind: str | None = None
+        kv_cache_spec_sliding_window: int | None = None
+
+    class BlockRemoved(KVCacheEvent):
+        block_hashes: list[int | bytes]
+        medium: str | None
+        group_idx: int | None = None
+
+    class AllBlocksCleared(KVCacheEvent):
+        pass
+
+    return EventBatch, BlockStored, BlockRemoved, AllBlocksCleared
+
+
+LEGACY = _structs(array_like=True)
+CURRENT = _structs(array_like=False)
+
+
+class VllmPublisher:
+    def __init__(self, topic: str = "kv-events"):
+        self.ctx = zmq.Context()
+        self.pub = self.ctx.socket(zmq.PUB)
+        self.pub.setsockopt(zmq.LINGER, 0)
+        port = self.pub.bind_to_random_port("tcp://127.0.0.1")
+        self.endpoint = f"tcp://127.0.0.1:{port}"
+        self.router = self.ctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.LINGER, 0)
+        rport = self.router.bind_to_random_port("tcp://127.0.0.1")
+        self.replay_endpoint = f"tcp://127.0.0.1:{rport}"
+        self.topic = topic.encode()
+        self.buffer: list[tuple[int, bytes]] = []
+        self.seq = 0
+        self.replay_requests: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve_replay, daemon=True)
+        self._thread.start()
+        self._lock = threading.Lock()
+
+    def publish(self, batch, send: bool = True) -> int:
+        """Encode and buffer one batch; ``send=False`` drops it on the PUB side (a gap)."""
+        payload = msgspec.msgpack.encode(batch)
+        seq = self.seq
+        self.seq += 1
+        with self._lock:
+            self.buffer.append((seq, payload))
+        if send:
+            self.pub.send_multipart((self.topic, seq.to_bytes(8, "big"), payload))
+        return seq
+
+    def resend(self, seq: int) -> None:
+        """Send an already buffered batch again (a duplicate on the wire)."""
+        payload = dict(self.buffer)[seq]
+        self.pub.send_multipart((self.topic, seq.to_bytes(8, "big"), payload))
+
+    def _serve_replay(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.router, zmq.POLLIN)
+        while not self._stop.is_set():
+            if not poller.poll(20):
+                continue
+            frames = self.router.recv_multipart()
+            if len(frames) != 3:
+                continue
+            client, _, start = frames
+            start_seq = int.from_bytes(start, "big")
+            self.replay_requests.append(start_seq)
+            with self._lock:
+                buffered = list(self.buffer)
+            for seq, payload in buffered:
+                if seq >= start_seq:
+                    self.router.send_multipart((client, b"", seq.to_bytes(8, "big"), payload))
+            self.router.send_multipart((client, b"", END_SEQ, b""))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.pub.close(0)
+        self.router.close(0)
+        self.ctx.term()
