@@ -273,6 +273,8 @@ def run_replay(
     except BaseException as exc:
         if store is not None and run_id is not None:
             try:
+                if instrumentor is not None:
+                    instrumentor.flush()  # spans still pending in the instrumentor are kept too
                 if provider is not None:
                     provider.force_flush()
                 store.finish_run(run_id, status="failed", summary={"error": f"{type(exc).__name__}: {exc}"})

@@ -337,7 +337,7 @@ SELECT
     coalesce(parent_span_id, '') AS "ParentSpanId",
     coalesce(trace_state, '') AS "TraceState",
     name AS "SpanName",
-    coalesce(span_kind, 'SPAN_KIND_INTERNAL') AS "SpanKind",
+    coalesce(span_kind, 'Internal') AS "SpanKind",
     coalesce(service_name, 'kvtrace') AS "ServiceName",
     map_concat(coalesce(resource_attributes, MAP {{}}::MAP(VARCHAR, VARCHAR)),
                MAP {{'kvtrace.run.id': run_id}}) AS "ResourceAttributes",
@@ -351,7 +351,7 @@ SELECT
         coalesce(extra_attributes, MAP {{}}::MAP(VARCHAR, VARCHAR))
     )::MAP(VARCHAR, VARCHAR) AS "SpanAttributes",
     CAST(greatest(end_ns - start_ns, 0) AS UBIGINT) AS "Duration",
-    coalesce(status_code, 'STATUS_CODE_UNSET') AS "StatusCode",
+    coalesce(status_code, 'Unset') AS "StatusCode",
     coalesce(status_message, '') AS "StatusMessage",
     coalesce(list_transform(events, lambda e: make_timestamp_ns(e.time_ns)), [])::TIMESTAMP_NS[] AS "Events.Timestamp",
     coalesce(list_transform(events, lambda e: e.name), [])::VARCHAR[] AS "Events.Name",

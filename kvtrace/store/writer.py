@@ -44,7 +44,7 @@ from kvtrace.store.schema import (
     span_tables_ddl,
 )
 
-DEFAULT_FLUSH_ROWS = 65_536
+DEFAULT_FLUSH_ROWS = 262_144  # fewer, larger DuckDB transactions: ~2x the insert rate of 64k
 DEFAULT_FLUSH_INTERVAL_S = 1.0
 
 # Where each appended column must end up; producers may send narrower ints etc.

@@ -87,6 +87,6 @@ def test_span_attributes_assembled_from_typed_columns_and_extras(tmp_path):
     assert "kvtrace.block.ids" not in attrs  # NULL typed columns are left out
     assert (req[2], req[3], req[4], req[5]) == (4_000, "", ["first_token"], [{"k": "v"}])
     assert req[6]["kvtrace.run.id"] == run_id
-    assert (req[7], req[8]) == ("SPAN_KIND_INTERNAL", "STATUS_CODE_UNSET")
+    assert (req[7], req[8]) == ("Internal", "Unset")  # the ClickHouse exporter spelling (traceutil)
     assert pub[1]["kvtrace.block.ids"] == "[4,5]" and pub[1]["kvtrace.block.hashes"] == '["aa","bb"]'
     assert pub[3] == "0" * 15 + "a"
