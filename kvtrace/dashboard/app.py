@@ -11,6 +11,7 @@ from pathlib import Path
 import streamlit as st
 
 from kvtrace.dashboard import queries, state
+from kvtrace.errors import KVTraceError
 
 HERE = Path(__file__).parent
 PAGES = [
@@ -43,7 +44,14 @@ if queries.open_store(db):
         run_id = state.bound_select("Run", frame["run_id"].to_list(), "run", format_func=lambda r: labels.get(r, r),
                                     help="name · mode · behaviours · status")
     queries.context()["run_id"] = run_id
-    page.run()
+    try:
+        page.run()
+    except KVTraceError as err:  # the store's one-line user errors
+        st.error(str(err))
+    except Exception as err:  # never a traceback in the browser; the tests assert no st.error
+        first = str(err).splitlines()[0] if str(err) else ""
+        st.error(f"{db}: this page could not read the store ({type(err).__name__}: {first}). "
+                 "Press Refresh; if it persists, the store may come from another kvtrace version.")
 
 with nav:
     params = state.shared_params()

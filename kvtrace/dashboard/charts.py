@@ -7,6 +7,7 @@ from typing import Sequence
 
 import plotly.graph_objects as go
 import polars as pl
+from plotly.subplots import make_subplots
 
 NS = 1e9  # virtual ns -> s on time axes
 MS = 1e6  # ns -> ms for latencies
@@ -23,8 +24,10 @@ def _color(i: int) -> str:
     return COLORS[i % len(COLORS)]
 
 
-def hit_rate(frame: pl.DataFrame, group_names: dict[int, str], belady: pl.DataFrame | None = None) -> go.Figure | None:
-    """Windowed (solid) and cumulative (dashed) token hit rate per group."""
+def hit_rate(frame: pl.DataFrame, group_names: dict[int, str], belady: pl.DataFrame | None = None,
+             belady_rate: tuple[str, float] | None = None) -> go.Figure | None:
+    """Windowed (solid) and cumulative (dashed) token hit rate per group; the Belady bound
+    as a curve (``belady``: its hit_rate_over_time) or a level (``belady_rate``: label, rate)."""
     if frame.height == 0:
         return None
     fig = _fig("Token hit rate over virtual time", "virtual time (s)", "hit rate")
@@ -39,6 +42,10 @@ def hit_rate(frame: pl.DataFrame, group_names: dict[int, str], belady: pl.DataFr
         part = belady.sort("window_start_ns")
         fig.add_scatter(x=(part["window_start_ns"] / NS).to_list(), y=part["cum_hit_rate"].to_list(),
                         name="Belady bound (cumulative, cache-only)", mode="lines", line=dict(color="black", dash="dot"))
+    elif belady_rate is not None and frame.height:
+        label, rate = belady_rate
+        t = (frame["window_start_ns"] / NS)
+        fig.add_scatter(x=[t.min(), t.max()], y=[rate, rate], name=label, mode="lines", line=dict(color="black", dash="dot"))
     fig.update_yaxes(range=[0, 1.02], tickformat=".0%")
     return fig
 
@@ -65,7 +72,8 @@ def usage(frame: pl.DataFrame, group_names: dict[int, str]) -> go.Figure | None:
         name = group_names.get(gid, f"group {gid}")
         fig.add_scatter(x=t, y=part["mean_usage"].to_list(), name=f"{name} mean", mode="lines", line=dict(color=_color(i)))
         fig.add_scatter(x=t, y=part["max_usage"].to_list(), name=f"{name} max", mode="lines", line=dict(color=_color(i), dash="dot"))
-    fig.update_yaxes(range=[0, 1.02], tickformat=".0%")
+    top = frame["max_usage"].max() or 0.0
+    fig.update_yaxes(range=[0, min(1.02, max(0.01, 1.1 * top))], tickformat=".1%" if top < 0.1 else ".0%")  # a lightly used pool stays visible
     return fig
 
 
@@ -73,7 +81,7 @@ def stacked_counts(frame: pl.DataFrame, title: str, y: str, key: str = "key", va
     """Bars per window, stacked by ``key`` (evictions by reason or by publish kind)."""
     if frame.height == 0:
         return None
-    fig = _fig(title, "virtual time (s)", y, barmode="stack")
+    fig = _fig(title, "virtual time (s)", y, barmode="stack", showlegend=True)
     for i, (k,) in enumerate(frame.select(key).unique().sort(key).iter_rows()):
         part = frame.filter(pl.col(key) == k).sort("window_start_ns")
         fig.add_bar(x=(part["window_start_ns"] / NS).to_list(), y=part[value].to_list(), name=str(k), marker_color=_color(i))
@@ -106,18 +114,20 @@ def attribution_sankey(flows: pl.DataFrame) -> go.Figure | None:
 
 
 def histograms(frame: pl.DataFrame, metrics: Sequence[tuple[str, str]]) -> go.Figure | None:
-    """Bars per metric from (metric, bin_lo, bin_hi, count) rows."""
-    if frame.height == 0:
+    """One panel per metric (their ranges differ by orders of magnitude) from
+    (metric, bin_lo, bin_hi, count) rows."""
+    present = [(m, name) for m, name in metrics if frame.filter(pl.col("metric") == m).height]
+    if not present:
         return None
-    fig = _fig("Block lifetime, idle-before-evict and reuse gap", "scheduler steps", "blocks / lookups", barmode="overlay")
-    for i, (metric, name) in enumerate(metrics):
+    fig = make_subplots(rows=1, cols=len(present), subplot_titles=[name for _, name in present])
+    for i, (metric, name) in enumerate(present):
         part = frame.filter(pl.col("metric") == metric).sort("bin_lo")
-        if part.height == 0:
-            continue
         mid = ((part["bin_lo"] + part["bin_hi"]) / 2).to_list()
         width = (part["bin_hi"] - part["bin_lo"]).to_list()
-        fig.add_bar(x=mid, y=part["count"].to_list(), width=width, name=name, opacity=0.6, marker_color=_color(i))
-    return fig if fig.data else None
+        fig.add_bar(x=mid, y=part["count"].to_list(), width=width, name=name, marker_color=_color(i), row=1, col=i + 1)
+        fig.update_xaxes(title_text="scheduler steps", row=1, col=i + 1)
+    fig.update_layout(title="Block lifetime, idle-before-evict and reuse gap", showlegend=False)
+    return fig
 
 
 def correctness(frame: pl.DataFrame) -> go.Figure | None:
@@ -206,10 +216,24 @@ def overlay(curves: Sequence[tuple[str, pl.DataFrame]], x: str, y: str, title: s
     return fig if fig.data else None
 
 
+MAX_REQUEST_BARS = 2000
+
+
 def request_delta(diff: pl.DataFrame) -> go.Figure | None:
-    """Per-request hit-token difference B - A, coloured by sign."""
+    """Per-request hit-token difference B - A, coloured by sign: one bar per request, or,
+    past MAX_REQUEST_BARS requests, a histogram of the differences (bars would not be legible)."""
     if diff.height == 0:
         return None
+    if diff.height > MAX_REQUEST_BARS:
+        fig = _fig(f"Per-request hit-token difference (B − A), {diff.height:,} requests", "hit tokens B − A", "requests")
+        hist = diff["hit_delta"].cast(pl.Float64).hist(bin_count=80, include_category=False)
+        width = hist["breakpoint"].diff().fill_null(strategy="backward")
+        mid = hist["breakpoint"] - width / 2
+        fig.add_bar(x=mid.to_list(), y=hist["count"].to_list(), width=width.to_list(), name="hit tokens B − A",
+                    marker_color=["#54A24B" if v > 0 else "#E45756" if v < 0 else "#BAB0AC" for v in mid.to_list()])
+        fig.update_yaxes(type="log")
+        fig.update_layout(hovermode="closest")
+        return fig
     d = diff["hit_delta"].to_list()
     fig = _fig("Per-request hit-token difference (B − A)", "request", "hit tokens B − A")
     fig.add_bar(x=diff["request_id"].to_list(), y=d, name="hit tokens B − A",

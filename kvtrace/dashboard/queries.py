@@ -173,9 +173,10 @@ def comparable_runs(run_id: str) -> pl.DataFrame:
 
 
 def request_diff(run_a: str, run_b: str) -> pl.DataFrame:
-    """Per request in both runs: hit tokens and TTFT in A and B, and B - A."""
-    a = call("per_request_hits", run_a).select("request_id", "num_prompt_tokens", pl.col("num_hit_tokens").alias("hit_a"), pl.col("ttft_ns").alias("ttft_a_ns"))
-    b = call("per_request_hits", run_b).select("request_id", pl.col("num_hit_tokens").alias("hit_b"), pl.col("ttft_ns").alias("ttft_b_ns"))
+    """Per request in both runs: hit tokens and TTFT in A and B, and B - A (request ids are
+    unique in a replay; a repeated id in a foreign store is summed, not multiplied by the join)."""
+    a = _per_request(run_a).select("request_id", "num_prompt_tokens", pl.col("num_hit_tokens").alias("hit_a"), pl.col("ttft_ns").alias("ttft_a_ns"))
+    b = _per_request(run_b).select("request_id", pl.col("num_hit_tokens").alias("hit_b"), pl.col("ttft_ns").alias("ttft_b_ns"))
     return (
         a.join(b, on="request_id", how="inner")
         .with_columns(
@@ -186,19 +187,62 @@ def request_diff(run_a: str, run_b: str) -> pl.DataFrame:
     )
 
 
+def _per_request(run_id: str) -> pl.DataFrame:
+    hits = call("per_request_hits", run_id)
+    if hits["request_id"].n_unique() == hits.height:
+        return hits
+    return hits.group_by("request_id").agg(pl.col("num_prompt_tokens", "num_hit_tokens").sum(), pl.col("ttft_ns").max())
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def _extent(db: str, token: int, run_id: str) -> tuple[int, int]:
+    """(virtual duration ns, requests). A finished replay's summary has both; otherwise (a
+    running or foreign run) the last request finish, read once and reduced to two numbers."""
+    summary = _json(read.run(db, run_id).get("summary")) or {}
+    duration, n = summary.get("virtual_duration_s"), summary.get("requests")
+    if isinstance(duration, (int, float)) and isinstance(n, int) and duration > 0:
+        return int(duration * 1e9), n
+    reqs = read.requests(db, run_id)
+    end = reqs["finish_ns"].max() if reqs.height else None
+    return int(end or 0), reqs.height
+
+
+def extent(run_id: str) -> tuple[int, int]:
+    return _extent(context()["db"], state.refresh_token(), run_id)
+
+
 def time_extent_s(run_id: str) -> float:
-    """The run's length in virtual seconds (last request finish), for the time-window slider."""
-    reqs = call("requests", run_id)
-    if reqs.height == 0:
-        return 0.0
-    end = reqs["finish_ns"].max()
-    return float(end) / 1e9 if end is not None else 0.0
+    """The run's length in virtual seconds, for the time-window slider."""
+    return extent(run_id)[0] / 1e9
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def _slowest_requests(db: str, token: int, run_id: str, limit: int) -> pl.DataFrame:
+    """The ``limit`` slowest requests by TTFT, from the narrow per-request frame (the full
+    requests frame is ~2x slower on large runs); only these rows are cached."""
+    reqs = read.per_request_hits(db, run_id)
+    return reqs.sort(["ttft_ns", "request_id"], descending=[True, False], nulls_last=True).head(limit)
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def _one_request(db: str, token: int, run_id: str, request_id: str) -> pl.DataFrame:
+    return read.per_request_hits(db, run_id).filter(pl.col("request_id") == request_id).head(1)
+
+
+def request_choices(run_id: str, wanted: str | None, limit: int = 500) -> pl.DataFrame:
+    """The request picker's rows: the slowest requests, plus ``wanted`` (from the URL) if it exists."""
+    db, token = context()["db"], state.refresh_token()
+    top = _slowest_requests(db, token, run_id, limit)
+    if wanted is not None and wanted not in set(top["request_id"].to_list()):
+        top = pl.concat([top, _one_request(db, token, run_id, wanted)])
+    return top
 
 
 def group_names(run_id: str) -> dict[int, str]:
     """``group g (attention|state)`` from the run's config where it names the group kinds."""
     cfg = config(run_id)
-    specs = cfg.get("groups") or cfg.get("kv_cache_groups") or []
+    cache = cfg.get("cache") if isinstance(cfg.get("cache"), dict) else {}
+    specs = cache.get("groups") or cfg.get("groups") or cfg.get("kv_cache_groups") or []
     names = {GROUP_ALL: "all groups"}
     for gid, spec in enumerate(specs if isinstance(specs, list) else []):
         text = json.dumps(spec).lower() if not isinstance(spec, str) else spec.lower()
@@ -217,11 +261,44 @@ _GROUP_KINDS = (
 def window_ns(run_id: str) -> int | None:
     """A round window giving about one window per 4 requests (20..200 windows), so small
     runs get readable curves and large runs keep ~200 points; None lets the store choose."""
-    reqs = call("requests", run_id)
-    end = reqs["finish_ns"].max() if reqs.height else None
+    end, n = extent(run_id)
     if not end:
         return None
-    windows = min(200, max(20, reqs.height // 4))
+    windows = min(200, max(20, n // 4))
     raw = max(1, int(end) // windows)
     scale = 10 ** (len(str(raw)) - 1)
     return next(m * scale for m in (1, 2, 5, 10) if m * scale >= raw)
+
+
+HIST_BINS = 200
+
+
+def cdf_from_histogram(run_id: str, metric: str, bins: int = HIST_BINS) -> pl.DataFrame:
+    """A CDF (q, value_ns) from the store's linear histogram (the same cached call the
+    histogram chart uses): cheap on millions of ITL gaps, where exact quantiles on a
+    1001-point grid (read.latency_cdf) are not."""
+    hist = call("latency_histogram", run_id, metric, bins=bins)
+    if hist.height == 0:
+        return pl.DataFrame(schema={"q": pl.Float64, "value_ns": pl.Float64})
+    total = hist["count"].sum()
+    first = pl.DataFrame({"q": [0.0], "value_ns": [float(hist["bin_lo"][0])]})
+    rest = hist.select((pl.col("count").cum_sum() / total).cast(pl.Float64).alias("q"), pl.col("bin_hi").cast(pl.Float64).alias("value_ns"))
+    return pl.concat([first, rest])
+
+
+def attribution_flows(run_id: str, top_prefixes: int = 10) -> pl.DataFrame:
+    """read.eviction_attribution_flows, folded from the cached attribution frame so the page
+    runs the (expensive) attribution join once: (publish_kind, evict_reason, prefix) -> misses."""
+    att = call("eviction_attribution", run_id)
+    if att.height == 0:
+        return pl.DataFrame(schema={"publish_kind": pl.String, "evict_reason": pl.String, "prefix": pl.String, "misses": pl.UInt32})
+    top = (att.group_by("root_hash").len().sort(["len", "root_hash"], descending=[True, False])
+           .head(top_prefixes)["root_hash"].to_list())
+    return (
+        att.with_columns(
+            pl.col("publish_kind").fill_null("none"),
+            pl.when(pl.col("root_hash").is_in(top)).then(pl.col("root_hash")).otherwise(pl.lit("other")).alias("prefix"),
+        )
+        .group_by("publish_kind", "evict_reason", "prefix").len(name="misses")
+        .sort(["misses", "publish_kind", "evict_reason", "prefix"], descending=[True, False, False, False])
+    )

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence, TypeVar
 
+import polars as pl
 import streamlit as st
 
 DB_ENV = "KVTRACE_DB"
@@ -109,9 +110,7 @@ def _round_up(x: float) -> float:
     return math.ceil(x / mag * 10) / 10 * mag
 
 
-def in_window(frame, column: str, window: tuple[float, float]):
+def in_window(frame: pl.DataFrame, column: str, window: tuple[float, float]) -> pl.DataFrame:
     """Rows whose ``column`` (ns) falls in the [t0, t1] seconds window."""
-    import polars as pl
-
     lo, hi = window
     return frame.filter((pl.col(column) >= int(lo * 1e9)) & (pl.col(column) <= int(hi * 1e9)))

@@ -10,6 +10,7 @@ import polars as pl
 import streamlit as st
 
 FILL_RUN = "`kvtrace demo`, or `kvtrace replay TRACE --db PATH`"
+FILL_SMALL_CACHE = "a run whose cache is smaller than its working set, e.g. `kvtrace replay TRACE --db PATH --capacity-blocks 256`"
 FILL_CACHE_ONLY = "`kvtrace replay TRACE --db PATH --mode cache-only --policy belady`"
 
 

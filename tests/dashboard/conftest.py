@@ -1,10 +1,13 @@
 """Fixtures for the dashboard tests.
 
-``dashboard_db`` is the store every dashboard test reads: two runs of one trace, a
-behaviour on and off. Until the lead's ``replayed_store`` (a real small replay) exists,
-it is written by ``synthetic_run`` through the store's real writer into a real DuckDB
-file. To swap, make ``dashboard_db`` return the replayed store's path: the tests read
-every expected value (run ids, summaries) back from the store itself.
+``dashboard_db``: the lead's ``replayed_store`` (tests/conftest.py), a small REAL replay
+with two runs of one trace, a behaviour on and off. Every expected value (run ids,
+summaries, series) is read back from the store itself.
+
+``stale_db``: that replay's behaviour switch produces no stale hashes or divergent
+outputs, so the correctness drill-down is also tested on ``synthetic_run``: the same span
+kinds written through the store's real writer into a real DuckDB file, with
+``transient-checkpoint-retention`` off leaving stale hashes.
 """
 
 from __future__ import annotations
@@ -20,9 +23,14 @@ APP = str(Path(__file__).resolve().parents[2] / "kvtrace" / "dashboard" / "app.p
 
 
 @pytest.fixture(scope="session")
-def dashboard_db(tmp_path_factory) -> str:
+def dashboard_db(replayed_store) -> str:
+    return replayed_store.path
+
+
+@pytest.fixture(scope="session")
+def stale_db(tmp_path_factory) -> str:
     import synthetic_run
 
-    db = tmp_path_factory.mktemp("dashboard") / "runs.duckdb"
+    db = tmp_path_factory.mktemp("dashboard") / "synthetic.duckdb"
     synthetic_run.write_runs(str(db))
     return str(db)

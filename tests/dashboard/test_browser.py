@@ -120,10 +120,12 @@ def test_every_page_in_chromium(server, browser, dashboard_db):
         query = f"run={run}" + (f"&b={run_off}" if path == "compare" else "")
         page.goto(f"{server}/{path}?{query}")
         wait_rendered(page, text)
+        if path == "stale" and read.stale_hashes_over_time(dashboard_db, run).height == 0:
+            page.get_by_text("the cache stayed correct").first.wait_for(state="visible", timeout=60_000)
+        elif path:
+            page.locator(".js-plotly-plot").first.wait_for(state="visible", timeout=60_000)
         body = page.inner_text("body")
         assert "Traceback" not in body and "Page not found" not in body, stem
-        if path:
-            assert page.locator(".js-plotly-plot").count() >= 1, stem
         screenshot(page, SHOTS / f"{stem}.png")
         assert (SHOTS / f"{stem}.png").stat().st_size > 10_000
     assert not errors, errors
@@ -134,9 +136,12 @@ def test_overview_shows_the_summary_and_links_keep_the_filters(server, browser, 
     s = read.run(dashboard_db, run_off)["summary"]
     page = browser.new_page(viewport={"width": 1440, "height": 1000})
     page.goto(f"{server}/?run={run_off}")
-    wait_rendered(page, "Token hit rate")
+    wait_rendered(page, "Divergent outputs")
+    # The values themselves, as the summary says (waiting on them: the page streams in).
+    page.get_by_text(ui.pct(s["token_hit_rate"]), exact=True).first.wait_for(state="visible", timeout=30_000)
+    page.get_by_text(f"{s['stale_hashes']:,}", exact=True).first.wait_for(state="visible", timeout=30_000)
     body = page.inner_text("body")
-    assert ui.pct(s["token_hit_rate"]) in body and f"{s['stale_hashes']:,}" in body
+    assert ui.ms(s["ttft_ms_p99"]) in body and f"{s['divergent_outputs']:,}" in body
     # Sidebar links carry the current filters to the next page.
     page.get_by_role("link", name="Hit rate").first.click()
     wait_rendered(page, "Token hit rate per time window")

@@ -55,9 +55,11 @@ def on_off(db: str) -> tuple[str, str]:
 
 
 @pytest.mark.parametrize("page", PAGES)
-def test_every_page_renders_every_run_without_error(dashboard_db, monkeypatch, page):
-    for run_id in run_ids(dashboard_db):
-        at = render(dashboard_db, monkeypatch, page, run=run_id)
+@pytest.mark.parametrize("store", ["dashboard_db", "stale_db"])
+def test_every_page_renders_every_run_without_error(request, store, monkeypatch, page):
+    db = request.getfixturevalue(store)
+    for run_id in run_ids(db):
+        at = render(db, monkeypatch, page, run=run_id)
         assert not at.error, [e.value for e in at.error]
         assert at.title[0].value  # the page ran to its title at least
         # Every chart carries its one-line caption right below it.
@@ -70,8 +72,9 @@ def test_overview_headline_metrics_equal_the_run_summary(dashboard_db, monkeypat
         m = metrics(render(dashboard_db, monkeypatch, run=run_id))
         assert m["Token hit rate"] == ui.pct(s["token_hit_rate"])
         assert m["Block hit rate"] == ui.pct(s["block_hit_rate"])
-        assert m["TTFT p50 / p99"] == f"{ui.ms(s['ttft_ms_p50'])} / {ui.ms(s['ttft_ms_p99'])}"
-        assert m["ITL p50 / p99"] == f"{ui.ms(s['itl_ms_p50'])} / {ui.ms(s['itl_ms_p99'])}"
+        for label, key in (("TTFT p50", "ttft_ms_p50"), ("TTFT p99", "ttft_ms_p99"), ("ITL p50", "itl_ms_p50"), ("ITL p99", "itl_ms_p99")):
+            assert m[label] == ui.ms(s[key]), label
+        assert m["Requests"] == f"{int(s['requests']):,}"
         for label, key in (("Evictions", "evictions"), ("CoW copies", "cow_copies"), ("Stale hashes", "stale_hashes"),
                            ("Divergent outputs", "divergent_outputs")):
             assert m[label] == f"{int(s[key]):,}", label
@@ -99,10 +102,28 @@ def test_hit_rate_page_plots_each_group_windowed_and_cumulative(dashboard_db, mo
     assert "all groups (cumulative)" in n and "group 1 (state) (windowed)" in n
     assert {"local hit", "external hit", "computed"} <= n
     assert {"group 0 (attention) mean", "group 1 (state) max"} <= n
+    hot = at.dataframe[0].value
+    assert list(hot["root_hash"]) == read.per_prefix_reuse(dashboard_db, run_id, top=20)["root_hash"].to_list()
     # The cumulative curve ends at the store's whole-run rate.
     cum = next(t for t in traces(at) if t["name"] == "all groups (cumulative)")
     rates = read.hit_rate_over_time(dashboard_db, run_id, group=-1).sort("window_start_ns")
     assert cum["y"][-1] == pytest.approx(rates["cum_hit_rate"][-1])
+
+
+def test_hit_rate_page_draws_the_belady_bound_of_a_cache_only_run(tmp_path, monkeypatch):
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = str(tmp_path / "belady.duckdb")
+    engine = run_replay(RunSpec("gen:mixed", limit=12, name="engine"), db=db)
+    belady = run_replay(RunSpec("gen:mixed", limit=12, mode="cache-only", policy="belady", capacity_blocks=64,
+                                block_size=512, name="belady"), db=db)
+    at = render(db, monkeypatch, "hit_rate", run=engine.run_id)
+    bound = [t for t in traces(at) if t["name"].startswith("Belady bound (belady, 64 blocks)")]
+    assert len(bound) == 1 and bound[0]["y"] == [pytest.approx(belady.summary["token_hit_rate"])] * 2
+    # The cache-only run itself renders every page, with empty states where it has no data.
+    for page in PAGES:
+        at = render(db, monkeypatch, page, run=belady.run_id)
+        assert not at.error, (page, [e.value for e in at.error])
 
 
 def test_group_and_window_filters_are_bound_to_the_url(dashboard_db, monkeypatch):
@@ -118,25 +139,30 @@ def test_group_and_window_filters_are_bound_to_the_url(dashboard_db, monkeypatch
     assert xs and min(xs) >= 1 and max(xs) <= 2
 
 
-def test_evictions_page_shows_reasons_publish_kinds_attribution_and_histograms(dashboard_db, monkeypatch):
-    run_on, run_off = on_off(dashboard_db)
-    at = render(dashboard_db, monkeypatch, "evictions", run=run_off)
-    n = names(at)
-    reasons = set(read.evictions_by_reason(dashboard_db, run_off)["reason"])
-    kinds = set(read.evictions_by_publish_kind(dashboard_db, run_off)["publish_kind"])
-    assert reasons | kinds <= n
-    assert "checkpoint" in kinds  # behaviour off: checkpoints take evicted blocks
-    assert any(t["type"] == "sankey" for t in traces(at))
-    assert {"lifetime at eviction", "idle before eviction"} <= n
-    at_on = render(dashboard_db, monkeypatch, "evictions", run=run_on)
-    assert "stale_hash" in names(at_on)  # behaviour on: stale keys evicted, not left
+@pytest.mark.parametrize("store", ["dashboard_db", "stale_db"])
+def test_evictions_page_shows_reasons_publish_kinds_attribution_and_histograms(request, store, monkeypatch):
+    db = request.getfixturevalue(store)
+    for run_id in run_ids(db):
+        at = render(db, monkeypatch, "evictions", run=run_id)
+        n = names(at)
+        reasons = set(read.evictions_by_reason(db, run_id)["reason"])
+        kinds = set(read.evictions_by_publish_kind(db, run_id)["publish_kind"])
+        assert reasons and reasons | kinds <= n
+        flows = read.eviction_attribution_flows(db, run_id)
+        sankeys = [t for t in traces(at) if t["type"] == "sankey"]
+        assert len(sankeys) == (1 if flows.height else 0)
+        if sankeys:
+            assert sum(sankeys[0]["link"]["value"]) == 2 * int(flows["misses"].sum())
+        hist = set(read.block_histograms(db, run_id)["metric"])
+        shown = {"lifetime": "lifetime at eviction", "idle_before_evict": "idle before eviction", "reuse_gap": "prefix reuse gap"}
+        assert {shown[m] for m in hist} <= n
 
 
-def test_stale_page_drills_down_to_the_span_chain(dashboard_db, monkeypatch):
-    run_on, run_off = on_off(dashboard_db)
-    at = render(dashboard_db, monkeypatch, "stale", run=run_off)
+def test_stale_page_drills_down_to_the_span_chain(stale_db, monkeypatch):
+    run_on, run_off = on_off(stale_db)
+    at = render(stale_db, monkeypatch, "stale", run=run_off)
     assert {"stale hash found", "divergent output"} <= names(at)
-    first = read.stale_hashes(dashboard_db, run_off).row(0, named=True)
+    first = read.stale_hashes(stale_db, run_off).row(0, named=True)
     m = metrics(at)
     assert m["Request"] == first["request_id"]
     assert m["Block id (group)"] == f"{first['block_id']} (g{first['group_id']})"
@@ -144,7 +170,7 @@ def test_stale_page_drills_down_to_the_span_chain(dashboard_db, monkeypatch):
     chain = at.dataframe[0].value
     assert {"publish", "overwrite", "stale_hit"} <= set(chain["role"])
     # The behaviour-on run is clean: an empty state that says what to run.
-    at = render(dashboard_db, monkeypatch, "stale", run=run_on)
+    at = render(stale_db, monkeypatch, "stale", run=run_on)
     assert not at.get("plotly_chart")
     assert any("kvtrace replay" in i.value for i in at.info)
 
@@ -172,15 +198,34 @@ def test_compare_page_deltas_and_per_request_difference(dashboard_db, monkeypatc
     at = render(dashboard_db, monkeypatch, "compare", run=run_on, b=run_off)
     s_on, s_off = read.run(dashboard_db, run_on)["summary"], read.run(dashboard_db, run_off)["summary"]
     m = {x.label: x for x in at.metric}
-    assert m["Stale hashes (B)"].value == f"{s_off['stale_hashes']:,}"
-    assert m["Stale hashes (B)"].proto.delta == f"{s_off['stale_hashes'] - s_on['stale_hashes']:+,}"
+    assert m["Evictions (B)"].value == f"{s_off['evictions']:,}"
+    assert m["Evictions (B)"].proto.delta == f"{s_off['evictions'] - s_on['evictions']:+,}"
     assert m["Token hit rate (B)"].proto.delta == f"{100 * (s_off['token_hit_rate'] - s_on['token_hit_rate']):+.1f} pp"
-    bars = next(t for t in traces(at) if t["name"] == "hit tokens B − A")
     a = read.per_request_hits(dashboard_db, run_on)
     b = read.per_request_hits(dashboard_db, run_off)
     joined = a.join(b, on="request_id", suffix="_b").sort("request_id")
-    assert bars["y"] == (joined["num_hit_tokens_b"] - joined["num_hit_tokens"]).to_list()
-    assert any("Behaviours that differ: transient-checkpoint-retention" in c.value for c in at.caption)
+    delta = (joined["num_hit_tokens_b"] - joined["num_hit_tokens"]).to_list()
+    if any(delta):
+        bars = next(t for t in traces(at) if t["name"] == "hit tokens B − A")
+        assert bars["y"] == delta
+    else:  # the switch moved no request: said in words, not as a flat chart
+        assert any(f"All {len(delta)} requests got the same hit tokens" in i.value for i in at.info)
+    differ = sorted(set(read.run(dashboard_db, run_on)["behaviours"]) ^ set(read.run(dashboard_db, run_off)["behaviours"]))
+    assert any(f"Behaviours that differ: {', '.join(differ)}" == c.value for c in at.caption)
+
+
+def test_compare_page_per_request_bars_where_requests_moved(stale_db, monkeypatch):
+    run_on, run_off = on_off(stale_db)
+    at = render(stale_db, monkeypatch, "compare", run=run_on, b=run_off)
+    a = read.per_request_hits(stale_db, run_on)
+    b = read.per_request_hits(stale_db, run_off)
+    joined = a.join(b, on="request_id", suffix="_b").sort("request_id")
+    delta = (joined["num_hit_tokens_b"] - joined["num_hit_tokens"]).to_list()
+    assert any(delta)
+    bars = next(t for t in traces(at) if t["name"] == "hit tokens B − A")
+    assert bars["y"] == delta and bars["x"] == joined["request_id"].to_list()
+    moved = at.dataframe[0].value
+    assert (moved["hit_delta"] != 0).all() and len(moved) == min(50, sum(1 for d in delta if d))
 
 
 def test_missing_and_foreign_databases_give_one_error_line(tmp_path, monkeypatch):
@@ -228,6 +273,8 @@ def test_running_run_is_shown_and_refresh_rereads_the_store(tmp_path, monkeypatc
     for page in PAGES[1:]:
         at.switch_page(f"views/{page}.py").run()
         assert not at.exception and not at.error, page
+        assert len(at.get("page_link")) == len(PAGES), page  # the sidebar links survive empty states
+    assert any("No other run of the same trace" in i.value for i in at.info)
     store.close()
 
 

@@ -5,63 +5,75 @@ import streamlit as st
 
 from kvtrace.dashboard import charts, queries, state, ui
 
-ctx = queries.context()
-run_a = ctx["run_id"]
 
-st.title("Compare")
-others = queries.comparable_runs(run_a)
-if others.height == 0:
-    ui.empty(f"No other run of the same trace as `{run_a}` to compare with.",
-             "the same trace again with one switch changed, e.g. `kvtrace replay TRACE --db PATH --without shared-prefix-pinning`")
-    st.stop()
+def main() -> None:
+    ctx = queries.context()
+    run_a = ctx["run_id"]
 
-labels = dict(zip(queries.runs()["run_id"], queries.runs()["label"]))
-label = lambda r: labels.get(r, r)  # noqa: E731  (pure: AppTest calls it outside the script)
-c = st.columns(2)
-c[0].markdown(f"**A** (sidebar run): {label(run_a)}")
-with c[1]:
-    run_b = state.bound_select("B", others["run_id"].to_list(), "b", format_func=label)
-a, b = queries.run_row(run_a), queries.run_row(run_b)
-changed = sorted(set((a.get("behaviours_on") or "").split(", ")) ^ set((b.get("behaviours_on") or "").split(", ")) - {""})
-st.caption("Behaviours that differ: " + (", ".join(changed) if changed else "none (config or capacity differs)"))
+    st.title("Compare")
+    others = queries.comparable_runs(run_a)
+    if others.height == 0:
+        ui.empty(f"No other run of the same trace as `{run_a}` to compare with.",
+                 "the same trace again with one switch changed, e.g. `kvtrace replay TRACE --db PATH --without shared-prefix-pinning`")
+        return
 
-sa, sb = queries.summary(run_a), queries.summary(run_b)
-# (label, key, formatter, higher_is_better)
-ROWS = [
-    ("Token hit rate", "token_hit_rate", ui.pct, True), ("Block hit rate", "block_hit_rate", ui.pct, True),
-    ("TTFT p50", "ttft_ms_p50", ui.ms, False), ("TTFT p99", "ttft_ms_p99", ui.ms, False),
-    ("ITL p50", "itl_ms_p50", ui.ms, False), ("ITL p99", "itl_ms_p99", ui.ms, False),
-    ("Evictions", "evictions", ui.count, False), ("CoW copies", "cow_copies", ui.count, None),
-    ("Stale hashes", "stale_hashes", ui.count, False), ("Divergent outputs", "divergent_outputs", ui.count, False),
-]
-cols = st.columns(5)
-for i, (name, key, fmt, better) in enumerate(ROWS):
-    va, vb = sa.get(key), sb.get(key)
-    delta = None
-    if isinstance(va, (int, float)) and isinstance(vb, (int, float)):
-        d = vb - va
-        delta = (f"{100 * d:+.1f} pp" if fmt is ui.pct else f"{d:+.1f} ms" if fmt is ui.ms else f"{int(d):+,}")
-    colour = "off" if better is None or delta is None or d == 0 else ("normal" if better else "inverse")
-    cols[i % 5].metric(f"{name} (B)", fmt(vb), delta=delta, delta_color=colour, help=f"A: {fmt(va)}")
-st.caption("B's value with its change from A; green means better, red worse (lower is better for latency, evictions and errors).")
+    labels = dict(zip(queries.runs()["run_id"], queries.runs()["label"]))
+    label = lambda r: labels.get(r, r)  # noqa: E731  (pure: AppTest calls it outside the script)
+    c = st.columns(2)
+    c[0].markdown(f"**A** (sidebar run): {label(run_a)}")
+    with c[1]:
+        run_b = state.bound_select("B", others["run_id"].to_list(), "b", format_func=label)
+    a, b = queries.run_row(run_a), queries.run_row(run_b)
+    changed = sorted(set((a.get("behaviours_on") or "").split(", ")) ^ set((b.get("behaviours_on") or "").split(", ")) - {""})
+    st.caption("Behaviours that differ: " + (", ".join(changed) if changed else "none (config or capacity differs)"))
 
-names = queries.group_names(run_a)
-ha = queries.call("hit_rate_over_time", run_a, window_ns=queries.window_ns(run_a), group=queries.GROUP_ALL)
-hb = queries.call("hit_rate_over_time", run_b, window_ns=queries.window_ns(run_b), group=queries.GROUP_ALL)
-ui.chart(charts.overlay([(f"A {a.get('name')}", ha), (f"B {b.get('name')}", hb)], "window_start_ns", "cum_hit_rate",
-                        "Cumulative token hit rate, A vs B", "hit rate", percent=True),
-         "Cumulative token hit rate (all groups) of both runs on the same virtual time axis.",
-         empty_what="Neither run has lookup spans.", key="cmp_hit")
-ia, ib = queries.call("itl_over_time", run_a, window_ns=queries.window_ns(run_a)), queries.call("itl_over_time", run_b, window_ns=queries.window_ns(run_b))
-ui.chart(charts.overlay([(f"A {a.get('name')}", ia), (f"B {b.get('name')}", ib)], "window_start_ns", "mean_itl_ns",
-                        "Mean ITL, A vs B", "ms", yscale=1e6),
-         "Gap-weighted mean inter-token latency per window for both runs.", empty_what="Neither run decoded tokens.", key="cmp_itl")
+    sa, sb = queries.summary(run_a), queries.summary(run_b)
+    # (label, key, formatter, higher_is_better)
+    ROWS = [
+        ("Token hit rate", "token_hit_rate", ui.pct, True), ("Block hit rate", "block_hit_rate", ui.pct, True),
+        ("TTFT p50", "ttft_ms_p50", ui.ms, False), ("TTFT p99", "ttft_ms_p99", ui.ms, False),
+        ("ITL p50", "itl_ms_p50", ui.ms, False), ("ITL p99", "itl_ms_p99", ui.ms, False),
+        ("Evictions", "evictions", ui.count, False), ("CoW copies", "cow_copies", ui.count, None),
+        ("Stale hashes", "stale_hashes", ui.count, False), ("Divergent outputs", "divergent_outputs", ui.count, False),
+    ]
+    cols = st.columns(5)
+    for i, (name, key, fmt, better) in enumerate(ROWS):
+        va, vb = sa.get(key), sb.get(key)
+        delta, d = None, 0
+        if isinstance(va, (int, float)) and isinstance(vb, (int, float)):
+            d = vb - va
+            delta = (f"{100 * d:+.1f} pp" if fmt is ui.pct else f"{d:+.1f} ms" if fmt is ui.ms else f"{int(d):+,}")
+        colour = "off" if better is None or d == 0 else ("normal" if better else "inverse")
+        cols[i % 5].metric(f"{name} (B)", fmt(vb), delta=delta, delta_color=colour, delta_arrow="auto" if d else "off",
+                           help=f"A: {fmt(va)}")
+    st.caption("B's value with its change from A; green means better, red worse (lower is better for latency, evictions and errors).")
 
-diff = queries.request_diff(run_a, run_b)
-ui.chart(charts.request_delta(diff), "Hit tokens of each request in B minus in A: green bars gained cache hits, red bars lost them.",
-         empty_what="The two runs share no request ids.", key="cmp_req")
-if diff.height:
-    moved = diff.with_columns(pl.col("hit_delta").abs().alias("abs_delta")).sort(["abs_delta", "request_id"], descending=[True, False])
-    ui.table(moved.filter(pl.col("abs_delta") > 0).drop("abs_delta").head(50),
-             "The requests whose hit tokens changed most between A and B (top 50).",
-             empty_what="No request changed its hit tokens between A and B.")
+    names = queries.group_names(run_a)
+    ha = queries.call("hit_rate_over_time", run_a, window_ns=queries.window_ns(run_a), group=queries.GROUP_ALL)
+    hb = queries.call("hit_rate_over_time", run_b, window_ns=queries.window_ns(run_a), group=queries.GROUP_ALL)
+    ui.chart(charts.overlay([(f"A {a.get('name')}", ha), (f"B {b.get('name')}", hb)], "window_start_ns", "cum_hit_rate",
+                            "Cumulative token hit rate, A vs B", "hit rate", percent=True),
+             "Cumulative token hit rate (all groups) of both runs on the same virtual time axis.",
+             empty_what="Neither run has lookup spans.", key="cmp_hit")
+    ia, ib = queries.call("itl_over_time", run_a, window_ns=queries.window_ns(run_a)), queries.call("itl_over_time", run_b, window_ns=queries.window_ns(run_a))
+    ui.chart(charts.overlay([(f"A {a.get('name')}", ia), (f"B {b.get('name')}", ib)], "window_start_ns", "mean_itl_ns",
+                            "Mean ITL, A vs B", "ms", yscale=1e6),
+             "Gap-weighted mean inter-token latency per window for both runs.", empty_what="Neither run decoded tokens.", key="cmp_itl")
+
+    diff = queries.request_diff(run_a, run_b)
+    if diff.height and not (diff["hit_delta"] != 0).any():
+        st.info(f"All {diff.height:,} requests got the same hit tokens in A and B: this change does not move the prefix cache on this trace.",
+                icon=":material/info:")
+        return
+    ui.chart(charts.request_delta(diff), "Hit tokens of each request in B minus in A: green bars gained cache hits, red bars lost them.",
+             empty_what="The two runs share no request ids.",
+             command="the same trace with the same request ids, e.g. `kvtrace replay TRACE --db PATH --without shared-prefix-pinning`",
+             key="cmp_req")
+    if diff.height:
+        moved = diff.with_columns(pl.col("hit_delta").abs().alias("abs_delta")).sort(["abs_delta", "request_id"], descending=[True, False])
+        ui.table(moved.filter(pl.col("abs_delta") > 0).drop("abs_delta").head(50),
+                 "The requests whose hit tokens changed most between A and B (top 50).",
+                 empty_what="No request changed its hit tokens between A and B.", command="a B run with another behaviour or capacity (pick it above)")
+
+
+main()  # a function, so an empty state can return early (st.stop would also skip the sidebar links)

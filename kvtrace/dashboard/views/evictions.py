@@ -14,17 +14,18 @@ window = state.bound_window("Virtual time window", queries.time_extent_s(run_id)
 by_reason = state.in_window(queries.call("evictions_over_time", run_id, window_ns=queries.window_ns(run_id), by="reason"), "window_start_ns", window)
 ui.chart(charts.stacked_counts(by_reason, "Evicted blocks by reason", "blocks per window"),
          "Blocks evicted per window, stacked by eviction reason (lru, stale_hash, replaced, connector, reset).",
-         empty_what="No evictions in this run: the cache never filled.", key="ev_reason")
+         empty_what="No evictions in this run: the cache never filled.", command=ui.FILL_SMALL_CACHE, key="ev_reason")
 by_kind = state.in_window(queries.call("evictions_over_time", run_id, window_ns=queries.window_ns(run_id), by="publish_kind"), "window_start_ns", window)
 ui.chart(charts.stacked_counts(by_kind, "Evicted blocks by the publish that took their place", "blocks per window"),
          "Blocks evicted per window, stacked by the kind of publish that next took the block (full, partial tail, checkpoint, boundary; none = not reused yet).",
-         empty_what="No evictions in this run: the cache never filled.", key="ev_kind")
+         empty_what="No evictions in this run: the cache never filled.", command=ui.FILL_SMALL_CACHE, key="ev_kind")
 
 st.subheader("Eviction attribution")
-flows = queries.call("eviction_attribution_flows", run_id)
+flows = queries.attribution_flows(run_id)
 ui.chart(charts.attribution_sankey(flows),
          "Later misses on blocks that were cached before, traced back: the kind of publish that took the block, the eviction reason, and the hot prefix that lost it.",
-         empty_what="No miss in this run hit a block that had been evicted, so there is nothing to attribute.", key="sankey")
+         empty_what="No miss in this run hit a block that had been evicted, so there is nothing to attribute.",
+         command=ui.FILL_SMALL_CACHE, key="sankey")
 att = queries.call("eviction_attribution", run_id)
 if att.height:
     att = state.in_window(att, "miss_ns", window)
@@ -42,4 +43,4 @@ st.subheader("Block lifetimes")
 hist = queries.call("block_histograms", run_id)
 ui.chart(charts.histograms(hist, (("lifetime", "lifetime at eviction"), ("idle_before_evict", "idle before eviction"), ("reuse_gap", "prefix reuse gap"))),
          "Exact distributions, in scheduler steps, of block lifetime at eviction, idle time before eviction, and the gap between reuses of a prefix (vLLM only samples these).",
-         empty_what="No evictions or repeated prefixes in this run.", key="hist")
+         empty_what="No evictions or repeated prefixes in this run.", command=ui.FILL_SMALL_CACHE, key="hist")
