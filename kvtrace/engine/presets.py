@@ -12,6 +12,7 @@ for the attention groups), as are retention and the behaviours.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from math import gcd
 
 from kvtrace.cache import ALL_BEHAVIOURS, CacheConfig, ExternalTierConfig, FullAttentionSpec, MambaSpec
 from kvtrace.engine.clock import CostModel, get_cost_model
@@ -65,14 +66,30 @@ def get_preset(
     retention_interval=_KEEP,
     without: tuple[str, ...] = (),
     external_capacity_blocks: int | None = None,
+    block_size: int | None = None,
+    hash_block_size: int | None = None,
     scheduler: dict | None = None,
 ) -> EnginePreset:
+    """A named preset with overrides.
+
+    ``capacity_blocks``: blocks per group (an int for all, or one per group);
+    ``capacity_tokens``: attention groups sized to hold this many tokens;
+    ``retention_interval``: None | 0 | k; ``without``: behaviour names to switch off;
+    ``external_capacity_blocks``: add an external tier; ``block_size``: every group's block
+    size (the hash block size shrinks to divide it); ``scheduler``: SchedulerConfig fields.
+    """
     try:
         preset = PRESETS[name]()
     except KeyError:
         raise ConfigError("preset", name, f"unknown; known: {sorted(PRESETS)}") from None
     cc = preset.cache_config
     changes: dict = {}
+    if block_size is not None or hash_block_size is not None:
+        groups = tuple(replace(g, block_size=block_size) for g in cc.groups) if block_size else cc.groups
+        hbs = hash_block_size or cc.hash_block_size
+        for g in groups:
+            hbs = gcd(hbs, g.block_size)
+        changes["groups"], changes["hash_block_size"] = groups, hbs
     blocks = list(cc.num_gpu_blocks)
     if capacity_blocks is not None:
         blocks = [capacity_blocks] * len(blocks) if isinstance(capacity_blocks, int) else list(capacity_blocks)
@@ -80,6 +97,11 @@ def get_preset(
         for g, spec in enumerate(cc.groups):
             if not isinstance(spec, MambaSpec):
                 blocks[g] = -(-capacity_tokens // spec.block_size) + 1
+    if block_size is not None and capacity_blocks is None and capacity_tokens is None:
+        # keep the token capacity of the attention groups when their block size changes
+        for g, spec in enumerate(cc.groups):
+            if not isinstance(spec, MambaSpec):
+                blocks[g] = max(2, (blocks[g] - 1) * spec.block_size // block_size + 1)
     changes["num_gpu_blocks"] = tuple(blocks)
     if retention_interval is not _KEEP:
         changes["retention_interval"] = retention_interval

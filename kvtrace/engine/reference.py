@@ -19,7 +19,7 @@ from bisect import bisect_right
 import numpy as np
 import torch
 
-from kvtrace.cache.content import P, ContentModel, fingerprint_rows, kv_sum_closed_form, kv_values
+from kvtrace.cache.content import FINGERPRINT_BASE, KV_A, KV_B, KV_C, P, ContentModel, kv_sum_closed_form
 from kvtrace.cache.tokens import block_tokens
 
 _SMALL = 48  # up to this many tokens, step the recurrence in Python
@@ -33,20 +33,24 @@ class TraceBlockMemo:
         self.max_entries = max_entries
         self.entries: dict[tuple[int, int, int], tuple[tuple[int, ...], int]] = {}
 
-    def get_many(self, namespace: int, block_size: int, ids) -> list[tuple[tuple[int, ...], int]]:
+    def get_many(self, namespace: int, block_size: int, ids, tokens: np.ndarray | None = None):
+        """Effects of trace blocks ``ids`` (``tokens``: their concatenated tokens, if at hand)."""
         entries = self.entries
-        missing = [i for i in dict.fromkeys(ids) if (namespace, block_size, i) not in entries]
+        missing = [k for k, i in enumerate(ids) if (namespace, block_size, i) not in entries]
         if missing:
             if len(entries) + len(missing) > self.max_entries:
                 entries.clear()  # bounded memory; deterministic
             m = self.model
             m.ensure(block_size + 1)
-            toks = torch.from_numpy(np.stack([block_tokens(i, block_size, namespace) for i in missing]))
+            if tokens is not None:
+                toks = torch.from_numpy(tokens[: len(ids) * block_size].reshape(len(ids), block_size)[missing])
+            else:
+                toks = torch.from_numpy(np.stack([block_tokens(ids[k], block_size, namespace) for k in missing]))
             rel = m.pow[torch.arange(block_size - 1, -1, -1)]  # m^(B-1-i)
             c = ((toks.unsqueeze(2) * rel.unsqueeze(0)) % P).sum(dim=1) % P  # [k, D]
             tsum = toks.sum(dim=1)
-            for i, cc, ts in zip(missing, c.tolist(), tsum.tolist()):
-                entries[(namespace, block_size, i)] = (tuple(cc), int(ts))
+            for k, cc, ts in zip(missing, c.tolist(), tsum.tolist()):
+                entries[(namespace, block_size, ids[k])] = (tuple(cc), int(ts))
         return [entries[(namespace, block_size, i)] for i in ids]
 
 
@@ -66,7 +70,8 @@ class PrefixOracle:
             nfull = min(len(ids), request.num_prompt_tokens // bs)
             mult = [pow(m, bs, P) for m in model.multipliers]
             s, t = zero, 0
-            for k, (c, ts) in enumerate(memo.get_many(request.namespace, bs, ids[:nfull])):
+            effects = memo.get_many(request.namespace, bs, ids[:nfull], request.prompt_token_ids)
+            for k, (c, ts) in enumerate(effects):
                 s = tuple((mb * x + cc) % P for mb, x, cc in zip(mult, s, c))
                 t += ts
                 self._pos.append((k + 1) * bs)
@@ -74,8 +79,19 @@ class PrefixOracle:
                 self._tsums.append(t)
 
     def _point(self, e: int) -> tuple[tuple[int, ...], int]:
-        i = bisect_right(self._pos, e) - 1
-        p = self._pos[i]
+        pos = self._pos
+        if pos[-1] == e - 1:  # the decode step: one token past the furthest point
+            req = self.request
+            q = e - 1 - req.num_prompt_tokens
+            tok = req.output_token_ids[q] if q >= 0 else int(req.prompt_token_ids[e - 1])
+            s = tuple([(m * x + tok) % P for m, x in zip(self.model.multipliers, self._states[-1])])
+            t = self._tsums[-1] + tok
+            pos.append(e)
+            self._states.append(s)
+            self._tsums.append(t)
+            return s, t
+        i = bisect_right(pos, e) - 1
+        p = pos[i]
         if p == e:
             return self._states[i], self._tsums[i]
         s, t = self._states[i], self._tsums[i]
@@ -103,12 +119,38 @@ class PrefixOracle:
         self._tsums.insert(i + 1, t)
         return s, t
 
+    def point(self, e: int) -> tuple[tuple[int, ...], int]:
+        """(state lanes, token sum) after the first ``e`` tokens."""
+        return self._point(e)
+
     def state_at(self, e: int) -> tuple[int, ...]:
         """The state lanes after the first ``e`` tokens."""
         return self._point(e)[0]
 
     def state_lane_sum(self, e: int) -> int:
         return sum(self._point(e)[0]) % P
+
+    def decode_token(self, e: int, num_state_groups: int, num_attention_groups: int) -> int | None:
+        """The reference token after ``e`` tokens when ``e`` is one past the furthest point
+        (the decode step, inlined for speed); None otherwise."""
+        pos = self._pos
+        if pos[-1] != e - 1:
+            return None
+        req = self.request
+        q = e - 1 - req.num_prompt_tokens
+        tok = req.output_token_ids[q] if q >= 0 else int(req.prompt_token_ids[e - 1])
+        s = tuple([(m * x + tok) % P for m, x in zip(self.model.multipliers, self._states[-1])])
+        t = self._tsums[-1] + tok
+        pos.append(e)
+        self._states.append(s)
+        self._tsums.append(t)
+        kv = (KV_A * (t % P) + KV_B * ((e - 1) * e // 2 % P) + KV_C * e) % P
+        return (sum(s) % P * num_state_groups + kv * num_attention_groups) % P
+
+    def sample_parts(self, e: int) -> tuple[int, int]:
+        """(sum of state lanes, kv sum over [0, e)) after the first ``e`` tokens."""
+        s, t = self._point(e)
+        return sum(s) % P, kv_sum_closed_form(t, 0, e)
 
     def kv_sum(self, start: int, end: int) -> int:
         """Sum of kv over positions [start, end)."""
@@ -117,13 +159,37 @@ class PrefixOracle:
         return kv_sum_closed_form(t_end - t_start, start, end)
 
 
+_FP_TABLES: dict[int, tuple[np.ndarray, list[int], list[int]]] = {}
+
+
+def _fp_tables(width: int) -> tuple[np.ndarray, list[int], list[int]]:
+    """R^i, and the prefix sums G0[L] = sum_{i<L} R^i and G1[L] = sum_{i<L} i*R^i (mod P)."""
+    t = _FP_TABLES.get(width)
+    if t is None:
+        r = [1] * width
+        for i in range(1, width):
+            r[i] = r[i - 1] * FINGERPRINT_BASE % P
+        g0, g1 = [0] * (width + 1), [0] * (width + 1)
+        for i in range(width):
+            g0[i + 1] = (g0[i] + r[i]) % P
+            g1[i + 1] = (g1[i] + i * r[i]) % P
+        t = _FP_TABLES[width] = (np.asarray(r, dtype=np.int64), g0, g1)
+    return t
+
+
 def expected_kv_fingerprint(tokens: np.ndarray, start: int, end: int, width: int) -> int:
-    """Fingerprint of kv slots [0, end-start) of a block whose first slot is position ``start``."""
-    tok = torch.from_numpy(np.ascontiguousarray(tokens, dtype=np.int64))
-    vals = torch.zeros((1, width), dtype=torch.int64)
-    vals[0, : end - start] = kv_values(tok, torch.arange(start, end, dtype=torch.int64))
-    return int(fingerprint_rows(vals, torch.tensor([end - start]))[0])
+    """Fingerprint of kv slots [0, end-start) of a block whose first slot is position ``start``.
+
+    The storage fingerprint is sum_i kv_i R^i mod P with kv_i = a*t_i + b*(start+i) + c
+    (mod P), which is linear, so only the token part needs the tokens.
+    """
+    n = end - start
+    r, g0, g1 = _fp_tables(width)
+    tok = (np.asarray(tokens, dtype=np.int64) * r[:n]) % P  # < 2^49 before the reduction
+    t = int(tok.sum()) % P
+    return (KV_A * t + KV_B * ((start % P) * g0[n] + g1[n]) + KV_C * g0[n]) % P
 
 
 def expected_state_fingerprint(state: tuple[int, ...]) -> int:
-    return int(fingerprint_rows(torch.tensor([state], dtype=torch.int64))[0])
+    r = _fp_tables(max(len(state), 1))[0]
+    return sum(int(x) * int(y) for x, y in zip(state, r)) % P

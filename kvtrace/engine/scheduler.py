@@ -149,9 +149,12 @@ class Scheduler:
         i = 0
         while i < len(running) and token_budget > 0:
             request = running[i]
-            n = self._cap(request, request.num_tokens - request.num_computed_tokens, token_budget)
-            if self.need_mamba_block_aligned_split and n > 0:
-                n = self._mamba_block_aligned_split(request, n)
+            n = request.num_tokens - request.num_computed_tokens
+            if n > 1 or request.num_computed_tokens >= self.config.max_model_len:
+                # (one token is the decode step: no cap or split can change it)
+                n = self._cap(request, n, token_budget)
+                if self.need_mamba_block_aligned_split and n > 0:
+                    n = self._mamba_block_aligned_split(request, n)
             if n <= 0:
                 i += 1
                 continue
@@ -243,11 +246,18 @@ class Scheduler:
 
     # -- after the step ------------------------------------------------------------------------
     def update_from_output(self, out: SchedulerOutput, sampled: dict[str, int], end_ns: int) -> list[EngineRequest]:
-        """Append sampled tokens; finish requests that reached their output length."""
+        """Append sampled tokens; finish requests that reached their output length.
+
+        A request with a recorded ``expected_output`` appends those tokens instead (the
+        worker still checks what it sampled against the no-cache reference).
+        """
         finished: list[EngineRequest] = []
         index = {r.request_id: r for r in self.running} if sampled else {}
         for rid, token in sampled.items():
             request = index[rid]
+            expected = request.expected_output
+            if expected is not None and len(request.output_token_ids) < len(expected):
+                token = expected[len(request.output_token_ids)]  # teacher-forced replay of a recorded output
             request.append_output_token_ids(token)
             request.token_times_ns.append(end_ns)
             if request.first_token_ns < 0:

@@ -7,6 +7,13 @@ slot its table names, advances each Mamba state from the block its table names a
 chunk start to the block its table names at the chunk end (plus checkpoint writes),
 and samples for every request that consumed all its known tokens. A Core/Worker
 disagreement therefore becomes wrong content, which the no-cache reference catches.
+
+Two things come from the Core as block ids rather than table slots, as in vLLM: the
+copy list and the internal prefill checkpoint writes. The Core's ``running`` and
+``external`` state writes are only compared with the worker's own table slot
+(``table_disagreements``), never obeyed. Sampling gathers the batch's tables from a
+device block-table tensor (vLLM's worker-side ``BlockTable``); the decode-step reference
+is advanced for the whole batch at once from per-request "tips" on the CPU.
 """
 
 from __future__ import annotations
@@ -17,8 +24,8 @@ import numpy as np
 import torch
 
 from kvtrace.cache import CacheConfig, FullAttentionSpec, MambaSpec, SlidingWindowSpec
-from kvtrace.cache.content import P, ContentModel, kv_values
-from kvtrace.cache.plans import STATE_CHECKPOINT, STATE_RUNNING
+from kvtrace.cache.content import KV_A, KV_B, KV_C, P, ContentModel, kv_values
+from kvtrace.cache.plans import STATE_CHECKPOINT, STATE_EXTERNAL, STATE_RUNNING
 from kvtrace.cache.storage import DeviceStorage
 from kvtrace.cache.tokens import VOCAB_SIZE
 from kvtrace.engine.reference import PrefixOracle, TraceBlockMemo
@@ -49,13 +56,47 @@ class StepResult:
 
 
 class _Seq:
-    """The worker's per-request state: its own block tables (one list per group)."""
+    """The worker's per-request state: its own block tables (one list per group) and its row
+    in the device block-table tensors."""
 
-    __slots__ = ("request", "tables")
+    __slots__ = ("request", "tables", "row", "tip_n")
 
-    def __init__(self, request: EngineRequest, tables: list[list[int]]):
+    def __init__(self, request: EngineRequest, tables: list[list[int]], row: int):
         self.request = request
         self.tables = tables
+        self.row = row
+        self.tip_n = -1  # the reference tip (row of Worker._tip_*) holds the state after tip_n tokens
+
+
+class BlockTableTensor:
+    """A device copy of the worker's tables for one group, one row per running request
+    (vLLM's worker-side ``BlockTable``): sampling gathers a whole batch's blocks at once."""
+
+    def __init__(self, device: torch.device, rows: int = 64, width: int = 64):
+        self.device = device
+        self.t = torch.zeros((rows, width), dtype=torch.int64, device=device)
+
+    def _fit(self, row: int, width: int) -> None:
+        r, w = self.t.shape
+        if row < r and width <= w:
+            return
+        nr, nw = r, w
+        while nr <= row:
+            nr *= 2
+        while nw < width:
+            nw *= 2
+        grown = torch.zeros((nr, nw), dtype=torch.int64, device=self.device)
+        grown[:r, :w] = self.t
+        self.t = grown
+
+    def set_row(self, row: int, ids: list[int]) -> None:
+        self._fit(row, len(ids))
+        if ids:
+            self.t[row, : len(ids)] = torch.tensor(ids, dtype=torch.int64, device=self.device)
+
+    def append(self, row: int, start: int, ids: list[int]) -> None:
+        self._fit(row, start + len(ids))
+        self.t[row, start : start + len(ids)] = torch.tensor(ids, dtype=torch.int64, device=self.device)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -81,6 +122,14 @@ class Worker:
         self.ref_model = ContentModel(self.num_lanes, "cpu")
         self.memo = TraceBlockMemo(self.ref_model)
         self.seqs: dict[str, _Seq] = {}
+        self.table_tensors = {g: BlockTableTensor(self.device) for g in self.full_groups}
+        self._free_rows: list[int] = []
+        self._arange = torch.arange(1024, device=self.device).unsqueeze(0)
+        # Reference tips per row (CPU): the decode step's reference, vectorised over the batch.
+        self._tip_state = torch.zeros((64, self.num_lanes), dtype=torch.int64)
+        self._tip_tsum = torch.zeros(64, dtype=torch.int64)
+        self._ref_m = torch.tensor(self.ref_model.multipliers, dtype=torch.int64)
+        self._next_row = 0
         self.oracles: dict[str, PrefixOracle] = {}  # survive preemption, dropped on finish
 
     def oracle(self, request) -> PrefixOracle:
@@ -91,17 +140,31 @@ class Worker:
 
     # -- tables ---------------------------------------------------------------------------------
     def drop(self, request_id: str) -> None:
-        self.seqs.pop(request_id, None)
+        s = self.seqs.pop(request_id, None)
+        if s is not None:
+            self._free_rows.append(s.row)
 
     def forget(self, request_id: str) -> None:
         """A finished request: drop its table and its reference."""
-        self.seqs.pop(request_id, None)
+        self.drop(request_id)
         self.oracles.pop(request_id, None)
 
-    def seq(self, request_id: str) -> _Seq:
-        return self.seqs[request_id]
+    def _new_seq(self, request: EngineRequest, tables: list[list[int]]) -> _Seq:
+        if self._free_rows:
+            row = self._free_rows.pop()
+        else:
+            row = self._next_row
+            self._next_row += 1
+        for g, tt in self.table_tensors.items():
+            tt.set_row(row, tables[g])
+        if row >= self._tip_tsum.shape[0]:
+            cap = 2 * max(row, self._tip_tsum.shape[0])
+            self._tip_state = torch.cat([self._tip_state, torch.zeros((cap - self._tip_state.shape[0], self.num_lanes), dtype=torch.int64)])
+            self._tip_tsum = torch.cat([self._tip_tsum, torch.zeros(cap - self._tip_tsum.shape[0], dtype=torch.int64)])
+        return _Seq(request, tables, row)
 
     def block_table(self, request_id: str) -> tuple[list[int], ...]:
+        """The worker's own table of a running request (per group)."""
         return tuple(self.seqs[request_id].tables)
 
     # -- one step -------------------------------------------------------------------------------
@@ -114,7 +177,10 @@ class Worker:
         work: list[tuple[_Seq, int, int]] = []  # (seq, start, num_tokens)
         loads: list[tuple[_Seq, int, int]] = []
         for nr in out.scheduled_new_reqs:
-            s = _Seq(nr.request, [list(ids) for ids in nr.block_ids])
+            old = self.seqs.get(nr.request_id)
+            if old is not None:  # resumed without a preemption notice: start over
+                self.drop(nr.request_id)
+            s = self._new_seq(nr.request, [list(ids) for ids in nr.block_ids])
             self.seqs[nr.request_id] = s
             if nr.num_external_tokens:
                 loads.append((s, nr.num_computed_tokens - nr.num_external_tokens, nr.num_computed_tokens))
@@ -123,11 +189,19 @@ class Worker:
             s = self.seqs[cr.request_id]
             for g, ids in enumerate(cr.new_block_ids):
                 if ids:
+                    tt = self.table_tensors.get(g)
+                    if tt is not None:
+                        tt.append(s.row, len(s.tables[g]), ids)
                     s.tables[g].extend(ids)
             work.append((s, cr.num_computed_tokens, out.num_scheduled_tokens[cr.request_id]))
 
         if loads:
             self._load_external(loads)
+            for sw in out.state_writes:  # the Core names the block it loaded; ours must agree
+                if sw.kind == STATE_EXTERNAL:
+                    mine = self.seqs[sw.request_id].tables[sw.group_id][_cdiv(sw.num_tokens, self.block_size[sw.group_id]) - 1]
+                    if mine != sw.block_id:
+                        res.table_disagreements += 1
         if out.block_copies:
             self.storage.copy_blocks(out.block_copies)
             for c in out.block_copies:
@@ -140,19 +214,18 @@ class Worker:
         return res
 
     def _load_external(self, loads: list[tuple[_Seq, int, int]]) -> None:
-        """Fill [start, end) from the external tier, which holds correct content by construction."""
+        """Fill [start, end) from the external tier.
+
+        The tier is modelled as holding correct content (a store written from correct
+        blocks), so the loaded kv and state come from the tokens, via the reference.
+        """
         for s, start, end in loads:
-            tokens = s.request.get_token_ids(start, end)
-            self._write_kv(s, start, end, tokens)
+            self._write_kv(s, start, end, s.request.get_token_ids(start, end))
             if self.state_groups:
-                full = s.request.get_token_ids(0, end)
-                st = self.content.states_from_scratch(
-                    torch.from_numpy(np.ascontiguousarray(full)).to(self.device),
-                    torch.tensor([end], dtype=torch.int64, device=self.device),
-                )
+                st = torch.tensor([self.oracle(s.request).state_at(end)], dtype=torch.int64, device=self.device)
                 for g in self.state_groups:
                     blk = s.tables[g][_cdiv(end, self.block_size[g]) - 1]
-                    self.storage.write_states(g, torch.tensor([blk], device=self.device), st)
+                    self.storage.write_states(g, torch.tensor([blk], dtype=torch.int64, device=self.device), st)
 
     def _write_kv(self, s: _Seq, start: int, end: int, tokens: np.ndarray) -> None:
         pos = torch.arange(start, end, dtype=torch.int64, device=self.device)
@@ -164,155 +237,232 @@ class Worker:
             blocks = torch.from_numpy(table[p // bs]).to(self.device)
             self.storage.write_kv(g, blocks, torch.from_numpy(p % bs).to(self.device), vals)
 
+    def _aranges(self, n: int) -> torch.Tensor:
+        """[1, n] column indices (cached; grown by doubling)."""
+        a = self._arange
+        if a.shape[1] < n:
+            a = self._arange = torch.arange(max(n, 2 * a.shape[1]), device=self.device).unsqueeze(0)
+        return a[:, :n]
+
+    @staticmethod
+    def _token_at(request, position: int) -> int:
+        p = request.num_prompt_tokens
+        return int(request.prompt_token_ids[position]) if position < p else request.output_token_ids[position - p]
+
     def _compute(self, work: list[tuple[_Seq, int, int]], out: SchedulerOutput, res: StepResult) -> None:
         dev = self.device
         B = len(work)
-        starts = np.fromiter((w[1] for w in work), dtype=np.int64, count=B)
-        lens = np.fromiter((w[2] for w in work), dtype=np.int64, count=B)
-        ends = starts + lens
-        offsets = np.zeros(B, dtype=np.int64)
-        np.cumsum(lens[:-1], out=offsets[1:])
-        tok_np = np.concatenate([w[0].request.get_token_ids(w[1], w[1] + w[2]) for w in work]).astype(np.int64, copy=False)
-        seg = np.repeat(np.arange(B, dtype=np.int64), lens)
-        pos_np = np.arange(tok_np.shape[0], dtype=np.int64) - offsets[seg] + starts[seg]
-        tokens = torch.from_numpy(tok_np).to(dev)
-        positions = torch.from_numpy(pos_np).to(dev)
+        starts = [w[1] for w in work]
+        lens = [w[2] for w in work]
+        ends = [a + n for a, n in zip(starts, lens)]
+        decode_only = max(lens) == 1
+        tok_list = None
+        if decode_only:  # one token each: plain lists beat numpy at this size
+            tok_list = [self._token_at(w[0].request, w[1]) for w in work]
+            tokens = torch.tensor(tok_list, dtype=torch.int64, device=dev)
+            positions = torch.tensor(starts, dtype=torch.int64, device=dev)
+            pos_np = None
+        else:
+            tok_np = np.concatenate([w[0].request.get_token_ids(w[1], w[1] + w[2]) for w in work])
+            pos_np = np.concatenate([np.arange(a, e, dtype=np.int64) for a, e in zip(starts, ends)])
+            tokens = torch.from_numpy(tok_np.astype(np.int64, copy=False)).to(dev)
+            positions = torch.from_numpy(pos_np).to(dev)
 
         # Attention: every token's kv into the slot its table names.
         if self.attn_groups:
             vals = kv_values(tokens, positions)
             for g in self.attn_groups:
                 bs = self.block_size[g]
-                flat_tables, table_off = self._flat_tables(work, g)
-                blocks = flat_tables[table_off[seg] + pos_np // bs]
-                self.storage.write_kv(g, torch.from_numpy(blocks).to(dev), torch.from_numpy(pos_np % bs).to(dev), vals)
+                if decode_only:
+                    blocks = [w[0].tables[g][a // bs] for w, a in zip(work, starts)]
+                    block_t = torch.tensor(blocks, dtype=torch.int64, device=dev)
+                    slot_t = torch.tensor([a % bs for a in starts], dtype=torch.int64, device=dev)
+                    touched_t = block_t
+                else:
+                    pieces, touched = [], []
+                    for (sq, a, n) in work:
+                        b0, b1 = a // bs, (a + n - 1) // bs
+                        run = sq.tables[g][b0 : b1 + 1]
+                        touched.extend(run)
+                        if b0 == b1:
+                            pieces.append(np.full(n, run[0], dtype=np.int64))
+                        else:
+                            counts = np.diff(np.clip(np.arange(b0, b1 + 2, dtype=np.int64) * bs, a, a + n))
+                            pieces.append(np.repeat(np.asarray(run, dtype=np.int64), counts))
+                    block_t = torch.from_numpy(np.concatenate(pieces)).to(dev)
+                    slot_t = torch.from_numpy(pos_np % bs).to(dev)
+                    touched_t = torch.tensor(touched, dtype=torch.int64, device=dev)
+                self.storage.write_kv(g, block_t, slot_t, vals, touched_t)
 
         # Recurrent state: read at the chunk start, write at the chunk end (+ checkpoints).
         end_states: list[torch.Tensor] = []
         if self.state_groups:
-            seq_index = {w[0].request.request_id: i for i, w in enumerate(work)}
-            q_seg = list(range(B))
-            q_end = ends.tolist()
             extra: list[tuple[int, int, int]] = []  # (group, block, query row)
+            q_seg = list(range(B))
+            q_end = list(ends)
             running_core: dict[tuple[str, int], int] = {}
-            for sw in out.state_writes:
-                if sw.kind == STATE_CHECKPOINT:
-                    i = seq_index.get(sw.request_id)
-                    if i is not None and starts[i] < sw.num_tokens <= ends[i]:
-                        extra.append((sw.group_id, sw.block_id, len(q_end)))
-                        q_seg.append(i)
-                        q_end.append(sw.num_tokens)
-                elif sw.kind == STATE_RUNNING:
-                    running_core[(sw.request_id, sw.group_id)] = sw.block_id
-            qs = torch.tensor(q_seg, dtype=torch.int64, device=dev)
-            qe = torch.tensor(q_end, dtype=torch.int64, device=dev)
+            if out.state_writes:
+                seq_index = {w[0].request.request_id: i for i, w in enumerate(work)}
+                for sw in out.state_writes:
+                    if sw.kind == STATE_CHECKPOINT:
+                        i = seq_index.get(sw.request_id)
+                        if i is not None and starts[i] < sw.num_tokens <= ends[i]:
+                            extra.append((sw.group_id, sw.block_id, len(q_end)))
+                            q_seg.append(i)
+                            q_end.append(sw.num_tokens)
+                    elif sw.kind == STATE_RUNNING:
+                        running_core[(sw.request_id, sw.group_id)] = sw.block_id
+            fresh = [i for i, a in enumerate(starts) if a == 0]
+            closed_form = None
             for g in self.state_groups:
                 bs = self.block_size[g]
-                src = [w[0].tables[g][_cdiv(w[1], bs) - 1] if w[1] > 0 else 0 for w in work]
-                dst = [w[0].tables[g][_cdiv(int(e), bs) - 1] for w, e in zip(work, ends)]
+                src = [w[0].tables[g][_cdiv(a, bs) - 1] if a > 0 else 0 for w, a in zip(work, starts)]
+                dst = [w[0].tables[g][_cdiv(e, bs) - 1] for w, e in zip(work, ends)]
                 if running_core:
                     for w, d in zip(work, dst):
                         core = running_core.get((w[0].request.request_id, g))
                         if core is not None and core != d:
                             res.table_disagreements += 1
                 s0 = self.storage.read_states(g, torch.tensor(src, dtype=torch.int64, device=dev))
-                s0[torch.from_numpy(starts == 0).to(dev)] = 0
-                states = self.content.advance(
-                    s0, tokens, positions, torch.from_numpy(offsets).to(dev), torch.from_numpy(starts).to(dev), qs, qe
-                )
+                if fresh:
+                    s0[torch.tensor(fresh, dtype=torch.int64, device=dev)] = 0
+                if decode_only and not extra:
+                    states = self.content.step_one(s0, tokens)
+                else:
+                    if closed_form is None:
+                        offsets = [0] * B
+                        for i in range(1, B):
+                            offsets[i] = offsets[i - 1] + lens[i - 1]
+                        closed_form = (
+                            torch.tensor(offsets, dtype=torch.int64, device=dev),
+                            torch.tensor(starts, dtype=torch.int64, device=dev),
+                            torch.tensor(q_seg, dtype=torch.int64, device=dev),
+                            torch.tensor(q_end, dtype=torch.int64, device=dev),
+                        )
+                    states = self.content.advance(s0, tokens, positions, *closed_form)
                 self.storage.write_states(g, torch.tensor(dst, dtype=torch.int64, device=dev), states[:B])
                 for grp, blk, row in extra:
                     if grp == g:
-                        self.storage.write_states(g, torch.tensor([blk], device=dev), states[row : row + 1])
+                        self.storage.write_states(g, torch.tensor([blk], dtype=torch.int64, device=dev), states[row : row + 1])
                 end_states.append(states[:B])
 
         # Sample for every request that has consumed all its known tokens.
-        sample_idx = [i for i, (s, st, n) in enumerate(work) if st + n == s.request.num_tokens]
-        for i, (s, st, n) in enumerate(work):
-            if st + n < s.request.num_tokens or n > 1:
-                res.prefill_pairs += n * st + n * (n + 1) // 2
+        sample_idx = []
+        for i, (sq, a, n) in enumerate(work):
+            if a + n == sq.request.num_tokens:
+                sample_idx.append(i)
+            if n > 1 or a + n < sq.request.num_tokens:
+                res.prefill_pairs += n * a + n * (n + 1) // 2
                 res.num_prefill_tokens += n
-                res.prefill_spans.append((s.request.request_id, st, n))
+                res.prefill_spans.append((sq.request.request_id, a, n))
             else:
                 res.num_decode_seqs += 1
-                res.decode_context_tokens += st + n
+                res.decode_context_tokens += a + n
         if sample_idx:
-            self._sample(work, sample_idx, ends, end_states, res)
+            self._sample(work, sample_idx, ends, end_states, res, tok_list)
 
-    def _flat_tables(self, work, g: int) -> tuple[np.ndarray, np.ndarray]:
-        tables = [w[0].tables[g] for w in work]
-        lens = np.fromiter((len(t) for t in tables), dtype=np.int64, count=len(tables))
-        off = np.zeros(len(tables), dtype=np.int64)
-        np.cumsum(lens[:-1], out=off[1:])
-        flat = np.fromiter((b for t in tables for b in t), dtype=np.int64, count=int(lens.sum()))
-        return flat, off
-
-    def _sample(self, work, sample_idx: list[int], ends: np.ndarray, end_states: list[torch.Tensor], res: StepResult) -> None:
+    def _sample(
+        self, work, sample_idx: list[int], ends: list[int], end_states: list[torch.Tensor], res: StepResult,
+        tok_list: list[int] | None = None,
+    ) -> None:
         dev = self.device
         S = len(sample_idx)
         total = torch.zeros(S, dtype=torch.int64, device=dev)
         if end_states:
-            rows = torch.tensor(sample_idx, dtype=torch.int64, device=dev)
+            rows = torch.tensor(sample_idx, dtype=torch.int64, device=dev) if S < len(work) else None
             for states in end_states:  # the state each group's table slot now holds
-                total = (total + states[rows].sum(dim=1)) % P
+                total += (states if rows is None else states[rows]).sum(dim=1)
+        if self.full_groups:
+            e_list, row_list, seqs = [], [], []
+            for i in sample_idx:
+                sq = work[i][0]
+                e_list.append(ends[i])
+                row_list.append(sq.row)
+                seqs.append(sq)
+            e_t = torch.tensor(e_list, dtype=torch.int64, device=dev)
+            rows = torch.tensor(row_list, dtype=torch.int64, device=dev)
         for g in self.full_groups:
             bs = self.block_size[g]
-            full_ids: list[int] = []
-            full_seg: list[int] = []
-            part_blk: list[int] = []
-            part_slot: list[int] = []
-            part_seg: list[int] = []
-            for k, i in enumerate(sample_idx):
-                e = int(ends[i])
-                t = work[i][0].tables[g]
-                nf = e // bs
-                full_ids.extend(t[:nf])
-                full_seg.extend([k] * nf)
-                r = e - nf * bs
-                if r:
-                    part_blk.extend([t[nf]] * r)
-                    part_slot.extend(range(r))
-                    part_seg.extend([k] * r)
-            acc = torch.zeros(S, dtype=torch.int64, device=dev)
-            if full_ids:
-                sums = self.storage.block_sums(g, torch.tensor(full_ids, dtype=torch.int64, device=dev))
-                acc.index_add_(0, torch.tensor(full_seg, dtype=torch.int64, device=dev), sums)
-            if part_blk:
-                vals = self.storage.slot_values(
-                    g, torch.tensor(part_blk, dtype=torch.int64, device=dev), torch.tensor(part_slot, dtype=torch.int64, device=dev)
-                )
-                acc.index_add_(0, torch.tensor(part_seg, dtype=torch.int64, device=dev), vals)
-            total = (total + acc % P) % P
+            width = max([len(sq.tables[g]) for sq in seqs])
+            tab = self.table_tensors[g].t.index_select(0, rows)[:, :width]  # [S, W]: the worker's own tables
+            nfull = torch.div(e_t, bs, rounding_mode="floor")
+            rem = e_t - nfull * bs
+            # full blocks: their maintained sums; the last, partial block: its first rem slots
+            sums = self.storage.block_sum[g].take(tab)
+            total += torch.where(self._aranges(width) < nfull.unsqueeze(1), sums, 0).sum(dim=1)
+            last = tab.gather(1, nfull.clamp(max=width - 1).unsqueeze(1)).squeeze(1)
+            vals = self.storage.data[g].index_select(0, last)  # [S, bs]
+            total += torch.where(self._aranges(bs) < rem.unsqueeze(1), vals, 0).sum(dim=1)
         for g in self.swa_groups:
             bs = self.block_size[g]
             window = self.cache_config.groups[g].sliding_window
             acc_list = []
             for i in sample_idx:
-                e = int(ends[i])
-                lo = max(0, e - window)
-                p = np.arange(lo, e, dtype=np.int64)
+                e = ends[i]
+                p = np.arange(max(0, e - window), e, dtype=np.int64)
                 t = np.asarray(work[i][0].tables[g], dtype=np.int64)
                 vals = self.storage.slot_values(g, torch.from_numpy(t[p // bs]).to(dev), torch.from_numpy(p % bs).to(dev))
                 acc_list.append(int(vals.sum()) % P)
-            total = (total + torch.tensor(acc_list, dtype=torch.int64, device=dev)) % P
-        sampled = (total % VOCAB_SIZE).tolist()
+            total += torch.tensor(acc_list, dtype=torch.int64, device=dev)
+        sampled = (total % P % VOCAB_SIZE).tolist()
         for k, i in enumerate(sample_idx):
-            s = work[i][0]
-            rid = s.request.request_id
-            res.sampled[rid] = sampled[k]
-            if self.verify:
-                expected = self.reference_token(s.request, int(ends[i]))
-                if expected != sampled[k]:
-                    res.divergences.append(Divergence(rid, s.request.num_output_tokens, expected, sampled[k]))
+            res.sampled[work[i][0].request.request_id] = sampled[k]
+        if not self.verify:
+            return
+        fast_k: list[int] = []
+        fast_rows: list[int] = []
+        fast_tok: list[int] = []
+        fast_end: list[int] = []
+        slow_k: list[int] = []
+        use_tips = not self.swa_groups
+        for k, i in enumerate(sample_idx):
+            sq = work[i][0]
+            e = ends[i]
+            if use_tips and sq.tip_n == e - 1:
+                fast_k.append(k)
+                fast_rows.append(sq.row)
+                fast_tok.append(tok_list[i] if tok_list is not None else self._token_at(sq.request, e - 1))
+                fast_end.append(e)
+            else:
+                slow_k.append(k)
+        if fast_k:  # decode: advance every reference tip by its one token at once
+            rows = torch.tensor(fast_rows, dtype=torch.int64)
+            tok = torch.tensor(fast_tok, dtype=torch.int64)
+            e = torch.tensor(fast_end, dtype=torch.int64)
+            st = (self._tip_state.index_select(0, rows) * self._ref_m + tok.unsqueeze(1)) % P
+            ts = self._tip_tsum.index_select(0, rows) + tok
+            self._tip_state.index_copy_(0, rows, st)
+            self._tip_tsum.index_copy_(0, rows, ts)
+            pos_sum = torch.div((e - 1) * e, 2, rounding_mode="floor") % P
+            kv = (KV_A * (ts % P) + KV_B * pos_sum + KV_C * e) % P
+            ref = (st.sum(dim=1) % P * len(self.state_groups) + kv * len(self.full_groups)) % P % VOCAB_SIZE
+            for k, r in zip(fast_k, ref.tolist()):
+                sq = work[sample_idx[k]][0]
+                sq.tip_n += 1
+                if r != sampled[k]:
+                    res.divergences.append(Divergence(sq.request.request_id, sq.request.num_output_tokens, r, sampled[k]))
+        for k in slow_k:  # first token, resume, or a sliding window: the oracle's way
+            i = sample_idx[k]
+            sq = work[i][0]
+            r = self.reference_token(sq.request, ends[i])
+            if use_tips:
+                state, tsum = self.oracle(sq.request).point(ends[i])
+                self._tip_state[sq.row] = torch.tensor(state, dtype=torch.int64)
+                self._tip_tsum[sq.row] = tsum
+                sq.tip_n = ends[i]
+            if r != sampled[k]:
+                res.divergences.append(Divergence(sq.request.request_id, sq.request.num_output_tokens, r, sampled[k]))
 
     # -- the no-cache reference -------------------------------------------------------------------
     def reference_token(self, request, end: int) -> int:
         """The token a run without any cache samples after the first ``end`` tokens."""
         o = self.oracle(request)
-        total = 0
-        if self.state_groups:
-            total += o.state_lane_sum(end) * len(self.state_groups)
-        total += o.kv_sum(0, end) * len(self.full_groups)
+        if not self.swa_groups:
+            fast = o.decode_token(end, len(self.state_groups), len(self.full_groups))
+            if fast is not None:
+                return fast % VOCAB_SIZE
+        lanes, kv = o.sample_parts(end)
+        total = lanes * len(self.state_groups) + kv * len(self.full_groups)
         for g in self.swa_groups:
             window = self.cache_config.groups[g].sliding_window
             total += o.kv_sum(max(0, end - window), end)

@@ -92,3 +92,20 @@ def test_storage_copies_and_block_sums_follow_content():
     assert st_.read_states(1, torch.tensor([6])).tolist() == [[11, 12]]
     assert st_.fingerprints(0, [1], [4]) == st_.fingerprints(0, [5], [4])
     assert st_.fingerprints(0, [1], [2]) != st_.fingerprints(0, [1], [4])
+
+
+def test_expected_fingerprints_match_storage_fingerprints():
+    from kvtrace.engine.reference import expected_kv_fingerprint, expected_state_fingerprint
+
+    cc = CacheConfig(groups=(FullAttentionSpec(16), MambaSpec(16, num_lanes=4)), num_gpu_blocks=4, hash_block_size=16)
+    st_ = DeviceStorage(cc, "cpu")
+    rng = np.random.default_rng(5)
+    tok = rng.integers(0, VOCAB_SIZE, 11)
+    pos = torch.arange(4000, 4011)
+    st_.write_kv(0, torch.full((11,), 2), torch.arange(11), kv_values(torch.from_numpy(tok), pos))
+    assert st_.fingerprints(0, [2], [11]) == [expected_kv_fingerprint(tok, 4000, 4011, 16)]
+    assert st_.fingerprints(0, [2], [10]) == [expected_kv_fingerprint(tok[:10], 4000, 4010, 16)]
+    assert st_.fingerprints(0, [2], [11]) != [expected_kv_fingerprint(tok[::-1].copy(), 4000, 4011, 16)]
+    state = (5, P - 1, 77, 123456)
+    st_.write_states(1, torch.tensor([3]), torch.tensor([state]))
+    assert st_.fingerprints(1, [3]) == [expected_state_fingerprint(state)]

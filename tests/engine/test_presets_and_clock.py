@@ -1,0 +1,52 @@
+"""Presets, overrides, and the cost model's arithmetic."""
+
+import pytest
+
+from kvtrace.cache import MambaSpec, SHARED_PREFIX_PINNING
+from kvtrace.engine import COST_MODELS, get_preset
+from kvtrace.engine.clock import Clock, prefill_pairs
+from kvtrace.engine.engine import percentile
+from kvtrace.errors import ConfigError
+
+
+def test_named_presets_have_the_documented_shape():
+    dense = get_preset("dense-attention")
+    assert len(dense.cache_config.groups) == 1 and dense.cache_config.retention_interval is None
+    kimi = get_preset("kimi-hybrid").cache_config
+    assert isinstance(kimi.groups[1], MambaSpec)
+    assert kimi.retention_interval == 0 and kimi.enable_partial_hits and kimi.num_prefill_checkpoint_blocks == 1
+
+
+def test_overrides_capacity_retention_behaviours_and_block_size():
+    p = get_preset("kimi-hybrid", capacity_tokens=1 << 20, retention_interval=None, without=(SHARED_PREFIX_PINNING,))
+    cc = p.cache_config
+    assert cc.num_gpu_blocks[0] == (1 << 20) // 512 + 1 and cc.num_gpu_blocks[1] == 2048
+    assert cc.retention_interval is None and SHARED_PREFIX_PINNING not in cc.behaviours
+    assert get_preset("kimi-hybrid", capacity_blocks=(100, 20)).cache_config.num_gpu_blocks == (100, 20)
+    small = get_preset("dense-attention", block_size=32).cache_config
+    assert small.groups[0].block_size == 32 and small.hash_block_size == 16
+    with pytest.raises(ConfigError, match="unknown"):
+        get_preset("no-such-preset")
+    with pytest.raises(ConfigError, match="behaviours"):
+        get_preset("kimi-hybrid", without=("no-such-behaviour",))
+
+
+def test_cost_model_is_integer_and_additive():
+    cm = COST_MODELS["h200-kimi-hybrid"]
+    assert prefill_pairs(0, 4) == 10 and prefill_pairs(6, 4) == 34
+    base = cm.step_ns(0, 0, 0, 0, 0, 0)
+    assert base == cm.step_overhead_ns
+    one = cm.step_ns(num_tokens=100, prefill_pairs=5050, decode_context_tokens=0, num_decode_seqs=0,
+                     num_kv_copies=1, num_state_copies=2)
+    assert one == base + 100 * cm.token_ns + cm.attn_pair_ps * 5050 // 1000 + cm.kv_copy_ns + 2 * cm.state_copy_ns
+    clock = Clock(cm)
+    clock.advance_to(50)
+    assert clock.run_step(num_tokens=1, prefill_pairs=0, decode_context_tokens=1000, num_decode_seqs=1,
+                          num_kv_copies=0, num_state_copies=0) == (50, 50 + base + cm.token_ns + cm.kv_read_ps + cm.decode_seq_ns)
+
+
+def test_nearest_rank_percentile():
+    assert percentile([], 50) == 0
+    assert percentile([1, 2, 3, 4], 50) == 2
+    assert percentile(list(range(1, 101)), 99) == 99
+    assert percentile([7], 99) == 7

@@ -1,0 +1,180 @@
+"""Scheduler scenarios: budget, the Mamba block-aligned split stops, preemption, arrivals."""
+
+import numpy as np
+import pytest
+
+from kvtrace.cache import CacheConfig, FullAttentionSpec, KVCacheManager, MambaSpec
+from kvtrace.engine import Engine, EngineRequest, Scheduler, SchedulerConfig, TraceRequest
+from kvtrace.engine.presets import EnginePreset
+from kvtrace.engine.clock import get_cost_model
+
+
+def hybrid_cache(blocks=(256, 64), hbs=64, bs=512, partial=True, **kw) -> CacheConfig:
+    return CacheConfig(
+        groups=(FullAttentionSpec(bs), MambaSpec(bs)), num_gpu_blocks=blocks, hash_block_size=hbs,
+        retention_interval=0, enable_partial_hits=partial, **kw,
+    )
+
+
+def make_request(rid: str, n: int, seed: int = 0, arrival: int = 0, out: int = 4) -> EngineRequest:
+    toks = np.random.default_rng(seed).integers(0, 50_000, n).astype(np.int64)
+    return EngineRequest(TraceRequest(rid, arrival, n, out, token_ids=toks))
+
+
+def split(sched: Scheduler, req: EngineRequest, n: int, local: int = 0, ext: int = 0) -> int:
+    return sched._mamba_block_aligned_split(req, n, local, ext)
+
+
+@pytest.fixture
+def sched() -> Scheduler:
+    cc = hybrid_cache()
+    return Scheduler(SchedulerConfig(max_num_batched_tokens=8192), cc, KVCacheManager(cc))
+
+
+def test_split_stops_at_last_block_boundary_then_tail_hash_boundary(sched):
+    req = make_request("a", 2000)
+    assert split(sched, req, 2000) == 1536  # floor(2000/512)*512
+    req.num_computed_tokens = 1536
+    assert split(sched, req, 464) == 448  # the prompt's tail hash boundary 1984
+    req.num_computed_tokens = 1984
+    assert split(sched, req, 16) == 16
+
+
+def test_split_without_partial_hits_has_no_tail_stop():
+    cc = hybrid_cache(partial=False)
+    s = Scheduler(SchedulerConfig(), cc, KVCacheManager(cc))
+    req = make_request("a", 2000)
+    req.num_computed_tokens = 1536
+    assert split(s, req, 464) == 464
+
+
+def test_split_rounds_an_unfinished_chunk_down_to_a_block(sched):
+    req = make_request("a", 5000)
+    assert split(sched, req, 1000) == 512
+
+
+def test_split_stops_at_next_block_boundary_after_mid_block_start(sched):
+    req = make_request("a", 5000)
+    assert split(sched, req, 4680, local=320) == 192  # 320 -> 512
+
+
+def test_split_stops_at_shared_prefix_junction_block_floored(sched):
+    req = make_request("a", 5000)
+    req.shared_prefix_boundary = 1100
+    assert split(sched, req, 5000) == 1024
+    req.shared_prefix_boundary = 1024
+    assert split(sched, req, 5000) == 1024
+
+
+def test_split_leaves_decode_alone(sched):
+    req = make_request("a", 100)
+    req.num_computed_tokens = 100
+    req.append_output_token_ids(5)
+    assert split(sched, req, 1) == 1
+
+
+def test_split_advances_inside_a_block_wider_than_the_chunk_limit():
+    cc = hybrid_cache()
+    s = Scheduler(SchedulerConfig(max_num_batched_tokens=8192, long_prefill_token_threshold=256), cc, KVCacheManager(cc))
+    req = make_request("a", 5000)
+    assert split(s, req, 256) == 256  # cannot round down to 0: advance sub-block
+    req.num_computed_tokens = 256
+    assert split(s, req, 256) == 256  # and re-align at 512
+
+
+def test_external_geometry_10_14_15():
+    cc = CacheConfig(groups=(FullAttentionSpec(2), MambaSpec(8)), num_gpu_blocks=32, hash_block_size=2,
+                     retention_interval=None, enable_partial_hits=True)
+    s = Scheduler(SchedulerConfig(), cc, KVCacheManager(cc))
+    req = make_request("a", 15)
+    assert split(s, req, 5, ext=10) == 4  # external state at 10 -> partial tail at 14
+    req.num_computed_tokens = 14
+    assert split(s, req, 1) == 1  # -> 15
+
+
+def run_steps(sched: Scheduler, requests, max_steps=10_000):
+    """Drive scheduler + cache without a worker (every finished prefill samples token 1)."""
+    for r in requests:
+        sched.add_request(r)
+    outs = []
+    while sched.has_unfinished_requests() and len(outs) < max_steps:
+        out = sched.schedule()
+        outs.append(out)
+        running = {r.request_id: r for r in sched.running}
+        sampled = {rid: 1 for rid in out.num_scheduled_tokens if rid in running
+                   and running[rid].num_computed_tokens == running[rid].num_tokens}
+        sched.update_from_output(out, sampled, len(outs))
+        sched.kv_cache_manager.new_step_starts()
+    return outs
+
+
+def test_token_budget_and_max_num_seqs_are_respected():
+    cc = hybrid_cache(blocks=(512, 256))
+    s = Scheduler(SchedulerConfig(max_num_batched_tokens=1024, max_num_seqs=3), cc, KVCacheManager(cc))
+    reqs = [make_request(f"r{i}", 700 + 97 * i, seed=i, out=5) for i in range(8)]
+    outs = run_steps(s, reqs)
+    assert all(o.total_num_scheduled_tokens <= 1024 for o in outs)
+    assert max(len(o.num_scheduled_tokens) for o in outs) <= 3
+    assert max(o.total_num_scheduled_tokens for o in outs) > 512  # the budget was actually used
+    assert all(len(r.output_token_ids) == 5 for r in reqs)
+
+
+def test_preemption_frees_blocks_and_the_request_resumes_to_completion():
+    # Each request needs ~12 attention blocks of 64; 24 usable blocks cannot hold three.
+    cc = CacheConfig(groups=(FullAttentionSpec(64),), num_gpu_blocks=25, hash_block_size=64)
+    s = Scheduler(SchedulerConfig(max_num_batched_tokens=4096), cc, KVCacheManager(cc))
+    reqs = [make_request(f"r{i}", 700, seed=i, out=80) for i in range(3)]
+    outs = run_steps(s, reqs)
+    assert s.num_preemptions > 0
+    assert any(o.preempted_req_ids for o in outs)
+    assert all(len(r.output_token_ids) == 80 for r in reqs)
+    assert any(r.num_preemptions > 0 for r in reqs)
+
+
+def test_preempted_request_output_matches_the_reference():
+    preset = EnginePreset(
+        "tiny", CacheConfig(groups=(FullAttentionSpec(64),), num_gpu_blocks=25, hash_block_size=64),
+        SchedulerConfig(max_num_batched_tokens=4096), get_cost_model("h200-dense-8b"),
+    )
+    rng = np.random.default_rng(3)
+    work = [TraceRequest(f"r{i}", 0, 700, 80, token_ids=rng.integers(0, 9000, 700)) for i in range(3)]
+    res = Engine(preset).run(work)
+    assert res.summary["preemptions"] > 0
+    assert res.summary["divergent_outputs"] == 0
+    assert sum(r.num_output_tokens for r in res.requests) == 240
+
+
+def test_requests_are_admitted_only_after_arrival_and_in_arrival_order():
+    rng = np.random.default_rng(1)
+    work = [
+        TraceRequest(f"r{i}", 5_000_000 * i, 300, 3, token_ids=rng.integers(0, 9000, 300)) for i in range(5)
+    ] + [TraceRequest("r5", 500_000_000, 300, 3, token_ids=rng.integers(0, 9000, 300))]
+    res = Engine("dense-attention").run(work)
+    recs = {r.request_id: r for r in res.requests}
+    firsts = [recs[f"r{i}"].first_scheduled_ns for i in range(6)]
+    assert all(recs[f"r{i}"].first_scheduled_ns >= 5_000_000 * i for i in range(5))
+    assert recs["r1"].first_scheduled_ns > 5_000_000  # arrived while r0 ran: waits for the step end
+    assert firsts == sorted(firsts)
+    assert recs["r5"].first_scheduled_ns == 500_000_000  # idle engine: scheduled at its arrival
+
+
+def test_out_of_order_workload_is_a_user_error():
+    from kvtrace.errors import KVTraceError
+
+    work = [TraceRequest("a", 10, 5, 1, token_ids=np.arange(5)), TraceRequest("b", 5, 5, 1, token_ids=np.arange(5))]
+    with pytest.raises(KVTraceError, match="'b'"):
+        Engine("dense-attention").run(work)
+
+
+def test_recorded_outputs_are_replayed_and_still_verified():
+    rng = np.random.default_rng(4)
+    prompt = rng.integers(0, 9000, 94)
+    follow = np.concatenate([prompt, [7, 8], rng.integers(0, 9000, 30)])
+    work = [
+        TraceRequest("a", 0, 94, 3, token_ids=prompt, expected_output=(7, 8, 9)),
+        TraceRequest("b", 10**9, len(follow), 1, token_ids=follow),
+    ]
+    res = Engine("dense-attention").run(work)
+    hits = {r.request_id: r.num_local_hit_tokens for r in res.requests}
+    assert hits["b"] == 96  # a's block 80..95 holds its replayed outputs 7, 8
+    assert res.summary["divergent_outputs"] == 0
