@@ -1,0 +1,43 @@
+"""Fixtures shared across packages.
+
+``replayed_store``: a small REAL replay (generated workload, kimi-hybrid engine, spans
+through the instrumentor into a DuckDB file) holding two runs of the same trace: all
+behaviours on (run_on) and shared-prefix-pinning off (run_off). Session-scoped: it is
+built once and read by the dashboard, diff and notebook tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+TRACES = SHARED / "traces"
+
+REPLAYED_TRACE = "gen:study-shared-prefix-pinning"
+REPLAYED_LIMIT = 60  # requests over three system prompts; pinning off loses their reuse
+REPLAYED_OFF = "shared-prefix-pinning"
+
+
+@dataclass(frozen=True)
+class ReplayedStore:
+    path: str
+    run_on: str
+    run_off: str
+    summary_on: dict
+    summary_off: dict
+
+
+@pytest.fixture(scope="session")
+def replayed_store(tmp_path_factory) -> ReplayedStore:
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = tmp_path_factory.mktemp("replayed") / "runs.duckdb"
+    on = run_replay(RunSpec(REPLAYED_TRACE, limit=REPLAYED_LIMIT, name="pinning on"), db=db)
+    off = run_replay(
+        RunSpec(REPLAYED_TRACE, limit=REPLAYED_LIMIT, without=(REPLAYED_OFF,), name=f"pinning without {REPLAYED_OFF}"),
+        db=db,
+    )
+    return ReplayedStore(str(db), on.run_id, off.run_id, on.summary, off.summary)
