@@ -1,0 +1,126 @@
+"""The ``kvtrace`` command end to end, as a user runs it (real subprocesses)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from tests.conftest import TRACES
+
+KVTRACE = [sys.executable, "-m", "kvtrace.cli"]
+MOONCAKE = TRACES / "mooncake_synthetic_trace.jsonl"
+
+
+def kvtrace(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONHASHSEED="random", COLUMNS="200")
+    return subprocess.run([*KVTRACE, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
+
+
+def test_replay_json_is_identical_across_processes():
+    args = ("replay", "gen:mixed", "--limit", "25", "--json")
+    a, b = kvtrace(*args), kvtrace(*args)
+    assert a.returncode == 0, a.stderr
+    sa, sb = json.loads(a.stdout), json.loads(b.stdout)
+    assert a.stdout == b.stdout
+    assert len(sa["digest"]) == 64
+    for key in ("requests", "prompt_tokens", "hit_tokens", "token_hit_rate", "block_hit_rate", "ttft_ms_p50",
+                "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99", "publishes", "evictions", "cow_copies",
+                "stale_hashes", "divergent_outputs", "preemptions", "digest"):
+        assert key in sa, key
+    assert sa["requests"] == 25
+    assert 0 < sa["token_hit_rate"] < 1
+    assert sa["stale_hashes"] == 0 and sa["divergent_outputs"] == 0
+
+
+def test_behaviour_switch_changes_the_digest():
+    on = json.loads(kvtrace("replay", "gen:mixed", "--limit", "25", "--json").stdout)
+    off = json.loads(
+        kvtrace("replay", "gen:mixed", "--limit", "25", "--json", "--without", "shared-prefix-pinning").stdout
+    )
+    assert on["digest"] != off["digest"]
+
+
+def test_cache_only_on_mooncake_with_belady_bound():
+    lru = kvtrace("replay", str(MOONCAKE), "--mode", "cache-only", "--capacity-blocks", "5859", "--limit", "400",
+                  "--json")
+    assert lru.returncode == 0, lru.stderr
+    bel = kvtrace("replay", str(MOONCAKE), "--mode", "cache-only", "--policy", "belady", "--capacity-blocks", "5859",
+                  "--limit", "400", "--json")
+    s_lru, s_bel = json.loads(lru.stdout), json.loads(bel.stdout)
+    assert s_lru["requests"] == s_bel["requests"] == 400
+    assert 0 < s_lru["token_hit_rate"] <= s_bel["token_hit_rate"] < 1
+
+
+def test_replay_records_run_into_duckdb(tmp_path):
+    db = tmp_path / "runs.duckdb"
+    res = kvtrace("replay", "gen:mixed", "--limit", "15", "--db", str(db), "--json")
+    assert res.returncode == 0, res.stderr
+    summary = json.loads(res.stdout)
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        status, digest = con.execute("SELECT status, digest FROM runs").fetchone()
+        n_spans = con.execute("SELECT count(*) FROM otel_traces").fetchone()[0]
+    finally:
+        con.close()
+    assert status == "complete"
+    assert digest == summary["digest"]
+    assert n_spans == summary["spans"] > 0
+
+
+def test_bad_trace_line_is_one_clear_line(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    good = MOONCAKE.read_text().splitlines()[:3]
+    bad.write_text("\n".join(good + ['{"timestamp": 5, "input_length": "x"}']) + "\n")
+    res = kvtrace("replay", str(bad), "--format", "mooncake", "--json")
+    assert res.returncode != 0
+    err = res.stderr.strip().splitlines()
+    assert len(err) == 1, res.stderr
+    assert "bad.jsonl:4" in err[0]
+    assert "Traceback" not in res.stderr
+
+
+def test_bad_config_key_names_file_and_key(tmp_path):
+    cfg = tmp_path / "run.toml"
+    cfg.write_text("[cache]\nretention_intervall = 0\n")
+    res = kvtrace("replay", "gen:mixed", "--limit", "2", "--config", str(cfg))
+    assert res.returncode != 0
+    assert "run.toml" in res.stderr and "cache.retention_intervall" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_config_file_overrides_preset(tmp_path):
+    cfg = tmp_path / "run.toml"
+    cfg.write_text('[cache]\nwithout = ["shared-prefix-pinning"]\n')
+    via_file = json.loads(kvtrace("replay", "gen:mixed", "--limit", "25", "--json", "--config", str(cfg)).stdout)
+    via_flag = json.loads(
+        kvtrace("replay", "gen:mixed", "--limit", "25", "--json", "--without", "shared-prefix-pinning").stdout
+    )
+    assert via_file["digest"] == via_flag["digest"]
+
+
+def test_unknown_behaviour_is_rejected():
+    res = kvtrace("replay", "gen:mixed", "--limit", "2", "--without", "no-such-thing")
+    assert res.returncode != 0
+    assert "no-such-thing" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_missing_trace_file():
+    res = kvtrace("replay", "/nonexistent/trace.jsonl")
+    assert res.returncode != 0
+    assert "/nonexistent/trace.jsonl" in res.stderr and "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("fmt", ["native", "mooncake"])
+def test_generate_then_replay(tmp_path, fmt):
+    out = tmp_path / f"w.{fmt}.jsonl"
+    res = kvtrace("generate", "chat", "-o", str(out), "--format", fmt, "--requests", "12")
+    assert res.returncode == 0, res.stderr
+    rep = kvtrace("replay", str(out), "--json", "--preset", "dense-attention")
+    assert rep.returncode == 0, rep.stderr
+    assert json.loads(rep.stdout)["requests"] == 12
