@@ -43,6 +43,7 @@ def replay(
     capacity_blocks: Optional[int] = typer.Option(None, help="GPU blocks per KV cache group."),
     capacity_tokens: Optional[int] = typer.Option(None, help="Capacity in tokens (converted to blocks)."),
     retention: Optional[str] = typer.Option(None, help="Retention interval: none | 0 | K (tokens)."),
+    external_blocks: Optional[int] = typer.Option(None, help="Add an external (connector) tier of N blocks."),
     without: list[str] = typer.Option([], "--without", help="Switch a behaviour off (repeatable)."),
     limit: Optional[int] = typer.Option(None, help="Replay only the first N requests."),
     seed: int = typer.Option(0, help="Seed for generated workloads and span ids."),
@@ -66,6 +67,7 @@ def replay(
         capacity_blocks=capacity_blocks,
         capacity_tokens=capacity_tokens,
         retention=retention,
+        external_capacity_blocks=external_blocks,
         without=tuple(without),
         limit=limit,
         seed=seed,
@@ -129,11 +131,13 @@ def diff(
     force: bool = typer.Option(False, help="Compare runs of different traces anyway."),
     fail_if: list[str] = typer.Option([], "--fail-if", help="METRIC:THRESHOLD gate, e.g. token_hit_rate:-0.01"),
     seed: int = typer.Option(0, help="Bootstrap seed."),
+    top: int = typer.Option(10, help="Requests listed as most gained / lost."),
+    resamples: int = typer.Option(1000, help="Bootstrap resamples for the latency CIs."),
 ):
     """Compare two runs of the same trace; exit 1 when a --fail-if gate is violated."""
     from kvtrace.replay.diff import check_fail_if, diff_runs
 
-    d = diff_runs(db, run_a, run_b, force=force, seed=seed)
+    d = diff_runs(db, run_a, run_b, force=force, seed=seed, top=top, resamples=resamples)
     if as_json:
         typer.echo(json.dumps(d.to_json(), sort_keys=True))
     elif markdown:
@@ -151,7 +155,10 @@ def diff(
 def study(
     behaviour: str = typer.Argument(..., help="transient-checkpoint-retention | shared-prefix-pinning | external-hit-running-cow"),
     trace: Optional[str] = typer.Option(None, help="Trace to study (default: the behaviour's generated workload)."),
-    db: Optional[Path] = typer.Option(None),
+    db: Optional[Path] = typer.Option(None, help="Record both runs (and get per-request diffs)."),
+    sweep: Optional[str] = typer.Option(None, help="PARAM=V1,V2,... over capacity_blocks, capacity_tokens, "
+                                                   "external_capacity_blocks or retention."),
+    limit: Optional[int] = typer.Option(None, help="Replay only the first N requests."),
     as_json: bool = typer.Option(False, "--json"),
     markdown: bool = typer.Option(False, "--markdown"),
     seed: int = typer.Option(0),
@@ -159,7 +166,8 @@ def study(
     """Run one trace with a behaviour on and off, and print the isolated diff."""
     from kvtrace.replay.study import run_study
 
-    res = run_study(behaviour, trace=trace, db=db, seed=seed, progress=sys.stderr.isatty())
+    res = run_study(behaviour, trace=trace, db=db, sweep=sweep, seed=seed, limit=limit,
+                    progress=sys.stderr.isatty())
     if as_json:
         typer.echo(json.dumps(res.to_json(), sort_keys=True))
     elif markdown:

@@ -19,7 +19,7 @@ from kvtrace.engine.clock import CostModel, get_cost_model
 from kvtrace.engine.config import SchedulerConfig
 from kvtrace.errors import ConfigError
 
-_KEEP = object()
+KEEP = object()  # "leave this setting as the preset has it"
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ def get_preset(
     *,
     capacity_blocks: int | tuple[int, ...] | None = None,
     capacity_tokens: int | None = None,
-    retention_interval=_KEEP,
+    retention_interval=KEEP,
     without: tuple[str, ...] = (),
     external_capacity_blocks: int | None = None,
     block_size: int | None = None,
@@ -103,7 +103,7 @@ def get_preset(
             if not isinstance(spec, MambaSpec):
                 blocks[g] = max(2, (blocks[g] - 1) * spec.block_size // block_size + 1)
     changes["num_gpu_blocks"] = tuple(blocks)
-    if retention_interval is not _KEEP:
+    if retention_interval is not KEEP:
         changes["retention_interval"] = retention_interval
     if without:
         unknown = sorted(set(without) - ALL_BEHAVIOURS)

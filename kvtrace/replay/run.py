@@ -10,8 +10,7 @@ store as ``running`` before the first span and finished as ``complete`` or ``fai
 from __future__ import annotations
 
 import hashlib
-import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -102,14 +101,14 @@ def _open_workload(spec: RunSpec) -> _Workload:
 
 
 def _engine_preset(spec: RunSpec):
-    from kvtrace.cache import FullAttentionSpec, MambaSpec, SlidingWindowSpec
-    from kvtrace.engine.presets import _KEEP, get_preset
+    """The preset named by the spec (or its TOML file), with every override applied."""
+    from kvtrace.engine.presets import KEEP, get_preset
 
     file_cfg = load_config_file(spec.config_file) if spec.config_file else None
     preset_name = (file_cfg.preset if file_cfg and file_cfg.preset else None) or spec.preset
     cache_kw = dict(file_cfg.cache) if file_cfg else {}
     without = tuple(cache_kw.pop("without", ())) + tuple(spec.without)
-    retention = cache_kw.pop("retention_interval", _KEEP)
+    retention = cache_kw.pop("retention_interval", KEEP)
     if spec.retention is not None:
         retention = parse_retention(spec.retention)
     capacity = cache_kw.pop("num_gpu_blocks", None)
@@ -118,6 +117,8 @@ def _engine_preset(spec: RunSpec):
     external = cache_kw.pop("external_capacity_blocks", None)
     if spec.external_capacity_blocks is not None:
         external = spec.external_capacity_blocks
+    if spec.block_size is not None and spec.block_size < 1:
+        raise ConfigError("--block-size", str(spec.block_size), "expected a positive token count")
     preset = get_preset(
         preset_name,
         capacity_blocks=capacity,
@@ -125,27 +126,11 @@ def _engine_preset(spec: RunSpec):
         retention_interval=retention,
         without=without,
         external_capacity_blocks=external,
+        block_size=spec.block_size,
         scheduler=(file_cfg.scheduler if file_cfg else None) or None,
     )
-    cc = preset.cache_config
-    if spec.block_size is not None:
-        bs = spec.block_size
-        if bs < 1:
-            raise ConfigError("--block-size", str(bs), "expected a positive token count")
-        groups = []
-        for g in cc.groups:
-            if isinstance(g, SlidingWindowSpec):
-                groups.append(SlidingWindowSpec(bs, g.sliding_window))
-            elif isinstance(g, MambaSpec):
-                groups.append(MambaSpec(bs, g.num_lanes))
-            else:
-                groups.append(FullAttentionSpec(bs))
-        cache_kw["groups"] = tuple(groups)
-        cache_kw["hash_block_size"] = math.gcd(cc.hash_block_size, bs)
-    if cache_kw:
-        from dataclasses import replace
-
-        preset = replace(preset, cache_config=cc.with_(**cache_kw))
+    if cache_kw:  # the remaining [cache] keys are plain CacheConfig fields
+        preset = replace(preset, cache_config=preset.cache_config.with_(**cache_kw))
     return preset
 
 

@@ -391,15 +391,3 @@ OTEL_TRACES_COLUMNS: tuple[tuple[str, str], ...] = (
     ("Links.TraceState", "VARCHAR[]"),
     ("Links.Attributes", "MAP(VARCHAR, VARCHAR)[]"),
 )
-
-
-def attribute_table_markdown() -> str:
-    """The README's attribute table: OTel key, store column, DuckDB type, meaning."""
-    lines = ["| attribute | column | type | meaning |", "|---|---|---|---|"]
-    for c in SPAN_COLUMN_DEFS:
-        if c.attr:
-            sql = "STRUCT[]" if c.sql.startswith("STRUCT") else c.sql
-            doc = c.doc.replace(" | ", " / ")
-            lines.append(f"| `{c.attr}` | `{c.name}` | {sql} | {doc} |")
-    lines.append(f"| `{GENAI_CACHE_READ}` | (derived) | BIGINT | request spans: local + external hit tokens |")
-    return "\n".join(lines)
