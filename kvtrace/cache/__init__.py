@@ -10,7 +10,7 @@ Modules: config (specs, behaviours), request, hashing (chained hashes, trace mem
 block_pool (null block, free queue, hash map), retention (sparse masks), single_type
 (full attention, sliding window, Mamba align), manager (coordinator + facade),
 external (second-level tier), plans (copies, state writes), events / event_ctors
-(typed events), demo (``python -m kvtrace.cache.demo``). Device tensors and the exact
+(typed events). Device tensors and the exact
 content model live in ``storage`` and ``content``.
 """
 

@@ -1,7 +1,7 @@
 """The cache-only demo drive: behaviour directions on a generated stream, and determinism."""
 
 from kvtrace.cache import EXTERNAL_HIT_RUNNING_COW, SHARED_PREFIX_PINNING, TRANSIENT_CHECKPOINT_RETENTION
-from kvtrace.cache.demo import demo_config, generate_stream, run
+from .drive import demo_config, generate_stream, run
 
 
 def test_switching_a_behaviour_off_costs_hits_on_the_demo_stream():

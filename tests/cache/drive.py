@@ -1,6 +1,6 @@
 """A self-contained drive of the cache manager over a generated request stream.
 
-``python -m kvtrace.cache.demo`` replays a seeded multi-turn workload (shared system
+This test helper replays a seeded multi-turn workload (shared system
 prompts, growing conversations) through a Kimi-like hybrid config (attention + KDA
 state in align mode, partial hits, prefill checkpoints, retention 0), once with all
 behaviours on and once with each switched off, and prints a summary per run. Requests
