@@ -20,7 +20,7 @@ the hash alone; globally it is (hash, group id).
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from kvtrace.cache.events import (
     EVICT_LRU,
@@ -238,7 +238,7 @@ class BlockPool:
     ) -> list[KVCacheBlock]:
         """``get_new_blocks(n)`` for table slots first_index.. and key those below ``num_full``.
 
-        One pass instead of allocate-then-``cache_full_blocks`` for the common case of a
+        One call instead of allocate-then-``cache_full_blocks`` for the common case of a
         request whose earlier blocks are all keyed (the full-attention fast path).
         """
         q = self.free_block_queue
@@ -247,48 +247,48 @@ class BlockPool:
         sink = self.sink
         step = sink.step
         cached = self.cached
-        external = self.external
         out = []
         append = out.append
-        evicted = None  # (block id, hash, age, idle) per evicted key
-        num_pub = min(max(num_full - first_index, 0), n)
-        idx = first_index
+        evicted = []  # (block id, hash, age, idle) per evicted key
         b = q.head
-        for k in range(n):
+        for _ in range(n):
             b = b.next_free
             b.ref_cnt = 1
             append(b)
             h = b.block_hash
             if h is not None:
-                if evicted is None:
-                    evicted = []
                 v = cached.pop(h, None) if b.aliases is None else None
-                if v is b:
+                if v is b:  # the common case: the block is the key's only holder
                     b.block_hash = None
                     evicted.append((b.block_id, h, step - b.published_step, step - b.last_used_step))
                 else:
                     if v is not None:
-                        cached[h] = v
+                        cached[h] = v  # a duplicates map: put it back, remove b from it below
                     for kh, _nt in b.keys():
                         evicted.append((b.block_id, kh, step - b.published_step, step - b.last_used_step))
                     self._drop_keys(b)
-            if k < num_pub:
-                h = block_hashes[idx]
-                idx += 1
-                b.block_hash = h
-                b.hash_num_tokens = idx * block_size
-                b.published_step = b.last_used_step = step
-                if h in cached:
-                    self._insert_key(h, b)
-                else:
-                    cached[h] = b
-                if external is not None:
-                    external.store(self.group_id, h, b.hash_num_tokens)
+        # unlink the popped run in one go (popped blocks keep stale links; unused)
         nxt = b.next_free
         q.head.next_free = nxt
         nxt.prev_free = q.head
         q.num_free_blocks -= n
-        if evicted is not None:
+        # key the new blocks (the evictions above recorded their old steps first)
+        num_pub = min(max(num_full - first_index, 0), n)
+        if num_pub:
+            pub_hashes = block_hashes[first_index:first_index + num_pub]
+            num_tokens = first_index * block_size
+            for b, h in zip(out, pub_hashes):
+                num_tokens += block_size
+                b.block_hash = h
+                b.hash_num_tokens = num_tokens
+                b.published_step = b.last_used_step = step
+                if cached.setdefault(h, b) is not b:  # already keyed elsewhere: a duplicate
+                    self._insert_key(h, b)
+            external = self.external
+            if external is not None:
+                for b in out[:num_pub]:
+                    external.store(self.group_id, b.block_hash, b.hash_num_tokens)
+        if evicted:
             sink.evictions += len(evicted)
             sink.evictions_by_reason[EVICT_LRU] += len(evicted)
             if sink.enabled:
@@ -297,10 +297,9 @@ class BlockPool:
         if num_pub:
             sink.publishes += num_pub
             if sink.enabled:
-                pub = out[:num_pub]
                 sink.events.append(new_block_published(
-                    step, request_id, self.group_id, "full", tuple([x.block_id for x in pub]),
-                    tuple(block_hashes[first_index:first_index + num_pub]), (first_index + num_pub) * block_size))
+                    step, request_id, self.group_id, "full", tuple([b.block_id for b in out[:num_pub]]),
+                    tuple(pub_hashes), num_tokens))
         return out
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
@@ -308,48 +307,51 @@ class BlockPool:
         step = self.sink.step
         n_removed = 0
         for b in blocks:
-            if b.is_null:
-                continue
-            if b.ref_cnt == 0:  # unlink from the free queue
+            if b.ref_cnt == 0:  # free: unlink from the queue (like popped blocks, keeps stale links)
                 p, n = b.prev_free, b.next_free
                 p.next_free = n
                 n.prev_free = p
-                b.prev_free = b.next_free = None
+                b.ref_cnt = 1
                 n_removed += 1
-            b.ref_cnt += 1
+            elif b.is_null:  # its ref_cnt stays 1, so it is never free
+                continue
+            else:
+                b.ref_cnt += 1
             b.last_used_step = step
         self.free_block_queue.num_free_blocks -= n_removed
 
-    def free_blocks(self, ordered: Iterable[KVCacheBlock]) -> None:
+    def free_blocks(self, ordered: Sequence[KVCacheBlock]) -> None:
         """Drop one reference each; blocks reaching 0 rejoin the queue (see module doc)."""
         q = self.free_block_queue
         step = self.sink.step
         head = q.head
         last = q.tail.prev_free  # hashed blocks are chained after it, then linked to the tail once
-        n_free = 0
+        n_kept = 0  # blocks still in use (counted instead of the freed: the rarer case)
         for b in ordered:
-            if b.is_null:
+            ref_cnt = b.ref_cnt - 1
+            if ref_cnt or b.is_null:  # still in use (the null block's ref_cnt stays 1)
+                if ref_cnt:
+                    b.ref_cnt = ref_cnt
+                n_kept += 1
                 continue
-            b.ref_cnt -= 1
-            if b.ref_cnt == 0:
-                b.last_used_step = step
-                n_free += 1
-                if b.block_hash is None:  # to the head: reused first
-                    first = head.next_free
-                    head.next_free = b
-                    b.prev_free = head
-                    b.next_free = first
-                    first.prev_free = b
-                    if last is head:
-                        last = b
-                else:  # to the tail: LRU order
-                    last.next_free = b
-                    b.prev_free = last
+            b.ref_cnt = 0
+            b.last_used_step = step
+            if b.block_hash is None:  # to the head: reused first
+                first = head.next_free
+                head.next_free = b
+                b.prev_free = head
+                b.next_free = first
+                first.prev_free = b
+                if last is head:
                     last = b
+            else:  # to the tail: LRU order
+                last.next_free = b
+                b.prev_free = last
+                last = b
         tail = q.tail
         last.next_free = tail
         tail.prev_free = last
-        q.num_free_blocks += n_free
+        q.num_free_blocks += len(ordered) - n_kept
 
     # -- publishing ---------------------------------------------------------------
     def _insert_key(self, h: bytes, b: KVCacheBlock) -> None:

@@ -2,8 +2,10 @@
 
 A frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``,
 which costs microseconds per event on the hot path. These constructors build the same
-instances (same class, same field values, still immutable to callers) by calling the
-slot descriptors directly. Positional arguments follow the dataclass field order.
+instances (same class, same field values, still immutable to callers): a private
+mutable twin with the same slots runs a plain ``__init__`` (specialised slot stores),
+then the instance takes the event's class (allowed: the layouts are identical).
+Positional arguments follow the dataclass field order.
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ from kvtrace.cache import events as _ev
 
 def _make_ctor(cls):
     names = [f.name for f in fields(cls)]
-    ns = {"_new": object.__new__, "_cls": cls}
-    for i, n in enumerate(names):
-        ns[f"_s{i}"] = getattr(cls, n).__set__
+    assert tuple(names) == tuple(cls.__slots__), f"{cls.__name__}: slots must be exactly its fields"
     args = ", ".join(names)
-    body = "".join(f"    _s{i}(o, {n})\n" for i, n in enumerate(names))
-    src = f"def make({args}):\n    o = _new(_cls)\n{body}    return o\n"
+    sets = "".join(f"        self.{n} = {n}\n" for n in names)
+    src = (
+        f"class _Mutable:\n    __slots__ = {tuple(names)!r}\n\n    def __init__(self, {args}):\n{sets}\n\n"
+        f"def make({args}):\n    o = _Mutable({args})\n    o.__class__ = _cls\n    return o\n"
+    )
+    ns = {"_cls": cls}
     exec(src, ns)  # noqa: S102 - generated from the dataclass's own field names
     make = ns["make"]
     make.__doc__ = f"Build a {cls.__name__} (fields: {args})."

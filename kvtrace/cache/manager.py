@@ -272,27 +272,29 @@ class KVCacheManager:
         if not self.enable_caching:
             return KVCacheBlocks.empty(self.num_groups), 0, 0
         fine = request.block_hashes
+        m0 = self.managers[0]
         if self._unitary:
-            hit_blocks, hit = self.managers[0].find_longest_cache_hit(fine, num_tokens - 1, self.hit_alignment)
-            blocks, uncached, first = [hit_blocks], 0, (hit,)
+            hit_blocks, hit = m0.find_longest_cache_hit(fine, num_tokens - 1, self.hit_alignment)
+            blocks, boundary, first = (hit_blocks,), 0, (hit,)
         else:
             blocks, hit, uncached, first = self.find_longest_cache_hit(fine, num_tokens - 1)
-        boundary = hit + uncached if (uncached and self.ctx.pinning) else 0
+            blocks = tuple(blocks)
+            boundary = hit + uncached if (uncached and self.ctx.pinning) else 0
         st.hit_tokens += hit
         if hit:
             st.hit_requests += 1
-        if self.sink.enabled:
-            bs0 = self.managers[0].block_size
-            coarse0 = self.managers[0].coarse(fine)
-            miss_idx = hit // bs0
+        sink = self.sink
+        if sink.enabled:
+            coarse0 = m0.coarse(fine)
+            miss_idx = hit // m0.block_size
             miss = coarse0[miss_idx] if miss_idx < len(coarse0) else None
-            self.sink.events.append(
+            sink.events.append(
                 new_prefix_lookup(
-                    self.sink.step, request.request_id, num_tokens, hit, first, boundary, 0,
+                    sink.step, request.request_id, num_tokens, hit, first, boundary, 0,
                     coarse0[0] if coarse0 else None, miss, miss_idx if miss is not None else -1,
                 )
             )
-        return KVCacheBlocks(tuple(blocks)), hit, boundary
+        return KVCacheBlocks(blocks), hit, boundary
 
     def get_num_external_hit_tokens(self, request: Request, num_local_hit_tokens: int) -> int:
         """Tokens beyond the local hit that the external tier can supply for every group."""
@@ -428,9 +430,10 @@ class KVCacheManager:
         hits = new_computed_blocks.blocks[0] if new_computed_blocks is not None else ()
         have = (len(table) if table is not None else 0) + len(hits)
         need = max(-(-(num_tokens_main + num_lookahead_tokens) // bs) - have, 0)
-        if hits:
+        num_free = pool.free_block_queue.num_free_blocks
+        if hits and need + len(hits) > num_free:  # free hit blocks leave the queue too: count them
             need += sum([b.ref_cnt == 0 for b in hits])
-        if need > pool.free_block_queue.num_free_blocks:
+        if need > num_free:
             self.stats.failed_allocations += 1
             return None
         if table is None:

@@ -231,9 +231,9 @@ class FullAttentionManager(SingleTypeManager):
 
     def find_longest_cache_hit(self, fine, max_length, alignment):
         bs = self.block_size
-        coarse = self.coarse(fine)
+        scale = self.scale
+        coarse = fine if scale == 1 else fine[scale - 1::scale]  # self.coarse, inlined (per lookup)
         pool = self.pool
-        lookup = pool.lookup_for_hit
         cached, step = pool.cached, pool.step
         blocks: list[KVCacheBlock] = []
         append = blocks.append
@@ -242,22 +242,23 @@ class FullAttentionManager(SingleTypeManager):
             if b is None:
                 break
             if type(b) is not KVCacheBlock or b.published_step == step:
-                b = lookup(h)  # duplicates, or published this step
+                b = pool.lookup_for_hit(h)  # duplicates, or published this step
                 if b is None:
                     break
             append(b)
         hit = len(blocks) * bs
         if alignment < bs:  # partial hits: probe hash boundaries inside the next block
-            first = len(blocks) * self.scale
-            last = min(first + self.scale - 1, max_length // alignment, len(fine))
+            first = len(blocks) * scale
+            last = min(first + scale - 1, max_length // alignment, len(fine))
             for fi in range(last - 1, first - 1, -1):
-                b = lookup(fine[fi])
+                b = pool.lookup_for_hit(fine[fi])
                 if b is not None:
                     blocks.append(b)
                     hit = (fi + 1) * alignment
                     break
-        hit -= hit % alignment
-        del blocks[cdiv(hit, bs):]
+        if hit % alignment:
+            hit -= hit % alignment
+            del blocks[cdiv(hit, bs):]
         return blocks, hit
 
     def free(self, request_id: str) -> list[KVCacheBlock]:

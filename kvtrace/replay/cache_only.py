@@ -94,6 +94,20 @@ class CacheOnlyResult:
         self.per_request_hit_tokens.append(hit_tokens)
         self.per_request_hit_blocks.append(hit_blocks)
 
+    def _add_all(self, request_ids: list[str], input_lengths: list[int], n_blocks: list[int],
+                 hit_blocks: list[int]) -> None:
+        """``_add`` for a whole run at once (the replay loop only collects hit blocks)."""
+        bs = self.block_size
+        hit_tokens = [min(h * bs, n) for h, n in zip(hit_blocks, input_lengths)]
+        self.requests += len(request_ids)
+        self.prompt_tokens += sum(input_lengths)
+        self.hit_tokens += sum(hit_tokens)
+        self.total_blocks += sum(n_blocks)
+        self.hit_blocks += sum(hit_blocks)
+        self.request_ids.extend(request_ids)
+        self.per_request_hit_tokens.extend(hit_tokens)
+        self.per_request_hit_blocks.extend(hit_blocks)
+
 
 def as_block_requests(requests: Iterable[TraceRequest], block_size: int | None) -> tuple[list[TraceRequest], int]:
     """Materialise the stream with hash ids of one block size.
@@ -189,7 +203,9 @@ def block_keys(reqs: Sequence[TraceRequest]) -> list[list[bytes]]:
     parent = np.empty_like(flat)
     parent[1:] = flat[:-1]
     parent[starts[lens > 0]] = -1  # a chain's first block follows its scope's root
-    if int(scope.max()) == 0:
+    if int(scope.max()) == 0 and 0 <= int(flat.min()) and int(flat.max()) < 4 * total + 1024:
+        first, inverse = _dense_unique(flat)
+    elif int(scope.max()) == 0:
         _, first, inverse = np.unique(flat, return_index=True, return_inverse=True)
     else:
         _, first, inverse = np.unique(np.stack([scope, flat], axis=1), axis=0, return_index=True,
@@ -200,8 +216,9 @@ def block_keys(reqs: Sequence[TraceRequest]) -> list[list[bytes]]:
         rows["scope"] = scope[first]
         rows["id"] = flat[first]
         rows["end"] = 1  # numpy drops trailing NULs of S items; the marker keeps all 17 bytes
-        unique_keys = rows.view("S17").tolist()  # one bytes object per unique block
-        flat_keys = [unique_keys[i] for i in inverse.tolist()]
+        unique_keys = np.empty(len(first), dtype=object)
+        unique_keys[:] = rows.view("S17").tolist()  # one bytes object per unique block
+        flat_keys = unique_keys[inverse].tolist()
     else:
         flat_keys = _interned_chain_keys(reqs)
     out = []
@@ -210,6 +227,19 @@ def block_keys(reqs: Sequence[TraceRequest]) -> list[list[bytes]]:
         out.append(flat_keys[o:o + n])
         o += n
     return out
+
+
+def _dense_unique(flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(flat, return_index=True, return_inverse=True)[1:]`` for small
+    non-negative ids, by indexing a table of all ids instead of sorting (most traces
+    number their blocks densely). The index is of *an* occurrence of each id, not
+    necessarily the first: callers only compare what all occurrences share."""
+    seen = np.zeros(int(flat.max()) + 1, dtype=bool)
+    seen[flat] = True
+    where = np.empty(len(seen), dtype=np.int64)
+    where[flat] = np.arange(len(flat))
+    rank = np.cumsum(seen) - 1  # id -> its index among the unique ids (sorted)
+    return where[seen], rank[flat]
 
 
 def _interned_chain_keys(reqs: Sequence[TraceRequest]) -> list[bytes]:
@@ -282,9 +312,8 @@ def _replay_manager(reqs, bs, capacity, result, listeners, progress) -> CacheOnl
     for listener in listeners:
         mgr.subscribe(listener)
     hashes = block_keys(reqs)
-    add = result._add
-    for i, r in enumerate(reqs):
-        hs = hashes[i]
+    hit_blocks = []
+    for i, (r, hs) in enumerate(zip(reqs, hashes)):
         n = len(hs)
         num_tokens = n * bs + 1
         req = Request(r.request_id, None, trace_block_ids=r.hash_ids, trace_block_size=bs,
@@ -296,10 +325,11 @@ def _replay_manager(reqs, bs, capacity, result, listeners, progress) -> CacheOnl
         else:
             req.num_computed_tokens = num_tokens
             mgr.free(req)
-        add(r.request_id, r.input_length, n, num_hit // bs)
+        hit_blocks.append(num_hit // bs)
         mgr.new_step_starts()  # one request per step: flushes its events
         if progress is not None:
             progress(i + 1)
+    result._add_all([r.request_id for r in reqs], [r.input_length for r in reqs], list(map(len, hashes)), hit_blocks)
     result.publishes = mgr.stats.publishes
     result.evictions = sum(mgr.stats.evictions.values())
     for listener in listeners:

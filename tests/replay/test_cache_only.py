@@ -138,6 +138,23 @@ def test_non_chained_ids_fall_back_to_chain_keys():
     assert hits(r, 100) == [0, 1, 3]
 
 
+def test_dense_and_sparse_ids_give_the_same_keys():
+    # small ids take the table path, ids shifted past 4x the block count take np.unique:
+    # both must key (and chain-check) alike, the key carrying the id itself
+    ids = [[0, 1, 2], [0, 1, 5], [7], [0, 1, 2, 3]]
+    shift = 1 << 40
+    dense = block_keys([req(str(i), x) for i, x in enumerate(ids)])
+    sparse = block_keys([req(str(i), [shift + v for v in x]) for i, x in enumerate(ids)])
+    assert [[int.from_bytes(k[8:16], "big") for k in ks] for ks in dense] == ids
+    assert [[int.from_bytes(k[8:16], "big") - shift for k in ks] for ks in sparse] == ids
+    assert dense[0][:2] == dense[1][:2] == dense[3][:2] and dense[0][2] != dense[1][2]
+    # id 1 follows 0 and then 7: not prefix-chained, so both paths fall back to chain keys
+    broken = [[0, 1], [7, 1]]
+    for base in (0, shift):
+        keys = block_keys([req(str(i), [base + v for v in x]) for i, x in enumerate(broken)])
+        assert keys[0][1] != keys[1][1] and keys[0][1][:8] == b"\xff" * 8
+
+
 def test_token_requests_are_reblocked_by_content():
     reqs = generate("chat", 2, 30, prompt="tokens")
     same = generate("chat", 2, 30)
