@@ -35,7 +35,8 @@ class DuckDBSpanExporter(SpanExporter):
 
     def export_batch(self, batch: SpanBatch) -> SpanExportResult:
         for part in batch.parts:  # one per store family: appended without re-splitting
-            self.spans_written += self.store.append_spans(part, run_id=self.run_id)
+            self.spans_written += self.store.append_spans(part, run_id=self.run_id, flush_when_due=False)
+        self.store.flush_if_due()  # a batch is never split over two flushes (two file opens)
         return SpanExportResult.SUCCESS
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
