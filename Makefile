@@ -3,8 +3,9 @@ PY      ?= python3.11
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
+DB      ?= kvtrace-demo.duckdb
 
-.PHONY: install demo test bench browser clean
+.PHONY: install demo dashboard test bench browser clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -17,7 +18,11 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/kvtrace demo
+	$(BIN)/kvtrace demo --db $(DB)
+	@echo "(from this checkout without activating the venv: make dashboard)"
+
+dashboard: $(STAMP)
+	$(BIN)/kvtrace dashboard --db $(DB)
 
 # Chromium comes from Debian's packages; playwright drives it with executable_path.
 browser:
