@@ -124,3 +124,55 @@ def test_generate_then_replay(tmp_path, fmt):
     rep = kvtrace("replay", str(out), "--json", "--preset", "dense-attention")
     assert rep.returncode == 0, rep.stderr
     assert json.loads(rep.stdout)["requests"] == 12
+
+
+def test_diff_markdown_and_fail_if_gate(replayed_store):
+    db, on, off = replayed_store.path, replayed_store.run_on, replayed_store.run_off
+    md = kvtrace("diff", on, off, "--db", db, "--markdown")
+    assert md.returncode == 0, md.stderr
+    assert "| token_hit_rate |" in md.stdout
+    # B (pinning off) loses the system prompts' hits: a gate on the hit rate must fail the build.
+    gated = kvtrace("diff", on, off, "--db", db, "--fail-if", "token_hit_rate:-0.01")
+    assert gated.returncode == 1
+    assert "token_hit_rate" in gated.stderr
+    assert kvtrace("diff", off, on, "--db", db, "--fail-if", "token_hit_rate:-0.01").returncode == 0
+
+
+def test_diff_refuses_different_traces(tmp_path, replayed_store):
+    import shutil
+
+    db = tmp_path / "two.duckdb"
+    shutil.copy(replayed_store.path, db)
+    other = kvtrace("replay", "gen:chat", "--limit", "5", "--db", str(db), "--json")
+    assert other.returncode == 0, other.stderr
+    res = kvtrace("diff", replayed_store.run_on, "r3", "--db", str(db))
+    assert res.returncode != 0 and "Traceback" not in res.stderr
+    assert "trace" in res.stderr.lower()
+    assert kvtrace("diff", replayed_store.run_on, "r3", "--db", str(db), "--force", "--json").returncode == 0
+
+
+def test_export_parquet(tmp_path, replayed_store):
+    import polars as pl
+
+    out = tmp_path / "pq"
+    res = kvtrace("export", "--db", replayed_store.path, "--run", replayed_store.run_on, "--parquet", str(out))
+    assert res.returncode == 0, res.stderr
+    files = sorted(out.rglob("*.parquet"))
+    assert files
+    spans = pl.concat([pl.read_parquet(f) for f in files if "span" in f.name], how="diagonal_relaxed")
+    assert spans.height == replayed_store.summary_on["spans"]
+
+
+def test_convert_to_native_keeps_requests(tmp_path):
+    out = tmp_path / "native.jsonl"
+    res = kvtrace("convert", str(MOONCAKE), "-o", str(out), "--limit", "30")
+    assert res.returncode == 0, res.stderr
+    a = json.loads(kvtrace("replay", str(MOONCAKE), "--limit", "30", "--mode", "cache-only",
+                           "--capacity-blocks", "2000", "--json").stdout)
+    b = json.loads(kvtrace("replay", str(out), "--mode", "cache-only", "--capacity-blocks", "2000", "--json").stdout)
+    assert (a["requests"], a["prompt_tokens"], a["hit_tokens"]) == (b["requests"], b["prompt_tokens"], b["hit_tokens"])
+
+
+def test_dashboard_on_missing_db_is_one_line(tmp_path):
+    res = kvtrace("dashboard", "--db", str(tmp_path / "nope.duckdb"))
+    assert res.returncode != 0 and "nope.duckdb" in res.stderr and "Traceback" not in res.stderr
