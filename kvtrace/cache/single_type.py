@@ -100,9 +100,13 @@ class SingleTypeManager:
         table.extend(blocks)
         self.num_cached_block[request_id] = len(blocks)
         if num_local_computed % self.block_size:
-            idx = num_local_computed // self.block_size
+            idx = self._partial_hit_index(blocks, num_local_computed)
             self.partial_hit_reqs[request_id] = (idx, blocks[idx])
             self.num_cached_block[request_id] = idx  # re-cache from the copy when it fills
+
+    def _partial_hit_index(self, blocks: list[KVCacheBlock], num_local_computed: int) -> int:
+        """Table index of the block a mid-block hit ends in."""
+        return num_local_computed // self.block_size
 
     def apply_cow(self, request: "Request", new_out: list[KVCacheBlock]) -> None:
         """Redirect a mid-block hit to a private copy (first-prefill branch)."""
@@ -418,20 +422,12 @@ class MambaManager(SingleTypeManager):
         return n
 
     def add_computed_blocks(self, request_id, blocks, num_local_computed):
-        table = self.req_to_blocks.setdefault(request_id, [])
-        if not blocks:
-            self.num_cached_block.setdefault(request_id, len(table))
-            return
-        assert not table, f"{request_id}: hit blocks for a request that already has blocks"
-        self.pool.touch(blocks)
-        table.extend(blocks)
-        self.num_cached_block[request_id] = len(blocks)
-        if blocks:
+        super().add_computed_blocks(request_id, blocks, num_local_computed)
+        if blocks:  # the hit state lives in the last hit block
             self.state_pos[request_id] = {len(blocks) - 1: num_local_computed}
-        if blocks and num_local_computed % self.block_size:
-            idx = len(blocks) - 1
-            self.partial_hit_reqs[request_id] = (idx, blocks[idx])
-            self.num_cached_block[request_id] = idx
+
+    def _partial_hit_index(self, blocks, num_local_computed):
+        return len(blocks) - 1  # the state block, not the one holding token L
 
     def apply_cow(self, request, new_out):
         rid = request.request_id

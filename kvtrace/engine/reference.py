@@ -78,18 +78,22 @@ class PrefixOracle:
                 self._states.append(s)
                 self._tsums.append(t)
 
+    def _extend_by_one(self, e: int) -> tuple[tuple[int, ...], int]:
+        """Append the point ``e`` when it is one token past the furthest (the decode step)."""
+        req = self.request
+        q = e - 1 - req.num_prompt_tokens
+        tok = req.output_token_ids[q] if q >= 0 else int(req.prompt_token_ids[e - 1])
+        s = tuple([(m * x + tok) % P for m, x in zip(self.model.multipliers, self._states[-1])])
+        t = self._tsums[-1] + tok
+        self._pos.append(e)
+        self._states.append(s)
+        self._tsums.append(t)
+        return s, t
+
     def _point(self, e: int) -> tuple[tuple[int, ...], int]:
         pos = self._pos
-        if pos[-1] == e - 1:  # the decode step: one token past the furthest point
-            req = self.request
-            q = e - 1 - req.num_prompt_tokens
-            tok = req.output_token_ids[q] if q >= 0 else int(req.prompt_token_ids[e - 1])
-            s = tuple([(m * x + tok) % P for m, x in zip(self.model.multipliers, self._states[-1])])
-            t = self._tsums[-1] + tok
-            pos.append(e)
-            self._states.append(s)
-            self._tsums.append(t)
-            return s, t
+        if pos[-1] == e - 1:
+            return self._extend_by_one(e)
         i = bisect_right(pos, e) - 1
         p = pos[i]
         if p == e:
@@ -132,18 +136,10 @@ class PrefixOracle:
 
     def decode_token(self, e: int, num_state_groups: int, num_attention_groups: int) -> int | None:
         """The reference token after ``e`` tokens when ``e`` is one past the furthest point
-        (the decode step, inlined for speed); None otherwise."""
-        pos = self._pos
-        if pos[-1] != e - 1:
+        (the decode step); None otherwise."""
+        if self._pos[-1] != e - 1:
             return None
-        req = self.request
-        q = e - 1 - req.num_prompt_tokens
-        tok = req.output_token_ids[q] if q >= 0 else int(req.prompt_token_ids[e - 1])
-        s = tuple([(m * x + tok) % P for m, x in zip(self.model.multipliers, self._states[-1])])
-        t = self._tsums[-1] + tok
-        pos.append(e)
-        self._states.append(s)
-        self._tsums.append(t)
+        s, t = self._extend_by_one(e)
         kv = (KV_A * (t % P) + KV_B * ((e - 1) * e // 2 % P) + KV_C * e) % P
         return (sum(s) % P * num_state_groups + kv * num_attention_groups) % P
 

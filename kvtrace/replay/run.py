@@ -152,7 +152,7 @@ def config_json(preset) -> dict[str, Any]:
             "behaviours": sorted(cc.behaviours),
         },
         "scheduler": asdict(preset.scheduler_config),
-        "cost_model": asdict(preset.cost_model) if hasattr(preset.cost_model, "__dataclass_fields__") else str(preset.cost_model),
+        "cost_model": asdict(preset.cost_model),
     }
 
 
