@@ -22,12 +22,7 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
-from kvtrace.cache.events import (
-    EVICT_LRU,
-    EVICT_REPLACED,
-    EVICT_RESET,
-)
-from kvtrace.cache.event_ctors import new_block_evicted, new_block_published
+from kvtrace.cache.events import EVICT_LRU, EVICT_REPLACED, EVICT_RESET, BlockEvicted, BlockPublished
 
 
 class KVCacheBlock:
@@ -64,7 +59,9 @@ class KVCacheBlock:
         return out
 
     def __repr__(self) -> str:
-        h = self.block_hash.hex()[:8] if self.block_hash else None
+        h = self.block_hash
+        if type(h) is bytes:
+            h = h.hex()[:8]
         return f"KVCacheBlock({self.block_id}, ref={self.ref_cnt}, hash={h}@{self.hash_num_tokens})"
 
 
@@ -224,7 +221,7 @@ class BlockPool:
             if sink.enabled:
                 step = sink.step
                 sink.events.append(
-                    new_block_evicted(
+                    BlockEvicted(
                         step, self.group_id, EVICT_LRU,
                         tuple([b.block_id for b in ev_blocks]), tuple(ev_hashes),
                         tuple([step - b.published_step for b in ev_blocks]),
@@ -249,7 +246,8 @@ class BlockPool:
         cached = self.cached
         out = []
         append = out.append
-        evicted = []  # (block id, hash, age, idle) per evicted key
+        ev_blocks = []  # the holder of each evicted key (a block with aliases holds several)
+        ev_hashes = []
         b = q.head
         for _ in range(n):
             b = b.next_free
@@ -260,18 +258,30 @@ class BlockPool:
                 v = cached.pop(h, None) if b.aliases is None else None
                 if v is b:  # the common case: the block is the key's only holder
                     b.block_hash = None
-                    evicted.append((b.block_id, h, step - b.published_step, step - b.last_used_step))
+                    ev_blocks.append(b)
+                    ev_hashes.append(h)
                 else:
                     if v is not None:
                         cached[h] = v  # a duplicates map: put it back, remove b from it below
                     for kh, _nt in b.keys():
-                        evicted.append((b.block_id, kh, step - b.published_step, step - b.last_used_step))
+                        ev_blocks.append(b)
+                        ev_hashes.append(kh)
                     self._drop_keys(b)
         # unlink the popped run in one go (popped blocks keep stale links; unused)
         nxt = b.next_free
         q.head.next_free = nxt
         nxt.prev_free = q.head
         q.num_free_blocks -= n
+        evicted = None
+        if ev_blocks:
+            sink.evictions += len(ev_blocks)
+            sink.evictions_by_reason[EVICT_LRU] += len(ev_blocks)
+            if sink.enabled:  # built now: publishing below overwrites the blocks' steps
+                evicted = BlockEvicted(
+                    step, self.group_id, EVICT_LRU, tuple([b.block_id for b in ev_blocks]), tuple(ev_hashes),
+                    tuple([step - b.published_step for b in ev_blocks]),
+                    tuple([step - b.last_used_step for b in ev_blocks]), request_id,
+                )
         # key the new blocks (the evictions above recorded their old steps first)
         num_pub = min(max(num_full - first_index, 0), n)
         if num_pub:
@@ -288,16 +298,12 @@ class BlockPool:
             if external is not None:
                 for b in out[:num_pub]:
                     external.store(self.group_id, b.block_hash, b.hash_num_tokens)
-        if evicted:
-            sink.evictions += len(evicted)
-            sink.evictions_by_reason[EVICT_LRU] += len(evicted)
-            if sink.enabled:
-                ids, hashes, ages, idle = zip(*evicted)
-                sink.events.append(new_block_evicted(step, self.group_id, EVICT_LRU, ids, hashes, ages, idle, request_id))
+        if evicted is not None:
+            sink.events.append(evicted)
         if num_pub:
             sink.publishes += num_pub
             if sink.enabled:
-                sink.events.append(new_block_published(
+                sink.events.append(BlockPublished(
                     step, request_id, self.group_id, "full", tuple([b.block_id for b in out[:num_pub]]),
                     tuple(pub_hashes), num_tokens))
         return out
@@ -402,7 +408,7 @@ class BlockPool:
         if self.sink.enabled:
             n = len(keys)
             self.sink.events.append(
-                new_block_evicted(step, self.group_id, reason, (b.block_id,) * n, tuple(h for h, _ in keys),
+                BlockEvicted(step, self.group_id, reason, (b.block_id,) * n, tuple(h for h, _ in keys),
                              (step - b.published_step,) * n,
                              (step - b.last_used_step,) * n, request_id)
             )
@@ -460,7 +466,7 @@ class BlockPool:
                     self._emit_publish(request_id, ids, hashes, kinds)
                 else:
                     sink.events.append(
-                        new_block_published(step, request_id, self.group_id, kind, tuple(ids), tuple(hashes),
+                        BlockPublished(step, request_id, self.group_id, kind, tuple(ids), tuple(hashes),
                                        pub[-1].hash_num_tokens)
                     )
         return len(pub)
@@ -473,7 +479,7 @@ class BlockPool:
             if i == len(kinds) or kinds[i] != kinds[start]:
                 nt = self.blocks[ids[i - 1]].hash_num_tokens
                 self.sink.events.append(
-                    new_block_published(step, request_id, self.group_id, kinds[start], tuple(ids[start:i]),
+                    BlockPublished(step, request_id, self.group_id, kinds[start], tuple(ids[start:i]),
                                    tuple(hashes[start:i]), nt)
                 )
                 start = i
@@ -510,7 +516,7 @@ class BlockPool:
         self.sink.publishes += 1
         if self.sink.enabled:
             self.sink.events.append(
-                new_block_published(step, request_id, self.group_id, kind, (b.block_id,), (block_hash,), num_tokens)
+                BlockPublished(step, request_id, self.group_id, kind, (b.block_id,), (block_hash,), num_tokens)
             )
         return block_hash
 
@@ -533,11 +539,11 @@ class BlockPool:
             n = len(keys)
             hashes = tuple(h for h, _ in keys)
             self.sink.events.append(
-                new_block_evicted(step, self.group_id, EVICT_REPLACED, (src.block_id,) * n, hashes,
+                BlockEvicted(step, self.group_id, EVICT_REPLACED, (src.block_id,) * n, hashes,
                              (step - published,) * n, (step - last_used,) * n, request_id)
             )
             self.sink.events.append(
-                new_block_published(step, request_id, self.group_id, "partial_tail", (dst.block_id,) * n, hashes,
+                BlockPublished(step, request_id, self.group_id, "partial_tail", (dst.block_id,) * n, hashes,
                                max(nt for _, nt in keys))
             )
         return keys

@@ -9,8 +9,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from kvtrace.cache.block_pool import EventSink
-from kvtrace.cache.event_ctors import new_block_evicted
-from kvtrace.cache.events import EVICT_CONNECTOR
+from kvtrace.cache.events import EVICT_CONNECTOR, BlockEvicted
 
 
 class ExternalTier:
@@ -42,7 +41,7 @@ class ExternalTier:
             self.sink.evictions_by_reason[EVICT_CONNECTOR] += 1
             if self.sink.enabled:
                 age = self.sink.step - born
-                self.sink.events.append(new_block_evicted(self.sink.step, gid, EVICT_CONNECTOR, (-1,), (h,), (age,), (age,), None))
+                self.sink.events.append(BlockEvicted(self.sink.step, gid, EVICT_CONNECTOR, (-1,), (h,), (age,), (age,), None))
 
     def touch(self, group_id: int, block_hash: bytes) -> None:
         key = (group_id, block_hash)

@@ -53,8 +53,7 @@ from kvtrace.cache.config import (
     FullAttentionSpec,
     MambaSpec,
 )
-from kvtrace.cache.event_ctors import new_block_copied, new_blocks_freed, new_prefix_lookup
-from kvtrace.cache.events import COPY_EXTERNAL, PUBLISH_FULL, CacheListener
+from kvtrace.cache.events import COPY_EXTERNAL, PUBLISH_FULL, BlockCopied, BlocksFreed, CacheListener, PrefixLookup
 from kvtrace.cache.external import ExternalTier
 from kvtrace.cache.hashing import BlockHasher
 from kvtrace.cache.plans import BlockCopy, KVCacheBlocks, StateWrite
@@ -131,12 +130,12 @@ class _Context:
         self.copies.append(copy)
         self.stats.copies += 1
         if self.sink.enabled:
-            self.sink.events.append(new_block_copied(self.sink.step, copy.request_id, copy.group_id, copy.src, copy.dst, copy.why))
+            self.sink.events.append(BlockCopied(self.sink.step, copy.request_id, copy.group_id, copy.src, copy.dst, copy.why))
 
     def note_external_load(self, request: Request, group_id: int, block) -> None:
         if self.sink.enabled:
             self.sink.events.append(
-                new_block_copied(self.sink.step, request.request_id, group_id, -1, block.block_id, COPY_EXTERNAL)
+                BlockCopied(self.sink.step, request.request_id, group_id, -1, block.block_id, COPY_EXTERNAL)
             )
 
 
@@ -289,7 +288,7 @@ class KVCacheManager:
             miss_idx = hit // m0.block_size
             miss = coarse0[miss_idx] if miss_idx < len(coarse0) else None
             sink.events.append(
-                new_prefix_lookup(
+                PrefixLookup(
                     sink.step, request.request_id, num_tokens, hit, first, boundary, 0,
                     coarse0[0] if coarse0 else None, miss, miss_idx if miss is not None else -1,
                 )
@@ -419,48 +418,59 @@ class KVCacheManager:
 
     def _allocate_slots_unitary(self, request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
                                 num_lookahead_tokens):
-        """``allocate_slots`` for one full-attention group whose blocks are hash units."""
+        """``allocate_slots`` for one full-attention group whose blocks are hash units.
+
+        The general path, specialised: this runs once per request and step, so it reads
+        each field once (its per-call overhead is most of a short request's cost).
+        """
         m = self.managers[0]
         pool = m.pool
         rid = request.request_id
-        num_local = request.num_computed_tokens + num_new_computed_tokens
-        num_tokens_main = num_local + num_new_tokens
+        num_tokens_main = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
         bs = m.block_size
         table = m.req_to_blocks.get(rid)
+        num_table = len(table) if table is not None else 0
         hits = new_computed_blocks.blocks[0] if new_computed_blocks is not None else ()
-        have = (len(table) if table is not None else 0) + len(hits)
-        need = max(-(-(num_tokens_main + num_lookahead_tokens) // bs) - have, 0)
+        num_hits = len(hits)
+        num_slots = -(-(num_tokens_main + num_lookahead_tokens) // bs)
+        need = num_slots - num_table - num_hits
         num_free = pool.free_block_queue.num_free_blocks
-        if hits and need + len(hits) > num_free:  # free hit blocks leave the queue too: count them
+        if num_hits and need + num_hits > num_free:  # free hit blocks leave the queue too: count them
             need += sum([b.ref_cnt == 0 for b in hits])
         if need > num_free:
             self.stats.failed_allocations += 1
             return None
+        cached_counts = m.num_cached_block
         if table is None:
             table = m.req_to_blocks[rid] = []
-            m.num_cached_block[rid] = 0
-        if hits:
+            num_cached = cached_counts[rid] = 0
+        else:
+            num_cached = cached_counts[rid]
+        if num_hits:
             pool.touch(hits)
             table.extend(hits)
-            m.num_cached_block[rid] = len(hits)
-        n = -(-(num_tokens_main + num_lookahead_tokens) // bs) - len(table)
-        num_cached = m.num_cached_block[rid]
-        if n > 0 and self.enable_caching and num_cached == len(table):
+            num_table += num_hits
+            num_cached = cached_counts[rid] = num_hits
+        n = num_slots - num_table
+        if n > 0 and self.enable_caching and num_cached == num_table:
             # every earlier block is keyed: allocate and key the new ones in one pass
-            num_full = min(num_tokens_main, request.num_tokens) // bs
-            new = pool.get_new_blocks_and_cache(n, rid, request.block_hashes, len(table), num_full, bs)
+            num_prompt = request.num_prompt_tokens + len(request.output_token_ids)
+            num_full = (num_tokens_main if num_tokens_main < num_prompt else num_prompt) // bs
+            new = pool.get_new_blocks_and_cache(n, rid, request.block_hashes, num_table, num_full, bs)
             table.extend(new)
-            m.num_cached_block[rid] = max(min(num_full, len(table)), num_cached)
+            num_table += n
+            if num_full > num_cached:
+                cached_counts[rid] = num_full if num_full < num_table else num_table
             return KVCacheBlocks((new,))
         new = pool.get_new_blocks(n, rid) if n > 0 else []
         if new:
             table.extend(new)
         if self.enable_caching:
             num_full = min(num_tokens_main, request.num_tokens) // bs
-            num_cached = m.num_cached_block[rid]
+            num_cached = cached_counts[rid]
             if num_full > num_cached:
                 pool.cache_full_blocks(rid, table, request.block_hashes, num_cached, num_full, bs, None, PUBLISH_FULL)
-                m.num_cached_block[rid] = num_full
+                cached_counts[rid] = num_full
         return KVCacheBlocks((new,))
 
     def _touch_external(self, request: Request, start: int, end: int) -> None:
@@ -483,7 +493,7 @@ class KVCacheManager:
         for g, m in enumerate(self.managers):
             freed = m.free(rid)
             if freed and sink.enabled:
-                sink.events.append(new_blocks_freed(sink.step, rid, g, tuple([b.block_id for b in freed])))
+                sink.events.append(BlocksFreed(sink.step, rid, g, tuple([b.block_id for b in freed])))
 
     def take_block_copies(self) -> list[BlockCopy]:
         """Device copies (src -> dst, per group) the worker must run before this step's compute.

@@ -57,7 +57,7 @@ class Request:
         trace_block_size: int = 0,
         namespace: int = 0,
         num_prompt_tokens: int | None = None,
-        block_hashes: list[bytes] | None = None,
+        block_hashes: list[bytes] | tuple[int, ...] | None = None,
     ):
         self.request_id = request_id
         self.cache_salt = cache_salt
@@ -77,7 +77,8 @@ class Request:
         self.output_token_ids: list[int] = []
         self.shared_prefix_boundary = 0
         # Precomputed keys (cache-only replay keys blocks by trace id) skip the hasher. The
-        # list is taken over, not copied (a per-request copy is measurable in that replay).
+        # sequence is taken over, not copied (a per-request copy is measurable in that
+        # replay); a tuple is fine when the request never outgrows it, as there.
         self._block_hashes: list[bytes] = block_hashes if block_hashes is not None else []
         self._hasher: BlockHasher | None = None
 

@@ -24,8 +24,8 @@ from kvtrace.cache.events import (
     PUBLISH_CHECKPOINT,
     PUBLISH_FULL,
     PUBLISH_PARTIAL_TAIL,
+    StaleHashLeft,
 )
-from kvtrace.cache.event_ctors import new_stale_hash_left
 from kvtrace.cache.plans import STATE_CHECKPOINT, STATE_EXTERNAL, STATE_RUNNING, BlockCopy, StateWrite
 from kvtrace.cache.retention import mamba_reachable_mask, swa_reachable_mask
 
@@ -455,7 +455,7 @@ class MambaManager(SingleTypeManager):
             self.ctx.stats.stale_hash_left += 1
             if sink.enabled:
                 sink.events.append(
-                    new_stale_hash_left(sink.step, rid, self.group_id, src.block_id, src.block_hash, src.hash_num_tokens)
+                    StaleHashLeft(sink.step, rid, self.group_id, src.block_id, src.block_hash, src.hash_num_tokens)
                 )
         self._swap_in_copy(request, idx, src, new_out)
         self.allocated_block_reqs.add(rid)

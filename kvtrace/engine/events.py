@@ -1,19 +1,21 @@
 """Typed engine events (virtual time in integer nanoseconds).
 
-The engine delivers, once per step, a ``StepExecuted`` together with that step's cache
-events, so a listener can place cache events on the virtual time line.
+Like cache events, these are frozen, tagged, array-like ``msgspec.Struct``s (see
+``kvtrace.cache.events``). The engine delivers, once per step, a ``StepExecuted``
+together with that step's cache events, so a listener can place cache events on the
+virtual time line.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Callable, Sequence, Union
 
-from kvtrace.cache.events import CacheEvent
+import msgspec
+
+from kvtrace.cache.events import CacheEvent, Event
 
 
-@dataclass(slots=True, frozen=True)
-class StepExecuted:
+class StepExecuted(Event):
     step: int
     start_ns: int
     end_ns: int
@@ -26,8 +28,7 @@ class StepExecuted:
     usage: tuple[float, ...]  # block-pool usage per KV cache group, 0..1
 
 
-@dataclass(slots=True, frozen=True)
-class RequestFinished:
+class RequestFinished(Event):
     request_id: str
     session_id: str | None
     arrival_ns: int
@@ -45,21 +46,19 @@ class RequestFinished:
     prefill_chunks: tuple[tuple[int, int, int], ...]  # (start_ns, end_ns, num_tokens)
 
 
-@dataclass(slots=True, frozen=True)
-class StaleHashFound:
+class StaleHashFound(Event):
     step: int
     time_ns: int
     group_id: int
     block_id: int
-    block_hash: bytes
+    block_hash: bytes | int
     num_tokens: int  # the prefix length the key claims
     expected_fingerprint: int
     actual_fingerprint: int
     request_id: str | None  # the request that last wrote the block, when known
 
 
-@dataclass(slots=True, frozen=True)
-class DivergentOutput:
+class DivergentOutput(Event):
     step: int
     time_ns: int
     request_id: str
@@ -71,13 +70,12 @@ class DivergentOutput:
 EngineEvent = Union[StepExecuted, RequestFinished, StaleHashFound, DivergentOutput]
 
 
-@dataclass(slots=True)
-class StepBatch:
-    """What listeners receive once per step."""
+class StepBatch(msgspec.Struct, gc=False):
+    """What listeners receive once per step (a container, not an event)."""
 
     step: StepExecuted
     cache_events: Sequence[CacheEvent]
-    engine_events: Sequence[EngineEvent] = field(default_factory=tuple)
+    engine_events: Sequence[EngineEvent] = ()
 
 
 StepListener = Callable[[StepBatch], None]

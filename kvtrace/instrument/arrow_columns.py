@@ -38,12 +38,37 @@ def int_lists(lists: Sequence[Sequence[int]]) -> pa.ListArray:
     return pa.ListArray.from_arrays(pa.array(offsets_from_lengths(lengths)), flat)
 
 
-def hex_strings(hashes: Sequence[bytes]) -> pa.StringArray:
-    """Lowercase hex of each bytes value; vectorised when all have one width."""
+_MASK64 = (1 << 64) - 1
+
+
+def hash_hex(h: bytes | int) -> str:
+    """A block hash as lowercase hex. Bytes: their hex. Ints (vLLM's int hashes, and the
+    trace-id keys of cache-only replay): 16 digits of their 64-bit two's complement
+    when they fit in 64 bits, as vLLM's KV events are shown; wider ints (scoped or
+    interned cache-only keys) in plain signed hex."""
+    if type(h) is bytes:
+        return h.hex()
+    if -(1 << 63) <= h <= _MASK64:
+        return f"{h & _MASK64:016x}"
+    return f"{h:x}"
+
+
+def hex_strings(hashes: Sequence[bytes | int]) -> pa.StringArray:
+    """:func:`hash_hex` of each hash; vectorised when all are bytes of one width or int64s."""
     if not hashes:
         return pa.array([], pa.string())
-    width = len(hashes[0])
-    blob = b"".join(hashes)
+    first = hashes[0]
+    if type(first) is int:
+        try:
+            raw = np.fromiter(hashes, dtype=np.int64, count=len(hashes))
+        except (OverflowError, TypeError):
+            return pa.array([hash_hex(h) for h in hashes], pa.string())
+        return strings_from_fixed(hex_fixed(raw.astype(">i8").view(np.uint8).reshape(-1, 8)))
+    width = len(first)
+    try:
+        blob = b"".join(hashes)
+    except TypeError:  # bytes and ints mixed
+        return pa.array([hash_hex(h) for h in hashes], pa.string())
     # all widths equal <=> none is shorter than the first and they sum to n * width
     if width and len(blob) == width * len(hashes) and min(map(len, hashes)) == width:
         raw = np.frombuffer(blob, dtype=np.uint8).reshape(-1, width)
@@ -51,15 +76,15 @@ def hex_strings(hashes: Sequence[bytes]) -> pa.StringArray:
     return pa.array([h.hex() for h in hashes], pa.string())
 
 
-def hex_lists(lists: Sequence[Sequence[bytes]]) -> pa.ListArray:
-    """list<string> of hex hashes from a sequence of bytes tuples."""
+def hex_lists(lists: Sequence[Sequence[bytes | int]]) -> pa.ListArray:
+    """list<string> of :func:`hash_hex` hashes from a sequence of hash tuples."""
     lengths = list(map(len, lists))
     flat = hex_strings(list(chain.from_iterable(lists)))
     return pa.ListArray.from_arrays(pa.array(offsets_from_lengths(lengths)), flat)
 
 
-def optional_hex(values: Sequence[bytes | None]) -> pa.StringArray:
-    return pa.array([None if v is None else v.hex() for v in values], pa.string())
+def optional_hex(values: Sequence[bytes | int | None]) -> pa.StringArray:
+    return pa.array([None if v is None else hash_hex(v) for v in values], pa.string())
 
 
 def single_item_lists(values: pa.Array) -> pa.ListArray:

@@ -85,7 +85,7 @@ def hash_hex(h: Any) -> str:
     if isinstance(h, (bytes, bytearray)):
         return bytes(h).hex()
     if isinstance(h, int) and not isinstance(h, bool):
-        return f"{h & _MASK64:016x}"
+        return f"{h & _MASK64:016x}"  # vLLM ints are 64-bit, possibly negative
     raise VllmWireError(f"vLLM KV event: block hash must be int or bytes, got {type(h).__name__}")
 
 

@@ -182,51 +182,49 @@ def _root_indices(reqs: Sequence[TraceRequest]) -> list[int]:
     return [roots.setdefault((r.namespace, r.cache_salt), len(roots)) for r in reqs]
 
 
-def block_keys(reqs: Sequence[TraceRequest]) -> list[list[bytes]]:
-    """The cache key of every trace block: (scope index, trace id) as 8 + 8 big-endian
-    bytes, then a ``\x01`` end marker (17 bytes).
+SCOPE_STRIDE = 1 << 64  # keys of scope k lie in [k * 2**64 - 2**63, k * 2**64 + 2**63)
+
+
+def block_keys(reqs: Sequence[TraceRequest]) -> list[Sequence[int]]:
+    """The cache key of every trace block: ``scope index * 2**64 + trace id``, an int.
 
     A trace is prefix-chained when each (scope, id) always follows the same parent id:
     the id then names its whole chain, and (scope, id) is a complete key (checked here,
-    vectorised). Otherwise keys fall back to interned chains, scope 2^64-1 and the chain's
-    index. Keys are plain data, not digests: an event's block hash shows its trace id.
+    vectorised). Scope 0's keys are the trace ids themselves, so a single-scope trace
+    (Mooncake, Azure) reuses its ``hash_ids`` as they are. Otherwise (ids reused under
+    different parents, or ids beyond int64) keys are interned chains numbered from
+    ``-2**64`` down, below every id-based key. Keys are plain data, not digests: an
+    event's block hash shows its trace id.
     """
     lengths = [len(r.hash_ids) for r in reqs]
     total = sum(lengths)
     if total == 0:
-        return [[] for _ in reqs]
-    flat = np.fromiter(chain.from_iterable(r.hash_ids for r in reqs), dtype=np.int64, count=total)
+        return [r.hash_ids for r in reqs]
+    try:
+        flat = np.fromiter(chain.from_iterable(r.hash_ids for r in reqs), dtype=np.int64, count=total)
+    except OverflowError:
+        return _interned_chain_keys(reqs)
     lens = np.asarray(lengths, dtype=np.int64)
     starts = np.zeros(len(reqs), dtype=np.int64)
     np.cumsum(lens[:-1], out=starts[1:])
-    scope = np.repeat(np.asarray(_root_indices(reqs), dtype=np.int64), lens)
+    roots = _root_indices(reqs)
+    single_scope = max(roots) == 0
     parent = np.empty_like(flat)
     parent[1:] = flat[:-1]
     parent[starts[lens > 0]] = -1  # a chain's first block follows its scope's root
-    if int(scope.max()) == 0 and 0 <= int(flat.min()) and int(flat.max()) < 4 * total + 1024:
+    if single_scope and 0 <= int(flat.min()) and int(flat.max()) < 4 * total + 1024:
         first, inverse = _dense_unique(flat)
-    elif int(scope.max()) == 0:
+    elif single_scope:
         _, first, inverse = np.unique(flat, return_index=True, return_inverse=True)
     else:
+        scope = np.repeat(np.asarray(roots, dtype=np.int64), lens)
         _, first, inverse = np.unique(np.stack([scope, flat], axis=1), axis=0, return_index=True,
                                       return_inverse=True)
-    inverse = inverse.reshape(-1)
-    if np.array_equal(parent[first][inverse], parent):
-        rows = np.empty(len(first), dtype=[("scope", ">u8"), ("id", ">u8"), ("end", "u1")])
-        rows["scope"] = scope[first]
-        rows["id"] = flat[first]
-        rows["end"] = 1  # numpy drops trailing NULs of S items; the marker keeps all 17 bytes
-        unique_keys = np.empty(len(first), dtype=object)
-        unique_keys[:] = rows.view("S17").tolist()  # one bytes object per unique block
-        flat_keys = unique_keys[inverse].tolist()
-    else:
-        flat_keys = _interned_chain_keys(reqs)
-    out = []
-    o = 0
-    for n in lengths:
-        out.append(flat_keys[o:o + n])
-        o += n
-    return out
+    if not np.array_equal(parent[first][inverse.reshape(-1)], parent):
+        return _interned_chain_keys(reqs)
+    if single_scope:
+        return [r.hash_ids for r in reqs]
+    return [[root * SCOPE_STRIDE + h for h in r.hash_ids] if root else r.hash_ids for r, root in zip(reqs, roots)]
 
 
 def _dense_unique(flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -242,18 +240,19 @@ def _dense_unique(flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return where[seen], rank[flat]
 
 
-def _interned_chain_keys(reqs: Sequence[TraceRequest]) -> list[bytes]:
+def _interned_chain_keys(reqs: Sequence[TraceRequest]) -> list[list[int]]:
     index: dict[tuple, int] = {}
-    marker = (2**64 - 1).to_bytes(8, "big")
     out = []
     for r, root in zip(reqs, _root_indices(reqs)):
         parent: object = ("root", root)
+        keys = []
         for h in r.hash_ids:
             k = index.get((parent, h))
             if k is None:
-                k = index[(parent, h)] = len(index)
-            out.append(marker + k.to_bytes(8, "big") + b"\x01")
+                k = index[(parent, h)] = -SCOPE_STRIDE - len(index)
+            keys.append(k)
             parent = k
+        out.append(keys)
     return out
 
 

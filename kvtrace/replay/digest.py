@@ -3,19 +3,21 @@
 Two runs with the same trace, config and seed must give the same digest; any difference
 in any event (a field, the order, which step an event belongs to) changes it.
 
-Canonical encoding (version 2). The hash starts with the line ``kvtrace-digest/2\\n``;
+Canonical encoding (version 3). The hash starts with the line ``kvtrace-digest/3\\n``;
 then each delivery is one MessagePack array (self-delimiting, so deliveries cannot run
 into each other):
 
-- cache-only (``on_cache_events``): ``[events]``;
+- cache-only (``on_cache_events``): the step's ``[event, ...]``;
 - engine (``on_step``): ``[step, cache_events, engine_events]``;
 
-and each list of events ``E`` is encoded as ``[[type name of each event], E]``, an event
-being ``{field: value, ...}`` with the fields of its dataclass in declaration order. Values: ints in MessagePack's shortest form, str as UTF-8, bytes
-(block hashes) as raw ``bin``, floats as big-endian IEEE-754 doubles (exact, never
-formatted by locale), None as nil, tuples/lists as arrays; numpy scalars are taken as
-Python ints/floats. MessagePack (via msgspec, in C) is ~5x faster than any text
-encoding here, which matters because the digest sees every event of a run.
+and each event is the array ``[type name, field1, field2, ...]``, its fields in
+declaration order (events are tagged, array-like ``msgspec.Struct``s). Values: ints in
+MessagePack's shortest form, str as UTF-8, bytes (block hashes) as raw ``bin``, floats
+as big-endian IEEE-754 doubles (exact, never formatted by locale), None as nil,
+tuples/lists as arrays; numpy scalars are taken as Python ints/floats. MessagePack (via
+msgspec, in C) is ~5x faster than any text encoding here, which matters because the
+digest sees every event of a run. (Version 2 encoded dataclass events as maps keyed by
+field name, behind a list of type names: the same information in twice the bytes.)
 
 For humans, :func:`encode_event` gives a canonical *text* line per event (bytes as hex,
 floats as ``float.hex()``), and :func:`first_difference` finds where two event streams
@@ -26,12 +28,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import fields
 from typing import Iterable, Sequence
 
 import msgspec
 
-VERSION_LINE = b"kvtrace-digest/2\n"
+VERSION_LINE = b"kvtrace-digest/3\n"
 
 
 def _enc_hook(obj):
@@ -43,12 +44,6 @@ def _enc_hook(obj):
 
 
 _encode = msgspec.msgpack.Encoder(enc_hook=_enc_hook).encode
-
-
-def _tagged(events: Sequence) -> list:
-    """[type names, events]: names in one list (no per-event allocation: this runs for
-    every event of a run, and fewer small objects means less GC work)."""
-    return [[type(e).__name__ for e in events], events]
 
 
 class Digest:
@@ -67,8 +62,7 @@ class Digest:
 
     def on_cache_events(self, events: Sequence) -> None:
         self.num_events += len(events)
-        # ``[_tagged(events)]``, inlined: this runs once per step
-        self._h.update(_encode([[[type(e).__name__ for e in events], events]]))
+        self._h.update(_encode(events))
 
     __call__ = on_cache_events  # so it can be passed to KVCacheManager.subscribe directly
 
@@ -77,7 +71,7 @@ class Digest:
         self.num_steps += 1
         cache, engine = batch.cache_events, batch.engine_events
         self.num_events += 1 + len(cache) + len(engine)
-        self._h.update(_encode([_tagged((batch.step,)), _tagged(cache), _tagged(engine)]))
+        self._h.update(_encode((batch.step, cache, engine)))
 
     def on_events(self, events: Sequence) -> None:
         """Events delivered outside a step (e.g. a final audit)."""
@@ -110,7 +104,7 @@ def _value(v) -> str:
         return v.hex()
     if hasattr(v, "__index__"):
         return str(int(v))
-    if hasattr(v, "__dataclass_fields__"):
+    if hasattr(v, "__struct_fields__"):
         return "{" + encode_event(v)[:-1] + "}"
     raise TypeError(f"digest: cannot encode {t.__name__}")
 
@@ -118,7 +112,7 @@ def _value(v) -> str:
 def encode_event(event) -> str:
     """``Type|field1|field2|...\\n``: ints decimal, str JSON, bytes ``x``+hex, None ``~``,
     floats ``float.hex()``, sequences ``[a,b]``."""
-    return type(event).__name__ + "|" + "|".join(_value(getattr(event, f.name)) for f in fields(event)) + "\n"
+    return type(event).__name__ + "|" + "|".join(_value(getattr(event, f)) for f in event.__struct_fields__) + "\n"
 
 
 def first_difference(a: Iterable, b: Iterable) -> tuple[int, str | None, str | None] | None:

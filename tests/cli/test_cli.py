@@ -73,6 +73,22 @@ def test_replay_records_run_into_duckdb(tmp_path):
     assert n_spans == summary["spans"] > 0
 
 
+def test_cache_only_run_stores_trace_ids_as_block_hashes(tmp_path):
+    # cache-only keys blocks by trace id: the stored hashes must name the trace's own ids
+    db = tmp_path / "co.duckdb"
+    res = kvtrace("replay", str(MOONCAKE), "--mode", "cache-only", "--capacity-blocks", "5859", "--limit", "3",
+                  "--db", str(db), "--json")
+    assert res.returncode == 0, res.stderr
+    first = json.loads(MOONCAKE.read_text().splitlines()[0])["hash_ids"]
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        stored = con.execute("SELECT block_hashes FROM spans WHERE name = 'kvtrace.cache.publish' "
+                             "ORDER BY start_ns, seq LIMIT 1").fetchone()[0]
+    finally:
+        con.close()
+    assert stored == [f"{i:016x}" for i in first]
+
+
 def test_bad_trace_line_is_one_clear_line(tmp_path):
     bad = tmp_path / "bad.jsonl"
     good = MOONCAKE.read_text().splitlines()[:3]

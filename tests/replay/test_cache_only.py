@@ -11,7 +11,7 @@ from kvtrace.cache.events import BlockEvicted, BlockPublished, BlocksFreed, Pref
 from kvtrace.engine.workload import TraceRequest
 from kvtrace.errors import ConfigError
 from kvtrace.replay.belady import belady_hits, chain_keys, next_uses
-from kvtrace.replay.cache_only import block_keys, lru_reference, replay_cache_only
+from kvtrace.replay.cache_only import SCOPE_STRIDE, block_keys, lru_reference, replay_cache_only
 from kvtrace.replay.digest import Digest
 from kvtrace.replay.generate import generate
 from kvtrace.replay.readers import open_trace, read_trace
@@ -127,7 +127,9 @@ def test_scopes_keep_equal_ids_apart():
     assert hits([a, b, c, d], 100) == [0, 0, 0, 2]
     keys = block_keys([a, b, c, d])
     assert keys[0] == keys[3] and keys[0][0] != keys[1][0] != keys[2][0]
-    assert all(len(k) == 17 for ks in keys for k in ks)
+    # scope k keys are k * 2**64 + id: the trace id stays readable in every key
+    assert sorted({k % SCOPE_STRIDE for ks in keys for k in ks}) == [1, 2]
+    assert sorted({k // SCOPE_STRIDE for ks in keys for k in ks}) == [0, 1, 2]
 
 
 def test_non_chained_ids_fall_back_to_chain_keys():
@@ -145,14 +147,22 @@ def test_dense_and_sparse_ids_give_the_same_keys():
     shift = 1 << 40
     dense = block_keys([req(str(i), x) for i, x in enumerate(ids)])
     sparse = block_keys([req(str(i), [shift + v for v in x]) for i, x in enumerate(ids)])
-    assert [[int.from_bytes(k[8:16], "big") for k in ks] for ks in dense] == ids
-    assert [[int.from_bytes(k[8:16], "big") - shift for k in ks] for ks in sparse] == ids
+    assert [list(ks) for ks in dense] == ids
+    assert [[k - shift for k in ks] for ks in sparse] == ids
     assert dense[0][:2] == dense[1][:2] == dense[3][:2] and dense[0][2] != dense[1][2]
     # id 1 follows 0 and then 7: not prefix-chained, so both paths fall back to chain keys
     broken = [[0, 1], [7, 1]]
     for base in (0, shift):
         keys = block_keys([req(str(i), [base + v for v in x]) for i, x in enumerate(broken)])
-        assert keys[0][1] != keys[1][1] and keys[0][1][:8] == b"\xff" * 8
+        assert keys[0][1] != keys[1][1] and max(keys[0] + keys[1]) < -SCOPE_STRIDE + 1
+
+
+def test_ids_beyond_int64_fall_back_to_chain_keys():
+    big = 1 << 70
+    r = [req("a", [big, big + 1]), req("b", [big, big + 2]), req("c", [big, big + 1])]
+    keys = block_keys(r)
+    assert keys[0] == keys[2] and keys[0][0] == keys[1][0] and keys[0][1] != keys[1][1]
+    assert hits(r, 100) == [0, 1, 2]
 
 
 def test_token_requests_are_reblocked_by_content():

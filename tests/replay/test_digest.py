@@ -30,12 +30,17 @@ def run(events_per_step) -> str:
 def test_digest_is_sha256_of_documented_msgpack():
     d = Digest()
     d.on_cache_events([pub()])
-    # [[[type names], [{fields in order}]]] as MessagePack
-    body = msgspec.msgpack.encode([[["BlockPublished"], [{
-        "step": 1, "request_id": "r0", "group_id": 0, "kind": "full", "block_ids": [3, 4],
-        "block_hashes": [b"\x01\xff", b"\x00"], "num_tokens": 32}]]])
+    # [[type name, fields in order...]] as MessagePack, written out by hand
+    body = msgspec.msgpack.encode([["BlockPublished", 1, "r0", 0, "full", [3, 4], [b"\x01\xff", b"\x00"], 32]])
     assert d.hexdigest() == hashlib.sha256(VERSION_LINE + body).hexdigest()
     assert d.num_events == 1
+    # engine deliveries: [step, cache events, engine events]
+    e = Digest()
+    e.on_step(StepBatch(step(), [pub()], ()))
+    body = msgspec.msgpack.encode([["StepExecuted", 1, 100, 200, 32, 0, 1, 0, 0, 0, [0.25]],
+                                   [["BlockPublished", 1, "r0", 0, "full", [3, 4], [b"\x01\xff", b"\x00"], 32]],
+                                   []])
+    assert e.hexdigest() == hashlib.sha256(VERSION_LINE + body).hexdigest()
 
 
 def test_same_events_same_digest_any_change_differs():

@@ -1,0 +1,27 @@
+"""Hash columns: bytes and int hashes render as documented, vectorised or not."""
+
+from __future__ import annotations
+
+from kvtrace.instrument.arrow_columns import hash_hex, hex_lists, hex_strings, optional_hex
+from kvtrace.instrument.vllm import hash_hex as vllm_hash_hex
+
+
+def test_int_hashes_render_like_vllm_int_hashes():
+    ints = [0, 5, 2**63 - 1, -1, 2**64 - 1]
+    got = hex_strings(ints).to_pylist()
+    assert got == ["0000000000000000", "0000000000000005", "7fffffffffffffff", "ffffffffffffffff",
+                   "ffffffffffffffff"]
+    assert got == [vllm_hash_hex(i) for i in ints]  # the vectorised path agrees with capture
+    assert got == [hash_hex(i) for i in ints]
+
+
+def test_wide_int_keys_keep_their_scope_and_sign():
+    scoped = 3 * 2**64 + 10
+    interned = -(2**64) - 7
+    assert hex_strings([scoped, 1]).to_pylist() == ["3000000000000000a", "0000000000000001"]
+    assert optional_hex([None, interned]).to_pylist() == [None, "-10000000000000007"]
+
+
+def test_bytes_hashes_of_mixed_width_and_lists():
+    assert hex_strings([b"\x01\xff", b"\x00"]).to_pylist() == ["01ff", "00"]
+    assert hex_lists([(b"\xab",), (), (1, 2)]).to_pylist() == [["ab"], [], ["0000000000000001", "0000000000000002"]]
