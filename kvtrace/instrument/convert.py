@@ -174,7 +174,7 @@ class SpanRowsBuilder:
         scope_version: str | None = None,
         trace_state: str | None = None,
         span_kind: str | None = None,
-        status_code: str = "Unset",
+        status_code: str | None = None,  # None (NULL) is Unset
         status_message: str | None = None,
         events: Sequence[tuple[int, str, Mapping[str, Any] | None]] = (),
         links: Sequence[tuple[str, str, str | None, Mapping[str, Any] | None]] = (),
@@ -187,7 +187,8 @@ class SpanRowsBuilder:
         put("name", name)
         put("start_ns", start_ns)
         put("end_ns", end_ns)
-        put("status_code", status_code)
+        if status_code and status_code != "Unset":
+            put("status_code", status_code)
         if trace_state:
             put("trace_state", trace_state)
         if span_kind:

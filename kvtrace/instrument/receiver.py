@@ -42,7 +42,7 @@ DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 _KINDS = {0: None, 1: None, 2: "Server", 3: "Client", 4: "Producer", 5: "Consumer"}
 _KIND_NAMES = {"SPAN_KIND_UNSPECIFIED": 0, "SPAN_KIND_INTERNAL": 1, "SPAN_KIND_SERVER": 2,
                "SPAN_KIND_CLIENT": 3, "SPAN_KIND_PRODUCER": 4, "SPAN_KIND_CONSUMER": 5}
-_STATUS = {0: "Unset", 1: "Ok", 2: "Error"}
+_STATUS = {1: "Ok", 2: "Error"}  # Unset (0) is stored as NULL, as the schema says
 _STATUS_NAMES = {"STATUS_CODE_UNSET": 0, "STATUS_CODE_OK": 1, "STATUS_CODE_ERROR": 2}
 
 
@@ -100,7 +100,7 @@ def decode_protobuf(body: bytes) -> list[tuple[dict, dict]]:
                     resource=resource,
                     scope_name=ss.scope.name or None,
                     scope_version=ss.scope.version or None,
-                    status_code=_STATUS.get(sp.status.code, "Unset"),
+                    status_code=_STATUS.get(sp.status.code),
                     status_message=sp.status.message or None,
                     events=[(e.time_unix_nano, e.name, _kv(e.attributes)) for e in sp.events],
                     links=[(_hex_id(lk.trace_id, 16, "links.traceId", where), _hex_id(lk.span_id, 8, "links.spanId", where),
@@ -218,7 +218,7 @@ def decode_json(body: bytes) -> list[tuple[dict, dict]]:
                         resource=resource,
                         scope_name=scope.get("name") or None,
                         scope_version=scope.get("version") or None,
-                        status_code=_STATUS.get(_json_enum(_get(status, "code"), _STATUS_NAMES, f"{where}.status"), "Unset"),
+                        status_code=_STATUS.get(_json_enum(_get(status, "code"), _STATUS_NAMES, f"{where}.status")),
                         status_message=status.get("message") or None,
                         events=[(_json_int(_get(e, "timeUnixNano", "time_unix_nano", 0), f"{where}.events"),
                                  str(e.get("name", "")), _json_kv(e.get("attributes"), f"{where}.events"))

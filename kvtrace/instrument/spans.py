@@ -228,12 +228,13 @@ class SpanBatchBuilder:
             "name": constant(name, n),
             "start_ns": pa.array(start, _I64),
             "end_ns": pa.array(end, _I64),
-            "status_code": constant(status, n),
             "service_name": constant(env.service_name, n),
             "scope_name": constant(env.scope_name, n),
             "scope_version": constant(env.scope_version, n),
             "source": constant(env.source, n),
         }
+        if status != STATUS_UNSET:  # NULL is Unset (schema): one string column less per row
+            cols["status_code"] = constant(status, n)
         if env.resource_attributes:
             cols["resource_attributes"] = constant_map(env.resource_attributes, n, _TYPES["resource_attributes"])
         return cols
@@ -400,7 +401,7 @@ class SpanBatchBuilder:
             self._request_ids.pop(e.request_id, None)
         start = np.asarray([e.arrival_ns for e in evs], dtype=np.int64)
         end = np.asarray([e.finish_ns for e in evs], dtype=np.int64)
-        status = [STATUS_ERROR if e.num_divergent_tokens else STATUS_UNSET for e in evs]
+        status = [STATUS_ERROR if e.num_divergent_tokens else None for e in evs]  # None: Unset
         cols = self._envelope(SPAN_REQUEST, n, pa.array([p[0] for p in pairs], _STR),
                               pa.array([p[1] for p in pairs], _STR), constant("", n), start, end)
         cols["status_code"] = pa.array(status, _STR)

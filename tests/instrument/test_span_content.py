@@ -141,6 +141,7 @@ def test_verification_spans_are_errors_with_their_evidence(spans):
     by_name, _ = spans
     stale = by_name["kvtrace.verify.stale_hash"]
     assert stale.status.status_code is StatusCode.ERROR
+    assert by_name["kvtrace.cache.publish"].status.status_code is StatusCode.UNSET  # stored as NULL
     a = stale.attributes
     assert a["kvtrace.verify.expected_fingerprint"] == 123
     assert a["kvtrace.verify.actual_fingerprint"] == -5  # uint64 2**64-5, same bits as int64
