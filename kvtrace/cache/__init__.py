@@ -9,9 +9,9 @@ order per step is in ``kvtrace.cache.manager``'s docstring.
 Modules: config (specs, behaviours), request, hashing (chained hashes, trace memo),
 block_pool (null block, free queue, hash map), retention (sparse masks), single_type
 (full attention, sliding window, Mamba align), manager (coordinator + facade),
-external (second-level tier), plans (copies, state writes), events (typed
-events). Device tensors and the exact
-content model live in ``storage`` and ``content``.
+external (second-level tier), plans (copies, state writes), events (typed events,
+msgspec Structs). Device tensors and the exact content model live in ``storage`` and
+``content``.
 """
 
 from kvtrace.cache.config import (
