@@ -181,68 +181,20 @@ class BlockPool:
 
     def get_new_blocks(self, n: int, request_id: str | None = None) -> list[KVCacheBlock]:
         """Pop ``n`` blocks from the queue head; evict the keys they still carry."""
-        q = self.free_block_queue
-        if n > q.num_free_blocks:
-            raise ValueError(f"group {self.group_id}: need {n} blocks, {q.num_free_blocks} free")
-        out = []
-        append = out.append
-        ev_blocks = ev_hashes = None
-        cached = self.cached
-        b = q.head
-        for _ in range(n):
-            b = b.next_free
-            b.ref_cnt = 1
-            append(b)
-            h = b.block_hash
-            if h is not None:
-                if ev_blocks is None:
-                    ev_blocks, ev_hashes = [], []
-                v = cached.pop(h, None) if b.aliases is None else None
-                if v is b:  # the common case: the block is the key's only holder
-                    b.block_hash = None
-                    ev_blocks.append(b)
-                    ev_hashes.append(h)
-                else:
-                    if v is not None:
-                        cached[h] = v  # a duplicates map: put it back, remove b from it below
-                    for kh, _nt in b.keys():
-                        ev_blocks.append(b)
-                        ev_hashes.append(kh)
-                    self._drop_keys(b)
-        # unlink the popped run in one go (popped blocks keep stale links; unused)
-        nxt = b.next_free
-        q.head.next_free = nxt
-        nxt.prev_free = q.head
-        q.num_free_blocks -= n
-        if ev_blocks is not None:
-            sink = self.sink
-            sink.evictions += len(ev_blocks)
-            sink.evictions_by_reason[EVICT_LRU] += len(ev_blocks)
-            if sink.enabled:
-                step = sink.step
-                sink.events.append(
-                    BlockEvicted(
-                        step, self.group_id, EVICT_LRU,
-                        tuple([b.block_id for b in ev_blocks]), tuple(ev_hashes),
-                        tuple([step - b.published_step for b in ev_blocks]),
-                        tuple([step - b.last_used_step for b in ev_blocks]), request_id,
-                    )
-                )
+        out, evicted = self._pop_evicting(n, request_id)
+        if evicted is not None:
+            self.sink.events.append(evicted)
         return out
 
-    def get_new_blocks_and_cache(
-        self, n: int, request_id: str, block_hashes: list[bytes], first_index: int, num_full: int, block_size: int
-    ) -> list[KVCacheBlock]:
-        """``get_new_blocks(n)`` for table slots first_index.. and key those below ``num_full``.
+    def _pop_evicting(self, n: int, request_id: str | None) -> tuple[list[KVCacheBlock], "BlockEvicted | None"]:
+        """Pop ``n`` blocks (ref_cnt 1), drop their keys and count those as LRU evictions.
 
-        One call instead of allocate-then-``cache_full_blocks`` for the common case of a
-        request whose earlier blocks are all keyed (the full-attention fast path).
+        Returns the blocks and, when events are on, the eviction event, built before the
+        caller re-keys the blocks (it reports their old publish and use steps).
         """
         q = self.free_block_queue
         if n > q.num_free_blocks:
             raise ValueError(f"group {self.group_id}: need {n} blocks, {q.num_free_blocks} free")
-        sink = self.sink
-        step = sink.step
         cached = self.cached
         out = []
         append = out.append
@@ -272,16 +224,32 @@ class BlockPool:
         q.head.next_free = nxt
         nxt.prev_free = q.head
         q.num_free_blocks -= n
-        evicted = None
-        if ev_blocks:
-            sink.evictions += len(ev_blocks)
-            sink.evictions_by_reason[EVICT_LRU] += len(ev_blocks)
-            if sink.enabled:  # built now: publishing below overwrites the blocks' steps
-                evicted = BlockEvicted(
-                    step, self.group_id, EVICT_LRU, tuple([b.block_id for b in ev_blocks]), tuple(ev_hashes),
-                    tuple([step - b.published_step for b in ev_blocks]),
-                    tuple([step - b.last_used_step for b in ev_blocks]), request_id,
-                )
+        if not ev_blocks:
+            return out, None
+        sink = self.sink
+        sink.evictions += len(ev_blocks)
+        sink.evictions_by_reason[EVICT_LRU] += len(ev_blocks)
+        if not sink.enabled:
+            return out, None
+        step = sink.step
+        return out, BlockEvicted(
+            step, self.group_id, EVICT_LRU, tuple([b.block_id for b in ev_blocks]), tuple(ev_hashes),
+            tuple([step - b.published_step for b in ev_blocks]),
+            tuple([step - b.last_used_step for b in ev_blocks]), request_id,
+        )
+
+    def get_new_blocks_and_cache(
+        self, n: int, request_id: str, block_hashes: list[bytes], first_index: int, num_full: int, block_size: int
+    ) -> list[KVCacheBlock]:
+        """``get_new_blocks(n)`` for table slots first_index.. and key those below ``num_full``.
+
+        One call instead of allocate-then-``cache_full_blocks`` for the common case of a
+        request whose earlier blocks are all keyed (the full-attention fast path).
+        """
+        out, evicted = self._pop_evicting(n, request_id)
+        sink = self.sink
+        step = sink.step
+        cached = self.cached
         # key the new blocks (the evictions above recorded their old steps first)
         num_pub = min(max(num_full - first_index, 0), n)
         if num_pub:
