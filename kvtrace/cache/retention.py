@@ -27,23 +27,9 @@ def mamba_reachable_mask(
     retention_interval: int | None,
     reachable_boundaries: Sequence[int] = (),
 ) -> tuple[list[bool] | None, set[int]]:
-    """A Mamba hit needs one state block: keep each segment tail and each boundary block."""
-    if retention_interval is None:
-        return None, set()
-    mask = [False] * (end - start)
-    if retention_interval:
-        per = retention_interval // block_size
-        first = (start // per) * per + per - 1
-        for i in range(first, end, per):
-            mask[i - start] = True
-    owed: set[int] = set()
-    for b in reachable_boundaries:
-        j = _boundary_tail_block(b, align, block_size)
-        if start <= j < end:
-            if not mask[j - start]:
-                owed.add(j)
-            mask[j - start] = True
-    return mask, owed
+    """A Mamba hit needs one state block: keep each segment tail and each boundary block
+    (the sliding-window mask with a window of one block)."""
+    return swa_reachable_mask(start, end, block_size, align, 1, retention_interval, reachable_boundaries)
 
 
 def swa_reachable_mask(

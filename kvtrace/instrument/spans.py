@@ -345,7 +345,8 @@ class SpanBatchBuilder:
         cols["group_id"] = _col(list(map(_GROUP_ID, evs)), "group_id")
         cols["block_ids"] = int_lists(list(map(_BLOCK_IDS, evs)))
 
-    def _stale_left(self, evs: list[StaleHashLeft], cols: dict) -> None:
+    def _stale_left(self, evs: list[StaleHashLeft] | list[StaleHashFound], cols: dict) -> None:
+        """One stale key per span (also the evidence columns of ``kvtrace.verify.stale_hash``)."""
         cols["request_id"] = _col(list(map(_REQUEST_ID, evs)), "request_id")
         cols["group_id"] = _col(list(map(_GROUP_ID, evs)), "group_id")
         cols["block_ids"] = single_item_lists(pa.array(list(map(_BLOCK_ID, evs)), _I64))
@@ -368,11 +369,7 @@ class SpanBatchBuilder:
         cols = self._envelope(SPAN_STALE_HASH, n, trace_id, span_id, parent, t, t, STATUS_ERROR)
         cols["status_message"] = constant("stale hash: block content does not match its key", n)
         cols["step"] = _col(list(map(_STEP, evs)), "step")
-        cols["group_id"] = _col(list(map(_GROUP_ID, evs)), "group_id")
-        cols["request_id"] = _col(list(map(_REQUEST_ID, evs)), "request_id")
-        cols["block_ids"] = single_item_lists(pa.array(list(map(_BLOCK_ID, evs)), _I64))
-        cols["block_hashes"] = single_item_lists(hex_strings(list(map(_BLOCK_HASH, evs))))
-        cols["num_tokens"] = _col(list(map(_NUM_TOKENS, evs)), "num_tokens")
+        self._stale_left(evs, cols)
         cols["expected_fingerprint"] = _col([e.expected_fingerprint & _MASK64 for e in evs], "expected_fingerprint")
         cols["actual_fingerprint"] = _col([e.actual_fingerprint & _MASK64 for e in evs], "actual_fingerprint")
         return self._table(cols)
