@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from kvtrace.store.schema import SPAN_ARROW_SCHEMA
 
@@ -214,7 +215,23 @@ class SpanSynth:
         kind_rank = np.concatenate([np.full(parts[k].num_rows, i) for i, k in enumerate(_ORDER)])
         step_col = table.column("step").to_numpy()
         order = np.lexsort((np.arange(table.num_rows), kind_rank, step_col))
-        return table.take(pa.array(order))
+        return self._with_ids(table.take(pa.array(order)), step0, num_steps)
+
+    def _with_ids(self, table: pa.Table, step0: int, num_steps: int) -> pa.Table:
+        """OTel ids as the instrument writes them: one trace per step (its step span the
+        root, the other spans its children), random 64-bit span ids; requests are roots."""
+        rng, n = self.rng, table.num_rows
+        trace = rng.integers(1, 2**64, (num_steps, 2), dtype=np.uint64, endpoint=False)
+        step_span = rng.integers(1, 2**64, num_steps, dtype=np.uint64, endpoint=False)
+        at = table.column("step").to_numpy() - step0
+        names = table.column("name")
+        is_step = pc.equal(names, _NAMES["step"]).to_numpy(zero_copy_only=False)
+        root = is_step | pc.equal(names, _NAMES["request"]).to_numpy(zero_copy_only=False)
+        own = np.where(is_step, step_span[at], rng.integers(1, 2**64, n, dtype=np.uint64, endpoint=False))
+        return (table.append_column("trace_id_hi", pa.array(trace[at, 0]))
+                .append_column("trace_id_lo", pa.array(trace[at, 1]))
+                .append_column("span_id", pa.array(own))
+                .append_column("parent_span_id", pa.array(step_span[at], pa.uint64(), mask=root)))
 
 
 def fill_store(store, run_id: str, num_spans: int, seed: int = 0, steps_per_chunk: int = 4000) -> int:

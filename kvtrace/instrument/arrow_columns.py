@@ -8,9 +8,15 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
-from kvtrace.instrument.ids import hex_fixed
-
 _I64 = pa.int64()
+_HEX_DIGITS = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
+# byte -> its two hex digits, as one uint16 in memory order (one gather per byte)
+_HEX_PAIRS = np.stack([_HEX_DIGITS[np.arange(256) >> 4], _HEX_DIGITS[np.arange(256) & 15]], axis=1).copy().view(np.uint16).reshape(256)
+
+
+def hex_fixed(raw: np.ndarray) -> np.ndarray:
+    """(n, k) uint8 -> (n, 2k) uint8 of lowercase hex digits."""
+    return _HEX_PAIRS[raw].view(np.uint8).reshape(raw.shape[0], raw.shape[1] * 2)
 
 
 def strings_from_fixed(digits: np.ndarray) -> pa.StringArray:

@@ -163,9 +163,9 @@ class SpanRowsBuilder:
         self,
         *,
         name: str,
-        trace_id: str,
-        span_id: str,
-        parent_span_id: str = "",
+        trace_id: int,
+        span_id: int,
+        parent_span_id: int | None = None,  # None or 0: a root span
         start_ns: int,
         end_ns: int,
         attributes: Mapping[str, Any] | None = None,
@@ -177,13 +177,15 @@ class SpanRowsBuilder:
         status_code: str | None = None,  # None (NULL) is Unset
         status_message: str | None = None,
         events: Sequence[tuple[int, str, Mapping[str, Any] | None]] = (),
-        links: Sequence[tuple[str, str, str | None, Mapping[str, Any] | None]] = (),
+        links: Sequence[tuple[int, int, str | None, Mapping[str, Any] | None]] = (),  # (trace id, span id, ...)
         default_source: str | None = None,
     ) -> None:
         put = self._put
-        put("trace_id", trace_id)
+        put("trace_id_hi", trace_id >> 64)
+        put("trace_id_lo", trace_id & _MASK64)
         put("span_id", span_id)
-        put("parent_span_id", parent_span_id)
+        if parent_span_id:
+            put("parent_span_id", parent_span_id)
         put("name", name)
         put("start_ns", start_ns)
         put("end_ns", end_ns)
@@ -229,8 +231,8 @@ class SpanRowsBuilder:
         if events:
             put("events", [{"time_ns": t, "name": n, "attributes": _string_map(a)} for t, n, a in events])
         if links:
-            put("links", [{"trace_id": t, "span_id": s, "trace_state": st or None, "attributes": _string_map(a)}
-                          for t, s, st, a in links])
+            put("links", [{"trace_id_hi": t >> 64, "trace_id_lo": t & _MASK64, "span_id": s, "trace_state": st or None,
+                           "attributes": _string_map(a)} for t, s, st, a in links])
         self.n += 1
 
     def add_readable(self, span: ReadableSpan, default_source: str | None = None) -> None:
@@ -239,9 +241,9 @@ class SpanRowsBuilder:
         state = ctx.trace_state.to_header() if ctx.trace_state else None
         self.add(
             name=span.name,
-            trace_id=trace_api.format_trace_id(ctx.trace_id),
-            span_id=trace_api.format_span_id(ctx.span_id),
-            parent_span_id=trace_api.format_span_id(parent.span_id) if parent is not None else "",
+            trace_id=ctx.trace_id,
+            span_id=ctx.span_id,
+            parent_span_id=parent.span_id if parent is not None else None,
             start_ns=span.start_time or 0,
             end_ns=span.end_time or span.start_time or 0,
             attributes=span.attributes,
@@ -253,7 +255,7 @@ class SpanRowsBuilder:
             status_code=STATUS_NAMES[span.status.status_code],
             status_message=span.status.description,
             events=[(e.timestamp, e.name, e.attributes) for e in span.events],
-            links=[(trace_api.format_trace_id(link.context.trace_id), trace_api.format_span_id(link.context.span_id),
+            links=[(link.context.trace_id, link.context.span_id,
                     link.context.trace_state.to_header() if link.context.trace_state else None, link.attributes)
                    for link in span.links],
             default_source=default_source,
@@ -283,9 +285,9 @@ def readable_spans_to_table(spans: Iterable[ReadableSpan], default_source: str |
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 
 
-def _context(trace_id: str, span_id: str, state: str | None = None) -> trace_api.SpanContext:
+def _context(hi: int, lo: int, span_id: int, state: str | None = None) -> trace_api.SpanContext:
     return trace_api.SpanContext(
-        trace_id=int(trace_id, 16), span_id=int(span_id, 16), is_remote=False, trace_flags=_SAMPLED,
+        trace_id=(hi << 64) | lo, span_id=span_id, is_remote=False, trace_flags=_SAMPLED,
         trace_state=TraceState.from_header([state]) if state else None,
     )
 
@@ -298,7 +300,8 @@ def table_to_readable_spans(table: pa.Table, resource: Resource | None = None,
     typed = [(key, cols[col], _attr_encoder(col)) for key, col in ATTRIBUTE_COLUMNS.items() if col in cols]
     none = [None] * n
     get = lambda c: cols.get(c, none)  # noqa: E731
-    name_c, trace_c, span_c, parent_c = get("name"), get("trace_id"), get("span_id"), get("parent_span_id")
+    name_c, span_c, parent_c = get("name"), get("span_id"), get("parent_span_id")
+    hi_c, lo_c = get("trace_id_hi"), get("trace_id_lo")
     state_c, kind_c, start_c, end_c = get("trace_state"), get("span_kind"), get("start_ns"), get("end_ns")
     status_c, msg_c, extra_c = get("status_code"), get("status_message"), get("extra_attributes")
     events_c, links_c = get("events"), get("links")
@@ -334,16 +337,17 @@ def table_to_readable_spans(table: pa.Table, resource: Resource | None = None,
         scope = scopes.get(skey)
         if scope is None:
             scope = scopes[skey] = InstrumentationScope(scope_c[i] or "kvtrace.instrument", scope_v[i])
-        parent = _context(trace_c[i], parent_c[i]) if parent_c[i] else None
+        parent = _context(hi_c[i], lo_c[i], parent_c[i]) if parent_c[i] else None
         status = _STATUS_BY_NAME.get(status_c[i] or "Unset", StatusCode.UNSET)
         out.append(ReadableSpan(
             name=name_c[i],
-            context=_context(trace_c[i], span_c[i], state_c[i]),
+            context=_context(hi_c[i], lo_c[i], span_c[i], state_c[i]),
             parent=parent,
             resource=res,
             attributes=attrs,
             events=[Event(e["name"], dict(e["attributes"] or ()), e["time_ns"]) for e in events_c[i]] if events_c[i] else (),
-            links=[trace_api.Link(_context(lk["trace_id"], lk["span_id"], lk["trace_state"]), dict(lk["attributes"] or ()) or None)
+            links=[trace_api.Link(_context(lk["trace_id_hi"], lk["trace_id_lo"], lk["span_id"], lk["trace_state"]),
+                                  dict(lk["attributes"] or ()) or None)
                    for lk in links_c[i]] if links_c[i] else (),
             kind=_KIND_BY_NAME.get(kind_c[i], SpanKind.INTERNAL),
             status=Status(status, msg_c[i] if status is StatusCode.ERROR else None),

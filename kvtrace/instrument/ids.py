@@ -18,9 +18,6 @@ _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
 _M1 = 0xBF58476D1CE4E5B9
 _M2 = 0x94D049BB133111EB
-_HEX_DIGITS = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
-# byte -> its two hex digits, as one uint16 in memory order (one gather per byte)
-_HEX_PAIRS = np.stack([_HEX_DIGITS[np.arange(256) >> 4], _HEX_DIGITS[np.arange(256) & 15]], axis=1).copy().view(np.uint16).reshape(256)
 
 # Stream keys: each id kind mixes its own key into the counter.
 _SPAN, _TRACE_HI, _TRACE_LO = 1, 2, 3
@@ -39,16 +36,6 @@ def mix64(x: np.ndarray) -> np.ndarray:
     z = (z ^ (z >> np.uint64(30))) * np.uint64(_M1)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(_M2)
     return z ^ (z >> np.uint64(31))
-
-
-def hex_fixed(raw: np.ndarray) -> np.ndarray:
-    """(n, k) uint8 -> (n, 2k) uint8 of lowercase hex digits."""
-    return _HEX_PAIRS[raw].view(np.uint8).reshape(raw.shape[0], raw.shape[1] * 2)
-
-
-def u64_bytes(values: np.ndarray) -> np.ndarray:
-    """uint64 array -> (n, 8) big-endian bytes, as OTel hex-encodes ids."""
-    return values.astype(">u8").view(np.uint8).reshape(-1, 8)
 
 
 class SeededIdGenerator(IdGenerator):
@@ -95,24 +82,14 @@ class SeededIdGenerator(IdGenerator):
         """uint64 span ids for the given ordinals."""
         return self._stream(_SPAN, ordinals)
 
-    def span_ids_hex(self, ordinals: np.ndarray) -> np.ndarray:
-        """(n, 16) uint8 hex digits of the span ids."""
-        return hex_fixed(u64_bytes(self.span_ids(ordinals)))
+    def trace_ids(self, ordinals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(high, low) uint64 halves of the 128-bit trace ids for the given ordinals."""
+        return self._stream(_TRACE_HI, ordinals), self._stream(_TRACE_LO, ordinals)
 
-    def trace_ids_hex(self, ordinals: np.ndarray) -> np.ndarray:
-        """(n, 32) uint8 hex digits of 128-bit trace ids."""
-        hi = u64_bytes(self._stream(_TRACE_HI, ordinals))
-        lo = u64_bytes(self._stream(_TRACE_LO, ordinals))
-        return hex_fixed(np.concatenate([hi, lo], axis=1))
-
-    def request_ids(self, request_id: str) -> tuple[str, str]:
-        """(trace_id hex, span_id hex) of a request's span, keyed by its id."""
-        digest = hashlib.blake2b(
-            request_id.encode("utf-8"), digest_size=24, key=self._request_key
-        ).hexdigest()
-        trace_id, span_id = digest[:32], digest[32:]
-        if trace_id == "0" * 32:
-            trace_id = "0" * 31 + "1"
-        if span_id == "0" * 16:
-            span_id = "0" * 15 + "1"
-        return trace_id, span_id
+    def request_ids(self, request_id: str) -> tuple[int, int, int]:
+        """(trace id high, low, span id) of a request's span, keyed by its id."""
+        digest = hashlib.blake2b(request_id.encode("utf-8"), digest_size=24, key=self._request_key).digest()
+        hi, lo, span = (int.from_bytes(digest[i:i + 8], "big") for i in (0, 8, 16))
+        if not (hi or lo):  # 0 is the invalid id
+            lo = 1
+        return hi, lo, span or 1

@@ -66,12 +66,13 @@ def _kv(attrs) -> dict[str, Any]:
     return {kv.key: _any_value(kv.value) for kv in attrs}
 
 
-def _hex_id(raw: bytes, size: int, what: str, where: str, optional: bool = False) -> str:
+def _bytes_id(raw: bytes, size: int, what: str, where: str, optional: bool = False) -> int | None:
+    """An OTLP id (big-endian bytes) as the int the store keeps; None for an absent parent."""
     if optional and not raw:
-        return ""
+        return None
     if len(raw) != size:
         raise PayloadError(f"{where}: {what} must be {size} bytes, got {len(raw)}")
-    return raw.hex()
+    return int.from_bytes(raw, "big")
 
 
 def decode_protobuf(body: bytes) -> list[tuple[dict, dict]]:
@@ -89,9 +90,9 @@ def decode_protobuf(body: bytes) -> list[tuple[dict, dict]]:
                 where = f"resourceSpans[{ri}].scopeSpans[{si}].spans[{pi}]"
                 out.append((resource, dict(
                     name=sp.name,
-                    trace_id=_hex_id(sp.trace_id, 16, "traceId", where),
-                    span_id=_hex_id(sp.span_id, 8, "spanId", where),
-                    parent_span_id=_hex_id(sp.parent_span_id, 8, "parentSpanId", where, optional=True),
+                    trace_id=_bytes_id(sp.trace_id, 16, "traceId", where),
+                    span_id=_bytes_id(sp.span_id, 8, "spanId", where),
+                    parent_span_id=_bytes_id(sp.parent_span_id, 8, "parentSpanId", where, optional=True),
                     trace_state=sp.trace_state or None,
                     span_kind=_KINDS.get(sp.kind),
                     start_ns=sp.start_time_unix_nano,
@@ -103,7 +104,7 @@ def decode_protobuf(body: bytes) -> list[tuple[dict, dict]]:
                     status_code=_STATUS.get(sp.status.code),
                     status_message=sp.status.message or None,
                     events=[(e.time_unix_nano, e.name, _kv(e.attributes)) for e in sp.events],
-                    links=[(_hex_id(lk.trace_id, 16, "links.traceId", where), _hex_id(lk.span_id, 8, "links.spanId", where),
+                    links=[(_bytes_id(lk.trace_id, 16, "links.traceId", where), _bytes_id(lk.span_id, 8, "links.spanId", where),
                             lk.trace_state or None, _kv(lk.attributes)) for lk in sp.links],
                 )))
     return out
@@ -171,16 +172,16 @@ def _json_kv(items: Any, where: str) -> dict[str, Any]:
     return out
 
 
-def _json_id(v: Any, size: int, what: str, where: str, optional: bool = False) -> str:
+def _json_id(v: Any, size: int, what: str, where: str, optional: bool = False) -> int | None:
+    """An OTLP/JSON id (hex, as the OTLP JSON mapping writes it) as an int."""
     if optional and not v:
-        return ""
+        return None
     if not isinstance(v, str) or len(v) != 2 * size:
         raise PayloadError(f"{where}: {what} must be {2 * size} hex chars")
     try:
-        bytes.fromhex(v)
+        return int.from_bytes(bytes.fromhex(v), "big")
     except ValueError:
         raise PayloadError(f"{where}: {what} must be hex") from None
-    return v.lower()
 
 
 def _json_enum(v: Any, names: dict[str, int], what: str) -> int:

@@ -43,7 +43,6 @@ from kvtrace.instrument.arrow_columns import (
     int_lists,
     optional_hex,
     single_item_lists,
-    strings_from_fixed,
 )
 from kvtrace.instrument.ids import SeededIdGenerator
 from kvtrace.store.schema import (
@@ -133,7 +132,7 @@ class SpanBatchBuilder:
     def __init__(self, ids: SeededIdGenerator, envelope: Envelope = Envelope()):
         self.ids = ids
         self.envelope = envelope
-        self._request_ids: dict[str, tuple[str, str]] = {}
+        self._request_ids: dict[str, tuple[int, int, int]] = {}
         self._reset()
 
     def _reset(self) -> None:
@@ -185,7 +184,8 @@ class SpanBatchBuilder:
             else:
                 self._pending -= 1  # StepExecuted (carried as ``step``) or unknown: no span
 
-    def request_span_ids(self, request_id: str) -> tuple[str, str]:
+    def request_span_ids(self, request_id: str) -> tuple[int, int, int]:
+        """(trace id high, low, span id) of a request's span."""
         got = self._request_ids.get(request_id)
         if got is None:
             got = self._request_ids[request_id] = self.ids.request_ids(request_id)
@@ -200,8 +200,8 @@ class SpanBatchBuilder:
         num_steps = len(self._step_no)
         first = self.ids.reserve(num_steps)
         step_ord = np.arange(first, first + num_steps, dtype=np.int64)
-        step_trace = self.ids.trace_ids_hex(step_ord)
-        step_span = self.ids.span_ids_hex(step_ord)
+        step_trace = self.ids.trace_ids(step_ord)
+        step_span = self.ids.span_ids(step_ord)
         start = np.asarray(self._start, dtype=np.int64)
         end = np.asarray(self._end, dtype=np.int64)
         if num_steps:
@@ -218,13 +218,20 @@ class SpanBatchBuilder:
         return SpanBatch(_family_parts(segments))
 
     # -- segments ---------------------------------------------------------------------------
-    def _envelope(self, name: str, n: int, trace_id: pa.Array, span_id: pa.Array, parent: pa.Array,
-                  start: np.ndarray, end: np.ndarray, status: str = STATUS_UNSET) -> dict[str, pa.Array]:
+    def _envelope(self, name: str, n: int, ids: tuple, start: np.ndarray, end: np.ndarray,
+                  status: str = STATUS_UNSET) -> dict[str, pa.Array]:
+        """Envelope columns; ``ids``: uint64 arrays (trace high, trace low, span, parent or
+        None for root spans, whose parent_span_id is NULL)."""
         env = self.envelope
+        trace_hi, trace_lo, span, parent = ids
         cols = {
-            "trace_id": trace_id,
-            "span_id": span_id,
-            "parent_span_id": parent,
+            "trace_id_hi": pa.array(trace_hi, _U64),
+            "trace_id_lo": pa.array(trace_lo, _U64),
+            "span_id": pa.array(span, _U64),
+        }
+        if parent is not None:
+            cols["parent_span_id"] = pa.array(parent, _U64)
+        cols |= {
             "name": constant(name, n),
             "start_ns": pa.array(start, _I64),
             "end_ns": pa.array(end, _I64),
@@ -242,16 +249,15 @@ class SpanBatchBuilder:
     def _table(self, cols: dict[str, pa.Array]) -> pa.Table:
         return pa.Table.from_arrays(list(cols.values()), schema=pa.schema([pa.field(k, _TYPES[k]) for k in cols]))
 
-    def _child_ids(self, n: int, step_trace: np.ndarray, step_span: np.ndarray, slots: np.ndarray):
+    def _child_ids(self, n: int, step_trace: tuple, step_span: np.ndarray, slots: np.ndarray) -> tuple:
+        """Ids of n spans that are children of the step spans at ``slots``."""
         first = self.ids.reserve(n)
-        own = self.ids.span_ids_hex(np.arange(first, first + n, dtype=np.int64))
-        return (strings_from_fixed(step_trace[slots]), strings_from_fixed(own),
-                strings_from_fixed(step_span[slots]))
+        own = self.ids.span_ids(np.arange(first, first + n, dtype=np.int64))
+        return step_trace[0][slots], step_trace[1][slots], own, step_span[slots]
 
     def _steps_segment(self, step_trace, step_span, start, end) -> pa.Table:
         n = len(self._step_no)
-        cols = self._envelope(SPAN_STEP, n, strings_from_fixed(step_trace), strings_from_fixed(step_span),
-                              constant("", n), start, end)
+        cols = self._envelope(SPAN_STEP, n, (*step_trace, step_span, None), start, end)
         cols["step"] = _col(self._step_no, "step")
         steps = self._step
         if any(s is not None for s in steps):
@@ -282,23 +288,25 @@ class SpanBatchBuilder:
             if not len(idx):
                 continue
             picked = [events[i] for i in idx.tolist()]
-            trace_id, span_id, parent = self._child_ids(len(idx), step_trace, step_span, slot[idx])
             t = ts[idx]
-            cols = self._envelope(make.span_name, len(idx), trace_id, span_id, parent, t, t)
+            cols = self._envelope(make.span_name, len(idx), self._child_ids(len(idx), step_trace, step_span, slot[idx]),
+                                  t, t)
             cols["step"] = _col(list(map(_STEP, picked)), "step")
             make(self, picked, cols)
             out.append(self._table(cols))
         return out
 
     def _request_links(self, request_ids: Sequence[str]) -> pa.ListArray:
-        pairs = [self.request_span_ids(r) for r in request_ids]
+        """One link per span, to the request's span."""
+        n = len(request_ids)
+        ids = np.array([self.request_span_ids(r) for r in request_ids], dtype=np.uint64).reshape(n, 3)
         link_type = _TYPES["links"].value_type
         structs = pa.StructArray.from_arrays(
-            [pa.array([p[0] for p in pairs], _STR), pa.array([p[1] for p in pairs], _STR),
-             pa.nulls(len(pairs), _STR), pa.nulls(len(pairs), link_type.field("attributes").type)],
+            [pa.array(ids[:, 0]), pa.array(ids[:, 1]), pa.array(ids[:, 2]),
+             pa.nulls(n, _STR), pa.nulls(n, link_type.field("attributes").type)],
             fields=list(link_type),
         )
-        return single_item_lists(structs).cast(_TYPES["links"])
+        return single_item_lists(structs)
 
     # per-kind column fillers ------------------------------------------------------------------
     def _publish(self, evs: list[BlockPublished], cols: dict) -> None:
@@ -364,9 +372,9 @@ class SpanBatchBuilder:
     def _stale_hash_segment(self, step_trace, step_span) -> pa.Table:
         evs = self._stale
         n = len(evs)
-        trace_id, span_id, parent = self._child_ids(n, step_trace, step_span, np.asarray(self._stale_slot))
+        ids = self._child_ids(n, step_trace, step_span, np.asarray(self._stale_slot))
         t = np.asarray([e.time_ns for e in evs], dtype=np.int64)
-        cols = self._envelope(SPAN_STALE_HASH, n, trace_id, span_id, parent, t, t, STATUS_ERROR)
+        cols = self._envelope(SPAN_STALE_HASH, n, ids, t, t, STATUS_ERROR)
         cols["status_message"] = constant("stale hash: block content does not match its key", n)
         cols["step"] = _col(list(map(_STEP, evs)), "step")
         self._stale_left(evs, cols)
@@ -377,9 +385,9 @@ class SpanBatchBuilder:
     def _divergent_segment(self, step_trace, step_span) -> pa.Table:
         evs = self._divergent
         n = len(evs)
-        trace_id, span_id, parent = self._child_ids(n, step_trace, step_span, np.asarray(self._divergent_slot))
+        ids = self._child_ids(n, step_trace, step_span, np.asarray(self._divergent_slot))
         t = np.asarray([e.time_ns for e in evs], dtype=np.int64)
-        cols = self._envelope(SPAN_DIVERGENT, n, trace_id, span_id, parent, t, t, STATUS_ERROR)
+        cols = self._envelope(SPAN_DIVERGENT, n, ids, t, t, STATUS_ERROR)
         cols["status_message"] = constant("divergent output token", n)
         rids = list(map(_REQUEST_ID, evs))
         cols["step"] = _col(list(map(_STEP, evs)), "step")
@@ -393,14 +401,13 @@ class SpanBatchBuilder:
     def _request_segment(self) -> pa.Table:
         evs = self._finished
         n = len(evs)
-        pairs = [self.request_span_ids(e.request_id) for e in evs]
+        ids = np.array([self.request_span_ids(e.request_id) for e in evs], dtype=np.uint64).reshape(n, 3)
         for e in evs:  # finished: later links to it are not expected
             self._request_ids.pop(e.request_id, None)
         start = np.asarray([e.arrival_ns for e in evs], dtype=np.int64)
         end = np.asarray([e.finish_ns for e in evs], dtype=np.int64)
         status = [STATUS_ERROR if e.num_divergent_tokens else None for e in evs]  # None: Unset
-        cols = self._envelope(SPAN_REQUEST, n, pa.array([p[0] for p in pairs], _STR),
-                              pa.array([p[1] for p in pairs], _STR), constant("", n), start, end)
+        cols = self._envelope(SPAN_REQUEST, n, (ids[:, 0], ids[:, 1], ids[:, 2], None), start, end)
         cols["status_code"] = pa.array(status, _STR)
         cols["status_message"] = pa.array(
             ["divergent output" if e.num_divergent_tokens else None for e in evs], _STR)

@@ -154,12 +154,9 @@ class _SpanWriter:
         self.spans = 0
         self.depth: dict[str, int] = {}  # hash -> blocks from the root (for num_tokens)
 
-    def _ids(self) -> tuple[str, str]:
-        return f"{self.ids.generate_trace_id():032x}", f"{self.ids.generate_span_id():016x}"
-
     def add(self, seq: int, batch: KVEventBatch) -> None:
         t = int(round(batch.ts * 1e9))
-        trace_id, step_span = self._ids()
+        trace_id, step_span = self.ids.generate_trace_id(), self.ids.generate_span_id()
         common = {"kvtrace.source": SOURCE_VLLM, "kvtrace.step": seq}
         if batch.dp_rank is not None:
             common["kvtrace.vllm.dp_rank"] = batch.dp_rank
@@ -205,8 +202,7 @@ class _SpanWriter:
                 name = SPAN_EVICT
                 attrs["kvtrace.evict.reason"] = EVICT_REASON_RESET
                 self.depth.clear()
-            _, span_id = self._ids()
-            self.rows.add(name=name, trace_id=trace_id, span_id=span_id, parent_span_id=step_span,
+            self.rows.add(name=name, trace_id=trace_id, span_id=self.ids.generate_span_id(), parent_span_id=step_span,
                           start_ns=t, end_ns=t, attributes=attrs, resource=self.resource,
                           scope_name="kvtrace.instrument.vllm")
             self.spans += 1

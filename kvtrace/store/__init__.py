@@ -4,7 +4,8 @@ Imports only duckdb, polars, pyarrow and the stdlib (plus kvtrace.errors): the s
 
 Schema (``schema.py``)
     One span = one row. ``SPAN_COLUMN_DEFS`` lists every column with its Arrow type, DuckDB
-    type and OTel attribute key: OTel envelope (trace_id/span_id hex, name, start_ns/end_ns,
+    type and OTel attribute key: OTel envelope (ids as integers: trace_id_hi/trace_id_lo,
+    span_id, parent_span_id UBIGINT; every view shows them as OTel's hex), name, start_ns/end_ns,
     status, resource/extra attribute maps, events, links) and typed ``kvtrace.*`` columns
     (step, group_id, request_id, block_ids BIGINT[], block_hashes VARCHAR[] hex,
     publish_kind, evict_reason, copy_reason, ages/idle, lookup counts and hashes, step
@@ -18,7 +19,7 @@ Schema (``schema.py``)
     the shared columns plus the family's own, and ``spans_other`` (every column) for other
     names or rows setting a column their family lacks. DuckDB's append cost grows with the
     column count, so this roughly halves insert time and each query scans one family.
-    Views: ``spans`` (all columns, all families), ``cache_spans``/``lookup_spans``/...
+    Views: ``spans`` (``SPAN_VIEW_COLUMNS``: all columns, all families, ids as hex), ``cache_spans``/``lookup_spans``/...
     (one family, incl. its rows in spans_other) and ``otel_traces``: the OpenTelemetry
     Collector ClickHouse exporter's columns (Timestamp, TraceId, ..., SpanAttributes map
     built from the typed columns plus extra_attributes, Duration ns, Events.*, Links.*),
@@ -65,6 +66,7 @@ from kvtrace.store.schema import (  # noqa: F401
     SPAN_COLUMN_DEFS,
     SPAN_COLUMNS,
     SPAN_NAMES,
+    SPAN_VIEW_COLUMNS,
 )
 from kvtrace.store.writer import Store  # noqa: F401
 from kvtrace.store import read  # noqa: F401,E402

@@ -114,8 +114,9 @@ def _open(path: str, read_only: bool, timeout_s: float) -> duckdb.DuckDBPyConnec
                 os.unlink(marker)
 
 
-def check_store(con: duckdb.DuckDBPyConnection, path: str) -> None:
-    """Raise StoreError unless ``con`` is a kvtrace store of a schema version we read."""
+def check_store(con: duckdb.DuckDBPyConnection, path: str) -> int:
+    """Raise StoreError unless ``con`` is a kvtrace store of a schema version we read;
+    return that version."""
     try:
         rows = con.execute(f"SELECT key, value FROM {META_TABLE}").fetchall()
     except duckdb.CatalogException:
@@ -128,6 +129,7 @@ def check_store(con: duckdb.DuckDBPyConnection, path: str) -> None:
     version = int(meta.get("schema_version", "0"))
     if version > SCHEMA_VERSION:
         raise StoreError(path, f"store schema version {version} is newer than this kvtrace ({SCHEMA_VERSION})")
+    return version
 
 
 @contextlib.contextmanager

@@ -13,8 +13,9 @@ EXPORTED_TABLES = ("spans", "runs", "evicted_blocks")
 def export_parquet(db: str | Path, run_id: str, directory: str | Path) -> dict[str, Path]:
     """Write ``<dir>/{spans,runs,evicted_blocks}.parquet`` for ``run_id`` (zstd).
 
-    Spans keep their store schema (run_id, seq and every typed column), so
-    ``read_parquet`` gives back exactly what ``spans`` holds for the run, in ``seq`` order.
+    Spans have the ``spans`` view's columns (run_id, seq, every typed column, ids as
+    hex), so ``read_parquet`` gives back exactly what ``spans`` shows for the run, in
+    ``seq`` order.
     Returns table name -> file written.
     """
     out_dir = Path(directory)

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 1
+# 2: ids stored as integers (trace_id_hi/lo, span_id, parent_span_id UBIGINT); views show hex.
+SCHEMA_VERSION = 2
 
 # --- span names -------------------------------------------------------------------------
 SPAN_PUBLISH = "kvtrace.cache.publish"
@@ -47,11 +48,13 @@ _I64 = pa.int64()
 _I32 = pa.int32()
 _STR = pa.string()
 _F64 = pa.float64()
+_U64 = pa.uint64()
 _ATTR_MAP = pa.map_(pa.string(), pa.string())
 
 EVENT_STRUCT = pa.struct([("time_ns", _I64), ("name", _STR), ("attributes", _ATTR_MAP)])
 LINK_STRUCT = pa.struct(
-    [("trace_id", _STR), ("span_id", _STR), ("trace_state", _STR), ("attributes", _ATTR_MAP)]
+    [("trace_id_hi", _U64), ("trace_id_lo", _U64), ("span_id", _U64), ("trace_state", _STR),
+     ("attributes", _ATTR_MAP)]
 )
 CHUNK_STRUCT = pa.struct([("start_ns", _I64), ("end_ns", _I64), ("num_tokens", _I64)])
 
@@ -69,9 +72,10 @@ class Col:
 SPAN_COLUMN_DEFS: tuple[Col, ...] = (
     # identity and OTel envelope
     Col("run_id", _STR, "VARCHAR", None, "run this span belongs to (filled by Store.append_spans)"),
-    Col("trace_id", _STR, "VARCHAR", None, "32 lowercase hex chars"),
-    Col("span_id", _STR, "VARCHAR", None, "16 lowercase hex chars"),
-    Col("parent_span_id", _STR, "VARCHAR", None, "16 hex chars, '' or NULL for a root span"),
+    Col("trace_id_hi", _U64, "UBIGINT", None, "trace id, high 64 bits (views: trace_id, 32 lowercase hex chars)"),
+    Col("trace_id_lo", _U64, "UBIGINT", None, "trace id, low 64 bits"),
+    Col("span_id", _U64, "UBIGINT", None, "span id (views: 16 lowercase hex chars)"),
+    Col("parent_span_id", _U64, "UBIGINT", None, "parent span id (views: hex); NULL for a root span"),
     Col("trace_state", _STR, "VARCHAR", None, "W3C trace state"),
     Col("name", _STR, "VARCHAR", None, "span name, one of SPAN_NAMES for kvtrace spans"),
     Col("span_kind", _STR, "VARCHAR", None, "OTel kind as the ClickHouse exporter writes it; NULL = Internal"),
@@ -85,7 +89,7 @@ SPAN_COLUMN_DEFS: tuple[Col, ...] = (
     Col("resource_attributes", _ATTR_MAP, "MAP(VARCHAR, VARCHAR)", None, "OTel resource attributes"),
     Col("extra_attributes", _ATTR_MAP, "MAP(VARCHAR, VARCHAR)", None, "attributes without a typed column"),
     Col("events", pa.list_(EVENT_STRUCT), "STRUCT(time_ns BIGINT, name VARCHAR, attributes MAP(VARCHAR, VARCHAR))[]", None, "OTel span events"),
-    Col("links", pa.list_(LINK_STRUCT), "STRUCT(trace_id VARCHAR, span_id VARCHAR, trace_state VARCHAR, attributes MAP(VARCHAR, VARCHAR))[]", None, "OTel span links"),
+    Col("links", pa.list_(LINK_STRUCT), "STRUCT(trace_id_hi UBIGINT, trace_id_lo UBIGINT, span_id UBIGINT, trace_state VARCHAR, attributes MAP(VARCHAR, VARCHAR))[]", None, "OTel span links (views: trace_id, span_id as hex)"),
     Col("source", _STR, "VARCHAR", "kvtrace.source", "replay | vllm | otlp; NULL = replay"),
     # common kvtrace attributes
     Col("step", _I64, "BIGINT", "kvtrace.step", "scheduler step index"),
@@ -200,7 +204,7 @@ CREATE TABLE IF NOT EXISTS runs (
 # with unusual attributes) go to ``spans_other``, which has every column, so nothing is
 # dropped; each family VIEW (``lookup_spans`` ...) also reads its names from spans_other.
 SHARED_COLUMNS = (
-    "run_id", "trace_id", "span_id", "parent_span_id", "trace_state", "name", "span_kind",
+    "run_id", "trace_id_hi", "trace_id_lo", "span_id", "parent_span_id", "trace_state", "name", "span_kind",
     "start_ns", "end_ns", "status_code", "status_message", "service_name", "scope_name",
     "scope_version", "resource_attributes", "extra_attributes", "events", "links", "source",
     "step", "group_id", "request_id",
@@ -256,23 +260,56 @@ def _table_ddl(table: str) -> str:
     return f"CREATE TABLE IF NOT EXISTS {table} (\n    {cols}\n)"
 
 
-def _select_as(table: str, columns: tuple[str, ...], where: str = "") -> str:
-    have = set(family_columns(table))
-    def absent(c: str) -> str:
-        return "CAST(0 AS INTEGER)" if c == NUM_BLOCKS_COLUMN else f"CAST(NULL AS {_SQL_TYPE.get(c, 'BIGINT')})"
+# --- views: ids shown as hex -------------------------------------------------------------
+# Tables store OTel ids as integers: about a sixth cheaper to append than hex strings
+# (issue 4's exporter budget), half the bytes, and integer joins. Every view (``spans``,
+# the family views, ``otel_traces``) shows them as the lowercase hex strings OTel and the
+# ClickHouse exporter use, so readers never see the integers.
+_HEX_TRACE = "printf('%016x%016x', {0}trace_id_hi, {0}trace_id_lo)"
+_HEX_SPAN = "printf('%016x', {0}{1})"
+_VIEW_LINK = "STRUCT(trace_id VARCHAR, span_id VARCHAR, trace_state VARCHAR, attributes MAP(VARCHAR, VARCHAR))[]"
+# view column -> (DuckDB type, SQL over the stored columns, the stored columns it needs)
+_PRESENTED: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "trace_id": ("VARCHAR", _HEX_TRACE.format(""), ("trace_id_hi", "trace_id_lo")),
+    "span_id": ("VARCHAR", _HEX_SPAN.format("", "span_id"), ("span_id",)),
+    "parent_span_id": ("VARCHAR", _HEX_SPAN.format("", "parent_span_id"), ("parent_span_id",)),
+    "links": (_VIEW_LINK, "list_transform(links, lambda l: struct_pack(trace_id := "
+              f"{_HEX_TRACE.format('l.')}, span_id := {_HEX_SPAN.format('l.', 'span_id')}, "
+              "trace_state := l.trace_state, attributes := l.attributes))", ("links",)),
+}
 
-    items = ", ".join(c if c in have else f"{absent(c)} AS {c}" for c in columns)
-    return f"SELECT {items} FROM {table}{where}"
+
+def view_columns(stored: tuple[str, ...]) -> tuple[str, ...]:
+    """The view columns over these stored ones: trace_id_hi/lo become one trace_id."""
+    return tuple("trace_id" if c == "trace_id_hi" else c for c in stored if c != "trace_id_lo")
+
+
+# Columns of the ``spans`` view, in order (then seq, num_blocks).
+SPAN_VIEW_COLUMNS: tuple[str, ...] = view_columns(SPAN_COLUMNS)
+VIEW_SQL_TYPES: dict[str, str] = _SQL_TYPE | {c: t for c, (t, _, _) in _PRESENTED.items()}
+
+
+def _select_as(table: str, columns: tuple[str, ...], where: str = "") -> str:
+    """SELECT of view columns from one stored table (typed NULLs where it lacks one)."""
+    have = set(family_columns(table))
+
+    def item(c: str) -> str:
+        sql_type, expr, needs = _PRESENTED.get(c, (VIEW_SQL_TYPES.get(c, "BIGINT"), c, (c,)))
+        if all(n in have for n in needs):
+            return expr if expr == c else f"{expr} AS {c}"
+        return f"CAST({'0' if c == NUM_BLOCKS_COLUMN else 'NULL'} AS {sql_type}) AS {c}"
+
+    return f"SELECT {', '.join(map(item, columns))} FROM {table}{where}"
 
 
 def span_tables_ddl() -> list[str]:
     """CREATE statements: family tables, spans_other, the ``spans`` view, family views."""
     stmts = [_table_ddl(t) for t in FAMILIES] + [_table_ddl(OTHER_TABLE)]
-    everything = SPAN_COLUMNS + WRITER_COLUMNS
+    everything = SPAN_VIEW_COLUMNS + WRITER_COLUMNS
     union = "\nUNION ALL ".join(_select_as(t, everything) for t in (*FAMILIES, OTHER_TABLE))
     stmts.append(f"CREATE OR REPLACE VIEW spans AS\n{union}")
     for table, (view, names, _) in FAMILIES.items():
-        cols = family_columns(table)
+        cols = view_columns(family_columns(table))
         in_names = ", ".join(f"'{n}'" for n in names)
         stmts.append(
             f"CREATE OR REPLACE VIEW {view} AS\n{_select_as(table, cols)}\n"

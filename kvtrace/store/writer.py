@@ -148,7 +148,10 @@ def _init_schema(con: duckdb.DuckDBPyConnection, path: str) -> None:
     if tables and META_TABLE not in tables:
         raise StoreError(path, f"not a kvtrace store (DuckDB file with tables {sorted(tables)[:5]} but no {META_TABLE})")
     if META_TABLE in tables:
-        check_store(con, path)
+        version = check_store(con, path)
+        if version < SCHEMA_VERSION:  # appending needs this version's tables (v2: integer ids)
+            raise StoreError(path, f"store schema version {version} predates this kvtrace's ({SCHEMA_VERSION}); "
+                                   "cannot append to it: write to a new store file")
         if "spans" in tables:  # a pre-release layout: one spans table instead of families
             raise StoreError(path, "store written by an older kvtrace layout (spans table); re-create it")
     con.execute("BEGIN")

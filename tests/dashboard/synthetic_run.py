@@ -73,7 +73,7 @@ class _Sim:
     def span(self, name: str, start_ns: int, end_ns: int | None = None, **cols) -> None:
         self.span_seq += 1
         cols.update(name=name, start_ns=start_ns, end_ns=end_ns if end_ns is not None else start_ns,
-                    trace_id=f"{self.span_seq:032x}", span_id=f"{self.span_seq:016x}")
+                    trace_id_hi=0, trace_id_lo=self.span_seq, span_id=self.span_seq)
         self.rows.append(cols)
 
     def allocate(self, g: int, step: int, rid: str) -> int:

@@ -25,9 +25,13 @@ def test_ids_are_a_function_of_seed_and_order():
 
 def test_bulk_ids_match_the_sdk_interface():
     gen = SeededIdGenerator(7)
-    bulk = gen.span_ids_hex(np.arange(0, 50))
+    bulk = gen.span_ids(np.arange(0, 50))
     one_by_one = SeededIdGenerator(7)
-    assert [bytes(row).decode() for row in bulk] == [f"{one_by_one.generate_span_id():016x}" for _ in range(50)]
+    assert bulk.dtype == np.uint64
+    assert bulk.tolist() == [one_by_one.generate_span_id() for _ in range(50)]
+    hi, lo = gen.trace_ids(np.arange(50, 60))
+    one_by_one.reserve(0)
+    assert [(int(h) << 64) | int(low) for h, low in zip(hi, lo)] == [one_by_one.generate_trace_id() for _ in range(10)]
 
 
 def test_sdk_tracer_with_the_seeded_generator_is_reproducible():
@@ -43,8 +47,8 @@ def test_request_ids_are_keyed_by_seed_and_request():
     assert g1.request_ids("r7") == SeededIdGenerator(1).request_ids("r7")
     assert g1.request_ids("r7") != g1.request_ids("r8")
     assert g1.request_ids("r7") != g2.request_ids("r7")
-    trace_id, span_id = g1.request_ids("r7")
-    assert len(trace_id) == 32 and len(span_id) == 16
+    hi, lo, span = g1.request_ids("r7")
+    assert (hi or lo) and span and max(hi, lo, span) < 2**64
 
 
 def test_attribute_table_documents_every_typed_attribute_and_span():

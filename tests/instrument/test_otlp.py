@@ -88,14 +88,15 @@ def test_collector_spans_without_run_id_go_to_one_collector_run(tmp_path, collec
     provider.shutdown()
     collector.stop()
     rows = store_rows(tmp_path / "collected.duckdb", "r1",
-                      "name, parent_span_id, num_prompt_tokens, num_output_tokens, extra_attributes, source, service_name")
+                      "name, span_id, parent_span_id, num_prompt_tokens, num_output_tokens, extra_attributes, source, "
+                      "service_name")
     assert count_spans(tmp_path / "collected.duckdb", "r1") == 2
     req = next(r for r in rows if r["name"] == "llm_request")
     assert (req["num_prompt_tokens"], req["num_output_tokens"]) == (12, 3)
     assert req["extra_attributes"] == {"gen_ai.request.model": "m", "gen_ai.latency.time_to_first_token": "0.25"}
     assert (req["source"], req["service_name"]) == ("otlp", "vllm")
     child = next(r for r in rows if r["name"] == "child")
-    assert child["parent_span_id"] != ""
+    assert req["parent_span_id"] is None and child["parent_span_id"] == req["span_id"]
 
 
 def test_unreachable_collector_is_counted_not_hung_on(tmp_path):

@@ -70,7 +70,7 @@ def test_json_spans_are_stored_with_typed_columns(tmp_path, collector):
     rows = store_rows(tmp_path / "rx.duckdb", "json-run")
     assert len(rows) == 2
     r = rows[0]
-    assert (r["trace_id"], r["span_id"], r["parent_span_id"]) == (TRACE, "0000000000000001", "")
+    assert (r["trace_id"], r["span_id"], r["parent_span_id"]) == (TRACE, "0000000000000001", None)  # root: NULL parent
     assert (r["start_ns"], r["end_ns"], r["step"]) == (1000, 1000, 7)
     assert r["block_ids"] == [1, 2] and r["block_hashes"] == ["aa", "bb"]
     assert r["publish_kind"] == "full"

@@ -309,7 +309,7 @@ def _spans(run_id: str, hits: list[int], ttft_ms: list[float], itl_ms: list[list
     for i in range(n):
         arrival = i * 1_000_000_000
         rows.append({
-            "run_id": run_id, "name": "kvtrace.request", "span_id": f"{i:016x}", "trace_id": "0" * 32,
+            "run_id": run_id, "name": "kvtrace.request", "span_id": i + 1, "trace_id_hi": 0, "trace_id_lo": 1,
             "request_id": f"req-{i:03d}", "start_ns": arrival, "end_ns": arrival + 10**9 // 2,
             "arrival_ns": arrival, "first_token_ns": arrival + int(ttft_ms[i] * 1e6),
             "ttft_ns": int(ttft_ms[i] * 1e6), "itl_ns": [int(g * 1e6) for g in itl_ms[i]],
@@ -317,13 +317,13 @@ def _spans(run_id: str, hits: list[int], ttft_ms: list[float], itl_ms: list[list
         })
     for j, (reason, block, kind) in enumerate(evictions):
         seq_t += 1
-        rows.append({"run_id": run_id, "name": "kvtrace.cache.evict", "span_id": f"e{j:015x}", "trace_id": "0" * 32,
+        rows.append({"run_id": run_id, "name": "kvtrace.cache.evict", "span_id": (0xE << 60) | j, "trace_id_hi": 0, "trace_id_lo": 1,
                      "start_ns": seq_t, "end_ns": seq_t, "group_id": 0, "evict_reason": reason,
                      "block_ids": [block], "block_hashes": [f"{block:064x}"], "ages": [1], "idle": [1]})
         if kind is not None:
             seq_t += 1
-            rows.append({"run_id": run_id, "name": "kvtrace.cache.publish", "span_id": f"p{j:015x}",
-                         "trace_id": "0" * 32, "start_ns": seq_t, "end_ns": seq_t, "group_id": 0,
+            rows.append({"run_id": run_id, "name": "kvtrace.cache.publish", "span_id": (0xF << 60) | j,
+                         "trace_id_hi": 0, "trace_id_lo": 1, "start_ns": seq_t, "end_ns": seq_t, "group_id": 0,
                          "publish_kind": kind, "block_ids": [block], "block_hashes": [f"{block + 10**6:064x}"]})
     return pa.Table.from_pylist(rows, schema=_arrow_schema(rows))
 

@@ -29,7 +29,7 @@ def lookup(step, req, q, h, per_group, root, miss, miss_index, ext=0):
 
 def scenario_rows() -> list[dict]:
     """Rows in append (seq) order; the index in this list is the span's seq."""
-    return [
+    return _with_ids([
         # step 0
         at(0, name=STEP, usage=[0.1, 0.2], num_running=1, num_waiting=0),                     # 0
         lookup(0, "A", 64, 0, [0, 0], "h1", "h1", 0),                                          # 1
@@ -71,7 +71,19 @@ def scenario_rows() -> list[dict]:
         at(3, name=PUB, request_id="E", group_id=0, publish_kind="checkpoint",
            block_ids=[1], block_hashes=["h10"], num_tokens=48),                                # 19
         lookup(3, "G", 32, 16, [16, 0], "h1", "h9", 2),                                        # 20
-    ]
+    ])
+
+
+def _with_ids(rows: list[dict]) -> list[dict]:
+    """OTel ids as the instrument lays them out: a trace per step rooted at its step span,
+    a trace per request; the top bit set so the full 64-bit range round-trips."""
+    step_span = {r["step"]: (1 << 63) | i for i, r in enumerate(rows) if r["name"] == STEP}
+    for i, r in enumerate(rows):
+        root = r["name"] in (STEP, REQ)
+        key = r["step"] if not root or r["name"] == STEP else 1000 + i
+        r.update(trace_id_hi=0xFEED << 48 | key, trace_id_lo=key, span_id=(1 << 63) | i,
+                 parent_span_id=None if root else step_span.get(r["step"]))
+    return rows
 
 
 def scenario_table(rows: list[dict] | None = None) -> pa.Table:
@@ -79,3 +91,17 @@ def scenario_table(rows: list[dict] | None = None) -> pa.Table:
     names = [f.name for f in SPAN_ARROW_SCHEMA if f.name != "run_id"]
     cols = {n: [r.get(n) for r in rows] for n in names}
     return pa.table({n: pa.array(cols[n], SPAN_ARROW_SCHEMA.field(n).type) for n in names})
+
+
+def as_viewed(table: pa.Table) -> pa.Table:
+    """What the store's views show for rows appended as ``table``: ids as OTel hex."""
+    cols = {n: table.column(n).to_pylist() for n in table.column_names}
+    hi, lo = cols.pop("trace_id_hi"), cols.pop("trace_id_lo")
+    out = {"trace_id": [None if h is None else f"{h:016x}{v:016x}" for h, v in zip(hi, lo)]}
+    for c in ("span_id", "parent_span_id"):
+        out[c] = [None if v is None else f"{v:016x}" for v in cols.pop(c)]
+    out["links"] = [None if links is None else [
+        {"trace_id": f"{k['trace_id_hi']:016x}{k['trace_id_lo']:016x}", "span_id": f"{k['span_id']:016x}",
+         "trace_state": k["trace_state"], "attributes": k["attributes"]} for k in links] for links in cols.pop("links")]
+    return pa.table({**{n: pa.array(v) for n, v in out.items()},
+                     **{n: table.column(n) for n in cols}})

@@ -8,7 +8,7 @@ import pytest
 
 from kvtrace.errors import KVTraceError
 from kvtrace.store import Store, StoreError, export_parquet, read
-from tests.store.scenario import scenario_rows, scenario_table
+from tests.store.scenario import as_viewed, scenario_rows, scenario_table
 
 
 def test_export_parquet_round_trip(scenario_db, tmp_path):
@@ -21,7 +21,7 @@ def test_export_parquet_round_trip(scenario_db, tmp_path):
     written = export_parquet(db, run_id, tmp_path / "out")
     assert sorted(written) == ["evicted_blocks", "runs", "spans"]
     spans = pq.read_table(written["spans"])
-    expected = scenario_table()
+    expected = as_viewed(scenario_table())
     assert spans.num_rows == expected.num_rows
     assert set(spans.column("run_id").to_pylist()) == {run_id}
     for name in expected.column_names:
@@ -65,6 +65,19 @@ def test_foreign_duckdb_file_is_refused_and_left_alone(tmp_path):
     con = duckdb.connect(str(foreign), read_only=True)
     assert [r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()] == ["invoices"]
     con.close()
+
+
+def test_store_of_an_older_schema_is_not_appended_to(tmp_path):
+    old = tmp_path / "v1.duckdb"
+    with Store.open(old) as store:
+        store.finish_run(store.create_run("kept"))
+    con = duckdb.connect(str(old))
+    con.execute("UPDATE kvtrace_meta SET value = '1' WHERE key = 'schema_version'")  # string ids, before v2
+    con.close()
+    with pytest.raises(StoreError, match=r"v1\.duckdb.*schema version 1 predates .* write to a new store file") as err:
+        Store.open(old)
+    assert "\n" not in str(err.value)
+    assert read.runs(old)["name"].to_list() == ["kept"]  # refused before touching anything
 
 
 def test_truncated_store_is_a_store_error(scenario_db, tmp_path):
