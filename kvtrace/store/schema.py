@@ -262,7 +262,7 @@ def _table_ddl(table: str) -> str:
 
 # --- views: ids shown as hex -------------------------------------------------------------
 # Tables store OTel ids as integers: about a sixth cheaper to append than hex strings
-# (issue 4's exporter budget), half the bytes, and integer joins. Every view (``spans``,
+# (issue 4's exporter budget) and half the bytes. Every view (``spans``,
 # the family views, ``otel_traces``) shows them as the lowercase hex strings OTel and the
 # ClickHouse exporter use, so readers never see the integers.
 _HEX_TRACE = "printf('%016x%016x', {0}trace_id_hi, {0}trace_id_lo)"
