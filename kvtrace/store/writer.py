@@ -66,7 +66,8 @@ def _conform(table: pa.Table) -> pa.Table:
     """Check column names against the span schema and cast to its types."""
     unknown = [n for n in table.column_names if n not in _ARROW_TYPES]
     if unknown:
-        raise ValueError(f"append_spans: columns not in SPAN_ARROW_SCHEMA: {unknown}")
+        hint = " (ids are uint64: trace_id_hi, trace_id_lo, span_id, parent_span_id)" if "trace_id" in unknown else ""
+        raise ValueError(f"append_spans: columns not in SPAN_ARROW_SCHEMA: {unknown}{hint}")
     for i, name in enumerate(table.column_names):
         want = _ARROW_TYPES[name]
         if table.schema.field(i).type != want:

@@ -70,6 +70,8 @@ def test_append_argument_errors(tmp_path):
     run_id = store.create_run("e")
     with pytest.raises(ValueError, match="not in SPAN_ARROW_SCHEMA"):
         store.append_spans(pa.table({"name": ["x"], "colour": ["red"]}), run_id=run_id)
+    with pytest.raises(ValueError, match=r"\['trace_id'\] \(ids are uint64: trace_id_hi, trace_id_lo"):
+        store.append_spans(pa.table({"name": ["x"], "trace_id": ["0" * 32]}), run_id=run_id)
     with pytest.raises(ValueError, match="one run per call"):
         store.append_spans(pa.table({"run_id": ["a", "b"], "name": ["x", "y"]}))
     with pytest.raises(ValueError, match="pass run_id"):
