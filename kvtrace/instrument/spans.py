@@ -369,14 +369,21 @@ class SpanBatchBuilder:
     _stale_left.span_name = SPAN_STALE_LEFT
 
     # engine events ------------------------------------------------------------------------
+    def _error_envelope(self, name: str, message: str, evs: list, slots: list[int], step_trace,
+                        step_span) -> dict[str, pa.Array]:
+        """Columns shared by the verification spans: instant children of their step, status Error."""
+        n = len(evs)
+        t = np.asarray([e.time_ns for e in evs], dtype=np.int64)
+        cols = self._envelope(name, n, self._child_ids(n, step_trace, step_span, np.asarray(slots)), t, t,
+                              STATUS_ERROR)
+        cols["status_message"] = constant(message, n)
+        cols["step"] = _col(list(map(_STEP, evs)), "step")
+        return cols
+
     def _stale_hash_segment(self, step_trace, step_span) -> pa.Table:
         evs = self._stale
-        n = len(evs)
-        ids = self._child_ids(n, step_trace, step_span, np.asarray(self._stale_slot))
-        t = np.asarray([e.time_ns for e in evs], dtype=np.int64)
-        cols = self._envelope(SPAN_STALE_HASH, n, ids, t, t, STATUS_ERROR)
-        cols["status_message"] = constant("stale hash: block content does not match its key", n)
-        cols["step"] = _col(list(map(_STEP, evs)), "step")
+        cols = self._error_envelope(SPAN_STALE_HASH, "stale hash: block content does not match its key", evs,
+                                    self._stale_slot, step_trace, step_span)
         self._stale_left(evs, cols)
         cols["expected_fingerprint"] = _col([e.expected_fingerprint & _MASK64 for e in evs], "expected_fingerprint")
         cols["actual_fingerprint"] = _col([e.actual_fingerprint & _MASK64 for e in evs], "actual_fingerprint")
@@ -384,13 +391,9 @@ class SpanBatchBuilder:
 
     def _divergent_segment(self, step_trace, step_span) -> pa.Table:
         evs = self._divergent
-        n = len(evs)
-        ids = self._child_ids(n, step_trace, step_span, np.asarray(self._divergent_slot))
-        t = np.asarray([e.time_ns for e in evs], dtype=np.int64)
-        cols = self._envelope(SPAN_DIVERGENT, n, ids, t, t, STATUS_ERROR)
-        cols["status_message"] = constant("divergent output token", n)
+        cols = self._error_envelope(SPAN_DIVERGENT, "divergent output token", evs, self._divergent_slot,
+                                    step_trace, step_span)
         rids = list(map(_REQUEST_ID, evs))
-        cols["step"] = _col(list(map(_STEP, evs)), "step")
         cols["request_id"] = _col(rids, "request_id")
         cols["position"] = _col([e.position for e in evs], "position")
         cols["expected_token"] = _col([e.expected_token for e in evs], "expected_token")
