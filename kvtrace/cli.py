@@ -25,6 +25,11 @@ def _err(msg: str) -> None:
     typer.echo(f"kvtrace: error: {msg}", err=True)
 
 
+def _status(msg: str) -> None:
+    """A status line on stderr (stdout stays clean for data)."""
+    typer.echo(msg, err=True)
+
+
 def _spec_from_options(trace, **kw):
     from kvtrace.replay.run import RunSpec
 
@@ -207,14 +212,23 @@ def export(
 @app.command()
 def collect(
     db: Path = typer.Option(...),
-    port: int = typer.Option(4318),
+    port: int = typer.Option(4318, help="OTLP/HTTP port (0: any free port)."),
+    grpc_port: int = typer.Option(4317, help="OTLP/gRPC port, the SDKs' default protocol (0: any free port)."),
+    grpc: bool = typer.Option(True, "--grpc/--no-grpc", help="Also serve OTLP/gRPC."),
     host: str = typer.Option("127.0.0.1"),
     max_body_bytes: int = typer.Option(16 * 1024 * 1024),
 ):
-    """Receive OTLP/HTTP traces (protobuf or JSON on /v1/traces) into the store."""
+    """Receive OTLP traces (HTTP: protobuf or JSON on /v1/traces; gRPC) into the store."""
     from kvtrace.instrument.receiver import serve_collector
 
-    serve_collector(db, host=host, port=port, max_body_bytes=max_body_bytes)
+    def ready(c) -> None:
+        grpc_part = f", OTLP/gRPC on {c.grpc_target}" if c.grpc_target else ""
+        _status(f"kvtrace collect: OTLP/HTTP on {c.url}{grpc_part} -> {db} (Ctrl-C to stop)")
+
+    collector = serve_collector(db, host=host, port=port, max_body_bytes=max_body_bytes,
+                                grpc_port=grpc_port if grpc else None, on_ready=ready)
+    _status(f"kvtrace collect: {collector.spans_received} spans stored, "
+              f"{collector.requests_rejected} requests rejected")
 
 
 @capture_app.command("vllm")

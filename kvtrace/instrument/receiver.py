@@ -1,9 +1,10 @@
-"""OTLP/HTTP receiver: ``POST /v1/traces`` into the kvtrace store.
+"""OTLP receiver: ``POST /v1/traces`` (and, with ``grpc_port``, OTLP/gRPC) into the store.
 
 Accepts ``application/x-protobuf`` (``ExportTraceServiceRequest``) and ``application/json``
 (the OTLP JSON mapping: hex ids, lowerCamelCase or snake_case keys, 64-bit ints as
-strings or numbers), optionally ``Content-Encoding: gzip``. This is how a vLLM started
-with ``--otlp-traces-endpoint`` (or any OTel SDK) is recorded.
+strings or numbers), optionally ``Content-Encoding: gzip``. The gRPC transport
+(``otlp_grpc``, the SDKs' default protocol) feeds the same decoder and ``ingest``. This is
+how a vLLM started with ``--otlp-traces-endpoint`` (or any OTel SDK) is recorded.
 
 Safety: binds 127.0.0.1 by default; a body over ``max_body_bytes`` (before or after
 gzip) is refused with 413; a malformed request gets 400 and is never partly stored
@@ -252,7 +253,10 @@ class OTLPCollector:
     """The receiver as an object: ``start()`` serves on a thread, ``stop()`` flushes and closes."""
 
     def __init__(self, store_path: str | Path, host: str = "127.0.0.1", port: int = 4318,
-                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, run_name: str | None = None):
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, run_name: str | None = None,
+                 grpc_port: int | None = None):
+        """``port``/``grpc_port`` 0: any free port; ``grpc_port`` None: no gRPC. Raises
+        KVTraceError when an address cannot be bound."""
         self.store_path = str(store_path)
         self.max_body_bytes = max_body_bytes
         self.store = Store.open(self.store_path)
@@ -263,9 +267,22 @@ class OTLPCollector:
         self._created_runs: list[str] = []
         self.spans_received = 0
         self.requests_rejected = 0
-        self._server = ThreadingHTTPServer((host, port), _make_handler(self))
+        try:
+            self._server = ThreadingHTTPServer((host, port), _make_handler(self))
+        except OSError as err:
+            raise KVTraceError(f"cannot listen on {host}:{port} (OTLP/HTTP): {err.strerror or err}") from None
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
+        self._grpc = None
+        self.grpc_port: int | None = None
+        if grpc_port is not None:
+            from kvtrace.instrument.otlp_grpc import grpc_server  # grpcio is loaded only when served
+
+            try:
+                self._grpc, self.grpc_port = grpc_server(self, host, grpc_port, max_body_bytes)
+            except OSError as err:
+                self._server.server_close()
+                raise KVTraceError(str(err)) from None
 
     @property
     def address(self) -> tuple[str, int]:
@@ -276,17 +293,31 @@ class OTLPCollector:
         host, port = self.address
         return f"http://{host}:{port}{TRACES_PATH}"
 
+    @property
+    def grpc_target(self) -> str | None:
+        """``host:port`` of the OTLP/gRPC endpoint, or None when not served."""
+        return None if self.grpc_port is None else f"{self.address[0]}:{self.grpc_port}"
+
     def start(self) -> "OTLPCollector":
+        if self._grpc is not None:
+            self._grpc.start()
         self._thread = threading.Thread(target=self._server.serve_forever, name="kvtrace-otlp", daemon=True)
         self._thread.start()
         return self
 
     def serve_forever(self) -> None:
+        if self._grpc is not None:
+            self._grpc.start()
         self._server.serve_forever()
+
+    def _close_servers(self) -> None:
+        if self._grpc is not None:
+            self._grpc.stop(grace=2).wait()  # in-flight exports finish, new ones are refused
+        self._server.server_close()
 
     def stop(self) -> None:
         self._server.shutdown()
-        self._server.server_close()
+        self._close_servers()
         if self._thread is not None:
             self._thread.join()
         self.close_store()
@@ -413,10 +444,10 @@ def _make_handler(collector: OTLPCollector) -> type[BaseHTTPRequestHandler]:
 
 
 def serve_collector(store_path: str | Path, host: str = "127.0.0.1", port: int = 4318,
-                    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, grpc_port: int | None = None,
                     on_ready: Callable[[OTLPCollector], None] | None = None) -> OTLPCollector:
     """Serve until interrupted (Ctrl-C), then commit and close the store; returns the collector."""
-    collector = OTLPCollector(store_path, host, port, max_body_bytes)
+    collector = OTLPCollector(store_path, host, port, max_body_bytes, grpc_port=grpc_port)
     if on_ready is not None:
         on_ready(collector)
     try:
@@ -424,6 +455,6 @@ def serve_collector(store_path: str | Path, host: str = "127.0.0.1", port: int =
     except KeyboardInterrupt:
         pass
     finally:
-        collector._server.server_close()
+        collector._close_servers()
         collector.close_store()
     return collector

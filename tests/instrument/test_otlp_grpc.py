@@ -1,0 +1,150 @@
+"""OTLP/gRPC into kvtrace's receiver: the SDK's gRPC exporter (vLLM's default protocol) on
+loopback, raw gRPC calls for malformed and oversized requests, and ``kvtrace collect``."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+
+import grpc
+import pytest
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+from kvtrace.instrument.otlp_grpc import EXPORT_METHOD
+from kvtrace.instrument.receiver import OTLPCollector
+from tests.instrument.helpers import count_spans, store_rows
+
+
+def _send_request_and_child(target: str, resource: dict) -> tuple[str, str, str]:
+    """Two spans through the SDK's OTLP/gRPC exporter; returns (trace id, request span id,
+    child span id) as OTel hex."""
+    provider = TracerProvider(resource=Resource.create(resource))
+    # an http:// endpoint is how the gRPC exporter is told to connect without TLS
+    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=f"http://{target}")))
+    tracer = provider.get_tracer("vllm")
+    with tracer.start_as_current_span("llm_request", attributes={
+            "gen_ai.usage.input_tokens": 12, "gen_ai.usage.output_tokens": 3, "gen_ai.request.model": "m"}) as req:
+        child = tracer.start_span("child")
+        child.end()
+    provider.shutdown()
+    ctx = req.get_span_context()
+    return f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}", f"{child.get_span_context().span_id:016x}"
+
+
+def _raw_export(target: str, body: bytes) -> None:
+    with grpc.insecure_channel(target) as channel:
+        channel.unary_unary(EXPORT_METHOD)(body, timeout=10)
+
+
+def test_sdk_grpc_exporter_spans_are_stored_with_typed_columns_and_hex_ids(tmp_path):
+    db = tmp_path / "grpc.duckdb"
+    collector = OTLPCollector(db, port=0, grpc_port=0).start()
+    try:
+        trace_id, req_id, child_id = _send_request_and_child(collector.grpc_target, {"service.name": "vllm"})
+    finally:
+        collector.stop()
+    rows = store_rows(db, "r1", "name, trace_id, span_id, parent_span_id, num_prompt_tokens, num_output_tokens, "
+                                "extra_attributes, source, service_name, scope_name")
+    req = next(r for r in rows if r["name"] == "llm_request")
+    child = next(r for r in rows if r["name"] == "child")
+    assert (req["trace_id"], req["span_id"], req["parent_span_id"]) == (trace_id, req_id, None)
+    assert (child["trace_id"], child["span_id"], child["parent_span_id"]) == (trace_id, child_id, req_id)
+    assert (req["num_prompt_tokens"], req["num_output_tokens"]) == (12, 3)
+    assert req["extra_attributes"] == {"gen_ai.request.model": "m"}
+    assert (req["source"], req["service_name"], req["scope_name"]) == ("otlp", "vllm", "vllm")
+    assert collector.spans_received == 2 and collector.requests_rejected == 0
+
+
+def test_grpc_run_id_resource_files_spans_under_that_run(tmp_path):
+    db = tmp_path / "grpc.duckdb"
+    collector = OTLPCollector(db, port=0, grpc_port=0).start()
+    try:
+        _send_request_and_child(collector.grpc_target, {"kvtrace.run.id": "replay-7"})
+    finally:
+        collector.stop()
+    assert count_spans(db, "replay-7") == 2
+
+
+def test_malformed_grpc_requests_are_invalid_argument_and_lose_nothing(tmp_path):
+    db = tmp_path / "grpc.duckdb"
+    collector = OTLPCollector(db, port=0, grpc_port=0).start()
+    try:
+        _send_request_and_child(collector.grpc_target, {"service.name": "vllm"})
+        with pytest.raises(grpc.RpcError) as garbage:
+            _raw_export(collector.grpc_target, b"\xff\xff\xff not protobuf")
+        bad = trace_service_pb2.ExportTraceServiceRequest()
+        span = bad.resource_spans.add().scope_spans.add().spans.add()
+        span.name, span.trace_id, span.span_id = "x", b"\x01\x02\x03", b"\x00" * 7 + b"\x01"
+        with pytest.raises(grpc.RpcError) as short_id:
+            _raw_export(collector.grpc_target, bad.SerializeToString())
+    finally:
+        collector.stop()
+    assert garbage.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert short_id.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "spans[0]: traceId must be 16 bytes, got 3" in short_id.value.details()
+    assert count_spans(db, "r1") == 2 and collector.requests_rejected == 2
+
+
+def test_oversized_grpc_request_is_resource_exhausted(tmp_path):
+    db = tmp_path / "grpc.duckdb"
+    collector = OTLPCollector(db, port=0, grpc_port=0, max_body_bytes=4096).start()
+    try:
+        big = trace_service_pb2.ExportTraceServiceRequest()
+        span = big.resource_spans.add().scope_spans.add().spans.add()
+        span.name, span.trace_id, span.span_id = "x" * 8192, b"\x01" * 16, b"\x02" * 8
+        with pytest.raises(grpc.RpcError) as err:
+            _raw_export(collector.grpc_target, big.SerializeToString())
+    finally:
+        collector.stop()
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert collector.spans_received == 0
+
+
+def _collect(*args: str) -> subprocess.Popen:
+    env = dict(os.environ, COLUMNS="200")
+    return subprocess.Popen([sys.executable, "-m", "kvtrace.cli", "collect", *args], env=env,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def test_kvtrace_collect_serves_grpc_and_http_until_ctrl_c(tmp_path):
+    db = tmp_path / "cli.duckdb"
+    proc = _collect("--db", str(db), "--port", "0", "--grpc-port", "0")
+    try:
+        ready = proc.stderr.readline()
+        m = re.search(r"OTLP/HTTP on http://127\.0\.0\.1:(\d+)/v1/traces, OTLP/gRPC on (127\.0\.0\.1:\d+)", ready)
+        assert m, ready
+        _send_request_and_child(m.group(2), {"service.name": "vllm"})
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "2 spans stored, 0 requests rejected" in err
+    assert count_spans(db, "r1") == 2
+    import duckdb
+
+    con = duckdb.connect(str(db), read_only=True)
+    assert con.execute("SELECT status, mode FROM runs WHERE run_id = 'r1'").fetchone() == ("complete", "otlp")
+    con.close()
+
+
+@pytest.mark.parametrize("which", ["--port", "--grpc-port"])
+def test_kvtrace_collect_on_a_busy_port_is_one_line(tmp_path, which):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        other = "--grpc-port" if which == "--port" else "--port"
+        proc = _collect("--db", str(tmp_path / "busy.duckdb"), which, str(port), other, "0")
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"kvtrace: error: cannot listen on 127.0.0.1:{port}"), err
+    assert ("OTLP/HTTP" if which == "--port" else "OTLP/gRPC") in lines[0]
