@@ -1,10 +1,11 @@
 """Tracer setup: one ``TracerProvider`` feeding the DuckDB store and/or an OTLP collector.
 
-``--otlp-endpoint URL`` uses the SDK's OTLP/HTTP (protobuf) exporter. The standard
-variables are honoured because the SDK reads them: ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``
-/ ``OTEL_EXPORTER_OTLP_ENDPOINT`` (when no URL is given), ``..._HEADERS``,
-``..._TIMEOUT``, ``..._COMPRESSION``, ``..._CERTIFICATE`` and friends, plus
-``OTEL_SERVICE_NAME`` / ``OTEL_RESOURCE_ATTRIBUTES`` for the resource.
+``--otlp-endpoint URL`` uses the SDK's OTLP/HTTP (protobuf) exporter, or its OTLP/gRPC
+exporter when ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`` / ``OTEL_EXPORTER_OTLP_PROTOCOL`` says
+``grpc``. The other standard variables are honoured because the SDK reads them:
+``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_ENDPOINT`` (when no URL is
+given), ``..._HEADERS``, ``..._TIMEOUT``, ``..._COMPRESSION``, ``..._CERTIFICATE`` and
+friends, plus ``OTEL_SERVICE_NAME`` / ``OTEL_RESOURCE_ATTRIBUTES`` for the resource.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from urllib.parse import urlparse
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SpanExporter
 
 from kvtrace.errors import ConfigError
 from kvtrace.instrument.convert import RUN_ID_RESOURCE_KEY
@@ -26,11 +28,25 @@ from kvtrace.instrument.instrumentor import KVCacheInstrumentor
 from kvtrace.instrument.processor import BulkSpanProcessor
 
 _ENV_ENDPOINTS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+_ENV_PROTOCOLS = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
+PROTOCOLS = ("http/protobuf", "grpc")
 
 
 def otlp_requested(endpoint: str | None) -> bool:
     """True when a URL is given or the standard endpoint variables name one."""
     return bool(endpoint) or any(os.environ.get(k) for k in _ENV_ENDPOINTS)
+
+
+def otlp_protocol() -> str:
+    """The OTLP protocol the standard variables ask for (traces-specific first), else
+    http/protobuf; one the SDK cannot send (http/json) is a ConfigError."""
+    for key in _ENV_PROTOCOLS:
+        value = os.environ.get(key, "").strip().lower()
+        if value:
+            if value not in PROTOCOLS:
+                raise ConfigError(key, value, f"kvtrace sends OTLP as {' or '.join(PROTOCOLS)}")
+            return value
+    return PROTOCOLS[0]
 
 
 def traces_url(endpoint: str) -> str:
@@ -43,8 +59,16 @@ def traces_url(endpoint: str) -> str:
     return endpoint
 
 
-def otlp_span_exporter(endpoint: str | None = None) -> OTLPSpanExporter:
-    """The SDK's OTLP/HTTP exporter; ``endpoint=None`` leaves it to the OTEL_* variables."""
+def otlp_span_exporter(endpoint: str | None = None) -> SpanExporter:
+    """The SDK's OTLP exporter for ``otlp_protocol()``; ``endpoint=None`` leaves the
+    address to the OTEL_* variables. For gRPC, ``http://`` means no TLS."""
+    if otlp_protocol() == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
+
+        if endpoint is None:
+            return GrpcSpanExporter()
+        traces_url(endpoint)  # the same URL check: http(s)://HOST:PORT
+        return GrpcSpanExporter(endpoint=endpoint)
     return OTLPSpanExporter(endpoint=traces_url(endpoint)) if endpoint else OTLPSpanExporter()
 
 
@@ -79,7 +103,8 @@ def build_tracer_provider(
     """A provider with a never-dropping processor per destination.
 
     ``store`` + ``run_id``: spans go to the DuckDB store (columnar fast path).
-    ``otlp_endpoint`` (or the OTEL_EXPORTER_OTLP_* variables): spans also go over OTLP/HTTP.
+    ``otlp_endpoint`` (or the OTEL_EXPORTER_OTLP_* variables): spans also go over OTLP
+    (HTTP, or gRPC when the protocol variable says so).
     ``background``: the DuckDB export runs on a worker thread behind a bounded blocking
     queue (off by default: on 2 busy cores inline measured as fast); the OTLP export
     always does, so network waits overlap the replay.

@@ -63,6 +63,26 @@ def test_standard_env_vars_choose_endpoint_and_gzip(tmp_path, collector, monkeyp
     assert {r["service_name"] for r in rows} == {"kvtrace-env"}
 
 
+def test_grpc_protocol_variable_sends_over_grpc(tmp_path, monkeypatch):
+    collector = OTLPCollector(tmp_path / "collected.duckdb", port=0, grpc_port=0).start()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc")
+    try:
+        # the gRPC port speaks no HTTP: the spans arrive only if the variable switched exporters
+        provider = build_tracer_provider(otlp_endpoint=f"http://{collector.grpc_target}", run_id="grpc-run", seed=1)
+        inst = _replay(provider, "grpc-run", [one_of_each_step(0)])
+    finally:
+        collector.stop()
+    assert count_spans(tmp_path / "collected.duckdb", "grpc-run") == inst.spans_emitted == 10
+
+
+def test_unsupported_otlp_protocol_is_a_config_error(monkeypatch):
+    from kvtrace.errors import ConfigError
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
+    with pytest.raises(ConfigError, match="^OTEL_EXPORTER_OTLP_PROTOCOL: http/json: kvtrace sends OTLP as"):
+        build_tracer_provider(otlp_endpoint="http://127.0.0.1:4318", run_id="x")
+
+
 def test_traces_url():
     assert traces_url("http://collector:4318") == "http://collector:4318/v1/traces"
     assert traces_url("http://collector:4318/") == "http://collector:4318/v1/traces"
