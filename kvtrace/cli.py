@@ -238,11 +238,14 @@ def capture_vllm_cmd(
     replay_endpoint: Optional[str] = typer.Option(None, help="vLLM replay ROUTER endpoint for gap recovery."),
     duration: Optional[float] = typer.Option(None, help="Stop after S seconds."),
     trace_out: Optional[Path] = typer.Option(None, help="Also reconstruct a native trace here."),
+    dp_size: int = typer.Option(1, help="The server's --data-parallel-size: capture every rank, each at vLLM's "
+                                        "per-rank endpoint (tcp port + rank)."),
 ):
     """Record a live vLLM server's KV events into the store."""
     from kvtrace.instrument.vllm import capture_vllm
 
-    capture_vllm(endpoint, replay_endpoint=replay_endpoint, store_path=db, duration=duration, trace_out=trace_out)
+    capture_vllm(endpoint, replay_endpoint=replay_endpoint, store_path=db, duration=duration, trace_out=trace_out,
+                 dp_size=dp_size)
 
 
 def main() -> None:

@@ -23,6 +23,12 @@ holds are counted as lost. Events become the cache span kinds with ``source = 'v
 ``AllBlocksCleared`` -> ``kvtrace.cache.evict`` (``evict_reason = 'reset'``); each batch
 is a ``kvtrace.engine.step`` span (``step`` = seq) parenting its events.
 
+Data parallelism: each vLLM DP rank runs its own publisher at ``dp_endpoint(endpoint,
+rank)`` (vLLM's ``offset_endpoint_port``: tcp port + rank, ``_dp{rank}`` after an
+ipc/inproc name; the replay endpoint likewise). ``capture_vllm(dp_size=N)`` subscribes to
+all N, each with its own sequence tracking and gap recovery, into one run; spans carry
+``kvtrace.vllm.dp_rank`` and the endpoint they came from.
+
 The capture can also write a replayable kvtrace native trace (JSONL, format 1, see
 ``kvtrace.replay.readers.native``) reconstructed from the ``BlockStored`` chains.
 """
@@ -39,7 +45,7 @@ from typing import Any, Callable
 import msgspec
 import zmq
 
-from kvtrace.errors import KVTraceError
+from kvtrace.errors import ConfigError, KVTraceError
 from kvtrace.instrument.convert import SpanRowsBuilder
 from kvtrace.instrument.ids import SeededIdGenerator
 from kvtrace.store.schema import SOURCE_VLLM, SPAN_EVICT, SPAN_PUBLISH, SPAN_STEP
@@ -57,6 +63,24 @@ _REMOVED_FIELDS = ("block_hashes", "medium", "group_idx")
 
 class VllmWireError(KVTraceError):
     """A ZMQ message that is not a vLLM KV event batch."""
+
+
+def dp_endpoint(endpoint: str | None, rank: int, option: str = "--endpoint") -> str | None:
+    """Where vLLM's DP rank ``rank`` publishes when configured with ``endpoint`` (its
+    ``ZmqEventPublisher.offset_endpoint_port``): a tcp port plus the rank; an ipc or
+    inproc name with ``_dp{rank}`` appended. Rank 0 and None are unchanged."""
+    if not endpoint:
+        return endpoint
+    if endpoint.startswith(("ipc://", "inproc://")):
+        return f"{endpoint}_dp{rank}" if rank else endpoint
+    base, sep, port = endpoint.rpartition(":")
+    if not endpoint.startswith("tcp://") or not sep or not port.isdigit() or base == "tcp:/":
+        raise ConfigError(option, endpoint, "expected tcp://HOST:PORT, ipc://PATH or inproc://NAME")
+    if rank == 0:
+        return endpoint
+    if int(port) + rank > 65_535:
+        raise ConfigError(option, endpoint, f"port {port} + DP rank {rank} exceeds 65535")
+    return f"{base}:{int(port) + rank}"
 
 
 @dataclass(slots=True)
@@ -147,9 +171,10 @@ def decode_kv_batch(payload: bytes) -> tuple[KVEventBatch, int]:
 class _SpanWriter:
     """Batches -> store rows (one step span per batch, one child span per event)."""
 
-    def __init__(self, ids: SeededIdGenerator, resource: dict[str, str]):
+    def __init__(self, ids: SeededIdGenerator, resource: dict[str, str], dp_rank: int | None = None):
         self.ids = ids
         self.resource = resource
+        self.dp_rank = dp_rank  # the endpoint's rank, for payloads that do not carry one
         self.rows = SpanRowsBuilder()
         self.spans = 0
         self.depth: dict[str, int] = {}  # hash -> blocks from the root (for num_tokens)
@@ -158,8 +183,9 @@ class _SpanWriter:
         t = int(round(batch.ts * 1e9))
         trace_id, step_span = self.ids.generate_trace_id(), self.ids.generate_span_id()
         common = {"kvtrace.source": SOURCE_VLLM, "kvtrace.step": seq}
-        if batch.dp_rank is not None:
-            common["kvtrace.vllm.dp_rank"] = batch.dp_rank
+        rank = batch.dp_rank if batch.dp_rank is not None else self.dp_rank
+        if rank is not None:
+            common["kvtrace.vllm.dp_rank"] = rank
         self.rows.add(name=SPAN_STEP, trace_id=trace_id, span_id=step_span, start_ns=t, end_ns=t,
                       attributes=dict(common, **{"kvtrace.vllm.num_events": len(batch.events)}),
                       resource=self.resource, scope_name="kvtrace.instrument.vllm")
@@ -261,24 +287,31 @@ class ChainTracer:
 
     def write_native(self, path: str | Path, source: str = "vllm-kv-events") -> int:
         """Write the requests as kvtrace native JSONL (atomic rename); returns the count."""
-        interned: dict[str, int] = {}
-        lines = []
-        reqs = sorted(self.requests, key=lambda r: r["arrival_ns"])
-        t0 = reqs[0]["arrival_ns"] if reqs else 0
-        block_size = next((r["block_size"] for r in reqs if r["block_size"]), 0)
-        for i, r in enumerate(reqs):
-            ids = [interned.setdefault(h, len(interned)) for h in self.chain(r["tail"])]
-            bs = r["block_size"] or block_size or 1
-            lines.append({"request_id": f"vllm-{i}", "arrival_ns": r["arrival_ns"] - t0,
-                          "input_length": len(ids) * bs, "output_length": 0, "hash_ids": ids, "block_size": bs})
-        tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "w") as f:
-            f.write(json.dumps({"kvtrace_trace": 1, "source": source, "block_size": block_size or 1},
-                               separators=(",", ":")) + "\n")
-            for line in lines:
-                f.write(json.dumps(line, separators=(",", ":")) + "\n")
-        os.replace(tmp, path)
-        return len(lines)
+        return write_native_trace(path, [self], source)
+
+
+def write_native_trace(path: str | Path, tracers: list[ChainTracer], source: str = "vllm-kv-events") -> int:
+    """The requests of every tracer (one per DP rank) as one native JSONL trace, in arrival
+    order (atomic rename); returns the count. A hash stored on two ranks is one trace id:
+    the ranks share that prefix."""
+    interned: dict[str, int] = {}
+    lines = []
+    reqs = sorted(((r, t) for t in tracers for r in t.requests), key=lambda rt: rt[0]["arrival_ns"])
+    t0 = reqs[0][0]["arrival_ns"] if reqs else 0
+    block_size = next((r["block_size"] for r, _ in reqs if r["block_size"]), 0)
+    for i, (r, tracer) in enumerate(reqs):
+        ids = [interned.setdefault(h, len(interned)) for h in tracer.chain(r["tail"])]
+        bs = r["block_size"] or block_size or 1
+        lines.append({"request_id": f"vllm-{i}", "arrival_ns": r["arrival_ns"] - t0,
+                      "input_length": len(ids) * bs, "output_length": 0, "hash_ids": ids, "block_size": bs})
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(json.dumps({"kvtrace_trace": 1, "source": source, "block_size": block_size or 1},
+                           separators=(",", ":")) + "\n")
+        for line in lines:
+            f.write(json.dumps(line, separators=(",", ":")) + "\n")
+    os.replace(tmp, path)
+    return len(lines)
 
 
 # --- capture ---------------------------------------------------------------------------------
@@ -297,6 +330,18 @@ class CaptureStats:
     bad_messages: int = 0
     requests: int = 0  # reconstructed (when a trace is written)
 
+    def counts(self) -> dict[str, int]:
+        return {f: getattr(self, f) for f in self.__slots__ if f != "run_id"}
+
+    @classmethod
+    def total(cls, parts: list["CaptureStats"], run_id: str | None) -> "CaptureStats":
+        """The sum over several captures (the DP ranks of one run)."""
+        out = cls(run_id=run_id)
+        for part in parts:
+            for f, v in part.counts().items():
+                setattr(out, f, getattr(out, f) + v)
+        return out
+
 
 class VllmKVCapture:
     """Subscribes to one vLLM KV event publisher and records what it sends."""
@@ -304,7 +349,8 @@ class VllmKVCapture:
     def __init__(self, endpoint: str, replay_endpoint: str | None = None, *, store: Store | None = None,
                  run_id: str | None = None, topic: str = "", seed: int = 0, replay_timeout_s: float = 2.0,
                  tracer: ChainTracer | None = None, flush_interval_s: float = 0.5,
-                 on_batch: Callable[[int, KVEventBatch], None] | None = None):
+                 on_batch: Callable[[int, KVEventBatch], None] | None = None, dp_rank: int | None = None):
+        """``dp_rank``: the DP rank this endpoint serves (for batches that do not say)."""
         self.endpoint, self.replay_endpoint = endpoint, replay_endpoint
         self.store, self.run_id = store, run_id
         self.replay_timeout_s = replay_timeout_s
@@ -313,19 +359,27 @@ class VllmKVCapture:
         self.on_batch = on_batch
         self.stats = CaptureStats(run_id=run_id)
         self.last_seq: int | None = None
-        self._writer = _SpanWriter(SeededIdGenerator(seed), {"service.name": "vllm", "kvtrace.vllm.endpoint": endpoint})
+        self._writer = _SpanWriter(SeededIdGenerator(seed), {"service.name": "vllm", "kvtrace.vllm.endpoint": endpoint},
+                                   dp_rank)
         self._ctx = zmq.Context()
         self._sub = self._ctx.socket(zmq.SUB)
         self._sub.setsockopt(zmq.RCVHWM, 1_000_000)
         self._sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
         self._sub.setsockopt(zmq.LINGER, 0)
-        self._sub.connect(endpoint)
         self._replay = None
+        self._connect(self._sub, endpoint, "--endpoint")
         if replay_endpoint:
             self._replay = self._ctx.socket(zmq.DEALER)
             self._replay.setsockopt(zmq.LINGER, 0)
-            self._replay.connect(replay_endpoint)
+            self._connect(self._replay, replay_endpoint, "--replay-endpoint")
         self._last_flush = time.monotonic()
+
+    def _connect(self, sock: zmq.Socket, address: str, option: str) -> None:
+        try:
+            sock.connect(address)
+        except zmq.ZMQError as err:  # a malformed address, an unresolvable host
+            self.close()
+            raise ConfigError(option, address, str(err)) from None
 
     def close(self) -> None:
         self.flush()
@@ -337,21 +391,7 @@ class VllmKVCapture:
     # -- loop -------------------------------------------------------------------------------
     def run(self, duration: float | None = None, should_stop: Callable[[], bool] | None = None) -> CaptureStats:
         """Receive until ``duration`` seconds pass, ``should_stop()`` is true, or Ctrl-C."""
-        deadline = None if duration is None else time.monotonic() + duration
-        try:
-            while True:
-                if should_stop is not None and should_stop():
-                    break
-                timeout = 100 if deadline is None else max(0, min(100, int((deadline - time.monotonic()) * 1000)))
-                if self._sub.poll(timeout):
-                    self.receive(self._sub.recv_multipart())
-                if deadline is not None and time.monotonic() >= deadline:
-                    break
-                if time.monotonic() - self._last_flush >= self.flush_interval_s:
-                    self.flush()
-        except KeyboardInterrupt:
-            pass
-        self.flush()
+        run_captures([self], duration, should_stop)
         return self.stats
 
     def receive(self, frames: list[bytes]) -> None:
@@ -426,31 +466,76 @@ class VllmKVCapture:
             self.store.flush()
 
 
+def run_captures(caps: list[VllmKVCapture], duration: float | None = None,
+                 should_stop: Callable[[], bool] | None = None) -> None:
+    """Receive on every capture's socket until ``duration`` seconds pass, ``should_stop()``
+    is true, or Ctrl-C; each flushes on its own interval and once at the end."""
+    deadline = None if duration is None else time.monotonic() + duration
+    poller = zmq.Poller()
+    for cap in caps:
+        poller.register(cap._sub, zmq.POLLIN)
+    by_socket = {cap._sub: cap for cap in caps}
+    try:
+        while True:
+            if should_stop is not None and should_stop():
+                break
+            timeout = 100 if deadline is None else max(0, min(100, int((deadline - time.monotonic()) * 1000)))
+            for sock, _ in poller.poll(timeout):
+                by_socket[sock].receive(sock.recv_multipart())
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            now = time.monotonic()
+            for cap in caps:
+                if now - cap._last_flush >= cap.flush_interval_s:
+                    cap.flush()
+    except KeyboardInterrupt:
+        pass
+    for cap in caps:
+        cap.flush()
+
+
 def capture_vllm(endpoint: str, replay_endpoint: str | None = None, *, store_path: str | Path,
                  duration: float | None = None, topic: str = "", trace_out: str | Path | None = None,
-                 run_name: str | None = None, seed: int = 0, replay_timeout_s: float = 2.0,
+                 run_name: str | None = None, seed: int = 0, replay_timeout_s: float = 2.0, dp_size: int = 1,
                  should_stop: Callable[[], bool] | None = None,
                  on_ready: Callable[[VllmKVCapture], None] | None = None) -> CaptureStats:
     """Record a live vLLM server's KV events into a new run of the store at ``store_path``.
 
-    ``trace_out``: also write the reconstructed native trace there. Returns the stats; the
-    run is marked complete (or failed on an error).
+    ``dp_size``: the server's data-parallel size; ranks 0..N-1 are captured at
+    ``dp_endpoint(endpoint, rank)`` (and the replay endpoint likewise) into the same run.
+    ``trace_out``: also write the reconstructed native trace there. Returns the stats
+    (summed over ranks); the run is marked complete (or failed on an error), its summary
+    holds the totals and, for several ranks, each rank's.
     """
+    if dp_size < 1:
+        raise ConfigError("--dp-size", str(dp_size), "must be at least 1")
+    endpoints = [(dp_endpoint(endpoint, r), dp_endpoint(replay_endpoint, r, "--replay-endpoint"))
+                 for r in range(dp_size)]
     with Store.open(store_path) as store:
         run_id = store.create_run(run_name or f"vllm {endpoint}", trace_source=endpoint, mode="live",
-                                  config={"endpoint": endpoint, "replay_endpoint": replay_endpoint, "topic": topic})
-        cap = VllmKVCapture(endpoint, replay_endpoint, store=store, run_id=run_id, topic=topic, seed=seed,
-                            replay_timeout_s=replay_timeout_s, tracer=ChainTracer() if trace_out else None)
+                                  config={"endpoint": endpoint, "replay_endpoint": replay_endpoint, "topic": topic,
+                                          "dp_size": dp_size})
+        caps: list[VllmKVCapture] = []
         try:
+            for rank, (pub, replay) in enumerate(endpoints):
+                # rank 0 keeps the single-endpoint seed, so its rows do not change with dp_size
+                caps.append(VllmKVCapture(pub, replay, store=store, run_id=run_id, topic=topic,
+                                          seed=seed + (rank << 32), replay_timeout_s=replay_timeout_s,
+                                          tracer=ChainTracer() if trace_out else None,
+                                          dp_rank=rank if dp_size > 1 else None))
             if on_ready is not None:
-                on_ready(cap)
-            stats = cap.run(duration, should_stop)
+                for cap in caps:
+                    on_ready(cap)
+            run_captures(caps, duration, should_stop)
         finally:
-            cap.close()
+            for cap in caps:
+                cap.close()
+        stats = CaptureStats.total([c.stats for c in caps], run_id)
         if trace_out is not None:
-            stats.requests = cap.tracer.write_native(trace_out, source=f"vllm:{endpoint}")
-        store.finish_run(run_id, status="complete", summary={
-            "batches": stats.batches, "events": stats.events, "spans": stats.spans, "gaps": stats.gaps,
-            "recovered": stats.recovered, "lost": stats.lost, "duplicates": stats.duplicates,
-            "bad_messages": stats.bad_messages, "requests": stats.requests})
+            stats.requests = write_native_trace(trace_out, [c.tracer for c in caps], source=f"vllm:{endpoint}")
+        summary = {k: getattr(stats, k) for k in ("batches", "events", "spans", "gaps", "recovered", "lost",
+                                                 "duplicates", "bad_messages", "requests")}
+        if dp_size > 1:
+            summary["ranks"] = [{"endpoint": c.endpoint, **c.stats.counts()} for c in caps]
+        store.finish_run(run_id, status="complete", summary=summary)
     return stats

@@ -192,3 +192,17 @@ def test_convert_to_native_keeps_requests(tmp_path):
 def test_dashboard_on_missing_db_is_one_line(tmp_path):
     res = kvtrace("dashboard", "--db", str(tmp_path / "nope.duckdb"))
     assert res.returncode != 0 and "nope.duckdb" in res.stderr and "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("args, what", [
+    (("--endpoint", "tcp://vllm-host"), "--endpoint: tcp://vllm-host: expected tcp://HOST:PORT"),
+    (("--endpoint", "tcp://h:5557", "--dp-size", "0"), "--dp-size: 0: must be at least 1"),
+    (("--endpoint", "tcp://h:65535", "--dp-size", "2"), "--endpoint: tcp://h:65535: port 65535 + DP rank 1"),
+])
+def test_capture_vllm_bad_endpoint_is_one_line_before_any_run(tmp_path, args, what):
+    db = tmp_path / "live.duckdb"
+    r = kvtrace("capture", "vllm", *args, "--db", str(db), "--duration", "1")
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"kvtrace: error: {what}"), r.stderr
+    assert not db.exists()

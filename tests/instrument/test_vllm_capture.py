@@ -155,3 +155,92 @@ def test_without_a_replay_socket_a_gap_is_counted_as_lost(tmp_path):
     from kvtrace.store import read
     summary = read.run(tmp_path / "live.duckdb", stats.run_id)["summary"]
     assert (summary["lost"], summary["gaps"]) == (2, 1)
+
+
+def test_dp_endpoint_follows_vllm_offset_convention():
+    from kvtrace.errors import ConfigError
+    from kvtrace.instrument.vllm import dp_endpoint
+
+    assert dp_endpoint("tcp://10.0.0.5:5557", 0) == "tcp://10.0.0.5:5557"
+    assert dp_endpoint("tcp://10.0.0.5:5557", 3) == "tcp://10.0.0.5:5560"
+    assert dp_endpoint("tcp://[::1]:5557", 1) == "tcp://[::1]:5558"
+    assert dp_endpoint("ipc:///tmp/kv", 2) == "ipc:///tmp/kv_dp2"
+    assert dp_endpoint("inproc://cache", 1) == "inproc://cache_dp1"
+    assert dp_endpoint(None, 4) is None
+    with pytest.raises(ConfigError, match="^--endpoint: tcp://host: expected tcp://HOST:PORT"):
+        dp_endpoint("tcp://host", 1)
+    with pytest.raises(ConfigError, match="65535"):
+        dp_endpoint("tcp://h:65535", 1)
+
+
+def test_capture_follows_every_dp_rank_with_its_own_sequence(tmp_path):
+    """Two DP ranks, each its own publisher (vLLM's port + rank) counting seq from 0: the
+    capture tracks each rank's sequence, recovers rank 1's gap from rank 1's replay socket,
+    and files both into one run. Rank 1's payloads omit the rank (older vLLM), so the
+    capture takes it from the endpoint."""
+    from kvtrace.instrument.vllm import dp_endpoint
+    from kvtrace.store import read
+    from tests.instrument.vllm_publisher import dp_publishers
+
+    pubs = dp_publishers(2)
+    assert dp_endpoint(pubs[0].endpoint, 1) == pubs[1].endpoint
+    assert dp_endpoint(pubs[0].replay_endpoint, 1) == pubs[1].replay_endpoint
+    EventBatch, BlockStored, _, _ = CURRENT
+    n = 10
+
+    def batch(rank: int, k: int):
+        h = lambda i: rank * 1_000 + i  # noqa: E731  (distinct hashes per rank)
+        ev = BlockStored([h(k + 1)], h(k) if k else None, [k] * 4, 4, None, "GPU", None, group_idx=0)
+        return EventBatch(1_700_000_000.0 + k * 0.01 + rank * 0.001, [ev], 0 if rank == 0 else None)
+
+    received = [threading.Event(), threading.Event()]
+    caps, done, result = [], threading.Event(), {}
+
+    def on_ready(cap):
+        rank = len(caps)
+        caps.append(cap)
+        cap.on_batch = lambda seq, b: received[rank].set()
+
+    def capture():
+        result["stats"] = capture_vllm(pubs[0].endpoint, pubs[0].replay_endpoint, dp_size=2,
+                                       store_path=tmp_path / "dp.duckdb", topic="kv-events",
+                                       trace_out=tmp_path / "dp.jsonl", should_stop=done.is_set, on_ready=on_ready)
+
+    t = threading.Thread(target=capture)
+    t.start()
+    try:
+        for rank, pub in enumerate(pubs):
+            first = pub.publish(batch(rank, 0))
+            deadline = time.monotonic() + 20
+            while not received[rank].wait(0.05):
+                assert time.monotonic() < deadline, f"rank {rank} never connected"
+                pub.resend(first)
+        for k in range(1, n):
+            for rank, pub in enumerate(pubs):
+                pub.publish(batch(rank, k), send=not (rank == 1 and k in (4, 5)))
+        deadline = time.monotonic() + 20
+        while len(caps) < 2 or min(c.stats.batches for c in caps) < n:
+            assert time.monotonic() < deadline, [c.stats for c in caps]
+            time.sleep(0.05)
+    finally:
+        done.set()
+        t.join(30)
+        for pub in pubs:
+            pub.close()
+    stats = result["stats"]
+    assert (stats.batches, stats.gaps, stats.recovered, stats.lost) == (2 * n, 1, 2, 0)
+    assert (pubs[0].replay_requests, pubs[1].replay_requests) == ([], [4])
+    rows = store_rows(tmp_path / "dp.duckdb", stats.run_id, "name, step, block_hashes, extra_attributes, "
+                                                             "resource_attributes")
+    for rank, pub in enumerate(pubs):
+        mine = [r for r in rows if r["extra_attributes"]["kvtrace.vllm.dp_rank"] == str(rank)]
+        assert {r["resource_attributes"]["kvtrace.vllm.endpoint"] for r in mine} == {pub.endpoint}
+        assert sorted(r["step"] for r in mine if r["name"] == "kvtrace.engine.step") == list(range(n))
+        stored = sorted((r["step"], r["block_hashes"]) for r in mine if r["name"] == "kvtrace.cache.publish")
+        assert stored == [(k, [hash_hex(rank * 1_000 + k + 1)]) for k in range(n)]
+    summary = read.run(tmp_path / "dp.duckdb", stats.run_id)["summary"]
+    assert [(r["endpoint"], r["batches"], r["recovered"]) for r in summary["ranks"]] == [
+        (pubs[0].endpoint, n, 0), (pubs[1].endpoint, n, 2)]
+    # one reconstructed request per rank's chain, in arrival order
+    reqs = [json.loads(x) for x in (tmp_path / "dp.jsonl").read_text().splitlines()[1:]]
+    assert [len(r["hash_ids"]) for r in reqs] == [n, n]

@@ -57,16 +57,21 @@ CURRENT = _structs(array_like=False)
 
 
 class VllmPublisher:
-    def __init__(self, topic: str = "kv-events"):
+    def __init__(self, topic: str = "kv-events", port: int | None = None, replay_port: int | None = None):
+        """Binds 127.0.0.1 at the given ports, or at free ones (raises zmq.ZMQError if taken)."""
         self.ctx = zmq.Context()
         self.pub = self.ctx.socket(zmq.PUB)
         self.pub.setsockopt(zmq.LINGER, 0)
-        port = self.pub.bind_to_random_port("tcp://127.0.0.1")
-        self.endpoint = f"tcp://127.0.0.1:{port}"
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
-        rport = self.router.bind_to_random_port("tcp://127.0.0.1")
-        self.replay_endpoint = f"tcp://127.0.0.1:{rport}"
+        try:
+            self.endpoint = self._bind(self.pub, port)
+            self.replay_endpoint = self._bind(self.router, replay_port)
+        except zmq.ZMQError:
+            self.pub.close(0)
+            self.router.close(0)
+            self.ctx.term()
+            raise
         self.topic = topic.encode()
         self.buffer: list[tuple[int, bytes]] = []
         self.seq = 0
@@ -75,6 +80,14 @@ class VllmPublisher:
         self._thread = threading.Thread(target=self._serve_replay, daemon=True)
         self._thread.start()
         self._lock = threading.Lock()
+
+    @staticmethod
+    def _bind(sock, port: int | None) -> str:
+        if port is None:
+            port = sock.bind_to_random_port("tcp://127.0.0.1")
+        else:
+            sock.bind(f"tcp://127.0.0.1:{port}")
+        return f"tcp://127.0.0.1:{port}"
 
     def publish(self, batch, send: bool = True) -> int:
         """Encode and buffer one batch; ``send=False`` drops it on the PUB side (a gap)."""
@@ -112,8 +125,28 @@ class VllmPublisher:
             self.router.send_multipart((client, b"", END_SEQ, b""))
 
     def close(self) -> None:
+        if not hasattr(self, "_thread"):
+            return
         self._stop.set()
         self._thread.join()
         self.pub.close(0)
         self.router.close(0)
         self.ctx.term()
+
+
+def dp_publishers(n: int, topic: str = "kv-events", attempts: int = 50) -> list[VllmPublisher]:
+    """Publishers for DP ranks 0..n-1 where vLLM puts them: rank r at the base port + r,
+    its replay socket at the replay base port + r."""
+    for _ in range(attempts):
+        first = VllmPublisher(topic)
+        base = int(first.endpoint.rsplit(":", 1)[1])
+        rbase = int(first.replay_endpoint.rsplit(":", 1)[1])
+        pubs = [first]
+        try:
+            for r in range(1, n):
+                pubs.append(VllmPublisher(topic, port=base + r, replay_port=rbase + r))
+            return pubs
+        except zmq.ZMQError:  # a neighbouring port is taken: try other bases
+            for p in pubs:
+                p.close()
+    raise RuntimeError(f"no {n} consecutive free port pairs found")
