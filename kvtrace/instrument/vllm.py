@@ -285,10 +285,6 @@ class ChainTracer:
         out.reverse()
         return out
 
-    def write_native(self, path: str | Path, source: str = "vllm-kv-events") -> int:
-        """Write the requests as kvtrace native JSONL (atomic rename); returns the count."""
-        return write_native_trace(path, [self], source)
-
 
 def write_native_trace(path: str | Path, tracers: list[ChainTracer], source: str = "vllm-kv-events") -> int:
     """The requests of every tracer (one per DP rank) as one native JSONL trace, in arrival
