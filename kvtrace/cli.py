@@ -228,7 +228,7 @@ def collect(
     collector = serve_collector(db, host=host, port=port, max_body_bytes=max_body_bytes,
                                 grpc_port=grpc_port if grpc else None, on_ready=ready)
     _status(f"kvtrace collect: {collector.spans_received} spans stored, "
-              f"{collector.requests_rejected} requests rejected")
+            f"{collector.requests_rejected} requests rejected")
 
 
 @capture_app.command("vllm")
