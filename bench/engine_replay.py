@@ -15,7 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-from kvtrace.engine import Engine, TraceRequest
+from kvtrace.engine import Engine
+from kvtrace.workload import TraceRequest
 
 DEFAULT = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
 

@@ -135,7 +135,7 @@ def bench_sdk_span_cost(count: int = 20_000) -> float:
 
 
 def _read_mooncake(path: Path, limit: int):
-    from kvtrace.engine.workload import TraceRequest
+    from kvtrace.workload import TraceRequest
 
     with open(path) as f:
         for i, line in enumerate(f):

@@ -109,7 +109,7 @@ def convert(
 ):
     """Convert any supported trace to kvtrace native JSONL."""
     from kvtrace.replay.readers import open_trace
-    from kvtrace.replay.writers import write_native
+    from kvtrace.workload.native import write_native
 
     src = open_trace(trace, format=fmt, limit=limit)
     n = write_native(src, out)

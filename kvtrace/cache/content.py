@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from kvtrace.cache.tokens import VOCAB_SIZE
+from kvtrace.workload.tokens import VOCAB_SIZE
 
 P = 2**31 - 1
 _UNREDUCED_TERMS = 1 << 13  # up to this many unreduced 2^49 terms sum below 2^63

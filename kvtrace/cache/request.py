@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kvtrace.cache.tokens import tokens_for_block_ids
+from kvtrace.workload.tokens import tokens_for_block_ids
 
 if TYPE_CHECKING:
     from kvtrace.cache.hashing import BlockHasher

@@ -17,13 +17,10 @@ import streamlit as st
 from kvtrace.dashboard import state, ui
 from kvtrace.errors import KVTraceError
 from kvtrace.store import read
+from kvtrace.store.schema import SUMMARY_FIELDS
 
 CTX_KEY = "kvtrace_ctx"
-SUMMARY_KEYS = (
-    "requests", "prompt_tokens", "hit_tokens", "token_hit_rate", "block_hit_rate", "ttft_ms_p50", "ttft_ms_p99",
-    "itl_ms_p50", "itl_ms_p99", "publishes", "evictions", "cow_copies", "stale_hashes", "divergent_outputs",
-    "preemptions",
-)
+SUMMARY_KEYS = tuple(k for k in SUMMARY_FIELDS if k != "digest")  # numeric headline fields
 GROUP_ALL = -1  # the store's all-groups series (read.OVERALL_GROUP)
 
 # The read functions a page may call through ``call``; a typo fails loudly in tests.

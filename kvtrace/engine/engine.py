@@ -32,7 +32,7 @@ from kvtrace.engine.events import DivergentOutput, RequestFinished, StepBatch, S
 from kvtrace.engine.presets import EnginePreset, get_preset
 from kvtrace.engine.request import EngineRequest
 from kvtrace.engine.scheduler import Scheduler
-from kvtrace.engine.workload import TraceRequest
+from kvtrace.workload import TraceRequest
 from kvtrace.engine.worker import Worker
 from kvtrace.errors import KVTraceError
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvtrace.cache import Request
-from kvtrace.engine.workload import TraceRequest
+from kvtrace.workload import TraceRequest
 
 WAITING = "waiting"
 RUNNING = "running"

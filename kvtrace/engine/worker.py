@@ -27,7 +27,7 @@ from kvtrace.cache import CacheConfig, FullAttentionSpec, MambaSpec, SlidingWind
 from kvtrace.cache.content import KV_A, KV_B, KV_C, P, ContentModel, kv_values
 from kvtrace.cache.plans import STATE_CHECKPOINT, STATE_EXTERNAL, STATE_RUNNING
 from kvtrace.cache.storage import DeviceStorage
-from kvtrace.cache.tokens import VOCAB_SIZE
+from kvtrace.workload.tokens import VOCAB_SIZE
 from kvtrace.engine.reference import PrefixOracle, TraceBlockMemo
 from kvtrace.engine.request import EngineRequest
 from kvtrace.engine.scheduler import SchedulerOutput

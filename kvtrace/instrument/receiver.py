@@ -34,7 +34,6 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from kvtrace.errors import KVTraceError
 from kvtrace.instrument.convert import RUN_ID_RESOURCE_KEY, SpanRowsBuilder
-from kvtrace.store.connection import read_connection
 from kvtrace.store.schema import SOURCE_OTLP
 from kvtrace.store.writer import Store
 
@@ -357,9 +356,7 @@ class OTLPCollector:
                 self._created_runs.append(self._default_run)
             return self._default_run
         if run_id not in self._known_runs:
-            with read_connection(self.store_path) as con:
-                exists = con.execute("SELECT 1 FROM runs WHERE run_id = ?", [run_id]).fetchone() is not None
-            if not exists:
+            if not self.store.has_run(run_id):
                 self.store.create_run(f"otlp {run_id}", run_id=run_id, mode="otlp")
                 self._created_runs.append(run_id)
             self._known_runs.add(run_id)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import heapq
 from typing import Iterable, Sequence
 
-from kvtrace.engine.workload import TraceRequest
+from kvtrace.workload import TraceRequest
 
 NEVER = 1 << 62
 

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from kvtrace.replay.diff import RunDiff, diff_runs
-from kvtrace.replay.run import SUMMARY_FIELDS, RunResult, RunSpec, run_replay
+from kvtrace.replay.run import RunResult, RunSpec, run_replay
+from kvtrace.store.schema import SUMMARY_FIELDS
 from kvtrace.replay.study import BEHAVIOURS
 
 DEMO_DB = "kvtrace-demo.duckdb"

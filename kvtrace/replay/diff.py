@@ -26,7 +26,7 @@ import numpy as np
 import polars as pl
 
 from kvtrace.errors import KVTraceError
-from kvtrace.replay.run import SUMMARY_FIELDS
+from kvtrace.store.schema import SUMMARY_FIELDS
 
 PERCENTILES = (50, 90, 99)  # nearest rank, as the engine's summary percentiles
 LATENCY_METRICS = ("ttft_ms", "itl_ms")

@@ -49,10 +49,11 @@ from typing import Callable
 
 import numpy as np
 
-from kvtrace.cache.tokens import VOCAB_SIZE
-from kvtrace.engine.workload import TraceRequest
+from kvtrace.workload.tokens import VOCAB_SIZE
+from kvtrace.workload import TraceRequest
 from kvtrace.errors import ConfigError
-from kvtrace.replay.writers import BlockInterner, write_mooncake, write_native
+from kvtrace.replay.writers import BlockInterner, write_mooncake
+from kvtrace.workload.native import write_native
 
 _NS_PER_S = 1_000_000_000
 STUDY_PREFIX = "study-"

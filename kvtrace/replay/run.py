@@ -14,29 +14,12 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from kvtrace.engine.workload import TraceRequest
+from kvtrace.workload import TraceRequest
 from kvtrace.errors import ConfigError
+from kvtrace.store.schema import SUMMARY_FIELDS
 from kvtrace.replay.config_file import load_config_file, parse_retention
 from kvtrace.replay.digest import Digest
 
-SUMMARY_FIELDS = (
-    "requests",
-    "prompt_tokens",
-    "hit_tokens",
-    "token_hit_rate",
-    "block_hit_rate",
-    "ttft_ms_p50",
-    "ttft_ms_p99",
-    "itl_ms_p50",
-    "itl_ms_p99",
-    "publishes",
-    "evictions",
-    "cow_copies",
-    "stale_hashes",
-    "divergent_outputs",
-    "preemptions",
-    "digest",
-)
 MODES = ("engine", "cache-only")
 GENERATED_PREFIX = "gen:"
 

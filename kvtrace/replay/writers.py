@@ -1,83 +1,22 @@
-"""Trace writers: kvtrace native JSONL (lossless) and Mooncake JSONL (structure-preserving).
+"""Mooncake JSONL writer (structure-preserving) and the block interner behind it.
 
-Both write to a temporary file next to the target and rename it at the end, so a failed
-conversion never leaves half a trace behind. Output bytes depend only on the requests.
+The native writer (lossless) is :func:`kvtrace.workload.native.write_native`. Both write
+to a temporary file next to the target and rename it at the end, so a failed conversion
+never leaves half a trace behind. Output bytes depend only on the requests.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Iterable
+from collections.abc import Iterable
 
 import msgspec
-import numpy as np
 
-from kvtrace.engine.workload import TraceRequest
 from kvtrace.errors import KVTraceError
-from kvtrace.replay.readers.native import FORMAT_VERSION, HEADER_KEY
+from kvtrace.workload import TraceRequest
+from kvtrace.workload.lines import AtomicText
 
 _encode = msgspec.json.Encoder().encode  # keys in insertion order, no spaces, no floats here
-
-
-class _AtomicText:
-    """Write-then-rename; the target appears only when writing succeeded."""
-
-    def __init__(self, path: str | os.PathLike):
-        self.path = os.fspath(path)
-        self.tmp = f"{self.path}.tmp-{os.getpid()}"
-
-    def __enter__(self):
-        self.f = open(self.tmp, "wb")
-        return self.f
-
-    def __exit__(self, exc_type, exc, tb):
-        self.f.close()
-        if exc_type is None:
-            os.replace(self.tmp, self.path)
-        else:
-            os.unlink(self.tmp)
-        return False
-
-
-def native_record(req: TraceRequest) -> dict:
-    rec: dict = {"request_id": req.request_id, "arrival_ns": int(req.arrival_ns)}
-    if req.session_id is not None:
-        rec["session"] = req.session_id
-    rec["input_length"] = int(req.input_length)
-    rec["output_length"] = int(req.output_length)
-    if req.token_ids is not None:
-        rec["token_ids"] = np.asarray(req.token_ids, dtype=np.int64).tolist()
-    else:
-        rec["hash_ids"] = [int(h) for h in req.hash_ids]
-        rec["block_size"] = int(req.hash_block_size)
-        if req.namespace:
-            rec["namespace"] = int(req.namespace)
-    if req.expected_output is not None:
-        rec["expected_output"] = [int(t) for t in req.expected_output]
-    if req.cache_salt is not None:
-        rec["cache_salt"] = req.cache_salt
-    return rec
-
-
-def write_native(requests: Iterable[TraceRequest], path: str | os.PathLike, *, header: dict | None = None) -> int:
-    """Write any request stream (e.g. a ``TraceSource``) as kvtrace native JSONL.
-
-    The header gets ``source`` (format and sha256) when ``requests`` is a TraceSource.
-    Returns the number of requests written.
-    """
-    head: dict = {HEADER_KEY: FORMAT_VERSION}
-    fmt, sid = getattr(requests, "format", None), getattr(requests, "source_id", None)
-    if fmt is not None and sid is not None:
-        head["source"] = f"{fmt}:sha256:{sid}"
-    if header:
-        head.update({k: v for k, v in header.items() if k != HEADER_KEY})
-    n = 0
-    with _AtomicText(path) as f:
-        f.write(_encode(head) + b"\n")
-        for req in requests:
-            f.write(_encode(native_record(req)) + b"\n")
-            n += 1
-    return n
 
 
 class BlockInterner:
@@ -145,7 +84,7 @@ def write_mooncake(requests: Iterable[TraceRequest], path: str | os.PathLike, *,
     """
     interner = BlockInterner(block_size)
     n = 0
-    with _AtomicText(path) as f:
+    with AtomicText(path) as f:
         for req in requests:
             f.write(_encode(mooncake_record(req, interner)) + b"\n")
             n += 1

@@ -164,6 +164,14 @@ GENAI_CACHE_READ = "gen_ai.usage.cache_read.input_tokens"
 
 RUN_STATUSES = ("running", "complete", "failed", "incomplete")
 
+# The headline fields of a run summary (``runs.summary``), in display order: what the
+# replay prints first, what diff and the dashboard show before anything else.
+SUMMARY_FIELDS = (
+    "requests", "prompt_tokens", "hit_tokens", "token_hit_rate", "block_hit_rate", "ttft_ms_p50", "ttft_ms_p99",
+    "itl_ms_p50", "itl_ms_p99", "publishes", "evictions", "cow_copies", "stale_hashes", "divergent_outputs",
+    "preemptions", "digest",
+)
+
 # Filled by the writer (never needed from producers): per-run append order, the tie-break
 # for spans that share a virtual timestamp (all cache events of one step do).
 SEQ_COLUMN = "seq"

@@ -323,6 +323,11 @@ class Store:
             con.execute("COMMIT")
         self._open_runs.discard(run_id)
 
+    def has_run(self, run_id: str) -> bool:
+        """Whether the store holds a run with this id (any status)."""
+        with read_connection(self.path, timeout_s=self.lock_timeout_s) as con:
+            return fetch_one(con, "SELECT 1 FROM runs WHERE run_id = ?", [run_id]) is not None
+
     # -- spans -----------------------------------------------------------------------
     def append_spans(
         self,

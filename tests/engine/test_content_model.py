@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from kvtrace.cache import CacheConfig, FullAttentionSpec, MambaSpec
 from kvtrace.cache.content import P, ContentModel, kv_sum_closed_form, kv_values, lane_multipliers
 from kvtrace.cache.storage import DeviceStorage
-from kvtrace.cache.tokens import VOCAB_SIZE
+from kvtrace.workload.tokens import VOCAB_SIZE
 
 
 def naive_state(tokens, lanes=4):

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from kvtrace.cache import CacheConfig, FullAttentionSpec, KVCacheManager, MambaSpec
-from kvtrace.engine import Engine, EngineRequest, Scheduler, SchedulerConfig, TraceRequest
+from kvtrace.engine import Engine, EngineRequest, Scheduler, SchedulerConfig
+from kvtrace.workload import TraceRequest
 from kvtrace.engine.presets import EnginePreset
 from kvtrace.engine.clock import get_cost_model
 

@@ -5,7 +5,8 @@ import torch
 
 from kvtrace.cache import BlockCopy, CacheConfig, FullAttentionSpec, MambaSpec
 from kvtrace.cache.storage import DeviceStorage
-from kvtrace.engine import EngineRequest, TraceRequest
+from kvtrace.engine import EngineRequest
+from kvtrace.workload import TraceRequest
 from kvtrace.engine.scheduler import CachedRequestData, NewRequestData, SchedulerOutput
 from kvtrace.engine.worker import Worker
 

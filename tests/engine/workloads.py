@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from kvtrace.cache import CacheConfig, ExternalTierConfig, FullAttentionSpec, MambaSpec
-from kvtrace.engine import SchedulerConfig, TraceRequest
+from kvtrace.engine import SchedulerConfig
+from kvtrace.workload import TraceRequest
 from kvtrace.engine.clock import get_cost_model
 from kvtrace.engine.presets import EnginePreset
 

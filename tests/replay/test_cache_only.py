@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvtrace.cache.events import BlockEvicted, BlockPublished, BlocksFreed, PrefixLookup
-from kvtrace.engine.workload import TraceRequest
+from kvtrace.workload import TraceRequest
 from kvtrace.errors import ConfigError
 from kvtrace.replay.belady import belady_hits, chain_keys, next_uses
 from kvtrace.replay.cache_only import SCOPE_STRIDE, block_keys, lru_reference, replay_cache_only

@@ -117,7 +117,7 @@ def test_study_json_carries_full_summaries_and_store_diff(studies):
     r = res[S.SHARED_PREFIX_PINNING]
     j = json.loads(json.dumps(r.to_json()))
     assert j["behaviour"] == S.SHARED_PREFIX_PINNING and j["trace"] == "gen:study-shared-prefix-pinning"
-    from kvtrace.replay.run import SUMMARY_FIELDS
+    from kvtrace.store.schema import SUMMARY_FIELDS
 
     assert set(SUMMARY_FIELDS) <= set(j["on"]) and set(SUMMARY_FIELDS) <= set(j["off"])
     assert j["diff"]["metrics"]["hit_tokens"]["delta"] == j["on"]["hit_tokens"] - j["off"]["hit_tokens"]

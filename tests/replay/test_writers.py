@@ -8,9 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvtrace.engine.workload import TraceRequest
+from kvtrace.workload import TraceRequest
 from kvtrace.replay.readers import native_header, open_trace, read_trace
-from kvtrace.replay.writers import BlockInterner, write_mooncake, write_native
+from kvtrace.replay.writers import BlockInterner, write_mooncake
+from kvtrace.workload.native import write_native
 
 TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
 MOONCAKE = TRACES / "mooncake_synthetic_trace.jsonl"

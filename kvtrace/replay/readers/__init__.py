@@ -10,13 +10,14 @@ from __future__ import annotations
 import os
 import msgspec
 
-from kvtrace.engine.workload import TraceRequest
+from kvtrace.workload import TraceRequest
 from kvtrace.errors import TraceFormatError
-from kvtrace.replay.readers._base import TraceSource, numbered_lines
+from kvtrace.replay.readers.source import TraceSource
 from kvtrace.replay.readers.azure import read_azure
 from kvtrace.replay.readers.bailian import read_bailian
 from kvtrace.replay.readers.mooncake import read_mooncake
-from kvtrace.replay.readers.native import HEADER_KEY, read_header, read_native
+from kvtrace.workload.lines import numbered_lines
+from kvtrace.workload.native import HEADER_KEY, read_header, read_native
 from kvtrace.replay.readers.weka import read_weka, weka_files
 
 READERS = {

@@ -15,9 +15,10 @@ import re
 from datetime import date
 from typing import Iterator
 
-from kvtrace.engine.workload import TraceRequest
+from kvtrace.workload import TraceRequest
 from kvtrace.errors import TraceFormatError
-from kvtrace.replay.readers._base import ArrivalOrder, cdiv, check_int
+from kvtrace.numeric import cdiv
+from kvtrace.workload.lines import ArrivalOrder, check_int
 
 DEFAULT_BLOCK_SIZE = 16
 REQUIRED_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")

@@ -16,10 +16,9 @@ from typing import Iterator
 
 import msgspec
 
-from kvtrace.engine.workload import TraceRequest
+from kvtrace.workload import TraceRequest
 from kvtrace.errors import TraceFormatError
-from kvtrace.replay.readers._base import ArrivalOrder, check_hash_ids, check_int, s_to_ns
-from kvtrace.replay.readers._jsonl import typed_lines
+from kvtrace.workload.lines import ArrivalOrder, check_hash_ids, check_int, s_to_ns, typed_lines
 
 DEFAULT_BLOCK_SIZE = 16
 

@@ -12,9 +12,8 @@ from typing import Iterator
 
 import msgspec
 
-from kvtrace.engine.workload import TraceRequest
-from kvtrace.replay.readers._base import ArrivalOrder, check_hash_ids, check_int, ms_to_ns
-from kvtrace.replay.readers._jsonl import typed_lines
+from kvtrace.workload import TraceRequest
+from kvtrace.workload.lines import ArrivalOrder, check_hash_ids, check_int, ms_to_ns, typed_lines
 
 DEFAULT_BLOCK_SIZE = 512
 

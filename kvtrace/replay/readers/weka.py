@@ -27,9 +27,10 @@ from typing import Iterator
 
 import msgspec
 
-from kvtrace.engine.workload import TraceRequest
+from kvtrace.workload import TraceRequest
 from kvtrace.errors import TraceFormatError
-from kvtrace.replay.readers._base import MAX_ID, ArrivalOrder, cdiv, check_int, s_to_ns
+from kvtrace.numeric import cdiv
+from kvtrace.workload.lines import MAX_ID, ArrivalOrder, check_int, s_to_ns
 
 TAIL_ID_BASE = 1 << 62
 

@@ -1,28 +1,61 @@
-"""Shared pieces of the trace readers: the source handle, validation, time conversion.
+"""Reading trace files line by line, with errors that name the file and the line.
 
-Every reader is a generator of :class:`~kvtrace.engine.workload.TraceRequest` in file
-order. Arrival times must not decrease within a file: a trace that goes back in time is
-refused with the offending line, because silently re-sorting would change which request
-sees whose cache and a streaming reader cannot sort without loading everything.
+Shared by every reader (the native one here, the public formats in ``kvtrace.replay.readers``):
+streamed numbered lines, typed JSON-line decoding (msgspec), field checks, arrival-order
+checks, time units and the file digest that identifies a trace in run records.
+
+Arrival times must not decrease within a file: a trace that goes back in time is refused
+with the offending line, because silently re-sorting would change which request sees
+whose cache and a streaming reader cannot sort without loading everything.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-from itertools import islice
-from typing import Callable, Iterator
+from collections.abc import Iterator
+from typing import TypeVar
 
-from kvtrace.engine.workload import TraceRequest
+import msgspec
+
 from kvtrace.errors import TraceFormatError
+from kvtrace.numeric import cdiv
 
 MAX_ID = (1 << 63) - 1  # hash ids must fit int64 (Arrow / DuckDB columns downstream)
+T = TypeVar("T")
 
-Reader = Callable[..., Iterator[TraceRequest]]
+
+def numbered_lines(path: str) -> Iterator[tuple[int, str]]:
+    """(1-based line number, text) for each non-blank line, streamed."""
+    try:
+        f = open(path, encoding="utf-8")
+    except OSError as e:
+        raise TraceFormatError(path, None, f"cannot open: {e.strerror}") from None
+    with f:
+        lineno = 0
+        try:
+            for text in f:
+                lineno += 1
+                if text.strip():
+                    yield lineno, text
+        except UnicodeDecodeError:
+            raise TraceFormatError(path, lineno + 1, "not UTF-8 text") from None
 
 
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+def decode_error(path: str, line: int | None, err: Exception) -> TraceFormatError:
+    if isinstance(err, msgspec.ValidationError):
+        return TraceFormatError(path, line, str(err))
+    return TraceFormatError(path, line, f"invalid JSON: {err}")
+
+
+def typed_lines(path: str, schema: type[T]) -> Iterator[tuple[int, T]]:
+    """Each non-blank line decoded as ``schema`` (a msgspec Struct)."""
+    decoder = msgspec.json.Decoder(schema)
+    for lineno, text in numbered_lines(path):
+        try:
+            yield lineno, decoder.decode(text)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            raise decode_error(path, lineno, e) from None
 
 
 def ms_to_ns(ms: int | float) -> int:
@@ -64,7 +97,7 @@ def check_hash_ids(
 class ArrivalOrder:
     """Refuses a decreasing arrival time, naming the line."""
 
-    __slots__ = ("path", "last_ns", "what")
+    __slots__ = ("last_ns", "path", "what")
 
     def __init__(self, path: str, what: str):
         self.path, self.last_ns, self.what = path, None, what
@@ -81,23 +114,6 @@ class ArrivalOrder:
             raise TraceFormatError(self.path, line, f"{self.what}: expected >= 0, got a negative time")
         self.last_ns = arrival_ns
         return arrival_ns
-
-
-def numbered_lines(path: str) -> Iterator[tuple[int, str]]:
-    """(1-based line number, text) for each non-blank line, streamed."""
-    try:
-        f = open(path, encoding="utf-8")
-    except OSError as e:
-        raise TraceFormatError(path, None, f"cannot open: {e.strerror}") from None
-    with f:
-        lineno = 0
-        try:
-            for text in f:
-                lineno += 1
-                if text.strip():
-                    yield lineno, text
-        except UnicodeDecodeError:
-            raise TraceFormatError(path, lineno + 1, "not UTF-8 text") from None
 
 
 def file_sha256(path: str) -> str:
@@ -118,29 +134,22 @@ def source_sha256(path: str, files: list[str] | None) -> str:
     return h.hexdigest()
 
 
-class TraceSource:
-    """A re-iterable, streaming handle on a trace file (or a WEKA directory).
+class AtomicText:
+    """Write-then-rename: the target appears only when writing succeeded, so a failed
+    conversion never leaves half a trace behind."""
 
-    Each ``iter()`` reopens the file, so a source can be replayed twice without holding
-    its requests in memory. ``source_id`` is the sha256 of the bytes, for run records.
-    """
+    def __init__(self, path: str | os.PathLike):
+        self.path = os.fspath(path)
+        self.tmp = f"{self.path}.tmp-{os.getpid()}"
 
-    __slots__ = ("path", "format", "limit", "options", "_reader", "_files", "_source_id")
+    def __enter__(self):
+        self.f = open(self.tmp, "wb")
+        return self.f
 
-    def __init__(self, path: str, fmt: str, reader: Reader, limit: int | None, options: dict,
-                 files: list[str] | None = None):
-        self.path, self.format, self.limit, self.options = path, fmt, limit, options
-        self._reader, self._files, self._source_id = reader, files, None
-
-    def __iter__(self) -> Iterator[TraceRequest]:
-        it = self._reader(self.path, **self.options)
-        return it if self.limit is None else islice(it, self.limit)
-
-    @property
-    def source_id(self) -> str:
-        if self._source_id is None:
-            self._source_id = source_sha256(self.path, self._files)
-        return self._source_id
-
-    def __repr__(self) -> str:
-        return f"TraceSource(path={self.path!r}, format={self.format!r}, limit={self.limit!r})"
+    def __exit__(self, exc_type, exc, tb):
+        self.f.close()
+        if exc_type is None:
+            os.replace(self.tmp, self.path)
+        else:
+            os.unlink(self.tmp)
+        return False

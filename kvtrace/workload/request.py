@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvtrace.cache.tokens import tokens_for_block_ids
+from kvtrace.workload.tokens import tokens_for_block_ids
 
 
 @dataclass(slots=True)

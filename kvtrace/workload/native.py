@@ -1,4 +1,4 @@
-"""kvtrace native trace format, version 1 (JSONL). Also documented in docs/trace-format.md.
+"""kvtrace native trace format, version 1 (JSONL): reader and writer. Also in docs/trace-format.md.
 
 Line 1 is a header object; ``kvtrace_trace`` is the format version, the other keys are
 free metadata kept as ``TraceSource.header`` (writers put ``source``, ``generator``)::
@@ -40,16 +40,16 @@ Exactly one of ``token_ids`` / ``hash_ids`` is given. Unknown request keys are a
 
 from __future__ import annotations
 
-from typing import Iterator
+import os
+from collections.abc import Iterable, Iterator
 
 import msgspec
 import numpy as np
 
-from kvtrace.cache.tokens import VOCAB_SIZE
-from kvtrace.engine.workload import TraceRequest
 from kvtrace.errors import TraceFormatError
-from kvtrace.replay.readers._base import MAX_ID, ArrivalOrder, check_hash_ids, check_int, numbered_lines
-from kvtrace.replay.readers._jsonl import decode_error
+from kvtrace.workload.lines import MAX_ID, ArrivalOrder, AtomicText, check_hash_ids, check_int, decode_error, numbered_lines
+from kvtrace.workload.request import TraceRequest
+from kvtrace.workload.tokens import VOCAB_SIZE
 
 FORMAT_VERSION = 1
 HEADER_KEY = "kvtrace_trace"
@@ -150,3 +150,51 @@ def read_native(path: str) -> Iterator[TraceRequest]:
                 )
             req.expected_output = tuple(row.expected_output)
         yield req
+
+
+# -- writer ------------------------------------------------------------------------------
+_encode = msgspec.json.Encoder().encode  # keys in insertion order, no spaces, no floats here
+
+
+def native_record(req: TraceRequest) -> dict:
+    """One request line of the native format (lossless: every TraceRequest field)."""
+    rec: dict = {"request_id": req.request_id, "arrival_ns": int(req.arrival_ns)}
+    if req.session_id is not None:
+        rec["session"] = req.session_id
+    rec["input_length"] = int(req.input_length)
+    rec["output_length"] = int(req.output_length)
+    if req.token_ids is not None:
+        rec["token_ids"] = np.asarray(req.token_ids, dtype=np.int64).tolist()
+    else:
+        assert req.hash_ids is not None
+        rec["hash_ids"] = [int(h) for h in req.hash_ids]
+        rec["block_size"] = int(req.hash_block_size)
+        if req.namespace:
+            rec["namespace"] = int(req.namespace)
+    if req.expected_output is not None:
+        rec["expected_output"] = [int(t) for t in req.expected_output]
+    if req.cache_salt is not None:
+        rec["cache_salt"] = req.cache_salt
+    return rec
+
+
+def write_native(requests: Iterable[TraceRequest], path: str | os.PathLike, *, header: dict | None = None) -> int:
+    """Write any request stream (e.g. a ``TraceSource``) as native JSONL, atomically.
+
+    The header gets ``source`` (format and sha256) when ``requests`` has ``format`` and
+    ``source_id`` (a ``TraceSource``), plus any ``header`` keys. Returns the number of
+    requests written. Output bytes depend only on the requests and the header.
+    """
+    head: dict = {HEADER_KEY: FORMAT_VERSION}
+    fmt, sid = getattr(requests, "format", None), getattr(requests, "source_id", None)
+    if fmt is not None and sid is not None:
+        head["source"] = f"{fmt}:sha256:{sid}"
+    if header:
+        head.update({k: v for k, v in header.items() if k != HEADER_KEY})
+    n = 0
+    with AtomicText(path) as f:
+        f.write(_encode(head) + b"\n")
+        for req in requests:
+            f.write(_encode(native_record(req)) + b"\n")
+            n += 1
+    return n

@@ -1,0 +1,43 @@
+"""The trace source handle every reader is opened through: re-iterable and streaming.
+
+Every reader is a generator of :class:`~kvtrace.workload.TraceRequest` in file order;
+the line-level checks the readers share live in :mod:`kvtrace.workload.lines`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from itertools import islice
+
+from kvtrace.workload import TraceRequest
+from kvtrace.workload.lines import source_sha256
+
+Reader = Callable[..., Iterator[TraceRequest]]
+
+
+class TraceSource:
+    """A re-iterable, streaming handle on a trace file (or a WEKA directory).
+
+    Each ``iter()`` reopens the file, so a source can be replayed twice without holding
+    its requests in memory. ``source_id`` is the sha256 of the bytes, for run records.
+    """
+
+    __slots__ = ("path", "format", "limit", "options", "_reader", "_files", "_source_id")
+
+    def __init__(self, path: str, fmt: str, reader: Reader, limit: int | None, options: dict,
+                 files: list[str] | None = None):
+        self.path, self.format, self.limit, self.options = path, fmt, limit, options
+        self._reader, self._files, self._source_id = reader, files, None
+
+    def __iter__(self) -> Iterator[TraceRequest]:
+        it = self._reader(self.path, **self.options)
+        return it if self.limit is None else islice(it, self.limit)
+
+    @property
+    def source_id(self) -> str:
+        if self._source_id is None:
+            self._source_id = source_sha256(self.path, self._files)
+        return self._source_id
+
+    def __repr__(self) -> str:
+        return f"TraceSource(path={self.path!r}, format={self.format!r}, limit={self.limit!r})"
