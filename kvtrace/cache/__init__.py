@@ -1,17 +1,21 @@
 """kvtrace.cache: the hybrid prefix-cache manager (vLLM v1 semantics, independent code).
 
+Tensor-free, like vLLM's scheduler side: it hands out block ids, copy plans and state
+writes; the content lives in the engine's device storage.
+
 Public API (vLLM-like): ``CacheConfig`` + specs, ``Request``, ``KVCacheManager``
 (get_computed_blocks / get_num_external_hit_tokens / allocate_slots / free /
 take_block_copies / take_state_writes / new_step_starts / reset_prefix_cache),
 ``KVCacheBlocks``, ``BlockCopy``, ``StateWrite`` and the behaviour names. The call
 order per step is in ``kvtrace.cache.manager``'s docstring.
 
-Modules: config (specs, behaviours), request, hashing (chained hashes, trace memo),
-block_pool (null block, free queue, hash map), retention (sparse masks), single_type
-(full attention, sliding window, Mamba align), manager (coordinator + facade),
-external (second-level tier), plans (copies, state writes), events (typed events,
-msgspec Structs). Device tensors and the exact content model live in ``storage`` and
-``content``.
+Modules, bottom up: config (specs, behaviours), events (typed events, msgspec
+Structs), hashing (chained hashes, trace memo), request, blocks (block, free queue),
+sink (the step's event buffer), block_pool (null block, LRU, hash map), external (a
+second-level tier), retention (sparse masks), plans (copies, state writes), context
+(what the per-group managers share), managers/ (full attention, sliding window, Mamba
+align), coordinator (the fixed point across groups), manager (the scheduler-facing
+facade).
 """
 
 from kvtrace.cache.config import (
@@ -33,18 +37,18 @@ __all__ = [
     "ALL_BEHAVIOURS",
     "EXTERNAL_HIT_RUNNING_COW",
     "SHARED_PREFIX_PINNING",
+    "STATE_CHECKPOINT",
+    "STATE_EXTERNAL",
+    "STATE_RUNNING",
     "TRANSIENT_CHECKPOINT_RETENTION",
+    "BlockCopy",
     "CacheConfig",
     "ExternalTierConfig",
     "FullAttentionSpec",
-    "MambaSpec",
-    "SlidingWindowSpec",
-    "KVCacheManager",
     "KVCacheBlocks",
-    "BlockCopy",
-    "StateWrite",
-    "STATE_RUNNING",
-    "STATE_CHECKPOINT",
-    "STATE_EXTERNAL",
+    "KVCacheManager",
+    "MambaSpec",
     "Request",
+    "SlidingWindowSpec",
+    "StateWrite",
 ]

@@ -1,4 +1,4 @@
-"""Block pool of one KV cache group: null block, intrusive free queue, hash map.
+"""Block pool of one KV cache group: null block, free queue (``blocks``), hash map.
 
 After vLLM's ``BlockPool``:
 
@@ -20,121 +20,22 @@ the hash alone; globally it is (hash, group id).
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
+from kvtrace.cache.blocks import FreeKVCacheBlockQueue, KVCacheBlock
 from kvtrace.cache.events import EVICT_LRU, EVICT_REPLACED, EVICT_RESET, BlockEvicted, BlockPublished
+from kvtrace.cache.hashing import BlockHash
+from kvtrace.cache.sink import EventSink
 
-
-class KVCacheBlock:
-    __slots__ = (
-        "block_id",
-        "ref_cnt",
-        "block_hash",  # primary key or None
-        "hash_num_tokens",  # prefix length (tokens) the primary key stands for
-        "aliases",  # list[(hash, num_tokens)] of extra keys, or None
-        "prev_free",
-        "next_free",
-        "is_null",
-        "published_step",  # step of the latest key published here (hittable from the next)
-        "last_used_step",  # last hit or free
-    )
-
-    def __init__(self, block_id: int):
-        self.block_id = block_id
-        self.ref_cnt = 0
-        self.block_hash: bytes | None = None
-        self.hash_num_tokens = 0
-        self.aliases: list[tuple[bytes, int]] | None = None
-        self.prev_free: KVCacheBlock | None = None
-        self.next_free: KVCacheBlock | None = None
-        self.is_null = False
-        self.published_step = -1
-        self.last_used_step = -1
-
-    def keys(self) -> list[tuple[bytes, int]]:
-        """Every (hash, num_tokens) key that points at this block."""
-        out = [] if self.block_hash is None else [(self.block_hash, self.hash_num_tokens)]
-        if self.aliases:
-            out.extend(self.aliases)
-        return out
-
-    def __repr__(self) -> str:
-        h = self.block_hash
-        if type(h) is bytes:
-            h = h.hex()[:8]
-        return f"KVCacheBlock({self.block_id}, ref={self.ref_cnt}, hash={h}@{self.hash_num_tokens})"
-
-
-class FreeKVCacheBlockQueue:
-    """Intrusive doubly linked list of free blocks with sentinel head and tail."""
-
-    __slots__ = ("num_free_blocks", "head", "tail")
-
-    def __init__(self, blocks: list[KVCacheBlock]):
-        self.head = KVCacheBlock(-1)
-        self.tail = KVCacheBlock(-2)
-        self.num_free_blocks = len(blocks)
-        prev = self.head
-        for b in blocks:
-            prev.next_free = b
-            b.prev_free = prev
-            prev = b
-        prev.next_free = self.tail
-        self.tail.prev_free = prev
-
-    def popleft(self) -> KVCacheBlock:
-        b = self.head.next_free
-        if b is self.tail:
-            raise ValueError("no free blocks")
-        nxt = b.next_free
-        self.head.next_free = nxt
-        nxt.prev_free = self.head
-        b.prev_free = b.next_free = None
-        self.num_free_blocks -= 1
-        return b
-
-    def remove(self, b: KVCacheBlock) -> None:
-        p, n = b.prev_free, b.next_free
-        p.next_free = n
-        n.prev_free = p
-        b.prev_free = b.next_free = None
-        self.num_free_blocks -= 1
-
-    def append(self, b: KVCacheBlock) -> None:
-        last = self.tail.prev_free
-        last.next_free = b
-        b.prev_free = last
-        b.next_free = self.tail
-        self.tail.prev_free = b
-        self.num_free_blocks += 1
-
-    def appendleft(self, b: KVCacheBlock) -> None:
-        first = self.head.next_free
-        self.head.next_free = b
-        b.prev_free = self.head
-        b.next_free = first
-        first.prev_free = b
-        self.num_free_blocks += 1
-
-    def block_ids(self) -> list[int]:
-        out = []
-        b = self.head.next_free
-        while b is not self.tail:
-            out.append(b.block_id)
-            b = b.next_free
-        return out
-
-    def __iter__(self):
-        b = self.head.next_free
-        while b is not self.tail:
-            yield b
-            b = b.next_free
+if TYPE_CHECKING:
+    from kvtrace.cache.external import ExternalTier
 
 
 class BlockPool:
     """Blocks, free queue and hash map of one group. Emits events into ``sink``."""
 
-    def __init__(self, num_blocks: int, group_id: int, sink: "EventSink"):
+    def __init__(self, num_blocks: int, group_id: int, sink: EventSink):
         self.group_id = group_id
         self.num_blocks = num_blocks
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
@@ -142,26 +43,26 @@ class BlockPool:
         self.null_block.is_null = True
         self.null_block.ref_cnt = 1  # never reaches the free queue
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks[1:])
-        self.cached: dict[bytes, KVCacheBlock | dict[int, KVCacheBlock]] = {}
+        self.cached: dict[BlockHash, KVCacheBlock | dict[int, KVCacheBlock]] = {}
         self.step = sink.step
         self.sink = sink
-        self.external = None  # ExternalTier (write-through) or None
+        self.external: ExternalTier | None = None  # write-through second tier
 
     # -- lookups ------------------------------------------------------------------
-    def get_cached_block(self, block_hash: bytes) -> KVCacheBlock | None:
+    def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
         """Any block carrying ``block_hash`` (ignores same-step deferral)."""
         v = self.cached.get(block_hash)
         if v is None or type(v) is KVCacheBlock:
             return v
         return next(iter(v.values()))
 
-    def get_cached_blocks(self, block_hash: bytes) -> list[KVCacheBlock]:
+    def get_cached_blocks(self, block_hash: BlockHash) -> list[KVCacheBlock]:
         v = self.cached.get(block_hash)
         if v is None:
             return []
         return [v] if type(v) is KVCacheBlock else list(v.values())
 
-    def lookup_for_hit(self, block_hash: bytes) -> KVCacheBlock | None:
+    def lookup_for_hit(self, block_hash: BlockHash) -> KVCacheBlock | None:
         """A block usable for a hit now: keys published this step must wait a step."""
         v = self.cached.get(block_hash)
         if v is None:
@@ -186,7 +87,7 @@ class BlockPool:
             self.sink.events.append(evicted)
         return out
 
-    def _pop_evicting(self, n: int, request_id: str | None) -> tuple[list[KVCacheBlock], "BlockEvicted | None"]:
+    def _pop_evicting(self, n: int, request_id: str | None) -> tuple[list[KVCacheBlock], BlockEvicted | None]:
         """Pop ``n`` blocks (ref_cnt 1), drop their keys and count those as LRU evictions.
 
         Returns the blocks and, when events are on, the eviction event, built before the
@@ -239,7 +140,7 @@ class BlockPool:
         )
 
     def get_new_blocks_and_cache(
-        self, n: int, request_id: str, block_hashes: list[bytes], first_index: int, num_full: int, block_size: int
+        self, n: int, request_id: str, block_hashes: list[BlockHash], first_index: int, num_full: int, block_size: int
     ) -> list[KVCacheBlock]:
         """``get_new_blocks(n)`` for table slots first_index.. and key those below ``num_full``.
 
@@ -328,7 +229,7 @@ class BlockPool:
         q.num_free_blocks += len(ordered) - n_kept
 
     # -- publishing ---------------------------------------------------------------
-    def _insert_key(self, h: bytes, b: KVCacheBlock) -> None:
+    def _insert_key(self, h: BlockHash, b: KVCacheBlock) -> None:
         v = self.cached.get(h)
         if v is None:
             self.cached[h] = b
@@ -343,7 +244,7 @@ class BlockPool:
             v[b.block_id] = b
         b.published_step = self.step
 
-    def _remove_key(self, h: bytes, b: KVCacheBlock) -> None:
+    def _remove_key(self, h: BlockHash, b: KVCacheBlock) -> None:
         v = self.cached.get(h)
         if v is None:
             return
@@ -364,7 +265,7 @@ class BlockPool:
                 self._remove_key(h, b)
         b.aliases = None
 
-    def evict_block_keys(self, b: KVCacheBlock, reason: str, request_id: str | None) -> list[tuple[bytes, int]]:
+    def evict_block_keys(self, b: KVCacheBlock, reason: str, request_id: str | None) -> list[tuple[BlockHash, int]]:
         """Remove every key of ``b`` (it stays allocated); emits one eviction event."""
         keys = b.keys()
         if not keys:
@@ -386,7 +287,7 @@ class BlockPool:
         self,
         request_id: str,
         blocks: list[KVCacheBlock],
-        block_hashes: list[bytes],
+        block_hashes: list[BlockHash],
         start: int,
         end: int,
         block_size: int,
@@ -456,11 +357,11 @@ class BlockPool:
         self,
         request_id: str,
         b: KVCacheBlock,
-        block_hash: bytes,
+        block_hash: BlockHash,
         num_tokens: int,
         kind: str,
         replace_existing_hashes: bool = False,
-    ) -> bytes | None:
+    ) -> BlockHash | None:
         """Key ``b`` at a hash boundary inside it (primary if unkeyed, else an alias)."""
         if b.is_null:
             return None
@@ -488,7 +389,7 @@ class BlockPool:
             )
         return block_hash
 
-    def move_block_hashes(self, src: KVCacheBlock, dst: KVCacheBlock, request_id: str) -> list[tuple[bytes, int]]:
+    def move_block_hashes(self, src: KVCacheBlock, dst: KVCacheBlock, request_id: str) -> list[tuple[BlockHash, int]]:
         """Re-point every key of ``src`` to ``dst`` (dst must be unkeyed)."""
         assert dst.block_hash is None and not dst.aliases, "move_block_hashes: destination already keyed"
         keys = src.keys()
@@ -531,25 +432,5 @@ class BlockPool:
         self.new_step_starts()
         return True
 
-    @property
-    def num_cached_keys(self) -> int:
-        return sum(1 if type(v) is KVCacheBlock else len(v) for v in self.cached.values())
-
     def usage(self) -> float:
         return 1.0 - self.free_block_queue.num_free_blocks / (self.num_blocks - 1)
-
-
-class EventSink:
-    """The manager's per-step event buffer and counters, shared by all pools."""
-
-    __slots__ = ("events", "step", "enabled", "publishes", "evictions", "evictions_by_reason")
-
-    def __init__(self, enabled: bool = True):
-        from collections import Counter
-
-        self.events: list = []
-        self.step = 0
-        self.enabled = enabled
-        self.publishes = 0
-        self.evictions = 0
-        self.evictions_by_reason: Counter = Counter()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from kvtrace.cache.block_pool import EventSink
+from kvtrace.cache.sink import EventSink
 from kvtrace.cache.events import EVICT_CONNECTOR, BlockEvicted
 
 

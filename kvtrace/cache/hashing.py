@@ -13,16 +13,36 @@ blocks, not with tokens.
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import Protocol
 
 import cbor2
+import numpy as np
 import xxhash
 
-
-if TYPE_CHECKING:
-    from kvtrace.cache.request import Request
+from kvtrace.numeric import cdiv
 
 HashFn = Callable[[object], bytes]
+# A block hash: bytes from the hash functions here; an int where the key is given (the
+# trace ids of cache-only replay, vLLM's own int hashes), as vLLM's KV events carry.
+BlockHash = bytes | int
+
+
+class HashedRequest(Protocol):
+    """What the hasher reads of a request (``kvtrace.cache.request.Request`` has it)."""
+
+    _block_hashes: list[BlockHash]
+    num_prompt_tokens: int
+    trace_block_ids: tuple[int, ...] | None
+    trace_block_size: int
+    namespace: int
+    lora_name: str | None
+    cache_salt: str | None
+
+    @property
+    def num_tokens(self) -> int: ...
+
+    def get_token_ids(self, start: int, end: int) -> np.ndarray: ...
 
 _NONE_HASH_SEED = "kvtrace/NONE_HASH/v1"
 
@@ -72,7 +92,7 @@ class BlockHasher:
         self.memo_misses = 0
 
     @staticmethod
-    def extra_keys(request: "Request", first_unit: bool) -> tuple | None:
+    def extra_keys(request: HashedRequest, first_unit: bool) -> tuple | None:
         keys: tuple = ()
         if request.lora_name is not None:
             keys += (request.lora_name,)
@@ -80,7 +100,7 @@ class BlockHasher:
             keys += (request.cache_salt,)
         return keys or None
 
-    def update(self, request: "Request") -> None:
+    def update(self, request: HashedRequest) -> None:
         """Hash every full unit of ``request``'s tokens not hashed yet."""
         hashes = request._block_hashes
         hbs = self.hash_block_size
@@ -116,7 +136,7 @@ class BlockHasher:
         ns = request.namespace
         parent = hashes[n - 1] if n else self.none_hash
         j = n // per_block
-        last_j = min(len(tids), -(-prompt_units // per_block))
+        last_j = min(len(tids), cdiv(prompt_units, per_block))
         misses = 0
         if per_block == 1:  # one unit per trace block: the memo holds the hash itself
             append = hashes.append

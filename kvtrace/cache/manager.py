@@ -40,103 +40,21 @@ also gets a checkpoint slot at cdiv(end, bs) - 2 (``kind="checkpoint"``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from math import lcm
-from typing import Iterator
+from collections.abc import Iterator
 
-from kvtrace.cache.block_pool import BlockPool, EventSink
-from kvtrace.cache.config import (
-    EXTERNAL_HIT_RUNNING_COW,
-    SHARED_PREFIX_PINNING,
-    TRANSIENT_CHECKPOINT_RETENTION,
-    CacheConfig,
-    FullAttentionSpec,
-    MambaSpec,
-)
-from kvtrace.cache.events import COPY_EXTERNAL, PUBLISH_FULL, BlockCopied, BlocksFreed, CacheListener, PrefixLookup
+from kvtrace.cache.block_pool import BlockPool
+from kvtrace.cache.config import CacheConfig, FullAttentionSpec
+from kvtrace.cache.context import CacheContext, CacheStats
+from kvtrace.cache.coordinator import KVCacheCoordinator
+from kvtrace.cache.events import PUBLISH_FULL, BlocksFreed, CacheListener, PrefixLookup
 from kvtrace.cache.external import ExternalTier
-from kvtrace.cache.hashing import BlockHasher
+from kvtrace.cache.hashing import BlockHash, BlockHasher
 from kvtrace.cache.plans import BlockCopy, KVCacheBlocks, StateWrite
 from kvtrace.cache.request import Request
-from kvtrace.cache.single_type import (
-    MANAGER_FOR_SPEC,
-    FullAttentionManager,
-    MambaManager,
-    SingleTypeManager,
-    cdiv,
-)
+from kvtrace.cache.sink import EventSink
+from kvtrace.numeric import cdiv
 
-
-@dataclass(slots=True)
-class CacheStats:
-    queries: int = 0  # get_computed_blocks calls
-    query_tokens: int = 0
-    hit_tokens: int = 0  # local hits after the fixed point
-    hit_requests: int = 0
-    external_hit_tokens: int = 0
-    copies: int = 0
-    stale_hash_left: int = 0
-    failed_allocations: int = 0
-    freed_requests: int = 0
-    sink: EventSink | None = field(default=None, repr=False)
-
-    @property
-    def publishes(self) -> int:
-        return self.sink.publishes if self.sink else 0
-
-    @property
-    def evictions(self) -> dict[str, int]:
-        return dict(sorted(self.sink.evictions_by_reason.items())) if self.sink else {}
-
-    @property
-    def token_hit_rate(self) -> float:
-        return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
-
-    def as_dict(self) -> dict:
-        return {
-            "queries": self.queries, "query_tokens": self.query_tokens, "hit_tokens": self.hit_tokens,
-            "hit_requests": self.hit_requests, "external_hit_tokens": self.external_hit_tokens,
-            "publishes": self.publishes, "evictions": self.evictions, "copies": self.copies,
-            "stale_hash_left": self.stale_hash_left, "failed_allocations": self.failed_allocations,
-        }
-
-
-class _Context:
-    """Settings and per-step queues shared by the per-group managers."""
-
-    __slots__ = (
-        "hash_block_size", "retention_interval", "enable_partial_hits", "num_speculative_blocks",
-        "num_prefill_checkpoint_blocks", "scheduler_block_size", "pinning", "transient_checkpoint_retention",
-        "external_hit_running_cow", "sink", "stats", "retained", "copies", "state_writes",
-    )
-
-    def __init__(self, config: CacheConfig, sink: EventSink, stats: CacheStats):
-        self.hash_block_size = config.hash_block_size
-        self.retention_interval = config.retention_interval
-        self.enable_partial_hits = config.enable_partial_hits
-        self.num_speculative_blocks = config.num_speculative_blocks
-        self.num_prefill_checkpoint_blocks = config.num_prefill_checkpoint_blocks
-        self.scheduler_block_size = lcm(*(s.block_size for s in config.groups))
-        self.pinning = SHARED_PREFIX_PINNING in config.behaviours
-        self.transient_checkpoint_retention = TRANSIENT_CHECKPOINT_RETENTION in config.behaviours
-        self.external_hit_running_cow = EXTERNAL_HIT_RUNNING_COW in config.behaviours
-        self.sink = sink
-        self.stats = stats
-        self.retained: list = []  # (pool, block) references released by take_block_copies
-        self.copies: list[BlockCopy] = []
-        self.state_writes: list[StateWrite] = []
-
-    def queue_copy(self, copy: BlockCopy) -> None:
-        self.copies.append(copy)
-        self.stats.copies += 1
-        if self.sink.enabled:
-            self.sink.events.append(BlockCopied(self.sink.step, copy.request_id, copy.group_id, copy.src, copy.dst, copy.why))
-
-    def note_external_load(self, request: Request, group_id: int, block) -> None:
-        if self.sink.enabled:
-            self.sink.events.append(
-                BlockCopied(self.sink.step, request.request_id, group_id, -1, block.block_id, COPY_EXTERNAL)
-            )
+__all__ = ["CacheStats", "KVCacheManager"]
 
 
 class KVCacheManager:
@@ -151,34 +69,25 @@ class KVCacheManager:
         self.hash_block_size = config.hash_block_size
         self.sink = EventSink(enabled=False)
         self.stats = CacheStats(sink=self.sink)
-        self.ctx = _Context(config, self.sink, self.stats)
+        self.ctx = CacheContext(config, self.sink, self.stats)
         self.scheduler_block_size = self.ctx.scheduler_block_size
         self.hasher = BlockHasher(config.hash_fn, config.hash_block_size)
         self.pools = [BlockPool(n, g, self.sink) for g, n in enumerate(config.num_gpu_blocks)]
-        self.managers: list[SingleTypeManager] = [
-            MANAGER_FOR_SPEC[type(spec)](g, spec, self.pools[g], self.ctx) for g, spec in enumerate(config.groups)
-        ]
+        self.external: ExternalTier | None = None
+        if config.external is not None:
+            self.external = ExternalTier(config.external.capacity_blocks, self.sink)
+            for p in self.pools:
+                p.external = self.external
+        self.coordinator = KVCacheCoordinator(config, self.pools, self.ctx, self.external)
+        self.managers = self.coordinator.managers
         self.num_groups = len(self.managers)
-        # Attention groups are queried first in the fixed point (they are downward closed).
-        self._lookup_order = sorted(
-            range(self.num_groups), key=lambda g: 0 if isinstance(config.groups[g], FullAttentionSpec) else 1
-        )
-        self._attention_groups = [g for g, s in enumerate(config.groups) if isinstance(s, FullAttentionSpec)]
-        self._mamba = [m for m in self.managers if isinstance(m, MambaManager)]
-        self._skipping = [m for m in self.managers if not isinstance(m, FullAttentionManager)]
+        self.hit_alignment = self.coordinator.hit_alignment
         self._no_hits: tuple = ((),) * self.num_groups
         # one full-attention group keyed per hash unit: the vLLM "unitary" fast path
         self._unitary = (
             self.num_groups == 1 and isinstance(config.groups[0], FullAttentionSpec)
             and config.groups[0].block_size == config.hash_block_size
         )
-        # Hits land on hash units with partial hits on, else on the scheduler block size.
-        self.hit_alignment = config.hash_block_size if config.enable_partial_hits else self.scheduler_block_size
-        self.external: ExternalTier | None = None
-        if config.external is not None:
-            self.external = ExternalTier(config.external.capacity_blocks, self.sink)
-            for p in self.pools:
-                p.external = self.external
         self._listeners: list[CacheListener] = []
 
     # -- events -------------------------------------------------------------------
@@ -209,61 +118,28 @@ class KVCacheManager:
     def attach(self, request: Request) -> None:
         """Give ``request`` this manager's block hasher and hash its tokens so far.
 
-        Called implicitly by the first lookup or allocation; the engine may call it at
-        request creation (as vLLM hashes in ``Request.__init__``).
+        Lookups and allocations bind the hasher themselves; the engine may call this at
+        request creation to hash eagerly (as vLLM hashes in ``Request.__init__``).
         """
-        if request._hasher is None:
-            request._hasher = self.hasher
-        request.block_hashes
-
-    def _attach(self, request: Request) -> None:
-        if request._hasher is None:
-            request._hasher = self.hasher
-
-    def find_longest_cache_hit(self, fine: list[bytes], max_length: int):
-        """The hybrid fixed point: (blocks per group, hit length, uncached shared prefix, first hits)."""
-        align = self.hit_alignment
-        mgrs = self.managers
-        if self.num_groups == 1:
-            blocks, hit = mgrs[0].find_longest_cache_hit(fine, max_length, align)
-            return [blocks], hit, 0, (hit,)
-        length = max_length
-        results: list = [None] * self.num_groups
-        first: list = [None] * self.num_groups
-        while True:
-            reduced = False
-            for g in self._lookup_order:
-                blocks, hit = mgrs[g].find_longest_cache_hit(fine, length, align)
-                results[g] = blocks
-                if first[g] is None:
-                    first[g] = hit
-                if hit < length:
-                    length = hit
-                    reduced = True
-            if not reduced or length == 0:
-                break
-        if length == 0:
-            results = [[] for _ in mgrs]
-        else:
-            for g in self._attention_groups:
-                del results[g][cdiv(length, mgrs[g].block_size):]
-        longest = max((first[g] for g in self._attention_groups), default=length)
-        sbs = self.scheduler_block_size
-        longest = longest // sbs * sbs
-        uncached = max(longest - length, 0)
-        return results, length, uncached, tuple(first)
+        request.bind_hasher(self.hasher)
+        request.update_block_hashes()
 
     def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int, int]:
         """Longest local prefix hit of a waiting request.
 
-        Returns (hit blocks per group, num hit tokens, shared_prefix_boundary). The hit
-        is capped at ``num_tokens - 1`` (the last token is always recomputed). The
-        boundary is the Marconi junction (hit + uncached common prefix) when
-        ``shared-prefix-pinning`` is on and a sparse group lags, else 0; the scheduler
-        stores it in ``request.shared_prefix_boundary``.
+        Returns:
+            (hit blocks per group, num hit tokens, shared_prefix_boundary). The hit is
+            at most ``num_tokens - 1`` tokens (the last token is always recomputed) and
+            a multiple of ``hit_alignment``; keys published in this step do not count
+            (their content is not written yet). The boundary is the Marconi junction
+            (hit + uncached common prefix) when ``shared-prefix-pinning`` is on and a
+            sparse group lags, else 0; the scheduler stores it in
+            ``request.shared_prefix_boundary``.
+
+        Changes nothing but the stats and the step's ``PrefixLookup`` event: the hit
+        blocks are taken only by the ``allocate_slots`` that follows.
         """
-        if request._hasher is None:
-            request._hasher = self.hasher
+        request.bind_hasher(self.hasher)
         num_tokens = request.num_tokens
         st = self.stats
         st.queries += 1
@@ -276,8 +152,8 @@ class KVCacheManager:
             hit_blocks, hit = m0.find_longest_cache_hit(fine, num_tokens - 1, self.hit_alignment)
             blocks, boundary, first = (hit_blocks,), 0, (hit,)
         else:
-            blocks, hit, uncached, first = self.find_longest_cache_hit(fine, num_tokens - 1)
-            blocks = tuple(blocks)
+            per_group, hit, uncached, first = self.coordinator.find_longest_cache_hit(fine, num_tokens - 1)
+            blocks = tuple(per_group)
             boundary = hit + uncached if (uncached and self.ctx.pinning) else 0
         st.hit_tokens += hit
         if hit:
@@ -296,48 +172,12 @@ class KVCacheManager:
         return KVCacheBlocks(blocks), hit, boundary
 
     def get_num_external_hit_tokens(self, request: Request, num_local_hit_tokens: int) -> int:
-        """Tokens beyond the local hit that the external tier can supply for every group."""
-        ext = self.external
-        if ext is None or not self.enable_caching:
+        """Tokens beyond the local hit that the external tier can supply for every group
+        (0 without a tier). Changes nothing: the load happens in ``allocate_slots``."""
+        if self.external is None or not self.enable_caching:
             return 0
-        self._attach(request)
-        fine = request.block_hashes
-        hbs = self.hash_block_size
-        unit = self.hit_alignment
-        max_len = request.num_tokens - 1
-        # contiguous full blocks present for attention groups, from the local hit on
-        runs = {}
-        for g in self._attention_groups:
-            m = self.managers[g]
-            coarse = m.coarse(fine)
-            i = num_local_hit_tokens // m.block_size
-            while i < len(coarse) and (g, coarse[i]) in ext:
-                i += 1
-            runs[g] = i
-        length = max_len // unit * unit
-        while length > num_local_hit_tokens:
-            if all(self._external_has(g, fine, length, runs) for g in range(self.num_groups)):
-                return length - num_local_hit_tokens
-            length -= unit
-        return 0
-
-    def _external_has(self, g: int, fine: list[bytes], length: int, runs: dict) -> bool:
-        m = self.managers[g]
-        bs, hbs, ext = m.block_size, self.hash_block_size, self.external
-        spec = self.config.groups[g]
-        if isinstance(spec, FullAttentionSpec):
-            if length // bs > runs[g]:
-                return False
-            return length % bs == 0 or (g, fine[length // hbs - 1]) in ext
-        if isinstance(spec, MambaSpec):
-            if length % bs and not self.config.enable_partial_hits:
-                return False
-            return (g, fine[length // hbs - 1]) in ext
-        if length % bs:
-            return False
-        coarse = m.coarse(fine)
-        end = length // bs
-        return all((g, coarse[i]) in ext for i in range(max(0, end - m.need), end))
+        request.bind_hasher(self.hasher)
+        return self.coordinator.external_hit_tokens(request.block_hashes, num_local_hit_tokens, request.num_tokens - 1)
 
     # -- allocation ---------------------------------------------------------------
     def allocate_slots(
@@ -351,23 +191,28 @@ class KVCacheManager:
     ) -> KVCacheBlocks | None:
         """Give ``request`` slots for ``num_new_tokens`` more tokens this step.
 
-        ``num_new_computed_tokens``/``new_computed_blocks``: the local hit of a new
-        request (from ``get_computed_blocks``). ``num_external_computed_tokens``: tokens
-        loaded from the external tier this step (before local compute).
+        Args:
+            num_new_computed_tokens, new_computed_blocks: the local hit of a new request
+                (from ``get_computed_blocks``).
+            num_external_computed_tokens: tokens loaded from the external tier this step
+                (before local compute).
+            num_lookahead_tokens: extra slots (speculative tokens) for attention groups.
 
-        Returns, per group, the blocks appended to the request's table this step, in
-        table order (Mamba lists include null padding, so a worker that appends keeps
-        its indices aligned), plus any copy-on-write block swapped into the table of a
-        request on its first allocation. Returns None when a group lacks free blocks;
-        nothing has changed then, and the caller preempts.
+        Returns:
+            Per group, the blocks appended to the request's table this step, in table
+            order (Mamba lists include null padding, so a worker that appends keeps its
+            indices aligned), plus any copy-on-write block swapped into the table of a
+            request on its first allocation. None when a group lacks free blocks:
+            nothing has changed then, and the caller preempts or waits.
 
-        Mamba groups also queue ``StateWrite``s: ``running`` (state after the step's
-        last token, into the table's last block), ``checkpoint`` (internal prefill
-        checkpoint at slot cdiv(query_end, bs) - 2, state after the last hash boundary
-        before query_end) and ``external`` (loaded state).
+        The request's full blocks (up to ``num_computed_tokens + new tokens``) are keyed
+        here, before the worker writes them: a key published in this step is hittable
+        from the next one. Mamba groups also queue ``StateWrite``s: ``running`` (state
+        after the step's last token, into the table's last block), ``checkpoint``
+        (internal prefill checkpoint at slot cdiv(query_end, bs) - 2, state after the
+        last hash boundary before query_end) and ``external`` (loaded state).
         """
-        if request._hasher is None:
-            request._hasher = self.hasher
+        request.bind_hasher(self.hasher)
         if self._unitary and not num_external_computed_tokens:
             return self._allocate_slots_unitary(request, num_new_tokens, num_new_computed_tokens,
                                                 new_computed_blocks, num_lookahead_tokens)
@@ -376,44 +221,19 @@ class KVCacheManager:
         total_computed = num_local + num_external_computed_tokens
         num_tokens_main = total_computed + num_new_tokens
         num_tokens_slots = num_tokens_main + num_lookahead_tokens
-        mgrs = self.managers
         hits = new_computed_blocks.blocks if new_computed_blocks is not None else self._no_hits
-
-        for m in self._skipping:
-            m.remove_skipped_blocks(rid, total_computed)
-        for g, m in enumerate(mgrs):
-            is_mamba = m.is_mamba
-            need = m.get_num_blocks_to_allocate(
-                rid, num_tokens_main if is_mamba else num_tokens_slots, hits[g], num_local, total_computed
-            )
-            if num_external_computed_tokens and is_mamba:
-                need += 1
-            if need > m.pool.free_block_queue.num_free_blocks:
-                self.stats.failed_allocations += 1
-                return None
-
-        if new_computed_blocks is not None:
-            for g, m in enumerate(mgrs):
-                m.add_computed_blocks(rid, hits[g], num_local)
-        new_out: list[list] = [[] for _ in mgrs]
-        for g, m in enumerate(mgrs):
-            if m.partial_hit_reqs:
-                m.apply_cow(request, new_out[g])
+        coordinator = self.coordinator
+        coordinator.remove_skipped_blocks(rid, total_computed)
+        if not coordinator.can_allocate(rid, num_tokens_main, num_tokens_slots, hits, num_local, total_computed,
+                                        bool(num_external_computed_tokens)):
+            self.stats.failed_allocations += 1
+            return None
         if num_external_computed_tokens:
             self.stats.external_hit_tokens += num_external_computed_tokens
-            for g, m in enumerate(mgrs):
-                m.allocate_external_blocks(request, num_local, num_external_computed_tokens, new_out[g])
-            self._touch_external(request, num_local, total_computed)
-        for g, m in enumerate(mgrs):
-            m.allocate_new_blocks(request, num_tokens_slots, num_tokens_main, total_computed, new_out[g])
-        if self.enable_caching:
-            num_to_cache = min(num_tokens_main, request.num_tokens)
-            for m in mgrs:
-                m.cache_blocks(request, num_to_cache)
-        for m in self._mamba:
-            if num_new_tokens > 0:
-                m.queue_running_state(request, num_tokens_main)
-            m.handed_out.add(rid)
+        new_out = coordinator.allocate(
+            request, new_computed_blocks.blocks if new_computed_blocks is not None else None, num_local,
+            num_external_computed_tokens, num_tokens_main, num_tokens_slots, num_new_tokens, self.enable_caching,
+        )
         return KVCacheBlocks(tuple(new_out))
 
     def _allocate_slots_unitary(self, request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
@@ -432,7 +252,7 @@ class KVCacheManager:
         num_table = len(table) if table is not None else 0
         hits = new_computed_blocks.blocks[0] if new_computed_blocks is not None else ()
         num_hits = len(hits)
-        num_slots = -(-(num_tokens_main + num_lookahead_tokens) // bs)
+        num_slots = cdiv(num_tokens_main + num_lookahead_tokens, bs)
         need = num_slots - num_table - num_hits
         num_free = pool.free_block_queue.num_free_blocks
         if num_hits and need + num_hits > num_free:  # free hit blocks leave the queue too: count them
@@ -473,25 +293,13 @@ class KVCacheManager:
                 cached_counts[rid] = num_full
         return KVCacheBlocks((new,))
 
-    def _touch_external(self, request: Request, start: int, end: int) -> None:
-        ext = self.external
-        if ext is None:
-            return
-        fine = request.block_hashes
-        for g, m in enumerate(self.managers):
-            coarse = m.coarse(fine)
-            for i in range(start // m.block_size, min(end // m.block_size, len(coarse))):
-                ext.touch(g, coarse[i])
-            if end % m.block_size and end // self.hash_block_size:
-                ext.touch(g, fine[end // self.hash_block_size - 1])
-
     def free(self, request: Request | str) -> None:
-        """Release a finished or preempted request's blocks (tail first)."""
+        """Release a finished or preempted request's blocks in every group, tail first
+        (so its tail is evicted before its prefix). Its keys stay cached."""
         rid = request if isinstance(request, str) else request.request_id
         self.stats.freed_requests += 1
         sink = self.sink
-        for g, m in enumerate(self.managers):
-            freed = m.free(rid)
+        for g, freed in enumerate(self.coordinator.free(rid)):
             if freed and sink.enabled:
                 sink.events.append(BlocksFreed(sink.step, rid, g, tuple([b.block_id for b in freed])))
 
@@ -524,13 +332,11 @@ class KVCacheManager:
         return True
 
     # -- introspection ------------------------------------------------------------
-    def get_blocks(self, request_id: str) -> KVCacheBlocks:
-        return KVCacheBlocks(tuple(list(m.req_to_blocks.get(request_id, ())) for m in self.managers))
-
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        """The request's whole table per group (null slots as block 0)."""
         return tuple([b.block_id for b in m.req_to_blocks.get(request_id, ())] for m in self.managers)
 
-    def cached_entries(self) -> Iterator[tuple[int, bytes, int, int]]:
+    def cached_entries(self) -> Iterator[tuple[int, BlockHash, int, int]]:
         """(group_id, block_hash, block_id, num_tokens) for every cached key."""
         for g, p in enumerate(self.pools):
             for h, v in list(p.cached.items()):
@@ -545,6 +351,7 @@ class KVCacheManager:
 
     @property
     def usage(self) -> tuple[float, ...]:
+        """Block-pool usage per group, 0..1."""
         return tuple(p.usage() for p in self.pools)
 
     @property

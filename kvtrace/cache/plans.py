@@ -6,11 +6,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
-    from kvtrace.cache.block_pool import KVCacheBlock
+    from kvtrace.cache.blocks import KVCacheBlock
 
 # StateWrite kinds
 STATE_RUNNING = "running"  # the state after the step's last token
 STATE_CHECKPOINT = "checkpoint"  # an internal prefill checkpoint inside the chunk
+STATE_EXTERNAL = "external"  # content loaded from the external tier before compute
 
 
 class BlockCopy(NamedTuple):
@@ -45,26 +46,18 @@ class StateWrite(NamedTuple):
     group_id: int
     block_id: int
     num_tokens: int
-    kind: str  # STATE_RUNNING | STATE_CHECKPOINT
+    kind: str  # STATE_RUNNING | STATE_CHECKPOINT | STATE_EXTERNAL
 
 
 @dataclass(slots=True)
 class KVCacheBlocks:
     """Per-group block lists (vLLM's ``KVCacheBlocks``)."""
 
-    blocks: tuple[list["KVCacheBlock"], ...]
+    blocks: tuple[list[KVCacheBlock], ...]
 
     def get_block_ids(self) -> tuple[list[int], ...]:
         return tuple([b.block_id for b in g] for g in self.blocks)
 
-    def get_unhashed_block_ids(self) -> list[int]:
-        return [b.block_id for b in self.blocks[0] if b.block_hash is None]
-
-    def __add__(self, other: "KVCacheBlocks") -> "KVCacheBlocks":
-        return KVCacheBlocks(tuple(a + b for a, b in zip(self.blocks, other.blocks)))
-
     @staticmethod
-    def empty(num_groups: int) -> "KVCacheBlocks":
+    def empty(num_groups: int) -> KVCacheBlocks:
         return KVCacheBlocks(tuple([] for _ in range(num_groups)))
-
-STATE_EXTERNAL = "external"  # content loaded from the external tier (see KVCacheManager)

@@ -12,7 +12,7 @@ import numpy as np
 from kvtrace.workload.tokens import tokens_for_block_ids
 
 if TYPE_CHECKING:
-    from kvtrace.cache.hashing import BlockHasher
+    from kvtrace.cache.hashing import BlockHash, BlockHasher
 
 
 class Request:
@@ -57,7 +57,7 @@ class Request:
         trace_block_size: int = 0,
         namespace: int = 0,
         num_prompt_tokens: int | None = None,
-        block_hashes: list[bytes] | tuple[int, ...] | None = None,
+        block_hashes: list[BlockHash] | tuple[int, ...] | None = None,
     ):
         self.request_id = request_id
         self.cache_salt = cache_salt
@@ -79,7 +79,7 @@ class Request:
         # Precomputed keys (cache-only replay keys blocks by trace id) skip the hasher. The
         # sequence is taken over, not copied (a per-request copy is measurable in that
         # replay); a tuple is fine when the request never outgrows it, as there.
-        self._block_hashes: list[bytes] = block_hashes if block_hashes is not None else []
+        self._block_hashes: list[BlockHash] = block_hashes if block_hashes is not None else []  # type: ignore[assignment]
         self._hasher: BlockHasher | None = None
 
     # -- tokens -------------------------------------------------------------------
@@ -122,8 +122,19 @@ class Request:
             self.output_token_ids.extend(int(t) for t in token_ids)
 
     # -- hashes -------------------------------------------------------------------
+    def bind_hasher(self, hasher: BlockHasher) -> None:
+        """Hash this request with ``hasher`` from now on (the first bound one stays)."""
+        if self._hasher is None:
+            self._hasher = hasher
+
+    def update_block_hashes(self) -> None:
+        """Hash every full unit of the tokens so far (``block_hashes`` does it lazily)."""
+        h = self._hasher
+        if h is not None:
+            h.update(self)
+
     @property
-    def block_hashes(self) -> list[bytes]:
+    def block_hashes(self) -> list[BlockHash]:
         """Chained hashes of every full ``hash_block_size`` unit (grows with tokens)."""
         h = self._hasher
         if h is not None and len(self._block_hashes) < (

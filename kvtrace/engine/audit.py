@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from kvtrace.cache import CacheConfig, MambaSpec
 from kvtrace.cache.events import BlockPublished
-from kvtrace.cache.storage import DeviceStorage
+from kvtrace.engine.storage import DeviceStorage
 from kvtrace.engine.events import StaleHashFound
 from kvtrace.engine.reference import expected_kv_fingerprint, expected_state_fingerprint
 

@@ -19,7 +19,7 @@ from bisect import bisect_right
 import numpy as np
 import torch
 
-from kvtrace.cache.content import FINGERPRINT_BASE, KV_A, KV_B, KV_C, P, ContentModel, kv_sum_closed_form
+from kvtrace.engine.content import FINGERPRINT_BASE, KV_A, KV_B, KV_C, P, ContentModel, kv_sum_closed_form
 from kvtrace.workload.tokens import block_tokens
 
 _SMALL = 48  # up to this many tokens, step the recurrence in Python

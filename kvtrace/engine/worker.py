@@ -24,13 +24,14 @@ import numpy as np
 import torch
 
 from kvtrace.cache import CacheConfig, FullAttentionSpec, MambaSpec, SlidingWindowSpec
-from kvtrace.cache.content import KV_A, KV_B, KV_C, P, ContentModel, kv_values
+from kvtrace.engine.content import KV_A, KV_B, KV_C, P, ContentModel, kv_values
 from kvtrace.cache.plans import STATE_CHECKPOINT, STATE_EXTERNAL, STATE_RUNNING
-from kvtrace.cache.storage import DeviceStorage
+from kvtrace.engine.storage import DeviceStorage
 from kvtrace.workload.tokens import VOCAB_SIZE
 from kvtrace.engine.reference import PrefixOracle, TraceBlockMemo
 from kvtrace.engine.request import EngineRequest
 from kvtrace.engine.scheduler import SchedulerOutput
+from kvtrace.numeric import cdiv
 
 
 @dataclass(slots=True)
@@ -97,10 +98,6 @@ class BlockTableTensor:
     def append(self, row: int, start: int, ids: list[int]) -> None:
         self._fit(row, start + len(ids))
         self.t[row, start : start + len(ids)] = torch.tensor(ids, dtype=torch.int64, device=self.device)
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 class Worker:
@@ -199,7 +196,7 @@ class Worker:
             self._load_external(loads)
             for sw in out.state_writes:  # the Core names the block it loaded; ours must agree
                 if sw.kind == STATE_EXTERNAL:
-                    mine = self.seqs[sw.request_id].tables[sw.group_id][_cdiv(sw.num_tokens, self.block_size[sw.group_id]) - 1]
+                    mine = self.seqs[sw.request_id].tables[sw.group_id][cdiv(sw.num_tokens, self.block_size[sw.group_id]) - 1]
                     if mine != sw.block_id:
                         res.table_disagreements += 1
         if out.block_copies:
@@ -224,7 +221,7 @@ class Worker:
             if self.state_groups:
                 st = torch.tensor([self.oracle(s.request).state_at(end)], dtype=torch.int64, device=self.device)
                 for g in self.state_groups:
-                    blk = s.tables[g][_cdiv(end, self.block_size[g]) - 1]
+                    blk = s.tables[g][cdiv(end, self.block_size[g]) - 1]
                     self.storage.write_states(g, torch.tensor([blk], dtype=torch.int64, device=self.device), st)
 
     def _write_kv(self, s: _Seq, start: int, end: int, tokens: np.ndarray) -> None:
@@ -316,8 +313,8 @@ class Worker:
             closed_form = None
             for g in self.state_groups:
                 bs = self.block_size[g]
-                src = [w[0].tables[g][_cdiv(a, bs) - 1] if a > 0 else 0 for w, a in zip(work, starts)]
-                dst = [w[0].tables[g][_cdiv(e, bs) - 1] for w, e in zip(work, ends)]
+                src = [w[0].tables[g][cdiv(a, bs) - 1] if a > 0 else 0 for w, a in zip(work, starts)]
+                dst = [w[0].tables[g][cdiv(e, bs) - 1] for w, e in zip(work, ends)]
                 if running_core:
                     for w, d in zip(work, dst):
                         core = running_core.get((w[0].request.request_id, g))

@@ -3,7 +3,8 @@
 import numpy as np
 
 from kvtrace.cache import CacheConfig, FullAttentionSpec, KVCacheManager
-from kvtrace.cache.block_pool import BlockPool, EventSink
+from kvtrace.cache.block_pool import BlockPool
+from kvtrace.cache.sink import EventSink
 from kvtrace.cache.events import EVICT_LRU, EVICT_RESET, BlockEvicted, BlockPublished, BlocksFreed
 
 from .helpers import make_request

@@ -54,7 +54,7 @@ def test_invalid_configs_name_the_key(kwargs, key):
 def test_chained_hash_matches_the_definition():
     hasher = BlockHasher("sha256_cbor", 4)
     r = Request("r", np.arange(10))
-    r._hasher = hasher
+    r.bind_hasher(hasher)
     hashes = r.block_hashes
     assert len(hashes) == 2  # only full units
     nh = none_hash(sha256_cbor)
@@ -69,7 +69,7 @@ def test_salt_on_first_unit_and_lora_everywhere_change_the_chain():
 
     def hashes(**kw):
         r = Request("r", np.arange(8), **kw)
-        r._hasher = hasher
+        r.bind_hasher(hasher)
         return r.block_hashes
 
     plain, salted, lora = hashes(), hashes(cache_salt="s"), hashes(lora_name="a")
@@ -84,7 +84,7 @@ def test_trace_block_hashes_are_memoised_per_parent_and_id():
 
     def req(ids, n):
         r = Request("r", None, trace_block_ids=ids, trace_block_size=64, num_prompt_tokens=n)
-        r._hasher = hasher
+        r.bind_hasher(hasher)
         return r
 
     a = req((1, 2, 3), 64 * 3 - 10)

@@ -20,7 +20,8 @@ from kvtrace.cache import (
     Request,
     SlidingWindowSpec,
 )
-from kvtrace.cache.block_pool import BlockPool, EventSink
+from kvtrace.cache.block_pool import BlockPool
+from kvtrace.cache.sink import EventSink
 
 PREFIXES = [tuple(range(100, 124)), tuple(range(200, 220)), tuple(range(100, 112)) + tuple(range(300, 310))]
 

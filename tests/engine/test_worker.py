@@ -4,7 +4,7 @@ import numpy as np
 import torch
 
 from kvtrace.cache import BlockCopy, CacheConfig, FullAttentionSpec, MambaSpec
-from kvtrace.cache.storage import DeviceStorage
+from kvtrace.engine.storage import DeviceStorage
 from kvtrace.engine import EngineRequest
 from kvtrace.workload import TraceRequest
 from kvtrace.engine.scheduler import CachedRequestData, NewRequestData, SchedulerOutput

@@ -14,7 +14,7 @@ from typing import Iterable, Sequence
 import torch
 
 from kvtrace.cache.config import CacheConfig, MambaSpec
-from kvtrace.cache.content import P, fingerprint_rows
+from kvtrace.engine.content import P, fingerprint_rows
 
 
 def default_device() -> torch.device:
