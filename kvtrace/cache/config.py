@@ -100,6 +100,14 @@ class CacheConfig:
         if k is not None:
             if not isinstance(k, int) or k < 0:
                 raise ConfigError(_SOURCE, "retention_interval", f"expected None, 0 or k > 0, got {k!r}")
+            if not any(isinstance(spec, (SlidingWindowSpec, MambaSpec)) for spec in groups):
+                # vLLM's _validate_prefix_cache_retention_interval: full attention keeps
+                # every block, so a retention interval would silently do nothing.
+                raise ConfigError(
+                    _SOURCE, "retention_interval",
+                    f"{k} has no effect without a sliding-window or Mamba group (full attention caches every "
+                    "block); leave it unset (none)",
+                )
             for gid, spec in enumerate(groups):
                 if k % spec.block_size:
                     raise ConfigError(
@@ -122,15 +130,12 @@ class CacheConfig:
     def num_groups(self) -> int:
         return len(self.groups)
 
-    def has(self, behaviour: str) -> bool:
-        return behaviour in self.behaviours
-
-    def without(self, *names: str) -> "CacheConfig":
+    def without(self, *names: str) -> CacheConfig:
         """A copy with the named behaviours switched off (to reproduce the old bug)."""
         unknown = sorted(set(names) - ALL_BEHAVIOURS)
         if unknown:
             raise ConfigError(_SOURCE, "behaviours", f"unknown {unknown}; known: {sorted(ALL_BEHAVIOURS)}")
         return replace(self, behaviours=self.behaviours - frozenset(names))
 
-    def with_(self, **changes) -> "CacheConfig":
+    def with_(self, **changes) -> CacheConfig:
         return replace(self, **changes)

@@ -18,6 +18,7 @@ from kvtrace.cache import ALL_BEHAVIOURS, CacheConfig, ExternalTierConfig, FullA
 from kvtrace.engine.clock import CostModel, get_cost_model
 from kvtrace.engine.config import SchedulerConfig
 from kvtrace.errors import ConfigError
+from kvtrace.numeric import cdiv
 
 KEEP = object()  # "leave this setting as the preset has it"
 
@@ -84,8 +85,10 @@ def get_preset(
         raise ConfigError("preset", name, f"unknown; known: {sorted(PRESETS)}") from None
     cc = preset.cache_config
     changes: dict = {}
+    groups = cc.groups
     if block_size is not None or hash_block_size is not None:
-        groups = tuple(replace(g, block_size=block_size) for g in cc.groups) if block_size else cc.groups
+        if block_size is not None:
+            groups = tuple(replace(g, block_size=block_size) for g in cc.groups)
         hbs = hash_block_size or cc.hash_block_size
         for g in groups:
             hbs = gcd(hbs, g.block_size)
@@ -94,14 +97,15 @@ def get_preset(
     if capacity_blocks is not None:
         blocks = [capacity_blocks] * len(blocks) if isinstance(capacity_blocks, int) else list(capacity_blocks)
     if capacity_tokens is not None:
-        for g, spec in enumerate(cc.groups):
+        # in the final groups' block sizes: a --block-size given with it changes them
+        for g, spec in enumerate(groups):
             if not isinstance(spec, MambaSpec):
-                blocks[g] = -(-capacity_tokens // spec.block_size) + 1
-    if block_size is not None and capacity_blocks is None and capacity_tokens is None:
+                blocks[g] = cdiv(capacity_tokens, spec.block_size) + 1
+    elif block_size is not None and capacity_blocks is None:
         # keep the token capacity of the attention groups when their block size changes
-        for g, spec in enumerate(cc.groups):
+        for g, (old, spec) in enumerate(zip(cc.groups, groups)):
             if not isinstance(spec, MambaSpec):
-                blocks[g] = max(2, (blocks[g] - 1) * spec.block_size // block_size + 1)
+                blocks[g] = max(2, (blocks[g] - 1) * old.block_size // spec.block_size + 1)
     changes["num_gpu_blocks"] = tuple(blocks)
     if retention_interval is not KEEP:
         changes["retention_interval"] = retention_interval

@@ -5,7 +5,6 @@ import pytest
 from kvtrace.cache import MambaSpec, SHARED_PREFIX_PINNING
 from kvtrace.engine import COST_MODELS, get_preset
 from kvtrace.engine.clock import Clock, prefill_pairs
-from kvtrace.engine.engine import percentile
 from kvtrace.errors import ConfigError
 
 
@@ -45,8 +44,20 @@ def test_cost_model_is_integer_and_additive():
                           num_kv_copies=0, num_state_copies=0) == (50, 50 + base + cm.token_ns + cm.kv_read_ps + cm.decode_seq_ns)
 
 
-def test_nearest_rank_percentile():
-    assert percentile([], 50) == 0
-    assert percentile([1, 2, 3, 4], 50) == 2
-    assert percentile(list(range(1, 101)), 99) == 99
-    assert percentile([7], 99) == 7
+def test_block_size_and_capacity_tokens_combine():
+    # the capacity is converted with the block size the groups end up with
+    cc = get_preset("kimi-hybrid", block_size=64, capacity_tokens=1_000_000).cache_config
+    assert cc.groups[0].block_size == 64 and cc.hash_block_size == 64
+    usable = cc.num_gpu_blocks[0] - 1  # the null block holds nothing
+    assert usable * 64 >= 1_000_000 > (usable - 1) * 64
+    # a block size alone keeps the preset's token capacity; capacity_blocks alone is taken as given
+    base = get_preset("kimi-hybrid").cache_config
+    resized = get_preset("kimi-hybrid", block_size=64).cache_config
+    assert (resized.num_gpu_blocks[0] - 1) * 64 == (base.num_gpu_blocks[0] - 1) * 512
+    assert get_preset("kimi-hybrid", block_size=64, capacity_blocks=300).cache_config.num_gpu_blocks == (300, 300)
+
+
+def test_retention_without_a_sparse_group_is_refused():
+    with pytest.raises(ConfigError, match="retention_interval: 0 has no effect without a sliding-window or Mamba"):
+        get_preset("dense-attention", retention_interval=0)
+    assert get_preset("dense-attention", retention_interval=None).cache_config.retention_interval is None
