@@ -18,13 +18,13 @@ step - first arrival).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 
 from kvtrace.cache import CacheConfig, KVCacheManager
 from kvtrace.cache.events import BlockCopied, BlockEvicted, BlockPublished
-from kvtrace.cache.storage import DeviceStorage, default_device
+from kvtrace.engine.storage import DeviceStorage, default_device
 from kvtrace.engine.audit import StaleHashAuditor
 from kvtrace.engine.clock import Clock, CostModel
 from kvtrace.engine.config import SchedulerConfig
@@ -35,20 +35,13 @@ from kvtrace.engine.scheduler import Scheduler
 from kvtrace.workload import TraceRequest
 from kvtrace.engine.worker import Worker
 from kvtrace.errors import KVTraceError
+from kvtrace.numeric import cdiv, percentile
 
 
 @dataclass
 class EngineResult:
     summary: dict
     requests: list[RequestFinished]
-
-
-def percentile(sorted_values: Sequence[int], q: float) -> int:
-    """Nearest-rank percentile of sorted ints (0 for an empty list)."""
-    if not sorted_values:
-        return 0
-    k = max(0, min(len(sorted_values) - 1, -(-int(q * len(sorted_values)) // 100) - 1))
-    return sorted_values[k]
 
 
 class Engine:
@@ -231,7 +224,7 @@ class Engine:
         prompt = sum(r.num_prompt_tokens for r in records)
         hit = sum(r.num_local_hit_tokens + r.num_external_hit_tokens for r in records)
         bs = self.cache_config.groups[0].block_size
-        blocks = sum(-(-r.num_prompt_tokens // bs) for r in records)
+        blocks = sum(cdiv(r.num_prompt_tokens, bs) for r in records)
         hit_blocks = sum((r.num_local_hit_tokens + r.num_external_hit_tokens) // bs for r in records)
         ttft = sorted(r.first_token_ns - r.arrival_ns for r in records)
         itl = sorted(g for r in records for g in r.itl_ns)
@@ -241,8 +234,9 @@ class Engine:
         first_arrival = min((r.arrival_ns for r in records), default=0)
         span_s = max(end_ns - first_arrival, 1) / 1e9
 
-        def ms(v: int) -> float:
-            return round(v / 1e6, 3)
+        def ms(values: list[int], q: float) -> float:
+            p = percentile(values, q)  # the one definition (vllm bench serve's)
+            return 0.0 if p is None else round(p / 1e6, 3)
 
         return {
             "preset": self.preset_name,
@@ -254,14 +248,14 @@ class Engine:
             "token_hit_rate": round(hit / prompt, 6) if prompt else 0.0,
             "block_hit_rate": round(hit_blocks / blocks, 6) if blocks else 0.0,
             "output_tokens": outputs,
-            "ttft_ms_p50": ms(percentile(ttft, 50)),
-            "ttft_ms_p99": ms(percentile(ttft, 99)),
-            "itl_ms_p50": ms(percentile(itl, 50)),
-            "itl_ms_p99": ms(percentile(itl, 99)),
-            "e2e_ms_p50": ms(percentile(e2e, 50)),
-            "e2e_ms_p99": ms(percentile(e2e, 99)),
-            "queue_ms_p50": ms(percentile(queue, 50)),
-            "queue_ms_p99": ms(percentile(queue, 99)),
+            "ttft_ms_p50": ms(ttft, 50),
+            "ttft_ms_p99": ms(ttft, 99),
+            "itl_ms_p50": ms(itl, 50),
+            "itl_ms_p99": ms(itl, 99),
+            "e2e_ms_p50": ms(e2e, 50),
+            "e2e_ms_p99": ms(e2e, 99),
+            "queue_ms_p50": ms(queue, 50),
+            "queue_ms_p99": ms(queue, 99),
             "output_tok_per_s": round(outputs / span_s, 3),
             "virtual_duration_s": round(span_s, 6),
             **stats,
