@@ -39,7 +39,7 @@ def _spec_from_options(trace, **kw):
 @app.command()
 def replay(
     trace: str = typer.Argument(..., help="Trace file (or directory of WEKA files), or gen:NAME for a generated workload."),
-    preset: str = typer.Option("kimi-hybrid", help="Engine/cache preset: dense-attention, kimi-hybrid, ..."),
+    preset: Optional[str] = typer.Option(None, help="Engine/cache preset: dense-attention, kimi-hybrid (default), ..."),
     config: Optional[Path] = typer.Option(None, "--config", help="TOML config overriding the preset."),
     mode: str = typer.Option("engine", help="engine | cache-only"),
     policy: str = typer.Option("lru", help="cache-only eviction policy: lru | belady"),

@@ -9,6 +9,7 @@ store as ``running`` before the first span and finished as ``complete`` or ``fai
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -16,18 +17,21 @@ from typing import Any, Callable, Iterable
 
 from kvtrace.workload import TraceRequest
 from kvtrace.errors import ConfigError
+from kvtrace.numeric import cdiv
 from kvtrace.store.schema import SUMMARY_FIELDS
+from kvtrace.replay.cache_only import POLICIES
 from kvtrace.replay.config_file import load_config_file, parse_retention
 from kvtrace.replay.digest import Digest
 
 MODES = ("engine", "cache-only")
+DEFAULT_PRESET = "kimi-hybrid"
 GENERATED_PREFIX = "gen:"
 
 
 @dataclass(slots=True)
 class RunSpec:
     trace: str  # a path, or "gen:NAME" for a built-in generated workload
-    preset: str = "kimi-hybrid"
+    preset: str | None = None  # engine mode: DEFAULT_PRESET when None
     mode: str = "engine"  # engine | cache-only
     policy: str = "lru"  # lru | belady (cache-only)
     config_file: str | None = None
@@ -88,7 +92,7 @@ def _engine_preset(spec: RunSpec):
     from kvtrace.engine.presets import KEEP, get_preset
 
     file_cfg = load_config_file(spec.config_file) if spec.config_file else None
-    preset_name = (file_cfg.preset if file_cfg and file_cfg.preset else None) or spec.preset
+    preset_name = spec.preset or (file_cfg.preset if file_cfg and file_cfg.preset else None) or DEFAULT_PRESET
     cache_kw = dict(file_cfg.cache) if file_cfg else {}
     without = tuple(cache_kw.pop("without", ())) + tuple(spec.without)
     retention = cache_kw.pop("retention_interval", KEEP)
@@ -178,32 +182,20 @@ def run_replay(
     progress: bool = False,
     store=None,
 ) -> RunResult:
-    """Replay ``spec``; record spans and the run into ``db`` (or an open ``store``)."""
-    if spec.mode not in MODES:
-        raise ConfigError("--mode", spec.mode, f"expected one of {', '.join(MODES)}")
+    """Replay ``spec``; record spans and the run into ``db`` (or an open ``store``).
+
+    Everything a user can get wrong in the spec is checked before the run is created, so
+    a refused spec records nothing. The run then goes ``running`` -> ``complete``, or
+    ``failed`` with every span emitted before the error kept.
+    """
+    config, behaviours, preset = _validated(spec)
     workload = _open_workload(spec)
-    if spec.mode == "engine":
-        preset = _engine_preset(spec)
-        config = config_json(preset)
-        behaviours = config["cache"]["behaviours"]
-    else:
-        if spec.policy not in ("lru", "belady"):
-            raise ConfigError("--policy", spec.policy, "expected lru or belady")
-        preset = None
-        config = {"mode": "cache-only", "policy": spec.policy, "capacity_blocks": spec.capacity_blocks,
-                  "block_size": spec.block_size}
-        behaviours = []
+    with contextlib.ExitStack() as stack:
+        if store is None and db is not None:
+            from kvtrace.store import Store
 
-    owns_store = False
-    if store is None and db is not None:
-        from kvtrace.store import Store
-
-        store = Store.open(db)
-        owns_store = True
-    run_id = None
-    provider = None
-    instrumentor = None
-    try:
+            store = stack.enter_context(Store.open(db))
+        run_id = None
         if store is not None:
             run_id = store.create_run(
                 spec.name or _default_name(spec, behaviours),
@@ -213,53 +205,74 @@ def run_replay(
                 behaviours=behaviours,
                 mode=spec.mode if spec.mode == "engine" else f"cache-only/{spec.policy}",
             )
-        if store is not None or otlp_endpoint:
-            from kvtrace.instrument import KVCacheInstrumentor, build_tracer_provider
-
-            provider = build_tracer_provider(store=store, run_id=run_id, otlp_endpoint=otlp_endpoint,
-                                             seed=spec.seed, background=False)
-            instrumentor = KVCacheInstrumentor(provider, run_id=run_id, seed=spec.seed)
-        digest = Digest()
-        bar = _Progress(progress, workload.total, f"{spec.mode} {Path(workload.source).name}")
         try:
-            if spec.mode == "engine":
-                summary, per_request = _run_engine(preset, workload, digest, instrumentor, bar)
-            else:
-                summary, per_request = _run_cache_only(spec, workload, digest, instrumentor, bar)
-        finally:
-            bar.close()
-        summary["digest"] = digest.hexdigest()
-        summary["mode"] = spec.mode
-        summary["trace"] = workload.source
-        if instrumentor is not None:
-            instrumentor.flush()
-            summary["spans"] = instrumentor.spans_emitted
-            provider.force_flush()
-        if store is not None:
-            store.finish_run(run_id, status="complete", digest=summary["digest"], summary=summary)
-        return RunResult(summary, run_id, per_request)
-    except BaseException as exc:
-        if store is not None and run_id is not None:
-            try:
-                if instrumentor is not None:
-                    instrumentor.flush()  # spans still pending in the instrumentor are kept too
-                if provider is not None:
-                    provider.force_flush()
-                store.finish_run(run_id, status="failed", summary={"error": f"{type(exc).__name__}: {exc}"})
-            except Exception:
-                pass  # the original error matters more; the run stays marked running -> incomplete
-        raise
-    finally:
-        if provider is not None:
-            provider.shutdown()
-        if owns_store:
-            store.close()
+            digest = Digest()
+            with _recording(store, run_id, otlp_endpoint, spec.seed) as instrumentor:
+                bar = _Progress(progress, workload.total, f"{spec.mode} {Path(workload.source).name}")
+                try:
+                    if preset is not None:
+                        summary, per_request = _run_engine(preset, workload, digest, instrumentor, bar)
+                    else:
+                        summary, per_request = _run_cache_only(spec, workload, digest, instrumentor, bar)
+                finally:
+                    bar.close()
+            summary["digest"] = digest.hexdigest()
+            summary["mode"] = spec.mode
+            summary["trace"] = workload.source
+            if instrumentor is not None:
+                summary["spans"] = instrumentor.spans_emitted
+            if store is not None:
+                store.finish_run(run_id, status="complete", digest=summary["digest"], summary=summary)
+            return RunResult(summary, run_id, per_request)
+        except BaseException as exc:
+            if store is not None and run_id is not None:
+                # the recording above has handed every emitted span to the store already
+                with contextlib.suppress(Exception):  # the original error matters more
+                    store.finish_run(run_id, status="failed", summary={"error": f"{type(exc).__name__}: {exc}"})
+            raise
+
+
+def _recording(store, run_id: str | None, otlp_endpoint: str | None, seed: int):
+    """The span recording of a run, or nothing when spans go nowhere (building them is
+    the cost, so an unrecorded replay builds none)."""
+    if store is None and not otlp_endpoint:
+        return contextlib.nullcontext(None)
+    from kvtrace.instrument import recording
+
+    return recording(store=store, run_id=run_id, otlp_endpoint=otlp_endpoint, seed=seed)
+
+
+def _validated(spec: RunSpec) -> tuple[dict[str, Any], list[str], Any]:
+    """(the run's config record, its behaviours, the engine preset or None) for a spec
+    whose every setting is usable in its mode; a one-line ConfigError otherwise."""
+    if spec.mode not in MODES:
+        raise ConfigError("--mode", spec.mode, f"expected one of {', '.join(MODES)}")
+    if spec.mode == "engine":
+        preset = _engine_preset(spec)
+        config = config_json(preset)
+        return config, config["cache"]["behaviours"], preset
+    if spec.policy not in POLICIES:
+        raise ConfigError("--policy", spec.policy, f"expected one of {', '.join(POLICIES)}")
+    # Cache-only mode is one LRU (or Belady) over the trace's blocks: no KV cache groups,
+    # no retention, no behaviours, no second tier. Settings of the engine's cache do
+    # nothing here, so they are refused rather than ignored.
+    engine_only = (
+        ("--preset", spec.preset), ("--config", spec.config_file), ("--retention", spec.retention),
+        ("--without", ",".join(spec.without) or None), ("--external-blocks", spec.external_capacity_blocks),
+    )
+    for flag, value in engine_only:
+        if value is not None:
+            raise ConfigError(flag, str(value), "applies to engine mode only: cache-only mode replays one LRU over "
+                                                "the trace's blocks (drop it, or use --mode engine)")
+    config = {"mode": "cache-only", "policy": spec.policy, "capacity_blocks": spec.capacity_blocks,
+              "block_size": spec.block_size}
+    return config, [], None
 
 
 def _default_name(spec: RunSpec, behaviours: list[str]) -> str:
     parts = [Path(spec.trace).name if not spec.trace.startswith(GENERATED_PREFIX) else spec.trace, spec.mode]
     if spec.mode == "engine":
-        parts.append(spec.preset)
+        parts.append(spec.preset or DEFAULT_PRESET)
     else:
         parts.append(spec.policy)
     if spec.without:
@@ -304,7 +317,7 @@ def _run_cache_only(spec: RunSpec, workload: _Workload, digest: Digest, instrume
     if capacity is None and spec.capacity_tokens is not None:
         if spec.block_size is None:
             raise ConfigError("--capacity-tokens", str(spec.capacity_tokens), "cache-only mode needs --block-size with it")
-        capacity = -(-spec.capacity_tokens // spec.block_size)
+        capacity = cdiv(spec.capacity_tokens, spec.block_size)
     if capacity is None:
         raise ConfigError("--capacity-blocks", "-", "cache-only mode needs a capacity in blocks (or --capacity-tokens)")
     listeners: list[Callable] = [digest.on_cache_events]
