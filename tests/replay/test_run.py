@@ -54,3 +54,21 @@ def test_store_summary_equals_returned_summary(tmp_path):
     stored = read.run(str(db), res.run_id)
     assert stored["status"] == "complete"
     assert stored["digest"] == res.summary["digest"]
+
+
+@pytest.mark.parametrize("flag, setting", [
+    ("--preset", {"preset": "dense-attention"}),
+    ("--config", {"config_file": "cache.toml"}),
+    ("--retention", {"retention": "0"}),
+    ("--without", {"without": ("shared-prefix-pinning",)}),
+    ("--external-blocks", {"external_capacity_blocks": 100}),
+])
+def test_cache_only_refuses_engine_settings_and_records_no_run(tmp_path, flag, setting):
+    from kvtrace.errors import ConfigError
+
+    trace = tmp_path / "t.jsonl"
+    write_generated("chat", trace, seed=1, num_requests=5, fmt="mooncake")
+    db = tmp_path / "runs.duckdb"
+    with pytest.raises(ConfigError, match=f"^{flag}: .*applies to engine mode only"):
+        run_replay(RunSpec(str(trace), mode="cache-only", capacity_blocks=64, **setting), db=db)
+    assert not db.exists()  # refused before the store was even opened
