@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from kvtrace.cache import CacheConfig, FullAttentionSpec, KVCacheManager, Request  # noqa: E402
 
-DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
+DEFAULT_TRACE = ROOT / "tests" / "data" / "mooncake_synthetic_trace.jsonl"
 BLOCK = 512
 NUM_BLOCKS = 5859
 BUDGET = 6.0

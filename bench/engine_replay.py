@@ -18,7 +18,7 @@ from pathlib import Path
 from kvtrace.engine import Engine
 from kvtrace.workload import TraceRequest
 
-DEFAULT = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
+DEFAULT = Path(__file__).resolve().parents[1] / "tests" / "data" / "mooncake_synthetic_trace.jsonl"
 
 
 def read_mooncake(path: Path, limit: int | None = None):

@@ -41,7 +41,7 @@ from kvtrace.instrument import (  # noqa: E402
 from kvtrace.instrument.synthetic import synthetic_steps  # noqa: E402
 from kvtrace.store.writer import Store  # noqa: E402
 
-TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
+TRACE = Path(__file__).resolve().parents[1] / "tests" / "data" / "mooncake_synthetic_trace.jsonl"
 
 
 def _store(tmp: str, name: str) -> tuple[Store, str]:

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-TRACES = SHARED / "traces"
+# Public traces shipped in the repository (provenance and licences: tests/data/README.md).
+TRACES = Path(__file__).resolve().parent / "data"
+MOONCAKE = TRACES / "mooncake_synthetic_trace.jsonl"
 
 REPLAYED_TRACE = "gen:study-shared-prefix-pinning"
 REPLAYED_LIMIT = 60  # requests over three system prompts; pinning off loses their reuse

@@ -20,13 +20,12 @@ recomputes a prompt's last token); the pool holds one extra block for that token
 the capacity seen by the trace is exactly ``capacity_blocks``.
 
 ``policy="belady"`` is the offline-optimal bound on the same trace (:mod:`.belady`).
-``lru_reference`` is a bare OrderedDict model of the same conventions, for tests and the
-benchmark baseline.
+A bare OrderedDict model of the same conventions, the tests' oracle and the benchmark's
+baseline, lives outside the package (``tests/support/oracles.py``).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import Callable, Iterable, Sequence
@@ -138,40 +137,6 @@ def as_block_requests(requests: Iterable[TraceRequest], block_size: int | None) 
             session_id=r.session_id, cache_salt=None,  # the salt is inside the ids already
         ))
     return out, block_size
-
-
-# -- bare reference model ------------------------------------------------------------------
-
-def lru_reference(keys: Sequence[Sequence[int]], capacity: int) -> tuple[list[int], int, int, int]:
-    """Bare OrderedDict LRU with vLLM's free order: (hits per request, publishes,
-    evictions, oversized). The benchmark's baseline and the tests' oracle."""
-    free: OrderedDict[int, None] = OrderedDict()  # cached, unused; first = next victim
-    unhashed = capacity  # never-used blocks (popped before any eviction)
-    hits: list[int] = []
-    publishes = evictions = oversized = 0
-    for ks in keys:
-        n = len(ks)
-        hit = 0
-        while hit < n and ks[hit] in free:
-            hit += 1
-        hits.append(hit)
-        if n > capacity:
-            oversized += 1
-            continue
-        for k in ks[:hit]:
-            del free[k]  # touch: in use now
-        need = n - hit
-        take = min(need, unhashed)
-        unhashed -= take
-        for _ in range(need - take):
-            free.popitem(last=False)
-            evictions += 1
-        # No key past the hit can still be cached: a child is always used with its parent
-        # and freed before it, so LRU never evicts a parent before its children.
-        publishes += need
-        for k in reversed(ks):
-            free[k] = None
-    return hits, publishes, evictions, oversized
 
 
 # -- replay ----------------------------------------------------------------------------

@@ -11,14 +11,14 @@ from kvtrace.cache.events import BlockEvicted, BlockPublished, BlocksFreed, Pref
 from kvtrace.workload import TraceRequest
 from kvtrace.errors import ConfigError
 from kvtrace.replay.belady import belady_hits, chain_keys, next_uses
-from kvtrace.replay.cache_only import SCOPE_STRIDE, block_keys, lru_reference, replay_cache_only
+from kvtrace.replay.cache_only import SCOPE_STRIDE, block_keys, replay_cache_only
+from tests.support.oracles import lru_reference
 from kvtrace.replay.digest import Digest
 from kvtrace.replay.generate import generate
 from kvtrace.replay.readers import open_trace, read_trace
 
-TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
+from tests.conftest import TRACES
 MOONCAKE = TRACES / "mooncake_synthetic_trace.jsonl"
-needs_samples = pytest.mark.skipif(not MOONCAKE.exists(), reason="shared public traces are not in this checkout")
 
 
 def req(rid: str, ids, input_length=None, bs=4, **kw) -> TraceRequest:
@@ -208,7 +208,6 @@ def test_capacity_and_policy_arguments():
     assert progress == [1, 2]
 
 
-@needs_samples
 def test_mooncake_sample_hit_rates():
     src = open_trace(MOONCAKE)
     lru = replay_cache_only(src, capacity_blocks=5859)

@@ -15,12 +15,11 @@ from kvtrace.replay.readers import FORMATS, detect_format, native_header, open_t
 from kvtrace.replay.readers.azure import AZURE_NAMESPACE, parse_timestamp_ns
 from kvtrace.replay.readers.weka import TAIL_ID_BASE, namespace_for
 
-TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
+from tests.conftest import TRACES
 MOONCAKE = TRACES / "mooncake_synthetic_trace.jsonl"
 AZURE = TRACES / "AzureLLMInferenceTrace_conv.csv"
 WEKA = TRACES / "weka_sample"
 
-needs_samples = pytest.mark.skipif(not MOONCAKE.exists(), reason="shared public traces are not in this checkout")
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
@@ -35,7 +34,6 @@ def line(**kw) -> str:
 
 # -- the shared samples ------------------------------------------------------------------
 
-@needs_samples
 def test_mooncake_sample_facts():
     src = open_trace(MOONCAKE)
     assert src.format == "mooncake"
@@ -50,7 +48,6 @@ def test_mooncake_sample_facts():
     assert len(src.source_id) == 64 and src.source_id == open_trace(MOONCAKE, "mooncake").source_id
 
 
-@needs_samples
 def test_azure_sample_is_unique_per_request():
     reqs = read_trace(AZURE)
     assert len(reqs) == 19366
@@ -66,7 +63,6 @@ def test_azure_sample_is_unique_per_request():
     assert toks.shape == (91,) and toks.dtype == np.int64
 
 
-@needs_samples
 def test_weka_directory_merges_files_by_arrival():
     src = open_trace(WEKA)
     assert src.format == "weka"

@@ -13,11 +13,10 @@ from kvtrace.replay.readers import native_header, open_trace, read_trace
 from kvtrace.replay.writers import BlockInterner, write_mooncake
 from kvtrace.workload.native import write_native
 
-TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
+from tests.conftest import TRACES
 MOONCAKE = TRACES / "mooncake_synthetic_trace.jsonl"
 WEKA = TRACES / "weka_sample"
 AZURE = TRACES / "AzureLLMInferenceTrace_conv.csv"
-needs_samples = pytest.mark.skipif(not MOONCAKE.exists(), reason="shared public traces are not in this checkout")
 
 
 def same(a: TraceRequest, b: TraceRequest) -> bool:
@@ -51,7 +50,6 @@ def test_native_round_trip_is_lossless_and_byte_stable(tmp_path):
     assert p.read_bytes() == q.read_bytes()
 
 
-@needs_samples
 def test_mooncake_to_native_to_mooncake(tmp_path):
     src = open_trace(MOONCAKE, limit=300)
     native = tmp_path / "n.jsonl"
@@ -69,7 +67,6 @@ def test_mooncake_to_native_to_mooncake(tmp_path):
     assert set(first) == {"timestamp", "input_length", "output_length", "hash_ids"}
 
 
-@needs_samples
 @pytest.mark.parametrize("path,limit", [(WEKA, None), (AZURE, 500)])
 def test_every_format_converts_to_native_losslessly(tmp_path, path, limit):
     src = open_trace(path, limit=limit)

@@ -1,0 +1,1 @@
+"""Helpers for tests and benchmarks that are not part of the package (oracles, generators)."""
