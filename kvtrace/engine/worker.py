@@ -28,6 +28,7 @@ from kvtrace.engine.content import KV_A, KV_B, KV_C, P, ContentModel, kv_values
 from kvtrace.cache.plans import STATE_CHECKPOINT, STATE_EXTERNAL, STATE_RUNNING
 from kvtrace.engine.storage import DeviceStorage
 from kvtrace.workload.tokens import VOCAB_SIZE
+from kvtrace.engine.block_table import BlockTableTensor
 from kvtrace.engine.reference import PrefixOracle, TraceBlockMemo
 from kvtrace.engine.request import EngineRequest
 from kvtrace.engine.scheduler import SchedulerOutput
@@ -67,37 +68,6 @@ class _Seq:
         self.tables = tables
         self.row = row
         self.tip_n = -1  # the reference tip (row of Worker._tip_*) holds the state after tip_n tokens
-
-
-class BlockTableTensor:
-    """A device copy of the worker's tables for one group, one row per running request
-    (vLLM's worker-side ``BlockTable``): sampling gathers a whole batch's blocks at once."""
-
-    def __init__(self, device: torch.device, rows: int = 64, width: int = 64):
-        self.device = device
-        self.t = torch.zeros((rows, width), dtype=torch.int64, device=device)
-
-    def _fit(self, row: int, width: int) -> None:
-        r, w = self.t.shape
-        if row < r and width <= w:
-            return
-        nr, nw = r, w
-        while nr <= row:
-            nr *= 2
-        while nw < width:
-            nw *= 2
-        grown = torch.zeros((nr, nw), dtype=torch.int64, device=self.device)
-        grown[:r, :w] = self.t
-        self.t = grown
-
-    def set_row(self, row: int, ids: list[int]) -> None:
-        self._fit(row, len(ids))
-        if ids:
-            self.t[row, : len(ids)] = torch.tensor(ids, dtype=torch.int64, device=self.device)
-
-    def append(self, row: int, start: int, ids: list[int]) -> None:
-        self._fit(row, start + len(ids))
-        self.t[row, start : start + len(ids)] = torch.tensor(ids, dtype=torch.int64, device=self.device)
 
 
 class Worker:
