@@ -39,9 +39,11 @@ def percentiles(values: Sequence[float] | np.ndarray, qs: Sequence[float]) -> li
 
 def sorted_percentile(ordered: Sequence[float], q: float) -> float:
     """``percentile`` of an already sorted, non-empty sequence, without numpy's per-call
-    cost (the span builder calls this once per request). Same definition:
-    position ``(n - 1) * q / 100``, linear between its two neighbours."""
-    pos = (len(ordered) - 1) * q / 100.0
+    cost (the span builder calls this once per request). Same definition, computed as
+    numpy computes it: position ``(n - 1) * q / 100``, linear between its neighbours."""
+    pos = (len(ordered) - 1) * (q / 100.0)  # numpy's virtual index for method="linear", same float ops
     lo = int(pos)
     hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+    a, b, t = ordered[lo], ordered[hi], pos - lo
+    # numpy's lerp, to the last bit: from the nearer end
+    return a + (b - a) * t if t < 0.5 else b - (b - a) * (1 - t)

@@ -147,19 +147,17 @@ def _root_indices(reqs: Sequence[TraceRequest]) -> list[int]:
     return [roots.setdefault((r.namespace, r.cache_salt), len(roots)) for r in reqs]
 
 
-SCOPE_STRIDE = 1 << 64  # keys of scope k lie in [k * 2**64 - 2**63, k * 2**64 + 2**63)
-
-
 def block_keys(reqs: Sequence[TraceRequest]) -> list[Sequence[int]]:
-    """The cache key of every trace block: ``scope index * 2**64 + trace id``, an int.
+    """The cache key of every trace block, an int64 (as vLLM's int block hashes are).
 
     A trace is prefix-chained when each (scope, id) always follows the same parent id:
     the id then names its whole chain, and (scope, id) is a complete key (checked here,
-    vectorised). Scope 0's keys are the trace ids themselves, so a single-scope trace
-    (Mooncake, Azure) reuses its ``hash_ids`` as they are. Otherwise (ids reused under
-    different parents, or ids beyond int64) keys are interned chains numbered from
-    ``-2**64`` down, below every id-based key. Keys are plain data, not digests: an
-    event's block hash shows its trace id.
+    vectorised). The first scope's keys are the trace ids themselves, so a single-scope
+    trace (Mooncake, Azure) reuses its ``hash_ids`` as they are, and an event's block
+    hash shows its trace id. Blocks of further scopes (WEKA files with local ids, salted
+    requests) get negative keys ``-1 - n``, n numbering their distinct (scope, id) pairs;
+    a trace that is not chained gets negative keys for every distinct chain. Negative
+    keys never meet trace ids, which are >= 0.
     """
     lengths = [len(r.hash_ids) for r in reqs]
     total = sum(lengths)
@@ -189,7 +187,11 @@ def block_keys(reqs: Sequence[TraceRequest]) -> list[Sequence[int]]:
         return _interned_chain_keys(reqs)
     if single_scope:
         return [r.hash_ids for r in reqs]
-    return [[root * SCOPE_STRIDE + h for h in r.hash_ids] if root else r.hash_ids for r, root in zip(reqs, roots)]
+    keys = -1 - inverse.reshape(-1)  # (scope, id) pairs numbered, as negative keys
+    out: list[Sequence[int]] = []
+    for r, root, start, n in zip(reqs, roots, starts.tolist(), lengths):
+        out.append(r.hash_ids if root == 0 else keys[start:start + n].tolist())
+    return out
 
 
 def _dense_unique(flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -214,7 +216,7 @@ def _interned_chain_keys(reqs: Sequence[TraceRequest]) -> list[list[int]]:
         for h in r.hash_ids:
             k = index.get((parent, h))
             if k is None:
-                k = index[(parent, h)] = -SCOPE_STRIDE - len(index)
+                k = index[(parent, h)] = -1 - len(index)
             keys.append(k)
             parent = k
         out.append(keys)

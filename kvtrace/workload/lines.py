@@ -12,34 +12,44 @@ whose cache and a streaming reader cannot sort without loading everything.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from collections.abc import Iterator
 from typing import TypeVar
 
 import msgspec
 
-from kvtrace.errors import TraceFormatError
+from kvtrace.errors import KVTraceError, TraceFormatError
 from kvtrace.numeric import cdiv
 
 MAX_ID = (1 << 63) - 1  # hash ids must fit int64 (Arrow / DuckDB columns downstream)
+MAX_TOKENS = 1 << 31  # prompt and output lengths: far above any context window, and int32-safe
+MAX_TIME_NS = 1 << 62  # ~146 years of trace time: a later timestamp is a unit error, not a trace
+MS, S = 1_000_000, 1_000_000_000  # ns per unit of a trace's timestamps
 T = TypeVar("T")
 
 
 def numbered_lines(path: str) -> Iterator[tuple[int, str]]:
-    """(1-based line number, text) for each non-blank line, streamed."""
+    """(1-based line number, text) for each non-blank line, streamed.
+
+    Lines are read as bytes and decoded one by one, so a byte that is not UTF-8 is
+    reported on its own line (a text-mode file decodes ahead, in blocks).
+    """
     try:
-        f = open(path, encoding="utf-8")
+        f = open(path, "rb")
+    except IsADirectoryError:
+        raise TraceFormatError(path, None, "is a directory, not a trace file") from None
     except OSError as e:
         raise TraceFormatError(path, None, f"cannot open: {e.strerror}") from None
     with f:
-        lineno = 0
-        try:
-            for text in f:
-                lineno += 1
-                if text.strip():
-                    yield lineno, text
-        except UnicodeDecodeError:
-            raise TraceFormatError(path, lineno + 1, "not UTF-8 text") from None
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise TraceFormatError(path, lineno, f"not UTF-8 text (byte {raw[e.start]:#04x} at column "
+                                                     f"{e.start + 1})") from None
+            if text.strip():
+                yield lineno, text
 
 
 def decode_error(path: str, line: int | None, err: Exception) -> TraceFormatError:
@@ -58,24 +68,15 @@ def typed_lines(path: str, schema: type[T]) -> Iterator[tuple[int, T]]:
             raise decode_error(path, lineno, e) from None
 
 
-def ms_to_ns(ms: int | float) -> int:
-    if isinstance(ms, int):
-        return ms * 1_000_000
-    return round(ms * 1e6)
-
-
-def s_to_ns(s: int | float) -> int:
-    if isinstance(s, int):
-        return s * 1_000_000_000
-    return round(s * 1e9)
-
-
-def check_int(path: str, line: int | None, key: str, value, minimum: int) -> int:
+def check_int(path: str, line: int | None, key: str, value, minimum: int, maximum: int = MAX_TOKENS) -> int:
+    """``value`` as an int in [minimum, maximum]; a one-line TraceFormatError otherwise."""
     # bool is an int subclass in Python; a trace with `true` as a length is malformed.
     if not isinstance(value, int) or isinstance(value, bool):
-        raise TraceFormatError(path, line, f"{key}: expected an integer, got {value!r}")
+        raise TraceFormatError(path, line, f"{key}: expected an integer, got {value!r}"[:200])
     if value < minimum:
         raise TraceFormatError(path, line, f"{key}: expected >= {minimum}, got {value}")
+    if value > maximum:
+        raise TraceFormatError(path, line, f"{key}: {value} is beyond what kvtrace can replay (at most {maximum:,})")
     return value
 
 
@@ -95,14 +96,23 @@ def check_hash_ids(
 
 
 class ArrivalOrder:
-    """Refuses a decreasing arrival time, naming the line."""
+    """Arrival times of one file: converted to ns from the file's unit, checked to be
+    finite, in range and not decreasing, naming the line otherwise."""
 
-    __slots__ = ("last_ns", "path", "what")
+    __slots__ = ("last_ns", "path", "unit_ns", "what")
 
-    def __init__(self, path: str, what: str):
-        self.path, self.last_ns, self.what = path, None, what
+    def __init__(self, path: str, what: str, unit_ns: int = 1):
+        self.path, self.last_ns, self.what, self.unit_ns = path, None, what, unit_ns
 
-    def check(self, arrival_ns: int, line: int | None) -> int:
+    def check(self, value: int | float, line: int | None) -> int:
+        """``value`` (in the file's unit) as integer ns."""
+        arrival_ns = self._to_ns(value)
+        if arrival_ns is None:
+            raise TraceFormatError(
+                self.path, line,
+                f"{self.what}: {value!r} is not a time kvtrace can replay (expected a finite number below "
+                f"{MAX_TIME_NS // self.unit_ns:,})"[:240],
+            )
         last = self.last_ns
         if last is not None and arrival_ns < last:
             raise TraceFormatError(
@@ -114,6 +124,17 @@ class ArrivalOrder:
             raise TraceFormatError(self.path, line, f"{self.what}: expected >= 0, got a negative time")
         self.last_ns = arrival_ns
         return arrival_ns
+
+    def _to_ns(self, value: int | float) -> int | None:
+        if isinstance(value, bool):
+            return None
+        if isinstance(value, int):
+            ns = value * self.unit_ns
+        elif isinstance(value, float) and math.isfinite(value):
+            ns = round(value * self.unit_ns)
+        else:
+            return None
+        return ns if ns < MAX_TIME_NS else None
 
 
 def file_sha256(path: str) -> str:
@@ -143,13 +164,25 @@ class AtomicText:
         self.tmp = f"{self.path}.tmp-{os.getpid()}"
 
     def __enter__(self):
-        self.f = open(self.tmp, "wb")
+        if os.path.isdir(self.path):
+            raise KVTraceError(f"{self.path}: is a directory; expected a file path to write")
+        parent = os.path.dirname(os.path.abspath(self.path))
+        if not os.path.isdir(parent):
+            raise KVTraceError(f"{self.path}: directory {parent} does not exist")
+        try:
+            self.f = open(self.tmp, "wb")
+        except OSError as e:
+            raise KVTraceError(f"{self.path}: cannot write: {e.strerror}") from None
         return self.f
 
     def __exit__(self, exc_type, exc, tb):
         self.f.close()
         if exc_type is None:
-            os.replace(self.tmp, self.path)
+            try:
+                os.replace(self.tmp, self.path)
+            except OSError as e:
+                os.unlink(self.tmp)
+                raise KVTraceError(f"{self.path}: cannot write: {e.strerror}") from None
         else:
             os.unlink(self.tmp)
         return False

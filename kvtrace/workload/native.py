@@ -128,10 +128,9 @@ def read_native(path: str) -> Iterator[TraceRequest]:
                 raise TraceFormatError(
                     path, lineno, f"token_ids: expected input_length {n} tokens, got {len(row.token_ids)}"
                 )
-            toks = np.asarray(row.token_ids, dtype=np.int64)
-            if toks.size and (int(toks.min()) < 0 or int(toks.max()) >= VOCAB_SIZE):
+            if row.token_ids and (min(row.token_ids) < 0 or max(row.token_ids) >= VOCAB_SIZE):
                 raise TraceFormatError(path, lineno, f"token_ids: expected ids in [0, {VOCAB_SIZE})")
-            req.token_ids = toks
+            req.token_ids = np.asarray(row.token_ids, dtype=np.int64)
         else:
             bs = row.block_size if row.block_size is not None else default_bs
             if bs is None:

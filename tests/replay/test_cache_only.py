@@ -11,7 +11,7 @@ from kvtrace.cache.events import BlockEvicted, BlockPublished, BlocksFreed, Pref
 from kvtrace.workload import TraceRequest
 from kvtrace.errors import ConfigError
 from kvtrace.replay.belady import belady_hits, chain_keys, next_uses
-from kvtrace.replay.cache_only import SCOPE_STRIDE, block_keys, replay_cache_only
+from kvtrace.replay.cache_only import block_keys, replay_cache_only
 from tests.support.oracles import lru_reference
 from kvtrace.replay.digest import Digest
 from kvtrace.replay.generate import generate
@@ -127,9 +127,9 @@ def test_scopes_keep_equal_ids_apart():
     assert hits([a, b, c, d], 100) == [0, 0, 0, 2]
     keys = block_keys([a, b, c, d])
     assert keys[0] == keys[3] and keys[0][0] != keys[1][0] != keys[2][0]
-    # scope k keys are k * 2**64 + id: the trace id stays readable in every key
-    assert sorted({k % SCOPE_STRIDE for ks in keys for k in ks}) == [1, 2]
-    assert sorted({k // SCOPE_STRIDE for ks in keys for k in ks}) == [0, 1, 2]
+    # the first scope keeps its trace ids; the others get negative keys, all int64
+    assert list(keys[0]) == [1, 2] and all(k < 0 for ks in keys[1:3] for k in ks)
+    assert all(-(1 << 63) <= k < (1 << 63) for ks in keys for k in ks)
 
 
 def test_non_chained_ids_fall_back_to_chain_keys():
@@ -154,7 +154,7 @@ def test_dense_and_sparse_ids_give_the_same_keys():
     broken = [[0, 1], [7, 1]]
     for base in (0, shift):
         keys = block_keys([req(str(i), [base + v for v in x]) for i, x in enumerate(broken)])
-        assert keys[0][1] != keys[1][1] and max(keys[0] + keys[1]) < -SCOPE_STRIDE + 1
+        assert keys[0][1] != keys[1][1] and max(list(keys[0]) + list(keys[1])) < 0
 
 
 def test_ids_beyond_int64_fall_back_to_chain_keys():
@@ -218,3 +218,18 @@ def test_mooncake_sample_hit_rates():
     # an unbounded cache reaches every reuse: the paper's ~2/3 cache ratio
     everything = replay_cache_only(read_trace(MOONCAKE), capacity_blocks=200_000, policy="belady")
     assert 0.60 < everything.block_hit_rate < 0.66 and everything.evictions == 0
+
+
+def test_every_key_fits_the_digest_and_the_store(tmp_path):
+    """Multi-scope and non-chained traces used to make keys beyond 64 bits, which the digest
+    (MessagePack) and the store (int64) cannot hold: a crash on a valid trace."""
+    from kvtrace.replay.digest import Digest
+
+    traces = {
+        "scopes": [req("a", [1, 2], namespace=1), req("b", [1, 2], namespace=2), req("c", [1, 3], namespace=1)],
+        "not chained": [req("a", [1, 5]), req("b", [2, 5]), req("c", [1, 5])],
+    }
+    for name, reqs in traces.items():
+        digest = Digest()
+        res = replay_cache_only(reqs, capacity_blocks=2, listeners=[digest])
+        assert len(digest.hexdigest()) == 64 and res.requests == 3, name

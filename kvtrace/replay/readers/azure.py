@@ -53,13 +53,24 @@ def _int(path: str, line: int, key: str, text: str | None, minimum: int) -> int:
     return check_int(path, line, key, value, minimum)
 
 
+def _decoded_lines(path: str, f) -> Iterator[str]:
+    """The file's lines decoded one by one, so a non-UTF-8 byte is reported on its own line."""
+    for lineno, raw in enumerate(f, start=1):
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise TraceFormatError(path, lineno, "not UTF-8 text") from None
+
+
 def read_azure(path: str, block_size: int = DEFAULT_BLOCK_SIZE) -> Iterator[TraceRequest]:
     try:
-        f = open(path, encoding="utf-8", newline="")
+        f = open(path, "rb")
+    except IsADirectoryError:
+        raise TraceFormatError(path, None, "is a directory, not a trace file") from None
     except OSError as e:
         raise TraceFormatError(path, None, f"cannot open: {e.strerror}") from None
     with f:
-        reader = csv.reader(f)
+        reader = csv.reader(_decoded_lines(path, f))
         try:
             header = next(reader, None)
         except (csv.Error, UnicodeDecodeError) as e:
@@ -80,7 +91,7 @@ def read_azure(path: str, block_size: int = DEFAULT_BLOCK_SIZE) -> Iterator[Trac
                 row = next(reader)
             except StopIteration:
                 return
-            except (csv.Error, UnicodeDecodeError) as e:
+            except csv.Error as e:
                 raise TraceFormatError(path, reader.line_num, f"unreadable CSV row: {e}") from None
             line = reader.line_num
             if not row or not any(c.strip() for c in row):

@@ -18,7 +18,7 @@ import msgspec
 
 from kvtrace.workload import TraceRequest
 from kvtrace.errors import TraceFormatError
-from kvtrace.workload.lines import ArrivalOrder, check_hash_ids, check_int, s_to_ns, typed_lines
+from kvtrace.workload.lines import ArrivalOrder, check_hash_ids, check_int, S, typed_lines
 
 DEFAULT_BLOCK_SIZE = 16
 
@@ -35,7 +35,7 @@ class BailianLine(msgspec.Struct):
 
 
 def read_bailian(path: str, block_size: int = DEFAULT_BLOCK_SIZE) -> Iterator[TraceRequest]:
-    order = ArrivalOrder(path, "timestamp")
+    order = ArrivalOrder(path, "timestamp", S)
     root_of: dict[int, int] = {}
     for lineno, row in typed_lines(path, BailianLine):
         n = check_int(path, lineno, "input_length", row.input_length, 1)
@@ -49,7 +49,7 @@ def read_bailian(path: str, block_size: int = DEFAULT_BLOCK_SIZE) -> Iterator[Tr
         root_of[cid] = root
         yield TraceRequest(
             request_id=f"chat-{cid}",
-            arrival_ns=order.check(s_to_ns(row.timestamp), lineno),
+            arrival_ns=order.check(row.timestamp, lineno),
             input_length=n,
             output_length=out,
             hash_ids=check_hash_ids(path, lineno, row.hash_ids, n, block_size),

@@ -13,7 +13,7 @@ from typing import Iterator
 import msgspec
 
 from kvtrace.workload import TraceRequest
-from kvtrace.workload.lines import ArrivalOrder, check_hash_ids, check_int, ms_to_ns, typed_lines
+from kvtrace.workload.lines import ArrivalOrder, check_hash_ids, check_int, MS, typed_lines
 
 DEFAULT_BLOCK_SIZE = 512
 
@@ -26,13 +26,13 @@ class MooncakeLine(msgspec.Struct):
 
 
 def read_mooncake(path: str, block_size: int = DEFAULT_BLOCK_SIZE) -> Iterator[TraceRequest]:
-    order = ArrivalOrder(path, "timestamp")
+    order = ArrivalOrder(path, "timestamp", MS)
     for index, (lineno, row) in enumerate(typed_lines(path, MooncakeLine)):
         n = check_int(path, lineno, "input_length", row.input_length, 1)
         out = check_int(path, lineno, "output_length", row.output_length, 0)
         yield TraceRequest(
             request_id=f"r{index}",
-            arrival_ns=order.check(ms_to_ns(row.timestamp), lineno),
+            arrival_ns=order.check(row.timestamp, lineno),
             input_length=n,
             output_length=out,
             hash_ids=check_hash_ids(path, lineno, row.hash_ids, n, block_size),

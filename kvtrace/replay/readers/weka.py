@@ -30,7 +30,7 @@ import msgspec
 from kvtrace.workload import TraceRequest
 from kvtrace.errors import TraceFormatError
 from kvtrace.numeric import cdiv
-from kvtrace.workload.lines import MAX_ID, ArrivalOrder, check_int, s_to_ns
+from kvtrace.workload.lines import MAX_ID, ArrivalOrder, check_int, S
 
 TAIL_ID_BASE = 1 << 62
 
@@ -112,12 +112,14 @@ def request_line(text: str, index: int) -> int | None:
 
 def _load(path: str) -> tuple[str, WekaFile]:
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        with open(path, "rb") as f:
+            raw = f.read()
     except OSError as e:
         raise TraceFormatError(path, None, f"cannot open: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise TraceFormatError(path, None, "not UTF-8 text") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise TraceFormatError(path, raw.count(b"\n", 0, e.start) + 1, "not UTF-8 text") from None
     try:
         return text, msgspec.json.decode(text, type=WekaFile)
     except msgspec.ValidationError as e:
@@ -147,14 +149,14 @@ def read_weka_file(path: str, rank: int = 0) -> Iterator[tuple[int, int, int, Tr
         raise TraceFormatError(path, 1, f"hash_id_scope: expected 'local' or 'global', got {conv.hash_id_scope!r}")
     stem = os.path.splitext(os.path.basename(path))[0]
     session = conv.id or stem
-    order = ArrivalOrder(path, "t")
+    order = ArrivalOrder(path, "t", S)
     for i, r in enumerate(conv.requests):
         def fail(what: str):
             return TraceFormatError(path, request_line(text, i), f"requests[{i}].{what}")
         try:
             n = check_int(path, None, "in", r.in_, 1)
             out = check_int(path, None, "out", r.out, 0)
-            arrival = order.check(s_to_ns(r.t), None)
+            arrival = order.check(r.t, None)
         except TraceFormatError as e:
             raise fail(e.what) from None
         ids = r.hash_ids
