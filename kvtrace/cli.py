@@ -121,7 +121,7 @@ def demo(
     db: Path = typer.Option(Path("kvtrace-demo.duckdb"), help="Where to write the demo runs."),
 ):
     """Replay the built-in workload with every behaviour on and each off, and show the diffs."""
-    from kvtrace.replay.demo import run_demo
+    from kvtrace.compare.demo import run_demo
 
     run_demo(db_path=db, progress=True)
 
@@ -140,15 +140,17 @@ def diff(
     resamples: int = typer.Option(1000, help="Bootstrap resamples for the latency CIs."),
 ):
     """Compare two runs of the same trace; exit 1 when a --fail-if gate is violated."""
-    from kvtrace.replay.diff import check_fail_if, diff_runs
+    from kvtrace.compare.gates import check_fail_if
+    from kvtrace.compare.render import render, to_json, to_markdown
+    from kvtrace.compare.source import diff_runs
 
     d = diff_runs(db, run_a, run_b, force=force, seed=seed, top=top, resamples=resamples)
     if as_json:
-        typer.echo(json.dumps(d.to_json(), sort_keys=True))
+        typer.echo(json.dumps(to_json(d), sort_keys=True))
     elif markdown:
-        typer.echo(d.to_markdown())
+        typer.echo(to_markdown(d))
     else:
-        d.print()
+        render(d)
     violated = check_fail_if(d, fail_if)
     for v in violated:
         _err(f"gate failed: {v}")
@@ -169,7 +171,7 @@ def study(
     seed: int = typer.Option(0),
 ):
     """Run one trace with a behaviour on and off, and print the isolated diff."""
-    from kvtrace.replay.study import run_study
+    from kvtrace.compare.study import run_study
 
     res = run_study(behaviour, trace=trace, db=db, sweep=sweep, seed=seed, limit=limit,
                     progress=sys.stderr.isatty())

@@ -46,11 +46,13 @@ import tempfile
 import plotly.express as px
 import polars as pl
 
+from kvtrace.compare.model import LATENCY_PREFIXES, metric_direction
+from kvtrace.compare.render import fmt
+from kvtrace.compare.source import diff_runs
 from kvtrace.store import read as store
-from kvtrace.replay.diff import diff_runs, metric_direction
 
 if db_path is None or run_a is None or run_b is None:
-    from kvtrace.replay.study import run_study
+    from kvtrace.compare.study import run_study
 
     db_path = db_path or os.path.join(tempfile.mkdtemp(prefix="kvtrace-nb-"), "study.duckdb")
     study = run_study(behaviour, trace=trace, db=db_path, seed=seed, limit=limit)
@@ -182,21 +184,16 @@ for metric in ("ttft", "itl"):
 # confidence interval excludes 0 (a modelled-time shift inside the noise is no finding).
 
 # %%
-def _fmt(v):
-    return "–" if v is None else (f"{v:.4f}" if isinstance(v, float) and abs(v) < 1 else f"{v:,.2f}" if isinstance(v, float) else f"{v:,}")
-
-
-LATENCY_PREFIXES = ("ttft_", "itl_", "e2e_", "queue_")
 better = [m for m in diff.metrics if m.verdict == "better" and not m.name.startswith(LATENCY_PREFIXES)]
 worse = [m for m in diff.metrics if m.verdict == "worse" and not m.name.startswith(LATENCY_PREFIXES)]
 sig = [s for s in diff.latency if s.significant]
 lines = []
 hr_m = diff.metric("token_hit_rate")
 if hr_m.delta:
-    lines.append(f"B {'raises' if hr_m.delta > 0 else 'lowers'} the token hit rate from {_fmt(hr_m.a)} to {_fmt(hr_m.b)} "
+    lines.append(f"B {'raises' if hr_m.delta > 0 else 'lowers'} the token hit rate from {fmt(hr_m.a)} to {fmt(hr_m.b)} "
                  f"({hr_m.delta:+.4f}" + (f", {hr_m.rel * 100:+.1f}%)" if hr_m.rel is not None else ")") + ".")
 else:
-    lines.append(f"The token hit rate is unchanged at {_fmt(hr_m.a)}.")
+    lines.append(f"The token hit rate is unchanged at {fmt(hr_m.a)}.")
 for s in sig:
     lines.append(f"{s.name} {'rises' if s.delta > 0 else 'falls'} by {abs(s.delta):.3f} ms "
                  f"(95% CI [{s.ci_low:+.3f}, {s.ci_high:+.3f}]).")

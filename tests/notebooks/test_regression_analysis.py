@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvtrace.replay.diff import diff_runs
-from kvtrace.replay.study import SHARED_PREFIX_PINNING, run_study
+from kvtrace.compare.source import diff_runs
+from kvtrace.compare.study import SHARED_PREFIX_PINNING, run_study
 from kvtrace.store import read
 
 

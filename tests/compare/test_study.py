@@ -9,9 +9,12 @@ import json
 
 import pytest
 
+from kvtrace.compare import study as S
+from kvtrace.compare.model import diff_summaries
+from kvtrace.compare.render import to_markdown
 from kvtrace.errors import KVTraceError
-from kvtrace.replay import study as S
-from kvtrace.replay.diff import diff_summaries
+from kvtrace.numeric import percentile
+from kvtrace.store import read
 
 # --------------------------------------------------------------------- pure pieces
 
@@ -68,7 +71,7 @@ def test_study_json_shape_without_and_with_sweep():
     j = res.to_json()
     assert j["sweep"]["parameter"] == "capacity_blocks"
     assert [p["value"] for p in j["sweep"]["points"]] == [32, 64]
-    json.dumps(j)
+    assert json.loads(json.dumps(j)) == j
     md = res.to_markdown()
     assert "| capacity_blocks | token_hit_rate off | token_hit_rate on |" in md
     assert "| 32 | 0.5000 | 0.8000 |" in md
@@ -109,7 +112,7 @@ def test_external_hit_running_cow_off_diverges(studies):
     assert div["b"] == []
     assert sum(n for _, n in div["a"]) == res.off["divergent_outputs"]
     if div["a"]:
-        assert f"`{div['a'][0][0]}`" in res.diff.to_markdown()
+        assert f"`{div['a'][0][0]}`" in to_markdown(res.diff)
 
 
 def test_study_json_carries_full_summaries_and_store_diff(studies):
@@ -122,11 +125,13 @@ def test_study_json_carries_full_summaries_and_store_diff(studies):
     assert set(SUMMARY_FIELDS) <= set(j["on"]) and set(SUMMARY_FIELDS) <= set(j["off"])
     assert j["diff"]["metrics"]["hit_tokens"]["delta"] == j["on"]["hit_tokens"] - j["off"]["hit_tokens"]
     assert "latency" in j["diff"] and "requests" in j["diff"]  # read back through the store
-    # The bootstrap's point estimates are the summary's nearest-rank percentiles, recomputed
-    # from the stored request spans.
-    for side, summary in (("a", j["off"]), ("b", j["on"])):
-        assert j["diff"]["latency"]["ttft_ms_p50"][side] == pytest.approx(summary["ttft_ms_p50"], abs=1e-3)
-        assert j["diff"]["latency"]["itl_ms_p99"][side] == pytest.approx(summary["itl_ms_p99"], abs=1e-3)
+    # The bootstrap's point estimates are kvtrace.numeric's percentiles of the stored
+    # request spans (TTFT per request, every ITL gap), in ms.
+    for side, run_id in (("a", r.first.run_off), ("b", r.first.run_on)):
+        ttft = read.requests(db, run_id)["ttft_ns"].drop_nulls().to_numpy() / 1e6
+        gaps = read.itl_gaps(db, run_id)["gap_ns"].drop_nulls().to_numpy() / 1e6
+        assert j["diff"]["latency"]["ttft_ms_p50"][side] == pytest.approx(percentile(ttft, 50), rel=1e-12)
+        assert j["diff"]["latency"]["itl_ms_p99"][side] == pytest.approx(percentile(gaps, 99), rel=1e-12)
     assert j["diff"]["run_b"]["behaviours"] is not None
 
 
@@ -156,8 +161,7 @@ def test_demo_records_four_runs_and_ends_with_the_dashboard_command(tmp_path):
 
     from rich.console import Console
 
-    from kvtrace.replay.demo import run_demo
-    from kvtrace.store import read
+    from kvtrace.compare.demo import run_demo
 
     db = tmp_path / "kvtrace-demo.duckdb"
     db.write_bytes(b"")  # an earlier demo file is replaced, not appended to
@@ -175,12 +179,12 @@ def test_demo_records_four_runs_and_ends_with_the_dashboard_command(tmp_path):
 
 
 def test_demo_refuses_to_overwrite_a_store_with_other_runs(tmp_path):
-    from kvtrace.replay.demo import run_demo
+    from kvtrace.compare.demo import run_demo
     from kvtrace.replay.run import RunSpec, run_replay
 
     db = tmp_path / "mine.duckdb"
     run_replay(RunSpec(trace="gen:chat", limit=3, name="my precious run"), db=db)
-    with pytest.raises(KVTraceError, match="not the demo's .*'my precious run'"):
+    with pytest.raises(KVTraceError, match=r"not the demo's .*'my precious run'"):
         run_demo(db, progress=False, limit=3)
     (tmp_path / "junk.duckdb").write_bytes(b"not a database at all")
     with pytest.raises(KVTraceError, match="is not a kvtrace demo store"):

@@ -8,21 +8,27 @@ the two runs. With ``sweep`` it repeats the pair for each value of one parameter
 
 Diff direction: A = behaviour **off**, B = behaviour **on**, so every delta reads as
 "what the behaviour buys" (a positive token_hit_rate delta = the behaviour raises it).
+
+The behaviour names are the cache config's switches, imported from their one home in
+``kvtrace.cache.config``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from kvtrace.cache.config import (
     EXTERNAL_HIT_RUNNING_COW,
     SHARED_PREFIX_PINNING,
     TRANSIENT_CHECKPOINT_RETENTION,
 )
+from kvtrace.compare.model import RunDiff, diff_summaries
+from kvtrace.compare.render import render, to_json, to_markdown
+from kvtrace.compare.source import diff_runs
 from kvtrace.errors import KVTraceError
-from kvtrace.replay.diff import RunDiff, diff_runs, diff_summaries
 from kvtrace.replay.generate import WORKLOADS, study_workload
 from kvtrace.replay.run import RunSpec, run_replay
 
@@ -43,6 +49,7 @@ def study_defaults(behaviour: str) -> dict[str, Any]:
     generator's hints (preset, retention, capacities, external tier). Applied only to the
     built-in workload; a user's --trace runs on the preset as it is."""
     return dict(WORKLOADS[study_workload(behaviour)].hints)
+
 
 SWEEP_PARAMETERS = ("capacity_blocks", "capacity_tokens", "external_capacity_blocks", "retention")
 
@@ -71,7 +78,7 @@ class StudyPoint:
     value: Any = None
 
     def to_json(self) -> dict[str, Any]:
-        out = {"on": self.on, "off": self.off, "diff": self.diff.to_json()}
+        out: dict[str, Any] = {"on": self.on, "off": self.off, "diff": to_json(self.diff)}
         if self.run_on is not None:
             out["run_on"], out["run_off"] = self.run_on, self.run_off
         if self.parameter is not None:
@@ -124,7 +131,7 @@ class StudyResult:
         for p in self.points:
             if p.parameter is not None:
                 parts += [f"#### {p.parameter} = {p.value}", ""]
-            parts.append(p.diff.to_markdown())
+            parts.append(to_markdown(p.diff))
         return "\n".join(parts)
 
     def sweep_markdown(self, metrics: Iterable[str] = ("token_hit_rate", "ttft_ms_p50", "divergent_outputs")) -> str:
@@ -147,7 +154,7 @@ class StudyResult:
         for p in self.points:
             if p.parameter is not None:
                 console.print(f"[bold]{p.parameter} = {p.value}[/bold]")
-            p.diff.print(console)
+            render(p.diff, console)
 
     def expectation_failures(self) -> list[str]:
         """The expected off-direction checks this study's first point does not meet."""
@@ -181,7 +188,9 @@ def parse_sweep(sweep: Any) -> tuple[str, list[Any]] | None:
     if isinstance(sweep, str):
         name, sep, raw = sweep.partition("=")
         if not sep or not raw.strip():
-            raise KVTraceError(f"--sweep {sweep!r}: expected NAME=V1,V2,... with NAME one of {', '.join(SWEEP_PARAMETERS)}")
+            raise KVTraceError(
+                f"--sweep {sweep!r}: expected NAME=V1,V2,... with NAME one of {', '.join(SWEEP_PARAMETERS)}"
+            )
         items = {name.strip(): [v.strip() for v in raw.split(",") if v.strip()]}
     elif isinstance(sweep, Mapping):
         items = dict(sweep)
@@ -192,17 +201,15 @@ def parse_sweep(sweep: Any) -> tuple[str, list[Any]] | None:
     ((name, values),) = items.items()
     if name not in SWEEP_PARAMETERS:
         raise KVTraceError(f"sweep: unknown parameter {name!r}; expected one of {', '.join(SWEEP_PARAMETERS)}")
-    values = list(values)
-    if not values:
+    given = list(values)
+    if not given:
         raise KVTraceError(f"sweep: {name} needs at least one value")
-    if name != "retention":
-        try:
-            values = [int(v) for v in values]
-        except (TypeError, ValueError):
-            raise KVTraceError(f"sweep: {name} values must be integers, got {values}") from None
-    else:
-        values = [str(v) for v in values]
-    return name, values
+    if name == "retention":
+        return name, [str(v) for v in given]
+    try:
+        return name, [int(v) for v in given]
+    except (TypeError, ValueError):
+        raise KVTraceError(f"sweep: {name} values must be integers, got {given}") from None
 
 
 def run_study(
@@ -235,8 +242,10 @@ def run_study(
     for parameter, value in grid:
         spec = spec0 if parameter is None else replace(spec0, **{parameter: value})
         suffix = "" if parameter is None else f" {parameter}={value}"
-        on_spec = replace(spec, without=tuple(b for b in spec.without if b != behaviour), name=f"study {behaviour} on{suffix}")
-        off_spec = replace(spec, without=tuple(sorted(set(spec.without) | {behaviour})), name=f"study {behaviour} off{suffix}")
+        on_without = tuple(b for b in spec.without if b != behaviour)
+        off_without = tuple(sorted(set(spec.without) | {behaviour}))
+        on_spec = replace(spec, without=on_without, name=f"study {behaviour} on{suffix}")
+        off_spec = replace(spec, without=off_without, name=f"study {behaviour} off{suffix}")
         off = run_replay(off_spec, db=db, progress=progress)
         on = run_replay(on_spec, db=db, progress=progress)
         if db is not None and on.run_id and off.run_id:

@@ -13,10 +13,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from kvtrace.replay.diff import RunDiff, diff_runs
+from kvtrace.compare.model import RunDiff
+from kvtrace.compare.render import tables
+from kvtrace.compare.source import diff_runs
+from kvtrace.compare.study import BEHAVIOURS
+from kvtrace.errors import KVTraceError
+from kvtrace.replay.report import format_value
 from kvtrace.replay.run import RunResult, RunSpec, run_replay
+from kvtrace.store import read
 from kvtrace.store.schema import SUMMARY_FIELDS
-from kvtrace.replay.study import BEHAVIOURS
 
 DEMO_DB = "kvtrace-demo.duckdb"
 DEMO_TRACE = "gen:mixed"
@@ -24,7 +29,7 @@ DEMO_PRESET = "kimi-hybrid"
 # A small GPU pool (40 blocks of 512 tokens per group) in front of an external tier, so
 # that a workload of seconds puts the cache under the pressure a production server sees:
 # evictions, external hits and re-prefills happen, and the behaviours have work to do.
-DEMO_SETTINGS = {"capacity_blocks": 40, "external_capacity_blocks": 4096}
+DEMO_SETTINGS: dict[str, Any] = {"capacity_blocks": 40, "external_capacity_blocks": 4096}
 ALL_ON = "all on"
 
 
@@ -68,7 +73,7 @@ def run_demo(
             result.runs.append((spec, run_replay(spec, db=db, progress=False)))
         advance(None)
         (_, on), *offs = result.runs
-        for (spec, off), behaviour in zip(offs, BEHAVIOURS):
+        for (_, off), behaviour in zip(offs, BEHAVIOURS):
             if on.run_id is None or off.run_id is None:
                 continue
             result.diffs[behaviour] = diff_runs(db, off.run_id, on.run_id, seed=seed)
@@ -77,7 +82,7 @@ def run_demo(
     for behaviour, d in result.diffs.items():
         console.print()
         console.print(f"[bold]{behaviour}[/bold]: A = switched off, B = all on (what the behaviour buys)")
-        for table in d.tables(metrics=SUMMARY_FIELDS)[:2]:  # metric deltas, latency percentiles with CIs
+        for table in tables(d, metrics=SUMMARY_FIELDS)[:2]:  # metric deltas, latency percentiles with CIs
             console.print(table)
     console.print()
     console.print(f"{len(result.runs)} runs recorded in {db}. Open the dashboard:")
@@ -88,8 +93,6 @@ def run_demo(
 def summary_table(result: DemoResult) -> Any:
     """The runs side by side: one row per summary field, one column per run."""
     from rich.table import Table
-
-    from kvtrace.replay.report import format_value
 
     settings = ", ".join(f"{k}={v}" for k, v in DEMO_SETTINGS.items())
     table = Table(title=f"kvtrace demo: {DEMO_TRACE} on {DEMO_PRESET} ({settings})", title_justify="left")
@@ -105,13 +108,9 @@ def summary_table(result: DemoResult) -> Any:
 
 def _remove_store(db: str) -> None:
     """Delete an earlier demo store at ``db``; refuse anything else that lives there."""
-    from kvtrace.errors import KVTraceError
-
     if os.path.isdir(db):
         raise KVTraceError(f"{db}: is a directory; expected a DuckDB file path for the demo store")
     if os.path.exists(db) and os.path.getsize(db) > 0:
-        from kvtrace.store import read
-
         try:
             names = read.runs(db)["name"].to_list()
         except KVTraceError as err:

@@ -1,0 +1,252 @@
+"""TTFT/ITL percentile shifts with confidence intervals from a seeded request-level bootstrap.
+
+Conventions
+- Percentiles are ``kvtrace.numeric``'s, the one definition (numpy's linear interpolation,
+  as ``vllm bench serve``): the point estimates call it, and every bootstrap replicate
+  applies the same definition to its resampled multiset.
+- The unit resampled is the *request*: a replicate draws the run's n requests with
+  replacement, and every observation of a drawn request (its TTFT, each of its ITL gaps)
+  counts as often as the request was drawn.
+- Paired when both runs hold the same request ids (the same trace): one draw of requests
+  is applied to both runs, so the interval reflects the change, not the spread of the
+  workload. Otherwise each run is resampled on its own.
+- The CI is the percentile bootstrap of the replicate deltas B - A at ``CI_LEVEL``.
+  The generator is PCG64 seeded with ``seed``: the same seed gives the same intervals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from kvtrace.compare.model import PercentileShift
+from kvtrace.numeric import percentiles as point_percentiles
+
+PERCENTILES = (50, 90, 99)
+LATENCY_METRICS = ("ttft_ms", "itl_ms")
+DEFAULT_RESAMPLES = 1000
+CI_LEVEL = 0.95
+
+
+def resample_counts(rng: np.random.Generator, n_requests: int, resamples: int) -> np.ndarray:
+    """(resamples, n_requests) int32: how often each request is drawn in each replicate
+    (every row sums to n_requests)."""
+    if n_requests == 0:
+        return np.zeros((resamples, 0), dtype=np.int32)
+    draws = rng.integers(0, n_requests, size=(resamples, n_requests), dtype=np.int64)
+    draws += (np.arange(resamples, dtype=np.int64) * n_requests)[:, None]
+    return np.bincount(draws.ravel(), minlength=resamples * n_requests).reshape(resamples, n_requests).astype(np.int32)
+
+
+def chunked_weighted_percentiles(
+    sorted_values: np.ndarray,
+    owner: np.ndarray,
+    counts: np.ndarray,
+    percentiles: Sequence[float],
+    chunks: int | None = None,
+) -> np.ndarray:
+    """Linear percentiles of B multisets, without building their (B, m) weight matrix.
+
+    Observation ``i`` (``sorted_values`` ascending, ``owner[i]`` its request) occurs
+    ``counts[b, owner[i]]`` times in multiset ``b``. Returns (B, len(percentiles)), each
+    value equal to ``np.percentile`` of the expanded multiset (NaN for an empty one): with
+    N items, position ``(N - 1) * q / 100`` between the items of ranks ``lo = floor`` and
+    ``lo + 1``, interpolated as numpy does.
+
+    Exact and fast when m (every ITL gap) is large: the sorted observations are cut into
+    ``chunks`` runs of positions. One matrix product, counts (B, n) @ per-request chunk
+    histogram (n, K), gives every replicate's weight per chunk; the chunk holding each
+    wanted rank is found on those totals, and only inside that chunk are the individual
+    weights expanded, once for both ranks. The default K balances the product (B n K)
+    against the expansion (B P m / K). Measured on 4000 requests x 150 gaps, 1000
+    resamples, both runs: 0.65x the time of the nearest-rank version it replaced, which
+    took about 1 s.
+    """
+    counts = np.asarray(counts)
+    n_rep, n = counts.shape
+    m = sorted_values.size
+    p = len(percentiles)
+    out = np.full((n_rep, p), np.nan)
+    if m == 0 or n_rep == 0 or p == 0:
+        return out
+    if chunks is None:
+        chunks = int(np.sqrt(_EXPAND_COST * p * m / max(n, 1))) + 1
+    size = -(-m // min(max(chunks, 1), m))  # positions per chunk
+    k = -(-m // size)
+    hist = np.bincount(owner * k + np.arange(m) // size, minlength=n * k).reshape(n, k)
+    # Integer sums through BLAS: exact while each chunk's weight stays below 2**24 (float32)
+    # or 2**53 (float64).
+    heaviest = size * max(int(counts.max(initial=0)), 1)
+    dtype = np.float32 if heaviest < 2**24 else np.float64
+    cum = np.cumsum(np.rint(counts.astype(dtype) @ hist.astype(dtype)).astype(np.int64), axis=1)  # (B, K)
+    total = cum[:, -1]
+    last = np.maximum(total - 1, 0)[:, None]
+    pos = last * (np.asarray(percentiles, dtype=np.float64) / 100)[None, :]
+    lo = np.floor(pos)
+    gamma = pos - lo
+    rank_lo = lo.astype(np.int64).ravel()
+    rank_hi = np.minimum(rank_lo + 1, np.broadcast_to(last, pos.shape).ravel())
+    rows = np.repeat(np.arange(n_rep), p)
+    chunk_owner = np.full(k * size, n, dtype=np.intp)  # padded with request n, whose count is 0
+    chunk_owner[:m] = owner
+    padded = np.zeros((n_rep, n + 1), dtype=np.int32 if heaviest < 2**31 else np.int64)
+    padded[:, :n] = counts
+    # Rank lo + 1 almost always lies in the chunk of rank lo: one expansion finds both;
+    # the few that lie further on get a second one.
+    table = (cum, chunk_owner.reshape(k, size), padded)
+    at_lo, at_hi = _positions(*table, rows, rank_lo, rank_hi)
+    beyond = at_hi < 0
+    if beyond.any():
+        at_hi[beyond] = _positions(*table, rows[beyond], rank_hi[beyond])[0]
+    a = sorted_values[np.minimum(at_lo, m - 1)].reshape(n_rep, p)
+    b = sorted_values[np.minimum(at_hi, m - 1)].reshape(n_rep, p)
+    value = _lerp(a, b, gamma)
+    ok = total > 0
+    out[ok] = value[ok]
+    return out
+
+
+# The expansion's cost per weight relative to the product's per multiply-add (measured,
+# numpy + OpenBLAS): sets the default chunk count sqrt(cost * P * m / n).
+_EXPAND_COST = 300
+_BLOCK = 1 << 22  # weights expanded at once: bounds the memory (~32 MB a temporary)
+
+
+def _positions(
+    cum: np.ndarray,
+    chunk_owner: np.ndarray,
+    counts: np.ndarray,
+    rows: np.ndarray,
+    rank: np.ndarray,
+    rank_next: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted positions of 0-based rank ``rank[e]`` in multiset ``rows[e]``, and of
+    ``rank_next[e]`` where it lies in the same chunk (-1 where it does not).
+
+    cum: (B, K) cumulative weight per chunk; chunk_owner: (K, size) the owning request of
+    each position (padding: a request whose count is 0); counts: (B, n + 1).
+    """
+    size = chunk_owner.shape[1]
+    at = np.empty(rows.size, dtype=np.int64)
+    at_next = np.full(rows.size, -1, dtype=np.int64)
+    step = max(1, _BLOCK // size)
+    for s in range(0, rows.size, step):
+        r, q = rows[s : s + step], rank[s : s + step]
+        c = cum[r]
+        j = np.minimum((c <= q[:, None]).sum(axis=1), c.shape[1] - 1)  # the chunk holding the rank
+        before = np.where(j > 0, c[np.arange(r.size), np.maximum(j - 1, 0)], 0)
+        run = np.cumsum(counts[r[:, None], chunk_owner[j]], axis=1, dtype=counts.dtype)  # (E, size)
+        at[s : s + step] = j * size + (run <= (q - before)[:, None]).sum(axis=1)
+        if rank_next is not None:
+            qn = rank_next[s : s + step]
+            inside = qn < before + run[:, -1]
+            at_next[s : s + step] = np.where(inside, j * size + (run <= (qn - before)[:, None]).sum(axis=1), -1)
+    return at, at_next
+
+
+def _lerp(a: np.ndarray, b: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """numpy's interpolation between neighbours, rounding included (from the nearer side)."""
+    d = b - a
+    return np.where(t >= 0.5, b - d * (1 - t), a + d * t)
+
+
+def percentile_shifts(
+    a_owner: np.ndarray,
+    a_values: np.ndarray,
+    b_owner: np.ndarray,
+    b_values: np.ndarray,
+    *,
+    metric: str,
+    counts: tuple[np.ndarray, np.ndarray],
+    percentiles: Sequence[int] = PERCENTILES,
+) -> list[PercentileShift]:
+    """Percentile shifts B - A with bootstrap CIs, given per-request resample counts.
+
+    x_values: one per observation (TTFT: one per request, ITL: one per gap); x_owner: the
+    index of the owning request in that run's request universe. counts: (B, n_requests)
+    resample counts for A and for B (the same array when paired). A point estimate is
+    NaN when its run has no observation; the CI is NaN when either run has none.
+    """
+    counts_a, counts_b = counts
+    point_a = _nan_for_none(point_percentiles(a_values, percentiles))
+    point_b = _nan_for_none(point_percentiles(b_values, percentiles))
+    ci_low = ci_high = np.full(len(percentiles), np.nan)
+    if a_values.size and b_values.size:
+        deltas = _boot_percentiles(b_owner, b_values, counts_b, percentiles) - _boot_percentiles(
+            a_owner, a_values, counts_a, percentiles
+        )
+        alpha = (1 - CI_LEVEL) / 2
+        if not np.all(np.isnan(deltas)):
+            with np.errstate(all="ignore"):
+                ci_low = np.nanquantile(deltas, alpha, axis=0)
+                ci_high = np.nanquantile(deltas, 1 - alpha, axis=0)
+    return [
+        PercentileShift(metric, int(p), float(pa), float(pb), float(pb - pa), float(lo), float(hi))
+        for p, pa, pb, lo, hi in zip(percentiles, point_a, point_b, ci_low, ci_high)
+    ]
+
+
+def _nan_for_none(values: list[float | None]) -> np.ndarray:
+    return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+
+
+def _boot_percentiles(
+    owner: np.ndarray, values: np.ndarray, counts: np.ndarray, percentiles: Sequence[int]
+) -> np.ndarray:
+    """(B, P) replicate percentiles of the observations owned by resampled requests.
+    Any order among equal values gives the same result, so the sort need not be stable."""
+    order = np.argsort(values)
+    return chunked_weighted_percentiles(values[order].astype(np.float64), owner[order], counts, percentiles)
+
+
+def _request_universe(frames: dict[str, pl.DataFrame]) -> pl.DataFrame:
+    """Sorted distinct request ids of a run, with their index: the bootstrap's unit."""
+    ids = [f.select(pl.col("request_id").cast(pl.Utf8)) for f in frames.values()]
+    if not ids:
+        return pl.DataFrame(schema={"request_id": pl.Utf8, "owner": pl.UInt32})
+    return pl.concat(ids).unique().sort("request_id").with_row_index("owner")
+
+
+def _owned_values(frame: pl.DataFrame, metric: str, universe: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    f = frame.select(pl.col("request_id").cast(pl.Utf8), pl.col(metric).cast(pl.Float64)).drop_nulls()
+    f = f.join(universe, on="request_id", how="left", maintain_order="left")
+    return f["owner"].to_numpy().astype(np.int64), f[metric].to_numpy()
+
+
+def latency_shifts(
+    latency_a: dict[str, pl.DataFrame],
+    latency_b: dict[str, pl.DataFrame],
+    *,
+    seed: int = 0,
+    resamples: int = DEFAULT_RESAMPLES,
+    percentiles: Sequence[int] = PERCENTILES,
+) -> tuple[list[PercentileShift], dict[str, Any]]:
+    """TTFT/ITL percentile shifts and the bootstrap's settings (seed, resamples, paired,
+    requests_a, requests_b).
+
+    latency_x maps 'ttft_ms' / 'itl_ms' to frames with columns request_id and the metric
+    (one row per request for TTFT, one per inter-token gap for ITL). The request universe
+    of each run is the union of request ids over both metrics. A metric missing from
+    either run, or without observations in both, is left out.
+    """
+    rng = np.random.Generator(np.random.PCG64(seed))
+    frames_a = {k: v for k, v in latency_a.items() if v is not None}
+    frames_b = {k: v for k, v in latency_b.items() if v is not None}
+    ua, ub = _request_universe(frames_a), _request_universe(frames_b)
+    paired = ua.equals(ub)
+    counts_a = resample_counts(rng, ua.height, resamples)
+    counts_b = counts_a if paired else resample_counts(rng, ub.height, resamples)
+    shifts: list[PercentileShift] = []
+    for metric in LATENCY_METRICS:
+        if metric not in frames_a or metric not in frames_b:
+            continue
+        oa, va = _owned_values(frames_a[metric], metric, ua)
+        ob, vb = _owned_values(frames_b[metric], metric, ub)
+        if va.size == 0 and vb.size == 0:
+            continue  # e.g. cache-only runs: no request timing at all
+        shifts += percentile_shifts(oa, va, ob, vb, metric=metric, counts=(counts_a, counts_b), percentiles=percentiles)
+    info = {"seed": seed, "resamples": resamples, "paired": paired, "requests_a": ua.height, "requests_b": ub.height}
+    return shifts, info

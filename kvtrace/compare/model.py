@@ -1,0 +1,269 @@
+"""The records of a run comparison and the pure builders that fill them.
+
+Conventions (every module of ``kvtrace.compare`` follows them):
+
+- A is the baseline, B the candidate. Every delta is ``B - A`` and ``rel = (B - A) / |A|``
+  (None when A is 0 or missing).
+- A metric's *direction* says which way is better: +1 higher, -1 lower, 0 neither (a
+  property of the workload, such as ``requests``). ``MetricDelta.verdict`` reads it.
+
+The builders take plain summaries and polars frames, never a store, so that notebooks
+and tests can diff anything; ``kvtrace.compare.source`` feeds them from the store.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import polars as pl
+
+from kvtrace.errors import KVTraceError
+from kvtrace.store.schema import SUMMARY_FIELDS
+
+METRIC_DIRECTION: dict[str, int] = {
+    "hit_tokens": 1,
+    "token_hit_rate": 1,
+    "block_hit_rate": 1,
+    "external_hit_tokens": 1,
+    "output_tok_per_s": 1,
+    "computed_prompt_tokens": -1,  # prefill work the cache did not save
+    "evictions": -1,
+    "stale_hashes": -1,
+    "stale_hashes_left": -1,
+    "divergent_outputs": -1,
+    "table_disagreements": -1,  # Core and Worker disagree on a block table
+    "preemptions": -1,
+}
+# Latency metrics (``ttft_ms_p99``, ...): lower is better.
+LATENCY_PREFIXES = ("ttft_", "itl_", "e2e_", "queue_", "latency_")
+
+
+def metric_direction(name: str) -> int:
+    """+1 when a higher ``name`` is better, -1 when lower is, 0 when neither."""
+    if name in METRIC_DIRECTION:
+        return METRIC_DIRECTION[name]
+    return -1 if name.startswith(LATENCY_PREFIXES) else 0
+
+
+# ---------------------------------------------------------------------------- records
+
+
+@dataclass(slots=True, frozen=True)
+class MetricDelta:
+    name: str
+    a: float | None
+    b: float | None
+    delta: float | None
+    rel: float | None  # None when A is 0 or missing
+
+    @property
+    def verdict(self) -> str:
+        """'better' / 'worse' / 'same' / '' (no preferred direction or missing)."""
+        if self.delta is None:
+            return ""
+        if self.delta == 0:
+            return "same"
+        d = metric_direction(self.name)
+        if d == 0:
+            return ""
+        return "better" if self.delta * d > 0 else "worse"
+
+
+@dataclass(slots=True, frozen=True)
+class PercentileShift:
+    """One latency percentile in both runs, with the bootstrap CI of ``delta``."""
+
+    metric: str  # ttft_ms | itl_ms
+    percentile: int
+    a: float
+    b: float
+    delta: float
+    ci_low: float  # NaN when it could not be estimated
+    ci_high: float
+
+    @property
+    def name(self) -> str:
+        return f"{self.metric}_p{self.percentile}"
+
+    @property
+    def significant(self) -> bool:
+        """The CI excludes zero."""
+        return (self.ci_low > 0 or self.ci_high < 0) and not math.isnan(self.ci_low)
+
+
+@dataclass(slots=True, frozen=True)
+class CountShift:
+    key: str
+    a: int
+    b: int
+
+    @property
+    def delta(self) -> int:
+        return self.b - self.a
+
+
+@dataclass(slots=True, frozen=True)
+class RequestChange:
+    request_id: str
+    prompt_tokens: int
+    hit_a: int
+    hit_b: int
+
+    @property
+    def delta(self) -> int:
+        return self.hit_b - self.hit_a
+
+
+@dataclass(slots=True)
+class RequestHitDiff:
+    requests: int = 0  # requests present in both runs
+    gained: int = 0  # requests with more hit tokens in B
+    lost: int = 0
+    only_a: int = 0
+    only_b: int = 0
+    hit_tokens_delta: int = 0  # over common requests
+    top_gained: list[RequestChange] = field(default_factory=list)
+    top_lost: list[RequestChange] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class RunDiff:
+    """Everything ``kvtrace diff`` reports. Render it with ``kvtrace.compare.render``."""
+
+    run_a: dict[str, Any]
+    run_b: dict[str, Any]
+    metrics: list[MetricDelta]
+    same_trace: bool = True
+    forced: bool = False
+    requests: RequestHitDiff | None = None
+    evictions_by_reason: list[CountShift] = field(default_factory=list)
+    evictions_by_publish_kind: list[CountShift] = field(default_factory=list)
+    latency: list[PercentileShift] = field(default_factory=list)
+    bootstrap: dict[str, Any] = field(default_factory=dict)  # seed, resamples, paired, requests_a/_b
+    # Per run ("a"/"b"), read from the store's verification spans: requests whose output
+    # diverged from the no-cache reference, most divergent tokens first.
+    divergent_requests: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+
+    def metric(self, name: str) -> MetricDelta:
+        """The summary metric ``name``, else the bootstrap percentile of that name (as a
+        MetricDelta); KeyError when neither exists."""
+        for m in self.metrics:
+            if m.name == name:
+                return m
+        for s in self.latency:
+            if s.name == name:
+                return MetricDelta(name, s.a, s.b, s.delta, _rel(s.a, s.b))
+        raise KeyError(name)
+
+    def metric_names(self) -> list[str]:
+        """Every name ``metric`` answers with a delta: summary metrics, then percentiles."""
+        names = [m.name for m in self.metrics if m.delta is not None]
+        return names + [s.name for s in self.latency if s.name not in names]
+
+
+# ------------------------------------------------------------------------- builders
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, bool) or v is None:
+        return None
+    if isinstance(v, (int, float)):
+        return None if isinstance(v, float) and math.isnan(v) else v
+    return None
+
+
+def _rel(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or a == 0:
+        return None
+    return (b - a) / abs(a)
+
+
+def metric_deltas(summary_a: dict[str, Any], summary_b: dict[str, Any]) -> list[MetricDelta]:
+    """Deltas of every numeric summary metric: SUMMARY_FIELDS order first, then extras sorted."""
+    keys = [k for k in SUMMARY_FIELDS if k in summary_a or k in summary_b]
+    keys += sorted((set(summary_a) | set(summary_b)) - set(keys))
+    out = []
+    for k in keys:
+        a, b = _num(summary_a.get(k)), _num(summary_b.get(k))
+        if a is None and b is None:
+            continue  # non-numeric (digest, names): not a metric
+        delta = None if a is None or b is None else b - a
+        out.append(MetricDelta(k, a, b, delta, _rel(a, b)))
+    return out
+
+
+def diff_summaries(
+    summary_a: dict[str, Any],
+    summary_b: dict[str, Any],
+    *,
+    run_a: dict[str, Any] | None = None,
+    run_b: dict[str, Any] | None = None,
+) -> RunDiff:
+    """A RunDiff from two plain run summaries (no store needed): metric deltas only."""
+    ra = dict(run_a or {})
+    rb = dict(run_b or {})
+    if "digest" in summary_a:
+        ra.setdefault("digest", summary_a["digest"])
+    if "digest" in summary_b:
+        rb.setdefault("digest", summary_b["digest"])
+    same = ra.get("trace") == rb.get("trace")
+    return RunDiff(run_a=ra, run_b=rb, metrics=metric_deltas(summary_a, summary_b), same_trace=same)
+
+
+def request_hit_diff(per_request_a: pl.DataFrame, per_request_b: pl.DataFrame, top: int = 10) -> RequestHitDiff:
+    """Per-request hit-token changes over the requests both runs hold; the ``top`` most
+    gained and lost, ties in request-id order. Frames need request_id and hit_tokens
+    (prompt_tokens optional); KVTraceError otherwise."""
+    a = _per_request_frame(per_request_a).rename({"hit_tokens": "hit_a", "prompt_tokens": "prompt_a"})
+    b = _per_request_frame(per_request_b).rename({"hit_tokens": "hit_b", "prompt_tokens": "prompt_b"})
+    joined = a.join(b, on="request_id", how="full", coalesce=True)
+    only_a = joined.filter(pl.col("hit_b").is_null()).height
+    only_b = joined.filter(pl.col("hit_a").is_null()).height
+    common = joined.drop_nulls(["hit_a", "hit_b"]).with_columns(
+        delta=pl.col("hit_b") - pl.col("hit_a"),
+        prompt_tokens=pl.coalesce("prompt_b", "prompt_a").fill_null(0),
+    )
+    gained = common.filter(pl.col("delta") > 0).sort(["delta", "request_id"], descending=[True, False])
+    lost = common.filter(pl.col("delta") < 0).sort(["delta", "request_id"], descending=[False, False])
+
+    def changes(frame: pl.DataFrame) -> list[RequestChange]:
+        return [
+            RequestChange(str(r["request_id"]), int(r["prompt_tokens"]), int(r["hit_a"]), int(r["hit_b"]))
+            for r in frame.head(top).iter_rows(named=True)
+        ]
+
+    return RequestHitDiff(
+        requests=common.height,
+        gained=gained.height,
+        lost=lost.height,
+        only_a=only_a,
+        only_b=only_b,
+        hit_tokens_delta=int(common["delta"].sum()) if common.height else 0,
+        top_gained=changes(gained),
+        top_lost=changes(lost),
+    )
+
+
+def _per_request_frame(frame: pl.DataFrame) -> pl.DataFrame:
+    if "request_id" not in frame.columns or "hit_tokens" not in frame.columns:
+        raise KVTraceError(f"per-request frame: expected columns request_id, hit_tokens; got {frame.columns}")
+    prompt = pl.col("prompt_tokens") if "prompt_tokens" in frame.columns else pl.lit(None, dtype=pl.Int64)
+    return frame.select(
+        pl.col("request_id").cast(pl.Utf8),
+        pl.col("hit_tokens").cast(pl.Int64),
+        prompt.cast(pl.Int64).alias("prompt_tokens"),
+    )
+
+
+def count_shifts(counts_a: pl.DataFrame, counts_b: pl.DataFrame, key: str, value: str = "count") -> list[CountShift]:
+    """Outer-join two (key, count) frames, a missing key counting 0; sorted by |delta|
+    descending, then key."""
+    a = counts_a.select(pl.col(key).cast(pl.Utf8), pl.col(value).cast(pl.Int64).alias("a"))
+    b = counts_b.select(pl.col(key).cast(pl.Utf8), pl.col(value).cast(pl.Int64).alias("b"))
+    a = a.group_by(key).agg(pl.col("a").sum())
+    b = b.group_by(key).agg(pl.col("b").sum())
+    j = a.join(b, on=key, how="full", coalesce=True).fill_null(0)
+    j = j.with_columns(d=(pl.col("b") - pl.col("a")).abs()).sort(["d", key], descending=[True, False])
+    return [CountShift(str(r[key]), int(r["a"]), int(r["b"])) for r in j.iter_rows(named=True)]

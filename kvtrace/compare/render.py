@@ -1,0 +1,279 @@
+"""Renderings of a ``RunDiff``: JSON, pull-request markdown, rich tables, plain text.
+
+Plain functions over the records of ``model``, so that a diff is data and each view reads
+the same numbers: ``to_json(diff)``, ``to_markdown(diff)``, ``tables(diff, metrics)``,
+``render(diff, console)`` and ``to_text(diff, width)``. ``fmt`` is the one number format
+of every comparison view (tables, markdown, gate messages).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from kvtrace.compare.bootstrap import CI_LEVEL
+from kvtrace.compare.model import MetricDelta, RequestChange, RunDiff
+from kvtrace.store.schema import SUMMARY_FIELDS
+
+CORRECTNESS_METRICS = ("stale_hashes", "divergent_outputs")
+
+
+def to_json(diff: RunDiff) -> dict[str, Any]:
+    """A JSON-ready dict: run_a, run_b, same_trace, forced, metrics, correctness, and when
+    present requests, evictions, latency (with "ci": [low, high], null when unknown) and
+    bootstrap."""
+    out: dict[str, Any] = {
+        "run_a": diff.run_a,
+        "run_b": diff.run_b,
+        "same_trace": diff.same_trace,
+        "forced": diff.forced,
+        "metrics": {m.name: {"a": m.a, "b": m.b, "delta": m.delta, "rel": m.rel} for m in diff.metrics},
+    }
+    if diff.requests is not None:
+        r = diff.requests
+        out["requests"] = {
+            "common": r.requests,
+            "gained": r.gained,
+            "lost": r.lost,
+            "only_a": r.only_a,
+            "only_b": r.only_b,
+            "hit_tokens_delta": r.hit_tokens_delta,
+            "top_gained": [_change_json(c) for c in r.top_gained],
+            "top_lost": [_change_json(c) for c in r.top_lost],
+        }
+    if diff.evictions_by_reason or diff.evictions_by_publish_kind:
+        out["evictions"] = {
+            "by_reason": {s.key: {"a": s.a, "b": s.b, "delta": s.delta} for s in diff.evictions_by_reason},
+            "by_publish_kind": {s.key: {"a": s.a, "b": s.b, "delta": s.delta} for s in diff.evictions_by_publish_kind},
+        }
+    out["correctness"] = {k: {"a": _side(diff, k, "a"), "b": _side(diff, k, "b")} for k in CORRECTNESS_METRICS}
+    if diff.divergent_requests:
+        out["correctness"]["divergent_requests"] = {
+            side: [{"request_id": rid, "divergent_tokens": n} for rid, n in reqs]
+            for side, reqs in diff.divergent_requests.items()
+        }
+    if diff.latency:
+        out["latency"] = {
+            s.name: {"a": s.a, "b": s.b, "delta": s.delta, "ci": [_nan_none(s.ci_low), _nan_none(s.ci_high)]}
+            for s in diff.latency
+        }
+        out["bootstrap"] = diff.bootstrap
+    return out
+
+
+def to_markdown(diff: RunDiff) -> str:
+    """A compact report ready to paste into a pull request."""
+    a, b = diff.run_a, diff.run_b
+    lines = [
+        f"### kvtrace diff: `{_label(a)}` → `{_label(b)}`",
+        "",
+        f"Trace: `{a.get('trace', '?')}`"
+        + ("" if diff.same_trace else f" vs `{b.get('trace', '?')}` (**different traces, forced**)"),
+    ]
+    if a.get("behaviours") is not None or b.get("behaviours") is not None:
+        lines.append(f"Behaviours: A `{_fmt_behaviours(a)}` · B `{_fmt_behaviours(b)}`")
+    for side, run in (("A", a), ("B", b)):
+        if run.get("status") not in (None, "complete"):
+            lines += ["", f"> ⚠️ run {side} is **{run['status']}**: its numbers cover only what was recorded."]
+    head = ["| metric | A | B | Δ | Δ% | |", "|---|---:|---:|---:|---:|---|"]
+
+    def row(m: MetricDelta) -> str:
+        return (
+            f"| {m.name} | {fmt(m.a)} | {fmt(m.b)} | {fmt(m.delta, signed=True)} | "
+            f"{fmt_rel(m.rel)} | {_mark(m.verdict)} |"
+        )
+
+    # The summary fields first; the run's further metrics folded away below them.
+    main = [m for m in diff.metrics if m.name in SUMMARY_FIELDS]
+    extra = [m for m in diff.metrics if m.name not in SUMMARY_FIELDS]
+    lines += ["", *head, *map(row, main or extra)]
+    if main and extra:
+        lines += ["", f"<details><summary>{len(extra)} more metrics</summary>", "", *head, *map(row, extra),
+                  "", "</details>"]
+    if diff.latency:
+        bs = diff.bootstrap
+        paired = ", paired" if bs.get("paired") else ""
+        lines += [
+            "",
+            f"**Latency percentiles** ({round(CI_LEVEL * 100)}% bootstrap CI over requests, "
+            f"{bs.get('resamples')} resamples, seed {bs.get('seed')}{paired}; modelled time)",
+            "",
+            "| percentile | A | B | Δ | CI | |",
+            "|---|---:|---:|---:|---|---|",
+        ]
+        for s in diff.latency:
+            verdict = "" if not s.significant else ("worse" if s.delta > 0 else "better")
+            lines.append(
+                f"| {s.name} | {fmt(s.a)} | {fmt(s.b)} | {fmt(s.delta, signed=True)} | "
+                f"[{fmt(s.ci_low, signed=True)}, {fmt(s.ci_high, signed=True)}] | {_mark(verdict)} |"
+            )
+    if diff.evictions_by_reason or diff.evictions_by_publish_kind:
+        lines += ["", "**Evictions**", "", "| by | key | A | B | Δ |", "|---|---|---:|---:|---:|"]
+        for dim, shifts in (("reason", diff.evictions_by_reason), ("publish kind", diff.evictions_by_publish_kind)):
+            for c in shifts:
+                lines.append(f"| {dim} | {c.key} | {c.a} | {c.b} | {c.delta:+d} |")
+    lines += _correctness_markdown(diff)
+    r = diff.requests
+    if r is not None and (r.requests or r.only_a or r.only_b):
+        lines += [
+            "",
+            f"**Per-request hit tokens**: {r.gained} gained, {r.lost} lost, "
+            f"{r.requests - r.gained - r.lost} unchanged of {r.requests} common requests "
+            f"(net {r.hit_tokens_delta:+d} tokens)."
+            + (f" Only in A: {r.only_a}, only in B: {r.only_b}." if r.only_a or r.only_b else ""),
+        ]
+        if r.top_gained or r.top_lost:
+            lines += ["", "| request | prompt | hit A | hit B | Δ |", "|---|---:|---:|---:|---:|"]
+            for ch in r.top_gained + r.top_lost:
+                lines.append(f"| `{ch.request_id}` | {ch.prompt_tokens} | {ch.hit_a} | {ch.hit_b} | {ch.delta:+d} |")
+    return "\n".join(lines) + "\n"
+
+
+def _correctness_markdown(diff: RunDiff) -> list[str]:
+    parts = []
+    for name in CORRECTNESS_METRICS:
+        a, b = _side(diff, name, "a"), _side(diff, name, "b")
+        if a or b:
+            parts.append(f"{name.replace('_', ' ')} A {fmt(a)} → B {fmt(b)}")
+    if not parts:
+        return []
+    out = ["", "**Correctness**: " + "; ".join(parts) + "."]
+    for side in ("a", "b"):
+        reqs = diff.divergent_requests.get(side) or []
+        if reqs:
+            shown = ", ".join(f"`{rid}` ({n})" for rid, n in reqs[:5])
+            out.append(f"Divergent requests in {side.upper()}: {len(reqs)}; most divergent tokens: {shown}.")
+    return out
+
+
+def tables(diff: RunDiff, metrics: Iterable[str] | None = None) -> list[Any]:
+    """rich Tables for a terminal, in this order: summary metrics, latency percentiles,
+    evictions, top requests (each only when it has rows, the first always).
+    ``metrics`` limits the first table to those names."""
+    from rich.table import Table
+
+    out = []
+    keep = None if metrics is None else set(metrics)
+    t = Table(title=f"{_label(diff.run_a)} → {_label(diff.run_b)}", title_justify="left")
+    for col in ("metric", "A", "B", "Δ", "Δ%"):
+        t.add_column(col, justify="left" if col == "metric" else "right")
+    for m in diff.metrics:
+        if keep is not None and m.name not in keep:
+            continue
+        style = {"better": "green", "worse": "red"}.get(m.verdict)
+        t.add_row(m.name, fmt(m.a), fmt(m.b), fmt(m.delta, signed=True), fmt_rel(m.rel), style=style)
+    out.append(t)
+    if diff.latency:
+        t = Table(title=f"latency percentiles ({round(CI_LEVEL * 100)}% bootstrap CI)", title_justify="left")
+        for col in ("percentile", "A", "B", "Δ", "CI"):
+            t.add_column(col, justify="left" if col == "percentile" else "right")
+        for s in diff.latency:
+            style = None if not s.significant else ("red" if s.delta > 0 else "green")
+            t.add_row(
+                s.name, fmt(s.a), fmt(s.b), fmt(s.delta, signed=True),
+                f"[{fmt(s.ci_low, signed=True)}, {fmt(s.ci_high, signed=True)}]", style=style,
+            )
+        out.append(t)
+    if diff.evictions_by_reason or diff.evictions_by_publish_kind:
+        t = Table(title="evictions", title_justify="left")
+        for col in ("by", "key", "A", "B", "Δ"):
+            t.add_column(col, justify="left" if col in ("by", "key") else "right")
+        for dim, shifts in (("reason", diff.evictions_by_reason), ("publish kind", diff.evictions_by_publish_kind)):
+            for c in shifts:
+                t.add_row(dim, c.key, str(c.a), str(c.b), f"{c.delta:+d}")
+        out.append(t)
+    r = diff.requests
+    if r is not None and (r.top_gained or r.top_lost):
+        title = f"hit tokens per request: {r.gained} gained, {r.lost} lost of {r.requests}"
+        t = Table(title=title, title_justify="left")
+        for col in ("request", "prompt", "hit A", "hit B", "Δ"):
+            t.add_column(col, justify="left" if col == "request" else "right")
+        for ch in r.top_gained + r.top_lost:
+            t.add_row(ch.request_id, str(ch.prompt_tokens), str(ch.hit_a), str(ch.hit_b), f"{ch.delta:+d}",
+                      style="green" if ch.delta > 0 else "red")
+        out.append(t)
+    return out
+
+
+def render(diff: RunDiff, console: Any = None) -> None:
+    """Print a warning per unfinished run, then ``tables(diff)``, to ``console`` (default: stdout)."""
+    from rich.console import Console
+
+    console = console or Console()
+    for side, run in (("A", diff.run_a), ("B", diff.run_b)):
+        if run.get("status") not in (None, "complete"):
+            console.print(f"[yellow]run {side} ({_label(run)}) is {run['status']}: partial numbers[/yellow]")
+    for t in tables(diff):
+        console.print(t)
+
+
+def to_text(diff: RunDiff, width: int = 120) -> str:
+    """What ``render`` prints, as plain text (no colour) ``width`` columns wide."""
+    from rich.console import Console
+
+    console = Console(width=width, record=True, color_system=None, force_terminal=False, file=io.StringIO())
+    render(diff, console)
+    return console.export_text()
+
+
+# --------------------------------------------------------------------------- formatting
+
+
+def fmt(v: float | None, signed: bool = False) -> str:
+    """A number for a table cell: '–' when missing or NaN, thousands separators for ints
+    (and integral floats from 1000 on), 1, 3 or 4 decimals by magnitude; ``signed`` adds
+    '+' to positive values. |v| < 1e-9 shows as 0 (float noise, not a change)."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    if isinstance(v, float) and abs(v) < 1e-9:
+        v = 0.0
+    if isinstance(v, int) or (isinstance(v, float) and v.is_integer() and abs(v) >= 1000):
+        return f"{int(v):+,d}" if signed else f"{int(v):,d}"
+    if abs(v) >= 100:
+        s = f"{v:,.1f}"
+    elif abs(v) >= 1:
+        s = f"{v:.3f}"
+    else:
+        s = f"{v:.4f}"
+    return ("+" if signed and v > 0 else "") + s
+
+
+def fmt_rel(rel: float | None) -> str:
+    """A relative change as a signed percentage; '–' when undefined."""
+    return "–" if rel is None else f"{rel * 100:+.1f}%"
+
+
+def _side(diff: RunDiff, name: str, side: str) -> Any:
+    """Summary metric ``name``'s raw value in run ``side`` ('a'/'b'); None when absent."""
+    for m in diff.metrics:
+        if m.name == name:
+            return m.a if side == "a" else m.b
+    return None
+
+
+def _label(run: dict[str, Any]) -> str:
+    return str(run.get("name") or run.get("run_id") or "?")
+
+
+def _fmt_behaviours(run: dict[str, Any]) -> str:
+    b = run.get("behaviours")
+    if b is None:
+        return "?"
+    if isinstance(b, str):
+        return b or "none"
+    return ", ".join(sorted(b)) or "none"
+
+
+def _mark(verdict: str) -> str:
+    return {"better": "✅ better", "worse": "❌ worse", "same": ""}.get(verdict, "")
+
+
+def _nan_none(v: float) -> float | None:
+    return None if math.isnan(v) else v
+
+
+def _change_json(c: RequestChange) -> dict[str, Any]:
+    return {"request_id": c.request_id, "prompt_tokens": c.prompt_tokens, "hit_a": c.hit_a, "hit_b": c.hit_b,
+            "delta": c.delta}

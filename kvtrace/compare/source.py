@@ -1,0 +1,127 @@
+"""Run comparison from the store: ``diff_runs(db, run_a, run_b)`` -> ``RunDiff``.
+
+Reads both runs only through ``kvtrace.store.read`` and hands plain summaries and polars
+frames to the pure builders of ``model`` and ``bootstrap``. Runs of different traces
+are refused unless forced: a diff is an isolated measurement only on the same trace.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+
+from kvtrace.compare.bootstrap import DEFAULT_RESAMPLES, latency_shifts
+from kvtrace.compare.model import RunDiff, count_shifts, diff_summaries, request_hit_diff
+from kvtrace.errors import KVTraceError
+from kvtrace.store import read
+
+
+def diff_runs(
+    db: Any,
+    run_a: str,
+    run_b: str,
+    *,
+    force: bool = False,
+    seed: int = 0,
+    top: int = 10,
+    resamples: int = DEFAULT_RESAMPLES,
+) -> RunDiff:
+    """Compare runs ``run_a`` (baseline) and ``run_b`` (candidate) stored in ``db``.
+
+    Raises KVTraceError (one line) for an unknown run, and for runs of different traces
+    unless ``force`` (the diff is then marked ``forced``). ``seed`` and ``resamples`` drive
+    the latency bootstrap; ``top`` bounds the per-request gained/lost lists.
+    """
+    view = StoreView(db)
+    info_a, info_b = view.run_info(run_a), view.run_info(run_b)
+    same = same_trace(info_a, info_b)
+    if not same and not force:
+        raise KVTraceError(
+            f"{db}: runs {run_a} and {run_b} replay different traces "
+            f"({info_a.get('trace')!r} vs {info_b.get('trace')!r}); pass --force to compare anyway"
+        )
+    diff = diff_summaries(view.summary(run_a), view.summary(run_b), run_a=info_a, run_b=info_b)
+    diff.same_trace, diff.forced = same, not same
+    diff.requests = request_hit_diff(view.per_request_hits(run_a), view.per_request_hits(run_b), top=top)
+    diff.evictions_by_reason = count_shifts(view.evictions_by_reason(run_a), view.evictions_by_reason(run_b), "reason")
+    diff.evictions_by_publish_kind = count_shifts(
+        view.evictions_by_publish_kind(run_a), view.evictions_by_publish_kind(run_b), "publish_kind"
+    )
+    diff.latency, diff.bootstrap = latency_shifts(
+        view.latency(run_a), view.latency(run_b), seed=seed, resamples=resamples
+    )
+    diff.divergent_requests = {"a": view.divergent_requests(run_a), "b": view.divergent_requests(run_b)}
+    return diff
+
+
+def same_trace(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two ``StoreView.run_info`` records replay the same trace: the trace digest
+    (content) decides; the source text only when a digest is missing."""
+    if a.get("trace_id") and b.get("trace_id"):
+        return a["trace_id"] == b["trace_id"]
+    return a.get("trace") == b.get("trace")
+
+
+class StoreView:
+    """The few frames a diff needs, read through ``kvtrace.store.read`` and renamed to
+    the columns the pure builders take. Each run's record is read once."""
+
+    def __init__(self, db: Any):
+        self.db = db
+        self._runs: dict[str, dict[str, Any]] = {}
+
+    def _run(self, run_id: str) -> dict[str, Any]:
+        if run_id not in self._runs:
+            self._runs[run_id] = read.run(self.db, run_id)  # UnknownRunError is a KVTraceError
+        return self._runs[run_id]
+
+    def run_info(self, run_id: str) -> dict[str, Any]:
+        """run_id, name, trace (source), trace_id (digest), mode, behaviours, status, digest."""
+        r = self._run(run_id)
+        return {
+            "run_id": run_id,
+            "name": r.get("name"),
+            "trace": r.get("trace_source"),
+            "trace_id": r.get("trace_digest"),
+            "mode": r.get("mode"),
+            "behaviours": r.get("behaviours"),
+            "status": r.get("status"),
+            "digest": r.get("digest"),
+        }
+
+    def summary(self, run_id: str) -> dict[str, Any]:
+        return dict(self._run(run_id).get("summary") or {})
+
+    def per_request_hits(self, run_id: str) -> pl.DataFrame:
+        """request_id, prompt_tokens, hit_tokens (local + external: the prefill avoided)."""
+        f = read.per_request_hits(self.db, run_id)
+        return f.select(
+            "request_id",
+            pl.col("num_prompt_tokens").alias("prompt_tokens"),
+            pl.col("num_hit_tokens").alias("hit_tokens"),
+        )
+
+    def evictions_by_reason(self, run_id: str) -> pl.DataFrame:
+        return read.evictions_by_reason(self.db, run_id).select("reason", pl.col("blocks").alias("count"))
+
+    def evictions_by_publish_kind(self, run_id: str) -> pl.DataFrame:
+        f = read.evictions_by_publish_kind(self.db, run_id)
+        return f.select("publish_kind", pl.col("blocks").alias("count"))
+
+    def divergent_requests(self, run_id: str) -> list[tuple[str, int]]:
+        """(request_id, divergent tokens), most first, ties by request id."""
+        f = read.divergent_outputs(self.db, run_id)
+        if f.height == 0:
+            return []
+        per = f.group_by("request_id").agg(pl.len().alias("n")).sort(["n", "request_id"], descending=[True, False])
+        return [(str(r), int(n)) for r, n in per.iter_rows()]
+
+    def latency(self, run_id: str) -> dict[str, pl.DataFrame]:
+        """ttft_ms: one row per request that produced a token; itl_ms: one row per gap."""
+        req = read.requests(self.db, run_id).drop_nulls("ttft_ns")
+        gaps = read.itl_gaps(self.db, run_id).drop_nulls("gap_ns")
+        return {
+            "ttft_ms": req.select("request_id", (pl.col("ttft_ns") / 1e6).alias("ttft_ms")),
+            "itl_ms": gaps.select("request_id", (pl.col("gap_ns") / 1e6).alias("itl_ms")),
+        }
