@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from kvtrace.compare import bootstrap as BS
 from kvtrace.numeric import percentile
-from tests.compare.oracles import weighted_percentiles
+from tests.support.oracles import weighted_percentiles
 
 # ------------------------------------------------------------- linear percentiles
 
