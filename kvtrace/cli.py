@@ -252,13 +252,23 @@ def capture_vllm_cmd(
 
 def main() -> None:
     try:
-        app()
+        rc = app(prog_name="kvtrace", standalone_mode=False)  # errors come back here, printed as one line
     except KVTraceError as e:
         _err(str(e))
         sys.exit(2)
+    except typer.Abort:
+        _err("interrupted")
+        sys.exit(130)
+    except typer.TyperException as e:  # a mistyped command line (typer's click errors): one line too
+        ctx = getattr(e, "ctx", None)
+        where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+        message = e.format_message() if hasattr(e, "format_message") else str(e)
+        _err(" ".join(f"{message}{where}".split()))
+        sys.exit(getattr(e, "exit_code", 2))
     except KeyboardInterrupt:
         _err("interrupted")
         sys.exit(130)
+    sys.exit(rc if isinstance(rc, int) else 0)
 
 
 if __name__ == "__main__":

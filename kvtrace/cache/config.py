@@ -19,6 +19,9 @@ ALL_BEHAVIOURS: frozenset[str] = frozenset(
 )
 
 HASH_FUNCTIONS = ("sha256_cbor", "xxhash")
+# A block is a Python object of the pool (~150 bytes); beyond this a pool alone would not
+# fit a machine's memory, and no GPU holds that many blocks.
+MAX_BLOCKS = 1 << 25
 _SOURCE = "CacheConfig"
 
 
@@ -93,6 +96,9 @@ class CacheConfig:
                 _SOURCE, "num_gpu_blocks",
                 f"expected an int >= 2 or one per group ({len(groups)}), got {nb!r}",
             )
+        if sum(nbs) > MAX_BLOCKS:
+            raise ConfigError(_SOURCE, "num_gpu_blocks", f"{sum(nbs):,} blocks is beyond what kvtrace can hold "
+                                                         f"(at most {MAX_BLOCKS:,})")
         object.__setattr__(self, "num_gpu_blocks", nbs)
         if self.hash_fn not in HASH_FUNCTIONS:
             raise ConfigError(_SOURCE, "hash_fn", f"expected one of {HASH_FUNCTIONS}, got {self.hash_fn!r}")

@@ -94,6 +94,7 @@ class Engine:
         stats = {"publishes": 0, "evictions": 0, "cow_copies": 0, "divergent_outputs": 0, "stale_hashes": 0,
                  "table_disagreements": 0, "steps": 0}
         by_reason: dict[str, int] = {}
+        max_model_len = self.scheduler_config.max_model_len
         it = iter(workload)
         pending = next(it, None)
         last_arrival = -1
@@ -105,6 +106,12 @@ class Engine:
                 if pending.arrival_ns < last_arrival:
                     raise KVTraceError(f"workload: request {pending.request_id!r} arrives before the previous one")
                 last_arrival = pending.arrival_ns
+                if pending.input_length + pending.output_length > max_model_len:
+                    raise KVTraceError(
+                        f"request {pending.request_id}: {pending.input_length:,} prompt + {pending.output_length:,} "
+                        f"output tokens exceed max_model_len {max_model_len:,} (raise [scheduler] max_model_len "
+                        "in --config, or drop the request)"
+                    )
                 req = EngineRequest(pending)
                 live[req.request_id] = req
                 scheduler.add_request(req)
@@ -123,9 +130,11 @@ class Engine:
                     clock.advance_to(pending.arrival_ns)
                     continue
                 stuck = scheduler.waiting[0] if scheduler.waiting else None
+                what = (f"request {stuck.request_id} ({stuck.num_prompt_tokens:,} prompt tokens)" if stuck
+                        else "no request")
                 raise KVTraceError(
-                    f"engine: request {stuck.request_id if stuck else '?'} cannot be scheduled "
-                    f"(needs more KV blocks than capacity {cc.num_gpu_blocks})"
+                    f"engine: {what} cannot be scheduled: it needs more KV blocks than the pool holds "
+                    f"(num_gpu_blocks {', '.join(map(str, cc.num_gpu_blocks))}); raise --capacity-blocks"
                 )
             step += 1
             res = worker.execute(out)

@@ -49,6 +49,7 @@ _SCHEDULER_KEYS = {
     "enable_chunked_prefill": (bool,),
 }
 _TOP_KEYS = {"preset", "cache", "scheduler"}
+MAX_CONFIG_BYTES = 1 << 20
 
 
 @dataclass(slots=True)
@@ -88,9 +89,22 @@ def load_config_file(path: str | Path) -> FileConfig:
     p = str(path)
     try:
         with open(p, "rb") as f:
-            raw = tomllib.load(f)
+            data = f.read(MAX_CONFIG_BYTES + 1)
     except FileNotFoundError:
         raise ConfigError(p, "-", "no such file") from None
+    except IsADirectoryError:
+        raise ConfigError(p, "-", "is a directory; expected a TOML file") from None
+    except OSError as e:
+        raise ConfigError(p, "-", f"cannot read: {e.strerror}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(p, "-", f"larger than {MAX_CONFIG_BYTES:,} bytes; expected a small TOML file")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise ConfigError(p, f"line {line}", "not UTF-8 text (is it a TOML file?)") from None
+    try:
+        raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(p, "-", f"invalid TOML: {e}") from None
     for key in raw:

@@ -87,38 +87,93 @@ def _open_workload(spec: RunSpec) -> _Workload:
 # -- configuration -----------------------------------------------------------------------
 
 
+# Where a setting of the engine's cache and scheduler can come from: the CLI flag, and
+# the TOML key of --config. A ConfigError raised on a setting names this origin.
+_FLAG_OF = {
+    "num_gpu_blocks": "--capacity-blocks", "retention_interval": "--retention", "behaviours": "--without",
+    "without": "--without", "external": "--external-blocks", "groups": "--block-size",
+    "hash_block_size": "--block-size",
+}
+_TOML_KEY_OF = {"behaviours": "cache.without", "without": "cache.without",
+                "external": "cache.external_capacity_blocks", "preset": "preset"}
+
+
 def _engine_preset(spec: RunSpec):
-    """The preset named by the spec (or its TOML file), with every override applied."""
+    """The preset named by the spec (or its TOML file), with every override applied.
+
+    A setting the config classes refuse is reported at its origin: the flag
+    (``--capacity-blocks: -5: ...``) or the file and key (``run.toml: cache.hash_fn: ...``).
+    """
     from kvtrace.engine.presets import KEEP, get_preset
 
     file_cfg = load_config_file(spec.config_file) if spec.config_file else None
-    preset_name = spec.preset or (file_cfg.preset if file_cfg and file_cfg.preset else None) or DEFAULT_PRESET
-    cache_kw = dict(file_cfg.cache) if file_cfg else {}
-    without = tuple(cache_kw.pop("without", ())) + tuple(spec.without)
-    retention = cache_kw.pop("retention_interval", KEEP)
-    if spec.retention is not None:
-        retention = parse_retention(spec.retention)
-    capacity = cache_kw.pop("num_gpu_blocks", None)
-    if spec.capacity_blocks is not None:
-        capacity = spec.capacity_blocks
-    external = cache_kw.pop("external_capacity_blocks", None)
-    if spec.external_capacity_blocks is not None:
-        external = spec.external_capacity_blocks
-    if spec.block_size is not None and spec.block_size < 1:
-        raise ConfigError("--block-size", str(spec.block_size), "expected a positive token count")
-    preset = get_preset(
-        preset_name,
-        capacity_blocks=capacity,
-        capacity_tokens=spec.capacity_tokens,
-        retention_interval=retention,
-        without=without,
-        external_capacity_blocks=external,
-        block_size=spec.block_size,
-        scheduler=(file_cfg.scheduler if file_cfg else None) or None,
-    )
-    if cache_kw:  # the remaining [cache] keys are plain CacheConfig fields
-        preset = replace(preset, cache_config=preset.cache_config.with_(**cache_kw))
+    origin: dict[str, str] = {}  # config key -> the flag or "file: key" that set it
+    if file_cfg is not None:
+        for section in ("cache", "scheduler"):
+            for key in getattr(file_cfg, section):
+                origin[key] = f"{section}.{key}"
+        if file_cfg.preset:
+            origin["preset"] = "preset"
+        for key, toml_key in _TOML_KEY_OF.items():
+            if toml_key.split(".")[-1] in origin or toml_key in origin.values():
+                origin[key] = toml_key
+    flags = {"--capacity-blocks": spec.capacity_blocks, "--capacity-tokens": spec.capacity_tokens,
+             "--retention": spec.retention, "--without": spec.without or None,
+             "--external-blocks": spec.external_capacity_blocks, "--block-size": spec.block_size,
+             "--preset": spec.preset}
+    for key, flag in (*_FLAG_OF.items(), ("preset", "--preset")):
+        if flags.get(flag) is not None:
+            origin[key] = flag
+    if spec.capacity_tokens is not None:
+        origin["num_gpu_blocks"] = "--capacity-tokens"
+    try:
+        preset_name = spec.preset or (file_cfg.preset if file_cfg and file_cfg.preset else None) or DEFAULT_PRESET
+        cache_kw = dict(file_cfg.cache) if file_cfg else {}
+        without = tuple(cache_kw.pop("without", ())) + tuple(spec.without)
+        retention = cache_kw.pop("retention_interval", KEEP)
+        if spec.retention is not None:
+            retention = parse_retention(spec.retention)
+        capacity = cache_kw.pop("num_gpu_blocks", None)
+        if spec.capacity_blocks is not None:
+            capacity = spec.capacity_blocks
+        external = cache_kw.pop("external_capacity_blocks", None)
+        if spec.external_capacity_blocks is not None:
+            external = spec.external_capacity_blocks
+        if spec.block_size is not None and spec.block_size < 1:
+            raise ConfigError("--block-size", str(spec.block_size), "expected a positive token count")
+        preset = get_preset(
+            preset_name,
+            capacity_blocks=capacity,
+            capacity_tokens=spec.capacity_tokens,
+            retention_interval=retention,
+            without=without,
+            external_capacity_blocks=external,
+            block_size=spec.block_size,
+            scheduler=(file_cfg.scheduler if file_cfg else None) or None,
+        )
+        if cache_kw:  # the remaining [cache] keys are plain CacheConfig fields
+            preset = replace(preset, cache_config=preset.cache_config.with_(**cache_kw))
+    except ConfigError as err:
+        raise _at_origin(err, origin, spec) from None
     return preset
+
+
+def _at_origin(err: ConfigError, origin: dict[str, str], spec: RunSpec) -> ConfigError:
+    """``err`` (raised by a config class, which knows only its own field names) restated
+    at the flag or file key the value came from."""
+    # get_preset says "preset: NAME: unknown" of the name and "preset: without: ..." of behaviours
+    key = "preset" if err.source == "preset" and err.key != "without" else err.key
+    field = key.split(".")[0].split("[")[0]
+    where = origin.get(field)
+    if where is None:
+        return err
+    if where.startswith("--"):
+        value = {"--capacity-blocks": spec.capacity_blocks, "--capacity-tokens": spec.capacity_tokens,
+                 "--retention": spec.retention, "--without": ",".join(spec.without),
+                 "--external-blocks": spec.external_capacity_blocks, "--block-size": spec.block_size,
+                 "--preset": spec.preset}.get(where)
+        return ConfigError(where, str(value), err.what)
+    return ConfigError(str(spec.config_file), where, err.what)
 
 
 def config_json(preset) -> dict[str, Any]:
@@ -247,8 +302,13 @@ def _validated(spec: RunSpec) -> tuple[dict[str, Any], list[str], Any]:
     whose every setting is usable in its mode; a one-line ConfigError otherwise."""
     if spec.mode not in MODES:
         raise ConfigError("--mode", spec.mode, f"expected one of {', '.join(MODES)}")
+    if spec.limit is not None and (not isinstance(spec.limit, int) or spec.limit < 0):
+        raise ConfigError("--limit", str(spec.limit), "expected a number of requests >= 0")
     if spec.mode == "engine":
+        from kvtrace.engine.storage import check_storage_fits
+
         preset = _engine_preset(spec)
+        check_storage_fits(preset.cache_config)
         config = config_json(preset)
         return config, config["cache"]["behaviours"], preset
     if spec.policy not in POLICIES:

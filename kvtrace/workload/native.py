@@ -138,9 +138,7 @@ def read_native(path: str) -> Iterator[TraceRequest]:
             check_int(path, lineno, "block_size", bs, 1)
             req.hash_ids = check_hash_ids(path, lineno, row.hash_ids, n, bs)
             req.hash_block_size = bs
-            req.namespace = check_int(path, lineno, "namespace", row.namespace, 0)
-            if req.namespace > MAX_ID:
-                raise TraceFormatError(path, lineno, "namespace: must fit in 63 bits")
+            req.namespace = check_int(path, lineno, "namespace", row.namespace, 0, MAX_ID)
         if row.expected_output is not None:
             if len(row.expected_output) != out:
                 raise TraceFormatError(
