@@ -184,6 +184,43 @@ def study(
 
 
 @app.command()
+def calibrate(
+    sources: list[Path] = typer.Option(..., "--from", metavar="FILE",
+                                       help="Step timings (.csv) or a `vllm bench serve --save-detailed` result (.json); "
+                                            "repeatable."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", metavar="FILE.toml",
+                                       help="Write the fitted model as a [cost_model] table for --config."),
+    name: str = typer.Option("calibrated", help="Name of the fitted cost model."),
+    experts: Optional[str] = typer.Option(None, "--moe", metavar="E:K",
+                                          help="A mixture-of-experts model: E experts, K per token (fits the "
+                                               "experts-touched term)."),
+    knee: Optional[int] = typer.Option(None, help="Token knee of the piecewise token term (default: the best of "
+                                                  "0, 256, 512, 1024, 2048)."),
+    max_num_batched_tokens: int = typer.Option(8192, help="The served engine's chunk budget (bench results)."),
+):
+    """Fit a cost model to a real engine's measurements and print its error per term."""
+    from kvtrace.engine.clock import CostModel
+    from kvtrace.replay.calibrate import calibrate as fit, cost_model_toml, fit_report
+
+    template = None
+    if experts is not None:
+        e, sep, k = experts.partition(":")
+        if not sep or not e.isdigit() or not k.isdigit():
+            raise KVTraceError(f"--moe: {experts}: expected E:K, e.g. 256:8")
+        template = CostModel(name, 0, 0, 0, 0, 0, num_experts=int(e), experts_per_token=int(k))
+    result = fit([str(p) for p in sources], name=name, template=template, knee=knee,
+                 max_num_batched_tokens=max_num_batched_tokens)
+    for line in fit_report(result):
+        typer.echo(line)
+    if out is not None:
+        from kvtrace.workload.lines import AtomicText
+
+        with AtomicText(out) as f:
+            f.write(cost_model_toml(result.model).encode())
+        _status(f"wrote {out} (use it with: kvtrace replay TRACE --config {out})")
+
+
+@app.command()
 def dashboard(
     db: Path = typer.Option(..., help="DuckDB file written by kvtrace."),
     port: int = typer.Option(8501),

@@ -21,16 +21,34 @@ One step of ``Engine.run`` (the call order with the cache manager):
    ``StepBatch``.
 """
 
-from kvtrace.engine.clock import COST_MODELS, Clock, CostModel, get_cost_model
-from kvtrace.engine.config import SchedulerConfig
-from kvtrace.engine.engine import Engine, EngineResult
-from kvtrace.engine.presets import PRESETS, EnginePreset, get_preset
-from kvtrace.engine.request import EngineRequest
-from kvtrace.engine.scheduler import CachedRequestData, NewRequestData, Scheduler, SchedulerOutput
-from kvtrace.engine.worker import Worker
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
-__all__ = [
-    "COST_MODELS", "Clock", "CostModel", "get_cost_model", "SchedulerConfig", "Engine", "EngineResult",
-    "PRESETS", "EnginePreset", "get_preset", "EngineRequest", "CachedRequestData", "NewRequestData",
-    "Scheduler", "SchedulerOutput", "Worker",
-]
+# The public names and their modules. Loaded on first use, so that importing a torch-free
+# module of the engine (clock, config, presets, events) does not import torch: the trace
+# readers, cache-only replay and the CLI's error paths stay fast.
+_EXPORTS = {
+    "COST_MODELS": "clock", "Clock": "clock", "CostModel": "clock", "get_cost_model": "clock",
+    "SchedulerConfig": "config", "Engine": "engine", "EngineResult": "engine",
+    "PRESETS": "presets", "EnginePreset": "presets", "get_preset": "presets", "EngineRequest": "request",
+    "CachedRequestData": "scheduler", "NewRequestData": "scheduler", "Scheduler": "scheduler",
+    "SchedulerOutput": "scheduler", "Worker": "worker",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"kvtrace.engine.{module}"), name)
+
+
+if TYPE_CHECKING:
+    from kvtrace.engine.clock import COST_MODELS, Clock, CostModel, get_cost_model
+    from kvtrace.engine.config import SchedulerConfig
+    from kvtrace.engine.engine import Engine, EngineResult
+    from kvtrace.engine.presets import PRESETS, EnginePreset, get_preset
+    from kvtrace.engine.request import EngineRequest
+    from kvtrace.engine.scheduler import CachedRequestData, NewRequestData, Scheduler, SchedulerOutput
+    from kvtrace.engine.worker import Worker

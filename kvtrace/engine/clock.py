@@ -1,41 +1,61 @@
-"""Virtual time: a documented cost model turns each step's work into nanoseconds.
+"""Virtual time: a cost model turns each step's work into nanoseconds.
 
-These are MODELLED times, not measurements. A step costs
+These are MODELLED times, not measurements. A step of work W costs
 
-    step_ns = step_overhead_ns
-            + token_ns            * (all tokens scheduled in the step, prefill and decode)
-            + attn_pair_ps / 1000 * (query-key pairs of prefill chunks: n * (start + (n + 1) / 2))
-            + kv_read_ps / 1000   * (context tokens read by decode sequences)
-            + decode_seq_ns       * (decode sequences)
-            + kv_copy_ns          * (attention block copies)
-            + state_copy_ns       * (recurrent-state block copies)
+    step_ns = step_overhead_ns                                   fixed: weights read, launches, scheduling
+            + token_ns            * T                            T = tokens in the step (prefill + decode)
+            + token_above_knee_ns * max(0, T - token_knee)       GEMMs get dearer per token past a knee
+            + attn_pair_ps / 1000 * prefill query-key pairs       n * (start + (n + 1) / 2) per prefill chunk
+            + kv_read_ps / 1000   * decode context tokens         KV (or latent) bytes read by decode sequences
+            + decode_seq_ns       * decode sequences              per-sequence work (recurrent state, sampling)
+            + moe_expert_ns       * experts touched               E * (1 - (1 - k/E)^T): distinct experts of T tokens
+            + kv_copy_ns * KV block copies + state_copy_ns * state copies
 
-Every term is integer arithmetic (picoseconds where a nanosecond is too coarse), so the
-same steps give the same times everywhere. Presets (the README copies this table):
+Every term is integer arithmetic (picoseconds where a nanosecond is too coarse; the MoE
+term in 62-bit fixed point), so the same steps give the same times everywhere.
+Prefill and decode in one step simply add: that is how a chunked prefill slows the
+decodes that share its step (the interference is the prefill's terms, paid by all).
 
-| preset | step_overhead_ns | token_ns | attn_pair_ps | kv_read_ps | decode_seq_ns | kv_copy_ns | state_copy_ns |
-|---|---|---|---|---|---|---|---|
-| h200-kimi-hybrid | 6_000_000 | 14_000 | 340 | 2_400 | 40_000 | 2_000 | 20_000 |
-| h200-dense-8b | 3_500_000 | 32_000 | 1_050 | 38_000 | 20_000 | 5_000 | 0 |
+Presets, fitted with ``kvtrace calibrate`` to the step timings in ``tests/data/calibration``
+(sources, models, GPUs and licences in its README; ``tests/engine/test_calibration.py``
+holds every preset to its data):
 
-Where the numbers come from (H200: ~989 dense bf16 TFLOP/s, 4.8 TB/s HBM; assume ~50% MFU
-and ~70% of bandwidth):
-- h200-kimi-hybrid: a Kimi-Linear-like MoE, ~3B active parameters (6 GFLOP/token ->
-  ~12-14 us/token), 7 MLA attention layers out of 27 (~172 kFLOP per query-key pair ->
-  0.34 ns; ~8 KiB of latent KV per token -> 2.4 ns per context token read at decode),
-  20 KDA layers whose ~40 MB state is read and written per decode sequence and per
-  state copy (~20 us), and ~6 ms per step for expert-weight reads and launches.
-- h200-dense-8b: a Llama-3-8B-like dense model (16 GFLOP/token -> 32 us/token,
-  32 layers x 8 KV heads x 128 x 2 x 2 B = 128 KiB KV per token -> 38 ns per context
-  token; a 16-token block is 2 MiB, ~1 us to copy plus a launch -> 5 us), ~3.5 ms per
-  step for the 16 GB weight read.
+| cost model | fitted to | median / max error |
+|---|---|---|
+| h200-dense-8b | Llama-3.1-8B, 1 H200, bf16, vLLM 0.24.0 kernels (NVIDIA AIConfigurator 0.12.0, 37 steps) | 1.4% / 5.5% |
+| h200-dense-70b-tp4 | Llama-3.1-70B, 4 H200 (TP 4), same source | 1.3% / 5.7% |
+| h200-dense-70b-tp8 | Llama-3.1-70B, 8 H200 (TP 8), same source | 1.3% / 6.4% |
+| h200-kimi-hybrid | Kimi-Linear-48B-A3B shape (20 KDA + 7 MLA layers, MoE 256 top-8), 1 H200, same source in its HYBRID mode | 3.6% / 15.0% |
+
+The 8B model is cross-checked against a measurement: NVIDIA Dynamo 1.6.1's H200 profile of
+Llama-3.1-8B-Instruct-FP8 under vLLM (TTFT per input length, ITL per batch and context).
+``h200-kimi-hybrid`` is derived, because no Kimi-Linear step timings are published: its
+MoE and KDA kernels are partly AIConfigurator's estimates; the fully measured hybrid
+nearest to it, Qwen3.5-35B-A3B (Gated DeltaNet 3:1, MoE 256 top-8), fits the same form
+within 9%. Copy costs are not in the data: ``kv_copy_ns`` is one block's bytes at ~3.5
+TB/s plus a launch; ``state_copy_ns`` is the recurrent state of all linear layers
+(Kimi-Linear: 20 layers x 32 heads x 128 x 128 x 4 B = 40 MiB) at the same rate.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvtrace.errors import ConfigError
+
+_FP_BITS = 62  # fixed point of the MoE term: exact integers, the same on every machine
+
+
+class StepWork(NamedTuple):
+    """What one step did, as the cost model sees it."""
+
+    num_tokens: int
+    prefill_pairs: int = 0
+    decode_context_tokens: int = 0
+    num_decode_seqs: int = 0
+    num_kv_copies: int = 0
+    num_state_copies: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,8 +66,23 @@ class CostModel:
     attn_pair_ps: int
     kv_read_ps: int
     decode_seq_ns: int
-    kv_copy_ns: int
-    state_copy_ns: int
+    kv_copy_ns: int = 0
+    state_copy_ns: int = 0
+    token_knee: int = 0  # 0: no knee
+    token_above_knee_ns: int = 0
+    moe_expert_ns: int = 0
+    num_experts: int = 0  # E of the MoE term (0: a dense model)
+    experts_per_token: int = 0  # k
+    source: str = ""  # what the coefficients were fitted to
+
+    def __post_init__(self) -> None:
+        for name in COEFFICIENTS:
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ConfigError(f"cost model {self.name}", name, f"expected an int >= 0, got {v!r}")
+        if self.num_experts and not 0 < self.experts_per_token <= self.num_experts:
+            raise ConfigError(f"cost model {self.name}", "experts_per_token",
+                              f"expected 1..num_experts ({self.num_experts}), got {self.experts_per_token}")
 
     def step_ns(
         self,
@@ -58,7 +93,7 @@ class CostModel:
         num_kv_copies: int,
         num_state_copies: int,
     ) -> int:
-        return (
+        ns = (
             self.step_overhead_ns
             + self.token_ns * num_tokens
             + (self.attn_pair_ps * prefill_pairs + self.kv_read_ps * decode_context_tokens) // 1000
@@ -66,13 +101,84 @@ class CostModel:
             + self.kv_copy_ns * num_kv_copies
             + self.state_copy_ns * num_state_copies
         )
+        if self.token_knee and num_tokens > self.token_knee:
+            ns += self.token_above_knee_ns * (num_tokens - self.token_knee)
+        if self.moe_expert_ns:
+            ns += (self.moe_expert_ns * _experts_touched_fp(self.num_experts, self.experts_per_token, num_tokens)
+                   ) >> _FP_BITS
+        return ns
+
+    def step_ns_of(self, work: StepWork) -> int:
+        return self.step_ns(*work)
 
 
+# The coefficients, in the order the fit and the TOML list them.
+COEFFICIENTS = (
+    "step_overhead_ns", "token_ns", "token_above_knee_ns", "attn_pair_ps", "kv_read_ps", "decode_seq_ns",
+    "moe_expert_ns", "kv_copy_ns", "state_copy_ns", "token_knee", "num_experts", "experts_per_token",
+)
+# The ones ``kvtrace calibrate`` fits (the knee and the MoE routing are chosen, copies derived).
+FITTED_TERMS = (
+    "step_overhead_ns", "token_ns", "token_above_knee_ns", "attn_pair_ps", "kv_read_ps", "decode_seq_ns",
+    "moe_expert_ns", "kv_copy_ns", "state_copy_ns",
+)
+
+
+def term_values(model: CostModel, work: StepWork) -> list[float]:
+    """How much of each ``FITTED_TERMS`` coefficient's unit the step used: ``step_ns`` is
+    (up to integer rounding) the dot product of these with the coefficients."""
+    t = work.num_tokens
+    above = max(0, t - model.token_knee) if model.token_knee else 0
+    experts = (_experts_touched_fp(model.num_experts, model.experts_per_token, t) / (1 << _FP_BITS)
+               if model.num_experts else 0.0)
+    return [1.0, float(t), float(above), work.prefill_pairs / 1000, work.decode_context_tokens / 1000,
+            float(work.num_decode_seqs), experts, float(work.num_kv_copies), float(work.num_state_copies)]
+
+
+_MOE_TABLES: dict[tuple[int, int], list[int]] = {}
+
+
+def _experts_touched_fp(num_experts: int, k: int, num_tokens: int) -> int:
+    """E * (1 - (1 - k/E)^T) in fixed point: the expected distinct experts T tokens route
+    to, each picking k of E uniformly. (1 - k/E)^t is kept as floor(2^62 (E-k)^t / E^t),
+    one integer step per token, memoised."""
+    q = _MOE_TABLES.get((num_experts, k))
+    if q is None:
+        q = _MOE_TABLES[(num_experts, k)] = [1 << _FP_BITS]
+    while len(q) <= num_tokens:
+        q.append(q[-1] * (num_experts - k) // num_experts)
+    return num_experts * ((1 << _FP_BITS) - q[num_tokens])
+
+
+# Fitted by ``kvtrace calibrate --from tests/data/calibration/FILE`` (what the test holds).
 COST_MODELS: dict[str, CostModel] = {
     m.name: m
     for m in (
-        CostModel("h200-kimi-hybrid", 6_000_000, 14_000, 340, 2_400, 40_000, 2_000, 20_000),
-        CostModel("h200-dense-8b", 3_500_000, 32_000, 1_050, 38_000, 20_000, 5_000, 0),
+        CostModel(
+            "h200-dense-8b", step_overhead_ns=4_868_663, token_ns=11_675, attn_pair_ps=807, kv_read_ps=29_351,
+            decode_seq_ns=872, kv_copy_ns=5_000, token_knee=512, token_above_knee_ns=9_019,
+            source="Llama-3.1-8B bf16, 1 H200, vLLM 0.24.0 kernels (AIConfigurator 0.12.0): "
+                   "tests/data/calibration/aic-h200-llama-3.1-8b-tp1.csv",
+        ),
+        CostModel(
+            "h200-dense-70b-tp4", step_overhead_ns=12_235_275, token_ns=29_177, attn_pair_ps=1_020, kv_read_ps=18_553,
+            decode_seq_ns=2_676, kv_copy_ns=5_000, token_knee=256, token_above_knee_ns=32_445,
+            source="Llama-3.1-70B bf16, 4 H200 (TP 4), vLLM 0.24.0 kernels (AIConfigurator 0.12.0): "
+                   "tests/data/calibration/aic-h200-llama-3.1-70b-tp4.csv",
+        ),
+        CostModel(
+            "h200-dense-70b-tp8", step_overhead_ns=8_130_708, token_ns=26_131, attn_pair_ps=508, kv_read_ps=9_493,
+            decode_seq_ns=0, kv_copy_ns=5_000, token_knee=256, token_above_knee_ns=11_698,
+            source="Llama-3.1-70B bf16, 8 H200 (TP 8), vLLM 0.24.0 kernels (AIConfigurator 0.12.0): "
+                   "tests/data/calibration/aic-h200-llama-3.1-70b-tp8.csv",
+        ),
+        CostModel(
+            "h200-kimi-hybrid", step_overhead_ns=3_719_004, token_ns=5_979, attn_pair_ps=223, kv_read_ps=1_787,
+            decode_seq_ns=14_703, kv_copy_ns=2_000, state_copy_ns=12_000, token_knee=256, token_above_knee_ns=5_606,
+            moe_expert_ns=101_848, num_experts=256, experts_per_token=8,
+            source="Kimi-Linear-48B-A3B shape, 1 H200, vLLM 0.24.0 kernels, partly estimated (AIConfigurator 0.12.0 "
+                   "HYBRID): tests/data/calibration/aic-h200-kimi-linear-48b-a3b-tp1.csv",
+        ),
     )
 }
 

@@ -4,6 +4,8 @@
 |---|---|---|---|---|---|---|---|---|
 | dense-attention | FullAttention(16) | 16 | None (dense) | off | 0 | 53_760 (~860k tokens) | 8192 / 256 | h200-dense-8b |
 | kimi-hybrid | FullAttention(512) + Mamba/KDA(512, align, 4 lanes) | 64 | 0 (latest-only) | on | 1 | 8_192 attention (~4.2M tokens), 2_048 states | 8192 / 256 | h200-kimi-hybrid |
+| dense-70b-tp4 | FullAttention(16) | 16 | None (dense) | off | 0 | 70_000 (~1.1M tokens) | 8192 / 256 | h200-dense-70b-tp4 |
+| dense-70b-tp8 | FullAttention(16) | 16 | None (dense) | off | 0 | 168_000 (~2.7M tokens) | 8192 / 256 | h200-dense-70b-tp8 |
 
 Capacity is overridable (``capacity_blocks`` per group or for all; ``capacity_tokens``
 for the attention groups), as are retention and the behaviours.
@@ -56,7 +58,23 @@ def _kimi_hybrid() -> EnginePreset:
     )
 
 
-PRESETS = {"dense-attention": _dense_attention, "kimi-hybrid": _kimi_hybrid}
+def _dense_70b(tp: int, num_gpu_blocks: int) -> EnginePreset:
+    # KV per token: 80 layers x 8 KV heads x 128 x 2 (K, V) x 2 B = 320 KiB, split over the TP
+    # ranks; per H200 ~127 GB usable minus 140 GB / tp of weights holds num_gpu_blocks x 16 tokens.
+    return EnginePreset(
+        f"dense-70b-tp{tp}",
+        CacheConfig(groups=(FullAttentionSpec(16),), num_gpu_blocks=num_gpu_blocks, hash_block_size=16),
+        SchedulerConfig(max_num_batched_tokens=8192, max_num_seqs=256),
+        get_cost_model(f"h200-dense-70b-tp{tp}"),
+    )
+
+
+PRESETS = {
+    "dense-attention": _dense_attention,
+    "dense-70b-tp4": lambda: _dense_70b(4, 70_000),
+    "dense-70b-tp8": lambda: _dense_70b(8, 168_000),
+    "kimi-hybrid": _kimi_hybrid,
+}
 
 
 def get_preset(

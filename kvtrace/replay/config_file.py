@@ -17,6 +17,9 @@ without = ["shared-prefix-pinning"]
 max_num_batched_tokens = 8192
 max_num_seqs = 256
 long_prefill_token_threshold = 0
+
+[cost_model]                      # a built-in model by name, or one `kvtrace calibrate` wrote
+name = "h200-dense-8b"
 ```
 
 Unknown sections and keys are errors naming the file and the key.
@@ -29,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvtrace.engine.clock import COEFFICIENTS, COST_MODELS, CostModel
 from kvtrace.errors import ConfigError
 
 _CACHE_KEYS = {
@@ -48,7 +52,7 @@ _SCHEDULER_KEYS = {
     "max_model_len": (int,),
     "enable_chunked_prefill": (bool,),
 }
-_TOP_KEYS = {"preset", "cache", "scheduler"}
+_TOP_KEYS = {"preset", "cache", "scheduler", "cost_model"}
 MAX_CONFIG_BYTES = 1 << 20
 
 
@@ -57,6 +61,7 @@ class FileConfig:
     preset: str | None = None
     cache: dict[str, Any] = field(default_factory=dict)
     scheduler: dict[str, Any] = field(default_factory=dict)
+    cost_model: CostModel | None = None
 
 
 def parse_retention(value: Any, source: str = "--retention", key: str = "retention") -> int | None:
@@ -118,8 +123,40 @@ def load_config_file(path: str | Path) -> FileConfig:
         if not isinstance(section, dict):
             raise ConfigError(p, name, "expected a table")
         setattr(cfg, name, _check(section, allowed, p, name))
+    table = raw.get("cost_model")
+    if table is not None:
+        if not isinstance(table, dict):
+            raise ConfigError(p, "cost_model", "expected a table")
+        cfg.cost_model = cost_model_from_table(table, p)
     if "retention_interval" in cfg.cache:
         cfg.cache["retention_interval"] = parse_retention(cfg.cache["retention_interval"], p, "cache.retention_interval")
     if "num_gpu_blocks" in cfg.cache and isinstance(cfg.cache["num_gpu_blocks"], list):
         cfg.cache["num_gpu_blocks"] = tuple(cfg.cache["num_gpu_blocks"])
     return cfg
+
+
+def cost_model_from_table(table: dict[str, Any], source: str) -> CostModel:
+    """A ``[cost_model]`` table: ``name`` of a built-in model, or every coefficient."""
+    unknown = sorted(set(table) - set(COEFFICIENTS) - {"name", "source"})
+    if unknown:
+        raise ConfigError(source, f"cost_model.{unknown[0]}", f"unknown key; expected name, source or {list(COEFFICIENTS)}")
+    name = table.get("name")
+    if not isinstance(name, str) or not name:
+        raise ConfigError(source, "cost_model.name", "expected the model's name (a string)")
+    given = {k: v for k, v in table.items() if k in COEFFICIENTS}
+    if not given:
+        if name not in COST_MODELS:
+            raise ConfigError(source, "cost_model.name", f"{name!r} is not a built-in model ({sorted(COST_MODELS)}); "
+                                                          "give its coefficients too")
+        return COST_MODELS[name]
+    required = ("step_overhead_ns", "token_ns", "attn_pair_ps", "kv_read_ps", "decode_seq_ns")
+    missing = [k for k in required if k not in given]
+    if missing:
+        raise ConfigError(source, f"cost_model.{missing[0]}", "missing (a fitted model gives every coefficient)")
+    for k, v in given.items():
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise ConfigError(source, f"cost_model.{k}", f"expected an integer, got {v!r}")
+    try:
+        return CostModel(name=name, source=str(table.get("source", source)), **given)
+    except ConfigError as err:
+        raise ConfigError(source, f"cost_model.{err.key}", err.what) from None

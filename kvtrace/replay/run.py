@@ -153,6 +153,8 @@ def _engine_preset(spec: RunSpec):
         )
         if cache_kw:  # the remaining [cache] keys are plain CacheConfig fields
             preset = replace(preset, cache_config=preset.cache_config.with_(**cache_kw))
+        if file_cfg is not None and file_cfg.cost_model is not None:
+            preset = replace(preset, cost_model=file_cfg.cost_model)
     except ConfigError as err:
         raise _at_origin(err, origin, spec) from None
     return preset

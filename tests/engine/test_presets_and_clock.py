@@ -4,7 +4,7 @@ import pytest
 
 from kvtrace.cache import MambaSpec, SHARED_PREFIX_PINNING
 from kvtrace.engine import COST_MODELS, get_preset
-from kvtrace.engine.clock import Clock, prefill_pairs
+from kvtrace.engine.clock import Clock, CostModel, prefill_pairs
 from kvtrace.errors import ConfigError
 
 
@@ -31,7 +31,7 @@ def test_overrides_capacity_retention_behaviours_and_block_size():
 
 
 def test_cost_model_is_integer_and_additive():
-    cm = COST_MODELS["h200-kimi-hybrid"]
+    cm = CostModel("linear", 6_000_000, 14_000, 340, 2_400, 40_000, kv_copy_ns=2_000, state_copy_ns=20_000)
     assert prefill_pairs(0, 4) == 10 and prefill_pairs(6, 4) == 34
     base = cm.step_ns(0, 0, 0, 0, 0, 0)
     assert base == cm.step_overhead_ns
@@ -42,6 +42,21 @@ def test_cost_model_is_integer_and_additive():
     clock.advance_to(50)
     assert clock.run_step(num_tokens=1, prefill_pairs=0, decode_context_tokens=1000, num_decode_seqs=1,
                           num_kv_copies=0, num_state_copies=0) == (50, 50 + base + cm.token_ns + cm.kv_read_ps + cm.decode_seq_ns)
+
+
+def test_knee_and_experts_terms():
+    knee = CostModel("knee", 0, 10, 0, 0, 0, token_knee=512, token_above_knee_ns=5)
+    assert knee.step_ns(512, 0, 0, 0, 0, 0) == 5120 and knee.step_ns(612, 0, 0, 0, 0, 0) == 6120 + 500
+    moe = CostModel("moe", 0, 0, 0, 0, 0, moe_expert_ns=1_000_000, num_experts=256, experts_per_token=8)
+    one = moe.step_ns(1, 0, 0, 0, 0, 0)
+    assert 7_999_000 <= one <= 8_000_000  # one token touches its 8 experts
+    many = moe.step_ns(8192, 0, 0, 0, 0, 0)
+    assert 255_999_000 <= many <= 256_000_000  # a big chunk touches all 256
+    expected = 256 * (1 - (1 - 8 / 256) ** 64) * 1_000_000
+    assert abs(moe.step_ns(64, 0, 0, 0, 0, 0) - expected) <= 1_000  # E(1 - (1 - k/E)^T), in fixed point
+    assert moe.step_ns(64, 0, 0, 0, 0, 0) == moe.step_ns(64, 0, 0, 0, 0, 0)  # integer and repeatable
+    with pytest.raises(ConfigError, match="experts_per_token"):
+        CostModel("bad", 0, 0, 0, 0, 0, num_experts=8, experts_per_token=9)
 
 
 def test_block_size_and_capacity_tokens_combine():

@@ -1,0 +1,145 @@
+"""Fitting a cost model to observed step times (the arithmetic behind ``kvtrace calibrate``).
+
+An observation is the work of one or more engine steps (their ``StepWork`` summed) and
+the time they took. Every term of the cost model is linear in its coefficient, so the
+fit is a non-negative least-squares problem on relative error (each observation
+weighted by 1 / its time, so a 5 ms decode step counts as much as a 500 ms prefill):
+Lawson-Hanson NNLS over columns scaled to unit norm. The knee of the piecewise token
+term and the MoE routing (experts, experts per token) are not linear: the knee is
+chosen from a few candidates by the smallest worst-case error, the routing is given.
+Coefficients are rounded to the integers the cost model keeps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from kvtrace.engine.clock import COEFFICIENTS, FITTED_TERMS, CostModel, StepWork, term_values
+
+KNEE_CANDIDATES = (0, 256, 512, 1024, 2048)
+
+
+@dataclass(slots=True)
+class Observation:
+    """The summed work of the steps one measurement covers, and how long they took."""
+
+    work: list[StepWork]
+    measured_ns: float
+    group: str  # what kind of measurement: "prefill", "decode", ... (errors are reported per group)
+    label: str = ""
+
+
+@dataclass(slots=True)
+class Fit:
+    model: CostModel
+    errors: list[float]  # relative error of each observation, (model - measured) / measured
+    observations: list[Observation] = field(repr=False)
+
+    def error_by_group(self) -> dict[str, tuple[int, float, float]]:
+        """group -> (observations, median |error|, max |error|)."""
+        out = {}
+        for g in sorted({o.group for o in self.observations}):
+            e = np.abs([err for err, o in zip(self.errors, self.observations) if o.group == g])
+            out[g] = (len(e), float(np.median(e)), float(e.max()))
+        return out
+
+    @property
+    def max_error(self) -> float:
+        return float(np.max(np.abs(self.errors))) if self.errors else 0.0
+
+    @property
+    def median_error(self) -> float:
+        return float(np.median(np.abs(self.errors))) if self.errors else 0.0
+
+
+def nnls(a: np.ndarray, b: np.ndarray, max_iter: int = 1000) -> np.ndarray:
+    """min ||a x - b|| subject to x >= 0 (Lawson and Hanson's active-set method)."""
+    n = a.shape[1]
+    passive: list[int] = []
+    x = np.zeros(n)
+    grad = a.T @ (b - a @ x)
+    for _ in range(max_iter):
+        active = [j for j in range(n) if j not in passive]
+        if not active or grad[active].max() <= 1e-12 * max(1.0, np.abs(grad).max()):
+            break
+        passive.append(active[int(np.argmax(grad[active]))])
+        while True:
+            s = np.zeros(n)
+            s[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
+            if s[passive].min() > 0:
+                x = s
+                break
+            blocked = [j for j in passive if s[j] <= 0]
+            alpha = min(x[j] / (x[j] - s[j]) for j in blocked)
+            x = x + alpha * (s - x)
+            passive = [j for j in passive if x[j] > 1e-15]
+            x[[j for j in range(n) if j not in passive]] = 0.0
+        grad = a.T @ (b - a @ x)
+    return x
+
+
+def _design(observations: Sequence[Observation], model: CostModel) -> np.ndarray:
+    """(observations, FITTED_TERMS): each observation's summed term values."""
+    rows = np.zeros((len(observations), len(FITTED_TERMS)))
+    for i, o in enumerate(observations):
+        for w in o.work:
+            rows[i] += term_values(model, w)
+    return rows
+
+
+def fit_cost_model(
+    observations: Sequence[Observation],
+    *,
+    name: str,
+    template: CostModel | None = None,
+    knees: Sequence[int] | None = None,
+    fixed: dict[str, int] | None = None,
+    source: str = "",
+) -> Fit:
+    """The cost model (the ``FITTED_TERMS``) that best explains ``observations``.
+
+    ``template`` holds what the data cannot tell (copy costs when no step copies, the
+    MoE routing ``num_experts`` / ``experts_per_token``); ``knees``: candidates for the
+    token knee (default ``KNEE_CANDIDATES``, 0 = no knee); ``fixed``: coefficients held at
+    a value. A term the observations never exercise keeps the template's value.
+    """
+    if not observations:
+        raise ValueError("calibrate: no observations to fit")
+    base = template or CostModel(name, 0, 0, 0, 0, 0)
+    fixed = dict(fixed or {})
+    y = np.asarray([o.measured_ns for o in observations], dtype=np.float64)
+    if not (y > 0).all():
+        raise ValueError("calibrate: every measured time must be positive")
+    best: Fit | None = None
+    for knee in (KNEE_CANDIDATES if knees is None else knees):
+        model = replace(base, name=name, token_knee=knee, source=source)
+        x = _design(observations, model)
+        fit_terms = [j for j, t in enumerate(FITTED_TERMS)
+                     if t not in fixed and x[:, j].any()
+                     and not (t == "token_above_knee_ns" and knee == 0)]
+        held = [j for j in range(len(FITTED_TERMS)) if j not in fit_terms]
+        held_values = np.asarray([fixed.get(FITTED_TERMS[j], getattr(model, FITTED_TERMS[j])) for j in held], float)
+        rest = y - x[:, held] @ held_values  # what the fitted terms must explain
+        a = x[:, fit_terms] / y[:, None]
+        scale = np.linalg.norm(a, axis=0)
+        scale[scale == 0] = 1.0
+        coef = nnls(a / scale, rest / y) / scale
+        values = {FITTED_TERMS[j]: int(v) for j, v in zip(held, held_values)}
+        values |= {FITTED_TERMS[j]: round(float(c)) for j, c in zip(fit_terms, coef)}
+        if knee == 0:
+            values["token_above_knee_ns"] = 0
+        fitted = replace(model, **values)
+        pred = np.asarray([sum(fitted.step_ns_of(w) for w in o.work) for o in observations], dtype=np.float64)
+        candidate = Fit(fitted, list((pred - y) / y), list(observations))
+        if best is None or candidate.max_error < best.max_error - 1e-9:
+            best = candidate
+    assert best is not None
+    return best
+
+
+def coefficient_table(model: CostModel) -> list[tuple[str, int]]:
+    """(name, value) of every cost-model coefficient, in ``COEFFICIENTS`` order."""
+    return [(c, getattr(model, c)) for c in COEFFICIENTS]

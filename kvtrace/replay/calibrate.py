@@ -1,0 +1,180 @@
+"""``kvtrace calibrate``: fit a cost model to a real engine's measurements.
+
+A user with a GPU runs vLLM once; kvtrace then reproduces that server's latencies. The
+measurements come in three forms, each read into observations (``engine.costfit``):
+
+* **a CSV of step timings** (``.csv``): one row per engine step, columns ``num_tokens``
+  (prefill tokens plus one per decode sequence), ``prefill_pairs``, ``num_decode_seqs``,
+  ``decode_context_tokens``, optionally ``num_kv_copies``, ``num_state_copies``, and
+  ``step_ms`` or ``step_ns`` (format: ``tests/data/calibration/README.md``). Each row is
+  one exact equation; data made by a known cost model gives that model back.
+* **a ``vllm bench serve`` result** (``.json``, saved with ``--save-result
+  --save-detailed``): per request ``input_lens``, ``output_lens``, ``ttfts`` and
+  ``itls`` (seconds). A TTFT is the request's prefill, in chunks of
+  ``max_num_batched_tokens``; an inter-token gap is a decode step. With
+  ``max_concurrency`` C > 1 every step is assumed to carry C - 1 other decoding
+  sequences at the run's mean context, so runs at concurrency 1 fit best (exact there),
+  and a few concurrencies together separate the per-token from the per-sequence cost.
+* **vLLM's OTLP request spans** stored by ``kvtrace collect`` (``--db FILE --run ID``):
+  ``gen_ai.latency.time_in_model_prefill`` and ``..._decode`` per request, with its
+  prompt and completion tokens; the other requests decoding at the same time are read
+  off the spans' overlap.
+
+The fit and its error per kind of observation are printed; the model is written as a
+TOML ``[cost_model]`` table that ``kvtrace replay --config`` accepts.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from kvtrace.engine.clock import COEFFICIENTS, CostModel, StepWork, prefill_pairs
+from kvtrace.engine.costfit import Fit, Observation, fit_cost_model
+from kvtrace.errors import ConfigError, KVTraceError
+
+DEFAULT_MAX_BATCHED_TOKENS = 8192
+_STEP_COLUMNS = ("num_tokens", "prefill_pairs", "num_decode_seqs", "decode_context_tokens")
+
+
+def observations_from_file(path: str | Path, *, max_num_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS,
+                           db: str | None = None) -> list[Observation]:
+    """Observations of a step CSV or a ``vllm bench serve`` JSON (chosen by suffix)."""
+    p = str(path)
+    if not Path(p).is_file():
+        raise KVTraceError(f"{p}: no such file (expected a step-timing .csv or a vllm bench serve .json)")
+    if p.endswith(".csv"):
+        return step_csv_observations(p)
+    if p.endswith(".json"):
+        return bench_serve_observations(p, max_num_batched_tokens)
+    raise KVTraceError(f"{p}: expected a step-timing .csv or a vllm bench serve .json")
+
+
+def _number(path: str, line: int, key: str, text: str | None, integer: bool = True) -> float:
+    try:
+        v = float(text) if text is not None and text.strip() != "" else math.nan
+    except ValueError:
+        v = math.nan
+    if not math.isfinite(v) or v < 0 or (integer and v != int(v)):
+        what = "an integer >= 0" if integer else "a number >= 0"
+        raise KVTraceError(f"{path}:{line}: {key}: expected {what}, got {text!r}"[:200])
+    return v
+
+
+def step_csv_observations(path: str) -> list[Observation]:
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            rows = list(csv.DictReader(f))
+    except UnicodeDecodeError:
+        raise KVTraceError(f"{path}: not UTF-8 text") from None
+    except csv.Error as e:
+        raise KVTraceError(f"{path}: unreadable CSV ({e})") from None
+    if not rows:
+        raise KVTraceError(f"{path}: no rows; expected a header and one row per step")
+    cols = set(rows[0])
+    missing = [c for c in _STEP_COLUMNS if c not in cols]
+    time_col = "step_ns" if "step_ns" in cols else "step_ms" if "step_ms" in cols else None
+    if missing or time_col is None:
+        need = missing + ([] if time_col else ["step_ms or step_ns"])
+        raise KVTraceError(f"{path}:1: missing column(s) {need}; expected {list(_STEP_COLUMNS)} and step_ms")
+    out = []
+    for line, r in enumerate(rows, start=2):
+        vals = {c: int(_number(path, line, c, r.get(c))) for c in _STEP_COLUMNS}
+        copies = {c: int(_number(path, line, c, r.get(c) or "0")) for c in ("num_kv_copies", "num_state_copies")}
+        t = _number(path, line, time_col, r.get(time_col), integer=False)
+        if t <= 0:
+            raise KVTraceError(f"{path}:{line}: {time_col}: expected a positive duration")
+        work = StepWork(vals["num_tokens"], vals["prefill_pairs"], vals["decode_context_tokens"],
+                        vals["num_decode_seqs"], copies["num_kv_copies"], copies["num_state_copies"])
+        group = "prefill" if work.prefill_pairs else "decode"
+        out.append(Observation([work], t * (1e6 if time_col == "step_ms" else 1.0), group, r.get("label") or ""))
+    return out
+
+
+def _prefill_steps(n: int, budget: int, others: int, other_ctx: float) -> list[StepWork]:
+    """The steps a prompt of ``n`` tokens takes, in chunks of ``budget`` tokens, each step
+    also carrying ``others`` decoding sequences of mean context ``other_ctx``."""
+    steps, start = [], 0
+    while start < n:
+        chunk = min(budget - others, n - start) if budget > others else n - start
+        steps.append(StepWork(chunk + others, prefill_pairs(start, chunk), round(others * other_ctx), others))
+        start += chunk
+    return steps
+
+
+def bench_serve_observations(path: str, max_num_batched_tokens: int) -> list[Observation]:
+    try:
+        with open(path, "rb") as f:
+            doc = json.loads(f.read())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise KVTraceError(f"{path}: not a vllm bench serve result JSON ({e})"[:200]) from None
+    if not isinstance(doc, dict):
+        raise KVTraceError(f"{path}: expected a JSON object (a vllm bench serve result)")
+    needed = ("input_lens", "output_lens", "ttfts", "itls")
+    missing = [k for k in needed if not isinstance(doc.get(k), list)]
+    if missing:
+        raise KVTraceError(f"{path}: {', '.join(missing)}: missing; save the bench with --save-result --save-detailed")
+    ins, outs, ttfts, itls = (doc[k] for k in needed)
+    if not len(ins) == len(outs) == len(ttfts) == len(itls):
+        raise KVTraceError(f"{path}: input_lens, output_lens, ttfts and itls differ in length")
+    concurrency = doc.get("max_concurrency")
+    if not isinstance(concurrency, int) or concurrency < 1:
+        # Little's law: mean requests in flight = their total latency / the run's length
+        duration = doc.get("duration")
+        busy = sum(float(t) + sum(map(float, g)) for t, g in zip(ttfts, itls) if t is not None)
+        concurrency = max(1, round(busy / float(duration))) if isinstance(duration, (int, float)) and duration else 1
+    others = concurrency - 1
+    mean_ctx = sum(n + o / 2 for n, o in zip(ins, outs)) / max(len(ins), 1)
+    obs: list[Observation] = []
+    for i, (n, o, ttft, gaps) in enumerate(zip(ins, outs, ttfts, itls)):
+        if ttft is None or not isinstance(n, int) or n < 1:
+            continue  # a failed request
+        where = f"{path}: request {i}"
+        if not isinstance(ttft, (int, float)) or not ttft > 0:
+            raise KVTraceError(f"{where}: ttfts: expected a positive number of seconds, got {ttft!r}")
+        obs.append(Observation(_prefill_steps(n, max_num_batched_tokens, others, mean_ctx), ttft * 1e9,
+                               "prefill (TTFT)", f"request {i}"))
+        for j, gap in enumerate(gaps, start=1):
+            if not isinstance(gap, (int, float)) or not gap > 0:
+                raise KVTraceError(f"{where}: itls[{j - 1}]: expected a positive number of seconds, got {gap!r}")
+            ctx = n + j + round(others * mean_ctx)
+            obs.append(Observation([StepWork(1 + others, 0, ctx, 1 + others)], gap * 1e9, "decode (ITL)",
+                                   f"request {i} gap {j}"))
+    if not obs:
+        raise KVTraceError(f"{path}: no completed request to fit")
+    return obs
+
+
+def calibrate(paths: Sequence[str | Path], *, name: str, template: CostModel | None = None,
+              knee: int | None = None, max_num_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS) -> Fit:
+    """Fit one cost model to every observation of ``paths``."""
+    obs: list[Observation] = []
+    for p in paths:
+        obs += observations_from_file(p, max_num_batched_tokens=max_num_batched_tokens)
+    return fit_cost_model(obs, name=name, template=template, knees=None if knee is None else (knee,),
+                          source=", ".join(str(p) for p in paths))
+
+
+def cost_model_toml(model: CostModel) -> str:
+    """``model`` as the ``[cost_model]`` table of a ``--config`` file."""
+    lines = ["[cost_model]", f"name = {json.dumps(model.name)}"]
+    if model.source:
+        lines.append(f"source = {json.dumps(model.source)}")
+    lines += [f"{key} = {getattr(model, key)}" for key in COEFFICIENTS]
+    return "\n".join(lines) + "\n"
+
+
+def fit_report(fit: Fit) -> list[str]:
+    """Lines describing the fitted model and its error per kind of observation."""
+    m = fit.model
+    out = [f"cost model {m.name}: {len(fit.observations)} observations, median error {fit.median_error:.1%}, "
+           f"max {fit.max_error:.1%}"]
+    for group, (n, med, mx) in fit.error_by_group().items():
+        out.append(f"  {group}: {n} observations, median |error| {med:.1%}, max {mx:.1%}")
+    for key in COEFFICIENTS:
+        out.append(f"  {key} = {getattr(m, key):,}")
+    return out

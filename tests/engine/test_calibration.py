@@ -1,0 +1,156 @@
+"""Cost models against the measurements they were fitted to, and ``kvtrace calibrate``.
+
+Each preset cost model is held to its source data (tests/data/calibration): every
+source step within 20%, and the engine, replaying a workload built to reproduce a
+source point, reports TTFT p50 and ITL p50 within 20% of it. A later change to the
+cost model or to the engine's accounting cannot drift silently.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvtrace.engine import COST_MODELS, Engine, get_preset
+from kvtrace.engine.clock import CostModel, StepWork
+from kvtrace.engine.costfit import nnls
+from kvtrace.errors import KVTraceError
+from kvtrace.replay.calibrate import calibrate, cost_model_toml, observations_from_file
+from kvtrace.replay.config_file import load_config_file
+from kvtrace.workload import VOCAB_SIZE, TraceRequest
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "calibration"
+SOURCES = {  # cost model -> (its data, the preset that uses it, MoE routing)
+    "h200-dense-8b": ("aic-h200-llama-3.1-8b-tp1.csv", "dense-attention"),
+    "h200-dense-70b-tp4": ("aic-h200-llama-3.1-70b-tp4.csv", "dense-70b-tp4"),
+    "h200-dense-70b-tp8": ("aic-h200-llama-3.1-70b-tp8.csv", "dense-70b-tp8"),
+    "h200-kimi-hybrid": ("aic-h200-kimi-linear-48b-a3b-tp1.csv", "kimi-hybrid"),
+}
+
+
+def source_rows(name: str) -> dict[str, float]:
+    with open(DATA / SOURCES[name][0]) as f:
+        return {r["label"]: float(r["step_ms"]) for r in csv.DictReader(f)}
+
+
+@pytest.mark.parametrize("name", sorted(SOURCES))
+def test_every_source_step_within_20_percent(name):
+    model = COST_MODELS[name]
+    obs = observations_from_file(DATA / SOURCES[name][0])
+    assert len(obs) >= 30
+    for o in obs:
+        got = sum(model.step_ns_of(w) for w in o.work)
+        assert abs(got - o.measured_ns) <= 0.2 * o.measured_ns, (name, o.label, got / 1e6, o.measured_ns / 1e6)
+
+
+@pytest.mark.parametrize("name", sorted(SOURCES))
+def test_calibrate_gives_the_preset_back(name):
+    model = COST_MODELS[name]
+    template = CostModel("t", 0, 0, 0, 0, 0, kv_copy_ns=model.kv_copy_ns, state_copy_ns=model.state_copy_ns,
+                         num_experts=model.num_experts, experts_per_token=model.experts_per_token)
+    fit = calibrate([DATA / SOURCES[name][0]], name=name, template=template)
+    coefficients = ("step_overhead_ns", "token_ns", "token_above_knee_ns", "attn_pair_ps", "kv_read_ps",
+                    "decode_seq_ns", "moe_expert_ns", "token_knee")
+    assert {c: getattr(fit.model, c) for c in coefficients} == {c: getattr(model, c) for c in coefficients}
+
+
+def _random_prompt(rng: random.Random, n: int) -> np.ndarray:
+    return np.asarray([rng.randrange(VOCAB_SIZE) for _ in range(n)], dtype=np.int64)
+
+
+@pytest.mark.parametrize("name", sorted(SOURCES))
+def test_the_engine_reproduces_a_prefill_and_a_decode_point(name):
+    """TTFT p50 of a lone 4,096-token prompt; ITL p50 of 64 requests decoding at ~2,048."""
+    rows = source_rows(name)
+    preset = get_preset(SOURCES[name][1])
+    rng = random.Random(0)
+    lone = [TraceRequest("lone", 0, 4096, 2, token_ids=_random_prompt(rng, 4096))]
+    ttft = Engine(preset, verify=False).run(lone).summary["ttft_ms_p50"]
+    want = rows["prefill 1x4096 after 0"]
+    assert abs(ttft - want) <= 0.2 * want, (name, ttft, want)
+    batch = [TraceRequest(f"d{i}", 0, 2016, 64, token_ids=_random_prompt(rng, 2016)) for i in range(64)]
+    itl = Engine(preset, verify=False).run(batch).summary["itl_ms_p50"]
+    want = rows["decode 64 seqs at context 2048"]
+    assert abs(itl - want) <= 0.2 * want, (name, itl, want)
+
+
+def test_nnls_solves_a_known_system():
+    rng = np.random.default_rng(1)
+    a = rng.random((40, 5))
+    x = np.array([3.0, 0.0, 1.5, 0.0, 7.0])
+    assert np.allclose(nnls(a, a @ x), x, atol=1e-9)
+
+
+def test_calibrate_recovers_a_known_model_exactly_from_step_timings(tmp_path):
+    known = CostModel("known", 5_000_000, 12_000, 700, 25_000, 3_000, token_knee=512, token_above_knee_ns=8_000,
+                      moe_expert_ns=90_000, num_experts=128, experts_per_token=8)
+    rng = random.Random(3)
+    path = tmp_path / "steps.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["num_tokens", "prefill_pairs", "num_decode_seqs", "decode_context_tokens", "step_ns"])
+        for _ in range(120):
+            seqs = rng.choice([0, 1, 8, 64, 200])
+            n = rng.choice([0, 100, 700, 3000, 8000]) if seqs < 200 else 0
+            start = rng.choice([0, 4096, 30000])
+            ctx = seqs * rng.choice([500, 4000, 20000])
+            work = StepWork(n + seqs, n * start + n * (n + 1) // 2 if n else 0, ctx, seqs)
+            w.writerow([*work[:2], work.num_decode_seqs, work.decode_context_tokens, known.step_ns_of(work)])
+    template = CostModel("t", 0, 0, 0, 0, 0, num_experts=128, experts_per_token=8)
+    fit = calibrate([path], name="known", template=template, knee=512)
+    for c in ("step_overhead_ns", "token_ns", "token_above_knee_ns", "attn_pair_ps", "kv_read_ps", "decode_seq_ns",
+              "moe_expert_ns"):
+        assert getattr(fit.model, c) == getattr(known, c), c
+    assert fit.max_error < 1e-6
+
+
+def test_calibrate_from_a_bench_serve_result_at_concurrency_one(tmp_path):
+    """A vllm-bench-serve-shaped result made by kvtrace's engine with a known model: requests
+    one at a time, so each TTFT is its prefill chunks and each gap one decode step."""
+    known = CostModel("known", 4_000_000, 15_000, 900, 30_000, 2_000)
+    rng = random.Random(5)
+    preset = get_preset("dense-attention")
+    reqs, t = [], 0
+    for i in range(24):
+        n = rng.choice([300, 2000, 9000, 17000])
+        reqs.append(TraceRequest(f"r{i}", t, n, rng.choice([3, 12]), token_ids=_random_prompt(rng, n)))
+        t += 100 * 10**9  # far apart: at most one request in flight
+    res = Engine(preset, cost_model=known, verify=False).run(reqs)
+    by_id = {r.request_id: r for r in res.requests}
+    done = [by_id[r.request_id] for r in reqs]
+    doc = {"max_concurrency": 1, "input_lens": [r.num_prompt_tokens for r in done],
+           "output_lens": [r.num_output_tokens for r in done],
+           "ttfts": [(r.first_token_ns - r.arrival_ns) / 1e9 for r in done],
+           "itls": [[g / 1e9 for g in r.itl_ns] for r in done]}
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(doc))
+    fit = calibrate([path], name="fitted", knee=0)
+    assert fit.max_error < 1e-6
+    for c in ("step_overhead_ns", "token_ns", "attn_pair_ps", "kv_read_ps", "decode_seq_ns"):
+        assert abs(getattr(fit.model, c) - getattr(known, c)) <= max(1, 1e-6 * getattr(known, c)), c
+
+
+def test_the_toml_it_writes_is_a_config_replay_accepts(tmp_path):
+    model = COST_MODELS["h200-kimi-hybrid"]
+    cfg = tmp_path / "cost.toml"
+    cfg.write_text(cost_model_toml(model))
+    assert load_config_file(cfg).cost_model == model
+    cfg.write_text('[cost_model]\nname = "h200-dense-8b"\n')
+    assert load_config_file(cfg).cost_model == COST_MODELS["h200-dense-8b"]
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("num_tokens,prefill_pairs\n1,2\n", "missing column"),
+    ("num_tokens,prefill_pairs,num_decode_seqs,decode_context_tokens,step_ms\n1,0,1,-5,3\n", ":2: decode_context_tokens"),
+    ("num_tokens,prefill_pairs,num_decode_seqs,decode_context_tokens,step_ms\n1,0,1,5,0\n", ":2: step_ms"),
+])
+def test_bad_step_files_are_one_line(tmp_path, text, needle):
+    path = tmp_path / "s.csv"
+    path.write_text(text)
+    with pytest.raises(KVTraceError, match=needle):
+        calibrate([path], name="x")
