@@ -53,9 +53,10 @@ Crash safety
     its derived tables). ``with Store.open(p) as s:`` flushes and marks its unfinished
     runs ``failed`` on an exception, Ctrl-C included; ``close()`` marks them ``incomplete``.
 
-Read API (``read.py``): ``f(db_path, run_id, ...) -> polars.DataFrame``, bound parameters
-only; see the module for the list. Errors: ``StoreError`` (a ``KVTraceError``) naming the
-file for a missing, corrupt, foreign or busy database; ``UnknownRunError`` for a bad run id.
+Read API (``read/``): ``f(db_path, run_id, ...) -> polars.DataFrame``, values bound as
+parameters; ``read/__init__.py`` lists the functions, ``read/_sql.py`` runs every query.
+Errors: ``StoreError`` (a ``KVTraceError``) naming the file for a missing, corrupt, foreign
+or busy database; ``UnknownRunError`` for a bad run id.
 """
 
 from kvtrace.store.errors import StoreBusyError, StoreError, UnknownRunError  # noqa: F401
