@@ -326,32 +326,6 @@ def span_tables_ddl() -> list[str]:
     return stmts
 
 
-# Exploded evictions with the publish that next took each block: materialised per run at
-# finish_run (computed on the fly for running runs). See derived.py.
-EVICTED_BLOCKS_DDL = """
-CREATE TABLE IF NOT EXISTS evicted_blocks (
-    run_id VARCHAR,
-    evict_seq BIGINT,
-    evict_span_id VARCHAR,
-    evict_ns BIGINT,
-    step BIGINT,
-    group_id INTEGER,
-    block_id BIGINT,
-    block_hash VARCHAR,
-    reason VARCHAR,
-    age BIGINT,
-    idle BIGINT,
-    evict_request_id VARCHAR,
-    next_publish_seq BIGINT,
-    next_publish_span_id VARCHAR,
-    next_publish_ns BIGINT,
-    next_publish_kind VARCHAR,
-    next_publish_request_id VARCHAR
-)
-"""
-
-DERIVED_TABLES = ("evicted_blocks", "miss_attribution", "span_stats", "latency_quantiles", "block_values",
-                  "stale_chain", "evict_counts")
 SPAN_TABLES = (*FAMILIES, OTHER_TABLE)
 
 

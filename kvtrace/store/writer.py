@@ -28,7 +28,6 @@ from kvtrace.store.connection import DEFAULT_TIMEOUT_S, check_store, fetch_one, 
 from kvtrace.store.errors import StoreError, UnknownRunError
 from kvtrace.store.liveness import host_name, process_start_token, writer_alive
 from kvtrace.store.schema import (
-    EVICTED_BLOCKS_DDL,
     META_TABLE,
     RUN_STATUSES,
     RUNS_DDL,
@@ -164,7 +163,6 @@ def _init_schema(con: duckdb.DuckDBPyConnection, path: str) -> None:
     con.execute(RUNS_DDL)
     for stmt in span_tables_ddl():
         con.execute(stmt)
-    con.execute(EVICTED_BLOCKS_DDL)
     for stmt in derived.DDL:
         con.execute(stmt)
     con.execute(otel_traces_view_ddl())
