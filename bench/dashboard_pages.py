@@ -27,7 +27,7 @@ import polars as pl  # noqa: E402
 import streamlit as st  # noqa: E402
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from kvtrace.dashboard import queries  # noqa: E402
+from kvtrace.dashboard import DB_ENV, queries  # noqa: E402
 from kvtrace.store import read  # noqa: E402
 from kvtrace.store.writer import Store  # noqa: E402
 
@@ -68,7 +68,7 @@ def build(db: Path, num_spans: int, b_spans: int) -> None:
         store = Store.open(db, flush_rows=400_000, flush_interval_s=1e9)
         run_id = store.create_run(name, created="2026-01-01T00:00:00Z", trace_source="bench/store_synth.py",
                                   trace_digest=TRACE_DIGEST, mode="engine", behaviours=behaviours,
-                                  config={"groups": [{"kind": "full_attention"}, {"kind": "mamba"}]})
+                                  config={"cache": {"groups": [{"type": "FullAttentionSpec"}, {"type": "MambaSpec"}]}})
         n = fill_store(store, run_id, spans, seed=seed)
         store.flush()
         summary = summary_from_store(str(db), run_id)
@@ -111,7 +111,7 @@ def main() -> int:
     for name in ("runs", "run", "requests", "per_request_hits"):  # called directly by queries' own caches
         setattr(read, name, timed(name, getattr(read, name)))
 
-    os.environ["KVTRACE_DB"] = db
+    os.environ[DB_ENV] = db
     page_rows = []
     for page in PAGES:
         params = {"run": big["run_id"], "b": other}

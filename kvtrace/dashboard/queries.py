@@ -8,13 +8,14 @@ on demand and otherwise served from memory.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 import streamlit as st
 
-from kvtrace.dashboard import state, ui
+from kvtrace.dashboard import DB_ENV, run_config, state, ui
 from kvtrace.errors import KVTraceError
 from kvtrace.store import read
 from kvtrace.store.schema import SUMMARY_FIELDS
@@ -94,7 +95,7 @@ def _behaviour_names(value: Any) -> list[str]:
 def open_store(db: str | None) -> bool:
     """Check the database and load the runs; on failure show one st.error line and return False."""
     if not db:
-        st.error("No database given: start with `kvtrace dashboard --db PATH` (or set KVTRACE_DB).")
+        st.error(f"No database given: start with `kvtrace dashboard --db PATH` (or set {DB_ENV}).")
         return False
     if not Path(db).is_file():
         st.error(f"{db}: no such database file. Create it with `kvtrace demo` or `kvtrace replay TRACE --db {db}`.")
@@ -146,18 +147,37 @@ def group_hit_rates(run_id: str) -> dict[int, float]:
     return {int(g): float(r) for g, r in zip(last["group_id"], last["cum_hit_rate"]) if r is not None}
 
 
-def belady_run(run_id: str) -> dict[str, Any] | None:
-    """A cache-only Belady run of the same trace (same trace digest), if the store has one."""
+@dataclass(frozen=True)
+class BeladyBound:
+    """The Belady (offline-optimal) bound for one run: ``run``, a cache-only Belady run of
+    the same trace at the same ``capacity``, or None; ``others``: the capacities of the
+    trace's Belady runs that do not match (None for one whose config stores none)."""
+
+    capacity: run_config.Capacity | None
+    run: dict[str, Any] | None
+    others: tuple[run_config.Capacity | None, ...]
+
+
+def belady_bound(run_id: str) -> BeladyBound:
+    """Find the Belady run that bounds ``run_id``: same trace digest, stored policy
+    ``belady`` (only cache-only configs store a policy), and the same capacity as
+    ``run_id``'s stored config (``run_config.capacity``); the newest one when several match."""
     row = run_row(run_id)
+    want = run_config.capacity(config(run_id))
     digest = row.get("trace_digest")
     if not digest:
-        return None
-    for other in runs().filter((pl.col("trace_digest") == digest) & (pl.col("run_id") != run_id)).iter_rows(named=True):
+        return BeladyBound(want, None, ())
+    others: list[run_config.Capacity | None] = []
+    same_trace = runs().filter((pl.col("trace_digest") == digest) & (pl.col("run_id") != run_id))
+    for other in same_trace.iter_rows(named=True):  # newest first
         cfg = _json(other.get("config")) or {}
-        policy = str(cfg.get("policy") or "").lower()
-        if policy == "belady" or "belady" in str(other.get("name") or "").lower():
-            return other
-    return None
+        if cfg.get("policy") != "belady":
+            continue
+        have = run_config.capacity(cfg)
+        if want is not None and have == want:
+            return BeladyBound(want, other, ())
+        others.append(have)
+    return BeladyBound(want, None, tuple(others))
 
 
 def comparable_runs(run_id: str) -> pl.DataFrame:
@@ -236,35 +256,28 @@ def request_choices(run_id: str, wanted: str | None, limit: int = 500) -> pl.Dat
 
 
 def group_names(run_id: str) -> dict[int, str]:
-    """``group g (attention|state)`` from the run's config where it names the group kinds."""
-    cfg = config(run_id)
-    cache = cfg.get("cache") if isinstance(cfg.get("cache"), dict) else {}
-    specs = cache.get("groups") or cfg.get("groups") or cfg.get("kv_cache_groups") or []
-    names = {GROUP_ALL: "all groups"}
-    for gid, spec in enumerate(specs if isinstance(specs, list) else []):
-        text = json.dumps(spec).lower() if not isinstance(spec, str) else spec.lower()
-        kind = next((k for k, words in _GROUP_KINDS if any(w in text for w in words)), None)
-        names[gid] = f"group {gid} ({kind})" if kind else f"group {gid}"
-    return names
+    """Display names of a run's KV groups (``run_config.group_labels`` of its stored
+    config), and ``all groups`` for GROUP_ALL."""
+    return {GROUP_ALL: "all groups"} | run_config.group_labels(config(run_id))
 
 
-_GROUP_KINDS = (
-    ("state", ("mamba", "kda", "linear", "state", "recurrent")),
-    ("sliding window", ("sliding",)),
-    ("attention", ("attention", "full")),
-)
+REQUESTS_PER_WINDOW = 4
+MIN_WINDOWS = 20
+
+
+def windows_for(num_requests: int) -> int:
+    """How many windows the dashboard splits a run into: one per REQUESTS_PER_WINDOW
+    requests, within MIN_WINDOWS..read.DEFAULT_WINDOWS, so small runs get readable curves
+    and large runs keep ~200 points."""
+    return min(read.DEFAULT_WINDOWS, max(MIN_WINDOWS, num_requests // REQUESTS_PER_WINDOW))
 
 
 def window_ns(run_id: str) -> int | None:
-    """A round window giving about one window per 4 requests (20..200 windows), so small
-    runs get readable curves and large runs keep ~200 points; None lets the store choose."""
+    """The window length of every windowed chart of ``run_id``: ``read.nice_window`` over
+    its virtual duration with ``windows_for`` its requests; None (the store picks) when the
+    duration is unknown."""
     end, n = extent(run_id)
-    if not end:
-        return None
-    windows = min(200, max(20, n // 4))
-    raw = max(1, int(end) // windows)
-    scale = 10 ** (len(str(raw)) - 1)
-    return next(m * scale for m in (1, 2, 5, 10) if m * scale >= raw)
+    return read.nice_window(end, windows_for(n)) if end else None
 
 
 HIST_BINS = 200

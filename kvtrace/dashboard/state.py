@@ -13,13 +13,14 @@ from typing import Callable, Sequence, TypeVar
 import polars as pl
 import streamlit as st
 
-DB_ENV = "KVTRACE_DB"
+from kvtrace.dashboard import DB_ENV
+
 REFRESH_KEY = "kvtrace_refresh"
 T = TypeVar("T")
 
 
 def db_path() -> str | None:
-    """``streamlit run app.py -- --db PATH`` wins; else the KVTRACE_DB environment variable."""
+    """``streamlit run app.py -- --db PATH`` wins; else the DB_ENV (KVTRACE_DB) environment variable."""
     if Path(sys.argv[0]).name == "app.py":
         parser = argparse.ArgumentParser(add_help=False)
         parser.add_argument("--db")

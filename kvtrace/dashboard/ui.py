@@ -11,7 +11,12 @@ import streamlit as st
 
 FILL_RUN = "`kvtrace demo`, or `kvtrace replay TRACE --db PATH`"
 FILL_SMALL_CACHE = "a run whose cache is smaller than its working set, e.g. `kvtrace replay TRACE --db PATH --capacity-blocks 256`"
-FILL_CACHE_ONLY = "`kvtrace replay TRACE --db PATH --mode cache-only --policy belady`"
+
+
+def fill_belady(blocks: int, block_size: int) -> str:
+    """The replay that records a Belady bound of ``blocks`` blocks of ``block_size`` tokens."""
+    return (f"`kvtrace replay TRACE --db PATH --mode cache-only --policy belady "
+            f"--capacity-blocks {blocks} --block-size {block_size}`")
 
 
 def empty(what: str, command: str = FILL_RUN) -> None:
