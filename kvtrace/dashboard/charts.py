@@ -77,14 +77,16 @@ def usage(frame: pl.DataFrame, group_names: dict[int, str]) -> go.Figure | None:
     return fig
 
 
-def stacked_counts(frame: pl.DataFrame, title: str, y: str, key: str = "key", value: str = "blocks") -> go.Figure | None:
-    """Bars per window, stacked by ``key`` (evictions by reason or by publish kind)."""
+def stacked_counts(frame: pl.DataFrame, title: str, y: str) -> go.Figure | None:
+    """Blocks per window (columns window_start_ns, key, blocks), stacked by ``key``
+    (evictions by reason or by publish kind)."""
     if frame.height == 0:
         return None
     fig = _fig(title, "virtual time (s)", y, barmode="stack", showlegend=True)
-    for i, (k,) in enumerate(frame.select(key).unique().sort(key).iter_rows()):
-        part = frame.filter(pl.col(key) == k).sort("window_start_ns")
-        fig.add_bar(x=(part["window_start_ns"] / NS).to_list(), y=part[value].to_list(), name=str(k), marker_color=_color(i))
+    for i, (k,) in enumerate(frame.select("key").unique().sort("key").iter_rows()):
+        part = frame.filter(pl.col("key") == k).sort("window_start_ns")
+        fig.add_bar(x=(part["window_start_ns"] / NS).to_list(), y=part["blocks"].to_list(), name=str(k),
+                    marker_color=_color(i))
     return fig
 
 
@@ -203,14 +205,14 @@ def waterfall(frame: pl.DataFrame, request_id: str) -> go.Figure | None:
 
 
 def overlay(curves: Sequence[tuple[str, pl.DataFrame]], x: str, y: str, title: str, ytitle: str, yscale: float = 1.0,
-            dash: Sequence[str] = ("solid", "dash"), percent: bool = False) -> go.Figure | None:
-    """One line per run (compare page)."""
+            percent: bool = False) -> go.Figure | None:
+    """One line per run (compare page): A solid, B dashed."""
     fig = _fig(title, "virtual time (s)", ytitle)
     for i, (name, frame) in enumerate(curves):
         if frame.height:
             frame = frame.sort(x)
             fig.add_scatter(x=(frame[x] / NS).to_list(), y=(frame[y] / yscale).to_list(), name=name, mode="lines",
-                            line=dict(color=_color(i), dash=dash[i % len(dash)]))
+                            line=dict(color=_color(i), dash=("solid", "dash")[i % 2]))
     if percent:
         fig.update_yaxes(tickformat=".0%")
     return fig if fig.data else None

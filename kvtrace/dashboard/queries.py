@@ -24,15 +24,14 @@ CTX_KEY = "kvtrace_ctx"
 SUMMARY_KEYS = tuple(k for k in SUMMARY_FIELDS if k != "digest")  # numeric headline fields
 GROUP_ALL = -1  # the store's all-groups series (read.OVERALL_GROUP)
 
-# The read functions a page may call through ``call``; a typo fails loudly in tests.
+# The read functions the pages call through ``call`` (and only those); a typo fails loudly in tests.
 _READS = {
     name: getattr(read, name)
     for name in (
-        "span_counts", "hit_rate_over_time", "hit_token_sources", "usage_over_time", "evictions_over_time",
-        "evictions_by_reason", "evictions_by_publish_kind", "eviction_attribution", "eviction_attribution_flows",
-        "block_histograms", "per_prefix_reuse", "stale_hashes_over_time", "stale_hashes", "stale_hash_chain",
-        "divergent_outputs", "requests", "per_request_hits", "itl_gaps", "latency_cdf", "latency_percentiles",
-        "latency_histogram", "itl_over_time", "request_waterfall",
+        "hit_rate_over_time", "hit_token_sources", "usage_over_time", "per_prefix_reuse", "evictions_over_time",
+        "eviction_attribution", "block_histograms", "stale_hashes_over_time", "stale_hashes", "stale_hash_chain",
+        "divergent_outputs", "per_request_hits", "latency_cdf", "latency_histogram", "itl_over_time",
+        "request_waterfall",
     )
 }
 
@@ -246,10 +245,14 @@ def _one_request(db: str, token: int, run_id: str, request_id: str) -> pl.DataFr
     return read.per_request_hits(db, run_id).filter(pl.col("request_id") == request_id).head(1)
 
 
-def request_choices(run_id: str, wanted: str | None, limit: int = 500) -> pl.DataFrame:
-    """The request picker's rows: the slowest requests, plus ``wanted`` (from the URL) if it exists."""
+REQUEST_CHOICES = 500  # the request picker offers this many slowest requests
+
+
+def request_choices(run_id: str, wanted: str | None) -> pl.DataFrame:
+    """The request picker's rows: the REQUEST_CHOICES slowest requests, plus ``wanted``
+    (from the URL) if it exists."""
     db, token = context()["db"], state.refresh_token()
-    top = _slowest_requests(db, token, run_id, limit)
+    top = _slowest_requests(db, token, run_id, REQUEST_CHOICES)
     if wanted is not None and wanted not in set(top["request_id"].to_list()):
         top = pl.concat([top, _one_request(db, token, run_id, wanted)])
     return top
@@ -280,14 +283,14 @@ def window_ns(run_id: str) -> int | None:
     return read.nice_window(end, windows_for(n)) if end else None
 
 
-HIST_BINS = 200
+HIST_BINS = 200  # bins of the latency histograms, and of the CDFs drawn from them
 
 
-def cdf_from_histogram(run_id: str, metric: str, bins: int = HIST_BINS) -> pl.DataFrame:
-    """A CDF (q, value_ns) from the store's linear histogram (the same cached call the
-    histogram chart uses): cheap on millions of ITL gaps, where exact quantiles on a
+def cdf_from_histogram(run_id: str, metric: str) -> pl.DataFrame:
+    """A CDF (q, value_ns) from the store's HIST_BINS-bin histogram (the same cached call the
+    histogram chart makes): cheap on millions of ITL gaps, where exact quantiles on a
     1001-point grid (read.latency_cdf) are not."""
-    hist = call("latency_histogram", run_id, metric, bins=bins)
+    hist = call("latency_histogram", run_id, metric, bins=HIST_BINS)
     if hist.height == 0:
         return pl.DataFrame(schema={"q": pl.Float64, "value_ns": pl.Float64})
     total = hist["count"].sum()
@@ -296,14 +299,18 @@ def cdf_from_histogram(run_id: str, metric: str, bins: int = HIST_BINS) -> pl.Da
     return pl.concat([first, rest])
 
 
-def attribution_flows(run_id: str, top_prefixes: int = 10) -> pl.DataFrame:
-    """read.eviction_attribution_flows, folded from the cached attribution frame so the page
-    runs the (expensive) attribution join once: (publish_kind, evict_reason, prefix) -> misses."""
+TOP_PREFIXES = 10  # the Sankey names this many hot prefixes; the rest are 'other'
+
+
+def attribution_flows(run_id: str) -> pl.DataFrame:
+    """read.eviction_attribution_flows(top_prefixes=TOP_PREFIXES), folded from the cached
+    attribution frame so the page runs the (expensive) attribution join once:
+    (publish_kind, evict_reason, prefix) -> misses."""
     att = call("eviction_attribution", run_id)
     if att.height == 0:
         return pl.DataFrame(schema={"publish_kind": pl.String, "evict_reason": pl.String, "prefix": pl.String, "misses": pl.UInt32})
     top = (att.group_by("root_hash").len().sort(["len", "root_hash"], descending=[True, False])
-           .head(top_prefixes)["root_hash"].to_list())
+           .head(TOP_PREFIXES)["root_hash"].to_list())
     return (
         att.with_columns(
             pl.col("publish_kind").fill_null("none"),

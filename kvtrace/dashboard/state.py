@@ -51,7 +51,6 @@ def bound_select(
     *,
     default: T | None = None,
     format_func: Callable[[T], str] = str,
-    container=None,
     help: str | None = None,
 ) -> T | None:
     """A selectbox whose value lives in ``?param=``; options are matched by ``str(option)``."""
@@ -66,13 +65,12 @@ def bound_select(
     chosen = by_text.get(wanted) if wanted is not None else None
     if chosen is None:
         chosen = default if default in options else options[0]
-    where = container if container is not None else st
-    value = where.selectbox(label, list(options), index=list(options).index(chosen), key=key, format_func=format_func, help=help)
+    value = st.selectbox(label, list(options), index=list(options).index(chosen), key=key, format_func=format_func, help=help)
     st.query_params[param] = str(value)
     return value
 
 
-def bound_window(label: str, t_max_s: float, *, container=None) -> tuple[float, float]:
+def bound_window(label: str, t_max_s: float) -> tuple[float, float]:
     """A virtual-time window [t0, t1] in seconds, bound to ``?t0=&t1=``."""
     t_max_s = float(t_max_s) if t_max_s and math.isfinite(t_max_s) and t_max_s > 0 else 1.0
     hi = _round_up(t_max_s)
@@ -92,8 +90,7 @@ def bound_window(label: str, t_max_s: float, *, container=None) -> tuple[float, 
         lo_s, hi_s = st.session_state[key]
         if not (0.0 <= lo_s <= hi and 0.0 <= hi_s <= hi):
             del st.session_state[key]
-    where = container if container is not None else st
-    lo_v, hi_v = where.slider(label, 0.0, hi, (t0, t1), key=key, format="%.3f s")
+    lo_v, hi_v = st.slider(label, 0.0, hi, (t0, t1), key=key, format="%.3f s")
     if (lo_v, hi_v) == (0.0, hi):
         st.query_params.pop("t0", None)
         st.query_params.pop("t1", None)

@@ -34,11 +34,11 @@ def chart(fig: go.Figure | None, caption: str, *, empty_what: str, command: str 
     st.caption(caption)
 
 
-def table(frame: pl.DataFrame | None, caption: str, *, empty_what: str, command: str = FILL_RUN, height: int | None = None) -> None:
+def table(frame: pl.DataFrame | None, caption: str, *, empty_what: str, command: str = FILL_RUN) -> None:
     if frame is None or frame.height == 0:
         empty(empty_what, command)
         return
-    st.dataframe(frame, width="stretch", hide_index=True, height=height or "auto")
+    st.dataframe(frame, width="stretch", hide_index=True, height="auto")
     st.caption(caption)
 
 

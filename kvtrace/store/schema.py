@@ -241,7 +241,6 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
 }
 OTHER_TABLE = "spans_other"
 FAMILY_OF_NAME: dict[str, str] = {n: t for t, (_, names, _) in FAMILIES.items() for n in names}
-VIEW_OF_NAME: dict[str, str] = {n: FAMILIES[t][0] for n, t in FAMILY_OF_NAME.items()}
 _SQL_TYPE = {c.name: c.sql for c in SPAN_COLUMN_DEFS} | {NUM_BLOCKS_COLUMN: "INTEGER"}
 
 

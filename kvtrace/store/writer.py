@@ -407,7 +407,3 @@ class Store:
         self._buffer, self._buffered_rows = [], 0
         self._last_flush = time.monotonic()
         return rows
-
-    @property
-    def buffered_rows(self) -> int:
-        return self._buffered_rows

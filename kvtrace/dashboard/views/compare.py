@@ -48,7 +48,6 @@ def main() -> None:
                            help=f"A: {fmt(va)}")
     st.caption("B's value with its change from A; green means better, red worse (lower is better for latency, evictions and errors).")
 
-    names = queries.group_names(run_a)
     ha = queries.call("hit_rate_over_time", run_a, window_ns=queries.window_ns(run_a), group=queries.GROUP_ALL)
     hb = queries.call("hit_rate_over_time", run_b, window_ns=queries.window_ns(run_a), group=queries.GROUP_ALL)
     ui.chart(charts.overlay([(f"A {a.get('name')}", ha), (f"B {b.get('name')}", hb)], "window_start_ns", "cum_hit_rate",

@@ -1,8 +1,10 @@
-"""What the dashboard reads from stored run configs (group kinds, capacity) and its window
-rule, as pure functions: no Streamlit, no store."""
+"""The dashboard's query layer without Streamlit or a store: what it reads from stored run
+configs (group kinds, capacity), its window rule, and the read functions it allows."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import get_args
 
 import pytest
@@ -67,3 +69,10 @@ def test_dashboard_window_count_and_the_store_window_agree_on_large_runs():
         assert read.nice_window(end, queries.windows_for(10_000)) == read.nice_window(end)
         # fewer requests: fewer, longer windows, from the same rounding
         assert read.nice_window(end, queries.windows_for(100)) == read.nice_window(end, 25) >= read.nice_window(end)
+
+
+def test_the_pages_call_exactly_the_read_functions_queries_allows():
+    dashboard = Path(queries.__file__).parent
+    sources = "".join(p.read_text() for p in sorted(dashboard.rglob("*.py")))
+    assert set(re.findall(r'\bcall\("([a-z_]+)"', sources)) == set(queries._READS)
+    assert all(fn is getattr(read, name) for name, fn in queries._READS.items())
