@@ -54,8 +54,6 @@ else:
 
 st.subheader("Runs")
 table = queries.runs().select(
-    "run_id", "name", "status", "mode", "trace_source", "behaviours_off", "token_hit_rate", "block_hit_rate",
-    "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99", "evictions", "cow_copies", "stale_hashes",
-    "divergent_outputs", "num_spans", "created",
+    "run_id", "name", "status", "mode", "trace_source", "behaviours_off", *queries.SUMMARY_KEYS, "num_spans", "created",
 )
 ui.table(table, "Every run in this store; click a column header to sort, pick a run in the sidebar to inspect it.", empty_what="No runs yet.")
