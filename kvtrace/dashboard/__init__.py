@@ -40,7 +40,8 @@ def launch(db: str | os.PathLike, host: str = "127.0.0.1", port: int = 8501) -> 
     """
     path = Path(db)
     if not path.is_file():
-        raise ConfigError("kvtrace dashboard", "--db", f"{path}: no such database file (fill one with `kvtrace demo` or `kvtrace replay TRACE --db {path}`)")
+        raise ConfigError("kvtrace dashboard", "--db", f"{path}: no such database file (fill one with `kvtrace demo` "
+                                                       f"or `kvtrace replay TRACE --db {path}`)")
     if not 0 < int(port) < 65536:
         raise ConfigError("kvtrace dashboard", "--port", f"expected 1..65535, got {port}")
     env = dict(os.environ, **{DB_ENV: str(path.resolve())})

@@ -191,8 +191,10 @@ def comparable_runs(run_id: str) -> pl.DataFrame:
 def request_diff(run_a: str, run_b: str) -> pl.DataFrame:
     """Per request in both runs: hit tokens and TTFT in A and B, and B - A (request ids are
     unique in a replay; a repeated id in a foreign store is summed, not multiplied by the join)."""
-    a = _per_request(run_a).select("request_id", "num_prompt_tokens", pl.col("num_hit_tokens").alias("hit_a"), pl.col("ttft_ns").alias("ttft_a_ns"))
-    b = _per_request(run_b).select("request_id", pl.col("num_hit_tokens").alias("hit_b"), pl.col("ttft_ns").alias("ttft_b_ns"))
+    a = _per_request(run_a).select("request_id", "num_prompt_tokens", pl.col("num_hit_tokens").alias("hit_a"),
+                                   pl.col("ttft_ns").alias("ttft_a_ns"))
+    b = _per_request(run_b).select("request_id", pl.col("num_hit_tokens").alias("hit_b"),
+                                   pl.col("ttft_ns").alias("ttft_b_ns"))
     return (
         a.join(b, on="request_id", how="inner")
         .with_columns(
@@ -295,7 +297,8 @@ def cdf_from_histogram(run_id: str, metric: str) -> pl.DataFrame:
         return pl.DataFrame(schema={"q": pl.Float64, "value_ns": pl.Float64})
     total = hist["count"].sum()
     first = pl.DataFrame({"q": [0.0], "value_ns": [float(hist["bin_lo"][0])]})
-    rest = hist.select((pl.col("count").cum_sum() / total).cast(pl.Float64).alias("q"), pl.col("bin_hi").cast(pl.Float64).alias("value_ns"))
+    rest = hist.select((pl.col("count").cum_sum() / total).cast(pl.Float64).alias("q"),
+                       pl.col("bin_hi").cast(pl.Float64).alias("value_ns"))
     return pl.concat([first, rest])
 
 
@@ -308,7 +311,8 @@ def attribution_flows(run_id: str) -> pl.DataFrame:
     (publish_kind, evict_reason, prefix) -> misses."""
     att = call("eviction_attribution", run_id)
     if att.height == 0:
-        return pl.DataFrame(schema={"publish_kind": pl.String, "evict_reason": pl.String, "prefix": pl.String, "misses": pl.UInt32})
+        return pl.DataFrame(schema={"publish_kind": pl.String, "evict_reason": pl.String, "prefix": pl.String,
+                                    "misses": pl.UInt32})
     top = (att.group_by("root_hash").len().sort(["len", "root_hash"], descending=[True, False])
            .head(TOP_PREFIXES)["root_hash"].to_list())
     return (

@@ -7,8 +7,9 @@ import argparse
 import math
 import os
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence, TypeVar
+from typing import TypeVar
 
 import polars as pl
 import streamlit as st
@@ -65,7 +66,8 @@ def bound_select(
     chosen = by_text.get(wanted) if wanted is not None else None
     if chosen is None:
         chosen = default if default in options else options[0]
-    value = st.selectbox(label, list(options), index=list(options).index(chosen), key=key, format_func=format_func, help=help)
+    value = st.selectbox(label, list(options), index=list(options).index(chosen), key=key, format_func=format_func,
+                         help=help)
     st.query_params[param] = str(value)
     return value
 

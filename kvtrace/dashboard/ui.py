@@ -10,7 +10,8 @@ import polars as pl
 import streamlit as st
 
 FILL_RUN = "`kvtrace demo`, or `kvtrace replay TRACE --db PATH`"
-FILL_SMALL_CACHE = "a run whose cache is smaller than its working set, e.g. `kvtrace replay TRACE --db PATH --capacity-blocks 256`"
+FILL_SMALL_CACHE = ("a run whose cache is smaller than its working set, e.g. "
+                    "`kvtrace replay TRACE --db PATH --capacity-blocks 256`")
 
 
 def fill_belady(blocks: int, block_size: int) -> str:
@@ -24,7 +25,8 @@ def empty(what: str, command: str = FILL_RUN) -> None:
     st.info(f"{what} Fill it with {command}.", icon=":material/info:")
 
 
-def chart(fig: go.Figure | None, caption: str, *, empty_what: str, command: str = FILL_RUN, key: str | None = None) -> None:
+def chart(fig: go.Figure | None, caption: str, *, empty_what: str, command: str = FILL_RUN,
+          key: str | None = None) -> None:
     """A plotly chart with its one-line caption, or the empty state when there is nothing to plot."""
     if fig is None or not fig.data:
         empty(empty_what, command)

@@ -19,8 +19,9 @@ Schema (``schema.py``)
     the shared columns plus the family's own, and ``spans_other`` (every column) for other
     names or rows setting a column their family lacks. DuckDB's append cost grows with the
     column count, so this roughly halves insert time and each query scans one family.
-    Views: ``spans`` (``SPAN_VIEW_COLUMNS``: all columns, all families, ids as hex), ``cache_spans``/``lookup_spans``/...
-    (one family, incl. its rows in spans_other) and ``otel_traces``: the OpenTelemetry
+    Views: ``spans`` (``SPAN_VIEW_COLUMNS``: all columns, all families, ids as hex),
+    ``cache_spans``/``lookup_spans``/... (one family, incl. its rows in spans_other) and
+    ``otel_traces``: the OpenTelemetry
     Collector ClickHouse exporter's columns (Timestamp, TraceId, ..., SpanAttributes map
     built from the typed columns plus extra_attributes, Duration ns, Events.*, Links.*),
     then RunId. ``runs``: run_id, name, created, trace_source, trace_digest, config JSON,
@@ -59,6 +60,7 @@ Errors: ``StoreError`` (a ``KVTraceError``) naming the file for a missing, corru
 or busy database; ``UnknownRunError`` for a bad run id.
 """
 
+from kvtrace.store import read  # noqa: F401
 from kvtrace.store.errors import StoreBusyError, StoreError, UnknownRunError  # noqa: F401
 from kvtrace.store.export import export_parquet  # noqa: F401
 from kvtrace.store.schema import (  # noqa: F401
@@ -70,4 +72,3 @@ from kvtrace.store.schema import (  # noqa: F401
     SPAN_VIEW_COLUMNS,
 )
 from kvtrace.store.writer import Store  # noqa: F401
-from kvtrace.store import read  # noqa: F401,E402

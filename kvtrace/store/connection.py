@@ -11,8 +11,8 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import duckdb
 
@@ -77,10 +77,8 @@ def _classify(path: str, err: Exception) -> StoreError:
 def _quiet(con: duckdb.DuckDBPyConnection) -> None:
     """No progress bar on long queries. Inside a Jupyter kernel DuckDB refuses the SET
     (it wants ipywidgets) although the bar is already off there, so a refusal is fine."""
-    try:
+    with contextlib.suppress(duckdb.InvalidInputException):
         con.execute("SET enable_progress_bar = false")
-    except duckdb.InvalidInputException:
-        pass
 
 
 def _open(path: str, read_only: bool, timeout_s: float) -> duckdb.DuckDBPyConnection:

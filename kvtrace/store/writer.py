@@ -13,10 +13,11 @@ import datetime as _dt
 import json
 import os
 import time
+from collections.abc import Iterable
 from itertools import groupby
 from operator import itemgetter
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import duckdb
 import polars as pl
@@ -28,19 +29,19 @@ from kvtrace.store.connection import DEFAULT_TIMEOUT_S, check_store, fetch_one, 
 from kvtrace.store.errors import StoreError, UnknownRunError
 from kvtrace.store.liveness import host_name, process_start_token, writer_alive
 from kvtrace.store.schema import (
+    FAMILIES,
+    FAMILY_OF_NAME,
     META_TABLE,
+    NUM_BLOCKS_COLUMN,
+    OTHER_TABLE,
     RUN_STATUSES,
     RUNS_DDL,
     SCHEMA_VERSION,
     SEQ_COLUMN,
     SPAN_ARROW_SCHEMA,
     STORE_MAGIC,
-    FAMILIES,
-    FAMILY_OF_NAME,
-    NUM_BLOCKS_COLUMN,
-    has_block_lists,
-    OTHER_TABLE,
     family_columns,
+    has_block_lists,
     otel_traces_view_ddl,
     span_tables_ddl,
 )
@@ -146,7 +147,8 @@ def _family_inserts(buffer: list[tuple[str, pa.Table]]) -> list[tuple[str, str, 
 def _init_schema(con: duckdb.DuckDBPyConnection, path: str) -> None:
     tables = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
     if tables and META_TABLE not in tables:
-        raise StoreError(path, f"not a kvtrace store (DuckDB file with tables {sorted(tables)[:5]} but no {META_TABLE})")
+        raise StoreError(path, f"not a kvtrace store (DuckDB file with tables {sorted(tables)[:5]} "
+                               f"but no {META_TABLE})")
     if META_TABLE in tables:
         version = check_store(con, path)
         if version < SCHEMA_VERSION:  # appending needs this version's tables (v2: integer ids)
@@ -213,7 +215,7 @@ class Store:
         flush_rows: int = DEFAULT_FLUSH_ROWS,
         flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
         lock_timeout_s: float = DEFAULT_TIMEOUT_S,
-    ) -> "Store":
+    ) -> Store:
         """Create or open a store; mark runs left ``running`` by dead writers ``incomplete``."""
         store = cls(path, flush_rows=flush_rows, flush_interval_s=flush_interval_s, lock_timeout_s=lock_timeout_s)
         parent = Path(store.path).parent
@@ -236,7 +238,7 @@ class Store:
             self.finish_run(run_id, status="incomplete")
         self._closed = True
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -271,7 +273,7 @@ class Store:
         ``config``/``behaviours``: JSON text or JSON-serialisable values.
         """
         if created is None:
-            created = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+            created = _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat()
         with self._connect() as con:
             if run_id is None:
                 n = fetch_one(

@@ -18,8 +18,15 @@ import numpy as np
 import pyarrow as pa
 
 from kvtrace.store.schema import (
-    SPAN_COW, SPAN_DIVERGENT, SPAN_EVICT, SPAN_LOOKUP, SPAN_PUBLISH, SPAN_REQUEST,
-    SPAN_STALE_HASH, SPAN_STALE_LEFT, SPAN_STEP,
+    SPAN_COW,
+    SPAN_DIVERGENT,
+    SPAN_EVICT,
+    SPAN_LOOKUP,
+    SPAN_PUBLISH,
+    SPAN_REQUEST,
+    SPAN_STALE_HASH,
+    SPAN_STALE_LEFT,
+    SPAN_STEP,
 )
 from kvtrace.store.writer import Store
 
@@ -103,7 +110,7 @@ class _Sim:
         hit_blocks = max(hit1, 0)
         first_miss = hit if hit < nblocks else -1
         ext = ALIGN if (req["external"] and hit_blocks + ALIGN < nblocks) else 0
-        for g, grp in enumerate(self.groups):
+        for grp in self.groups:
             for h in hashes[: hit_blocks]:
                 if h in grp.cache:
                     bid, pub, _ = grp.cache[h]
@@ -257,7 +264,8 @@ def write_runs(db: str, n_requests: int = 80, capacity: int = 160, seed: int = 7
         for on in (True, False):
             behaviours = ALL if on else [b for b in ALL if b != BEHAVIOUR]
             name = "synthetic-on" if on else f"synthetic-without-{BEHAVIOUR}"
-            run_id = store.create_run(name, created="2026-11-29T00:00:00+00:00", trace_source="gen:synthetic-shared-prompts",
+            run_id = store.create_run(name, created="2026-11-29T00:00:00+00:00",
+                                      trace_source="gen:synthetic-shared-prompts",
                                       trace_digest="synthetic-7", config=engine_config(capacity),
                                       behaviours=behaviours, mode="engine")
             rows, summary = simulate(on, n_requests, capacity, seed)

@@ -8,9 +8,9 @@ from pathlib import Path
 import polars as pl
 import pytest
 import streamlit as st
+from conftest import APP
 from streamlit.testing.v1 import AppTest
 
-from conftest import APP
 from kvtrace.dashboard import DB_ENV, queries, run_config, ui
 from kvtrace.store import read
 from kvtrace.store.schema import SUMMARY_FIELDS
@@ -74,7 +74,8 @@ def test_overview_headline_metrics_equal_the_run_summary(dashboard_db, monkeypat
         m = metrics(render(dashboard_db, monkeypatch, run=run_id))
         assert m["Token hit rate"] == ui.pct(s["token_hit_rate"])
         assert m["Block hit rate"] == ui.pct(s["block_hit_rate"])
-        for label, key in (("TTFT p50", "ttft_ms_p50"), ("TTFT p99", "ttft_ms_p99"), ("ITL p50", "itl_ms_p50"), ("ITL p99", "itl_ms_p99")):
+        for label, key in (("TTFT p50", "ttft_ms_p50"), ("TTFT p99", "ttft_ms_p99"), ("ITL p50", "itl_ms_p50"),
+                           ("ITL p99", "itl_ms_p99")):
             assert m[label] == ui.ms(s[key]), label
         assert m["Requests"] == f"{int(s['requests']):,}"
         for label, key in (("Evictions", "evictions"), ("CoW copies", "cow_copies"), ("Stale hashes", "stale_hashes"),
@@ -158,6 +159,7 @@ def test_hit_rate_page_draws_the_belady_bound_only_at_the_runs_capacity(tmp_path
 
 def test_group_names_come_from_the_stored_spec_types_not_from_words(tmp_path, monkeypatch):
     import synthetic_run
+
     from kvtrace.store.writer import Store
 
     db = str(tmp_path / "names.duckdb")
@@ -215,7 +217,8 @@ def test_evictions_page_shows_reasons_publish_kinds_attribution_and_histograms(r
         if sankeys:
             assert sum(sankeys[0]["link"]["value"]) == 2 * int(flows["misses"].sum())
         hist = set(read.block_histograms(db, run_id)["metric"])
-        shown = {"lifetime": "lifetime at eviction", "idle_before_evict": "idle before eviction", "reuse_gap": "prefix reuse gap"}
+        shown = {"lifetime": "lifetime at eviction", "idle_before_evict": "idle before eviction",
+                 "reuse_gap": "prefix reuse gap"}
         assert {shown[m] for m in hist} <= n
 
 
@@ -271,7 +274,8 @@ def test_compare_page_deltas_and_per_request_difference(dashboard_db, monkeypatc
         assert bars["y"] == delta
     else:  # the switch moved no request: said in words, not as a flat chart
         assert any(f"All {len(delta)} requests got the same hit tokens" in i.value for i in at.info)
-    differ = sorted(set(read.run(dashboard_db, run_on)["behaviours"]) ^ set(read.run(dashboard_db, run_off)["behaviours"]))
+    on, off = (set(read.run(dashboard_db, r)["behaviours"]) for r in (run_on, run_off))
+    differ = sorted(on ^ off)
     assert any(f"Behaviours that differ: {', '.join(differ)}" == c.value for c in at.caption)
 
 
@@ -312,6 +316,7 @@ def test_empty_store_says_what_fills_it(tmp_path, monkeypatch):
 
 def test_running_run_is_shown_and_refresh_rereads_the_store(tmp_path, monkeypatch):
     import synthetic_run
+
     from kvtrace.store.writer import Store
 
     db = str(tmp_path / "live.duckdb")
@@ -324,7 +329,8 @@ def test_running_run_is_shown_and_refresh_rereads_the_store(tmp_path, monkeypatc
     store.append_spans(synthetic_run._table(rows), run_id=live)
     store.flush()
     at.run()
-    assert not at.exception and not at.error, ([e.value for e in at.exception], [e.value for e in at.error], [i.value for i in at.info])
+    assert not at.exception and not at.error, ([e.value for e in at.exception], [e.value for e in at.error],
+                                               [i.value for i in at.info])
     assert at.selectbox(key="qp_run").options == before  # served from the cache until Refresh
     at.button[0].click().run()
     options = at.selectbox(key="qp_run").options

@@ -52,7 +52,8 @@ elif bel is None and bound.capacity is not None:
 ui.chart(
     charts.hit_sources(state.in_window(queries.call("hit_token_sources", run_id, window_ns=queries.window_ns(run_id)),
                                        "window_start_ns", window)),
-    "Prompt tokens per window served from the local prefix cache, loaded from the external tier, or computed (stacked).",
+    "Prompt tokens per window served from the local prefix cache, loaded from the external tier, or computed "
+    "(stacked).",
     empty_what="No lookup spans in this run, so no hit-token sources.", key="hit_sources",
 )
 ui.chart(
