@@ -46,8 +46,8 @@ def hit_rate(frame: pl.DataFrame, group_names: dict[int, str], belady: pl.DataFr
                         line=dict(color="black", dash="dot"))
     elif belady_rate is not None and frame.height:
         label, rate = belady_rate
-        t = frame["window_start_ns"] / NS
-        fig.add_scatter(x=[t.min(), t.max()], y=[rate, rate], name=label, mode="lines",
+        starts = frame["window_start_ns"] / NS
+        fig.add_scatter(x=[starts.min(), starts.max()], y=[rate, rate], name=label, mode="lines",
                         line=dict(color="black", dash="dot"))
     fig.update_yaxes(range=[0, 1.02], tickformat=".0%")
     return fig
@@ -79,7 +79,7 @@ def usage(frame: pl.DataFrame, group_names: dict[int, str]) -> go.Figure | None:
                         line=dict(color=_color(i)))
         fig.add_scatter(x=t, y=part["max_usage"].to_list(), name=f"{name} max", mode="lines",
                         line=dict(color=_color(i), dash="dot"))
-    top = frame["max_usage"].max() or 0.0
+    top = float(frame.select(pl.col("max_usage").max()).item() or 0.0)
     # the axis follows the peak, so a lightly used pool stays visible
     fig.update_yaxes(range=[0, min(1.02, max(0.01, 1.1 * top))], tickformat=".1%" if top < 0.1 else ".0%")
     return fig

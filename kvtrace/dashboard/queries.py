@@ -67,7 +67,8 @@ def with_run_columns(frame: pl.DataFrame) -> pl.DataFrame:
             v = summary.get(k)
             r[k] = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
         r["label"] = ui.run_label(r)
-    schema = dict(frame.schema) | {"behaviours_on": pl.String, "behaviours_off": pl.String, "label": pl.String}
+    schema: dict[str, Any] = dict(frame.schema) | {"behaviours_on": pl.String, "behaviours_off": pl.String,
+                                                   "label": pl.String}
     schema |= {k: pl.Float64 for k in SUMMARY_KEYS}
     return pl.DataFrame(rows, schema=schema)
 
@@ -221,7 +222,7 @@ def _extent(db: str, token: int, run_id: str) -> tuple[int, int]:
     if isinstance(duration, (int, float)) and isinstance(n, int) and duration > 0:
         return int(duration * 1e9), n
     reqs = read.requests(db, run_id)
-    end = reqs["finish_ns"].max() if reqs.height else None
+    end = reqs.select(pl.col("finish_ns").max()).item() if reqs.height else None
     return int(end or 0), reqs.height
 
 

@@ -12,7 +12,7 @@ Stored shapes (``kvtrace.replay.run``):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 # The KV cache spec types an engine config stores (``cache.groups[g].type``) and the
 # label each group gets on the pages.
@@ -34,7 +34,7 @@ def group_labels(cfg: dict[str, Any]) -> dict[int, str]:
     {} for a config that stores no groups (cache-only, live and OTLP runs)."""
     labels = {}
     for gid, spec in enumerate(_stored_groups(cfg)):
-        kind = GROUP_KINDS.get(spec.get("type"))
+        kind = GROUP_KINDS.get(str(spec.get("type")))
         labels[gid] = f"group {gid} ({kind})" if kind else f"group {gid}"
     return labels
 
@@ -50,7 +50,7 @@ class Capacity:
         return f"{self.blocks:,} blocks of {self.block_size} tokens"
 
 
-def _positive(v: Any) -> bool:
+def _positive(v: Any) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
 
@@ -65,7 +65,9 @@ def capacity(cfg: dict[str, Any]) -> Capacity | None:
     """
     if cfg.get("mode") == "cache-only":
         blocks, size = cfg.get("capacity_blocks"), cfg.get("block_size")
-        return Capacity(blocks, size) if _positive(blocks) and _positive(size) else None
+        if _positive(blocks) and _positive(size):
+            return Capacity(blocks, size)
+        return None
     groups = _stored_groups(cfg)
     per_group = cfg["cache"].get("num_gpu_blocks") if groups else None
     if isinstance(per_group, int):  # CacheConfig also takes one count for every group
@@ -74,6 +76,8 @@ def capacity(cfg: dict[str, Any]) -> Capacity | None:
         return None
     for spec, blocks in zip(groups, per_group):
         size = spec.get("block_size")
-        if spec.get("type") == "FullAttentionSpec" and _positive(blocks) and blocks > 1 and _positive(size):
+        if spec.get("type") != "FullAttentionSpec" or not _positive(size):
+            continue
+        if _positive(blocks) and blocks > 1:
             return Capacity(blocks - 1, size)
     return None

@@ -65,7 +65,7 @@ def bound_select(
     wanted = st.query_params.get(param)
     chosen = by_text.get(wanted) if wanted is not None else None
     if chosen is None:
-        chosen = default if default in options else options[0]
+        chosen = default if default is not None and default in options else options[0]
     value = st.selectbox(label, list(options), index=list(options).index(chosen), key=key, format_func=format_func,
                          help=help)
     st.query_params[param] = str(value)

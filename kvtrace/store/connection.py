@@ -13,6 +13,7 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import duckdb
 
@@ -150,6 +151,12 @@ def write_connection(path: str | Path, timeout_s: float = DEFAULT_TIMEOUT_S) -> 
         yield con
     finally:
         con.close()
+
+
+def fetch_value(con: duckdb.DuckDBPyConnection, sql: str, params=None) -> Any:
+    """The single value of a query that always returns one row (an aggregate)."""
+    rows = con.execute(sql, params or []).fetchall()
+    return rows[0][0]
 
 
 def fetch_one(con: duckdb.DuckDBPyConnection, sql: str, params=None) -> tuple | None:

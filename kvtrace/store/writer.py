@@ -25,7 +25,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kvtrace.store import derived
-from kvtrace.store.connection import DEFAULT_TIMEOUT_S, check_store, fetch_one, read_connection, write_connection
+from kvtrace.store.connection import (
+    DEFAULT_TIMEOUT_S,
+    check_store,
+    fetch_one,
+    fetch_value,
+    read_connection,
+    write_connection,
+)
 from kvtrace.store.errors import StoreError, UnknownRunError
 from kvtrace.store.liveness import host_name, process_start_token, writer_alive
 from kvtrace.store.schema import (
@@ -276,11 +283,11 @@ class Store:
             created = _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat()
         with self._connect() as con:
             if run_id is None:
-                n = fetch_one(
+                n = fetch_value(
                     con,
                     "SELECT coalesce(max(TRY_CAST(substr(run_id, 2) AS BIGINT)), 0) + 1 FROM runs "
                     "WHERE run_id SIMILAR TO 'r[0-9]+'"
-                )[0]
+                )
                 run_id = f"r{n}"
             elif fetch_one(con, "SELECT 1 FROM runs WHERE run_id = ?", [run_id]):
                 raise StoreError(self.path, f"run id {run_id!r} already exists")
@@ -382,10 +389,7 @@ class Store:
             row = fetch_one(con, "SELECT status FROM runs WHERE run_id = ?", [run_id])
             if row is None:
                 raise UnknownRunError(self.path, run_id)
-            return fetch_one(
-                con,
-                "SELECT coalesce(max(seq) + 1, 0) FROM spans WHERE run_id = ?", [run_id]
-            )[0]
+            return int(fetch_value(con, "SELECT coalesce(max(seq) + 1, 0) FROM spans WHERE run_id = ?", [run_id]))
 
     def flush(self) -> int:
         """Commit every buffered span in one transaction; return rows written."""

@@ -1,5 +1,7 @@
 """Compare: two runs of the same trace side by side (the isolated A/B)."""
 
+from typing import Literal
+
 import polars as pl
 import streamlit as st
 
@@ -19,11 +21,11 @@ def main() -> None:
         return
 
     labels = dict(zip(queries.runs()["run_id"], queries.runs()["label"]))
-    label = lambda r: labels.get(r, r)  # pure: AppTest calls it outside the script
+    label = lambda r: str(labels.get(r, r))  # pure: AppTest calls it outside the script
     c = st.columns(2)
     c[0].markdown(f"**A** (sidebar run): {label(run_a)}")
     with c[1]:
-        run_b = state.bound_select("B", others["run_id"].to_list(), "b", format_func=label)
+        run_b = str(state.bound_select("B", others["run_id"].to_list(), "b", format_func=label))  # others: not empty
     a, b = queries.run_row(run_a), queries.run_row(run_b)
     on_a, on_b = ({x for x in (r.get("behaviours_on") or "").split(", ") if x} for r in (a, b))
     changed = sorted(on_a ^ on_b)
@@ -41,11 +43,12 @@ def main() -> None:
     cols = st.columns(5)
     for i, (name, key, fmt, better) in enumerate(ROWS):
         va, vb = sa.get(key), sb.get(key)
-        delta, d = None, 0
+        delta, d = None, 0.0
         if isinstance(va, (int, float)) and isinstance(vb, (int, float)):
             d = vb - va
             delta = (f"{100 * d:+.1f} pp" if fmt is ui.pct else f"{d:+.1f} ms" if fmt is ui.ms else f"{int(d):+,}")
-        colour = "off" if better is None or d == 0 else ("normal" if better else "inverse")
+        colour: Literal["off", "normal", "inverse"] = (
+            "off" if better is None or d == 0 else ("normal" if better else "inverse"))
         cols[i % 5].metric(f"{name} (B)", fmt(vb), delta=delta, delta_color=colour,
                            delta_arrow="auto" if d else "off", help=f"A: {fmt(va)}")
     st.caption("B's value with its change from A; green means better, red worse (lower is better for latency, "

@@ -14,7 +14,7 @@ groups = sorted(rates["group_id"].unique().to_list()) if rates.height else [quer
 c1, c2 = st.columns([1, 2])
 with c1:
     group = state.bound_select("KV group", ["each", *groups], "group", default="each",
-                               format_func=lambda g: "every group" if g == "each" else names.get(g, f"group {g}"))
+                               format_func=lambda g: "every group" if g == "each" else names.get(int(g), f"group {g}"))
 with c2:
     window = state.bound_window("Virtual time window", queries.time_extent_s(run_id))
 

@@ -43,10 +43,10 @@ if reqs.height == 0:
 else:
     options = reqs["request_id"].to_list()
     info = {r["request_id"]: r for r in reqs.iter_rows(named=True)}
-    rid = state.bound_select(
+    rid = str(state.bound_select(  # options: not empty
         "Request (slowest TTFT first)", options, "request",
         format_func=lambda x: f"{x} · TTFT {(info[x]['ttft_ns'] or 0) / 1e6:.1f} ms · "
-                              f"hit {info[x]['num_hit_tokens'] or 0}/{info[x]['num_prompt_tokens']} tokens")
+                              f"hit {info[x]['num_hit_tokens'] or 0}/{info[x]['num_prompt_tokens']} tokens"))
     ui.chart(charts.waterfall(queries.call("request_waterfall", run_id, rid), rid),
              "One request on virtual time: queue, prefill chunks and decode as bars; its cache lookup (hit), CoW "
              "copies and the evictions it caused as marks.",

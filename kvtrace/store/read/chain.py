@@ -115,13 +115,13 @@ def stale_hash_chain(db: DB, run_id: str, block_hash: str, group_id: int | None 
             .unique().drop_nulls().rows()
         )
         if holders and touched.height:
+            lo, hi = touched.select(pl.col("seq").min(), pl.col("seq").max().alias("hi")).row(0)
             cows = query(con, _chain_select(
                 "cache_spans",
                 f"name = '{SPAN_COW}' AND seq BETWEEN $lo AND $hi AND "
                 "(list_contains($holders, [group_id, copy_dst]) OR list_contains($holders, [group_id, copy_src]))",
                 _COW_COLUMNS,
-            ), {"run_id": run_id, "lo": int(touched["seq"].min()), "hi": int(touched["seq"].max()),
-                "holders": sorted([int(g), int(b)] for g, b in holders)})
+            ), {"run_id": run_id, "lo": lo, "hi": hi, "holders": sorted([int(g), int(b)] for g, b in holders)})
             touched = pl.concat([touched, cows], how="vertical_relaxed")
     return (
         touched.sort("seq")
