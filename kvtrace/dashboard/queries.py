@@ -1,4 +1,6 @@
-"""Cached reads for the pages, composed only from ``kvtrace.store.read`` (no SQL here).
+"""Cached reads for the pages, composed only from ``kvtrace.store.read`` (no SQL here),
+and the run facts the pages need (Belady bound, group names, window length), read from
+stored fields (``run_config``), never guessed from names.
 
 Every cached call is keyed on (function, database path, refresh token, arguments):
 the Refresh button bumps the token, so a store being written by a replay is re-read
@@ -22,7 +24,7 @@ from kvtrace.store.schema import SUMMARY_FIELDS
 
 CTX_KEY = "kvtrace_ctx"
 SUMMARY_KEYS = tuple(k for k in SUMMARY_FIELDS if k != "digest")  # numeric headline fields
-GROUP_ALL = -1  # the store's all-groups series (read.OVERALL_GROUP)
+GROUP_ALL = read.OVERALL_GROUP  # group_id of the store's all-groups series
 
 # The read functions the pages call through ``call`` (and only those); a typo fails loudly in tests.
 _READS = {

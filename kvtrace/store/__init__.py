@@ -35,8 +35,11 @@ Derived tables (``derived.py``), built per run by ``finish_run`` (and by crash r
     evicted_blocks (each evicted block + the publish that next took its block id),
     miss_attribution (each lookup miss on a previously cached hash -> its eviction -> that
     publish), span_stats, latency_quantiles (exact quantile grid of TTFT/E2E/queue/ITL),
-    block_values (lifetime/idle/reuse-gap value counts). Readers use them for finished
-    runs and run the same SQL on the fly for running ones, so answers agree.
+    block_values (lifetime/idle/reuse-gap value counts), stale_chain (the seqs of the spans
+    naming each stale hash), evict_counts (evicted blocks per time, reason, next publish
+    kind); ``derived.TABLES`` lists them. Readers use them for finished runs and run the
+    same SQL on the fly for running ones (stale_chain: a search of the block lists), so
+    answers agree.
 
 Concurrency (``connection.py``)
     DuckDB allows one read-write process or many read-only ones. The writer (``Store``)

@@ -195,7 +195,9 @@ DDL = tuple(_TABLE_DDL.values())
 
 
 def live_sql(table: str) -> str:
-    """The SELECT that computes ``table``'s rows of $run_id from the spans (running runs)."""
+    """The SELECT that computes ``table``'s rows of $run_id from the spans, for running runs.
+    Every derived table but stale_chain (an index the stale-hash chain does without on a
+    running run); KeyError for it and for unknown names."""
     if table == "evicted_blocks":
         return EVICTED_BLOCKS_SELECT
     if table == "miss_attribution":
