@@ -2,9 +2,10 @@
 window, choose each derived table's relation, and run SQL through ``query``.
 
 ``query`` is the only function that executes SQL: it takes the open database, the SQL
-text and its named parameters, and returns a polars frame. Everything else in the
-package builds SQL text and hands it here, so a second backend (ClickHouse) slots in at
-``query`` and ``open_run`` while the SQL above them stays shared.
+text and its named parameters, and returns a polars frame; ``connect`` is the only one
+that opens the database. Everything else in the package builds SQL text and hands it
+here, so a second backend (ClickHouse) slots in at ``connect`` and ``query`` while the
+SQL above them stays shared.
 
 Values reach SQL only as bound parameters (``$name``): run ids, hashes, request ids,
 windows, limits, group ids, top-N, bin counts, and the seq numbers read back from the
@@ -69,11 +70,16 @@ def run_status(con: Connection, db: DB, run_id: str) -> str:
     return str(found["status"][0])
 
 
+def connect(db: DB) -> contextlib.AbstractContextManager[Connection]:
+    """A read-only connection to ``db``: retries while a writer commits, refuses a file
+    that is not a kvtrace store, and closes on exit."""
+    return read_connection(db)
+
+
 @contextlib.contextmanager
 def open_run(db: DB, run_id: str) -> Iterator[tuple[Connection, str]]:
-    """A read-only connection to ``db`` (retrying while a writer commits; closed on exit)
-    and the stored status of ``run_id``, checked to exist."""
-    with read_connection(db) as con:
+    """``connect(db)`` and the stored status of ``run_id``, checked to exist."""
+    with connect(db) as con:
         yield con, run_status(con, db, run_id)
 
 

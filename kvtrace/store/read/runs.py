@@ -7,10 +7,9 @@ from typing import Any
 
 import polars as pl
 
-from kvtrace.store.connection import read_connection
 from kvtrace.store.errors import UnknownRunError
 from kvtrace.store.liveness import writer_alive
-from kvtrace.store.read._sql import DB, derived_relation, query, with_run
+from kvtrace.store.read._sql import DB, connect, derived_relation, query, with_run
 
 _RUNS_SQL = """
     SELECT r.run_id, r.name, r.created, r.trace_source, r.trace_digest, r.mode,
@@ -33,7 +32,7 @@ def runs(db: DB) -> pl.DataFrame:
     Columns: run_id, name, created, trace_source, trace_digest, mode, behaviours, status,
     digest, config, summary (the JSON fields as text), writer_pid, num_spans.
     """
-    with read_connection(db) as con:
+    with connect(db) as con:
         frame = query(con, _RUNS_SQL)
     status = [
         "incomplete" if s == "running" and not writer_alive(p, h, t) else s
