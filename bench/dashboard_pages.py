@@ -5,9 +5,10 @@ of >= 10M spans. Budgets: each page renders in < 3 s, each query runs in < 1 s.
 
 The store holds two runs of the same synthetic trace (bench/store_synth.py, the store's
 generator): A with --spans (10M by default; every page shows it) and B with --b-spans
-(another seed), written through the real writer, so the Compare page has an A/B. Pages are timed cold (st.cache_data cleared: every query hits
-DuckDB) and warm (served from the cache, as after the first view); queries are timed
-inside the cold render, as the page issues them.
+(another seed), written through the real writer, so the Compare page has an A/B. Pages
+are timed cold (st.cache_data cleared: every query hits DuckDB) and warm (served from the
+cache, as after the first view); queries are timed inside the cold render, as the page
+issues them.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import polars as pl  # noqa: E402
 import streamlit as st  # noqa: E402
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from kvtrace.dashboard import queries  # noqa: E402
+from kvtrace.dashboard import DB_ENV, queries  # noqa: E402
 from kvtrace.store import read  # noqa: E402
 from kvtrace.store.writer import Store  # noqa: E402
 
@@ -64,11 +65,12 @@ def build(db: Path, num_spans: int, b_spans: int) -> None:
     for p in (db, Path(f"{db}.wal")):
         p.unlink(missing_ok=True)
     t0 = time.perf_counter()
-    for name, seed, behaviours, spans in (("bench-on", 7, ["a", "b", "c"], num_spans), ("bench-without-c", 8, ["a", "b"], b_spans)):
+    for name, seed, behaviours, spans in (("bench-on", 7, ["a", "b", "c"], num_spans),
+                                          ("bench-without-c", 8, ["a", "b"], b_spans)):
         store = Store.open(db, flush_rows=400_000, flush_interval_s=1e9)
         run_id = store.create_run(name, created="2026-01-01T00:00:00Z", trace_source="bench/store_synth.py",
                                   trace_digest=TRACE_DIGEST, mode="engine", behaviours=behaviours,
-                                  config={"groups": [{"kind": "full_attention"}, {"kind": "mamba"}]})
+                                  config={"cache": {"groups": [{"type": "FullAttentionSpec"}, {"type": "MambaSpec"}]}})
         n = fill_store(store, run_id, spans, seed=seed)
         store.flush()
         summary = summary_from_store(str(db), run_id)
@@ -91,7 +93,8 @@ def main() -> int:
     total = int(runs["num_spans"].sum())
     big = runs.sort("num_spans", descending=True).row(0, named=True)
     other = runs.filter(pl.col("run_id") != big["run_id"])["run_id"][0]
-    print(f"store {db}: {total:,} spans in {runs.height} runs; pages show run {big['run_id']} ({big['num_spans']:,} spans)")
+    print(f"store {db}: {total:,} spans in {runs.height} runs; "
+          f"pages show run {big['run_id']} ({big['num_spans']:,} spans)")
 
     # Time every read call the pages make (they all go through queries._READS or read.runs).
     timings: list[tuple[str, str, float]] = []
@@ -111,7 +114,7 @@ def main() -> int:
     for name in ("runs", "run", "requests", "per_request_hits"):  # called directly by queries' own caches
         setattr(read, name, timed(name, getattr(read, name)))
 
-    os.environ["KVTRACE_DB"] = db
+    os.environ[DB_ENV] = db
     page_rows = []
     for page in PAGES:
         params = {"run": big["run_id"], "b": other}

@@ -16,12 +16,14 @@ import sys
 import time
 from pathlib import Path
 
+import polars as pl
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from store_synth import fill_store  # noqa: E402
+from store_synth import fill_store
 
-from kvtrace.store import Store, read  # noqa: E402
+from kvtrace.store import Store, read
 
 BUDGET_S = 1.0
 
@@ -51,7 +53,7 @@ def main() -> int:
     if args.rebuild or not args.db.exists():
         run_id = build(args.db, args.spans)
     else:
-        run_id = read.runs(args.db).filter(read.pl.col("name") == "bench-10m")["run_id"][0]
+        run_id = read.runs(args.db).filter(pl.col("name") == "bench-10m")["run_id"][0]
     db = args.db
     some_request = read.requests(db, run_id)["request_id"][1000]
     some_hash = read.stale_hashes(db, run_id)["block_hash"][0]

@@ -17,13 +17,14 @@ APP_PATH = Path(__file__).with_name("app.py")
 DB_ENV = "KVTRACE_DB"
 
 
-def server_command(db: str | os.PathLike, host: str = "127.0.0.1", port: int = 8501, headless: bool = True) -> list[str]:
-    """The argv that serves the dashboard for ``db`` (``streamlit run app.py -- --db PATH``)."""
+def server_command(db: str | os.PathLike, host: str = "127.0.0.1", port: int = 8501) -> list[str]:
+    """The argv that serves the dashboard for ``db`` (``streamlit run app.py -- --db PATH``),
+    headless: the server opens no browser."""
     return [
         sys.executable, "-m", "streamlit", "run", str(APP_PATH),
         "--server.address", host,
         "--server.port", str(int(port)),
-        "--server.headless", "true" if headless else "false",
+        "--server.headless", "true",
         "--browser.gatherUsageStats", "false",
         "--server.fileWatcherType", "none",
         "--client.toolbarMode", "viewer",
@@ -31,7 +32,7 @@ def server_command(db: str | os.PathLike, host: str = "127.0.0.1", port: int = 8
     ]
 
 
-def launch(db: str | os.PathLike, host: str = "127.0.0.1", port: int = 8501, headless: bool = True) -> int:
+def launch(db: str | os.PathLike, host: str = "127.0.0.1", port: int = 8501) -> int:
     """Serve the dashboard until interrupted; returns the server's exit status.
 
     Binds to loopback unless ``host`` says otherwise. A missing database is a one-line
@@ -39,11 +40,12 @@ def launch(db: str | os.PathLike, host: str = "127.0.0.1", port: int = 8501, hea
     """
     path = Path(db)
     if not path.is_file():
-        raise ConfigError("kvtrace dashboard", "--db", f"{path}: no such database file (fill one with `kvtrace demo` or `kvtrace replay TRACE --db {path}`)")
+        raise ConfigError("kvtrace dashboard", "--db", f"{path}: no such database file (fill one with `kvtrace demo` "
+                                                       f"or `kvtrace replay TRACE --db {path}`)")
     if not 0 < int(port) < 65536:
         raise ConfigError("kvtrace dashboard", "--port", f"expected 1..65535, got {port}")
     env = dict(os.environ, **{DB_ENV: str(path.resolve())})
     try:
-        return subprocess.call(server_command(path, host, port, headless), env=env)
+        return subprocess.call(server_command(path, host, port), env=env)
     except KeyboardInterrupt:
         return 130

@@ -15,10 +15,13 @@ from kvtrace.errors import KVTraceError
 
 HERE = Path(__file__).parent
 PAGES = [
-    st.Page(str(HERE / "views" / "overview.py"), title="Overview", icon=":material/dashboard:", url_path="overview", default=True),
+    st.Page(str(HERE / "views" / "overview.py"), title="Overview", icon=":material/dashboard:", url_path="overview",
+            default=True),
     st.Page(str(HERE / "views" / "hit_rate.py"), title="Hit rate", icon=":material/target:", url_path="hit-rate"),
-    st.Page(str(HERE / "views" / "evictions.py"), title="Evictions", icon=":material/delete_sweep:", url_path="evictions"),
-    st.Page(str(HERE / "views" / "stale.py"), title="Stale hashes & correctness", icon=":material/report:", url_path="stale"),
+    st.Page(str(HERE / "views" / "evictions.py"), title="Evictions", icon=":material/delete_sweep:",
+            url_path="evictions"),
+    st.Page(str(HERE / "views" / "stale.py"), title="Stale hashes & correctness", icon=":material/report:",
+            url_path="stale"),
     st.Page(str(HERE / "views" / "latency.py"), title="Latency", icon=":material/timer:", url_path="latency"),
     st.Page(str(HERE / "views" / "compare.py"), title="Compare", icon=":material/compare_arrows:", url_path="compare"),
 ]

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import plotly.graph_objects as go
 import polars as pl
@@ -35,17 +35,20 @@ def hit_rate(frame: pl.DataFrame, group_names: dict[int, str], belady: pl.DataFr
         part = frame.filter(pl.col("group_id") == gid).sort("window_start_ns")
         t = (part["window_start_ns"] / NS).to_list()
         name = group_names.get(gid, f"group {gid}")
-        fig.add_scatter(x=t, y=part["hit_rate"].to_list(), name=f"{name} (windowed)", mode="lines", line=dict(color=_color(i)))
+        fig.add_scatter(x=t, y=part["hit_rate"].to_list(), name=f"{name} (windowed)", mode="lines",
+                        line=dict(color=_color(i)))
         fig.add_scatter(x=t, y=part["cum_hit_rate"].to_list(), name=f"{name} (cumulative)", mode="lines",
                         line=dict(color=_color(i), dash="dash"))
     if belady is not None and belady.height:
         part = belady.sort("window_start_ns")
         fig.add_scatter(x=(part["window_start_ns"] / NS).to_list(), y=part["cum_hit_rate"].to_list(),
-                        name="Belady bound (cumulative, cache-only)", mode="lines", line=dict(color="black", dash="dot"))
+                        name="Belady bound (cumulative, cache-only)", mode="lines",
+                        line=dict(color="black", dash="dot"))
     elif belady_rate is not None and frame.height:
         label, rate = belady_rate
-        t = (frame["window_start_ns"] / NS)
-        fig.add_scatter(x=[t.min(), t.max()], y=[rate, rate], name=label, mode="lines", line=dict(color="black", dash="dot"))
+        starts = frame["window_start_ns"] / NS
+        fig.add_scatter(x=[starts.min(), starts.max()], y=[rate, rate], name=label, mode="lines",
+                        line=dict(color="black", dash="dot"))
     fig.update_yaxes(range=[0, 1.02], tickformat=".0%")
     return fig
 
@@ -56,8 +59,10 @@ def hit_sources(frame: pl.DataFrame) -> go.Figure | None:
         return None
     fig = _fig("Prompt tokens by source", "virtual time (s)", "tokens per window")
     t = (frame["window_start_ns"] / NS).to_list()
-    for i, (col, name) in enumerate((("local_tokens", "local hit"), ("external_tokens", "external hit"), ("computed_tokens", "computed"))):
-        fig.add_scatter(x=t, y=frame[col].to_list(), name=name, mode="lines", stackgroup="tokens", line=dict(color=_color(i)))
+    sources = (("local_tokens", "local hit"), ("external_tokens", "external hit"), ("computed_tokens", "computed"))
+    for i, (col, name) in enumerate(sources):
+        fig.add_scatter(x=t, y=frame[col].to_list(), name=name, mode="lines", stackgroup="tokens",
+                        line=dict(color=_color(i)))
     return fig
 
 
@@ -70,21 +75,26 @@ def usage(frame: pl.DataFrame, group_names: dict[int, str]) -> go.Figure | None:
         part = frame.filter(pl.col("group_id") == gid).sort("window_start_ns")
         t = (part["window_start_ns"] / NS).to_list()
         name = group_names.get(gid, f"group {gid}")
-        fig.add_scatter(x=t, y=part["mean_usage"].to_list(), name=f"{name} mean", mode="lines", line=dict(color=_color(i)))
-        fig.add_scatter(x=t, y=part["max_usage"].to_list(), name=f"{name} max", mode="lines", line=dict(color=_color(i), dash="dot"))
-    top = frame["max_usage"].max() or 0.0
-    fig.update_yaxes(range=[0, min(1.02, max(0.01, 1.1 * top))], tickformat=".1%" if top < 0.1 else ".0%")  # a lightly used pool stays visible
+        fig.add_scatter(x=t, y=part["mean_usage"].to_list(), name=f"{name} mean", mode="lines",
+                        line=dict(color=_color(i)))
+        fig.add_scatter(x=t, y=part["max_usage"].to_list(), name=f"{name} max", mode="lines",
+                        line=dict(color=_color(i), dash="dot"))
+    top = float(frame.select(pl.col("max_usage").max()).item() or 0.0)
+    # the axis follows the peak, so a lightly used pool stays visible
+    fig.update_yaxes(range=[0, min(1.02, max(0.01, 1.1 * top))], tickformat=".1%" if top < 0.1 else ".0%")
     return fig
 
 
-def stacked_counts(frame: pl.DataFrame, title: str, y: str, key: str = "key", value: str = "blocks") -> go.Figure | None:
-    """Bars per window, stacked by ``key`` (evictions by reason or by publish kind)."""
+def stacked_counts(frame: pl.DataFrame, title: str, y: str) -> go.Figure | None:
+    """Blocks per window (columns window_start_ns, key, blocks), stacked by ``key``
+    (evictions by reason or by publish kind)."""
     if frame.height == 0:
         return None
     fig = _fig(title, "virtual time (s)", y, barmode="stack", showlegend=True)
-    for i, (k,) in enumerate(frame.select(key).unique().sort(key).iter_rows()):
-        part = frame.filter(pl.col(key) == k).sort("window_start_ns")
-        fig.add_bar(x=(part["window_start_ns"] / NS).to_list(), y=part[value].to_list(), name=str(k), marker_color=_color(i))
+    for i, (k,) in enumerate(frame.select("key").unique().sort("key").iter_rows()):
+        part = frame.filter(pl.col("key") == k).sort("window_start_ns")
+        fig.add_bar(x=(part["window_start_ns"] / NS).to_list(), y=part["blocks"].to_list(), name=str(k),
+                    marker_color=_color(i))
     return fig
 
 
@@ -108,7 +118,8 @@ def attribution_sankey(flows: pl.DataFrame) -> go.Figure | None:
         src += [a, b]
         dst += [b, c]
         val += [int(misses), int(misses)]
-    fig = go.Figure(go.Sankey(node=dict(label=labels, pad=12), link=dict(source=src, target=dst, value=val), name="attribution"))
+    fig = go.Figure(go.Sankey(node=dict(label=labels, pad=12), link=dict(source=src, target=dst, value=val),
+                              name="attribution"))
     fig.update_layout(title="Which publishes evicted which hot prefixes (weighted by later misses)")
     return fig
 
@@ -136,7 +147,9 @@ def correctness(frame: pl.DataFrame) -> go.Figure | None:
         return None
     fig = _fig("Stale hashes and divergent outputs", "virtual time (s)", "count per window", barmode="group")
     t = (frame["window_start_ns"] / NS).to_list()
-    for i, (col, name) in enumerate((("stale_found", "stale hash found"), ("stale_left", "stale entry left"), ("divergent_outputs", "divergent output"))):
+    series = (("stale_found", "stale hash found"), ("stale_left", "stale entry left"),
+              ("divergent_outputs", "divergent output"))
+    for i, (col, name) in enumerate(series):
         fig.add_bar(x=t, y=frame[col].to_list(), name=name, marker_color=_color(i + 3))
     return fig
 
@@ -146,7 +159,8 @@ def cdf(curves: Sequence[tuple[str, pl.DataFrame]], title: str) -> go.Figure | N
     fig = _fig(title, "ms", "fraction ≤ x")
     for i, (name, frame) in enumerate(curves):
         if frame.height:
-            fig.add_scatter(x=(frame["value_ns"] / MS).to_list(), y=frame["q"].to_list(), name=name, mode="lines", line=dict(color=_color(i)))
+            fig.add_scatter(x=(frame["value_ns"] / MS).to_list(), y=frame["q"].to_list(), name=name, mode="lines",
+                            line=dict(color=_color(i)))
     fig.update_layout(hovermode="closest")
     return fig if fig.data else None
 
@@ -166,7 +180,9 @@ def itl_over_time(frame: pl.DataFrame) -> go.Figure | None:
         return None
     fig = _fig("ITL over virtual time", "virtual time (s)", "ms")
     t = (frame["window_start_ns"] / NS).to_list()
-    for i, (col, name) in enumerate((("mean_itl_ns", "mean ITL"), ("p50_itl_ns", "median of request p50"), ("max_p99_itl_ns", "max of request p99"))):
+    series = (("mean_itl_ns", "mean ITL"), ("p50_itl_ns", "median of request p50"),
+              ("max_p99_itl_ns", "max of request p99"))
+    for i, (col, name) in enumerate(series):
         fig.add_scatter(x=t, y=(frame[col] / MS).to_list(), name=name, mode="lines", line=dict(color=_color(i)))
     return fig
 
@@ -203,14 +219,14 @@ def waterfall(frame: pl.DataFrame, request_id: str) -> go.Figure | None:
 
 
 def overlay(curves: Sequence[tuple[str, pl.DataFrame]], x: str, y: str, title: str, ytitle: str, yscale: float = 1.0,
-            dash: Sequence[str] = ("solid", "dash"), percent: bool = False) -> go.Figure | None:
-    """One line per run (compare page)."""
+            percent: bool = False) -> go.Figure | None:
+    """One line per run (compare page): A solid, B dashed."""
     fig = _fig(title, "virtual time (s)", ytitle)
     for i, (name, frame) in enumerate(curves):
         if frame.height:
             frame = frame.sort(x)
             fig.add_scatter(x=(frame[x] / NS).to_list(), y=(frame[y] / yscale).to_list(), name=name, mode="lines",
-                            line=dict(color=_color(i), dash=dash[i % len(dash)]))
+                            line=dict(color=_color(i), dash=("solid", "dash")[i % 2]))
     if percent:
         fig.update_yaxes(tickformat=".0%")
     return fig if fig.data else None
@@ -225,7 +241,8 @@ def request_delta(diff: pl.DataFrame) -> go.Figure | None:
     if diff.height == 0:
         return None
     if diff.height > MAX_REQUEST_BARS:
-        fig = _fig(f"Per-request hit-token difference (B − A), {diff.height:,} requests", "hit tokens B − A", "requests")
+        fig = _fig(f"Per-request hit-token difference (B − A), {diff.height:,} requests", "hit tokens B − A",
+                   "requests")
         hist = diff["hit_delta"].cast(pl.Float64).hist(bin_count=80, include_category=False)
         width = hist["breakpoint"].diff().fill_null(strategy="backward")
         mid = hist["breakpoint"] - width / 2

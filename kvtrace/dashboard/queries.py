@@ -1,4 +1,6 @@
-"""Cached reads for the pages, composed only from ``kvtrace.store.read`` (no SQL here).
+"""Cached reads for the pages, composed only from ``kvtrace.store.read`` (no SQL here),
+and the run facts the pages need (Belady bound, group names, window length), read from
+stored fields (``run_config``), never guessed from names.
 
 Every cached call is keyed on (function, database path, refresh token, arguments):
 the Refresh button bumps the token, so a store being written by a replay is re-read
@@ -8,30 +10,30 @@ on demand and otherwise served from memory.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 import streamlit as st
 
-from kvtrace.dashboard import state, ui
+from kvtrace.dashboard import DB_ENV, run_config, state, ui
 from kvtrace.errors import KVTraceError
 from kvtrace.store import read
 from kvtrace.store.schema import SUMMARY_FIELDS
 
 CTX_KEY = "kvtrace_ctx"
 SUMMARY_KEYS = tuple(k for k in SUMMARY_FIELDS if k != "digest")  # numeric headline fields
-GROUP_ALL = -1  # the store's all-groups series (read.OVERALL_GROUP)
+GROUP_ALL = read.OVERALL_GROUP  # group_id of the store's all-groups series
 
-# The read functions a page may call through ``call``; a typo fails loudly in tests.
+# The read functions the pages call through ``call`` (and only those); a typo fails loudly in tests.
 _READS = {
     name: getattr(read, name)
     for name in (
-        "span_counts", "hit_rate_over_time", "hit_token_sources", "usage_over_time", "evictions_over_time",
-        "evictions_by_reason", "evictions_by_publish_kind", "eviction_attribution", "eviction_attribution_flows",
-        "block_histograms", "per_prefix_reuse", "stale_hashes_over_time", "stale_hashes", "stale_hash_chain",
-        "divergent_outputs", "requests", "per_request_hits", "itl_gaps", "latency_cdf", "latency_percentiles",
-        "latency_histogram", "itl_over_time", "request_waterfall",
+        "hit_rate_over_time", "hit_token_sources", "usage_over_time", "per_prefix_reuse", "evictions_over_time",
+        "eviction_attribution", "block_histograms", "stale_hashes_over_time", "stale_hashes", "stale_hash_chain",
+        "divergent_outputs", "per_request_hits", "latency_cdf", "latency_histogram", "itl_over_time",
+        "request_waterfall",
     )
 }
 
@@ -67,7 +69,8 @@ def with_run_columns(frame: pl.DataFrame) -> pl.DataFrame:
             v = summary.get(k)
             r[k] = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
         r["label"] = ui.run_label(r)
-    schema = dict(frame.schema) | {"behaviours_on": pl.String, "behaviours_off": pl.String, "label": pl.String}
+    schema: dict[str, Any] = dict(frame.schema) | {"behaviours_on": pl.String, "behaviours_off": pl.String,
+                                                   "label": pl.String}
     schema |= {k: pl.Float64 for k in SUMMARY_KEYS}
     return pl.DataFrame(rows, schema=schema)
 
@@ -94,7 +97,7 @@ def _behaviour_names(value: Any) -> list[str]:
 def open_store(db: str | None) -> bool:
     """Check the database and load the runs; on failure show one st.error line and return False."""
     if not db:
-        st.error("No database given: start with `kvtrace dashboard --db PATH` (or set KVTRACE_DB).")
+        st.error(f"No database given: start with `kvtrace dashboard --db PATH` (or set {DB_ENV}).")
         return False
     if not Path(db).is_file():
         st.error(f"{db}: no such database file. Create it with `kvtrace demo` or `kvtrace replay TRACE --db {db}`.")
@@ -146,18 +149,37 @@ def group_hit_rates(run_id: str) -> dict[int, float]:
     return {int(g): float(r) for g, r in zip(last["group_id"], last["cum_hit_rate"]) if r is not None}
 
 
-def belady_run(run_id: str) -> dict[str, Any] | None:
-    """A cache-only Belady run of the same trace (same trace digest), if the store has one."""
+@dataclass(frozen=True)
+class BeladyBound:
+    """The Belady (offline-optimal) bound for one run: ``run``, a cache-only Belady run of
+    the same trace at the same ``capacity``, or None; ``others``: the capacities of the
+    trace's Belady runs that do not match (None for one whose config stores none)."""
+
+    capacity: run_config.Capacity | None
+    run: dict[str, Any] | None
+    others: tuple[run_config.Capacity | None, ...]
+
+
+def belady_bound(run_id: str) -> BeladyBound:
+    """Find the Belady run that bounds ``run_id``: same trace digest, stored policy
+    ``belady`` (only cache-only configs store a policy), and the same capacity as
+    ``run_id``'s stored config (``run_config.capacity``); the newest one when several match."""
     row = run_row(run_id)
+    want = run_config.capacity(config(run_id))
     digest = row.get("trace_digest")
     if not digest:
-        return None
-    for other in runs().filter((pl.col("trace_digest") == digest) & (pl.col("run_id") != run_id)).iter_rows(named=True):
+        return BeladyBound(want, None, ())
+    others: list[run_config.Capacity | None] = []
+    same_trace = runs().filter((pl.col("trace_digest") == digest) & (pl.col("run_id") != run_id))
+    for other in same_trace.iter_rows(named=True):  # newest first
         cfg = _json(other.get("config")) or {}
-        policy = str(cfg.get("policy") or "").lower()
-        if policy == "belady" or "belady" in str(other.get("name") or "").lower():
-            return other
-    return None
+        if cfg.get("policy") != "belady":
+            continue
+        have = run_config.capacity(cfg)
+        if want is not None and have == want:
+            return BeladyBound(want, other, ())
+        others.append(have)
+    return BeladyBound(want, None, tuple(others))
 
 
 def comparable_runs(run_id: str) -> pl.DataFrame:
@@ -172,8 +194,10 @@ def comparable_runs(run_id: str) -> pl.DataFrame:
 def request_diff(run_a: str, run_b: str) -> pl.DataFrame:
     """Per request in both runs: hit tokens and TTFT in A and B, and B - A (request ids are
     unique in a replay; a repeated id in a foreign store is summed, not multiplied by the join)."""
-    a = _per_request(run_a).select("request_id", "num_prompt_tokens", pl.col("num_hit_tokens").alias("hit_a"), pl.col("ttft_ns").alias("ttft_a_ns"))
-    b = _per_request(run_b).select("request_id", pl.col("num_hit_tokens").alias("hit_b"), pl.col("ttft_ns").alias("ttft_b_ns"))
+    a = _per_request(run_a).select("request_id", "num_prompt_tokens", pl.col("num_hit_tokens").alias("hit_a"),
+                                   pl.col("ttft_ns").alias("ttft_a_ns"))
+    b = _per_request(run_b).select("request_id", pl.col("num_hit_tokens").alias("hit_b"),
+                                   pl.col("ttft_ns").alias("ttft_b_ns"))
     return (
         a.join(b, on="request_id", how="inner")
         .with_columns(
@@ -200,7 +224,7 @@ def _extent(db: str, token: int, run_id: str) -> tuple[int, int]:
     if isinstance(duration, (int, float)) and isinstance(n, int) and duration > 0:
         return int(duration * 1e9), n
     reqs = read.requests(db, run_id)
-    end = reqs["finish_ns"].max() if reqs.height else None
+    end = reqs.select(pl.col("finish_ns").max()).item() if reqs.height else None
     return int(end or 0), reqs.height
 
 
@@ -226,71 +250,74 @@ def _one_request(db: str, token: int, run_id: str, request_id: str) -> pl.DataFr
     return read.per_request_hits(db, run_id).filter(pl.col("request_id") == request_id).head(1)
 
 
-def request_choices(run_id: str, wanted: str | None, limit: int = 500) -> pl.DataFrame:
-    """The request picker's rows: the slowest requests, plus ``wanted`` (from the URL) if it exists."""
+REQUEST_CHOICES = 500  # the request picker offers this many slowest requests
+
+
+def request_choices(run_id: str, wanted: str | None) -> pl.DataFrame:
+    """The request picker's rows: the REQUEST_CHOICES slowest requests, plus ``wanted``
+    (from the URL) if it exists."""
     db, token = context()["db"], state.refresh_token()
-    top = _slowest_requests(db, token, run_id, limit)
+    top = _slowest_requests(db, token, run_id, REQUEST_CHOICES)
     if wanted is not None and wanted not in set(top["request_id"].to_list()):
         top = pl.concat([top, _one_request(db, token, run_id, wanted)])
     return top
 
 
 def group_names(run_id: str) -> dict[int, str]:
-    """``group g (attention|state)`` from the run's config where it names the group kinds."""
-    cfg = config(run_id)
-    cache = cfg.get("cache") if isinstance(cfg.get("cache"), dict) else {}
-    specs = cache.get("groups") or cfg.get("groups") or cfg.get("kv_cache_groups") or []
-    names = {GROUP_ALL: "all groups"}
-    for gid, spec in enumerate(specs if isinstance(specs, list) else []):
-        text = json.dumps(spec).lower() if not isinstance(spec, str) else spec.lower()
-        kind = next((k for k, words in _GROUP_KINDS if any(w in text for w in words)), None)
-        names[gid] = f"group {gid} ({kind})" if kind else f"group {gid}"
-    return names
+    """Display names of a run's KV groups (``run_config.group_labels`` of its stored
+    config), and ``all groups`` for GROUP_ALL."""
+    return {GROUP_ALL: "all groups"} | run_config.group_labels(config(run_id))
 
 
-_GROUP_KINDS = (
-    ("state", ("mamba", "kda", "linear", "state", "recurrent")),
-    ("sliding window", ("sliding",)),
-    ("attention", ("attention", "full")),
-)
+REQUESTS_PER_WINDOW = 4
+MIN_WINDOWS = 20
+
+
+def windows_for(num_requests: int) -> int:
+    """How many windows the dashboard splits a run into: one per REQUESTS_PER_WINDOW
+    requests, within MIN_WINDOWS..read.DEFAULT_WINDOWS, so small runs get readable curves
+    and large runs keep ~200 points."""
+    return min(read.DEFAULT_WINDOWS, max(MIN_WINDOWS, num_requests // REQUESTS_PER_WINDOW))
 
 
 def window_ns(run_id: str) -> int | None:
-    """A round window giving about one window per 4 requests (20..200 windows), so small
-    runs get readable curves and large runs keep ~200 points; None lets the store choose."""
+    """The window length of every windowed chart of ``run_id``: ``read.nice_window`` over
+    its virtual duration with ``windows_for`` its requests; None (the store picks) when the
+    duration is unknown."""
     end, n = extent(run_id)
-    if not end:
-        return None
-    windows = min(200, max(20, n // 4))
-    raw = max(1, int(end) // windows)
-    scale = 10 ** (len(str(raw)) - 1)
-    return next(m * scale for m in (1, 2, 5, 10) if m * scale >= raw)
+    return read.nice_window(end, windows_for(n)) if end else None
 
 
-HIST_BINS = 200
+HIST_BINS = 200  # bins of the latency histograms, and of the CDFs drawn from them
 
 
-def cdf_from_histogram(run_id: str, metric: str, bins: int = HIST_BINS) -> pl.DataFrame:
-    """A CDF (q, value_ns) from the store's linear histogram (the same cached call the
-    histogram chart uses): cheap on millions of ITL gaps, where exact quantiles on a
+def cdf_from_histogram(run_id: str, metric: str) -> pl.DataFrame:
+    """A CDF (q, value_ns) from the store's HIST_BINS-bin histogram (the same cached call the
+    histogram chart makes): cheap on millions of ITL gaps, where exact quantiles on a
     1001-point grid (read.latency_cdf) are not."""
-    hist = call("latency_histogram", run_id, metric, bins=bins)
+    hist = call("latency_histogram", run_id, metric, bins=HIST_BINS)
     if hist.height == 0:
         return pl.DataFrame(schema={"q": pl.Float64, "value_ns": pl.Float64})
     total = hist["count"].sum()
     first = pl.DataFrame({"q": [0.0], "value_ns": [float(hist["bin_lo"][0])]})
-    rest = hist.select((pl.col("count").cum_sum() / total).cast(pl.Float64).alias("q"), pl.col("bin_hi").cast(pl.Float64).alias("value_ns"))
+    rest = hist.select((pl.col("count").cum_sum() / total).cast(pl.Float64).alias("q"),
+                       pl.col("bin_hi").cast(pl.Float64).alias("value_ns"))
     return pl.concat([first, rest])
 
 
-def attribution_flows(run_id: str, top_prefixes: int = 10) -> pl.DataFrame:
-    """read.eviction_attribution_flows, folded from the cached attribution frame so the page
-    runs the (expensive) attribution join once: (publish_kind, evict_reason, prefix) -> misses."""
+TOP_PREFIXES = 10  # the Sankey names this many hot prefixes; the rest are 'other'
+
+
+def attribution_flows(run_id: str) -> pl.DataFrame:
+    """read.eviction_attribution_flows(top_prefixes=TOP_PREFIXES), folded from the cached
+    attribution frame so the page runs the (expensive) attribution join once:
+    (publish_kind, evict_reason, prefix) -> misses."""
     att = call("eviction_attribution", run_id)
     if att.height == 0:
-        return pl.DataFrame(schema={"publish_kind": pl.String, "evict_reason": pl.String, "prefix": pl.String, "misses": pl.UInt32})
+        return pl.DataFrame(schema={"publish_kind": pl.String, "evict_reason": pl.String, "prefix": pl.String,
+                                    "misses": pl.UInt32})
     top = (att.group_by("root_hash").len().sort(["len", "root_hash"], descending=[True, False])
-           .head(top_prefixes)["root_hash"].to_list())
+           .head(TOP_PREFIXES)["root_hash"].to_list())
     return (
         att.with_columns(
             pl.col("publish_kind").fill_null("none"),

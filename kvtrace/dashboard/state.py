@@ -7,19 +7,21 @@ import argparse
 import math
 import os
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence, TypeVar
+from typing import TypeVar
 
 import polars as pl
 import streamlit as st
 
-DB_ENV = "KVTRACE_DB"
+from kvtrace.dashboard import DB_ENV
+
 REFRESH_KEY = "kvtrace_refresh"
 T = TypeVar("T")
 
 
 def db_path() -> str | None:
-    """``streamlit run app.py -- --db PATH`` wins; else the KVTRACE_DB environment variable."""
+    """``streamlit run app.py -- --db PATH`` wins; else the DB_ENV (KVTRACE_DB) environment variable."""
     if Path(sys.argv[0]).name == "app.py":
         parser = argparse.ArgumentParser(add_help=False)
         parser.add_argument("--db")
@@ -50,7 +52,6 @@ def bound_select(
     *,
     default: T | None = None,
     format_func: Callable[[T], str] = str,
-    container=None,
     help: str | None = None,
 ) -> T | None:
     """A selectbox whose value lives in ``?param=``; options are matched by ``str(option)``."""
@@ -64,14 +65,14 @@ def bound_select(
     wanted = st.query_params.get(param)
     chosen = by_text.get(wanted) if wanted is not None else None
     if chosen is None:
-        chosen = default if default in options else options[0]
-    where = container if container is not None else st
-    value = where.selectbox(label, list(options), index=list(options).index(chosen), key=key, format_func=format_func, help=help)
+        chosen = default if default is not None and default in options else options[0]
+    value = st.selectbox(label, list(options), index=list(options).index(chosen), key=key, format_func=format_func,
+                         help=help)
     st.query_params[param] = str(value)
     return value
 
 
-def bound_window(label: str, t_max_s: float, *, container=None) -> tuple[float, float]:
+def bound_window(label: str, t_max_s: float) -> tuple[float, float]:
     """A virtual-time window [t0, t1] in seconds, bound to ``?t0=&t1=``."""
     t_max_s = float(t_max_s) if t_max_s and math.isfinite(t_max_s) and t_max_s > 0 else 1.0
     hi = _round_up(t_max_s)
@@ -91,8 +92,7 @@ def bound_window(label: str, t_max_s: float, *, container=None) -> tuple[float, 
         lo_s, hi_s = st.session_state[key]
         if not (0.0 <= lo_s <= hi and 0.0 <= hi_s <= hi):
             del st.session_state[key]
-    where = container if container is not None else st
-    lo_v, hi_v = where.slider(label, 0.0, hi, (t0, t1), key=key, format="%.3f s")
+    lo_v, hi_v = st.slider(label, 0.0, hi, (t0, t1), key=key, format="%.3f s")
     if (lo_v, hi_v) == (0.0, hi):
         st.query_params.pop("t0", None)
         st.query_params.pop("t1", None)

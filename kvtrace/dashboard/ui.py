@@ -10,8 +10,14 @@ import polars as pl
 import streamlit as st
 
 FILL_RUN = "`kvtrace demo`, or `kvtrace replay TRACE --db PATH`"
-FILL_SMALL_CACHE = "a run whose cache is smaller than its working set, e.g. `kvtrace replay TRACE --db PATH --capacity-blocks 256`"
-FILL_CACHE_ONLY = "`kvtrace replay TRACE --db PATH --mode cache-only --policy belady`"
+FILL_SMALL_CACHE = ("a run whose cache is smaller than its working set, e.g. "
+                    "`kvtrace replay TRACE --db PATH --capacity-blocks 256`")
+
+
+def fill_belady(blocks: int, block_size: int) -> str:
+    """The replay that records a Belady bound of ``blocks`` blocks of ``block_size`` tokens."""
+    return (f"`kvtrace replay TRACE --db PATH --mode cache-only --policy belady "
+            f"--capacity-blocks {blocks} --block-size {block_size}`")
 
 
 def empty(what: str, command: str = FILL_RUN) -> None:
@@ -19,7 +25,8 @@ def empty(what: str, command: str = FILL_RUN) -> None:
     st.info(f"{what} Fill it with {command}.", icon=":material/info:")
 
 
-def chart(fig: go.Figure | None, caption: str, *, empty_what: str, command: str = FILL_RUN, key: str | None = None) -> None:
+def chart(fig: go.Figure | None, caption: str, *, empty_what: str, command: str = FILL_RUN,
+          key: str | None = None) -> None:
     """A plotly chart with its one-line caption, or the empty state when there is nothing to plot."""
     if fig is None or not fig.data:
         empty(empty_what, command)
@@ -29,11 +36,11 @@ def chart(fig: go.Figure | None, caption: str, *, empty_what: str, command: str 
     st.caption(caption)
 
 
-def table(frame: pl.DataFrame | None, caption: str, *, empty_what: str, command: str = FILL_RUN, height: int | None = None) -> None:
+def table(frame: pl.DataFrame | None, caption: str, *, empty_what: str, command: str = FILL_RUN) -> None:
     if frame is None or frame.height == 0:
         empty(empty_what, command)
         return
-    st.dataframe(frame, width="stretch", hide_index=True, height=height or "auto")
+    st.dataframe(frame, width="stretch", hide_index=True, height="auto")
     st.caption(caption)
 
 

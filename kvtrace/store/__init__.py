@@ -19,8 +19,9 @@ Schema (``schema.py``)
     the shared columns plus the family's own, and ``spans_other`` (every column) for other
     names or rows setting a column their family lacks. DuckDB's append cost grows with the
     column count, so this roughly halves insert time and each query scans one family.
-    Views: ``spans`` (``SPAN_VIEW_COLUMNS``: all columns, all families, ids as hex), ``cache_spans``/``lookup_spans``/...
-    (one family, incl. its rows in spans_other) and ``otel_traces``: the OpenTelemetry
+    Views: ``spans`` (``SPAN_VIEW_COLUMNS``: all columns, all families, ids as hex),
+    ``cache_spans``/``lookup_spans``/... (one family, incl. its rows in spans_other) and
+    ``otel_traces``: the OpenTelemetry
     Collector ClickHouse exporter's columns (Timestamp, TraceId, ..., SpanAttributes map
     built from the typed columns plus extra_attributes, Duration ns, Events.*, Links.*),
     then RunId. ``runs``: run_id, name, created, trace_source, trace_digest, config JSON,
@@ -34,8 +35,11 @@ Derived tables (``derived.py``), built per run by ``finish_run`` (and by crash r
     evicted_blocks (each evicted block + the publish that next took its block id),
     miss_attribution (each lookup miss on a previously cached hash -> its eviction -> that
     publish), span_stats, latency_quantiles (exact quantile grid of TTFT/E2E/queue/ITL),
-    block_values (lifetime/idle/reuse-gap value counts). Readers use them for finished
-    runs and run the same SQL on the fly for running ones, so answers agree.
+    block_values (lifetime/idle/reuse-gap value counts), stale_chain (the seqs of the spans
+    naming each stale hash), evict_counts (evicted blocks per time, reason, next publish
+    kind); ``derived.TABLES`` lists them. Readers use them for finished runs and run the
+    same SQL on the fly for running ones (stale_chain: a search of the block lists), so
+    answers agree.
 
 Concurrency (``connection.py``)
     DuckDB allows one read-write process or many read-only ones. The writer (``Store``)
@@ -53,11 +57,13 @@ Crash safety
     its derived tables). ``with Store.open(p) as s:`` flushes and marks its unfinished
     runs ``failed`` on an exception, Ctrl-C included; ``close()`` marks them ``incomplete``.
 
-Read API (``read.py``): ``f(db_path, run_id, ...) -> polars.DataFrame``, bound parameters
-only; see the module for the list. Errors: ``StoreError`` (a ``KVTraceError``) naming the
-file for a missing, corrupt, foreign or busy database; ``UnknownRunError`` for a bad run id.
+Read API (``read/``): ``f(db_path, run_id, ...) -> polars.DataFrame``, values bound as
+parameters; ``read/__init__.py`` lists the functions, ``read/_sql.py`` runs every query.
+Errors: ``StoreError`` (a ``KVTraceError``) naming the file for a missing, corrupt, foreign
+or busy database; ``UnknownRunError`` for a bad run id.
 """
 
+from kvtrace.store import read  # noqa: F401
 from kvtrace.store.errors import StoreBusyError, StoreError, UnknownRunError  # noqa: F401
 from kvtrace.store.export import export_parquet  # noqa: F401
 from kvtrace.store.schema import (  # noqa: F401
@@ -69,4 +75,3 @@ from kvtrace.store.schema import (  # noqa: F401
     SPAN_VIEW_COLUMNS,
 )
 from kvtrace.store.writer import Store  # noqa: F401
-from kvtrace.store import read  # noqa: F401,E402

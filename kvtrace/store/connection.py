@@ -11,8 +11,9 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
+from typing import Any
 
 import duckdb
 
@@ -77,10 +78,8 @@ def _classify(path: str, err: Exception) -> StoreError:
 def _quiet(con: duckdb.DuckDBPyConnection) -> None:
     """No progress bar on long queries. Inside a Jupyter kernel DuckDB refuses the SET
     (it wants ipywidgets) although the bar is already off there, so a refusal is fine."""
-    try:
+    with contextlib.suppress(duckdb.InvalidInputException):
         con.execute("SET enable_progress_bar = false")
-    except duckdb.InvalidInputException:
-        pass
 
 
 def _open(path: str, read_only: bool, timeout_s: float) -> duckdb.DuckDBPyConnection:
@@ -152,6 +151,12 @@ def write_connection(path: str | Path, timeout_s: float = DEFAULT_TIMEOUT_S) -> 
         yield con
     finally:
         con.close()
+
+
+def fetch_value(con: duckdb.DuckDBPyConnection, sql: str, params=None) -> Any:
+    """The single value of a query that always returns one row (an aggregate)."""
+    rows = con.execute(sql, params or []).fetchall()
+    return rows[0][0]
 
 
 def fetch_one(con: duckdb.DuckDBPyConnection, sql: str, params=None) -> tuple | None:

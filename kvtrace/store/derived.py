@@ -4,13 +4,17 @@
 block id (same group) before that block id was evicted again: "the publish that took its
 place". ``miss_attribution``: for each lookup miss on a hash that was cached before, the
 latest eviction of that hash (group 0) before the miss, joined to that eviction's row in
-evicted_blocks. ``span_stats``: spans and blocks per span name. Order within a run is
-``seq`` (append order), which breaks the ties of spans sharing one step's virtual time.
+evicted_blocks. ``span_stats``: spans and blocks per span name. ``latency_quantiles``:
+the exact quantile grid of TTFT, E2E, queue time and ITL. ``block_values``: value counts
+of block lifetime, idle time before eviction and prefix reuse gap. ``stale_chain``: the
+seq of every span naming a hash the worker found stale. ``evict_counts``: evicted blocks
+per (time, reason, next publish kind). Order within a run is ``seq`` (append order),
+which breaks the ties of spans sharing one step's virtual time.
 """
 
 from __future__ import annotations
 
-import pyarrow as pa  # noqa: F401  (type of compute's values)
+import pyarrow as pa
 
 from kvtrace.store.schema import (
     SPAN_EVICT,
@@ -156,32 +160,44 @@ SELECT run_id, name, count(*) AS spans, CAST(sum(num_blocks) AS BIGINT) AS block
 FROM spans WHERE run_id = $run_id GROUP BY run_id, name
 """
 
-MISS_ATTRIBUTION_DDL = """
+# One CREATE per derived table, in the order finish_run builds them: the table names
+# (``TABLES``) and the DDL the writer runs (``DDL``) both come from here.
+_TABLE_DDL = {
+    "evicted_blocks": """
+CREATE TABLE IF NOT EXISTS evicted_blocks (
+    run_id VARCHAR, evict_seq BIGINT, evict_span_id VARCHAR, evict_ns BIGINT, step BIGINT, group_id INTEGER,
+    block_id BIGINT, block_hash VARCHAR, reason VARCHAR, age BIGINT, idle BIGINT, evict_request_id VARCHAR,
+    next_publish_seq BIGINT, next_publish_span_id VARCHAR, next_publish_ns BIGINT, next_publish_kind VARCHAR,
+    next_publish_request_id VARCHAR
+)""",
+    "miss_attribution": """
 CREATE TABLE IF NOT EXISTS miss_attribution (
     run_id VARCHAR, miss_seq BIGINT, miss_ns BIGINT, miss_request_id VARCHAR, root_hash VARCHAR,
     missed_hash VARCHAR, missed_index BIGINT, evict_seq BIGINT, evict_span_id VARCHAR, evict_ns BIGINT,
     evict_reason VARCHAR, block_id BIGINT, age BIGINT, idle BIGINT, evict_request_id VARCHAR,
     publish_seq BIGINT, publish_span_id VARCHAR, publish_ns BIGINT, publish_kind VARCHAR,
     publish_request_id VARCHAR
-)
-"""
-SPAN_STATS_DDL = "CREATE TABLE IF NOT EXISTS span_stats (run_id VARCHAR, name VARCHAR, spans BIGINT, blocks BIGINT)"
-LATENCY_QUANTILES_DDL = (
-    "CREATE TABLE IF NOT EXISTS latency_quantiles (run_id VARCHAR, metric VARCHAR, q DOUBLE, value_ns DOUBLE, n BIGINT)"
-)
-BLOCK_VALUES_DDL = "CREATE TABLE IF NOT EXISTS block_values (run_id VARCHAR, metric VARCHAR, x BIGINT, n BIGINT)"
-STALE_CHAIN_DDL = "CREATE TABLE IF NOT EXISTS stale_chain (run_id VARCHAR, block_hash VARCHAR, seq BIGINT)"
-EVICT_COUNTS_DDL = (
-    "CREATE TABLE IF NOT EXISTS evict_counts (run_id VARCHAR, evict_ns BIGINT, reason VARCHAR, "
-    "publish_kind VARCHAR, blocks BIGINT)"
-)
-DDL = (MISS_ATTRIBUTION_DDL, SPAN_STATS_DDL, LATENCY_QUANTILES_DDL, BLOCK_VALUES_DDL, STALE_CHAIN_DDL, EVICT_COUNTS_DDL)
-TABLES = ("evicted_blocks", "miss_attribution", "span_stats", "latency_quantiles", "block_values", "stale_chain",
-          "evict_counts")
+)""",
+    "span_stats": "CREATE TABLE IF NOT EXISTS span_stats (run_id VARCHAR, name VARCHAR, spans BIGINT, blocks BIGINT)",
+    "latency_quantiles": (
+        "CREATE TABLE IF NOT EXISTS latency_quantiles "
+        "(run_id VARCHAR, metric VARCHAR, q DOUBLE, value_ns DOUBLE, n BIGINT)"
+    ),
+    "block_values": "CREATE TABLE IF NOT EXISTS block_values (run_id VARCHAR, metric VARCHAR, x BIGINT, n BIGINT)",
+    "stale_chain": "CREATE TABLE IF NOT EXISTS stale_chain (run_id VARCHAR, block_hash VARCHAR, seq BIGINT)",
+    "evict_counts": (
+        "CREATE TABLE IF NOT EXISTS evict_counts (run_id VARCHAR, evict_ns BIGINT, reason VARCHAR, "
+        "publish_kind VARCHAR, blocks BIGINT)"
+    ),
+}
+TABLES = tuple(_TABLE_DDL)
+DDL = tuple(_TABLE_DDL.values())
 
 
 def live_sql(table: str) -> str:
-    """The SELECT that computes ``table``'s rows of $run_id from the spans (running runs)."""
+    """The SELECT that computes ``table``'s rows of $run_id from the spans, for running runs.
+    Every derived table but stale_chain (an index the stale-hash chain does without on a
+    running run); KeyError for it and for unknown names."""
     if table == "evicted_blocks":
         return EVICTED_BLOCKS_SELECT
     if table == "miss_attribution":
@@ -197,7 +213,7 @@ def live_sql(table: str) -> str:
     raise KeyError(table)
 
 
-def compute(con, run_id: str) -> dict[str, "pa.Table"]:
+def compute(con, run_id: str) -> dict[str, pa.Table]:
     """Every derived table's rows of one run, as Arrow. Needs only read access, so
     ``finish_run`` runs it on a read-only connection while dashboards keep reading."""
     params = {"run_id": run_id}

@@ -57,12 +57,17 @@ LINK_STRUCT = pa.struct(
      ("attributes", _ATTR_MAP)]
 )
 CHUNK_STRUCT = pa.struct([("start_ns", _I64), ("end_ns", _I64), ("num_tokens", _I64)])
+# The DuckDB types of the list-of-struct columns (events, links, prefill_chunks).
+_EVENTS_SQL = "STRUCT(time_ns BIGINT, name VARCHAR, attributes MAP(VARCHAR, VARCHAR))[]"
+_LINKS_SQL = ("STRUCT(trace_id_hi UBIGINT, trace_id_lo UBIGINT, span_id UBIGINT, trace_state VARCHAR, "
+              "attributes MAP(VARCHAR, VARCHAR))[]")
+_CHUNKS_SQL = "STRUCT(start_ns BIGINT, end_ns BIGINT, num_tokens BIGINT)[]"
 
 
 class Col:
     """One span column: name, Arrow type, DuckDB type, the OTel attribute key it stores."""
 
-    __slots__ = ("name", "arrow", "sql", "attr", "doc")
+    __slots__ = ("arrow", "attr", "doc", "name", "sql")
 
     def __init__(self, name: str, arrow: pa.DataType, sql: str, attr: str | None, doc: str):
         self.name, self.arrow, self.sql, self.attr, self.doc = name, arrow, sql, attr, doc
@@ -88,19 +93,23 @@ SPAN_COLUMN_DEFS: tuple[Col, ...] = (
     Col("scope_version", _STR, "VARCHAR", None, ""),
     Col("resource_attributes", _ATTR_MAP, "MAP(VARCHAR, VARCHAR)", None, "OTel resource attributes"),
     Col("extra_attributes", _ATTR_MAP, "MAP(VARCHAR, VARCHAR)", None, "attributes without a typed column"),
-    Col("events", pa.list_(EVENT_STRUCT), "STRUCT(time_ns BIGINT, name VARCHAR, attributes MAP(VARCHAR, VARCHAR))[]", None, "OTel span events"),
-    Col("links", pa.list_(LINK_STRUCT), "STRUCT(trace_id_hi UBIGINT, trace_id_lo UBIGINT, span_id UBIGINT, trace_state VARCHAR, attributes MAP(VARCHAR, VARCHAR))[]", None, "OTel span links (views: trace_id, span_id as hex)"),
+    Col("events", pa.list_(EVENT_STRUCT), _EVENTS_SQL, None, "OTel span events"),
+    Col("links", pa.list_(LINK_STRUCT), _LINKS_SQL, None, "OTel span links (views: trace_id, span_id as hex)"),
     Col("source", _STR, "VARCHAR", "kvtrace.source", "replay | vllm | otlp; NULL = replay"),
     # common kvtrace attributes
     Col("step", _I64, "BIGINT", "kvtrace.step", "scheduler step index"),
     Col("group_id", _I32, "INTEGER", "kvtrace.group", "KV cache group (vLLM group_idx)"),
     Col("request_id", _STR, "VARCHAR", "kvtrace.request.id", "request id"),
     Col("block_ids", pa.list_(_I64), "BIGINT[]", "kvtrace.block.ids", "block ids this span covers"),
-    Col("block_hashes", pa.list_(_STR), "VARCHAR[]", "kvtrace.block.hashes", "block hashes, lowercase hex, aligned with block_ids"),
-    Col("num_tokens", _I64, "BIGINT", "kvtrace.num_tokens", "publish: prefix length the last key stands for; stale: prefix length the key claims"),
+    Col("block_hashes", pa.list_(_STR), "VARCHAR[]", "kvtrace.block.hashes",
+        "block hashes, lowercase hex, aligned with block_ids"),
+    Col("num_tokens", _I64, "BIGINT", "kvtrace.num_tokens",
+        "publish: prefix length the last key stands for; stale: prefix length the key claims"),
     # publish / evict / cow
-    Col("publish_kind", _STR, "VARCHAR", "kvtrace.publish.kind", "full | partial_tail | checkpoint | boundary (| vllm_stored)"),
-    Col("evict_reason", _STR, "VARCHAR", "kvtrace.evict.reason", "lru | stale_hash | replaced | connector | reset (| vllm_removed)"),
+    Col("publish_kind", _STR, "VARCHAR", "kvtrace.publish.kind",
+        "full | partial_tail | checkpoint | boundary (| vllm_stored)"),
+    Col("evict_reason", _STR, "VARCHAR", "kvtrace.evict.reason",
+        "lru | stale_hash | replaced | connector | reset (| vllm_removed)"),
     Col("ages", pa.list_(_I64), "BIGINT[]", "kvtrace.evict.ages", "evict: steps since each entry was published"),
     Col("idle", pa.list_(_I64), "BIGINT[]", "kvtrace.evict.idle", "evict: steps since each entry was last used"),
     Col("copy_reason", _STR, "VARCHAR", "kvtrace.cow.why", "partial_hit | running_tail | external"),
@@ -109,12 +118,18 @@ SPAN_COLUMN_DEFS: tuple[Col, ...] = (
     # lookup (and request: hit counts at first schedule)
     Col("num_query_tokens", _I64, "BIGINT", "kvtrace.lookup.query_tokens", "lookup: tokens looked up"),
     Col("num_hit_tokens", _I64, "BIGINT", "kvtrace.hit_tokens", "local prefix-cache hit tokens"),
-    Col("hit_tokens_per_group", pa.list_(_I64), "BIGINT[]", "kvtrace.lookup.hit_tokens_per_group", "lookup: hit tokens per KV group"),
-    Col("shared_prefix_boundary", _I64, "BIGINT", "kvtrace.shared_prefix_boundary", "lookup: shared prefix boundary (tokens)"),
-    Col("num_external_hit_tokens", _I64, "BIGINT", "kvtrace.external_hit_tokens", "hit tokens loaded from the external tier"),
-    Col("root_hash", _STR, "VARCHAR", "kvtrace.lookup.root_hash", "lookup: hash of the first full block (prefix family), hex"),
-    Col("first_miss_hash", _STR, "VARCHAR", "kvtrace.lookup.first_miss_hash", "lookup: hash of the first full block that missed (group 0), hex"),
-    Col("first_miss_index", _I64, "BIGINT", "kvtrace.lookup.first_miss_index", "lookup: its block index, -1 when all hit"),
+    Col("hit_tokens_per_group", pa.list_(_I64), "BIGINT[]", "kvtrace.lookup.hit_tokens_per_group",
+        "lookup: hit tokens per KV group"),
+    Col("shared_prefix_boundary", _I64, "BIGINT", "kvtrace.shared_prefix_boundary",
+        "lookup: shared prefix boundary (tokens)"),
+    Col("num_external_hit_tokens", _I64, "BIGINT", "kvtrace.external_hit_tokens",
+        "hit tokens loaded from the external tier"),
+    Col("root_hash", _STR, "VARCHAR", "kvtrace.lookup.root_hash",
+        "lookup: hash of the first full block (prefix family), hex"),
+    Col("first_miss_hash", _STR, "VARCHAR", "kvtrace.lookup.first_miss_hash",
+        "lookup: hash of the first full block that missed (group 0), hex"),
+    Col("first_miss_index", _I64, "BIGINT", "kvtrace.lookup.first_miss_index",
+        "lookup: its block index, -1 when all hit"),
     # engine step
     Col("num_prefill_tokens", _I64, "BIGINT", "kvtrace.step.prefill_tokens", ""),
     Col("num_decode_seqs", _I64, "BIGINT", "kvtrace.step.decode_seqs", ""),
@@ -130,7 +145,8 @@ SPAN_COLUMN_DEFS: tuple[Col, ...] = (
     Col("first_token_ns", _I64, "BIGINT", "kvtrace.request.first_token_ns", ""),
     Col("num_prompt_tokens", _I64, "BIGINT", "gen_ai.usage.input_tokens", ""),
     Col("num_output_tokens", _I64, "BIGINT", "gen_ai.usage.output_tokens", ""),
-    Col("num_computed_tokens", _I64, "BIGINT", "kvtrace.request.computed_prompt_tokens", "prompt tokens actually prefilled"),
+    Col("num_computed_tokens", _I64, "BIGINT", "kvtrace.request.computed_prompt_tokens",
+        "prompt tokens actually prefilled"),
     Col("num_preemptions", _I64, "BIGINT", "kvtrace.request.preemptions", ""),
     Col("num_divergent_tokens", _I64, "BIGINT", "kvtrace.request.divergent_tokens", ""),
     Col("ttft_ns", _I64, "BIGINT", "kvtrace.request.ttft_ns", "first_token_ns - arrival_ns"),
@@ -139,10 +155,13 @@ SPAN_COLUMN_DEFS: tuple[Col, ...] = (
     Col("itl_p50_ns", _F64, "DOUBLE", "kvtrace.request.itl_p50_ns", ""),
     Col("itl_p99_ns", _F64, "DOUBLE", "kvtrace.request.itl_p99_ns", ""),
     Col("itl_max_ns", _I64, "BIGINT", "kvtrace.request.itl_max_ns", ""),
-    Col("prefill_chunks", pa.list_(CHUNK_STRUCT), "STRUCT(start_ns BIGINT, end_ns BIGINT, num_tokens BIGINT)[]", "kvtrace.request.prefill_chunks", "(start_ns, end_ns, num_tokens) per prefill chunk"),
+    Col("prefill_chunks", pa.list_(CHUNK_STRUCT), _CHUNKS_SQL, "kvtrace.request.prefill_chunks",
+        "(start_ns, end_ns, num_tokens) per prefill chunk"),
     # verification
-    Col("expected_fingerprint", pa.uint64(), "UBIGINT", "kvtrace.verify.expected_fingerprint", "stale hash: content fingerprint the key implies"),
-    Col("actual_fingerprint", pa.uint64(), "UBIGINT", "kvtrace.verify.actual_fingerprint", "stale hash: fingerprint actually found"),
+    Col("expected_fingerprint", pa.uint64(), "UBIGINT", "kvtrace.verify.expected_fingerprint",
+        "stale hash: content fingerprint the key implies"),
+    Col("actual_fingerprint", pa.uint64(), "UBIGINT", "kvtrace.verify.actual_fingerprint",
+        "stale hash: fingerprint actually found"),
     Col("position", _I64, "BIGINT", "kvtrace.verify.position", "divergent output: output index"),
     Col("expected_token", _I64, "BIGINT", "kvtrace.verify.expected_token", ""),
     Col("actual_token", _I64, "BIGINT", "kvtrace.verify.actual_token", ""),
@@ -222,8 +241,8 @@ _VLLM = ("parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "k
 # family table -> (family view, span names, own columns)
 FAMILIES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "spans_cache": ("cache_spans", (SPAN_PUBLISH, SPAN_EVICT, SPAN_COW, SPAN_FREE, SPAN_STALE_LEFT),
-                    _BLOCKS + ("publish_kind", "evict_reason", "ages", "idle", "copy_reason", "copy_src",
-                               "copy_dst") + _VLLM),
+                    (*_BLOCKS, "publish_kind", "evict_reason", "ages", "idle", "copy_reason", "copy_src",
+                     "copy_dst", *_VLLM)),
     "spans_lookup": ("lookup_spans", (SPAN_LOOKUP,),
                      ("num_query_tokens", "num_hit_tokens", "hit_tokens_per_group", "shared_prefix_boundary",
                       "num_external_hit_tokens", "root_hash", "first_miss_hash", "first_miss_index")),
@@ -236,12 +255,11 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
                        "num_computed_tokens", "num_preemptions", "num_divergent_tokens", "ttft_ns", "itl_ns",
                        "itl_mean_ns", "itl_p50_ns", "itl_p99_ns", "itl_max_ns", "prefill_chunks")),
     "spans_verify": ("verify_spans", (SPAN_STALE_HASH, SPAN_DIVERGENT),
-                     _BLOCKS + ("expected_fingerprint", "actual_fingerprint", "position", "expected_token",
-                                "actual_token")),
+                     (*_BLOCKS, "expected_fingerprint", "actual_fingerprint", "position", "expected_token",
+                      "actual_token")),
 }
 OTHER_TABLE = "spans_other"
 FAMILY_OF_NAME: dict[str, str] = {n: t for t, (_, names, _) in FAMILIES.items() for n in names}
-VIEW_OF_NAME: dict[str, str] = {n: FAMILIES[t][0] for n, t in FAMILY_OF_NAME.items()}
 _SQL_TYPE = {c.name: c.sql for c in SPAN_COLUMN_DEFS} | {NUM_BLOCKS_COLUMN: "INTEGER"}
 
 
@@ -326,32 +344,6 @@ def span_tables_ddl() -> list[str]:
     return stmts
 
 
-# Exploded evictions with the publish that next took each block: materialised per run at
-# finish_run (computed on the fly for running runs). See derived.py.
-EVICTED_BLOCKS_DDL = """
-CREATE TABLE IF NOT EXISTS evicted_blocks (
-    run_id VARCHAR,
-    evict_seq BIGINT,
-    evict_span_id VARCHAR,
-    evict_ns BIGINT,
-    step BIGINT,
-    group_id INTEGER,
-    block_id BIGINT,
-    block_hash VARCHAR,
-    reason VARCHAR,
-    age BIGINT,
-    idle BIGINT,
-    evict_request_id VARCHAR,
-    next_publish_seq BIGINT,
-    next_publish_span_id VARCHAR,
-    next_publish_ns BIGINT,
-    next_publish_kind VARCHAR,
-    next_publish_request_id VARCHAR
-)
-"""
-
-DERIVED_TABLES = ("evicted_blocks", "miss_attribution", "span_stats", "latency_quantiles", "block_values",
-                  "stale_chain", "evict_counts")
 SPAN_TABLES = (*FAMILIES, OTHER_TABLE)
 
 

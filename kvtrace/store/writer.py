@@ -13,10 +13,11 @@ import datetime as _dt
 import json
 import os
 import time
+from collections.abc import Iterable
 from itertools import groupby
 from operator import itemgetter
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import duckdb
 import polars as pl
@@ -24,24 +25,30 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kvtrace.store import derived
-from kvtrace.store.connection import DEFAULT_TIMEOUT_S, check_store, fetch_one, read_connection, write_connection
+from kvtrace.store.connection import (
+    DEFAULT_TIMEOUT_S,
+    check_store,
+    fetch_one,
+    fetch_value,
+    read_connection,
+    write_connection,
+)
 from kvtrace.store.errors import StoreError, UnknownRunError
 from kvtrace.store.liveness import host_name, process_start_token, writer_alive
 from kvtrace.store.schema import (
-    EVICTED_BLOCKS_DDL,
+    FAMILIES,
+    FAMILY_OF_NAME,
     META_TABLE,
+    NUM_BLOCKS_COLUMN,
+    OTHER_TABLE,
     RUN_STATUSES,
     RUNS_DDL,
     SCHEMA_VERSION,
     SEQ_COLUMN,
     SPAN_ARROW_SCHEMA,
     STORE_MAGIC,
-    FAMILIES,
-    FAMILY_OF_NAME,
-    NUM_BLOCKS_COLUMN,
-    has_block_lists,
-    OTHER_TABLE,
     family_columns,
+    has_block_lists,
     otel_traces_view_ddl,
     span_tables_ddl,
 )
@@ -147,7 +154,8 @@ def _family_inserts(buffer: list[tuple[str, pa.Table]]) -> list[tuple[str, str, 
 def _init_schema(con: duckdb.DuckDBPyConnection, path: str) -> None:
     tables = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
     if tables and META_TABLE not in tables:
-        raise StoreError(path, f"not a kvtrace store (DuckDB file with tables {sorted(tables)[:5]} but no {META_TABLE})")
+        raise StoreError(path, f"not a kvtrace store (DuckDB file with tables {sorted(tables)[:5]} "
+                               f"but no {META_TABLE})")
     if META_TABLE in tables:
         version = check_store(con, path)
         if version < SCHEMA_VERSION:  # appending needs this version's tables (v2: integer ids)
@@ -164,7 +172,6 @@ def _init_schema(con: duckdb.DuckDBPyConnection, path: str) -> None:
     con.execute(RUNS_DDL)
     for stmt in span_tables_ddl():
         con.execute(stmt)
-    con.execute(EVICTED_BLOCKS_DDL)
     for stmt in derived.DDL:
         con.execute(stmt)
     con.execute(otel_traces_view_ddl())
@@ -215,7 +222,7 @@ class Store:
         flush_rows: int = DEFAULT_FLUSH_ROWS,
         flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
         lock_timeout_s: float = DEFAULT_TIMEOUT_S,
-    ) -> "Store":
+    ) -> Store:
         """Create or open a store; mark runs left ``running`` by dead writers ``incomplete``."""
         store = cls(path, flush_rows=flush_rows, flush_interval_s=flush_interval_s, lock_timeout_s=lock_timeout_s)
         parent = Path(store.path).parent
@@ -238,7 +245,7 @@ class Store:
             self.finish_run(run_id, status="incomplete")
         self._closed = True
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -273,14 +280,14 @@ class Store:
         ``config``/``behaviours``: JSON text or JSON-serialisable values.
         """
         if created is None:
-            created = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+            created = _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat()
         with self._connect() as con:
             if run_id is None:
-                n = fetch_one(
+                n = fetch_value(
                     con,
                     "SELECT coalesce(max(TRY_CAST(substr(run_id, 2) AS BIGINT)), 0) + 1 FROM runs "
                     "WHERE run_id SIMILAR TO 'r[0-9]+'"
-                )[0]
+                )
                 run_id = f"r{n}"
             elif fetch_one(con, "SELECT 1 FROM runs WHERE run_id = ?", [run_id]):
                 raise StoreError(self.path, f"run id {run_id!r} already exists")
@@ -382,10 +389,7 @@ class Store:
             row = fetch_one(con, "SELECT status FROM runs WHERE run_id = ?", [run_id])
             if row is None:
                 raise UnknownRunError(self.path, run_id)
-            return fetch_one(
-                con,
-                "SELECT coalesce(max(seq) + 1, 0) FROM spans WHERE run_id = ?", [run_id]
-            )[0]
+            return int(fetch_value(con, "SELECT coalesce(max(seq) + 1, 0) FROM spans WHERE run_id = ?", [run_id]))
 
     def flush(self) -> int:
         """Commit every buffered span in one transaction; return rows written."""
@@ -409,7 +413,3 @@ class Store:
         self._buffer, self._buffered_rows = [], 0
         self._last_flush = time.monotonic()
         return rows
-
-    @property
-    def buffered_rows(self) -> int:
-        return self._buffered_rows

@@ -18,8 +18,15 @@ import numpy as np
 import pyarrow as pa
 
 from kvtrace.store.schema import (
-    SPAN_COW, SPAN_DIVERGENT, SPAN_EVICT, SPAN_LOOKUP, SPAN_PUBLISH, SPAN_REQUEST,
-    SPAN_STALE_HASH, SPAN_STALE_LEFT, SPAN_STEP,
+    SPAN_COW,
+    SPAN_DIVERGENT,
+    SPAN_EVICT,
+    SPAN_LOOKUP,
+    SPAN_PUBLISH,
+    SPAN_REQUEST,
+    SPAN_STALE_HASH,
+    SPAN_STALE_LEFT,
+    SPAN_STEP,
 )
 from kvtrace.store.writer import Store
 
@@ -103,7 +110,7 @@ class _Sim:
         hit_blocks = max(hit1, 0)
         first_miss = hit if hit < nblocks else -1
         ext = ALIGN if (req["external"] and hit_blocks + ALIGN < nblocks) else 0
-        for g, grp in enumerate(self.groups):
+        for grp in self.groups:
             for h in hashes[: hit_blocks]:
                 if h in grp.cache:
                     bid, pub, _ = grp.cache[h]
@@ -242,6 +249,14 @@ def _table(rows: list[dict]) -> pa.Table:
     return pa.Table.from_pylist([{n: r.get(n) for n in names} for r in rows], schema=pa.schema(fields))
 
 
+def engine_config(capacity: int) -> dict:
+    """The run config as an engine replay stores it: group 0 attention, group 1 Mamba state,
+    ``capacity`` usable blocks each (block ids 1..capacity; id 0 is the null block)."""
+    return {"cache": {"groups": [{"type": "FullAttentionSpec", "block_size": BLOCK},
+                                 {"type": "MambaSpec", "block_size": BLOCK, "num_lanes": 4}],
+                      "num_gpu_blocks": [capacity + 1, capacity + 1]}}
+
+
 def write_runs(db: str, n_requests: int = 80, capacity: int = 160, seed: int = 7) -> dict[str, dict]:
     """Write the trace twice (behaviour on, off); return {run_id: summary}."""
     out = {}
@@ -249,10 +264,9 @@ def write_runs(db: str, n_requests: int = 80, capacity: int = 160, seed: int = 7
         for on in (True, False):
             behaviours = ALL if on else [b for b in ALL if b != BEHAVIOUR]
             name = "synthetic-on" if on else f"synthetic-without-{BEHAVIOUR}"
-            run_id = store.create_run(name, created="2026-11-29T00:00:00+00:00", trace_source="gen:synthetic-shared-prompts",
-                                      trace_digest="synthetic-7", config={"capacity_blocks": capacity, "block_size": BLOCK,
-                                              "groups": [{"kind": "full_attention", "block_size": BLOCK},
-                                                         {"kind": "mamba", "block_size": BLOCK}]},
+            run_id = store.create_run(name, created="2026-11-29T00:00:00+00:00",
+                                      trace_source="gen:synthetic-shared-prompts",
+                                      trace_digest="synthetic-7", config=engine_config(capacity),
                                       behaviours=behaviours, mode="engine")
             rows, summary = simulate(on, n_requests, capacity, seed)
             store.append_spans(_table(rows), run_id=run_id)

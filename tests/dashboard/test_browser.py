@@ -44,7 +44,8 @@ def free_port() -> int:
 def dashboard_command(db: str, port: int) -> list[str]:
     """``kvtrace dashboard`` once the CLI has it; the same launch() via ``-m`` until then."""
     cli = shutil.which("kvtrace", path=str(Path(sys.executable).parent))
-    if cli and subprocess.run([cli, "dashboard", "--help"], capture_output=True, timeout=60).returncode == 0:
+    if cli and subprocess.run([cli, "dashboard", "--help"], capture_output=True, timeout=60,
+                              check=False).returncode == 0:
         return [cli, "dashboard", "--db", db, "--port", str(port)]
     return [sys.executable, "-m", "kvtrace.dashboard", "--db", db, "--port", str(port)]
 
@@ -53,27 +54,26 @@ def dashboard_command(db: str, port: int) -> list[str]:
 def server(dashboard_db):
     port = free_port()
     SHOTS.mkdir(parents=True, exist_ok=True)
-    log = open(SHOTS.parent / "dashboard-server.log", "w")
-    proc = subprocess.Popen(dashboard_command(dashboard_db, port), stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True, cwd=ROOT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while True:
+    with open(SHOTS.parent / "dashboard-server.log", "w") as log:
+        proc = subprocess.Popen(dashboard_command(dashboard_db, port), stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, cwd=ROOT)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read() == b"ok":
+                    break
+            except OSError:
+                pass
+            assert proc.poll() is None, (SHOTS.parent / "dashboard-server.log").read_text()
+            assert time.monotonic() < deadline, "dashboard did not serve within 90 s"
+            time.sleep(0.3)
+        yield url
+        os.killpg(proc.pid, signal.SIGTERM)  # the launcher and the Streamlit server it started
         try:
-            if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read() == b"ok":
-                break
-        except OSError:
-            pass
-        assert proc.poll() is None, (SHOTS.parent / "dashboard-server.log").read_text()
-        assert time.monotonic() < deadline, "dashboard did not serve within 90 s"
-        time.sleep(0.3)
-    yield url
-    os.killpg(proc.pid, signal.SIGTERM)  # the launcher and the Streamlit server it started
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-    log.close()
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +132,7 @@ def test_every_page_in_chromium(server, browser, dashboard_db):
 
 
 def test_overview_shows_the_summary_and_links_keep_the_filters(server, browser, dashboard_db):
-    run_on, run_off = runs_on_off(dashboard_db)
+    _, run_off = runs_on_off(dashboard_db)
     s = read.run(dashboard_db, run_off)["summary"]
     page = browser.new_page(viewport={"width": 1440, "height": 1000})
     page.goto(f"{server}/?run={run_off}")

@@ -7,17 +7,19 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+import streamlit as st
+from conftest import APP
 from streamlit.testing.v1 import AppTest
 
-from conftest import APP
-from kvtrace.dashboard import ui
+from kvtrace.dashboard import DB_ENV, queries, run_config, ui
 from kvtrace.store import read
+from kvtrace.store.schema import SUMMARY_FIELDS
 
 PAGES = ["overview", "hit_rate", "evictions", "stale", "latency", "compare"]
 
 
 def render(db: str, monkeypatch, page: str = "overview", **params: str) -> AppTest:
-    monkeypatch.setenv("KVTRACE_DB", db)
+    monkeypatch.setenv(DB_ENV, db)
     at = AppTest.from_file(APP, default_timeout=60)
     for k, v in params.items():
         at.query_params[k] = v
@@ -72,7 +74,8 @@ def test_overview_headline_metrics_equal_the_run_summary(dashboard_db, monkeypat
         m = metrics(render(dashboard_db, monkeypatch, run=run_id))
         assert m["Token hit rate"] == ui.pct(s["token_hit_rate"])
         assert m["Block hit rate"] == ui.pct(s["block_hit_rate"])
-        for label, key in (("TTFT p50", "ttft_ms_p50"), ("TTFT p99", "ttft_ms_p99"), ("ITL p50", "itl_ms_p50"), ("ITL p99", "itl_ms_p99")):
+        for label, key in (("TTFT p50", "ttft_ms_p50"), ("TTFT p99", "ttft_ms_p99"), ("ITL p50", "itl_ms_p50"),
+                           ("ITL p99", "itl_ms_p99")):
             assert m[label] == ui.ms(s[key]), label
         assert m["Requests"] == f"{int(s['requests']):,}"
         for label, key in (("Evictions", "evictions"), ("CoW copies", "cow_copies"), ("Stale hashes", "stale_hashes"),
@@ -90,7 +93,9 @@ def test_overview_runs_table_lists_every_run(dashboard_db, monkeypatch):
     at = render(dashboard_db, monkeypatch)
     table = at.dataframe[0].value
     assert sorted(table["run_id"]) == sorted(run_ids(dashboard_db))
-    assert {"token_hit_rate", "status", "behaviours_off"} <= set(table.columns)
+    assert {"status", "behaviours_off"} <= set(table.columns)
+    # every headline summary field, in the store's SUMMARY_FIELDS order (the digest is not a number)
+    assert [c for c in table.columns if c in SUMMARY_FIELDS] == [k for k in SUMMARY_FIELDS if k != "digest"]
 
 
 def test_hit_rate_page_plots_each_group_windowed_and_cumulative(dashboard_db, monkeypatch):
@@ -110,20 +115,78 @@ def test_hit_rate_page_plots_each_group_windowed_and_cumulative(dashboard_db, mo
     assert cum["y"][-1] == pytest.approx(rates["cum_hit_rate"][-1])
 
 
-def test_hit_rate_page_draws_the_belady_bound_of_a_cache_only_run(tmp_path, monkeypatch):
+def _belady_traces(at: AppTest) -> list[dict]:
+    return [t for t in traces(at) if t["name"].startswith("Belady bound")]
+
+
+def test_hit_rate_page_draws_the_belady_bound_only_at_the_runs_capacity(tmp_path, monkeypatch):
     from kvtrace.replay.run import RunSpec, run_replay
 
     db = str(tmp_path / "belady.duckdb")
     engine = run_replay(RunSpec("gen:mixed", limit=12, name="engine"), db=db)
-    belady = run_replay(RunSpec("gen:mixed", limit=12, mode="cache-only", policy="belady", capacity_blocks=64,
-                                block_size=512, name="belady"), db=db)
+    cap = run_config.capacity(read.run(db, engine.run_id)["config"])
+    # kimi-hybrid: 8192 attention blocks of 512 tokens, one of them vLLM's null block
+    assert cap == run_config.Capacity(8191, 512)
+
+    def cache_only(policy: str, blocks: int, name: str):
+        done = run_replay(RunSpec("gen:mixed", limit=12, mode="cache-only", policy=policy, capacity_blocks=blocks,
+                                  block_size=cap.block_size, name=name), db=db)
+        st.cache_data.clear()  # the pages cache the runs list per database until Refresh
+        return done
+
+    small = cache_only("belady", 8, "belady small")
     at = render(db, monkeypatch, "hit_rate", run=engine.run_id)
-    bound = [t for t in traces(at) if t["name"].startswith("Belady bound (belady, 64 blocks)")]
-    assert len(bound) == 1 and bound[0]["y"] == [pytest.approx(belady.summary["token_hit_rate"])] * 2
+    assert not _belady_traces(at)  # another capacity: not this run's bound
+    hint = next(c.value for c in at.caption if c.value.startswith("No Belady bound"))
+    assert "this trace's Belady runs have 8 blocks of 512 tokens" in hint
+    assert f"--mode cache-only --policy belady --capacity-blocks {cap.blocks} --block-size {cap.block_size}" in hint
+    # An LRU run at the same capacity whose name says Belady is not a Belady run.
+    cache_only("lru", cap.blocks, "belady (by name only)")
+    assert not _belady_traces(render(db, monkeypatch, "hit_rate", run=engine.run_id))
+
+    same = cache_only("belady", cap.blocks, "belady same")
+    at = render(db, monkeypatch, "hit_rate", run=engine.run_id)
+    (bound,) = _belady_traces(at)
+    assert bound["name"] == f"Belady bound (belady same, {cap})"
+    assert bound["y"] == [pytest.approx(same.summary["token_hit_rate"])] * 2
+    assert same.summary["token_hit_rate"] != small.summary["token_hit_rate"]
+    assert not any(c.value.startswith("No Belady bound") for c in at.caption)
     # The cache-only run itself renders every page, with empty states where it has no data.
     for page in PAGES:
-        at = render(db, monkeypatch, page, run=belady.run_id)
+        at = render(db, monkeypatch, page, run=small.run_id)
         assert not at.error, (page, [e.value for e in at.error])
+
+
+def test_group_names_come_from_the_stored_spec_types_not_from_words(tmp_path, monkeypatch):
+    import synthetic_run
+
+    from kvtrace.store.writer import Store
+
+    db = str(tmp_path / "names.duckdb")
+    config = synthetic_run.engine_config(160)
+    config["description"] = "mamba state, sliding window"
+    config["cache"]["groups"][0]["note"] = "not mamba, no sliding window, no recurrent state"
+    config["cache"]["groups"][1]["note"] = "full attention stand-in"
+    rows, summary = synthetic_run.simulate(True, n_requests=20)
+    with Store.open(db) as store:
+        run_id = store.create_run("sliding-window mamba state run", config=config, mode="engine", trace_digest="t")
+        store.append_spans(synthetic_run._table(rows), run_id=run_id)
+        store.finish_run(run_id, summary=summary)
+    at = render(db, monkeypatch, "hit_rate", run=run_id)
+    assert {x for x in names(at) if x.endswith("(windowed)")} == {
+        "all groups (windowed)", "group 0 (attention) (windowed)", "group 1 (state) (windowed)"}
+    assert {"group 0 (attention) mean", "group 1 (state) mean"} <= names(at)
+
+
+def test_windowed_charts_use_the_store_nice_window_with_the_dashboards_window_count(dashboard_db, monkeypatch):
+    run_id, run = next(iter(run_ids(dashboard_db).items()))
+    s = run["summary"]
+    windows = queries.windows_for(s["requests"])
+    w = read.nice_window(int(s["virtual_duration_s"] * 1e9), windows)
+    at = render(dashboard_db, monkeypatch, "hit_rate", run=run_id)
+    starts = {round(x * 1e9) for t in traces(at) if t["name"].endswith("(windowed)") for x in t["x"]}
+    assert starts and all(x % w == 0 for x in starts)
+    assert 1 < len(starts) <= windows + 1
 
 
 def test_group_and_window_filters_are_bound_to_the_url(dashboard_db, monkeypatch):
@@ -154,7 +217,8 @@ def test_evictions_page_shows_reasons_publish_kinds_attribution_and_histograms(r
         if sankeys:
             assert sum(sankeys[0]["link"]["value"]) == 2 * int(flows["misses"].sum())
         hist = set(read.block_histograms(db, run_id)["metric"])
-        shown = {"lifetime": "lifetime at eviction", "idle_before_evict": "idle before eviction", "reuse_gap": "prefix reuse gap"}
+        shown = {"lifetime": "lifetime at eviction", "idle_before_evict": "idle before eviction",
+                 "reuse_gap": "prefix reuse gap"}
         assert {shown[m] for m in hist} <= n
 
 
@@ -210,7 +274,8 @@ def test_compare_page_deltas_and_per_request_difference(dashboard_db, monkeypatc
         assert bars["y"] == delta
     else:  # the switch moved no request: said in words, not as a flat chart
         assert any(f"All {len(delta)} requests got the same hit tokens" in i.value for i in at.info)
-    differ = sorted(set(read.run(dashboard_db, run_on)["behaviours"]) ^ set(read.run(dashboard_db, run_off)["behaviours"]))
+    on, off = (set(read.run(dashboard_db, r)["behaviours"]) for r in (run_on, run_off))
+    differ = sorted(on ^ off)
     assert any(f"Behaviours that differ: {', '.join(differ)}" == c.value for c in at.caption)
 
 
@@ -235,7 +300,7 @@ def test_missing_and_foreign_databases_give_one_error_line(tmp_path, monkeypatch
     bad.write_text("not a database\n")
     at = render(str(bad), monkeypatch)
     assert len(at.error) == 1 and str(bad) in at.error[0].value
-    monkeypatch.delenv("KVTRACE_DB", raising=False)
+    monkeypatch.delenv(DB_ENV, raising=False)
     at = AppTest.from_file(APP, default_timeout=60).run()
     assert not at.exception and "No database given" in at.error[0].value
 
@@ -251,6 +316,7 @@ def test_empty_store_says_what_fills_it(tmp_path, monkeypatch):
 
 def test_running_run_is_shown_and_refresh_rereads_the_store(tmp_path, monkeypatch):
     import synthetic_run
+
     from kvtrace.store.writer import Store
 
     db = str(tmp_path / "live.duckdb")
@@ -263,7 +329,8 @@ def test_running_run_is_shown_and_refresh_rereads_the_store(tmp_path, monkeypatc
     store.append_spans(synthetic_run._table(rows), run_id=live)
     store.flush()
     at.run()
-    assert not at.exception and not at.error, ([e.value for e in at.exception], [e.value for e in at.error], [i.value for i in at.info])
+    assert not at.exception and not at.error, ([e.value for e in at.exception], [e.value for e in at.error],
+                                               [i.value for i in at.info])
     assert at.selectbox(key="qp_run").options == before  # served from the cache until Refresh
     at.button[0].click().run()
     options = at.selectbox(key="qp_run").options

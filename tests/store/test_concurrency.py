@@ -80,7 +80,7 @@ def test_read_only_open_fails_fast_without_store(tmp_path):
     missing = tmp_path / "missing.duckdb"
     try:
         read.runs(missing)
-    except Exception as err:  # noqa: BLE001
+    except Exception as err:
         assert str(missing) in str(err)
     else:
         raise AssertionError("expected an error")

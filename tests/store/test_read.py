@@ -101,12 +101,12 @@ def test_eviction_attribution_chain(scenario_db):
 
 
 LIVE_OR_MATERIALISED = (
-    lambda db, r: read.eviction_attribution(db, r),
-    lambda db, r: read.eviction_attribution_flows(db, r),
-    lambda db, r: read.evictions_by_publish_kind(db, r),
+    read.eviction_attribution,
+    read.eviction_attribution_flows,
+    read.evictions_by_publish_kind,
     lambda db, r: read.evictions_over_time(db, r, 1000, by="publish_kind"),
-    lambda db, r: read.block_histograms(db, r),
-    lambda db, r: read.span_counts(db, r),
+    read.block_histograms,
+    read.span_counts,
     lambda db, r: read.latency_cdf(db, r, "itl"),
     lambda db, r: read.runs(db).select("run_id", "num_spans"),
 )

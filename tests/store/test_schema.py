@@ -126,3 +126,19 @@ def test_span_attributes_assembled_from_typed_columns_and_extras(tmp_path):
     assert (req[7], req[8]) == ("Internal", "Unset")  # the ClickHouse exporter spelling (traceutil)
     assert pub[1]["kvtrace.block.ids"] == "[4,5]" and pub[1]["kvtrace.block.hashes"] == '["aa","bb"]'
     assert pub[3] == "0" * 15 + "a"
+
+
+def test_one_list_of_derived_tables_matches_what_is_created_and_computed(scenario_db):
+    from kvtrace.store import derived, schema
+
+    assert not hasattr(schema, "DERIVED_TABLES")  # derived.TABLES is the one list
+    path, run_id = scenario_db
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        created = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+        computed = derived.compute(con, run_id)
+    finally:
+        con.close()
+    assert len(derived.TABLES) == len(derived.DDL) == 7
+    assert set(derived.TABLES) <= created
+    assert set(computed) == set(derived.TABLES)

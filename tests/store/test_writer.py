@@ -121,11 +121,10 @@ def test_run_lifecycle_and_ids(tmp_path):
 
 def test_context_manager_marks_failed_and_keeps_spans(tmp_path):
     path = tmp_path / "cm.duckdb"
-    with pytest.raises(RuntimeError):
-        with Store.open(path, flush_rows=1 << 20, flush_interval_s=1e9) as store:
-            run_id = store.create_run("cm")
-            store.append_spans(scenario_table(), run_id=run_id)  # still buffered
-            raise RuntimeError("mid-run failure")
+    with pytest.raises(RuntimeError), Store.open(path, flush_rows=1 << 20, flush_interval_s=1e9) as store:
+        run_id = store.create_run("cm")
+        store.append_spans(scenario_table(), run_id=run_id)  # still buffered
+        raise RuntimeError("mid-run failure")
     info = read.run(path, run_id)
     assert info["status"] == "failed"
     assert "mid-run failure" in info["summary"]["error"]

@@ -10,20 +10,25 @@ run_id = ctx["run_id"]
 
 st.title("Evictions")
 window = state.bound_window("Virtual time window", queries.time_extent_s(run_id))
+w = queries.window_ns(run_id)
 
-by_reason = state.in_window(queries.call("evictions_over_time", run_id, window_ns=queries.window_ns(run_id), by="reason"), "window_start_ns", window)
+by_reason = state.in_window(queries.call("evictions_over_time", run_id, window_ns=w, by="reason"), "window_start_ns",
+                            window)
 ui.chart(charts.stacked_counts(by_reason, "Evicted blocks by reason", "blocks per window"),
          "Blocks evicted per window, stacked by eviction reason (lru, stale_hash, replaced, connector, reset).",
          empty_what="No evictions in this run: the cache never filled.", command=ui.FILL_SMALL_CACHE, key="ev_reason")
-by_kind = state.in_window(queries.call("evictions_over_time", run_id, window_ns=queries.window_ns(run_id), by="publish_kind"), "window_start_ns", window)
+by_kind = state.in_window(queries.call("evictions_over_time", run_id, window_ns=w, by="publish_kind"),
+                          "window_start_ns", window)
 ui.chart(charts.stacked_counts(by_kind, "Evicted blocks by the publish that took their place", "blocks per window"),
-         "Blocks evicted per window, stacked by the kind of publish that next took the block (full, partial tail, checkpoint, boundary; none = not reused yet).",
+         "Blocks evicted per window, stacked by the kind of publish that next took the block (full, partial tail, "
+         "checkpoint, boundary; none = not reused yet).",
          empty_what="No evictions in this run: the cache never filled.", command=ui.FILL_SMALL_CACHE, key="ev_kind")
 
 st.subheader("Eviction attribution")
 flows = queries.attribution_flows(run_id)
 ui.chart(charts.attribution_sankey(flows),
-         "Later misses on blocks that were cached before, traced back: the kind of publish that took the block, the eviction reason, and the hot prefix that lost it.",
+         "Later misses on blocks that were cached before, traced back: the kind of publish that took the block, the "
+         "eviction reason, and the hot prefix that lost it.",
          empty_what="No miss in this run hit a block that had been evicted, so there is nothing to attribute.",
          command=ui.FILL_SMALL_CACHE, key="sankey")
 att = queries.call("eviction_attribution", run_id)
@@ -33,14 +38,19 @@ if att.height:
            .agg(pl.len().alias("later_misses"), pl.col("miss_request_id").n_unique().alias("requests_hurt"),
                 pl.col("evict_reason").first().alias("evict_reason"))
            .sort(["later_misses", "publish_request_id"], descending=[True, False], nulls_last=True))
-    ui.table(top.head(200), "Which publishes (kind, request) evicted which hot prefixes (root hash), and how many later misses each caused; largest first.",
+    ui.table(top.head(200), "Which publishes (kind, request) evicted which hot prefixes (root hash), and how many "
+                            "later misses each caused; largest first.",
              empty_what="No attributed misses in this time window.")
     with st.expander("Every attributed miss"):
-        ui.table(att.head(5000), "One row per lookup miss: the eviction that removed the missed block and the publish that took its block id (first 5000).",
+        ui.table(att.head(5000), "One row per lookup miss: the eviction that removed the missed block and the publish "
+                                 "that took its block id (first 5000).",
                  empty_what="No attributed misses in this time window.")
 
 st.subheader("Block lifetimes")
 hist = queries.call("block_histograms", run_id)
-ui.chart(charts.histograms(hist, (("lifetime", "lifetime at eviction"), ("idle_before_evict", "idle before eviction"), ("reuse_gap", "prefix reuse gap"))),
-         "Exact distributions, in scheduler steps, of block lifetime at eviction, idle time before eviction, and the gap between reuses of a prefix (vLLM only samples these).",
+panels = (("lifetime", "lifetime at eviction"), ("idle_before_evict", "idle before eviction"),
+          ("reuse_gap", "prefix reuse gap"))
+ui.chart(charts.histograms(hist, panels),
+         "Exact distributions, in scheduler steps, of block lifetime at eviction, idle time before eviction, and the "
+         "gap between reuses of a prefix (vLLM only samples these).",
          empty_what="No evictions or repeated prefixes in this run.", command=ui.FILL_SMALL_CACHE, key="hist")

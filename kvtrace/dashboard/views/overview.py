@@ -11,14 +11,17 @@ s = queries.summary(run_id)
 
 st.title("Overview")
 st.markdown(
-    f"**{row.get('name') or run_id}** · run `{run_id}` · trace `{row.get('trace_source') or '–'}` · mode `{row.get('mode') or '–'}` · "
+    f"**{row.get('name') or run_id}** · run `{run_id}` · trace `{row.get('trace_source') or '–'}` · "
+    f"mode `{row.get('mode') or '–'}` · "
     f"status **{row.get('status')}**  \nbehaviours on: {row.get('behaviours_on') or 'none'}"
     + (f" · **off: {row['behaviours_off']}**" if row.get("behaviours_off") else "")
 )
 if row.get("status") == "running":
-    st.warning("This run is still being written by a replay: press **Refresh** in the sidebar for newer data.", icon=":material/sync:")
+    st.warning("This run is still being written by a replay: press **Refresh** in the sidebar for newer data.",
+               icon=":material/sync:")
 elif row.get("status") in ("failed", "incomplete"):
-    st.warning(f"This run is **{row.get('status')}**: it stopped early, and only the spans flushed before that are shown.")
+    st.warning(f"This run is **{row.get('status')}**: it stopped early, and only the spans flushed before that are "
+               "shown.")
 
 if not s:
     ui.empty("This run has no summary yet (it is written when the replay finishes).")
@@ -39,7 +42,8 @@ else:
     c[2].metric("Stale hashes", ui.count(s.get("stale_hashes")))
     c[3].metric("Divergent outputs", ui.count(s.get("divergent_outputs")))
 
-st.caption("The run summary written when the replay finished: token and block hit rates, virtual-time latencies, cache event counts.")
+st.caption("The run summary written when the replay finished: token and block hit rates, virtual-time latencies, "
+           "cache event counts.")
 
 groups = queries.group_hit_rates(run_id)
 names = queries.group_names(run_id)
@@ -48,14 +52,14 @@ if per_group:
     cols = st.columns(max(len(per_group), 2))
     for col, (g, rate) in zip(cols, sorted(per_group.items())):
         col.metric(f"Hit rate · {names.get(g, f'group {g}')}", ui.pct(rate))
-    st.caption("Token hit rate per KV cache group over the whole run, from the lookup spans (attention groups hit longer prefixes than state groups).")
+    st.caption("Token hit rate per KV cache group over the whole run, from the lookup spans (attention groups hit "
+               "longer prefixes than state groups).")
 else:
     ui.empty("No lookup spans in this run, so no per-group hit rate.")
 
 st.subheader("Runs")
 table = queries.runs().select(
-    "run_id", "name", "status", "mode", "trace_source", "behaviours_off", "token_hit_rate", "block_hit_rate",
-    "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99", "evictions", "cow_copies", "stale_hashes",
-    "divergent_outputs", "num_spans", "created",
+    "run_id", "name", "status", "mode", "trace_source", "behaviours_off", *queries.SUMMARY_KEYS, "num_spans", "created",
 )
-ui.table(table, "Every run in this store; click a column header to sort, pick a run in the sidebar to inspect it.", empty_what="No runs yet.")
+ui.table(table, "Every run in this store; click a column header to sort, pick a run in the sidebar to inspect it.",
+         empty_what="No runs yet.")

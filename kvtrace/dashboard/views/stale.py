@@ -9,41 +9,51 @@ run_id = ctx["run_id"]
 
 st.title("Stale hashes & correctness")
 window = state.bound_window("Virtual time window", queries.time_extent_s(run_id))
-over = state.in_window(queries.call("stale_hashes_over_time", run_id, window_ns=queries.window_ns(run_id)), "window_start_ns", window)
+FILL_STALE = ("a run with a behaviour switched off, e.g. "
+              "`kvtrace replay TRACE --db PATH --without transient-checkpoint-retention`")
+over = state.in_window(queries.call("stale_hashes_over_time", run_id, window_ns=queries.window_ns(run_id)),
+                       "window_start_ns", window)
 ui.chart(charts.correctness(over),
-         "Per window: stale hashes the worker found (a key whose block content is not what its prefix defines), stale entries the cache left, and output tokens that diverged from the no-cache reference.",
+         "Per window: stale hashes the worker found (a key whose block content is not what its prefix defines), stale "
+         "entries the cache left, and output tokens that diverged from the no-cache reference.",
          empty_what="No stale hashes or divergent outputs in this run: the cache stayed correct.",
-         command="a run with a behaviour switched off, e.g. `kvtrace replay TRACE --db PATH --without transient-checkpoint-retention`",
-         key="correctness")
+         command=FILL_STALE, key="correctness")
 
 st.subheader("Drill-down")
 stale = queries.call("stale_hashes", run_id)
 if stale.height == 0:
-    ui.empty("No stale hash to drill into in this run.",
-             "a run with a behaviour switched off, e.g. `kvtrace replay TRACE --db PATH --without transient-checkpoint-retention`")
+    ui.empty("No stale hash to drill into in this run.", FILL_STALE)
 else:
-    stale = stale.with_columns(key=stale["block_hash"] + "@g" + stale["group_id"].cast(str) + "#" + stale["seq"].cast(str))
+    stale = stale.with_columns(
+        key=stale["block_hash"] + "@g" + stale["group_id"].cast(str) + "#" + stale["seq"].cast(str))
     keys = stale["key"].to_list()
     rows = {r["key"]: r for r in stale.iter_rows(named=True)}
-    chosen = state.bound_select("Stale hash", keys, "stale",
-                                format_func=lambda k: f"{rows[k]['request_id']} · block {rows[k]['block_id']} · {rows[k]['block_hash'][:16]} · t={rows[k]['time_ns'] / 1e9:.3f}s")
+    chosen = state.bound_select(
+        "Stale hash", keys, "stale",
+        format_func=lambda k: f"{rows[k]['request_id']} · block {rows[k]['block_id']} · "
+                              f"{rows[k]['block_hash'][:16]} · t={rows[k]['time_ns'] / 1e9:.3f}s")
     r = rows[chosen]
     c = st.columns(4)
     c[0].metric("Request", str(r["request_id"]))
     c[1].metric("Block id (group)", f"{r['block_id']} (g{r['group_id']})")
-    c[2].metric("Expected fingerprint", f"{r['expected_fingerprint']:#x}" if r["expected_fingerprint"] is not None else "–")
-    c[3].metric("Actual fingerprint", f"{r['actual_fingerprint']:#x}" if r["actual_fingerprint"] is not None else "–")
+    for col, (label, fp) in zip(c[2:], (("Expected fingerprint", r["expected_fingerprint"]),
+                                        ("Actual fingerprint", r["actual_fingerprint"]))):
+        col.metric(label, f"{fp:#x}" if fp is not None else "–")
     st.markdown(f"hash `{r['block_hash']}` · claims a {r['num_tokens']}-token prefix")
     chain = queries.call("stale_hash_chain", run_id, r["block_hash"], group_id=r["group_id"])
-    ui.table(chain.select("time_ns", "step", "role", "request_id", "group_id", "block_ids", "publish_kind", "evict_reason",
-                          "copy_reason", "num_tokens", "expected_fingerprint", "actual_fingerprint", "span_id"),
-             "The span chain behind this hash, in order: the publish that keyed the block, the overwrite (stale entry left / CoW), and the stale hit.",
+    ui.table(chain.select("time_ns", "step", "role", "request_id", "group_id", "block_ids", "publish_kind",
+                          "evict_reason", "copy_reason", "num_tokens", "expected_fingerprint", "actual_fingerprint",
+                          "span_id"),
+             "The span chain behind this hash, in order: the publish that keyed the block, the overwrite (stale entry "
+             "left / CoW), and the stale hit.",
              empty_what="No spans reference this hash.")
     st.subheader("Stale hashes")
     ui.table(stale.drop("key"), "Every stale hash the worker found in this run.", empty_what="No stale hashes.")
 
 st.subheader("Divergent outputs")
 ui.table(queries.call("divergent_outputs", run_id),
-         "Every sampled token that differs from the no-cache reference: request, output position, expected and actual token.",
+         "Every sampled token that differs from the no-cache reference: request, output position, expected and "
+         "actual token.",
          empty_what="No divergent outputs in this run.",
-         command="a run with a behaviour switched off, e.g. `kvtrace replay TRACE --db PATH --without external-hit-running-cow`")
+         command="a run with a behaviour switched off, e.g. "
+                 "`kvtrace replay TRACE --db PATH --without external-hit-running-cow`")

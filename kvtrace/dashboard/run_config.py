@@ -1,0 +1,83 @@
+"""What the pages read from a run's stored config (``runs.config``): the kind of each KV
+cache group and the prefix cache's capacity. Pure functions of the parsed JSON; they
+read only the fields the replay stores and never guess from names or free text.
+
+Stored shapes (``kvtrace.replay.run``):
+  engine:     {"cache": {"groups": [{"type": "FullAttentionSpec" | "SlidingWindowSpec" |
+              "MambaSpec", "block_size": B, ...}, ...], "num_gpu_blocks": [N per group], ...}, ...}
+  cache-only: {"mode": "cache-only", "policy": "lru" | "belady", "capacity_blocks": N,
+              "block_size": B or None}
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, TypeGuard
+
+# The KV cache spec types an engine config stores (``cache.groups[g].type``) and the
+# label each group gets on the pages.
+GROUP_KINDS = {"FullAttentionSpec": "attention", "SlidingWindowSpec": "sliding window", "MambaSpec": "state"}
+
+
+def _stored_groups(cfg: dict[str, Any]) -> list[dict[str, Any]]:
+    """The KV cache group specs of an engine config (``cache.groups``), [] for any other."""
+    cache = cfg.get("cache")
+    groups = cache.get("groups") if isinstance(cache, dict) else None
+    if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups):
+        return []
+    return groups
+
+
+def group_labels(cfg: dict[str, Any]) -> dict[int, str]:
+    """``group g (attention | sliding window | state)`` for each group of an engine config,
+    from its stored spec type (GROUP_KINDS); plain ``group g`` for a type not in the table.
+    {} for a config that stores no groups (cache-only, live and OTLP runs)."""
+    labels = {}
+    for gid, spec in enumerate(_stored_groups(cfg)):
+        kind = GROUP_KINDS.get(str(spec.get("type")))
+        labels[gid] = f"group {gid} ({kind})" if kind else f"group {gid}"
+    return labels
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """A prefix cache's size: ``blocks`` usable blocks of ``block_size`` tokens each."""
+
+    blocks: int
+    block_size: int
+
+    def __str__(self) -> str:
+        return f"{self.blocks:,} blocks of {self.block_size} tokens"
+
+
+def _positive(v: Any) -> TypeGuard[int]:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def capacity(cfg: dict[str, Any]) -> Capacity | None:
+    """The prefix-cache capacity a stored config gives, or None where it gives none.
+
+    Cache-only configs give ``capacity_blocks`` and ``block_size`` (None when the run used
+    the trace's own block size, which the config does not record). Engine configs give
+    ``cache.num_gpu_blocks`` (one per group, vLLM's null block included) and the groups'
+    block sizes: the capacity is the first full-attention group's, less the null block,
+    which is what a cache-only run's ``capacity_blocks`` counts.
+    """
+    if cfg.get("mode") == "cache-only":
+        blocks, size = cfg.get("capacity_blocks"), cfg.get("block_size")
+        if _positive(blocks) and _positive(size):
+            return Capacity(blocks, size)
+        return None
+    groups = _stored_groups(cfg)
+    per_group = cfg["cache"].get("num_gpu_blocks") if groups else None
+    if isinstance(per_group, int):  # CacheConfig also takes one count for every group
+        per_group = [per_group] * len(groups)
+    if not isinstance(per_group, list) or len(per_group) != len(groups):
+        return None
+    for spec, blocks in zip(groups, per_group):
+        size = spec.get("block_size")
+        if spec.get("type") != "FullAttentionSpec" or not _positive(size):
+            continue
+        if _positive(blocks) and blocks > 1:
+            return Capacity(blocks - 1, size)
+    return None

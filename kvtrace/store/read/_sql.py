@@ -1,0 +1,137 @@
+"""The read API's one road to the database: open it, check the run, resolve the time
+window, choose each derived table's relation, and run SQL through ``query``.
+
+``query`` is the only function that executes SQL: it takes the open database, the SQL
+text and its named parameters, and returns a polars frame; ``connect`` is the only one
+that opens the database. Everything else in the package builds SQL text and hands it
+here, so a second backend (ClickHouse) slots in at ``connect`` and ``query`` while the
+SQL above them stays shared.
+
+Values reach SQL only as bound parameters (``$name``): run ids, hashes, request ids,
+windows, limits, group ids, top-N, bin counts, and the seq numbers read back from the
+store. DuckDB accepts a parameter everywhere the package needs one, LIMIT included. The
+SQL text itself is assembled only from the package's own constants: span names, table
+and column names, ``OVERALL_GROUP`` and ``derived.QUANTILE_GRID``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import duckdb
+import polars as pl
+
+from kvtrace.store import derived
+from kvtrace.store.connection import read_connection
+from kvtrace.store.errors import UnknownRunError
+
+DB = str | Path
+Connection = duckdb.DuckDBPyConnection
+DEFAULT_WINDOWS = 200  # windows over a run when the caller gives no window_ns
+
+
+class _NoWindow(enum.Enum):
+    NO_WINDOW = "no window"
+
+
+# ``with_run(..., window_ns=NO_WINDOW)``: the query has no time window, so none is
+# resolved (no scan of the run's time extent) and no ``$w`` is bound.
+NO_WINDOW = _NoWindow.NO_WINDOW
+Window = int | None | Literal[_NoWindow.NO_WINDOW]
+
+
+def tidy(frame: pl.DataFrame) -> pl.DataFrame:
+    """DuckDB sums BIGINTs into HUGEINT (polars Decimal(38, 0)); hand back plain Int64."""
+    casts = [
+        pl.col(name).cast(pl.Int64)
+        for name, dtype in frame.schema.items()
+        if isinstance(dtype, pl.Decimal) and dtype.scale == 0
+    ]
+    return frame.with_columns(casts) if casts else frame
+
+
+def query(con: Connection, sql: str, params: Mapping[str, Any] | None = None) -> pl.DataFrame:
+    """Run ``sql`` on the open database ``con`` with ``params`` bound to its ``$name``
+    placeholders (DuckDB refuses a parameter the SQL does not name) and return the whole
+    result as a polars frame, HUGEINT sums cast back to Int64."""
+    return tidy(con.sql(sql, params=dict(params) if params else None).pl())
+
+
+def run_status(con: Connection, db: DB, run_id: str) -> str:
+    """The stored status of ``run_id`` (running | complete | failed | incomplete).
+    Raises UnknownRunError naming the file when the store has no such run."""
+    found = query(con, "SELECT status FROM runs WHERE run_id = $run_id", {"run_id": run_id})
+    if found.height == 0:
+        raise UnknownRunError(str(db), run_id)
+    return str(found["status"][0])
+
+
+def connect(db: DB) -> contextlib.AbstractContextManager[Connection]:
+    """A read-only connection to ``db``: retries while a writer commits, refuses a file
+    that is not a kvtrace store, and closes on exit."""
+    return read_connection(db)
+
+
+@contextlib.contextmanager
+def open_run(db: DB, run_id: str) -> Iterator[tuple[Connection, str]]:
+    """``connect(db)`` and the stored status of ``run_id``, checked to exist."""
+    with connect(db) as con:
+        yield con, run_status(con, db, run_id)
+
+
+def nice_window(span_ns: int, windows: int = DEFAULT_WINDOWS) -> int:
+    """A round window length in ns (1, 2 or 5 times a power of ten) giving at most about
+    ``windows`` windows over ``span_ns``: the smallest such length >= span_ns // windows.
+    The store's default and the dashboard's (whose ``windows`` follows the request count)
+    both come from here."""
+    raw = max(1, int(span_ns) // max(1, int(windows)))
+    scale = 1
+    while scale * 10 <= raw:
+        scale *= 10
+    return next(m * scale for m in (1, 2, 5, 10) if m * scale >= raw)
+
+
+def resolve_window(con: Connection, run_id: str, window_ns: int | None) -> int:
+    """``window_ns`` itself (it must be positive), or, for None, ``nice_window`` over the
+    run's time extent (first span start to last span end)."""
+    if window_ns is not None:
+        if window_ns <= 0:
+            raise ValueError(f"window_ns must be positive, got {window_ns}")
+        return int(window_ns)
+    extent = query(con, "SELECT min(start_ns) AS lo, max(end_ns) AS hi FROM spans WHERE run_id = $run_id",
+                   {"run_id": run_id})
+    lo, hi = extent.row(0)
+    return nice_window(0 if lo is None or hi is None else hi - lo)
+
+
+def derived_relation(table: str, status: str) -> str:
+    """A parenthesised relation holding a derived table's rows of ``$run_id``: the rows
+    ``finish_run`` materialised, or, for a running run, the same rows computed from its
+    spans on the fly by the SQL ``finish_run`` uses (so both answer alike)."""
+    if status == "running":
+        return f"({derived.live_sql(table)})"
+    return f"(SELECT * FROM {table} WHERE run_id = $run_id)"
+
+
+def with_run(
+    db: DB,
+    run_id: str,
+    build: str | Callable[[str], str],
+    *,
+    window_ns: Window = NO_WINDOW,
+    params: Mapping[str, Any] | None = None,
+) -> pl.DataFrame:
+    """Open ``db``, check ``run_id``, and run one query: ``build`` is the SQL, or a
+    function of the run's status returning it (for SQL reading a ``derived_relation``).
+
+    Bound: ``$run_id``, then ``params``, then, unless ``window_ns`` is NO_WINDOW, ``$w``:
+    the window length from ``resolve_window`` (``window_ns=None`` picks one)."""
+    with open_run(db, run_id) as (con, status):
+        bound = {"run_id": run_id, **(params or {})}
+        if window_ns is not NO_WINDOW:
+            bound["w"] = resolve_window(con, run_id, window_ns)
+        return query(con, build if isinstance(build, str) else build(status), bound)
