@@ -12,13 +12,14 @@ Public API:
 - ``kvtrace.instrument.vllm.capture_vllm``: live vLLM KV events (ZMQ) into the store.
 """
 
+from kvtrace.instrument.batch import BATCH_SCHEMA, SpanBatch
 from kvtrace.instrument.convert import readable_spans_to_table, table_to_readable_spans
 from kvtrace.instrument.exporter import DuckDBSpanExporter
 from kvtrace.instrument.ids import SeededIdGenerator
 from kvtrace.instrument.instrumentor import KVCacheInstrumentor
 from kvtrace.instrument.pipeline import build_tracer_provider, otlp_span_exporter, recording
 from kvtrace.instrument.processor import BulkSpanProcessor
-from kvtrace.instrument.spans import BATCH_SCHEMA, SpanBatch, SpanBatchBuilder
+from kvtrace.instrument.spans import SpanBatchBuilder
 
 __all__ = [
     "BATCH_SCHEMA",

@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from kvtrace.instrument.convert import readable_spans_to_table
-from kvtrace.instrument.spans import SpanBatch
+from kvtrace.instrument.batch import SpanBatch
 
 
 class DuckDBSpanExporter(SpanExporter):

@@ -31,7 +31,7 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from kvtrace.instrument.convert import table_to_readable_spans
-from kvtrace.instrument.spans import SpanBatch
+from kvtrace.instrument.batch import SpanBatch
 
 _log = logging.getLogger(__name__)
 _STOP = object()
