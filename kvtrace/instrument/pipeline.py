@@ -11,8 +11,9 @@ friends, plus ``OTEL_SERVICE_NAME`` / ``OTEL_RESOURCE_ATTRIBUTES`` for the resou
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, Iterator, Mapping
+from typing import Any
 from urllib.parse import urlparse
 
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter

@@ -30,8 +30,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from kvtrace.instrument.convert import table_to_readable_spans
 from kvtrace.instrument.batch import SpanBatch
+from kvtrace.instrument.convert import table_to_readable_spans
 
 _log = logging.getLogger(__name__)
 _STOP = object()

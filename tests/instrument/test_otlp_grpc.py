@@ -18,8 +18,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-from kvtrace.instrument.otlp_grpc import EXPORT_METHOD
-from kvtrace.instrument.receiver import OTLPCollector
+from kvtrace.instrument.otlp import OTLPCollector
+from kvtrace.instrument.otlp.grpc import EXPORT_METHOD
 from tests.instrument.helpers import count_spans, store_rows
 
 
