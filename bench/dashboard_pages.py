@@ -59,7 +59,7 @@ def summary_from_store(db: str, run_id: str) -> dict:
 
 
 def build(db: Path, num_spans: int, b_spans: int) -> None:
-    from store_synth import fill_store
+    from tests.support.synthetic_spans import fill_store
 
     for p in (db, Path(f"{db}.wal")):
         p.unlink(missing_ok=True)

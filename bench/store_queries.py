@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from store_synth import fill_store  # noqa: E402
+from tests.support.synthetic_spans import fill_store  # noqa: E402
 
 from kvtrace.store import Store, read  # noqa: E402
 

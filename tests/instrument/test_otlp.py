@@ -7,9 +7,9 @@ import pytest
 from kvtrace.instrument import KVCacheInstrumentor, build_tracer_provider
 from kvtrace.instrument.otlp import OTLPCollector
 from kvtrace.instrument.pipeline import traces_url
-from kvtrace.instrument.synthetic import synthetic_steps
 from kvtrace.store.writer import Store
 from tests.instrument.helpers import count_spans, one_of_each_step, store_rows
+from tests.support.synthetic_spans import synthetic_steps
 
 
 @pytest.fixture()
