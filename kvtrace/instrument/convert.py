@@ -33,14 +33,14 @@ RUN_ID_RESOURCE_KEY = "kvtrace.run.id"  # the otel_traces view adds it from run_
 # columns; the SDK's self-description repeats on every row (a third of the append cost)
 # and service.instance.id is a random UUID per process, which would break determinism.
 _UNSTORED_RESOURCE_PREFIXES = ("telemetry.sdk.", "service.instance.id", "service.name", RUN_ID_RESOURCE_KEY)
+# the key of the local hit column: a span carrying it gets GENAI_CACHE_READ derived, not stored
+HIT_TOKENS_KEY = next(key for key, column in ATTRIBUTE_COLUMNS.items() if column == "num_hit_tokens")
 
 
 def stored_resource_items(attrs: Mapping[str, Any]) -> list[tuple[str, str]]:
     """The resource attributes kvtrace stores per row for its own spans (often none)."""
     return [(k, attribute_text(v)) for k, v in attrs.items() if not k.startswith(_UNSTORED_RESOURCE_PREFIXES)]
-HIT_TOKENS_KEY = "kvtrace.hit_tokens"
-EXTERNAL_HIT_TOKENS_KEY = "kvtrace.external_hit_tokens"
-PREFILL_CHUNKS_KEY = "kvtrace.request.prefill_chunks"
+
 
 _TYPES = {f.name: f.type for f in BATCH_SCHEMA}
 _MASK64 = (1 << 64) - 1

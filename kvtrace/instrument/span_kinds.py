@@ -52,7 +52,7 @@ from kvtrace.store.schema import (
     SPAN_STALE_LEFT,
 )
 
-STATUS_UNSET, STATUS_OK, STATUS_ERROR = "Unset", "Ok", "Error"
+STATUS_UNSET, STATUS_ERROR = "Unset", "Error"  # OTel status names as stored
 _MASK64 = (1 << 64) - 1
 _I64 = pa.int64()
 _TYPES = {f.name: f.type for f in BATCH_SCHEMA}
