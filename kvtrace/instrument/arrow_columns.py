@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import chain
+from typing import cast
 
 import numpy as np
 import pyarrow as pa
@@ -82,16 +83,17 @@ def hex_strings(hashes: Sequence[bytes | int]) -> pa.StringArray:
         except (OverflowError, TypeError):
             return pa.array([hash_hex(h) for h in hashes], pa.string())
         return strings_from_fixed(hex_fixed(raw.astype(">i8").view(np.uint8).reshape(-1, 8)))
-    width = len(first)
+    blobs = cast(Sequence[bytes], hashes)  # bytes from here on (a stray int: TypeError below)
+    width = len(blobs[0])
     try:
-        blob = b"".join(hashes)
+        blob = b"".join(blobs)
     except TypeError:  # bytes and ints mixed
         return pa.array([hash_hex(h) for h in hashes], pa.string())
     # all widths equal <=> none is shorter than the first and they sum to n * width
-    if width and len(blob) == width * len(hashes) and min(map(len, hashes)) == width:
-        raw = np.frombuffer(blob, dtype=np.uint8).reshape(-1, width)
-        return strings_from_fixed(hex_fixed(raw))
-    return pa.array([h.hex() for h in hashes], pa.string())
+    if width and len(blob) == width * len(blobs) and min(map(len, blobs)) == width:
+        digits = np.frombuffer(blob, dtype=np.uint8).reshape(-1, width)
+        return strings_from_fixed(hex_fixed(digits))
+    return pa.array([h.hex() for h in blobs], pa.string())
 
 
 def hex_lists(lists: Sequence[Sequence[bytes | int]]) -> pa.ListArray:

@@ -325,15 +325,15 @@ def table_to_readable_spans(table: pa.Table, resource: Resource | None = None,
             attrs[GENAI_CACHE_READ] = (hit_c[i] or 0) + (ext_c[i] or 0)
         res = resource
         if res is None:
-            key = (tuple(res_c[i] or ()), service_c[i])
-            res = resources.get(key)
+            rkey = (tuple(res_c[i] or ()), service_c[i])
+            res = resources.get(rkey)
             if res is None:
                 items = dict(res_c[i] or ())
                 if service_c[i] is not None:
                     items.setdefault("service.name", service_c[i])
                 if run_id is not None:
                     items[RUN_ID_RESOURCE_KEY] = run_id
-                res = resources[key] = Resource(items)
+                res = resources[rkey] = Resource(items)
         skey = (scope_c[i], scope_v[i])
         scope = scopes.get(skey)
         if scope is None:

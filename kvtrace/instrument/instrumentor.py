@@ -220,8 +220,8 @@ class KVCacheInstrumentor:
         self._resolve_processors()  # processors added to the provider late still get spans
         self.spans_emitted += batch.num_spans
         self.batches_emitted += 1
-        for proc in self._bulk:
-            proc.on_batch(batch)
+        for bulk in self._bulk:
+            bulk.on_batch(batch)
         if self._other:
             for span in table_to_readable_spans(batch.table, self.resource):
                 for proc in self._other:

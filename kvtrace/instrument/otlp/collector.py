@@ -95,7 +95,8 @@ class OTLPCollector:
 
     @property
     def address(self) -> tuple[str, int]:
-        return self._server.server_address[:2]
+        host, port = self._server.server_address[:2]
+        return str(host), int(port)
 
     @property
     def url(self) -> str:
