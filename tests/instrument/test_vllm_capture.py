@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+import zmq
 
 from kvtrace.instrument.arrow_columns import hash_hex
 from kvtrace.instrument.vllm import ChainTracer, KVEvent, capture_vllm, decode_kv_batch
@@ -146,6 +147,35 @@ def test_chain_tracer_splits_requests_by_chain_and_time():
     t.add(600, st(["x"], None))           # request 2: x
     t.add(5_000, st(["d"], "b"))          # later, shares a b: request 3 = a b d
     assert [t.chain(r.tail) for r in t.requests] == [["a", "b", "c"], ["x"], ["a", "b", "d"]]
+
+
+def test_reconstructed_trace_is_written_by_the_native_writer_and_reads_back(tmp_path):
+    from kvtrace.instrument.vllm import write_native_trace
+    from kvtrace.workload.native import read_header, read_native
+
+    a, b = ChainTracer(), ChainTracer()  # two DP ranks sharing the prefix "p"
+    a.add(10, KVEvent("BlockStored", ["p", "q"], None, block_size=16))
+    b.add(5, KVEvent("BlockStored", ["p", "r"], None))  # no block size: the trace's
+    path = tmp_path / "t.jsonl"
+    assert write_native_trace(path, [a, b], source="vllm:test") == 2
+    assert read_header(str(path)) == {"kvtrace_trace": 1, "source": "vllm:test", "block_size": 16}
+    reqs = list(read_native(str(path)))
+    assert [(r.request_id, r.arrival_ns, r.hash_ids, r.input_length, r.output_length) for r in reqs] == [
+        ("vllm-0", 0, (0, 1), 32, 0), ("vllm-1", 5, (0, 2), 32, 0)]
+
+
+def test_capture_flush_is_due_after_its_interval():
+    from kvtrace.instrument.vllm import VllmKVCapture
+
+    cap = VllmKVCapture("tcp://127.0.0.1:1", flush_interval_s=10)  # ZMQ connects lazily: no server needed
+    try:
+        assert cap.socket.type == zmq.SUB
+        assert not cap.flush_due(time.monotonic())
+        assert cap.flush_due(time.monotonic() + 10)
+        cap.flush()
+        assert not cap.flush_due(time.monotonic() + 9)
+    finally:
+        cap.close()
 
 
 def test_without_a_replay_socket_a_gap_is_counted_as_lost(tmp_path):
