@@ -7,7 +7,8 @@ Public API:
 - ``DuckDBSpanExporter``: an SDK ``SpanExporter`` writing Arrow batches to the store.
 - ``build_tracer_provider``: store and/or OTLP wiring in one call; ``recording``: the same
   as a context manager that flushes and shuts down on exit (errors included).
-- ``SpanBatch``, ``table_to_readable_spans``, ``readable_spans_to_table``: conversions.
+- ``SpanBatch``, ``table_to_readable_spans``, ``readable_spans_to_table``: conversions;
+  ``kvtrace.instrument.span_kinds``: what each event kind becomes (a declarative table).
 - ``kvtrace.instrument.otlp.serve_collector``: OTLP/HTTP and gRPC receiver into the store.
 - ``kvtrace.instrument.vllm.capture_vllm``: live vLLM KV events (ZMQ) into the store.
 """

@@ -7,9 +7,13 @@ library globally; kvtrace needs one instrumentor per run, attached to explicit t
 What it keeps of the pattern:
 
 - ``instrument(*targets)`` / ``uninstrument(*targets)``, idempotent and symmetric (an
-  engine's ``run`` wrapper is removed, a manager subscription is undone);
-- a ``tracer_provider`` argument (default: the global provider), whose resource is
-  written on every span and whose ``SeededIdGenerator``, if it has one, supplies ids.
+  engine's ``run`` wrapper is removed, a manager subscription is undone); with no
+  targets, ``instrument()`` only looks up the processors, for an instrumentor passed
+  as a listener by hand;
+- a ``tracer_provider`` argument (default: the global provider) whose resource describes
+  every span (service name and run id in their columns, other attributes but the SDK's
+  per-process self-description in ``resource_attributes``) and whose
+  ``SeededIdGenerator``, if it has one, supplies the ids.
 
 What it does instead of ``tracer.start_span`` (about 19 us a span through the SDK,
 ``bench/span_path.py`` prints the figure): events are collected per step and turned into
