@@ -78,6 +78,7 @@ class OTLPCollector:
         try:
             self._server = ThreadingHTTPServer((host, port), _make_handler(self))
         except OSError as err:
+            self.store.close()
             raise KVTraceError(f"cannot listen on {host}:{port} (OTLP/HTTP): {err.strerror or err}") from None
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
@@ -91,6 +92,7 @@ class OTLPCollector:
                                                          on_reject=self.count_rejected)
             except OSError as err:
                 self._server.server_close()
+                self.store.close()
                 raise KVTraceError(str(err)) from None
 
     @property
