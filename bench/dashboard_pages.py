@@ -3,7 +3,7 @@ of >= 10M spans. Budgets: each page renders in < 3 s, each query runs in < 1 s.
 
     .venv/bin/python bench/dashboard_pages.py [--spans 10000000] [--db /tmp/kvtrace-bench-dashboard.duckdb] [--rebuild]
 
-The store holds two runs of the same synthetic trace (bench/store_synth.py, the store's
+The store holds two runs of the same synthetic trace (tests/support/synthetic_spans, the store's
 generator): A with --spans (10M by default; every page shows it) and B with --b-spans
 (another seed), written through the real writer, so the Compare page has an A/B. Pages
 are timed cold (st.cache_data cleared: every query hits DuckDB) and warm (served from the
@@ -60,7 +60,7 @@ def summary_from_store(db: str, run_id: str) -> dict:
 
 
 def build(db: Path, num_spans: int, b_spans: int) -> None:
-    from store_synth import fill_store
+    from tests.support.synthetic_spans import fill_store
 
     for p in (db, Path(f"{db}.wal")):
         p.unlink(missing_ok=True)
@@ -68,7 +68,7 @@ def build(db: Path, num_spans: int, b_spans: int) -> None:
     for name, seed, behaviours, spans in (("bench-on", 7, ["a", "b", "c"], num_spans),
                                           ("bench-without-c", 8, ["a", "b"], b_spans)):
         store = Store.open(db, flush_rows=400_000, flush_interval_s=1e9)
-        run_id = store.create_run(name, created="2026-01-01T00:00:00Z", trace_source="bench/store_synth.py",
+        run_id = store.create_run(name, created="2026-01-01T00:00:00Z", trace_source="tests/support/synthetic_spans",
                                   trace_digest=TRACE_DIGEST, mode="engine", behaviours=behaviours,
                                   config={"cache": {"groups": [{"type": "FullAttentionSpec"}, {"type": "MambaSpec"}]}})
         n = fill_store(store, run_id, spans, seed=seed)

@@ -8,7 +8,7 @@ Budgets (issue 4, on 2 cores):
 - an instrumented engine replay (kimi-hybrid, the shared Mooncake trace, DuckDB export)
   at most 1.25x the same replay uninstrumented, with zero spans dropped.
 
-Events are real event objects (kvtrace.instrument.synthetic) built before the clock
+Events are real event objects (tests/support/synthetic_spans) built before the clock
 starts. Each figure is the best of ``--repeat`` runs (the machine is shared). Also
 printed: the SDK ReadableSpan exporter path and the cost of ``tracer.start_span`` +
 ``end`` for comparison.
@@ -26,11 +26,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from kvtrace.instrument import (  # noqa: E402
+from kvtrace.instrument import (
     BulkSpanProcessor,
     DuckDBSpanExporter,
     KVCacheInstrumentor,
@@ -38,8 +38,8 @@ from kvtrace.instrument import (  # noqa: E402
     SpanBatchBuilder,
     table_to_readable_spans,
 )
-from kvtrace.instrument.synthetic import synthetic_steps  # noqa: E402
-from kvtrace.store.writer import Store  # noqa: E402
+from kvtrace.store.writer import Store
+from tests.support.synthetic_spans import synthetic_steps
 
 TRACE = Path(__file__).resolve().parents[1] / "tests" / "data" / "mooncake_synthetic_trace.jsonl"
 

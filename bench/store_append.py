@@ -2,9 +2,11 @@
 
     .venv/bin/python bench/store_append.py [--spans 2000000] [--flush-rows 200000]
 
-Batches come from bench/store_synth.py (realistic span mix, all families) and are built
-before the clock starts, so the figure is the store alone: family split, Arrow scan,
-commit, open/close per flush. Also prints the per-family rate for homogeneous batches.
+Batches are the heavy mix of tests/support/synthetic_spans (realistic span mix, all
+families, spans made by kvtrace's own SpanBatchBuilder), each appended as one mixed
+table, built before the clock starts, so the figure is the store alone: family split,
+Arrow scan, commit, open/close per flush. Also prints the per-family rate for
+homogeneous batches.
 """
 
 from __future__ import annotations
@@ -17,12 +19,10 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from store_synth import SPANS_PER_STEP, SpanSynth  # noqa: E402
-
-from kvtrace.store import Store  # noqa: E402
+from kvtrace.store import Store
+from tests.support.synthetic_spans import SPANS_PER_STEP, HeavyMix, span_batches
 
 
 def main() -> int:
@@ -30,9 +30,10 @@ def main() -> int:
     ap.add_argument("--spans", type=int, default=2_000_000)
     ap.add_argument("--flush-rows", type=int, default=200_000)
     args = ap.parse_args()
-    synth = SpanSynth(3)
+    mix = HeavyMix(3)
     steps = 4000
-    batches = [synth.chunk(i * steps, steps) for i in range(max(1, args.spans // (steps * SPANS_PER_STEP)))]
+    batches = [b.table for i in range(max(1, args.spans // (steps * SPANS_PER_STEP)))
+               for b in span_batches(mix.steps(i * steps, steps), seed=3, flush_spans=1 << 62)]
     total = sum(b.num_rows for b in batches)
     with tempfile.TemporaryDirectory() as tmp:
         store = Store.open(Path(tmp) / "append.duckdb", flush_rows=args.flush_rows, flush_interval_s=1e9)

@@ -18,12 +18,10 @@ from pathlib import Path
 
 import polars as pl
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: tests.support
 
-from store_synth import fill_store
-
-from kvtrace.store import Store, read
+from kvtrace.store import Store, read  # noqa: E402
+from tests.support.synthetic_spans import fill_store  # noqa: E402
 
 BUDGET_S = 1.0
 
@@ -32,7 +30,7 @@ def build(db: Path, num_spans: int) -> str:
     for p in (db, Path(f"{db}.wal")):
         p.unlink(missing_ok=True)
     store = Store.open(db, flush_rows=400_000, flush_interval_s=1e9)
-    run_id = store.create_run("bench-10m", trace_source="bench/store_synth.py", mode="engine",
+    run_id = store.create_run("bench-10m", trace_source="tests/support/synthetic_spans", mode="engine",
                               config={"spans": num_spans}, behaviours={"all": True}, created="2026-01-01T00:00:00Z")
     t0 = time.perf_counter()
     n = fill_store(store, run_id, num_spans, seed=7)

@@ -258,7 +258,7 @@ def collect(
     max_body_bytes: int = typer.Option(16 * 1024 * 1024),
 ):
     """Receive OTLP traces (HTTP: protobuf or JSON on /v1/traces; gRPC) into the store."""
-    from kvtrace.instrument.receiver import serve_collector
+    from kvtrace.instrument.otlp import serve_collector
 
     def ready(c) -> None:
         grpc_part = f", OTLP/gRPC on {c.grpc_target}" if c.grpc_target else ""

@@ -7,18 +7,20 @@ Public API:
 - ``DuckDBSpanExporter``: an SDK ``SpanExporter`` writing Arrow batches to the store.
 - ``build_tracer_provider``: store and/or OTLP wiring in one call; ``recording``: the same
   as a context manager that flushes and shuts down on exit (errors included).
-- ``SpanBatch``, ``table_to_readable_spans``, ``readable_spans_to_table``: conversions.
-- ``kvtrace.instrument.receiver.serve_collector``: OTLP/HTTP receiver into the store.
+- ``SpanBatch``, ``table_to_readable_spans``, ``readable_spans_to_table``: conversions;
+  ``kvtrace.instrument.span_kinds``: what each event kind becomes (a declarative table).
+- ``kvtrace.instrument.otlp.serve_collector``: OTLP/HTTP and gRPC receiver into the store.
 - ``kvtrace.instrument.vllm.capture_vllm``: live vLLM KV events (ZMQ) into the store.
 """
 
+from kvtrace.instrument.batch import BATCH_SCHEMA, SpanBatch
 from kvtrace.instrument.convert import readable_spans_to_table, table_to_readable_spans
 from kvtrace.instrument.exporter import DuckDBSpanExporter
 from kvtrace.instrument.ids import SeededIdGenerator
 from kvtrace.instrument.instrumentor import KVCacheInstrumentor
 from kvtrace.instrument.pipeline import build_tracer_provider, otlp_span_exporter, recording
 from kvtrace.instrument.processor import BulkSpanProcessor
-from kvtrace.instrument.spans import BATCH_SCHEMA, SpanBatch, SpanBatchBuilder
+from kvtrace.instrument.spans import SpanBatchBuilder
 
 __all__ = [
     "BATCH_SCHEMA",

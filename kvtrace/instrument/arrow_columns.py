@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from itertools import chain
-from typing import Sequence
+from typing import cast
 
 import numpy as np
 import pyarrow as pa
 
 _I64 = pa.int64()
+_STR = pa.string()
 _HEX_DIGITS = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
 # byte -> its two hex digits, as one uint16 in memory order (one gather per byte)
-_HEX_PAIRS = np.stack([_HEX_DIGITS[np.arange(256) >> 4], _HEX_DIGITS[np.arange(256) & 15]], axis=1).copy().view(np.uint16).reshape(256)
+_HEX_PAIRS = (np.stack([_HEX_DIGITS[np.arange(256) >> 4], _HEX_DIGITS[np.arange(256) & 15]], axis=1)
+              .copy().view(np.uint16).reshape(256))
 
 
 def hex_fixed(raw: np.ndarray) -> np.ndarray:
@@ -27,7 +30,8 @@ def strings_from_fixed(digits: np.ndarray) -> pa.StringArray:
     return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(data))
 
 
-def constant(value, n: int, type_: pa.DataType = pa.string()) -> pa.Array:
+def constant(value, n: int, type_: pa.DataType = _STR) -> pa.Array:
+    """The same value on each of n rows."""
     return pa.repeat(pa.scalar(value, type_), n)
 
 
@@ -47,13 +51,22 @@ def int_lists(lists: Sequence[Sequence[int]]) -> pa.ListArray:
 _MASK64 = (1 << 64) - 1
 
 
-def hash_hex(h: bytes | int) -> str:
-    """A block hash as lowercase hex. Bytes: their hex. Ints (vLLM's int hashes, and the
-    trace-id keys of cache-only replay): 16 digits of their 64-bit two's complement
-    when they fit in 64 bits, as vLLM's KV events are shown; wider ints (scoped or
-    interned cache-only keys) in plain signed hex."""
+def hash_hex(h: bytes | bytearray | int) -> str:
+    """A block hash as lowercase hex: the one rendering of hashes in kvtrace's spans.
+
+    - bytes (kvtrace's sha256_cbor / xxhash keys, vLLM's bytes hashes): their hex;
+    - ints that fit in 64 bits, signed or not (vLLM's int hashes, which may be negative;
+      cache-only replay's trace-id keys): 16 hex digits of their 64-bit two's
+      complement, as vLLM's KV events are shown, so -1 and 2**64 - 1 are the same key;
+    - wider ints (scoped or interned cache-only keys): plain signed hex (``-1f``),
+      never truncated, so distinct keys stay distinct.
+
+    :func:`hex_strings` is the vectorised form and gives the same strings.
+    """
     if type(h) is bytes:
         return h.hex()
+    if isinstance(h, (bytes, bytearray)):
+        return bytes(h).hex()
     if -(1 << 63) <= h <= _MASK64:
         return f"{h & _MASK64:016x}"
     return f"{h:x}"
@@ -70,16 +83,17 @@ def hex_strings(hashes: Sequence[bytes | int]) -> pa.StringArray:
         except (OverflowError, TypeError):
             return pa.array([hash_hex(h) for h in hashes], pa.string())
         return strings_from_fixed(hex_fixed(raw.astype(">i8").view(np.uint8).reshape(-1, 8)))
-    width = len(first)
+    blobs = cast(Sequence[bytes], hashes)  # bytes from here on (a stray int: TypeError below)
+    width = len(blobs[0])
     try:
-        blob = b"".join(hashes)
+        blob = b"".join(blobs)
     except TypeError:  # bytes and ints mixed
         return pa.array([hash_hex(h) for h in hashes], pa.string())
     # all widths equal <=> none is shorter than the first and they sum to n * width
-    if width and len(blob) == width * len(hashes) and min(map(len, hashes)) == width:
-        raw = np.frombuffer(blob, dtype=np.uint8).reshape(-1, width)
-        return strings_from_fixed(hex_fixed(raw))
-    return pa.array([h.hex() for h in hashes], pa.string())
+    if width and len(blob) == width * len(blobs) and min(map(len, blobs)) == width:
+        digits = np.frombuffer(blob, dtype=np.uint8).reshape(-1, width)
+        return strings_from_fixed(hex_fixed(digits))
+    return pa.array([h.hex() for h in blobs], pa.string())
 
 
 def hex_lists(lists: Sequence[Sequence[bytes | int]]) -> pa.ListArray:

@@ -15,7 +15,8 @@ triples, and the uint64 fingerprints as the int64 with the same bits.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import pyarrow as pa
 from opentelemetry import trace as trace_api
@@ -24,7 +25,7 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanKind, Status, StatusCode, TraceFlags, TraceState
 
-from kvtrace.instrument.spans import BATCH_SCHEMA, conform
+from kvtrace.instrument.batch import BATCH_SCHEMA, conform
 from kvtrace.store.schema import ATTRIBUTE_COLUMNS, GENAI_CACHE_READ, SPAN_REQUEST
 
 RUN_ID_RESOURCE_KEY = "kvtrace.run.id"  # the otel_traces view adds it from run_id
@@ -32,14 +33,14 @@ RUN_ID_RESOURCE_KEY = "kvtrace.run.id"  # the otel_traces view adds it from run_
 # columns; the SDK's self-description repeats on every row (a third of the append cost)
 # and service.instance.id is a random UUID per process, which would break determinism.
 _UNSTORED_RESOURCE_PREFIXES = ("telemetry.sdk.", "service.instance.id", "service.name", RUN_ID_RESOURCE_KEY)
+# the key of the local hit column: a span carrying it gets GENAI_CACHE_READ derived, not stored
+HIT_TOKENS_KEY = next(key for key, column in ATTRIBUTE_COLUMNS.items() if column == "num_hit_tokens")
 
 
 def stored_resource_items(attrs: Mapping[str, Any]) -> list[tuple[str, str]]:
     """The resource attributes kvtrace stores per row for its own spans (often none)."""
     return [(k, attribute_text(v)) for k, v in attrs.items() if not k.startswith(_UNSTORED_RESOURCE_PREFIXES)]
-HIT_TOKENS_KEY = "kvtrace.hit_tokens"
-EXTERNAL_HIT_TOKENS_KEY = "kvtrace.external_hit_tokens"
-PREFILL_CHUNKS_KEY = "kvtrace.request.prefill_chunks"
+
 
 _TYPES = {f.name: f.type for f in BATCH_SCHEMA}
 _MASK64 = (1 << 64) - 1
@@ -141,7 +142,7 @@ def _string_map(attrs: Mapping[str, Any] | None, drop: str | None = None) -> lis
 class SpanRowsBuilder:
     """Accumulates spans column by column; only the columns a span sets cost anything."""
 
-    __slots__ = ("_cols", "n", "full_resource")
+    __slots__ = ("_cols", "full_resource", "n")
 
     def __init__(self, full_resource: bool = True):
         """``full_resource=False``: store only ``stored_resource_items`` (kvtrace's own
@@ -299,7 +300,7 @@ def table_to_readable_spans(table: pa.Table, resource: Resource | None = None,
     cols = {c: table.column(c).to_pylist() for c in table.column_names if table.column(c).null_count < n}
     typed = [(key, cols[col], _attr_encoder(col)) for key, col in ATTRIBUTE_COLUMNS.items() if col in cols]
     none = [None] * n
-    get = lambda c: cols.get(c, none)  # noqa: E731
+    get = lambda c: cols.get(c, none)
     name_c, span_c, parent_c = get("name"), get("span_id"), get("parent_span_id")
     hi_c, lo_c = get("trace_id_hi"), get("trace_id_lo")
     state_c, kind_c, start_c, end_c = get("trace_state"), get("span_kind"), get("start_ns"), get("end_ns")
@@ -324,15 +325,15 @@ def table_to_readable_spans(table: pa.Table, resource: Resource | None = None,
             attrs[GENAI_CACHE_READ] = (hit_c[i] or 0) + (ext_c[i] or 0)
         res = resource
         if res is None:
-            key = (tuple(res_c[i] or ()), service_c[i])
-            res = resources.get(key)
+            rkey = (tuple(res_c[i] or ()), service_c[i])
+            res = resources.get(rkey)
             if res is None:
                 items = dict(res_c[i] or ())
                 if service_c[i] is not None:
                     items.setdefault("service.name", service_c[i])
                 if run_id is not None:
                     items[RUN_ID_RESOURCE_KEY] = run_id
-                res = resources[key] = Resource(items)
+                res = resources[rkey] = Resource(items)
         skey = (scope_c[i], scope_v[i])
         scope = scopes.get(skey)
         if scope is None:
@@ -345,7 +346,8 @@ def table_to_readable_spans(table: pa.Table, resource: Resource | None = None,
             parent=parent,
             resource=res,
             attributes=attrs,
-            events=[Event(e["name"], dict(e["attributes"] or ()), e["time_ns"]) for e in events_c[i]] if events_c[i] else (),
+            events=[Event(e["name"], dict(e["attributes"] or ()), e["time_ns"]) for e in events_c[i]]
+            if events_c[i] else (),
             links=[trace_api.Link(_context(lk["trace_id_hi"], lk["trace_id_lo"], lk["span_id"], lk["trace_state"]),
                                   dict(lk["attributes"] or ()) or None)
                    for lk in links_c[i]] if links_c[i] else (),

@@ -11,13 +11,13 @@ until ``force_flush`` returns.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from kvtrace.instrument.batch import SpanBatch
 from kvtrace.instrument.convert import readable_spans_to_table
-from kvtrace.instrument.spans import SpanBatch
 
 
 class DuckDBSpanExporter(SpanExporter):

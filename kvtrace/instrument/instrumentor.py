@@ -1,35 +1,61 @@
-"""``KVCacheInstrumentor``: cache and engine events -> OpenTelemetry spans.
+"""``KVCacheInstrumentor``: cache and engine events -> OpenTelemetry spans, in bulk.
 
-Follows the OpenTelemetry-contrib instrumentor pattern (``instrument`` / ``uninstrument``,
-idempotent), but never calls ``tracer.start_span`` per event (about 19 us each): events
-are collected per step and turned into spans in bulk (``SpanBatchBuilder``), then handed
-to the tracer provider's span processors:
+Shaped like an OpenTelemetry-contrib instrumentor, but not one: it does not subclass
+``opentelemetry.instrumentation.instrumentor.BaseInstrumentor`` and makes no span
+through the tracer. ``BaseInstrumentor`` is a per-class singleton that monkeypatches a
+library globally; kvtrace needs one instrumentor per run, attached to explicit targets.
+What it keeps of the pattern:
 
-- a ``BulkSpanProcessor`` receives the columnar ``SpanBatch`` (fast path; its exporter
-  decides whether to materialise ``ReadableSpan``s);
+- ``instrument(*targets)`` / ``uninstrument(*targets)``, idempotent and symmetric (an
+  engine's ``run`` wrapper is removed, a manager subscription is undone); with no
+  targets, ``instrument()`` only looks up the processors, for an instrumentor passed
+  as a listener by hand;
+- a ``tracer_provider`` argument (default: the global provider) whose resource describes
+  every span (service name and run id in their columns, other attributes but the SDK's
+  per-process self-description in ``resource_attributes``) and whose
+  ``SeededIdGenerator``, if it has one, supplies the ids.
+
+What it does instead of ``tracer.start_span`` (about 19 us a span through the SDK,
+``bench/span_path.py`` prints the figure): events are collected per step and turned into
+spans column by column (``SpanBatchBuilder``, an Arrow ``SpanBatch``), then handed to the
+provider's span processors directly, read from the provider
+(``provider_span_processors``) or given as ``processors=``:
+
+- a ``BulkSpanProcessor`` receives the columnar ``SpanBatch`` (``on_batch``; its
+  exporter decides whether to materialise ``ReadableSpan``s);
 - any other processor (the SDK's ``SimpleSpanProcessor``, ``BatchSpanProcessor``, ...)
-  receives one ``ReadableSpan`` per span through ``on_end``.
+  receives one ``ReadableSpan`` per span through ``on_end`` (never ``on_start``: the
+  spans are finished when they are made).
 
 The instrumentor is itself the listener: ``instrument(engine)`` adds it to the listeners
 of ``engine.run`` (or pass it yourself: ``Engine.run(workload, listeners=[instrumentor])``;
 a ``StepBatch`` per step: the step, its cache events, its engine events), or
-``instrument(manager)`` subscribes it to a ``KVCacheManager`` in cache-only mode (``list[CacheEvent]`` per step; the step's virtual window is then
+``instrument(manager)`` subscribes it to a ``KVCacheManager`` in cache-only mode
+(``list[CacheEvent]`` per step; the step's virtual window is then
 ``[step * step_ns, (step + 1) * step_ns)``). Do not feed it both an engine and that
 engine's own manager: the engine already forwards the cache events. ``uninstrument()``
-(or ``flush()``) hands over what is still pending.
+(or ``flush()``) hands over what is still pending. Usage::
+
+    provider = build_tracer_provider(store=store, run_id=run_id)
+    inst = KVCacheInstrumentor(provider, run_id=run_id).instrument(engine)
+    engine.run(workload)
+    inst.uninstrument()          # detach and flush
+    provider.force_flush()
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from opentelemetry import trace as trace_api
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
+from kvtrace import __version__
 from kvtrace.engine.events import StepBatch
 from kvtrace.errors import KVTraceError
+from kvtrace.instrument.batch import SCOPE_NAME, Envelope, SpanBatch
 from kvtrace.instrument.convert import (
     RUN_ID_RESOURCE_KEY,
     attribute_text,
@@ -38,10 +64,8 @@ from kvtrace.instrument.convert import (
 )
 from kvtrace.instrument.ids import SeededIdGenerator
 from kvtrace.instrument.processor import BulkSpanProcessor
-from kvtrace.instrument.spans import Envelope, SpanBatch, SpanBatchBuilder
+from kvtrace.instrument.spans import SpanBatchBuilder
 
-SCOPE_NAME = "kvtrace.instrument"
-SCOPE_VERSION = "0.1.0"
 DEFAULT_FLUSH_SPANS = 32_768
 DEFAULT_STEP_NS = 1_000_000  # cache-only mode: one step = 1 ms of virtual time
 
@@ -65,7 +89,7 @@ def provider_span_processors(provider: Any) -> tuple[SpanProcessor, ...]:
 
 
 class KVCacheInstrumentor:
-    """Instruments a kvtrace engine or cache manager.
+    """Instruments a kvtrace engine or cache manager (see the module docstring).
 
     ``tracer_provider``: an SDK ``TracerProvider`` (default: the global one). Its resource
     is written on every span and its ``SeededIdGenerator`` (if it has one) supplies ids;
@@ -98,11 +122,10 @@ class KVCacheInstrumentor:
         if run_id is not None:
             attrs[RUN_ID_RESOURCE_KEY] = run_id
         self.resource = Resource(attrs, resource.schema_url)
-        self.scope = InstrumentationScope(SCOPE_NAME, SCOPE_VERSION)
         stored = tuple(stored_resource_items(attrs))
         self.envelope = Envelope(
             service_name=attribute_text(attrs["service.name"]), scope_name=SCOPE_NAME,
-            scope_version=SCOPE_VERSION, resource_attributes=stored,
+            scope_version=__version__, resource_attributes=stored,
         )
         self._builder = SpanBatchBuilder(self.ids, self.envelope)
         self._targets: list[Any] = []
@@ -111,18 +134,18 @@ class KVCacheInstrumentor:
         self.spans_emitted = 0
         self.batches_emitted = 0
 
-    # -- contrib-style API -----------------------------------------------------------------
+    # -- instrument / uninstrument ----------------------------------------------------------------
     @property
     def is_instrumented(self) -> bool:
         return bool(self._targets)
 
-    def instrument(self, *targets: Any) -> "KVCacheInstrumentor":
+    def instrument(self, *targets: Any) -> KVCacheInstrumentor:
         """Attach to each target: a ``KVCacheManager`` (``subscribe``) or an engine whose
         ``run(workload, listeners)`` gets this instrumentor added to its listeners."""
         self._resolve_processors()
         for target in targets:
             if any(t is target for t in self._targets):
-                continue  # idempotent, like BaseInstrumentor
+                continue  # idempotent
             if callable(getattr(target, "subscribe", None)):
                 target.subscribe(self)
             elif callable(getattr(target, "run", None)):
@@ -154,8 +177,8 @@ class KVCacheInstrumentor:
         def run(workload, listeners=(), *args, **kwargs):
             return original(workload, (*listeners, self), *args, **kwargs)
 
-        run._kvtrace_instrumentor = self
-        run.__wrapped__ = original
+        run._kvtrace_instrumentor = self  # type: ignore[attr-defined]  # how uninstrument finds its own wrapper
+        run.__wrapped__ = original  # type: ignore[attr-defined]
         engine.run = run
 
     def _resolve_processors(self) -> None:
@@ -201,8 +224,8 @@ class KVCacheInstrumentor:
         self._resolve_processors()  # processors added to the provider late still get spans
         self.spans_emitted += batch.num_spans
         self.batches_emitted += 1
-        for proc in self._bulk:
-            proc.on_batch(batch)
+        for bulk in self._bulk:
+            bulk.on_batch(batch)
         if self._other:
             for span in table_to_readable_spans(batch.table, self.resource):
                 for proc in self._other:
@@ -213,6 +236,7 @@ class KVCacheInstrumentor:
         self.flush()
         self._resolve_processors()
         ok = True
-        for proc in self._bulk + self._other:
+        procs: tuple[SpanProcessor, ...] = self._bulk + self._other
+        for proc in procs:
             ok = proc.force_flush(timeout_millis) and ok
         return ok

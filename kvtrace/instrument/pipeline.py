@@ -11,8 +11,9 @@ friends, plus ``OTEL_SERVICE_NAME`` / ``OTEL_RESOURCE_ATTRIBUTES`` for the resou
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, Iterator, Mapping
+from typing import Any
 from urllib.parse import urlparse
 
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -24,7 +25,7 @@ from kvtrace.errors import ConfigError
 from kvtrace.instrument.convert import RUN_ID_RESOURCE_KEY
 from kvtrace.instrument.exporter import DuckDBSpanExporter
 from kvtrace.instrument.ids import SeededIdGenerator
-from kvtrace.instrument.instrumentor import KVCacheInstrumentor
+from kvtrace.instrument.instrumentor import DEFAULT_STEP_NS, KVCacheInstrumentor
 from kvtrace.instrument.processor import BulkSpanProcessor
 
 _ENV_ENDPOINTS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
@@ -147,8 +148,8 @@ def recording(
     """
     provider = build_tracer_provider(store=store, run_id=run_id, otlp_endpoint=otlp_endpoint,
                                      seed=seed, background=background)
-    kwargs = {} if step_ns is None else {"step_ns": step_ns}
-    inst = KVCacheInstrumentor(provider, run_id=run_id, **kwargs).instrument()
+    inst = KVCacheInstrumentor(provider, run_id=run_id,
+                               step_ns=DEFAULT_STEP_NS if step_ns is None else step_ns).instrument()
     try:
         yield inst
     finally:

@@ -30,8 +30,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from kvtrace.instrument.batch import SpanBatch
 from kvtrace.instrument.convert import table_to_readable_spans
-from kvtrace.instrument.spans import SpanBatch
 
 _log = logging.getLogger(__name__)
 _STOP = object()
@@ -61,7 +61,8 @@ class BulkSpanProcessor(SpanProcessor):
         self.max_export_batch_size = max_export_batch_size
         self.resource = resource
         self.run_id = run_id
-        self.columnar = isinstance(exporter, ColumnarSpanExporter)
+        # the exporter again when it takes whole batches (``export_batch``), else None
+        self.columnar: ColumnarSpanExporter | None = exporter if isinstance(exporter, ColumnarSpanExporter) else None
         self.spans_received = 0
         self.spans_exported = 0
         self.spans_failed = 0
@@ -111,7 +112,7 @@ class BulkSpanProcessor(SpanProcessor):
             self.force_flush()
         finally:
             self._shutdown = True
-            if self._queue is not None:
+            if self._queue is not None and self._worker is not None:
                 self._queue.put(_STOP)
                 self._worker.join()
             self.exporter.shutdown()
@@ -140,6 +141,7 @@ class BulkSpanProcessor(SpanProcessor):
             raise err
 
     def _run(self) -> None:
+        assert self._queue is not None  # the worker runs only with a queue
         while True:
             item = self._queue.get()
             try:
@@ -160,9 +162,9 @@ class BulkSpanProcessor(SpanProcessor):
         left = _count(item)
         try:
             if isinstance(item, SpanBatch):
-                if self.columnar:
+                if self.columnar is not None:
                     if not self._resting():
-                        left -= self._account(self.exporter.export_batch(item), item.num_spans)
+                        left -= self._account(self.columnar.export_batch(item), item.num_spans)
                     return
                 table = item.table
                 step = self.max_export_batch_size

@@ -12,10 +12,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from kvtrace.cache import CacheConfig, FullAttentionSpec, KVCacheManager, Request
 from kvtrace.engine.engine import Engine
-from kvtrace.workload import TraceRequest
 from kvtrace.errors import KVTraceError
 from kvtrace.instrument import KVCacheInstrumentor, SeededIdGenerator, build_tracer_provider
 from kvtrace.store.writer import Store
+from kvtrace.workload import TraceRequest
 from tests.instrument.helpers import store_rows
 
 SPAN_OF = {"BlockPublished": "kvtrace.cache.publish", "BlockEvicted": "kvtrace.cache.evict",

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from kvtrace.instrument import KVCacheInstrumentor, build_tracer_provider
+from kvtrace.instrument.otlp import OTLPCollector
 from kvtrace.instrument.pipeline import traces_url
-from kvtrace.instrument.receiver import OTLPCollector
-from kvtrace.instrument.synthetic import synthetic_steps
 from kvtrace.store.writer import Store
 from tests.instrument.helpers import count_spans, one_of_each_step, store_rows
+from tests.support.synthetic_spans import synthetic_steps
 
 
 @pytest.fixture()
@@ -79,7 +79,7 @@ def test_unsupported_otlp_protocol_is_a_config_error(monkeypatch):
     from kvtrace.errors import ConfigError
 
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
-    with pytest.raises(ConfigError, match="^OTEL_EXPORTER_OTLP_PROTOCOL: http/json: kvtrace sends OTLP as"):
+    with pytest.raises(ConfigError, match=r"^OTEL_EXPORTER_OTLP_PROTOCOL: http/json: kvtrace sends OTLP as"):
         build_tracer_provider(otlp_endpoint="http://127.0.0.1:4318", run_id="x")
 
 

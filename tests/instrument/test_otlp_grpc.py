@@ -18,8 +18,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-from kvtrace.instrument.otlp_grpc import EXPORT_METHOD
-from kvtrace.instrument.receiver import OTLPCollector
+from kvtrace.instrument.otlp import OTLPCollector
+from kvtrace.instrument.otlp.grpc import EXPORT_METHOD, probe_address
 from tests.instrument.helpers import count_spans, store_rows
 
 
@@ -148,3 +148,14 @@ def test_kvtrace_collect_on_a_busy_port_is_one_line(tmp_path, which):
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"kvtrace: error: cannot listen on 127.0.0.1:{port}"), err
     assert ("OTLP/HTTP" if which == "--port" else "OTLP/gRPC") in lines[0]
+
+
+def test_probe_finds_a_busy_port_before_grpc_does():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(OSError, match=re.escape(f"cannot listen on 127.0.0.1:{port} (OTLP/gRPC)")):
+            probe_address("127.0.0.1", port)
+    probe_address("127.0.0.1", port)  # free again
+    probe_address("127.0.0.1", 0)  # any free port

@@ -11,7 +11,7 @@ import pytest
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
-from kvtrace.instrument.receiver import OTLPCollector
+from kvtrace.instrument.otlp import OTLPCollector
 from tests.instrument.helpers import count_spans, store_rows
 
 TRACE = "5b8efff798038103d269b633813fc60c"
@@ -28,17 +28,19 @@ def _json_body(n: int = 2, run_id: str | None = "json-run") -> bytes:
         "attributes": [
             {"key": "kvtrace.step", "value": {"intValue": str(7 + i)}},
             {"key": "kvtrace.block.ids", "value": {"arrayValue": {"values": [{"intValue": "1"}, {"intValue": 2}]}}},
-            {"key": "kvtrace.block.hashes", "value": {"arrayValue": {"values": [{"stringValue": "aa"}, {"stringValue": "bb"}]}}},
+            {"key": "kvtrace.block.hashes",
+             "value": {"arrayValue": {"values": [{"stringValue": "aa"}, {"stringValue": "bb"}]}}},
             {"key": "kvtrace.publish.kind", "value": {"stringValue": "full"}},
             {"key": "custom.flag", "value": {"boolValue": True}},
             {"key": "custom.map", "value": {"kvlistValue": {"values": [{"key": "a", "value": {"doubleValue": 1.5}}]}}},
         ],
-        "events": [{"timeUnixNano": "1001", "name": "note", "attributes": [{"key": "k", "value": {"stringValue": "v"}}]}],
+        "events": [{"timeUnixNano": "1001", "name": "note",
+                    "attributes": [{"key": "k", "value": {"stringValue": "v"}}]}],
         "links": [{"traceId": TRACE, "spanId": "00000000000000ff"}],
         "status": {"code": 2, "message": "boom"},
     } for i in range(n)]
-    return json.dumps({"resourceSpans": [{"resource": {"attributes": resource},
-                                          "scopeSpans": [{"scope": {"name": "s", "version": "1"}, "spans": spans}]}]}).encode()
+    scope_spans = [{"scope": {"name": "s", "version": "1"}, "spans": spans}]
+    return json.dumps({"resourceSpans": [{"resource": {"attributes": resource}, "scopeSpans": scope_spans}]}).encode()
 
 
 def _post(url: str, body: bytes, ctype: str = "application/json", encoding: str | None = None):
@@ -64,7 +66,7 @@ def test_binds_loopback_by_default(collector):
 
 
 def test_json_spans_are_stored_with_typed_columns(tmp_path, collector):
-    status, body, ctype = _post(collector.url, _json_body())
+    status, _, ctype = _post(collector.url, _json_body())
     assert (status, ctype) == (200, "application/json")
     collector.stop()
     rows = store_rows(tmp_path / "rx.duckdb", "json-run")

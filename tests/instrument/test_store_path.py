@@ -16,9 +16,9 @@ from kvtrace.instrument import (
     build_tracer_provider,
     table_to_readable_spans,
 )
-from kvtrace.instrument.synthetic import synthetic_steps
 from kvtrace.store.writer import Store
 from tests.instrument.helpers import count_spans, one_of_each_step, store_rows
+from tests.support.synthetic_spans import synthetic_steps
 
 
 def record(path, steps, seed=0, background=True, flush_spans=4096, run_id="run"):
@@ -53,7 +53,7 @@ def test_seed_changes_ids_but_not_content(tmp_path):
     b = store_rows(tmp_path / "b.duckdb", "run")
     assert [r["span_id"] for r in a] != [r["span_id"] for r in b]
     strip = lambda rows: [{k: v for k, v in r.items() if k not in ("trace_id", "span_id", "parent_span_id", "links")}
-                          for r in rows]  # noqa: E731
+                          for r in rows]
     assert strip(a) == strip(b)
 
 
@@ -136,7 +136,7 @@ def test_exporter_failure_is_raised_not_swallowed(tmp_path):
 _CHILD = """
 import sys
 from kvtrace.instrument import KVCacheInstrumentor, build_tracer_provider
-from kvtrace.instrument.synthetic import synthetic_steps
+from tests.support.synthetic_spans import synthetic_steps
 from kvtrace.store.writer import Store
 with Store.open(sys.argv[1]) as store:
     store.create_run("t", run_id="run", created="2026-01-01T00:00:00Z")
@@ -168,14 +168,13 @@ def test_recording_flushes_everything_when_the_run_fails(tmp_path):
     from kvtrace.instrument import recording
 
     path = tmp_path / "crash.duckdb"
-    with pytest.raises(RuntimeError, match="engine blew up"):
-        with Store.open(path) as store:
-            store.create_run("crash", run_id="crash")
-            with recording(store=store, run_id="crash", seed=1) as inst:
-                for i, batch in enumerate(synthetic_steps(200, seed=6)):
-                    inst(batch)
-                    if i == 150:
-                        raise RuntimeError("engine blew up")
+    with pytest.raises(RuntimeError, match="engine blew up"), Store.open(path) as store:
+        store.create_run("crash", run_id="crash")
+        with recording(store=store, run_id="crash", seed=1) as inst:
+            for i, batch in enumerate(synthetic_steps(200, seed=6)):
+                inst(batch)
+                if i == 150:
+                    raise RuntimeError("engine blew up")
     assert inst.spans_emitted > 1500
     assert count_spans(path, "crash") == inst.spans_emitted
     from kvtrace.store import read

@@ -7,8 +7,10 @@ import threading
 import time
 
 import pytest
+import zmq
 
-from kvtrace.instrument.vllm import ChainTracer, KVEvent, capture_vllm, decode_kv_batch, hash_hex
+from kvtrace.instrument.arrow_columns import hash_hex
+from kvtrace.instrument.vllm import ChainTracer, KVEvent, capture_vllm, decode_kv_batch
 from tests.instrument.helpers import store_rows
 from tests.instrument.vllm_publisher import CURRENT, LEGACY, VllmPublisher
 
@@ -79,7 +81,8 @@ def _run_capture(tmp_path, layout, bytes_hashes, drop: set[int], duplicate: int 
     return result["stats"], pub
 
 
-@pytest.mark.parametrize("layout, bytes_hashes", [(LEGACY, False), (CURRENT, True)], ids=["legacy-int", "current-bytes"])
+@pytest.mark.parametrize("layout, bytes_hashes", [(LEGACY, False), (CURRENT, True)],
+                         ids=["legacy-int", "current-bytes"])
 def test_capture_recovers_a_gap_through_replay(tmp_path, layout, bytes_hashes):
     stats, pub = _run_capture(tmp_path, layout, bytes_hashes, drop={5, 6, 7, 12}, duplicate=9)
     assert stats.gaps == 2 and stats.recovered == 4 and stats.lost == 0
@@ -103,7 +106,7 @@ def test_capture_recovers_a_gap_through_replay(tmp_path, layout, bytes_hashes):
         assert r["group_id"] == k % 2 and r["kv_cache_spec_kind"] == "full_attention"
         assert r["publish_kind"] == "vllm_stored"
         assert r["num_tokens"] == (k + 1) * 4  # chain depth x block size
-        assert r["start_ns"] == int(round((1_700_000_000.0 + k * 0.01) * 1e9))
+        assert r["start_ns"] == round((1_700_000_000.0 + k * 0.01) * 1e9)
     assert sorted(r["evict_reason"] for r in evicts) == ["reset"] + ["vllm_removed"] * 17
     step_ids = {r["span_id"] for r in rows if r["name"] == "kvtrace.engine.step"}
     assert all(r["parent_span_id"] in step_ids for r in pubs + evicts)
@@ -118,7 +121,7 @@ def test_capture_recovers_a_gap_through_replay(tmp_path, layout, bytes_hashes):
 def test_decode_tolerates_both_layouts_and_unknown_events():
     import msgspec
 
-    EventBatch, BlockStored, BlockRemoved, _ = LEGACY
+    EventBatch, BlockStored, _, _ = LEGACY
     legacy = msgspec.msgpack.encode(EventBatch(1.0, [BlockStored([1, -2], None, [1], 16, None, None, None)]))
     batch, unknown = decode_kv_batch(legacy)
     assert [e.block_hashes for e in batch.events] == [["0000000000000001", "fffffffffffffffe"]]
@@ -138,12 +141,41 @@ def test_decode_tolerates_both_layouts_and_unknown_events():
 
 def test_chain_tracer_splits_requests_by_chain_and_time():
     t = ChainTracer(merge_window_ns=1_000)
-    st = lambda hashes, parent: KVEvent("BlockStored", hashes, parent, block_size=16)  # noqa: E731
+    st = lambda hashes, parent: KVEvent("BlockStored", hashes, parent, block_size=16)
     t.add(0, st(["a", "b"], None))        # request 1: a b
     t.add(500, st(["c"], "b"))            # chunked prefill continues request 1
     t.add(600, st(["x"], None))           # request 2: x
     t.add(5_000, st(["d"], "b"))          # later, shares a b: request 3 = a b d
-    assert [t.chain(r["tail"]) for r in t.requests] == [["a", "b", "c"], ["x"], ["a", "b", "d"]]
+    assert [t.chain(r.tail) for r in t.requests] == [["a", "b", "c"], ["x"], ["a", "b", "d"]]
+
+
+def test_reconstructed_trace_is_written_by_the_native_writer_and_reads_back(tmp_path):
+    from kvtrace.instrument.vllm import write_native_trace
+    from kvtrace.workload.native import read_header, read_native
+
+    a, b = ChainTracer(), ChainTracer()  # two DP ranks sharing the prefix "p"
+    a.add(10, KVEvent("BlockStored", ["p", "q"], None, block_size=16))
+    b.add(5, KVEvent("BlockStored", ["p", "r"], None))  # no block size: the trace's
+    path = tmp_path / "t.jsonl"
+    assert write_native_trace(path, [a, b], source="vllm:test") == 2
+    assert read_header(str(path)) == {"kvtrace_trace": 1, "source": "vllm:test", "block_size": 16}
+    reqs = list(read_native(str(path)))
+    assert [(r.request_id, r.arrival_ns, r.hash_ids, r.input_length, r.output_length) for r in reqs] == [
+        ("vllm-0", 0, (0, 1), 32, 0), ("vllm-1", 5, (0, 2), 32, 0)]
+
+
+def test_capture_flush_is_due_after_its_interval():
+    from kvtrace.instrument.vllm import VllmKVCapture
+
+    cap = VllmKVCapture("tcp://127.0.0.1:1", flush_interval_s=10)  # ZMQ connects lazily: no server needed
+    try:
+        assert cap.socket.type == zmq.SUB
+        assert not cap.flush_due(time.monotonic())
+        assert cap.flush_due(time.monotonic() + 10)
+        cap.flush()
+        assert not cap.flush_due(time.monotonic() + 9)
+    finally:
+        cap.close()
 
 
 def test_without_a_replay_socket_a_gap_is_counted_as_lost(tmp_path):
@@ -167,7 +199,7 @@ def test_dp_endpoint_follows_vllm_offset_convention():
     assert dp_endpoint("ipc:///tmp/kv", 2) == "ipc:///tmp/kv_dp2"
     assert dp_endpoint("inproc://cache", 1) == "inproc://cache_dp1"
     assert dp_endpoint(None, 4) is None
-    with pytest.raises(ConfigError, match="^--endpoint: tcp://host: expected tcp://HOST:PORT"):
+    with pytest.raises(ConfigError, match=r"^--endpoint: tcp://host: expected tcp://HOST:PORT"):
         dp_endpoint("tcp://host", 1)
     with pytest.raises(ConfigError, match="65535"):
         dp_endpoint("tcp://h:65535", 1)
@@ -189,7 +221,7 @@ def test_capture_follows_every_dp_rank_with_its_own_sequence(tmp_path):
     n = 10
 
     def batch(rank: int, k: int):
-        h = lambda i: rank * 1_000 + i  # noqa: E731  (distinct hashes per rank)
+        h = lambda i: rank * 1_000 + i
         ev = BlockStored([h(k + 1)], h(k) if k else None, [k] * 4, 4, None, "GPU", None, group_idx=0)
         return EventBatch(1_700_000_000.0 + k * 0.01 + rank * 0.001, [ev], 0 if rank == 0 else None)
 

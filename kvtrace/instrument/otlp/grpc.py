@@ -1,0 +1,94 @@
+"""OTLP/gRPC receiver: ``opentelemetry.proto.collector.trace.v1.TraceService/Export``.
+
+gRPC is the OTel SDKs' default OTLP protocol, vLLM's ``--otlp-traces-endpoint`` among
+them, so ``kvtrace collect`` serves it next to OTLP/HTTP. The method takes the request
+as raw bytes, decodes it with the same ``decode_protobuf`` as the HTTP path and hands
+the spans to the ``ingest`` callable it was given (the collector's): the same rows, the
+same runs. This module knows nothing of the collector. Status codes follow the OTLP
+spec: a malformed request gets INVALID_ARGUMENT and stores nothing; an oversized one
+RESOURCE_EXHAUSTED (gRPC's receive limit, set to the body limit); an unusable store
+(``ingest`` raising ``KVTraceError``) UNAVAILABLE, which exporters retry.
+
+A busy or unavailable address is found by binding a plain socket to it first: gRPC's C
+core would log its own failure to stderr, and kvtrace reports it as one line instead.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+from kvtrace.errors import KVTraceError
+from kvtrace.instrument.otlp.decode import DecodedSpans, PayloadError, decode_protobuf
+
+SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
+EXPORT_METHOD = f"/{SERVICE}/Export"
+_OK = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+
+
+def _unavailable(host: str, port: int, why: object) -> OSError:
+    return OSError(f"cannot listen on {host}:{port} (OTLP/gRPC): {why}")
+
+
+def probe_address(host: str, port: int) -> None:
+    """Raise OSError when ``host:port`` cannot be bound (in use, or not an address here).
+
+    Binds and closes a plain TCP socket on every address ``host`` resolves to, with
+    SO_REUSEADDR as gRPC's own listener sets it (a port in TIME_WAIT is fine, one with a
+    listener is not). Port 0 (any free port) always can be bound.
+    """
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as err:
+        raise _unavailable(host, port, err.strerror or err) from None
+    for family, kind, proto, _, address in infos:
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(address)
+            except OSError as err:
+                raise _unavailable(host, port, err.strerror or err) from None
+
+
+def grpc_server(ingest: Callable[[DecodedSpans], object], host: str, port: int, max_body_bytes: int,
+                on_reject: Callable[[], None] = lambda: None) -> tuple[grpc.Server, int]:
+    """A bound, not yet started gRPC server whose ``Export`` decodes a request and calls
+    ``ingest(spans)``; returns it and its port. ``on_reject`` is called once per request
+    refused (malformed, or ``ingest`` raised ``KVTraceError``).
+
+    Raises OSError when the address cannot be bound (as the HTTP server does)."""
+
+    def export(request: bytes, context: grpc.ServicerContext) -> bytes:
+        try:
+            spans = decode_protobuf(request)
+        except PayloadError as err:
+            on_reject()
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        try:
+            ingest(spans)
+        except KVTraceError as err:  # store busy or unusable: the exporter may retry
+            on_reject()
+            context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
+        return _OK
+
+    probe_address(host, port)
+    # No (de)serialisers: the method sees the request's bytes, as the HTTP handler does.
+    handler = grpc.method_handlers_generic_handler(SERVICE, {"Export": grpc.unary_unary_rpc_method_handler(export)})
+    server = grpc.server(
+        ThreadPoolExecutor(max_workers=4, thread_name_prefix="kvtrace-otlp-grpc"),
+        handlers=[handler],
+        options=[("grpc.max_receive_message_length", max_body_bytes), ("grpc.so_reuseport", 0)],
+    )
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError:  # grpcio raises where older versions returned 0
+        bound = 0
+    if not bound:  # taken between the probe and here (gRPC has then logged it too)
+        raise _unavailable(host, port, "address in use or not available")
+    return server, bound

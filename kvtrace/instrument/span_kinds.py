@@ -1,0 +1,255 @@
+"""What each event kind becomes: a declarative table, one ``SpanKind`` per span kind.
+
+Each entry names the event class, the span name, how the span is placed in time, and
+its columns as ``Fill(column, fields, encoder)`` rows: the store column (a
+``SPAN_COLUMN_DEFS`` name), the event fields it reads, and the encoder that turns one
+value per event into an Arrow array of that column's type. ``SpanBatchBuilder`` fills
+columns from this table and nothing else: for every entry, one C-level ``map`` of the
+field's ``attrgetter`` (or the entry's getter) over all events of the kind, then one
+vectorised encoder call. ``tests/instrument/test_span_kinds.py`` holds the table against
+the schema (every column exists, with the type its encoder produces) and the event
+Structs (every field read exists).
+
+Placement (the builder's part):
+- cache kinds (``CACHE_KINDS``): children of their step's span, zero length, spread over
+  the step's window in event order;
+- ``TIMED_KINDS`` (verification): children of their step's span, instant at ``time_``
+  fields, with a constant status;
+- ``REQUEST_KIND``: a root span from arrival to finish, ids keyed by the request id;
+- ``STEP_FILLS``: the ``StepExecuted`` columns of a step's own (root) span.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import Any
+
+import pyarrow as pa
+
+from kvtrace.cache.events import (
+    BlockCopied,
+    BlockEvicted,
+    BlockPublished,
+    BlocksFreed,
+    PrefixLookup,
+    StaleHashLeft,
+)
+from kvtrace.engine.events import DivergentOutput, RequestFinished, StaleHashFound, StepExecuted
+from kvtrace.instrument.arrow_columns import hex_lists, hex_strings, int_lists, optional_hex, single_item_lists
+from kvtrace.instrument.batch import BATCH_SCHEMA
+from kvtrace.numeric import sorted_percentile
+from kvtrace.store.schema import (
+    SPAN_COW,
+    SPAN_DIVERGENT,
+    SPAN_EVICT,
+    SPAN_FREE,
+    SPAN_LOOKUP,
+    SPAN_PUBLISH,
+    SPAN_REQUEST,
+    SPAN_STALE_HASH,
+    SPAN_STALE_LEFT,
+)
+
+STATUS_UNSET, STATUS_ERROR = "Unset", "Error"  # OTel status names as stored
+_MASK64 = (1 << 64) - 1
+_I64 = pa.int64()
+_TYPES = {f.name: f.type for f in BATCH_SCHEMA}
+
+# --- encoders: one value per event -> one Arrow array of the column's type ---------------
+Encoder = Callable[[list, pa.DataType], pa.Array]
+
+
+def scalar(values: list, arrow: pa.DataType) -> pa.Array:
+    """Values as they are (ints, strings, floats, lists of them, None)."""
+    return pa.array(values, arrow)
+
+
+def int_list(values: list, arrow: pa.DataType) -> pa.Array:
+    """Tuples of ints -> list<int64>."""
+    return int_lists(values)
+
+
+def hash_list(values: list, arrow: pa.DataType) -> pa.Array:
+    """Tuples of block hashes -> list<string> of hex (``hash_hex``)."""
+    return hex_lists(values)
+
+
+def hash_or_null(values: list, arrow: pa.DataType) -> pa.Array:
+    """A block hash or None -> string hex or NULL."""
+    return optional_hex(values)
+
+
+def one_int(values: list, arrow: pa.DataType) -> pa.Array:
+    """One int per event -> a one-element list<int64>."""
+    return single_item_lists(pa.array(values, _I64))
+
+
+def one_hash(values: list, arrow: pa.DataType) -> pa.Array:
+    """One block hash per event -> a one-element list<string> of hex."""
+    return single_item_lists(hex_strings(values))
+
+
+class Fill:
+    """One column of a span kind: ``column`` from the event ``fields`` through ``encode``.
+
+    ``get``: computes the value from the event (it reads ``fields``); without it the
+    value is the one field itself.
+    """
+
+    __slots__ = ("arrow", "column", "encode", "fields", "getter")
+
+    def __init__(self, column: str, fields: str | tuple[str, ...], encode: Encoder = scalar,
+                 get: Callable[[Any], Any] | None = None):
+        if column not in _TYPES:
+            raise KeyError(f"span kinds: no column {column!r} in the store schema")
+        self.column = column
+        self.fields = (fields,) if isinstance(fields, str) else tuple(fields)
+        self.encode = encode
+        self.arrow: pa.DataType = _TYPES[column]
+        if get is None and len(self.fields) != 1:
+            raise ValueError(f"span kinds: column {column!r} reads several fields; give a getter")
+        self.getter: Callable[[Any], Any] = get if get is not None else attrgetter(self.fields[0])
+
+    def column_of(self, events: Sequence) -> pa.Array:
+        return self.encode(list(map(self.getter, events)), self.arrow)
+
+    def __repr__(self) -> str:
+        return f"Fill({self.column!r}, {self.fields!r}, {self.encode.__name__})"
+
+
+@dataclass(frozen=True, slots=True)
+class SpanKind:
+    """An event class and the span it becomes.
+
+    ``link_request``: one link to the span of the event's ``request_id``.
+    ``status``/``status_message``: constants for every span of the kind (None: Unset).
+    ``time_fields``: (start, end) event fields of a timed kind; None: the step's window.
+    """
+
+    event: type
+    name: str
+    fills: tuple[Fill, ...]
+    link_request: bool = False
+    status: str | None = None
+    status_message: str | None = None
+    time_fields: tuple[str, str] | None = None
+
+
+def _itl_mean(e: RequestFinished) -> float | None:
+    return sum(e.itl_ns) / len(e.itl_ns) if e.itl_ns else None
+
+
+def _itl_percentile(q: float) -> Callable[[RequestFinished], float | None]:
+    def get(e: RequestFinished) -> float | None:
+        return float(sorted_percentile(sorted(e.itl_ns), q)) if e.itl_ns else None
+    return get
+
+
+def _chunks(e: RequestFinished) -> list[dict[str, int]]:
+    return [{"start_ns": c[0], "end_ns": c[1], "num_tokens": c[2]} for c in e.prefill_chunks]
+
+
+def _divergent(value: str) -> Callable[[RequestFinished], str | None]:
+    return lambda e: value if e.num_divergent_tokens else None  # None: Unset
+
+
+_STEP = Fill("step", "step")
+_REQUEST_ID = Fill("request_id", "request_id")
+_GROUP = Fill("group_id", "group_id")
+_BLOCK_IDS = Fill("block_ids", "block_ids", int_list)
+_BLOCK_HASHES = Fill("block_hashes", "block_hashes", hash_list)
+_NUM_TOKENS = Fill("num_tokens", "num_tokens")
+# one stale key per span (also the evidence of kvtrace.verify.stale_hash)
+_STALE_KEY = (_STEP, _REQUEST_ID, _GROUP, Fill("block_ids", "block_id", one_int),
+              Fill("block_hashes", "block_hash", one_hash), _NUM_TOKENS)
+
+# Order here is the row order of cache spans within a batch.
+CACHE_KINDS: tuple[SpanKind, ...] = (
+    SpanKind(PrefixLookup, SPAN_LOOKUP, (
+        _STEP, _REQUEST_ID,
+        Fill("num_query_tokens", "num_query_tokens"),
+        Fill("num_hit_tokens", "num_hit_tokens"),
+        Fill("hit_tokens_per_group", "hit_tokens_per_group", int_list),
+        Fill("shared_prefix_boundary", "shared_prefix_boundary"),
+        Fill("num_external_hit_tokens", "num_external_hit_tokens"),
+        Fill("root_hash", "root_hash", hash_or_null),
+        Fill("first_miss_hash", "first_miss_hash", hash_or_null),
+        Fill("first_miss_index", "first_miss_index"),
+    ), link_request=True),
+    SpanKind(BlockEvicted, SPAN_EVICT, (
+        _STEP, _REQUEST_ID, _GROUP,
+        Fill("evict_reason", "reason"),
+        _BLOCK_IDS, _BLOCK_HASHES,
+        Fill("ages", "ages", int_list),
+        Fill("idle", "idle", int_list),
+    )),
+    SpanKind(BlockPublished, SPAN_PUBLISH, (
+        _STEP, _REQUEST_ID, _GROUP,
+        Fill("publish_kind", "kind"),
+        _BLOCK_IDS, _BLOCK_HASHES, _NUM_TOKENS,
+    )),
+    SpanKind(BlockCopied, SPAN_COW, (
+        _STEP, _REQUEST_ID, _GROUP,
+        Fill("copy_src", "src"),
+        Fill("copy_dst", "dst"),
+        Fill("copy_reason", "why"),
+    ), link_request=True),
+    SpanKind(BlocksFreed, SPAN_FREE, (_STEP, _REQUEST_ID, _GROUP, _BLOCK_IDS)),
+    SpanKind(StaleHashLeft, SPAN_STALE_LEFT, _STALE_KEY),
+)
+
+TIMED_KINDS: tuple[SpanKind, ...] = (
+    SpanKind(StaleHashFound, SPAN_STALE_HASH, (
+        *_STALE_KEY,
+        Fill("expected_fingerprint", "expected_fingerprint", get=lambda e: e.expected_fingerprint & _MASK64),
+        Fill("actual_fingerprint", "actual_fingerprint", get=lambda e: e.actual_fingerprint & _MASK64),
+    ), status=STATUS_ERROR, status_message="stale hash: block content does not match its key",
+        time_fields=("time_ns", "time_ns")),
+    SpanKind(DivergentOutput, SPAN_DIVERGENT, (
+        _STEP, _REQUEST_ID,
+        Fill("position", "position"),
+        Fill("expected_token", "expected_token"),
+        Fill("actual_token", "actual_token"),
+    ), link_request=True, status=STATUS_ERROR, status_message="divergent output token",
+        time_fields=("time_ns", "time_ns")),
+)
+
+REQUEST_KIND = SpanKind(RequestFinished, SPAN_REQUEST, (
+    Fill("status_code", "num_divergent_tokens", get=_divergent(STATUS_ERROR)),
+    Fill("status_message", "num_divergent_tokens", get=_divergent("divergent output")),
+    _REQUEST_ID,
+    Fill("session_id", "session_id"),
+    Fill("arrival_ns", "arrival_ns"),
+    Fill("first_scheduled_ns", "first_scheduled_ns"),
+    Fill("first_token_ns", "first_token_ns"),
+    Fill("num_prompt_tokens", "num_prompt_tokens"),
+    Fill("num_output_tokens", "num_output_tokens"),
+    Fill("num_hit_tokens", "num_local_hit_tokens"),
+    Fill("num_external_hit_tokens", "num_external_hit_tokens"),
+    Fill("num_computed_tokens", "num_computed_prompt_tokens"),
+    Fill("num_preemptions", "num_preemptions"),
+    Fill("num_divergent_tokens", "num_divergent_tokens"),
+    Fill("ttft_ns", ("first_token_ns", "arrival_ns"), get=lambda e: e.first_token_ns - e.arrival_ns),
+    Fill("itl_ns", "itl_ns", int_list),
+    Fill("itl_mean_ns", "itl_ns", get=_itl_mean),
+    Fill("itl_p50_ns", "itl_ns", get=_itl_percentile(50)),
+    Fill("itl_p99_ns", "itl_ns", get=_itl_percentile(99)),
+    Fill("itl_max_ns", "itl_ns", get=lambda e: max(e.itl_ns) if e.itl_ns else None),
+    Fill("prefill_chunks", "prefill_chunks", get=_chunks),
+), time_fields=("arrival_ns", "finish_ns"))
+
+# A step span's columns from its StepExecuted (cache-only steps have none: NULL).
+STEP_FILLS: tuple[Fill, ...] = (
+    Fill("num_prefill_tokens", "num_prefill_tokens"),
+    Fill("num_decode_seqs", "num_decode_seqs"),
+    Fill("num_running", "num_running"),
+    Fill("num_waiting", "num_waiting"),
+    Fill("num_copies", "num_copies"),
+    Fill("num_preempted", "num_preempted"),
+    Fill("usage", "usage", get=lambda s: list(s.usage)),
+)
+STEP_EVENT = StepExecuted
+
+ALL_KINDS: tuple[SpanKind, ...] = (*CACHE_KINDS, *TIMED_KINDS, REQUEST_KIND)

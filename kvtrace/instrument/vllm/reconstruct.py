@@ -1,0 +1,101 @@
+"""A replayable native trace rebuilt from vLLM's ``BlockStored`` chains.
+
+vLLM's KV events say which blocks were stored under which parent, not which request
+stored them. ``ChainTracer`` groups stored runs of blocks into requests (see its
+docstring); ``write_native_trace`` writes the requests of one or more tracers (one per
+DP rank) through the one native writer, ``kvtrace.workload.native.write_native``, as
+``TraceRequest``s with prefix-chained ``hash_ids``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvtrace.instrument.vllm.wire import ALL_BLOCKS_CLEARED, BLOCK_STORED, KVEvent
+from kvtrace.workload import TraceRequest
+from kvtrace.workload.native import write_native
+
+
+@dataclass(slots=True)
+class ChainRequest:
+    """One reconstructed request: its prompt is the chain from the root to ``tail``."""
+
+    arrival_ns: int
+    tail: str
+    last_ns: int  # when the chain was last extended
+    block_size: int  # 0: not reported
+
+
+class ChainTracer:
+    """Rebuilds per-request prompts from BlockStored chains.
+
+    vLLM does not say which request stored a block. A stored run of blocks starts a new
+    request unless its parent is the tail of a chain extended less than
+    ``merge_window_ns`` earlier (chunked prefill continuing). A request's prompt is the
+    chain from the root to its last block; blocks whose parents were never seen start a
+    fresh root. Limits: output lengths are unknown (written as 0), a prompt's partial
+    last block is never published, and decode-time blocks stored within the window are
+    counted as prompt.
+    """
+
+    def __init__(self, merge_window_ns: int = 1_000_000_000):
+        self.merge_window_ns = merge_window_ns
+        self.parent: dict[str, str | None] = {}
+        self.requests: list[ChainRequest] = []
+        self._open: dict[str, int] = {}  # tail hash -> index of the request it ends
+
+    def add(self, t_ns: int, ev: KVEvent) -> None:
+        if ev.kind == ALL_BLOCKS_CLEARED:
+            self._open.clear()
+            return
+        if ev.kind != BLOCK_STORED or not ev.block_hashes:
+            return
+        prev = ev.parent_block_hash
+        for h in ev.block_hashes:
+            self.parent.setdefault(h, prev)
+            prev = h
+        tail = ev.block_hashes[-1]
+        idx = self._open.pop(ev.parent_block_hash, None) if ev.parent_block_hash is not None else None
+        if idx is not None and t_ns - self.requests[idx].last_ns <= self.merge_window_ns:
+            req = self.requests[idx]
+            req.tail, req.last_ns = tail, t_ns
+        else:
+            idx = len(self.requests)
+            self.requests.append(ChainRequest(t_ns, tail, t_ns, ev.block_size or 0))
+        self._open[tail] = idx
+
+    def chain(self, tail: str) -> list[str]:
+        """The hashes from the root to ``tail`` (a cycle, which vLLM never sends, stops it)."""
+        out, seen = [], set()
+        h: str | None = tail
+        while h is not None and h not in seen:
+            seen.add(h)
+            out.append(h)
+            h = self.parent.get(h)
+        out.reverse()
+        return out
+
+
+def native_requests(tracers: list[ChainTracer]) -> tuple[list[TraceRequest], int]:
+    """The requests of every tracer (one per DP rank) in arrival order, arrivals relative
+    to the first, and the trace's block size. A hash stored on two ranks is one hash id:
+    the ranks share that prefix. A request whose block size was not reported takes the
+    first one that was (1 when none was)."""
+    reqs = sorted(((r, t) for t in tracers for r in t.requests), key=lambda rt: rt[0].arrival_ns)
+    t0 = reqs[0][0].arrival_ns if reqs else 0
+    block_size = next((r.block_size for r, _ in reqs if r.block_size), 0) or 1
+    interned: dict[str, int] = {}
+    out = []
+    for i, (r, tracer) in enumerate(reqs):
+        ids = tuple(interned.setdefault(h, len(interned)) for h in tracer.chain(r.tail))
+        bs = r.block_size or block_size
+        out.append(TraceRequest(f"vllm-{i}", r.arrival_ns - t0, len(ids) * bs, 0, hash_ids=ids, hash_block_size=bs))
+    return out, block_size
+
+
+def write_native_trace(path: str | Path, tracers: list[ChainTracer], source: str = "vllm-kv-events") -> int:
+    """Write ``native_requests(tracers)`` as a native JSONL trace (atomically, through
+    ``write_native``); returns the number of requests."""
+    requests, block_size = native_requests(tracers)
+    return write_native(requests, path, header={"source": source, "block_size": block_size})
