@@ -54,7 +54,7 @@ def quantile_grid_sql(metric: str) -> str:
         )
         SELECT $run_id AS run_id, '{metric}' AS metric, g.q,
                lo.v + (g.pos - floor(g.pos)) * (hi.v - lo.v) AS value_ns, g.n
-        FROM g JOIN s AS lo ON lo.i = floor(g.pos) JOIN s AS hi ON hi.i = ceil(g.pos)
+        FROM g JOIN s AS lo ON lo.i = CAST(floor(g.pos) AS BIGINT) JOIN s AS hi ON hi.i = CAST(ceil(g.pos) AS BIGINT)
     )"""
 
 

@@ -198,28 +198,46 @@ SEQ_COLUMN = "seq"
 # block_hashes when a vLLM span has no ids), so block counts scan a scalar column.
 NUM_BLOCKS_COLUMN = "num_blocks"
 
+# ClickHouse stores a run's span times shifted by its offset (runs.time_offset_ns), with
+# the offset on every row too, so its views subtract it without a join; OTLP exports
+# shift them the same way. OTel timestamps only: span start/end and event times.
+TIME_OFFSET_COLUMN = "time_offset_ns"
+SHIFTED_COLUMNS = ("start_ns", "end_ns")  # and events[].time_ns
+# OTLP envelope of kvtrace's own exports: the resource says the offset, each span its seq
+# (a collector reorders rows; ClickHouse's otel_traces sorts them), and one span named
+# SPAN_RUN at the end carries the run record (``kvtrace.run.<column>`` attributes).
+TIME_OFFSET_RESOURCE_KEY = "kvtrace.run.time_offset_ns"
+SEQ_ATTRIBUTE = "kvtrace.seq"
+SPAN_RUN = "kvtrace.run"
+RUN_RECORD_PREFIX = "kvtrace.run."
+
 # --- DDL ----------------------------------------------------------------------------------
 META_TABLE = "kvtrace_meta"
 STORE_MAGIC = "kvtrace-store"
 
-RUNS_DDL = """
-CREATE TABLE IF NOT EXISTS runs (
-    run_id VARCHAR PRIMARY KEY,
-    name VARCHAR,
-    created VARCHAR,          -- caller-supplied (ISO 8601 recommended); never read from a clock here
-    trace_source VARCHAR,     -- path/URL/generator spec of the input trace
-    trace_digest VARCHAR,     -- digest of the input trace: runs are comparable when equal
-    config JSON,
-    behaviours JSON,
-    mode VARCHAR,             -- engine | cache-only | live | otlp
-    digest VARCHAR,           -- run determinism digest (set by finish_run)
-    status VARCHAR,           -- running | complete | failed | incomplete
-    summary JSON,             -- run summary (set by finish_run)
-    writer_pid INTEGER,
-    writer_host VARCHAR,
-    writer_start VARCHAR      -- writer process start token (pid reuse guard)
+# (column, DuckDB type, meaning) of ``runs``; run_id is the primary key.
+RUN_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("run_id", "VARCHAR", ""),
+    ("name", "VARCHAR", ""),
+    ("created", "VARCHAR", "caller-supplied (ISO 8601 recommended); never read from a clock here"),
+    ("trace_source", "VARCHAR", "path/URL/generator spec of the input trace"),
+    ("trace_digest", "VARCHAR", "digest of the input trace: runs are comparable when equal"),
+    ("config", "JSON", ""),
+    ("behaviours", "JSON", ""),
+    ("mode", "VARCHAR", "engine | cache-only | live | otlp"),
+    ("digest", "VARCHAR", "run determinism digest (set by finish_run)"),
+    ("status", "VARCHAR", "running | complete | failed | incomplete"),
+    ("summary", "JSON", "run summary (set by finish_run)"),
+    ("writer_pid", "INTEGER", ""),
+    ("writer_host", "VARCHAR", ""),
+    ("writer_start", "VARCHAR", "writer process start token (pid reuse guard)"),
+    ("time_offset_ns", "BIGINT", "ns added to the run's virtual span times where they are stored or sent as "
+                                 "OTel timestamps (ClickHouse, OTLP: a TTL drops epoch times); views subtract "
+                                 "it. Metadata: no digest or view depends on it. A DuckDB store keeps 0"),
 )
-"""
+RUNS_DDL = "CREATE TABLE IF NOT EXISTS runs (\n    " + ",\n    ".join(
+    f"{name} {typ}{' PRIMARY KEY' if name == 'run_id' else ''}" for name, typ, _ in RUN_COLUMNS
+) + "\n)"
 
 
 # --- physical layout ------------------------------------------------------------------

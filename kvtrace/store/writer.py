@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kvtrace.store import derived
+from kvtrace.store.backend import is_clickhouse
 from kvtrace.store.connection import (
     DEFAULT_TIMEOUT_S,
     check_store,
@@ -170,6 +171,7 @@ def _init_schema(con: duckdb.DuckDBPyConnection, path: str) -> None:
         [STORE_MAGIC, str(SCHEMA_VERSION)],
     )
     con.execute(RUNS_DDL)
+    con.execute("ALTER TABLE runs ADD COLUMN IF NOT EXISTS time_offset_ns BIGINT DEFAULT 0")  # stores before it
     for stmt in span_tables_ddl():
         con.execute(stmt)
     for stmt in derived.DDL:
@@ -224,14 +226,23 @@ class Store:
         lock_timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> Store:
         """Create or open a store; mark runs left ``running`` by dead writers ``incomplete``."""
+        if cls is Store and is_clickhouse(path):  # chdb:PATH or clickhouse://...
+            from kvtrace.store.clickhouse.writer import ClickHouseStore
+
+            return ClickHouseStore.open(path, flush_rows=flush_rows, flush_interval_s=flush_interval_s,
+                                        lock_timeout_s=lock_timeout_s)
         store = cls(path, flush_rows=flush_rows, flush_interval_s=flush_interval_s, lock_timeout_s=lock_timeout_s)
-        parent = Path(store.path).parent
-        if not parent.is_dir():
-            raise StoreError(store.path, f"directory {parent} does not exist")
-        with store._connect() as con:
-            _init_schema(con, store.path)
-            store.recovered_runs = recover_orphaned_runs(con)
+        store._setup()
         return store
+
+    def _setup(self) -> None:
+        """Create the schema (or check it) and recover runs left by dead writers."""
+        parent = Path(self.path).parent
+        if not parent.is_dir():
+            raise StoreError(self.path, f"directory {parent} does not exist")
+        with self._connect() as con:
+            _init_schema(con, self.path)
+            self.recovered_runs = recover_orphaned_runs(con)
 
     def _connect(self):
         return write_connection(self.path, timeout_s=self.lock_timeout_s)
@@ -272,15 +283,21 @@ class Store:
         behaviours: Any = None,
         mode: str | None = None,
         run_id: str | None = None,
+        time_offset_ns: int | None = None,
     ) -> str:
         """Register a run (status ``running``) and return its id (default ``r<N>``).
 
         ``created`` is the caller's timestamp (ISO 8601); when omitted the current UTC time
         is stored (the store is not part of the deterministic digest).
         ``config``/``behaviours``: JSON text or JSON-serialisable values.
+        ``time_offset_ns``: what span times are shifted by where they are stored (see
+        ``schema.RUN_COLUMNS``); a DuckDB store keeps 0, a ClickHouse one defaults to the
+        current wall clock (whole seconds).
         """
         if created is None:
             created = _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat()
+        if time_offset_ns is not None and time_offset_ns != 0:
+            raise ValueError("create_run: a DuckDB store keeps virtual times as they are (time_offset_ns 0)")
         with self._connect() as con:
             if run_id is None:
                 n = fetch_value(
@@ -294,7 +311,8 @@ class Store:
             pid = os.getpid()
             con.execute(
                 "INSERT INTO runs (run_id, name, created, trace_source, trace_digest, config, behaviours, mode,"
-                " status, writer_pid, writer_host, writer_start) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?)",
+                " status, writer_pid, writer_host, writer_start, time_offset_ns)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?, 0)",
                 [run_id, name, created, trace_source, trace_digest, _json_or_none(config),
                  _json_or_none(behaviours), mode, pid, host_name(), process_start_token(pid)],
             )
@@ -313,6 +331,10 @@ class Store:
         if status not in RUN_STATUSES or status == "running":
             raise ValueError(f"finish_run: status must be one of complete|failed|incomplete, not {status!r}")
         self.flush()
+        self._finish(run_id, status, digest, _json_or_none(summary))
+        self._open_runs.discard(run_id)
+
+    def _finish(self, run_id: str, status: str, digest: str | None, summary: str | None) -> None:
         # Derived tables are computed on a read-only connection (other readers carry on) and
         # then written in one short read-write transaction with the status change.
         with read_connection(self.path, timeout_s=self.lock_timeout_s) as con:
@@ -325,10 +347,13 @@ class Store:
             con.execute(
                 "UPDATE runs SET status = ?, digest = coalesce(?, digest), summary = coalesce(?, summary) "
                 "WHERE run_id = ?",
-                [status, digest, _json_or_none(summary), run_id],
+                [status, digest, summary, run_id],
             )
             con.execute("COMMIT")
-        self._open_runs.discard(run_id)
+
+    def time_offset_ns(self, run_id: str) -> int:
+        """The offset this store adds to the run's span times (0: DuckDB keeps them as they are)."""
+        return 0
 
     def has_run(self, run_id: str) -> bool:
         """Whether the store holds a run with this id (any status)."""
@@ -397,6 +422,13 @@ class Store:
             self._last_flush = time.monotonic()
             return 0
         inserts, rows = _family_inserts(self._buffer), self._buffered_rows
+        self._commit(inserts)
+        self._buffer, self._buffered_rows = [], 0
+        self._last_flush = time.monotonic()
+        return rows
+
+    def _commit(self, inserts: list[tuple[str, str, pa.Table]]) -> None:
+        """Write (family table, run id, rows) inserts in one transaction."""
         with self._connect() as con:
             # One DuckDB thread: it appends the chunks of each INSERT in order into one row-group
             # collection. With two, each thread builds its own small collections that the
@@ -410,6 +442,3 @@ class Store:
                 )
                 con.unregister("kvtrace_append")
             con.execute("COMMIT")
-        self._buffer, self._buffered_rows = [], 0
-        self._last_flush = time.monotonic()
-        return rows

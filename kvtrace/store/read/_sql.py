@@ -4,8 +4,10 @@ window, choose each derived table's relation, and run SQL through ``query``.
 ``query`` is the only function that executes SQL: it takes the open database, the SQL
 text and its named parameters, and returns a polars frame; ``connect`` is the only one
 that opens the database. Everything else in the package builds SQL text and hands it
-here, so a second backend (ClickHouse) slots in at ``connect`` and ``query`` while the
-SQL above them stays shared.
+here. The database is DuckDB or ClickHouse (``kvtrace.store.backend``: ``chdb:PATH``,
+``clickhouse://...``); the SQL is DuckDB's spelling either way, and on ClickHouse
+``query`` hands it to ``kvtrace.store.dialect``, which rewrites what ClickHouse says
+differently.
 
 Values reach SQL only as bound parameters (``$name``): run ids, hashes, request ids,
 windows, limits, group ids, top-N, bin counts, and the seq numbers read back from the
@@ -20,17 +22,23 @@ import contextlib
 import enum
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import duckdb
 import polars as pl
 
 from kvtrace.store import derived
+from kvtrace.store.backend import is_clickhouse
 from kvtrace.store.connection import read_connection
 from kvtrace.store.errors import UnknownRunError
 
 DB = str | Path
-Connection = duckdb.DuckDBPyConnection
+if TYPE_CHECKING:
+    from kvtrace.store.clickhouse.client import ClickHouseConnection
+
+    Connection = duckdb.DuckDBPyConnection | ClickHouseConnection
+else:
+    Connection = duckdb.DuckDBPyConnection
 DEFAULT_WINDOWS = 200  # windows over a run when the caller gives no window_ns
 
 
@@ -58,6 +66,8 @@ def query(con: Connection, sql: str, params: Mapping[str, Any] | None = None) ->
     """Run ``sql`` on the open database ``con`` with ``params`` bound to its ``$name``
     placeholders (DuckDB refuses a parameter the SQL does not name) and return the whole
     result as a polars frame, HUGEINT sums cast back to Int64."""
+    if not isinstance(con, duckdb.DuckDBPyConnection):
+        return con.frame(sql, params)  # ClickHouse: translated by kvtrace.store.dialect
     return tidy(con.sql(sql, params=dict(params) if params else None).pl())
 
 
@@ -73,6 +83,10 @@ def run_status(con: Connection, db: DB, run_id: str) -> str:
 def connect(db: DB) -> contextlib.AbstractContextManager[Connection]:
     """A read-only connection to ``db``: retries while a writer commits, refuses a file
     that is not a kvtrace store, and closes on exit."""
+    if is_clickhouse(db):
+        from kvtrace.store.clickhouse.reader import read_connection as clickhouse_read
+
+        return clickhouse_read(db)
     return read_connection(db)
 
 

@@ -1,0 +1,93 @@
+"""Which database a ``--db`` names: a DuckDB file, an embedded ClickHouse, or a server.
+
+- a path (``runs.duckdb``): DuckDB, the default;
+- ``chdb:PATH``: embedded ClickHouse (the ``chdb`` package) in the directory PATH;
+- ``clickhouse://user:password@host:8123/database`` (``clickhouses://`` for TLS):
+  a ClickHouse server through ``clickhouse-connect``; ``?otel_table=NAME`` names the
+  OpenTelemetry Collector's traces table (default ``otel_traces``).
+
+Both ClickHouse forms need the optional extra ``kvtrace[clickhouse]``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import parse_qs, unquote, urlparse
+
+from kvtrace.errors import ConfigError
+
+CHDB_PREFIX = "chdb:"
+SERVER_SCHEMES = ("clickhouse", "clickhouses")
+DEFAULT_OTEL_TABLE = "otel_traces"
+
+
+@dataclass(frozen=True)
+class ClickHouseTarget:
+    """A ClickHouse database: ``path`` for chdb, else a server address."""
+
+    label: str  # what error messages name: the --db text without the password
+    path: str | None = None  # chdb data directory
+    host: str = "localhost"
+    port: int = 8123
+    username: str = "default"
+    password: str = ""
+    database: str = "default"
+    secure: bool = False
+    otel_table: str = DEFAULT_OTEL_TABLE
+
+    @property
+    def embedded(self) -> bool:
+        return self.path is not None
+
+
+def is_clickhouse(db: str | os.PathLike) -> bool:
+    text = str(db)
+    return text.startswith(CHDB_PREFIX) or text.split("://", 1)[0] in SERVER_SCHEMES
+
+
+def clickhouse_target(db: str | os.PathLike) -> ClickHouseTarget:
+    """Parse a ClickHouse ``--db`` (``is_clickhouse(db)`` must hold); ConfigError when malformed."""
+    text = str(db)
+    if text.startswith(CHDB_PREFIX):
+        rest = text[len(CHDB_PREFIX):]
+        path, _, query = rest.partition("?")
+        if path.startswith("//"):  # chdb:///abs/dir, the URL spelling
+            path = path[2:]
+        if not path:
+            raise ConfigError("--db", text, "expected chdb:PATH (a directory for the embedded ClickHouse)")
+        opts = parse_qs(query)
+        return ClickHouseTarget(label=text, path=str(Path(path).resolve()),
+                                otel_table=_one(opts, "otel_table", DEFAULT_OTEL_TABLE, text))
+    url = urlparse(text)
+    if not url.hostname:
+        raise ConfigError("--db", text, "expected clickhouse://user:password@host:8123/database")
+    database = url.path.strip("/") or "default"
+    if "/" in database:
+        raise ConfigError("--db", text, "the URL path is one database name")
+    try:
+        port = url.port or (8443 if url.scheme == "clickhouses" else 8123)
+    except ValueError:
+        raise ConfigError("--db", text, "the port must be a number") from None
+    label = f"{url.scheme}://{url.username + '@' if url.username else ''}{url.hostname}:{port}/{database}"
+    return ClickHouseTarget(
+        label=label, host=url.hostname, port=port, username=unquote(url.username or "default"),
+        password=unquote(url.password or ""), database=database, secure=url.scheme == "clickhouses",
+        otel_table=_one(parse_qs(url.query), "otel_table", DEFAULT_OTEL_TABLE, text),
+    )
+
+
+def _one(opts: dict[str, list[str]], key: str, default: str, text: str) -> str:
+    unknown = set(opts) - {key}
+    if unknown:
+        raise ConfigError("--db", text, f"unknown option {sorted(unknown)[0]!r} (known: {key})")
+    values = opts.get(key, [default])
+    if not values[-1].isidentifier():
+        raise ConfigError("--db", text, f"{key} must be a table name")
+    return values[-1]
+
+
+def db_label(db: str | os.PathLike) -> str:
+    """``db`` as messages name it (a server URL without its password)."""
+    return clickhouse_target(db).label if is_clickhouse(db) else str(db)

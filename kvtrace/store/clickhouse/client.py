@@ -1,0 +1,220 @@
+"""One connection type over both ClickHouse roads: chdb (embedded) and clickhouse-connect.
+
+``ClickHouseConnection`` runs the store's DuckDB-spelled SQL (``query_arrow``/``frame``:
+translated by ``kvtrace.store.dialect``) and ClickHouse SQL (``ch_arrow``/``command``),
+and inserts Arrow tables by column name. Every session runs with
+``dialect.QUERY_SETTINGS``.
+
+chdb holds its data directory with an OS lock: one process at a time, and one
+directory per process. kvtrace opens it per use, as it does a DuckDB file, so a writer
+and a dashboard in different processes take turns (retrying while the other holds it,
+up to the timeout); inside one process every opener of a directory shares one session,
+closed when the last lets go.
+
+chdb 4.4 returns a failed query's partial output as the answer of the next query on the
+session; after any error a throwaway query clears it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+
+from kvtrace.store import dialect
+from kvtrace.store.backend import ClickHouseTarget
+from kvtrace.store.errors import StoreBusyError, StoreError
+
+_BUSY_MARKERS = ("Error initializing EmbeddedServer", "Cannot lock file", "already running")
+_sessions: dict[str, list[Any]] = {}  # chdb path -> [session, users]
+_sessions_lock = threading.RLock()
+
+
+def _missing_extra(err: ImportError) -> StoreError:
+    return StoreError("--db", f"ClickHouse needs the optional packages: pip install 'kvtrace[clickhouse]' ({err})")
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+class ClickHouseConnection:
+    """An open ClickHouse database (see the module docstring)."""
+
+    def __init__(self, target: ClickHouseTarget, session: Any = None, client: Any = None):
+        self.target = target
+        self._session = session  # chdb
+        self._client = client  # clickhouse-connect
+
+    # -- DuckDB-spelled SQL (the store's shared queries) -----------------------------------
+    def query_arrow(self, sql: str, params: Mapping[str, Any] | None = None) -> pa.Table:
+        text, bound = dialect.to_clickhouse(sql, params)
+        return self.ch_arrow(text, bound)
+
+    def frame(self, sql: str, params: Mapping[str, Any] | None = None) -> pl.DataFrame:
+        return to_frame(self.query_arrow(sql, params))
+
+    # -- ClickHouse SQL ----------------------------------------------------------------------
+    def ch_arrow(self, sql: str, params: Mapping[str, Any] | None = None) -> pa.Table:
+        """Run ClickHouse SQL with ``{name:Type}`` parameters; the result as Arrow."""
+        try:
+            if self._client is not None:
+                return self._client.query_arrow(sql, parameters=dict(params or {}), use_strings=True)
+            return self._run(sql, "ArrowTable", params)
+        except StoreError:
+            raise
+        except Exception as err:
+            raise StoreError(self.target.label, f"ClickHouse refused a query: {_first_line(err)}") from None
+
+    def ch_frame(self, sql: str, params: Mapping[str, Any] | None = None) -> pl.DataFrame:
+        return to_frame(self.ch_arrow(sql, params))
+
+    def command(self, sql: str, params: Mapping[str, Any] | None = None) -> None:
+        """Run a ClickHouse statement (DDL, INSERT ... SELECT, ALTER)."""
+        try:
+            if self._client is not None:
+                self._client.command(sql, parameters=dict(params) if params else None)
+            else:
+                self._run(sql, "CSV", params)
+        except Exception as err:
+            raise StoreError(self.target.label, f"ClickHouse refused a statement: {_first_line(err)}") from None
+
+    def insert_arrow(self, table: str, rows: pa.Table) -> None:
+        """Insert ``rows`` into ``table`` by column name (columns it lacks take their defaults)."""
+        if rows.num_rows == 0:
+            return
+        try:
+            if self._client is not None:
+                self._client.insert_arrow(table, rows)
+                return
+            kvtrace_rows = _compact_lists(rows)  # noqa: F841  (read by name by chdb's Python() function)
+            cols = ", ".join(f"`{c}`" for c in rows.column_names)
+            self._run(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM Python(kvtrace_rows)", "CSV", None)
+        except Exception as err:
+            raise StoreError(self.target.label, f"ClickHouse refused an insert into {table}: "
+                                                f"{_first_line(err)}") from None
+
+    def table_names(self) -> set[str]:
+        frame = self.ch_frame("SELECT name FROM system.tables WHERE database = currentDatabase()")
+        return set(frame["name"].to_list())
+
+    def table_engine(self, name: str) -> str | None:
+        frame = self.ch_frame("SELECT engine FROM system.tables WHERE database = currentDatabase() AND name = {n:String}",
+                              {"n": name})
+        return frame["engine"][0] if frame.height else None
+
+    def _run(self, sql: str, fmt: str, params: Mapping[str, Any] | None):
+        from clickhouse_connect.driver.binding import bind_query
+
+        bound: dict[str, str] = {}
+        if params:
+            sql_text, rendered = bind_query(sql, dict(params))
+            sql = sql_text.decode() if isinstance(sql_text, bytes) else sql_text
+            bound = {k.removeprefix("param_"): v for k, v in rendered.items()}
+        try:
+            return self._session.query(sql, fmt, params=bound or None)
+        except Exception:
+            with contextlib.suppress(Exception):
+                self._session.query("SELECT 1", "CSV")  # clears chdb's leftover partial result
+            raise
+
+
+def to_frame(table: pa.Table) -> pl.DataFrame:
+    """Arrow from ClickHouse as a polars frame: an empty list reads as NULL (ClickHouse
+    has no NULL array, so a list DuckDB stores as NULL comes back empty)."""
+    frame = pl.from_arrow(table)
+    assert isinstance(frame, pl.DataFrame)
+    lists = [n for n, t in frame.schema.items() if isinstance(t, pl.List) and n]
+    if not lists:
+        return frame
+    return frame.with_columns(
+        pl.when(pl.col(n).list.len() > 0).then(pl.col(n)).otherwise(None).alias(n) for n in lists
+    )
+
+
+def _compact_lists(rows: pa.Table) -> pa.Table:
+    """chdb's Python() reader refuses a NULL list slot that spans child values (legal
+    Arrow); ``take`` rewrites the offsets so NULL slots are empty."""
+    if any(pa.types.is_list(f.type) and rows.column(f.name).null_count for f in rows.schema):
+        return rows.take(pa.array(range(rows.num_rows)))
+    return rows
+
+
+def _open_session(target: ClickHouseTarget, timeout_s: float) -> Any:
+    try:
+        from chdb import session as chs
+    except ImportError as err:
+        raise _missing_extra(err) from None
+    assert target.path is not None
+    deadline = time.monotonic() + timeout_s
+    backoff = 0.01
+    while True:
+        try:
+            session = chs.Session(target.path)
+            break
+        except Exception as err:
+            text = str(err)
+            if "cannot connect with different path" in text:
+                raise StoreError(target.label, "this process already has another chdb store open "
+                                               "(chdb opens one directory per process)") from None
+            if not any(m in text for m in _BUSY_MARKERS):
+                raise StoreError(target.label, f"cannot open as a chdb store: {_first_line(err)}") from None
+            if time.monotonic() >= deadline:
+                raise StoreBusyError(target.label, f"held by another process for over {timeout_s:g}s "
+                                                   "(chdb: one process at a time)") from None
+            time.sleep(backoff)
+            backoff = min(backoff * 2, 0.1)
+    for key, value in dialect.QUERY_SETTINGS.items():
+        session.query(f"SET {key} = {int(value)}", "CSV")
+    return session
+
+
+@contextlib.contextmanager
+def connect(target: ClickHouseTarget, timeout_s: float = 30.0) -> Iterator[ClickHouseConnection]:
+    """An open ClickHouse connection for the duration of the block."""
+    if target.embedded:
+        assert target.path is not None
+        with _sessions_lock:
+            entry = _sessions.get(target.path)
+            if entry is None:
+                entry = _sessions[target.path] = [_open_session(target, timeout_s), 0]
+            entry[1] += 1
+        try:
+            yield ClickHouseConnection(target, session=entry[0])
+        finally:
+            with _sessions_lock:
+                entry[1] -= 1
+                if entry[1] == 0:
+                    del _sessions[target.path]
+                    entry[0].close()
+        return
+    try:
+        import clickhouse_connect
+    except ImportError as err:
+        raise _missing_extra(err) from None
+    try:
+        client = clickhouse_connect.get_client(
+            host=target.host, port=target.port, username=target.username, password=target.password,
+            database=target.database, secure=target.secure, settings=dict(dialect.QUERY_SETTINGS),
+            connect_timeout=max(1, int(timeout_s)),
+        )
+    except Exception as err:
+        raise StoreError(target.label, f"cannot connect to ClickHouse: {_first_line(err)}") from None
+    try:
+        yield ClickHouseConnection(target, client=client)
+    finally:
+        client.close()
+
+
+@contextlib.contextmanager
+def held(target: ClickHouseTarget, timeout_s: float = 30.0) -> Iterator[None]:
+    """Keep a chdb store open across many ``connect`` calls (a bench, a test, a writer
+    that must not hand the directory to another process between flushes)."""
+    with connect(target, timeout_s):
+        yield

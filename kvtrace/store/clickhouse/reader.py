@@ -1,0 +1,27 @@
+"""Read access to a ClickHouse kvtrace store, for ``kvtrace.store.read._sql.connect``."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+from kvtrace.store.backend import clickhouse_target
+from kvtrace.store.clickhouse import client
+from kvtrace.store.clickhouse.writer import check_meta
+from kvtrace.store.connection import DEFAULT_TIMEOUT_S
+from kvtrace.store.errors import StoreError
+
+
+@contextlib.contextmanager
+def read_connection(db, timeout_s: float = DEFAULT_TIMEOUT_S) -> Iterator[client.ClickHouseConnection]:
+    """An open connection to a ClickHouse kvtrace store; StoreError for a missing chdb
+    directory or a database without kvtrace's tables."""
+    target = clickhouse_target(db)
+    if target.path is not None and not os.path.isdir(target.path):
+        raise StoreError(target.label, "no such chdb directory (run `kvtrace replay --db chdb:PATH` first)")
+    with client.connect(target, timeout_s) as con:
+        if check_meta(con, target.label) is None:
+            raise StoreError(target.label, "not a kvtrace store (no kvtrace_meta table; "
+                                           "`kvtrace replay --db URL` or `kvtrace collect --db URL` creates it)")
+        yield con

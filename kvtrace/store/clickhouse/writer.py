@@ -1,0 +1,224 @@
+"""``ClickHouseStore``: the store writer on ClickHouse (chdb or a server).
+
+The same lifecycle and buffering as the DuckDB ``Store`` (it is a subclass); what differs
+is how a flush, a run row and the derived tables are written:
+
+- a flush inserts each family's Arrow rows by column name, with ``run_id``, the run's
+  ``time_offset_ns`` and span/event times shifted by it (the views subtract it);
+- ClickHouse has no transactions: a run's derived rows are deleted, then rebuilt
+  server-side (``INSERT ... SELECT`` of the SQL the DuckDB store runs), and only then is
+  the run's status set, so a crash in between leaves the run ``running`` and recovery
+  (``Store.open``) builds them again;
+- the runs table is updated with synchronous mutations (it holds one row per run).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from kvtrace.store import derived
+from kvtrace.store.backend import ClickHouseTarget, clickhouse_target
+from kvtrace.store.clickhouse import client, collector
+from kvtrace.store.clickhouse.schema import derived_columns, store_ddl
+from kvtrace.store.errors import StoreError, UnknownRunError
+from kvtrace.store.liveness import host_name, process_start_token, writer_alive
+from kvtrace.store.schema import (
+    META_TABLE,
+    RUN_COLUMNS,
+    SCHEMA_VERSION,
+    SHIFTED_COLUMNS,
+    STORE_MAGIC,
+    TIME_OFFSET_COLUMN,
+)
+from kvtrace.store.writer import Store, _json_or_none
+
+_RUN_TYPES = {"INTEGER": pa.int32(), "BIGINT": pa.int64()}
+
+
+def check_meta(con: client.ClickHouseConnection, label: str) -> int | None:
+    """The store's schema version, None for a database without kvtrace's tables; StoreError
+    for one that is another program's or too new."""
+    if META_TABLE not in con.table_names():
+        return None
+    meta = dict(con.ch_frame(f"SELECT key, value FROM {META_TABLE}").rows())
+    if meta.get("magic") != STORE_MAGIC:
+        raise StoreError(label, f"not a kvtrace store ({META_TABLE}.magic is {meta.get('magic')!r})")
+    version = int(meta.get("schema_version", "0"))
+    if version > SCHEMA_VERSION:
+        raise StoreError(label, f"store schema version {version} is newer than this kvtrace ({SCHEMA_VERSION})")
+    return version
+
+
+def init_schema(con: client.ClickHouseConnection, target: ClickHouseTarget) -> None:
+    """kvtrace's tables and views (idempotent), and the collector table's materialised views."""
+    version = check_meta(con, target.label)
+    if version is not None and version < SCHEMA_VERSION:
+        raise StoreError(target.label, f"store schema version {version} predates this kvtrace's ({SCHEMA_VERSION}); "
+                                       "write to a new database")
+    for stmt in store_ddl():
+        con.command(stmt)
+    if version is None:
+        con.insert_arrow(META_TABLE, pa.table({"key": ["magic", "schema_version"],
+                                               "value": [STORE_MAGIC, str(SCHEMA_VERSION)]}))
+    collector.attach(con, target)
+
+
+def materialise(con: client.ClickHouseConnection, run_id: str) -> None:
+    """(Re)build one run's derived rows server-side, from the SQL the DuckDB store runs."""
+    params = {"run_id": run_id}
+    for table in derived.TABLES:
+        con.command(f"DELETE FROM {table} WHERE run_id = {{run_id:String}}", params)
+    own = "(SELECT * FROM evicted_blocks WHERE run_id = $run_id)"
+    selects = {
+        "evicted_blocks": derived.EVICTED_BLOCKS_SELECT,
+        "miss_attribution": derived.MISS_ATTRIBUTION_TEMPLATE.format(evicted_blocks=own),
+        "block_values": derived.BLOCK_VALUES_TEMPLATE.format(evicted_blocks=own),
+        "evict_counts": derived.EVICT_COUNTS_TEMPLATE.format(evicted_blocks=own),
+        "span_stats": derived.SPAN_STATS_SELECT,
+        "stale_chain": derived.STALE_CHAIN_SELECT,
+        "latency_quantiles": derived.LATENCY_QUANTILES_SELECT,
+    }
+    for table in derived.TABLES:  # evicted_blocks first: the others read it
+        cols = ", ".join(c for c, _ in derived_columns(table))
+        sql, bound = _translated(f"SELECT {cols} FROM ({selects[table]})", params)
+        con.command(f"INSERT INTO {table} ({cols}) {sql}", bound)
+
+
+def _translated(sql: str, params: dict) -> tuple[str, dict]:
+    from kvtrace.store import dialect
+
+    return dialect.to_clickhouse(sql, params)
+
+
+def _shift(rows: pa.Table, offset: int) -> pa.Table:
+    """Span start/end and event times plus ``offset``."""
+    for name in SHIFTED_COLUMNS:
+        if name in rows.column_names:
+            i = rows.column_names.index(name)
+            rows = rows.set_column(i, name, pc.add(rows.column(i), pa.scalar(offset, pa.int64())))
+    if "events" in rows.column_names and rows.column("events").null_count < rows.num_rows:
+        i = rows.column_names.index("events")
+        events = rows.column(i).combine_chunks()
+        flat = events.flatten()
+        times = pc.add(flat.field("time_ns"), pa.scalar(offset, pa.int64()))
+        inner = pa.StructArray.from_arrays([times, flat.field("name"), flat.field("attributes")],
+                                           fields=list(flat.type))
+        shifted = pa.ListArray.from_arrays(events.offsets, inner, mask=events.is_null())
+        rows = rows.set_column(i, "events", shifted)
+    return rows
+
+
+class ClickHouseStore(Store):
+    """Writer handle on a ClickHouse kvtrace store (``chdb:PATH`` or ``clickhouse://...``)."""
+
+    def __init__(self, path: Any, *, flush_rows: int, flush_interval_s: float, lock_timeout_s: float):
+        self.target = clickhouse_target(path)
+        super().__init__(self.target.label, flush_rows=flush_rows, flush_interval_s=flush_interval_s,
+                         lock_timeout_s=lock_timeout_s)
+        self._offsets: dict[str, int] = {}
+
+    def _connect(self):
+        return client.connect(self.target, self.lock_timeout_s)
+
+    def _setup(self) -> None:
+        if self.target.path is not None:
+            os.makedirs(self.target.path, exist_ok=True)
+        with self._connect() as con:
+            init_schema(con, self.target)
+            collector.register_collected_runs(con)
+            self.recovered_runs = self._recover(con)
+
+    def _recover(self, con: client.ClickHouseConnection) -> list[str]:
+        frame = con.ch_frame("SELECT run_id, writer_pid, writer_host, writer_start FROM runs "
+                             "WHERE status = 'running' ORDER BY run_id")
+        dead = [r for r, pid, host, start in frame.rows() if not writer_alive(pid, host, start)]
+        for run_id in dead:
+            materialise(con, run_id)
+            self._update_run(con, run_id, status="incomplete")
+        return dead
+
+    # -- runs --------------------------------------------------------------------------
+    def create_run(self, name: str, *, created: str | None = None, trace_source: str | None = None,
+                   trace_digest: str | None = None, config: Any = None, behaviours: Any = None,
+                   mode: str | None = None, run_id: str | None = None, time_offset_ns: int | None = None) -> str:
+        import datetime as _dt
+
+        if created is None:
+            created = _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat()
+        if time_offset_ns is None:  # the run's wall-clock start: metadata, no digest sees it
+            time_offset_ns = time.time_ns() // 1_000_000_000 * 1_000_000_000
+        with self._connect() as con:
+            ids = con.ch_frame("SELECT run_id FROM runs")["run_id"].to_list()
+            if run_id is None:
+                numbers = [int(r[1:]) for r in ids if r[:1] == "r" and r[1:].isdigit()]
+                run_id = f"r{max(numbers, default=0) + 1}"
+            elif run_id in ids:
+                raise StoreError(self.path, f"run id {run_id!r} already exists")
+            pid = os.getpid()
+            row = {"run_id": run_id, "name": name, "created": created, "trace_source": trace_source,
+                   "trace_digest": trace_digest, "config": _json_or_none(config),
+                   "behaviours": _json_or_none(behaviours), "mode": mode, "status": "running", "writer_pid": pid,
+                   "writer_host": host_name(), "writer_start": process_start_token(pid),
+                   TIME_OFFSET_COLUMN: int(time_offset_ns)}
+            con.insert_arrow("runs", pa.table({c: pa.array([row.get(c)], _RUN_TYPES.get(t, pa.string()))
+                                               for c, t, _ in RUN_COLUMNS}))
+        self._open_runs.add(run_id)
+        self._next_seq[run_id] = 0
+        self._offsets[run_id] = int(time_offset_ns)
+        return run_id
+
+    def _update_run(self, con: client.ClickHouseConnection, run_id: str, status: str,
+                    digest: str | None = None, summary: str | None = None) -> None:
+        con.command(
+            "ALTER TABLE runs UPDATE status = {status:String}, digest = coalesce({digest:Nullable(String)}, digest), "
+            "summary = coalesce({summary:Nullable(String)}, summary) WHERE run_id = {run_id:String} "
+            "SETTINGS mutations_sync = 2",
+            {"status": status, "digest": digest, "summary": summary, "run_id": run_id},
+        )
+
+    def _finish(self, run_id: str, status: str, digest: str | None, summary: str | None) -> None:
+        with self._connect() as con:
+            if not self._exists(con, run_id):
+                raise UnknownRunError(self.path, run_id)
+            materialise(con, run_id)
+            self._update_run(con, run_id, status, digest, summary)
+
+    def _exists(self, con: client.ClickHouseConnection, run_id: str) -> bool:
+        return con.ch_frame("SELECT 1 AS x FROM runs WHERE run_id = {r:String}", {"r": run_id}).height > 0
+
+    def has_run(self, run_id: str) -> bool:
+        with self._connect() as con:
+            return self._exists(con, run_id)
+
+    def time_offset_ns(self, run_id: str) -> int:
+        if run_id not in self._offsets:
+            with self._connect() as con:
+                found = con.ch_frame(f"SELECT {TIME_OFFSET_COLUMN} AS o FROM runs WHERE run_id = {{r:String}}",
+                                     {"r": run_id})
+            if found.height == 0:
+                raise UnknownRunError(self.path, run_id)
+            self._offsets[run_id] = int(found["o"][0])
+        return self._offsets[run_id]
+
+    # -- spans -------------------------------------------------------------------------
+    def _resume_seq(self, run_id: str) -> int:
+        self.time_offset_ns(run_id)  # UnknownRunError for a run the store lacks
+        with self._connect() as con:
+            found = con.ch_frame("SELECT max(seq) AS s FROM spans WHERE run_id = {r:String}", {"r": run_id})
+        last = found["s"][0]
+        return 0 if last is None else int(last) + 1
+
+    def _commit(self, inserts: list[tuple[str, str, pa.Table]]) -> None:
+        with self._connect() as con:
+            for family, run_id, rows in inserts:
+                offset = self.time_offset_ns(run_id)
+                rows = _shift(rows, offset)
+                n = rows.num_rows
+                rows = rows.append_column("run_id", pa.repeat(pa.scalar(run_id, pa.string()), n))
+                rows = rows.append_column(TIME_OFFSET_COLUMN, pa.repeat(pa.scalar(offset, pa.int64()), n))
+                con.insert_arrow(family, rows)
