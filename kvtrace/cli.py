@@ -17,6 +17,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Flight recorder and wind tunnel for hybrid LLM prefix (KV) caches.",
 )
+# what every --db takes (kvtrace.store.backend)
+H_STORE = "Store: a DuckDB file, chdb:DIR (embedded ClickHouse) or clickhouse://USER:PASS@HOST:8123/DB."
 capture_app = typer.Typer(no_args_is_help=True, help="Record a live serving engine.")
 app.add_typer(capture_app, name="capture")
 
@@ -53,7 +55,7 @@ def replay(
     limit: Optional[int] = typer.Option(None, help="Replay only the first N requests."),
     seed: int = typer.Option(0, help="Seed for generated workloads and span ids."),
     name: Optional[str] = typer.Option(None, help="Run name stored with the run."),
-    db: Optional[Path] = typer.Option(None, help="DuckDB file to record spans and the run into."),
+    db: Optional[str] = typer.Option(None, help=f"Store to record spans and the run into. {H_STORE}"),
     otlp_endpoint: Optional[str] = typer.Option(None, help="Also export spans over OTLP/HTTP to this URL."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
 ):
@@ -130,7 +132,7 @@ def demo(
 def diff(
     run_a: str = typer.Argument(...),
     run_b: str = typer.Argument(...),
-    db: Path = typer.Option(..., help="DuckDB file holding both runs."),
+    db: str = typer.Option(..., help=f"Store holding both runs. {H_STORE}"),
     as_json: bool = typer.Option(False, "--json"),
     markdown: bool = typer.Option(False, "--markdown"),
     force: bool = typer.Option(False, help="Compare runs of different traces anyway."),
@@ -162,7 +164,7 @@ def diff(
 def study(
     behaviour: str = typer.Argument(..., help="transient-checkpoint-retention | shared-prefix-pinning | external-hit-running-cow"),
     trace: Optional[str] = typer.Option(None, help="Trace to study (default: the behaviour's generated workload)."),
-    db: Optional[Path] = typer.Option(None, help="Record both runs (and get per-request diffs)."),
+    db: Optional[str] = typer.Option(None, help=f"Record both runs (and get per-request diffs). {H_STORE}"),
     sweep: Optional[str] = typer.Option(None, help="PARAM=V1,V2,... over capacity_blocks, capacity_tokens, "
                                                    "external_capacity_blocks or retention."),
     limit: Optional[int] = typer.Option(None, help="Replay only the first N requests."),
@@ -222,21 +224,22 @@ def calibrate(
 
 @app.command()
 def dashboard(
-    db: Path = typer.Option(..., help="DuckDB file written by kvtrace."),
+    db: str = typer.Option(..., help=f"Store written by kvtrace. {H_STORE}"),
     port: int = typer.Option(8501),
     host: str = typer.Option("127.0.0.1", help="Bind address (localhost by default)."),
 ):
-    """Open the Streamlit dashboard on a kvtrace DuckDB file."""
+    """Open the Streamlit dashboard on a kvtrace store."""
     from kvtrace.dashboard import launch
+    from kvtrace.store.backend import is_clickhouse
 
-    if not db.exists():
+    if not is_clickhouse(db) and not Path(db).exists():
         raise KVTraceError(f"{db}: no such database (run `kvtrace demo` or `kvtrace replay TRACE --db {db}`)")
     raise typer.Exit(launch(db, host=host, port=port))
 
 
 @app.command()
 def export(
-    db: Path = typer.Option(...),
+    db: str = typer.Option(..., help=H_STORE),
     run: str = typer.Option(..., help="Run id."),
     parquet: Path = typer.Option(..., help="Output directory."),
 ):
@@ -250,7 +253,7 @@ def export(
 
 @app.command()
 def collect(
-    db: Path = typer.Option(...),
+    db: str = typer.Option(..., help=H_STORE),
     port: int = typer.Option(4318, help="OTLP/HTTP port (0: any free port)."),
     grpc_port: int = typer.Option(4317, help="OTLP/gRPC port, the SDKs' default protocol (0: any free port)."),
     grpc: bool = typer.Option(True, "--grpc/--no-grpc", help="Also serve OTLP/gRPC."),
@@ -273,7 +276,7 @@ def collect(
 @capture_app.command("vllm")
 def capture_vllm_cmd(
     endpoint: str = typer.Option(..., help="vLLM KV-events PUB endpoint, e.g. tcp://127.0.0.1:5557"),
-    db: Path = typer.Option(...),
+    db: str = typer.Option(..., help=H_STORE),
     replay_endpoint: Optional[str] = typer.Option(None, help="vLLM replay ROUTER endpoint for gap recovery."),
     duration: Optional[float] = typer.Option(None, help="Stop after S seconds."),
     trace_out: Optional[Path] = typer.Option(None, help="Also reconstruct a native trace here."),

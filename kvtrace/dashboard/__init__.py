@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from kvtrace.errors import ConfigError
+from kvtrace.store.backend import is_clickhouse
 
 APP_PATH = Path(__file__).with_name("app.py")
 DB_ENV = "KVTRACE_DB"
@@ -28,8 +29,14 @@ def server_command(db: str | os.PathLike, host: str = "127.0.0.1", port: int = 8
         "--browser.gatherUsageStats", "false",
         "--server.fileWatcherType", "none",
         "--client.toolbarMode", "viewer",
-        "--", "--db", str(Path(db).resolve()),
+        "--", "--db", _resolved(db),
     ]
+
+
+def _resolved(db: str | os.PathLike) -> str:
+    """A DuckDB path made absolute (the server runs elsewhere); a ClickHouse --db as given
+    (``chdb:`` paths are resolved when parsed)."""
+    return str(db) if is_clickhouse(db) else str(Path(db).resolve())
 
 
 def launch(db: str | os.PathLike, host: str = "127.0.0.1", port: int = 8501) -> int:
@@ -39,13 +46,13 @@ def launch(db: str | os.PathLike, host: str = "127.0.0.1", port: int = 8501) -> 
     ConfigError here, before a server starts that could only show an error.
     """
     path = Path(db)
-    if not path.is_file():
+    if not is_clickhouse(db) and not path.is_file():
         raise ConfigError("kvtrace dashboard", "--db", f"{path}: no such database file (fill one with `kvtrace demo` "
                                                        f"or `kvtrace replay TRACE --db {path}`)")
     if not 0 < int(port) < 65536:
         raise ConfigError("kvtrace dashboard", "--port", f"expected 1..65535, got {port}")
-    env = dict(os.environ, **{DB_ENV: str(path.resolve())})
+    env = dict(os.environ, **{DB_ENV: _resolved(db)})
     try:
-        return subprocess.call(server_command(path, host, port), env=env)
+        return subprocess.call(server_command(db, host, port), env=env)
     except KeyboardInterrupt:
         return 130

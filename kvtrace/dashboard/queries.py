@@ -20,6 +20,7 @@ import streamlit as st
 from kvtrace.dashboard import DB_ENV, run_config, state, ui
 from kvtrace.errors import KVTraceError
 from kvtrace.store import read
+from kvtrace.store.backend import is_clickhouse
 from kvtrace.store.schema import SUMMARY_FIELDS
 
 CTX_KEY = "kvtrace_ctx"
@@ -99,7 +100,7 @@ def open_store(db: str | None) -> bool:
     if not db:
         st.error(f"No database given: start with `kvtrace dashboard --db PATH` (or set {DB_ENV}).")
         return False
-    if not Path(db).is_file():
+    if not is_clickhouse(db) and not Path(db).is_file():
         st.error(f"{db}: no such database file. Create it with `kvtrace demo` or `kvtrace replay TRACE --db {db}`.")
         return False
     try:

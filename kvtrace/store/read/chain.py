@@ -15,6 +15,7 @@ from kvtrace.store.schema import (
     SPAN_PUBLISH,
     SPAN_STALE_HASH,
     SPAN_STALE_LEFT,
+    VIEW_SQL_TYPES,
     family_columns,
 )
 
@@ -66,10 +67,11 @@ _CHAIN_ROLES = {
 
 def _chain_select(view: str, where: str, only: tuple[str, ...] = _CHAIN_COLUMNS) -> str:
     """SELECT of the chain columns from one family view (NULL where the family lacks one,
-    and for columns outside ``only``: list columns cost a scan even where filtered out)."""
+    and for columns outside ``only``: list columns cost a scan even where filtered out;
+    typed, so every backend unions them alike)."""
     table = next(t for t, (v, _, _) in FAMILIES.items() if v == view)
     have = set(family_columns(table)) & set(only)
-    cols = ", ".join(c if c in have else f"NULL AS {c}" for c in _CHAIN_COLUMNS)
+    cols = ", ".join(c if c in have else f"CAST(NULL AS {VIEW_SQL_TYPES[c]}) AS {c}" for c in _CHAIN_COLUMNS)
     return f"SELECT {cols} FROM {view} WHERE run_id = $run_id AND {where}"
 
 
