@@ -26,13 +26,20 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanKind, Status, StatusCode, TraceFlags, TraceState
 
 from kvtrace.instrument.batch import BATCH_SCHEMA, conform
-from kvtrace.store.schema import ATTRIBUTE_COLUMNS, GENAI_CACHE_READ, SPAN_REQUEST
+from kvtrace.store.schema import (
+    ATTRIBUTE_COLUMNS,
+    GENAI_CACHE_READ,
+    SEQ_ATTRIBUTE,
+    SPAN_REQUEST,
+    TIME_OFFSET_RESOURCE_KEY,
+)
 
 RUN_ID_RESOURCE_KEY = "kvtrace.run.id"  # the otel_traces view adds it from run_id
 # Resource keys kvtrace's own spans do not store per row: the run id and service name have
 # columns; the SDK's self-description repeats on every row (a third of the append cost)
 # and service.instance.id is a random UUID per process, which would break determinism.
-_UNSTORED_RESOURCE_PREFIXES = ("telemetry.sdk.", "service.instance.id", "service.name", RUN_ID_RESOURCE_KEY)
+_UNSTORED_RESOURCE_PREFIXES = ("telemetry.sdk.", "service.instance.id", "service.name", RUN_ID_RESOURCE_KEY,
+                               TIME_OFFSET_RESOURCE_KEY)
 # the key of the local hit column: a span carrying it gets GENAI_CACHE_READ derived, not stored
 HIT_TOKENS_KEY = next(key for key, column in ATTRIBUTE_COLUMNS.items() if column == "num_hit_tokens")
 
@@ -207,7 +214,8 @@ class SpanRowsBuilder:
         if scope_version:
             put("scope_version", scope_version)
         if self.full_resource:
-            items = [(k, attribute_text(v)) for k, v in resource.items() if k != RUN_ID_RESOURCE_KEY]
+            items = [(k, attribute_text(v)) for k, v in resource.items()
+                     if k not in (RUN_ID_RESOURCE_KEY, TIME_OFFSET_RESOURCE_KEY)]
         else:
             items = stored_resource_items(resource)
         if items:
@@ -222,8 +230,8 @@ class SpanRowsBuilder:
                 if ok:
                     put(column, coerced)
                     continue
-            elif key == GENAI_CACHE_READ and derived_cache_read:
-                continue  # derived from the hit columns, not stored
+            elif (key == GENAI_CACHE_READ and derived_cache_read) or key == SEQ_ATTRIBUTE:
+                continue  # derived from the hit columns / the store's own seq, not stored
             extras.append((key, attribute_text(value)))
         if "kvtrace.source" not in attributes and default_source is not None:
             put("source", default_source)
@@ -293,9 +301,33 @@ def _context(hi: int, lo: int, span_id: int, state: str | None = None) -> trace_
     )
 
 
+def time_offset(resource: Mapping[str, Any]) -> int:
+    """The offset a kvtrace OTLP export added to its span times (0 for other producers)."""
+    value = resource.get(TIME_OFFSET_RESOURCE_KEY)
+    try:
+        return int(value) if value is not None else 0
+    except (TypeError, ValueError):
+        return 0
+
+
+def unshift(span: dict[str, Any], offset: int) -> dict[str, Any]:
+    """Decoded span keyword arguments (``SpanRowsBuilder.add``) with the export's time
+    offset taken off its start, end and event times: virtual times again."""
+    if not offset:
+        return span
+    out = dict(span, start_ns=span["start_ns"] - offset, end_ns=span["end_ns"] - offset)
+    if span.get("events"):
+        out["events"] = [(t - offset, n, a) for t, n, a in span["events"]]
+    return out
+
+
 def table_to_readable_spans(table: pa.Table, resource: Resource | None = None,
-                            run_id: str | None = None) -> list[ReadableSpan]:
-    """One ``ReadableSpan`` per row. ``resource``: use it for every span (else per row)."""
+                            run_id: str | None = None, time_offset_ns: int = 0,
+                            first_seq: int | None = None) -> list[ReadableSpan]:
+    """One ``ReadableSpan`` per row. ``resource``: use it for every span (else per row).
+    ``time_offset_ns`` is added to the start, end and event times (an OTLP export: see
+    ``schema.TIME_OFFSET_RESOURCE_KEY``); ``first_seq``: number the spans from it in a
+    ``kvtrace.seq`` attribute (their order in the run, which a collector may lose)."""
     n = table.num_rows
     cols = {c: table.column(c).to_pylist() for c in table.column_names if table.column(c).null_count < n}
     typed = [(key, cols[col], _attr_encoder(col)) for key, col in ATTRIBUTE_COLUMNS.items() if col in cols]
@@ -323,6 +355,8 @@ def table_to_readable_spans(table: pa.Table, resource: Resource | None = None,
                 attrs.setdefault(k, v)
         if name_c[i] == SPAN_REQUEST and (hit_c[i] is not None or ext_c[i] is not None):
             attrs[GENAI_CACHE_READ] = (hit_c[i] or 0) + (ext_c[i] or 0)
+        if first_seq is not None:
+            attrs[SEQ_ATTRIBUTE] = first_seq + i
         res = resource
         if res is None:
             rkey = (tuple(res_c[i] or ()), service_c[i])
@@ -346,15 +380,15 @@ def table_to_readable_spans(table: pa.Table, resource: Resource | None = None,
             parent=parent,
             resource=res,
             attributes=attrs,
-            events=[Event(e["name"], dict(e["attributes"] or ()), e["time_ns"]) for e in events_c[i]]
+            events=[Event(e["name"], dict(e["attributes"] or ()), e["time_ns"] + time_offset_ns) for e in events_c[i]]
             if events_c[i] else (),
             links=[trace_api.Link(_context(lk["trace_id_hi"], lk["trace_id_lo"], lk["span_id"], lk["trace_state"]),
                                   dict(lk["attributes"] or ()) or None)
                    for lk in links_c[i]] if links_c[i] else (),
             kind=_KIND_BY_NAME.get(kind_c[i], SpanKind.INTERNAL),
             status=Status(status, msg_c[i] if status is StatusCode.ERROR else None),
-            start_time=start_c[i],
-            end_time=end_c[i],
+            start_time=start_c[i] + time_offset_ns,
+            end_time=end_c[i] + time_offset_ns,
             instrumentation_scope=scope,
         ))
     return out

@@ -45,12 +45,14 @@ engine's own manager: the engine already forwards the cache events. ``uninstrume
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from opentelemetry import trace as trace_api
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from kvtrace import __version__
 from kvtrace.engine.events import StepBatch
@@ -65,6 +67,7 @@ from kvtrace.instrument.convert import (
 from kvtrace.instrument.ids import SeededIdGenerator
 from kvtrace.instrument.processor import BulkSpanProcessor
 from kvtrace.instrument.spans import SpanBatchBuilder
+from kvtrace.store.schema import RUN_RECORD_PREFIX, SPAN_RUN
 
 DEFAULT_FLUSH_SPANS = 32_768
 DEFAULT_STEP_NS = 1_000_000  # cache-only mode: one step = 1 ms of virtual time
@@ -230,6 +233,32 @@ class KVCacheInstrumentor:
             for span in table_to_readable_spans(batch.table, self.resource):
                 for proc in self._other:
                     proc.on_end(span)
+
+    def record_run(self, record: Mapping[str, Any], end_ns: int = 0) -> None:
+        """Send the run record (``runs`` columns: name, config, digest, status, summary...)
+        as one ``kvtrace.run`` span to the OTLP exports, where no runs table exists (a
+        collector's ``otel_traces``): attributes ``kvtrace.run.<column>``, JSON fields as
+        text. Spans from 0 to ``end_ns`` of virtual time, shifted like the run's spans.
+        A store keeps its own runs table and never receives it."""
+        exports = [p for p in self._resolved_bulk() if p.columnar is None]
+        if not exports:
+            return
+        self.flush()
+        attrs = {f"{RUN_RECORD_PREFIX}{k}": v if isinstance(v, str) else json.dumps(v, sort_keys=True)
+                 for k, v in record.items() if v is not None}
+        trace_id, span_id = self.ids.generate_trace_id(), self.ids.generate_span_id()
+        ctx = trace_api.SpanContext(trace_id=trace_id, span_id=span_id, is_remote=False,
+                                    trace_flags=trace_api.TraceFlags(trace_api.TraceFlags.SAMPLED))
+        for proc in exports:
+            proc.on_end(ReadableSpan(
+                name=SPAN_RUN, context=ctx, resource=proc.resource or self.resource, attributes=attrs,
+                start_time=proc.time_offset_ns, end_time=proc.time_offset_ns + max(0, int(end_ns)),
+                instrumentation_scope=InstrumentationScope(SCOPE_NAME, __version__),
+            ))
+
+    def _resolved_bulk(self) -> tuple[BulkSpanProcessor, ...]:
+        self._resolve_processors()
+        return self._bulk
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         """Flush pending spans and every processor (spans are in the store when it returns)."""

@@ -11,6 +11,7 @@ friends, plus ``OTEL_SERVICE_NAME`` / ``OTEL_RESOURCE_ATTRIBUTES`` for the resou
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -27,6 +28,7 @@ from kvtrace.instrument.exporter import DuckDBSpanExporter
 from kvtrace.instrument.ids import SeededIdGenerator
 from kvtrace.instrument.instrumentor import DEFAULT_STEP_NS, KVCacheInstrumentor
 from kvtrace.instrument.processor import BulkSpanProcessor
+from kvtrace.store.schema import TIME_OFFSET_RESOURCE_KEY
 
 _ENV_ENDPOINTS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 _ENV_PROTOCOLS = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
@@ -73,13 +75,26 @@ def otlp_span_exporter(endpoint: str | None = None) -> SpanExporter:
     return OTLPSpanExporter(endpoint=traces_url(endpoint)) if endpoint else OTLPSpanExporter()
 
 
+def export_time_offset(time_offset_ns: int | None = None) -> int:
+    """The offset an OTLP export adds to a run's virtual times: ``time_offset_ns`` when
+    given and non-zero (a ClickHouse store's, so both copies agree), else the wall clock
+    now in whole seconds. A collector's ``otel_traces`` has a TTL (180 days by default)
+    that drops spans stamped near the epoch at insert; receivers subtract the offset,
+    which the resource carries (``TIME_OFFSET_RESOURCE_KEY``). Metadata only: no digest
+    and no stored view depends on it."""
+    return int(time_offset_ns) if time_offset_ns else time.time_ns() // 1_000_000_000 * 1_000_000_000
+
+
 def make_resource(run_id: str | None, service_name: str | None = None,
-                  attributes: Mapping[str, Any] | None = None) -> Resource:
-    """SDK resource (reads OTEL_RESOURCE_ATTRIBUTES / OTEL_SERVICE_NAME) plus the run id.
+                  attributes: Mapping[str, Any] | None = None, time_offset_ns: int | None = None) -> Resource:
+    """SDK resource (reads OTEL_RESOURCE_ATTRIBUTES / OTEL_SERVICE_NAME) plus the run id
+    (and, for an OTLP export, its time offset).
 
     ``service_name`` wins when given; else OTEL_SERVICE_NAME; else ``kvtrace``.
     """
     attrs: dict[str, Any] = dict(attributes or {})
+    if time_offset_ns is not None:
+        attrs[TIME_OFFSET_RESOURCE_KEY] = int(time_offset_ns)
     if service_name is not None:
         attrs["service.name"] = service_name
     if run_id is not None:
@@ -100,18 +115,21 @@ def build_tracer_provider(
     resource_attributes: Mapping[str, Any] | None = None,
     background: bool = False,
     otlp_batch_size: int = 512,
+    time_offset_ns: int | None = None,
 ) -> TracerProvider:
     """A provider with a never-dropping processor per destination.
 
     ``store`` + ``run_id``: spans go to the DuckDB store (columnar fast path).
     ``otlp_endpoint`` (or the OTEL_EXPORTER_OTLP_* variables): spans also go over OTLP
-    (HTTP, or gRPC when the protocol variable says so).
+    (HTTP, or gRPC when the protocol variable says so), their times shifted by
+    ``export_time_offset(time_offset_ns)`` and numbered (``kvtrace.seq``).
     ``background``: the DuckDB export runs on a worker thread behind a bounded blocking
     queue (off by default: on 2 busy cores inline measured as fast); the OTLP export
     always does, so network waits overlap the replay.
     Call ``provider.force_flush()`` before ``store.finish_run`` and ``shutdown()`` at the end.
     """
-    resource = make_resource(run_id, service_name, resource_attributes)
+    offset = export_time_offset(time_offset_ns) if otlp_requested(otlp_endpoint) else None
+    resource = make_resource(run_id, service_name, resource_attributes, offset)
     provider = TracerProvider(resource=resource, id_generator=SeededIdGenerator(seed))
     if store is not None:
         if run_id is None:
@@ -122,7 +140,8 @@ def build_tracer_provider(
     if otlp_requested(otlp_endpoint):
         provider.add_span_processor(
             BulkSpanProcessor(otlp_span_exporter(otlp_endpoint), background=True,
-                              max_export_batch_size=otlp_batch_size, resource=resource, run_id=run_id)
+                              max_export_batch_size=otlp_batch_size, resource=resource, run_id=run_id,
+                              time_offset_ns=offset or 0, number_spans=True)
         )
     return provider
 
@@ -136,6 +155,7 @@ def recording(
     seed: int = 0,
     background: bool = False,
     step_ns: int | None = None,
+    time_offset_ns: int | None = None,
 ) -> Iterator[KVCacheInstrumentor]:
     """Record one run: yields an instrumentor to pass as a step listener (or to
     ``instrument(manager)``); on exit every pending span is exported and the processors
@@ -147,7 +167,7 @@ def recording(
         store.finish_run(run_id, ...)
     """
     provider = build_tracer_provider(store=store, run_id=run_id, otlp_endpoint=otlp_endpoint,
-                                     seed=seed, background=background)
+                                     seed=seed, background=background, time_offset_ns=time_offset_ns)
     inst = KVCacheInstrumentor(provider, run_id=run_id,
                                step_ns=DEFAULT_STEP_NS if step_ns is None else step_ns).instrument()
     try:

@@ -55,12 +55,19 @@ class BulkSpanProcessor(SpanProcessor):
         resource: Resource | None = None,
         run_id: str | None = None,
         failure_backoff_s: float = 10.0,
+        time_offset_ns: int = 0,
+        number_spans: bool = False,
     ):
-        """``resource``/``run_id``: used when batches are turned into ``ReadableSpan``s."""
+        """``resource``/``run_id``: used when batches are turned into ``ReadableSpan``s;
+        so are ``time_offset_ns`` (added to their times) and ``number_spans`` (each gets
+        its ordinal among the batches' spans as ``kvtrace.seq``): an OTLP export's."""
         self.exporter = exporter
         self.max_export_batch_size = max_export_batch_size
         self.resource = resource
         self.run_id = run_id
+        self.time_offset_ns = time_offset_ns
+        self.number_spans = number_spans
+        self._next_seq = 0  # batch spans numbered so far (worker thread only)
         # the exporter again when it takes whole batches (``export_batch``), else None
         self.columnar: ColumnarSpanExporter | None = exporter if isinstance(exporter, ColumnarSpanExporter) else None
         self.spans_received = 0
@@ -168,10 +175,13 @@ class BulkSpanProcessor(SpanProcessor):
                     return
                 table = item.table
                 step = self.max_export_batch_size
+                first, self._next_seq = self._next_seq, self._next_seq + table.num_rows
                 for offset in range(0, table.num_rows, step):
                     if self._resting():
                         return
-                    spans = table_to_readable_spans(table.slice(offset, step), self.resource, self.run_id)
+                    spans = table_to_readable_spans(table.slice(offset, step), self.resource, self.run_id,
+                                                    self.time_offset_ns,
+                                                    first + offset if self.number_spans else None)
                     left -= self._account(self.exporter.export(spans), len(spans))
             elif not self._resting():
                 left -= self._account(self.exporter.export(item), len(item))

@@ -262,9 +262,11 @@ def run_replay(
                 behaviours=behaviours,
                 mode=spec.mode if spec.mode == "engine" else f"cache-only/{spec.policy}",
             )
+        mode = spec.mode if spec.mode == "engine" else f"cache-only/{spec.policy}"
         try:
             digest = Digest()
-            with _recording(store, run_id, otlp_endpoint, spec.seed) as instrumentor:
+            offset = store.time_offset_ns(run_id) if store is not None else None
+            with _recording(store, run_id, otlp_endpoint, spec.seed, offset) as instrumentor:
                 bar = _Progress(progress, workload.total, f"{spec.mode} {Path(workload.source).name}")
                 try:
                     if preset is not None:
@@ -273,11 +275,18 @@ def run_replay(
                         summary, per_request = _run_cache_only(spec, workload, digest, instrumentor, bar)
                 finally:
                     bar.close()
-            summary["digest"] = digest.hexdigest()
-            summary["mode"] = spec.mode
-            summary["trace"] = workload.source
-            if instrumentor is not None:
-                summary["spans"] = instrumentor.spans_emitted
+                summary["digest"] = digest.hexdigest()
+                summary["mode"] = spec.mode
+                summary["trace"] = workload.source
+                if instrumentor is not None:
+                    instrumentor.flush()  # the last spans: nothing is emitted after this
+                    summary["spans"] = instrumentor.spans_emitted
+                    # OTLP receivers have no runs table: the record travels as one span
+                    instrumentor.record_run({
+                        "name": spec.name or _default_name(spec, behaviours), "trace_source": workload.source,
+                        "trace_digest": workload.source_id, "config": config, "behaviours": behaviours,
+                        "mode": mode, "digest": summary["digest"], "status": "complete", "summary": summary,
+                    })
             if store is not None:
                 store.finish_run(run_id, status="complete", digest=summary["digest"], summary=summary)
             return RunResult(summary, run_id, per_request)
@@ -289,14 +298,16 @@ def run_replay(
             raise
 
 
-def _recording(store, run_id: str | None, otlp_endpoint: str | None, seed: int):
+def _recording(store, run_id: str | None, otlp_endpoint: str | None, seed: int, time_offset_ns: int | None):
     """The span recording of a run, or nothing when spans go nowhere (building them is
-    the cost, so an unrecorded replay builds none)."""
+    the cost, so an unrecorded replay builds none). ``time_offset_ns``: the store's
+    offset of the run's times, which an OTLP export reuses (metadata: not in the digest)."""
     if store is None and not otlp_endpoint:
         return contextlib.nullcontext(None)
     from kvtrace.instrument import recording
 
-    return recording(store=store, run_id=run_id, otlp_endpoint=otlp_endpoint, seed=seed)
+    return recording(store=store, run_id=run_id, otlp_endpoint=otlp_endpoint, seed=seed,
+                     time_offset_ns=time_offset_ns)
 
 
 def _validated(spec: RunSpec) -> tuple[dict[str, Any], list[str], Any]:

@@ -14,6 +14,10 @@ committed before the response, so what was acknowledged survives a crash.
 
 Runs: spans whose resource carries ``kvtrace.run.id`` go to that run (created with mode
 ``otlp`` if the store lacks it); all other spans go to one run created on first use.
+A kvtrace export's times are shifted by the offset its resource names
+(``kvtrace.run.time_offset_ns``): they are stored unshifted, virtual again; its
+``kvtrace.run`` span finishes a run created here with the producer's status, digest
+and summary.
 Attributes with a typed column (``kvtrace.*``, ``gen_ai.usage.*_tokens``) land there;
 everything else is kept in ``extra_attributes``.
 """
@@ -34,9 +38,9 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from kvtrace import __version__
 from kvtrace.errors import KVTraceError
-from kvtrace.instrument.convert import RUN_ID_RESOURCE_KEY, SpanRowsBuilder
+from kvtrace.instrument.convert import RUN_ID_RESOURCE_KEY, SpanRowsBuilder, time_offset, unshift
 from kvtrace.instrument.otlp.decode import DecodedSpans, PayloadError, decode_json, decode_protobuf
-from kvtrace.store.schema import SOURCE_OTLP
+from kvtrace.store.schema import RUN_RECORD_PREFIX, SOURCE_OTLP, SPAN_RUN
 from kvtrace.store.writer import Store
 
 TRACES_PATH = "/v1/traces"
@@ -151,19 +155,35 @@ class OTLPCollector:
     def ingest(self, spans: DecodedSpans) -> int:
         """Append decoded spans (grouped by run) and commit; returns the count."""
         by_run: dict[str, SpanRowsBuilder] = {}
+        records: list[tuple[str, dict]] = []
         with self._lock:
             for resource, kwargs in spans:
                 run_id = self._run_for(resource)
+                if kwargs["name"] == SPAN_RUN:  # a kvtrace export's run record, not a span
+                    records.append((run_id, kwargs["attributes"]))
+                    continue
                 rows = by_run.get(run_id)
                 if rows is None:
                     rows = by_run[run_id] = SpanRowsBuilder()
-                rows.add(default_source=SOURCE_OTLP, **kwargs)
+                rows.add(default_source=SOURCE_OTLP, **unshift(kwargs, time_offset(resource)))
             tables: list[tuple[str, pa.Table]] = [(r, b.to_table()) for r, b in by_run.items()]
             for run_id, table in tables:
                 self.store.append_spans(table, run_id=run_id)
             self.store.flush()
+            for run_id, record in records:
+                self._finish_recorded(run_id, record)
             self.spans_received += len(spans)
         return len(spans)
+
+    def _finish_recorded(self, run_id: str, record: dict) -> None:
+        """A run this collector created, finished with the status, digest and summary its
+        producer sent (``kvtrace.run`` span); other runs keep what the store says."""
+        if run_id not in self._created_runs:
+            return
+        get = lambda key: record.get(f"{RUN_RECORD_PREFIX}{key}")
+        status = get("status") if get("status") in ("complete", "failed", "incomplete") else "complete"
+        self.store.finish_run(run_id, status=status, digest=get("digest"), summary=get("summary"))
+        self._created_runs.remove(run_id)
 
     def _run_for(self, resource: dict) -> str:
         run_id = resource.get(RUN_ID_RESOURCE_KEY)

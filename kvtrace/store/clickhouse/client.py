@@ -30,6 +30,7 @@ from kvtrace.store import dialect
 from kvtrace.store.backend import ClickHouseTarget
 from kvtrace.store.errors import StoreBusyError, StoreError
 
+_MAP = getattr(pl, "Map", lambda k, v: pl.List(pl.Struct({"key": k, "value": v})))(pl.String, pl.String)
 _BUSY_MARKERS = ("Error initializing EmbeddedServer", "Cannot lock file", "already running")
 _sessions: dict[str, list[Any]] = {}  # chdb path -> [session, users]
 _sessions_lock = threading.RLock()
@@ -126,16 +127,22 @@ class ClickHouseConnection:
 
 
 def to_frame(table: pa.Table) -> pl.DataFrame:
-    """Arrow from ClickHouse as a polars frame: an empty list reads as NULL (ClickHouse
-    has no NULL array, so a list DuckDB stores as NULL comes back empty)."""
+    """Arrow from ClickHouse as a polars frame: an empty list or map reads as NULL
+    (ClickHouse has neither a NULL array nor a NULL map, so what DuckDB stores as NULL
+    comes back empty)."""
     frame = pl.from_arrow(table)
     assert isinstance(frame, pl.DataFrame)
-    lists = [n for n, t in frame.schema.items() if isinstance(t, pl.List) and n]
-    if not lists:
+    empty = {n: pl.col(n).list.len() for n, t in frame.schema.items() if isinstance(t, pl.List)}
+    maps = {n for n, t in frame.schema.items() if type(t).__name__ == "Map"}
+    if maps:  # polars' Map type: compare through its List(Struct) form
+        frame = frame.with_columns(pl.col(n).cast(pl.List(pl.Struct({"key": pl.String, "value": pl.String})))
+                                   for n in maps)
+        empty |= {n: pl.col(n).list.len() for n in maps}
+    if not empty:
         return frame
-    return frame.with_columns(
-        pl.when(pl.col(n).list.len() > 0).then(pl.col(n)).otherwise(None).alias(n) for n in lists
-    )
+    frame = frame.with_columns(pl.when(length > 0).then(pl.col(n)).otherwise(None).alias(n)
+                               for n, length in empty.items())
+    return frame.with_columns(pl.col(n).cast(_MAP) for n in maps)  # back to polars' Map
 
 
 def _compact_lists(rows: pa.Table) -> pa.Table:

@@ -1,5 +1,269 @@
-"""placeholder"""
-def attach(con, target):
-    pass
-def register_collected_runs(con):
-    pass
+"""Spans an OpenTelemetry Collector wrote: its ClickHouse exporter's ``otel_traces``, read
+into kvtrace's typed tables by materialised views.
+
+The exporter stores every span attribute as a string in ``SpanAttributes`` (arrays as
+JSON, like pdata's ``AsString``) and the resource in ``ResourceAttributes``. Per family
+table, a materialised view (an insert trigger on ``otel_traces``) parses each inserted
+block into the typed columns the DuckDB store has, so the read API, the dashboard and
+``diff`` read collector-fed runs from the same tables as directly written ones:
+
+- the run is the resource's ``kvtrace.run.id``, else ``otlp:<ServiceName>`` (a vLLM or
+  LMCache service's spans beside kvtrace's); names kvtrace does not know (vLLM's
+  ``llm_request``, ...) go to ``spans_other`` with their attributes in
+  ``extra_attributes``;
+- ``seq`` is the span's ``kvtrace.seq`` (kvtrace exports number their spans: the table
+  sorts rows by service, name and time), else its start time in ns;
+- times stay as stored, shifted by the resource's ``kvtrace.run.time_offset_ns`` (0 for
+  other producers), which every row records: the views subtract it, as for direct
+  writes;
+- the ``kvtrace.run`` span (a kvtrace export's run record) goes to ``otel_run_records``.
+
+``attach`` creates the views (and the exporter's table, if the collector has not yet:
+the same columns, no TTL) and back-fills rows already there; ``register_collected_runs``
+(run by every ``Store.open``) gives each collected run its ``runs`` row and, once its
+record has arrived, builds its derived tables and takes the record's status. Until
+then a collected run reads as ``running``: its derived tables are computed on the fly.
+"""
+
+from __future__ import annotations
+
+from kvtrace.store.backend import ClickHouseTarget
+from kvtrace.store.schema import (
+    FAMILIES,
+    GENAI_CACHE_READ,
+    NUM_BLOCKS_COLUMN,
+    OTHER_TABLE,
+    RUN_RECORD_PREFIX,
+    SEQ_ATTRIBUTE,
+    SOURCE_OTLP,
+    SPAN_COLUMN_DEFS,
+    SPAN_NAMES,
+    SPAN_REQUEST,
+    SPAN_RUN,
+    TIME_OFFSET_COLUMN,
+    TIME_OFFSET_RESOURCE_KEY,
+)
+
+COLLECTOR_HOST = "otel-collector"  # runs.writer_host of a collected run
+RUN_RECORDS = "otel_run_records"
+COLLECTED_RUNS = "otel_collected_runs"
+_MV_PREFIX = "kvtrace_from_"
+
+# The exporter's traces table (exporter/clickhouseexporter/internal/sqltemplates/
+# traces_table.sql of opentelemetry-collector-contrib, the bloom-filter variant), with
+# the TTL left out: the exporter adds ``TTL toDateTime(Timestamp) + toIntervalDay(N)``
+# when configured with one.
+def otel_traces_ddl(table: str) -> str:
+    return f"""CREATE TABLE IF NOT EXISTS {table} (
+    Timestamp DateTime64(9) CODEC(Delta(8), ZSTD(1)),
+    TraceId String CODEC(ZSTD(1)),
+    SpanId String CODEC(ZSTD(1)),
+    ParentSpanId String CODEC(ZSTD(1)),
+    TraceState String CODEC(ZSTD(1)),
+    SpanName LowCardinality(String) CODEC(ZSTD(1)),
+    SpanKind LowCardinality(String) CODEC(ZSTD(1)),
+    ServiceName LowCardinality(String) CODEC(ZSTD(1)),
+    ResourceAttributes Map(LowCardinality(String), String) CODEC(ZSTD(1)),
+    ScopeName String CODEC(ZSTD(1)),
+    ScopeVersion String CODEC(ZSTD(1)),
+    SpanAttributes Map(LowCardinality(String), String) CODEC(ZSTD(1)),
+    Duration UInt64 CODEC(T64, ZSTD(1)),
+    StatusCode LowCardinality(String) CODEC(ZSTD(1)),
+    StatusMessage String CODEC(ZSTD(1)),
+    Events Nested (Timestamp DateTime64(9), Name LowCardinality(String),
+                   Attributes Map(LowCardinality(String), String)) CODEC(ZSTD(1)),
+    Links Nested (TraceId String, SpanId String, TraceState String,
+                  Attributes Map(LowCardinality(String), String)) CODEC(ZSTD(1)),
+    INDEX idx_trace_id TraceId TYPE bloom_filter(0.001) GRANULARITY 1,
+    INDEX idx_res_attr_key mapKeys(ResourceAttributes) TYPE bloom_filter(0.01) GRANULARITY 1,
+    INDEX idx_res_attr_value mapValues(ResourceAttributes) TYPE bloom_filter(0.01) GRANULARITY 1,
+    INDEX idx_span_attr_key mapKeys(SpanAttributes) TYPE bloom_filter(0.01) GRANULARITY 1,
+    INDEX idx_span_attr_value mapValues(SpanAttributes) TYPE bloom_filter(0.01) GRANULARITY 1,
+    INDEX idx_duration Duration TYPE minmax GRANULARITY 1
+) ENGINE = MergeTree()
+PARTITION BY toDate(Timestamp)
+PRIMARY KEY (ServiceName, SpanName, toDateTime(Timestamp))
+ORDER BY (ServiceName, SpanName, toDateTime(Timestamp), Timestamp)
+SETTINGS index_granularity = 8192, ttl_only_drop_parts = 1"""
+
+
+def _q(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+_RUN_ID = (f"if(ResourceAttributes['kvtrace.run.id'] != '', ResourceAttributes['kvtrace.run.id'], "
+           "concat('otlp:', ServiceName))")
+_OFFSET = f"toInt64OrZero(ResourceAttributes[{_q(TIME_OFFSET_RESOURCE_KEY)}])"
+_HEX64 = "reinterpretAsUInt64(reverse(unhex({0})))"
+_STR_MAP = "Map(String, String)"
+_ENVELOPE = {
+    "run_id": _RUN_ID,
+    "trace_id_hi": _HEX64.format("substring(TraceId, 1, 16)"),
+    "trace_id_lo": _HEX64.format("substring(TraceId, 17, 16)"),
+    "span_id": _HEX64.format("SpanId"),
+    "parent_span_id": f"if(ParentSpanId = '', NULL, {_HEX64.format('ParentSpanId')})",
+    "trace_state": "nullIf(TraceState, '')",
+    "name": "SpanName",
+    "span_kind": "if(SpanKind IN ('Internal', 'Unspecified', ''), NULL, SpanKind)",
+    "start_ns": "toUnixTimestamp64Nano(Timestamp)",
+    "end_ns": "toUnixTimestamp64Nano(Timestamp) + toInt64(Duration)",
+    "status_code": "if(StatusCode IN ('Unset', ''), NULL, StatusCode)",
+    "status_message": "nullIf(StatusMessage, '')",
+    "service_name": "nullIf(ServiceName, '')",
+    "scope_name": "nullIf(ScopeName, '')",
+    "scope_version": "nullIf(ScopeVersion, '')",
+    # kvtrace's own spans (a run id) keep what its columnar path keeps: not the SDK's
+    # self-description nor the per-process instance id
+    "resource_attributes": (f"CAST(mapFilter((k, v) -> k NOT IN ('service.name', 'kvtrace.run.id', "
+                            f"{_q(TIME_OFFSET_RESOURCE_KEY)}) AND NOT (ResourceAttributes['kvtrace.run.id'] != '' "
+                            "AND (startsWith(k, 'telemetry.sdk.') OR k = 'service.instance.id')), "
+                            f"ResourceAttributes) AS {_STR_MAP})"),
+    "events": ("arrayMap((t, n, a) -> CAST((toUnixTimestamp64Nano(t), n, a), 'Tuple(time_ns Nullable(Int64), "
+               f"name Nullable(String), attributes {_STR_MAP})'), `Events.Timestamp`, `Events.Name`, "
+               "`Events.Attributes`)"),
+    "links": (f"arrayMap((t, s, st, a) -> CAST(({_HEX64.format('substring(t, 1, 16)')}, "
+              f"{_HEX64.format('substring(t, 17, 16)')}, {_HEX64.format('s')}, nullIf(st, ''), a), "
+              "'Tuple(trace_id_hi Nullable(UInt64), trace_id_lo Nullable(UInt64), span_id Nullable(UInt64), "
+              f"trace_state Nullable(String), attributes {_STR_MAP})'), `Links.TraceId`, `Links.SpanId`, "
+              "`Links.TraceState`, `Links.Attributes`)"),
+    "seq": f"coalesce(toInt64OrNull(SpanAttributes[{_q(SEQ_ATTRIBUTE)}]), toUnixTimestamp64Nano(Timestamp))",
+    TIME_OFFSET_COLUMN: _OFFSET,
+}
+_CHUNK = "Tuple(start_ns Nullable(Int64), end_ns Nullable(Int64), num_tokens Nullable(Int64))"
+
+
+def _attribute(column: str, key: str, duck: str) -> str:
+    """SQL parsing one exporter attribute string into the column's type (NULL when absent)."""
+    v = f"SpanAttributes[{_q(key)}]"
+    if column == "prefill_chunks":  # a flat (start, end, tokens) int array, see instrument.convert
+        flat = f"JSONExtract({v}, 'Array(Int64)')"
+        return (f"arrayMap(i -> CAST(({flat}[3 * i + 1], {flat}[3 * i + 2], {flat}[3 * i + 3]), '{_CHUNK}'), "
+                f"range(intDiv(length({flat}), 3)))")
+    if duck.endswith("[]"):
+        inner = {"BIGINT": "Int64", "VARCHAR": "String", "DOUBLE": "Float64"}[duck[:-2]]
+        return f"JSONExtract({v}, 'Array({inner})')"
+    scalar = {"BIGINT": f"toInt64OrNull({v})", "INTEGER": f"toInt32OrNull({v})",
+              "DOUBLE": f"toFloat64OrNull({v})",
+              "UBIGINT": f"CAST(toInt64OrNull({v}) AS Nullable(UInt64))",  # sent as the int64 of the same bits
+              "VARCHAR": f"if(mapContains(SpanAttributes, {_q(key)}), {v}, NULL)"}
+    return scalar[duck]
+
+
+def _family_select(table: str, otel_table: str) -> tuple[str, str]:
+    """(column list, SELECT over the exporter's table) filling one family table."""
+    from kvtrace.store.clickhouse.schema import stored_columns
+
+    typed = {c.name: c for c in SPAN_COLUMN_DEFS}
+    columns = stored_columns(table)
+    exprs, keys = [], [SEQ_ATTRIBUTE]
+    for col in columns:
+        if col in _ENVELOPE:
+            exprs.append(_ENVELOPE[col])
+        elif col == "source":
+            exprs.append(f"if(mapContains(SpanAttributes, 'kvtrace.source'), SpanAttributes['kvtrace.source'], "
+                         f"{_q(SOURCE_OTLP)})")
+            keys.append("kvtrace.source")
+        elif col == "extra_attributes":
+            exprs.append("{extra}")
+        elif col == NUM_BLOCKS_COLUMN:
+            ids, hashes = (_attribute(c, typed[c].attr or "", typed[c].sql) for c in ("block_ids", "block_hashes"))
+            exprs.append(f"toInt32(if(length({ids}) > 0, length({ids}), length({hashes})))")
+        else:
+            c = typed[col]
+            assert c.attr is not None, col
+            exprs.append(_attribute(col, c.attr, c.sql))
+            keys.append(c.attr)
+    cache_read = f"(k = {_q(GENAI_CACHE_READ)} AND SpanName = {_q(SPAN_REQUEST)})"
+    extra = (f"CAST(mapFilter((k, v) -> NOT (k IN ({', '.join(map(_q, keys))}) OR {cache_read}), SpanAttributes) "
+             f"AS {_STR_MAP})")
+    exprs = [e.replace("{extra}", extra) for e in exprs]
+    if table == OTHER_TABLE:
+        known = ", ".join(_q(n) for n in (*SPAN_NAMES, SPAN_RUN))
+        where = f"SpanName NOT IN ({known})"
+    else:
+        where = f"SpanName IN ({', '.join(_q(n) for n in FAMILIES[table][1])})"
+    cols = ", ".join(f"`{c}`" for c in columns)
+    select = ", ".join(f"{e} AS `{c}`" for e, c in zip(exprs, columns))
+    return cols, f"SELECT {select} FROM {otel_table} WHERE {where}"
+
+
+def _side_tables(otel_table: str) -> list[tuple[str, str, str, str]]:
+    """(table, its DDL, column list, SELECT over the exporter's table) of the run side tables."""
+    return [
+        (RUN_RECORDS,
+         f"CREATE TABLE IF NOT EXISTS {RUN_RECORDS} (run_id String, record {_STR_MAP}, "
+         f"{TIME_OFFSET_COLUMN} Int64, service_name String) ENGINE = MergeTree ORDER BY run_id",
+         f"run_id, record, {TIME_OFFSET_COLUMN}, service_name",
+         f"SELECT {_RUN_ID} AS run_id, CAST(SpanAttributes AS {_STR_MAP}) AS record, {_OFFSET} AS "
+         f"{TIME_OFFSET_COLUMN}, ServiceName AS service_name FROM {otel_table} "
+         f"WHERE SpanName = {_q(SPAN_RUN)}"),
+        (COLLECTED_RUNS,
+         f"CREATE TABLE IF NOT EXISTS {COLLECTED_RUNS} (run_id String, service_name String, "
+         f"{TIME_OFFSET_COLUMN} Int64) ENGINE = ReplacingMergeTree ORDER BY run_id",
+         f"run_id, service_name, {TIME_OFFSET_COLUMN}",
+         f"SELECT DISTINCT {_RUN_ID} AS run_id, ServiceName AS service_name, {_OFFSET} AS {TIME_OFFSET_COLUMN} "
+         f"FROM {otel_table} WHERE SpanName != {_q(SPAN_RUN)}"),
+    ]
+
+
+def attach(con, target: ClickHouseTarget) -> None:
+    """The exporter's table (if missing) and the views from it into kvtrace's tables;
+    rows it held before the views existed are copied once."""
+    from kvtrace.store.clickhouse.schema import SPAN_TABLES
+
+    src = target.otel_table
+    con.command(otel_traces_ddl(src))
+    existing = con.table_names()
+    fills = [(t, *_family_select(t, src)) for t in SPAN_TABLES]
+    for table, ddl, cols, select in _side_tables(src):
+        con.command(ddl)
+        fills.append((table, cols, select))
+    for table, cols, select in fills:
+        view = f"{_MV_PREFIX}{table}"
+        if view in existing:
+            continue
+        con.command(f"CREATE MATERIALIZED VIEW IF NOT EXISTS {view} TO {table} AS {select}")
+        con.command(f"INSERT INTO {table} ({cols}) {select}")  # what the collector wrote before
+
+
+def register_collected_runs(con) -> list[str]:
+    """A ``runs`` row for every collected run that lacks one, and, for each collected run
+    still ``running`` whose record has arrived, its derived tables and the record's
+    status, digest and summary. Returns the runs finished here."""
+    import pyarrow as pa
+
+    from kvtrace.store.clickhouse.writer import materialise
+    from kvtrace.store.schema import RUN_COLUMNS
+
+    new = con.ch_frame(
+        f"SELECT c.run_id AS run_id, any(c.{TIME_OFFSET_COLUMN}) AS o, any(c.service_name) AS service "
+        f"FROM {COLLECTED_RUNS} AS c WHERE c.run_id NOT IN (SELECT run_id FROM runs) "
+        "GROUP BY c.run_id ORDER BY c.run_id")
+    if new.height:
+        rows = {c: [None] * new.height for c, _, _ in RUN_COLUMNS}
+        rows["run_id"] = new["run_id"].to_list()
+        rows["name"] = [f"otlp {r}" for r in rows["run_id"]]
+        rows["mode"] = ["otlp"] * new.height
+        rows["status"] = ["running"] * new.height
+        rows["writer_host"] = [COLLECTOR_HOST] * new.height
+        rows[TIME_OFFSET_COLUMN] = new["o"].to_list()
+        types = {"writer_pid": pa.int32(), TIME_OFFSET_COLUMN: pa.int64()}
+        con.insert_arrow("runs", pa.table({c: pa.array(v, types.get(c, pa.string())) for c, v in rows.items()}))
+    done = con.ch_frame(
+        f"SELECT r.run_id AS run_id, any(rec.record) AS record FROM runs AS r INNER JOIN {RUN_RECORDS} AS rec "
+        f"ON rec.run_id = r.run_id WHERE r.status = 'running' AND r.writer_host = {_q(COLLECTOR_HOST)} "
+        "GROUP BY r.run_id ORDER BY r.run_id")
+    finished = []
+    for run_id, record in done.rows():
+        rec = dict(record)
+        get = lambda key: rec.get(f"{RUN_RECORD_PREFIX}{key}")
+        materialise(con, run_id)
+        status = get("status") if get("status") in ("complete", "failed", "incomplete") else "complete"
+        fields = {c: get(c) for c in ("name", "created", "trace_source", "trace_digest", "config", "behaviours",
+                                      "mode", "digest", "summary") if get(c) is not None}
+        sets = ", ".join(f"{c} = {{{c}:String}}" for c in fields)
+        con.command(f"ALTER TABLE runs UPDATE {sets}{', ' if sets else ''}status = {{status:String}} "
+                    "WHERE run_id = {run_id:String} SETTINGS mutations_sync = 2",
+                    {**fields, "status": status, "run_id": run_id})
+        finished.append(run_id)
+    return finished

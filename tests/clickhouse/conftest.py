@@ -1,0 +1,96 @@
+"""ClickHouse stores for the backend tests, each filled by a REAL replay (chdb, embedded).
+
+``ch_stores``: the replay of the session's ``replayed_store`` (tests/conftest.py, the
+DuckDB copy), pinning on and off, written
+- directly into a chdb store (``kvtrace replay --db chdb:DIR`` does the same), the "on"
+  run also exported over real OTLP/HTTP (the SDK's exporter) to a local capture server;
+- through the collector path: the captured payloads, decoded by kvtrace's decoder into
+  the rows the OpenTelemetry Collector's ClickHouse exporter writes
+  (tests/support/collector_rows.py), inserted into a second chdb store's ``otel_traces``
+  created by the exporter's DDL with its default 180-day TTL.
+
+chdb opens one directory per process at a time; kvtrace opens per use, so the stores
+are used one after another.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+from tests.conftest import REPLAYED_LIMIT, REPLAYED_OFF, REPLAYED_TRACE
+
+TTL_DAYS = 180
+
+
+@dataclass(frozen=True)
+class ClickHouseStores:
+    duck: str  # the DuckDB store of the same replays (replayed_store)
+    direct: str  # chdb: written by the replay
+    collected: str  # chdb: filled from the collector's otel_traces
+    run_on: str
+    run_off: str
+    payloads: int  # OTLP requests captured
+
+
+class _Capture(BaseHTTPRequestHandler):
+    bodies: list[bytes]
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        self.bodies.append(self.rfile.read(int(self.headers["Content-Length"])))
+        reply = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", str(len(reply)))
+        self.end_headers()
+        self.wfile.write(reply)
+
+
+def otlp_capture():
+    """A local OTLP/HTTP endpoint keeping every request body: (server, url, bodies)."""
+    bodies: list[bytes] = []
+    handler = type("Capture", (_Capture,), {"bodies": bodies})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}/v1/traces", bodies
+
+
+@pytest.fixture(scope="session")
+def ch_stores(tmp_path_factory, replayed_store) -> ClickHouseStores:
+    from kvtrace.replay.run import RunSpec, run_replay
+    from kvtrace.store import Store
+    from kvtrace.store.backend import clickhouse_target
+    from kvtrace.store.clickhouse import client, collector
+    from tests.support.collector_rows import collector_rows
+
+    root = tmp_path_factory.mktemp("clickhouse")
+    direct, collected = f"chdb:{root / 'direct'}", f"chdb:{root / 'collected'}"
+    server, url, bodies = otlp_capture()
+    try:
+        on = run_replay(RunSpec(REPLAYED_TRACE, limit=REPLAYED_LIMIT, name="pinning on"), db=direct,
+                        otlp_endpoint=url)
+    finally:
+        server.shutdown()
+        server.server_close()
+    off = run_replay(RunSpec(REPLAYED_TRACE, limit=REPLAYED_LIMIT, without=(REPLAYED_OFF,),
+                             name=f"pinning without {REPLAYED_OFF}"), db=direct)
+    assert (on.summary["digest"], off.summary["digest"]) == (replayed_store.summary_on["digest"],
+                                                              replayed_store.summary_off["digest"])
+    # The collector came first: its table, with the exporter's default TTL.
+    target = clickhouse_target(collected)
+    (root / "collected").mkdir()
+    with client.connect(target) as con:
+        con.command(collector.otel_traces_ddl("otel_traces").replace(
+            "SETTINGS", f"TTL toDateTime(Timestamp) + toIntervalDay({TTL_DAYS})\nSETTINGS"))
+    Store.open(collected).close()  # kvtrace attaches: its tables, the views from otel_traces
+    with client.connect(target) as con:
+        con.insert_arrow("otel_traces", collector_rows(bodies))
+    Store.open(collected).close()  # registers the collected run; its record finishes it
+    return ClickHouseStores(replayed_store.path, direct, collected, on.run_id, off.run_id, len(bodies))
