@@ -38,6 +38,7 @@ QUERY_SETTINGS: dict[str, int] = {
     # a name is the column before it is an alias of the same SELECT, as in DuckDB
     # (ORDER BY, which DuckDB binds to the aliases first, is rewritten to match)
     "prefer_column_name_to_alias": 1,
+    "enable_positional_arguments": 1,
 }
 
 _SCALAR_TYPES = {
@@ -140,10 +141,14 @@ def _translate(sql: str, signature: tuple[tuple[str, str | None], ...]) -> str:
             raise KeyError(f"SQL names ${name} but no value is bound for it")
         ph.replace(exp.Null() if types[name] is None else exp.var(f"{{{name}:{types[name]}}}"))
     tree = tree.transform(_rewrite, copy=False)
+    _hoist_ctes(tree)
     for select in list(tree.find_all(exp.Select)):
         _unnest_to_array_join(select)
         _name_qualified_columns(select)
-        _order_by_aliases(select)
+    for select in reversed(list(tree.find_all(exp.Select))):  # innermost first: a wrap copies its subtree
+        sorted_outside = _order_by_aliases(select)
+        if select is tree and sorted_outside is not None:
+            tree = sorted_outside
     return _Generator().generate(tree)
 
 
@@ -236,20 +241,79 @@ def _numbers_table(table):
     return exp.Subquery(this=sub, alias=exp.TableAlias(this=exp.to_identifier(name)))
 
 
-def _order_by_aliases(select) -> None:
+def _hoist_ctes(tree) -> None:
+    """WITH inside a subquery -> the top WITH, just before the top-level CTE holding it,
+    each name made unique: ClickHouse loses track of a nested WITH's tables when the
+    CTE holding it is read twice (seen with the live miss attribution behind the Sankey
+    flows). Outermost first, until none is left."""
+    from sqlglot import exp
+
+    if not isinstance(tree, exp.Select):
+        return
+    n = 0
+    while True:
+        top = tree.args.get("with_")
+        nested = next((w for w in tree.find_all(exp.With) if w is not top), None)
+        if nested is None:
+            return
+        owner = nested.parent
+        renames = {cte.alias: f"_kv_w{n}_{cte.alias}" for cte in nested.expressions}
+        n += 1
+        for table in owner.find_all(exp.Table):
+            if not table.args.get("db") and table.name in renames:
+                if table.args.get("alias") is None:  # columns qualified by the old name still resolve
+                    table.set("alias", exp.TableAlias(this=exp.to_identifier(table.name)))
+                table.set("this", exp.to_identifier(renames[table.name]))
+        ctes = list(nested.expressions)
+        for cte in ctes:
+            cte.set("alias", exp.TableAlias(this=exp.to_identifier(renames[cte.alias])))
+        nested.pop()
+        holder = owner
+        while holder is not None and not (isinstance(holder, exp.CTE) and top is not None and holder.parent is top):
+            holder = holder.parent
+        listed = list(top.expressions) if top is not None else []
+        at = listed.index(holder) if holder is not None else len(listed)
+        tree.set("with_", exp.With(expressions=listed[:at] + ctes + listed[at:]))
+
+
+def _order_by_aliases(select):
     """DuckDB's ORDER BY name means the output column of that name first; with
-    ``prefer_column_name_to_alias`` ClickHouse would take the input column, so such a
-    name becomes the aliased expression."""
+    ``prefer_column_name_to_alias`` ClickHouse would take the input column. Such a query
+    is sorted outside: ``SELECT * FROM (query) ORDER BY ... LIMIT ...``, where only the
+    output columns exist (a positional ORDER BY trips ClickHouse 26.9's planner on
+    grouped IN-subquery keys); where the ORDER BY also names other columns, the alias
+    becomes its position."""
     from sqlglot import exp
 
     order = select.args.get("order")
     if order is None:
-        return
-    aliases = {p.alias: p.this for p in select.expressions if isinstance(p, exp.Alias)}
-    for item in order.expressions:
-        col = item.this
-        if isinstance(col, exp.Column) and not col.table and col.name in aliases:
-            col.replace(aliases[col.name].copy())
+        return None
+    aliases = {p.alias: i + 1 for i, p in enumerate(select.expressions) if isinstance(p, exp.Alias)}
+    refs = [c for item in order.expressions for c in item.find_all(exp.Column)]
+    if not any(not c.table and c.name in aliases for c in refs):
+        return None
+    outputs = set(aliases) | {p.name for p in select.expressions if isinstance(p, exp.Column)}
+    wrappable = (not any(isinstance(p, exp.Star) or (isinstance(p, exp.Column) and isinstance(p.this, exp.Star))
+                         for p in select.expressions)
+                 and all(not c.table and c.name in outputs for c in refs)
+                 and not isinstance(select.parent, (exp.Union, exp.Intersect, exp.Except)))
+    if not wrappable:
+        for c in refs:
+            if not c.table and c.name in aliases:
+                c.replace(exp.Literal.number(aliases[c.name]))
+        return None
+    limit, offset, with_ = select.args.get("limit"), select.args.get("offset"), select.args.get("with_")
+    inner = select.copy()
+    for key in ("order", "limit", "offset", "with_"):
+        inner.set(key, None)
+    outer = exp.Select(expressions=[exp.Star()]).from_(exp.Subquery(this=inner, alias=exp.TableAlias(
+        this=exp.to_identifier("_kv_sorted"))))
+    outer.set("order", order.copy())
+    for key, value in (("limit", limit), ("offset", offset), ("with_", with_)):
+        if value is not None:
+            outer.set(key, value.copy())
+    select.replace(outer)
+    return outer
 
 
 def _name_qualified_columns(select) -> None:

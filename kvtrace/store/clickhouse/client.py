@@ -9,7 +9,7 @@ chdb holds its data directory with an OS lock: one process at a time, and one
 directory per process. kvtrace opens it per use, as it does a DuckDB file, so a writer
 and a dashboard in different processes take turns (retrying while the other holds it,
 up to the timeout); inside one process every opener of a directory shares one session,
-closed when the last lets go.
+closed ``LINGER_S`` after the last lets go.
 
 chdb 4.4 returns a failed query's partial output as the answer of the next query on the
 session; after any error a throwaway query clears it.
@@ -17,6 +17,7 @@ session; after any error a throwaway query clears it.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import threading
 import time
@@ -32,6 +33,7 @@ from kvtrace.store.errors import StoreBusyError, StoreError
 
 _MAP = getattr(pl, "Map", lambda k, v: pl.List(pl.Struct({"key": k, "value": v})))(pl.String, pl.String)
 _BUSY_MARKERS = ("Error initializing EmbeddedServer", "Cannot lock file", "already running")
+LINGER_S = 2.0
 _sessions: dict[str, list[Any]] = {}  # chdb path -> [session, users]
 _sessions_lock = threading.RLock()
 
@@ -182,12 +184,30 @@ def _open_session(target: ClickHouseTarget, timeout_s: float) -> Any:
     return session
 
 
+def _close_idle(path: str | None = None) -> None:
+    """Close lingering sessions nobody uses (all, or the one of ``path``)."""
+    with _sessions_lock:
+        for p, entry in list(_sessions.items()):
+            if entry[1] == 0 and (path is None or p == path):
+                del _sessions[p]
+                entry[0].close()
+
+
+atexit.register(_close_idle)
+
+
 @contextlib.contextmanager
 def connect(target: ClickHouseTarget, timeout_s: float = 30.0) -> Iterator[ClickHouseConnection]:
-    """An open ClickHouse connection for the duration of the block."""
+    """An open ClickHouse connection for the duration of the block.
+
+    chdb: opening a store costs 0.1-0.3 s (it loads every table), so the session lingers
+    ``LINGER_S`` after its last user: a dashboard page's reads share one, and another
+    process gets the directory a moment later (it retries meanwhile)."""
     if target.embedded:
         assert target.path is not None
         with _sessions_lock:
+            if target.path not in _sessions:
+                _close_idle()  # chdb: one directory per process
             entry = _sessions.get(target.path)
             if entry is None:
                 entry = _sessions[target.path] = [_open_session(target, timeout_s), 0]
@@ -198,8 +218,9 @@ def connect(target: ClickHouseTarget, timeout_s: float = 30.0) -> Iterator[Click
             with _sessions_lock:
                 entry[1] -= 1
                 if entry[1] == 0:
-                    del _sessions[target.path]
-                    entry[0].close()
+                    timer = threading.Timer(LINGER_S, _close_idle, (target.path,))
+                    timer.daemon = True
+                    timer.start()
         return
     try:
         import clickhouse_connect
@@ -217,11 +238,3 @@ def connect(target: ClickHouseTarget, timeout_s: float = 30.0) -> Iterator[Click
         yield ClickHouseConnection(target, client=client)
     finally:
         client.close()
-
-
-@contextlib.contextmanager
-def held(target: ClickHouseTarget, timeout_s: float = 30.0) -> Iterator[None]:
-    """Keep a chdb store open across many ``connect`` calls (a bench, a test, a writer
-    that must not hand the directory to another process between flushes)."""
-    with connect(target, timeout_s):
-        yield
