@@ -232,6 +232,11 @@ def dashboard(
     from kvtrace.dashboard import launch
     from kvtrace.store.backend import is_clickhouse
 
+    if is_clickhouse(db):  # attach to the collector's otel_traces, register and finish its runs
+        from kvtrace.store import Store
+
+        Store.open(db).close()
+
     if not is_clickhouse(db) and not Path(db).exists():
         raise KVTraceError(f"{db}: no such database (run `kvtrace demo` or `kvtrace replay TRACE --db {db}`)")
     raise typer.Exit(launch(db, host=host, port=port))
