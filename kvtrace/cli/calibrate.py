@@ -16,7 +16,8 @@ from kvtrace.errors import KVTraceError
 def calibrate(
     sources: Annotated[list[Path], typer.Option(
         "--from", metavar="FILE",
-        help="Step timings (.csv) or a `vllm bench serve --save-detailed` result (.json); repeatable.")],
+        help="Step timings (.csv), a `vllm bench serve --save-detailed` result (.json), or a kvtrace store "
+             "(.duckdb) of vLLM's request spans received by `kvtrace collect`; repeatable.")],
     out: Annotated[Path | None, typer.Option(
         "--out", "-o", metavar="FILE.toml", help="Write the fitted model as a [cost_model] table for --config.")]
         = None,
@@ -28,7 +29,9 @@ def calibrate(
         metavar="TOKENS", help="Token knee of the piecewise token term (default: the best of 0, 256, 512, 1024, "
                                "2048).")] = None,
     max_num_batched_tokens: Annotated[int, typer.Option(
-        metavar="TOKENS", help="The served engine's chunk budget (bench results).")] = 8192,
+        metavar="TOKENS", help="The served engine's chunk budget (bench results and spans).")] = 8192,
+    run: Annotated[str | None, typer.Option(
+        metavar="RUN", help="The collected run of a store (default: its only one).")] = None,
 ) -> None:
     """Fit a cost model to a real engine's measurements and print its error per term."""
     from kvtrace.engine.clock import CostModel
@@ -42,7 +45,7 @@ def calibrate(
             raise KVTraceError(f"--moe: {experts}: expected E:K, e.g. 256:8")
         template = CostModel(name, 0, 0, 0, 0, 0, num_experts=int(e), experts_per_token=int(k))
     result = fit([str(p) for p in sources], name=name, template=template, knee=knee,
-                 max_num_batched_tokens=max_num_batched_tokens)
+                 max_num_batched_tokens=max_num_batched_tokens, run_id=run)
     for line in fit_report(result):
         typer.echo(line)
     if out is not None:
