@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 from kvtrace.errors import ConfigError
-from kvtrace.store.backend import is_clickhouse
 
 APP_PATH = Path(__file__).with_name("app.py")
 DB_ENV = "KVTRACE_DB"
@@ -36,15 +35,31 @@ def server_command(db: str | os.PathLike, host: str = "127.0.0.1", port: int = 8
 def _resolved(db: str | os.PathLike) -> str:
     """A DuckDB path made absolute (the server runs elsewhere); a ClickHouse --db as given
     (``chdb:`` paths are resolved when parsed)."""
+    from kvtrace.store.backend import is_clickhouse
+
     return str(db) if is_clickhouse(db) else str(Path(db).resolve())
 
 
-def launch(db: str | os.PathLike, host: str = "127.0.0.1", port: int = 8501) -> int:
-    """Serve the dashboard until interrupted; returns the server's exit status.
+def page_url(host: str, port: int, run: str | None = None, compare: str | None = None) -> str:
+    """The address that opens the dashboard on ``run`` (and the Compare page against
+    ``compare``): the app reads these query parameters."""
+    from urllib.parse import urlencode
+
+    params = {k: v for k, v in (("run", run), ("b", compare)) if v is not None}
+    page = "compare" if compare is not None else ""
+    return f"http://{host}:{int(port)}/{page}" + (f"?{urlencode(params)}" if params else "")
+
+
+def launch(db: str | os.PathLike, host: str = "127.0.0.1", port: int = 8501, run: str | None = None,
+           compare: str | None = None) -> int:
+    """Serve the dashboard until interrupted; returns the server's exit status. Prints the
+    address to open (with ``run``/``compare`` as query parameters when given).
 
     Binds to loopback unless ``host`` says otherwise. A missing database is a one-line
     ConfigError here, before a server starts that could only show an error.
     """
+    from kvtrace.store.backend import is_clickhouse
+
     path = Path(db)
     if not is_clickhouse(db) and not path.is_file():
         raise ConfigError("kvtrace dashboard", "--db", f"{path}: no such database file (fill one with `kvtrace demo` "
@@ -52,6 +67,7 @@ def launch(db: str | os.PathLike, host: str = "127.0.0.1", port: int = 8501) -> 
     if not 0 < int(port) < 65536:
         raise ConfigError("kvtrace dashboard", "--port", f"expected 1..65535, got {port}")
     env = dict(os.environ, **{DB_ENV: _resolved(db)})
+    print(f"kvtrace dashboard: open {page_url(host, port, run, compare)}", file=sys.stderr, flush=True)
     try:
         return subprocess.call(server_command(db, host, port), env=env)
     except KeyboardInterrupt:
