@@ -25,9 +25,9 @@ import polars as pl
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: tests.support
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from store_queries import build, time_queries  # noqa: E402
+from store_queries import build, time_queries
 
-from kvtrace.store import read  # noqa: E402
+from kvtrace.store import read
 
 
 def _cpu() -> float:

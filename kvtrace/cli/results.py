@@ -27,7 +27,6 @@ def runs(db: DbRequired, as_json: Json = False) -> None:
     from kvtrace.dashboard.run_config import capacity
     from kvtrace.replay.report import format_value
     from kvtrace.store import read
-
     from kvtrace.store.backend import is_clickhouse
 
     if not is_clickhouse(db) and not Path(db).exists():

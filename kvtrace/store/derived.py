@@ -4,7 +4,7 @@
 block id (same group) before that block id was evicted again: "the publish that took its
 place". ``miss_attribution``: for each lookup miss on a hash that was cached before, the
 latest eviction of that hash (group 0) before the miss, joined to that eviction's row in
-evicted_blocks. ``span_stats``: spans and blocks per span name. ``latency_quantiles``:
+evicted_blocks. ``span_stats``: spans, blocks and the time extent per span name. ``latency_quantiles``:
 the exact quantile grid of TTFT, E2E, queue time and ITL. ``block_values``: value counts
 of block lifetime, idle time before eviction and prefix reuse gap. ``stale_chain``: the
 seq of every span naming a hash the worker found stale. ``evict_counts``: evicted blocks
@@ -156,7 +156,8 @@ FROM {evicted_blocks} GROUP BY ALL
 """
 
 SPAN_STATS_SELECT = """
-SELECT run_id, name, count(*) AS spans, CAST(sum(num_blocks) AS BIGINT) AS blocks
+SELECT run_id, name, count(*) AS spans, CAST(sum(num_blocks) AS BIGINT) AS blocks,
+       min(start_ns) AS start_ns, max(end_ns) AS end_ns
 FROM spans WHERE run_id = $run_id GROUP BY run_id, name
 """
 
@@ -178,7 +179,10 @@ CREATE TABLE IF NOT EXISTS miss_attribution (
     publish_seq BIGINT, publish_span_id VARCHAR, publish_ns BIGINT, publish_kind VARCHAR,
     publish_request_id VARCHAR
 )""",
-    "span_stats": "CREATE TABLE IF NOT EXISTS span_stats (run_id VARCHAR, name VARCHAR, spans BIGINT, blocks BIGINT)",
+    "span_stats": (
+        "CREATE TABLE IF NOT EXISTS span_stats (run_id VARCHAR, name VARCHAR, spans BIGINT, blocks BIGINT, "
+        "start_ns BIGINT, end_ns BIGINT)"  # the time extent: the default window without a scan
+    ),
     "latency_quantiles": (
         "CREATE TABLE IF NOT EXISTS latency_quantiles "
         "(run_id VARCHAR, metric VARCHAR, q DOUBLE, value_ns DOUBLE, n BIGINT)"

@@ -14,6 +14,7 @@ else by the same words. Each rule keeps the DuckDB answer:
   frames have DuckDB's types.
 - ``median`` is exact (``quantileExactInclusive``; ClickHouse's is sampled).
 - ``lag``/``lead`` see NULL past the edge (``toNullable``; ClickHouse gives 0).
+- ``TRY_CAST`` is ``accurateCastOrNull``; ``duckdb_tables()`` is ``system.tables``;
 - ``count(*) FILTER (WHERE c)`` is ``countIf(c)``; ``list_position`` is ``indexOf``;
   ``SEMI JOIN`` is ``LEFT SEMI JOIN``; ``range(N) AS t(r)`` in FROM is ``numbers(N)``;
   casts keep arrays non-Nullable (ClickHouse has no NULL array: NULL is ``[]``).
@@ -77,7 +78,9 @@ def _is_container(duck: str) -> bool:
 
 def _split_args(text: str) -> list[str]:
     """Top-level comma split (types nest parentheses)."""
-    out, depth, cur = [], 0, []
+    out: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in text:
         if ch == "," and depth == 0:
             out.append("".join(cur))
@@ -141,7 +144,6 @@ def _translate(sql: str, signature: tuple[tuple[str, str | None], ...]) -> str:
             raise KeyError(f"SQL names ${name} but no value is bound for it")
         ph.replace(exp.Null() if types[name] is None else exp.var(f"{{{name}:{types[name]}}}"))
     tree = tree.transform(_rewrite, copy=False)
-    _hoist_ctes(tree)
     for select in list(tree.find_all(exp.Select)):
         _unnest_to_array_join(select)
         _name_qualified_columns(select)
@@ -208,6 +210,13 @@ def _rewrite(node):
         return node
     if isinstance(node, exp.Table) and isinstance(node.this, exp.GenerateSeries):
         return _numbers_table(node)
+    if isinstance(node, exp.Table) and isinstance(node.this, exp.Anonymous) and node.this.name == "duckdb_tables":
+        import sqlglot
+
+        sub = sqlglot.parse_one("SELECT name AS table_name FROM system.tables WHERE database = currentDatabase()",
+                                read="clickhouse")
+        alias = node.args.get("alias") or exp.TableAlias(this=exp.to_identifier("duckdb_tables"))
+        return exp.Subquery(this=sub, alias=alias)
     return node
 
 
@@ -239,41 +248,6 @@ def _numbers_table(table):
     count = exp.Sub(this=end.copy(), expression=start.copy())
     numbers.replace(exp.Table(this=exp.Anonymous(this="numbers", expressions=[start.copy(), count])))
     return exp.Subquery(this=sub, alias=exp.TableAlias(this=exp.to_identifier(name)))
-
-
-def _hoist_ctes(tree) -> None:
-    """WITH inside a subquery -> the top WITH, just before the top-level CTE holding it,
-    each name made unique: ClickHouse loses track of a nested WITH's tables when the
-    CTE holding it is read twice (seen with the live miss attribution behind the Sankey
-    flows). Outermost first, until none is left."""
-    from sqlglot import exp
-
-    if not isinstance(tree, exp.Select):
-        return
-    n = 0
-    while True:
-        top = tree.args.get("with_")
-        nested = next((w for w in tree.find_all(exp.With) if w is not top), None)
-        if nested is None:
-            return
-        owner = nested.parent
-        renames = {cte.alias: f"_kv_w{n}_{cte.alias}" for cte in nested.expressions}
-        n += 1
-        for table in owner.find_all(exp.Table):
-            if not table.args.get("db") and table.name in renames:
-                if table.args.get("alias") is None:  # columns qualified by the old name still resolve
-                    table.set("alias", exp.TableAlias(this=exp.to_identifier(table.name)))
-                table.set("this", exp.to_identifier(renames[table.name]))
-        ctes = list(nested.expressions)
-        for cte in ctes:
-            cte.set("alias", exp.TableAlias(this=exp.to_identifier(renames[cte.alias])))
-        nested.pop()
-        holder = owner
-        while holder is not None and not (isinstance(holder, exp.CTE) and top is not None and holder.parent is top):
-            holder = holder.parent
-        listed = list(top.expressions) if top is not None else []
-        at = listed.index(holder) if holder is not None else len(listed)
-        tree.set("with_", exp.With(expressions=listed[:at] + ctes + listed[at:]))
 
 
 def _order_by_aliases(select):
@@ -363,8 +337,14 @@ def _generator_class():
         # non-Nullable, scalars Nullable: a cast may meet NULL)
         return clickhouse_type(dtype.sql("duckdb"))
 
+    def try_cast_sql(self, expression, safe_prefix=None):
+        # NULL where the value does not convert, as DuckDB's TRY_CAST
+        target = clickhouse_type(expression.to.sql("duckdb"), nullable=False)
+        return f"accurateCastOrNull({self.sql(expression, 'this')}, '{target}')"
+
     transforms = dict(base.TRANSFORMS)
     transforms[exp.Cast] = cast_sql
+    transforms[exp.TryCast] = try_cast_sql
     return type("KVTraceClickHouseGenerator", (base,), {"TRANSFORMS": transforms, "_ch_type": ch_type})
 
 

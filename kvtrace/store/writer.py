@@ -179,6 +179,8 @@ def _init_schema(con: duckdb.DuckDBPyConnection, path: str) -> None:
         con.execute(stmt)
     for stmt in derived.DDL:
         con.execute(stmt)
+    for col in ("start_ns", "end_ns"):  # span_stats of stores before the extent
+        con.execute(f"ALTER TABLE span_stats ADD COLUMN IF NOT EXISTS {col} BIGINT")
     con.execute(otel_traces_view_ddl())
     con.execute("COMMIT")
 

@@ -13,7 +13,7 @@ from kvtrace.dashboard import DB_ENV
 from kvtrace.store import read
 
 APP = str(Path(__file__).resolve().parents[2] / "kvtrace" / "dashboard" / "app.py")
-PAGES = ["overview", "hit_rate", "evictions", "stale", "latency", "compare"]
+PAGES = ["overview", "hit_rate", "evictions", "stale", "latency", "capacity", "compare"]
 
 
 def render(db: str, monkeypatch, page: str, run_id: str) -> AppTest:

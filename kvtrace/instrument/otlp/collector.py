@@ -181,7 +181,7 @@ class OTLPCollector:
         if run_id not in self._created_runs:
             return
         get = lambda key: record.get(f"{RUN_RECORD_PREFIX}{key}")
-        status = get("status") if get("status") in ("complete", "failed", "incomplete") else "complete"
+        status = str(get("status")) if get("status") in ("complete", "failed", "incomplete") else "complete"
         self.store.finish_run(run_id, status=status, digest=get("digest"), summary=get("summary"))
         self._created_runs.remove(run_id)
 

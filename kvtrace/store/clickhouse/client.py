@@ -107,11 +107,6 @@ class ClickHouseConnection:
         frame = self.ch_frame("SELECT name FROM system.tables WHERE database = currentDatabase()")
         return set(frame["name"].to_list())
 
-    def table_engine(self, name: str) -> str | None:
-        frame = self.ch_frame("SELECT engine FROM system.tables WHERE database = currentDatabase() AND name = {n:String}",
-                              {"n": name})
-        return frame["engine"][0] if frame.height else None
-
     def _run(self, sql: str, fmt: str, params: Mapping[str, Any] | None):
         from clickhouse_connect.driver.binding import bind_query
 

@@ -27,6 +27,8 @@ then a collected run reads as ``running``: its derived tables are computed on th
 
 from __future__ import annotations
 
+from typing import Any
+
 from kvtrace.store.backend import ClickHouseTarget
 from kvtrace.store.schema import (
     FAMILIES,
@@ -91,7 +93,7 @@ def _q(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-_RUN_ID = (f"if(ResourceAttributes['kvtrace.run.id'] != '', ResourceAttributes['kvtrace.run.id'], "
+_RUN_ID = ("if(ResourceAttributes['kvtrace.run.id'] != '', ResourceAttributes['kvtrace.run.id'], "
            "concat('otlp:', ServiceName))")
 _OFFSET = f"toInt64OrZero(ResourceAttributes[{_q(TIME_OFFSET_RESOURCE_KEY)}])"
 _HEX64 = "reinterpretAsUInt64(reverse(unhex({0})))"
@@ -240,7 +242,7 @@ def register_collected_runs(con) -> list[str]:
         f"FROM {COLLECTED_RUNS} AS c WHERE c.run_id NOT IN (SELECT run_id FROM runs) "
         "GROUP BY c.run_id ORDER BY c.run_id")
     if new.height:
-        rows = {c: [None] * new.height for c, _, _ in RUN_COLUMNS}
+        rows: dict[str, list[Any]] = {c: [None] * new.height for c, _, _ in RUN_COLUMNS}
         rows["run_id"] = new["run_id"].to_list()
         rows["name"] = [f"otlp {r}" for r in rows["run_id"]]
         rows["mode"] = ["otlp"] * new.height
@@ -255,8 +257,9 @@ def register_collected_runs(con) -> list[str]:
         "GROUP BY r.run_id ORDER BY r.run_id")
     finished = []
     for run_id, record in done.rows():
-        rec = dict(record)
-        get = lambda key: rec.get(f"{RUN_RECORD_PREFIX}{key}")
+        items = record.items() if isinstance(record, dict) else record  # polars' Map, or its list form
+        rec = {k.removeprefix(RUN_RECORD_PREFIX): v for k, v in items if k.startswith(RUN_RECORD_PREFIX)}
+        get = rec.get
         materialise(con, run_id)
         status = get("status") if get("status") in ("complete", "failed", "incomplete") else "complete"
         fields = {c: get(c) for c in ("name", "created", "trace_source", "trace_digest", "config", "behaviours",

@@ -18,6 +18,7 @@ import re
 from kvtrace.store import derived
 from kvtrace.store.dialect import _split_args, clickhouse_type
 from kvtrace.store.schema import (
+    CURVE_COLUMNS,
     FAMILIES,
     META_TABLE,
     NUM_BLOCKS_COLUMN,
@@ -134,11 +135,14 @@ RUNS_TABLE = "runs"
 
 
 def runs_ddl(table: str = RUNS_TABLE) -> str:
-    cols = ",\n    ".join(
-        f"`{name}` {'String' if name == 'run_id' else 'Int64 DEFAULT 0' if name == TIME_OFFSET_COLUMN else clickhouse_type(typ)}"
-        for name, typ, _ in RUN_COLUMNS
-    )
+    special = {"run_id": "String", TIME_OFFSET_COLUMN: "Int64 DEFAULT 0"}
+    cols = ",\n    ".join(f"`{name}` {special.get(name) or clickhouse_type(typ)}" for name, typ, _ in RUN_COLUMNS)
     return f"CREATE TABLE IF NOT EXISTS {table} (\n    {cols}\n) ENGINE = MergeTree ORDER BY run_id"
+
+
+def curves_ddl() -> str:
+    cols = ",\n    ".join(f"`{c}` {clickhouse_type(t)}" for c, t in CURVE_COLUMNS.items())
+    return f"CREATE TABLE IF NOT EXISTS curves (\n    {cols}\n) ENGINE = MergeTree ORDER BY tuple()"
 
 
 META_DDL = f"CREATE TABLE IF NOT EXISTS {META_TABLE} (key String, value String) ENGINE = MergeTree ORDER BY key"
@@ -161,5 +165,5 @@ def derived_ddl(table: str) -> str:
 
 def store_ddl() -> list[str]:
     """Every CREATE of a kvtrace store in ClickHouse, in order."""
-    return [META_DDL, runs_ddl(), *(span_table_ddl(t) for t in SPAN_TABLES),
+    return [META_DDL, runs_ddl(), curves_ddl(), *(span_table_ddl(t) for t in SPAN_TABLES),
             *(derived_ddl(t) for t in derived.TABLES), *span_views_ddl()]

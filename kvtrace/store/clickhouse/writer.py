@@ -24,10 +24,11 @@ import pyarrow.compute as pc
 from kvtrace.store import derived
 from kvtrace.store.backend import ClickHouseTarget, clickhouse_target
 from kvtrace.store.clickhouse import client, collector
-from kvtrace.store.clickhouse.schema import derived_columns, store_ddl
+from kvtrace.store.clickhouse.schema import column_type, derived_columns, store_ddl
 from kvtrace.store.errors import StoreError, UnknownRunError
 from kvtrace.store.liveness import host_name, process_start_token, writer_alive
 from kvtrace.store.schema import (
+    CURVE_COLUMNS,
     META_TABLE,
     RUN_COLUMNS,
     SCHEMA_VERSION,
@@ -62,6 +63,9 @@ def init_schema(con: client.ClickHouseConnection, target: ClickHouseTarget) -> N
                                        "write to a new database")
     for stmt in store_ddl():
         con.command(stmt)
+    for table in derived.TABLES:  # a store from before a derived column (span_stats' extent)
+        for col, duck in derived_columns(table):
+            con.command(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS `{col}` {column_type(col, duck)}")
     if version is None:
         con.insert_arrow(META_TABLE, pa.table({"key": ["magic", "schema_version"],
                                                "value": [STORE_MAGIC, str(SCHEMA_VERSION)]}))
@@ -171,6 +175,13 @@ class ClickHouseStore(Store):
         self._next_seq[run_id] = 0
         self._offsets[run_id] = int(time_offset_ns)
         return run_id
+
+    def record_curve(self, curve_id: str, points: list[dict[str, Any]]) -> None:
+        arrow = {"VARCHAR": pa.string(), "BIGINT": pa.int64()}
+        table = pa.table({c: pa.array([p.get(c) for p in points], arrow[kind]) for c, kind in CURVE_COLUMNS.items()})
+        with self._connect() as con:
+            con.command("DELETE FROM curves WHERE curve_id = {c:String}", {"c": curve_id})
+            con.insert_arrow("curves", table)
 
     def _update_run(self, con: client.ClickHouseConnection, run_id: str, status: str,
                     digest: str | None = None, summary: str | None = None) -> None:

@@ -22,7 +22,7 @@ import contextlib
 import enum
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 import duckdb
 import polars as pl
@@ -30,15 +30,12 @@ import polars as pl
 from kvtrace.store import derived
 from kvtrace.store.backend import is_clickhouse
 from kvtrace.store.connection import read_connection
-from kvtrace.store.errors import UnknownRunError
+from kvtrace.store.errors import StoreError, UnknownRunError
 
 DB = str | Path
 if TYPE_CHECKING:
     from kvtrace.store.clickhouse.client import ClickHouseConnection
-
-    Connection = duckdb.DuckDBPyConnection | ClickHouseConnection
-else:
-    Connection = duckdb.DuckDBPyConnection
+Connection: TypeAlias = "duckdb.DuckDBPyConnection | ClickHouseConnection"
 DEFAULT_WINDOWS = 200  # windows over a run when the caller gives no window_ns
 
 
@@ -109,16 +106,23 @@ def nice_window(span_ns: int, windows: int = DEFAULT_WINDOWS) -> int:
     return next(m * scale for m in (1, 2, 5, 10) if m * scale >= raw)
 
 
-def resolve_window(con: Connection, run_id: str, window_ns: int | None) -> int:
+def resolve_window(con: Connection, run_id: str, window_ns: int | None, status: str = "running") -> int:
     """``window_ns`` itself (it must be positive), or, for None, ``nice_window`` over the
-    run's time extent (first span start to last span end)."""
+    run's time extent (first span start to last span end: kept in span_stats for a
+    finished run, ``status`` other than running; scanned for a running one)."""
     if window_ns is not None:
         if window_ns <= 0:
             raise ValueError(f"window_ns must be positive, got {window_ns}")
         return int(window_ns)
-    extent = query(con, "SELECT min(start_ns) AS lo, max(end_ns) AS hi FROM spans WHERE run_id = $run_id",
-                   {"run_id": run_id})
-    lo, hi = extent.row(0)
+    lo = hi = None
+    if status != "running":  # the extent finish_run kept (NULL in a store from before it)
+        with contextlib.suppress(duckdb.Error, StoreError):
+            lo, hi = query(con, "SELECT min(start_ns) AS lo, max(end_ns) AS hi FROM span_stats WHERE run_id = $run_id",
+                           {"run_id": run_id}).row(0)
+    if lo is None or hi is None:
+        extent = query(con, "SELECT min(start_ns) AS lo, max(end_ns) AS hi FROM spans WHERE run_id = $run_id",
+                       {"run_id": run_id})
+        lo, hi = extent.row(0)
     return nice_window(0 if lo is None or hi is None else hi - lo)
 
 
@@ -147,5 +151,5 @@ def with_run(
     with open_run(db, run_id) as (con, status):
         bound = {"run_id": run_id, **(params or {})}
         if window_ns is not NO_WINDOW:
-            bound["w"] = resolve_window(con, run_id, window_ns)
+            bound["w"] = resolve_window(con, run_id, window_ns, status)
         return query(con, build if isinstance(build, str) else build(status), bound)
