@@ -57,6 +57,13 @@ Crash safety
     its derived tables). ``with Store.open(p) as s:`` flushes and marks its unfinished
     runs ``failed`` on an exception, Ctrl-C included; ``close()`` marks them ``incomplete``.
 
+Backends (``backend.py``): ``--db`` is a DuckDB file, ``chdb:DIR`` (embedded ClickHouse)
+    or ``clickhouse://user:pass@host:8123/db``. ClickHouse stores (``clickhouse/``) have
+    the same tables and views, DDL derived from ``schema.py``, span times stored shifted
+    by the run's ``time_offset_ns`` (views subtract it), and materialised views from the
+    OpenTelemetry Collector's ``otel_traces``; the shared DuckDB-spelled SQL is rewritten
+    for them by ``dialect.py``.
+
 Read API (``read/``): ``f(db_path, run_id, ...) -> polars.DataFrame``, values bound as
 parameters; ``read/__init__.py`` lists the functions, ``read/_sql.py`` runs every query.
 Errors: ``StoreError`` (a ``KVTraceError``) naming the file for a missing, corrupt, foreign

@@ -15,7 +15,8 @@ else by the same words. Each rule keeps the DuckDB answer:
 - ``median`` is exact (``quantileExactInclusive``; ClickHouse's is sampled).
 - ``lag``/``lead`` see NULL past the edge (``toNullable``; ClickHouse gives 0).
 - ``TRY_CAST`` is ``accurateCastOrNull``; ``duckdb_tables()`` is ``system.tables``;
-- ``count(*) FILTER (WHERE c)`` is ``countIf(c)``; ``list_position`` is ``indexOf``;
+- ``count(*) FILTER (WHERE c)`` is ``countIf(c)``; ``list_position`` is ``indexOf``
+  (NULL when absent), ``list_contains`` a Bool ``has``;
   ``SEMI JOIN`` is ``LEFT SEMI JOIN``; ``range(N) AS t(r)`` in FROM is ``numbers(N)``;
   casts keep arrays non-Nullable (ClickHouse has no NULL array: NULL is ``[]``).
 
@@ -204,7 +205,12 @@ def _rewrite(node):
     if isinstance(node, exp.ArrayPosition) or (isinstance(node, exp.Anonymous)
                                                  and node.name.lower() == "list_position"):
         args = [node.this, node.expression] if not isinstance(node, exp.Anonymous) else node.expressions
-        return exp.Anonymous(this="indexOf", expressions=[_t(a) for a in args])
+        found = exp.Anonymous(this="indexOf", expressions=[_t(a) for a in args])  # 0 when absent
+        return exp.Anonymous(this="CAST", expressions=[exp.Anonymous(this="nullIf", expressions=[
+            found, exp.Literal.number(0)]), exp.Literal.string("Nullable(Int32)")])
+    if isinstance(node, exp.ArrayContains):  # has() is UInt8; list_contains a BOOLEAN
+        return exp.Anonymous(this="toBool", expressions=[exp.Anonymous(this="has", expressions=[
+            _t(node.this), _t(node.expression)])])
     if isinstance(node, exp.Join) and (node.args.get("kind") or "").upper() == "SEMI" and not node.side:
         node.set("side", "LEFT")
         return node
