@@ -71,6 +71,7 @@ or busy database; ``UnknownRunError`` for a bad run id.
 """
 
 from kvtrace.store import read  # noqa: F401
+from kvtrace.store.clickhouse import writer as _clickhouse_writer  # noqa: F401  (registers its Store)
 from kvtrace.store.errors import StoreBusyError, StoreError, UnknownRunError  # noqa: F401
 from kvtrace.store.export import export_parquet  # noqa: F401
 from kvtrace.store.schema import (  # noqa: F401

@@ -56,6 +56,9 @@ from kvtrace.store.schema import (
     span_tables_ddl,
 )
 
+# Store subclasses of other backends, registered by their module (kvtrace.store imports
+# kvtrace.store.clickhouse.writer): Store.open picks one by the --db form.
+BACKENDS: dict[str, type[Store]] = {}
 DEFAULT_FLUSH_ROWS = 262_144  # fewer, larger DuckDB transactions: ~2x the insert rate of 64k
 DEFAULT_FLUSH_INTERVAL_S = 1.0
 
@@ -232,10 +235,8 @@ class Store:
     ) -> Store:
         """Create or open a store; mark runs left ``running`` by dead writers ``incomplete``."""
         if cls is Store and is_clickhouse(path):  # chdb:PATH or clickhouse://...
-            from kvtrace.store.clickhouse.writer import ClickHouseStore
-
-            return ClickHouseStore.open(path, flush_rows=flush_rows, flush_interval_s=flush_interval_s,
-                                        lock_timeout_s=lock_timeout_s)
+            return BACKENDS["clickhouse"].open(path, flush_rows=flush_rows, flush_interval_s=flush_interval_s,
+                                               lock_timeout_s=lock_timeout_s)
         store = cls(path, flush_rows=flush_rows, flush_interval_s=flush_interval_s, lock_timeout_s=lock_timeout_s)
         store._setup()
         return store

@@ -234,7 +234,7 @@ def register_collected_runs(con) -> list[str]:
     status, digest and summary. Returns the runs finished here."""
     import pyarrow as pa
 
-    from kvtrace.store.clickhouse.writer import materialise
+    from kvtrace.store.clickhouse.tables import materialise
     from kvtrace.store.schema import RUN_COLUMNS
 
     new = con.ch_frame(

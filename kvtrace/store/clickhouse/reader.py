@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 from kvtrace.store.backend import clickhouse_target
 from kvtrace.store.clickhouse import client
-from kvtrace.store.clickhouse.writer import check_meta
+from kvtrace.store.clickhouse.tables import check_meta
 from kvtrace.store.connection import DEFAULT_TIMEOUT_S
 from kvtrace.store.errors import StoreError
 

@@ -25,6 +25,7 @@ from kvtrace.store import derived
 from kvtrace.store.backend import ClickHouseTarget, clickhouse_target
 from kvtrace.store.clickhouse import client, collector
 from kvtrace.store.clickhouse.schema import column_type, derived_columns, store_ddl
+from kvtrace.store.clickhouse.tables import check_meta, materialise
 from kvtrace.store.errors import StoreError, UnknownRunError
 from kvtrace.store.liveness import host_name, process_start_token, writer_alive
 from kvtrace.store.schema import (
@@ -36,23 +37,9 @@ from kvtrace.store.schema import (
     STORE_MAGIC,
     TIME_OFFSET_COLUMN,
 )
-from kvtrace.store.writer import Store, _json_or_none
+from kvtrace.store.writer import BACKENDS, Store, _json_or_none
 
 _RUN_TYPES = {"INTEGER": pa.int32(), "BIGINT": pa.int64()}
-
-
-def check_meta(con: client.ClickHouseConnection, label: str) -> int | None:
-    """The store's schema version, None for a database without kvtrace's tables; StoreError
-    for one that is another program's or too new."""
-    if META_TABLE not in con.table_names():
-        return None
-    meta = dict(con.ch_frame(f"SELECT key, value FROM {META_TABLE}").rows())
-    if meta.get("magic") != STORE_MAGIC:
-        raise StoreError(label, f"not a kvtrace store ({META_TABLE}.magic is {meta.get('magic')!r})")
-    version = int(meta.get("schema_version", "0"))
-    if version > SCHEMA_VERSION:
-        raise StoreError(label, f"store schema version {version} is newer than this kvtrace ({SCHEMA_VERSION})")
-    return version
 
 
 def init_schema(con: client.ClickHouseConnection, target: ClickHouseTarget) -> None:
@@ -70,33 +57,6 @@ def init_schema(con: client.ClickHouseConnection, target: ClickHouseTarget) -> N
         con.insert_arrow(META_TABLE, pa.table({"key": ["magic", "schema_version"],
                                                "value": [STORE_MAGIC, str(SCHEMA_VERSION)]}))
     collector.attach(con, target)
-
-
-def materialise(con: client.ClickHouseConnection, run_id: str) -> None:
-    """(Re)build one run's derived rows server-side, from the SQL the DuckDB store runs."""
-    params = {"run_id": run_id}
-    for table in derived.TABLES:
-        con.command(f"DELETE FROM {table} WHERE run_id = {{run_id:String}}", params)
-    own = "(SELECT * FROM evicted_blocks WHERE run_id = $run_id)"
-    selects = {
-        "evicted_blocks": derived.EVICTED_BLOCKS_SELECT,
-        "miss_attribution": derived.MISS_ATTRIBUTION_TEMPLATE.format(evicted_blocks=own),
-        "block_values": derived.BLOCK_VALUES_TEMPLATE.format(evicted_blocks=own),
-        "evict_counts": derived.EVICT_COUNTS_TEMPLATE.format(evicted_blocks=own),
-        "span_stats": derived.SPAN_STATS_SELECT,
-        "stale_chain": derived.STALE_CHAIN_SELECT,
-        "latency_quantiles": derived.LATENCY_QUANTILES_SELECT,
-    }
-    for table in derived.TABLES:  # evicted_blocks first: the others read it
-        cols = ", ".join(c for c, _ in derived_columns(table))
-        sql, bound = _translated(f"SELECT {cols} FROM ({selects[table]})", params)
-        con.command(f"INSERT INTO {table} ({cols}) {sql}", bound)
-
-
-def _translated(sql: str, params: dict) -> tuple[str, dict]:
-    from kvtrace.store import dialect
-
-    return dialect.to_clickhouse(sql, params)
 
 
 def _shift(rows: pa.Table, offset: int) -> pa.Table:
@@ -233,3 +193,6 @@ class ClickHouseStore(Store):
                 rows = rows.append_column("run_id", pa.repeat(pa.scalar(run_id, pa.string()), n))
                 rows = rows.append_column(TIME_OFFSET_COLUMN, pa.repeat(pa.scalar(offset, pa.int64()), n))
                 con.insert_arrow(family, rows)
+
+
+BACKENDS["clickhouse"] = ClickHouseStore  # Store.open(chdb:... or clickhouse://...) opens one

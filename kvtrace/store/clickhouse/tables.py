@@ -1,0 +1,45 @@
+"""A ClickHouse kvtrace store's bookkeeping: is it one (``check_meta``), and a run's
+derived tables, rebuilt server-side from the SQL the DuckDB store runs (``materialise``)."""
+
+from __future__ import annotations
+
+from kvtrace.store import derived, dialect
+from kvtrace.store.clickhouse import client
+from kvtrace.store.clickhouse.schema import derived_columns
+from kvtrace.store.errors import StoreError
+from kvtrace.store.schema import META_TABLE, SCHEMA_VERSION, STORE_MAGIC
+
+
+def check_meta(con: client.ClickHouseConnection, label: str) -> int | None:
+    """The store's schema version, None for a database without kvtrace's tables; StoreError
+    for one that is another program's or too new."""
+    if META_TABLE not in con.table_names():
+        return None
+    meta = dict(con.ch_frame(f"SELECT key, value FROM {META_TABLE}").rows())
+    if meta.get("magic") != STORE_MAGIC:
+        raise StoreError(label, f"not a kvtrace store ({META_TABLE}.magic is {meta.get('magic')!r})")
+    version = int(meta.get("schema_version", "0"))
+    if version > SCHEMA_VERSION:
+        raise StoreError(label, f"store schema version {version} is newer than this kvtrace ({SCHEMA_VERSION})")
+    return version
+
+
+def materialise(con: client.ClickHouseConnection, run_id: str) -> None:
+    """(Re)build one run's derived rows server-side, from the SQL the DuckDB store runs."""
+    params = {"run_id": run_id}
+    for table in derived.TABLES:
+        con.command(f"DELETE FROM {table} WHERE run_id = {{run_id:String}}", params)
+    own = "(SELECT * FROM evicted_blocks WHERE run_id = $run_id)"
+    selects = {
+        "evicted_blocks": derived.EVICTED_BLOCKS_SELECT,
+        "miss_attribution": derived.MISS_ATTRIBUTION_TEMPLATE.format(evicted_blocks=own),
+        "block_values": derived.BLOCK_VALUES_TEMPLATE.format(evicted_blocks=own),
+        "evict_counts": derived.EVICT_COUNTS_TEMPLATE.format(evicted_blocks=own),
+        "span_stats": derived.SPAN_STATS_SELECT,
+        "stale_chain": derived.STALE_CHAIN_SELECT,
+        "latency_quantiles": derived.LATENCY_QUANTILES_SELECT,
+    }
+    for table in derived.TABLES:  # evicted_blocks first: the others read it
+        cols = ", ".join(c for c, _ in derived_columns(table))
+        sql, bound = dialect.to_clickhouse(f"SELECT {cols} FROM ({selects[table]})", params)
+        con.command(f"INSERT INTO {table} ({cols}) {sql}", bound)
