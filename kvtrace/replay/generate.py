@@ -197,8 +197,9 @@ def _study_external_cow(w: _Workload, num_requests: int, g: "_Geometry",
     per = mbs // hbs
     t, i, fam = 0.0, 0, 0
     while i < num_requests:
-        # the parent's prompt ends on a hash boundary one hash block into a Mamba block
-        parent = w.tokens(mbs * _uniform_int(rng, _blocks_for(512, mbs), _blocks_for(2048, mbs)) + hbs)
+        # the parent's prompt tail, (num_prompt_tokens - 1) // hash * hash, lies one hash
+        # block into a Mamba block (its last token is recomputed by a resend)
+        parent = w.tokens(mbs * _uniform_int(rng, _blocks_for(512, mbs), _blocks_for(2048, mbs)) + hbs + 1)
         t += 1.0
         w.add(t, f"fam{fam}-parent", f"fam{fam}", parent, _uniform_int(rng, 8, 16))
         i += 1
@@ -208,9 +209,9 @@ def _study_external_cow(w: _Workload, num_requests: int, g: "_Geometry",
             w.add(t, f"fam{fam}-fill{f}", None, filler, 8)
             i += 1
         for c in range(min(children_per_family, num_requests - i)):
-            # d > one hash block so a tail hash boundary lies past E, d % hash block != 0
-            # so the prompt continues past it, and E + d stays inside the same Mamba block
-            d = hbs * _uniform_int(rng, 1, per - 2) + _uniform_int(rng, 1, hbs - 1)
+            # d > one hash block so a tail hash boundary lies past E, (E + d) % hash block
+            # != 0 so the prompt continues past it, and E + d stays inside the same Mamba block
+            d = hbs * _uniform_int(rng, 1, per - 2) + _uniform_int(rng, 1, hbs - 2)
             t += 1.0
             child = np.concatenate([parent, w.tokens(d)])
             w.add(t, f"fam{fam}-child{c}", f"fam{fam}", child, _uniform_int(rng, 8, 16))

@@ -88,7 +88,7 @@ class MambaRequestState:
     * ``num_retired`` slots at the front have been freed for good.
     """
 
-    __slots__ = ("allocated", "checkpoint", "handed_out", "last_state_block_idx", "num_retired")
+    __slots__ = ("allocated", "checkpoint", "handed_out", "last_state_block_idx", "num_retired", "unmarked")
 
     def __init__(self) -> None:
         self.allocated = False
@@ -96,6 +96,7 @@ class MambaRequestState:
         self.last_state_block_idx: int | None = None
         self.checkpoint: tuple[int, int] | None = None
         self.num_retired = 0
+        self.unmarked = False  # left unallocated by an allocation needing no block (fix switched off)
 
 
 class MambaManager(SingleTypeManager):
@@ -274,7 +275,7 @@ class MambaManager(SingleTypeManager):
             if self.ctx.external_hit_running_cow:
                 st.allocated = True
             elif not st.allocated:
-                self.ctx.old_behaviour(EXTERNAL_HIT_RUNNING_COW, rid)
+                st.unmarked = True  # the old behaviour; it shows when a partial-tail copy follows
             return []
         prev_len = len(table)
         allocated = st.allocated
@@ -303,6 +304,8 @@ class MambaManager(SingleTypeManager):
                 assert table[idx] is src
                 self._swap_in_running_copy(rid, src, dst)
             else:
+                if st.unmarked:
+                    self.ctx.old_behaviour(EXTERNAL_HIT_RUNNING_COW, rid)
                 if st.handed_out:
                     # First-prefill branch on a request the worker already runs: the
                     # worker will append the copy and keep writing the old block, which
