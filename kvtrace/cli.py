@@ -86,6 +86,48 @@ def replay(
 
 
 @app.command()
+def conformance(
+    trace: str = typer.Argument(..., help="Trace file, or gen:NAME for a generated workload."),
+    preset: Optional[str] = typer.Option(None, help="Engine/cache preset (default kimi-hybrid)."),
+    config: Optional[Path] = typer.Option(None, "--config", help="TOML config overriding the preset."),
+    fmt: Optional[str] = typer.Option(None, "--format", help="mooncake | bailian | weka | azure | native (default: detect)"),
+    block_size: Optional[int] = typer.Option(None, help="Tokens per KV block (every group)."),
+    capacity_blocks: list[int] = typer.Option(
+        [], "--capacity-blocks",
+        help="The block pool as vLLM counts it (num_gpu_blocks, the null block included), shared by every KV cache "
+             "group; repeatable: one comparison per size."),
+    retention: Optional[str] = typer.Option(None, help="Retention interval: none | 0 | K (tokens)."),
+    external_blocks: Optional[int] = typer.Option(
+        None, help="kvtrace's external tier of N blocks, playing the KV connector for both managers."),
+    without: list[str] = typer.Option([], "--without", help="Switch a behaviour off in kvtrace (repeatable)."),
+    concurrency: int = typer.Option(8, help="Requests in the system at once (running + waiting)."),
+    max_output_tokens: int = typer.Option(4, help="Decode steps per request at most (the trace's output length "
+                                                  "otherwise)."),
+    limit: Optional[int] = typer.Option(None, help="Compare only the first N requests."),
+    seed: int = typer.Option(0, help="Seed for generated workloads."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of the report."),
+):
+    """Drive kvtrace's cache manager and vLLM's own (0.33.0) with the same requests and
+    compare them request by request; exit 1 on any disagreement, 2 without vLLM."""
+    from kvtrace.replay.conformance import ConformanceSpec, format_report, run_conformance
+
+    spec = ConformanceSpec(
+        str(trace), preset=preset, config_file=str(config) if config else None, trace_format=fmt,
+        block_size=block_size, capacity_blocks=tuple(capacity_blocks) or (None,), retention=retention,
+        without=tuple(without), limit=limit, concurrency=concurrency, max_output_tokens=max_output_tokens,
+        external_capacity_blocks=external_blocks, seed=seed,
+    )
+    result = run_conformance(spec)
+    if as_json:
+        typer.echo(json.dumps(result.as_dict(), sort_keys=True))
+    else:
+        for line in format_report(result):
+            typer.echo(line)
+    if not result.agree:
+        raise typer.Exit(1)
+
+
+@app.command()
 def generate(
     workload: str = typer.Argument("mixed", help="chat | agent | mixed | study-<behaviour>"),
     out: Path = typer.Option(..., "--out", "-o", help="Output trace file."),

@@ -101,7 +101,8 @@ class VllmKVCacheManager:
                     max_tokens: int = 16) -> Request:
         """A kvtrace ``Request`` and its vLLM twin; the kvtrace request shares the twin's
         block hashes (one list, which the twin extends as output tokens arrive)."""
-        tokens = [int(t) for t in prompt_token_ids]
+        tokens = (prompt_token_ids.tolist() if isinstance(prompt_token_ids, np.ndarray)
+                  else [int(t) for t in prompt_token_ids])
         twin = self.api.Request(request_id=request_id, prompt_token_ids=tokens,
                                 sampling_params=self.api.SamplingParams(max_tokens=max(max_tokens, 1)),
                                 pooling_params=None, block_hasher=self._hasher)
