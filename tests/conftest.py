@@ -42,3 +42,14 @@ def replayed_store(tmp_path_factory) -> ReplayedStore:
         db=db,
     )
     return ReplayedStore(str(db), on.run_id, off.run_id, on.summary, off.summary)
+
+
+@pytest.fixture(scope="session")
+def vllm_api():
+    """vLLM 0.33's scheduler-side API, imported once for the whole session (10-25 s).
+
+    The suite requires vLLM (``make test`` installs it with ``make vllm``): a missing or
+    wrong install fails here with the one-line reason instead of skipping."""
+    from kvtrace.engine.backends.vllm import load_vllm
+
+    return load_vllm()

@@ -163,3 +163,27 @@ def test_no_import_cycles():
         if v not in index:
             connect(v)
     assert not cycles, f"import cycles (type-only imports included): {cycles}"
+
+
+VLLM_HOME = "kvtrace.engine.backends.vllm"
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(ROOT.parent)))
+def test_only_the_vllm_backend_imports_vllm(path):
+    """vLLM is optional (``make vllm``): one package of kvtrace may import it, and nothing
+    outside that package imports the package at module level (so ``import kvtrace.engine``
+    and the CLI's start never load vLLM)."""
+    me = _module_name(path)
+    inside = me == VLLM_HOME or me.startswith(VLLM_HOME + ".")
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    bad = []
+    for mod, line in _imports(path):
+        if mod.split(".")[0] == "vllm" and not inside:
+            bad.append(f"line {line}: imports {mod}; only {VLLM_HOME} may import vllm")
+    if not inside:
+        for node in tree.body:  # module level only: a function may import the backend when called
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                if any(n == VLLM_HOME or n.startswith(VLLM_HOME + ".") for n in names):
+                    bad.append(f"line {node.lineno}: imports {VLLM_HOME} at module level")
+    assert not bad, f"{path.relative_to(ROOT.parent)}:\n  " + "\n  ".join(bad)

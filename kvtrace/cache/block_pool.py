@@ -1,21 +1,32 @@
-"""Block pool of one KV cache group: null block, free queue (``blocks``), hash map.
+"""The block pool: null block, one free queue (``blocks``), a hash map per KV cache group.
 
-After vLLM's ``BlockPool``:
+After vLLM's ``BlockPool``, which the coordinator builds once
+(``BlockPool(num_gpu_blocks=kv_cache_config.num_blocks)``) and shares among every
+KV cache group's manager:
 
-* block 0 is the null block: a placeholder in block tables, never cached or freed;
-* free blocks sit in an intrusive doubly linked queue. ``get_new_blocks`` pops the head
-  and evicts whatever keys the popped block still carries (an ``lru`` eviction);
+* block ids are unique across groups; block 0 is the null block, a placeholder in
+  block tables that is never cached or freed, so ``num_blocks - 1`` blocks are usable;
+* free blocks of every group sit in one intrusive doubly linked queue, so attention
+  blocks and Mamba states compete in one LRU. ``get_new_blocks`` pops the head and
+  evicts whatever keys the popped block still carries (an ``lru`` eviction);
 * ``free_blocks`` drops ``ref_cnt``; at 0 an unhashed block goes to the head (quick
-  reuse), a hashed one to the tail (LRU order). Requests free in reverse order, so a
-  request's tail blocks are evicted before its prefix;
+  reuse; several keep their order, as vLLM's ``prepend_n``), a hashed one to the tail
+  (LRU order). Requests free in reverse order, so a request's tail blocks are evicted
+  before its prefix;
 * a hit on a block with ``ref_cnt == 0`` removes it from the queue (``touch``);
-* the hash map may hold duplicates (one key -> several blocks); a block carries one
-  primary key and optional aliases (partial keys at a hash boundary inside it);
-* keys published in the current step are not hittable until ``new_step_starts``
-  (content is written by the forward pass that follows the allocation).
+* the cache key is (hash, group id). It is kept as one hash map per group
+  (``cached[group_id]``, hash -> block), and each block remembers the group it serves
+  (``KVCacheBlock.group_id``): all of a block's keys live in that group's map;
+* a map may hold duplicates (one key -> several blocks, a dict by block id); a block
+  carries one primary key and optional aliases (partial keys at a hash boundary inside
+  it), as vLLM's ``cached_block_hashes_by_block``.
 
-Keys are per group (each group has its own pool and block id space), so a key here is
-the hash alone; globally it is (hash, group id).
+Keys are hittable as soon as they are published (vLLM publishes at schedule time; the
+forward pass that follows writes the content). The one exception, a Mamba state
+published in the current step, is the Mamba manager's rule (``cached_blocks_this_step``).
+
+A pool may also serve a single group (``CacheConfig.num_gpu_blocks`` given per group:
+separate pools, as SGLang keeps its Mamba states apart); the code is the same.
 """
 
 from __future__ import annotations
@@ -24,83 +35,100 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from kvtrace.cache.blocks import FreeKVCacheBlockQueue, KVCacheBlock
-from kvtrace.cache.events import EVICT_LRU, EVICT_REPLACED, EVICT_RESET, BlockEvicted, BlockPublished
+from kvtrace.cache.events import (
+    EVICT_LRU,
+    EVICT_MOVED,
+    EVICT_REPLACED,
+    EVICT_RESET,
+    PUBLISH_MOVED,
+    BlockEvicted,
+    BlockPublished,
+)
 from kvtrace.cache.hashing import BlockHash
 from kvtrace.cache.sink import EventSink
 
 if TYPE_CHECKING:
     from kvtrace.cache.external import ExternalTier
 
+HashMap = dict[BlockHash, "KVCacheBlock | dict[int, KVCacheBlock]"]
+
 
 class BlockPool:
-    """Blocks, free queue and hash map of one group. Emits events into ``sink``."""
+    """Blocks, the free queue and the per-group hash maps. Emits events into ``sink``.
 
-    def __init__(self, num_blocks: int, group_id: int, sink: EventSink):
-        self.group_id = group_id
+    Args:
+        num_blocks: blocks in the pool, the null block included (vLLM's ``num_gpu_blocks``).
+        sink: the manager's event buffer and counters.
+        num_groups: KV cache groups whose keys this pool can hold (one map each).
+    """
+
+    def __init__(self, num_blocks: int, sink: EventSink, num_groups: int = 1):
         self.num_blocks = num_blocks
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         self.null_block = self.blocks[0]
         self.null_block.is_null = True
         self.null_block.ref_cnt = 1  # never reaches the free queue
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks[1:])
-        self.cached: dict[BlockHash, KVCacheBlock | dict[int, KVCacheBlock]] = {}
-        self.step = sink.step
+        # One hash map per group; the maps are never rebound (managers keep references).
+        self.cached: list[HashMap] = [{} for _ in range(num_groups)]
+        # Blocks each group holds (ref_cnt > 0): usage per group, summing to the pool's.
+        self.num_used: list[int] = [0] * num_groups
         self.sink = sink
         self.external: ExternalTier | None = None  # write-through second tier
 
     # -- lookups ------------------------------------------------------------------
-    def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
-        """Any block carrying ``block_hash`` (ignores same-step deferral)."""
-        v = self.cached.get(block_hash)
+    def get_cached_block(self, block_hash: BlockHash, group_id: int) -> KVCacheBlock | None:
+        """Any block carrying (``block_hash``, ``group_id``); with duplicates, the first."""
+        v = self.cached[group_id].get(block_hash)
         if v is None or type(v) is KVCacheBlock:
             return v
         return next(iter(v.values()))
 
-    def get_cached_blocks(self, block_hash: BlockHash) -> list[KVCacheBlock]:
-        v = self.cached.get(block_hash)
+    def get_cached_blocks(self, block_hash: BlockHash, group_id: int) -> list[KVCacheBlock]:
+        """Every block carrying (``block_hash``, ``group_id``)."""
+        v = self.cached[group_id].get(block_hash)
         if v is None:
             return []
         return [v] if type(v) is KVCacheBlock else list(v.values())
 
-    def lookup_for_hit(self, block_hash: BlockHash) -> KVCacheBlock | None:
-        """A block usable for a hit now: keys published this step must wait a step."""
-        v = self.cached.get(block_hash)
+    def holds_key(self, block_hash: BlockHash, b: KVCacheBlock) -> bool:
+        """Whether ``b`` is one of the blocks keyed by ``block_hash`` (in its group)."""
+        v = self.cached[b.group_id].get(block_hash) if b.group_id >= 0 else None
         if v is None:
-            return None
-        step = self.step
-        if type(v) is KVCacheBlock:
-            return v if v.published_step != step else None
-        for b in v.values():
-            if b.published_step != step:
-                return b
-        return None
+            return False
+        return v is b if type(v) is KVCacheBlock else b.block_id in v
 
     # -- allocation ---------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
         return self.free_block_queue.num_free_blocks
 
-    def get_new_blocks(self, n: int, request_id: str | None = None) -> list[KVCacheBlock]:
-        """Pop ``n`` blocks from the queue head; evict the keys they still carry."""
-        out, evicted = self._pop_evicting(n, request_id)
-        if evicted is not None:
-            self.sink.events.append(evicted)
+    def get_new_blocks(self, n: int, group_id: int, request_id: str | None = None) -> list[KVCacheBlock]:
+        """Pop ``n`` blocks from the queue head for ``group_id``; evict the keys they still carry."""
+        out, evicted = self._pop_evicting(n, group_id, request_id)
+        if evicted:
+            self.sink.events.extend(evicted)
         return out
 
-    def _pop_evicting(self, n: int, request_id: str | None) -> tuple[list[KVCacheBlock], BlockEvicted | None]:
-        """Pop ``n`` blocks (ref_cnt 1), drop their keys and count those as LRU evictions.
+    def _pop_evicting(
+        self, n: int, group_id: int, request_id: str | None
+    ) -> tuple[list[KVCacheBlock], list[BlockEvicted] | None]:
+        """Pop ``n`` blocks (ref_cnt 1, now serving ``group_id``), drop their keys and
+        count those as LRU evictions.
 
-        Returns the blocks and, when events are on, the eviction event, built before the
-        caller re-keys the blocks (it reports their old publish and use steps).
+        Returns the blocks and, when events are on, the eviction events (one per group
+        whose keys went), built before the caller re-keys the blocks (they report the
+        old publish and use steps).
         """
         q = self.free_block_queue
         if n > q.num_free_blocks:
-            raise ValueError(f"group {self.group_id}: need {n} blocks, {q.num_free_blocks} free")
-        cached = self.cached
+            raise ValueError(f"group {group_id}: need {n} blocks, {q.num_free_blocks} free")
+        maps = self.cached
         out = []
         append = out.append
-        ev_blocks = []  # the holder of each evicted key (a block with aliases holds several)
-        ev_hashes = []
+        ev_blocks: list[KVCacheBlock] = []  # the holder of each evicted key (a block with aliases holds several)
+        ev_hashes: list[BlockHash] = []
+        ev_groups: list[int] = []  # the group each evicted key belonged to
         b = q.head
         for _ in range(n):
             b = b.next_free
@@ -108,23 +136,29 @@ class BlockPool:
             append(b)
             h = b.block_hash
             if h is not None:
+                g = b.group_id
+                cached = maps[g]
                 v = cached.pop(h, None) if b.aliases is None else None
                 if v is b:  # the common case: the block is the key's only holder
                     b.block_hash = None
                     ev_blocks.append(b)
                     ev_hashes.append(h)
+                    ev_groups.append(g)
                 else:
                     if v is not None:
                         cached[h] = v  # a duplicates map: put it back, remove b from it below
                     for kh, _nt in b.keys():
                         ev_blocks.append(b)
                         ev_hashes.append(kh)
+                        ev_groups.append(g)
                     self._drop_keys(b)
+            b.group_id = group_id
         # unlink the popped run in one go (popped blocks keep stale links; unused)
         nxt = b.next_free
         q.head.next_free = nxt
         nxt.prev_free = q.head
         q.num_free_blocks -= n
+        self.num_used[group_id] += n
         if not ev_blocks:
             return out, None
         sink = self.sink
@@ -132,25 +166,42 @@ class BlockPool:
         sink.evictions_by_reason[EVICT_LRU] += len(ev_blocks)
         if not sink.enabled:
             return out, None
-        step = sink.step
-        return out, BlockEvicted(
-            step, self.group_id, EVICT_LRU, tuple([b.block_id for b in ev_blocks]), tuple(ev_hashes),
-            tuple([step - b.published_step for b in ev_blocks]),
-            tuple([step - b.last_used_step for b in ev_blocks]), request_id,
-        )
+        return out, self._eviction_events(ev_blocks, ev_hashes, ev_groups, request_id)
+
+    def _eviction_events(self, ev_blocks: list[KVCacheBlock], ev_hashes: list[BlockHash], groups: list[int],
+                         request_id: str | None) -> list[BlockEvicted]:
+        """One LRU eviction event per group whose keys were evicted (in order of first
+        eviction); ``groups[i]`` is the group ``ev_hashes[i]`` was keyed in."""
+        step = self.sink.step
+        if groups.count(groups[0]) == len(groups):
+            parts = [(groups[0], ev_blocks, ev_hashes)]
+        else:
+            by_group: dict[int, tuple[list[KVCacheBlock], list[BlockHash]]] = {}
+            for g, b, h in zip(groups, ev_blocks, ev_hashes):
+                bs, hs = by_group.setdefault(g, ([], []))
+                bs.append(b)
+                hs.append(h)
+            parts = [(g, bs, hs) for g, (bs, hs) in by_group.items()]
+        return [
+            BlockEvicted(step, g, EVICT_LRU, tuple([b.block_id for b in bs]), tuple(hs),
+                         tuple([step - b.published_step for b in bs]),
+                         tuple([step - b.last_used_step for b in bs]), request_id)
+            for g, bs, hs in parts
+        ]
 
     def get_new_blocks_and_cache(
-        self, n: int, request_id: str, block_hashes: list[BlockHash], first_index: int, num_full: int, block_size: int
+        self, n: int, group_id: int, request_id: str, block_hashes: list[BlockHash], first_index: int,
+        num_full: int, block_size: int,
     ) -> list[KVCacheBlock]:
         """``get_new_blocks(n)`` for table slots first_index.. and key those below ``num_full``.
 
         One call instead of allocate-then-``cache_full_blocks`` for the common case of a
         request whose earlier blocks are all keyed (the full-attention fast path).
         """
-        out, evicted = self._pop_evicting(n, request_id)
+        out, evicted = self._pop_evicting(n, group_id, request_id)
         sink = self.sink
         step = sink.step
-        cached = self.cached
+        cached = self.cached[group_id]
         # key the new blocks (the evictions above recorded their old steps first)
         num_pub = min(max(num_full - first_index, 0), n)
         if num_pub:
@@ -166,19 +217,19 @@ class BlockPool:
             external = self.external
             if external is not None:
                 for b in out[:num_pub]:
-                    external.store(self.group_id, b.block_hash, b.hash_num_tokens)
-        if evicted is not None:
-            sink.events.append(evicted)
+                    external.store(group_id, b.block_hash, b.hash_num_tokens)
+        if evicted:
+            sink.events.extend(evicted)
         if num_pub:
             sink.publishes += num_pub
             if sink.enabled:
                 sink.events.append(BlockPublished(
-                    step, request_id, self.group_id, "full", tuple([b.block_id for b in out[:num_pub]]),
+                    step, request_id, group_id, "full", tuple([b.block_id for b in out[:num_pub]]),
                     tuple(pub_hashes), num_tokens))
         return out
 
-    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
-        """Take a reference on hit blocks (removing free ones from the queue)."""
+    def touch(self, blocks: Iterable[KVCacheBlock], group_id: int) -> None:
+        """Take a reference on ``group_id``'s hit blocks (removing free ones from the queue)."""
         step = self.sink.step
         n_removed = 0
         for b in blocks:
@@ -194,31 +245,33 @@ class BlockPool:
                 b.ref_cnt += 1
             b.last_used_step = step
         self.free_block_queue.num_free_blocks -= n_removed
+        self.num_used[group_id] += n_removed
 
-    def free_blocks(self, ordered: Sequence[KVCacheBlock]) -> None:
-        """Drop one reference each; blocks reaching 0 rejoin the queue (see module doc)."""
+    def free_blocks(self, ordered: Sequence[KVCacheBlock], group_id: int | None = None) -> None:
+        """Drop one reference each; blocks reaching 0 rejoin the queue (see module doc).
+
+        ``group_id``: the group every block serves, when the caller knows it (a
+        manager's own blocks); None reads it from each block (copy endpoints).
+        """
         q = self.free_block_queue
         step = self.sink.step
-        head = q.head
+        num_used = self.num_used
         last = q.tail.prev_free  # hashed blocks are chained after it, then linked to the tail once
-        n_kept = 0  # blocks still in use (counted instead of the freed: the rarer case)
+        first_run: list[KVCacheBlock] = []  # unhashed blocks, prepended in this order
+        n_freed = 0
         for b in ordered:
             ref_cnt = b.ref_cnt - 1
             if ref_cnt or b.is_null:  # still in use (the null block's ref_cnt stays 1)
                 if ref_cnt:
                     b.ref_cnt = ref_cnt
-                n_kept += 1
                 continue
             b.ref_cnt = 0
             b.last_used_step = step
+            n_freed += 1
+            if group_id is None:
+                num_used[b.group_id] -= 1
             if b.block_hash is None:  # to the head: reused first
-                first = head.next_free
-                head.next_free = b
-                b.prev_free = head
-                b.next_free = first
-                first.prev_free = b
-                if last is head:
-                    last = b
+                first_run.append(b)
             else:  # to the tail: LRU order
                 last.next_free = b
                 b.prev_free = last
@@ -226,34 +279,48 @@ class BlockPool:
         tail = q.tail
         last.next_free = tail
         tail.prev_free = last
-        q.num_free_blocks += len(ordered) - n_kept
+        if first_run:
+            head = q.head
+            prev = head
+            first = head.next_free
+            for b in first_run:
+                prev.next_free = b
+                b.prev_free = prev
+                prev = b
+            prev.next_free = first
+            first.prev_free = prev
+        q.num_free_blocks += n_freed
+        if group_id is not None:
+            num_used[group_id] -= n_freed
 
     # -- publishing ---------------------------------------------------------------
     def _insert_key(self, h: BlockHash, b: KVCacheBlock) -> None:
-        v = self.cached.get(h)
+        cached = self.cached[b.group_id]
+        v = cached.get(h)
         if v is None:
-            self.cached[h] = b
+            cached[h] = b
         elif type(v) is KVCacheBlock:
             if v is not b:
-                self.cached[h] = {v.block_id: v, b.block_id: b}
+                cached[h] = {v.block_id: v, b.block_id: b}
             else:
                 return
         else:
             if b.block_id in v:
                 return
             v[b.block_id] = b
-        b.published_step = self.step
+        b.published_step = self.sink.step
 
     def _remove_key(self, h: BlockHash, b: KVCacheBlock) -> None:
-        v = self.cached.get(h)
+        cached = self.cached[b.group_id]
+        v = cached.get(h)
         if v is None:
             return
         if type(v) is KVCacheBlock:
             if v is b:
-                del self.cached[h]
+                del cached[h]
         elif v.pop(b.block_id, None) is not None:
             if len(v) == 1:
-                self.cached[h] = next(iter(v.values()))
+                cached[h] = next(iter(v.values()))
 
     def _drop_keys(self, b: KVCacheBlock) -> None:
         if b.block_hash is not None:
@@ -277,7 +344,7 @@ class BlockPool:
         if self.sink.enabled:
             n = len(keys)
             self.sink.events.append(
-                BlockEvicted(step, self.group_id, reason, (b.block_id,) * n, tuple(h for h, _ in keys),
+                BlockEvicted(step, b.group_id, reason, (b.block_id,) * n, tuple(h for h, _ in keys),
                              (step - b.published_step,) * n,
                              (step - b.last_used_step,) * n, request_id)
             )
@@ -285,6 +352,7 @@ class BlockPool:
 
     def cache_full_blocks(
         self,
+        group_id: int,
         request_id: str,
         blocks: list[KVCacheBlock],
         block_hashes: list[BlockHash],
@@ -295,13 +363,15 @@ class BlockPool:
         kind: str,
         boundary_kinds: dict[int, str] | None = None,
     ) -> int:
-        """Key blocks[start:end] with their full-block hashes (mask: which to keep).
+        """Key blocks[start:end] of ``group_id``'s table with their full-block hashes
+        (mask: which to keep; null blocks are skipped).
 
         A block that already carries a key for a shorter prefix (a partial key) is
-        promoted: the old key goes first. Returns the number of keys published.
+        promoted: its old keys go first (``replaced``). Returns the number of keys
+        published.
         """
         step = self.sink.step
-        cached = self.cached
+        cached = self.cached[group_id]
         external = self.external
         pub: list[KVCacheBlock] = []
         append = pub.append
@@ -322,7 +392,7 @@ class BlockPool:
             else:
                 cached[h] = b
             if external is not None:
-                external.store(self.group_id, h, b.hash_num_tokens)
+                external.store(group_id, h, b.hash_num_tokens)
             append(b)
         if pub:
             sink = self.sink
@@ -332,15 +402,15 @@ class BlockPool:
                 hashes = [b.block_hash for b in pub]
                 if boundary_kinds:
                     kinds = [boundary_kinds.get(b.hash_num_tokens // block_size - 1, kind) for b in pub]
-                    self._emit_publish(request_id, ids, hashes, kinds)
+                    self._emit_publish(group_id, request_id, ids, hashes, kinds)
                 else:
                     sink.events.append(
-                        BlockPublished(step, request_id, self.group_id, kind, tuple(ids), tuple(hashes),
+                        BlockPublished(step, request_id, group_id, kind, tuple(ids), tuple(hashes),
                                        pub[-1].hash_num_tokens)
                     )
         return len(pub)
 
-    def _emit_publish(self, request_id, ids, hashes, kinds) -> None:
+    def _emit_publish(self, group_id, request_id, ids, hashes, kinds) -> None:
         """One event per run of blocks published for the same reason, in order."""
         step = self.sink.step
         start = 0
@@ -348,13 +418,14 @@ class BlockPool:
             if i == len(kinds) or kinds[i] != kinds[start]:
                 nt = self.blocks[ids[i - 1]].hash_num_tokens
                 self.sink.events.append(
-                    BlockPublished(step, request_id, self.group_id, kinds[start], tuple(ids[start:i]),
+                    BlockPublished(step, request_id, group_id, kinds[start], tuple(ids[start:i]),
                                    tuple(hashes[start:i]), nt)
                 )
                 start = i
 
     def cache_partial_block(
         self,
+        group_id: int,
         request_id: str,
         b: KVCacheBlock,
         block_hash: BlockHash,
@@ -362,35 +433,52 @@ class BlockPool:
         kind: str,
         replace_existing_hashes: bool = False,
     ) -> BlockHash | None:
-        """Key ``b`` at a hash boundary inside it (primary if unkeyed, else an alias)."""
+        """Key ``b`` at the hash boundary ``num_tokens`` inside it (vLLM's ``cache_partial_block``).
+
+        The key becomes the block's primary key if it has none, else an alias. Its
+        existing keys go first (``replaced``) when ``replace_existing_hashes`` (its
+        content was replaced) or when its primary key stands for a shorter prefix (a
+        promotion). Publishes nothing when the block already carries the key.
+
+        Returns the key, or None for the null block.
+        """
         if b.is_null:
             return None
+        already = b.block_hash == block_hash or (b.aliases is not None and self.holds_key(block_hash, b))
         if replace_existing_hashes:
             self.evict_block_keys(b, EVICT_REPLACED, request_id)
+            already = False
+        elif not already and b.block_hash is not None and b.hash_num_tokens < num_tokens:
+            self.evict_block_keys(b, EVICT_REPLACED, request_id)
+        if already:
+            return block_hash
         step = self.sink.step
         if b.block_hash is None:
             b.block_hash = block_hash
             b.hash_num_tokens = num_tokens
-            b.published_step = step
-        elif b.block_hash == block_hash or (b.aliases and any(h == block_hash for h, _ in b.aliases)):
-            return None
         else:
             if b.aliases is None:
                 b.aliases = []
             b.aliases.append((block_hash, num_tokens))
         b.last_used_step = step
         self._insert_key(block_hash, b)
+        b.published_step = step
         if self.external is not None:
-            self.external.store(self.group_id, block_hash, num_tokens)
+            self.external.store(group_id, block_hash, num_tokens)
         self.sink.publishes += 1
         if self.sink.enabled:
             self.sink.events.append(
-                BlockPublished(step, request_id, self.group_id, kind, (b.block_id,), (block_hash,), num_tokens)
+                BlockPublished(step, request_id, group_id, kind, (b.block_id,), (block_hash,), num_tokens)
             )
         return block_hash
 
     def move_block_hashes(self, src: KVCacheBlock, dst: KVCacheBlock, request_id: str) -> list[tuple[BlockHash, int]]:
-        """Re-point every key of ``src`` to ``dst`` (dst must be unkeyed)."""
+        """Re-point every key of ``src`` to ``dst`` (dst must be unkeyed, of the same group).
+
+        vLLM emits no KV event for a move (the entries stay live); kvtrace records it as
+        a ``moved`` eviction of ``src`` and a ``moved`` publish on ``dst``, so that a span
+        shows where the entry went. Neither counts as a publish or an eviction.
+        """
         assert dst.block_hash is None and not dst.aliases, "move_block_hashes: destination already keyed"
         keys = src.keys()
         if not keys:
@@ -403,34 +491,41 @@ class BlockPool:
         dst.aliases = list(rest) if rest else None
         dst.last_used_step = last_used
         for h, _ in keys:
-            self._insert_key(h, dst)  # fresh: the copy runs with this step
+            self._insert_key(h, dst)
         if self.sink.enabled:
             n = len(keys)
             hashes = tuple(h for h, _ in keys)
             self.sink.events.append(
-                BlockEvicted(step, self.group_id, EVICT_REPLACED, (src.block_id,) * n, hashes,
+                BlockEvicted(step, src.group_id, EVICT_MOVED, (src.block_id,) * n, hashes,
                              (step - published,) * n, (step - last_used,) * n, request_id)
             )
             self.sink.events.append(
-                BlockPublished(step, request_id, self.group_id, "partial_tail", (dst.block_id,) * n, hashes,
+                BlockPublished(step, request_id, dst.group_id, PUBLISH_MOVED, (dst.block_id,) * n, hashes,
                                max(nt for _, nt in keys))
             )
         return keys
 
     # -- maintenance ----------------------------------------------------------------
-    def new_step_starts(self) -> None:
-        self.step = self.sink.step
+    def is_idle(self) -> bool:
+        """Whether no block is in use (the null block aside)."""
+        return self.free_block_queue.num_free_blocks == self.num_blocks - 1
 
     def reset_prefix_cache(self) -> bool:
         """Drop every key; only allowed when no block is in use."""
-        if self.free_block_queue.num_free_blocks != self.num_blocks - 1:
+        if not self.is_idle():
             return False
         for b in self.blocks[1:]:
             if b.block_hash is not None or b.aliases:
                 self.evict_block_keys(b, EVICT_RESET, None)
-        self.cached.clear()
-        self.new_step_starts()
+        for cached in self.cached:
+            cached.clear()
         return True
 
     def usage(self) -> float:
+        """Blocks in use / usable blocks (vLLM's ``get_usage``), 0..1."""
         return 1.0 - self.free_block_queue.num_free_blocks / (self.num_blocks - 1)
+
+    def group_usage(self, group_id: int) -> float:
+        """The share of the pool's usable blocks that ``group_id`` holds; the groups'
+        shares sum to ``usage()``."""
+        return self.num_used[group_id] / (self.num_blocks - 1)

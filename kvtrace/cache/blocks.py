@@ -17,28 +17,32 @@ from kvtrace.cache.hashing import BlockHash
 
 
 class KVCacheBlock:
-    """One block of one KV cache group's pool (vLLM's ``KVCacheBlock``).
+    """One block of the block pool (vLLM's ``KVCacheBlock``).
 
     A block carries at most one primary key (``block_hash`` for a prefix of
     ``hash_num_tokens`` tokens) and optional aliases: extra keys at hash boundaries
-    inside it (partial hits).
+    inside it (partial hits). The pool is shared by every KV cache group, so a key is
+    (hash, ``group_id``): all keys of a block belong to the group whose table took the
+    block last (``group_id``), which is also the group it counts against in usage.
     """
 
     __slots__ = (
         "aliases",  # list[(hash, num_tokens)] of extra keys, or None
         "block_hash",  # primary key or None
         "block_id",
+        "group_id",  # the KV cache group holding the block (and owning its keys); -1: never used
         "hash_num_tokens",  # prefix length (tokens) the primary key stands for
         "is_null",
         "last_used_step",  # last hit or free
         "next_free",
         "prev_free",
-        "published_step",  # step of the latest key published here (hittable from the next)
+        "published_step",  # step of the latest key published here (for event ages)
         "ref_cnt",
     )
 
     def __init__(self, block_id: int):
         self.block_id = block_id
+        self.group_id = -1
         self.ref_cnt = 0
         self.block_hash: BlockHash | None = None
         self.hash_num_tokens = 0
@@ -59,7 +63,8 @@ class KVCacheBlock:
     def __repr__(self) -> str:
         h = self.block_hash
         shown = h.hex()[:8] if isinstance(h, bytes) else h
-        return f"KVCacheBlock({self.block_id}, ref={self.ref_cnt}, hash={shown}@{self.hash_num_tokens})"
+        return (f"KVCacheBlock({self.block_id}, group={self.group_id}, ref={self.ref_cnt}, "
+                f"hash={shown}@{self.hash_num_tokens})")
 
 
 class FreeKVCacheBlockQueue:

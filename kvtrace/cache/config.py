@@ -1,7 +1,14 @@
-"""Cache configuration: one spec per KV cache group, retention, behaviours.
+"""Cache configuration: one spec per KV cache group, the block pool, retention, behaviours.
 
 Block sizes are in tokens. Every group's block size is a multiple of
 ``hash_block_size``; a coarse block reuses the fine hash at its last unit.
+
+``num_gpu_blocks`` is the block pool as vLLM counts it (``KVCacheConfig.num_blocks``,
+the null block included): one int is ONE pool shared by every group, as vLLM v1 has it
+(block ids unique across groups, one LRU in which attention blocks and Mamba states
+compete). A tuple, one size per group, gives each group a pool of its own instead: the
+layout of SGLang, whose Mamba states live in a separate pool sized by
+``--max-mamba-cache-size``. vLLM has no such option; the conformance check refuses it.
 """
 
 from __future__ import annotations
@@ -56,14 +63,23 @@ class ExternalTierConfig:
 
 @dataclass(frozen=True)
 class CacheConfig:
+    """See the module docstring for ``num_gpu_blocks``.
+
+    ``num_prefill_checkpoint_blocks`` (0 or 1) and ``prefill_checkpoint_alignment`` are
+    vLLM's ``MambaSpec`` fields of the same names: with a checkpoint block, a prefill
+    chunk may export the state at its last hash boundary into a reserved block (FlashKDA,
+    alignment 16; Mamba2 and GDN, alignment 1, the default when checkpoints are on).
+    """
+
     groups: tuple[KVCacheSpec, ...]
-    num_gpu_blocks: int | tuple[int, ...]  # per group, null block included
+    num_gpu_blocks: int | tuple[int, ...]  # the shared pool (int), or one pool per group (tuple); null block included
     hash_block_size: int
     hash_fn: str = "sha256_cbor"
     retention_interval: int | None = None  # None dense | 0 latest-only | k tokens
     enable_partial_hits: bool = False
     num_speculative_blocks: int = 0
     num_prefill_checkpoint_blocks: int = 0
+    prefill_checkpoint_alignment: int | None = None  # tokens; None: 1 when checkpoints are on
     external: ExternalTierConfig | None = None
     enable_caching: bool = True
     behaviours: frozenset[str] = field(default=ALL_BEHAVIOURS)
@@ -90,16 +106,22 @@ class CacheConfig:
             if isinstance(spec, MambaSpec) and spec.num_lanes < 1:
                 raise ConfigError(_SOURCE, f"groups[{gid}].num_lanes", "expected >= 1")
         nb = self.num_gpu_blocks
-        nbs = (nb,) * len(groups) if isinstance(nb, int) else tuple(nb)
-        if len(nbs) != len(groups) or any((not isinstance(n, int)) or n < 2 for n in nbs):
+        if isinstance(nb, bool) or not isinstance(nb, (int, tuple, list)):
+            raise ConfigError(_SOURCE, "num_gpu_blocks", f"expected an int >= 2 (one shared pool) or one int per "
+                                                         f"group ({len(groups)} separate pools), got {nb!r}")
+        nbs = (nb,) if isinstance(nb, int) else tuple(nb)
+        if (not isinstance(nb, int) and len(nbs) != len(groups)) or any(
+            isinstance(n, bool) or not isinstance(n, int) or n < 2 for n in nbs
+        ):
             raise ConfigError(
                 _SOURCE, "num_gpu_blocks",
-                f"expected an int >= 2 or one per group ({len(groups)}), got {nb!r}",
+                f"expected an int >= 2 (one shared pool) or one int >= 2 per group ({len(groups)} separate "
+                f"pools), got {nb!r}",
             )
         if sum(nbs) > MAX_BLOCKS:
             raise ConfigError(_SOURCE, "num_gpu_blocks", f"{sum(nbs):,} blocks is beyond what kvtrace can hold "
                                                          f"(at most {MAX_BLOCKS:,})")
-        object.__setattr__(self, "num_gpu_blocks", nbs)
+        object.__setattr__(self, "num_gpu_blocks", nb if isinstance(nb, int) else nbs)
         if self.hash_fn not in HASH_FUNCTIONS:
             raise ConfigError(_SOURCE, "hash_fn", f"expected one of {HASH_FUNCTIONS}, got {self.hash_fn!r}")
         k = self.retention_interval
@@ -124,8 +146,21 @@ class CacheConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
                 raise ConfigError(_SOURCE, name, f"expected an int >= 0, got {v!r}")
+        if self.num_prefill_checkpoint_blocks > 1:
+            raise ConfigError(_SOURCE, "num_prefill_checkpoint_blocks",
+                              f"expected 0 or 1 (vLLM reserves one checkpoint block per chunk), "
+                              f"got {self.num_prefill_checkpoint_blocks}")
         if self.num_prefill_checkpoint_blocks and not any(isinstance(s, MambaSpec) for s in groups):
             raise ConfigError(_SOURCE, "num_prefill_checkpoint_blocks", "needs a MambaSpec group")
+        align = self.prefill_checkpoint_alignment
+        if align is not None:
+            if isinstance(align, bool) or not isinstance(align, int) or align < 1:
+                raise ConfigError(_SOURCE, "prefill_checkpoint_alignment", f"expected tokens >= 1, got {align!r}")
+            if not self.num_prefill_checkpoint_blocks:
+                raise ConfigError(_SOURCE, "prefill_checkpoint_alignment",
+                                  "has no effect without num_prefill_checkpoint_blocks = 1; leave it unset")
+        elif self.num_prefill_checkpoint_blocks:
+            object.__setattr__(self, "prefill_checkpoint_alignment", 1)
         if self.external is not None and self.external.capacity_blocks < 1:
             raise ConfigError(_SOURCE, "external.capacity_blocks", "expected >= 1")
         unknown = sorted(self.behaviours - ALL_BEHAVIOURS)
@@ -135,6 +170,23 @@ class CacheConfig:
     @property
     def num_groups(self) -> int:
         return len(self.groups)
+
+    @property
+    def shared_pool(self) -> bool:
+        """One block pool for every group (vLLM), rather than one per group (SGLang)."""
+        return isinstance(self.num_gpu_blocks, int)
+
+    @property
+    def pool_sizes(self) -> tuple[int, ...]:
+        """Per group, the size of the pool it allocates from (the same pool when shared)."""
+        nb = self.num_gpu_blocks
+        return (nb,) * len(self.groups) if isinstance(nb, int) else tuple(nb)
+
+    @property
+    def total_blocks(self) -> int:
+        """Blocks of every pool together, null blocks included."""
+        nb = self.num_gpu_blocks
+        return nb if isinstance(nb, int) else sum(nb)
 
     def without(self, *names: str) -> CacheConfig:
         """A copy with the named behaviours switched off (to reproduce the old bug)."""

@@ -4,8 +4,9 @@
 
 * ``CacheStats``: lookup, hit and allocation counters of the manager;
 * ``CacheContext``: the settings every per-group manager reads (hash block size,
-  retention, the behaviour switches) and the per-step queues they fill (copy plans,
-  state writes, references held until the copies are handed out).
+  retention, the hit alignment, checkpoints, the behaviour switches) and the per-step
+  queues they fill (copy plans, state writes, references held until the copies are
+  handed out).
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ class CacheStats:
     stale_hash_left: int = 0
     failed_allocations: int = 0
     freed_requests: int = 0
+    # (step, request id, behaviour): each time a switched-off behaviour acted otherwise
+    # than vLLM 0.33 does (empty with every behaviour on)
+    old_behaviour_acted: list[tuple[int, str, str]] = field(default_factory=list, repr=False)
     sink: EventSink | None = field(default=None, repr=False)
 
     @property
@@ -72,26 +76,37 @@ class CacheContext:
     """
 
     __slots__ = (
-        "copies", "enable_partial_hits", "external_hit_running_cow", "hash_block_size",
-        "num_prefill_checkpoint_blocks", "num_speculative_blocks", "pinning", "retained", "retention_interval",
-        "scheduler_block_size", "sink", "state_writes", "stats", "transient_checkpoint_retention",
+        "cache_hit_alignment", "copies", "enable_partial_hits", "external_hit_running_cow", "hash_block_size",
+        "num_groups", "num_prefill_checkpoint_blocks", "num_speculative_blocks", "pinning",
+        "prefill_checkpoint_alignment", "retained", "retention_interval", "scheduler_block_size", "sink",
+        "state_writes", "stats", "transient_checkpoint_retention",
     )
 
     def __init__(self, config: CacheConfig, sink: EventSink, stats: CacheStats):
+        self.num_groups = config.num_groups
         self.hash_block_size = config.hash_block_size
         self.retention_interval = config.retention_interval
         self.enable_partial_hits = config.enable_partial_hits
         self.num_speculative_blocks = config.num_speculative_blocks
         self.num_prefill_checkpoint_blocks = config.num_prefill_checkpoint_blocks
+        self.prefill_checkpoint_alignment = config.prefill_checkpoint_alignment
         self.scheduler_block_size = lcm(*(s.block_size for s in config.groups))
+        # Hits land on hash units with partial hits on, else on the scheduler block size
+        # (vLLM's ``_cache_hit_alignment_tokens``, pushed into every manager).
+        self.cache_hit_alignment = config.hash_block_size if config.enable_partial_hits else self.scheduler_block_size
         self.pinning = SHARED_PREFIX_PINNING in config.behaviours
         self.transient_checkpoint_retention = TRANSIENT_CHECKPOINT_RETENTION in config.behaviours
         self.external_hit_running_cow = EXTERNAL_HIT_RUNNING_COW in config.behaviours
         self.sink = sink
         self.stats = stats
-        self.retained: list[tuple[BlockPool, KVCacheBlock]] = []
+        self.retained: list[tuple[BlockPool, KVCacheBlock]] = []  # copy endpoints, in copy order
         self.copies: list[BlockCopy] = []
         self.state_writes: list[StateWrite] = []
+
+    def old_behaviour(self, behaviour: str, request_id: str) -> None:
+        """Record that switched-off ``behaviour`` just acted as the old code did (so a
+        disagreement with vLLM can be traced to the switch that explains it)."""
+        self.stats.old_behaviour_acted.append((self.sink.step, request_id, behaviour))
 
     def queue_copy(self, copy: BlockCopy) -> None:
         self.copies.append(copy)

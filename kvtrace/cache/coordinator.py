@@ -1,15 +1,18 @@
 """The hybrid coordinator (vLLM's ``KVCacheCoordinator``): runs every KV cache group's
 manager on one request, as one.
 
-* Lookup: the groups' hits are taken to a fixed point. Each group's hit is capped by the
-  current length, full attention first (its hits are downward closed, so it bounds the
-  others cheaply), and the loop repeats until no group shrinks the length. The result is
-  (blocks per group, hit length L, uncached common prefix): the longest prefix that the
-  attention groups hold minus L, the part a sparse group lacks. ``L + uncached`` is the
+* Lookup: the groups' hits are taken to a fixed point. Full attention goes first: its
+  hits are downward closed, so it is looked up once and bounds the others; each other
+  group is asked for a hit capped by the current length, and the loop repeats until
+  no group shrinks it (one pass for full attention plus one other group). The result
+  is (blocks per group, hit length L, uncached common prefix): the longest hit any
+  group found minus L, the part a sparse group lacks. ``L + uncached`` is the
   shared-prefix boundary (the Marconi junction).
-* Allocation: the groups are asked in order whether the request fits, then take its hit
-  blocks, apply copy-on-write, load external blocks, grow their tables and key their
-  full blocks. Either every group allocates or none does.
+* Allocation: the groups' needs are summed against the free blocks of the pool they
+  share (each pool's, when the groups have pools of their own). Then every group takes
+  its hit blocks, then every group allocates its external blocks, then each group in
+  turn applies its copy-on-write and grows its table, and the full blocks are keyed.
+  Either every group allocates or none does.
 * External tier: the longest extension of the local hit that the external tier holds for
   every group.
 """
@@ -38,8 +41,10 @@ BlocksPerGroup = list[list[KVCacheBlock]]
 
 
 class KVCacheCoordinator:
-    def __init__(self, config: CacheConfig, pools: list[BlockPool], ctx: CacheContext,
+    def __init__(self, config: CacheConfig, pools: Sequence[BlockPool], ctx: CacheContext,
                  external: ExternalTier | None):
+        """``pools[g]``: the pool group g allocates from (one object for every group when
+        the pool is shared)."""
         self.config = config
         self.ctx = ctx
         self.external = external
@@ -47,14 +52,16 @@ class KVCacheCoordinator:
             MANAGER_FOR_SPEC[type(spec)](g, spec, pools[g], ctx) for g, spec in enumerate(config.groups)
         ]
         self.num_groups = len(self.managers)
+        self.pools = list(dict.fromkeys(pools))  # distinct pools, in group order
         self.lookup_order = sorted(
             range(self.num_groups), key=lambda g: 0 if isinstance(config.groups[g], FullAttentionSpec) else 1
         )
         self.attention_groups = [g for g, s in enumerate(config.groups) if isinstance(s, FullAttentionSpec)]
+        # full attention plus one other group: one pass of the fixed point suffices
+        self.simple_hybrid = self.num_groups == 2 and isinstance(config.groups[self.lookup_order[0]], FullAttentionSpec)
         self.mamba = [m for m in self.managers if isinstance(m, MambaManager)]
         self.skipping = [m for m in self.managers if not isinstance(m, FullAttentionManager)]
-        # Hits land on hash units with partial hits on, else on the scheduler block size.
-        self.hit_alignment = config.hash_block_size if config.enable_partial_hits else ctx.scheduler_block_size
+        self.hit_alignment = ctx.cache_hit_alignment
 
     # -- lookup -------------------------------------------------------------------
     def find_longest_cache_hit(
@@ -71,85 +78,104 @@ class KVCacheCoordinator:
         if self.num_groups == 1:
             blocks, hit = mgrs[0].find_longest_cache_hit(fine, max_length, align)
             return [blocks], hit, 0, (hit,)
-        length = max_length
-        results: BlocksPerGroup = [[] for _ in mgrs]
+        hit_length = max_length
+        longest = 0
+        results: list[list[KVCacheBlock] | None] = [None] * self.num_groups
+        hit_by_group = [0] * self.num_groups
         first: list[int | None] = [None] * self.num_groups
         while True:
-            reduced = False
+            curr = hit_length
             for g in self.lookup_order:
-                blocks, hit = mgrs[g].find_longest_cache_hit(fine, length, align)
+                m = mgrs[g]
+                if results[g] is not None and isinstance(m, FullAttentionManager):
+                    curr = min(curr, hit_by_group[g])  # downward closed: trim, don't look again
+                    continue
+                blocks, curr = m.find_longest_cache_hit(fine, curr, align)
                 results[g] = blocks
+                hit_by_group[g] = curr
                 if first[g] is None:
-                    first[g] = hit
-                if hit < length:
-                    length = hit
-                    reduced = True
-            if not reduced or length == 0:
+                    first[g] = curr
+                longest = max(longest, curr)
+            if curr >= hit_length:
                 break
-        if length == 0:
-            results = [[] for _ in mgrs]
-        else:
-            for g in self.attention_groups:
-                del results[g][cdiv(length, mgrs[g].block_size):]
+            hit_length = curr
+            if self.simple_hybrid:
+                break
+        out: BlocksPerGroup = [r if r is not None else [] for r in results]
+        for g in self.attention_groups:
+            del out[g][cdiv(hit_length, mgrs[g].block_size):]
         firsts = tuple(h or 0 for h in first)
-        longest = max((firsts[g] for g in self.attention_groups), default=length)
-        sbs = self.ctx.scheduler_block_size
-        longest = longest // sbs * sbs
-        return results, length, max(longest - length, 0), firsts
+        return out, hit_length, longest - hit_length, firsts
 
     # -- allocation ---------------------------------------------------------------
     def can_allocate(self, request_id: str, num_tokens_main: int, num_tokens_slots: int,
-                     hits: Sequence[Sequence[KVCacheBlock]],
-                     num_local: int, total_computed: int, has_external: bool) -> bool:
-        """Whether every group's pool has the blocks this allocation needs (Mamba groups
-        ignore lookahead; an external load takes one more state block)."""
+                     hits: Sequence[Sequence[KVCacheBlock]], num_local: int, total_computed: int,
+                     prefill_end: int) -> bool:
+        """Whether the pool has the blocks this allocation needs, every group's need
+        summed (vLLM's ``get_num_blocks_to_allocate``; Mamba groups ignore lookahead).
+        Also fixes the Mamba groups' checkpoint for this allocation."""
+        if self.ctx.retention_interval != 0:
+            prefill_end = 0  # dense or periodic retention: every chunk may checkpoint
+        if len(self.pools) == 1:
+            need = 0
+            for g, m in enumerate(self.managers):
+                need += m.get_num_blocks_to_allocate(
+                    request_id, num_tokens_slots, hits[g], total_computed, num_local, num_tokens_main, prefill_end,
+                )
+            return need <= self.pools[0].free_block_queue.num_free_blocks
+        needs: dict[BlockPool, int] = {}
         for g, m in enumerate(self.managers):
-            is_mamba = m.is_mamba
-            need = m.get_num_blocks_to_allocate(
-                request_id, num_tokens_main if is_mamba else num_tokens_slots, hits[g], num_local, total_computed
+            needs[m.pool] = needs.get(m.pool, 0) + m.get_num_blocks_to_allocate(
+                request_id, num_tokens_slots, hits[g], total_computed, num_local, num_tokens_main, prefill_end,
             )
-            if has_external and is_mamba:
-                need += 1
-            if need > m.pool.free_block_queue.num_free_blocks:
-                return False
-        return True
+        return all(n <= p.free_block_queue.num_free_blocks for p, n in needs.items())
 
-    def allocate(self, request: Request, hits: tuple[list[KVCacheBlock], ...] | None, num_local: int,
+    def allocate(self, request: Request, hits: Sequence[Sequence[KVCacheBlock]] | None, num_local: int,
                  num_external: int, num_tokens_main: int, num_tokens_slots: int, num_new_tokens: int,
                  enable_caching: bool) -> BlocksPerGroup:
-        """Take ``hits`` (a new request's), apply copy-on-write, load ``num_external``
-        tokens' blocks, grow every table to ``num_tokens_slots`` and key the full blocks.
-        Returns the blocks appended to each table this step, in table order. The caller
-        has checked ``can_allocate``."""
+        """Take ``hits`` (a new request's), load ``num_external`` tokens' blocks, apply
+        copy-on-write, grow every table to ``num_tokens_slots`` and key the full blocks.
+        Returns the blocks handed out to each group this step, in table order. The
+        caller has checked ``can_allocate``."""
         rid = request.request_id
         mgrs = self.managers
         total_computed = num_local + num_external
-        if hits is not None:
-            for g, m in enumerate(mgrs):
-                m.add_computed_blocks(rid, hits[g], num_local)
-        new_out: BlocksPerGroup = [[] for _ in mgrs]
-        for g, m in enumerate(mgrs):
-            if m.partial_hit_reqs:
-                m.apply_cow(request, new_out[g])
+        if (hits is not None and any(hits)) or num_external:
+            # vLLM's allocate_new_computed_blocks: a running request takes nothing new
+            if not any(rid in m.num_cached_block for m in mgrs):
+                no_hits: Sequence[KVCacheBlock] = ()
+                for g, m in enumerate(mgrs):
+                    m.add_computed_blocks(rid, hits[g] if hits is not None else no_hits, num_local, num_external)
+                if num_external:
+                    for m in mgrs:
+                        m.allocate_external_blocks(request, num_local, num_external)
+        out: BlocksPerGroup = [
+            m.allocate_new_blocks(request, num_tokens_slots, num_tokens_main, total_computed) for m in mgrs
+        ]
         if num_external:
-            for g, m in enumerate(mgrs):
-                m.allocate_external_blocks(request, num_local, num_external, new_out[g])
+            for m in mgrs:
+                m.queue_external_tail_write(request, num_local, num_external)
             self._touch_external(request, num_local, total_computed)
-        for g, m in enumerate(mgrs):
-            m.allocate_new_blocks(request, num_tokens_slots, num_tokens_main, total_computed, new_out[g])
         if enable_caching:
             num_to_cache = min(num_tokens_main, request.num_tokens)
+            if self.num_groups > 1 and not self.ctx.enable_partial_hits:
+                sbs = self.ctx.scheduler_block_size
+                num_to_cache = num_to_cache // sbs * sbs  # vLLM's _align_cacheable
             for m in mgrs:
                 m.cache_blocks(request, num_to_cache)
         for mm in self.mamba:
             if num_new_tokens > 0:
                 mm.queue_running_state(request, num_tokens_main)
             mm.mark_handed_out(rid)
-        return new_out
+        return out
 
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
         for m in self.skipping:
             m.remove_skipped_blocks(request_id, num_computed_tokens)
+
+    def new_step_starts(self) -> None:
+        for mm in self.mamba:
+            mm.new_step_starts()
 
     # -- external tier ------------------------------------------------------------
     def external_hit_tokens(self, fine: list[BlockHash], num_local_hit_tokens: int, max_length: int) -> int:
@@ -208,5 +234,6 @@ class KVCacheCoordinator:
 
     # -- release ------------------------------------------------------------------
     def free(self, request_id: str) -> list[list[KVCacheBlock]]:
-        """Free the request in every group; the blocks freed per group, tail first."""
+        """Free the request in every group (in group order); the blocks freed per group,
+        tail first."""
         return [m.free(request_id) for m in self.managers]

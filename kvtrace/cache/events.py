@@ -32,11 +32,13 @@ PUBLISH_FULL = "full"  # a full block at a retained position
 PUBLISH_PARTIAL_TAIL = "partial_tail"  # the prompt's last hash boundary inside a block
 PUBLISH_CHECKPOINT = "checkpoint"  # an internal prefill checkpoint re-keyed at its position
 PUBLISH_BOUNDARY = "boundary"  # a semantic boundary kept by a sparse retention mask
+PUBLISH_MOVED = "moved"  # a key re-pointed to a copy block (move_block_hashes; vLLM emits no event)
 
 # Eviction reasons.
 EVICT_LRU = "lru"  # popped from the free-queue head by an allocation
 EVICT_STALE_HASH = "stale_hash"  # the slot is about to be overwritten by request-local state
-EVICT_REPLACED = "replaced"  # a key moved to another block, or a partial key promoted
+EVICT_REPLACED = "replaced"  # a partial key promoted, or the block's content replaced (a checkpoint re-key)
+EVICT_MOVED = "moved"  # a key re-pointed to a copy block (the other half of PUBLISH_MOVED; not an eviction)
 EVICT_CONNECTOR = "connector"  # dropped from the external tier
 EVICT_RESET = "reset"  # reset_prefix_cache()
 

@@ -21,21 +21,28 @@ Call order per scheduler step (mirrors vLLM's ``Scheduler.schedule``):
 4. After the step's results: the engine advances ``req.num_computed_tokens`` and
    appends output tokens (``req.append_output_token_ids``); finished requests are
    ``free``-d; then ``new_step_starts()`` flushes the step's events to listeners,
-   makes this step's published keys hittable and advances the step counter.
+   clears the Mamba groups' same-step set and advances the step counter.
 
-Hashes are registered during ``allocate_slots`` (before the forward pass writes
-content), which is why keys published in a step are only hittable from the next one.
+Hashes are registered during ``allocate_slots``, before the forward pass writes the
+content, as vLLM does. Attention keys are hittable at once (the same forward pass
+writes a block's kv before any request attends to it); a Mamba state published in the
+step is not: a request whose hit ends on one gets None from ``allocate_slots`` and is
+retried next step.
+
+All groups allocate from one block pool (``block_pool``, vLLM's), unless
+``CacheConfig.num_gpu_blocks`` gives one pool per group.
 
 Mamba (align mode) tables: slot p holds the state after (p+1)*bs tokens; skipped
 slots are the null block (id 0). A step's state is written to slot
 cdiv(end, bs) - 1 (``StateWrite(kind="running")``) and read from the slot holding the
-state at the step's start. A slot only takes its block-end key when its state was
-materialised exactly there, so chunks should follow vLLM's block-aligned split (stop at
-the next block boundary when starting mid-block, at floor(num_tokens/bs)*bs, at the
-prompt's tail hash boundary and at the shared-prefix junction); other splits lose
-cache entries but never create stale ones. ``num_lookahead_tokens`` is ignored for
-Mamba groups (align mode). With ``num_prefill_checkpoint_blocks`` a prefill chunk
-also gets a checkpoint slot at cdiv(end, bs) - 2 (``kind="checkpoint"``).
+state at the step's start. As in vLLM, a kept slot takes its block-end key trusting the
+chunk to have ended there, so chunks must follow vLLM's block-aligned split
+(``kvtrace.engine.scheduler``'s port: stop at the next block boundary when starting
+mid-block, at the last position a state can be kept, at the prompt's tail hash boundary
+and at the shared-prefix junction); other splits leave stale keys.
+``num_lookahead_tokens`` is ignored for Mamba groups (align mode). With
+``num_prefill_checkpoint_blocks`` a prefill chunk may also get a checkpoint slot at
+cdiv(end, bs) - 2 (``kind="checkpoint"``).
 """
 
 from __future__ import annotations
@@ -43,7 +50,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from kvtrace.cache.block_pool import BlockPool
-from kvtrace.cache.config import CacheConfig, FullAttentionSpec
+from kvtrace.cache.blocks import KVCacheBlock
+from kvtrace.cache.config import SHARED_PREFIX_PINNING, CacheConfig, FullAttentionSpec
 from kvtrace.cache.context import CacheContext, CacheStats
 from kvtrace.cache.coordinator import KVCacheCoordinator
 from kvtrace.cache.events import PUBLISH_FULL, BlocksFreed, CacheListener, PrefixLookup
@@ -58,9 +66,11 @@ __all__ = ["CacheStats", "KVCacheManager"]
 
 
 class KVCacheManager:
-    """Hybrid prefix-cache manager over one block pool per KV cache group.
+    """Hybrid prefix-cache manager over one block pool shared by every KV cache group.
 
-    Block ids are per group (group g's blocks are 0..num_gpu_blocks[g]-1, 0 = null).
+    Block ids are unique across groups (0..num_gpu_blocks-1, 0 = the null block), as in
+    vLLM. With ``num_gpu_blocks`` given per group, each group has a pool of its own and
+    block ids are per group (``pools[g]``).
     """
 
     def __init__(self, config: CacheConfig):
@@ -72,11 +82,19 @@ class KVCacheManager:
         self.ctx = CacheContext(config, self.sink, self.stats)
         self.scheduler_block_size = self.ctx.scheduler_block_size
         self.hasher = BlockHasher(config.hash_fn, config.hash_block_size)
-        self.pools = [BlockPool(n, g, self.sink) for g, n in enumerate(config.num_gpu_blocks)]
+        ng = config.num_groups
+        if config.shared_pool:
+            pool = BlockPool(config.total_blocks, self.sink, ng)
+            self.block_pool: BlockPool | None = pool
+            self.pools: tuple[BlockPool, ...] = (pool,) * ng  # the pool each group allocates from
+        else:
+            self.block_pool = None
+            self.pools = tuple(BlockPool(n, self.sink, ng) for n in config.pool_sizes)
+        self._distinct_pools = list(dict.fromkeys(self.pools))
         self.external: ExternalTier | None = None
         if config.external is not None:
             self.external = ExternalTier(config.external.capacity_blocks, self.sink)
-            for p in self.pools:
+            for p in self._distinct_pools:
                 p.external = self.external
         self.coordinator = KVCacheCoordinator(config, self.pools, self.ctx, self.external)
         self.managers = self.coordinator.managers
@@ -110,9 +128,8 @@ class KVCacheManager:
         self.sink.events = []
         for listener in self._listeners:
             listener(batch)
-        step = self.sink.step = self.sink.step + 1
-        for p in self.pools:
-            p.step = step
+        self.sink.step += 1
+        self.coordinator.new_step_starts()
 
     # -- lookup -------------------------------------------------------------------
     def attach(self, request: Request) -> None:
@@ -130,11 +147,11 @@ class KVCacheManager:
         Returns:
             (hit blocks per group, num hit tokens, shared_prefix_boundary). The hit is
             at most ``num_tokens - 1`` tokens (the last token is always recomputed) and
-            a multiple of ``hit_alignment``; keys published in this step do not count
-            (their content is not written yet). The boundary is the Marconi junction
-            (hit + uncached common prefix) when ``shared-prefix-pinning`` is on and a
-            sparse group lags, else 0; the scheduler stores it in
-            ``request.shared_prefix_boundary``.
+            a multiple of ``hit_alignment``. It may end on a Mamba state published in
+            this step; ``allocate_slots`` then refuses the request until the next step.
+            The boundary is the Marconi junction (hit + uncached common prefix) when
+            ``shared-prefix-pinning`` is on and a sparse group lags, else 0; the
+            scheduler stores it in ``request.shared_prefix_boundary``.
 
         Changes nothing but the stats and the step's ``PrefixLookup`` event: the hit
         blocks are taken only by the ``allocate_slots`` that follows.
@@ -154,7 +171,10 @@ class KVCacheManager:
         else:
             per_group, hit, uncached, first = self.coordinator.find_longest_cache_hit(fine, num_tokens - 1)
             blocks = tuple(per_group)
-            boundary = hit + uncached if (uncached and self.ctx.pinning) else 0
+            boundary = hit + uncached if uncached else 0
+            if boundary and not self.ctx.pinning:
+                self.ctx.old_behaviour(SHARED_PREFIX_PINNING, request.request_id)
+                boundary = 0
         st.hit_tokens += hit
         if hit:
             st.hit_requests += 1
@@ -206,11 +226,11 @@ class KVCacheManager:
             nothing has changed then, and the caller preempts or waits.
 
         The request's full blocks (up to ``num_computed_tokens + new tokens``) are keyed
-        here, before the worker writes them: a key published in this step is hittable
-        from the next one. Mamba groups also queue ``StateWrite``s: ``running`` (state
-        after the step's last token, into the table's last block), ``checkpoint``
-        (internal prefill checkpoint at slot cdiv(query_end, bs) - 2, state after the
-        last hash boundary before query_end) and ``external`` (loaded state).
+        here, before the worker writes them (as vLLM does at schedule time). Mamba
+        groups also queue ``StateWrite``s: ``running`` (state after the step's last
+        token, into its slot), ``checkpoint`` (internal prefill checkpoint at slot
+        cdiv(query_end, bs) - 2, the state at the chunk's last reachable hash boundary)
+        and ``external`` (loaded state).
         """
         request.bind_hasher(self.hasher)
         if self._unitary and not num_external_computed_tokens:
@@ -224,8 +244,9 @@ class KVCacheManager:
         hits = new_computed_blocks.blocks if new_computed_blocks is not None else self._no_hits
         coordinator = self.coordinator
         coordinator.remove_skipped_blocks(rid, total_computed)
+        prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
         if not coordinator.can_allocate(rid, num_tokens_main, num_tokens_slots, hits, num_local, total_computed,
-                                        bool(num_external_computed_tokens)):
+                                        prefill_end):
             self.stats.failed_allocations += 1
             return None
         if num_external_computed_tokens:
@@ -267,7 +288,7 @@ class KVCacheManager:
         else:
             num_cached = cached_counts[rid]
         if num_hits:
-            pool.touch(hits)
+            pool.touch(hits, 0)
             table.extend(hits)
             num_table += num_hits
             num_cached = cached_counts[rid] = num_hits
@@ -276,20 +297,21 @@ class KVCacheManager:
             # every earlier block is keyed: allocate and key the new ones in one pass
             num_prompt = request.num_prompt_tokens + len(request.output_token_ids)
             num_full = (num_tokens_main if num_tokens_main < num_prompt else num_prompt) // bs
-            new = pool.get_new_blocks_and_cache(n, rid, request.block_hashes, num_table, num_full, bs)
+            new = pool.get_new_blocks_and_cache(n, 0, rid, request.block_hashes, num_table, num_full, bs)
             table.extend(new)
             num_table += n
             if num_full > num_cached:
                 cached_counts[rid] = num_full if num_full < num_table else num_table
             return KVCacheBlocks((new,))
-        new = pool.get_new_blocks(n, rid) if n > 0 else []
+        new = pool.get_new_blocks(n, 0, rid) if n > 0 else []
         if new:
             table.extend(new)
         if self.enable_caching:
             num_full = min(num_tokens_main, request.num_tokens) // bs
             num_cached = cached_counts[rid]
             if num_full > num_cached:
-                pool.cache_full_blocks(rid, table, request.block_hashes, num_cached, num_full, bs, None, PUBLISH_FULL)
+                pool.cache_full_blocks(0, rid, table, request.block_hashes, num_cached, num_full, bs, None,
+                                       PUBLISH_FULL)
                 cached_counts[rid] = num_full
         return KVCacheBlocks((new,))
 
@@ -307,15 +329,24 @@ class KVCacheManager:
         """Device copies (src -> dst, per group) the worker must run before this step's compute.
 
         Hands out the copies queued since the last call and releases the references
-        that kept both endpoints alive until now.
+        that kept both endpoints alive until now (vLLM's ``take_kv_cache_block_copies``
+        followed by the scheduler's immediate free of the retained blocks: source and
+        copy of each pair, in copy order, in one ``free_blocks`` per pool).
         """
         copies = self.ctx.copies
+        if not copies:
+            return copies
         self.ctx.copies = []
-        retained = self.ctx.retained
+        retained = self.ctx.retained  # two endpoints per copy, in copy order
         self.ctx.retained = []
-        for pool, block in retained:
-            pool.free_blocks((block,))
-        return copies
+        order = sorted(range(len(copies)), key=lambda i: copies[i].group_id)  # vLLM drains group by group
+        by_pool: dict[BlockPool, list[KVCacheBlock]] = {}
+        for i in order:
+            for pool, block in retained[2 * i:2 * i + 2]:
+                by_pool.setdefault(pool, []).append(block)
+        for pool, blocks in by_pool.items():
+            pool.free_blocks(blocks)
+        return [copies[i] for i in order]
 
     def take_state_writes(self) -> list[StateWrite]:
         """States/contents the worker must materialise this step (see ``StateWrite``)."""
@@ -325,9 +356,9 @@ class KVCacheManager:
 
     def reset_prefix_cache(self) -> bool:
         """Drop every cached key; refused (False) while any request holds blocks."""
-        if any(p.num_free_blocks != p.num_blocks - 1 for p in self.pools) or self.ctx.retained:
+        if not all(p.is_idle() for p in self._distinct_pools) or self.ctx.retained:
             return False
-        for p in self.pools:
+        for p in self._distinct_pools:
             p.reset_prefix_cache()
         return True
 
@@ -339,7 +370,7 @@ class KVCacheManager:
     def cached_entries(self) -> Iterator[tuple[int, BlockHash, int, int]]:
         """(group_id, block_hash, block_id, num_tokens) for every cached key."""
         for g, p in enumerate(self.pools):
-            for h, v in list(p.cached.items()):
+            for h, v in list(p.cached[g].items()):
                 for b in ([v] if not isinstance(v, dict) else list(v.values())):
                     if b.block_hash == h:
                         yield g, h, b.block_id, b.hash_num_tokens
@@ -351,9 +382,23 @@ class KVCacheManager:
 
     @property
     def usage(self) -> tuple[float, ...]:
-        """Block-pool usage per group, 0..1."""
-        return tuple(p.usage() for p in self.pools)
+        """Per group, the share of its pool's usable blocks that the group holds, 0..1.
+
+        With the shared pool the shares sum to the pool's usage (vLLM's single
+        ``KVCacheManager.usage``, see ``pool_usage``); with one pool per group each is
+        that pool's usage."""
+        return tuple(p.group_usage(g) for g, p in enumerate(self.pools))
 
     @property
-    def num_free_blocks(self) -> tuple[int, ...]:
-        return tuple(p.num_free_blocks for p in self.pools)
+    def pool_usage(self) -> float:
+        """Usage of the shared pool (vLLM's ``usage``), or of all pools together."""
+        pools = self._distinct_pools
+        if len(pools) == 1:
+            return pools[0].usage()
+        used = sum(p.num_blocks - 1 - p.num_free_blocks for p in pools)
+        return used / sum(p.num_blocks - 1 for p in pools)
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Free blocks of the shared pool (of every pool together, when per group)."""
+        return sum(p.num_free_blocks for p in self._distinct_pools)

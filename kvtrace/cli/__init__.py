@@ -6,6 +6,7 @@ line with a mistake fails fast, before any heavy import.
 - ``traces.py``: generate, convert
 - ``results.py``: runs, diff, study, demo, export, dashboard
 - ``calibrate.py``: calibrate
+- ``conformance.py``: conformance (kvtrace's manager beside vLLM's)
 - ``live.py``: collect, capture vllm
 - ``options.py``/``choices.py``: the options and enumerations commands share
 """
@@ -16,7 +17,7 @@ import sys
 
 import typer
 
-from kvtrace.cli import calibrate, live, replay, results, traces  # noqa: F401  (registers the commands)
+from kvtrace.cli import calibrate, conformance, live, replay, results, traces  # noqa: F401  (registers the commands)
 from kvtrace.cli.app import app
 from kvtrace.cli.output import error
 from kvtrace.errors import KVTraceError

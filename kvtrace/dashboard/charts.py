@@ -66,12 +66,19 @@ def hit_sources(frame: pl.DataFrame) -> go.Figure | None:
     return fig
 
 
-def usage(frame: pl.DataFrame, group_names: dict[int, str]) -> go.Figure | None:
-    """Mean block-pool usage per KV group per window."""
+def usage(frame: pl.DataFrame, group_names: dict[int, str], shared_pool: bool = False) -> go.Figure | None:
+    """Mean and max block-pool usage per KV group per window: each group's share of the
+    pool it allocates from. With one pool shared by the groups (``shared_pool``) their
+    mean shares also add up to the pool's mean usage, drawn as one more line."""
     if frame.height == 0:
         return None
     fig = _fig("Block-pool usage", "virtual time (s)", "usage")
-    for i, (gid,) in enumerate(frame.select("group_id").unique().sort("group_id").iter_rows()):
+    groups = frame.select("group_id").unique().sort("group_id")
+    if shared_pool and groups.height > 1:
+        pool = frame.group_by("window_start_ns").agg(pl.col("mean_usage").sum()).sort("window_start_ns")
+        fig.add_scatter(x=(pool["window_start_ns"] / NS).to_list(), y=pool["mean_usage"].to_list(),
+                        name="pool (all groups) mean", mode="lines", line=dict(color="#444444", width=3))
+    for i, (gid,) in enumerate(groups.iter_rows()):
         part = frame.filter(pl.col("group_id") == gid).sort("window_start_ns")
         t = (part["window_start_ns"] / NS).to_list()
         name = group_names.get(gid, f"group {gid}")
@@ -80,6 +87,9 @@ def usage(frame: pl.DataFrame, group_names: dict[int, str]) -> go.Figure | None:
         fig.add_scatter(x=t, y=part["max_usage"].to_list(), name=f"{name} max", mode="lines",
                         line=dict(color=_color(i), dash="dot"))
     top = float(frame.select(pl.col("max_usage").max()).item() or 0.0)
+    if shared_pool and groups.height > 1:
+        top = max(top, float(frame.group_by("window_start_ns").agg(pl.col("mean_usage").sum())["mean_usage"].max()
+                             or 0.0))
     # the axis follows the peak, so a lightly used pool stays visible
     fig.update_yaxes(range=[0, min(1.02, max(0.01, 1.1 * top))], tickformat=".1%" if top < 0.1 else ".0%")
     return fig

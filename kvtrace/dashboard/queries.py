@@ -264,6 +264,11 @@ def request_choices(run_id: str, wanted: str | None) -> pl.DataFrame:
     return top
 
 
+def shared_pool(run_id: str) -> bool:
+    """Whether the run's KV groups share one block pool (``run_config.shared_pool``)."""
+    return run_config.shared_pool(config(run_id))
+
+
 def group_names(run_id: str) -> dict[int, str]:
     """Display names of a run's KV groups (``run_config.group_labels`` of its stored
     config), and ``all groups`` for GROUP_ALL."""

@@ -4,7 +4,8 @@ read only the fields the replay stores and never guess from names or free text.
 
 Stored shapes (``kvtrace.replay.run``):
   engine:     {"cache": {"groups": [{"type": "FullAttentionSpec" | "SlidingWindowSpec" |
-              "MambaSpec", "block_size": B, ...}, ...], "num_gpu_blocks": [N per group], ...}, ...}
+              "MambaSpec", "block_size": B, ...}, ...], "num_gpu_blocks": N (the pool all groups
+              share) or [N per group] (a pool each), ...}, ...}
   cache-only: {"mode": "cache-only", "policy": "lru" | "belady", "capacity_blocks": N,
               "block_size": B or None}
 """
@@ -59,9 +60,10 @@ def capacity(cfg: dict[str, Any], summary: dict[str, Any] | None = None) -> Capa
 
     Cache-only configs give ``capacity_blocks`` and ``block_size`` (None when the run used
     the trace's own block size; the run's ``summary`` then says which it was). Engine configs give
-    ``cache.num_gpu_blocks`` (one per group, vLLM's null block included) and the groups'
-    block sizes: the capacity is the first full-attention group's, less the null block,
-    which is what a cache-only run's ``capacity_blocks`` counts.
+    ``cache.num_gpu_blocks`` (vLLM's null block included: one pool every group shares, or
+    one per group) and the groups' block sizes: the capacity is the pool the first
+    full-attention group allocates from, less the null block, which is what a cache-only
+    run's ``capacity_blocks`` counts.
     """
     if cfg.get("mode") == "cache-only":
         blocks, size = cfg.get("capacity_blocks"), cfg.get("block_size") or (summary or {}).get("block_size")
@@ -70,7 +72,7 @@ def capacity(cfg: dict[str, Any], summary: dict[str, Any] | None = None) -> Capa
         return None
     groups = _stored_groups(cfg)
     per_group = cfg["cache"].get("num_gpu_blocks") if groups else None
-    if isinstance(per_group, int):  # CacheConfig also takes one count for every group
+    if isinstance(per_group, int):  # the pool every group shares
         per_group = [per_group] * len(groups)
     if not isinstance(per_group, list) or len(per_group) != len(groups):
         return None
@@ -81,3 +83,10 @@ def capacity(cfg: dict[str, Any], summary: dict[str, Any] | None = None) -> Capa
         if _positive(blocks) and blocks > 1:
             return Capacity(blocks - 1, size)
     return None
+
+
+def shared_pool(cfg: dict[str, Any]) -> bool:
+    """Whether an engine config's groups share one block pool (``cache.num_gpu_blocks`` an
+    int, as vLLM has it): their usage shares then add up to the pool's usage."""
+    cache = cfg.get("cache")
+    return isinstance(cache, dict) and _positive(cache.get("num_gpu_blocks")) and len(_stored_groups(cfg)) > 0

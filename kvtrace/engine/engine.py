@@ -134,7 +134,8 @@ class Engine:
                         else "no request")
                 raise KVTraceError(
                     f"engine: {what} cannot be scheduled: it needs more KV blocks than the pool holds "
-                    f"(num_gpu_blocks {', '.join(map(str, cc.num_gpu_blocks))}); raise --capacity-blocks"
+                    f"(num_gpu_blocks {', '.join(map(str, cc.pool_sizes if not cc.shared_pool else (cc.total_blocks,)))}"
+                    "); raise --capacity-blocks"
                 )
             step += 1
             res = worker.execute(out)
@@ -186,7 +187,7 @@ class Engine:
                     auditor.forget_request(req.request_id)
                 req.release_tokens()
             if listeners:
-                usage = tuple(getattr(manager, "usage", ()) or ())
+                usage = manager.usage  # each group's share of the pool (they sum to its usage)
                 se = StepExecuted(step, start_ns, end_ns, res.num_prefill_tokens, res.num_decode_seqs,
                                   len(scheduler.running), len(scheduler.waiting), len(out.block_copies),
                                   len(out.preempted_req_ids), usage)

@@ -25,7 +25,9 @@ class StepExecuted(Event):
     num_waiting: int
     num_copies: int
     num_preempted: int
-    usage: tuple[float, ...]  # block-pool usage per KV cache group, 0..1
+    # per KV cache group, the share of its block pool's usable blocks the group holds
+    # (0..1; with the shared pool the shares sum to the pool's usage, vLLM's kv_cache_usage)
+    usage: tuple[float, ...]
 
 
 class RequestFinished(Event):

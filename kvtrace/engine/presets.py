@@ -1,14 +1,18 @@
 """Named engine presets: a CacheConfig, a SchedulerConfig and a cost model.
 
-| preset | groups | hash block | retention | partial hits | checkpoints | blocks per group | batch tokens / seqs | cost model |
+| preset | groups | hash block | retention | partial hits | checkpoints | block pool (shared by the groups) | batch tokens / seqs | cost model |
 |---|---|---|---|---|---|---|---|---|
 | dense-attention | FullAttention(16) | 16 | None (dense) | off | 0 | 53_760 (~860k tokens) | 8192 / 256 | h200-dense-8b |
-| kimi-hybrid | FullAttention(512) + Mamba/KDA(512, align, 4 lanes) | 64 | 0 (latest-only) | on | 1 | 8_192 attention (~4.2M tokens), 2_048 states | 8192 / 256 | h200-kimi-hybrid |
+| kimi-hybrid | FullAttention(512) + Mamba/KDA(512, align, 4 lanes) | 64 | 0 (latest-only) | on | 1 (FlashKDA: alignment 16) | 10_240: ~8_192 for attention (~4.2M tokens) + ~2_048 for states, in one LRU | 8192 / 256 | h200-kimi-hybrid |
 | dense-70b-tp4 | FullAttention(16) | 16 | None (dense) | off | 0 | 70_000 (~1.1M tokens) | 8192 / 256 | h200-dense-70b-tp4 |
 | dense-70b-tp8 | FullAttention(16) | 16 | None (dense) | off | 0 | 168_000 (~2.7M tokens) | 8192 / 256 | h200-dense-70b-tp8 |
 
-Capacity is overridable (``capacity_blocks`` per group or for all; ``capacity_tokens``
-for the attention groups), as are retention and the behaviours.
+The pool counts blocks as vLLM's ``num_gpu_blocks`` does (the null block included) and
+is shared by every KV cache group, as in vLLM: attention blocks and Mamba states take
+what they need from it. Capacity is overridable (``capacity_blocks``: the pool; a tuple
+gives each group a pool of its own instead, SGLang's layout; ``capacity_tokens``: a
+pool holding that many tokens in each attention group plus the preset's state budget),
+as are retention and the behaviours.
 """
 
 from __future__ import annotations
@@ -31,6 +35,9 @@ class EnginePreset:
     cache_config: CacheConfig
     scheduler_config: SchedulerConfig
     cost_model: CostModel
+    # blocks of the pool budgeted for Mamba states when the pool is sized in attention
+    # tokens (capacity_tokens) or re-blocked (block_size): the rest is for attention
+    state_blocks: int = 0
 
 
 def _dense_attention() -> EnginePreset:
@@ -47,14 +54,16 @@ def _kimi_hybrid() -> EnginePreset:
         "kimi-hybrid",
         CacheConfig(
             groups=(FullAttentionSpec(512), MambaSpec(512, num_lanes=4)),
-            num_gpu_blocks=(8_192, 2_048),
+            num_gpu_blocks=10_240,  # one pool: 8_192 + 2_048, the two former per-group pools
             hash_block_size=64,
             retention_interval=0,
             enable_partial_hits=True,
             num_prefill_checkpoint_blocks=1,
+            prefill_checkpoint_alignment=16,  # FlashKDA's (vLLM's kda_prefill_checkpoint_alignment)
         ),
         SchedulerConfig(max_num_batched_tokens=8192, max_num_seqs=256),
         get_cost_model("h200-kimi-hybrid"),
+        state_blocks=2_048,
     )
 
 
@@ -87,15 +96,20 @@ def get_preset(
     external_capacity_blocks: int | None = None,
     block_size: int | None = None,
     hash_block_size: int | None = None,
+    groups: tuple | None = None,
     scheduler: dict | None = None,
 ) -> EnginePreset:
     """A named preset with overrides.
 
-    ``capacity_blocks``: blocks per group (an int for all, or one per group);
-    ``capacity_tokens``: attention groups sized to hold this many tokens;
+    ``capacity_blocks``: the block pool shared by every group (an int, vLLM's
+    ``num_gpu_blocks``, the null block included), or one pool per group (a tuple);
+    ``capacity_tokens``: a pool holding this many tokens in each attention group, plus
+    the preset's ``state_blocks``;
     ``retention_interval``: None | 0 | k; ``without``: behaviour names to switch off;
-    ``external_capacity_blocks``: add an external tier; ``block_size``: every group's block
-    size (the hash block size shrinks to divide it); ``scheduler``: SchedulerConfig fields.
+    ``external_capacity_blocks``: add an external tier; ``groups``: KV cache group specs
+    replacing the preset's; ``block_size``: every group's block size (one group is hashed
+    per block, as vLLM does; several in the preset's hash unit, shrunk to divide it);
+    ``hash_block_size``: the hash unit; ``scheduler``: SchedulerConfig fields.
     """
     try:
         preset = PRESETS[name]()
@@ -103,28 +117,52 @@ def get_preset(
         raise ConfigError("preset", name, f"unknown; known: {sorted(PRESETS)}") from None
     cc = preset.cache_config
     changes: dict = {}
-    groups = cc.groups
-    if block_size is not None or hash_block_size is not None:
-        if block_size is not None:
-            groups = tuple(replace(g, block_size=block_size) for g in cc.groups)
-        hbs = hash_block_size or cc.hash_block_size
+    base_groups = cc.groups if groups is None else tuple(groups)
+    if groups is not None:
+        changes["groups"] = base_groups
+        if hash_block_size is not None and block_size is None:
+            changes["hash_block_size"] = hash_block_size
+    groups = base_groups
+    if block_size is not None:
+        groups = tuple(replace(g, block_size=block_size) for g in base_groups)
+        if hash_block_size is None and len(groups) == 1:
+            hbs = groups[0].block_size  # vLLM hashes a single group per block
+        else:
+            hbs = hash_block_size or cc.hash_block_size
+            for g in groups:
+                hbs = gcd(hbs, g.block_size)
+        changes["groups"], changes["hash_block_size"] = groups, hbs
+    elif hash_block_size is not None and "hash_block_size" not in changes:
+        hbs = hash_block_size
         for g in groups:
             hbs = gcd(hbs, g.block_size)
-        changes["groups"], changes["hash_block_size"] = groups, hbs
-    blocks = list(cc.num_gpu_blocks)
+        changes["hash_block_size"] = hbs
+    blocks: int | tuple[int, ...] = cc.num_gpu_blocks
     if capacity_blocks is not None:
-        blocks = [capacity_blocks] * len(blocks) if isinstance(capacity_blocks, int) else list(capacity_blocks)
+        blocks = capacity_blocks if isinstance(capacity_blocks, int) else tuple(capacity_blocks)
+    attention = [g for g, spec in enumerate(groups) if not isinstance(spec, MambaSpec)]
     if capacity_tokens is not None:
         # in the final groups' block sizes: a --block-size given with it changes them
-        for g, spec in enumerate(groups):
-            if not isinstance(spec, MambaSpec):
-                blocks[g] = cdiv(capacity_tokens, spec.block_size) + 1
+        per_group = [cdiv(capacity_tokens, groups[g].block_size) for g in attention]
+        if isinstance(blocks, int):
+            blocks = 1 + sum(per_group) + preset.state_blocks
+        else:
+            sized = list(blocks)
+            for g, n in zip(attention, per_group):
+                sized[g] = n + 1
+            blocks = tuple(sized)
     elif block_size is not None and capacity_blocks is None:
         # keep the token capacity of the attention groups when their block size changes
-        for g, (old, spec) in enumerate(zip(cc.groups, groups)):
-            if not isinstance(spec, MambaSpec):
-                blocks[g] = max(2, (blocks[g] - 1) * old.block_size // spec.block_size + 1)
-    changes["num_gpu_blocks"] = tuple(blocks)
+        if isinstance(blocks, int):
+            share = (blocks - 1 - preset.state_blocks) // max(len(attention), 1)
+            blocks = 1 + preset.state_blocks + sum(
+                max(1, share * base_groups[g].block_size // groups[g].block_size) for g in attention)
+        else:
+            sized = list(blocks)
+            for g in attention:
+                sized[g] = max(2, (sized[g] - 1) * base_groups[g].block_size // groups[g].block_size + 1)
+            blocks = tuple(sized)
+    changes["num_gpu_blocks"] = blocks
     if retention_interval is not KEEP:
         changes["retention_interval"] = retention_interval
     if without:

@@ -21,6 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from kvtrace.cache import BlockCopy, CacheConfig, KVCacheManager, MambaSpec, StateWrite
+from kvtrace.cache.managers.mamba import is_checkpoint_exportable, mamba_checkpoint_position
 from kvtrace.engine.config import SchedulerConfig
 from kvtrace.engine.request import FINISHED, PREEMPTED, RUNNING, WAITING, EngineRequest
 
@@ -69,9 +70,17 @@ class Scheduler:
         self._finished_since_last: list[str] = []
         mamba = [s for s in cache_config.groups if isinstance(s, MambaSpec)]
         self.need_mamba_block_aligned_split = bool(mamba)
-        self.block_size = mamba[0].block_size if mamba else cache_config.groups[0].block_size
+        # The Mamba block: vLLM splits at its cache_config.block_size, the smallest group
+        # block, which its align mode makes the Mamba block too; kvtrace also allows
+        # attention blocks finer than the Mamba block and then splits at the Mamba block,
+        # where a state must be materialised (a documented difference).
+        self.block_size = max(s.block_size for s in mamba) if mamba else cache_config.groups[0].block_size
+        self.scheduler_block_size = kv_cache_manager.scheduler_block_size
         self.hash_block_size = cache_config.hash_block_size
-        self.mamba_partial_cache_hit = cache_config.enable_partial_hits
+        self.mamba_partial_cache_hit = (bool(mamba) and cache_config.enable_partial_hits
+                                        and self.hash_block_size < self.scheduler_block_size)
+        self.mamba_has_prefill_checkpoint_blocks = bool(mamba) and cache_config.num_prefill_checkpoint_blocks > 0
+        self.mamba_prefill_checkpoint_alignment = cache_config.prefill_checkpoint_alignment
         self.use_external = cache_config.external is not None
         self.num_preemptions = 0
 
@@ -91,22 +100,39 @@ class Scheduler:
         num_new_local_computed_tokens: int = 0,
         num_external_computed_tokens: int = 0,
     ) -> int:
-        """Cut a prefill chunk so it ends where a Mamba state must be materialised.
+        """Cut a prefill chunk so it ends where a Mamba state must be materialised
+        (vLLM 0.33's ``Scheduler._mamba_block_aligned_split``, which the conformance
+        check compares this with).
 
-        A chunk that does not reach the end of prefill is rounded down to a block
-        boundary (unless a block is wider than any chunk can be and the chunk would not
-        move), and then stops at the earliest of these strictly inside it: the next block
-        boundary when it starts mid-block, the last block-aligned position
-        ``floor(num_tokens/bs)*bs``, the prompt's tail hash boundary (partial hits), and
-        the shared-prefix junction (block-floored from the chunk start).
+        ``bs`` is the Mamba block size. The chunk may export the prompt's
+        checkpoint itself (an internal checkpoint block, and the chunk reaching the end
+        of prefill from a position the backend can export from): then only the
+        alignment rules below apply. Otherwise it may not run past the last position
+        a state can be kept at, ``(num_tokens - 1) // bs * bs``. A chunk that does not
+        reach the end of prefill is rounded down to a block boundary (unless a block is
+        wider than any chunk can be and the chunk would not move). It then stops at the
+        earliest of these strictly inside it: the next block boundary when it starts
+        mid-block, that last position, the prompt's tail hash boundary
+        ``(num_prompt_tokens - 1) // hash * hash`` (fine-grained hits, no internal
+        checkpoint), and the shared-prefix junction (block-floored from the chunk start).
         """
         start = request.num_computed_tokens + num_new_local_computed_tokens + num_external_computed_tokens
         prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
         if start >= prefill_end:
             return num_new_tokens
         bs = self.block_size
-        last_cache_position = request.num_tokens - request.num_tokens % bs
+        hbs = self.hash_block_size
+        last_cache_position = mamba_checkpoint_position(request.num_tokens, bs)
         end = start + num_new_tokens
+        unit = hbs if self.mamba_partial_cache_hit else self.scheduler_block_size
+        use_internal_checkpoint = (
+            self.mamba_has_prefill_checkpoint_blocks
+            and end >= prefill_end
+            and is_checkpoint_exportable(start, end, mamba_checkpoint_position(prefill_end, unit), hbs, bs,
+                                         self.mamba_prefill_checkpoint_alignment)
+        )
+        if use_internal_checkpoint:
+            last_cache_position = 0
         if end < prefill_end:
             max_prefill = self.config.max_num_batched_tokens
             thr = self.config.long_prefill_token_threshold
@@ -115,11 +141,11 @@ class Scheduler:
             aligned_end = end // bs * bs
             if aligned_end > start or bs <= max_prefill:
                 end = aligned_end
-        hbs = self.hash_block_size
-        tail_boundary = request.num_prompt_tokens // hbs * hbs if self.mamba_partial_cache_hit else 0
+        tail_boundary = (mamba_checkpoint_position(request.num_prompt_tokens, hbs)
+                         if self.mamba_partial_cache_hit and not use_internal_checkpoint else 0)
         spb = request.shared_prefix_boundary
         stops = (
-            (start // bs + 1) * bs if start % bs else 0,
+            (start // bs + 1) * bs if start % bs and not use_internal_checkpoint else 0,
             last_cache_position,
             tail_boundary if last_cache_position < tail_boundary < request.num_prompt_tokens else 0,
             start + (spb - start) // bs * bs if start < spb < end else 0,

@@ -5,6 +5,10 @@ The manager never touches this; the worker does. Attention groups hold kv slots
 every write and copy, so sampling reads a long context as a few block sums); Mamba
 groups hold state lanes ``[num_blocks, D]``. Values follow ``kvtrace.cache.content``.
 Copy-on-write is a device copy (``index_copy_``).
+
+Each group's tensor has a row per block of the pool the group allocates from: with the
+shared pool (vLLM's layout) every group's tensor spans all ``num_gpu_blocks`` ids, as a
+block of the pool may serve any group; with one pool per group, that pool's size.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ def default_device() -> torch.device:
 def storage_bytes(cache_config: CacheConfig) -> int:
     """Bytes of device tensors ``DeviceStorage`` allocates for ``cache_config``."""
     total = 0
-    for spec, num_blocks in zip(cache_config.groups, cache_config.num_gpu_blocks):
+    for spec, num_blocks in zip(cache_config.groups, cache_config.pool_sizes):
         per_block = spec.num_lanes if isinstance(spec, MambaSpec) else spec.block_size + 1  # slots + block sum
         total += num_blocks * per_block * 8
     return total
@@ -60,7 +64,7 @@ class DeviceStorage:
         self.block_size: list[int] = []
         self.data: list[torch.Tensor] = []
         self.block_sum: list[torch.Tensor | None] = []
-        for spec, num_blocks in zip(cache_config.groups, cache_config.num_gpu_blocks):
+        for spec, num_blocks in zip(cache_config.groups, cache_config.pool_sizes):
             if isinstance(spec, MambaSpec):
                 self.is_state.append(True)
                 self.data.append(torch.zeros((num_blocks, spec.num_lanes), dtype=torch.int64, device=self.device))

@@ -162,13 +162,8 @@ class Worker:
                     s.tables[g].extend(ids)
             work.append((s, cr.num_computed_tokens, out.num_scheduled_tokens[cr.request_id]))
 
-        if loads:
-            self._load_external(loads)
-            for sw in out.state_writes:  # the Core names the block it loaded; ours must agree
-                if sw.kind == STATE_EXTERNAL:
-                    mine = self.seqs[sw.request_id].tables[sw.group_id][cdiv(sw.num_tokens, self.block_size[sw.group_id]) - 1]
-                    if mine != sw.block_id:
-                        res.table_disagreements += 1
+        # Copies first: a copy-on-write block receives the shared part of its block,
+        # then an external load may fill the rest of it.
         if out.block_copies:
             self.storage.copy_blocks(out.block_copies)
             for c in out.block_copies:
@@ -176,6 +171,13 @@ class Worker:
                     res.num_state_copies += 1
                 else:
                     res.num_kv_copies += 1
+        if loads:
+            self._load_external(loads)
+            for sw in out.state_writes:  # the Core names the block it loaded; ours must agree
+                if sw.kind == STATE_EXTERNAL:
+                    mine = self.seqs[sw.request_id].tables[sw.group_id][cdiv(sw.num_tokens, self.block_size[sw.group_id]) - 1]
+                    if mine != sw.block_id:
+                        res.table_disagreements += 1
         if work:
             self._compute(work, out, res)
         return res

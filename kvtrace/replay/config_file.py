@@ -4,10 +4,17 @@
 preset = "kimi-hybrid"            # optional; the CLI's --preset otherwise
 
 [cache]
-num_gpu_blocks = [8192, 2048]     # per group, or one int for all
+num_gpu_blocks = 10240            # the block pool shared by every group, null block included
+                                  # (a list, one per group: separate pools, SGLang's layout)
+groups = [                        # optional: the KV cache groups (else the preset's)
+  { type = "full_attention", block_size = 512 },
+  { type = "mamba", block_size = 512, num_lanes = 4 },   # also "sliding_window" (sliding_window = N)
+]
+hash_block_size = 64
 retention_interval = 0            # "none" | 0 | K tokens
 enable_partial_hits = true
 num_prefill_checkpoint_blocks = 1
+prefill_checkpoint_alignment = 16 # FlashKDA; 1 (Mamba2, GDN) when unset
 num_speculative_blocks = 0
 hash_fn = "sha256_cbor"           # or "xxhash"
 external_capacity_blocks = 4096   # second-level tier; omit for none
@@ -32,11 +39,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvtrace.cache.config import FullAttentionSpec, MambaSpec, SlidingWindowSpec
 from kvtrace.engine.clock import COEFFICIENTS, COST_MODELS, CostModel
 from kvtrace.errors import ConfigError
 
 _CACHE_KEYS = {
     "num_gpu_blocks": (int, list),
+    "groups": (list,),
+    "hash_block_size": (int,),
+    "prefill_checkpoint_alignment": (int,),
     "retention_interval": (int, str),
     "enable_partial_hits": (bool,),
     "num_prefill_checkpoint_blocks": (int,),
@@ -132,7 +143,46 @@ def load_config_file(path: str | Path) -> FileConfig:
         cfg.cache["retention_interval"] = parse_retention(cfg.cache["retention_interval"], p, "cache.retention_interval")
     if "num_gpu_blocks" in cfg.cache and isinstance(cfg.cache["num_gpu_blocks"], list):
         cfg.cache["num_gpu_blocks"] = tuple(cfg.cache["num_gpu_blocks"])
+    if "groups" in cfg.cache:
+        cfg.cache["groups"] = parse_groups(cfg.cache["groups"], p)
     return cfg
+
+
+# group type (vLLM's KVCacheSpecKind names) -> (spec class, its keys besides type)
+_GROUP_TYPES: dict[str, tuple[type, tuple[str, ...]]] = {
+    "full_attention": (FullAttentionSpec, ("block_size",)),
+    "sliding_window": (SlidingWindowSpec, ("block_size", "sliding_window")),
+    "mamba": (MambaSpec, ("block_size", "num_lanes")),
+}
+
+
+def parse_groups(value: list, source: str) -> tuple:
+    """``[cache] groups``: one table per KV cache group (``type`` and its sizes)."""
+    if not value:
+        raise ConfigError(source, "cache.groups", "expected at least one group table")
+    out = []
+    for i, g in enumerate(value):
+        where = f"cache.groups[{i}]"
+        if not isinstance(g, dict):
+            raise ConfigError(source, where, f"expected a table like {{ type = \"full_attention\", block_size = 16 }}, "
+                                             f"got {g!r}")
+        kind = g.get("type")
+        if kind not in _GROUP_TYPES:
+            raise ConfigError(source, f"{where}.type", f"expected one of {sorted(_GROUP_TYPES)}, got {kind!r}")
+        cls, keys = _GROUP_TYPES[kind]
+        unknown = sorted(set(g) - {"type", *keys})
+        if unknown:
+            raise ConfigError(source, f"{where}.{unknown[0]}", f"unknown key for {kind}; expected {list(keys)}")
+        args = {}
+        for k in keys:
+            v = g.get(k)
+            if v is None and k == "num_lanes":
+                continue
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ConfigError(source, f"{where}.{k}", f"expected a positive int, got {v!r}")
+            args[k] = v
+        out.append(cls(**args))
+    return tuple(out)
 
 
 def cost_model_from_table(table: dict[str, Any], source: str) -> CostModel:

@@ -159,9 +159,11 @@ def _study_transient_checkpoint(w: _Workload, num_requests: int, g: "_Geometry")
     for i in range(num_requests):
         t += float(rng.uniform(0.5, 1.0))
         k = int(rng.choice(4, p=popularity))
-        # a long unique suffix, not ending on a hash boundary: the prefill stops at the
-        # junction and at the tail hash boundary, so its checkpoints fall inside the prompt
-        suffix = g.hash_block_size * _uniform_int(rng, 2000 // g.hash_block_size, 6000 // g.hash_block_size)
+        # a long unique suffix, not ending on a hash boundary, longer than one prefill
+        # chunk (8192 tokens): the chunks before the last one end inside the prompt, so
+        # their checkpoints are transient (vLLM 0.33 reserves none there at retention 0;
+        # the old behaviour publishes them)
+        suffix = g.hash_block_size * _uniform_int(rng, 9000 // g.hash_block_size, 20000 // g.hash_block_size)
         suffix += _uniform_int(rng, 1, g.hash_block_size - 1)
         prompt = np.concatenate([hot[k], w.tokens(suffix)])
         w.add(t, f"ckpt{i}", f"hot{k}", prompt, _uniform_int(rng, 8, 32))
@@ -197,8 +199,9 @@ def _study_external_cow(w: _Workload, num_requests: int, g: "_Geometry",
     per = mbs // hbs
     t, i, fam = 0.0, 0, 0
     while i < num_requests:
-        # the parent's prompt ends on a hash boundary one hash block into a Mamba block
-        parent = w.tokens(mbs * _uniform_int(rng, _blocks_for(512, mbs), _blocks_for(2048, mbs)) + hbs)
+        # the parent's prompt tail, (num_prompt_tokens - 1) // hash * hash, lies one hash
+        # block into a Mamba block (its last token is recomputed by a resend)
+        parent = w.tokens(mbs * _uniform_int(rng, _blocks_for(512, mbs), _blocks_for(2048, mbs)) + hbs + 1)
         t += 1.0
         w.add(t, f"fam{fam}-parent", f"fam{fam}", parent, _uniform_int(rng, 8, 16))
         i += 1
@@ -208,9 +211,9 @@ def _study_external_cow(w: _Workload, num_requests: int, g: "_Geometry",
             w.add(t, f"fam{fam}-fill{f}", None, filler, 8)
             i += 1
         for c in range(min(children_per_family, num_requests - i)):
-            # d > one hash block so a tail hash boundary lies past E, d % hash block != 0
-            # so the prompt continues past it, and E + d stays inside the same Mamba block
-            d = hbs * _uniform_int(rng, 1, per - 2) + _uniform_int(rng, 1, hbs - 1)
+            # d > one hash block so a tail hash boundary lies past E, (E + d) % hash block
+            # != 0 so the prompt continues past it, and E + d stays inside the same Mamba block
+            d = hbs * _uniform_int(rng, 1, per - 2) + _uniform_int(rng, 1, hbs - 2)
             t += 1.0
             child = np.concatenate([parent, w.tokens(d)])
             w.add(t, f"fam{fam}-child{c}", f"fam{fam}", child, _uniform_int(rng, 8, 16))
@@ -249,13 +252,16 @@ WORKLOADS: dict[str, WorkloadSpec] = {
     "mixed": WorkloadSpec(lambda w, n, g: _mixed(w, n), 150, "chat + agent (demo default)"),
     "study-transient-checkpoint-retention": WorkloadSpec(
         _study_transient_checkpoint, 60, "long prompts over hot shared prefixes",
+        # a pool per group (SGLang's layout) with a small state pool: the checkpoints crowd
+        # the states alone; in one shared pool the attention blocks dilute them
         {"preset": "kimi-hybrid", "retention": "0", "capacity_blocks": (1024, 16)}),
     "study-shared-prefix-pinning": WorkloadSpec(
         _study_shared_prefix, 90, "short requests over system prompts ending mid Mamba block",
         {"preset": "kimi-hybrid", "retention": "0"}),
     "study-external-hit-running-cow": WorkloadSpec(
         _study_external_cow, 60, "external hits ending mid Mamba block, continued in it",
-        {"preset": "kimi-hybrid", "capacity_blocks": 10, "external_capacity_blocks": 4096}),
+        # the former two 10-block pools, now one shared pool
+        {"preset": "kimi-hybrid", "capacity_blocks": 20, "external_capacity_blocks": 4096}),
 }
 DEFAULT_WORKLOAD = "mixed"
 

@@ -99,7 +99,7 @@ _TOML_KEY_OF = {"behaviours": "cache.without", "without": "cache.without",
                 "external": "cache.external_capacity_blocks", "preset": "preset"}
 
 
-def _engine_preset(spec: RunSpec):
+def engine_preset(spec: RunSpec):
     """The preset named by the spec (or its TOML file), with every override applied.
 
     A setting the config classes refuse is reported at its origin: the flag
@@ -138,6 +138,8 @@ def _engine_preset(spec: RunSpec):
         if spec.capacity_blocks is not None:
             capacity = spec.capacity_blocks
         external = cache_kw.pop("external_capacity_blocks", None)
+        groups = cache_kw.pop("groups", None)
+        hash_block_size = cache_kw.pop("hash_block_size", None)
         if spec.external_capacity_blocks is not None:
             external = spec.external_capacity_blocks
         if spec.block_size is not None and spec.block_size < 1:
@@ -150,6 +152,8 @@ def _engine_preset(spec: RunSpec):
             without=without,
             external_capacity_blocks=external,
             block_size=spec.block_size,
+            groups=groups,
+            hash_block_size=hash_block_size,
             scheduler=(file_cfg.scheduler if file_cfg else None) or None,
         )
         if cache_kw:  # the remaining [cache] keys are plain CacheConfig fields
@@ -186,13 +190,15 @@ def config_json(preset) -> dict[str, Any]:
         "preset": preset.name,
         "cache": {
             "groups": [{"type": type(g).__name__, **asdict(g)} for g in cc.groups],
-            "num_gpu_blocks": list(cc.num_gpu_blocks),
+            # one int: the pool every group shares (vLLM); a list: one pool per group
+            "num_gpu_blocks": cc.num_gpu_blocks if cc.shared_pool else list(cc.pool_sizes),
             "hash_block_size": cc.hash_block_size,
             "hash_fn": cc.hash_fn,
             "retention_interval": cc.retention_interval,
             "enable_partial_hits": cc.enable_partial_hits,
             "num_speculative_blocks": cc.num_speculative_blocks,
             "num_prefill_checkpoint_blocks": cc.num_prefill_checkpoint_blocks,
+            "prefill_checkpoint_alignment": cc.prefill_checkpoint_alignment,
             "external_capacity_blocks": cc.external.capacity_blocks if cc.external else None,
             "behaviours": sorted(cc.behaviours),
         },
@@ -317,7 +323,7 @@ def validate(spec: RunSpec) -> tuple[dict[str, Any], list[str], Any]:
     if spec.mode == "engine":
         from kvtrace.engine.storage import check_storage_fits
 
-        preset = _engine_preset(spec)
+        preset = engine_preset(spec)
         check_storage_fits(preset.cache_config)
         config = config_json(preset)
         return config, config["cache"]["behaviours"], preset

@@ -107,9 +107,9 @@ SPAN_COLUMN_DEFS: tuple[Col, ...] = (
         "publish: prefix length the last key stands for; stale: prefix length the key claims"),
     # publish / evict / cow
     Col("publish_kind", _STR, "VARCHAR", "kvtrace.publish.kind",
-        "full | partial_tail | checkpoint | boundary (| vllm_stored)"),
+        "full | partial_tail | checkpoint | boundary | moved (| vllm_stored)"),
     Col("evict_reason", _STR, "VARCHAR", "kvtrace.evict.reason",
-        "lru | stale_hash | replaced | connector | reset (| vllm_removed)"),
+        "lru | stale_hash | replaced | moved | connector | reset (| vllm_removed)"),
     Col("ages", pa.list_(_I64), "BIGINT[]", "kvtrace.evict.ages", "evict: steps since each entry was published"),
     Col("idle", pa.list_(_I64), "BIGINT[]", "kvtrace.evict.idle", "evict: steps since each entry was last used"),
     Col("copy_reason", _STR, "VARCHAR", "kvtrace.cow.why", "partial_hit | running_tail | external"),

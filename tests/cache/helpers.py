@@ -22,7 +22,7 @@ def full_mamba_config(hash_block_size=16, full_block_size=16, mamba_block_size=3
 
 def cached_block(manager: KVCacheManager, group: int, block_hash: bytes):
     """The block keyed by ``block_hash`` in ``group`` (ignores same-step deferral)."""
-    return manager.pools[group].get_cached_block(block_hash)
+    return manager.pools[group].get_cached_block(block_hash, group)
 
 
 def run_chunk(manager: KVCacheManager, request: Request, num_new_tokens: int, **kw):

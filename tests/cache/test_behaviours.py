@@ -21,63 +21,92 @@ HBS = 16
 
 def checkpoint_manager(retention, behaviours=ALL_BEHAVIOURS):
     return KVCacheManager(
-        full_mamba_config(hash_block_size=HBS, full_block_size=HBS, mamba_block_size=32,
+        full_mamba_config(hash_block_size=HBS, full_block_size=HBS, mamba_block_size=32, enable_partial_hits=True,
                           num_prefill_checkpoint_blocks=1, retention_interval=retention, behaviours=behaviours)
     )
 
 
 # -- transient-checkpoint-retention (000_353743fc9c388772) ---------------------------
+# vLLM 0.33: a checkpoint that is not the prompt's, not kept by the retention mask and
+# not the shared-prefix junction is transient at every retention value (its slot's keys
+# are evicted, nothing is published); at retention 0 only the chunk reaching the end of
+# prefill reserves a checkpoint at all. Switched off: every chunk reserves one and every
+# checkpoint is published (the old behaviour).
 
 @pytest.mark.parametrize(
-    "retention, behaviours, transient_published",
+    "retention, behaviours, chunk, checkpoint, published",
     [
-        (None, ALL_BEHAVIOURS, True),
-        (0, ALL_BEHAVIOURS, False),
-        (0, ALL_BEHAVIOURS - {TRANSIENT_CHECKPOINT_RETENTION}, True),  # the old behaviour
+        (None, ALL_BEHAVIOURS, 128, (112, 2), False),  # mid-prompt, not block aligned: transient
+        (None, ALL_BEHAVIOURS, 129, (128, 3), True),  # block aligned: dense retention keeps it
+        (64, ALL_BEHAVIOURS, 129, (128, 3), True),  # ends a 64-token segment: kept
+        (64, ALL_BEHAVIOURS, 97, (96, 2), False),  # inside a segment: transient
+        (0, ALL_BEHAVIOURS, 128, None, False),  # retention 0: no checkpoint before the prefill end
+        (0, ALL_BEHAVIOURS - {TRANSIENT_CHECKPOINT_RETENTION}, 128, (112, 2), True),  # the old behaviour
+        (None, ALL_BEHAVIOURS - {TRANSIENT_CHECKPOINT_RETENTION}, 128, (112, 2), True),
     ],
 )
-def test_internal_checkpoint_publication_respects_retention(retention, behaviours, transient_published):
+def test_internal_checkpoint_publication_respects_retention(retention, behaviours, chunk, checkpoint, published):
     m = checkpoint_manager(retention, behaviours)
     r = make_request("producer", range(240))
     blocks, n, _ = m.get_computed_blocks(r)
-    assert m.allocate_slots(r, 128, n, blocks) is not None
+    assert m.allocate_slots(r, chunk, n, blocks) is not None
     writes = m.take_state_writes()
-    ckpt = [w for w in writes if w.kind == "checkpoint"]
-    assert [(w.num_tokens, m.get_block_ids("producer")[1].index(w.block_id)) for w in ckpt] == [(112, 2)]
-    transient = cached_block(m, 1, r.block_hashes[112 // HBS - 1])
-    assert (transient is not None) == transient_published
-    r.num_computed_tokens = 128
+    ckpt = [(w.num_tokens, m.get_block_ids("producer")[1].index(w.block_id)) for w in writes if w.kind == "checkpoint"]
+    assert ckpt == ([checkpoint] if checkpoint else [])
+    if checkpoint:
+        assert (cached_block(m, 1, r.block_hashes[checkpoint[0] // HBS - 1]) is not None) == published
+    old = {b for _, _, b in m.stats.old_behaviour_acted}
+    assert old == ({TRANSIENT_CHECKPOINT_RETENTION} if behaviours != ALL_BEHAVIOURS else set())
+    r.num_computed_tokens = chunk
     m.new_step_starts()
-    # the prompt-end checkpoint at 224 is always published
-    assert m.allocate_slots(r, 112) is not None
+    # the prompt-end state at 224 is always published: as a checkpoint of the last
+    # chunk when it starts on a hash boundary, else at the scheduler's stop there
+    if chunk % HBS:
+        run_chunk(m, r, 224 - chunk)
+    assert m.allocate_slots(r, 240 - r.num_computed_tokens) is not None
     assert cached_block(m, 1, r.block_hashes[224 // HBS - 1]) is not None
 
 
 @pytest.mark.parametrize("on", [True, False])
-def test_transient_checkpoint_evicts_retained_boundary_hash(on):
+def test_transient_checkpoint_evicts_the_key_its_slot_carries(on):
+    """The checkpoint slot first takes its full-block key (dense retention keys every
+    block), then the checkpoint state overwrites it: the key must go with it."""
     behaviours = ALL_BEHAVIOURS if on else ALL_BEHAVIOURS - {TRANSIENT_CHECKPOINT_RETENTION}
-    m = checkpoint_manager(0, behaviours)
+    m = checkpoint_manager(None, behaviours)
     events = []
     m.subscribe(events.extend)
     r = make_request("producer", range(240))
-    r.shared_prefix_boundary = 96  # block 2 ends at the junction: the full-block pass keys it
     blocks, n, _ = m.get_computed_blocks(r)
     assert m.allocate_slots(r, 128, n, blocks)
     m.new_step_starts()
-    boundary_hash = r.block_hashes[96 // HBS - 1]
+    slot_hash = r.block_hashes[96 // HBS - 1]  # slot 2 ends at 96
     checkpoint_hash = r.block_hashes[112 // HBS - 1]
-    # the boundary key never survives: its slot holds the checkpoint state
-    assert cached_block(m, 1, boundary_hash) is None
+    assert cached_block(m, 1, slot_hash) is None  # never survives: the slot holds the state at 112
     published = [e for e in events if isinstance(e, BlockPublished) and e.group_id == 1]
     evicted = [e for e in events if isinstance(e, BlockEvicted) and e.group_id == 1]
-    assert published[0].kind == "boundary" and published[0].num_tokens == 96
+    assert published[0].kind == "full" and slot_hash in published[0].block_hashes
     if on:
         assert cached_block(m, 1, checkpoint_hash) is None
-        assert [(e.reason, e.block_hashes) for e in evicted] == [("stale_hash", (boundary_hash,))]
+        assert [(e.reason, e.block_hashes) for e in evicted] == [("stale_hash", (slot_hash,))]
     else:
         assert cached_block(m, 1, checkpoint_hash) is not None  # published, competes in the LRU
-        assert [(e.reason, e.block_hashes) for e in evicted] == [("replaced", (boundary_hash,))]
+        assert [(e.reason, e.block_hashes) for e in evicted] == [("replaced", (slot_hash,))]
         assert published[-1].kind == "checkpoint" and published[-1].num_tokens == 112
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_resumed_request_checkpoint_at_zero_retention_stays_local(on):
+    """A preempted request resumes with its outputs: its prefill ends past the prompt, so
+    the checkpoint of its last chunk is not the prompt's and is transient."""
+    behaviours = ALL_BEHAVIOURS if on else ALL_BEHAVIOURS - {TRANSIENT_CHECKPOINT_RETENTION}
+    m = checkpoint_manager(0, behaviours)
+    r = make_request("resumed", range(200))
+    r.append_output_token_ids(list(range(5000, 5040)))  # 240 tokens, prefill to 239
+    assert m.allocate_slots(r, 240) is not None
+    (w,) = [w for w in m.take_state_writes() if w.kind == "checkpoint"]
+    assert w.num_tokens == 224
+    assert (cached_block(m, 1, r.block_hashes[224 // HBS - 1]) is not None) == (not on)
+    assert cached_block(m, 1, r.block_hashes[192 // HBS - 1]) is None  # the prompt checkpoint is elsewhere
 
 
 @pytest.mark.parametrize("on", [True, False])

@@ -88,8 +88,8 @@ def test_prefix_lookup_event_and_stats():
 def test_copy_endpoints_stay_referenced_until_copies_are_taken():
     cfg = CacheConfig(groups=(FullAttentionSpec(8),), num_gpu_blocks=10, hash_block_size=4, enable_partial_hits=True)
     m = KVCacheManager(cfg)
-    a = make_request("a", range(12))  # prompt tail boundary at 12 inside block 1
-    run_chunk(m, a, 12)
+    a = make_request("a", range(13))  # prompt tail boundary (13 - 1) // 4 * 4 = 12 inside block 1
+    run_chunk(m, a, 13)
     m.free(a)
     b = make_request("b", list(range(12)) + [5, 5])
     blocks, hit, _ = m.get_computed_blocks(b)

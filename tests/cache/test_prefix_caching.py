@@ -143,22 +143,47 @@ def test_partial_hash_hit_with_copy_on_write():
         groups=(FullAttentionSpec(2), MambaSpec(4)), num_gpu_blocks=32, hash_block_size=2, enable_partial_hits=True
     )
     m = KVCacheManager(cfg)
-    producer = make_request("p", [1, 2, 3, 4, 5, 6])
-    run_chunk(m, producer, 6)
+    producer = make_request("p", [1, 2, 3, 4, 5, 6, 7])
+    run_chunk(m, producer, 6)  # the scheduler stops at the prompt's tail boundary (7 - 1) // 2 * 2
     src = m.get_block_ids("p")[1][1]
     assert cached_block(m, 1, producer.block_hashes[2]).block_id == src  # partial tail @6
+    run_chunk(m, producer, 1)  # the producer writes on: the entry moves to a copy first
+    moved = cached_block(m, 1, producer.block_hashes[2]).block_id
+    assert moved != src and m.get_block_ids("p")[1][1] == src
     m.free(producer)
     m.new_step_starts()
 
-    consumer = make_request("c", [1, 2, 3, 4, 5, 6, 7, 8])
+    consumer = make_request("c", [1, 2, 3, 4, 5, 6, 9, 8])
     blocks, hit, _ = m.get_computed_blocks(consumer)
-    assert hit == 6 and blocks.get_block_ids()[1] == [0, src]
+    assert hit == 6 and blocks.get_block_ids()[1] == [0, moved]
     out = m.allocate_slots(consumer, 2, hit, blocks)
-    (copy,) = m.take_block_copies()
-    assert (copy.group_id, copy.src, copy.why) == (1, src, "partial_hit") and copy.dst != src
+    (copy,) = m.take_block_copies()  # the Mamba hit ends inside a block
+    assert (copy.group_id, copy.src, copy.why) == (1, moved, "partial_hit") and copy.dst != moved
     assert m.get_block_ids("c")[1] == [0, copy.dst]
     assert copy.dst in out.get_block_ids()[1]
     # the source keeps its key for other requests; the copy owns the running state
-    assert cached_block(m, 1, producer.block_hashes[2]).block_id == src
+    assert cached_block(m, 1, producer.block_hashes[2]).block_id == moved
     writes = m.take_state_writes()
     assert [(w.block_id, w.num_tokens, w.kind) for w in writes] == [(copy.dst, 8, "running")]
+
+
+def test_partial_tail_is_where_a_resend_can_hit():
+    """The prompt's partial-tail entry sits at (num_prompt_tokens - 1) // hash * hash: a
+    resend matches at most num_prompt_tokens - 1 tokens (vLLM's token_limit). The issue's
+    reproduction: FA(512) + Mamba(512, align, one checkpoint block), hash 64, retention 0,
+    a 2,752-token prompt sent twice hits 2,688 tokens (kvtrace hit 2,560 with the tail at
+    num_prompt_tokens // hash * hash = 2,752: a multiple of the hash unit, not of the block)."""
+    cfg = CacheConfig(groups=(FullAttentionSpec(512), MambaSpec(512)), num_gpu_blocks=64, hash_block_size=64,
+                      retention_interval=0, enable_partial_hits=True, num_prefill_checkpoint_blocks=1,
+                      prefill_checkpoint_alignment=16)
+    m = KVCacheManager(cfg)
+    prompt = range(1000, 1000 + 2752)
+    a = make_request("a", prompt)
+    run_chunk(m, a, 2752)
+    assert cached_block(m, 0, a.block_hashes[2688 // 64 - 1]) is not None  # FA partial tail
+    assert cached_block(m, 1, a.block_hashes[2688 // 64 - 1]) is not None  # the prompt checkpoint
+    assert cached_block(m, 0, a.block_hashes[2752 // 64 - 1]) is None
+    m.free(a)
+    m.new_step_starts()
+    blocks, hit, _ = m.get_computed_blocks(make_request("b", prompt))
+    assert hit == 2688

@@ -3,6 +3,10 @@
 A tiny reference worker in this file executes the manager's plans (copies, state
 writes, attention writes through the Core's tables) on a symbolic content model, so
 that "no cached key is stale" can be checked against what each key's prefix defines.
+
+Chunks of Mamba models are cut as the scheduler cuts them (vLLM's block-aligned
+split, kvtrace's port): like vLLM's, the manager keys a Mamba slot at its block end
+trusting the split to have ended a chunk there.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from kvtrace.cache import (
 )
 from kvtrace.cache.block_pool import BlockPool
 from kvtrace.cache.sink import EventSink
+from kvtrace.engine.config import SchedulerConfig
+from kvtrace.engine.scheduler import Scheduler
 
 PREFIXES = [tuple(range(100, 124)), tuple(range(200, 220)), tuple(range(100, 112)) + tuple(range(300, 310))]
 
@@ -29,15 +35,18 @@ CONFIGS = {
     "full": dict(groups=(FullAttentionSpec(4),), num_gpu_blocks=24, hash_block_size=4),
     "full-partial": dict(groups=(FullAttentionSpec(8),), num_gpu_blocks=16, hash_block_size=4,
                          enable_partial_hits=True),
-    "hybrid-dense": dict(groups=(FullAttentionSpec(4), MambaSpec(8)), num_gpu_blocks=(40, 14), hash_block_size=4,
+    "hybrid-dense": dict(groups=(FullAttentionSpec(4), MambaSpec(8)), num_gpu_blocks=54, hash_block_size=4,
                          enable_partial_hits=True, num_prefill_checkpoint_blocks=1),
-    "hybrid-zero": dict(groups=(FullAttentionSpec(4), MambaSpec(8)), num_gpu_blocks=(40, 14), hash_block_size=4,
+    "hybrid-zero": dict(groups=(FullAttentionSpec(4), MambaSpec(8)), num_gpu_blocks=54, hash_block_size=4,
                         enable_partial_hits=True, num_prefill_checkpoint_blocks=1, retention_interval=0),
-    "hybrid-k": dict(groups=(FullAttentionSpec(8), MambaSpec(8)), num_gpu_blocks=(30, 14), hash_block_size=4,
+    "hybrid-k": dict(groups=(FullAttentionSpec(8), MambaSpec(8)), num_gpu_blocks=44, hash_block_size=4,
                      retention_interval=16, num_prefill_checkpoint_blocks=1),
-    "swa": dict(groups=(FullAttentionSpec(4), SlidingWindowSpec(4, sliding_window=7)), num_gpu_blocks=(40, 30),
+    "hybrid-separate-pools": dict(groups=(FullAttentionSpec(4), MambaSpec(8)), num_gpu_blocks=(40, 14),
+                                  hash_block_size=4, enable_partial_hits=True, num_prefill_checkpoint_blocks=1,
+                                  prefill_checkpoint_alignment=4, retention_interval=0),
+    "swa": dict(groups=(FullAttentionSpec(4), SlidingWindowSpec(4, sliding_window=7)), num_gpu_blocks=70,
                 hash_block_size=4, retention_interval=0),
-    "external": dict(groups=(FullAttentionSpec(4), MambaSpec(8)), num_gpu_blocks=(30, 10), hash_block_size=4,
+    "external": dict(groups=(FullAttentionSpec(4), MambaSpec(8)), num_gpu_blocks=40, hash_block_size=4,
                      enable_partial_hits=True, external=ExternalTierConfig(64)),
 }
 
@@ -100,8 +109,17 @@ class ReferenceWorker:
         return out
 
 
+def chunk_end(m: KVCacheManager, req: Request, start: int, chunk: int, local: int = 0, ext: int = 0) -> int:
+    """The end of the next chunk of at most ``chunk`` tokens, as the scheduler splits it."""
+    end = min(req.num_tokens, start + chunk)
+    if not any(isinstance(s, MambaSpec) for s in m.config.groups):
+        return end
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=max(chunk, 1)), m.config, m)
+    return start + sched._mamba_block_aligned_split(req, end - start, local, ext)
+
+
 def check_pool_invariants(m: KVCacheManager) -> None:
-    for pool in m.pools:
+    for pool in dict.fromkeys(m.pools):
         q = pool.free_block_queue
         seen = []
         prev = q.head
@@ -117,11 +135,15 @@ def check_pool_invariants(m: KVCacheManager) -> None:
         for blk in pool.blocks[1:]:
             assert (blk.block_id in in_queue) != (blk.ref_cnt > 0), f"block {blk.block_id} ref {blk.ref_cnt}"
             for h, _n in blk.keys():
-                holders = pool.get_cached_blocks(h)
+                holders = pool.get_cached_blocks(h, blk.group_id)
                 assert blk in holders, "a block records a key the map lacks"
-        for h, v in pool.cached.items():
-            for blk in ([v] if not isinstance(v, dict) else v.values()):
-                assert h in [k for k, _ in blk.keys()], "a cached key maps to a block that does not record it"
+        for g, cached in enumerate(pool.cached):
+            for h, v in cached.items():
+                for blk in ([v] if not isinstance(v, dict) else v.values()):
+                    assert blk.group_id == g, "a key of one group on another group's block"
+                    assert h in [k for k, _ in blk.keys()], "a cached key maps to a block that does not record it"
+        held = [sum(1 for b in pool.blocks[1:] if b.ref_cnt > 0 and b.group_id == g) for g in range(len(pool.cached))]
+        assert held == pool.num_used, "usage per group"
 
 
 action = st.tuples(st.sampled_from(["new", "new", "run", "run", "decode", "free", "step"]),
@@ -145,9 +167,9 @@ def test_random_streams_keep_the_pool_consistent_and_no_key_stale(config, action
             req.shared_prefix_boundary = boundary
             ext = m.get_num_external_hit_tokens(req, hit)
             start = hit + ext
-            end = min(req.num_tokens, start + chunk)
-            if boundary and start < boundary < end:
-                end = boundary
+            end = chunk_end(m, req, start, chunk, hit, ext) if start < req.num_tokens else req.num_tokens
+            if end <= start:
+                continue
             out = m.allocate_slots(req, end - start, hit, blocks, num_external_computed_tokens=ext)
             if out is None:
                 m.take_block_copies()
@@ -163,7 +185,9 @@ def test_random_streams_keep_the_pool_consistent_and_no_key_stale(config, action
                     continue
                 req.append_output_token_ids([(req.num_tokens * 7) % 11])
             start = req.num_computed_tokens
-            end = min(req.num_tokens, start + chunk)
+            end = chunk_end(m, req, start, chunk)
+            if end <= start:
+                continue
             if m.allocate_slots(req, end - start) is None:
                 m.take_block_copies()
                 continue
@@ -180,7 +204,7 @@ def test_random_streams_keep_the_pool_consistent_and_no_key_stale(config, action
         m.free(live[rid])
     m.take_block_copies()
     check_pool_invariants(m)
-    for pool in m.pools:
+    for pool in dict.fromkeys(m.pools):
         assert pool.num_free_blocks == pool.num_blocks - 1
     assert hbs
 
@@ -189,13 +213,13 @@ def test_random_streams_keep_the_pool_consistent_and_no_key_stale(config, action
 @given(st.lists(st.tuples(st.sampled_from(["alloc", "free", "touch", "key"]), st.integers(0, 9)), max_size=80))
 def test_eviction_order_is_lru_as_defined(ops):
     """The pool's queue against a plain list model: pop head; free unhashed->head, hashed->tail."""
-    pool = BlockPool(8, 0, EventSink())
+    pool = BlockPool(8, EventSink())
     model = list(range(1, 8))
     held: list = []
     for op, x in ops:
         if op == "alloc" and model:
             n = 1 + x % min(3, len(model))
-            got = pool.get_new_blocks(n)
+            got = pool.get_new_blocks(n, 0)
             assert [b.block_id for b in got] == model[:n]
             for b in got:
                 assert b.block_hash is None  # popped keys were evicted
@@ -204,10 +228,10 @@ def test_eviction_order_is_lru_as_defined(ops):
         elif op == "key" and held:
             b = held[x % len(held)]
             if b.block_hash is None:
-                pool.cache_full_blocks("r", [b], [bytes([b.block_id, x])], 0, 1, 4, None, "full")
+                pool.cache_full_blocks(0, "r", [b], [bytes([b.block_id, x])], 0, 1, 4, None, "full")
         elif op == "free" and held:
             b = held.pop(x % len(held))
-            pool.free_blocks([b])
+            pool.free_blocks([b], 0)
             if b.block_hash is None:
                 model.insert(0, b.block_id)
             else:
@@ -216,7 +240,7 @@ def test_eviction_order_is_lru_as_defined(ops):
             bid = model[x % len(model)]
             blk = pool.blocks[bid]
             if blk.block_hash is not None:
-                pool.touch([blk])
+                pool.touch([blk], 0)
                 model.remove(bid)
                 held.append(blk)
         assert pool.free_block_queue.block_ids() == model

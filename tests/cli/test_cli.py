@@ -206,3 +206,44 @@ def test_capture_vllm_bad_endpoint_is_one_line_before_any_run(tmp_path, args, wh
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"kvtrace: error: {what}"), r.stderr
     assert not db.exists()
+
+
+def test_conformance_exit_codes_and_report(vllm_api):
+    """0 when both managers agree (in process: vLLM is imported once per session), 1 on a
+    disagreement with the switch that explains it (a real process)."""
+    from typer.testing import CliRunner
+
+    from kvtrace.cli import app
+
+    ok = CliRunner().invoke(app, ["conformance", "gen:mixed", "--limit", "12", "--capacity-blocks", "80",
+                                  "--capacity-blocks", "2000", "--json"])
+    assert ok.exit_code == 0, ok.output
+    data = json.loads(ok.stdout)
+    assert data["agree"] and data["vllm_version"] == "0.33.0" and [r["capacity_blocks"] for r in data["runs"]] == [
+        80, 2000]
+    assert all(r["disagreements"] == 0 and r["fields"]["allocation"]["agreed"] > 0 for r in data["runs"])
+    off = kvtrace("conformance", "gen:study-shared-prefix-pinning", "--limit", "20", "--without",
+                  "shared-prefix-pinning")
+    assert off.returncode == 1, off.stderr
+    assert "first disagreement: shared_prefix_boundary" in off.stdout
+    assert "explained by switch shared-prefix-pinning" in off.stdout and off.stdout.rstrip().endswith("DISAGREE")
+
+
+def test_conformance_without_vllm_is_one_line_and_exit_2():
+    """The check happens before vLLM is imported: a missing install is named with the
+    version expected and how to install it."""
+    code = ("import importlib.metadata as m, sys\n"
+            "real = m.version\n"
+            "def version(name):\n"
+            "    if name == 'vllm':\n"
+            "        raise m.PackageNotFoundError(name)\n"
+            "    return real(name)\n"
+            "m.version = version\n"
+            "sys.argv = ['kvtrace', 'conformance', 'gen:mixed', '--limit', '2']\n"
+            "from kvtrace.cli import main\n"
+            "main()\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "vLLM is not installed" in lines[0] and "0.33.0" in lines[0]
+    assert "make vllm" in lines[0] and r.stdout == ""

@@ -14,16 +14,26 @@ def test_named_presets_have_the_documented_shape():
     kimi = get_preset("kimi-hybrid").cache_config
     assert isinstance(kimi.groups[1], MambaSpec)
     assert kimi.retention_interval == 0 and kimi.enable_partial_hits and kimi.num_prefill_checkpoint_blocks == 1
+    assert kimi.prefill_checkpoint_alignment == 16  # FlashKDA
+    # one pool shared by both groups, the former two per-group pools together (8,192 + 2,048)
+    assert kimi.shared_pool and kimi.num_gpu_blocks == 10_240
 
 
 def test_overrides_capacity_retention_behaviours_and_block_size():
     p = get_preset("kimi-hybrid", capacity_tokens=1 << 20, retention_interval=None, without=(SHARED_PREFIX_PINNING,))
     cc = p.cache_config
-    assert cc.num_gpu_blocks[0] == (1 << 20) // 512 + 1 and cc.num_gpu_blocks[1] == 2048
+    # a pool holding 2^20 attention tokens, the preset's 2,048 state blocks and the null block
+    assert cc.num_gpu_blocks == (1 << 20) // 512 + 2048 + 1
     assert cc.retention_interval is None and SHARED_PREFIX_PINNING not in cc.behaviours
-    assert get_preset("kimi-hybrid", capacity_blocks=(100, 20)).cache_config.num_gpu_blocks == (100, 20)
+    assert get_preset("kimi-hybrid", capacity_blocks=600).cache_config.num_gpu_blocks == 600
+    separate = get_preset("kimi-hybrid", capacity_blocks=(100, 20)).cache_config  # SGLang-style pools
+    assert separate.num_gpu_blocks == (100, 20) and not separate.shared_pool
     small = get_preset("dense-attention", block_size=32).cache_config
-    assert small.groups[0].block_size == 32 and small.hash_block_size == 16
+    # one group is hashed per block (vLLM); the token capacity is kept
+    assert small.groups[0].block_size == 32 and small.hash_block_size == 32
+    assert small.num_gpu_blocks == 1 + 53_759 * 16 // 32
+    kimi64 = get_preset("kimi-hybrid", block_size=64).cache_config
+    assert kimi64.hash_block_size == 64 and kimi64.num_gpu_blocks == 1 + 2048 + 8191 * 512 // 64
     with pytest.raises(ConfigError, match="unknown"):
         get_preset("no-such-preset")
     with pytest.raises(ConfigError, match="behaviours"):
@@ -63,13 +73,13 @@ def test_block_size_and_capacity_tokens_combine():
     # the capacity is converted with the block size the groups end up with
     cc = get_preset("kimi-hybrid", block_size=64, capacity_tokens=1_000_000).cache_config
     assert cc.groups[0].block_size == 64 and cc.hash_block_size == 64
-    usable = cc.num_gpu_blocks[0] - 1  # the null block holds nothing
-    assert usable * 64 >= 1_000_000 > (usable - 1) * 64
+    attention = cc.num_gpu_blocks - 1 - 2048  # the null block holds nothing; 2,048 blocks for states
+    assert attention * 64 >= 1_000_000 > (attention - 1) * 64
     # a block size alone keeps the preset's token capacity; capacity_blocks alone is taken as given
     base = get_preset("kimi-hybrid").cache_config
     resized = get_preset("kimi-hybrid", block_size=64).cache_config
-    assert (resized.num_gpu_blocks[0] - 1) * 64 == (base.num_gpu_blocks[0] - 1) * 512
-    assert get_preset("kimi-hybrid", block_size=64, capacity_blocks=300).cache_config.num_gpu_blocks == (300, 300)
+    assert (resized.num_gpu_blocks - 1 - 2048) * 64 == (base.num_gpu_blocks - 1 - 2048) * 512
+    assert get_preset("kimi-hybrid", block_size=64, capacity_blocks=300).cache_config.num_gpu_blocks == 300
 
 
 def test_retention_without_a_sparse_group_is_refused():

@@ -10,7 +10,7 @@ from kvtrace.engine.presets import EnginePreset
 from kvtrace.engine.clock import get_cost_model
 
 
-def hybrid_cache(blocks=(256, 64), hbs=64, bs=512, partial=True, **kw) -> CacheConfig:
+def hybrid_cache(blocks=320, hbs=64, bs=512, partial=True, **kw) -> CacheConfig:
     return CacheConfig(
         groups=(FullAttentionSpec(bs), MambaSpec(bs)), num_gpu_blocks=blocks, hash_block_size=hbs,
         retention_interval=0, enable_partial_hits=partial, **kw,
@@ -39,6 +39,30 @@ def test_split_stops_at_last_block_boundary_then_tail_hash_boundary(sched):
     assert split(sched, req, 464) == 448  # the prompt's tail hash boundary 1984
     req.num_computed_tokens = 1984
     assert split(sched, req, 16) == 16
+
+
+def test_split_stops_at_the_tail_a_resend_can_reach():
+    """vLLM's tail stop is get_mamba_prefill_checkpoint_position(num_prompt_tokens, hash):
+    (num_prompt_tokens - 1) // hash * hash. A 2,752-token prompt (a multiple of the hash
+    unit) stops at 2,688, where kvtrace stopped nowhere (2,752 // 64 * 64 is the prompt end)."""
+    s = Scheduler(SchedulerConfig(), hybrid_cache(), KVCacheManager(hybrid_cache()))
+    req = make_request("a", 2752)
+    assert split(s, req, 2752) == 2560
+    req.num_computed_tokens = 2560
+    assert split(s, req, 192) == 128
+    req.num_computed_tokens = 2688
+    assert split(s, req, 64) == 64
+
+
+def test_a_chunk_exporting_its_checkpoint_is_not_split():
+    """With a checkpoint block the chunk reaching the end of prefill exports the prompt's
+    checkpoint itself (use_internal_checkpoint): no stop at the last block, nor at the tail."""
+    cc = hybrid_cache(num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=16)
+    s = Scheduler(SchedulerConfig(), cc, KVCacheManager(cc))
+    req = make_request("a", 2752)
+    assert split(s, req, 2752) == 2752
+    assert split(s, req, 2700, local=52) == 512 - 52  # from mid-block: not exportable (not on a hash boundary)
+    assert split(s, req, 2688, local=64) == 2688  # from a hash boundary: the whole rest
 
 
 def test_split_without_partial_hits_has_no_tail_stop():
@@ -110,7 +134,7 @@ def run_steps(sched: Scheduler, requests, max_steps=10_000):
 
 
 def test_token_budget_and_max_num_seqs_are_respected():
-    cc = hybrid_cache(blocks=(512, 256))
+    cc = hybrid_cache(blocks=768)
     s = Scheduler(SchedulerConfig(max_num_batched_tokens=1024, max_num_seqs=3), cc, KVCacheManager(cc))
     reqs = [make_request(f"r{i}", 700 + 97 * i, seed=i, out=5) for i in range(8)]
     outs = run_steps(s, reqs)

@@ -24,7 +24,7 @@ def preset(cache: CacheConfig, batch: int = 8192, seqs: int = 64) -> EnginePrese
 
 def hybrid_cache(**kw) -> CacheConfig:
     base = dict(
-        groups=(FullAttentionSpec(16), MambaSpec(16)), num_gpu_blocks=(512, 48), hash_block_size=16,
+        groups=(FullAttentionSpec(16), MambaSpec(16)), num_gpu_blocks=560, hash_block_size=16,
         retention_interval=0, enable_partial_hits=True, num_prefill_checkpoint_blocks=1,
     )
     base.update(kw)
@@ -79,7 +79,7 @@ def external_continuation(seed: int = 2) -> tuple[list[TraceRequest], CacheConfi
     for i in range(3):
         out.append(TraceRequest(f"sibling{i}", (160 + 40 * i) * MS, 15, 6, token_ids=consumer.copy()))
     cache = CacheConfig(
-        groups=(FullAttentionSpec(2), MambaSpec(8)), num_gpu_blocks=(48, 6), hash_block_size=2,
+        groups=(FullAttentionSpec(2), MambaSpec(8)), num_gpu_blocks=54, hash_block_size=2,
         retention_interval=None, enable_partial_hits=True, external=ExternalTierConfig(1000),
     )
     return out, cache

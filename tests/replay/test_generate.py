@@ -103,8 +103,9 @@ def test_external_cow_study_geometry(hbs, mbs):
     for c in children:
         p = parents[c.session_id]
         e = p.input_length
-        assert e % mbs == hbs  # the hit ends on a hash boundary one hash block into a Mamba block
-        assert c.hash_ids[: e // 16] == p.hash_ids  # the child extends the parent exactly
+        # the parent's tail, where a hit on it ends, is one hash block into a Mamba block
+        assert (e - 1) // hbs * hbs % mbs == hbs and e % mbs == hbs + 1
+        assert c.hash_ids[: e // 16] == p.hash_ids[: e // 16]  # the child extends the parent's tail
         n = c.input_length
         assert n // mbs == e // mbs  # continues inside the same Mamba block
         assert n % hbs != 0 and (n // hbs) * hbs > e  # a partial tail past the hit, then more tokens
@@ -114,13 +115,14 @@ def test_external_cow_study_geometry(hbs, mbs):
     assert retries and all(
         np.array_equal(r.prompt_token_ids(), next(c for c in children if c.request_id == r.request_id.replace(
             "retry", "child")).prompt_token_ids()) for r in retries)
-    # the fillers between parent and child hold more blocks than the hinted GPU capacity
-    # (so the parent leaves the GPU), yet each fits in it
+    # the fillers between parent and child, with a state block each, take most of the
+    # hinted pool (shared by both groups: the parent, freed before them, leaves the GPU),
+    # yet each fits in it
     usable = WORKLOADS["study-external-hit-running-cow"].hints["capacity_blocks"] - 1  # the null block
     if mbs == 512:
         for k in range(len(parents) - 1):
-            sizes = [-(-f.input_length // 512) for f in fillers[3 * k:3 * k + 3]]
-            assert sum(sizes) > usable and max(sizes) < usable
+            sizes = [-(-f.input_length // 512) + 1 for f in fillers[3 * k:3 * k + 3]]
+            assert sum(sizes) > usable * 3 // 4 and max(sizes) < usable
 
 
 def test_transient_checkpoint_study_has_hot_prefixes_and_long_prompts():
@@ -134,7 +136,7 @@ def test_transient_checkpoint_study_has_hot_prefixes_and_long_prompts():
             shared = common_prefix(group[0].hash_ids, group[1].hash_ids) * 16
             assert shared % 512 == 0 and 2048 <= shared <= 4096
     assert all(r.input_length % 64 != 0 for r in reqs)  # a tail hash boundary inside the prompt
-    assert min(r.input_length for r in reqs) > 4000
+    assert min(r.input_length for r in reqs) > 8192 + 2048  # longer than one prefill chunk
 
 
 def test_bad_arguments():

@@ -2,18 +2,23 @@
 
 A manager owns its group's block tables (``req_to_blocks``: request id -> table, one
 block per ``block_size`` tokens, null blocks where a slot holds nothing) and applies the
-group's hit rule, allocation rule, skipped-block rule and retention mask. Hashes come
-in ``hash_block_size`` units ("fine"); a group block i is keyed by the fine hash at
-``(i + 1) * scale - 1`` (``coarse``).
+group's hit rule, allocation rule, skipped-block rule and retention mask. Its blocks
+come from the block pool it shares with the other groups (``pool``); its keys live in
+that pool's map for its group (``cached``). Hashes come in ``hash_block_size`` units
+("fine"); a group block i is keyed by the fine hash at ``(i + 1) * scale - 1``
+(``coarse``).
 
 Invariants kept here:
 
 * ``num_cached_block[r]`` is the number of leading table slots of request r that have
   been considered for keying; slots below it are never keyed again (a slot may still
-  take a partial key, see the subclasses);
+  take a partial key, see the subclasses). A request is in it from its first
+  allocation with hit blocks or its first keyed block on: vLLM's "running" test;
 * tables only grow, except that skipped slots become the null block (their blocks go
   back to the pool, keys kept) and a copy-on-write swaps one slot before the worker
   has seen the table (``partial_hit_reqs``);
+* hit blocks in slots the request already skips are neither taken nor touched: their
+  slots are null (vLLM pads them);
 * ``free`` returns a request's blocks tail first, so its tail is evicted before its
   prefix.
 """
@@ -47,6 +52,7 @@ class SingleTypeManager:
         self.block_size = spec.block_size
         self.scale = spec.block_size // ctx.hash_block_size
         self.pool = pool
+        self.cached = pool.cached[group_id]  # this group's hash map in the pool
         self.null_block = pool.null_block
         self.ctx = ctx
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
@@ -67,7 +73,7 @@ class SingleTypeManager:
     ) -> tuple[list[KVCacheBlock], int]:
         """The longest hit of at most ``max_length`` tokens whose length is a multiple of
         ``alignment``. Returns (the table's blocks for it, null where the group keeps
-        nothing; the hit length in tokens). Keys published this step are not hittable."""
+        nothing; the hit length in tokens)."""
         raise NotImplementedError
 
     # -- allocation ---------------------------------------------------------------
@@ -77,107 +83,116 @@ class SingleTypeManager:
 
     def get_num_blocks_to_allocate(
         self, request_id: str, num_tokens: int, new_computed: Sequence[KVCacheBlock],
-        num_local_computed: int, total_computed: int,
+        total_computed: int, num_local_computed: int, num_tokens_main: int, prefill_end: int,
     ) -> int:
-        """Free blocks an ``allocate_slots`` of ``num_tokens`` total would take from the
-        pool, counting hit blocks that leave the free queue and copy-on-write blocks.
+        """Free blocks an ``allocate_slots`` growing the table to ``num_tokens`` would take
+        from the pool, counting hit blocks that leave the free queue and a copy-on-write
+        block (vLLM's rule; it may be negative where a table is over-allocated).
         Changes nothing."""
-        num_required = cdiv(num_tokens, self.block_size)
-        existing = len(self.req_to_blocks.get(request_id, ())) + len(new_computed)
-        skipped = self.get_num_skipped_tokens(total_computed) // self.block_size
-        n = max(num_required - max(skipped, existing), 0)
+        bs = self.block_size
+        num_required = cdiv(num_tokens, bs)
+        table = self.req_to_blocks.get(request_id, ())
+        if request_id in self.num_cached_block:  # running: no new hits
+            return max(num_required - len(table), 0)
+        num_skipped = self.get_num_skipped_tokens(total_computed) // bs
+        n = max(num_required - max(num_skipped, len(new_computed) + len(table)), 0)
         if new_computed:
-            n += sum([b.ref_cnt == 0 and not b.is_null for b in new_computed])
-        if new_computed and num_local_computed % self.block_size:
-            n += 1  # copy-on-write block for a hit ending mid-block
-        if request_id in self.partial_hit_reqs:
-            n += 1
+            skipped_hits = max(0, num_skipped - len(table))  # hit blocks in skipped slots are not taken
+            n += sum([b.ref_cnt == 0 and not b.is_null for b in new_computed[skipped_hits:]])
+            if num_local_computed % bs:
+                n += 1  # copy-on-write block for a hit ending mid-block
         return n
 
-    def add_computed_blocks(self, request_id: str, blocks: list[KVCacheBlock], num_local_computed: int) -> None:
-        """Take the hit blocks of a new request (touch) and note a mid-block hit for CoW."""
+    def add_computed_blocks(self, request_id: str, blocks: Sequence[KVCacheBlock], num_local_computed: int,
+                            num_external: int) -> None:
+        """Take the hit blocks of a new request (touch) and note a mid-block hit for CoW.
+
+        Hit blocks in slots the request already skips (after ``num_local_computed +
+        num_external`` tokens) are not taken: their slots are null.
+        """
         table = self.req_to_blocks.setdefault(request_id, [])
-        if not blocks:
-            self.num_cached_block.setdefault(request_id, len(table))
-            return
         assert not table, f"{request_id}: hit blocks for a request that already has blocks"
-        self.pool.touch(blocks)
-        table.extend(blocks)
-        self.num_cached_block[request_id] = len(blocks)
-        if num_local_computed % self.block_size:
-            idx = self._partial_hit_index(blocks, num_local_computed)
-            self.partial_hit_reqs[request_id] = (idx, blocks[idx])
+        num_skipped = self.get_num_skipped_tokens(num_local_computed + num_external) // self.block_size
+        if num_skipped > 0:
+            blocks = blocks[num_skipped:]
+            table.extend([self.null_block] * num_skipped)
+        if blocks:
+            self.pool.touch(blocks, self.group_id)
+            table.extend(blocks)
+        self.num_cached_block[request_id] = len(table)
+        if blocks and num_local_computed % self.block_size:
+            idx = num_local_computed // self.block_size
+            self.partial_hit_reqs[request_id] = (idx, blocks[-1])
             self.num_cached_block[request_id] = idx  # re-cache from the copy when it fills
 
-    def _partial_hit_index(self, blocks: list[KVCacheBlock], num_local_computed: int) -> int:
-        """Table index of the block a mid-block hit ends in."""
-        return num_local_computed // self.block_size
-
-    def apply_cow(self, request: Request, new_out: list[KVCacheBlock]) -> None:
-        """Redirect a mid-block hit to a private copy (first-prefill branch)."""
-        pending = self.partial_hit_reqs.pop(request.request_id, None)
-        if pending is None:
-            return
-        idx, src = pending
-        table = self.req_to_blocks[request.request_id]
-        if idx >= len(table) or table[idx] is not src:
-            return
-        self._swap_in_copy(request, idx, src, new_out)
-
-    def _swap_in_copy(self, request: Request, idx: int, src: KVCacheBlock, new_out: list[KVCacheBlock]) -> None:
-        rid = request.request_id
-        (dst,) = self.pool.get_new_blocks(1, rid)
-        self.req_to_blocks[rid][idx] = dst
-        # src keeps the table's reference until the copy ran; dst takes one extra.
+    def _swap_in_copy(self, request_id: str, idx: int, src: KVCacheBlock, dst: KVCacheBlock) -> None:
+        """Redirect a mid-block hit to the private copy ``dst`` (vLLM's ``_apply_cow``)."""
+        table = self.req_to_blocks[request_id]
+        assert table[idx] is src and not src.is_null
+        table[idx] = dst
+        # src keeps its hit reference until the copy ran; dst takes one extra.
         dst.ref_cnt += 1
         self.ctx.retained.append((self.pool, src))
         self.ctx.retained.append((self.pool, dst))
-        self.ctx.queue_copy(BlockCopy(self.group_id, src.block_id, dst.block_id, rid, COPY_PARTIAL_HIT))
-        new_out.append(dst)
+        self.ctx.queue_copy(BlockCopy(self.group_id, src.block_id, dst.block_id, request_id, COPY_PARTIAL_HIT))
 
-    def allocate_external_blocks(
-        self, request: Request, num_local: int, num_external: int, new_out: list[KVCacheBlock]
-    ) -> None:
-        """Blocks for tokens loaded from the external tier (before any local compute)."""
+    def allocate_external_blocks(self, request: Request, num_local: int, num_external: int) -> None:
+        """Blocks for tokens loaded from the external tier (before any local compute),
+        after every group has taken its hit blocks. Queues their ``external`` writes."""
         rid = request.request_id
         table = self.req_to_blocks.setdefault(rid, [])
         total = num_local + num_external
-        skipped = self.get_num_skipped_tokens(total) // self.block_size
-        while len(table) < min(skipped, cdiv(total, self.block_size)):
-            table.append(self.null_block)
-            new_out.append(self.null_block)
+        skipped = self.get_num_skipped_tokens(total)
+        if skipped > 0:
+            num_external = min(total - skipped, num_external)
+        if num_external <= 0:
+            return
         bs = self.block_size
-        if num_local % bs and len(table) > num_local // bs:
-            # the local hit ends inside this block: the load fills the rest of it
-            b = table[num_local // bs]
-            self.ctx.state_writes.append(
-                StateWrite(rid, self.group_id, b.block_id, min((num_local // bs + 1) * bs, total), STATE_EXTERNAL)
-            )
         n = cdiv(total, bs) - len(table)
         if n <= 0:
             return
         first = len(table)
-        blocks = self.pool.get_new_blocks(n, rid)
+        blocks = self.pool.get_new_blocks(n, self.group_id, rid)
         table.extend(blocks)
-        new_out.extend(blocks)
         for i, b in enumerate(blocks, start=first):
             self.ctx.state_writes.append(
-                StateWrite(rid, self.group_id, b.block_id, min((i + 1) * self.block_size, total), STATE_EXTERNAL)
+                StateWrite(rid, self.group_id, b.block_id, min((i + 1) * bs, total), STATE_EXTERNAL)
             )
             self.ctx.note_external_load(rid, self.group_id, b)
 
-    def allocate_new_blocks(
-        self, request: Request, num_tokens: int, num_tokens_main: int, step_start: int, new_out: list[KVCacheBlock]
-    ) -> None:
-        """Grow the table to cover ``num_tokens`` (lookahead included); the new blocks
-        are appended to ``new_out`` in table order."""
+    def queue_external_tail_write(self, request: Request, num_local: int, num_external: int) -> None:
+        """When the local hit ends inside a block that the external load continues, the
+        load fills the rest of that block (the copy-on-write block by now, if any)."""
+        bs = self.block_size
+        total = num_local + num_external
+        table = self.req_to_blocks.get(request.request_id, ())
+        if num_local % bs and total > num_local and len(table) > num_local // bs:
+            b = table[num_local // bs]
+            if not b.is_null:
+                self.ctx.state_writes.append(StateWrite(
+                    request.request_id, self.group_id, b.block_id, min((num_local // bs + 1) * bs, total),
+                    STATE_EXTERNAL))
+
+    def allocate_new_blocks(self, request: Request, num_tokens: int, num_tokens_main: int,
+                            step_start: int) -> list[KVCacheBlock]:
+        """Grow the table to cover ``num_tokens`` (lookahead included), after a pending
+        copy-on-write. Returns the blocks handed out this call in table order: the copy
+        block first (it replaced a slot of a new request), then the appended ones."""
         rid = request.request_id
         table = self.req_to_blocks.setdefault(rid, [])
+        out: list[KVCacheBlock] = []
+        pending = self.partial_hit_reqs.pop(rid, None) if self.partial_hit_reqs else None
+        if pending is not None:
+            idx, src = pending
+            (dst,) = self.pool.get_new_blocks(1, self.group_id, rid)
+            self._swap_in_copy(rid, idx, src, dst)
+            out.append(dst)
         n = cdiv(num_tokens, self.block_size) - len(table)
         if n > 0:
-            blocks = self.pool.get_new_blocks(n, rid)
+            blocks = self.pool.get_new_blocks(n, self.group_id, rid)
             table.extend(blocks)
-            new_out.extend(blocks)
+            out.extend(blocks)
+        return out
 
     # -- caching ------------------------------------------------------------------
     def reachable_mask(self, request: Request, start: int, end: int) -> tuple[list[bool] | None, set[int]]:
@@ -196,7 +211,7 @@ class SingleTypeManager:
         mask, owed = self.reachable_mask(request, num_cached, num_full)
         fine = request.block_hashes
         self.pool.cache_full_blocks(
-            rid, self.req_to_blocks[rid], self.coarse(fine), num_cached, num_full, self.block_size,
+            self.group_id, rid, self.req_to_blocks[rid], self.coarse(fine), num_cached, num_full, self.block_size,
             mask, PUBLISH_FULL, dict.fromkeys(owed, PUBLISH_BOUNDARY) if owed else None,
         )
         self.num_cached_block[rid] = num_full
@@ -211,6 +226,8 @@ class SingleTypeManager:
 
     # -- release ------------------------------------------------------------------
     def _remove_blocks_in_range(self, request_id: str, first: int, last: int) -> None:
+        """Free table slots [first, last) back to front, stopping at a null slot (slots
+        below it were freed before), and null them."""
         table = self.req_to_blocks.get(request_id)
         if not table or first >= last:
             return
@@ -224,7 +241,7 @@ class SingleTypeManager:
             freed.append(b)
             table[i] = null
         if freed:
-            self.pool.free_blocks(freed)
+            self.pool.free_blocks(freed, self.group_id)
 
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
         """Free the blocks of skipped slots (they keep their keys) and null the slots."""
@@ -242,5 +259,8 @@ class SingleTypeManager:
             return []
         null = self.null_block
         ordered = [b for b in reversed(table) if b is not null]
-        self.pool.free_blocks(ordered)
+        self.pool.free_blocks(ordered, self.group_id)
         return ordered
+
+    def new_step_starts(self) -> None:
+        """A new scheduler step begins (Mamba forgets the states it published)."""

@@ -1,7 +1,12 @@
 """Full attention (vLLM's ``FullAttentionManager``): every earlier token is attended to,
 so a hit is the longest run of cached blocks from the start (scanned left to right,
-stopping at the first miss); with partial hits on, the hash units inside the first
-block that missed are probed too, and the prompt's partial tail gets a key of its own.
+stopping at the first miss); with fine-grained hits (an alignment below the block
+size) the hash units inside the first block that missed are probed too, high to low.
+
+Whenever its block is wider than a hash unit, the prompt's partial tail gets a key of
+its own, at the last hash boundary a resend can reach:
+``(num_prompt_tokens - 1) // hash_block_size * hash_block_size`` (a resend matches at
+most ``num_prompt_tokens - 1`` tokens, the last one being recomputed for its logits).
 """
 
 from __future__ import annotations
@@ -25,26 +30,25 @@ class FullAttentionManager(SingleTypeManager):
         bs = self.block_size
         scale = self.scale
         coarse = fine if scale == 1 else fine[scale - 1::scale]  # self.coarse, inlined (per lookup)
-        pool = self.pool
-        cached, step = pool.cached, pool.step
+        cached = self.cached
         blocks: list[KVCacheBlock] = []
         append = blocks.append
         for h in coarse[: max_length // bs]:
             b = cached.get(h)
             if b is None:
                 break
-            if type(b) is not KVCacheBlock or b.published_step == step:
-                b = pool.lookup_for_hit(h)  # duplicates, or published this step
-                if b is None:
-                    break
+            if type(b) is not KVCacheBlock:  # duplicates: the first holder
+                b = next(iter(b.values()))
             append(b)
         hit = len(blocks) * bs
-        if alignment < bs:  # partial hits: probe hash boundaries inside the next block
+        if alignment < bs:  # fine-grained: probe hash boundaries inside the next block
             first = len(blocks) * scale
             last = min(first + scale - 1, max_length // alignment, len(fine))
             for fi in range(last - 1, first - 1, -1):
-                b = pool.lookup_for_hit(fine[fi])
+                b = cached.get(fine[fi])
                 if b is not None:
+                    if type(b) is not KVCacheBlock:
+                        b = next(iter(b.values()))
                     blocks.append(b)
                     hit = (fi + 1) * alignment
                     break
@@ -62,27 +66,27 @@ class FullAttentionManager(SingleTypeManager):
         if not table:
             return []
         ordered = table[::-1]
-        self.pool.free_blocks(ordered)
+        self.pool.free_blocks(ordered, self.group_id)
         return ordered
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         super().cache_blocks(request, num_tokens)
-        if self.ctx.enable_partial_hits and self.scale > 1:
+        if self.scale > 1:
             self._cache_partial_tail_block(request, num_tokens)
 
     def _cache_partial_tail_block(self, request: Request, num_tokens: int) -> None:
-        """Key the block holding the prompt's last hash boundary at that boundary."""
+        """Key the block holding the prompt's last reachable hash boundary at that boundary
+        (vLLM does so whenever the block is wider than a hash unit, fine-grained hits on
+        or not)."""
         hbs = self.ctx.hash_block_size
-        boundary = request.num_prompt_tokens // hbs * hbs
+        boundary = min((request.num_prompt_tokens - 1) // hbs, len(request.block_hashes)) * hbs
         if boundary == 0 or boundary > num_tokens or boundary % self.block_size == 0:
             return
         table = self.req_to_blocks[request.request_id]
         idx = boundary // self.block_size
         if idx >= len(table):
             return
-        b = table[idx]
-        if b.block_hash is not None and b.hash_num_tokens >= boundary:
-            return
         self.pool.cache_partial_block(
-            request.request_id, b, request.block_hashes[boundary // hbs - 1], boundary, PUBLISH_PARTIAL_TAIL
+            self.group_id, request.request_id, table[idx], request.block_hashes[boundary // hbs - 1], boundary,
+            PUBLISH_PARTIAL_TAIL,
         )

@@ -33,7 +33,12 @@ class SlidingWindowManager(SingleTypeManager):
         bs = self.block_size
         align = max(alignment, bs)
         coarse = self.coarse(fine)
-        lookup = self.pool.lookup_for_hit
+        cached = self.cached
+
+        def lookup(h: BlockHash) -> KVCacheBlock | None:
+            b = cached.get(h)
+            return b if b is None or type(b) is KVCacheBlock else next(iter(b.values()))
+
         n_max = min(max_length // bs, len(coarse))
         seen: list = [None] * n_max  # None: not looked up yet; False: a miss
         need = self.need
@@ -58,6 +63,6 @@ class SlidingWindowManager(SingleTypeManager):
 
     def reachable_mask(self, request: Request, start: int, end: int) -> tuple[list[bool] | None, set[int]]:
         return swa_reachable_mask(
-            start, end, self.block_size, self.ctx.scheduler_block_size, self.need,
+            start, end, self.block_size, self.ctx.cache_hit_alignment, self.need,
             self.ctx.retention_interval, self.reachable_boundaries(request),
         )

@@ -15,7 +15,7 @@ w = queries.window_ns(run_id)
 by_reason = state.in_window(queries.call("evictions_over_time", run_id, window_ns=w, by="reason"), "window_start_ns",
                             window)
 ui.chart(charts.stacked_counts(by_reason, "Evicted blocks by reason", "blocks per window"),
-         "Blocks evicted per window, stacked by eviction reason (lru, stale_hash, replaced, connector, reset).",
+         "Blocks evicted per window, stacked by eviction reason (lru, stale_hash, replaced, moved, connector, reset).",
          empty_what="No evictions in this run: the cache never filled.", command=ui.FILL_SMALL_CACHE, key="ev_reason")
 by_kind = state.in_window(queries.call("evictions_over_time", run_id, window_ns=w, by="publish_kind"),
                           "window_start_ns", window)

@@ -58,8 +58,9 @@ ui.chart(
 )
 ui.chart(
     charts.usage(state.in_window(queries.call("usage_over_time", run_id, window_ns=queries.window_ns(run_id)),
-                                 "window_start_ns", window), names),
-    "Block-pool usage per KV group: mean (solid) and max (dotted) per window of scheduler steps.",
+                                 "window_start_ns", window), names, queries.shared_pool(run_id)),
+    "Block-pool usage: each KV group's share of the pool, mean (solid) and max (dotted) per window of scheduler "
+    "steps; with one pool shared by the groups, also the pool's mean usage (their sum).",
     empty_what="No engine step spans in this run (cache-only runs have none), so no pool usage.",
     command="`kvtrace replay TRACE --db PATH` in engine mode", key="usage",
 )

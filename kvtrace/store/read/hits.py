@@ -62,7 +62,8 @@ def hit_token_sources(db: DB, run_id: str, window_ns: int | None = None) -> pl.D
 
 
 def usage_over_time(db: DB, run_id: str, window_ns: int | None = None) -> pl.DataFrame:
-    """Per window and KV group: mean and max block-pool usage (0..1), plus queue depths.
+    """Per window and KV group: mean and max of the group's share of its block pool (0..1; with
+    the shared pool the groups' shares add up to the pool's usage), plus queue depths.
     Columns: window_start_ns, group_id, mean_usage, max_usage, mean_running, mean_waiting."""
     return with_run(db, run_id, f"""
         WITH st AS (

@@ -1,0 +1,44 @@
+"""``kvtrace conformance``: kvtrace's cache manager beside vLLM's own, request by request."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from kvtrace.cli.app import app
+from kvtrace.cli.options import Json, replay_options
+from kvtrace.cli.output import echo_json
+
+
+@app.command()
+@replay_options(exclude=("mode", "policy", "capacity_blocks", "capacity_tokens", "name"))
+def conformance(
+    spec,
+    capacity_blocks: Annotated[list[int], typer.Option(
+        "--capacity-blocks", metavar="BLOCKS", min=2,
+        help="The block pool as vLLM counts it (num_gpu_blocks, the null block included), shared by every "
+             "KV cache group; repeatable: one comparison per size (default: the preset's).")] = [],  # noqa: B006
+    concurrency: Annotated[int, typer.Option(metavar="N", min=1, help="Requests in the system at once.")] = 8,
+    max_output_tokens: Annotated[int, typer.Option(
+        metavar="N", min=1, help="Decode steps per request at most (the trace's output length otherwise).")] = 4,
+    as_json: Json = False,
+) -> None:
+    """Drive kvtrace's cache manager and vLLM's own KVCacheManager with the same requests
+    and compare them request by request; exit 1 on any disagreement, 2 without vLLM."""
+    from kvtrace.replay.conformance import ConformanceSpec, format_report, run_conformance
+
+    cspec = ConformanceSpec(
+        spec.trace, preset=spec.preset, config_file=spec.config_file, trace_format=spec.trace_format,
+        block_size=spec.block_size, capacity_blocks=tuple(capacity_blocks) or (None,), retention=spec.retention,
+        without=spec.without, limit=spec.limit, concurrency=concurrency, max_output_tokens=max_output_tokens,
+        external_capacity_blocks=spec.external_capacity_blocks, seed=spec.seed,
+    )
+    result = run_conformance(cspec)
+    if as_json:
+        echo_json(result.as_dict())
+    else:
+        for line in format_report(result):
+            typer.echo(line)
+    if not result.agree:
+        raise typer.Exit(1)

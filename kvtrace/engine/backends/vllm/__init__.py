@@ -1,0 +1,26 @@
+"""vLLM 0.33's scheduler-side KV cache manager as a kvtrace cache backend.
+
+The only package of kvtrace that imports vllm, and only when called (nothing here is
+imported by ``import kvtrace.engine``). Modules:
+
+* ``_load``: the install and version check and the one import of vLLM
+  (``load_vllm``; ``KVTraceError`` naming the version found and ``EXPECTED_VERSION``);
+* ``config``: kvtrace's ``CacheConfig`` as vLLM's ``KVCacheConfig`` and specs
+  (``vllm_cache_setup``; ``UnsupportedConfig`` for what vLLM 0.33 lacks);
+* ``manager``: ``VllmKVCacheManager``, vLLM's manager behind kvtrace's manager
+  interface, with vLLM's own block-aligned split, cached keys and KV events;
+* ``events``: both managers' KV events as comparable (operation, group, hash) lists.
+
+``kvtrace conformance`` (``kvtrace.replay.conformance``) drives it beside kvtrace's
+manager; an engine backend (``--backend vllm``) would drive it from the scheduler.
+"""
+
+from kvtrace.engine.backends.vllm._load import EXPECTED_VERSION, INSTALL_HINT, VllmAPI, installed_version, load_vllm
+from kvtrace.engine.backends.vllm.config import UnsupportedConfig, VllmCacheSetup, vllm_cache_setup
+from kvtrace.engine.backends.vllm.events import kvtrace_event_keys, vllm_event_keys
+from kvtrace.engine.backends.vllm.manager import VllmKVCacheManager
+
+__all__ = [
+    "EXPECTED_VERSION", "INSTALL_HINT", "UnsupportedConfig", "VllmAPI", "VllmCacheSetup", "VllmKVCacheManager",
+    "installed_version", "kvtrace_event_keys", "load_vllm", "vllm_cache_setup", "vllm_event_keys",
+]

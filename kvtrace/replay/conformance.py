@@ -1,0 +1,474 @@
+"""Conformance: kvtrace's cache manager beside vLLM's own, request by request.
+
+One driver runs a trace through both managers at once: kvtrace's ``KVCacheManager``
+and vLLM 0.33's ``vllm.v1.core.kv_cache_manager.KVCacheManager`` (through
+``kvtrace.engine.backends.vllm``, the only place that imports vLLM). Both get the same
+requests (one kvtrace ``Request`` per trace request, token ids synthesised from its
+hash ids, and a vLLM twin whose block hashes it shares), the same chunking and the same
+sequence of calls, which mirrors vLLM's ``Scheduler.schedule`` in synchronous mode:
+
+* each step: running requests first, in admission order (``allocate_slots``; when vLLM
+  has no room, the last admitted request is preempted in both and the allocation
+  retried), then, unless someone was preempted, waiting requests in order
+  (``get_computed_blocks``, then ``allocate_slots`` with the hit); the token budget and
+  ``max_num_seqs`` of the preset's scheduler apply;
+* a chunk is capped by the budget and ``long_prefill_token_threshold``, then, where
+  Mamba groups exist, cut by vLLM's own ``Scheduler._mamba_block_aligned_split``; the
+  chunk kvtrace's port (``kvtrace.engine.scheduler``) gives is compared, vLLM's is used;
+* the step's copy-on-write copies are taken (their endpoints freed); every request that
+  consumed all its known tokens samples one token (the same in both); a request with
+  its output length done is freed;
+* arrivals: the trace's requests join the waiting queue in order, keeping at most
+  ``concurrency`` requests in the system (decode steps and concurrency, so eviction
+  under pressure, copy-on-write and the Mamba same-step rule are exercised);
+* with an external tier (``external_capacity_blocks``), kvtrace's tier plays the KV
+  connector: the tokens it holds beyond a new request's local hit go to both managers as
+  ``num_external_computed_tokens`` (vLLM's manager takes a connector's word for them).
+
+Compared fields, counted per comparison: ``chunk``, ``hit_tokens``, ``hit_blocks`` (block
+ids of the hit per group), ``shared_prefix_boundary``, ``allocation`` (None, or the block
+ids handed out per group), ``block_table`` (the request's whole table afterwards),
+``copies`` (the step's (group, src, dst) list), ``cached_keys`` (the set of cached
+(hash, group) keys after each step) and ``events`` (the step's stored/removed
+(group, hash) entries as multisets; see ``kvtrace.engine.backends.vllm.events``).
+A disagreement on ``chunk``, ``hit_tokens`` or the None-ness of ``allocation`` makes the
+two call sequences part: the run stops there (the rest is not compared).
+
+With behaviours switched off kvtrace is expected to differ: the report names the
+switches whose old behaviour had acted (``CacheStats.old_behaviour_acted``) by the
+first disagreement, or says that none had.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from kvtrace.cache import ALL_BEHAVIOURS, CacheConfig, KVCacheManager
+from kvtrace.errors import ConfigError
+
+FIELDS = ("chunk", "hit_tokens", "hit_blocks", "shared_prefix_boundary", "allocation", "block_table", "copies",
+          "cached_keys", "events")
+
+
+@dataclass(slots=True)
+class ConformanceSpec:
+    """One conformance check: a trace, a configuration, one or more pool sizes."""
+
+    trace: str  # a path, or gen:NAME
+    preset: str | None = None
+    config_file: str | None = None
+    trace_format: str | None = None
+    block_size: int | None = None
+    capacity_blocks: tuple[int | None, ...] = (None,)  # one comparison per entry (None: the preset's)
+    retention: str | None = None
+    without: tuple[str, ...] = ()
+    cache_overrides: dict[str, Any] = field(default_factory=dict)  # further CacheConfig fields
+    limit: int | None = None
+    concurrency: int = 8
+    max_output_tokens: int = 4
+    # kvtrace's external tier (N blocks) as the connector: its hit tokens go to both
+    # managers as num_external_computed_tokens
+    external_capacity_blocks: int | None = None
+    seed: int = 0
+
+
+@dataclass
+class Disagreement:
+    field: str
+    step: int
+    request_id: str | None
+    vllm: Any
+    kvtrace: Any
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"field": self.field, "step": self.step, "request_id": self.request_id,
+                "vllm": _jsonable(self.vllm), "kvtrace": _jsonable(self.kvtrace)}
+
+
+@dataclass
+class ConformanceRun:
+    """The comparison at one pool size."""
+
+    capacity_blocks: int
+    config: CacheConfig
+    requests: int = 0  # requests that finished in both
+    steps: int = 0
+    agreed: Counter[str] = field(default_factory=Counter)
+    compared: Counter[str] = field(default_factory=Counter)
+    first: Disagreement | None = None  # the first disagreement of any field
+    first_by_field: dict[str, Disagreement] = field(default_factory=dict)
+    stopped: str | None = None  # why the run stopped before the trace ended
+    preemptions: int = 0
+    refusals: int = 0  # allocations both managers refused
+    copies: int = 0
+    evictions: int = 0  # keys vLLM removed (BlockRemoved entries)
+    unschedulable: int = 0  # requests larger than the whole pool: skipped in both
+    explained_by: list[dict[str, Any]] = field(default_factory=list)  # switched-off behaviours that acted
+
+    @property
+    def disagreements(self) -> int:
+        return sum(self.compared[f] - self.agreed[f] for f in FIELDS)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "capacity_blocks": self.capacity_blocks,
+            "behaviours_off": sorted(ALL_BEHAVIOURS - self.config.behaviours),
+            "requests": self.requests,
+            "steps": self.steps,
+            "fields": {f: {"compared": self.compared[f], "agreed": self.agreed[f]} for f in FIELDS},
+            "disagreements": self.disagreements,
+            "first_disagreement": self.first.as_dict() if self.first else None,
+            "first_by_field": {f: d.as_dict() for f, d in self.first_by_field.items()},
+            "stopped": self.stopped,
+            "explained_by": self.explained_by,
+            "preemptions": self.preemptions, "refusals": self.refusals, "copies": self.copies,
+            "evictions": self.evictions, "unschedulable": self.unschedulable,
+        }
+
+
+@dataclass
+class ConformanceResult:
+    trace: str
+    preset: str
+    vllm_version: str
+    runs: list[ConformanceRun]
+
+    @property
+    def agree(self) -> bool:
+        return all(r.disagreements == 0 and r.stopped is None for r in self.runs)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"trace": self.trace, "preset": self.preset, "vllm_version": self.vllm_version, "agree": self.agree,
+                "runs": [r.as_dict() for r in self.runs]}
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, bytes):
+        return v.hex()[:16]
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, (set, frozenset)):
+        return sorted((_jsonable(x) for x in v), key=repr)
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    return v
+
+
+class _Stop(Exception):
+    """The call sequences parted: nothing further is comparable."""
+
+
+class _Driver:
+    """Both managers in lockstep over one workload (see the module docstring)."""
+
+    def __init__(self, cache_config: CacheConfig, scheduler_config, spec: ConformanceSpec, api):
+        from kvtrace.engine.backends.vllm import VllmKVCacheManager
+        from kvtrace.engine.scheduler import Scheduler
+
+        self.cc = cache_config
+        self.sc = scheduler_config
+        self.spec = spec
+        self.kv = KVCacheManager(cache_config)
+        self.kv_events: list = []
+        self.kv.subscribe(self.kv_events.extend)
+        self.vm = VllmKVCacheManager(cache_config, max_model_len=scheduler_config.max_model_len,
+                                     max_num_batched_tokens=scheduler_config.max_num_batched_tokens,
+                                     long_prefill_token_threshold=scheduler_config.long_prefill_token_threshold,
+                                     connector=True, api=api)
+        # kvtrace's port of the block-aligned split, on a scheduler of kvtrace's own
+        self.port = Scheduler(scheduler_config, cache_config, self.kv)
+        self.run = ConformanceRun(cache_config.num_gpu_blocks, cache_config)  # type: ignore[arg-type]
+        self.step = 0
+        self.group_suffix = [g.to_bytes(4, "big") for g in range(cache_config.num_groups)]
+        self.convert = self.vm.external_hash
+
+    # -- comparisons ----------------------------------------------------------------
+    def compare(self, name: str, request_id: str | None, vllm_value: Any, kvtrace_value: Any,
+                hard: bool = False) -> bool:
+        run = self.run
+        run.compared[name] += 1
+        if vllm_value == kvtrace_value:
+            run.agreed[name] += 1
+            return True
+        d = Disagreement(name, self.step, request_id, vllm_value, kvtrace_value)
+        run.first_by_field.setdefault(name, d)
+        if run.first is None:
+            run.first = d
+        if hard:
+            run.stopped = f"step {self.step}: the managers parted on {name} (request {request_id})"
+            raise _Stop
+        return False
+
+    # -- the loop -------------------------------------------------------------------
+    def drive(self, workload) -> ConformanceRun:
+        spec = self.spec
+        arrivals = iter(workload)
+        waiting: deque = deque()  # (kvtrace request, max tokens)
+        running: list = []
+        max_tokens: dict[str, int] = {}
+        pending = next(arrivals, None)
+        try:
+            while True:
+                while pending is not None and len(running) + len(waiting) < spec.concurrency:
+                    waiting.append(self._new_request(pending, max_tokens))
+                    pending = next(arrivals, None)
+                if not running and not waiting:
+                    break
+                self.step += 1
+                self.run.steps = self.step
+                self._schedule(running, waiting, max_tokens)
+        except _Stop:
+            pass
+        return self.run
+
+    def _new_request(self, trace, max_tokens: dict[str, int]):
+        out = max(1, min(int(trace.output_length), self.spec.max_output_tokens))
+        req = self.vm.new_request(trace.request_id, trace.prompt_token_ids(), max_tokens=out)
+        max_tokens[req.request_id] = out
+        return req
+
+    def _cap(self, request, n: int, budget: int) -> int:
+        thr = self.sc.long_prefill_token_threshold
+        if 0 < thr < n:
+            n = thr
+        return min(n, budget)
+
+    def _split(self, request, n: int, local: int = 0, external: int = 0) -> int:
+        if not self.vm.need_mamba_block_aligned_split:
+            return n
+        theirs = self.vm.block_aligned_split(request, n, local, external)
+        ours = self.port._mamba_block_aligned_split(request, n, local, external)
+        self.compare("chunk", request.request_id, theirs, ours, hard=True)
+        return theirs
+
+    def _external(self, request, local: int) -> int:
+        """Tokens the connector (kvtrace's external tier) adds to a local hit."""
+        return self.kv.get_num_external_hit_tokens(request, local) if self.cc.external is not None else 0
+
+    def _allocate(self, request, n: int, local: int = 0, kv_hit=None, vllm_hit=None, external: int = 0) -> bool:
+        """Both allocations; False when both refused."""
+        rid = request.request_id
+        try:
+            vm_out = self.vm.allocate_slots(request, n, num_new_computed_tokens=local, new_computed_blocks=vllm_hit,
+                                            num_external_computed_tokens=external)
+        except ValueError as exc:  # vLLM 0.33 under-counts an external load's blocks (docs/conformance.md)
+            kv_out = self.kv.allocate_slots(request, n, num_new_computed_tokens=local, new_computed_blocks=kv_hit,
+                                            num_external_computed_tokens=external)
+            self.compare("allocation", rid, f"vLLM raised ValueError: {exc}",
+                         None if kv_out is None else kv_out.get_block_ids(), hard=True)
+            raise
+        kv_out = self.kv.allocate_slots(request, n, num_new_computed_tokens=local, new_computed_blocks=kv_hit,
+                                        num_external_computed_tokens=external)
+        theirs = None if vm_out is None else vm_out.get_block_ids()
+        ours = None if kv_out is None else kv_out.get_block_ids()
+        # one refused, the other not: the call sequences part
+        self.compare("allocation", rid, theirs, ours, hard=(theirs is None) != (ours is None))
+        if theirs is None:
+            self.run.refusals += 1
+            return False
+        self.compare("block_table", rid, self.vm.get_block_ids(rid), self.kv.get_block_ids(rid))
+        return True
+
+    def _free(self, request, finished: bool) -> None:
+        self.vm.free(request, finished=finished)
+        self.kv.free(request)
+
+    def _schedule(self, running: list, waiting: deque, max_tokens: dict[str, int]) -> None:
+        budget = self.sc.max_num_batched_tokens
+        scheduled: dict[str, int] = {}
+        preempted = False
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            n = self._cap(req, req.num_tokens - req.num_computed_tokens, budget)
+            n = self._split(req, n)
+            if n <= 0:
+                i += 1
+                continue
+            ok = False
+            while True:
+                if self._allocate(req, n):
+                    ok = True
+                    break
+                victim = running.pop()
+                self._free(victim, finished=False)
+                victim.num_computed_tokens = 0
+                waiting.appendleft(victim)
+                preempted = True
+                self.run.preemptions += 1
+                if victim is req:
+                    break
+            if not ok:
+                break
+            scheduled[req.request_id] = n
+            budget -= n
+            i += 1
+        if not preempted:
+            while waiting and budget > 0 and len(running) < self.sc.max_num_seqs:
+                req = waiting[0]
+                rid = req.request_id
+                vm_blocks, vm_hit, vm_boundary = self.vm.get_computed_blocks(req)
+                kv_blocks, kv_hit, kv_boundary = self.kv.get_computed_blocks(req)
+                req.shared_prefix_boundary = kv_boundary
+                self.compare("shared_prefix_boundary", rid, vm_boundary, kv_boundary)
+                self.compare("hit_blocks", rid, vm_blocks.get_block_ids(), kv_blocks.get_block_ids())
+                self.compare("hit_tokens", rid, vm_hit, kv_hit, hard=True)
+                ext = self._external(req, vm_hit)
+                n = self._cap(req, req.num_tokens - vm_hit - ext, budget)
+                n = self._split(req, n, vm_hit, ext)
+                if n <= 0:
+                    break
+                if not self._allocate(req, n, vm_hit, kv_blocks, vm_blocks, ext):
+                    break
+                waiting.popleft()
+                running.append(req)
+                self.vm.set_running(req)
+                req.num_computed_tokens = vm_hit + ext
+                scheduled[rid] = n
+                budget -= n
+        theirs = [c[:3] for c in self.vm.take_block_copies()]
+        self.compare("copies", None, theirs, [c[:3] for c in self.kv.take_block_copies()])
+        self.run.copies += len(theirs)
+        if not scheduled and not running and waiting:
+            # the head request needs more blocks than the whole pool (both refused it
+            # with nothing running): vLLM would wait for ever; skip it in both
+            req = waiting.popleft()
+            self.vm.forget(req.request_id)
+            self.run.unschedulable += 1
+        self.kv.take_state_writes()
+        finished = []
+        for req in running:
+            n = scheduled.get(req.request_id)
+            if not n:
+                continue
+            req.num_computed_tokens += n
+            if req.num_computed_tokens >= req.num_tokens:
+                self.vm.append_output_token_ids(req, (hash_token(req.request_id, req.num_output_tokens)))
+                if req.num_output_tokens >= max_tokens[req.request_id]:
+                    finished.append(req)
+        for req in finished:
+            running.remove(req)
+            self._free(req, finished=True)
+            self.vm.forget(req.request_id)
+            self.run.requests += 1
+        self._end_step()
+
+    def _end_step(self) -> None:
+        from kvtrace.engine.backends.vllm import kvtrace_event_keys, vllm_event_keys
+
+        self.kv.new_step_starts()  # flushes kvtrace's events of the step into kv_events
+        theirs = Counter(vllm_event_keys(self.vm.take_events()))
+        self.run.evictions += sum(n for (op, _, _), n in theirs.items() if op == "removed")
+        ours = Counter(kvtrace_event_keys(self.kv_events, self.convert))
+        self.kv_events.clear()
+        if theirs != ours:
+            self.compare("events", None, sorted((theirs - ours).elements(), key=repr)[:8],
+                         sorted((ours - theirs).elements(), key=repr)[:8])
+        else:
+            self.compare("events", None, 0, 0)
+        self.vm.new_step_starts()
+        vm_keys = set(self.vm.block_pool.cached_block_hash_to_block._cache)
+        suffix = self.group_suffix
+        kv_keys = set()
+        for pool in dict.fromkeys(self.kv.pools):
+            for g, cached in enumerate(pool.cached):
+                sfx = suffix[g]
+                kv_keys.update([h + sfx for h in cached])
+        if vm_keys != kv_keys:
+            self.compare("cached_keys", None, _keys(vm_keys - kv_keys), _keys(kv_keys - vm_keys))
+        else:
+            self.compare("cached_keys", None, len(vm_keys), len(kv_keys))
+
+
+def _keys(keys: set[bytes]) -> list[tuple[int, str]]:
+    return sorted((int.from_bytes(k[-4:], "big"), k[:-4].hex()[:16]) for k in keys)[:8]
+
+
+def hash_token(request_id: str, index: int) -> int:
+    """The token both managers' requests sample at output ``index`` (deterministic)."""
+    h = 0
+    for ch in request_id:
+        h = (h * 131 + ord(ch)) % 1_000_003
+    return (h * 7919 + index * 104_729) % 50_000
+
+
+# -- the entry point -----------------------------------------------------------------------
+
+def run_conformance(spec: ConformanceSpec, api=None) -> ConformanceResult:
+    """Compare both managers on ``spec`` (one run per pool size). Raises ``KVTraceError``
+    when vLLM is missing or the configuration has no vLLM counterpart."""
+    from kvtrace.engine.backends.vllm import load_vllm
+    from kvtrace.replay.run import RunSpec, engine_preset, open_workload
+
+    if spec.limit is not None and spec.limit < 0:
+        raise ConfigError("--limit", str(spec.limit), "expected a number of requests >= 0")
+    if spec.concurrency < 1:
+        raise ConfigError("--concurrency", str(spec.concurrency), "expected >= 1")
+    api = api or load_vllm()
+    runs = []
+    preset_name = ""
+    for capacity in spec.capacity_blocks:
+        rs = RunSpec(spec.trace, preset=spec.preset, config_file=spec.config_file, trace_format=spec.trace_format,
+                     block_size=spec.block_size, capacity_blocks=capacity, retention=spec.retention,
+                     without=spec.without, limit=spec.limit, seed=spec.seed,
+                     external_capacity_blocks=spec.external_capacity_blocks)
+        preset = engine_preset(rs)
+        preset_name = preset.name
+        cc = preset.cache_config
+        if spec.cache_overrides:
+            cc = replace(cc, **spec.cache_overrides)
+        workload = open_workload(rs)
+        driver = _Driver(cc, preset.scheduler_config, spec, api)
+        run = driver.drive(workload.requests)
+        if run.first is not None:
+            run.explained_by = _explanations(driver.kv, run.first.step)
+        runs.append(run)
+    return ConformanceResult(spec.trace, preset_name, api.version, runs)
+
+
+def _explanations(kv: KVCacheManager, step: int) -> list[dict[str, Any]]:
+    """The switched-off behaviours that acted by ``step`` (first time each)."""
+    seen: dict[str, dict[str, Any]] = {}
+    for s, rid, behaviour in kv.stats.old_behaviour_acted:
+        s += 1  # the manager counts steps from 0, the driver from 1
+        if s <= step and behaviour not in seen:
+            seen[behaviour] = {"behaviour": behaviour, "step": s, "request_id": rid}
+    return list(seen.values())
+
+
+def format_report(result: ConformanceResult) -> list[str]:
+    """The human-readable report: agreement per field, then the first disagreement."""
+    lines = [f"kvtrace conformance {result.trace}  preset {result.preset}  vLLM {result.vllm_version}"]
+    for run in result.runs:
+        off = sorted(ALL_BEHAVIOURS - run.config.behaviours)
+        head = (f"capacity {run.capacity_blocks:,} blocks: {run.requests} requests, {run.steps} steps, "
+                f"{run.preemptions} preemptions, {run.refusals} refused allocations, {run.evictions} evictions, "
+                f"{run.copies} copies")
+        if run.unschedulable:
+            head += f", {run.unschedulable} requests larger than the pool skipped"
+        if off:
+            head += f"  (switched off: {', '.join(off)})"
+        lines.append(head)
+        for f in FIELDS:
+            c, a = run.compared[f], run.agreed[f]
+            mark = "" if a == c else f"   <- {c - a} disagree"
+            lines.append(f"  {f:24s} {a:>8,} / {c:<8,} agree{mark}")
+        if run.first is not None:
+            d = run.first
+            lines.append(f"  first disagreement: {d.field} at step {d.step}"
+                         + (f", request {d.request_id}" if d.request_id else ""))
+            lines.append(f"    vLLM:    {_jsonable(d.vllm)}")
+            lines.append(f"    kvtrace: {_jsonable(d.kvtrace)}")
+            if off:
+                if run.explained_by:
+                    for e in run.explained_by:
+                        lines.append(f"    explained by switch {e['behaviour']} (its old behaviour acted at step "
+                                     f"{e['step']}, request {e['request_id']})")
+                else:
+                    lines.append("    not explained by a switch: no switched-off behaviour acted before it")
+        if run.stopped:
+            lines.append(f"  stopped: {run.stopped}")
+    lines.append("agree" if result.agree else "DISAGREE")
+    return lines

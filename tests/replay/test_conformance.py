@@ -1,0 +1,109 @@
+"""kvtrace's cache manager against vLLM 0.33's own, request by request (``kvtrace conformance``).
+
+Every configuration issue 12 names, on the shared Mooncake synthetic trace and on a
+generated hybrid workload with shared prefixes (``gen:mixed``: chat sessions over shared
+system prompts and growing agent contexts), must agree on every compared field; with a
+behaviour switched off the disagreement must be named after that switch.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvtrace.cache import (
+    EXTERNAL_HIT_RUNNING_COW,
+    SHARED_PREFIX_PINNING,
+    TRANSIENT_CHECKPOINT_RETENTION,
+    FullAttentionSpec,
+    MambaSpec,
+    SlidingWindowSpec,
+)
+from kvtrace.replay.conformance import FIELDS, ConformanceSpec, format_report, run_conformance
+from tests.conftest import MOONCAKE
+
+TRACE = str(MOONCAKE)
+# FA + Mamba in 32-token blocks hashed per 16 tokens: retention 64 is two blocks (vLLM
+# needs a multiple of the scheduler block), with fine-grained hits and FlashKDA checkpoints
+HYBRID_32 = dict(groups=(FullAttentionSpec(32), MambaSpec(32)), hash_block_size=16)
+SWA_FA = dict(groups=(FullAttentionSpec(512), SlidingWindowSpec(512, sliding_window=1024)), hash_block_size=512,
+              retention_interval=0)
+
+
+def check(spec: ConformanceSpec, api) -> list:
+    result = run_conformance(spec, api=api)
+    report = "\n".join(format_report(result))
+    assert result.agree, report
+    for run in result.runs:
+        assert run.disagreements == 0 and run.stopped is None, report
+        assert all(run.compared[f] == run.agreed[f] for f in FIELDS), report
+        assert run.compared["allocation"] > 0 and run.compared["events"] == run.steps
+    return result.runs
+
+
+def test_full_attention_at_three_capacities_one_under_heavy_eviction(vllm_api):
+    runs = check(ConformanceSpec(TRACE, preset="dense-attention", block_size=512, capacity_blocks=(120, 1500, 20000),
+                                 limit=160), vllm_api)
+    heavy, medium, roomy = runs
+    assert heavy.preemptions > 0 and heavy.evictions > 2000  # pressure: preemption and eviction
+    assert medium.evictions > 0 and roomy.evictions == 0
+    assert all(r.compared["hit_tokens"] >= 160 for r in runs)
+
+
+@pytest.mark.parametrize("trace, limit, capacities", [(TRACE, 120, (1500,)), ("gen:mixed", 60, (120, 2000))])
+def test_sliding_window_with_full_attention(vllm_api, trace, limit, capacities):
+    check(ConformanceSpec(trace, preset="dense-attention", cache_overrides=SWA_FA, capacity_blocks=capacities,
+                          limit=limit), vllm_api)
+
+
+@pytest.mark.parametrize("retention", ["none", "0"])
+@pytest.mark.parametrize("trace, limit, capacities", [(TRACE, 120, (400, 10_240)), ("gen:mixed", None, (100, 2000))])
+def test_hybrid_mamba_align_partial_hits_and_checkpoint(vllm_api, retention, trace, limit, capacities):
+    """kimi-hybrid: FA(512) + Mamba(512, align), hash 64, one FlashKDA checkpoint block."""
+    runs = check(ConformanceSpec(trace, preset="kimi-hybrid", retention=retention, capacity_blocks=capacities,
+                                 limit=limit), vllm_api)
+    if trace == "gen:mixed":  # shared prefixes: partial hits with copy-on-write, same-step refusals
+        assert all(r.copies > 0 and r.refusals > 0 for r in runs)
+
+
+@pytest.mark.parametrize("trace, limit", [(TRACE, 80), ("gen:mixed", None)])
+def test_hybrid_at_retention_64(vllm_api, trace, limit):
+    check(ConformanceSpec(trace, preset="kimi-hybrid", cache_overrides=dict(HYBRID_32, retention_interval=64),
+                          capacity_blocks=(250, 3000), limit=limit), vllm_api)
+
+
+@pytest.mark.parametrize("overrides, capacities", [
+    ({}, (100, 2000)),
+    (dict(HYBRID_32, retention_interval=64), (250,)),
+    (dict(HYBRID_32, retention_interval=0), (250,)),
+])
+def test_hybrid_with_a_speculative_block(vllm_api, overrides, capacities):
+    """num_speculative_blocks = 1 (MTP/EAGLE state blocks), the case 003 asks about."""
+    check(ConformanceSpec("gen:mixed", preset="kimi-hybrid", cache_overrides={**overrides, "num_speculative_blocks": 1},
+                          capacity_blocks=capacities), vllm_api)
+
+
+def test_external_hits_through_a_connector(vllm_api):
+    """kvtrace's external tier as the connector: both managers load the same tokens."""
+    runs = check(ConformanceSpec("gen:study-external-hit-running-cow", preset="kimi-hybrid", capacity_blocks=(30, 60),
+                                 external_capacity_blocks=4096), vllm_api)
+    assert all(r.copies > 0 for r in runs)
+
+
+@pytest.mark.parametrize("behaviour, trace, kw", [
+    (SHARED_PREFIX_PINNING, "gen:study-shared-prefix-pinning", dict(limit=30)),
+    (TRANSIENT_CHECKPOINT_RETENTION, "gen:mixed", dict(limit=40)),
+    (EXTERNAL_HIT_RUNNING_COW, "gen:study-external-hit-running-cow",
+     dict(capacity_blocks=(25,), external_capacity_blocks=4096)),
+])
+def test_a_switched_off_behaviour_explains_the_disagreement(vllm_api, behaviour, trace, kw):
+    """With every behaviour on kvtrace agrees with vLLM 0.33 (which has all three fixes);
+    with one off it disagrees, and the report names that switch."""
+    result = run_conformance(ConformanceSpec(trace, preset="kimi-hybrid", without=(behaviour,), **kw), api=vllm_api)
+    report = "\n".join(format_report(result))
+    (run,) = result.runs
+    assert not result.agree and run.first is not None, report
+    assert [e["behaviour"] for e in run.explained_by] == [behaviour], report
+    assert run.explained_by[0]["step"] <= run.first.step
+    assert f"explained by switch {behaviour}" in report
+    on = run_conformance(ConformanceSpec(trace, preset="kimi-hybrid", **kw), api=vllm_api)
+    assert on.agree, "\n".join(format_report(on))
