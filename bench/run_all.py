@@ -14,6 +14,7 @@ HERE = Path(__file__).resolve().parent
 ORDER = [
     "cache_ops",  # issue 2: manager vs bare OrderedDict LRU
     "cache_only",  # issue 3: cache-only replay vs bare LRU
+    "conformance",  # issue 12: kvtrace's manager vs vLLM 0.33's own (needs make vllm)
     "engine_replay",  # issue 3: engine mode, kimi-hybrid, whole Mooncake trace
     "span_path",  # issue 4: spans/s end to end and exporter alone
     "store_append",  # issue 4: bulk Arrow insert rate

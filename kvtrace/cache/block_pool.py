@@ -69,6 +69,11 @@ class BlockPool:
         self.null_block.is_null = True
         self.null_block.ref_cnt = 1  # never reaches the free queue
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks[1:])
+        # one group: every block serves it for good (the hot paths skip the group bookkeeping)
+        self._one_group = num_groups == 1
+        if self._one_group:
+            for b in self.blocks:
+                b.group_id = 0
         # One hash map per group; the maps are never rebound (managers keep references).
         self.cached: list[HashMap] = [{} for _ in range(num_groups)]
         # Blocks each group holds (ref_cnt > 0): usage per group, summing to the pool's.
@@ -123,36 +128,58 @@ class BlockPool:
         q = self.free_block_queue
         if n > q.num_free_blocks:
             raise ValueError(f"group {group_id}: need {n} blocks, {q.num_free_blocks} free")
-        maps = self.cached
         out = []
         append = out.append
         ev_blocks: list[KVCacheBlock] = []  # the holder of each evicted key (a block with aliases holds several)
         ev_hashes: list[BlockHash] = []
-        ev_groups: list[int] = []  # the group each evicted key belonged to
+        ev_groups: list[int] | None = None  # the group each evicted key belonged to (several groups only)
         b = q.head
-        for _ in range(n):
-            b = b.next_free
-            b.ref_cnt = 1
-            append(b)
-            h = b.block_hash
-            if h is not None:
-                g = b.group_id
-                cached = maps[g]
-                v = cached.pop(h, None) if b.aliases is None else None
-                if v is b:  # the common case: the block is the key's only holder
-                    b.block_hash = None
-                    ev_blocks.append(b)
-                    ev_hashes.append(h)
-                    ev_groups.append(g)
-                else:
-                    if v is not None:
-                        cached[h] = v  # a duplicates map: put it back, remove b from it below
-                    for kh, _nt in b.keys():
+        if self._one_group:  # every block serves group 0 for good: no group bookkeeping
+            cached = self.cached[0]
+            for _ in range(n):
+                b = b.next_free
+                b.ref_cnt = 1
+                append(b)
+                h = b.block_hash
+                if h is not None:
+                    v = cached.pop(h, None) if b.aliases is None else None
+                    if v is b:  # the common case: the block is the key's only holder
+                        b.block_hash = None
                         ev_blocks.append(b)
-                        ev_hashes.append(kh)
+                        ev_hashes.append(h)
+                    else:
+                        if v is not None:
+                            cached[h] = v  # a duplicates map: put it back, remove b from it below
+                        for kh, _nt in b.keys():
+                            ev_blocks.append(b)
+                            ev_hashes.append(kh)
+                        self._drop_keys(b)
+        else:
+            maps = self.cached
+            ev_groups = []
+            for _ in range(n):
+                b = b.next_free
+                b.ref_cnt = 1
+                append(b)
+                h = b.block_hash
+                if h is not None:
+                    g = b.group_id
+                    cached = maps[g]
+                    v = cached.pop(h, None) if b.aliases is None else None
+                    if v is b:
+                        b.block_hash = None
+                        ev_blocks.append(b)
+                        ev_hashes.append(h)
                         ev_groups.append(g)
-                    self._drop_keys(b)
-            b.group_id = group_id
+                    else:
+                        if v is not None:
+                            cached[h] = v
+                        for kh, _nt in b.keys():
+                            ev_blocks.append(b)
+                            ev_hashes.append(kh)
+                            ev_groups.append(g)
+                        self._drop_keys(b)
+                b.group_id = group_id
         # unlink the popped run in one go (popped blocks keep stale links; unused)
         nxt = b.next_free
         q.head.next_free = nxt
@@ -168,13 +195,13 @@ class BlockPool:
             return out, None
         return out, self._eviction_events(ev_blocks, ev_hashes, ev_groups, request_id)
 
-    def _eviction_events(self, ev_blocks: list[KVCacheBlock], ev_hashes: list[BlockHash], groups: list[int],
+    def _eviction_events(self, ev_blocks: list[KVCacheBlock], ev_hashes: list[BlockHash], groups: list[int] | None,
                          request_id: str | None) -> list[BlockEvicted]:
         """One LRU eviction event per group whose keys were evicted (in order of first
-        eviction); ``groups[i]`` is the group ``ev_hashes[i]`` was keyed in."""
+        eviction); ``groups[i]`` is the group ``ev_hashes[i]`` was keyed in (None: all 0)."""
         step = self.sink.step
-        if groups.count(groups[0]) == len(groups):
-            parts = [(groups[0], ev_blocks, ev_hashes)]
+        if groups is None or groups.count(groups[0]) == len(groups):
+            parts = [(groups[0] if groups else 0, ev_blocks, ev_hashes)]
         else:
             by_group: dict[int, tuple[list[KVCacheBlock], list[BlockHash]]] = {}
             for g, b, h in zip(groups, ev_blocks, ev_hashes):
@@ -255,23 +282,31 @@ class BlockPool:
         """
         q = self.free_block_queue
         step = self.sink.step
-        num_used = self.num_used
+        hp = q.head  # unhashed blocks go after it, in the order freed (vLLM's prepend_n)
         last = q.tail.prev_free  # hashed blocks are chained after it, then linked to the tail once
-        first_run: list[KVCacheBlock] = []  # unhashed blocks, prepended in this order
-        n_freed = 0
+        per_block = group_id is None and not self._one_group
+        num_used = self.num_used
+        n_kept = 0  # blocks still in use (counted instead of the freed: the rarer case)
         for b in ordered:
             ref_cnt = b.ref_cnt - 1
             if ref_cnt or b.is_null:  # still in use (the null block's ref_cnt stays 1)
                 if ref_cnt:
                     b.ref_cnt = ref_cnt
+                n_kept += 1
                 continue
             b.ref_cnt = 0
             b.last_used_step = step
-            n_freed += 1
-            if group_id is None:
+            if per_block:  # (False on the hot paths: a manager frees its own group's blocks)
                 num_used[b.group_id] -= 1
             if b.block_hash is None:  # to the head: reused first
-                first_run.append(b)
+                nxt = hp.next_free
+                hp.next_free = b
+                b.prev_free = hp
+                b.next_free = nxt
+                nxt.prev_free = b
+                if last is hp:
+                    last = b
+                hp = b
             else:  # to the tail: LRU order
                 last.next_free = b
                 b.prev_free = last
@@ -279,19 +314,10 @@ class BlockPool:
         tail = q.tail
         last.next_free = tail
         tail.prev_free = last
-        if first_run:
-            head = q.head
-            prev = head
-            first = head.next_free
-            for b in first_run:
-                prev.next_free = b
-                b.prev_free = prev
-                prev = b
-            prev.next_free = first
-            first.prev_free = prev
+        n_freed = len(ordered) - n_kept
         q.num_free_blocks += n_freed
-        if group_id is not None:
-            num_used[group_id] -= n_freed
+        if not per_block:
+            num_used[0 if group_id is None else group_id] -= n_freed
 
     # -- publishing ---------------------------------------------------------------
     def _insert_key(self, h: BlockHash, b: KVCacheBlock) -> None:
