@@ -49,7 +49,8 @@ from kvtrace.cache.coordinator import KVCacheCoordinator
 from kvtrace.cache.events import PUBLISH_FULL, BlocksFreed, CacheListener, PrefixLookup
 from kvtrace.cache.external import ExternalTier
 from kvtrace.cache.hashing import BlockHash, BlockHasher
-from kvtrace.cache.plans import BlockCopy, KVCacheBlocks, StateWrite
+from kvtrace.cache.managers import FullAttentionManager, MambaManager, SlidingWindowManager
+from kvtrace.cache.plans import STATE_RUNNING, BlockCopy, KVCacheBlocks, StateWrite
 from kvtrace.cache.request import Request
 from kvtrace.cache.sink import EventSink
 from kvtrace.numeric import cdiv
@@ -62,6 +63,8 @@ class KVCacheManager:
 
     Block ids are per group (group g's blocks are 0..num_gpu_blocks[g]-1, 0 = null).
     """
+
+    decode_fast_path = True  # False: every allocate_slots takes the general path (tests compare both)
 
     def __init__(self, config: CacheConfig):
         self.config = config
@@ -89,6 +92,9 @@ class KVCacheManager:
             and config.groups[0].block_size == config.hash_block_size
         )
         self._listeners: list[CacheListener] = []
+        # The decode fast path (``_allocate_decode_slot``) knows these managers' rules only.
+        known = all(type(m) in (FullAttentionManager, SlidingWindowManager, MambaManager) for m in self.managers)
+        self._fast_managers = self.managers if known else None
 
     # -- events -------------------------------------------------------------------
     def subscribe(self, listener: CacheListener) -> None:
@@ -213,6 +219,12 @@ class KVCacheManager:
         last hash boundary before query_end) and ``external`` (loaded state).
         """
         request.bind_hasher(self.hasher)
+        if (
+            num_new_tokens == 1 and self.decode_fast_path and new_computed_blocks is None
+            and not num_external_computed_tokens and not num_lookahead_tokens
+            and self._allocate_decode_slot(request)
+        ):
+            return KVCacheBlocks(tuple([] for _ in range(self.num_groups)))
         if self._unitary and not num_external_computed_tokens:
             return self._allocate_slots_unitary(request, num_new_tokens, num_new_computed_tokens,
                                                 new_computed_blocks, num_lookahead_tokens)
@@ -235,6 +247,67 @@ class KVCacheManager:
             num_external_computed_tokens, num_tokens_main, num_tokens_slots, num_new_tokens, self.enable_caching,
         )
         return KVCacheBlocks(tuple(new_out))
+
+    def _allocate_decode_slot(self, request: Request) -> bool:
+        """``allocate_slots(request, 1)`` for a decode token that needs no new block and
+        keys nothing: do what the general path does then, or return False (nothing done).
+
+        The decode step of a running request is most calls. For full attention, sliding
+        window and Mamba groups the general path then changes only a Mamba group's state:
+        the position of the table's last slot, its ``running`` state write and the
+        handed-out (and, with ``external-hit-running-cow``, allocated) flags. Each early
+        return of the general path that this relies on is checked first;
+        tests/engine/test_decode_fast_path.py runs workloads both ways and compares
+        every event and output.
+        """
+        p = request.num_computed_tokens
+        if p < request.num_prompt_tokens or self._fast_managers is None:
+            return False  # a prompt token: checkpoints or a partial tail may be due
+        rid = request.request_id
+        t = p + 1
+        caching = self.enable_caching
+        for m in self._fast_managers:
+            table = m.req_to_blocks.get(rid)
+            bs = m.block_size
+            if table is None or rid in m.partial_hit_reqs or (caching and m.num_cached_block.get(rid, 0) < t // bs):
+                return False  # a copy-on-write is pending, or a block fills: key it
+            n = len(table)
+            if isinstance(m, MambaManager):
+                st = m.reqs.get(rid)
+                if st is None or st.checkpoints is not None or (t + bs - 1) // bs + m.num_speculative_blocks > n:
+                    return False
+                k = min(max(p - 1, 0) // bs, n)  # remove_skipped_blocks frees nothing: slot k-1 is null
+                if k and table[k - 1] is not m.null_block:
+                    return False
+                last = st.last_state_block_idx
+                if last is not None and last < (p + bs - 1) // bs - 1 and last < n and table[last] is not m.null_block:
+                    return False  # the previous state block is due to be freed
+            elif (t + bs - 1) // bs > n:
+                return False
+            elif isinstance(m, SlidingWindowManager):
+                k = min(m.get_num_skipped_tokens(p) // bs, n)  # as for Mamba: remove_skipped_blocks frees nothing
+                if k and table[k - 1] is not m.null_block:
+                    return False
+            elif caching and self.ctx.enable_partial_hits and m.scale > 1:
+                hbs = self.hash_block_size  # FullAttentionManager._cache_partial_tail_block returns early
+                boundary = request.num_prompt_tokens // hbs * hbs
+                if boundary and boundary <= t and boundary % bs and boundary // bs < n:
+                    b = table[boundary // bs]
+                    if b.block_hash is None or b.hash_num_tokens < boundary:
+                        return False
+        ctx = self.ctx
+        for m in self._fast_managers:
+            if isinstance(m, MambaManager):  # allocate_new_blocks, queue_running_state, mark_handed_out
+                st = m.reqs[rid]
+                slot = (t + m.block_size - 1) // m.block_size - 1
+                st.state_pos[slot] = t
+                if ctx.external_hit_running_cow:
+                    st.allocated = True
+                b = m.req_to_blocks[rid][slot]
+                if b is not m.null_block:
+                    ctx.state_writes.append(StateWrite(rid, m.group_id, b.block_id, t, STATE_RUNNING))
+                st.handed_out = True
+        return True
 
     def _allocate_slots_unitary(self, request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
                                 num_lookahead_tokens):
