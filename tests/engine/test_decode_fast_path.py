@@ -25,7 +25,7 @@ from kvtrace.cache import (
     SlidingWindowSpec,
 )
 from kvtrace.compare.study import BEHAVIOURS, study_defaults
-from kvtrace.engine import Engine
+from kvtrace.engine import Engine, Worker
 from kvtrace.replay.digest import encode_event
 from kvtrace.replay.run import RunSpec, _engine_preset, _open_workload
 from tests.engine.workloads import external_continuation, hybrid_cache, mixed_sessions, preset
@@ -64,6 +64,7 @@ def _cases():
 
 def _run(engine_preset, work, fast: bool, monkeypatch) -> tuple:
     monkeypatch.setattr(KVCacheManager, "decode_fast_path", fast)
+    monkeypatch.setattr(Worker, "decode_fast_path", fast)
     lines: list[str] = []
 
     def record(batch) -> None:
@@ -77,20 +78,27 @@ def _run(engine_preset, work, fast: bool, monkeypatch) -> tuple:
 
 @pytest.mark.parametrize("name,engine_preset,work", list(_cases()), ids=lambda v: v if isinstance(v, str) else "")
 def test_fast_paths_give_the_same_events_and_outputs(name, engine_preset, work, monkeypatch):
-    taken = [0]
-    real = KVCacheManager._allocate_decode_slot
+    taken = [0, 0]  # manager decode slots, worker decode batches
+    real_slot, real_write = KVCacheManager._allocate_decode_slot, Worker._decode_write
 
-    def counted(self, request):
-        done = real(self, request)
+    def counted_slot(self, request):
+        done = real_slot(self, request)
         taken[0] += done
         return done
 
-    monkeypatch.setattr(KVCacheManager, "_allocate_decode_slot", counted)
+    def counted_write(self, *args):
+        taken[1] += 1
+        return real_write(self, *args)
+
+    monkeypatch.setattr(KVCacheManager, "_allocate_decode_slot", counted_slot)
+    monkeypatch.setattr(Worker, "_decode_write", counted_write)
     fast = _run(engine_preset, work, True, monkeypatch)
     if name == "external-continuation":  # 2-token blocks: every decode token fills or opens one
         assert taken[0] == 0
     else:
-        assert taken[0] > 0, "the workload never took the decode fast path"
+        assert taken[0] > 0, "the workload never took the manager's decode fast path"
+    if name != "attention-swa-mamba":  # a sliding window: the worker's general path only
+        assert taken[1] > 0, "the workload never took the worker's decode path"
     slow = _run(engine_preset, work, False, monkeypatch)
     assert fast[0] == slow[0]
     assert fast[1] == slow[1]
