@@ -86,6 +86,8 @@ class KVCacheManager:
         self.num_groups = len(self.managers)
         self.hit_alignment = self.coordinator.hit_alignment
         self._no_hits: tuple = ((),) * self.num_groups
+        # what allocate_slots returns when no group gets a block (shared, as vLLM's: never mutate it)
+        self.empty_kv_cache_blocks = KVCacheBlocks(tuple([] for _ in range(self.num_groups)))
         # one full-attention group keyed per hash unit: the vLLM "unitary" fast path
         self._unitary = (
             self.num_groups == 1 and isinstance(config.groups[0], FullAttentionSpec)
@@ -224,7 +226,7 @@ class KVCacheManager:
             and not num_external_computed_tokens and not num_lookahead_tokens
             and self._allocate_decode_slot(request)
         ):
-            return KVCacheBlocks(tuple([] for _ in range(self.num_groups)))
+            return self.empty_kv_cache_blocks
         if self._unitary and not num_external_computed_tokens:
             return self._allocate_slots_unitary(request, num_new_tokens, num_new_computed_tokens,
                                                 new_computed_blocks, num_lookahead_tokens)

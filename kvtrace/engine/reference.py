@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from kvtrace.engine.content import FINGERPRINT_BASE, KV_A, KV_B, KV_C, P, ContentModel, kv_sum_closed_form
-from kvtrace.workload.tokens import block_tokens
+from kvtrace.workload.tokens import blocks_tokens
 
 _SMALL = 48  # up to this many tokens, step the recurrence in Python
 
@@ -45,7 +45,7 @@ class TraceBlockMemo:
             if tokens is not None:
                 toks = torch.from_numpy(tokens[: len(ids) * block_size].reshape(len(ids), block_size)[missing])
             else:
-                toks = torch.from_numpy(np.stack([block_tokens(ids[k], block_size, namespace) for k in missing]))
+                toks = torch.from_numpy(blocks_tokens([ids[k] for k in missing], block_size, namespace))
             rel = m.pow[torch.arange(block_size - 1, -1, -1)]  # m^(B-1-i)
             c = ((toks.unsqueeze(2) * rel.unsqueeze(0)) % P).sum(dim=1) % P  # [k, D]
             tsum = toks.sum(dim=1)

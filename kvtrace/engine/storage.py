@@ -125,14 +125,16 @@ class DeviceStorage:
             touched = torch.unique(block_ids)
         self.write_kv_flat(group_id, block_ids * self.data[group_id].shape[1] + slots, values, touched)
 
-    def write_kv_flat(self, group_id: int, flat: torch.Tensor, values: torch.Tensor, touched: torch.Tensor) -> None:
-        """``write_kv`` with the slots given as flat indices ``block * block_size + slot``."""
-        if values.numel() == 0:
-            return
+    def write_kv_flat(self, group_id: int, flat: torch.Tensor, values: torch.Tensor,
+                      touched: torch.Tensor) -> torch.Tensor:
+        """``write_kv`` with the slots given as flat indices ``block * block_size + slot``;
+        returns the touched blocks' slots after the write ``[len(touched), block_size]``."""
         t, block_sum = self.data[group_id], self.block_sum[group_id]
         assert block_sum is not None, "write_kv on a state group"
         t.view(-1).index_copy_(0, flat, values)
-        block_sum.index_copy_(0, touched, t.index_select(0, touched).sum(dim=1) % P)
+        rows = t.index_select(0, touched)
+        block_sum.index_copy_(0, touched, rows.sum(dim=1) % P)
+        return rows
 
     def read_kv(self, group_id: int, block_ids: torch.Tensor) -> torch.Tensor:
         return self.data[group_id].index_select(0, block_ids)

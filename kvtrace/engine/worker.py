@@ -354,24 +354,30 @@ class Worker:
                 widths[g] = max(nfull)
                 put(f"nfull{g}", nfull)
                 put(f"rem{g}", [e % bs for e in ends])
-                put(f"last{g}", [sq.tables[g][e // bs] if e % bs else 0 for (_, sq, _), e in zip(dec, ends)])
         h = torch.tensor(host, dtype=torch.int64, device=self.device)
 
         def view(name: str) -> torch.Tensor:
             return h[at[name]: at[name] + B]
 
         vals, tokens = h[:B], h[B: 2 * B]
+        total = None
         for g in self.attn_groups:
-            self.storage.write_kv_flat(g, view(f"flat{g}"), vals, view(f"blk{g}"))
-        lanes = None
+            rows = self.storage.write_kv_flat(g, view(f"flat{g}"), vals, view(f"blk{g}"))
+            if g in widths:
+                # The block written holds the context's last rem tokens (rem 0: it just filled
+                # and counts among the full blocks). Nothing else writes it this step (checked).
+                bs = self.block_size[g]
+                part = torch.where(self._aranges(bs) < view(f"rem{g}").unsqueeze(1), rows, 0).sum(dim=1)
+                total = part if total is None else total + part
         for g in self.state_groups:
             s0 = self.storage.read_states(g, view(f"src{g}"))
             states = self.content.step_one(s0, tokens)
             self.storage.write_states(g, view(f"dst{g}"), states)
-            lanes = states.sum(dim=1) if lanes is None else lanes + states.sum(dim=1)
+            lanes = states.sum(dim=1)
+            total = lanes if total is None else total + lanes
         res.num_decode_seqs += B
         res.decode_context_tokens += sum(ends)
-        return toks, ends, widths, view, lanes
+        return toks, ends, widths, view, total
 
     def _decode_sample(self, dec: list[tuple[int, _Seq, int]], staged: tuple, res: StepResult,
                        sampled: dict[str, int], slow: list[tuple[int, Divergence]]) -> list[Divergence]:
@@ -380,17 +386,14 @@ class Worker:
         way go to ``slow`` with their batch index)."""
         toks, ends, widths, view, total = staged
         for g in self.full_groups:
-            bs = self.block_size[g]
             w = widths[g]
-            part = self.storage.data[g].index_select(0, view(f"last{g}"))  # the partial block: its first rem slots
-            kv = torch.where(self._aranges(bs) < view(f"rem{g}").unsqueeze(1), part, 0).sum(dim=1)
             if w:  # the full blocks: their maintained sums, through the worker's own table
-                tab = self.table_tensors[g].t.index_select(0, view("rows"))[:, :w]
+                tab = self.table_tensors[g].t[:, :w].index_select(0, view("rows"))
                 block_sum = self.storage.block_sum[g]
                 assert block_sum is not None
                 sums = block_sum.take(tab)
-                kv += torch.where(self._aranges(w) < view(f"nfull{g}").unsqueeze(1), sums, 0).sum(dim=1)
-            total = kv if total is None else total + kv
+                kv = torch.where(self._aranges(w) < view(f"nfull{g}").unsqueeze(1), sums, 0).sum(dim=1)
+                total = kv if total is None else total + kv
         assert total is not None
         out = (total % P % VOCAB_SIZE).tolist()
         for (_, sq, _), t in zip(dec, out):
