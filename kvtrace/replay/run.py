@@ -13,15 +13,17 @@ import contextlib
 import hashlib
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from kvtrace.workload import TraceRequest
 from kvtrace.errors import ConfigError
 from kvtrace.numeric import cdiv
-from kvtrace.store.schema import SUMMARY_FIELDS
-from kvtrace.replay.cache_only import POLICIES
 from kvtrace.replay.config_file import load_config_file, parse_retention
 from kvtrace.replay.digest import Digest
+
+if TYPE_CHECKING:
+    from kvtrace.workload import TraceRequest
+# The cache, the engine, the store and the trace readers load where a run needs them, so
+# that a user error is reported before any of them (and torch) is imported.
 
 MODES = ("engine", "cache-only")
 DEFAULT_PRESET = "kimi-hybrid"
@@ -245,8 +247,12 @@ def run_replay(
     a refused spec records nothing. The run then goes ``running`` -> ``complete``, or
     ``failed`` with every span emitted before the error kept.
     """
+    # A trace file is opened (lazily) first: a missing or unreadable one is reported before
+    # the engine's configuration loads the cache; a generated workload is built after it.
+    workload = None if spec.trace.startswith(GENERATED_PREFIX) else _open_workload(spec)
     config, behaviours, preset = _validated(spec)
-    workload = _open_workload(spec)
+    if workload is None:
+        workload = _open_workload(spec)
     with contextlib.ExitStack() as stack:
         if store is None and db is not None:
             from kvtrace.store import Store
@@ -307,12 +313,14 @@ def _validated(spec: RunSpec) -> tuple[dict[str, Any], list[str], Any]:
     if spec.limit is not None and (not isinstance(spec.limit, int) or spec.limit < 0):
         raise ConfigError("--limit", str(spec.limit), "expected a number of requests >= 0")
     if spec.mode == "engine":
-        from kvtrace.engine.storage import check_storage_fits
+        from kvtrace.engine.memory import check_storage_fits
 
         preset = _engine_preset(spec)
         check_storage_fits(preset.cache_config)
         config = config_json(preset)
         return config, config["cache"]["behaviours"], preset
+    from kvtrace.replay.cache_only import POLICIES
+
     if spec.policy not in POLICIES:
         raise ConfigError("--policy", spec.policy, f"expected one of {', '.join(POLICIES)}")
     # Cache-only mode is one LRU (or Belady) over the trace's blocks: no KV cache groups,
@@ -395,6 +403,8 @@ def _run_cache_only(spec: RunSpec, workload: _Workload, digest: Digest, instrume
         workload.requests, capacity_blocks=capacity, block_size=spec.block_size,
         policy=spec.policy, listeners=listeners, progress=on_progress,
     )
+    from kvtrace.store.schema import SUMMARY_FIELDS
+
     summary = res.summary()
     for key in SUMMARY_FIELDS:
         summary.setdefault(key, 0 if key != "digest" else None)
