@@ -56,6 +56,8 @@ def replay(
     db: Optional[Path] = typer.Option(None, help="DuckDB file to record spans and the run into."),
     otlp_endpoint: Optional[str] = typer.Option(None, help="Also export spans over OTLP/HTTP to this URL."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
+    no_content: bool = typer.Option(False, "--no-content", help="Engine mode without device content, sampling or "
+                                    "verification: hits and timings only, several times faster."),
 ):
     """Replay a trace deterministically through the cache (and engine) and summarise it."""
     from kvtrace.replay.report import print_summary
@@ -77,6 +79,7 @@ def replay(
         limit=limit,
         seed=seed,
         name=name,
+        content=not no_content,
     )
     result = run_replay(spec, db=db, otlp_endpoint=otlp_endpoint, progress=sys.stderr.isatty())
     if as_json:

@@ -18,7 +18,6 @@ is advanced for the whole batch at once from per-request "tips" on the CPU.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -32,29 +31,8 @@ from kvtrace.engine.block_table import BlockTableTensor
 from kvtrace.engine.reference import PrefixOracle, TraceBlockMemo
 from kvtrace.engine.request import EngineRequest
 from kvtrace.engine.scheduler import SchedulerOutput
+from kvtrace.engine.step import Divergence, StepResult, tally
 from kvtrace.numeric import cdiv
-
-
-@dataclass(slots=True)
-class Divergence:
-    request_id: str
-    position: int  # output index
-    expected: int
-    actual: int
-
-
-@dataclass(slots=True)
-class StepResult:
-    sampled: dict[str, int]
-    divergences: list[Divergence]
-    num_kv_copies: int = 0
-    num_state_copies: int = 0
-    prefill_pairs: int = 0
-    decode_context_tokens: int = 0
-    num_decode_seqs: int = 0
-    num_prefill_tokens: int = 0
-    table_disagreements: int = 0  # Core's running-state block != the worker's table slot
-    prefill_spans: list[tuple[str, int, int]] = field(default_factory=list)  # (request, start, num_tokens)
 
 
 class _Seq:
@@ -375,7 +353,7 @@ class Worker:
             self.storage.write_states(g, view(f"dst{g}"), states)
             lanes = states.sum(dim=1)
             total = lanes if total is None else total + lanes
-        res.num_decode_seqs += B
+        res.num_decode_seqs += B  # step.tally's decode count, for the whole batch
         res.decode_context_tokens += sum(ends)
         return toks, ends, widths, view, total
 
@@ -515,17 +493,7 @@ class Worker:
                 end_states.append(states[:B])
 
         # Sample for every request that has consumed all its known tokens.
-        sample_idx = []
-        for i, (sq, a, n) in enumerate(work):
-            if a + n == sq.request.num_tokens:
-                sample_idx.append(i)
-            if n > 1 or a + n < sq.request.num_tokens:
-                res.prefill_pairs += n * a + n * (n + 1) // 2
-                res.num_prefill_tokens += n
-                res.prefill_spans.append((sq.request.request_id, a, n))
-            else:
-                res.num_decode_seqs += 1
-                res.decode_context_tokens += a + n
+        sample_idx = [i for i, (sq, a, n) in enumerate(work) if tally(res, sq.request, a, n)]
         if sample_idx:
             self._sample(work, sample_idx, ends, end_states, res, tok_list)
 

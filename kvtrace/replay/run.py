@@ -47,6 +47,7 @@ class RunSpec:
     seed: int = 0
     name: str | None = None
     external_capacity_blocks: int | None = None
+    content: bool = True  # engine mode: False runs without device content (hits and timings only)
 
 
 @dataclass(slots=True)
@@ -274,7 +275,7 @@ def run_replay(
                 bar = _Progress(progress, workload.total, f"{spec.mode} {Path(workload.source).name}")
                 try:
                     if preset is not None:
-                        summary, per_request = _run_engine(preset, workload, digest, instrumentor, bar)
+                        summary, per_request = _run_engine(preset, workload, digest, instrumentor, bar, spec.content)
                     else:
                         summary, per_request = _run_cache_only(spec, workload, digest, instrumentor, bar)
                 finally:
@@ -316,8 +317,10 @@ def _validated(spec: RunSpec) -> tuple[dict[str, Any], list[str], Any]:
         from kvtrace.engine.memory import check_storage_fits
 
         preset = _engine_preset(spec)
-        check_storage_fits(preset.cache_config)
+        if spec.content:  # no device storage without content
+            check_storage_fits(preset.cache_config)
         config = config_json(preset)
+        config["content"] = spec.content
         return config, config["cache"]["behaviours"], preset
     from kvtrace.replay.cache_only import POLICIES
 
@@ -329,6 +332,7 @@ def _validated(spec: RunSpec) -> tuple[dict[str, Any], list[str], Any]:
     engine_only = (
         ("--preset", spec.preset), ("--config", spec.config_file), ("--retention", spec.retention),
         ("--without", ",".join(spec.without) or None), ("--external-blocks", spec.external_capacity_blocks),
+        ("--no-content", None if spec.content else "set"),
     )
     for flag, value in engine_only:
         if value is not None:
@@ -343,6 +347,8 @@ def _default_name(spec: RunSpec, behaviours: list[str]) -> str:
     parts = [Path(spec.trace).name if not spec.trace.startswith(GENERATED_PREFIX) else spec.trace, spec.mode]
     if spec.mode == "engine":
         parts.append(spec.preset or DEFAULT_PRESET)
+        if not spec.content:
+            parts.append("no-content")
     else:
         parts.append(spec.policy)
     if spec.without:
@@ -354,7 +360,7 @@ def _default_name(spec: RunSpec, behaviours: list[str]) -> str:
     return " ".join(parts)
 
 
-def _run_engine(preset, workload: _Workload, digest: Digest, instrumentor, bar: _Progress):
+def _run_engine(preset, workload: _Workload, digest: Digest, instrumentor, bar: _Progress, content: bool = True):
     from kvtrace.engine import Engine
     from kvtrace.engine.events import RequestFinished
 
@@ -365,7 +371,7 @@ def _run_engine(preset, workload: _Workload, digest: Digest, instrumentor, bar: 
     if instrumentor is not None:
         listeners.append(instrumentor.on_step)
     listeners.append(progress_listener)
-    engine = Engine(preset)
+    engine = Engine(preset, content=content)
     result = engine.run(workload.requests, listeners=listeners)
     per_request = [
         {
