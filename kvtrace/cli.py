@@ -45,7 +45,10 @@ def replay(
     policy: str = typer.Option("lru", help="cache-only eviction policy: lru | belady"),
     fmt: Optional[str] = typer.Option(None, "--format", help="mooncake | bailian | weka | azure | native (default: detect)"),
     block_size: Optional[int] = typer.Option(None, help="Tokens per KV block (cache-only: per trace hash id)."),
-    capacity_blocks: Optional[int] = typer.Option(None, help="GPU blocks per KV cache group."),
+    capacity_blocks: Optional[str] = typer.Option(
+        None, help="GPU blocks per KV cache group. Cache-only mode: omit it (or say inf) for an unbounded cache, "
+                   "the infinite-cache hit rate: nothing is evicted and nothing preallocated beyond the trace's "
+                   "distinct blocks."),
     capacity_tokens: Optional[int] = typer.Option(None, help="Capacity in tokens (converted to blocks)."),
     retention: Optional[str] = typer.Option(None, help="Retention interval: none | 0 | K (tokens)."),
     external_blocks: Optional[int] = typer.Option(None, help="Add an external (connector) tier of N blocks."),
@@ -61,7 +64,7 @@ def replay(
 ):
     """Replay a trace deterministically through the cache (and engine) and summarise it."""
     from kvtrace.replay.report import print_summary
-    from kvtrace.replay.run import run_replay
+    from kvtrace.replay.run import parse_capacity_blocks, run_replay
 
     spec = _spec_from_options(
         str(trace),
@@ -71,7 +74,7 @@ def replay(
         config_file=str(config) if config else None,
         trace_format=fmt,
         block_size=block_size,
-        capacity_blocks=capacity_blocks,
+        capacity_blocks=parse_capacity_blocks(capacity_blocks),
         capacity_tokens=capacity_tokens,
         retention=retention,
         external_capacity_blocks=external_blocks,

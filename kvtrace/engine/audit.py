@@ -26,7 +26,7 @@ class StaleHashAuditor:
         self.is_state = [isinstance(s, MambaSpec) for s in cache_config.groups]
         self.block_size = [s.block_size for s in cache_config.groups]
         self.hbs = cache_config.hash_block_size
-        self.expected: dict[tuple[int, bytes], tuple[int, int]] = {}  # (group, hash) -> (num_tokens, fp)
+        self.expected: dict[tuple[int, bytes | int], tuple[int, int]] = {}  # (group, hash) -> (num_tokens, fp)
         self._hash_index: dict[str, tuple[int, dict[bytes, int]]] = {}
         self._reported: set[tuple[int, bytes, int]] = set()
         self.num_stale = 0
@@ -80,7 +80,7 @@ class StaleHashAuditor:
         for g, h, blk, ntok in entries:
             by_group.setdefault(g, []).append((h, blk, ntok))
         found: list[StaleHashFound] = []
-        live: dict[tuple[int, bytes], tuple[int, int]] = {}
+        live: dict[tuple[int, bytes | int], tuple[int, int]] = {}
         for g in sorted(by_group):
             rows = by_group[g]
             bs = self.block_size[g]

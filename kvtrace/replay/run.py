@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
@@ -39,7 +40,7 @@ class RunSpec:
     config_file: str | None = None
     trace_format: str | None = None
     block_size: int | None = None
-    capacity_blocks: int | None = None
+    capacity_blocks: int | float | None = None  # cache-only: None or math.inf is an unbounded cache
     capacity_tokens: int | None = None
     retention: str | None = None  # "none" | "0" | "K"
     without: tuple[str, ...] = ()
@@ -99,6 +100,18 @@ _FLAG_OF = {
 }
 _TOML_KEY_OF = {"behaviours": "cache.without", "without": "cache.without",
                 "external": "cache.external_capacity_blocks", "preset": "preset"}
+
+
+def parse_capacity_blocks(text: str | None) -> int | float | None:
+    """``--capacity-blocks``: a block count, or ``inf`` (cache-only mode's unbounded cache)."""
+    if text is None:
+        return None
+    if text.strip().lower() in ("inf", "infinity", "unbounded"):
+        return math.inf
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError("--capacity-blocks", text, "expected a number of blocks, or inf (cache-only mode)") from None
 
 
 def _engine_preset(spec: RunSpec):
@@ -316,6 +329,10 @@ def _validated(spec: RunSpec) -> tuple[dict[str, Any], list[str], Any]:
     if spec.mode == "engine":
         from kvtrace.engine.memory import check_storage_fits
 
+        if spec.capacity_blocks == math.inf:
+            raise ConfigError("--capacity-blocks", "inf", "engine mode holds its blocks in device storage and needs a "
+                                                          "number (an unbounded cache is for --mode cache-only)")
+
         preset = _engine_preset(spec)
         if spec.content:  # no device storage without content
             check_storage_fits(preset.cache_config)
@@ -338,8 +355,9 @@ def _validated(spec: RunSpec) -> tuple[dict[str, Any], list[str], Any]:
         if value is not None:
             raise ConfigError(flag, str(value), "applies to engine mode only: cache-only mode replays one LRU over "
                                                 "the trace's blocks (drop it, or use --mode engine)")
-    config = {"mode": "cache-only", "policy": spec.policy, "capacity_blocks": spec.capacity_blocks,
-              "block_size": spec.block_size}
+    unbounded = spec.capacity_blocks in (None, math.inf) and spec.capacity_tokens is None
+    config = {"mode": "cache-only", "policy": spec.policy, "block_size": spec.block_size,
+              "capacity_blocks": None if unbounded else spec.capacity_blocks}  # None: unbounded
     return config, [], None
 
 
@@ -355,8 +373,8 @@ def _default_name(spec: RunSpec, behaviours: list[str]) -> str:
         parts.append("without " + ",".join(spec.without))
     if spec.retention is not None:
         parts.append(f"retention={spec.retention}")
-    if spec.capacity_blocks is not None:
-        parts.append(f"blocks={spec.capacity_blocks}")
+    if spec.capacity_blocks is not None or spec.mode != "engine":
+        parts.append(f"blocks={'inf' if spec.capacity_blocks in (None, math.inf) else spec.capacity_blocks}")
     return " ".join(parts)
 
 
@@ -389,13 +407,11 @@ def _run_engine(preset, workload: _Workload, digest: Digest, instrumentor, bar: 
 def _run_cache_only(spec: RunSpec, workload: _Workload, digest: Digest, instrumentor, bar: _Progress):
     from kvtrace.replay.cache_only import replay_cache_only
 
-    capacity = spec.capacity_blocks
+    capacity = spec.capacity_blocks  # None or inf (and no --capacity-tokens): unbounded
     if capacity is None and spec.capacity_tokens is not None:
         if spec.block_size is None:
             raise ConfigError("--capacity-tokens", str(spec.capacity_tokens), "cache-only mode needs --block-size with it")
         capacity = cdiv(spec.capacity_tokens, spec.block_size)
-    if capacity is None:
-        raise ConfigError("--capacity-blocks", "-", "cache-only mode needs a capacity in blocks (or --capacity-tokens)")
     listeners: list[Callable] = [digest.on_cache_events]
     if instrumentor is not None and spec.policy == "lru":
         listeners.append(instrumentor.on_cache_events)
