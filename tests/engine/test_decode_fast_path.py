@@ -27,7 +27,7 @@ from kvtrace.cache import (
 from kvtrace.compare.study import BEHAVIOURS, study_defaults
 from kvtrace.engine import Engine, Worker
 from kvtrace.replay.digest import encode_event
-from kvtrace.replay.run import RunSpec, _engine_preset, _open_workload
+from kvtrace.replay.run import RunSpec, _engine_preset, open_workload
 from tests.engine.workloads import external_continuation, hybrid_cache, mixed_sessions, preset
 
 MOONCAKE = str(Path(__file__).resolve().parents[1] / "data" / "mooncake_synthetic_trace.jsonl")
@@ -36,7 +36,7 @@ MOONCAKE = str(Path(__file__).resolve().parents[1] / "data" / "mooncake_syntheti
 def _replay_case(trace: str, **settings):
     """The preset and workload ``kvtrace replay`` runs for these settings."""
     spec = RunSpec(trace, **settings)
-    return _engine_preset(spec), list(_open_workload(spec).requests)
+    return _engine_preset(spec), list(open_workload(spec).requests)
 
 
 def _cases():
