@@ -51,7 +51,7 @@ CASES = {
     """,
     "user errors": """
         for spec in (RunSpec("missing.jsonl"), RunSpec(TRACE, capacity_blocks=1 << 24, block_size=1 << 20),
-                     RunSpec(TRACE, mode="cache-only"), RunSpec(TRACE, limit=-1)):
+                     RunSpec(TRACE, mode="cache-only", policy="fifo"), RunSpec(TRACE, limit=-1)):
             try:
                 run_replay(spec)
             except KVTraceError:
