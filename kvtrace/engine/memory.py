@@ -41,8 +41,17 @@ def _torch_is_cpu_build() -> bool:
     return re.search(r"^cuda\s*(:[^=]*)?=\s*None\s*$", text, re.MULTILINE) is not None
 
 
+DEVICE_ENV = "KVTRACE_DEVICE"  # cpu | cuda: the content's device when the caller names none
+
+
 def default_device_type() -> str:
-    """``cuda`` when torch sees a GPU, else ``cpu``; imports torch only for a CUDA build."""
+    """``$KVTRACE_DEVICE`` if set, else ``cuda`` when torch sees a GPU, else ``cpu``;
+    imports torch only for a CUDA build. (Content is bit-identical on either device.)"""
+    chosen = os.environ.get(DEVICE_ENV, "").strip()
+    if chosen:
+        if chosen not in ("cpu", "cuda") and not chosen.startswith("cuda:"):
+            raise ConfigError(DEVICE_ENV, chosen, "expected cpu, cuda or cuda:N")
+        return chosen
     if "torch" not in sys.modules and _torch_is_cpu_build():
         return "cpu"
     import torch
@@ -53,7 +62,7 @@ def default_device_type() -> str:
 def device_memory_bytes(device: Any) -> int:
     """Memory of ``device`` (a torch device or its type name): the GPU's, or the machine's
     physical memory for the CPU."""
-    kind = device if isinstance(device, str) else device.type
+    kind = (device if isinstance(device, str) else device.type).split(":")[0]
     if kind == "cuda":
         import torch
 
@@ -65,7 +74,7 @@ def check_storage_fits(cache_config: CacheConfig, device: Any = None) -> None:
     """A ConfigError naming the flags to lower when the storage would not fit in memory
     (rather than letting torch try to allocate terabytes)."""
     dev = device if device is not None else default_device_type()
-    kind = dev if isinstance(dev, str) else dev.type
+    kind = (dev if isinstance(dev, str) else dev.type).split(":")[0]
     need, have = storage_bytes(cache_config), device_memory_bytes(dev)
     if need > have * 0.8:
         raise ConfigError(

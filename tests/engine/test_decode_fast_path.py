@@ -24,13 +24,16 @@ from kvtrace.cache import (
     MambaSpec,
     SlidingWindowSpec,
 )
-from kvtrace.compare.study import BEHAVIOURS, study_defaults
+from kvtrace.cache.config import BEHAVIOURS
 from kvtrace.engine import Engine, Worker
 from kvtrace.replay.digest import encode_event
+from kvtrace.replay.generate import WORKLOADS, study_workload
 from kvtrace.replay.run import RunSpec, _engine_preset, open_workload
 from tests.engine.workloads import external_continuation, hybrid_cache, mixed_sessions, preset
 
 MOONCAKE = str(Path(__file__).resolve().parents[1] / "data" / "mooncake_synthetic_trace.jsonl")
+# The study workloads' settings are read from the generator (kvtrace.compare.study would
+# load the store, DuckDB and Polars: bench/gpu_check.sh runs these tests with a few wheels).
 
 
 def _replay_case(trace: str, **settings):
@@ -58,8 +61,9 @@ def _cases():
     yield "kimi-mooncake-preempting", *_replay_case(MOONCAKE, capacity_blocks=300, limit=60)
     for behaviour in BEHAVIOURS:
         for off in (False, True):
+            hints = WORKLOADS[study_workload(behaviour)].hints
             yield f"study-{behaviour}-{'off' if off else 'on'}", *_replay_case(
-                f"gen:study-{behaviour}", **study_defaults(behaviour), without=(behaviour,) if off else ())
+                f"gen:study-{behaviour}", **hints, without=(behaviour,) if off else ())
 
 
 def _run(engine_preset, work, fast: bool, monkeypatch) -> tuple:

@@ -12,8 +12,9 @@ import sys
 
 import pytest
 
-from kvtrace.compare.study import BEHAVIOURS, study_defaults
+from kvtrace.cache.config import BEHAVIOURS
 from kvtrace.engine import Engine
+from kvtrace.replay.generate import WORKLOADS, study_workload
 from tests.engine.test_decode_fast_path import MOONCAKE, _replay_case
 
 SAME = ("requests", "prompt_tokens", "hit_tokens", "external_hit_tokens", "computed_prompt_tokens", "token_hit_rate",
@@ -26,7 +27,7 @@ CASES = {
     "kimi-mooncake-preempting": (MOONCAKE, dict(capacity_blocks=300, limit=60)),
     "dense-mixed": ("gen:mixed", dict(preset="dense-attention", limit=60)),
     "kimi-mixed-external": ("gen:mixed", dict(capacity_blocks=40, external_capacity_blocks=4096, limit=80)),
-    **{f"study-{b}": (f"gen:study-{b}", study_defaults(b)) for b in BEHAVIOURS},
+    **{f"study-{b}": (f"gen:study-{b}", dict(WORKLOADS[study_workload(b)].hints)) for b in BEHAVIOURS},
 }
 
 
