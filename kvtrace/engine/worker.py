@@ -14,10 +14,16 @@ copy list and the internal prefill checkpoint writes. The Core's ``running`` and
 (``table_disagreements``), never obeyed. Sampling gathers the batch's tables from a
 device block-table tensor (vLLM's worker-side ``BlockTable``); the decode-step reference
 is advanced for the whole batch at once from per-request "tips" on the CPU.
+
+Speed: per-step tensors are small, so the cost is the number of torch calls, not the
+data. Decode tokens (one token that consumes the request's last known one) therefore go
+as one batch built from one host list (``_decode_write``, ``_decode_sample``), and only
+the prefill chunks take the general path; the split is made only where the two parts
+touch disjoint blocks, so every value is what one pass gives (tests/engine/
+test_decode_fast_path.py compares both ways event by event).
 """
 
 from __future__ import annotations
-
 
 import numpy as np
 import torch
@@ -199,7 +205,8 @@ class Worker:
         return int(request.prompt_token_ids[position]) if position < p else request.output_token_ids[position - p]
 
     def _compute(self, work: list[tuple[_Seq, int, int]], out: SchedulerOutput, res: StepResult) -> None:
-        """Content for the step: decode tokens by ``_decode``, the rest by ``_compute_general``.
+        """Content for the step: decode tokens by ``_decode_write`` and ``_decode_sample``, the
+        rest (prefill chunks) by ``_compute_general``.
 
         The split changes nothing: the two parts touch disjoint blocks (checked; else the
         whole step goes the general way), each part's reads see the other's writes exactly
