@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 VLLM    := $(VENV)/.vllm-installed
 DB      ?= kvtrace-demo.duckdb
 
-.PHONY: install vllm demo dashboard lint test bench browser clean
+.PHONY: install vllm demo dashboard lint test bench browser clean gpu-wheels gpu-check
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -48,6 +48,14 @@ test: $(VLLM) browser lint
 
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py
+
+# A GPU machine without registry access: fetch the few wheels here, copy the repository with
+# bench/.wheels there, and run `PYTHON=/its/python bash bench/gpu_check.sh` (cuda vs cpu).
+gpu-wheels: $(STAMP)
+	PYTHON=$(BIN)/python bash bench/gpu_wheels.sh bench/.wheels
+
+gpu-check:
+	bash bench/gpu_check.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache kvtrace-demo.duckdb test-artifacts

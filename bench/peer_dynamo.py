@@ -18,7 +18,7 @@ Both replay the same Mooncake-format trace with the same block size and capacity
 Prints both wall times and their ratio, both hit rates, and TTFT / ITL percentiles with
 the ratio kvtrace / mocker.
 
-    python bench/peer_dynamo.py [TRACE] [--preset kimi-hybrid] [--blocks 16384] [--mocker-timing kvtrace]
+    python bench/peer_dynamo.py [TRACE] [--preset kimi-hybrid] [--blocks 16384] [--mocker-timing kvtrace] [--no-content]
 """
 
 from __future__ import annotations
@@ -97,11 +97,11 @@ def mocker_npz(model, path: Path) -> None:
              decode_context_length=ctx, decode_itl=decode)
 
 
-def run_kvtrace(trace: str, preset: str, blocks: int, limit: int | None) -> dict:
+def run_kvtrace(trace: str, preset: str, blocks: int, limit: int | None, content: bool = True) -> dict:
     sys.path.insert(0, str(ROOT))
     from kvtrace.replay.run import RunSpec, run_replay
 
-    spec = RunSpec(trace, preset=preset, block_size=512, capacity_blocks=blocks + 1, limit=limit)
+    spec = RunSpec(trace, preset=preset, block_size=512, capacity_blocks=blocks + 1, limit=limit, content=content)
     t0 = time.perf_counter()
     s = run_replay(spec).summary
     wall = time.perf_counter() - t0
@@ -117,6 +117,7 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=16_384, help="KV blocks of 512 tokens (without the null block)")
     ap.add_argument("--mocker-timing", choices=("default", "kvtrace"), default="kvtrace")
     ap.add_argument("--limit", type=int, default=None, help="kvtrace only: the first N requests")
+    ap.add_argument("--no-content", action="store_true", help="kvtrace without content (hits and timings only)")
     args = ap.parse_args()
     python = ensure_mocker()
     sys.path.insert(0, str(ROOT))
@@ -131,8 +132,9 @@ def main() -> None:
         out = subprocess.run([str(python), "-c", MOCKER_RUN, args.trace, "512", str(args.blocks), npz],
                              capture_output=True, text=True, check=True)
         mocker = json.loads(out.stdout.strip().splitlines()[-1]) | {"process_s": time.perf_counter() - t0}
-    kv = run_kvtrace(args.trace, args.preset, args.blocks, args.limit)
-    print(f"trace {Path(args.trace).name}, {args.blocks:,} blocks of 512 tokens, kvtrace preset {args.preset}, "
+    kv = run_kvtrace(args.trace, args.preset, args.blocks, args.limit, content=not args.no_content)
+    print(f"trace {Path(args.trace).name}, {args.blocks:,} blocks of 512 tokens, kvtrace preset {args.preset}"
+          f"{' (no content)' if args.no_content else ' (content and verification on)'}, "
           f"mocker timing {args.mocker_timing}")
     print(f"{'':24}{'kvtrace':>12}{'mocker':>12}{'ratio':>10}")
     print(f"{'wall s':24}{kv['wall_s']:>12.2f}{mocker['wall_s']:>12.2f}{kv['wall_s'] / mocker['wall_s']:>10.1f}"

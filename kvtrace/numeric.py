@@ -1,7 +1,8 @@
 """Arithmetic every floor shares: ceiling division and the one percentile definition.
 
-Ground floor: imports numpy and nothing of kvtrace, so the cache, the engine, the span
-builder, the store, ``compare`` and the dashboard all call the same two functions.
+Ground floor: imports nothing of kvtrace (and numpy only when a percentile is asked for,
+so that an error path need not load it), so the cache, the engine, the span builder, the
+store, ``compare`` and the dashboard all call the same two functions.
 
 Percentiles follow ``vllm bench serve``: numpy's default ``method="linear"``
 interpolation between the two nearest ranks (``np.percentile(values, q)``). One
@@ -12,8 +13,10 @@ in ``kvtrace diff``, in the store's latency tables and on the dashboard.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 
 def cdiv(a: int, b: int) -> int:
@@ -26,6 +29,8 @@ def percentile(values: Sequence[float] | np.ndarray, q: float) -> float | None:
     for no values. Equal to ``float(np.percentile(values, q))``."""
     if len(values) == 0:
         return None
+    import numpy as np
+
     return float(np.percentile(np.asarray(values, dtype=np.float64), q))
 
 
@@ -33,6 +38,8 @@ def percentiles(values: Sequence[float] | np.ndarray, qs: Sequence[float]) -> li
     """``[percentile(values, q) for q in qs]`` with one sort."""
     if len(values) == 0:
         return [None] * len(qs)
+    import numpy as np
+
     out = np.percentile(np.asarray(values, dtype=np.float64), list(qs))
     return [float(v) for v in np.atleast_1d(out)]
 

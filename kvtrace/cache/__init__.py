@@ -18,20 +18,18 @@ align), coordinator (the fixed point across groups), manager (the scheduler-faci
 facade).
 """
 
-from kvtrace.cache.config import (
-    ALL_BEHAVIOURS,
-    EXTERNAL_HIT_RUNNING_COW,
-    SHARED_PREFIX_PINNING,
-    TRANSIENT_CHECKPOINT_RETENTION,
-    CacheConfig,
-    ExternalTierConfig,
-    FullAttentionSpec,
-    MambaSpec,
-    SlidingWindowSpec,
-)
-from kvtrace.cache.manager import KVCacheManager
-from kvtrace.cache.plans import STATE_CHECKPOINT, STATE_EXTERNAL, STATE_RUNNING, BlockCopy, KVCacheBlocks, StateWrite
-from kvtrace.cache.request import Request
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+# The public names and their modules, loaded on first use: the CLI's choices and the
+# engine's presets read the config classes without loading the manager and its hashing.
+_EXPORTS = {
+    "ALL_BEHAVIOURS": "config", "EXTERNAL_HIT_RUNNING_COW": "config", "SHARED_PREFIX_PINNING": "config",
+    "TRANSIENT_CHECKPOINT_RETENTION": "config", "CacheConfig": "config", "ExternalTierConfig": "config",
+    "FullAttentionSpec": "config", "MambaSpec": "config", "SlidingWindowSpec": "config",
+    "KVCacheManager": "manager", "STATE_CHECKPOINT": "plans", "STATE_EXTERNAL": "plans", "STATE_RUNNING": "plans",
+    "BlockCopy": "plans", "KVCacheBlocks": "plans", "StateWrite": "plans", "Request": "request",
+}
 
 __all__ = [
     "ALL_BEHAVIOURS",
@@ -52,3 +50,34 @@ __all__ = [
     "SlidingWindowSpec",
     "StateWrite",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"kvtrace.cache.{module}"), name)
+
+
+if TYPE_CHECKING:
+    from kvtrace.cache.config import (
+        ALL_BEHAVIOURS,
+        EXTERNAL_HIT_RUNNING_COW,
+        SHARED_PREFIX_PINNING,
+        TRANSIENT_CHECKPOINT_RETENTION,
+        CacheConfig,
+        ExternalTierConfig,
+        FullAttentionSpec,
+        MambaSpec,
+        SlidingWindowSpec,
+    )
+    from kvtrace.cache.manager import KVCacheManager
+    from kvtrace.cache.plans import (
+        STATE_CHECKPOINT,
+        STATE_EXTERNAL,
+        STATE_RUNNING,
+        BlockCopy,
+        KVCacheBlocks,
+        StateWrite,
+    )
+    from kvtrace.cache.request import Request

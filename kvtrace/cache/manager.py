@@ -57,7 +57,8 @@ from kvtrace.cache.coordinator import KVCacheCoordinator
 from kvtrace.cache.events import PUBLISH_FULL, BlocksFreed, CacheListener, PrefixLookup
 from kvtrace.cache.external import ExternalTier
 from kvtrace.cache.hashing import BlockHash, BlockHasher
-from kvtrace.cache.plans import BlockCopy, KVCacheBlocks, StateWrite
+from kvtrace.cache.managers import FullAttentionManager, MambaManager, SlidingWindowManager
+from kvtrace.cache.plans import STATE_RUNNING, BlockCopy, KVCacheBlocks, StateWrite
 from kvtrace.cache.request import Request
 from kvtrace.cache.sink import EventSink
 from kvtrace.numeric import cdiv
@@ -72,6 +73,8 @@ class KVCacheManager:
     vLLM. With ``num_gpu_blocks`` given per group, each group has a pool of its own and
     block ids are per group (``pools[g]``).
     """
+
+    decode_fast_path = True  # False: every allocate_slots takes the general path (tests compare both)
 
     def __init__(self, config: CacheConfig):
         self.config = config
@@ -101,12 +104,17 @@ class KVCacheManager:
         self.num_groups = len(self.managers)
         self.hit_alignment = self.coordinator.hit_alignment
         self._no_hits: tuple = ((),) * self.num_groups
+        # what allocate_slots returns when no group gets a block (shared, as vLLM's: never mutate it)
+        self.empty_kv_cache_blocks = KVCacheBlocks(tuple([] for _ in range(self.num_groups)))
         # one full-attention group keyed per hash unit: the vLLM "unitary" fast path
         self._unitary = (
             self.num_groups == 1 and isinstance(config.groups[0], FullAttentionSpec)
             and config.groups[0].block_size == config.hash_block_size
         )
         self._listeners: list[CacheListener] = []
+        # The decode fast path (``_allocate_decode_slot``) knows these managers' rules only.
+        known = all(type(m) in (FullAttentionManager, SlidingWindowManager) for m in self.managers)
+        self._fast_managers = self.managers if known else None
 
     # -- events -------------------------------------------------------------------
     def subscribe(self, listener: CacheListener) -> None:
@@ -233,6 +241,12 @@ class KVCacheManager:
         and ``external`` (loaded state).
         """
         request.bind_hasher(self.hasher)
+        if (
+            num_new_tokens == 1 and self.decode_fast_path and new_computed_blocks is None
+            and not num_external_computed_tokens and not num_lookahead_tokens
+            and self._allocate_decode_slot(request)
+        ):
+            return self.empty_kv_cache_blocks
         if self._unitary and not num_external_computed_tokens:
             return self._allocate_slots_unitary(request, num_new_tokens, num_new_computed_tokens,
                                                 new_computed_blocks, num_lookahead_tokens)
@@ -256,6 +270,44 @@ class KVCacheManager:
             num_external_computed_tokens, num_tokens_main, num_tokens_slots, num_new_tokens, self.enable_caching,
         )
         return KVCacheBlocks(tuple(new_out))
+
+    def _allocate_decode_slot(self, request: Request) -> bool:
+        """``allocate_slots(request, 1)`` for a decode token that needs no new block and
+        keys nothing: do what the general path does then, or return False (nothing done).
+
+        The decode step of a running request is most calls. For full attention and sliding
+        window groups the general path then changes nothing (Mamba groups, whose running
+        state moves every token, always take the general path). Each early return of the
+        general path that this relies on is checked first;
+        tests/engine/test_decode_fast_path.py runs workloads both ways and compares
+        every event and output.
+        """
+        p = request.num_computed_tokens
+        if p < request.num_prompt_tokens or self._fast_managers is None:
+            return False  # a prompt token: checkpoints or a partial tail may be due
+        rid = request.request_id
+        t = p + 1
+        caching = self.enable_caching
+        for m in self._fast_managers:
+            table = m.req_to_blocks.get(rid)
+            bs = m.block_size
+            if table is None or rid in m.partial_hit_reqs or (caching and m.num_cached_block.get(rid, 0) < t // bs):
+                return False  # a copy-on-write is pending, or a block fills: key it
+            n = len(table)
+            if (t + bs - 1) // bs > n:
+                return False
+            elif isinstance(m, SlidingWindowManager):
+                k = min(m.get_num_skipped_tokens(p) // bs, n)  # remove_skipped_blocks frees nothing
+                if k and table[k - 1] is not m.null_block:
+                    return False
+            elif caching and m.scale > 1:
+                hbs = self.hash_block_size  # FullAttentionManager._cache_partial_tail_block publishes nothing
+                boundary = min((request.num_prompt_tokens - 1) // hbs, len(request.block_hashes)) * hbs
+                if boundary and boundary <= t and boundary % bs and boundary // bs < n:
+                    b, key = table[boundary // bs], request.block_hashes[boundary // hbs - 1]
+                    if b.block_hash != key and (b.aliases is None or not m.pool.holds_key(key, b)):
+                        return False
+        return True
 
     def _allocate_slots_unitary(self, request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
                                 num_lookahead_tokens):

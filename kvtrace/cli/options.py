@@ -47,8 +47,10 @@ _RUN_OPTIONS: dict[str, tuple[Any, Any, str]] = {
     "block_size": (Annotated[int | None, typer.Option(
         metavar="TOKENS", help="Tokens per KV block (cache-only: per trace hash id).", rich_help_panel=RUN_PANEL)],
         None, "block_size"),
-    "capacity_blocks": (Annotated[int | None, typer.Option(
-        metavar="BLOCKS", help="GPU KV blocks (default: the preset's).",
+    "capacity_blocks": (Annotated[str | None, typer.Option(
+        metavar="BLOCKS|inf", help="GPU KV blocks (default: the preset's). Cache-only mode: omit it, or say inf, "
+        "for an unbounded cache (the infinite-cache hit rate; nothing is evicted, and the pool holds the trace's "
+        "distinct blocks, nothing preallocated beyond them).",
         rich_help_panel=RUN_PANEL)], None, "capacity_blocks"),
     "capacity_tokens": (Annotated[int | None, typer.Option(
         metavar="TOKENS", help="Capacity in tokens, converted to blocks.", rich_help_panel=RUN_PANEL)],
@@ -68,6 +70,9 @@ _RUN_OPTIONS: dict[str, tuple[Any, Any, str]] = {
         metavar="N", help="Seed for generated workloads and span ids.", rich_help_panel=RUN_PANEL)], 0, "seed"),
     "name": (Annotated[str | None, typer.Option(
         metavar="TEXT", help="Run name stored with the run.", rich_help_panel=RUN_PANEL)], None, "name"),
+    "no_content": (Annotated[bool, typer.Option(
+        "--no-content", help="Engine mode without device content, sampling checks or stale-hash audits: hits and "
+        "timings only, several times faster.", rich_help_panel=RUN_PANEL)], False, "content"),
 }
 
 TRACE_HELP = "Trace file (or a directory of WEKA files), or gen:NAME for a generated workload."
@@ -110,9 +115,13 @@ def replay_options(fn: Callable[..., Any] | None = None, *, trace_option: bool =
 def run_spec(trace: str, options: dict[str, Any]):
     """The RunSpec for TRACE and the run settings (keyed as in ``_RUN_OPTIONS``); a
     study without --trace gets ``trace=""``."""
-    from kvtrace.replay.run import RunSpec
+    from kvtrace.replay.run import RunSpec, parse_capacity_blocks
 
     fields = {_RUN_OPTIONS[k][2]: value(v) for k, v in options.items()}
+    if "content" in fields:
+        fields["content"] = not fields["content"]  # the flag is --no-content
+    if "capacity_blocks" in fields:
+        fields["capacity_blocks"] = parse_capacity_blocks(fields["capacity_blocks"])
     if fields.get("config_file") is not None:
         fields["config_file"] = str(fields["config_file"])
     if "without" in fields:

@@ -9,12 +9,13 @@ once. Keys are content-derived, so the expectation does not depend on who publis
 
 from __future__ import annotations
 
+import numpy as np
 
 from kvtrace.cache import CacheConfig, MambaSpec
 from kvtrace.cache.events import BlockPublished
 from kvtrace.engine.storage import DeviceStorage
 from kvtrace.engine.events import StaleHashFound
-from kvtrace.engine.reference import expected_kv_fingerprint, expected_state_fingerprint
+from kvtrace.engine.reference import expected_kv_fingerprints, expected_state_fingerprint
 
 
 class StaleHashAuditor:
@@ -25,7 +26,7 @@ class StaleHashAuditor:
         self.is_state = [isinstance(s, MambaSpec) for s in cache_config.groups]
         self.block_size = [s.block_size for s in cache_config.groups]
         self.hbs = cache_config.hash_block_size
-        self.expected: dict[tuple[int, bytes], tuple[int, int]] = {}  # (group, hash) -> (num_tokens, fp)
+        self.expected: dict[tuple[int, bytes | int], tuple[int, int]] = {}  # (group, hash) -> (num_tokens, fp)
         self._hash_index: dict[str, tuple[int, dict[bytes, int]]] = {}
         self._reported: set[tuple[int, bytes, int]] = set()
         self.num_stale = 0
@@ -48,6 +49,7 @@ class StaleHashAuditor:
 
     def on_published(self, events, requests: dict) -> None:
         """Record expectations for this step's publishes (requests still hold their tokens)."""
+        kv_rows: dict[tuple[int, int], list] = {}  # (group, slots) -> [(key, num_tokens, start, tokens)]
         for ev in events:
             if not isinstance(ev, BlockPublished):
                 continue
@@ -63,18 +65,22 @@ class StaleHashAuditor:
                     continue
                 if self.is_state[g]:
                     fp = expected_state_fingerprint(self.oracle_for(req).state_at(ntok))
+                    self.expected[(g, h)] = (ntok, fp)
                 else:
-                    bs = self.block_size[g]
-                    start = (ntok - 1) // bs * bs
-                    fp = expected_kv_fingerprint(req.get_token_ids(start, ntok), start, ntok, bs)
-                self.expected[(g, h)] = (ntok, fp)
+                    start = (ntok - 1) // self.block_size[g] * self.block_size[g]
+                    kv_rows.setdefault((g, ntok - start), []).append(((g, h), ntok, start, req.get_token_ids(start, ntok)))
+                    self.expected[(g, h)] = (ntok, -1)  # its fingerprint follows below
+        for (g, _), rows in kv_rows.items():  # one product per group and block fill
+            fps = expected_kv_fingerprints(np.stack([r[3] for r in rows]), [r[2] for r in rows], self.block_size[g])
+            for (key, ntok, _, _), fp in zip(rows, fps):
+                self.expected[key] = (ntok, fp)
 
     def audit(self, entries, step: int, time_ns: int) -> list[StaleHashFound]:
         by_group: dict[int, list[tuple[bytes, int, int]]] = {}
         for g, h, blk, ntok in entries:
             by_group.setdefault(g, []).append((h, blk, ntok))
         found: list[StaleHashFound] = []
-        live: dict[tuple[int, bytes], tuple[int, int]] = {}
+        live: dict[tuple[int, bytes | int], tuple[int, int]] = {}
         for g in sorted(by_group):
             rows = by_group[g]
             bs = self.block_size[g]

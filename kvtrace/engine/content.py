@@ -112,7 +112,7 @@ class ContentModel:
         else:
             self.ensure(int(query_end.max()) + 2 if query_end.numel() else 1)
         n = tokens.shape[0]
-        terms = tokens.unsqueeze(1) * self.inv_pow[positions]  # [N, D], each < 2^18 * 2^31 = 2^49
+        terms = tokens.unsqueeze(1) * self.inv_pow.index_select(0, positions)  # [N, D], each < 2^18 * 2^31 = 2^49
         if n > _UNREDUCED_TERMS:  # keep the running sum below 2^63
             terms %= P
         csum = torch.zeros((n + 1, self.num_lanes), dtype=torch.int64, device=self.device)

@@ -20,20 +20,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from collections.abc import Iterable, Sequence
 
-import torch
-
 from kvtrace.cache import CacheConfig, KVCacheManager
 from kvtrace.cache.events import BlockCopied, BlockEvicted, BlockPublished
-from kvtrace.engine.storage import DeviceStorage, default_device
-from kvtrace.engine.audit import StaleHashAuditor
 from kvtrace.engine.clock import Clock, CostModel
 from kvtrace.engine.config import SchedulerConfig
 from kvtrace.engine.events import DivergentOutput, RequestFinished, StepBatch, StepExecuted, StepListener
 from kvtrace.engine.presets import EnginePreset, get_preset
 from kvtrace.engine.request import EngineRequest
 from kvtrace.engine.scheduler import Scheduler
+from kvtrace.engine.step import NoContentWorker
 from kvtrace.workload import TraceRequest
-from kvtrace.engine.worker import Worker
 from kvtrace.errors import KVTraceError
 from kvtrace.numeric import cdiv, percentile
 
@@ -56,6 +52,7 @@ class Engine:
         verify: bool = True,
         audit_interval: int = 1000,
         cpu_threads: int | None = 1,
+        content: bool = True,
     ):
         p = get_preset(preset) if isinstance(preset, str) else preset
         self.preset_name = p.name
@@ -64,12 +61,21 @@ class Engine:
         self.cost_model = cost_model or p.cost_model
         self.device = device
         self.verify = verify
+        # content=False: no device storage, content model or checks (hits and timings only;
+        # see kvtrace.engine.step.NoContentWorker), and no torch
+        self.content = content
         self.audit_interval = audit_interval
         # Per-step tensors are small: on the CPU, torch's intra-op threads only add spin-waits
         # (measured 5x slower on the shared 2-core box). None leaves torch's setting alone.
         self.cpu_threads = cpu_threads
 
     def run(self, workload: Iterable[TraceRequest], listeners: Sequence[StepListener] = ()) -> EngineResult:
+        if not self.content:
+            return self._run(workload, listeners, None)
+        import torch
+
+        from kvtrace.engine.storage import default_device
+
         storage_device = torch.device(self.device) if self.device is not None else default_device()
         saved = torch.get_num_threads()
         if self.cpu_threads and storage_device.type == "cpu":
@@ -84,9 +90,7 @@ class Engine:
         manager = KVCacheManager(cc)
         cache_events: list = []
         manager.subscribe(cache_events.extend)
-        storage = DeviceStorage(cc, device)
-        worker = Worker(cc, storage, verify=self.verify)
-        auditor = StaleHashAuditor(cc, storage, worker.oracle) if self.verify else None
+        worker, auditor = self._worker(device)
         scheduler = Scheduler(self.scheduler_config, cc, manager)
         clock = Clock(self.cost_model)
         live: dict[str, EngineRequest] = {}
@@ -207,6 +211,19 @@ class Engine:
         stats["evictions_by_reason"] = dict(sorted(by_reason.items()))
         stats["stale_hashes_left"] = manager.stats.stale_hash_left  # the cache's own count (switch off)
         return EngineResult(self._summary(records, stats, clock.now_ns), records)
+
+    def _worker(self, device):
+        """(the worker, the stale-hash auditor or None) for this engine's mode."""
+        cc = self.cache_config
+        if not self.content:
+            return NoContentWorker(cc), None
+        from kvtrace.engine.audit import StaleHashAuditor
+        from kvtrace.engine.storage import DeviceStorage
+        from kvtrace.engine.worker import Worker
+
+        storage = DeviceStorage(cc, device)
+        worker = Worker(cc, storage, verify=self.verify)
+        return worker, (StaleHashAuditor(cc, storage, worker.oracle) if self.verify else None)
 
     @staticmethod
     def _record(req: EngineRequest) -> RequestFinished:

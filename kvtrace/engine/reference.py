@@ -20,9 +20,20 @@ import numpy as np
 import torch
 
 from kvtrace.engine.content import FINGERPRINT_BASE, KV_A, KV_B, KV_C, P, ContentModel, kv_sum_closed_form
-from kvtrace.workload.tokens import block_tokens
+from kvtrace.workload.tokens import blocks_tokens
 
 _SMALL = 48  # up to this many tokens, step the recurrence in Python
+_MATMUL_TERMS = 1 << 13  # token (< 2^18) x residue (< 2^31) products: this many sum below 2^63
+
+
+def modular_matmul(tokens: np.ndarray, residues: np.ndarray) -> np.ndarray:
+    """``(tokens @ residues) mod P``, exact in int64: tokens ``[k, n]`` below 2^18,
+    residues ``[n, ...]`` below P (summed in chunks short enough not to overflow)."""
+    n = tokens.shape[1]
+    out = np.zeros((tokens.shape[0], *residues.shape[1:]), dtype=np.int64)
+    for i in range(0, n, _MATMUL_TERMS):
+        out = (out + tokens[:, i:i + _MATMUL_TERMS] @ residues[i:i + _MATMUL_TERMS]) % P
+    return out
 
 
 class TraceBlockMemo:
@@ -43,12 +54,12 @@ class TraceBlockMemo:
             m = self.model
             m.ensure(block_size + 1)
             if tokens is not None:
-                toks = torch.from_numpy(tokens[: len(ids) * block_size].reshape(len(ids), block_size)[missing])
+                toks = tokens[: len(ids) * block_size].reshape(len(ids), block_size)[missing]
             else:
-                toks = torch.from_numpy(np.stack([block_tokens(ids[k], block_size, namespace) for k in missing]))
-            rel = m.pow[torch.arange(block_size - 1, -1, -1)]  # m^(B-1-i)
-            c = ((toks.unsqueeze(2) * rel.unsqueeze(0)) % P).sum(dim=1) % P  # [k, D]
-            tsum = toks.sum(dim=1)
+                toks = blocks_tokens([ids[k] for k in missing], block_size, namespace)
+            rel = m.pow[torch.arange(block_size - 1, -1, -1)].numpy()  # m^(B-1-i)
+            c = modular_matmul(toks, rel)  # [k, D]
+            tsum = toks.sum(axis=1)
             for k, cc, ts in zip(missing, c.tolist(), tsum.tolist()):
                 entries[(namespace, block_size, ids[k])] = (tuple(cc), int(ts))
         return [entries[(namespace, block_size, i)] for i in ids]
@@ -179,11 +190,16 @@ def expected_kv_fingerprint(tokens: np.ndarray, start: int, end: int, width: int
     The storage fingerprint is sum_i kv_i R^i mod P with kv_i = a*t_i + b*(start+i) + c
     (mod P), which is linear, so only the token part needs the tokens.
     """
-    n = end - start
+    return expected_kv_fingerprints(np.asarray(tokens, dtype=np.int64)[None, :], [start], width)[0]
+
+
+def expected_kv_fingerprints(tokens: np.ndarray, starts: list[int], width: int) -> list[int]:
+    """``expected_kv_fingerprint`` of blocks holding ``n`` slots each: ``tokens`` ``[k, n]``,
+    the blocks' first positions ``starts``."""
+    n = tokens.shape[1]
     r, g0, g1 = _fp_tables(width)
-    tok = (np.asarray(tokens, dtype=np.int64) * r[:n]) % P  # < 2^49 before the reduction
-    t = int(tok.sum()) % P
-    return (KV_A * t + KV_B * ((start % P) * g0[n] + g1[n]) + KV_C * g0[n]) % P
+    t = modular_matmul(tokens, r[:n]).tolist()
+    return [(KV_A * tt + KV_B * ((s % P) * g0[n] + g1[n]) + KV_C * g0[n]) % P for tt, s in zip(t, starts)]
 
 
 def expected_state_fingerprint(state: tuple[int, ...]) -> int:

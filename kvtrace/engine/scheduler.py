@@ -83,6 +83,7 @@ class Scheduler:
         self.mamba_prefill_checkpoint_alignment = cache_config.prefill_checkpoint_alignment
         self.use_external = cache_config.external is not None
         self.num_preemptions = 0
+        self._no_new_ids: tuple[list[int], ...] = tuple([] for _ in cache_config.groups)  # shared: read only
 
     # -- queue -----------------------------------------------------------------------------
     def add_request(self, request: EngineRequest) -> None:
@@ -170,6 +171,7 @@ class Scheduler:
         num_scheduled: dict[str, int] = {}
         preempted: list[EngineRequest] = []
 
+        no_new_ids = self._no_new_ids
         # RUNNING first.
         running = self.running
         i = 0
@@ -195,7 +197,8 @@ class Scheduler:
                     break
             if new_blocks is None:
                 break
-            cached_reqs.append(CachedRequestData(request.request_id, new_blocks.get_block_ids(), request.num_computed_tokens))
+            ids = no_new_ids if new_blocks is kv.empty_kv_cache_blocks else new_blocks.get_block_ids()
+            cached_reqs.append(CachedRequestData(request.request_id, ids, request.num_computed_tokens))
             num_scheduled[request.request_id] = n
             token_budget -= n
             i += 1

@@ -13,47 +13,17 @@ block of the pool may serve any group; with one pool per group, that pool's size
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Sequence
 
 import torch
 
 from kvtrace.cache.config import CacheConfig, MambaSpec
 from kvtrace.engine.content import P, fingerprint_rows
-from kvtrace.errors import ConfigError
+from kvtrace.engine.memory import check_storage_fits, default_device_type
 
 
 def default_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def storage_bytes(cache_config: CacheConfig) -> int:
-    """Bytes of device tensors ``DeviceStorage`` allocates for ``cache_config``."""
-    total = 0
-    for spec, num_blocks in zip(cache_config.groups, cache_config.pool_sizes):
-        per_block = spec.num_lanes if isinstance(spec, MambaSpec) else spec.block_size + 1  # slots + block sum
-        total += num_blocks * per_block * 8
-    return total
-
-
-def device_memory_bytes(device: torch.device) -> int:
-    """Memory of ``device``: the GPU's, or the machine's physical memory for the CPU."""
-    if device.type == "cuda":
-        return int(torch.cuda.get_device_properties(device).total_memory)
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def check_storage_fits(cache_config: CacheConfig, device: torch.device | str | None = None) -> None:
-    """A ConfigError naming the flags to lower when the storage would not fit in memory
-    (rather than letting torch try to allocate terabytes)."""
-    dev = torch.device(device) if device is not None else default_device()
-    need, have = storage_bytes(cache_config), device_memory_bytes(dev)
-    if need > have * 0.8:
-        raise ConfigError(
-            "KV storage", f"{need / 2**30:,.1f} GiB",
-            f"more than {dev.type} memory ({have / 2**30:,.1f} GiB) can hold; lower --block-size or "
-            "--capacity-blocks / --capacity-tokens (or num_gpu_blocks in --config)",
-        )
+    return torch.device(default_device_type())
 
 
 class DeviceStorage:
@@ -125,12 +95,20 @@ class DeviceStorage:
         """
         if values.numel() == 0:
             return
-        t = self.data[group_id]
-        flat = block_ids * t.shape[1] + slots
-        t.view(-1).index_copy_(0, flat, values)
         if touched is None:
             touched = torch.unique(block_ids)
-        self.block_sum[group_id].index_copy_(0, touched, t.index_select(0, touched).sum(dim=1) % P)
+        self.write_kv_flat(group_id, block_ids * self.data[group_id].shape[1] + slots, values, touched)
+
+    def write_kv_flat(self, group_id: int, flat: torch.Tensor, values: torch.Tensor,
+                      touched: torch.Tensor) -> torch.Tensor:
+        """``write_kv`` with the slots given as flat indices ``block * block_size + slot``;
+        returns the touched blocks' slots after the write ``[len(touched), block_size]``."""
+        t, block_sum = self.data[group_id], self.block_sum[group_id]
+        assert block_sum is not None, "write_kv on a state group"
+        t.view(-1).index_copy_(0, flat, values)
+        rows = t.index_select(0, touched)
+        block_sum.index_copy_(0, touched, rows.sum(dim=1) % P)
+        return rows
 
     def read_kv(self, group_id: int, block_ids: torch.Tensor) -> torch.Tensor:
         return self.data[group_id].index_select(0, block_ids)

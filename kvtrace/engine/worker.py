@@ -14,11 +14,16 @@ copy list and the internal prefill checkpoint writes. The Core's ``running`` and
 (``table_disagreements``), never obeyed. Sampling gathers the batch's tables from a
 device block-table tensor (vLLM's worker-side ``BlockTable``); the decode-step reference
 is advanced for the whole batch at once from per-request "tips" on the CPU.
+
+Speed: per-step tensors are small, so the cost is the number of torch calls, not the
+data. Decode tokens (one token that consumes the request's last known one) therefore go
+as one batch built from one host list (``_decode_write``, ``_decode_sample``), and only
+the prefill chunks take the general path; the split is made only where the two parts
+touch disjoint blocks, so every value is what one pass gives (tests/engine/
+test_decode_fast_path.py compares both ways event by event).
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -32,29 +37,8 @@ from kvtrace.engine.block_table import BlockTableTensor
 from kvtrace.engine.reference import PrefixOracle, TraceBlockMemo
 from kvtrace.engine.request import EngineRequest
 from kvtrace.engine.scheduler import SchedulerOutput
+from kvtrace.engine.step import Divergence, StepResult, tally
 from kvtrace.numeric import cdiv
-
-
-@dataclass(slots=True)
-class Divergence:
-    request_id: str
-    position: int  # output index
-    expected: int
-    actual: int
-
-
-@dataclass(slots=True)
-class StepResult:
-    sampled: dict[str, int]
-    divergences: list[Divergence]
-    num_kv_copies: int = 0
-    num_state_copies: int = 0
-    prefill_pairs: int = 0
-    decode_context_tokens: int = 0
-    num_decode_seqs: int = 0
-    num_prefill_tokens: int = 0
-    table_disagreements: int = 0  # Core's running-state block != the worker's table slot
-    prefill_spans: list[tuple[str, int, int]] = field(default_factory=list)  # (request, start, num_tokens)
 
 
 class _Seq:
@@ -71,6 +55,8 @@ class _Seq:
 
 
 class Worker:
+    decode_fast_path = True  # False: every step takes the general path (tests compare both)
+
     def __init__(self, cache_config: CacheConfig, storage: DeviceStorage, verify: bool = True):
         self.cache_config = cache_config
         self.storage = storage
@@ -92,10 +78,11 @@ class Worker:
         self.table_tensors = {g: BlockTableTensor(self.device) for g in self.full_groups}
         self._free_rows: list[int] = []
         self._arange = torch.arange(1024, device=self.device).unsqueeze(0)
-        # Reference tips per row (CPU): the decode step's reference, vectorised over the batch.
-        self._tip_state = torch.zeros((64, self.num_lanes), dtype=torch.int64)
-        self._tip_tsum = torch.zeros(64, dtype=torch.int64)
-        self._ref_m = torch.tensor(self.ref_model.multipliers, dtype=torch.int64)
+        # Reference tips per row (CPU, numpy: a few small ops per step, where torch's per-op
+        # overhead is the cost): the decode step's reference, vectorised over the batch.
+        self._tip_state = np.zeros((64, self.num_lanes), dtype=np.int64)
+        self._tip_tsum = np.zeros(64, dtype=np.int64)
+        self._ref_m = np.asarray(self.ref_model.multipliers, dtype=np.int64)
         self._next_row = 0
         self.oracles: dict[str, PrefixOracle] = {}  # survive preemption, dropped on finish
 
@@ -126,8 +113,9 @@ class Worker:
             tt.set_row(row, tables[g])
         if row >= self._tip_tsum.shape[0]:
             cap = 2 * max(row, self._tip_tsum.shape[0])
-            self._tip_state = torch.cat([self._tip_state, torch.zeros((cap - self._tip_state.shape[0], self.num_lanes), dtype=torch.int64)])
-            self._tip_tsum = torch.cat([self._tip_tsum, torch.zeros(cap - self._tip_tsum.shape[0], dtype=torch.int64)])
+            self._tip_state = np.concatenate(
+                [self._tip_state, np.zeros((cap - self._tip_state.shape[0], self.num_lanes), dtype=np.int64)])
+            self._tip_tsum = np.concatenate([self._tip_tsum, np.zeros(cap - self._tip_tsum.shape[0], dtype=np.int64)])
         return _Seq(request, tables, row)
 
     def block_table(self, request_id: str) -> tuple[list[int], ...]:
@@ -219,6 +207,204 @@ class Worker:
         return int(request.prompt_token_ids[position]) if position < p else request.output_token_ids[position - p]
 
     def _compute(self, work: list[tuple[_Seq, int, int]], out: SchedulerOutput, res: StepResult) -> None:
+        """Content for the step: decode tokens by ``_decode_write`` and ``_decode_sample``, the
+        rest (prefill chunks) by ``_compute_general``.
+
+        The split changes nothing: the two parts touch disjoint blocks (checked; else the
+        whole step goes the general way), each part's reads see the other's writes exactly
+        as one pass would, and the results are put back in the batch's order.
+        """
+        split = self._split_decodes(work, out) if self.decode_fast_path else None
+        if split is None:
+            self._compute_general(work, out, res)
+            return
+        dec, rest, running_core = split
+        slow: list[tuple[int, Divergence]] = []
+        sampled: dict[str, int] = {}
+        # decode writes, then the rest (whose sampling sees them), then decode sampling
+        staged = self._decode_write(dec, res, running_core)
+        if rest:
+            rest_res = StepResult(sampled={}, divergences=[])
+            self._compute_general([w for _, w in rest], out, rest_res)
+            sampled.update(rest_res.sampled)
+            index = {w[0].request.request_id: i for i, w in rest}
+            slow.extend((index[d.request_id], d) for d in rest_res.divergences)
+            res.table_disagreements += rest_res.table_disagreements
+            res.prefill_pairs += rest_res.prefill_pairs
+            res.num_prefill_tokens += rest_res.num_prefill_tokens
+            res.prefill_spans.extend(rest_res.prefill_spans)
+            res.num_decode_seqs += rest_res.num_decode_seqs
+            res.decode_context_tokens += rest_res.decode_context_tokens
+        fast = self._decode_sample(dec, staged, res, sampled, slow)
+        for w in work:  # the batch's order (the engine finishes requests in it)
+            rid = w[0].request.request_id
+            if rid in sampled:
+                res.sampled[rid] = sampled[rid]
+        res.divergences.extend(fast)
+        slow.sort(key=lambda x: x[0])
+        res.divergences.extend(d for _, d in slow)
+
+    def _split_decodes(self, work, out: SchedulerOutput):
+        """(decodes, the rest with their batch index, the Core's running state writes), or
+        None when the step must go the general way: a sliding-window group, no decode, or
+        blocks that a decode and a prefill chunk both touch."""
+        if self.swa_groups:
+            return None
+        dec: list[tuple[int, _Seq, int]] = []
+        rest: list[tuple[int, tuple[_Seq, int, int]]] = []
+        for i, w in enumerate(work):
+            sq, a, n = w
+            req = sq.request
+            if n == 1 and a >= req.num_prompt_tokens and a + 1 == req.num_prompt_tokens + len(req.output_token_ids):
+                dec.append((i, sq, a))
+            else:
+                rest.append((i, w))
+        if not dec:
+            return None
+        running_core: dict[tuple[str, int], int] = {}
+        checkpointed = set()
+        for sw in out.state_writes:
+            if sw.kind == STATE_RUNNING:
+                running_core[(sw.request_id, sw.group_id)] = sw.block_id
+            elif sw.kind == STATE_CHECKPOINT:
+                checkpointed.add(sw.request_id)
+        if checkpointed and any(sq.request.request_id in checkpointed for _, sq, _ in dec):
+            return None
+        if rest:
+            for g in self.attn_groups:
+                bs = self.block_size[g]
+                mine = {sq.tables[g][a // bs] for _, sq, a in dec}
+                for _, (sq, a, n) in rest:
+                    if not mine.isdisjoint(sq.tables[g][a // bs: (a + n - 1) // bs + 1]):
+                        return None
+            for g in self.state_groups:
+                bs = self.block_size[g]
+                mine = set()
+                for _, sq, a in dec:
+                    t = sq.tables[g]
+                    mine.add(t[(a + bs - 1) // bs - 1])
+                    mine.add(t[a // bs])  # cdiv(a + 1, bs) - 1
+                theirs = set()
+                for _, (sq, a, n) in rest:
+                    t = sq.tables[g]
+                    if a > 0:
+                        theirs.add(t[(a + bs - 1) // bs - 1])
+                    theirs.add(t[(a + n + bs - 1) // bs - 1])
+                theirs.update(sw.block_id for sw in out.state_writes
+                              if sw.group_id == g and sw.kind == STATE_CHECKPOINT)
+                if not mine.isdisjoint(theirs):
+                    return None
+            for _, (sq, a, n) in rest:  # the rest's divergences must all be the slow kind
+                if sq.tip_n == a + n - 1 and a + n == sq.request.num_tokens:
+                    return None
+        return dec, rest, running_core
+
+    def _decode_write(self, dec: list[tuple[int, _Seq, int]], res: StepResult,
+                      running_core: dict[tuple[str, int], int]) -> tuple:
+        """One token each for requests that consumed all but their last known token: write
+        its kv and advance each state. Returns what ``_decode_sample`` needs."""
+        B = len(dec)
+        toks = [sq.request.output_token_ids[-1] for _, sq, _ in dec]  # the token at position a
+        pos = [a for _, _, a in dec]
+        ends = [a + 1 for a in pos]
+        # One host list, one tensor: torch's per-call cost, not the data, dominates at this size.
+        host: list[int] = [(t * KV_A + a * KV_B + KV_C) % P for t, a in zip(toks, pos)]
+        host += toks
+        at: dict[str, int] = {}
+
+        def put(name: str, values: list[int]) -> None:
+            at[name] = len(host)
+            host.extend(values)
+
+        for g in self.attn_groups:
+            bs = self.block_size[g]
+            blocks = [sq.tables[g][a // bs] for _, sq, a in dec]
+            put(f"blk{g}", blocks)
+            put(f"flat{g}", [b * bs + a % bs for b, a in zip(blocks, pos)])
+        for g in self.state_groups:
+            bs = self.block_size[g]
+            src = [sq.tables[g][(a + bs - 1) // bs - 1] for _, sq, a in dec]
+            dst = [sq.tables[g][a // bs] for _, sq, a in dec]
+            if running_core:
+                for (_, sq, _), d in zip(dec, dst):
+                    core = running_core.get((sq.request.request_id, g))
+                    if core is not None and core != d:
+                        res.table_disagreements += 1
+            put(f"src{g}", src)
+            put(f"dst{g}", dst)
+        widths = {}
+        if self.full_groups:
+            put("rows", [sq.row for _, sq, _ in dec])
+            for g in self.full_groups:
+                bs = self.block_size[g]
+                nfull = [e // bs for e in ends]
+                widths[g] = max(nfull)
+                put(f"nfull{g}", nfull)
+                put(f"rem{g}", [e % bs for e in ends])
+        h = torch.tensor(host, dtype=torch.int64, device=self.device)
+
+        def view(name: str) -> torch.Tensor:
+            return h[at[name]: at[name] + B]
+
+        vals, tokens = h[:B], h[B: 2 * B]
+        total = None
+        for g in self.attn_groups:
+            rows = self.storage.write_kv_flat(g, view(f"flat{g}"), vals, view(f"blk{g}"))
+            if g in widths:
+                # The block written holds the context's last rem tokens (rem 0: it just filled
+                # and counts among the full blocks). Nothing else writes it this step (checked).
+                bs = self.block_size[g]
+                part = torch.where(self._aranges(bs) < view(f"rem{g}").unsqueeze(1), rows, 0).sum(dim=1)
+                total = part if total is None else total + part
+        for g in self.state_groups:
+            s0 = self.storage.read_states(g, view(f"src{g}"))
+            states = self.content.step_one(s0, tokens)
+            self.storage.write_states(g, view(f"dst{g}"), states)
+            lanes = states.sum(dim=1)
+            total = lanes if total is None else total + lanes
+        res.num_decode_seqs += B  # step.tally's decode count, for the whole batch
+        res.decode_context_tokens += sum(ends)
+        return toks, ends, widths, view, total
+
+    def _decode_sample(self, dec: list[tuple[int, _Seq, int]], staged: tuple, res: StepResult,
+                       sampled: dict[str, int], slow: list[tuple[int, Divergence]]) -> list[Divergence]:
+        """Sample the decode tokens staged by ``_decode_write`` and check them against the
+        reference. Returns the divergences found through the tips (those found the oracle's
+        way go to ``slow`` with their batch index)."""
+        toks, ends, widths, view, total = staged
+        for g in self.full_groups:
+            w = widths[g]
+            if w:  # the full blocks: their maintained sums, through the worker's own table
+                tab = self.table_tensors[g].t[:, :w].index_select(0, view("rows"))
+                block_sum = self.storage.block_sum[g]
+                assert block_sum is not None
+                sums = block_sum.take(tab)
+                kv = torch.where(self._aranges(w) < view(f"nfull{g}").unsqueeze(1), sums, 0).sum(dim=1)
+                total = kv if total is None else total + kv
+        assert total is not None
+        out = (total % P % VOCAB_SIZE).tolist()
+        for (_, sq, _), t in zip(dec, out):
+            sampled[sq.request.request_id] = t
+        if not self.verify:
+            return []
+        fast: list[Divergence] = []
+        tips = [k for k, (_, sq, a) in enumerate(dec) if sq.tip_n == a]
+        if tips:
+            seqs = [dec[k][1] for k in tips]
+            ref = self._advance_tips(seqs, [sq.row for sq in seqs], [toks[k] for k in tips], [ends[k] for k in tips])
+            for k, sq, r in zip(tips, seqs, ref):
+                if r != out[k]:
+                    fast.append(Divergence(sq.request.request_id, sq.request.num_output_tokens, r, out[k]))
+        if len(tips) < len(dec):
+            tipped = set(tips)
+            for k, (i, sq, a) in enumerate(dec):
+                if k not in tipped:  # first token after a resume: the oracle's way
+                    r = self._slow_reference(sq, a + 1, True)
+                    if r != out[k]:
+                        slow.append((i, Divergence(sq.request.request_id, sq.request.num_output_tokens, r, out[k])))
+        return fast
+
+    def _compute_general(self, work: list[tuple[_Seq, int, int]], out: SchedulerOutput, res: StepResult) -> None:
         dev = self.device
         B = len(work)
         starts = [w[1] for w in work]
@@ -316,17 +502,7 @@ class Worker:
                 end_states.append(states[:B])
 
         # Sample for every request that has consumed all its known tokens.
-        sample_idx = []
-        for i, (sq, a, n) in enumerate(work):
-            if a + n == sq.request.num_tokens:
-                sample_idx.append(i)
-            if n > 1 or a + n < sq.request.num_tokens:
-                res.prefill_pairs += n * a + n * (n + 1) // 2
-                res.num_prefill_tokens += n
-                res.prefill_spans.append((sq.request.request_id, a, n))
-            else:
-                res.num_decode_seqs += 1
-                res.decode_context_tokens += a + n
+        sample_idx = [i for i, (sq, a, n) in enumerate(work) if tally(res, sq.request, a, n)]
         if sample_idx:
             self._sample(work, sample_idx, ends, end_states, res, tok_list)
 
@@ -395,32 +571,43 @@ class Worker:
             else:
                 slow_k.append(k)
         if fast_k:  # decode: advance every reference tip by its one token at once
-            rows = torch.tensor(fast_rows, dtype=torch.int64)
-            tok = torch.tensor(fast_tok, dtype=torch.int64)
-            e = torch.tensor(fast_end, dtype=torch.int64)
-            st = (self._tip_state.index_select(0, rows) * self._ref_m + tok.unsqueeze(1)) % P
-            ts = self._tip_tsum.index_select(0, rows) + tok
-            self._tip_state.index_copy_(0, rows, st)
-            self._tip_tsum.index_copy_(0, rows, ts)
-            pos_sum = torch.div((e - 1) * e, 2, rounding_mode="floor") % P
-            kv = (KV_A * (ts % P) + KV_B * pos_sum + KV_C * e) % P
-            ref = (st.sum(dim=1) % P * len(self.state_groups) + kv * len(self.full_groups)) % P % VOCAB_SIZE
-            for k, r in zip(fast_k, ref.tolist()):
-                sq = work[sample_idx[k]][0]
-                sq.tip_n += 1
+            seqs = [work[sample_idx[k]][0] for k in fast_k]
+            ref = self._advance_tips(seqs, fast_rows, fast_tok, fast_end)
+            for k, sq, r in zip(fast_k, seqs, ref):
                 if r != sampled[k]:
                     res.divergences.append(Divergence(sq.request.request_id, sq.request.num_output_tokens, r, sampled[k]))
         for k in slow_k:  # first token, resume, or a sliding window: the oracle's way
             i = sample_idx[k]
             sq = work[i][0]
-            r = self.reference_token(sq.request, ends[i])
-            if use_tips:
-                state, tsum = self.oracle(sq.request).point(ends[i])
-                self._tip_state[sq.row] = torch.tensor(state, dtype=torch.int64)
-                self._tip_tsum[sq.row] = tsum
-                sq.tip_n = ends[i]
+            r = self._slow_reference(sq, ends[i], use_tips)
             if r != sampled[k]:
                 res.divergences.append(Divergence(sq.request.request_id, sq.request.num_output_tokens, r, sampled[k]))
+
+    def _advance_tips(self, seqs: list[_Seq], rows_l: list[int], tok_l: list[int], end_l: list[int]) -> list[int]:
+        """The reference tokens of decode steps whose tips stand one token back; tips advance."""
+        rows = np.asarray(rows_l, dtype=np.int64)
+        tok = np.asarray(tok_l, dtype=np.int64)
+        e = np.asarray(end_l, dtype=np.int64)
+        st = (self._tip_state[rows] * self._ref_m + tok[:, None]) % P
+        ts = self._tip_tsum[rows] + tok
+        self._tip_state[rows] = st
+        self._tip_tsum[rows] = ts
+        pos_sum = (e - 1) * e // 2 % P
+        kv = (KV_A * (ts % P) + KV_B * pos_sum + KV_C * e) % P
+        ref = (st.sum(axis=1) % P * len(self.state_groups) + kv * len(self.full_groups)) % P % VOCAB_SIZE
+        for sq in seqs:
+            sq.tip_n += 1
+        return ref.tolist()
+
+    def _slow_reference(self, sq: _Seq, end: int, use_tips: bool) -> int:
+        """The reference token after ``end`` tokens from the oracle; the tip is set there."""
+        r = self.reference_token(sq.request, end)
+        if use_tips:
+            state, tsum = self.oracle(sq.request).point(end)
+            self._tip_state[sq.row] = state
+            self._tip_tsum[sq.row] = tsum
+            sq.tip_n = end
+        return r
 
     # -- the no-cache reference -------------------------------------------------------------------
     def reference_token(self, request, end: int) -> int:

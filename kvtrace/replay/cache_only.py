@@ -26,6 +26,7 @@ baseline, lives outside the package (``tests/support/oracles.py``).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import Callable, Iterable, Sequence
@@ -45,7 +46,7 @@ POLICIES = ("lru", "belady")
 class CacheOnlyResult:
     policy: str
     block_size: int
-    capacity_blocks: int
+    capacity_blocks: int | None  # None: unbounded
     requests: int = 0
     prompt_tokens: int = 0
     hit_tokens: int = 0
@@ -226,7 +227,7 @@ def _interned_chain_keys(reqs: Sequence[TraceRequest]) -> list[list[int]]:
 def replay_cache_only(
     requests: Iterable[TraceRequest],
     *,
-    capacity_blocks: int | None = None,
+    capacity_blocks: int | float | None = None,  # math.inf (or None with no capacity_tokens): unbounded
     capacity_tokens: int | None = None,
     block_size: int | None = None,
     policy: str = "lru",
@@ -236,6 +237,12 @@ def replay_cache_only(
     """Replay in cache-only mode with ``capacity_blocks`` usable blocks (or
     ``capacity_tokens // block_size``) of ``block_size`` tokens (default: the trace's).
 
+    With neither (or ``capacity_blocks=math.inf``) the cache is unbounded: the "infinite
+    cache" hit rate of the Mooncake paper and Dynamo's ``datagen analyze``. Nothing is
+    evicted then, so the pool is sized to what the trace can fill (its distinct blocks
+    plus its longest request), not preallocated to some large number; the summary's
+    ``capacity_blocks`` is None.
+
     ``listeners`` get each step's cache events, one step per request. Belady is an
     analytical bound without a cache manager: its listeners get one ``PrefixLookup`` per
     request (the bound's hit), so its digest still pins the result. ``progress(i)`` is
@@ -244,15 +251,21 @@ def replay_cache_only(
     if policy not in POLICIES:
         raise ConfigError("cache-only", "policy", f"expected one of {POLICIES}, got {policy!r}")
     reqs, bs = as_block_requests(requests, block_size)
-    if (capacity_blocks is None) == (capacity_tokens is None):
-        raise ConfigError("cache-only", "capacity", "give exactly one of capacity_blocks / capacity_tokens")
-    if capacity_blocks is None:
+    if capacity_blocks is not None and capacity_tokens is not None:
+        raise ConfigError("cache-only", "capacity", "give at most one of capacity_blocks / capacity_tokens")
+    unbounded = capacity_tokens is None and capacity_blocks in (None, math.inf)
+    if capacity_tokens is not None:
         capacity_blocks = capacity_tokens // bs if isinstance(capacity_tokens, int) else capacity_tokens
-    if not isinstance(capacity_blocks, int) or capacity_blocks < 1:
+    if not unbounded and (not isinstance(capacity_blocks, int) or capacity_blocks < 1):
         raise ConfigError("cache-only", "capacity_blocks", f"expected an int >= 1 blocks, got {capacity_blocks!r}")
-    result = CacheOnlyResult(policy, bs, capacity_blocks)
+    bounded = None if unbounded else capacity_blocks
+    assert bounded is None or isinstance(bounded, int)
+    result = CacheOnlyResult(policy, bs, bounded)
     if policy == "belady":
         keys, _, _ = chain_keys(reqs)
+        if unbounded:
+            capacity_blocks = _unbounded_capacity(keys)
+        assert isinstance(capacity_blocks, int)
         hits, result.publishes, result.evictions, result.oversized = belady_hits(keys, capacity_blocks)
         for i, (r, ks, hit) in enumerate(zip(reqs, keys, hits)):
             result._add(r.request_id, r.input_length, len(ks), hit)
@@ -266,18 +279,26 @@ def replay_cache_only(
             if progress is not None:
                 progress(i + 1)
         return result
-    return _replay_manager(reqs, bs, capacity_blocks, result, listeners, progress)
+    return _replay_manager(reqs, bs, None if unbounded else capacity_blocks, result, listeners, progress)
+
+
+def _unbounded_capacity(keys: Sequence[Sequence]) -> int:
+    """Blocks an LRU never evicts from on these per-request keys: one per distinct key
+    (an unbounded cache keeps them all) plus the longest request's (its new blocks)."""
+    return len(set(chain.from_iterable(keys))) + max(map(len, keys), default=0) + 1
 
 
 def _replay_manager(reqs, bs, capacity, result, listeners, progress) -> CacheOnlyResult:
     from kvtrace.cache import CacheConfig, FullAttentionSpec, KVCacheManager, Request
 
+    hashes = block_keys(reqs)
+    if capacity is None:
+        capacity = _unbounded_capacity(hashes)
     # + the null block + the block of the one extra token each request is presented with
     config = CacheConfig(groups=(FullAttentionSpec(bs),), num_gpu_blocks=capacity + 2, hash_block_size=bs)
     mgr = KVCacheManager(config)
     for listener in listeners:
         mgr.subscribe(listener)
-    hashes = block_keys(reqs)
     hit_blocks = []
     for i, (r, hs) in enumerate(zip(reqs, hashes)):
         n = len(hs)

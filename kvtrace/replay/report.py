@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-from rich.console import Console
-from rich.table import Table
+if TYPE_CHECKING:  # rich loads when a table is printed, not when the CLI starts
+    from rich.console import Console
+    from rich.table import Table
 
 _PERCENT = {"token_hit_rate", "block_hit_rate"}
 
@@ -23,6 +24,8 @@ def format_value(key: str, value: Any) -> str:
 
 
 def summary_table(summary: Mapping[str, Any], title: str = "summary") -> Table:
+    from rich.table import Table
+
     table = Table(title=title, show_header=True, header_style="bold")
     table.add_column("metric")
     table.add_column("value", justify="right")
@@ -34,4 +37,6 @@ def summary_table(summary: Mapping[str, Any], title: str = "summary") -> Table:
 
 
 def print_summary(summary: Mapping[str, Any], title: str = "summary", console: Console | None = None) -> None:
+    from rich.console import Console
+
     (console or Console()).print(summary_table(summary, title))

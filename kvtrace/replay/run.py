@@ -11,17 +11,20 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from kvtrace.workload import TraceRequest
 from kvtrace.errors import ConfigError
 from kvtrace.numeric import cdiv
-from kvtrace.store.schema import SUMMARY_FIELDS
-from kvtrace.replay.cache_only import POLICIES
 from kvtrace.replay.config_file import load_config_file, parse_retention
 from kvtrace.replay.digest import Digest
+
+if TYPE_CHECKING:
+    from kvtrace.workload import TraceRequest
+# The cache, the engine, the store and the trace readers load where a run needs them, so
+# that a user error is reported before any of them (and torch) is imported.
 
 MODES = ("engine", "cache-only")
 DEFAULT_PRESET = "kimi-hybrid"
@@ -37,7 +40,7 @@ class RunSpec:
     config_file: str | None = None
     trace_format: str | None = None
     block_size: int | None = None
-    capacity_blocks: int | None = None
+    capacity_blocks: int | float | None = None  # cache-only: None or math.inf is an unbounded cache
     capacity_tokens: int | None = None
     retention: str | None = None  # "none" | "0" | "K"
     without: tuple[str, ...] = ()
@@ -45,6 +48,7 @@ class RunSpec:
     seed: int = 0
     name: str | None = None
     external_capacity_blocks: int | None = None
+    content: bool = True  # engine mode: False runs without device content (hits and timings only)
 
 
 @dataclass(slots=True)
@@ -97,6 +101,18 @@ _FLAG_OF = {
 }
 _TOML_KEY_OF = {"behaviours": "cache.without", "without": "cache.without",
                 "external": "cache.external_capacity_blocks", "preset": "preset"}
+
+
+def parse_capacity_blocks(text: str | None) -> int | float | None:
+    """``--capacity-blocks``: a block count, or ``inf`` (cache-only mode's unbounded cache)."""
+    if text is None:
+        return None
+    if text.strip().lower() in ("inf", "infinity", "unbounded"):
+        return math.inf
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError("--capacity-blocks", text, "expected a number of blocks, or inf (cache-only mode)") from None
 
 
 def engine_preset(spec: RunSpec):
@@ -256,8 +272,12 @@ def run_replay(
     a refused spec records nothing. The run then goes ``running`` -> ``complete``, or
     ``failed`` with every span emitted before the error kept.
     """
+    # A trace file is opened (lazily) first: a missing or unreadable one is reported before
+    # the engine's configuration loads the cache; a generated workload is built after it.
+    workload = None if spec.trace.startswith(GENERATED_PREFIX) else open_workload(spec)
     config, behaviours, preset = validate(spec)
-    workload = open_workload(spec)
+    if workload is None:
+        workload = open_workload(spec)
     record = {"trace_source": workload.source, "trace_digest": workload.source_id, "config": config,
               "behaviours": behaviours, "mode": spec.mode if spec.mode == "engine" else f"cache-only/{spec.policy}"}
     with contextlib.ExitStack() as stack:
@@ -276,7 +296,7 @@ def run_replay(
                 bar = _Progress(progress, workload.total, f"{spec.mode} {Path(workload.source).name}")
                 try:
                     if preset is not None:
-                        summary, per_request = _run_engine(preset, workload, digest, instrumentor, bar)
+                        summary, per_request = _run_engine(preset, workload, digest, instrumentor, bar, spec.content)
                     else:
                         summary, per_request = _run_cache_only(spec, workload, digest, instrumentor, bar)
                 finally:
@@ -321,12 +341,20 @@ def validate(spec: RunSpec) -> tuple[dict[str, Any], list[str], Any]:
     if spec.limit is not None and (not isinstance(spec.limit, int) or spec.limit < 0):
         raise ConfigError("--limit", str(spec.limit), "expected a number of requests >= 0")
     if spec.mode == "engine":
-        from kvtrace.engine.storage import check_storage_fits
+        from kvtrace.engine.memory import check_storage_fits
+
+        if spec.capacity_blocks == math.inf:
+            raise ConfigError("--capacity-blocks", "inf", "engine mode holds its blocks in device storage and needs a "
+                                                          "number (an unbounded cache is for --mode cache-only)")
 
         preset = engine_preset(spec)
-        check_storage_fits(preset.cache_config)
+        if spec.content:  # no device storage without content
+            check_storage_fits(preset.cache_config)
         config = config_json(preset)
+        config["content"] = spec.content
         return config, config["cache"]["behaviours"], preset
+    from kvtrace.replay.cache_only import POLICIES
+
     if spec.policy not in POLICIES:
         raise ConfigError("--policy", spec.policy, f"expected one of {', '.join(POLICIES)}")
     # Cache-only mode is one LRU (or Belady) over the trace's blocks: no KV cache groups,
@@ -335,13 +363,15 @@ def validate(spec: RunSpec) -> tuple[dict[str, Any], list[str], Any]:
     engine_only = (
         ("--preset", spec.preset), ("--config", spec.config_file), ("--retention", spec.retention),
         ("--without", ",".join(spec.without) or None), ("--external-blocks", spec.external_capacity_blocks),
+        ("--no-content", None if spec.content else "set"),
     )
     for flag, value in engine_only:
         if value is not None:
             raise ConfigError(flag, str(value), "applies to engine mode only: cache-only mode replays one LRU over "
                                                 "the trace's blocks (drop it, or use --mode engine)")
-    config = {"mode": "cache-only", "policy": spec.policy, "capacity_blocks": spec.capacity_blocks,
-              "block_size": spec.block_size}
+    unbounded = spec.capacity_blocks in (None, math.inf) and spec.capacity_tokens is None
+    config = {"mode": "cache-only", "policy": spec.policy, "block_size": spec.block_size,
+              "capacity_blocks": None if unbounded else spec.capacity_blocks}  # None: unbounded
     return config, [], None
 
 
@@ -354,18 +384,20 @@ def _default_name(spec: RunSpec, behaviours: list[str]) -> str:
     parts = [Path(spec.trace).name if not spec.trace.startswith(GENERATED_PREFIX) else spec.trace, spec.mode]
     if spec.mode == "engine":
         parts.append(spec.preset or DEFAULT_PRESET)
+        if not spec.content:
+            parts.append("no-content")
     else:
         parts.append(spec.policy)
     if spec.without:
         parts.append("without " + ",".join(spec.without))
     if spec.retention is not None:
         parts.append(f"retention={spec.retention}")
-    if spec.capacity_blocks is not None:
-        parts.append(f"blocks={spec.capacity_blocks}")
+    if spec.capacity_blocks is not None or spec.mode != "engine":
+        parts.append(f"blocks={'inf' if spec.capacity_blocks in (None, math.inf) else spec.capacity_blocks}")
     return " ".join(parts)
 
 
-def _run_engine(preset, workload: _Workload, digest: Digest, instrumentor, bar: _Progress):
+def _run_engine(preset, workload: _Workload, digest: Digest, instrumentor, bar: _Progress, content: bool = True):
     from kvtrace.engine import Engine
     from kvtrace.engine.events import RequestFinished
 
@@ -376,7 +408,7 @@ def _run_engine(preset, workload: _Workload, digest: Digest, instrumentor, bar: 
     if instrumentor is not None:
         listeners.append(instrumentor.on_step)
     listeners.append(progress_listener)
-    engine = Engine(preset)
+    engine = Engine(preset, content=content)
     result = engine.run(workload.requests, listeners=listeners)
     per_request = [
         {
@@ -394,13 +426,11 @@ def _run_engine(preset, workload: _Workload, digest: Digest, instrumentor, bar: 
 def _run_cache_only(spec: RunSpec, workload: _Workload, digest: Digest, instrumentor, bar: _Progress):
     from kvtrace.replay.cache_only import replay_cache_only
 
-    capacity = spec.capacity_blocks
+    capacity = spec.capacity_blocks  # None or inf (and no --capacity-tokens): unbounded
     if capacity is None and spec.capacity_tokens is not None:
         if spec.block_size is None:
             raise ConfigError("--capacity-tokens", str(spec.capacity_tokens), "cache-only mode needs --block-size with it")
         capacity = cdiv(spec.capacity_tokens, spec.block_size)
-    if capacity is None:
-        raise ConfigError("--capacity-blocks", "-", "cache-only mode needs a capacity in blocks (or --capacity-tokens)")
     listeners: list[Callable] = [digest.on_cache_events]
     if instrumentor is not None and spec.policy == "lru":
         listeners.append(instrumentor.on_cache_events)
@@ -414,6 +444,8 @@ def _run_cache_only(spec: RunSpec, workload: _Workload, digest: Digest, instrume
         workload.requests, capacity_blocks=capacity, block_size=spec.block_size,
         policy=spec.policy, listeners=listeners, progress=on_progress,
     )
+    from kvtrace.store.schema import SUMMARY_FIELDS
+
     summary = res.summary()
     for key in SUMMARY_FIELDS:
         summary.setdefault(key, 0 if key != "digest" else None)

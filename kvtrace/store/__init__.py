@@ -70,16 +70,42 @@ Errors: ``StoreError`` (a ``KVTraceError``) naming the file for a missing, corru
 or busy database; ``UnknownRunError`` for a bad run id.
 """
 
-from kvtrace.store import read  # noqa: F401
-from kvtrace.store.clickhouse import writer as _clickhouse_writer  # noqa: F401  (registers its Store)
-from kvtrace.store.errors import StoreBusyError, StoreError, UnknownRunError  # noqa: F401
-from kvtrace.store.export import export_parquet  # noqa: F401
-from kvtrace.store.schema import (  # noqa: F401
-    ATTRIBUTE_COLUMNS,
-    SPAN_ARROW_SCHEMA,
-    SPAN_COLUMN_DEFS,
-    SPAN_COLUMNS,
-    SPAN_NAMES,
-    SPAN_VIEW_COLUMNS,
-)
-from kvtrace.store.writer import Store  # noqa: F401
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+# The public names and their modules, loaded on first use: a caller that needs only the
+# schema (data) or the errors does not pay for DuckDB and Polars.
+_EXPORTS = {
+    "read": None, "StoreBusyError": "errors", "StoreError": "errors", "UnknownRunError": "errors",
+    "export_parquet": "export", "ATTRIBUTE_COLUMNS": "schema", "SPAN_ARROW_SCHEMA": "schema",
+    "SPAN_COLUMN_DEFS": "schema", "SPAN_COLUMNS": "schema", "SPAN_NAMES": "schema", "SPAN_VIEW_COLUMNS": "schema",
+    "Store": "writer",
+}
+__all__ = [
+    "ATTRIBUTE_COLUMNS", "SPAN_ARROW_SCHEMA", "SPAN_COLUMNS", "SPAN_COLUMN_DEFS", "SPAN_NAMES", "SPAN_VIEW_COLUMNS",
+    "Store", "StoreBusyError", "StoreError", "UnknownRunError", "export_parquet", "read",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = _EXPORTS[name]
+    if module is None:  # a subpackage
+        return import_module(f"kvtrace.store.{name}")
+    return getattr(import_module(f"kvtrace.store.{module}"), name)
+
+
+if TYPE_CHECKING:
+    from kvtrace.store import read
+    from kvtrace.store.errors import StoreBusyError, StoreError, UnknownRunError
+    from kvtrace.store.export import export_parquet
+    from kvtrace.store.schema import (
+        ATTRIBUTE_COLUMNS,
+        SPAN_ARROW_SCHEMA,
+        SPAN_COLUMN_DEFS,
+        SPAN_COLUMNS,
+        SPAN_NAMES,
+        SPAN_VIEW_COLUMNS,
+    )
+    from kvtrace.store.writer import Store

@@ -56,8 +56,8 @@ from kvtrace.store.schema import (
     span_tables_ddl,
 )
 
-# Store subclasses of other backends, registered by their module (kvtrace.store imports
-# kvtrace.store.clickhouse.writer): Store.open picks one by the --db form.
+# Store subclasses of other backends, registered by their module when Store.open first
+# needs it (kvtrace.store.clickhouse.writer): Store.open picks one by the --db form.
 BACKENDS: dict[str, type[Store]] = {}
 DEFAULT_FLUSH_ROWS = 262_144  # fewer, larger DuckDB transactions: ~2x the insert rate of 64k
 DEFAULT_FLUSH_INTERVAL_S = 1.0
@@ -235,6 +235,8 @@ class Store:
     ) -> Store:
         """Create or open a store; mark runs left ``running`` by dead writers ``incomplete``."""
         if cls is Store and is_clickhouse(path):  # chdb:PATH or clickhouse://...
+            if "clickhouse" not in BACKENDS:
+                import kvtrace.store.clickhouse.writer  # noqa: F401  (registers ClickHouseStore)
             return BACKENDS["clickhouse"].open(path, flush_rows=flush_rows, flush_interval_s=flush_interval_s,
                                                lock_timeout_s=lock_timeout_s)
         store = cls(path, flush_rows=flush_rows, flush_interval_s=flush_interval_s, lock_timeout_s=lock_timeout_s)

@@ -26,9 +26,16 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
 
 def block_tokens(block_id: int, block_size: int, namespace: int = 0) -> np.ndarray:
     """The fixed token list (int64, length ``block_size``) of one trace block id."""
-    seed = (int(namespace) * 0x1F123BB5 + int(block_id) * 0x5851F42D4C957F2D) & 0xFFFFFFFFFFFFFFFF
+    return blocks_tokens((block_id,), block_size, namespace)[0]
+
+
+def blocks_tokens(block_ids: tuple[int, ...] | list[int], block_size: int, namespace: int = 0) -> np.ndarray:
+    """``block_tokens`` of each id, as rows ``[len(block_ids), block_size]`` (one vectorised pass)."""
+    ns = int(namespace) * 0x1F123BB5
+    seeds = np.fromiter(((ns + int(b) * 0x5851F42D4C957F2D) & 0xFFFFFFFFFFFFFFFF for b in block_ids),
+                        dtype=np.uint64, count=len(block_ids))
     with np.errstate(over="ignore"):
-        x = np.arange(block_size, dtype=np.uint64) + np.uint64(seed)
+        x = np.arange(block_size, dtype=np.uint64)[None, :] + seeds[:, None]
     return (_splitmix64(x) % np.uint64(VOCAB_SIZE)).astype(np.int64)
 
 
@@ -38,5 +45,4 @@ def tokens_for_block_ids(
     """Expand prefix-chained block ids to ``input_length`` tokens; the last block is cut."""
     if not block_ids:
         return np.zeros(0, dtype=np.int64)
-    out = np.concatenate([block_tokens(b, block_size, namespace) for b in block_ids])
-    return out[:input_length]
+    return blocks_tokens(block_ids, block_size, namespace).reshape(-1)[:input_length]

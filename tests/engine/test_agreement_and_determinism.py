@@ -73,7 +73,7 @@ def test_the_auditor_and_the_sampler_see_corrupted_content():
     engine = Engine(preset(cache), audit_interval=1)
     corrupted = []
 
-    import kvtrace.engine.engine as eng_mod
+    import kvtrace.engine.storage as eng_mod  # the engine takes DeviceStorage from here when it runs
 
     real_storage = eng_mod.DeviceStorage
 

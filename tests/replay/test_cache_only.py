@@ -197,8 +197,8 @@ def test_events_flow_one_step_per_request_and_digest_is_deterministic():
 def test_capacity_and_policy_arguments():
     r = [req("a", [1])]
     assert replay_cache_only(r, capacity_tokens=40).capacity_blocks == 10
-    with pytest.raises(ConfigError, match="exactly one of capacity_blocks / capacity_tokens"):
-        replay_cache_only(r)
+    with pytest.raises(ConfigError, match="at most one of capacity_blocks / capacity_tokens"):
+        replay_cache_only(r, capacity_blocks=4, capacity_tokens=16)
     with pytest.raises(ConfigError, match="policy"):
         replay_cache_only(r, capacity_blocks=4, policy="fifo")
     with pytest.raises(ConfigError, match="capacity_blocks"):
@@ -233,3 +233,24 @@ def test_every_key_fits_the_digest_and_the_store(tmp_path):
         digest = Digest()
         res = replay_cache_only(reqs, capacity_blocks=2, listeners=[digest])
         assert len(digest.hexdigest()) == 64 and res.requests == 3, name
+
+
+def test_an_unbounded_cache_evicts_nothing_and_is_sized_to_the_trace():
+    """No capacity (or inf): the infinite-cache hit rate, through the real manager."""
+    import math
+
+    reqs = list(open_trace(MOONCAKE))
+    keys = block_keys(reqs)
+    total = sum(map(len, keys))
+    want, publishes, evictions, _ = lru_reference(keys, total + 1)  # room for every block ever seen
+    assert evictions == 0
+    for kw in ({}, {"capacity_blocks": math.inf}):
+        res = replay_cache_only(reqs, **kw)
+        assert res.per_request_hit_blocks == want
+        assert (res.evictions, res.publishes, res.oversized, res.capacity_blocks) == (0, publishes, 0, None)
+    # an infinite cache is every policy's bound: Belady finds the same hits
+    assert replay_cache_only(reqs, policy="belady").per_request_hit_blocks == want
+    # the pool the manager built holds the distinct blocks, not a preallocated huge number
+    from kvtrace.replay.cache_only import _unbounded_capacity
+
+    assert _unbounded_capacity(keys) < total // 2

@@ -5,9 +5,12 @@ from __future__ import annotations
 import duckdb
 import pytest
 
-from kvtrace.errors import TraceFormatError
+from kvtrace.errors import ConfigError, TraceFormatError
 from kvtrace.replay.generate import write_generated
 from kvtrace.replay.run import RunSpec, run_replay
+from tests.conftest import TRACES
+
+MOONCAKE = TRACES / "mooncake_synthetic_trace.jsonl"
 
 
 def _rows(db, sql, params=()):
@@ -72,3 +75,19 @@ def test_cache_only_refuses_engine_settings_and_records_no_run(tmp_path, flag, s
     with pytest.raises(ConfigError, match=f"^{flag}: .*applies to engine mode only"):
         run_replay(RunSpec(str(trace), mode="cache-only", capacity_blocks=64, **setting), db=db)
     assert not db.exists()  # refused before the store was even opened
+
+
+def test_cache_only_without_a_capacity_is_unbounded_and_engine_mode_refuses_inf():
+    import math
+
+    from kvtrace.replay.run import parse_capacity_blocks
+
+    assert parse_capacity_blocks("inf") == math.inf and parse_capacity_blocks("12") == 12
+    with pytest.raises(ConfigError, match="--capacity-blocks: lots"):
+        parse_capacity_blocks("lots")
+    s = run_replay(RunSpec(str(MOONCAKE), mode="cache-only", limit=300)).summary
+    bounded = run_replay(RunSpec(str(MOONCAKE), mode="cache-only", limit=300, capacity_blocks=200)).summary
+    assert s["capacity_blocks"] is None and s["evictions"] == 0
+    assert s["hit_tokens"] > bounded["hit_tokens"] and bounded["evictions"] > 0
+    with pytest.raises(ConfigError, match="--capacity-blocks: inf: engine mode"):
+        run_replay(RunSpec(str(MOONCAKE), capacity_blocks=math.inf, limit=5))

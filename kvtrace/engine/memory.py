@@ -1,0 +1,84 @@
+"""How much memory the engine's device storage needs, and whether it fits (torch-free).
+
+Replay checks a configuration before anything runs, so that a user error is reported at
+once; this module answers without importing torch (seconds of start-up) unless the
+installed torch is a CUDA build, where only torch can say whether a GPU is there and how
+much memory it has.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from kvtrace.cache.config import CacheConfig, MambaSpec
+from kvtrace.errors import ConfigError
+
+
+def storage_bytes(cache_config: CacheConfig) -> int:
+    """Bytes of device tensors ``DeviceStorage`` allocates for ``cache_config``."""
+    total = 0
+    for spec, num_blocks in zip(cache_config.groups, cache_config.pool_sizes):
+        per_block = spec.num_lanes if isinstance(spec, MambaSpec) else spec.block_size + 1  # slots + block sum
+        total += num_blocks * per_block * 8
+    return total
+
+
+def _torch_is_cpu_build() -> bool:
+    """True when the installed torch has no CUDA (read from ``torch/version.py``, not imported)."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return True  # no torch: the engine cannot run anyway, and nothing here needs it
+    version = Path(next(iter(spec.submodule_search_locations))) / "version.py"
+    try:
+        text = version.read_text(encoding="utf-8")
+    except OSError:
+        return False
+    return re.search(r"^cuda\s*(:[^=]*)?=\s*None\s*$", text, re.MULTILINE) is not None
+
+
+DEVICE_ENV = "KVTRACE_DEVICE"  # cpu | cuda: the content's device when the caller names none
+
+
+def default_device_type() -> str:
+    """``$KVTRACE_DEVICE`` if set, else ``cuda`` when torch sees a GPU, else ``cpu``;
+    imports torch only for a CUDA build. (Content is bit-identical on either device.)"""
+    chosen = os.environ.get(DEVICE_ENV, "").strip()
+    if chosen:
+        if chosen not in ("cpu", "cuda") and not chosen.startswith("cuda:"):
+            raise ConfigError(DEVICE_ENV, chosen, "expected cpu, cuda or cuda:N")
+        return chosen
+    if "torch" not in sys.modules and _torch_is_cpu_build():
+        return "cpu"
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def device_memory_bytes(device: Any) -> int:
+    """Memory of ``device`` (a torch device or its type name): the GPU's, or the machine's
+    physical memory for the CPU."""
+    kind = (device if isinstance(device, str) else device.type).split(":")[0]
+    if kind == "cuda":
+        import torch
+
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_storage_fits(cache_config: CacheConfig, device: Any = None) -> None:
+    """A ConfigError naming the flags to lower when the storage would not fit in memory
+    (rather than letting torch try to allocate terabytes)."""
+    dev = device if device is not None else default_device_type()
+    kind = (dev if isinstance(dev, str) else dev.type).split(":")[0]
+    need, have = storage_bytes(cache_config), device_memory_bytes(dev)
+    if need > have * 0.8:
+        raise ConfigError(
+            "KV storage", f"{need / 2**30:,.1f} GiB",
+            f"more than {kind} memory ({have / 2**30:,.1f} GiB) can hold; lower --block-size or "
+            "--capacity-blocks / --capacity-tokens (or num_gpu_blocks in --config)",
+        )

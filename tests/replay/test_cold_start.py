@@ -1,0 +1,71 @@
+"""Torch stays unloaded where it is not needed: trace readers, cache-only replay,
+conversion, diff, the run list, export, the dashboard's pages and every user error.
+
+Each case runs in a fresh interpreter (an import made by an earlier test would hide one)
+and reports whether ``torch`` ended up in ``sys.modules``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+MOONCAKE = ROOT / "tests" / "data" / "mooncake_synthetic_trace.jsonl"
+
+PRELUDE = f"""
+import sys
+sys.path.insert(0, {str(ROOT)!r})
+from kvtrace.errors import KVTraceError
+from kvtrace.replay.run import RunSpec, run_replay
+TRACE = {str(MOONCAKE)!r}
+"""
+
+CASES = {
+    "readers": """
+        from kvtrace.replay.readers import open_trace
+        assert len(list(open_trace(TRACE, limit=20))) == 20
+    """,
+    "cache-only replay, runs, diff, export": """
+        db = sys.argv[1] + "/runs.duckdb"
+        a = run_replay(RunSpec(TRACE, mode="cache-only", capacity_blocks=500, limit=60), db=db).run_id
+        b = run_replay(RunSpec(TRACE, mode="cache-only", capacity_blocks=900, limit=60), db=db).run_id
+        from kvtrace.store import export_parquet, read
+        assert read.runs(db).height == 2
+        from kvtrace.compare.source import diff_runs
+        diff_runs(db, a, b, resamples=20)
+        export_parquet(db, a, sys.argv[1] + "/export")
+    """,
+    "convert": """
+        from kvtrace.replay.readers import open_trace
+        from kvtrace.workload.native import write_native
+        assert write_native(open_trace(TRACE, limit=10), sys.argv[1] + "/native.jsonl") == 10
+    """,
+    "dashboard pages": """
+        import kvtrace.dashboard.app, kvtrace.dashboard.queries  # noqa: F401
+        from kvtrace.dashboard import views  # noqa: F401
+    """,
+    "user errors": """
+        for spec in (RunSpec("missing.jsonl"), RunSpec(TRACE, capacity_blocks=1 << 24, block_size=1 << 20),
+                     RunSpec(TRACE, mode="cache-only", policy="fifo"), RunSpec(TRACE, limit=-1)):
+            try:
+                run_replay(spec)
+            except KVTraceError:
+                pass
+            else:
+                raise AssertionError(f"{spec} was accepted")
+    """,
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_torch_is_not_imported(name, tmp_path):
+    code = PRELUDE + textwrap.dedent(CASES[name]) + "\nprint('torch' in sys.modules)\n"
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=False,
+                          cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "False", f"{name} imported torch"
