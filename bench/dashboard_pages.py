@@ -49,9 +49,9 @@ def summary_from_store(db: str, run_id: str) -> dict:
     prompt = int(reqs["num_prompt_tokens"].sum())
     hit = int(reqs["num_local_hit_tokens"].fill_null(0).sum() + reqs["num_external_hit_tokens"].fill_null(0).sum())
     return dict(
-        requests=reqs.height, prompt_tokens=prompt, hit_tokens=hit, token_hit_rate=hit / max(prompt, 1),
-        block_hit_rate=hit / max(prompt, 1), ttft_ms_p50=ttft.get(0.5, 0) / 1e6, ttft_ms_p99=ttft.get(0.99, 0) / 1e6,
-        itl_ms_p50=itl.get(0.5, 0) / 1e6, itl_ms_p99=itl.get(0.99, 0) / 1e6,
+        requests=reqs.height, prompt_tokens=prompt, hit_tokens=hit, prefix_cache_hit_rate=hit / max(prompt, 1),
+        block_hit_rate=hit / max(prompt, 1), p50_ttft_ms=ttft.get(0.5, 0) / 1e6, p99_ttft_ms=ttft.get(0.99, 0) / 1e6,
+        p50_itl_ms=itl.get(0.5, 0) / 1e6, p99_itl_ms=itl.get(0.99, 0) / 1e6,
         publishes=spans.get("kvtrace.cache.publish", 0), evictions=counts.get("kvtrace.cache.evict", 0),
         cow_copies=spans.get("kvtrace.cache.cow", 0), stale_hashes=spans.get("kvtrace.verify.stale_hash", 0),
         divergent_outputs=spans.get("kvtrace.verify.divergent_output", 0), preemptions=0,

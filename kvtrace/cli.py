@@ -134,7 +134,7 @@ def diff(
     as_json: bool = typer.Option(False, "--json"),
     markdown: bool = typer.Option(False, "--markdown"),
     force: bool = typer.Option(False, help="Compare runs of different traces anyway."),
-    fail_if: list[str] = typer.Option([], "--fail-if", help="METRIC:THRESHOLD gate, e.g. token_hit_rate:-0.01"),
+    fail_if: list[str] = typer.Option([], "--fail-if", help="METRIC:THRESHOLD gate, e.g. prefix_cache_hit_rate:-0.01"),
     seed: int = typer.Option(0, help="Bootstrap seed."),
     top: int = typer.Option(10, help="Requests listed as most gained / lost."),
     resamples: int = typer.Option(1000, help="Bootstrap resamples for the latency CIs."),

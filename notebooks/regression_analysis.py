@@ -105,8 +105,8 @@ hr = pl.concat(
     how="vertical_relaxed",
 ).with_columns(t_s=pl.col("window_start_ns") / 1e9)
 hr_long = hr.unpivot(index=["t_s", "run"], on=["hit_rate", "cum_hit_rate"], variable_name="series",
-                     value_name="token_hit_rate")
-px.line(hr_long, x="t_s", y="token_hit_rate", color="run", line_dash="series",
+                     value_name="prefix_cache_hit_rate")
+px.line(hr_long, x="t_s", y="prefix_cache_hit_rate", color="run", line_dash="series",
         title="Token hit rate per window and cumulative, over virtual time (s)").show()
 cum_hit_rate_end = {
     lbl: (lambda f: f["cum_hit_rate"][-1] if f.height else None)(hr.filter(pl.col("run") == lbl).sort("t_s"))
@@ -188,7 +188,7 @@ better = [m for m in diff.metrics if m.verdict == "better" and not m.name.starts
 worse = [m for m in diff.metrics if m.verdict == "worse" and not m.name.startswith(LATENCY_PREFIXES)]
 sig = [s for s in diff.latency if s.significant]
 lines = []
-hr_m = diff.metric("token_hit_rate")
+hr_m = diff.metric("prefix_cache_hit_rate")
 if hr_m.delta:
     lines.append(f"B {'raises' if hr_m.delta > 0 else 'lowers'} the token hit rate from {fmt(hr_m.a)} to {fmt(hr_m.b)} "
                  f"({hr_m.delta:+.4f}" + (f", {hr_m.rel * 100:+.1f}%)" if hr_m.rel is not None else ")") + ".")

@@ -167,10 +167,10 @@ for cap in capacities:
         spec = RunSpec(trace=str(trace_path), mode="cache-only", policy=policy, capacity_blocks=cap,
                        block_size=sweep_block_size, trace_format=trace_format, limit=limit, seed=seed)
         s = run_replay(spec).summary
-        sweep_rows.append({"capacity_blocks": cap, "policy": policy, "token_hit_rate": s["token_hit_rate"],
+        sweep_rows.append({"capacity_blocks": cap, "policy": policy, "prefix_cache_hit_rate": s["prefix_cache_hit_rate"],
                            "block_hit_rate": s["block_hit_rate"], "evictions": s["evictions"]})
 sweep = pl.DataFrame(sweep_rows)
-fig = px.line(sweep, x="capacity_blocks", y="token_hit_rate", color="policy", markers=True,
+fig = px.line(sweep, x="capacity_blocks", y="prefix_cache_hit_rate", color="policy", markers=True,
               title="Token hit rate against capacity (cache-only): LRU and the Belady bound")
 fig.add_hline(y=reuse_fraction, line_dash="dot", annotation_text="reuse bound (blocks)")
 fig.show()
@@ -221,8 +221,8 @@ result = {
     "max_fanout": max_fanout,
     "branching_nodes": branching_nodes,
     "capacities": capacities,
-    "lru_token_hit_rate": lru["token_hit_rate"].to_list(),
-    "belady_token_hit_rate": belady["token_hit_rate"].to_list(),
+    "lru_token_hit_rate": lru["prefix_cache_hit_rate"].to_list(),
+    "belady_token_hit_rate": belady["prefix_cache_hit_rate"].to_list(),
     "lru_block_hit_rate": lru["block_hit_rate"].to_list(),
     "belady_block_hit_rate": belady["block_hit_rate"].to_list(),
     "interarrival_cv": interarrival_cv,

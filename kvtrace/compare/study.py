@@ -7,7 +7,7 @@ the two runs. With ``sweep`` it repeats the pair for each value of one parameter
 (capacities or retention intervals).
 
 Diff direction: A = behaviour **off**, B = behaviour **on**, so every delta reads as
-"what the behaviour buys" (a positive token_hit_rate delta = the behaviour raises it).
+"what the behaviour buys" (a positive prefix_cache_hit_rate delta = the behaviour raises it).
 
 The behaviour names are the cache config's switches, imported from their one home in
 ``kvtrace.cache.config``.
@@ -38,8 +38,8 @@ BEHAVIOURS = (TRANSIENT_CHECKPOINT_RETENTION, SHARED_PREFIX_PINNING, EXTERNAL_HI
 # What each study expects when the behaviour is switched off (checked by tests and by the
 # notebook's verdict): metric -> +1 when "off" should be higher, -1 when lower.
 EXPECTED_OFF_DIRECTION: dict[str, dict[str, int]] = {
-    TRANSIENT_CHECKPOINT_RETENTION: {"token_hit_rate": -1, "ttft_ms_p50": +1},
-    SHARED_PREFIX_PINNING: {"hit_tokens": -1, "token_hit_rate": -1},
+    TRANSIENT_CHECKPOINT_RETENTION: {"prefix_cache_hit_rate": -1, "p50_ttft_ms": +1},
+    SHARED_PREFIX_PINNING: {"prefix_cache_hits": -1, "prefix_cache_hit_rate": -1},
     EXTERNAL_HIT_RUNNING_COW: {"divergent_outputs": +1, "stale_hashes": +1},
 }
 
@@ -134,7 +134,9 @@ class StudyResult:
             parts.append(to_markdown(p.diff))
         return "\n".join(parts)
 
-    def sweep_markdown(self, metrics: Iterable[str] = ("token_hit_rate", "ttft_ms_p50", "divergent_outputs")) -> str:
+    def sweep_markdown(
+        self, metrics: Iterable[str] = ("prefix_cache_hit_rate", "p50_ttft_ms", "divergent_outputs")
+    ) -> str:
         metrics = list(metrics)
         head = f"| {self.first.parameter} | " + " | ".join(f"{m} off | {m} on" for m in metrics) + " |"
         sep = "|---:|" + "---:|---:|" * len(metrics)

@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable
 
 from kvtrace.workload import TraceRequest
 from kvtrace.errors import ConfigError
+from kvtrace.metrics import DEFAULT_PERCENTILES
 from kvtrace.numeric import cdiv
 from kvtrace.store.schema import SUMMARY_FIELDS
 from kvtrace.replay.cache_only import POLICIES
@@ -45,6 +46,7 @@ class RunSpec:
     seed: int = 0
     name: str | None = None
     external_capacity_blocks: int | None = None
+    percentiles: tuple[float, ...] = DEFAULT_PERCENTILES  # of the summary's latencies (vllm bench serve's)
 
 
 @dataclass(slots=True)
@@ -268,7 +270,8 @@ def run_replay(
                 bar = _Progress(progress, workload.total, f"{spec.mode} {Path(workload.source).name}")
                 try:
                     if preset is not None:
-                        summary, per_request = _run_engine(preset, workload, digest, instrumentor, bar)
+                        summary, per_request = _run_engine(preset, workload, digest, instrumentor, bar,
+                                                           spec.percentiles)
                     else:
                         summary, per_request = _run_cache_only(spec, workload, digest, instrumentor, bar)
                 finally:
@@ -346,7 +349,8 @@ def _default_name(spec: RunSpec, behaviours: list[str]) -> str:
     return " ".join(parts)
 
 
-def _run_engine(preset, workload: _Workload, digest: Digest, instrumentor, bar: _Progress):
+def _run_engine(preset, workload: _Workload, digest: Digest, instrumentor, bar: _Progress,
+                percentiles: tuple[float, ...]):
     from kvtrace.engine import Engine
     from kvtrace.engine.events import RequestFinished
 
@@ -357,7 +361,7 @@ def _run_engine(preset, workload: _Workload, digest: Digest, instrumentor, bar: 
     if instrumentor is not None:
         listeners.append(instrumentor.on_step)
     listeners.append(progress_listener)
-    engine = Engine(preset)
+    engine = Engine(preset, percentiles=percentiles)
     result = engine.run(workload.requests, listeners=listeners)
     per_request = [
         {
@@ -395,9 +399,9 @@ def _run_cache_only(spec: RunSpec, workload: _Workload, digest: Digest, instrume
         workload.requests, capacity_blocks=capacity, block_size=spec.block_size,
         policy=spec.policy, listeners=listeners, progress=on_progress,
     )
-    summary = res.summary()
+    summary = res.summary(spec.percentiles)
     for key in SUMMARY_FIELDS:
-        summary.setdefault(key, 0 if key != "digest" else None)
+        summary.setdefault(key, None)  # engine-only fields (no CoW, no audit, no preemption): not measured
     per_request = [
         {"request_id": rid, "hit_tokens": hit}
         for rid, hit in zip(res.request_ids, res.per_request_hit_tokens)

@@ -138,10 +138,10 @@ def test_overview_shows_the_summary_and_links_keep_the_filters(server, browser, 
     page.goto(f"{server}/?run={run_off}")
     wait_rendered(page, "Divergent outputs")
     # The values themselves, as the summary says (waiting on them: the page streams in).
-    page.get_by_text(ui.pct(s["token_hit_rate"]), exact=True).first.wait_for(state="visible", timeout=30_000)
+    page.get_by_text(ui.pct(s["prefix_cache_hit_rate"]), exact=True).first.wait_for(state="visible", timeout=30_000)
     page.get_by_text(f"{s['stale_hashes']:,}", exact=True).first.wait_for(state="visible", timeout=30_000)
     body = page.inner_text("body")
-    assert ui.ms(s["ttft_ms_p99"]) in body and f"{s['divergent_outputs']:,}" in body
+    assert ui.ms(s["p99_ttft_ms"]) in body and f"{s['divergent_outputs']:,}" in body
     # Sidebar links carry the current filters to the next page.
     page.get_by_role("link", name="Hit rate").first.click()
     wait_rendered(page, "Token hit rate per time window")

@@ -72,10 +72,10 @@ def test_overview_headline_metrics_equal_the_run_summary(dashboard_db, monkeypat
     for run_id, run in run_ids(dashboard_db).items():
         s = run["summary"]
         m = metrics(render(dashboard_db, monkeypatch, run=run_id))
-        assert m["Token hit rate"] == ui.pct(s["token_hit_rate"])
+        assert m["Token hit rate"] == ui.pct(s["prefix_cache_hit_rate"])
         assert m["Block hit rate"] == ui.pct(s["block_hit_rate"])
-        for label, key in (("TTFT p50", "ttft_ms_p50"), ("TTFT p99", "ttft_ms_p99"), ("ITL p50", "itl_ms_p50"),
-                           ("ITL p99", "itl_ms_p99")):
+        for label, key in (("TTFT p50", "p50_ttft_ms"), ("TTFT p99", "p99_ttft_ms"), ("ITL p50", "p50_itl_ms"),
+                           ("ITL p99", "p99_itl_ms")):
             assert m[label] == ui.ms(s[key]), label
         assert m["Requests"] == f"{int(s['requests']):,}"
         for label, key in (("Evictions", "evictions"), ("CoW copies", "cow_copies"), ("Stale hashes", "stale_hashes"),
@@ -148,8 +148,8 @@ def test_hit_rate_page_draws_the_belady_bound_only_at_the_runs_capacity(tmp_path
     at = render(db, monkeypatch, "hit_rate", run=engine.run_id)
     (bound,) = _belady_traces(at)
     assert bound["name"] == f"Belady bound (belady same, {cap})"
-    assert bound["y"] == [pytest.approx(same.summary["token_hit_rate"])] * 2
-    assert same.summary["token_hit_rate"] != small.summary["token_hit_rate"]
+    assert bound["y"] == [pytest.approx(same.summary["prefix_cache_hit_rate"])] * 2
+    assert same.summary["prefix_cache_hit_rate"] != small.summary["prefix_cache_hit_rate"]
     assert not any(c.value.startswith("No Belady bound") for c in at.caption)
     # The cache-only run itself renders every page, with empty states where it has no data.
     for page in PAGES:
@@ -264,7 +264,7 @@ def test_compare_page_deltas_and_per_request_difference(dashboard_db, monkeypatc
     m = {x.label: x for x in at.metric}
     assert m["Evictions (B)"].value == f"{s_off['evictions']:,}"
     assert m["Evictions (B)"].proto.delta == f"{s_off['evictions'] - s_on['evictions']:+,}"
-    assert m["Token hit rate (B)"].proto.delta == f"{100 * (s_off['token_hit_rate'] - s_on['token_hit_rate']):+.1f} pp"
+    assert m["Token hit rate (B)"].proto.delta == f"{100 * (s_off['prefix_cache_hit_rate'] - s_on['prefix_cache_hit_rate']):+.1f} pp"
     a = read.per_request_hits(dashboard_db, run_on)
     b = read.per_request_hits(dashboard_db, run_off)
     joined = a.join(b, on="request_id", suffix="_b").sort("request_id")

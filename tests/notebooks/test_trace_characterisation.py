@@ -37,7 +37,7 @@ def test_trace_characterisation_values(run_notebook, trace, tmp_path):
     assert belady == sorted(belady)
     # The notebook's sweep is the CLI's cache-only replay: same value at one capacity.
     direct = run_replay(RunSpec(trace=str(trace), mode="cache-only", policy="lru", capacity_blocks=32, seed=3))
-    assert lru[1] == pytest.approx(direct.summary["token_hit_rate"])
+    assert lru[1] == pytest.approx(direct.summary["prefix_cache_hit_rate"])
     # With room for everything, the block hit rate is the compulsory-miss bound.
     assert result["lru_block_hit_rate"][-1] == pytest.approx(result["reuse_fraction"])
     assert result["interarrival_cv"] is not None and result["interarrival_cv"] > 0

@@ -34,9 +34,9 @@ def main() -> None:
     sa, sb = queries.summary(run_a), queries.summary(run_b)
     # (label, key, formatter, higher_is_better)
     ROWS = [
-        ("Token hit rate", "token_hit_rate", ui.pct, True), ("Block hit rate", "block_hit_rate", ui.pct, True),
-        ("TTFT p50", "ttft_ms_p50", ui.ms, False), ("TTFT p99", "ttft_ms_p99", ui.ms, False),
-        ("ITL p50", "itl_ms_p50", ui.ms, False), ("ITL p99", "itl_ms_p99", ui.ms, False),
+        ("Token hit rate", "prefix_cache_hit_rate", ui.pct, True), ("Block hit rate", "block_hit_rate", ui.pct, True),
+        ("TTFT p50", "p50_ttft_ms", ui.ms, False), ("TTFT p99", "p99_ttft_ms", ui.ms, False),
+        ("ITL p50", "p50_itl_ms", ui.ms, False), ("ITL p99", "p99_itl_ms", ui.ms, False),
         ("Evictions", "evictions", ui.count, False), ("CoW copies", "cow_copies", ui.count, None),
         ("Stale hashes", "stale_hashes", ui.count, False), ("Divergent outputs", "divergent_outputs", ui.count, False),
     ]

@@ -28,7 +28,7 @@ if bel is not None:
     bel_frame = queries.call("hit_rate_over_time", bel["run_id"], window_ns=queries.window_ns(bel["run_id"]),
                              group=queries.GROUP_ALL)
     bel_frame = state.in_window(bel_frame, "window_start_ns", window)
-    rate = queries.summary(bel["run_id"]).get("token_hit_rate")
+    rate = queries.summary(bel["run_id"]).get("prefix_cache_hit_rate")
     if isinstance(rate, (int, float)):
         bel_rate = (f"Belady bound ({bel['name']}, {bound.capacity})", float(rate))
 ui.chart(

@@ -217,10 +217,10 @@ def simulate(behaviour_on: bool, n_requests: int = 80, capacity: int = 160,
     itl_ms = (np.concatenate([r["itl"] for r in reqs]) / 1e6).tolist()
     n = story.n
     summary = dict(
-        requests=len(reqs), prompt_tokens=prompt, hit_tokens=hit, token_hit_rate=hit / prompt,
+        requests=len(reqs), prompt_tokens=prompt, hit_tokens=hit, prefix_cache_hit_rate=hit / prompt,
         block_hit_rate=n["hit_blocks"] / n["lookup_blocks"],
-        ttft_ms_p50=percentile(ttft_ms, 50), ttft_ms_p99=percentile(ttft_ms, 99),
-        itl_ms_p50=percentile(itl_ms, 50), itl_ms_p99=percentile(itl_ms, 99),
+        p50_ttft_ms=percentile(ttft_ms, 50), p99_ttft_ms=percentile(ttft_ms, 99),
+        p50_itl_ms=percentile(itl_ms, 50), p99_itl_ms=percentile(itl_ms, 99),
         publishes=n["publishes"], evictions=n["evictions"], cow_copies=n["cow_copies"],
         stale_hashes=n["stale_hashes"], divergent_outputs=n["divergent_outputs"], preemptions=0,
         digest=hashlib.blake2b(repr((behaviour_on, n_requests, seed)).encode(), digest_size=8).hexdigest(),
