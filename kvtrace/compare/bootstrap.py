@@ -246,8 +246,8 @@ def latency_shifts(
             continue
         oa, va = _owned_values(frames_a[metric], metric, ua)
         ob, vb = _owned_values(frames_b[metric], metric, ub)
-        if va.size == 0 and vb.size == 0:
-            continue  # e.g. cache-only runs: no request timing at all
+        if va.size == 0 or vb.size == 0:
+            continue  # a run without this latency (cache-only: no clock) is set against nothing
         shifts += percentile_shifts(oa, va, ob, vb, metric=metric, counts=(counts_a, counts_b), percentiles=percentiles)
     info = {"seed": seed, "resamples": resamples, "paired": paired, "requests_a": ua.height, "requests_b": ub.height}
     return shifts, info

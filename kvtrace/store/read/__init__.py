@@ -20,6 +20,7 @@ Hits (``hits.py``; every counter and rate defined once, in ``kvtrace.metrics``)
     group_hit_rate_over_time(db, run_id, window_ns)    the same per window, and cumulative
     usage_over_time(db, run_id, window_ns)      block-pool usage per group, queue depths
     per_prefix_reuse(db, run_id, top)           the hottest prefixes (root hashes) by lookups
+    prefix_families(db, run_id, root_hashes)    a prefix's first request, prompt length, longest hit
 Evictions (``evictions.py``)
     evictions_over_time(db, run_id, window_ns, by)     evicted blocks per window by reason or publish kind
     evictions_by_reason(db, run_id)             evicted blocks and spans per reason
@@ -70,6 +71,7 @@ from kvtrace.store.read.hits import (
     hit_counters,
     hit_counters_over_time,
     per_prefix_reuse,
+    prefix_families,
     usage_over_time,
 )
 from kvtrace.store.read.latency import (
@@ -95,7 +97,8 @@ __all__ = [
     "group_hit_rate_over_time", "group_hit_rates", "hit_counters", "hit_counters_over_time", "itl_gaps",
     "itl_over_time", "latency_cdf", "latency_histogram", "latency_percentiles", "latency_samples", "latency_stats",
     "latency_summary",
-    "nice_window", "per_prefix_reuse", "per_request_hits", "request_waterfall", "requests", "run", "runs",
+    "nice_window", "per_prefix_reuse", "per_request_hits", "prefix_families", "request_waterfall", "requests",
+    "run", "runs",
     "served_requests",
     "span_counts", "stale_hash_chain", "stale_hashes", "stale_hashes_over_time", "usage_over_time",
 ]

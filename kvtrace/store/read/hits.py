@@ -161,3 +161,17 @@ def per_prefix_reuse(db: DB, run_id: str, top: int = 20) -> pl.DataFrame:
                min(start_ns) AS first_ns, max(start_ns) AS last_ns
         FROM lookup_spans WHERE run_id = $run_id AND name = '{SPAN_LOOKUP}' AND root_hash IS NOT NULL
         GROUP BY root_hash ORDER BY lookups DESC, root_hash LIMIT $top""", params={"top": int(top)})
+
+
+def prefix_families(db: DB, run_id: str, root_hashes: list[str]) -> pl.DataFrame:
+    """What names a prefix family (root hash of the first full block) for a reader: the
+    request that first looked it up, its prompt length, and the longest hit any lookup of
+    the family got. Columns: root_hash, first_request_id, first_prompt_tokens,
+    longest_hit_tokens, lookups."""
+    return with_run(db, run_id, f"""
+        SELECT root_hash, arg_min(request_id, seq) AS first_request_id,
+               arg_min(num_query_tokens, seq) AS first_prompt_tokens,
+               max(coalesce(num_hit_tokens, 0)) AS longest_hit_tokens, count(*) AS lookups
+        FROM lookup_spans
+        WHERE run_id = $run_id AND name = '{SPAN_LOOKUP}' AND list_contains($roots, root_hash)
+        GROUP BY root_hash ORDER BY root_hash""", params={"roots": [str(h) for h in root_hashes]})
