@@ -30,7 +30,7 @@ def test_trace_characterisation_values(run_notebook, trace, tmp_path):
     assert 0.3 < result["reuse_fraction"] < 1
     assert result["root_fanout"] >= 1 and result["max_fanout"] >= 2
     assert result["capacities"] == caps
-    lru, belady = result["lru_token_hit_rate"], result["belady_token_hit_rate"]
+    lru, belady = result["lru_prefix_cache_hit_rate"], result["belady_prefix_cache_hit_rate"]
     assert len(lru) == len(belady) == len(caps)
     # The offline-optimal bound is never below LRU, and grows with capacity.
     assert all(b >= l - 1e-12 for l, b in zip(lru, belady))
