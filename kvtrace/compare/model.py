@@ -44,6 +44,11 @@ METRIC_DIRECTION: dict[str, int] = {
 }
 
 
+# A latency change below a microsecond of modelled time is interpolation between integer-ns
+# samples, not a finding: its verdict is "same" (the delta itself is kept exact).
+LATENCY_RESOLUTION_MS = 1e-3
+
+
 def metric_direction(name: str) -> int:
     """+1 when a higher ``name`` is better, -1 when lower is (every latency statistic,
     ``kvtrace.metrics.is_latency_key``), 0 when neither."""
@@ -68,7 +73,7 @@ class MetricDelta:
         """'better' / 'worse' / 'same' / '' (no preferred direction or missing)."""
         if self.delta is None:
             return ""
-        if self.delta == 0:
+        if self.delta == 0 or (is_latency_key(self.name) and abs(self.delta) < LATENCY_RESOLUTION_MS):
             return "same"
         d = metric_direction(self.name)
         if d == 0:
@@ -214,6 +219,9 @@ def diff_summaries(
         ra.setdefault("digest", summary_a["digest"])
     if "digest" in summary_b:
         rb.setdefault("digest", summary_b["digest"])
+    for run, summary in ((ra, summary_a), (rb, summary_b)):
+        if summary.get("cost_model"):  # what modelled the run's times (none: no clock)
+            run.setdefault("cost_model", summary["cost_model"])
     same = ra.get("trace") == rb.get("trace")
     return RunDiff(run_a=ra, run_b=rb, metrics=metric_deltas(summary_a, summary_b), same_trace=same)
 

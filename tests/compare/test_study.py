@@ -1,6 +1,6 @@
 """kvtrace study: each behaviour's generated workload, replayed with the behaviour on and off.
 
-The three end-to-end tests assert the direction the reviews in shared/seeds describe.
+The three end-to-end tests assert the direction the reviews behind each behaviour describe (docs/cache_semantics.md).
 """
 
 from __future__ import annotations
