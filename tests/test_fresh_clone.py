@@ -55,7 +55,7 @@ def test_a_copy_without_shared_beside_it_passes_its_smoke_tests(tmp_path):
                            capture_output=True, text=True, timeout=120, check=True)
     assert where.stdout.strip() == str(clone / "kvtrace" / "__init__.py")  # the copy's package, not this one
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *SMOKE], cwd=clone,
-                         env=env, capture_output=True, text=True, timeout=600)
+                         env=env, capture_output=True, text=True, timeout=600, check=False)
     tail = run.stdout[-3000:] + run.stderr[-2000:]
     assert run.returncode == 0, tail
     assert " passed" in tail and "skipped" not in tail and "SKIPPED" not in tail, tail
