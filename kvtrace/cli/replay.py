@@ -85,13 +85,16 @@ def curve(
         = "lru,belady",
     db: Db = None,
     workers: Annotated[int, typer.Option(metavar="N", help="Local worker processes (engine mode).")] = 2,
+    ray: Annotated[str | None, typer.Option(
+        "--ray", metavar="ADDRESS", help="Engine mode: replay each capacity as a Ray task (see `kvtrace sweep`).")]
+        = None,
     as_json: Json = False,
 ) -> None:
     """Hit rate against capacity: LRU (one exact pass in cache-only mode) and the Belady bound."""
     from kvtrace.replay.curve import run_curve
 
     policies = tuple(p.strip() for p in policy.split(",") if p.strip())
-    result = run_curve(spec, capacities, policies=policies, db=db, workers=workers)
+    result = run_curve(spec, capacities, policies=policies, db=db, workers=workers, ray_address=ray)
     if db is not None:
         status(f"kvtrace: curve {result.curve_id} recorded in {db}")
     if as_json:

@@ -233,9 +233,10 @@ class CurveResult:
 
 
 def run_curve(spec, capacities: str, *, policies: Sequence[str] = CURVE_POLICIES, db: str | Path | None = None,
-              workers: int = 2) -> CurveResult:
+              workers: int = 2, ray_address: str | None = None) -> CurveResult:
     """The curve of ``spec``'s trace (its mode and settings, capacity swept), recorded in
-    ``db`` when given."""
+    ``db`` when given. Engine mode replays each capacity on the sweep's workers (local
+    processes, or Ray tasks with ``ray_address``)."""
     from kvtrace.replay.run import open_workload, validate
 
     unknown = sorted(set(policies) - set(CURVE_POLICIES))
@@ -252,7 +253,7 @@ def run_curve(spec, capacities: str, *, policies: Sequence[str] = CURVE_POLICIES
         if wanted is None or None in wanted:
             raise ConfigError("--capacities", capacities, "engine mode needs explicit block counts (the engine pool "
                                                           "is preallocated): e.g. --capacities 4096,8192,16384")
-        return _engine_curve(spec, [c for c in wanted if c is not None], db, workers)
+        return _engine_curve(spec, [c for c in wanted if c is not None], db, workers, ray_address)
     validate(replace(spec, capacity_blocks=1))
     workload = open_workload(spec)
     requests = list(workload.requests)
@@ -265,11 +266,11 @@ def run_curve(spec, capacities: str, *, policies: Sequence[str] = CURVE_POLICIES
     return result
 
 
-def _engine_curve(spec, capacities: list[int], db, workers: int) -> CurveResult:
+def _engine_curve(spec, capacities: list[int], db, workers: int, ray_address: str | None) -> CurveResult:
     from kvtrace.replay.run import open_workload
     from kvtrace.replay.sweep import run_sweep
 
-    sweep = run_sweep(spec, [("capacity_blocks", capacities)], db=db, workers=workers)
+    sweep = run_sweep(spec, [("capacity_blocks", capacities)], db=db, workers=workers, ray_address=ray_address)
     points = [CurvePoint(r.combo["capacity_blocks"], "lru", int(r.summary.get("prefix_cache_hits") or 0),
                          int(r.summary.get("prompt_tokens") or 0), int(r.summary.get("hit_blocks") or 0),
                          int(r.summary.get("total_blocks") or 0), "run", r.run_id) for r in sweep.runs]
