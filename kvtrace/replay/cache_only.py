@@ -281,9 +281,16 @@ def _replay_manager(reqs, bs, capacity, result, listeners, progress) -> CacheOnl
     # + the null block + the block of the one extra token each request is presented with
     config = CacheConfig(groups=(FullAttentionSpec(bs),), num_gpu_blocks=capacity + 2, hash_block_size=bs)
     mgr = KVCacheManager(config)
-    step_events: list = []
+    # The step's one request in the trace's terms, for its lookup event (see _in_trace_terms)
+    current = [0, 0]  # input_length, hit tokens capped at it
+
+    def forward(batch: list) -> None:
+        _in_trace_terms(batch, current[0], current[1])
+        for listener in listeners:
+            listener(batch)
+
     if listeners:
-        mgr.subscribe(step_events.extend)
+        mgr.subscribe(forward)
     hashes = block_keys(reqs)
     hit_blocks = []
     for i, (r, hs) in enumerate(zip(reqs, hashes)):
@@ -299,29 +306,22 @@ def _replay_manager(reqs, bs, capacity, result, listeners, progress) -> CacheOnl
             req.num_computed_tokens = num_tokens
             mgr.free(req)
         hit_blocks.append(num_hit // bs)
-        mgr.new_step_starts()  # one request per step: flushes its events
-        if step_events:
-            batch = _in_trace_terms(step_events, r.input_length, min(num_hit, r.input_length))
-            step_events.clear()
-            for listener in listeners:
-                listener(batch)
+        current[0], current[1] = r.input_length, min(num_hit, r.input_length)
+        mgr.new_step_starts()  # one request per step: flushes its events (through forward)
         if progress is not None:
             progress(i + 1)
     result._add_all([r.request_id for r in reqs], [r.input_length for r in reqs], list(map(len, hashes)), hit_blocks)
     result.publishes = mgr.stats.publishes
     result.evictions = sum(mgr.stats.evictions.values())
     if listeners:
-        mgr.unsubscribe(step_events.extend)
+        mgr.unsubscribe(forward)
     return result
 
 
-def _in_trace_terms(events: list, input_length: int, hit_tokens: int) -> list:
-    """The step's events, its lookup (the first event: the step's one request looks up
-    before it allocates) restated in the trace's terms: the prompt's tokens queried and
-    the hit capped at them, as the summary counts (not the one extra token presented)."""
-    out = list(events)
-    first = out[0]
-    if isinstance(first, PrefixLookup):
-        out[0] = msgspec.structs.replace(first, num_query_tokens=input_length, num_hit_tokens=hit_tokens,
-                                         hit_tokens_per_group=(hit_tokens,))
-    return out
+def _in_trace_terms(events: list, input_length: int, hit_tokens: int) -> None:
+    """Restate the step's lookup (its first event: the step's one request looks up before it
+    allocates) in the trace's terms, in place: the prompt's tokens queried and the hit
+    capped at them, as the summary counts (not the one extra token presented)."""
+    if events and type(events[0]) is PrefixLookup:
+        events[0] = msgspec.structs.replace(events[0], num_query_tokens=input_length, num_hit_tokens=hit_tokens,
+                                            hit_tokens_per_group=(hit_tokens,))
