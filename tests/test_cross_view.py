@@ -14,13 +14,12 @@ import json
 
 import duckdb
 import pytest
-from streamlit.testing.v1 import AppTest
 
 from kvtrace import metrics
 from kvtrace.compare.source import diff_runs
-from kvtrace.dashboard import DB_ENV, ui
+from kvtrace.dashboard import ui
 from kvtrace.store import read
-from tests.dashboard.conftest import APP
+from tests.dashboard.apptest import render, traces
 from tests.notebooks.conftest import kernel_name, run_notebook  # noqa: F401  (the notebook fixtures)
 
 # OTel attribute of each per-request quantity on a request span (kvtrace.metrics.PER_REQUEST)
@@ -93,18 +92,6 @@ def latency_from_spans(spans: list[dict]) -> dict:
     return metrics.latency_summary(samples)
 
 
-def render(db: str, monkeypatch, page: str = "overview", **params: str) -> AppTest:
-    monkeypatch.setenv(DB_ENV, db)
-    at = AppTest.from_file(APP, default_timeout=120)
-    for k, v in params.items():
-        at.query_params[k] = v
-    at.run()
-    if page != "overview":
-        at.switch_page(f"views/{page}.py").run()
-    assert not at.exception and not at.error, ([e.value for e in at.exception], [e.value for e in at.error])
-    return at
-
-
 def test_the_whole_run_is_one_figure_in_every_view(runs, monkeypatch, run_notebook):  # noqa: F811
     db, a, b = runs
     for res in (a, b):
@@ -134,8 +121,7 @@ def test_the_whole_run_is_one_figure_in_every_view(runs, monkeypatch, run_notebo
         assert m["Prompt tokens computed"] == ui.count(store["prompt_tokens_by_source.local_compute"])
         assert m["TTFT p99 (modelled)"] == ui.ms(summary["p99_ttft_ms"])
         at = render(db, monkeypatch, "hit_rate", run=res.run_id)
-        cum = next(t for el in at.get("plotly_chart") for t in json.loads(el.proto.spec)["data"]
-                   if t["name"] == "prefix cache hit rate (cumulative)")
+        cum = next(t for t in traces(at) if t["name"] == "prefix cache hit rate (cumulative)")
         assert cum["y"][-1] == summary["prefix_cache_hit_rate"]
     # Compare's tiles are kvtrace diff's
     at = render(db, monkeypatch, "compare", run=a.run_id, b=b.run_id)
@@ -172,8 +158,7 @@ def test_a_time_window_is_one_figure_in_every_view(runs, monkeypatch):
 
     dw = read.nice_window(int(b.summary["virtual_duration_s"] * 1e9), queries.windows_for(b.summary["requests"]))
     at = render(db, monkeypatch, "hit_rate", run=b.run_id)
-    per = next(t for el in at.get("plotly_chart") for t in json.loads(el.proto.spec)["data"]
-               if t["name"] == "prefix cache hit rate (per window)")
+    per = next(t for t in traces(at) if t["name"] == "prefix cache hit rate (per window)")
     x, y = per["x"][len(per["x"]) // 2], per["y"][len(per["y"]) // 2]
     start = round(x * 1e9)
     assert y == read.hit_counters(db, b.run_id, start_ns=start, end_ns=start + dw)["prefix_cache_hit_rate"]

@@ -8,6 +8,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 import streamlit as st
+from apptest import render, traces
 from conftest import APP
 from streamlit.testing.v1 import AppTest
 
@@ -16,25 +17,6 @@ from kvtrace.store import read
 from kvtrace.store.schema import SUMMARY_FIELDS
 
 PAGES = ["overview", "hit_rate", "evictions", "stale", "latency", "capacity", "compare"]
-
-
-def render(db: str, monkeypatch, page: str = "overview", **params: str) -> AppTest:
-    monkeypatch.setenv(DB_ENV, db)
-    at = AppTest.from_file(APP, default_timeout=60)
-    for k, v in params.items():
-        at.query_params[k] = v
-    at.run()
-    if page != "overview":
-        at.switch_page(f"views/{page}.py").run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
-
-
-def traces(at: AppTest) -> list[dict]:
-    out = []
-    for el in at.get("plotly_chart"):
-        out += json.loads(el.proto.spec)["data"]
-    return out
 
 
 def names(at: AppTest) -> set[str]:
