@@ -90,9 +90,9 @@ def main() -> None:
     print(f"  no listeners   {statistics.median(quiet_times) * 1e3:8.1f} ms   (events off, no digest)")
     print(f"ratio incl. read {(tp + t_read) / tb:8.2f} x")
     print(f"belady bound     {t_belady * 1e3:8.1f} ms")
-    print(f"LRU    token hit {result.token_hit_rate:.4f}  block hit {result.block_hit_rate:.4f}  "
+    print(f"LRU    token hit {result.prefix_cache_hit_rate:.4f}  block hit {result.block_hit_rate:.4f}  "
           f"publishes {result.publishes}  evictions {result.evictions}")
-    print(f"Belady token hit {bound.token_hit_rate:.4f}  block hit {bound.block_hit_rate:.4f}  "
+    print(f"Belady token hit {bound.prefix_cache_hit_rate:.4f}  block hit {bound.block_hit_rate:.4f}  "
           f"evictions {bound.evictions}")
     print(f"digest           {digests.pop()}")
     if args.profile:

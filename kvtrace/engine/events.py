@@ -46,6 +46,10 @@ class RequestFinished(Event):
     num_divergent_tokens: int
     itl_ns: tuple[int, ...]  # every inter-token gap
     prefill_chunks: tuple[tuple[int, int, int], ...]  # (start_ns, end_ns, num_tokens)
+    # vLLM's hit counters of this request (kvtrace.metrics.PER_REQUEST)
+    num_external_query_tokens: int = 0
+    num_preempted_query_tokens: int = 0
+    num_preempted_hit_tokens: int = 0
 
 
 class StaleHashFound(Event):

@@ -15,7 +15,7 @@ General workloads
 - ``mixed``: chat and agent sessions interleaved (the demo workload; sized so an
   engine replay takes seconds).
 
-Study workloads (one per behaviour in CACHE_SEMANTICS.md). Their geometry is laid out
+Study workloads (one per behaviour in docs/cache_semantics.md). Their geometry is laid out
 in the replaying preset's units: ``hash_block_size`` H and ``mamba_block_size`` M
 (kimi-hybrid: 64 and 512). ``WORKLOADS[name].hints`` suggests replay settings
 (retention, capacities, external tier) under which the effect shows.

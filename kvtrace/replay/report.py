@@ -8,7 +8,7 @@ if TYPE_CHECKING:  # rich loads when a table is printed, not when the CLI starts
     from rich.console import Console
     from rich.table import Table
 
-_PERCENT = {"token_hit_rate", "block_hit_rate"}
+_PERCENT = {"prefix_cache_hit_rate", "block_hit_rate"}
 
 
 def format_value(key: str, value: Any) -> str:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from kvtrace.errors import ConfigError
+from kvtrace.metrics import DEFAULT_PERCENTILES
 from kvtrace.numeric import cdiv
 from kvtrace.replay.config_file import load_config_file, parse_retention
 from kvtrace.replay.digest import Digest
@@ -49,6 +50,7 @@ class RunSpec:
     name: str | None = None
     external_capacity_blocks: int | None = None
     content: bool = True  # engine mode: False runs without device content (hits and timings only)
+    percentiles: tuple[float, ...] = DEFAULT_PERCENTILES  # of the summary's latencies (vllm bench serve's)
 
 
 @dataclass(slots=True)
@@ -296,7 +298,8 @@ def run_replay(
                 bar = _Progress(progress, workload.total, f"{spec.mode} {Path(workload.source).name}")
                 try:
                     if preset is not None:
-                        summary, per_request = _run_engine(preset, workload, digest, instrumentor, bar, spec.content)
+                        summary, per_request = _run_engine(preset, workload, digest, instrumentor, bar,
+                                                           spec.content, spec.percentiles)
                     else:
                         summary, per_request = _run_cache_only(spec, workload, digest, instrumentor, bar)
                 finally:
@@ -397,7 +400,8 @@ def _default_name(spec: RunSpec, behaviours: list[str]) -> str:
     return " ".join(parts)
 
 
-def _run_engine(preset, workload: _Workload, digest: Digest, instrumentor, bar: _Progress, content: bool = True):
+def _run_engine(preset, workload: _Workload, digest: Digest, instrumentor, bar: _Progress, content: bool,
+                percentiles: tuple[float, ...]):
     from kvtrace.engine import Engine
     from kvtrace.engine.events import RequestFinished
 
@@ -408,7 +412,7 @@ def _run_engine(preset, workload: _Workload, digest: Digest, instrumentor, bar: 
     if instrumentor is not None:
         listeners.append(instrumentor.on_step)
     listeners.append(progress_listener)
-    engine = Engine(preset, content=content)
+    engine = Engine(preset, content=content, percentiles=percentiles)
     result = engine.run(workload.requests, listeners=listeners)
     per_request = [
         {
@@ -446,9 +450,9 @@ def _run_cache_only(spec: RunSpec, workload: _Workload, digest: Digest, instrume
     )
     from kvtrace.store.schema import SUMMARY_FIELDS
 
-    summary = res.summary()
+    summary = res.summary(spec.percentiles)
     for key in SUMMARY_FIELDS:
-        summary.setdefault(key, 0 if key != "digest" else None)
+        summary.setdefault(key, None)  # engine-only fields (no CoW, no audit, no preemption): not measured
     per_request = [
         {"request_id": rid, "hit_tokens": hit}
         for rid, hit in zip(res.request_ids, res.per_request_hit_tokens)

@@ -29,12 +29,12 @@ def test_replay_json_is_identical_across_processes():
     sa, sb = json.loads(a.stdout), json.loads(b.stdout)
     assert a.stdout == b.stdout
     assert len(sa["digest"]) == 64
-    for key in ("requests", "prompt_tokens", "hit_tokens", "token_hit_rate", "block_hit_rate", "ttft_ms_p50",
-                "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99", "publishes", "evictions", "cow_copies",
+    for key in ("requests", "prompt_tokens", "prefix_cache_hits", "prefix_cache_hit_rate", "block_hit_rate", "p50_ttft_ms",
+                "p99_ttft_ms", "p50_itl_ms", "p99_itl_ms", "publishes", "evictions", "cow_copies",
                 "stale_hashes", "divergent_outputs", "preemptions", "digest"):
         assert key in sa, key
     assert sa["requests"] == 25
-    assert 0 < sa["token_hit_rate"] < 1
+    assert 0 < sa["prefix_cache_hit_rate"] < 1
     assert sa["stale_hashes"] == 0 and sa["divergent_outputs"] == 0
 
 
@@ -54,7 +54,7 @@ def test_cache_only_on_mooncake_with_belady_bound():
                   "--limit", "400", "--json")
     s_lru, s_bel = json.loads(lru.stdout), json.loads(bel.stdout)
     assert s_lru["requests"] == s_bel["requests"] == 400
-    assert 0 < s_lru["token_hit_rate"] <= s_bel["token_hit_rate"] < 1
+    assert 0 < s_lru["prefix_cache_hit_rate"] <= s_bel["prefix_cache_hit_rate"] < 1
 
 
 def test_replay_records_run_into_duckdb(tmp_path):
@@ -146,12 +146,12 @@ def test_diff_markdown_and_fail_if_gate(replayed_store):
     db, on, off = replayed_store.path, replayed_store.run_on, replayed_store.run_off
     md = kvtrace("diff", on, off, "--db", db, "--markdown")
     assert md.returncode == 0, md.stderr
-    assert "| token_hit_rate |" in md.stdout
+    assert "| prefix_cache_hit_rate |" in md.stdout
     # B (pinning off) loses the system prompts' hits: a gate on the hit rate must fail the build.
-    gated = kvtrace("diff", on, off, "--db", db, "--fail-if", "token_hit_rate:-0.01")
+    gated = kvtrace("diff", on, off, "--db", db, "--fail-if", "prefix_cache_hit_rate:-0.01")
     assert gated.returncode == 1
-    assert "token_hit_rate" in gated.stderr
-    assert kvtrace("diff", off, on, "--db", db, "--fail-if", "token_hit_rate:-0.01").returncode == 0
+    assert "prefix_cache_hit_rate" in gated.stderr
+    assert kvtrace("diff", off, on, "--db", db, "--fail-if", "prefix_cache_hit_rate:-0.01").returncode == 0
 
 
 def test_diff_refuses_different_traces(tmp_path, replayed_store):
@@ -186,7 +186,7 @@ def test_convert_to_native_keeps_requests(tmp_path):
     a = json.loads(kvtrace("replay", str(MOONCAKE), "--limit", "30", "--mode", "cache-only",
                            "--capacity-blocks", "2000", "--json").stdout)
     b = json.loads(kvtrace("replay", str(out), "--mode", "cache-only", "--capacity-blocks", "2000", "--json").stdout)
-    assert (a["requests"], a["prompt_tokens"], a["hit_tokens"]) == (b["requests"], b["prompt_tokens"], b["hit_tokens"])
+    assert (a["requests"], a["prompt_tokens"], a["prefix_cache_hits"]) == (b["requests"], b["prompt_tokens"], b["prefix_cache_hits"])
 
 
 def test_dashboard_on_missing_db_is_one_line(tmp_path):

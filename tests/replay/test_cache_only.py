@@ -37,7 +37,7 @@ def test_prefix_contiguous_hit_and_partial_last_block():
     # b's partial last block hits: min(3 * 4, 10) = 10 tokens, the whole prompt
     assert res.per_request_hit_tokens == [0, 10, 4]
     assert (res.prompt_tokens, res.hit_tokens) == (32, 14)
-    assert res.token_hit_rate == pytest.approx(14 / 32) and res.block_hit_rate == pytest.approx(4 / 9)
+    assert res.prefix_cache_hit_rate == pytest.approx(14 / 32) and res.block_hit_rate == pytest.approx(4 / 9)
     assert res.publishes == 3 + 0 + 2 and res.evictions == 0
 
 
