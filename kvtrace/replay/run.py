@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from kvtrace.workload import TraceRequest
-from kvtrace.errors import ConfigError
+from kvtrace.errors import ConfigError, check_option
+from kvtrace.workload.lines import MAX_TOKENS
 from kvtrace.numeric import cdiv
 from kvtrace.store.schema import SUMMARY_FIELDS
 from kvtrace.replay.cache_only import POLICIES
@@ -326,6 +327,8 @@ def _validated(spec: RunSpec) -> tuple[dict[str, Any], list[str], Any]:
         if value is not None:
             raise ConfigError(flag, str(value), "applies to engine mode only: cache-only mode replays one LRU over "
                                                 "the trace's blocks (drop it, or use --mode engine)")
+    if spec.block_size is not None:
+        check_option("--block-size", spec.block_size, 1, MAX_TOKENS)
     config = {"mode": "cache-only", "policy": spec.policy, "capacity_blocks": spec.capacity_blocks,
               "block_size": spec.block_size}
     return config, [], None

@@ -33,7 +33,7 @@ from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from kvtrace import __version__
-from kvtrace.errors import KVTraceError
+from kvtrace.errors import KVTraceError, check_option
 from kvtrace.instrument.convert import RUN_ID_RESOURCE_KEY, SpanRowsBuilder
 from kvtrace.instrument.otlp.decode import DecodedSpans, PayloadError, decode_json, decode_protobuf
 from kvtrace.store.schema import SOURCE_OTLP
@@ -64,7 +64,11 @@ class OTLPCollector:
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, run_name: str | None = None,
                  grpc_port: int | None = None):
         """``port``/``grpc_port`` 0: any free port; ``grpc_port`` None: no gRPC. Raises
-        KVTraceError when an address cannot be bound."""
+        KVTraceError when an address cannot be bound or an option is out of range."""
+        check_option("--port", port, 0, 65_535)
+        if grpc_port is not None:
+            check_option("--grpc-port", grpc_port, 0, 65_535)
+        check_option("--max-body-bytes", max_body_bytes, 1, 1 << 31)  # gRPC's receive limit is an int32
         self.store_path = str(store_path)
         self.max_body_bytes = max_body_bytes
         self.store = Store.open(self.store_path)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import zmq
 
-from kvtrace.errors import ConfigError
+from kvtrace.errors import ConfigError, check_option
 from kvtrace.instrument.ids import SeededIdGenerator
 from kvtrace.instrument.vllm.reconstruct import ChainTracer, write_native_trace
 from kvtrace.instrument.vllm.rows import ENDPOINT_KEY, VllmSpanRows
@@ -229,8 +229,9 @@ def capture_vllm(endpoint: str, replay_endpoint: str | None = None, *, store_pat
     (summed over ranks); the run is marked complete (failed on an error, by the store),
     its summary holds the totals and, for several ranks, each rank's.
     """
-    if dp_size < 1:
-        raise ConfigError("--dp-size", str(dp_size), "must be at least 1")
+    check_option("--dp-size", dp_size, 1, 1024)
+    if duration is not None:
+        check_option("--duration", duration, 0)
     endpoints: list[tuple[str, str | None]] = []
     for r in range(dp_size):
         pub = dp_endpoint(endpoint, r)
