@@ -20,7 +20,8 @@ class ConfigError(KVTraceError):
         self.source, self.key, self.what = source, key, what
 
 
-def check_option(option: str, value: int | float, minimum: int | float, maximum: int | float | None = None) -> int | float:
+def check_option(option: str, value: int | float, minimum: int | float,
+                 maximum: int | float | None = None) -> int | float:
     """``value`` of a command-line option, refused as one ConfigError naming the option
     unless it is a finite number in [minimum, maximum] (NaN and inf are refused)."""
     number = isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -146,7 +146,8 @@ def check_store(con: duckdb.DuckDBPyConnection, path: str) -> int:
     try:
         version = int(raw)
     except (TypeError, ValueError):
-        raise StoreError(path, f"damaged kvtrace store ({META_TABLE}.schema_version is {raw!r}, not an integer)") from None
+        raise StoreError(path, f"damaged kvtrace store ({META_TABLE}.schema_version is {raw!r}, "
+                               "not an integer)") from None
     if version > SCHEMA_VERSION:
         raise StoreError(path, f"store schema version {version} is newer than this kvtrace ({SCHEMA_VERSION})")
     return version

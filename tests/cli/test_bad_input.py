@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -215,7 +216,7 @@ def test_a_truncated_or_corrupt_store_is_one_line_for_replay_and_diff(tmp_path, 
     """Whether DuckDB finds the damage when opening or only in a later query, the error
     names the file."""
     db = _store_with_runs(tmp_path, two_runs)
-    data = bytearray(open(db, "rb").read())
+    data = bytearray(Path(db).read_bytes())
     if damage == "truncated":
         data = data[: len(data) // 3]
     else:

@@ -93,7 +93,8 @@ def open_trace(
     if files is None and not os.path.isfile(path):
         raise TraceFormatError(path, None, "no such file")
     # a limit past any file's length is no limit (islice takes at most sys.maxsize)
-    return TraceSource(path, fmt, READERS[fmt], None if limit is None else min(limit, sys.maxsize), options, files)
+    limit = None if limit is None else min(limit, sys.maxsize)
+    return TraceSource(path, fmt, READERS[fmt], limit, options, files)
 
 
 def read_trace(path: str | os.PathLike, format: str | None = None, limit: int | None = None, **kw) -> list[TraceRequest]:
