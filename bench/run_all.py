@@ -20,6 +20,8 @@ ORDER = [
     "store_queries",  # issue 5: every read query on a 10M-span store
     "dashboard_pages",  # issue 5: every page render on a 10M-span store
     "demo",  # issue 6: kvtrace demo wall time
+    "sweep_curve",  # issue 17: sweep on 2 workers vs sequential; one-pass curve vs 8 replays
+    "peer_dynamo",  # issue 16: kvtrace beside Dynamo's mocker on the same trace
 ]
 
 

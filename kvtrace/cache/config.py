@@ -10,13 +10,13 @@ from dataclasses import dataclass, field, replace
 
 from kvtrace.errors import ConfigError
 
-# The three switchable behaviours (shared/seeds). All on by default, as in current vLLM.
+# The three switchable behaviours: vLLM cache changes a study isolates. All on by default, as in current vLLM.
 TRANSIENT_CHECKPOINT_RETENTION = "transient-checkpoint-retention"
 SHARED_PREFIX_PINNING = "shared-prefix-pinning"
 EXTERNAL_HIT_RUNNING_COW = "external-hit-running-cow"
-ALL_BEHAVIOURS: frozenset[str] = frozenset(
-    (TRANSIENT_CHECKPOINT_RETENTION, SHARED_PREFIX_PINNING, EXTERNAL_HIT_RUNNING_COW)
-)
+# In a fixed order, for anything that lists them (a frozenset's order varies per process).
+BEHAVIOURS = (TRANSIENT_CHECKPOINT_RETENTION, SHARED_PREFIX_PINNING, EXTERNAL_HIT_RUNNING_COW)
+ALL_BEHAVIOURS: frozenset[str] = frozenset(BEHAVIOURS)
 
 HASH_FUNCTIONS = ("sha256_cbor", "xxhash")
 # A block is a Python object of the pool (~150 bytes); beyond this a pool alone would not

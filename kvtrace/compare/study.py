@@ -16,11 +16,12 @@ The behaviour names are the cache config's switches, imported from their one hom
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from kvtrace.cache.config import (
+    BEHAVIOURS,
     EXTERNAL_HIT_RUNNING_COW,
     SHARED_PREFIX_PINNING,
     TRANSIENT_CHECKPOINT_RETENTION,
@@ -28,12 +29,10 @@ from kvtrace.cache.config import (
 from kvtrace.compare.model import RunDiff, diff_summaries
 from kvtrace.compare.render import render, to_json, to_markdown
 from kvtrace.compare.source import diff_runs
-from kvtrace.errors import KVTraceError
+from kvtrace.errors import ConfigError, KVTraceError
 from kvtrace.replay.generate import WORKLOADS, study_workload
 from kvtrace.replay.run import RunSpec, run_replay
-
-# Fixed order (never iterate the frozenset ALL_BEHAVIOURS: its order varies per process).
-BEHAVIOURS = (TRANSIENT_CHECKPOINT_RETENTION, SHARED_PREFIX_PINNING, EXTERNAL_HIT_RUNNING_COW)
+from kvtrace.replay.sweep import parse_param
 
 # What each study expects when the behaviour is switched off (checked by tests and by the
 # notebook's verdict): metric -> +1 when "off" should be higher, -1 when lower.
@@ -52,6 +51,9 @@ def study_defaults(behaviour: str) -> dict[str, Any]:
 
 
 SWEEP_PARAMETERS = ("capacity_blocks", "capacity_tokens", "external_capacity_blocks", "retention")
+# The deltas the closing table of a swept study shows (summary keys).
+SWEEP_TABLE_METRICS = ("token_hit_rate", "hit_tokens", "evictions", "ttft_ms_p50", "stale_hashes",
+                       "divergent_outputs")
 
 
 def study_trace(behaviour: str) -> str:
@@ -155,6 +157,22 @@ class StudyResult:
             if p.parameter is not None:
                 console.print(f"[bold]{p.parameter} = {p.value}[/bold]")
             render(p.diff, console)
+        if self.first.parameter is not None:
+            console.print(self.sweep_table())
+
+    def sweep_table(self, metrics: Iterable[str] = SWEEP_TABLE_METRICS) -> Any:
+        """One row per swept value: the delta (B - A, what the behaviour buys) of each
+        key metric."""
+        from rich.table import Table
+
+        metrics = list(metrics)
+        table = Table(title=f"{self.behaviour}: on - off, per {self.first.parameter}", header_style="bold")
+        table.add_column(str(self.first.parameter))
+        for m in metrics:
+            table.add_column(f"Δ {m}", justify="right")
+        for p in self.points:
+            table.add_row(str(p.value), *(_delta_cell(m, p.diff.metric(m).delta) for m in metrics))
+        return table
 
     def expectation_failures(self) -> list[str]:
         """The expected off-direction checks this study's first point does not meet."""
@@ -185,31 +203,28 @@ def parse_sweep(sweep: Any) -> tuple[str, list[Any]] | None:
     """``{"capacity_blocks": [64, 128]}`` or ``"capacity_blocks=64,128"`` -> (name, values)."""
     if sweep is None:
         return None
-    if isinstance(sweep, str):
-        name, sep, raw = sweep.partition("=")
-        if not sep or not raw.strip():
-            raise KVTraceError(
-                f"--sweep {sweep!r}: expected NAME=V1,V2,... with NAME one of {', '.join(SWEEP_PARAMETERS)}"
-            )
-        items = {name.strip(): [v.strip() for v in raw.split(",") if v.strip()]}
-    elif isinstance(sweep, Mapping):
-        items = dict(sweep)
-    else:
+    if isinstance(sweep, Mapping):
+        if len(sweep) != 1:
+            raise ConfigError("--sweep", ",".join(map(str, sweep)), "expected exactly one parameter")
+        ((name, values),) = dict(sweep).items()
+        sweep = f"{name}={','.join(map(str, values))}"
+    if not isinstance(sweep, str):
         raise KVTraceError(f"sweep: expected a mapping or NAME=V1,V2 text, got {type(sweep).__name__}")
-    if len(items) != 1:
-        raise KVTraceError(f"sweep: expected exactly one parameter, got {sorted(items)}")
-    ((name, values),) = items.items()
+    name, values = parse_param(sweep, flag="--sweep")
     if name not in SWEEP_PARAMETERS:
-        raise KVTraceError(f"sweep: unknown parameter {name!r}; expected one of {', '.join(SWEEP_PARAMETERS)}")
-    given = list(values)
-    if not given:
-        raise KVTraceError(f"sweep: {name} needs at least one value")
-    if name == "retention":
-        return name, [str(v) for v in given]
-    try:
-        return name, [int(v) for v in given]
-    except (TypeError, ValueError):
-        raise KVTraceError(f"sweep: {name} values must be integers, got {given}") from None
+        raise ConfigError("--sweep", sweep, f"a study sweeps one of {', '.join(SWEEP_PARAMETERS)}")
+    return name, values
+
+
+def study_base(behaviour: str, given: RunSpec) -> RunSpec:
+    """The settings both runs of a study share: on the behaviour's built-in workload its
+    ``study_defaults``, overridden by every setting the user gave (``given``'s fields that
+    differ from a bare RunSpec); on a user's trace, the user's settings alone."""
+    bare = RunSpec(trace="")
+    changed = {f.name: getattr(given, f.name) for f in fields(RunSpec)
+               if f.name != "trace" and getattr(given, f.name) != getattr(bare, f.name)}
+    defaults = study_defaults(check_behaviour(behaviour)) if not given.trace else {}
+    return RunSpec(trace="", **{**defaults, **changed})
 
 
 def run_study(
@@ -265,6 +280,14 @@ def run_study(
 
 def _on_list(spec: RunSpec) -> list[str]:
     return [b for b in BEHAVIOURS if b not in spec.without]
+
+
+def _delta_cell(metric: str, delta: float | None) -> str:
+    if delta is None:
+        return "–"
+    if metric.endswith("_rate"):
+        return f"{100 * delta:+.2f} pp"
+    return f"{delta:+.4g}"
 
 
 def _cell(v: Any) -> str:

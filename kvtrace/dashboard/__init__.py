@@ -32,8 +32,20 @@ def server_command(db: str | os.PathLike, host: str = "127.0.0.1", port: int = 8
     ]
 
 
-def launch(db: str | os.PathLike, host: str = "127.0.0.1", port: int = 8501) -> int:
-    """Serve the dashboard until interrupted; returns the server's exit status.
+def page_url(host: str, port: int, run: str | None = None, compare: str | None = None) -> str:
+    """The address that opens the dashboard on ``run`` (and the Compare page against
+    ``compare``): the app reads these query parameters."""
+    from urllib.parse import urlencode
+
+    params = {k: v for k, v in (("run", run), ("b", compare)) if v is not None}
+    page = "compare" if compare is not None else ""
+    return f"http://{host}:{int(port)}/{page}" + (f"?{urlencode(params)}" if params else "")
+
+
+def launch(db: str | os.PathLike, host: str = "127.0.0.1", port: int = 8501, run: str | None = None,
+           compare: str | None = None) -> int:
+    """Serve the dashboard until interrupted; returns the server's exit status. Prints the
+    address to open (with ``run``/``compare`` as query parameters when given).
 
     Binds to loopback unless ``host`` says otherwise. A missing database is a one-line
     ConfigError here, before a server starts that could only show an error.
@@ -45,6 +57,7 @@ def launch(db: str | os.PathLike, host: str = "127.0.0.1", port: int = 8501) -> 
     if not 0 < int(port) < 65536:
         raise ConfigError("kvtrace dashboard", "--port", f"expected 1..65535, got {port}")
     env = dict(os.environ, **{DB_ENV: str(path.resolve())})
+    print(f"kvtrace dashboard: open {page_url(host, port, run, compare)}", file=sys.stderr, flush=True)
     try:
         return subprocess.call(server_command(path, host, port), env=env)
     except KeyboardInterrupt:

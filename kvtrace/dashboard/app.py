@@ -23,6 +23,8 @@ PAGES = [
     st.Page(str(HERE / "views" / "stale.py"), title="Stale hashes & correctness", icon=":material/report:",
             url_path="stale"),
     st.Page(str(HERE / "views" / "latency.py"), title="Latency", icon=":material/timer:", url_path="latency"),
+    st.Page(str(HERE / "views" / "capacity.py"), title="Capacity", icon=":material/stacked_line_chart:",
+            url_path="capacity"),
     st.Page(str(HERE / "views" / "compare.py"), title="Compare", icon=":material/compare_arrows:", url_path="compare"),
 ]
 

@@ -257,3 +257,33 @@ def request_delta(diff: pl.DataFrame) -> go.Figure | None:
                 marker_color=["#54A24B" if v > 0 else "#E45756" if v < 0 else "#BAB0AC" for v in d])
     fig.update_layout(hovermode="closest")
     return fig
+
+
+def capacity_curve(points: pl.DataFrame, marks: Sequence[tuple[str, float, float, bool]]) -> go.Figure | None:
+    """Token hit rate against capacity (blocks, log axis), one line per policy, the
+    unbounded cache as a level; ``marks``: (label, capacity, hit rate, is the selected run)."""
+    bounded = points.filter(pl.col("capacity_blocks").is_not_null())
+    if bounded.height == 0:
+        return None
+    fig = _fig("Token hit rate against capacity", "capacity (blocks, log scale)", "token hit rate")
+    names = {"lru": "LRU", "belady": "Belady bound (offline optimum)"}
+    for i, policy in enumerate(("lru", "belady")):
+        part = bounded.filter(pl.col("policy") == policy).sort("capacity_blocks")
+        if part.height:
+            fig.add_scatter(x=part["capacity_blocks"].to_list(), y=part["token_hit_rate"].to_list(),
+                            name=names[policy], mode="lines+markers",
+                            line=dict(color=_color(i), dash="solid" if policy == "lru" else "dot"))
+    unbounded = points.filter(pl.col("capacity_blocks").is_null())
+    if unbounded.height:
+        rate = float(unbounded["token_hit_rate"][0])
+        xs = bounded["capacity_blocks"]
+        fig.add_scatter(x=[xs.min(), xs.max()], y=[rate, rate], name="unbounded cache", mode="lines",
+                        line=dict(color="black", dash="dash"))
+    for label, x, y, selected in marks:
+        fig.add_scatter(x=[x], y=[y], name=label, mode="markers+text", text=[label], textposition="top center",
+                        marker=dict(size=14 if selected else 9, symbol="diamond" if selected else "circle",
+                                    color="#E45756" if selected else "#9D755D"))
+    top = float(bounded["token_hit_rate"].max() or 0.0)
+    fig.update_xaxes(type="log")
+    fig.update_yaxes(range=[0, min(1.02, max(0.05, 1.15 * max([top, *(m[2] for m in marks)])))], tickformat=".0%")
+    return fig

@@ -33,7 +33,7 @@ _READS = {
         "hit_rate_over_time", "hit_token_sources", "usage_over_time", "per_prefix_reuse", "evictions_over_time",
         "eviction_attribution", "block_histograms", "stale_hashes_over_time", "stale_hashes", "stale_hash_chain",
         "divergent_outputs", "per_request_hits", "latency_cdf", "latency_histogram", "itl_over_time",
-        "request_waterfall",
+        "request_waterfall", "curves", "capacity_marks",
     )
 }
 
@@ -326,3 +326,18 @@ def attribution_flows(run_id: str) -> pl.DataFrame:
         .group_by("publish_kind", "evict_reason", "prefix").len(name="misses")
         .sort(["misses", "publish_kind", "evict_reason", "prefix"], descending=[True, False, False, False])
     )
+
+
+def capacity_marks(trace_digest: str, block_size: int, selected: str) -> list[tuple[str, float, float, bool]]:
+    """The complete runs of a trace placed on its capacity curve: (label, capacity in the
+    curve's ``block_size``-token blocks, token hit rate, is ``selected``). A run's capacity
+    is its stored one (``run_config.capacity``: an engine run's full-attention group)."""
+    marks = []
+    for r in call("capacity_marks", trace_digest).iter_rows(named=True):
+        cfg = _json(r["config"])
+        cap = run_config.capacity(cfg, summary(r["run_id"])) if isinstance(cfg, dict) else None
+        if cap is None or r["token_hit_rate"] is None:
+            continue
+        marks.append((f"{r['run_id']} ({r['mode']})", cap.blocks * cap.block_size / block_size,
+                      float(r["token_hit_rate"]), r["run_id"] == selected))
+    return marks

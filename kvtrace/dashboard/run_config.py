@@ -54,17 +54,17 @@ def _positive(v: Any) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
 
-def capacity(cfg: dict[str, Any]) -> Capacity | None:
+def capacity(cfg: dict[str, Any], summary: dict[str, Any] | None = None) -> Capacity | None:
     """The prefix-cache capacity a stored config gives, or None where it gives none.
 
     Cache-only configs give ``capacity_blocks`` and ``block_size`` (None when the run used
-    the trace's own block size, which the config does not record). Engine configs give
+    the trace's own block size; the run's ``summary`` then says which it was). Engine configs give
     ``cache.num_gpu_blocks`` (one per group, vLLM's null block included) and the groups'
     block sizes: the capacity is the first full-attention group's, less the null block,
     which is what a cache-only run's ``capacity_blocks`` counts.
     """
     if cfg.get("mode") == "cache-only":
-        blocks, size = cfg.get("capacity_blocks"), cfg.get("block_size")
+        blocks, size = cfg.get("capacity_blocks"), cfg.get("block_size") or (summary or {}).get("block_size")
         if _positive(blocks) and _positive(size):
             return Capacity(blocks, size)
         return None

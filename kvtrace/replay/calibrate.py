@@ -15,10 +15,13 @@ measurements come in three forms, each read into observations (``engine.costfit`
   ``max_concurrency`` C > 1 every step is assumed to carry C - 1 other decoding
   sequences at the run's mean context, so runs at concurrency 1 fit best (exact there),
   and a few concurrencies together separate the per-token from the per-sequence cost.
-* **vLLM's OTLP request spans** stored by ``kvtrace collect`` (``--db FILE --run ID``):
-  ``gen_ai.latency.time_in_model_prefill`` and ``..._decode`` per request, with its
-  prompt and completion tokens; the other requests decoding at the same time are read
-  off the spans' overlap.
+* **vLLM's OTLP request spans** stored by ``kvtrace collect`` (a ``.duckdb`` store, and
+  ``--run ID`` when it holds more than one collected run): per ``llm_request`` span,
+  ``gen_ai.latency.time_in_model_prefill`` (its prefill chunks) and ``..._decode`` (its
+  decode steps), with its prompt and completion tokens. The other requests in a step
+  are read off the spans' overlap: those decoding at the request's first scheduling
+  join each prefill chunk, and the mean number decoding beside it joins each of its
+  decode steps. Requests served one at a time fit exactly.
 
 The fit and its error per kind of observation are printed; the model is written as a
 TOML ``[cost_model]`` table that ``kvtrace replay --config`` accepts.
@@ -31,27 +34,32 @@ import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from kvtrace.engine.clock import COEFFICIENTS, CostModel, StepWork, prefill_pairs
 from kvtrace.engine.costfit import Fit, Observation, fit_cost_model
-from kvtrace.errors import ConfigError, KVTraceError
+from kvtrace.errors import KVTraceError
 
 DEFAULT_MAX_BATCHED_TOKENS = 8192
 _STEP_COLUMNS = ("num_tokens", "prefill_pairs", "num_decode_seqs", "decode_context_tokens")
 
 
+_KINDS = "a step-timing .csv, a vllm bench serve .json or a kvtrace store (.duckdb) of collected vLLM spans"
+
+
 def observations_from_file(path: str | Path, *, max_num_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS,
-                           db: str | None = None) -> list[Observation]:
-    """Observations of a step CSV or a ``vllm bench serve`` JSON (chosen by suffix)."""
+                           run_id: str | None = None) -> list[Observation]:
+    """Observations of a step CSV, a ``vllm bench serve`` JSON or a store of vLLM spans
+    (chosen by suffix)."""
     p = str(path)
     if not Path(p).is_file():
-        raise KVTraceError(f"{p}: no such file (expected a step-timing .csv or a vllm bench serve .json)")
+        raise KVTraceError(f"{p}: no such file (expected {_KINDS})")
     if p.endswith(".csv"):
         return step_csv_observations(p)
     if p.endswith(".json"):
         return bench_serve_observations(p, max_num_batched_tokens)
-    raise KVTraceError(f"{p}: expected a step-timing .csv or a vllm bench serve .json")
+    if p.endswith(".duckdb"):
+        return served_span_observations(p, run_id, max_num_batched_tokens)
+    raise KVTraceError(f"{p}: expected {_KINDS}")
 
 
 def _number(path: str, line: int, key: str, text: str | None, integer: bool = True) -> float:
@@ -128,9 +136,9 @@ def bench_serve_observations(path: str, max_num_batched_tokens: int) -> list[Obs
         busy = sum(float(t) + sum(map(float, g)) for t, g in zip(ttfts, itls) if t is not None)
         concurrency = max(1, round(busy / float(duration))) if isinstance(duration, (int, float)) and duration else 1
     others = concurrency - 1
-    mean_ctx = sum(n + o / 2 for n, o in zip(ins, outs)) / max(len(ins), 1)
+    mean_ctx = sum(n + out / 2 for n, out in zip(ins, outs)) / max(len(ins), 1)
     obs: list[Observation] = []
-    for i, (n, o, ttft, gaps) in enumerate(zip(ins, outs, ttfts, itls)):
+    for i, (n, ttft, gaps) in enumerate(zip(ins, ttfts, itls)):
         if ttft is None or not isinstance(n, int) or n < 1:
             continue  # a failed request
         where = f"{path}: request {i}"
@@ -149,12 +157,67 @@ def bench_serve_observations(path: str, max_num_batched_tokens: int) -> list[Obs
     return obs
 
 
+def _collected_run(db: str, run_id: str | None) -> str:
+    """``run_id``, or the store's one collected (OTLP) run."""
+    from kvtrace.store import read
+
+    if run_id is not None:
+        return run_id
+    runs = read.runs(db)
+    collected = runs.filter(runs["mode"] == "otlp")["run_id"].to_list()
+    if len(collected) != 1:
+        found = ", ".join(collected) or "none"
+        raise KVTraceError(f"{db}: pass --run: the store holds {len(collected)} collected runs ({found})")
+    return str(collected[0])
+
+
+def served_span_observations(db: str, run_id: str | None, max_num_batched_tokens: int) -> list[Observation]:
+    from kvtrace.store import read
+
+    run_id = _collected_run(db, run_id)
+    frame = read.served_requests(db, run_id).drop_nulls(["prompt_tokens", "completion_tokens", "queue_s",
+                                                         "prefill_s", "decode_s"])
+    if frame.height == 0:
+        raise KVTraceError(f"{db}: run {run_id}: no vLLM llm_request spans with gen_ai.latency.* attributes "
+                           "(start vLLM with --otlp-traces-endpoint pointing at `kvtrace collect`)")
+    rows = frame.to_dicts()
+    # each request's prefill [scheduled, first token) and decode [first token, last token), in ns
+    spans = []
+    for r in rows:
+        scheduled = r["arrival_ns"] + round(r["queue_s"] * 1e9)
+        first = scheduled + round(r["prefill_s"] * 1e9)
+        spans.append((scheduled, first, first + round(r["decode_s"] * 1e9)))
+    obs: list[Observation] = []
+    for i, (r, (scheduled, first, last)) in enumerate(zip(rows, spans)):
+        n, o = int(r["prompt_tokens"]), int(r["completion_tokens"])
+        if n < 1 or r["prefill_s"] <= 0:
+            continue
+        others = [(j, s) for j, s in enumerate(spans) if j != i]
+        at_start = [j for j, (_, f, e) in others if f <= scheduled < e]
+        ctx = [rows[j]["prompt_tokens"] + rows[j]["completion_tokens"] / 2 for j in at_start]
+        label = f"span {r['span_id']}"
+        obs.append(Observation(_prefill_steps(n, max_num_batched_tokens, len(at_start), sum(ctx) / len(ctx) if ctx
+                                              else 0.0), r["prefill_s"] * 1e9, "prefill (vLLM spans)", label))
+        if o < 2 or r["decode_s"] <= 0:
+            continue
+        overlap = sum(max(0, min(last, e) - max(first, f)) for _, (_, f, e) in others)
+        beside = round(overlap / (last - first)) if last > first else 0
+        mean_ctx = sum(rr["prompt_tokens"] + rr["completion_tokens"] / 2 for rr in rows) / len(rows)
+        steps = [StepWork(1 + beside, 0, n + j + round(beside * mean_ctx), 1 + beside) for j in range(1, o)]
+        obs.append(Observation(steps, r["decode_s"] * 1e9, "decode (vLLM spans)", label))
+    if not obs:
+        raise KVTraceError(f"{db}: run {run_id}: no completed request to fit")
+    return obs
+
+
 def calibrate(paths: Sequence[str | Path], *, name: str, template: CostModel | None = None,
-              knee: int | None = None, max_num_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS) -> Fit:
-    """Fit one cost model to every observation of ``paths``."""
+              knee: int | None = None, max_num_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS,
+              run_id: str | None = None) -> Fit:
+    """Fit one cost model to every observation of ``paths`` (``run_id``: the collected
+    run of a store among them)."""
     obs: list[Observation] = []
     for p in paths:
-        obs += observations_from_file(p, max_num_batched_tokens=max_num_batched_tokens)
+        obs += observations_from_file(p, max_num_batched_tokens=max_num_batched_tokens, run_id=run_id)
     return fit_cost_model(obs, name=name, template=template, knees=None if knee is None else (knee,),
                           source=", ".join(str(p) for p in paths))
 

@@ -53,6 +53,7 @@ class RunResult:
     summary: dict[str, Any]
     run_id: str | None = None
     per_request: list[dict[str, Any]] = field(default_factory=list)
+    record: dict[str, Any] = field(default_factory=dict)  # the run's record (Store.create_run's fields)
 
 
 # -- the workload ------------------------------------------------------------------------
@@ -66,7 +67,7 @@ class _Workload:
     total: int | None
 
 
-def _open_workload(spec: RunSpec) -> _Workload:
+def open_workload(spec: RunSpec) -> _Workload:
     if spec.trace.startswith(GENERATED_PREFIX):
         from kvtrace.replay.generate import generate
 
@@ -239,15 +240,21 @@ def run_replay(
     otlp_endpoint: str | None = None,
     progress: bool = False,
     store=None,
+    spans_to=None,
 ) -> RunResult:
     """Replay ``spec``; record spans and the run into ``db`` (or an open ``store``).
+
+    ``spans_to``: without a store, an object taking the spans as the store would
+    (``append_spans``, ``flush_if_due``, ``flush``): a sweep worker keeps them in memory.
 
     Everything a user can get wrong in the spec is checked before the run is created, so
     a refused spec records nothing. The run then goes ``running`` -> ``complete``, or
     ``failed`` with every span emitted before the error kept.
     """
-    config, behaviours, preset = _validated(spec)
-    workload = _open_workload(spec)
+    config, behaviours, preset = validate(spec)
+    workload = open_workload(spec)
+    record = {"trace_source": workload.source, "trace_digest": workload.source_id, "config": config,
+              "behaviours": behaviours, "mode": spec.mode if spec.mode == "engine" else f"cache-only/{spec.policy}"}
     with contextlib.ExitStack() as stack:
         if store is None and db is not None:
             from kvtrace.store import Store
@@ -255,17 +262,11 @@ def run_replay(
             store = stack.enter_context(Store.open(db))
         run_id = None
         if store is not None:
-            run_id = store.create_run(
-                spec.name or _default_name(spec, behaviours),
-                trace_source=workload.source,
-                trace_digest=workload.source_id,
-                config=config,
-                behaviours=behaviours,
-                mode=spec.mode if spec.mode == "engine" else f"cache-only/{spec.policy}",
-            )
+            run_id = store.create_run(spec.name or _default_name(spec, behaviours), **record)
         try:
             digest = Digest()
-            with _recording(store, run_id, otlp_endpoint, spec.seed) as instrumentor:
+            sink = store if store is not None else spans_to
+            with _recording(sink, run_id or "unrecorded", otlp_endpoint, spec.seed) as instrumentor:
                 bar = _Progress(progress, workload.total, f"{spec.mode} {Path(workload.source).name}")
                 try:
                     if preset is not None:
@@ -281,7 +282,7 @@ def run_replay(
                 summary["spans"] = instrumentor.spans_emitted
             if store is not None:
                 store.finish_run(run_id, status="complete", digest=summary["digest"], summary=summary)
-            return RunResult(summary, run_id, per_request)
+            return RunResult(summary, run_id, per_request, record)
         except BaseException as exc:
             if store is not None and run_id is not None:
                 # the recording above has handed every emitted span to the store already
@@ -290,7 +291,7 @@ def run_replay(
             raise
 
 
-def _recording(store, run_id: str | None, otlp_endpoint: str | None, seed: int):
+def _recording(store, run_id: str, otlp_endpoint: str | None, seed: int):
     """The span recording of a run, or nothing when spans go nowhere (building them is
     the cost, so an unrecorded replay builds none)."""
     if store is None and not otlp_endpoint:
@@ -300,7 +301,7 @@ def _recording(store, run_id: str | None, otlp_endpoint: str | None, seed: int):
     return recording(store=store, run_id=run_id, otlp_endpoint=otlp_endpoint, seed=seed)
 
 
-def _validated(spec: RunSpec) -> tuple[dict[str, Any], list[str], Any]:
+def validate(spec: RunSpec) -> tuple[dict[str, Any], list[str], Any]:
     """(the run's config record, its behaviours, the engine preset or None) for a spec
     whose every setting is usable in its mode; a one-line ConfigError otherwise."""
     if spec.mode not in MODES:
@@ -332,6 +333,11 @@ def _validated(spec: RunSpec) -> tuple[dict[str, Any], list[str], Any]:
     config = {"mode": "cache-only", "policy": spec.policy, "capacity_blocks": spec.capacity_blocks,
               "block_size": spec.block_size}
     return config, [], None
+
+
+def run_record(spec: RunSpec, result: RunResult) -> dict[str, Any]:
+    """The fields ``Store.create_run`` takes for a replay made elsewhere (a sweep worker)."""
+    return {k: (dict(v) if isinstance(v, dict) else v) for k, v in result.record.items()}
 
 
 def _default_name(spec: RunSpec, behaviours: list[str]) -> str:

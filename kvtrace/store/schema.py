@@ -222,6 +222,19 @@ CREATE TABLE IF NOT EXISTS runs (
 """
 
 
+# Capacity curves (``kvtrace curve``): one row per (curve, policy, capacity) point.
+# capacity_blocks NULL is the unbounded cache; method says how the point was obtained:
+# one-pass (Mattson's stack algorithm, exact), replay (a cache-only replay at that
+# capacity) or run (an engine run, run_id). name -> DuckDB type.
+CURVE_COLUMNS: dict[str, str] = {
+    "curve_id": "VARCHAR", "created": "VARCHAR", "trace_source": "VARCHAR", "trace_digest": "VARCHAR",
+    "mode": "VARCHAR", "block_size": "BIGINT", "policy": "VARCHAR", "capacity_blocks": "BIGINT",
+    "hit_tokens": "BIGINT", "prompt_tokens": "BIGINT", "hit_blocks": "BIGINT", "total_blocks": "BIGINT",
+    "method": "VARCHAR", "run_id": "VARCHAR",
+}
+CURVES_DDL = "CREATE TABLE IF NOT EXISTS curves (\n    " + ",\n    ".join(
+    f"{name} {kind}" for name, kind in CURVE_COLUMNS.items()) + "\n)"
+
 # --- physical layout ------------------------------------------------------------------
 # Spans are stored in one table per span family, each holding the shared columns plus the
 # family's own: DuckDB's append cost grows with the number of columns (NULL or not), so a

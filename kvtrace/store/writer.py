@@ -42,6 +42,8 @@ from kvtrace.store.schema import (
     NUM_BLOCKS_COLUMN,
     OTHER_TABLE,
     RUN_STATUSES,
+    CURVE_COLUMNS,
+    CURVES_DDL,
     RUNS_DDL,
     SCHEMA_VERSION,
     SEQ_COLUMN,
@@ -170,6 +172,7 @@ def _init_schema(con: duckdb.DuckDBPyConnection, path: str) -> None:
         [STORE_MAGIC, str(SCHEMA_VERSION)],
     )
     con.execute(RUNS_DDL)
+    con.execute(CURVES_DDL)
     for stmt in span_tables_ddl():
         con.execute(stmt)
     for stmt in derived.DDL:
@@ -301,6 +304,21 @@ class Store:
         self._open_runs.add(run_id)
         self._next_seq[run_id] = 0
         return run_id
+
+    def record_curve(self, curve_id: str, points: list[dict[str, Any]]) -> None:
+        """Store a capacity curve's points (``CURVE_COLUMNS`` keys), replacing any earlier
+        recording of the same curve id."""
+        arrow = {"VARCHAR": pa.string(), "BIGINT": pa.int64()}
+        schema = pa.schema([(c, arrow[kind]) for c, kind in CURVE_COLUMNS.items()])
+        table = pa.Table.from_pylist([{c: p.get(c) for c in CURVE_COLUMNS} for p in points], schema=schema)
+        with self._connect() as con:
+            con.execute(CURVES_DDL)  # a store created before curves existed
+            con.execute("BEGIN")
+            con.execute("DELETE FROM curves WHERE curve_id = ?", [curve_id])
+            con.register("curve_points", table)
+            con.execute(f"INSERT INTO curves SELECT {', '.join(CURVE_COLUMNS)} FROM curve_points")
+            con.unregister("curve_points")
+            con.execute("COMMIT")
 
     def finish_run(
         self,

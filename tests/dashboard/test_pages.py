@@ -15,7 +15,7 @@ from kvtrace.dashboard import DB_ENV, queries, run_config, ui
 from kvtrace.store import read
 from kvtrace.store.schema import SUMMARY_FIELDS
 
-PAGES = ["overview", "hit_rate", "evictions", "stale", "latency", "compare"]
+PAGES = ["overview", "hit_rate", "evictions", "stale", "latency", "capacity", "compare"]
 
 
 def render(db: str, monkeypatch, page: str = "overview", **params: str) -> AppTest:

@@ -135,6 +135,64 @@ def test_calibrate_from_a_bench_serve_result_at_concurrency_one(tmp_path):
         assert abs(getattr(fit.model, c) - getattr(known, c)) <= max(1, 1e-6 * getattr(known, c)), c
 
 
+def _served_one_at_a_time(known: CostModel, seed: int, count: int = 16):
+    """Requests far apart through kvtrace's engine with a known cost model: what a server
+    running that model would report, one request in flight at a time."""
+    rng = random.Random(seed)
+    reqs, t = [], 0
+    for i in range(count):
+        n = rng.choice([300, 2000, 9000, 17000])
+        reqs.append(TraceRequest(f"r{i}", t, n, rng.choice([3, 12]), token_ids=_random_prompt(rng, n)))
+        t += 100 * 10**9
+    res = Engine(get_preset("dense-attention"), cost_model=known, verify=False).run(reqs)
+    by_id = {r.request_id: r for r in res.requests}
+    return [by_id[r.request_id] for r in reqs]
+
+
+def test_calibrate_from_vllm_request_spans_received_by_collect(tmp_path):
+    """vLLM's llm_request spans, with vLLM's own attribute names, sent by the real OTel SDK
+    over OTLP/HTTP to kvtrace's collector, then fitted: the known model comes back."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.trace import SpanKind
+    from vllm.tracing.utils import SpanAttributes as A
+
+    from kvtrace.instrument.otlp import OTLPCollector
+
+    known = CostModel("known", 4_000_000, 15_000, 900, 30_000, 2_000)
+    db = tmp_path / "collected.duckdb"
+    collector = OTLPCollector(db, port=0).start()
+    provider = TracerProvider(resource=Resource.create({"service.name": "vllm"}))
+    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=collector.url)))
+    tracer = provider.get_tracer("vllm.llm_engine")
+    for r in _served_one_at_a_time(known, seed=7):
+        last = r.first_token_ns + sum(r.itl_ns)
+        span = tracer.start_span("llm_request", kind=SpanKind.SERVER, start_time=r.arrival_ns, attributes={
+            A.GEN_AI_USAGE_PROMPT_TOKENS: r.num_prompt_tokens, A.GEN_AI_USAGE_COMPLETION_TOKENS: r.num_output_tokens,
+            A.GEN_AI_LATENCY_TIME_IN_QUEUE: (r.first_scheduled_ns - r.arrival_ns) / 1e9,
+            A.GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN: (r.first_token_ns - r.arrival_ns) / 1e9,
+            A.GEN_AI_LATENCY_TIME_IN_MODEL_PREFILL: (r.first_token_ns - r.first_scheduled_ns) / 1e9,
+            A.GEN_AI_LATENCY_TIME_IN_MODEL_DECODE: (last - r.first_token_ns) / 1e9,
+            A.GEN_AI_LATENCY_E2E: (last - r.arrival_ns) / 1e9, A.GEN_AI_REQUEST_ID: r.request_id})
+        span.end(end_time=last)
+    provider.shutdown()
+    collector.stop()
+    fit = calibrate([db], name="from-spans", knee=0)
+    assert len(fit.observations) == 32  # a prefill and a decode observation per request
+    assert fit.max_error < 1e-6
+    for c in ("step_overhead_ns", "token_ns", "attn_pair_ps", "kv_read_ps", "decode_seq_ns"):
+        assert abs(getattr(fit.model, c) - getattr(known, c)) <= max(1, 1e-6 * getattr(known, c)), c
+
+
+def test_calibrate_from_a_store_without_vllm_spans_is_one_line(replayed_store):
+    with pytest.raises(KVTraceError, match="pass --run"):
+        calibrate([replayed_store.path], name="x")
+    with pytest.raises(KVTraceError, match="no vLLM llm_request spans"):
+        calibrate([replayed_store.path], name="x", run_id=replayed_store.run_on)
+
+
 def test_the_toml_it_writes_is_a_config_replay_accepts(tmp_path):
     model = COST_MODELS["h200-kimi-hybrid"]
     cfg = tmp_path / "cost.toml"

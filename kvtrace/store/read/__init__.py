@@ -39,11 +39,17 @@ Requests and latency (``latency.py``)
     latency_histogram(db, run_id, metric, bins) linear-bin histogram from that grid
     itl_over_time(db, run_id, window_ns)        ITL per window of first-token time
     request_waterfall(db, run_id, request_id)   one request's queue, prefill, decode and cache marks
+A real server's requests (``served.py``)
+    served_requests(db, run_id)                 vLLM's llm_request spans: tokens and latency breakdown
+Capacity (``capacity.py``)
+    curves(db)                                  every recorded capacity-curve point
+    capacity_marks(db, trace_digest)            a trace's complete runs: capacity and hit rate
 Helpers
     nice_window(span_ns, windows)               the round window length every windowed view uses
 """
 
 from kvtrace.store.read._sql import DB, DEFAULT_WINDOWS, nice_window
+from kvtrace.store.read.capacity import capacity_marks, curves
 from kvtrace.store.read.chain import divergent_outputs, stale_hash_chain, stale_hashes, stale_hashes_over_time
 from kvtrace.store.read.evictions import (
     block_histograms,
@@ -72,12 +78,15 @@ from kvtrace.store.read.latency import (
     requests,
 )
 from kvtrace.store.read.runs import run, runs, span_counts
+from kvtrace.store.read.served import served_requests
 
 __all__ = [
     "DB", "DEFAULT_WINDOWS", "OVERALL_GROUP", "QUANTILE_GRID",
-    "block_histograms", "divergent_outputs", "eviction_attribution", "eviction_attribution_flows",
+    "block_histograms", "capacity_marks", "curves", "divergent_outputs", "eviction_attribution",
+    "eviction_attribution_flows",
     "evictions_by_publish_kind", "evictions_by_reason", "evictions_over_time", "hit_rate_over_time",
     "hit_token_sources", "itl_gaps", "itl_over_time", "latency_cdf", "latency_histogram", "latency_percentiles",
     "nice_window", "per_prefix_reuse", "per_request_hits", "request_waterfall", "requests", "run", "runs",
+    "served_requests",
     "span_counts", "stale_hash_chain", "stale_hashes", "stale_hashes_over_time", "usage_over_time",
 ]

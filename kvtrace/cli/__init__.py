@@ -1,0 +1,55 @@
+"""The ``kvtrace`` command. It only wires the packages together: each module registers
+its commands on ``app`` and imports what a command needs when it runs, so a command
+line with a mistake fails fast, before any heavy import.
+
+- ``replay.py``: replay, sweep, curve
+- ``traces.py``: generate, convert
+- ``results.py``: runs, diff, study, demo, export, dashboard
+- ``calibrate.py``: calibrate
+- ``live.py``: collect, capture vllm
+- ``options.py``/``choices.py``: the options and enumerations commands share
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from kvtrace.cli import calibrate, live, replay, results, traces  # noqa: F401  (registers the commands)
+from kvtrace.cli.app import app
+from kvtrace.cli.output import error
+from kvtrace.errors import KVTraceError
+
+__all__ = ["app", "main"]
+
+
+def main() -> None:
+    try:
+        rc = app(prog_name="kvtrace", standalone_mode=False)  # errors come back here, printed as one line
+    except KVTraceError as e:
+        error(str(e))
+        sys.exit(2)
+    except typer.Abort:
+        error("interrupted")
+        sys.exit(130)
+    except typer.TyperException as e:  # a mistyped command line (typer's click errors): one line too
+        error(_usage_error(e))
+        sys.exit(getattr(e, "exit_code", 2))
+    except KeyboardInterrupt:
+        error("interrupted")
+        sys.exit(130)
+    sys.exit(rc if isinstance(rc, int) else 0)
+
+
+def _usage_error(e: Exception) -> str:
+    """``--flag: what is wrong (see `kvtrace CMD --help`)``, as the run's own errors read."""
+    ctx = getattr(e, "ctx", None)
+    where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+    param = getattr(e, "param", None)
+    if type(e).__name__ == "BadParameter" and param is not None:  # a bad value (typer vendors click)
+        name = param.opts[0] if param.param_type_name == "option" else (param.metavar or param.name.upper())
+        message = f"{name}: {str(getattr(e, 'message', e)).removeprefix('Value error, ')}"
+    else:
+        message = e.format_message() if hasattr(e, "format_message") else str(e)
+    return " ".join(f"{message}{where}".split())

@@ -1,0 +1,56 @@
+"""``kvtrace calibrate``: fit the engine's cost model to a real engine's measurements."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kvtrace.cli.app import app
+from kvtrace.cli.output import status
+from kvtrace.errors import KVTraceError
+
+
+@app.command()
+def calibrate(
+    sources: Annotated[list[Path], typer.Option(
+        "--from", metavar="FILE",
+        help="Step timings (.csv), a `vllm bench serve --save-detailed` result (.json), or a kvtrace store "
+             "(.duckdb) of vLLM's request spans received by `kvtrace collect`; repeatable.")],
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", metavar="FILE.toml", help="Write the fitted model as a [cost_model] table for --config.")]
+        = None,
+    name: Annotated[str, typer.Option(metavar="TEXT", help="Name of the fitted cost model.")] = "calibrated",
+    experts: Annotated[str | None, typer.Option(
+        "--moe", metavar="E:K",
+        help="A mixture-of-experts model: E experts, K per token (fits the experts-touched term).")] = None,
+    knee: Annotated[int | None, typer.Option(
+        metavar="TOKENS", help="Token knee of the piecewise token term (default: the best of 0, 256, 512, 1024, "
+                               "2048).")] = None,
+    max_num_batched_tokens: Annotated[int, typer.Option(
+        metavar="TOKENS", help="The served engine's chunk budget (bench results and spans).")] = 8192,
+    run: Annotated[str | None, typer.Option(
+        metavar="RUN", help="The collected run of a store (default: its only one).")] = None,
+) -> None:
+    """Fit a cost model to a real engine's measurements and print its error per term."""
+    from kvtrace.engine.clock import CostModel
+    from kvtrace.replay.calibrate import calibrate as fit
+    from kvtrace.replay.calibrate import cost_model_toml, fit_report
+
+    template = None
+    if experts is not None:
+        e, sep, k = experts.partition(":")
+        if not sep or not e.isdigit() or not k.isdigit():
+            raise KVTraceError(f"--moe: {experts}: expected E:K, e.g. 256:8")
+        template = CostModel(name, 0, 0, 0, 0, 0, num_experts=int(e), experts_per_token=int(k))
+    result = fit([str(p) for p in sources], name=name, template=template, knee=knee,
+                 max_num_batched_tokens=max_num_batched_tokens, run_id=run)
+    for line in fit_report(result):
+        typer.echo(line)
+    if out is not None:
+        from kvtrace.workload.lines import AtomicText
+
+        with AtomicText(out) as f:
+            f.write(cost_model_toml(result.model).encode())
+        status(f"wrote {out} (use it with: kvtrace replay TRACE --config {out})")

@@ -1,0 +1,57 @@
+"""Commands that record live engines: ``collect`` (OTLP) and ``capture vllm`` (KV events)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kvtrace.cli.app import app, capture_app
+from kvtrace.cli.options import DbRequired
+from kvtrace.cli.output import status
+
+
+@app.command()
+def collect(
+    db: DbRequired,
+    port: Annotated[int, typer.Option(metavar="PORT", help="OTLP/HTTP port (0: any free port).")] = 4318,
+    grpc_port: Annotated[int, typer.Option(
+        metavar="PORT", help="OTLP/gRPC port, the SDKs' default protocol (0: any free port).")] = 4317,
+    grpc: Annotated[bool, typer.Option("--grpc/--no-grpc", help="Also serve OTLP/gRPC.")] = True,
+    host: Annotated[str, typer.Option(metavar="ADDRESS", help="Bind address.")] = "127.0.0.1",
+    max_body_bytes: Annotated[int, typer.Option(metavar="BYTES", help="Largest request body accepted.")]
+        = 16 * 1024 * 1024,
+) -> None:
+    """Receive OTLP traces (HTTP: protobuf or JSON on /v1/traces; gRPC) into the store."""
+    from kvtrace.instrument.otlp import serve_collector
+
+    def ready(c) -> None:
+        grpc_part = f", OTLP/gRPC on {c.grpc_target}" if c.grpc_target else ""
+        status(f"kvtrace collect: OTLP/HTTP on {c.url}{grpc_part} -> {db} (Ctrl-C to stop)")
+
+    collector = serve_collector(db, host=host, port=port, max_body_bytes=max_body_bytes,
+                                grpc_port=grpc_port if grpc else None, on_ready=ready)
+    status(f"kvtrace collect: {collector.spans_received} spans stored, "
+           f"{collector.requests_rejected} requests rejected")
+
+
+@capture_app.command("vllm")
+def capture_vllm(
+    endpoint: Annotated[str, typer.Option(
+        metavar="URL", help="vLLM's KV-events PUB endpoint, e.g. tcp://127.0.0.1:5557.")],
+    db: DbRequired,
+    replay_endpoint: Annotated[str | None, typer.Option(
+        metavar="URL", help="vLLM's replay ROUTER endpoint, for gap recovery.")] = None,
+    duration: Annotated[float | None, typer.Option(metavar="SECONDS", help="Stop after this long.")] = None,
+    trace_out: Annotated[Path | None, typer.Option(
+        metavar="FILE", help="Also reconstruct a native trace here.")] = None,
+    dp_size: Annotated[int, typer.Option(
+        metavar="N", help="The server's --data-parallel-size: capture every rank, each at vLLM's per-rank endpoint "
+                          "(tcp port + rank).")] = 1,
+) -> None:
+    """Record a live vLLM server's KV events into the store."""
+    from kvtrace.instrument.vllm import capture_vllm as capture
+
+    capture(endpoint, replay_endpoint=replay_endpoint, store_path=db, duration=duration, trace_out=trace_out,
+            dp_size=dp_size)

@@ -1,0 +1,118 @@
+"""Options shared by several commands, declared once.
+
+``replay_options`` gives a command every ``kvtrace replay`` setting of a run (preset,
+config, mode, capacities, behaviours, ...) and hands it the resulting ``RunSpec`` as
+``spec``, so ``replay``, ``sweep``, ``curve`` and ``study`` take the same flags with the
+same help and the same checks.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from kvtrace.cli.choices import BEHAVIOURS, Behaviour, Mode, Policy, Preset, TraceFormat, value
+
+RUN_PANEL = "Run settings"
+
+Db = Annotated[Path | None, typer.Option(metavar="FILE", help="DuckDB file to record the run(s) into.")]
+DbRequired = Annotated[Path, typer.Option(metavar="FILE", help="DuckDB file written by kvtrace.")]
+Json = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")]
+Markdown = Annotated[bool, typer.Option("--markdown", help="Print Markdown (for a pull request).")]
+Seed = Annotated[int, typer.Option(metavar="N", help="Seed for generated workloads and span ids.")]
+
+# name -> (annotation, default, RunSpec field); the order is --help's order.
+_RUN_OPTIONS: dict[str, tuple[Any, Any, str]] = {
+    "preset": (Annotated[Preset | None, typer.Option(
+        help="Engine and cache preset (engine mode; default kimi-hybrid).", rich_help_panel=RUN_PANEL)],
+        None, "preset"),
+    "config": (Annotated[Path | None, typer.Option(
+        "--config", metavar="FILE.toml", help="TOML settings overriding the preset.", rich_help_panel=RUN_PANEL)],
+        None, "config_file"),
+    "mode": (Annotated[Mode, typer.Option(
+        help="engine: scheduler, worker and modelled time; cache-only: the cache alone.",
+        rich_help_panel=RUN_PANEL)], Mode("engine"), "mode"),
+    "policy": (Annotated[Policy, typer.Option(
+        help="Cache-only eviction policy (belady: the offline optimum).", rich_help_panel=RUN_PANEL)],
+        Policy("lru"), "policy"),
+    "fmt": (Annotated[TraceFormat | None, typer.Option(
+        "--format", help="Trace format (default: detected).", rich_help_panel=RUN_PANEL)], None, "trace_format"),
+    "block_size": (Annotated[int | None, typer.Option(
+        metavar="TOKENS", help="Tokens per KV block (cache-only: per trace hash id).", rich_help_panel=RUN_PANEL)],
+        None, "block_size"),
+    "capacity_blocks": (Annotated[int | None, typer.Option(
+        metavar="BLOCKS", help="GPU KV blocks (default: the preset's).",
+        rich_help_panel=RUN_PANEL)], None, "capacity_blocks"),
+    "capacity_tokens": (Annotated[int | None, typer.Option(
+        metavar="TOKENS", help="Capacity in tokens, converted to blocks.", rich_help_panel=RUN_PANEL)],
+        None, "capacity_tokens"),
+    "retention": (Annotated[str | None, typer.Option(
+        metavar="none|0|K", help="Retention interval of sliding-window and Mamba groups, in tokens.",
+        rich_help_panel=RUN_PANEL)], None, "retention"),
+    "external_blocks": (Annotated[int | None, typer.Option(
+        metavar="BLOCKS", help="Add an external (connector) tier of this many blocks.", rich_help_panel=RUN_PANEL)],
+        None, "external_capacity_blocks"),
+    "without": (Annotated[list[Behaviour], typer.Option(
+        "--without", metavar="BEHAVIOUR", rich_help_panel=RUN_PANEL,
+        help=f"Switch a behaviour off (repeatable): {', '.join(BEHAVIOURS)}.")], [], "without"),
+    "limit": (Annotated[int | None, typer.Option(
+        metavar="N", help="Replay only the first N requests.", rich_help_panel=RUN_PANEL)], None, "limit"),
+    "seed": (Annotated[int, typer.Option(
+        metavar="N", help="Seed for generated workloads and span ids.", rich_help_panel=RUN_PANEL)], 0, "seed"),
+    "name": (Annotated[str | None, typer.Option(
+        metavar="TEXT", help="Run name stored with the run.", rich_help_panel=RUN_PANEL)], None, "name"),
+}
+
+TRACE_HELP = "Trace file (or a directory of WEKA files), or gen:NAME for a generated workload."
+
+
+def replay_options(fn: Callable[..., Any] | None = None, *, trace_option: bool = False,
+                   exclude: tuple[str, ...] = (), defaults: dict[str, Any] | None = None) -> Any:
+    """Add the run settings and TRACE to ``fn``'s options; call it with ``spec=RunSpec(...)``
+    in their place. ``trace_option``: TRACE is an optional ``--trace`` (None when not
+    given); ``exclude``: settings the command does not take; ``defaults``: other defaults."""
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        own = [p for name, p in inspect.signature(fn, eval_str=True).parameters.items() if name != "spec"]
+        if trace_option:
+            trace = inspect.Parameter("trace", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
+                str | None, typer.Option(metavar="TRACE", help=TRACE_HELP, rich_help_panel=RUN_PANEL)])
+        else:
+            trace = inspect.Parameter("trace", inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                      annotation=Annotated[str, typer.Argument(metavar="TRACE", help=TRACE_HELP)])
+        taken = {k: v for k, v in _RUN_OPTIONS.items() if k not in exclude}
+        added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=ann,
+                                   default=(defaults or {}).get(name, default))
+                 for name, (ann, default, _) in taken.items()]
+        positional = [p for p in own if p.default is inspect.Parameter.empty]
+        optional = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+                    for p in own if p.default is not inspect.Parameter.empty]
+        params = [*positional, trace, *optional, *added] if trace_option else [trace, *positional, *optional, *added]
+
+        @functools.wraps(fn)
+        def command(**kwargs: Any) -> Any:
+            return fn(spec=run_spec(kwargs.pop("trace"), {k: kwargs.pop(k) for k in taken}), **kwargs)
+
+        command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        del command.__wrapped__  # typer must read the signature above, not fn's
+        return command
+
+    return decorate(fn) if fn is not None else decorate
+
+
+def run_spec(trace: str, options: dict[str, Any]):
+    """The RunSpec for TRACE and the run settings (keyed as in ``_RUN_OPTIONS``); a
+    study without --trace gets ``trace=""``."""
+    from kvtrace.replay.run import RunSpec
+
+    fields = {_RUN_OPTIONS[k][2]: value(v) for k, v in options.items()}
+    if fields.get("config_file") is not None:
+        fields["config_file"] = str(fields["config_file"])
+    if "without" in fields:
+        fields["without"] = tuple(fields["without"] or ())
+    return RunSpec(trace="" if trace is None else str(trace), **fields)

@@ -1,0 +1,101 @@
+"""Commands that replay traces: ``replay``, ``sweep``, ``curve``."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from kvtrace.cli.app import app
+from kvtrace.cli.choices import Mode
+from kvtrace.cli.options import Db, Json, replay_options
+from kvtrace.cli.output import echo_json, print_rows, recorded, status
+
+
+@app.command()
+@replay_options
+def replay(
+    spec,
+    db: Db = None,
+    otlp_endpoint: Annotated[str | None, typer.Option(
+        metavar="URL", help="Also export the spans over OTLP/HTTP to this collector URL.")] = None,
+    as_json: Json = False,
+) -> None:
+    """Replay a trace deterministically through the cache (and engine) and summarise it."""
+    from kvtrace.replay.report import print_summary
+    from kvtrace.replay.run import run_replay
+
+    result = run_replay(spec, db=db, otlp_endpoint=otlp_endpoint, progress=sys.stderr.isatty())
+    recorded(result.run_id, db)
+    if as_json:
+        echo_json({**result.summary, "run_id": result.run_id})
+    else:
+        print_summary(result.summary, title=f"kvtrace replay {spec.trace}")
+
+
+@app.command()
+@replay_options
+def sweep(
+    spec,
+    param: Annotated[list[str], typer.Option(
+        "--param", metavar="NAME=V1,V2,...",
+        help="A setting to sweep (repeatable; every combination runs): capacity_blocks, capacity_tokens, "
+             "external_capacity_blocks, block_size, retention, preset, policy, mode, or without "
+             "(behaviours joined by +, or none).")],
+    db: Db = None,
+    workers: Annotated[int, typer.Option(metavar="N", help="Local worker processes.")] = 2,
+    ray: Annotated[str | None, typer.Option(
+        "--ray", metavar="ADDRESS",
+        help="Run each replay as a task on this Ray cluster (auto: the running one; local: start one here). "
+             "Needs kvtrace[ray].")] = None,
+    baseline: Annotated[str | None, typer.Option(
+        metavar="NAME=V,...", help="The combination the table's deltas are taken against (default: the first).")]
+        = None,
+    as_json: Json = False,
+) -> None:
+    """Replay every combination of the swept settings, each an independent run."""
+    from kvtrace.replay.sweep import parse_baseline, parse_param, run_sweep, sweep_table
+
+    params = [parse_param(p) for p in param]
+    base = parse_baseline(baseline, params)
+
+    def done(run) -> None:
+        if run.run_id is not None:
+            recorded(run.run_id, db)
+
+    result = run_sweep(spec, params, db=db, workers=workers, ray_address=ray, on_done=done)
+    if as_json:
+        echo_json(result.to_json())
+    else:
+        print_rows(sweep_table(result, base), title=f"kvtrace sweep {spec.trace} ({result.sweep_id})",
+                   left=len(params))
+
+
+@app.command()
+@replay_options(exclude=("policy",), defaults={"mode": Mode("cache-only")})
+def curve(
+    spec,
+    capacities: Annotated[str, typer.Option(
+        metavar="auto|C1,C2,...",
+        help="Capacities in blocks, inf for the unbounded cache (auto: from the largest request up to the "
+             "trace's distinct blocks, and inf).")] = "auto",
+    policy: Annotated[str, typer.Option(
+        metavar="lru,belady", help="The curves to draw: lru, belady (the offline optimum), or both.")]
+        = "lru,belady",
+    db: Db = None,
+    workers: Annotated[int, typer.Option(metavar="N", help="Local worker processes (engine mode).")] = 2,
+    as_json: Json = False,
+) -> None:
+    """Hit rate against capacity: LRU (one exact pass in cache-only mode) and the Belady bound."""
+    from kvtrace.replay.curve import run_curve
+
+    policies = tuple(p.strip() for p in policy.split(",") if p.strip())
+    result = run_curve(spec, capacities, policies=policies, db=db, workers=workers)
+    if db is not None:
+        status(f"kvtrace: curve {result.curve_id} recorded in {db}")
+    if as_json:
+        echo_json(result.to_json())
+    else:
+        print_rows(result.table(), title=f"kvtrace curve {spec.trace}")
+        status(result.method_note())

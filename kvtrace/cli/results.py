@@ -1,0 +1,164 @@
+"""Commands that read what was recorded: ``runs``, ``diff``, ``study``, ``demo``,
+``export``, ``dashboard``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kvtrace.cli.app import app
+from kvtrace.cli.choices import Behaviour, value
+from kvtrace.cli.options import Db, DbRequired, Json, Markdown, replay_options
+from kvtrace.cli.output import echo_json, error, print_rows, recorded
+from kvtrace.errors import KVTraceError
+
+RUN_ID = Annotated[str, typer.Argument(metavar="RUN", help="A run id (see `kvtrace runs`).")]
+# The headline metrics `kvtrace runs` shows, summary keys.
+RUNS_METRICS = ("requests", "token_hit_rate", "ttft_ms_p50", "itl_ms_p50")
+
+
+@app.command()
+def runs(db: DbRequired, as_json: Json = False) -> None:
+    """List the runs in a store: id, name, trace, mode, behaviours, capacity, status, headline metrics."""
+    from kvtrace.dashboard.run_config import capacity
+    from kvtrace.replay.report import format_value
+    from kvtrace.store import read
+
+    if not Path(db).exists():
+        raise KVTraceError(f"{db}: no such database")
+    listed = []
+    for row in read.runs(db).iter_rows(named=True):
+        config = json.loads(row["config"]) if row["config"] else {}
+        summary = json.loads(row["summary"]) if row["summary"] else {}
+        cap = capacity(config, summary) if isinstance(config, dict) else None
+        listed.append({
+            "run_id": row["run_id"], "name": row["name"], "trace": row["trace_source"], "mode": row["mode"],
+            "backend": (config.get("backend") if isinstance(config, dict) else None) or "kvtrace",
+            "behaviours": json.loads(row["behaviours"]) if row["behaviours"] else [],
+            "capacity_blocks": cap.blocks if cap else None, "block_size": cap.block_size if cap else None,
+            "status": row["status"], "created": row["created"], "spans": row["num_spans"],
+            **{m: summary.get(m) for m in RUNS_METRICS},
+        })
+    if as_json:
+        echo_json({"db": str(db), "runs": listed})
+        return
+    header = ["run", "name", "trace", "mode", "backend", "behaviours", "capacity", "status", "created", *RUNS_METRICS]
+    rows = [header]
+    for r in listed:
+        size = f"{r['capacity_blocks']:,}×{r['block_size']}" if r["capacity_blocks"] else "-"
+        rows.append([r["run_id"], r["name"] or "", Path(str(r["trace"])).name, r["mode"] or "", r["backend"],
+                     ",".join(r["behaviours"]) or "-", size, r["status"], r["created"] or "",
+                     *(format_value(m, r[m]) for m in RUNS_METRICS)])
+    print_rows(rows, title=f"runs in {db}", left=9)
+
+
+@app.command()
+def diff(
+    run_a: RUN_ID,
+    run_b: RUN_ID,
+    db: DbRequired,
+    as_json: Json = False,
+    markdown: Markdown = False,
+    force: Annotated[bool, typer.Option(help="Compare runs of different traces anyway.")] = False,
+    fail_if: Annotated[list[str], typer.Option(
+        "--fail-if", metavar="METRIC:THRESHOLD",
+        help="Exit 1 when METRIC changes by more than THRESHOLD (e.g. token_hit_rate:-0.01); repeatable.")] = [],  # noqa: B006
+    seed: Annotated[int, typer.Option(metavar="N", help="Bootstrap seed.")] = 0,
+    top: Annotated[int, typer.Option(metavar="N", help="Requests listed as most gained / lost.")] = 10,
+    resamples: Annotated[int, typer.Option(metavar="N", help="Bootstrap resamples for the latency CIs.")] = 1000,
+) -> None:
+    """Compare two runs of the same trace; exit 1 when a --fail-if gate is violated."""
+    from kvtrace.compare.gates import check_fail_if
+    from kvtrace.compare.render import render, to_json, to_markdown
+    from kvtrace.compare.source import diff_runs
+
+    d = diff_runs(db, run_a, run_b, force=force, seed=seed, top=top, resamples=resamples)
+    if as_json:
+        echo_json(to_json(d))
+    elif markdown:
+        typer.echo(to_markdown(d))
+    else:
+        render(d)
+    violated = check_fail_if(d, fail_if)
+    for v in violated:
+        error(f"gate failed: {v}")
+    if violated:
+        raise typer.Exit(1)
+
+
+@app.command()
+@replay_options(trace_option=True)
+def study(
+    spec,
+    behaviour: Annotated[Behaviour, typer.Argument(help="The behaviour switched on and off.")],
+    sweep: Annotated[str | None, typer.Option(
+        metavar="NAME=V1,V2,...", help="Repeat the pair for each value of one setting: capacity_blocks, "
+                                       "capacity_tokens, external_capacity_blocks or retention.")] = None,
+    db: Db = None,
+    as_json: Json = False,
+    markdown: Markdown = False,
+) -> None:
+    """Replay one trace with a behaviour on and off, and print the isolated diff
+    (default trace: the behaviour's generated workload and its settings)."""
+    from kvtrace.compare.study import run_study, study_base
+
+    name = value(behaviour)
+    res = run_study(name, trace=spec.trace or None, db=db, sweep=sweep, seed=spec.seed,
+                    progress=sys.stderr.isatty(), base=study_base(name, spec))
+    for p in res.points:
+        recorded(p.run_off, db)
+        recorded(p.run_on, db)
+    if as_json:
+        echo_json(res.to_json())
+    elif markdown:
+        typer.echo(res.to_markdown())
+    else:
+        res.print()
+
+
+@app.command()
+def demo(
+    db: Annotated[Path, typer.Option(metavar="FILE", help="Where to write the demo runs (replaced).")]
+        = Path("kvtrace-demo.duckdb"),
+) -> None:
+    """Replay the built-in workload with every behaviour on and each off, and show the diffs."""
+    from kvtrace.compare.demo import run_demo
+
+    run_demo(db_path=db, progress=True)
+
+
+@app.command()
+def export(
+    db: DbRequired,
+    run: Annotated[str, typer.Option(metavar="RUN", help="The run id (see `kvtrace runs`).")],
+    parquet: Annotated[Path, typer.Option(metavar="DIR", help="Output directory.")],
+) -> None:
+    """Export one run's spans and summary to Parquet."""
+    from kvtrace.store import export_parquet
+
+    for p in export_parquet(db, run, parquet):
+        typer.echo(str(p))
+
+
+@app.command()
+def dashboard(
+    db: DbRequired,
+    run: Annotated[str | None, typer.Option(metavar="RUN", help="Open on this run.")] = None,
+    compare: Annotated[str | None, typer.Option(
+        metavar="RUN", help="Open the Compare page: --run against this run.")] = None,
+    port: Annotated[int, typer.Option(metavar="PORT", help="Port to serve on.")] = 8501,
+    host: Annotated[str, typer.Option(metavar="ADDRESS", help="Bind address (localhost by default).")]
+        = "127.0.0.1",
+) -> None:
+    """Open the Streamlit dashboard on a kvtrace store."""
+    from kvtrace.dashboard import launch
+
+    if not db.exists():
+        raise KVTraceError(f"{db}: no such database (run `kvtrace demo` or `kvtrace replay TRACE --db {db}`)")
+    if compare is not None and run is None:
+        raise KVTraceError("--compare needs --run: the run to compare it against")
+    raise typer.Exit(launch(db, host=host, port=port, run=run, compare=compare))

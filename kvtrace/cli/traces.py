@@ -1,0 +1,47 @@
+"""Commands that write traces: ``generate``, ``convert``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kvtrace.cli.app import app
+from kvtrace.cli.choices import GeneratedFormat, TraceFormat, Workload, value
+from kvtrace.cli.options import Seed
+
+Out = Annotated[Path, typer.Option("--out", "-o", metavar="FILE", help="Output trace file.")]
+
+
+@app.command()
+def generate(
+    out: Out,
+    workload: Annotated[Workload, typer.Argument(help="The generated workload.")] = "mixed",
+    fmt: Annotated[GeneratedFormat, typer.Option("--format", help="Output format.")]
+        = "native",
+    seed: Seed = 0,
+    num_requests: Annotated[int | None, typer.Option(
+        "--requests", metavar="N", help="Number of requests (default: the workload's).")] = None,
+) -> None:
+    """Write a seeded synthetic workload."""
+    from kvtrace.replay.generate import write_generated
+
+    n = write_generated(value(workload), out, fmt=value(fmt), seed=seed, num_requests=num_requests)
+    typer.echo(f"wrote {n} requests to {out}")
+
+
+@app.command()
+def convert(
+    trace: Annotated[Path, typer.Argument(metavar="TRACE", help="Any supported trace.")],
+    out: Annotated[Path, typer.Option("--out", "-o", metavar="FILE", help="Output kvtrace native JSONL.")],
+    fmt: Annotated[TraceFormat | None, typer.Option(
+        "--format", help="Input format (default: detected).")] = None,
+    limit: Annotated[int | None, typer.Option(metavar="N", help="Convert only the first N requests.")] = None,
+) -> None:
+    """Convert any supported trace to kvtrace native JSONL."""
+    from kvtrace.replay.readers import open_trace
+    from kvtrace.workload.native import write_native
+
+    n = write_native(open_trace(trace, format=value(fmt), limit=limit), out)
+    typer.echo(f"wrote {n} requests to {out}")

@@ -1,0 +1,302 @@
+"""``kvtrace curve``: hit rate against capacity, LRU and the Belady bound.
+
+For cache-only LRU the whole curve comes from one pass (Mattson's stack algorithm): LRU
+keeps, at every capacity C, the C most recently used blocks, so a block of a request hits
+at capacity C exactly when its depth in the recency stack, taken before the request, is
+at most C. A request's hit is the run of leading blocks that hit; its j-th block hits iff
+``max(depth_1..depth_j) <= C`` (the prefix-max threshold, as tair-kvcache's LiteHit).
+After the request its blocks return to the stack tail first (vLLM's free order), so its
+first block is the most recent.
+
+This is exact, not an estimate, when the stream of touches does not depend on the
+capacity: cache-only replay, every request's blocks fitting the cache. A request with
+more blocks than C is served uncached at C and touches nothing there, so the one pass is
+exact for every C at or above the largest request; below that, and for Belady (not a
+recency order), the points come from a replay at each capacity. Engine mode (admission,
+preemption and timing all depend on capacity) runs one engine replay per capacity, on the
+sweep's workers; its Belady bound is not drawn, because the engine's pool counts blocks
+of every KV cache group, a unit the cache-only bound does not have.
+
+The depths are computed offline with numpy (no per-block Python): number the touches in
+time order; a lookup of a block whose previous touch is at time p, in a request whose
+touches start at time q, has depth (q - p) - #{touches s >= p whose key is touched again
+before q}: the distinct blocks touched since p. That count is a 2-D dominance count,
+answered for all lookups at once by a merge-sort tree (one sorted array per level).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvtrace.errors import ConfigError
+from kvtrace.replay.belady import belady_hits, chain_keys
+from kvtrace.replay.cache_only import as_block_requests, block_keys
+from kvtrace.workload import TraceRequest
+
+CURVE_POLICIES = ("lru", "belady")
+
+
+def lru_thresholds(keys: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """(thresholds, blocks per request): for every block, in request order, the capacity
+    at which it hits under LRU (the running maximum of its request's stack depths), and
+    each request's block count. A block never seen before gets ``total blocks + 1``:
+    compare capacities clamped to the total (a cache of that size already holds every
+    block), so it never hits."""
+    lens = np.fromiter((len(k) for k in keys), dtype=np.int64, count=len(keys))
+    total = int(lens.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64), lens
+    flat = np.fromiter((x for k in keys for x in k), dtype=np.int64, count=total)
+    starts = np.zeros(len(keys), dtype=np.int64)
+    np.cumsum(lens[:-1], out=starts[1:])
+    request = np.repeat(np.arange(len(keys), dtype=np.int64), lens)
+    start = starts[request]  # q: the time of the request's first touch
+    touch = start + (lens[request] - 1 - (np.arange(total) - start))  # tail first
+    _, rank = np.unique(flat, return_inverse=True)
+    rank = rank.astype(np.int64)
+    width = total + 1
+    by_key = np.sort(rank * width + touch)  # touches grouped by key, in time order
+    key_of, time_of = np.divmod(by_key, width)
+    # next touch of the same key after each touch (width: never)
+    next_touch = np.full(total, width, dtype=np.int64)
+    again = key_of[1:] == key_of[:-1]
+    next_touch[time_of[:-1][again]] = time_of[1:][again]
+    # p: the key's last touch before the request
+    pos = np.searchsorted(by_key, rank * width + start) - 1
+    clamped = np.maximum(pos, 0)
+    seen = (pos >= 0) & (key_of[clamped] == rank)
+    lookups = np.flatnonzero(seen)
+    p, q = time_of[clamped[lookups]], start[lookups]
+    # touches s >= p re-touched before q = (all re-touched before q) - (those with s < p)
+    retouched = np.searchsorted(np.sort(next_touch), q)
+    times = np.arange(total, dtype=np.int64)
+    stride = width + 1
+    level = 0
+    while (1 << level) <= total:
+        inside = ((p >> level) & 1) == 1  # [0, p) holds the level's block (p >> level) - 1
+        if inside.any():
+            tree = np.sort((times >> level) * stride + next_touch, kind="stable")  # runs merge cheaply
+            block = (p[inside] >> level) - 1
+            retouched[inside] -= np.searchsorted(tree, block * stride + q[inside]) - (block << level)
+        level += 1
+    depth = np.full(total, total + 1, dtype=np.int64)
+    depth[lookups] = (q - p) - retouched
+    offset = request * (total + 2)  # a segmented running max: each request starts above the last
+    return np.maximum.accumulate(depth + offset) - offset, lens
+
+
+@dataclass(slots=True, frozen=True)
+class CurvePoint:
+    capacity_blocks: int | None  # None: the unbounded cache
+    policy: str  # lru | belady
+    hit_tokens: int
+    prompt_tokens: int
+    hit_blocks: int
+    total_blocks: int
+    method: str  # one-pass | replay | run
+    run_id: str | None = None
+
+    @property
+    def token_hit_rate(self) -> float | None:
+        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else None
+
+    @property
+    def block_hit_rate(self) -> float | None:
+        return self.hit_blocks / self.total_blocks if self.total_blocks else None
+
+
+def _hit_tokens(hit_blocks: np.ndarray, lengths: np.ndarray, block_size: int) -> int:
+    return int(np.minimum(hit_blocks * block_size, lengths).sum())
+
+
+def capacity_curve(
+    requests: Sequence[TraceRequest],
+    capacities: Sequence[int | None],
+    *,
+    policies: Sequence[str] = CURVE_POLICIES,
+    block_size: int | None = None,
+) -> list[CurvePoint]:
+    """Cache-only hit rates at each capacity in blocks (None: unbounded), LRU and/or
+    Belady, in the conventions of ``kvtrace.replay.cache_only``."""
+    from kvtrace.replay.cache_only import replay_cache_only
+
+    bounded = sorted({c for c in capacities if c is not None})
+    if any(c < 1 for c in bounded):
+        raise ConfigError("--capacities", ",".join(map(str, bounded)), "expected block counts >= 1")
+    reqs, bs = as_block_requests(requests, block_size)
+    lengths = np.fromiter((r.input_length for r in reqs), dtype=np.int64, count=len(reqs))
+    keys = block_keys(reqs)
+    thresholds, blocks = lru_thresholds(keys)
+    largest = int(blocks.max(initial=0))
+    total = int(blocks.sum())
+    prompt = int(lengths.sum())
+    firsts = np.zeros(len(reqs), dtype=np.int64)
+    np.cumsum(blocks[:-1], out=firsts[1:])
+    nonempty = blocks > 0
+
+    def one_pass(c: int) -> np.ndarray:  # leading blocks that hit, per request
+        hit = np.zeros(len(reqs), dtype=np.int64)
+        if total:
+            hit[nonempty] = np.add.reduceat((thresholds <= c).astype(np.int64), firsts[nonempty])
+        return hit
+
+    out: list[CurvePoint] = []
+    points = [*bounded, *(() if len(bounded) == len(capacities) else (None,))]
+    for policy in policies:
+        belady_keys = chain_keys(reqs)[0] if policy == "belady" and bounded else []
+        for c in points:
+            if c is None or (policy == "lru" and c >= largest):  # unbounded: LRU and MIN agree
+                hit = one_pass(total if c is None else min(c, total))  # never-seen blocks sit at total + 1
+                out.append(CurvePoint(c, policy, _hit_tokens(hit, lengths, bs), prompt, int(hit.sum()), total,
+                                      "one-pass"))
+            elif policy == "lru":  # requests larger than the cache change what is touched
+                res = replay_cache_only(reqs, capacity_blocks=c, block_size=bs)
+                out.append(CurvePoint(c, policy, res.hit_tokens, res.prompt_tokens, res.hit_blocks,
+                                      res.total_blocks, "replay"))
+            else:
+                hit = np.asarray(belady_hits(belady_keys, c)[0], dtype=np.int64)
+                out.append(CurvePoint(c, policy, _hit_tokens(hit, lengths, bs), prompt, int(hit.sum()), total,
+                                      "replay"))
+    return out
+
+
+def auto_capacities(requests: Sequence[TraceRequest], block_size: int | None = None, points: int = 10) -> list[int]:
+    """Capacities from the largest request up to the trace's distinct blocks (where LRU
+    stops missing for lack of room), spaced geometrically."""
+    reqs, _ = as_block_requests(requests, block_size)
+    keys = block_keys(reqs)
+    largest = max((len(k) for k in keys), default=1) or 1
+    distinct = len(np.unique(np.fromiter((x for k in keys for x in k), dtype=np.int64))) or 1
+    top = max(distinct, largest + 1)
+    return [int(c) for c in np.unique(np.geomspace(largest, top, points).round().astype(np.int64))]
+
+
+def parse_capacities(text: str) -> list[int | None] | None:
+    """``auto`` -> None; ``C1,C2,...`` (``inf`` for the unbounded cache) -> the list."""
+    if text.strip().lower() == "auto":
+        return None
+    out: list[int | None] = []
+    for part in (p.strip() for p in text.split(",")):
+        if part.lower() in ("inf", "unbounded"):
+            out.append(None)
+            continue
+        if not part.isdigit() or int(part) < 1:
+            raise ConfigError("--capacities", text, "expected auto, or block counts >= 1 (and inf) joined by commas")
+        out.append(int(part))
+    if not out:
+        raise ConfigError("--capacities", text, "no capacities given")
+    return out
+
+
+@dataclass(slots=True)
+class CurveResult:
+    curve_id: str
+    trace: str
+    mode: str
+    block_size: int | None
+    points: list[CurvePoint] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"curve_id": self.curve_id, "trace": self.trace, "mode": self.mode, "block_size": self.block_size,
+                "points": [{"capacity_blocks": p.capacity_blocks, "policy": p.policy, "method": p.method,
+                            "token_hit_rate": p.token_hit_rate, "block_hit_rate": p.block_hit_rate,
+                            "hit_tokens": p.hit_tokens, "prompt_tokens": p.prompt_tokens,
+                            "hit_blocks": p.hit_blocks, "total_blocks": p.total_blocks, "run_id": p.run_id}
+                           for p in self.points]}
+
+    def table(self) -> list[list[str]]:
+        """capacity x policy: the token hit rate (and how each point was obtained)."""
+        policies = list(dict.fromkeys(p.policy for p in self.points))
+        caps = list(dict.fromkeys(p.capacity_blocks for p in self.points))
+        caps.sort(key=lambda c: (c is None, c or 0))
+        at = {(p.capacity_blocks, p.policy): p for p in self.points}
+        rows = [["capacity (blocks)", *(f"{pol} hit rate" for pol in policies), "method"]]
+        for c in caps:
+            rates = [at[c, pol].token_hit_rate if (c, pol) in at else None for pol in policies]
+            cells = [f"{100 * r:.2f}%" if r is not None else "-" for r in rates]
+            methods = sorted({at[c, pol].method for pol in policies if (c, pol) in at})
+            rows.append(["unbounded" if c is None else f"{c:,}", *cells, "/".join(methods)])
+        return rows
+
+    def method_note(self) -> str:
+        if self.mode == "engine":
+            return "engine mode: one engine replay per capacity (capacity counts the blocks of every KV cache group)"
+        return ("cache-only: LRU from one exact pass (Mattson's stack algorithm) at every capacity that holds the "
+                "largest request, a replay below that; Belady from a replay at each capacity")
+
+
+def run_curve(spec, capacities: str, *, policies: Sequence[str] = CURVE_POLICIES, db: str | Path | None = None,
+              workers: int = 2) -> CurveResult:
+    """The curve of ``spec``'s trace (its mode and settings, capacity swept), recorded in
+    ``db`` when given."""
+    from kvtrace.replay.run import open_workload, validate
+
+    unknown = sorted(set(policies) - set(CURVE_POLICIES))
+    if unknown:
+        raise ConfigError("--policy", ",".join(unknown), f"expected some of {', '.join(CURVE_POLICIES)}")
+    if spec.capacity_blocks is not None or spec.capacity_tokens is not None:
+        raise ConfigError("--capacity-blocks", str(spec.capacity_blocks or spec.capacity_tokens),
+                          "a curve sweeps the capacity itself; give --capacities instead")
+    wanted = parse_capacities(capacities)
+    if spec.mode == "engine":
+        if "belady" in policies:
+            raise ConfigError("--policy", "belady", "the Belady bound is a cache-only bound; in engine mode use "
+                                                    "--policy lru (or --mode cache-only for both)")
+        if wanted is None or None in wanted:
+            raise ConfigError("--capacities", capacities, "engine mode needs explicit block counts (the engine pool "
+                                                          "is preallocated): e.g. --capacities 4096,8192,16384")
+        return _engine_curve(spec, [c for c in wanted if c is not None], db, workers)
+    validate(replace(spec, capacity_blocks=1))
+    workload = open_workload(spec)
+    requests = list(workload.requests)
+    caps = wanted if wanted is not None else [*auto_capacities(requests, spec.block_size), None]
+    points = capacity_curve(requests, caps, policies=policies, block_size=spec.block_size)
+    _, bs = as_block_requests(requests[:1], spec.block_size) if requests else (None, spec.block_size)
+    result = CurveResult(_curve_id(workload.source_id, spec, caps, policies), spec.trace, spec.mode, bs, points)
+    if db is not None:
+        _record(db, result, workload.source, workload.source_id)
+    return result
+
+
+def _engine_curve(spec, capacities: list[int], db, workers: int) -> CurveResult:
+    from kvtrace.replay.run import open_workload
+    from kvtrace.replay.sweep import run_sweep
+
+    sweep = run_sweep(spec, [("capacity_blocks", capacities)], db=db, workers=workers)
+    points = [CurvePoint(r.combo["capacity_blocks"], "lru", int(r.summary.get("hit_tokens") or 0),
+                         int(r.summary.get("prompt_tokens") or 0), int(r.summary.get("hit_blocks") or 0),
+                         int(r.summary.get("total_blocks") or 0), "run", r.run_id) for r in sweep.runs]
+    workload = open_workload(spec)
+    result = CurveResult(_curve_id(workload.source_id, spec, capacities, ("lru",)), spec.trace, "engine",
+                         spec.block_size, points)
+    if db is not None:
+        _record(db, result, workload.source, workload.source_id)
+    return result
+
+
+def _curve_id(source_id: str, spec, caps, policies) -> str:
+    text = json.dumps([source_id, spec.mode, spec.preset, spec.block_size, spec.limit, spec.seed, list(caps),
+                       list(policies), sorted(spec.without)], default=str)
+    return "curve-" + hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _record(db, result: CurveResult, source: str, source_id: str) -> None:
+    import datetime as dt
+
+    from kvtrace.store import Store
+
+    created = dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat()  # metadata, never in a result
+    rows = [{"curve_id": result.curve_id, "created": created, "trace_source": source, "trace_digest": source_id,
+             "mode": result.mode, "block_size": result.block_size, "policy": p.policy,
+             "capacity_blocks": p.capacity_blocks, "hit_tokens": p.hit_tokens, "prompt_tokens": p.prompt_tokens,
+             "hit_blocks": p.hit_blocks, "total_blocks": p.total_blocks, "method": p.method, "run_id": p.run_id}
+            for p in result.points]
+    with Store.open(db) as store:
+        store.record_curve(result.curve_id, rows)

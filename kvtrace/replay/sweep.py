@@ -1,0 +1,252 @@
+"""``kvtrace sweep``: every combination of a few settings, each an independent replay.
+
+A capacity x retention x behaviour study is dozens of replays that share nothing, so
+they fan out: over local worker processes (default) or as tasks on a Ray cluster
+(``--ray ADDRESS``, ``--ray auto``; the optional ``kvtrace[ray]``). Workers write nothing
+to the store: each returns its summary and its spans as Arrow tables, and this process,
+the one writer, records them as ordinary runs tagged with the sweep id (``config.sweep``).
+A replay's events, digest and stored rows do not depend on where it ran: spans are
+built from the seed alone, and the run id is given only when the driver stores them.
+
+Parameters are ``RunSpec`` fields: ``capacity_blocks``, ``capacity_tokens``,
+``external_capacity_blocks``, ``block_size``, ``retention``, ``preset``, ``policy``,
+``mode`` and ``without`` (behaviour names joined with ``+``, or ``none``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from kvtrace.errors import ConfigError, KVTraceError
+from kvtrace.replay.run import RunResult, RunSpec, run_replay
+
+_INT_PARAMS = ("capacity_blocks", "capacity_tokens", "external_capacity_blocks", "block_size")
+_TEXT_PARAMS = ("retention", "preset", "policy", "mode")
+PARAMETERS = (*_INT_PARAMS, *_TEXT_PARAMS, "without")
+# The metrics the closing table shows (summary keys; absent ones print as '-').
+TABLE_METRICS = ("token_hit_rate", "hit_tokens", "evictions", "ttft_ms_p50", "itl_ms_p50", "divergent_outputs")
+ENGINE_METRICS = ("ttft_ms_p50", "itl_ms_p50", "divergent_outputs")  # nothing to say in cache-only mode
+
+
+def parse_param(text: str, flag: str = "--param") -> tuple[str, list[Any]]:
+    """``NAME=V1,V2,...`` -> (name, values typed for the RunSpec field)."""
+    name, sep, raw = text.partition("=")
+    name = name.strip()
+    values = [v.strip() for v in raw.split(",") if v.strip()]
+    if not sep or not values:
+        raise ConfigError(flag, text, f"expected NAME=V1,V2,... with NAME one of {', '.join(PARAMETERS)}")
+    if name not in PARAMETERS:
+        raise ConfigError(flag, text, f"unknown parameter {name!r}; expected one of {', '.join(PARAMETERS)}")
+    if name in _INT_PARAMS:
+        try:
+            return name, [int(v) for v in values]
+        except ValueError:
+            raise ConfigError(flag, text, f"{name} values must be integers") from None
+    if name == "without":
+        return name, [() if v.lower() == "none" else tuple(sorted(v.split("+"))) for v in values]
+    return name, values
+
+
+def parse_baseline(text: str | None, params: Sequence[tuple[str, list[Any]]]) -> dict[str, Any] | None:
+    """``NAME=V,NAME2=V2`` -> the combination the sweep table's deltas are taken against."""
+    if text is None:
+        return None
+    swept = {n for n, _ in params}
+    out: dict[str, Any] = {}
+    for part in (p for p in text.split(",") if p.strip()):
+        name, values = parse_param(part, flag="--baseline")
+        if name not in swept:
+            raise ConfigError("--baseline", text, f"{name} is not swept (swept: {', '.join(sorted(swept))})")
+        out[name] = values[0]
+    return out or None
+
+
+def combinations(params: Sequence[tuple[str, list[Any]]]) -> list[dict[str, Any]]:
+    """Every combination, in the order the parameters and their values were given."""
+    names = [n for n, _ in params]
+    if len(set(names)) != len(names):
+        raise ConfigError("--param", ",".join(names), "a parameter is given twice")
+    return [dict(zip(names, values)) for values in itertools.product(*(v for _, v in params))]
+
+
+def label(combo: dict[str, Any]) -> str:
+    return " ".join(f"{k}={'+'.join(v) or 'none' if k == 'without' else v}" for k, v in combo.items())
+
+
+@dataclass(slots=True)
+class SweepRun:
+    combo: dict[str, Any]
+    summary: dict[str, Any]
+    run_id: str | None = None
+
+
+@dataclass(slots=True)
+class SweepResult:
+    sweep_id: str
+    runs: list[SweepRun] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"sweep_id": self.sweep_id,
+                "runs": [{"params": {k: list(v) if isinstance(v, tuple) else v for k, v in r.combo.items()},
+                          "run_id": r.run_id, **r.summary} for r in self.runs]}
+
+
+class _CollectedSpans:
+    """Where a worker's exporter puts spans: kept as the Arrow tables the store would get."""
+
+    def __init__(self) -> None:
+        self.tables: list = []
+
+    def append_spans(self, table, run_id=None, *, flush_when_due: bool = True) -> int:
+        self.tables.append(table)
+        return table.num_rows
+
+    def flush_if_due(self) -> int:
+        return 0
+
+    def flush(self) -> int:
+        return 0
+
+
+def _replay_one(spec: RunSpec, keep_spans: bool) -> tuple[RunResult, list]:
+    """One replay in a worker: its result and, when kept, its span tables."""
+    sink = _CollectedSpans() if keep_spans else None
+    return run_replay(spec, spans_to=sink), (sink.tables if sink is not None else [])
+
+
+def run_sweep(
+    base: RunSpec,
+    params: Sequence[tuple[str, list[Any]]],
+    *,
+    db: str | Path | None = None,
+    workers: int = 2,
+    ray_address: str | None = None,
+    on_done: Callable[[SweepRun], None] | None = None,
+) -> SweepResult:
+    """Replay ``base`` with every combination of ``params``; record each into ``db``."""
+    combos = combinations(params)
+    if not combos:
+        raise KVTraceError("sweep: no parameter values to sweep")
+    if not isinstance(workers, int) or workers < 1:
+        raise ConfigError("--workers", str(workers), "expected a number of processes >= 1")
+    specs = [replace(base, **combo, name=f"{base.name or 'sweep'} {label(combo)}") for combo in combos]
+    from kvtrace.replay.run import validate
+
+    for spec in specs:  # every combination is refused up front, before anything runs or is stored
+        validate(spec)
+    keep = db is not None
+    if ray_address is not None:
+        results = _on_ray(specs, keep, ray_address)
+    elif workers == 1 or len(specs) == 1:
+        results = [_replay_one(s, keep) for s in specs]
+    else:
+        # fork: the workers start with this process's imports (and no store handle is open yet)
+        with ProcessPoolExecutor(max_workers=min(workers, len(specs)),
+                                 mp_context=multiprocessing.get_context("fork")) as pool:
+            results = list(pool.map(_replay_one, specs, [keep] * len(specs)))
+    sweep_id = _sweep_id(base, combos)
+    out = SweepResult(sweep_id)
+    store = None
+    try:
+        if db is not None:
+            from kvtrace.store import Store
+
+            store = Store.open(db)
+        for spec, combo, (res, tables) in zip(specs, combos, results):
+            run = SweepRun(combo, res.summary)
+            if store is not None:
+                run.run_id = _record(store, spec, res, tables, sweep_id, combo)
+                run.summary["run_id"] = run.run_id
+            out.runs.append(run)
+            if on_done is not None:
+                on_done(run)
+    finally:
+        if store is not None:
+            store.close()
+    return out
+
+
+def _record(store, spec: RunSpec, res: RunResult, tables: list, sweep_id: str, combo: dict[str, Any]) -> str:
+    from kvtrace.replay.run import run_record
+
+    rec = run_record(spec, res)
+    rec["config"]["sweep"] = {"id": sweep_id, "params": {k: list(v) if isinstance(v, tuple) else v
+                                                          for k, v in combo.items()}}
+    run_id = store.create_run(spec.name or sweep_id, **rec)
+    for table in tables:
+        store.append_spans(table, run_id=run_id, flush_when_due=False)
+    store.finish_run(run_id, status="complete", digest=res.summary.get("digest"), summary=res.summary)
+    return run_id
+
+
+def _sweep_id(base: RunSpec, combos: list[dict[str, Any]]) -> str:
+    """A content id: the same sweep of the same trace gets the same id."""
+    import hashlib
+    import json
+
+    text = json.dumps([base.trace, base.mode, base.preset, base.seed, base.limit,
+                       [{k: list(v) if isinstance(v, tuple) else v for k, v in c.items()} for c in combos]],
+                      sort_keys=True, default=str)
+    return "sweep-" + hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _on_ray(specs: list[RunSpec], keep: bool, address: str) -> list:
+    try:
+        import ray
+    except ImportError:
+        raise KVTraceError("--ray: Ray is not installed; install it with: pip install 'kvtrace[ray]'") from None
+    started = False
+    if not ray.is_initialized():
+        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}
+        if address not in ("", "local"):
+            kwargs["address"] = address
+        try:
+            ray.init(**kwargs)
+        except (ConnectionError, RuntimeError, ValueError) as err:
+            raise KVTraceError(f"--ray {address}: cannot connect to a Ray cluster ({err})".splitlines()[0]) from None
+        started = True
+    try:
+        task = ray.remote(_replay_one)
+        return ray.get([task.remote(s, keep) for s in specs])
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def sweep_table(result: SweepResult, baseline: dict[str, Any] | None = None) -> list[list[str]]:
+    """Rows of the closing table: the parameter values, then each headline metric with its
+    change from the baseline combination (default: the first) in brackets. Metrics no run
+    has (latency in cache-only mode) are left out."""
+    from kvtrace.replay.report import format_value
+
+    runs = result.runs
+    base = runs[0]
+    if baseline:
+        found = [r for r in runs if all(r.combo.get(k) == v for k, v in baseline.items())]
+        if not found:
+            raise KVTraceError(f"--baseline {label(baseline)}: no combination of the sweep has these values")
+        base = found[0]
+    cache_only = all(str(r.summary.get("mode", "")).startswith("cache-only") for r in runs)
+    metrics = [m for m in TABLE_METRICS
+               if any(r.summary.get(m) is not None for r in runs) and not (cache_only and m in ENGINE_METRICS)]
+    rows = [[*runs[0].combo, *metrics]]
+    for r in runs:
+        cells = ["+".join(v) or "none" if isinstance(v, tuple) else str(v) for v in r.combo.values()]
+        for m in metrics:
+            a, b = base.summary.get(m), r.summary.get(m)
+            text = format_value(m, b)
+            if r is base:
+                text += " (baseline)"
+            elif isinstance(a, (int, float)) and isinstance(b, (int, float)):
+                delta = b - a
+                text += (f" ({100 * delta:+.2f} pp)" if m.endswith("_rate")
+                         else f" ({delta:+,})" if isinstance(delta, int) else f" ({delta:+,.3f})")
+            cells.append(text)
+        rows.append(cells)
+    return rows

@@ -1,0 +1,73 @@
+"""The Capacity page under AppTest, on a real store holding a curve and runs of its trace."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import APP
+from streamlit.testing.v1 import AppTest
+
+from kvtrace.dashboard import DB_ENV
+from kvtrace.replay.curve import run_curve
+from kvtrace.replay.run import RunSpec, run_replay
+from tests.conftest import MOONCAKE
+
+LIMIT = 300
+
+
+@pytest.fixture(scope="module")
+def capacity_db(tmp_path_factory):
+    db = tmp_path_factory.mktemp("capacity") / "capacity.duckdb"
+    spec = RunSpec(str(MOONCAKE), mode="cache-only", limit=LIMIT)
+    run_curve(spec, "100,200,400,inf", db=db)
+    cache_only = run_replay(RunSpec(str(MOONCAKE), mode="cache-only", capacity_blocks=200, limit=LIMIT), db=db)
+    engine = run_replay(RunSpec(str(MOONCAKE), limit=LIMIT, preset="dense-attention"), db=db)
+    other = run_replay(RunSpec("gen:chat", mode="cache-only", capacity_blocks=50, limit=20), db=db)
+    return str(db), cache_only, engine, other
+
+
+def render(db: str, monkeypatch, **params: str) -> AppTest:
+    monkeypatch.setenv(DB_ENV, db)
+    at = AppTest.from_file(APP, default_timeout=60)
+    for k, v in params.items():
+        at.query_params[k] = v
+    at.run()
+    at.switch_page("views/capacity.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    return at
+
+
+def traces(at: AppTest) -> dict[str, dict]:
+    return {t["name"]: t for el in at.get("plotly_chart") for t in json.loads(el.proto.spec)["data"]}
+
+
+def test_the_curve_and_the_runs_of_its_trace(capacity_db, monkeypatch):
+    db, cache_only, engine, _ = capacity_db
+    shown = traces(render(db, monkeypatch, run=cache_only.run_id))
+    lru, belady = shown["LRU"], shown["Belady bound (offline optimum)"]
+    assert lru["x"] == [100, 200, 400] and belady["x"] == [100, 200, 400]
+    assert all(b >= a for a, b in zip(lru["y"], belady["y"]))
+    # the cache-only run at 200 blocks sits exactly on the curve's (one-pass) point at 200
+    mark = shown[f"{cache_only.run_id} (cache-only/lru)"]
+    assert mark["x"] == [200] and mark["y"] == [cache_only.summary["token_hit_rate"]] == [lru["y"][1]]
+    assert mark["marker"]["symbol"] == "diamond"  # the selected run
+    assert "unbounded cache" in shown
+    # the engine run is marked at its own full-attention capacity, in the curve's 512-token blocks
+    engine_mark = shown[f"{engine.run_id} (engine)"]
+    assert engine_mark["marker"]["symbol"] == "circle"
+    assert engine_mark["y"] == [engine.summary["token_hit_rate"]] and engine_mark["x"][0] > 0
+
+
+def test_a_run_of_another_trace_is_told_so(capacity_db, monkeypatch):
+    db, *_, other = capacity_db
+    at = render(db, monkeypatch, run=other.run_id)
+    assert any("No curve of this run's trace" in i.value for i in at.info)
+    assert traces(at)  # another trace's curve is still shown, labelled as such
+
+
+def test_a_store_without_curves_names_the_command(replayed_store, monkeypatch):
+    at = render(replayed_store.path, monkeypatch)
+    assert any("kvtrace curve TRACE --db PATH" in i.value for i in at.info)
+    assert not at.get("plotly_chart")

@@ -1,0 +1,133 @@
+"""The capacity curve: the one-pass LRU curve against real replays at each capacity."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvtrace.errors import ConfigError
+from kvtrace.replay.cache_only import as_block_requests, replay_cache_only
+from kvtrace.replay.curve import auto_capacities, capacity_curve, lru_thresholds, parse_capacities, run_curve
+from kvtrace.replay.readers import read_trace
+from kvtrace.replay.run import RunSpec
+from kvtrace.store import read
+from kvtrace.workload import TraceRequest
+from tests.conftest import MOONCAKE
+
+
+@pytest.fixture(scope="module")
+def mooncake():
+    return read_trace(MOONCAKE)
+
+
+def test_one_pass_equals_a_replay_at_each_of_five_capacities(mooncake):
+    reqs, bs = as_block_requests(mooncake, None)
+    largest = max(len(r.hash_ids) for r in reqs)
+    caps = [largest, 2_000, 6_000, 20_000, 60_000]
+    points = capacity_curve(reqs, caps, policies=("lru",))
+    assert [p.capacity_blocks for p in points] == sorted(caps)
+    for p in points:
+        assert p.method == "one-pass"
+        replayed = replay_cache_only(reqs, capacity_blocks=p.capacity_blocks, block_size=bs)
+        assert (p.hit_blocks, p.hit_tokens, p.total_blocks, p.prompt_tokens) == (
+            replayed.hit_blocks, replayed.hit_tokens, replayed.total_blocks, replayed.prompt_tokens), p
+    # the curve rises with capacity and is not flat: the test would see a constant curve
+    rates = [p.token_hit_rate for p in points]
+    assert rates == sorted(rates) and rates[0] < rates[-1]
+
+
+def test_below_the_largest_request_the_point_is_replayed(mooncake):
+    reqs, bs = as_block_requests(mooncake[:400], None)
+    small = max(len(r.hash_ids) for r in reqs) - 1
+    (point,) = capacity_curve(reqs, [small], policies=("lru",))
+    assert point.method == "replay"
+    assert point.hit_blocks == replay_cache_only(reqs, capacity_blocks=small, block_size=bs).hit_blocks
+
+
+def test_the_unbounded_point_is_a_cache_that_never_evicts(mooncake):
+    reqs, bs = as_block_requests(mooncake[:800], None)
+    distinct = len({h for r in reqs for h in r.hash_ids})
+    unbounded = capacity_curve(reqs, [None], policies=("lru", "belady"))
+    assert [p.capacity_blocks for p in unbounded] == [None, None]
+    everything = replay_cache_only(reqs, capacity_blocks=distinct, block_size=bs)
+    assert everything.evictions == 0
+    assert all(p.hit_blocks == everything.hit_blocks for p in unbounded)
+
+
+def test_belady_points_are_the_belady_replay_and_bound_lru(mooncake):
+    reqs, bs = as_block_requests(mooncake[:600], None)
+    caps = [300, 1_200]
+    points = {(p.policy, p.capacity_blocks): p for p in capacity_curve(reqs, caps)}
+    for c in caps:
+        bound = replay_cache_only(reqs, capacity_blocks=c, block_size=bs, policy="belady")
+        assert points["belady", c].hit_blocks == bound.hit_blocks
+        assert points["belady", c].hit_tokens >= points["lru", c].hit_tokens
+
+
+chains = st.lists(st.lists(st.integers(0, 5), min_size=1, max_size=6), min_size=1, max_size=25)
+
+
+@settings(max_examples=150, deadline=None)
+@given(chains, st.integers(1, 12))
+def test_one_pass_matches_replays_on_random_prefix_trees(paths, extra):
+    """Random requests over a small prefix tree (a path of branch choices names each
+    block by its whole chain, so ids are prefix-chained), every capacity from the
+    largest request up."""
+    ids: dict[tuple, int] = {}
+    reqs = []
+    for i, path in enumerate(paths):
+        chain = [ids.setdefault(tuple(path[: j + 1]), len(ids)) for j in range(len(path))]
+        reqs.append(TraceRequest(f"r{i}", i, len(chain) * 4 - (i % 3), 1, hash_ids=tuple(chain), hash_block_size=4))
+    largest = max(len(r.hash_ids) for r in reqs)
+    caps = list(range(largest, largest + extra))
+    for p in capacity_curve(reqs, caps, policies=("lru",)):
+        assert p.hit_tokens == replay_cache_only(reqs, capacity_blocks=p.capacity_blocks).hit_tokens, p
+
+
+def test_thresholds_of_a_tiny_trace_by_hand():
+    # a b c | a b | d a; a never-seen block is beyond every capacity (total + 1 = 8)
+    thresholds, lens = lru_thresholds([[1, 2, 3], [1, 2], [4, 1]])
+    assert lens.tolist() == [3, 2, 2]
+    # request 1 returns c, b, a (tail first), so a is the most recent: depths a 1, b 2
+    # request 3: d unseen (8), and a behind it in the same prefix cannot hit either
+    assert thresholds.tolist() == [8, 8, 8, 1, 2, 8, 8]
+
+
+def test_auto_capacities_span_the_largest_request_to_every_block(mooncake):
+    reqs, _ = as_block_requests(mooncake[:500], None)
+    caps = auto_capacities(reqs)
+    assert caps[0] == max(len(r.hash_ids) for r in reqs)
+    assert caps[-1] == len({h for r in reqs for h in r.hash_ids})
+    assert caps == sorted(set(caps)) and len(caps) >= 5
+
+
+@pytest.mark.parametrize("text, expected", [("auto", None), ("100, 200,inf", [100, 200, None])])
+def test_parse_capacities(text, expected):
+    assert parse_capacities(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "0", "10,x", "-5"])
+def test_parse_capacities_refuses(text):
+    with pytest.raises(ConfigError, match="--capacities"):
+        parse_capacities(text)
+
+
+def test_run_curve_records_its_points_and_refuses_what_it_cannot_draw(tmp_path):
+    db = tmp_path / "c.duckdb"
+    spec = RunSpec(str(MOONCAKE), mode="cache-only", limit=300)
+    result = run_curve(spec, "200,400,inf", db=db)
+    stored = read.curves(db)
+    assert stored["curve_id"].unique().to_list() == [result.curve_id]
+    assert stored.height == len(result.points) == 6  # 2 policies x (2 capacities + unbounded)
+    lru400 = stored.filter((stored["policy"] == "lru") & (stored["capacity_blocks"] == 400))
+    (point,) = [p for p in result.points if p.policy == "lru" and p.capacity_blocks == 400]
+    assert lru400["hit_tokens"][0] == point.hit_tokens and lru400["token_hit_rate"][0] == point.token_hit_rate
+    again = run_curve(spec, "200,400,inf", db=db)  # the same curve again replaces, never duplicates
+    assert again.curve_id == result.curve_id and read.curves(db).height == 6
+    with pytest.raises(ConfigError, match="cache-only bound"):
+        run_curve(RunSpec(str(MOONCAKE), mode="engine", limit=5), "100", policies=("lru", "belady"))
+    with pytest.raises(ConfigError, match="--capacities"):
+        run_curve(spec, "nope")
+    with pytest.raises(ConfigError, match="sweeps the capacity"):
+        run_curve(RunSpec(str(MOONCAKE), mode="cache-only", capacity_blocks=10), "auto")
