@@ -4,7 +4,14 @@ import math
 
 
 class KVTraceError(Exception):
-    """A user error (bad trace line, config key, database). Never shown with a traceback."""
+    """A user error (bad trace line, config key, database). Never shown with a traceback.
+
+    The message is one line whatever it quotes: line breaks in it (a key or value from a
+    hostile file, a library's multi-line text) become spaces."""
+
+    def __init__(self, message: object = "", *args: object):
+        text = str(message)
+        super().__init__(" ".join(text.splitlines()) if text else text, *args)
 
 
 class TraceFormatError(KVTraceError):

@@ -159,3 +159,31 @@ def test_probe_finds_a_busy_port_before_grpc_does():
             probe_address("127.0.0.1", port)
     probe_address("127.0.0.1", port)  # free again
     probe_address("127.0.0.1", 0)  # any free port
+
+
+def test_grpc_values_the_store_cannot_hold_are_invalid_argument_naming_the_field(tmp_path, capfd):
+    """A legal fixed64 time of 2^64 - 1 and a NaN in a DOUBLE column: INVALID_ARGUMENT naming
+    the field, nothing stored, no traceback in the server's log, and the next export lands."""
+    db = tmp_path / "grpc.duckdb"
+    collector = OTLPCollector(db, port=0, grpc_port=0).start()
+    errors = []
+    try:
+        for start, attr in ((2**64 - 1, None), (5, ("kvtrace.request.itl_p99_ns", float("nan")))):
+            req = trace_service_pb2.ExportTraceServiceRequest()
+            span = req.resource_spans.add().scope_spans.add().spans.add()
+            span.name, span.trace_id, span.span_id = "x", b"\x01" * 16, b"\x02" * 8
+            span.start_time_unix_nano, span.end_time_unix_nano = start, 9
+            if attr:
+                kv = span.attributes.add()
+                kv.key, kv.value.double_value = attr
+            with pytest.raises(grpc.RpcError) as err:
+                _raw_export(collector.grpc_target, req.SerializeToString())
+            errors.append(err.value)
+        _send_request_and_child(collector.grpc_target, {"service.name": "vllm"})
+    finally:
+        collector.stop()
+    assert [e.code() for e in errors] == [grpc.StatusCode.INVALID_ARGUMENT] * 2
+    assert "spans[0].startTimeUnixNano: 18446744073709551615" in errors[0].details()
+    assert "spans[0]: kvtrace.request.itl_p99_ns: NaN" in errors[1].details()
+    assert count_spans(db, "r1") == 2 and collector.requests_rejected == 2
+    assert "Traceback" not in capfd.readouterr().err

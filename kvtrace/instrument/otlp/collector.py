@@ -21,6 +21,8 @@ everything else is kept in ``extra_attributes``.
 from __future__ import annotations
 
 import json
+import logging
+import sys
 import threading
 import zlib
 from collections.abc import Callable
@@ -34,13 +36,15 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from kvtrace import __version__
 from kvtrace.errors import KVTraceError, check_option
-from kvtrace.instrument.convert import RUN_ID_RESOURCE_KEY, SpanRowsBuilder
+from kvtrace.instrument.convert import RUN_ID_RESOURCE_KEY, SpanRowsBuilder, UnstorableValue
 from kvtrace.instrument.otlp.decode import DecodedSpans, PayloadError, decode_json, decode_protobuf
 from kvtrace.store.schema import SOURCE_OTLP
 from kvtrace.store.writer import Store
 
 TRACES_PATH = "/v1/traces"
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+READ_TIMEOUT_S = 30.0  # a client that stops sending mid-request is dropped after this long
+_log = logging.getLogger(__name__)
 
 
 # --- the collector ---------------------------------------------------------------------------
@@ -55,6 +59,15 @@ def _gunzip(body: bytes, limit: int) -> bytes:
     if not d.eof:
         raise PayloadError("truncated gzip body")
     return out
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address) -> None:
+        """A connection that failed outside a request's own handling (the client reset
+        it, say): one log line, not a traceback on the server's stderr."""
+        _log.warning("OTLP/HTTP connection from %s:%s failed: %s", *client_address[:2], sys.exc_info()[1])
 
 
 class OTLPCollector:
@@ -80,11 +93,10 @@ class OTLPCollector:
         self.spans_received = 0
         self.requests_rejected = 0
         try:
-            self._server = ThreadingHTTPServer((host, port), _make_handler(self))
+            self._server = _Server((host, port), _make_handler(self))
         except OSError as err:
             self.store.close()
             raise KVTraceError(f"cannot listen on {host}:{port} (OTLP/HTTP): {err.strerror or err}") from None
-        self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
         self._grpc = None
         self.grpc_port: int | None = None
@@ -153,19 +165,33 @@ class OTLPCollector:
             self.requests_rejected += 1
 
     def ingest(self, spans: DecodedSpans) -> int:
-        """Append decoded spans (grouped by run) and commit; returns the count."""
+        """Append decoded spans (grouped by run) and commit; returns the count.
+
+        All or nothing: a value the store cannot hold is a PayloadError naming the span
+        (nothing of the request is appended), and a commit that fails (KVTraceError, the
+        store busy) leaves nothing of it buffered for the next request to commit."""
         by_run: dict[str, SpanRowsBuilder] = {}
         with self._lock:
-            for resource, kwargs in spans:
-                run_id = self._run_for(resource)
-                rows = by_run.get(run_id)
-                if rows is None:
-                    rows = by_run[run_id] = SpanRowsBuilder()
-                rows.add(default_source=SOURCE_OTLP, **kwargs)
-            tables: list[tuple[str, pa.Table]] = [(r, b.to_table()) for r, b in by_run.items()]
-            for run_id, table in tables:
-                self.store.append_spans(table, run_id=run_id)
-            self.store.flush()
+            try:
+                for resource, kwargs, where in spans:
+                    run_id = self._run_for(resource)
+                    rows = by_run.get(run_id)
+                    if rows is None:
+                        rows = by_run[run_id] = SpanRowsBuilder()
+                    try:
+                        rows.add(default_source=SOURCE_OTLP, **kwargs)
+                    except UnstorableValue as err:
+                        raise PayloadError(f"{where}: {err}") from None
+                tables: list[tuple[str, pa.Table]] = [(r, b.to_table()) for r, b in by_run.items()]
+            except UnstorableValue as err:
+                raise PayloadError(str(err)) from None
+            try:
+                for run_id, table in tables:
+                    self.store.append_spans(table, run_id=run_id)
+                self.store.flush()
+            except BaseException:
+                self.store.discard_buffer()
+                raise
             self.spans_received += len(spans)
         return len(spans)
 
@@ -189,6 +215,7 @@ def _make_handler(collector: OTLPCollector) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         server_version = f"kvtrace-otlp/{__version__}"
+        timeout = READ_TIMEOUT_S  # socket timeout: a stalled body read ends, it does not hold a thread
 
         def log_message(self, fmt, *args):  # quiet: the CLI reports counts instead
             pass
@@ -217,6 +244,20 @@ def _make_handler(collector: OTLPCollector) -> type[BaseHTTPRequestHandler]:
             self._error(HTTPStatus.METHOD_NOT_ALLOWED, "use POST /v1/traces", True)
 
         def do_POST(self):
+            try:
+                self._post()
+            except (TimeoutError, ConnectionError) as err:  # the client went quiet or away: nothing stored
+                self.close_connection = True
+                _log.warning("OTLP/HTTP request from %s dropped: %s", self.client_address[0], err)
+            except Exception as err:  # never a traceback; the client learns it was not stored
+                _log.exception("OTLP/HTTP request failed")
+                self._error(HTTPStatus.INTERNAL_SERVER_ERROR, f"not stored: {type(err).__name__}: {err}"[:300],
+                            self._as_json(), True)
+
+        def _as_json(self) -> bool:
+            return (self.headers.get("Content-Type") or "").split(";")[0].strip().lower() == "application/json"
+
+        def _post(self):
             ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
             as_json = ctype == "application/json"
             if self.path.split("?")[0] != TRACES_PATH:
@@ -231,6 +272,9 @@ def _make_handler(collector: OTLPCollector) -> type[BaseHTTPRequestHandler]:
                 return self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
                                    f"body of {length} bytes exceeds the limit of {limit}", as_json, True)
             body = self.rfile.read(length)
+            if len(body) < length:  # the client closed its side early: a cut body is never stored
+                return self._error(HTTPStatus.BAD_REQUEST, f"body ended after {len(body)} of its {length} bytes "
+                                   "(Content-Length)", as_json, True)
             if ctype not in ("application/x-protobuf", "application/json"):
                 return self._error(HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
                                    "Content-Type must be application/x-protobuf or application/json", as_json)
@@ -249,6 +293,8 @@ def _make_handler(collector: OTLPCollector) -> type[BaseHTTPRequestHandler]:
                 return self._error(HTTPStatus.BAD_REQUEST, str(err), as_json)
             try:
                 collector.ingest(spans)
+            except PayloadError as err:  # a value the store cannot hold
+                return self._error(HTTPStatus.BAD_REQUEST, str(err), as_json)
             except KVTraceError as err:  # store busy or unusable: the client may retry
                 return self._error(HTTPStatus.SERVICE_UNAVAILABLE, str(err), as_json)
             if as_json:

@@ -15,6 +15,7 @@ core would log its own failure to stderr, and kvtrace reports it as one line ins
 
 from __future__ import annotations
 
+import logging
 import socket
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +29,7 @@ from kvtrace.instrument.otlp.decode import DecodedSpans, PayloadError, decode_pr
 SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 EXPORT_METHOD = f"/{SERVICE}/Export"
 _OK = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+_log = logging.getLogger(__name__)
 
 
 def _unavailable(host: str, port: int, why: object) -> OSError:
@@ -66,16 +68,18 @@ def grpc_server(ingest: Callable[[DecodedSpans], object], host: str, port: int, 
 
     def export(request: bytes, context: grpc.ServicerContext) -> bytes:
         try:
-            spans = decode_protobuf(request)
-        except PayloadError as err:
-            on_reject()
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-        try:
-            ingest(spans)
+            ingest(decode_protobuf(request))
+            return _OK
+        except PayloadError as err:  # malformed, or a value the store cannot hold
+            code, message = grpc.StatusCode.INVALID_ARGUMENT, str(err)
         except KVTraceError as err:  # store busy or unusable: the exporter may retry
-            on_reject()
-            context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
-        return _OK
+            code, message = grpc.StatusCode.UNAVAILABLE, str(err)
+        except Exception as err:  # never gRPC's traceback in the server log; nothing was stored
+            _log.exception("OTLP/gRPC export failed")
+            code, message = grpc.StatusCode.INTERNAL, f"not stored: {type(err).__name__}: {err}"[:300]
+        on_reject()
+        context.abort(code, message)  # raises: outside the handlers above
+        return b""  # not reached
 
     probe_address(host, port)
     # No (de)serialisers: the method sees the request's bytes, as the HTTP handler does.
