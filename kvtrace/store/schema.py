@@ -185,6 +185,9 @@ RUN_STATUSES = ("running", "complete", "failed", "incomplete")
 
 # The headline fields of a run summary (``runs.summary``), in display order: what the
 # replay prints first, what diff and the dashboard show before anything else.
+# A live capture's summary key: true when its run received nothing (the dashboard says so).
+SUMMARY_NOTHING_RECEIVED = "nothing_received"
+
 SUMMARY_FIELDS = (
     "requests", "prompt_tokens", "hit_tokens", "token_hit_rate", "block_hit_rate", "ttft_ms_p50", "ttft_ms_p99",
     "itl_ms_p50", "itl_ms_p99", "publishes", "evictions", "cow_copies", "stale_hashes", "divergent_outputs",

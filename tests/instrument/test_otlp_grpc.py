@@ -19,7 +19,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from kvtrace.instrument.otlp import OTLPCollector
-from kvtrace.instrument.otlp.grpc import EXPORT_METHOD, probe_address
+from kvtrace.instrument.otlp.grpc import EXPORT_METHOD
+from kvtrace.process import probe_address
 from tests.instrument.helpers import count_spans, store_rows
 
 
@@ -156,9 +157,9 @@ def test_probe_finds_a_busy_port_before_grpc_does():
         busy.listen()
         port = busy.getsockname()[1]
         with pytest.raises(OSError, match=re.escape(f"cannot listen on 127.0.0.1:{port} (OTLP/gRPC)")):
-            probe_address("127.0.0.1", port)
-    probe_address("127.0.0.1", port)  # free again
-    probe_address("127.0.0.1", 0)  # any free port
+            probe_address("127.0.0.1", port, "OTLP/gRPC")
+    probe_address("127.0.0.1", port, "OTLP/gRPC")  # free again
+    probe_address("127.0.0.1", 0, "OTLP/gRPC")  # any free port
 
 
 def test_grpc_values_the_store_cannot_hold_are_invalid_argument_naming_the_field(tmp_path, capfd):

@@ -3,6 +3,7 @@
 import streamlit as st
 
 from kvtrace.dashboard import queries, ui
+from kvtrace.store.schema import SUMMARY_NOTHING_RECEIVED
 
 ctx = queries.context()
 run_id = ctx["run_id"]
@@ -22,6 +23,9 @@ if row.get("status") == "running":
 elif row.get("status") in ("failed", "incomplete"):
     st.warning(f"This run is **{row.get('status')}**: it stopped early, and only the spans flushed before that are "
                "shown.")
+if row.get(SUMMARY_NOTHING_RECEIVED):
+    st.warning("Nothing received: this live capture recorded no events (no publisher reached, or an idle server).",
+               icon=":material/signal_disconnected:")
 
 if not s:
     ui.empty("This run has no summary yet (it is written when the replay finishes).")

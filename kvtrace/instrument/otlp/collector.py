@@ -38,6 +38,7 @@ from kvtrace import __version__
 from kvtrace.errors import KVTraceError, check_option
 from kvtrace.instrument.convert import RUN_ID_RESOURCE_KEY, SpanRowsBuilder, UnstorableValue
 from kvtrace.instrument.otlp.decode import DecodedSpans, PayloadError, decode_json, decode_protobuf
+from kvtrace.process import sigterm_as_interrupt
 from kvtrace.store.schema import SOURCE_OTLP
 from kvtrace.store.writer import Store
 
@@ -309,12 +310,14 @@ def _make_handler(collector: OTLPCollector) -> type[BaseHTTPRequestHandler]:
 def serve_collector(store_path: str | Path, host: str = "127.0.0.1", port: int = 4318,
                     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, grpc_port: int | None = None,
                     on_ready: Callable[[OTLPCollector], None] | None = None) -> OTLPCollector:
-    """Serve until interrupted (Ctrl-C), then commit and close the store; returns the collector."""
+    """Serve until interrupted (Ctrl-C or SIGTERM), then commit and close the store (its
+    runs complete); returns the collector."""
     collector = OTLPCollector(store_path, host, port, max_body_bytes, grpc_port=grpc_port)
     if on_ready is not None:
         on_ready(collector)
     try:
-        collector.serve_forever()
+        with sigterm_as_interrupt():
+            collector.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
