@@ -188,3 +188,23 @@ def test_grpc_values_the_store_cannot_hold_are_invalid_argument_naming_the_field
     assert "spans[0]: kvtrace.request.itl_p99_ns: NaN" in errors[1].details()
     assert count_spans(db, "r1") == 2 and collector.requests_rejected == 2
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_kvtrace_collect_stopped_by_sigterm_summarises_and_finishes_its_run(tmp_path):
+    db = tmp_path / "term.duckdb"
+    proc = _collect("--db", str(db), "--port", "0", "--grpc-port", "0")
+    try:
+        ready = proc.stderr.readline()
+        m = re.search(r"OTLP/gRPC on (127\.0\.0\.1:\d+)", ready)
+        assert m, ready
+        _send_request_and_child(m.group(1), {"service.name": "vllm"})
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "2 spans stored, 0 requests rejected" in err and "Traceback" not in err
+    import duckdb
+
+    con = duckdb.connect(str(db), read_only=True)
+    assert con.execute("SELECT status FROM runs WHERE run_id = 'r1'").fetchone() == ("complete",)
+    con.close()

@@ -424,3 +424,28 @@ def test_nothing_received_warns_marks_the_run_and_exits_1_when_nothing_listened(
         run = read.run(db, run_id)
         assert run["status"] == "complete"
         assert run["summary"]["nothing_received"] is True and run["summary"]["connected"] == connected
+
+
+def test_capture_stopped_by_sigterm_finishes_its_run(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    from kvtrace.store import read
+
+    db = tmp_path / "term.duckdb"
+    pub = VllmPublisher()
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "kvtrace.cli", "capture", "vllm", "--db", str(db),
+                                 "--endpoint", pub.endpoint], stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while not (db.exists() and read.runs(db).height):  # the run exists: the capture is up
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        pub.close()
+    assert proc.returncode in (0, 1), err  # 1 if the signal came before the SUB socket reached the publisher
+    assert "kvtrace capture vllm: 0 batches" in err and "Traceback" not in err
+    assert read.run(db, "r1")["status"] == "complete"  # not left incomplete: summarised and finished
