@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from kvtrace.workload import TraceRequest
-from kvtrace.errors import ConfigError, check_option
+from kvtrace.errors import ConfigError, KVTraceError, check_option
 from kvtrace.workload.lines import MAX_TOKENS
 from kvtrace.numeric import cdiv
 from kvtrace.store.schema import SUMMARY_FIELDS
@@ -54,6 +54,7 @@ class RunResult:
     run_id: str | None = None
     per_request: list[dict[str, Any]] = field(default_factory=list)
     record: dict[str, Any] = field(default_factory=dict)  # the run's record (Store.create_run's fields)
+    undelivered: str | None = None  # why spans did not reach the OTLP collector, if any did not
 
 
 # -- the workload ------------------------------------------------------------------------
@@ -266,15 +267,24 @@ def run_replay(
         try:
             digest = Digest()
             sink = store if store is not None else spans_to
-            with _recording(sink, run_id or "unrecorded", otlp_endpoint, spec.seed) as instrumentor:
-                bar = _Progress(progress, workload.total, f"{spec.mode} {Path(workload.source).name}")
-                try:
-                    if preset is not None:
-                        summary, per_request = _run_engine(preset, workload, digest, instrumentor, bar)
-                    else:
-                        summary, per_request = _run_cache_only(spec, workload, digest, instrumentor, bar)
-                finally:
-                    bar.close()
+            undelivered = None
+            try:
+                with _recording(sink, run_id or "unrecorded", otlp_endpoint, spec.seed) as instrumentor:
+                    bar = _Progress(progress, workload.total, f"{spec.mode} {Path(workload.source).name}")
+                    try:
+                        if preset is not None:
+                            summary, per_request = _run_engine(preset, workload, digest, instrumentor, bar)
+                        else:
+                            summary, per_request = _run_cache_only(spec, workload, digest, instrumentor, bar)
+                    finally:
+                        bar.close()
+            except KVTraceError as err:  # spans an OTLP collector did not take: the run itself is whole
+                from kvtrace.instrument import SpansNotDelivered
+
+                if not isinstance(err, SpansNotDelivered):
+                    raise
+                undelivered = err
+                summary["otlp_spans_undelivered"] = err.failed
             summary["digest"] = digest.hexdigest()
             summary["mode"] = spec.mode
             summary["trace"] = workload.source
@@ -282,7 +292,8 @@ def run_replay(
                 summary["spans"] = instrumentor.spans_emitted
             if store is not None:
                 store.finish_run(run_id, status="complete", digest=summary["digest"], summary=summary)
-            return RunResult(summary, run_id, per_request, record)
+            return RunResult(summary, run_id, per_request, record,
+                             undelivered=None if undelivered is None else str(undelivered))
         except BaseException as exc:
             if store is not None and run_id is not None:
                 # the recording above has handed every emitted span to the store already

@@ -66,4 +66,5 @@ def test_a_busy_port_is_one_error_line(tmp_path):
         _, err = proc.communicate(timeout=120)
     assert proc.returncode == 2
     lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"kvtrace: error: cannot listen on 127.0.0.1:{port} (dashboard)"), err
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"kvtrace: error: cannot listen on 127.0.0.1:{port} (dashboard)"), err
