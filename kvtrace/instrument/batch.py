@@ -47,7 +47,8 @@ class SpanBatch:
     def table(self) -> pa.Table:
         if self._table is None:
             table = pa.concat_tables(self.parts, promote_options="default")
-            self._table = table.select([n for n in BATCH_SCHEMA.names if n in table.column_names])
+            have = set(table.column_names)
+            self._table = table.select([n for n in BATCH_SCHEMA.names if n in have])
         return self._table
 
     def __len__(self) -> int:

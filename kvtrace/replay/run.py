@@ -309,7 +309,9 @@ def _recording(store, run_id: str, otlp_endpoint: str | None, seed: int):
         return contextlib.nullcontext(None)
     from kvtrace.instrument import recording
 
-    return recording(store=store, run_id=run_id, otlp_endpoint=otlp_endpoint, seed=seed)
+    # background: the store's once-a-second commit (open, insert, checkpoint on close) runs on
+    # the export thread, beside the replay, not inside it
+    return recording(store=store, run_id=run_id, otlp_endpoint=otlp_endpoint, seed=seed, background=True)
 
 
 def validate(spec: RunSpec) -> tuple[dict[str, Any], list[str], Any]:
