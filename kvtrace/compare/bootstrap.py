@@ -29,6 +29,7 @@ from kvtrace.numeric import percentiles as point_percentiles
 PERCENTILES = DEFAULT_PERCENTILES  # vllm bench serve's --metric-percentiles, here 50,90,99
 LATENCY_METRICS = ("ttft_ms", "itl_ms")
 DEFAULT_RESAMPLES = 1000
+MAX_RESAMPLES = 10_000  # the replicate draws are resamples x requests int64s in memory
 CI_LEVEL = 0.95
 
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import polars as pl
 
-from kvtrace.compare.bootstrap import DEFAULT_RESAMPLES, latency_shifts
+from kvtrace.compare.bootstrap import DEFAULT_RESAMPLES, MAX_RESAMPLES, latency_shifts
 from kvtrace.compare.model import RunDiff, count_shifts, diff_summaries, request_hit_diff
-from kvtrace.errors import KVTraceError
+from kvtrace.errors import KVTraceError, check_option
 from kvtrace.metrics import DEFAULT_PERCENTILES
 from kvtrace.store import read
 
@@ -35,8 +35,12 @@ def diff_runs(
     Raises KVTraceError (one line) for an unknown run, and for runs of different traces
     unless ``force`` (the diff is then marked ``forced``). ``seed`` and ``resamples`` drive
     the latency bootstrap, at ``percentiles`` (0..100, as vllm bench serve's
-    --metric-percentiles); ``top`` bounds the per-request gained/lost lists.
+    --metric-percentiles); ``top`` bounds the per-request gained/lost lists. Each is
+    checked first (ConfigError naming its option).
     """
+    check_option("--seed", seed, 0, 2**64 - 1)  # PCG64 seeds are unsigned
+    check_option("--top", top, 0, 2**31)
+    check_option("--resamples", resamples, 1, MAX_RESAMPLES)
     view = StoreView(db)
     info_a, info_b = view.run_info(run_a), view.run_info(run_b)
     same = same_trace(info_a, info_b)

@@ -25,7 +25,7 @@ from kvtrace.dashboard import DB_ENV, run_config, state, ui
 from kvtrace.errors import KVTraceError
 from kvtrace.store import read
 from kvtrace.store.backend import is_clickhouse
-from kvtrace.store.schema import SUMMARY_FIELDS
+from kvtrace.store.schema import SUMMARY_FIELDS, SUMMARY_NOTHING_RECEIVED
 
 CTX_KEY = "kvtrace_ctx"
 SUMMARY_KEYS = tuple(k for k in SUMMARY_FIELDS if k != "digest")  # numeric headline fields
@@ -72,9 +72,10 @@ def with_run_columns(frame: pl.DataFrame) -> pl.DataFrame:
         for k in SUMMARY_KEYS:
             v = summary.get(k)
             r[k] = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+        r[SUMMARY_NOTHING_RECEIVED] = summary.get(SUMMARY_NOTHING_RECEIVED) is True
         r["label"] = ui.run_label(r)
     schema: dict[str, Any] = dict(frame.schema) | {"behaviours_on": pl.String, "behaviours_off": pl.String,
-                                                   "label": pl.String}
+                                                   SUMMARY_NOTHING_RECEIVED: pl.Boolean, "label": pl.String}
     schema |= {k: pl.Float64 for k in SUMMARY_KEYS}
     return pl.DataFrame(rows, schema=schema)
 

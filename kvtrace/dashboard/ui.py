@@ -92,4 +92,6 @@ def run_label(row: dict[str, Any]) -> str:
     status = row.get("status")
     if status and status != "complete":
         bits.append(str(status).upper())
+    if row.get("nothing_received"):  # store.schema.SUMMARY_NOTHING_RECEIVED, flattened by queries
+        bits.append("NOTHING RECEIVED")
     return " · ".join(b for b in bits if b)

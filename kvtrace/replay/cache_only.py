@@ -38,6 +38,7 @@ from kvtrace.cache.events import PrefixLookup
 from kvtrace.workload import TraceRequest
 from kvtrace.errors import ConfigError
 from kvtrace.metrics import DEFAULT_PERCENTILES, LOCAL_HIT, PROMPT, hit_summary, no_latency, ratio
+from kvtrace.workload.lines import MAX_TOKENS
 from kvtrace.replay.belady import belady_hits, chain_keys
 from kvtrace.replay.writers import BlockInterner
 
@@ -128,8 +129,8 @@ def as_block_requests(requests: Iterable[TraceRequest], block_size: int | None) 
         if len(sizes) > 1:
             raise ConfigError("cache-only", "block_size", f"trace mixes block sizes {sorted(sizes)}; pass one")
         block_size = sizes.pop() if sizes else 16
-    if block_size < 1:
-        raise ConfigError("cache-only", "block_size", f"expected >= 1, got {block_size}")
+    if not 1 <= block_size <= MAX_TOKENS:
+        raise ConfigError("cache-only", "block_size", f"expected 1 to {MAX_TOKENS:,} tokens, got {block_size}")
     interner: BlockInterner | None = None
     out = []
     for r in reqs:

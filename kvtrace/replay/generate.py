@@ -57,6 +57,7 @@ from kvtrace.workload.native import write_native
 
 _NS_PER_S = 1_000_000_000
 STUDY_PREFIX = "study-"
+MAX_GENERATED = 1_000_000  # requests are built in memory: a larger workload is a typo, not a study
 
 
 @dataclass(slots=True)
@@ -297,8 +298,8 @@ def generate(
     if not isinstance(seed, int) or seed < 0:
         raise ConfigError("generate", "seed", f"expected an int >= 0, got {seed!r}")
     n = spec.default_requests if num_requests is None else num_requests
-    if not isinstance(n, int) or n < 1:
-        raise ConfigError("generate", "num_requests", f"expected an int >= 1, got {n!r}")
+    if not isinstance(n, int) or not 1 <= n <= MAX_GENERATED:
+        raise ConfigError("generate", "num_requests", f"expected an int from 1 to {MAX_GENERATED:,}, got {n!r}")
     if block_size < 1 or hash_block_size % block_size:
         raise ConfigError("generate", "hash_block_size",
                           f"expected a multiple of block_size {block_size}, got {hash_block_size}")

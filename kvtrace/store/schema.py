@@ -193,6 +193,9 @@ RUN_STATUSES = ("running", "complete", "failed", "incomplete")
 # The headline fields of a run summary (``runs.summary``), in display order: what the
 # replay prints first, what diff and the dashboard show before anything else. Every
 # metric is defined once, in ``kvtrace.metrics`` (vLLM's names and words).
+# A live capture's summary key: true when its run received nothing (the dashboard says so).
+SUMMARY_NOTHING_RECEIVED = "nothing_received"
+
 SUMMARY_FIELDS = (
     "requests", "prompt_tokens", "prefix_cache_queries", "prefix_cache_hits", "prefix_cache_hit_rate",
     "external_prefix_cache_hit_rate", "block_hit_rate", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms",

@@ -439,6 +439,15 @@ class Store:
                 raise UnknownRunError(self.path, run_id)
             return int(fetch_value(con, "SELECT coalesce(max(seq) + 1, 0) FROM spans WHERE run_id = ?", [run_id]))
 
+    def discard_buffer(self) -> int:
+        """Drop the spans appended since the last flush (a producer whose commit failed and
+        that told its client so); their seq numbers are given out again, so the run's seq
+        stays contiguous. Returns the rows dropped."""
+        for run_id, table in self._buffer:
+            self._next_seq[run_id] -= table.num_rows
+        dropped, self._buffer, self._buffered_rows = self._buffered_rows, [], 0
+        return dropped
+
     def flush(self) -> int:
         """Commit every buffered span in one transaction; return rows written."""
         if not self._buffer:

@@ -247,3 +247,34 @@ def test_conformance_without_vllm_is_one_line_and_exit_2():
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "vLLM is not installed" in lines[0] and "0.33.0" in lines[0]
     assert "make vllm" in lines[0] and r.stdout == ""
+
+
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+def test_replay_to_a_dead_collector_says_how_many_spans_were_not_delivered(tmp_path, protocol):
+    """Exit 1 and one error line with the count; no SDK retry lines; the DuckDB copy whole."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    db = tmp_path / "otlp.duckdb"
+    env = dict(os.environ, OTEL_EXPORTER_OTLP_PROTOCOL=protocol, COLUMNS="200")
+    r = subprocess.run([*KVTRACE, "replay", "gen:chat", "--limit", "5", "--db", str(db), "--json",
+                        "--otlp-endpoint", f"http://127.0.0.1:{port}"], capture_output=True, text=True, env=env,
+                       timeout=300, check=False)
+    assert r.returncode == 1, r.stderr
+    summary = json.loads(r.stdout)
+    lines = r.stderr.strip().splitlines()
+    assert lines[0] == f"kvtrace: run {summary['run_id']} recorded in {db}"
+    assert len(lines) == 2 and lines[1].startswith(f"kvtrace: error: --otlp-endpoint http://127.0.0.1:{port}: "
+                                                   f"{summary['spans']} of {summary['spans']} spans were not "
+                                                   "delivered"), r.stderr
+    assert "Connection refused" in lines[1]
+    assert summary["otlp_spans_undelivered"] == summary["spans"] > 0
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        status = con.execute("SELECT status FROM runs WHERE run_id = ?", [summary["run_id"]]).fetchone()[0]
+        stored = con.execute("SELECT count(*) FROM spans WHERE run_id = ?", [summary["run_id"]]).fetchone()[0]
+    finally:
+        con.close()
+    assert (status, stored) == ("complete", summary["spans"])

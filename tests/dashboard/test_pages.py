@@ -486,3 +486,17 @@ def test_launch_refuses_a_missing_database_and_binds_loopback(tmp_path):
     assert cmd[cmd.index("--server.port") + 1] == "8765"
     assert cmd[-2:] == ["--db", str((tmp_path / "x.duckdb").resolve())]
     assert Path(cmd[cmd.index("run") + 1]).name == "app.py"
+
+
+def test_a_capture_that_received_nothing_says_so(tmp_path, monkeypatch):
+    """A live run whose summary says nothing_received is marked in the run picker and on
+    the overview (capture_vllm writes that summary; here the store gets it directly)."""
+    from kvtrace.store.writer import Store
+
+    db = tmp_path / "live.duckdb"
+    with Store.open(db) as store:
+        run = store.create_run("vllm tcp://10.0.0.1:5557", mode="live")
+        store.finish_run(run, summary={"batches": 0, "events": 0, "nothing_received": True})
+    at = render(str(db), monkeypatch)
+    assert any("NOTHING RECEIVED" in o for o in at.selectbox(key="qp_run").options)
+    assert any("Nothing received" in w.value for w in at.warning)

@@ -7,6 +7,7 @@ import streamlit as st
 
 from kvtrace import metrics
 from kvtrace.dashboard import queries, ui
+from kvtrace.store.schema import SUMMARY_NOTHING_RECEIVED
 
 ctx = queries.context()
 run_id = ctx["run_id"]
@@ -26,6 +27,9 @@ if row.get("status") == "running":
 elif row.get("status") in ("failed", "incomplete"):
     st.warning(f"This run is **{row.get('status')}**: it stopped early, and only the spans flushed before that are "
                "shown.")
+if row.get(SUMMARY_NOTHING_RECEIVED):
+    st.warning("Nothing received: this live capture recorded no events (no publisher reached, or an idle server).",
+               icon=":material/signal_disconnected:")
 
 hits = queries.hit_counters(run_id)
 lat = queries.latency(run_id)

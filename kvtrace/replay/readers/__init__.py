@@ -8,6 +8,8 @@ Formats: ``mooncake``, ``bailian``, ``weka`` (a file or a directory of files), `
 from __future__ import annotations
 
 import os
+import sys
+
 import msgspec
 
 from kvtrace.workload import TraceRequest
@@ -90,6 +92,8 @@ def open_trace(
     files = weka_files(path) if fmt == "weka" else None
     if files is None and not os.path.isfile(path):
         raise TraceFormatError(path, None, "no such file")
+    # a limit past any file's length is no limit (islice takes at most sys.maxsize)
+    limit = None if limit is None else min(limit, sys.maxsize)
     return TraceSource(path, fmt, READERS[fmt], limit, options, files)
 
 
