@@ -22,10 +22,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kvtrace.replay.cache_only import block_keys, replay_cache_only  # noqa: E402
-from tests.support.oracles import lru_reference  # noqa: E402
-from kvtrace.replay.digest import Digest  # noqa: E402
-from kvtrace.replay.readers import open_trace  # noqa: E402
+from kvtrace.replay.cache_only import block_keys, replay_cache_only
+from kvtrace.replay.digest import Digest
+from kvtrace.replay.readers import open_trace
+from tests.support.oracles import lru_reference
 
 DEFAULT_TRACE = ROOT / "tests" / "data" / "mooncake_synthetic_trace.jsonl"
 

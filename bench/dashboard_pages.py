@@ -24,13 +24,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-import polars as pl  # noqa: E402
-import streamlit as st  # noqa: E402
-from streamlit.testing.v1 import AppTest  # noqa: E402
+import polars as pl
+import streamlit as st
+from streamlit.testing.v1 import AppTest
 
-from kvtrace.dashboard import DB_ENV, queries  # noqa: E402
-from kvtrace.store import read  # noqa: E402
-from kvtrace.store.writer import Store  # noqa: E402
+from kvtrace.dashboard import DB_ENV, queries
+from kvtrace.store import read
+from kvtrace.store.writer import Store
 
 PAGE_BUDGET_S = 3.0
 QUERY_BUDGET_S = 1.0

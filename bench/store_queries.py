@@ -20,8 +20,8 @@ import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: tests.support
 
-from kvtrace.store import Store, read  # noqa: E402
-from tests.support.synthetic_spans import fill_store  # noqa: E402
+from kvtrace.store import Store, read
+from tests.support.synthetic_spans import fill_store
 
 BUDGET_S = 1.0
 

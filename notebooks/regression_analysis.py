@@ -69,7 +69,9 @@ if db_path is None or run_a is None or run_b is None:
 runs = store.runs(db_path).filter(pl.col("run_id").is_in([run_a, run_b]))
 label = {r["run_id"]: f"{'A' if r['run_id'] == run_a else 'B'}: {r['name'] or r['run_id']}"
          for r in runs.iter_rows(named=True)}
-runs.select([c for c in ("run_id", "name", "trace_source", "mode", "behaviours", "status", "digest") if c in runs.columns])
+runs.select(
+    [c for c in ("run_id", "name", "trace_source", "mode", "behaviours", "status", "digest") if c in runs.columns]
+)
 
 # %% [markdown]
 # ## Overall deltas

@@ -161,7 +161,7 @@ print(f"root fan-out {root_fanout}, max inner fan-out {max_fanout}, branching no
 # %%
 if capacities is None:
     top = unique_blocks + max(len(block_keys(r)) for r in requests)  # everything fits
-    capacities = sorted({max(2, int(round(top * f))) for f in (0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75)} | {top})
+    capacities = sorted({max(2, round(top * f)) for f in (0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75)} | {top})
 capacities = [int(c) for c in capacities]
 # Hash-id traces are swept in their own block unit; token-id traces in `block_size` tokens.
 sweep_block_size = block_size if any(r.hash_ids is None for r in requests) else None
@@ -234,7 +234,9 @@ result = {
     "lru_block_hit_rate": lru["block_hit_rate"].to_list(),
     "belady_block_hit_rate": belady["block_hit_rate"].to_list(),
     "interarrival_cv": interarrival_cv,
-    "index_of_dispersion": dict(zip(map(str, dispersion["window_s"].to_list()), dispersion["index_of_dispersion"].to_list())),
+    "index_of_dispersion": dict(
+        zip(map(str, dispersion["window_s"].to_list()), dispersion["index_of_dispersion"].to_list())
+    ),
 }
 knee = next((c for c, h in zip(capacities, result["lru_prefix_cache_hit_rate"])
              if h >= 0.9 * max(result["lru_prefix_cache_hit_rate"] or [0])), None)

@@ -14,7 +14,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "kvtrace"
 
-GROUND = {"errors", "numeric", "metrics", "process"}  # kvtrace/errors.py, numeric.py, metrics.py, process.py: nothing above them
+GROUND = {
+    "errors",
+    "numeric",
+    "metrics",
+    "process",
+}  # kvtrace/errors.py, numeric.py, metrics.py, process.py: nothing above them
 # package -> the kvtrace packages it may import (besides itself and the ground floor)
 MAY_IMPORT: dict[str, set[str]] = {
     "workload": set(),
@@ -98,7 +103,9 @@ FILES = sorted(ROOT.rglob("*.py"))
 
 def test_every_package_is_in_the_table():
     packages = {_package(_module_name(f)) for f in FILES} - {"kvtrace"}
-    assert packages <= set(MAY_IMPORT) | GROUND, f"packages missing from the layering table: {packages - set(MAY_IMPORT)}"
+    assert packages <= set(MAY_IMPORT) | GROUND, (
+        f"packages missing from the layering table: {packages - set(MAY_IMPORT)}"
+    )
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(ROOT.parent)))
@@ -120,7 +127,9 @@ def test_imports_follow_the_layering(path):
         if pkg in GROUND or target not in MAY_IMPORT.get(pkg, set()):
             bad.append(f"line {line}: {pkg} may not import {mod} ({target} is not below it)")
         elif (pkg, target) in ONLY_MODULES and mod not in ONLY_MODULES[(pkg, target)] and mod != f"kvtrace.{target}":
-            bad.append(f"line {line}: {pkg} may import only {sorted(ONLY_MODULES[(pkg, target)])} of {target}, not {mod}")
+            bad.append(
+                f"line {line}: {pkg} may import only {sorted(ONLY_MODULES[(pkg, target)])} of {target}, not {mod}"
+            )
         elif (pkg, target) in ONLY_MODULES and mod == f"kvtrace.{target}":
             bad.append(f"line {line}: {pkg} may import only {sorted(ONLY_MODULES[(pkg, target)])} of {target}")
     assert not bad, f"{path.relative_to(ROOT.parent)}:\n  " + "\n  ".join(bad)

@@ -57,8 +57,8 @@ from kvtrace.cache.coordinator import KVCacheCoordinator
 from kvtrace.cache.events import PUBLISH_FULL, BlocksFreed, CacheListener, PrefixLookup
 from kvtrace.cache.external import ExternalTier
 from kvtrace.cache.hashing import BlockHash, BlockHasher
-from kvtrace.cache.managers import FullAttentionManager, MambaManager, SlidingWindowManager
-from kvtrace.cache.plans import STATE_RUNNING, BlockCopy, KVCacheBlocks, StateWrite
+from kvtrace.cache.managers import FullAttentionManager, SlidingWindowManager
+from kvtrace.cache.plans import BlockCopy, KVCacheBlocks, StateWrite
 from kvtrace.cache.request import Request
 from kvtrace.cache.sink import EventSink
 from kvtrace.numeric import cdiv

@@ -129,9 +129,15 @@ KIND_COLORS = {"full": "#54A24B", "partial_tail": "#EECA3B", "checkpoint": "#FF9
                "moved": "#F58518", "vllm_stored": "#9D755D", "none": "#BAB0AC"}
 # What a publish kind means on a chart; 'none': no publish took the evicted block before
 # the miss (it went to request-local state or a block still filling)
-KIND_NAMES = {"full": "full block published", "partial_tail": "partial tail published",
-              "checkpoint": "checkpoint published", "boundary": "boundary published",
-              "moved": "key moved to a copy", "vllm_stored": "vLLM BlockStored", "none": "no publish (block reused uncached)"}
+KIND_NAMES = {
+    "full": "full block published",
+    "partial_tail": "partial tail published",
+    "checkpoint": "checkpoint published",
+    "boundary": "boundary published",
+    "moved": "key moved to a copy",
+    "vllm_stored": "vLLM BlockStored",
+    "none": "no publish (block reused uncached)",
+}
 REASON_NAMES = {"lru": "LRU eviction", "stale_hash": "stale hash evicted", "replaced": "key replaced",
                 "connector": "external tier dropped", "reset": "cache reset",
                 "moved": "key moved to its copy", "vllm_removed": "vLLM BlockRemoved"}

@@ -89,4 +89,4 @@ def shared_pool(cfg: dict[str, Any]) -> bool:
     """Whether an engine config's groups share one block pool (``cache.num_gpu_blocks`` an
     int, as vLLM has it): their usage shares then add up to the pool's usage."""
     cache = cfg.get("cache")
-    return isinstance(cache, dict) and _positive(cache.get("num_gpu_blocks")) and len(_stored_groups(cfg)) > 0
+    return isinstance(cache, dict) and _positive(cache.get("num_gpu_blocks")) and len(stored_groups(cfg)) > 0

@@ -17,8 +17,9 @@ step - first arrival).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from itertools import pairwise
 
 from kvtrace.cache import CacheConfig, KVCacheManager
 from kvtrace.cache.events import BlockCopied, BlockEvicted, BlockPublished
@@ -29,10 +30,10 @@ from kvtrace.engine.presets import EnginePreset, get_preset
 from kvtrace.engine.request import EngineRequest
 from kvtrace.engine.scheduler import Scheduler
 from kvtrace.engine.step import NoContentWorker
-from kvtrace.workload import TraceRequest
 from kvtrace.errors import KVTraceError
 from kvtrace.metrics import DEFAULT_PERCENTILES, hit_summary, latency_summary, ratio, request_latency_samples
 from kvtrace.numeric import cdiv
+from kvtrace.workload import TraceRequest
 
 
 @dataclass
@@ -139,10 +140,10 @@ class Engine:
                 stuck = scheduler.waiting[0] if scheduler.waiting else None
                 what = (f"request {stuck.request_id} ({stuck.num_prompt_tokens:,} prompt tokens)" if stuck
                         else "no request")
+                pools = (cc.total_blocks,) if cc.shared_pool else cc.pool_sizes
                 raise KVTraceError(
                     f"engine: {what} cannot be scheduled: it needs more KV blocks than the pool holds "
-                    f"(num_gpu_blocks {', '.join(map(str, cc.pool_sizes if not cc.shared_pool else (cc.total_blocks,)))}"
-                    "); raise --capacity-blocks"
+                    f"(num_gpu_blocks {', '.join(map(str, pools))}); raise --capacity-blocks"
                 )
             step += 1
             res = worker.execute(out)
@@ -231,7 +232,7 @@ class Engine:
     @staticmethod
     def _record(req: EngineRequest) -> RequestFinished:
         times = req.token_times_ns
-        itl = tuple(b - a for a, b in zip(times, times[1:]))
+        itl = tuple(b - a for a, b in pairwise(times))
         return RequestFinished(
             request_id=req.request_id,
             session_id=req.session_id,

@@ -8,7 +8,7 @@ virtual time line.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence, Union
+from collections.abc import Callable, Sequence
 
 import msgspec
 
@@ -73,7 +73,7 @@ class DivergentOutput(Event):
     actual_token: int
 
 
-EngineEvent = Union[StepExecuted, RequestFinished, StaleHashFound, DivergentOutput]
+EngineEvent = StepExecuted | RequestFinished | StaleHashFound | DivergentOutput
 
 
 class StepBatch(msgspec.Struct, gc=False):

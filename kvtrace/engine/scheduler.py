@@ -248,7 +248,9 @@ class Scheduler:
                     request.num_preempted_query_tokens += request.num_tokens
                     request.num_preempted_hit_tokens += num_local
                 new_reqs.append(
-                    NewRequestData(request.request_id, request, kv.get_block_ids(request.request_id), num_computed, num_external)
+                    NewRequestData(
+                        request.request_id, request, kv.get_block_ids(request.request_id), num_computed, num_external
+                    )
                 )
                 num_scheduled[request.request_id] = n
                 token_budget -= n

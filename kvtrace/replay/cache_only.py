@@ -27,20 +27,20 @@ baseline, lives outside the package (``tests/support/oracles.py``).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Callable, Iterable, Sequence
 
 import msgspec
 import numpy as np
 
 from kvtrace.cache.events import PrefixLookup
-from kvtrace.workload import TraceRequest
 from kvtrace.errors import ConfigError
 from kvtrace.metrics import DEFAULT_PERCENTILES, LOCAL_HIT, PROMPT, hit_summary, no_latency, ratio
-from kvtrace.workload.lines import MAX_TOKENS
 from kvtrace.replay.belady import belady_hits, chain_keys
 from kvtrace.replay.writers import BlockInterner
+from kvtrace.workload import TraceRequest
+from kvtrace.workload.lines import MAX_TOKENS
 
 POLICIES = ("lru", "belady")
 
@@ -183,7 +183,7 @@ def block_keys(reqs: Sequence[TraceRequest]) -> list[Sequence[int]]:
     parent = np.empty_like(flat)
     parent[1:] = flat[:-1]
     parent[starts[lens > 0]] = -1  # a chain's first block follows its scope's root
-    if single_scope and 0 <= int(flat.min()) and int(flat.max()) < 4 * total + 1024:
+    if single_scope and int(flat.min()) >= 0 and int(flat.max()) < 4 * total + 1024:
         first, inverse = _dense_unique(flat)
     elif single_scope:
         _, first, inverse = np.unique(flat, return_index=True, return_inverse=True)

@@ -44,16 +44,16 @@ in the replaying preset's units: ``hash_block_size`` H and ``mamba_block_size`` 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
-from kvtrace.workload.tokens import VOCAB_SIZE
-from kvtrace.workload import TraceRequest
 from kvtrace.errors import ConfigError
 from kvtrace.replay.writers import BlockInterner, write_mooncake
+from kvtrace.workload import TraceRequest
 from kvtrace.workload.native import write_native
+from kvtrace.workload.tokens import VOCAB_SIZE
 
 _NS_PER_S = 1_000_000_000
 STUDY_PREFIX = "study-"
@@ -149,7 +149,7 @@ def _blocks_for(tokens: int, block: int) -> int:
     return max(1, round(tokens / block))
 
 
-def _study_transient_checkpoint(w: _Workload, num_requests: int, g: "_Geometry") -> None:
+def _study_transient_checkpoint(w: _Workload, num_requests: int, g: _Geometry) -> None:
     rng = w.rng
     mbs = g.mamba_block_size
     # hot prefixes of ~2-4k tokens, whole Mamba blocks (the junction is block-aligned)
@@ -170,7 +170,7 @@ def _study_transient_checkpoint(w: _Workload, num_requests: int, g: "_Geometry")
         w.add(t, f"ckpt{i}", f"hot{k}", prompt, _uniform_int(rng, 8, 32))
 
 
-def _not_aligned_length(rng: np.random.Generator, g: "_Geometry", lo_tokens: int, hi_tokens: int) -> int:
+def _not_aligned_length(rng: np.random.Generator, g: _Geometry, lo_tokens: int, hi_tokens: int) -> int:
     """A multiple of the hash block size that is not a multiple of the Mamba block size."""
     mbs, hbs = g.mamba_block_size, g.hash_block_size
     per = mbs // hbs
@@ -178,7 +178,7 @@ def _not_aligned_length(rng: np.random.Generator, g: "_Geometry", lo_tokens: int
     return mbs * _uniform_int(rng, lo, max(lo, hi)) + hbs * _uniform_int(rng, 1, per - 1)
 
 
-def _study_shared_prefix(w: _Workload, num_requests: int, g: "_Geometry") -> None:
+def _study_shared_prefix(w: _Workload, num_requests: int, g: _Geometry) -> None:
     rng = w.rng
     system_prompts = [w.tokens(_not_aligned_length(rng, g, 1024, 2048)) for _ in range(3)]
     t = 0.0
@@ -193,7 +193,7 @@ def _study_shared_prefix(w: _Workload, num_requests: int, g: "_Geometry") -> Non
         w.add(t, f"sys{k}-q{i}", f"sys{k}", prompt, _uniform_int(rng, 8, 32))
 
 
-def _study_external_cow(w: _Workload, num_requests: int, g: "_Geometry",
+def _study_external_cow(w: _Workload, num_requests: int, g: _Geometry,
                         fillers_per_family: int = 3, children_per_family: int = 2) -> None:
     rng = w.rng
     mbs, hbs = g.mamba_block_size, g.hash_block_size

@@ -12,16 +12,17 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from kvtrace.errors import ConfigError, KVTraceError, check_option
 from kvtrace.metrics import DEFAULT_PERCENTILES
-from kvtrace.workload.lines import MAX_TOKENS
 from kvtrace.numeric import cdiv
 from kvtrace.replay.config_file import load_config_file, parse_retention
 from kvtrace.replay.digest import Digest
+from kvtrace.workload.lines import MAX_TOKENS
 
 if TYPE_CHECKING:
     from kvtrace.workload import TraceRequest
@@ -450,7 +451,9 @@ def _run_cache_only(spec: RunSpec, workload: _Workload, digest: Digest, instrume
     capacity = spec.capacity_blocks  # None or inf (and no --capacity-tokens): unbounded
     if capacity is None and spec.capacity_tokens is not None:
         if spec.block_size is None:
-            raise ConfigError("--capacity-tokens", str(spec.capacity_tokens), "cache-only mode needs --block-size with it")
+            raise ConfigError(
+                "--capacity-tokens", str(spec.capacity_tokens), "cache-only mode needs --block-size with it"
+            )
         capacity = cdiv(spec.capacity_tokens, spec.block_size)
     listeners: list[Callable] = [digest.on_cache_events]
     if instrumentor is not None and spec.policy == "lru":

@@ -37,14 +37,14 @@ from kvtrace.store.connection import (
 from kvtrace.store.errors import StoreError, UnknownRunError
 from kvtrace.store.liveness import host_name, process_start_token, writer_alive
 from kvtrace.store.schema import (
+    CURVE_COLUMNS,
+    CURVES_DDL,
     FAMILIES,
     FAMILY_OF_NAME,
     META_TABLE,
     NUM_BLOCKS_COLUMN,
     OTHER_TABLE,
     RUN_STATUSES,
-    CURVE_COLUMNS,
-    CURVES_DDL,
     RUNS_DDL,
     SCHEMA_VERSION,
     SEQ_COLUMN,

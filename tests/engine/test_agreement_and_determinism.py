@@ -2,11 +2,9 @@
 
 import hashlib
 
-
 from kvtrace.cache import CacheConfig, ExternalTierConfig, FullAttentionSpec, MambaSpec, SlidingWindowSpec
 from kvtrace.engine import Engine
 from kvtrace.engine.events import StaleHashFound
-
 from tests.engine.workloads import external_continuation, hybrid_cache, mixed_sessions, preset
 
 

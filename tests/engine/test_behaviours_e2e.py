@@ -4,7 +4,6 @@ from kvtrace.cache import EXTERNAL_HIT_RUNNING_COW, SHARED_PREFIX_PINNING, TRANS
 from kvtrace.cache.events import EVICT_LRU, BlockEvicted, BlockPublished, StaleHashLeft
 from kvtrace.engine import Engine
 from kvtrace.engine.events import DivergentOutput, StaleHashFound
-
 from tests.engine.workloads import (
     external_continuation,
     hot_prefix_with_long_cold_prompts,

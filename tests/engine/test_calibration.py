@@ -202,11 +202,17 @@ def test_the_toml_it_writes_is_a_config_replay_accepts(tmp_path):
     assert load_config_file(cfg).cost_model == COST_MODELS["h200-dense-8b"]
 
 
-@pytest.mark.parametrize("text, needle", [
-    ("num_tokens,prefill_pairs\n1,2\n", "missing column"),
-    ("num_tokens,prefill_pairs,num_decode_seqs,decode_context_tokens,step_ms\n1,0,1,-5,3\n", ":2: decode_context_tokens"),
-    ("num_tokens,prefill_pairs,num_decode_seqs,decode_context_tokens,step_ms\n1,0,1,5,0\n", ":2: step_ms"),
-])
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("num_tokens,prefill_pairs\n1,2\n", "missing column"),
+        (
+            "num_tokens,prefill_pairs,num_decode_seqs,decode_context_tokens,step_ms\n1,0,1,-5,3\n",
+            ":2: decode_context_tokens",
+        ),
+        ("num_tokens,prefill_pairs,num_decode_seqs,decode_context_tokens,step_ms\n1,0,1,5,0\n", ":2: step_ms"),
+    ],
+)
 def test_bad_step_files_are_one_line(tmp_path, text, needle):
     path = tmp_path / "s.csv"
     path.write_text(text)

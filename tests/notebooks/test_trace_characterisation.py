@@ -33,7 +33,7 @@ def test_trace_characterisation_values(run_notebook, trace, tmp_path):
     lru, belady = result["lru_prefix_cache_hit_rate"], result["belady_prefix_cache_hit_rate"]
     assert len(lru) == len(belady) == len(caps)
     # The offline-optimal bound is never below LRU, and grows with capacity.
-    assert all(b >= l - 1e-12 for l, b in zip(lru, belady))
+    assert all(b >= lr - 1e-12 for lr, b in zip(lru, belady))
     assert belady == sorted(belady)
     # The notebook's sweep is the CLI's cache-only replay: same value at one capacity.
     direct = run_replay(RunSpec(trace=str(trace), mode="cache-only", policy="lru", capacity_blocks=32, seed=3))

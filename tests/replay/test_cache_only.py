@@ -3,21 +3,20 @@
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 import pytest
 
 from kvtrace.cache.events import BlockEvicted, BlockPublished, BlocksFreed, PrefixLookup
-from kvtrace.workload import TraceRequest
 from kvtrace.errors import ConfigError
 from kvtrace.replay.belady import belady_hits, chain_keys, next_uses
 from kvtrace.replay.cache_only import block_keys, replay_cache_only
-from tests.support.oracles import lru_reference
 from kvtrace.replay.digest import Digest
 from kvtrace.replay.generate import generate
 from kvtrace.replay.readers import open_trace, read_trace
-
+from kvtrace.workload import TraceRequest
 from tests.conftest import TRACES
+from tests.support.oracles import lru_reference
+
 MOONCAKE = TRACES / "mooncake_synthetic_trace.jsonl"
 
 

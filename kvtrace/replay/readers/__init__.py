@@ -12,15 +12,15 @@ import sys
 
 import msgspec
 
-from kvtrace.workload import TraceRequest
 from kvtrace.errors import TraceFormatError
-from kvtrace.replay.readers.source import TraceSource
 from kvtrace.replay.readers.azure import read_azure
 from kvtrace.replay.readers.bailian import read_bailian
 from kvtrace.replay.readers.mooncake import read_mooncake
+from kvtrace.replay.readers.source import TraceSource
+from kvtrace.replay.readers.weka import read_weka, weka_files
+from kvtrace.workload import TraceRequest
 from kvtrace.workload.lines import numbered_lines
 from kvtrace.workload.native import HEADER_KEY, read_header, read_native
-from kvtrace.replay.readers.weka import read_weka, weka_files
 
 READERS = {
     "mooncake": read_mooncake,
@@ -97,7 +97,9 @@ def open_trace(
     return TraceSource(path, fmt, READERS[fmt], limit, options, files)
 
 
-def read_trace(path: str | os.PathLike, format: str | None = None, limit: int | None = None, **kw) -> list[TraceRequest]:
+def read_trace(
+    path: str | os.PathLike, format: str | None = None, limit: int | None = None, **kw
+) -> list[TraceRequest]:
     return list(open_trace(path, format, limit, **kw))
 
 
