@@ -9,6 +9,7 @@ native writer and reads back the same.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -238,6 +239,32 @@ def test_many_hostile_fields(data):
         raw = render(fmt, records)
     with tempfile.TemporaryDirectory() as tmp:
         check_read(written(raw, "t" + SUFFIX.get(fmt, ".jsonl"), tmp), fmt)
+
+
+@fuzz(60)
+@given(data=st.data())
+def test_what_is_read_replays_in_cache_only_mode(data):
+    """Accepted traces, ids anywhere in [0, 2^63) and repeated under other parents, replay
+    through the cache-only LRU and Belady (and their digest) at a tiny capacity."""
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    fmt = data.draw(st.sampled_from(["mooncake", "bailian", "native", "weka"]))
+    records = data.draw(valid_lines(fmt).filter(bool))
+    ids = st.one_of(st.integers(0, 3), st.sampled_from([2**63 - 1, 2**62, 2**32]))
+    for r in records:
+        if "hash_ids" in r:
+            r["hash_ids"] = [data.draw(ids) for _ in r["hash_ids"]]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = written(render(fmt, records), "t" + SUFFIX.get(fmt, ".jsonl"), tmp)
+        if check_read(path, fmt) is None:
+            return
+        for policy in ("lru", "belady"):
+            spec = RunSpec(path, mode="cache-only", policy=policy, trace_format=fmt,
+                           capacity_blocks=data.draw(st.sampled_from([2, 3, math.inf])))
+            try:
+                run_replay(spec)
+            except Exception as err:  # the invariant is about every exception
+                one_line_error(err, "request")  # e.g. a request larger than the whole cache
 
 
 @fuzz(60)
