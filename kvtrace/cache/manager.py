@@ -66,6 +66,9 @@ from kvtrace.numeric import cdiv
 
 __all__ = ["CacheStats", "KVCacheManager"]
 
+# the decode fast path's manager kinds (full attention keying a prompt tail: _FULL_TAIL)
+_FULL, _FULL_TAIL, _SLIDING, _MAMBA = range(4)
+
 
 class KVCacheManager:
     """Hybrid prefix-cache manager over one block pool shared by every KV cache group.
@@ -114,9 +117,16 @@ class KVCacheManager:
         )
         self._listeners: list[CacheListener] = []
         # The decode fast path (``_allocate_decode_slot``) knows these managers' rules only.
-        known = all(type(m) in (FullAttentionManager, SlidingWindowManager, MambaManager) for m in self.managers)
-        self._fast_managers = self.managers if known else None
-        self._fast_mamba = [m for m in self.coordinator.mamba if type(m) is MambaManager]
+        kinds = {FullAttentionManager: _FULL, SlidingWindowManager: _SLIDING, MambaManager: _MAMBA}
+        self._fast_plan: tuple | None = None
+        if all(type(m) in kinds for m in self.managers):
+            self._fast_plan = tuple(
+                (_FULL_TAIL if kinds[type(m)] == _FULL and config.enable_caching and m.scale > 1 else kinds[type(m)],
+                 m, m.req_to_blocks, m.partial_hit_reqs, m.num_cached_block, m.block_size, m.null_block)
+                for m in self.managers
+            )
+        self._fast_mamba = [(m.reqs, m.req_to_blocks, m.block_size, m.null_block, m.group_id)
+                            for m in self.coordinator.mamba]
         # the coordinator keys up to a multiple of the scheduler block (vLLM's _align_cacheable)
         self._align_cacheable = self.num_groups > 1 and not config.enable_partial_hits
 
@@ -290,68 +300,73 @@ class KVCacheManager:
         runs workloads both ways and compares every event and output.
         """
         p = request.num_computed_tokens
-        fast = self._fast_managers
-        if fast is None or p < request.num_prompt_tokens:
+        plan = self._fast_plan
+        if plan is None or p < request.num_prompt_tokens:
             return False  # a prompt token: checkpoints or a partial tail may be due
         rid = request.request_id
         t = p + 1
-        caching = self.enable_caching
-        num_to_cache = 0  # as KVCacheCoordinator.allocate keys
-        if caching:
-            num_to_cache = min(t, request.num_tokens)
+        num_to_cache = 0  # as KVCacheCoordinator.allocate keys (0: caching off, nothing keyed)
+        if self.enable_caching:
+            num_to_cache = request.num_tokens
+            if t < num_to_cache:
+                num_to_cache = t
             if self._align_cacheable:
                 num_to_cache = num_to_cache // self.scheduler_block_size * self.scheduler_block_size
-        for m in fast:
-            table = m.req_to_blocks.get(rid)
-            bs = m.block_size
-            if table is None or rid in m.partial_hit_reqs or (caching and m.num_cached_block.get(rid, 0)
-                                                                < num_to_cache // bs):
+        hbs = self.hash_block_size
+        for kind, m, by_req, pending, counts, bs, null in plan:
+            table = by_req.get(rid)
+            if table is None or rid in pending or counts.get(rid, 0) < num_to_cache // bs:
                 return False  # a copy-on-write is pending, or a block fills: key it
             n = len(table)
-            if type(m) is MambaManager:
+            if kind == _MAMBA:
                 st = m.reqs.get(rid)
                 if st is None or (t + bs - 1) // bs + m.num_speculative_blocks > n:
                     return False  # a new state block
                 if p > 1 and st.num_retired < min((p - 1) // bs, n):
                     return False  # remove_skipped_blocks retires slots
                 last = st.last_state_block_idx
-                if last is not None and last < (p + bs - 1) // bs - 1 and table[last] is not m.null_block:
+                if last is not None and last < (p + bs - 1) // bs - 1 and table[last] is not null:
                     return False  # the previous state block is consumed: freed
-                hbs = self.hash_block_size  # _cache_partial_tail_block (no checkpoint) publishes nothing
-                if (caching and num_to_cache and not num_to_cache % hbs
+                # _cache_partial_tail_block (no checkpoint: a one-token chunk exports none)
+                if (num_to_cache and not num_to_cache % hbs
                         and num_to_cache == mamba_checkpoint_position(request.num_prompt_tokens, hbs)):
                     slot = (num_to_cache + bs - 1) // bs - 1
-                    if slot < n and not table[slot].is_null:
+                    if slot < n and table[slot] is not null:
                         b = table[slot]
                         if b.block_hash is None or b.hash_num_tokens != num_to_cache:
                             return False
             elif (t + bs - 1) // bs > n:
                 return False
-            elif type(m) is SlidingWindowManager:
+            elif kind == _SLIDING:
                 k = min(m.get_num_skipped_tokens(p) // bs, n)  # remove_skipped_blocks frees nothing
-                if k and table[k - 1] is not m.null_block:
+                if k and table[k - 1] is not null:
                     return False
-            elif caching and m.scale > 1:
-                hbs = self.hash_block_size  # FullAttentionManager._cache_partial_tail_block publishes nothing
-                boundary = min((request.num_prompt_tokens - 1) // hbs, len(request.block_hashes)) * hbs
+            elif kind == _FULL_TAIL:  # FullAttentionManager._cache_partial_tail_block publishes nothing
+                hashes = request.block_hashes
+                boundary = (request.num_prompt_tokens - 1) // hbs
+                if boundary > len(hashes):
+                    boundary = len(hashes)
+                boundary *= hbs
                 if boundary and boundary <= num_to_cache and boundary % bs and boundary // bs < n:
-                    b, key = table[boundary // bs], request.block_hashes[boundary // hbs - 1]
+                    b, key = table[boundary // bs], hashes[boundary // hbs - 1]
                     if b.block_hash != key and (b.aliases is None or not m.pool.holds_key(key, b)):
                         return False
         if self._fast_mamba:
             ctx = self.ctx
             running_cow = ctx.external_hit_running_cow
             writes = ctx.state_writes
-            for mm in self._fast_mamba:  # get_num_blocks_to_allocate, allocate_new_blocks, queue_running_state,
-                st = mm.reqs[rid]        # mark_handed_out
+            # what get_num_blocks_to_allocate, allocate_new_blocks, queue_running_state and
+            # mark_handed_out change, in the coordinator's order
+            for reqs, by_req, bs, null, g in self._fast_mamba:
+                st = reqs[rid]
                 st.checkpoint = None
                 if running_cow:
                     st.allocated = True
                 elif not st.allocated:
                     st.unmarked = True
-                b = mm.req_to_blocks[rid][(t + mm.block_size - 1) // mm.block_size - 1]
-                if b is not mm.null_block:
-                    writes.append(StateWrite(rid, mm.group_id, b.block_id, t, STATE_RUNNING))
+                b = by_req[rid][(t + bs - 1) // bs - 1]
+                if b is not null:
+                    writes.append(StateWrite(rid, g, b.block_id, t, STATE_RUNNING))
                 st.handed_out = True
         return True
 
