@@ -22,10 +22,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kvtrace.replay.cache_only import block_keys, replay_cache_only  # noqa: E402
-from tests.support.oracles import lru_reference  # noqa: E402
-from kvtrace.replay.digest import Digest  # noqa: E402
-from kvtrace.replay.readers import open_trace  # noqa: E402
+from kvtrace.replay.cache_only import block_keys, replay_cache_only
+from kvtrace.replay.digest import Digest
+from kvtrace.replay.readers import open_trace
+from tests.support.oracles import lru_reference
 
 DEFAULT_TRACE = ROOT / "tests" / "data" / "mooncake_synthetic_trace.jsonl"
 
@@ -90,9 +90,9 @@ def main() -> None:
     print(f"  no listeners   {statistics.median(quiet_times) * 1e3:8.1f} ms   (events off, no digest)")
     print(f"ratio incl. read {(tp + t_read) / tb:8.2f} x")
     print(f"belady bound     {t_belady * 1e3:8.1f} ms")
-    print(f"LRU    token hit {result.token_hit_rate:.4f}  block hit {result.block_hit_rate:.4f}  "
+    print(f"LRU    token hit {result.prefix_cache_hit_rate:.4f}  block hit {result.block_hit_rate:.4f}  "
           f"publishes {result.publishes}  evictions {result.evictions}")
-    print(f"Belady token hit {bound.token_hit_rate:.4f}  block hit {bound.block_hit_rate:.4f}  "
+    print(f"Belady token hit {bound.prefix_cache_hit_rate:.4f}  block hit {bound.block_hit_rate:.4f}  "
           f"evictions {bound.evictions}")
     print(f"digest           {digests.pop()}")
     if args.profile:

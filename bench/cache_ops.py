@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kvtrace.cache import CacheConfig, FullAttentionSpec, KVCacheManager, Request  # noqa: E402
+from kvtrace.cache import CacheConfig, FullAttentionSpec, KVCacheManager, Request
 
 DEFAULT_TRACE = ROOT / "tests" / "data" / "mooncake_synthetic_trace.jsonl"
 BLOCK = 512
@@ -129,7 +129,7 @@ def main() -> None:
         bare_best = min(bare_best, t)
         manager = KVCacheManager(make_config())
         events = [0]
-        manager.subscribe(lambda batch: events.__setitem__(0, events[0] + len(batch)))
+        manager.subscribe(lambda batch, events=events: events.__setitem__(0, events[0] + len(batch)))
         reqs, t_hash = make_requests(trace, manager)
         hash_best = min(hash_best, t_hash)
         mgr_best = min(mgr_best, manager_ops(manager, reqs))

@@ -24,10 +24,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kvtrace.cache import CacheConfig, FullAttentionSpec, KVCacheManager, Request  # noqa: E402
-from kvtrace.engine.backends.vllm import load_vllm  # noqa: E402
-from kvtrace.engine.backends.vllm.config import vllm_cache_setup  # noqa: E402
-from kvtrace.workload import tokens_for_block_ids  # noqa: E402
+from kvtrace.cache import CacheConfig, FullAttentionSpec, KVCacheManager, Request
+from kvtrace.engine.backends.vllm import load_vllm
+from kvtrace.engine.backends.vllm.config import vllm_cache_setup
+from kvtrace.workload import tokens_for_block_ids
 
 DEFAULT_TRACE = ROOT / "tests" / "data" / "mooncake_synthetic_trace.jsonl"
 BLOCK = 512

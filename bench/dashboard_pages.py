@@ -24,34 +24,31 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-import polars as pl  # noqa: E402
-import streamlit as st  # noqa: E402
-from streamlit.testing.v1 import AppTest  # noqa: E402
+import polars as pl
+import streamlit as st
+from streamlit.testing.v1 import AppTest
 
-from kvtrace.dashboard import DB_ENV, queries  # noqa: E402
-from kvtrace.store import read  # noqa: E402
-from kvtrace.store.writer import Store  # noqa: E402
+from kvtrace.dashboard import DB_ENV, queries
+from kvtrace.store import read
+from kvtrace.store.writer import Store
 
 PAGE_BUDGET_S = 3.0
 QUERY_BUDGET_S = 1.0
 APP = str(HERE.parent / "kvtrace" / "dashboard" / "app.py")
-PAGES = ["overview", "hit_rate", "evictions", "stale", "latency", "compare"]
+PAGES = ["overview", "hit_rate", "evictions", "stale", "latency", "capacity", "compare"]
 TRACE_DIGEST = "bench-synth"
 
 
 def summary_from_store(db: str, run_id: str) -> dict:
-    """The headline numbers a replay would write, computed here through the read API."""
+    """The headline numbers a replay would write, computed here through the read API (the
+    store's metrics are the one definition's: kvtrace.metrics)."""
     reqs = read.requests(db, run_id)
-    ttft = read.latency_percentiles(db, run_id, "ttft", (0.5, 0.99))
-    itl = read.latency_percentiles(db, run_id, "itl", (0.5, 0.99))
     counts = dict(read.span_counts(db, run_id).select("name", "blocks").iter_rows())
     spans = dict(read.span_counts(db, run_id).select("name", "spans").iter_rows())
-    prompt = int(reqs["num_prompt_tokens"].sum())
-    hit = int(reqs["num_local_hit_tokens"].fill_null(0).sum() + reqs["num_external_hit_tokens"].fill_null(0).sum())
     return dict(
-        requests=reqs.height, prompt_tokens=prompt, hit_tokens=hit, token_hit_rate=hit / max(prompt, 1),
-        block_hit_rate=hit / max(prompt, 1), ttft_ms_p50=ttft.get(0.5, 0) / 1e6, ttft_ms_p99=ttft.get(0.99, 0) / 1e6,
-        itl_ms_p50=itl.get(0.5, 0) / 1e6, itl_ms_p99=itl.get(0.99, 0) / 1e6,
+        requests=reqs.height, prompt_tokens=int(reqs["num_prompt_tokens"].sum()),
+        **{k: v for k, v in read.hit_counters(db, run_id).items() if k != "requests"},
+        **read.latency_summary(db, run_id),
         publishes=spans.get("kvtrace.cache.publish", 0), evictions=counts.get("kvtrace.cache.evict", 0),
         cow_copies=spans.get("kvtrace.cache.cow", 0), stale_hashes=spans.get("kvtrace.verify.stale_hash", 0),
         divergent_outputs=spans.get("kvtrace.verify.divergent_output", 0), preemptions=0,

@@ -105,7 +105,7 @@ def run_kvtrace(trace: str, preset: str, blocks: int, limit: int | None, content
     t0 = time.perf_counter()
     s = run_replay(spec).summary
     wall = time.perf_counter() - t0
-    return {"wall_s": wall, "requests": s["requests"], "hit_rate": s["token_hit_rate"],
+    return {"wall_s": wall, "requests": s["requests"], "hit_rate": s["prefix_cache_hit_rate"],
             "ttft_ms": {q: s.get(f"ttft_ms_p{q}") for q in (50, 90, 99)},
             "itl_ms": {q: s.get(f"itl_ms_p{q}") for q in (50, 90, 99)}, "summary": s}
 

@@ -20,8 +20,8 @@ import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: tests.support
 
-from kvtrace.store import Store, read  # noqa: E402
-from tests.support.synthetic_spans import fill_store  # noqa: E402
+from kvtrace.store import Store, read
+from tests.support.synthetic_spans import fill_store
 
 BUDGET_S = 1.0
 
@@ -50,9 +50,10 @@ def dashboard_queries(db: str | Path, run_id: str) -> dict:
         "runs": lambda: read.runs(db),
         "run": lambda: read.run(db, run_id),
         "span_counts": lambda: read.span_counts(db, run_id),
-        "hit_rate_over_time": lambda: read.hit_rate_over_time(db, run_id),
-        "hit_rate_over_time(group=1)": lambda: read.hit_rate_over_time(db, run_id, group=1),
-        "hit_token_sources": lambda: read.hit_token_sources(db, run_id),
+        "hit_counters": lambda: read.hit_counters(db, run_id),
+        "hit_counters_over_time": lambda: read.hit_counters_over_time(db, run_id),
+        "group_hit_rates": lambda: read.group_hit_rates(db, run_id),
+        "group_hit_rate_over_time": lambda: read.group_hit_rate_over_time(db, run_id),
         "usage_over_time": lambda: read.usage_over_time(db, run_id),
         "evictions_over_time(reason)": lambda: read.evictions_over_time(db, run_id, by="reason"),
         "evictions_over_time(publish_kind)": lambda: read.evictions_over_time(db, run_id, by="publish_kind"),
@@ -71,6 +72,7 @@ def dashboard_queries(db: str | Path, run_id: str) -> dict:
         "latency_cdf(ttft)": lambda: read.latency_cdf(db, run_id, "ttft"),
         "latency_cdf(itl)": lambda: read.latency_cdf(db, run_id, "itl"),
         "latency_percentiles(itl)": lambda: read.latency_percentiles(db, run_id, "itl"),
+        "latency_summary": lambda: read.latency_summary(db, run_id),
         "latency_histogram(ttft)": lambda: read.latency_histogram(db, run_id, "ttft"),
         "latency_histogram(itl)": lambda: read.latency_histogram(db, run_id, "itl"),
         "itl_over_time": lambda: read.itl_over_time(db, run_id),

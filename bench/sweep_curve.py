@@ -22,11 +22,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kvtrace.replay.cache_only import as_block_requests, replay_cache_only  # noqa: E402
-from kvtrace.replay.curve import capacity_curve  # noqa: E402
-from kvtrace.replay.readers import read_trace  # noqa: E402
-from kvtrace.replay.run import RunSpec  # noqa: E402
-from kvtrace.replay.sweep import run_sweep  # noqa: E402
+from kvtrace.replay.cache_only import as_block_requests, replay_cache_only
+from kvtrace.replay.curve import capacity_curve
+from kvtrace.replay.readers import read_trace
+from kvtrace.replay.run import RunSpec
+from kvtrace.replay.sweep import run_sweep
 
 TRACE = ROOT / "tests" / "data" / "mooncake_synthetic_trace.jsonl"
 CAPACITIES = [1_000, 2_000, 4_000, 6_000, 8_000, 12_000, 16_000, 24_000]

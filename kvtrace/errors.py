@@ -1,8 +1,17 @@
 """User-facing errors: the CLI prints ``str(err)`` as one line and exits non-zero."""
 
+import math
+
 
 class KVTraceError(Exception):
-    """A user error (bad trace line, config key, database). Never shown with a traceback."""
+    """A user error (bad trace line, config key, database). Never shown with a traceback.
+
+    The message is one line whatever it quotes: line breaks in it (a key or value from a
+    hostile file, a library's multi-line text) become spaces."""
+
+    def __init__(self, message: object = "", *args: object):
+        text = str(message)
+        super().__init__(" ".join(text.splitlines()) if text else text, *args)
 
 
 class TraceFormatError(KVTraceError):
@@ -16,3 +25,17 @@ class ConfigError(KVTraceError):
     def __init__(self, source: str, key: str, what: str):
         super().__init__(f"{source}: {key}: {what}")
         self.source, self.key, self.what = source, key, what
+
+
+def check_option(option: str, value: int | float, minimum: int | float,
+                 maximum: int | float | None = None) -> int | float:
+    """``value`` of a command-line option, refused as one ConfigError naming the option
+    unless it is a finite number in [minimum, maximum] (NaN and inf are refused)."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number or (isinstance(value, float) and not math.isfinite(value)):
+        raise ConfigError(option, str(value), "expected a finite number")
+    if value < minimum:
+        raise ConfigError(option, str(value), f"expected >= {minimum:,}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(option, str(value), f"expected at most {maximum:,}")
+    return value

@@ -13,18 +13,24 @@
 #     name: python3
 # ---
 
+# %%
+
 # %% [markdown]
 # # Regression analysis: one trace, two runs
 #
 # An isolated A/B measurement of a cache-policy change: both runs replay the *same* trace
 # deterministically, so every difference below comes from the change alone (the reviews
-# in `shared/seeds` each end with "the gain is not an isolated measurement").
+# behind each behaviour, summarised in `docs/cache_semantics.md`, each end with "the gain
+# is not an isolated measurement").
 #
 # Give a store and two run ids (A = baseline, B = candidate), or leave them empty and give
 # a behaviour: the notebook then runs `kvtrace study` into a temporary store, with
 # A = the behaviour switched off (old vLLM) and B = on (current vLLM).
 #
-# All latencies are *modelled* times from kvtrace's engine clock, not measurements.
+# Every metric is defined once, in `kvtrace.metrics`, in vLLM's words: the hit rate is
+# vLLM's prefix cache hit rate (each request once, when first scheduled); latencies are
+# `vllm bench serve`'s TTFT, TPOT, ITL and E2EL. All latencies are *modelled* times from
+# kvtrace's engine clock and its cost model, not measurements.
 
 # %% tags=["parameters"]
 db_path = None  # a kvtrace DuckDB store (None: run a study into a temp store)
@@ -46,9 +52,10 @@ import tempfile
 import plotly.express as px
 import polars as pl
 
-from kvtrace.compare.model import LATENCY_PREFIXES, metric_direction
+from kvtrace.compare.model import metric_direction
 from kvtrace.compare.render import fmt
 from kvtrace.compare.source import diff_runs
+from kvtrace.metrics import MODELLED, is_latency_key
 from kvtrace.store import read as store
 
 if db_path is None or run_a is None or run_b is None:
@@ -62,7 +69,9 @@ if db_path is None or run_a is None or run_b is None:
 runs = store.runs(db_path).filter(pl.col("run_id").is_in([run_a, run_b]))
 label = {r["run_id"]: f"{'A' if r['run_id'] == run_a else 'B'}: {r['name'] or r['run_id']}"
          for r in runs.iter_rows(named=True)}
-runs.select([c for c in ("run_id", "name", "trace_source", "mode", "behaviours", "status", "digest") if c in runs.columns])
+runs.select(
+    [c for c in ("run_id", "name", "trace_source", "mode", "behaviours", "status", "digest") if c in runs.columns]
+)
 
 # %% [markdown]
 # ## Overall deltas
@@ -87,29 +96,34 @@ latency = pl.DataFrame(
 rel = deltas.drop_nulls("rel").filter(pl.col("rel") != 0)
 if rel.height:
     px.bar(rel, x="rel", y="metric", color="verdict", orientation="h",
+           labels={"rel": "relative change, B vs A", "metric": "metric", "verdict": "verdict"},
            title="Relative change B vs A (non-zero metrics)").show()
 deltas
 
 # %%
+print(f"latency percentiles: {MODELLED} times")
 latency
 
 # %% [markdown]
 # ## Hit rate over time
-# The token hit rate per window of virtual time, and its cumulative value: where in the
-# trace the two runs part ways.
+# vLLM's prefix cache hit rate per window of virtual time (each request in the window it
+# was first scheduled in), and its cumulative value: where in the trace the two runs part
+# ways.
 
 # %%
 hr = pl.concat(
-    [store.hit_rate_over_time(db_path, r, group=store.OVERALL_GROUP).with_columns(run=pl.lit(label[r]))
-     for r in (run_a, run_b)],
+    [store.hit_counters_over_time(db_path, r).with_columns(run=pl.lit(label[r])) for r in (run_a, run_b)],
     how="vertical_relaxed",
 ).with_columns(t_s=pl.col("window_start_ns") / 1e9)
-hr_long = hr.unpivot(index=["t_s", "run"], on=["hit_rate", "cum_hit_rate"], variable_name="series",
-                     value_name="token_hit_rate")
-px.line(hr_long, x="t_s", y="token_hit_rate", color="run", line_dash="series",
-        title="Token hit rate per window and cumulative, over virtual time (s)").show()
+hr_long = (hr.rename({"prefix_cache_hit_rate": "per window", "cum_prefix_cache_hit_rate": "cumulative"})
+           .unpivot(index=["t_s", "run"], on=["per window", "cumulative"], variable_name="series",
+                    value_name="rate"))
+px.line(hr_long, x="t_s", y="rate", color="run", line_dash="series",
+        labels={"t_s": "virtual time (s)", "rate": "prefix cache hit rate", "run": "run", "series": "series"},
+        title="Prefix cache hit rate per window and cumulative").show()
 cum_hit_rate_end = {
-    lbl: (lambda f: f["cum_hit_rate"][-1] if f.height else None)(hr.filter(pl.col("run") == lbl).sort("t_s"))
+    lbl: (lambda f: f["cum_prefix_cache_hit_rate"][-1] if f.height else None)(
+        hr.filter(pl.col("run") == lbl).sort("t_s"))
     for lbl in (label[run_a], label[run_b])
 }
 cum_hit_rate_end
@@ -118,7 +132,8 @@ cum_hit_rate_end
 # ## Eviction attribution
 # For every miss on a block that was cached before: which eviction removed it and which
 # kind of publish took its place. A change that stops one publish kind from evicting hot
-# prefixes shows here first.
+# prefixes shows here first. Evictions have no better or worse direction by themselves:
+# evicting a stale entry keeps the cache correct.
 
 # %%
 attr = pl.concat(
@@ -132,6 +147,8 @@ attribution = (attr.group_by(group_cols).agg(pl.len().alias("misses")).sort(grou
                                          "misses": pl.UInt32}))
 if attribution.height:
     px.bar(attribution, x="publish_kind", y="misses", color="run", barmode="group", hover_data=["evict_reason"],
+           labels={"publish_kind": "kind of the publish that took the evicted block (none: no publish)",
+                   "misses": "later misses on evicted blocks", "run": "run", "evict_reason": "eviction reason"},
            title="Misses on previously cached blocks, by the kind of publish that took the evicted block").show()
 else:
     print("no miss in either run hit a block that had been evicted")
@@ -146,67 +163,80 @@ evictions
 
 # %% [markdown]
 # ## Per-request changes
-# Hit tokens of each request in A against B: points above the diagonal gained.
+# Cached tokens of each request (local + external hits at its first schedule, vLLM's
+# per-request `num_cached_tokens`) in A against B: points above the diagonal gained. The
+# table leads with the requests that changed most.
 
 # %%
 per_req = (
-    store.per_request_hits(db_path, run_a).select("request_id", pl.col("num_hit_tokens").alias("hit_A"))
-    .join(store.per_request_hits(db_path, run_b).select("request_id", pl.col("num_hit_tokens").alias("hit_B")),
+    store.per_request_hits(db_path, run_a).select("request_id", pl.col("num_cached_tokens").alias("cached_A"))
+    .join(store.per_request_hits(db_path, run_b).select("request_id", pl.col("num_cached_tokens").alias("cached_B")),
           on="request_id", how="inner")
-    .with_columns(delta=pl.col("hit_B") - pl.col("hit_A"))
-    .sort(["delta", "request_id"])
+    .with_columns(delta=pl.col("cached_B") - pl.col("cached_A"))
+    .sort([pl.col("delta").abs(), pl.col("request_id")], descending=[True, False])
 )
-px.scatter(per_req, x="hit_A", y="hit_B", hover_name="request_id",
-           title="Hit tokens per request, A against B").show()
+px.scatter(per_req, x="cached_A", y="cached_B", hover_name="request_id",
+           labels={"cached_A": "cached tokens in A", "cached_B": "cached tokens in B"},
+           title="Cached tokens per request, A against B").show()
 r = diff.requests
-print(f"{r.gained} requests gained hit tokens, {r.lost} lost, {r.requests - r.gained - r.lost} unchanged "
-      f"(net {r.hit_tokens_delta:+d} tokens)")
-pl.concat([per_req.head(5), per_req.tail(5)]).unique(maintain_order=True)
+print(f"{r.gained} requests gained cached tokens, {r.lost} lost, {r.requests - r.gained - r.lost} unchanged "
+      f"(net {r.cached_tokens_delta:+d} tokens)")
+per_req.head(20)
 
 # %% [markdown]
 # ## Latency CDFs
-# TTFT per request and every inter-token gap, both runs overlaid (modelled times).
+# TTFT per request and every inter-token gap, both runs overlaid (modelled times: the cost
+# model's virtual clock, not measurements).
 
 # %%
-for metric in ("ttft", "itl"):
+for metric, what in (("ttft", "requests"), ("itl", "inter-token gaps")):
     cdf = pl.concat(
         [store.latency_cdf(db_path, rid, metric).with_columns(run=pl.lit(label[rid])) for rid in (run_a, run_b)],
         how="vertical_relaxed",
-    ).with_columns(value_ms=pl.col("value_ns") / 1e6)
+    ).with_columns(value_ms=pl.col("value_ns") / 1e6, fraction=pl.col("q") / 100)
     if cdf.height:
-        px.line(cdf, x="value_ms", y="q", color="run", log_x=True,
-                title=f"{metric.upper()} CDF (ms, modelled)").show()
+        px.line(cdf, x="value_ms", y="fraction", color="run", log_x=True,
+                labels={"value_ms": f"{metric.upper()} (ms, {MODELLED})", "fraction": f"fraction of {what} ≤ x",
+                        "run": "run"},
+                title=f"{metric.upper()} CDF ({MODELLED})").show()
 
 # %% [markdown]
 # ## Conclusion
 # Generated from the numbers above: a count or rate is called better or worse when it
 # moved in its preferred direction; a latency percentile only when its bootstrap
 # confidence interval excludes 0 (a modelled-time shift inside the noise is no finding).
+# Evictions are reported by reason and never called worse: evicting a stale entry is a
+# fix, not a loss.
 
 # %%
-better = [m for m in diff.metrics if m.verdict == "better" and not m.name.startswith(LATENCY_PREFIXES)]
-worse = [m for m in diff.metrics if m.verdict == "worse" and not m.name.startswith(LATENCY_PREFIXES)]
+better = [m for m in diff.metrics if m.verdict == "better" and not is_latency_key(m.name)]
+worse = [m for m in diff.metrics if m.verdict == "worse" and not is_latency_key(m.name)]
 sig = [s for s in diff.latency if s.significant]
 lines = []
-hr_m = diff.metric("token_hit_rate")
+hr_m = diff.metric("prefix_cache_hit_rate")
 if hr_m.delta:
-    lines.append(f"B {'raises' if hr_m.delta > 0 else 'lowers'} the token hit rate from {fmt(hr_m.a)} to {fmt(hr_m.b)} "
-                 f"({hr_m.delta:+.4f}" + (f", {hr_m.rel * 100:+.1f}%)" if hr_m.rel is not None else ")") + ".")
+    rel_txt = f", {hr_m.rel * 100:+.1f}%" if hr_m.rel is not None else ""
+    lines.append(f"B {'raises' if hr_m.delta > 0 else 'lowers'} the prefix cache hit rate from {fmt(hr_m.a)} to "
+                 f"{fmt(hr_m.b)} ({hr_m.delta * 100:+.2f} pp{rel_txt}).")
 else:
-    lines.append(f"The token hit rate is unchanged at {fmt(hr_m.a)}.")
+    lines.append(f"The prefix cache hit rate is unchanged at {fmt(hr_m.a)}.")
 for s in sig:
-    lines.append(f"{s.name} {'rises' if s.delta > 0 else 'falls'} by {abs(s.delta):.3f} ms "
-                 f"(95% CI [{s.ci_low:+.3f}, {s.ci_high:+.3f}]).")
+    lines.append(f"{s.name} {'rises' if s.delta > 0 else 'falls'} by {abs(s.delta):.3f} ms ({MODELLED}; "
+                 f"95% CI [{s.ci_low:+.3f}, {s.ci_high:+.3f}]).")
 for name in ("stale_hashes", "divergent_outputs"):
     m = diff.metric(name)
     if (m.a or 0) or (m.b or 0):
         lines.append(f"{name}: A {m.a:g}, B {m.b:g}.")
+stale_evictions = next((k for k in diff.evictions_by_reason if k.key == "stale_hash" and k.delta), None)
+if stale_evictions is not None:
+    lines.append(f"Stale entries evicted: A {stale_evictions.a}, B {stale_evictions.b} (evicting a stale entry keeps "
+                 "the cache correct; it is not a loss).")
 kind_shifts = [k for k in diff.evictions_by_publish_kind if k.key != "none" and k.delta]
 if kind_shifts:
     k = kind_shifts[0]  # the largest shift (sorted by size of change)
     lines.append(f"Blocks evicted to make room for {k.key} publishes: A {k.a}, B {k.b}.")
 if diff.requests and (diff.requests.gained or diff.requests.lost):
-    lines.append(f"{diff.requests.gained} requests gained hit tokens and {diff.requests.lost} lost.")
+    lines.append(f"{diff.requests.gained} requests gained cached tokens and {diff.requests.lost} lost.")
 worse_names = {m.name for m in worse} | {s.name for s in sig if s.delta * metric_direction(s.name) < 0}
 better_names = {m.name for m in better} | {s.name for s in sig if s.delta * metric_direction(s.name) > 0}
 if not worse_names and better_names:
@@ -227,17 +257,19 @@ result = {
     "run_a": run_a,
     "run_b": run_b,
     "same_trace": diff.same_trace,
-    "token_hit_rate_a": hr_m.a,
-    "token_hit_rate_b": hr_m.b,
-    "token_hit_rate_delta": hr_m.delta,
-    "hit_tokens_delta": diff.metric("hit_tokens").delta,
+    "prefix_cache_hit_rate_a": hr_m.a,
+    "prefix_cache_hit_rate_b": hr_m.b,
+    "prefix_cache_hit_rate_delta": hr_m.delta,
+    "prefix_cache_hits_delta": diff.metric("prefix_cache_hits").delta,
     "metrics": {m.name: {"a": m.a, "b": m.b, "delta": m.delta} for m in diff.metrics},
     "latency": {s.name: {"a": s.a, "b": s.b, "delta": s.delta,
                          "ci": [None if math.isnan(v) else v for v in (s.ci_low, s.ci_high)]} for s in diff.latency},
     "requests_gained": diff.requests.gained if diff.requests else None,
     "requests_lost": diff.requests.lost if diff.requests else None,
     "per_request_delta_sum": int(per_req["delta"].sum()) if per_req.height else 0,
+    "per_request_first": per_req["request_id"].head(5).to_list(),
     "cum_hit_rate_end": {"a": cum_hit_rate_end[label[run_a]], "b": cum_hit_rate_end[label[run_b]]},
+    "evictions_by_reason": {s.key: {"a": s.a, "b": s.b} for s in diff.evictions_by_reason},
     "evictions_by_publish_kind": {s.key: {"a": s.a, "b": s.b} for s in diff.evictions_by_publish_kind},
     "attribution_misses": {"a": attribution_misses.get(label[run_a], 0), "b": attribution_misses.get(label[run_b], 0)},
     "better": sorted(better_names),

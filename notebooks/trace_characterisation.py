@@ -116,12 +116,13 @@ gaps = (
     .drop_nulls("gap_s")
 )
 reuse_gap_s = {f"p{q}": float(gaps["gap_s"].quantile(q / 100, "linear")) if gaps.height else None for q in (50, 90, 99)}
-fig = px.bar(reuse_hist, x="references", y="blocks",
-             log_y=True, title="Blocks by number of referencing requests")
+fig = px.bar(reuse_hist, x="references", y="blocks", log_y=True,
+             labels={"references": "requests referencing the block", "blocks": "blocks (log scale)"},
+             title="Blocks by number of referencing requests")
 fig.show()
 if gaps.height:
     px.ecdf(x=gaps["gap_s"].to_numpy(), log_x=True, title="Reuse gap (s) between consecutive references",
-            labels={"x": "gap (s)"}).show()
+            labels={"x": "time between consecutive references of a block (s)"}).show()
 print("reuse gap percentiles (s):", reuse_gap_s)
 
 # %% [markdown]
@@ -144,7 +145,10 @@ by_depth = (
     .agg(pl.col("children").mean().alias("mean_children"), pl.col("children").max().alias("max_children"))
     .sort("depth")
 )
-px.line(by_depth, x="depth", y=["mean_children", "max_children"], log_y=True,
+px.line(by_depth.rename({"mean_children": "mean children", "max_children": "most children"}), x="depth",
+        y=["mean children", "most children"], log_y=True,
+        labels={"depth": "depth (block position in the prompt)", "value": "children per node (log scale)",
+                "variable": ""},
         title="Prefix-tree fan-out by depth (block position)").show()
 print(f"root fan-out {root_fanout}, max inner fan-out {max_fanout}, branching nodes {branching_nodes}")
 
@@ -157,7 +161,7 @@ print(f"root fan-out {root_fanout}, max inner fan-out {max_fanout}, branching no
 # %%
 if capacities is None:
     top = unique_blocks + max(len(block_keys(r)) for r in requests)  # everything fits
-    capacities = sorted({max(2, int(round(top * f))) for f in (0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75)} | {top})
+    capacities = sorted({max(2, round(top * f)) for f in (0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75)} | {top})
 capacities = [int(c) for c in capacities]
 # Hash-id traces are swept in their own block unit; token-id traces in `block_size` tokens.
 sweep_block_size = block_size if any(r.hash_ids is None for r in requests) else None
@@ -167,10 +171,13 @@ for cap in capacities:
         spec = RunSpec(trace=str(trace_path), mode="cache-only", policy=policy, capacity_blocks=cap,
                        block_size=sweep_block_size, trace_format=trace_format, limit=limit, seed=seed)
         s = run_replay(spec).summary
-        sweep_rows.append({"capacity_blocks": cap, "policy": policy, "token_hit_rate": s["token_hit_rate"],
+        sweep_rows.append({"capacity_blocks": cap, "policy": policy,
+                           "prefix_cache_hit_rate": s["prefix_cache_hit_rate"],
                            "block_hit_rate": s["block_hit_rate"], "evictions": s["evictions"]})
 sweep = pl.DataFrame(sweep_rows)
-fig = px.line(sweep, x="capacity_blocks", y="token_hit_rate", color="policy", markers=True,
+fig = px.line(sweep, x="capacity_blocks", y="prefix_cache_hit_rate", color="policy", markers=True,
+              labels={"capacity_blocks": "cache capacity (blocks)", "prefix_cache_hit_rate": "prefix cache hit rate",
+                      "policy": "eviction policy"},
               title="Token hit rate against capacity (cache-only): LRU and the Belady bound")
 fig.add_hline(y=reuse_fraction, line_dash="dot", annotation_text="reuse bound (blocks)")
 fig.show()
@@ -198,7 +205,8 @@ dispersion = pl.DataFrame(dispersion, schema={"window_s": pl.Float64, "index_of_
 win = max(span_s / 60, 1e-3)
 per_window = np.bincount(((arrivals_s - arrivals_s[0]) // win).astype(np.int64)) if arrivals_s.size else np.zeros(0)
 go.Figure(go.Bar(x=np.arange(per_window.size) * win, y=per_window)).update_layout(
-    title=f"Arrivals per {win:.2f} s window", xaxis_title="time (s)", yaxis_title="requests").show()
+    title=f"Arrivals per {win:.2f} s window", xaxis_title="time since the first arrival (s)",
+    yaxis_title="requests arriving").show()
 print(f"inter-arrival CV {interarrival_cv}, span {span_s:.1f} s")
 dispersion
 
@@ -221,18 +229,20 @@ result = {
     "max_fanout": max_fanout,
     "branching_nodes": branching_nodes,
     "capacities": capacities,
-    "lru_token_hit_rate": lru["token_hit_rate"].to_list(),
-    "belady_token_hit_rate": belady["token_hit_rate"].to_list(),
+    "lru_prefix_cache_hit_rate": lru["prefix_cache_hit_rate"].to_list(),
+    "belady_prefix_cache_hit_rate": belady["prefix_cache_hit_rate"].to_list(),
     "lru_block_hit_rate": lru["block_hit_rate"].to_list(),
     "belady_block_hit_rate": belady["block_hit_rate"].to_list(),
     "interarrival_cv": interarrival_cv,
-    "index_of_dispersion": dict(zip(map(str, dispersion["window_s"].to_list()), dispersion["index_of_dispersion"].to_list())),
+    "index_of_dispersion": dict(
+        zip(map(str, dispersion["window_s"].to_list()), dispersion["index_of_dispersion"].to_list())
+    ),
 }
-knee = next((c for c, h in zip(capacities, result["lru_token_hit_rate"])
-             if h >= 0.9 * max(result["lru_token_hit_rate"] or [0])), None)
+knee = next((c for c, h in zip(capacities, result["lru_prefix_cache_hit_rate"])
+             if h >= 0.9 * max(result["lru_prefix_cache_hit_rate"] or [0])), None)
 print(f"LRU reaches 90% of its best hit rate at {knee} blocks; "
       f"Belady headroom at the smallest capacity: "
-      f"{(result['belady_token_hit_rate'][0] - result['lru_token_hit_rate'][0]):+.4f}")
+      f"{(result['belady_prefix_cache_hit_rate'][0] - result['lru_prefix_cache_hit_rate'][0]):+.4f}")
 if result_path:
     with open(result_path, "w") as fh:
         json.dump(result, fh, indent=2)

@@ -14,7 +14,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "kvtrace"
 
-GROUND = {"errors", "numeric"}  # kvtrace/errors.py, kvtrace/numeric.py: import nothing of kvtrace
+# kvtrace/errors.py, numeric.py, metrics.py, process.py: the ground floor, nothing above them
+GROUND = {"errors", "numeric", "metrics", "process"}
 # package -> the kvtrace packages it may import (besides itself and the ground floor)
 MAY_IMPORT: dict[str, set[str]] = {
     "workload": set(),
@@ -24,7 +25,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "instrument": {"workload", "cache", "engine", "store"},
     "replay": {"workload", "cache", "engine", "instrument", "store"},
     "compare": {"workload", "cache", "store", "replay"},
-    "dashboard": {"store"},
+    "dashboard": {"store", "compare"},
     "cli": {"workload", "cache", "engine", "instrument", "store", "replay", "compare", "dashboard"},
 }
 # Narrower rules inside an allowed edge: instrument turns events into spans, so of the
@@ -34,6 +35,10 @@ ONLY_MODULES: dict[tuple[str, str], set[str]] = {
     ("instrument", "engine"): {"kvtrace.engine.events"},
     # studies switch the cache behaviours by name: of the cache, compare reads only that data
     ("compare", "cache"): {"kvtrace.cache.config"},
+    # Compare shows kvtrace diff's own numbers: the dashboard reads the comparison, never the
+    # studies (which replay, and so import the engine)
+    ("dashboard", "compare"): {"kvtrace.compare.source", "kvtrace.compare.render", "kvtrace.compare.model",
+                               "kvtrace.compare.bootstrap", "kvtrace.compare.pairing"},
 }
 # Third-party packages a package must never import (the rest is free).
 NEVER: dict[str, set[str]] = {
@@ -44,6 +49,7 @@ NEVER: dict[str, set[str]] = {
     "dashboard": {"torch", "opentelemetry"},
     "errors": {"torch", "numpy"},
     "numeric": {"torch"},
+    "metrics": {"torch", "polars", "duckdb"},
 }
 
 
@@ -93,7 +99,9 @@ FILES = sorted(ROOT.rglob("*.py"))
 
 def test_every_package_is_in_the_table():
     packages = {_package(_module_name(f)) for f in FILES} - {"kvtrace"}
-    assert packages <= set(MAY_IMPORT) | GROUND, f"packages missing from the layering table: {packages - set(MAY_IMPORT)}"
+    assert packages <= set(MAY_IMPORT) | GROUND, (
+        f"packages missing from the layering table: {packages - set(MAY_IMPORT)}"
+    )
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(ROOT.parent)))
@@ -115,7 +123,9 @@ def test_imports_follow_the_layering(path):
         if pkg in GROUND or target not in MAY_IMPORT.get(pkg, set()):
             bad.append(f"line {line}: {pkg} may not import {mod} ({target} is not below it)")
         elif (pkg, target) in ONLY_MODULES and mod not in ONLY_MODULES[(pkg, target)] and mod != f"kvtrace.{target}":
-            bad.append(f"line {line}: {pkg} may import only {sorted(ONLY_MODULES[(pkg, target)])} of {target}, not {mod}")
+            bad.append(
+                f"line {line}: {pkg} may import only {sorted(ONLY_MODULES[(pkg, target)])} of {target}, not {mod}"
+            )
         elif (pkg, target) in ONLY_MODULES and mod == f"kvtrace.{target}":
             bad.append(f"line {line}: {pkg} may import only {sorted(ONLY_MODULES[(pkg, target)])} of {target}")
     assert not bad, f"{path.relative_to(ROOT.parent)}:\n  " + "\n  ".join(bad)
@@ -187,3 +197,31 @@ def test_only_the_vllm_backend_imports_vllm(path):
                 if any(n == VLLM_HOME or n.startswith(VLLM_HOME + ".") for n in names):
                     bad.append(f"line {node.lineno}: imports {VLLM_HOME} at module level")
     assert not bad, f"{path.relative_to(ROOT.parent)}:\n  " + "\n  ".join(bad)
+
+
+def _readme_table() -> dict[str, set[str]]:
+    """The README architecture table: package -> the kvtrace packages it says it imports."""
+    readme = (ROOT.parent / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Architecture"):readme.index("\n## ", readme.index("## Architecture") + 1)]
+    table: dict[str, set[str]] = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 3 or not cells[0].startswith("`kvtrace."):
+            continue
+        names = [n.strip(" `").removeprefix("kvtrace.") for n in cells[0].split(",")]
+        said = cells[2]
+        imports = set(MAY_IMPORT) - set(names) if said == "all of the above" else {
+            n.strip() for n in said.split(",") if n.strip() not in ("—", "")}
+        for name in names:
+            table[name] = imports
+    return table
+
+
+def test_the_readme_table_is_this_table():
+    """The README says what each package may import; this test's table is the one enforced."""
+    table = _readme_table()
+    assert set(table) == set(MAY_IMPORT) | GROUND
+    for pkg in GROUND:
+        assert table[pkg] == set(), pkg
+    for pkg, allowed in MAY_IMPORT.items():
+        assert table[pkg] == allowed, (pkg, table[pkg], allowed)

@@ -344,9 +344,8 @@ class BlockPool:
         if type(v) is KVCacheBlock:
             if v is b:
                 del cached[h]
-        elif v.pop(b.block_id, None) is not None:
-            if len(v) == 1:
-                cached[h] = next(iter(v.values()))
+        elif v.pop(b.block_id, None) is not None and len(v) == 1:
+            cached[h] = next(iter(v.values()))
 
     def _drop_keys(self, b: KVCacheBlock) -> None:
         if b.block_hash is not None:

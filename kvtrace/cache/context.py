@@ -14,14 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from math import lcm
 
+from kvtrace.cache.block_pool import BlockPool
+from kvtrace.cache.blocks import KVCacheBlock
 from kvtrace.cache.config import (
     EXTERNAL_HIT_RUNNING_COW,
     SHARED_PREFIX_PINNING,
     TRANSIENT_CHECKPOINT_RETENTION,
     CacheConfig,
 )
-from kvtrace.cache.block_pool import BlockPool
-from kvtrace.cache.blocks import KVCacheBlock
 from kvtrace.cache.events import COPY_EXTERNAL, BlockCopied
 from kvtrace.cache.plans import BlockCopy, StateWrite
 from kvtrace.cache.sink import EventSink
@@ -118,4 +118,6 @@ class CacheContext:
 
     def note_external_load(self, request_id: str, group_id: int, block: KVCacheBlock) -> None:
         if self.sink.enabled:
-            self.sink.events.append(BlockCopied(self.sink.step, request_id, group_id, -1, block.block_id, COPY_EXTERNAL))
+            self.sink.events.append(
+                BlockCopied(self.sink.step, request_id, group_id, -1, block.block_id, COPY_EXTERNAL)
+            )

@@ -140,7 +140,7 @@ class KVCacheCoordinator:
         rid = request.request_id
         mgrs = self.managers
         total_computed = num_local + num_external
-        if (hits is not None and any(hits)) or num_external:
+        if (hits is not None and any(hits)) or num_external:  # noqa: SIM102  (vLLM's two tests, apart)
             # vLLM's allocate_new_computed_blocks: a running request takes nothing new
             if not any(rid in m.num_cached_block for m in mgrs):
                 no_hits: Sequence[KVCacheBlock] = ()

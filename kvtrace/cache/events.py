@@ -19,7 +19,7 @@ the run digest hashes. Positional arguments follow the field order.
 
 from __future__ import annotations
 
-from typing import Callable, Union
+from collections.abc import Callable
 
 import msgspec
 
@@ -113,5 +113,5 @@ class StaleHashLeft(Event):
     num_tokens: int  # the prefix length the stale key claims
 
 
-CacheEvent = Union[BlockPublished, BlockEvicted, BlockCopied, PrefixLookup, BlocksFreed, StaleHashLeft]
+CacheEvent = BlockPublished | BlockEvicted | BlockCopied | PrefixLookup | BlocksFreed | StaleHashLeft
 CacheListener = Callable[[list[CacheEvent]], None]

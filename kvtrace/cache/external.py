@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from kvtrace.cache.sink import EventSink
 from kvtrace.cache.events import EVICT_CONNECTOR, BlockEvicted
+from kvtrace.cache.sink import EventSink
 
 
 class ExternalTier:
@@ -41,7 +41,9 @@ class ExternalTier:
             self.sink.evictions_by_reason[EVICT_CONNECTOR] += 1
             if self.sink.enabled:
                 age = self.sink.step - born
-                self.sink.events.append(BlockEvicted(self.sink.step, gid, EVICT_CONNECTOR, (-1,), (h,), (age,), (age,), None))
+                self.sink.events.append(
+                    BlockEvicted(self.sink.step, gid, EVICT_CONNECTOR, (-1,), (h,), (age,), (age,), None)
+                )
 
     def touch(self, group_id: int, block_hash: bytes) -> None:
         key = (group_id, block_hash)

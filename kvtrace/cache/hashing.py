@@ -80,7 +80,7 @@ class BlockHasher:
     therefore do not share keys (a trace is replayed in one mode).
     """
 
-    __slots__ = ("hash_fn", "hash_block_size", "none_hash", "_trace_memo", "memo_hits", "memo_misses")
+    __slots__ = ("_trace_memo", "hash_block_size", "hash_fn", "memo_hits", "memo_misses", "none_hash")
 
     def __init__(self, hash_fn_name: str, hash_block_size: int):
         self.hash_fn = HASH_FNS[hash_fn_name]

@@ -30,20 +30,20 @@ class Request:
     """
 
     __slots__ = (
-        "request_id",
-        "cache_salt",
-        "lora_name",
-        "trace_block_ids",
-        "trace_block_size",
-        "namespace",
-        "num_prompt_tokens",
-        "num_computed_tokens",
-        "output_token_ids",
-        "shared_prefix_boundary",
-        "_prompt",
+        "__weakref__",
         "_block_hashes",
         "_hasher",
-        "__weakref__",
+        "_prompt",
+        "cache_salt",
+        "lora_name",
+        "namespace",
+        "num_computed_tokens",
+        "num_prompt_tokens",
+        "output_token_ids",
+        "request_id",
+        "shared_prefix_boundary",
+        "trace_block_ids",
+        "trace_block_size",
     )
 
     def __init__(

@@ -14,7 +14,7 @@ keeps every block; ``boundary_blocks`` are the kept indices owed to a boundary o
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def mamba_reachable_mask(

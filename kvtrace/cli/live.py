@@ -9,7 +9,7 @@ import typer
 
 from kvtrace.cli.app import app, capture_app
 from kvtrace.cli.options import DbRequired
-from kvtrace.cli.output import status
+from kvtrace.cli.output import recorded, status
 
 
 @app.command()
@@ -50,8 +50,15 @@ def capture_vllm(
         metavar="N", help="The server's --data-parallel-size: capture every rank, each at vLLM's per-rank endpoint "
                           "(tcp port + rank).")] = 1,
 ) -> None:
-    """Record a live vLLM server's KV events into the store."""
+    """Record a live vLLM server's KV events into the store. Exits 1 when no publisher
+    was ever reached (nothing was listening there); a reached but idle server is not an
+    error (the run's summary says nothing_received)."""
+    from kvtrace.instrument.vllm import capture_report
     from kvtrace.instrument.vllm import capture_vllm as capture
 
-    capture(endpoint, replay_endpoint=replay_endpoint, store_path=db, duration=duration, trace_out=trace_out,
-            dp_size=dp_size)
+    stats = capture(endpoint, replay_endpoint=replay_endpoint, store_path=db, duration=duration,
+                    trace_out=trace_out, dp_size=dp_size)
+    status(capture_report(stats))
+    recorded(stats.run_id, db)
+    if stats.nothing_received and not stats.connected:
+        raise typer.Exit(1)

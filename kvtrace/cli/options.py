@@ -73,7 +73,24 @@ _RUN_OPTIONS: dict[str, tuple[Any, Any, str]] = {
     "no_content": (Annotated[bool, typer.Option(
         "--no-content", help="Engine mode without device content, sampling checks or stale-hash audits: hits and "
         "timings only, several times faster.", rich_help_panel=RUN_PANEL)], False, "content"),
+    "percentiles": (Annotated[str | None, typer.Option(
+        metavar="P1,P2,...", help="Latency percentiles of the summary, as vllm bench serve's --metric-percentiles "
+                                  "(default 50,90,99).", rich_help_panel=RUN_PANEL)], None, "percentiles"),
 }
+# vllm bench serve's spelling of the same option (the --percentiles flag is kvtrace's)
+Percentiles = Annotated[str | None, typer.Option(
+    metavar="P1,P2,...", help="Latency percentiles, as vllm bench serve's --metric-percentiles (default 50,90,99).")]
+
+
+def percentiles(text: str | None) -> tuple[float, ...]:
+    """--percentiles 50,90,99 -> (50.0, 90.0, 99.0); one-line error naming the flag."""
+    from kvtrace.errors import ConfigError
+    from kvtrace.metrics import parse_percentiles
+
+    try:
+        return parse_percentiles(text)
+    except ValueError as err:
+        raise ConfigError("--percentiles", str(text), str(err)) from None
 
 TRACE_HELP = "Trace file (or a directory of WEKA files), or gen:NAME for a generated workload."
 
@@ -126,4 +143,6 @@ def run_spec(trace: str, options: dict[str, Any]):
         fields["config_file"] = str(fields["config_file"])
     if "without" in fields:
         fields["without"] = tuple(fields["without"] or ())
+    if "percentiles" in fields:
+        fields["percentiles"] = percentiles(fields["percentiles"])
     return RunSpec(trace="" if trace is None else str(trace), **fields)

@@ -10,7 +10,7 @@ import typer
 from kvtrace.cli.app import app
 from kvtrace.cli.choices import Mode
 from kvtrace.cli.options import Db, Json, replay_options
-from kvtrace.cli.output import echo_json, print_rows, recorded, status
+from kvtrace.cli.output import echo_json, error, print_rows, recorded, status
 
 
 @app.command()
@@ -32,6 +32,9 @@ def replay(
         echo_json({**result.summary, "run_id": result.run_id})
     else:
         print_summary(result.summary, title=f"kvtrace replay {spec.trace}")
+    if result.undelivered:  # the run (and its store copy) is whole; the collector is short
+        error(result.undelivered)
+        raise typer.Exit(1)
 
 
 @app.command()

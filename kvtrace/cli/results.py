@@ -12,13 +12,14 @@ import typer
 
 from kvtrace.cli.app import app
 from kvtrace.cli.choices import Behaviour, value
-from kvtrace.cli.options import Db, DbRequired, Json, Markdown, replay_options
+from kvtrace.cli.options import Db, DbRequired, Json, Markdown, Percentiles, replay_options
+from kvtrace.cli.options import percentiles as parse_percentiles
 from kvtrace.cli.output import echo_json, error, print_rows, recorded
 from kvtrace.errors import KVTraceError
 
 RUN_ID = Annotated[str, typer.Argument(metavar="RUN", help="A run id (see `kvtrace runs`).")]
 # The headline metrics `kvtrace runs` shows, summary keys.
-RUNS_METRICS = ("requests", "token_hit_rate", "ttft_ms_p50", "itl_ms_p50")
+RUNS_METRICS = ("requests", "prefix_cache_hit_rate", "p50_ttft_ms", "p50_itl_ms")
 
 
 @app.command()
@@ -67,17 +68,19 @@ def diff(
     force: Annotated[bool, typer.Option(help="Compare runs of different traces anyway.")] = False,
     fail_if: Annotated[list[str], typer.Option(
         "--fail-if", metavar="METRIC:THRESHOLD",
-        help="Exit 1 when METRIC changes by more than THRESHOLD (e.g. token_hit_rate:-0.01); repeatable.")] = [],  # noqa: B006
+        help="Exit 1 when METRIC changes by more than THRESHOLD (e.g. prefix_cache_hit_rate:-0.01); repeatable.")] = [],  # noqa: B006
     seed: Annotated[int, typer.Option(metavar="N", help="Bootstrap seed.")] = 0,
     top: Annotated[int, typer.Option(metavar="N", help="Requests listed as most gained / lost.")] = 10,
     resamples: Annotated[int, typer.Option(metavar="N", help="Bootstrap resamples for the latency CIs.")] = 1000,
+    percentiles: Percentiles = None,
 ) -> None:
     """Compare two runs of the same trace; exit 1 when a --fail-if gate is violated."""
     from kvtrace.compare.gates import check_fail_if
     from kvtrace.compare.render import render, to_json, to_markdown
     from kvtrace.compare.source import diff_runs
 
-    d = diff_runs(db, run_a, run_b, force=force, seed=seed, top=top, resamples=resamples)
+    d = diff_runs(db, run_a, run_b, force=force, seed=seed, top=top, resamples=resamples,
+                  percentiles=parse_percentiles(percentiles))
     if as_json:
         echo_json(to_json(d))
     elif markdown:

@@ -23,11 +23,13 @@ import numpy as np
 import polars as pl
 
 from kvtrace.compare.model import PercentileShift
+from kvtrace.metrics import DEFAULT_PERCENTILES
 from kvtrace.numeric import percentiles as point_percentiles
 
-PERCENTILES = (50, 90, 99)
+PERCENTILES = DEFAULT_PERCENTILES  # vllm bench serve's --metric-percentiles, here 50,90,99
 LATENCY_METRICS = ("ttft_ms", "itl_ms")
 DEFAULT_RESAMPLES = 1000
+MAX_RESAMPLES = 10_000  # the replicate draws are resamples x requests int64s in memory
 CI_LEVEL = 0.95
 
 
@@ -161,7 +163,7 @@ def percentile_shifts(
     *,
     metric: str,
     counts: tuple[np.ndarray, np.ndarray],
-    percentiles: Sequence[int] = PERCENTILES,
+    percentiles: Sequence[float] = PERCENTILES,
 ) -> list[PercentileShift]:
     """Percentile shifts B - A with bootstrap CIs, given per-request resample counts.
 
@@ -184,7 +186,7 @@ def percentile_shifts(
                 ci_low = np.nanquantile(deltas, alpha, axis=0)
                 ci_high = np.nanquantile(deltas, 1 - alpha, axis=0)
     return [
-        PercentileShift(metric, int(p), float(pa), float(pb), float(pb - pa), float(lo), float(hi))
+        PercentileShift(metric, float(p), float(pa), float(pb), float(pb - pa), float(lo), float(hi))
         for p, pa, pb, lo, hi in zip(percentiles, point_a, point_b, ci_low, ci_high)
     ]
 
@@ -194,7 +196,7 @@ def _nan_for_none(values: list[float | None]) -> np.ndarray:
 
 
 def _boot_percentiles(
-    owner: np.ndarray, values: np.ndarray, counts: np.ndarray, percentiles: Sequence[int]
+    owner: np.ndarray, values: np.ndarray, counts: np.ndarray, percentiles: Sequence[float]
 ) -> np.ndarray:
     """(B, P) replicate percentiles of the observations owned by resampled requests.
     Any order among equal values gives the same result, so the sort need not be stable."""
@@ -222,7 +224,7 @@ def latency_shifts(
     *,
     seed: int = 0,
     resamples: int = DEFAULT_RESAMPLES,
-    percentiles: Sequence[int] = PERCENTILES,
+    percentiles: Sequence[float] = PERCENTILES,
 ) -> tuple[list[PercentileShift], dict[str, Any]]:
     """TTFT/ITL percentile shifts and the bootstrap's settings (seed, resamples, paired,
     requests_a, requests_b).
@@ -245,8 +247,8 @@ def latency_shifts(
             continue
         oa, va = _owned_values(frames_a[metric], metric, ua)
         ob, vb = _owned_values(frames_b[metric], metric, ub)
-        if va.size == 0 and vb.size == 0:
-            continue  # e.g. cache-only runs: no request timing at all
+        if va.size == 0 or vb.size == 0:
+            continue  # a run without this latency (cache-only: no clock) is set against nothing
         shifts += percentile_shifts(oa, va, ob, vb, metric=metric, counts=(counts_a, counts_b), percentiles=percentiles)
     info = {"seed": seed, "resamples": resamples, "paired": paired, "requests_a": ua.height, "requests_b": ub.height}
     return shifts, info

@@ -2,12 +2,12 @@
 
 Sign convention: the threshold's sign names the bad direction.
 
-- Negative: the maximum allowed drop. ``token_hit_rate:-0.01`` fails when the metric
+- Negative: the maximum allowed drop. ``prefix_cache_hit_rate:-0.01`` fails when the metric
   drops by more than 0.01 (``delta < -0.01``).
-- Positive or unsigned: the maximum allowed rise. ``ttft_ms_p99:+5`` (or ``:5``) fails when
+- Positive or unsigned: the maximum allowed rise. ``p99_ttft_ms:+5`` (or ``:5``) fails when
   it rises by more than 5 (``delta > 5``).
 - ``-0`` and ``+0`` differ: no drop at all, no rise at all.
-- A trailing ``%`` compares the relative change instead: ``ttft_ms_p99:+10%``.
+- A trailing ``%`` compares the relative change instead: ``p99_ttft_ms:+10%``.
 - A gate that cannot be evaluated (the metric missing in a run, a relative gate on a zero
   baseline) fails: a gate that cannot be checked must not pass.
 
@@ -35,12 +35,12 @@ class Gate:
 
 
 def parse_gate(text: str) -> Gate:
-    """'token_hit_rate:-0.01' | 'ttft_ms_p99:+5' | 'ttft_ms_p99:10%'; KVTraceError (one
+    """'prefix_cache_hit_rate:-0.01' | 'p99_ttft_ms:+5' | 'p99_ttft_ms:10%'; KVTraceError (one
     line) for anything else."""
     metric, sep, raw = text.partition(":")
     metric, raw = metric.strip(), raw.strip()
     if not sep or not metric or not raw:
-        raise KVTraceError(f"--fail-if {text!r}: expected METRIC:THRESHOLD, e.g. token_hit_rate:-0.01")
+        raise KVTraceError(f"--fail-if {text!r}: expected METRIC:THRESHOLD, e.g. prefix_cache_hit_rate:-0.01")
     relative = raw.endswith("%")
     num = raw[:-1] if relative else raw
     try:

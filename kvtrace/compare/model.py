@@ -20,31 +20,41 @@ from typing import Any
 import polars as pl
 
 from kvtrace.errors import KVTraceError
+from kvtrace.metrics import is_latency_key, percentile_word
 from kvtrace.store.schema import SUMMARY_FIELDS
 
 METRIC_DIRECTION: dict[str, int] = {
-    "hit_tokens": 1,
-    "token_hit_rate": 1,
+    "prefix_cache_hits": 1,
+    "prefix_cache_hit_rate": 1,
+    "external_prefix_cache_hits": 1,
+    "external_prefix_cache_hit_rate": 1,
+    "prompt_tokens_by_source.local_cache_hit": 1,
+    "prompt_tokens_by_source.external_kv_transfer": 1,
+    "prompt_tokens_by_source.local_compute": -1,  # prefill work the cache did not save
     "block_hit_rate": 1,
-    "external_hit_tokens": 1,
     "output_tok_per_s": 1,
-    "computed_prompt_tokens": -1,  # prefill work the cache did not save
-    "evictions": -1,
+    "computed_prompt_tokens": -1,  # prefill work the cache did not save (recompute included)
+    # Not "evictions": evicting a stale entry is a fix, not a loss; the hit rate and the
+    # correctness counts below say whether a change in evictions hurt.
     "stale_hashes": -1,
     "stale_hashes_left": -1,
     "divergent_outputs": -1,
     "table_disagreements": -1,  # Core and Worker disagree on a block table
     "preemptions": -1,
 }
-# Latency metrics (``ttft_ms_p99``, ...): lower is better.
-LATENCY_PREFIXES = ("ttft_", "itl_", "e2e_", "queue_", "latency_")
+
+
+# A latency change below a microsecond of modelled time is interpolation between integer-ns
+# samples, not a finding: its verdict is "same" (the delta itself is kept exact).
+LATENCY_RESOLUTION_MS = 1e-3
 
 
 def metric_direction(name: str) -> int:
-    """+1 when a higher ``name`` is better, -1 when lower is, 0 when neither."""
+    """+1 when a higher ``name`` is better, -1 when lower is (every latency statistic,
+    ``kvtrace.metrics.is_latency_key``), 0 when neither."""
     if name in METRIC_DIRECTION:
         return METRIC_DIRECTION[name]
-    return -1 if name.startswith(LATENCY_PREFIXES) else 0
+    return -1 if is_latency_key(name) else 0
 
 
 # ---------------------------------------------------------------------------- records
@@ -63,7 +73,7 @@ class MetricDelta:
         """'better' / 'worse' / 'same' / '' (no preferred direction or missing)."""
         if self.delta is None:
             return ""
-        if self.delta == 0:
+        if self.delta == 0 or (is_latency_key(self.name) and abs(self.delta) < LATENCY_RESOLUTION_MS):
             return "same"
         d = metric_direction(self.name)
         if d == 0:
@@ -76,7 +86,7 @@ class PercentileShift:
     """One latency percentile in both runs, with the bootstrap CI of ``delta``."""
 
     metric: str  # ttft_ms | itl_ms
-    percentile: int
+    percentile: float
     a: float
     b: float
     delta: float
@@ -85,7 +95,8 @@ class PercentileShift:
 
     @property
     def name(self) -> str:
-        return f"{self.metric}_p{self.percentile}"
+        """vllm bench serve's key: p99_ttft_ms (the summary's name of the same percentile)."""
+        return f"p{percentile_word(self.percentile)}_{self.metric.removesuffix('_ms')}_ms"
 
     @property
     def significant(self) -> bool:
@@ -119,11 +130,11 @@ class RequestChange:
 @dataclass(slots=True)
 class RequestHitDiff:
     requests: int = 0  # requests present in both runs
-    gained: int = 0  # requests with more hit tokens in B
+    gained: int = 0  # requests with more cached tokens in B
     lost: int = 0
     only_a: int = 0
     only_b: int = 0
-    hit_tokens_delta: int = 0  # over common requests
+    cached_tokens_delta: int = 0  # over common requests
     top_gained: list[RequestChange] = field(default_factory=list)
     top_lost: list[RequestChange] = field(default_factory=list)
 
@@ -208,16 +219,20 @@ def diff_summaries(
         ra.setdefault("digest", summary_a["digest"])
     if "digest" in summary_b:
         rb.setdefault("digest", summary_b["digest"])
+    for run, summary in ((ra, summary_a), (rb, summary_b)):
+        if summary.get("cost_model"):  # what modelled the run's times (none: no clock)
+            run.setdefault("cost_model", summary["cost_model"])
     same = ra.get("trace") == rb.get("trace")
     return RunDiff(run_a=ra, run_b=rb, metrics=metric_deltas(summary_a, summary_b), same_trace=same)
 
 
 def request_hit_diff(per_request_a: pl.DataFrame, per_request_b: pl.DataFrame, top: int = 10) -> RequestHitDiff:
-    """Per-request hit-token changes over the requests both runs hold; the ``top`` most
-    gained and lost, ties in request-id order. Frames need request_id and hit_tokens
-    (prompt_tokens optional); KVTraceError otherwise."""
-    a = _per_request_frame(per_request_a).rename({"hit_tokens": "hit_a", "prompt_tokens": "prompt_a"})
-    b = _per_request_frame(per_request_b).rename({"hit_tokens": "hit_b", "prompt_tokens": "prompt_b"})
+    """Per-request changes of cached tokens (local + external hits at first schedule,
+    vLLM's per-request num_cached_tokens) over the requests both runs hold; the ``top``
+    most gained and lost, ties in request-id order. Frames need request_id and
+    cached_tokens (prompt_tokens optional); KVTraceError otherwise."""
+    a = _per_request_frame(per_request_a).rename({"cached_tokens": "hit_a", "prompt_tokens": "prompt_a"})
+    b = _per_request_frame(per_request_b).rename({"cached_tokens": "hit_b", "prompt_tokens": "prompt_b"})
     joined = a.join(b, on="request_id", how="full", coalesce=True)
     only_a = joined.filter(pl.col("hit_b").is_null()).height
     only_b = joined.filter(pl.col("hit_a").is_null()).height
@@ -240,19 +255,19 @@ def request_hit_diff(per_request_a: pl.DataFrame, per_request_b: pl.DataFrame, t
         lost=lost.height,
         only_a=only_a,
         only_b=only_b,
-        hit_tokens_delta=int(common["delta"].sum()) if common.height else 0,
+        cached_tokens_delta=int(common["delta"].sum()) if common.height else 0,
         top_gained=changes(gained),
         top_lost=changes(lost),
     )
 
 
 def _per_request_frame(frame: pl.DataFrame) -> pl.DataFrame:
-    if "request_id" not in frame.columns or "hit_tokens" not in frame.columns:
-        raise KVTraceError(f"per-request frame: expected columns request_id, hit_tokens; got {frame.columns}")
+    if "request_id" not in frame.columns or "cached_tokens" not in frame.columns:
+        raise KVTraceError(f"per-request frame: expected columns request_id, cached_tokens; got {frame.columns}")
     prompt = pl.col("prompt_tokens") if "prompt_tokens" in frame.columns else pl.lit(None, dtype=pl.Int64)
     return frame.select(
         pl.col("request_id").cast(pl.Utf8),
-        pl.col("hit_tokens").cast(pl.Int64),
+        pl.col("cached_tokens").cast(pl.Int64),
         prompt.cast(pl.Int64).alias("prompt_tokens"),
     )
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from kvtrace.compare.bootstrap import CI_LEVEL
 from kvtrace.compare.model import MetricDelta, RequestChange, RunDiff
+from kvtrace.metrics import MODELLED
 from kvtrace.store.schema import SUMMARY_FIELDS
 
 CORRECTNESS_METRICS = ("stale_hashes", "divergent_outputs")
@@ -39,7 +40,7 @@ def to_json(diff: RunDiff) -> dict[str, Any]:
             "lost": r.lost,
             "only_a": r.only_a,
             "only_b": r.only_b,
-            "hit_tokens_delta": r.hit_tokens_delta,
+            "cached_tokens_delta": r.cached_tokens_delta,
             "top_gained": [_change_json(c) for c in r.top_gained],
             "top_lost": [_change_json(c) for c in r.top_lost],
         }
@@ -74,6 +75,7 @@ def to_markdown(diff: RunDiff) -> str:
     ]
     if a.get("behaviours") is not None or b.get("behaviours") is not None:
         lines.append(f"Behaviours: A `{_fmt_behaviours(a)}` · B `{_fmt_behaviours(b)}`")
+    lines.append(times_note(diff))
     for side, run in (("A", a), ("B", b)):
         if run.get("status") not in (None, "complete"):
             lines += ["", f"> ⚠️ run {side} is **{run['status']}**: its numbers cover only what was recorded."]
@@ -98,7 +100,7 @@ def to_markdown(diff: RunDiff) -> str:
         lines += [
             "",
             f"**Latency percentiles** ({round(CI_LEVEL * 100)}% bootstrap CI over requests, "
-            f"{bs.get('resamples')} resamples, seed {bs.get('seed')}{paired}; modelled time)",
+            f"{bs.get('resamples')} resamples, seed {bs.get('seed')}{paired}; {MODELLED} time)",
             "",
             "| percentile | A | B | Δ | CI | |",
             "|---|---:|---:|---:|---|---|",
@@ -119,16 +121,28 @@ def to_markdown(diff: RunDiff) -> str:
     if r is not None and (r.requests or r.only_a or r.only_b):
         lines += [
             "",
-            f"**Per-request hit tokens**: {r.gained} gained, {r.lost} lost, "
+            f"**Per-request cached tokens** (local + external hits at first schedule): {r.gained} gained, "
+            f"{r.lost} lost, "
             f"{r.requests - r.gained - r.lost} unchanged of {r.requests} common requests "
-            f"(net {r.hit_tokens_delta:+d} tokens)."
+            f"(net {r.cached_tokens_delta:+d} tokens)."
             + (f" Only in A: {r.only_a}, only in B: {r.only_b}." if r.only_a or r.only_b else ""),
         ]
         if r.top_gained or r.top_lost:
-            lines += ["", "| request | prompt | hit A | hit B | Δ |", "|---|---:|---:|---:|---:|"]
+            lines += ["", "| request | prompt | cached A | cached B | Δ |", "|---|---:|---:|---:|---:|"]
             for ch in r.top_gained + r.top_lost:
                 lines.append(f"| `{ch.request_id}` | {ch.prompt_tokens} | {ch.hit_a} | {ch.hit_b} | {ch.delta:+d} |")
     return "\n".join(lines) + "\n"
+
+
+def times_note(diff: RunDiff) -> str:
+    """Where the diff's times come from: every latency is modelled by a cost model (issue
+    18), or absent (a cache-only run has no clock)."""
+    def source(run: dict[str, Any]) -> str:
+        model = run.get("cost_model")
+        return f"{MODELLED} by cost model `{model}`" if model else "none (no clock: cache-only or foreign run)"
+
+    a, b = source(diff.run_a), source(diff.run_b)
+    return f"Times: {a}" if a == b else f"Times: A {a} · B {b}"
 
 
 def _correctness_markdown(diff: RunDiff) -> list[str]:
@@ -166,7 +180,8 @@ def tables(diff: RunDiff, metrics: Iterable[str] | None = None) -> list[Any]:
         t.add_row(m.name, fmt(m.a), fmt(m.b), fmt(m.delta, signed=True), fmt_rel(m.rel), style=style)
     out.append(t)
     if diff.latency:
-        t = Table(title=f"latency percentiles ({round(CI_LEVEL * 100)}% bootstrap CI)", title_justify="left")
+        t = Table(title=f"latency percentiles, {MODELLED} time ({round(CI_LEVEL * 100)}% bootstrap CI)",
+                  title_justify="left")
         for col in ("percentile", "A", "B", "Δ", "CI"):
             t.add_column(col, justify="left" if col == "percentile" else "right")
         for s in diff.latency:
@@ -186,9 +201,9 @@ def tables(diff: RunDiff, metrics: Iterable[str] | None = None) -> list[Any]:
         out.append(t)
     r = diff.requests
     if r is not None and (r.top_gained or r.top_lost):
-        title = f"hit tokens per request: {r.gained} gained, {r.lost} lost of {r.requests}"
+        title = f"cached tokens per request: {r.gained} gained, {r.lost} lost of {r.requests}"
         t = Table(title=title, title_justify="left")
-        for col in ("request", "prompt", "hit A", "hit B", "Δ"):
+        for col in ("request", "prompt", "cached A", "cached B", "Δ"):
             t.add_column(col, justify="left" if col == "request" else "right")
         for ch in r.top_gained + r.top_lost:
             t.add_row(ch.request_id, str(ch.prompt_tokens), str(ch.hit_a), str(ch.hit_b), f"{ch.delta:+d}",
@@ -205,6 +220,7 @@ def render(diff: RunDiff, console: Any = None) -> None:
     for side, run in (("A", diff.run_a), ("B", diff.run_b)):
         if run.get("status") not in (None, "complete"):
             console.print(f"[yellow]run {side} ({_label(run)}) is {run['status']}: partial numbers[/yellow]")
+    console.print(times_note(diff).replace("`", ""))
     for t in tables(diff):
         console.print(t)
 

@@ -7,13 +7,15 @@ are refused unless forced: a diff is an isolated measurement only on the same tr
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import polars as pl
 
-from kvtrace.compare.bootstrap import DEFAULT_RESAMPLES, latency_shifts
+from kvtrace.compare.bootstrap import DEFAULT_RESAMPLES, MAX_RESAMPLES, latency_shifts
 from kvtrace.compare.model import RunDiff, count_shifts, diff_summaries, request_hit_diff
-from kvtrace.errors import KVTraceError
+from kvtrace.errors import KVTraceError, check_option
+from kvtrace.metrics import DEFAULT_PERCENTILES
 from kvtrace.store import read
 
 
@@ -26,13 +28,19 @@ def diff_runs(
     seed: int = 0,
     top: int = 10,
     resamples: int = DEFAULT_RESAMPLES,
+    percentiles: Sequence[float] = DEFAULT_PERCENTILES,
 ) -> RunDiff:
     """Compare runs ``run_a`` (baseline) and ``run_b`` (candidate) stored in ``db``.
 
     Raises KVTraceError (one line) for an unknown run, and for runs of different traces
     unless ``force`` (the diff is then marked ``forced``). ``seed`` and ``resamples`` drive
-    the latency bootstrap; ``top`` bounds the per-request gained/lost lists.
+    the latency bootstrap, at ``percentiles`` (0..100, as vllm bench serve's
+    --metric-percentiles); ``top`` bounds the per-request gained/lost lists. Each is
+    checked first (ConfigError naming its option).
     """
+    check_option("--seed", seed, 0, 2**64 - 1)  # PCG64 seeds are unsigned
+    check_option("--top", top, 0, 2**31)
+    check_option("--resamples", resamples, 1, MAX_RESAMPLES)
     view = StoreView(db)
     info_a, info_b = view.run_info(run_a), view.run_info(run_b)
     same = same_trace(info_a, info_b)
@@ -49,7 +57,7 @@ def diff_runs(
         view.evictions_by_publish_kind(run_a), view.evictions_by_publish_kind(run_b), "publish_kind"
     )
     diff.latency, diff.bootstrap = latency_shifts(
-        view.latency(run_a), view.latency(run_b), seed=seed, resamples=resamples
+        view.latency(run_a), view.latency(run_b), seed=seed, resamples=resamples, percentiles=percentiles
     )
     diff.divergent_requests = {"a": view.divergent_requests(run_a), "b": view.divergent_requests(run_b)}
     return diff
@@ -77,7 +85,8 @@ class StoreView:
         return self._runs[run_id]
 
     def run_info(self, run_id: str) -> dict[str, Any]:
-        """run_id, name, trace (source), trace_id (digest), mode, behaviours, status, digest."""
+        """run_id, name, trace (source), trace_id (digest), mode, behaviours, status, digest,
+        cost_model (the name of the model that produced its times; None: no times)."""
         r = self._run(run_id)
         return {
             "run_id": run_id,
@@ -88,18 +97,19 @@ class StoreView:
             "behaviours": r.get("behaviours"),
             "status": r.get("status"),
             "digest": r.get("digest"),
+            "cost_model": _cost_model(r.get("config")),
         }
 
     def summary(self, run_id: str) -> dict[str, Any]:
         return dict(self._run(run_id).get("summary") or {})
 
     def per_request_hits(self, run_id: str) -> pl.DataFrame:
-        """request_id, prompt_tokens, hit_tokens (local + external: the prefill avoided)."""
+        """request_id, prompt_tokens, cached_tokens (local + external: the prefill avoided)."""
         f = read.per_request_hits(self.db, run_id)
         return f.select(
             "request_id",
             pl.col("num_prompt_tokens").alias("prompt_tokens"),
-            pl.col("num_hit_tokens").alias("hit_tokens"),
+            pl.col("num_cached_tokens").alias("cached_tokens"),
         )
 
     def evictions_by_reason(self, run_id: str) -> pl.DataFrame:
@@ -125,3 +135,10 @@ class StoreView:
             "ttft_ms": req.select("request_id", (pl.col("ttft_ns") / 1e6).alias("ttft_ms")),
             "itl_ms": gaps.select("request_id", (pl.col("gap_ns") / 1e6).alias("itl_ms")),
         }
+
+
+def _cost_model(config: Any) -> str | None:
+    """The name of the cost model an engine run's stored config names (None otherwise)."""
+    model = config.get("cost_model") if isinstance(config, dict) else None
+    name = model.get("name") if isinstance(model, dict) else None
+    return str(name) if name else None

@@ -7,7 +7,7 @@ the two runs. With ``sweep`` it repeats the pair for each value of one parameter
 (capacities or retention intervals).
 
 Diff direction: A = behaviour **off**, B = behaviour **on**, so every delta reads as
-"what the behaviour buys" (a positive token_hit_rate delta = the behaviour raises it).
+"what the behaviour buys" (a positive prefix_cache_hit_rate delta = the behaviour raises it).
 
 The behaviour names are the cache config's switches, imported from their one home in
 ``kvtrace.cache.config``.
@@ -37,8 +37,8 @@ from kvtrace.replay.sweep import parse_param
 # What each study expects when the behaviour is switched off (checked by tests and by the
 # notebook's verdict): metric -> +1 when "off" should be higher, -1 when lower.
 EXPECTED_OFF_DIRECTION: dict[str, dict[str, int]] = {
-    TRANSIENT_CHECKPOINT_RETENTION: {"token_hit_rate": -1, "ttft_ms_p50": +1},
-    SHARED_PREFIX_PINNING: {"hit_tokens": -1, "token_hit_rate": -1},
+    TRANSIENT_CHECKPOINT_RETENTION: {"prefix_cache_hit_rate": -1, "p50_ttft_ms": +1},
+    SHARED_PREFIX_PINNING: {"prefix_cache_hits": -1, "prefix_cache_hit_rate": -1},
     EXTERNAL_HIT_RUNNING_COW: {"divergent_outputs": +1, "stale_hashes": +1},
 }
 
@@ -52,8 +52,8 @@ def study_defaults(behaviour: str) -> dict[str, Any]:
 
 SWEEP_PARAMETERS = ("capacity_blocks", "capacity_tokens", "external_capacity_blocks", "retention")
 # The deltas the closing table of a swept study shows (summary keys).
-SWEEP_TABLE_METRICS = ("token_hit_rate", "hit_tokens", "evictions", "ttft_ms_p50", "stale_hashes",
-                       "divergent_outputs")
+SWEEP_TABLE_METRICS = ("prefix_cache_hit_rate", "prefix_cache_hits", "evictions", "p50_ttft_ms",
+                       "stale_hashes", "divergent_outputs")
 
 
 def study_trace(behaviour: str) -> str:
@@ -136,7 +136,9 @@ class StudyResult:
             parts.append(to_markdown(p.diff))
         return "\n".join(parts)
 
-    def sweep_markdown(self, metrics: Iterable[str] = ("token_hit_rate", "ttft_ms_p50", "divergent_outputs")) -> str:
+    def sweep_markdown(
+        self, metrics: Iterable[str] = ("prefix_cache_hit_rate", "p50_ttft_ms", "divergent_outputs")
+    ) -> str:
         metrics = list(metrics)
         head = f"| {self.first.parameter} | " + " | ".join(f"{m} off | {m} on" for m in metrics) + " |"
         sep = "|---:|" + "---:|---:|" * len(metrics)

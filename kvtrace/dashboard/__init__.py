@@ -11,7 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kvtrace.errors import ConfigError
+from kvtrace.errors import ConfigError, KVTraceError
+from kvtrace.process import probe_address
 
 APP_PATH = Path(__file__).with_name("app.py")
 DB_ENV = "KVTRACE_DB"
@@ -52,11 +53,15 @@ def page_url(host: str, port: int, run: str | None = None, compare: str | None =
 
 def launch(db: str | os.PathLike, host: str = "127.0.0.1", port: int = 8501, run: str | None = None,
            compare: str | None = None) -> int:
-    """Serve the dashboard until interrupted; returns the server's exit status. Prints the
-    address to open (with ``run``/``compare`` as query parameters when given).
+    """Serve the dashboard until interrupted. Prints the address to open (with
+    ``run``/``compare`` as query parameters when given).
 
-    Binds to loopback unless ``host`` says otherwise. A missing database is a one-line
-    ConfigError here, before a server starts that could only show an error.
+    Binds to loopback unless ``host`` says otherwise. A missing database and a port that
+    cannot be bound are one-line errors here, before a server starts that could only
+    show an error (or Streamlit's own text). On POSIX this process then becomes the
+    Streamlit server (exec): a signal that stops ``kvtrace dashboard`` stops the server,
+    and no child is left serving. Elsewhere the server is a child, waited for (its exit
+    status is returned).
     """
     from kvtrace.store.backend import is_clickhouse
 
@@ -66,9 +71,17 @@ def launch(db: str | os.PathLike, host: str = "127.0.0.1", port: int = 8501, run
                                                        f"or `kvtrace replay TRACE --db {path}`)")
     if not 0 < int(port) < 65536:
         raise ConfigError("kvtrace dashboard", "--port", f"expected 1..65535, got {port}")
+    try:
+        probe_address(host, int(port), "dashboard")
+    except OSError as err:
+        raise KVTraceError(str(err)) from None
     env = dict(os.environ, **{DB_ENV: _resolved(db)})
     print(f"kvtrace dashboard: open {page_url(host, port, run, compare)}", file=sys.stderr, flush=True)
+    command = server_command(db, host, port)
+    if os.name == "posix":
+        sys.stdout.flush()
+        os.execve(command[0], command, env)  # does not return
     try:
-        return subprocess.call(server_command(db, host, port), env=env)
+        return subprocess.call(command, env=env)
     except KeyboardInterrupt:
         return 130

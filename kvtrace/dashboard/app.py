@@ -44,19 +44,29 @@ with st.sidebar:
 
 if queries.open_store(db):
     frame = queries.runs()
+    ids = frame["run_id"].to_list()
+    missing = state.unknown_value("run", ids)
     with st.sidebar:
         labels = dict(zip(frame["run_id"], frame["label"]))  # a plain dict: format_func must be pure
-        run_id = state.bound_select("Run", frame["run_id"].to_list(), "run", format_func=lambda r: labels.get(r, r),
-                                    help="name · mode · behaviours · status")
-    queries.context()["run_id"] = run_id
-    try:
-        page.run()
-    except KVTraceError as err:  # the store's one-line user errors
-        st.error(str(err))
-    except Exception as err:  # never a traceback in the browser; the tests assert no st.error
-        first = str(err).splitlines()[0] if str(err) else ""
-        st.error(f"{db}: this page could not read the store ({type(err).__name__}: {first}). "
-                 "Press Refresh; if it persists, the store may come from another kvtrace version.")
+        run_id = state.bound_select("Run", ids, "run", default=ids[0], format_func=lambda r: labels.get(r, r),
+                                    help="name · mode · behaviours · status", unknown="none",
+                                    placeholder="pick a run")
+    if run_id is None:
+        # A link names a run this store does not hold (pasted into another database, or the
+        # run is gone): say so; showing another run in its place would mislead.
+        st.title("Run not found")
+        st.warning(f"Run `{missing}` from the link is not in `{db}`: nothing is shown in its place. Pick a run "
+                   f"in the sidebar, or list them with `kvtrace runs --db {db}`.", icon=":material/link_off:")
+    else:
+        queries.context()["run_id"] = run_id
+        try:
+            page.run()
+        except KVTraceError as err:  # the store's one-line user errors
+            st.error(str(err))
+        except Exception as err:  # never a traceback in the browser; the tests assert no st.error
+            first = str(err).splitlines()[0] if str(err) else ""
+            st.error(f"{db}: this page could not read the store ({type(err).__name__}: {first}). "
+                     "Press Refresh; if it persists, the store may come from another kvtrace version.")
 
 with nav:
     params = state.shared_params()

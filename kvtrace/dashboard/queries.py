@@ -17,27 +17,30 @@ from typing import Any
 import polars as pl
 import streamlit as st
 
+from kvtrace import metrics
+from kvtrace.compare import pairing
+from kvtrace.compare.model import RunDiff
+from kvtrace.compare.source import diff_runs
 from kvtrace.dashboard import DB_ENV, run_config, state, ui
 from kvtrace.errors import KVTraceError
 from kvtrace.store import read
 from kvtrace.store.backend import is_clickhouse
-from kvtrace.store.schema import SUMMARY_FIELDS
+from kvtrace.store.schema import SUMMARY_FIELDS, SUMMARY_NOTHING_RECEIVED
 
 CTX_KEY = "kvtrace_ctx"
 SUMMARY_KEYS = tuple(k for k in SUMMARY_FIELDS if k != "digest")  # numeric headline fields
-GROUP_ALL = read.OVERALL_GROUP  # group_id of the store's all-groups series
 
 # The read functions the pages call through ``call`` (and only those); a typo fails loudly in tests.
 _READS = {
     name: getattr(read, name)
     for name in (
-        "hit_rate_over_time", "hit_token_sources", "usage_over_time", "per_prefix_reuse", "evictions_over_time",
-        "eviction_attribution", "block_histograms", "stale_hashes_over_time", "stale_hashes", "stale_hash_chain",
-        "divergent_outputs", "per_request_hits", "latency_cdf", "latency_histogram", "itl_over_time",
-        "request_waterfall", "curves", "capacity_marks",
+        "hit_counters", "hit_counters_over_time", "group_hit_rates", "group_hit_rate_over_time", "usage_over_time",
+        "per_prefix_reuse", "prefix_families", "evictions_over_time", "eviction_attribution", "block_histograms",
+        "stale_hashes_over_time", "stale_hashes", "stale_hash_chain", "divergent_outputs", "per_request_hits",
+        "latency_cdf", "latency_histogram", "latency_summary", "itl_over_time", "request_waterfall", "curves",
+        "capacity_marks",
     )
 }
-
 
 @st.cache_data(show_spinner=False, max_entries=512)
 def _cached(name: str, db: str, token: int, args: tuple, kwargs: tuple) -> Any:
@@ -69,9 +72,10 @@ def with_run_columns(frame: pl.DataFrame) -> pl.DataFrame:
         for k in SUMMARY_KEYS:
             v = summary.get(k)
             r[k] = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+        r[SUMMARY_NOTHING_RECEIVED] = summary.get(SUMMARY_NOTHING_RECEIVED) is True
         r["label"] = ui.run_label(r)
     schema: dict[str, Any] = dict(frame.schema) | {"behaviours_on": pl.String, "behaviours_off": pl.String,
-                                                   "label": pl.String}
+                                                   SUMMARY_NOTHING_RECEIVED: pl.Boolean, "label": pl.String}
     schema |= {k: pl.Float64 for k in SUMMARY_KEYS}
     return pl.DataFrame(rows, schema=schema)
 
@@ -141,13 +145,29 @@ def config(run_id: str) -> dict[str, Any]:
 
 
 # --- compositions of the read API --------------------------------------------------------
-def group_hit_rates(run_id: str) -> dict[int, float]:
-    """Whole-run token hit rate per KV group (and GROUP_ALL): the last cumulative point."""
-    frame = call("hit_rate_over_time", run_id, window_ns=window_ns(run_id))
-    if frame.height == 0:
-        return {}
-    last = frame.sort("window_start_ns").group_by("group_id", maintain_order=True).last()
-    return {int(g): float(r) for g, r in zip(last["group_id"], last["cum_hit_rate"]) if r is not None}
+def hit_counters(run_id: str) -> dict[str, Any]:
+    """The run's vLLM hit counters and rates (``kvtrace.metrics``) from the store: the
+    numbers of its summary, read from the one definition."""
+    return call("hit_counters", run_id)
+
+
+def latency(run_id: str) -> dict[str, Any]:
+    """Every latency statistic of the run (modelled), from the store's samples."""
+    return call("latency_summary", run_id)
+
+
+def cost_model(run_id: str) -> str | None:
+    """The cost model that modelled the run's times (None: no clock, e.g. cache-only)."""
+    model = config(run_id).get("cost_model")
+    return str(model["name"]) if isinstance(model, dict) and model.get("name") else None
+
+
+def times_caption(run_id: str) -> str:
+    """'modelled by cost model X' (issue 18: every latency view says where its times come from)."""
+    model = cost_model(run_id)
+    if model:
+        return f"{metrics.MODELLED} by cost model `{model}` (virtual time, not measured)"
+    return "no times: this run has no clock (cache-only or foreign run)"
 
 
 @dataclass(frozen=True)
@@ -192,17 +212,36 @@ def comparable_runs(run_id: str) -> pl.DataFrame:
     return frame.filter(pl.col("trace_source") == row.get("trace_source"))
 
 
+def default_partner(run_id: str) -> str | None:
+    """Compare's default B: the newest run of the same trace, mode and capacity that
+    differs from ``run_id`` in exactly one setting (``kvtrace.compare.pairing``)."""
+    found = pairing.partner(run_row(run_id), comparable_runs(run_id).iter_rows(named=True))
+    return None if found is None else str(found["run_id"])
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def _diff(db: str, token: int, run_a: str, run_b: str) -> RunDiff:
+    return diff_runs(db, run_a, run_b, force=True)
+
+
+def run_diff(run_a: str, run_b: str) -> RunDiff:
+    """``kvtrace diff A B`` (its defaults: seed 0, 1000 resamples, percentiles 50, 90, 99),
+    so the page shows the CLI's numbers, bootstrap CIs and Markdown."""
+    return _diff(context()["db"], state.refresh_token(), run_a, run_b)
+
+
 def request_diff(run_a: str, run_b: str) -> pl.DataFrame:
-    """Per request in both runs: hit tokens and TTFT in A and B, and B - A (request ids are
-    unique in a replay; a repeated id in a foreign store is summed, not multiplied by the join)."""
-    a = _per_request(run_a).select("request_id", "num_prompt_tokens", pl.col("num_hit_tokens").alias("hit_a"),
+    """Per request in both runs: cached tokens (local + external at first schedule) and
+    TTFT in A and B, and B - A, the requests that changed first (request ids are unique in
+    a replay; a repeated id in a foreign store is summed, not multiplied by the join)."""
+    a = _per_request(run_a).select("request_id", "num_prompt_tokens", pl.col("num_cached_tokens").alias("cached_a"),
                                    pl.col("ttft_ns").alias("ttft_a_ns"))
-    b = _per_request(run_b).select("request_id", pl.col("num_hit_tokens").alias("hit_b"),
+    b = _per_request(run_b).select("request_id", pl.col("num_cached_tokens").alias("cached_b"),
                                    pl.col("ttft_ns").alias("ttft_b_ns"))
     return (
         a.join(b, on="request_id", how="inner")
         .with_columns(
-            (pl.col("hit_b") - pl.col("hit_a")).alias("hit_delta"),
+            (pl.col("cached_b") - pl.col("cached_a")).alias("cached_delta"),
             ((pl.col("ttft_b_ns") - pl.col("ttft_a_ns")) / 1e6).alias("ttft_delta_ms"),
         )
         .sort("request_id")
@@ -213,7 +252,8 @@ def _per_request(run_id: str) -> pl.DataFrame:
     hits = call("per_request_hits", run_id)
     if hits["request_id"].n_unique() == hits.height:
         return hits
-    return hits.group_by("request_id").agg(pl.col("num_prompt_tokens", "num_hit_tokens").sum(), pl.col("ttft_ns").max())
+    return hits.group_by("request_id").agg(pl.col("num_prompt_tokens", "num_cached_tokens").sum(),
+                                           pl.col("ttft_ns").max())
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
@@ -270,9 +310,15 @@ def shared_pool(run_id: str) -> bool:
 
 
 def group_names(run_id: str) -> dict[int, str]:
-    """Display names of a run's KV groups (``run_config.group_labels`` of its stored
-    config), and ``all groups`` for GROUP_ALL."""
-    return {GROUP_ALL: "all groups"} | run_config.group_labels(config(run_id))
+    """Display names of a run's KV groups (``run_config.group_labels`` of its stored config)."""
+    return run_config.group_labels(config(run_id))
+
+
+def group_rate_labels(run_id: str) -> dict[int, str]:
+    """'group 0: attention group hit rate' per KV group: the per-group metric's own name."""
+    kinds = {g: run_config.GROUP_KINDS.get(str(spec.get("type"))) for g, spec in
+             enumerate(run_config.stored_groups(config(run_id)))}
+    return {g: f"group {g}: {metrics.group_hit_rate_label(k)}" for g, k in kinds.items()}
 
 
 REQUESTS_PER_WINDOW = 4
@@ -294,21 +340,7 @@ def window_ns(run_id: str) -> int | None:
     return read.nice_window(end, windows_for(n)) if end else None
 
 
-HIST_BINS = 200  # bins of the latency histograms, and of the CDFs drawn from them
-
-
-def cdf_from_histogram(run_id: str, metric: str) -> pl.DataFrame:
-    """A CDF (q, value_ns) from the store's HIST_BINS-bin histogram (the same cached call the
-    histogram chart makes): cheap on millions of ITL gaps, where exact quantiles on a
-    1001-point grid (read.latency_cdf) are not."""
-    hist = call("latency_histogram", run_id, metric, bins=HIST_BINS)
-    if hist.height == 0:
-        return pl.DataFrame(schema={"q": pl.Float64, "value_ns": pl.Float64})
-    total = hist["count"].sum()
-    first = pl.DataFrame({"q": [0.0], "value_ns": [float(hist["bin_lo"][0])]})
-    rest = hist.select((pl.col("count").cum_sum() / total).cast(pl.Float64).alias("q"),
-                       pl.col("bin_hi").cast(pl.Float64).alias("value_ns"))
-    return pl.concat([first, rest])
+HIST_BINS = 100  # bins of the latency histograms (exact counts from the samples)
 
 
 TOP_PREFIXES = 10  # the Sankey names this many hot prefixes; the rest are 'other'
@@ -334,16 +366,29 @@ def attribution_flows(run_id: str) -> pl.DataFrame:
     )
 
 
+def prefix_labels(run_id: str, root_hashes: list[str]) -> dict[str, str]:
+    """A reader's name for each prefix family: a short hash, the request that first looked
+    it up and its prompt length, and the longest hit it got ("d393a5d5 · first r7 (4,053
+    tokens) · longest hit 2,688")."""
+    roots = sorted({h for h in root_hashes if h and h != "other"})
+    if not roots:
+        return {}
+    fam = call("prefix_families", run_id, roots)
+    return {r["root_hash"]: (f"{ui.short_hash(r['root_hash'])} · first {r['first_request_id']} "
+                             f"({r['first_prompt_tokens'] or 0:,} tokens) · longest hit {r['longest_hit_tokens']:,}")
+            for r in fam.iter_rows(named=True)}
+
+
 def capacity_marks(trace_digest: str, block_size: int, selected: str) -> list[tuple[str, float, float, bool]]:
     """The complete runs of a trace placed on its capacity curve: (label, capacity in the
-    curve's ``block_size``-token blocks, token hit rate, is ``selected``). A run's capacity
+    curve's ``block_size``-token blocks, prefix cache hit rate, is ``selected``). A run's capacity
     is its stored one (``run_config.capacity``: an engine run's full-attention group)."""
     marks = []
     for r in call("capacity_marks", trace_digest).iter_rows(named=True):
         cfg = _json(r["config"])
         cap = run_config.capacity(cfg, summary(r["run_id"])) if isinstance(cfg, dict) else None
-        if cap is None or r["token_hit_rate"] is None:
+        if cap is None or r["prefix_cache_hit_rate"] is None:
             continue
         marks.append((f"{r['run_id']} ({r['mode']})", cap.blocks * cap.block_size / block_size,
-                      float(r["token_hit_rate"]), r["run_id"] == selected))
+                      float(r["prefix_cache_hit_rate"]), r["run_id"] == selected))
     return marks

@@ -20,7 +20,7 @@ from typing import Any, TypeGuard
 GROUP_KINDS = {"FullAttentionSpec": "attention", "SlidingWindowSpec": "sliding window", "MambaSpec": "state"}
 
 
-def _stored_groups(cfg: dict[str, Any]) -> list[dict[str, Any]]:
+def stored_groups(cfg: dict[str, Any]) -> list[dict[str, Any]]:
     """The KV cache group specs of an engine config (``cache.groups``), [] for any other."""
     cache = cfg.get("cache")
     groups = cache.get("groups") if isinstance(cache, dict) else None
@@ -34,7 +34,7 @@ def group_labels(cfg: dict[str, Any]) -> dict[int, str]:
     from its stored spec type (GROUP_KINDS); plain ``group g`` for a type not in the table.
     {} for a config that stores no groups (cache-only, live and OTLP runs)."""
     labels = {}
-    for gid, spec in enumerate(_stored_groups(cfg)):
+    for gid, spec in enumerate(stored_groups(cfg)):
         kind = GROUP_KINDS.get(str(spec.get("type")))
         labels[gid] = f"group {gid} ({kind})" if kind else f"group {gid}"
     return labels
@@ -70,7 +70,7 @@ def capacity(cfg: dict[str, Any], summary: dict[str, Any] | None = None) -> Capa
         if _positive(blocks) and _positive(size):
             return Capacity(blocks, size)
         return None
-    groups = _stored_groups(cfg)
+    groups = stored_groups(cfg)
     per_group = cfg["cache"].get("num_gpu_blocks") if groups else None
     if isinstance(per_group, int):  # the pool every group shares
         per_group = [per_group] * len(groups)
@@ -89,4 +89,4 @@ def shared_pool(cfg: dict[str, Any]) -> bool:
     """Whether an engine config's groups share one block pool (``cache.num_gpu_blocks`` an
     int, as vLLM has it): their usage shares then add up to the pool's usage."""
     cache = cfg.get("cache")
-    return isinstance(cache, dict) and _positive(cache.get("num_gpu_blocks")) and len(_stored_groups(cfg)) > 0
+    return isinstance(cache, dict) and _positive(cache.get("num_gpu_blocks")) and len(stored_groups(cfg)) > 0

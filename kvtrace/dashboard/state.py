@@ -53,23 +53,56 @@ def bound_select(
     default: T | None = None,
     format_func: Callable[[T], str] = str,
     help: str | None = None,
+    unknown: str = "first",
+    placeholder: str = "Choose an option",
 ) -> T | None:
-    """A selectbox whose value lives in ``?param=``; options are matched by ``str(option)``."""
+    """A selectbox whose value lives in ``?param=``; options are matched by ``str(option)``.
+
+    Without ``?param=`` it shows ``default`` (else the first option; with ``unknown="none"``
+    and no default: nothing until the user picks). A ``?param=`` naming no option is
+    replaced by that choice, unless ``unknown="none"``: then nothing is selected, the link's
+    value stays in the URL, and None comes back, so the caller can say which value was not
+    found instead of showing another one (see ``unknown_value``)."""
     if not options:
-        st.query_params.pop(param, None)
+        if unknown != "none":
+            st.query_params.pop(param, None)
         return None
     by_text = {str(o): o for o in options}
     key = f"qp_{param}"
-    if key in st.session_state and str(st.session_state[key]) not in by_text:
+    if key in st.session_state and st.session_state[key] is not None and str(st.session_state[key]) not in by_text:
         del st.session_state[key]  # the option vanished (e.g. another run picked)
     wanted = st.query_params.get(param)
     chosen = by_text.get(wanted) if wanted is not None else None
-    if chosen is None:
-        chosen = default if default is not None and default in options else options[0]
-    value = st.selectbox(label, list(options), index=list(options).index(chosen), key=key, format_func=format_func,
-                         help=help)
+    picked = st.session_state.get(key)
+    if chosen is None and picked is None and unknown == "none" and (wanted is not None or default is None):
+        value = st.selectbox(label, list(options), index=None, key=key, format_func=format_func, help=help,
+                             placeholder=placeholder)
+        if value is None:
+            return None
+    else:
+        if chosen is None:
+            chosen = default if default is not None and default in options else options[0]
+        value = st.selectbox(label, list(options), index=list(options).index(chosen), key=key,
+                             format_func=format_func, help=help)
     st.query_params[param] = str(value)
     return value
+
+
+def unknown_value(param: str, options: Sequence[object]) -> str | None:
+    """The value of ``?param=`` when it names none of ``options`` (a link from another
+    store, a deleted run), else None."""
+    wanted = st.query_params.get(param)
+    return wanted if wanted is not None and wanted not in {str(o) for o in options} else None
+
+
+def bound_toggle(label: str, param: str, *, help: str | None = None) -> bool:
+    """A checkbox bound to ``?param=1`` (absent: off)."""
+    on = st.checkbox(label, value=st.query_params.get(param) == "1", key=f"qp_{param}", help=help)
+    if on:
+        st.query_params[param] = "1"
+    else:
+        st.query_params.pop(param, None)
+    return bool(on)
 
 
 def bound_window(label: str, t_max_s: float) -> tuple[float, float]:

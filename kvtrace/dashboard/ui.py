@@ -44,6 +44,26 @@ def table(frame: pl.DataFrame | None, caption: str, *, empty_what: str, command:
     st.caption(caption)
 
 
+def short_hash(h: Any) -> str:
+    """The first 8 hex digits of a block hash (the whole thing lives in tables and tooltips)."""
+    return "–" if h is None else str(h)[:8]
+
+
+def fingerprint(fp: Any) -> str:
+    """A content fingerprint, one format everywhere: 16 hex digits, 0x-prefixed."""
+    return "–" if fp is None else f"{int(fp) & (2**64 - 1):#018x}"
+
+
+def pp(delta: Any) -> str:
+    """A change of a rate in percentage points, signed: '+3.9 pp'."""
+    if not _finite(delta):
+        return "–"
+    points = 100.0 * float(delta)
+    if points == 0:
+        return "0.0 pp"
+    return f"{points:+.1f} pp" if abs(points) >= 0.05 else f"{points:+.3f} pp"  # never "+0.0" for a change
+
+
 def pct(x: Any) -> str:
     return "–" if not _finite(x) else f"{100.0 * float(x):.1f}%"
 
@@ -72,4 +92,6 @@ def run_label(row: dict[str, Any]) -> str:
     status = row.get("status")
     if status and status != "complete":
         bits.append(str(status).upper())
+    if row.get("nothing_received"):  # store.schema.SUMMARY_NOTHING_RECEIVED, flattened by queries
+        bits.append("NOTHING RECEIVED")
     return " · ".join(b for b in bits if b)

@@ -34,7 +34,11 @@ _EXPORTS = {
     "CachedRequestData": "scheduler", "NewRequestData": "scheduler", "Scheduler": "scheduler",
     "SchedulerOutput": "scheduler", "Worker": "worker",
 }
-__all__ = sorted(_EXPORTS)
+__all__ = [  # _EXPORTS' names, spelled out for the linters
+    "COST_MODELS", "PRESETS", "CachedRequestData", "Clock", "CostModel", "Engine", "EnginePreset", "EngineRequest",
+    "EngineResult", "NewRequestData", "Scheduler", "SchedulerConfig", "SchedulerOutput", "Worker", "get_cost_model",
+    "get_preset",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -13,9 +13,9 @@ import numpy as np
 
 from kvtrace.cache import CacheConfig, MambaSpec
 from kvtrace.cache.events import BlockPublished
-from kvtrace.engine.storage import DeviceStorage
 from kvtrace.engine.events import StaleHashFound
 from kvtrace.engine.reference import expected_kv_fingerprints, expected_state_fingerprint
+from kvtrace.engine.storage import DeviceStorage
 
 
 class StaleHashAuditor:
@@ -68,7 +68,9 @@ class StaleHashAuditor:
                     self.expected[(g, h)] = (ntok, fp)
                 else:
                     start = (ntok - 1) // self.block_size[g] * self.block_size[g]
-                    kv_rows.setdefault((g, ntok - start), []).append(((g, h), ntok, start, req.get_token_ids(start, ntok)))
+                    kv_rows.setdefault((g, ntok - start), []).append(
+                        ((g, h), ntok, start, req.get_token_ids(start, ntok))
+                    )
                     self.expected[(g, h)] = (ntok, -1)  # its fingerprint follows below
         for (g, _), rows in kv_rows.items():  # one product per group and block fill
             fps = expected_kv_fingerprints(np.stack([r[3] for r in rows]), [r[2] for r in rows], self.block_size[g])

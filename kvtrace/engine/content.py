@@ -1,4 +1,4 @@
-"""The exact int64 content model (CACHE_SEMANTICS.md, "Exact content model").
+"""The exact int64 content model (docs/cache_semantics.md, "The exact content model").
 
 Every value is an int64 in [0, P) with P = 2^31 - 1, and every product is reduced
 mod P before anything else touches it (two residues multiply to < 2^62), so results

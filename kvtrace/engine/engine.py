@@ -17,8 +17,9 @@ step - first arrival).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from itertools import pairwise
 
 from kvtrace.cache import CacheConfig, KVCacheManager
 from kvtrace.cache.events import BlockCopied, BlockEvicted, BlockPublished
@@ -29,9 +30,10 @@ from kvtrace.engine.presets import EnginePreset, get_preset
 from kvtrace.engine.request import EngineRequest
 from kvtrace.engine.scheduler import Scheduler
 from kvtrace.engine.step import NoContentWorker
-from kvtrace.workload import TraceRequest
 from kvtrace.errors import KVTraceError
-from kvtrace.numeric import cdiv, percentile
+from kvtrace.metrics import DEFAULT_PERCENTILES, hit_summary, latency_summary, ratio, request_latency_samples
+from kvtrace.numeric import cdiv
+from kvtrace.workload import TraceRequest
 
 
 @dataclass
@@ -53,6 +55,7 @@ class Engine:
         audit_interval: int = 1000,
         cpu_threads: int | None = 1,
         content: bool = True,
+        percentiles: Sequence[float] = DEFAULT_PERCENTILES,
     ):
         p = get_preset(preset) if isinstance(preset, str) else preset
         self.preset_name = p.name
@@ -68,6 +71,7 @@ class Engine:
         # Per-step tensors are small: on the CPU, torch's intra-op threads only add spin-waits
         # (measured 5x slower on the shared 2-core box). None leaves torch's setting alone.
         self.cpu_threads = cpu_threads
+        self.percentiles = tuple(percentiles)  # of every latency in the summary (vllm bench serve's)
 
     def run(self, workload: Iterable[TraceRequest], listeners: Sequence[StepListener] = ()) -> EngineResult:
         if not self.content:
@@ -136,10 +140,10 @@ class Engine:
                 stuck = scheduler.waiting[0] if scheduler.waiting else None
                 what = (f"request {stuck.request_id} ({stuck.num_prompt_tokens:,} prompt tokens)" if stuck
                         else "no request")
+                pools = (cc.total_blocks,) if cc.shared_pool else cc.pool_sizes
                 raise KVTraceError(
                     f"engine: {what} cannot be scheduled: it needs more KV blocks than the pool holds "
-                    f"(num_gpu_blocks {', '.join(map(str, cc.pool_sizes if not cc.shared_pool else (cc.total_blocks,)))}"
-                    "); raise --capacity-blocks"
+                    f"(num_gpu_blocks {', '.join(map(str, pools))}); raise --capacity-blocks"
                 )
             step += 1
             res = worker.execute(out)
@@ -228,7 +232,7 @@ class Engine:
     @staticmethod
     def _record(req: EngineRequest) -> RequestFinished:
         times = req.token_times_ns
-        itl = tuple(b - a for a, b in zip(times, times[1:]))
+        itl = tuple(b - a for a, b in pairwise(times))
         return RequestFinished(
             request_id=req.request_id,
             session_id=req.session_id,
@@ -245,45 +249,38 @@ class Engine:
             num_divergent_tokens=req.num_divergent_tokens,
             itl_ns=itl,
             prefill_chunks=tuple(req.prefill_chunks),
+            num_external_query_tokens=req.num_external_query_tokens,
+            num_preempted_query_tokens=req.num_preempted_query_tokens,
+            num_preempted_hit_tokens=req.num_preempted_hit_tokens,
         )
 
     def _summary(self, records: list[RequestFinished], stats: dict, end_ns: int) -> dict:
-        prompt = sum(r.num_prompt_tokens for r in records)
-        hit = sum(r.num_local_hit_tokens + r.num_external_hit_tokens for r in records)
-        bs = self.cache_config.groups[0].block_size
-        blocks = sum(cdiv(r.num_prompt_tokens, bs) for r in records)
-        hit_blocks = sum((r.num_local_hit_tokens + r.num_external_hit_tokens) // bs for r in records)
-        ttft = sorted(r.first_token_ns - r.arrival_ns for r in records)
-        itl = sorted(g for r in records for g in r.itl_ns)
-        e2e = sorted(r.finish_ns - r.arrival_ns for r in records)
-        queue = sorted(r.first_scheduled_ns - r.arrival_ns for r in records)
         outputs = sum(r.num_output_tokens for r in records)
         first_arrival = min((r.arrival_ns for r in records), default=0)
         span_s = max(end_ns - first_arrival, 1) / 1e9
-
-        def ms(values: list[int], q: float) -> float:
-            p = percentile(values, q)  # the one definition (vllm bench serve's)
-            return 0.0 if p is None else round(p / 1e6, 3)
-
         return {
             "preset": self.preset_name,
-            "requests": len(records),
-            "prompt_tokens": prompt,
-            "hit_tokens": hit,
-            "external_hit_tokens": sum(r.num_external_hit_tokens for r in records),
-            "computed_prompt_tokens": sum(r.num_computed_prompt_tokens for r in records),
-            "token_hit_rate": round(hit / prompt, 6) if prompt else 0.0,
-            "block_hit_rate": round(hit_blocks / blocks, 6) if blocks else 0.0,
+            "cost_model": self.cost_model.name,  # every time below is modelled by it
+            **request_metrics(records, self.cache_config.groups[0].block_size, self.percentiles),
             "output_tokens": outputs,
-            "ttft_ms_p50": ms(ttft, 50),
-            "ttft_ms_p99": ms(ttft, 99),
-            "itl_ms_p50": ms(itl, 50),
-            "itl_ms_p99": ms(itl, 99),
-            "e2e_ms_p50": ms(e2e, 50),
-            "e2e_ms_p99": ms(e2e, 99),
-            "queue_ms_p50": ms(queue, 50),
-            "queue_ms_p99": ms(queue, 99),
+            "computed_prompt_tokens": sum(r.num_computed_prompt_tokens for r in records),
             "output_tok_per_s": round(outputs / span_s, 3),
             "virtual_duration_s": round(span_s, 6),
             **stats,
         }
+
+
+def request_metrics(records: Sequence[RequestFinished], block_size: int,
+                    percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> dict:
+    """The per-request metrics of a run summary, all from ``kvtrace.metrics``: requests,
+    prompt tokens, vLLM's hit counters and rates, the block hit rate, and every latency
+    statistic (modelled time) at ``percentiles``."""
+    hit_blocks = sum((r.num_local_hit_tokens + r.num_external_hit_tokens) // block_size for r in records)
+    blocks = sum(cdiv(r.num_prompt_tokens, block_size) for r in records)
+    return {
+        "requests": len(records),
+        "prompt_tokens": sum(r.num_prompt_tokens for r in records),
+        **hit_summary(records),
+        "block_hit_rate": ratio(hit_blocks, blocks),
+        **latency_summary(request_latency_samples(records), percentiles),
+    }

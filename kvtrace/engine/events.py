@@ -8,7 +8,7 @@ virtual time line.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence, Union
+from collections.abc import Callable, Sequence
 
 import msgspec
 
@@ -46,6 +46,10 @@ class RequestFinished(Event):
     num_divergent_tokens: int
     itl_ns: tuple[int, ...]  # every inter-token gap
     prefill_chunks: tuple[tuple[int, int, int], ...]  # (start_ns, end_ns, num_tokens)
+    # vLLM's hit counters of this request (kvtrace.metrics.PER_REQUEST)
+    num_external_query_tokens: int = 0
+    num_preempted_query_tokens: int = 0
+    num_preempted_hit_tokens: int = 0
 
 
 class StaleHashFound(Event):
@@ -69,7 +73,7 @@ class DivergentOutput(Event):
     actual_token: int
 
 
-EngineEvent = Union[StepExecuted, RequestFinished, StaleHashFound, DivergentOutput]
+EngineEvent = StepExecuted | RequestFinished | StaleHashFound | DivergentOutput
 
 
 class StepBatch(msgspec.Struct, gc=False):

@@ -19,7 +19,7 @@ from bisect import bisect_right
 import numpy as np
 import torch
 
-from kvtrace.engine.content import FINGERPRINT_BASE, KV_A, KV_B, KV_C, P, ContentModel, kv_sum_closed_form
+from kvtrace.engine.content import FINGERPRINT_BASE, KV_A, KV_B, KV_C, ContentModel, P, kv_sum_closed_form
 from kvtrace.workload.tokens import blocks_tokens
 
 _SMALL = 48  # up to this many tokens, step the recurrence in Python
@@ -66,7 +66,7 @@ class TraceBlockMemo:
 
 
 class PrefixOracle:
-    __slots__ = ("model", "request", "_pos", "_states", "_tsums")
+    __slots__ = ("_pos", "_states", "_tsums", "model", "request")
 
     def __init__(self, model: ContentModel, request, memo: TraceBlockMemo | None = None):
         self.model = model  # a CPU content model

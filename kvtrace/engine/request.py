@@ -14,20 +14,23 @@ FINISHED = "finished"
 class EngineRequest(Request):
     __slots__ = (
         "arrival_ns",
-        "max_tokens",
-        "session_id",
         "expected_output",
-        "status",
-        "num_preemptions",
         "first_scheduled_ns",
         "first_token_ns",
-        "token_times_ns",
-        "prefill_chunks",
-        "num_local_hit_tokens",
-        "num_external_hit_tokens",
+        "looked_up",
+        "max_tokens",
         "num_computed_prompt_tokens",
         "num_divergent_tokens",
-        "looked_up",
+        "num_external_hit_tokens",
+        "num_external_query_tokens",
+        "num_local_hit_tokens",
+        "num_preempted_hit_tokens",
+        "num_preempted_query_tokens",
+        "num_preemptions",
+        "prefill_chunks",
+        "session_id",
+        "status",
+        "token_times_ns",
     )
 
     def __init__(self, trace: TraceRequest):
@@ -55,6 +58,10 @@ class EngineRequest(Request):
         self.prefill_chunks: list[tuple[int, int, int]] = []
         self.num_local_hit_tokens = -1
         self.num_external_hit_tokens = 0
+        # vLLM's hit counters, recorded at admission (kvtrace.metrics.PER_REQUEST)
+        self.num_external_query_tokens = 0
+        self.num_preempted_query_tokens = 0
+        self.num_preempted_hit_tokens = 0
         self.num_computed_prompt_tokens = 0
         self.num_divergent_tokens = 0
         self.looked_up = False

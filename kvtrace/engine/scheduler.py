@@ -237,11 +237,20 @@ class Scheduler:
                 running.append(request)
                 request.status = RUNNING
                 request.num_computed_tokens = num_computed
-                if request.num_local_hit_tokens < 0:  # first admission: the hit the user sees
+                # vLLM records the lookup at admission (record_prefix_cache_stats): the first
+                # one is the request's hit; a preempted request's re-lookups count apart.
+                if request.num_local_hit_tokens < 0:
                     request.num_local_hit_tokens = num_local
                     request.num_external_hit_tokens = num_external
+                    if self.use_external:
+                        request.num_external_query_tokens = request.num_tokens - num_local
+                else:
+                    request.num_preempted_query_tokens += request.num_tokens
+                    request.num_preempted_hit_tokens += num_local
                 new_reqs.append(
-                    NewRequestData(request.request_id, request, kv.get_block_ids(request.request_id), num_computed, num_external)
+                    NewRequestData(
+                        request.request_id, request, kv.get_block_ids(request.request_id), num_computed, num_external
+                    )
                 )
                 num_scheduled[request.request_id] = n
                 token_budget -= n

@@ -129,7 +129,9 @@ class DeviceStorage:
         return self.data[group_id].index_select(0, block_ids)
 
     # -- fingerprints ---------------------------------------------------------------------
-    def fingerprints(self, group_id: int, block_ids: Sequence[int], num_valid: Sequence[int] | None = None) -> list[int]:
+    def fingerprints(
+        self, group_id: int, block_ids: Sequence[int], num_valid: Sequence[int] | None = None
+    ) -> list[int]:
         """One residue per block: kv slots [0, num_valid) for attention, all lanes for state."""
         if not block_ids:
             return []

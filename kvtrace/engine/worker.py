@@ -29,23 +29,23 @@ import numpy as np
 import torch
 
 from kvtrace.cache import CacheConfig, FullAttentionSpec, MambaSpec, SlidingWindowSpec
-from kvtrace.engine.content import KV_A, KV_B, KV_C, P, ContentModel, kv_values
 from kvtrace.cache.plans import STATE_CHECKPOINT, STATE_EXTERNAL, STATE_RUNNING
-from kvtrace.engine.storage import DeviceStorage
-from kvtrace.workload.tokens import VOCAB_SIZE
 from kvtrace.engine.block_table import BlockTableTensor
+from kvtrace.engine.content import KV_A, KV_B, KV_C, ContentModel, P, kv_values
 from kvtrace.engine.reference import PrefixOracle, TraceBlockMemo
 from kvtrace.engine.request import EngineRequest
 from kvtrace.engine.scheduler import SchedulerOutput
 from kvtrace.engine.step import Divergence, StepResult, tally
+from kvtrace.engine.storage import DeviceStorage
 from kvtrace.numeric import cdiv
+from kvtrace.workload.tokens import VOCAB_SIZE
 
 
 class _Seq:
     """The worker's per-request state: its own block tables (one list per group) and its row
     in the device block-table tensors."""
 
-    __slots__ = ("request", "tables", "row", "tip_n")
+    __slots__ = ("request", "row", "tables", "tip_n")
 
     def __init__(self, request: EngineRequest, tables: list[list[int]], row: int):
         self.request = request
@@ -163,7 +163,9 @@ class Worker:
             self._load_external(loads)
             for sw in out.state_writes:  # the Core names the block it loaded; ours must agree
                 if sw.kind == STATE_EXTERNAL:
-                    mine = self.seqs[sw.request_id].tables[sw.group_id][cdiv(sw.num_tokens, self.block_size[sw.group_id]) - 1]
+                    mine = self.seqs[sw.request_id].tables[sw.group_id][
+                        cdiv(sw.num_tokens, self.block_size[sw.group_id]) - 1
+                    ]
                     if mine != sw.block_id:
                         res.table_disagreements += 1
         if work:
@@ -498,7 +500,9 @@ class Worker:
                 self.storage.write_states(g, torch.tensor(dst, dtype=torch.int64, device=dev), states[:B])
                 for grp, blk, row in extra:
                     if grp == g:
-                        self.storage.write_states(g, torch.tensor([blk], dtype=torch.int64, device=dev), states[row : row + 1])
+                        self.storage.write_states(
+                            g, torch.tensor([blk], dtype=torch.int64, device=dev), states[row : row + 1]
+                        )
                 end_states.append(states[:B])
 
         # Sample for every request that has consumed all its known tokens.
@@ -514,7 +518,7 @@ class Worker:
         S = len(sample_idx)
         total = torch.zeros(S, dtype=torch.int64, device=dev)
         if end_states:
-            rows = torch.tensor(sample_idx, dtype=torch.int64, device=dev) if S < len(work) else None
+            rows = torch.tensor(sample_idx, dtype=torch.int64, device=dev) if len(work) > S else None
             for states in end_states:  # the state each group's table slot now holds
                 total += (states if rows is None else states[rows]).sum(dim=1)
         if self.full_groups:
@@ -546,7 +550,9 @@ class Worker:
                 e = ends[i]
                 p = np.arange(max(0, e - window), e, dtype=np.int64)
                 t = np.asarray(work[i][0].tables[g], dtype=np.int64)
-                vals = self.storage.slot_values(g, torch.from_numpy(t[p // bs]).to(dev), torch.from_numpy(p % bs).to(dev))
+                vals = self.storage.slot_values(
+                    g, torch.from_numpy(t[p // bs]).to(dev), torch.from_numpy(p % bs).to(dev)
+                )
                 acc_list.append(int(vals.sum()) % P)
             total += torch.tensor(acc_list, dtype=torch.int64, device=dev)
         sampled = (total % P % VOCAB_SIZE).tolist()
@@ -575,7 +581,9 @@ class Worker:
             ref = self._advance_tips(seqs, fast_rows, fast_tok, fast_end)
             for k, sq, r in zip(fast_k, seqs, ref):
                 if r != sampled[k]:
-                    res.divergences.append(Divergence(sq.request.request_id, sq.request.num_output_tokens, r, sampled[k]))
+                    res.divergences.append(
+                        Divergence(sq.request.request_id, sq.request.num_output_tokens, r, sampled[k])
+                    )
         for k in slow_k:  # first token, resume, or a sliding window: the oracle's way
             i = sample_idx[k]
             sq = work[i][0]

@@ -18,7 +18,7 @@ from kvtrace.instrument.convert import readable_spans_to_table, table_to_readabl
 from kvtrace.instrument.exporter import DuckDBSpanExporter
 from kvtrace.instrument.ids import SeededIdGenerator
 from kvtrace.instrument.instrumentor import KVCacheInstrumentor
-from kvtrace.instrument.pipeline import build_tracer_provider, otlp_span_exporter, recording
+from kvtrace.instrument.pipeline import SpansNotDelivered, build_tracer_provider, otlp_span_exporter, recording
 from kvtrace.instrument.processor import BulkSpanProcessor
 from kvtrace.instrument.spans import SpanBatchBuilder
 
@@ -30,6 +30,7 @@ __all__ = [
     "SeededIdGenerator",
     "SpanBatch",
     "SpanBatchBuilder",
+    "SpansNotDelivered",
     "build_tracer_provider",
     "otlp_span_exporter",
     "readable_spans_to_table",

@@ -22,10 +22,10 @@ SCOPE_NAME = "kvtrace.instrument"
 def conform(table: pa.Table) -> pa.Table:
     """Add the batch columns a table lacks (NULL) and put them in schema order: every
     batch has one shape, whichever span kinds it holds."""
-    for f in BATCH_SCHEMA:
-        if f.name not in table.column_names:
-            table = table.append_column(f, pa.nulls(table.num_rows, f.type))
-    return table.select(BATCH_SCHEMA.names)
+    n, have = table.num_rows, set(table.column_names)
+    fields = [table.schema.field(f.name) if f.name in have else f for f in BATCH_SCHEMA]
+    columns = [table.column(f.name) if f.name in have else pa.nulls(n, f.type) for f in BATCH_SCHEMA]
+    return pa.Table.from_arrays(columns, schema=pa.schema(fields))  # one table, not one per added column
 
 
 class SpanBatch:
@@ -47,7 +47,8 @@ class SpanBatch:
     def table(self) -> pa.Table:
         if self._table is None:
             table = pa.concat_tables(self.parts, promote_options="default")
-            self._table = table.select([n for n in BATCH_SCHEMA.names if n in table.column_names])
+            have = set(table.column_names)
+            self._table = table.select([n for n in BATCH_SCHEMA.names if n in have])
         return self._table
 
     def __len__(self) -> int:

@@ -15,6 +15,7 @@ triples, and the uint64 fingerprints as the int64 with the same bits.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -25,6 +26,7 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanKind, Status, StatusCode, TraceFlags, TraceState
 
+from kvtrace.errors import KVTraceError
 from kvtrace.instrument.batch import BATCH_SCHEMA, conform
 from kvtrace.store.schema import (
     ATTRIBUTE_COLUMNS,
@@ -52,6 +54,14 @@ def stored_resource_items(attrs: Mapping[str, Any]) -> list[tuple[str, str]]:
 _TYPES = {f.name: f.type for f in BATCH_SCHEMA}
 _MASK64 = (1 << 64) - 1
 _SIGN64 = 1 << 63
+# what each integer column can hold: uint64 fingerprints also take their signed form
+_INT_RANGE = {pa.int64(): (-_SIGN64, _SIGN64 - 1), pa.int32(): (-(1 << 31), (1 << 31) - 1),
+              pa.uint64(): (-_SIGN64, _MASK64)}
+
+
+class UnstorableValue(KVTraceError):
+    """A span value its store column cannot hold: an integer beyond the column's range, a
+    NaN or infinity in a number column, a time past 2^63 ns. Nothing of the span is kept."""
 
 KIND_NAMES = {
     SpanKind.INTERNAL: None,  # NULL = Internal
@@ -89,11 +99,34 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _column_value(column: str, v: Any) -> tuple[bool, Any]:
-    """Coerce an attribute value to its column's type; (False, None) when it does not fit."""
+def _fits(key: str, column: str, values: Sequence[int]) -> None:
     t = _TYPES[column]
+    if column == "prefill_chunks":  # a list of int64 structs, given flat
+        t = pa.int64()
+    lo, hi = _INT_RANGE[t.value_type if pa.types.is_list(t) else t]
+    if values and not (lo <= min(values) and max(values) <= hi):
+        bad = next(v for v in values if not lo <= v <= hi)
+        raise UnstorableValue(f"{key}: {bad} does not fit the store's {column} column ({lo} to {hi})"[:300])
+
+
+def _floats(key: str, values: Sequence[int | float]) -> list[float]:
+    try:
+        out = [float(x) for x in values]
+    except OverflowError:  # an int beyond any double
+        out = [math.inf]
+    if not all(map(math.isfinite, out)):
+        raise UnstorableValue(f"{key}: NaN, infinity and numbers beyond a double cannot be stored as numbers")
+    return out
+
+
+def _column_value(column: str, v: Any, key: str = "") -> tuple[bool, Any]:
+    """Coerce an attribute value to its column's type; (False, None) when it is not of
+    that type (it is then kept as text); UnstorableValue when it is but cannot be held."""
+    t = _TYPES[column]
+    key = key or column
     if column == "prefill_chunks":
         if isinstance(v, (list, tuple)) and len(v) % 3 == 0 and all(map(_is_int, v)):
+            _fits(key, column, v)
             return True, [{"start_ns": v[i], "end_ns": v[i + 1], "num_tokens": v[i + 2]} for i in range(0, len(v), 3)]
         return False, None
     if pa.types.is_list(t):
@@ -101,23 +134,40 @@ def _column_value(column: str, v: Any) -> tuple[bool, Any]:
             return False, None
         item = t.value_type
         if pa.types.is_integer(item):
-            return (all(map(_is_int, v)), list(v))
+            if not all(map(_is_int, v)):
+                return False, None
+            _fits(key, column, v)
+            return True, list(v)
         if pa.types.is_floating(item):
             if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
-                return True, [float(x) for x in v]
+                return True, _floats(key, v)
             return False, None
         if pa.types.is_string(item):
             return (all(isinstance(x, str) for x in v), list(v))
         return False, None
-    if t == pa.uint64():
-        return (True, v & _MASK64) if _is_int(v) else (False, None)
     if pa.types.is_integer(t):
-        return (True, v) if _is_int(v) else (False, None)
+        if not _is_int(v):
+            return False, None
+        _fits(key, column, (v,))
+        return True, (v & _MASK64 if t == pa.uint64() else v)
     if pa.types.is_floating(t):
-        return (True, float(v)) if isinstance(v, (int, float)) and not isinstance(v, bool) else (False, None)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return True, _floats(key, (v,))[0]
+        return False, None
     if pa.types.is_string(t):
         return (True, v) if isinstance(v, str) else (False, None)
     return False, None
+
+
+def _check_ns(what: str, ns: Any) -> None:
+    if not _is_int(ns) or not 0 <= ns < _SIGN64:
+        raise UnstorableValue(f"{what} {ns!r} is not a time the store holds (integer ns from 0 to 2^63 - 1)"[:300])
+
+
+def _check_ids(trace_id: Any, span_id: Any, parent: Any, what: str = "") -> None:
+    if not (_is_int(trace_id) and 0 <= trace_id < 1 << 128 and _is_int(span_id) and 0 <= span_id <= _MASK64
+            and (parent is None or (_is_int(parent) and 0 <= parent <= _MASK64))):
+        raise UnstorableValue(f"{what}ids must be a 128-bit trace id and 64-bit span ids")
 
 
 def attribute_text(v: Any) -> str:
@@ -188,6 +238,33 @@ class SpanRowsBuilder:
         links: Sequence[tuple[int, int, str | None, Mapping[str, Any] | None]] = (),  # (trace id, span id, ...)
         default_source: str | None = None,
     ) -> None:
+        """One span. UnstorableValue (nothing of the span kept) for a value the store
+        cannot hold: the caller's other spans are unaffected."""
+        n = self.n
+        try:
+            self._add(name, trace_id, span_id, parent_span_id, start_ns, end_ns, attributes, resource, scope_name,
+                      scope_version, trace_state, span_kind, status_code, status_message, events, links,
+                      default_source)
+        except UnstorableValue:
+            self.truncate(n)
+            raise
+
+    def truncate(self, n: int) -> None:
+        """Drop every span after the first ``n`` (a batch whose later span was refused)."""
+        for values in self._cols.values():
+            del values[n:]
+        self.n = min(self.n, n)
+
+    def _add(self, name, trace_id, span_id, parent_span_id, start_ns, end_ns, attributes, resource, scope_name,
+             scope_version, trace_state, span_kind, status_code, status_message, events, links,
+             default_source) -> None:
+        _check_ids(trace_id, span_id, parent_span_id)
+        _check_ns("start time", start_ns)
+        _check_ns("end time", end_ns)
+        for t, _, _ in events:
+            _check_ns("event time", t)
+        for t, s, _, _ in links:
+            _check_ids(t, s, None, "link ")
         put = self._put
         put("trace_id_hi", trace_id >> 64)
         put("trace_id_lo", trace_id & _MASK64)
@@ -226,7 +303,7 @@ class SpanRowsBuilder:
         for key, value in attributes.items():
             column = ATTRIBUTE_COLUMNS.get(key)
             if column is not None:
-                ok, coerced = _column_value(column, value)
+                ok, coerced = _column_value(column, value, key)
                 if ok:
                     put(column, coerced)
                     continue
@@ -270,16 +347,23 @@ class SpanRowsBuilder:
             default_source=default_source,
         )
 
-    def to_table(self) -> pa.Table:
+    def to_table(self, full: bool = True) -> pa.Table:
+        """The spans added since the last call (the builder is then empty); ``full``: in
+        the whole batch schema, else only the columns some span set. UnstorableValue
+        (and the builder emptied) when a value cannot become its column."""
         n = self.n
+        cols, self._cols, self.n = self._cols, {}, 0
         arrays, fields = [], []
-        for column, values in self._cols.items():
+        for column, values in cols.items():
             if len(values) < n:
                 values.extend([None] * (n - len(values)))
             fields.append(pa.field(column, _TYPES[column]))
-            arrays.append(pa.array(values, _TYPES[column]))
-        self._cols, self.n = {}, 0
-        return conform(pa.Table.from_arrays(arrays, schema=pa.schema(fields)))
+            try:
+                arrays.append(pa.array(values, _TYPES[column]))
+            except (pa.ArrowException, ValueError, TypeError, OverflowError) as err:  # e.g. a lone surrogate
+                raise UnstorableValue(f"{column}: cannot be stored ({type(err).__name__}: {err})"[:300]) from None
+        table = pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+        return conform(table) if full else table
 
 
 def readable_spans_to_table(spans: Iterable[ReadableSpan], default_source: str | None = None,

@@ -70,6 +70,13 @@ from kvtrace.instrument.spans import SpanBatchBuilder
 from kvtrace.store.schema import RUN_RECORD_PREFIX, SPAN_RUN
 
 DEFAULT_FLUSH_SPANS = 32_768
+# Hand-over points are counted, never timed: a batch's ids and the store's seq order
+# depend on where batches end, so a wall-clock trigger would make two runs of one trace
+# store different rows. The counts keep a hand-over well under a second of work (an engine
+# step is a few ms, a cache-only step tens of us) while amortising a batch's fixed cost;
+# the store commits what it was handed once a second, so a kill -9 loses about that.
+DEFAULT_FLUSH_STEPS = 64  # engine steps
+DEFAULT_FLUSH_CACHE_STEPS = 2_048  # cache-only steps (one per request)
 DEFAULT_STEP_NS = 1_000_000  # cache-only mode: one step = 1 ms of virtual time
 
 
@@ -98,7 +105,9 @@ class KVCacheInstrumentor:
     is written on every span and its ``SeededIdGenerator`` (if it has one) supplies ids;
     otherwise ids come from ``SeededIdGenerator(seed)``.
     ``processors``: overrides the provider's processors as span destinations.
-    ``flush_spans``: build and hand over a batch once this many spans are pending.
+    ``flush_spans``: build and hand over a batch once this many spans are pending;
+    ``flush_steps`` / ``flush_cache_steps``: once this many engine / cache-only steps are
+    pending (see ``DEFAULT_FLUSH_STEPS``: counts, so where batches end is deterministic).
     """
 
     def __init__(
@@ -110,12 +119,17 @@ class KVCacheInstrumentor:
         processors: Sequence[SpanProcessor] | None = None,
         flush_spans: int = DEFAULT_FLUSH_SPANS,
         step_ns: int = DEFAULT_STEP_NS,
+        flush_steps: int = DEFAULT_FLUSH_STEPS,
+        flush_cache_steps: int = DEFAULT_FLUSH_CACHE_STEPS,
     ):
         self.tracer_provider = tracer_provider if tracer_provider is not None else trace_api.get_tracer_provider()
         self.run_id = run_id
         self.seed = seed
         self.flush_spans = flush_spans
+        self.flush_steps = flush_steps
+        self.flush_cache_steps = flush_cache_steps
         self.step_ns = step_ns
+        self._pending_steps = 0
         self._explicit_processors = tuple(processors) if processors is not None else None
         gen = getattr(self.tracer_provider, "id_generator", None)
         self.ids = gen if isinstance(gen, SeededIdGenerator) else SeededIdGenerator(seed)
@@ -202,7 +216,8 @@ class KVCacheInstrumentor:
     def on_step(self, batch: StepBatch) -> None:
         step = batch.step
         self._builder.add_step(step.step, step.start_ns, step.end_ns, batch.cache_events, batch.engine_events, step)
-        if self._builder.pending_spans >= self.flush_spans:
+        self._pending_steps += 1
+        if self._builder.pending_spans >= self.flush_spans or self._pending_steps >= self.flush_steps:
             self.flush()
 
     def on_cache_events(self, events: Sequence) -> None:
@@ -211,12 +226,14 @@ class KVCacheInstrumentor:
         step = events[0].step
         start = step * self.step_ns
         self._builder.add_step(step, start, start + self.step_ns, events)
-        if self._builder.pending_spans >= self.flush_spans:
+        self._pending_steps += 1
+        if self._builder.pending_spans >= self.flush_spans or self._pending_steps >= self.flush_cache_steps:
             self.flush()
 
     # -- output --------------------------------------------------------------------------------
     def flush(self) -> int:
         """Build pending spans into one batch and hand it to every processor; returns its size."""
+        self._pending_steps = 0
         batch = self._builder.build()
         if batch is None:
             return 0

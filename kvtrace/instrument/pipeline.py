@@ -6,11 +6,19 @@ exporter when ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`` / ``OTEL_EXPORTER_OTLP_PROT
 ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_ENDPOINT`` (when no URL is
 given), ``..._HEADERS``, ``..._TIMEOUT``, ``..._COMPRESSION``, ``..._CERTIFICATE`` and
 friends, plus ``OTEL_SERVICE_NAME`` / ``OTEL_RESOURCE_ATTRIBUTES`` for the resource.
+Without ``..._TIMEOUT``, an export (the SDK's retries included) is bounded at
+``EXPORT_TIMEOUT_S``, so a dead collector costs seconds, not a long backoff.
+
+``recording`` keeps the SDK exporters' per-retry log lines off stderr and ends, once the
+spans are flushed, with ``SpansNotDelivered`` when a collector refused or never got
+some: the caller says so in one line (the store's copy is unaffected).
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -22,17 +30,32 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from kvtrace.errors import ConfigError
+from kvtrace.errors import ConfigError, KVTraceError
 from kvtrace.instrument.convert import RUN_ID_RESOURCE_KEY
 from kvtrace.instrument.exporter import DuckDBSpanExporter
 from kvtrace.instrument.ids import SeededIdGenerator
-from kvtrace.instrument.instrumentor import DEFAULT_STEP_NS, KVCacheInstrumentor
+from kvtrace.instrument.instrumentor import DEFAULT_STEP_NS, KVCacheInstrumentor, provider_span_processors
 from kvtrace.instrument.processor import BulkSpanProcessor
 from kvtrace.store.schema import TIME_OFFSET_RESOURCE_KEY
 
 _ENV_ENDPOINTS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 _ENV_PROTOCOLS = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
+_ENV_TIMEOUTS = ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT")
 PROTOCOLS = ("http/protobuf", "grpc")
+EXPORT_TIMEOUT_S = 5.0  # one export, retries included, unless the OTEL_* timeout says otherwise
+# Where the SDK's exporters (and kvtrace's processor) log each failed try.
+_EXPORT_LOGGERS = ("opentelemetry.exporter.otlp.proto.http.trace_exporter",
+                   "opentelemetry.exporter.otlp.common.http", "opentelemetry.exporter.otlp.proto.grpc.exporter",
+                   "kvtrace.instrument.processor")
+
+
+class SpansNotDelivered(KVTraceError):
+    """Spans an OTLP collector did not take (refused, or unreachable after the retries)."""
+
+    def __init__(self, endpoint: str, failed: int, total: int, reason: str | None):
+        why = f" ({reason})" if reason else ""
+        super().__init__(f"--otlp-endpoint {endpoint}: {failed:,} of {total:,} spans were not delivered{why}"[:400])
+        self.endpoint, self.failed, self.total = endpoint, failed, total
 
 
 def otlp_requested(endpoint: str | None) -> bool:
@@ -65,14 +88,57 @@ def traces_url(endpoint: str) -> str:
 def otlp_span_exporter(endpoint: str | None = None) -> SpanExporter:
     """The SDK's OTLP exporter for ``otlp_protocol()``; ``endpoint=None`` leaves the
     address to the OTEL_* variables. For gRPC, ``http://`` means no TLS."""
+    kw: dict[str, Any] = {}
+    if not any(os.environ.get(k) for k in _ENV_TIMEOUTS):
+        kw["timeout"] = EXPORT_TIMEOUT_S
     if otlp_protocol() == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
 
-        if endpoint is None:
-            return GrpcSpanExporter()
-        traces_url(endpoint)  # the same URL check: http(s)://HOST:PORT
-        return GrpcSpanExporter(endpoint=endpoint)
-    return OTLPSpanExporter(endpoint=traces_url(endpoint)) if endpoint else OTLPSpanExporter()
+        if endpoint is not None:
+            traces_url(endpoint)  # the same URL check: http(s)://HOST:PORT
+            kw["endpoint"] = endpoint
+        return GrpcSpanExporter(**kw)
+    if endpoint:
+        kw["endpoint"] = traces_url(endpoint)
+    return OTLPSpanExporter(**kw)
+
+
+def otlp_destination(endpoint: str | None) -> str:
+    """What the error line calls the collector."""
+    if endpoint:
+        return endpoint
+    return next((os.environ[k] for k in _ENV_ENDPOINTS if os.environ.get(k)), "(OTEL_EXPORTER_OTLP_ENDPOINT)")
+
+
+class _FirstFailure(logging.Filter):
+    """Keeps a logger's warnings and errors off stderr, remembering the first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first: str | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING:
+            if self.first is None:
+                text = " ".join(record.getMessage().split())
+                errno = re.search(r"\[Errno -?\d+\] [^'\")]+", text)  # HTTP: "[Errno 111] Connection refused"
+                details = text.partition("Error details: ")[2]  # gRPC: "failed to connect to all addresses; ..."
+                self.first = errno.group(0) if errno else (details or text)[:200]
+            return False
+        return True
+
+
+@contextmanager
+def _quiet_exporters(active: bool) -> Iterator[_FirstFailure]:
+    quiet = _FirstFailure()
+    loggers = [logging.getLogger(name) for name in _EXPORT_LOGGERS] if active else []
+    for lg in loggers:
+        lg.addFilter(quiet)
+    try:
+        yield quiet
+    finally:
+        for lg in loggers:
+            lg.removeFilter(quiet)
 
 
 def export_time_offset(time_offset_ns: int | None = None) -> int:
@@ -165,16 +231,25 @@ def recording(
         with store_ctx as store, recording(store=store, run_id=run_id) as inst:
             Engine(preset).run(workload, listeners=[inst])
         store.finish_run(run_id, ...)
+
+    Raises ``SpansNotDelivered`` on exit (after everything is flushed, only when the body
+    did not raise) if an OTLP collector did not take every span.
     """
     provider = build_tracer_provider(store=store, run_id=run_id, otlp_endpoint=otlp_endpoint,
                                      seed=seed, background=background, time_offset_ns=time_offset_ns)
     inst = KVCacheInstrumentor(provider, run_id=run_id,
                                step_ns=DEFAULT_STEP_NS if step_ns is None else step_ns).instrument()
-    try:
-        yield inst
-    finally:
+    otlp = [p for p in provider_span_processors(provider)
+            if isinstance(p, BulkSpanProcessor) and not isinstance(p.exporter, DuckDBSpanExporter)]
+    with _quiet_exporters(bool(otlp)) as quiet:
         try:
-            inst.uninstrument()
-            provider.force_flush()
+            yield inst
         finally:
-            provider.shutdown()
+            try:
+                inst.uninstrument()
+                provider.force_flush()
+            finally:
+                provider.shutdown()
+    failed, total = sum(p.spans_failed for p in otlp), sum(p.spans_received for p in otlp)
+    if failed:
+        raise SpansNotDelivered(otlp_destination(otlp_endpoint), failed, total, quiet.first)

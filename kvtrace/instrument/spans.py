@@ -266,7 +266,8 @@ def _family_parts(segments: list[pa.Table]) -> list[pa.Table]:
     for family in sorted(by_family):
         segs = by_family[family]
         table = segs[0] if len(segs) == 1 else pa.concat_tables(segs, promote_options="default")
-        parts.append(table.select([n for n in BATCH_SCHEMA.names if n in table.column_names]))
+        have = set(table.column_names)  # (a property that builds a new list on every call)
+        parts.append(table.select([n for n in BATCH_SCHEMA.names if n in have]))
     return parts
 
 

@@ -19,7 +19,7 @@ when its block was evicted or re-used since; a version number tells).
 from __future__ import annotations
 
 import heapq
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from kvtrace.workload import TraceRequest
 

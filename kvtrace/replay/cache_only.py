@@ -27,17 +27,20 @@ baseline, lives outside the package (``tests/support/oracles.py``).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Callable, Iterable, Sequence
 
+import msgspec
 import numpy as np
 
 from kvtrace.cache.events import PrefixLookup
-from kvtrace.workload import TraceRequest
 from kvtrace.errors import ConfigError
+from kvtrace.metrics import DEFAULT_PERCENTILES, LOCAL_HIT, PROMPT, hit_summary, no_latency, ratio
 from kvtrace.replay.belady import belady_hits, chain_keys
 from kvtrace.replay.writers import BlockInterner
+from kvtrace.workload import TraceRequest
+from kvtrace.workload.lines import MAX_TOKENS
 
 POLICIES = ("lru", "belady")
 
@@ -60,14 +63,18 @@ class CacheOnlyResult:
     per_request_hit_blocks: list[int] = field(default_factory=list)
 
     @property
-    def token_hit_rate(self) -> float:
+    def prefix_cache_hit_rate(self) -> float:
         return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
     @property
     def block_hit_rate(self) -> float:
         return self.hit_blocks / self.total_blocks if self.total_blocks else 0.0
 
-    def summary(self) -> dict:
+    def summary(self, percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> dict:
+        """The run summary: vLLM's hit counters (``kvtrace.metrics``; every request is
+        scheduled once, with no external tier), the block hit rate, and latency fields
+        that are None: cache-only mode has no clock."""
+        totals = {PROMPT: self.prompt_tokens, LOCAL_HIT: self.hit_tokens}  # the counters are sums
         return {
             "mode": "cache-only",
             "policy": self.policy,
@@ -75,12 +82,12 @@ class CacheOnlyResult:
             "capacity_blocks": self.capacity_blocks,
             "requests": self.requests,
             "prompt_tokens": self.prompt_tokens,
-            "hit_tokens": self.hit_tokens,
-            "token_hit_rate": self.token_hit_rate,
-            "block_hit_rate": self.block_hit_rate,
+            **hit_summary([totals]),
+            "block_hit_rate": ratio(self.hit_blocks, self.total_blocks),
             "publishes": self.publishes,
             "evictions": self.evictions,
             "oversized_requests": self.oversized,
+            **no_latency(percentiles),
         }
 
     def _add(self, rid: str, input_length: int, n_blocks: int, hit_blocks: int) -> None:
@@ -122,8 +129,8 @@ def as_block_requests(requests: Iterable[TraceRequest], block_size: int | None) 
         if len(sizes) > 1:
             raise ConfigError("cache-only", "block_size", f"trace mixes block sizes {sorted(sizes)}; pass one")
         block_size = sizes.pop() if sizes else 16
-    if block_size < 1:
-        raise ConfigError("cache-only", "block_size", f"expected >= 1, got {block_size}")
+    if not 1 <= block_size <= MAX_TOKENS:
+        raise ConfigError("cache-only", "block_size", f"expected 1 to {MAX_TOKENS:,} tokens, got {block_size}")
     interner: BlockInterner | None = None
     out = []
     for r in reqs:
@@ -176,7 +183,7 @@ def block_keys(reqs: Sequence[TraceRequest]) -> list[Sequence[int]]:
     parent = np.empty_like(flat)
     parent[1:] = flat[:-1]
     parent[starts[lens > 0]] = -1  # a chain's first block follows its scope's root
-    if single_scope and 0 <= int(flat.min()) and int(flat.max()) < 4 * total + 1024:
+    if single_scope and int(flat.min()) >= 0 and int(flat.max()) < 4 * total + 1024:
         first, inverse = _dense_unique(flat)
     elif single_scope:
         _, first, inverse = np.unique(flat, return_index=True, return_inverse=True)
@@ -297,8 +304,16 @@ def _replay_manager(reqs, bs, capacity, result, listeners, progress) -> CacheOnl
     # + the null block + the block of the one extra token each request is presented with
     config = CacheConfig(groups=(FullAttentionSpec(bs),), num_gpu_blocks=capacity + 2, hash_block_size=bs)
     mgr = KVCacheManager(config)
-    for listener in listeners:
-        mgr.subscribe(listener)
+    # The step's one request in the trace's terms, for its lookup event (see _in_trace_terms)
+    current = [0, 0]  # input_length, hit tokens capped at it
+
+    def forward(batch: list) -> None:
+        _in_trace_terms(batch, current[0], current[1])
+        for listener in listeners:
+            listener(batch)
+
+    if listeners:
+        mgr.subscribe(forward)
     hit_blocks = []
     for i, (r, hs) in enumerate(zip(reqs, hashes)):
         n = len(hs)
@@ -313,12 +328,22 @@ def _replay_manager(reqs, bs, capacity, result, listeners, progress) -> CacheOnl
             req.num_computed_tokens = num_tokens
             mgr.free(req)
         hit_blocks.append(num_hit // bs)
-        mgr.new_step_starts()  # one request per step: flushes its events
+        current[0], current[1] = r.input_length, min(num_hit, r.input_length)
+        mgr.new_step_starts()  # one request per step: flushes its events (through forward)
         if progress is not None:
             progress(i + 1)
     result._add_all([r.request_id for r in reqs], [r.input_length for r in reqs], list(map(len, hashes)), hit_blocks)
     result.publishes = mgr.stats.publishes
     result.evictions = sum(mgr.stats.evictions.values())
-    for listener in listeners:
-        mgr.unsubscribe(listener)
+    if listeners:
+        mgr.unsubscribe(forward)
     return result
+
+
+def _in_trace_terms(events: list, input_length: int, hit_tokens: int) -> None:
+    """Restate the step's lookup (its first event: the step's one request looks up before it
+    allocates) in the trace's terms, in place: the prompt's tokens queried and the hit
+    capped at them, as the summary counts (not the one extra token presented)."""
+    if events and type(events[0]) is PrefixLookup:
+        events[0] = msgspec.structs.replace(events[0], num_query_tokens=input_length, num_hit_tokens=hit_tokens,
+                                            hit_tokens_per_group=(hit_tokens,))

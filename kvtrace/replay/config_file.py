@@ -140,7 +140,9 @@ def load_config_file(path: str | Path) -> FileConfig:
             raise ConfigError(p, "cost_model", "expected a table")
         cfg.cost_model = cost_model_from_table(table, p)
     if "retention_interval" in cfg.cache:
-        cfg.cache["retention_interval"] = parse_retention(cfg.cache["retention_interval"], p, "cache.retention_interval")
+        cfg.cache["retention_interval"] = parse_retention(
+            cfg.cache["retention_interval"], p, "cache.retention_interval"
+        )
     if "num_gpu_blocks" in cfg.cache and isinstance(cfg.cache["num_gpu_blocks"], list):
         cfg.cache["num_gpu_blocks"] = tuple(cfg.cache["num_gpu_blocks"])
     if "groups" in cfg.cache:
@@ -189,7 +191,9 @@ def cost_model_from_table(table: dict[str, Any], source: str) -> CostModel:
     """A ``[cost_model]`` table: ``name`` of a built-in model, or every coefficient."""
     unknown = sorted(set(table) - set(COEFFICIENTS) - {"name", "source"})
     if unknown:
-        raise ConfigError(source, f"cost_model.{unknown[0]}", f"unknown key; expected name, source or {list(COEFFICIENTS)}")
+        raise ConfigError(
+            source, f"cost_model.{unknown[0]}", f"unknown key; expected name, source or {list(COEFFICIENTS)}"
+        )
     name = table.get("name")
     if not isinstance(name, str) or not name:
         raise ConfigError(source, "cost_model.name", "expected the model's name (a string)")

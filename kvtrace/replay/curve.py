@@ -104,7 +104,7 @@ class CurvePoint:
     run_id: str | None = None
 
     @property
-    def token_hit_rate(self) -> float | None:
+    def prefix_cache_hit_rate(self) -> float | None:
         return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else None
 
     @property
@@ -206,7 +206,7 @@ class CurveResult:
     def to_json(self) -> dict[str, Any]:
         return {"curve_id": self.curve_id, "trace": self.trace, "mode": self.mode, "block_size": self.block_size,
                 "points": [{"capacity_blocks": p.capacity_blocks, "policy": p.policy, "method": p.method,
-                            "token_hit_rate": p.token_hit_rate, "block_hit_rate": p.block_hit_rate,
+                            "prefix_cache_hit_rate": p.prefix_cache_hit_rate, "block_hit_rate": p.block_hit_rate,
                             "hit_tokens": p.hit_tokens, "prompt_tokens": p.prompt_tokens,
                             "hit_blocks": p.hit_blocks, "total_blocks": p.total_blocks, "run_id": p.run_id}
                            for p in self.points]}
@@ -219,7 +219,7 @@ class CurveResult:
         at = {(p.capacity_blocks, p.policy): p for p in self.points}
         rows = [["capacity (blocks)", *(f"{pol} hit rate" for pol in policies), "method"]]
         for c in caps:
-            rates = [at[c, pol].token_hit_rate if (c, pol) in at else None for pol in policies]
+            rates = [at[c, pol].prefix_cache_hit_rate if (c, pol) in at else None for pol in policies]
             cells = [f"{100 * r:.2f}%" if r is not None else "-" for r in rates]
             methods = sorted({at[c, pol].method for pol in policies if (c, pol) in at})
             rows.append(["unbounded" if c is None else f"{c:,}", *cells, "/".join(methods)])
@@ -271,7 +271,7 @@ def _engine_curve(spec, capacities: list[int], db, workers: int, ray_address: st
     from kvtrace.replay.sweep import run_sweep
 
     sweep = run_sweep(spec, [("capacity_blocks", capacities)], db=db, workers=workers, ray_address=ray_address)
-    points = [CurvePoint(r.combo["capacity_blocks"], "lru", int(r.summary.get("hit_tokens") or 0),
+    points = [CurvePoint(r.combo["capacity_blocks"], "lru", int(r.summary.get("prefix_cache_hits") or 0),
                          int(r.summary.get("prompt_tokens") or 0), int(r.summary.get("hit_blocks") or 0),
                          int(r.summary.get("total_blocks") or 0), "run", r.run_id) for r in sweep.runs]
     workload = open_workload(spec)

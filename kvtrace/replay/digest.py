@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import msgspec
 

@@ -15,7 +15,7 @@ General workloads
 - ``mixed``: chat and agent sessions interleaved (the demo workload; sized so an
   engine replay takes seconds).
 
-Study workloads (one per behaviour in CACHE_SEMANTICS.md). Their geometry is laid out
+Study workloads (one per behaviour in docs/cache_semantics.md). Their geometry is laid out
 in the replaying preset's units: ``hash_block_size`` H and ``mamba_block_size`` M
 (kimi-hybrid: 64 and 512). ``WORKLOADS[name].hints`` suggests replay settings
 (retention, capacities, external tier) under which the effect shows.
@@ -44,19 +44,20 @@ in the replaying preset's units: ``hash_block_size`` H and ``mamba_block_size`` 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
-from kvtrace.workload.tokens import VOCAB_SIZE
-from kvtrace.workload import TraceRequest
 from kvtrace.errors import ConfigError
 from kvtrace.replay.writers import BlockInterner, write_mooncake
+from kvtrace.workload import TraceRequest
 from kvtrace.workload.native import write_native
+from kvtrace.workload.tokens import VOCAB_SIZE
 
 _NS_PER_S = 1_000_000_000
 STUDY_PREFIX = "study-"
+MAX_GENERATED = 1_000_000  # requests are built in memory: a larger workload is a typo, not a study
 
 
 @dataclass(slots=True)
@@ -148,7 +149,7 @@ def _blocks_for(tokens: int, block: int) -> int:
     return max(1, round(tokens / block))
 
 
-def _study_transient_checkpoint(w: _Workload, num_requests: int, g: "_Geometry") -> None:
+def _study_transient_checkpoint(w: _Workload, num_requests: int, g: _Geometry) -> None:
     rng = w.rng
     mbs = g.mamba_block_size
     # hot prefixes of ~2-4k tokens, whole Mamba blocks (the junction is block-aligned)
@@ -169,7 +170,7 @@ def _study_transient_checkpoint(w: _Workload, num_requests: int, g: "_Geometry")
         w.add(t, f"ckpt{i}", f"hot{k}", prompt, _uniform_int(rng, 8, 32))
 
 
-def _not_aligned_length(rng: np.random.Generator, g: "_Geometry", lo_tokens: int, hi_tokens: int) -> int:
+def _not_aligned_length(rng: np.random.Generator, g: _Geometry, lo_tokens: int, hi_tokens: int) -> int:
     """A multiple of the hash block size that is not a multiple of the Mamba block size."""
     mbs, hbs = g.mamba_block_size, g.hash_block_size
     per = mbs // hbs
@@ -177,7 +178,7 @@ def _not_aligned_length(rng: np.random.Generator, g: "_Geometry", lo_tokens: int
     return mbs * _uniform_int(rng, lo, max(lo, hi)) + hbs * _uniform_int(rng, 1, per - 1)
 
 
-def _study_shared_prefix(w: _Workload, num_requests: int, g: "_Geometry") -> None:
+def _study_shared_prefix(w: _Workload, num_requests: int, g: _Geometry) -> None:
     rng = w.rng
     system_prompts = [w.tokens(_not_aligned_length(rng, g, 1024, 2048)) for _ in range(3)]
     t = 0.0
@@ -192,7 +193,7 @@ def _study_shared_prefix(w: _Workload, num_requests: int, g: "_Geometry") -> Non
         w.add(t, f"sys{k}-q{i}", f"sys{k}", prompt, _uniform_int(rng, 8, 32))
 
 
-def _study_external_cow(w: _Workload, num_requests: int, g: "_Geometry",
+def _study_external_cow(w: _Workload, num_requests: int, g: _Geometry,
                         fillers_per_family: int = 3, children_per_family: int = 2) -> None:
     rng = w.rng
     mbs, hbs = g.mamba_block_size, g.hash_block_size
@@ -297,8 +298,8 @@ def generate(
     if not isinstance(seed, int) or seed < 0:
         raise ConfigError("generate", "seed", f"expected an int >= 0, got {seed!r}")
     n = spec.default_requests if num_requests is None else num_requests
-    if not isinstance(n, int) or n < 1:
-        raise ConfigError("generate", "num_requests", f"expected an int >= 1, got {n!r}")
+    if not isinstance(n, int) or not 1 <= n <= MAX_GENERATED:
+        raise ConfigError("generate", "num_requests", f"expected an int from 1 to {MAX_GENERATED:,}, got {n!r}")
     if block_size < 1 or hash_block_size % block_size:
         raise ConfigError("generate", "hash_block_size",
                           f"expected a multiple of block_size {block_size}, got {hash_block_size}")

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # rich loads when a table is printed, not when the CLI starts
     from rich.console import Console
     from rich.table import Table
 
-_PERCENT = {"token_hit_rate", "block_hit_rate"}
+_PERCENT = {"prefix_cache_hit_rate", "block_hit_rate"}
 
 
 def format_value(key: str, value: Any) -> str:

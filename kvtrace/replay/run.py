@@ -12,14 +12,17 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
-from kvtrace.errors import ConfigError
+from kvtrace.errors import ConfigError, KVTraceError, check_option
+from kvtrace.metrics import DEFAULT_PERCENTILES
 from kvtrace.numeric import cdiv
 from kvtrace.replay.config_file import load_config_file, parse_retention
 from kvtrace.replay.digest import Digest
+from kvtrace.workload.lines import MAX_TOKENS
 
 if TYPE_CHECKING:
     from kvtrace.workload import TraceRequest
@@ -49,6 +52,7 @@ class RunSpec:
     name: str | None = None
     external_capacity_blocks: int | None = None
     content: bool = True  # engine mode: False runs without device content (hits and timings only)
+    percentiles: tuple[float, ...] = DEFAULT_PERCENTILES  # of the summary's latencies (vllm bench serve's)
 
 
 @dataclass(slots=True)
@@ -57,6 +61,7 @@ class RunResult:
     run_id: str | None = None
     per_request: list[dict[str, Any]] = field(default_factory=list)
     record: dict[str, Any] = field(default_factory=dict)  # the run's record (Store.create_run's fields)
+    undelivered: str | None = None  # why spans did not reach the OTLP collector, if any did not
 
 
 # -- the workload ------------------------------------------------------------------------
@@ -292,27 +297,39 @@ def run_replay(
             digest = Digest()
             sink = store if store is not None else spans_to
             offset = store.time_offset_ns(run_id) if store is not None and run_id is not None else None
-            with _recording(sink, run_id or "unrecorded", otlp_endpoint, spec.seed, offset) as instrumentor:
-                bar = _Progress(progress, workload.total, f"{spec.mode} {Path(workload.source).name}")
-                try:
-                    if preset is not None:
-                        summary, per_request = _run_engine(preset, workload, digest, instrumentor, bar, spec.content)
-                    else:
-                        summary, per_request = _run_cache_only(spec, workload, digest, instrumentor, bar)
-                finally:
-                    bar.close()
-                summary["digest"] = digest.hexdigest()
-                summary["mode"] = spec.mode
-                summary["trace"] = workload.source
-                if instrumentor is not None:
-                    instrumentor.flush()  # the last spans: nothing is emitted after this
-                    summary["spans"] = instrumentor.spans_emitted
-                    # OTLP receivers have no runs table: the record travels as one span
-                    instrumentor.record_run({"name": spec.name or _default_name(spec, behaviours), **record,
-                                             "digest": summary["digest"], "status": "complete", "summary": summary})
+            undelivered = None
+            try:
+                with _recording(sink, run_id or "unrecorded", otlp_endpoint, spec.seed, offset) as instrumentor:
+                    bar = _Progress(progress, workload.total, f"{spec.mode} {Path(workload.source).name}")
+                    try:
+                        if preset is not None:
+                            summary, per_request = _run_engine(preset, workload, digest, instrumentor, bar,
+                                                               spec.content, spec.percentiles)
+                        else:
+                            summary, per_request = _run_cache_only(spec, workload, digest, instrumentor, bar)
+                    finally:
+                        bar.close()
+                    summary["digest"] = digest.hexdigest()
+                    summary["mode"] = spec.mode
+                    summary["trace"] = workload.source
+                    if instrumentor is not None:
+                        instrumentor.flush()  # the last spans: nothing is emitted after this
+                        summary["spans"] = instrumentor.spans_emitted
+                        # OTLP receivers have no runs table: the record travels as one span
+                        instrumentor.record_run({"name": spec.name or _default_name(spec, behaviours), **record,
+                                                 "digest": summary["digest"], "status": "complete",
+                                                 "summary": summary})
+            except KVTraceError as err:  # spans an OTLP collector did not take: the run itself is whole
+                from kvtrace.instrument import SpansNotDelivered
+
+                if not isinstance(err, SpansNotDelivered):
+                    raise
+                undelivered = err
+                summary["otlp_spans_undelivered"] = err.failed
             if store is not None:
                 store.finish_run(run_id, status="complete", digest=summary["digest"], summary=summary)
-            return RunResult(summary, run_id, per_request, record)
+            return RunResult(summary, run_id, per_request, record,
+                             undelivered=None if undelivered is None else str(undelivered))
         except BaseException as exc:
             if store is not None and run_id is not None:
                 # the recording above has handed every emitted span to the store already
@@ -329,8 +346,10 @@ def _recording(store, run_id: str, otlp_endpoint: str | None, seed: int, time_of
         return contextlib.nullcontext(None)
     from kvtrace.instrument import recording
 
+    # background: the store's once-a-second commit (open, insert, checkpoint on close) runs on
+    # the export thread, beside the replay, not inside it
     return recording(store=store, run_id=run_id, otlp_endpoint=otlp_endpoint, seed=seed,
-                     time_offset_ns=time_offset_ns)
+                     time_offset_ns=time_offset_ns, background=True)
 
 
 def validate(spec: RunSpec) -> tuple[dict[str, Any], list[str], Any]:
@@ -369,6 +388,8 @@ def validate(spec: RunSpec) -> tuple[dict[str, Any], list[str], Any]:
         if value is not None:
             raise ConfigError(flag, str(value), "applies to engine mode only: cache-only mode replays one LRU over "
                                                 "the trace's blocks (drop it, or use --mode engine)")
+    if spec.block_size is not None:
+        check_option("--block-size", spec.block_size, 1, MAX_TOKENS)
     unbounded = spec.capacity_blocks in (None, math.inf) and spec.capacity_tokens is None
     config = {"mode": "cache-only", "policy": spec.policy, "block_size": spec.block_size,
               "capacity_blocks": None if unbounded else spec.capacity_blocks}  # None: unbounded
@@ -397,7 +418,8 @@ def _default_name(spec: RunSpec, behaviours: list[str]) -> str:
     return " ".join(parts)
 
 
-def _run_engine(preset, workload: _Workload, digest: Digest, instrumentor, bar: _Progress, content: bool = True):
+def _run_engine(preset, workload: _Workload, digest: Digest, instrumentor, bar: _Progress, content: bool,
+                percentiles: tuple[float, ...]):
     from kvtrace.engine import Engine
     from kvtrace.engine.events import RequestFinished
 
@@ -408,7 +430,7 @@ def _run_engine(preset, workload: _Workload, digest: Digest, instrumentor, bar: 
     if instrumentor is not None:
         listeners.append(instrumentor.on_step)
     listeners.append(progress_listener)
-    engine = Engine(preset, content=content)
+    engine = Engine(preset, content=content, percentiles=percentiles)
     result = engine.run(workload.requests, listeners=listeners)
     per_request = [
         {
@@ -429,7 +451,9 @@ def _run_cache_only(spec: RunSpec, workload: _Workload, digest: Digest, instrume
     capacity = spec.capacity_blocks  # None or inf (and no --capacity-tokens): unbounded
     if capacity is None and spec.capacity_tokens is not None:
         if spec.block_size is None:
-            raise ConfigError("--capacity-tokens", str(spec.capacity_tokens), "cache-only mode needs --block-size with it")
+            raise ConfigError(
+                "--capacity-tokens", str(spec.capacity_tokens), "cache-only mode needs --block-size with it"
+            )
         capacity = cdiv(spec.capacity_tokens, spec.block_size)
     listeners: list[Callable] = [digest.on_cache_events]
     if instrumentor is not None and spec.policy == "lru":
@@ -446,9 +470,9 @@ def _run_cache_only(spec: RunSpec, workload: _Workload, digest: Digest, instrume
     )
     from kvtrace.store.schema import SUMMARY_FIELDS
 
-    summary = res.summary()
+    summary = res.summary(spec.percentiles)
     for key in SUMMARY_FIELDS:
-        summary.setdefault(key, 0 if key != "digest" else None)
+        summary.setdefault(key, None)  # engine-only fields (no CoW, no audit, no preemption): not measured
     per_request = [
         {"request_id": rid, "hit_tokens": hit}
         for rid, hit in zip(res.request_ids, res.per_request_hit_tokens)

@@ -30,8 +30,9 @@ _INT_PARAMS = ("capacity_blocks", "capacity_tokens", "external_capacity_blocks",
 _TEXT_PARAMS = ("retention", "preset", "policy", "mode")
 PARAMETERS = (*_INT_PARAMS, *_TEXT_PARAMS, "without")
 # The metrics the closing table shows (summary keys; absent ones print as '-').
-TABLE_METRICS = ("token_hit_rate", "hit_tokens", "evictions", "ttft_ms_p50", "itl_ms_p50", "divergent_outputs")
-ENGINE_METRICS = ("ttft_ms_p50", "itl_ms_p50", "divergent_outputs")  # nothing to say in cache-only mode
+TABLE_METRICS = ("prefix_cache_hit_rate", "prefix_cache_hits", "evictions", "p50_ttft_ms", "p50_itl_ms",
+                 "divergent_outputs")
+ENGINE_METRICS = ("p50_ttft_ms", "p50_itl_ms", "divergent_outputs")  # nothing to say in cache-only mode
 
 
 def parse_param(text: str, flag: str = "--param") -> tuple[str, list[Any]]:

@@ -28,7 +28,7 @@ class BlockInterner:
     materialised when the source's block size divides the target's.
     """
 
-    __slots__ = ("block_size", "_ids")
+    __slots__ = ("_ids", "block_size")
 
     def __init__(self, block_size: int):
         if block_size < 1:

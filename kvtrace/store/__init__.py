@@ -34,7 +34,7 @@ Schema (``schema.py``)
 Derived tables (``derived.py``), built per run by ``finish_run`` (and by crash recovery):
     evicted_blocks (each evicted block + the publish that next took its block id),
     miss_attribution (each lookup miss on a previously cached hash -> its eviction -> that
-    publish), span_stats, latency_quantiles (exact quantile grid of TTFT/E2E/queue/ITL),
+    publish), span_stats, latency_cdf (percentiles 0..100 of TTFT/TPOT/ITL/E2EL/queue, by kvtrace.numeric),
     block_values (lifetime/idle/reuse-gap value counts), stale_chain (the seqs of the spans
     naming each stale hash), evict_counts (evicted blocks per time, reason, next publish
     kind); ``derived.TABLES`` lists them. Readers use them for finished runs and run the

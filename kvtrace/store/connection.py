@@ -75,6 +75,23 @@ def _classify(path: str, err: Exception) -> StoreError:
     return StoreError(path, f"cannot open as a kvtrace store: {text}")
 
 
+def _is_damage(err: Exception) -> bool:
+    """A DuckDB error that means the file itself is bad (found by a query, after the open)."""
+    text = str(err)
+    return "orrupt" in text or "Could not read enough bytes" in text or isinstance(err, duckdb.IOException)
+
+
+@contextlib.contextmanager
+def _named_damage(path: str) -> Iterator[None]:
+    """A damaged file met mid-query is a one-line StoreError naming it, like one met at open."""
+    try:
+        yield
+    except duckdb.Error as err:
+        if not _is_damage(err):
+            raise
+        raise _classify(path, err) from None
+
+
 def _quiet(con: duckdb.DuckDBPyConnection) -> None:
     """No progress bar on long queries. Inside a Jupyter kernel DuckDB refuses the SET
     (it wants ipywidgets) although the bar is already off there, so a refusal is fine."""
@@ -125,7 +142,12 @@ def check_store(con: duckdb.DuckDBPyConnection, path: str) -> int:
     meta = dict(rows)
     if meta.get("magic") != STORE_MAGIC:
         raise StoreError(path, f"not a kvtrace store ({META_TABLE}.magic is {meta.get('magic')!r})")
-    version = int(meta.get("schema_version", "0"))
+    raw = meta.get("schema_version", "0")
+    try:
+        version = int(raw)
+    except (TypeError, ValueError):
+        raise StoreError(path, f"damaged kvtrace store ({META_TABLE}.schema_version is {raw!r}, "
+                               "not an integer)") from None
     if version > SCHEMA_VERSION:
         raise StoreError(path, f"store schema version {version} is newer than this kvtrace ({SCHEMA_VERSION})")
     return version
@@ -137,8 +159,9 @@ def read_connection(path: str | Path, timeout_s: float = DEFAULT_TIMEOUT_S) -> I
     path = str(path)
     con = _open(path, read_only=True, timeout_s=timeout_s)
     try:
-        check_store(con, path)
-        yield con
+        with _named_damage(path):
+            check_store(con, path)
+            yield con
     finally:
         con.close()
 
@@ -148,7 +171,8 @@ def write_connection(path: str | Path, timeout_s: float = DEFAULT_TIMEOUT_S) -> 
     path = str(path)
     con = _open(path, read_only=False, timeout_s=timeout_s)
     try:
-        yield con
+        with _named_damage(path):
+            yield con
     finally:
         con.close()
 

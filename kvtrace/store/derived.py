@@ -4,9 +4,10 @@
 block id (same group) before that block id was evicted again: "the publish that took its
 place". ``miss_attribution``: for each lookup miss on a hash that was cached before, the
 latest eviction of that hash (group 0) before the miss, joined to that eviction's row in
-evicted_blocks. ``span_stats``: spans, blocks and the time extent per span name. ``latency_quantiles``:
-the exact quantile grid of TTFT, E2E, queue time and ITL. ``block_values``: value counts
-of block lifetime, idle time before eviction and prefix reuse gap. ``stale_chain``: the
+evicted_blocks. ``span_stats``: spans, blocks and the time extent per span name. ``latency_cdf``: the
+percentiles 0, 0.1 ... 100 of TTFT, TPOT, ITL, E2EL and queue time, by kvtrace.numeric.
+``block_values``: value counts of block lifetime, idle time before eviction and prefix
+reuse gap. ``stale_chain``: the
 seq of every span naming a hash the worker found stale. ``evict_counts``: evicted blocks
 per (time, reason, next publish kind). Order within a run is ``seq`` (append order),
 which breaks the ties of spans sharing one step's virtual time.
@@ -14,8 +15,10 @@ which breaks the ties of spans sharing one step's virtual time.
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 
+from kvtrace.numeric import percentiles
 from kvtrace.store.schema import (
     SPAN_EVICT,
     SPAN_LOOKUP,
@@ -25,42 +28,46 @@ from kvtrace.store.schema import (
     SPAN_STALE_LEFT,
 )
 
-QUANTILE_GRID = 1000  # latency quantiles are kept at q = i / QUANTILE_GRID
-
-# Per-request latency samples (ns) of $run_id, one SELECT per metric, column ``v``.
+# Per-request latency samples (ns) of $run_id, one SELECT per metric (kvtrace.metrics.
+# LATENCIES, vllm bench serve's definitions), column ``v``.
+_ARRIVAL = "coalesce(arrival_ns, start_ns)"
+_REQ = f"FROM request_spans WHERE run_id = $run_id AND name = '{SPAN_REQUEST}'"
 LATENCY_VALUES = {
-    "ttft": "SELECT coalesce(ttft_ns, first_token_ns - coalesce(arrival_ns, start_ns)) AS v FROM request_spans "
-            f"WHERE run_id = $run_id AND name = '{SPAN_REQUEST}'",
-    "e2e": "SELECT end_ns - coalesce(arrival_ns, start_ns) AS v FROM request_spans "
-           f"WHERE run_id = $run_id AND name = '{SPAN_REQUEST}'",
-    "queue": "SELECT first_scheduled_ns - coalesce(arrival_ns, start_ns) AS v FROM request_spans "
-             f"WHERE run_id = $run_id AND name = '{SPAN_REQUEST}'",
-    "itl": f"SELECT unnest(itl_ns) AS v FROM request_spans WHERE run_id = $run_id AND name = '{SPAN_REQUEST}'",
+    "ttft": f"SELECT coalesce(ttft_ns, first_token_ns - {_ARRIVAL}) AS v {_REQ}",
+    # (E2EL - TTFT) / (output tokens - 1): the last token minus the first, over the gaps
+    "tpot": f"SELECT (end_ns - first_token_ns) / (num_output_tokens - 1) AS v {_REQ} AND num_output_tokens > 1",
+    "itl": f"SELECT unnest(itl_ns) AS v {_REQ}",
+    "e2el": f"SELECT end_ns - {_ARRIVAL} AS v {_REQ}",
+    "queue": f"SELECT first_scheduled_ns - {_ARRIVAL} AS v {_REQ}",
 }
+# The CDF every latency chart draws: percentiles 0, 0.1, ..., 100 of the samples, each
+# computed by kvtrace.numeric (the one definition), not interpolated from anything coarser.
+CDF_PERCENTILES = tuple(i / 10 for i in range(1001))
 
 
-def quantile_grid_sql(metric: str) -> str:
-    """Exact quantile_cont at every grid point, from one sort (DuckDB's list form of
-    quantile_cont re-selects per quantile and takes minutes on tens of millions of gaps)."""
-    return f"""(
-        WITH s AS (
-            SELECT v, row_number() OVER (ORDER BY v) - 1 AS i
-            FROM ({LATENCY_VALUES[metric]}) WHERE v IS NOT NULL
-        ),
-        cnt AS (SELECT count(*) AS n FROM s),
-        g AS (
-            SELECT r / {QUANTILE_GRID} AS q, r / {QUANTILE_GRID} * (cnt.n - 1) AS pos, cnt.n
-            FROM range({QUANTILE_GRID} + 1) AS t(r), cnt WHERE cnt.n > 0
-        )
-        SELECT $run_id AS run_id, '{metric}' AS metric, g.q,
-               lo.v + (g.pos - floor(g.pos)) * (hi.v - lo.v) AS value_ns, g.n
-        FROM g JOIN s AS lo ON lo.i = CAST(floor(g.pos) AS BIGINT) JOIN s AS hi ON hi.i = CAST(ceil(g.pos) AS BIGINT)
-    )"""
+def latency_samples_sql(metric: str) -> str:
+    """The SELECT of one latency's samples of $run_id: column ``v`` (DOUBLE, ns), sorted."""
+    return f"SELECT CAST(v AS DOUBLE) AS v FROM ({LATENCY_VALUES[metric]}) WHERE v IS NOT NULL ORDER BY v"
 
 
-LATENCY_QUANTILES_SELECT = "\nUNION ALL ".join(
-    f"SELECT * FROM {quantile_grid_sql(m)}" for m in LATENCY_VALUES
-)
+def latency_cdf_table(run_id: str, samples: dict[str, np.ndarray]) -> pa.Table:
+    """The ``latency_cdf`` rows of one run from its samples per metric: (run_id, metric,
+    q, value_ns, n) for every metric with samples, q in CDF_PERCENTILES (percent)."""
+    cols: dict[str, list] = {"run_id": [], "metric": [], "q": [], "value_ns": [], "n": []}
+    for metric in LATENCY_VALUES:
+        values = samples.get(metric)
+        if values is None or values.size == 0:
+            continue
+        k = len(CDF_PERCENTILES)
+        cols["value_ns"] += percentiles(values, CDF_PERCENTILES)
+        cols["q"] += CDF_PERCENTILES
+        cols["run_id"] += [run_id] * k
+        cols["metric"] += [metric] * k
+        cols["n"] += [int(values.size)] * k
+    return pa.table({"run_id": pa.array(cols["run_id"], pa.string()), "metric": pa.array(cols["metric"], pa.string()),
+                     "q": pa.array(cols["q"], pa.float64()), "value_ns": pa.array(cols["value_ns"], pa.float64()),
+                     "n": pa.array(cols["n"], pa.int64())})
+
 
 # $run_id is the only parameter.
 EVICTED_BLOCKS_SELECT = f"""
@@ -183,8 +190,8 @@ CREATE TABLE IF NOT EXISTS miss_attribution (
         "CREATE TABLE IF NOT EXISTS span_stats (run_id VARCHAR, name VARCHAR, spans BIGINT, blocks BIGINT, "
         "start_ns BIGINT, end_ns BIGINT)"  # the time extent: the default window without a scan
     ),
-    "latency_quantiles": (
-        "CREATE TABLE IF NOT EXISTS latency_quantiles "
+    "latency_cdf": (
+        "CREATE TABLE IF NOT EXISTS latency_cdf "
         "(run_id VARCHAR, metric VARCHAR, q DOUBLE, value_ns DOUBLE, n BIGINT)"
     ),
     "block_values": "CREATE TABLE IF NOT EXISTS block_values (run_id VARCHAR, metric VARCHAR, x BIGINT, n BIGINT)",
@@ -201,15 +208,14 @@ DDL = tuple(_TABLE_DDL.values())
 def live_sql(table: str) -> str:
     """The SELECT that computes ``table``'s rows of $run_id from the spans, for running runs.
     Every derived table but stale_chain (an index the stale-hash chain does without on a
-    running run); KeyError for it and for unknown names."""
+    running run) and latency_cdf (computed in Python: ``latency_cdf_table``); KeyError for
+    them and for unknown names."""
     if table == "evicted_blocks":
         return EVICTED_BLOCKS_SELECT
     if table == "miss_attribution":
         return MISS_ATTRIBUTION_TEMPLATE.format(evicted_blocks=f"({EVICTED_BLOCKS_SELECT})")
     if table == "span_stats":
         return SPAN_STATS_SELECT
-    if table == "latency_quantiles":
-        return LATENCY_QUANTILES_SELECT
     if table == "block_values":
         return BLOCK_VALUES_TEMPLATE.format(evicted_blocks=f"({EVICTED_BLOCKS_SELECT})")
     if table == "evict_counts":
@@ -236,7 +242,9 @@ def compute(con, run_id: str) -> dict[str, pa.Table]:
         con.unregister("kvtrace_evicted_blocks")
     out["span_stats"] = con.sql(SPAN_STATS_SELECT, params=params).to_arrow_table()
     out["stale_chain"] = con.sql(f"{STALE_CHAIN_SELECT} ORDER BY block_hash, seq", params=params).to_arrow_table()
-    out["latency_quantiles"] = con.sql(LATENCY_QUANTILES_SELECT, params=params).to_arrow_table()
+    samples = {m: con.sql(latency_samples_sql(m), params=params).to_arrow_table().column("v").to_numpy()
+               for m in LATENCY_VALUES}
+    out["latency_cdf"] = latency_cdf_table(run_id, samples)
     return out
 
 

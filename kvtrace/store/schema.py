@@ -17,7 +17,8 @@ from __future__ import annotations
 import pyarrow as pa
 
 # 2: ids stored as integers (trace_id_hi/lo, span_id, parent_span_id UBIGINT); views show hex.
-SCHEMA_VERSION = 2
+# 3: request spans carry vLLM's external and preempted query counters (kvtrace.metrics).
+SCHEMA_VERSION = 3
 
 # --- span names -------------------------------------------------------------------------
 SPAN_PUBLISH = "kvtrace.cache.publish"
@@ -149,6 +150,12 @@ SPAN_COLUMN_DEFS: tuple[Col, ...] = (
         "prompt tokens actually prefilled"),
     Col("num_preemptions", _I64, "BIGINT", "kvtrace.request.preemptions", ""),
     Col("num_divergent_tokens", _I64, "BIGINT", "kvtrace.request.divergent_tokens", ""),
+    Col("num_external_query_tokens", _I64, "BIGINT", "kvtrace.request.external_query_tokens",
+        "tokens beyond the local hit asked of the external tier at first schedule (0 without one)"),
+    Col("num_preempted_query_tokens", _I64, "BIGINT", "kvtrace.request.preempted_query_tokens",
+        "tokens looked up again at the re-admissions after preemptions"),
+    Col("num_preempted_hit_tokens", _I64, "BIGINT", "kvtrace.request.preempted_hit_tokens",
+        "local hit tokens of those re-lookups"),
     Col("ttft_ns", _I64, "BIGINT", "kvtrace.request.ttft_ns", "first_token_ns - arrival_ns"),
     Col("itl_ns", pa.list_(_I64), "BIGINT[]", "kvtrace.request.itl_ns", "every inter-token gap"),
     Col("itl_mean_ns", _F64, "DOUBLE", "kvtrace.request.itl_mean_ns", ""),
@@ -184,11 +191,16 @@ GENAI_CACHE_READ = "gen_ai.usage.cache_read.input_tokens"
 RUN_STATUSES = ("running", "complete", "failed", "incomplete")
 
 # The headline fields of a run summary (``runs.summary``), in display order: what the
-# replay prints first, what diff and the dashboard show before anything else.
+# replay prints first, what diff and the dashboard show before anything else. Every
+# metric is defined once, in ``kvtrace.metrics`` (vLLM's names and words).
+# A live capture's summary key: true when its run received nothing (the dashboard says so).
+SUMMARY_NOTHING_RECEIVED = "nothing_received"
+
 SUMMARY_FIELDS = (
-    "requests", "prompt_tokens", "hit_tokens", "token_hit_rate", "block_hit_rate", "ttft_ms_p50", "ttft_ms_p99",
-    "itl_ms_p50", "itl_ms_p99", "publishes", "evictions", "cow_copies", "stale_hashes", "divergent_outputs",
-    "preemptions", "digest",
+    "requests", "prompt_tokens", "prefix_cache_queries", "prefix_cache_hits", "prefix_cache_hit_rate",
+    "external_prefix_cache_hit_rate", "block_hit_rate", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms",
+    "p99_itl_ms", "publishes", "evictions", "cow_copies", "stale_hashes", "divergent_outputs", "preemptions",
+    "digest",
 )
 
 # Filled by the writer (never needed from producers): per-run append order, the tie-break
@@ -283,7 +295,8 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "spans_request": ("request_spans", (SPAN_REQUEST,),
                       ("num_hit_tokens", "num_external_hit_tokens", "session_id", "arrival_ns",
                        "first_scheduled_ns", "first_token_ns", "num_prompt_tokens", "num_output_tokens",
-                       "num_computed_tokens", "num_preemptions", "num_divergent_tokens", "ttft_ns", "itl_ns",
+                       "num_computed_tokens", "num_preemptions", "num_divergent_tokens", "num_external_query_tokens",
+                       "num_preempted_query_tokens", "num_preempted_hit_tokens", "ttft_ns", "itl_ns",
                        "itl_mean_ns", "itl_p50_ns", "itl_p99_ns", "itl_max_ns", "prefill_chunks")),
     "spans_verify": ("verify_spans", (SPAN_STALE_HASH, SPAN_DIVERGENT),
                      (*_BLOCKS, "expected_fingerprint", "actual_fingerprint", "position", "expected_token",

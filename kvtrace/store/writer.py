@@ -10,6 +10,7 @@ between flushes.
 from __future__ import annotations
 
 import datetime as _dt
+import importlib
 import json
 import os
 import time
@@ -37,14 +38,14 @@ from kvtrace.store.connection import (
 from kvtrace.store.errors import StoreError, UnknownRunError
 from kvtrace.store.liveness import host_name, process_start_token, writer_alive
 from kvtrace.store.schema import (
+    CURVE_COLUMNS,
+    CURVES_DDL,
     FAMILIES,
     FAMILY_OF_NAME,
     META_TABLE,
     NUM_BLOCKS_COLUMN,
     OTHER_TABLE,
     RUN_STATUSES,
-    CURVE_COLUMNS,
-    CURVES_DDL,
     RUNS_DDL,
     SCHEMA_VERSION,
     SEQ_COLUMN,
@@ -56,9 +57,10 @@ from kvtrace.store.schema import (
     span_tables_ddl,
 )
 
-# Store subclasses of other backends, registered by their module when Store.open first
-# needs it (kvtrace.store.clickhouse.writer): Store.open picks one by the --db form.
-BACKENDS: dict[str, type[Store]] = {}
+# Store subclasses of other backends, by module and class name: Store.open imports the one
+# a --db form names when it is first needed (a plugin lookup, so this module, which the
+# ClickHouse store subclasses, does not import it, and DuckDB users never load chdb).
+BACKENDS: dict[str, str] = {"clickhouse": "kvtrace.store.clickhouse.writer:ClickHouseStore"}
 DEFAULT_FLUSH_ROWS = 262_144  # fewer, larger DuckDB transactions: ~2x the insert rate of 64k
 DEFAULT_FLUSH_INTERVAL_S = 1.0
 
@@ -235,9 +237,9 @@ class Store:
     ) -> Store:
         """Create or open a store; mark runs left ``running`` by dead writers ``incomplete``."""
         if cls is Store and is_clickhouse(path):  # chdb:PATH or clickhouse://...
-            if "clickhouse" not in BACKENDS:
-                import kvtrace.store.clickhouse.writer  # noqa: F401  (registers ClickHouseStore)
-            return BACKENDS["clickhouse"].open(path, flush_rows=flush_rows, flush_interval_s=flush_interval_s,
+            module, _, name = BACKENDS["clickhouse"].partition(":")
+            backend: type[Store] = getattr(importlib.import_module(module), name)
+            return backend.open(path, flush_rows=flush_rows, flush_interval_s=flush_interval_s,
                                                lock_timeout_s=lock_timeout_s)
         store = cls(path, flush_rows=flush_rows, flush_interval_s=flush_interval_s, lock_timeout_s=lock_timeout_s)
         store._setup()
@@ -438,6 +440,15 @@ class Store:
             if row is None:
                 raise UnknownRunError(self.path, run_id)
             return int(fetch_value(con, "SELECT coalesce(max(seq) + 1, 0) FROM spans WHERE run_id = ?", [run_id]))
+
+    def discard_buffer(self) -> int:
+        """Drop the spans appended since the last flush (a producer whose commit failed and
+        that told its client so); their seq numbers are given out again, so the run's seq
+        stays contiguous. Returns the rows dropped."""
+        for run_id, table in self._buffer:
+            self._next_seq[run_id] -= table.num_rows
+        dropped, self._buffer, self._buffered_rows = self._buffered_rows, [], 0
+        return dropped
 
     def flush(self) -> int:
         """Commit every buffered span in one transaction; return rows written."""

@@ -36,7 +36,7 @@ def numbered_lines(path: str) -> Iterator[tuple[int, str]]:
     reported on its own line (a text-mode file decodes ahead, in blocks).
     """
     try:
-        f = open(path, "rb")
+        f = open(path, "rb")  # noqa: SIM115  (closed by the with below; open errors named apart)
     except IsADirectoryError:
         raise TraceFormatError(path, None, "is a directory, not a trace file") from None
     except OSError as e:

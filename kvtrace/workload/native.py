@@ -47,7 +47,15 @@ import msgspec
 import numpy as np
 
 from kvtrace.errors import TraceFormatError
-from kvtrace.workload.lines import MAX_ID, ArrivalOrder, AtomicText, check_hash_ids, check_int, decode_error, numbered_lines
+from kvtrace.workload.lines import (
+    MAX_ID,
+    ArrivalOrder,
+    AtomicText,
+    check_hash_ids,
+    check_int,
+    decode_error,
+    numbered_lines,
+)
 from kvtrace.workload.request import TraceRequest
 from kvtrace.workload.tokens import VOCAB_SIZE
 

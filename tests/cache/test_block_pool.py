@@ -5,14 +5,16 @@ import numpy as np
 
 from kvtrace.cache import CacheConfig, FullAttentionSpec, KVCacheManager, MambaSpec
 from kvtrace.cache.block_pool import BlockPool
-from kvtrace.cache.sink import EventSink
 from kvtrace.cache.events import EVICT_LRU, EVICT_RESET, BlockEvicted, BlockPublished, BlocksFreed
+from kvtrace.cache.sink import EventSink
 
 from .helpers import make_request
 
 
 def fa_manager(num_blocks=11, block_size=4, **kw):
-    cfg = CacheConfig(groups=(FullAttentionSpec(block_size),), num_gpu_blocks=num_blocks, hash_block_size=block_size, **kw)
+    cfg = CacheConfig(
+        groups=(FullAttentionSpec(block_size),), num_gpu_blocks=num_blocks, hash_block_size=block_size, **kw
+    )
     return KVCacheManager(cfg)
 
 

@@ -1,6 +1,7 @@
 """The cache-only demo drive: behaviour directions on a generated stream, and determinism."""
 
 from kvtrace.cache import EXTERNAL_HIT_RUNNING_COW, SHARED_PREFIX_PINNING, TRANSIENT_CHECKPOINT_RETENTION
+
 from .drive import demo_config, generate_stream, run
 
 

@@ -77,7 +77,7 @@ def test_the_junction_is_the_longest_hit_not_rounded_to_the_scheduler_block():
     run_chunk(m, a, 4)  # stops at the tail boundary 12: both groups key it
     run_chunk(m, a, 1)
     m.free(a)
-    for g, h, bid, _n in list(m.cached_entries()):  # the Mamba states leave the cache
+    for g, _h, bid, _n in list(m.cached_entries()):  # the Mamba states leave the cache
         if g == 1:
             m.block_pool.evict_block_keys(m.block_pool.blocks[bid], "stale_hash", None)
     b = make_request("b", list(range(12)) + [77] * 5)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -148,3 +149,125 @@ def test_convert_into_a_missing_folder_or_onto_a_directory_leaves_nothing(tmp_pa
         assert_one_line(code, err, str(target), needle)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "t.jsonl"]  # no *.tmp-PID left
     assert list((tmp_path / "adir").iterdir()) == []
+
+
+NATIVE_HEADER = '{"kvtrace_trace": 1, "block_size": 16}'
+
+
+@pytest.mark.parametrize("line, needle", [
+    ('{"arrival_ns": 18446744073709551616, "input_length": 3, "output_length": 1, "token_ids": [1, 2, 3]}',
+     "arrival_ns"),
+    ('{"arrival_ns": 0, "input_length": 3, "output_length": 1, "token_ids": [1, 18446744073709551616, 3]}',
+     "token_ids"),
+    ('{"arrival_ns": 0, "input_length": 3, "output_length": 1, "hash_ids": [18446744073709551616]}', "hash_ids"),
+    ('{"arrival_ns": 0, "input_length": 3, "output_length": 1, "hash_ids": [-1]}', "hash_ids"),
+])
+def test_native_numbers_beyond_64_bits_name_the_line(tmp_path, capsys, line, needle):
+    trace = write_lines(tmp_path / "n.jsonl", [NATIVE_HEADER, line])
+    for mode in (["--mode", "cache-only", "--capacity-blocks", "4"], []):
+        code, _, err = run(["replay", trace, *mode], capsys)
+        assert_one_line(code, err, "n.jsonl:2", needle)
+
+
+def test_a_non_chained_mooncake_trace_replays_cache_only(tmp_path, capsys):
+    """hash_ids that repeat under different parents (a legal Mooncake trace that is not
+    prefix-chained) are interned to int64 keys: the run records, nothing overflows."""
+    rows = [dict(MOONCAKE_LINE, timestamp=t, input_length=1000, hash_ids=ids)
+            for t, ids in enumerate(([1, 2], [3, 2], [1, 2], [4, 2]))]
+    trace = write_lines(tmp_path / "nc.jsonl", rows)
+    code, out, err = run(["replay", trace, "--mode", "cache-only", "--capacity-blocks", "2",
+                          "--db", str(tmp_path / "s.duckdb"), "--json"], capsys)
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["requests"] == 4 and summary["spans"] > 0
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory) -> bytes:
+    """The bytes of a store holding runs r1 and r2 (cache-only: quick), copied per test."""
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = tmp_path_factory.mktemp("store") / "s.duckdb"
+    for _ in range(2):
+        run_replay(RunSpec("gen:chat", mode="cache-only", capacity_blocks=64), db=db)
+    return db.read_bytes()
+
+
+def _store_with_runs(tmp_path, two_runs: bytes) -> str:
+    db = tmp_path / "s.duckdb"
+    db.write_bytes(two_runs)
+    return str(db)
+
+
+def test_a_store_whose_schema_version_is_not_an_integer(tmp_path, capsys, two_runs):
+    import duckdb
+
+    db = _store_with_runs(tmp_path, two_runs)
+    con = duckdb.connect(db)
+    con.execute("UPDATE kvtrace_meta SET value = 'two' WHERE key = 'schema_version'")
+    con.close()
+    for argv in (["replay", "gen:chat", "--limit", "2", "--db", db], ["diff", "r1", "r2", "--db", db]):
+        code, _, err = run(argv, capsys)
+        assert_one_line(code, err, "s.duckdb", "schema_version", "'two'")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "corrupt-tail", "corrupt-head"])
+def test_a_truncated_or_corrupt_store_is_one_line_for_replay_and_diff(tmp_path, capsys, two_runs, damage):
+    """Whether DuckDB finds the damage when opening or only in a later query, the error
+    names the file."""
+    db = _store_with_runs(tmp_path, two_runs)
+    data = bytearray(Path(db).read_bytes())
+    if damage == "truncated":
+        data = data[: len(data) // 3]
+    else:
+        start = 4096 if damage == "corrupt-head" else int(len(data) * 0.3) // 4096 * 4096
+        stop = 3 * 4096 if damage == "corrupt-head" else len(data)
+        for i in range(start, stop):
+            data[i] ^= 0x5A
+    for argv in (["diff", "r1", "r2", "--db", db], ["replay", "gen:chat", "--limit", "2", "--db", db]):
+        bad = tmp_path / "bad.duckdb"
+        bad.write_bytes(bytes(data))
+        argv = [str(bad) if a == db else a for a in argv]
+        code, _, err = run(argv, capsys)
+        assert_one_line(code, err, "bad.duckdb", "DuckDB")
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--resamples", "-1"], "--resamples: -1"),
+    (["--resamples", "0"], "--resamples: 0"),
+    (["--resamples", "1000000000"], "--resamples: 1000000000"),
+    (["--top", "-1"], "--top: -1"),
+    (["--seed", "-1"], "--seed: -1"),
+])
+def test_diff_options_out_of_range(tmp_path, capsys, two_runs, argv, needle):
+    db = _store_with_runs(tmp_path, two_runs)
+    code, _, err = run(["diff", "r1", "r2", "--db", db, *argv], capsys)
+    assert_one_line(code, err, needle)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["study", "transient-checkpoint-retention", "--limit", "-1"], "--limit: -1"),
+    (["generate", "chat", "-o", "{tmp}/g.jsonl", "--requests", str(2**63)], "num_requests"),
+    (["replay", "{trace}", "--mode", "cache-only", "--capacity-blocks", "4", "--block-size", str(2**64)],
+     "--block-size"),
+    (["collect", "--db", "{tmp}/c.duckdb", "--port", "-1"], "--port: -1"),
+    (["collect", "--db", "{tmp}/c.duckdb", "--port", "0", "--grpc-port", "70000"], "--grpc-port: 70000"),
+    (["collect", "--db", "{tmp}/c.duckdb", "--port", "0", "--max-body-bytes", "0"], "--max-body-bytes: 0"),
+    (["capture", "vllm", "--endpoint", "tcp://127.0.0.1:1", "--db", "{tmp}/v.duckdb", "--duration", "nan"],
+     "--duration: nan"),
+    (["capture", "vllm", "--endpoint", "tcp://127.0.0.1:1", "--db", "{tmp}/v.duckdb", "--duration", "-1"],
+     "--duration: -1"),
+])
+def test_numeric_options_are_bounded(tmp_path, capsys, argv, needle):
+    trace = write_lines(tmp_path / "t.jsonl", [MOONCAKE_LINE])
+    argv = [a.format(tmp=tmp_path, trace=trace) for a in argv]
+    code, _, err = run(argv, capsys)
+    assert_one_line(code, err, needle)
+    assert not (tmp_path / "c.duckdb").exists() and not (tmp_path / "v.duckdb").exists()
+
+
+def test_a_limit_beyond_the_file_is_no_limit(tmp_path, capsys):
+    trace = write_lines(tmp_path / "t.jsonl", [MOONCAKE_LINE, dict(MOONCAKE_LINE, timestamp=1)])
+    code, out, err = run(["convert", trace, "-o", str(tmp_path / "o.jsonl"), "--limit", str(2**63)], capsys)
+    assert code == 0, err
+    assert "wrote 2 requests" in out

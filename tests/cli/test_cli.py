@@ -19,22 +19,38 @@ MOONCAKE = TRACES / "mooncake_synthetic_trace.jsonl"
 
 def kvtrace(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONHASHSEED="random", COLUMNS="200")
-    return subprocess.run([*KVTRACE, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
+    return subprocess.run([*KVTRACE, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=600,
+                          check=False)
 
 
 def test_replay_json_is_identical_across_processes():
     args = ("replay", "gen:mixed", "--limit", "25", "--json")
     a, b = kvtrace(*args), kvtrace(*args)
     assert a.returncode == 0, a.stderr
-    sa, sb = json.loads(a.stdout), json.loads(b.stdout)
+    sa = json.loads(a.stdout)
     assert a.stdout == b.stdout
     assert len(sa["digest"]) == 64
-    for key in ("requests", "prompt_tokens", "hit_tokens", "token_hit_rate", "block_hit_rate", "ttft_ms_p50",
-                "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99", "publishes", "evictions", "cow_copies",
-                "stale_hashes", "divergent_outputs", "preemptions", "digest"):
+    for key in (
+        "requests",
+        "prompt_tokens",
+        "prefix_cache_hits",
+        "prefix_cache_hit_rate",
+        "block_hit_rate",
+        "p50_ttft_ms",
+        "p99_ttft_ms",
+        "p50_itl_ms",
+        "p99_itl_ms",
+        "publishes",
+        "evictions",
+        "cow_copies",
+        "stale_hashes",
+        "divergent_outputs",
+        "preemptions",
+        "digest",
+    ):
         assert key in sa, key
     assert sa["requests"] == 25
-    assert 0 < sa["token_hit_rate"] < 1
+    assert 0 < sa["prefix_cache_hit_rate"] < 1
     assert sa["stale_hashes"] == 0 and sa["divergent_outputs"] == 0
 
 
@@ -54,7 +70,7 @@ def test_cache_only_on_mooncake_with_belady_bound():
                   "--limit", "400", "--json")
     s_lru, s_bel = json.loads(lru.stdout), json.loads(bel.stdout)
     assert s_lru["requests"] == s_bel["requests"] == 400
-    assert 0 < s_lru["token_hit_rate"] <= s_bel["token_hit_rate"] < 1
+    assert 0 < s_lru["prefix_cache_hit_rate"] <= s_bel["prefix_cache_hit_rate"] < 1
 
 
 def test_replay_records_run_into_duckdb(tmp_path):
@@ -146,12 +162,12 @@ def test_diff_markdown_and_fail_if_gate(replayed_store):
     db, on, off = replayed_store.path, replayed_store.run_on, replayed_store.run_off
     md = kvtrace("diff", on, off, "--db", db, "--markdown")
     assert md.returncode == 0, md.stderr
-    assert "| token_hit_rate |" in md.stdout
+    assert "| prefix_cache_hit_rate |" in md.stdout
     # B (pinning off) loses the system prompts' hits: a gate on the hit rate must fail the build.
-    gated = kvtrace("diff", on, off, "--db", db, "--fail-if", "token_hit_rate:-0.01")
+    gated = kvtrace("diff", on, off, "--db", db, "--fail-if", "prefix_cache_hit_rate:-0.01")
     assert gated.returncode == 1
-    assert "token_hit_rate" in gated.stderr
-    assert kvtrace("diff", off, on, "--db", db, "--fail-if", "token_hit_rate:-0.01").returncode == 0
+    assert "prefix_cache_hit_rate" in gated.stderr
+    assert kvtrace("diff", off, on, "--db", db, "--fail-if", "prefix_cache_hit_rate:-0.01").returncode == 0
 
 
 def test_diff_refuses_different_traces(tmp_path, replayed_store):
@@ -186,7 +202,11 @@ def test_convert_to_native_keeps_requests(tmp_path):
     a = json.loads(kvtrace("replay", str(MOONCAKE), "--limit", "30", "--mode", "cache-only",
                            "--capacity-blocks", "2000", "--json").stdout)
     b = json.loads(kvtrace("replay", str(out), "--mode", "cache-only", "--capacity-blocks", "2000", "--json").stdout)
-    assert (a["requests"], a["prompt_tokens"], a["hit_tokens"]) == (b["requests"], b["prompt_tokens"], b["hit_tokens"])
+    assert (a["requests"], a["prompt_tokens"], a["prefix_cache_hits"]) == (
+        b["requests"],
+        b["prompt_tokens"],
+        b["prefix_cache_hits"],
+    )
 
 
 def test_dashboard_on_missing_db_is_one_line(tmp_path):
@@ -196,7 +216,7 @@ def test_dashboard_on_missing_db_is_one_line(tmp_path):
 
 @pytest.mark.parametrize("args, what", [
     (("--endpoint", "tcp://vllm-host"), "--endpoint: tcp://vllm-host: expected tcp://HOST:PORT"),
-    (("--endpoint", "tcp://h:5557", "--dp-size", "0"), "--dp-size: 0: must be at least 1"),
+    (("--endpoint", "tcp://h:5557", "--dp-size", "0"), "--dp-size: 0: expected >= 1"),
     (("--endpoint", "tcp://h:65535", "--dp-size", "2"), "--endpoint: tcp://h:65535: port 65535 + DP rank 1"),
 ])
 def test_capture_vllm_bad_endpoint_is_one_line_before_any_run(tmp_path, args, what):
@@ -242,8 +262,39 @@ def test_conformance_without_vllm_is_one_line_and_exit_2():
             "sys.argv = ['kvtrace', 'conformance', 'gen:mixed', '--limit', '2']\n"
             "from kvtrace.cli import main\n"
             "main()\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "vLLM is not installed" in lines[0] and "0.33.0" in lines[0]
     assert "make vllm" in lines[0] and r.stdout == ""
+
+
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+def test_replay_to_a_dead_collector_says_how_many_spans_were_not_delivered(tmp_path, protocol):
+    """Exit 1 and one error line with the count; no SDK retry lines; the DuckDB copy whole."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    db = tmp_path / "otlp.duckdb"
+    env = dict(os.environ, OTEL_EXPORTER_OTLP_PROTOCOL=protocol, COLUMNS="200")
+    r = subprocess.run([*KVTRACE, "replay", "gen:chat", "--limit", "5", "--db", str(db), "--json",
+                        "--otlp-endpoint", f"http://127.0.0.1:{port}"], capture_output=True, text=True, env=env,
+                       timeout=300, check=False)
+    assert r.returncode == 1, r.stderr
+    summary = json.loads(r.stdout)
+    lines = r.stderr.strip().splitlines()
+    assert lines[0] == f"kvtrace: run {summary['run_id']} recorded in {db}"
+    sent = summary["spans"] + 1  # the export ends with the run record, one kvtrace.run span
+    assert len(lines) == 2 and lines[1].startswith(f"kvtrace: error: --otlp-endpoint http://127.0.0.1:{port}: "
+                                                   f"{sent} of {sent} spans were not delivered"), r.stderr
+    assert "Connection refused" in lines[1]
+    assert summary["otlp_spans_undelivered"] == sent > 1
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        status = con.execute("SELECT status FROM runs WHERE run_id = ?", [summary["run_id"]]).fetchone()[0]
+        stored = con.execute("SELECT count(*) FROM spans WHERE run_id = ?", [summary["run_id"]]).fetchone()[0]
+    finally:
+        con.close()
+    assert (status, stored) == ("complete", summary["spans"])

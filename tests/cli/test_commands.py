@@ -59,7 +59,7 @@ def test_a_recorded_run_says_its_id_and_runs_lists_it(tmp_path):
     (run,) = json.loads(listed.stdout)["runs"]
     assert run["run_id"] == "r1" and run["status"] == "complete" and run["mode"] == "cache-only/lru"
     assert (run["capacity_blocks"], run["block_size"]) == (700, 512)
-    assert run["token_hit_rate"] == summary["token_hit_rate"] and run["requests"] == 150
+    assert run["prefix_cache_hit_rate"] == summary["prefix_cache_hit_rate"] and run["requests"] == 150
     table = kvtrace("runs", "--db", str(db))
     assert "r1" in table.stdout and "700×512" in table.stdout and "complete" in table.stdout
 
@@ -78,7 +78,7 @@ def test_sweep_json_holds_every_run_with_its_id_and_digest(tmp_path):
     assert result["sweep_id"].startswith("sweep-")
     assert [r["params"] for r in result["runs"]] == [{"capacity_blocks": 300}, {"capacity_blocks": 900}]
     assert all(r["run_id"] and len(r["digest"]) == 64 for r in result["runs"])
-    assert result["runs"][0]["token_hit_rate"] < result["runs"][1]["token_hit_rate"]
+    assert result["runs"][0]["prefix_cache_hit_rate"] < result["runs"][1]["prefix_cache_hit_rate"]
     alone = json.loads(kvtrace("replay", str(MOONCAKE), "--mode", "cache-only", "--limit", "150",
                                "--capacity-blocks", "900", "--json").stdout)
     assert alone["digest"] == result["runs"][1]["digest"]
@@ -99,7 +99,7 @@ def test_study_sweep_ends_with_one_compact_table():
     out = kvtrace("study", "shared-prefix-pinning", "--limit", "30", "--sweep", "capacity_blocks=96,160")
     assert out.returncode == 0, out.stderr
     tail = out.stdout[out.stdout.rindex("on - off, per capacity_blocks"):]
-    assert "Δ token_hit_rate" in tail and re.search(r"│ 96 .*pp", tail) and re.search(r"│ 160 .*pp", tail)
+    assert "Δ prefix_cache_hit_rate" in tail and re.search(r"│ 96 .*pp", tail) and re.search(r"│ 160 .*pp", tail)
 
 
 def test_dashboard_compare_needs_a_run(tmp_path, replayed_store):

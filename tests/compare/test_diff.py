@@ -21,13 +21,13 @@ def _summary(**kw):
     base = {
         "requests": 100,
         "prompt_tokens": 100_000,
-        "hit_tokens": 60_000,
-        "token_hit_rate": 0.60,
+        "prefix_cache_hits": 60_000,
+        "prefix_cache_hit_rate": 0.60,
         "block_hit_rate": 0.55,
-        "ttft_ms_p50": 20.0,
-        "ttft_ms_p99": 80.0,
-        "itl_ms_p50": 5.0,
-        "itl_ms_p99": 9.0,
+        "median_ttft_ms": 20.0,
+        "p99_ttft_ms": 80.0,
+        "median_itl_ms": 5.0,
+        "p99_itl_ms": 9.0,
         "publishes": 900,
         "evictions": 300,
         "cow_copies": 4,
@@ -45,18 +45,19 @@ def _summary(**kw):
 
 def test_metric_deltas_cover_every_numeric_field_in_summary_order():
     a = _summary(extra_metric=1.0)
-    b = _summary(hit_tokens=45_000, token_hit_rate=0.45, ttft_ms_p99=120.0, extra_metric=3.0, digest="bb" * 32)
+    b = _summary(prefix_cache_hits=45_000, prefix_cache_hit_rate=0.45, p99_ttft_ms=120.0, extra_metric=3.0,
+                 digest="bb" * 32)
     d = M.diff_summaries(a, b)
     names = [m.name for m in d.metrics]
-    assert names[:4] == ["requests", "prompt_tokens", "hit_tokens", "token_hit_rate"]
+    assert names[:4] == ["requests", "prompt_tokens", "prefix_cache_hits", "prefix_cache_hit_rate"]
     assert names[-1] == "extra_metric"
     assert "digest" not in names  # not numeric
-    hr = d.metric("token_hit_rate")
+    hr = d.metric("prefix_cache_hit_rate")
     assert hr.delta == pytest.approx(-0.15)
     assert hr.rel == pytest.approx(-0.25)
     assert hr.verdict == "worse"
-    assert d.metric("ttft_ms_p99").verdict == "worse"
-    assert d.metric("ttft_ms_p99").rel == pytest.approx(0.5)
+    assert d.metric("p99_ttft_ms").verdict == "worse"
+    assert d.metric("p99_ttft_ms").rel == pytest.approx(0.5)
     assert d.metric("requests").verdict == "same"
     assert d.metric("publishes").verdict == "same"
     assert d.metric("evictions").rel == 0.0
@@ -80,22 +81,22 @@ def test_metric_deltas_cover_every_numeric_field_in_summary_order():
 
 def test_request_hit_diff_top_gained_and_lost_with_deterministic_ties():
     a = pl.DataFrame({"request_id": ["r1", "r2", "r3", "r4", "r5", "r6"],
-                      "prompt_tokens": [100] * 6, "hit_tokens": [50, 50, 0, 90, 10, 10]})
+                      "prompt_tokens": [100] * 6, "cached_tokens": [50, 50, 0, 90, 10, 10]})
     b = pl.DataFrame({"request_id": ["r1", "r2", "r3", "r4", "r5", "r7"],
-                      "prompt_tokens": [100] * 6, "hit_tokens": [80, 20, 40, 0, 10, 5]})
+                      "prompt_tokens": [100] * 6, "cached_tokens": [80, 20, 40, 0, 10, 5]})
     r = M.request_hit_diff(a, b, top=2)
     assert (r.requests, r.gained, r.lost, r.only_a, r.only_b) == (5, 2, 2, 1, 1)
-    assert r.hit_tokens_delta == 30 - 30 + 40 - 90
+    assert r.cached_tokens_delta == 30 - 30 + 40 - 90
     assert [(c.request_id, c.delta) for c in r.top_gained] == [("r3", 40), ("r1", 30)]
     assert [(c.request_id, c.delta) for c in r.top_lost] == [("r4", -90), ("r2", -30)]
     # ties: equal deltas ordered by request id
-    a2 = pl.DataFrame({"request_id": ["b", "a", "c"], "hit_tokens": [0, 0, 0]})
-    b2 = pl.DataFrame({"request_id": ["c", "b", "a"], "hit_tokens": [7, 7, 7]})
+    a2 = pl.DataFrame({"request_id": ["b", "a", "c"], "cached_tokens": [0, 0, 0]})
+    b2 = pl.DataFrame({"request_id": ["c", "b", "a"], "cached_tokens": [7, 7, 7]})
     assert [c.request_id for c in M.request_hit_diff(a2, b2, top=3).top_gained] == ["a", "b", "c"]
 
 
 def test_request_hit_diff_rejects_frames_without_the_columns():
-    with pytest.raises(KVTraceError, match="request_id, hit_tokens"):
+    with pytest.raises(KVTraceError, match="request_id, cached_tokens"):
         M.request_hit_diff(pl.DataFrame({"id": ["x"]}), pl.DataFrame({"id": ["x"]}))
 
 
@@ -113,7 +114,7 @@ def test_count_shifts_outer_join_sorted_by_size_of_change():
 
 def _diff_with_latency():
     a = _summary()
-    b = _summary(hit_tokens=58_500, token_hit_rate=0.585, ttft_ms_p99=90.0, stale_hashes=2)
+    b = _summary(prefix_cache_hits=58_500, prefix_cache_hit_rate=0.585, p99_ttft_ms=90.0, stale_hashes=2)
     d = M.diff_summaries(a, b)
     d.latency = [M.PercentileShift("ttft_ms", 90, 40.0, 46.0, 6.0, 4.0, 8.0)]
     return d
@@ -121,25 +122,25 @@ def _diff_with_latency():
 
 def test_fail_if_sign_convention():
     d = _diff_with_latency()
-    # token_hit_rate dropped by 0.015: a max allowed drop of 0.01 fails, 0.02 passes.
-    (msg,) = check_fail_if(d, ["token_hit_rate:-0.01"])
-    assert msg == "token_hit_rate dropped by 0.015 (A=0.6, B=0.585); allowed drop 0.01"
-    assert check_fail_if(d, ["token_hit_rate:-0.02"]) == []
+    # prefix_cache_hit_rate dropped by 0.015: a max allowed drop of 0.01 fails, 0.02 passes.
+    (msg,) = check_fail_if(d, ["prefix_cache_hit_rate:-0.01"])
+    assert msg == "prefix_cache_hit_rate dropped by 0.015 (A=0.6, B=0.585); allowed drop 0.01"
+    assert check_fail_if(d, ["prefix_cache_hit_rate:-0.02"]) == []
     # A rise gate on a metric that dropped never fails.
-    assert check_fail_if(d, ["token_hit_rate:+0"]) == []
+    assert check_fail_if(d, ["prefix_cache_hit_rate:+0"]) == []
     # ttft p99 rose by 10 ms (+12.5%): unsigned and '+' thresholds are maximum rises.
-    assert len(check_fail_if(d, ["ttft_ms_p99:5"])) == 1
-    assert check_fail_if(d, ["ttft_ms_p99:+10"]) == []
-    assert len(check_fail_if(d, ["ttft_ms_p99:+10%"])) == 1
-    assert check_fail_if(d, ["ttft_ms_p99:+15%"]) == []
+    assert len(check_fail_if(d, ["p99_ttft_ms:5"])) == 1
+    assert check_fail_if(d, ["p99_ttft_ms:+10"]) == []
+    assert len(check_fail_if(d, ["p99_ttft_ms:+10%"])) == 1
+    assert check_fail_if(d, ["p99_ttft_ms:+15%"]) == []
     # "-0" means no drop at all; "+0" no rise at all.
-    assert len(check_fail_if(d, ["hit_tokens:-0"])) == 1
+    assert len(check_fail_if(d, ["prefix_cache_hits:-0"])) == 1
     assert len(check_fail_if(d, ["stale_hashes:+0"])) == 1
     assert check_fail_if(d, ["divergent_outputs:+0"]) == []
     # Gates on bootstrap percentiles not in the summary.
-    assert len(check_fail_if(d, ["ttft_ms_p90:+5"])) == 1
+    assert len(check_fail_if(d, ["p90_ttft_ms:+5"])) == 1
     # Several gates: one message per violation.
-    assert len(check_fail_if(d, ["token_hit_rate:-0.01", "ttft_ms_p99:+1", "requests:+0"])) == 2
+    assert len(check_fail_if(d, ["prefix_cache_hit_rate:-0.01", "p99_ttft_ms:+1", "requests:+0"])) == 2
 
 
 def test_fail_if_relative_gate_on_zero_baseline_cannot_pass():
@@ -149,9 +150,9 @@ def test_fail_if_relative_gate_on_zero_baseline_cannot_pass():
 
 
 @pytest.mark.parametrize("gate, match", [
-    ("token_hit_rate", "METRIC:THRESHOLD"),
-    ("token_hit_rate:", "METRIC:THRESHOLD"),
-    ("token_hit_rate:abc", "not a number"),
+    ("prefix_cache_hit_rate", "METRIC:THRESHOLD"),
+    ("prefix_cache_hit_rate:", "METRIC:THRESHOLD"),
+    ("prefix_cache_hit_rate:abc", "not a number"),
     ("no_such_metric:-1", "unknown metric 'no_such_metric'"),
 ])
 def test_fail_if_errors_are_one_line_user_errors(gate, match):
@@ -169,8 +170,8 @@ def _full_diff():
     d.run_b = {"run_id": "r-b", "name": "on", "trace": "gen:mixed",
                "behaviours": ["shared-prefix-pinning", "external-hit-running-cow"]}
     d.requests = M.request_hit_diff(
-        pl.DataFrame({"request_id": ["x", "y"], "prompt_tokens": [10, 10], "hit_tokens": [0, 5]}),
-        pl.DataFrame({"request_id": ["x", "y"], "prompt_tokens": [10, 10], "hit_tokens": [8, 1]}),
+        pl.DataFrame({"request_id": ["x", "y"], "prompt_tokens": [10, 10], "cached_tokens": [0, 5]}),
+        pl.DataFrame({"request_id": ["x", "y"], "prompt_tokens": [10, 10], "cached_tokens": [8, 1]}),
     )
     d.evictions_by_reason = M.count_shifts(
         pl.DataFrame({"reason": ["lru"], "count": [3]}), pl.DataFrame({"reason": ["lru"], "count": [9]}), "reason")
@@ -185,8 +186,8 @@ def test_markdown_is_a_pasteable_table():
     header = lines.index("| metric | A | B | Δ | Δ% | |")
     assert lines[header + 1] == "|---|---:|---:|---:|---:|---|"
     rows = [line for line in lines[header + 2:] if line.startswith("| ")]
-    hit_row = next(r for r in rows if r.startswith("| token_hit_rate |"))
-    assert hit_row == "| token_hit_rate | 0.6000 | 0.5850 | -0.0150 | -2.5% | ❌ worse |"
+    hit_row = next(r for r in rows if r.startswith("| prefix_cache_hit_rate |"))
+    assert hit_row == "| prefix_cache_hit_rate | 0.6000 | 0.5850 | -0.0150 | -2.5% | ❌ worse |"
     # every table row has the same number of cells as its header
     for block_start in [i for i, line in enumerate(lines) if line.startswith("|---")]:
         ncols = lines[block_start].count("|")
@@ -194,7 +195,7 @@ def test_markdown_is_a_pasteable_table():
         while j < len(lines) and lines[j].startswith("|"):
             assert lines[j].count("|") == ncols, lines[j]
             j += 1
-    assert "| ttft_ms_p90 | 40.000 | 46.000 | +6.000 | [+4.000, +8.000] | ❌ worse |" in md
+    assert "| p90_ttft_ms | 40.000 | 46.000 | +6.000 | [+4.000, +8.000] | ❌ worse |" in md
     assert "| reason | lru | 3 | 9 | +6 |" in md
     assert "1 gained, 1 lost, 0 unchanged of 2 common requests (net +4 tokens)" in md
     assert "| `x` | 10 | 0 | 8 | +8 |" in md
@@ -203,13 +204,13 @@ def test_markdown_is_a_pasteable_table():
 def test_json_and_text_renderings():
     d = _full_diff()
     j = to_json(d)
-    assert j["latency"]["ttft_ms_p90"] == {"a": 40.0, "b": 46.0, "delta": 6.0, "ci": [4.0, 8.0]}
+    assert j["latency"]["p90_ttft_ms"] == {"a": 40.0, "b": 46.0, "delta": 6.0, "ci": [4.0, 8.0]}
     top = {"request_id": "x", "prompt_tokens": 10, "hit_a": 0, "hit_b": 8, "delta": 8}
     assert j["requests"]["top_gained"][0] == top
     assert j["evictions"]["by_reason"]["lru"] == {"a": 3, "b": 9, "delta": 6}
     assert json.loads(json.dumps(j)) == j
     text = to_text(d)
-    assert "off → on" in text and "token_hit_rate" in text and "ttft_ms_p90" in text
+    assert "off → on" in text and "prefix_cache_hit_rate" in text and "p90_ttft_ms" in text
 
 
 # ------------------------------------------------------------------ through a real store
@@ -269,8 +270,9 @@ def store_db(tmp_path_factory):
     hits_b = [800 if i % 3 == 0 else (400 if i % 3 == 1 else 500) for i in range(n)]
     ttft_b = [t - 5.0 if i % 3 == 0 else t + 2.0 if i % 3 == 1 else t for i, t in enumerate(ttft_a)]
     summ = lambda hits, ttft: {
-        "requests": n, "prompt_tokens": 1000 * n, "hit_tokens": sum(hits), "token_hit_rate": sum(hits) / (1000 * n),
-        "ttft_ms_p50": float(np.quantile(ttft, 0.5)), "stale_hashes": 0, "divergent_outputs": 0, "digest": "d",
+        "requests": n, "prompt_tokens": 1000 * n, "prefix_cache_hits": sum(hits),
+        "prefix_cache_hit_rate": sum(hits) / (1000 * n),
+        "p50_ttft_ms": float(np.quantile(ttft, 0.5)), "stale_hashes": 0, "divergent_outputs": 0, "digest": "d",
     }
     with Store.open(db) as st:
         ids = {}
@@ -293,9 +295,9 @@ def test_diff_runs_through_the_store(store_db):
     assert d.same_trace and not d.forced
     assert (d.run_a["name"], d.run_b["name"], d.run_a["trace"]) == ("off", "on", "gen:T1")
     assert d.run_b["behaviours"] == ["on"]
-    assert d.metric("hit_tokens").delta == 20 * 300 - 20 * 100
+    assert d.metric("prefix_cache_hits").delta == 20 * 300 - 20 * 100
     r = d.requests
-    assert (r.requests, r.gained, r.lost, r.hit_tokens_delta) == (60, 20, 20, 4000)
+    assert (r.requests, r.gained, r.lost, r.cached_tokens_delta) == (60, 20, 20, 4000)
     assert [c.request_id for c in r.top_gained[:3]] == ["req-000", "req-003", "req-006"]
     assert r.top_lost[0].delta == -100 and r.top_lost[0].prompt_tokens == 1000
     reasons = {s.key: (s.a, s.b) for s in d.evictions_by_reason}
@@ -303,15 +305,15 @@ def test_diff_runs_through_the_store(store_db):
     kinds = {s.key: (s.a, s.b) for s in d.evictions_by_publish_kind}
     assert kinds == {"checkpoint": (2, 0), "full": (1, 1), "none": (0, 1)}
     lat = {s.name: s for s in d.latency}
-    assert set(lat) == {f"{m}_p{q}" for m in ("ttft_ms", "itl_ms") for q in (50, 90, 99)}
+    assert set(lat) == {f"p{q}_{m}_ms" for m in ("ttft", "itl") for q in (50, 90, 99)}
     assert d.bootstrap["paired"] is True and d.bootstrap["requests_a"] == 60
     # ITL is identical in both runs: the paired CI collapses to exactly 0.
-    assert (lat["itl_ms_p90"].delta, lat["itl_ms_p90"].ci_low, lat["itl_ms_p90"].ci_high) == (0.0, 0.0, 0.0)
-    assert lat["ttft_ms_p50"].ci_low <= lat["ttft_ms_p50"].delta <= lat["ttft_ms_p50"].ci_high
+    assert (lat["p90_itl_ms"].delta, lat["p90_itl_ms"].ci_low, lat["p90_itl_ms"].ci_high) == (0.0, 0.0, 0.0)
+    assert lat["p50_ttft_ms"].ci_low <= lat["p50_ttft_ms"].delta <= lat["p50_ttft_ms"].ci_high
     # The point estimates are the linear percentiles of the stored TTFTs (whole ns), as the
     # fixture's summaries, which numpy computed from the same values before rounding.
     for side in ("a", "b"):
-        assert getattr(lat["ttft_ms_p50"], side) == pytest.approx(getattr(d.metric("ttft_ms_p50"), side), abs=1e-5)
+        assert getattr(lat["p50_ttft_ms"], side) == pytest.approx(getattr(d.metric("p50_ttft_ms"), side), abs=1e-5)
     # Same seed, same CI; JSON round-trips.
     again = diff_runs(db, ids["off"], ids["on"], seed=3, resamples=300)
     assert [(s.ci_low, s.ci_high) for s in again.latency] == [(s.ci_low, s.ci_high) for s in d.latency]
@@ -336,10 +338,10 @@ def test_diff_unknown_run_is_a_user_error(store_db):
 
 
 def test_markdown_folds_metrics_beyond_the_summary_fields():
-    d = M.diff_summaries(_summary(steps=10), _summary(steps=12, token_hit_rate=0.7))
+    d = M.diff_summaries(_summary(steps=10), _summary(steps=12, prefix_cache_hit_rate=0.7))
     md = to_markdown(d)
     main, folded = md.split("<details><summary>1 more metrics</summary>")
-    assert "| token_hit_rate |" in main and "| steps |" not in main
+    assert "| prefix_cache_hit_rate |" in main and "| steps |" not in main
     assert "| steps | 10 | 12 | +2 | +20.0% |  |" in folded and folded.rstrip().endswith("</details>")
 
 
@@ -352,7 +354,7 @@ def test_an_unfinished_run_is_flagged():
 
 def test_runs_without_request_timing_have_no_latency_section():
     d = M.diff_summaries(_summary(), _summary())
-    d.requests = M.request_hit_diff(pl.DataFrame(schema={"request_id": pl.Utf8, "hit_tokens": pl.Int64}),
-                                    pl.DataFrame(schema={"request_id": pl.Utf8, "hit_tokens": pl.Int64}))
+    d.requests = M.request_hit_diff(pl.DataFrame(schema={"request_id": pl.Utf8, "cached_tokens": pl.Int64}),
+                                    pl.DataFrame(schema={"request_id": pl.Utf8, "cached_tokens": pl.Int64}))
     md = to_markdown(d)
     assert "Latency percentiles" not in md and "Per-request hit tokens" not in md

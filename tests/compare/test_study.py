@@ -1,6 +1,6 @@
 """kvtrace study: each behaviour's generated workload, replayed with the behaviour on and off.
 
-The three end-to-end tests assert the direction the reviews in shared/seeds describe.
+The three end-to-end tests assert the direction the reviews behind each behaviour describe (docs/cache_semantics.md).
 """
 
 from __future__ import annotations
@@ -46,8 +46,10 @@ def test_parse_sweep_errors(sweep, match):
 
 
 def test_expectation_failures():
-    on = {"token_hit_rate": 0.8, "ttft_ms_p50": 10.0, "hit_tokens": 800, "stale_hashes": 0, "divergent_outputs": 0}
-    off = {"token_hit_rate": 0.5, "ttft_ms_p50": 14.0, "hit_tokens": 500, "stale_hashes": 3, "divergent_outputs": 0}
+    on = {"prefix_cache_hit_rate": 0.8, "p50_ttft_ms": 10.0, "prefix_cache_hits": 800, "stale_hashes": 0,
+          "divergent_outputs": 0}
+    off = {"prefix_cache_hit_rate": 0.5, "p50_ttft_ms": 14.0, "prefix_cache_hits": 500, "stale_hashes": 3,
+           "divergent_outputs": 0}
     for b in S.BEHAVIOURS:
         assert S.expectation_failures(b, on, off) == []
     # reversed: every expectation fails
@@ -59,13 +61,13 @@ def test_expectation_failures():
 
 
 def test_study_json_shape_without_and_with_sweep():
-    on, off = {"token_hit_rate": 0.8, "digest": "x"}, {"token_hit_rate": 0.5, "digest": "y"}
+    on, off = {"prefix_cache_hit_rate": 0.8, "digest": "x"}, {"prefix_cache_hit_rate": 0.5, "digest": "y"}
     d = diff_summaries(off, on)
     res = S.StudyResult("shared-prefix-pinning", "gen:study-shared-prefix-pinning",
                         [S.StudyPoint(on=on, off=off, diff=d)])
     j = res.to_json()
     assert list(j) == ["behaviour", "trace", "on", "off", "diff"]
-    assert j["diff"]["metrics"]["token_hit_rate"]["delta"] == pytest.approx(0.3)
+    assert j["diff"]["metrics"]["prefix_cache_hit_rate"]["delta"] == pytest.approx(0.3)
     res.points.append(S.StudyPoint(on=on, off=off, diff=d, parameter="capacity_blocks", value=64))
     res.points[0].parameter, res.points[0].value = "capacity_blocks", 32
     j = res.to_json()
@@ -73,7 +75,7 @@ def test_study_json_shape_without_and_with_sweep():
     assert [p["value"] for p in j["sweep"]["points"]] == [32, 64]
     assert json.loads(json.dumps(j)) == j
     md = res.to_markdown()
-    assert "| capacity_blocks | token_hit_rate off | token_hit_rate on |" in md
+    assert "| capacity_blocks | prefix_cache_hit_rate off | prefix_cache_hit_rate on |" in md
     assert "| 32 | 0.5000 | 0.8000 |" in md
 
 
@@ -89,8 +91,9 @@ def studies(tmp_path_factory):
 def test_transient_checkpoint_retention_off_lowers_hit_rate_raises_ttft(studies):
     res = studies[0][S.TRANSIENT_CHECKPOINT_RETENTION]
     assert res.expectation_failures() == []
-    assert res.off["token_hit_rate"] < 0.95 * res.on["token_hit_rate"]  # a non-trivial effect (>5% relative)
-    assert res.off["ttft_ms_p50"] > res.on["ttft_ms_p50"]
+    # a non-trivial effect (>5% relative)
+    assert res.off["prefix_cache_hit_rate"] < 0.95 * res.on["prefix_cache_hit_rate"]
+    assert res.off["p50_ttft_ms"] > res.on["p50_ttft_ms"]
     # Off, checkpoint publishes evict blocks; on, they never do (they stay request-local).
     by_kind = {s.key: s for s in res.diff.evictions_by_publish_kind}
     assert "checkpoint" in by_kind and by_kind["checkpoint"].a > 0 and by_kind["checkpoint"].b == 0
@@ -99,7 +102,7 @@ def test_transient_checkpoint_retention_off_lowers_hit_rate_raises_ttft(studies)
 def test_shared_prefix_pinning_off_re_prefills_the_system_prompt(studies):
     res = studies[0][S.SHARED_PREFIX_PINNING]
     assert res.expectation_failures() == []
-    assert res.off["hit_tokens"] < res.on["hit_tokens"]
+    assert res.off["prefix_cache_hits"] < res.on["prefix_cache_hits"]
     assert res.diff.requests is not None and res.diff.requests.gained > res.diff.requests.lost
 
 
@@ -123,22 +126,23 @@ def test_study_json_carries_full_summaries_and_store_diff(studies):
     from kvtrace.store.schema import SUMMARY_FIELDS
 
     assert set(SUMMARY_FIELDS) <= set(j["on"]) and set(SUMMARY_FIELDS) <= set(j["off"])
-    assert j["diff"]["metrics"]["hit_tokens"]["delta"] == j["on"]["hit_tokens"] - j["off"]["hit_tokens"]
+    hits = j["diff"]["metrics"]["prefix_cache_hits"]
+    assert hits["delta"] == j["on"]["prefix_cache_hits"] - j["off"]["prefix_cache_hits"]
     assert "latency" in j["diff"] and "requests" in j["diff"]  # read back through the store
     # The bootstrap's point estimates are kvtrace.numeric's percentiles of the stored
     # request spans (TTFT per request, every ITL gap), in ms.
     for side, run_id in (("a", r.first.run_off), ("b", r.first.run_on)):
         ttft = read.requests(db, run_id)["ttft_ns"].drop_nulls().to_numpy() / 1e6
         gaps = read.itl_gaps(db, run_id)["gap_ns"].drop_nulls().to_numpy() / 1e6
-        assert j["diff"]["latency"]["ttft_ms_p50"][side] == pytest.approx(percentile(ttft, 50), rel=1e-12)
-        assert j["diff"]["latency"]["itl_ms_p99"][side] == pytest.approx(percentile(gaps, 99), rel=1e-12)
+        assert j["diff"]["latency"]["p50_ttft_ms"][side] == pytest.approx(percentile(ttft, 50), rel=1e-12)
+        assert j["diff"]["latency"]["p99_itl_ms"][side] == pytest.approx(percentile(gaps, 99), rel=1e-12)
     assert j["diff"]["run_b"]["behaviours"] is not None
 
 
 def test_study_without_db_diffs_summaries_only():
     res = S.run_study(S.SHARED_PREFIX_PINNING, seed=0, limit=30)
     assert res.diff.requests is None and res.diff.latency == []
-    assert res.diff.metric("hit_tokens").delta == res.on["hit_tokens"] - res.off["hit_tokens"]
+    assert res.diff.metric("prefix_cache_hits").delta == res.on["prefix_cache_hits"] - res.off["prefix_cache_hits"]
 
 
 def test_study_is_deterministic():
@@ -174,7 +178,7 @@ def test_demo_records_four_runs_and_ends_with_the_dashboard_command(tmp_path):
     for behaviour, d in res.diffs.items():
         assert d.run_a["name"] == f"demo: without {behaviour}" and d.run_b["name"] == "demo: all on"
     text = buf.getvalue()
-    assert "token_hit_rate" in text and "shared-prefix-pinning" in text
+    assert "prefix_cache_hit_rate" in text and "shared-prefix-pinning" in text
     assert text.rstrip().splitlines()[-1] == f"kvtrace dashboard --db {db}"
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -27,11 +28,11 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 # (url path, file stem, text that must be visible once the page has rendered)
 PAGES = [
     ("", "overview", "Runs"),  # the default page lives at the root URL
-    ("hit-rate", "hit_rate", "Token hit rate per time window"),
+    ("hit-rate", "hit_rate", "prefix cache hit rate (prefix_cache_hits"),
     ("evictions", "evictions", "Eviction attribution"),
     ("stale", "stale", "Drill-down"),
     ("latency", "latency", "Request waterfall"),
-    ("compare", "compare", "Behaviours that differ"),
+    ("compare", "compare", "Settings that differ"),
 ]
 
 
@@ -138,11 +139,105 @@ def test_overview_shows_the_summary_and_links_keep_the_filters(server, browser, 
     page.goto(f"{server}/?run={run_off}")
     wait_rendered(page, "Divergent outputs")
     # The values themselves, as the summary says (waiting on them: the page streams in).
-    page.get_by_text(ui.pct(s["token_hit_rate"]), exact=True).first.wait_for(state="visible", timeout=30_000)
+    page.get_by_text(ui.pct(s["prefix_cache_hit_rate"]), exact=True).first.wait_for(state="visible", timeout=30_000)
+    assert "Prefix cache hit rate" in page.inner_text("body")
     page.get_by_text(f"{s['stale_hashes']:,}", exact=True).first.wait_for(state="visible", timeout=30_000)
     body = page.inner_text("body")
-    assert ui.ms(s["ttft_ms_p99"]) in body and f"{s['divergent_outputs']:,}" in body
+    assert ui.ms(s["p99_ttft_ms"]) in body and f"{s['divergent_outputs']:,}" in body
     # Sidebar links carry the current filters to the next page.
     page.get_by_role("link", name="Hit rate").first.click()
-    wait_rendered(page, "Token hit rate per time window")
+    wait_rendered(page, "prefix cache hit rate (prefix_cache_hits")
     assert f"run={run_off}" in page.url and "/hit-rate" in page.url
+
+
+def plots(page) -> list[dict]:
+    """Every plotly figure on the page as the browser laid it out: title, traces (name,
+    visible), axis types and ranges, and the boxes of its title and subplot titles."""
+    return page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')].map(el => {
+        const box = n => { const r = n.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
+        return {
+            title: ((el._fullLayout.title || {}).text || '').replace(/<[^>]+>/g, ''),
+            traces: el._fullData.map(t => ({name: t.name, visible: t.visible, type: t.type})),
+            xtype: el._fullLayout.xaxis ? el._fullLayout.xaxis.type : null,
+            yrange: el._fullLayout.yaxis ? el._fullLayout.yaxis.range : null,
+            titles: [...el.querySelectorAll('.gtitle, .annotation-text')].map(box),
+            sankey: !!el.querySelector('.sankey'),
+            texts: [...el.querySelectorAll('text')].map(n => n.textContent),
+        };
+    })""")
+
+
+def wait_plot(page, title: str) -> None:
+    """Until a laid-out plotly figure with this title is on the page."""
+    page.wait_for_function("""t => [...document.querySelectorAll('.js-plotly-plot')]
+        .some(el => el._fullLayout && ((el._fullLayout.title || {}).text || '').replace(/<[^>]+>/g, '') === t)""",
+                           arg=title,
+                           timeout=60_000)
+
+
+def test_hit_rate_page_draws_the_request_hit_rate_on_its_own_chart_fitted_to_it(server, browser, dashboard_db):
+    run_on, _ = runs_on_off(dashboard_db)
+    page = browser.new_page(viewport={"width": 1440, "height": 1000})
+    page.goto(f"{server}/hit-rate?run={run_on}")
+    wait_rendered(page, "prefix cache hit rate (prefix_cache_hits")
+    wait_plot(page, "Prefix cache hit rate over virtual time")
+    wait_plot(page, "Group hit rates (each KV group alone; not the request hit rate)")
+    figs = plots(page)
+    main = next(f for f in figs if f["title"] == "Prefix cache hit rate over virtual time")
+    names = {t["name"] for t in main["traces"] if t["visible"] is True}
+    assert {"prefix cache hit rate (per window)", "prefix cache hit rate (cumulative)"} <= names
+    assert not any("group" in n for n in names)  # no group line drawn over it
+    lo, hi = main["yrange"]
+    assert lo > 0 or hi < 1  # fitted to the data, not 0..100%
+    groups = next(f for f in figs if f["title"].startswith("Group hit rates"))
+    assert any("attention group hit rate" in t["name"] for t in groups["traces"])
+
+
+def _overlap(a: list[float], b: list[float]) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def test_evictions_page_names_prefixes_and_keeps_titles_apart(server, browser, dashboard_db):
+    _, run_off = runs_on_off(dashboard_db)
+    page = browser.new_page(viewport={"width": 1440, "height": 1000})
+    page.goto(f"{server}/evictions?run={run_off}")
+    wait_rendered(page, "Eviction attribution")
+    page.locator(".js-plotly-plot").first.wait_for(state="visible", timeout=60_000)
+    page.wait_for_timeout(1500)
+    for fig in plots(page):
+        boxes = [b for b in fig["titles"] if b[2] > b[0]]
+        assert not any(_overlap(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:]), fig["title"]
+    texts = [t for f in plots(page) for t in f["texts"]]
+    assert any(t in texts for t in ("LRU eviction", "key replaced", "stale hash evicted"))  # reasons in words
+    for f in plots(page):
+        if f["sankey"]:  # prefixes by short hash, first request and length, never a 64-hex hash
+            assert any(" · first " in t for t in f["texts"])
+            assert not any(len(t) >= 32 and all(c in "0123456789abcdef" for c in t) for t in f["texts"])
+
+
+def test_latency_log_scale_and_compare_markdown_in_the_browser(server, browser, dashboard_db):
+    run_on, run_off = runs_on_off(dashboard_db)
+    page = browser.new_page(viewport={"width": 1440, "height": 1000})
+    page.goto(f"{server}/latency?run={run_on}&log=1")
+    wait_rendered(page, "Request waterfall")
+    wait_plot(page, "ITL and TPOT CDF")
+    cdfs = [f for f in plots(page) if "CDF" in f["title"]]
+    assert cdfs and all(f["xtype"] == "log" for f in cdfs)
+    assert "modelled" in page.inner_text("body")
+    # Compare: the default B, pp deltas, and the Markdown block
+    page.goto(f"{server}/compare?run={run_on}")
+    wait_rendered(page, "Settings that differ")
+    assert f"b={run_off}" in page.url
+    # the hit-rate tile's change, in percentage points (the page streams in: wait for it)
+    page.get_by_text(re.compile(r"^[+-]\d+\.\d+ pp$")).first.wait_for(state="visible", timeout=60_000)
+    assert "Not an isolated measurement" not in page.inner_text("body")
+    page.get_by_text("Copy as Markdown").first.click()
+    page.get_by_text("### kvtrace diff:").first.wait_for(state="visible", timeout=30_000)
+
+
+def test_a_link_to_an_unknown_run_shows_a_warning_naming_it(server, browser):
+    page = browser.new_page(viewport={"width": 1440, "height": 1000})
+    page.goto(f"{server}/?run=no-such-run")
+    wait_rendered(page, "Run not found")
+    body = page.inner_text("body")
+    assert "no-such-run" in body and "Prefix cache hit rate" not in body

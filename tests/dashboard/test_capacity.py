@@ -51,13 +51,13 @@ def test_the_curve_and_the_runs_of_its_trace(capacity_db, monkeypatch):
     assert all(b >= a for a, b in zip(lru["y"], belady["y"]))
     # the cache-only run at 200 blocks sits exactly on the curve's (one-pass) point at 200
     mark = shown[f"{cache_only.run_id} (cache-only/lru)"]
-    assert mark["x"] == [200] and mark["y"] == [cache_only.summary["token_hit_rate"]] == [lru["y"][1]]
+    assert mark["x"] == [200] and mark["y"] == [cache_only.summary["prefix_cache_hit_rate"]] == [lru["y"][1]]
     assert mark["marker"]["symbol"] == "diamond"  # the selected run
     assert "unbounded cache" in shown
     # the engine run is marked at its own full-attention capacity, in the curve's 512-token blocks
     engine_mark = shown[f"{engine.run_id} (engine)"]
     assert engine_mark["marker"]["symbol"] == "circle"
-    assert engine_mark["y"] == [engine.summary["token_hit_rate"]] and engine_mark["x"][0] > 0
+    assert engine_mark["y"] == [engine.summary["prefix_cache_hit_rate"]] and engine_mark["x"][0] > 0
 
 
 def test_a_run_of_another_trace_is_told_so(capacity_db, monkeypatch):

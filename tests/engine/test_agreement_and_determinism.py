@@ -2,11 +2,9 @@
 
 import hashlib
 
-
 from kvtrace.cache import CacheConfig, ExternalTierConfig, FullAttentionSpec, MambaSpec, SlidingWindowSpec
 from kvtrace.engine import Engine
 from kvtrace.engine.events import StaleHashFound
-
 from tests.engine.workloads import external_continuation, hybrid_cache, mixed_sessions, preset
 
 
@@ -22,7 +20,7 @@ def test_hybrid_replay_with_all_behaviours_has_no_divergence_and_no_stale_hash()
     s = res.summary
     assert s["requests"] == len(work)
     # the run exercised what can go wrong ...
-    assert s["hit_tokens"] > 0 and s["external_hit_tokens"] > 0
+    assert s["prefix_cache_hits"] > 0 and s["external_prefix_cache_hits"] > 0
     assert s["cow_copies"] > 0 and s["evictions"] > 0 and s["preemptions"] > 0
     # ... and nothing did
     assert s["divergent_outputs"] == 0
@@ -41,7 +39,7 @@ def test_dense_retention_hybrid_and_attention_only_also_agree():
                     num_gpu_blocks=(60, 60, 16), hash_block_size=16, retention_interval=0, enable_partial_hits=True),
     ):
         s = Engine(preset(cache, batch=96, seqs=8), audit_interval=3).run(work).summary
-        assert s["hit_tokens"] > 0
+        assert s["prefix_cache_hits"] > 0
         assert (s["divergent_outputs"], s["stale_hashes"], s["table_disagreements"]) == (0, 0, 0)
 
 

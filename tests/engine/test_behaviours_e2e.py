@@ -4,7 +4,6 @@ from kvtrace.cache import EXTERNAL_HIT_RUNNING_COW, SHARED_PREFIX_PINNING, TRANS
 from kvtrace.cache.events import EVICT_LRU, BlockEvicted, BlockPublished, StaleHashLeft
 from kvtrace.engine import Engine
 from kvtrace.engine.events import DivergentOutput, StaleHashFound
-
 from tests.engine.workloads import (
     external_continuation,
     hot_prefix_with_long_cold_prompts,
@@ -51,8 +50,8 @@ def test_transient_checkpoints_published_evict_the_hot_prefix():
     assert hot_prefix_mamba_evictions(off_ev, 160) >= 10
     assert hot_prefix_mamba_evictions(on_ev, 160) == 0
     # ... so the hot system prompt stops hitting: 6 of 8 rounds hit 160 tokens with it on.
-    assert on.summary["hit_tokens"] >= 6 * 160
-    assert off.summary["hit_tokens"] <= on.summary["hit_tokens"] // 4
+    assert on.summary["prefix_cache_hits"] >= 6 * 160
+    assert off.summary["prefix_cache_hits"] <= on.summary["prefix_cache_hits"] // 4
     for r in (on, off):
         assert r.summary["divergent_outputs"] == 0 and r.summary["stale_hashes"] == 0
 
@@ -67,7 +66,7 @@ def test_without_shared_prefix_pinning_the_system_prompt_is_lost_at_zero_retenti
     # From the third request on, the junction (200 floored to 192) is pinned and reused.
     assert all(hits_on[f"hot{i}"] == 192 for i in range(2, 12))
     assert all(v == 0 for v in hits_off.values())
-    assert on.summary["token_hit_rate"] > 0.5 and off.summary["token_hit_rate"] == 0.0
+    assert on.summary["prefix_cache_hit_rate"] > 0.5 and off.summary["prefix_cache_hit_rate"] == 0.0
     assert on.summary["computed_prompt_tokens"] < off.summary["computed_prompt_tokens"] - 10 * 190
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from kvtrace.engine import COST_MODELS, Engine, get_preset
-from kvtrace.engine.clock import CostModel, StepWork
+from kvtrace.engine.clock import COEFFICIENTS, CostModel, StepWork
 from kvtrace.engine.costfit import nnls
 from kvtrace.errors import KVTraceError
 from kvtrace.replay.calibrate import calibrate, cost_model_toml, observations_from_file
@@ -70,11 +70,11 @@ def test_the_engine_reproduces_a_prefill_and_a_decode_point(name):
     preset = get_preset(SOURCES[name][1])
     rng = random.Random(0)
     lone = [TraceRequest("lone", 0, 4096, 2, token_ids=_random_prompt(rng, 4096))]
-    ttft = Engine(preset, verify=False).run(lone).summary["ttft_ms_p50"]
+    ttft = Engine(preset, verify=False).run(lone).summary["p50_ttft_ms"]
     want = rows["prefill 1x4096 after 0"]
     assert abs(ttft - want) <= 0.2 * want, (name, ttft, want)
     batch = [TraceRequest(f"d{i}", 0, 2016, 64, token_ids=_random_prompt(rng, 2016)) for i in range(64)]
-    itl = Engine(preset, verify=False).run(batch).summary["itl_ms_p50"]
+    itl = Engine(preset, verify=False).run(batch).summary["p50_itl_ms"]
     want = rows["decode 64 seqs at context 2048"]
     assert abs(itl - want) <= 0.2 * want, (name, itl, want)
 
@@ -202,13 +202,28 @@ def test_the_toml_it_writes_is_a_config_replay_accepts(tmp_path):
     assert load_config_file(cfg).cost_model == COST_MODELS["h200-dense-8b"]
 
 
-@pytest.mark.parametrize("text, needle", [
-    ("num_tokens,prefill_pairs\n1,2\n", "missing column"),
-    ("num_tokens,prefill_pairs,num_decode_seqs,decode_context_tokens,step_ms\n1,0,1,-5,3\n", ":2: decode_context_tokens"),
-    ("num_tokens,prefill_pairs,num_decode_seqs,decode_context_tokens,step_ms\n1,0,1,5,0\n", ":2: step_ms"),
-])
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("num_tokens,prefill_pairs\n1,2\n", "missing column"),
+        (
+            "num_tokens,prefill_pairs,num_decode_seqs,decode_context_tokens,step_ms\n1,0,1,-5,3\n",
+            ":2: decode_context_tokens",
+        ),
+        ("num_tokens,prefill_pairs,num_decode_seqs,decode_context_tokens,step_ms\n1,0,1,5,0\n", ":2: step_ms"),
+    ],
+)
 def test_bad_step_files_are_one_line(tmp_path, text, needle):
     path = tmp_path / "s.csv"
     path.write_text(text)
     with pytest.raises(KVTraceError, match=needle):
         calibrate([path], name="x")
+
+
+def test_the_readme_cost_model_table_is_the_code():
+    """The README's coefficients are COST_MODELS', to the unit."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    assert "| cost model | " + " | ".join(COEFFICIENTS) + " |" in readme
+    for name, model in COST_MODELS.items():
+        row = f"| `{name}` | " + " | ".join(f"{getattr(model, k):,}" for k in COEFFICIENTS) + " |"
+        assert row in readme, name

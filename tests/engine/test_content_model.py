@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtrace.cache import CacheConfig, FullAttentionSpec, MambaSpec
-from kvtrace.engine.content import P, ContentModel, kv_sum_closed_form, kv_values, lane_multipliers
+from kvtrace.engine.content import ContentModel, P, kv_sum_closed_form, kv_values, lane_multipliers
 from kvtrace.engine.storage import DeviceStorage
 from kvtrace.workload.tokens import VOCAB_SIZE
 

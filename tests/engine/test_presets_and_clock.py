@@ -2,8 +2,8 @@
 
 import pytest
 
-from kvtrace.cache import MambaSpec, SHARED_PREFIX_PINNING
-from kvtrace.engine import COST_MODELS, get_preset
+from kvtrace.cache import SHARED_PREFIX_PINNING, MambaSpec
+from kvtrace.engine import get_preset
 from kvtrace.engine.clock import Clock, CostModel, prefill_pairs
 from kvtrace.errors import ConfigError
 
@@ -50,8 +50,14 @@ def test_cost_model_is_integer_and_additive():
     assert one == base + 100 * cm.token_ns + cm.attn_pair_ps * 5050 // 1000 + cm.kv_copy_ns + 2 * cm.state_copy_ns
     clock = Clock(cm)
     clock.advance_to(50)
-    assert clock.run_step(num_tokens=1, prefill_pairs=0, decode_context_tokens=1000, num_decode_seqs=1,
-                          num_kv_copies=0, num_state_copies=0) == (50, 50 + base + cm.token_ns + cm.kv_read_ps + cm.decode_seq_ns)
+    assert clock.run_step(
+        num_tokens=1,
+        prefill_pairs=0,
+        decode_context_tokens=1000,
+        num_decode_seqs=1,
+        num_kv_copies=0,
+        num_state_copies=0,
+    ) == (50, 50 + base + cm.token_ns + cm.kv_read_ps + cm.decode_seq_ns)
 
 
 def test_knee_and_experts_terms():

@@ -5,9 +5,9 @@ import pytest
 
 from kvtrace.cache import CacheConfig, FullAttentionSpec, KVCacheManager, MambaSpec
 from kvtrace.engine import Engine, EngineRequest, Scheduler, SchedulerConfig
-from kvtrace.workload import TraceRequest
-from kvtrace.engine.presets import EnginePreset
 from kvtrace.engine.clock import get_cost_model
+from kvtrace.engine.presets import EnginePreset
+from kvtrace.workload import TraceRequest
 
 
 def hybrid_cache(blocks=320, hbs=64, bs=512, partial=True, **kw) -> CacheConfig:
@@ -100,7 +100,9 @@ def test_split_leaves_decode_alone(sched):
 
 def test_split_advances_inside_a_block_wider_than_the_chunk_limit():
     cc = hybrid_cache()
-    s = Scheduler(SchedulerConfig(max_num_batched_tokens=8192, long_prefill_token_threshold=256), cc, KVCacheManager(cc))
+    s = Scheduler(
+        SchedulerConfig(max_num_batched_tokens=8192, long_prefill_token_threshold=256), cc, KVCacheManager(cc)
+    )
     req = make_request("a", 5000)
     assert split(s, req, 256) == 256  # cannot round down to 0: advance sub-block
     req.num_computed_tokens = 256

@@ -4,11 +4,11 @@ import numpy as np
 import torch
 
 from kvtrace.cache import BlockCopy, CacheConfig, FullAttentionSpec, MambaSpec
-from kvtrace.engine.storage import DeviceStorage
 from kvtrace.engine import EngineRequest
-from kvtrace.workload import TraceRequest
 from kvtrace.engine.scheduler import CachedRequestData, NewRequestData, SchedulerOutput
+from kvtrace.engine.storage import DeviceStorage
 from kvtrace.engine.worker import Worker
+from kvtrace.workload import TraceRequest
 
 
 def setup(n=20):

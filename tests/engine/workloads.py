@@ -6,9 +6,9 @@ import numpy as np
 
 from kvtrace.cache import CacheConfig, ExternalTierConfig, FullAttentionSpec, MambaSpec
 from kvtrace.engine import SchedulerConfig
-from kvtrace.workload import TraceRequest
 from kvtrace.engine.clock import get_cost_model
 from kvtrace.engine.presets import EnginePreset
+from kvtrace.workload import TraceRequest
 
 MS = 1_000_000
 

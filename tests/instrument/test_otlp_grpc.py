@@ -19,7 +19,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from kvtrace.instrument.otlp import OTLPCollector
-from kvtrace.instrument.otlp.grpc import EXPORT_METHOD, probe_address
+from kvtrace.instrument.otlp.grpc import EXPORT_METHOD
+from kvtrace.process import probe_address
 from tests.instrument.helpers import count_spans, store_rows
 
 
@@ -156,6 +157,54 @@ def test_probe_finds_a_busy_port_before_grpc_does():
         busy.listen()
         port = busy.getsockname()[1]
         with pytest.raises(OSError, match=re.escape(f"cannot listen on 127.0.0.1:{port} (OTLP/gRPC)")):
-            probe_address("127.0.0.1", port)
-    probe_address("127.0.0.1", port)  # free again
-    probe_address("127.0.0.1", 0)  # any free port
+            probe_address("127.0.0.1", port, "OTLP/gRPC")
+    probe_address("127.0.0.1", port, "OTLP/gRPC")  # free again
+    probe_address("127.0.0.1", 0, "OTLP/gRPC")  # any free port
+
+
+def test_grpc_values_the_store_cannot_hold_are_invalid_argument_naming_the_field(tmp_path, capfd):
+    """A legal fixed64 time of 2^64 - 1 and a NaN in a DOUBLE column: INVALID_ARGUMENT naming
+    the field, nothing stored, no traceback in the server's log, and the next export lands."""
+    db = tmp_path / "grpc.duckdb"
+    collector = OTLPCollector(db, port=0, grpc_port=0).start()
+    errors = []
+    try:
+        for start, attr in ((2**64 - 1, None), (5, ("kvtrace.request.itl_p99_ns", float("nan")))):
+            req = trace_service_pb2.ExportTraceServiceRequest()
+            span = req.resource_spans.add().scope_spans.add().spans.add()
+            span.name, span.trace_id, span.span_id = "x", b"\x01" * 16, b"\x02" * 8
+            span.start_time_unix_nano, span.end_time_unix_nano = start, 9
+            if attr:
+                kv = span.attributes.add()
+                kv.key, kv.value.double_value = attr
+            with pytest.raises(grpc.RpcError) as err:
+                _raw_export(collector.grpc_target, req.SerializeToString())
+            errors.append(err.value)
+        _send_request_and_child(collector.grpc_target, {"service.name": "vllm"})
+    finally:
+        collector.stop()
+    assert [e.code() for e in errors] == [grpc.StatusCode.INVALID_ARGUMENT] * 2
+    assert "spans[0].startTimeUnixNano: 18446744073709551615" in errors[0].details()
+    assert "spans[0]: kvtrace.request.itl_p99_ns: NaN" in errors[1].details()
+    assert count_spans(db, "r1") == 2 and collector.requests_rejected == 2
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_kvtrace_collect_stopped_by_sigterm_summarises_and_finishes_its_run(tmp_path):
+    db = tmp_path / "term.duckdb"
+    proc = _collect("--db", str(db), "--port", "0", "--grpc-port", "0")
+    try:
+        ready = proc.stderr.readline()
+        m = re.search(r"OTLP/gRPC on (127\.0\.0\.1:\d+)", ready)
+        assert m, ready
+        _send_request_and_child(m.group(1), {"service.name": "vllm"})
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "2 spans stored, 0 requests rejected" in err and "Traceback" not in err
+    import duckdb
+
+    con = duckdb.connect(str(db), read_only=True)
+    assert con.execute("SELECT status FROM runs WHERE run_id = 'r1'").fetchone() == ("complete",)
+    con.close()

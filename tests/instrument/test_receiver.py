@@ -139,3 +139,118 @@ def test_body_limits(collector):
     assert _post(collector.url, b"{}", "text/plain")[0] == 415
     assert _post(collector.url.replace("/v1/traces", "/v1/logs"), b"{}")[0] == 404
     assert _post(collector.url, b"{}")[0] == 200  # an empty export is fine
+
+
+# --- hostile requests: refused whole, named, never a traceback, never poisoning the next --------
+def _span_json(**fields) -> bytes:
+    span = {"traceId": TRACE, "spanId": "0000000000000001", "name": "kvtrace.engine.step", **fields}
+    return json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]}).encode()
+
+
+def _attr(key: str, value: dict) -> list[dict]:
+    return [{"key": key, "value": value}]
+
+
+def _pb_span(start: int = 5, attrs: dict | None = None) -> bytes:
+    req = trace_service_pb2.ExportTraceServiceRequest()
+    span = req.resource_spans.add().scope_spans.add().spans.add()
+    span.trace_id, span.span_id, span.name = bytes.fromhex(TRACE), bytes(range(1, 9)), "kvtrace.engine.step"
+    span.start_time_unix_nano, span.end_time_unix_nano = start, 9
+    for key, v in (attrs or {}).items():
+        kv = span.attributes.add()
+        kv.key = key
+        if isinstance(v, float):
+            kv.value.double_value = v
+        else:
+            kv.value.int_value = v
+    return req.SerializeToString()
+
+
+@pytest.mark.parametrize("body, ctype, needle", [
+    (_pb_span(start=2**64 - 1), "application/x-protobuf", "spans[0].startTimeUnixNano: 18446744073709551615"),
+    (_span_json(startTimeUnixNano=str(2**70)), "application/json", "spans[0].startTimeUnixNano"),
+    (_span_json(endTimeUnixNano=2**63), "application/json", "spans[0].endTimeUnixNano"),
+    (_span_json(events=[{"timeUnixNano": "-1", "name": "e"}]), "application/json", "events[0].timeUnixNano"),
+    (_span_json(attributes=_attr("k", {"doubleValue": "abc"})), "application/json", "spans[0].k.doubleValue"),
+    (_span_json(attributes=_attr("k", {"intValue": str(2**70)})), "application/json", "spans[0].k.intValue"),
+    (_span_json(attributes=_attr("k", {"boolValue": "false"})), "application/json", "spans[0].k.boolValue"),
+    (_span_json(name=["not", "a", "string"]), "application/json", "spans[0].name"),
+    (_span_json(traceState={"a": 1}), "application/json", "spans[0].traceState"),
+    # typed columns: kvtrace.group is an INTEGER, kvtrace.step.usage DOUBLE[] (no NaN)
+    (_span_json(attributes=_attr("kvtrace.group", {"intValue": str(2**40)})), "application/json",
+     "spans[0]: kvtrace.group: 1099511627776 does not fit"),
+    (_span_json(attributes=_attr("kvtrace.step.usage", {"arrayValue": {"values": [{"doubleValue": "NaN"}]}})),
+     "application/json", "spans[0]: kvtrace.step.usage: NaN"),
+    (_pb_span(attrs={"kvtrace.request.itl_mean_ns": float("inf")}), "application/x-protobuf", "itl_mean_ns: NaN"),
+    (_span_json(attributes=_attr("k", {"stringValue": "\ud800"})), "application/json", "spans[0]"),
+    (b"[" * 60_000, "application/json", "nested too deeply"),
+])
+def test_values_the_store_cannot_hold_get_400_naming_the_field(tmp_path, collector, capfd, body, ctype, needle):
+    status, reply, reply_type = _post(collector.url, body, ctype)
+    assert status == 400, reply
+    message = json.loads(reply)["message"] if reply_type == "application/json" else \
+        status_pb2.Status.FromString(reply).message
+    assert needle in message and "\n" not in message
+    assert _post(collector.url, _json_body(2, run_id="after"))[0] == 200  # the next request is not poisoned
+    collector.stop()
+    assert count_spans(tmp_path / "rx.duckdb", "after") == 2
+    assert count_spans(tmp_path / "rx.duckdb", "r1") == 0
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def _raw_http(address: tuple[str, int], head: bytes, body: bytes, half_close: bool) -> bytes:
+    import socket
+
+    with socket.create_connection(address, timeout=10) as s:
+        s.sendall(head + body)
+        if half_close:
+            s.shutdown(socket.SHUT_WR)
+        chunks = []
+        while chunk := s.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_a_body_shorter_than_its_content_length_is_400_and_not_stored(tmp_path, collector, capfd):
+    body = _json_body(3)
+    head = (f"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body) + 100}\r\n\r\n").encode()
+    reply = _raw_http(collector.address, head, body, half_close=True)
+    assert reply.startswith(b"HTTP/1.1 400"), reply[:200]
+    assert b"body ended after" in reply
+    collector.stop()
+    assert count_spans(tmp_path / "rx.duckdb", "json-run") == 0
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_failed_commit_leaves_nothing_for_the_next_request(tmp_path):
+    """A store that refuses the commit (another process holds its file) gets the client a
+    503 and drops the request's rows: the next request's commit does not carry them."""
+    import duckdb
+
+    c = OTLPCollector(tmp_path / "rx.duckdb", port=0).start()
+    try:
+        c.store.lock_timeout_s = 0.2
+        holder = duckdb.connect(str(tmp_path / "rx.duckdb"))  # a writer elsewhere holds the file
+        try:
+            assert _post(c.url, _json_body(3))[0] == 503
+        finally:
+            holder.close()
+        assert _post(c.url, _json_body(2, run_id="after"))[0] == 200
+    finally:
+        c.stop()
+    assert count_spans(tmp_path / "rx.duckdb", "json-run") == 0
+    assert count_spans(tmp_path / "rx.duckdb", "after") == 2
+    seqs = [r["seq"] for r in store_rows_with_seq(tmp_path / "rx.duckdb", "after")]
+    assert seqs == [0, 1]
+
+
+def store_rows_with_seq(path, run_id: str) -> list[dict]:
+    import duckdb
+
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        return [{"seq": s} for (s,) in con.execute("SELECT seq FROM spans WHERE run_id = ? ORDER BY seq",
+                                                   [run_id]).fetchall()]
+    finally:
+        con.close()

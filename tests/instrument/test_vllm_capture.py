@@ -276,3 +276,176 @@ def test_capture_follows_every_dp_rank_with_its_own_sequence(tmp_path):
     # one reconstructed request per rank's chain, in arrival order
     reqs = [json.loads(x) for x in (tmp_path / "dp.jsonl").read_text().splitlines()[1:]]
     assert [len(r["hash_ids"]) for r in reqs] == [n, n]
+
+
+# --- hostile batches, restarts, replay answers that do not decode, nothing received ---------------
+def _capture_during(tmp_path, pub, body, until, replay: bool = True, name: str = "hostile.duckdb"):
+    """Run ``capture_vllm`` on ``pub`` in a thread: seq 0 (a valid batch) is re-sent until the
+    subscription is live, then ``body(pub)`` publishes; stops when ``until(capture)`` holds."""
+    EventBatch, BlockStored, _, _ = LEGACY
+    received, done, result, caps = threading.Event(), threading.Event(), {}, []
+
+    def on_ready(cap):
+        caps.append(cap)
+        cap.on_batch = lambda seq, batch: received.set()
+
+    def capture():
+        result["stats"] = capture_vllm(pub.endpoint, pub.replay_endpoint if replay else None,
+                                       store_path=tmp_path / name, topic="kv-events",
+                                       should_stop=done.is_set, on_ready=on_ready)
+
+    t = threading.Thread(target=capture)
+    t.start()
+    try:
+        first = pub.publish(EventBatch(1_700_000_000.0, [BlockStored([1], None, [0] * 4, 4, None, "GPU", None)], 0))
+        deadline = time.monotonic() + 20
+        while not received.wait(0.05):
+            assert time.monotonic() < deadline, "subscriber never connected"
+            pub.resend(first)
+        body(pub)
+        deadline = time.monotonic() + 20
+        while not until(caps[0]):
+            assert time.monotonic() < deadline, caps[0].stats
+            time.sleep(0.05)
+    finally:
+        done.set()
+        t.join(30)
+        pub.close()
+    return result["stats"]
+
+
+def _raw_batch(ts, block_size=4, token=1, extra_events=()) -> bytes:
+    import msgspec
+
+    return msgspec.msgpack.encode([ts, [["BlockStored", [7], 1, [token] * 4, block_size, None, "GPU"],
+                                        *extra_events], 0])
+
+
+def test_bad_batches_are_counted_once_logged_and_cost_no_other_batch(tmp_path, caplog):
+    """NaN, inf and 1e30 timestamps, a block_size of 2^64-1, a token id past int64, garbage and
+    a wrong frame count: each is one bad message; the valid batches around them are stored."""
+    from kvtrace.store import read
+
+    bad = [_raw_batch(float("nan")), _raw_batch(float("inf")), _raw_batch(1e30), _raw_batch(2.0, 2**64 - 1),
+           _raw_batch(2.0, token=2**64 - 1), b"\xc1 not msgpack"]
+
+    def body(pub):
+        pub.publish_raw(_raw_batch(1.0))  # seq 1: valid
+        for payload in bad:  # seqs 2..7
+            pub.publish_raw(payload)
+        pub.pub.send_multipart((b"kv-events", b"\x00" * 8))  # two frames: not a batch at all
+        pub.publish_raw(_raw_batch(3.0, extra_events=[["BlockMigrated", [1]]]))  # seq 8: valid, 1 unknown event
+
+    with caplog.at_level("WARNING", logger="kvtrace.instrument.vllm.capture"):
+        stats = _capture_during(tmp_path, pub := VllmPublisher(), body,
+                                lambda cap: cap.stats.batches + cap.stats.bad_messages >= 10)
+    assert pub.replay_requests == []
+    assert (stats.batches, stats.bad_messages, stats.lost, stats.gaps, stats.unknown_events) == (3, 7, 0, 0, 1)
+    assert len([r for r in caplog.records if "bad message" in r.getMessage()]) == 1
+    rows = store_rows(tmp_path / "hostile.duckdb", stats.run_id, "name, step, start_ns")
+    assert sorted(r["step"] for r in rows if r["name"] == "kvtrace.engine.step") == [0, 1, 8]
+    run = read.run(tmp_path / "hostile.duckdb", stats.run_id)
+    assert run["status"] == "complete"
+    assert (run["summary"]["bad_messages"], run["summary"]["unknown_events"], run["summary"]["restarts"]) == (7, 1, 0)
+    assert run["summary"]["nothing_received"] is False
+
+
+def test_a_replay_answer_that_does_not_decode_counts_as_lost(tmp_path):
+    EventBatch, BlockStored, _, _ = LEGACY
+
+    def body(pub):
+        pub.publish_raw(b"\xc1 garbage", send=False)  # seq 1: dropped live, garbage in the replay buffer
+        pub.publish(EventBatch(1_700_000_002.0, [BlockStored([2], 1, [1] * 4, 4, None, "GPU", None)], 0), send=False)
+        pub.publish(EventBatch(1_700_000_003.0, [BlockStored([3], 2, [2] * 4, 4, None, "GPU", None)], 0))
+
+    stats = _capture_during(tmp_path, pub := VllmPublisher(), body, lambda cap: cap.stats.batches >= 3)
+    assert pub.replay_requests == [1]
+    assert (stats.gaps, stats.recovered, stats.lost, stats.bad_messages, stats.batches) == (1, 1, 1, 1, 3)
+
+
+def test_a_publisher_restart_keeps_steps_unique(tmp_path):
+    """A restarted publisher counts from 0 again: counted as a restart (not duplicates), and
+    its batches get steps after the first lifetime's."""
+    from kvtrace.store import read
+
+    EventBatch, BlockStored, _, _ = LEGACY
+    mk = lambda life, k: EventBatch(1_700_000_000.0 + life * 100 + k, [
+        BlockStored([life * 100 + k + 1], None, [k] * 4, 4, None, "GPU", None)], 0)
+
+    def body(pub):
+        for k in range(1, 4):  # seqs 1..3 of the first lifetime (PUB/SUB keeps their order)
+            pub.publish(mk(0, k))
+        with pub._lock:  # the restart: a new lifetime, its counter and replay buffer from scratch
+            pub.seq, pub.buffer = 0, []
+        for k in range(3):
+            pub.publish(mk(1, k))
+
+    stats = _capture_during(tmp_path, VllmPublisher(), body, lambda cap: cap.stats.batches >= 7)
+    assert (stats.restarts, stats.duplicates, stats.lost, stats.batches) == (1, 0, 0, 7)
+    rows = store_rows(tmp_path / "hostile.duckdb", stats.run_id, "name, step, block_hashes")
+    steps = sorted((r["step"], r["block_hashes"]) for r in rows if r["name"] == "kvtrace.cache.publish")
+    assert [s for s, _ in steps] == list(range(7))
+    assert [h for _, h in steps[4:]] == [[hash_hex(101)], [hash_hex(102)], [hash_hex(103)]]
+    assert read.run(tmp_path / "hostile.duckdb", stats.run_id)["summary"]["restarts"] == 1
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_nothing_received_warns_marks_the_run_and_exits_1_when_nothing_listened(tmp_path):
+    """No publisher at the endpoint: a warning, the run's summary says nothing_received, exit 1.
+    A publisher reached that publishes nothing (an idle server): the same mark, exit 0."""
+    import subprocess
+    import sys
+
+    from kvtrace.store import read
+
+    db = tmp_path / "none.duckdb"
+    cmd = [sys.executable, "-m", "kvtrace.cli", "capture", "vllm", "--db", str(db), "--duration", "1"]
+    dead = subprocess.run([*cmd, "--endpoint", f"tcp://127.0.0.1:{_free_port()}"], capture_output=True, text=True,
+                          timeout=120, check=False)
+    pub = VllmPublisher()
+    try:
+        idle = subprocess.run([*cmd, "--endpoint", pub.endpoint], capture_output=True, text=True, timeout=120,
+                              check=False)
+    finally:
+        pub.close()
+    assert dead.returncode == 1, dead.stderr
+    assert "nothing received in run r1: its SUB socket never reached" in dead.stderr
+    assert "NOTHING RECEIVED" in dead.stderr and "Traceback" not in dead.stderr
+    assert idle.returncode == 0, idle.stderr
+    assert "nothing received in run r2: connected, but the server published no KV events" in idle.stderr
+    for run_id, connected in (("r1", 0), ("r2", 1)):
+        run = read.run(db, run_id)
+        assert run["status"] == "complete"
+        assert run["summary"]["nothing_received"] is True and run["summary"]["connected"] == connected
+
+
+def test_capture_stopped_by_sigterm_finishes_its_run(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    from kvtrace.store import read
+
+    db = tmp_path / "term.duckdb"
+    pub = VllmPublisher()
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "kvtrace.cli", "capture", "vllm", "--db", str(db),
+                                 "--endpoint", pub.endpoint], stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while not (db.exists() and read.runs(db).height):  # the run exists: the capture is up
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        pub.close()
+    assert proc.returncode in (0, 1), err  # 1 if the signal came before the SUB socket reached the publisher
+    assert "kvtrace capture vllm: 0 batches" in err and "Traceback" not in err
+    assert read.run(db, "r1")["status"] == "complete"  # not left incomplete: summarised and finished

@@ -3,9 +3,11 @@
 The structs mirror vLLM's msgspec definitions, so ``msgspec.msgpack`` produces exactly the
 bytes a vLLM server sends: ``LEGACY`` is the array-like layout of older releases,
 ``CURRENT`` the tagged-map events of newer ones (with group_idx / kv_cache_spec_kind).
-Replay follows ``ZmqEventPublisher._service_replay``: ROUTER receives
+Replay follows an older ``ZmqEventPublisher._service_replay``: ROUTER receives
 ``(identity, "", start_seq)`` and answers ``(identity, "", seq, payload)`` per buffered
-batch with seq >= start, then ``(identity, "", -1, "")``.
+batch with seq >= start, then ``(identity, "", -1, "")`` (vLLM 0.33 adds the topic to each
+answer; tests/instrument/test_vllm_real_publisher.py runs that real publisher).
+``publish_raw`` sends bytes that are no valid batch, for the hostile-input tests.
 """
 
 from __future__ import annotations
@@ -91,7 +93,10 @@ class VllmPublisher:
 
     def publish(self, batch, send: bool = True) -> int:
         """Encode and buffer one batch; ``send=False`` drops it on the PUB side (a gap)."""
-        payload = msgspec.msgpack.encode(batch)
+        return self.publish_raw(msgspec.msgpack.encode(batch), send)
+
+    def publish_raw(self, payload: bytes, send: bool = True) -> int:
+        """Buffer and send ``payload`` as the next seq, whatever it holds."""
         seq = self.seq
         self.seq += 1
         with self._lock:

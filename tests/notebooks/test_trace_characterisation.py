@@ -30,14 +30,14 @@ def test_trace_characterisation_values(run_notebook, trace, tmp_path):
     assert 0.3 < result["reuse_fraction"] < 1
     assert result["root_fanout"] >= 1 and result["max_fanout"] >= 2
     assert result["capacities"] == caps
-    lru, belady = result["lru_token_hit_rate"], result["belady_token_hit_rate"]
+    lru, belady = result["lru_prefix_cache_hit_rate"], result["belady_prefix_cache_hit_rate"]
     assert len(lru) == len(belady) == len(caps)
     # The offline-optimal bound is never below LRU, and grows with capacity.
-    assert all(b >= l - 1e-12 for l, b in zip(lru, belady))
+    assert all(b >= lr - 1e-12 for lr, b in zip(lru, belady))
     assert belady == sorted(belady)
     # The notebook's sweep is the CLI's cache-only replay: same value at one capacity.
     direct = run_replay(RunSpec(trace=str(trace), mode="cache-only", policy="lru", capacity_blocks=32, seed=3))
-    assert lru[1] == pytest.approx(direct.summary["token_hit_rate"])
+    assert lru[1] == pytest.approx(direct.summary["prefix_cache_hit_rate"])
     # With room for everything, the block hit rate is the compulsory-miss bound.
     assert result["lru_block_hit_rate"][-1] == pytest.approx(result["reuse_fraction"])
     assert result["interarrival_cv"] is not None and result["interarrival_cv"] > 0

@@ -3,21 +3,20 @@
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 import pytest
 
 from kvtrace.cache.events import BlockEvicted, BlockPublished, BlocksFreed, PrefixLookup
-from kvtrace.workload import TraceRequest
 from kvtrace.errors import ConfigError
 from kvtrace.replay.belady import belady_hits, chain_keys, next_uses
 from kvtrace.replay.cache_only import block_keys, replay_cache_only
-from tests.support.oracles import lru_reference
 from kvtrace.replay.digest import Digest
 from kvtrace.replay.generate import generate
 from kvtrace.replay.readers import open_trace, read_trace
-
+from kvtrace.workload import TraceRequest
 from tests.conftest import TRACES
+from tests.support.oracles import lru_reference
+
 MOONCAKE = TRACES / "mooncake_synthetic_trace.jsonl"
 
 
@@ -37,7 +36,7 @@ def test_prefix_contiguous_hit_and_partial_last_block():
     # b's partial last block hits: min(3 * 4, 10) = 10 tokens, the whole prompt
     assert res.per_request_hit_tokens == [0, 10, 4]
     assert (res.prompt_tokens, res.hit_tokens) == (32, 14)
-    assert res.token_hit_rate == pytest.approx(14 / 32) and res.block_hit_rate == pytest.approx(4 / 9)
+    assert res.prefix_cache_hit_rate == pytest.approx(14 / 32) and res.block_hit_rate == pytest.approx(4 / 9)
     assert res.publishes == 3 + 0 + 2 and res.evictions == 0
 
 

@@ -33,7 +33,7 @@ def test_one_pass_equals_a_replay_at_each_of_five_capacities(mooncake):
         assert (p.hit_blocks, p.hit_tokens, p.total_blocks, p.prompt_tokens) == (
             replayed.hit_blocks, replayed.hit_tokens, replayed.total_blocks, replayed.prompt_tokens), p
     # the curve rises with capacity and is not flat: the test would see a constant curve
-    rates = [p.token_hit_rate for p in points]
+    rates = [p.prefix_cache_hit_rate for p in points]
     assert rates == sorted(rates) and rates[0] < rates[-1]
 
 
@@ -122,7 +122,10 @@ def test_run_curve_records_its_points_and_refuses_what_it_cannot_draw(tmp_path):
     assert stored.height == len(result.points) == 6  # 2 policies x (2 capacities + unbounded)
     lru400 = stored.filter((stored["policy"] == "lru") & (stored["capacity_blocks"] == 400))
     (point,) = [p for p in result.points if p.policy == "lru" and p.capacity_blocks == 400]
-    assert lru400["hit_tokens"][0] == point.hit_tokens and lru400["token_hit_rate"][0] == point.token_hit_rate
+    assert (
+        lru400["hit_tokens"][0] == point.hit_tokens
+        and lru400["prefix_cache_hit_rate"][0] == point.prefix_cache_hit_rate
+    )
     again = run_curve(spec, "200,400,inf", db=db)  # the same curve again replaces, never duplicates
     assert again.curve_id == result.curve_id and read.curves(db).height == 6
     with pytest.raises(ConfigError, match="cache-only bound"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -56,7 +57,7 @@ def test_chat_turns_extend_the_conversation():
     multi = [s for s in by_session.values() if len(s) > 2]
     assert len(multi) >= 5
     for turns in multi:
-        for prev, nxt in zip(turns, turns[1:]):
+        for prev, nxt in itertools.pairwise(turns):
             assert nxt.input_length > prev.input_length
             assert nxt.arrival_ns > prev.arrival_ns
             # every full block of the previous prompt is a prefix of the next one

@@ -14,8 +14,8 @@ from kvtrace.errors import TraceFormatError
 from kvtrace.replay.readers import FORMATS, detect_format, native_header, open_trace, read_trace
 from kvtrace.replay.readers.azure import AZURE_NAMESPACE, parse_timestamp_ns
 from kvtrace.replay.readers.weka import TAIL_ID_BASE, namespace_for
-
 from tests.conftest import TRACES
+
 MOONCAKE = TRACES / "mooncake_synthetic_trace.jsonl"
 AZURE = TRACES / "AzureLLMInferenceTrace_conv.csv"
 WEKA = TRACES / "weka_sample"
@@ -71,7 +71,7 @@ def test_weka_directory_merges_files_by_arrival():
     arrivals = [r.arrival_ns for r in reqs]
     assert arrivals == sorted(arrivals)
     assert {r.session_id for r in reqs} == {"trace_0211", "trace_0393", "trace_0616"}
-    first = [r for r in reqs if r.session_id == "trace_0211"][0]
+    first = next(r for r in reqs if r.session_id == "trace_0211")
     # 109555 tokens in 64-token blocks: 1711 full ids + a synthetic tail id
     assert first.input_length == 109555 and len(first.hash_ids) == 1712
     assert first.hash_ids[-1] == TAIL_ID_BASE + 0
@@ -306,7 +306,7 @@ def test_weka_bad_json_and_scope(tmp_path):
         read_trace(p)
     empty = tmp_path / "empty_dir"
     empty.mkdir()
-    with pytest.raises(TraceFormatError, match="no \\*.json conversation files"):
+    with pytest.raises(TraceFormatError, match=r"no \*.json conversation files"):
         open_trace(empty)
 
 

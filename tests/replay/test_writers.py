@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from kvtrace.workload import TraceRequest
 from kvtrace.replay.readers import native_header, open_trace, read_trace
 from kvtrace.replay.writers import BlockInterner, write_mooncake
+from kvtrace.workload import TraceRequest
 from kvtrace.workload.native import write_native
-
 from tests.conftest import TRACES
+
 MOONCAKE = TRACES / "mooncake_synthetic_trace.jsonl"
 WEKA = TRACES / "weka_sample"
 AZURE = TRACES / "AzureLLMInferenceTrace_conv.csv"

@@ -15,5 +15,5 @@ def scenario_db(tmp_path):
                               config={"capacity": 8}, behaviours={"checkpoint_retention": True},
                               mode="engine", created="2026-01-02T03:04:05Z")
     store.append_spans(scenario_table(), run_id=run_id)
-    store.finish_run(run_id, digest="abc", summary={"token_hit_rate": 0.25})
+    store.finish_run(run_id, digest="abc", summary={"prefix_cache_hit_rate": 0.25})
     return path, run_id

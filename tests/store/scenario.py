@@ -57,12 +57,15 @@ def scenario_rows() -> list[dict]:
         dict(name=REQ, request_id="A", start_ns=0, end_ns=5000, arrival_ns=0, first_scheduled_ns=100,
              first_token_ns=900, num_prompt_tokens=64, num_output_tokens=4, num_hit_tokens=0,
              num_external_hit_tokens=0, num_computed_tokens=64, itl_ns=[1000, 2000, 1100],
+             num_external_query_tokens=64, num_preemptions=1, num_preempted_query_tokens=66,
+             num_preempted_hit_tokens=32,
              itl_mean_ns=4100 / 3, itl_p50_ns=1100.0, itl_p99_ns=1998.0, itl_max_ns=2000,
              prefill_chunks=[{"start_ns": 100, "end_ns": 500, "num_tokens": 32},
                              {"start_ns": 500, "end_ns": 900, "num_tokens": 32}]),             # 16
         dict(name=REQ, request_id="B", start_ns=500, end_ns=3000, arrival_ns=500, first_scheduled_ns=1000,
              first_token_ns=1500, num_prompt_tokens=64, num_output_tokens=2, num_hit_tokens=32,
              num_external_hit_tokens=8, num_computed_tokens=24, itl_ns=[1500], itl_mean_ns=1500.0,
+             num_external_query_tokens=32,
              itl_p50_ns=1500.0, itl_p99_ns=1500.0, itl_max_ns=1500,
              prefill_chunks=[{"start_ns": 1000, "end_ns": 1500, "num_tokens": 24}]),          # 17
         # step 3

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 import pytest
 
+from kvtrace import metrics
 from kvtrace.errors import KVTraceError
-from kvtrace.store import Store, read
-from tests.store.scenario import scenario_table
+from kvtrace.store import Store, derived, read
+from tests.store.scenario import scenario_rows, scenario_table
 
 
 def _series(frame: pl.DataFrame, group: int, col: str) -> list:
@@ -21,7 +23,7 @@ def test_runs_and_run(scenario_db):
     row = runs.row(0, named=True)
     assert (row["status"], row["digest"], row["mode"], row["num_spans"]) == ("complete", "abc", "engine", 21)
     one = read.run(db, run_id)
-    assert one["summary"] == {"token_hit_rate": 0.25}
+    assert one["summary"] == {"prefix_cache_hit_rate": 0.25}
     assert one["config"] == {"capacity": 8}
     assert one["behaviours"] == {"checkpoint_retention": True}
     assert one["created"] == "2026-01-02T03:04:05Z"
@@ -30,7 +32,7 @@ def test_runs_and_run(scenario_db):
 def test_unknown_run_is_a_user_error(scenario_db):
     db, _ = scenario_db
     with pytest.raises(KVTraceError, match="no run with id 'nope'") as err:
-        read.hit_rate_over_time(db, "nope")
+        read.hit_counters(db, "nope")
     assert str(db) in str(err.value)
 
 
@@ -40,28 +42,56 @@ def test_span_counts(scenario_db):
     assert counts["kvtrace.verify.stale_hash"] == 1 and counts["kvtrace.request"] == 2
 
 
-def test_hit_rate_over_time_overall_and_per_group(scenario_db):
-    frame = read.hit_rate_over_time(*scenario_db, window_ns=1000)
-    assert _series(frame, -1, "query_tokens") == [64, 64, 96, 32]
-    assert _series(frame, -1, "hit_tokens") == [0, 32, 16, 16]
-    assert _series(frame, -1, "cum_hit_rate")[-1] == pytest.approx(64 / 256)
-    assert _series(frame, 0, "hit_tokens") == [0, 32, 16, 16]
-    assert _series(frame, 1, "hit_tokens") == [0, 16, 16, 0]
-    assert _series(frame, 1, "cum_hit_rate")[-1] == pytest.approx(32 / 256)
-    only = read.hit_rate_over_time(*scenario_db, window_ns=2000, group=1)
-    assert only["group_id"].unique().to_list() == [1]
-    assert only["hit_tokens"].to_list() == [16, 16]
+def test_hit_counters_count_each_request_once_at_its_first_schedule(scenario_db):
+    # vLLM's counters (kvtrace.metrics) from the request spans: A first scheduled at 100
+    # (no hit, asked 64 of the external tier, preempted once: 66 re-looked-up, 32 hit), B
+    # at 1000 (32 local, 8 of its 32 external). The six lookup spans do not count.
+    frame = read.hit_counters_over_time(*scenario_db, window_ns=1000)
+    assert frame["window_start_ns"].to_list() == [0, 1000]
+    assert frame["prefix_cache_queries"].to_list() == [64, 64]
+    assert frame["prefix_cache_hits"].to_list() == [0, 32]
+    assert frame["cum_prefix_cache_hit_rate"].to_list() == [0.0, pytest.approx(32 / 128)]
+    whole = read.hit_counters(*scenario_db)
+    assert whole == {
+        "requests": 2, "prefix_cache_queries": 128, "prefix_cache_hits": 32,
+        "preempted_prefix_cache_queries": 66, "preempted_prefix_cache_hits": 32,
+        "external_prefix_cache_queries": 96, "external_prefix_cache_hits": 8,
+        "prompt_tokens_by_source.local_compute": 88, "prompt_tokens_by_source.local_cache_hit": 32,
+        "prompt_tokens_by_source.external_kv_transfer": 8,
+        "prefix_cache_hit_rate": 0.25, "external_prefix_cache_hit_rate": 8 / 96,
+        "preempted_prefix_cache_hit_rate": 32 / 66,
+    }
+    # by source: the three sum to the prompt tokens, as vLLM's PromptTokenStats invariant says
+    assert sum(whole[k] for k in metrics.SOURCE_KEYS) == whole["prefix_cache_queries"]
+    # a time range holds the requests first scheduled in it
+    later = read.hit_counters(*scenario_db, start_ns=1000)
+    assert (later["requests"], later["prefix_cache_hits"], later["prefix_cache_queries"]) == (1, 32, 64)
+    assert read.hit_counters(*scenario_db, end_ns=1000)["prefix_cache_hits"] == 0
 
 
-def test_hit_token_sources(scenario_db):
-    frame = read.hit_token_sources(*scenario_db, window_ns=1000)
-    assert frame.row(1, named=True) == {"window_start_ns": 1000, "local_tokens": 32, "external_tokens": 8,
-                                        "computed_tokens": 24}
+def test_group_hit_rates_read_the_lookup_that_admitted_each_request(scenario_db):
+    # B's lookup at 1000 admitted it ([32, 16] of 64 tokens); A's lookup at 0 came before its
+    # first schedule (100): a lookup that did not admit counts nothing.
+    assert read.group_hit_rates(*scenario_db) == {0: 0.5, 1: 0.25}
+    frame = read.group_hit_rate_over_time(*scenario_db, window_ns=1000)
+    assert frame.select("window_start_ns", "group_id", "group_hit_tokens").rows() == [(1000, 0, 32), (1000, 1, 16)]
+
+
+def test_cache_only_runs_count_their_one_lookup_per_request(tmp_path):
+    rows = [r for r in scenario_rows() if r["name"] == "kvtrace.cache.lookup"]
+    store = Store.open(tmp_path / "co.duckdb")
+    run_id = store.create_run("cache-only", mode="cache-only/lru")
+    store.append_spans(scenario_table(rows), run_id=run_id)
+    store.finish_run(run_id)
+    got = read.hit_counters(store.path, run_id)
+    assert (got["requests"], got["prefix_cache_queries"], got["prefix_cache_hits"]) == (6, 256, 64)
+    assert read.group_hit_rates(store.path, run_id) == {0: 64 / 256, 1: 32 / 256}
+    store.close()
 
 
 def test_default_window_covers_run(scenario_db):
-    frame = read.hit_token_sources(*scenario_db)  # run spans 0..5000 ns: window 50 ns (100 windows max)
-    assert frame["local_tokens"].sum() == 64
+    frame = read.hit_counters_over_time(*scenario_db)  # run spans 0..5000 ns: window 50 ns (100 windows max)
+    assert frame["prefix_cache_hits"].sum() == 32
     assert frame["window_start_ns"].to_list() == sorted(frame["window_start_ns"].to_list())
 
 
@@ -162,30 +192,40 @@ def test_requests_and_latency(scenario_db):
     req = read.requests(*scenario_db)
     assert req["request_id"].to_list() == ["A", "B"]
     assert req["ttft_ns"].to_list() == [900, 1000]
-    assert req["e2e_ns"].to_list() == [5000, 2500]
+    assert req["e2el_ns"].to_list() == [5000, 2500]
     assert req["queue_ns"].to_list() == [100, 500]
     hits = read.per_request_hits(*scenario_db)
-    assert hits.filter(pl.col("request_id") == "B").row(0, named=True)["num_hit_tokens"] == 40
-    assert read.latency_percentiles(*scenario_db, "itl", (0.5,)) == {0.5: pytest.approx(1300.0)}
+    assert hits.filter(pl.col("request_id") == "B").row(0, named=True)["num_cached_tokens"] == 40
+    # samples as vllm bench serve defines them; TPOT = (E2EL - TTFT) / (outputs - 1)
+    assert read.latency_samples(*scenario_db, "itl").tolist() == [1000, 1100, 1500, 2000]
+    assert read.latency_samples(*scenario_db, "tpot").tolist() == [pytest.approx(4100 / 3), 1500]
+    assert read.latency_percentiles(*scenario_db, "itl", (50,)) == {50: 1300.0}  # numpy's linear
+    stats = read.latency_stats(*scenario_db, "ttft", (90,))
+    assert stats == {"mean_ttft_ms": 950 / 1e6, "median_ttft_ms": 950 / 1e6, "std_ttft_ms": 50 / 1e6,
+                     "p90_ttft_ms": pytest.approx(990 / 1e6)}
+    assert read.latency_summary(*scenario_db)["p99_e2el_ms"] == pytest.approx(np.percentile([5000, 2500], 99) / 1e6)
     cdf = read.latency_cdf(*scenario_db, "ttft")
-    assert cdf.height == read.QUANTILE_GRID + 1
+    assert cdf.height == len(derived.CDF_PERCENTILES)
     assert (cdf["value_ns"][0], cdf["value_ns"][-1], cdf["n"][0]) == (900.0, 1000.0, 2)
+    assert cdf.filter(pl.col("q") == 25.0)["value_ns"].item() == 925.0
     hist = read.latency_histogram(*scenario_db, "itl", bins=4)
-    assert hist["count"].sum() == pytest.approx(4) and hist["bin_lo"][0] == 1000.0
-    # gaps 1000, 1100, 1500, 2000: the interpolated CDF at 1250 is 1/3 + (150 / 400) / 3
-    assert hist["count"][0] == pytest.approx(4 * (1 / 3 + 150 / 400 / 3))
+    assert hist["count"].to_list() == [2, 0, 1, 1] and hist["bin_lo"][0] == 1000.0  # exact counts
     gaps = read.itl_gaps(*scenario_db, "A")
     assert gaps.select("index", "token_ns", "gap_ns").rows() == [(1, 1900, 1000), (2, 3900, 2000), (3, 5000, 1100)]
     assert read.itl_gaps(*scenario_db).height == 4
-    over = read.itl_over_time(*scenario_db, window_ns=1000)
-    assert over["requests"].sum() == 2
+    over = read.itl_over_time(*scenario_db, window_ns=1000)  # by the time each token came out
+    assert over.select("window_start_ns", "gaps", "p50_itl_ns", "max_itl_ns").rows() == [
+        (1000, 1, 1000.0, 1000.0), (3000, 2, 1750.0, 2000.0), (5000, 1, 1100.0, 1100.0)]
     with pytest.raises(ValueError):
-        read.latency_cdf(*scenario_db, "tpot")
+        read.latency_cdf(*scenario_db, "ttlt")
 
 
 def test_request_waterfall(scenario_db):
     wf = read.request_waterfall(*scenario_db, "A")
+    # A's one lookup (at 0) came before its first schedule (100): it did not admit A, so no mark
     assert wf.select("segment", "start_ns", "end_ns").rows() == [
-        ("queue", 0, 100), ("cache_hit", 0, 1000), ("prefill", 100, 500), ("prefill", 500, 900),
-        ("decode", 900, 5000)]
+        ("queue", 0, 100), ("prefill", 100, 500), ("prefill", 500, 900), ("decode", 900, 5000)]
+    marks = read.request_waterfall(*scenario_db, "B").filter(pl.col("segment") == "cache_hit")
+    assert marks.select("start_ns", "num_tokens").rows() == [(1000, 32)]
+    assert marks["detail"][0] == "32/64 tokens hit at admission, 8 external"
     assert read.request_waterfall(*scenario_db, "no-such-request").height == 0

@@ -59,14 +59,14 @@ def test_an_explicit_window_is_bound_as_given_and_must_be_positive(scenario_db, 
     assert _sql.with_run(db, run_id, "SELECT $w AS w, $run_id AS run_id", window_ns=1234)["w"].to_list() == [1234]
     assert len(queries_run) == 2
     with pytest.raises(ValueError, match="window_ns must be positive"):
-        read.hit_token_sources(db, run_id, window_ns=0)
+        read.hit_counters_over_time(db, run_id, window_ns=0)
 
 
 def test_the_read_functions_default_window_is_the_nice_window(scenario_db):
-    frame = read.hit_token_sources(*scenario_db)
+    frame = read.hit_counters_over_time(*scenario_db)
     starts = frame["window_start_ns"].to_list()
     assert starts and all(s % read.nice_window(5000) == 0 for s in starts)
-    assert frame["local_tokens"].sum() == 64
+    assert frame["prompt_tokens_by_source.local_cache_hit"].sum() == 32
 
 
 @pytest.mark.parametrize(("span_ns", "windows", "expected"), [
@@ -113,13 +113,14 @@ def test_only_the_query_runner_opens_the_store_and_executes_sql():
 
 
 def test_the_package_keeps_the_public_names_of_the_old_module():
-    for name in ("DB", "DEFAULT_WINDOWS", "OVERALL_GROUP", "QUANTILE_GRID", "nice_window", "runs", "run",
-                 "span_counts", "hit_rate_over_time", "hit_token_sources", "usage_over_time", "per_prefix_reuse",
+    for name in ("DB", "DEFAULT_WINDOWS", "nice_window", "runs", "run",
+                 "span_counts", "hit_counters", "hit_counters_over_time", "group_hit_rates", "usage_over_time",
+                 "per_prefix_reuse", "latency_samples", "latency_stats", "latency_summary",
                  "evictions_over_time", "evictions_by_reason", "evictions_by_publish_kind", "eviction_attribution",
                  "eviction_attribution_flows", "block_histograms", "stale_hashes_over_time", "stale_hashes",
                  "stale_hash_chain", "divergent_outputs", "requests", "per_request_hits", "itl_gaps", "latency_cdf",
                  "latency_percentiles", "latency_histogram", "itl_over_time", "request_waterfall"):
         assert name in read.__all__ and hasattr(read, name), name
-    assert callable(read.runs) and read.OVERALL_GROUP == -1
+    assert callable(read.runs)
     for path in READ_DIR.glob("*.py"):
         assert len(path.read_text().splitlines()) <= 450, path.name

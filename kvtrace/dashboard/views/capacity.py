@@ -6,43 +6,49 @@ import streamlit as st
 
 from kvtrace.dashboard import charts, queries, state, ui
 
-ctx = queries.context()
-run_id = ctx["run_id"]
-st.title("Capacity")
-FILL_CURVE = "`kvtrace curve TRACE --db PATH` (the trace of the run you study)"
 
-points = queries.call("curves")
-if points.height == 0:
-    ui.empty("This store holds no capacity curve.", FILL_CURVE)
-    st.stop()
-curves = points.unique("curve_id", keep="first", maintain_order=True)  # newest first
-labels = {r["curve_id"]: f"{r['trace_source']} · {r['mode']} · {r['created']}" for r in curves.iter_rows(named=True)}
-digest = queries.run_row(run_id).get("trace_digest")
-of_run = curves.filter(pl.col("trace_digest") == digest)["curve_id"].to_list()
-curve_id = state.bound_select("Curve", curves["curve_id"].to_list(), "curve",
-                              default=of_run[0] if of_run else None, format_func=lambda c: labels.get(c, c))
-if not of_run:
-    st.info(f"No curve of this run's trace yet; the one shown is another trace's. Make one with {FILL_CURVE}.",
-            icon=":material/info:")
-curve = points.filter(pl.col("curve_id") == curve_id)
-meta = curve.row(0, named=True)
-block_size = meta["block_size"]
+def main() -> None:
+    ctx = queries.context()
+    run_id = ctx["run_id"]
+    st.title("Capacity")
+    FILL_CURVE = "`kvtrace curve TRACE --db PATH` (the trace of the run you study)"
 
-marks = queries.capacity_marks(meta["trace_digest"], block_size, run_id) if block_size else []
+    points = queries.call("curves")
+    if points.height == 0:
+        ui.empty("This store holds no capacity curve.", FILL_CURVE)
+        return
+    curves = points.unique("curve_id", keep="first", maintain_order=True)  # newest first
+    labels = {r["curve_id"]: f"{r['trace_source']} · {r['mode']} · {r['created']}"
+              for r in curves.iter_rows(named=True)}
+    digest = queries.run_row(run_id).get("trace_digest")
+    of_run = curves.filter(pl.col("trace_digest") == digest)["curve_id"].to_list()
+    curve_id = state.bound_select("Curve", curves["curve_id"].to_list(), "curve",
+                                  default=of_run[0] if of_run else None, format_func=lambda c: labels.get(c, c))
+    if not of_run:
+        st.info(f"No curve of this run's trace yet; the one shown is another trace's. Make one with {FILL_CURVE}.",
+                icon=":material/info:")
+    curve = points.filter(pl.col("curve_id") == curve_id)
+    meta = curve.row(0, named=True)
+    block_size = meta["block_size"]
 
-ui.chart(
-    charts.capacity_curve(curve, marks),
-    f"Cache-only token hit rate against capacity in {block_size}-token blocks: LRU (exact, one pass of Mattson's "
-    "stack algorithm where every request fits, a replay below that), the Belady bound (a replay per capacity) "
-    "and the unbounded cache. Markers: this store's runs of the same trace at their own capacity (an engine run's "
-    "full-attention capacity, converted to these blocks) and hit rate; the selected run is the diamond.",
-    empty_what="This curve has no bounded capacity to plot.", command=FILL_CURVE, key="capacity",
-)
-table = curve.select(
-    pl.col("policy"),
-    pl.col("capacity_blocks").cast(pl.String).fill_null("unbounded").alias("capacity (blocks)"),
-    (pl.col("token_hit_rate") * 100).round(2).alias("token hit rate (%)"),
-    pl.col("hit_tokens"), pl.col("prompt_tokens"), pl.col("method"),
-)
-ui.table(table, "Every point of the curve; method: one-pass (exact), replay, or run (an engine run).",
-         empty_what="This curve has no points.", command=FILL_CURVE)
+    marks = queries.capacity_marks(meta["trace_digest"], block_size, run_id) if block_size else []
+
+    ui.chart(
+        charts.capacity_curve(curve, marks),
+        f"Cache-only token hit rate against capacity in {block_size}-token blocks: LRU (exact, one pass of Mattson's "
+        "stack algorithm where every request fits, a replay below that), the Belady bound (a replay per capacity) "
+        "and the unbounded cache. Markers: this store's runs of the same trace at their own capacity (an engine run's "
+        "full-attention capacity, converted to these blocks) and hit rate; the selected run is the diamond.",
+        empty_what="This curve has no bounded capacity to plot.", command=FILL_CURVE, key="capacity",
+    )
+    table = curve.select(
+        pl.col("policy"),
+        pl.col("capacity_blocks").cast(pl.String).fill_null("unbounded").alias("capacity (blocks)"),
+        (pl.col("prefix_cache_hit_rate") * 100).round(2).alias("prefix cache hit rate (%)"),
+        pl.col("hit_tokens"), pl.col("prompt_tokens"), pl.col("method"),
+    )
+    ui.table(table, "Every point of the curve; method: one-pass (exact), replay, or run (an engine run).",
+             empty_what="This curve has no points.", command=FILL_CURVE)
+
+
+main()  # a function, so the empty state can return (st.stop would also skip the sidebar links)

@@ -1,89 +1,153 @@
-"""Compare: two runs of the same trace side by side (the isolated A/B)."""
+"""Compare: two runs of the same trace side by side (the isolated A/B), with the numbers,
+bootstrap CIs and Markdown of ``kvtrace diff``."""
 
+import math
 from typing import Literal
 
 import polars as pl
 import streamlit as st
 
+from kvtrace import metrics
+from kvtrace.compare import pairing
+from kvtrace.compare.render import fmt, to_markdown
 from kvtrace.dashboard import charts, queries, state, ui
+
+# (label, summary metric, kind, higher is better)
+TILES = [
+    ("Prefix cache hit rate", "prefix_cache_hit_rate", "rate", True),
+    ("External prefix cache hit rate", "external_prefix_cache_hit_rate", "rate", True),
+    ("Block hit rate", "block_hit_rate", "rate", True),
+    ("Prompt tokens computed", "prompt_tokens_by_source.local_compute", "count", False),
+    ("TTFT median", "median_ttft_ms", "ms", False), ("TTFT p99", "p99_ttft_ms", "ms", False),
+    ("ITL median", "median_itl_ms", "ms", False), ("ITL p99", "p99_itl_ms", "ms", False),
+    ("Evictions", "evictions", "count", None), ("Stale hashes", "stale_hashes", "count", False),
+]
+
+
+def _value(kind: str, v) -> str:
+    return ui.pct(v) if kind == "rate" else ui.ms(v) if kind == "ms" else ui.count(v)
+
+
+def _delta(kind: str, d: float) -> str:
+    return ui.pp(d) if kind == "rate" else f"{d:+.2f} ms" if kind == "ms" else f"{int(d):+,}"
 
 
 def main() -> None:
     ctx = queries.context()
     run_a = ctx["run_id"]
+    db = ctx["db"]
 
     st.title("Compare")
     others = queries.comparable_runs(run_a)
-    if others.height == 0:
+    ids = others["run_id"].to_list()
+    missing = state.unknown_value("b", ids)
+    if missing is not None:
+        known = missing in set(queries.runs()["run_id"].to_list())
+        st.warning(f"Run `{missing}` (B, from the link) is "
+                   + ("not a run of the same trace as A" if known else f"not in `{db}`")
+                   + ": nothing is shown in its place. Pick B below.", icon=":material/link_off:")
+    if not ids:
         ui.empty(f"No other run of the same trace as `{run_a}` to compare with.",
-                 "the same trace again with one switch changed, e.g. "
-                 "`kvtrace replay TRACE --db PATH --without shared-prefix-pinning`")
+                 f"`{pairing.study_command(queries.run_row(run_a), db)}`")
         return
-
+    default = None if missing is not None else queries.default_partner(run_a)
+    if default is None and missing is None:
+        st.info("No run of the same trace, mode and capacity differs from A in exactly one setting. Make a pair "
+                f"with `{pairing.study_command(queries.run_row(run_a), db)}`, or pick a B below (its differences "
+                "are listed).", icon=":material/info:")
     labels = dict(zip(queries.runs()["run_id"], queries.runs()["label"]))
     label = lambda r: str(labels.get(r, r))  # pure: AppTest calls it outside the script
     c = st.columns(2)
     c[0].markdown(f"**A** (sidebar run): {label(run_a)}")
     with c[1]:
-        run_b = str(state.bound_select("B", others["run_id"].to_list(), "b", format_func=label))  # others: not empty
+        run_b = state.bound_select("B", ids, "b", default=default, format_func=label, unknown="none",
+                                   placeholder="pick a run of the same trace")
+    if run_b is None:
+        return
     a, b = queries.run_row(run_a), queries.run_row(run_b)
-    on_a, on_b = ({x for x in (r.get("behaviours_on") or "").split(", ") if x} for r in (a, b))
-    changed = sorted(on_a ^ on_b)
-    st.caption("Behaviours that differ: " + (", ".join(changed) if changed else "none (config or capacity differs)"))
+    diffs = pairing.differences(a, b)
+    st.caption("Settings that differ: " + ("; ".join(map(str, diffs)) if diffs else "none"))
+    bad = pairing.mismatches(a, b)
+    if bad:
+        st.warning("Not an isolated measurement: A and B differ in "
+                   + ("nothing the store records" if not bad else "; ".join(map(str, bad)))
+                   + ". A comparison isolates one change when the runs share trace, mode and capacity and differ "
+                     "in exactly one setting.", icon=":material/warning:")
 
-    sa, sb = queries.summary(run_a), queries.summary(run_b)
-    # (label, key, formatter, higher_is_better)
-    ROWS = [
-        ("Token hit rate", "token_hit_rate", ui.pct, True), ("Block hit rate", "block_hit_rate", ui.pct, True),
-        ("TTFT p50", "ttft_ms_p50", ui.ms, False), ("TTFT p99", "ttft_ms_p99", ui.ms, False),
-        ("ITL p50", "itl_ms_p50", ui.ms, False), ("ITL p99", "itl_ms_p99", ui.ms, False),
-        ("Evictions", "evictions", ui.count, False), ("CoW copies", "cow_copies", ui.count, None),
-        ("Stale hashes", "stale_hashes", ui.count, False), ("Divergent outputs", "divergent_outputs", ui.count, False),
-    ]
+    diff = queries.run_diff(run_a, run_b)
+    ci = {s.name: s for s in diff.latency}
     cols = st.columns(5)
-    for i, (name, key, fmt, better) in enumerate(ROWS):
-        va, vb = sa.get(key), sb.get(key)
-        delta, d = None, 0.0
-        if isinstance(va, (int, float)) and isinstance(vb, (int, float)):
-            d = vb - va
-            delta = (f"{100 * d:+.1f} pp" if fmt is ui.pct else f"{d:+.1f} ms" if fmt is ui.ms else f"{int(d):+,}")
+    for i, (name, key, kind, better) in enumerate(TILES):
+        try:
+            m = diff.metric(key)
+        except KeyError:
+            cols[i % 5].metric(f"{name} (B)", "–", help="Not recorded in these runs.")
+            continue
+        unit = f" ({metrics.MODELLED})" if kind == "ms" else ""
+        helptext = f"A: {_value(kind, m.a)}"
+        if key in ci and not math.isnan(ci[key].ci_low):
+            s = ci[key]
+            helptext += f"; 95% bootstrap CI of B − A: [{fmt(s.ci_low, signed=True)}, {fmt(s.ci_high, signed=True)}] ms"
+        d = m.delta
         colour: Literal["off", "normal", "inverse"] = (
-            "off" if better is None or d == 0 else ("normal" if better else "inverse"))
-        cols[i % 5].metric(f"{name} (B)", fmt(vb), delta=delta, delta_color=colour,
-                           delta_arrow="auto" if d else "off", help=f"A: {fmt(va)}")
-    st.caption("B's value with its change from A; green means better, red worse (lower is better for latency, "
-               "evictions and errors).")
+            "off" if better is None or not d else ("normal" if better else "inverse"))
+        cols[i % 5].metric(f"{name}{unit} (B)", _value(kind, m.b), delta=None if d is None else _delta(kind, d),
+                           delta_color=colour, delta_arrow="auto" if d else "off", help=helptext)
+    st.caption("B's value with its change from A (rates in percentage points); green means better, red worse. "
+               f"Times: A {queries.times_caption(run_a)}; B {queries.times_caption(run_b)}. A run without a clock "
+               "shows – and no change, never 0.")
 
     w = queries.window_ns(run_a)  # both runs on A's windows
-    ha = queries.call("hit_rate_over_time", run_a, window_ns=w, group=queries.GROUP_ALL)
-    hb = queries.call("hit_rate_over_time", run_b, window_ns=w, group=queries.GROUP_ALL)
-    ui.chart(charts.overlay([(f"A {a.get('name')}", ha), (f"B {b.get('name')}", hb)], "window_start_ns", "cum_hit_rate",
-                            "Cumulative token hit rate, A vs B", "hit rate", percent=True),
-             "Cumulative token hit rate (all groups) of both runs on the same virtual time axis.",
-             empty_what="Neither run has lookup spans.", key="cmp_hit")
-    ia, ib = (queries.call("itl_over_time", r, window_ns=w) for r in (run_a, run_b))
-    ui.chart(charts.overlay([(f"A {a.get('name')}", ia), (f"B {b.get('name')}", ib)], "window_start_ns", "mean_itl_ns",
-                            "Mean ITL, A vs B", "ms", yscale=1e6),
-             "Gap-weighted mean inter-token latency per window for both runs.",
-             empty_what="Neither run decoded tokens.", key="cmp_itl")
+    ha, hb = (queries.call("hit_counters_over_time", r, window_ns=w) for r in (run_a, run_b))
+    ui.chart(charts.overlay([(f"A {a.get('name')}", ha), (f"B {b.get('name')}", hb)], "window_start_ns",
+                            "cum_prefix_cache_hit_rate", "Cumulative prefix cache hit rate, A vs B",
+                            "prefix cache hit rate", percent=True),
+             "vLLM's prefix cache hit rate, cumulative, of both runs on the same virtual time axis.",
+             empty_what="Neither run scheduled a request.", key="cmp_hit")
 
-    diff = queries.request_diff(run_a, run_b)
-    if diff.height and not (diff["hit_delta"] != 0).any():
-        st.info(f"All {diff.height:,} requests got the same hit tokens in A and B: this change does not move the "
+    if diff.latency:
+        c = st.columns(2)
+        for col, (metric, title) in zip(c, (("ttft", "TTFT"), ("itl", "ITL"))):
+            with col:
+                ui.chart(charts.cdf([(f"A {a.get('name')}", queries.call("latency_cdf", run_a, metric)),
+                                     (f"B {b.get('name')}", queries.call("latency_cdf", run_b, metric))],
+                                    f"{title} CDF, A vs B"),
+                         f"Fraction of {'requests' if metric == 'ttft' else 'inter-token gaps'} at most x, "
+                         f"{metrics.MODELLED} time.",
+                         empty_what="Neither run has this latency.", key=f"cmp_{metric}_cdf")
+        shifts = pl.DataFrame(
+            [{"percentile": s.name, "A (ms)": s.a, "B (ms)": s.b, "B − A (ms)": s.delta, "CI low": s.ci_low,
+              "CI high": s.ci_high, "significant": s.significant} for s in diff.latency])
+        ui.table(shifts, f"Latency percentiles ({metrics.MODELLED}) with the 95% bootstrap CI of B − A over requests "
+                         f"({diff.bootstrap.get('resamples')} resamples, seed {diff.bootstrap.get('seed')}"
+                         + (", paired" if diff.bootstrap.get("paired") else "") + "), as `kvtrace diff` reports them.",
+                 empty_what="")
+    else:
+        st.info("No latency to compare: at least one run has no clock (cache-only), so no TTFT or ITL is set "
+                "against another.", icon=":material/info:")
+
+    with st.expander("Copy as Markdown (the same text as `kvtrace diff --markdown`)"):
+        st.code(to_markdown(diff), language="markdown")
+        st.caption(f"`kvtrace diff {run_a} {run_b} --db {db} --markdown` prints this text.")
+
+    req = queries.request_diff(run_a, run_b)
+    if req.height and not (req["cached_delta"] != 0).any():
+        st.info(f"All {req.height:,} requests got the same cached tokens in A and B: this change does not move the "
                 "prefix cache on this trace.", icon=":material/info:")
         return
-    ui.chart(charts.request_delta(diff),
-             "Hit tokens of each request in B minus in A: green bars gained cache hits, red bars lost them.",
+    ui.chart(charts.request_delta(req),
+             "Cached tokens (local + external hits at first schedule) of each request in B minus in A: green bars "
+             "gained cache hits, red bars lost them.",
              empty_what="The two runs share no request ids.",
              command="the same trace with the same request ids, e.g. "
                      "`kvtrace replay TRACE --db PATH --without shared-prefix-pinning`",
              key="cmp_req")
-    if diff.height:
-        moved = (diff.with_columns(pl.col("hit_delta").abs().alias("abs_delta"))
+    if req.height:
+        moved = (req.with_columns(pl.col("cached_delta").abs().alias("abs_delta"))
                  .sort(["abs_delta", "request_id"], descending=[True, False]))
         ui.table(moved.filter(pl.col("abs_delta") > 0).drop("abs_delta").head(50),
-                 "The requests whose hit tokens changed most between A and B (top 50).",
-                 empty_what="No request changed its hit tokens between A and B.",
+                 "The requests whose cached tokens changed most between A and B (top 50).",
+                 empty_what="No request changed its cached tokens between A and B.",
                  command="a B run with another behaviour or capacity (pick it above)")
 
 

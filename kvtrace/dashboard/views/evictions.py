@@ -14,21 +14,25 @@ w = queries.window_ns(run_id)
 
 by_reason = state.in_window(queries.call("evictions_over_time", run_id, window_ns=w, by="reason"), "window_start_ns",
                             window)
-ui.chart(charts.stacked_counts(by_reason, "Evicted blocks by reason", "blocks per window"),
+ui.chart(charts.stacked_counts(by_reason, "Evicted blocks by reason", "blocks per window", charts.REASON_NAMES),
          "Blocks evicted per window, stacked by eviction reason (lru, stale_hash, replaced, moved, connector, reset).",
          empty_what="No evictions in this run: the cache never filled.", command=ui.FILL_SMALL_CACHE, key="ev_reason")
 by_kind = state.in_window(queries.call("evictions_over_time", run_id, window_ns=w, by="publish_kind"),
                           "window_start_ns", window)
-ui.chart(charts.stacked_counts(by_kind, "Evicted blocks by the publish that took their place", "blocks per window"),
+ui.chart(charts.stacked_counts(by_kind, "Evicted blocks by the publish that took their place", "blocks per window",
+                               charts.KIND_NAMES),
          "Blocks evicted per window, stacked by the kind of publish that next took the block (full, partial tail, "
-         "checkpoint, boundary; none = not reused yet).",
+         "checkpoint, boundary; no publish = the block went to uncached use, or is not reused yet). Each reason and "
+         "each publish kind keeps one colour on every chart.",
          empty_what="No evictions in this run: the cache never filled.", command=ui.FILL_SMALL_CACHE, key="ev_kind")
 
 st.subheader("Eviction attribution")
 flows = queries.attribution_flows(run_id)
-ui.chart(charts.attribution_sankey(flows),
+prefixes = queries.prefix_labels(run_id, flows["prefix"].to_list())
+ui.chart(charts.attribution_sankey(flows, prefixes),
          "Later misses on blocks that were cached before, traced back: the kind of publish that took the block, the "
-         "eviction reason, and the hot prefix that lost it.",
+         "eviction reason, and the hot prefix that lost it (short hash · the request that first looked it up and "
+         "its prompt length · the longest hit it got).",
          empty_what="No miss in this run hit a block that had been evicted, so there is nothing to attribute.",
          command=ui.FILL_SMALL_CACHE, key="sankey")
 att = queries.call("eviction_attribution", run_id)
@@ -38,8 +42,13 @@ if att.height:
            .agg(pl.len().alias("later_misses"), pl.col("miss_request_id").n_unique().alias("requests_hurt"),
                 pl.col("evict_reason").first().alias("evict_reason"))
            .sort(["later_misses", "publish_request_id"], descending=[True, False], nulls_last=True))
-    ui.table(top.head(200), "Which publishes (kind, request) evicted which hot prefixes (root hash), and how many "
-                            "later misses each caused; largest first.",
+    top = top.head(200)
+    names = queries.prefix_labels(run_id, top["root_hash"].to_list())
+    top = top.select(pl.col("root_hash").replace_strict(names, default=pl.col("root_hash")).alias("prefix"),
+                     pl.all())
+    ui.table(top, "Which publishes (kind, request) evicted which hot prefixes (short hash · first request and its "
+                  "prompt length · longest hit; root_hash in full), and how many later misses each caused; largest "
+                  "first.",
              empty_what="No attributed misses in this time window.")
     with st.expander("Every attributed miss"):
         ui.table(att.head(5000), "One row per lookup miss: the eviction that removed the missed block and the publish "

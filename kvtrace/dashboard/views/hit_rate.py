@@ -1,43 +1,34 @@
-"""Hit rate: windowed and cumulative per group, hit-token sources, pool usage, Belady bound."""
+"""Hit rate: vLLM's prefix cache hit rate over time with the Belady bound, prompt tokens by
+source, the per-group hit rates (their own metric, charted apart), pool usage."""
 
 import streamlit as st
 
+from kvtrace import metrics
 from kvtrace.dashboard import charts, queries, state, ui
 
 ctx = queries.context()
 run_id = ctx["run_id"]
 names = queries.group_names(run_id)
+w = queries.window_ns(run_id)
 
 st.title("Hit rate")
-rates = queries.call("hit_rate_over_time", run_id, window_ns=queries.window_ns(run_id))
-groups = sorted(rates["group_id"].unique().to_list()) if rates.height else [queries.GROUP_ALL]
-c1, c2 = st.columns([1, 2])
-with c1:
-    group = state.bound_select("KV group", ["each", *groups], "group", default="each",
-                               format_func=lambda g: "every group" if g == "each" else names.get(int(g), f"group {g}"))
-with c2:
-    window = state.bound_window("Virtual time window", queries.time_extent_s(run_id))
+window = state.bound_window("Virtual time window", queries.time_extent_s(run_id))
+counters = state.in_window(queries.call("hit_counters_over_time", run_id, window_ns=w), "window_start_ns", window)
 
-shown = rates if group == "each" else rates.filter(rates["group_id"] == group)
 bound = queries.belady_bound(run_id)
 bel = bound.run
-bel_frame, bel_rate = None, None
+level = None
 if bel is not None:
-    # A Belady run has a curve when it stored lookup spans; otherwise the chart draws its
-    # whole-run rate (from the summary) as a level.
-    bel_frame = queries.call("hit_rate_over_time", bel["run_id"], window_ns=queries.window_ns(bel["run_id"]),
-                             group=queries.GROUP_ALL)
-    bel_frame = state.in_window(bel_frame, "window_start_ns", window)
-    rate = queries.summary(bel["run_id"]).get("token_hit_rate")
+    rate = queries.summary(bel["run_id"]).get(metrics.HEADLINE_RATE)
     if isinstance(rate, (int, float)):
-        bel_rate = (f"Belady bound ({bel['name']}, {bound.capacity})", float(rate))
+        level = (f"Belady bound ({bel['name']}, {bound.capacity})", float(rate))
 ui.chart(
-    charts.hit_rate(state.in_window(shown, "window_start_ns", window), names, bel_frame, bel_rate),
-    "Token hit rate per time window (solid) and cumulative since the start (dashed), per KV group; "
-    "'all groups' is the hybrid coordinator's fixed point"
+    charts.hit_rate(counters, level),
+    "vLLM's prefix cache hit rate (prefix_cache_hits / prefix_cache_queries, each request once at its first "
+    "schedule) per time window (solid) and cumulative since the start (dashed)"
     + ("; dotted: the Belady (offline-optimal) bound from the cache-only run of the same trace and capacity."
-       if bel is not None else "."),
-    empty_what="No lookup spans in this run, so there is no hit rate to plot.", key="hit_rate",
+       if level is not None else "."),
+    empty_what="No request was scheduled in this window, so there is no hit rate to plot.", key="hit_rate",
 )
 if bel is None and bound.capacity is None:
     st.caption("No Belady bound: this run's config stores no prefix-cache capacity (capacity_blocks and "
@@ -50,15 +41,26 @@ elif bel is None and bound.capacity is not None:
                + f". Add one on the same trace with {ui.fill_belady(cap.blocks, cap.block_size)}.")
 
 ui.chart(
-    charts.hit_sources(state.in_window(queries.call("hit_token_sources", run_id, window_ns=queries.window_ns(run_id)),
-                                       "window_start_ns", window)),
-    "Prompt tokens per window served from the local prefix cache, loaded from the external tier, or computed "
-    "(stacked).",
-    empty_what="No lookup spans in this run, so no hit-token sources.", key="hit_sources",
+    charts.hit_sources(counters),
+    "Prompt tokens per window by source (vLLM's prompt_tokens_by_source: local cache hit, external KV transfer, "
+    "local compute), each request once at its first schedule, stacked: the stack is the prompt tokens scheduled.",
+    empty_what="No request was scheduled in this window.", key="hit_sources",
 )
+
+st.subheader("Group hit rates")
+groups = queries.call("group_hit_rate_over_time", run_id, window_ns=w)
+gids = sorted(groups["group_id"].unique().to_list()) if groups.height else []
+labels = queries.group_rate_labels(run_id)
+group = state.bound_select("KV group", ["each", *gids], "group", default="each",
+                           format_func=lambda g: "every group" if g == "each" else labels.get(int(g), f"group {g}"))
+shown = groups if group == "each" else groups.filter(groups["group_id"] == group)
+ui.chart(charts.group_hit_rate(state.in_window(shown, "window_start_ns", window), labels),
+         metrics.GROUP_HIT_RATE_DOC, empty_what="No lookup spans in this run, so no per-group hit rate.",
+         key="group_hit_rate")
+
 ui.chart(
-    charts.usage(state.in_window(queries.call("usage_over_time", run_id, window_ns=queries.window_ns(run_id)),
-                                 "window_start_ns", window), names, queries.shared_pool(run_id)),
+    charts.usage(state.in_window(queries.call("usage_over_time", run_id, window_ns=w), "window_start_ns", window),
+                 names, queries.shared_pool(run_id)),
     "Block-pool usage: each KV group's share of the pool, mean (solid) and max (dotted) per window of scheduler "
     "steps; with one pool shared by the groups, also the pool's mean usage (their sum).",
     empty_what="No engine step spans in this run (cache-only runs have none), so no pool usage.",
@@ -67,6 +69,6 @@ ui.chart(
 
 st.subheader("Hottest prefixes")
 ui.table(queries.call("per_prefix_reuse", run_id, top=20),
-         "The 20 most looked-up prefix families (root hash of the first full block): lookups, lookups that hit or "
-         "missed, hit tokens and rate.",
+         "The 20 most looked-up prefix families (root hash of the first full block): every lookup, including "
+         "the repeated ones of requests still waiting for blocks; lookups that hit or missed, hit tokens and rate.",
          empty_what="No lookup spans in this run, so no prefix reuse.")

@@ -1,37 +1,56 @@
-"""Latency: TTFT and ITL distributions, ITL over time, a per-request waterfall."""
+"""Latency (modelled): TTFT, TPOT, ITL and E2EL statistics and distributions, ITL over
+time, a per-request waterfall. Every percentile is kvtrace.numeric's (vllm bench serve's)."""
 
 import polars as pl
 import streamlit as st
 
+from kvtrace import metrics
 from kvtrace.dashboard import charts, queries, state, ui
 
 ctx = queries.context()
 run_id = ctx["run_id"]
 
 st.title("Latency")
+st.caption(f"Times: {queries.times_caption(run_id)}.")
+log = state.bound_toggle("Log scale", "log", help="Latency axes (and histogram counts) on a log scale")
+
+lat = queries.latency(run_id)
+rows = []
+for m in metrics.LATENCIES:
+    keys = metrics.latency_keys(m.key)
+    rows.append({"metric": m.label, **{k.removesuffix(f"_{m.key}_ms"): lat.get(k) for k in keys}})
+stats = pl.DataFrame(rows, schema={"metric": pl.String, **{k: pl.Float64 for k in
+                                                         ("mean", "median", "std", "p50", "p90", "p99")}})
+ui.table(stats, f"vllm bench serve's statistics of each latency, in ms ({metrics.MODELLED}): TTFT, TPOT (excl. 1st "
+                "token), ITL (every gap), E2EL, and queueing; mean, median, population std and percentiles.",
+         empty_what="No finished requests in this run, so no latency.",
+         command="`kvtrace replay TRACE --db PATH` in engine mode (cache-only runs have no clock)")
+
 bins = queries.HIST_BINS
 c = st.columns(2)
 with c[0]:
     ui.chart(charts.cdf([("TTFT", queries.call("latency_cdf", run_id, "ttft")),
-                         ("queue", queries.cdf_from_histogram(run_id, "queue"))], "TTFT CDF"),
-             f"Fraction of requests whose time to first token (exact) and queueing delay ({bins}-bin resolution) is at "
-             "most x, in virtual ms.",
+                         ("queue", queries.call("latency_cdf", run_id, "queue"))], "TTFT and queueing CDF", log),
+             "Fraction of requests whose time to first token, and whose queueing delay, is at most x (the run's "
+             "percentiles 0, 0.1, ..., 100).",
              empty_what="No finished requests in this run.", key="ttft_cdf")
     ui.chart(charts.latency_hist(queries.call("latency_histogram", run_id, "ttft", bins=bins), "TTFT histogram",
-                                 "TTFT"),
-             "Requests per TTFT bin (virtual ms).", empty_what="No finished requests in this run.", key="ttft_hist")
+                                 "TTFT", log),
+             "Requests per TTFT bin (exact counts).", empty_what="No finished requests in this run.", key="ttft_hist")
 with c[1]:
-    ui.chart(charts.cdf([("ITL", queries.cdf_from_histogram(run_id, "itl"))], "ITL CDF"),
-             f"Fraction of inter-token gaps (all requests) at most x, in virtual ms ({bins}-bin resolution).",
+    ui.chart(charts.cdf([("ITL", queries.call("latency_cdf", run_id, "itl")),
+                         ("TPOT", queries.call("latency_cdf", run_id, "tpot"))], "ITL and TPOT CDF", log),
+             "Fraction of inter-token gaps (all requests) and of requests' time per output token at most x.",
              empty_what="No decoded tokens in this run.", key="itl_cdf")
-    ui.chart(charts.latency_hist(queries.call("latency_histogram", run_id, "itl", bins=bins), "ITL histogram", "ITL"),
-             "Inter-token gaps per bin (virtual ms).", empty_what="No decoded tokens in this run.", key="itl_hist")
+    ui.chart(charts.latency_hist(queries.call("latency_histogram", run_id, "itl", bins=bins), "ITL histogram", "ITL",
+                                 log),
+             "Inter-token gaps per bin (exact counts).", empty_what="No decoded tokens in this run.", key="itl_hist")
 
-window = state.bound_window("Virtual time window", queries.time_extent_s(run_id))
+st.subheader("Over time")
+window = state.bound_window("Virtual time window (filters the chart below)", queries.time_extent_s(run_id))
 itl = queries.call("itl_over_time", run_id, window_ns=queries.window_ns(run_id))
-ui.chart(charts.itl_over_time(state.in_window(itl, "window_start_ns", window)),
-         "ITL of the requests whose first token fell in each window: gap-weighted mean, median of per-request p50, max "
-         "of per-request p99.",
+ui.chart(charts.itl_over_time(state.in_window(itl, "window_start_ns", window), log),
+         "Inter-token gaps per window of the time their token came out: mean, p50 and p99 of the window's gaps.",
          empty_what="No decoded tokens in this run.", key="itl_time")
 
 st.subheader("Request waterfall")
@@ -46,12 +65,12 @@ else:
     rid = str(state.bound_select(  # options: not empty
         "Request (slowest TTFT first)", options, "request",
         format_func=lambda x: f"{x} · TTFT {(info[x]['ttft_ns'] or 0) / 1e6:.1f} ms · "
-                              f"hit {info[x]['num_hit_tokens'] or 0}/{info[x]['num_prompt_tokens']} tokens"))
+                              f"cached {info[x]['num_cached_tokens'] or 0}/{info[x]['num_prompt_tokens']} tokens"))
     ui.chart(charts.waterfall(queries.call("request_waterfall", run_id, rid), rid),
-             "One request on virtual time: queue, prefill chunks and decode as bars; its cache lookup (hit), CoW "
-             "copies and the evictions it caused as marks.",
+             "One request on virtual time: queue, prefill chunks and decode as bars; the cache lookup that admitted "
+             "it (one mark per cache hit), CoW copies and the evictions it caused as marks.",
              empty_what=f"No spans for request {rid}.", key="waterfall")
     ui.table(reqs.filter(pl.col("request_id") == rid),
-             "This request's tokens (prompt, local and external hits, computed) and TTFT in ns of virtual "
-             "time.",
+             "This request's tokens (prompt, local and external hits at first schedule, cached = both, computed) "
+             f"and TTFT in ns of {metrics.MODELLED} time.",
              empty_what="")

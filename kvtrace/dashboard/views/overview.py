@@ -1,8 +1,13 @@
-"""Overview: the chosen run, its headline numbers, and every run in the store."""
+"""Overview: the chosen run, its headline numbers, and every run in the store.
+
+Every number is read from the store through ``kvtrace.metrics``' one definition (the
+summary the replay wrote holds the same figures; the cross-view test holds them equal)."""
 
 import streamlit as st
 
+from kvtrace import metrics
 from kvtrace.dashboard import queries, ui
+from kvtrace.store.schema import SUMMARY_NOTHING_RECEIVED
 
 ctx = queries.context()
 run_id = ctx["run_id"]
@@ -22,40 +27,57 @@ if row.get("status") == "running":
 elif row.get("status") in ("failed", "incomplete"):
     st.warning(f"This run is **{row.get('status')}**: it stopped early, and only the spans flushed before that are "
                "shown.")
+if row.get(SUMMARY_NOTHING_RECEIVED):
+    st.warning("Nothing received: this live capture recorded no events (no publisher reached, or an idle server).",
+               icon=":material/signal_disconnected:")
 
-if not s:
-    ui.empty("This run has no summary yet (it is written when the replay finishes).")
-else:
-    c = st.columns(4)
-    c[0].metric("Token hit rate", ui.pct(s.get("token_hit_rate")))
-    c[1].metric("Block hit rate", ui.pct(s.get("block_hit_rate")))
-    c[2].metric("Requests", ui.count(s.get("requests")))
-    c[3].metric("Prompt tokens", ui.count(s.get("prompt_tokens")))
-    c = st.columns(4)
-    c[0].metric("TTFT p50", ui.ms(s.get("ttft_ms_p50")))
-    c[1].metric("TTFT p99", ui.ms(s.get("ttft_ms_p99")))
-    c[2].metric("ITL p50", ui.ms(s.get("itl_ms_p50")))
-    c[3].metric("ITL p99", ui.ms(s.get("itl_ms_p99")))
-    c = st.columns(4)
-    c[0].metric("Evictions", ui.count(s.get("evictions")))
-    c[1].metric("CoW copies", ui.count(s.get("cow_copies")))
-    c[2].metric("Stale hashes", ui.count(s.get("stale_hashes")))
-    c[3].metric("Divergent outputs", ui.count(s.get("divergent_outputs")))
+hits = queries.hit_counters(run_id)
+lat = queries.latency(run_id)
+LABEL = {c.key: c.label for c in metrics.COUNTERS} | {r.key: r.label for r in metrics.RATES}
 
-st.caption("The run summary written when the replay finished: token and block hit rates, virtual-time latencies, "
-           "cache event counts.")
+st.subheader("Prefix cache (vLLM's counters)")
+c = st.columns(4)
+c[0].metric(LABEL["prefix_cache_hit_rate"], ui.pct(hits["prefix_cache_hit_rate"]),
+            help=metrics.RATES[0].doc)
+c[1].metric(LABEL["external_prefix_cache_hit_rate"], ui.pct(hits["external_prefix_cache_hit_rate"]),
+            help=metrics.RATES[1].doc)
+c[2].metric("Requests", ui.count(hits["requests"]))
+c[3].metric("Block hit rate", ui.pct(s.get("block_hit_rate")), help=metrics.BLOCK_HIT_RATE_DOC)
+c = st.columns(4)
+c[0].metric(LABEL["prefix_cache_queries"], ui.count(hits["prefix_cache_queries"]), help=metrics.COUNTERS[0].doc)
+for col, key in zip(c[1:], metrics.SOURCE_KEYS):
+    counter = next(x for x in metrics.COUNTERS if x.key == key)
+    col.metric(counter.label, ui.count(hits[key]), help=f"{counter.vllm}: {counter.doc}")
+st.caption("Each request counted once, when it was first scheduled, as vLLM counts prefix_cache_queries and "
+           "prefix_cache_hits; the prompt tokens split by source sum to the queries. "
+           + (f"Preempted requests' re-lookups, counted apart: {ui.count(hits['preempted_prefix_cache_hits'])} of "
+              f"{ui.count(hits['preempted_prefix_cache_queries'])} tokens hit."
+              if hits["preempted_prefix_cache_queries"] else "No request was preempted."))
 
-groups = queries.group_hit_rates(run_id)
-names = queries.group_names(run_id)
-per_group = {g: r for g, r in groups.items() if g != queries.GROUP_ALL}
-if per_group:
-    cols = st.columns(max(len(per_group), 2))
-    for col, (g, rate) in zip(cols, sorted(per_group.items())):
-        col.metric(f"Hit rate · {names.get(g, f'group {g}')}", ui.pct(rate))
-    st.caption("Token hit rate per KV cache group over the whole run, from the lookup spans (attention groups hit "
-               "longer prefixes than state groups).")
-else:
-    ui.empty("No lookup spans in this run, so no per-group hit rate.")
+st.subheader("Latency")
+for col, (label, key) in zip(st.columns(5), (("TTFT median", "median_ttft_ms"), ("TTFT p99", "p99_ttft_ms"),
+                                 ("TPOT median", "median_tpot_ms"), ("ITL median", "median_itl_ms"),
+                                 ("ITL p99", "p99_itl_ms"))):
+    col.metric(f"{label} ({metrics.MODELLED})", ui.ms(lat.get(key)))
+st.caption(f"Times: {queries.times_caption(run_id)}. Definitions as vllm bench serve's (README, 'Metrics').")
+
+st.subheader("Cache events")
+c = st.columns(4)
+c[0].metric("Evictions", ui.count(s.get("evictions")))
+c[1].metric("CoW copies", ui.count(s.get("cow_copies")))
+c[2].metric("Stale hashes", ui.count(s.get("stale_hashes")))
+c[3].metric("Divergent outputs", ui.count(s.get("divergent_outputs")))
+st.caption("Cache event counts from the run summary written when the replay finished (– : not measured in this "
+           "mode).")
+
+groups = queries.call("group_hit_rates", run_id)
+labels = queries.group_rate_labels(run_id)
+if len(groups) > 1:
+    st.subheader("Group hit rates (not the request hit rate)")
+    cols = st.columns(max(len(groups), 2))
+    for col, (g, rate) in zip(cols, sorted(groups.items())):
+        col.metric(labels.get(g, f"group {g}: group hit rate"), ui.pct(rate))
+    st.caption(metrics.GROUP_HIT_RATE_DOC)
 
 st.subheader("Runs")
 table = queries.runs().select(

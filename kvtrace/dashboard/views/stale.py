@@ -1,5 +1,6 @@
 """Stale hashes & correctness: over time, and a drill-down to the span chain of one."""
 
+import polars as pl
 import streamlit as st
 
 from kvtrace.dashboard import charts, queries, state, ui
@@ -9,6 +10,7 @@ run_id = ctx["run_id"]
 
 st.title("Stale hashes & correctness")
 window = state.bound_window("Virtual time window", queries.time_extent_s(run_id))
+FINGERPRINTS = ("expected_fingerprint", "actual_fingerprint")
 FILL_STALE = ("a run with a behaviour switched off, e.g. "
               "`kvtrace replay TRACE --db PATH --without transient-checkpoint-retention`")
 over = state.in_window(queries.call("stale_hashes_over_time", run_id, window_ns=queries.window_ns(run_id)),
@@ -28,27 +30,32 @@ else:
         key=stale["block_hash"] + "@g" + stale["group_id"].cast(str) + "#" + stale["seq"].cast(str))
     keys = stale["key"].to_list()
     rows = {r["key"]: r for r in stale.iter_rows(named=True)}
+    # the default drill-down is a stale hash some request wrote: its chain has a story to tell
+    with_request = [k for k in keys if rows[k]["request_id"] is not None]
     chosen = state.bound_select(
-        "Stale hash", keys, "stale",
-        format_func=lambda k: f"{rows[k]['request_id']} · block {rows[k]['block_id']} · "
-                              f"{rows[k]['block_hash'][:16]} · t={rows[k]['time_ns'] / 1e9:.3f}s")
+        "Stale hash", keys, "stale", default=with_request[0] if with_request else None,
+        format_func=lambda k: f"{rows[k]['request_id'] or 'no request'} · block {rows[k]['block_id']} · "
+                              f"{ui.short_hash(rows[k]['block_hash'])} · t={rows[k]['time_ns'] / 1e6:,.3f} ms")
     r = rows[chosen]
     c = st.columns(4)
-    c[0].metric("Request", str(r["request_id"]))
+    c[0].metric("Request", str(r["request_id"] or "–"))
     c[1].metric("Block id (group)", f"{r['block_id']} (g{r['group_id']})")
-    for col, (label, fp) in zip(c[2:], (("Expected fingerprint", r["expected_fingerprint"]),
-                                        ("Actual fingerprint", r["actual_fingerprint"]))):
-        col.metric(label, f"{fp:#x}" if fp is not None else "–")
-    st.markdown(f"hash `{r['block_hash']}` · claims a {r['num_tokens']}-token prefix")
+    c[2].metric("Expected fingerprint", ui.fingerprint(r["expected_fingerprint"]))
+    c[3].metric("Actual fingerprint", ui.fingerprint(r["actual_fingerprint"]))
+    st.markdown(f"hash `{r['block_hash']}` · claims a {r['num_tokens']}-token prefix · found at "
+                f"{r['time_ns'] / 1e6:,.3f} ms")
     chain = queries.call("stale_hash_chain", run_id, r["block_hash"], group_id=r["group_id"])
-    ui.table(chain.select("time_ns", "step", "role", "request_id", "group_id", "block_ids", "publish_kind",
-                          "evict_reason", "copy_reason", "num_tokens", "expected_fingerprint", "actual_fingerprint",
-                          "span_id"),
-             "The span chain behind this hash, in order: the publish that keyed the block, the overwrite (stale entry "
-             "left / CoW), and the stale hit.",
+    fp = [pl.col(c).map_elements(ui.fingerprint, return_dtype=pl.String) for c in FINGERPRINTS]
+    ui.table(chain.with_columns((pl.col("time_ns") / 1e6).alias("time_ms"), *fp)
+             .select("time_ms", "step", "role", "request_id", "group_id", "block_ids", "publish_kind",
+                     "evict_reason", "copy_reason", "num_tokens", *FINGERPRINTS, "span_id"),
+             "The span chain behind this hash in time order (virtual ms): the publish that keyed the block, the "
+             "overwrite (stale entry left / CoW), and the stale hit.",
              empty_what="No spans reference this hash.")
     st.subheader("Stale hashes")
-    ui.table(stale.drop("key"), "Every stale hash the worker found in this run.", empty_what="No stale hashes.")
+    ui.table(stale.drop("key").with_columns((pl.col("time_ns") / 1e6).alias("time_ms"), *fp).drop("time_ns"),
+             "Every stale hash the worker found in this run (virtual ms; fingerprints as 16 hex digits).",
+             empty_what="No stale hashes.")
 
 st.subheader("Divergent outputs")
 ui.table(queries.call("divergent_outputs", run_id),

@@ -25,6 +25,8 @@ everything else is kept in ``extra_attributes``.
 from __future__ import annotations
 
 import json
+import logging
+import sys
 import threading
 import zlib
 from collections.abc import Callable
@@ -37,14 +39,17 @@ from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from kvtrace import __version__
-from kvtrace.errors import KVTraceError
-from kvtrace.instrument.convert import RUN_ID_RESOURCE_KEY, SpanRowsBuilder, time_offset, unshift
+from kvtrace.errors import KVTraceError, check_option
+from kvtrace.instrument.convert import RUN_ID_RESOURCE_KEY, SpanRowsBuilder, UnstorableValue, time_offset, unshift
 from kvtrace.instrument.otlp.decode import DecodedSpans, PayloadError, decode_json, decode_protobuf
+from kvtrace.process import sigterm_as_interrupt
 from kvtrace.store.schema import RUN_RECORD_PREFIX, SOURCE_OTLP, SPAN_RUN
 from kvtrace.store.writer import Store
 
 TRACES_PATH = "/v1/traces"
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+READ_TIMEOUT_S = 30.0  # a client that stops sending mid-request is dropped after this long
+_log = logging.getLogger(__name__)
 
 
 # --- the collector ---------------------------------------------------------------------------
@@ -61,6 +66,15 @@ def _gunzip(body: bytes, limit: int) -> bytes:
     return out
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address) -> None:
+        """A connection that failed outside a request's own handling (the client reset
+        it, say): one log line, not a traceback on the server's stderr."""
+        _log.warning("OTLP/HTTP connection from %s:%s failed: %s", *client_address[:2], sys.exc_info()[1])
+
+
 class OTLPCollector:
     """The receiver as an object: ``start()`` serves on a thread, ``stop()`` flushes and closes."""
 
@@ -68,7 +82,11 @@ class OTLPCollector:
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, run_name: str | None = None,
                  grpc_port: int | None = None):
         """``port``/``grpc_port`` 0: any free port; ``grpc_port`` None: no gRPC. Raises
-        KVTraceError when an address cannot be bound."""
+        KVTraceError when an address cannot be bound or an option is out of range."""
+        check_option("--port", port, 0, 65_535)
+        if grpc_port is not None:
+            check_option("--grpc-port", grpc_port, 0, 65_535)
+        check_option("--max-body-bytes", max_body_bytes, 1, 1 << 31)  # gRPC's receive limit is an int32
         self.store_path = str(store_path)
         self.max_body_bytes = max_body_bytes
         self.store = Store.open(self.store_path)
@@ -80,11 +98,10 @@ class OTLPCollector:
         self.spans_received = 0
         self.requests_rejected = 0
         try:
-            self._server = ThreadingHTTPServer((host, port), _make_handler(self))
+            self._server = _Server((host, port), _make_handler(self))
         except OSError as err:
             self.store.close()
             raise KVTraceError(f"cannot listen on {host}:{port} (OTLP/HTTP): {err.strerror or err}") from None
-        self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
         self._grpc = None
         self.grpc_port: int | None = None
@@ -153,23 +170,37 @@ class OTLPCollector:
             self.requests_rejected += 1
 
     def ingest(self, spans: DecodedSpans) -> int:
-        """Append decoded spans (grouped by run) and commit; returns the count."""
+        """Append decoded spans (grouped by run) and commit; returns the count.
+
+        All or nothing: a value the store cannot hold is a PayloadError naming the span
+        (nothing of the request is appended), and a commit that fails (KVTraceError, the
+        store busy) leaves nothing of it buffered for the next request to commit."""
         by_run: dict[str, SpanRowsBuilder] = {}
         records: list[tuple[str, dict]] = []
         with self._lock:
-            for resource, kwargs in spans:
-                run_id = self._run_for(resource)
-                if kwargs["name"] == SPAN_RUN:  # a kvtrace export's run record, not a span
-                    records.append((run_id, kwargs["attributes"]))
-                    continue
-                rows = by_run.get(run_id)
-                if rows is None:
-                    rows = by_run[run_id] = SpanRowsBuilder()
-                rows.add(default_source=SOURCE_OTLP, **unshift(kwargs, time_offset(resource)))
-            tables: list[tuple[str, pa.Table]] = [(r, b.to_table()) for r, b in by_run.items()]
-            for run_id, table in tables:
-                self.store.append_spans(table, run_id=run_id)
-            self.store.flush()
+            try:
+                for resource, kwargs, where in spans:
+                    run_id = self._run_for(resource)
+                    if kwargs["name"] == SPAN_RUN:  # a kvtrace export's run record, not a span
+                        records.append((run_id, kwargs["attributes"]))
+                        continue
+                    rows = by_run.get(run_id)
+                    if rows is None:
+                        rows = by_run[run_id] = SpanRowsBuilder()
+                    try:
+                        rows.add(default_source=SOURCE_OTLP, **unshift(kwargs, time_offset(resource)))
+                    except UnstorableValue as err:
+                        raise PayloadError(f"{where}: {err}") from None
+                tables: list[tuple[str, pa.Table]] = [(r, b.to_table()) for r, b in by_run.items()]
+            except UnstorableValue as err:
+                raise PayloadError(str(err)) from None
+            try:
+                for run_id, table in tables:
+                    self.store.append_spans(table, run_id=run_id)
+                self.store.flush()
+            except BaseException:
+                self.store.discard_buffer()
+                raise
             for run_id, record in records:
                 self._finish_recorded(run_id, record)
             self.spans_received += len(spans)
@@ -205,6 +236,7 @@ def _make_handler(collector: OTLPCollector) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         server_version = f"kvtrace-otlp/{__version__}"
+        timeout = READ_TIMEOUT_S  # socket timeout: a stalled body read ends, it does not hold a thread
 
         def log_message(self, fmt, *args):  # quiet: the CLI reports counts instead
             pass
@@ -233,6 +265,20 @@ def _make_handler(collector: OTLPCollector) -> type[BaseHTTPRequestHandler]:
             self._error(HTTPStatus.METHOD_NOT_ALLOWED, "use POST /v1/traces", True)
 
         def do_POST(self):
+            try:
+                self._post()
+            except (TimeoutError, ConnectionError) as err:  # the client went quiet or away: nothing stored
+                self.close_connection = True
+                _log.warning("OTLP/HTTP request from %s dropped: %s", self.client_address[0], err)
+            except Exception as err:  # never a traceback; the client learns it was not stored
+                _log.exception("OTLP/HTTP request failed")
+                self._error(HTTPStatus.INTERNAL_SERVER_ERROR, f"not stored: {type(err).__name__}: {err}"[:300],
+                            self._as_json(), True)
+
+        def _as_json(self) -> bool:
+            return (self.headers.get("Content-Type") or "").split(";")[0].strip().lower() == "application/json"
+
+        def _post(self):
             ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
             as_json = ctype == "application/json"
             if self.path.split("?")[0] != TRACES_PATH:
@@ -247,6 +293,9 @@ def _make_handler(collector: OTLPCollector) -> type[BaseHTTPRequestHandler]:
                 return self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
                                    f"body of {length} bytes exceeds the limit of {limit}", as_json, True)
             body = self.rfile.read(length)
+            if len(body) < length:  # the client closed its side early: a cut body is never stored
+                return self._error(HTTPStatus.BAD_REQUEST, f"body ended after {len(body)} of its {length} bytes "
+                                   "(Content-Length)", as_json, True)
             if ctype not in ("application/x-protobuf", "application/json"):
                 return self._error(HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
                                    "Content-Type must be application/x-protobuf or application/json", as_json)
@@ -265,6 +314,8 @@ def _make_handler(collector: OTLPCollector) -> type[BaseHTTPRequestHandler]:
                 return self._error(HTTPStatus.BAD_REQUEST, str(err), as_json)
             try:
                 collector.ingest(spans)
+            except PayloadError as err:  # a value the store cannot hold
+                return self._error(HTTPStatus.BAD_REQUEST, str(err), as_json)
             except KVTraceError as err:  # store busy or unusable: the client may retry
                 return self._error(HTTPStatus.SERVICE_UNAVAILABLE, str(err), as_json)
             if as_json:
@@ -279,12 +330,14 @@ def _make_handler(collector: OTLPCollector) -> type[BaseHTTPRequestHandler]:
 def serve_collector(store_path: str | Path, host: str = "127.0.0.1", port: int = 4318,
                     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, grpc_port: int | None = None,
                     on_ready: Callable[[OTLPCollector], None] | None = None) -> OTLPCollector:
-    """Serve until interrupted (Ctrl-C), then commit and close the store; returns the collector."""
+    """Serve until interrupted (Ctrl-C or SIGTERM), then commit and close the store (its
+    runs complete); returns the collector."""
     collector = OTLPCollector(store_path, host, port, max_body_bytes, grpc_port=grpc_port)
     if on_ready is not None:
         on_ready(collector)
     try:
-        collector.serve_forever()
+        with sigterm_as_interrupt():
+            collector.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:

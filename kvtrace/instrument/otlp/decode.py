@@ -3,18 +3,24 @@
 ``decode_protobuf`` takes an ``ExportTraceServiceRequest`` (the bytes of an OTLP/HTTP
 protobuf body or of an OTLP/gRPC ``Export`` call); ``decode_json`` takes the OTLP JSON
 mapping (hex ids, lowerCamelCase or snake_case keys, 64-bit ints as strings or
-numbers). Both return ``[(resource attributes, SpanRowsBuilder.add kwargs)]`` for the
-whole request or raise ``PayloadError`` naming the span and field at fault, so a
-malformed request is refused whole and nothing of it is stored.
+numbers). Both return ``[(resource attributes, SpanRowsBuilder.add kwargs, where)]``
+for the whole request (``where``: the span's path, ``resourceSpans[0].scopeSpans[0].spans[3]``)
+or raise ``PayloadError`` naming the span and field at fault, so a malformed request is
+refused whole and nothing of it is stored. Values OTLP allows but the store cannot hold
+(a ``fixed64`` time past 2^63 - 1 ns) are refused here too, naming the field.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 from typing import Any
 
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+from kvtrace.errors import KVTraceError
 
 _KINDS = {0: None, 1: None, 2: "Server", 3: "Client", 4: "Producer", 5: "Consumer"}
 _KIND_NAMES = {"SPAN_KIND_UNSPECIFIED": 0, "SPAN_KIND_INTERNAL": 1, "SPAN_KIND_SERVER": 2,
@@ -23,12 +29,26 @@ _STATUS = {1: "Ok", 2: "Error"}  # Unset (0) is stored as NULL, as the schema sa
 _STATUS_NAMES = {"STATUS_CODE_UNSET": 0, "STATUS_CODE_OK": 1, "STATUS_CODE_ERROR": 2}
 
 
-# [(resource attributes, SpanRowsBuilder.add keyword arguments)], one per span
-DecodedSpans = list[tuple[dict, dict]]
+# [(resource attributes, SpanRowsBuilder.add keyword arguments, the span's path)], one per span
+DecodedSpans = list[tuple[dict, dict, str]]
+_MAX_NS = (1 << 63) - 1  # the store's times are BIGINT ns
+_I64 = (-(1 << 63), (1 << 63) - 1)  # OTLP intValue
+_MESSAGE_CHARS = 300  # a refusal quotes the request, but not all of it
 
 
-class PayloadError(ValueError):
-    """A request body that is not a valid OTLP trace export (-> 400)."""
+class PayloadError(KVTraceError, ValueError):
+    """A request body that is not a valid OTLP trace export, or holds a value the store
+    cannot (-> 400 / INVALID_ARGUMENT)."""
+
+    def __init__(self, message: str):
+        super().__init__(message[:_MESSAGE_CHARS])
+
+
+def _time(v: int, what: str) -> int:
+    """An OTLP time (uint64 ns) the store can hold."""
+    if not 0 <= v <= _MAX_NS:
+        raise PayloadError(f"{what}: {v} ns is beyond what the store holds (0 to 2^63 - 1 ns)")
+    return v
 
 
 # --- protobuf ------------------------------------------------------------------------------
@@ -76,19 +96,20 @@ def decode_protobuf(body: bytes) -> DecodedSpans:
                     parent_span_id=_bytes_id(sp.parent_span_id, 8, "parentSpanId", where, optional=True),
                     trace_state=sp.trace_state or None,
                     span_kind=_KINDS.get(sp.kind),
-                    start_ns=sp.start_time_unix_nano,
-                    end_ns=sp.end_time_unix_nano,
+                    start_ns=_time(sp.start_time_unix_nano, f"{where}.startTimeUnixNano"),
+                    end_ns=_time(sp.end_time_unix_nano, f"{where}.endTimeUnixNano"),
                     attributes=_kv(sp.attributes),
                     resource=resource,
                     scope_name=ss.scope.name or None,
                     scope_version=ss.scope.version or None,
                     status_code=_STATUS.get(sp.status.code),
                     status_message=sp.status.message or None,
-                    events=[(e.time_unix_nano, e.name, _kv(e.attributes)) for e in sp.events],
+                    events=[(_time(e.time_unix_nano, f"{where}.events[{ei}].timeUnixNano"), e.name, _kv(e.attributes))
+                            for ei, e in enumerate(sp.events)],
                     links=[(_bytes_id(lk.trace_id, 16, "links.traceId", where),
                             _bytes_id(lk.span_id, 8, "links.spanId", where),
                             lk.trace_state or None, _kv(lk.attributes)) for lk in sp.links],
-                )))
+                ), where))
     return out
 
 
@@ -101,17 +122,54 @@ def _get(d: dict, camel: str, snake: str | None = None, default: Any = None) -> 
     return default
 
 
-def _json_int(v: Any, what: str) -> int:
-    if isinstance(v, bool):
-        raise PayloadError(f"{what}: expected an integer")
-    if isinstance(v, int):
-        return v
-    if isinstance(v, str):
+def _json_int(v: Any, what: str, lo: int = _I64[0], hi: int = _I64[1]) -> int:
+    """An OTLP/JSON integer (a number, or a decimal string as 64-bit ints are written) in [lo, hi]."""
+    out: int | None = None
+    if isinstance(v, int) and not isinstance(v, bool):
+        out = v
+    elif isinstance(v, float) and v.is_integer():
+        out = int(v)
+    elif isinstance(v, str) and len(v) <= 40:
+        with contextlib.suppress(ValueError):
+            out = int(v)
+    if out is None:
+        raise PayloadError(f"{what}: expected an integer, got {v!r}")
+    if not lo <= out <= hi:
+        raise PayloadError(f"{what}: {out} is out of range ({lo} to {hi})")
+    return out
+
+
+def _json_time(v: Any, what: str) -> int:
+    """An OTLP/JSON time: a uint64 in OTLP, of which the store holds up to 2^63 - 1 ns."""
+    return _time(_json_int(v, what, 0, (1 << 64) - 1), what)
+
+
+_SPECIAL_DOUBLES = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def _json_double(v: Any, what: str) -> float:
+    """A doubleValue: a JSON number, or one of proto3 JSON's "NaN" / "Infinity" / "-Infinity"."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
         try:
-            return int(v)
-        except ValueError:
+            return float(v)
+        except OverflowError:  # an integer literal beyond any double
             pass
-    raise PayloadError(f"{what}: expected an integer, got {v!r}"[:200])
+    elif isinstance(v, str) and v in _SPECIAL_DOUBLES:
+        return _SPECIAL_DOUBLES[v]
+    raise PayloadError(f"{what}: expected a number, got {v!r}")
+
+
+def _json_str(v: Any, what: str, default: str | None = None) -> str | None:
+    if v is None:
+        return default
+    if not isinstance(v, str):
+        raise PayloadError(f"{what}: expected a string, got {v!r}")
+    if not v.isascii():
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:  # JSON can escape a lone surrogate ("\ud800"); UTF-8 cannot hold one
+            raise PayloadError(f"{what}: not Unicode text (a lone surrogate)") from None
+    return v
 
 
 def _json_any(v: Any, where: str) -> Any:
@@ -119,25 +177,30 @@ def _json_any(v: Any, where: str) -> Any:
         raise PayloadError(f"{where}: AnyValue must be an object")
     for key in ("stringValue", "string_value"):
         if key in v:
-            return str(v[key])
+            return _json_str(v[key], f"{where}.stringValue", "")
     for key in ("boolValue", "bool_value"):
         if key in v:
-            return bool(v[key])
+            if not isinstance(v[key], bool):
+                raise PayloadError(f"{where}.boolValue: expected true or false, got {v[key]!r}")
+            return v[key]
     for key in ("intValue", "int_value"):
         if key in v:
-            return _json_int(v[key], where)
+            return _json_int(v[key], f"{where}.intValue")
     for key in ("doubleValue", "double_value"):
         if key in v:
-            return float(v[key])
+            return _json_double(v[key], f"{where}.doubleValue")
     for key in ("arrayValue", "array_value"):
         if key in v:
-            return [_json_any(x, where) for x in (v[key] or {}).get("values", [])]
+            values = (v[key] or {}).get("values") or []
+            if not isinstance(values, list):
+                raise PayloadError(f"{where}.arrayValue: values must be a list")
+            return [_json_any(x, where) for x in values]
     for key in ("kvlistValue", "kvlist_value"):
         if key in v:
             return _json_kv((v[key] or {}).get("values", []), where)
     for key in ("bytesValue", "bytes_value"):
         if key in v:
-            return str(v[key])  # base64 text, kept as given
+            return _json_str(v[key], f"{where}.bytesValue", "")  # base64 text, kept as given
     return None
 
 
@@ -150,7 +213,9 @@ def _json_kv(items: Any, where: str) -> dict[str, Any]:
     for kv in items:
         if not isinstance(kv, dict) or not isinstance(kv.get("key"), str):
             raise PayloadError(f"{where}: attribute without a string key")
-        out[kv["key"]] = _json_any(kv.get("value", {}), f"{where}.{kv['key']}")
+        key: str = kv["key"]
+        _json_str(key, f"{where}: attribute key")
+        out[key] = _json_any(kv.get("value", {}), f"{where}.{key}")
     return out
 
 
@@ -178,6 +243,8 @@ def decode_json(body: bytes) -> DecodedSpans:
         doc = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise PayloadError(f"invalid JSON: {err}") from None
+    except RecursionError:
+        raise PayloadError("invalid JSON: nested too deeply") from None
     if not isinstance(doc, dict):
         raise PayloadError("expected a JSON object with resourceSpans")
     out: DecodedSpans = []
@@ -191,32 +258,36 @@ def decode_json(body: bytes) -> DecodedSpans:
                     where = f"resourceSpans[{ri}].scopeSpans[{si}].spans[{pi}]"
                     status = _get(sp, "status", default={}) or {}
                     out.append((resource, dict(
-                        name=str(_get(sp, "name", default="")),
+                        name=_json_str(_get(sp, "name"), f"{where}.name", ""),
                         trace_id=_json_id(_get(sp, "traceId", "trace_id"), 16, "traceId", where),
                         span_id=_json_id(_get(sp, "spanId", "span_id"), 8, "spanId", where),
                         parent_span_id=_json_id(_get(sp, "parentSpanId", "parent_span_id"), 8, "parentSpanId", where,
                                                 optional=True),
-                        trace_state=_get(sp, "traceState", "trace_state") or None,
+                        trace_state=_json_str(_get(sp, "traceState", "trace_state"), f"{where}.traceState") or None,
                         span_kind=_KINDS.get(_json_enum(_get(sp, "kind"), _KIND_NAMES, f"{where}.kind")),
-                        start_ns=_json_int(_get(sp, "startTimeUnixNano", "start_time_unix_nano", 0),
-                                           f"{where}.startTimeUnixNano"),
-                        end_ns=_json_int(_get(sp, "endTimeUnixNano", "end_time_unix_nano", 0),
-                                         f"{where}.endTimeUnixNano"),
+                        start_ns=_json_time(_get(sp, "startTimeUnixNano", "start_time_unix_nano", 0),
+                                            f"{where}.startTimeUnixNano"),
+                        end_ns=_json_time(_get(sp, "endTimeUnixNano", "end_time_unix_nano", 0),
+                                          f"{where}.endTimeUnixNano"),
                         attributes=_json_kv(_get(sp, "attributes"), where),
                         resource=resource,
-                        scope_name=scope.get("name") or None,
-                        scope_version=scope.get("version") or None,
+                        scope_name=_json_str(scope.get("name"), f"{where}.scope.name") or None,
+                        scope_version=_json_str(scope.get("version"), f"{where}.scope.version") or None,
                         status_code=_STATUS.get(_json_enum(_get(status, "code"), _STATUS_NAMES, f"{where}.status")),
-                        status_message=status.get("message") or None,
-                        events=[(_json_int(_get(e, "timeUnixNano", "time_unix_nano", 0), f"{where}.events"),
-                                 str(e.get("name", "")), _json_kv(e.get("attributes"), f"{where}.events"))
-                                for e in _get(sp, "events", default=[]) or []],
+                        status_message=_json_str(status.get("message"), f"{where}.status.message") or None,
+                        events=[(_json_time(_get(e, "timeUnixNano", "time_unix_nano", 0),
+                                            f"{where}.events[{ei}].timeUnixNano"),
+                                 _json_str(e.get("name"), f"{where}.events[{ei}].name", ""),
+                                 _json_kv(e.get("attributes"), f"{where}.events[{ei}]"))
+                                for ei, e in enumerate(_get(sp, "events", default=[]) or [])],
                         links=[(_json_id(_get(lk, "traceId", "trace_id"), 16, "links.traceId", where),
                                 _json_id(_get(lk, "spanId", "span_id"), 8, "links.spanId", where),
-                                _get(lk, "traceState", "trace_state") or None,
+                                _json_str(_get(lk, "traceState", "trace_state"), f"{where}.links.traceState") or None,
                                 _json_kv(lk.get("attributes"), f"{where}.links"))
                                for lk in _get(sp, "links", default=[]) or []],
-                    )))
+                    ), where))
     except (AttributeError, TypeError) as err:  # a list where an object belongs, and the like
         raise PayloadError(f"malformed OTLP JSON: {err}") from None
+    except RecursionError:
+        raise PayloadError("malformed OTLP JSON: attribute values nested too deeply") from None
     return out

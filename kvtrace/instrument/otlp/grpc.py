@@ -9,13 +9,14 @@ spec: a malformed request gets INVALID_ARGUMENT and stores nothing; an oversized
 RESOURCE_EXHAUSTED (gRPC's receive limit, set to the body limit); an unusable store
 (``ingest`` raising ``KVTraceError``) UNAVAILABLE, which exporters retry.
 
-A busy or unavailable address is found by binding a plain socket to it first: gRPC's C
-core would log its own failure to stderr, and kvtrace reports it as one line instead.
+A busy or unavailable address is found by binding a plain socket to it first
+(``kvtrace.process.probe_address``): gRPC's C core would log its own failure to stderr,
+and kvtrace reports it as one line instead.
 """
 
 from __future__ import annotations
 
-import socket
+import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -24,36 +25,12 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from kvtrace.errors import KVTraceError
 from kvtrace.instrument.otlp.decode import DecodedSpans, PayloadError, decode_protobuf
+from kvtrace.process import probe_address
 
 SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 EXPORT_METHOD = f"/{SERVICE}/Export"
 _OK = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
-
-
-def _unavailable(host: str, port: int, why: object) -> OSError:
-    return OSError(f"cannot listen on {host}:{port} (OTLP/gRPC): {why}")
-
-
-def probe_address(host: str, port: int) -> None:
-    """Raise OSError when ``host:port`` cannot be bound (in use, or not an address here).
-
-    Binds and closes a plain TCP socket on every address ``host`` resolves to, with
-    SO_REUSEADDR as gRPC's own listener sets it (a port in TIME_WAIT is fine, one with a
-    listener is not). Port 0 (any free port) always can be bound.
-    """
-    if port == 0:
-        return
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as err:
-        raise _unavailable(host, port, err.strerror or err) from None
-    for family, kind, proto, _, address in infos:
-        with socket.socket(family, kind, proto) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind(address)
-            except OSError as err:
-                raise _unavailable(host, port, err.strerror or err) from None
+_log = logging.getLogger(__name__)
 
 
 def grpc_server(ingest: Callable[[DecodedSpans], object], host: str, port: int, max_body_bytes: int,
@@ -66,18 +43,20 @@ def grpc_server(ingest: Callable[[DecodedSpans], object], host: str, port: int, 
 
     def export(request: bytes, context: grpc.ServicerContext) -> bytes:
         try:
-            spans = decode_protobuf(request)
-        except PayloadError as err:
-            on_reject()
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-        try:
-            ingest(spans)
+            ingest(decode_protobuf(request))
+            return _OK
+        except PayloadError as err:  # malformed, or a value the store cannot hold
+            code, message = grpc.StatusCode.INVALID_ARGUMENT, str(err)
         except KVTraceError as err:  # store busy or unusable: the exporter may retry
-            on_reject()
-            context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
-        return _OK
+            code, message = grpc.StatusCode.UNAVAILABLE, str(err)
+        except Exception as err:  # never gRPC's traceback in the server log; nothing was stored
+            _log.exception("OTLP/gRPC export failed")
+            code, message = grpc.StatusCode.INTERNAL, f"not stored: {type(err).__name__}: {err}"[:300]
+        on_reject()
+        context.abort(code, message)  # raises: outside the handlers above
+        return b""  # not reached
 
-    probe_address(host, port)
+    probe_address(host, port, "OTLP/gRPC")
     # No (de)serialisers: the method sees the request's bytes, as the HTTP handler does.
     handler = grpc.method_handlers_generic_handler(SERVICE, {"Export": grpc.unary_unary_rpc_method_handler(export)})
     server = grpc.server(
@@ -90,5 +69,5 @@ def grpc_server(ingest: Callable[[DecodedSpans], object], host: str, port: int, 
     except RuntimeError:  # grpcio raises where older versions returned 0
         bound = 0
     if not bound:  # taken between the probe and here (gRPC has then logged it too)
-        raise _unavailable(host, port, "address in use or not available")
+        raise OSError(f"cannot listen on {host}:{port} (OTLP/gRPC): address in use or not available")
     return server, bound

@@ -11,7 +11,7 @@
 - ``reconstruct``: a replayable native trace rebuilt from the ``BlockStored`` chains.
 """
 
-from kvtrace.instrument.vllm.capture import CaptureStats, VllmKVCapture, capture_vllm, run_captures
+from kvtrace.instrument.vllm.capture import CaptureStats, VllmKVCapture, capture_report, capture_vllm, run_captures
 from kvtrace.instrument.vllm.reconstruct import ChainTracer, native_requests, write_native_trace
 from kvtrace.instrument.vllm.rows import VllmSpanRows
 from kvtrace.instrument.vllm.wire import KVEvent, KVEventBatch, VllmWireError, decode_kv_batch, dp_endpoint
@@ -24,6 +24,7 @@ __all__ = [
     "VllmKVCapture",
     "VllmSpanRows",
     "VllmWireError",
+    "capture_report",
     "capture_vllm",
     "decode_kv_batch",
     "dp_endpoint",

@@ -6,23 +6,42 @@ turns batches into span rows (``VllmSpanRows``) and appends them to a store run 
 flush interval. ``run_captures`` polls several captures' SUB sockets in one loop;
 ``capture_vllm`` is the whole command: a run, one capture per DP rank, the summary and,
 optionally, the reconstructed native trace.
+
+Sequence rules (per publisher): a seq below the last one is a duplicate when its payload
+is the one that seq carried (a re-send), else a restart of the publisher (its counter
+starts again at 0): step numbers then continue past the earlier lifetime's, so they stay
+unique within the run. A batch that does not decode, or holds a value the store cannot
+hold, is a bad message: counted, logged once per capture, and never able to cost another
+batch. On first contact (and after a restart) the batches the publisher sent before the
+first one seen (the slow-joiner loss of ZMQ PUB/SUB) are asked of the replay socket;
+after first contact, a batch neither received nor returned by the replay socket is lost.
 """
 
 from __future__ import annotations
 
+import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
-from kvtrace.errors import ConfigError
+from kvtrace.errors import ConfigError, check_option
+from kvtrace.instrument.convert import UnstorableValue
 from kvtrace.instrument.ids import SeededIdGenerator
 from kvtrace.instrument.vllm.reconstruct import ChainTracer, write_native_trace
 from kvtrace.instrument.vllm.rows import ENDPOINT_KEY, VllmSpanRows
-from kvtrace.instrument.vllm.wire import END_SEQ, KVEventBatch, VllmWireError, decode_kv_batch, dp_endpoint
+from kvtrace.instrument.vllm.wire import KVEventBatch, VllmWireError, decode_kv_batch, dp_endpoint, replay_frame
+from kvtrace.process import sigterm_as_interrupt
+from kvtrace.store.schema import SUMMARY_NOTHING_RECEIVED
 from kvtrace.store.writer import Store
+
+_log = logging.getLogger(__name__)
+_RECENT = 4096  # payload fingerprints kept per capture, to tell a re-sent seq from a restart
 
 
 @dataclass(slots=True)
@@ -39,6 +58,7 @@ class CaptureStats:
     restarts: int = 0
     bad_messages: int = 0
     requests: int = 0  # reconstructed (when a trace is written)
+    connected: int = 0  # 1 once the SUB socket reached its publisher (summed: ranks reached)
 
     def counts(self) -> dict[str, int]:
         return {f: getattr(self, f) for f in self.__slots__ if f != "run_id"}
@@ -52,19 +72,27 @@ class CaptureStats:
                 setattr(out, f, getattr(out, f) + v)
         return out
 
+    @property
+    def nothing_received(self) -> bool:
+        return self.batches == 0 and self.bad_messages == 0 and self.duplicates == 0
+
 
 class VllmKVCapture:
     """Subscribes to one vLLM KV event publisher and records what it sends.
 
     ``socket``: the SUB socket, for a caller's own poll loop (``run_captures``), which
-    hands each message to ``receive`` and calls ``flush`` when ``flush_due(now)``.
+    hands each message to ``receive``, each ``monitor`` event to ``on_monitor`` and calls
+    ``flush`` when ``flush_due(now)``.
     """
 
     def __init__(self, endpoint: str, replay_endpoint: str | None = None, *, store: Store | None = None,
                  run_id: str | None = None, topic: str = "", seed: int = 0, replay_timeout_s: float = 2.0,
                  tracer: ChainTracer | None = None, flush_interval_s: float = 0.5,
-                 on_batch: Callable[[int, KVEventBatch], None] | None = None, dp_rank: int | None = None):
+                 on_batch: Callable[[int, KVEventBatch], None] | None = None, dp_rank: int | None = None,
+                 rcvhwm: int = 1_000_000):
         """``dp_rank``: the DP rank this endpoint serves (for batches that do not say).
+        ``replay_timeout_s``: how long a replay answer may go quiet before the rest is
+        counted lost. ``rcvhwm``: messages ZMQ queues here before the publisher drops.
         Raises ``ConfigError`` for an address ZMQ cannot connect to."""
         self.endpoint, self.replay_endpoint = endpoint, replay_endpoint
         self.store, self.run_id = store, run_id
@@ -74,12 +102,16 @@ class VllmKVCapture:
         self.on_batch = on_batch
         self.stats = CaptureStats(run_id=run_id)
         self.last_seq: int | None = None
+        self._step_base = 0  # steps of the publisher's earlier lifetimes
+        self._next_step = 0
+        self._recent: OrderedDict[int, int] = OrderedDict()  # seq -> hash of its payload
         self._rows = VllmSpanRows(SeededIdGenerator(seed), {"service.name": "vllm", ENDPOINT_KEY: endpoint}, dp_rank)
         self._ctx = zmq.Context()
         self.socket = self._ctx.socket(zmq.SUB)
-        self.socket.setsockopt(zmq.RCVHWM, 1_000_000)
+        self.socket.setsockopt(zmq.RCVHWM, rcvhwm)
         self.socket.setsockopt(zmq.SUBSCRIBE, topic.encode())
         self.socket.setsockopt(zmq.LINGER, 0)
+        self.monitor = self.socket.get_monitor_socket(zmq.EVENT_CONNECTED)
         self._replay: zmq.Socket | None = None
         self._connect(self.socket, endpoint, "--endpoint")
         if replay_endpoint:
@@ -98,6 +130,8 @@ class VllmKVCapture:
     def close(self) -> None:
         """Flush what is pending and close the sockets."""
         self.flush()
+        self.socket.disable_monitor()
+        self.monitor.close(0)
         self.socket.close(0)
         if self._replay is not None:
             self._replay.close(0)
@@ -109,70 +143,94 @@ class VllmKVCapture:
         run_captures([self], duration, should_stop)
         return self.stats
 
+    def on_monitor(self) -> None:
+        """Read one event of ``monitor`` (the SUB socket reached its publisher)."""
+        event = recv_monitor_message(self.monitor)
+        if event["event"] == zmq.EVENT_CONNECTED:
+            self.stats.connected = 1
+
     def receive(self, frames: list[bytes]) -> None:
         """One multipart message from ``socket``: duplicates are dropped, a gap is
         recovered (or counted lost) before the message is accepted."""
         if len(frames) != 3 or len(frames[1]) != 8:
-            self.stats.bad_messages += 1
+            self._bad(None, f"expected [topic, seq, payload] frames with an 8-byte seq, got {len(frames)} frames")
             return
         _, seq_bytes, payload = frames
         seq = int.from_bytes(seq_bytes, "big")
         last = self.last_seq
         if last is not None and seq <= last:
-            if seq == 0 and last > 0:
-                self.stats.restarts += 1  # the publisher restarted its counter
-                self.last_seq = None
-            else:
+            if self._recent.get(seq) == hash(payload):
                 self.stats.duplicates += 1
                 return
+            self.stats.restarts += 1  # a new publisher lifetime: its counter started again
+            self._step_base, self.last_seq, last = self._next_step, None, None
+            self._recent.clear()
+            if seq > 0:
+                self._recover(0, seq, lost_if_missing=True)
+        elif last is None and seq > 0:  # first contact: what the publisher sent before we joined
+            self._recover(0, seq, lost_if_missing=False)
         elif last is not None and seq > last + 1:
-            self._recover(last + 1, seq)
+            self._recover(last + 1, seq, lost_if_missing=True)
         self._accept(seq, payload)
 
-    def _accept(self, seq: int, payload: bytes) -> None:
+    def _bad(self, seq: int | None, why: str) -> None:
+        self.stats.bad_messages += 1
+        if self.stats.bad_messages == 1:
+            at = "" if seq is None else f" (seq {seq})"
+            _log.warning("kvtrace capture %s: bad message%s: %s; later ones are counted, not logged",
+                         self.endpoint, at, why)
+
+    def _accept(self, seq: int, payload: bytes) -> bool:
+        """Record one batch; False (a bad message, counted) when it cannot be."""
+        self.last_seq = seq
+        self._recent[seq] = hash(payload)
+        if len(self._recent) > _RECENT:
+            self._recent.popitem(last=False)
+        step = self._step_base + seq
+        self._next_step = max(self._next_step, step + 1)
         try:
             batch, unknown = decode_kv_batch(payload)
-        except VllmWireError:
-            self.stats.bad_messages += 1
-            self.last_seq = seq
-            return
-        self.last_seq = seq
+            self._rows.add(step, batch)
+        except (VllmWireError, UnstorableValue) as err:
+            self._bad(seq, str(err))
+            return False
         self.stats.batches += 1
         self.stats.events += len(batch.events)
         self.stats.unknown_events += unknown
-        self._rows.add(seq, batch)
         if self.tracer is not None:
             t = round(batch.ts * 1e9)
             for ev in batch.events:
                 self.tracer.add(t, ev)
         if self.on_batch is not None:
             self.on_batch(seq, batch)
+        return True
 
-    def _recover(self, first: int, upto: int) -> None:
-        """Fetch batches [first, upto) from the replay socket; count what is not returned."""
-        missing = upto - first
-        self.stats.gaps += 1
+    def _recover(self, first: int, upto: int, lost_if_missing: bool) -> None:
+        """Fetch batches [first, upto) from the replay socket. One that is not returned, or
+        does not decode, is lost when ``lost_if_missing`` (a gap after first contact)."""
+        if lost_if_missing:
+            self.stats.gaps += 1
         got: dict[int, bytes] = {}
         if self._replay is not None:
             while self._replay.poll(0):  # late answers to an earlier, timed-out request
                 self._replay.recv_multipart()
             self._replay.send_multipart([b"", first.to_bytes(8, "big")])
-            deadline = time.monotonic() + self.replay_timeout_s
-            while time.monotonic() < deadline:
-                if not self._replay.poll(max(1, int((deadline - time.monotonic()) * 1000))):
+            timeout_ms = max(1, int(self.replay_timeout_s * 1000))
+            while self._replay.poll(timeout_ms):  # until the end marker, or quiet for the timeout
+                try:
+                    frame = replay_frame(self._replay.recv_multipart())
+                except VllmWireError as err:
+                    self._bad(None, str(err))
+                    continue
+                if frame is None:
                     break
-                frames = self._replay.recv_multipart()
-                if frames and frames[0] == b"":
-                    frames = frames[1:]
-                if len(frames) != 2 or frames[0] == END_SEQ or not frames[1]:
-                    break
-                s = int.from_bytes(frames[0], "big")
+                s, payload = frame
                 if first <= s < upto:
-                    got[s] = frames[1]
-        for s in sorted(got):
-            self._accept(s, got[s])
-        self.stats.recovered += len(got)
-        self.stats.lost += missing - len(got)
+                    got[s] = payload
+        recovered = sum(self._accept(s, got[s]) for s in sorted(got))
+        self.stats.recovered += recovered
+        if lost_if_missing:
+            self.stats.lost += (upto - first) - recovered
 
     def flush_due(self, now: float) -> bool:
         """True when ``flush_interval_s`` has passed since the last flush (``now``: monotonic)."""
@@ -196,14 +254,19 @@ def run_captures(caps: list[VllmKVCapture], duration: float | None = None,
     poller = zmq.Poller()
     for cap in caps:
         poller.register(cap.socket, zmq.POLLIN)
+        poller.register(cap.monitor, zmq.POLLIN)
     by_socket = {cap.socket: cap for cap in caps}
+    by_monitor = {cap.monitor: cap for cap in caps}
     try:
         while True:
             if should_stop is not None and should_stop():
                 break
             timeout = 100 if deadline is None else max(0, min(100, int((deadline - time.monotonic()) * 1000)))
             for sock, _ in poller.poll(timeout):
-                by_socket[sock].receive(sock.recv_multipart())
+                if sock in by_monitor:
+                    by_monitor[sock].on_monitor()
+                else:
+                    by_socket[sock].receive(sock.recv_multipart())
             if deadline is not None and time.monotonic() >= deadline:
                 break
             now = time.monotonic()
@@ -227,10 +290,14 @@ def capture_vllm(endpoint: str, replay_endpoint: str | None = None, *, store_pat
     ``dp_endpoint(endpoint, rank)`` (and the replay endpoint likewise) into the same run.
     ``trace_out``: also write the reconstructed native trace there. Returns the stats
     (summed over ranks); the run is marked complete (failed on an error, by the store),
-    its summary holds the totals and, for several ranks, each rank's.
+    its summary holds the totals and, for several ranks, each rank's. A capture that
+    received nothing says so in the summary (``nothing_received``, and ``connected``:
+    how many publishers the SUB sockets reached at all) and in a warning.
+    SIGTERM stops it as Ctrl-C does: flushed, summarised, finished.
     """
-    if dp_size < 1:
-        raise ConfigError("--dp-size", str(dp_size), "must be at least 1")
+    check_option("--dp-size", dp_size, 1, 1024)
+    if duration is not None:
+        check_option("--duration", duration, 0)
     endpoints: list[tuple[str, str | None]] = []
     for r in range(dp_size):
         pub = dp_endpoint(endpoint, r)
@@ -253,16 +320,33 @@ def capture_vllm(endpoint: str, replay_endpoint: str | None = None, *, store_pat
             if on_ready is not None:
                 for cap in caps:
                     on_ready(cap)
-            run_captures(caps, duration, should_stop)
+            with sigterm_as_interrupt():
+                run_captures(caps, duration, should_stop)
         finally:
             for cap in caps:
                 cap.close()
         stats = CaptureStats.total([c.stats for c in caps], run_id)
         if trace_out is not None and tracers:
             stats.requests = write_native_trace(trace_out, tracers, source=f"vllm:{endpoint}")
-        summary = {k: getattr(stats, k) for k in ("batches", "events", "spans", "gaps", "recovered", "lost",
-                                                 "duplicates", "bad_messages", "requests")}
+        summary: dict[str, Any] = stats.counts()
+        summary[SUMMARY_NOTHING_RECEIVED] = stats.nothing_received
         if dp_size > 1:
             summary["ranks"] = [{"endpoint": c.endpoint, **c.stats.counts()} for c in caps]
         store.finish_run(run_id, status="complete", summary=summary)
+    if stats.nothing_received:
+        reached = (f"its SUB socket never reached {endpoint} (is vLLM running with "
+                   "--kv-events-config '{\"enable_kv_cache_events\": true, \"publisher\": \"zmq\"}' there?)"
+                   if not stats.connected else "connected, but the server published no KV events")
+        _log.warning("kvtrace capture vllm: nothing received in run %s: %s", run_id, reached)
     return stats
+
+
+def capture_report(stats: CaptureStats) -> str:
+    """The one-line account of a capture the CLI prints."""
+    parts = [f"{stats.batches} batches", f"{stats.events} events", f"{stats.spans} spans"]
+    for name in ("recovered", "lost", "duplicates", "restarts", "bad_messages", "unknown_events"):
+        if getattr(stats, name):
+            parts.append(f"{getattr(stats, name)} {name.replace('_', ' ')}")
+    if stats.nothing_received:
+        parts.append("NOTHING RECEIVED")
+    return "kvtrace capture vllm: " + ", ".join(parts)

@@ -1,7 +1,8 @@
 """vLLM KV event batches -> span rows in the store schema.
 
-Each batch is a ``kvtrace.engine.step`` span (``step`` = the batch's seq) parenting one
-span per event, all at the batch's timestamp, ``source = 'vllm'``:
+Each batch is a ``kvtrace.engine.step`` span (``step``: the batch's seq, offset past the
+steps of earlier publisher lifetimes so it is unique in a run) parenting one span per
+event, all at the batch's timestamp, ``source = 'vllm'``:
 ``BlockStored`` -> ``kvtrace.cache.publish`` (``publish_kind = 'vllm_stored'``),
 ``BlockRemoved`` -> ``kvtrace.cache.evict`` (``evict_reason = 'vllm_removed'``),
 ``AllBlocksCleared`` -> ``kvtrace.cache.evict`` (``evict_reason = 'reset'``, no blocks).
@@ -9,6 +10,10 @@ span per event, all at the batch's timestamp, ``source = 'vllm'``:
 Attributes are keyed by the store schema's own OTel keys (``ATTRIBUTE_COLUMNS``, looked
 up by column name), so they land in the typed columns. The few vLLM facts without a
 column are named here and kept in ``extra_attributes`` (the endpoint in the resource).
+
+A batch becomes its own table as it is added, so a batch with a value the store cannot
+hold is refused alone (``UnstorableValue``) and can never fail a later flush holding
+other batches.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import pyarrow as pa
 
 from kvtrace import __version__
 from kvtrace.cache.events import EVICT_RESET
+from kvtrace.instrument.batch import conform
 from kvtrace.instrument.convert import SpanRowsBuilder
 from kvtrace.instrument.ids import SeededIdGenerator
 from kvtrace.instrument.vllm.wire import BLOCK_REMOVED, BLOCK_STORED, KVEventBatch
@@ -65,15 +71,29 @@ class VllmSpanRows:
         self.rows = SpanRowsBuilder()
         self.spans = 0
         self.depth: dict[str, int] = {}  # hash -> blocks from the root (for num_tokens)
+        self._tables: list[pa.Table] = []
 
     def _row(self, **kwargs: Any) -> None:
         self.rows.add(resource=self.resource, scope_name=SCOPE_NAME, scope_version=__version__, **kwargs)
-        self.spans += 1
 
-    def add(self, seq: int, batch: KVEventBatch) -> None:
+    def add(self, step: int, batch: KVEventBatch) -> None:
+        """The batch's spans, as one table kept for ``take``. UnstorableValue (nothing of
+        the batch kept, the chain depths unchanged) when a value cannot be stored."""
+        depth = _Undoable(self.depth)
+        try:
+            self._add(step, batch, depth)
+            table = self.rows.to_table(full=False)
+        except BaseException:
+            self.rows.truncate(0)
+            depth.undo()
+            raise
+        self.spans += table.num_rows
+        self._tables.append(table)
+
+    def _add(self, step: int, batch: KVEventBatch, depth: _Undoable) -> None:
         t = round(batch.ts * 1e9)
         trace_id, step_span = self.ids.generate_trace_id(), self.ids.generate_span_id()
-        common: dict[str, Any] = {SOURCE: SOURCE_VLLM, STEP: seq}
+        common: dict[str, Any] = {SOURCE: SOURCE_VLLM, STEP: step}
         rank = batch.dp_rank if batch.dp_rank is not None else self.dp_rank
         if rank is not None:
             common[DP_RANK_KEY] = rank
@@ -94,10 +114,10 @@ class VllmSpanRows:
                                    (SPEC_KIND, ev.kv_cache_spec_kind)):
                     if value is not None:
                         attrs[key] = value
-                base = 0 if ev.parent_block_hash is None else self.depth.get(ev.parent_block_hash)
+                base = 0 if ev.parent_block_hash is None else depth.get(ev.parent_block_hash)
                 if base is not None:
                     for i, h in enumerate(ev.block_hashes):
-                        self.depth[h] = base + i + 1
+                        depth.set(h, base + i + 1)
                     if ev.block_size and ev.block_hashes:
                         attrs[NUM_TOKENS] = (base + len(ev.block_hashes)) * ev.block_size
             elif ev.kind == BLOCK_REMOVED:
@@ -105,14 +125,55 @@ class VllmSpanRows:
                 attrs[EVICT_REASON] = EVICT_REASON_VLLM
                 attrs[BLOCK_HASHES] = ev.block_hashes
                 for h in ev.block_hashes:
-                    self.depth.pop(h, None)
+                    depth.pop(h)
             else:
                 name = SPAN_EVICT
                 attrs[EVICT_REASON] = EVICT_REASON_RESET
-                self.depth.clear()
+                depth.clear()
             self._row(name=name, trace_id=trace_id, span_id=self.ids.generate_span_id(), parent_span_id=step_span,
                       start_ns=t, end_ns=t, attributes=attrs)
 
     def take(self) -> pa.Table | None:
         """The rows added since the last call, as one table (None when there are none)."""
-        return self.rows.to_table() if self.rows.n else None
+        if not self._tables:
+            return None
+        tables, self._tables = self._tables, []
+        return conform(pa.concat_tables(tables, promote_options="default"))
+
+
+_MISSING = object()
+
+
+class _Undoable:
+    """A dict's changes during one batch, logged so a refused batch leaves it as it was."""
+
+    __slots__ = ("d", "log")
+
+    def __init__(self, d: dict[str, int]):
+        self.d: dict[str, int] = d
+        self.log: list[tuple[Any, Any]] = []
+
+    def get(self, key: str) -> int | None:
+        return self.d.get(key)
+
+    def set(self, key: str, value: int) -> None:
+        self.log.append((key, self.d.get(key, _MISSING)))
+        self.d[key] = value
+
+    def pop(self, key: str) -> None:
+        self.log.append((key, self.d.pop(key, _MISSING)))
+
+    def clear(self) -> None:
+        self.log.append((_MISSING, dict(self.d)))  # a reset: rare, so a copy is fine
+        self.d.clear()
+
+    def undo(self) -> None:
+        for key, old in reversed(self.log):
+            if key is _MISSING:
+                self.d.clear()
+                self.d.update(old)
+            elif old is _MISSING:
+                self.d.pop(key, None)
+            else:
+                self.d[key] = old
+        self.log.clear()

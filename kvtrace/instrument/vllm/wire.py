@@ -9,15 +9,21 @@
   ``BlockStored``, ``REMOVED_FIELDS`` for ``BlockRemoved``; ``AllBlocksCleared`` has
   none. Older versions stop earlier; decoding takes what is there. Hashes are ints
   (64-bit, possibly negative) or bytes, and are decoded to ``hash_hex`` strings.
+  Every field is checked against what the store holds (a finite ``ts`` within 2^63 ns,
+  ``block_size`` and ``group_idx`` within int32, token ids within int64, strings where
+  strings belong): a batch with one bad value is a ``VllmWireError``, whole.
 - replay: a ROUTER socket. A client sends the first missing seq as 8-byte big-endian
-  (a DEALER sends ``["", seq]``); the server answers one ``("", seq, payload)`` message
-  per buffered batch with seq >= start, then ``("", END_SEQ, "")``.
+  (a DEALER sends ``["", seq]``). vLLM 0.33 answers one ``("", topic, seq, payload)``
+  message per buffered batch with seq >= start, then ``("", "", END_SEQ, "")``; older
+  versions leave the topic out: ``("", seq, payload)``, then ``("", END_SEQ, "")``.
+  ``replay_frame`` reads either.
 - data parallelism: DP rank r publishes at ``dp_endpoint(endpoint, r)`` (vLLM's
   ``offset_endpoint_port``), each rank with its own sequence from 0.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,11 +82,56 @@ class KVEventBatch:
     dp_rank: int | None = None
 
 
-def _hash(h: Any) -> str:
+_I32 = (-(1 << 31), (1 << 31) - 1)
+_I64 = (-(1 << 63), (1 << 63) - 1)
+_MAX_TS_S = ((1 << 63) - 1) / 1e9  # the store keeps ns in a BIGINT
+
+
+def _hash(h: Any, what: str = "block hash") -> str:
     """A vLLM block hash (int or bytes) as ``hash_hex``; anything else is a wire error."""
     if isinstance(h, (bytes, bytearray)) or (isinstance(h, int) and not isinstance(h, bool)):
         return hash_hex(h)
-    raise VllmWireError(f"vLLM KV event: block hash must be int or bytes, got {type(h).__name__}")
+    raise VllmWireError(f"vLLM KV event: {what} must be int or bytes, got {type(h).__name__}")
+
+
+def _int(v: Any, what: str, lo: int, hi: int) -> int | None:
+    if v is None:
+        return None
+    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+        raise VllmWireError(f"vLLM KV event: {what} must be an integer from {lo} to {hi}, got {v!r}"[:200])
+    return v
+
+
+def _str(v: Any, what: str) -> str | None:
+    if v is not None and not isinstance(v, str):
+        raise VllmWireError(f"vLLM KV event: {what} must be a string, got {type(v).__name__}")
+    return v
+
+
+def _ts(v: Any) -> float:
+    """A batch's ts (unix seconds) that the store can hold as ns."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= _MAX_TS_S and \
+            (not isinstance(v, float) or math.isfinite(v)):
+        return float(v)
+    raise VllmWireError(f"vLLM KV event batch: ts must be seconds from 0 to {_MAX_TS_S:.4g}, got {v!r}"[:200])
+
+
+def _hashes(v: Any) -> list[str]:
+    if v is None:
+        return []
+    if not isinstance(v, (list, tuple)):
+        raise VllmWireError(f"vLLM KV event: block_hashes must be a list, got {type(v).__name__}")
+    return [_hash(h) for h in v]
+
+
+def _token_ids(v: Any) -> list[int] | None:
+    if v is None:
+        return None
+    if not isinstance(v, (list, tuple)):
+        raise VllmWireError(f"vLLM KV event: token_ids must be a list, got {type(v).__name__}")
+    for t in v:
+        _int(t, "token id", *_I64)
+    return list(v)
 
 
 def _fields(raw: Any, names: tuple[str, ...]) -> dict[str, Any]:
@@ -99,17 +150,18 @@ def _decode_event(raw: Any) -> KVEvent | None:
     if tag == BLOCK_STORED:
         f = _fields(raw, STORED_FIELDS)
         parent = f.get("parent_block_hash")
-        tokens = f.get("token_ids")
         return KVEvent(
-            BLOCK_STORED, [_hash(h) for h in f.get("block_hashes") or ()],
-            None if parent is None else _hash(parent),
-            list(tokens) if tokens is not None else None, f.get("block_size"), f.get("lora_id"),
-            f.get("medium"), f.get("lora_name"), f.get("group_idx"), f.get("kv_cache_spec_kind"),
+            BLOCK_STORED, _hashes(f.get("block_hashes")),
+            None if parent is None else _hash(parent, "parent_block_hash"),
+            _token_ids(f.get("token_ids")), _int(f.get("block_size"), "block_size", 0, _I32[1]),
+            _int(f.get("lora_id"), "lora_id", *_I64), _str(f.get("medium"), "medium"),
+            _str(f.get("lora_name"), "lora_name"), _int(f.get("group_idx"), "group_idx", *_I32),
+            _str(f.get("kv_cache_spec_kind"), "kv_cache_spec_kind"),
         )
     if tag == BLOCK_REMOVED:
         f = _fields(raw, REMOVED_FIELDS)
-        return KVEvent(BLOCK_REMOVED, [_hash(h) for h in f.get("block_hashes") or ()],
-                       medium=f.get("medium"), group_idx=f.get("group_idx"))
+        return KVEvent(BLOCK_REMOVED, _hashes(f.get("block_hashes")), medium=_str(f.get("medium"), "medium"),
+                       group_idx=_int(f.get("group_idx"), "group_idx", *_I32))
     if tag == ALL_BLOCKS_CLEARED:
         return KVEvent(ALL_BLOCKS_CLEARED)
     return None  # an event kind this version does not know
@@ -118,10 +170,10 @@ def _decode_event(raw: Any) -> KVEvent | None:
 def decode_kv_batch(payload: bytes) -> tuple[KVEventBatch, int]:
     """Decode one payload; returns the batch and the number of unknown events skipped.
 
-    Raises ``VllmWireError`` for anything that is not an event batch."""
+    Raises ``VllmWireError`` for anything that is not an event batch the store can hold."""
     try:
         raw = msgspec.msgpack.decode(payload)
-    except msgspec.DecodeError as err:
+    except (msgspec.DecodeError, RecursionError) as err:
         raise VllmWireError(f"vLLM KV event batch: not msgpack ({err})") from None
     if isinstance(raw, dict):
         ts, events, rank = raw.get("ts"), raw.get("events"), raw.get("data_parallel_rank")
@@ -129,11 +181,28 @@ def decode_kv_batch(payload: bytes) -> tuple[KVEventBatch, int]:
         ts, events, rank = raw[0], raw[1], raw[2] if len(raw) > 2 else None
     else:
         raise VllmWireError("vLLM KV event batch: expected [ts, events, dp_rank] or a map")
-    if not isinstance(ts, (int, float)) or not isinstance(events, (list, tuple)):
-        raise VllmWireError("vLLM KV event batch: bad ts or events")
+    seconds = _ts(ts)
+    if not isinstance(events, (list, tuple)):
+        raise VllmWireError(f"vLLM KV event batch: events must be a list, got {type(events).__name__}")
+    rank = _int(rank, "data_parallel_rank", 0, _I32[1])
     try:
         decoded = [_decode_event(e) for e in events]
-    except (TypeError, KeyError, IndexError) as err:
+    except (TypeError, KeyError, IndexError, AttributeError) as err:
         raise VllmWireError(f"vLLM KV event: malformed fields ({err})") from None
     kept = [e for e in decoded if e is not None]
-    return KVEventBatch(float(ts), kept, rank), len(decoded) - len(kept)
+    return KVEventBatch(seconds, kept, rank), len(decoded) - len(kept)
+
+
+def replay_frame(frames: list[bytes]) -> tuple[int, bytes] | None:
+    """One message from the replay socket (as a DEALER receives it) -> (seq, payload), or
+    None for the end marker. Both layouts (see the module docstring); anything else is a
+    VllmWireError."""
+    if frames and frames[0] == b"":
+        frames = frames[1:]  # the DEALER's empty delimiter
+    if len(frames) == 3:  # newer vLLM (0.33 here): topic, seq, payload
+        frames = frames[1:]
+    if len(frames) != 2 or len(frames[0]) != 8:
+        raise VllmWireError(f"vLLM replay: expected [topic,] seq, payload frames, got {len(frames)} frames")
+    if frames[0] == END_SEQ:
+        return None
+    return int.from_bytes(frames[0], "big"), frames[1]

@@ -8,17 +8,19 @@ Formats: ``mooncake``, ``bailian``, ``weka`` (a file or a directory of files), `
 from __future__ import annotations
 
 import os
+import sys
+
 import msgspec
 
-from kvtrace.workload import TraceRequest
 from kvtrace.errors import TraceFormatError
-from kvtrace.replay.readers.source import TraceSource
 from kvtrace.replay.readers.azure import read_azure
 from kvtrace.replay.readers.bailian import read_bailian
 from kvtrace.replay.readers.mooncake import read_mooncake
+from kvtrace.replay.readers.source import TraceSource
+from kvtrace.replay.readers.weka import read_weka, weka_files
+from kvtrace.workload import TraceRequest
 from kvtrace.workload.lines import numbered_lines
 from kvtrace.workload.native import HEADER_KEY, read_header, read_native
-from kvtrace.replay.readers.weka import read_weka, weka_files
 
 READERS = {
     "mooncake": read_mooncake,
@@ -90,10 +92,14 @@ def open_trace(
     files = weka_files(path) if fmt == "weka" else None
     if files is None and not os.path.isfile(path):
         raise TraceFormatError(path, None, "no such file")
+    # a limit past any file's length is no limit (islice takes at most sys.maxsize)
+    limit = None if limit is None else min(limit, sys.maxsize)
     return TraceSource(path, fmt, READERS[fmt], limit, options, files)
 
 
-def read_trace(path: str | os.PathLike, format: str | None = None, limit: int | None = None, **kw) -> list[TraceRequest]:
+def read_trace(
+    path: str | os.PathLike, format: str | None = None, limit: int | None = None, **kw
+) -> list[TraceRequest]:
     return list(open_trace(path, format, limit, **kw))
 
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 import csv
 import hashlib
 import re
+from collections.abc import Iterator
 from datetime import date
-from typing import Iterator
 
-from kvtrace.workload import TraceRequest
 from kvtrace.errors import TraceFormatError
 from kvtrace.numeric import cdiv
+from kvtrace.workload import TraceRequest
 from kvtrace.workload.lines import ArrivalOrder, check_int
 
 DEFAULT_BLOCK_SIZE = 16
@@ -64,7 +64,7 @@ def _decoded_lines(path: str, f) -> Iterator[str]:
 
 def read_azure(path: str, block_size: int = DEFAULT_BLOCK_SIZE) -> Iterator[TraceRequest]:
     try:
-        f = open(path, "rb")
+        f = open(path, "rb")  # noqa: SIM115  (closed by the with below; open errors named apart)
     except IsADirectoryError:
         raise TraceFormatError(path, None, "is a directory, not a trace file") from None
     except OSError as e:

@@ -12,13 +12,13 @@ the root itself, so the turns after it still share one session.
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import msgspec
 
-from kvtrace.workload import TraceRequest
 from kvtrace.errors import TraceFormatError
-from kvtrace.workload.lines import ArrivalOrder, check_hash_ids, check_int, S, typed_lines
+from kvtrace.workload import TraceRequest
+from kvtrace.workload.lines import ArrivalOrder, S, check_hash_ids, check_int, typed_lines
 
 DEFAULT_BLOCK_SIZE = 16
 

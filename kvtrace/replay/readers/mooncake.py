@@ -8,12 +8,12 @@ partial). Extra keys are ignored.
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import msgspec
 
 from kvtrace.workload import TraceRequest
-from kvtrace.workload.lines import ArrivalOrder, check_hash_ids, check_int, MS, typed_lines
+from kvtrace.workload.lines import MS, ArrivalOrder, check_hash_ids, check_int, typed_lines
 
 DEFAULT_BLOCK_SIZE = 512
 

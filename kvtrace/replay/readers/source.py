@@ -22,7 +22,7 @@ class TraceSource:
     its requests in memory. ``source_id`` is the sha256 of the bytes, for run records.
     """
 
-    __slots__ = ("path", "format", "limit", "options", "_reader", "_files", "_source_id")
+    __slots__ = ("_files", "_reader", "_source_id", "format", "limit", "options", "path")
 
     def __init__(self, path: str, fmt: str, reader: Reader, limit: int | None, options: dict,
                  files: list[str] | None = None):

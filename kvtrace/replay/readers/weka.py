@@ -23,14 +23,14 @@ import heapq
 import json
 import os
 import re
-from typing import Iterator
+from collections.abc import Iterator
 
 import msgspec
 
-from kvtrace.workload import TraceRequest
 from kvtrace.errors import TraceFormatError
 from kvtrace.numeric import cdiv
-from kvtrace.workload.lines import MAX_ID, ArrivalOrder, check_int, S
+from kvtrace.workload import TraceRequest
+from kvtrace.workload.lines import MAX_ID, ArrivalOrder, S, check_int
 
 TAIL_ID_BASE = 1 << 62
 
@@ -151,7 +151,7 @@ def read_weka_file(path: str, rank: int = 0) -> Iterator[tuple[int, int, int, Tr
     session = conv.id or stem
     order = ArrivalOrder(path, "t", S)
     for i, r in enumerate(conv.requests):
-        def fail(what: str):
+        def fail(what: str, i: int = i):
             return TraceFormatError(path, request_line(text, i), f"requests[{i}].{what}")
         try:
             n = check_int(path, None, "in", r.in_, 1)

@@ -37,9 +37,13 @@ def materialise(con: client.ClickHouseConnection, run_id: str) -> None:
         "evict_counts": derived.EVICT_COUNTS_TEMPLATE.format(evicted_blocks=own),
         "span_stats": derived.SPAN_STATS_SELECT,
         "stale_chain": derived.STALE_CHAIN_SELECT,
-        "latency_quantiles": derived.LATENCY_QUANTILES_SELECT,
     }
     for table in derived.TABLES:  # evicted_blocks first: the others read it
+        if table == "latency_cdf":  # percentiles by kvtrace.numeric, the one definition: in Python
+            samples = {m: con.query_arrow(derived.latency_samples_sql(m), params).column("v").to_numpy()
+                       for m in derived.LATENCY_VALUES}
+            con.insert_arrow(table, derived.latency_cdf_table(run_id, samples))
+            continue
         cols = ", ".join(c for c, _ in derived_columns(table))
         sql, bound = dialect.to_clickhouse(f"SELECT {cols} FROM ({selects[table]})", params)
         con.command(f"INSERT INTO {table} ({cols}) {sql}", bound)

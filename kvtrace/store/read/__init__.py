@@ -13,11 +13,14 @@ Runs (``runs.py``)
     runs(db)                                    every run, newest first, effective status
     run(db, run_id)                             one run as a dict, JSON fields parsed
     span_counts(db, run_id)                     spans and blocks per span name
-Hits (``hits.py``)
-    hit_rate_over_time(db, run_id, window_ns, group)   windowed and cumulative hit rate per group
-    hit_token_sources(db, run_id, window_ns)    prompt tokens from local cache, external tier, computed
+Hits (``hits.py``; every counter and rate defined once, in ``kvtrace.metrics``)
+    hit_counters(db, run_id, start_ns, end_ns)  vLLM's hit counters and rates over a time range
+    hit_counters_over_time(db, run_id, window_ns)      the same per window, and cumulative
+    group_hit_rates(db, run_id)                 per-KV-group hit rate (its own metric, not the request's)
+    group_hit_rate_over_time(db, run_id, window_ns)    the same per window, and cumulative
     usage_over_time(db, run_id, window_ns)      block-pool usage per group, queue depths
     per_prefix_reuse(db, run_id, top)           the hottest prefixes (root hashes) by lookups
+    prefix_families(db, run_id, root_hashes)    a prefix's first request, prompt length, longest hit
 Evictions (``evictions.py``)
     evictions_over_time(db, run_id, window_ns, by)     evicted blocks per window by reason or publish kind
     evictions_by_reason(db, run_id)             evicted blocks and spans per reason
@@ -34,10 +37,13 @@ Requests and latency (``latency.py``)
     requests(db, run_id)                        one row per finished request
     per_request_hits(db, run_id)                prompt, hit and computed tokens and TTFT per request
     itl_gaps(db, run_id, request_id)            every inter-token gap
-    latency_cdf(db, run_id, metric)             exact quantile grid of ttft | e2e | queue | itl
-    latency_percentiles(db, run_id, metric, qs) percentiles from that grid
-    latency_histogram(db, run_id, metric, bins) linear-bin histogram from that grid
-    itl_over_time(db, run_id, window_ns)        ITL per window of first-token time
+    latency_samples(db, run_id, metric)         samples of ttft | tpot | itl | e2el | queue (ns)
+    latency_stats(db, run_id, metric, percentiles)     vllm bench serve's mean/median/std/pNN (ms)
+    latency_summary(db, run_id, percentiles)    the same for every metric (the summary's fields)
+    latency_percentiles(db, run_id, metric, qs) exact percentiles (0..100) in ns
+    latency_cdf(db, run_id, metric)             percentiles 0, 0.1, ..., 100 (the CDF charts)
+    latency_histogram(db, run_id, metric, bins) linear-bin histogram, exact counts
+    itl_over_time(db, run_id, window_ns)        ITL per window of token time: mean, p50, p99, max
     request_waterfall(db, run_id, request_id)   one request's queue, prefill, decode and cache marks
 A real server's requests (``served.py``)
     served_requests(db, run_id)                 vLLM's llm_request spans: tokens and latency breakdown
@@ -60,19 +66,23 @@ from kvtrace.store.read.evictions import (
     evictions_over_time,
 )
 from kvtrace.store.read.hits import (
-    OVERALL_GROUP,
-    hit_rate_over_time,
-    hit_token_sources,
+    group_hit_rate_over_time,
+    group_hit_rates,
+    hit_counters,
+    hit_counters_over_time,
     per_prefix_reuse,
+    prefix_families,
     usage_over_time,
 )
 from kvtrace.store.read.latency import (
-    QUANTILE_GRID,
     itl_gaps,
     itl_over_time,
     latency_cdf,
     latency_histogram,
     latency_percentiles,
+    latency_samples,
+    latency_stats,
+    latency_summary,
     per_request_hits,
     request_waterfall,
     requests,
@@ -81,12 +91,14 @@ from kvtrace.store.read.runs import run, runs, span_counts
 from kvtrace.store.read.served import served_requests
 
 __all__ = [
-    "DB", "DEFAULT_WINDOWS", "OVERALL_GROUP", "QUANTILE_GRID",
+    "DB", "DEFAULT_WINDOWS",
     "block_histograms", "capacity_marks", "curves", "divergent_outputs", "eviction_attribution",
-    "eviction_attribution_flows",
-    "evictions_by_publish_kind", "evictions_by_reason", "evictions_over_time", "hit_rate_over_time",
-    "hit_token_sources", "itl_gaps", "itl_over_time", "latency_cdf", "latency_histogram", "latency_percentiles",
-    "nice_window", "per_prefix_reuse", "per_request_hits", "request_waterfall", "requests", "run", "runs",
+    "eviction_attribution_flows", "evictions_by_publish_kind", "evictions_by_reason", "evictions_over_time",
+    "group_hit_rate_over_time", "group_hit_rates", "hit_counters", "hit_counters_over_time", "itl_gaps",
+    "itl_over_time", "latency_cdf", "latency_histogram", "latency_percentiles", "latency_samples", "latency_stats",
+    "latency_summary",
+    "nice_window", "per_prefix_reuse", "per_request_hits", "prefix_families", "request_waterfall", "requests",
+    "run", "runs",
     "served_requests",
     "span_counts", "stale_hash_chain", "stale_hashes", "stale_hashes_over_time", "usage_over_time",
 ]

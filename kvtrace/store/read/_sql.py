@@ -13,7 +13,7 @@ Values reach SQL only as bound parameters (``$name``): run ids, hashes, request 
 windows, limits, group ids, top-N, bin counts, and the seq numbers read back from the
 store. DuckDB accepts a parameter everywhere the package needs one, LIMIT included. The
 SQL text itself is assembled only from the package's own constants: span names, table
-and column names, ``OVERALL_GROUP`` and ``derived.QUANTILE_GRID``.
+and column names, and the counter expressions of ``kvtrace.metrics``.
 """
 
 from __future__ import annotations

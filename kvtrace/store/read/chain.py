@@ -76,7 +76,7 @@ def _chain_select(view: str, where: str, only: tuple[str, ...] = _CHAIN_COLUMNS)
 
 
 def stale_hash_chain(db: DB, run_id: str, block_hash: str, group_id: int | None = None) -> pl.DataFrame:
-    """The spans that explain one stale hash, in order: its publishes, the overwrite
+    """The spans that explain one stale hash, in time order: its publishes, the overwrite
     (stale_left, CoW into or out of its block), evictions, lookups naming it, and the stale
     hit; in group ``group_id`` only, or in every group.
 
@@ -126,7 +126,7 @@ def stale_hash_chain(db: DB, run_id: str, block_hash: str, group_id: int | None 
             ), {"run_id": run_id, "lo": lo, "hi": hi, "holders": sorted([int(g), int(b)] for g, b in holders)})
             touched = pl.concat([touched, cows], how="vertical_relaxed")
     return (
-        touched.sort("seq")
+        touched.sort(["start_ns", "seq"])  # time order; seq breaks the ties of one step's spans
         .with_columns(pl.col("name").replace_strict(_CHAIN_ROLES, default="other").alias("role"))
         .rename({"start_ns": "time_ns"})
         .select("seq", "time_ns", "step", "name", "role", "request_id", "group_id", "block_ids", "publish_kind",

@@ -1,64 +1,136 @@
-"""Hits: token hit rate per window and group, hit-token sources, block-pool usage, and
-the hottest prefixes. All from lookup and step spans."""
+"""Hits: vLLM's hit counters (``kvtrace.metrics``) per window and over a time range, the
+per-group hit rates, block-pool usage, and the hottest prefixes."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import polars as pl
 
+from kvtrace import metrics
 from kvtrace.store.read._sql import DB, with_run
-from kvtrace.store.schema import SPAN_LOOKUP, SPAN_STEP
+from kvtrace.store.schema import SPAN_LOOKUP, SPAN_REQUEST, SPAN_STEP
 
-OVERALL_GROUP = -1  # group_id of the all-groups series in hit_rate_over_time
+# Each request once, when it was first scheduled (vLLM counts at admission): engine runs
+# read their request spans; a run without request spans (cache-only) has exactly one
+# lookup per request, which is that request. Columns: t (the first schedule), then the
+# kvtrace.metrics.PER_REQUEST fields.
+_ADMISSIONS = f"""
+    req AS (
+        SELECT request_id, coalesce(first_scheduled_ns, arrival_ns, start_ns) AS t,
+               num_prompt_tokens AS {metrics.PROMPT}, num_hit_tokens AS {metrics.LOCAL_HIT},
+               num_external_hit_tokens AS {metrics.EXTERNAL_HIT},
+               num_external_query_tokens AS {metrics.EXTERNAL_QUERY},
+               num_preempted_query_tokens AS {metrics.PREEMPTED_QUERY},
+               num_preempted_hit_tokens AS {metrics.PREEMPTED_HIT}
+        FROM request_spans WHERE run_id = $run_id AND name = '{SPAN_REQUEST}'
+    ),
+    admissions AS (
+        SELECT * FROM req
+        UNION ALL
+        SELECT request_id, start_ns, num_query_tokens, num_hit_tokens, num_external_hit_tokens, 0, 0, 0
+        FROM lookup_spans
+        WHERE run_id = $run_id AND name = '{SPAN_LOOKUP}' AND NOT EXISTS (SELECT 1 FROM req)
+    )"""
+_COUNTERS_SQL = ",\n               ".join(
+    f'{expr} AS "{key}"' for key, expr in metrics.counter_sql({f: f for f in metrics.PER_REQUEST}).items())
 
 
-def hit_rate_over_time(db: DB, run_id: str, window_ns: int | None = None, group: int | None = None) -> pl.DataFrame:
-    """Token hit rate per window and cumulative, from lookup spans.
+def _with_rates(frame: pl.DataFrame, prefix: str = "") -> pl.DataFrame:
+    """kvtrace.metrics.RATES as columns (``prefix``: "cum_" for the cumulative ones)."""
+    return frame.with_columns(
+        pl.when(pl.col(prefix + r.denominator) > 0)
+        .then(pl.col(prefix + r.numerator) / pl.col(prefix + r.denominator))
+        .otherwise(None).cast(pl.Float64).alias(prefix + r.key)
+        for r in metrics.RATES)
 
-    Rows per (window_start_ns, group_id); group_id -1 is the all-groups series
-    (``num_hit_tokens``: the coordinator's fixed point), g >= 0 uses
-    ``hit_tokens_per_group[g]``. ``group`` keeps one series. Columns: window_start_ns,
-    group_id, lookups, query_tokens, hit_tokens, external_hit_tokens, hit_rate,
-    cum_query_tokens, cum_hit_tokens, cum_hit_rate.
+
+def hit_counters_over_time(db: DB, run_id: str, window_ns: int | None = None) -> pl.DataFrame:
+    """vLLM's hit counters per window of first-schedule time (``kvtrace.metrics``, the one
+    definition): each request once, in the window it was first scheduled in.
+
+    Columns: window_start_ns, requests, every ``metrics.COUNTER_KEYS`` counter
+    (``prompt_tokens_by_source.local_compute`` ...), every ``metrics.RATE_KEYS`` rate,
+    then ``cum_`` + each counter and rate: their running totals from the run's start.
     """
-    return with_run(db, run_id, f"""
-        WITH l AS (
-            SELECT start_ns // $w * $w AS window_start_ns, coalesce(num_query_tokens, 0) AS q,
-                   coalesce(num_hit_tokens, 0) AS h, coalesce(num_external_hit_tokens, 0) AS x,
-                   hit_tokens_per_group AS g
-            FROM lookup_spans WHERE run_id = $run_id AND name = '{SPAN_LOOKUP}'
-        ),
-        series AS (
-            SELECT window_start_ns, {OVERALL_GROUP} AS group_id, q, h, x FROM l
-            UNION ALL
-            SELECT window_start_ns, unnest(range(len(g))) AS group_id, q, unnest(g) AS h, x FROM l
-        ),
-        per AS (
-            SELECT window_start_ns, CAST(group_id AS INTEGER) AS group_id, count(*) AS lookups,
-                   sum(q) AS query_tokens, sum(h) AS hit_tokens, sum(x) AS external_hit_tokens
-            FROM series WHERE $group IS NULL OR group_id = $group GROUP BY ALL
-        )
-        SELECT window_start_ns, group_id, lookups, query_tokens, hit_tokens, external_hit_tokens,
-               hit_tokens / nullif(query_tokens, 0) AS hit_rate,
-               sum(query_tokens) OVER c AS cum_query_tokens,
-               sum(hit_tokens) OVER c AS cum_hit_tokens,
-               sum(hit_tokens) OVER c / nullif(sum(query_tokens) OVER c, 0) AS cum_hit_rate
-        FROM per
-        WINDOW c AS (PARTITION BY group_id ORDER BY window_start_ns)
-        ORDER BY group_id, window_start_ns""",
-                     window_ns=window_ns, params={"group": None if group is None else int(group)})
+    frame = with_run(db, run_id, f"""
+        WITH {_ADMISSIONS}
+        SELECT t // $w * $w AS window_start_ns, count(*) AS requests,
+               {_COUNTERS_SQL}
+        FROM admissions GROUP BY ALL ORDER BY window_start_ns""", window_ns=window_ns)
+    frame = _with_rates(frame)
+    frame = frame.with_columns(pl.col(k).cum_sum().alias(f"cum_{k}") for k in ("requests", *metrics.COUNTER_KEYS))
+    return _with_rates(frame, "cum_")
 
 
-def hit_token_sources(db: DB, run_id: str, window_ns: int | None = None) -> pl.DataFrame:
-    """Per window: prompt tokens served from the local cache, the external tier, or
-    computed. Columns: window_start_ns, local_tokens, external_tokens, computed_tokens."""
-    return with_run(db, run_id, f"""
-        SELECT start_ns // $w * $w AS window_start_ns,
-               sum(coalesce(num_hit_tokens, 0)) AS local_tokens,
-               sum(coalesce(num_external_hit_tokens, 0)) AS external_tokens,
-               sum(greatest(coalesce(num_query_tokens, 0) - coalesce(num_hit_tokens, 0)
-                            - coalesce(num_external_hit_tokens, 0), 0)) AS computed_tokens
+def hit_counters(db: DB, run_id: str, start_ns: int | None = None, end_ns: int | None = None) -> dict[str, Any]:
+    """vLLM's hit counters and rates over the requests first scheduled in [start_ns,
+    end_ns) (None: open), as one dict: requests, each counter, each rate. The whole run's
+    equal the run summary's."""
+    frame = with_run(db, run_id, f"""
+        WITH {_ADMISSIONS}
+        SELECT count(*) AS requests, {_COUNTERS_SQL}
+        FROM admissions WHERE ($t0 IS NULL OR t >= $t0) AND ($t1 IS NULL OR t < $t1)""",
+                     params={"t0": start_ns, "t1": end_ns})
+    row = {k: int(v or 0) for k, v in frame.row(0, named=True).items()}
+    return {**row, **metrics.hit_rates(row)}
+
+
+# The lookup that admitted each request (engine runs: its first lookup at or after its
+# first schedule, the one vLLM records; earlier ones failed to allocate), with its
+# per-group hits; cache-only runs: every lookup. t is the first schedule, as above.
+_ADMISSION_LOOKUPS = f"""
+    req AS (
+        SELECT request_id, coalesce(first_scheduled_ns, arrival_ns, start_ns) AS t
+        FROM request_spans WHERE run_id = $run_id AND name = '{SPAN_REQUEST}'
+    ),
+    lk AS (
+        SELECT request_id, start_ns, seq, num_query_tokens, hit_tokens_per_group AS g
         FROM lookup_spans WHERE run_id = $run_id AND name = '{SPAN_LOOKUP}'
-        GROUP BY ALL ORDER BY window_start_ns""", window_ns=window_ns)
+    ),
+    adm AS (
+        SELECT req.t, lk.num_query_tokens AS q, lk.g FROM lk JOIN req USING (request_id)
+        WHERE lk.start_ns >= req.t
+        QUALIFY row_number() OVER (PARTITION BY lk.request_id ORDER BY lk.start_ns, lk.seq) = 1
+        UNION ALL
+        SELECT start_ns, num_query_tokens, g FROM lk WHERE NOT EXISTS (SELECT 1 FROM req)
+    )"""
+
+
+def group_hit_rate_over_time(db: DB, run_id: str, window_ns: int | None = None) -> pl.DataFrame:
+    """Attention / state *group* hit rate per window (``metrics.GROUP_HIT_RATE_DOC``): for
+    each KV group, the hit tokens that group alone found at each request's admission
+    lookup, over the same prefix_cache_queries as the request hit rate. Not the request
+    hit rate. Columns: window_start_ns, group_id, prefix_cache_queries, group_hit_tokens,
+    group_hit_rate, cum_prefix_cache_queries, cum_group_hit_tokens, cum_group_hit_rate."""
+    return with_run(db, run_id, f"""
+        WITH {_ADMISSION_LOOKUPS},
+        per AS (
+            SELECT t // $w * $w AS window_start_ns, CAST(unnest(range(len(g))) AS INTEGER) AS group_id,
+                   q, unnest(g) AS h
+            FROM adm
+        ),
+        w AS (
+            SELECT window_start_ns, group_id, CAST(sum(q) AS BIGINT) AS prefix_cache_queries,
+                   CAST(sum(h) AS BIGINT) AS group_hit_tokens
+            FROM per GROUP BY ALL
+        )
+        SELECT window_start_ns, group_id, prefix_cache_queries, group_hit_tokens,
+               group_hit_tokens / nullif(prefix_cache_queries, 0) AS group_hit_rate,
+               CAST(sum(prefix_cache_queries) OVER c AS BIGINT) AS cum_prefix_cache_queries,
+               CAST(sum(group_hit_tokens) OVER c AS BIGINT) AS cum_group_hit_tokens,
+               sum(group_hit_tokens) OVER c / nullif(sum(prefix_cache_queries) OVER c, 0) AS cum_group_hit_rate
+        FROM w WINDOW c AS (PARTITION BY group_id ORDER BY window_start_ns)
+        ORDER BY group_id, window_start_ns""", window_ns=window_ns)
+
+
+def group_hit_rates(db: DB, run_id: str) -> dict[int, float | None]:
+    """The whole run's group hit rate per KV group (see group_hit_rate_over_time)."""
+    frame = with_run(db, run_id, f"""
+        WITH {_ADMISSION_LOOKUPS},
+        per AS (SELECT CAST(unnest(range(len(g))) AS INTEGER) AS group_id, q, unnest(g) AS h FROM adm)
+        SELECT group_id, sum(h) AS hits, sum(q) AS queries FROM per GROUP BY group_id ORDER BY group_id""")
+    return {int(g): metrics.ratio(h, q) for g, h, q in frame.iter_rows()}
 
 
 def usage_over_time(db: DB, run_id: str, window_ns: int | None = None) -> pl.DataFrame:
@@ -90,3 +162,17 @@ def per_prefix_reuse(db: DB, run_id: str, top: int = 20) -> pl.DataFrame:
                min(start_ns) AS first_ns, max(start_ns) AS last_ns
         FROM lookup_spans WHERE run_id = $run_id AND name = '{SPAN_LOOKUP}' AND root_hash IS NOT NULL
         GROUP BY root_hash ORDER BY lookups DESC, root_hash LIMIT $top""", params={"top": int(top)})
+
+
+def prefix_families(db: DB, run_id: str, root_hashes: list[str]) -> pl.DataFrame:
+    """What names a prefix family (root hash of the first full block) for a reader: the
+    request that first looked it up, its prompt length, and the longest hit any lookup of
+    the family got. Columns: root_hash, first_request_id, first_prompt_tokens,
+    longest_hit_tokens, lookups."""
+    return with_run(db, run_id, f"""
+        SELECT root_hash, arg_min(request_id, seq) AS first_request_id,
+               arg_min(num_query_tokens, seq) AS first_prompt_tokens,
+               max(coalesce(num_hit_tokens, 0)) AS longest_hit_tokens, count(*) AS lookups
+        FROM lookup_spans
+        WHERE run_id = $run_id AND name = '{SPAN_LOOKUP}' AND list_contains($roots, root_hash)
+        GROUP BY root_hash ORDER BY root_hash""", params={"roots": [str(h) for h in root_hashes]})

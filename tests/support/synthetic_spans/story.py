@@ -7,6 +7,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from kvtrace import metrics
 from kvtrace.cache.events import (
     COPY_EXTERNAL,
     EVICT_LRU,
@@ -21,7 +22,6 @@ from kvtrace.cache.events import (
     StaleHashLeft,
 )
 from kvtrace.engine.events import DivergentOutput, RequestFinished, StaleHashFound, StepBatch, StepExecuted
-from kvtrace.numeric import percentile
 from tests.support.synthetic_spans.span_path import write_steps
 
 BLOCK = 64  # tokens per block (both groups)
@@ -69,7 +69,7 @@ class _Story:
         self.usage: dict[int, tuple[float, ...]] = {}
         self.n = dict(publishes=0, evictions=0, cow_copies=0, stale_hashes=0, divergent_outputs=0,
                       lookup_blocks=0, hit_blocks=0)
-        self.requests: list[dict] = []
+        self.finished: list[RequestFinished] = []
         self.stale_pending = False
 
     def emit(self, step: int, event, engine: bool = False) -> None:
@@ -154,10 +154,11 @@ class _Story:
                                              int(self.rng.integers(0, 32000)), int(self.rng.integers(0, 32000))),
                       engine=True)
         arrival = req["arrival"] * STORY_STEP_NS
-        self.requests.append(dict(ttft=first_token - arrival, itl=itl, prompt=prompt, hit=local_hit + ext_hit))
-        self.emit(s, RequestFinished(rid, f"fam-{req['fam']}", arrival, step * STORY_STEP_NS, first_token, finish,
-                                     prompt, req["out"], local_hit, ext_hit, prompt - local_hit - ext_hit, 0, divergent,
-                                     tuple(itl.tolist()), tuple(chunks)), engine=True)
+        done = RequestFinished(rid, f"fam-{req['fam']}", arrival, step * STORY_STEP_NS, first_token, finish,
+                               prompt, req["out"], local_hit, ext_hit, prompt - local_hit - ext_hit, 0, divergent,
+                               tuple(itl.tolist()), tuple(chunks), num_external_query_tokens=prompt - local_hit)
+        self.finished.append(done)
+        self.emit(s, done, engine=True)
         return s
 
     def checkpoint(self, s: int, rid: str) -> None:
@@ -210,17 +211,13 @@ def simulate(behaviour_on: bool, n_requests: int = 80, capacity: int = 160,
         usage = tuple(len(g.cache) / g.capacity for g in story.groups)
         for st in range(start, step):
             story.usage[st] = usage
-    reqs = story.requests
-    prompt = sum(r["prompt"] for r in reqs)
-    hit = sum(r["hit"] for r in reqs)
-    ttft_ms = [r["ttft"] / 1e6 for r in reqs]
-    itl_ms = (np.concatenate([r["itl"] for r in reqs]) / 1e6).tolist()
+    reqs = story.finished
     n = story.n
+    # every metric from its one definition, as the engine's summary computes it
     summary = dict(
-        requests=len(reqs), prompt_tokens=prompt, hit_tokens=hit, token_hit_rate=hit / prompt,
+        requests=len(reqs), prompt_tokens=sum(r.num_prompt_tokens for r in reqs), **metrics.hit_summary(reqs),
         block_hit_rate=n["hit_blocks"] / n["lookup_blocks"],
-        ttft_ms_p50=percentile(ttft_ms, 50), ttft_ms_p99=percentile(ttft_ms, 99),
-        itl_ms_p50=percentile(itl_ms, 50), itl_ms_p99=percentile(itl_ms, 99),
+        **metrics.latency_summary(metrics.request_latency_samples(reqs)),
         publishes=n["publishes"], evictions=n["evictions"], cow_copies=n["cow_copies"],
         stale_hashes=n["stale_hashes"], divergent_outputs=n["divergent_outputs"], preemptions=0,
         digest=hashlib.blake2b(repr((behaviour_on, n_requests, seed)).encode(), digest_size=8).hexdigest(),

@@ -87,7 +87,7 @@ def load_vllm() -> VllmAPI:
     Raises ``KVTraceError`` (one line) when vLLM is not installed, is another version
     than ``EXPECTED_VERSION``, fails to import, or lacks a name kvtrace uses.
     """
-    global _loaded
+    global _loaded  # noqa: PLW0603  (imported once per process: vLLM takes seconds)
     if _loaded is not None:
         return _loaded
     version = installed_version()

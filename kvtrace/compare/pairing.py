@@ -1,0 +1,170 @@
+"""Which run to compare a run with, and how two runs' settings differ.
+
+A comparison isolates one change only when the two runs replay the same trace, in the same
+mode, at the same capacity, and differ in exactly one setting (one behaviour switched, one
+retention interval, one cost model ...). ``differences`` lists every setting two stored runs
+differ in, from their stored records (``runs.config``, ``runs.behaviours``, ``runs.mode``);
+``partner`` picks the default B of a run: the newest run that differs from it in exactly
+one setting; ``mismatches`` says what makes a chosen pair not an isolated measurement.
+
+Runs are the dicts of ``kvtrace.store.read.run`` (config, behaviours and summary parsed)
+or rows with those fields as JSON text.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# Flattened config keys that make up a run's capacity (engine: KV blocks per group and the
+# groups' block sizes; cache-only: usable blocks of block_size tokens).
+_CAPACITY_KEYS = ("cache.num_gpu_blocks", "capacity_blocks", "block_size")
+
+
+@dataclass(frozen=True, slots=True)
+class Difference:
+    setting: str  # "mode", "behaviour shared-prefix-pinning", "cache.retention_interval", ...
+    a: Any
+    b: Any
+    kind: str  # mode | capacity | behaviour | setting
+
+    def __str__(self) -> str:
+        return f"{self.setting}: A {_show(self.a)} → B {_show(self.b)}"
+
+
+def _parsed(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:
+    if isinstance(value, dict):
+        for k in sorted(value):
+            _flatten(value[k], f"{prefix}.{k}" if prefix else str(k), out)
+    elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        for i, v in enumerate(value):
+            _flatten(v, f"{prefix}[{i}]", out)
+    else:
+        out[prefix] = value
+
+
+def _behaviours(run: Mapping[str, Any]) -> set[str]:
+    b = _parsed(run.get("behaviours"))
+    if isinstance(b, dict):
+        return {str(k) for k, on in b.items() if on}
+    return {str(x) for x in b} if isinstance(b, list) else set()
+
+
+def settings(run: Mapping[str, Any]) -> dict[str, Any]:
+    """A run's settings as flat ``key -> value``: its mode and every stored config field
+    (behaviours are compared apart, one setting each). The cost model counts as one
+    setting (its name; its coefficients when the names agree)."""
+    cfg = _parsed(run.get("config"))
+    out: dict[str, Any] = {"mode": run.get("mode")}
+    if isinstance(cfg, dict):
+        cfg = dict(cfg)
+        model = cfg.pop("cost_model", None)
+        cache = cfg.get("cache")
+        if isinstance(cache, dict):
+            cfg["cache"] = {k: v for k, v in cache.items() if k != "behaviours"}
+        flat: dict[str, Any] = {}
+        _flatten(cfg, "", flat)
+        flat.pop("mode", None)
+        out |= flat
+        if isinstance(model, dict):
+            out["cost_model"] = json.dumps(model, sort_keys=True)
+    return out
+
+
+def _kind(setting: str) -> str:
+    if setting == "mode":
+        return "mode"
+    if setting in _CAPACITY_KEYS or (setting.startswith("cache.groups[") and setting.endswith(".block_size")):
+        return "capacity"
+    return "setting"
+
+
+def differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[Difference]:
+    """Every setting runs ``a`` and ``b`` differ in: mode, capacity, each behaviour switched
+    on in one only, every other config field; sorted by kind, then name."""
+    sa, sb = settings(a), settings(b)
+    out = []
+    for key in sorted(set(sa) | set(sb)):
+        if sa.get(key) != sb.get(key):
+            va, vb = sa.get(key), sb.get(key)
+            if key == "cost_model":
+                va, vb = _model_name(va), _model_name(vb)
+                if va == vb:
+                    va, vb = "coefficients A", "coefficients B"
+            out.append(Difference(key, va, vb, _kind(key)))
+    ba, bb = _behaviours(a), _behaviours(b)
+    for name in sorted(ba ^ bb):
+        out.append(Difference(f"behaviour {name}", "on" if name in ba else "off", "on" if name in bb else "off",
+                              "behaviour"))
+    order = {"mode": 0, "capacity": 1, "behaviour": 2, "setting": 3}
+    return sorted(out, key=lambda d: (order[d.kind], d.setting))
+
+
+def mismatches(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[Difference]:
+    """What keeps ``a`` and ``b`` from being one isolated change: a different mode or
+    capacity, or more than one setting changed (then every difference). Empty for a
+    clean pair (exactly one setting differs, none of them mode or capacity)."""
+    diffs = differences(a, b)
+    if len(diffs) == 1 and diffs[0].kind not in ("mode", "capacity"):
+        return []
+    return diffs
+
+
+def same_trace(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Equal trace digests (the content), or equal trace sources where a digest is missing."""
+    if a.get("trace_digest") and b.get("trace_digest"):
+        return a["trace_digest"] == b["trace_digest"]
+    return a.get("trace_source") == b.get("trace_source")
+
+
+def partner(a: Mapping[str, Any], candidates: Iterable[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The default B for run ``a``: the first of ``candidates`` (newest first) that replays
+    the same trace and differs from ``a`` in exactly one setting other than mode and
+    capacity; None when there is none."""
+    for c in candidates:
+        if c.get("run_id") != a.get("run_id") and same_trace(a, c) and not mismatches(a, c):
+            return c
+    return None
+
+
+def study_command(a: Mapping[str, Any], db: str) -> str:
+    """The command that records a run differing from ``a`` in one setting: for an engine
+    run, ``kvtrace study`` of a behaviour (the pair: that behaviour off and on); for a
+    cache-only run, the other eviction policy at the same capacity."""
+    trace = a.get("trace_source") or "TRACE"
+    cfg = _parsed(a.get("config"))
+    cfg = cfg if isinstance(cfg, dict) else {}
+    if str(a.get("mode") or "").startswith("cache-only"):
+        other = "belady" if cfg.get("policy") != "belady" else "lru"
+        size = f" --block-size {cfg['block_size']}" if cfg.get("block_size") else ""
+        return (f"kvtrace replay {trace} --mode cache-only --policy {other} "
+                f"--capacity-blocks {cfg.get('capacity_blocks', 'N')}{size} --db {db}")
+    behaviour = next(iter(sorted(_behaviours(a))), "shared-prefix-pinning")
+    preset = f" --preset {cfg['preset']}" if cfg.get("preset") else ""
+    return f"kvtrace study {behaviour} --trace {trace}{preset} --db {db}"
+
+
+def _model_name(text: Any) -> Any:
+    try:
+        return json.loads(text).get("name") if isinstance(text, str) else text
+    except (ValueError, AttributeError):
+        return text
+
+
+def _show(v: Any) -> str:
+    if v is None:
+        return "unset"
+    if isinstance(v, list):
+        return ", ".join(map(str, v))
+    return str(v)

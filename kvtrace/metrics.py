@@ -1,0 +1,291 @@
+"""One definition of every run metric: vLLM's name, vLLM's words, one formula.
+
+Ground floor (imports only ``kvtrace.numeric`` and numpy): the engine and cache-only
+summaries, the span builder, the store's queries, ``kvtrace diff``, the dashboard and the
+notebooks all read their hit counters and latency statistics from here, so a figure is the
+same wherever it is shown for the same run and window.
+
+Hit counters follow vLLM 0.33 (``vllm/v1/metrics/stats.py``: ``PrefixCacheStats``,
+``PromptTokenStats``; recorded in ``Scheduler.schedule`` through
+``KVCacheManager.record_prefix_cache_stats``). Each counter is a sum over requests of one
+per-request quantity (``PER_REQUEST``), taken once per request **when it is first
+scheduled**: a lookup that does not lead to admission counts nothing, and the re-lookups of a
+preempted request go to the separate ``preempted_*`` counters, as in vLLM. Every counter is
+in tokens. ``COUNTERS`` holds them as signed sums of per-request fields, so the Python sum
+(``hit_counters``) and the store's SQL (``counter_sql``) are generated from the same table.
+
+Latency follows ``vllm bench serve`` (``vllm/benchmarks/serve.py``): TTFT, TPOT, ITL and
+E2EL with mean, median, population standard deviation and the requested percentiles
+(numpy's linear interpolation, ``kvtrace.numeric``), named ``mean_ttft_ms``,
+``p99_ttft_ms`` ...; kvtrace adds the queueing time. In kvtrace every time is *modelled* by
+the engine's cost model (virtual time), never measured; cache-only runs have no time, so
+their latency fields are None (JSON null), never 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvtrace.numeric import percentiles as _percentiles
+
+# --- per-request quantities (the names of ``RequestFinished``'s fields) ------------------
+PROMPT = "num_prompt_tokens"  # prompt tokens (at first schedule: the tokens looked up)
+LOCAL_HIT = "num_local_hit_tokens"  # local prefix-cache hit at first schedule
+EXTERNAL_QUERY = "num_external_query_tokens"  # tokens asked of the external tier (0 without one)
+EXTERNAL_HIT = "num_external_hit_tokens"  # tokens the external tier supplied at first schedule
+PREEMPTED_QUERY = "num_preempted_query_tokens"  # tokens looked up again at each re-admission
+PREEMPTED_HIT = "num_preempted_hit_tokens"  # local hits of those re-lookups
+PER_REQUEST: dict[str, str] = {
+    PROMPT: "prompt tokens; a request first scheduled looks up all of them (vLLM: request.num_tokens)",
+    LOCAL_HIT: "tokens found in the local prefix cache when the request was first scheduled",
+    EXTERNAL_QUERY: "tokens beyond the local hit asked of the external tier at first schedule "
+                    "(vLLM: request.num_tokens - num_new_local_computed_tokens; 0 without a tier)",
+    EXTERNAL_HIT: "tokens loaded from the external tier at first schedule (num_external_computed_tokens)",
+    PREEMPTED_QUERY: "tokens looked up at every re-admission after a preemption (summed)",
+    PREEMPTED_HIT: "local hits of those re-admission lookups (summed)",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Counter:
+    """A run counter: the sum over requests of ``Σ sign · field``; ``vllm``: the vLLM
+    metric it reproduces; ``doc``: its meaning, in vLLM's words where vLLM has them."""
+
+    key: str
+    label: str
+    vllm: str
+    terms: tuple[tuple[int, str], ...]
+    doc: str
+
+
+COUNTERS: tuple[Counter, ...] = (
+    Counter("prefix_cache_queries", "Prefix cache queries", "vllm:prefix_cache_queries", ((1, PROMPT),),
+            "Prefix cache queries, in terms of number of queried tokens (once per request, when first scheduled)."),
+    Counter("prefix_cache_hits", "Prefix cache hits", "vllm:prefix_cache_hits", ((1, LOCAL_HIT),),
+            "Prefix cache hits, in terms of number of cached tokens (local cache, once per request)."),
+    Counter("preempted_prefix_cache_queries", "Preempted re-lookups (queried tokens)",
+            "PrefixCacheStats.preempted_queries", ((1, PREEMPTED_QUERY),),
+            "The queries of previously preempted requests, counted apart from the new requests' (as vLLM)."),
+    Counter("preempted_prefix_cache_hits", "Preempted re-lookups (hit tokens)", "PrefixCacheStats.preempted_hits",
+            ((1, PREEMPTED_HIT),), "The hits of previously preempted requests."),
+    Counter("external_prefix_cache_queries", "External prefix cache queries", "vllm:external_prefix_cache_queries",
+            ((1, EXTERNAL_QUERY),),
+            "External prefix cache queries from KV connector cross-instance cache sharing, in terms of number of "
+            "queried tokens (the tokens beyond the local hit; kvtrace's external tier)."),
+    Counter("external_prefix_cache_hits", "External prefix cache hits", "vllm:external_prefix_cache_hits",
+            ((1, EXTERNAL_HIT),),
+            "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of "
+            "cached tokens."),
+    Counter("prompt_tokens_by_source.local_compute", "Prompt tokens computed",
+            'vllm:prompt_tokens_by_source{source="local_compute"}', ((1, PROMPT), (-1, LOCAL_HIT), (-1, EXTERNAL_HIT)),
+            "Tokens prefilled locally (actual compute work), at the first schedule."),
+    Counter("prompt_tokens_by_source.local_cache_hit", "Prompt tokens from the local cache",
+            'vllm:prompt_tokens_by_source{source="local_cache_hit"}', ((1, LOCAL_HIT),),
+            "Tokens from local prefix cache."),
+    Counter("prompt_tokens_by_source.external_kv_transfer", "Prompt tokens from the external tier",
+            'vllm:prompt_tokens_by_source{source="external_kv_transfer"}', ((1, EXTERNAL_HIT),),
+            "Tokens from external KV transfer."),
+)
+COUNTER_KEYS: tuple[str, ...] = tuple(c.key for c in COUNTERS)
+SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")  # PromptTokenStats.ALL_SOURCES
+SOURCE_KEYS = tuple(f"prompt_tokens_by_source.{s}" for s in SOURCES)
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """``numerator / denominator`` of two counters (None when the denominator is 0)."""
+
+    key: str
+    label: str
+    numerator: str
+    denominator: str
+    doc: str
+
+
+RATES: tuple[Rate, ...] = (
+    Rate("prefix_cache_hit_rate", "Prefix cache hit rate", "prefix_cache_hits", "prefix_cache_queries",
+         "vLLM's logged 'Prefix cache hit rate': prefix_cache_hits / prefix_cache_queries. The request hit rate."),
+    Rate("external_prefix_cache_hit_rate", "External prefix cache hit rate", "external_prefix_cache_hits",
+         "external_prefix_cache_queries",
+         "vLLM's 'External prefix cache hit rate': external hits / external queries (None without a tier)."),
+    Rate("preempted_prefix_cache_hit_rate", "Preempted re-lookup hit rate", "preempted_prefix_cache_hits",
+         "preempted_prefix_cache_queries", "Hit rate of the re-lookups of preempted requests (None without any)."),
+)
+RATE_KEYS: tuple[str, ...] = tuple(r.key for r in RATES)
+HEADLINE_RATE = "prefix_cache_hit_rate"
+
+# The per-group rate is its own metric, never the request hit rate: the tokens one KV
+# cache group alone would hit (its first pass of the hybrid coordinator's fixed point,
+# before the groups agree), over the same prefix_cache_queries.
+GROUP_HIT_RATE_DOC = ("Attention/state group hit rate: hit tokens KV group g alone found at each request's first "
+                      "schedule (before the groups agree on one hit), over prefix_cache_queries. Not the request "
+                      "hit rate: the request hits only what every group hits.")
+
+
+def group_hit_rate_label(kind: str | None) -> str:
+    """'attention group hit rate', 'state group hit rate', or 'group hit rate'."""
+    return f"{kind} group hit rate" if kind else "group hit rate"
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    """The one division of every rate: None when either is missing or the denominator is 0."""
+    if numerator is None or denominator is None or denominator == 0:
+        return None
+    return numerator / denominator
+
+
+def hit_counters(requests: Iterable[Mapping[str, int] | object]) -> dict[str, int]:
+    """Every counter of ``COUNTERS`` over ``requests`` (mappings of, or objects with, the
+    ``PER_REQUEST`` fields; a missing field counts 0)."""
+    totals = dict.fromkeys(PER_REQUEST, 0)
+    for r in requests:
+        get = r.get if isinstance(r, Mapping) else (lambda f, _r=r: getattr(_r, f, 0))
+        for f in totals:
+            totals[f] += int(get(f) or 0)
+    return {c.key: sum(sign * totals[f] for sign, f in c.terms) for c in COUNTERS}
+
+
+def hit_rates(counters: Mapping[str, float | None]) -> dict[str, float | None]:
+    """Every rate of ``RATES`` from counters."""
+    return {r.key: ratio(counters.get(r.numerator), counters.get(r.denominator)) for r in RATES}
+
+
+def hit_summary(requests: Iterable[Mapping[str, int] | object]) -> dict[str, float | int | None]:
+    """Counters and rates, as a run summary carries them."""
+    counters = hit_counters(requests)
+    return {**counters, **hit_rates(counters)}
+
+
+def counter_sql(column: Mapping[str, str]) -> dict[str, str]:
+    """SQL aggregate for each counter, given the column (or SQL expression) holding each
+    ``PER_REQUEST`` field: ``{key: "sum(coalesce(a, 0)) - sum(...)"}`` (BIGINT)."""
+    out = {}
+    for c in COUNTERS:
+        parts = [f"{'-' if sign < 0 else '+'} coalesce(sum({column[f]}), 0)" for sign, f in c.terms]
+        expr = " ".join(parts).lstrip("+ ")
+        out[c.key] = f"CAST({expr} AS BIGINT)"
+    return out
+
+
+# --- block hit rate (kvtrace's own, not a vLLM metric) ------------------------------------
+BLOCK_HIT_RATE_DOC = ("kvtrace's own: prompt blocks (of the first KV group's block size) entirely served from cache, "
+                      "local or external, at first schedule, over prompt blocks.")
+
+
+# --- latency ---------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Latency:
+    key: str  # as in vllm bench serve's result keys: mean_<key>_ms, p99_<key>_ms
+    label: str
+    doc: str
+
+
+LATENCIES: tuple[Latency, ...] = (
+    Latency("ttft", "TTFT", "Time to First Token: from the request's arrival to its first output token."),
+    Latency("tpot", "TPOT", "Time per Output Token (excl. 1st token): (E2EL - TTFT) / (output tokens - 1), per "
+                            "request with more than one output token."),
+    Latency("itl", "ITL", "Inter-token Latency: every gap between consecutive output tokens, of every request."),
+    Latency("e2el", "E2EL", "End-to-end Latency: from the request's arrival to its last output token."),
+    Latency("queue", "Queue", "Queueing time: from arrival to the first step that schedules the request (vLLM's "
+                              "vllm:request_queue_time_seconds, time spent in WAITING phase)."),
+)
+LATENCY_KEYS: tuple[str, ...] = tuple(m.key for m in LATENCIES)
+LATENCY_LABEL = {m.key: m.label for m in LATENCIES}
+DEFAULT_PERCENTILES: tuple[float, ...] = (50, 90, 99)
+MODELLED = "modelled"  # the word every latency view carries
+
+
+def percentile_word(p: float) -> str:
+    """vllm bench serve's spelling of a percentile in a key: 99 -> '99', 99.9 -> '99.9'."""
+    return str(int(p)) if float(p).is_integer() else str(p)
+
+
+def latency_keys(metric: str, percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> list[str]:
+    """The summary keys of one latency: mean_, median_, std_, p<P>_ <metric>_ms."""
+    return [f"{s}_{metric}_ms" for s in ("mean", "median", "std")] + [
+        f"p{percentile_word(p)}_{metric}_ms" for p in percentiles]
+
+
+def is_latency_key(name: str) -> bool:
+    """Whether a summary or diff metric name is a latency statistic (lower is better)."""
+    if not name.endswith("_ms"):
+        return False
+    return name.rsplit("_", 2)[-2] in LATENCY_KEYS if name.count("_") >= 2 else False
+
+
+def parse_percentiles(text: str | Sequence[float] | None) -> tuple[float, ...]:
+    """``"50,90,99"`` (vllm bench serve's --metric-percentiles) -> (50.0, 90.0, 99.0);
+    ValueError naming the bad item. None gives DEFAULT_PERCENTILES."""
+    if text is None:
+        return DEFAULT_PERCENTILES
+    items = [s.strip() for s in text.split(",")] if isinstance(text, str) else list(text)
+    out = []
+    for item in items:
+        if item == "":
+            continue
+        try:
+            p = float(item)
+        except (TypeError, ValueError):
+            raise ValueError(f"percentile {item!r} is not a number") from None
+        if not 0 <= p <= 100 or math.isnan(p):
+            raise ValueError(f"percentile {item!r} is outside 0..100")
+        out.append(p)
+    if not out:
+        raise ValueError("no percentiles given")
+    return tuple(dict.fromkeys(out))
+
+
+def latency_stats(values_ns: Sequence[float] | np.ndarray, metric: str,
+                  percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> dict[str, float | None]:
+    """``{mean_<metric>_ms, median_…, std_…, p<P>_…}`` of values in ns, in ms, as vllm bench
+    serve computes them (np.mean, np.median, np.std with ddof 0, np.percentile linear); every
+    value None when there are no samples. Sorted first, so any order of the same values
+    gives the same bits."""
+    keys = latency_keys(metric, percentiles)
+    arr = np.sort(np.asarray(values_ns, dtype=np.float64))
+    if arr.size == 0:
+        return dict.fromkeys(keys, None)
+    med, *ps = _percentiles(arr, [50.0, *percentiles])
+    vals = [float(arr.mean()), med, float(arr.std()), *ps]
+    return {k: None if v is None else v / 1e6 for k, v in zip(keys, vals)}
+
+
+def no_latency(percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> dict[str, None]:
+    """Every latency key as None: a run without time (cache-only)."""
+    return {k: None for m in LATENCY_KEYS for k in latency_keys(m, percentiles)}
+
+
+def tpot_ns(e2el_ns: float, ttft_ns: float, output_tokens: int) -> float | None:
+    """One request's TPOT (ns) as vllm bench serve: None for one output token or fewer."""
+    return (e2el_ns - ttft_ns) / (output_tokens - 1) if output_tokens > 1 else None
+
+
+def request_latency_samples(requests: Iterable[object]) -> dict[str, list[float]]:
+    """Per latency metric, the samples (ns) of finished requests (objects with arrival_ns,
+    first_scheduled_ns, first_token_ns, finish_ns, num_output_tokens, itl_ns)."""
+    out: dict[str, list[float]] = {k: [] for k in LATENCY_KEYS}
+    for r in requests:
+        arrival = r.arrival_ns  # type: ignore[attr-defined]
+        ttft = r.first_token_ns - arrival  # type: ignore[attr-defined]
+        e2el = r.finish_ns - arrival  # type: ignore[attr-defined]
+        out["ttft"].append(ttft)
+        out["e2el"].append(e2el)
+        out["queue"].append(r.first_scheduled_ns - arrival)  # type: ignore[attr-defined]
+        t = tpot_ns(e2el, ttft, r.num_output_tokens)  # type: ignore[attr-defined]
+        if t is not None:
+            out["tpot"].append(t)
+        out["itl"].extend(r.itl_ns)  # type: ignore[attr-defined]
+    return out
+
+
+def latency_summary(samples: Mapping[str, Sequence[float] | np.ndarray],
+                    percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> dict[str, float | None]:
+    """Every latency statistic of every metric from per-metric samples (ns)."""
+    out: dict[str, float | None] = {}
+    for m in LATENCY_KEYS:
+        out |= latency_stats(samples.get(m, ()), m, percentiles)
+    return out

@@ -1,0 +1,57 @@
+"""Process plumbing the long-running commands share (ground floor: nothing of kvtrace).
+
+- ``probe_address``: can this process listen on ``host:port``? Asked before a server
+  library tries, so a busy port is one ``kvtrace: error:`` line, not the library's text;
+- ``sigterm_as_interrupt``: SIGTERM (``kill``, a container stop, systemd) stops a server
+  the way Ctrl-C does, so it flushes, prints its summary and finishes its run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import threading
+from collections.abc import Iterator
+
+
+def probe_address(host: str, port: int, what: str) -> None:
+    """Raise OSError ``cannot listen on HOST:PORT (WHAT): why`` when ``host:port`` cannot
+    be bound (in use, or not an address here).
+
+    Binds and closes a plain TCP socket on every address ``host`` resolves to, with
+    SO_REUSEADDR as servers set it (a port in TIME_WAIT is fine, one with a listener is
+    not). Port 0 (any free port) always can be bound.
+    """
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as err:
+        raise OSError(f"cannot listen on {host}:{port} ({what}): {getattr(err, 'strerror', None) or err}") from None
+    for family, kind, proto, _, address in infos:
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(address)
+            except OSError as err:
+                raise OSError(f"cannot listen on {host}:{port} ({what}): {err.strerror or err}") from None
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Within the block, SIGTERM raises KeyboardInterrupt in the main thread (as SIGINT
+    does); the previous handler is restored after. Off the main thread (where Python
+    cannot install handlers) it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,70 @@
+"""``kvtrace dashboard`` as a real process: SIGTERM leaves nothing serving; a busy port is
+one error line, not Streamlit's text."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+from kvtrace.store.writer import Store
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _dashboard(db, port: int) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "kvtrace.cli", "dashboard", "--db", str(db), "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _serving(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def test_sigterm_stops_the_server_with_the_command(tmp_path):
+    db = tmp_path / "d.duckdb"
+    Store.open(db).close()
+    port = _free_port()
+    proc = _dashboard(db, port)
+    try:
+        deadline = time.monotonic() + 120
+        while not _serving(port):
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, "the dashboard never served"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert not _serving(port)  # nothing outlived the command: no child kept the port
+    with socket.socket() as s:  # the port is free again
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
+
+
+def test_a_busy_port_is_one_error_line(tmp_path):
+    db = tmp_path / "d.duckdb"
+    Store.open(db).close()
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = _dashboard(db, port)
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"kvtrace: error: cannot listen on 127.0.0.1:{port} (dashboard)"), err
