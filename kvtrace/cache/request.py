@@ -86,6 +86,7 @@ class Request:
     @property
     def prompt_token_ids(self) -> np.ndarray:
         if self._prompt is None:
+            assert self.trace_block_ids is not None  # __init__ requires them without prompt tokens
             self._prompt = tokens_for_block_ids(
                 self.trace_block_ids, self.trace_block_size, self.num_prompt_tokens, self.namespace
             )
