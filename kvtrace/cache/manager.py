@@ -187,6 +187,8 @@ class KVCacheManager:
             return KVCacheBlocks.empty(self.num_groups), 0, 0
         fine = request.block_hashes
         m0 = self.managers[0]
+        blocks: tuple[list[KVCacheBlock], ...]  # one entry per group
+        first: tuple[int, ...]
         if self._unitary:
             hit_blocks, hit = m0.find_longest_cache_hit(fine, num_tokens - 1, self.hit_alignment)
             blocks, boundary, first = (hit_blocks,), 0, (hit,)
