@@ -171,7 +171,8 @@ def test_hostile_config_is_refused_naming_file_and_key(doc):
         except Exception as err:  # the invariant is about every exception
             text = one_line_error(err, path)
             if "invalid TOML" not in text:  # e.g. a key twice: tomllib names the line
-                assert any(k in text for k in keys), f"no key of the file named: {text!r}"
+                assert any(k in text if _BARE.match(k) else repr(k) in text for k in keys), \
+                    f"no key of the file named: {text!r}"
             return
     from kvtrace.engine import Engine
 
@@ -258,3 +259,16 @@ def test_a_presets_value_in_conflict_with_the_file_names_the_file_and_its_keys(t
     with pytest.raises(KVTraceError) as info:
         validate(RunSpec("trace.jsonl", config_file=str(path)))
     one_line_error(info.value, f"{path}: cache.groups: conflicts with the preset's retention_interval")
+
+
+def test_an_unknown_key_of_blanks_or_line_breaks_is_named_quoted(tmp_path: Path):
+    """A key "\\r" was named as blank space (the one-line message turns line breaks into spaces)."""
+    path = tmp_path / "run.toml"
+    path.write_text('"\\r" = 0\n[cache]\n" " = 1\n')
+    with pytest.raises(KVTraceError) as info:
+        load_config_file(path)
+    one_line_error(info.value, f"{path}: '\\r': unknown key")
+    path.write_text('[cache]\n" " = 1\n')
+    with pytest.raises(KVTraceError) as info:
+        load_config_file(path)
+    one_line_error(info.value, f"{path}: cache.' ': unknown key")
