@@ -7,6 +7,7 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from kvtrace.cache.config import BEHAVIOURS
+from kvtrace.engine.backends import BACKENDS
 from kvtrace.engine.presets import PRESETS
 from kvtrace.replay.cache_only import POLICIES
 from kvtrace.replay.generate import WORKLOADS
@@ -19,7 +20,7 @@ def _choices(name: str, values) -> type[Enum]:
 
 
 if TYPE_CHECKING:  # for a type checker each is the str it holds
-    Mode = Policy = TraceFormat = Preset = Behaviour = Workload = GeneratedFormat = str
+    Mode = Policy = TraceFormat = Preset = Behaviour = Workload = GeneratedFormat = Backend = str
 else:
     Mode = _choices("Mode", MODES)
     Policy = _choices("Policy", POLICIES)
@@ -28,6 +29,7 @@ else:
     Behaviour = _choices("Behaviour", BEHAVIOURS)
     Workload = _choices("Workload", WORKLOADS)
     GeneratedFormat = _choices("GeneratedFormat", ("native", "mooncake"))
+    Backend = _choices("Backend", BACKENDS)
 
 
 def value(choice):

@@ -12,7 +12,7 @@ from kvtrace.cli.output import echo_json
 
 
 @app.command()
-@replay_options(exclude=("mode", "policy", "capacity_blocks", "capacity_tokens", "name"))
+@replay_options(exclude=("mode", "policy", "capacity_blocks", "capacity_tokens", "name", "backend"))
 def conformance(
     spec,
     capacity_blocks: Annotated[list[int], typer.Option(
