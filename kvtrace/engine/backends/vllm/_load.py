@@ -87,11 +87,18 @@ def installed_version() -> str | None:
         return None
 
 
+def compatible(version: str) -> bool:
+    """A release or build of vLLM 0.33 (``0.33.0``, ``0.33.1``, ``0.33.1.dev12+gabc`` of a
+    checkout): kvtrace checks the API it uses name by name after the import."""
+    minor = ".".join(EXPECTED_VERSION.split(".")[:2])
+    return re.match(rf"{re.escape(minor)}(\.|$)", version) is not None
+
+
 def load_vllm() -> VllmAPI:
     """vLLM's scheduler-side API, imported once per process.
 
-    Raises ``KVTraceError`` (one line) when vLLM is not installed, is another version
-    than ``EXPECTED_VERSION``, fails to import, or lacks a name kvtrace uses.
+    Raises ``KVTraceError`` (one line) when vLLM is not installed, is not a 0.33 build
+    (``compatible``), fails to import, or lacks a name kvtrace uses.
     """
     global _loaded  # noqa: PLW0603  (imported once per process: vLLM takes seconds)
     if _loaded is not None:
@@ -100,7 +107,7 @@ def load_vllm() -> VllmAPI:
     if version is None:
         raise KVTraceError(f"vLLM is not installed (kvtrace expects vLLM {EXPECTED_VERSION}); "
                            f"install it with `{INSTALL_HINT}`")
-    if version != EXPECTED_VERSION:
+    if not compatible(version):
         raise KVTraceError(f"vLLM {version} is installed; kvtrace expects vLLM {EXPECTED_VERSION} "
                            f"(install it with `{INSTALL_HINT}`)")
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")

@@ -52,7 +52,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvtrace.cache.config import CacheConfig, MambaSpec
+from kvtrace.cache.config import CacheConfig, FullAttentionSpec, MambaSpec
 from kvtrace.cache.events import (
     COPY_EXTERNAL,
     COPY_PARTIAL_HIT,
@@ -116,6 +116,7 @@ class VllmEngineManager(VllmKVCacheManager):
         self._published: dict[tuple[int, Any], list[Any]] = {}
         self._num_tokens: dict[tuple[int, bytes], int] = {}  # (group, hash) -> prefix tokens, for the audit
         self._index: dict[str, tuple[int, dict[Any, int]]] = {}  # request -> (hashes seen, event hash -> index)
+        self._convert = event_hash_function(self.api)
         self._checkpoint_rule = api_checkpoint_rule(self.api) if self._mamba and \
             cache_config.num_prefill_checkpoint_blocks else None
         # kvtrace's external tier and its lookup rule (a shadow manager's coordinator, never allocated from)
@@ -143,7 +144,7 @@ class VllmEngineManager(VllmKVCacheManager):
         seen = self._index.get(request.request_id)
         if seen is None or seen[0] != len(hashes):
             index = seen[1] if seen is not None else {}
-            convert = self.external_hash
+            convert = self._convert
             for i in range(len(index), len(hashes)):
                 index.setdefault(convert(hashes[i]), i)
             seen = (len(hashes), index)
@@ -341,7 +342,7 @@ class VllmEngineManager(VllmKVCacheManager):
         hashes = []
         for key in keys:
             h = bytes(self.api.get_block_hash(key))
-            rec = self._published.get((copy.group_id, self.external_hash(h)))
+            rec = self._published.get((copy.group_id, self._convert(h)))
             if rec is not None:
                 rec[1] = copy.dst
             hashes.append(h)
@@ -372,14 +373,42 @@ class VllmEngineManager(VllmKVCacheManager):
 
     @property
     def usage(self) -> tuple[float, ...]:  # type: ignore[override]
-        """Per group, the share of the pool's usable blocks its requests' tables hold (they
-        sum to vLLM's ``usage`` but for copy endpoints held across a step)."""
-        usable = max(self.config.total_blocks - 1, 1)
-        out = []
-        for m in self._managers:
-            ids = {b.block_id for t in m.req_to_blocks.values() for b in t if not b.is_null}
-            out.append(len(ids) / usable)
-        return tuple(out)
+        """vLLM's ``usage``, split over the groups (they sum to it): one group takes it all;
+        several share it in proportion to the non-null blocks their requests' tables hold
+        (inferred: vLLM's pool does not record a block's group, and a shared block counts
+        once per table)."""
+        total = self.manager.usage
+        if self.num_groups == 1:
+            return (total,)
+        held = []
+        for g, m in enumerate(self._managers):
+            tables = m.req_to_blocks.values()
+            if g in self._mamba or not isinstance(self.config.groups[g], FullAttentionSpec):
+                held.append(sum(1 for t in tables for b in t if not b.is_null))
+            else:
+                held.append(sum(len(t) for t in tables))
+        n = sum(held)
+        return tuple(total * h / n if n else 0.0 for h in held)
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _low64(block_hash: bytes) -> int:
+    return int.from_bytes(block_hash, "big") & _MASK64
+
+
+def event_hash_function(api: VllmAPI):
+    """A block hash as vLLM's KV events carry it: vLLM's ``maybe_convert_block_hash``
+    reads an environment variable per call (a third of a replay's event cost), so its
+    result is decided once and the conversion done here when it is the low 64 bits."""
+    probe = bytes(range(32))
+    vllm = api.maybe_convert_block_hash
+    if vllm(probe) == _low64(probe):
+        return _low64
+    if vllm(probe) == probe:
+        return lambda block_hash: block_hash
+    return vllm
 
 
 def api_checkpoint_rule(api: VllmAPI):
