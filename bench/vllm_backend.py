@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import os
 import pstats
 import sys
 import time
@@ -50,7 +51,7 @@ def vllm_share(profile: cProfile.Profile, vllm_dir: str) -> float:
     inside = total = 0.0
     for (filename, _, _), (_, _, own, _, _) in stats.stats.items():  # type: ignore[attr-defined]
         total += own
-        if filename.startswith(vllm_dir):
+        if os.path.realpath(filename).startswith(vllm_dir + os.sep):
             inside += own
     return inside / total if total else 0.0
 
@@ -64,7 +65,7 @@ def main() -> int:
     api = load_vllm()
     import vllm
 
-    vllm_dir = str(Path(vllm.__file__).resolve().parent)
+    vllm_dir = os.path.realpath(Path(vllm.__file__).parent)
     spec = RunSpec(str(TRACE), preset=args.preset, limit=args.limit)
     preset = engine_preset(spec)
     best: dict[str, tuple[float, float]] = {}

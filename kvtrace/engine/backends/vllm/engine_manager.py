@@ -151,16 +151,18 @@ class VllmEngineManager(VllmKVCacheManager):
             self._index[request.request_id] = seen
         return seen[1]
 
-    def _drain(self, request: Request | None, fresh: list[set[int]] | None = None,
+    def _drain(self, request: Request | None, allocated: tuple[Any, list[list[int]]] | None = None,
                checkpoints: set[tuple[int, int, int]] | frozenset = frozenset()) -> None:
         """vLLM's pending KV events as kvtrace events; ``request``: whose call made them,
-        ``fresh``: per group, the blocks that call took off the free queue;
-        ``checkpoints``: its (group, block, position) checkpoint writes."""
+        ``allocated``: that call's (returned blocks, copy targets per group), the blocks it
+        took off the free queue; ``checkpoints``: its (group, block, position) checkpoint
+        writes."""
         events = self.manager.take_events()
         if not events:
             return
         step, hbs = self.step, self.hash_block_size
         out = self._events
+        fresh: list[set[int]] | None = None
         for ev in events:
             name = type(ev).__name__
             if name == "BlockStored" and request is not None and ev.block_hashes:
@@ -193,6 +195,8 @@ class VllmEngineManager(VllmKVCacheManager):
                     out.append(BlockPublished(step, request.request_id, g, kind, tuple(ids), tuple(full), ntok))
             elif name == "BlockRemoved":
                 g = ev.group_idx if ev.group_idx is not None else 0
+                if fresh is None and allocated is not None:
+                    fresh = [set(ids) | set(t) for ids, t in zip(allocated[0].get_block_ids(), allocated[1])]
                 taken = fresh[g] if fresh is not None else ()
                 rid = request.request_id if request is not None else None
                 for eh in ev.block_hashes:
@@ -254,8 +258,7 @@ class VllmEngineManager(VllmKVCacheManager):
             self._drain(request)
             return None
         rid = request.request_id
-        # the blocks this call took off the free queue: handed out, or copy targets
-        fresh: list[set[int]] = [set(ids) for ids in out.get_block_ids()]
+        targets: list[list[int]] = [[] for _ in managers]  # per group, this call's copy targets
         for g, m in enumerate(managers):
             copies = m._pending_cow_copies
             if len(copies) > pending[g]:
@@ -263,7 +266,7 @@ class VllmEngineManager(VllmKVCacheManager):
                 for src, dst in copies[pending[g]:]:
                     why = COPY_PARTIAL_HIT if any(b is dst for b in table) else COPY_RUNNING_TAIL
                     self._copy_owner[(g, src.block_id, dst.block_id)] = (rid, why)
-                    fresh[g].add(dst.block_id)
+                    targets[g].append(dst.block_id)
         self._twins[rid].status = self.api.RequestStatus.RUNNING
         checkpoints: set[tuple[int, int, int]] = set()
         if self._mamba or num_external_computed_tokens:
@@ -285,7 +288,7 @@ class VllmEngineManager(VllmKVCacheManager):
                         block_id, position = table[col].block_id, start + offsets[0]
                         writes.append(StateWrite(rid, g, block_id, position, STATE_CHECKPOINT))
                         checkpoints.add((g, block_id, position))
-        self._drain(request, fresh, checkpoints)
+        self._drain(request, (out, targets), checkpoints)
         return out
 
     def _external_loaded(self, request: Request, local: int, total: int) -> None:
