@@ -14,12 +14,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "kvtrace"
 
-GROUND = {
-    "errors",
-    "numeric",
-    "metrics",
-    "process",
-}  # kvtrace/errors.py, numeric.py, metrics.py, process.py: nothing above them
+# kvtrace/errors.py, numeric.py, metrics.py, process.py: the ground floor, nothing above them
+GROUND = {"errors", "numeric", "metrics", "process"}
 # package -> the kvtrace packages it may import (besides itself and the ground floor)
 MAY_IMPORT: dict[str, set[str]] = {
     "workload": set(),
@@ -201,3 +197,31 @@ def test_only_the_vllm_backend_imports_vllm(path):
                 if any(n == VLLM_HOME or n.startswith(VLLM_HOME + ".") for n in names):
                     bad.append(f"line {node.lineno}: imports {VLLM_HOME} at module level")
     assert not bad, f"{path.relative_to(ROOT.parent)}:\n  " + "\n  ".join(bad)
+
+
+def _readme_table() -> dict[str, set[str]]:
+    """The README architecture table: package -> the kvtrace packages it says it imports."""
+    readme = (ROOT.parent / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Architecture"):readme.index("\n## ", readme.index("## Architecture") + 1)]
+    table: dict[str, set[str]] = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 3 or not cells[0].startswith("`kvtrace."):
+            continue
+        names = [n.strip(" `").removeprefix("kvtrace.") for n in cells[0].split(",")]
+        said = cells[2]
+        imports = set(MAY_IMPORT) - set(names) if said == "all of the above" else {
+            n.strip() for n in said.split(",") if n.strip() not in ("—", "")}
+        for name in names:
+            table[name] = imports
+    return table
+
+
+def test_the_readme_table_is_this_table():
+    """The README says what each package may import; this test's table is the one enforced."""
+    table = _readme_table()
+    assert set(table) == set(MAY_IMPORT) | GROUND
+    for pkg in GROUND:
+        assert table[pkg] == set(), pkg
+    for pkg, allowed in MAY_IMPORT.items():
+        assert table[pkg] == allowed, (pkg, table[pkg], allowed)

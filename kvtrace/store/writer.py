@@ -10,6 +10,7 @@ between flushes.
 from __future__ import annotations
 
 import datetime as _dt
+import importlib
 import json
 import os
 import time
@@ -56,9 +57,10 @@ from kvtrace.store.schema import (
     span_tables_ddl,
 )
 
-# Store subclasses of other backends, registered by their module when Store.open first
-# needs it (kvtrace.store.clickhouse.writer): Store.open picks one by the --db form.
-BACKENDS: dict[str, type[Store]] = {}
+# Store subclasses of other backends, by module and class name: Store.open imports the one
+# a --db form names when it is first needed (a plugin lookup, so this module, which the
+# ClickHouse store subclasses, does not import it, and DuckDB users never load chdb).
+BACKENDS: dict[str, str] = {"clickhouse": "kvtrace.store.clickhouse.writer:ClickHouseStore"}
 DEFAULT_FLUSH_ROWS = 262_144  # fewer, larger DuckDB transactions: ~2x the insert rate of 64k
 DEFAULT_FLUSH_INTERVAL_S = 1.0
 
@@ -235,9 +237,9 @@ class Store:
     ) -> Store:
         """Create or open a store; mark runs left ``running`` by dead writers ``incomplete``."""
         if cls is Store and is_clickhouse(path):  # chdb:PATH or clickhouse://...
-            if "clickhouse" not in BACKENDS:
-                import kvtrace.store.clickhouse.writer  # noqa: F401  (registers ClickHouseStore)
-            return BACKENDS["clickhouse"].open(path, flush_rows=flush_rows, flush_interval_s=flush_interval_s,
+            module, _, name = BACKENDS["clickhouse"].partition(":")
+            backend: type[Store] = getattr(importlib.import_module(module), name)
+            return backend.open(path, flush_rows=flush_rows, flush_interval_s=flush_interval_s,
                                                lock_timeout_s=lock_timeout_s)
         store = cls(path, flush_rows=flush_rows, flush_interval_s=flush_interval_s, lock_timeout_s=lock_timeout_s)
         store._setup()

@@ -122,8 +122,9 @@ def test_hit_rate_page_draws_the_belady_bound_only_at_the_runs_capacity(tmp_path
     db = str(tmp_path / "belady.duckdb")
     engine = run_replay(RunSpec("gen:mixed", limit=12, name="engine"), db=db)
     cap = run_config.capacity(read.run(db, engine.run_id)["config"])
-    # kimi-hybrid: 8192 attention blocks of 512 tokens, one of them vLLM's null block
-    assert cap == run_config.Capacity(8191, 512)
+    # kimi-hybrid: one pool of 10,240 blocks of 512 tokens that every group shares, one of
+    # them vLLM's null block
+    assert cap == run_config.Capacity(10_239, 512)
 
     def cache_only(policy: str, blocks: int, name: str):
         done = run_replay(RunSpec("gen:mixed", limit=12, mode="cache-only", policy=policy, capacity_blocks=blocks,

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from kvtrace.engine import COST_MODELS, Engine, get_preset
-from kvtrace.engine.clock import CostModel, StepWork
+from kvtrace.engine.clock import COEFFICIENTS, CostModel, StepWork
 from kvtrace.engine.costfit import nnls
 from kvtrace.errors import KVTraceError
 from kvtrace.replay.calibrate import calibrate, cost_model_toml, observations_from_file
@@ -218,3 +218,12 @@ def test_bad_step_files_are_one_line(tmp_path, text, needle):
     path.write_text(text)
     with pytest.raises(KVTraceError, match=needle):
         calibrate([path], name="x")
+
+
+def test_the_readme_cost_model_table_is_the_code():
+    """The README's coefficients are COST_MODELS', to the unit."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    assert "| cost model | " + " | ".join(COEFFICIENTS) + " |" in readme
+    for name, model in COST_MODELS.items():
+        row = f"| `{name}` | " + " | ".join(f"{getattr(model, k):,}" for k in COEFFICIENTS) + " |"
+        assert row in readme, name

@@ -37,7 +37,7 @@ from kvtrace.store.schema import (
     STORE_MAGIC,
     TIME_OFFSET_COLUMN,
 )
-from kvtrace.store.writer import BACKENDS, Store, _json_or_none
+from kvtrace.store.writer import Store, _json_or_none
 
 _RUN_TYPES = {"INTEGER": pa.int32(), "BIGINT": pa.int64()}
 
@@ -195,4 +195,3 @@ class ClickHouseStore(Store):
                 con.insert_arrow(family, rows)
 
 
-BACKENDS["clickhouse"] = ClickHouseStore  # Store.open(chdb:... or clickhouse://...) opens one
