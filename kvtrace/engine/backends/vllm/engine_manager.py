@@ -50,7 +50,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from kvtrace.cache.config import CacheConfig, FullAttentionSpec, MambaSpec
 from kvtrace.cache.events import (
@@ -168,8 +168,9 @@ class VllmEngineManager(VllmKVCacheManager):
             if name == "BlockStored" and request is not None and ev.block_hashes:
                 g = ev.group_idx if ev.group_idx is not None else 0
                 index = self._hash_index(request)
-                hashes = request.block_hashes
+                hashes = cast("list[bytes]", request.block_hashes)  # vLLM's: always bytes
                 lookup = self.block_pool.cached_block_hash_to_block.get_one_block
+                tier = self._shadow.external if self._shadow is not None else None
                 ids, full, ntok = [], [], 0
                 for eh in ev.block_hashes:
                     i = index.get(eh)
@@ -183,8 +184,8 @@ class VllmEngineManager(VllmKVCacheManager):
                     full.append(h)
                     self._published[(g, eh)] = [h, bid, step]
                     self._num_tokens[(g, h)] = ntok
-                    if self._shadow is not None:
-                        self._shadow.external.store(g, h, ntok)  # write-through, as kvtrace's pool does
+                    if tier is not None:
+                        tier.store(g, h, ntok)  # write-through, as kvtrace's pool does
                 if ids:
                     if (g, ids[-1], ntok) in checkpoints:
                         kind = PUBLISH_CHECKPOINT
