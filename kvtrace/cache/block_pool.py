@@ -32,7 +32,7 @@ separate pools, as SGLang keeps its Mamba states apart); the code is the same.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from kvtrace.cache.blocks import FreeKVCacheBlockQueue, KVCacheBlock
 from kvtrace.cache.events import (
@@ -128,7 +128,7 @@ class BlockPool:
         q = self.free_block_queue
         if n > q.num_free_blocks:
             raise ValueError(f"group {group_id}: need {n} blocks, {q.num_free_blocks} free")
-        out = []
+        out: list[KVCacheBlock] = []
         append = out.append
         ev_blocks: list[KVCacheBlock] = []  # the holder of each evicted key (a block with aliases holds several)
         ev_hashes: list[BlockHash] = []
@@ -243,8 +243,8 @@ class BlockPool:
                     self._insert_key(h, b)
             external = self.external
             if external is not None:
-                for b in out[:num_pub]:
-                    external.store(group_id, b.block_hash, b.hash_num_tokens)
+                for b, h in zip(out, pub_hashes):
+                    external.store(group_id, h, b.hash_num_tokens)
         if evicted:
             sink.events.extend(evicted)
         if num_pub:
@@ -424,7 +424,7 @@ class BlockPool:
             sink.publishes += len(pub)
             if sink.enabled:
                 ids = [b.block_id for b in pub]
-                hashes = [b.block_hash for b in pub]
+                hashes = cast("list[BlockHash]", [b.block_hash for b in pub])  # all just keyed
                 if boundary_kinds:
                     kinds = [boundary_kinds.get(b.hash_num_tokens // block_size - 1, kind) for b in pub]
                     self._emit_publish(group_id, request_id, ids, hashes, kinds)

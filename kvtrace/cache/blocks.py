@@ -13,9 +13,12 @@ surgery on its hot paths; this module owns the invariant both rely on:
 
 from __future__ import annotations
 
+from typing import final
+
 from kvtrace.cache.hashing import BlockHash
 
 
+@final  # the pool and managers test ``type(v) is KVCacheBlock`` (faster than isinstance)
 class KVCacheBlock:
     """One block of the block pool (vLLM's ``KVCacheBlock``).
 
@@ -47,8 +50,10 @@ class KVCacheBlock:
         self.block_hash: BlockHash | None = None
         self.hash_num_tokens = 0
         self.aliases: list[tuple[BlockHash, int]] | None = None
-        self.prev_free: KVCacheBlock | None = None
-        self.next_free: KVCacheBlock | None = None
+        # Queue links are read only while the block is queued, where both are set (None
+        # before its first free, and at the sentinels' outer ends): typed for that use.
+        self.prev_free: KVCacheBlock = None  # type: ignore[assignment]
+        self.next_free: KVCacheBlock = None  # type: ignore[assignment]
         self.is_null = False
         self.published_step = -1
         self.last_used_step = -1

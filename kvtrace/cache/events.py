@@ -25,7 +25,10 @@ import msgspec
 
 
 class Event(msgspec.Struct, frozen=True, array_like=True, tag=True, gc=False):
-    """Base of every cache and engine event (see the module docstring)."""
+    """Base of every cache and engine event (see the module docstring).
+
+    Subclasses repeat ``frozen=True``: msgspec inherits it at run time, but type
+    checkers (dataclass_transform) read each class's own keywords."""
 
 # Publish kinds (why a block became reachable by hash).
 PUBLISH_FULL = "full"  # a full block at a retained position
@@ -48,7 +51,7 @@ COPY_RUNNING_TAIL = "running_tail"  # partial-tail entry of a running request mo
 COPY_EXTERNAL = "external"  # external tier loaded into a local block
 
 
-class BlockPublished(Event):
+class BlockPublished(Event, frozen=True):
     step: int
     request_id: str
     group_id: int
@@ -58,7 +61,7 @@ class BlockPublished(Event):
     num_tokens: int  # prefix length (tokens) the last published key stands for
 
 
-class BlockEvicted(Event):
+class BlockEvicted(Event, frozen=True):
     step: int
     group_id: int
     reason: str  # EVICT_*
@@ -69,7 +72,7 @@ class BlockEvicted(Event):
     request_id: str | None  # the request whose allocation or checkpoint caused it
 
 
-class BlockCopied(Event):
+class BlockCopied(Event, frozen=True):
     step: int
     request_id: str
     group_id: int
@@ -78,7 +81,7 @@ class BlockCopied(Event):
     why: str  # COPY_*
 
 
-class PrefixLookup(Event):
+class PrefixLookup(Event, frozen=True):
     step: int
     request_id: str
     num_query_tokens: int
@@ -91,14 +94,14 @@ class PrefixLookup(Event):
     first_miss_index: int  # its block index, -1 when everything hit
 
 
-class BlocksFreed(Event):
+class BlocksFreed(Event, frozen=True):
     step: int
     request_id: str
     group_id: int
     block_ids: tuple[int, ...]  # in free order (tail first)
 
 
-class StaleHashLeft(Event):
+class StaleHashLeft(Event, frozen=True):
     """A hashed block was overwritten by state that does not match its key.
 
     Emitted when the behaviour that would have evicted the key is switched off, so

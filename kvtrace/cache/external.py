@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from kvtrace.cache.events import EVICT_CONNECTOR, BlockEvicted
+from kvtrace.cache.hashing import BlockHash
 from kvtrace.cache.sink import EventSink
 
 
@@ -17,17 +18,17 @@ class ExternalTier:
 
     def __init__(self, capacity_blocks: int, sink: EventSink):
         self.capacity = capacity_blocks
-        self.entries: OrderedDict[tuple[int, bytes], int] = OrderedDict()  # key -> num_tokens
-        self.stored_step: dict[tuple[int, bytes], int] = {}
+        self.entries: OrderedDict[tuple[int, BlockHash], int] = OrderedDict()  # key -> num_tokens
+        self.stored_step: dict[tuple[int, BlockHash], int] = {}
         self.sink = sink
 
-    def __contains__(self, key: tuple[int, bytes]) -> bool:
+    def __contains__(self, key: tuple[int, BlockHash]) -> bool:
         return key in self.entries
 
     def __len__(self) -> int:
         return len(self.entries)
 
-    def store(self, group_id: int, block_hash: bytes, num_tokens: int) -> None:
+    def store(self, group_id: int, block_hash: BlockHash, num_tokens: int) -> None:
         key = (group_id, block_hash)
         if key in self.entries:
             self.entries.move_to_end(key)
@@ -45,7 +46,7 @@ class ExternalTier:
                     BlockEvicted(self.sink.step, gid, EVICT_CONNECTOR, (-1,), (h,), (age,), (age,), None)
                 )
 
-    def touch(self, group_id: int, block_hash: bytes) -> None:
+    def touch(self, group_id: int, block_hash: BlockHash) -> None:
         key = (group_id, block_hash)
         if key in self.entries:
             self.entries.move_to_end(key)

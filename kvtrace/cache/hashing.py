@@ -87,7 +87,8 @@ class BlockHasher:
         self.hash_block_size = hash_block_size
         self.none_hash = none_hash(self.hash_fn)
         # (namespace, lora, salt, trace block size) -> {(parent, id): unit hashes of that block}
-        self._trace_memo: dict[tuple, dict[tuple[bytes, int], tuple[bytes, ...]]] = {}
+        # (the hash itself, not a 1-tuple, when a trace block is one unit: _update_trace)
+        self._trace_memo: dict[tuple, dict[tuple[bytes, int], bytes | tuple[bytes, ...]]] = {}
         self.memo_hits = 0
         self.memo_misses = 0
 

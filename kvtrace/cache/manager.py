@@ -57,13 +57,17 @@ from kvtrace.cache.coordinator import KVCacheCoordinator
 from kvtrace.cache.events import PUBLISH_FULL, BlocksFreed, CacheListener, PrefixLookup
 from kvtrace.cache.external import ExternalTier
 from kvtrace.cache.hashing import BlockHash, BlockHasher
-from kvtrace.cache.managers import FullAttentionManager, SlidingWindowManager
-from kvtrace.cache.plans import BlockCopy, KVCacheBlocks, StateWrite
+from kvtrace.cache.managers import FullAttentionManager, MambaManager, SlidingWindowManager
+from kvtrace.cache.managers.mamba import mamba_checkpoint_position
+from kvtrace.cache.plans import STATE_RUNNING, BlockCopy, KVCacheBlocks, StateWrite
 from kvtrace.cache.request import Request
 from kvtrace.cache.sink import EventSink
 from kvtrace.numeric import cdiv
 
 __all__ = ["CacheStats", "KVCacheManager"]
+
+# the decode fast path's manager kinds (full attention keying a prompt tail: _FULL_TAIL)
+_FULL, _FULL_TAIL, _SLIDING, _MAMBA = range(4)
 
 
 class KVCacheManager:
@@ -113,8 +117,18 @@ class KVCacheManager:
         )
         self._listeners: list[CacheListener] = []
         # The decode fast path (``_allocate_decode_slot``) knows these managers' rules only.
-        known = all(type(m) in (FullAttentionManager, SlidingWindowManager) for m in self.managers)
-        self._fast_managers = self.managers if known else None
+        kinds = {FullAttentionManager: _FULL, SlidingWindowManager: _SLIDING, MambaManager: _MAMBA}
+        self._fast_plan: tuple | None = None
+        if all(type(m) in kinds for m in self.managers):
+            self._fast_plan = tuple(
+                (_FULL_TAIL if kinds[type(m)] == _FULL and config.enable_caching and m.scale > 1 else kinds[type(m)],
+                 m, m.req_to_blocks, m.partial_hit_reqs, m.num_cached_block, m.block_size, m.null_block)
+                for m in self.managers
+            )
+        self._fast_mamba = [(m.reqs, m.req_to_blocks, m.block_size, m.null_block, m.group_id)
+                            for m in self.coordinator.mamba]
+        # the coordinator keys up to a multiple of the scheduler block (vLLM's _align_cacheable)
+        self._align_cacheable = self.num_groups > 1 and not config.enable_partial_hits
 
     # -- events -------------------------------------------------------------------
     def subscribe(self, listener: CacheListener) -> None:
@@ -173,6 +187,8 @@ class KVCacheManager:
             return KVCacheBlocks.empty(self.num_groups), 0, 0
         fine = request.block_hashes
         m0 = self.managers[0]
+        blocks: tuple[list[KVCacheBlock], ...]  # one entry per group
+        first: tuple[int, ...]
         if self._unitary:
             hit_blocks, hit = m0.find_longest_cache_hit(fine, num_tokens - 1, self.hit_alignment)
             blocks, boundary, first = (hit_blocks,), 0, (hit,)
@@ -275,38 +291,85 @@ class KVCacheManager:
         """``allocate_slots(request, 1)`` for a decode token that needs no new block and
         keys nothing: do what the general path does then, or return False (nothing done).
 
-        The decode step of a running request is most calls. For full attention and sliding
-        window groups the general path then changes nothing (Mamba groups, whose running
-        state moves every token, always take the general path). Each early return of the
-        general path that this relies on is checked first;
-        tests/engine/test_decode_fast_path.py runs workloads both ways and compares
-        every event and output.
+        The decode step of a running request is most calls. The general path then
+        changes nothing in full attention and sliding window groups, and in a Mamba
+        group only the request's state: its checkpoint is cleared (a one-token chunk
+        exports none), it is marked allocated (``external-hit-running-cow``; switched
+        off, an unallocated one is marked ``unmarked``), the state after the token is
+        queued as a ``running`` write into its slot and it is marked handed out. Each
+        early return of the general path that this relies on is checked first, against
+        the state the general path would see there; tests/engine/test_decode_fast_path.py
+        runs workloads both ways and compares every event and output.
         """
         p = request.num_computed_tokens
-        if p < request.num_prompt_tokens or self._fast_managers is None:
+        plan = self._fast_plan
+        if plan is None or p < request.num_prompt_tokens:
             return False  # a prompt token: checkpoints or a partial tail may be due
         rid = request.request_id
         t = p + 1
-        caching = self.enable_caching
-        for m in self._fast_managers:
-            table = m.req_to_blocks.get(rid)
-            bs = m.block_size
-            if table is None or rid in m.partial_hit_reqs or (caching and m.num_cached_block.get(rid, 0) < t // bs):
+        num_to_cache = 0  # as KVCacheCoordinator.allocate keys (0: caching off, nothing keyed)
+        if self.enable_caching:
+            num_to_cache = request.num_tokens
+            if t < num_to_cache:
+                num_to_cache = t
+            if self._align_cacheable:
+                num_to_cache = num_to_cache // self.scheduler_block_size * self.scheduler_block_size
+        hbs = self.hash_block_size
+        for kind, m, by_req, pending, counts, bs, null in plan:
+            table = by_req.get(rid)
+            if table is None or rid in pending or counts.get(rid, 0) < num_to_cache // bs:
                 return False  # a copy-on-write is pending, or a block fills: key it
             n = len(table)
-            if (t + bs - 1) // bs > n:
+            if kind == _MAMBA:
+                st = m.reqs.get(rid)
+                if st is None or (t + bs - 1) // bs + m.num_speculative_blocks > n:
+                    return False  # a new state block
+                if p > 1 and st.num_retired < min((p - 1) // bs, n):
+                    return False  # remove_skipped_blocks retires slots
+                last = st.last_state_block_idx
+                if last is not None and last < (p + bs - 1) // bs - 1 and table[last] is not null:
+                    return False  # the previous state block is consumed: freed
+                # _cache_partial_tail_block (no checkpoint: a one-token chunk exports none)
+                if (num_to_cache and not num_to_cache % hbs
+                        and num_to_cache == mamba_checkpoint_position(request.num_prompt_tokens, hbs)):
+                    slot = (num_to_cache + bs - 1) // bs - 1
+                    if slot < n and table[slot] is not null:
+                        b = table[slot]
+                        if b.block_hash is None or b.hash_num_tokens != num_to_cache:
+                            return False
+            elif (t + bs - 1) // bs > n:
                 return False
-            elif isinstance(m, SlidingWindowManager):
+            elif kind == _SLIDING:
                 k = min(m.get_num_skipped_tokens(p) // bs, n)  # remove_skipped_blocks frees nothing
-                if k and table[k - 1] is not m.null_block:
+                if k and table[k - 1] is not null:
                     return False
-            elif caching and m.scale > 1:
-                hbs = self.hash_block_size  # FullAttentionManager._cache_partial_tail_block publishes nothing
-                boundary = min((request.num_prompt_tokens - 1) // hbs, len(request.block_hashes)) * hbs
-                if boundary and boundary <= t and boundary % bs and boundary // bs < n:
-                    b, key = table[boundary // bs], request.block_hashes[boundary // hbs - 1]
+            elif kind == _FULL_TAIL:  # FullAttentionManager._cache_partial_tail_block publishes nothing
+                hashes = request.block_hashes
+                boundary = (request.num_prompt_tokens - 1) // hbs
+                if boundary > len(hashes):
+                    boundary = len(hashes)
+                boundary *= hbs
+                if boundary and boundary <= num_to_cache and boundary % bs and boundary // bs < n:
+                    b, key = table[boundary // bs], hashes[boundary // hbs - 1]
                     if b.block_hash != key and (b.aliases is None or not m.pool.holds_key(key, b)):
                         return False
+        if self._fast_mamba:
+            ctx = self.ctx
+            running_cow = ctx.external_hit_running_cow
+            writes = ctx.state_writes
+            # what get_num_blocks_to_allocate, allocate_new_blocks, queue_running_state and
+            # mark_handed_out change, in the coordinator's order
+            for reqs, by_req, bs, null, g in self._fast_mamba:
+                st = reqs[rid]
+                st.checkpoint = None
+                if running_cow:
+                    st.allocated = True
+                elif not st.allocated:
+                    st.unmarked = True
+                b = by_req[rid][(t + bs - 1) // bs - 1]
+                if b is not null:
+                    writes.append(StateWrite(rid, g, b.block_id, t, STATE_RUNNING))
+                st.handed_out = True
         return True
 
     def _allocate_slots_unitary(self, request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,

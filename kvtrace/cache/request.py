@@ -12,6 +12,8 @@ import numpy as np
 from kvtrace.workload.tokens import tokens_for_block_ids
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from kvtrace.cache.hashing import BlockHash, BlockHasher
 
 
@@ -57,7 +59,7 @@ class Request:
         trace_block_size: int = 0,
         namespace: int = 0,
         num_prompt_tokens: int | None = None,
-        block_hashes: list[BlockHash] | tuple[int, ...] | None = None,
+        block_hashes: Sequence[BlockHash] | None = None,
     ):
         self.request_id = request_id
         self.cache_salt = cache_salt
@@ -86,6 +88,7 @@ class Request:
     @property
     def prompt_token_ids(self) -> np.ndarray:
         if self._prompt is None:
+            assert self.trace_block_ids is not None  # __init__ requires them without prompt tokens
             self._prompt = tokens_for_block_ids(
                 self.trace_block_ids, self.trace_block_size, self.num_prompt_tokens, self.namespace
             )

@@ -4,7 +4,7 @@ lists the choices and a typo is refused by the parser, naming the option."""
 from __future__ import annotations
 
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias, cast
 
 from kvtrace.cache.config import BEHAVIOURS
 from kvtrace.engine.backends import BACKENDS
@@ -16,11 +16,19 @@ from kvtrace.replay.run import MODES
 
 
 def _choices(name: str, values) -> type[Enum]:
-    return Enum(name, {v.replace("-", "_"): v for v in values}, type=str)
+    # the functional API makes a class; type checkers only know that at module level
+    return cast("type[Enum]", Enum(name, {v.replace("-", "_"): v for v in values}, type=str))
 
 
-if TYPE_CHECKING:  # for a type checker each is the str it holds
-    Mode = Policy = TraceFormat = Preset = Behaviour = Workload = GeneratedFormat = Backend = str
+if TYPE_CHECKING:  # for a type checker each is the str it holds (one alias a line: a chain is no alias)
+    Mode: TypeAlias = str
+    Policy: TypeAlias = str
+    TraceFormat: TypeAlias = str
+    Preset: TypeAlias = str
+    Behaviour: TypeAlias = str
+    Workload: TypeAlias = str
+    GeneratedFormat: TypeAlias = str
+    Backend: TypeAlias = str
 else:
     Mode = _choices("Mode", MODES)
     Policy = _choices("Policy", POLICIES)

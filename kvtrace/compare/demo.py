@@ -26,7 +26,7 @@ from kvtrace.store.schema import SUMMARY_FIELDS
 DEMO_DB = "kvtrace-demo.duckdb"
 DEMO_TRACE = "gen:mixed"
 DEMO_PRESET = "kimi-hybrid"
-# A small GPU pool (40 blocks of 512 tokens per group) in front of an external tier, so
+# A small GPU pool (40 blocks of 512 tokens, shared by the groups) in front of an external tier, so
 # that a workload of seconds puts the cache under the pressure a production server sees:
 # evictions, external hits and re-prefills happen, and the behaviours have work to do.
 DEMO_SETTINGS: dict[str, Any] = {"capacity_blocks": 40, "external_capacity_blocks": 4096}

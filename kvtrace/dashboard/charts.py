@@ -115,8 +115,8 @@ def usage(frame: pl.DataFrame, group_names: dict[int, str], shared_pool: bool = 
                         line=dict(color=_color(i), dash="dot"))
     top = float(frame.select(pl.col("max_usage").max()).item() or 0.0)
     if shared_pool and groups.height > 1:
-        top = max(top, float(frame.group_by("window_start_ns").agg(pl.col("mean_usage").sum())["mean_usage"].max()
-                             or 0.0))
+        pool_mean = frame.group_by("window_start_ns").agg(pl.col("mean_usage").sum())
+        top = max(top, float(pool_mean.select(pl.col("mean_usage").max()).item() or 0.0))
     # the axis follows the peak, so a lightly used pool stays visible
     fig.update_yaxes(range=[0, min(1.02, max(0.01, 1.1 * top))], tickformat=".1%" if top < 0.1 else ".0%")
     return fig

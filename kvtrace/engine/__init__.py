@@ -21,8 +21,9 @@ One step of ``Engine.run`` (the call order with the cache manager):
    ``StepBatch``.
 """
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from kvtrace.lazy import lazy_exports
 
 # The public names and their modules. Loaded on first use, so that importing a torch-free
 # module of the engine (clock, config, presets, events) does not import torch: the trace
@@ -41,12 +42,7 @@ __all__ = [  # _EXPORTS' names, spelled out for the linters
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(import_module(f"kvtrace.engine.{module}"), name)
-
+__getattr__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
     from kvtrace.engine.clock import COST_MODELS, Clock, CostModel, get_cost_model

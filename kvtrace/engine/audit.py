@@ -13,6 +13,7 @@ import numpy as np
 
 from kvtrace.cache import CacheConfig, MambaSpec
 from kvtrace.cache.events import BlockPublished
+from kvtrace.cache.hashing import BlockHash
 from kvtrace.engine.events import StaleHashFound
 from kvtrace.engine.reference import expected_kv_fingerprints, expected_state_fingerprint
 from kvtrace.engine.storage import DeviceStorage
@@ -26,16 +27,16 @@ class StaleHashAuditor:
         self.is_state = [isinstance(s, MambaSpec) for s in cache_config.groups]
         self.block_size = [s.block_size for s in cache_config.groups]
         self.hbs = cache_config.hash_block_size
-        self.expected: dict[tuple[int, bytes | int], tuple[int, int]] = {}  # (group, hash) -> (num_tokens, fp)
-        self._hash_index: dict[str, tuple[int, dict[bytes, int]]] = {}
-        self._reported: set[tuple[int, bytes, int]] = set()
+        self.expected: dict[tuple[int, BlockHash], tuple[int, int]] = {}  # (group, hash) -> (num_tokens, fp)
+        self._hash_index: dict[str, tuple[int, dict[BlockHash, int]]] = {}
+        self._reported: set[tuple[int, BlockHash, int]] = set()
         self.num_stale = 0
         self.num_unverified = 0
 
     def forget_request(self, request_id: str) -> None:
         self._hash_index.pop(request_id, None)
 
-    def _num_tokens_of(self, request, block_hash: bytes) -> int | None:
+    def _num_tokens_of(self, request, block_hash: BlockHash) -> int | None:
         hashes = request.block_hashes
         cached = self._hash_index.get(request.request_id)
         if cached is None or cached[0] != len(hashes):
@@ -44,8 +45,8 @@ class StaleHashAuditor:
                 index.setdefault(hashes[i], i)
             cached = (len(hashes), index)
             self._hash_index[request.request_id] = cached
-        i = cached[1].get(block_hash)
-        return None if i is None else (i + 1) * self.hbs
+        pos = cached[1].get(block_hash)
+        return None if pos is None else (pos + 1) * self.hbs
 
     def on_published(self, events, requests: dict) -> None:
         """Record expectations for this step's publishes (requests still hold their tokens)."""

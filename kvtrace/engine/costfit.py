@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -127,7 +128,8 @@ def fit_cost_model(
         scale = np.linalg.norm(a, axis=0)
         scale[scale == 0] = 1.0
         coef = nnls(a / scale, rest / y) / scale
-        values = {FITTED_TERMS[j]: int(v) for j, v in zip(held, held_values)}
+        # Any: replace() is checked per keyword; these keys are all int coefficients
+        values: dict[str, Any] = {FITTED_TERMS[j]: int(v) for j, v in zip(held, held_values)}
         values |= {FITTED_TERMS[j]: round(float(c)) for j, c in zip(fit_terms, coef)}
         if knee == 0:
             values["token_above_knee_ns"] = 0

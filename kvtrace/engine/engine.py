@@ -105,8 +105,8 @@ class Engine:
         clock = Clock(self.cost_model)
         live: dict[str, EngineRequest] = {}
         records: list[RequestFinished] = []
-        stats = {"publishes": 0, "evictions": 0, "cow_copies": 0, "divergent_outputs": 0, "stale_hashes": 0,
-                 "table_disagreements": 0, "steps": 0}
+        stats: dict[str, Any] = {"publishes": 0, "evictions": 0, "cow_copies": 0, "divergent_outputs": 0,
+                                 "stale_hashes": 0, "table_disagreements": 0, "steps": 0}
         by_reason: dict[str, int] = {}
         max_model_len = self.scheduler_config.max_model_len
         it = iter(workload)

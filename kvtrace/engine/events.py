@@ -15,7 +15,7 @@ import msgspec
 from kvtrace.cache.events import CacheEvent, Event
 
 
-class StepExecuted(Event):
+class StepExecuted(Event, frozen=True):
     step: int
     start_ns: int
     end_ns: int
@@ -30,7 +30,7 @@ class StepExecuted(Event):
     usage: tuple[float, ...]
 
 
-class RequestFinished(Event):
+class RequestFinished(Event, frozen=True):
     request_id: str
     session_id: str | None
     arrival_ns: int
@@ -52,7 +52,7 @@ class RequestFinished(Event):
     num_preempted_hit_tokens: int = 0
 
 
-class StaleHashFound(Event):
+class StaleHashFound(Event, frozen=True):
     step: int
     time_ns: int
     group_id: int
@@ -64,7 +64,7 @@ class StaleHashFound(Event):
     request_id: str | None  # the request that last wrote the block, when known
 
 
-class DivergentOutput(Event):
+class DivergentOutput(Event, frozen=True):
     step: int
     time_ns: int
     request_id: str

@@ -257,9 +257,9 @@ class Scheduler:
 
         # vLLM's _update_after_schedule: the scheduled tokens count as computed from now on.
         for request in running:
-            n = num_scheduled.get(request.request_id)
-            if n:
-                request.num_computed_tokens += n
+            scheduled = num_scheduled.get(request.request_id)
+            if scheduled:
+                request.num_computed_tokens += scheduled
         out = SchedulerOutput(
             step=self.step,
             scheduled_new_reqs=new_reqs,

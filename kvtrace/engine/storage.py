@@ -59,7 +59,9 @@ class DeviceStorage:
             srcs, dsts, written = batch.setdefault(g, ([], [], set()))
             if src in written or dst in written:  # ordering matters: flush what is pending
                 self._flush_copies(g, srcs, dsts)
-                srcs.clear(), dsts.clear(), written.clear()
+                srcs.clear()
+                dsts.clear()
+                written.clear()
             srcs.append(src)
             dsts.append(dst)
             written.add(dst)
@@ -114,7 +116,9 @@ class DeviceStorage:
         return self.data[group_id].index_select(0, block_ids)
 
     def block_sums(self, group_id: int, block_ids: torch.Tensor) -> torch.Tensor:
-        return self.block_sum[group_id].index_select(0, block_ids)
+        block_sum = self.block_sum[group_id]
+        assert block_sum is not None, "block_sums on a state group"
+        return block_sum.index_select(0, block_ids)
 
     def slot_values(self, group_id: int, block_ids: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         t = self.data[group_id]

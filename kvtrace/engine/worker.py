@@ -67,7 +67,7 @@ class Worker:
         self.attn_groups = self.full_groups + self.swa_groups
         self.state_groups = [g for g, s in enumerate(cache_config.groups) if isinstance(s, MambaSpec)]
         self.block_size = [s.block_size for s in cache_config.groups]
-        lanes = {cache_config.groups[g].num_lanes for g in self.state_groups} or {4}
+        lanes = {s.num_lanes for s in cache_config.groups if isinstance(s, MambaSpec)} or {4}
         if len(lanes) != 1:
             raise ValueError("all MambaSpec groups must have the same num_lanes")
         self.num_lanes = lanes.pop()
@@ -444,10 +444,11 @@ class Worker:
                         if b0 == b1:
                             pieces.append(np.full(n, run[0], dtype=np.int64))
                         else:
-                            counts = np.diff(np.clip(np.arange(b0, b1 + 2, dtype=np.int64) * bs, a, a + n))
+                            # (annotated: numpy's stubs pick a timedelta64 overload for clip)
+                            counts: np.ndarray = np.diff(np.clip(np.arange(b0, b1 + 2, dtype=np.int64) * bs, a, a + n))
                             pieces.append(np.repeat(np.asarray(run, dtype=np.int64), counts))
                     block_t = torch.from_numpy(np.concatenate(pieces)).to(dev)
-                    slot_t = torch.from_numpy(pos_np % bs).to(dev)
+                    slot_t = torch.from_numpy(pos_np % bs).to(dev)  # type: ignore[operator]  # set unless decode_only
                     touched_t = torch.tensor(touched, dtype=torch.int64, device=dev)
                 self.storage.write_kv(g, block_t, slot_t, vals, touched_t)
 
@@ -518,9 +519,9 @@ class Worker:
         S = len(sample_idx)
         total = torch.zeros(S, dtype=torch.int64, device=dev)
         if end_states:
-            rows = torch.tensor(sample_idx, dtype=torch.int64, device=dev) if len(work) > S else None
+            state_rows = torch.tensor(sample_idx, dtype=torch.int64, device=dev) if len(work) > S else None
             for states in end_states:  # the state each group's table slot now holds
-                total += (states if rows is None else states[rows]).sum(dim=1)
+                total += (states if state_rows is None else states[state_rows]).sum(dim=1)
         if self.full_groups:
             e_list, row_list, seqs = [], [], []
             for i in sample_idx:
@@ -537,14 +538,14 @@ class Worker:
             nfull = torch.div(e_t, bs, rounding_mode="floor")
             rem = e_t - nfull * bs
             # full blocks: their maintained sums; the last, partial block: its first rem slots
-            sums = self.storage.block_sum[g].take(tab)
+            sums = self.storage.block_sum[g].take(tab)  # type: ignore[union-attr]  # attention groups have sums
             total += torch.where(self._aranges(width) < nfull.unsqueeze(1), sums, 0).sum(dim=1)
             last = tab.gather(1, nfull.clamp(max=width - 1).unsqueeze(1)).squeeze(1)
             vals = self.storage.data[g].index_select(0, last)  # [S, bs]
             total += torch.where(self._aranges(bs) < rem.unsqueeze(1), vals, 0).sum(dim=1)
         for g in self.swa_groups:
             bs = self.block_size[g]
-            window = self.cache_config.groups[g].sliding_window
+            window = self.cache_config.groups[g].sliding_window  # type: ignore[union-attr]  # an SWA group
             acc_list = []
             for i in sample_idx:
                 e = ends[i]
@@ -628,6 +629,6 @@ class Worker:
         lanes, kv = o.sample_parts(end)
         total = lanes * len(self.state_groups) + kv * len(self.full_groups)
         for g in self.swa_groups:
-            window = self.cache_config.groups[g].sliding_window
+            window = self.cache_config.groups[g].sliding_window  # type: ignore[union-attr]  # an SWA group
             total += o.kv_sum(max(0, end - window), end)
         return total % P % VOCAB_SIZE

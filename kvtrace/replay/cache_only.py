@@ -30,6 +30,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
+from typing import cast
 
 import msgspec
 import numpy as np
@@ -167,12 +168,13 @@ def block_keys(reqs: Sequence[TraceRequest]) -> list[Sequence[int]]:
     a trace that is not chained gets negative keys for every distinct chain. Negative
     keys never meet trace ids, which are >= 0.
     """
-    lengths = [len(r.hash_ids) for r in reqs]
+    ids = _hash_ids(reqs)
+    lengths = [len(h) for h in ids]
     total = sum(lengths)
     if total == 0:
-        return [r.hash_ids for r in reqs]
+        return ids
     try:
-        flat = np.fromiter(chain.from_iterable(r.hash_ids for r in reqs), dtype=np.int64, count=total)
+        flat = np.fromiter(chain.from_iterable(ids), dtype=np.int64, count=total)
     except OverflowError:
         return _interned_chain_keys(reqs)
     lens = np.asarray(lengths, dtype=np.int64)
@@ -194,12 +196,17 @@ def block_keys(reqs: Sequence[TraceRequest]) -> list[Sequence[int]]:
     if not np.array_equal(parent[first][inverse.reshape(-1)], parent):
         return _interned_chain_keys(reqs)
     if single_scope:
-        return [r.hash_ids for r in reqs]
+        return ids
     keys = -1 - inverse.reshape(-1)  # (scope, id) pairs numbered, as negative keys
     out: list[Sequence[int]] = []
-    for r, root, start, n in zip(reqs, roots, starts.tolist(), lengths):
-        out.append(r.hash_ids if root == 0 else keys[start:start + n].tolist())
+    for h, root, start, n in zip(ids, roots, starts.tolist(), lengths):
+        out.append(h if root == 0 else keys[start:start + n].tolist())
     return out
+
+
+def _hash_ids(reqs: Sequence[TraceRequest]) -> list[Sequence[int]]:
+    """Every request's hash ids (``as_block_requests`` gives each request some)."""
+    return cast("list[Sequence[int]]", [r.hash_ids for r in reqs])
 
 
 def _dense_unique(flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -215,13 +222,13 @@ def _dense_unique(flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return where[seen], rank[flat]
 
 
-def _interned_chain_keys(reqs: Sequence[TraceRequest]) -> list[list[int]]:
+def _interned_chain_keys(reqs: Sequence[TraceRequest]) -> list[Sequence[int]]:
     index: dict[tuple, int] = {}
-    out = []
-    for r, root in zip(reqs, _root_indices(reqs)):
+    out: list[Sequence[int]] = []
+    for ids, root in zip(_hash_ids(reqs), _root_indices(reqs)):
         parent: object = ("root", root)
         keys = []
-        for h in r.hash_ids:
+        for h in ids:
             k = index.get((parent, h))
             if k is None:
                 k = index[(parent, h)] = -1 - len(index)

@@ -340,10 +340,10 @@ class _Driver:
         self.kv.take_state_writes()
         finished = []
         for req in running:
-            n = scheduled.get(req.request_id)
-            if not n:
+            num = scheduled.get(req.request_id)
+            if not num:
                 continue
-            req.num_computed_tokens += n
+            req.num_computed_tokens += num
             if req.num_computed_tokens >= req.num_tokens:
                 self.vm.append_output_token_ids(req, (hash_token(req.request_id, req.num_output_tokens)))
                 if req.num_output_tokens >= max_tokens[req.request_id]:
@@ -371,11 +371,11 @@ class _Driver:
         self.vm.new_step_starts()
         vm_keys = set(self.vm.block_pool.cached_block_hash_to_block._cache)
         suffix = self.group_suffix
-        kv_keys = set()
+        kv_keys: set[bytes] = set()
         for pool in dict.fromkeys(self.kv.pools):
             for g, cached in enumerate(pool.cached):
                 sfx = suffix[g]
-                kv_keys.update([h + sfx for h in cached])
+                kv_keys.update([h + sfx for h in cached])  # type: ignore[operator, misc]  # vLLM hashes: bytes
         if vm_keys != kv_keys:
             self.compare("cached_keys", None, _keys(vm_keys - kv_keys), _keys(kv_keys - vm_keys))
         else:

@@ -70,8 +70,9 @@ Errors: ``StoreError`` (a ``KVTraceError``) naming the file for a missing, corru
 or busy database; ``UnknownRunError`` for a bad run id.
 """
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from kvtrace.lazy import lazy_exports
 
 # The public names and their modules, loaded on first use: a caller that needs only the
 # schema (data) or the errors does not pay for DuckDB and Polars.
@@ -87,14 +88,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module = _EXPORTS[name]
-    if module is None:  # a subpackage
-        return import_module(f"kvtrace.store.{name}")
-    return getattr(import_module(f"kvtrace.store.{module}"), name)
-
+__getattr__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
     from kvtrace.store import read

@@ -102,7 +102,8 @@ class ArrivalOrder:
     __slots__ = ("last_ns", "path", "unit_ns", "what")
 
     def __init__(self, path: str, what: str, unit_ns: int = 1):
-        self.path, self.last_ns, self.what, self.unit_ns = path, None, what, unit_ns
+        self.path, self.what, self.unit_ns = path, what, unit_ns
+        self.last_ns: int | None = None
 
     def check(self, value: int | float, line: int | None) -> int:
         """``value`` (in the file's unit) as integer ns."""

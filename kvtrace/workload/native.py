@@ -144,6 +144,7 @@ def read_native(path: str) -> Iterator[TraceRequest]:
             if bs is None:
                 raise TraceFormatError(path, lineno, "block_size: required with hash_ids (here or in the header)")
             check_int(path, lineno, "block_size", bs, 1)
+            assert row.hash_ids is not None  # exactly one of the two is set (checked above)
             req.hash_ids = check_hash_ids(path, lineno, row.hash_ids, n, bs)
             req.hash_block_size = bs
             req.namespace = check_int(path, lineno, "namespace", row.namespace, 0, MAX_ID)

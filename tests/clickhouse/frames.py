@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import polars as pl
 from polars.testing import assert_frame_equal
 
@@ -15,15 +16,17 @@ def read_calls(db: str, run_id: str) -> list[tuple[str, tuple]]:
     a request and a stale hash of the run where it has them."""
     rid = read.requests(db, run_id)["request_id"].sort()[0]
     calls: list[tuple[str, tuple]] = [
-        ("span_counts", ()), ("hit_rate_over_time", ()), ("hit_rate_over_time", (None, 0)),
-        ("hit_rate_over_time", (1_000_000,)), ("hit_token_sources", ()), ("usage_over_time", ()),
+        ("span_counts", ()), ("hit_counters", ()), ("hit_counters_over_time", ()),
+        ("hit_counters_over_time", (1_000_000,)), ("group_hit_rates", ()), ("group_hit_rate_over_time", ()),
+        ("group_hit_rate_over_time", (1_000_000,)), ("usage_over_time", ()),
         ("per_prefix_reuse", ()), ("per_prefix_reuse", (2,)), ("evictions_over_time", (None, "reason")),
         ("evictions_over_time", (None, "publish_kind")), ("evictions_by_reason", ()),
         ("evictions_by_publish_kind", ()), ("eviction_attribution", ()), ("eviction_attribution", (5,)),
         ("eviction_attribution_flows", ()), ("eviction_attribution_flows", (2,)), ("block_histograms", ()),
         ("block_histograms", (7,)), ("stale_hashes_over_time", ()), ("stale_hashes", ()), ("divergent_outputs", ()),
         ("requests", ()), ("per_request_hits", ()), ("itl_gaps", ()), ("itl_gaps", (rid,)),
-        ("latency_cdf", ("ttft",)), ("latency_cdf", ("e2e",)), ("latency_cdf", ("queue",)), ("latency_cdf", ("itl",)),
+        *[("latency_cdf", (m,)) for m in ("ttft", "tpot", "itl", "e2el", "queue")],
+        ("latency_samples", ("itl",)), ("latency_stats", ("tpot",)), ("latency_summary", ()),
         ("latency_percentiles", ()), ("latency_percentiles", ("itl",)), ("latency_histogram", ()),
         ("latency_histogram", ("itl", 20)), ("itl_over_time", ()), ("request_waterfall", (rid,)),
     ]
@@ -39,7 +42,14 @@ def same_answer(name: str, a, b) -> None:
     if isinstance(a, dict):
         assert a.keys() == b.keys(), name
         for k in a:
-            assert math.isclose(a[k], b[k], rel_tol=1e-12), (name, k, a[k], b[k])
+            if a[k] is None or b[k] is None:
+                assert a[k] is b[k] is None, (name, k, a[k], b[k])
+            else:
+                assert math.isclose(a[k], b[k], rel_tol=1e-12), (name, k, a[k], b[k])
+        return
+    if isinstance(a, np.ndarray):
+        assert isinstance(b, np.ndarray) and a.shape == b.shape, name
+        assert np.allclose(np.sort(a), np.sort(b), rtol=1e-12, atol=0.0), name
         return
     assert isinstance(a, pl.DataFrame) and isinstance(b, pl.DataFrame), name
     assert_frame_equal(a, b, check_exact=False, rel_tol=1e-12, abs_tol=0.0)

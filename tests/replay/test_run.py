@@ -88,6 +88,6 @@ def test_cache_only_without_a_capacity_is_unbounded_and_engine_mode_refuses_inf(
     s = run_replay(RunSpec(str(MOONCAKE), mode="cache-only", limit=300)).summary
     bounded = run_replay(RunSpec(str(MOONCAKE), mode="cache-only", limit=300, capacity_blocks=200)).summary
     assert s["capacity_blocks"] is None and s["evictions"] == 0
-    assert s["hit_tokens"] > bounded["hit_tokens"] and bounded["evictions"] > 0
+    assert s["prefix_cache_hits"] > bounded["prefix_cache_hits"] and bounded["evictions"] > 0
     with pytest.raises(ConfigError, match="--capacity-blocks: inf: engine mode"):
         run_replay(RunSpec(str(MOONCAKE), capacity_blocks=math.inf, limit=5))

@@ -50,7 +50,7 @@ def collector_rows(bodies: Iterable[bytes]) -> pa.Table:
         "StatusMessage", "Events.Timestamp", "Events.Name", "Events.Attributes", "Links.TraceId", "Links.SpanId",
         "Links.TraceState", "Links.Attributes")}
     for body in bodies:
-        for resource, sp in decode_protobuf(body):
+        for resource, sp, _where in decode_protobuf(body):
             add = lambda k, v: cols[k].append(v)
             add("Timestamp", sp["start_ns"])
             add("TraceId", f"{sp['trace_id']:032x}")

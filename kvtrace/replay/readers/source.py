@@ -27,7 +27,8 @@ class TraceSource:
     def __init__(self, path: str, fmt: str, reader: Reader, limit: int | None, options: dict,
                  files: list[str] | None = None):
         self.path, self.format, self.limit, self.options = path, fmt, limit, options
-        self._reader, self._files, self._source_id = reader, files, None
+        self._reader, self._files = reader, files
+        self._source_id: str | None = None
 
     def __iter__(self) -> Iterator[TraceRequest]:
         it = self._reader(self.path, **self.options)

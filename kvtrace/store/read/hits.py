@@ -106,13 +106,12 @@ def group_hit_rate_over_time(db: DB, run_id: str, window_ns: int | None = None) 
     return with_run(db, run_id, f"""
         WITH {_ADMISSION_LOOKUPS},
         per AS (
-            SELECT t // $w * $w AS window_start_ns, CAST(unnest(range(len(g))) AS INTEGER) AS group_id,
-                   q, unnest(g) AS h
+            SELECT t // $w * $w AS window_start_ns, unnest(range(len(g))) AS group_id, q, unnest(g) AS h
             FROM adm
         ),
         w AS (
-            SELECT window_start_ns, group_id, CAST(sum(q) AS BIGINT) AS prefix_cache_queries,
-                   CAST(sum(h) AS BIGINT) AS group_hit_tokens
+            SELECT window_start_ns, CAST(group_id AS INTEGER) AS group_id,
+                   CAST(sum(q) AS BIGINT) AS prefix_cache_queries, CAST(sum(h) AS BIGINT) AS group_hit_tokens
             FROM per GROUP BY ALL
         )
         SELECT window_start_ns, group_id, prefix_cache_queries, group_hit_tokens,
@@ -128,8 +127,9 @@ def group_hit_rates(db: DB, run_id: str) -> dict[int, float | None]:
     """The whole run's group hit rate per KV group (see group_hit_rate_over_time)."""
     frame = with_run(db, run_id, f"""
         WITH {_ADMISSION_LOOKUPS},
-        per AS (SELECT CAST(unnest(range(len(g))) AS INTEGER) AS group_id, q, unnest(g) AS h FROM adm)
-        SELECT group_id, sum(h) AS hits, sum(q) AS queries FROM per GROUP BY group_id ORDER BY group_id""")
+        per AS (SELECT unnest(range(len(g))) AS group_id, q, unnest(g) AS h FROM adm)
+        SELECT CAST(group_id AS INTEGER) AS group_id, sum(h) AS hits, sum(q) AS queries
+        FROM per GROUP BY group_id ORDER BY group_id""")
     return {int(g): metrics.ratio(h, q) for g, h, q in frame.iter_rows()}
 
 

@@ -167,7 +167,7 @@ class VllmKVCacheManager:
         """The step's copy-on-write copies per group, then the immediate free of their
         retained endpoints (what vLLM's scheduler does without a deferring connector)."""
         copies: list[BlockCopy] = []
-        retained: list[Any] = []
+        retained: list[Any] = []  # vLLM's KVCacheBlocks (loaded at run time)
         for g, mgr in enumerate(self.coordinator.single_type_managers):
             for src, dst in mgr.take_pending_cow_copies():
                 copies.append(BlockCopy(g, src.block_id, dst.block_id, "", COPY_VLLM))
