@@ -23,6 +23,7 @@ ORDER = [
     "demo",  # issue 6: kvtrace demo wall time
     "sweep_curve",  # issue 17: sweep on 2 workers vs sequential; one-pass curve vs 8 replays
     "peer_dynamo",  # issue 16: kvtrace beside Dynamo's mocker on the same trace
+    "vllm_backend",  # issue 13: the engine around vLLM 0.33's own KVCacheManager vs kvtrace's (needs make vllm)
 ]
 
 

@@ -7,6 +7,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, TypeAlias, cast
 
 from kvtrace.cache.config import BEHAVIOURS
+from kvtrace.engine.backends import BACKENDS
 from kvtrace.engine.presets import PRESETS
 from kvtrace.replay.cache_only import POLICIES
 from kvtrace.replay.generate import WORKLOADS
@@ -27,6 +28,7 @@ if TYPE_CHECKING:  # for a type checker each is the str it holds (one alias a li
     Behaviour: TypeAlias = str
     Workload: TypeAlias = str
     GeneratedFormat: TypeAlias = str
+    Backend: TypeAlias = str
 else:
     Mode = _choices("Mode", MODES)
     Policy = _choices("Policy", POLICIES)
@@ -35,6 +37,7 @@ else:
     Behaviour = _choices("Behaviour", BEHAVIOURS)
     Workload = _choices("Workload", WORKLOADS)
     GeneratedFormat = _choices("GeneratedFormat", ("native", "mooncake"))
+    Backend = _choices("Backend", BACKENDS)
 
 
 def value(choice):

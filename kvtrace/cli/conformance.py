@@ -12,7 +12,8 @@ from kvtrace.cli.output import echo_json
 
 
 @app.command()
-@replay_options(exclude=("mode", "policy", "capacity_blocks", "capacity_tokens", "name", "no_content", "percentiles"))
+@replay_options(exclude=("mode", "policy", "capacity_blocks", "capacity_tokens", "name", "no_content", "percentiles",
+                         "backend"))
 def conformance(
     spec,
     capacity_blocks: Annotated[list[int], typer.Option(

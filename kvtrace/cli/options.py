@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
-from kvtrace.cli.choices import BEHAVIOURS, Behaviour, Mode, Policy, Preset, TraceFormat, value
+from kvtrace.cli.choices import BACKENDS, BEHAVIOURS, Backend, Behaviour, Mode, Policy, Preset, TraceFormat, value
 
 RUN_PANEL = "Run settings"
 
@@ -39,6 +39,10 @@ _RUN_OPTIONS: dict[str, tuple[Any, Any, str]] = {
     "mode": (Annotated[Mode, typer.Option(
         help="engine: scheduler, worker and modelled time; cache-only: the cache alone.",
         rich_help_panel=RUN_PANEL)], Mode("engine"), "mode"),
+    "backend": (Annotated[Backend, typer.Option(
+        help="Whose cache manager the engine drives: kvtrace's, or the installed vLLM's own KVCacheManager "
+             "(engine mode; kvtrace's scheduler, content checks, clock and spans around it).",
+        rich_help_panel=RUN_PANEL)], Backend(BACKENDS[0]), "backend"),
     "policy": (Annotated[Policy, typer.Option(
         help="Cache-only eviction policy (belady: the offline optimum).", rich_help_panel=RUN_PANEL)],
         Policy("lru"), "policy"),

@@ -11,12 +11,13 @@ from typing import Annotated
 import typer
 
 from kvtrace.cli.app import app
-from kvtrace.cli.choices import Behaviour, value
+from kvtrace.cli.choices import BACKENDS, Backend, Behaviour, value
 from kvtrace.cli.options import Db, DbRequired, Json, Markdown, Percentiles, replay_options
 from kvtrace.cli.options import percentiles as parse_percentiles
 from kvtrace.cli.output import echo_json, error, print_rows, recorded
 from kvtrace.errors import KVTraceError
 
+DEFAULT_BACKEND = Backend(BACKENDS[0])
 RUN_ID = Annotated[str, typer.Argument(metavar="RUN", help="A run id (see `kvtrace runs`).")]
 # The headline metrics `kvtrace runs` shows, summary keys.
 RUNS_METRICS = ("requests", "prefix_cache_hit_rate", "p50_ttft_ms", "p50_itl_ms")
@@ -128,11 +129,14 @@ def study(
 def demo(
     db: Annotated[Path, typer.Option(metavar="FILE", help="Where to write the demo runs (replaced).")]
         = Path("kvtrace-demo.duckdb"),
+    backend: Annotated[Backend, typer.Option(
+        help="The cache manager of the all-on run: kvtrace's or the installed vLLM's (the runs with a behaviour "
+             "off are kvtrace's: its switches are its own).")] = DEFAULT_BACKEND,
 ) -> None:
     """Replay the built-in workload with every behaviour on and each off, and show the diffs."""
     from kvtrace.compare.demo import run_demo
 
-    run_demo(db_path=db, progress=True)
+    run_demo(db_path=db, progress=True, backend=value(backend))
 
 
 @app.command()

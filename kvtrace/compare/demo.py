@@ -33,10 +33,14 @@ DEMO_SETTINGS: dict[str, Any] = {"capacity_blocks": 40, "external_capacity_block
 ALL_ON = "all on"
 
 
-def demo_specs(trace: str = DEMO_TRACE, *, seed: int = 0, limit: int | None = None) -> list[RunSpec]:
-    """The four runs: all behaviours on, then each one off."""
-    all_on = RunSpec(trace=trace, preset=DEMO_PRESET, seed=seed, limit=limit, name=f"demo: {ALL_ON}", **DEMO_SETTINGS)
-    return [all_on] + [replace(all_on, without=(b,), name=f"demo: without {b}") for b in BEHAVIOURS]
+def demo_specs(trace: str = DEMO_TRACE, *, seed: int = 0, limit: int | None = None,
+               backend: str = "kvtrace") -> list[RunSpec]:
+    """The four runs: all behaviours on (through ``backend``), then each one off (kvtrace's
+    manager: the switches are kvtrace's)."""
+    all_on = RunSpec(trace=trace, preset=DEMO_PRESET, seed=seed, limit=limit, name=f"demo: {ALL_ON}",
+                     backend=backend, **DEMO_SETTINGS)
+    return [all_on] + [replace(all_on, without=(b,), name=f"demo: without {b}", backend="kvtrace")
+                       for b in BEHAVIOURS]
 
 
 @dataclass(slots=True)
@@ -58,6 +62,7 @@ def run_demo(
     trace: str = DEMO_TRACE,
     seed: int = 0,
     limit: int | None = None,
+    backend: str = "kvtrace",
 ) -> DemoResult:
     """Run the demo into ``db_path`` (replaced if it exists: it is the demo's own output)."""
     from rich.console import Console
@@ -66,7 +71,7 @@ def run_demo(
     db = str(db_path)
     _remove_store(db)
     result = DemoResult(db_path=db)
-    specs = demo_specs(trace, seed=seed, limit=limit)
+    specs = demo_specs(trace, seed=seed, limit=limit, backend=backend)
     with _progress(progress, len(specs)) as advance:
         for spec in specs:
             advance(spec.name)

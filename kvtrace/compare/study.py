@@ -262,7 +262,9 @@ def run_study(
         on_without = tuple(b for b in spec.without if b != behaviour)
         off_without = tuple(sorted(set(spec.without) | {behaviour}))
         on_spec = replace(spec, without=on_without, name=f"study {behaviour} on{suffix}")
-        off_spec = replace(spec, without=off_without, name=f"study {behaviour} off{suffix}")
+        # the switch is kvtrace's: with another backend, "on" is that backend as it is and
+        # "off" kvtrace's manager with the behaviour switched off
+        off_spec = replace(spec, without=off_without, name=f"study {behaviour} off{suffix}", backend="kvtrace")
         off = run_replay(off_spec, db=db, progress=progress)
         on = run_replay(on_spec, db=db, progress=progress)
         if db is not None and on.run_id and off.run_id:

@@ -24,6 +24,7 @@ from typing import Any
 
 from kvtrace.cache import CacheConfig, KVCacheManager
 from kvtrace.cache.events import BlockCopied, BlockEvicted, BlockPublished
+from kvtrace.engine.backends import BACKENDS, DEFAULT_BACKEND, VLLM
 from kvtrace.engine.clock import Clock, CostModel
 from kvtrace.engine.config import SchedulerConfig
 from kvtrace.engine.events import DivergentOutput, RequestFinished, StepBatch, StepExecuted, StepListener
@@ -57,7 +58,11 @@ class Engine:
         cpu_threads: int | None = 1,
         content: bool = True,
         percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+        backend: str = DEFAULT_BACKEND,
     ):
+        if backend not in BACKENDS:
+            raise KVTraceError(f"engine: unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
+        self.backend = backend
         p = get_preset(preset) if isinstance(preset, str) else preset
         self.preset_name = p.name
         self.cache_config = cache_config or p.cache_config
@@ -92,7 +97,7 @@ class Engine:
 
     def _run(self, workload, listeners, device) -> EngineResult:
         cc = self.cache_config
-        manager = KVCacheManager(cc)
+        manager = self._manager()
         cache_events: list = []
         manager.subscribe(cache_events.extend)
         worker, auditor = self._worker(device)
@@ -224,6 +229,17 @@ class Engine:
         stats["stale_hashes_left"] = manager.stats.stale_hash_left  # the cache's own count (switch off)
         return EngineResult(self._summary(records, stats, clock.now_ns), records)
 
+    def _manager(self) -> Any:
+        """The cache manager of this engine's backend (see ``kvtrace.engine.backends``)."""
+        if self.backend == VLLM:
+            from kvtrace.engine.backends.vllm.engine_manager import VllmEngineManager
+
+            sc = self.scheduler_config
+            return VllmEngineManager(self.cache_config, max_model_len=sc.max_model_len,
+                                     max_num_batched_tokens=sc.max_num_batched_tokens,
+                                     long_prefill_token_threshold=sc.long_prefill_token_threshold)
+        return KVCacheManager(self.cache_config)
+
     def _worker(self, device):
         """(the worker, the stale-hash auditor or None) for this engine's mode."""
         cc = self.cache_config
@@ -268,6 +284,7 @@ class Engine:
         span_s = max(end_ns - first_arrival, 1) / 1e9
         return {
             "preset": self.preset_name,
+            "backend": self.backend,
             "cost_model": self.cost_model.name,  # every time below is modelled by it
             **request_metrics(records, self.cache_config.groups[0].block_size, self.percentiles),
             "output_tokens": outputs,

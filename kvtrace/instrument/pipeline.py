@@ -222,6 +222,7 @@ def recording(
     background: bool = False,
     step_ns: int | None = None,
     time_offset_ns: int | None = None,
+    resource_attributes: Mapping[str, Any] | None = None,
 ) -> Iterator[KVCacheInstrumentor]:
     """Record one run: yields an instrumentor to pass as a step listener (or to
     ``instrument(manager)``); on exit every pending span is exported and the processors
@@ -236,7 +237,8 @@ def recording(
     did not raise) if an OTLP collector did not take every span.
     """
     provider = build_tracer_provider(store=store, run_id=run_id, otlp_endpoint=otlp_endpoint,
-                                     seed=seed, background=background, time_offset_ns=time_offset_ns)
+                                     seed=seed, background=background, time_offset_ns=time_offset_ns,
+                                     resource_attributes=resource_attributes)
     inst = KVCacheInstrumentor(provider, run_id=run_id,
                                step_ns=DEFAULT_STEP_NS if step_ns is None else step_ns).instrument()
     otlp = [p for p in provider_span_processors(provider)

@@ -53,6 +53,7 @@ class RunSpec:
     external_capacity_blocks: int | None = None
     content: bool = True  # engine mode: False runs without device content (hits and timings only)
     percentiles: tuple[float, ...] = DEFAULT_PERCENTILES  # of the summary's latencies (vllm bench serve's)
+    backend: str = "kvtrace"  # engine mode: whose cache manager (kvtrace.engine.backends.BACKENDS)
 
 
 @dataclass(slots=True)
@@ -290,6 +291,7 @@ def run_replay(
     config, behaviours, preset = validate(spec)
     if workload is None:
         workload = open_workload(spec)
+    resource = backend_resource(config)
     record = {"trace_source": workload.source, "trace_digest": workload.source_id, "config": config,
               "behaviours": behaviours, "mode": spec.mode if spec.mode == "engine" else f"cache-only/{spec.policy}"}
     with contextlib.ExitStack() as stack:
@@ -306,12 +308,14 @@ def run_replay(
             offset = store.time_offset_ns(run_id) if store is not None and run_id is not None else None
             undelivered = None
             try:
-                with _recording(sink, run_id or "unrecorded", otlp_endpoint, spec.seed, offset) as instrumentor:
+                with _recording(sink, run_id or "unrecorded", otlp_endpoint, spec.seed, offset,
+                                resource) as instrumentor:
                     bar = _Progress(progress, workload.total, f"{spec.mode} {Path(workload.source).name}")
                     try:
                         if preset is not None:
                             summary, per_request = _run_engine(preset, workload, digest, instrumentor, bar,
-                                                               spec.content, spec.percentiles)
+                                                               spec.content, spec.percentiles, spec.backend)
+                            summary.update({k: v for k, v in config.items() if k.startswith("vllm_")})
                         else:
                             summary, per_request = _run_cache_only(spec, workload, digest, instrumentor, bar)
                     finally:
@@ -345,7 +349,8 @@ def run_replay(
             raise
 
 
-def _recording(store, run_id: str, otlp_endpoint: str | None, seed: int, time_offset_ns: int | None):
+def _recording(store, run_id: str, otlp_endpoint: str | None, seed: int, time_offset_ns: int | None,
+               resource_attributes: dict[str, Any] | None = None):
     """The span recording of a run, or nothing when spans go nowhere (building them is
     the cost, so an unrecorded replay builds none). ``time_offset_ns``: the store's
     offset of the run's times, which an OTLP export reuses (metadata: not in the digest)."""
@@ -356,7 +361,19 @@ def _recording(store, run_id: str, otlp_endpoint: str | None, seed: int, time_of
     # background: the store's once-a-second commit (open, insert, checkpoint on close) runs on
     # the export thread, beside the replay, not inside it
     return recording(store=store, run_id=run_id, otlp_endpoint=otlp_endpoint, seed=seed,
-                     time_offset_ns=time_offset_ns, background=True)
+                     time_offset_ns=time_offset_ns, background=True, resource_attributes=resource_attributes)
+
+
+def backend_resource(config: dict[str, Any]) -> dict[str, Any] | None:
+    """The span resource attributes naming a run's cache backend: ``kvtrace.backend``,
+    ``kvtrace.vllm.version`` and ``kvtrace.vllm.commit`` (when known). None for the
+    kvtrace backend: its spans carry no resource attributes per row (absent = kvtrace)."""
+    if config.get("backend", "kvtrace") == "kvtrace":
+        return None
+    attrs = {"kvtrace.backend": config["backend"], "kvtrace.vllm.version": config.get("vllm_version")}
+    if config.get("vllm_commit"):
+        attrs["kvtrace.vllm.commit"] = config["vllm_commit"]
+    return attrs
 
 
 def validate(spec: RunSpec) -> tuple[dict[str, Any], list[str], Any]:
@@ -366,6 +383,17 @@ def validate(spec: RunSpec) -> tuple[dict[str, Any], list[str], Any]:
         raise ConfigError("--mode", spec.mode, f"expected one of {', '.join(MODES)}")
     if spec.limit is not None and (not isinstance(spec.limit, int) or spec.limit < 0):
         raise ConfigError("--limit", str(spec.limit), "expected a number of requests >= 0")
+    from kvtrace.engine.backends import BACKENDS, DEFAULT_BACKEND
+
+    if spec.backend not in BACKENDS:
+        raise ConfigError("--backend", spec.backend, f"expected one of {', '.join(BACKENDS)}")
+    if spec.mode != "engine" and spec.backend != DEFAULT_BACKEND:
+        raise ConfigError("--backend", spec.backend, "applies to engine mode only: cache-only mode replays one LRU "
+                                                     "over the trace's blocks, not a cache manager (use --mode engine)")
+    if spec.backend != DEFAULT_BACKEND and spec.without:
+        raise ConfigError("--without", ",".join(spec.without), f"switches kvtrace's own behaviours; the {spec.backend} "
+                                                               "backend runs the installed vLLM's code as it is (patch "
+                                                               "vLLM instead, or use --backend kvtrace)")
     if spec.mode == "engine":
         from kvtrace.engine.memory import check_storage_fits
 
@@ -378,6 +406,11 @@ def validate(spec: RunSpec) -> tuple[dict[str, Any], list[str], Any]:
             check_storage_fits(preset.cache_config)
         config = config_json(preset)
         config["content"] = spec.content
+        config["backend"] = spec.backend
+        if spec.backend != DEFAULT_BACKEND:
+            from kvtrace.engine.backends.vllm import check_engine_backend
+
+            config.update(check_engine_backend(preset.cache_config))
         return config, config["cache"]["behaviours"], preset
     from kvtrace.replay.cache_only import POLICIES
 
@@ -414,6 +447,8 @@ def _default_name(spec: RunSpec, behaviours: list[str]) -> str:
         parts.append(spec.preset or DEFAULT_PRESET)
         if not spec.content:
             parts.append("no-content")
+        if spec.backend != "kvtrace":
+            parts.append(f"backend={spec.backend}")
     else:
         parts.append(spec.policy)
     if spec.without:
@@ -426,7 +461,7 @@ def _default_name(spec: RunSpec, behaviours: list[str]) -> str:
 
 
 def _run_engine(preset, workload: _Workload, digest: Digest, instrumentor, bar: _Progress, content: bool,
-                percentiles: tuple[float, ...]):
+                percentiles: tuple[float, ...], backend: str = "kvtrace"):
     from kvtrace.engine import Engine
     from kvtrace.engine.events import RequestFinished
 
@@ -437,7 +472,7 @@ def _run_engine(preset, workload: _Workload, digest: Digest, instrumentor, bar: 
     if instrumentor is not None:
         listeners.append(instrumentor.on_step)
     listeners.append(progress_listener)
-    engine = Engine(preset, content=content, percentiles=percentiles)
+    engine = Engine(preset, content=content, percentiles=percentiles, backend=backend)
     result = engine.run(workload.requests, listeners=listeners)
     per_request = [
         {

@@ -17,7 +17,7 @@ s = queries.summary(run_id)
 st.title("Overview")
 st.markdown(
     f"**{row.get('name') or run_id}** · run `{run_id}` · trace `{row.get('trace_source') or '–'}` · "
-    f"mode `{row.get('mode') or '–'}` · "
+    f"mode `{row.get('mode') or '–'}` · backend `{row.get('backend') or 'kvtrace'}` · "
     f"status **{row.get('status')}**  \nbehaviours on: {row.get('behaviours_on') or 'none'}"
     + (f" · **off: {row['behaviours_off']}**" if row.get("behaviours_off") else "")
 )
@@ -81,7 +81,8 @@ if len(groups) > 1:
 
 st.subheader("Runs")
 table = queries.runs().select(
-    "run_id", "name", "status", "mode", "trace_source", "behaviours_off", *queries.SUMMARY_KEYS, "num_spans", "created",
+    "run_id", "name", "status", "mode", "backend", "trace_source", "behaviours_off", *queries.SUMMARY_KEYS, "num_spans",
+    "created",
 )
 ui.table(table, "Every run in this store; click a column header to sort, pick a run in the sidebar to inspect it.",
          empty_what="No runs yet.")

@@ -6,3 +6,7 @@
   ``kvtrace conformance``). It is the only place in kvtrace that imports vllm, and only
   when it is installed (``make vllm``).
 """
+
+KVTRACE, VLLM = "kvtrace", "vllm"
+BACKENDS = (KVTRACE, VLLM)  # --backend's choices; the first is the default
+DEFAULT_BACKEND = KVTRACE

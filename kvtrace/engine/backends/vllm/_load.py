@@ -10,8 +10,11 @@ warnings filtered and its logger at ERROR. The import takes 10-25 s.
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import os
+import re
+import subprocess
 import warnings
 from dataclasses import dataclass
 from importlib import metadata
@@ -47,6 +50,9 @@ _API: dict[str, tuple[str, str]] = {
     "BlockStored": ("vllm.distributed.kv_events", "BlockStored"),
     "BlockRemoved": ("vllm.distributed.kv_events", "BlockRemoved"),
     "AllBlocksCleared": ("vllm.distributed.kv_events", "AllBlocksCleared"),
+    # the GPU worker's prefill checkpoint rule (the engine backend's checkpoint state writes)
+    "compute_mamba_prefill_checkpoints": ("vllm.model_executor.layers.mamba.checkpoint",
+                                          "compute_mamba_prefill_checkpoints"),
 }
 # methods whose names kvtrace calls (a renamed one is reported before any comparison)
 _METHODS: dict[str, tuple[str, ...]] = {
@@ -81,11 +87,18 @@ def installed_version() -> str | None:
         return None
 
 
+def compatible(version: str) -> bool:
+    """A release or build of vLLM 0.33 (``0.33.0``, ``0.33.1``, ``0.33.1.dev12+gabc`` of a
+    checkout): kvtrace checks the API it uses name by name after the import."""
+    minor = ".".join(EXPECTED_VERSION.split(".")[:2])
+    return re.match(rf"{re.escape(minor)}(\.|$)", version) is not None
+
+
 def load_vllm() -> VllmAPI:
     """vLLM's scheduler-side API, imported once per process.
 
-    Raises ``KVTraceError`` (one line) when vLLM is not installed, is another version
-    than ``EXPECTED_VERSION``, fails to import, or lacks a name kvtrace uses.
+    Raises ``KVTraceError`` (one line) when vLLM is not installed, is not a 0.33 build
+    (``compatible``), fails to import, or lacks a name kvtrace uses.
     """
     global _loaded  # noqa: PLW0603  (imported once per process: vLLM takes seconds)
     if _loaded is not None:
@@ -94,7 +107,7 @@ def load_vllm() -> VllmAPI:
     if version is None:
         raise KVTraceError(f"vLLM is not installed (kvtrace expects vLLM {EXPECTED_VERSION}); "
                            f"install it with `{INSTALL_HINT}`")
-    if version != EXPECTED_VERSION:
+    if not compatible(version):
         raise KVTraceError(f"vLLM {version} is installed; kvtrace expects vLLM {EXPECTED_VERSION} "
                            f"(install it with `{INSTALL_HINT}`)")
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
@@ -122,3 +135,34 @@ def load_vllm() -> VllmAPI:
                                    f"vLLM {EXPECTED_VERSION})")
     _loaded = VllmAPI(version, names)
     return _loaded
+
+
+def vllm_commit() -> str | None:
+    """The git commit of the installed vLLM, when it can be known: a VCS install's
+    ``direct_url.json``, the HEAD of an editable install's checkout, else the commit its
+    build recorded (``vllm._version.__commit_id__``, ``g`` + short hash). Metadata only."""
+    try:
+        direct = json.loads(metadata.distribution("vllm").read_text("direct_url.json") or "{}")
+    except (metadata.PackageNotFoundError, ValueError):
+        direct = {}
+    commit = (direct.get("vcs_info") or {}).get("commit_id")
+    if commit:
+        return str(commit)
+    url = str(direct.get("url", ""))
+    if (direct.get("dir_info") or {}).get("editable") and url.startswith("file://"):
+        try:
+            out = subprocess.run(["git", "-C", url[len("file://"):], "rev-parse", "HEAD"], capture_output=True,
+                                 text=True, timeout=10, check=False)
+        except (OSError, subprocess.SubprocessError):
+            out = None
+        if out is not None and out.returncode == 0 and out.stdout.strip():
+            dirty = subprocess.run(["git", "-C", url[len("file://"):], "status", "--porcelain", "--untracked-files=no"],
+                                   capture_output=True, text=True, timeout=10, check=False).stdout.strip()
+            return out.stdout.strip() + ("-dirty" if dirty else "")
+    try:
+        built = importlib.import_module("vllm._version").__commit_id__
+    except Exception:  # an install without the generated module
+        return None
+    if isinstance(built, str) and built:
+        return re.sub(r"^g(?=[0-9a-f]{7,}$)", "", built)
+    return None

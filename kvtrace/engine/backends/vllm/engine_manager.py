@@ -1,0 +1,430 @@
+"""vLLM's ``KVCacheManager`` as the engine's cache (``--backend vllm``).
+
+``VllmEngineManager`` extends ``VllmKVCacheManager`` with what kvtrace's engine reads of
+its cache manager besides the allocation calls: the step's cache events (for spans, the
+digest and the stale-hash audit), the worker's state writes, the cached entries the
+audit checks, per-group usage and the external tier's lookup. vLLM says less than
+kvtrace's manager does, so part of it is inferred from what the adapter can see; every
+inferred value is listed here and in docs/cache_semantics.md ("The vllm backend"):
+
+Events (kvtrace's ``kvtrace.cache.events``, from vLLM's ``take_events`` after each call):
+
+* ``BlockPublished``: one per vLLM ``BlockStored``, attributed to the request whose
+  ``allocate_slots`` emitted it; hashes mapped back to the request's own block hashes
+  (vLLM's events carry their low 64 bits), block ids read from vLLM's prefix-cache map.
+  ``kind`` is inferred: ``checkpoint`` when the key names the block and position of this
+  allocation's prefill checkpoint write, else ``full`` when it ends on a block boundary
+  of its group, else ``partial_tail`` (kvtrace's ``boundary``, a full block kept for a
+  reachable boundary under sparse retention, shows as ``full``).
+* ``BlockEvicted``: one per removed key of a vLLM ``BlockRemoved``. ``reason`` is
+  inferred: ``lru`` when the allocation took the key's block off the free queue (it is
+  among the blocks handed out or the copy targets), else ``replaced`` (the block stays
+  where it is and loses the key: a transient checkpoint, a promoted partial key),
+  ``reset`` for ``AllBlocksCleared``. ``idle`` is
+  -1 (vLLM does not say when a block was last used); ``ages`` count steps since the
+  publish the adapter saw.
+* ``BlockCopied``: one per copy-on-write pair; ``why`` is inferred: ``partial_hit`` when
+  the copy block took the source's place in the request's table, else ``running_tail``
+  (the key moved to the copy, which vLLM's ``move_block_hashes`` does silently; the
+  adapter then emits the ``moved`` publish/evict pair kvtrace's manager emits).
+* ``PrefixLookup``: per lookup; ``hit_tokens_per_group`` is the common hit in every
+  group (vLLM returns only the fixed point).
+* ``BlocksFreed``: the request's non-null blocks per group, tail first, read before
+  vLLM frees them. External-tier (connector) evictions and loads emit nothing.
+
+State writes (the worker's content model; vLLM's scheduler gives none):
+
+* ``checkpoint``: from vLLM's own worker rule, ``compute_mamba_prefill_checkpoints``
+  (the chunk's end and length), into the block at that column of vLLM's table: what
+  vLLM's GPU worker writes;
+* ``running`` and ``external``: the block of vLLM's table at the chunk's (load's) end,
+  which the worker compares with its own table (``table_disagreements``), as with
+  kvtrace's manager.
+
+The external tier (``external_capacity_blocks``) is kvtrace's ``ExternalTier``, written
+through by every publish the adapter sees and looked up by kvtrace's coordinator rule;
+vLLM takes its hit tokens as a connector's ``num_external_computed_tokens``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+from kvtrace.cache.config import CacheConfig, FullAttentionSpec, MambaSpec
+from kvtrace.cache.events import (
+    COPY_EXTERNAL,
+    COPY_PARTIAL_HIT,
+    COPY_RUNNING_TAIL,
+    EVICT_LRU,
+    EVICT_MOVED,
+    EVICT_REPLACED,
+    EVICT_RESET,
+    PUBLISH_CHECKPOINT,
+    PUBLISH_FULL,
+    PUBLISH_MOVED,
+    PUBLISH_PARTIAL_TAIL,
+    BlockCopied,
+    BlockEvicted,
+    BlockPublished,
+    BlocksFreed,
+    CacheListener,
+    PrefixLookup,
+)
+from kvtrace.cache.plans import STATE_CHECKPOINT, STATE_EXTERNAL, STATE_RUNNING, BlockCopy, StateWrite
+from kvtrace.cache.request import Request
+from kvtrace.engine.backends.vllm._load import VllmAPI
+from kvtrace.engine.backends.vllm.manager import VllmKVCacheManager
+from kvtrace.numeric import cdiv
+
+IDLE_UNKNOWN = -1  # BlockEvicted.idle of the vllm backend: vLLM does not say when a block was last used
+
+
+@dataclass
+class VllmStats:
+    """The cache counters the engine reads (kvtrace's behaviour switches do not exist in vLLM)."""
+
+    stale_hash_left: int = 0
+
+
+class VllmEngineManager(VllmKVCacheManager):
+    """vLLM 0.33's manager with the engine-facing part of kvtrace's manager interface
+    (see the module docstring for what is inferred)."""
+
+    def __init__(self, cache_config: CacheConfig, *, max_model_len: int = 1 << 20,
+                 max_num_batched_tokens: int = 8192, long_prefill_token_threshold: int = 0,
+                 api: VllmAPI | None = None):
+        connector = cache_config.external is not None
+        super().__init__(cache_config, max_model_len=max_model_len, enable_events=True,
+                         max_num_batched_tokens=max_num_batched_tokens,
+                         long_prefill_token_threshold=long_prefill_token_threshold, connector=connector, api=api)
+        self.scheduler_block_size = self.setup.scheduler_block_size
+        self.hash_block_size = self.setup.hash_block_size
+        self.empty_kv_cache_blocks = self.manager.empty_kv_cache_blocks
+        self.stats = VllmStats()
+        self.step = 0
+        self._listeners: list[CacheListener] = []
+        self._events: list[Any] = []
+        self._writes: list[StateWrite] = []
+        self._copy_owner: dict[tuple[int, int, int], tuple[str, str]] = {}  # (group, src, dst) -> (request, why)
+        self._managers = list(self.coordinator.single_type_managers)
+        self._block_size = [s.block_size for s in cache_config.groups]
+        self._mamba = [g for g, s in enumerate(cache_config.groups) if isinstance(s, MambaSpec)]
+        self._suffix = [g.to_bytes(4, "big") for g in range(self.num_groups)]
+        # (group, event hash) -> [full hash, block id, step published]: what an eviction names
+        self._published: dict[tuple[int, Any], list[Any]] = {}
+        self._num_tokens: dict[tuple[int, bytes], int] = {}  # (group, hash) -> prefix tokens, for the audit
+        self._index: dict[str, tuple[int, dict[Any, int]]] = {}  # request -> (hashes seen, event hash -> index)
+        self._convert = event_hash_function(self.api)
+        self._checkpoint_rule = api_checkpoint_rule(self.api) if self._mamba and \
+            cache_config.num_prefill_checkpoint_blocks else None
+        # kvtrace's external tier and its lookup rule (a shadow manager's coordinator, never allocated from)
+        self._shadow = None
+        if connector:
+            from kvtrace.cache.manager import KVCacheManager
+
+            self._shadow = KVCacheManager(cache_config)
+
+    # -- events -----------------------------------------------------------------------
+    def subscribe(self, listener: CacheListener) -> None:
+        self._listeners.append(listener)
+
+    def new_step_starts(self) -> None:
+        self._drain(None)
+        batch, self._events = self._events, []
+        for listener in self._listeners:
+            listener(batch)
+        self.step += 1
+        super().new_step_starts()
+
+    def _hash_index(self, request: Request) -> dict[Any, int]:
+        """Event hash -> index in the request's block hashes (grown as they grow)."""
+        hashes = request.block_hashes
+        seen = self._index.get(request.request_id)
+        if seen is None or seen[0] != len(hashes):
+            index = seen[1] if seen is not None else {}
+            convert = self._convert
+            for i in range(len(index), len(hashes)):
+                index.setdefault(convert(hashes[i]), i)
+            seen = (len(hashes), index)
+            self._index[request.request_id] = seen
+        return seen[1]
+
+    def _drain(self, request: Request | None, allocated: tuple[Any, list[list[int]]] | None = None,
+               checkpoints: set[tuple[int, int, int]] | frozenset = frozenset()) -> None:
+        """vLLM's pending KV events as kvtrace events; ``request``: whose call made them,
+        ``allocated``: that call's (returned blocks, copy targets per group), the blocks it
+        took off the free queue; ``checkpoints``: its (group, block, position) checkpoint
+        writes."""
+        events = self.manager.take_events()
+        if not events:
+            return
+        step, hbs = self.step, self.hash_block_size
+        out = self._events
+        fresh: list[set[int]] | None = None
+        for ev in events:
+            name = type(ev).__name__
+            if name == "BlockStored" and request is not None and ev.block_hashes:
+                g = ev.group_idx if ev.group_idx is not None else 0
+                index = self._hash_index(request)
+                hashes = cast("list[bytes]", request.block_hashes)  # vLLM's: always bytes
+                lookup = self.block_pool.cached_block_hash_to_block.get_one_block
+                tier = self._shadow.external if self._shadow is not None else None
+                ids, full, ntok = [], [], 0
+                for eh in ev.block_hashes:
+                    i = index.get(eh)
+                    if i is None:
+                        continue
+                    h = hashes[i]
+                    block = lookup(h + self._suffix[g])
+                    bid = block.block_id if block is not None else -1
+                    ntok = (i + 1) * hbs
+                    ids.append(bid)
+                    full.append(h)
+                    self._published[(g, eh)] = [h, bid, step]
+                    self._num_tokens[(g, h)] = ntok
+                    if tier is not None:
+                        tier.store(g, h, ntok)  # write-through, as kvtrace's pool does
+                if ids:
+                    if (g, ids[-1], ntok) in checkpoints:
+                        kind = PUBLISH_CHECKPOINT
+                    elif ntok % self._block_size[g] == 0:
+                        kind = PUBLISH_FULL
+                    else:
+                        kind = PUBLISH_PARTIAL_TAIL
+                    out.append(BlockPublished(step, request.request_id, g, kind, tuple(ids), tuple(full), ntok))
+            elif name == "BlockRemoved":
+                g = ev.group_idx if ev.group_idx is not None else 0
+                if fresh is None and allocated is not None:
+                    fresh = [set(ids) | set(t) for ids, t in zip(allocated[0].get_block_ids(), allocated[1])]
+                taken = fresh[g] if fresh is not None else ()
+                rid = request.request_id if request is not None else None
+                for eh in ev.block_hashes:
+                    rec = self._published.pop((g, eh), None)
+                    h, bid, born = rec if rec is not None else (eh, -1, step)
+                    self._num_tokens.pop((g, h), None)
+                    reason = EVICT_LRU if bid in taken else EVICT_REPLACED
+                    out.append(BlockEvicted(step, g, reason, (bid,), (h,), (step - born,), (IDLE_UNKNOWN,), rid))
+            elif name == "AllBlocksCleared":
+                for (g, _), (h, bid, born) in self._published.items():
+                    out.append(BlockEvicted(step, g, EVICT_RESET, (bid,), (h,), (step - born,), (IDLE_UNKNOWN,),
+                                            None))
+                self._published.clear()
+                self._num_tokens.clear()
+
+    # -- requests -----------------------------------------------------------------------
+    def attach(self, request: Request) -> None:
+        """Give an engine request its vLLM twin; the request takes the twin's block hashes."""
+        if request.request_id in self._twins:
+            return
+        params = self.api.SamplingParams(max_tokens=max(getattr(request, "max_tokens", 1), 1))
+        twin = self.api.Request(request_id=request.request_id, prompt_token_ids=request.prompt_token_ids.tolist(),
+                                sampling_params=params, pooling_params=None, block_hasher=self._hasher,
+                                cache_salt=request.cache_salt)
+        self._twins[request.request_id] = twin
+        request._block_hashes = twin.block_hashes  # one list: the twin extends it as outputs arrive
+
+    def get_computed_blocks(self, request: Request) -> tuple[Any, int, int]:
+        self.attach(request)
+        blocks, hit, boundary = super().get_computed_blocks(request)
+        if self._listeners:
+            bs0 = self._block_size[0]
+            fine = request.block_hashes
+            per = bs0 // self.hash_block_size
+            coarse = fine[per - 1::per]
+            miss_idx = hit // bs0
+            miss = coarse[miss_idx] if miss_idx < len(coarse) else None
+            self._events.append(PrefixLookup(
+                self.step, request.request_id, request.num_tokens, hit, (hit,) * self.num_groups, boundary, 0,
+                coarse[0] if coarse else None, miss, miss_idx if miss is not None else -1))
+        return blocks, hit, boundary
+
+    def get_num_external_hit_tokens(self, request: Request, num_local_hit_tokens: int) -> int:
+        """Tokens beyond the local hit kvtrace's external tier holds (kvtrace's coordinator rule)."""
+        if self._shadow is None or not self.config.enable_caching:
+            return 0
+        return self._shadow.coordinator.external_hit_tokens(request.block_hashes, num_local_hit_tokens,
+                                                            request.num_tokens - 1)
+
+    def allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
+                       new_computed_blocks: Any = None, num_external_computed_tokens: int = 0,
+                       num_lookahead_tokens: int = 0) -> Any:
+        self.attach(request)
+        managers = self._managers
+        pending = [len(m._pending_cow_copies) for m in managers]
+        out = super().allocate_slots(request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
+                                     num_external_computed_tokens, num_lookahead_tokens)
+        if out is None:
+            self._drain(request)
+            return None
+        rid = request.request_id
+        targets: list[list[int]] = [[] for _ in managers]  # per group, this call's copy targets
+        for g, m in enumerate(managers):
+            copies = m._pending_cow_copies
+            if len(copies) > pending[g]:
+                table = m.req_to_blocks.get(rid, ())
+                for src, dst in copies[pending[g]:]:
+                    why = COPY_PARTIAL_HIT if any(b is dst for b in table) else COPY_RUNNING_TAIL
+                    self._copy_owner[(g, src.block_id, dst.block_id)] = (rid, why)
+                    targets[g].append(dst.block_id)
+        self._twins[rid].status = self.api.RequestStatus.RUNNING
+        checkpoints: set[tuple[int, int, int]] = set()
+        if self._mamba or num_external_computed_tokens:
+            start = request.num_computed_tokens + num_new_computed_tokens + num_external_computed_tokens
+            end = start + num_new_tokens
+            writes = self._writes
+            if num_external_computed_tokens:
+                self._external_loaded(request, start - num_external_computed_tokens, start)
+            for g in self._mamba:
+                m = managers[g]
+                table = m.req_to_blocks.get(rid, ())
+                bs = self._block_size[g]
+                if end > 0 and cdiv(end, bs) <= len(table):
+                    writes.append(StateWrite(rid, g, table[cdiv(end, bs) - 1].block_id, end, STATE_RUNNING))
+                if self._checkpoint_rule is not None and num_new_tokens > 1:
+                    offsets, cols = self._checkpoint_rule(m, [end], [num_new_tokens])
+                    col = cols[0]
+                    if 0 <= col < len(table):
+                        block_id, position = table[col].block_id, start + offsets[0]
+                        writes.append(StateWrite(rid, g, block_id, position, STATE_CHECKPOINT))
+                        checkpoints.add((g, block_id, position))
+        self._drain(request, (out, targets), checkpoints)
+        return out
+
+    def _external_loaded(self, request: Request, local: int, total: int) -> None:
+        """A connector load of tokens [local, total): touch the tier's entries, and, as
+        kvtrace's manager does, one ``external`` state write and copy event per loaded
+        block of vLLM's table (inferred: the blocks covering the loaded range; a Mamba
+        group's last one)."""
+        rid = request.request_id
+        if self._shadow is not None:
+            self._shadow.coordinator._touch_external(request, local, total)
+        for g, m in enumerate(self._managers):
+            table = m.req_to_blocks.get(rid, ())
+            bs = self._block_size[g]
+            last = min(cdiv(total, bs), len(table))
+            first = last - 1 if g in self._mamba else min(cdiv(local, bs), last)
+            for i in range(max(first, 0), last):
+                block = table[i]
+                self._writes.append(StateWrite(rid, g, block.block_id, min((i + 1) * bs, total), STATE_EXTERNAL))
+                if self._listeners:
+                    self._events.append(BlockCopied(self.step, rid, g, -1, block.block_id, COPY_EXTERNAL))
+
+    def free(self, request: Request | str, finished: bool | None = None) -> None:
+        """Free the request's blocks; ``finished`` defaults to the engine request's status."""
+        rid = request if isinstance(request, str) else request.request_id
+        if finished is None:
+            finished = getattr(request, "status", "finished") == "finished"
+        if self._listeners:
+            for g, m in enumerate(self._managers):
+                ids = tuple([b.block_id for b in reversed(m.req_to_blocks.get(rid, ())) if not b.is_null])
+                if ids:
+                    self._events.append(BlocksFreed(self.step, rid, g, ids))
+        super().free(request, finished=finished)
+        self._drain(None)
+        if finished:
+            self.forget(rid)
+            self._index.pop(rid, None)
+
+    def take_block_copies(self) -> list[BlockCopy]:
+        copies = []
+        for c in super().take_block_copies():
+            rid, why = self._copy_owner.pop((c.group_id, c.src, c.dst), ("", COPY_RUNNING_TAIL))
+            copies.append(BlockCopy(c.group_id, c.src, c.dst, rid, why))
+            if self._listeners:
+                self._events.append(BlockCopied(self.step, rid, c.group_id, c.src, c.dst, why))
+            if why == COPY_RUNNING_TAIL:
+                self._moved(c, rid)
+        return copies
+
+    def _moved(self, copy: BlockCopy, request_id: str) -> None:
+        """The keys vLLM moved to the copy block (silently): re-point them, emit the pair."""
+        dst = self.block_pool.blocks[copy.dst]
+        keys = ([dst.block_hash] if dst.block_hash is not None else []) + sorted(
+            self.block_pool.cached_block_hashes_by_block.get(copy.dst, ()))
+        hashes = []
+        for key in keys:
+            h = bytes(self.api.get_block_hash(key))
+            rec = self._published.get((copy.group_id, self._convert(h)))
+            if rec is not None:
+                rec[1] = copy.dst
+            hashes.append(h)
+        if hashes and self._listeners:
+            n = len(hashes)
+            ntok = self._num_tokens.get((copy.group_id, hashes[-1]), 0)
+            self._events.append(BlockEvicted(self.step, copy.group_id, EVICT_MOVED, (copy.src,) * n, tuple(hashes),
+                                             (0,) * n, (IDLE_UNKNOWN,) * n, request_id))
+            self._events.append(BlockPublished(self.step, request_id, copy.group_id, PUBLISH_MOVED,
+                                               (copy.dst,) * n, tuple(hashes), ntok))
+
+    def take_state_writes(self) -> list[StateWrite]:
+        out, self._writes = self._writes, []
+        return out
+
+    # -- what the audit and the step spans read -------------------------------------------
+    def cached_entries(self) -> Iterator[tuple[int, bytes, int, int]]:
+        """(group, block hash, block id, prefix tokens) of every key in vLLM's prefix cache
+        whose publish the adapter saw."""
+        get_group, get_hash = self.api.get_group_id, self.api.get_block_hash
+        for key, value in list(self.block_pool.cached_block_hash_to_block._cache.items()):
+            g, h = get_group(key), bytes(get_hash(key))
+            ntok = self._num_tokens.get((g, h))
+            if ntok is None:
+                continue
+            for block in ([value] if not isinstance(value, dict) else list(value.values())):
+                yield g, h, block.block_id, ntok
+
+    @property
+    def usage(self) -> tuple[float, ...]:  # type: ignore[override]
+        """vLLM's ``usage``, split over the groups (they sum to it): one group takes it all;
+        several share it in proportion to the non-null blocks their requests' tables hold
+        (inferred: vLLM's pool does not record a block's group, and a shared block counts
+        once per table)."""
+        total = self.manager.usage
+        if self.num_groups == 1:
+            return (total,)
+        held = []
+        for g, m in enumerate(self._managers):
+            tables = m.req_to_blocks.values()
+            if g in self._mamba or not isinstance(self.config.groups[g], FullAttentionSpec):
+                held.append(sum(1 for t in tables for b in t if not b.is_null))
+            else:
+                held.append(sum(len(t) for t in tables))
+        n = sum(held)
+        return tuple(total * h / n if n else 0.0 for h in held)
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _low64(block_hash: bytes) -> int:
+    return int.from_bytes(block_hash, "big") & _MASK64
+
+
+def event_hash_function(api: VllmAPI):
+    """A block hash as vLLM's KV events carry it: vLLM's ``maybe_convert_block_hash``
+    reads an environment variable per call (a third of a replay's event cost), so its
+    result is decided once and the conversion done here when it is the low 64 bits."""
+    probe = bytes(range(32))
+    vllm = api.maybe_convert_block_hash
+    if vllm(probe) == _low64(probe):
+        return _low64
+    if vllm(probe) == probe:
+        return lambda block_hash: block_hash
+    return vllm
+
+
+def api_checkpoint_rule(api: VllmAPI):
+    """vLLM's worker-side prefill checkpoint rule for one Mamba manager:
+    ``rule(manager, seq_lens, query_lens) -> (offsets, cols)``."""
+    compute = api.compute_mamba_prefill_checkpoints
+
+    def rule(m: Any, seq_lens: Sequence[int], query_lens: Sequence[int]) -> tuple[list[int], list[int]]:
+        spec = m.kv_cache_spec
+        return compute(list(seq_lens), list(query_lens), hash_block_size=m.block_pool.hash_block_size,
+                       mamba_block_size=spec.block_size, checkpoint_alignment=spec.prefill_checkpoint_alignment,
+                       drop_eagle_block=False, cache_hit_alignment_tokens=m.cache_hit_alignment_tokens,
+                       num_hash_lookahead_tokens=m.block_pool.num_hash_lookahead_tokens)
+
+    return rule

@@ -1,0 +1,182 @@
+"""``--backend vllm``: kvtrace's engine around vLLM 0.33's own ``KVCacheManager``.
+
+Real vLLM classes throughout (the session's ``vllm_api``), real DuckDB stores and
+``kvtrace diff``. The patch study reverts one vLLM fix at run time, the way a user's
+branch would differ: ``MambaManager.allocate_new_blocks`` back to its early return that
+does not mark the request allocated (review 003; vLLM 0.33 has the fix).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+
+import duckdb
+import pytest
+
+from kvtrace.cache.config import EXTERNAL_HIT_RUNNING_COW
+from kvtrace.compare.source import diff_runs
+from kvtrace.compare.study import study_defaults, study_trace
+from kvtrace.replay.run import RunSpec, run_replay
+from tests.conftest import MOONCAKE
+
+TRACE = str(MOONCAKE)
+
+
+# kimi-hybrid: the first 500 requests; dense-attention (16-token blocks: 25x the events) the
+# first 200, which keep both runs with content near a minute on the shared 2-core box
+@pytest.mark.parametrize("preset, limit", [("dense-attention", 200), ("kimi-hybrid", 500)])
+def test_both_backends_hit_the_same_tokens_per_request(vllm_api, tmp_path, preset, limit):
+    """Every behaviour on, the synthetic trace's first requests: kvtrace diff between the
+    kvtrace-backend run and the vllm-backend run shows no request with other hits."""
+    db = tmp_path / "backends.duckdb"
+    ours = run_replay(RunSpec(TRACE, preset=preset, limit=limit), db=db)
+    theirs = run_replay(RunSpec(TRACE, preset=preset, limit=limit, backend="vllm"), db=db)
+    d = diff_runs(db, ours.run_id, theirs.run_id)
+    assert d.same_trace and d.requests is not None
+    assert (d.requests.requests, d.requests.only_a, d.requests.only_b) == (limit, 0, 0)
+    assert (d.requests.gained, d.requests.lost, d.requests.cached_tokens_delta) == (0, 0, 0)
+    assert theirs.summary["prefix_cache_hits"] == ours.summary["prefix_cache_hits"] > 0
+    for s in (ours.summary, theirs.summary):  # the worker verified every token of both
+        assert s["divergent_outputs"] == s["stale_hashes"] == s["table_disagreements"] == 0
+    # the same blocks published and evicted (kinds and reasons are partly inferred on vLLM's side)
+    assert theirs.summary["publishes"] == ours.summary["publishes"]
+    assert theirs.summary["evictions"] == ours.summary["evictions"]
+    assert theirs.summary["backend"] == "vllm" and theirs.summary["vllm_version"] == "0.33.0"
+
+
+def _reverted_allocate_new_blocks(original):
+    """vLLM's ``MambaManager.allocate_new_blocks`` before review 003's fix: the align-mode
+    early return (no new block, no partial hit, no checkpoint) leaves the request out of
+    ``_allocated_block_reqs``."""
+    from vllm.utils.math_utils import cdiv
+
+    def allocate_new_blocks(self, request_id, num_tokens, num_tokens_main_model):
+        if self.mamba_cache_mode == "align":
+            required = cdiv(num_tokens_main_model, self.block_size) + self.num_speculative_blocks
+            if (required <= len(self.req_to_blocks[request_id]) and request_id not in self._partial_hit_reqs
+                    and request_id not in self._checkpoints):
+                return []
+        return original(self, request_id, num_tokens, num_tokens_main_model)
+
+    return allocate_new_blocks
+
+
+def test_a_vllm_patch_studied_end_to_end(vllm_api, tmp_path, monkeypatch):
+    """A = vLLM 0.33, B = the same with the fix reverted; the external-hit study workload
+    through both. kvtrace diff shows divergent outputs in B only, as many as kvtrace's own
+    switch shows (--without external-hit-running-cow), and the Core/Worker disagreements."""
+    from vllm.v1.core import single_type_kv_cache_manager as stkm
+
+    db = tmp_path / "patch.duckdb"
+    base = RunSpec(study_trace(EXTERNAL_HIT_RUNNING_COW), **study_defaults(EXTERNAL_HIT_RUNNING_COW))
+    a = run_replay(replace(base, backend="vllm", name="A"), db=db)
+    with monkeypatch.context() as m:
+        m.setattr(stkm.MambaManager, "allocate_new_blocks",
+                  _reverted_allocate_new_blocks(stkm.MambaManager.allocate_new_blocks))
+        b = run_replay(replace(base, backend="vllm", name="B"), db=db)
+    switch_on = run_replay(base, db=db)
+    switch_off = run_replay(replace(base, without=(EXTERNAL_HIT_RUNNING_COW,)), db=db)
+
+    patch = diff_runs(db, a.run_id, b.run_id)
+    assert patch.metric("divergent_outputs").a == 0
+    assert patch.metric("divergent_outputs").b > 0
+    assert patch.divergent_requests["a"] == [] and patch.divergent_requests["b"]
+    switch = diff_runs(db, switch_on.run_id, switch_off.run_id)
+    assert switch.metric("divergent_outputs").b == patch.metric("divergent_outputs").b
+    assert switch.divergent_requests["b"] == patch.divergent_requests["b"]  # the same requests, as often
+    assert b.summary["table_disagreements"] == switch_off.summary["table_disagreements"] > 0
+    assert a.summary["table_disagreements"] == 0
+    # the hits themselves agree: the fix changes content, not what is found
+    assert patch.requests is not None and (patch.requests.gained, patch.requests.lost) == (0, 0)
+    assert a.summary["external_prefix_cache_hits"] == switch_on.summary["external_prefix_cache_hits"] > 0
+
+
+def test_replay_backend_vllm_records_the_backend(vllm_api, tmp_path):
+    """The CLI: the run's row in `kvtrace runs`, its config and summary, and every span's
+    resource name the backend and the vLLM version and commit."""
+    from typer.testing import CliRunner
+
+    from kvtrace.cli import app
+    from kvtrace.engine.backends.vllm import vllm_commit
+
+    db = tmp_path / "cli.duckdb"
+    r = CliRunner().invoke(app, ["replay", TRACE, "--limit", "20", "--backend", "vllm", "--db", str(db), "--json"])
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.stdout)
+    assert summary["backend"] == "vllm" and summary["vllm_version"] == "0.33.0"
+    runs = CliRunner().invoke(app, ["runs", "--db", str(db), "--json"])
+    assert runs.exit_code == 0, runs.output
+    (row,) = json.loads(runs.stdout)["runs"]
+    assert row["backend"] == "vllm" and row["status"] == "complete"
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        config = json.loads(con.execute("SELECT config FROM runs").fetchone()[0])
+        resources = con.execute("SELECT DISTINCT resource_attributes FROM spans").fetchall()
+        count = con.execute("SELECT count(*) FROM spans").fetchone()[0]
+    finally:
+        con.close()
+    assert config["backend"] == "vllm" and config["vllm_version"] == "0.33.0"
+    commit = vllm_commit()
+    assert commit and config["vllm_commit"] == commit
+    assert count == summary["spans"] > 0
+    assert resources == [({"kvtrace.backend": "vllm", "kvtrace.vllm.version": "0.33.0",
+                           "kvtrace.vllm.commit": commit},)]
+
+
+_FAKE_VERSION = ("import importlib.metadata as m, sys\n"
+                 "real = m.version\n"
+                 "def version(name):\n"
+                 "    if name == 'vllm':\n"
+                 "        {body}\n"
+                 "    return real(name)\n"
+                 "m.version = version\n"
+                 "sys.argv = ['kvtrace', 'replay', 'gen:chat', '--limit', '2', '--backend', 'vllm', '--db', {db!r}]\n"
+                 "from kvtrace.cli import main\n"
+                 "main()\n")
+
+
+@pytest.mark.parametrize("body, needle", [
+    ("raise m.PackageNotFoundError(name)", "vLLM is not installed (kvtrace expects vLLM 0.33.0)"),
+    ("return '0.31.2'", "vLLM 0.31.2 is installed; kvtrace expects vLLM 0.33.0"),
+])
+def test_replay_backend_vllm_without_a_usable_vllm(tmp_path, body, needle):
+    """One line naming the version found and the one expected, exit 2, no run recorded
+    (the store is not even created)."""
+    db = tmp_path / "none.duckdb"
+    code = _FAKE_VERSION.format(body=body, db=str(db))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvtrace: error: ") and needle in lines[0], r.stderr
+    assert r.stdout == "" and not db.exists()
+
+
+def test_an_api_vllm_lacks_is_named(tmp_path, monkeypatch):
+    """An installed 0.33.0 whose API was renamed (a user's branch): one line naming it."""
+    from kvtrace.engine.backends.vllm import _load
+
+    monkeypatch.setattr(_load, "_loaded", None)
+    monkeypatch.setitem(_load._METHODS, "KVCacheManager", (*_load._METHODS["KVCacheManager"], "no_such_method"))
+    from kvtrace.errors import KVTraceError
+
+    with pytest.raises(KVTraceError, match=r"^vLLM 0\.33\.0: KVCacheManager\.no_such_method not found \(kvtrace "
+                                           r"expects the API of vLLM 0\.33\.0\)$"):
+        run_replay(RunSpec("gen:chat", limit=2, backend="vllm"), db=tmp_path / "x.duckdb")
+    assert not (tmp_path / "x.duckdb").exists()
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--mode", "cache-only"], "--backend: vllm: applies to engine mode only"),
+    (["--without", "shared-prefix-pinning"], "--without: shared-prefix-pinning: switches kvtrace's own behaviours"),
+])
+def test_settings_the_vllm_backend_refuses(tmp_path, capsys, argv, needle):
+    from tests.cli.test_bad_input import run
+
+    db = tmp_path / "refused.duckdb"
+    code, _, err = run(["replay", "gen:chat", "--limit", "2", "--backend", "vllm", "--db", str(db), *argv], capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith(f"kvtrace: error: {needle}"), err
+    assert not db.exists()
