@@ -146,6 +146,13 @@ class Engine:
                 stuck = scheduler.waiting[0] if scheduler.waiting else None
                 what = (f"request {stuck.request_id} ({stuck.num_prompt_tokens:,} prompt tokens)" if stuck
                         else "no request")
+                sc = self.scheduler_config
+                if stuck and not sc.enable_chunked_prefill and stuck.num_prompt_tokens > sc.max_num_batched_tokens:
+                    raise KVTraceError(  # a whole prompt per step: vLLM refuses such a config up front
+                        f"engine: {what} cannot be scheduled: without chunked prefill a prompt must fit one step's "
+                        f"max_num_batched_tokens {sc.max_num_batched_tokens:,} (raise [scheduler] "
+                        "max_num_batched_tokens in --config, or set enable_chunked_prefill = true)"
+                    )
                 pools = (cc.total_blocks,) if cc.shared_pool else cc.pool_sizes
                 raise KVTraceError(
                     f"engine: {what} cannot be scheduled: it needs more KV blocks than the pool holds "

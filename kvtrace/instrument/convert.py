@@ -390,7 +390,7 @@ def time_offset(resource: Mapping[str, Any]) -> int:
     value = resource.get(TIME_OFFSET_RESOURCE_KEY)
     try:
         return int(value) if value is not None else 0
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: a double inf from a hostile producer
         return 0
 
 

@@ -34,6 +34,7 @@ Unknown sections and keys are errors naming the file and the key.
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,6 +66,7 @@ _SCHEDULER_KEYS = {
 }
 _TOP_KEYS = {"preset", "cache", "scheduler", "cost_model"}
 MAX_CONFIG_BYTES = 1 << 20
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 
 @dataclass(slots=True)
@@ -88,11 +90,17 @@ def parse_retention(value: Any, source: str = "--retention", key: str = "retenti
     return k
 
 
+def _named(key: str) -> str:
+    """A key from the file as an error names it: quoted unless a plain TOML bare key, so a
+    key of spaces or line breaks (which the one-line message would blank) stays visible."""
+    return key if _BARE_KEY.fullmatch(key) else repr(key)
+
+
 def _check(section: dict, allowed: dict, path: str, prefix: str) -> dict:
     out = {}
     for key, value in section.items():
         if key not in allowed:
-            raise ConfigError(path, f"{prefix}.{key}", f"unknown key; expected one of {sorted(allowed)}")
+            raise ConfigError(path, f"{prefix}.{_named(key)}", f"unknown key; expected one of {sorted(allowed)}")
         types = allowed[key]
         if not isinstance(value, types) or (bool not in types and isinstance(value, bool)):
             names = " or ".join(t.__name__ for t in types)
@@ -125,7 +133,7 @@ def load_config_file(path: str | Path) -> FileConfig:
         raise ConfigError(p, "-", f"invalid TOML: {e}") from None
     for key in raw:
         if key not in _TOP_KEYS:
-            raise ConfigError(p, key, f"unknown key; expected one of {sorted(_TOP_KEYS)}")
+            raise ConfigError(p, _named(key), f"unknown key; expected one of {sorted(_TOP_KEYS)}")
     cfg = FileConfig(preset=raw.get("preset"))
     if cfg.preset is not None and not isinstance(cfg.preset, str):
         raise ConfigError(p, "preset", f"expected a preset name, got {cfg.preset!r}")
@@ -174,7 +182,7 @@ def parse_groups(value: list, source: str) -> tuple:
         cls, keys = _GROUP_TYPES[kind]
         unknown = sorted(set(g) - {"type", *keys})
         if unknown:
-            raise ConfigError(source, f"{where}.{unknown[0]}", f"unknown key for {kind}; expected {list(keys)}")
+            raise ConfigError(source, f"{where}.{_named(unknown[0])}", f"unknown key for {kind}; expected {list(keys)}")
         args = {}
         for k in keys:
             v = g.get(k)
@@ -192,7 +200,7 @@ def cost_model_from_table(table: dict[str, Any], source: str) -> CostModel:
     unknown = sorted(set(table) - set(COEFFICIENTS) - {"name", "source"})
     if unknown:
         raise ConfigError(
-            source, f"cost_model.{unknown[0]}", f"unknown key; expected name, source or {list(COEFFICIENTS)}"
+            source, f"cost_model.{_named(unknown[0])}", f"unknown key; expected name, source or {list(COEFFICIENTS)}"
         )
     name = table.get("name")
     if not isinstance(name, str) or not name:

@@ -178,6 +178,8 @@ def engine_preset(spec: RunSpec):
             hash_block_size=hash_block_size,
             scheduler=(file_cfg.scheduler if file_cfg else None) or None,
         )
+        if cache_kw.get("num_prefill_checkpoint_blocks") == 0:  # checkpoints off: the preset's alignment goes too
+            cache_kw.setdefault("prefill_checkpoint_alignment", None)
         if cache_kw:  # the remaining [cache] keys are plain CacheConfig fields
             preset = replace(preset, cache_config=preset.cache_config.with_(**cache_kw))
         if file_cfg is not None and file_cfg.cost_model is not None:
@@ -195,7 +197,12 @@ def _at_origin(err: ConfigError, origin: dict[str, str], spec: RunSpec) -> Confi
     field = key.split(".")[0].split("[")[0]
     where = origin.get(field)
     if where is None:
-        return err
+        file_keys = sorted(v for v in origin.values() if not v.startswith("--"))
+        if spec.config_file is None or not file_keys:
+            return err
+        # the preset's own value of a setting the file left alone, in conflict with what it set
+        return ConfigError(str(spec.config_file), ", ".join(file_keys),
+                           f"conflicts with the preset's {err.key}: {err.what}")
     if where.startswith("--"):
         value = {"--capacity-blocks": spec.capacity_blocks, "--capacity-tokens": spec.capacity_tokens,
                  "--retention": spec.retention, "--without": ",".join(spec.without),

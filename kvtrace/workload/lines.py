@@ -131,8 +131,8 @@ class ArrivalOrder:
             return None
         if isinstance(value, int):
             ns = value * self.unit_ns
-        elif isinstance(value, float) and math.isfinite(value):
-            ns = round(value * self.unit_ns)
+        elif isinstance(value, float) and math.isfinite(value) and abs(value) < MAX_TIME_NS / self.unit_ns:
+            ns = round(value * self.unit_ns)  # bounded first: 1e300 s in ns is inf, which round() refuses
         else:
             return None
         return ns if ns < MAX_TIME_NS else None

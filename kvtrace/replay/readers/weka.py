@@ -127,12 +127,11 @@ def _load(path: str) -> tuple[str, WekaFile]:
         line = request_line(text, int(m.group(1))) if m else 1
         raise TraceFormatError(path, line, str(e)) from None
     except msgspec.DecodeError as e:
-        try:
-            json.loads(text)
-            line = None
-        except json.JSONDecodeError as je:
-            line = je.lineno
-        raise TraceFormatError(path, line, f"invalid JSON: {e}") from None
+        # msgspec names the byte at fault (json.loads would accept NaN and name no line);
+        # a file cut short ends on its last line
+        m = re.search(r"\(byte (\d+)\)", str(e))
+        at = int(m.group(1)) if m else len(raw.rstrip())
+        raise TraceFormatError(path, raw.count(b"\n", 0, at) + 1, f"invalid JSON: {e}") from None
 
 
 def read_weka_file(path: str, rank: int = 0) -> Iterator[tuple[int, int, int, TraceRequest]]:
