@@ -135,7 +135,9 @@ def test_a_late_subscriber_gets_the_earlier_batches_from_vllms_replay_socket(tmp
             pub.publish(b)
         _wait_buffered(replay_ep, 5)
         run = _Running(tmp_path, pub_ep, replay_ep)
+        deadline = time.monotonic() + 60
         while run.cap.stats.batches == 0:  # live batches until one gets through (the slow joiner loses some)
+            assert time.monotonic() < deadline, run.cap.stats
             published.append(_batch(len(published)))
             pub.publish(published[-1])
             time.sleep(0.05)
@@ -163,7 +165,9 @@ def test_batches_pub_drops_for_a_slow_subscriber_come_back_through_replay(tmp_pa
                        on_batch=lambda seq, b: release.wait(60) if seq == 1 else None)
         published = [_batch(0)]
         pub.publish(published[0])
+        deadline = time.monotonic() + 60
         while run.cap.stats.batches == 0:  # the slow joiner: re-publish until one arrives
+            assert time.monotonic() < deadline, run.cap.stats
             time.sleep(0.05)
             if run.cap.stats.batches == 0:
                 published.append(_batch(len(published)))
@@ -198,11 +202,17 @@ def test_a_restarted_vllm_publisher_continues_the_steps(tmp_path):
     first = [_batch(k) for k in range(8)]
     run = _Running(tmp_path, pub_ep, replay_ep)
     try:
-        pub.publish(first[0])
-        _wait_buffered(replay_ep, 1)
+        # The SUB may join after a batch: the next one it sees makes it backfill the earlier
+        # from the replay socket. Publish one a second until the capture has one (bounded).
+        sent, next_at, deadline = 0, 0.0, time.monotonic() + 60
         while run.cap.stats.batches == 0:
+            assert time.monotonic() < deadline and sent <= len(first), run.cap.stats
+            if sent < len(first) and time.monotonic() >= next_at:
+                pub.publish(first[sent])
+                sent, next_at = sent + 1, time.monotonic() + 1.0
+                _wait_buffered(replay_ep, sent)
             time.sleep(0.05)
-        for b in first[1:]:
+        for b in first[sent:]:
             pub.publish(b)
         run.wait_for(len(first))
     finally:
@@ -211,7 +221,9 @@ def test_a_restarted_vllm_publisher_continues_the_steps(tmp_path):
     pub = ZmqEventPublisher(0, endpoint=pub_ep, replay_endpoint=replay_ep, topic=TOPIC)
     second: list[KVEventBatch] = []
     try:
+        deadline = time.monotonic() + 60
         while run.cap.stats.restarts == 0:  # the SUB reconnects by itself; early batches may be lost live
+            assert time.monotonic() < deadline, run.cap.stats
             second.append(_batch(100 + len(second)))
             pub.publish(second[-1])
             time.sleep(0.05)
