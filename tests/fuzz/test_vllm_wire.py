@@ -10,6 +10,7 @@ what it accepted lands in a real store.
 
 from __future__ import annotations
 
+import copy
 import math
 
 import msgspec
@@ -71,7 +72,8 @@ def mutate(value, data):
     walk(value)
     if spots:
         container, key = data.draw(st.sampled_from(spots))
-        container[key] = data.draw(HOSTILE)
+        # a copy: hypothesis may hand out one object twice, and a node put inside itself is a cycle
+        container[key] = copy.deepcopy(data.draw(HOSTILE))
     return value
 
 
