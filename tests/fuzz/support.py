@@ -10,6 +10,7 @@ new bugs by hand; its finds become named regression tests.
 
 from __future__ import annotations
 
+import json
 import os
 
 from hypothesis import HealthCheck, settings
@@ -38,3 +39,18 @@ def one_line_error(err: BaseException, *names: str) -> str:
     for name in names:
         assert name in text, f"{name!r} not named in {text!r}"
     return text
+
+
+class Raw(str):
+    """JSON text written as it is: tokens json.dumps cannot make (1e400, a 400-digit int)."""
+
+
+def dump(v) -> str:
+    """JSON of ``v`` with Raw tokens verbatim (NaN and Infinity as Python writes them)."""
+    if isinstance(v, Raw):
+        return str(v)
+    if isinstance(v, dict):
+        return "{" + ",".join(f"{json.dumps(k)}:{dump(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, list):
+        return "[" + ",".join(dump(x) for x in v) + "]"
+    return json.dumps(v)

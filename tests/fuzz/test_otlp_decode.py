@@ -12,7 +12,6 @@ conversion (``unshift`` by the resource's time offset, ``SpanRowsBuilder.add``,
 from __future__ import annotations
 
 import copy
-import json
 import math
 
 import pytest
@@ -25,7 +24,7 @@ from kvtrace.errors import KVTraceError
 from kvtrace.instrument.convert import RUN_ID_RESOURCE_KEY, SpanRowsBuilder, time_offset, unshift
 from kvtrace.instrument.otlp.decode import decode_json, decode_protobuf
 from kvtrace.store.schema import ATTRIBUTE_COLUMNS, SOURCE_OTLP, SPAN_RUN, TIME_OFFSET_RESOURCE_KEY
-from tests.fuzz.support import fuzz, one_line_error
+from tests.fuzz.support import Raw, dump, fuzz, one_line_error
 
 U64 = (1 << 64) - 1
 KEYS = st.one_of(st.sampled_from(sorted(ATTRIBUTE_COLUMNS)), st.sampled_from([TIME_OFFSET_RESOURCE_KEY,
@@ -178,19 +177,6 @@ def request_json(req: ExportTraceServiceRequest) -> dict:
         } for ss in rs.scope_spans],
     } for rs in req.resource_spans]}
 
-
-class Raw(str):
-    """JSON text as it is (1e400, a 400-digit int): tokens json.dumps cannot write."""
-
-
-def dump(v) -> str:
-    if isinstance(v, Raw):
-        return str(v)
-    if isinstance(v, dict):
-        return "{" + ",".join(f"{json.dumps(k)}:{dump(x)}" for k, x in v.items()) + "}"
-    if isinstance(v, list):
-        return "[" + ",".join(dump(x) for x in v) + "]"
-    return json.dumps(v)
 
 
 HOSTILE_JSON = st.one_of(

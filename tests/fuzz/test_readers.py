@@ -8,7 +8,6 @@ native writer and reads back the same.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import tempfile
@@ -21,22 +20,7 @@ from hypothesis import strategies as st
 from kvtrace.errors import KVTraceError
 from kvtrace.replay.readers import FORMATS, read_trace
 from kvtrace.workload.native import native_record, write_native
-from tests.fuzz.support import fuzz, one_line_error
-
-
-class Raw(str):
-    """JSON text written as it is: tokens json.dumps cannot make (1e400, a 400-digit int)."""
-
-
-def dump(v) -> str:
-    if isinstance(v, Raw):
-        return str(v)
-    if isinstance(v, dict):
-        return "{" + ",".join(f"{json.dumps(k)}:{dump(x)}" for k, x in v.items()) + "}"
-    if isinstance(v, list):
-        return "[" + ",".join(dump(x) for x in v) + "]"
-    return json.dumps(v)  # NaN and Infinity as Python writes them (not JSON, but seen in the wild)
-
+from tests.fuzz.support import Raw, dump, fuzz, one_line_error
 
 EDGE_INTS = st.sampled_from([0, 1, -1, 2**31 - 1, 2**31, 2**53 + 1, 2**62, 2**63 - 1, 2**63, 2**64 - 1, 2**64,
                              2**70, -(2**63), -(2**63) - 1, 10**19, 10**12, 10**15])
