@@ -50,6 +50,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, cast
 
 from kvtrace.cache.config import CacheConfig, FullAttentionSpec, MambaSpec
@@ -78,6 +79,7 @@ from kvtrace.engine.backends.vllm._load import VllmAPI
 from kvtrace.engine.backends.vllm.manager import VllmKVCacheManager
 from kvtrace.numeric import cdiv
 
+_COW_COPIES = attrgetter("_pending_cow_copies")  # a single-type manager's copy-on-write pairs of the step
 IDLE_UNKNOWN = -1  # BlockEvicted.idle of the vllm backend: vLLM does not say when a block was last used
 
 
@@ -111,6 +113,9 @@ class VllmEngineManager(VllmKVCacheManager):
         self._managers = list(self.coordinator.single_type_managers)
         self._block_size = [s.block_size for s in cache_config.groups]
         self._mamba = [g for g, s in enumerate(cache_config.groups) if isinstance(s, MambaSpec)]
+        # groups whose tables hold null blocks (Mamba, sliding window), which usage leaves out
+        self._padded = [not isinstance(s, FullAttentionSpec) for s in cache_config.groups]
+        self._mamba_managers = [(g, self._managers[g], self._block_size[g]) for g in self._mamba]
         self._suffix = [g.to_bytes(4, "big") for g in range(self.num_groups)]
         # (group, event hash) -> [full hash, block id, step published]: what an eviction names
         self._published: dict[tuple[int, Any], list[Any]] = {}
@@ -119,6 +124,7 @@ class VllmEngineManager(VllmKVCacheManager):
         self._convert = event_hash_function(self.api)
         self._checkpoint_rule = api_checkpoint_rule(self.api) if self._mamba and \
             cache_config.num_prefill_checkpoint_blocks else None
+        self._running = self.api.RequestStatus.RUNNING
         # kvtrace's external tier and its lookup rule (a shadow manager's coordinator, never allocated from)
         self._shadow = None
         if connector:
@@ -151,15 +157,19 @@ class VllmEngineManager(VllmKVCacheManager):
             self._index[request.request_id] = seen
         return seen[1]
 
-    def _drain(self, request: Request | None, allocated: tuple[Any, list[list[int]]] | None = None,
-               checkpoints: set[tuple[int, int, int]] | frozenset = frozenset()) -> None:
-        """vLLM's pending KV events as kvtrace events; ``request``: whose call made them,
-        ``allocated``: that call's (returned blocks, copy targets per group), the blocks it
-        took off the free queue; ``checkpoints``: its (group, block, position) checkpoint
-        writes."""
+    def _drain(self, request: Request | None) -> None:
+        """vLLM's pending KV events as kvtrace events (``request``: whose call made them)."""
         events = self.manager.take_events()
-        if not events:
-            return
+        if events:
+            self._map_events(events, request)
+
+    def _map_events(self, events: list[Any], request: Request | None,
+                    allocated: tuple[Any, list[list[int]] | None] | None = None,
+                    checkpoints: set[tuple[int, int, int]] | frozenset = frozenset()) -> None:
+        """vLLM KV events as kvtrace events; ``request``: whose call made them,
+        ``allocated``: that call's (returned blocks, copy targets per group or None), the
+        blocks it took off the free queue; ``checkpoints``: its (group, block, position)
+        checkpoint writes."""
         step, hbs = self.step, self.hash_block_size
         out = self._events
         fresh: list[set[int]] | None = None
@@ -197,7 +207,9 @@ class VllmEngineManager(VllmKVCacheManager):
             elif name == "BlockRemoved":
                 g = ev.group_idx if ev.group_idx is not None else 0
                 if fresh is None and allocated is not None:
-                    fresh = [set(ids) | set(t) for ids, t in zip(allocated[0].get_block_ids(), allocated[1])]
+                    fresh = [set(ids) for ids in allocated[0].get_block_ids()]
+                    for group, t in enumerate(allocated[1] or ()):
+                        fresh[group].update(t)
                 taken = fresh[g] if fresh is not None else ()
                 rid = request.request_id if request is not None else None
                 for eh in ev.block_hashes:
@@ -214,16 +226,19 @@ class VllmEngineManager(VllmKVCacheManager):
                 self._num_tokens.clear()
 
     # -- requests -----------------------------------------------------------------------
-    def attach(self, request: Request) -> None:
-        """Give an engine request its vLLM twin; the request takes the twin's block hashes."""
-        if request.request_id in self._twins:
-            return
+    def attach(self, request: Request) -> Any:
+        """Give an engine request its vLLM twin (returned); the request takes the twin's
+        block hashes."""
+        twin = self._twins.get(request.request_id)
+        if twin is not None:
+            return twin
         params = self.api.SamplingParams(max_tokens=max(getattr(request, "max_tokens", 1), 1))
         twin = self.api.Request(request_id=request.request_id, prompt_token_ids=request.prompt_token_ids.tolist(),
                                 sampling_params=params, pooling_params=None, block_hasher=self._hasher,
                                 cache_salt=request.cache_salt)
         self._twins[request.request_id] = twin
         request._block_hashes = twin.block_hashes  # one list: the twin extends it as outputs arrive
+        return twin
 
     def get_computed_blocks(self, request: Request) -> tuple[Any, int, int]:
         self.attach(request)
@@ -250,46 +265,65 @@ class VllmEngineManager(VllmKVCacheManager):
     def allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
                        new_computed_blocks: Any = None, num_external_computed_tokens: int = 0,
                        num_lookahead_tokens: int = 0) -> Any:
-        self.attach(request)
+        """vLLM's ``allocate_slots`` on the request's twin, then what it did as kvtrace's
+        copies, state writes and events. Once per request and step (most calls a decode
+        token), so the twin is brought in step here rather than through ``twin()``, and
+        the kvtrace side reads each thing once."""
+        rid = request.request_id
+        twin = self._twins.get(rid)
+        if twin is None:
+            twin = self.attach(request)
+        # in step with the engine request, as vLLM's scheduler keeps its own: computed
+        # tokens, and sampled tokens appended one by one (each extends the block hashes)
+        twin.num_computed_tokens = request.num_computed_tokens
+        outputs = request.output_token_ids
+        for i in range(twin.num_output_tokens, len(outputs)):
+            twin.append_output_token_ids(outputs[i])
         managers = self._managers
-        pending = [len(m._pending_cow_copies) for m in managers]
-        out = super().allocate_slots(request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
-                                     num_external_computed_tokens, num_lookahead_tokens)
+        pending = [*map(len, map(_COW_COPIES, managers))]
+        if (new_computed_blocks is None and not num_new_computed_tokens and not num_external_computed_tokens
+                and not num_lookahead_tokens):
+            out = self.manager.allocate_slots(twin, num_new_tokens)  # a running request's call, as vLLM's
+        else:
+            out = self.manager.allocate_slots(
+                twin, num_new_tokens, num_new_computed_tokens=num_new_computed_tokens,
+                new_computed_blocks=new_computed_blocks, num_lookahead_tokens=num_lookahead_tokens,
+                num_external_computed_tokens=num_external_computed_tokens)
         if out is None:
             self._drain(request)
             return None
-        rid = request.request_id
-        targets: list[list[int]] = [[] for _ in managers]  # per group, this call's copy targets
-        for g, m in enumerate(managers):
-            copies = m._pending_cow_copies
-            if len(copies) > pending[g]:
+        targets: list[list[int]] | None = None  # per group, this call's copy targets
+        if [*map(len, map(_COW_COPIES, managers))] != pending:
+            targets = [[] for _ in managers]
+            for g, m in enumerate(managers):
                 table = m.req_to_blocks.get(rid, ())
-                for src, dst in copies[pending[g]:]:
+                for src, dst in m._pending_cow_copies[pending[g]:]:
                     why = COPY_PARTIAL_HIT if any(b is dst for b in table) else COPY_RUNNING_TAIL
                     self._copy_owner[(g, src.block_id, dst.block_id)] = (rid, why)
                     targets[g].append(dst.block_id)
-        self._twins[rid].status = self.api.RequestStatus.RUNNING
-        checkpoints: set[tuple[int, int, int]] = set()
+        if twin.status is not self._running:
+            twin.status = self._running
+        checkpoints: set[tuple[int, int, int]] | frozenset = frozenset()
         if self._mamba or num_external_computed_tokens:
             start = request.num_computed_tokens + num_new_computed_tokens + num_external_computed_tokens
             end = start + num_new_tokens
-            writes = self._writes
             if num_external_computed_tokens:
                 self._external_loaded(request, start - num_external_computed_tokens, start)
-            for g in self._mamba:
-                m = managers[g]
+            for g, m, bs in self._mamba_managers:
                 table = m.req_to_blocks.get(rid, ())
-                bs = self._block_size[g]
-                if end > 0 and cdiv(end, bs) <= len(table):
-                    writes.append(StateWrite(rid, g, table[cdiv(end, bs) - 1].block_id, end, STATE_RUNNING))
-                if self._checkpoint_rule is not None and num_new_tokens > 1:
+                last = -(-end // bs)  # the block of the chunk's last token, 1-based
+                if end > 0 and last <= len(table):
+                    self._writes.append(StateWrite(rid, g, table[last - 1].block_id, end, STATE_RUNNING))
+                if num_new_tokens > 1 and self._checkpoint_rule is not None:
                     offsets, cols = self._checkpoint_rule(m, [end], [num_new_tokens])
                     col = cols[0]
                     if 0 <= col < len(table):
                         block_id, position = table[col].block_id, start + offsets[0]
-                        writes.append(StateWrite(rid, g, block_id, position, STATE_CHECKPOINT))
-                        checkpoints.add((g, block_id, position))
-        self._drain(request, (out, targets), checkpoints)
+                        self._writes.append(StateWrite(rid, g, block_id, position, STATE_CHECKPOINT))
+                        checkpoints = {*checkpoints, (g, block_id, position)}
+        events = self.manager.take_events()
+        if events:
+            self._map_events(events, request, (out, targets), checkpoints)
         return out
 
     def _external_loaded(self, request: Request, local: int, total: int) -> None:
@@ -385,12 +419,12 @@ class VllmEngineManager(VllmKVCacheManager):
         if self.num_groups == 1:
             return (total,)
         held = []
-        for g, m in enumerate(self._managers):
+        for m, padded in zip(self._managers, self._padded):
             tables = m.req_to_blocks.values()
-            if g in self._mamba or not isinstance(self.config.groups[g], FullAttentionSpec):
+            if padded:
                 held.append(sum(1 for t in tables for b in t if not b.is_null))
             else:
-                held.append(sum(len(t) for t in tables))
+                held.append(sum(map(len, tables)))
         n = sum(held)
         return tuple(total * h / n if n else 0.0 for h in held)
 
