@@ -64,3 +64,4 @@ class Envelope:
     scope_version: str = __version__
     resource_attributes: tuple[tuple[str, str], ...] = ()  # stored per row (none: NULL)
     source: str = SOURCE_REPLAY
+    backend: str | None = None  # the kvtrace.backend resource attribute (None: kvtrace's own cache)

@@ -67,7 +67,7 @@ from kvtrace.instrument.convert import (
 from kvtrace.instrument.ids import SeededIdGenerator
 from kvtrace.instrument.processor import BulkSpanProcessor
 from kvtrace.instrument.spans import SpanBatchBuilder
-from kvtrace.store.schema import RUN_RECORD_PREFIX, SPAN_RUN
+from kvtrace.store.schema import BACKEND_RESOURCE_KEY, RUN_RECORD_PREFIX, SPAN_RUN
 
 DEFAULT_FLUSH_SPANS = 32_768
 # Hand-over points are counted, never timed: a batch's ids and the store's seq order
@@ -144,6 +144,7 @@ class KVCacheInstrumentor:
         self.envelope = Envelope(
             service_name=attribute_text(attrs["service.name"]), scope_name=SCOPE_NAME,
             scope_version=__version__, resource_attributes=stored,
+            backend=attribute_text(attrs[BACKEND_RESOURCE_KEY]) if BACKEND_RESOURCE_KEY in attrs else None,
         )
         self._builder = SpanBatchBuilder(self.ids, self.envelope)
         self._targets: list[Any] = []

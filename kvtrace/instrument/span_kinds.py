@@ -17,6 +17,14 @@ Placement (the builder's part):
   fields, with a constant status;
 - ``REQUEST_KIND``: a root span from arrival to finish, ids keyed by the request id;
 - ``STEP_FILLS``: the ``StepExecuted`` columns of a step's own (root) span.
+
+Inferred values: a backend that does not report a value the span carries (vLLM's
+manager names no eviction reason, publish kind or copy reason) has the adapter infer it
+(``kvtrace.engine.backends.vllm.engine_manager``). Each kind's ``inferred`` entries
+(``Inferred(backend, columns, when)``, ``STEP_INFERRED`` for the step span) say which
+columns that backend infers, and for which events; such a span carries the extra
+attribute ``kvtrace.inferred`` (``INFERRED_ATTRIBUTE``): the JSON array of those
+columns' attribute keys. The kvtrace backend infers nothing: no span of it carries one.
 """
 
 from __future__ import annotations
@@ -29,6 +37,8 @@ from typing import Any
 import pyarrow as pa
 
 from kvtrace.cache.events import (
+    COPY_EXTERNAL,
+    EVICT_RESET,
     BlockCopied,
     BlockEvicted,
     BlockPublished,
@@ -37,10 +47,20 @@ from kvtrace.cache.events import (
     StaleHashLeft,
 )
 from kvtrace.engine.events import DivergentOutput, RequestFinished, StaleHashFound, StepExecuted
-from kvtrace.instrument.arrow_columns import hex_lists, hex_strings, int_lists, optional_hex, single_item_lists
+from kvtrace.instrument.arrow_columns import (
+    constant_map,
+    hex_lists,
+    hex_strings,
+    int_lists,
+    optional_hex,
+    single_item_lists,
+)
 from kvtrace.instrument.batch import BATCH_SCHEMA
+from kvtrace.instrument.convert import attribute_text
 from kvtrace.numeric import sorted_percentile
 from kvtrace.store.schema import (
+    INFERRED_ATTRIBUTE,
+    SPAN_COLUMN_DEFS,
     SPAN_COW,
     SPAN_DIVERGENT,
     SPAN_EVICT,
@@ -53,9 +73,11 @@ from kvtrace.store.schema import (
 )
 
 STATUS_UNSET, STATUS_ERROR = "Unset", "Error"  # OTel status names as stored
+VLLM = "vllm"  # a backend, as the kvtrace.backend resource attribute names it (kvtrace.engine.backends)
 _MASK64 = (1 << 64) - 1
 _I64 = pa.int64()
 _TYPES = {f.name: f.type for f in BATCH_SCHEMA}
+_ATTRIBUTE_OF: dict[str, str] = {c.name: c.attr for c in SPAN_COLUMN_DEFS if c.attr}  # column -> OTel key
 
 # --- encoders: one value per event -> one Arrow array of the column's type ---------------
 Encoder = Callable[[list, pa.DataType], pa.Array]
@@ -120,12 +142,28 @@ class Fill:
 
 
 @dataclass(frozen=True, slots=True)
+class Inferred:
+    """Columns of a span kind that ``backend`` fills by inference, not from its cache's
+    own report: on every span of the kind, or where ``when(event)`` holds."""
+
+    backend: str
+    columns: tuple[str, ...]
+    when: Callable[[Any], bool] | None = None
+
+    def __post_init__(self) -> None:
+        for column in self.columns:
+            if column not in _ATTRIBUTE_OF:
+                raise KeyError(f"span kinds: no column {column!r} with an attribute key in the store schema")
+
+
+@dataclass(frozen=True, slots=True)
 class SpanKind:
     """An event class and the span it becomes.
 
     ``link_request``: one link to the span of the event's ``request_id``.
     ``status``/``status_message``: constants for every span of the kind (None: Unset).
     ``time_fields``: (start, end) event fields of a timed kind; None: the step's window.
+    ``inferred``: the columns a backend infers (see the module docstring).
     """
 
     event: type
@@ -135,6 +173,7 @@ class SpanKind:
     status: str | None = None
     status_message: str | None = None
     time_fields: tuple[str, str] | None = None
+    inferred: tuple[Inferred, ...] = ()
 
 
 def _itl_mean(e: RequestFinished) -> float | None:
@@ -177,25 +216,27 @@ CACHE_KINDS: tuple[SpanKind, ...] = (
         Fill("root_hash", "root_hash", hash_or_null),
         Fill("first_miss_hash", "first_miss_hash", hash_or_null),
         Fill("first_miss_index", "first_miss_index"),
-    ), link_request=True),
+    ), link_request=True, inferred=(  # vLLM returns the common hit only
+        Inferred(VLLM, ("hit_tokens_per_group",), lambda e: len(e.hit_tokens_per_group) > 1),)),
     SpanKind(BlockEvicted, SPAN_EVICT, (
         _STEP, _REQUEST_ID, _GROUP,
         Fill("evict_reason", "reason"),
         _BLOCK_IDS, _BLOCK_HASHES,
         Fill("ages", "ages", int_list),
         Fill("idle", "idle", int_list),
-    )),
+    ), inferred=(Inferred(VLLM, ("evict_reason",), lambda e: e.reason != EVICT_RESET),)),  # reset: AllBlocksCleared
     SpanKind(BlockPublished, SPAN_PUBLISH, (
         _STEP, _REQUEST_ID, _GROUP,
         Fill("publish_kind", "kind"),
         _BLOCK_IDS, _BLOCK_HASHES, _NUM_TOKENS,
-    )),
+    ), inferred=(Inferred(VLLM, ("publish_kind",)),)),
     SpanKind(BlockCopied, SPAN_COW, (
         _STEP, _REQUEST_ID, _GROUP,
         Fill("copy_src", "src"),
         Fill("copy_dst", "dst"),
         Fill("copy_reason", "why"),
-    ), link_request=True),
+    ), link_request=True, inferred=(  # external: the adapter's own connector load
+        Inferred(VLLM, ("copy_reason",), lambda e: e.why != COPY_EXTERNAL),)),
     SpanKind(BlocksFreed, SPAN_FREE, (_STEP, _REQUEST_ID, _GROUP, _BLOCK_IDS)),
     SpanKind(StaleHashLeft, SPAN_STALE_LEFT, _STALE_KEY),
 )
@@ -254,5 +295,37 @@ STEP_FILLS: tuple[Fill, ...] = (
     Fill("usage", "usage", get=lambda s: list(s.usage)),
 )
 STEP_EVENT = StepExecuted
+# vLLM's pool usage split over several groups (its pool does not record a block's group)
+STEP_INFERRED: tuple[Inferred, ...] = (Inferred(VLLM, ("usage",), lambda s: len(s.usage) > 1),)
 
 ALL_KINDS: tuple[SpanKind, ...] = (*CACHE_KINDS, *TIMED_KINDS, REQUEST_KIND)
+
+
+# --- inferred values ----------------------------------------------------------------------
+
+def inferred_by(backend: str | None, rules: Sequence[Inferred]) -> tuple[Inferred, ...]:
+    """The rules of ``backend`` among a kind's (None, the kvtrace backend: none)."""
+    return tuple(r for r in rules if r.backend == backend)
+
+
+def inferred_column(rules: Sequence[Inferred], events: Sequence) -> pa.Array | None:
+    """``extra_attributes`` for the spans of ``events``: ``{INFERRED_ATTRIBUTE: JSON array
+    of the attribute keys inferred}`` where a rule holds, NULL elsewhere; None when no
+    span has any (the column is then left out)."""
+    arrow = _TYPES["extra_attributes"]
+    keys = [[_ATTRIBUTE_OF[c] for c in r.columns] for r in rules]
+    if all(r.when is None for r in rules):  # every span the same
+        item = (INFERRED_ATTRIBUTE, attribute_text([k for ks in keys for k in ks]))
+        return constant_map([item], len(events), arrow) if events else None
+    holds = [[True] * len(events) if r.when is None else list(map(r.when, events)) for r in rules]
+    texts: dict[tuple[bool, ...], str] = {}
+    rows: list[list[tuple[str, str]] | None] = []
+    for marks in zip(*holds):
+        if not any(marks):
+            rows.append(None)
+            continue
+        value = texts.get(marks)
+        if value is None:
+            value = texts[marks] = attribute_text([k for ks, m in zip(keys, marks) if m for k in ks])
+        rows.append([(INFERRED_ATTRIBUTE, value)])
+    return pa.array(rows, arrow) if any(r is not None for r in rows) else None

@@ -31,12 +31,16 @@ from kvtrace.instrument.arrow_columns import constant, constant_map, single_item
 from kvtrace.instrument.batch import BATCH_SCHEMA, Envelope, SpanBatch
 from kvtrace.instrument.ids import SeededIdGenerator
 from kvtrace.instrument.span_kinds import (
+    ALL_KINDS,
     CACHE_KINDS,
     REQUEST_KIND,
     STATUS_UNSET,
     STEP_FILLS,
+    STEP_INFERRED,
     TIMED_KINDS,
     SpanKind,
+    inferred_by,
+    inferred_column,
 )
 from kvtrace.store.schema import FAMILY_OF_NAME, SPAN_STEP
 
@@ -48,12 +52,15 @@ _REQUEST_ID = attrgetter("request_id")
 class SpanBatchBuilder:
     """Accumulates steps; ``build()`` returns them as one ``SpanBatch`` and resets."""
 
-    __slots__ = ("_end", "_events", "_lens", "_pending", "_request_ids", "_requests", "_start", "_step",
-                 "_step_no", "_timed", "envelope", "ids")
+    __slots__ = ("_end", "_events", "_inferred", "_lens", "_pending", "_request_ids", "_requests", "_start",
+                 "_step", "_step_inferred", "_step_no", "_timed", "envelope", "ids")
 
     def __init__(self, ids: SeededIdGenerator, envelope: Envelope | None = None):
         self.ids = ids
         self.envelope = envelope if envelope is not None else Envelope()
+        backend = self.envelope.backend  # what its cache infers (span_kinds): kvtrace's, nothing
+        self._inferred = {k.event: rules for k in ALL_KINDS if (rules := inferred_by(backend, k.inferred))}
+        self._step_inferred = inferred_by(backend, STEP_INFERRED)
         self._request_ids: dict[str, tuple[int, int, int]] = {}
         self._reset()
 
@@ -171,6 +178,9 @@ class SpanBatchBuilder:
         """The kind's columns from its table entry, then the table of the segment."""
         for f in kind.fills:
             cols[f.column] = f.column_of(evs)
+        rules = self._inferred.get(kind.event)
+        if rules and (marks := inferred_column(rules, evs)) is not None:
+            cols["extra_attributes"] = marks
         if kind.link_request:
             cols["links"] = self._request_links(list(map(_REQUEST_ID, evs)))
         return self._table(cols)
@@ -192,6 +202,8 @@ class SpanBatchBuilder:
         if all(s is not None for s in steps):
             for f in STEP_FILLS:
                 cols[f.column] = f.column_of(steps)
+            if self._step_inferred and (marks := inferred_column(self._step_inferred, steps)) is not None:
+                cols["extra_attributes"] = marks
         elif any(s is not None for s in steps):
             for f in STEP_FILLS:
                 get = f.getter

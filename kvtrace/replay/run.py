@@ -370,7 +370,9 @@ def backend_resource(config: dict[str, Any]) -> dict[str, Any] | None:
     kvtrace backend: its spans carry no resource attributes per row (absent = kvtrace)."""
     if config.get("backend", "kvtrace") == "kvtrace":
         return None
-    attrs = {"kvtrace.backend": config["backend"], "kvtrace.vllm.version": config.get("vllm_version")}
+    from kvtrace.store.schema import BACKEND_RESOURCE_KEY
+
+    attrs = {BACKEND_RESOURCE_KEY: config["backend"], "kvtrace.vllm.version": config.get("vllm_version")}
     if config.get("vllm_commit"):
         attrs["kvtrace.vllm.commit"] = config["vllm_commit"]
     return attrs

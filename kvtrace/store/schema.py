@@ -219,6 +219,11 @@ SHIFTED_COLUMNS = ("start_ns", "end_ns")  # and events[].time_ns
 # (a collector reorders rows; ClickHouse's otel_traces sorts them), and one span named
 # SPAN_RUN at the end carries the run record (``kvtrace.run.<column>`` attributes).
 TIME_OFFSET_RESOURCE_KEY = "kvtrace.run.time_offset_ns"
+# The resource attribute naming a replay's cache backend (absent: kvtrace's own).
+BACKEND_RESOURCE_KEY = "kvtrace.backend"
+# An extra attribute (``extra_attributes``) of a span whose backend inferred some of its
+# values: the JSON array of their attribute keys (kvtrace.instrument.span_kinds).
+INFERRED_ATTRIBUTE = "kvtrace.inferred"
 SEQ_ATTRIBUTE = "kvtrace.seq"
 SPAN_RUN = "kvtrace.run"
 RUN_RECORD_PREFIX = "kvtrace.run."

@@ -8,7 +8,7 @@ import numpy as np
 from opentelemetry.sdk.trace import TracerProvider
 
 from kvtrace.instrument import SeededIdGenerator
-from kvtrace.store.schema import ATTRIBUTE_COLUMNS, GENAI_CACHE_READ, SPAN_NAMES
+from kvtrace.store.schema import ATTRIBUTE_COLUMNS, GENAI_CACHE_READ, INFERRED_ATTRIBUTE, SPAN_NAMES
 
 DOC = Path(__file__).resolve().parents[2] / "README.md"  # the one attribute table
 
@@ -53,7 +53,7 @@ def test_request_ids_are_keyed_by_seed_and_request():
 
 def test_attribute_table_documents_every_typed_attribute_and_span():
     text = DOC.read_text()
-    for key in [*ATTRIBUTE_COLUMNS, GENAI_CACHE_READ]:
+    for key in [*ATTRIBUTE_COLUMNS, GENAI_CACHE_READ, INFERRED_ATTRIBUTE]:
         assert f"| `{key}` |" in text, key
     for col in ATTRIBUTE_COLUMNS.values():
         assert f"`{col}`" in text, col

@@ -9,7 +9,15 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode, format_span_id, format_trace_id
 
-from kvtrace.cache.events import BlockPublished
+from kvtrace.cache.events import (
+    COPY_EXTERNAL,
+    EVICT_RESET,
+    BlockCopied,
+    BlockEvicted,
+    BlockPublished,
+    PrefixLookup,
+)
+from kvtrace.engine.events import StepBatch, StepExecuted
 from kvtrace.instrument import KVCacheInstrumentor, SeededIdGenerator
 from tests.instrument.helpers import h, one_of_each_step
 
@@ -176,3 +184,53 @@ def test_cache_only_mode_places_steps_on_a_virtual_clock():
     got = sorted((s.name, s.start_time, s.end_time) for s in exporter.get_finished_spans())
     assert got == [("kvtrace.cache.publish", 7_000, 7_000), ("kvtrace.cache.publish", 7_500, 7_500),
                    ("kvtrace.engine.step", 7_000, 8_000)]
+
+
+def _spans_of(batch, resource: dict) -> list:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource(resource), id_generator=SeededIdGenerator(5))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    inst = KVCacheInstrumentor(provider, run_id="run-i")
+    inst(batch)
+    inst.force_flush()
+    return list(exporter.get_finished_spans())
+
+
+def test_values_the_vllm_backend_infers_are_marked(spans):
+    """A vllm-backend run's spans name the attributes the adapter inferred in
+    kvtrace.inferred (span_kinds' Inferred entries); the kvtrace backend's carry none."""
+    _, kvtrace_spans = spans
+    assert not [s.name for s in kvtrace_spans if "kvtrace.inferred" in s.attributes]
+    marks = {s.name: s.attributes.get("kvtrace.inferred")
+             for s in _spans_of(one_of_each_step(), {"service.name": "t", "kvtrace.backend": "vllm"})}
+    assert marks == {
+        "kvtrace.cache.lookup": '["kvtrace.lookup.hit_tokens_per_group"]',  # two groups: the common hit
+        "kvtrace.cache.evict": '["kvtrace.evict.reason"]',
+        "kvtrace.cache.publish": '["kvtrace.publish.kind"]',
+        "kvtrace.cache.cow": '["kvtrace.cow.why"]',
+        "kvtrace.engine.step": '["kvtrace.step.usage"]',  # two groups: vLLM's usage split
+        "kvtrace.cache.free": None, "kvtrace.cache.stale_left": None, "kvtrace.verify.stale_hash": None,
+        "kvtrace.verify.divergent_output": None, "kvtrace.request": None,
+    }
+
+
+def test_what_the_vllm_backend_observes_is_not_marked():
+    """vLLM's AllBlocksCleared names its reason (reset), the adapter's own connector load
+    its copies (external), one group's hit and usage are vLLM's own: no mark; in one step
+    beside marked spans of the same kinds."""
+    base = one_of_each_step()
+    reset = BlockEvicted(3, 0, EVICT_RESET, (5,), (h(50),), (1,), (-1,), None)
+    external = BlockCopied(3, "r1", 1, -1, 9, COPY_EXTERNAL)
+    one_group = PrefixLookup(3, "r2", 100, 64, (64,), 0, 0, h(1), None, -1)
+    step = StepExecuted(3, 1_000, 2_200, 20, 1, 1, 0, 1, 0, (0.5,))
+    batch = StepBatch(step, [*base.cache_events, reset, external, one_group], [])
+    got = [(s.name, s.attributes.get("kvtrace.evict.reason") or s.attributes.get("kvtrace.cow.why")
+            or s.attributes.get("kvtrace.request.id"), s.attributes.get("kvtrace.inferred"))
+           for s in _spans_of(batch, {"service.name": "t", "kvtrace.backend": "vllm"})
+           if s.name in ("kvtrace.cache.evict", "kvtrace.cache.cow", "kvtrace.cache.lookup", "kvtrace.engine.step")]
+    assert sorted(got, key=str) == sorted([
+        ("kvtrace.cache.evict", "lru", '["kvtrace.evict.reason"]'), ("kvtrace.cache.evict", "reset", None),
+        ("kvtrace.cache.cow", "partial_hit", '["kvtrace.cow.why"]'), ("kvtrace.cache.cow", "external", None),
+        ("kvtrace.cache.lookup", "r1", '["kvtrace.lookup.hit_tokens_per_group"]'),
+        ("kvtrace.cache.lookup", "r2", None), ("kvtrace.engine.step", None, None),
+    ], key=str)

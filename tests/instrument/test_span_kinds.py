@@ -5,7 +5,17 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from kvtrace.instrument.span_kinds import ALL_KINDS, CACHE_KINDS, STEP_EVENT, STEP_FILLS, TIMED_KINDS, Fill
+from kvtrace.engine.backends import BACKENDS, DEFAULT_BACKEND
+from kvtrace.instrument.span_kinds import (
+    ALL_KINDS,
+    CACHE_KINDS,
+    STEP_EVENT,
+    STEP_FILLS,
+    STEP_INFERRED,
+    TIMED_KINDS,
+    Fill,
+    Inferred,
+)
 from kvtrace.store.schema import SPAN_COLUMN_DEFS, SPAN_NAMES
 from tests.instrument.helpers import one_of_each_step
 
@@ -61,3 +71,26 @@ def test_a_fill_for_an_unknown_column_or_without_a_getter_is_refused():
         Fill("nope", "step")
     with pytest.raises(ValueError, match="give a getter"):
         Fill("ttft_ns", ("first_token_ns", "arrival_ns"))
+
+
+def _inferred():
+    for kind in ALL_KINDS:
+        for rule in kind.inferred:
+            yield kind.event, tuple(f.column for f in kind.fills), rule
+    for rule in STEP_INFERRED:
+        yield STEP_EVENT, tuple(f.column for f in STEP_FILLS), rule
+
+
+@pytest.mark.parametrize("event, columns, rule", list(_inferred()), ids=lambda x: getattr(x, "__name__", None))
+def test_every_inferred_entry_marks_columns_its_kind_fills(event, columns, rule):
+    """An inferred column is one the span carries, of a known backend; its rule reads
+    the event's own fields."""
+    assert set(rule.columns) <= set(columns), (event, rule)
+    assert rule.backend in BACKENDS and rule.backend != DEFAULT_BACKEND
+    if rule.when is not None:
+        assert rule.when(_sample_events()[event]) in (True, False)
+
+
+def test_an_inferred_column_without_an_attribute_key_is_refused():
+    with pytest.raises(KeyError, match="no column 'nope' with an attribute key"):
+        Inferred("vllm", ("nope",))

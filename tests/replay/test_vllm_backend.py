@@ -96,7 +96,8 @@ def test_a_vllm_patch_studied_end_to_end(vllm_api, tmp_path, monkeypatch):
 
 def test_replay_backend_vllm_records_the_backend(vllm_api, tmp_path):
     """The CLI: the run's row in `kvtrace runs`, its config and summary, and every span's
-    resource name the backend and the vLLM version and commit."""
+    resource name the backend and the vLLM version and commit; the values the adapter
+    inferred are marked per span (kvtrace.inferred), the others not."""
     from typer.testing import CliRunner
 
     from kvtrace.cli import app
@@ -116,6 +117,7 @@ def test_replay_backend_vllm_records_the_backend(vllm_api, tmp_path):
         config = json.loads(con.execute("SELECT config FROM runs").fetchone()[0])
         resources = con.execute("SELECT DISTINCT resource_attributes FROM spans").fetchall()
         count = con.execute("SELECT count(*) FROM spans").fetchone()[0]
+        marks = dict(con.execute("SELECT name, list(DISTINCT extra_attributes) FROM spans GROUP BY name").fetchall())
     finally:
         con.close()
     assert config["backend"] == "vllm" and config["vllm_version"] == "0.33.0"
@@ -124,6 +126,9 @@ def test_replay_backend_vllm_records_the_backend(vllm_api, tmp_path):
     assert count == summary["spans"] > 0
     assert resources == [({"kvtrace.backend": "vllm", "kvtrace.vllm.version": "0.33.0",
                            "kvtrace.vllm.commit": commit},)]
+    assert marks["kvtrace.cache.publish"] == [{"kvtrace.inferred": '["kvtrace.publish.kind"]'}]
+    assert marks["kvtrace.engine.step"] == [{"kvtrace.inferred": '["kvtrace.step.usage"]'}]  # kimi-hybrid: 2 groups
+    assert marks["kvtrace.cache.free"] == marks["kvtrace.request"] == [None]
 
 
 _FAKE_VERSION = ("import importlib.metadata as m, sys\n"

@@ -5,7 +5,9 @@ its cache manager besides the allocation calls: the step's cache events (for spa
 digest and the stale-hash audit), the worker's state writes, the cached entries the
 audit checks, per-group usage and the external tier's lookup. vLLM says less than
 kvtrace's manager does, so part of it is inferred from what the adapter can see; every
-inferred value is listed here and in docs/cache_semantics.md ("The vllm backend"):
+inferred value is listed here and in docs/cache_semantics.md ("The vllm backend"), and
+marked on its span (``kvtrace.inferred``: the ``Inferred`` entries of the span table,
+``kvtrace.instrument.span_kinds``):
 
 Events (kvtrace's ``kvtrace.cache.events``, from vLLM's ``take_events`` after each call):
 
