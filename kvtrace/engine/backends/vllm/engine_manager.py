@@ -18,8 +18,9 @@ Events (kvtrace's ``kvtrace.cache.events``, from vLLM's ``take_events`` after ea
   allocation's prefill checkpoint write, else ``full`` when it ends on a block boundary
   of its group, else ``partial_tail`` (kvtrace's ``boundary``, a full block kept for a
   reachable boundary under sparse retention, shows as ``full``).
-* ``BlockEvicted``: one per removed key of a vLLM ``BlockRemoved``. ``reason`` is
-  inferred: ``lru`` when the allocation took the key's block off the free queue (it is
+* ``BlockEvicted``: the removed keys of vLLM's ``BlockRemoved`` events (one per block),
+  one event per run of removals of one group and reason within a call (kvtrace's pool
+  emits one per allocation and group). ``reason`` is inferred: ``lru`` when the allocation took the key's block off the free queue (it is
   among the blocks handed out or the copy targets), else ``replaced`` (the block stays
   where it is and loses the key: a transient checkpoint, a promoted partial key),
   ``reset`` for ``AllBlocksCleared``. ``idle`` is
@@ -175,8 +176,13 @@ class VllmEngineManager(VllmKVCacheManager):
         step, hbs = self.step, self.hash_block_size
         out = self._events
         fresh: list[set[int]] | None = None
+        run_key: tuple[int, str] | None = None  # (group, reason) of the evictions in ``run``
+        run: list[tuple[int, Any, int]] = []  # (block id, hash, age) of consecutive removals
         for ev in events:
             name = type(ev).__name__
+            if run_key is not None and name != "BlockRemoved":
+                out.append(self._evicted(run_key, run, request))
+                run_key = None
             if name == "BlockStored" and request is not None and ev.block_hashes:
                 g = ev.group_idx if ev.group_idx is not None else 0
                 index = self._hash_index(request)
@@ -206,26 +212,38 @@ class VllmEngineManager(VllmKVCacheManager):
                     else:
                         kind = PUBLISH_PARTIAL_TAIL
                     out.append(BlockPublished(step, request.request_id, g, kind, tuple(ids), tuple(full), ntok))
-            elif name == "BlockRemoved":
+            elif name == "BlockRemoved":  # one per block: runs of one group and reason become one event
                 g = ev.group_idx if ev.group_idx is not None else 0
                 if fresh is None and allocated is not None:
                     fresh = [set(ids) for ids in allocated[0].get_block_ids()]
                     for group, t in enumerate(allocated[1] or ()):
                         fresh[group].update(t)
                 taken = fresh[g] if fresh is not None else ()
-                rid = request.request_id if request is not None else None
                 for eh in ev.block_hashes:
                     rec = self._published.pop((g, eh), None)
                     h, bid, born = rec if rec is not None else (eh, -1, step)
                     self._num_tokens.pop((g, h), None)
                     reason = EVICT_LRU if bid in taken else EVICT_REPLACED
-                    out.append(BlockEvicted(step, g, reason, (bid,), (h,), (step - born,), (IDLE_UNKNOWN,), rid))
+                    if (g, reason) != run_key:
+                        if run_key is not None:
+                            out.append(self._evicted(run_key, run, request))
+                        run_key, run = (g, reason), []
+                    run.append((bid, h, step - born))
             elif name == "AllBlocksCleared":
                 for (g, _), (h, bid, born) in self._published.items():
                     out.append(BlockEvicted(step, g, EVICT_RESET, (bid,), (h,), (step - born,), (IDLE_UNKNOWN,),
                                             None))
                 self._published.clear()
                 self._num_tokens.clear()
+        if run_key is not None:
+            out.append(self._evicted(run_key, run, request))
+
+    def _evicted(self, key: tuple[int, str], run: list[tuple[int, Any, int]], request: Request | None) -> BlockEvicted:
+        """One eviction event for removals of one group and reason (kvtrace's grain: its
+        pool emits one per allocation and group)."""
+        ids, hashes, ages = zip(*run)
+        return BlockEvicted(self.step, key[0], key[1], ids, hashes, ages, (IDLE_UNKNOWN,) * len(run),
+                            request.request_id if request is not None else None)
 
     # -- requests -----------------------------------------------------------------------
     def attach(self, request: Request) -> Any:
