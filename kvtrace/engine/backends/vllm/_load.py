@@ -50,6 +50,8 @@ _API: dict[str, tuple[str, str]] = {
     "BlockStored": ("vllm.distributed.kv_events", "BlockStored"),
     "BlockRemoved": ("vllm.distributed.kv_events", "BlockRemoved"),
     "AllBlocksCleared": ("vllm.distributed.kv_events", "AllBlocksCleared"),
+    # what vLLM's EngineCore calls once its scheduler is built (the engine backend does too)
+    "enable_envs_cache": ("vllm.envs", "enable_envs_cache"),
     # the GPU worker's prefill checkpoint rule (the engine backend's checkpoint state writes)
     "compute_mamba_prefill_checkpoints": ("vllm.model_executor.layers.mamba.checkpoint",
                                           "compute_mamba_prefill_checkpoints"),

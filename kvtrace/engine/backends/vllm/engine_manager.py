@@ -20,12 +20,12 @@ Events (kvtrace's ``kvtrace.cache.events``, from vLLM's ``take_events`` after ea
   reachable boundary under sparse retention, shows as ``full``).
 * ``BlockEvicted``: the removed keys of vLLM's ``BlockRemoved`` events (one per block),
   one event per run of removals of one group and reason within a call (kvtrace's pool
-  emits one per allocation and group). ``reason`` is inferred: ``lru`` when the allocation took the key's block off the free queue (it is
-  among the blocks handed out or the copy targets), else ``replaced`` (the block stays
-  where it is and loses the key: a transient checkpoint, a promoted partial key),
-  ``reset`` for ``AllBlocksCleared``. ``idle`` is
-  -1 (vLLM does not say when a block was last used); ``ages`` count steps since the
-  publish the adapter saw.
+  emits one per allocation and group). ``reason`` is inferred: ``lru`` when the
+  allocation took the key's block off the free queue (it is among the blocks handed out
+  or the copy targets), else ``replaced`` (the block stays where it is and loses the
+  key: a transient checkpoint, a promoted partial key), ``reset`` for
+  ``AllBlocksCleared``. ``idle`` is -1 (vLLM does not say when a block was last used);
+  ``ages`` count steps since the publish the adapter saw.
 * ``BlockCopied``: one per copy-on-write pair; ``why`` is inferred: ``partial_hit`` when
   the copy block took the source's place in the request's table, else ``running_tail``
   (the key moved to the copy, which vLLM's ``move_block_hashes`` does silently; the
@@ -128,6 +128,11 @@ class VllmEngineManager(VllmKVCacheManager):
         self._checkpoint_rule = api_checkpoint_rule(self.api) if self._mamba and \
             cache_config.num_prefill_checkpoint_blocks else None
         self._running = self.api.RequestStatus.RUNNING
+        # vLLM's EngineCore, once its scheduler and this manager are built, caches vLLM's
+        # environment variables for the process (enable_envs_cache); without it vLLM's own
+        # code reads os.environ on every KV event (maybe_convert_block_hash), which vLLM as
+        # served never does (a tenth of a dense-attention replay)
+        self.api.enable_envs_cache()
         # kvtrace's external tier and its lookup rule (a shadow manager's coordinator, never allocated from)
         self._shadow = None
         if connector:
