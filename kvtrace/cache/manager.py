@@ -151,7 +151,8 @@ class KVCacheManager:
         for listener in self._listeners:
             listener(batch)
         self.sink.step += 1
-        self.coordinator.new_step_starts()
+        if self.coordinator.mamba:  # the coordinator's step work is its Mamba groups'
+            self.coordinator.new_step_starts()
 
     # -- lookup -------------------------------------------------------------------
     def attach(self, request: Request) -> None:
@@ -204,7 +205,7 @@ class KVCacheManager:
             st.hit_requests += 1
         sink = self.sink
         if sink.enabled:
-            coarse0 = m0.coarse(fine)
+            coarse0 = fine if self._unitary else m0.coarse(fine)
             miss_idx = hit // m0.block_size
             miss = coarse0[miss_idx] if miss_idx < len(coarse0) else None
             sink.events.append(
@@ -436,6 +437,11 @@ class KVCacheManager:
         rid = request if isinstance(request, str) else request.request_id
         self.stats.freed_requests += 1
         sink = self.sink
+        if self._unitary:  # one group: skip the coordinator's per-group loop
+            freed = self.managers[0].free(rid)
+            if freed and sink.enabled:
+                sink.events.append(BlocksFreed(sink.step, rid, 0, tuple([b.block_id for b in freed])))
+            return
         for g, freed in enumerate(self.coordinator.free(rid)):
             if freed and sink.enabled:
                 sink.events.append(BlocksFreed(sink.step, rid, g, tuple([b.block_id for b in freed])))
