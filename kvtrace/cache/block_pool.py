@@ -142,18 +142,18 @@ class BlockPool:
                 append(b)
                 h = b.block_hash
                 if h is not None:
-                    v = cached.pop(h, None) if b.aliases is None else None
-                    if v is b:  # the common case: the block is the key's only holder
+                    v = cached.pop(h, None)
+                    if v is b and b.aliases is None:  # the common case: b is the key's only holder
                         b.block_hash = None
                         ev_blocks.append(b)
                         ev_hashes.append(h)
                     else:
-                        if v is not None:
+                        if v is not b and v is not None:
                             cached[h] = v  # a duplicates map: put it back, remove b from it below
                         for kh, _nt in b.keys():
                             ev_blocks.append(b)
                             ev_hashes.append(kh)
-                        self._drop_keys(b)
+                        self._drop_keys(b)  # (its primary key may be popped already: then a no-op for it)
         else:
             maps = self.cached
             ev_groups = []
