@@ -17,6 +17,7 @@ are bit-identical on any device and for any chunking of the same tokens.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from kvtrace.workload.tokens import VOCAB_SIZE
@@ -69,6 +70,7 @@ class ContentModel:
         self._m_inv = torch.tensor([pow(m, P - 2, P) for m in self.multipliers], dtype=torch.int64, device=self.device)
         self.pow = torch.ones((1, num_lanes), dtype=torch.int64, device=self.device)
         self.inv_pow = torch.ones((1, num_lanes), dtype=torch.int64, device=self.device)
+        self._pow_host: np.ndarray | None = None
         self.ensure(4096)
 
     def ensure(self, n: int) -> None:
@@ -83,6 +85,18 @@ class ContentModel:
             pw = torch.cat([pw, (pw * step) % P])
             ipw = torch.cat([ipw, (ipw * istep) % P])
         self.pow, self.inv_pow = pw, ipw
+
+    def descending_powers(self, n: int) -> np.ndarray:
+        """``[n, D]`` host view whose row i is m^(n-1-i): a chunk's weights in the closed
+        form (its last token weighs m^0). A view of the CPU model's table, no copy."""
+        self.ensure(n + 1)
+        if self._pow_host is None or self._pow_host.shape[0] != self.pow.shape[0]:
+            self._pow_host = self.pow.cpu().numpy()
+        return self._pow_host[n - 1::-1] if n else self._pow_host[:0]
+
+    def power(self, k: int) -> np.ndarray:
+        """m^k per lane, on the host."""
+        return self.descending_powers(k + 1)[0]
 
     @staticmethod
     def _powk(base: torch.Tensor, k: int) -> torch.Tensor:
@@ -105,9 +119,14 @@ class ContentModel:
         seg_starts: torch.Tensor,  # [B] absolute start position of each segment
         query_seg: torch.Tensor,  # [Q] segment of each query
         query_end: torch.Tensor,  # [Q] absolute position the state is wanted after (> seg start)
+        max_end: int | None = None,  # every position < max_end and every query end <= it, if known
     ) -> torch.Tensor:
-        """States [Q, D] after ``query_end`` tokens, for queries inside the segments."""
-        if tokens.numel():
+        """States [Q, D] after ``query_end`` tokens, for queries inside the segments.
+
+        ``max_end`` spares reading the bound back from the device."""
+        if max_end is not None:
+            self.ensure(max_end + 1)
+        elif tokens.numel():
             self.ensure(int(positions.max()) + 2)
         else:
             self.ensure(int(query_end.max()) + 2 if query_end.numel() else 1)

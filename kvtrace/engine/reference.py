@@ -2,7 +2,7 @@
 
 A ``PrefixOracle`` per live request answers "state and token sum after the first e
 tokens" by stepping the recurrence from the nearest known point (Python ints for a
-few tokens, the closed form in torch for many) and remembering the answer, so
+few tokens, the closed form on the host for many) and remembering the answer, so
 sampling at every decode step costs one token. For trace requests (hash ids), each
 trace block's effect on the state is an affine map ``s -> m^B s + c`` that does not
 depend on where the block sits, so ``TraceBlockMemo`` computes ``c`` once per block id
@@ -17,7 +17,6 @@ from __future__ import annotations
 from bisect import bisect_right
 
 import numpy as np
-import torch
 
 from kvtrace.engine.content import FINGERPRINT_BASE, KV_A, KV_B, KV_C, ContentModel, P, kv_sum_closed_form
 from kvtrace.workload.tokens import blocks_tokens
@@ -52,13 +51,11 @@ class TraceBlockMemo:
             if len(entries) + len(missing) > self.max_entries:
                 entries.clear()  # bounded memory; deterministic
             m = self.model
-            m.ensure(block_size + 1)
             if tokens is not None:
                 toks = tokens[: len(ids) * block_size].reshape(len(ids), block_size)[missing]
             else:
                 toks = blocks_tokens([ids[k] for k in missing], block_size, namespace)
-            rel = m.pow[torch.arange(block_size - 1, -1, -1)].numpy()  # m^(B-1-i)
-            c = modular_matmul(toks, rel)  # [k, D]
+            c = modular_matmul(toks, m.descending_powers(block_size))  # [k, D]
             tsum = toks.sum(axis=1)
             for k, cc, ts in zip(missing, c.tolist(), tsum.tolist()):
                 entries[(namespace, block_size, ids[k])] = (tuple(cc), int(ts))
@@ -116,18 +113,11 @@ class PrefixOracle:
             for tok in tokens.tolist():
                 s = tuple((m * x + tok) % P for m, x in zip(mults, s))
             t += int(tokens.sum())
-        else:
-            m = self.model
-            st = m.advance(
-                torch.tensor([s], dtype=torch.int64),
-                torch.from_numpy(np.ascontiguousarray(tokens, dtype=np.int64)),
-                torch.arange(p, e, dtype=torch.int64),
-                torch.zeros(1, dtype=torch.int64),
-                torch.tensor([p], dtype=torch.int64),
-                torch.zeros(1, dtype=torch.int64),
-                torch.tensor([e], dtype=torch.int64),
-            )
-            s = tuple(st[0].tolist())
+        else:  # the closed form: s(e) = m^L s(p) + sum_i token_(p+i) m^(L-1-i), L = e - p
+            L = e - p
+            c = modular_matmul(np.asarray(tokens, dtype=np.int64)[None, :], self.model.descending_powers(L))[0]
+            decay = self.model.power(L)
+            s = tuple((int(dk) * x + int(ck)) % P for dk, x, ck in zip(decay, s, c))
             t += int(tokens.sum())
         self._pos.insert(i + 1, e)
         self._states.insert(i + 1, s)

@@ -15,11 +15,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+import numpy as np
 import torch
 
 from kvtrace.cache.config import CacheConfig, MambaSpec
 from kvtrace.engine.content import P, fingerprint_rows
 from kvtrace.engine.memory import check_storage_fits, default_device_type
+
+
+def int64_tensor(values, device: torch.device | str) -> torch.Tensor:
+    """Host ints (a list, or nested lists) as an int64 tensor on ``device``. Through numpy:
+    ``torch.tensor`` converts a list element by element, about 3x slower at these sizes."""
+    return torch.from_numpy(np.array(values, dtype=np.int64)).to(device)
 
 
 def default_device() -> torch.device:
@@ -74,8 +81,8 @@ class DeviceStorage:
     def _flush_copies(self, group_id: int, srcs: list[int], dsts: list[int]) -> None:
         if not srcs:
             return
-        s = torch.tensor(srcs, dtype=torch.int64, device=self.device)
-        d = torch.tensor(dsts, dtype=torch.int64, device=self.device)
+        s = int64_tensor(srcs, self.device)
+        d = int64_tensor(dsts, self.device)
         t = self.data[group_id]
         t.index_copy_(0, d, t.index_select(0, s))
         bs = self.block_sum[group_id]
@@ -139,9 +146,9 @@ class DeviceStorage:
         """One residue per block: kv slots [0, num_valid) for attention, all lanes for state."""
         if not block_ids:
             return []
-        ids = torch.tensor(list(block_ids), dtype=torch.int64, device=self.device)
+        ids = int64_tensor(list(block_ids), self.device)
         rows = self.data[group_id].index_select(0, ids)
         nv = None
         if num_valid is not None and not self.is_state[group_id]:
-            nv = torch.tensor(list(num_valid), dtype=torch.int64, device=self.device)
+            nv = int64_tensor(list(num_valid), self.device)
         return fingerprint_rows(rows, nv).tolist()
