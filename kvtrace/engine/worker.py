@@ -36,7 +36,7 @@ from kvtrace.engine.reference import PrefixOracle, TraceBlockMemo
 from kvtrace.engine.request import EngineRequest
 from kvtrace.engine.scheduler import SchedulerOutput
 from kvtrace.engine.step import Divergence, StepResult, tally
-from kvtrace.engine.storage import DeviceStorage, int64_tensor
+from kvtrace.engine.storage import DeviceStorage, first_sums, int64_tensor
 from kvtrace.numeric import cdiv
 from kvtrace.workload.tokens import VOCAB_SIZE
 
@@ -196,15 +196,6 @@ class Worker:
             self.storage.write_kv(g, blocks, torch.from_numpy(p % bs).to(self.device), vals)
 
     @staticmethod
-    def _first_sums(values: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """Per row, the sum of its first ``counts`` values (``values`` [B, W] of residues,
-        ``counts`` [B] in [0, W]): one cumsum and a gather, not a [B, W] mask."""
-        w = values.shape[1]
-        lead = torch.zeros((values.shape[0], w + 1), dtype=torch.int64, device=values.device)
-        torch.cumsum(values, dim=1, out=lead[:, 1:])  # residues < 2^31: W < 2^32 of them fit
-        return lead.gather(1, counts.clamp(max=w).unsqueeze(1)).squeeze(1)
-
-    @staticmethod
     def _token_at(request, position: int) -> int:
         p = request.num_prompt_tokens
         return int(request.prompt_token_ids[position]) if position < p else request.output_token_ids[position - p]
@@ -319,11 +310,13 @@ class Worker:
             at[name] = len(host)
             host.extend(values)
 
+        distinct = {}
         for g in self.attn_groups:
             bs = self.block_size[g]
             blocks = [sq.tables[g][a // bs] for _, sq, a in dec]
+            distinct[g] = len(set(blocks)) == B  # else two requests write one block: a cache bug
             put(f"blk{g}", blocks)
-            put(f"flat{g}", [b * bs + a % bs for b, a in zip(blocks, pos)])
+            put(f"slot{g}", [a % bs for a in pos])
         for g in self.state_groups:
             bs = self.block_size[g]
             src = [sq.tables[g][(a + bs - 1) // bs - 1] for _, sq, a in dec]
@@ -338,12 +331,11 @@ class Worker:
         widths = {}
         if self.full_groups:
             put("rows", [sq.row for _, sq, _ in dec])
-            for g in self.full_groups:
+            for g in self.full_groups:  # the blocks before the one written: full
                 bs = self.block_size[g]
-                nfull = [e // bs for e in ends]
+                nfull = [a // bs for a in pos]
                 widths[g] = max(nfull)
                 put(f"nfull{g}", nfull)
-                put(f"rem{g}", [e % bs for e in ends])
         h = int64_tensor(host, self.device)
 
         def view(name: str) -> torch.Tensor:
@@ -352,12 +344,15 @@ class Worker:
         vals, tokens = h[:B], h[B: 2 * B]
         total = None
         for g in self.attn_groups:
-            rows = self.storage.write_kv_flat(g, view(f"flat{g}"), vals, view(f"blk{g}"))
+            # The block written holds the context's last tokens, up to and with this one;
+            # nothing else writes it this step (checked).
+            blk, slot = view(f"blk{g}"), view(f"slot{g}")
+            if distinct[g]:
+                part = self.storage.append_kv(g, blk, slot, vals)
+            else:
+                self.storage.write_kv(g, blk, slot, vals)
+                part = first_sums(self.storage.read_kv(g, blk), slot + 1)
             if g in widths:
-                # The block written holds the context's last rem tokens (rem 0: it just filled
-                # and counts among the full blocks). Nothing else writes it this step (checked).
-                bs = self.block_size[g]
-                part = self._first_sums(rows, view(f"rem{g}"))
                 total = part if total is None else total + part
         for g in self.state_groups:
             s0 = self.storage.read_states(g, view(f"src{g}"))
@@ -382,7 +377,7 @@ class Worker:
                 block_sum = self.storage.block_sum[g]
                 assert block_sum is not None
                 sums = block_sum.take(tab)
-                kv = self._first_sums(sums, view(f"nfull{g}"))
+                kv = first_sums(sums, view(f"nfull{g}"))
                 total = kv if total is None else total + kv
         assert total is not None
         out = (total % P % VOCAB_SIZE).tolist()
@@ -540,10 +535,10 @@ class Worker:
             rem = e_t - nfull * bs
             # full blocks: their maintained sums; the last, partial block: its first rem slots
             sums = self.storage.block_sum[g].take(tab)  # type: ignore[union-attr]  # attention groups have sums
-            total += self._first_sums(sums, nfull)
+            total += first_sums(sums, nfull)
             last = tab.gather(1, nfull.clamp(max=width - 1).unsqueeze(1)).squeeze(1)
             vals = self.storage.data[g].index_select(0, last)  # [S, bs]
-            total += self._first_sums(vals, rem)
+            total += first_sums(vals, rem)
         for g in self.swa_groups:
             bs = self.block_size[g]
             window = self.cache_config.groups[g].sliding_window  # type: ignore[union-attr]  # an SWA group
