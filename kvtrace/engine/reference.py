@@ -76,15 +76,17 @@ class PrefixOracle:
         if memo is not None and ids:
             bs = request.trace_block_size
             nfull = min(len(ids), request.num_prompt_tokens // bs)
-            mult = [pow(m, bs, P) for m in model.multipliers]
-            s, t = zero, 0
             effects = memo.get_many(request.namespace, bs, ids[:nfull], request.prompt_token_ids)
-            for k, (c, ts) in enumerate(effects):
-                s = tuple((mb * x + cc) % P for mb, x, cc in zip(mult, s, c))
-                t += ts
-                self._pos.append((k + 1) * bs)
-                self._states.append(s)
-                self._tsums.append(t)
+            if effects:
+                # s_k = M s_(k-1) + c_k with M = m^bs, all k at once: s_k = M^k sum_(j<=k) c_j M^-j
+                c = np.array([e[0] for e in effects], dtype=np.int64)  # [K, D]
+                k = len(effects)
+                lift = model.strided_powers(bs, k + 1)[1:]
+                drop = model.strided_powers(bs, k + 1, inverse=True)[1:]
+                acc = np.cumsum(c * drop % P, axis=0) % P  # K < 2^32 residues sum below 2^63
+                self._states.extend(map(tuple, (lift * acc % P).tolist()))
+                self._pos.extend(range(bs, (k + 1) * bs, bs))
+                self._tsums.extend(np.cumsum([e[1] for e in effects]).tolist())
 
     def _extend_by_one(self, e: int) -> tuple[tuple[int, ...], int]:
         """Append the point ``e`` when it is one token past the furthest (the decode step)."""

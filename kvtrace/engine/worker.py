@@ -493,7 +493,8 @@ class Worker:
                             int64_tensor(q_seg, dev),
                             int64_tensor(q_end, dev),
                         )
-                    states = self.content.advance(s0, tokens, positions, *closed_form, max_end=max(q_end))
+                    states = self.content.advance(s0, tokens, positions, *closed_form, max_end=max(q_end),
+                                                  ranges=list(zip(starts, ends)))
                 self.storage.write_states(g, int64_tensor(dst, dev), states[:B])
                 for grp, blk, row in extra:
                     if grp == g:
