@@ -345,7 +345,9 @@ class KVCacheManager:
                 if k and table[k - 1] is not null:
                     return False
             elif kind == _FULL_TAIL:  # FullAttentionManager._cache_partial_tail_block publishes nothing
-                hashes = request.block_hashes
+                # only the prompt's units are read, hashed since admission (get_computed_blocks):
+                # the list as it stands, without the property's catch-up on output tokens
+                hashes = request._block_hashes
                 boundary = (request.num_prompt_tokens - 1) // hbs
                 if boundary > len(hashes):
                     boundary = len(hashes)
