@@ -304,10 +304,9 @@ class BlockPool:
         num_used = self.num_used
         n_kept = 0  # blocks still in use (counted instead of the freed: the rarer case)
         for b in ordered:
-            ref_cnt = b.ref_cnt - 1
-            if ref_cnt or b.is_null:  # still in use (the null block's ref_cnt stays 1)
-                if ref_cnt:
-                    b.ref_cnt = ref_cnt
+            if b.ref_cnt != 1 or b.is_null:  # still in use (the null block's ref_cnt stays 1)
+                if not b.is_null:
+                    b.ref_cnt -= 1
                 n_kept += 1
                 continue
             b.ref_cnt = 0
