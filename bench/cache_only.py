@@ -1,10 +1,11 @@
-"""Budget: cache-only replay vs a bare OrderedDict LRU loop (issue 3: within 6x).
+"""Budget: cache-only replay vs a bare OrderedDict LRU loop (issue 16: within 3x).
 
 Replays the shared Mooncake synthetic trace (512-token blocks, 5,859 blocks) through
 ``kvtrace.replay.cache_only.replay_cache_only`` with a ``Digest`` listener (what the CLI
 runs: the real KVCacheManager, events on), and through ``lru_reference`` over the raw
 hash ids (the bare loop) in the same process. Prints medians of interleaved repeats, the
-ratio, both hit rates and the Belady bound. ``--profile`` adds a cProfile top-10.
+ratio (wall, and CPU time: on a shared box the wall ratio moves with the load), both
+hit rates and the Belady bound. ``--profile`` adds a cProfile top-10.
 
     .venv/bin/python bench/cache_only.py [TRACE] [--capacity 5859] [--repeat 5] [--profile]
 """
