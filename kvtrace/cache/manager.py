@@ -310,7 +310,7 @@ class KVCacheManager:
         t = p + 1
         num_to_cache = 0  # as KVCacheCoordinator.allocate keys (0: caching off, nothing keyed)
         if self.enable_caching:
-            num_to_cache = request.num_tokens
+            num_to_cache = request.num_prompt_tokens + len(request.output_token_ids)  # num_tokens
             if t < num_to_cache:
                 num_to_cache = t
             if self._align_cacheable:
