@@ -220,15 +220,16 @@ class BlockPool:
         eviction), from the columns ``_pop_evicting`` collected (block ids, hashes, ages,
         idle); ``groups[i]`` is the group of key i (None: all 0)."""
         step = self.sink.step
+        ids, hashes, ages, idle = columns
         if groups is None or groups.count(groups[0]) == len(groups):
-            ids, hashes, ages, idle = columns
             return [BlockEvicted(step, groups[0] if groups else 0, EVICT_LRU, tuple(ids), tuple(hashes), tuple(ages),
                                  tuple(idle), request_id)]
         by_group: dict[int, list[int]] = {}  # group -> the indices of its keys
         for i, g in enumerate(groups):
             by_group.setdefault(g, []).append(i)
         return [
-            BlockEvicted(step, g, EVICT_LRU, *(tuple([col[i] for i in idx]) for col in columns), request_id)
+            BlockEvicted(step, g, EVICT_LRU, tuple([ids[i] for i in idx]), tuple([hashes[i] for i in idx]),
+                         tuple([ages[i] for i in idx]), tuple([idle[i] for i in idx]), request_id)
             for g, idx in by_group.items()
         ]
 
