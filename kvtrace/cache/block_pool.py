@@ -130,9 +130,17 @@ class BlockPool:
             raise ValueError(f"group {group_id}: need {n} blocks, {q.num_free_blocks} free")
         out: list[KVCacheBlock] = []
         append = out.append
-        ev_blocks: list[KVCacheBlock] = []  # the holder of each evicted key (a block with aliases holds several)
+        sink = self.sink
+        step = sink.step
+        record = sink.enabled
+        # Per evicted key, in eviction order: the key (they count the evictions) and, with
+        # events on, the event's other columns, collected here (cheaper than one pass per
+        # column over the blocks afterwards); a block with aliases holds several keys.
         ev_hashes: list[BlockHash] = []
-        ev_groups: list[int] | None = None  # the group each evicted key belonged to (several groups only)
+        ev_ids: list[int] = []
+        ev_ages: list[int] = []  # steps since the key was published
+        ev_idle: list[int] = []  # steps since its block was last used
+        ev_groups: list[int] | None = None  # the group each key belonged to (several groups only)
         b = q.head
         if self._one_group:  # every block serves group 0 for good: no group bookkeeping
             cached = self.cached[0]
@@ -142,18 +150,24 @@ class BlockPool:
                 append(b)
                 h = b.block_hash
                 if h is not None:
-                    v = cached.pop(h, None) if b.aliases is None else None
-                    if v is b:  # the common case: the block is the key's only holder
+                    v = cached.pop(h, None)
+                    if v is b and b.aliases is None:  # the common case: b is the key's only holder
                         b.block_hash = None
-                        ev_blocks.append(b)
                         ev_hashes.append(h)
+                        if record:
+                            ev_ids.append(b.block_id)
+                            ev_ages.append(step - b.published_step)
+                            ev_idle.append(step - b.last_used_step)
                     else:
-                        if v is not None:
+                        if v is not b and v is not None:
                             cached[h] = v  # a duplicates map: put it back, remove b from it below
                         for kh, _nt in b.keys():
-                            ev_blocks.append(b)
                             ev_hashes.append(kh)
-                        self._drop_keys(b)
+                            if record:
+                                ev_ids.append(b.block_id)
+                                ev_ages.append(step - b.published_step)
+                                ev_idle.append(step - b.last_used_step)
+                        self._drop_keys(b)  # (its primary key may be popped already: then a no-op for it)
         else:
             maps = self.cached
             ev_groups = []
@@ -165,19 +179,25 @@ class BlockPool:
                 if h is not None:
                     g = b.group_id
                     cached = maps[g]
-                    v = cached.pop(h, None) if b.aliases is None else None
-                    if v is b:
+                    v = cached.pop(h, None)
+                    if v is b and b.aliases is None:
                         b.block_hash = None
-                        ev_blocks.append(b)
                         ev_hashes.append(h)
                         ev_groups.append(g)
+                        if record:
+                            ev_ids.append(b.block_id)
+                            ev_ages.append(step - b.published_step)
+                            ev_idle.append(step - b.last_used_step)
                     else:
-                        if v is not None:
+                        if v is not b and v is not None:
                             cached[h] = v
                         for kh, _nt in b.keys():
-                            ev_blocks.append(b)
                             ev_hashes.append(kh)
                             ev_groups.append(g)
+                            if record:
+                                ev_ids.append(b.block_id)
+                                ev_ages.append(step - b.published_step)
+                                ev_idle.append(step - b.last_used_step)
                         self._drop_keys(b)
                 b.group_id = group_id
         # unlink the popped run in one go (popped blocks keep stale links; unused)
@@ -186,34 +206,31 @@ class BlockPool:
         nxt.prev_free = q.head
         q.num_free_blocks -= n
         self.num_used[group_id] += n
-        if not ev_blocks:
+        if not ev_hashes:
             return out, None
-        sink = self.sink
-        sink.evictions += len(ev_blocks)
-        sink.evictions_by_reason[EVICT_LRU] += len(ev_blocks)
-        if not sink.enabled:
+        sink.evictions += len(ev_hashes)
+        sink.evictions_by_reason[EVICT_LRU] += len(ev_hashes)
+        if not record:
             return out, None
-        return out, self._eviction_events(ev_blocks, ev_hashes, ev_groups, request_id)
+        return out, self._eviction_events((ev_ids, ev_hashes, ev_ages, ev_idle), ev_groups, request_id)
 
-    def _eviction_events(self, ev_blocks: list[KVCacheBlock], ev_hashes: list[BlockHash], groups: list[int] | None,
-                         request_id: str | None) -> list[BlockEvicted]:
+    def _eviction_events(self, columns: tuple[list[int], list[BlockHash], list[int], list[int]],
+                         groups: list[int] | None, request_id: str | None) -> list[BlockEvicted]:
         """One LRU eviction event per group whose keys were evicted (in order of first
-        eviction); ``groups[i]`` is the group ``ev_hashes[i]`` was keyed in (None: all 0)."""
+        eviction), from the columns ``_pop_evicting`` collected (block ids, hashes, ages,
+        idle); ``groups[i]`` is the group of key i (None: all 0)."""
         step = self.sink.step
+        ids, hashes, ages, idle = columns
         if groups is None or groups.count(groups[0]) == len(groups):
-            parts = [(groups[0] if groups else 0, ev_blocks, ev_hashes)]
-        else:
-            by_group: dict[int, tuple[list[KVCacheBlock], list[BlockHash]]] = {}
-            for g, b, h in zip(groups, ev_blocks, ev_hashes):
-                bs, hs = by_group.setdefault(g, ([], []))
-                bs.append(b)
-                hs.append(h)
-            parts = [(g, bs, hs) for g, (bs, hs) in by_group.items()]
+            return [BlockEvicted(step, groups[0] if groups else 0, EVICT_LRU, tuple(ids), tuple(hashes), tuple(ages),
+                                 tuple(idle), request_id)]
+        by_group: dict[int, list[int]] = {}  # group -> the indices of its keys
+        for i, g in enumerate(groups):
+            by_group.setdefault(g, []).append(i)
         return [
-            BlockEvicted(step, g, EVICT_LRU, tuple([b.block_id for b in bs]), tuple(hs),
-                         tuple([step - b.published_step for b in bs]),
-                         tuple([step - b.last_used_step for b in bs]), request_id)
-            for g, bs, hs in parts
+            BlockEvicted(step, g, EVICT_LRU, tuple([ids[i] for i in idx]), tuple([hashes[i] for i in idx]),
+                         tuple([ages[i] for i in idx]), tuple([idle[i] for i in idx]), request_id)
+            for g, idx in by_group.items()
         ]
 
     def get_new_blocks_and_cache(
@@ -288,10 +305,9 @@ class BlockPool:
         num_used = self.num_used
         n_kept = 0  # blocks still in use (counted instead of the freed: the rarer case)
         for b in ordered:
-            ref_cnt = b.ref_cnt - 1
-            if ref_cnt or b.is_null:  # still in use (the null block's ref_cnt stays 1)
-                if ref_cnt:
-                    b.ref_cnt = ref_cnt
+            if b.ref_cnt != 1 or b.is_null:  # still in use (the null block's ref_cnt stays 1)
+                if not b.is_null:
+                    b.ref_cnt -= 1
                 n_kept += 1
                 continue
             b.ref_cnt = 0

@@ -151,7 +151,8 @@ class KVCacheManager:
         for listener in self._listeners:
             listener(batch)
         self.sink.step += 1
-        self.coordinator.new_step_starts()
+        if self.coordinator.mamba:  # the coordinator's step work is its Mamba groups'
+            self.coordinator.new_step_starts()
 
     # -- lookup -------------------------------------------------------------------
     def attach(self, request: Request) -> None:
@@ -204,7 +205,7 @@ class KVCacheManager:
             st.hit_requests += 1
         sink = self.sink
         if sink.enabled:
-            coarse0 = m0.coarse(fine)
+            coarse0 = fine if self._unitary else m0.coarse(fine)
             miss_idx = hit // m0.block_size
             miss = coarse0[miss_idx] if miss_idx < len(coarse0) else None
             sink.events.append(
@@ -309,7 +310,7 @@ class KVCacheManager:
         t = p + 1
         num_to_cache = 0  # as KVCacheCoordinator.allocate keys (0: caching off, nothing keyed)
         if self.enable_caching:
-            num_to_cache = request.num_tokens
+            num_to_cache = request.num_prompt_tokens + len(request.output_token_ids)  # num_tokens
             if t < num_to_cache:
                 num_to_cache = t
             if self._align_cacheable:
@@ -344,7 +345,9 @@ class KVCacheManager:
                 if k and table[k - 1] is not null:
                     return False
             elif kind == _FULL_TAIL:  # FullAttentionManager._cache_partial_tail_block publishes nothing
-                hashes = request.block_hashes
+                # only the prompt's units are read, hashed since admission (get_computed_blocks):
+                # the list as it stands, without the property's catch-up on output tokens
+                hashes = request._block_hashes
                 boundary = (request.num_prompt_tokens - 1) // hbs
                 if boundary > len(hashes):
                     boundary = len(hashes)
@@ -436,6 +439,11 @@ class KVCacheManager:
         rid = request if isinstance(request, str) else request.request_id
         self.stats.freed_requests += 1
         sink = self.sink
+        if self._unitary:  # one group: skip the coordinator's per-group loop
+            freed = self.managers[0].free(rid)
+            if freed and sink.enabled:
+                sink.events.append(BlocksFreed(sink.step, rid, 0, tuple([b.block_id for b in freed])))
+            return
         for g, freed in enumerate(self.coordinator.free(rid)):
             if freed and sink.enabled:
                 sink.events.append(BlocksFreed(sink.step, rid, g, tuple([b.block_id for b in freed])))

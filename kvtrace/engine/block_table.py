@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from kvtrace.engine.storage import int64_tensor
+
 
 class BlockTableTensor:
     """A device copy of the worker's tables for one group, one row per running request
@@ -29,8 +31,8 @@ class BlockTableTensor:
     def set_row(self, row: int, ids: list[int]) -> None:
         self._fit(row, len(ids))
         if ids:
-            self.t[row, : len(ids)] = torch.tensor(ids, dtype=torch.int64, device=self.device)
+            self.t[row, : len(ids)] = int64_tensor(ids, self.device)
 
     def append(self, row: int, start: int, ids: list[int]) -> None:
         self._fit(row, start + len(ids))
-        self.t[row, start : start + len(ids)] = torch.tensor(ids, dtype=torch.int64, device=self.device)
+        self.t[row, start : start + len(ids)] = int64_tensor(ids, self.device)

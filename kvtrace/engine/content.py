@@ -17,6 +17,7 @@ are bit-identical on any device and for any chunking of the same tokens.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from kvtrace.workload.tokens import VOCAB_SIZE
@@ -69,6 +70,8 @@ class ContentModel:
         self._m_inv = torch.tensor([pow(m, P - 2, P) for m in self.multipliers], dtype=torch.int64, device=self.device)
         self.pow = torch.ones((1, num_lanes), dtype=torch.int64, device=self.device)
         self.inv_pow = torch.ones((1, num_lanes), dtype=torch.int64, device=self.device)
+        self._pow_host: np.ndarray | None = None
+        self._inv_pow_t: torch.Tensor | None = None
         self.ensure(4096)
 
     def ensure(self, n: int) -> None:
@@ -83,6 +86,31 @@ class ContentModel:
             pw = torch.cat([pw, (pw * step) % P])
             ipw = torch.cat([ipw, (ipw * istep) % P])
         self.pow, self.inv_pow = pw, ipw
+
+    def descending_powers(self, n: int) -> np.ndarray:
+        """``[n, D]`` host view whose row i is m^(n-1-i): a chunk's weights in the closed
+        form (its last token weighs m^0). A view of the CPU model's table, no copy."""
+        self.ensure(n + 1)
+        if self._pow_host is None or self._pow_host.shape[0] != self.pow.shape[0]:
+            self._pow_host = self.pow.cpu().numpy()
+        return self._pow_host[n - 1::-1] if n else self._pow_host[:0]
+
+    def _inv_pow_lanes(self) -> torch.Tensor:
+        """``inv_pow`` lane-major ``[D, n]`` (a contiguous copy, redone when the table grows)."""
+        t = self._inv_pow_t
+        if t is None or t.shape[1] != self.inv_pow.shape[0]:
+            t = self._inv_pow_t = self.inv_pow.t().contiguous()
+        return t
+
+    def strided_powers(self, step: int, count: int, inverse: bool = False) -> np.ndarray:
+        """``[count, D]`` host array of m^(step*j) (or m^-(step*j)), j = 0..count-1."""
+        self.ensure(step * (count - 1) + 1)
+        table = self.inv_pow if inverse else self.pow
+        return table[: step * (count - 1) + 1 : step].cpu().numpy()
+
+    def power(self, k: int) -> np.ndarray:
+        """m^k per lane, on the host."""
+        return self.descending_powers(k + 1)[0]
 
     @staticmethod
     def _powk(base: torch.Tensor, k: int) -> torch.Tensor:
@@ -105,22 +133,37 @@ class ContentModel:
         seg_starts: torch.Tensor,  # [B] absolute start position of each segment
         query_seg: torch.Tensor,  # [Q] segment of each query
         query_end: torch.Tensor,  # [Q] absolute position the state is wanted after (> seg start)
+        max_end: int | None = None,  # every position < max_end and every query end <= it, if known
+        ranges: list[tuple[int, int]] | None = None,  # each segment's [start, end) positions, if known
     ) -> torch.Tensor:
-        """States [Q, D] after ``query_end`` tokens, for queries inside the segments."""
-        if tokens.numel():
+        """States [Q, D] after ``query_end`` tokens, for queries inside the segments.
+
+        ``max_end`` spares reading the bound back from the device; with ``ranges`` the
+        weights are slices of the power table instead of a gather. The terms are laid
+        out lane-major ``[D, N]``: the running sum then runs along contiguous memory."""
+        if max_end is not None:
+            self.ensure(max_end + 1)
+        elif tokens.numel():
             self.ensure(int(positions.max()) + 2)
         else:
             self.ensure(int(query_end.max()) + 2 if query_end.numel() else 1)
         n = tokens.shape[0]
-        terms = tokens.unsqueeze(1) * self.inv_pow.index_select(0, positions)  # [N, D], each < 2^18 * 2^31 = 2^49
+        table = self._inv_pow_lanes()
+        if ranges is not None and len(ranges) > 1:
+            terms = torch.cat([table[:, a:e] for a, e in ranges], dim=1)
+            terms.mul_(tokens)
+        elif ranges is not None:
+            terms = table[:, ranges[0][0]:ranges[0][1]] * tokens
+        else:
+            terms = table.index_select(1, positions) * tokens  # each < 2^18 * 2^31 = 2^49
         if n > _UNREDUCED_TERMS:  # keep the running sum below 2^63
             terms %= P
-        csum = torch.zeros((n + 1, self.num_lanes), dtype=torch.int64, device=self.device)
-        torch.cumsum(terms, dim=0, out=csum[1:])  # csum[i] = sum of terms[:i]
+        csum = torch.zeros((self.num_lanes, n + 1), dtype=torch.int64, device=self.device)
+        torch.cumsum(terms, dim=1, out=csum[:, 1:])  # csum[:, i] = sum of terms[:, :i]
         start = seg_starts[query_seg]
         lo = seg_offsets[query_seg]
         hi = lo + (query_end - start)
-        seg_sum = (csum[hi] - csum[lo]) % P
+        seg_sum = ((csum[:, hi] - csum[:, lo]) % P).t()
         decay = self.pow[query_end - start]
         lift = self.pow[query_end - 1]
         return ((decay * start_states[query_seg]) % P + (lift * seg_sum) % P) % P

@@ -2,7 +2,7 @@
 
 A ``PrefixOracle`` per live request answers "state and token sum after the first e
 tokens" by stepping the recurrence from the nearest known point (Python ints for a
-few tokens, the closed form in torch for many) and remembering the answer, so
+few tokens, the closed form on the host for many) and remembering the answer, so
 sampling at every decode step costs one token. For trace requests (hash ids), each
 trace block's effect on the state is an affine map ``s -> m^B s + c`` that does not
 depend on where the block sits, so ``TraceBlockMemo`` computes ``c`` once per block id
@@ -17,7 +17,6 @@ from __future__ import annotations
 from bisect import bisect_right
 
 import numpy as np
-import torch
 
 from kvtrace.engine.content import FINGERPRINT_BASE, KV_A, KV_B, KV_C, ContentModel, P, kv_sum_closed_form
 from kvtrace.workload.tokens import blocks_tokens
@@ -52,13 +51,11 @@ class TraceBlockMemo:
             if len(entries) + len(missing) > self.max_entries:
                 entries.clear()  # bounded memory; deterministic
             m = self.model
-            m.ensure(block_size + 1)
             if tokens is not None:
                 toks = tokens[: len(ids) * block_size].reshape(len(ids), block_size)[missing]
             else:
                 toks = blocks_tokens([ids[k] for k in missing], block_size, namespace)
-            rel = m.pow[torch.arange(block_size - 1, -1, -1)].numpy()  # m^(B-1-i)
-            c = modular_matmul(toks, rel)  # [k, D]
+            c = modular_matmul(toks, m.descending_powers(block_size))  # [k, D]
             tsum = toks.sum(axis=1)
             for k, cc, ts in zip(missing, c.tolist(), tsum.tolist()):
                 entries[(namespace, block_size, ids[k])] = (tuple(cc), int(ts))
@@ -79,15 +76,17 @@ class PrefixOracle:
         if memo is not None and ids:
             bs = request.trace_block_size
             nfull = min(len(ids), request.num_prompt_tokens // bs)
-            mult = [pow(m, bs, P) for m in model.multipliers]
-            s, t = zero, 0
             effects = memo.get_many(request.namespace, bs, ids[:nfull], request.prompt_token_ids)
-            for k, (c, ts) in enumerate(effects):
-                s = tuple((mb * x + cc) % P for mb, x, cc in zip(mult, s, c))
-                t += ts
-                self._pos.append((k + 1) * bs)
-                self._states.append(s)
-                self._tsums.append(t)
+            if effects:
+                # s_k = M s_(k-1) + c_k with M = m^bs, all k at once: s_k = M^k sum_(j<=k) c_j M^-j
+                c = np.array([e[0] for e in effects], dtype=np.int64)  # [K, D]
+                k = len(effects)
+                lift = model.strided_powers(bs, k + 1)[1:]
+                drop = model.strided_powers(bs, k + 1, inverse=True)[1:]
+                acc = np.cumsum(c * drop % P, axis=0) % P  # K < 2^32 residues sum below 2^63
+                self._states.extend(map(tuple, (lift * acc % P).tolist()))
+                self._pos.extend(range(bs, (k + 1) * bs, bs))
+                self._tsums.extend(np.cumsum([e[1] for e in effects]).tolist())
 
     def _extend_by_one(self, e: int) -> tuple[tuple[int, ...], int]:
         """Append the point ``e`` when it is one token past the furthest (the decode step)."""
@@ -116,18 +115,11 @@ class PrefixOracle:
             for tok in tokens.tolist():
                 s = tuple((m * x + tok) % P for m, x in zip(mults, s))
             t += int(tokens.sum())
-        else:
-            m = self.model
-            st = m.advance(
-                torch.tensor([s], dtype=torch.int64),
-                torch.from_numpy(np.ascontiguousarray(tokens, dtype=np.int64)),
-                torch.arange(p, e, dtype=torch.int64),
-                torch.zeros(1, dtype=torch.int64),
-                torch.tensor([p], dtype=torch.int64),
-                torch.zeros(1, dtype=torch.int64),
-                torch.tensor([e], dtype=torch.int64),
-            )
-            s = tuple(st[0].tolist())
+        else:  # the closed form: s(e) = m^L s(p) + sum_i token_(p+i) m^(L-1-i), L = e - p
+            L = e - p
+            c = modular_matmul(np.asarray(tokens, dtype=np.int64)[None, :], self.model.descending_powers(L))[0]
+            decay = self.model.power(L)
+            s = tuple((int(dk) * x + int(ck)) % P for dk, x, ck in zip(decay, s, c))
             t += int(tokens.sum())
         self._pos.insert(i + 1, e)
         self._states.insert(i + 1, s)

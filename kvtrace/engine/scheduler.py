@@ -172,13 +172,15 @@ class Scheduler:
         preempted: list[EngineRequest] = []
 
         no_new_ids = self._no_new_ids
+        max_model_len = self.config.max_model_len
         # RUNNING first.
         running = self.running
         i = 0
         while i < len(running) and token_budget > 0:
             request = running[i]
-            n = request.num_tokens - request.num_computed_tokens
-            if n > 1 or request.num_computed_tokens >= self.config.max_model_len:
+            computed = request.num_computed_tokens
+            n = request.num_prompt_tokens + len(request.output_token_ids) - computed
+            if n > 1 or computed >= max_model_len:
                 # (one token is the decode step: no cap or split can change it)
                 n = self._cap(request, n, token_budget)
                 if self.need_mamba_block_aligned_split and n > 0:
@@ -198,8 +200,9 @@ class Scheduler:
             if new_blocks is None:
                 break
             ids = no_new_ids if new_blocks is kv.empty_kv_cache_blocks else new_blocks.get_block_ids()
-            cached_reqs.append(CachedRequestData(request.request_id, ids, request.num_computed_tokens))
-            num_scheduled[request.request_id] = n
+            rid = request.request_id
+            cached_reqs.append(CachedRequestData(rid, ids, computed))
+            num_scheduled[rid] = n
             token_budget -= n
             i += 1
 
@@ -293,14 +296,15 @@ class Scheduler:
         index = {r.request_id: r for r in self.running} if sampled else {}
         for rid, token in sampled.items():
             request = index[rid]
+            out_ids = request.output_token_ids
             expected = request.expected_output
-            if expected is not None and len(request.output_token_ids) < len(expected):
-                token = expected[len(request.output_token_ids)]  # teacher-forced replay of a recorded output
-            request.append_output_token_ids(token)
+            if expected is not None and len(out_ids) < len(expected):
+                token = expected[len(out_ids)]  # teacher-forced replay of a recorded output
+            out_ids.append(int(token))  # (Request.append_output_token_ids, for one token)
             request.token_times_ns.append(end_ns)
             if request.first_token_ns < 0:
                 request.first_token_ns = end_ns
-            if len(request.output_token_ids) >= request.max_tokens:
+            if len(out_ids) >= request.max_tokens:
                 finished.append(request)
         if finished:
             done = {r.request_id for r in finished}

@@ -36,7 +36,7 @@ from kvtrace.engine.reference import PrefixOracle, TraceBlockMemo
 from kvtrace.engine.request import EngineRequest
 from kvtrace.engine.scheduler import SchedulerOutput
 from kvtrace.engine.step import Divergence, StepResult, tally
-from kvtrace.engine.storage import DeviceStorage
+from kvtrace.engine.storage import DeviceStorage, first_sums, int64_tensor
 from kvtrace.numeric import cdiv
 from kvtrace.workload.tokens import VOCAB_SIZE
 
@@ -77,7 +77,6 @@ class Worker:
         self.seqs: dict[str, _Seq] = {}
         self.table_tensors = {g: BlockTableTensor(self.device) for g in self.full_groups}
         self._free_rows: list[int] = []
-        self._arange = torch.arange(1024, device=self.device).unsqueeze(0)
         # Reference tips per row (CPU, numpy: a few small ops per step, where torch's per-op
         # overhead is the cost): the decode step's reference, vectorised over the batch.
         self._tip_state = np.zeros((64, self.num_lanes), dtype=np.int64)
@@ -181,10 +180,10 @@ class Worker:
         for s, start, end in loads:
             self._write_kv(s, start, end, s.request.get_token_ids(start, end))
             if self.state_groups:
-                st = torch.tensor([self.oracle(s.request).state_at(end)], dtype=torch.int64, device=self.device)
+                st = int64_tensor([self.oracle(s.request).state_at(end)], self.device)
                 for g in self.state_groups:
                     blk = s.tables[g][cdiv(end, self.block_size[g]) - 1]
-                    self.storage.write_states(g, torch.tensor([blk], dtype=torch.int64, device=self.device), st)
+                    self.storage.write_states(g, int64_tensor([blk], self.device), st)
 
     def _write_kv(self, s: _Seq, start: int, end: int, tokens: np.ndarray) -> None:
         pos = torch.arange(start, end, dtype=torch.int64, device=self.device)
@@ -195,13 +194,6 @@ class Worker:
             p = np.arange(start, end, dtype=np.int64)
             blocks = torch.from_numpy(table[p // bs]).to(self.device)
             self.storage.write_kv(g, blocks, torch.from_numpy(p % bs).to(self.device), vals)
-
-    def _aranges(self, n: int) -> torch.Tensor:
-        """[1, n] column indices (cached; grown by doubling)."""
-        a = self._arange
-        if a.shape[1] < n:
-            a = self._arange = torch.arange(max(n, 2 * a.shape[1]), device=self.device).unsqueeze(0)
-        return a[:, :n]
 
     @staticmethod
     def _token_at(request, position: int) -> int:
@@ -318,11 +310,13 @@ class Worker:
             at[name] = len(host)
             host.extend(values)
 
+        distinct = {}
         for g in self.attn_groups:
             bs = self.block_size[g]
             blocks = [sq.tables[g][a // bs] for _, sq, a in dec]
+            distinct[g] = len(set(blocks)) == B  # else two requests write one block: a cache bug
             put(f"blk{g}", blocks)
-            put(f"flat{g}", [b * bs + a % bs for b, a in zip(blocks, pos)])
+            put(f"slot{g}", [a % bs for a in pos])
         for g in self.state_groups:
             bs = self.block_size[g]
             src = [sq.tables[g][(a + bs - 1) // bs - 1] for _, sq, a in dec]
@@ -337,13 +331,12 @@ class Worker:
         widths = {}
         if self.full_groups:
             put("rows", [sq.row for _, sq, _ in dec])
-            for g in self.full_groups:
+            for g in self.full_groups:  # the blocks before the one written: full
                 bs = self.block_size[g]
-                nfull = [e // bs for e in ends]
+                nfull = [a // bs for a in pos]
                 widths[g] = max(nfull)
                 put(f"nfull{g}", nfull)
-                put(f"rem{g}", [e % bs for e in ends])
-        h = torch.tensor(host, dtype=torch.int64, device=self.device)
+        h = int64_tensor(host, self.device)
 
         def view(name: str) -> torch.Tensor:
             return h[at[name]: at[name] + B]
@@ -351,12 +344,15 @@ class Worker:
         vals, tokens = h[:B], h[B: 2 * B]
         total = None
         for g in self.attn_groups:
-            rows = self.storage.write_kv_flat(g, view(f"flat{g}"), vals, view(f"blk{g}"))
+            # The block written holds the context's last tokens, up to and with this one;
+            # nothing else writes it this step (checked).
+            blk, slot = view(f"blk{g}"), view(f"slot{g}")
+            if distinct[g]:
+                part = self.storage.append_kv(g, blk, slot, vals)
+            else:
+                self.storage.write_kv(g, blk, slot, vals)
+                part = first_sums(self.storage.read_kv(g, blk), slot + 1)
             if g in widths:
-                # The block written holds the context's last rem tokens (rem 0: it just filled
-                # and counts among the full blocks). Nothing else writes it this step (checked).
-                bs = self.block_size[g]
-                part = torch.where(self._aranges(bs) < view(f"rem{g}").unsqueeze(1), rows, 0).sum(dim=1)
                 total = part if total is None else total + part
         for g in self.state_groups:
             s0 = self.storage.read_states(g, view(f"src{g}"))
@@ -381,7 +377,7 @@ class Worker:
                 block_sum = self.storage.block_sum[g]
                 assert block_sum is not None
                 sums = block_sum.take(tab)
-                kv = torch.where(self._aranges(w) < view(f"nfull{g}").unsqueeze(1), sums, 0).sum(dim=1)
+                kv = first_sums(sums, view(f"nfull{g}"))
                 total = kv if total is None else total + kv
         assert total is not None
         out = (total % P % VOCAB_SIZE).tolist()
@@ -416,8 +412,8 @@ class Worker:
         tok_list = None
         if decode_only:  # one token each: plain lists beat numpy at this size
             tok_list = [self._token_at(w[0].request, w[1]) for w in work]
-            tokens = torch.tensor(tok_list, dtype=torch.int64, device=dev)
-            positions = torch.tensor(starts, dtype=torch.int64, device=dev)
+            tokens = int64_tensor(tok_list, dev)
+            positions = int64_tensor(starts, dev)
             pos_np = None
         else:
             tok_np = np.concatenate([w[0].request.get_token_ids(w[1], w[1] + w[2]) for w in work])
@@ -432,8 +428,8 @@ class Worker:
                 bs = self.block_size[g]
                 if decode_only:
                     blocks = [w[0].tables[g][a // bs] for w, a in zip(work, starts)]
-                    block_t = torch.tensor(blocks, dtype=torch.int64, device=dev)
-                    slot_t = torch.tensor([a % bs for a in starts], dtype=torch.int64, device=dev)
+                    block_t = int64_tensor(blocks, dev)
+                    slot_t = int64_tensor([a % bs for a in starts], dev)
                     touched_t = block_t
                 else:
                     pieces, touched = [], []
@@ -449,7 +445,7 @@ class Worker:
                             pieces.append(np.repeat(np.asarray(run, dtype=np.int64), counts))
                     block_t = torch.from_numpy(np.concatenate(pieces)).to(dev)
                     slot_t = torch.from_numpy(pos_np % bs).to(dev)  # type: ignore[operator]  # set unless decode_only
-                    touched_t = torch.tensor(touched, dtype=torch.int64, device=dev)
+                    touched_t = int64_tensor(touched, dev)
                 self.storage.write_kv(g, block_t, slot_t, vals, touched_t)
 
         # Recurrent state: read at the chunk start, write at the chunk end (+ checkpoints).
@@ -481,9 +477,9 @@ class Worker:
                         core = running_core.get((w[0].request.request_id, g))
                         if core is not None and core != d:
                             res.table_disagreements += 1
-                s0 = self.storage.read_states(g, torch.tensor(src, dtype=torch.int64, device=dev))
+                s0 = self.storage.read_states(g, int64_tensor(src, dev))
                 if fresh:
-                    s0[torch.tensor(fresh, dtype=torch.int64, device=dev)] = 0
+                    s0[int64_tensor(fresh, dev)] = 0
                 if decode_only and not extra:
                     states = self.content.step_one(s0, tokens)
                 else:
@@ -492,17 +488,18 @@ class Worker:
                         for i in range(1, B):
                             offsets[i] = offsets[i - 1] + lens[i - 1]
                         closed_form = (
-                            torch.tensor(offsets, dtype=torch.int64, device=dev),
-                            torch.tensor(starts, dtype=torch.int64, device=dev),
-                            torch.tensor(q_seg, dtype=torch.int64, device=dev),
-                            torch.tensor(q_end, dtype=torch.int64, device=dev),
+                            int64_tensor(offsets, dev),
+                            int64_tensor(starts, dev),
+                            int64_tensor(q_seg, dev),
+                            int64_tensor(q_end, dev),
                         )
-                    states = self.content.advance(s0, tokens, positions, *closed_form)
-                self.storage.write_states(g, torch.tensor(dst, dtype=torch.int64, device=dev), states[:B])
+                    states = self.content.advance(s0, tokens, positions, *closed_form, max_end=max(q_end),
+                                                  ranges=list(zip(starts, ends)))
+                self.storage.write_states(g, int64_tensor(dst, dev), states[:B])
                 for grp, blk, row in extra:
                     if grp == g:
                         self.storage.write_states(
-                            g, torch.tensor([blk], dtype=torch.int64, device=dev), states[row : row + 1]
+                            g, int64_tensor([blk], dev), states[row : row + 1]
                         )
                 end_states.append(states[:B])
 
@@ -519,7 +516,7 @@ class Worker:
         S = len(sample_idx)
         total = torch.zeros(S, dtype=torch.int64, device=dev)
         if end_states:
-            state_rows = torch.tensor(sample_idx, dtype=torch.int64, device=dev) if len(work) > S else None
+            state_rows = int64_tensor(sample_idx, dev) if len(work) > S else None
             for states in end_states:  # the state each group's table slot now holds
                 total += (states if state_rows is None else states[state_rows]).sum(dim=1)
         if self.full_groups:
@@ -529,8 +526,8 @@ class Worker:
                 e_list.append(ends[i])
                 row_list.append(sq.row)
                 seqs.append(sq)
-            e_t = torch.tensor(e_list, dtype=torch.int64, device=dev)
-            rows = torch.tensor(row_list, dtype=torch.int64, device=dev)
+            e_t = int64_tensor(e_list, dev)
+            rows = int64_tensor(row_list, dev)
         for g in self.full_groups:
             bs = self.block_size[g]
             width = max([len(sq.tables[g]) for sq in seqs])
@@ -539,10 +536,10 @@ class Worker:
             rem = e_t - nfull * bs
             # full blocks: their maintained sums; the last, partial block: its first rem slots
             sums = self.storage.block_sum[g].take(tab)  # type: ignore[union-attr]  # attention groups have sums
-            total += torch.where(self._aranges(width) < nfull.unsqueeze(1), sums, 0).sum(dim=1)
+            total += first_sums(sums, nfull)
             last = tab.gather(1, nfull.clamp(max=width - 1).unsqueeze(1)).squeeze(1)
             vals = self.storage.data[g].index_select(0, last)  # [S, bs]
-            total += torch.where(self._aranges(bs) < rem.unsqueeze(1), vals, 0).sum(dim=1)
+            total += first_sums(vals, rem)
         for g in self.swa_groups:
             bs = self.block_size[g]
             window = self.cache_config.groups[g].sliding_window  # type: ignore[union-attr]  # an SWA group
@@ -555,7 +552,7 @@ class Worker:
                     g, torch.from_numpy(t[p // bs]).to(dev), torch.from_numpy(p % bs).to(dev)
                 )
                 acc_list.append(int(vals.sum()) % P)
-            total += torch.tensor(acc_list, dtype=torch.int64, device=dev)
+            total += int64_tensor(acc_list, dev)
         sampled = (total % P % VOCAB_SIZE).tolist()
         for k, i in enumerate(sample_idx):
             res.sampled[work[i][0].request.request_id] = sampled[k]

@@ -186,8 +186,12 @@ def block_keys(reqs: Sequence[TraceRequest]) -> list[Sequence[int]]:
     parent[1:] = flat[:-1]
     parent[starts[lens > 0]] = -1  # a chain's first block follows its scope's root
     if single_scope and int(flat.min()) >= 0 and int(flat.max()) < 4 * total + 1024:
-        first, inverse = _dense_unique(flat)
-    elif single_scope:
+        # small non-negative ids (most traces number their blocks densely): index a table
+        # by id instead of sorting; it holds one occurrence's parent per id
+        parent_of = np.empty(int(flat.max()) + 1, dtype=np.int64)
+        parent_of[flat] = parent
+        return ids if np.array_equal(parent_of[flat], parent) else _interned_chain_keys(reqs)
+    if single_scope:
         _, first, inverse = np.unique(flat, return_index=True, return_inverse=True)
     else:
         scope = np.repeat(np.asarray(roots, dtype=np.int64), lens)
@@ -207,19 +211,6 @@ def block_keys(reqs: Sequence[TraceRequest]) -> list[Sequence[int]]:
 def _hash_ids(reqs: Sequence[TraceRequest]) -> list[Sequence[int]]:
     """Every request's hash ids (``as_block_requests`` gives each request some)."""
     return cast("list[Sequence[int]]", [r.hash_ids for r in reqs])
-
-
-def _dense_unique(flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``np.unique(flat, return_index=True, return_inverse=True)[1:]`` for small
-    non-negative ids, by indexing a table of all ids instead of sorting (most traces
-    number their blocks densely). The index is of *an* occurrence of each id, not
-    necessarily the first: callers only compare what all occurrences share."""
-    seen = np.zeros(int(flat.max()) + 1, dtype=bool)
-    seen[flat] = True
-    where = np.empty(len(seen), dtype=np.int64)
-    where[flat] = np.arange(len(flat))
-    rank = np.cumsum(seen) - 1  # id -> its index among the unique ids (sorted)
-    return where[seen], rank[flat]
 
 
 def _interned_chain_keys(reqs: Sequence[TraceRequest]) -> list[Sequence[int]]:
@@ -311,46 +302,45 @@ def _replay_manager(reqs, bs, capacity, result, listeners, progress) -> CacheOnl
     # + the null block + the block of the one extra token each request is presented with
     config = CacheConfig(groups=(FullAttentionSpec(bs),), num_gpu_blocks=capacity + 2, hash_block_size=bs)
     mgr = KVCacheManager(config)
-    # The step's one request in the trace's terms, for its lookup event (see _in_trace_terms)
-    current = [0, 0]  # input_length, hit tokens capped at it
-
-    def forward(batch: list) -> None:
-        _in_trace_terms(batch, current[0], current[1])
-        for listener in listeners:
-            listener(batch)
-
-    if listeners:
-        mgr.subscribe(forward)
+    for listener in listeners:
+        mgr.subscribe(listener)
+    get_computed_blocks, allocate_slots, free = mgr.get_computed_blocks, mgr.allocate_slots, mgr.free
+    sink = mgr.sink
     hit_blocks = []
+    oversized = 0
     for i, (r, hs) in enumerate(zip(reqs, hashes)):
         n = len(hs)
         num_tokens = n * bs + 1
         req = Request(r.request_id, None, trace_block_ids=r.hash_ids, trace_block_size=bs,
                       namespace=r.namespace, cache_salt=r.cache_salt, num_prompt_tokens=num_tokens,
                       block_hashes=hs)  # the trace-id keys (see the module docstring)
-        computed, num_hit, _ = mgr.get_computed_blocks(req)
-        if n > capacity or mgr.allocate_slots(req, num_tokens - num_hit, num_hit, computed) is None:
-            result.oversized += 1
+        computed, num_hit, _ = get_computed_blocks(req)
+        if listeners:
+            _in_trace_terms(sink.events, r.input_length, num_hit)
+        if n > capacity or allocate_slots(req, num_tokens - num_hit, num_hit, computed) is None:
+            oversized += 1
         else:
             req.num_computed_tokens = num_tokens
-            mgr.free(req)
+            free(req)
         hit_blocks.append(num_hit // bs)
-        current[0], current[1] = r.input_length, min(num_hit, r.input_length)
-        mgr.new_step_starts()  # one request per step: flushes its events (through forward)
+        mgr.new_step_starts()  # one request per step: hands its events to the listeners
         if progress is not None:
             progress(i + 1)
+    result.oversized += oversized
     result._add_all([r.request_id for r in reqs], [r.input_length for r in reqs], list(map(len, hashes)), hit_blocks)
     result.publishes = mgr.stats.publishes
     result.evictions = sum(mgr.stats.evictions.values())
-    if listeners:
-        mgr.unsubscribe(forward)
+    for listener in listeners:
+        mgr.unsubscribe(listener)
     return result
 
 
-def _in_trace_terms(events: list, input_length: int, hit_tokens: int) -> None:
-    """Restate the step's lookup (its first event: the step's one request looks up before it
-    allocates) in the trace's terms, in place: the prompt's tokens queried and the hit
-    capped at them, as the summary counts (not the one extra token presented)."""
-    if events and type(events[0]) is PrefixLookup:
-        events[0] = msgspec.structs.replace(events[0], num_query_tokens=input_length, num_hit_tokens=hit_tokens,
-                                            hit_tokens_per_group=(hit_tokens,))
+def _in_trace_terms(events: list, input_length: int, num_hit: int) -> None:
+    """Restate the step's lookup (the latest event: the step's one request has just looked
+    up) in the trace's terms, in place: the prompt's tokens queried and the hit capped at
+    them, as the summary counts (not the one extra token presented)."""
+    lookup = events[-1]
+    assert type(lookup) is PrefixLookup
+    hit = num_hit if num_hit < input_length else input_length
+    events[-1] = msgspec.structs.replace(lookup, num_query_tokens=input_length, num_hit_tokens=hit,
+                                         hit_tokens_per_group=(hit,))

@@ -43,7 +43,9 @@ def _enc_hook(obj):
     raise TypeError(f"digest: cannot encode {type(obj).__name__}")
 
 
-_encode = msgspec.msgpack.Encoder(enc_hook=_enc_hook).encode
+_encoder = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
+_encode_into = _encoder.encode_into
+_FLUSH_BYTES = 1 << 20  # hash the buffer when it grows past this (sha256 is as fast on 1 MiB as on more)
 
 
 class Digest:
@@ -51,18 +53,27 @@ class Digest:
 
     Use it as a step listener (``on_step``, engine mode) or a cache listener
     (``on_cache_events``, or the object itself, cache-only mode), not both on one run.
+
+    Deliveries are encoded back to back into one buffer that is hashed every MiB (and
+    by ``hexdigest``): the bytes hashed are the same as one ``update`` per delivery, but
+    an encode into a buffer costs about half of an encode that allocates its own bytes
+    (the digest sees one delivery per step).
     """
 
-    __slots__ = ("_h", "num_events", "num_steps")
+    __slots__ = ("_buf", "_h", "num_events", "num_steps")
 
     def __init__(self) -> None:
         self._h = hashlib.sha256(VERSION_LINE)
+        self._buf = bytearray()
         self.num_events = 0
         self.num_steps = 0
 
     def on_cache_events(self, events: Sequence) -> None:
         self.num_events += len(events)
-        self._h.update(_encode(events))
+        buf = self._buf
+        _encode_into(events, buf, -1)  # -1: append at the end
+        if len(buf) > _FLUSH_BYTES:
+            self._flush()
 
     __call__ = on_cache_events  # so it can be passed to KVCacheManager.subscribe directly
 
@@ -71,13 +82,21 @@ class Digest:
         self.num_steps += 1
         cache, engine = batch.cache_events, batch.engine_events
         self.num_events += 1 + len(cache) + len(engine)
-        self._h.update(_encode((batch.step, cache, engine)))
+        buf = self._buf
+        _encode_into((batch.step, cache, engine), buf, -1)
+        if len(buf) > _FLUSH_BYTES:
+            self._flush()
 
     def on_events(self, events: Sequence) -> None:
         """Events delivered outside a step (e.g. a final audit)."""
         self.on_cache_events(events)
 
+    def _flush(self) -> None:
+        self._h.update(self._buf)
+        self._buf.clear()
+
     def hexdigest(self) -> str:
+        self._flush()
         return self._h.hexdigest()
 
 

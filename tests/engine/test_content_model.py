@@ -109,3 +109,32 @@ def test_expected_fingerprints_match_storage_fingerprints():
     state = (5, P - 1, 77, 123456)
     st_.write_states(1, torch.tensor([3]), torch.tensor([state]))
     assert st_.fingerprints(1, [3]) == [expected_state_fingerprint(state)]
+
+
+@settings(max_examples=30, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["append", "write", "copy"]), st.integers(0, 2**31 - 2),
+                              st.integers(0, 7), st.integers(0, 7)), min_size=1, max_size=60))
+def test_append_kv_prefix_sums_are_the_slots_whatever_wrote_them(ops):
+    """The decode write remembers each block's prefix sum; any other write or copy in
+    between must make it read the slots again, and block sums must stay exact."""
+    bs = 4
+    cc = CacheConfig(groups=(FullAttentionSpec(bs),), num_gpu_blocks=8, hash_block_size=4)
+    st_ = DeviceStorage(cc, "cpu")
+    fill = [0] * 8  # the next slot the decode writer appends to, per block
+    for kind, value, a, b in ops:
+        v = torch.tensor([value % P], dtype=torch.int64)
+        if kind == "append":
+            blocks = sorted({a, b})  # distinct, as append_kv requires
+            slots = [fill[x] for x in blocks]
+            vals = torch.tensor([(value + k) % P for k in range(len(blocks))], dtype=torch.int64)
+            got = st_.append_kv(0, torch.tensor(blocks), torch.tensor(slots), vals)
+            data = st_.data[0]
+            assert got.tolist() == [int(data[x, : s + 1].sum()) % P for x, s in zip(blocks, slots)]
+            for x in blocks:
+                fill[x] = (fill[x] + 1) % bs
+        elif kind == "write":  # another writer, anywhere in block a
+            st_.write_kv(0, torch.tensor([a]), torch.tensor([b % bs]), v)
+        else:
+            st_.copy_blocks([(0, a, b, "r", "x")])
+        sums = st_.block_sums(0, torch.arange(8)).tolist()
+        assert sums == [int(r.sum()) % P for r in st_.data[0]]

@@ -199,7 +199,9 @@ def test_batches_pub_drops_for_a_slow_subscriber_come_back_through_replay(tmp_pa
 def test_a_restarted_vllm_publisher_continues_the_steps(tmp_path):
     pub_ep, replay_ep = _endpoints(tmp_path)
     pub = ZmqEventPublisher(0, endpoint=pub_ep, replay_endpoint=replay_ep, topic=TOPIC)
-    first = [_batch(k) for k in range(8)]
+    # the restart shows only if the SUB is back before the new publisher's seq passes the old
+    # one's: 24 first batches, the second paced at 0.2 s, give it about 5 s (a loaded box needs >0.4)
+    first = [_batch(k) for k in range(24)]
     run = _Running(tmp_path, pub_ep, replay_ep)
     try:
         # The SUB may join after a batch: the next one it sees makes it backfill the earlier
@@ -226,7 +228,7 @@ def test_a_restarted_vllm_publisher_continues_the_steps(tmp_path):
             assert time.monotonic() < deadline, run.cap.stats
             second.append(_batch(100 + len(second)))
             pub.publish(second[-1])
-            time.sleep(0.05)
+            time.sleep(0.2)
         assert len(second) < len(first)  # the restart is visible: seq fell back
         run.wait_for(len(first) + len(second))
         rows = run.stop()

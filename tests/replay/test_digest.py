@@ -43,6 +43,22 @@ def test_digest_is_sha256_of_documented_msgpack():
     assert e.hexdigest() == hashlib.sha256(VERSION_LINE + body).hexdigest()
 
 
+def test_buffered_deliveries_hash_as_one_update_each():
+    """The digest encodes deliveries into one buffer hashed every MiB: the bytes hashed are
+    those of one ``update`` per delivery, across flushes, and ``hexdigest`` may be read
+    mid-run."""
+    big = BlockPublished(0, "r0", 0, "full", tuple(range(30_000)), tuple(range(1 << 40, (1 << 40) + 30_000)), 1)
+    deliveries = [[pub(i), big] if i % 3 == 0 else [pub(i)] for i in range(40)]  # ~5 MiB: several flushes
+    want = hashlib.sha256(VERSION_LINE)
+    d = Digest()
+    for i, evs in enumerate(deliveries):
+        d.on_cache_events(evs)
+        want.update(msgspec.msgpack.encode(evs))
+        if i == 20:
+            assert d.hexdigest() == want.hexdigest()
+    assert d.hexdigest() == want.hexdigest() and d.num_events == 54
+
+
 def test_same_events_same_digest_any_change_differs():
     base = [[pub(0)], [pub(1), BlockEvicted(1, 0, "lru", (3,), (b"\x01",), (1,), (0,), "r1")]]
     assert run(base) == run([list(x) for x in base])
