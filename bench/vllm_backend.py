@@ -11,7 +11,9 @@ Then where each backend's time goes, from one more run of each sampled by py-spy
 sampling profiler: it adds no cost per call, which a tracing one does, and would
 inflate vLLM's many small calls). A sample counts for the innermost frame of its stack
 that is project code; library frames (the standard library, numpy, torch) count for
-their caller, and so does the garbage collector, wherever an allocation set it off:
+their caller, and so does the garbage collector, wherever an allocation set it off
+(its share of the run is printed beside the profiler's name: a full collection lands on
+one line, so a part can move by a few tenths of a second from run to run):
 
 * vllm backend: wall = the kvtrace-side engine (scheduler, worker, clock, audit, the
   engine's requests) +
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import os
 import pstats
 import re
@@ -84,9 +87,29 @@ class Parts:
         return part
 
 
+class GcTime:
+    """Seconds the garbage collector ran while on (``gc.callbacks``)."""
+
+    def __init__(self):
+        self.seconds, self._start = 0.0, 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._start
+
+    def __enter__(self) -> GcTime:
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self)
+
+
 def sampled_shares(preset, spec: RunSpec, backend: str, parts: Parts) -> tuple[dict[str, float], str]:
     """Each part's share of one run of ``backend`` (py-spy; cProfile where py-spy cannot
-    attach), and the profiler's name."""
+    attach), and the profiler's name with the share of the collector's time in it."""
     with tempfile.TemporaryDirectory() as tmp:
         raw = Path(tmp) / "samples.txt"
         spy = None
@@ -102,11 +125,13 @@ def sampled_shares(preset, spec: RunSpec, backend: str, parts: Parts) -> tuple[d
                 spy = None
         if spy is None:
             profile = cProfile.Profile()
-            profile.enable()
-            one_run(preset, spec, backend)
-            profile.disable()
-            return _profile_shares(profile, parts), "cProfile"
-        one_run(preset, spec, backend)
+            with GcTime() as collector:
+                profile.enable()
+                wall = one_run(preset, spec, backend)[0]
+                profile.disable()
+            return _profile_shares(profile, parts), f"cProfile, garbage collector {collector.seconds / wall:.0%}"
+        with GcTime() as collector:
+            wall = one_run(preset, spec, backend)[0]
         spy.send_signal(signal.SIGINT)
         spy.communicate(timeout=120)
         counts: Counter[str] = Counter()
@@ -120,7 +145,8 @@ def sampled_shares(preset, spec: RunSpec, backend: str, parts: Parts) -> tuple[d
                         ENGINE)
             counts[part] += int(n)
         total = sum(counts.values())
-        return {p: n / total for p, n in counts.items()}, f"py-spy, {total} samples"
+        return ({p: n / total for p, n in counts.items()},
+                f"py-spy, {total} samples, garbage collector {collector.seconds / wall:.0%}")
 
 
 def _profile_shares(profile: cProfile.Profile, parts: Parts) -> dict[str, float]:
