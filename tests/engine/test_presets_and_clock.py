@@ -1,11 +1,15 @@
-"""Presets, overrides, and the cost model's arithmetic."""
+"""Presets, overrides, the cost model's arithmetic, and how a run treats the heap."""
 
+import gc
+
+import numpy as np
 import pytest
 
 from kvtrace.cache import SHARED_PREFIX_PINNING, MambaSpec
-from kvtrace.engine import get_preset
+from kvtrace.engine import Engine, get_preset
 from kvtrace.engine.clock import Clock, CostModel, prefill_pairs
 from kvtrace.errors import ConfigError
+from kvtrace.workload import TraceRequest
 
 
 def test_named_presets_have_the_documented_shape():
@@ -92,3 +96,29 @@ def test_retention_without_a_sparse_group_is_refused():
     with pytest.raises(ConfigError, match="retention_interval: 0 has no effect without a sliding-window or Mamba"):
         get_preset("dense-attention", retention_interval=0)
     assert get_preset("dense-attention", retention_interval=None).cache_config.retention_interval is None
+
+
+@pytest.mark.parametrize("content", [True, False])
+def test_a_run_freezes_the_start_up_heap_and_hands_it_back(content):
+    """The heap alive before a run sits out the collector during it, and is the collector's
+    again after it, also when the run fails; a heap the caller froze stays frozen."""
+    work = [TraceRequest("r0", 0, 40, 3, token_ids=np.arange(40, dtype=np.int64))]
+    seen: list[int] = []
+    Engine("dense-attention", content=content).run(work, listeners=[lambda batch: seen.append(gc.get_freeze_count())])
+    assert seen and min(seen) > 0
+    assert gc.get_freeze_count() == 0
+
+    def fail(batch):
+        raise RuntimeError("listener failed")
+
+    with pytest.raises(RuntimeError):
+        Engine("dense-attention", content=content).run(work, listeners=[fail])
+    assert gc.get_freeze_count() == 0
+
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        Engine("dense-attention", content=content).run(work)
+        assert gc.get_freeze_count() >= frozen
+    finally:
+        gc.unfreeze()
