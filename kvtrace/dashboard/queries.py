@@ -222,7 +222,9 @@ def comparable_runs(run_id: str) -> pl.DataFrame:
     frame = runs().filter(pl.col("run_id") != run_id)
     if row.get("trace_digest"):
         return frame.filter(pl.col("trace_digest") == row["trace_digest"])
-    return frame.filter(pl.col("trace_source") == row.get("trace_source"))
+    if row.get("trace_source") is None:  # nothing names its trace: no run is known to share it
+        return frame.clear()
+    return frame.filter(pl.col("trace_source") == row["trace_source"])
 
 
 def default_partner(run_id: str) -> str | None:

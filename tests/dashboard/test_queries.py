@@ -4,9 +4,11 @@ configs (group kinds, capacity), its window rule, and the read functions it allo
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 from typing import get_args
 
+import polars as pl
 import pytest
 
 from kvtrace.dashboard import queries, run_config
@@ -76,3 +78,18 @@ def test_the_pages_call_exactly_the_read_functions_queries_allows():
     sources = "".join(p.read_text() for p in sorted(dashboard.rglob("*.py")))
     assert set(re.findall(r'\bcall\("([a-z_]+)"', sources)) == set(queries._READS)
     assert all(fn is getattr(read, name) for name, fn in queries._READS.items())
+
+
+def test_runs_that_name_no_trace_are_comparable_to_none(monkeypatch):
+    """Equal trace digest, else equal trace source; a run naming neither shares a trace
+    with no run (not with every other run naming none), and asks polars no null question."""
+    frame = pl.DataFrame({"run_id": ["a", "b", "c", "d", "e"],
+                          "trace_digest": [None, None, None, None, "f00"],
+                          "trace_source": [None, None, "x.jsonl", "x.jsonl", "x.jsonl"]},
+                         schema={"run_id": pl.String, "trace_digest": pl.String, "trace_source": pl.String})
+    monkeypatch.setattr(queries, "runs", lambda: frame)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert queries.comparable_runs("a")["run_id"].to_list() == []
+        assert queries.comparable_runs("c")["run_id"].to_list() == ["d", "e"]
+        assert queries.comparable_runs("e")["run_id"].to_list() == []
