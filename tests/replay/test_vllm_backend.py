@@ -185,3 +185,21 @@ def test_settings_the_vllm_backend_refuses(tmp_path, capsys, argv, needle):
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and lines[0].startswith(f"kvtrace: error: {needle}"), err
     assert not db.exists()
+
+
+def test_vllms_manager_caches_its_environment_as_its_engine_core_does(vllm_api):
+    """Both ways vLLM's manager is built here (conformance's reference, the engine
+    backend) switch on vLLM's environment cache, as vLLM's EngineCore does once its
+    scheduler is built: otherwise vLLM's KV-event code reads os.environ per event."""
+    import vllm.envs
+
+    from kvtrace.engine import get_preset
+    from kvtrace.engine.backends.vllm import VllmKVCacheManager
+    from kvtrace.engine.backends.vllm.engine_manager import VllmEngineManager
+
+    config = get_preset("dense-attention").cache_config
+    for build in (VllmKVCacheManager, VllmEngineManager):
+        vllm.envs.disable_envs_cache()
+        assert not vllm.envs._is_envs_cache_enabled()
+        build(config, api=vllm_api)
+        assert vllm.envs._is_envs_cache_enabled(), build.__name__

@@ -128,11 +128,6 @@ class VllmEngineManager(VllmKVCacheManager):
         self._checkpoint_rule = api_checkpoint_rule(self.api) if self._mamba and \
             cache_config.num_prefill_checkpoint_blocks else None
         self._running = self.api.RequestStatus.RUNNING
-        # vLLM's EngineCore, once its scheduler and this manager are built, caches vLLM's
-        # environment variables for the process (enable_envs_cache); without it vLLM's own
-        # code reads os.environ on every KV event (maybe_convert_block_hash), which vLLM as
-        # served never does (a tenth of a dense-attention replay)
-        self.api.enable_envs_cache()
         # kvtrace's external tier and its lookup rule (a shadow manager's coordinator, never allocated from)
         self._shadow = None
         if connector:

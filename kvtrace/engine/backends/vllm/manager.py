@@ -71,6 +71,11 @@ class VllmKVCacheManager:
             )
         finally:
             module.get_kv_cache_coordinator = factory
+        # vLLM's EngineCore, once its scheduler and this manager are built, caches vLLM's
+        # environment variables for the process (enable_envs_cache); without it vLLM's own
+        # code reads os.environ on every KV event (maybe_convert_block_hash), which vLLM as
+        # served never does (a tenth of a dense-attention replay)
+        api.enable_envs_cache()
         self.coordinator = self.manager.coordinator
         self.block_pool = self.manager.block_pool
         self.num_groups = cache_config.num_groups
