@@ -42,10 +42,13 @@ def offsets_from_lengths(lengths: Sequence[int]) -> np.ndarray:
 
 
 def int_lists(lists: Sequence[Sequence[int]]) -> pa.ListArray:
-    """list<int64> from a sequence of int tuples."""
-    lengths = list(map(len, lists))
-    flat = pa.array(list(chain.from_iterable(lists)), _I64)
-    return pa.ListArray.from_arrays(pa.array(offsets_from_lengths(lengths)), flat)
+    """list<int64> from a sequence of int tuples (through numpy: no interim Python list;
+    a value beyond int64 raises OverflowError, as pyarrow's conversion does)."""
+    n = len(lists)
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(np.fromiter(map(len, lists), np.int64, count=n), out=offsets[1:])
+    flat = np.fromiter(chain.from_iterable(lists), np.int64, count=int(offsets[-1]))
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat))
 
 
 _MASK64 = (1 << 64) - 1

@@ -1,10 +1,14 @@
-"""Hash columns: bytes and int hashes render as documented, vectorised or not."""
+"""Hash columns: bytes and int hashes render as documented, vectorised or not; int lists."""
 
 from __future__ import annotations
 
 import msgspec
+import pyarrow as pa
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from kvtrace.instrument.arrow_columns import hash_hex, hex_lists, hex_strings, optional_hex
+from kvtrace.instrument.arrow_columns import hash_hex, hex_lists, hex_strings, int_lists, optional_hex
 from kvtrace.instrument.vllm import decode_kv_batch
 
 
@@ -29,3 +33,16 @@ def test_wide_int_keys_keep_their_scope_and_sign():
 def test_bytes_hashes_of_mixed_width_and_lists():
     assert hex_strings([b"\x01\xff", b"\x00"]).to_pylist() == ["01ff", "00"]
     assert hex_lists([(b"\xab",), (), (1, 2)]).to_pylist() == [["ab"], [], ["0000000000000001", "0000000000000002"]]
+
+
+@given(st.lists(st.lists(st.integers(-(2**63), 2**63 - 1), max_size=6).map(tuple), max_size=40))
+def test_int_lists_hold_every_int64_tuple_as_pyarrow_would(lists):
+    got = int_lists(lists)
+    assert got.type == pa.list_(pa.int64())
+    assert got.equals(pa.array(lists, pa.list_(pa.int64())))
+
+
+@pytest.mark.parametrize("value", [2**63, -(2**63) - 1, 2**64])
+def test_an_int_list_value_beyond_int64_is_an_overflow(value):
+    with pytest.raises(OverflowError):
+        int_lists([(1, 2), (value,)])
