@@ -10,6 +10,7 @@ import typer
 from kvtrace.cli.app import app
 from kvtrace.cli.choices import GeneratedFormat, TraceFormat, Workload, value
 from kvtrace.cli.options import Seed
+from kvtrace.cli.output import status
 
 Out = Annotated[Path, typer.Option("--out", "-o", metavar="FILE", help="Output trace file.")]
 
@@ -28,7 +29,7 @@ def generate(
     from kvtrace.replay.generate import write_generated
 
     n = write_generated(value(workload), out, fmt=value(fmt), seed=seed, num_requests=num_requests)
-    typer.echo(f"wrote {n} requests to {out}")
+    status(f"wrote {n} requests to {out}")
 
 
 @app.command()
@@ -44,4 +45,4 @@ def convert(
     from kvtrace.workload.native import write_native
 
     n = write_native(open_trace(trace, format=value(fmt), limit=limit), out)
-    typer.echo(f"wrote {n} requests to {out}")
+    status(f"wrote {n} requests to {out}")  # stderr: `-o /dev/stdout` gets the trace alone

@@ -11,9 +11,11 @@ whose cache and a streaming reader cannot sort without loading everything.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import os
+import stat
 from collections.abc import Iterator
 from typing import TypeVar
 
@@ -158,32 +160,77 @@ def source_sha256(path: str, files: list[str] | None) -> str:
 
 class AtomicText:
     """Write-then-rename: the target appears only when writing succeeded, so a failed
-    conversion never leaves half a trace behind."""
+    conversion never leaves half a trace behind.
+
+    A symlink is followed (the file it names is replaced, the link kept). A target that
+    exists and is not a regular file (``/dev/stdout``, ``/dev/null``, a FIFO) is written
+    in place, as a shell redirection would, never replaced by a file. Every write error
+    (a full disk, a closed pipe) is a one-line ``KVTraceError`` naming the target.
+    """
 
     def __init__(self, path: str | os.PathLike):
-        self.path = os.fspath(path)
-        self.tmp = f"{self.path}.tmp-{os.getpid()}"
+        self.name = os.fspath(path)  # as the user gave it: what messages name
+        self.path = self.name  # what is opened, then what the temporary file replaces
+        self.tmp: str | None = None  # None: written in place
 
-    def __enter__(self):
-        if os.path.isdir(self.path):
-            raise KVTraceError(f"{self.path}: is a directory; expected a file path to write")
-        parent = os.path.dirname(os.path.abspath(self.path))
-        if not os.path.isdir(parent):
-            raise KVTraceError(f"{self.path}: directory {parent} does not exist")
-        try:
-            self.f = open(self.tmp, "wb")
+    def __enter__(self) -> _Sink:
+        try:  # through links, also /dev/stdout's /proc/self/fd/1
+            in_place = not stat.S_ISREG(os.stat(self.name).st_mode)
+        except FileNotFoundError:
+            in_place = False
         except OSError as e:
-            raise KVTraceError(f"{self.path}: cannot write: {e.strerror}") from None
+            raise KVTraceError(f"{self.name}: cannot write: {e.strerror}") from None
+        if os.path.isdir(self.name):
+            raise KVTraceError(f"{self.name}: is a directory; expected a file path to write")
+        if not in_place:
+            self.path = os.path.realpath(self.name)
+            parent = os.path.dirname(self.path)
+            if not os.path.isdir(parent):
+                raise KVTraceError(f"{self.name}: directory {parent} does not exist")
+            self.tmp = f"{self.path}.tmp-{os.getpid()}"
+        try:
+            self.f = _Sink(open(self.tmp or self.path, "wb"), self.name)
+        except OSError as e:
+            raise KVTraceError(f"{self.name}: cannot write: {e.strerror}") from None
         return self.f
 
     def __exit__(self, exc_type, exc, tb):
-        self.f.close()
-        if exc_type is None:
-            try:
-                os.replace(self.tmp, self.path)
-            except OSError as e:
-                os.unlink(self.tmp)
-                raise KVTraceError(f"{self.path}: cannot write: {e.strerror}") from None
-        else:
-            os.unlink(self.tmp)
+        try:
+            if exc_type is not None:  # the body's error is the one to report
+                with contextlib.suppress(KVTraceError):
+                    self.f.close()
+                return False
+            self.f.close()
+            if self.tmp is not None:
+                try:
+                    os.replace(self.tmp, self.path)
+                except OSError as e:
+                    raise KVTraceError(f"{self.name}: cannot write: {e.strerror}") from None
+                self.tmp = None
+        finally:
+            if self.tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(self.tmp)
         return False
+
+
+class _Sink:
+    """The open output of an ``AtomicText``: an OSError of a write or of the close (where
+    a buffered write meets a full disk) becomes one line naming the file."""
+
+    __slots__ = ("_f", "name")
+
+    def __init__(self, f, name: str):
+        self._f, self.name = f, name
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self._f.write(data)
+        except OSError as e:
+            raise KVTraceError(f"{self.name}: cannot write: {e.strerror}") from None
+
+    def close(self) -> None:
+        try:
+            self._f.close()
+        except OSError as e:
+            raise KVTraceError(f"{self.name}: cannot write: {e.strerror}") from None

@@ -9,7 +9,10 @@ was printed.
 from __future__ import annotations
 
 import json
+import os
+import stat
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -151,6 +154,45 @@ def test_convert_into_a_missing_folder_or_onto_a_directory_leaves_nothing(tmp_pa
     assert list((tmp_path / "adir").iterdir()) == []
 
 
+def test_convert_writes_into_a_device_or_fifo_and_through_a_link_never_over_them(tmp_path, capsys):
+    """``-o`` onto something that is not a regular file is written as a shell redirection
+    would, never replaced by a file (as root, ``-o /dev/full`` once replaced the device);
+    a symlink's file is replaced and the link kept; a full device is a one-line error.
+    The devices are reached through links in tmp_path, so a regression replaces a link,
+    never a device of the machine running the test."""
+    trace = write_lines(tmp_path / "t.jsonl", [MOONCAKE_LINE])
+    for device in ("/dev/null", "/dev/full"):
+        link = tmp_path / os.path.basename(device)
+        link.symlink_to(device)
+        code, _, err = run(["convert", trace, "-o", str(link)], capsys)
+        if device == "/dev/null":
+            assert code == 0 and "wrote 1 requests" in err, err
+        else:
+            assert_one_line(code, err, str(link), "No space left")
+        assert link.is_symlink() and os.readlink(link) == device
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    code, _, err = run(["convert", trace, "-o", str(fifo)], capsys)
+    reader.join(10)
+    assert code == 0, err
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode) and got and got[0].count(b"\n") == 2  # header + 1 request
+    (tmp_path / "link").symlink_to("real.jsonl")
+    code, _, err = run(["convert", trace, "-o", str(tmp_path / "link")], capsys)
+    assert code == 0, err
+    assert os.readlink(tmp_path / "link") == "real.jsonl" and got[0] == (tmp_path / "real.jsonl").read_bytes()
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+
+
+@pytest.mark.parametrize("db", ["", ":memory:"])
+def test_an_in_memory_store_is_refused_before_anything_runs(tmp_path, capsys, db):
+    trace = write_lines(tmp_path / "t.jsonl", [MOONCAKE_LINE])
+    code, _, err = run(["replay", trace, "--mode", "cache-only", "--db", db], capsys)
+    assert_one_line(code, err, "expected a database file path")
+
+
 NATIVE_HEADER = '{"kvtrace_trace": 1, "block_size": 16}'
 
 
@@ -270,4 +312,4 @@ def test_a_limit_beyond_the_file_is_no_limit(tmp_path, capsys):
     trace = write_lines(tmp_path / "t.jsonl", [MOONCAKE_LINE, dict(MOONCAKE_LINE, timestamp=1)])
     code, out, err = run(["convert", trace, "-o", str(tmp_path / "o.jsonl"), "--limit", str(2**63)], capsys)
     assert code == 0, err
-    assert "wrote 2 requests" in out
+    assert "wrote 2 requests" in err and out == ""
