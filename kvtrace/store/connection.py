@@ -100,6 +100,10 @@ def _quiet(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def _open(path: str, read_only: bool, timeout_s: float) -> duckdb.DuckDBPyConnection:
+    if not path or path.startswith(":memory:"):
+        # DuckDB opens these as a new in-memory database on each connect: every run lost
+        raise StoreError(path or "''",
+                         "expected a database file path (an in-memory DuckDB keeps nothing between connections)")
     if read_only and not os.path.exists(path):
         raise StoreError(path, "no such database file (run `kvtrace replay --db` or `kvtrace demo` first)")
     if read_only:
