@@ -77,8 +77,12 @@ def otlp_protocol() -> str:
 
 def traces_url(endpoint: str) -> str:
     """A collector base URL gets the OTLP/HTTP traces path; a full URL is kept."""
-    parsed = urlparse(endpoint)
-    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+    try:
+        parsed = urlparse(endpoint)
+        parsed.port  # noqa: B018  # a port out of range or not a number raises here
+    except ValueError:  # e.g. an unclosed IPv6 bracket
+        parsed = None
+    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.hostname:
         raise ConfigError("--otlp-endpoint", endpoint, "expected an http(s)://HOST:PORT[/v1/traces] URL")
     if parsed.path in ("", "/"):
         return endpoint.rstrip("/") + "/v1/traces"

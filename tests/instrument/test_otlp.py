@@ -90,6 +90,11 @@ def test_traces_url():
     from kvtrace.errors import ConfigError
     with pytest.raises(ConfigError, match="--otlp-endpoint"):
         traces_url("collector:4318")
+    assert traces_url("http://[::1]:4318") == "http://[::1]:4318/v1/traces"
+    # urllib raises ValueError on these (an unclosed bracket, a port out of range or not a number)
+    for bad in ("http://[::1", "http://h:99999", "http://h:abc", "http://:4318"):
+        with pytest.raises(ConfigError, match="--otlp-endpoint"):
+            traces_url(bad)
 
 
 def test_collector_spans_without_run_id_go_to_one_collector_run(tmp_path, collector):
