@@ -253,6 +253,15 @@ def test_a_store_whose_schema_version_is_not_an_integer(tmp_path, capsys, two_ru
         assert_one_line(code, err, "s.duckdb", "schema_version", "'two'")
 
 
+@pytest.mark.parametrize("gate, needle", [("x<1", "expected METRIC:THRESHOLD"), ("nope:1", "unknown metric")])
+@pytest.mark.parametrize("fmt", [[], ["--json"], ["--markdown"]])
+def test_a_bad_diff_gate_is_one_line_before_any_output(tmp_path, capsys, two_runs, gate, needle, fmt):
+    db = _store_with_runs(tmp_path, two_runs)
+    code, out, err = run(["diff", "r1", "r2", "--db", db, "--fail-if", gate, *fmt], capsys)
+    assert_one_line(code, err, needle)
+    assert out == ""
+
+
 @pytest.mark.parametrize("damage", ["truncated", "corrupt-tail", "corrupt-head"])
 def test_a_truncated_or_corrupt_store_is_one_line_for_replay_and_diff(tmp_path, capsys, two_runs, damage):
     """Whether DuckDB finds the damage when opening or only in a later query, the error
