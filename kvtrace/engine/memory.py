@@ -51,12 +51,27 @@ def default_device_type() -> str:
     if chosen:
         if chosen not in ("cpu", "cuda") and not chosen.startswith("cuda:"):
             raise ConfigError(DEVICE_ENV, chosen, "expected cpu, cuda or cuda:N")
+        if chosen != "cpu":
+            _check_cuda(chosen)
         return chosen
     if "torch" not in sys.modules and _torch_is_cpu_build():
         return "cpu"
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _check_cuda(chosen: str) -> None:
+    """A ConfigError unless this torch can use the CUDA device ``chosen`` names (rather
+    than torch's assertion at the first allocation)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError(DEVICE_ENV, chosen, "this torch sees no CUDA device (a CPU build or no GPU); use cpu")
+    index = chosen.partition(":")[2]
+    if index and (not index.isdigit() or int(index) >= torch.cuda.device_count()):
+        raise ConfigError(DEVICE_ENV, chosen, f"expected cuda:N with N below {torch.cuda.device_count()}, "
+                                              "the number of CUDA devices torch sees")
 
 
 def device_memory_bytes(device: Any) -> int:

@@ -193,6 +193,50 @@ def test_an_in_memory_store_is_refused_before_anything_runs(tmp_path, capsys, db
     assert_one_line(code, err, "expected a database file path")
 
 
+DEEP = "[" * 100_000 + "]" * 100_000  # deeper than the interpreter's stack: decoders raise RecursionError
+
+
+@pytest.mark.parametrize("name, lines, fmt", [
+    ("mooncake", [f'{{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1], "x": {DEEP}}}'],
+     "mooncake"),
+    ("native-header", [f'{{"kvtrace_trace": {DEEP}}}'], "native"),
+    ("native-line", ['{"kvtrace_trace": 1, "block_size": 16}',
+                     f'{{"arrival_ns": 0, "input_length": 3, "output_length": 1, "token_ids": {DEEP}}}'], "native"),
+    ("bailian", [f'{{"chat_id": 1, "x": {DEEP}}}'], "bailian"),
+    ("detected", [f'{{"x": {DEEP}}}'], None),
+])
+def test_json_nested_past_the_stack_is_one_line(tmp_path, capsys, name, lines, fmt):
+    trace = write_lines(tmp_path / "t.jsonl", lines)
+    code, _, err = run(["replay", trace, "--mode", "cache-only", *(["--format", fmt] if fmt else [])], capsys)
+    assert_one_line(code, err, "t.jsonl")
+
+
+def test_a_weka_file_nested_past_the_stack_is_one_line(tmp_path, capsys):
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "c.json").write_text(f'{{"block_size": 16, "x": {DEEP}}}')
+    code, _, err = run(["replay", str(tmp_path / "w"), "--mode", "cache-only"], capsys)
+    assert_one_line(code, err, "c.json", "nested too deeply")
+
+
+def test_toml_nested_past_the_stack_is_one_line(tmp_path, capsys):
+    trace = write_lines(tmp_path / "t.jsonl", [MOONCAKE_LINE])
+    (tmp_path / "c.toml").write_text("a = " + "[" * 5000 + "]" * 5000 + "\n")
+    code, _, err = run(["replay", trace, "--config", str(tmp_path / "c.toml")], capsys)
+    assert_one_line(code, err, "c.toml", "nested too deeply")
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", "cuda:x"])
+def test_a_cuda_device_this_torch_cannot_use_is_one_line(tmp_path, capsys, monkeypatch, device):
+    import torch
+
+    if torch.cuda.is_available():  # the error is for a machine without one; elsewhere check the index rule
+        device = f"cuda:{torch.cuda.device_count()}"
+    monkeypatch.setenv("KVTRACE_DEVICE", device)
+    trace = write_lines(tmp_path / "t.jsonl", [MOONCAKE_LINE])
+    code, _, err = run(["replay", trace, "--capacity-blocks", "40"], capsys)
+    assert_one_line(code, err, "KVTRACE_DEVICE", device)
+
+
 NATIVE_HEADER = '{"kvtrace_trace": 1, "block_size": 16}'
 
 
