@@ -131,6 +131,8 @@ def load_config_file(path: str | Path) -> FileConfig:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(p, "-", f"invalid TOML: {e}") from None
+    except RecursionError:  # arrays or tables nested deeper than the parser's stack
+        raise ConfigError(p, "-", "invalid TOML: nested too deeply") from None
     for key in raw:
         if key not in _TOP_KEYS:
             raise ConfigError(p, _named(key), f"unknown key; expected one of {sorted(_TOP_KEYS)}")

@@ -54,9 +54,16 @@ def numbered_lines(path: str) -> Iterator[tuple[int, str]]:
                 yield lineno, text
 
 
+# What a JSON line's decoder can raise: malformed text, a wrong type, or nesting deeper
+# than the interpreter's stack (msgspec then raises RecursionError)
+JSON_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
+
+
 def decode_error(path: str, line: int | None, err: Exception) -> TraceFormatError:
     if isinstance(err, msgspec.ValidationError):
         return TraceFormatError(path, line, str(err))
+    if isinstance(err, RecursionError):
+        return TraceFormatError(path, line, "invalid JSON: nested too deeply")
     return TraceFormatError(path, line, f"invalid JSON: {err}")
 
 
@@ -66,7 +73,7 @@ def typed_lines(path: str, schema: type[T]) -> Iterator[tuple[int, T]]:
     for lineno, text in numbered_lines(path):
         try:
             yield lineno, decoder.decode(text)
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        except JSON_ERRORS as e:
             raise decode_error(path, lineno, e) from None
 
 

@@ -48,6 +48,7 @@ import numpy as np
 
 from kvtrace.errors import TraceFormatError
 from kvtrace.workload.lines import (
+    JSON_ERRORS,
     MAX_ID,
     ArrivalOrder,
     AtomicText,
@@ -80,7 +81,7 @@ class NativeLine(msgspec.Struct, forbid_unknown_fields=True):
 def parse_header(path: str, lineno: int, text: str) -> dict:
     try:
         header = msgspec.json.decode(text)
-    except msgspec.DecodeError as e:
+    except JSON_ERRORS as e:
         raise decode_error(path, lineno, e) from None
     if not isinstance(header, dict) or HEADER_KEY not in header:
         raise TraceFormatError(path, lineno, f'expected a header line {{"{HEADER_KEY}": {FORMAT_VERSION}, ...}}')
@@ -113,7 +114,7 @@ def read_native(path: str) -> Iterator[TraceRequest]:
     for index, (lineno, text) in enumerate(lines):
         try:
             row = decoder.decode(text)
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        except JSON_ERRORS as e:
             raise decode_error(path, lineno, e) from None
         n = check_int(path, lineno, "input_length", row.input_length, 1)
         out = check_int(path, lineno, "output_length", row.output_length, 0)

@@ -51,7 +51,7 @@ def detect_format(path: str) -> str:
     if stripped.startswith("{"):
         try:
             obj = msgspec.json.decode(stripped)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):
             obj = None
         if isinstance(obj, dict):
             if HEADER_KEY in obj:

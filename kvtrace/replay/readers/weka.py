@@ -126,6 +126,8 @@ def _load(path: str) -> tuple[str, WekaFile]:
         m = re.search(r"\$\.requests\[(\d+)\]", str(e))
         line = request_line(text, int(m.group(1))) if m else 1
         raise TraceFormatError(path, line, str(e)) from None
+    except RecursionError:
+        raise TraceFormatError(path, None, "invalid JSON: nested too deeply") from None
     except msgspec.DecodeError as e:
         # msgspec names the byte at fault (json.loads would accept NaN and name no line);
         # a file cut short ends on its last line
