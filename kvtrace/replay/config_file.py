@@ -43,6 +43,7 @@ from typing import Any
 from kvtrace.cache.config import FullAttentionSpec, MambaSpec, SlidingWindowSpec
 from kvtrace.engine.clock import COEFFICIENTS, COST_MODELS, CostModel
 from kvtrace.errors import ConfigError
+from kvtrace.workload.lines import without_bom
 
 _CACHE_KEYS = {
     "num_gpu_blocks": (int, list),
@@ -122,6 +123,7 @@ def load_config_file(path: str | Path) -> FileConfig:
         raise ConfigError(p, "-", f"cannot read: {e.strerror}") from None
     if len(data) > MAX_CONFIG_BYTES:
         raise ConfigError(p, "-", f"larger than {MAX_CONFIG_BYTES:,} bytes; expected a small TOML file")
+    data = without_bom(data)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -31,6 +31,15 @@ MS, S = 1_000_000, 1_000_000_000  # ns per unit of a trace's timestamps
 T = TypeVar("T")
 
 
+_BOM = b"\xef\xbb\xbf"
+
+
+def without_bom(raw: bytes) -> bytes:
+    """A file's first bytes without the UTF-8 byte-order mark that Windows tools write
+    (JSON allows a reader to ignore it; it is no part of any field)."""
+    return raw[len(_BOM):] if raw.startswith(_BOM) else raw
+
+
 def numbered_lines(path: str) -> Iterator[tuple[int, str]]:
     """(1-based line number, text) for each non-blank line, streamed.
 
@@ -45,6 +54,8 @@ def numbered_lines(path: str) -> Iterator[tuple[int, str]]:
         raise TraceFormatError(path, None, f"cannot open: {e.strerror}") from None
     with f:
         for lineno, raw in enumerate(f, start=1):
+            if lineno == 1:
+                raw = without_bom(raw)
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as e:

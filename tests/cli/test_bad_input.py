@@ -237,6 +237,45 @@ def test_a_cuda_device_this_torch_cannot_use_is_one_line(tmp_path, capsys, monke
     assert_one_line(code, err, "KVTRACE_DEVICE", device)
 
 
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+@pytest.mark.parametrize("source", ["mooncake_synthetic_trace.jsonl", "AzureLLMInferenceTrace_conv.csv",
+                                    "weka_sample"])
+def test_a_utf8_byte_order_mark_is_no_part_of_the_trace(tmp_path, capsys, source):
+    """Windows tools start files with a UTF-8 BOM: the same replay with it as without."""
+    src = DATA / source
+    files = sorted(src.iterdir())[:2] if src.is_dir() else [src]
+    plain, marked = tmp_path / "plain", tmp_path / "marked"
+    for folder in (plain, marked):
+        folder.mkdir()
+        for f in files:
+            lines = f.read_bytes().splitlines(keepends=True)
+            body = b"".join(lines if src.is_dir() else lines[:40])
+            (folder / f.name).write_bytes((b"\xef\xbb\xbf" if folder is marked else b"") + body)
+    digests = []
+    for folder in (plain, marked):
+        target = folder if src.is_dir() else folder / src.name
+        code, out, err = run(["replay", str(target), "--mode", "cache-only", "--json"], capsys)
+        assert code == 0, err
+        digests.append(json.loads(out)["digest"])
+    assert digests[0] == digests[1]
+
+
+def test_a_toml_config_with_a_byte_order_mark_reads_as_without(tmp_path, capsys):
+    trace = write_lines(tmp_path / "t.jsonl", [MOONCAKE_LINE])
+    outs = []
+    for bom in (b"", b"\xef\xbb\xbf"):
+        (tmp_path / "c.toml").write_bytes(bom + b"[cache]\nnum_gpu_blocks = 77\n")
+        code, out, err = run(["replay", trace, "--config", str(tmp_path / "c.toml"), "--json"], capsys)
+        assert code == 0, err
+        outs.append(json.loads(out)["digest"])
+        (tmp_path / "c.toml").write_bytes(bom + b"[cache]\nnum_gpu_blocks = -5\n")  # read past the mark
+        code, _, err = run(["replay", trace, "--config", str(tmp_path / "c.toml")], capsys)
+        assert_one_line(code, err, "c.toml", "num_gpu_blocks")
+    assert outs[0] == outs[1]
+
+
 NATIVE_HEADER = '{"kvtrace_trace": 1, "block_size": 16}'
 
 

@@ -18,7 +18,7 @@ from datetime import date
 from kvtrace.errors import TraceFormatError
 from kvtrace.numeric import cdiv
 from kvtrace.workload import TraceRequest
-from kvtrace.workload.lines import ArrivalOrder, check_int
+from kvtrace.workload.lines import ArrivalOrder, check_int, without_bom
 
 DEFAULT_BLOCK_SIZE = 16
 REQUIRED_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -57,7 +57,7 @@ def _decoded_lines(path: str, f) -> Iterator[str]:
     """The file's lines decoded one by one, so a non-UTF-8 byte is reported on its own line."""
     for lineno, raw in enumerate(f, start=1):
         try:
-            yield raw.decode("utf-8")
+            yield (without_bom(raw) if lineno == 1 else raw).decode("utf-8")
         except UnicodeDecodeError:
             raise TraceFormatError(path, lineno, "not UTF-8 text") from None
 

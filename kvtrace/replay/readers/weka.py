@@ -30,7 +30,7 @@ import msgspec
 from kvtrace.errors import TraceFormatError
 from kvtrace.numeric import cdiv
 from kvtrace.workload import TraceRequest
-from kvtrace.workload.lines import MAX_ID, ArrivalOrder, S, check_int
+from kvtrace.workload.lines import MAX_ID, ArrivalOrder, S, check_int, without_bom
 
 TAIL_ID_BASE = 1 << 62
 
@@ -113,7 +113,7 @@ def request_line(text: str, index: int) -> int | None:
 def _load(path: str) -> tuple[str, WekaFile]:
     try:
         with open(path, "rb") as f:
-            raw = f.read()
+            raw = without_bom(f.read())
     except OSError as e:
         raise TraceFormatError(path, None, f"cannot open: {e.strerror}") from None
     try:
