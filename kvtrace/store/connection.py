@@ -68,6 +68,8 @@ def _classify(path: str, err: Exception) -> StoreError:
     text = str(err).splitlines()[0] if str(err) else type(err).__name__
     if "not a valid DuckDB database" in text or ("database file" in text.lower() and "valid" in text):
         return StoreError(path, "not a DuckDB database (expected a kvtrace store file)")
+    if "in-memory database" in text:  # read-only open of a file DuckDB reads as data (see _check_is_a_file)
+        return StoreError(path, _READ_AS_DATA)
     if "Could not read enough bytes" in text or "orrupt" in text:
         return StoreError(path, f"corrupt or truncated DuckDB file ({text})")
     if "version" in text.lower() and "storage" in text.lower():
@@ -99,6 +101,18 @@ def _quiet(con: duckdb.DuckDBPyConnection) -> None:
         con.execute("SET enable_progress_bar = false")
 
 
+_READ_AS_DATA = "not a DuckDB database (DuckDB reads this file as data, e.g. a trace); expected a kvtrace store file"
+
+
+def _check_is_a_file(con: duckdb.DuckDBPyConnection, path: str) -> None:
+    """DuckDB opens an existing file it reads as data (a ``.jsonl`` trace, a ``.csv``) as
+    a new in-memory database, without error: nothing written there would be kept."""
+    rows = con.execute("SELECT path FROM duckdb_databases() WHERE NOT internal").fetchall()
+    if rows and rows[0][0] is None:
+        con.close()
+        raise StoreError(path, _READ_AS_DATA)
+
+
 def _open(path: str, read_only: bool, timeout_s: float) -> duckdb.DuckDBPyConnection:
     if not path or path.startswith(":memory:"):
         # DuckDB opens these as a new in-memory database on each connect: every run lost
@@ -115,6 +129,7 @@ def _open(path: str, read_only: bool, timeout_s: float) -> duckdb.DuckDBPyConnec
         while True:
             try:
                 con = duckdb.connect(path, read_only=read_only)
+                _check_is_a_file(con, path)
                 _quiet(con)
                 return con
             except duckdb.Error as err:

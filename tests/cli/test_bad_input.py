@@ -186,6 +186,21 @@ def test_convert_writes_into_a_device_or_fifo_and_through_a_link_never_over_them
     assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
 
 
+@pytest.mark.parametrize("name", ["trace.jsonl", "table.csv"])
+def test_a_data_file_given_as_the_store_is_refused_and_left_alone(tmp_path, capsys, name):
+    """DuckDB opens an existing .jsonl or .csv as a new in-memory database, without error:
+    a replay then stored nothing and failed with a traceback, and a reader named no file."""
+    trace = write_lines(tmp_path / "t.jsonl", [MOONCAKE_LINE])
+    data = tmp_path / name
+    data.write_bytes(Path(trace).read_bytes())
+    before = data.read_bytes()
+    for argv in (["replay", trace, "--mode", "cache-only", "--db", str(data)], ["runs", "--db", str(data)],
+                 ["diff", "r1", "r2", "--db", str(data)]):
+        code, _, err = run(argv, capsys)
+        assert_one_line(code, err, name, "not a DuckDB database")
+    assert data.read_bytes() == before
+
+
 @pytest.mark.parametrize("db", ["", ":memory:"])
 def test_an_in_memory_store_is_refused_before_anything_runs(tmp_path, capsys, db):
     trace = write_lines(tmp_path / "t.jsonl", [MOONCAKE_LINE])
