@@ -203,6 +203,21 @@ def test_dp_endpoint_follows_vllm_offset_convention():
         dp_endpoint("tcp://host", 1)
     with pytest.raises(ConfigError, match="65535"):
         dp_endpoint("tcp://h:65535", 1)
+    # a port ZMQ cannot connect to, no host, an unclosed IPv6 bracket: refused before any socket
+    for bad, why in (("tcp://h:99999", "outside 1..65535"), ("tcp://h:0", "outside 1..65535"),
+                     ("tcp://:5557", "expected tcp://HOST:PORT"), ("tcp://[::1:5557", "expected tcp://HOST:PORT")):
+        with pytest.raises(ConfigError, match=why):
+            dp_endpoint(bad, 0)
+
+
+def test_a_capture_duration_past_any_deadline_is_refused(tmp_path):
+    """--duration 1e308 made the poll timeout int(inf) (an OverflowError traceback)."""
+    from kvtrace.errors import ConfigError
+    from kvtrace.instrument.vllm.capture import capture_vllm
+
+    with pytest.raises(ConfigError, match=r"^--duration: 1e\+308: expected at most"):
+        capture_vllm("tcp://127.0.0.1:5557", store_path=str(tmp_path / "c.duckdb"), duration=1e308)
+    assert not (tmp_path / "c.duckdb").exists()
 
 
 def test_capture_follows_every_dp_rank_with_its_own_sequence(tmp_path):

@@ -42,6 +42,7 @@ from kvtrace.store.writer import Store
 
 _log = logging.getLogger(__name__)
 _RECENT = 4096  # payload fingerprints kept per capture, to tell a re-sent seq from a restart
+MAX_DURATION_S = 366 * 86_400  # --duration: a year at most (a bound that keeps the deadline arithmetic finite)
 
 
 @dataclass(slots=True)
@@ -261,7 +262,7 @@ def run_captures(caps: list[VllmKVCapture], duration: float | None = None,
         while True:
             if should_stop is not None and should_stop():
                 break
-            timeout = 100 if deadline is None else max(0, min(100, int((deadline - time.monotonic()) * 1000)))
+            timeout = 100 if deadline is None else max(0, int(min(100.0, (deadline - time.monotonic()) * 1000)))
             for sock, _ in poller.poll(timeout):
                 if sock in by_monitor:
                     by_monitor[sock].on_monitor()
@@ -297,7 +298,7 @@ def capture_vllm(endpoint: str, replay_endpoint: str | None = None, *, store_pat
     """
     check_option("--dp-size", dp_size, 1, 1024)
     if duration is not None:
-        check_option("--duration", duration, 0)
+        check_option("--duration", duration, 0, MAX_DURATION_S)
     endpoints: list[tuple[str, str | None]] = []
     for r in range(dp_size):
         pub = dp_endpoint(endpoint, r)

@@ -52,8 +52,12 @@ def dp_endpoint(endpoint: str | None, rank: int, option: str = "--endpoint") -> 
     if endpoint.startswith(("ipc://", "inproc://")):
         return f"{endpoint}_dp{rank}" if rank else endpoint
     base, sep, port = endpoint.rpartition(":")
-    if not endpoint.startswith("tcp://") or not sep or not port.isdigit() or base == "tcp:/":
+    host = base[len("tcp://"):]
+    if (not endpoint.startswith("tcp://") or not sep or not port.isdigit() or not host
+            or host.startswith("[") != host.endswith("]")):
         raise ConfigError(option, endpoint, "expected tcp://HOST:PORT, ipc://PATH or inproc://NAME")
+    if not 1 <= int(port) <= 65_535:
+        raise ConfigError(option, endpoint, f"port {port} is outside 1..65535")
     if rank == 0:
         return endpoint
     if int(port) + rank > 65_535:
