@@ -19,7 +19,7 @@ from kvtrace.replay.readers.mooncake import read_mooncake
 from kvtrace.replay.readers.source import TraceSource
 from kvtrace.replay.readers.weka import read_weka, weka_files
 from kvtrace.workload import TraceRequest
-from kvtrace.workload.lines import numbered_lines
+from kvtrace.workload.lines import JSON_ERRORS, numbered_lines
 from kvtrace.workload.native import HEADER_KEY, read_header, read_native
 
 READERS = {
@@ -51,7 +51,7 @@ def detect_format(path: str) -> str:
     if stripped.startswith("{"):
         try:
             obj = msgspec.json.decode(stripped)
-        except (msgspec.DecodeError, RecursionError):
+        except JSON_ERRORS:
             obj = None
         if isinstance(obj, dict):
             if HEADER_KEY in obj:
