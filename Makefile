@@ -8,7 +8,9 @@ DB      ?= kvtrace-demo.duckdb
 
 .PHONY: install vllm demo dashboard lint test bench browser clean gpu-wheels gpu-check
 
-$(STAMP): pyproject.toml
+# The install also compiles the cache's hot modules (setup.py, kvtrace/compiled.py): an edit
+# to the cache reinstalls, so what runs is compiled from the sources in the tree.
+$(STAMP): pyproject.toml setup.py kvtrace/compiled.py $(wildcard kvtrace/cache/*.py kvtrace/cache/managers/*.py)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# The CPU wheel on disk; a bare `torch` would pull a multi-GB CUDA build.
@@ -39,7 +41,7 @@ dashboard: $(STAMP)
 	$(BIN)/kvtrace dashboard --db $(DB)
 
 lint: $(STAMP)
-	$(BIN)/ruff check kvtrace tests bench notebooks
+	$(BIN)/ruff check kvtrace tests bench notebooks setup.py
 	$(BIN)/mypy
 
 # Chromium comes from Debian's packages (about 480 MB; needs root); playwright drives it with
@@ -62,4 +64,5 @@ gpu-check:
 	bash bench/gpu_check.sh
 
 clean:
-	rm -rf $(VENV) .pytest_cache kvtrace-demo.duckdb test-artifacts
+	rm -rf $(VENV) .pytest_cache kvtrace-demo.duckdb test-artifacts build
+	find kvtrace -name '*.so' -delete

@@ -1,5 +1,8 @@
 """kvtrace: flight recorder and wind tunnel for hybrid LLM prefix caches."""
 
+from kvtrace import compiled as _compiled
+
+_compiled.install()  # before anything imports the cache: its compiled modules or their sources
 
 
 def __getattr__(name: str) -> str:

@@ -1,5 +1,10 @@
 """Fixtures shared across packages.
 
+``source_modules`` (a marker): a test that patches or copies the cache's classes needs the
+cache's Python sources, as a compiled (mypyc) class can be neither patched nor copied.
+Under a compiled install such tests run together in one subprocess with
+``KVTRACE_PURE_PYTHON=1``, and each passes or fails with its own result there.
+
 ``replayed_store``: a small REAL replay (generated workload, kimi-hybrid engine, spans
 through the instrumentor into a DuckDB file) holding two runs of the same trace: all
 behaviours on (run_on) and shared-prefix-pinning off (run_off). Session-scoped: it is
@@ -8,10 +13,17 @@ built once and read by the dashboard, diff and notebook tests.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from kvtrace import compiled
 
 # Public traces shipped in the repository (provenance and licences: tests/data/README.md).
 TRACES = Path(__file__).resolve().parent / "data"
@@ -20,6 +32,48 @@ MOONCAKE = TRACES / "mooncake_synthetic_trace.jsonl"
 REPLAYED_TRACE = "gen:study-shared-prefix-pinning"
 REPLAYED_LIMIT = 60  # requests over three system prompts; pinning off loses their reuse
 REPLAYED_OFF = "shared-prefix-pinning"
+
+
+def _source_module_results(session, tmp: Path) -> dict[str, str | None]:
+    """Run every ``source_modules`` test of the session in one subprocess on the sources;
+    nodeid -> None (passed) or its failure text."""
+    items = [i for i in session.items if i.get_closest_marker("source_modules")]
+    report = tmp / "source-modules.xml"
+    env = {**os.environ, compiled.ENV: "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}",
+         *[i.nodeid for i in items]],
+        cwd=session.config.rootpath, env=env, capture_output=True, text=True, timeout=1200, check=False)
+    results: dict[str, str | None] = {}
+    if report.exists():
+        for case in ET.parse(report).iter("testcase"):
+            bad = case.find("failure")
+            if bad is None:
+                bad = case.find("error")
+            name = f"{case.get('classname', '')}::{case.get('name', '')}"
+            results[name] = None if bad is None and case.find("skipped") is None else (
+                (bad.text or bad.get("message", "")) if bad is not None else "skipped")
+    missing = f"no result on the sources (exit {proc.returncode}):\n" + (proc.stdout + proc.stderr)[-4000:]
+    by_node = {}
+    for i in items:
+        path, _, name = i.nodeid.partition("::")  # junit names a case "<dotted module>::<test[params]>"
+        by_node[i.nodeid] = results.get(f"{path.removesuffix('.py').replace('/', '.')}::{name}", missing)
+    return by_node
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    if pyfuncitem.get_closest_marker("source_modules") is None or not compiled.is_compiled():
+        return None  # the ordinary call
+    config = pyfuncitem.config
+    results = getattr(config, "_kvtrace_source_results", None)
+    if results is None:
+        with tempfile.TemporaryDirectory() as tmp:
+            results = config._kvtrace_source_results = _source_module_results(pyfuncitem.session, Path(tmp))
+    failure = results[pyfuncitem.nodeid]
+    if failure is not None:
+        pytest.fail(f"on the cache's Python sources ({compiled.ENV}=1):\n{failure}", pytrace=False)
+    return True
 
 
 @dataclass(frozen=True)

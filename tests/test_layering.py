@@ -14,8 +14,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "kvtrace"
 
-# kvtrace/errors.py, numeric.py, metrics.py, process.py, lazy.py: the ground floor, nothing above them
-GROUND = {"errors", "numeric", "metrics", "process", "lazy"}
+# kvtrace/errors.py, numeric.py, metrics.py, process.py, lazy.py, compiled.py: the ground floor,
+# nothing above them
+GROUND = {"errors", "numeric", "metrics", "process", "lazy", "compiled"}
 # package -> the kvtrace packages it may import (besides itself and the ground floor)
 MAY_IMPORT: dict[str, set[str]] = {
     "workload": set(),
@@ -50,6 +51,7 @@ NEVER: dict[str, set[str]] = {
     "errors": {"torch", "numpy"},
     "numeric": {"torch"},
     "metrics": {"torch", "polars", "duckdb"},
+    "compiled": {"torch", "numpy", "msgspec"},  # setup.py reads it before any dependency is installed
 }
 
 

@@ -234,7 +234,7 @@ class BlockPool:
         ]
 
     def get_new_blocks_and_cache(
-        self, n: int, group_id: int, request_id: str, block_hashes: list[BlockHash], first_index: int,
+        self, n: int, group_id: int, request_id: str, block_hashes: Sequence[BlockHash], first_index: int,
         num_full: int, block_size: int,
     ) -> list[KVCacheBlock]:
         """``get_new_blocks(n)`` for table slots first_index.. and key those below ``num_full``.
@@ -396,7 +396,7 @@ class BlockPool:
         group_id: int,
         request_id: str,
         blocks: list[KVCacheBlock],
-        block_hashes: list[BlockHash],
+        block_hashes: Sequence[BlockHash],
         start: int,
         end: int,
         block_size: int,

@@ -65,7 +65,7 @@ class KVCacheCoordinator:
 
     # -- lookup -------------------------------------------------------------------
     def find_longest_cache_hit(
-        self, fine: list[BlockHash], max_length: int
+        self, fine: Sequence[BlockHash], max_length: int
     ) -> tuple[BlocksPerGroup, int, int, tuple[int, ...]]:
         """The fixed point over the groups for a request hashed as ``fine``.
 
@@ -178,7 +178,7 @@ class KVCacheCoordinator:
             mm.new_step_starts()
 
     # -- external tier ------------------------------------------------------------
-    def external_hit_tokens(self, fine: list[BlockHash], num_local_hit_tokens: int, max_length: int) -> int:
+    def external_hit_tokens(self, fine: Sequence[BlockHash], num_local_hit_tokens: int, max_length: int) -> int:
         """Tokens beyond the local hit that the external tier holds for every group."""
         ext = self.external
         assert ext is not None
@@ -199,7 +199,7 @@ class KVCacheCoordinator:
             length -= unit
         return 0
 
-    def _external_has(self, g: int, fine: list[BlockHash], length: int, runs: dict[int, int]) -> bool:
+    def _external_has(self, g: int, fine: Sequence[BlockHash], length: int, runs: dict[int, int]) -> bool:
         m = self.managers[g]
         bs, hbs, ext = m.block_size, self.config.hash_block_size, self.external
         assert ext is not None

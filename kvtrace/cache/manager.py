@@ -68,6 +68,9 @@ __all__ = ["CacheStats", "KVCacheManager"]
 
 # the decode fast path's manager kinds (full attention keying a prompt tail: _FULL_TAIL)
 _FULL, _FULL_TAIL, _SLIDING, _MAMBA = range(4)
+# False: every allocate_slots takes the general path (tests compare both). A module global,
+# read when a manager is built: the class is compiled (kvtrace/compiled.py), so it cannot be patched.
+DECODE_FAST_PATH = True
 
 
 class KVCacheManager:
@@ -78,10 +81,10 @@ class KVCacheManager:
     block ids are per group (``pools[g]``).
     """
 
-    decode_fast_path = True  # False: every allocate_slots takes the general path (tests compare both)
-
     def __init__(self, config: CacheConfig):
         self.config = config
+        self.decode_fast_path = DECODE_FAST_PATH
+        self.num_fast_decode_slots = 0  # allocate_slots calls the fast path took (tests check it is used)
         self.enable_caching = config.enable_caching
         self.hash_block_size = config.hash_block_size
         self.sink = EventSink(enabled=False)
@@ -263,6 +266,7 @@ class KVCacheManager:
             and not num_external_computed_tokens and not num_lookahead_tokens
             and self._allocate_decode_slot(request)
         ):
+            self.num_fast_decode_slots += 1
             return self.empty_kv_cache_blocks
         if self._unitary and not num_external_computed_tokens:
             return self._allocate_slots_unitary(request, num_new_tokens, num_new_computed_tokens,

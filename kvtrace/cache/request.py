@@ -5,6 +5,7 @@ The engine may subclass it to add scheduling fields; the cache only uses the slo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -12,8 +13,6 @@ import numpy as np
 from kvtrace.workload.tokens import tokens_for_block_ids
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
-
     from kvtrace.cache.hashing import BlockHash, BlockHasher
 
 
@@ -137,7 +136,7 @@ class Request:
             h.update(self)
 
     @property
-    def block_hashes(self) -> list[BlockHash]:
+    def block_hashes(self) -> Sequence[BlockHash]:
         """Chained hashes of every full ``hash_block_size`` unit (grows with tokens)."""
         h = self._hasher
         if h is not None and len(self._block_hashes) < (

@@ -24,6 +24,7 @@ from kvtrace.cache import (
     MambaSpec,
     SlidingWindowSpec,
 )
+from kvtrace.cache import manager as manager_module
 from kvtrace.cache.config import BEHAVIOURS
 from kvtrace.engine import Engine, Worker
 from kvtrace.replay.digest import encode_event
@@ -67,7 +68,7 @@ def _cases():
 
 
 def _run(engine_preset, work, fast: bool, monkeypatch) -> tuple:
-    monkeypatch.setattr(KVCacheManager, "decode_fast_path", fast)
+    monkeypatch.setattr(manager_module, "DECODE_FAST_PATH", fast)  # (a compiled class cannot be patched)
     monkeypatch.setattr(Worker, "decode_fast_path", fast)
     lines: list[str] = []
 
@@ -82,28 +83,27 @@ def _run(engine_preset, work, fast: bool, monkeypatch) -> tuple:
 
 @pytest.mark.parametrize("name,engine_preset,work", list(_cases()), ids=lambda v: v if isinstance(v, str) else "")
 def test_fast_paths_give_the_same_events_and_outputs(name, engine_preset, work, monkeypatch):
-    taken = [0, 0]  # manager decode slots, worker decode batches
-    real_slot, real_write = KVCacheManager._allocate_decode_slot, Worker._decode_write
-
-    def counted_slot(self, request):
-        done = real_slot(self, request)
-        taken[0] += done
-        return done
+    taken = [0]  # worker decode batches
+    real_write = Worker._decode_write
 
     def counted_write(self, *args):
-        taken[1] += 1
+        taken[0] += 1
         return real_write(self, *args)
 
-    monkeypatch.setattr(KVCacheManager, "_allocate_decode_slot", counted_slot)
     monkeypatch.setattr(Worker, "_decode_write", counted_write)
+    managers: list[KVCacheManager] = []  # each run's, to read its fast-path count
+    real_manager = Engine._manager
+    monkeypatch.setattr(Engine, "_manager", lambda self: managers.append(real_manager(self)) or managers[-1])
     fast = _run(engine_preset, work, True, monkeypatch)
+    fast_slots = managers[0].num_fast_decode_slots
     if name == "external-continuation":  # 2-token blocks: every decode token fills or opens one
-        assert taken[0] == 0
+        assert fast_slots == 0
     else:
-        assert taken[0] > 0, "the workload never took the manager's decode fast path"
+        assert fast_slots > 0, "the workload never took the manager's decode fast path"
     if name != "attention-swa-mamba":  # a sliding window: the worker's general path only
-        assert taken[1] > 0, "the workload never took the worker's decode path"
+        assert taken[0] > 0, "the workload never took the worker's decode path"
     slow = _run(engine_preset, work, False, monkeypatch)
+    assert managers[1].num_fast_decode_slots == 0, "the general run took the fast path"
     assert fast[0] == slow[0]
     assert fast[1] == slow[1]
     assert len(fast[2]) == len(slow[2])

@@ -7,6 +7,10 @@ are copied, and when the fast path takes the call the copy runs the general path
 (tables, keyed counts, Mamba request states, queued writes and copies, pool blocks and
 keys, stats, pending events, the request's hashes) must then be equal. A call the fast
 path refuses must have changed nothing.
+
+It patches and copies the manager's class, so it runs on the Python sources of the cache
+(``source_modules``: under a compiled install, in a subprocess; tests/test_compiled.py
+holds the compiled modules to the sources).
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ def _dump(root) -> object:
     return go(root)
 
 
+@pytest.mark.source_modules
 @pytest.mark.parametrize("name,engine_preset,work", [c for c in _cases() if c[0] in SMALL],
                          ids=lambda v: v if isinstance(v, str) else "")
 def test_each_fast_decode_leaves_the_general_paths_state(name, engine_preset, work, monkeypatch):
@@ -69,7 +74,7 @@ def test_each_fast_decode_leaves_the_general_paths_state(name, engine_preset, wo
         mgr, req = before
         mgr.decode_fast_path = False
         res = mgr.allocate_slots(req, 1)
-        del mgr.decode_fast_path
+        mgr.decode_fast_path = True
         assert res is not None and not any(res.blocks)
         assert _dump((self, request)) == _dump((mgr, req)), f"step {self.step}, {request.request_id}"
         return done

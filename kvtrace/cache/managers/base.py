@@ -62,14 +62,14 @@ class SingleTypeManager:
         self.partial_hit_reqs: dict[str, tuple[int, KVCacheBlock]] = {}
 
     # -- hashes -------------------------------------------------------------------
-    def coarse(self, fine: list[BlockHash]) -> list[BlockHash]:
+    def coarse(self, fine: Sequence[BlockHash]) -> Sequence[BlockHash]:
         """This group's block hashes (one per ``block_size`` tokens) from the fine ones."""
         s = self.scale
         return fine if s == 1 else fine[s - 1::s]
 
     # -- lookup -------------------------------------------------------------------
     def find_longest_cache_hit(
-        self, fine: list[BlockHash], max_length: int, alignment: int
+        self, fine: Sequence[BlockHash], max_length: int, alignment: int
     ) -> tuple[list[KVCacheBlock], int]:
         """The longest hit of at most ``max_length`` tokens whose length is a multiple of
         ``alignment``. Returns (the table's blocks for it, null where the group keeps

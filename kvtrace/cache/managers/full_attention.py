@@ -11,6 +11,7 @@ most ``num_prompt_tokens - 1`` tokens, the last one being recomputed for its log
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from kvtrace.cache.blocks import KVCacheBlock
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 
 class FullAttentionManager(SingleTypeManager):
     def find_longest_cache_hit(
-        self, fine: list[BlockHash], max_length: int, alignment: int
+        self, fine: Sequence[BlockHash], max_length: int, alignment: int
     ) -> tuple[list[KVCacheBlock], int]:
         bs = self.block_size
         scale = self.scale

@@ -125,7 +125,7 @@ class MambaManager(SingleTypeManager):
 
     # -- lookup -------------------------------------------------------------------
     def find_longest_cache_hit(
-        self, fine: list[BlockHash], max_length: int, alignment: int
+        self, fine: Sequence[BlockHash], max_length: int, alignment: int
     ) -> tuple[list[KVCacheBlock], int]:
         bs = self.block_size
         cached = self.cached

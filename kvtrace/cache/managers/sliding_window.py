@@ -6,6 +6,7 @@ window are freed once computed (they keep their keys).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from kvtrace.cache.blocks import KVCacheBlock
@@ -28,7 +29,7 @@ class SlidingWindowManager(SingleTypeManager):
         self.need = cdiv(spec.sliding_window - 1, spec.block_size)  # contiguous blocks for a hit
 
     def find_longest_cache_hit(
-        self, fine: list[BlockHash], max_length: int, alignment: int
+        self, fine: Sequence[BlockHash], max_length: int, alignment: int
     ) -> tuple[list[KVCacheBlock], int]:
         bs = self.block_size
         align = max(alignment, bs)

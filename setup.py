@@ -1,0 +1,28 @@
+"""Build hook: compile the cache's hot modules with mypyc (kvtrace/compiled.py lists them).
+
+Everything else about the package is in pyproject.toml. Pure Python when
+KVTRACE_PURE_PYTHON=1, or when mypyc cannot run here (said below, and the install goes on);
+a C extension that fails to compile is optional, so it leaves the sources in charge
+(kvtrace.compiled falls back to all of them).
+"""
+
+import os
+import runpy
+import sys
+
+from setuptools import setup
+
+compiled = runpy.run_path(os.path.join("kvtrace", "compiled.py"))
+ext_modules = []
+if os.environ.get(compiled["ENV"], "") in ("", "0"):
+    try:
+        from mypyc.build import mypycify
+    except ImportError as e:  # (pyproject.toml's build requirements name mypy)
+        print(f"kvtrace: mypyc unavailable ({e}); installing pure Python", file=sys.stderr)
+    else:
+        paths = [os.path.join(*m.split(".")) + ".py" for m in compiled["COMPILED"]]
+        ext_modules = mypycify(paths, opt_level="3", group_name=compiled["GROUP"])
+        for ext in ext_modules:
+            ext.optional = True
+
+setup(ext_modules=ext_modules)
