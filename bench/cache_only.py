@@ -23,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from kvtrace import compiled
 from kvtrace.replay.cache_only import block_keys, replay_cache_only
 from kvtrace.replay.digest import Digest
 from kvtrace.replay.readers import open_trace
@@ -87,6 +88,7 @@ def main() -> None:
 
     print(f"trace            {args.trace} ({len(reqs)} requests, {result.prompt_tokens:,} prompt tokens)")
     print(f"capacity         {args.capacity} blocks x {result.block_size} tokens")
+    print(f"cache modules    {compiled.mode()}  (KVTRACE_PURE_PYTHON=1: the sources)")
     print(f"read trace       {t_read * 1e3:8.1f} ms   (warm; first read {read_times[0] * 1e3:.1f} ms)")
     print(f"bare LRU loop    {tb * 1e3:8.1f} ms   (median of {args.repeat})")
     print(f"kvtrace LRU      {tp * 1e3:8.1f} ms   (KVCacheManager + events + digest)")

@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from kvtrace import compiled
 from kvtrace.engine import Engine
 from kvtrace.replay.digest import Digest
 from kvtrace.workload import TraceRequest
@@ -72,7 +73,7 @@ def main() -> None:
     print(
         f"engine replay ({args.preset}, {mode}): {result.summary['requests']} requests, "
         f"{result.summary['steps']} steps: wall {wall:.2f} s, cpu {cpu:.2f} s (budget 8 s wall on 2 cores)"
-        f"{' [under cProfile]' if prof else ''}\ndigest {digest.hexdigest()}",
+        f"{' [under cProfile]' if prof else ''}\ncache modules {compiled.mode()}\ndigest {digest.hexdigest()}",
         file=sys.stderr,
     )
     if prof is not None:

@@ -26,9 +26,9 @@ from pathlib import Path
 
 ENV = "KVTRACE_PURE_PYTHON"
 GROUP = "kvtrace.cache._compiled"  # the group's shared library: kvtrace/cache/_compiled__mypyc.*.so
-# The cache's per-block loops (allocation, eviction, hits, frees): what cache-only replay
-# spends its time in (bench/cache_only.py). Modules whose classes are subclassed or
-# patched outside the group stay out of it.
+# The cache's per-block loops (allocation, eviction, hits, frees) and cache-only replay's
+# loop over them: where cache-only replay spends its time (bench/cache_only.py). A module
+# whose classes are subclassed or patched outside the group stays out of it.
 COMPILED = (
     "kvtrace.cache.blocks",
     "kvtrace.cache.block_pool",

@@ -182,7 +182,7 @@ class KVCacheInstrumentor:
         chosen = list(targets) if targets else list(self._targets)
         for target in chosen:
             if any(t is target for t in self._targets):
-                run = target.__dict__.get("run")
+                run = getattr(target, "__dict__", {}).get("run")  # (a compiled manager has no __dict__)
                 if getattr(run, "_kvtrace_instrumentor", None) is self:
                     del target.run  # back to the class's run
                 else:
