@@ -28,7 +28,9 @@ ENV = "KVTRACE_PURE_PYTHON"
 GROUP = "kvtrace.cache._compiled"  # the group's shared library: kvtrace/cache/_compiled__mypyc.*.so
 # The cache's per-block loops (allocation, eviction, hits, frees) and cache-only replay's
 # loop over them: where cache-only replay spends its time (bench/cache_only.py). A module
-# whose classes are subclassed or patched outside the group stays out of it.
+# whose classes are patched outside the group stays out of it; a class subclassed outside
+# it says so (``mypyc_attr(allow_interpreted_subclasses=True)``: the engine's request
+# extends the cache's).
 COMPILED = (
     "kvtrace.cache.blocks",
     "kvtrace.cache.block_pool",
@@ -40,6 +42,7 @@ COMPILED = (
     "kvtrace.cache.coordinator",
     "kvtrace.cache.manager",
     "kvtrace.replay.cache_only",
+    "kvtrace.cache.request",
 )
 
 _ROOT = Path(__file__).resolve().parent.parent  # the directory holding the kvtrace package

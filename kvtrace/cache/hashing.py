@@ -13,8 +13,8 @@ blocks, not with tokens.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import Protocol, cast
 
 import cbor2
 import numpy as np
@@ -31,7 +31,7 @@ BlockHash = bytes | int
 class HashedRequest(Protocol):
     """What the hasher reads of a request (``kvtrace.cache.request.Request`` has it)."""
 
-    _block_hashes: list[BlockHash]
+    _block_hashes: Sequence[BlockHash]  # a list, unless given keys the request never outgrows
     num_prompt_tokens: int
     trace_block_ids: tuple[int, ...] | None
     trace_block_size: int
@@ -103,7 +103,7 @@ class BlockHasher:
 
     def update(self, request: HashedRequest) -> None:
         """Hash every full unit of ``request``'s tokens not hashed yet."""
-        hashes = request._block_hashes
+        hashes = cast(list, request._block_hashes)  # grown below only when short: then a list
         hbs = self.hash_block_size
         target = request.num_tokens // hbs
         n = len(hashes)

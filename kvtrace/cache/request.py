@@ -12,10 +12,17 @@ import numpy as np
 
 from kvtrace.workload.tokens import tokens_for_block_ids
 
+try:
+    from mypy_extensions import mypyc_attr
+except ImportError:  # (mypy's: installed where mypyc compiles; without it, a no-op)
+    def mypyc_attr(*attrs: str, **kwattrs: object):  # type: ignore[misc]
+        return lambda cls: cls
+
 if TYPE_CHECKING:
     from kvtrace.cache.hashing import BlockHash, BlockHasher
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Request:
     """One request's tokens, progress and block hashes.
 
@@ -31,7 +38,6 @@ class Request:
     """
 
     __slots__ = (
-        "__weakref__",
         "_block_hashes",
         "_hasher",
         "_prompt",
@@ -80,7 +86,7 @@ class Request:
         # Precomputed keys (cache-only replay keys blocks by trace id) skip the hasher. The
         # sequence is taken over, not copied (a per-request copy is measurable in that
         # replay); a tuple is fine when the request never outgrows it, as there.
-        self._block_hashes: list[BlockHash] = block_hashes if block_hashes is not None else []  # type: ignore[assignment]
+        self._block_hashes: Sequence[BlockHash] = block_hashes if block_hashes is not None else []
         self._hasher: BlockHasher | None = None
 
     # -- tokens -------------------------------------------------------------------
