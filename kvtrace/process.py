@@ -3,12 +3,15 @@
 - ``probe_address``: can this process listen on ``host:port``? Asked before a server
   library tries, so a busy port is one ``kvtrace: error:`` line, not the library's text;
 - ``sigterm_as_interrupt``: SIGTERM (``kill``, a container stop, systemd) stops a server
-  the way Ctrl-C does, so it flushes, prints its summary and finishes its run.
+  the way Ctrl-C does, so it flushes, prints its summary and finishes its run;
+- ``collector_paused``: the cyclic garbage collector off around a hot loop that makes
+  no reference cycles.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import signal
 import socket
 import threading
@@ -55,3 +58,21 @@ def sigterm_as_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """No cyclic garbage collection inside the block (as it was again after it).
+
+    For a loop that makes many short-lived containers and no cycles: reference counting
+    frees them at once, and the collector's passes over them are pure cost (cache-only
+    replay spends about a tenth of its time in them). Whatever cycles the block leaves
+    are collected after it. No effect on results: the collector frees memory only.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()

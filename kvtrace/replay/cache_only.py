@@ -38,6 +38,7 @@ import numpy as np
 from kvtrace.cache.events import PrefixLookup
 from kvtrace.errors import ConfigError
 from kvtrace.metrics import DEFAULT_PERCENTILES, LOCAL_HIT, PROMPT, hit_summary, no_latency, ratio
+from kvtrace.process import collector_paused
 from kvtrace.replay.belady import belady_hits, chain_keys
 from kvtrace.replay.writers import BlockInterner
 from kvtrace.workload import TraceRequest
@@ -308,24 +309,25 @@ def _replay_manager(reqs, bs, capacity, result, listeners, progress) -> CacheOnl
     sink = mgr.sink
     hit_blocks = []
     oversized = 0
-    for i, (r, hs) in enumerate(zip(reqs, hashes)):
-        n = len(hs)
-        num_tokens = n * bs + 1
-        req = Request(r.request_id, None, trace_block_ids=r.hash_ids, trace_block_size=bs,
-                      namespace=r.namespace, cache_salt=r.cache_salt, num_prompt_tokens=num_tokens,
-                      block_hashes=hs)  # the trace-id keys (see the module docstring)
-        computed, num_hit, _ = get_computed_blocks(req)
-        if listeners:
-            _in_trace_terms(sink.events, r.input_length, num_hit)
-        if n > capacity or allocate_slots(req, num_tokens - num_hit, num_hit, computed) is None:
-            oversized += 1
-        else:
-            req.num_computed_tokens = num_tokens
-            free(req)
-        hit_blocks.append(num_hit // bs)
-        mgr.new_step_starts()  # one request per step: hands its events to the listeners
-        if progress is not None:
-            progress(i + 1)
+    with collector_paused():  # the loop makes no cycles: the collector's passes would be pure cost
+        for i, (r, hs) in enumerate(zip(reqs, hashes)):
+            n = len(hs)
+            num_tokens = n * bs + 1
+            req = Request(r.request_id, None, trace_block_ids=r.hash_ids, trace_block_size=bs,
+                          namespace=r.namespace, cache_salt=r.cache_salt, num_prompt_tokens=num_tokens,
+                          block_hashes=hs)  # the trace-id keys (see the module docstring)
+            computed, num_hit, _ = get_computed_blocks(req)
+            if listeners:
+                _in_trace_terms(sink.events, r.input_length, num_hit)
+            if n > capacity or allocate_slots(req, num_tokens - num_hit, num_hit, computed) is None:
+                oversized += 1
+            else:
+                req.num_computed_tokens = num_tokens
+                free(req)
+            hit_blocks.append(num_hit // bs)
+            mgr.new_step_starts()  # one request per step: hands its events to the listeners
+            if progress is not None:
+                progress(i + 1)
     result.oversized += oversized
     result._add_all([r.request_id for r in reqs], [r.input_length for r in reqs], list(map(len, hashes)), hit_blocks)
     result.publishes = mgr.stats.publishes
