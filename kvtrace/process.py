@@ -65,9 +65,9 @@ def collector_paused() -> Iterator[None]:
     """No cyclic garbage collection inside the block (as it was again after it).
 
     For a loop that makes many short-lived containers and no cycles: reference counting
-    frees them at once, and the collector's passes over them are pure cost (cache-only
-    replay spends about a tenth of its time in them). Whatever cycles the block leaves
-    are collected after it. No effect on results: the collector frees memory only.
+    frees them at once, and the collector's passes over them are pure cost (about 6% of
+    cache-only replay). The switch is process-wide: cycles made meanwhile, by any thread,
+    are collected after the block. No effect on results: the collector frees memory only.
     """
     was_enabled = gc.isenabled()
     gc.disable()
