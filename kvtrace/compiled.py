@@ -40,9 +40,9 @@ COMPILED = (
     "kvtrace.cache.managers.mamba",
     "kvtrace.cache.managers.sliding_window",
     "kvtrace.cache.coordinator",
+    "kvtrace.cache.request",
     "kvtrace.cache.manager",
     "kvtrace.replay.cache_only",
-    "kvtrace.cache.request",
 )
 
 _ROOT = Path(__file__).resolve().parent.parent  # the directory holding the kvtrace package

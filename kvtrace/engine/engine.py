@@ -17,9 +17,7 @@ step - first arrival).
 
 from __future__ import annotations
 
-import contextlib
-import gc
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
@@ -37,28 +35,8 @@ from kvtrace.engine.step import NoContentWorker
 from kvtrace.errors import KVTraceError
 from kvtrace.metrics import DEFAULT_PERCENTILES, hit_summary, latency_summary, ratio, request_latency_samples
 from kvtrace.numeric import cdiv
+from kvtrace.process import frozen_heap
 from kvtrace.workload import TraceRequest
-
-
-@contextlib.contextmanager
-def _frozen_heap() -> Iterator[None]:
-    """The objects alive before the run (imports: torch, vLLM, the trace) sit out the
-    collector's full passes during it, as vLLM's ``freeze_gc_heap`` does after start-up.
-
-    A run makes millions of short-lived objects; each full collection otherwise walks the
-    whole start-up heap again (about 9 of them over ~590k objects in a 1,000-request run).
-    Collection itself is unchanged, so nothing the run makes can leak; the objects are
-    handed back to the collector on exit (unless a caller froze them before: then it
-    does). No effect on results: the GC frees memory only.
-    """
-    if gc.get_freeze_count():
-        yield
-        return
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
 
 
 @dataclass
@@ -103,7 +81,7 @@ class Engine:
         self.percentiles = tuple(percentiles)  # of every latency in the summary (vllm bench serve's)
 
     def run(self, workload: Iterable[TraceRequest], listeners: Sequence[StepListener] = ()) -> EngineResult:
-        with _frozen_heap():
+        with frozen_heap():
             if not self.content:
                 return self._run(workload, listeners, None)
             return self._run_with_content(workload, listeners)

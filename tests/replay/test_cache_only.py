@@ -253,3 +253,22 @@ def test_an_unbounded_cache_evicts_nothing_and_is_sized_to_the_trace():
     from kvtrace.replay.cache_only import _unbounded_capacity
 
     assert _unbounded_capacity(keys) < total // 2
+
+
+def test_the_collector_is_paused_over_the_replay_and_restored_after():
+    """The request loop runs without cyclic collection (process.collector_paused); the
+    collector is as the caller had it afterwards, also when the caller had it off."""
+    import gc
+
+    reqs = list(open_trace(MOONCAKE))[:50]
+    seen: list[bool] = []
+    assert gc.isenabled()
+    replay_cache_only(reqs, capacity_blocks=300, listeners=[lambda events: seen.append(gc.isenabled())])
+    assert len(seen) == 50 and not any(seen)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        replay_cache_only(reqs, capacity_blocks=300)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
