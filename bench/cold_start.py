@@ -10,6 +10,7 @@ imports included) ``--repeat`` times and prints the median wall time, the exit s
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
 import subprocess
 import sys
@@ -56,6 +57,9 @@ def main() -> None:
             line = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ""
             print(f"{name:34s} {median:6.3f} s  exit {sorted(codes)}  torch {'IMPORTED' if torch else 'no'}  "
                   f"{line[:70]}")
+    cached = all(Path(importlib.util.cache_from_source(str(p))).exists()
+                 for p in (Path(__file__).resolve().parents[1] / "kvtrace").rglob("*.py"))
+    print(f"bytecode of kvtrace cached: {'yes' if cached else 'no (make install byte-compiles it)'}")
     print(f"slowest median {worst:.3f} s (budget {BUDGET_S} s, issue 16: {'met' if worst < BUDGET_S else 'NOT met'})")
 
 

@@ -27,10 +27,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from kvtrace.numeric import percentiles as _percentiles
+
+if TYPE_CHECKING:  # numpy is imported where a latency is summarised, not to parse a command line
+    import numpy as np
 
 # --- per-request quantities (the names of ``RequestFinished``'s fields) ------------------
 PROMPT = "num_prompt_tokens"  # prompt tokens (at first schedule: the tokens looked up)
@@ -225,8 +227,8 @@ def parse_percentiles(text: str | Sequence[float] | None) -> tuple[float, ...]:
     items = [s.strip() for s in text.split(",")] if isinstance(text, str) else list(text)
     out = []
     for item in items:
-        if item == "":
-            continue
+        if item == "":  # "50,,90" or a trailing comma: a typo, not a shorter list
+            raise ValueError("an empty percentile in the list")
         try:
             p = float(item)
         except (TypeError, ValueError):
@@ -245,6 +247,8 @@ def latency_stats(values_ns: Sequence[float] | np.ndarray, metric: str,
     serve computes them (np.mean, np.median, np.std with ddof 0, np.percentile linear); every
     value None when there are no samples. Sorted first, so any order of the same values
     gives the same bits."""
+    import numpy as np
+
     keys = latency_keys(metric, percentiles)
     arr = np.sort(np.asarray(values_ns, dtype=np.float64))
     if arr.size == 0:

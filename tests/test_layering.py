@@ -14,9 +14,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "kvtrace"
 
-# kvtrace/errors.py, numeric.py, metrics.py, process.py, lazy.py, compiled.py: the ground floor,
-# nothing above them
-GROUND = {"errors", "numeric", "metrics", "process", "lazy", "compiled"}
+# kvtrace/errors.py, numeric.py, metrics.py, process.py, lazy.py, compiled.py, names.py: the ground
+# floor, nothing above them
+GROUND = {"errors", "numeric", "metrics", "process", "lazy", "compiled", "names"}
 # package -> the kvtrace packages it may import (besides itself and the ground floor)
 MAY_IMPORT: dict[str, set[str]] = {
     "workload": set(),
@@ -52,6 +52,7 @@ NEVER: dict[str, set[str]] = {
     "numeric": {"torch"},
     "metrics": {"torch", "polars", "duckdb"},
     "compiled": {"torch", "numpy", "msgspec"},  # setup.py reads it before any dependency is installed
+    "names": {"torch", "numpy", "msgspec"},  # the CLI lists them before it imports anything heavy
 }
 
 

@@ -17,12 +17,13 @@ from dataclasses import dataclass, field, replace
 
 from kvtrace.errors import ConfigError
 
-# The three switchable behaviours: vLLM cache changes a study isolates. All on by default, as in current vLLM.
-TRANSIENT_CHECKPOINT_RETENTION = "transient-checkpoint-retention"
-SHARED_PREFIX_PINNING = "shared-prefix-pinning"
-EXTERNAL_HIT_RUNNING_COW = "external-hit-running-cow"
-# In a fixed order, for anything that lists them (a frozenset's order varies per process).
-BEHAVIOURS = (TRANSIENT_CHECKPOINT_RETENTION, SHARED_PREFIX_PINNING, EXTERNAL_HIT_RUNNING_COW)
+# The three switchable behaviours, all on by default as in current vLLM. BEHAVIOURS has a
+# fixed order, for anything that lists them (a frozenset's order varies per process).
+from kvtrace.names import BEHAVIOURS
+from kvtrace.names import EXTERNAL_HIT_RUNNING_COW as EXTERNAL_HIT_RUNNING_COW
+from kvtrace.names import SHARED_PREFIX_PINNING as SHARED_PREFIX_PINNING
+from kvtrace.names import TRANSIENT_CHECKPOINT_RETENTION as TRANSIENT_CHECKPOINT_RETENTION
+
 ALL_BEHAVIOURS: frozenset[str] = frozenset(BEHAVIOURS)
 
 HASH_FUNCTIONS = ("sha256_cbor", "xxhash")

@@ -5,18 +5,6 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-import typer.core
-
-_argument_type = typer.core.TyperArgument.display_type_rich
-
-
-def _argument_display_type(self, ctx):
-    """typer 0.29 prints an argument's Python type (``TRACE <str>``) even beside the
-    metavar we give it; with a metavar, the metavar says it all, as it does for options."""
-    return None if self.metavar else _argument_type(self, ctx)
-
-
-typer.core.TyperArgument.display_type_rich = _argument_display_type  # type: ignore[method-assign]
 
 app = typer.Typer(
     add_completion=False,

@@ -1,18 +1,12 @@
-"""The CLI's enumerations, each built from the one tuple that defines it, so ``--help``
-lists the choices and a typo is refused by the parser, naming the option."""
+"""The CLI's enumerations, each built from the one tuple that defines it (kvtrace.names),
+so ``--help`` lists the choices and a typo is refused by the parser, naming the option."""
 
 from __future__ import annotations
 
 from enum import Enum
 from typing import TYPE_CHECKING, TypeAlias, cast
 
-from kvtrace.cache.config import BEHAVIOURS
-from kvtrace.engine.backends import BACKENDS
-from kvtrace.engine.presets import PRESETS
-from kvtrace.replay.cache_only import POLICIES
-from kvtrace.replay.generate import WORKLOADS
-from kvtrace.replay.readers import FORMATS
-from kvtrace.replay.run import MODES
+from kvtrace.names import BACKENDS, BEHAVIOURS, FORMATS, GENERATED_FORMATS, MODES, POLICIES, PRESETS, WORKLOADS
 
 
 def _choices(name: str, values) -> type[Enum]:
@@ -36,7 +30,7 @@ else:
     Preset = _choices("Preset", PRESETS)
     Behaviour = _choices("Behaviour", BEHAVIOURS)
     Workload = _choices("Workload", WORKLOADS)
-    GeneratedFormat = _choices("GeneratedFormat", ("native", "mooncake"))
+    GeneratedFormat = _choices("GeneratedFormat", GENERATED_FORMATS)
     Backend = _choices("Backend", BACKENDS)
 
 

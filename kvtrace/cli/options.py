@@ -24,6 +24,21 @@ RUN_PANEL = "Run settings"
 STORE_HELP = "a DuckDB file, chdb:DIR (embedded ClickHouse) or clickhouse://USER:PASS@HOST:8123/DB"
 Db = Annotated[str | None, typer.Option(metavar="STORE", help=f"Store to record the run(s) into: {STORE_HELP}.")]
 DbRequired = Annotated[str, typer.Option(metavar="STORE", help=f"Store written by kvtrace: {STORE_HELP}.")]
+
+
+def _existing_store(db: str) -> str:
+    # checked while parsing, before the command imports duckdb: a typo is told at once
+    from kvtrace.errors import KVTraceError
+    from kvtrace.store.backend import is_clickhouse
+
+    if not is_clickhouse(db) and not Path(db).exists():
+        raise KVTraceError(f"{db}: no such database (run `kvtrace demo` or `kvtrace replay TRACE --db {db}`)")
+    return db
+
+
+# A store a command reads: a DuckDB path must exist.
+DbToRead = Annotated[str, typer.Option("--db", metavar="STORE", callback=_existing_store,
+                                       help=f"Store written by kvtrace: {STORE_HELP}.")]
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")]
 Markdown = Annotated[bool, typer.Option("--markdown", help="Print Markdown (for a pull request).")]
 Seed = Annotated[int, typer.Option(metavar="N", help="Seed for generated workloads and span ids.")]

@@ -12,7 +12,7 @@ import typer
 
 from kvtrace.cli.app import app
 from kvtrace.cli.choices import BACKENDS, Backend, Behaviour, value
-from kvtrace.cli.options import Db, DbRequired, Json, Markdown, Percentiles, replay_options
+from kvtrace.cli.options import Db, DbToRead, Json, Markdown, Percentiles, replay_options
 from kvtrace.cli.options import percentiles as parse_percentiles
 from kvtrace.cli.output import echo_json, error, print_rows, recorded
 from kvtrace.errors import KVTraceError
@@ -24,15 +24,12 @@ RUNS_METRICS = ("requests", "prefix_cache_hit_rate", "p50_ttft_ms", "p50_itl_ms"
 
 
 @app.command()
-def runs(db: DbRequired, as_json: Json = False) -> None:
+def runs(db: DbToRead, as_json: Json = False) -> None:
     """List the runs in a store: id, name, trace, mode, behaviours, capacity, status, headline metrics."""
     from kvtrace.dashboard.run_config import capacity
     from kvtrace.replay.report import format_value
     from kvtrace.store import read
-    from kvtrace.store.backend import is_clickhouse
 
-    if not is_clickhouse(db) and not Path(db).exists():
-        raise KVTraceError(f"{db}: no such database")
     listed = []
     for row in read.runs(db).iter_rows(named=True):
         config = json.loads(row["config"]) if row["config"] else {}
@@ -63,7 +60,7 @@ def runs(db: DbRequired, as_json: Json = False) -> None:
 def diff(
     run_a: RUN_ID,
     run_b: RUN_ID,
-    db: DbRequired,
+    db: DbToRead,
     as_json: Json = False,
     markdown: Markdown = False,
     force: Annotated[bool, typer.Option(help="Compare runs of different traces anyway.")] = False,
@@ -143,7 +140,7 @@ def demo(
 
 @app.command()
 def export(
-    db: DbRequired,
+    db: DbToRead,
     run: Annotated[str, typer.Option(metavar="RUN", help="The run id (see `kvtrace runs`).")],
     parquet: Annotated[Path, typer.Option(metavar="DIR", help="Output directory.")],
 ) -> None:
@@ -156,7 +153,7 @@ def export(
 
 @app.command()
 def dashboard(
-    db: DbRequired,
+    db: DbToRead,
     run: Annotated[str | None, typer.Option(metavar="RUN", help="Open on this run.")] = None,
     compare: Annotated[str | None, typer.Option(
         metavar="RUN", help="Open the Compare page: --run against this run.")] = None,
@@ -172,8 +169,6 @@ def dashboard(
         from kvtrace.store import Store
 
         Store.open(db).close()
-    elif not Path(db).exists():
-        raise KVTraceError(f"{db}: no such database (run `kvtrace demo` or `kvtrace replay TRACE --db {db}`)")
     if compare is not None and run is None:
         raise KVTraceError("--compare needs --run: the run to compare it against")
     raise typer.Exit(launch(db, host=host, port=port, run=run, compare=compare))

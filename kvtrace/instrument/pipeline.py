@@ -17,6 +17,7 @@ some: the caller says so in one line (the store's copy is unaffected).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import time
@@ -89,9 +90,26 @@ def traces_url(endpoint: str) -> str:
     return endpoint
 
 
+def check_otlp_settings(endpoint: str | None) -> None:
+    """Refuse a malformed ``endpoint`` or OTEL_* timeout before anything is recorded (the
+    SDK logs and ignores a non-number, and fails every export on a timeout <= 0)."""
+    if endpoint:
+        traces_url(endpoint)
+    for key in _ENV_TIMEOUTS:
+        text = os.environ.get(key)
+        if text:
+            try:
+                ok = math.isfinite(float(text)) and float(text) > 0
+            except ValueError:
+                ok = False
+            if not ok:
+                raise ConfigError(key, repr(text), "expected a positive number of seconds")
+
+
 def otlp_span_exporter(endpoint: str | None = None) -> SpanExporter:
     """The SDK's OTLP exporter for ``otlp_protocol()``; ``endpoint=None`` leaves the
     address to the OTEL_* variables. For gRPC, ``http://`` means no TLS."""
+    check_otlp_settings(endpoint)
     kw: dict[str, Any] = {}
     if not any(os.environ.get(k) for k in _ENV_TIMEOUTS):
         kw["timeout"] = EXPORT_TIMEOUT_S

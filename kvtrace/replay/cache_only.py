@@ -38,13 +38,12 @@ import numpy as np
 from kvtrace.cache.events import PrefixLookup
 from kvtrace.errors import ConfigError
 from kvtrace.metrics import DEFAULT_PERCENTILES, LOCAL_HIT, PROMPT, hit_summary, no_latency, ratio
+from kvtrace.names import POLICIES
 from kvtrace.process import collector_paused
 from kvtrace.replay.belady import belady_hits, chain_keys
 from kvtrace.replay.writers import BlockInterner
 from kvtrace.workload import TraceRequest
 from kvtrace.workload.lines import MAX_TOKENS
-
-POLICIES = ("lru", "belady")
 
 
 @dataclass(slots=True)

@@ -52,8 +52,8 @@ import numpy as np
 from kvtrace.errors import ConfigError
 from kvtrace.replay.writers import BlockInterner, write_mooncake
 from kvtrace.workload import TraceRequest
+from kvtrace.workload.lines import VOCAB_SIZE
 from kvtrace.workload.native import write_native
-from kvtrace.workload.tokens import VOCAB_SIZE
 
 _NS_PER_S = 1_000_000_000
 STUDY_PREFIX = "study-"

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvtrace.errors import ConfigError, KVTraceError, check_option
 from kvtrace.metrics import DEFAULT_PERCENTILES
+from kvtrace.names import MODES
 from kvtrace.numeric import cdiv
 from kvtrace.replay.config_file import load_config_file, parse_retention
 from kvtrace.replay.digest import Digest
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
 # The cache, the engine, the store and the trace readers load where a run needs them, so
 # that a user error is reported before any of them (and torch) is imported.
 
-MODES = ("engine", "cache-only")
 DEFAULT_PRESET = "kimi-hybrid"
 GENERATED_PREFIX = "gen:"
 
@@ -289,6 +289,10 @@ def run_replay(
     # the engine's configuration loads the cache; a generated workload is built after it.
     workload = None if spec.trace.startswith(GENERATED_PREFIX) else open_workload(spec)
     config, behaviours, preset = validate(spec)
+    if otlp_endpoint:  # before the run is created: a refused setting records nothing
+        from kvtrace.instrument.pipeline import check_otlp_settings
+
+        check_otlp_settings(otlp_endpoint)
     if workload is None:
         workload = open_workload(spec)
     resource = backend_resource(config)

@@ -8,7 +8,18 @@ writer). Imports numpy, msgspec and the stdlib, and of kvtrace only ``errors`` a
 loading the engine (and torch).
 """
 
-from kvtrace.workload.request import TraceRequest
-from kvtrace.workload.tokens import VOCAB_SIZE, block_tokens, tokens_for_block_ids
 
+from typing import TYPE_CHECKING
+
+from kvtrace.lazy import lazy_exports
+
+# Loaded on first use: the line checks (``workload.lines``) serve the CLI's error paths,
+# which must not pay for numpy.
+__getattr__ = lazy_exports(__name__, {"TraceRequest": "request", "VOCAB_SIZE": "lines",
+                                      "block_tokens": "tokens", "tokens_for_block_ids": "tokens"})
 __all__ = ["VOCAB_SIZE", "TraceRequest", "block_tokens", "tokens_for_block_ids"]
+
+if TYPE_CHECKING:
+    from kvtrace.workload.lines import VOCAB_SIZE
+    from kvtrace.workload.request import TraceRequest
+    from kvtrace.workload.tokens import block_tokens, tokens_for_block_ids

@@ -25,6 +25,7 @@ from kvtrace.errors import KVTraceError, TraceFormatError
 from kvtrace.numeric import cdiv
 
 MAX_ID = (1 << 63) - 1  # hash ids must fit int64 (Arrow / DuckDB columns downstream)
+VOCAB_SIZE = 163_840  # Kimi-class vocabulary; token ids lie in [0, VOCAB_SIZE)
 MAX_TOKENS = 1 << 31  # prompt and output lengths: far above any context window, and int32-safe
 MAX_TIME_NS = 1 << 62  # ~146 years of trace time: a later timestamp is a unit error, not a trace
 MS, S = 1_000_000, 1_000_000_000  # ns per unit of a trace's timestamps

@@ -44,12 +44,12 @@ import os
 from collections.abc import Iterable, Iterator
 
 import msgspec
-import numpy as np
 
 from kvtrace.errors import TraceFormatError
 from kvtrace.workload.lines import (
     JSON_ERRORS,
     MAX_ID,
+    VOCAB_SIZE,
     ArrivalOrder,
     AtomicText,
     check_hash_ids,
@@ -58,7 +58,6 @@ from kvtrace.workload.lines import (
     numbered_lines,
 )
 from kvtrace.workload.request import TraceRequest
-from kvtrace.workload.tokens import VOCAB_SIZE
 
 FORMAT_VERSION = 1
 HEADER_KEY = "kvtrace_trace"
@@ -139,6 +138,8 @@ def read_native(path: str) -> Iterator[TraceRequest]:
                 )
             if row.token_ids and (min(row.token_ids) < 0 or max(row.token_ids) >= VOCAB_SIZE):
                 raise TraceFormatError(path, lineno, f"token_ids: expected ids in [0, {VOCAB_SIZE})")
+            import numpy as np  # only token-id traces need it: the readers' error paths stay light
+
             req.token_ids = np.asarray(row.token_ids, dtype=np.int64)
         else:
             bs = row.block_size if row.block_size is not None else default_bs
@@ -171,6 +172,8 @@ def native_record(req: TraceRequest) -> dict:
     rec["input_length"] = int(req.input_length)
     rec["output_length"] = int(req.output_length)
     if req.token_ids is not None:
+        import numpy as np
+
         rec["token_ids"] = np.asarray(req.token_ids, dtype=np.int64).tolist()
     else:
         assert req.hash_ids is not None

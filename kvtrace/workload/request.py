@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import numpy as np
-
-from kvtrace.workload.tokens import tokens_for_block_ids
+if TYPE_CHECKING:  # readers build requests without numpy; only the tokens need it
+    import numpy as np
 
 
 @dataclass(slots=True)
@@ -28,4 +28,6 @@ class TraceRequest:
         if self.token_ids is not None:
             return self.token_ids
         assert self.hash_ids is not None
+        from kvtrace.workload.tokens import tokens_for_block_ids
+
         return tokens_for_block_ids(self.hash_ids, self.hash_block_size, self.input_length, self.namespace)

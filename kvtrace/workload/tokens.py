@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-VOCAB_SIZE = 163_840  # Kimi-class vocabulary; token ids lie in [0, VOCAB_SIZE)
+from kvtrace.workload.lines import VOCAB_SIZE
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)

@@ -136,7 +136,7 @@ def test_flags_name_themselves(capsys, argv, flag):
 @pytest.mark.parametrize("argv, needle", [
     (["replay"], "Missing argument"),
     (["replay", "gen:chat", "--no-such-flag"], "No such option"),
-    (["replay", "gen:chat", "--limit", "many"], "--limit: Input should be a valid integer"),
+    (["replay", "gen:chat", "--limit", "many"], "--limit: 'many' is not a valid int"),
     (["no-such-command"], "No such command"),
 ])
 def test_usage_errors_are_one_line_too(capsys, argv, needle):
@@ -420,3 +420,25 @@ def test_a_limit_beyond_the_file_is_no_limit(tmp_path, capsys):
     code, out, err = run(["convert", trace, "-o", str(tmp_path / "o.jsonl"), "--limit", str(2**63)], capsys)
     assert code == 0, err
     assert "wrote 2 requests" in err and out == ""
+
+
+@pytest.mark.parametrize("text", ["50,,90", "50,90,", ",50"])
+def test_an_empty_percentile_is_refused_not_skipped(tmp_path, capsys, text):
+    db = str(tmp_path / "runs.duckdb")
+    for cap in ("40", "80"):
+        code, _, err = run(["replay", "gen:chat", "--limit", "3", "--mode", "cache-only", "--capacity-blocks", cap,
+                            "--db", db], capsys)
+        assert code == 0, err
+    code, _, err = run(["diff", "r1", "r2", "--db", db, "--percentiles", text], capsys)
+    assert_one_line(code, err, "--percentiles", "empty percentile")
+
+
+@pytest.mark.parametrize("key", ["OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT"])
+@pytest.mark.parametrize("value", ["-5", "0", "abc", "nan", "inf"])
+def test_a_bad_otlp_timeout_is_refused_before_anything_is_recorded(tmp_path, capsys, monkeypatch, key, value):
+    monkeypatch.setenv(key, value)
+    db = tmp_path / "runs.duckdb"
+    code, _, err = run(["replay", "gen:chat", "--limit", "2", "--mode", "cache-only", "--db", str(db),
+                        "--otlp-endpoint", "http://127.0.0.1:9"], capsys)
+    assert_one_line(code, err, key, repr(value), "positive number of seconds")
+    assert not db.exists()

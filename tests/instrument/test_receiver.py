@@ -254,3 +254,40 @@ def store_rows_with_seq(path, run_id: str) -> list[dict]:
                                                    [run_id]).fetchall()]
     finally:
         con.close()
+
+
+def _chunked(body: bytes, size: int = 100, tail: bytes = b"0\r\n\r\n") -> bytes:
+    out = b"".join(f"{len(body[i:i + size]):x};ext=1\r\n".encode() + body[i:i + size] + b"\r\n"
+                   for i in range(0, len(body), size))
+    return out + tail
+
+
+CHUNKED_HEAD = (b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n")
+
+
+def test_a_chunked_body_is_read_and_stored(tmp_path, collector):
+    """HTTP/1.1 clients may stream a body without a Content-Length (RFC 9112 7.1)."""
+    reply = _raw_http(collector.address, CHUNKED_HEAD, _chunked(_json_body(3), tail=b"0\r\nX-Trailer: 1\r\n\r\n"),
+                      half_close=True)
+    assert reply.startswith(b"HTTP/1.1 200"), reply[:200]
+    collector.stop()
+    assert count_spans(tmp_path / "rx.duckdb", "json-run") == 3
+
+
+@pytest.mark.parametrize("body, status, needle", [
+    (b"zz\r\nabc\r\n0\r\n\r\n", b"400", b"not hexadecimal"),
+    (b"10\r\nabc", b"400", b"ended inside a chunk"),  # cut inside a chunk, then half-closed
+    (b"3\r\nabc\r\n", b"400", b"chunk size line is cut"),  # no last chunk
+    (b"3\r\nabcXY0\r\n\r\n", b"400", b"ended inside a chunk"),  # no CRLF after the data
+    (f"{70 * 1024:x}\r\n".encode(), b"413", b"exceeds the limit"),  # the fixture's limit is 64 KiB
+], ids=["not-hex", "cut-chunk", "no-last-chunk", "no-crlf", "too-large"])
+def test_a_malformed_or_oversized_chunked_body_is_refused_and_not_stored(tmp_path, collector, capfd, body,
+                                                                         status, needle):
+    reply = _raw_http(collector.address, CHUNKED_HEAD, body, half_close=True)
+    assert reply.startswith(b"HTTP/1.1 " + status), reply[:200]
+    assert needle in reply
+    assert _post(collector.url, _json_body(2, run_id="after"))[0] == 200
+    collector.stop()
+    assert count_spans(tmp_path / "rx.duckdb", "after") == 2
+    assert "Traceback" not in capfd.readouterr().err

@@ -69,3 +69,31 @@ def test_torch_is_not_imported(name, tmp_path):
                           cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "False", f"{name} imported torch"
+
+
+# A mistyped command line is refused before anything heavy loads (issue 16: < 0.5 s): the
+# choices come from kvtrace.names, a store to read is checked while parsing.
+HEAVY = ("torch", "numpy", "duckdb", "polars", "pyarrow", "pydantic")
+CLI_ERRORS = {
+    "a missing trace": ["replay", "missing.jsonl"],
+    "a malformed trace": ["replay", "bad.jsonl", "--mode", "cache-only"],
+    "an unknown preset": ["replay", "gen:mixed", "--preset", "nope"],
+    "a malformed --config": ["replay", "gen:mixed", "--config", "bad.toml"],
+    "runs on a missing store": ["runs", "--db", "missing.duckdb"],
+    "diff on a missing store": ["diff", "a", "b", "--db", "missing.duckdb"],
+    "export from a missing store": ["export", "--db", "missing.duckdb", "--run", "a", "--parquet", "out"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(CLI_ERRORS))
+def test_a_cli_user_error_loads_nothing_heavy(name, tmp_path):
+    (tmp_path / "bad.jsonl").write_text('{"timestamp": 0, "input_length": "x"}\n')
+    (tmp_path / "bad.toml").write_text("[cache\n")
+    code = (f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nsys.argv = ['kvtrace', *{CLI_ERRORS[name]!r}]\n"
+            "from kvtrace.cli import main\n"
+            "try:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"
+            f"print(code, sorted(m for m in {HEAVY!r} if m in sys.modules))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False,
+                          cwd=tmp_path, timeout=120)
+    assert proc.stderr.startswith("kvtrace: error: ") and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert proc.stdout.strip() == "2 []", proc.stdout

@@ -7,6 +7,9 @@
   when it is installed (``make vllm``).
 """
 
-KVTRACE, VLLM = "kvtrace", "vllm"
-BACKENDS = (KVTRACE, VLLM)  # --backend's choices; the first is the default
+# --backend's choices; the first is the default
+from kvtrace.names import BACKENDS as BACKENDS
+from kvtrace.names import KVTRACE
+from kvtrace.names import VLLM as VLLM
+
 DEFAULT_BACKEND = KVTRACE

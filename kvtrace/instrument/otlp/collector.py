@@ -232,6 +232,43 @@ class OTLPCollector:
         return run_id
 
 
+class _BodyTooLarge(Exception):
+    pass
+
+
+_MAX_CHUNK_LINE = 1024  # a size line (hex size and extensions) or a trailer line
+
+
+def _read_chunked(rfile, limit: int) -> bytes:
+    """A ``Transfer-Encoding: chunked`` body (RFC 9112 section 7.1), at most ``limit`` bytes;
+    ValueError when it is malformed or ends early, _BodyTooLarge past the limit."""
+    parts, total = [], 0
+    while True:
+        line = rfile.readline(_MAX_CHUNK_LINE + 1)
+        if not line.endswith(b"\n") or len(line) > _MAX_CHUNK_LINE:
+            raise ValueError("a chunk size line is cut or too long")
+        size_text = line.split(b";", 1)[0].strip()
+        if not size_text or any(c not in b"0123456789abcdefABCDEF" for c in size_text):
+            raise ValueError(f"chunk size {size_text[:20].decode('latin-1')!r} is not hexadecimal")
+        size = int(size_text, 16)
+        if size == 0:
+            break
+        total += size
+        if total > limit:
+            raise _BodyTooLarge
+        data = rfile.read(size)
+        if len(data) < size or rfile.read(2) != b"\r\n":
+            raise ValueError(f"ended inside a chunk, after {total - size + len(data)} bytes")
+        parts.append(data)
+    for _ in range(64):  # trailer fields, ignored, up to the blank line
+        line = rfile.readline(_MAX_CHUNK_LINE + 1)
+        if not line.endswith(b"\n"):
+            raise ValueError("ended before the blank line after the last chunk")
+        if line in (b"\r\n", b"\n"):
+            return b"".join(parts)
+    raise ValueError("too many trailer lines")
+
+
 def _make_handler(collector: OTLPCollector) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -285,17 +322,27 @@ def _make_handler(collector: OTLPCollector) -> type[BaseHTTPRequestHandler]:
                 # the body is not read: the reply closes the connection
                 return self._error(HTTPStatus.NOT_FOUND, f"only {TRACES_PATH} is served here", as_json, True)
             length = self.headers.get("Content-Length")
-            if length is None or not length.isdigit():
-                return self._error(HTTPStatus.LENGTH_REQUIRED, "Content-Length required", as_json, True)
-            length = int(length)
             limit = collector.max_body_bytes
-            if length > limit:
-                return self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                                   f"body of {length} bytes exceeds the limit of {limit}", as_json, True)
-            body = self.rfile.read(length)
-            if len(body) < length:  # the client closed its side early: a cut body is never stored
-                return self._error(HTTPStatus.BAD_REQUEST, f"body ended after {len(body)} of its {length} bytes "
-                                   "(Content-Length)", as_json, True)
+            chunked = (self.headers.get("Transfer-Encoding") or "").strip().lower() == "chunked"
+            if chunked and length is None:  # HTTP/1.1 clients may stream the body in chunks
+                try:
+                    body = _read_chunked(self.rfile, limit)
+                except _BodyTooLarge:
+                    return self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                                       f"chunked body exceeds the limit of {limit} bytes", as_json, True)
+                except ValueError as err:  # malformed or cut: never stored
+                    return self._error(HTTPStatus.BAD_REQUEST, f"chunked body: {err}", as_json, True)
+            else:
+                if length is None or not length.isdigit():
+                    return self._error(HTTPStatus.LENGTH_REQUIRED, "Content-Length required", as_json, True)
+                length = int(length)
+                if length > limit:
+                    return self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                                       f"body of {length} bytes exceeds the limit of {limit}", as_json, True)
+                body = self.rfile.read(length)
+                if len(body) < length:  # the client closed its side early: a cut body is never stored
+                    return self._error(HTTPStatus.BAD_REQUEST, f"body ended after {len(body)} of its {length} bytes "
+                                       "(Content-Length)", as_json, True)
             if ctype not in ("application/x-protobuf", "application/json"):
                 return self._error(HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
                                    "Content-Type must be application/x-protobuf or application/json", as_json)

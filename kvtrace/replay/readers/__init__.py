@@ -13,6 +13,7 @@ import sys
 import msgspec
 
 from kvtrace.errors import TraceFormatError
+from kvtrace.names import FORMATS
 from kvtrace.replay.readers.azure import read_azure
 from kvtrace.replay.readers.bailian import read_bailian
 from kvtrace.replay.readers.mooncake import read_mooncake
@@ -29,7 +30,6 @@ READERS = {
     "azure": read_azure,
     "native": read_native,
 }
-FORMATS = tuple(READERS)
 # Formats whose hash ids come without a block size in the file (a reader option).
 BLOCK_SIZE_OPTION = frozenset({"mooncake", "bailian", "azure"})
 

@@ -1,0 +1,30 @@
+"""The names a user types, one tuple each: the CLI's choices and the config's values.
+
+Stdlib only and on the ground floor, so that the CLI can list and check them without
+importing what implements them (numpy, the readers, the engine): a typo is refused in a
+fraction of a second. The implementing modules key their tables by these names, and
+``tests/test_names.py`` holds that each name has exactly one implementation.
+"""
+
+from __future__ import annotations
+
+# replay --mode (kvtrace.replay.run)
+MODES = ("engine", "cache-only")
+# cache-only --policy (kvtrace.replay.cache_only)
+POLICIES = ("lru", "belady")
+# trace formats (kvtrace.replay.readers); convert writes the last two
+FORMATS = ("mooncake", "bailian", "weka", "azure", "native")
+GENERATED_FORMATS = ("native", "mooncake")
+# engine and cache presets (kvtrace.engine.presets)
+PRESETS = ("dense-attention", "dense-70b-tp4", "dense-70b-tp8", "kimi-hybrid")
+# generated workloads, gen:NAME (kvtrace.replay.generate)
+WORKLOADS = ("chat", "agent", "mixed", "study-transient-checkpoint-retention", "study-shared-prefix-pinning",
+             "study-external-hit-running-cow")
+# The three switchable behaviours (kvtrace.cache.config): vLLM cache changes a study isolates.
+TRANSIENT_CHECKPOINT_RETENTION = "transient-checkpoint-retention"
+SHARED_PREFIX_PINNING = "shared-prefix-pinning"
+EXTERNAL_HIT_RUNNING_COW = "external-hit-running-cow"
+BEHAVIOURS = (TRANSIENT_CHECKPOINT_RETENTION, SHARED_PREFIX_PINNING, EXTERNAL_HIT_RUNNING_COW)
+# cache backends the engine's scheduler drives (kvtrace.engine.backends); the first is the default
+KVTRACE, VLLM = "kvtrace", "vllm"
+BACKENDS = (KVTRACE, VLLM)

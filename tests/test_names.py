@@ -1,0 +1,47 @@
+"""Each name a user can type (kvtrace.names) has exactly one implementation, and the CLI
+offers exactly those names."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from kvtrace import names
+from kvtrace.cache.config import ALL_BEHAVIOURS
+from kvtrace.cli import choices
+from kvtrace.engine.presets import PRESETS
+from kvtrace.replay.generate import WORKLOADS
+from kvtrace.replay.readers import READERS
+
+
+@pytest.mark.parametrize(("listed", "implemented"), [
+    (names.PRESETS, PRESETS),
+    (names.WORKLOADS, WORKLOADS),
+    (names.FORMATS, READERS),
+    (names.BEHAVIOURS, ALL_BEHAVIOURS),
+], ids=["presets", "workloads", "formats", "behaviours"])
+def test_every_name_has_one_implementation(listed, implemented):
+    assert len(set(listed)) == len(listed)
+    assert set(listed) == set(implemented)
+
+
+def test_the_generated_formats_are_trace_formats():
+    assert set(names.GENERATED_FORMATS) <= set(names.FORMATS)
+
+
+@pytest.mark.parametrize(("enum", "listed"), [
+    (choices.Mode, names.MODES), (choices.Policy, names.POLICIES), (choices.TraceFormat, names.FORMATS),
+    (choices.Preset, names.PRESETS), (choices.Behaviour, names.BEHAVIOURS), (choices.Workload, names.WORKLOADS),
+    (choices.GeneratedFormat, names.GENERATED_FORMATS), (choices.Backend, names.BACKENDS),
+])
+def test_the_cli_offers_exactly_the_names(enum, listed):
+    assert tuple(m.value for m in enum) == listed
+
+
+def test_the_cli_lists_its_choices_without_numpy_or_torch():
+    """A typo is refused at parse time: importing the CLI must not pay for numpy or torch."""
+    code = "import sys, kvtrace.cli; print(sorted(m for m in ('numpy', 'torch', 'msgspec') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
