@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import json
+import os
 import pstats
 import sys
 import time
@@ -53,7 +54,8 @@ def main() -> None:
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads for the engine (default 1)")
     ap.add_argument("--no-content", action="store_true", help="hits and timings only (kvtrace replay --no-content)")
-    ap.add_argument("--device", default=None, help="torch device of the content (default: cuda if present)")
+    ap.add_argument("--device", default=None,
+                    help="the content's arrays: cpu (numpy), torch:cpu or cuda[:N] (default: cuda if present)")
     args = ap.parse_args()
     engine = Engine(args.preset, audit_interval=args.audit_interval, cpu_threads=args.threads or 1,
                     content=not args.no_content, device=args.device)
@@ -78,6 +80,8 @@ def main() -> None:
     )
     if prof is not None:
         pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(10)
+        if os.environ.get("KVTRACE_PROFILE_OUT"):
+            prof.dump_stats(os.environ["KVTRACE_PROFILE_OUT"])
 
 
 if __name__ == "__main__":

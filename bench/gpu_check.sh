@@ -10,7 +10,8 @@
 #   PYTHON=/path/to/python WHEELS=bench/.wheels LIMIT= bash bench/gpu_check.sh
 #
 # LIMIT: requests of the Mooncake trace to replay (empty: all 3,993). TESTS=0 skips the tests.
-# DEVICES: the devices compared (default "cuda cpu"; "cpu" alone is a dry run without a GPU).
+# DEVICES: the devices compared (default "cuda torch:cpu cpu": torch on the GPU, the same torch
+# code on the CPU, and numpy, the CPU's path; "cpu" alone is a dry run without a GPU).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO="$PWD"
@@ -34,7 +35,7 @@ fi
 "$VENV/bin/python" -m pip install -q --no-index --find-links "$WHEELS" -r requirements/gpu-check.txt || exit 2
 export PYTHONPATH="$REPO"  # kvtrace from this checkout, not installed
 VPY="$VENV/bin/python"
-DEVICES="${DEVICES:-cuda cpu}"
+DEVICES="${DEVICES:-cuda torch:cpu cpu}"
 case " $DEVICES " in
   *" cuda "*) "$VPY" -c "import torch, kvtrace.engine.engine; assert torch.cuda.is_available(), 'no GPU visible'" \
                 || exit 2 ;;

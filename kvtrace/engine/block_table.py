@@ -1,19 +1,17 @@
-"""The worker's block tables as a device tensor (vLLM's worker-side ``BlockTable``)."""
+"""The worker's block tables as a device array (vLLM's worker-side ``BlockTable``)."""
 
 from __future__ import annotations
 
-import torch
-
-from kvtrace.engine.storage import int64_tensor
+from kvtrace.engine.arrays import Arrays
 
 
 class BlockTableTensor:
     """A device copy of the worker's tables for one group, one row per running request
     (vLLM's worker-side ``BlockTable``): sampling gathers a whole batch's blocks at once."""
 
-    def __init__(self, device: torch.device, rows: int = 64, width: int = 64):
-        self.device = device
-        self.t = torch.zeros((rows, width), dtype=torch.int64, device=device)
+    def __init__(self, arrays: Arrays, rows: int = 64, width: int = 64):
+        self.arrays = arrays
+        self.t = arrays.zeros((rows, width))
 
     def _fit(self, row: int, width: int) -> None:
         r, w = self.t.shape
@@ -24,15 +22,15 @@ class BlockTableTensor:
             nr *= 2
         while nw < width:
             nw *= 2
-        grown = torch.zeros((nr, nw), dtype=torch.int64, device=self.device)
+        grown = self.arrays.zeros((nr, nw))
         grown[:r, :w] = self.t
         self.t = grown
 
     def set_row(self, row: int, ids: list[int]) -> None:
         self._fit(row, len(ids))
         if ids:
-            self.t[row, : len(ids)] = int64_tensor(ids, self.device)
+            self.t[row, : len(ids)] = self.arrays.ints(ids)
 
     def append(self, row: int, start: int, ids: list[int]) -> None:
         self._fit(row, start + len(ids))
-        self.t[row, start : start + len(ids)] = int64_tensor(ids, self.device)
+        self.t[row, start : start + len(ids)] = self.arrays.ints(ids)

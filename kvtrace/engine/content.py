@@ -18,9 +18,9 @@ are bit-identical on any device and for any chunking of the same tokens.
 from __future__ import annotations
 
 import numpy as np
-import torch
 
-from kvtrace.workload.tokens import VOCAB_SIZE
+from kvtrace.engine.arrays import Array, Arrays
+from kvtrace.workload.lines import VOCAB_SIZE
 
 P = 2**31 - 1
 _UNREDUCED_TERMS = 1 << 13  # up to this many unreduced 2^49 terms sum below 2^63
@@ -39,12 +39,12 @@ def lane_multipliers(num_lanes: int) -> tuple[int, ...]:
     return tuple(base[:num_lanes])
 
 
-def mulmod(x: torch.Tensor, y: torch.Tensor | int) -> torch.Tensor:
+def mulmod(x: Array, y: Array | int) -> Array:
     """(x * y) mod P for residues x, y in [0, P)."""
     return (x * y) % P
 
 
-def kv_values(tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+def kv_values(tokens: Array, positions: Array) -> Array:
     """Attention content of each token at its absolute position.
 
     One reduction suffices: token < 2^18 and position < 2^32 keep the sum below 2^63.
@@ -60,18 +60,20 @@ def kv_sum_closed_form(token_sum: int, start: int, end: int) -> int:
 
 
 class ContentModel:
-    """Power tables for ``num_lanes`` recurrent lanes on one device (grown on demand)."""
+    """Power tables for ``num_lanes`` recurrent lanes on one device (grown on demand);
+    ``device`` is a device name or the :class:`Arrays` of one (numpy for ``cpu``)."""
 
-    def __init__(self, num_lanes: int = 4, device: torch.device | str = "cpu"):
+    def __init__(self, num_lanes: int = 4, device: Arrays | str = "cpu"):
         self.num_lanes = num_lanes
-        self.device = torch.device(device)
+        self.arrays = xp = device if isinstance(device, Arrays) else Arrays(device)
+        self.device = xp.name
         self.multipliers = lane_multipliers(num_lanes)
-        self._m = torch.tensor(self.multipliers, dtype=torch.int64, device=self.device)
-        self._m_inv = torch.tensor([pow(m, P - 2, P) for m in self.multipliers], dtype=torch.int64, device=self.device)
-        self.pow = torch.ones((1, num_lanes), dtype=torch.int64, device=self.device)
-        self.inv_pow = torch.ones((1, num_lanes), dtype=torch.int64, device=self.device)
+        self._m = xp.ints(self.multipliers)
+        self._m_inv = xp.ints([pow(m, P - 2, P) for m in self.multipliers])
+        self.pow = xp.full((1, num_lanes), 1)
+        self.inv_pow = xp.full((1, num_lanes), 1)
         self._pow_host: np.ndarray | None = None
-        self._inv_pow_t: torch.Tensor | None = None
+        self._inv_pow_t: Array | None = None
         self.ensure(4096)
 
     def ensure(self, n: int) -> None:
@@ -83,39 +85,39 @@ class ContentModel:
         while pw.shape[0] < n:
             k = pw.shape[0]
             step, istep = self._powk(self._m, k), self._powk(self._m_inv, k)
-            pw = torch.cat([pw, (pw * step) % P])
-            ipw = torch.cat([ipw, (ipw * istep) % P])
+            pw = self.arrays.concat([pw, (pw * step) % P])
+            ipw = self.arrays.concat([ipw, (ipw * istep) % P])
         self.pow, self.inv_pow = pw, ipw
 
     def descending_powers(self, n: int) -> np.ndarray:
         """``[n, D]`` host view whose row i is m^(n-1-i): a chunk's weights in the closed
-        form (its last token weighs m^0). A view of the CPU model's table, no copy."""
+        form (its last token weighs m^0). A view of the table's host copy, no copy."""
         self.ensure(n + 1)
         if self._pow_host is None or self._pow_host.shape[0] != self.pow.shape[0]:
-            self._pow_host = self.pow.cpu().numpy()
+            self._pow_host = self.arrays.host(self.pow)
         return self._pow_host[n - 1::-1] if n else self._pow_host[:0]
 
-    def _inv_pow_lanes(self) -> torch.Tensor:
+    def _inv_pow_lanes(self) -> Array:
         """``inv_pow`` lane-major ``[D, n]`` (a contiguous copy, redone when the table grows)."""
         t = self._inv_pow_t
         if t is None or t.shape[1] != self.inv_pow.shape[0]:
-            t = self._inv_pow_t = self.inv_pow.t().contiguous()
+            t = self._inv_pow_t = self.arrays.copy(self.inv_pow.T)
         return t
 
     def strided_powers(self, step: int, count: int, inverse: bool = False) -> np.ndarray:
         """``[count, D]`` host array of m^(step*j) (or m^-(step*j)), j = 0..count-1."""
         self.ensure(step * (count - 1) + 1)
         table = self.inv_pow if inverse else self.pow
-        return table[: step * (count - 1) + 1 : step].cpu().numpy()
+        return self.arrays.host(table[: step * (count - 1) + 1 : step])
 
     def power(self, k: int) -> np.ndarray:
         """m^k per lane, on the host."""
         return self.descending_powers(k + 1)[0]
 
     @staticmethod
-    def _powk(base: torch.Tensor, k: int) -> torch.Tensor:
-        out = torch.ones_like(base)
-        b = base.clone()
+    def _powk(base: Array, k: int) -> Array:
+        out = base * 0 + 1
+        b = base
         while k:
             if k & 1:
                 out = (out * b) % P
@@ -126,16 +128,16 @@ class ContentModel:
     # -- recurrent state ----------------------------------------------------------------
     def advance(
         self,
-        start_states: torch.Tensor,  # [B, D] state at each segment's start position
-        tokens: torch.Tensor,  # [N] all segments' tokens, concatenated
-        positions: torch.Tensor,  # [N] absolute position of each token
-        seg_offsets: torch.Tensor,  # [B] flat index of each segment's first token
-        seg_starts: torch.Tensor,  # [B] absolute start position of each segment
-        query_seg: torch.Tensor,  # [Q] segment of each query
-        query_end: torch.Tensor,  # [Q] absolute position the state is wanted after (> seg start)
+        start_states: Array,  # [B, D] state at each segment's start position
+        tokens: Array,  # [N] all segments' tokens, concatenated
+        positions: Array,  # [N] absolute position of each token
+        seg_offsets: Array,  # [B] flat index of each segment's first token
+        seg_starts: Array,  # [B] absolute start position of each segment
+        query_seg: Array,  # [Q] segment of each query
+        query_end: Array,  # [Q] absolute position the state is wanted after (> seg start)
         max_end: int | None = None,  # every position < max_end and every query end <= it, if known
         ranges: list[tuple[int, int]] | None = None,  # each segment's [start, end) positions, if known
-    ) -> torch.Tensor:
+    ) -> Array:
         """States [Q, D] after ``query_end`` tokens, for queries inside the segments.
 
         ``max_end`` spares reading the bound back from the device; with ``ranges`` the
@@ -143,48 +145,40 @@ class ContentModel:
         out lane-major ``[D, N]``: the running sum then runs along contiguous memory."""
         if max_end is not None:
             self.ensure(max_end + 1)
-        elif tokens.numel():
+        elif tokens.shape[0]:
             self.ensure(int(positions.max()) + 2)
         else:
-            self.ensure(int(query_end.max()) + 2 if query_end.numel() else 1)
+            self.ensure(int(query_end.max()) + 2 if query_end.shape[0] else 1)
         n = tokens.shape[0]
         table = self._inv_pow_lanes()
         if ranges is not None and len(ranges) > 1:
-            terms = torch.cat([table[:, a:e] for a, e in ranges], dim=1)
-            terms.mul_(tokens)
+            terms = self.arrays.concat([table[:, a:e] for a, e in ranges], axis=1)
+            terms *= tokens
         elif ranges is not None:
             terms = table[:, ranges[0][0]:ranges[0][1]] * tokens
         else:
-            terms = table.index_select(1, positions) * tokens  # each < 2^18 * 2^31 = 2^49
+            terms = table[:, positions] * tokens  # each < 2^18 * 2^31 = 2^49
         if n > _UNREDUCED_TERMS:  # keep the running sum below 2^63
             terms %= P
-        csum = torch.zeros((self.num_lanes, n + 1), dtype=torch.int64, device=self.device)
-        torch.cumsum(terms, dim=1, out=csum[:, 1:])  # csum[:, i] = sum of terms[:, :i]
+        csum = self.arrays.zeros((self.num_lanes, n + 1))
+        self.arrays.cumsum_into(terms, csum[:, 1:], axis=1)  # csum[:, i] = sum of terms[:, :i]
         start = seg_starts[query_seg]
         lo = seg_offsets[query_seg]
         hi = lo + (query_end - start)
-        seg_sum = ((csum[:, hi] - csum[:, lo]) % P).t()
+        seg_sum = ((csum[:, hi] - csum[:, lo]) % P).T
         decay = self.pow[query_end - start]
         lift = self.pow[query_end - 1]
         return ((decay * start_states[query_seg]) % P + (lift * seg_sum) % P) % P
 
-    def step_one(self, states: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    def step_one(self, states: Array, tokens: Array) -> Array:
         """States [B, D] after one more token each (the decode step)."""
-        return (states * self._m + tokens.unsqueeze(1)) % P
+        return (states * self._m + tokens[:, None]) % P
 
-    def states_from_scratch(self, tokens: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    def states_from_scratch(self, tokens: Array, ends: Array) -> Array:
         """States [Q, D] after ``ends[q]`` tokens of one sequence, starting from zero."""
-        n = tokens.shape[0]
-        dev = self.device
-        return self.advance(
-            torch.zeros((1, self.num_lanes), dtype=torch.int64, device=dev),
-            tokens,
-            torch.arange(n, dtype=torch.int64, device=dev),
-            torch.zeros(1, dtype=torch.int64, device=dev),
-            torch.zeros(1, dtype=torch.int64, device=dev),
-            torch.zeros(ends.shape[0], dtype=torch.int64, device=dev),
-            ends,
-        )
+        xp = self.arrays
+        return self.advance(xp.zeros((1, self.num_lanes)), tokens, xp.arange(tokens.shape[0]), xp.zeros(1),
+                            xp.zeros(1), xp.zeros(ends.shape[0]), ends)
 
     def step_state(self, state: list[int], token: int) -> list[int]:
         """One token on a Python-int state (the reference's decode path)."""
@@ -195,27 +189,24 @@ def sample_token(state_lane_sum: int, kv_sum: int) -> int:
     return (state_lane_sum + kv_sum) % P % VOCAB_SIZE
 
 
-def fingerprint_rows(values: torch.Tensor, num_valid: torch.Tensor | None = None) -> torch.Tensor:
+def fingerprint_rows(xp: Arrays, values: Array, num_valid: Array | None = None) -> Array:
     """Fold each row [.., W] to one residue: sum_i v_i * R^i mod P over the first num_valid."""
     width = values.shape[-1]
-    powers = _fp_powers(width, values.device)
-    terms = (values * powers) % P
+    terms = (values * _fp_powers(xp, width)) % P
     if num_valid is not None:
-        mask = torch.arange(width, device=values.device).unsqueeze(0) < num_valid.unsqueeze(1)
-        terms = terms * mask
-    return terms.sum(dim=-1) % P
+        terms = terms * (xp.arange(width)[None, :] < num_valid[:, None])
+    return terms.sum(-1) % P
 
 
-_FP_CACHE: dict[tuple[int, str], torch.Tensor] = {}
+_FP_CACHE: dict[tuple[int, str], Array] = {}
 
 
-def _fp_powers(width: int, device: torch.device) -> torch.Tensor:
-    key = (width, str(device))
+def _fp_powers(xp: Arrays, width: int) -> Array:
+    key = (width, xp.name)
     t = _FP_CACHE.get(key)
     if t is None:
         vals = [1] * width
         for i in range(1, width):
             vals[i] = vals[i - 1] * FINGERPRINT_BASE % P
-        t = torch.tensor(vals, dtype=torch.int64, device=device)
-        _FP_CACHE[key] = t
+        t = _FP_CACHE[key] = xp.ints(vals)
     return t

@@ -24,6 +24,7 @@ from typing import Any
 
 from kvtrace.cache import CacheConfig, KVCacheManager
 from kvtrace.cache.events import BlockCopied, BlockEvicted, BlockPublished
+from kvtrace.engine.arrays import TORCH_CPU
 from kvtrace.engine.backends import BACKENDS, DEFAULT_BACKEND, VLLM
 from kvtrace.engine.clock import Clock, CostModel
 from kvtrace.engine.config import SchedulerConfig
@@ -87,19 +88,21 @@ class Engine:
             return self._run_with_content(workload, listeners)
 
     def _run_with_content(self, workload: Iterable[TraceRequest], listeners: Sequence[StepListener]) -> EngineResult:
-        import torch
-
         from kvtrace.engine.storage import default_device
 
-        storage_device = torch.device(self.device) if self.device is not None else default_device()
+        device = str(self.device) if self.device is not None else default_device()
+        if device == "cpu":  # numpy arrays (kvtrace.engine.arrays): no torch at all
+            return self._run(workload, listeners, device)
+        import torch
+
         saved = torch.get_num_threads()
-        if self.cpu_threads and storage_device.type == "cpu":
+        if self.cpu_threads and device.startswith(("cpu", TORCH_CPU)):
             torch.set_num_threads(self.cpu_threads)
         try:
             # no autograd bookkeeping: about a fifth of each small op's cost, and nothing here
             # needs gradients (every tensor of the run is made and used inside)
             with torch.inference_mode():
-                return self._run(workload, listeners, storage_device)
+                return self._run(workload, listeners, device)
         finally:
             torch.set_num_threads(saved)
 

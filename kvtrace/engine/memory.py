@@ -41,7 +41,7 @@ def _torch_is_cpu_build() -> bool:
     return re.search(r"^cuda\s*(:[^=]*)?=\s*None\s*$", text, re.MULTILINE) is not None
 
 
-DEVICE_ENV = "KVTRACE_DEVICE"  # cpu | cuda: the content's device when the caller names none
+DEVICE_ENV = "KVTRACE_DEVICE"  # cpu | cuda[:N] | torch:cpu (kvtrace.engine.arrays): when the caller names none
 
 
 def default_device_type() -> str:
@@ -49,9 +49,9 @@ def default_device_type() -> str:
     imports torch only for a CUDA build. (Content is bit-identical on either device.)"""
     chosen = os.environ.get(DEVICE_ENV, "").strip()
     if chosen:
-        if chosen not in ("cpu", "cuda") and not chosen.startswith("cuda:"):
-            raise ConfigError(DEVICE_ENV, chosen, "expected cpu, cuda or cuda:N")
-        if chosen != "cpu":
+        if chosen not in ("cpu", "cuda", "torch:cpu") and not chosen.startswith("cuda:"):
+            raise ConfigError(DEVICE_ENV, chosen, "expected cpu, cuda, cuda:N or torch:cpu")
+        if chosen.startswith("cuda"):
             _check_cuda(chosen)
         return chosen
     if "torch" not in sys.modules and _torch_is_cpu_build():

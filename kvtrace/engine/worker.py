@@ -15,8 +15,9 @@ copy list and the internal prefill checkpoint writes. The Core's ``running`` and
 device block-table tensor (vLLM's worker-side ``BlockTable``); the decode-step reference
 is advanced for the whole batch at once from per-request "tips" on the CPU.
 
-Speed: per-step tensors are small, so the cost is the number of torch calls, not the
-data. Decode tokens (one token that consumes the request's last known one) therefore go
+Speed: per-step arrays are small, so the cost is the number of array calls, not the
+data (numpy on the CPU, torch on a GPU: :mod:`kvtrace.engine.arrays`). Decode tokens
+(one token that consumes the request's last known one) therefore go
 as one batch built from one host list (``_decode_write``, ``_decode_sample``), and only
 the prefill chunks take the general path; the split is made only where the two parts
 touch disjoint blocks, so every value is what one pass gives (tests/engine/
@@ -26,19 +27,19 @@ test_decode_fast_path.py compares both ways event by event).
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from kvtrace.cache import CacheConfig, FullAttentionSpec, MambaSpec, SlidingWindowSpec
 from kvtrace.cache.plans import STATE_CHECKPOINT, STATE_EXTERNAL, STATE_RUNNING
+from kvtrace.engine.arrays import Array
 from kvtrace.engine.block_table import BlockTableTensor
 from kvtrace.engine.content import KV_A, KV_B, KV_C, ContentModel, P, kv_values
 from kvtrace.engine.reference import PrefixOracle, TraceBlockMemo
 from kvtrace.engine.request import EngineRequest
 from kvtrace.engine.scheduler import SchedulerOutput
 from kvtrace.engine.step import Divergence, StepResult, tally
-from kvtrace.engine.storage import DeviceStorage, first_sums, int64_tensor
+from kvtrace.engine.storage import DeviceStorage, first_sums
 from kvtrace.numeric import cdiv
-from kvtrace.workload.tokens import VOCAB_SIZE
+from kvtrace.workload.lines import VOCAB_SIZE
 
 
 class _Seq:
@@ -61,6 +62,7 @@ class Worker:
         self.cache_config = cache_config
         self.storage = storage
         self.device = storage.device
+        self.xp = xp = storage.arrays
         self.verify = verify
         self.full_groups = [g for g, s in enumerate(cache_config.groups) if isinstance(s, FullAttentionSpec)]
         self.swa_groups = [g for g, s in enumerate(cache_config.groups) if isinstance(s, SlidingWindowSpec)]
@@ -71,11 +73,11 @@ class Worker:
         if len(lanes) != 1:
             raise ValueError("all MambaSpec groups must have the same num_lanes")
         self.num_lanes = lanes.pop()
-        self.content = ContentModel(self.num_lanes, self.device)
+        self.content = ContentModel(self.num_lanes, xp)
         self.ref_model = ContentModel(self.num_lanes, "cpu")
         self.memo = TraceBlockMemo(self.ref_model)
         self.seqs: dict[str, _Seq] = {}
-        self.table_tensors = {g: BlockTableTensor(self.device) for g in self.full_groups}
+        self.table_tensors = {g: BlockTableTensor(xp) for g in self.full_groups}
         self._free_rows: list[int] = []
         # Reference tips per row (CPU, numpy: a few small ops per step, where torch's per-op
         # overhead is the cost): the decode step's reference, vectorised over the batch.
@@ -180,20 +182,19 @@ class Worker:
         for s, start, end in loads:
             self._write_kv(s, start, end, s.request.get_token_ids(start, end))
             if self.state_groups:
-                st = int64_tensor([self.oracle(s.request).state_at(end)], self.device)
+                st = self.xp.ints([self.oracle(s.request).state_at(end)])
                 for g in self.state_groups:
                     blk = s.tables[g][cdiv(end, self.block_size[g]) - 1]
-                    self.storage.write_states(g, int64_tensor([blk], self.device), st)
+                    self.storage.write_states(g, self.xp.ints([blk]), st)
 
     def _write_kv(self, s: _Seq, start: int, end: int, tokens: np.ndarray) -> None:
-        pos = torch.arange(start, end, dtype=torch.int64, device=self.device)
-        vals = kv_values(torch.from_numpy(np.ascontiguousarray(tokens)).to(self.device), pos)
+        xp = self.xp
+        vals = kv_values(xp.from_host(tokens), xp.arange(start, end))
         for g in self.attn_groups:
             bs = self.block_size[g]
             table = np.asarray(s.tables[g], dtype=np.int64)
             p = np.arange(start, end, dtype=np.int64)
-            blocks = torch.from_numpy(table[p // bs]).to(self.device)
-            self.storage.write_kv(g, blocks, torch.from_numpy(p % bs).to(self.device), vals)
+            self.storage.write_kv(g, xp.from_host(table[p // bs]), xp.from_host(p % bs), vals)
 
     @staticmethod
     def _token_at(request, position: int) -> int:
@@ -301,7 +302,7 @@ class Worker:
         toks = [sq.request.output_token_ids[-1] for _, sq, _ in dec]  # the token at position a
         pos = [a for _, _, a in dec]
         ends = [a + 1 for a in pos]
-        # One host list, one tensor: torch's per-call cost, not the data, dominates at this size.
+        # One host list, one array: the per-call cost, not the data, dominates at this size.
         host: list[int] = [(t * KV_A + a * KV_B + KV_C) % P for t, a in zip(toks, pos)]
         host += toks
         at: dict[str, int] = {}
@@ -336,9 +337,10 @@ class Worker:
                 nfull = [a // bs for a in pos]
                 widths[g] = max(nfull)
                 put(f"nfull{g}", nfull)
-        h = int64_tensor(host, self.device)
+        xp = self.xp
+        h = xp.ints(host)
 
-        def view(name: str) -> torch.Tensor:
+        def view(name: str) -> Array:
             return h[at[name]: at[name] + B]
 
         vals, tokens = h[:B], h[B: 2 * B]
@@ -351,14 +353,14 @@ class Worker:
                 part = self.storage.append_kv(g, blk, slot, vals)
             else:
                 self.storage.write_kv(g, blk, slot, vals)
-                part = first_sums(self.storage.read_kv(g, blk), slot + 1)
+                part = first_sums(xp, self.storage.read_kv(g, blk), slot + 1)
             if g in widths:
                 total = part if total is None else total + part
         for g in self.state_groups:
             s0 = self.storage.read_states(g, view(f"src{g}"))
             states = self.content.step_one(s0, tokens)
             self.storage.write_states(g, view(f"dst{g}"), states)
-            lanes = states.sum(dim=1)
+            lanes = states.sum(1)
             total = lanes if total is None else total + lanes
         res.num_decode_seqs += B  # step.tally's decode count, for the whole batch
         res.decode_context_tokens += sum(ends)
@@ -373,11 +375,11 @@ class Worker:
         for g in self.full_groups:
             w = widths[g]
             if w:  # the full blocks: their maintained sums, through the worker's own table
-                tab = self.table_tensors[g].t[:, :w].index_select(0, view("rows"))
+                tab = self.table_tensors[g].t[:, :w][view("rows")]
                 block_sum = self.storage.block_sum[g]
                 assert block_sum is not None
                 sums = block_sum.take(tab)
-                kv = first_sums(sums, view(f"nfull{g}"))
+                kv = first_sums(self.xp, sums, view(f"nfull{g}"))
                 total = kv if total is None else total + kv
         assert total is not None
         out = (total % P % VOCAB_SIZE).tolist()
@@ -403,7 +405,7 @@ class Worker:
         return fast
 
     def _compute_general(self, work: list[tuple[_Seq, int, int]], out: SchedulerOutput, res: StepResult) -> None:
-        dev = self.device
+        xp = self.xp
         B = len(work)
         starts = [w[1] for w in work]
         lens = [w[2] for w in work]
@@ -412,14 +414,14 @@ class Worker:
         tok_list = None
         if decode_only:  # one token each: plain lists beat numpy at this size
             tok_list = [self._token_at(w[0].request, w[1]) for w in work]
-            tokens = int64_tensor(tok_list, dev)
-            positions = int64_tensor(starts, dev)
+            tokens = xp.ints(tok_list)
+            positions = xp.ints(starts)
             pos_np = None
         else:
             tok_np = np.concatenate([w[0].request.get_token_ids(w[1], w[1] + w[2]) for w in work])
             pos_np = np.concatenate([np.arange(a, e, dtype=np.int64) for a, e in zip(starts, ends)])
-            tokens = torch.from_numpy(tok_np.astype(np.int64, copy=False)).to(dev)
-            positions = torch.from_numpy(pos_np).to(dev)
+            tokens = xp.from_host(tok_np)
+            positions = xp.from_host(pos_np)
 
         # Attention: every token's kv into the slot its table names.
         if self.attn_groups:
@@ -428,8 +430,8 @@ class Worker:
                 bs = self.block_size[g]
                 if decode_only:
                     blocks = [w[0].tables[g][a // bs] for w, a in zip(work, starts)]
-                    block_t = int64_tensor(blocks, dev)
-                    slot_t = int64_tensor([a % bs for a in starts], dev)
+                    block_t = xp.ints(blocks)
+                    slot_t = xp.ints([a % bs for a in starts])
                     touched_t = block_t
                 else:
                     pieces, touched = [], []
@@ -443,13 +445,14 @@ class Worker:
                             # (annotated: numpy's stubs pick a timedelta64 overload for clip)
                             counts: np.ndarray = np.diff(np.clip(np.arange(b0, b1 + 2, dtype=np.int64) * bs, a, a + n))
                             pieces.append(np.repeat(np.asarray(run, dtype=np.int64), counts))
-                    block_t = torch.from_numpy(np.concatenate(pieces)).to(dev)
-                    slot_t = torch.from_numpy(pos_np % bs).to(dev)  # type: ignore[operator]  # set unless decode_only
-                    touched_t = int64_tensor(touched, dev)
+                    block_t = xp.from_host(np.concatenate(pieces))
+                    assert pos_np is not None  # set unless decode_only
+                    slot_t = xp.from_host(pos_np % bs)
+                    touched_t = xp.ints(touched)
                 self.storage.write_kv(g, block_t, slot_t, vals, touched_t)
 
         # Recurrent state: read at the chunk start, write at the chunk end (+ checkpoints).
-        end_states: list[torch.Tensor] = []
+        end_states: list[Array] = []
         if self.state_groups:
             extra: list[tuple[int, int, int]] = []  # (group, block, query row)
             q_seg = list(range(B))
@@ -477,9 +480,9 @@ class Worker:
                         core = running_core.get((w[0].request.request_id, g))
                         if core is not None and core != d:
                             res.table_disagreements += 1
-                s0 = self.storage.read_states(g, int64_tensor(src, dev))
+                s0 = self.storage.read_states(g, xp.ints(src))
                 if fresh:
-                    s0[int64_tensor(fresh, dev)] = 0
+                    s0[xp.ints(fresh)] = 0
                 if decode_only and not extra:
                     states = self.content.step_one(s0, tokens)
                 else:
@@ -488,18 +491,18 @@ class Worker:
                         for i in range(1, B):
                             offsets[i] = offsets[i - 1] + lens[i - 1]
                         closed_form = (
-                            int64_tensor(offsets, dev),
-                            int64_tensor(starts, dev),
-                            int64_tensor(q_seg, dev),
-                            int64_tensor(q_end, dev),
+                            xp.ints(offsets),
+                            xp.ints(starts),
+                            xp.ints(q_seg),
+                            xp.ints(q_end),
                         )
                     states = self.content.advance(s0, tokens, positions, *closed_form, max_end=max(q_end),
                                                   ranges=list(zip(starts, ends)))
-                self.storage.write_states(g, int64_tensor(dst, dev), states[:B])
+                self.storage.write_states(g, xp.ints(dst), states[:B])
                 for grp, blk, row in extra:
                     if grp == g:
                         self.storage.write_states(
-                            g, int64_tensor([blk], dev), states[row : row + 1]
+                            g, xp.ints([blk]), states[row : row + 1]
                         )
                 end_states.append(states[:B])
 
@@ -509,16 +512,16 @@ class Worker:
             self._sample(work, sample_idx, ends, end_states, res, tok_list)
 
     def _sample(
-        self, work, sample_idx: list[int], ends: list[int], end_states: list[torch.Tensor], res: StepResult,
+        self, work, sample_idx: list[int], ends: list[int], end_states: list[Array], res: StepResult,
         tok_list: list[int] | None = None,
     ) -> None:
-        dev = self.device
+        xp = self.xp
         S = len(sample_idx)
-        total = torch.zeros(S, dtype=torch.int64, device=dev)
+        total = xp.zeros(S)
         if end_states:
-            state_rows = int64_tensor(sample_idx, dev) if len(work) > S else None
+            state_rows = xp.ints(sample_idx) if len(work) > S else None
             for states in end_states:  # the state each group's table slot now holds
-                total += (states if state_rows is None else states[state_rows]).sum(dim=1)
+                total += (states if state_rows is None else states[state_rows]).sum(1)
         if self.full_groups:
             e_list, row_list, seqs = [], [], []
             for i in sample_idx:
@@ -526,20 +529,20 @@ class Worker:
                 e_list.append(ends[i])
                 row_list.append(sq.row)
                 seqs.append(sq)
-            e_t = int64_tensor(e_list, dev)
-            rows = int64_tensor(row_list, dev)
+            e_t = xp.ints(e_list)
+            rows = xp.ints(row_list)
         for g in self.full_groups:
             bs = self.block_size[g]
             width = max([len(sq.tables[g]) for sq in seqs])
-            tab = self.table_tensors[g].t.index_select(0, rows)[:, :width]  # [S, W]: the worker's own tables
-            nfull = torch.div(e_t, bs, rounding_mode="floor")
+            tab = self.table_tensors[g].t[rows][:, :width]  # [S, W]: the worker's own tables
+            nfull = e_t // bs
             rem = e_t - nfull * bs
             # full blocks: their maintained sums; the last, partial block: its first rem slots
             sums = self.storage.block_sum[g].take(tab)  # type: ignore[union-attr]  # attention groups have sums
-            total += first_sums(sums, nfull)
-            last = tab.gather(1, nfull.clamp(max=width - 1).unsqueeze(1)).squeeze(1)
-            vals = self.storage.data[g].index_select(0, last)  # [S, bs]
-            total += first_sums(vals, rem)
+            total += first_sums(xp, sums, nfull)
+            last = tab[xp.arange(S), xp.minimum(nfull, width - 1)]
+            vals = self.storage.data[g][last]  # [S, bs]
+            total += first_sums(xp, vals, rem)
         for g in self.swa_groups:
             bs = self.block_size[g]
             window = self.cache_config.groups[g].sliding_window  # type: ignore[union-attr]  # an SWA group
@@ -548,11 +551,9 @@ class Worker:
                 e = ends[i]
                 p = np.arange(max(0, e - window), e, dtype=np.int64)
                 t = np.asarray(work[i][0].tables[g], dtype=np.int64)
-                vals = self.storage.slot_values(
-                    g, torch.from_numpy(t[p // bs]).to(dev), torch.from_numpy(p % bs).to(dev)
-                )
+                vals = self.storage.slot_values(g, xp.from_host(t[p // bs]), xp.from_host(p % bs))
                 acc_list.append(int(vals.sum()) % P)
-            total += int64_tensor(acc_list, dev)
+            total += xp.ints(acc_list)
         sampled = (total % P % VOCAB_SIZE).tolist()
         for k, i in enumerate(sample_idx):
             res.sampled[work[i][0].request.request_id] = sampled[k]

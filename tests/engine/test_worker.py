@@ -1,7 +1,6 @@
 """The worker on hand-made SchedulerOutputs: own tables, copies, content, sampling."""
 
 import numpy as np
-import torch
 
 from kvtrace.cache import BlockCopy, CacheConfig, FullAttentionSpec, MambaSpec
 from kvtrace.engine import EngineRequest
@@ -38,7 +37,7 @@ def test_tables_come_only_from_the_output_and_prefill_then_decode_match_the_refe
     assert list(res.sampled) == ["a"] and res.divergences == []
     assert res.sampled["a"] == worker.reference_token(req, 20)
     # kv of positions 16..19 sits in block 5, slots 0..3
-    assert storage.read_kv(0, torch.tensor([5]))[0, :4].tolist() != [0, 0, 0, 0]
+    assert storage.read_kv(0, storage.arrays.ints([5]))[0, :4].tolist() != [0, 0, 0, 0]
 
 
 def test_a_copy_runs_before_compute_and_a_wrong_table_is_caught_by_the_reference():
