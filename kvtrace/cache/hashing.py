@@ -58,6 +58,50 @@ def xxhash_cbor(obj: object) -> bytes:
 HASH_FNS: dict[str, HashFn] = {"sha256_cbor": sha256_cbor, "xxhash": xxhash_cbor}
 
 
+def _sha256(encoded: bytes) -> bytes:
+    return hashlib.sha256(encoded).digest()
+
+
+# The same hashes of an already encoded object (trace_unit_cbor's bytes).
+RAW_HASH_FNS: dict[str, Callable[[bytes], bytes]] = {"sha256_cbor": _sha256, "xxhash": xxhash.xxh3_64_digest}
+
+_U64 = 1 << 64
+
+
+def _cbor_head(major: int, n: int) -> bytes:
+    """A CBOR head (RFC 8949 3.1) in its shortest form, as canonical encoding requires."""
+    if n < 24:
+        return bytes((major | n,))
+    if n < 0x100:
+        return bytes((major | 24, n))
+    if n < 0x10000:
+        return bytes((major | 25,)) + n.to_bytes(2, "big")
+    if n < 0x100000000:
+        return bytes((major | 26,)) + n.to_bytes(4, "big")
+    return bytes((major | 27,)) + n.to_bytes(8, "big")
+
+
+_TRACE_UNIT = b"\x84\x65trace"  # the 4-array ("trace", ...) and its text "trace"
+
+
+def trace_unit_cbor(parent: bytes, namespace: int, block_id: int, unit: int) -> bytes | None:
+    """``cbor2.dumps((parent, ("trace", namespace, block_id, unit), None), canonical=True)``,
+    built directly (cbor2's general encoder is most of a trace unit's hash), or None for an
+    int beyond 64 bits (a bignum: left to cbor2). tests/cache/test_hashing.py holds both
+    equal on random inputs."""
+    if type(parent) is not bytes:
+        return None
+    ints = b""
+    for v in (namespace, block_id, unit):
+        if 0 <= v < _U64:
+            ints += _cbor_head(0x00, v)
+        elif -_U64 <= v < 0:
+            ints += _cbor_head(0x20, -1 - v)
+        else:
+            return None
+    return b"\x83" + _cbor_head(0x40, len(parent)) + parent + _TRACE_UNIT + ints + b"\xf6"
+
+
 def none_hash(hash_fn: HashFn) -> bytes:
     """The parent of the first unit: H of a fixed seed (deterministic across runs)."""
     return hash_fn(_NONE_HASH_SEED)
@@ -80,10 +124,11 @@ class BlockHasher:
     therefore do not share keys (a trace is replayed in one mode).
     """
 
-    __slots__ = ("_trace_memo", "hash_block_size", "hash_fn", "memo_hits", "memo_misses", "none_hash")
+    __slots__ = ("_trace_memo", "hash_block_size", "hash_fn", "hash_raw", "memo_hits", "memo_misses", "none_hash")
 
     def __init__(self, hash_fn_name: str, hash_block_size: int):
         self.hash_fn = HASH_FNS[hash_fn_name]
+        self.hash_raw = RAW_HASH_FNS[hash_fn_name]
         self.hash_block_size = hash_block_size
         self.none_hash = none_hash(self.hash_fn)
         # (namespace, lora, salt, trace block size) -> {(parent, id): unit hashes of that block}
@@ -143,12 +188,14 @@ class BlockHasher:
             append = hashes.append
             lora_only = self.extra_keys(request, False)
             get = memo.get
+            raw = self.hash_raw
             for tid in tids[j:last_j]:
                 h = get((parent, tid))
                 if h is None:
                     misses += 1
                     extra = self.extra_keys(request, True) if not hashes else lora_only
-                    h = fn((parent, ("trace", ns, tid, 0), extra))
+                    encoded = trace_unit_cbor(parent, ns, tid, 0) if extra is None else None
+                    h = raw(encoded) if encoded is not None else fn((parent, ("trace", ns, tid, 0), extra))
                     memo[(parent, tid)] = h
                 append(h)
                 parent = h
@@ -161,7 +208,9 @@ class BlockHasher:
                     out = []
                     p = parent
                     for u in range(per_block):
-                        p = fn((p, ("trace", ns, tid, u), self.extra_keys(request, j == 0 and u == 0)))
+                        extra = self.extra_keys(request, j == 0 and u == 0)
+                        encoded = trace_unit_cbor(p, ns, tid, u) if extra is None else None
+                        p = self.hash_raw(encoded) if encoded is not None else fn((p, ("trace", ns, tid, u), extra))
                         out.append(p)
                     units = tuple(out)
                     memo[(parent, tid)] = units

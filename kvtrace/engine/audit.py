@@ -5,6 +5,11 @@ is computed from the publishing request's tokens (kv slots of the block's range 
 attention, the state after ``num_tokens`` for Mamba). An audit reads the actual blocks
 from device storage for every entry of ``cached_entries()`` and reports each mismatch
 once. Keys are content-derived, so the expectation does not depend on who published.
+
+Attention content changes only through the storage's writes and copies, each of which
+stamps the blocks it touches: an audit reads an attention block again only when its stamp
+moved since it last read it (the verdict is otherwise the same), so an audit costs what
+changed, not the whole cache.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ class StaleHashAuditor:
         self.expected: dict[tuple[int, BlockHash], tuple[int, int]] = {}  # (group, hash) -> (num_tokens, fp)
         self._hash_index: dict[str, tuple[int, dict[BlockHash, int]]] = {}
         self._reported: set[tuple[int, BlockHash, int]] = set()
+        self._checked: dict[tuple[int, BlockHash, int], tuple[int, int]] = {}
         self.num_stale = 0
         self.num_unverified = 0
 
@@ -79,26 +85,44 @@ class StaleHashAuditor:
                 self.expected[key] = (ntok, fp)
 
     def audit(self, entries, step: int, time_ns: int) -> list[StaleHashFound]:
+        """Compare every cached key's block with its expected fingerprint.
+
+        An attention block is read again only when something wrote or copied into it since
+        it last matched (the storage stamps every write): its content, and so the verdict,
+        is otherwise what it was. State blocks are few and read every time."""
         by_group: dict[int, list[tuple[bytes, int, int]]] = {}
         for g, h, blk, ntok in entries:
             by_group.setdefault(g, []).append((h, blk, ntok))
         found: list[StaleHashFound] = []
         live: dict[tuple[int, bytes | int], tuple[int, int]] = {}
+        checked: dict[tuple[int, BlockHash, int], tuple[int, int]] = {}
+        xp = self.storage.arrays
         for g in sorted(by_group):
-            rows = by_group[g]
             bs = self.block_size[g]
-            ids = [blk for _, blk, _ in rows]
-            valid = [ntok - (ntok - 1) // bs * bs for _, _, ntok in rows]
-            actual = self.storage.fingerprints(g, ids, None if self.is_state[g] else valid)
-            for (h, blk, ntok), fp in zip(rows, actual):
+            rows = []
+            for h, blk, ntok in by_group[g]:
                 exp = self.expected.get((g, h))
                 if exp is None or exp[0] != ntok:
                     self.num_unverified += 1
                     continue
                 live[(g, h)] = exp
+                rows.append((h, blk, ntok, exp))
+            stamp = self.storage.stamp[g]
+            if stamp is not None and rows:
+                stamps = xp.host(stamp[xp.ints([blk for _, blk, _, _ in rows])]).tolist()
+                for (h, blk, ntok, _), at in zip(rows, stamps):
+                    checked[(g, h, blk)] = (ntok, at)
+                rows = [r for r, at in zip(rows, stamps) if self._checked.get((g, r[0], r[1])) != (r[2], at)]
+            if not rows:
+                continue
+            valid = [ntok - (ntok - 1) // bs * bs for _, _, ntok, _ in rows]
+            actual = self.storage.fingerprints(g, [blk for _, blk, _, _ in rows],
+                                               None if self.is_state[g] else valid)
+            for (h, blk, ntok, exp), fp in zip(rows, actual):
                 if exp[1] != fp and (g, h, blk) not in self._reported:
                     self._reported.add((g, h, blk))
                     self.num_stale += 1
                     found.append(StaleHashFound(step, time_ns, g, blk, h, ntok, exp[1], fp, None))
         self.expected = live  # keep expectations only for keys still cached
+        self._checked = checked  # (group, key, block) -> (tokens, stamp) when last read
         return found

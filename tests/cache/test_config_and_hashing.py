@@ -1,7 +1,10 @@
 """CacheConfig validation, behaviour switches, chained hashing and the trace memo."""
 
+import cbor2
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvtrace.cache import (
     ALL_BEHAVIOURS,
@@ -103,3 +106,21 @@ def test_trace_block_hashes_are_memoised_per_parent_and_id():
 def test_manager_rejects_unknown_hash_fn_through_config():
     with pytest.raises(ConfigError):
         KVCacheManager(CacheConfig(groups=(FullAttentionSpec(4),), num_gpu_blocks=4, hash_block_size=4, hash_fn="x"))
+
+
+_INTS = st.one_of(st.integers(-30, 300), st.integers(-(1 << 70), 1 << 70),
+                  st.sampled_from([23, 24, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**64 - 1, 2**64, -2**64,
+                                   -2**64 - 1, -24, -25, -257]))
+
+
+@settings(max_examples=400, deadline=None)
+@given(parent=st.binary(max_size=300), ns=_INTS, tid=_INTS, unit=_INTS)
+def test_the_direct_trace_unit_encoding_is_cbor2s_canonical_one(parent, ns, tid, unit):
+    from kvtrace.cache.hashing import trace_unit_cbor
+
+    got = trace_unit_cbor(parent, ns, tid, unit)
+    want = cbor2.dumps((parent, ("trace", ns, tid, unit), None), canonical=True)
+    if all(-(1 << 64) <= v < (1 << 64) for v in (ns, tid, unit)):
+        assert got == want
+    else:
+        assert got is None  # a bignum: left to cbor2

@@ -95,3 +95,47 @@ def test_the_auditor_and_the_sampler_see_corrupted_content():
     assert res.summary["stale_hashes"] > 0
     found = [e for b in batches for e in b.engine_events if isinstance(e, StaleHashFound)]
     assert found and found[0].expected_fingerprint != found[0].actual_fingerprint
+
+
+def test_an_attention_block_written_after_it_was_verified_is_audited_again():
+    """The audit re-reads an attention block only when the storage stamped a write or copy
+    into it since it last matched: a later wrong write into a verified cached block (here
+    one slot of the first published attention block, some audits after it was first
+    verified) must still be found."""
+    import kvtrace.engine.storage as eng_mod
+    from kvtrace.cache.events import BlockPublished
+
+    real_storage = eng_mod.DeviceStorage
+    held: list = []
+
+    class Held(real_storage):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            held.append(self)
+
+    target: list = []  # (group, block id, step published)
+    done: list = []
+
+    def corrupt(batch) -> None:
+        storage = held[0]
+        for ev in batch.cache_events:
+            if not target and isinstance(ev, BlockPublished) and not storage.is_state[ev.group_id]:
+                target.append((ev.group_id, ev.block_ids[0], batch.step.step))
+        if target and not done and batch.step.step >= target[0][2] + 3:  # a few audits later
+            g, blk, _ = target[0]
+            xp = storage.arrays
+            old = int(storage.read_kv(g, xp.ints([blk]))[0, 0])
+            storage.write_kv(g, xp.ints([blk]), xp.ints([0]), xp.ints([(old + 1) % (2**31 - 1)]))
+            done.append(batch.step.step)
+
+    eng_mod.DeviceStorage = Held
+    try:
+        batches: list = []
+        work = mixed_sessions()
+        Engine(preset(hybrid_all_on(num_gpu_blocks=(400, 64)), batch=128, seqs=8),
+               audit_interval=1).run(work, [corrupt, batches.append])
+    finally:
+        eng_mod.DeviceStorage = real_storage
+    assert done
+    found = [e for b in batches for e in b.engine_events if isinstance(e, StaleHashFound)]
+    assert any(e.group_id == target[0][0] and e.block_id == target[0][1] for e in found), found[:3]
