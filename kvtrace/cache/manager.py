@@ -292,6 +292,28 @@ class KVCacheManager:
         )
         return KVCacheBlocks(tuple(new_out))
 
+    def allocate_decode_slots(self, running: list[Request], start: int, limit: int, max_model_len: int) -> int:
+        """``allocate_slots(r, 1)`` for ``running[start:]`` in order, while each request is
+        a decode step (one token, its last known one, below ``max_model_len``) that the
+        decode fast path takes; at most ``limit``. Returns how many it allocated: each
+        exactly as ``allocate_slots`` would (no new blocks). The scheduler's loop over its
+        running requests then costs one call per run of decodes, not one per request."""
+        if not self.decode_fast_path:
+            return 0
+        end = min(len(running), start + limit)
+        i = start
+        while i < end:
+            request = running[i]
+            computed = request.num_computed_tokens
+            if request.num_prompt_tokens + len(request.output_token_ids) - computed != 1 or computed >= max_model_len:
+                break
+            request.bind_hasher(self.hasher)
+            if not self._allocate_decode_slot(request):
+                break
+            self.num_fast_decode_slots += 1
+            i += 1
+        return i - start
+
     def _allocate_decode_slot(self, request: Request) -> bool:
         """``allocate_slots(request, 1)`` for a decode token that needs no new block and
         keys nothing: do what the general path does then, or return False (nothing done).

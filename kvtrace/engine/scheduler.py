@@ -84,6 +84,9 @@ class Scheduler:
         self.use_external = cache_config.external is not None
         self.num_preemptions = 0
         self._no_new_ids: tuple[list[int], ...] = tuple([] for _ in cache_config.groups)  # shared: read only
+        # kvtrace's manager allocates a run of decode steps in one call; another backend
+        # (vLLM's manager) is called once per request
+        self._decode_run = getattr(kv_cache_manager, "allocate_decode_slots", None)
 
     # -- queue -----------------------------------------------------------------------------
     def add_request(self, request: EngineRequest) -> None:
@@ -175,8 +178,19 @@ class Scheduler:
         max_model_len = self.config.max_model_len
         # RUNNING first.
         running = self.running
+        decode_run = self._decode_run
         i = 0
         while i < len(running) and token_budget > 0:
+            if decode_run is not None:  # a run of decode steps in one call (the manager's fast path)
+                k = decode_run(running, i, token_budget, max_model_len)
+                if k:
+                    for request in running[i:i + k]:
+                        rid = request.request_id
+                        cached_reqs.append(CachedRequestData(rid, no_new_ids, request.num_computed_tokens))
+                        num_scheduled[rid] = 1
+                    token_budget -= k
+                    i += k
+                    continue
             request = running[i]
             computed = request.num_computed_tokens
             n = request.num_prompt_tokens + len(request.output_token_ids) - computed

@@ -109,3 +109,24 @@ def test_fast_paths_give_the_same_events_and_outputs(name, engine_preset, work, 
     assert len(fast[2]) == len(slow[2])
     for i, (a, b) in enumerate(zip(fast[2], slow[2])):
         assert a == b, f"event {i} differs"
+
+
+@pytest.mark.parametrize("name,engine_preset,work", [c for c in _cases() if c[0] in (
+    "hybrid-all-on", "kimi-mooncake-preempting", "dense-mixed", "study-transient-checkpoint-retention-off")],
+    ids=lambda v: v if isinstance(v, str) else "")
+def test_a_run_of_decodes_in_one_manager_call_is_the_same_as_one_call_each(name, engine_preset, work, monkeypatch):
+    """The scheduler hands its runs of decode steps to ``allocate_decode_slots``; one
+    ``allocate_slots`` call per request (as with another backend) must give every event."""
+    from kvtrace.engine.scheduler import Scheduler
+
+    batched = _run(engine_preset, work, True, monkeypatch)
+    real_init = Scheduler.__init__
+
+    def one_call_each(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        self._decode_run = None
+
+    monkeypatch.setattr(Scheduler, "__init__", one_call_each)
+    single = _run(engine_preset, work, True, monkeypatch)
+    assert batched[0] == single[0] and batched[1] == single[1]
+    assert batched[2] == single[2]
