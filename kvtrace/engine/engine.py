@@ -96,7 +96,7 @@ class Engine:
         import torch
 
         saved = torch.get_num_threads()
-        if self.cpu_threads and device.startswith(("cpu", TORCH_CPU)):
+        if self.cpu_threads and device == TORCH_CPU:
             torch.set_num_threads(self.cpu_threads)
         try:
             # no autograd bookkeeping: about a fifth of each small op's cost, and nothing here
