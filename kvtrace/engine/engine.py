@@ -73,11 +73,12 @@ class Engine:
         self.device = device
         self.verify = verify
         # content=False: no device storage, content model or checks (hits and timings only;
-        # see kvtrace.engine.step.NoContentWorker), and no torch
+        # see kvtrace.engine.step.NoContentWorker)
         self.content = content
         self.audit_interval = audit_interval
-        # Per-step tensors are small: on the CPU, torch's intra-op threads only add spin-waits
-        # (measured 5x slower on the shared 2-core box). None leaves torch's setting alone.
+        # For the torch path on the CPU (torch:cpu): per-step tensors are small, and torch's
+        # intra-op threads only add spin-waits (measured 5x slower on the shared 2-core box).
+        # None leaves torch's setting alone. (numpy, the CPU's default path, runs one thread.)
         self.cpu_threads = cpu_threads
         self.percentiles = tuple(percentiles)  # of every latency in the summary (vllm bench serve's)
 
