@@ -275,6 +275,15 @@ def test_a_chunked_body_is_read_and_stored(tmp_path, collector):
     assert count_spans(tmp_path / "rx.duckdb", "json-run") == 3
 
 
+def test_a_body_framed_both_ways_is_refused_and_not_stored(tmp_path, collector):
+    body = _chunked(_json_body(2))
+    head = CHUNKED_HEAD.replace(b"\r\n\r\n", f"\r\nContent-Length: {len(body)}\r\n\r\n".encode())
+    reply = _raw_http(collector.address, head, body, half_close=True)
+    assert reply.startswith(b"HTTP/1.1 400") and b"both Content-Length" in reply, reply[:200]
+    collector.stop()
+    assert count_spans(tmp_path / "rx.duckdb", "json-run") == 0
+
+
 @pytest.mark.parametrize("body, status, needle", [
     (b"zz\r\nabc\r\n0\r\n\r\n", b"400", b"not hexadecimal"),
     (b"10\r\nabc", b"400", b"ended inside a chunk"),  # cut inside a chunk, then half-closed

@@ -324,7 +324,10 @@ def _make_handler(collector: OTLPCollector) -> type[BaseHTTPRequestHandler]:
             length = self.headers.get("Content-Length")
             limit = collector.max_body_bytes
             chunked = (self.headers.get("Transfer-Encoding") or "").strip().lower() == "chunked"
-            if chunked and length is None:  # HTTP/1.1 clients may stream the body in chunks
+            if chunked and length is not None:  # two framings: refused (RFC 9112 6.1), never guessed
+                return self._error(HTTPStatus.BAD_REQUEST, "both Content-Length and Transfer-Encoding: chunked",
+                                   as_json, True)
+            if chunked:  # HTTP/1.1 clients may stream the body in chunks
                 try:
                     body = _read_chunked(self.rfile, limit)
                 except _BodyTooLarge:
