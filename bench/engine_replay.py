@@ -7,7 +7,8 @@ cores with content and verification on. Usage:
 
 Prints the summary, the run's digest (the event stream's, as ``kvtrace replay`` computes
 it), the wall and CPU time of the run (the imports before it excluded), and a cProfile
-top-10 (by own time) unless --no-profile.
+top-10 (by own time) unless --no-profile; with ``KVTRACE_PROFILE_OUT=FILE`` it also writes
+the whole profile there (``pstats`` format).
 """
 
 from __future__ import annotations

@@ -66,7 +66,6 @@ def _sha256(encoded: bytes) -> bytes:
 RAW_HASH_FNS: dict[str, Callable[[bytes], bytes]] = {"sha256_cbor": _sha256, "xxhash": xxhash.xxh3_64_digest}
 
 _U64 = 1 << 64
-_U32 = 1 << 32
 
 
 def _cbor_head(major: int, n: int) -> bytes:
@@ -88,21 +87,14 @@ _TRACE_UNIT = b"\x84\x65trace"  # the 4-array ("trace", ...) and its text "trace
 def trace_unit_cbor(parent: bytes, namespace: int, block_id: int, unit: int) -> bytes | None:
     """``cbor2.dumps((parent, ("trace", namespace, block_id, unit), None), canonical=True)``,
     built directly (cbor2's general encoder is most of a trace unit's hash), or None for an
-    int beyond 64 bits (a bignum: left to cbor2). tests/cache/test_hashing.py holds both
-    equal on random inputs."""
+    int beyond 64 bits (a bignum: left to cbor2). tests/cache/test_config_and_hashing.py
+    holds both equal on random inputs."""
     if type(parent) is not bytes:
         return None
-    if len(parent) == 32 and 0 <= namespace < 24 and 0 <= unit < 24 and 0 <= block_id < _U32:
-        # the common case spelled out (a sha256 parent, small namespace and unit): half the time
-        if block_id < 24:
-            b = bytes((block_id,))
-        elif block_id < 0x100:
-            b = bytes((24, block_id))
-        elif block_id < 0x10000:
-            b = b"\x19" + block_id.to_bytes(2, "big")
-        else:
-            b = b"\x1a" + block_id.to_bytes(4, "big")
-        return b"".join((b"\x83\x58\x20", parent, _TRACE_UNIT, bytes((namespace,)), b, bytes((unit,)), b"\xf6"))
+    if len(parent) == 32 and 0 <= namespace < 24 and 0 <= unit < 24 and 0 <= block_id < _U64:
+        # the common case (a sha256 parent, a small namespace and unit) in one join: half the time
+        return b"".join((b"\x83\x58\x20", parent, _TRACE_UNIT, bytes((namespace,)), _cbor_head(0x00, block_id),
+                         bytes((unit,)), b"\xf6"))
     ints = b""
     for v in (namespace, block_id, unit):
         if 0 <= v < _U64:
@@ -185,12 +177,19 @@ class BlockHasher:
             parent = fn((parent, unit, extra))
             hashes.append(parent)
 
+    def _trace_unit_hash(self, parent: bytes, namespace: int, block_id: int, unit: int, extra: tuple | None) -> bytes:
+        """H((parent, ("trace", namespace, block_id, unit), extra)): the direct encoding when
+        it applies (no extra keys, 64-bit ints), cbor2's otherwise; the same bytes either way."""
+        encoded = trace_unit_cbor(parent, namespace, block_id, unit) if extra is None else None
+        if encoded is not None:
+            return self.hash_raw(encoded)
+        return self.hash_fn((parent, ("trace", namespace, block_id, unit), extra))
+
     def _update_trace(self, request, hashes, tids, tbs, per_block, n, prompt_units) -> int:
         ctx = (request.namespace, request.lora_name, request.cache_salt, tbs)
         memo = self._trace_memo.get(ctx)
         if memo is None:
             memo = self._trace_memo[ctx] = {}
-        fn = self.hash_fn
         ns = request.namespace
         parent = hashes[n - 1] if n else self.none_hash
         j = n // per_block
@@ -200,14 +199,12 @@ class BlockHasher:
             append = hashes.append
             lora_only = self.extra_keys(request, False)
             get = memo.get
-            raw = self.hash_raw
+            unit_hash = self._trace_unit_hash
             for tid in tids[j:last_j]:
                 h = get((parent, tid))
                 if h is None:
                     misses += 1
-                    extra = self.extra_keys(request, True) if not hashes else lora_only
-                    encoded = trace_unit_cbor(parent, ns, tid, 0) if extra is None else None
-                    h = raw(encoded) if encoded is not None else fn((parent, ("trace", ns, tid, 0), extra))
+                    h = unit_hash(parent, ns, tid, 0, self.extra_keys(request, True) if not hashes else lora_only)
                     memo[(parent, tid)] = h
                 append(h)
                 parent = h
@@ -220,9 +217,7 @@ class BlockHasher:
                     out = []
                     p = parent
                     for u in range(per_block):
-                        extra = self.extra_keys(request, j == 0 and u == 0)
-                        encoded = trace_unit_cbor(p, ns, tid, u) if extra is None else None
-                        p = self.hash_raw(encoded) if encoded is not None else fn((p, ("trace", ns, tid, u), extra))
+                        p = self._trace_unit_hash(p, ns, tid, u, self.extra_keys(request, j == 0 and u == 0))
                         out.append(p)
                     units = tuple(out)
                     memo[(parent, tid)] = units

@@ -252,6 +252,19 @@ def test_a_cuda_device_this_torch_cannot_use_is_one_line(tmp_path, capsys, monke
     assert_one_line(code, err, "KVTRACE_DEVICE", device)
 
 
+def test_an_unknown_device_names_the_choices_and_torch_cpu_gives_the_cpu_digest(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("KVTRACE_DEVICE", "tpu")
+    code, _, err = run(["replay", "gen:chat", "--limit", "3"], capsys)
+    assert_one_line(code, err, "KVTRACE_DEVICE", "cpu, cuda, cuda:N or torch:cpu")
+    digests = []
+    for device in ("cpu", "torch:cpu"):  # numpy, and the torch path a GPU takes
+        monkeypatch.setenv("KVTRACE_DEVICE", device)
+        code, out, err = run(["replay", "gen:chat", "--limit", "6", "--json"], capsys)
+        assert code == 0, err
+        digests.append(json.loads(out)["digest"])
+    assert digests[0] == digests[1]
+
+
 DATA = Path(__file__).resolve().parents[1] / "data"
 
 
