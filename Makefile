@@ -8,9 +8,9 @@ DB      ?= kvtrace-demo.duckdb
 
 .PHONY: install vllm demo dashboard lint test bench browser clean gpu-wheels gpu-check
 
-# The install also compiles the modules kvtrace/compiled.py lists (setup.py): an edit to one
-# reinstalls, so what runs is compiled from the sources in the tree.
-COMPILED_SRC := $(shell $(PY) -c 'import runpy; print(*(m.replace(".", "/") + ".py" for m in runpy.run_path("kvtrace/compiled.py")["COMPILED"]))' 2>/dev/null)
+# The install also compiles the modules kvtrace/compiled.py lists (setup.py: mypyc, Cython): an
+# edit to one reinstalls, so what runs is compiled from the sources in the tree.
+COMPILED_SRC := $(shell $(PY) -c 'import runpy; c = runpy.run_path("kvtrace/compiled.py"); print(*(m.replace(".", "/") + ".py" for m in c["COMPILED"]), *(m.replace(".", "/") + ".pyx" for m in c["CYTHON"]))' 2>/dev/null)
 $(STAMP): pyproject.toml setup.py kvtrace/compiled.py $(COMPILED_SRC)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip

@@ -1,4 +1,5 @@
-"""Build hook: compile the cache's hot modules with mypyc (kvtrace/compiled.py lists them).
+"""Build hook: compile the cache's hot modules with mypyc and the engine's decode kernels with
+Cython (kvtrace/compiled.py lists both).
 
 Everything else about the package is in pyproject.toml. Pure Python when
 KVTRACE_PURE_PYTHON=1, or when mypyc cannot run here (said below, and the install goes on);
@@ -24,5 +25,15 @@ if os.environ.get(compiled["ENV"], "") in ("", "0"):
         ext_modules = mypycify(paths, opt_level="3", group_name=compiled["GROUP"])
         for ext in ext_modules:
             ext.optional = True
+
+    try:
+        from Cython.Build import cythonize
+    except ImportError as e:  # (pyproject.toml's build requirements name Cython)
+        print(f"kvtrace: Cython unavailable ({e}); the engine's kernels take their numpy path", file=sys.stderr)
+    else:
+        pyx = [os.path.join(*m.split(".")) + ".pyx" for m in compiled["CYTHON"]]
+        for ext in cythonize(pyx, quiet=True):
+            ext.optional = True
+            ext_modules.append(ext)
 
 setup(ext_modules=ext_modules)

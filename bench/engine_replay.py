@@ -76,7 +76,8 @@ def main() -> None:
     print(
         f"engine replay ({args.preset}, {mode}): {result.summary['requests']} requests, "
         f"{result.summary['steps']} steps: wall {wall:.2f} s, cpu {cpu:.2f} s (budget 8 s wall on 2 cores)"
-        f"{' [under cProfile]' if prof else ''}\ncache modules {compiled.mode()}\ndigest {digest.hexdigest()}",
+        f"{' [under cProfile]' if prof else ''}\ncache modules {compiled.mode()}; "
+        f"engine kernels {compiled.kernels_mode()}\ndigest {digest.hexdigest()}",
         file=sys.stderr,
     )
     if prof is not None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import sys
+from importlib import import_module
 from importlib.machinery import EXTENSION_SUFFIXES
 from importlib.util import spec_from_file_location
 from pathlib import Path
@@ -44,6 +45,11 @@ COMPILED = (
     "kvtrace.cache.manager",
     "kvtrace.replay.cache_only",
 )
+
+# Cython kernels: C loops over numpy buffers (the engine's decode step), compiled at install
+# beside the mypyc group. Their callers keep a numpy path, which runs when ``kernels``
+# returns None (the same rules as above: the variable, nothing built, a changed source).
+CYTHON = ("kvtrace.engine._decode",)
 
 _ROOT = Path(__file__).resolve().parent.parent  # the directory holding the kvtrace package
 
@@ -99,6 +105,30 @@ def install() -> None:
         sys.meta_path.insert(0, _SourceFinder)
 
 
+def pyx_path(module: str, root: Path = _ROOT) -> Path:
+    return root.joinpath(*module.split(".")).with_suffix(".pyx")
+
+
+def kernels_reason(module: str, root: Path = _ROOT, environ=os.environ) -> str | None:
+    """Why the numpy path must run instead of the Cython module (None when it can run)."""
+    if environ.get(ENV, "") not in ("", "0"):
+        return f"{ENV}={environ[ENV]}"
+    pyx = pyx_path(module, root)
+    ext = _extension(pyx)
+    if ext is None:
+        return f"{module} was not compiled (installed without Cython)"
+    if pyx.stat().st_mtime > ext.stat().st_mtime:
+        return f"{pyx.relative_to(root)} changed since it was compiled (make install compiles it again)"
+    return None
+
+
+def kernels(module: str):
+    """The compiled Cython ``module``, or None when its callers must take their numpy path."""
+    if kernels_reason(module) is not None:
+        return None
+    return import_module(module)
+
+
 def is_compiled() -> bool:
     """Whether the compiled modules are the ones running."""
     return _SourceFinder not in sys.meta_path
@@ -107,3 +137,9 @@ def is_compiled() -> bool:
 def mode() -> str:
     """``compiled (mypyc)``, or ``pure Python (<why>)``."""
     return "compiled (mypyc)" if is_compiled() else f"pure Python ({_SourceFinder.reason})"
+
+
+def kernels_mode() -> str:
+    """``compiled (Cython)``, or ``numpy (<why>)`` when the kernels' callers take their numpy path."""
+    reasons = [r for r in map(kernels_reason, CYTHON) if r is not None]
+    return f"numpy ({'; '.join(reasons)})" if reasons else "compiled (Cython)"

@@ -27,9 +27,11 @@ class BlockTableTensor:
         self.t = grown
 
     def set_row(self, row: int, ids: list[int]) -> None:
+        """Row ``row`` holds ``ids`` and then the null block (a reused row forgets its old ids)."""
         self._fit(row, len(ids))
         if ids:
             self.t[row, : len(ids)] = self.arrays.ints(ids)
+        self.t[row, len(ids):] = 0
 
     def append(self, row: int, start: int, ids: list[int]) -> None:
         self._fit(row, start + len(ids))

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+import numpy as np
+
 from kvtrace.cache.config import CacheConfig, MambaSpec
 from kvtrace.engine.arrays import Array, Arrays
 from kvtrace.engine.content import P, fingerprint_rows
@@ -165,6 +167,20 @@ class DeviceStorage:
         held_n[block_ids] = slots + 1
         held_at[block_ids] = now
         return out
+
+    def append_kv_rows(self, kernels, group_id: int, table: np.ndarray, rows: np.ndarray, pos: np.ndarray,
+                       toks: np.ndarray, total: np.ndarray) -> bool:
+        """``append_kv`` for the decode batch by one C loop (``kernels``: the compiled
+        ``kvtrace.engine._decode``, host arrays only): each request's token at its position
+        into the block its ``table`` row names, each block's prefix sum added to ``total``.
+        False, with nothing written, when two requests name one block."""
+        held_at, held_n, held_sum = self._prefix[group_id]  # type: ignore[misc]  # an attention group
+        now = self._last_stamp + 1
+        if not kernels.attention_append(self.data[group_id], self.block_sum[group_id], self.stamp[group_id],
+                                        held_at, held_n, held_sum, now, table, rows, pos, toks, total):
+            return False
+        self._last_stamp = now
+        return True
 
     def read_kv(self, group_id: int, block_ids: Array) -> Array:
         return self.data[group_id][block_ids]

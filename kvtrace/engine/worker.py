@@ -26,11 +26,14 @@ test_decode_fast_path.py compares both ways event by event).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from kvtrace.cache import CacheConfig, FullAttentionSpec, MambaSpec, SlidingWindowSpec
 from kvtrace.cache.plans import STATE_CHECKPOINT, STATE_EXTERNAL, STATE_RUNNING
-from kvtrace.engine.arrays import Array
+from kvtrace.compiled import kernels
+from kvtrace.engine.arrays import Array, Arrays
 from kvtrace.engine.block_table import BlockTableTensor
 from kvtrace.engine.content import KV_A, KV_B, KV_C, ContentModel, P, kv_values
 from kvtrace.engine.reference import PrefixOracle, TraceBlockMemo
@@ -41,18 +44,31 @@ from kvtrace.engine.storage import DeviceStorage, first_sums
 from kvtrace.numeric import cdiv
 from kvtrace.workload.lines import VOCAB_SIZE
 
+DECODE_KERNELS = "kvtrace.engine._decode"
+
 
 class _Seq:
     """The worker's per-request state: its own block tables (one list per group) and its row
-    in the device block-table tensors."""
+    in the block-table arrays and the reference tips."""
 
-    __slots__ = ("request", "row", "tables", "tip_n")
+    __slots__ = ("request", "row", "tables")
 
     def __init__(self, request: EngineRequest, tables: list[list[int]], row: int):
         self.request = request
         self.tables = tables
         self.row = row
-        self.tip_n = -1  # the reference tip (row of Worker._tip_*) holds the state after tip_n tokens
+
+
+class _DecodeBatch:
+    """What ``_decode_write`` leaves for ``_decode_sample``: the batch's rows, positions,
+    tokens and ends on the host, the sum so far of each sampled value (device), and per
+    full attention group the widest count of full blocks and the gather's indices."""
+
+    __slots__ = ("ends", "nfull_d", "pos", "rows", "rows_d", "toks", "total", "widths")
+
+    def __init__(self, rows, pos, toks, ends, total, widths, rows_d, nfull_d):
+        self.rows, self.pos, self.toks, self.ends = rows, pos, toks, ends
+        self.total, self.widths, self.rows_d, self.nfull_d = total, widths, rows_d, nfull_d
 
 
 class Worker:
@@ -77,14 +93,24 @@ class Worker:
         self.ref_model = ContentModel(self.num_lanes, "cpu")
         self.memo = TraceBlockMemo(self.ref_model)
         self.seqs: dict[str, _Seq] = {}
-        self.table_tensors = {g: BlockTableTensor(xp) for g in self.full_groups}
+        # The tables as arrays, a row per request: on the host for the decode step's index
+        # arithmetic (full attention and state groups), on the device for sampling's gather
+        # of block sums (full attention; the same arrays when the device is the host).
+        host = Arrays("cpu")
+        self.host_tables = {g: BlockTableTensor(host) for g in self.full_groups + self.state_groups}
+        self.table_tensors = {g: self.host_tables[g] if xp.is_numpy else BlockTableTensor(xp)
+                              for g in self.full_groups}
         self._free_rows: list[int] = []
         # Reference tips per row (CPU, numpy: a few small ops per step, where torch's per-op
-        # overhead is the cost): the decode step's reference, vectorised over the batch.
+        # overhead is the cost): the decode step's reference, vectorised over the batch. Row r's
+        # tip holds the state and token sum after _tip_n[r] tokens (-1: none yet).
         self._tip_state = np.zeros((64, self.num_lanes), dtype=np.int64)
         self._tip_tsum = np.zeros(64, dtype=np.int64)
+        self._tip_n = np.full(64, -1, dtype=np.int64)
         self._ref_m = np.asarray(self.ref_model.multipliers, dtype=np.int64)
         self._next_row = 0
+        # the decode step's C loops (host arrays: the numpy device only), else its numpy path
+        self.kernels: Any = kernels(DECODE_KERNELS) if xp.is_numpy else None  # (a compiled module or None)
         self.oracles: dict[str, PrefixOracle] = {}  # survive preemption, dropped on finish
 
     def oracle(self, request) -> PrefixOracle:
@@ -110,13 +136,17 @@ class Worker:
         else:
             row = self._next_row
             self._next_row += 1
-        for g, tt in self.table_tensors.items():
+        for g, tt in self.host_tables.items():
             tt.set_row(row, tables[g])
+        if not self.xp.is_numpy:
+            for g, tt in self.table_tensors.items():
+                tt.set_row(row, tables[g])
         if row >= self._tip_tsum.shape[0]:
-            cap = 2 * max(row, self._tip_tsum.shape[0])
-            self._tip_state = np.concatenate(
-                [self._tip_state, np.zeros((cap - self._tip_state.shape[0], self.num_lanes), dtype=np.int64)])
-            self._tip_tsum = np.concatenate([self._tip_tsum, np.zeros(cap - self._tip_tsum.shape[0], dtype=np.int64)])
+            grow = 2 * max(row, self._tip_tsum.shape[0]) - self._tip_tsum.shape[0]
+            self._tip_state = np.concatenate([self._tip_state, np.zeros((grow, self.num_lanes), dtype=np.int64)])
+            self._tip_tsum = np.concatenate([self._tip_tsum, np.zeros(grow, dtype=np.int64)])
+            self._tip_n = np.concatenate([self._tip_n, np.full(grow, -1, dtype=np.int64)])
+        self._tip_n[row] = -1
         return _Seq(request, tables, row)
 
     def block_table(self, request_id: str) -> tuple[list[int], ...]:
@@ -143,12 +173,8 @@ class Worker:
             work.append((s, nr.num_computed_tokens, out.num_scheduled_tokens[nr.request_id]))
         for cr in out.scheduled_cached_reqs:
             s = self.seqs[cr.request_id]
-            for g, ids in enumerate(cr.new_block_ids):
-                if ids:
-                    tt = self.table_tensors.get(g)
-                    if tt is not None:
-                        tt.append(s.row, len(s.tables[g]), ids)
-                    s.tables[g].extend(ids)
+            if any(cr.new_block_ids):
+                self._append_blocks(s, cr.new_block_ids)
             work.append((s, cr.num_computed_tokens, out.num_scheduled_tokens[cr.request_id]))
 
         # Copies first: a copy-on-write block receives the shared part of its block,
@@ -169,9 +195,40 @@ class Worker:
                     ]
                     if mine != sw.block_id:
                         res.table_disagreements += 1
+        if self.state_groups and out.state_writes:
+            self._check_running_writes(out, res)
         if work:
             self._compute(work, out, res)
         return res
+
+    def _append_blocks(self, s: _Seq, new_block_ids: tuple[list[int], ...]) -> None:
+        """A running request's new blocks, onto its tables (lists and arrays)."""
+        for g, ids in enumerate(new_block_ids):
+            if ids:
+                tt = self.host_tables.get(g)
+                if tt is not None:
+                    tt.append(s.row, len(s.tables[g]), ids)
+                    if not self.xp.is_numpy and g in self.table_tensors:
+                        self.table_tensors[g].append(s.row, len(s.tables[g]), ids)
+                s.tables[g].extend(ids)
+
+    def _check_running_writes(self, out: SchedulerOutput, res: StepResult) -> None:
+        """The Core's ``running`` state writes name the block it expects the state after the
+        step in; the worker's own table slot must be that block (counted, never obeyed)."""
+        running = [sw for sw in out.state_writes if sw.kind == STATE_RUNNING]
+        if not running:
+            return
+        rids, groups, blocks, num_tokens, _ = zip(*running)
+        seqs = self.seqs
+        rows = np.array([seqs[rid].row for rid in rids], dtype=np.int64)
+        core = np.array(blocks, dtype=np.int64)
+        ends = np.array(num_tokens, dtype=np.int64)
+        group = np.array(groups, dtype=np.int64) if len(self.state_groups) > 1 else None
+        for g in self.state_groups:
+            bs = self.block_size[g]
+            sel = slice(None) if group is None else group == g
+            mine = self.host_tables[g].t[rows[sel], (ends[sel] + bs - 1) // bs - 1]
+            res.table_disagreements += int((mine != core[sel]).sum())
 
     def _load_external(self, loads: list[tuple[_Seq, int, int]]) -> None:
         """Fill [start, end) from the external tier.
@@ -213,36 +270,57 @@ class Worker:
         if split is None:
             self._compute_general(work, out, res)
             return
-        dec, rest, running_core = split
+        dec, rest, rows, pos = split
         slow: list[tuple[int, Divergence]] = []
-        sampled: dict[str, int] = {}
         # decode writes, then the rest (whose sampling sees them), then decode sampling
-        staged = self._decode_write(dec, res, running_core)
+        batch = self._decode_write(dec, rows, pos)
+        res.num_decode_seqs += len(dec)  # step.tally's decode count, for the whole batch
+        res.decode_context_tokens += int(batch.ends.sum())
+        rest_sampled: dict[str, int] = {}
         if rest:
-            rest_res = StepResult(sampled={}, divergences=[])
+            rest_res = StepResult(sampled=rest_sampled, divergences=[])
             self._compute_general([w for _, w in rest], out, rest_res)
-            sampled.update(rest_res.sampled)
             index = {w[0].request.request_id: i for i, w in rest}
             slow.extend((index[d.request_id], d) for d in rest_res.divergences)
-            res.table_disagreements += rest_res.table_disagreements
             res.prefill_pairs += rest_res.prefill_pairs
             res.num_prefill_tokens += rest_res.num_prefill_tokens
             res.prefill_spans.extend(rest_res.prefill_spans)
             res.num_decode_seqs += rest_res.num_decode_seqs
             res.decode_context_tokens += rest_res.decode_context_tokens
-        fast = self._decode_sample(dec, staged, res, sampled, slow)
-        for w in work:  # the batch's order (the engine finishes requests in it)
-            rid = w[0].request.request_id
-            if rid in sampled:
-                res.sampled[rid] = sampled[rid]
+        dec_sampled, fast = self._decode_sample(dec, batch, slow)
+        # the batch's order (the engine finishes requests in it): the decodes are one run of
+        # the batch but for the rare step where a prefill chunk sits between them
+        first, last = dec[0][0], dec[-1][0]
+        if not rest_sampled:
+            res.sampled.update(dec_sampled)
+        elif last - first + 1 == len(dec):
+            after = {}
+            for i, w in rest:
+                rid = w[0].request.request_id
+                if rid in rest_sampled:
+                    if i < first:
+                        res.sampled[rid] = rest_sampled[rid]
+                    else:
+                        after[rid] = rest_sampled[rid]
+            res.sampled.update(dec_sampled)
+            res.sampled.update(after)
+        else:
+            for w in work:
+                rid = w[0].request.request_id
+                token = dec_sampled.get(rid)
+                if token is None:
+                    token = rest_sampled.get(rid)
+                if token is not None:
+                    res.sampled[rid] = token
         res.divergences.extend(fast)
         slow.sort(key=lambda x: x[0])
         res.divergences.extend(d for _, d in slow)
 
     def _split_decodes(self, work, out: SchedulerOutput):
-        """(decodes, the rest with their batch index, the Core's running state writes), or
-        None when the step must go the general way: a sliding-window group, no decode, or
-        blocks that a decode and a prefill chunk both touch."""
+        """(decodes as (batch index, seq, position), the rest with their batch index, the
+        decodes' rows and positions as arrays), or None
+        when the step must go the general way: a sliding-window group, no decode, a decode
+        that exports a checkpoint, or blocks that a decode and a prefill chunk both touch."""
         if self.swa_groups:
             return None
         dec: list[tuple[int, _Seq, int]] = []
@@ -256,29 +334,23 @@ class Worker:
                 rest.append((i, w))
         if not dec:
             return None
-        running_core: dict[tuple[str, int], int] = {}
-        checkpointed = set()
-        for sw in out.state_writes:
-            if sw.kind == STATE_RUNNING:
-                running_core[(sw.request_id, sw.group_id)] = sw.block_id
-            elif sw.kind == STATE_CHECKPOINT:
-                checkpointed.add(sw.request_id)
+        checkpointed = {sw.request_id for sw in out.state_writes if sw.kind == STATE_CHECKPOINT}
         if checkpointed and any(sq.request.request_id in checkpointed for _, sq, _ in dec):
             return None
+        rows = np.array([sq.row for _, sq, _ in dec], dtype=np.int64)
+        pos = np.array([a for _, _, a in dec], dtype=np.int64)
         if rest:
-            for g in self.attn_groups:
+            for g in self.attn_groups:  # (no sliding window here: the full groups have host tables)
                 bs = self.block_size[g]
-                mine = {sq.tables[g][a // bs] for _, sq, a in dec}
+                mine = set(self.host_tables[g].t[rows, pos // bs].tolist())
                 for _, (sq, a, n) in rest:
                     if not mine.isdisjoint(sq.tables[g][a // bs: (a + n - 1) // bs + 1]):
                         return None
             for g in self.state_groups:
                 bs = self.block_size[g]
-                mine = set()
-                for _, sq, a in dec:
-                    t = sq.tables[g]
-                    mine.add(t[(a + bs - 1) // bs - 1])
-                    mine.add(t[a // bs])  # cdiv(a + 1, bs) - 1
+                t = self.host_tables[g].t
+                mine = set(t[rows, (pos + bs - 1) // bs - 1].tolist())
+                mine.update(t[rows, pos // bs].tolist())  # cdiv(a + 1, bs) - 1
                 theirs = set()
                 for _, (sq, a, n) in rest:
                     t = sq.tables[g]
@@ -289,120 +361,158 @@ class Worker:
                               if sw.group_id == g and sw.kind == STATE_CHECKPOINT)
                 if not mine.isdisjoint(theirs):
                     return None
+            tip_n = self._tip_n
             for _, (sq, a, n) in rest:  # the rest's divergences must all be the slow kind
-                if sq.tip_n == a + n - 1 and a + n == sq.request.num_tokens:
+                if tip_n[sq.row] == a + n - 1 and a + n == sq.request.num_tokens:
                     return None
-        return dec, rest, running_core
+        return dec, rest, rows, pos
 
-    def _decode_write(self, dec: list[tuple[int, _Seq, int]], res: StepResult,
-                      running_core: dict[tuple[str, int], int]) -> tuple:
+    def _decode_write(self, dec: list[tuple[int, _Seq, int]], rows: np.ndarray, pos: np.ndarray) -> _DecodeBatch:
         """One token each for requests that consumed all but their last known token: write
-        its kv and advance each state. Returns what ``_decode_sample`` needs."""
+        its kv and advance each state. The batch's indices are computed on the host from the
+        table arrays (``host_tables``), one array call per quantity for the whole batch."""
         B = len(dec)
-        toks = [sq.request.output_token_ids[-1] for _, sq, _ in dec]  # the token at position a
-        pos = [a for _, _, a in dec]
-        ends = [a + 1 for a in pos]
-        # One host list, one array: the per-call cost, not the data, dominates at this size.
-        host: list[int] = [(t * KV_A + a * KV_B + KV_C) % P for t, a in zip(toks, pos)]
-        host += toks
-        at: dict[str, int] = {}
-
-        def put(name: str, values: list[int]) -> None:
-            at[name] = len(host)
-            host.extend(values)
-
-        distinct = {}
+        toks = np.array([sq.request.output_token_ids[-1] for _, sq, _ in dec], dtype=np.int64)
+        if self.kernels is not None:
+            return self._decode_write_kernels(rows, pos, toks)
+        vals = (toks * KV_A + pos * KV_B + KV_C) % P  # kv_values, on the host
+        host: list[np.ndarray] = [vals, toks]  # what the device needs, in this order
+        nfull: dict[int, np.ndarray] = {}
+        distinct: dict[int, bool] = {}
         for g in self.attn_groups:
             bs = self.block_size[g]
-            blocks = [sq.tables[g][a // bs] for _, sq, a in dec]
-            distinct[g] = len(set(blocks)) == B  # else two requests write one block: a cache bug
-            put(f"blk{g}", blocks)
-            put(f"slot{g}", [a % bs for a in pos])
+            q = pos // bs
+            blk = self.host_tables[g].t[rows, q]
+            # two requests writing one block is a cache bug: the general write handles it
+            # (a set of a few dozen ints is cheaper than np.unique's sort)
+            distinct[g] = len(set(blk.tolist())) == B
+            host += (blk, pos - q * bs)
+            nfull[g] = q
         for g in self.state_groups:
             bs = self.block_size[g]
-            src = [sq.tables[g][(a + bs - 1) // bs - 1] for _, sq, a in dec]
-            dst = [sq.tables[g][a // bs] for _, sq, a in dec]
-            if running_core:
-                for (_, sq, _), d in zip(dec, dst):
-                    core = running_core.get((sq.request.request_id, g))
-                    if core is not None and core != d:
-                        res.table_disagreements += 1
-            put(f"src{g}", src)
-            put(f"dst{g}", dst)
-        widths = {}
+            t = self.host_tables[g].t
+            host += (t[rows, (pos + bs - 1) // bs - 1], t[rows, pos // bs])  # from, to
         if self.full_groups:
-            put("rows", [sq.row for _, sq, _ in dec])
-            for g in self.full_groups:  # the blocks before the one written: full
-                bs = self.block_size[g]
-                nfull = [a // bs for a in pos]
-                widths[g] = max(nfull)
-                put(f"nfull{g}", nfull)
+            host.append(rows)
+            host += (nfull[g] for g in self.full_groups)
         xp = self.xp
-        h = xp.ints(host)
-
-        def view(name: str) -> Array:
-            return h[at[name]: at[name] + B]
-
-        vals, tokens = h[:B], h[B: 2 * B]
+        if xp.is_numpy:
+            dev = host
+        else:  # one transfer: the per-call cost, not the data, dominates at this size
+            flat = xp.from_host(np.concatenate(host))
+            dev = [flat[k * B:(k + 1) * B] for k in range(len(host))]
+        vals_d, toks_d = dev[0], dev[1]
+        k = 2
         total = None
         for g in self.attn_groups:
             # The block written holds the context's last tokens, up to and with this one;
             # nothing else writes it this step (checked).
-            blk, slot = view(f"blk{g}"), view(f"slot{g}")
+            blk, slot = dev[k], dev[k + 1]
+            k += 2
             if distinct[g]:
-                part = self.storage.append_kv(g, blk, slot, vals)
+                part = self.storage.append_kv(g, blk, slot, vals_d)
             else:
-                self.storage.write_kv(g, blk, slot, vals)
+                self.storage.write_kv(g, blk, slot, vals_d)
                 part = first_sums(xp, self.storage.read_kv(g, blk), slot + 1)
-            if g in widths:
-                total = part if total is None else total + part
+            total = part if total is None else total + part
         for g in self.state_groups:
-            s0 = self.storage.read_states(g, view(f"src{g}"))
-            states = self.content.step_one(s0, tokens)
-            self.storage.write_states(g, view(f"dst{g}"), states)
+            s0 = self.storage.read_states(g, dev[k])
+            states = self.content.step_one(s0, toks_d)
+            self.storage.write_states(g, dev[k + 1], states)
+            k += 2
             lanes = states.sum(1)
             total = lanes if total is None else total + lanes
-        res.num_decode_seqs += B  # step.tally's decode count, for the whole batch
-        res.decode_context_tokens += sum(ends)
-        return toks, ends, widths, view, total
+        widths = {g: int(nfull[g].max()) for g in self.full_groups}
+        rows_d = dev[k] if self.full_groups else None
+        nfull_d = {g: dev[k + 1 + j] for j, g in enumerate(self.full_groups)}
+        return _DecodeBatch(rows, pos, toks, pos + 1, total, widths, rows_d, nfull_d)
 
-    def _decode_sample(self, dec: list[tuple[int, _Seq, int]], staged: tuple, res: StepResult,
-                       sampled: dict[str, int], slow: list[tuple[int, Divergence]]) -> list[Divergence]:
+    def _decode_write_kernels(self, rows: np.ndarray, pos: np.ndarray, toks: np.ndarray) -> _DecodeBatch:
+        """``_decode_write`` by the C loops of ``kvtrace.engine._decode``: the same writes and
+        sums, one call per group (an attention group whose blocks two requests share takes
+        the numpy write, as ``_decode_write`` does)."""
+        kern = self.kernels
+        total = np.zeros(rows.shape[0], dtype=np.int64)
+        for g in self.attn_groups:
+            table = self.host_tables[g].t
+            if not self.storage.append_kv_rows(kern, g, table, rows, pos, toks, total):
+                bs = self.block_size[g]
+                blk, slot = table[rows, pos // bs], pos % bs
+                self.storage.write_kv(g, blk, slot, (toks * KV_A + pos * KV_B + KV_C) % P)
+                total += first_sums(self.xp, self.storage.read_kv(g, blk), slot + 1)
+        for g in self.state_groups:
+            kern.state_step(self.storage.data[g], self.host_tables[g].t, self.block_size[g], self._ref_m,
+                            rows, pos, toks, total)
+        return _DecodeBatch(rows, pos, toks, pos + 1, total, None, None, None)
+
+    def _decode_sample(self, dec: list[tuple[int, _Seq, int]], batch: _DecodeBatch,
+                       slow: list[tuple[int, Divergence]]) -> tuple[dict[str, int], list[Divergence]]:
         """Sample the decode tokens staged by ``_decode_write`` and check them against the
-        reference. Returns the divergences found through the tips (those found the oracle's
-        way go to ``slow`` with their batch index)."""
-        toks, ends, widths, view, total = staged
+        reference. Returns the sampled tokens by request and the divergences found through
+        the tips (those found the oracle's way go to ``slow`` with their batch index)."""
+        if self.kernels is not None:
+            return self._decode_sample_kernels(dec, batch, slow)
+        total = batch.total
         for g in self.full_groups:
-            w = widths[g]
+            w = batch.widths[g]
             if w:  # the full blocks: their maintained sums, through the worker's own table
-                tab = self.table_tensors[g].t[:, :w][view("rows")]
+                tab = self.table_tensors[g].t[:, :w][batch.rows_d]
                 block_sum = self.storage.block_sum[g]
                 assert block_sum is not None
-                sums = block_sum.take(tab)
-                kv = first_sums(self.xp, sums, view(f"nfull{g}"))
+                kv = first_sums(self.xp, block_sum.take(tab), batch.nfull_d[g])
                 total = kv if total is None else total + kv
         assert total is not None
-        out = (total % P % VOCAB_SIZE).tolist()
-        for (_, sq, _), t in zip(dec, out):
-            sampled[sq.request.request_id] = t
+        out = self.xp.host(total % P % VOCAB_SIZE)
+        rids = [sq.request.request_id for _, sq, _ in dec]
+        sampled = dict(zip(rids, out.tolist()))
         if not self.verify:
-            return []
+            return sampled, []
         fast: list[Divergence] = []
-        tips = [k for k, (_, sq, a) in enumerate(dec) if sq.tip_n == a]
-        if tips:
-            seqs = [dec[k][1] for k in tips]
-            ref = self._advance_tips(seqs, [sq.row for sq in seqs], [toks[k] for k in tips], [ends[k] for k in tips])
-            for k, sq, r in zip(tips, seqs, ref):
+        at_tip = self._tip_n[batch.rows] == batch.pos
+        tips = np.flatnonzero(at_tip)
+        if tips.shape[0]:
+            every = tips.shape[0] == len(dec)
+            ref = self._advance_tips(batch.rows if every else batch.rows[tips],
+                                     batch.toks if every else batch.toks[tips],
+                                     batch.ends if every else batch.ends[tips])
+            for j in np.flatnonzero(ref != (out if every else out[tips])).tolist():
+                k = tips[j]
+                sq = dec[k][1]
+                fast.append(Divergence(rids[k], sq.request.num_output_tokens, int(ref[j]), int(out[k])))
+        if tips.shape[0] < len(dec):
+            for k in np.flatnonzero(~at_tip).tolist():  # first token after a resume: the oracle's way
+                i, sq, a = dec[k]
+                r = self._slow_reference(sq, a + 1, True)
                 if r != out[k]:
-                    fast.append(Divergence(sq.request.request_id, sq.request.num_output_tokens, r, out[k]))
-        if len(tips) < len(dec):
-            tipped = set(tips)
-            for k, (i, sq, a) in enumerate(dec):
-                if k not in tipped:  # first token after a resume: the oracle's way
-                    r = self._slow_reference(sq, a + 1, True)
-                    if r != out[k]:
-                        slow.append((i, Divergence(sq.request.request_id, sq.request.num_output_tokens, r, out[k])))
-        return fast
+                    slow.append((i, Divergence(rids[k], sq.request.num_output_tokens, r, int(out[k]))))
+        return sampled, fast
+
+    def _decode_sample_kernels(self, dec: list[tuple[int, _Seq, int]], batch: _DecodeBatch,
+                               slow: list[tuple[int, Divergence]]) -> tuple[dict[str, int], list[Divergence]]:
+        """``_decode_sample`` by the C loops of ``kvtrace.engine._decode``."""
+        kern = self.kernels
+        rows, pos, toks, total = batch.rows, batch.pos, batch.toks, batch.total
+        for g in self.full_groups:
+            kern.full_block_sums(self.storage.block_sum[g], self.host_tables[g].t, self.block_size[g], rows, pos, total)
+        rids = [sq.request.request_id for _, sq, _ in dec]
+        if not self.verify:
+            return dict(zip(rids, (total % P % VOCAB_SIZE).tolist())), []
+        out = np.empty_like(total)
+        ref = np.empty_like(total)
+        kern.advance_tips(self._tip_state, self._tip_tsum, self._tip_n, self._ref_m, len(self.state_groups),
+                          len(self.full_groups), VOCAB_SIZE, rows, pos, toks, total, out, ref)
+        out_l = out.tolist()
+        fast: list[Divergence] = []
+        for k in np.flatnonzero(ref != out).tolist():
+            r = int(ref[k])
+            i, sq, a = dec[k]
+            if r >= 0:  # through the tip
+                fast.append(Divergence(rids[k], sq.request.num_output_tokens, r, out_l[k]))
+            else:  # first token after a resume: the oracle's way
+                r = self._slow_reference(sq, a + 1, True)
+                if r != out_l[k]:
+                    slow.append((i, Divergence(rids[k], sq.request.num_output_tokens, r, out_l[k])))
+        return dict(zip(rids, out_l)), fast
 
     def _compute_general(self, work: list[tuple[_Seq, int, int]], out: SchedulerOutput, res: StepResult) -> None:
         xp = self.xp
@@ -457,29 +567,21 @@ class Worker:
             extra: list[tuple[int, int, int]] = []  # (group, block, query row)
             q_seg = list(range(B))
             q_end = list(ends)
-            running_core: dict[tuple[str, int], int] = {}
-            if out.state_writes:
+            checkpoints = [sw for sw in out.state_writes if sw.kind == STATE_CHECKPOINT]
+            if checkpoints:
                 seq_index = {w[0].request.request_id: i for i, w in enumerate(work)}
-                for sw in out.state_writes:
-                    if sw.kind == STATE_CHECKPOINT:
-                        i = seq_index.get(sw.request_id)
-                        if i is not None and starts[i] < sw.num_tokens <= ends[i]:
-                            extra.append((sw.group_id, sw.block_id, len(q_end)))
-                            q_seg.append(i)
-                            q_end.append(sw.num_tokens)
-                    elif sw.kind == STATE_RUNNING:
-                        running_core[(sw.request_id, sw.group_id)] = sw.block_id
+                for sw in checkpoints:
+                    i = seq_index.get(sw.request_id)
+                    if i is not None and starts[i] < sw.num_tokens <= ends[i]:
+                        extra.append((sw.group_id, sw.block_id, len(q_end)))
+                        q_seg.append(i)
+                        q_end.append(sw.num_tokens)
             fresh = [i for i, a in enumerate(starts) if a == 0]
             closed_form = None
             for g in self.state_groups:
                 bs = self.block_size[g]
                 src = [w[0].tables[g][cdiv(a, bs) - 1] if a > 0 else 0 for w, a in zip(work, starts)]
                 dst = [w[0].tables[g][cdiv(e, bs) - 1] for w, e in zip(work, ends)]
-                if running_core:
-                    for w, d in zip(work, dst):
-                        core = running_core.get((w[0].request.request_id, g))
-                        if core is not None and core != d:
-                            res.table_disagreements += 1
                 s0 = self.storage.read_states(g, xp.ints(src))
                 if fresh:
                     s0[xp.ints(fresh)] = 0
@@ -565,10 +667,11 @@ class Worker:
         fast_end: list[int] = []
         slow_k: list[int] = []
         use_tips = not self.swa_groups
+        tip_n = self._tip_n
         for k, i in enumerate(sample_idx):
             sq = work[i][0]
             e = ends[i]
-            if use_tips and sq.tip_n == e - 1:
+            if use_tips and tip_n[sq.row] == e - 1:
                 fast_k.append(k)
                 fast_rows.append(sq.row)
                 fast_tok.append(tok_list[i] if tok_list is not None else self._token_at(sq.request, e - 1))
@@ -577,7 +680,8 @@ class Worker:
                 slow_k.append(k)
         if fast_k:  # decode: advance every reference tip by its one token at once
             seqs = [work[sample_idx[k]][0] for k in fast_k]
-            ref = self._advance_tips(seqs, fast_rows, fast_tok, fast_end)
+            ref = self._advance_tips(np.array(fast_rows, dtype=np.int64), np.array(fast_tok, dtype=np.int64),
+                                     np.array(fast_end, dtype=np.int64)).tolist()
             for k, sq, r in zip(fast_k, seqs, ref):
                 if r != sampled[k]:
                     res.divergences.append(
@@ -590,21 +694,17 @@ class Worker:
             if r != sampled[k]:
                 res.divergences.append(Divergence(sq.request.request_id, sq.request.num_output_tokens, r, sampled[k]))
 
-    def _advance_tips(self, seqs: list[_Seq], rows_l: list[int], tok_l: list[int], end_l: list[int]) -> list[int]:
-        """The reference tokens of decode steps whose tips stand one token back; tips advance."""
-        rows = np.asarray(rows_l, dtype=np.int64)
-        tok = np.asarray(tok_l, dtype=np.int64)
-        e = np.asarray(end_l, dtype=np.int64)
+    def _advance_tips(self, rows: np.ndarray, tok: np.ndarray, e: np.ndarray) -> np.ndarray:
+        """The reference tokens of decode steps whose tips (distinct ``rows``) stand one token
+        back, before the ``e``-th token ``tok``; the tips advance by it."""
         st = (self._tip_state[rows] * self._ref_m + tok[:, None]) % P
         ts = self._tip_tsum[rows] + tok
         self._tip_state[rows] = st
         self._tip_tsum[rows] = ts
         pos_sum = (e - 1) * e // 2 % P
         kv = (KV_A * (ts % P) + KV_B * pos_sum + KV_C * e) % P
-        ref = (st.sum(axis=1) % P * len(self.state_groups) + kv * len(self.full_groups)) % P % VOCAB_SIZE
-        for sq in seqs:
-            sq.tip_n += 1
-        return ref.tolist()
+        self._tip_n[rows] = e
+        return (st.sum(axis=1) % P * len(self.state_groups) + kv * len(self.full_groups)) % P % VOCAB_SIZE
 
     def _slow_reference(self, sq: _Seq, end: int, use_tips: bool) -> int:
         """The reference token after ``end`` tokens from the oracle; the tip is set there."""
@@ -613,7 +713,7 @@ class Worker:
             state, tsum = self.oracle(sq.request).point(end)
             self._tip_state[sq.row] = state
             self._tip_tsum[sq.row] = tsum
-            sq.tip_n = end
+            self._tip_n[sq.row] = end
         return r
 
     # -- the no-cache reference -------------------------------------------------------------------
