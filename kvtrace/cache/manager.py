@@ -48,6 +48,7 @@ cdiv(end, bs) - 2 (``kind="checkpoint"``).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import cast
 
 from kvtrace.cache.block_pool import BlockPool
 from kvtrace.cache.blocks import KVCacheBlock
@@ -58,6 +59,7 @@ from kvtrace.cache.events import PUBLISH_FULL, BlocksFreed, CacheListener, Prefi
 from kvtrace.cache.external import ExternalTier
 from kvtrace.cache.hashing import BlockHash, BlockHasher
 from kvtrace.cache.managers import FullAttentionManager, MambaManager, SlidingWindowManager
+from kvtrace.cache.managers.base import SingleTypeManager
 from kvtrace.cache.managers.mamba import mamba_checkpoint_position
 from kvtrace.cache.plans import STATE_RUNNING, BlockCopy, KVCacheBlocks, StateWrite
 from kvtrace.cache.request import Request
@@ -121,15 +123,13 @@ class KVCacheManager:
         self._listeners: list[CacheListener] = []
         # The decode fast path (``_allocate_decode_slot``) knows these managers' rules only.
         kinds = {FullAttentionManager: _FULL, SlidingWindowManager: _SLIDING, MambaManager: _MAMBA}
-        self._fast_plan: tuple | None = None
-        if all(type(m) in kinds for m in self.managers):
-            self._fast_plan = tuple(
-                (_FULL_TAIL if kinds[type(m)] == _FULL and config.enable_caching and m.scale > 1 else kinds[type(m)],
-                 m, m.req_to_blocks, m.partial_hit_reqs, m.num_cached_block, m.block_size, m.null_block)
-                for m in self.managers
-            )
-        self._fast_mamba = [(m.reqs, m.req_to_blocks, m.block_size, m.null_block, m.group_id)
-                            for m in self.coordinator.mamba]
+        # Typed lists, not a tuple of fields: compiled, every access below is native.
+        self._fast_ok = all(type(m) in kinds for m in self.managers)
+        self._fast_managers: list[SingleTypeManager] = list(self.managers) if self._fast_ok else []
+        self._fast_kinds: list[int] = [
+            _FULL_TAIL if kinds[type(m)] == _FULL and config.enable_caching and m.scale > 1 else kinds[type(m)]
+            for m in self._fast_managers]
+        self._fast_mamba: list[MambaManager] = list(self.coordinator.mamba)
         # the coordinator keys up to a multiple of the scheduler block (vLLM's _align_cacheable)
         self._align_cacheable = self.num_groups > 1 and not config.enable_partial_hits
 
@@ -329,8 +329,7 @@ class KVCacheManager:
         runs workloads both ways and compares every event and output.
         """
         p = request.num_computed_tokens
-        plan = self._fast_plan
-        if plan is None or p < request.num_prompt_tokens:
+        if not self._fast_ok or p < request.num_prompt_tokens:
             return False  # a prompt token: checkpoints or a partial tail may be due
         rid = request.request_id
         t = p + 1
@@ -342,14 +341,21 @@ class KVCacheManager:
             if self._align_cacheable:
                 num_to_cache = num_to_cache // self.scheduler_block_size * self.scheduler_block_size
         hbs = self.hash_block_size
-        for kind, m, by_req, pending, counts, bs, null in plan:
-            table = by_req.get(rid)
-            if table is None or rid in pending or counts.get(rid, 0) < num_to_cache // bs:
+        kinds = self._fast_kinds
+        managers = self._fast_managers
+        for k in range(len(managers)):
+            m = managers[k]
+            kind = kinds[k]
+            bs = m.block_size
+            table = m.req_to_blocks.get(rid)
+            if table is None or rid in m.partial_hit_reqs or m.num_cached_block.get(rid, 0) < num_to_cache // bs:
                 return False  # a copy-on-write is pending, or a block fills: key it
             n = len(table)
+            null = m.null_block
             if kind == _MAMBA:
-                st = m.reqs.get(rid)
-                if st is None or (t + bs - 1) // bs + m.num_speculative_blocks > n:
+                mm = cast(MambaManager, m)
+                st = mm.reqs.get(rid)
+                if st is None or (t + bs - 1) // bs + mm.num_speculative_blocks > n:
                     return False  # a new state block
                 if p > 1 and st.num_retired < min((p - 1) // bs, n):
                     return False  # remove_skipped_blocks retires slots
@@ -367,8 +373,8 @@ class KVCacheManager:
             elif (t + bs - 1) // bs > n:
                 return False
             elif kind == _SLIDING:
-                k = min(m.get_num_skipped_tokens(p) // bs, n)  # remove_skipped_blocks frees nothing
-                if k and table[k - 1] is not null:
+                skipped = min(cast(SlidingWindowManager, m).get_num_skipped_tokens(p) // bs, n)
+                if skipped and table[skipped - 1] is not null:  # remove_skipped_blocks frees nothing
                     return False
             elif kind == _FULL_TAIL:  # FullAttentionManager._cache_partial_tail_block publishes nothing
                 # only the prompt's units are read, hashed since admission (get_computed_blocks):
@@ -388,16 +394,17 @@ class KVCacheManager:
             writes = ctx.state_writes
             # what get_num_blocks_to_allocate, allocate_new_blocks, queue_running_state and
             # mark_handed_out change, in the coordinator's order
-            for reqs, by_req, bs, null, g in self._fast_mamba:
-                st = reqs[rid]
+            for mm in self._fast_mamba:
+                st = mm.reqs[rid]
                 st.checkpoint = None
                 if running_cow:
                     st.allocated = True
                 elif not st.allocated:
                     st.unmarked = True
-                b = by_req[rid][(t + bs - 1) // bs - 1]
-                if b is not null:
-                    writes.append(StateWrite(rid, g, b.block_id, t, STATE_RUNNING))
+                bs = mm.block_size
+                b = mm.req_to_blocks[rid][(t + bs - 1) // bs - 1]
+                if b is not mm.null_block:
+                    writes.append(StateWrite(rid, mm.group_id, b.block_id, t, STATE_RUNNING))
                 st.handed_out = True
         return True
 
