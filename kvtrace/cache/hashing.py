@@ -106,6 +106,29 @@ def trace_unit_cbor(parent: bytes, namespace: int, block_id: int, unit: int) -> 
     return b"\x83" + _cbor_head(0x40, len(parent)) + parent + _TRACE_UNIT + ints + b"\xf6"
 
 
+_UNIT_TAILS = tuple(bytes((u, 0xF6)) for u in range(24))  # a unit index below 24, then the null extra keys
+
+
+def trace_block_unit_hashes(hash_raw: Callable[[bytes], bytes], parent: bytes, namespace: int, block_id: int,
+                            count: int) -> tuple[bytes, ...] | None:
+    """The chained hashes of units ``0..count-1`` of one trace block without extra keys, each
+    ``hash_raw(trace_unit_cbor(previous, namespace, block_id, unit))``: the encoding's middle
+    (namespace and id) is built once per block, not once per unit. None where the common
+    case does not hold (a parent or hash other than 32 bytes, a namespace, unit or id too
+    large for it): then each unit goes the general way."""
+    if not (0 <= namespace < 24 and 0 <= count <= 24 and 0 <= block_id < _U64):
+        return None
+    middle = b"".join((_TRACE_UNIT, bytes((namespace,)), _cbor_head(0x00, block_id)))
+    out = []
+    p = parent
+    for u in range(count):
+        if type(p) is not bytes or len(p) != 32:
+            return None
+        p = hash_raw(b"".join((b"\x83\x58\x20", p, middle, _UNIT_TAILS[u])))
+        out.append(p)
+    return tuple(out)
+
+
 def none_hash(hash_fn: HashFn) -> bytes:
     """The parent of the first unit: H of a fixed seed (deterministic across runs)."""
     return hash_fn(_NONE_HASH_SEED)
@@ -214,12 +237,18 @@ class BlockHasher:
                 units = memo.get((parent, tid))
                 if units is None:
                     misses += 1
-                    out = []
-                    p = parent
-                    for u in range(per_block):
-                        p = self._trace_unit_hash(p, ns, tid, u, self.extra_keys(request, j == 0 and u == 0))
-                        out.append(p)
-                    units = tuple(out)
+                    fast = None
+                    if self.extra_keys(request, j == 0) is None:  # (the first unit's keys: the widest)
+                        fast = trace_block_unit_hashes(self.hash_raw, parent, ns, tid, per_block)
+                    if fast is not None:
+                        units = fast
+                    else:
+                        out = []
+                        p = parent
+                        for u in range(per_block):
+                            p = self._trace_unit_hash(p, ns, tid, u, self.extra_keys(request, j == 0 and u == 0))
+                            out.append(p)
+                        units = tuple(out)
                     memo[(parent, tid)] = units
                 take = prompt_units - len(hashes)
                 hashes.extend(units if take >= per_block else units[:take])

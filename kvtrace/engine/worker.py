@@ -551,9 +551,10 @@ class Worker:
                         touched.extend(run)
                         if b0 == b1:
                             pieces.append(np.full(n, run[0], dtype=np.int64))
-                        else:
-                            # (annotated: numpy's stubs pick a timedelta64 overload for clip)
-                            counts: np.ndarray = np.diff(np.clip(np.arange(b0, b1 + 2, dtype=np.int64) * bs, a, a + n))
+                        else:  # each block's share of the chunk: the first and last ones partial
+                            counts = [bs] * (b1 - b0 + 1)
+                            counts[0] = (b0 + 1) * bs - a
+                            counts[-1] = a + n - b1 * bs
                             pieces.append(np.repeat(np.asarray(run, dtype=np.int64), counts))
                     block_t = xp.from_host(np.concatenate(pieces))
                     assert pos_np is not None  # set unless decode_only

@@ -124,3 +124,24 @@ def test_the_direct_trace_unit_encoding_is_cbor2s_canonical_one(parent, ns, tid,
         assert got == want
     else:
         assert got is None  # a bignum: left to cbor2
+
+
+@settings(max_examples=300, deadline=None)
+@given(parent=st.one_of(st.binary(min_size=32, max_size=32), st.binary(max_size=40)), ns=_INTS, tid=_INTS,
+       count=st.integers(0, 30), hash_name=st.sampled_from(["sha256_cbor", "xxhash"]))
+def test_a_trace_blocks_unit_hashes_at_once_are_each_units_hash(parent, ns, tid, count, hash_name):
+    """``trace_block_unit_hashes`` (the memo's miss path) is the chain of per-unit hashes, or
+    None where the common case does not hold."""
+    from kvtrace.cache.hashing import HASH_FNS, RAW_HASH_FNS, trace_block_unit_hashes
+
+    got = trace_block_unit_hashes(RAW_HASH_FNS[hash_name], parent, ns, tid, count)
+    fast_case = ((len(parent) == 32 or count == 0) and 0 <= ns < 24 and 0 <= tid < 1 << 64 and count <= 24
+                 and (hash_name == "sha256_cbor" or count <= 1))
+    if not fast_case:
+        assert got is None
+        return
+    want, p = [], parent
+    for u in range(count):
+        p = HASH_FNS[hash_name]((p, ("trace", ns, tid, u), None))
+        want.append(p)
+    assert got == tuple(want)
