@@ -109,10 +109,15 @@ class StaleHashAuditor:
                 rows.append((h, blk, ntok, exp))
             stamp = self.storage.stamp[g]
             if stamp is not None and rows:
-                stamps = xp.host(stamp[xp.ints([blk for _, blk, _, _ in rows])]).tolist()
-                for (h, blk, ntok, _), at in zip(rows, stamps):
-                    checked[(g, h, blk)] = (ntok, at)
-                rows = [r for r, at in zip(rows, stamps) if self._checked.get((g, r[0], r[1])) != (r[2], at)]
+                stamps = xp.host(stamp[xp.ints([r[1] for r in rows])]).tolist()
+                before = self._checked
+                changed = []
+                for r, at in zip(rows, stamps):
+                    key, seen = (g, r[0], r[1]), (r[2], at)
+                    checked[key] = seen
+                    if before.get(key) != seen:
+                        changed.append(r)
+                rows = changed
             if not rows:
                 continue
             valid = [ntok - (ntok - 1) // bs * bs for _, _, ntok, _ in rows]

@@ -44,12 +44,25 @@ def mulmod(x: Array, y: Array | int) -> Array:
     return (x * y) % P
 
 
+def reduce_inplace(x: Array) -> Array:
+    """``x % P`` for a fresh int64 array, written into it. On numpy as x - (x // P) * P
+    (the same floor-mod): numpy divides by a scalar several times faster than it takes a
+    remainder, which pays on the long arrays (prompt tokens, power tables)."""
+    if not isinstance(x, np.ndarray):
+        x %= P  # torch: one kernel
+        return x
+    q = x // P
+    q *= P
+    x -= q
+    return x
+
+
 def kv_values(tokens: Array, positions: Array) -> Array:
     """Attention content of each token at its absolute position.
 
     One reduction suffices: token < 2^18 and position < 2^32 keep the sum below 2^63.
     """
-    return (tokens * KV_A + positions * KV_B + KV_C) % P
+    return reduce_inplace(tokens * KV_A + positions * KV_B + KV_C)
 
 
 def kv_sum_closed_form(token_sum: int, start: int, end: int) -> int:
@@ -85,8 +98,8 @@ class ContentModel:
         while pw.shape[0] < n:
             k = pw.shape[0]
             step, istep = self._powk(self._m, k), self._powk(self._m_inv, k)
-            pw = self.arrays.concat([pw, (pw * step) % P])
-            ipw = self.arrays.concat([ipw, (ipw * istep) % P])
+            pw = self.arrays.concat([pw, reduce_inplace(pw * step)])
+            ipw = self.arrays.concat([ipw, reduce_inplace(ipw * istep)])
         self.pow, self.inv_pow = pw, ipw
 
     def descending_powers(self, n: int) -> np.ndarray:
@@ -159,7 +172,7 @@ class ContentModel:
         else:
             terms = table[:, positions] * tokens  # each < 2^18 * 2^31 = 2^49
         if n > _UNREDUCED_TERMS:  # keep the running sum below 2^63
-            terms %= P
+            reduce_inplace(terms)
         csum = self.arrays.zeros((self.num_lanes, n + 1))
         self.arrays.cumsum_into(terms, csum[:, 1:], axis=1)  # csum[:, i] = sum of terms[:, :i]
         start = seg_starts[query_seg]
@@ -189,24 +202,61 @@ def sample_token(state_lane_sum: int, kv_sum: int) -> int:
     return (state_lane_sum + kv_sum) % P % VOCAB_SIZE
 
 
-def fingerprint_rows(xp: Arrays, values: Array, num_valid: Array | None = None) -> Array:
-    """Fold each row [.., W] to one residue: sum_i v_i * R^i mod P over the first num_valid."""
+def fingerprint_rows(xp: Arrays, values: Array, num_valid: Array | None = None, rows: Array | None = None) -> Array:
+    """Fold each row [.., W] (of ``values[rows]`` if given) to one residue:
+    sum_i v_i * R^i mod P over the first num_valid.
+
+    Exact for |v| < 2^32 without reducing each term (int64 ``%`` was most of the cost):
+    R^i = hi_i * 2^16 + lo_i with both halves below 2^16, so a value times a half is below
+    2^48 and up to 2^15 of them sum below 2^63; a row is two plain dot products (one matmul
+    on numpy), reduced once. When ``rows`` pick most of ``values``, all rows are folded
+    where they lie, which is cheaper than gathering them. Rows cut short by ``num_valid``
+    (few: most blocks are full) are folded again with their tail zeroed."""
     width = values.shape[-1]
-    terms = (values * _fp_powers(xp, width)) % P
+    halves = _fp_power_halves(xp, width)
+    if rows is None:
+        fp = _fold(xp, values, halves)
+    elif 2 * rows.shape[0] >= values.shape[0]:
+        fp = _fold(xp, values, halves)[rows]
+    else:
+        fp = _fold(xp, values[rows], halves)
     if num_valid is not None:
-        terms = terms * (xp.arange(width)[None, :] < num_valid[:, None])
-    return terms.sum(-1) % P
+        cut = xp.nonzero(num_valid < width)
+        if cut.shape[0]:
+            kept = values[cut if rows is None else rows[cut]] * (xp.arange(width)[None, :] < num_valid[cut][:, None])
+            fp[cut] = _fold(xp, kept, halves)
+    return fp
+
+
+_FOLD_TERMS = 1 << 15  # values (< 2^32) times 16-bit halves: this many sum below 2^63
+
+
+def _fold(xp: Arrays, values: Array, halves: Array) -> Array:
+    """Per row, sum_i v_i * (hi_i * 2^16 + lo_i) mod P, in slices of ``_FOLD_TERMS`` columns."""
+    lo: Array = 0
+    hi: Array = 0
+    for a in range(0, max(values.shape[-1], 1), _FOLD_TERMS):
+        part, h = values[..., a:a + _FOLD_TERMS], halves[:, a:a + _FOLD_TERMS]
+        if xp.is_numpy:  # torch has no int64 matmul on CUDA
+            s = part @ h.T
+            s_lo, s_hi = s[..., 0], s[..., 1]
+        else:
+            s_lo, s_hi = (part * h[0]).sum(-1), (part * h[1]).sum(-1)
+        lo = (lo + s_lo % P) % P
+        hi = (hi + s_hi % P) % P
+    return (hi * (1 << 16) + lo) % P
 
 
 _FP_CACHE: dict[tuple[int, str], Array] = {}
 
 
-def _fp_powers(xp: Arrays, width: int) -> Array:
+def _fp_power_halves(xp: Arrays, width: int) -> Array:
+    """``[2, width]``: the low and high 16 bits of R^i, i < width."""
     key = (width, xp.name)
     t = _FP_CACHE.get(key)
     if t is None:
         vals = [1] * width
         for i in range(1, width):
             vals[i] = vals[i - 1] * FINGERPRINT_BASE % P
-        t = _FP_CACHE[key] = xp.ints(vals)
+        t = _FP_CACHE[key] = xp.ints([[v & 0xFFFF for v in vals], [v >> 16 for v in vals]])
     return t

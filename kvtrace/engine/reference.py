@@ -36,30 +36,43 @@ def modular_matmul(tokens: np.ndarray, residues: np.ndarray) -> np.ndarray:
 
 
 class TraceBlockMemo:
-    """(namespace, block size, id) -> (c per lane, token sum): one trace block's state effect."""
+    """(namespace, block size, id) -> one trace block's state effect: c per lane, then the
+    block's token sum, as a row of one int64 table, so a prompt's effects are one gather."""
 
     def __init__(self, model: ContentModel, max_entries: int = 1 << 20):
         self.model = model
         self.max_entries = max_entries
-        self.entries: dict[tuple[int, int, int], tuple[tuple[int, ...], int]] = {}
+        self.rows: dict[tuple[int, int], dict[int, int]] = {}  # (namespace, block size) -> id -> row
+        self.num_rows = 0
+        self.table = np.zeros((1024, model.num_lanes + 1), dtype=np.int64)
 
-    def get_many(self, namespace: int, block_size: int, ids, tokens: np.ndarray | None = None):
-        """Effects of trace blocks ``ids`` (``tokens``: their concatenated tokens, if at hand)."""
-        entries = self.entries
-        missing = [k for k, i in enumerate(ids) if (namespace, block_size, i) not in entries]
-        if missing:
-            if len(entries) + len(missing) > self.max_entries:
-                entries.clear()  # bounded memory; deterministic
-            m = self.model
+    def get_many(self, namespace: int, block_size: int, ids, tokens: np.ndarray | None = None) -> np.ndarray:
+        """Effects ``[len(ids), D + 1]`` of trace blocks ``ids`` (``tokens``: their concatenated
+        tokens, if at hand)."""
+        index = self.rows.setdefault((namespace, block_size), {})
+        first: dict[int, int] = {}  # each id not held yet -> its first position in ids
+        for k, i in enumerate(ids):
+            if i not in index and i not in first:
+                first[i] = k
+        if first:
+            if self.num_rows + len(first) > self.max_entries:
+                index.clear()  # bounded memory; deterministic
+                self.rows = {(namespace, block_size): index}
+                self.num_rows = 0
+                first = dict(zip(reversed(ids), range(len(ids) - 1, -1, -1)))
+            missing = list(first.values())
             if tokens is not None:
                 toks = tokens[: len(ids) * block_size].reshape(len(ids), block_size)[missing]
             else:
                 toks = blocks_tokens([ids[k] for k in missing], block_size, namespace)
-            c = modular_matmul(toks, m.descending_powers(block_size))  # [k, D]
-            tsum = toks.sum(axis=1)
-            for k, cc, ts in zip(missing, c.tolist(), tsum.tolist()):
-                entries[(namespace, block_size, ids[k])] = (tuple(cc), int(ts))
-        return [entries[(namespace, block_size, i)] for i in ids]
+            lo, hi = self.num_rows, self.num_rows + len(missing)
+            while self.table.shape[0] < hi:  # grow by doubling
+                self.table = np.concatenate([self.table, np.zeros_like(self.table)])
+            self.table[lo:hi, :-1] = modular_matmul(toks, self.model.descending_powers(block_size))
+            self.table[lo:hi, -1] = toks.sum(axis=1)
+            index.update(zip(first, range(lo, hi)))
+            self.num_rows = hi
+        return self.table[[index[i] for i in ids]]
 
 
 class PrefixOracle:
@@ -77,16 +90,14 @@ class PrefixOracle:
             bs = request.trace_block_size
             nfull = min(len(ids), request.num_prompt_tokens // bs)
             effects = memo.get_many(request.namespace, bs, ids[:nfull], request.prompt_token_ids)
-            if effects:
+            if k := effects.shape[0]:
                 # s_k = M s_(k-1) + c_k with M = m^bs, all k at once: s_k = M^k sum_(j<=k) c_j M^-j
-                c = np.array([e[0] for e in effects], dtype=np.int64)  # [K, D]
-                k = len(effects)
                 lift = model.strided_powers(bs, k + 1)[1:]
                 drop = model.strided_powers(bs, k + 1, inverse=True)[1:]
-                acc = np.cumsum(c * drop % P, axis=0) % P  # K < 2^32 residues sum below 2^63
+                acc = np.cumsum(effects[:, :-1] * drop % P, axis=0) % P  # K < 2^32 residues sum below 2^63
                 self._states.extend(map(tuple, (lift * acc % P).tolist()))
                 self._pos.extend(range(bs, (k + 1) * bs, bs))
-                self._tsums.extend(np.cumsum([e[1] for e in effects]).tolist())
+                self._tsums.extend(np.cumsum(effects[:, -1]).tolist())
 
     def _extend_by_one(self, e: int) -> tuple[tuple[int, ...], int]:
         """Append the point ``e`` when it is one token past the furthest (the decode step)."""

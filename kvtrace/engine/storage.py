@@ -210,8 +210,7 @@ class DeviceStorage:
         if not block_ids:
             return []
         ids = self.arrays.ints(list(block_ids))
-        rows = self.data[group_id][ids]
         nv = None
         if num_valid is not None and not self.is_state[group_id]:
             nv = self.arrays.ints(list(num_valid))
-        return fingerprint_rows(self.arrays, rows, nv).tolist()
+        return fingerprint_rows(self.arrays, self.data[group_id], nv, rows=ids).tolist()

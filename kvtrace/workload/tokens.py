@@ -13,15 +13,8 @@ from kvtrace.workload.lines import VOCAB_SIZE
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-
-
-def _splitmix64(x: np.ndarray) -> np.ndarray:
-    with np.errstate(over="ignore"):
-        x = x + _GOLDEN
-        x = (x ^ (x >> np.uint64(30))) * _M1
-        x = (x ^ (x >> np.uint64(27))) * _M2
-        return x ^ (x >> np.uint64(31))
+_GOLDEN = 0x9E3779B97F4A7C15
+_VOCAB = np.uint64(VOCAB_SIZE)
 
 
 def block_tokens(block_id: int, block_size: int, namespace: int = 0) -> np.ndarray:
@@ -30,13 +23,31 @@ def block_tokens(block_id: int, block_size: int, namespace: int = 0) -> np.ndarr
 
 
 def blocks_tokens(block_ids: tuple[int, ...] | list[int], block_size: int, namespace: int = 0) -> np.ndarray:
-    """``block_tokens`` of each id, as rows ``[len(block_ids), block_size]`` (one vectorised pass)."""
-    ns = int(namespace) * 0x1F123BB5
+    """``block_tokens`` of each id, as rows ``[len(block_ids), block_size]`` (one vectorised pass).
+
+    Token j of id b is splitmix64(seed_b + j) mod VOCAB_SIZE, seed_b = (namespace * 0x1F123BB5
+    + b * 0x5851F42D4C957F2D) mod 2^64. Computed in place in the output (tens of millions of
+    tokens per trace: fresh temporaries cost as much as the arithmetic), the modulo as
+    x - (x // V) * V, as numpy divides by a scalar far faster than it takes a remainder."""
+    ns = int(namespace) * 0x1F123BB5 + _GOLDEN
     seeds = np.fromiter(((ns + int(b) * 0x5851F42D4C957F2D) & 0xFFFFFFFFFFFFFFFF for b in block_ids),
                         dtype=np.uint64, count=len(block_ids))
+    x = np.empty((len(block_ids), block_size), dtype=np.uint64)
+    t = np.empty_like(x)
     with np.errstate(over="ignore"):
-        x = np.arange(block_size, dtype=np.uint64)[None, :] + seeds[:, None]
-    return (_splitmix64(x) % np.uint64(VOCAB_SIZE)).astype(np.int64)
+        np.add(np.arange(block_size, dtype=np.uint64)[None, :], seeds[:, None], out=x)
+        np.right_shift(x, np.uint64(30), out=t)  # splitmix64's finaliser
+        x ^= t
+        x *= _M1
+        np.right_shift(x, np.uint64(27), out=t)
+        x ^= t
+        x *= _M2
+        np.right_shift(x, np.uint64(31), out=t)
+        x ^= t
+    np.floor_divide(x, _VOCAB, out=t)
+    t *= _VOCAB
+    x -= t
+    return x.view(np.int64)  # below VOCAB_SIZE: the same values as int64
 
 
 def tokens_for_block_ids(
