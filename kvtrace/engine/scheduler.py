@@ -47,10 +47,21 @@ class CachedRequestData:
 
 
 @dataclass(slots=True)
+class DecodeRun:
+    """Running requests that each decode one token this step and get no new block (a run the
+    cache manager allocated in one call): for each, what ``CachedRequestData(request_id, no
+    new block ids, start)`` says, in one entry instead of one object per request."""
+
+    requests: list[EngineRequest]
+    starts: list[int]  # each request's num_computed_tokens before this step
+
+
+@dataclass(slots=True)
 class SchedulerOutput:
     step: int
     scheduled_new_reqs: list[NewRequestData]
-    scheduled_cached_reqs: list[CachedRequestData]
+    # the running requests scheduled, in the running order (a DecodeRun stands for several)
+    scheduled_cached_reqs: list[CachedRequestData | DecodeRun]
     num_scheduled_tokens: dict[str, int]
     total_num_scheduled_tokens: int
     block_copies: list[BlockCopy]
@@ -170,7 +181,7 @@ class Scheduler:
         kv = self.kv_cache_manager
         token_budget = self.config.max_num_batched_tokens
         new_reqs: list[NewRequestData] = []
-        cached_reqs: list[CachedRequestData] = []
+        cached_reqs: list[CachedRequestData | DecodeRun] = []
         num_scheduled: dict[str, int] = {}
         preempted: list[EngineRequest] = []
 
@@ -184,10 +195,9 @@ class Scheduler:
             if decode_run is not None:  # a run of decode steps in one call (the manager's fast path)
                 k = decode_run(running, i, token_budget, max_model_len)
                 if k:
-                    for request in running[i:i + k]:
-                        rid = request.request_id
-                        cached_reqs.append(CachedRequestData(rid, no_new_ids, request.num_computed_tokens))
-                        num_scheduled[rid] = 1
+                    run = running[i:i + k]
+                    cached_reqs.append(DecodeRun(run, [r.num_computed_tokens for r in run]))
+                    num_scheduled.update(dict.fromkeys([r.request_id for r in run], 1))
                     token_budget -= k
                     i += k
                     continue

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvtrace.cache import CacheConfig, MambaSpec
+from kvtrace.engine.scheduler import DecodeRun
 
 
 @dataclass(slots=True)
@@ -80,6 +81,11 @@ class NoContentWorker:
             if tally(res, nr.request, nr.num_computed_tokens, scheduled[nr.request_id]):
                 res.sampled[nr.request_id] = 0
         for cr in out.scheduled_cached_reqs:
+            if isinstance(cr, DecodeRun):
+                for request, start in zip(cr.requests, cr.starts):
+                    tally(res, request, start, 1)  # a decode: it samples
+                    res.sampled[request.request_id] = 0
+                continue
             request = self.requests[cr.request_id]
             if tally(res, request, cr.num_computed_tokens, scheduled[cr.request_id]):
                 res.sampled[cr.request_id] = 0

@@ -26,6 +26,7 @@ test_decode_fast_path.py compares both ways event by event).
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -38,7 +39,7 @@ from kvtrace.engine.block_table import BlockTableTensor
 from kvtrace.engine.content import KV_A, KV_B, KV_C, ContentModel, P, kv_values
 from kvtrace.engine.reference import PrefixOracle, TraceBlockMemo
 from kvtrace.engine.request import EngineRequest
-from kvtrace.engine.scheduler import SchedulerOutput
+from kvtrace.engine.scheduler import DecodeRun, SchedulerOutput
 from kvtrace.engine.step import Divergence, StepResult, tally
 from kvtrace.engine.storage import DeviceStorage, first_sums
 from kvtrace.numeric import cdiv
@@ -160,22 +161,36 @@ class Worker:
         for rid in out.preempted_req_ids:
             self.drop(rid)
         res = StepResult(sampled={}, divergences=[])
-        work: list[tuple[_Seq, int, int]] = []  # (seq, start, num_tokens)
+        # The batch, in its order (new requests, then running ones), as (batch index, item):
+        # the decode runs' requests as (index, seq, position), the rest as (index, (seq,
+        # start, num_tokens)).
+        runs: list[tuple[int, _Seq, int]] = []
+        others: list[tuple[int, tuple[_Seq, int, int]]] = []
         loads: list[tuple[_Seq, int, int]] = []
+        sched = out.num_scheduled_tokens
+        seqs = self.seqs
+        i = 0
         for nr in out.scheduled_new_reqs:
-            old = self.seqs.get(nr.request_id)
+            old = seqs.get(nr.request_id)
             if old is not None:  # resumed without a preemption notice: start over
                 self.drop(nr.request_id)
             s = self._new_seq(nr.request, [list(ids) for ids in nr.block_ids])
-            self.seqs[nr.request_id] = s
+            seqs[nr.request_id] = s
             if nr.num_external_tokens:
                 loads.append((s, nr.num_computed_tokens - nr.num_external_tokens, nr.num_computed_tokens))
-            work.append((s, nr.num_computed_tokens, out.num_scheduled_tokens[nr.request_id]))
+            others.append((i, (s, nr.num_computed_tokens, sched[nr.request_id])))
+            i += 1
         for cr in out.scheduled_cached_reqs:
-            s = self.seqs[cr.request_id]
+            if isinstance(cr, DecodeRun):
+                for request, a in zip(cr.requests, cr.starts):
+                    runs.append((i, seqs[request.request_id], a))
+                    i += 1
+                continue
+            s = seqs[cr.request_id]
             if any(cr.new_block_ids):
                 self._append_blocks(s, cr.new_block_ids)
-            work.append((s, cr.num_computed_tokens, out.num_scheduled_tokens[cr.request_id]))
+            others.append((i, (s, cr.num_computed_tokens, sched[cr.request_id])))
+            i += 1
 
         # Copies first: a copy-on-write block receives the shared part of its block,
         # then an external load may fill the rest of it.
@@ -197,8 +212,8 @@ class Worker:
                         res.table_disagreements += 1
         if self.state_groups and out.state_writes:
             self._check_running_writes(out, res)
-        if work:
-            self._compute(work, out, res)
+        if runs or others:
+            self._compute(runs, others, out, res)
         return res
 
     def _append_blocks(self, s: _Seq, new_block_ids: tuple[list[int], ...]) -> None:
@@ -258,16 +273,19 @@ class Worker:
         p = request.num_prompt_tokens
         return int(request.prompt_token_ids[position]) if position < p else request.output_token_ids[position - p]
 
-    def _compute(self, work: list[tuple[_Seq, int, int]], out: SchedulerOutput, res: StepResult) -> None:
-        """Content for the step: decode tokens by ``_decode_write`` and ``_decode_sample``, the
-        rest (prefill chunks) by ``_compute_general``.
+    def _compute(self, runs: list[tuple[int, _Seq, int]], others: list[tuple[int, tuple[_Seq, int, int]]],
+                 out: SchedulerOutput, res: StepResult) -> None:
+        """Content for the step (``runs``: the decode runs' requests; ``others``: the rest of
+        the batch, each with its batch index): decode tokens by ``_decode_write`` and
+        ``_decode_sample``, the rest (prefill chunks) by ``_compute_general``.
 
         The split changes nothing: the two parts touch disjoint blocks (checked; else the
         whole step goes the general way), each part's reads see the other's writes exactly
         as one pass would, and the results are put back in the batch's order.
         """
-        split = self._split_decodes(work, out) if self.decode_fast_path else None
+        split = self._split_decodes(runs, others, out) if self.decode_fast_path else None
         if split is None:
+            work = [w for _, w in sorted([(i, (sq, a, 1)) for i, sq, a in runs] + others, key=itemgetter(0))]
             self._compute_general(work, out, res)
             return
         dec, rest, rows, pos = split
@@ -305,8 +323,8 @@ class Worker:
             res.sampled.update(dec_sampled)
             res.sampled.update(after)
         else:
-            for w in work:
-                rid = w[0].request.request_id
+            for _, sq in sorted([(i, sq) for i, sq, _ in dec] + [(i, w[0]) for i, w in rest], key=itemgetter(0)):
+                rid = sq.request.request_id
                 token = dec_sampled.get(rid)
                 if token is None:
                     token = rest_sampled.get(rid)
@@ -316,22 +334,30 @@ class Worker:
         slow.sort(key=lambda x: x[0])
         res.divergences.extend(d for _, d in slow)
 
-    def _split_decodes(self, work, out: SchedulerOutput):
+    def _split_decodes(self, runs: list[tuple[int, _Seq, int]], others: list[tuple[int, tuple[_Seq, int, int]]],
+                       out: SchedulerOutput):
         """(decodes as (batch index, seq, position), the rest with their batch index, the
-        decodes' rows and positions as arrays), or None
-        when the step must go the general way: a sliding-window group, no decode, a decode
-        that exports a checkpoint, or blocks that a decode and a prefill chunk both touch."""
+        decodes' rows and positions as arrays), or None when the step must go the general way:
+        a sliding-window group, no decode, a decode that exports a checkpoint, or blocks that
+        a decode and a prefill chunk both touch. A decode is one token that consumes the
+        request's last known one past its prompt: the runs' requests are (the manager's
+        decode fast path took them), the others are looked at."""
         if self.swa_groups:
             return None
-        dec: list[tuple[int, _Seq, int]] = []
+        dec = runs
         rest: list[tuple[int, tuple[_Seq, int, int]]] = []
-        for i, w in enumerate(work):
+        added = False
+        for i, w in others:
             sq, a, n = w
             req = sq.request
             if n == 1 and a >= req.num_prompt_tokens and a + 1 == req.num_prompt_tokens + len(req.output_token_ids):
+                if not added:
+                    dec, added = list(runs), True
                 dec.append((i, sq, a))
             else:
                 rest.append((i, w))
+        if added and runs:
+            dec.sort(key=itemgetter(0))
         if not dec:
             return None
         checkpointed = {sw.request_id for sw in out.state_writes if sw.kind == STATE_CHECKPOINT}
