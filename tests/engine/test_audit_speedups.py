@@ -128,3 +128,35 @@ def test_oracles_with_the_memo_match_the_tokens_alone():
         plain = PrefixOracle(model, _request(k, ids, n, bs))
         for e in range(0, n + 1, 8):
             assert fast.point(e) == plain.point(e), (ids, e)
+
+
+@pytest.mark.parametrize("name", ["hybrid-all-on", "kimi-mooncake-preempting", "attention-partial-hits",
+                                  "study-external-hit-running-cow-off"])
+def test_the_audits_guessed_key_positions_are_the_indexed_ones(name, monkeypatch):
+    """``on_published`` places a key by guessing (keys a block apart, the last standing for
+    the event's tokens), checked against the request's hashes, before it asks the index:
+    every expectation, and so every event, is the same with the guess off; both ways run."""
+    from kvtrace.engine import Engine
+    from kvtrace.engine.audit import StaleHashAuditor
+    from kvtrace.replay.digest import Digest
+    from tests.engine.test_decode_fast_path import _cases
+
+    case = next(c for c in _cases() if c[0] == name)
+    looked_up = [0]
+    real = StaleHashAuditor._num_tokens_of
+
+    def counted(self, request, block_hash):
+        looked_up[0] += 1
+        return real(self, request, block_hash)
+
+    monkeypatch.setattr(StaleHashAuditor, "_num_tokens_of", counted)
+    digests, lookups = [], []
+    for guess in (True, False):
+        monkeypatch.setattr(StaleHashAuditor, "guess_positions", guess)
+        looked_up[0] = 0
+        d = Digest()
+        Engine(case[1], audit_interval=7).run(case[2], [d.on_step])
+        digests.append(d.hexdigest())
+        lookups.append(looked_up[0])
+    assert digests[0] == digests[1]
+    assert lookups[1] > lookups[0]  # the guess placed keys (and the index placed every key)
