@@ -57,6 +57,19 @@ def reduce_inplace(x: Array) -> Array:
     return x
 
 
+_MATMUL_TERMS = 1 << 13  # token (< 2^18) x residue (< 2^31) products: this many sum below 2^63
+
+
+def modular_matmul(tokens: np.ndarray, residues: np.ndarray) -> np.ndarray:
+    """``(tokens @ residues) mod P``, exact in int64: tokens ``[k, n]`` below 2^18,
+    residues ``[n, ...]`` below P (summed in chunks short enough not to overflow)."""
+    n = tokens.shape[1]
+    out = np.zeros((tokens.shape[0], *residues.shape[1:]), dtype=np.int64)
+    for i in range(0, n, _MATMUL_TERMS):
+        out = (out + tokens[:, i:i + _MATMUL_TERMS] @ residues[i:i + _MATMUL_TERMS]) % P
+    return out
+
+
 def kv_values(tokens: Array, positions: Array) -> Array:
     """Attention content of each token at its absolute position.
 
@@ -158,6 +171,8 @@ class ContentModel:
         out lane-major ``[D, N]``: the running sum then runs along contiguous memory."""
         if max_end is not None:
             self.ensure(max_end + 1)
+            if ranges is not None and self.arrays.is_numpy:
+                return self._advance_by_dot(start_states, tokens, seg_offsets, seg_starts, query_seg, query_end)
         elif tokens.shape[0]:
             self.ensure(int(positions.max()) + 2)
         else:
@@ -182,6 +197,21 @@ class ContentModel:
         decay = self.pow[query_end - start]
         lift = self.pow[query_end - 1]
         return ((decay * start_states[query_seg]) % P + (lift * seg_sum) % P) % P
+
+    def _advance_by_dot(self, start_states: np.ndarray, tokens: np.ndarray, seg_offsets: np.ndarray,
+                        seg_starts: np.ndarray, query_seg: np.ndarray, query_end: np.ndarray) -> np.ndarray:
+        """``advance`` on the host: per query s0 m^n + sum_i token_i m^(n-1-i), n the query's
+        tokens, as one exact dot product with the descending powers. Fewer passes over a
+        step's chunks than the running sum (which torch needs: it has no int64 matmul on
+        CUDA) for the few queries a step asks (each chunk's end and its checkpoints)."""
+        offsets, starts = seg_offsets.tolist(), seg_starts.tolist()
+        out = np.empty((query_seg.shape[0], self.num_lanes), dtype=np.int64)
+        for q, (seg, end) in enumerate(zip(query_seg.tolist(), query_end.tolist())):
+            n = end - starts[seg]
+            lo = offsets[seg]
+            acc = modular_matmul(tokens[None, lo:lo + n], self.descending_powers(n))[0]
+            out[q] = (self.pow[n] * start_states[seg] % P + acc) % P
+        return out
 
     def step_one(self, states: Array, tokens: Array) -> Array:
         """States [B, D] after one more token each (the decode step)."""

@@ -18,21 +18,19 @@ from bisect import bisect_right
 
 import numpy as np
 
-from kvtrace.engine.content import FINGERPRINT_BASE, KV_A, KV_B, KV_C, ContentModel, P, kv_sum_closed_form
+from kvtrace.engine.content import (
+    FINGERPRINT_BASE,
+    KV_A,
+    KV_B,
+    KV_C,
+    ContentModel,
+    P,
+    kv_sum_closed_form,
+    modular_matmul,
+)
 from kvtrace.workload.tokens import blocks_tokens
 
 _SMALL = 48  # up to this many tokens, step the recurrence in Python
-_MATMUL_TERMS = 1 << 13  # token (< 2^18) x residue (< 2^31) products: this many sum below 2^63
-
-
-def modular_matmul(tokens: np.ndarray, residues: np.ndarray) -> np.ndarray:
-    """``(tokens @ residues) mod P``, exact in int64: tokens ``[k, n]`` below 2^18,
-    residues ``[n, ...]`` below P (summed in chunks short enough not to overflow)."""
-    n = tokens.shape[1]
-    out = np.zeros((tokens.shape[0], *residues.shape[1:]), dtype=np.int64)
-    for i in range(0, n, _MATMUL_TERMS):
-        out = (out + tokens[:, i:i + _MATMUL_TERMS] @ residues[i:i + _MATMUL_TERMS]) % P
-    return out
 
 
 class TraceBlockMemo:

@@ -69,6 +69,33 @@ def test_batched_segments_and_mid_chunk_queries_match_naive(xp):
     assert out[3].tolist() == naive_state(full_b[:64])
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    segments=st.lists(st.tuples(st.integers(0, 40_000), st.integers(1, 20_000)), min_size=1, max_size=3),
+    mids=st.lists(st.floats(0.01, 1.0), max_size=3),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_advance_by_dot_products_is_the_running_sums(xp, segments, mids, seed):
+    """With each segment's range known (the worker's steps), the host takes one dot product per
+    query (``_advance_by_dot``); without, the running sum over all the terms: the same states,
+    for chunks longer than one unreduced matmul (2^13 terms) too, and queries inside them."""
+    rng = np.random.default_rng(seed)
+    model = ContentModel(4, xp)
+    lens = [n for _, n in segments]
+    starts = [a for a, _ in segments]
+    tokens = xp.from_host(rng.integers(0, VOCAB_SIZE, sum(lens)))
+    positions = xp.from_host(np.concatenate([np.arange(a, a + n) for a, n in segments]))
+    offsets = np.concatenate([[0], np.cumsum(lens)[:-1]])
+    q_seg = list(range(len(segments))) + [k % len(segments) for k in range(len(mids))]
+    q_end = [a + n for a, n in segments]
+    q_end += [starts[s] + max(1, int(f * lens[s])) for s, f in zip(q_seg[len(segments):], mids)]
+    states = xp.from_host(rng.integers(0, P, (len(segments), 4)))
+    args = (states, tokens, positions, xp.from_host(offsets), xp.ints(starts), xp.ints(q_seg), xp.ints(q_end))
+    by_dot = model.advance(*args, max_end=max(q_end), ranges=[(a, a + n) for a, n in segments])
+    by_sums = model.advance(*args)
+    assert by_dot.tolist() == by_sums.tolist()
+
+
 def test_kv_values_and_closed_form_sum_agree_and_never_overflow(xp):
     tok = xp.ints([VOCAB_SIZE - 1] * 1000)
     pos = xp.arange(2**30, 2**30 + 1000)
