@@ -15,7 +15,7 @@ from kvtrace import compiled
 from kvtrace.cache import CacheConfig, FullAttentionSpec, MambaSpec
 from kvtrace.engine import Worker
 from kvtrace.engine import worker as worker_module
-from kvtrace.engine.content import P
+from kvtrace.engine.content import P, kv_values
 from kvtrace.engine.storage import DeviceStorage, first_sums
 from tests.engine.test_decode_fast_path import _cases, _run
 
@@ -58,6 +58,18 @@ def _storage():
     return storage
 
 
+def _append_both(a: DeviceStorage, b: DeviceStorage, table, rows, pos, toks) -> None:
+    """The kernel's append into ``a`` and numpy's into ``b``: the same sums and storage."""
+    total = np.zeros(rows.shape[0], dtype=np.int64)
+    assert a.append_kv_rows(KERNELS, 0, table, rows, pos, toks, total)
+    q = pos // 8
+    want = b.append_kv(0, table[rows, q], pos - q * 8, kv_values(toks, pos))
+    assert total.tolist() == want.tolist()
+    for x, y in ((a.data[0], b.data[0]), (a.block_sum[0], b.block_sum[0]), (a.stamp[0], b.stamp[0]),
+                 *zip(a._prefix[0], b._prefix[0])):
+        assert np.array_equal(x, y)
+
+
 def test_attention_append_matches_numpy_and_refuses_a_shared_block():
     table = np.array([[3, 4, 5, 0], [6, 7, 0, 0], [9, 10, 11, 12]], dtype=np.int64)
     rows = np.array([0, 1, 2], dtype=np.int64)
@@ -66,26 +78,12 @@ def test_attention_append_matches_numpy_and_refuses_a_shared_block():
         pos = np.array([17, 9, 26], dtype=np.int64)  # (four steps stay inside each table)
         a, b = _storage(), _storage()
         for _ in range(step + 1):
-            total = np.zeros(3, dtype=np.int64)
-            assert a.append_kv_rows(KERNELS, 0, table, rows, pos, toks, total)
-            q = pos // 8
-            want = b.append_kv(0, table[rows, q], pos - q * 8, (toks * 1_103_515_245 + pos * 12_345_679
-                                                                   + 2_654_435_761 % P) % P)
-            assert total.tolist() == want.tolist()
-            for x, y in ((a.data[0], b.data[0]), (a.block_sum[0], b.block_sum[0]), (a.stamp[0], b.stamp[0])):
-                assert np.array_equal(x, y)
-            for x, y in zip(a._prefix[0], b._prefix[0]):
-                assert np.array_equal(x, y)
+            _append_both(a, b, table, rows, pos, toks)
             pos = pos + 1
         # a copy into a block restamps it: the kernel reads that block's slots back
         a.copy_blocks([(0, 20, 4)])
         b.copy_blocks([(0, 20, 4)])
-        total = np.zeros(3, dtype=np.int64)
-        assert a.append_kv_rows(KERNELS, 0, table, rows, pos, toks, total)
-        q = pos // 8
-        want = b.append_kv(0, table[rows, q], pos - q * 8, (toks * 1_103_515_245 + pos * 12_345_679
-                                                               + 2_654_435_761 % P) % P)
-        assert total.tolist() == want.tolist()
+        _append_both(a, b, table, rows, pos, toks)
 
     shared = np.array([[3, 4], [6, 4]], dtype=np.int64)  # both rows' block 1 is block 4
     s = _storage()
