@@ -5,8 +5,7 @@
 - ``sigterm_as_interrupt``: SIGTERM (``kill``, a container stop, systemd) stops a server
   the way Ctrl-C does, so it flushes, prints its summary and finishes its run;
 - ``collector_paused``: the cyclic garbage collector off around a hot loop that makes
-  no reference cycles; ``frozen_heap``: the objects alive before a run sit out its full
-  collections.
+  no reference cycles (a cache-only replay, an engine run).
 """
 
 from __future__ import annotations
@@ -67,7 +66,7 @@ def collector_paused() -> Iterator[None]:
 
     For a loop that makes many short-lived containers and no cycles: reference counting
     frees them at once, and the collector's passes over them are pure cost (about 6% of
-    cache-only replay). The switch is process-wide: cycles made meanwhile, by any thread,
+    cache-only replay, 8% of an engine run). The switch is process-wide: cycles made meanwhile, by any thread,
     are collected after the block. No effect on results: the collector frees memory only.
     """
     was_enabled = gc.isenabled()
@@ -77,24 +76,3 @@ def collector_paused() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
-
-
-@contextlib.contextmanager
-def frozen_heap() -> Iterator[None]:
-    """The objects alive before the run (imports: torch, vLLM, the trace) sit out the
-    collector's full passes during it, as vLLM's ``freeze_gc_heap`` does after start-up.
-
-    A run makes millions of short-lived objects; each full collection otherwise walks the
-    whole start-up heap again (about 9 of them over ~590k objects in a 1,000-request run).
-    Collection itself is unchanged, so nothing the run makes can leak; the objects are
-    handed back to the collector on exit (unless a caller froze them before: then it
-    does). No effect on results: the GC frees memory only.
-    """
-    if gc.get_freeze_count():
-        yield
-        return
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
