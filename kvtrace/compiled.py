@@ -1,4 +1,5 @@
-"""The cache's hot modules, compiled with mypyc, and the pure-Python fallback.
+"""The cache's hot modules, compiled with mypyc, the engine's Cython kernels, and their
+fallbacks (the Python sources; the kernels' callers' numpy path).
 
 ``setup.py`` compiles the modules in ``COMPILED`` with mypyc when the install can (mypy
 and a C compiler: the normal ``pip install -e .``), as one extension group beside the

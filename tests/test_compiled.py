@@ -121,3 +121,21 @@ def test_a_process_told_to_runs_every_source():
     mode, *files = proc.stdout.splitlines()
     assert mode == f"pure Python ({compiled.ENV}=1)"
     assert files == [str(compiled.source_path(m)) for m in compiled.COMPILED]
+
+
+def test_the_kernels_numpy_path_runs_when_told_not_compiled_or_edited_since(tmp_path):
+    module = compiled.CYTHON[0]
+    pyx = compiled.pyx_path(module, tmp_path)
+    pyx.parent.mkdir(parents=True)
+    pyx.write_text("")
+    os.utime(pyx, (1_000, 1_000))
+    not_built = compiled.kernels_reason(module, tmp_path, environ={})
+    assert not_built == f"{module} was not compiled (installed without Cython)"
+    ext = pyx.with_suffix(EXTENSION_SUFFIXES[0])
+    ext.write_bytes(b"")
+    os.utime(ext, (2_000, 2_000))
+    assert compiled.kernels_reason(module, tmp_path, environ={}) is None
+    assert compiled.kernels_reason(module, tmp_path, environ={compiled.ENV: "1"}) == f"{compiled.ENV}=1"
+    os.utime(pyx, (3_000, 3_000))
+    reason = compiled.kernels_reason(module, tmp_path, environ={})
+    assert reason is not None and "_decode.pyx changed since it was compiled" in reason

@@ -17,10 +17,12 @@ is advanced for the whole batch at once from per-request "tips" on the CPU.
 
 Speed: per-step arrays are small, so the cost is the number of array calls, not the
 data (numpy on the CPU, torch on a GPU: :mod:`kvtrace.engine.arrays`). Decode tokens
-(one token that consumes the request's last known one) therefore go
-as one batch built from one host list (``_decode_write``, ``_decode_sample``), and only
-the prefill chunks take the general path; the split is made only where the two parts
-touch disjoint blocks, so every value is what one pass gives (tests/engine/
+(one token that consumes the request's last known one) therefore go as one batch, its
+indices computed from the tables' host arrays (``_decode_write``, ``_decode_sample``): on
+the CPU by the C loops of ``kvtrace/engine/_decode.pyx`` when they are compiled, else by
+numpy (tests/engine/test_decode_kernels.py compares the two event by event). Only the
+prefill chunks take the general path; the split is made only where the two parts touch
+disjoint blocks, so every value is what one pass gives (tests/engine/
 test_decode_fast_path.py compares both ways event by event).
 """
 
