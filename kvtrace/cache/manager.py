@@ -48,7 +48,7 @@ cdiv(end, bs) - 2 (``kind="checkpoint"``).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import cast
+from typing import Final, cast
 
 from kvtrace.cache.block_pool import BlockPool
 from kvtrace.cache.blocks import KVCacheBlock
@@ -69,7 +69,11 @@ from kvtrace.numeric import cdiv
 __all__ = ["CacheStats", "KVCacheManager"]
 
 # the decode fast path's manager kinds (full attention keying a prompt tail: _FULL_TAIL)
-_FULL, _FULL_TAIL, _SLIDING, _MAMBA = range(4)
+# (Final: compiled, each is a constant, not a lookup in the module's globals)
+_FULL: Final = 0
+_FULL_TAIL: Final = 1
+_SLIDING: Final = 2
+_MAMBA: Final = 3
 # False: every allocate_slots takes the general path (tests compare both). A module global,
 # read when a manager is built: the class is compiled (kvtrace/compiled.py), so it cannot be patched.
 DECODE_FAST_PATH = True

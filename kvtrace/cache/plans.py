@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Final, NamedTuple
 
 if TYPE_CHECKING:
     from kvtrace.cache.blocks import KVCacheBlock
 
 # StateWrite kinds
-STATE_RUNNING = "running"  # the state after the step's last token
-STATE_CHECKPOINT = "checkpoint"  # an internal prefill checkpoint inside the chunk
-STATE_EXTERNAL = "external"  # content loaded from the external tier before compute
+STATE_RUNNING: Final = "running"  # the state after the step's last token
+STATE_CHECKPOINT: Final = "checkpoint"  # an internal prefill checkpoint inside the chunk
+STATE_EXTERNAL: Final = "external"  # content loaded from the external tier before compute
 
 
 class BlockCopy(NamedTuple):
