@@ -82,6 +82,16 @@ def _cbor_head(major: int, n: int) -> bytes:
 
 
 _TRACE_UNIT = b"\x84\x65trace"  # the 4-array ("trace", ...) and its text "trace"
+# The common case's pieces: the 3-array head and a 32-byte parent's head; a unit index below
+# 24, then the null extra keys.
+_PARENT_32 = b"\x83\x58\x20"
+_UNIT_TAILS = tuple(bytes((u, 0xF6)) for u in range(24))
+
+
+def _trace_unit_middle(namespace: int, block_id: int) -> bytes:
+    """("trace", namespace, block_id, ...: the part of a unit's encoding its block fixes
+    (a namespace below 24, an id below 2^64)."""
+    return b"".join((_TRACE_UNIT, bytes((namespace,)), _cbor_head(0x00, block_id)))
 
 
 def trace_unit_cbor(parent: bytes, namespace: int, block_id: int, unit: int) -> bytes | None:
@@ -93,8 +103,7 @@ def trace_unit_cbor(parent: bytes, namespace: int, block_id: int, unit: int) -> 
         return None
     if len(parent) == 32 and 0 <= namespace < 24 and 0 <= unit < 24 and 0 <= block_id < _U64:
         # the common case (a sha256 parent, a small namespace and unit) in one join: half the time
-        return b"".join((b"\x83\x58\x20", parent, _TRACE_UNIT, bytes((namespace,)), _cbor_head(0x00, block_id),
-                         bytes((unit,)), b"\xf6"))
+        return b"".join((_PARENT_32, parent, _trace_unit_middle(namespace, block_id), _UNIT_TAILS[unit]))
     ints = b""
     for v in (namespace, block_id, unit):
         if 0 <= v < _U64:
@@ -106,9 +115,6 @@ def trace_unit_cbor(parent: bytes, namespace: int, block_id: int, unit: int) -> 
     return b"\x83" + _cbor_head(0x40, len(parent)) + parent + _TRACE_UNIT + ints + b"\xf6"
 
 
-_UNIT_TAILS = tuple(bytes((u, 0xF6)) for u in range(24))  # a unit index below 24, then the null extra keys
-
-
 def trace_block_unit_hashes(hash_raw: Callable[[bytes], bytes], parent: bytes, namespace: int, block_id: int,
                             count: int) -> tuple[bytes, ...] | None:
     """The chained hashes of units ``0..count-1`` of one trace block without extra keys, each
@@ -118,13 +124,13 @@ def trace_block_unit_hashes(hash_raw: Callable[[bytes], bytes], parent: bytes, n
     large for it): then each unit goes the general way."""
     if not (0 <= namespace < 24 and 0 <= count <= 24 and 0 <= block_id < _U64):
         return None
-    middle = b"".join((_TRACE_UNIT, bytes((namespace,)), _cbor_head(0x00, block_id)))
+    middle = _trace_unit_middle(namespace, block_id)
     out = []
     p = parent
     for u in range(count):
         if type(p) is not bytes or len(p) != 32:
             return None
-        p = hash_raw(b"".join((b"\x83\x58\x20", p, middle, _UNIT_TAILS[u])))
+        p = hash_raw(b"".join((_PARENT_32, p, middle, _UNIT_TAILS[u])))
         out.append(p)
     return tuple(out)
 

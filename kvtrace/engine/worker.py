@@ -308,28 +308,13 @@ class Worker:
             res.num_decode_seqs += rest_res.num_decode_seqs
             res.decode_context_tokens += rest_res.decode_context_tokens
         dec_sampled, fast = self._decode_sample(dec, batch, slow)
-        # the batch's order (the engine finishes requests in it): the decodes are one run of
-        # the batch but for the rare step where a prefill chunk sits between them
-        first, last = dec[0][0], dec[-1][0]
+        # the batch's order (the engine finishes requests in it)
         if not rest_sampled:
             res.sampled.update(dec_sampled)
-        elif last - first + 1 == len(dec):
-            after = {}
-            for i, w in rest:
-                rid = w[0].request.request_id
-                if rid in rest_sampled:
-                    if i < first:
-                        res.sampled[rid] = rest_sampled[rid]
-                    else:
-                        after[rid] = rest_sampled[rid]
-            res.sampled.update(dec_sampled)
-            res.sampled.update(after)
-        else:
-            for _, sq in sorted([(i, sq) for i, sq, _ in dec] + [(i, w[0]) for i, w in rest], key=itemgetter(0)):
-                rid = sq.request.request_id
-                token = dec_sampled.get(rid)
-                if token is None:
-                    token = rest_sampled.get(rid)
+        else:  # a prefill chunk samples too (once a request): merge by batch index
+            both = [(i, sq.request.request_id) for i, sq, _ in dec] + [(i, w[0].request.request_id) for i, w in rest]
+            for _, rid in sorted(both, key=itemgetter(0)):
+                token = dec_sampled[rid] if rid in dec_sampled else rest_sampled.get(rid)
                 if token is not None:
                     res.sampled[rid] = token
         res.divergences.extend(fast)
@@ -346,19 +331,16 @@ class Worker:
         decode fast path took them), the others are looked at."""
         if self.swa_groups:
             return None
-        dec = runs
+        dec = list(runs)  # (runs stays as it was: the general way rebuilds the batch from it)
         rest: list[tuple[int, tuple[_Seq, int, int]]] = []
-        added = False
         for i, w in others:
             sq, a, n = w
             req = sq.request
             if n == 1 and a >= req.num_prompt_tokens and a + 1 == req.num_prompt_tokens + len(req.output_token_ids):
-                if not added:
-                    dec, added = list(runs), True
                 dec.append((i, sq, a))
             else:
                 rest.append((i, w))
-        if added and runs:
+        if runs and len(dec) > len(runs):
             dec.sort(key=itemgetter(0))
         if not dec:
             return None
@@ -403,8 +385,7 @@ class Worker:
         toks = np.array([sq.request.output_token_ids[-1] for _, sq, _ in dec], dtype=np.int64)
         if self.kernels is not None:
             return self._decode_write_kernels(rows, pos, toks)
-        vals = (toks * KV_A + pos * KV_B + KV_C) % P  # kv_values, on the host
-        host: list[np.ndarray] = [vals, toks]  # what the device needs, in this order
+        host: list[np.ndarray] = [kv_values(toks, pos), toks]  # what the device needs, in this order
         nfull: dict[int, np.ndarray] = {}
         distinct: dict[int, bool] = {}
         for g in self.attn_groups:
@@ -466,7 +447,7 @@ class Worker:
             if not self.storage.append_kv_rows(kern, g, table, rows, pos, toks, total):
                 bs = self.block_size[g]
                 blk, slot = table[rows, pos // bs], pos % bs
-                self.storage.write_kv(g, blk, slot, (toks * KV_A + pos * KV_B + KV_C) % P)
+                self.storage.write_kv(g, blk, slot, kv_values(toks, pos))
                 total += first_sums(self.xp, self.storage.read_kv(g, blk), slot + 1)
         for g in self.state_groups:
             kern.state_step(self.storage.data[g], self.host_tables[g].t, self.block_size[g], self._ref_m,
@@ -491,29 +472,15 @@ class Worker:
                 total = kv if total is None else total + kv
         assert total is not None
         out = self.xp.host(total % P % VOCAB_SIZE)
-        rids = [sq.request.request_id for _, sq, _ in dec]
-        sampled = dict(zip(rids, out.tolist()))
         if not self.verify:
-            return sampled, []
-        fast: list[Divergence] = []
-        at_tip = self._tip_n[batch.rows] == batch.pos
-        tips = np.flatnonzero(at_tip)
-        if tips.shape[0]:
-            every = tips.shape[0] == len(dec)
-            ref = self._advance_tips(batch.rows if every else batch.rows[tips],
-                                     batch.toks if every else batch.toks[tips],
-                                     batch.ends if every else batch.ends[tips])
-            for j in np.flatnonzero(ref != (out if every else out[tips])).tolist():
-                k = tips[j]
-                sq = dec[k][1]
-                fast.append(Divergence(rids[k], sq.request.num_output_tokens, int(ref[j]), int(out[k])))
-        if tips.shape[0] < len(dec):
-            for k in np.flatnonzero(~at_tip).tolist():  # first token after a resume: the oracle's way
-                i, sq, a = dec[k]
-                r = self._slow_reference(sq, a + 1, True)
-                if r != out[k]:
-                    slow.append((i, Divergence(rids[k], sq.request.num_output_tokens, r, int(out[k]))))
-        return sampled, fast
+            return self._sampled(dec, out.tolist()), []
+        ref = np.full(len(dec), -1, dtype=np.int64)  # -1: off its tip
+        tips = np.flatnonzero(self._tip_n[batch.rows] == batch.pos)
+        if tips.shape[0] == len(dec):
+            ref = self._advance_tips(batch.rows, batch.toks, batch.ends)
+        elif tips.shape[0]:
+            ref[tips] = self._advance_tips(batch.rows[tips], batch.toks[tips], batch.ends[tips])
+        return self._decode_checked(dec, out, ref, slow)
 
     def _decode_sample_kernels(self, dec: list[tuple[int, _Seq, int]], batch: _DecodeBatch,
                                slow: list[tuple[int, Divergence]]) -> tuple[dict[str, int], list[Divergence]]:
@@ -522,25 +489,35 @@ class Worker:
         rows, pos, toks, total = batch.rows, batch.pos, batch.toks, batch.total
         for g in self.full_groups:
             kern.full_block_sums(self.storage.block_sum[g], self.host_tables[g].t, self.block_size[g], rows, pos, total)
-        rids = [sq.request.request_id for _, sq, _ in dec]
         if not self.verify:
-            return dict(zip(rids, (total % P % VOCAB_SIZE).tolist())), []
+            return self._sampled(dec, (total % P % VOCAB_SIZE).tolist()), []
         out = np.empty_like(total)
         ref = np.empty_like(total)
         kern.advance_tips(self._tip_state, self._tip_tsum, self._tip_n, self._ref_m, len(self.state_groups),
                           len(self.full_groups), VOCAB_SIZE, rows, pos, toks, total, out, ref)
+        return self._decode_checked(dec, out, ref, slow)
+
+    @staticmethod
+    def _sampled(dec: list[tuple[int, _Seq, int]], tokens: list[int]) -> dict[str, int]:
+        return dict(zip([sq.request.request_id for _, sq, _ in dec], tokens))
+
+    def _decode_checked(self, dec: list[tuple[int, _Seq, int]], out: np.ndarray, ref: np.ndarray,
+                        slow: list[tuple[int, Divergence]]) -> tuple[dict[str, int], list[Divergence]]:
+        """The sampled tokens ``out`` by request, and the divergences from the reference
+        ``ref`` (the tips' tokens, -1 for a request off its tip: then the oracle's, and its
+        divergence goes to ``slow`` with its batch index)."""
         out_l = out.tolist()
         fast: list[Divergence] = []
         for k in np.flatnonzero(ref != out).tolist():
             r = int(ref[k])
             i, sq, a = dec[k]
             if r >= 0:  # through the tip
-                fast.append(Divergence(rids[k], sq.request.num_output_tokens, r, out_l[k]))
+                fast.append(Divergence(sq.request.request_id, sq.request.num_output_tokens, r, out_l[k]))
             else:  # first token after a resume: the oracle's way
                 r = self._slow_reference(sq, a + 1, True)
                 if r != out_l[k]:
-                    slow.append((i, Divergence(rids[k], sq.request.num_output_tokens, r, out_l[k])))
-        return dict(zip(rids, out_l)), fast
+                    slow.append((i, Divergence(sq.request.request_id, sq.request.num_output_tokens, r, out_l[k])))
+        return self._sampled(dec, out_l), fast
 
     def _compute_general(self, work: list[tuple[_Seq, int, int]], out: SchedulerOutput, res: StepResult) -> None:
         xp = self.xp
