@@ -5,7 +5,9 @@
 - ``sigterm_as_interrupt``: SIGTERM (``kill``, a container stop, systemd) stops a server
   the way Ctrl-C does, so it flushes, prints its summary and finishes its run;
 - ``collector_paused``: the cyclic garbage collector off around a hot loop that makes
-  no reference cycles (a cache-only replay, an engine run).
+  no reference cycles (a cache-only replay, an engine run);
+- ``pyarrow_without_pandas``: a recording command's spans built without pyarrow
+  importing pandas (0.3 s a process).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import contextlib
 import gc
 import signal
 import socket
+import sys
 import threading
 from collections.abc import Iterator
 
@@ -76,3 +79,37 @@ def collector_paused() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
+
+
+def pyarrow_without_pandas() -> None:
+    """Let pyarrow find pandas absent in this process (a recording command's).
+
+    pyarrow checks each value it converts for a pandas object, importing pandas to do so
+    the first time: 0.3 s of every ``replay --db`` (pandas is installed for the dashboard's
+    Streamlit, which serves in a process of its own). kvtrace never hands pyarrow a pandas
+    object, so the first check is made here with pandas hidden; pyarrow remembers the
+    answer, so its own pandas conversions are off in this process, while ``import pandas``
+    works as before. Nothing happens when pandas is already imported (the check is then free).
+    """
+    if "pandas" in sys.modules:
+        return
+    import pyarrow as pa
+
+    hidden = _Hidden("pandas")
+    sys.meta_path.insert(0, hidden)
+    try:
+        pa.array([0])
+    finally:
+        sys.meta_path.remove(hidden)
+
+
+class _Hidden:
+    """A meta path finder to which one top-level package is not installed."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def find_spec(self, fullname: str, path=None, target=None):
+        if fullname == self.name:
+            raise ModuleNotFoundError(f"No module named {fullname!r}", name=fullname)
+        return None

@@ -10,6 +10,7 @@ import typer
 from kvtrace.cli.app import app, capture_app
 from kvtrace.cli.options import DbRequired
 from kvtrace.cli.output import recorded, status
+from kvtrace.process import pyarrow_without_pandas
 
 
 @app.command()
@@ -26,6 +27,7 @@ def collect(
     """Receive OTLP traces (HTTP: protobuf or JSON on /v1/traces; gRPC) into the store."""
     from kvtrace.instrument.otlp import serve_collector
 
+    pyarrow_without_pandas()
     def ready(c) -> None:
         grpc_part = f", OTLP/gRPC on {c.grpc_target}" if c.grpc_target else ""
         status(f"kvtrace collect: OTLP/HTTP on {c.url}{grpc_part} -> {db} (Ctrl-C to stop)")
@@ -56,6 +58,7 @@ def capture_vllm(
     from kvtrace.instrument.vllm import capture_report
     from kvtrace.instrument.vllm import capture_vllm as capture
 
+    pyarrow_without_pandas()
     stats = capture(endpoint, replay_endpoint=replay_endpoint, store_path=db, duration=duration,
                     trace_out=trace_out, dp_size=dp_size)
     status(capture_report(stats))

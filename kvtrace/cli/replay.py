@@ -11,6 +11,7 @@ from kvtrace.cli.app import app
 from kvtrace.cli.choices import Mode
 from kvtrace.cli.options import Db, Json, replay_options
 from kvtrace.cli.output import echo_json, error, print_rows, recorded, status
+from kvtrace.process import pyarrow_without_pandas
 
 
 @app.command()
@@ -26,6 +27,8 @@ def replay(
     from kvtrace.replay.report import print_summary
     from kvtrace.replay.run import run_replay
 
+    if db is not None or otlp_endpoint is not None:
+        pyarrow_without_pandas()
     result = run_replay(spec, db=db, otlp_endpoint=otlp_endpoint, progress=sys.stderr.isatty())
     recorded(result.run_id, db)
     if as_json:
@@ -62,6 +65,8 @@ def sweep(
 
     params = [parse_param(p) for p in param]
     base = parse_baseline(baseline, params)
+    if db is not None:
+        pyarrow_without_pandas()
 
     def done(run) -> None:
         if run.run_id is not None:
@@ -97,6 +102,8 @@ def curve(
     from kvtrace.replay.curve import run_curve
 
     policies = tuple(p.strip() for p in policy.split(",") if p.strip())
+    if db is not None:
+        pyarrow_without_pandas()
     result = run_curve(spec, capacities, policies=policies, db=db, workers=workers, ray_address=ray)
     if db is not None:
         status(f"kvtrace: curve {result.curve_id} recorded in {db}")

@@ -134,7 +134,9 @@ def demo(
 ) -> None:
     """Replay the built-in workload with every behaviour on and each off, and show the diffs."""
     from kvtrace.compare.demo import run_demo
+    from kvtrace.process import pyarrow_without_pandas
 
+    pyarrow_without_pandas()
     run_demo(db_path=db, progress=True, backend=value(backend))
 
 
