@@ -302,7 +302,9 @@ def run_replay(
         if store is None and db is not None:
             from kvtrace.store import Store
 
-            store = stack.enter_context(Store.open(db))
+            # hold: the file stays open between the once-a-second flushes, given up to any
+            # other process that asks for it (a dashboard, a second writer)
+            store = stack.enter_context(Store.open(db, hold=True))
         run_id = None
         if store is not None:
             run_id = store.create_run(spec.name or _default_name(spec, behaviours), **record)

@@ -47,8 +47,11 @@ Concurrency (``connection.py``)
     one transaction of bulk Arrow inserts, close); readers open read-only per query. Both
     retry a lock conflict with backoff (default timeout 30 s). A writer kept waiting
     touches ``<db>.writer-waiting``; readers hold back (up to 2 s) while it is fresh, so a
-    polling dashboard cannot starve a replay. ``finish_run`` computes derived tables on a
-    read-only connection and writes them in one short transaction.
+    polling dashboard cannot starve a replay. A replay's store (``Store.open(p, hold=True)``)
+    keeps its connection between its once-a-second flushes and lets go after the next
+    commit once another process waits: a reader kept waiting touches ``<db>.reader-waiting``,
+    a writer the marker above. ``finish_run`` computes derived tables on a read-only
+    connection and writes them in one short transaction.
 
 Crash safety
     Each flush is a committed DuckDB transaction: it survives kill -9 (WAL replay on the

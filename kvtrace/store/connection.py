@@ -4,6 +4,11 @@ DuckDB lets one process open a file read-write, or any number open it read-only,
 both. kvtrace's writer therefore holds the file only while it commits a batch, and
 readers open it read-only for one query at a time. Either side that finds the file
 locked retries with backoff until ``timeout_s``.
+
+A replay's writer may keep its connection between the commits of a run (``HeldConnection``:
+no open and checkpoint-on-close a second); it lets go after a commit as soon as another
+process waits, which says so by touching a marker file: ``<db>.reader-waiting`` for a
+reader, ``<db>.writer-waiting`` for a writer.
 """
 
 from __future__ import annotations
@@ -33,6 +38,15 @@ _MARKER_FRESH_S = 5.0
 
 def writer_marker(path: str) -> str:
     return f"{path}.writer-waiting"
+
+
+def reader_marker(path: str) -> str:
+    return f"{path}.reader-waiting"
+
+
+def others_waiting(path: str) -> bool:
+    """Whether another process waits for the file (a fresh reader or writer marker)."""
+    return _marker_is_fresh(reader_marker(path)) or _marker_is_fresh(writer_marker(path))
 
 
 def _marker_is_fresh(marker: str) -> bool:
@@ -139,8 +153,9 @@ def _open(path: str, read_only: bool, timeout_s: float) -> duckdb.DuckDBPyConnec
                     raise StoreBusyError(
                         path, f"locked by another process for over {timeout_s:g}s ({err})".splitlines()[0]
                     ) from None
-                if not read_only and _touch(writer_marker(path)):
-                    marker = writer_marker(path)
+                wanted = reader_marker(path) if read_only else writer_marker(path)
+                if _touch(wanted):  # kept fresh while we wait (a held writer lets go at its next commit)
+                    marker = wanted
                 time.sleep(backoff)
                 backoff = min(backoff * 2, _MAX_BACKOFF_S if read_only else _WRITER_MAX_BACKOFF_S)
     finally:
@@ -194,6 +209,42 @@ def write_connection(path: str | Path, timeout_s: float = DEFAULT_TIMEOUT_S) -> 
             yield con
     finally:
         con.close()
+
+
+class HeldConnection:
+    """One writer connection kept between transactions (see the module docstring).
+
+    ``use()`` yields the connection, opening it when none is held; after the block it is
+    closed again when another process waits for the file, or when the block raised.
+    ``release()`` closes it (before this process opens the file another way, and at the end).
+    """
+
+    def __init__(self, path: str, timeout_s: float = DEFAULT_TIMEOUT_S):
+        self.path = path
+        self.timeout_s = timeout_s
+        self._con: duckdb.DuckDBPyConnection | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._con is not None
+
+    @contextlib.contextmanager
+    def use(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        if self._con is None:
+            self._con = _open(self.path, read_only=False, timeout_s=self.timeout_s)
+        ok = False
+        try:
+            with _named_damage(self.path):
+                yield self._con
+            ok = True
+        finally:
+            if not ok or others_waiting(self.path):
+                self.release()
+
+    def release(self) -> None:
+        con, self._con = self._con, None
+        if con is not None:
+            con.close()  # (DuckDB checkpoints here: the file is whole for whoever opens it next)
 
 
 def fetch_value(con: duckdb.DuckDBPyConnection, sql: str, params=None) -> Any:

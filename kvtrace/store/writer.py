@@ -29,6 +29,7 @@ from kvtrace.store import derived
 from kvtrace.store.backend import is_clickhouse
 from kvtrace.store.connection import (
     DEFAULT_TIMEOUT_S,
+    HeldConnection,
     check_store,
     fetch_one,
     fetch_value,
@@ -212,8 +213,12 @@ class Store:
     how long a flush waits for readers to release the file.
     """
 
-    def __init__(self, path: str | Path, *, flush_rows: int, flush_interval_s: float, lock_timeout_s: float):
+    def __init__(self, path: str | Path, *, flush_rows: int, flush_interval_s: float, lock_timeout_s: float,
+                 hold: bool = False):
         self.path = str(path)
+        # hold: keep the connection between flushes (HeldConnection), for a producer that
+        # flushes every second until it finishes (a replay); others open one per flush
+        self._held = HeldConnection(self.path, lock_timeout_s) if hold else None
         self.flush_rows = flush_rows
         self.flush_interval_s = flush_interval_s
         self.lock_timeout_s = lock_timeout_s
@@ -234,14 +239,20 @@ class Store:
         flush_rows: int = DEFAULT_FLUSH_ROWS,
         flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
         lock_timeout_s: float = DEFAULT_TIMEOUT_S,
+        hold: bool = False,
     ) -> Store:
-        """Create or open a store; mark runs left ``running`` by dead writers ``incomplete``."""
+        """Create or open a store; mark runs left ``running`` by dead writers ``incomplete``.
+
+        ``hold``: keep the file open between flushes, letting go whenever another process
+        waits for it (a replay's store: a second's open and checkpoint saved per flush; a
+        ClickHouse store has nothing to hold)."""
         if cls is Store and is_clickhouse(path):  # chdb:PATH or clickhouse://...
             module, _, name = BACKENDS["clickhouse"].partition(":")
             backend: type[Store] = getattr(importlib.import_module(module), name)
             return backend.open(path, flush_rows=flush_rows, flush_interval_s=flush_interval_s,
                                                lock_timeout_s=lock_timeout_s)
-        store = cls(path, flush_rows=flush_rows, flush_interval_s=flush_interval_s, lock_timeout_s=lock_timeout_s)
+        store = cls(path, flush_rows=flush_rows, flush_interval_s=flush_interval_s, lock_timeout_s=lock_timeout_s,
+                    hold=hold)
         store._setup()
         return store
 
@@ -255,16 +266,24 @@ class Store:
             self.recovered_runs = recover_orphaned_runs(con)
 
     def _connect(self):
+        self._release()  # (one process cannot open the file twice)
         return write_connection(self.path, timeout_s=self.lock_timeout_s)
+
+    def _release(self) -> None:
+        if self._held is not None:
+            self._held.release()
 
     def close(self) -> None:
         """Flush, and mark runs created here but never finished ``incomplete``."""
         if self._closed:
             return
-        self.flush()
-        for run_id in sorted(self._open_runs):
-            self.finish_run(run_id, status="incomplete")
-        self._closed = True
+        try:
+            self.flush()
+            for run_id in sorted(self._open_runs):
+                self.finish_run(run_id, status="incomplete")
+        finally:
+            self._release()
+            self._closed = True
 
     def __enter__(self) -> Store:
         return self
@@ -279,6 +298,7 @@ class Store:
             for run_id in sorted(self._open_runs):
                 self.finish_run(run_id, status="failed", summary={"error": f"{exc_type.__name__}: {exc}"})
         finally:
+            self._release()
             self._closed = True
 
     # -- runs ------------------------------------------------------------------------
@@ -362,6 +382,7 @@ class Store:
     def _finish(self, run_id: str, status: str, digest: str | None, summary: str | None) -> None:
         # Derived tables are computed on a read-only connection (other readers carry on) and
         # then written in one short read-write transaction with the status change.
+        self._release()
         with read_connection(self.path, timeout_s=self.lock_timeout_s) as con:
             if not fetch_one(con, "SELECT 1 FROM runs WHERE run_id = ?", [run_id]):
                 raise UnknownRunError(self.path, run_id)
@@ -382,6 +403,7 @@ class Store:
 
     def has_run(self, run_id: str) -> bool:
         """Whether the store holds a run with this id (any status)."""
+        self._release()
         with read_connection(self.path, timeout_s=self.lock_timeout_s) as con:
             return fetch_one(con, "SELECT 1 FROM runs WHERE run_id = ?", [run_id]) is not None
 
@@ -465,7 +487,7 @@ class Store:
 
     def _commit(self, inserts: list[tuple[str, str, pa.Table]]) -> None:
         """Write (family table, run id, rows) inserts in one transaction."""
-        with self._connect() as con:
+        with self._connect() if self._held is None else self._held.use() as con:
             # One DuckDB thread: it appends the chunks of each INSERT in order into one row-group
             # collection. With two, each thread builds its own small collections that the
             # insert then merges (a second copy of every row), and the producer loses its core.

@@ -33,10 +33,13 @@ def test_reader_sees_each_flush_while_writer_process_is_alive(tmp_path):
     assert read.run(db, "child")["status"] == "complete"
 
 
-def test_reads_in_a_loop_never_fail_while_writer_streams(tmp_path):
+@pytest.mark.parametrize("hold", [False, True], ids=["connection-per-flush", "held-connection"])
+def test_reads_in_a_loop_never_fail_while_writer_streams(tmp_path, hold):
+    """A writer that holds the file between flushes lets go at its next flush once a reader
+    waits, so the reads in a loop all get in, as with a connection per flush."""
     db = tmp_path / "stream.duckdb"
     Store.open(db)  # create the file so the first read finds a store
-    proc = _start(db, "stream", 15, 200)
+    proc = _start(db, "stream", 15, 200, hold)
     seen = []
     while proc.poll() is None:
         frame = read.runs(db)
@@ -85,3 +88,38 @@ def test_read_only_open_fails_fast_without_store(tmp_path):
     else:
         raise AssertionError("expected an error")
     assert not missing.exists()
+
+
+SECOND_WRITER = """
+import sys
+from kvtrace.store import Store
+store = Store.open(sys.argv[1], lock_timeout_s=20)
+run_id = store.create_run("second", run_id="second")
+store.finish_run(run_id)
+print("written", flush=True)
+"""
+
+
+def test_a_second_writer_gets_in_while_a_held_writer_streams(tmp_path):
+    db = tmp_path / "two.duckdb"
+    proc = _start(db, "lockstep", 3, 100, hold=True)
+    try:
+        assert proc.stdout.readline().strip() == "flushed 100"  # the child holds the file now
+        with pytest.raises(duckdb.IOException, match="lock"):
+            duckdb.connect(str(db), read_only=True)
+        second = subprocess.Popen([sys.executable, "-c", SECOND_WRITER, str(db)], stdout=subprocess.PIPE,
+                                  text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
+        marker = f"{db}.writer-waiting"
+        while not os.path.exists(marker):  # the second writer found the file held and said so
+            assert second.poll() is None, "the second writer got in while the file was held"
+        proc.stdin.write("\n")  # the child's next flush sees the marker and lets go after it
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "flushed 200"
+        assert second.stdout.readline().strip() == "written" and second.wait(timeout=60) == 0
+        proc.stdin.write("\n\n")  # the third flush, then finish_run
+        proc.stdin.flush()
+        _wait_for(proc, "done")
+    finally:
+        proc.stdin.close()
+        assert proc.wait(timeout=60) == 0
+    assert dict(read.runs(db).select("run_id", "status").iter_rows()) == {"child": "complete", "second": "complete"}

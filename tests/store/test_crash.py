@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 
 from kvtrace.store import Store, read
 
@@ -16,11 +17,11 @@ CHILD = str(Path(__file__).with_name("writer_child.py"))
 ROOT = str(Path(__file__).resolve().parents[2])
 
 
-def _start(db, mode, batches, rows):
+def _start(db, mode, batches, rows, hold=False):
     return subprocess.Popen(
         [sys.executable, CHILD, str(db), mode, str(batches), str(rows)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": ROOT},
+        env={**os.environ, "PYTHONPATH": ROOT, "WRITER_CHILD_HOLD": "1" if hold else "0"},
     )
 
 
@@ -33,9 +34,11 @@ def _wait_for(proc, word):
     raise AssertionError(f"child exited before {word!r}: {lines}, rc={proc.wait()}")
 
 
-def test_kill_9_keeps_flushed_batches_and_marks_run_incomplete(tmp_path):
+@pytest.mark.parametrize("hold", [False, True], ids=["connection-per-flush", "held-connection"])
+def test_kill_9_keeps_flushed_batches_and_marks_run_incomplete(tmp_path, hold):
+    """Held or not, a committed flush survives the kill (a held connection's are in the WAL)."""
     db = tmp_path / "crash.duckdb"
-    proc = _start(db, "hang", 5, 1000)
+    proc = _start(db, "hang", 5, 1000, hold)
     lines = _wait_for(proc, "ready")
     assert lines[-2] == "flushed 5000"
     os.kill(proc.pid, signal.SIGKILL)

@@ -8,10 +8,14 @@ flush the child prints ``flushed <total>``. MODE:
   sigint  - like hang, inside ``with Store.open(...)``: Ctrl-C marks the run failed
   stream  - write all batches, then finish_run(complete) and print ``done``
   lockstep - like stream, but wait for a line on stdin after each flush
+
+With WRITER_CHILD_HOLD=1 the store keeps its connection between flushes (``hold``, as a
+replay's does).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -50,7 +54,7 @@ def main() -> None:
             print("ready", flush=True)
             while True:
                 time.sleep(0.05)
-    store = Store.open(db, flush_interval_s=1e9, flush_rows=1 << 30)
+    store = Store.open(db, flush_interval_s=1e9, flush_rows=1 << 30, hold=os.environ.get("WRITER_CHILD_HOLD") == "1")
     run_id = store.create_run("child", run_id="child")
     if mode == "hang":
         write(store, run_id, batches, rows, 0.0)

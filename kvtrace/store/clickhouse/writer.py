@@ -80,7 +80,9 @@ def _shift(rows: pa.Table, offset: int) -> pa.Table:
 class ClickHouseStore(Store):
     """Writer handle on a ClickHouse kvtrace store (``chdb:PATH`` or ``clickhouse://...``)."""
 
-    def __init__(self, path: Any, *, flush_rows: int, flush_interval_s: float, lock_timeout_s: float):
+    def __init__(self, path: Any, *, flush_rows: int, flush_interval_s: float, lock_timeout_s: float,
+                 hold: bool = False):
+        # (hold: nothing to hold, as a server takes every writer at once)
         self.target = clickhouse_target(path)
         super().__init__(self.target.label, flush_rows=flush_rows, flush_interval_s=flush_interval_s,
                          lock_timeout_s=lock_timeout_s)
