@@ -266,10 +266,12 @@ class Store:
             self.recovered_runs = recover_orphaned_runs(con)
 
     def _connect(self):
-        self._release()  # (one process cannot open the file twice)
+        self.release()  # (one process cannot open the file twice)
         return write_connection(self.path, timeout_s=self.lock_timeout_s)
 
-    def _release(self) -> None:
+    def release(self) -> None:
+        """Close a held connection (DuckDB checkpoints then): the file is free and whole for other
+        processes at once, not at the next flush. The next flush opens it again."""
         if self._held is not None:
             self._held.release()
 
@@ -282,7 +284,7 @@ class Store:
             for run_id in sorted(self._open_runs):
                 self.finish_run(run_id, status="incomplete")
         finally:
-            self._release()
+            self.release()
             self._closed = True
 
     def __enter__(self) -> Store:
@@ -298,7 +300,7 @@ class Store:
             for run_id in sorted(self._open_runs):
                 self.finish_run(run_id, status="failed", summary={"error": f"{exc_type.__name__}: {exc}"})
         finally:
-            self._release()
+            self.release()
             self._closed = True
 
     # -- runs ------------------------------------------------------------------------
@@ -382,7 +384,7 @@ class Store:
     def _finish(self, run_id: str, status: str, digest: str | None, summary: str | None) -> None:
         # Derived tables are computed on a read-only connection (other readers carry on) and
         # then written in one short read-write transaction with the status change.
-        self._release()
+        self.release()
         with read_connection(self.path, timeout_s=self.lock_timeout_s) as con:
             if not fetch_one(con, "SELECT 1 FROM runs WHERE run_id = ?", [run_id]):
                 raise UnknownRunError(self.path, run_id)
@@ -403,7 +405,7 @@ class Store:
 
     def has_run(self, run_id: str) -> bool:
         """Whether the store holds a run with this id (any status)."""
-        self._release()
+        self.release()
         with read_connection(self.path, timeout_s=self.lock_timeout_s) as con:
             return fetch_one(con, "SELECT 1 FROM runs WHERE run_id = ?", [run_id]) is not None
 
