@@ -123,3 +123,22 @@ def test_a_second_writer_gets_in_while_a_held_writer_streams(tmp_path):
         proc.stdin.close()
         assert proc.wait(timeout=60) == 0
     assert dict(read.runs(db).select("run_id", "status").iter_rows()) == {"child": "complete", "second": "complete"}
+
+
+def test_a_held_store_lets_go_of_the_file_when_its_spans_are_flushed(tmp_path):
+    from kvtrace.instrument import DuckDBSpanExporter
+
+    db = tmp_path / "release.duckdb"
+    store = Store.open(db, hold=True)
+    run_id = store.create_run("held")
+    exporter = DuckDBSpanExporter(store, run_id)
+    store.append_spans(pa.table({"name": ["kvtrace.engine.step"] * 2, "start_ns": [1, 2]}), run_id=run_id)
+    store.flush()
+    assert store._held is not None and store._held.held  # kept between flushes
+    store.append_spans(pa.table({"name": ["kvtrace.engine.step"], "start_ns": [3]}), run_id=run_id)
+    exporter.force_flush()
+    assert not store._held.held
+    assert read.runs(db)["num_spans"].to_list() == [3]  # a reader gets in at once
+    store.append_spans(pa.table({"name": ["kvtrace.engine.step"], "start_ns": [4]}), run_id=run_id)
+    store.finish_run(run_id)  # (opens the file again to flush)
+    assert read.runs(db).select("status", "num_spans").rows() == [("complete", 4)]
