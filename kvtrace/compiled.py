@@ -47,10 +47,11 @@ COMPILED = (
     "kvtrace.replay.cache_only",
 )
 
-# Cython kernels: C loops over numpy buffers (the engine's decode step), compiled at install
-# beside the mypyc group. Their callers keep a numpy path, which runs when ``kernels``
-# returns None (the same rules as above: the variable, nothing built, a changed source).
-CYTHON = ("kvtrace.engine._decode",)
+# Cython kernels: C loops over numpy buffers (the engine's decode step, trace-block token
+# synthesis), compiled at install beside the mypyc group. Their callers keep a numpy path,
+# which runs when ``kernels`` returns None (the same rules as above: the variable, nothing
+# built, a changed source).
+CYTHON = ("kvtrace.engine._decode", "kvtrace.workload._tokens")
 
 _ROOT = Path(__file__).resolve().parent.parent  # the directory holding the kvtrace package
 

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvtrace import compiled
 from kvtrace.workload.lines import VOCAB_SIZE
+
+KERNELS = "kvtrace.workload._tokens"  # the C pass (compiled.CYTHON); the numpy one below otherwise
+_kernel: list = []  # [the module or None], decided on first use
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -26,13 +30,31 @@ def blocks_tokens(block_ids: tuple[int, ...] | list[int], block_size: int, names
     """``block_tokens`` of each id, as rows ``[len(block_ids), block_size]`` (one vectorised pass).
 
     Token j of id b is splitmix64(seed_b + j) mod VOCAB_SIZE, seed_b = (namespace * 0x1F123BB5
-    + b * 0x5851F42D4C957F2D) mod 2^64. Computed in place in the output (tens of millions of
-    tokens per trace: fresh temporaries cost as much as the arithmetic), the modulo as
-    x - (x // V) * V, as numpy divides by a scalar far faster than it takes a remainder."""
+    + b * 0x5851F42D4C957F2D) mod 2^64. One C pass (``_tokens.pyx``) when the install compiled
+    it, else ``blocks_tokens_numpy``: the same values (tests/workload/test_tokens_kernel.py)."""
+    seeds = _seeds(block_ids, namespace)
+    if not _kernel:
+        _kernel.append(compiled.kernels(KERNELS))
+    if _kernel[0] is not None:
+        out = np.empty((len(block_ids), block_size), dtype=np.int64)
+        _kernel[0].fill_blocks(seeds, out, VOCAB_SIZE)
+        return out
+    return blocks_tokens_numpy(seeds, block_size)
+
+
+def _seeds(block_ids: tuple[int, ...] | list[int], namespace: int) -> np.ndarray:
     ns = int(namespace) * 0x1F123BB5 + _GOLDEN
-    seeds = np.fromiter(((ns + int(b) * 0x5851F42D4C957F2D) & 0xFFFFFFFFFFFFFFFF for b in block_ids),
-                        dtype=np.uint64, count=len(block_ids))
-    x = np.empty((len(block_ids), block_size), dtype=np.uint64)
+    return np.fromiter(((ns + int(b) * 0x5851F42D4C957F2D) & 0xFFFFFFFFFFFFFFFF for b in block_ids),
+                       dtype=np.uint64, count=len(block_ids))
+
+
+def blocks_tokens_numpy(seeds: np.ndarray, block_size: int) -> np.ndarray:
+    """``blocks_tokens`` from the ids' seeds by numpy (the kernel's fallback, and its check).
+
+    In place in the output (tens of millions of tokens per trace: fresh temporaries cost as
+    much as the arithmetic), the modulo as x - (x // V) * V, as numpy divides by a scalar far
+    faster than it takes a remainder."""
+    x = np.empty((seeds.shape[0], block_size), dtype=np.uint64)
     t = np.empty_like(x)
     with np.errstate(over="ignore"):
         np.add(np.arange(block_size, dtype=np.uint64)[None, :], seeds[:, None], out=x)

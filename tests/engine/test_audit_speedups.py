@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kvtrace import compiled
 from kvtrace.engine.arrays import TORCH_CPU, Arrays
 from kvtrace.engine.content import FINGERPRINT_BASE, ContentModel, P, fingerprint_rows, reduce_inplace
 from kvtrace.engine.reference import (
@@ -16,7 +17,7 @@ from kvtrace.engine.reference import (
     modular_matmul,
 )
 from kvtrace.engine.request import EngineRequest
-from kvtrace.workload import TraceRequest
+from kvtrace.workload import TraceRequest, tokens
 from kvtrace.workload.lines import VOCAB_SIZE
 from kvtrace.workload.tokens import block_tokens, blocks_tokens
 
@@ -89,11 +90,26 @@ def splitmix_token(block_id: int, j: int, namespace: int) -> int:
 @given(ids=st.lists(st.integers(-(2**63), 2**64 - 1), max_size=4), block_size=st.integers(1, 70),
        namespace=st.integers(0, 2**40))
 def test_block_tokens_follow_their_definition(ids, block_size, namespace):
+    """The C pass (``_tokens.pyx``, what ``blocks_tokens`` runs when compiled) and the numpy
+    one both give the definition's tokens."""
     got = blocks_tokens(ids, block_size, namespace)
     assert got.dtype == np.int64 and got.shape == (len(ids), block_size)
-    assert got.tolist() == [[splitmix_token(b, j, namespace) for j in range(block_size)] for b in ids]
+    want = [[splitmix_token(b, j, namespace) for j in range(block_size)] for b in ids]
+    assert got.tolist() == want
+    assert tokens.blocks_tokens_numpy(tokens._seeds(ids, namespace), block_size).tolist() == want
     if ids:
         assert block_tokens(ids[0], block_size, namespace).tolist() == got[0].tolist()
+
+
+def test_the_install_compiled_the_token_kernel_and_it_checks_its_shapes():
+    kernel = compiled.kernels(tokens.KERNELS)
+    assert kernel is not None, compiled.kernels_mode()  # make install compiles it (Cython)
+    seeds = np.arange(3, dtype=np.uint64)
+    with pytest.raises(ValueError, match="3 seeds for 2 rows"):
+        kernel.fill_blocks(seeds, np.empty((2, 4), dtype=np.int64), VOCAB_SIZE)
+    out = np.empty((3, 0), dtype=np.int64)
+    kernel.fill_blocks(seeds, out, VOCAB_SIZE)  # empty blocks: nothing written, nothing read
+    assert blocks_tokens([], 8).shape == (0, 8)
 
 
 def _request(i: int, hash_ids: tuple[int, ...], input_length: int, block_size: int) -> EngineRequest:
