@@ -6,8 +6,11 @@ the step costs (kvtrace/engine/arrays.py). These loops do exactly what the numpy
 ``Worker._decode_write``, ``Worker._decode_sample`` and ``DeviceStorage.append_kv`` does,
 value for value: every quantity is an int64 residue mod P reduced where the numpy path
 reduces it (a floor-mod: C's ``%`` is made non-negative), and every read that the numpy
-path makes before its writes is made before them here too. ``kvtrace.engine.decode``
+path makes before its writes is made before them here too. ``kvtrace.engine.worker``
 chooses these or the numpy path; tests/engine/test_decode_kernels.py runs both.
+
+``attention_prefill`` does the same for the prefill chunks' kv writes (``write_kv``): one
+pass instead of the kv values, block ids, slots, scatter and block sums as arrays.
 """
 
 cdef long long P = 2147483647
@@ -70,6 +73,52 @@ def attention_append(long long[:, ::1] data, long long[::1] block_sum, long long
         held_at[blk] = now
         total[i] += part
     return True
+
+
+def attention_prefill(long long[:, ::1] data, long long[::1] block_sum, long long[::1] stamp, long long now,
+                      const long long[:, ::1] table, const long long[::1] rows, const long long[::1] starts,
+                      const long long[::1] lens, const long long[::1] toks):
+    """Prefill chunks' kv (``Worker._compute_general``'s numpy write, ``DeviceStorage.write_kv``):
+    chunk i's tokens ``toks[off_i : off_i + lens[i]]`` at positions ``starts[i]...`` into the
+    blocks row ``rows[i]`` of ``table`` names, all chunks in order; then every block a chunk
+    touched gets its sum over all its slots and the stamp ``now``."""
+    cdef Py_ssize_t c = rows.shape[0], bs = data.shape[1], i, off = 0
+    cdef long long a, e, b, p, lo, hi, blk, acc, k
+    if starts.shape[0] != c or lens.shape[0] != c:
+        raise ValueError(f"attention_prefill: {c} rows, {starts.shape[0]} starts, {lens.shape[0]} lengths")
+    for i in range(c):
+        if lens[i] < 0 or starts[i] < 0:
+            raise ValueError(f"attention_prefill: chunk {i} starts at {starts[i]} with {lens[i]} tokens")
+        off += lens[i]
+    if off != toks.shape[0]:
+        raise ValueError(f"attention_prefill: {off} chunk tokens, {toks.shape[0]} given")
+    for i in range(c):  # every block looked up before any write, as numpy checks an index first
+        if lens[i] > 0:
+            for b in range(starts[i] // bs, (starts[i] + lens[i] - 1) // bs + 1):
+                at(table, rows[i], b, data.shape[0])
+    off = 0
+    for i in range(c):
+        a = starts[i]
+        e = a + lens[i]
+        if e > a:
+            for b in range(a // bs, (e - 1) // bs + 1):
+                blk = at(table, rows[i], b, data.shape[0])
+                lo = b * bs if b * bs > a else a
+                hi = (b + 1) * bs if (b + 1) * bs < e else e
+                for p in range(lo, hi):
+                    data[blk, p - b * bs] = floor_mod(toks[off + p - a] * KV_A + p * KV_B + KV_C)
+        off += lens[i]
+    for i in range(c):
+        a = starts[i]
+        e = a + lens[i]
+        if e > a:
+            for b in range(a // bs, (e - 1) // bs + 1):
+                blk = at(table, rows[i], b, data.shape[0])
+                acc = 0
+                for k in range(bs):
+                    acc += data[blk, k]
+                block_sum[blk] = acc % P
+                stamp[blk] = now
 
 
 def full_block_sums(const long long[::1] block_sum, const long long[:, ::1] table, Py_ssize_t block_size,

@@ -182,6 +182,17 @@ class DeviceStorage:
         self._last_stamp = now
         return True
 
+    def prefill_kv_rows(self, kernels, group_id: int, table: np.ndarray, rows: np.ndarray, starts: np.ndarray,
+                        lens: np.ndarray, toks: np.ndarray) -> None:
+        """``write_kv`` of prefill chunks by one C loop (``kernels``: the compiled
+        ``kvtrace.engine._decode``, host arrays only): chunk i's ``lens[i]`` tokens from
+        position ``starts[i]`` into the blocks its ``table`` row names; the touched blocks'
+        sums refreshed and restamped."""
+        now = self._last_stamp + 1
+        kernels.attention_prefill(self.data[group_id], self.block_sum[group_id], self.stamp[group_id], now,
+                                  table, rows, starts, lens, toks)
+        self._last_stamp = now
+
     def read_kv(self, group_id: int, block_ids: Array) -> Array:
         return self.data[group_id][block_ids]
 

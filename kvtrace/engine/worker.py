@@ -21,7 +21,7 @@ data (numpy on the CPU, torch on a GPU: :mod:`kvtrace.engine.arrays`). Decode to
 indices computed from the tables' host arrays (``_decode_write``, ``_decode_sample``): on
 the CPU by the C loops of ``kvtrace/engine/_decode.pyx`` when they are compiled, else by
 numpy (tests/engine/test_decode_kernels.py compares the two event by event). Only the
-prefill chunks take the general path; the split is made only where the two parts touch
+prefill chunks take the general path (their full-attention kv writes by a C loop too); the split is made only where the two parts touch
 disjoint blocks, so every value is what one pass gives (tests/engine/
 test_decode_fast_path.py compares both ways event by event).
 """
@@ -527,6 +527,7 @@ class Worker:
         ends = [a + n for a, n in zip(starts, lens)]
         decode_only = max(lens) == 1
         tok_list = None
+        tok_np = None
         if decode_only:  # one token each: plain lists beat numpy at this size
             tok_list = [self._token_at(w[0].request, w[1]) for w in work]
             tokens = xp.ints(tok_list)
@@ -540,9 +541,18 @@ class Worker:
 
         # Attention: every token's kv into the slot its table names.
         if self.attn_groups:
-            vals = kv_values(tokens, positions)
+            vals = None
             for g in self.attn_groups:
                 bs = self.block_size[g]
+                if not decode_only and self._prefill_by_kernel(g, work):
+                    assert tok_np is not None
+                    self.storage.prefill_kv_rows(self.kernels, g, self.host_tables[g].t,
+                                                 np.fromiter((w[0].row for w in work), np.int64, B),
+                                                 np.asarray(starts, dtype=np.int64), np.asarray(lens, dtype=np.int64),
+                                                 tok_np)
+                    continue
+                if vals is None:
+                    vals = kv_values(tokens, positions)
                 if decode_only:
                     blocks = [w[0].tables[g][a // bs] for w, a in zip(work, starts)]
                     block_t = xp.ints(blocks)
@@ -618,6 +628,15 @@ class Worker:
         sample_idx = [i for i, (sq, a, n) in enumerate(work) if tally(res, sq.request, a, n)]
         if sample_idx:
             self._sample(work, sample_idx, ends, end_states, res, tok_list)
+
+    def _prefill_by_kernel(self, g: int, work: list[tuple[_Seq, int, int]]) -> bool:
+        """Whether group ``g``'s prefill writes go by the C loop (``prefill_kv_rows``): a full
+        attention group (it has host tables), the kernels compiled, and every chunk inside
+        its table (else the numpy write, which fails on a short table as it always has)."""
+        if self.kernels is None or g not in self.full_groups:
+            return False
+        bs = self.block_size[g]
+        return all(len(sq.tables[g]) * bs >= a + n for sq, a, n in work)
 
     def _sample(
         self, work, sample_idx: list[int], ends: list[int], end_states: list[Array], res: StepResult,

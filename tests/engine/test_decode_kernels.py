@@ -37,10 +37,19 @@ def test_kernels_and_numpy_give_the_same_events_and_outputs(name, engine_preset,
         taken[0] += 1
         return real(self, *args)
 
+    prefills = [0]
+    real_prefill = DeviceStorage.prefill_kv_rows
+
+    def counted_prefill(self, *args):
+        prefills[0] += 1
+        return real_prefill(self, *args)
+
     monkeypatch.setattr(Worker, "_decode_write_kernels", counted)
+    monkeypatch.setattr(DeviceStorage, "prefill_kv_rows", counted_prefill)
     fast = _run(engine_preset, work, True, monkeypatch)
     if name != "attention-swa-mamba":  # a sliding window: the worker's general path only
         assert taken[0] > 0, "the workload never took the kernels"
+    assert prefills[0] > 0, "no prefill chunk took the kernel"
     monkeypatch.setattr(worker_module, "kernels", lambda module: None)
     numpy_run = _run(engine_preset, work, True, monkeypatch)
     assert fast[0] == numpy_run[0]
@@ -155,3 +164,30 @@ def test_advance_tips_marks_requests_off_their_tip():
         e, ts = int(pos[i]) + 1, [10, 20, 30][i] + int(toks[i])
         kv = (1_103_515_245 * (ts % P) + 12_345_679 * ((e - 1) * e // 2 % P) + (2_654_435_761 % P) * e) % P
         assert ref[i] == (sum(st) % P + kv) % P % 262_144
+
+
+def test_attention_prefill_matches_the_numpy_write_and_checks_its_input():
+    """Chunks across block edges, partial first and last blocks, a chunk of one token and
+    one of none: the same slots, block sums and stamps as ``write_kv``."""
+    rng = np.random.default_rng(11)
+    table = np.array([[3, 4, 5, 0], [6, 7, 0, 0], [9, 10, 11, 12], [13, 0, 0, 0]], dtype=np.int64)
+    rows = np.array([0, 1, 2, 3], dtype=np.int64)
+    starts = np.array([5, 8, 1, 7], dtype=np.int64)
+    lens = np.array([14, 1, 30, 0], dtype=np.int64)
+    toks = rng.integers(0, 1 << 17, int(lens.sum())).astype(np.int64)
+    a, b = _storage(), _storage()
+    a.prefill_kv_rows(KERNELS, 0, table, rows, starts, lens, toks)
+    pos = np.concatenate([np.arange(s, s + n, dtype=np.int64) for s, n in zip(starts, lens)])
+    blocks = np.concatenate([table[r, pos_r // 8] for r, pos_r in
+                             zip(rows, np.split(pos, np.cumsum(lens)[:-1]))])
+    touched = np.unique(blocks)
+    b.write_kv(0, blocks, pos % 8, kv_values(toks, pos), touched)
+    for x, y in ((a.data[0], b.data[0]), (a.block_sum[0], b.block_sum[0]), (a.stamp[0], b.stamp[0])):
+        assert np.array_equal(x, y)
+    assert a._last_stamp == b._last_stamp
+    with pytest.raises(ValueError, match="31 chunk tokens, 30 given"):
+        a.prefill_kv_rows(KERNELS, 0, table, rows[:3], starts[:3], np.array([14, 1, 16]), toks[:30])
+    before = a.data[0].copy()
+    with pytest.raises(IndexError, match="out of bounds"):  # past the table's width: nothing written
+        a.prefill_kv_rows(KERNELS, 0, table, rows[1:2], np.array([30]), np.array([3]), toks[:3])
+    assert np.array_equal(a.data[0], before)
