@@ -21,9 +21,9 @@ data (numpy on the CPU, torch on a GPU: :mod:`kvtrace.engine.arrays`). Decode to
 indices computed from the tables' host arrays (``_decode_write``, ``_decode_sample``): on
 the CPU by the C loops of ``kvtrace/engine/_decode.pyx`` when they are compiled, else by
 numpy (tests/engine/test_decode_kernels.py compares the two event by event). Only the
-prefill chunks take the general path (their full-attention kv writes by a C loop too); the split is made only where the two parts touch
-disjoint blocks, so every value is what one pass gives (tests/engine/
-test_decode_fast_path.py compares both ways event by event).
+prefill chunks take the general path (their full-attention kv writes by a C loop too);
+the split is made only where the two parts touch disjoint blocks, so every value is what
+one pass gives (tests/engine/test_decode_fast_path.py compares both ways event by event).
 """
 
 from __future__ import annotations
