@@ -28,6 +28,7 @@ def collect(
     from kvtrace.instrument.otlp import serve_collector
 
     pyarrow_without_pandas()
+
     def ready(c) -> None:
         grpc_part = f", OTLP/gRPC on {c.grpc_target}" if c.grpc_target else ""
         status(f"kvtrace collect: OTLP/HTTP on {c.url}{grpc_part} -> {db} (Ctrl-C to stop)")
