@@ -82,43 +82,45 @@ def attention_prefill(long long[:, ::1] data, long long[::1] block_sum, long lon
     chunk i's tokens ``toks[off_i : off_i + lens[i]]`` at positions ``starts[i]...`` into the
     blocks row ``rows[i]`` of ``table`` names, all chunks in order; then every block a chunk
     touched gets its sum over all its slots and the stamp ``now``."""
-    cdef Py_ssize_t c = rows.shape[0], bs = data.shape[1], i, off = 0
-    cdef long long a, e, b, p, lo, hi, blk, acc, k
+    cdef Py_ssize_t c = rows.shape[0], bs = data.shape[1], i, n = 0, m = 0, off = 0
+    cdef long long a, e, b, p, lo, blk, acc, k
     if starts.shape[0] != c or lens.shape[0] != c:
         raise ValueError(f"attention_prefill: {c} rows, {starts.shape[0]} starts, {lens.shape[0]} lengths")
     for i in range(c):
         if lens[i] < 0 or starts[i] < 0:
             raise ValueError(f"attention_prefill: chunk {i} starts at {starts[i]} with {lens[i]} tokens")
         off += lens[i]
+        if lens[i]:
+            n += (starts[i] + lens[i] - 1) // bs - starts[i] // bs + 1
     if off != toks.shape[0]:
         raise ValueError(f"attention_prefill: {off} chunk tokens, {toks.shape[0]} given")
-    for i in range(c):  # every block looked up before any write, as numpy checks an index first
-        if lens[i] > 0:
+    # every block looked up before any write (as numpy checks an index first), in chunk order
+    cdef long long[::1] touched = _scratch(n)
+    for i in range(c):
+        if lens[i]:
             for b in range(starts[i] // bs, (starts[i] + lens[i] - 1) // bs + 1):
-                at(table, rows[i], b, data.shape[0])
+                touched[m] = at(table, rows[i], b, data.shape[0])
+                m += 1
+    m = 0
     off = 0
     for i in range(c):
         a = starts[i]
         e = a + lens[i]
         if e > a:
             for b in range(a // bs, (e - 1) // bs + 1):
-                blk = at(table, rows[i], b, data.shape[0])
-                lo = b * bs if b * bs > a else a
-                hi = (b + 1) * bs if (b + 1) * bs < e else e
-                for p in range(lo, hi):
-                    data[blk, p - b * bs] = floor_mod(toks[off + p - a] * KV_A + p * KV_B + KV_C)
+                blk = touched[m]
+                m += 1
+                lo = b * bs
+                for p in range(a if a > lo else lo, e if e < lo + bs else lo + bs):
+                    data[blk, p - lo] = floor_mod(toks[off + p - a] * KV_A + p * KV_B + KV_C)
         off += lens[i]
-    for i in range(c):
-        a = starts[i]
-        e = a + lens[i]
-        if e > a:
-            for b in range(a // bs, (e - 1) // bs + 1):
-                blk = at(table, rows[i], b, data.shape[0])
-                acc = 0
-                for k in range(bs):
-                    acc += data[blk, k]
-                block_sum[blk] = acc % P
-                stamp[blk] = now
+    for m in range(n):  # the sums after every write (a block two chunks name sees both)
+        blk = touched[m]
+        acc = 0
+        for k in range(bs):
+            acc += data[blk, k]
+        block_sum[blk] = acc % P
+        stamp[blk] = now
 
 
 def full_block_sums(const long long[::1] block_sum, const long long[:, ::1] table, Py_ssize_t block_size,

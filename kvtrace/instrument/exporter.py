@@ -42,11 +42,8 @@ class DuckDBSpanExporter(SpanExporter):
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         self.store.flush()
         # the recording is done for now: a store that holds its file lets it go, so readers
-        # need not wait for whatever the caller does next (a slow OTLP export, say). A sweep
-        # worker's in-memory sink holds nothing.
-        release = getattr(self.store, "release", None)
-        if release is not None:
-            release()
+        # need not wait for whatever the caller does next (a slow OTLP export, say)
+        self.store.release()
         return True
 
     def shutdown(self) -> None:

@@ -279,7 +279,7 @@ def run_replay(
     """Replay ``spec``; record spans and the run into ``db`` (or an open ``store``).
 
     ``spans_to``: without a store, an object taking the spans as the store would
-    (``append_spans``, ``flush_if_due``, ``flush``): a sweep worker keeps them in memory.
+    (``append_spans``, ``flush_if_due``, ``flush``, ``release``): a sweep worker keeps them in memory.
 
     Everything a user can get wrong in the spec is checked before the run is created, so
     a refused spec records nothing. The run then goes ``running`` -> ``complete``, or

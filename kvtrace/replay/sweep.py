@@ -114,6 +114,9 @@ class _CollectedSpans:
     def flush(self) -> int:
         return 0
 
+    def release(self) -> None:
+        """(A store's: nothing held here.)"""
+
 
 def _replay_one(spec: RunSpec, keep_spans: bool) -> tuple[RunResult, list]:
     """One replay in a worker: its result and, when kept, its span tables."""

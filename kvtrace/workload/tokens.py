@@ -7,13 +7,20 @@ the same tokens and the cache can memoise per-id hashes (cost grows with unique 
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from kvtrace import compiled
 from kvtrace.workload.lines import VOCAB_SIZE
 
 KERNELS = "kvtrace.workload._tokens"  # the C pass (compiled.CYTHON); the numpy one below otherwise
-_kernel: list = []  # [the module or None], decided on first use
+
+
+@functools.cache
+def _kernel():
+    """The compiled C pass, or None (decided once, on first use)."""
+    return compiled.kernels(KERNELS)
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -33,11 +40,10 @@ def blocks_tokens(block_ids: tuple[int, ...] | list[int], block_size: int, names
     + b * 0x5851F42D4C957F2D) mod 2^64. One C pass (``_tokens.pyx``) when the install compiled
     it, else ``blocks_tokens_numpy``: the same values (tests/workload/test_tokens_kernel.py)."""
     seeds = _seeds(block_ids, namespace)
-    if not _kernel:
-        _kernel.append(compiled.kernels(KERNELS))
-    if _kernel[0] is not None:
+    kernel = _kernel()
+    if kernel is not None:
         out = np.empty((len(block_ids), block_size), dtype=np.int64)
-        _kernel[0].fill_blocks(seeds, out, VOCAB_SIZE)
+        kernel.fill_blocks(seeds, out, VOCAB_SIZE)
         return out
     return blocks_tokens_numpy(seeds, block_size)
 
