@@ -158,3 +158,27 @@ def test_one_flush_of_interleaved_runs_and_column_sets_keeps_every_row(tmp_path)
         expected = as_viewed(scenario_table(sent[run_id]))
         for name in expected.column_names:
             assert back.column(name).to_pylist() == expected.column(name).to_pylist(), name
+
+
+def test_held_store_commits_to_the_wal_and_compresses_once(tmp_path):
+    """A held store's commits stay in the WAL past DuckDB's 16 MB default (each checkpoint
+    would compress the open row groups again); letting go checkpoints, and nothing is lost."""
+    path = tmp_path / "held.duckdb"
+    wal = tmp_path / "held.duckdb.wal"
+    store = Store.open(path, hold=True)
+    run_id = store.create_run("h")
+    n = 20_000  # cache spans with long ids: about 4 MB of WAL a flush
+    big = pa.table({"name": ["kvtrace.cache.block_evict"] * n, "step": pa.array(range(n), pa.int64()),
+                    "request_id": [f"{i:0>200}" for i in range(n)]})
+    written = store.append_spans(big, run_id=run_id)
+    store.flush()
+    db_size = path.stat().st_size
+    for _ in range(5):
+        written += store.append_spans(big, run_id=run_id)
+        store.flush()
+    assert wal.stat().st_size > 20 * 2**20  # no checkpoint yet: every commit is in the WAL
+    assert path.stat().st_size == db_size
+    store.finish_run(run_id)
+    store.close()
+    assert not wal.exists() or wal.stat().st_size == 0  # checkpointed when let go
+    assert _spans(path).column("seq").to_pylist() == list(range(written))
