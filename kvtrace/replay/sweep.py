@@ -210,6 +210,7 @@ def _on_ray(specs: list[RunSpec], keep: bool, address: str) -> list:
         kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}
         if address not in ("", "local"):
             kwargs["address"] = address
+            _check_reachable(address)
         try:
             ray.init(**kwargs)
         except (ConnectionError, RuntimeError, ValueError) as err:
@@ -221,6 +222,28 @@ def _on_ray(specs: list[RunSpec], keep: bool, address: str) -> list:
     finally:
         if started:
             ray.shutdown()
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """A HOST:PORT (or ray://HOST:PORT) that nothing answers on fails at once: ``ray.init``
+    would retry for a minute, printing its GCS client's warnings."""
+    import socket
+    from urllib.parse import urlsplit
+
+    if address == "auto":
+        return  # Ray finds the local cluster itself (RAY_ADDRESS, its session files)
+    parts = urlsplit(address if "://" in address else f"ray://{address}")
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        host = port = None
+    if not host or port is None:
+        raise KVTraceError(f"--ray {address}: expected HOST:PORT, ray://HOST:PORT, auto or local")
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as err:
+        raise KVTraceError(f"--ray {address}: cannot reach a Ray cluster there "
+                           f"({err.strerror or type(err).__name__})") from None
 
 
 def sweep_table(result: SweepResult, baseline: dict[str, Any] | None = None) -> list[list[str]]:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from tests.cli.test_bad_input import assert_one_line, run
@@ -19,6 +22,15 @@ def test_clickhouse_db_errors_are_one_line(tmp_path, capsys, argv, needles):
     code, _, err = run([a.replace("{tmp}", str(tmp_path)) for a in argv], capsys)
     assert_one_line(code, err, *needles)
     assert "pw" not in err  # the password is never printed
+
+
+def test_an_unresolvable_host_is_one_line_from_a_real_process():
+    """The driver logs its own line before raising; pytest's log capture would hide it, so
+    a real process: stderr is kvtrace's one line."""
+    proc = subprocess.run([sys.executable, "-m", "kvtrace.cli", "runs", "--db", "clickhouse://kv:pw@nohost.invalid/otel"],
+                          capture_output=True, text=True, timeout=120)
+    assert_one_line(proc.returncode, proc.stderr, "nohost.invalid", "cannot connect to ClickHouse")
+    assert "pw" not in proc.stderr
 
 
 def test_a_chdb_directory_that_is_not_a_store(tmp_path, capsys):

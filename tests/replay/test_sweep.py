@@ -67,6 +67,18 @@ def test_a_sweep_on_a_local_ray_cluster_matches_the_sequential_one(alone, tmp_pa
     assert read.runs(tmp_path / "ray.duckdb").height == 4
 
 
+@pytest.mark.parametrize(("address", "needle"), [
+    ("127.0.0.1:1", "cannot reach a Ray cluster there"),  # nothing listens: refused at once
+    ("nohost.invalid:6379", "cannot reach a Ray cluster there"),  # (ray.init would retry for a minute)
+    ("nohost:port", "expected HOST:PORT"),
+])
+def test_an_unreachable_ray_address_is_one_error_before_ray_starts(tmp_path, address, needle):
+    pytest.importorskip("ray")  # (the dev extra's: installed wherever the tests run)
+    with pytest.raises(KVTraceError, match=needle) as err:
+        run_sweep(BASE, PARAMS, db=tmp_path / "s.duckdb", ray_address=address)
+    assert str(err.value).startswith(f"--ray {address}:")
+
+
 def test_the_sweep_id_is_a_content_id(tmp_path):
     one = run_sweep(BASE, [("capacity_blocks", [300])], workers=1)
     two = run_sweep(BASE, [("capacity_blocks", [300])], workers=1)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -40,6 +41,18 @@ _sessions_lock = threading.RLock()
 
 def _missing_extra(err: ImportError) -> StoreError:
     return StoreError("--db", f"ClickHouse needs the optional packages: pip install 'kvtrace[clickhouse]' ({err})")
+
+
+@contextlib.contextmanager
+def _logger_silenced(name: str) -> Iterator[None]:
+    """A library's logger quiet for a block whose errors kvtrace reports itself."""
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _first_line(err: BaseException) -> str:
@@ -222,11 +235,13 @@ def connect(target: ClickHouseTarget, timeout_s: float = 30.0) -> Iterator[Click
     except ImportError as err:
         raise _missing_extra(err) from None
     try:
-        client = clickhouse_connect.get_client(
-            host=target.host, port=target.port, username=target.username, password=target.password,
-            database=target.database, secure=target.secure, settings=dict(dialect.QUERY_SETTINGS),
-            connect_timeout=max(1, int(timeout_s)),
-        )
+        # (its driver logs "Unexpected Http Driver Exception" before raising: the error is ours to say, once)
+        with _logger_silenced("clickhouse_connect"):
+            client = clickhouse_connect.get_client(
+                host=target.host, port=target.port, username=target.username, password=target.password,
+                database=target.database, secure=target.secure, settings=dict(dialect.QUERY_SETTINGS),
+                connect_timeout=max(1, int(timeout_s)),
+            )
     except Exception as err:
         raise StoreError(target.label, f"cannot connect to ClickHouse: {_first_line(err)}") from None
     try:
