@@ -232,10 +232,10 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
 
     if address == "auto":
         return  # Ray finds the local cluster itself (RAY_ADDRESS, its session files)
-    parts = urlsplit(address if "://" in address else f"ray://{address}")
     try:
+        parts = urlsplit(address if "://" in address else f"ray://{address}")
         host, port = parts.hostname, parts.port
-    except ValueError:
+    except ValueError:  # an unclosed [, a port that is not a number or out of range
         host = port = None
     if not host or port is None:
         raise KVTraceError(f"--ray {address}: expected HOST:PORT, ray://HOST:PORT, auto or local")

@@ -12,6 +12,7 @@ Both ClickHouse forms need the optional extra ``kvtrace[clickhouse]``.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlparse
@@ -60,22 +61,35 @@ def clickhouse_target(db: str | os.PathLike) -> ClickHouseTarget:
         opts = parse_qs(query)
         return ClickHouseTarget(label=text, path=str(Path(path).resolve()),
                                 otel_table=_one(opts, "otel_table", DEFAULT_OTEL_TABLE, text))
-    url = urlparse(text)
+    shown = _without_password(text)  # what errors say: a password is never printed
+    try:
+        url = urlparse(text)
+    except ValueError as err:  # e.g. "Invalid IPv6 URL" for an unclosed [
+        raise ConfigError("--db", shown, f"not a URL ({err}); expected clickhouse://user:password@host:8123/database") \
+            from None
     if not url.hostname:
-        raise ConfigError("--db", text, "expected clickhouse://user:password@host:8123/database")
+        raise ConfigError("--db", shown, "expected clickhouse://user:password@host:8123/database")
     database = url.path.strip("/") or "default"
     if "/" in database:
-        raise ConfigError("--db", text, "the URL path is one database name")
+        raise ConfigError("--db", shown, "the URL path is one database name")
     try:
         port = url.port or (8443 if url.scheme == "clickhouses" else 8123)
     except ValueError:
-        raise ConfigError("--db", text, "the port must be a number") from None
+        raise ConfigError("--db", shown, "the port must be a number") from None
     label = f"{url.scheme}://{url.username + '@' if url.username else ''}{url.hostname}:{port}/{database}"
     return ClickHouseTarget(
         label=label, host=url.hostname, port=port, username=unquote(url.username or "default"),
         password=unquote(url.password or ""), database=database, secure=url.scheme == "clickhouses",
-        otel_table=_one(parse_qs(url.query), "otel_table", DEFAULT_OTEL_TABLE, text),
+        otel_table=_one(parse_qs(url.query), "otel_table", DEFAULT_OTEL_TABLE, shown),
     )
+
+
+_PASSWORD = re.compile(r"^([a-z]+://[^/@]*?):[^/@]*@")
+
+
+def _without_password(url: str) -> str:
+    """``scheme://user:secret@host...`` as ``scheme://user:***@host...``."""
+    return _PASSWORD.sub(r"\1:***@", url, count=1)
 
 
 def _one(opts: dict[str, list[str]], key: str, default: str, text: str) -> str:

@@ -106,8 +106,13 @@ def test_db_forms(db, want):
     ("clickhouse://h:port/otel", "port must be a number"),
     ("clickhouse://h/a/b", "one database name"),
     ("clickhouse://h/otel?table=x", "unknown option"),
+    ("clickhouse://kv:s3cret@[::1:8123/otel", "not a URL"),  # urlparse's ValueError, once a traceback
+    ("clickhouse://kv:s3cret@h:99999/otel", "port must be a number"),
+    ("clickhouse://kv:s3cret@h/a/b", "one database name"),
+    ("clickhouse://kv:s3cret@h/otel?table=x", "unknown option"),
 ])
 def test_bad_db_forms_fail_in_one_line(db, says):
     with pytest.raises(ConfigError) as err:
         clickhouse_target(db)
     assert says in str(err.value) and "--db" in str(err.value) and "\n" not in str(err.value)
+    assert "s3cret" not in str(err.value)  # nor does a refused URL show its password

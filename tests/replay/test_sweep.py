@@ -71,6 +71,7 @@ def test_a_sweep_on_a_local_ray_cluster_matches_the_sequential_one(alone, tmp_pa
     ("127.0.0.1:1", "cannot reach a Ray cluster there"),  # nothing listens: refused at once
     ("nohost.invalid:6379", "cannot reach a Ray cluster there"),  # (ray.init would retry for a minute)
     ("nohost:port", "expected HOST:PORT"),
+    ("[::1:6379", "expected HOST:PORT"),  # (urlsplit raises on the unclosed bracket)
 ])
 def test_an_unreachable_ray_address_is_one_error_before_ray_starts(tmp_path, address, needle):
     pytest.importorskip("ray")  # (the dev extra's: installed wherever the tests run)
