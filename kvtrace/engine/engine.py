@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from itertools import pairwise
+from itertools import islice
+from operator import sub
 from typing import Any
 
 from kvtrace.cache import CacheConfig, KVCacheManager
@@ -272,7 +273,7 @@ class Engine:
     @staticmethod
     def _record(req: EngineRequest) -> RequestFinished:
         times = req.token_times_ns
-        itl = tuple(b - a for a, b in pairwise(times))
+        itl = tuple(map(sub, islice(times, 1, None), times))  # each gap (a C loop: a token each)
         return RequestFinished(
             request_id=req.request_id,
             session_id=req.session_id,
