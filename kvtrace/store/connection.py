@@ -97,12 +97,25 @@ def _is_damage(err: Exception) -> bool:
     return "orrupt" in text or "Could not read enough bytes" in text or isinstance(err, duckdb.IOException)
 
 
+def _write_failure(err: Exception) -> str | None:
+    """The reason of a DuckDB error that says the file could not be written (a full disk, a
+    quota, an I/O error at commit), else None."""
+    text = str(err)
+    if "Could not write" in text or "No space left" in text:  # (a file size limit: "File too large")
+        return text.splitlines()[0].rsplit(": ", 1)[-1]
+    return None
+
+
 @contextlib.contextmanager
 def _named_damage(path: str) -> Iterator[None]:
-    """A damaged file met mid-query is a one-line StoreError naming it, like one met at open."""
+    """A damaged file met mid-query, or a write the disk refused, is a one-line StoreError
+    naming the file, like a damaged file met at open."""
     try:
         yield
     except duckdb.Error as err:
+        reason = _write_failure(err)
+        if reason is not None:
+            raise StoreError(path, f"cannot write: {reason} (what was committed before stays)") from None
         if not _is_damage(err):
             raise
         raise _classify(path, err) from None

@@ -68,3 +68,32 @@ def test_ctrl_c_flushes_and_marks_run_failed(tmp_path):
     assert "KeyboardInterrupt" in info["summary"]["error"]
     assert info["num_spans"] == 2100
     assert Store.open(db).recovered_runs == []  # already final: nothing to recover
+
+
+FULL_DISK = """
+import resource, runpy, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG), as on a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, (2_500_000, 2_500_000))
+sys.argv = ["kvtrace", *sys.argv[1:]]
+runpy.run_module("kvtrace.cli", run_name="__main__")
+"""
+
+
+def test_a_disk_that_refuses_writes_is_one_line_and_keeps_what_was_committed(tmp_path):
+    """The store's file may grow to 2.5 MB: the replay's spans outgrow it. One line naming the
+    file, exit 2, no traceback; the store still opens, its run is not complete, and the
+    spans committed before the refusal are an exact prefix (contiguous seq from 0)."""
+    from kvtrace.store.read._sql import connect, query
+    from tests.conftest import MOONCAKE
+
+    db = tmp_path / "full.duckdb"
+    proc = subprocess.run([sys.executable, "-c", FULL_DISK, "replay", str(MOONCAKE), "--limit", "300", "--db", str(db)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"kvtrace: error: {db}: cannot write: "), lines[0]
+    runs = read.runs(db)
+    assert runs.height == 1 and runs["status"][0] != "complete"
+    with connect(db) as con:
+        seq = query(con, "SELECT seq FROM spans WHERE run_id = $r ORDER BY seq", {"r": runs["run_id"][0]})["seq"]
+    assert seq.to_list() == list(range(seq.len()))
