@@ -224,14 +224,10 @@ def _on_ray(specs: list[RunSpec], keep: bool, address: str) -> list:
             ray.shutdown()
 
 
-def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
-    """A HOST:PORT (or ray://HOST:PORT) that nothing answers on fails at once: ``ray.init``
-    would retry for a minute, printing its GCS client's warnings."""
-    import socket
+def ray_host_port(address: str) -> tuple[str, int]:
+    """(host, port) of a ``--ray`` HOST:PORT or ray://HOST:PORT; KVTraceError otherwise."""
     from urllib.parse import urlsplit
 
-    if address == "auto":
-        return  # Ray finds the local cluster itself (RAY_ADDRESS, its session files)
     try:
         parts = urlsplit(address if "://" in address else f"ray://{address}")
         host, port = parts.hostname, parts.port
@@ -239,11 +235,21 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
         host = port = None
     if not host or port is None:
         raise KVTraceError(f"--ray {address}: expected HOST:PORT, ray://HOST:PORT, auto or local")
+    return host, port
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """A HOST:PORT (or ray://HOST:PORT) that nothing answers on fails at once: ``ray.init``
+    would retry for a minute, printing its GCS client's warnings."""
+    import socket
+
+    if address == "auto":
+        return  # Ray finds the local cluster itself (RAY_ADDRESS, its session files)
     try:
-        socket.create_connection((host, port), timeout=timeout_s).close()
-    except OSError as err:
-        raise KVTraceError(f"--ray {address}: cannot reach a Ray cluster there "
-                           f"({err.strerror or type(err).__name__})") from None
+        socket.create_connection(ray_host_port(address), timeout=timeout_s).close()
+    except (OSError, UnicodeError) as err:  # (UnicodeError: a host name IDNA refuses)
+        reason = getattr(err, "strerror", None) or type(err).__name__
+        raise KVTraceError(f"--ray {address}: cannot reach a Ray cluster there ({reason})") from None
 
 
 def sweep_table(result: SweepResult, baseline: dict[str, Any] | None = None) -> list[list[str]]:

@@ -59,7 +59,11 @@ def clickhouse_target(db: str | os.PathLike) -> ClickHouseTarget:
         if not path:
             raise ConfigError("--db", text, "expected chdb:PATH (a directory for the embedded ClickHouse)")
         opts = parse_qs(query)
-        return ClickHouseTarget(label=text, path=str(Path(path).resolve()),
+        try:
+            resolved = str(Path(path).resolve())
+        except (ValueError, OSError) as err:  # a NUL byte, a path the OS refuses
+            raise ConfigError("--db", text, f"not a directory path ({err})") from None
+        return ClickHouseTarget(label=text, path=resolved,
                                 otel_table=_one(opts, "otel_table", DEFAULT_OTEL_TABLE, text))
     shown = _without_password(text)  # what errors say: a password is never printed
     try:
