@@ -21,7 +21,7 @@ URLISH = st.text(alphabet="[]:@/?#%&=.-_ab019 \x00\u00e9\n", max_size=40)
 def test_a_clickhouse_db_is_parsed_or_one_config_error(scheme, rest):
     try:
         target = clickhouse_target(scheme + rest)
-    except Exception as err:  # noqa: BLE001  # the invariant is on what escapes
+    except Exception as err:  # (the invariant is on what escapes)
         one_line_error(err, "--db")
         assert "\n" not in str(err)
     else:
@@ -33,7 +33,7 @@ def test_a_clickhouse_db_is_parsed_or_one_config_error(scheme, rest):
 def test_an_otlp_endpoint_is_parsed_or_one_config_error(text):
     try:
         url = traces_url(text)
-    except Exception as err:  # noqa: BLE001
+    except Exception as err:
         one_line_error(err, "--otlp-endpoint")
     else:
         assert url.startswith(("http://", "https://"))
@@ -44,7 +44,7 @@ def test_an_otlp_endpoint_is_parsed_or_one_config_error(text):
 def test_a_ray_address_is_parsed_or_one_error(text):
     try:
         host, port = ray_host_port(text)
-    except Exception as err:  # noqa: BLE001
+    except Exception as err:
         one_line_error(err, "--ray")
     else:
         assert host and 0 <= port < 65536
