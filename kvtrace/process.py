@@ -2,8 +2,8 @@
 
 - ``probe_address``: can this process listen on ``host:port``? Asked before a server
   library tries, so a busy port is one ``kvtrace: error:`` line, not the library's text;
-- ``sigterm_as_interrupt``: SIGTERM (``kill``, a container stop, systemd) stops a server
-  the way Ctrl-C does, so it flushes, prints its summary and finishes its run;
+- ``sigterm_as_interrupt``: SIGTERM (``kill``, ``timeout``, a container stop, systemd)
+  stops a command the way Ctrl-C does, so it flushes, prints its summary and marks its run;
 - ``collector_paused``: the cyclic garbage collector off around a hot loop that makes
   no reference cycles (a cache-only replay, an engine run);
 - ``pyarrow_without_pandas``: a recording command's spans built without pyarrow
@@ -44,15 +44,30 @@ def probe_address(host: str, port: int, what: str) -> None:
                 raise OSError(f"cannot listen on {host}:{port} ({what}): {err.strerror or err}") from None
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C would be: every Ctrl-C path (flush, summary, the run
+    marked) runs for it too; the CLI exits 143 for it, as a process killed by it would."""
+
+
+_terminated = threading.Event()
+
+
+def terminated() -> bool:
+    """Whether SIGTERM arrived in a ``sigterm_as_interrupt`` block (a library between the
+    raise and the caller, typer for one, may have turned the exception into an exit code)."""
+    return _terminated.is_set()
+
+
 def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
+    _terminated.set()
+    raise Terminated("SIGTERM")
 
 
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
-    """Within the block, SIGTERM raises KeyboardInterrupt in the main thread (as SIGINT
-    does); the previous handler is restored after. Off the main thread (where Python
-    cannot install handlers) it does nothing."""
+    """Within the block, SIGTERM raises ``Terminated`` (a KeyboardInterrupt) in the main
+    thread, as SIGINT does; the previous handler is restored after. Off the main thread
+    (where Python cannot install handlers) it does nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

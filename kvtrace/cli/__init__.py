@@ -21,13 +21,15 @@ from kvtrace.cli import calibrate, conformance, live, replay, results, traces  #
 from kvtrace.cli.app import app
 from kvtrace.cli.output import error
 from kvtrace.errors import KVTraceError
+from kvtrace.process import sigterm_as_interrupt, terminated
 
 __all__ = ["app", "main"]
 
 
 def main() -> None:
     try:
-        rc = app(prog_name="kvtrace", standalone_mode=False)  # errors come back here, printed as one line
+        with sigterm_as_interrupt():  # `kill`, `timeout`: what was recorded is flushed, the run marked
+            rc = app(prog_name="kvtrace", standalone_mode=False)  # errors come back here, printed as one line
     except KVTraceError as e:
         error(str(e))
         sys.exit(2)
@@ -38,8 +40,12 @@ def main() -> None:
         error(_usage_error(e))
         sys.exit(getattr(e, "exit_code", 2))
     except KeyboardInterrupt:
+        rc = 130
+    if rc == 130:  # (typer returns 130 for a KeyboardInterrupt, SIGTERM's Terminated included)
+        if terminated():
+            error("terminated (SIGTERM); what was recorded is kept")
+            sys.exit(143)
         error("interrupted")
-        sys.exit(130)
     sys.exit(rc if isinstance(rc, int) else 0)
 
 

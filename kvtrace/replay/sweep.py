@@ -151,9 +151,17 @@ def run_sweep(
         results = [_replay_one(s, keep) for s in specs]
     else:
         # fork: the workers start with this process's imports (and no store handle is open yet)
-        with ProcessPoolExecutor(max_workers=min(workers, len(specs)),
-                                 mp_context=multiprocessing.get_context("fork")) as pool:
+        pool = ProcessPoolExecutor(max_workers=min(workers, len(specs)), initializer=_worker_signals,
+                                   mp_context=multiprocessing.get_context("fork"))
+        try:
             results = list(pool.map(_replay_one, specs, [keep] * len(specs)))
+        except BaseException:  # Ctrl-C, SIGTERM, a failed replay: the queued replays are not run
+            workers_left = list((getattr(pool, "_processes", None) or {}).values())  # (3.14: terminate_workers)
+            pool.shutdown(wait=False, cancel_futures=True)  # (forgets its processes: taken first)
+            for proc in workers_left:
+                proc.terminate()
+            raise
+        pool.shutdown()
     sweep_id = _sweep_id(base, combos)
     out = SweepResult(sweep_id)
     store = None
@@ -187,6 +195,14 @@ def _record(store, spec: RunSpec, res: RunResult, tables: list, sweep_id: str, c
         store.append_spans(table, run_id=run_id, flush_when_due=False)
     store.finish_run(run_id, status="complete", digest=res.summary.get("digest"), summary=res.summary)
     return run_id
+
+
+def _worker_signals() -> None:
+    """A forked worker dies of SIGTERM (the parent's handler turns it into an interrupt that
+    the worker would take for a failed replay)."""
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _sweep_id(base: RunSpec, combos: list[dict[str, Any]]) -> str:

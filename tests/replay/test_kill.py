@@ -59,3 +59,25 @@ def test_a_killed_replay_keeps_every_committed_span_exactly(tmp_path):
     result = run_replay(RunSpec(TRACE, limit=LIMIT), db=complete)
     assert result.summary["spans"] > committed  # the kill came mid-run
     assert store_rows(db, "r1") == store_rows(complete, result.run_id)[:committed]
+
+
+def test_sigterm_stops_a_replay_like_ctrl_c_and_keeps_what_it_recorded(tmp_path):
+    """SIGTERM (`kill`, `timeout`) mid-replay, sent after the store's second commit: one
+    line, exit 143 (as a process killed by it), every span recorded before is flushed
+    (at least the committed ones, contiguous), and the run is marked failed, not left running."""
+    db, marker = tmp_path / "term.duckdb", tmp_path / "committed"
+    proc = subprocess.run([sys.executable, "-m", "tests.replay.sigterm_driver", str(marker), "2", "--",
+                           "replay", TRACE, "--limit", str(LIMIT), "--db", str(db)],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 143, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines == ["kvtrace: error: terminated (SIGTERM); what was recorded is kept"], proc.stderr
+    committed = int(marker.read_text())
+    run = read.run(db, "r1")
+    assert run["status"] == "failed" and "Terminated" in run["summary"]["error"]
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        seqs = [s for (s,) in con.execute("SELECT seq FROM spans WHERE run_id = 'r1' ORDER BY seq").fetchall()]
+    finally:
+        con.close()
+    assert committed > 0 and len(seqs) >= committed and seqs == list(range(len(seqs)))

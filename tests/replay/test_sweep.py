@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 
 import polars as pl
@@ -126,3 +127,30 @@ def test_the_table_shows_deltas_against_the_named_baseline():
     with pytest.raises(KVTraceError, match="not swept"):
         parse_baseline("block_size=16", PARAMS)
     assert pl.DataFrame(body, schema=header, orient="row").height == 4
+
+
+def test_sigterm_stops_a_sweep_and_its_workers(tmp_path):
+    """SIGTERM to `kvtrace sweep` (its workers are forked): the queued replays are cancelled
+    and the running ones' workers end with it: exit 143 at once (what was started would take
+    tens of seconds more), no process of its session left."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    capacities = ",".join(str(c) for c in range(3000, 11000, 1000))  # 8 whole-trace engine replays
+    proc = subprocess.Popen([sys.executable, "-m", "kvtrace.cli", "sweep", str(MOONCAKE), "--param",
+                             f"capacity_blocks={capacities}", "--db", str(tmp_path / "s.duckdb")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        time.sleep(4)  # (into the first replays; earlier, the same must hold)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=15)  # (left to run, the started and queued replays take far longer)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 143, err
+    assert err.strip().splitlines() == ["kvtrace: error: terminated (SIGTERM); what was recorded is kept"]
+    time.sleep(0.5)
+    left = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True, check=False).stdout.split()
+    assert left == [], f"processes of the sweep still running: {left}"
