@@ -9,7 +9,9 @@ Budgets (issue 4, on 2 cores):
   at most 1.05x the same replay uninstrumented, with zero spans dropped (issue 15; in
   one process, the store as ``kvtrace replay --db`` opens it, after a warm-up pair that
   leaves imports and first-use costs out; the ratio of the bests and the median of the
-  ``--repeat`` pairs run in turn);
+  ``--repeat`` pairs run in turn); under it, what the ratio is made of: the span build on
+  the engine's thread, timed alone on the run's own steps, and the DuckDB commits' CPU on
+  the writer thread (which slows the engine beside it on a 2-core box);
 - printed beside it: the whole ``kvtrace replay --db`` command against the same command
   without a store, what a user waits for (imports, the store's set-up, derived tables).
 
@@ -194,13 +196,15 @@ def bench_engine(limit: int, tmp: str, repeat: int) -> dict:
     from kvtrace.engine.engine import Engine
     from kvtrace.instrument import build_tracer_provider
 
-    plain, instrumented, spans = [], [], 0
+    plain, instrumented, spans, commit_cpu, commits = [], [], 0, [], 0
+    steps: list = []  # the warm-up's step batches: the span build timed alone, below
     for i in range(repeat + 1):  # pairs in turn, the first a warm-up (imports, first calls) left out
         t = time.perf_counter()
-        Engine("kimi-hybrid").run(_read_mooncake(TRACE, limit))
+        Engine("kimi-hybrid").run(_read_mooncake(TRACE, limit), listeners=[steps.append] if i == 0 else [])
         plain.append(time.perf_counter() - t)
         # the store as `kvtrace replay --db` opens it: a flush a second, the file held between
         store = Store.open(os.path.join(tmp, f"engine-{time.monotonic_ns()}.duckdb"), hold=True)
+        store._commit = _timed_commit(store._commit, commit_cpu)  # the writer thread's CPU, summed
         run = store.create_run("engine")
         provider = build_tracer_provider(store=store, run_id=run, background=True)
         inst = KVCacheInstrumentor(provider, run_id=run)
@@ -218,9 +222,31 @@ def bench_engine(limit: int, tmp: str, repeat: int) -> dict:
         if i == 0:
             plain.clear()
             instrumented.clear()
+            commit_cpu.clear()
+        else:
+            commits = len(commit_cpu)
     pairs = sorted(b / a for a, b in zip(plain, instrumented))
+    build = []
+    for _ in range(max(repeat, 1)):  # what the engine's thread spends building spans, alone
+        inst = KVCacheInstrumentor(None, run_id="build", processors=[])
+        t = time.perf_counter()
+        for batch in steps:
+            inst(batch)
+        inst.flush()
+        build.append(time.perf_counter() - t)
     return {"plain_s": min(plain), "instrumented_s": min(instrumented), "ratio": min(instrumented) / min(plain),
-            "pair_ratio": pairs[len(pairs) // 2], "spans": spans}
+            "pair_ratio": pairs[len(pairs) // 2], "spans": spans, "build_s": min(build),
+            "commit_cpu_s": sum(commit_cpu) / max(repeat, 1), "commits": commits // max(repeat, 1)}
+
+
+def _timed_commit(commit, cpu: list):
+    def timed(inserts):
+        c = time.thread_time()
+        try:
+            commit(inserts)
+        finally:
+            cpu.append(time.thread_time() - c)
+    return timed
 
 
 def bench_cli(limit: int, tmp: str, repeat: int) -> dict:
@@ -272,6 +298,10 @@ def main() -> None:
                   f"instrumented {r['instrumented_s']:.2f} s (bests), ratio {r['ratio']:.3f} of the bests, "
                   f"{r['pair_ratio']:.3f} the median pair (budget 1.05, issue 15; "
                   f"{r['spans']:,} spans, 0 dropped)")
+            print(f"  of which: span build on the engine's thread {r['build_s']:.2f} s "
+                  f"({r['build_s'] / r['spans'] * 1e6:.1f} us/span, {r['build_s'] / r['plain_s']:.1%} of the plain run); "
+                  f"DuckDB commits on the writer thread {r['commit_cpu_s']:.2f} s CPU a run ({r['commits']} commits), "
+                  "beside the engine on the other core")
         if args.cli_limit and TRACE.exists():
             r = bench_cli(args.cli_limit, tmp, args.repeat)
             print(f"kvtrace replay --limit {args.cli_limit}, whole command: without a store {r['plain_s']:.2f} s, "
