@@ -299,7 +299,8 @@ def main() -> None:
                   f"{r['pair_ratio']:.3f} the median pair (budget 1.05, issue 15; "
                   f"{r['spans']:,} spans, 0 dropped)")
             print(f"  of which: span build on the engine's thread {r['build_s']:.2f} s "
-                  f"({r['build_s'] / r['spans'] * 1e6:.1f} us/span, {r['build_s'] / r['plain_s']:.1%} of the plain run); "
+                  f"({r['build_s'] / r['spans'] * 1e6:.1f} us/span, "
+                  f"{r['build_s'] / r['plain_s']:.1%} of the plain run); "
                   f"DuckDB commits on the writer thread {r['commit_cpu_s']:.2f} s CPU a run ({r['commits']} commits), "
                   "beside the engine on the other core")
         if args.cli_limit and TRACE.exists():
