@@ -72,6 +72,8 @@ def sigterm_as_interrupt() -> Iterator[None]:
         yield
         return
     previous = signal.signal(signal.SIGTERM, _interrupt)
+    if previous is not _interrupt:  # the outermost block: a new command, no SIGTERM seen yet
+        _terminated.clear()
     try:
         yield
     finally:
