@@ -38,6 +38,7 @@ from pathlib import Path
 from kvtrace.engine.clock import COEFFICIENTS, CostModel, StepWork, prefill_pairs
 from kvtrace.engine.costfit import Fit, Observation, fit_cost_model
 from kvtrace.errors import KVTraceError
+from kvtrace.workload.lines import MAX_TOKENS
 
 DEFAULT_MAX_BATCHED_TOKENS = 8192
 _STEP_COLUMNS = ("num_tokens", "prefill_pairs", "num_decode_seqs", "decode_context_tokens")
@@ -62,15 +63,39 @@ def observations_from_file(path: str | Path, *, max_num_batched_tokens: int = DE
     raise KVTraceError(f"{p}: expected {_KINDS}")
 
 
-def _number(path: str, line: int, key: str, text: str | None, integer: bool = True) -> float:
+# Bounds of a step's measurements: counts exact in float64 (their squares fit the fit's least
+# squares), and a step of at most an hour: beyond them a value is a broken file, not a server.
+_MAX_COUNT = 2**53
+_MAX_STEP_MS = 3_600_000.0
+_MAX_SECONDS = 3_600.0  # a bench result's TTFT or inter-token gap
+
+
+def _number(path: str, line: int, key: str, text: str | None, integer: bool = True,
+            maximum: float = _MAX_COUNT) -> float:
     try:
         v = float(text) if text is not None and text.strip() != "" else math.nan
     except ValueError:
         v = math.nan
-    if not math.isfinite(v) or v < 0 or (integer and v != int(v)):
-        what = "an integer >= 0" if integer else "a number >= 0"
-        raise KVTraceError(f"{path}:{line}: {key}: expected {what}, got {text!r}"[:200])
+    if not math.isfinite(v) or v < 0 or v > maximum or (integer and v != int(v)):
+        what = "an integer" if integer else "a number"
+        raise KVTraceError(f"{path}:{line}: {key}: expected {what} in [0, {maximum:,.0f}], got {text!r}"[:200])
     return v
+
+
+def _seconds(where: str, key: str, value: object) -> float:
+    """A positive, finite number of seconds (an hour at most) from a bench result."""
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or not 0 < value <= _MAX_SECONDS):
+        raise KVTraceError(f"{where}: {key}: expected a positive number of seconds (at most {_MAX_SECONDS:,.0f}), "
+                           f"got {value!r}"[:200])
+    return float(value)
+
+
+def _count(path: str, key: str, value: object) -> int:
+    """A token count from a bench result: an int in [0, MAX_TOKENS] (bool is not one)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOKENS:
+        raise KVTraceError(f"{path}: {key}: expected a token count in [0, {MAX_TOKENS:,}], got {value!r}"[:200])
+    return value
 
 
 def step_csv_observations(path: str) -> list[Observation]:
@@ -90,10 +115,15 @@ def step_csv_observations(path: str) -> list[Observation]:
         need = missing + ([] if time_col else ["step_ms or step_ns"])
         raise KVTraceError(f"{path}:1: missing column(s) {need}; expected {list(_STEP_COLUMNS)} and step_ms")
     out = []
+    width = len(rows[0]) - (None in rows[0])  # the header's fields (DictReader keys extras None)
     for line, r in enumerate(rows, start=2):
+        fields = width + len(r.get(None) or ()) - sum(v is None for k, v in r.items() if k is not None)
+        if fields != width:
+            raise KVTraceError(f"{path}:{line}: {fields} fields; the header has {width}")
         vals = {c: int(_number(path, line, c, r.get(c))) for c in _STEP_COLUMNS}
         copies = {c: int(_number(path, line, c, r.get(c) or "0")) for c in ("num_kv_copies", "num_state_copies")}
-        t = _number(path, line, time_col, r.get(time_col), integer=False)
+        t = _number(path, line, time_col, r.get(time_col), integer=False,
+                    maximum=_MAX_STEP_MS * (1e6 if time_col == "step_ns" else 1.0))
         if t <= 0:
             raise KVTraceError(f"{path}:{line}: {time_col}: expected a positive duration")
         work = StepWork(vals["num_tokens"], vals["prefill_pairs"], vals["decode_context_tokens"],
@@ -129,26 +159,36 @@ def bench_serve_observations(path: str, max_num_batched_tokens: int) -> list[Obs
     ins, outs, ttfts, itls = (doc[k] for k in needed)
     if not len(ins) == len(outs) == len(ttfts) == len(itls):
         raise KVTraceError(f"{path}: input_lens, output_lens, ttfts and itls differ in length")
+    # every value checked before any is used: a request that failed has no TTFT (null)
+    ins = [_count(path, f"input_lens[{i}]", n) for i, n in enumerate(ins)]
+    outs = [_count(path, f"output_lens[{i}]", n) for i, n in enumerate(outs)]
+    done = [i for i, t in enumerate(ttfts) if t is not None and ins[i] >= 1]
+    for i in done:
+        where = f"{path}: request {i}"
+        _seconds(where, "ttfts", ttfts[i])
+        if not isinstance(itls[i], list):
+            raise KVTraceError(f"{where}: itls: expected a list of seconds, got {itls[i]!r}"[:200])
+        for j, gap in enumerate(itls[i]):
+            _seconds(where, f"itls[{j}]", gap)
     concurrency = doc.get("max_concurrency")
-    if not isinstance(concurrency, int) or concurrency < 1:
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
         # Little's law: mean requests in flight = their total latency / the run's length
         duration = doc.get("duration")
-        busy = sum(float(t) + sum(map(float, g)) for t, g in zip(ttfts, itls) if t is not None)
-        concurrency = max(1, round(busy / float(duration))) if isinstance(duration, (int, float)) and duration else 1
+        busy = sum(ttfts[i] + sum(itls[i]) for i in done)
+        concurrency = 1
+        if isinstance(duration, (int, float)) and not isinstance(duration, bool) and math.isfinite(duration) \
+                and duration > 0:
+            concurrency = max(1, round(busy / duration))
+    if concurrency > MAX_TOKENS:
+        raise KVTraceError(f"{path}: max_concurrency: {concurrency:,} requests in flight is beyond any server")
     others = concurrency - 1
     mean_ctx = sum(n + out / 2 for n, out in zip(ins, outs)) / max(len(ins), 1)
     obs: list[Observation] = []
-    for i, (n, ttft, gaps) in enumerate(zip(ins, ttfts, itls)):
-        if ttft is None or not isinstance(n, int) or n < 1:
-            continue  # a failed request
-        where = f"{path}: request {i}"
-        if not isinstance(ttft, (int, float)) or not ttft > 0:
-            raise KVTraceError(f"{where}: ttfts: expected a positive number of seconds, got {ttft!r}")
+    for i in done:
+        n, ttft, gaps = ins[i], ttfts[i], itls[i]
         obs.append(Observation(_prefill_steps(n, max_num_batched_tokens, others, mean_ctx), ttft * 1e9,
                                "prefill (TTFT)", f"request {i}"))
         for j, gap in enumerate(gaps, start=1):
-            if not isinstance(gap, (int, float)) or not gap > 0:
-                raise KVTraceError(f"{where}: itls[{j - 1}]: expected a positive number of seconds, got {gap!r}")
             ctx = n + j + round(others * mean_ctx)
             obs.append(Observation([StepWork(1 + others, 0, ctx, 1 + others)], gap * 1e9, "decode (ITL)",
                                    f"request {i} gap {j}"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import json
 import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -227,3 +228,48 @@ def test_the_readme_cost_model_table_is_the_code():
     for name, model in COST_MODELS.items():
         row = f"| `{name}` | " + " | ".join(f"{getattr(model, k):,}" for k in COEFFICIENTS) + " |"
         assert row in readme, name
+
+
+_HEADER = "num_tokens,prefill_pairs,num_decode_seqs,decode_context_tokens,step_ms\n"
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    (_HEADER + "1e300,0,1,5,3\n", ":2: num_tokens: expected an integer in [0, 9,007,199,254,740,992]"),
+    (_HEADER + "99999999999999999999999,0,1,5,3\n", ":2: num_tokens"),  # (its square overflowed the fit)
+    (_HEADER + "1,0,1,5,1e300\n", ":2: step_ms: expected a number in [0, 3,600,000]"),
+    (_HEADER + "1,0,1,5,3,7,8\n", ":2: 7 fields; the header has 5"),  # (extra fields were dropped)
+    (_HEADER + "1,0,1,5\n", ":2: 4 fields; the header has 5"),
+])
+def test_impossible_step_rows_are_one_line(tmp_path, text, needle):
+    path = tmp_path / "s.csv"
+    path.write_text(text)
+    with pytest.raises(KVTraceError, match=re.escape(needle)):
+        calibrate([path], name="x")
+
+
+_GOOD = {"input_lens": [100, 200], "output_lens": [3, 3], "ttfts": [0.1, 0.2], "itls": [[0.01, 0.01], [0.01, 0.02]]}
+
+
+@pytest.mark.parametrize(("change", "needle"), [
+    ({"input_lens": ["a", 200]}, "input_lens[0]: expected a token count"),  # (was a TypeError traceback)
+    ({"input_lens": [100, True]}, "input_lens[1]: expected a token count"),
+    ({"output_lens": [3, 1e400]}, "output_lens[1]: expected a token count"),  # (json reads 1e400 as inf)
+    ({"input_lens": [100, 2**40]}, "input_lens[1]: expected a token count"),  # (a hang: chunking 2^40 tokens)
+    ({"ttfts": [0.1, float("inf")]}, "request 1: ttfts: expected a positive number of seconds"),
+    ({"ttfts": [0.1, "0.2"]}, "request 1: ttfts"),
+    ({"itls": [[0.01, "x"], [0.01]]}, "request 0: itls[1]"),
+    ({"itls": [[0.01, 0.01], 5]}, "request 1: itls: expected a list"),
+    ({"max_concurrency": 2**40}, "max_concurrency"),
+])
+def test_impossible_bench_results_are_one_line(tmp_path, change, needle):
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({**_GOOD, **change}))
+    with pytest.raises(KVTraceError, match=re.escape(needle)) as err:
+        calibrate([path], name="x")
+    assert str(err.value).startswith(f"{path}: ") and "\n" not in str(err.value)
+
+
+def test_a_failed_request_in_a_bench_result_is_skipped_not_refused(tmp_path):
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({**_GOOD, "ttfts": [0.1, None], "itls": [[0.01, 0.01], "not looked at"]}))
+    assert calibrate([path], name="x").model.name == "x"
