@@ -211,6 +211,19 @@ def _collected_run(db: str, run_id: str | None) -> str:
     return str(collected[0])
 
 
+_SERVED_SECONDS = {"queue_s": 86_400.0, "prefill_s": _MAX_SECONDS, "decode_s": 86_400.0}
+
+
+def _check_served(where: str, row: dict) -> None:
+    """One llm_request span's latencies (gen_ai.latency.*, seconds) and token counts."""
+    for key, limit in _SERVED_SECONDS.items():
+        v = row[key]
+        if not math.isfinite(v) or not 0 <= v <= limit:
+            raise KVTraceError(f"{where}: {key}: expected seconds in [0, {limit:,.0f}], got {v!r}")
+    for key in ("prompt_tokens", "completion_tokens"):
+        _count(where, key, row[key])
+
+
 def served_span_observations(db: str, run_id: str | None, max_num_batched_tokens: int) -> list[Observation]:
     from kvtrace.store import read
 
@@ -221,6 +234,8 @@ def served_span_observations(db: str, run_id: str | None, max_num_batched_tokens
         raise KVTraceError(f"{db}: run {run_id}: no vLLM llm_request spans with gen_ai.latency.* attributes "
                            "(start vLLM with --otlp-traces-endpoint pointing at `kvtrace collect`)")
     rows = frame.to_dicts()
+    for r in rows:  # what a client sent: checked before any is used (NaN, inf, a 2^60-token prompt)
+        _check_served(f"{db}: run {run_id}: span {r['span_id']}", r)
     # each request's prefill [scheduled, first token) and decode [first token, last token), in ns
     spans = []
     for r in rows:

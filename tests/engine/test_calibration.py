@@ -187,6 +187,38 @@ def test_calibrate_from_vllm_request_spans_received_by_collect(tmp_path):
         assert abs(getattr(fit.model, c) - getattr(known, c)) <= max(1, 1e-6 * getattr(known, c)), c
 
 
+@pytest.mark.parametrize(("attribute", "value", "needle"), [
+    ("GEN_AI_LATENCY_TIME_IN_MODEL_PREFILL", float("nan"), "prefill_s: expected seconds"),  # (round(nan) raised)
+    ("GEN_AI_LATENCY_TIME_IN_QUEUE", -1.0, "queue_s: expected seconds"),
+    ("GEN_AI_USAGE_PROMPT_TOKENS", 2**60, "prompt_tokens: expected a token count"),  # (chunking it hung)
+])
+def test_impossible_values_in_collected_vllm_spans_are_one_line(tmp_path, attribute, value, needle):
+    """What a client sent to `kvtrace collect` is checked before calibrate uses it: one line
+    naming the store, the run, the span and the value."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from vllm.tracing.utils import SpanAttributes as A
+
+    from kvtrace.instrument.otlp import OTLPCollector
+
+    db = tmp_path / "collected.duckdb"
+    collector = OTLPCollector(db, port=0).start()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=collector.url)))
+    attrs = {A.GEN_AI_USAGE_PROMPT_TOKENS: 100, A.GEN_AI_USAGE_COMPLETION_TOKENS: 4,
+             A.GEN_AI_LATENCY_TIME_IN_QUEUE: 0.01, A.GEN_AI_LATENCY_TIME_IN_MODEL_PREFILL: 0.05,
+             A.GEN_AI_LATENCY_TIME_IN_MODEL_DECODE: 0.04}
+    attrs[getattr(A, attribute)] = value
+    provider.get_tracer("vllm.llm_engine").start_span("llm_request", start_time=1_000, attributes=attrs).end(
+        end_time=10**8)
+    provider.shutdown()
+    collector.stop()
+    with pytest.raises(KVTraceError, match=re.escape(needle)) as err:
+        calibrate([db], name="x")
+    assert str(err.value).startswith(f"{db}: run r1: span ") and "\n" not in str(err.value)
+
+
 def test_calibrate_from_a_store_without_vllm_spans_is_one_line(replayed_store):
     with pytest.raises(KVTraceError, match="pass --run"):
         calibrate([replayed_store.path], name="x")
