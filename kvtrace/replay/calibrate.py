@@ -32,7 +32,9 @@ from __future__ import annotations
 import csv
 import json
 import math
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
+from itertools import accumulate
 from pathlib import Path
 
 from kvtrace.engine.clock import COEFFICIENTS, CostModel, StepWork, prefill_pairs
@@ -211,6 +213,36 @@ def _collected_run(db: str, run_id: str | None) -> str:
     return str(collected[0])
 
 
+class _Decoding:
+    """The requests' decode intervals [f, e) (f <= e), queried in O(log n): how many hold a
+    time and the sum of their weights; how much of all of them lies inside [a, b). Exact
+    integers (a collected day is 10^5 requests: comparing every pair took hours)."""
+
+    def __init__(self, intervals: list[tuple[int, int]], weights: list[int]):
+        by_start = sorted(zip((f for f, _ in intervals), weights))
+        by_end = sorted(zip((e for _, e in intervals), weights))
+        self.starts = [f for f, _ in by_start]
+        self.ends = [e for e, _ in by_end]
+        self.start_sum = list(accumulate(self.starts, initial=0))
+        self.end_sum = list(accumulate(self.ends, initial=0))
+        self.start_weight = list(accumulate((w for _, w in by_start), initial=0))
+        self.end_weight = list(accumulate((w for _, w in by_end), initial=0))
+
+    def at(self, t: int) -> tuple[int, int]:
+        """(intervals with f <= t < e, the sum of their weights)."""
+        a, b = bisect_right(self.starts, t), bisect_right(self.ends, t)
+        return a - b, self.start_weight[a] - self.end_weight[b]
+
+    def _left_of(self, x: int) -> int:
+        """The total length of the intervals' parts left of x."""
+        a, b = bisect_left(self.starts, x), bisect_left(self.ends, x)
+        return (a * x - self.start_sum[a]) - (b * x - self.end_sum[b])
+
+    def covered(self, lo: int, hi: int) -> int:
+        """The sum over the intervals of their length inside [lo, hi)."""
+        return self._left_of(hi) - self._left_of(lo)
+
+
 _SERVED_SECONDS = {"queue_s": 86_400.0, "prefill_s": _MAX_SECONDS, "decode_s": 86_400.0}
 
 
@@ -242,22 +274,21 @@ def served_span_observations(db: str, run_id: str | None, max_num_batched_tokens
         scheduled = r["arrival_ns"] + round(r["queue_s"] * 1e9)
         first = scheduled + round(r["prefill_s"] * 1e9)
         spans.append((scheduled, first, first + round(r["decode_s"] * 1e9)))
+    decoding = _Decoding([(f, e) for _, f, e in spans], [2 * r["prompt_tokens"] + r["completion_tokens"] for r in rows])
+    mean_ctx = sum(rr["prompt_tokens"] + rr["completion_tokens"] / 2 for rr in rows) / len(rows)
     obs: list[Observation] = []
-    for i, (r, (scheduled, first, last)) in enumerate(zip(rows, spans)):
+    for r, (scheduled, first, last) in zip(rows, spans):
         n, o = int(r["prompt_tokens"]), int(r["completion_tokens"])
         if n < 1 or r["prefill_s"] <= 0:
-            continue
-        others = [(j, s) for j, s in enumerate(spans) if j != i]
-        at_start = [j for j, (_, f, e) in others if f <= scheduled < e]
-        ctx = [rows[j]["prompt_tokens"] + rows[j]["completion_tokens"] / 2 for j in at_start]
+            continue  # (so its own decode starts after `scheduled`: never among those decoding then)
+        count, ctx2 = decoding.at(scheduled)
         label = f"span {r['span_id']}"
-        obs.append(Observation(_prefill_steps(n, max_num_batched_tokens, len(at_start), sum(ctx) / len(ctx) if ctx
+        obs.append(Observation(_prefill_steps(n, max_num_batched_tokens, count, ctx2 / 2 / count if count
                                               else 0.0), r["prefill_s"] * 1e9, "prefill (vLLM spans)", label))
         if o < 2 or r["decode_s"] <= 0:
             continue
-        overlap = sum(max(0, min(last, e) - max(first, f)) for _, (_, f, e) in others)
+        overlap = decoding.covered(first, last) - (last - first)  # the others' decode time inside its own
         beside = round(overlap / (last - first)) if last > first else 0
-        mean_ctx = sum(rr["prompt_tokens"] + rr["completion_tokens"] / 2 for rr in rows) / len(rows)
         steps = [StepWork(1 + beside, 0, n + j + round(beside * mean_ctx), 1 + beside) for j in range(1, o)]
         obs.append(Observation(steps, r["decode_s"] * 1e9, "decode (vLLM spans)", label))
     if not obs:

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvtrace.engine import COST_MODELS, Engine, get_preset
 from kvtrace.engine.clock import COEFFICIENTS, CostModel, StepWork
@@ -305,3 +307,20 @@ def test_a_failed_request_in_a_bench_result_is_skipped_not_refused(tmp_path):
     path = tmp_path / "bench.json"
     path.write_text(json.dumps({**_GOOD, "ttfts": [0.1, None], "itls": [[0.01, 0.01], "not looked at"]}))
     assert calibrate([path], name="x").model.name == "x"
+
+
+@given(st.lists(st.tuples(st.integers(0, 50), st.integers(0, 20), st.integers(0, 9)), max_size=30),
+       st.integers(-5, 75), st.integers(-5, 75))
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+def test_the_decode_intervals_index_agrees_with_every_pair(items, t, other):
+    """calibrate's in-flight counts and overlaps (bisect over sorted ends, once O(n^2)) equal
+    the brute force over every interval, ties at the ends included."""
+    from kvtrace.replay.calibrate import _Decoding
+
+    intervals = [(f, f + d) for f, d, _ in items]
+    weights = [w for _, _, w in items]
+    index = _Decoding(intervals, weights)
+    held = [i for i, (f, e) in enumerate(intervals) if f <= t < e]
+    assert index.at(t) == (len(held), sum(weights[i] for i in held))
+    lo, hi = min(t, other), max(t, other)
+    assert index.covered(lo, hi) == sum(max(0, min(hi, e) - max(lo, f)) for f, e in intervals)
