@@ -15,9 +15,10 @@ Parameters are ``RunSpec`` fields: ``capacity_blocks``, ``capacity_tokens``,
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import multiprocessing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -154,12 +155,17 @@ def run_sweep(
         pool = ProcessPoolExecutor(max_workers=min(workers, len(specs)), initializer=_worker_signals,
                                    mp_context=multiprocessing.get_context("fork"))
         try:
-            results = list(pool.map(_replay_one, specs, [keep] * len(specs)))
+            # SIGTERM held while the workers fork (they unblock it once it kills them) and the
+            # replays are queued; one that came meanwhile is delivered after
+            with _sigterm_blocked():
+                pending = pool.map(_replay_one, specs, [keep] * len(specs))
+            results = list(pending)
         except BaseException:  # Ctrl-C, SIGTERM, a failed replay: the queued replays are not run
-            workers_left = list((getattr(pool, "_processes", None) or {}).values())  # (3.14: terminate_workers)
-            pool.shutdown(wait=False, cancel_futures=True)  # (forgets its processes: taken first)
-            for proc in workers_left:
+            # The workers end first: the pool then finds itself broken and fails every queued
+            # replay (cancelling them too would race that: InvalidStateError in its thread).
+            for proc in list((getattr(pool, "_processes", None) or {}).values()):  # (3.14: terminate_workers)
                 proc.terminate()
+            pool.shutdown()
             raise
         pool.shutdown()
     sweep_id = _sweep_id(base, combos)
@@ -199,10 +205,22 @@ def _record(store, spec: RunSpec, res: RunResult, tables: list, sweep_id: str, c
 
 def _worker_signals() -> None:
     """A forked worker dies of SIGTERM (the parent's handler turns it into an interrupt that
-    the worker would take for a failed replay)."""
+    the worker would take for a failed replay); it was blocked across the fork."""
     import signal
 
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+
+
+@contextlib.contextmanager
+def _sigterm_blocked() -> Iterator[None]:
+    import signal
+
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
 def _sweep_id(base: RunSpec, combos: list[dict[str, Any]]) -> str:

@@ -150,7 +150,7 @@ def test_sigterm_stops_a_sweep_and_its_workers(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 143, err
-    assert err.strip().splitlines() == ["kvtrace: error: terminated (SIGTERM); what was recorded is kept"]
+    assert err.strip().splitlines() == ["kvtrace: error: terminated (SIGTERM); what was recorded is kept"], err
     time.sleep(0.5)
     left = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True, check=False).stdout.split()
     assert left == [], f"processes of the sweep still running: {left}"
