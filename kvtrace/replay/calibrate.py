@@ -280,8 +280,10 @@ def served_span_observations(db: str, run_id: str | None, max_num_batched_tokens
     for r, (scheduled, first, last) in zip(rows, spans):
         n, o = int(r["prompt_tokens"]), int(r["completion_tokens"])
         if n < 1 or r["prefill_s"] <= 0:
-            continue  # (so its own decode starts after `scheduled`: never among those decoding then)
+            continue
         count, ctx2 = decoding.at(scheduled)
+        if first <= scheduled < last:  # its own decode, when its prefill rounds to 0 ns: not another's
+            count, ctx2 = count - 1, ctx2 - (2 * n + o)
         label = f"span {r['span_id']}"
         obs.append(Observation(_prefill_steps(n, max_num_batched_tokens, count, ctx2 / 2 / count if count
                                               else 0.0), r["prefill_s"] * 1e9, "prefill (vLLM spans)", label))
