@@ -158,11 +158,12 @@ def run_sweep(
             # SIGTERM held while the workers fork (they unblock it once it kills them) and the
             # replays are queued; one that came meanwhile is delivered after
             with _sigterm_blocked():
-                pending = pool.map(_replay_one, specs, [keep] * len(specs))
-            results = list(pending)
+                futures = [pool.submit(_replay_one, spec, keep) for spec in specs]
+            results = [f.result() for f in futures]
         except BaseException:  # Ctrl-C, SIGTERM, a failed replay: the queued replays are not run
             # The workers end first: the pool then finds itself broken and fails every queued
-            # replay (cancelling them too would race that: InvalidStateError in its thread).
+            # replay. Nothing cancels them (pool.map's iterator would, on the way out: a race
+            # with the pool failing them, InvalidStateError printed from its thread).
             for proc in list((getattr(pool, "_processes", None) or {}).values()):  # (3.14: terminate_workers)
                 proc.terminate()
             pool.shutdown()
