@@ -65,6 +65,16 @@ def test_binds_loopback_by_default(collector):
     assert collector.address[0] == "127.0.0.1"
 
 
+@pytest.mark.parametrize("method", ["GET", "PUT", "DELETE", "PATCH", "OPTIONS"])
+def test_a_method_other_than_post_gets_405_in_otlp_form(collector, method):
+    req = urllib.request.Request(collector.url, data=b"{}" if method != "GET" else None, method=method,
+                                 headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(req, timeout=10)
+    assert err.value.code == 405
+    assert json.loads(err.value.read()) == {"code": 2, "message": "use POST /v1/traces"}
+
+
 def test_json_spans_are_stored_with_typed_columns(tmp_path, collector):
     status, _, ctype = _post(collector.url, _json_body())
     assert (status, ctype) == (200, "application/json")

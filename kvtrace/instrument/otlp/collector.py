@@ -301,6 +301,8 @@ def _make_handler(collector: OTLPCollector) -> type[BaseHTTPRequestHandler]:
         def do_GET(self):
             self._error(HTTPStatus.METHOD_NOT_ALLOWED, "use POST /v1/traces", True)
 
+        do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_GET  # (not http.server's HTML 501 page)
+
         def do_POST(self):
             try:
                 self._post()
