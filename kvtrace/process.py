@@ -4,6 +4,8 @@
   library tries, so a busy port is one ``kvtrace: error:`` line, not the library's text;
 - ``sigterm_as_interrupt``: SIGTERM (``kill``, ``timeout``, a container stop, systemd)
   stops a command the way Ctrl-C does, so it flushes, prints its summary and marks its run;
+  ``sigterm_blocked``/``sigterm_default``: around a fork, and in the forked worker, so a
+  worker dies of SIGTERM rather than take the parent's interrupt for a failure of its own;
 - ``collector_paused``: the cyclic garbage collector off around a hot loop that makes
   no reference cycles (a cache-only replay, an engine run);
 - ``pyarrow_without_pandas``: a recording command's spans built without pyarrow
@@ -78,6 +80,24 @@ def sigterm_as_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def sigterm_blocked() -> Iterator[None]:
+    """SIGTERM held (not lost) within the block: a child forked in it starts with it held;
+    one that arrives meanwhile is delivered when the block ends."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+
+
+def sigterm_default() -> None:
+    """In a child forked inside ``sigterm_blocked``: SIGTERM kills it again (the parent's
+    ``sigterm_as_interrupt`` handler is dropped), then unheld."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
 @contextlib.contextmanager

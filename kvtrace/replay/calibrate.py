@@ -40,7 +40,7 @@ from pathlib import Path
 from kvtrace.engine.clock import COEFFICIENTS, CostModel, StepWork, prefill_pairs
 from kvtrace.engine.costfit import Fit, Observation, fit_cost_model
 from kvtrace.errors import KVTraceError
-from kvtrace.workload.lines import MAX_TOKENS
+from kvtrace.workload.lines import MAX_TOKENS, check_int
 
 DEFAULT_MAX_BATCHED_TOKENS = 8192
 _STEP_COLUMNS = ("num_tokens", "prefill_pairs", "num_decode_seqs", "decode_context_tokens")
@@ -91,13 +91,6 @@ def _seconds(where: str, key: str, value: object) -> float:
         raise KVTraceError(f"{where}: {key}: expected a positive number of seconds (at most {_MAX_SECONDS:,.0f}), "
                            f"got {value!r}"[:200])
     return float(value)
-
-
-def _count(path: str, key: str, value: object) -> int:
-    """A token count from a bench result: an int in [0, MAX_TOKENS] (bool is not one)."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOKENS:
-        raise KVTraceError(f"{path}: {key}: expected a token count in [0, {MAX_TOKENS:,}], got {value!r}"[:200])
-    return value
 
 
 def step_csv_observations(path: str) -> list[Observation]:
@@ -162,8 +155,8 @@ def bench_serve_observations(path: str, max_num_batched_tokens: int) -> list[Obs
     if not len(ins) == len(outs) == len(ttfts) == len(itls):
         raise KVTraceError(f"{path}: input_lens, output_lens, ttfts and itls differ in length")
     # every value checked before any is used: a request that failed has no TTFT (null)
-    ins = [_count(path, f"input_lens[{i}]", n) for i, n in enumerate(ins)]
-    outs = [_count(path, f"output_lens[{i}]", n) for i, n in enumerate(outs)]
+    ins = [check_int(path, None, f"input_lens[{i}]", n, 0) for i, n in enumerate(ins)]
+    outs = [check_int(path, None, f"output_lens[{i}]", n, 0) for i, n in enumerate(outs)]
     done = [i for i, t in enumerate(ttfts) if t is not None and ins[i] >= 1]
     for i in done:
         where = f"{path}: request {i}"
@@ -253,7 +246,7 @@ def _check_served(where: str, row: dict) -> None:
         if not math.isfinite(v) or not 0 <= v <= limit:
             raise KVTraceError(f"{where}: {key}: expected seconds in [0, {limit:,.0f}], got {v!r}")
     for key in ("prompt_tokens", "completion_tokens"):
-        _count(where, key, row[key])
+        check_int(where, None, key, row[key], 0)
 
 
 def served_span_observations(db: str, run_id: str | None, max_num_batched_tokens: int) -> list[Observation]:

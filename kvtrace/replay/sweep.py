@@ -15,16 +15,16 @@ Parameters are ``RunSpec`` fields: ``capacity_blocks``, ``capacity_tokens``,
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import multiprocessing
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from kvtrace.errors import ConfigError, KVTraceError
+from kvtrace.process import sigterm_blocked, sigterm_default
 from kvtrace.replay.run import RunResult, RunSpec, run_replay
 
 _INT_PARAMS = ("capacity_blocks", "capacity_tokens", "external_capacity_blocks", "block_size")
@@ -152,12 +152,12 @@ def run_sweep(
         results = [_replay_one(s, keep) for s in specs]
     else:
         # fork: the workers start with this process's imports (and no store handle is open yet)
-        pool = ProcessPoolExecutor(max_workers=min(workers, len(specs)), initializer=_worker_signals,
+        pool = ProcessPoolExecutor(max_workers=min(workers, len(specs)), initializer=sigterm_default,
                                    mp_context=multiprocessing.get_context("fork"))
         try:
             # SIGTERM held while the workers fork (they unblock it once it kills them) and the
             # replays are queued; one that came meanwhile is delivered after
-            with _sigterm_blocked():
+            with sigterm_blocked():
                 futures = [pool.submit(_replay_one, spec, keep) for spec in specs]
             results = [f.result() for f in futures]
         except BaseException:  # Ctrl-C, SIGTERM, a failed replay: the queued replays are not run
@@ -202,26 +202,6 @@ def _record(store, spec: RunSpec, res: RunResult, tables: list, sweep_id: str, c
         store.append_spans(table, run_id=run_id, flush_when_due=False)
     store.finish_run(run_id, status="complete", digest=res.summary.get("digest"), summary=res.summary)
     return run_id
-
-
-def _worker_signals() -> None:
-    """A forked worker dies of SIGTERM (the parent's handler turns it into an interrupt that
-    the worker would take for a failed replay); it was blocked across the fork."""
-    import signal
-
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
-
-
-@contextlib.contextmanager
-def _sigterm_blocked() -> Iterator[None]:
-    import signal
-
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
 def _sweep_id(base: RunSpec, combos: list[dict[str, Any]]) -> str:
