@@ -35,6 +35,7 @@ from typing import cast
 import msgspec
 import numpy as np
 
+from kvtrace.cache.config import MAX_BLOCKS
 from kvtrace.cache.events import PrefixLookup
 from kvtrace.errors import ConfigError
 from kvtrace.metrics import DEFAULT_PERCENTILES, LOCAL_HIT, PROMPT, hit_summary, no_latency, ratio
@@ -293,14 +294,20 @@ def _unbounded_capacity(keys: Sequence[Sequence]) -> int:
     return len(set(chain.from_iterable(keys))) + max(map(len, keys), default=0) + 1
 
 
+# The pool beyond the capacity: the null block and the block of the one extra token each
+# request is presented with.
+_EXTRA_BLOCKS = 2
+# The largest bounded capacity (a bounded pool is allocated whole).
+MAX_CAPACITY_BLOCKS = MAX_BLOCKS - _EXTRA_BLOCKS
+
+
 def _replay_manager(reqs, bs, capacity, result, listeners, progress) -> CacheOnlyResult:
     from kvtrace.cache import CacheConfig, FullAttentionSpec, KVCacheManager, Request
 
     hashes = block_keys(reqs)
     if capacity is None:
         capacity = _unbounded_capacity(hashes)
-    # + the null block + the block of the one extra token each request is presented with
-    config = CacheConfig(groups=(FullAttentionSpec(bs),), num_gpu_blocks=capacity + 2, hash_block_size=bs)
+    config = CacheConfig(groups=(FullAttentionSpec(bs),), num_gpu_blocks=capacity + _EXTRA_BLOCKS, hash_block_size=bs)
     mgr = KVCacheManager(config)
     for listener in listeners:
         mgr.subscribe(listener)

@@ -391,6 +391,12 @@ def validate(spec: RunSpec) -> tuple[dict[str, Any], list[str], Any]:
         raise ConfigError("--mode", spec.mode, f"expected one of {', '.join(MODES)}")
     if spec.limit is not None and (not isinstance(spec.limit, int) or spec.limit < 0):
         raise ConfigError("--limit", str(spec.limit), "expected a number of requests >= 0")
+    if spec.capacity_tokens is not None:
+        # one capacity: in blocks or in tokens (each mode would otherwise drop one silently)
+        if spec.capacity_blocks is not None:
+            raise ConfigError("--capacity-tokens", str(spec.capacity_tokens),
+                              f"give either it or --capacity-blocks ({spec.capacity_blocks}), not both")
+        check_option("--capacity-tokens", spec.capacity_tokens, 1)
     from kvtrace.engine.backends import BACKENDS, DEFAULT_BACKEND
 
     if spec.backend not in BACKENDS:
@@ -439,9 +445,30 @@ def validate(spec: RunSpec) -> tuple[dict[str, Any], list[str], Any]:
     if spec.block_size is not None:
         check_option("--block-size", spec.block_size, 1, MAX_TOKENS)
     unbounded = spec.capacity_blocks in (None, math.inf) and spec.capacity_tokens is None
+    if not unbounded:
+        _check_cache_only_capacity(spec)
     config = {"mode": "cache-only", "policy": spec.policy, "block_size": spec.block_size,
               "capacity_blocks": None if unbounded else spec.capacity_blocks}  # None: unbounded
     return config, [], None
+
+
+def _check_cache_only_capacity(spec: RunSpec) -> None:
+    """A bounded cache-only capacity, refused at its flag unless the pool can hold it (a
+    bounded pool is allocated whole; an unbounded one grows with the trace)."""
+    from kvtrace.replay.cache_only import MAX_CAPACITY_BLOCKS
+
+    if spec.capacity_tokens is not None:
+        flag, given = "--capacity-tokens", spec.capacity_tokens
+        if spec.block_size is None:
+            raise ConfigError(flag, str(given), "cache-only mode needs --block-size with it")
+        blocks = cdiv(spec.capacity_tokens, spec.block_size)
+    else:
+        flag, given = "--capacity-blocks", spec.capacity_blocks
+        blocks = check_option(flag, spec.capacity_blocks, 1)
+    if blocks > MAX_CAPACITY_BLOCKS:
+        raise ConfigError(flag, str(given), f"{blocks:,} blocks is beyond what a bounded pool can hold (at most "
+                                            f"{MAX_CAPACITY_BLOCKS:,}); omit it, or say --capacity-blocks inf, for an "
+                                            "unbounded cache")
 
 
 def run_record(spec: RunSpec, result: RunResult) -> dict[str, Any]:
@@ -499,11 +526,7 @@ def _run_cache_only(spec: RunSpec, workload: _Workload, digest: Digest, instrume
     from kvtrace.replay.cache_only import replay_cache_only
 
     capacity = spec.capacity_blocks  # None or inf (and no --capacity-tokens): unbounded
-    if capacity is None and spec.capacity_tokens is not None:
-        if spec.block_size is None:
-            raise ConfigError(
-                "--capacity-tokens", str(spec.capacity_tokens), "cache-only mode needs --block-size with it"
-            )
+    if capacity is None and spec.capacity_tokens is not None:  # (validate: --block-size is given)
         capacity = cdiv(spec.capacity_tokens, spec.block_size)
     listeners: list[Callable] = [digest.on_cache_events]
     if instrumentor is not None and spec.policy == "lru":

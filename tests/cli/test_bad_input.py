@@ -126,6 +126,19 @@ def test_unreadable_config_files(tmp_path, capsys):
     (["--limit", "-1"], "--limit: -1"),
     (["--block-size", "549755813888"], "--block-size"),
     (["--preset", "dense-attention", "--retention", "0"], "--retention: 0"),
+    # a capacity of no tokens was a pool of the preset's state blocks alone, -1 the same
+    (["--capacity-tokens", "0"], "--capacity-tokens: 0: expected >= 1"),
+    (["--capacity-tokens", "-1"], "--capacity-tokens: -1: expected >= 1"),
+    # both capacities: engine mode took the tokens, cache-only mode the blocks, silently
+    (["--capacity-blocks", "100", "--capacity-tokens", "50000"], "--capacity-tokens: 50000: give either it or"),
+    (["--mode", "cache-only", "--block-size", "16", "--capacity-blocks", "100", "--capacity-tokens", "500"],
+     "--capacity-tokens: 500: give either it or"),
+    # cache-only's bounded pool: its flag, not CacheConfig's num_gpu_blocks
+    (["--mode", "cache-only", "--capacity-blocks", "99999999999"], "--capacity-blocks: 99999999999: 99,999,999,999"),
+    (["--mode", "cache-only", "--block-size", "4", "--capacity-tokens", "999999999999"],
+     "--capacity-tokens: 999999999999: 250,000,000,000 blocks"),
+    (["--mode", "cache-only", "--block-size", "4", "--capacity-tokens", "-5"], "--capacity-tokens: -5"),
+    (["--mode", "cache-only", "--capacity-tokens", "64"], "--capacity-tokens: 64: cache-only mode needs --block-size"),
 ])
 def test_flags_name_themselves(capsys, argv, flag):
     limit = [] if argv[0] == "--limit" else ["--limit", "2"]
