@@ -13,6 +13,19 @@ class KVTraceError(Exception):
         text = str(message)
         super().__init__(" ".join(text.splitlines()) if text else text, *args)
 
+    def __reduce__(self):
+        # Rebuilt from its message and fields, not by calling __init__ again (a subclass's
+        # takes other arguments): an error raised in a sweep's worker process reaches the
+        # parent whole, as the one line it is, instead of breaking the process pool.
+        return _rebuild, (type(self), self.args, self.__dict__)
+
+
+def _rebuild(cls: type[KVTraceError], args: tuple, fields: dict) -> KVTraceError:
+    err = Exception.__new__(cls)
+    Exception.__init__(err, *args)
+    err.__dict__.update(fields)
+    return err
+
 
 class TraceFormatError(KVTraceError):
     def __init__(self, path: str, line: int | None, what: str):

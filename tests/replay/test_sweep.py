@@ -8,7 +8,7 @@ from dataclasses import replace
 import polars as pl
 import pytest
 
-from kvtrace.errors import ConfigError, KVTraceError
+from kvtrace.errors import ConfigError, KVTraceError, TraceFormatError
 from kvtrace.replay.run import RunSpec, run_replay
 from kvtrace.replay.sweep import combinations, parse_baseline, parse_param, run_sweep, sweep_table
 from kvtrace.store import read
@@ -94,6 +94,18 @@ def test_a_bad_combination_is_refused_before_anything_runs(tmp_path):
         # cache-only mode refuses --retention: the first combination is fine, the second is not
         run_sweep(BASE, [("retention", ["none", "0"])], db=db)
     assert not db.exists() or read.runs(db).height == 0
+
+
+def test_a_trace_error_in_a_worker_is_the_one_line_it_is(tmp_path):
+    # Found in a worker process, a TraceFormatError came back through pickle, which called
+    # its __init__ with the message alone: a TypeError that broke the pool (a traceback).
+    lines = MOONCAKE.read_text().splitlines()[:3] + ['{"timestamp": 5, "input_length": "x"}']
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join(lines) + "\n")
+    with pytest.raises(TraceFormatError) as caught:
+        run_sweep(replace(BASE, trace=str(bad)), [("capacity_blocks", [300, 900])], workers=2)
+    assert caught.value.path == str(bad) and caught.value.line == 4
+    assert str(caught.value).startswith(f"{bad}:4: ")
 
 
 @pytest.mark.parametrize("text, expected", [
