@@ -457,6 +457,8 @@ def _check_cache_only_capacity(spec: RunSpec) -> None:
     bounded pool is allocated whole; an unbounded one grows with the trace)."""
     from kvtrace.replay.cache_only import MAX_CAPACITY_BLOCKS
 
+    given: int | float | None
+    blocks: int | float
     if spec.capacity_tokens is not None:
         flag, given = "--capacity-tokens", spec.capacity_tokens
         if spec.block_size is None:
@@ -464,7 +466,8 @@ def _check_cache_only_capacity(spec: RunSpec) -> None:
         blocks = cdiv(spec.capacity_tokens, spec.block_size)
     else:
         flag, given = "--capacity-blocks", spec.capacity_blocks
-        blocks = check_option(flag, spec.capacity_blocks, 1)
+        assert given is not None  # (the caller: bounded)
+        blocks = check_option(flag, given, 1)
     if blocks > MAX_CAPACITY_BLOCKS:
         raise ConfigError(flag, str(given), f"{blocks:,} blocks is beyond what a bounded pool can hold (at most "
                                             f"{MAX_CAPACITY_BLOCKS:,}); omit it, or say --capacity-blocks inf, for an "
@@ -526,7 +529,8 @@ def _run_cache_only(spec: RunSpec, workload: _Workload, digest: Digest, instrume
     from kvtrace.replay.cache_only import replay_cache_only
 
     capacity = spec.capacity_blocks  # None or inf (and no --capacity-tokens): unbounded
-    if capacity is None and spec.capacity_tokens is not None:  # (validate: --block-size is given)
+    if capacity is None and spec.capacity_tokens is not None:
+        assert spec.block_size is not None  # (validate: cache-only --capacity-tokens needs --block-size)
         capacity = cdiv(spec.capacity_tokens, spec.block_size)
     listeners: list[Callable] = [digest.on_cache_events]
     if instrumentor is not None and spec.policy == "lru":
