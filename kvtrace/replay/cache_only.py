@@ -319,9 +319,12 @@ def _replay_manager(reqs, bs, capacity, result, listeners, progress) -> CacheOnl
         for i, (r, hs) in enumerate(zip(reqs, hashes)):
             n = len(hs)
             num_tokens = n * bs + 1
+            # the trace-id keys (see the module docstring), taken over as they are: the extra
+            # token's block is partial, so the request never outgrows them, except at one token
+            # a block, where that block is full and the hasher appends its key (a list then)
             req = Request(r.request_id, None, trace_block_ids=r.hash_ids, trace_block_size=bs,
                           namespace=r.namespace, cache_salt=r.cache_salt, num_prompt_tokens=num_tokens,
-                          block_hashes=hs)  # the trace-id keys (see the module docstring)
+                          block_hashes=hs if bs > 1 else list(hs))
             computed, num_hit, _ = get_computed_blocks(req)
             if listeners:
                 _in_trace_terms(sink.events, r.input_length, num_hit)

@@ -73,6 +73,17 @@ def test_manager_path_equals_the_bare_reference_on_generated_workloads():
         assert res.evictions > 0 and sum(ref_hits) > 0  # the capacity really binds
 
 
+def test_one_token_blocks():
+    # At one token a block the extra token each request is presented with fills a block of
+    # its own, whose key the hasher appends: the keys were handed over as a tuple (an
+    # AttributeError on every trace at --block-size 1).
+    reqs = generate("chat", 11)[:40]
+    one, two = (replay_cache_only(reqs, block_size=bs) for bs in (1, 2))
+    hit_tokens = [[h * bs for h in res.per_request_hit_blocks] for res, bs in ((one, 1), (two, 2))]
+    assert all(a >= b for a, b in zip(*hit_tokens))  # finer blocks hit at least as much
+    assert all(h <= r.input_length for h, r in zip(hit_tokens[0], reqs)) and sum(hit_tokens[0]) > 0
+
+
 def random_trace(seed: int, n: int = 120) -> list[TraceRequest]:
     """Requests drawn from a random prefix tree (nested reuse, varied depth)."""
     rng = random.Random(seed)
