@@ -1,6 +1,8 @@
 """User-facing errors: the CLI prints ``str(err)`` as one line and exits non-zero."""
 
 import math
+import os
+import stat
 
 
 class KVTraceError(Exception):
@@ -52,3 +54,27 @@ def check_option(option: str, value: int | float, minimum: int | float,
     if maximum is not None and value > maximum:
         raise ConfigError(option, str(value), f"expected at most {maximum:,}")
     return value
+
+
+# What a path can be instead of a regular file, as a user is told it.
+_NOT_A_FILE = ((stat.S_ISDIR, "is a directory"), (stat.S_ISFIFO, "is a FIFO (a named pipe: read once, never seekable)"),
+               (stat.S_ISCHR, "is a character device"), (stat.S_ISBLK, "is a block device"),
+               (stat.S_ISSOCK, "is a socket"))
+
+
+def file_problem(path: str | os.PathLike, missing: str | None = "no such file") -> str | None:
+    """Why ``path`` cannot be used as a regular file (a trace, a store, a config), in a
+    user's words; None when it can, or when it is missing and ``missing`` is None (a file to
+    create). Nothing is opened: a FIFO would block the open until a writer came."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return missing
+    except OSError as err:  # a name too long, a folder in the path that is a file, a loop
+        return f"cannot use this path ({err.strerror or err})"
+    except ValueError:  # a NUL byte in the path
+        return "not a valid path"
+    for test, what in _NOT_A_FILE:
+        if test(mode):
+            return what
+    return None if stat.S_ISREG(mode) else "not a regular file"

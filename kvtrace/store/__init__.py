@@ -70,7 +70,9 @@ Backends (``backend.py``): ``--db`` is a DuckDB file, ``chdb:DIR`` (embedded Cli
 Read API (``read/``): ``f(db_path, run_id, ...) -> polars.DataFrame``, values bound as
 parameters; ``read/__init__.py`` lists the functions, ``read/_sql.py`` runs every query.
 Errors: ``StoreError`` (a ``KVTraceError``) naming the file for a missing, corrupt, foreign
-or busy database; ``UnknownRunError`` for a bad run id.
+or busy database, or a damaged one (``layout.py``: a table, view or column not as declared,
+checked when the store is opened; a run record's JSON fields and writer pid checked where
+they are decoded); ``UnknownRunError`` for a bad run id.
 """
 
 from typing import TYPE_CHECKING

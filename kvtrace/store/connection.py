@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +23,9 @@ from typing import Any
 
 import duckdb
 
+from kvtrace.errors import file_problem
 from kvtrace.store.errors import StoreBusyError, StoreError
+from kvtrace.store.layout import DAMAGED, check_layout
 from kvtrace.store.schema import META_TABLE, SCHEMA_VERSION, STORE_MAGIC
 
 DEFAULT_TIMEOUT_S = 30.0
@@ -78,8 +81,11 @@ def _is_lock_conflict(err: Exception) -> bool:
     return "Could not set lock" in text or "Conflicting lock" in text
 
 
-def _classify(path: str, err: Exception) -> StoreError:
+def _classify(path: str, err: Exception, writing: bool = False) -> StoreError:
     text = str(err).splitlines()[0] if str(err) else type(err).__name__
+    reason = _write_failure(err) if writing else None
+    if reason is not None:  # creating the file on a full disk, in a read-only directory
+        return StoreError(path, f"cannot write: {reason}")
     if "not a valid DuckDB database" in text or ("database file" in text.lower() and "valid" in text):
         return StoreError(path, "not a DuckDB database (expected a kvtrace store file)")
     if "in-memory database" in text:  # read-only open of a file DuckDB reads as data (see _check_is_a_file)
@@ -97,13 +103,28 @@ def _is_damage(err: Exception) -> bool:
     return "orrupt" in text or "Could not read enough bytes" in text or isinstance(err, duckdb.IOException)
 
 
+_CANNOT_OPEN = re.compile(r'Cannot open file "(?P<file>[^"]*)": (?P<reason>.+)$')
+
+
 def _write_failure(err: Exception) -> str | None:
     """The reason of a DuckDB error that says the file could not be written (a full disk, a
-    quota, an I/O error at commit), else None."""
-    text = str(err)
+    quota, an I/O error at commit, a WAL the directory refuses to hold), else None."""
+    text = str(err).splitlines()[0] if str(err) else ""
     if "Could not write" in text or "No space left" in text:  # (a file size limit: "File too large")
-        return text.splitlines()[0].rsplit(": ", 1)[-1]
+        return text.rsplit(": ", 1)[-1]
+    found = _CANNOT_OPEN.search(text)  # the WAL (or a temp file) in a read-only directory, at commit
+    if found is not None and isinstance(err, (duckdb.TransactionException, duckdb.IOException)):
+        return f"{found['file']}: {found['reason']}"
     return None
+
+
+# What DuckDB says when a store query names a table, view or column the file lacks: the
+# safety net behind check_layout (a store damaged after it was opened, a relation or column
+# it does not know to check).
+_MISSING_OBJECT = (duckdb.CatalogException, duckdb.BinderException)
+
+
+COMMITTED_STAYS = "(what was committed before stays)"
 
 
 @contextlib.contextmanager
@@ -115,7 +136,10 @@ def _named_damage(path: str) -> Iterator[None]:
     except duckdb.Error as err:
         reason = _write_failure(err)
         if reason is not None:
-            raise StoreError(path, f"cannot write: {reason} (what was committed before stays)") from None
+            raise StoreError(path, f"cannot write: {reason} {COMMITTED_STAYS}") from None
+        if isinstance(err, _MISSING_OBJECT):
+            text = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise StoreError(path, f"{DAMAGED} ({text})") from None
         if not _is_damage(err):
             raise
         raise _classify(path, err) from None
@@ -140,13 +164,17 @@ def _check_is_a_file(con: duckdb.DuckDBPyConnection, path: str) -> None:
         raise StoreError(path, _READ_AS_DATA)
 
 
+_NO_STORE = "no such database file (run `kvtrace replay --db` or `kvtrace demo` first)"
+
+
 def _open(path: str, read_only: bool, timeout_s: float) -> duckdb.DuckDBPyConnection:
     if not path or path.startswith(":memory:"):
         # DuckDB opens these as a new in-memory database on each connect: every run lost
         raise StoreError(path or "''",
                          "expected a database file path (an in-memory DuckDB keeps nothing between connections)")
-    if read_only and not os.path.exists(path):
-        raise StoreError(path, "no such database file (run `kvtrace replay --db` or `kvtrace demo` first)")
+    problem = file_problem(path, missing=_NO_STORE if read_only else None)  # (a FIFO would hang the open)
+    if problem is not None:
+        raise StoreError(path, f"{problem}; expected a kvtrace store file" if problem != _NO_STORE else problem)
     if read_only:
         _yield_to_writer(path)
     deadline = time.monotonic() + timeout_s
@@ -161,7 +189,7 @@ def _open(path: str, read_only: bool, timeout_s: float) -> duckdb.DuckDBPyConnec
                 return con
             except duckdb.Error as err:
                 if not _is_lock_conflict(err):
-                    raise _classify(path, err) from None
+                    raise _classify(path, err, writing=not read_only) from None
                 if time.monotonic() >= deadline:
                     raise StoreBusyError(
                         path, f"locked by another process for over {timeout_s:g}s ({err})".splitlines()[0]
@@ -178,12 +206,14 @@ def _open(path: str, read_only: bool, timeout_s: float) -> duckdb.DuckDBPyConnec
 
 
 def check_store(con: duckdb.DuckDBPyConnection, path: str) -> int:
-    """Raise StoreError unless ``con`` is a kvtrace store of a schema version we read;
-    return that version."""
+    """Raise StoreError unless ``con`` is a kvtrace store of a schema version we read, whole
+    (``layout.check_layout``: every table, view and column it declares); return that version."""
     try:
         rows = con.execute(f"SELECT key, value FROM {META_TABLE}").fetchall()
     except duckdb.CatalogException:
         raise StoreError(path, f"not a kvtrace store (DuckDB file without a {META_TABLE} table)") from None
+    except duckdb.BinderException:
+        raise StoreError(path, f"{DAMAGED}: table {META_TABLE} has no key and value columns") from None
     except duckdb.Error as err:
         raise _classify(path, err) from None
     meta = dict(rows)
@@ -197,6 +227,7 @@ def check_store(con: duckdb.DuckDBPyConnection, path: str) -> int:
                                "not an integer)") from None
     if version > SCHEMA_VERSION:
         raise StoreError(path, f"store schema version {version} is newer than this kvtrace ({SCHEMA_VERSION})")
+    check_layout(con, path, version)
     return version
 
 

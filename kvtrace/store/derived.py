@@ -168,41 +168,42 @@ SELECT run_id, name, count(*) AS spans, CAST(sum(num_blocks) AS BIGINT) AS block
 FROM spans WHERE run_id = $run_id GROUP BY run_id, name
 """
 
-# One CREATE per derived table, in the order finish_run builds them: the table names
-# (``TABLES``) and the DDL the writer runs (``DDL``) both come from here.
-_TABLE_DDL = {
-    "evicted_blocks": """
-CREATE TABLE IF NOT EXISTS evicted_blocks (
-    run_id VARCHAR, evict_seq BIGINT, evict_span_id VARCHAR, evict_ns BIGINT, step BIGINT, group_id INTEGER,
-    block_id BIGINT, block_hash VARCHAR, reason VARCHAR, age BIGINT, idle BIGINT, evict_request_id VARCHAR,
-    next_publish_seq BIGINT, next_publish_span_id VARCHAR, next_publish_ns BIGINT, next_publish_kind VARCHAR,
-    next_publish_request_id VARCHAR
-)""",
-    "miss_attribution": """
-CREATE TABLE IF NOT EXISTS miss_attribution (
-    run_id VARCHAR, miss_seq BIGINT, miss_ns BIGINT, miss_request_id VARCHAR, root_hash VARCHAR,
-    missed_hash VARCHAR, missed_index BIGINT, evict_seq BIGINT, evict_span_id VARCHAR, evict_ns BIGINT,
-    evict_reason VARCHAR, block_id BIGINT, age BIGINT, idle BIGINT, evict_request_id VARCHAR,
-    publish_seq BIGINT, publish_span_id VARCHAR, publish_ns BIGINT, publish_kind VARCHAR,
-    publish_request_id VARCHAR
-)""",
-    "span_stats": (
-        "CREATE TABLE IF NOT EXISTS span_stats (run_id VARCHAR, name VARCHAR, spans BIGINT, blocks BIGINT, "
-        "start_ns BIGINT, end_ns BIGINT)"  # the time extent: the default window without a scan
-    ),
-    "latency_cdf": (
-        "CREATE TABLE IF NOT EXISTS latency_cdf "
-        "(run_id VARCHAR, metric VARCHAR, q DOUBLE, value_ns DOUBLE, n BIGINT)"
-    ),
-    "block_values": "CREATE TABLE IF NOT EXISTS block_values (run_id VARCHAR, metric VARCHAR, x BIGINT, n BIGINT)",
-    "stale_chain": "CREATE TABLE IF NOT EXISTS stale_chain (run_id VARCHAR, block_hash VARCHAR, seq BIGINT)",
-    "evict_counts": (
-        "CREATE TABLE IF NOT EXISTS evict_counts (run_id VARCHAR, evict_ns BIGINT, reason VARCHAR, "
-        "publish_kind VARCHAR, blocks BIGINT)"
-    ),
+# Every derived table's columns (name -> DuckDB type), in the order finish_run builds them:
+# the table names (``TABLES``), the DDL the writer runs (``DDL``) and the layout a store is
+# checked against (``kvtrace.store.layout``) all come from here.
+COLUMNS: dict[str, dict[str, str]] = {
+    "evicted_blocks": {
+        "run_id": "VARCHAR", "evict_seq": "BIGINT", "evict_span_id": "VARCHAR", "evict_ns": "BIGINT",
+        "step": "BIGINT", "group_id": "INTEGER", "block_id": "BIGINT", "block_hash": "VARCHAR", "reason": "VARCHAR",
+        "age": "BIGINT", "idle": "BIGINT", "evict_request_id": "VARCHAR", "next_publish_seq": "BIGINT",
+        "next_publish_span_id": "VARCHAR", "next_publish_ns": "BIGINT", "next_publish_kind": "VARCHAR",
+        "next_publish_request_id": "VARCHAR",
+    },
+    "miss_attribution": {
+        "run_id": "VARCHAR", "miss_seq": "BIGINT", "miss_ns": "BIGINT", "miss_request_id": "VARCHAR",
+        "root_hash": "VARCHAR", "missed_hash": "VARCHAR", "missed_index": "BIGINT", "evict_seq": "BIGINT",
+        "evict_span_id": "VARCHAR", "evict_ns": "BIGINT", "evict_reason": "VARCHAR", "block_id": "BIGINT",
+        "age": "BIGINT", "idle": "BIGINT", "evict_request_id": "VARCHAR", "publish_seq": "BIGINT",
+        "publish_span_id": "VARCHAR", "publish_ns": "BIGINT", "publish_kind": "VARCHAR",
+        "publish_request_id": "VARCHAR",
+    },
+    # start_ns, end_ns: the time extent (the default window without a scan)
+    "span_stats": {"run_id": "VARCHAR", "name": "VARCHAR", "spans": "BIGINT", "blocks": "BIGINT",
+                   "start_ns": "BIGINT", "end_ns": "BIGINT"},
+    "latency_cdf": {"run_id": "VARCHAR", "metric": "VARCHAR", "q": "DOUBLE", "value_ns": "DOUBLE", "n": "BIGINT"},
+    "block_values": {"run_id": "VARCHAR", "metric": "VARCHAR", "x": "BIGINT", "n": "BIGINT"},
+    "stale_chain": {"run_id": "VARCHAR", "block_hash": "VARCHAR", "seq": "BIGINT"},
+    "evict_counts": {"run_id": "VARCHAR", "evict_ns": "BIGINT", "reason": "VARCHAR", "publish_kind": "VARCHAR",
+                     "blocks": "BIGINT"},
 }
-TABLES = tuple(_TABLE_DDL)
-DDL = tuple(_TABLE_DDL.values())
+# span_stats columns a store written before them lacks (the writer adds them when it opens one)
+ADDED_COLUMNS: dict[str, tuple[str, ...]] = {"span_stats": ("start_ns", "end_ns")}
+TABLES = tuple(COLUMNS)
+DDL = tuple(
+    f"CREATE TABLE IF NOT EXISTS {table} (\n    "
+    + ",\n    ".join(f"{c} {t}" for c, t in cols.items()) + "\n)"
+    for table, cols in COLUMNS.items()
+)
 
 
 def live_sql(table: str) -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import socket
 
+from kvtrace.store.errors import StoreError
+
 
 def host_name() -> str:
     return socket.gethostname()
@@ -22,8 +24,19 @@ def process_start_token(pid: int) -> str | None:
     return fields[19].decode() if len(fields) > 19 else None
 
 
-def writer_alive(pid: int | None, host: str | None, start_token: str | None) -> bool:
-    """False only when we can tell the writer is gone: same host, and the pid is dead or reused."""
+# pid_t is a C int: a stored writer_pid outside 1..PID_MAX names no process (0 and -1 would
+# make os.kill address a process group or every process; a larger one overflows it)
+PID_MAX = 2**31 - 1
+
+
+def writer_alive(pid: int | None, host: str | None, start_token: str | None, *, db: str, run_id: str) -> bool:
+    """False only when we can tell the writer is gone: same host, and the pid is dead or reused.
+
+    The one place a run's ``writer_pid`` read back from a store is used: a value that cannot
+    be a process id is a damaged store, a StoreError naming ``db`` and the run.
+    """
+    if pid is not None and (isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid <= PID_MAX):
+        raise StoreError(db, f"damaged kvtrace store: run {run_id}'s writer_pid {pid!r} is not a process id")
     if pid is None or host != host_name():
         return host is not None and host != host_name()  # another machine: assume alive
     try:

@@ -328,9 +328,14 @@ def family_columns(table: str) -> tuple[str, ...]:
     return tuple(c for c in SPAN_COLUMNS if c in own) + extra
 
 
+def span_column_sql_type(column: str) -> str:
+    """The DuckDB type of a stored span column (the writer's seq: BIGINT)."""
+    return _SQL_TYPE.get(column, "BIGINT")
+
+
 def _table_ddl(table: str) -> str:
     cols = ",\n    ".join(
-        f"{c} {_SQL_TYPE.get(c, 'BIGINT')}" for c in family_columns(table)
+        f"{c} {span_column_sql_type(c)}" for c in family_columns(table)
     )
     return f"CREATE TABLE IF NOT EXISTS {table} (\n    {cols}\n)"
 

@@ -9,6 +9,7 @@ between flushes.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import importlib
 import json
@@ -25,18 +26,21 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from kvtrace.errors import file_problem
 from kvtrace.store import derived
 from kvtrace.store.backend import is_clickhouse
 from kvtrace.store.connection import (
+    COMMITTED_STAYS,
     DEFAULT_TIMEOUT_S,
     HeldConnection,
+    _is_lock_conflict,
     check_store,
     fetch_one,
     fetch_value,
     read_connection,
     write_connection,
 )
-from kvtrace.store.errors import StoreError, UnknownRunError
+from kvtrace.store.errors import StoreBusyError, StoreError, UnknownRunError
 from kvtrace.store.liveness import host_name, process_start_token, writer_alive
 from kvtrace.store.schema import (
     CURVE_COLUMNS,
@@ -161,17 +165,20 @@ def _family_inserts(buffer: list[tuple[str, pa.Table]]) -> list[tuple[str, str, 
 
 
 def _init_schema(con: duckdb.DuckDBPyConnection, path: str) -> None:
+    """Create the schema in a new file; in an existing store, check it is whole first (a
+    table or column missing is refused as damage, never re-created empty: a new run would
+    reuse the ids of the runs whose records are gone), then add what newer kvtraces added."""
     tables = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
     if tables and META_TABLE not in tables:
         raise StoreError(path, f"not a kvtrace store (DuckDB file with tables {sorted(tables)[:5]} "
                                f"but no {META_TABLE})")
     if META_TABLE in tables:
-        version = check_store(con, path)
+        if "spans" in tables:  # a pre-release layout: one spans table instead of families
+            raise StoreError(path, "store written by an older kvtrace layout (spans table); re-create it")
+        version = check_store(con, path)  # (and every table, view and column there)
         if version < SCHEMA_VERSION:  # appending needs this version's tables (v2: integer ids)
             raise StoreError(path, f"store schema version {version} predates this kvtrace's ({SCHEMA_VERSION}); "
                                    "cannot append to it: write to a new store file")
-        if "spans" in tables:  # a pre-release layout: one spans table instead of families
-            raise StoreError(path, "store written by an older kvtrace layout (spans table); re-create it")
     con.execute("BEGIN")
     con.execute(f"CREATE TABLE IF NOT EXISTS {META_TABLE} (key VARCHAR PRIMARY KEY, value VARCHAR)")
     con.execute(
@@ -185,18 +192,41 @@ def _init_schema(con: duckdb.DuckDBPyConnection, path: str) -> None:
         con.execute(stmt)
     for stmt in derived.DDL:
         con.execute(stmt)
-    for col in ("start_ns", "end_ns"):  # span_stats of stores before the extent
-        con.execute(f"ALTER TABLE span_stats ADD COLUMN IF NOT EXISTS {col} BIGINT")
+    for table, columns in derived.ADDED_COLUMNS.items():  # span_stats of stores before the extent
+        for col in columns:
+            con.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {col} {derived.COLUMNS[table][col]}")
     con.execute(otel_traces_view_ddl())
     con.execute("COMMIT")
 
 
-def recover_orphaned_runs(con: duckdb.DuckDBPyConnection) -> list[str]:
+def _remove_failed_creation(path: str) -> bool:
+    """Remove the file (and WAL) a failed creation left, unless it holds a store after all
+    (another process made one there meanwhile) or another process has it open; whether
+    nothing is left."""
+    try:
+        con = duckdb.connect(path, read_only=True)
+    except duckdb.Error as err:
+        if _is_lock_conflict(err):
+            return False  # in use: not ours to judge
+    else:
+        try:
+            found = con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [META_TABLE]).fetchall()
+        finally:
+            con.close()
+        if found[0][0]:
+            return False
+    for leftover in (path, f"{path}.wal"):
+        with contextlib.suppress(OSError):
+            os.unlink(leftover)
+    return not os.path.lexists(path)
+
+
+def recover_orphaned_runs(con: duckdb.DuckDBPyConnection, path: str) -> list[str]:
     """Mark runs whose writer died (kill -9, power loss) ``incomplete``; return their ids."""
     rows = con.execute(
         "SELECT run_id, writer_pid, writer_host, writer_start FROM runs WHERE status = 'running'"
     ).fetchall()
-    dead = [r[0] for r in rows if not writer_alive(r[1], r[2], r[3])]
+    dead = [r[0] for r in rows if not writer_alive(r[1], r[2], r[3], db=path, run_id=r[0])]
     for run_id in dead:
         con.execute("BEGIN")
         derived.materialise(con, run_id)
@@ -258,12 +288,30 @@ class Store:
 
     def _setup(self) -> None:
         """Create the schema (or check it) and recover runs left by dead writers."""
+        problem = file_problem(self.path, missing=None)  # (a name too long, a FIFO: before any folder check)
+        if problem is not None:
+            raise StoreError(self.path, f"{problem}; expected a kvtrace store file")
         parent = Path(self.path).parent
         if not parent.is_dir():
             raise StoreError(self.path, f"directory {parent} does not exist")
-        with self._connect() as con:
-            _init_schema(con, self.path)
-            self.recovered_runs = recover_orphaned_runs(con)
+        wal = f"{self.path}.wal"
+        creating = not os.path.lexists(self.path) and not os.path.lexists(wal)
+        try:
+            with self._connect() as con:
+                _init_schema(con, self.path)
+                self.recovered_runs = recover_orphaned_runs(con, self.path)
+        except StoreBusyError:
+            raise  # another process made the file and holds it: not ours to remove
+        except BaseException as err:
+            # A store this open was creating and could not finish (a full disk, a read-only
+            # directory, Ctrl-C): take the file away again, or every later try would find
+            # an empty or half-written file and refuse it as not a DuckDB database.
+            if not creating or not _remove_failed_creation(self.path):
+                raise
+            if isinstance(err, StoreError) and err.what.endswith(COMMITTED_STAYS):
+                what = err.what.removesuffix(COMMITTED_STAYS)
+                raise StoreError(self.path, f"{what}(nothing was kept: the new file is removed)") from None
+            raise
 
     def _connect(self):
         self.release()  # (one process cannot open the file twice)

@@ -102,7 +102,8 @@ class ClickHouseStore(Store):
     def _recover(self, con: client.ClickHouseConnection) -> list[str]:
         frame = con.ch_frame("SELECT run_id, writer_pid, writer_host, writer_start FROM runs "
                              "WHERE status = 'running' ORDER BY run_id")
-        dead = [r for r, pid, host, start in frame.rows() if not writer_alive(pid, host, start)]
+        dead = [r for r, pid, host, start in frame.rows()
+                if not writer_alive(pid, host, start, db=self.path, run_id=r)]
         for run_id in dead:
             materialise(con, run_id)
             self._update_run(con, run_id, status="incomplete")

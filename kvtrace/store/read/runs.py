@@ -7,7 +7,7 @@ from typing import Any
 
 import polars as pl
 
-from kvtrace.store.errors import UnknownRunError
+from kvtrace.store.errors import StoreError, UnknownRunError
 from kvtrace.store.liveness import writer_alive
 from kvtrace.store.read._sql import DB, connect, derived_relation, query, with_run
 
@@ -30,25 +30,66 @@ def runs(db: DB) -> pl.DataFrame:
     """All runs, newest first, with effective status (a dead writer's run reads ``incomplete``).
 
     Columns: run_id, name, created, trace_source, trace_digest, mode, behaviours, status,
-    digest, config, summary (the JSON fields as text), writer_pid, num_spans.
+    digest, config, summary (the JSON fields as text, each checked by ``run_json``),
+    writer_pid, num_spans.
     """
     with connect(db) as con:
         frame = query(con, _RUNS_SQL)
+    for row in frame.select("run_id", *JSON_FIELDS).iter_rows(named=True):
+        for key in JSON_FIELDS:
+            run_json(db, row["run_id"], key, row[key])
     status = [
-        "incomplete" if s == "running" and not writer_alive(p, h, t) else s
-        for s, p, h, t in zip(frame["status"], frame["writer_pid"], frame["writer_host"], frame["writer_start"])
+        "incomplete" if s == "running" and not writer_alive(p, h, t, db=str(db), run_id=r) else s
+        for r, s, p, h, t in zip(frame["run_id"], frame["status"], frame["writer_pid"], frame["writer_host"],
+                                 frame["writer_start"])
     ]
     return frame.with_columns(pl.Series("status", status, dtype=pl.String)).drop("writer_host", "writer_start")
 
 
+# The JSON fields of a run record, and what each must decode to: a JSON object (config,
+# summary), or the behaviours' names (a list of them; an object keyed by them).
+JSON_FIELDS = ("config", "behaviours", "summary")
+_SHAPES: dict[str, tuple[tuple[type, ...], str]] = {
+    "config": ((dict,), "a JSON object"),
+    "behaviours": ((list, dict), "a JSON list of names or an object"),
+    "summary": ((dict,), "a JSON object"),
+}
+
+
+def run_json(db: DB, run_id: str, key: str, text: str | None) -> Any:
+    """The decoded JSON field ``key`` (config, behaviours, summary) of a run record: None for
+    SQL NULL, else the value, checked to have its shape. Anything else (not JSON, JSON
+    ``null``, a number where an object belongs) is a damaged store: StoreError naming ``db``.
+    The one place a run's JSON fields read back from a store are decoded."""
+    if text is None:
+        return None
+    kinds, shape = _SHAPES[key]
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError):
+        raise StoreError(str(db), f"damaged kvtrace store: run {run_id}'s {key} is not JSON "
+                                  f"({_clip(text)})") from None
+    names = value if key == "behaviours" and isinstance(value, list) else []
+    if not isinstance(value, kinds) or not all(isinstance(v, str) for v in names):
+        raise StoreError(str(db), f"damaged kvtrace store: run {run_id}'s {key} is {_clip(text)}, "
+                                  f"expected {shape}")
+    return value
+
+
+def _clip(text: Any, limit: int = 40) -> str:
+    shown = repr(text) if not isinstance(text, str) else text
+    shown = " ".join(shown.split())  # one line
+    return shown if len(shown) <= limit else f"{shown[:limit]}..."
+
+
 def run(db: DB, run_id: str) -> dict[str, Any]:
-    """One row of ``runs`` as a dict; ``config``, ``behaviours`` and ``summary`` parsed from JSON."""
+    """One row of ``runs`` as a dict; ``config``, ``behaviours`` and ``summary`` decoded by ``run_json``."""
     frame = runs(db).filter(pl.col("run_id") == run_id)
     if frame.height == 0:
         raise UnknownRunError(str(db), run_id)
     out = frame.row(0, named=True)
-    for key in ("config", "behaviours", "summary"):
-        out[key] = json.loads(out[key]) if out[key] is not None else None
+    for key in JSON_FIELDS:
+        out[key] = run_json(db, run_id, key, out[key])
     return out
 
 
