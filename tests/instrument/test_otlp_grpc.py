@@ -208,3 +208,46 @@ def test_kvtrace_collect_stopped_by_sigterm_summarises_and_finishes_its_run(tmp_
     con = duckdb.connect(str(db), read_only=True)
     assert con.execute("SELECT status FROM runs WHERE run_id = 'r1'").fetchone() == ("complete",)
     con.close()
+
+
+def _many_spans(n: int) -> bytes:
+    req = trace_service_pb2.ExportTraceServiceRequest()
+    spans = req.resource_spans.add().scope_spans.add().spans
+    for i in range(n):
+        span = spans.add()
+        span.name, span.trace_id, span.span_id = "s", b"\x01" * 16, (i + 1).to_bytes(8, "big")
+        span.start_time_unix_nano, span.end_time_unix_nano = i, i + 1
+    return req.SerializeToString()
+
+
+def test_an_export_past_its_deadline_is_not_stored(tmp_path):
+    """The exporter sends it again after DEADLINE_EXCEEDED: storing it too made duplicates.
+    (50,000 spans take far longer than 10 ms to decode here.)"""
+    db = tmp_path / "grpc.duckdb"
+    collector = OTLPCollector(db, port=0, grpc_port=0).start()
+    try:
+        with grpc.insecure_channel(collector.grpc_target) as channel, pytest.raises(grpc.RpcError) as err:
+            channel.unary_unary(EXPORT_METHOD)(_many_spans(50_000), timeout=0.01)
+        _send_request_and_child(collector.grpc_target, {"service.name": "vllm"})  # the next one is stored
+    finally:
+        collector.stop()
+    assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert count_spans(db, "r1") == 2 and collector.spans_received == 2
+
+
+def test_a_request_after_the_store_closed_is_refused_not_stored(tmp_path):
+    """A handler still decoding when shutdown closed the store (SIGTERM with exports in
+    flight) used to reopen the file, create a run and leave it `running`."""
+    from kvtrace.errors import KVTraceError
+    from kvtrace.instrument.otlp.decode import decode_protobuf
+    from kvtrace.store import read
+
+    db = tmp_path / "grpc.duckdb"
+    collector = OTLPCollector(db, port=0, grpc_port=0).start()
+    _send_request_and_child(collector.grpc_target, {"service.name": "vllm"})
+    collector.stop()
+    with pytest.raises(KVTraceError, match="shutting down: not stored"):
+        collector.ingest(decode_protobuf(_many_spans(3)))
+    runs = read.runs(str(db))
+    assert runs["status"].to_list() == ["complete"] and count_spans(db, "r1") == 2
+    assert collector.spans_received == 2

@@ -310,3 +310,72 @@ def test_a_malformed_or_oversized_chunked_body_is_refused_and_not_stored(tmp_pat
     collector.stop()
     assert count_spans(tmp_path / "rx.duckdb", "after") == 2
     assert "Traceback" not in capfd.readouterr().err
+
+
+def _with_run_span(attrs: list[dict]) -> bytes:
+    """_json_body's three spans, then a ``kvtrace.run`` record span with ``attrs``."""
+    doc = json.loads(_json_body(3))
+    doc["resourceSpans"][0]["scopeSpans"][0]["spans"].append(
+        {"traceId": TRACE, "spanId": "00000000000000aa", "name": "kvtrace.run", "attributes": attrs})
+    return json.dumps(doc).encode()
+
+
+@pytest.mark.parametrize("attrs, needle", [
+    ([{"key": "kvtrace.run.summary", "value": {"stringValue": "not json"}}], "kvtrace.run.summary"),
+    ([{"key": "kvtrace.run.summary", "value": {"stringValue": "[1, 2]"}}], "kvtrace.run.summary"),
+    ([{"key": "kvtrace.run.digest", "value": {"arrayValue": {"values": [{"intValue": "1"}]}}}],
+     "kvtrace.run.digest"),
+])
+def test_a_bad_run_record_refuses_its_request_whole(tmp_path, collector, capfd, attrs, needle):
+    """It used to be a 500 with a traceback, after the request's other spans were committed
+    (the exporter's retry then stored them twice)."""
+    status, reply, _ = _post(collector.url, _with_run_span(attrs))
+    assert status == 400 and needle in json.loads(reply)["message"]
+    collector.stop()
+    assert count_spans(tmp_path / "rx.duckdb", "json-run") == 0
+    assert "Traceback" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("length", ["\u00b2", "9" * 5000, "-5", "1e3"])
+def test_a_content_length_that_is_no_byte_count_is_400(tmp_path, collector, capfd, length):
+    body = _json_body(2)
+    head = (b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
+            + length.encode("latin-1") + b"\r\n\r\n")
+    reply = _raw_http(collector.address, head, body, half_close=True)
+    assert reply.startswith(b"HTTP/1.1 400") and b"Content-Length" in reply, reply[:300]
+    assert _post(collector.url, _json_body(2, run_id="after"))[0] == 200
+    collector.stop()
+    assert count_spans(tmp_path / "rx.duckdb", "json-run") == 0
+    assert "Traceback" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("body, needle", [
+    (b'{"resourceSpans": [], "x": ' + b"1" * 5000 + b"}", "invalid JSON"),
+    (json.dumps({"resourceSpans": "abc"}).encode(), "resourceSpans: expected a list"),
+    (json.dumps({"resourceSpans": {"a": 1}}).encode(), "resourceSpans: expected a list"),
+    (json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": ["x"]}]}]}).encode(),
+     "resourceSpans[0].scopeSpans[0].spans: expected a list of objects"),
+])
+def test_json_of_the_wrong_shape_or_size_is_400_naming_it(tmp_path, collector, capfd, body, needle):
+    status, reply, _ = _post(collector.url, body)
+    assert status == 400 and needle in json.loads(reply)["message"], reply
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_every_member_of_a_gzip_body_is_stored(tmp_path, collector):
+    """RFC 1952: concatenated members are one stream. Only the first was stored, with a 200."""
+    def pb(first: int) -> bytes:
+        req = trace_service_pb2.ExportTraceServiceRequest()
+        spans = req.resource_spans.add().scope_spans.add().spans
+        for i in range(first, first + 3):
+            span = spans.add()
+            span.trace_id, span.span_id, span.name = bytes.fromhex(TRACE), (i + 1).to_bytes(8, "big"), f"mm{i}"
+        return req.SerializeToString()
+
+    body = gzip.compress(pb(0)) + gzip.compress(pb(3))
+    assert _post(collector.url, body, "application/x-protobuf", "gzip")[0] == 200
+    status, _, _ = _post(collector.url, gzip.compress(pb(6)) + b"trailing junk", "application/x-protobuf", "gzip")
+    assert status == 400
+    collector.stop()
+    names = sorted(r["name"] for r in store_rows(tmp_path / "rx.duckdb", "r1", "name"))
+    assert names == [f"mm{i}" for i in range(6)]

@@ -404,6 +404,63 @@ def test_a_publisher_restart_keeps_steps_unique(tmp_path):
     assert read.run(tmp_path / "hostile.duckdb", stats.run_id)["summary"]["restarts"] == 1
 
 
+def _send_seq(pub, seq: int, payload: bytes) -> None:
+    """One message at ``seq``, whatever the publisher's counter says (a hostile sender)."""
+    pub.pub.send_multipart((pub.topic, seq.to_bytes(8, "big"), payload))
+
+
+def test_a_seq_beyond_int64_or_years_ahead_is_one_bad_message(tmp_path):
+    """seq 2^64-1 (a valid batch), then 2^62 after 0, used to make every later batch a bad
+    message (steps past int64) or count 2^62 batches lost."""
+    def body(pub):
+        _send_seq(pub, 2**64 - 1, _raw_batch(1.0))
+        _send_seq(pub, 2**62, _raw_batch(1.0))
+        for _ in range(3):  # seqs 1..3
+            pub.publish_raw(_raw_batch(2.0))
+
+    stats = _capture_during(tmp_path, VllmPublisher(), body, lambda cap: cap.stats.batches >= 4)
+    assert (stats.batches, stats.bad_messages, stats.lost, stats.restarts) == (4, 2, 0, 0)
+    rows = store_rows(tmp_path / "hostile.duckdb", stats.run_id, "name, step")
+    assert sorted(r["step"] for r in rows if r["name"] == "kvtrace.engine.step") == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("replay", [True, False])
+def test_one_stray_backwards_seq_is_a_bad_message_not_a_restart(tmp_path, replay):
+    """seq 3 again, with another payload, amid 0..8: it used to be taken as a restart (9
+    batches stored twice through replay, or 9 counted lost without it)."""
+    def body(pub):
+        for _ in range(5):  # seqs 1..5
+            pub.publish_raw(_raw_batch(2.0))
+        _send_seq(pub, 3, _raw_batch(9.0, token=9))
+        for _ in range(3):  # seqs 6..8
+            pub.publish_raw(_raw_batch(3.0))
+
+    stats = _capture_during(tmp_path, VllmPublisher(), body, lambda cap: cap.stats.batches >= 9, replay=replay)
+    assert (stats.batches, stats.bad_messages, stats.restarts, stats.lost, stats.recovered) == (9, 1, 0, 0, 0)
+    rows = store_rows(tmp_path / "hostile.duckdb", stats.run_id, "name, step")
+    assert sorted(r["step"] for r in rows if r["name"] == "kvtrace.engine.step") == list(range(9))
+
+
+def test_a_replay_socket_that_never_ends_its_answer_cannot_hold_the_capture(tmp_path):
+    """Its answer is read for at most four replay timeouts (and the frames asked for, plus
+    slack): the capture still stops at its --duration."""
+    EventBatch, BlockStored, _, _ = LEGACY
+    pub = VllmPublisher()
+    pub.endless_replay = True
+    pub.publish(EventBatch(1.0, [BlockStored([1], None, [0] * 4, 4, None, "GPU", None)], 0), send=False)
+    stopping = threading.Timer(0.5, lambda: [pub.publish_raw(_raw_batch(2.0)) for _ in range(20)])
+    stopping.start()  # seq 1.. while the capture runs: a gap at 0, asked of the endless replay socket
+    start = time.monotonic()
+    try:
+        stats = capture_vllm(pub.endpoint, pub.replay_endpoint, store_path=tmp_path / "endless.duckdb",
+                             topic="kv-events", duration=2.0, replay_timeout_s=0.5)
+    finally:
+        stopping.cancel()
+        pub.close()
+    assert time.monotonic() - start < 2.0 + 4 * 0.5 + 3  # (it never returned)
+    assert pub.replay_requests and stats.batches >= 1
+
+
 def _free_port() -> int:
     import socket
 

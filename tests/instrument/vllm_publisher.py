@@ -78,6 +78,7 @@ class VllmPublisher:
         self.buffer: list[tuple[int, bytes]] = []
         self.seq = 0
         self.replay_requests: list[int] = []
+        self.endless_replay = False  # a hostile replay socket: answers forever, never the end marker
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve_replay, daemon=True)
         self._thread.start()
@@ -127,6 +128,9 @@ class VllmPublisher:
             for seq, payload in buffered:
                 if seq >= start_seq:
                     self.router.send_multipart((client, b"", seq.to_bytes(8, "big"), payload))
+            while self.endless_replay and not self._stop.wait(0.005):
+                seq, payload = buffered[0]
+                self.router.send_multipart((client, b"", seq.to_bytes(8, "big"), payload))
             self.router.send_multipart((client, b"", END_SEQ, b""))
 
     def close(self) -> None:

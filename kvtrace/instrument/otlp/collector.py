@@ -48,22 +48,36 @@ from kvtrace.store.writer import Store
 
 TRACES_PATH = "/v1/traces"
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+# How long a gRPC export in flight at shutdown may take to finish (decode and commit a
+# large batch) before it is cancelled and refused.
+GRPC_GRACE_S = 10.0
 READ_TIMEOUT_S = 30.0  # a client that stops sending mid-request is dropped after this long
 _log = logging.getLogger(__name__)
 
 
 # --- the collector ---------------------------------------------------------------------------
 def _gunzip(body: bytes, limit: int) -> bytes:
-    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    try:
-        out = d.decompress(body, limit + 1)
-    except zlib.error as err:
-        raise PayloadError(f"bad gzip body: {err}") from None
-    if len(out) > limit or d.unconsumed_tail:
-        raise OverflowError
-    if not d.eof:
-        raise PayloadError("truncated gzip body")
-    return out
+    """Every member of a gzip body (RFC 1952: members concatenated are one stream, as
+    ``gzip.decompress`` reads them), at most ``limit`` bytes (OverflowError past it); bytes
+    after the last member that are no gzip member are a PayloadError, never ignored."""
+    parts: list[bytes] = []
+    size = 0
+    rest = body
+    while True:
+        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        try:
+            out = d.decompress(rest, limit - size + 1)
+        except zlib.error as err:
+            raise PayloadError(f"bad gzip body (member {len(parts) + 1}): {err}") from None
+        size += len(out)
+        if size > limit or d.unconsumed_tail:
+            raise OverflowError
+        if not d.eof:
+            raise PayloadError("truncated gzip body")
+        parts.append(out)
+        rest = d.unused_data
+        if not rest:
+            return b"".join(parts)
 
 
 class _Server(ThreadingHTTPServer):
@@ -92,6 +106,7 @@ class OTLPCollector:
         self.store = Store.open(self.store_path)
         self.run_name = run_name
         self._lock = threading.Lock()
+        self._closed = False  # (under _lock) the store is closed: a late request is refused, not stored
         self._default_run: str | None = None
         self._known_runs: set[str] = set()
         self._created_runs: list[str] = []
@@ -145,7 +160,9 @@ class OTLPCollector:
 
     def _close_servers(self) -> None:
         if self._grpc is not None:
-            self._grpc.stop(grace=2).wait()  # in-flight exports finish, new ones are refused
+            # new exports are refused at once; one in flight has GRPC_GRACE_S to finish, then is
+            # cancelled (its handler, still running, finds the store closed: nothing stored)
+            self._grpc.stop(grace=GRPC_GRACE_S).wait()
         self._server.server_close()
 
     def stop(self) -> None:
@@ -158,6 +175,7 @@ class OTLPCollector:
     def close_store(self) -> None:
         """Commit, mark the runs this collector created complete, and close the store."""
         with self._lock:
+            self._closed = True
             for run_id in self._created_runs:
                 self.store.finish_run(run_id, status="complete")
             self._created_runs = []
@@ -169,20 +187,27 @@ class OTLPCollector:
         with self._lock:
             self.requests_rejected += 1
 
-    def ingest(self, spans: DecodedSpans) -> int:
+    def ingest(self, spans: DecodedSpans, wanted: Callable[[], bool] | None = None) -> int:
         """Append decoded spans (grouped by run) and commit; returns the count.
 
         All or nothing: a value the store cannot hold is a PayloadError naming the span
         (nothing of the request is appended), and a commit that fails (KVTraceError, the
-        store busy) leaves nothing of it buffered for the next request to commit."""
+        store busy) leaves nothing of it buffered for the next request to commit.
+        ``wanted``: whether the sender still waits for the answer (a gRPC call not
+        cancelled, its deadline not passed), asked just before the commit: an export its
+        client gave up on is not stored, since the exporter sends it again. A request that
+        comes after ``close_store`` is a CollectorClosed, nothing stored."""
         by_run: dict[str, SpanRowsBuilder] = {}
         records: list[tuple[str, dict]] = []
         with self._lock:
+            if self._closed:
+                raise CollectorClosed("kvtrace collect is shutting down: not stored (send it again to a running "
+                                      "collector)")
             try:
                 for resource, kwargs, where in spans:
                     run_id = self._run_for(resource)
                     if kwargs["name"] == SPAN_RUN:  # a kvtrace export's run record, not a span
-                        records.append((run_id, kwargs["attributes"]))
+                        records.append((run_id, _run_record(kwargs["attributes"], where)))
                         continue
                     rows = by_run.get(run_id)
                     if rows is None:
@@ -194,6 +219,8 @@ class OTLPCollector:
                 tables: list[tuple[str, pa.Table]] = [(r, b.to_table()) for r, b in by_run.items()]
             except UnstorableValue as err:
                 raise PayloadError(str(err)) from None
+            if wanted is not None and not wanted():
+                raise ExportAbandoned("the client cancelled the export or its deadline passed: not stored")
             try:
                 for run_id, table in tables:
                     self.store.append_spans(table, run_id=run_id)
@@ -211,9 +238,7 @@ class OTLPCollector:
         producer sent (``kvtrace.run`` span); other runs keep what the store says."""
         if run_id not in self._created_runs:
             return
-        get = lambda key: record.get(f"{RUN_RECORD_PREFIX}{key}")
-        status = str(get("status")) if get("status") in ("complete", "failed", "incomplete") else "complete"
-        self.store.finish_run(run_id, status=status, digest=get("digest"), summary=get("summary"))
+        self.store.finish_run(run_id, **record)
         self._created_runs.remove(run_id)
 
     def _run_for(self, resource: dict) -> str:
@@ -230,6 +255,34 @@ class OTLPCollector:
                 self._created_runs.append(run_id)
             self._known_runs.add(run_id)
         return run_id
+
+
+def _run_record(attributes: dict, where: str) -> dict:
+    """The status, digest and summary of a ``kvtrace.run`` span, checked before anything of
+    its request is committed (a PayloadError naming the attribute: the request is refused
+    whole, where a bad summary once failed after the request's spans were stored)."""
+    get = lambda key: attributes.get(f"{RUN_RECORD_PREFIX}{key}")
+    status = get("status")
+    digest, summary = get("digest"), get("summary")
+    if digest is not None and not isinstance(digest, str):
+        raise PayloadError(f"{where}: {RUN_RECORD_PREFIX}digest: expected a string, got {type(digest).__name__}")
+    if summary is not None:
+        try:
+            decoded = json.loads(summary) if isinstance(summary, str) else None
+        except ValueError:
+            decoded = None
+        if not isinstance(decoded, dict):
+            raise PayloadError(f"{where}: {RUN_RECORD_PREFIX}summary: expected a JSON object as a string")
+    return {"status": status if status in ("complete", "failed", "incomplete") else "complete",
+            "digest": digest, "summary": summary}
+
+
+class CollectorClosed(KVTraceError):
+    """A request that came while the collector was shutting down (the store closed)."""
+
+
+class ExportAbandoned(KVTraceError):
+    """An export whose client stopped waiting before it was committed."""
 
 
 class _BodyTooLarge(Exception):
@@ -338,8 +391,13 @@ def _make_handler(collector: OTLPCollector) -> type[BaseHTTPRequestHandler]:
                 except ValueError as err:  # malformed or cut: never stored
                     return self._error(HTTPStatus.BAD_REQUEST, f"chunked body: {err}", as_json, True)
             else:
-                if length is None or not length.isdigit():
+                if length is None:
                     return self._error(HTTPStatus.LENGTH_REQUIRED, "Content-Length required", as_json, True)
+                length = length.strip()
+                # ASCII digits only ('²'.isdigit() holds), and few enough for any body size
+                if not (length.isascii() and length.isdigit()) or len(length) > 18:
+                    return self._error(HTTPStatus.BAD_REQUEST, "Content-Length: expected a decimal byte count",
+                                       as_json, True)
                 length = int(length)
                 if length > limit:
                     return self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,

@@ -122,6 +122,17 @@ def _get(d: dict, camel: str, snake: str | None = None, default: Any = None) -> 
     return default
 
 
+def _json_objects(v: Any, what: str) -> list[dict]:
+    """An OTLP/JSON list of objects (absent or null: empty); PayloadError naming ``what``
+    otherwise (a string there was read as its characters, and the request stored nothing
+    with a 200)."""
+    if v is None:
+        return []
+    if not isinstance(v, list) or not all(isinstance(x, dict) for x in v):
+        raise PayloadError(f"{what}: expected a list of objects, got {type(v).__name__}")
+    return v
+
+
 def _json_int(v: Any, what: str, lo: int = _I64[0], hi: int = _I64[1]) -> int:
     """An OTLP/JSON integer (a number, or a decimal string as 64-bit ints are written) in [lo, hi]."""
     out: int | None = None
@@ -241,7 +252,7 @@ def decode_json(body: bytes) -> DecodedSpans:
     """An OTLP/JSON export -> its spans; PayloadError naming what is wrong."""
     try:
         doc = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+    except ValueError as err:  # not UTF-8, not JSON, an integer literal past Python's 4300 digits
         raise PayloadError(f"invalid JSON: {err}") from None
     except RecursionError:
         raise PayloadError("invalid JSON: nested too deeply") from None
@@ -249,12 +260,14 @@ def decode_json(body: bytes) -> DecodedSpans:
         raise PayloadError("expected a JSON object with resourceSpans")
     out: DecodedSpans = []
     try:
-        for ri, rs in enumerate(_get(doc, "resourceSpans", "resource_spans", []) or []):
+        for ri, rs in enumerate(_json_objects(_get(doc, "resourceSpans", "resource_spans"), "resourceSpans")):
             resource = _json_kv((_get(rs, "resource", default={}) or {}).get("attributes"),
                                 f"resourceSpans[{ri}].resource")
-            for si, ss in enumerate(_get(rs, "scopeSpans", "scope_spans", []) or []):
+            for si, ss in enumerate(_json_objects(_get(rs, "scopeSpans", "scope_spans"),
+                                                  f"resourceSpans[{ri}].scopeSpans")):
                 scope = _get(ss, "scope", default={}) or {}
-                for pi, sp in enumerate(_get(ss, "spans", default=[]) or []):
+                spans = _json_objects(_get(ss, "spans"), f"resourceSpans[{ri}].scopeSpans[{si}].spans")
+                for pi, sp in enumerate(spans):
                     where = f"resourceSpans[{ri}].scopeSpans[{si}].spans[{pi}]"
                     status = _get(sp, "status", default={}) or {}
                     out.append((resource, dict(
@@ -279,12 +292,12 @@ def decode_json(body: bytes) -> DecodedSpans:
                                             f"{where}.events[{ei}].timeUnixNano"),
                                  _json_str(e.get("name"), f"{where}.events[{ei}].name", ""),
                                  _json_kv(e.get("attributes"), f"{where}.events[{ei}]"))
-                                for ei, e in enumerate(_get(sp, "events", default=[]) or [])],
+                                for ei, e in enumerate(_json_objects(_get(sp, "events"), f"{where}.events"))],
                         links=[(_json_id(_get(lk, "traceId", "trace_id"), 16, "links.traceId", where),
                                 _json_id(_get(lk, "spanId", "span_id"), 8, "links.spanId", where),
                                 _json_str(_get(lk, "traceState", "trace_state"), f"{where}.links.traceState") or None,
                                 _json_kv(lk.get("attributes"), f"{where}.links"))
-                               for lk in _get(sp, "links", default=[]) or []],
+                               for lk in _json_objects(_get(sp, "links"), f"{where}.links")],
                     ), where))
     except (AttributeError, TypeError) as err:  # a list where an object belongs, and the like
         raise PayloadError(f"malformed OTLP JSON: {err}") from None

@@ -24,7 +24,7 @@ import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from kvtrace.errors import KVTraceError
-from kvtrace.instrument.otlp.decode import DecodedSpans, PayloadError, decode_protobuf
+from kvtrace.instrument.otlp.decode import PayloadError, decode_protobuf
 from kvtrace.process import probe_address
 
 SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
@@ -33,17 +33,18 @@ _OK = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
 _log = logging.getLogger(__name__)
 
 
-def grpc_server(ingest: Callable[[DecodedSpans], object], host: str, port: int, max_body_bytes: int,
+def grpc_server(ingest: Callable[..., object], host: str, port: int, max_body_bytes: int,
                 on_reject: Callable[[], None] = lambda: None) -> tuple[grpc.Server, int]:
     """A bound, not yet started gRPC server whose ``Export`` decodes a request and calls
-    ``ingest(spans)``; returns it and its port. ``on_reject`` is called once per request
+    ``ingest(spans, wanted=context.is_active)`` (a call cancelled, or past its deadline,
+    is not stored); returns it and its port. ``on_reject`` is called once per request
     refused (malformed, or ``ingest`` raised ``KVTraceError``).
 
     Raises OSError when the address cannot be bound (as the HTTP server does)."""
 
     def export(request: bytes, context: grpc.ServicerContext) -> bytes:
         try:
-            ingest(decode_protobuf(request))
+            ingest(decode_protobuf(request), wanted=context.is_active)
             return _OK
         except PayloadError as err:  # malformed, or a value the store cannot hold
             code, message = grpc.StatusCode.INVALID_ARGUMENT, str(err)

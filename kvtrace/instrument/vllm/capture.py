@@ -42,6 +42,15 @@ from kvtrace.store.writer import Store
 
 _log = logging.getLogger(__name__)
 _RECENT = 4096  # payload fingerprints kept per capture, to tell a re-sent seq from a restart
+# vLLM's publisher counts seq from 0, one a step; a seq past int64 (a step the store cannot
+# hold) or a jump forward by more than MAX_SEQ_GAP (years of steps) is a bad message, not a
+# gap: taken as one, every later batch would sit beyond int64 or be counted lost.
+MAX_SEQ = (1 << 63) - 1
+MAX_SEQ_GAP = 1 << 32
+# A replay answer is read until its end marker, quiet for the replay timeout, or this many
+# frames past those asked for: a replay socket that never stops answering cannot hold the
+# capture past its --duration.
+_REPLAY_SLACK_FRAMES = 64
 MAX_DURATION_S = 366 * 86_400  # --duration: a year at most (a bound that keeps the deadline arithmetic finite)
 
 
@@ -106,6 +115,9 @@ class VllmKVCapture:
         self._step_base = 0  # steps of the publisher's earlier lifetimes
         self._next_step = 0
         self._recent: OrderedDict[int, int] = OrderedDict()  # seq -> hash of its payload
+        # a message whose seq went backwards: a restart if the next one follows it, a stray
+        # message if the next one follows the old sequence (seq, payload, monotonic time)
+        self._pending: tuple[int, bytes, float] | None = None
         self._rows = VllmSpanRows(SeededIdGenerator(seed), {"service.name": "vllm", ENDPOINT_KEY: endpoint}, dp_rank)
         self._ctx = zmq.Context()
         self.socket = self._ctx.socket(zmq.SUB)
@@ -130,6 +142,7 @@ class VllmKVCapture:
 
     def close(self) -> None:
         """Flush what is pending and close the sockets."""
+        self._settle_pending(force=True)
         self.flush()
         self.socket.disable_monitor()
         self.monitor.close(0)
@@ -158,21 +171,47 @@ class VllmKVCapture:
             return
         _, seq_bytes, payload = frames
         seq = int.from_bytes(seq_bytes, "big")
+        if seq > MAX_SEQ:
+            self._bad(seq, "seq beyond 2^63-1 (vLLM counts steps from 0)")
+            return
+        if self._pending is not None:  # the message after one whose seq went backwards
+            (back, back_payload, _), self._pending = self._pending, None
+            if self.last_seq is not None and seq > self.last_seq:  # the old sequence goes on
+                self._bad(back, f"seq {back} after {self.last_seq}, then {seq}: a stray message, not a restart")
+            else:
+                self._restart(back, back_payload)
         last = self.last_seq
         if last is not None and seq <= last:
             if self._recent.get(seq) == hash(payload):
                 self.stats.duplicates += 1
-                return
-            self.stats.restarts += 1  # a new publisher lifetime: its counter started again
-            self._step_base, self.last_seq, last = self._next_step, None, None
-            self._recent.clear()
-            if seq > 0:
-                self._recover(0, seq, lost_if_missing=True)
-        elif last is None and seq > 0:  # first contact: what the publisher sent before we joined
+            else:  # a restart, or a stray message: the next one tells
+                self._pending = (seq, payload, time.monotonic())
+            return
+        if last is None and seq > 0:  # first contact: what the publisher sent before we joined
             self._recover(0, seq, lost_if_missing=False)
         elif last is not None and seq > last + 1:
+            if seq - last > MAX_SEQ_GAP:
+                self._bad(seq, f"seq {seq} jumps {seq - last:,} past {last} (more than {MAX_SEQ_GAP:,})")
+                return
             self._recover(last + 1, seq, lost_if_missing=True)
         self._accept(seq, payload)
+
+    def _restart(self, seq: int, payload: bytes) -> None:
+        """A new publisher lifetime, its counter started again at ``seq``'s run: its steps
+        follow the earlier lifetimes'."""
+        self.stats.restarts += 1
+        self._step_base, self.last_seq = self._next_step, None
+        self._recent.clear()
+        if seq > 0:
+            self._recover(0, seq, lost_if_missing=True)
+        self._accept(seq, payload)
+
+    def _settle_pending(self, force: bool = False) -> None:
+        """A backwards message that no other followed within a flush interval (or by the
+        end): the restarted publisher went quiet; its first batch is stored as such."""
+        if self._pending is not None and (force or time.monotonic() - self._pending[2] >= self.flush_interval_s):
+            (seq, payload, _), self._pending = self._pending, None
+            self._restart(seq, payload)
 
     def _bad(self, seq: int | None, why: str) -> None:
         self.stats.bad_messages += 1
@@ -217,7 +256,11 @@ class VllmKVCapture:
                 self._replay.recv_multipart()
             self._replay.send_multipart([b"", first.to_bytes(8, "big")])
             timeout_ms = max(1, int(self.replay_timeout_s * 1000))
-            while self._replay.poll(timeout_ms):  # until the end marker, or quiet for the timeout
+            frames_left = (upto - first) + _REPLAY_SLACK_FRAMES
+            deadline = time.monotonic() + self.replay_timeout_s * 4
+            # until the end marker, quiet for the timeout, too many frames or too long
+            while frames_left > 0 and time.monotonic() < deadline and self._replay.poll(timeout_ms):
+                frames_left -= 1
                 try:
                     frame = replay_frame(self._replay.recv_multipart())
                 except VllmWireError as err:
@@ -239,6 +282,7 @@ class VllmKVCapture:
 
     def flush(self) -> None:
         """Append the rows received since the last flush to the store and commit."""
+        self._settle_pending()
         self._last_flush = time.monotonic()
         table = self._rows.take()
         self.stats.spans = self._rows.spans
