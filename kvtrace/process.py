@@ -93,6 +93,19 @@ def sigterm_blocked() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM held within the block, delivered when it ends: the steps inside
+    (renames that make a result appear whole, the removal of a half-written one) are not
+    cut in half by an interrupt."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
+
+
 def sigterm_default() -> None:
     """In a child forked inside ``sigterm_blocked``: SIGTERM kills it again (the parent's
     ``sigterm_as_interrupt`` handler is dropped), then unheld."""

@@ -7,8 +7,13 @@ and, per behaviour, the isolated diff (A = that behaviour off, B = all on: what 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
+import shutil
+import stat
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -17,10 +22,13 @@ from kvtrace.compare.model import RunDiff
 from kvtrace.compare.render import tables
 from kvtrace.compare.source import diff_runs
 from kvtrace.compare.study import BEHAVIOURS
-from kvtrace.errors import KVTraceError
+from kvtrace.errors import KVTraceError, file_problem
+from kvtrace.process import Terminated, signals_held, terminated
 from kvtrace.replay.report import format_value
 from kvtrace.replay.run import RunResult, RunSpec, run_replay
 from kvtrace.store import read
+from kvtrace.store.backend import is_clickhouse
+from kvtrace.store.connection import write_connection
 from kvtrace.store.schema import SUMMARY_FIELDS
 
 DEMO_DB = "kvtrace-demo.duckdb"
@@ -64,25 +72,22 @@ def run_demo(
     limit: int | None = None,
     backend: str = "kvtrace",
 ) -> DemoResult:
-    """Run the demo into ``db_path`` (replaced if it exists: it is the demo's own output)."""
+    """Run the demo into ``db_path``, replacing an earlier demo store there only once the new
+    one is complete (built beside it, then renamed over it: an interrupted or failed demo
+    leaves the old store as it was, and nothing of its own). A symbolic link is written
+    through; anything else that is not an earlier demo store is refused before any replay."""
     from rich.console import Console
 
     console = console or Console()
     db = str(db_path)
-    _remove_store(db)
-    result = DemoResult(db_path=db)
     specs = demo_specs(trace, seed=seed, limit=limit, backend=backend)
-    with _progress(progress, len(specs)) as advance:
-        for spec in specs:
-            advance(spec.name)
-            result.runs.append((spec, run_replay(spec, db=db, progress=False)))
-        advance(None)
-        (_, on), *offs = result.runs
-        for (_, off), behaviour in zip(offs, BEHAVIOURS):
-            if on.run_id is None or off.run_id is None:
-                continue
-            result.diffs[behaviour] = diff_runs(db, off.run_id, on.run_id, seed=seed)
-
+    if is_clickhouse(db):  # a server's or chdb's tables: the runs are added, nothing is replaced
+        result = _replay_all(db, db, specs, seed, progress)
+    else:
+        target = _demo_target(db)  # refused before any replay: a FIFO, a device, another's store...
+        with _beside(target) as building:  # the old store stays as it was until the new one is whole
+            result = _replay_all(db, building, specs, seed, progress)
+            _replace(building, target)
     console.print(summary_table(result))
     for behaviour, d in result.diffs.items():
         console.print()
@@ -111,13 +116,45 @@ def summary_table(result: DemoResult) -> Any:
     return table
 
 
-def _remove_store(db: str) -> None:
-    """Delete an earlier demo store at ``db``; refuse anything else that lives there."""
-    if os.path.isdir(db):
-        raise KVTraceError(f"{db}: is a directory; expected a DuckDB file path for the demo store")
-    if os.path.exists(db) and os.path.getsize(db) > 0:
+def _replay_all(db: str, into: str, specs: list[RunSpec], seed: int, progress: bool) -> DemoResult:
+    """Replay ``specs`` into the store ``into`` and diff each behaviour's run against all on;
+    the result names ``db``, where the store is to be found once the demo is done."""
+    result = DemoResult(db_path=db)
+    with _progress(progress, len(specs)) as advance:
+        for spec in specs:
+            advance(spec.name)
+            result.runs.append((spec, run_replay(spec, db=into, progress=False)))
+        advance(None)
+        (_, on), *offs = result.runs
+        for (_, off), behaviour in zip(offs, BEHAVIOURS):
+            if on.run_id is None or off.run_id is None:
+                continue
+            result.diffs[behaviour] = diff_runs(into, off.run_id, on.run_id, seed=seed)
+    return result
+
+
+def _demo_target(db: str) -> str:
+    """The file the demo's store is to replace: ``db``, or what a symbolic link ``db`` points
+    to (written through, so the link stays a link). Raises KVTraceError, before any replay,
+    for anything there that is not an earlier demo store: a directory, a device, a FIFO, a
+    socket, a store with other runs, a file that is no store, a missing folder."""
+    target = db
+    if os.path.islink(db):
+        target = os.path.realpath(db)
+        if not os.path.isdir(os.path.dirname(target)):
+            raise KVTraceError(f"{db}: is a symbolic link to {target}, whose folder does not exist; "
+                               "choose another --db")
+    problem = file_problem(target, missing=None)
+    if problem is not None:
+        raise KVTraceError(f"{db}: {problem}; expected a DuckDB file path for the demo store")
+    if not os.path.exists(target):
+        folder = os.path.dirname(os.path.abspath(target))
+        if not os.path.isdir(folder):
+            raise KVTraceError(f"{db}: folder {folder} does not exist; choose another --db")
+        return target
+    if os.path.getsize(target) > 0:
         try:
-            names = read.runs(db)["name"].to_list()
+            names = read.runs(target)["name"].to_list()
         except KVTraceError as err:
             raise KVTraceError(f"{db}: exists and is not a kvtrace demo store ({err}); choose another --db") from None
         foreign = [n for n in names if not str(n or "").startswith("demo: ")]
@@ -126,8 +163,56 @@ def _remove_store(db: str) -> None:
                 f"{db}: holds {len(foreign)} run(s) that are not the demo's (e.g. {foreign[0]!r}); "
                 "choose another --db or remove the file"
             )
-    for path in (db, db + ".wal"):
-        Path(path).unlink(missing_ok=True)
+    return target
+
+
+@contextlib.contextmanager
+def _beside(target: str) -> Iterator[str]:
+    """A store path in a new hidden folder beside ``target`` (the same file system, so the
+    finished store is renamed over it); the folder and whatever is left in it are removed
+    on the way out, whether the demo finished, failed or was interrupted.
+
+    DuckDB's own interrupt (a signal landing in a query) can surface as ``RuntimeError: Query
+    interrupted``; it is raised again as the interrupt it was, so SIGTERM exits 143, Ctrl-C 130."""
+    folder = os.path.dirname(os.path.abspath(target))
+    try:
+        scratch = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.", suffix=".demo-tmp", dir=folder)
+    except OSError as err:
+        raise KVTraceError(f"{folder}: cannot write the demo store there ({err.strerror or err})") from None
+    try:
+        yield os.path.join(scratch, os.path.basename(target))
+    except Exception as err:
+        if _interrupted_query(err):
+            raise (Terminated("SIGTERM") if terminated() else KeyboardInterrupt()) from None
+        raise
+    finally:
+        with signals_held():
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _interrupted_query(err: Exception) -> bool:
+    """Whether ``err`` is DuckDB's report of a query stopped by a signal."""
+    import duckdb
+
+    return isinstance(err, duckdb.InterruptException) or (
+        isinstance(err, RuntimeError) and "Query interrupted" in str(err))
+
+
+def _replace(built: str, target: str) -> None:
+    """Rename the finished store ``built`` over ``target`` (one atomic step: a reader sees the
+    old store or the new one). An old store's write-ahead log goes first: it belongs to the
+    old file and would be replayed into the new one."""
+    if os.path.exists(built + ".wal"):  # not checkpointed: fold it in before the rename
+        with write_connection(built) as con:
+            con.execute("CHECKPOINT")
+    with contextlib.suppress(FileNotFoundError):  # the new file keeps the replaced one's permissions
+        os.chmod(built, stat.S_IMODE(os.stat(target).st_mode))
+    with signals_held():
+        try:
+            Path(target + ".wal").unlink(missing_ok=True)
+            os.replace(built, target)
+        except OSError as err:
+            raise KVTraceError(f"{target}: cannot replace with the new demo store ({err.strerror or err})") from None
 
 
 class _progress:
@@ -165,6 +250,9 @@ class _progress:
 
     def __exit__(self, *exc):
         if self._bar is not None:
-            self._bar.update(self._task, completed=self.total, description="done")
+            if exc[0] is None:
+                self._bar.update(self._task, completed=self.total, description="done")
+            else:  # interrupted or failed: the bar stays where the demo stopped
+                self._bar.update(self._task, description="stopped")
             self._bar.__exit__(*exc)
         return False

@@ -7,12 +7,13 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 from kvtrace.errors import ConfigError, KVTraceError
-from kvtrace.process import probe_address
+from kvtrace.process import Terminated, probe_address
 
 APP_PATH = Path(__file__).with_name("app.py")
 DB_ENV = "KVTRACE_DB"
@@ -56,19 +57,30 @@ def launch(db: str | os.PathLike, host: str = "127.0.0.1", port: int = 8501, run
     """Serve the dashboard until interrupted. Prints the address to open (with
     ``run``/``compare`` as query parameters when given).
 
-    Binds to loopback unless ``host`` says otherwise. A missing database and a port that
-    cannot be bound are one-line errors here, before a server starts that could only
-    show an error (or Streamlit's own text). On POSIX this process then becomes the
-    Streamlit server (exec): a signal that stops ``kvtrace dashboard`` stops the server,
-    and no child is left serving. Elsewhere the server is a child, waited for (its exit
-    status is returned).
+    Binds to loopback unless ``host`` says otherwise. A database that is missing or is no
+    kvtrace store (the check ``kvtrace runs`` makes) and a port that cannot be bound are
+    one-line errors here, before a server starts that could only show an error (or
+    Streamlit's own text).
+
+    The server is a child process, waited for: its exit status is returned. Ctrl-C or
+    SIGTERM (as ``kvtrace.process.Terminated``, inside ``sigterm_as_interrupt``) stops it
+    first (the signal passed on, then a kill if it is not gone within ``STOP_TIMEOUT_S``)
+    and is raised again, so the command exits 130 or 143 as every other one does. The
+    child is in a process group of its own (a Ctrl-C at the terminal reaches it once,
+    through this process) and, on Linux, is killed with this process however that one
+    dies (``PR_SET_PDEATHSIG``): no server is left serving.
     """
     from kvtrace.store.backend import is_clickhouse
 
     path = Path(db)
-    if not is_clickhouse(db) and not path.is_file():
-        raise ConfigError("kvtrace dashboard", "--db", f"{path}: no such database file (fill one with `kvtrace demo` "
-                                                       f"or `kvtrace replay TRACE --db {path}`)")
+    if not is_clickhouse(db):
+        if not path.exists():
+            raise ConfigError("kvtrace dashboard", "--db", f"{path}: no such database file (fill one with "
+                                                           f"`kvtrace demo` or `kvtrace replay TRACE --db {path}`)")
+        from kvtrace.store.connection import read_connection
+
+        with read_connection(path):  # the check every reader makes (`kvtrace runs`): a kvtrace store
+            pass
     if not 0 < int(port) < 65536:
         raise ConfigError("kvtrace dashboard", "--port", f"expected 1..65535, got {port}")
     try:
@@ -77,11 +89,38 @@ def launch(db: str | os.PathLike, host: str = "127.0.0.1", port: int = 8501, run
         raise KVTraceError(str(err)) from None
     env = dict(os.environ, **{DB_ENV: _resolved(db)})
     print(f"kvtrace dashboard: open {page_url(host, port, run, compare)}", file=sys.stderr, flush=True)
-    command = server_command(db, host, port)
-    if os.name == "posix":
-        sys.stdout.flush()
-        os.execve(command[0], command, env)  # does not return
+    sys.stdout.flush()
+    server = _start(server_command(db, host, port), env)
     try:
-        return subprocess.call(command, env=env)
-    except KeyboardInterrupt:
-        return 130
+        return server.wait()
+    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM raised as Terminated
+        _stop(server, signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT)
+        raise
+
+
+# How long a stopped server may take to shut down before it is killed.
+STOP_TIMEOUT_S = 10.0
+# Run first in the child on Linux: die with the parent (PR_SET_PDEATHSIG = 1, kept across
+# exec), or at once if the parent is already gone, then exec the server's argv.
+_WITH_PARENT = ("import ctypes, os, signal, sys; ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM); "
+                "os.getppid() == int(sys.argv[1]) or os._exit(1); os.execv(sys.argv[2], sys.argv[2:])")
+
+
+def _start(command: list[str], env: dict[str, str]) -> subprocess.Popen:
+    if os.name != "posix":
+        return subprocess.Popen(command, env=env)
+    if sys.platform.startswith("linux"):
+        command = [sys.executable, "-S", "-c", _WITH_PARENT, str(os.getpid()), *command]
+    return subprocess.Popen(command, env=env, process_group=0)
+
+
+def _stop(server: subprocess.Popen, sig: int) -> None:
+    """Pass ``sig`` on to the server and wait for it; kill it when it takes longer than
+    ``STOP_TIMEOUT_S`` or when a second interrupt comes meanwhile."""
+    try:
+        if server.poll() is None:
+            server.send_signal(sig)
+        server.wait(STOP_TIMEOUT_S)
+    except (subprocess.TimeoutExpired, KeyboardInterrupt):
+        server.kill()
+        server.wait()

@@ -7,6 +7,7 @@ import sys
 
 from kvtrace.dashboard import launch
 from kvtrace.errors import KVTraceError
+from kvtrace.process import sigterm_as_interrupt, terminated
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,10 +17,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     args = parser.parse_args(argv)
     try:
-        return launch(args.db, host=args.host, port=args.port)
+        with sigterm_as_interrupt():  # SIGTERM stops the server as Ctrl-C does, then exits 143
+            return launch(args.db, host=args.host, port=args.port)
     except KVTraceError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"kvtrace: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        if terminated():
+            print("kvtrace: error: terminated (SIGTERM)", file=sys.stderr)
+            return 143
+        print("kvtrace: error: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

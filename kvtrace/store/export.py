@@ -1,15 +1,31 @@
-"""Parquet export of one run: spans, the run row, and derived tables."""
+"""Parquet export of one run: spans, the run row, and derived tables.
+
+Nothing is written until the store and the run have been checked, and the files appear
+whole or not at all: each table is written to a hidden file in the output directory and
+the three are renamed into place once all of them are written. A failed export removes
+what it wrote, and the directories it created.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import re
+import secrets
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from kvtrace.process import signals_held
 from kvtrace.store.backend import is_clickhouse
 from kvtrace.store.connection import fetch_one, read_connection
 from kvtrace.store.errors import StoreError, UnknownRunError
 
 EXPORTED_TABLES = ("spans", "runs", "evicted_blocks")
 _ORDER = {"spans": "ORDER BY seq", "evicted_blocks": "ORDER BY evict_seq"}
+
+# writes one table (its name) to the file given
+_Writer = Callable[[str, Path], None]
 
 
 def export_parquet(db: str | Path, run_id: str, directory: str | Path) -> dict[str, Path]:
@@ -18,26 +34,28 @@ def export_parquet(db: str | Path, run_id: str, directory: str | Path) -> dict[s
     Spans have the ``spans`` view's columns (run_id, seq, every typed column, ids as
     hex), so ``read_parquet`` gives back exactly what ``spans`` shows for the run, in
     ``seq`` order.
-    Returns table name -> file written.
+    Returns table name -> file written. Raises StoreError naming the store (not a store,
+    no such run) or the output path (empty, not a directory, cannot be written), leaving
+    no file or directory of its own behind.
     """
-    out_dir = Path(directory)
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise StoreError(str(out_dir), f"cannot create export directory: {err.strerror}") from None
-    written: dict[str, Path] = {}
+    out_dir = _output_dir(directory)
     if is_clickhouse(db):
         return _export_clickhouse(db, run_id, out_dir)
     with read_connection(db) as con:
         if fetch_one(con, "SELECT 1 FROM runs WHERE run_id = ?", [run_id]) is None:
             raise UnknownRunError(str(db), run_id)
-        for table in EXPORTED_TABLES:
+
+        def write(table: str, target: Path) -> None:
+            import duckdb
+
             order = _ORDER.get(table, "")
-            target = out_dir / f"{table}.parquet"
             rel = con.sql(f"SELECT * FROM {table} WHERE run_id = $run_id {order}", params={"run_id": run_id})
-            rel.to_parquet(str(target), compression="zstd")
-            written[table] = target
-    return written
+            try:
+                rel.to_parquet(str(target), compression="zstd")
+            except duckdb.IOException as err:  # the output's failure (a full disk), not the store's
+                raise OSError(_io_reason(err)) from None
+
+        return _write_all(out_dir, write)
 
 
 def _export_clickhouse(db: str | Path, run_id: str, out_dir: Path) -> dict[str, Path]:
@@ -46,14 +64,91 @@ def _export_clickhouse(db: str | Path, run_id: str, out_dir: Path) -> dict[str, 
 
     from kvtrace.store.clickhouse.reader import read_connection as clickhouse_read
 
-    written: dict[str, Path] = {}
     with clickhouse_read(db) as con:
         if con.query_arrow("SELECT 1 AS x FROM runs WHERE run_id = $run_id", {"run_id": run_id}).num_rows == 0:
             raise UnknownRunError(str(db), run_id)
-        for table in EXPORTED_TABLES:
+
+        def write(table: str, target: Path) -> None:
             order = _ORDER.get(table, "")
-            target = out_dir / f"{table}.parquet"
             pq.write_table(con.query_arrow(f"SELECT * FROM {table} WHERE run_id = $run_id {order}",
                                            {"run_id": run_id}), target, compression="zstd")
-            written[table] = target
-    return written
+
+        return _write_all(out_dir, write)
+
+
+def _output_dir(directory: str | Path) -> Path:
+    """``directory`` as the export's output path, refused (StoreError naming it) when empty
+    or when something other than a directory is there; nothing is created here."""
+    text = os.fspath(directory)
+    if not str(text).strip():
+        raise StoreError(repr(text), "expected an output directory path (an empty path would be the current directory)")
+    out_dir = Path(text)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise StoreError(str(out_dir), "exists and is not a directory; expected an output directory")
+    return out_dir
+
+
+def _write_all(out_dir: Path, write: _Writer) -> dict[str, Path]:
+    """Every table through ``write`` into hidden files in ``out_dir``, then renamed into
+    place; on any failure (or interrupt) the hidden files and the directories this call
+    created are removed, and an OSError becomes a StoreError naming the output path."""
+    created = _missing_dirs(out_dir)
+    pending: dict[str, Path] = {}
+    try:
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise StoreError(str(out_dir), f"cannot create export directory: {err.strerror or err}") from None
+        for table in EXPORTED_TABLES:
+            # a name no other export picks; the writer creates the file, with the usual permissions
+            pending[table] = out_dir / f".{table}.{secrets.token_hex(6)}.parquet.tmp"
+            write(table, pending[table])
+        written: dict[str, Path] = {}
+        with signals_held():  # the three renames are not cut in half by Ctrl-C
+            for table, temp in pending.items():
+                target = out_dir / f"{table}.parquet"
+                os.replace(temp, target)
+                written[table] = target
+        return written
+    except OSError as err:
+        _clean(pending.values(), created)
+        raise StoreError(str(out_dir), f"cannot write the export: {err.strerror or err}") from None
+    except BaseException:
+        _clean(pending.values(), created)
+        raise
+
+
+def _missing_dirs(out_dir: Path) -> list[Path]:
+    """The directories ``mkdir(parents=True)`` would create for ``out_dir``, deepest first."""
+    missing = []
+    path = out_dir.absolute()
+    while not path.exists() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    return missing
+
+
+def _clean(files: Iterable[Path], created: list[Path]) -> None:
+    with signals_held():
+        for f in files:
+            with contextlib.suppress(OSError):
+                f.unlink()
+        for d in created:  # deepest first; one that someone else has filled meanwhile stays
+            with contextlib.suppress(OSError):
+                d.rmdir()
+
+
+def _io_reason(err: Exception) -> str:
+    """The operating system's reason in a DuckDB I/O error (``No space left on device``),
+    without the JSON DuckDB wraps it in; else the error's first line, without its prefix."""
+    text = str(err)
+    errno = re.search(r'"errno"\s*:\s*"?(\d+)', text)
+    if errno:
+        return os.strerror(int(errno.group(1)))
+    start = text.find("{")
+    if start >= 0:
+        with contextlib.suppress(ValueError):
+            detail = json.loads(text[start:])
+            if isinstance(detail, dict) and detail.get("exception_message"):
+                text = str(detail["exception_message"])
+    return text.splitlines()[0].removeprefix("IO Error: ") if text else type(err).__name__

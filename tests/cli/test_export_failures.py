@@ -1,0 +1,163 @@
+"""``kvtrace export``: a failed export is one line naming the store or the output path, and
+leaves no file or folder it created; the files of a good one appear whole."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import polars as pl
+import pytest
+
+from kvtrace import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _cli(argv: list[str], capsys) -> tuple[int, str, str]:
+    old = sys.argv
+    sys.argv = ["kvtrace", *argv]
+    try:
+        cli.main()
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    finally:
+        sys.argv = old
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _one_line(code: int, err: str, *needles: str) -> str:
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvtrace: error: "), err
+    assert "Traceback" not in err and "errno" not in err and "{" not in err
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+    return lines[0]
+
+
+@pytest.fixture()
+def work(tmp_path, monkeypatch, replayed_store):
+    """A folder holding only a copy of a real store (so a stray file is seen), as the cwd."""
+    db = tmp_path / "s.duckdb"
+    shutil.copy(replayed_store.path, db)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path, db, replayed_store.run_on
+
+
+def _entries(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+@pytest.mark.parametrize("run", ["r1' OR '1'='1", "", "no-such-run"])
+def test_an_unknown_run_leaves_no_folder(work, capsys, run):
+    tmp, db, _ = work
+    code, _, err = _cli(["export", "--db", str(db), "--run", run, "--parquet", "exps1/deeper"], capsys)
+    _one_line(code, err, str(db), "no run with id")
+    assert _entries(tmp) == ["s.duckdb"]
+
+
+@pytest.mark.parametrize("content", ["text", "foreign"])
+def test_a_file_that_is_no_store_leaves_no_folder(tmp_path, monkeypatch, capsys, content):
+    monkeypatch.chdir(tmp_path)
+    db = tmp_path / "x.duckdb"
+    if content == "text":
+        db.write_text("hello\n")
+    else:
+        con = duckdb.connect(str(db))
+        con.execute("CREATE TABLE unrelated (a INTEGER)")
+        con.close()
+    code, _, err = _cli(["export", "--db", str(db), "--run", "r1", "--parquet", "exps"], capsys)
+    _one_line(code, err, str(db))
+    assert _entries(tmp_path) == ["x.duckdb"]
+
+
+@pytest.mark.parametrize("path", ["", " "])
+def test_an_empty_output_path_is_refused(work, capsys, path):
+    tmp, db, run = work
+    code, _, err = _cli(["export", "--db", str(db), "--run", run, "--parquet", path], capsys)
+    _one_line(code, err, "--parquet", "empty path")
+    assert _entries(tmp) == ["s.duckdb"]  # nothing exported into the current directory
+
+
+def test_an_output_path_that_is_a_file_is_refused(work, capsys):
+    tmp, db, run = work
+    (tmp / "taken").write_text("mine\n")
+    code, _, err = _cli(["export", "--db", str(db), "--run", run, "--parquet", "taken"], capsys)
+    _one_line(code, err, "taken", "not a directory")
+    assert (tmp / "taken").read_text() == "mine\n"
+
+
+def test_a_good_export_prints_the_files_and_leaves_no_temporary_file(work, capsys, replayed_store):
+    tmp, db, run = work
+    code, out, err = _cli(["export", "--db", str(db), "--run", run, "--parquet", "a/b"], capsys)
+    assert code == 0, err
+    names = ["spans.parquet", "runs.parquet", "evicted_blocks.parquet"]
+    assert out.split() == [str(Path("a/b") / n) for n in names]
+    assert sorted(os.listdir(tmp / "a" / "b")) == sorted(names)
+    assert pl.read_parquet(tmp / "a" / "b" / "spans.parquet").height == replayed_store.summary_on["spans"]
+    assert oct((tmp / "a" / "b" / "spans.parquet").stat().st_mode & 0o777) == oct(0o666 & ~_umask())
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_an_earlier_export_is_replaced_only_by_a_whole_one(work, monkeypatch):
+    from kvtrace.store import export as export_module
+    from kvtrace.store import export_parquet
+
+    tmp, db, run = work
+    out = tmp / "out"
+    export_parquet(db, run, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def full(table: str, target: Path) -> None:  # the second table meets a full disk
+        if table == "runs":
+            raise OSError(28, os.strerror(28))
+        target.write_bytes(b"partial")
+
+    monkeypatch.setattr(export_module, "_write_all", _failing_writer(export_module._write_all, full))
+    with pytest.raises(Exception, match=f"{out}: cannot write the export: No space left on device"):
+        export_parquet(db, run, out)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the earlier files, untouched
+
+
+def _failing_writer(write_all, write):
+    return lambda out_dir, _: write_all(out_dir, write)
+
+
+def _can_mount_tmpfs(tmp_path: Path) -> bool:
+    if not shutil.which("unshare"):
+        return False
+    probe = subprocess.run(["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=64k tmpfs {tmp_path}"],
+                           capture_output=True, check=False)
+    return probe.returncode == 0
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="a full file system through a tmpfs in a mount namespace")
+def test_a_full_disk_names_the_output_path_in_one_clean_line(tmp_path, replayed_store):
+    full = tmp_path / "full"
+    full.mkdir()
+    if not _can_mount_tmpfs(full):
+        pytest.skip("cannot mount a tmpfs here (unshare -rm)")
+    db = tmp_path / "s.duckdb"
+    shutil.copy(replayed_store.path, db)
+    script = (f"mount -t tmpfs -o size=64k tmpfs {full} && dd if=/dev/zero of={full}/fill bs=4k 2>/dev/null; "
+              f"{sys.executable} -m kvtrace.cli export --db {db} --run {replayed_store.run_on} "
+              f"--parquet {full}/out/deeper; echo rc=$? >&2; ls -A {full}")
+    proc = subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, timeout=300,
+                          cwd=ROOT, check=False)
+    err = proc.stderr.strip().splitlines()
+    assert err[-1] == "rc=2", proc.stderr
+    line = _one_line(2, "\n".join(err[:-1]), f"{full}/out/deeper", "No space left on device")
+    assert str(db) not in line
+    assert proc.stdout.split() == ["fill"]  # no out/ folder, no partial file

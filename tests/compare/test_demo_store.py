@@ -1,0 +1,209 @@
+"""``kvtrace demo --db PATH``: what is at PATH before the demo, and what is there after it.
+
+Anything that is not an earlier demo store (a FIFO, a device, a socket, a directory) is
+refused with one line before any replay; a symbolic link is written through and stays a
+link; an earlier demo store stays exactly as it was until the new demo has finished, and
+an interrupted or failed demo leaves nothing of its own behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from kvtrace import cli
+from kvtrace.compare import demo
+from kvtrace.compare.demo import run_demo
+from kvtrace.errors import KVTraceError
+from kvtrace.store import read
+
+ROOT = Path(__file__).resolve().parents[2]
+LIMIT = 8  # requests per replay: a demo in seconds
+
+
+def _demo(db, **kwargs) -> demo.DemoResult:
+    return run_demo(db, progress=False, console=Console(file=io.StringIO()), limit=LIMIT, **kwargs)
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _no_replay(monkeypatch) -> None:
+    def refuse(*args, **kwargs):
+        raise AssertionError("a replay ran before --db was checked")
+
+    monkeypatch.setattr(demo, "run_replay", refuse)
+
+
+def _cli(argv: list[str], capsys) -> tuple[int, str]:
+    old = sys.argv
+    sys.argv = ["kvtrace", *argv]
+    try:
+        cli.main()
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    finally:
+        sys.argv = old
+    return code, capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def earlier_demo(tmp_path_factory) -> Path:
+    """A complete demo store (four runs), copied by each test that replaces one."""
+    db = tmp_path_factory.mktemp("earlier") / "demo.duckdb"
+    _demo(db)
+    return db
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    dst.write_bytes(src.read_bytes())
+    return dst
+
+
+def _special(tmp_path: Path, kind: str) -> Path:
+    path = tmp_path / f"the-{kind}"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "socket":
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(str(path))
+        s.close()
+    elif kind == "device":
+        try:
+            os.mknod(path, 0o600 | stat.S_IFCHR, os.makedev(1, 3))  # the numbers of /dev/null
+        except PermissionError:
+            pytest.skip("creating a character device needs privileges")
+    return path
+
+
+@pytest.mark.parametrize(("kind", "what"), [("fifo", "is a FIFO"), ("device", "is a character device"),
+                                            ("socket", "is a socket"), ("directory", "is a directory")])
+def test_what_is_not_a_file_is_refused_before_any_replay(tmp_path, monkeypatch, capsys, kind, what):
+    path = _special(tmp_path, kind)
+    mode = path.lstat().st_mode
+    _no_replay(monkeypatch)
+    code, err = _cli(["demo", "--db", str(path)], capsys)
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"kvtrace: error: {path}: {what}"), err
+    assert "Traceback" not in err
+    assert path.lstat().st_mode == mode  # still what it was
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]  # nothing of the demo's
+
+
+def test_a_link_to_a_device_is_refused(tmp_path, monkeypatch):
+    device = _special(tmp_path, "fifo")
+    link = tmp_path / "link.duckdb"
+    link.symlink_to(device)
+    _no_replay(monkeypatch)
+    with pytest.raises(KVTraceError, match="is a FIFO"):
+        _demo(link)
+    assert link.is_symlink() and stat.S_ISFIFO(device.stat().st_mode)
+
+
+def test_a_link_to_an_earlier_demo_store_is_written_through(tmp_path, earlier_demo):
+    target = _copy(earlier_demo, tmp_path / "target.duckdb")
+    target.chmod(0o640)
+    link = tmp_path / "link.duckdb"
+    link.symlink_to(target.name)
+    res = _demo(link, seed=1)  # another seed: another store
+    assert link.is_symlink() and os.readlink(link) == target.name  # the link stays a link
+    assert _digest(target) != _digest(earlier_demo)  # ... to the new store
+    runs = read.runs(link)
+    assert runs.height == 4 and set(runs["status"]) == {"complete"}
+    assert stat.S_IMODE(target.stat().st_mode) == 0o640  # the replaced file's permissions
+    assert res.dashboard_command == f"kvtrace dashboard --db {link}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.duckdb", "target.duckdb"]
+
+
+def test_a_dangling_link_is_written_through_when_its_folder_exists(tmp_path, monkeypatch):
+    link = tmp_path / "link.duckdb"
+    link.symlink_to("new.duckdb")
+    _demo(link)
+    assert link.is_symlink() and read.runs(tmp_path / "new.duckdb").height == 4
+
+    nowhere = tmp_path / "nowhere.duckdb"
+    nowhere.symlink_to(tmp_path / "missing" / "x.duckdb")
+    _no_replay(monkeypatch)
+    with pytest.raises(KVTraceError, match="whose folder does not exist"):
+        _demo(nowhere)
+    assert nowhere.is_symlink() and not (tmp_path / "missing").exists()
+
+
+def test_a_missing_folder_is_refused_before_any_replay(tmp_path, monkeypatch):
+    _no_replay(monkeypatch)
+    with pytest.raises(KVTraceError, match="does not exist"):
+        _demo(tmp_path / "missing" / "demo.duckdb")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failed_demo_leaves_the_earlier_store_and_nothing_else(tmp_path, monkeypatch, earlier_demo):
+    db = _copy(earlier_demo, tmp_path / "demo.duckdb")
+    before = _digest(db)
+    replay, calls = demo.run_replay, []
+
+    def failing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KVTraceError("the third replay failed")
+        return replay(*args, **kwargs)
+
+    monkeypatch.setattr(demo, "run_replay", failing)
+    with pytest.raises(KVTraceError, match="third replay"):
+        _demo(db)
+    assert _digest(db) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["demo.duckdb"]
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, set()) == set()  # no signal left held
+
+
+@pytest.mark.parametrize(("sig", "when", "code", "line"), [
+    ("TERM", "run", 143, "terminated (SIGTERM)"),  # after the first run is recorded whole
+    ("TERM", "commit", 143, "terminated (SIGTERM)"),  # in the middle of the second run
+    ("INT", "commit", 130, "interrupted"),
+])
+def test_an_interrupted_demo_leaves_the_earlier_store_as_it_was(tmp_path, earlier_demo, sig, when, code, line):
+    db = _copy(earlier_demo, tmp_path / "demo.duckdb")
+    before = _digest(db)
+    marker = tmp_path.parent / f"{tmp_path.name}.signalled"
+    n = "1" if when == "run" else "4"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.compare.demo_signal_driver", sig, when, n, str(LIMIT), "--",
+         "demo", "--db", str(db)],
+        check=False, capture_output=True, text=True, timeout=300, cwd=ROOT,
+        env={**os.environ, "DEMO_DRIVER_MARKER": str(marker)})
+    assert marker.read_text() == "signalled", proc.stderr  # the signal came at its point, not after the demo
+    assert proc.returncode == code, proc.stderr
+    errors = [x for x in proc.stderr.splitlines() if x.startswith("kvtrace: error:")]
+    assert errors == [proc.stderr.strip().splitlines()[-1]] and line in errors[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert _digest(db) == before  # not one byte of the earlier store changed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["demo.duckdb"]  # no temporary file left
+
+
+def test_the_demo_cli_still_replaces_an_earlier_demo(tmp_path, earlier_demo):
+    db = _copy(earlier_demo, tmp_path / "demo.duckdb")
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.compare.demo_signal_driver", "TERM", "run", "99", str(LIMIT), "--",
+         "demo", "--db", str(db)],
+        check=False, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    tail = "".join(proc.stdout.split()[-4:])  # (rich wraps a long path)
+    assert tail.endswith(f"kvtrace dashboard --db {db}".replace(" ", "")), proc.stdout
+    runs = read.runs(db)
+    assert runs.height == 4 and set(runs["status"]) == {"complete"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["demo.duckdb"]
+

@@ -1,0 +1,161 @@
+"""``kvtrace dashboard`` as a real process: a file that is no kvtrace store is refused as
+``kvtrace runs`` refuses it, before anything serves; SIGTERM and Ctrl-C stop the server and
+exit 143 and 130 with one line, and no server outlives the command, even a killed one."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import duckdb
+import pytest
+
+from kvtrace.store.writer import Store
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _kvtrace(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "kvtrace.cli", *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _serving(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def _not_a_store(tmp_path, kind: str):
+    db = tmp_path / f"{kind}.duckdb"
+    if kind == "text":
+        db.write_text("a trace, say\n")
+    elif kind == "empty":
+        db.write_bytes(b"")
+    elif kind == "directory":
+        db.mkdir()
+    else:
+        con = duckdb.connect(str(db))
+        con.execute("CREATE TABLE unrelated (a INTEGER)")
+        con.close()
+    return db
+
+
+@pytest.mark.parametrize("kind", ["text", "empty", "unrelated-tables", "directory"])
+def test_a_file_that_is_no_store_is_refused_as_runs_refuses_it(tmp_path, kind):
+    db = _not_a_store(tmp_path, kind)
+    port = _free_port()
+    runs = _kvtrace("runs", "--db", str(db))
+    _, runs_err = runs.communicate(timeout=120)
+    proc = _kvtrace("dashboard", "--db", str(db), "--port", str(port))
+    try:
+        _, err = proc.communicate(timeout=90)  # (a server would not return: the timeout fails the test)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert runs.returncode == 2 and proc.returncode == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines == runs_err.strip().splitlines()  # the same check, the same line
+    assert lines[0].startswith(f"kvtrace: error: {db}: ")
+    assert not _serving(port)
+
+
+def _start_serving(db, port: int) -> subprocess.Popen:
+    proc = _kvtrace("dashboard", "--db", str(db), "--port", str(port))
+    deadline = time.monotonic() + 120
+    while not _serving(port):
+        if proc.poll() is not None:
+            raise AssertionError(proc.stderr.read() if proc.stderr else "")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError("the dashboard never served")
+        time.sleep(0.2)
+    return proc
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc: Linux)."""
+    found = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(") ", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid == pid:
+                found.append(int(entry))
+    return found
+
+
+def _gone(pid: int, timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        try:  # a zombie of ours (not reaped by anyone yet) is gone too
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(") ", 1)[1].startswith("Z"):
+                    return True
+        except OSError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.parametrize(("sig", "code", "line"), [
+    (signal.SIGTERM, 143, "kvtrace: error: terminated (SIGTERM)"),
+    (signal.SIGINT, 130, "kvtrace: error: interrupted"),
+])
+def test_a_signal_stops_the_server_and_exits_as_every_command_does(tmp_path, sig, code, line):
+    db = tmp_path / "d.duckdb"
+    Store.open(db).close()
+    port = _free_port()
+    proc = _start_serving(db, port)
+    try:
+        servers = _children(proc.pid)
+        assert servers, "the server is a child of the command"
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == code, err
+    errors = [x for x in err.splitlines() if x.startswith("kvtrace: error:")]
+    assert len(errors) == 1 and errors[0].startswith(line), err
+    assert err.strip().splitlines()[-1] == errors[0] and "Traceback" not in err, err
+    assert all(_gone(s) for s in servers)
+    assert not _serving(port)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the server dies with its parent on Linux")
+def test_a_killed_command_leaves_no_server(tmp_path):
+    db = tmp_path / "d.duckdb"
+    Store.open(db).close()
+    port = _free_port()
+    proc = _start_serving(db, port)
+    servers = _children(proc.pid)
+    proc.kill()
+    proc.wait()
+    assert servers, "the server is a child of the command"
+    assert all(_gone(s) for s in servers), "a server outlived the killed command"
+    deadline = time.monotonic() + 30
+    while _serving(port) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _serving(port)
