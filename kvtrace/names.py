@@ -28,3 +28,13 @@ BEHAVIOURS = (TRANSIENT_CHECKPOINT_RETENTION, SHARED_PREFIX_PINNING, EXTERNAL_HI
 # cache backends the engine's scheduler drives (kvtrace.engine.backends); the first is the default
 KVTRACE, VLLM = "kvtrace", "vllm"
 BACKENDS = (KVTRACE, VLLM)
+
+
+def printable(text: object) -> str:
+    """A user's text (a run's name, a trace's path) as one printable line: control
+    characters (a newline, an escape sequence that would recolour the terminal) shown as
+    their escapes, the rest as it is."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)

@@ -12,6 +12,7 @@ import pytest
 from kvtrace.engine.backends.vllm.config import UnsupportedConfig
 from kvtrace.errors import ConfigError, KVTraceError, TraceFormatError
 from kvtrace.instrument.convert import UnstorableValue
+from kvtrace.instrument.otlp.collector import CollectorClosed, ExportAbandoned
 from kvtrace.instrument.otlp.decode import PayloadError
 from kvtrace.instrument.pipeline import SpansNotDelivered
 from kvtrace.instrument.vllm.wire import VllmWireError
@@ -29,6 +30,8 @@ EXAMPLES = {
     VllmWireError: VllmWireError("not a KV event batch"),
     UnsupportedConfig: UnsupportedConfig("no vLLM counterpart"),
     PayloadError: PayloadError("resourceSpans[0].scopeSpans: expected a list"),
+    CollectorClosed: CollectorClosed("shutting down: not stored"),
+    ExportAbandoned: ExportAbandoned("the client cancelled the export: not stored"),
 }
 
 

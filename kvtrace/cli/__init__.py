@@ -2,6 +2,8 @@
 its commands on ``app`` and imports what a command needs when it runs, so a command
 line with a mistake fails fast, before any heavy import.
 
+- ``application.py``: the Typer application the command modules register on
+- ``commands.py``: every command registered, and ``run``: one command line, each error one line
 - ``replay.py``: replay, sweep, curve
 - ``traces.py``: generate, convert
 - ``results.py``: runs, diff, study, demo, export, dashboard
@@ -9,54 +11,40 @@ line with a mistake fails fast, before any heavy import.
 - ``conformance.py``: conformance (kvtrace's manager beside vLLM's)
 - ``live.py``: collect, capture vllm
 - ``options.py``/``choices.py``: the options and enumerations commands share
+- ``output.py``: how commands talk (data on stdout, status and errors on stderr)
+
+This module imports nothing itself: ``main`` is the console script, and a Ctrl-C while
+the commands load (a quarter second of imports) is the one-line interrupt that a Ctrl-C
+later is, not a traceback from inside an import.
 """
 
 from __future__ import annotations
 
-import sys
-
-import typer
-
-from kvtrace.cli import calibrate, conformance, live, replay, results, traces  # noqa: F401  (registers the commands)
-from kvtrace.cli.app import app
-from kvtrace.cli.output import error
-from kvtrace.errors import KVTraceError
-from kvtrace.process import sigterm_as_interrupt, terminated
+import os
+import signal
+from typing import Any
 
 __all__ = ["app", "main"]
 
 
 def main() -> None:
+    """The ``kvtrace`` console script."""
+    previous = signal.signal(signal.SIGINT, _interrupted_while_loading)
     try:
-        with sigterm_as_interrupt():  # `kill`, `timeout`: what was recorded is flushed, the run marked
-            rc = app(prog_name="kvtrace", standalone_mode=False)  # errors come back here, printed as one line
-    except KVTraceError as e:
-        error(str(e))
-        sys.exit(2)
-    except typer.Abort:
-        error("interrupted")
-        sys.exit(130)
-    except typer.TyperException as e:  # a mistyped command line (typer's click errors): one line too
-        error(_usage_error(e))
-        sys.exit(getattr(e, "exit_code", 2))
-    except KeyboardInterrupt:
-        rc = 130
-    if rc == 130:  # (typer returns 130 for a KeyboardInterrupt, SIGTERM's Terminated included)
-        if terminated():
-            error("terminated (SIGTERM); what was recorded is kept")
-            sys.exit(143)
-        error("interrupted")
-    sys.exit(rc if isinstance(rc, int) else 0)
+        from kvtrace.cli.commands import run
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    run()
 
 
-def _usage_error(e: Exception) -> str:
-    """``--flag: what is wrong (see `kvtrace CMD --help`)``, as the run's own errors read."""
-    ctx = getattr(e, "ctx", None)
-    where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
-    param = getattr(e, "param", None)
-    if type(e).__name__ == "BadParameter" and param is not None:  # a bad value (typer vendors click)
-        name = param.opts[0] if param.param_type_name == "option" else (param.metavar or param.name.upper())
-        message = f"{name}: {str(getattr(e, 'message', e)).removeprefix('Value error, ')}"
-    else:
-        message = e.format_message() if hasattr(e, "format_message") else str(e)
-    return " ".join(f"{message}{where}".split())
+def _interrupted_while_loading(signum: int, frame: Any) -> None:
+    os.write(2, b"kvtrace: error: interrupted\n")
+    os._exit(130)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "app":  # the Typer application, its commands registered
+        from kvtrace.cli.commands import app
+
+        return app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,9 +7,9 @@ from typing import Annotated
 
 import typer
 
-from kvtrace.cli.app import app
+from kvtrace.cli.application import app
 from kvtrace.cli.output import status
-from kvtrace.errors import KVTraceError
+from kvtrace.errors import KVTraceError, check_option
 
 
 @app.command()
@@ -37,12 +37,15 @@ def calibrate(
     from kvtrace.engine.clock import CostModel
     from kvtrace.replay.calibrate import calibrate as fit
     from kvtrace.replay.calibrate import cost_model_toml, fit_report
+    from kvtrace.workload.lines import MAX_TOKENS
 
+    check_option("--max-num-batched-tokens", max_num_batched_tokens, 1, MAX_TOKENS)
     template = None
     if experts is not None:
         e, sep, k = experts.partition(":")
-        if not sep or not e.isdigit() or not k.isdigit():
-            raise KVTraceError(f"--moe: {experts}: expected E:K, e.g. 256:8")
+        digits = lambda s: s.isascii() and s.isdigit() and len(s) <= 9  # ('²'.isdigit() holds)
+        if not sep or not digits(e) or not digits(k) or not 1 <= int(k) <= int(e):
+            raise KVTraceError(f"--moe: {experts}: expected E:K with 1 <= K <= E, e.g. 256:8")
         template = CostModel(name, 0, 0, 0, 0, 0, num_experts=int(e), experts_per_token=int(k))
     result = fit([str(p) for p in sources], name=name, template=template, knee=knee,
                  max_num_batched_tokens=max_num_batched_tokens, run_id=run)

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from kvtrace.cli.app import app
+from kvtrace.cli.application import app
 from kvtrace.cli.options import Json, replay_options
 from kvtrace.cli.output import echo_json
 

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from kvtrace.cli.app import app, capture_app
+from kvtrace.cli.application import app, capture_app
 from kvtrace.cli.options import DbRequired
 from kvtrace.cli.output import recorded, status
 from kvtrace.process import pyarrow_without_pandas

@@ -28,11 +28,16 @@ DbRequired = Annotated[str, typer.Option(metavar="STORE", help=f"Store written b
 
 def _existing_store(db: str) -> str:
     # checked while parsing, before the command imports duckdb: a typo is told at once
-    from kvtrace.errors import KVTraceError
+    from kvtrace.errors import KVTraceError, file_problem
     from kvtrace.store.backend import is_clickhouse
 
-    if not is_clickhouse(db) and not Path(db).exists():
-        raise KVTraceError(f"{db}: no such database (run `kvtrace demo` or `kvtrace replay TRACE --db {db}`)")
+    if is_clickhouse(db):
+        return db
+    if not db:
+        raise KVTraceError("--db: expected a store path, got an empty one")
+    problem = file_problem(db, missing=f"no such database (run `kvtrace demo` or `kvtrace replay TRACE --db {db}`)")
+    if problem is not None:
+        raise KVTraceError(f"{db}: {problem}")
     return db
 
 

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import math
+import os
+import sys
+from collections.abc import Iterator
 from typing import Any
 
 import typer
+
+from kvtrace.names import printable
 
 
 def error(msg: str) -> None:
@@ -18,7 +26,27 @@ def status(msg: str) -> None:
 
 
 def echo_json(obj: Any) -> None:
-    typer.echo(json.dumps(obj, sort_keys=True))
+    """``obj`` as one line of JSON; a value that is not a number (NaN, infinity: a store
+    written by hand, a ratio over zero) is null, as JSON has no other word for it."""
+    typer.echo(json.dumps(_finite(obj), sort_keys=True, allow_nan=False))
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def one_format(as_json: bool, markdown: bool) -> None:
+    """Refuse --json with --markdown: one output, never one silently dropped."""
+    if as_json and markdown:
+        from kvtrace.errors import ConfigError
+
+        raise ConfigError("--markdown", "given with --json", "choose one output format")
 
 
 def recorded(run_id: str | None, db) -> None:
@@ -31,14 +59,87 @@ def print_rows(rows: list[list[str]], title: str | None = None, left: int = 1) -
     """A table on stdout; the first row is the header, the first ``left`` columns are
     text (left-aligned). Piped output is not wrapped to 80 columns: it is for reading
     whole, or for grep."""
-    import sys
-
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=title, header_style="bold")
+    table = Table(title=None if title is None else escape(printable(title)), header_style="bold")
     for i, name in enumerate(rows[0]):
         table.add_column(name, justify="left" if i < left else "right")
-    for row in rows[1:]:
-        table.add_row(*row)
+    for row in rows[1:]:  # a run's name is the user's text: shown, never read as markup or control codes
+        table.add_row(*(escape(printable(cell)) for cell in row))
     Console(width=None if sys.stdout.isatty() else 250).print(table)
+
+
+class StdoutError(OSError):
+    """stdout could not be written (a full disk, a pipe its reader closed): the command's
+    result is lost, what it recorded is not."""
+
+
+class _Stdout:
+    """sys.stdout, its write failures told apart from every other OSError (a store's, a
+    trace's) as StdoutError."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError as err:
+            raise StdoutError(err.errno, err.strerror) from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as err:
+            raise StdoutError(err.errno, err.strerror) from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def fitted_streams() -> Iterator[None]:
+    """Streams every command can write to, within the block: a closed stdout or stderr
+    (``>&-``) is the null device; a character the terminal's encoding lacks
+    (``PYTHONIOENCODING=ascii``, a run named in Greek) is written as its escape instead of
+    failing the command; a failed write to stdout is a StdoutError."""
+    saved = sys.stdout, sys.stderr
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is None:
+            setattr(sys, name, open(os.devnull, "w", encoding="utf-8"))  # noqa: SIM115  (for the process's life)
+        elif isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="backslashreplace")
+    if not isinstance(sys.stdout, _Stdout):
+        sys.stdout = _Stdout(sys.stdout)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
+def stdout_failure(err: StdoutError) -> str:
+    """The one line for ``err``. stdout is pointed at the null device, so that Python's own
+    flush at exit does not fail again, with a traceback."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 1)
+        os.close(null)
+    except OSError:
+        pass
+    return f"cannot write to stdout: {err.strerror or err}"
+
+
+def unreadable_argument(argv: list[str]) -> str | None:
+    """The one line for the first argument that is not text (bytes that are not UTF-8, which
+    a store, a name or a JSON result cannot hold), else None."""
+    for i, arg in enumerate(argv, 1):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = arg.encode("utf-8", "surrogateescape").decode("ascii", "backslashreplace")
+            where = argv[i - 2] if i > 1 and argv[i - 2].startswith("-") else f"argument {i}"
+            return f"{where}: {shown}: not valid UTF-8 text; rename the file or retype the value"
+    return None

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from kvtrace.cli.app import app
+from kvtrace.cli.application import app
 from kvtrace.cli.choices import Mode
 from kvtrace.cli.options import Db, Json, replay_options
 from kvtrace.cli.output import echo_json, error, print_rows, recorded, status

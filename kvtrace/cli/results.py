@@ -10,11 +10,11 @@ from typing import Annotated
 
 import typer
 
-from kvtrace.cli.app import app
+from kvtrace.cli.application import app
 from kvtrace.cli.choices import BACKENDS, Backend, Behaviour, value
 from kvtrace.cli.options import Db, DbToRead, Json, Markdown, Percentiles, replay_options
 from kvtrace.cli.options import percentiles as parse_percentiles
-from kvtrace.cli.output import echo_json, error, print_rows, recorded
+from kvtrace.cli.output import echo_json, error, one_format, print_rows, recorded
 from kvtrace.errors import KVTraceError
 
 DEFAULT_BACKEND = Backend(BACKENDS[0])
@@ -73,6 +73,7 @@ def diff(
     percentiles: Percentiles = None,
 ) -> None:
     """Compare two runs of the same trace; exit 1 when a --fail-if gate is violated."""
+    one_format(as_json, markdown)
     from kvtrace.compare.gates import check_fail_if, parse_gate
     from kvtrace.compare.render import render, to_json, to_markdown
     from kvtrace.compare.source import diff_runs
@@ -108,6 +109,7 @@ def study(
 ) -> None:
     """Replay one trace with a behaviour on and off, and print the isolated diff
     (default trace: the behaviour's generated workload and its settings)."""
+    one_format(as_json, markdown)
     from kvtrace.compare.study import run_study, study_base
 
     name = value(behaviour)
@@ -144,12 +146,16 @@ def demo(
 def export(
     db: DbToRead,
     run: Annotated[str, typer.Option(metavar="RUN", help="The run id (see `kvtrace runs`).")],
-    parquet: Annotated[Path, typer.Option(metavar="DIR", help="Output directory.")],
+    parquet: Annotated[str, typer.Option(metavar="DIR", help="Output directory (created if missing).")],
 ) -> None:
     """Export one run's spans and summary to Parquet."""
+    from kvtrace.errors import ConfigError
     from kvtrace.store import export_parquet
 
-    for p in export_parquet(db, run, parquet):
+    if not parquet.strip():  # a str, not a Path: Path('') is '.', the current directory
+        raise ConfigError("kvtrace export", "--parquet",
+                          "expected an output directory, got an empty path (say . for the current one)")
+    for p in export_parquet(db, run, parquet).values():
         typer.echo(str(p))
 
 

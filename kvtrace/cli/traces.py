@@ -7,12 +7,20 @@ from typing import Annotated
 
 import typer
 
-from kvtrace.cli.app import app
+from kvtrace.cli.application import app
 from kvtrace.cli.choices import GeneratedFormat, TraceFormat, Workload, value
 from kvtrace.cli.options import Seed
 from kvtrace.cli.output import status
 
-Out = Annotated[Path, typer.Option("--out", "-o", metavar="FILE", help="Output trace file.")]
+
+def _not_dash(path: Path) -> Path:
+    # `-` is no file name a user means: say how stdout is spelled, rather than write a file named `-`
+    if str(path) == "-":
+        raise typer.BadParameter("-: not taken as stdout here; say /dev/stdout")
+    return path
+
+
+Out = Annotated[Path, typer.Option("--out", "-o", metavar="FILE", callback=_not_dash, help="Output trace file.")]
 
 
 @app.command()
@@ -35,7 +43,8 @@ def generate(
 @app.command()
 def convert(
     trace: Annotated[Path, typer.Argument(metavar="TRACE", help="Any supported trace.")],
-    out: Annotated[Path, typer.Option("--out", "-o", metavar="FILE", help="Output kvtrace native JSONL.")],
+    out: Annotated[Path, typer.Option("--out", "-o", metavar="FILE", callback=_not_dash,
+                                      help="Output kvtrace native JSONL.")],
     fmt: Annotated[TraceFormat | None, typer.Option(
         "--format", help="Input format (default: detected).")] = None,
     limit: Annotated[int | None, typer.Option(metavar="N", help="Convert only the first N requests.")] = None,

@@ -16,6 +16,7 @@ from typing import Any
 from kvtrace.compare.bootstrap import CI_LEVEL
 from kvtrace.compare.model import MetricDelta, RequestChange, RunDiff
 from kvtrace.metrics import MODELLED
+from kvtrace.names import printable
 from kvtrace.store.schema import SUMMARY_FIELDS
 
 CORRECTNESS_METRICS = ("stale_hashes", "divergent_outputs")
@@ -166,11 +167,12 @@ def tables(diff: RunDiff, metrics: Iterable[str] | None = None) -> list[Any]:
     """rich Tables for a terminal, in this order: summary metrics, latency percentiles,
     evictions, top requests (each only when it has rows, the first always).
     ``metrics`` limits the first table to those names."""
+    from rich.markup import escape
     from rich.table import Table
 
     out = []
     keep = None if metrics is None else set(metrics)
-    t = Table(title=f"{_label(diff.run_a)} → {_label(diff.run_b)}", title_justify="left")
+    t = Table(title=escape(f"{_label(diff.run_a)} → {_label(diff.run_b)}"), title_justify="left")
     for col in ("metric", "A", "B", "Δ", "Δ%"):
         t.add_column(col, justify="left" if col == "metric" else "right")
     for m in diff.metrics:
@@ -215,11 +217,12 @@ def tables(diff: RunDiff, metrics: Iterable[str] | None = None) -> list[Any]:
 def render(diff: RunDiff, console: Any = None) -> None:
     """Print a warning per unfinished run, then ``tables(diff)``, to ``console`` (default: stdout)."""
     from rich.console import Console
+    from rich.markup import escape
 
     console = console or Console()
     for side, run in (("A", diff.run_a), ("B", diff.run_b)):
         if run.get("status") not in (None, "complete"):
-            console.print(f"[yellow]run {side} ({_label(run)}) is {run['status']}: partial numbers[/yellow]")
+            console.print(f"[yellow]run {side} ({escape(_label(run))}) is {run['status']}: partial numbers[/yellow]")
     console.print(times_note(diff).replace("`", ""))
     for t in tables(diff):
         console.print(t)
@@ -270,7 +273,8 @@ def _side(diff: RunDiff, name: str, side: str) -> Any:
 
 
 def _label(run: dict[str, Any]) -> str:
-    return str(run.get("name") or run.get("run_id") or "?")
+    """A run as the user named it, on one printable line (rich markup still to escape)."""
+    return printable(run.get("name") or run.get("run_id") or "?")
 
 
 def _fmt_behaviours(run: dict[str, Any]) -> str:

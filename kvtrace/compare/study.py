@@ -152,9 +152,13 @@ class StudyResult:
 
     def print(self, console: Any = None) -> None:
         from rich.console import Console
+        from rich.markup import escape
+
+        from kvtrace.names import printable
 
         console = console or Console()
-        console.print(f"[bold]kvtrace study {self.behaviour}[/bold] on {self.trace}  (A = off, B = on)")
+        trace = escape(printable(self.trace))  # the user's path, as typed
+        console.print(f"[bold]kvtrace study {self.behaviour}[/bold] on {trace}  (A = off, B = on)")
         for p in self.points:
             if p.parameter is not None:
                 console.print(f"[bold]{p.parameter} = {p.value}[/bold]")
@@ -222,6 +226,13 @@ def study_base(behaviour: str, given: RunSpec) -> RunSpec:
     """The settings both runs of a study share: on the behaviour's built-in workload its
     ``study_defaults``, overridden by every setting the user gave (``given``'s fields that
     differ from a bare RunSpec); on a user's trace, the user's settings alone."""
+    check_behaviour(behaviour)
+    if given.mode != "engine":  # (else the study's own preset is blamed, a flag the user never gave)
+        raise ConfigError("--mode", given.mode, "a study switches a cache behaviour of the engine's manager; "
+                                                "cache-only mode has none (use --mode engine)")
+    if behaviour in given.without:
+        raise ConfigError("--without", behaviour, "is the behaviour this study switches on and off itself "
+                                                  "(drop it from --without)")
     bare = RunSpec(trace="")
     changed = {f.name: getattr(given, f.name) for f in fields(RunSpec)
                if f.name != "trace" and getattr(given, f.name) != getattr(bare, f.name)}

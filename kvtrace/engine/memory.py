@@ -49,7 +49,7 @@ def default_device_type() -> str:
     imports torch only for a CUDA build. (Content is bit-identical on either device.)"""
     chosen = os.environ.get(DEVICE_ENV, "").strip()
     if chosen:
-        if chosen not in ("cpu", "cuda", "torch:cpu") and not chosen.startswith("cuda:"):
+        if chosen not in ("cpu", "cuda", "torch:cpu") and re.fullmatch(r"cuda:[0-9]+", chosen) is None:
             raise ConfigError(DEVICE_ENV, chosen, "expected cpu, cuda, cuda:N or torch:cpu")
         if chosen.startswith("cuda"):
             _check_cuda(chosen)

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from kvtrace.engine.clock import COEFFICIENTS, CostModel, StepWork, prefill_pairs
 from kvtrace.engine.costfit import Fit, Observation, fit_cost_model
-from kvtrace.errors import KVTraceError
+from kvtrace.errors import KVTraceError, file_problem
 from kvtrace.workload.lines import MAX_TOKENS, check_int
 
 DEFAULT_MAX_BATCHED_TOKENS = 8192
@@ -54,8 +54,9 @@ def observations_from_file(path: str | Path, *, max_num_batched_tokens: int = DE
     """Observations of a step CSV, a ``vllm bench serve`` JSON or a store of vLLM spans
     (chosen by suffix)."""
     p = str(path)
-    if not Path(p).is_file():
-        raise KVTraceError(f"{p}: no such file (expected {_KINDS})")
+    problem = file_problem(p)
+    if problem is not None:
+        raise KVTraceError(f"{p}: {problem} (expected {_KINDS})")
     if p.endswith(".csv"):
         return step_csv_observations(p)
     if p.endswith(".json"):

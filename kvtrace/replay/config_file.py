@@ -42,7 +42,7 @@ from typing import Any
 
 from kvtrace.cache.config import FullAttentionSpec, MambaSpec, SlidingWindowSpec
 from kvtrace.engine.clock import COEFFICIENTS, COST_MODELS, CostModel
-from kvtrace.errors import ConfigError
+from kvtrace.errors import ConfigError, file_problem
 from kvtrace.workload.lines import without_bom
 
 _CACHE_KEYS = {
@@ -112,6 +112,9 @@ def _check(section: dict, allowed: dict, path: str, prefix: str) -> dict:
 
 def load_config_file(path: str | Path) -> FileConfig:
     p = str(path)
+    problem = file_problem(p)  # (a FIFO would block the open)
+    if problem is not None:
+        raise ConfigError(p, "-", f"{problem}; expected a TOML file")
     try:
         with open(p, "rb") as f:
             data = f.read(MAX_CONFIG_BYTES + 1)

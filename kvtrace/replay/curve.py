@@ -37,7 +37,7 @@ import numpy as np
 
 from kvtrace.errors import ConfigError
 from kvtrace.replay.belady import belady_hits, chain_keys
-from kvtrace.replay.cache_only import as_block_requests, block_keys
+from kvtrace.replay.cache_only import MAX_CAPACITY_BLOCKS, as_block_requests, block_keys
 from kvtrace.workload import TraceRequest
 
 CURVE_POLICIES = ("lru", "belady")
@@ -187,8 +187,11 @@ def parse_capacities(text: str) -> list[int | None] | None:
         if part.lower() in ("inf", "unbounded"):
             out.append(None)
             continue
-        if not part.isdigit() or int(part) < 1:
+        if not (part.isascii() and part.isdigit()) or int(part) < 1:  # ('²'.isdigit() holds)
             raise ConfigError("--capacities", text, "expected auto, or block counts >= 1 (and inf) joined by commas")
+        if int(part) > MAX_CAPACITY_BLOCKS:  # one bound with replay's --capacity-blocks
+            raise ConfigError("--capacities", part, f"at most {MAX_CAPACITY_BLOCKS:,} blocks (a bounded pool's "
+                                                    "limit); say inf for the unbounded cache")
         out.append(int(part))
     if not out:
         raise ConfigError("--capacities", text, "no capacities given")

@@ -40,9 +40,10 @@ def parse_param(text: str, flag: str = "--param") -> tuple[str, list[Any]]:
     """``NAME=V1,V2,...`` -> (name, values typed for the RunSpec field)."""
     name, sep, raw = text.partition("=")
     name = name.strip()
-    values = [v.strip() for v in raw.split(",") if v.strip()]
-    if not sep or not values:
-        raise ConfigError(flag, text, f"expected NAME=V1,V2,... with NAME one of {', '.join(PARAMETERS)}")
+    values = [v.strip() for v in raw.split(",")]
+    if not sep or not all(values):  # (an empty item, as in 10,,20, is a typo: refused as --capacities does)
+        raise ConfigError(flag, text, f"expected NAME=V1,V2,... (no empty value) with NAME one of "
+                                      f"{', '.join(PARAMETERS)}")
     if name not in PARAMETERS:
         raise ConfigError(flag, text, f"unknown parameter {name!r}; expected one of {', '.join(PARAMETERS)}")
     if name in _INT_PARAMS:

@@ -147,6 +147,37 @@ def test_flags_name_themselves(capsys, argv, flag):
 
 
 @pytest.mark.parametrize("argv, needle", [
+    (["study", "external-hit-running-cow", "--mode", "cache-only"], "--mode: cache-only: a study switches"),
+    (["study", "shared-prefix-pinning", "--without", "shared-prefix-pinning"],
+     "--without: shared-prefix-pinning: is the behaviour this study switches"),
+    (["study", "shared-prefix-pinning", "--json", "--markdown"], "--markdown: given with --json"),
+    (["diff", "r1", "r2", "--db", "{db}", "--json", "--markdown"], "--markdown: given with --json"),
+    (["sweep", "gen:chat", "--limit", "2", "--param", "capacity_blocks=10,,20"], "--param: capacity_blocks=10,,20"),
+    (["curve", "gen:chat", "--limit", "2", "--capacities", "9223372036854775808"],
+     "--capacities: 9223372036854775808: at most 33,554,430"),
+    (["curve", "gen:chat", "--limit", "2", "--capacities", "10,²"], "--capacities: 10,²: expected auto"),
+    (["generate", "-o", "-"], "--out: -: not taken as stdout here; say /dev/stdout"),
+    (["runs", "--db", ""], "--db: expected a store path, got an empty one"),
+    (["calibrate", "--from", "{calibration}", "--moe", "0:0"], "--moe: 0:0: expected E:K with 1 <= K <= E"),
+    (["calibrate", "--from", "{calibration}", "--moe", "8:²"], "--moe: 8:²: expected E:K"),
+    (["calibrate", "--from", "{calibration}", "--max-num-batched-tokens", "0"], "--max-num-batched-tokens: 0"),
+    (["replay", "-", "--limit", "2"], "-: a trace is read more than once, so never from stdin"),
+    (["convert", "-", "--format", "mooncake", "-o", "x.jsonl"], "-: a trace is read more than once"),
+])
+def test_settings_that_cannot_mean_what_they_say_are_refused(capsys, replayed_store, argv, needle):
+    calibration = Path(__file__).resolve().parents[1] / "data" / "calibration" / "aic-h200-llama-3.1-8b-tp1.csv"
+    argv = [a.replace("{db}", replayed_store.path).replace("{calibration}", str(calibration)) for a in argv]
+    code, _, err = run(argv, capsys)
+    assert_one_line(code, err, needle)
+
+
+def test_a_malformed_device_is_called_malformed(capsys, monkeypatch):
+    monkeypatch.setenv("KVTRACE_DEVICE", "cuda:abc")
+    code, _, err = run(["replay", "gen:chat", "--limit", "2"], capsys)
+    assert_one_line(code, err, "KVTRACE_DEVICE: cuda:abc: expected cpu, cuda, cuda:N")
+
+
+@pytest.mark.parametrize("argv, needle", [
     (["replay"], "Missing argument"),
     (["replay", "gen:chat", "--no-such-flag"], "No such option"),
     (["replay", "gen:chat", "--limit", "many"], "--limit: 'many' is not a valid int"),

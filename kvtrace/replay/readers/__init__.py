@@ -12,7 +12,7 @@ import sys
 
 import msgspec
 
-from kvtrace.errors import TraceFormatError
+from kvtrace.errors import TraceFormatError, file_problem
 from kvtrace.names import FORMATS
 from kvtrace.replay.readers.azure import read_azure
 from kvtrace.replay.readers.bailian import read_bailian
@@ -38,11 +38,13 @@ __all__ = ["FORMATS", "TraceSource", "detect_format", "open_trace", "read_trace"
 
 def detect_format(path: str) -> str:
     """Guess the format from the content (first line), falling back to the suffix."""
+    _check_not_stdin(path)
     if os.path.isdir(path):
         weka_files(path)
         return "weka"
-    if not os.path.exists(path):
-        raise TraceFormatError(path, None, "no such file or directory")
+    problem = file_problem(path, missing="no such file or directory")  # (a FIFO would block the read)
+    if problem is not None:
+        raise TraceFormatError(path, None, _expected_trace(problem))
     first = next(numbered_lines(path), None)
     if first is None:
         raise TraceFormatError(path, None, "empty file; cannot detect the trace format")
@@ -77,6 +79,7 @@ def open_trace(
     """A streaming source. ``block_size`` overrides the tokens per hash id where the
     format does not carry it (mooncake 512, bailian 16, azure 16 by default)."""
     path = os.fspath(path)
+    _check_not_stdin(path)
     fmt = format or detect_format(path)
     if fmt not in READERS:
         raise TraceFormatError(path, None, f"unknown trace format {fmt!r}; expected one of {', '.join(FORMATS)}")
@@ -90,11 +93,24 @@ def open_trace(
             raise TraceFormatError(path, None, f"block_size: expected an int >= 1, got {block_size!r}")
         options["block_size"] = block_size
     files = weka_files(path) if fmt == "weka" else None
-    if files is None and not os.path.isfile(path):
-        raise TraceFormatError(path, None, "no such file")
+    problem = file_problem(path) if files is None else None
+    if problem is not None:
+        raise TraceFormatError(path, None, _expected_trace(problem, fmt))
     # a limit past any file's length is no limit (islice takes at most sys.maxsize)
     limit = None if limit is None else min(limit, sys.maxsize)
     return TraceSource(path, fmt, READERS[fmt], limit, options, files)
+
+
+def _check_not_stdin(path: str) -> None:
+    if path == "-":  # the shell convention for stdin, which a trace cannot be: it is read more than once
+        raise TraceFormatError(path, None, "a trace is read more than once, so never from stdin; save it to a file")
+
+
+def _expected_trace(problem: str, fmt: str | None = None) -> str:
+    if problem.startswith("no such"):
+        return problem
+    what = f"a trace file ({fmt} format)" if fmt else "a trace file or a directory of WEKA conversations"
+    return f"{problem}; expected {what}"
 
 
 def read_trace(

@@ -1,0 +1,69 @@
+"""The application with every command registered, and ``run``: one command line, its
+errors as one line each and its exit status as documented (2 a user's error, 130 Ctrl-C,
+143 SIGTERM)."""
+
+from __future__ import annotations
+
+import errno
+import sys
+
+import typer
+
+from kvtrace.cli import calibrate, conformance, live, replay, results, traces  # noqa: F401  (registers the commands)
+from kvtrace.cli.application import app
+from kvtrace.cli.output import StdoutError, error, fitted_streams, stdout_failure, unreadable_argument
+from kvtrace.errors import KVTraceError
+from kvtrace.process import sigterm_as_interrupt, terminated
+
+__all__ = ["app", "run"]
+
+
+def run() -> None:
+    with fitted_streams():  # a closed or full stdout, an encoding that cannot show a name: no traceback
+        _run()
+
+
+def _run() -> None:
+    bad = unreadable_argument(sys.argv[1:])
+    if bad is not None:
+        error(bad)
+        sys.exit(2)
+    try:
+        with sigterm_as_interrupt():  # `kill`, `timeout`: what was recorded is flushed, the run marked
+            rc = app(prog_name="kvtrace", standalone_mode=False)  # errors come back here, printed as one line
+    except KVTraceError as e:
+        error(str(e))
+        sys.exit(2)
+    except typer.Abort:
+        error("interrupted")
+        sys.exit(130)
+    except typer.TyperException as e:  # a mistyped command line (typer's click errors): one line too
+        error(_usage_error(e))
+        sys.exit(getattr(e, "exit_code", 2))
+    except KeyboardInterrupt:
+        rc = 130
+    except StdoutError as e:  # stdout gone (a full disk, a closed pipe) while the result was written
+        failure = stdout_failure(e)
+        if e.errno == errno.EPIPE:  # a reader that stopped early (`| head`) is no error
+            sys.exit(141)
+        error(failure)
+        sys.exit(2)
+    if rc == 130:  # (typer returns 130 for a KeyboardInterrupt, SIGTERM's Terminated included)
+        if terminated():
+            error("terminated (SIGTERM); what was recorded is kept")
+            sys.exit(143)
+        error("interrupted")
+    sys.exit(rc if isinstance(rc, int) else 0)
+
+
+def _usage_error(e: Exception) -> str:
+    """``--flag: what is wrong (see `kvtrace CMD --help`)``, as the run's own errors read."""
+    ctx = getattr(e, "ctx", None)
+    where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+    param = getattr(e, "param", None)
+    if type(e).__name__ == "BadParameter" and param is not None:  # a bad value (typer vendors click)
+        name = param.opts[0] if param.param_type_name == "option" else (param.metavar or param.name.upper())
+        message = f"{name}: {str(getattr(e, 'message', e)).removeprefix('Value error, ')}"
+    else:
+        message = e.format_message() if hasattr(e, "format_message") else str(e)
+    return " ".join(f"{message}{where}".split())
