@@ -17,7 +17,7 @@ import math
 import os
 import stat
 from collections.abc import Iterator
-from typing import TypeVar
+from typing import BinaryIO, TypeVar
 
 import msgspec
 
@@ -41,6 +41,22 @@ def without_bom(raw: bytes) -> bytes:
     return raw[len(_BOM):] if raw.startswith(_BOM) else raw
 
 
+# The longest line a trace may have: a request of two million token ids written out fits
+# with room to spare.
+MAX_LINE_BYTES = 64 << 20
+
+
+def bounded_lines(path: str, f: BinaryIO) -> Iterator[tuple[int, bytes]]:
+    """(1-based line number, bytes) for each line of the open file ``f``; a line longer
+    than ``MAX_LINE_BYTES`` (a file of NUL bytes, a lost newline) is a TraceFormatError,
+    never read whole into memory."""
+    for lineno, raw in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), start=1):
+        if len(raw) > MAX_LINE_BYTES:
+            raise TraceFormatError(path, lineno, f"line longer than {MAX_LINE_BYTES >> 20} MiB; expected one "
+                                                 "request a line")
+        yield lineno, raw
+
+
 def numbered_lines(path: str) -> Iterator[tuple[int, str]]:
     """(1-based line number, text) for each non-blank line, streamed.
 
@@ -54,7 +70,7 @@ def numbered_lines(path: str) -> Iterator[tuple[int, str]]:
     except OSError as e:
         raise TraceFormatError(path, None, f"cannot open: {e.strerror}") from None
     with f:
-        for lineno, raw in enumerate(f, start=1):
+        for lineno, raw in bounded_lines(path, f):
             if lineno == 1:
                 raw = without_bom(raw)
             try:

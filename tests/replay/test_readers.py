@@ -338,3 +338,26 @@ def test_copy_of_file_has_same_source_id(tmp_path):
     assert open_trace(p).source_id == open_trace(q).source_id
     q.write_text(GOOD_MC + "\n" + GOOD_MC + "\n")
     assert open_trace(p).source_id != open_trace(q).source_id
+
+
+@pytest.mark.parametrize("fmt", ["mooncake", "azure", None])
+def test_a_line_too_long_is_named_not_read_into_memory(tmp_path, fmt):
+    """A file of NUL bytes (a sparse file, a lost newline) was read as one line: 2 GB took
+    14 s and 4.3 GB of memory before any error."""
+    from kvtrace.workload.lines import MAX_LINE_BYTES
+
+    path = tmp_path / ("t.csv" if fmt == "azure" else "t.jsonl")
+    path.write_bytes(b"TIMESTAMP,ContextTokens,GeneratedTokens\n" if fmt == "azure" else b"")
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size + MAX_LINE_BYTES + 10)
+    with pytest.raises(TraceFormatError, match=r":[12]: line longer than 64 MiB"):
+        read_trace(path, fmt)
+
+
+def test_a_fifo_among_weka_files_is_refused_before_any_read(tmp_path):
+    import os
+
+    shutil.copytree(TRACES / "weka_sample", tmp_path / "weka")
+    os.mkfifo(tmp_path / "weka" / "zz.json")
+    with pytest.raises(TraceFormatError, match="zz.json: is a FIFO"):
+        read_trace(tmp_path / "weka")

@@ -18,7 +18,7 @@ from datetime import date
 from kvtrace.errors import TraceFormatError
 from kvtrace.numeric import cdiv
 from kvtrace.workload import TraceRequest
-from kvtrace.workload.lines import ArrivalOrder, check_int, without_bom
+from kvtrace.workload.lines import ArrivalOrder, bounded_lines, check_int, without_bom
 
 DEFAULT_BLOCK_SIZE = 16
 REQUIRED_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -55,7 +55,7 @@ def _int(path: str, line: int, key: str, text: str | None, minimum: int) -> int:
 
 def _decoded_lines(path: str, f) -> Iterator[str]:
     """The file's lines decoded one by one, so a non-UTF-8 byte is reported on its own line."""
-    for lineno, raw in enumerate(f, start=1):
+    for lineno, raw in bounded_lines(path, f):
         try:
             yield (without_bom(raw) if lineno == 1 else raw).decode("utf-8")
         except UnicodeDecodeError:

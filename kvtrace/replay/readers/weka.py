@@ -27,7 +27,7 @@ from collections.abc import Iterator
 
 import msgspec
 
-from kvtrace.errors import TraceFormatError
+from kvtrace.errors import TraceFormatError, file_problem
 from kvtrace.numeric import cdiv
 from kvtrace.workload import TraceRequest
 from kvtrace.workload.lines import MAX_ID, ArrivalOrder, S, check_int, without_bom
@@ -64,6 +64,10 @@ def weka_files(path: str) -> list[str] | None:
     files = sorted(glob.glob(os.path.join(path, "*.json")))
     if not files:
         raise TraceFormatError(path, None, "directory holds no *.json conversation files")
+    for file in files:  # (a FIFO among them would block the read)
+        problem = file_problem(file)
+        if problem is not None:
+            raise TraceFormatError(file, None, f"{problem}; expected a WEKA conversation file")
     return files
 
 
