@@ -379,3 +379,15 @@ def test_every_member_of_a_gzip_body_is_stored(tmp_path, collector):
     collector.stop()
     names = sorted(r["name"] for r in store_rows(tmp_path / "rx.duckdb", "r1", "name"))
     assert names == [f"mm{i}" for i in range(6)]
+
+
+def test_two_different_content_lengths_are_refused(tmp_path, collector, capfd):
+    """RFC 9112 6.3: the first was used, and the rest of the body parsed as a new request."""
+    body = _json_body(2)
+    head = (f"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 5\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    reply = _raw_http(collector.address, head, body, half_close=True)
+    assert reply.startswith(b"HTTP/1.1 400") and reply.count(b"HTTP/1.1") == 1, reply[:300]
+    assert b"Content-Length given twice" in reply
+    collector.stop()
+    assert count_spans(tmp_path / "rx.duckdb", "json-run") == 0

@@ -376,7 +376,11 @@ def _make_handler(collector: OTLPCollector) -> type[BaseHTTPRequestHandler]:
             if self.path.split("?")[0] != TRACES_PATH:
                 # the body is not read: the reply closes the connection
                 return self._error(HTTPStatus.NOT_FOUND, f"only {TRACES_PATH} is served here", as_json, True)
-            length = self.headers.get("Content-Length")
+            lengths = self.headers.get_all("Content-Length") or []
+            if len({v.strip() for v in lengths}) > 1:  # which one frames the body? refused (RFC 9112 6.3)
+                return self._error(HTTPStatus.BAD_REQUEST, "Content-Length given twice, with different values",
+                                   as_json, True)
+            length = lengths[0] if lengths else None
             limit = collector.max_body_bytes
             chunked = (self.headers.get("Transfer-Encoding") or "").strip().lower() == "chunked"
             if chunked and length is not None:  # two framings: refused (RFC 9112 6.1), never guessed
