@@ -83,6 +83,33 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def stop_requested() -> Iterator[threading.Event]:
+    """An event set by Ctrl-C or SIGTERM within the block, instead of an exception raised
+    wherever the main thread happens to be: a loop that must not stop mid-item (a capture
+    halfway through a batch) checks it between items. A second signal while stopping raises
+    as usual (a stop that takes too long can still be forced). SIGTERM is remembered for
+    ``terminated``. Off the main thread the event is never set."""
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def request(signum, frame) -> None:
+        if signum == signal.SIGTERM:
+            _terminated.set()
+        if stop.is_set():  # the second one: forced
+            raise Terminated("SIGTERM") if signum == signal.SIGTERM else KeyboardInterrupt
+        stop.set()
+
+    previous = {sig: signal.signal(sig, request) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
 def sigterm_blocked() -> Iterator[None]:
     """SIGTERM held (not lost) within the block: a child forked in it starts with it held;
     one that arrives meanwhile is delivered when the block ends."""

@@ -461,6 +461,23 @@ def test_a_replay_socket_that_never_ends_its_answer_cannot_hold_the_capture(tmp_
     assert pub.replay_requests and stats.batches >= 1
 
 
+def test_batches_queued_when_the_capture_stops_are_received_and_counted(tmp_path):
+    """A 20,000-event batch keeps the capture busy while 300 more queue up; the stop comes
+    meanwhile. The queued ones used to be neither stored nor counted."""
+    def body(pub):
+        big = _raw_batch(2.0, extra_events=[["BlockStored", [9 + i], 1, [1] * 4, 4, None, "GPU"]
+                                            for i in range(20_000)])
+        pub.publish_raw(big)
+        for _ in range(300):
+            pub.publish_raw(_raw_batch(3.0))
+        time.sleep(0.3)  # (loopback delivers them into the SUB socket's queue)
+
+    stats = _capture_during(tmp_path, VllmPublisher(), body, lambda cap: True)
+    assert (stats.batches, stats.lost, stats.bad_messages) == (302, 0, 0)
+    rows = store_rows(tmp_path / "hostile.duckdb", stats.run_id, "name, step")
+    assert sorted(r["step"] for r in rows if r["name"] == "kvtrace.engine.step") == list(range(302))
+
+
 def _free_port() -> int:
     import socket
 

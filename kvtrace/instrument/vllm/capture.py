@@ -36,7 +36,7 @@ from kvtrace.instrument.ids import SeededIdGenerator
 from kvtrace.instrument.vllm.reconstruct import ChainTracer, write_native_trace
 from kvtrace.instrument.vllm.rows import ENDPOINT_KEY, VllmSpanRows
 from kvtrace.instrument.vllm.wire import KVEventBatch, VllmWireError, decode_kv_batch, dp_endpoint, replay_frame
-from kvtrace.process import sigterm_as_interrupt
+from kvtrace.process import sigterm_as_interrupt, stop_requested
 from kvtrace.store.schema import SUMMARY_NOTHING_RECEIVED
 from kvtrace.store.writer import Store
 
@@ -51,6 +51,8 @@ MAX_SEQ_GAP = 1 << 32
 # frames past those asked for: a replay socket that never stops answering cannot hold the
 # capture past its --duration.
 _REPLAY_SLACK_FRAMES = 64
+# How long a stopping capture keeps receiving what is already queued on its sockets.
+DRAIN_S = 5.0
 MAX_DURATION_S = 366 * 86_400  # --duration: a year at most (a bound that keeps the deadline arithmetic finite)
 
 
@@ -294,7 +296,10 @@ class VllmKVCapture:
 def run_captures(caps: list[VllmKVCapture], duration: float | None = None,
                  should_stop: Callable[[], bool] | None = None) -> None:
     """Receive on every capture's socket until ``duration`` seconds pass, ``should_stop()``
-    is true, or Ctrl-C; each flushes on its own interval and once at the end."""
+    is true, or Ctrl-C or SIGTERM (taken between batches, never halfway through one); then
+    what is already queued on the sockets is received too (for up to ``DRAIN_S``), so the
+    counts cover every batch that reached this process. Each capture flushes on its own
+    interval and once at the end."""
     deadline = None if duration is None else time.monotonic() + duration
     poller = zmq.Poller()
     for cap in caps:
@@ -302,8 +307,8 @@ def run_captures(caps: list[VllmKVCapture], duration: float | None = None,
         poller.register(cap.monitor, zmq.POLLIN)
     by_socket = {cap.socket: cap for cap in caps}
     by_monitor = {cap.monitor: cap for cap in caps}
-    try:
-        while True:
+    with stop_requested() as signalled:
+        while not signalled.is_set():
             if should_stop is not None and should_stop():
                 break
             timeout = 100 if deadline is None else max(0, int(min(100.0, (deadline - time.monotonic()) * 1000)))
@@ -318,8 +323,10 @@ def run_captures(caps: list[VllmKVCapture], duration: float | None = None,
             for cap in caps:
                 if cap.flush_due(now):
                     cap.flush()
-    except KeyboardInterrupt:
-        pass
+        drain_until = time.monotonic() + DRAIN_S
+        for cap in caps:
+            while time.monotonic() < drain_until and cap.socket.poll(0):
+                cap.receive(cap.socket.recv_multipart())
     for cap in caps:
         cap.flush()
 
