@@ -28,6 +28,16 @@ BEHAVIOURS = (TRANSIENT_CHECKPOINT_RETENTION, SHARED_PREFIX_PINNING, EXTERNAL_HI
 # cache backends the engine's scheduler drives (kvtrace.engine.backends); the first is the default
 KVTRACE, VLLM = "kvtrace", "vllm"
 BACKENDS = (KVTRACE, VLLM)
+# The standard OpenTelemetry variables that name a collector (kvtrace.instrument.pipeline):
+# either one, like --otlp-endpoint, makes a run send its spans there.
+OTLP_ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+
+
+def otlp_requested(endpoint: str | None) -> bool:
+    """Whether spans go to a collector: ``--otlp-endpoint`` given, or a standard variable set."""
+    import os
+
+    return bool(endpoint) or any(os.environ.get(k) for k in OTLP_ENDPOINT_VARIABLES)
 
 
 def printable(text: object) -> str:

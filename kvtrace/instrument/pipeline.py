@@ -37,9 +37,10 @@ from kvtrace.instrument.exporter import DuckDBSpanExporter
 from kvtrace.instrument.ids import SeededIdGenerator
 from kvtrace.instrument.instrumentor import DEFAULT_STEP_NS, KVCacheInstrumentor, provider_span_processors
 from kvtrace.instrument.processor import BulkSpanProcessor
+from kvtrace.names import OTLP_ENDPOINT_VARIABLES, otlp_requested
 from kvtrace.store.schema import TIME_OFFSET_RESOURCE_KEY
 
-_ENV_ENDPOINTS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+_ENV_ENDPOINTS = OTLP_ENDPOINT_VARIABLES
 _ENV_PROTOCOLS = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
 _ENV_TIMEOUTS = ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT")
 PROTOCOLS = ("http/protobuf", "grpc")
@@ -55,13 +56,8 @@ class SpansNotDelivered(KVTraceError):
 
     def __init__(self, endpoint: str, failed: int, total: int, reason: str | None):
         why = f" ({reason})" if reason else ""
-        super().__init__(f"--otlp-endpoint {endpoint}: {failed:,} of {total:,} spans were not delivered{why}"[:400])
+        super().__init__(f"{endpoint}: {failed:,} of {total:,} spans were not delivered{why}"[:400])
         self.endpoint, self.failed, self.total = endpoint, failed, total
-
-
-def otlp_requested(endpoint: str | None) -> bool:
-    """True when a URL is given or the standard endpoint variables name one."""
-    return bool(endpoint) or any(os.environ.get(k) for k in _ENV_ENDPOINTS)
 
 
 def otlp_protocol() -> str:
@@ -76,25 +72,32 @@ def otlp_protocol() -> str:
     return PROTOCOLS[0]
 
 
-def traces_url(endpoint: str) -> str:
-    """A collector base URL gets the OTLP/HTTP traces path; a full URL is kept."""
+def traces_url(endpoint: str, where: str = "--otlp-endpoint") -> str:
+    """A collector base URL gets the OTLP/HTTP traces path; a full URL is kept. ``where``:
+    the flag or variable named when it is malformed."""
     try:
         parsed = urlparse(endpoint)
         parsed.port  # noqa: B018  # a port out of range or not a number raises here
     except ValueError:  # e.g. an unclosed IPv6 bracket
         parsed = None
     if parsed is None or parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise ConfigError("--otlp-endpoint", endpoint, "expected an http(s)://HOST:PORT[/v1/traces] URL")
+        raise ConfigError(where, endpoint, "expected an http(s)://HOST:PORT[/v1/traces] URL")
     if parsed.path in ("", "/"):
         return endpoint.rstrip("/") + "/v1/traces"
     return endpoint
 
 
 def check_otlp_settings(endpoint: str | None) -> None:
-    """Refuse a malformed ``endpoint`` or OTEL_* timeout before anything is recorded (the
-    SDK logs and ignores a non-number, and fails every export on a timeout <= 0)."""
+    """Refuse a malformed ``endpoint`` (or endpoint variable, for OTLP/HTTP), protocol or
+    OTEL_* timeout before anything is recorded (the SDK logs and ignores a non-number,
+    fails every export on a timeout <= 0, and sends nothing to a URL it cannot parse)."""
+    protocol = otlp_protocol()
     if endpoint:
         traces_url(endpoint)
+    elif protocol != "grpc":  # (gRPC's exporter takes a bare HOST:PORT too)
+        key = next((k for k in _ENV_ENDPOINTS if os.environ.get(k)), None)
+        if key is not None:
+            traces_url(os.environ[key], where=key)
     for key in _ENV_TIMEOUTS:
         text = os.environ.get(key)
         if text:
@@ -126,10 +129,11 @@ def otlp_span_exporter(endpoint: str | None = None) -> SpanExporter:
 
 
 def otlp_destination(endpoint: str | None) -> str:
-    """What the error line calls the collector."""
+    """What the error line calls the collector: the flag, or the variable, that named it."""
     if endpoint:
-        return endpoint
-    return next((os.environ[k] for k in _ENV_ENDPOINTS if os.environ.get(k)), "(OTEL_EXPORTER_OTLP_ENDPOINT)")
+        return f"--otlp-endpoint {endpoint}"
+    key = next((k for k in _ENV_ENDPOINTS if os.environ.get(k)), _ENV_ENDPOINTS[-1])
+    return f"{key}={os.environ.get(key, '')}"
 
 
 class _FirstFailure(logging.Filter):

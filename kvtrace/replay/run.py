@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvtrace.errors import ConfigError, KVTraceError, check_option
 from kvtrace.metrics import DEFAULT_PERCENTILES
-from kvtrace.names import MODES
+from kvtrace.names import MODES, otlp_requested
 from kvtrace.numeric import cdiv
 from kvtrace.replay.config_file import load_config_file, parse_retention
 from kvtrace.replay.digest import Digest
@@ -289,7 +289,8 @@ def run_replay(
     # the engine's configuration loads the cache; a generated workload is built after it.
     workload = None if spec.trace.startswith(GENERATED_PREFIX) else open_workload(spec)
     config, behaviours, preset = validate(spec)
-    if otlp_endpoint:  # before the run is created: a refused setting records nothing
+    otlp = otlp_requested(otlp_endpoint)
+    if otlp:  # before the run is created: a refused setting records nothing
         from kvtrace.instrument.pipeline import check_otlp_settings
 
         check_otlp_settings(otlp_endpoint)
@@ -314,7 +315,7 @@ def run_replay(
             offset = store.time_offset_ns(run_id) if store is not None and run_id is not None else None
             undelivered = None
             try:
-                with _recording(sink, run_id or "unrecorded", otlp_endpoint, spec.seed, offset,
+                with _recording(sink, run_id or "unrecorded", otlp_endpoint, otlp, spec.seed, offset,
                                 resource) as instrumentor:
                     bar = _Progress(progress, workload.total, f"{spec.mode} {Path(workload.source).name}")
                     try:
@@ -355,12 +356,13 @@ def run_replay(
             raise
 
 
-def _recording(store, run_id: str, otlp_endpoint: str | None, seed: int, time_offset_ns: int | None,
+def _recording(store, run_id: str, otlp_endpoint: str | None, otlp: bool, seed: int, time_offset_ns: int | None,
                resource_attributes: dict[str, Any] | None = None):
     """The span recording of a run, or nothing when spans go nowhere (building them is
-    the cost, so an unrecorded replay builds none). ``time_offset_ns``: the store's
-    offset of the run's times, which an OTLP export reuses (metadata: not in the digest)."""
-    if store is None and not otlp_endpoint:
+    the cost, so an unrecorded replay builds none). ``otlp``: spans go to a collector (the
+    flag's or the standard variables'). ``time_offset_ns``: the store's offset of the
+    run's times, which an OTLP export reuses (metadata: not in the digest)."""
+    if store is None and not otlp:
         return contextlib.nullcontext(None)
     from kvtrace.instrument import recording
 

@@ -269,6 +269,27 @@ def test_conformance_without_vllm_is_one_line_and_exit_2():
     assert "make vllm" in lines[0] and r.stdout == ""
 
 
+def test_the_standard_endpoint_variable_alone_sends_the_spans(tmp_path):
+    """OTEL_EXPORTER_OTLP_ENDPOINT without --otlp-endpoint or --db: the README says it sends
+    the spans, but the replay recorded none and exited 0 (and a malformed one was ignored)."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{port}")
+    r = subprocess.run([*KVTRACE, "replay", "gen:chat", "--limit", "3", "--json"], capture_output=True, text=True,
+                       env=env, timeout=300, check=False)
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith(
+        f"kvtrace: error: OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:{port}: ")
+    assert "spans were not delivered" in r.stderr
+    r = subprocess.run([*KVTRACE, "replay", "gen:chat", "--limit", "3"], capture_output=True, text=True,
+                       env=dict(os.environ, OTEL_EXPORTER_OTLP_ENDPOINT="notaurl"), timeout=300, check=False)
+    assert r.returncode == 2 and r.stderr.strip() == ("kvtrace: error: OTEL_EXPORTER_OTLP_ENDPOINT: notaurl: "
+                                                      "expected an http(s)://HOST:PORT[/v1/traces] URL"), r.stderr
+
+
 @pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
 def test_replay_to_a_dead_collector_says_how_many_spans_were_not_delivered(tmp_path, protocol):
     """Exit 1 and one error line with the count; no SDK retry lines; the DuckDB copy whole."""
