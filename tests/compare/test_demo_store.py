@@ -167,7 +167,8 @@ def test_a_failed_demo_leaves_the_earlier_store_and_nothing_else(tmp_path, monke
         _demo(db)
     assert _digest(db) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["demo.duckdb"]
-    assert signal.pthread_sigmask(signal.SIG_BLOCK, set()) == set()  # no signal left held
+    # neither signal the demo holds is left held (SIGPIPE may be, by a library an earlier test loaded)
+    assert not signal.pthread_sigmask(signal.SIG_BLOCK, set()) & {signal.SIGINT, signal.SIGTERM}
 
 
 @pytest.mark.parametrize(("sig", "when", "code", "line"), [

@@ -208,6 +208,11 @@ class VllmKVCapture:
             self._recover(0, seq, lost_if_missing=True)
         self._accept(seq, payload)
 
+    @property
+    def held(self) -> int:
+        """Messages received but not yet counted: a backwards seq waiting for the next one."""
+        return 0 if self._pending is None else 1
+
     def _settle_pending(self, force: bool = False) -> None:
         """A backwards message that no other followed within a flush interval (or by the
         end): the restarted publisher went quiet; its first batch is stored as such."""
