@@ -45,10 +45,11 @@ def diff_runs(
     info_a, info_b = view.run_info(run_a), view.run_info(run_b)
     same = same_trace(info_a, info_b)
     if not same and not force:
-        raise KVTraceError(
-            f"{db}: runs {run_a} and {run_b} replay different traces "
-            f"({info_a.get('trace')!r} vs {info_b.get('trace')!r}); pass --force to compare anyway"
-        )
+        a, b = info_a.get("trace"), info_b.get("trace")
+        # one file read two ways (another --limit, --block-size or --format) is different requests too
+        which = f"{a!r}, read differently (another --limit, --block-size or --format)" if a == b else f"{a!r} vs {b!r}"
+        raise KVTraceError(f"{db}: runs {run_a} and {run_b} replay different traces ({which}); pass --force to "
+                           "compare anyway")
     diff = diff_summaries(view.summary(run_a), view.summary(run_b), run_a=info_a, run_b=info_b)
     diff.same_trace, diff.forced = same, not same
     diff.requests = request_hit_diff(view.per_request_hits(run_a), view.per_request_hits(run_b), top=top)

@@ -499,3 +499,14 @@ def test_a_bad_otlp_timeout_is_refused_before_anything_is_recorded(tmp_path, cap
                         "--otlp-endpoint", "http://127.0.0.1:9"], capsys)
     assert_one_line(code, err, key, repr(value), "positive number of seconds")
     assert not db.exists()
+
+
+def test_one_file_read_two_ways_is_named_as_such(tmp_path, capsys):
+    """Two runs of one file with another --limit: the refusal showed the same path twice."""
+    trace = write_lines(tmp_path / "t.jsonl", [MOONCAKE_LINE, {**MOONCAKE_LINE, "timestamp": 1}])
+    db = str(tmp_path / "s.duckdb")
+    for limit in ("1", "2"):
+        code, _, err = run(["replay", trace, "--mode", "cache-only", "--limit", limit, "--db", db], capsys)
+        assert code == 0, err
+    code, _, err = run(["diff", "r1", "r2", "--db", db], capsys)
+    assert_one_line(code, err, "read differently (another --limit, --block-size or --format)", "--force")
