@@ -359,5 +359,5 @@ def test_a_fifo_among_weka_files_is_refused_before_any_read(tmp_path):
 
     shutil.copytree(TRACES / "weka_sample", tmp_path / "weka")
     os.mkfifo(tmp_path / "weka" / "zz.json")
-    with pytest.raises(TraceFormatError, match="zz.json: is a FIFO"):
+    with pytest.raises(TraceFormatError, match=r"zz\.json: is a FIFO"):
         read_trace(tmp_path / "weka")
