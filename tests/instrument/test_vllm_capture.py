@@ -538,3 +538,17 @@ def test_capture_stopped_by_sigterm_finishes_its_run(tmp_path):
     assert proc.returncode in (0, 1), err  # 1 if the signal came before the SUB socket reached the publisher
     assert "kvtrace capture vllm: 0 batches" in err and "Traceback" not in err
     assert read.run(db, "r1")["status"] == "complete"  # not left incomplete: summarised and finished
+
+
+def test_a_restart_years_into_a_lifetime_is_a_bad_message_not_2_to_the_40_lost():
+    """First contact at seq 2^40 (accepted: nothing before it is counted lost), then two
+    messages just below it: taken as a restart, they counted 2^40 batches lost."""
+    from kvtrace.instrument.vllm.capture import VllmKVCapture
+
+    cap = VllmKVCapture("tcp://127.0.0.1:1", replay_timeout_s=0.01)  # no publisher: messages handed in
+    try:
+        for seq, ts in ((2**40, 1.0), (2**40 - 5, 2.0), (2**40 - 4, 3.0)):
+            cap.receive([b"kv", seq.to_bytes(8, "big"), _raw_batch(ts)])
+    finally:
+        cap.close()
+    assert (cap.stats.batches, cap.stats.restarts, cap.stats.lost, cap.stats.bad_messages) == (1, 0, 0, 2)

@@ -167,7 +167,9 @@ class VllmKVCapture:
 
     def receive(self, frames: list[bytes]) -> None:
         """One multipart message from ``socket``: duplicates are dropped, a gap is
-        recovered (or counted lost) before the message is accepted."""
+        recovered (or counted lost) before the message is accepted, and a seq that went
+        backwards is held until the next message says whether it began a new publisher
+        lifetime (a restart) or was a stray message (a bad one)."""
         if len(frames) != 3 or len(frames[1]) != 8:
             self._bad(None, f"expected [topic, seq, payload] frames with an 8-byte seq, got {len(frames)} frames")
             return
@@ -200,7 +202,11 @@ class VllmKVCapture:
 
     def _restart(self, seq: int, payload: bytes) -> None:
         """A new publisher lifetime, its counter started again at ``seq``'s run: its steps
-        follow the earlier lifetimes'."""
+        follow the earlier lifetimes'. A lifetime cannot begin more than MAX_SEQ_GAP steps in
+        (vLLM counts from 0): such a message is a bad one, never 2^32 batches counted lost."""
+        if seq > MAX_SEQ_GAP:
+            self._bad(seq, f"seq {seq} after a restart: more than {MAX_SEQ_GAP:,} steps into a new lifetime")
+            return
         self.stats.restarts += 1
         self._step_base, self.last_seq = self._next_step, None
         self._recent.clear()
