@@ -25,6 +25,12 @@ def collect(
         = 16 * 1024 * 1024,
 ) -> None:
     """Receive OTLP traces (HTTP: protobuf or JSON on /v1/traces; gRPC) into the store."""
+    import os
+
+    # Before grpc loads: its C core wrote a stderr line for each malformed request any peer
+    # sends (a bad grpc-encoding, say); the summary counts what kvtrace refuses. Set
+    # GRPC_VERBOSITY to see gRPC's own lines again.
+    os.environ.setdefault("GRPC_VERBOSITY", "NONE")
     from kvtrace.instrument.otlp import serve_collector
 
     pyarrow_without_pandas()

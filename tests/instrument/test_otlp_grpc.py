@@ -251,3 +251,22 @@ def test_a_request_after_the_store_closed_is_refused_not_stored(tmp_path):
     runs = read.runs(str(db))
     assert runs["status"].to_list() == ["complete"] and count_spans(db, "r1") == 2
     assert collector.spans_received == 2
+
+
+def test_malformed_grpc_metadata_does_not_flood_the_collectors_stderr(tmp_path):
+    """gRPC's C core wrote one line per request with a bad grpc-encoding (any peer can send
+    one), so a hostile client could fill the log; the collector's stderr is its own two lines."""
+    from tests.instrument.raw_h2 import export_with_headers
+
+    proc = _collect("--db", str(tmp_path / "flood.duckdb"), "--port", "0", "--grpc-port", "0")
+    try:
+        ready = proc.stderr.readline()
+        port = int(re.search(r"OTLP/gRPC on 127\.0\.0\.1:(\d+)", ready).group(1))
+        for i in range(3):
+            export_with_headers(port, [("grpc-encoding", "x" * 1000 + str(i))])
+        _send_request_and_child(f"127.0.0.1:{port}", {"service.name": "vllm"})  # still serving
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert err.strip().splitlines() == ["kvtrace collect: 2 spans stored, 0 requests rejected"], err
