@@ -11,38 +11,14 @@ from __future__ import annotations
 import json
 import os
 import stat
-import sys
 import threading
 from pathlib import Path
 
 import pytest
 
-from kvtrace import cli
+from tests.cli.support import assert_one_line, run
 
 MOONCAKE_LINE = {"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1]}
-
-
-def run(argv: list[str], capsys) -> tuple[int, str, str]:
-    old = sys.argv
-    sys.argv = ["kvtrace", *argv]
-    try:
-        cli.main()
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    finally:
-        sys.argv = old
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def assert_one_line(code: int, err: str, *needles: str) -> None:
-    assert code == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("kvtrace: error: "), err
-    assert "Traceback" not in err
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
 
 
 def write_lines(path, rows: list, raw_tail: bytes = b"") -> str:

@@ -13,33 +13,16 @@ import duckdb
 import polars as pl
 import pytest
 
-from kvtrace import cli
+from tests.cli.support import assert_one_line
+from tests.cli.support import run as _cli
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _cli(argv: list[str], capsys) -> tuple[int, str, str]:
-    old = sys.argv
-    sys.argv = ["kvtrace", *argv]
-    try:
-        cli.main()
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    finally:
-        sys.argv = old
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def _one_line(code: int, err: str, *needles: str) -> str:
-    assert code == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("kvtrace: error: "), err
-    assert "Traceback" not in err and "errno" not in err and "{" not in err
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
-    return lines[0]
+    line = assert_one_line(code, err, *needles)
+    assert "errno" not in line and "{" not in line  # (no DuckDB JSON debris)
+    return line
 
 
 @pytest.fixture()

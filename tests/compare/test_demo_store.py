@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from kvtrace import cli
 from kvtrace.compare import demo
 from kvtrace.compare.demo import run_demo
 from kvtrace.errors import KVTraceError
 from kvtrace.store import read
+from tests.cli.support import run
 
 ROOT = Path(__file__).resolve().parents[2]
 LIMIT = 8  # requests per replay: a demo in seconds
@@ -47,16 +47,8 @@ def _no_replay(monkeypatch) -> None:
 
 
 def _cli(argv: list[str], capsys) -> tuple[int, str]:
-    old = sys.argv
-    sys.argv = ["kvtrace", *argv]
-    try:
-        cli.main()
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    finally:
-        sys.argv = old
-    return code, capsys.readouterr().err
+    code, _, err = run(argv, capsys)
+    return code, err
 
 
 @pytest.fixture(scope="module")

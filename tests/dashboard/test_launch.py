@@ -8,15 +8,9 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 
 from kvtrace.store.writer import Store
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.dashboard.support import free_port, serving
 
 
 def _dashboard(db, port: int) -> subprocess.Popen:
@@ -24,22 +18,14 @@ def _dashboard(db, port: int) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
-def _serving(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
-
-
 def test_sigterm_stops_the_server_with_the_command(tmp_path):
     db = tmp_path / "d.duckdb"
     Store.open(db).close()
-    port = _free_port()
+    port = free_port()
     proc = _dashboard(db, port)
     try:
         deadline = time.monotonic() + 120
-        while not _serving(port):
+        while not serving(port):
             assert proc.poll() is None, proc.stderr.read()
             assert time.monotonic() < deadline, "the dashboard never served"
             time.sleep(0.2)
@@ -49,7 +35,7 @@ def test_sigterm_stops_the_server_with_the_command(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert not _serving(port)  # nothing outlived the command: no child kept the port
+    assert not serving(port)  # nothing outlived the command: no child kept the port
     with socket.socket() as s:  # the port is free again
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", port))

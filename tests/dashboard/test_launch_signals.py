@@ -6,35 +6,20 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 
 import duckdb
 import pytest
 
 from kvtrace.store.writer import Store
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.dashboard.support import free_port, serving
 
 
 def _kvtrace(*args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "kvtrace.cli", *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-
-
-def _serving(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
 
 
 def _not_a_store(tmp_path, kind: str):
@@ -55,7 +40,7 @@ def _not_a_store(tmp_path, kind: str):
 @pytest.mark.parametrize("kind", ["text", "empty", "unrelated-tables", "directory"])
 def test_a_file_that_is_no_store_is_refused_as_runs_refuses_it(tmp_path, kind):
     db = _not_a_store(tmp_path, kind)
-    port = _free_port()
+    port = free_port()
     runs = _kvtrace("runs", "--db", str(db))
     _, runs_err = runs.communicate(timeout=120)
     proc = _kvtrace("dashboard", "--db", str(db), "--port", str(port))
@@ -70,13 +55,13 @@ def test_a_file_that_is_no_store_is_refused_as_runs_refuses_it(tmp_path, kind):
     assert len(lines) == 1 and "Traceback" not in err, err
     assert lines == runs_err.strip().splitlines()  # the same check, the same line
     assert lines[0].startswith(f"kvtrace: error: {db}: ")
-    assert not _serving(port)
+    assert not serving(port)
 
 
-def _start_serving(db, port: int) -> subprocess.Popen:
+def _startserving(db, port: int) -> subprocess.Popen:
     proc = _kvtrace("dashboard", "--db", str(db), "--port", str(port))
     deadline = time.monotonic() + 120
-    while not _serving(port):
+    while not serving(port):
         if proc.poll() is not None:
             raise AssertionError(proc.stderr.read() if proc.stderr else "")
         if time.monotonic() > deadline:
@@ -125,8 +110,8 @@ def _gone(pid: int, timeout: float = 30.0) -> bool:
 def test_a_signal_stops_the_server_and_exits_as_every_command_does(tmp_path, sig, code, line):
     db = tmp_path / "d.duckdb"
     Store.open(db).close()
-    port = _free_port()
-    proc = _start_serving(db, port)
+    port = free_port()
+    proc = _startserving(db, port)
     try:
         servers = _children(proc.pid)
         assert servers, "the server is a child of the command"
@@ -141,21 +126,21 @@ def test_a_signal_stops_the_server_and_exits_as_every_command_does(tmp_path, sig
     assert len(errors) == 1 and errors[0].startswith(line), err
     assert err.strip().splitlines()[-1] == errors[0] and "Traceback" not in err, err
     assert all(_gone(s) for s in servers)
-    assert not _serving(port)
+    assert not serving(port)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the server dies with its parent on Linux")
 def test_a_killed_command_leaves_no_server(tmp_path):
     db = tmp_path / "d.duckdb"
     Store.open(db).close()
-    port = _free_port()
-    proc = _start_serving(db, port)
+    port = free_port()
+    proc = _startserving(db, port)
     servers = _children(proc.pid)
     proc.kill()
     proc.wait()
     assert servers, "the server is a child of the command"
     assert all(_gone(s) for s in servers), "a server outlived the killed command"
     deadline = time.monotonic() + 30
-    while _serving(port) and time.monotonic() < deadline:
+    while serving(port) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not _serving(port)
+    assert not serving(port)

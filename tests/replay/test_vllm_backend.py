@@ -178,7 +178,7 @@ def test_an_api_vllm_lacks_is_named(tmp_path, monkeypatch):
     (["--without", "shared-prefix-pinning"], "--without: shared-prefix-pinning: switches kvtrace's own behaviours"),
 ])
 def test_settings_the_vllm_backend_refuses(tmp_path, capsys, argv, needle):
-    from tests.cli.test_bad_input import run
+    from tests.cli.support import run
 
     db = tmp_path / "refused.duckdb"
     code, _, err = run(["replay", "gen:chat", "--limit", "2", "--backend", "vllm", "--db", str(db), *argv], capsys)

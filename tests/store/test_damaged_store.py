@@ -24,34 +24,12 @@ from kvtrace import cli
 from kvtrace.store import Store, StoreError, read
 from kvtrace.store.connection import read_connection
 from kvtrace.store.liveness import host_name, writer_alive
+from tests.cli.support import assert_one_line
+from tests.cli.support import run as kvtrace
 from tests.conftest import MOONCAKE
 
 ROOT = str(Path(__file__).resolve().parents[2])
 REPLAY = ["replay", str(MOONCAKE), "--limit", "5", "--mode", "cache-only", "--capacity-blocks", "64"]
-
-
-def kvtrace(argv: list[str], capsys) -> tuple[int, str, str]:
-    """Run the kvtrace CLI in this process: (exit code, stdout, stderr)."""
-    old = sys.argv
-    sys.argv = ["kvtrace", *argv]
-    try:
-        cli.main()
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    finally:
-        sys.argv = old
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def assert_one_line(code: int, err: str, *needles: str) -> None:
-    assert code == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("kvtrace: error: "), err
-    assert "Traceback" not in err
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
 
 
 @pytest.fixture(scope="module")
