@@ -8,6 +8,8 @@ fraction of a second. The implementing modules key their tables by these names, 
 
 from __future__ import annotations
 
+from typing import Any
+
 # replay --mode (kvtrace.replay.run)
 MODES = ("engine", "cache-only")
 # cache-only --policy (kvtrace.replay.cache_only)
@@ -48,3 +50,16 @@ def printable(text: object) -> str:
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+PIPED_WIDTH = 250  # columns rich lays out for a stdout that is not a terminal
+
+
+def stdout_console() -> Any:
+    """rich's console for a command's stdout, the one every table goes through: a terminal's
+    own width, else ``PIPED_WIDTH`` (rich's 80 would cut a metric's name and wrap a path)."""
+    import sys
+
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else PIPED_WIDTH)

@@ -13,7 +13,7 @@ from typing import Any
 
 import typer
 
-from kvtrace.names import printable
+from kvtrace.names import printable, stdout_console
 
 
 def error(msg: str) -> None:
@@ -59,7 +59,6 @@ def print_rows(rows: list[list[str]], title: str | None = None, left: int = 1) -
     """A table on stdout; the first row is the header, the first ``left`` columns are
     text (left-aligned). Piped output is not wrapped to 80 columns: it is for reading
     whole, or for grep."""
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
@@ -68,7 +67,7 @@ def print_rows(rows: list[list[str]], title: str | None = None, left: int = 1) -
         table.add_column(name, justify="left" if i < left else "right")
     for row in rows[1:]:  # a run's name is the user's text: shown, never read as markup or control codes
         table.add_row(*(escape(printable(cell)) for cell in row))
-    Console(width=None if sys.stdout.isatty() else 250).print(table)
+    stdout_console().print(table)
 
 
 class StdoutError(OSError):

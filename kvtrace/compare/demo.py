@@ -23,6 +23,7 @@ from kvtrace.compare.render import tables
 from kvtrace.compare.source import diff_runs
 from kvtrace.compare.study import BEHAVIOURS
 from kvtrace.errors import KVTraceError, file_problem
+from kvtrace.names import printable, stdout_console
 from kvtrace.process import Terminated, signals_held, terminated
 from kvtrace.replay.report import format_value
 from kvtrace.replay.run import RunResult, RunSpec, run_replay
@@ -76,9 +77,7 @@ def run_demo(
     one is complete (built beside it, then renamed over it: an interrupted or failed demo
     leaves the old store as it was, and nothing of its own). A symbolic link is written
     through; anything else that is not an earlier demo store is refused before any replay."""
-    from rich.console import Console
-
-    console = console or Console()
+    console = console or stdout_console()
     db = str(db_path)
     specs = demo_specs(trace, seed=seed, limit=limit, backend=backend)
     if is_clickhouse(db):  # a server's or chdb's tables: the runs are added, nothing is replaced
@@ -95,8 +94,11 @@ def run_demo(
         for table in tables(d, metrics=SUMMARY_FIELDS)[:2]:  # metric deltas, latency percentiles with CIs
             console.print(table)
     console.print()
-    console.print(f"{len(result.runs)} runs recorded in {db}. Open the dashboard:")
-    console.print(result.dashboard_command, markup=False, highlight=False)
+    # Unwrapped (a narrow or piped console would break the path mid-word, and the command
+    # with it); the path shown as typed, never as markup or terminal codes.
+    console.print(f"{len(result.runs)} runs recorded in {printable(db)}. Open the dashboard:",
+                  markup=False, highlight=False, soft_wrap=True)
+    console.print(printable(result.dashboard_command), markup=False, highlight=False, soft_wrap=True)
     return result
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from kvtrace.compare.bootstrap import CI_LEVEL
 from kvtrace.compare.model import MetricDelta, RequestChange, RunDiff
 from kvtrace.metrics import MODELLED
-from kvtrace.names import printable
+from kvtrace.names import printable, stdout_console
 from kvtrace.store.schema import SUMMARY_FIELDS
 
 CORRECTNESS_METRICS = ("stale_hashes", "divergent_outputs")
@@ -216,10 +216,9 @@ def tables(diff: RunDiff, metrics: Iterable[str] | None = None) -> list[Any]:
 
 def render(diff: RunDiff, console: Any = None) -> None:
     """Print a warning per unfinished run, then ``tables(diff)``, to ``console`` (default: stdout)."""
-    from rich.console import Console
     from rich.markup import escape
 
-    console = console or Console()
+    console = console or stdout_console()
     for side, run in (("A", diff.run_a), ("B", diff.run_b)):
         if run.get("status") not in (None, "complete"):
             console.print(f"[yellow]run {side} ({escape(_label(run))}) is {run['status']}: partial numbers[/yellow]")

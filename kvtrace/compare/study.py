@@ -151,12 +151,11 @@ class StudyResult:
         return "\n".join([head, sep, *rows])
 
     def print(self, console: Any = None) -> None:
-        from rich.console import Console
         from rich.markup import escape
 
-        from kvtrace.names import printable
+        from kvtrace.names import printable, stdout_console
 
-        console = console or Console()
+        console = console or stdout_console()
         trace = escape(printable(self.trace))  # the user's path, as typed
         console.print(f"[bold]kvtrace study {self.behaviour}[/bold] on {trace}  (A = off, B = on)")
         for p in self.points:

@@ -42,6 +42,6 @@ def summary_table(summary: Mapping[str, Any], title: str = "summary") -> Table:
 
 
 def print_summary(summary: Mapping[str, Any], title: str = "summary", console: Console | None = None) -> None:
-    from rich.console import Console
+    from kvtrace.names import stdout_console
 
-    (console or Console()).print(summary_table(summary, title))
+    (console or stdout_console()).print(summary_table(summary, title))

@@ -167,10 +167,13 @@ def test_demo_records_four_runs_and_ends_with_the_dashboard_command(tmp_path):
 
     from kvtrace.compare.demo import run_demo
 
-    db = tmp_path / "kvtrace-demo.duckdb"
+    # a long path with markup in it, on a narrow console: the closing lines keep it whole and literal
+    folder = tmp_path / "[bold]runs" / ("x" * 60)
+    folder.mkdir(parents=True)
+    db = folder / "kvtrace-demo.duckdb"
     db.write_bytes(b"")  # an earlier demo file is replaced, not appended to
     buf = io.StringIO()
-    res = run_demo(db, progress=False, console=Console(file=buf, width=200, color_system=None), limit=25)
+    res = run_demo(db, progress=False, console=Console(file=buf, width=60, color_system=None), limit=25)
     runs = read.runs(db)
     assert runs.height == 4 and set(runs["status"]) == {"complete"}
     assert len(set(runs["trace_digest"])) == 1  # one trace, four configurations
@@ -179,7 +182,9 @@ def test_demo_records_four_runs_and_ends_with_the_dashboard_command(tmp_path):
         assert d.run_a["name"] == f"demo: without {behaviour}" and d.run_b["name"] == "demo: all on"
     text = buf.getvalue()
     assert "prefix_cache_hit_rate" in text and "shared-prefix-pinning" in text
-    assert text.rstrip().splitlines()[-1] == f"kvtrace dashboard --db {db}"
+    last = text.rstrip().splitlines()
+    assert last[-1] == f"kvtrace dashboard --db '{db}'"  # (shell-quoted: the brackets are a glob)
+    assert last[-2] == f"4 runs recorded in {db}. Open the dashboard:"
 
 
 def test_demo_refuses_to_overwrite_a_store_with_other_runs(tmp_path):
