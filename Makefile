@@ -54,7 +54,7 @@ browser:
 	@test -x /usr/bin/chromium || (apt-get update -q && apt-get install -y -q --no-install-recommends chromium)
 
 test: $(VLLM) browser lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py

@@ -42,7 +42,7 @@ def _source_module_results(session, tmp: Path) -> dict[str, str | None]:
     env = {**os.environ, compiled.ENV: "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}",
-         *[i.nodeid for i in items]],
+         *[_plain_nodeid(i.nodeid) for i in items]],
         cwd=session.config.rootpath, env=env, capture_output=True, text=True, timeout=1200, check=False)
     results: dict[str, str | None] = {}
     if report.exists():
@@ -56,9 +56,26 @@ def _source_module_results(session, tmp: Path) -> dict[str, str | None]:
     missing = f"no result on the sources (exit {proc.returncode}):\n" + (proc.stdout + proc.stderr)[-4000:]
     by_node = {}
     for i in items:
-        path, _, name = i.nodeid.partition("::")  # junit names a case "<dotted module>::<test[params]>"
+        path, _, name = _plain_nodeid(i.nodeid).partition("::")  # junit names a case "<dotted module>::<test[params]>"
         by_node[i.nodeid] = results.get(f"{path.removesuffix('.py').replace('/', '.')}::{name}", missing)
     return by_node
+
+
+SOURCE_GROUP = "source_modules"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    """Under ``pytest -n N --dist loadgroup`` (``make test``) the ``source_modules`` tests go to
+    one worker, which runs them in its one subprocess (before xdist names the group)."""
+    for item in items:
+        if item.get_closest_marker("source_modules") is not None:
+            item.add_marker(pytest.mark.xdist_group(SOURCE_GROUP))
+
+
+def _plain_nodeid(nodeid: str) -> str:
+    """A node id without xdist's ``@group`` suffix (a subprocess pytest does not know it)."""
+    return nodeid.removesuffix(f"@{SOURCE_GROUP}")
 
 
 @pytest.hookimpl(tryfirst=True)
