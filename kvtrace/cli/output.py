@@ -17,12 +17,15 @@ from kvtrace.names import printable, stdout_console
 
 
 def error(msg: str) -> None:
-    typer.echo(f"kvtrace: error: {msg}", err=True)
+    """The one error line; what it quotes (a path, a key) shown as typed, never obeyed as
+    terminal codes (click strips those only when stderr is not a terminal)."""
+    typer.echo(f"kvtrace: error: {printable(msg)}", err=True)
 
 
 def status(msg: str) -> None:
-    """A status line on stderr, so stdout stays clean for data."""
-    typer.echo(msg, err=True)
+    """A status line on stderr, so stdout stays clean for data: one line, whatever path or
+    name it quotes."""
+    typer.echo(printable(msg), err=True)
 
 
 def echo_json(obj: Any) -> None:

@@ -7,6 +7,7 @@ import sys
 
 from kvtrace.dashboard import launch
 from kvtrace.errors import KVTraceError
+from kvtrace.names import printable
 from kvtrace.process import sigterm_as_interrupt, terminated
 
 
@@ -20,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
         with sigterm_as_interrupt():  # SIGTERM stops the server as Ctrl-C does, then exits 143
             return launch(args.db, host=args.host, port=args.port)
     except KVTraceError as err:
-        print(f"kvtrace: error: {err}", file=sys.stderr)
+        print(f"kvtrace: error: {printable(err)}", file=sys.stderr)  # (the path as typed, never terminal codes)
         return 2
     except KeyboardInterrupt:
         if terminated():

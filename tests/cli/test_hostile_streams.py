@@ -169,3 +169,46 @@ def test_ctrl_c_while_the_commands_load_is_one_line(tmp_path):
     assert proc.returncode == 130, proc.stderr
     assert proc.stderr.decode() == "kvtrace: error: interrupted\n"
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # (this process: untouched)
+
+
+def _stderr_on_a_terminal(*argv: str, cwd: Path) -> str:
+    """stderr as a terminal shows it (click strips terminal codes only when it is not one)."""
+    import pty
+
+    leader, follower = pty.openpty()
+    try:
+        proc = subprocess.run([*KVTRACE, *argv], stdout=subprocess.DEVNULL, stderr=follower, timeout=120,
+                              cwd=cwd, check=False)
+        os.close(follower)
+        follower = -1
+        out = b""
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # (EIO: the terminal's other side is closed)
+                break
+            if not chunk:
+                break
+            out += chunk
+    finally:
+        os.close(leader)
+        if follower >= 0:
+            os.close(follower)
+    assert proc.returncode in (0, 2), out
+    return out.decode("utf-8", "replace")
+
+
+def test_a_path_with_control_codes_is_shown_not_obeyed_on_a_terminal(tmp_path):
+    hostile = "x\x1b[31mRED\x07\nz [red]q"
+    # the error line quoting it
+    err = _stderr_on_a_terminal("replay", f"{hostile}.jsonl", cwd=tmp_path)
+    assert "\x1b" not in err and "\x07" not in err, repr(err)
+    assert err.strip().splitlines() == [r"kvtrace: error: x\x1b[31mRED\x07 z [red]q.jsonl: no such file or directory"]
+    # the progress bar naming the trace, and the status line naming the store the run went to
+    shutil.copy(TRACE, tmp_path / f"{hostile}.jsonl")
+    err = _stderr_on_a_terminal("replay", f"{hostile}.jsonl", "--limit", "2", "--mode", "cache-only", "--db",
+                                f"{hostile}.duckdb", cwd=tmp_path)
+    assert "RED\x07" not in err and "\x1b[31m" not in err, repr(err)  # (the bar's own colours are rich's)
+    assert r"x\x1b[31mRED\x07\nz [red]q.jsonl" in err, repr(err)  # the bar's label, markup and all
+    line = next(x for x in err.splitlines() if "recorded in" in x)
+    assert line.endswith(r"recorded in x\x1b[31mRED\x07\nz [red]q.duckdb"), repr(line)
