@@ -3,7 +3,9 @@
 Stdlib only and on the ground floor, so that the CLI can list and check them without
 importing what implements them (numpy, the readers, the engine): a typo is refused in a
 fraction of a second. The implementing modules key their tables by these names, and
-``tests/test_names.py`` holds that each name has exactly one implementation.
+``tests/test_names.py`` holds that each name has exactly one implementation. At the end,
+how a user's text is shown back: ``printable``, and the stdout console every table uses (rich,
+imported when it is called).
 """
 
 from __future__ import annotations
