@@ -54,6 +54,14 @@ def printable(text: object) -> str:
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
+def markup_literal(text: object) -> str:
+    """A user's text inside a rich markup string: ``printable``, and its brackets shown, not
+    read as markup (``[/]`` would raise, ``[red]`` recolour)."""
+    from rich.markup import escape
+
+    return escape(printable(text))
+
+
 PIPED_WIDTH = 250  # columns rich lays out for a stdout that is not a terminal
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import typer
 
-from kvtrace.names import printable, stdout_console
+from kvtrace.names import markup_literal, printable, stdout_console
 
 
 def error(msg: str) -> None:
@@ -62,14 +62,13 @@ def print_rows(rows: list[list[str]], title: str | None = None, left: int = 1) -
     """A table on stdout; the first row is the header, the first ``left`` columns are
     text (left-aligned). Piped output is not wrapped to 80 columns: it is for reading
     whole, or for grep."""
-    from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=None if title is None else escape(printable(title)), header_style="bold")
+    table = Table(title=None if title is None else markup_literal(title), header_style="bold")
     for i, name in enumerate(rows[0]):
         table.add_column(name, justify="left" if i < left else "right")
     for row in rows[1:]:  # a run's name is the user's text: shown, never read as markup or control codes
-        table.add_row(*(escape(printable(cell)) for cell in row))
+        table.add_row(*(markup_literal(cell) for cell in row))
     stdout_console().print(table)
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from kvtrace.compare.bootstrap import CI_LEVEL
 from kvtrace.compare.model import MetricDelta, RequestChange, RunDiff
 from kvtrace.metrics import MODELLED
-from kvtrace.names import printable, stdout_console
+from kvtrace.names import markup_literal, printable, stdout_console
 from kvtrace.store.schema import SUMMARY_FIELDS
 
 CORRECTNESS_METRICS = ("stale_hashes", "divergent_outputs")
@@ -167,12 +167,11 @@ def tables(diff: RunDiff, metrics: Iterable[str] | None = None) -> list[Any]:
     """rich Tables for a terminal, in this order: summary metrics, latency percentiles,
     evictions, top requests (each only when it has rows, the first always).
     ``metrics`` limits the first table to those names."""
-    from rich.markup import escape
     from rich.table import Table
 
     out = []
     keep = None if metrics is None else set(metrics)
-    t = Table(title=escape(f"{_label(diff.run_a)} → {_label(diff.run_b)}"), title_justify="left")
+    t = Table(title=markup_literal(f"{_label(diff.run_a)} → {_label(diff.run_b)}"), title_justify="left")
     for col in ("metric", "A", "B", "Δ", "Δ%"):
         t.add_column(col, justify="left" if col == "metric" else "right")
     for m in diff.metrics:
@@ -216,12 +215,11 @@ def tables(diff: RunDiff, metrics: Iterable[str] | None = None) -> list[Any]:
 
 def render(diff: RunDiff, console: Any = None) -> None:
     """Print a warning per unfinished run, then ``tables(diff)``, to ``console`` (default: stdout)."""
-    from rich.markup import escape
-
     console = console or stdout_console()
     for side, run in (("A", diff.run_a), ("B", diff.run_b)):
         if run.get("status") not in (None, "complete"):
-            console.print(f"[yellow]run {side} ({escape(_label(run))}) is {run['status']}: partial numbers[/yellow]")
+            label = markup_literal(_label(run))
+            console.print(f"[yellow]run {side} ({label}) is {run['status']}: partial numbers[/yellow]")
     console.print(times_note(diff).replace("`", ""))
     for t in tables(diff):
         console.print(t)
@@ -272,7 +270,7 @@ def _side(diff: RunDiff, name: str, side: str) -> Any:
 
 
 def _label(run: dict[str, Any]) -> str:
-    """A run as the user named it, on one printable line (rich markup still to escape)."""
+    """A run as the user named it, on one printable line (for markup: ``markup_literal``)."""
     return printable(run.get("name") or run.get("run_id") or "?")
 
 

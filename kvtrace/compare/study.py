@@ -151,12 +151,10 @@ class StudyResult:
         return "\n".join([head, sep, *rows])
 
     def print(self, console: Any = None) -> None:
-        from rich.markup import escape
-
-        from kvtrace.names import printable, stdout_console
+        from kvtrace.names import markup_literal, stdout_console
 
         console = console or stdout_console()
-        trace = escape(printable(self.trace))  # the user's path, as typed
+        trace = markup_literal(self.trace)  # the user's path, as typed
         console.print(f"[bold]kvtrace study {self.behaviour}[/bold] on {trace}  (A = off, B = on)")
         for p in self.points:
             if p.parameter is not None:

@@ -25,13 +25,12 @@ def format_value(key: str, value: Any) -> str:
 
 
 def summary_table(summary: Mapping[str, Any], title: str = "summary") -> Table:
-    from rich.markup import escape
     from rich.table import Table
 
-    from kvtrace.names import printable
+    from kvtrace.names import markup_literal
 
     # the title names the user's trace: shown as typed, never read as markup
-    table = Table(title=escape(printable(title)), show_header=True, header_style="bold")
+    table = Table(title=markup_literal(title), show_header=True, header_style="bold")
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key, value in summary.items():

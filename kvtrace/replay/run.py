@@ -252,12 +252,10 @@ class _Progress:
                 TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                 console=Console(stderr=True), transient=True,
             )
-            from rich.markup import escape
-
-            from kvtrace.names import printable
+            from kvtrace.names import markup_literal
 
             # the label names the user's trace: shown as typed, never as markup or terminal codes
-            self._task = self._bar.add_task(escape(printable(label)), total=total)
+            self._task = self._bar.add_task(markup_literal(label), total=total)
             self._bar.start()
 
     def advance(self, n: int) -> None:
