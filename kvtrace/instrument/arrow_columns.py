@@ -9,6 +9,8 @@ from typing import cast
 import numpy as np
 import pyarrow as pa
 
+from kvtrace.numeric import sorted_percentile
+
 _I64 = pa.int64()
 _STR = pa.string()
 _HEX_DIGITS = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
@@ -41,14 +43,99 @@ def offsets_from_lengths(lengths: Sequence[int]) -> np.ndarray:
     return offsets
 
 
+class Ragged:
+    """A sequence of int tuples as one flat int64 array and offsets, and what several
+    columns compute from it (a request's ITL list, mean, percentiles and max): made once
+    per value list (``of``), sorted once per list for all its percentiles.
+
+    A value beyond int64 raises OverflowError, as pyarrow's conversion does.
+    """
+
+    __slots__ = ("_sorted", "flat", "lengths", "offsets", "values")
+    _last: Ragged | None = None  # the list last seen: the columns of one segment share it
+
+    def __init__(self, values: Sequence[Sequence[int]]):
+        n = len(values)
+        self.values = values
+        self.lengths = np.fromiter(map(len, values), np.int64, count=n)
+        self.offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(self.lengths, out=self.offsets[1:])
+        self.flat = np.fromiter(chain.from_iterable(values), np.int64, count=int(self.offsets[-1]))
+        self._sorted: np.ndarray | None = None
+
+    @classmethod
+    def of(cls, values: Sequence[Sequence[int]]) -> Ragged:
+        """The ``Ragged`` of this very list (identity: the builder hands each column of a
+        segment the same value list; the cache holds it, so its id is not reused)."""
+        last = cls._last
+        if last is None or last.values is not values:
+            last = cls._last = cls(values)
+        return last
+
+    def list_array(self) -> pa.ListArray:
+        return pa.ListArray.from_arrays(pa.array(self.offsets.astype(np.int32)), pa.array(self.flat))
+
+    @property
+    def exact_in_float(self) -> bool:
+        """Every sum and difference of one list's values is an exact float64 (below 2**53),
+        so numpy's float arithmetic gives Python's results to the last bit."""
+        if not len(self.flat):
+            return True
+        largest = max(abs(int(self.flat.max())), abs(int(self.flat.min())))  # (np.abs wraps at -2**63)
+        bound = largest * max(2, int(self.lengths.max()))
+        return bound < (1 << 53)
+
+    def _nonempty_starts(self) -> tuple[np.ndarray, np.ndarray]:
+        has = self.lengths > 0
+        return has, self.offsets[:-1][has]
+
+    def means(self) -> pa.Array:
+        """``sum(v) / len(v)`` per list (float64; NULL for an empty one)."""
+        if not self.exact_in_float:
+            return pa.array([sum(v) / len(v) if len(v) else None for v in self.values], pa.float64())
+        has, starts = self._nonempty_starts()
+        out = np.zeros(len(self.values), dtype=np.float64)
+        if len(starts):  # (reduceat over the non-empty lists' starts: each runs to the next)
+            out[has] = np.add.reduceat(self.flat, starts).astype(np.float64) / self.lengths[has]
+        return pa.array(out, pa.float64(), mask=~has)
+
+    def maxima(self) -> pa.Array:
+        """``max(v)`` per list (int64; NULL for an empty one)."""
+        has, starts = self._nonempty_starts()
+        out = np.zeros(len(self.values), dtype=np.int64)
+        if len(starts):
+            out[has] = np.maximum.reduceat(self.flat, starts)
+        return pa.array(out, pa.int64(), mask=~has)
+
+    def percentiles(self, q: float) -> pa.Array:
+        """``numeric.sorted_percentile(sorted(v), q)`` per list, the same floats (float64;
+        NULL for an empty one)."""
+        if not self.exact_in_float:
+            return pa.array([float(sorted_percentile(sorted(v), q)) if len(v) else None for v in self.values],
+                            pa.float64())
+        if self._sorted is None:
+            self._sorted = self.flat.copy()
+            for a, b in zip(self.offsets[:-1].tolist(), self.offsets[1:].tolist()):
+                if b - a > 1:
+                    self._sorted[a:b].sort()
+        has = self.lengths > 0
+        n = np.where(has, self.lengths, 1)
+        pos = (n - 1).astype(np.float64) * (q / 100.0)  # sorted_percentile's float ops, one per list
+        lo = pos.astype(np.int64)
+        hi = np.minimum(lo + 1, n - 1)
+        start = self.offsets[:-1]
+        a = self._sorted[np.where(has, start + lo, 0)] if len(self.flat) else np.zeros(len(n), np.int64)
+        b = self._sorted[np.where(has, start + hi, 0)] if len(self.flat) else a
+        t = pos - lo.astype(np.float64)
+        step = (b - a).astype(np.float64)
+        out = np.where(t < 0.5, a.astype(np.float64) + step * t, b.astype(np.float64) - step * (1.0 - t))
+        return pa.array(out, pa.float64(), mask=~has)
+
+
 def int_lists(lists: Sequence[Sequence[int]]) -> pa.ListArray:
     """list<int64> from a sequence of int tuples (through numpy: no interim Python list;
     a value beyond int64 raises OverflowError, as pyarrow's conversion does)."""
-    n = len(lists)
-    offsets = np.zeros(n + 1, dtype=np.int32)
-    np.cumsum(np.fromiter(map(len, lists), np.int64, count=n), out=offsets[1:])
-    flat = np.fromiter(chain.from_iterable(lists), np.int64, count=int(offsets[-1]))
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat))
+    return Ragged.of(lists).list_array()
 
 
 _MASK64 = (1 << 64) - 1

@@ -48,6 +48,7 @@ from kvtrace.cache.events import (
 )
 from kvtrace.engine.events import DivergentOutput, RequestFinished, StaleHashFound, StepExecuted
 from kvtrace.instrument.arrow_columns import (
+    Ragged,
     constant_map,
     hex_lists,
     hex_strings,
@@ -57,7 +58,6 @@ from kvtrace.instrument.arrow_columns import (
 )
 from kvtrace.instrument.batch import BATCH_SCHEMA
 from kvtrace.instrument.convert import attribute_text
-from kvtrace.numeric import sorted_percentile
 from kvtrace.store.schema import (
     INFERRED_ATTRIBUTE,
     SPAN_COLUMN_DEFS,
@@ -93,6 +93,25 @@ def int_list(values: list, arrow: pa.DataType) -> pa.Array:
     return int_lists(values)
 
 
+def list_mean(values: list, arrow: pa.DataType) -> pa.Array:
+    """Tuples of ints -> the mean of each (NULL for an empty one)."""
+    return Ragged.of(values).means()
+
+
+def list_max(values: list, arrow: pa.DataType) -> pa.Array:
+    """Tuples of ints -> the largest of each (NULL for an empty one)."""
+    return Ragged.of(values).maxima()
+
+
+def list_percentile(q: float) -> Encoder:
+    """Tuples of ints -> their ``q``-th percentile, ``kvtrace.numeric.percentile``'s
+    definition (NULL for an empty one)."""
+    def encode(values: list, arrow: pa.DataType) -> pa.Array:
+        return Ragged.of(values).percentiles(q)
+    encode.__name__ = f"list_percentile({q:g})"
+    return encode
+
+
 def hash_list(values: list, arrow: pa.DataType) -> pa.Array:
     """Tuples of block hashes -> list<string> of hex (``hash_hex``)."""
     return hex_lists(values)
@@ -111,6 +130,18 @@ def one_int(values: list, arrow: pa.DataType) -> pa.Array:
 def one_hash(values: list, arrow: pa.DataType) -> pa.Array:
     """One block hash per event -> a one-element list<string> of hex."""
     return single_item_lists(hex_strings(values))
+
+
+_FIELD_GETTERS: dict[str, attrgetter] = {}
+
+
+def field_getter(name: str) -> attrgetter:
+    """One getter per field name: fills of one field share it, so the builder reads the
+    field once per segment and their encoders see one value list (``Ragged.of``)."""
+    got = _FIELD_GETTERS.get(name)
+    if got is None:
+        got = _FIELD_GETTERS[name] = attrgetter(name)
+    return got
 
 
 class Fill:
@@ -132,10 +163,18 @@ class Fill:
         self.arrow: pa.DataType = _TYPES[column]
         if get is None and len(self.fields) != 1:
             raise ValueError(f"span kinds: column {column!r} reads several fields; give a getter")
-        self.getter: Callable[[Any], Any] = get if get is not None else attrgetter(self.fields[0])
+        self.getter: Callable[[Any], Any] = get if get is not None else field_getter(self.fields[0])
 
     def column_of(self, events: Sequence) -> pa.Array:
         return self.encode(list(map(self.getter, events)), self.arrow)
+
+    def column_from(self, events: Sequence, read: dict) -> pa.Array:
+        """``column_of``, reading each getter's values once per ``read`` (a dict the
+        caller keeps for one list of events)."""
+        values = read.get(self.getter)
+        if values is None:
+            values = read[self.getter] = list(map(self.getter, events))
+        return self.encode(values, self.arrow)
 
     def __repr__(self) -> str:
         return f"Fill({self.column!r}, {self.fields!r}, {self.encode.__name__})"
@@ -174,16 +213,6 @@ class SpanKind:
     status_message: str | None = None
     time_fields: tuple[str, str] | None = None
     inferred: tuple[Inferred, ...] = ()
-
-
-def _itl_mean(e: RequestFinished) -> float | None:
-    return sum(e.itl_ns) / len(e.itl_ns) if e.itl_ns else None
-
-
-def _itl_percentile(q: float) -> Callable[[RequestFinished], float | None]:
-    def get(e: RequestFinished) -> float | None:
-        return float(sorted_percentile(sorted(e.itl_ns), q)) if e.itl_ns else None
-    return get
 
 
 def _chunks(e: RequestFinished) -> list[dict[str, int]]:
@@ -276,11 +305,11 @@ REQUEST_KIND = SpanKind(RequestFinished, SPAN_REQUEST, (
     Fill("num_preempted_query_tokens", "num_preempted_query_tokens"),
     Fill("num_preempted_hit_tokens", "num_preempted_hit_tokens"),
     Fill("ttft_ns", ("first_token_ns", "arrival_ns"), get=lambda e: e.first_token_ns - e.arrival_ns),
-    Fill("itl_ns", "itl_ns", int_list),
-    Fill("itl_mean_ns", "itl_ns", get=_itl_mean),
-    Fill("itl_p50_ns", "itl_ns", get=_itl_percentile(50)),
-    Fill("itl_p99_ns", "itl_ns", get=_itl_percentile(99)),
-    Fill("itl_max_ns", "itl_ns", get=lambda e: max(e.itl_ns) if e.itl_ns else None),
+    Fill("itl_ns", "itl_ns", int_list),  # the ITL fills share one flat array (Ragged)
+    Fill("itl_mean_ns", "itl_ns", list_mean),
+    Fill("itl_p50_ns", "itl_ns", list_percentile(50)),
+    Fill("itl_p99_ns", "itl_ns", list_percentile(99)),
+    Fill("itl_max_ns", "itl_ns", list_max),
     Fill("prefill_chunks", "prefill_chunks", get=_chunks),
 ), time_fields=("arrival_ns", "finish_ns"))
 

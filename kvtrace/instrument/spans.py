@@ -21,6 +21,7 @@ Span layout:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain
 from operator import attrgetter
 
 import numpy as np
@@ -47,6 +48,7 @@ from kvtrace.store.schema import FAMILY_OF_NAME, SPAN_STEP
 _I64, _U64, _STR = pa.int64(), pa.uint64(), pa.string()
 _TYPES = {f.name: f.type for f in BATCH_SCHEMA}
 _REQUEST_ID = attrgetter("request_id")
+_SCHEMAS: dict[tuple[str, ...], pa.Schema] = {}
 
 
 class SpanBatchBuilder:
@@ -176,8 +178,9 @@ class SpanBatchBuilder:
 
     def _fill(self, kind: SpanKind, evs: list, cols: dict[str, pa.Array]) -> pa.Table:
         """The kind's columns from its table entry, then the table of the segment."""
+        read: dict = {}  # each field read once (the ITL columns share theirs)
         for f in kind.fills:
-            cols[f.column] = f.column_of(evs)
+            cols[f.column] = f.column_from(evs, read)
         rules = self._inferred.get(kind.event)
         if rules and (marks := inferred_column(rules, evs)) is not None:
             cols["extra_attributes"] = marks
@@ -186,7 +189,11 @@ class SpanBatchBuilder:
         return self._table(cols)
 
     def _table(self, cols: dict[str, pa.Array]) -> pa.Table:
-        return pa.Table.from_arrays(list(cols.values()), schema=pa.schema([pa.field(k, _TYPES[k]) for k in cols]))
+        names = tuple(cols)
+        schema = _SCHEMAS.get(names)
+        if schema is None:  # one per column set (a few per span kind)
+            schema = _SCHEMAS[names] = pa.schema([pa.field(k, _TYPES[k]) for k in names])
+        return pa.Table.from_arrays(list(cols.values()), schema=schema)
 
     def _child_ids(self, n: int, step_trace: tuple, step_span: np.ndarray, slots: np.ndarray) -> tuple:
         """Ids of n spans that are children of the step spans at ``slots``."""
@@ -242,7 +249,8 @@ class SpanBatchBuilder:
     def _request_links(self, request_ids: Sequence[str]) -> pa.ListArray:
         """One link per span, to the request's span."""
         n = len(request_ids)
-        ids = np.array([self.request_span_ids(r) for r in request_ids], dtype=np.uint64).reshape(n, 3)
+        ids = np.fromiter(chain.from_iterable(map(self.request_span_ids, request_ids)), np.uint64,
+                          count=3 * n).reshape(n, 3)
         link_type = _TYPES["links"].value_type
         structs = pa.StructArray.from_arrays(
             [pa.array(ids[:, 0]), pa.array(ids[:, 1]), pa.array(ids[:, 2]),

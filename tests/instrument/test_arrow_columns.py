@@ -1,4 +1,4 @@
-"""Hash columns: bytes and int hashes render as documented, vectorised or not; int lists."""
+"""Hash columns: bytes and int hashes render as documented, vectorised or not; int lists and their statistics."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvtrace.instrument.arrow_columns import hash_hex, hex_lists, hex_strings, int_lists, optional_hex
+from kvtrace.instrument.arrow_columns import Ragged, hash_hex, hex_lists, hex_strings, int_lists, optional_hex
 from kvtrace.instrument.vllm import decode_kv_batch
+from kvtrace.numeric import percentile, sorted_percentile
 
 
 def test_int_hashes_render_like_vllm_int_hashes():
@@ -46,3 +47,31 @@ def test_int_lists_hold_every_int64_tuple_as_pyarrow_would(lists):
 def test_an_int_list_value_beyond_int64_is_an_overflow(value):
     with pytest.raises(OverflowError):
         int_lists([(1, 2), (value,)])
+
+
+_INT_TUPLES = st.lists(st.one_of(
+    st.lists(st.integers(0, 10**7), max_size=9),  # ITLs in ns: the vectorised path
+    st.lists(st.integers(-(2**63), 2**63 - 1), max_size=4),  # beyond float's exact ints: Python's
+).map(tuple), max_size=30)
+
+
+@given(_INT_TUPLES)
+def test_ragged_means_maxima_and_percentiles_are_pythons_to_the_last_bit(lists):
+    """The request span's ITL columns, computed once per batch in numpy, equal the
+    per-request Python definitions (kvtrace.numeric) exactly, empty lists NULL."""
+    ragged = Ragged(lists)
+    assert ragged.means().to_pylist() == [sum(v) / len(v) if v else None for v in lists]
+    assert ragged.maxima().to_pylist() == [max(v) if v else None for v in lists]
+    for q in (0, 50, 90, 99, 100):
+        want = [float(sorted_percentile(sorted(v), q)) if v else None for v in lists]
+        got = ragged.percentiles(q).to_pylist()
+        assert got == want, q
+        if all(abs(x) < 2**52 for v in lists for x in v):  # numpy's definition too, where floats are exact
+            assert [percentile(v, q) if v else None for v in lists] == want
+
+
+def test_ragged_of_is_shared_by_the_columns_of_one_value_list_only():
+    values = [(3, 1, 2), ()]
+    first = Ragged.of(values)
+    assert Ragged.of(values) is first  # the ITL columns of one segment: one flat array, one sort
+    assert Ragged.of(list(values)) is not first  # an equal but other list is its own
