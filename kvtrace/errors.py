@@ -56,6 +56,14 @@ def check_option(option: str, value: int | float, minimum: int | float,
     return value
 
 
+MAX_SEED = 2**64 - 1  # numpy's PCG64 takes unsigned seeds; span ids key on 64 bits of it
+
+
+def check_seed(seed: int, option: str = "--seed") -> int:
+    """A seed for workloads, bootstrap resamples and span ids: an int in [0, MAX_SEED]."""
+    return int(check_option(option, seed, 0, MAX_SEED))
+
+
 # What a path can be instead of a regular file, as a user is told it.
 _NOT_A_FILE = ((stat.S_ISDIR, "is a directory"), (stat.S_ISFIFO, "is a FIFO (a named pipe: read once, never seekable)"),
                (stat.S_ISCHR, "is a character device"), (stat.S_ISBLK, "is a block device"),

@@ -91,7 +91,8 @@ _RUN_OPTIONS: dict[str, tuple[Any, Any, str]] = {
     "limit": (Annotated[int | None, typer.Option(
         metavar="N", help="Replay only the first N requests.", rich_help_panel=RUN_PANEL)], None, "limit"),
     "seed": (Annotated[int, typer.Option(
-        metavar="N", help="Seed for generated workloads and span ids.", rich_help_panel=RUN_PANEL)], 0, "seed"),
+        metavar="N", help="Seed for generated workloads and span ids (0 to 2^64-1).", rich_help_panel=RUN_PANEL)],
+        0, "seed"),
     "name": (Annotated[str | None, typer.Option(
         metavar="TEXT", help="Run name stored with the run.", rich_help_panel=RUN_PANEL)], None, "name"),
     "no_content": (Annotated[bool, typer.Option(

@@ -14,7 +14,7 @@ import polars as pl
 
 from kvtrace.compare.bootstrap import DEFAULT_RESAMPLES, MAX_RESAMPLES, latency_shifts
 from kvtrace.compare.model import RunDiff, count_shifts, diff_summaries, request_hit_diff
-from kvtrace.errors import KVTraceError, check_option
+from kvtrace.errors import KVTraceError, check_option, check_seed
 from kvtrace.metrics import DEFAULT_PERCENTILES
 from kvtrace.store import read
 
@@ -38,7 +38,7 @@ def diff_runs(
     --metric-percentiles); ``top`` bounds the per-request gained/lost lists. Each is
     checked first (ConfigError naming its option).
     """
-    check_option("--seed", seed, 0, 2**64 - 1)  # PCG64 seeds are unsigned
+    check_seed(seed)
     check_option("--top", top, 0, 2**31)
     check_option("--resamples", resamples, 1, MAX_RESAMPLES)
     view = StoreView(db)

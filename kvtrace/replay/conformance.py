@@ -46,7 +46,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvtrace.cache import ALL_BEHAVIOURS, CacheConfig, KVCacheManager
-from kvtrace.errors import ConfigError
+from kvtrace.errors import ConfigError, check_seed
 
 FIELDS = ("chunk", "hit_tokens", "hit_blocks", "shared_prefix_boundary", "allocation", "block_table", "copies",
           "cached_keys", "events")
@@ -404,6 +404,7 @@ def run_conformance(spec: ConformanceSpec, api=None) -> ConformanceResult:
 
     if spec.limit is not None and spec.limit < 0:
         raise ConfigError("--limit", str(spec.limit), "expected a number of requests >= 0")
+    check_seed(spec.seed)
     if spec.concurrency < 1:
         raise ConfigError("--concurrency", str(spec.concurrency), "expected >= 1")
     api = api or load_vllm()

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvtrace.errors import ConfigError, KVTraceError, check_option
+from kvtrace.errors import ConfigError, KVTraceError, check_option, check_seed
 from kvtrace.metrics import DEFAULT_PERCENTILES
 from kvtrace.names import MODES, otlp_requested
 from kvtrace.numeric import cdiv
@@ -396,6 +396,7 @@ def validate(spec: RunSpec) -> tuple[dict[str, Any], list[str], Any]:
         raise ConfigError("--mode", spec.mode, f"expected one of {', '.join(MODES)}")
     if spec.limit is not None and (not isinstance(spec.limit, int) or spec.limit < 0):
         raise ConfigError("--limit", str(spec.limit), "expected a number of requests >= 0")
+    check_seed(spec.seed)
     if spec.capacity_tokens is not None:
         # one capacity: in blocks or in tokens (each mode would otherwise drop one silently)
         if spec.capacity_blocks is not None:

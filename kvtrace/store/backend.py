@@ -42,6 +42,13 @@ class ClickHouseTarget:
     def embedded(self) -> bool:
         return self.path is not None
 
+    def directory_problem(self) -> str | None:
+        """Why a chdb path cannot hold the embedded ClickHouse (something other than a
+        directory is there), else None; a missing one is made by a writer."""
+        if self.path is not None and os.path.lexists(self.path) and not os.path.isdir(self.path):
+            return "is a file, not a directory; expected chdb:DIR (a directory for the embedded ClickHouse)"
+        return None
+
 
 def is_clickhouse(db: str | os.PathLike) -> bool:
     text = str(db)

@@ -165,6 +165,20 @@ def _check_is_a_file(con: duckdb.DuckDBPyConnection, path: str) -> None:
 
 
 _NO_STORE = "no such database file (run `kvtrace replay --db` or `kvtrace demo` first)"
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def _foreign_header(path: str) -> str | None:
+    """Why a file DuckDB would open through an extension it downloads is not a store
+    (a SQLite database: sqlite_scanner, fetched from the network), else None."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(_SQLITE_MAGIC))
+    except OSError:
+        return None  # (unreadable: DuckDB's open says so)
+    if head == _SQLITE_MAGIC:
+        return "a SQLite database, not a DuckDB one; expected a kvtrace store file"
+    return None
 
 
 def _open(path: str, read_only: bool, timeout_s: float) -> duckdb.DuckDBPyConnection:
@@ -175,6 +189,9 @@ def _open(path: str, read_only: bool, timeout_s: float) -> duckdb.DuckDBPyConnec
     problem = file_problem(path, missing=_NO_STORE if read_only else None)  # (a FIFO would hang the open)
     if problem is not None:
         raise StoreError(path, f"{problem}; expected a kvtrace store file" if problem != _NO_STORE else problem)
+    foreign = _foreign_header(path)
+    if foreign is not None:
+        raise StoreError(path, foreign)
     if read_only:
         _yield_to_writer(path)
     deadline = time.monotonic() + timeout_s

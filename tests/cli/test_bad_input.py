@@ -8,6 +8,7 @@ was printed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
@@ -219,6 +220,32 @@ def test_a_data_file_given_as_the_store_is_refused_and_left_alone(tmp_path, caps
         code, _, err = run(argv, capsys)
         assert_one_line(code, err, name, "not a DuckDB database")
     assert data.read_bytes() == before
+
+
+def test_a_sqlite_database_given_as_the_store_is_refused_and_left_alone(tmp_path, capsys):
+    """DuckDB opens a SQLite file through its sqlite extension, which it tried to download
+    (seconds, then an error about a URL)."""
+    import sqlite3
+
+    trace = write_lines(tmp_path / "t.jsonl", [MOONCAKE_LINE])
+    db = tmp_path / "app.db"
+    with contextlib.closing(sqlite3.connect(db)) as con:
+        con.execute("CREATE TABLE t (x)")
+        con.commit()
+    before = db.read_bytes()
+    for argv in (["replay", trace, "--mode", "cache-only", "--db", str(db)], ["runs", "--db", str(db)]):
+        code, _, err = run(argv, capsys)
+        assert_one_line(code, err, "app.db", "a SQLite database, not a DuckDB one")
+    assert db.read_bytes() == before
+
+
+def test_a_file_given_as_the_embedded_clickhouse_directory_is_refused_and_left_alone(tmp_path, capsys):
+    trace = write_lines(tmp_path / "t.jsonl", [MOONCAKE_LINE])
+    before = Path(trace).read_bytes()
+    for argv in (["replay", trace, "--mode", "cache-only", "--db", f"chdb:{trace}"], ["runs", "--db", f"chdb:{trace}"]):
+        code, _, err = run(argv, capsys)
+        assert_one_line(code, err, "t.jsonl", "is a file, not a directory")
+    assert Path(trace).read_bytes() == before
 
 
 @pytest.mark.parametrize("db", ["", ":memory:"])
@@ -439,6 +466,12 @@ def test_diff_options_out_of_range(tmp_path, capsys, two_runs, argv, needle):
      "--duration: nan"),
     (["capture", "vllm", "--endpoint", "tcp://127.0.0.1:1", "--db", "{tmp}/v.duckdb", "--duration", "-1"],
      "--duration: -1"),
+    # a seed beyond 64 bits (or negative) overflowed in the span ids, after the store was made
+    (["replay", "{trace}", "--mode", "cache-only", "--db", "{tmp}/c.duckdb", "--seed", str(2**64)],
+     f"--seed: {2**64}"),
+    (["replay", "{trace}", "--capacity-blocks", "40", "--db", "{tmp}/c.duckdb", "--seed", "-1"], "--seed: -1"),
+    (["curve", "{trace}", "--seed", str(10**40)], f"--seed: {10**40}"),
+    (["sweep", "{trace}", "--param", "capacity_blocks=40,80", "--seed", "-2"], "--seed: -2"),
 ])
 def test_numeric_options_are_bounded(tmp_path, capsys, argv, needle):
     trace = write_lines(tmp_path / "t.jsonl", [MOONCAKE_LINE])

@@ -18,6 +18,9 @@ def read_connection(db, timeout_s: float = DEFAULT_TIMEOUT_S) -> Iterator[client
     """An open connection to a ClickHouse kvtrace store; StoreError for a missing chdb
     directory or a database without kvtrace's tables."""
     target = clickhouse_target(db)
+    problem = target.directory_problem()
+    if problem is not None:
+        raise StoreError(target.label, problem)
     if target.path is not None and not os.path.isdir(target.path):
         raise StoreError(target.label, "no such chdb directory (run `kvtrace replay --db chdb:PATH` first)")
     with client.connect(target, timeout_s) as con:

@@ -93,7 +93,13 @@ class ClickHouseStore(Store):
 
     def _setup(self) -> None:
         if self.target.path is not None:
-            os.makedirs(self.target.path, exist_ok=True)
+            problem = self.target.directory_problem()
+            if problem is not None:  # (chdb would fail on it later, with a traceback)
+                raise StoreError(self.target.label, problem)
+            try:
+                os.makedirs(self.target.path, exist_ok=True)
+            except OSError as err:
+                raise StoreError(self.target.label, f"cannot create the directory: {err.strerror or err}") from None
         with self._connect() as con:
             init_schema(con, self.target)
             collector.register_collected_runs(con)
