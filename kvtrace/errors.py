@@ -37,8 +37,10 @@ class TraceFormatError(KVTraceError):
 
 
 class ConfigError(KVTraceError):
-    def __init__(self, source: str, key: str, what: str):
-        super().__init__(f"{source}: {key}: {what}")
+    """``source: key: what``; ``key`` None for the source as a whole (a missing file)."""
+
+    def __init__(self, source: str, key: str | None, what: str):
+        super().__init__(f"{source}: {what}" if key is None else f"{source}: {key}: {what}")
         self.source, self.key, self.what = source, key, what
 
 

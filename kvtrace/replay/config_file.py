@@ -114,18 +114,18 @@ def load_config_file(path: str | Path) -> FileConfig:
     p = str(path)
     problem = file_problem(p)  # (a FIFO would block the open)
     if problem is not None:
-        raise ConfigError(p, "-", f"{problem}; expected a TOML file")
+        raise ConfigError(p, None, f"{problem}; expected a TOML file")
     try:
         with open(p, "rb") as f:
             data = f.read(MAX_CONFIG_BYTES + 1)
     except FileNotFoundError:
-        raise ConfigError(p, "-", "no such file") from None
+        raise ConfigError(p, None, "no such file") from None
     except IsADirectoryError:
-        raise ConfigError(p, "-", "is a directory; expected a TOML file") from None
+        raise ConfigError(p, None, "is a directory; expected a TOML file") from None
     except OSError as e:
-        raise ConfigError(p, "-", f"cannot read: {e.strerror}") from None
+        raise ConfigError(p, None, f"cannot read: {e.strerror}") from None
     if len(data) > MAX_CONFIG_BYTES:
-        raise ConfigError(p, "-", f"larger than {MAX_CONFIG_BYTES:,} bytes; expected a small TOML file")
+        raise ConfigError(p, None, f"larger than {MAX_CONFIG_BYTES:,} bytes; expected a small TOML file")
     data = without_bom(data)
     try:
         text = data.decode("utf-8")
@@ -135,9 +135,9 @@ def load_config_file(path: str | Path) -> FileConfig:
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError(p, "-", f"invalid TOML: {e}") from None
+        raise ConfigError(p, None, f"invalid TOML: {e}") from None
     except RecursionError:  # arrays or tables nested deeper than the parser's stack
-        raise ConfigError(p, "-", "invalid TOML: nested too deeply") from None
+        raise ConfigError(p, None, "invalid TOML: nested too deeply") from None
     for key in raw:
         if key not in _TOP_KEYS:
             raise ConfigError(p, _named(key), f"unknown key; expected one of {sorted(_TOP_KEYS)}")

@@ -194,6 +194,8 @@ def _at_origin(err: ConfigError, origin: dict[str, str], spec: RunSpec) -> Confi
     at the flag or file key the value came from."""
     # get_preset says "preset: NAME: unknown" of the name and "preset: without: ..." of behaviours
     key = "preset" if err.source == "preset" and err.key != "without" else err.key
+    if key is None:  # about a file as a whole: nothing to restate
+        return err
     field = key.split(".")[0].split("[")[0]
     where = origin.get(field)
     if where is None:
