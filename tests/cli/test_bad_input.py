@@ -96,7 +96,8 @@ def test_unreadable_config_files(tmp_path, capsys):
         assert_one_line(code, err, name, needle)
     # about the file as a whole: its name, then what is wrong (no placeholder key between)
     (tmp_path / "deep.toml").write_text("a = " + "[" * 5000 + "]" * 5000 + "\n")
-    for name, what in (("dir.toml", "is a directory; expected a TOML file"), ("missing.toml", "no such file; expected a TOML file"),
+    for name, what in (("dir.toml", "is a directory; expected a TOML file"),
+                       ("missing.toml", "no such file; expected a TOML file"),
                        ("deep.toml", "invalid TOML: nested too deeply")):
         code, _, err = run(["replay", "gen:chat", "--limit", "2", "--config", str(tmp_path / name)], capsys)
         assert err.strip().endswith(f"{tmp_path / name}: {what}"), err

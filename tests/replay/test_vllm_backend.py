@@ -203,3 +203,47 @@ def test_vllms_manager_caches_its_environment_as_its_engine_core_does(vllm_api):
         assert not vllm.envs._is_envs_cache_enabled()
         build(config, api=vllm_api)
         assert vllm.envs._is_envs_cache_enabled(), build.__name__
+
+
+# A Mamba hit mid-block, then a final chunk that exports an internal checkpoint: vLLM 0.33's
+# block-aligned split lets such a chunk run past the block end it starts in (its stop at the
+# next block boundary is waived for internal checkpoints), so the slot holding the hit's
+# copied state (after 20 tokens) is keyed at its block end (24) without that state ever
+# being written. A later request resuming at 24 reads the wrong state.
+MID_BLOCK_CONFIG = """[cache]
+groups = [{ type = "full_attention", block_size = 8 }, { type = "mamba", block_size = 8 }]
+num_gpu_blocks = 54
+hash_block_size = 4
+enable_partial_hits = true
+num_prefill_checkpoint_blocks = 1
+prefill_checkpoint_alignment = 4
+"""
+
+
+def _mid_block_trace(tmp_path) -> tuple[str, str]:
+    shared = list(range(200, 220))  # 20 tokens: five 4-token hash blocks, two and a half Mamba blocks
+    rows = [{"kvtrace_trace": 1},
+            {"request_id": "a", "arrival_ns": 0, "input_length": 21, "output_length": 1,
+             "token_ids": [*shared, 3000]},  # one chunk: its checkpoint after 20 tokens is published
+            {"request_id": "b", "arrival_ns": 10**9, "input_length": 33, "output_length": 2,
+             "token_ids": [*shared, *range(4000, 4013)]},  # hits 20; one chunk [20, 33) with a checkpoint at 32
+            {"request_id": "c", "arrival_ns": 2 * 10**9, "input_length": 30, "output_length": 2,
+             "token_ids": [*shared, *range(4000, 4004), *range(5000, 5006)]}]  # resumes at b's key at 24
+    trace, config = tmp_path / "mid-block.jsonl", tmp_path / "mid-block.toml"
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config.write_text(MID_BLOCK_CONFIG)
+    return str(trace), str(config)
+
+
+def test_a_stale_mamba_key_vllm_leaves_is_found_in_both_managers(vllm_api, tmp_path):
+    """kvtrace's manager keys the same slot as vLLM's own, so both runs show it: the audit
+    finds the stale key and the worker finds the resuming request's output divergent."""
+    trace, config = _mid_block_trace(tmp_path)
+    spec = RunSpec(trace, config_file=config, retention="none")
+    ours = run_replay(spec)
+    theirs = run_replay(replace(spec, backend="vllm"))
+    for s in (ours.summary, theirs.summary):
+        assert s["stale_hashes"] > 0 and s["divergent_outputs"] > 0, s
+        assert s["table_disagreements"] == 0
+    for key in ("stale_hashes", "divergent_outputs", "prefix_cache_hits", "publishes", "evictions"):
+        assert ours.summary[key] == theirs.summary[key], key
