@@ -448,16 +448,27 @@ def test_a_replay_socket_that_never_ends_its_answer_cannot_hold_the_capture(tmp_
     pub = VllmPublisher()
     pub.endless_replay = True
     pub.publish(EventBatch(1.0, [BlockStored([1], None, [0] * 4, 4, None, "GPU", None)], 0), send=False)
-    stopping = threading.Timer(0.5, lambda: [pub.publish_raw(_raw_batch(2.0)) for _ in range(20)])
-    stopping.start()  # seq 1.. while the capture runs: a gap at 0, asked of the endless replay socket
-    start = time.monotonic()
+    ready, stop, started = threading.Event(), threading.Event(), []
+
+    def publish() -> None:  # seq 1.. once the capture runs (a PUB drops what comes before a
+        ready.wait(30)  # subscriber: a fixed delay lost them all on a loaded box): a gap at 0,
+        while not stop.wait(0.05):  # asked of the endless replay socket
+            pub.publish_raw(_raw_batch(2.0))
+
+    publisher = threading.Thread(target=publish)
+    publisher.start()
+    duration = 3.0
     try:
         stats = capture_vllm(pub.endpoint, pub.replay_endpoint, store_path=tmp_path / "endless.duckdb",
-                             topic="kv-events", duration=2.0, replay_timeout_s=0.5)
+                             topic="kv-events", duration=duration, replay_timeout_s=0.5,
+                             on_ready=lambda cap: (started.append(time.monotonic()), ready.set()))
+        ended = time.monotonic()
     finally:
-        stopping.cancel()
+        stop.set()
+        ready.set()
+        publisher.join(10)
         pub.close()
-    assert time.monotonic() - start < 2.0 + 4 * 0.5 + 3  # (it never returned)
+    assert ended - started[0] < duration + 4 * 0.5 + 3  # (from its start: it never returned)
     assert pub.replay_requests and stats.batches >= 1
 
 
