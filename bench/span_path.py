@@ -9,9 +9,10 @@ Budgets (issue 4, on 2 cores):
   at most 1.05x the same replay uninstrumented, with zero spans dropped (issue 15; in
   one process, the store as ``kvtrace replay --db`` opens it, after a warm-up pair that
   leaves imports and first-use costs out; the ratio of the bests and the median of the
-  ``--repeat`` pairs run in turn); under it, what the ratio is made of: the span build on
-  the engine's thread, timed alone on the run's own steps, and the DuckDB commits' CPU on
-  the writer thread (which slows the engine beside it on a 2-core box);
+  ``--repeat`` pairs, run in turn with the order swapped every other pair); under it, what
+  the ratio is made of: the span build on the engine's thread, timed alone on the run's
+  own steps, and the DuckDB commits' CPU on the writer thread (which slows the engine
+  beside it on a 2-core box);
 - printed beside it: the whole ``kvtrace replay --db`` command against the same command
   without a store, what a user waits for (imports, the store's set-up, derived tables).
 
@@ -198,10 +199,14 @@ def bench_engine(limit: int, tmp: str, repeat: int) -> dict:
 
     plain, instrumented, spans, commit_cpu, commits = [], [], 0, [], 0
     steps: list = []  # the warm-up's step batches: the span build timed alone, below
-    for i in range(repeat + 1):  # pairs in turn, the first a warm-up (imports, first calls) left out
+
+    def run_plain(listeners) -> None:
         t = time.perf_counter()
-        Engine("kimi-hybrid").run(_read_mooncake(TRACE, limit), listeners=[steps.append] if i == 0 else [])
+        Engine("kimi-hybrid").run(_read_mooncake(TRACE, limit), listeners=listeners)
         plain.append(time.perf_counter() - t)
+
+    def run_instrumented() -> None:
+        nonlocal spans
         # the store as `kvtrace replay --db` opens it: a flush a second, the file held between
         store = Store.open(os.path.join(tmp, f"engine-{time.monotonic_ns()}.duckdb"), hold=True)
         store._commit = _timed_commit(store._commit, commit_cpu)  # the writer thread's CPU, summed
@@ -219,6 +224,16 @@ def bench_engine(limit: int, tmp: str, repeat: int) -> dict:
         spans = inst.spans_emitted
         provider.shutdown()
         store.close()
+
+    for i in range(repeat + 1):  # pairs, the first a warm-up (imports, first calls) left out
+        # in turn, and the order swapped every other pair (ABBA): on this box a run's speed
+        # drifts with what ran just before it, which a fixed order would add to the ratio
+        if i % 2 == 0:
+            run_plain([steps.append] if i == 0 else [])
+            run_instrumented()
+        else:
+            run_instrumented()
+            run_plain([])
         if i == 0:
             plain.clear()
             instrumented.clear()
