@@ -66,7 +66,8 @@ class Ragged:
     @classmethod
     def of(cls, values: Sequence[Sequence[int]]) -> Ragged:
         """The ``Ragged`` of this very list (identity: the builder hands each column of a
-        segment the same value list; the cache holds it, so its id is not reused)."""
+        segment the same value list; the cache holds it, so its id is not reused). For
+        lists made once and never changed, as the builder's are; others use ``Ragged``."""
         last = cls._last
         if last is None or last.values is not values:
             last = cls._last = cls(values)
@@ -135,7 +136,7 @@ class Ragged:
 def int_lists(lists: Sequence[Sequence[int]]) -> pa.ListArray:
     """list<int64> from a sequence of int tuples (through numpy: no interim Python list;
     a value beyond int64 raises OverflowError, as pyarrow's conversion does)."""
-    return Ragged.of(lists).list_array()
+    return Ragged(lists).list_array()
 
 
 _MASK64 = (1 << 64) - 1

@@ -93,6 +93,11 @@ def int_list(values: list, arrow: pa.DataType) -> pa.Array:
     return int_lists(values)
 
 
+def shared_int_list(values: list, arrow: pa.DataType) -> pa.Array:
+    """``int_list`` whose flat array the other list encoders of the segment reuse."""
+    return Ragged.of(values).list_array()
+
+
 def list_mean(values: list, arrow: pa.DataType) -> pa.Array:
     """Tuples of ints -> the mean of each (NULL for an empty one)."""
     return Ragged.of(values).means()
@@ -305,7 +310,7 @@ REQUEST_KIND = SpanKind(RequestFinished, SPAN_REQUEST, (
     Fill("num_preempted_query_tokens", "num_preempted_query_tokens"),
     Fill("num_preempted_hit_tokens", "num_preempted_hit_tokens"),
     Fill("ttft_ns", ("first_token_ns", "arrival_ns"), get=lambda e: e.first_token_ns - e.arrival_ns),
-    Fill("itl_ns", "itl_ns", int_list),  # the ITL fills share one flat array (Ragged)
+    Fill("itl_ns", "itl_ns", shared_int_list),  # the ITL fills share one flat array (Ragged)
     Fill("itl_mean_ns", "itl_ns", list_mean),
     Fill("itl_p50_ns", "itl_ns", list_percentile(50)),
     Fill("itl_p99_ns", "itl_ns", list_percentile(99)),

@@ -75,3 +75,12 @@ def test_ragged_of_is_shared_by_the_columns_of_one_value_list_only():
     first = Ragged.of(values)
     assert Ragged.of(values) is first  # the ITL columns of one segment: one flat array, one sort
     assert Ragged.of(list(values)) is not first  # an equal but other list is its own
+
+
+def test_int_lists_of_a_list_changed_in_place_are_its_new_values():
+    """Only the span builder's segment columns share a Ragged (lists made once); a list
+    reused by its caller is read afresh each time."""
+    buf = [(1, 2)]
+    assert int_lists(buf).to_pylist() == [[1, 2]]
+    buf[0] = (3,)
+    assert int_lists(buf).to_pylist() == [[3]]
