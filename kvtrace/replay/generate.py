@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvtrace.errors import ConfigError
+from kvtrace.errors import MAX_SEED, ConfigError
 from kvtrace.replay.writers import BlockInterner, write_mooncake
 from kvtrace.workload import TraceRequest
 from kvtrace.workload.lines import VOCAB_SIZE
@@ -295,8 +295,8 @@ def generate(
     spec = WORKLOADS.get(name)
     if spec is None:
         raise ConfigError("generate", "workload", f"unknown {name!r}; expected one of {', '.join(WORKLOADS)}")
-    if not isinstance(seed, int) or seed < 0:
-        raise ConfigError("generate", "seed", f"expected an int >= 0, got {seed!r}")
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= MAX_SEED:
+        raise ConfigError("generate", "seed", f"expected an int from 0 to {MAX_SEED:,}, got {seed!r}")
     n = spec.default_requests if num_requests is None else num_requests
     if not isinstance(n, int) or not 1 <= n <= MAX_GENERATED:
         raise ConfigError("generate", "num_requests", f"expected an int from 1 to {MAX_GENERATED:,}, got {n!r}")

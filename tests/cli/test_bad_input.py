@@ -478,6 +478,7 @@ def test_diff_options_out_of_range(tmp_path, capsys, two_runs, argv, needle):
      f"--seed: {2**64}"),
     (["replay", "{trace}", "--capacity-blocks", "40", "--db", "{tmp}/c.duckdb", "--seed", "-1"], "--seed: -1"),
     (["curve", "{trace}", "--seed", str(10**40)], f"--seed: {10**40}"),
+    (["generate", "chat", "-o", "{tmp}/g.jsonl", "--seed", str(2**64)], "seed"),  # (its help gives the range)
     (["sweep", "{trace}", "--param", "capacity_blocks=40,80", "--seed", "-2"], "--seed: -2"),
 ])
 def test_numeric_options_are_bounded(tmp_path, capsys, argv, needle):
