@@ -10,6 +10,7 @@ imported when it is called).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 # replay --mode (kvtrace.replay.run)
@@ -60,6 +61,30 @@ def markup_literal(text: object) -> str:
     from rich.markup import escape
 
     return escape(printable(text))
+
+
+# CommonMark's backslash-escapable ASCII punctuation (Streamlit's markdown: also its
+# directives :red[...], math $...$ and entities &lt;)
+_MARKDOWN_PUNCTUATION = re.compile(r"""([!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~])""")
+
+
+def markdown_literal(text: object) -> str:
+    """A user's or a sender's text (a run's name, a collected run id) inside Streamlit
+    markdown, shown as it is: ``printable``, every ASCII punctuation mark backslash-escaped
+    (no emphasis, link, image, HTML, code, math or colour directive can start in it)."""
+    return _MARKDOWN_PUNCTUATION.sub(r"\\\1", printable(text))
+
+
+def markdown_code(text: object) -> str:
+    """The text as one inline code span, whatever backticks it holds (a fence longer than
+    its longest run of them, padded where it starts or ends with one)."""
+    text = printable(text)
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
+    # a span's content loses one space each side when it has one on both (and is not all
+    # spaces): pad it then, and where a backtick at an end would join the fence
+    spaced = text[:1] == text[-1:] == " " and text.strip(" ")
+    pad = " " if text[:1] == "`" or text[-1:] == "`" or spaced else ""
+    return f"{fence}{pad}{text}{pad}{fence}" if text else "` `"
 
 
 PIPED_WIDTH = 250  # columns rich lays out for a stdout that is not a terminal

@@ -7,13 +7,17 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvtrace import names
 from kvtrace.cache.config import ALL_BEHAVIOURS
 from kvtrace.cli import choices
 from kvtrace.engine.presets import PRESETS
+from kvtrace.names import markdown_code, markdown_literal, printable
 from kvtrace.replay.generate import WORKLOADS
 from kvtrace.replay.readers import READERS
+from tests.support.markdown import shown
 
 
 @pytest.mark.parametrize(("listed", "implemented"), [
@@ -45,3 +49,14 @@ def test_the_cli_lists_its_choices_without_numpy_or_torch():
     code = "import sys, kvtrace.cli; print(sorted(m for m in ('numpy', 'torch', 'msgspec') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=40))
+def test_markdown_literal_and_code_show_any_text_as_it_is(text):
+    """Rendered by a CommonMark parser (markdown-it), a name inside a sentence reads as
+    ``printable`` shows it: no emphasis, link, image, HTML, entity or code made from it."""
+    want = printable(text)
+    assert shown(f"a {markdown_literal(text)} b") == f"a {want} b".strip()
+    if want:
+        assert shown(f"a {markdown_code(text)} b") == f"a {want} b".strip()

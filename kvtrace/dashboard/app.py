@@ -12,6 +12,7 @@ import streamlit as st
 
 from kvtrace.dashboard import queries, state
 from kvtrace.errors import KVTraceError
+from kvtrace.names import markdown_code, markdown_literal
 
 HERE = Path(__file__).parent
 PAGES = [
@@ -55,18 +56,20 @@ if queries.open_store(db):
         # A link names a run this store does not hold (pasted into another database, or the
         # run is gone): say so; showing another run in its place would mislead.
         st.title("Run not found")
-        st.warning(f"Run `{missing}` from the link is not in `{db}`: nothing is shown in its place. Pick a run "
-                   f"in the sidebar, or list them with `kvtrace runs --db {db}`.", icon=":material/link_off:")
+        runs_command = markdown_code(f"kvtrace runs --db {db}")
+        st.warning(f"Run {markdown_code(missing)} from the link is not in {markdown_code(db)}: nothing is shown in "
+                   f"its place. Pick a run in the sidebar, or list them with {runs_command}.",
+                   icon=":material/link_off:")
     else:
         queries.context()["run_id"] = run_id
         try:
             page.run()
         except KVTraceError as err:  # the store's one-line user errors
-            st.error(str(err))
+            st.error(markdown_literal(err))
         except Exception as err:  # never a traceback in the browser; the tests assert no st.error
             first = str(err).splitlines()[0] if str(err) else ""
-            st.error(f"{db}: this page could not read the store ({type(err).__name__}: {first}). "
-                     "Press Refresh; if it persists, the store may come from another kvtrace version.")
+            st.error(markdown_literal(f"{db}: this page could not read the store ({type(err).__name__}: {first}).")
+                     + " Press Refresh; if it persists, the store may come from another kvtrace version.")
 
 with nav:
     params = state.shared_params()

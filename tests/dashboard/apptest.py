@@ -32,3 +32,4 @@ def traces(at: AppTest) -> list[dict]:
     for el in at.get("plotly_chart"):
         out += json.loads(el.proto.spec)["data"]
     return out
+

@@ -15,6 +15,7 @@ from streamlit.testing.v1 import AppTest
 from kvtrace.dashboard import DB_ENV, queries, run_config, ui
 from kvtrace.store import read
 from kvtrace.store.schema import SUMMARY_FIELDS
+from tests.support.markdown import shown
 
 PAGES = ["overview", "hit_rate", "evictions", "stale", "latency", "capacity", "compare"]
 
@@ -346,7 +347,7 @@ def test_compare_page_deltas_ci_cdfs_and_markdown_are_kvtrace_diffs(dashboard_db
     assert block.value.rstrip("\n") == cli.stdout.rstrip("\n")  # (echo adds a newline)
     on, off = (set(read.run(dashboard_db, r)["behaviours"]) for r in (run_on, run_off))
     (differ,) = sorted(on ^ off)
-    assert any(c.value == f"Settings that differ: behaviour {differ}: A on → B off" for c in at.caption)
+    assert any(shown(c.value) == f"Settings that differ: behaviour {differ}: A on → B off" for c in at.caption)
     assert not at.warning  # one setting, same mode and capacity: an isolated measurement
     a = read.per_request_hits(dashboard_db, run_on)
     b = read.per_request_hits(dashboard_db, run_off)
@@ -397,7 +398,7 @@ def test_compare_without_a_one_setting_partner_says_so_and_names_the_study_comma
     assert "b" not in at.query_params and not at.metric  # nothing picked for the user
     # picking B anyway: a visible warning listing every difference
     at.selectbox(key="qp_b").select(two).run()
-    (warning,) = [w.value for w in at.warning]
+    (warning,) = [shown(w.value) for w in at.warning]
     assert "Not an isolated measurement" in warning
     assert "behaviour shared-prefix-pinning: A on → B off" in warning and "retention_interval" in warning
 
@@ -407,7 +408,7 @@ def test_compare_never_sets_an_engine_ttft_against_a_cache_only_run(pairs_db, mo
     at = render(db, monkeypatch, "compare", run=a, b=co)
     m = {x.label: x for x in at.metric}
     assert m["TTFT p99 (modelled) (B)"].value == "–" and not m["TTFT p99 (modelled) (B)"].proto.delta
-    assert any("mode: A engine → B cache-only/lru" in w.value for w in at.warning)
+    assert any("mode: A engine → B cache-only/lru" in shown(w.value) for w in at.warning)
     assert any("No latency to compare" in i.value for i in at.info)
     assert read.run(db, co)["summary"]["p99_ttft_ms"] is None  # null, not 0
 
@@ -430,7 +431,7 @@ def test_missing_and_foreign_databases_give_one_error_line(tmp_path, monkeypatch
     bad = tmp_path / "bad.duckdb"
     bad.write_text("not a database\n")
     at = render(str(bad), monkeypatch)
-    assert len(at.error) == 1 and str(bad) in at.error[0].value
+    assert len(at.error) == 1 and str(bad) in shown(at.error[0].value)
     monkeypatch.delenv(DB_ENV, raising=False)
     at = AppTest.from_file(APP, default_timeout=60).run()
     assert not at.exception and "No database given" in at.error[0].value
@@ -501,3 +502,34 @@ def test_a_capture_that_received_nothing_says_so(tmp_path, monkeypatch):
     at = render(str(db), monkeypatch)
     assert any("NOTHING RECEIVED" in o for o in at.selectbox(key="qp_run").options)
     assert any("Nothing received" in w.value for w in at.warning)
+
+
+# A collected run's id is whatever its OTLP sender put in kvtrace.run_id, and a link's run
+# is whatever the URL says: markdown, HTML, a Streamlit colour directive, math, backticks.
+HOSTILE = "x** ![p](http://e.invalid/p.png) [l](http://e.invalid) <b>h</b> :red[r] $m$ `t` _u_"
+
+
+def test_names_ids_and_links_are_shown_as_they_are_never_as_markdown(tmp_path, monkeypatch):
+    """Each page's markdown, rendered by a CommonMark parser (markdown-it, as Streamlit's
+    react-markdown parses it), shows the text literally: no image, link, emphasis or HTML
+    made from it, and the text whole."""
+    from markdown_it import MarkdownIt
+
+    from kvtrace.store.writer import Store
+
+    db = str(tmp_path / "hostile.duckdb")
+    with Store.open(db) as store:
+        for suffix in ("", " B"):
+            run = store.create_run(f"otlp {HOSTILE}{suffix}", run_id=f"{HOSTILE}{suffix}", mode="otlp",
+                                   trace_source=f"{HOSTILE} trace")
+            store.finish_run(run)
+    html = MarkdownIt().render
+    pages = [render(db, monkeypatch, run=HOSTILE), render(db, monkeypatch, "compare", run=HOSTILE, b=f"{HOSTILE} B"),
+             render(db, monkeypatch, run=f"{HOSTILE} gone")]
+    whole = 0
+    for at in pages:
+        for el in [*at.markdown, *at.caption, *at.warning, *at.info, *at.error]:
+            out = html(el.value)
+            assert "<img" not in out and "<a " not in out and "<b>" not in out and "<em>" not in out, el.value
+            whole += HOSTILE in shown(el.value)
+    assert whole >= 3  # the overview's name, A on the Compare page, the unknown run's warning

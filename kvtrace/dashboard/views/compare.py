@@ -11,6 +11,8 @@ from kvtrace import metrics
 from kvtrace.compare import pairing
 from kvtrace.compare.render import fmt, to_markdown
 from kvtrace.dashboard import charts, queries, state, ui
+from kvtrace.names import markdown_code as code
+from kvtrace.names import markdown_literal as md
 
 # (label, summary metric, kind, higher is better)
 TILES = [
@@ -43,22 +45,22 @@ def main() -> None:
     missing = state.unknown_value("b", ids)
     if missing is not None:
         known = missing in set(queries.runs()["run_id"].to_list())
-        st.warning(f"Run `{missing}` (B, from the link) is "
-                   + ("not a run of the same trace as A" if known else f"not in `{db}`")
+        st.warning(f"Run {code(missing)} (B, from the link) is "
+                   + ("not a run of the same trace as A" if known else f"not in {code(db)}")
                    + ": nothing is shown in its place. Pick B below.", icon=":material/link_off:")
     if not ids:
-        ui.empty(f"No other run of the same trace as `{run_a}` to compare with.",
-                 f"`{pairing.study_command(queries.run_row(run_a), db)}`")
+        ui.empty(f"No other run of the same trace as {code(run_a)} to compare with.",
+                 code(pairing.study_command(queries.run_row(run_a), db)))
         return
     default = None if missing is not None else queries.default_partner(run_a)
     if default is None and missing is None:
         st.info("No run of the same trace, mode and capacity differs from A in exactly one setting. Make a pair "
-                f"with `{pairing.study_command(queries.run_row(run_a), db)}`, or pick a B below (its differences "
+                f"with {code(pairing.study_command(queries.run_row(run_a), db))}, or pick a B below (its differences "
                 "are listed).", icon=":material/info:")
     labels = dict(zip(queries.runs()["run_id"], queries.runs()["label"]))
     label = lambda r: str(labels.get(r, r))  # pure: AppTest calls it outside the script
     c = st.columns(2)
-    c[0].markdown(f"**A** (sidebar run): {label(run_a)}")
+    c[0].markdown(f"**A** (sidebar run): {md(label(run_a))}")
     with c[1]:
         run_b = state.bound_select("B", ids, "b", default=default, format_func=label, unknown="none",
                                    placeholder="pick a run of the same trace")
@@ -66,11 +68,11 @@ def main() -> None:
         return
     a, b = queries.run_row(run_a), queries.run_row(run_b)
     diffs = pairing.differences(a, b)
-    st.caption("Settings that differ: " + ("; ".join(map(str, diffs)) if diffs else "none"))
+    st.caption("Settings that differ: " + ("; ".join(map(md, diffs)) if diffs else "none"))
     bad = pairing.mismatches(a, b)
     if bad:
         st.warning("Not an isolated measurement: A and B differ in "
-                   + ("nothing the store records" if not bad else "; ".join(map(str, bad)))
+                   + ("nothing the store records" if not bad else "; ".join(map(md, bad)))
                    + ". A comparison isolates one change when the runs share trace, mode and capacity and differ "
                      "in exactly one setting.", icon=":material/warning:")
 
@@ -128,7 +130,7 @@ def main() -> None:
 
     with st.expander("Copy as Markdown (the same text as `kvtrace diff --markdown`)"):
         st.code(to_markdown(diff), language="markdown")
-        st.caption(f"`kvtrace diff {run_a} {run_b} --db {db} --markdown` prints this text.")
+        st.caption(f"{code(f'kvtrace diff {run_a} {run_b} --db {db} --markdown')} prints this text.")
 
     req = queries.request_diff(run_a, run_b)
     if req.height and not (req["cached_delta"] != 0).any():

@@ -7,6 +7,8 @@ import streamlit as st
 
 from kvtrace import metrics
 from kvtrace.dashboard import queries, ui
+from kvtrace.names import markdown_code as code
+from kvtrace.names import markdown_literal as md
 from kvtrace.store.schema import SUMMARY_NOTHING_RECEIVED
 
 ctx = queries.context()
@@ -15,17 +17,18 @@ row = queries.run_row(run_id)
 s = queries.summary(run_id)
 
 st.title("Overview")
+# names, ids and paths as they are: a collected run's id is whatever its sender chose
 st.markdown(
-    f"**{row.get('name') or run_id}** · run `{run_id}` · trace `{row.get('trace_source') or '–'}` · "
-    f"mode `{row.get('mode') or '–'}` · backend `{row.get('backend') or 'kvtrace'}` · "
-    f"status **{row.get('status')}**  \nbehaviours on: {row.get('behaviours_on') or 'none'}"
-    + (f" · **off: {row['behaviours_off']}**" if row.get("behaviours_off") else "")
+    f"**{md(row.get('name') or run_id)}** · run {code(run_id)} · trace {code(row.get('trace_source') or '–')} · "
+    f"mode {code(row.get('mode') or '–')} · backend {code(row.get('backend') or 'kvtrace')} · "
+    f"status **{md(row.get('status'))}**  \nbehaviours on: {md(row.get('behaviours_on') or 'none')}"
+    + (f" · **off: {md(row['behaviours_off'])}**" if row.get("behaviours_off") else "")
 )
 if row.get("status") == "running":
     st.warning("This run is still being written by a replay: press **Refresh** in the sidebar for newer data.",
                icon=":material/sync:")
 elif row.get("status") in ("failed", "incomplete"):
-    st.warning(f"This run is **{row.get('status')}**: it stopped early, and only the spans flushed before that are "
+    st.warning(f"This run is **{md(row.get('status'))}**: it stopped early, and only the spans flushed before that are "
                "shown.")
 if row.get(SUMMARY_NOTHING_RECEIVED):
     st.warning("Nothing received: this live capture recorded no events (no publisher reached, or an idle server).",

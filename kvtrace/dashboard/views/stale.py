@@ -4,6 +4,7 @@ import polars as pl
 import streamlit as st
 
 from kvtrace.dashboard import charts, queries, state, ui
+from kvtrace.names import markdown_code
 
 ctx = queries.context()
 run_id = ctx["run_id"]
@@ -42,7 +43,7 @@ else:
     c[1].metric("Block id (group)", f"{r['block_id']} (g{r['group_id']})")
     c[2].metric("Expected fingerprint", ui.fingerprint(r["expected_fingerprint"]))
     c[3].metric("Actual fingerprint", ui.fingerprint(r["actual_fingerprint"]))
-    st.markdown(f"hash `{r['block_hash']}` · claims a {r['num_tokens']}-token prefix · found at "
+    st.markdown(f"hash {markdown_code(r['block_hash'])} · claims a {r['num_tokens']}-token prefix · found at "
                 f"{r['time_ns'] / 1e6:,.3f} ms")
     chain = queries.call("stale_hash_chain", run_id, r["block_hash"], group_id=r["group_id"])
     fp = [pl.col(c).map_elements(ui.fingerprint, return_dtype=pl.String) for c in FINGERPRINTS]
