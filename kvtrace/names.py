@@ -4,8 +4,8 @@ Stdlib only and on the ground floor, so that the CLI can list and check them wit
 importing what implements them (numpy, the readers, the engine): a typo is refused in a
 fraction of a second. The implementing modules key their tables by these names, and
 ``tests/test_names.py`` holds that each name has exactly one implementation. At the end,
-how a user's text is shown back: ``printable``, and the stdout console every table uses (rich,
-imported when it is called).
+how a user's text is shown back: ``printable``, literal inside rich markup or Streamlit
+markdown, and the stdout console every table uses (rich, imported when it is called).
 """
 
 from __future__ import annotations
