@@ -120,13 +120,15 @@ class Ragged:
                 if b - a > 1:
                     self._sorted[a:b].sort()
         has = self.lengths > 0
+        if not has.any():
+            return pa.nulls(len(self.values), pa.float64())
         n = np.where(has, self.lengths, 1)
         pos = (n - 1).astype(np.float64) * (q / 100.0)  # sorted_percentile's float ops, one per list
         lo = pos.astype(np.int64)
         hi = np.minimum(lo + 1, n - 1)
         start = self.offsets[:-1]
-        a = self._sorted[np.where(has, start + lo, 0)] if len(self.flat) else np.zeros(len(n), np.int64)
-        b = self._sorted[np.where(has, start + hi, 0)] if len(self.flat) else a
+        a = self._sorted[np.where(has, start + lo, 0)]  # (an empty list reads any value: masked below)
+        b = self._sorted[np.where(has, start + hi, 0)]
         t = pos - lo.astype(np.float64)
         step = (b - a).astype(np.float64)
         out = np.where(t < 0.5, a.astype(np.float64) + step * t, b.astype(np.float64) - step * (1.0 - t))

@@ -171,11 +171,11 @@ class Fill:
         self.getter: Callable[[Any], Any] = get if get is not None else field_getter(self.fields[0])
 
     def column_of(self, events: Sequence) -> pa.Array:
-        return self.encode(list(map(self.getter, events)), self.arrow)
+        return self.column_from(events, {})
 
     def column_from(self, events: Sequence, read: dict) -> pa.Array:
-        """``column_of``, reading each getter's values once per ``read`` (a dict the
-        caller keeps for one list of events)."""
+        """The column of ``events``, reading each getter's values once per ``read`` (a dict
+        the caller keeps for one list of events)."""
         values = read.get(self.getter)
         if values is None:
             values = read[self.getter] = list(map(self.getter, events))
