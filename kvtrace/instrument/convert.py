@@ -32,6 +32,7 @@ from kvtrace.store.schema import (
     ATTRIBUTE_COLUMNS,
     GENAI_CACHE_READ,
     SEQ_ATTRIBUTE,
+    SPAN_COLUMN_DEFS,
     SPAN_REQUEST,
     TIME_OFFSET_RESOURCE_KEY,
 )
@@ -57,6 +58,7 @@ _SIGN64 = 1 << 63
 # what each integer column can hold: uint64 fingerprints also take their signed form
 _INT_RANGE = {pa.int64(): (-_SIGN64, _SIGN64 - 1), pa.int32(): (-(1 << 31), (1 << 31) - 1),
               pa.uint64(): (-_SIGN64, _MASK64)}
+_MIN_VALUE = {c.name: c.min_value for c in SPAN_COLUMN_DEFS if c.min_value is not None}
 
 
 class UnstorableValue(KVTraceError):
@@ -104,6 +106,7 @@ def _fits(key: str, column: str, values: Sequence[int]) -> None:
     if column == "prefill_chunks":  # a list of int64 structs, given flat
         t = pa.int64()
     lo, hi = _INT_RANGE[t.value_type if pa.types.is_list(t) else t]
+    lo = max(lo, _MIN_VALUE.get(column, lo))  # (times, steps, durations: never negative)
     if values and not (lo <= min(values) and max(values) <= hi):
         bad = next(v for v in values if not lo <= v <= hi)
         raise UnstorableValue(f"{key}: {bad} does not fit the store's {column} column ({lo} to {hi})"[:300])
@@ -171,9 +174,12 @@ def _check_ids(trace_id: Any, span_id: Any, parent: Any, what: str = "") -> None
 
 
 def attribute_text(v: Any) -> str:
-    """How an attribute without a typed column is kept: a string (arrays as JSON)."""
+    """How an attribute without a typed column is kept: a string (arrays as JSON; an empty
+    OTLP AnyValue, None here, as "", which the OTel Collector's ClickHouse exporter writes)."""
     if isinstance(v, str):
         return v
+    if v is None:
+        return ""
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, bytes):

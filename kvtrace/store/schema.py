@@ -66,12 +66,17 @@ _CHUNKS_SQL = "STRUCT(start_ns BIGINT, end_ns BIGINT, num_tokens BIGINT)[]"
 
 
 class Col:
-    """One span column: name, Arrow type, DuckDB type, the OTel attribute key it stores."""
+    """One span column: name, Arrow type, DuckDB type, the OTel attribute key it stores, and
+    for an integer column the least value a sender may put there (``min_value``: times,
+    steps and durations are never negative, so the store's SQL can subtract any two of them
+    in BIGINT without overflow)."""
 
-    __slots__ = ("arrow", "attr", "doc", "name", "sql")
+    __slots__ = ("arrow", "attr", "doc", "min_value", "name", "sql")
 
-    def __init__(self, name: str, arrow: pa.DataType, sql: str, attr: str | None, doc: str):
+    def __init__(self, name: str, arrow: pa.DataType, sql: str, attr: str | None, doc: str,
+                 min_value: int | None = None):
         self.name, self.arrow, self.sql, self.attr, self.doc = name, arrow, sql, attr, doc
+        self.min_value = min_value
 
 
 # (name, arrow type, duckdb type, OTel attribute key or None, meaning)
@@ -98,7 +103,7 @@ SPAN_COLUMN_DEFS: tuple[Col, ...] = (
     Col("links", pa.list_(LINK_STRUCT), _LINKS_SQL, None, "OTel span links (views: trace_id, span_id as hex)"),
     Col("source", _STR, "VARCHAR", "kvtrace.source", "replay | vllm | otlp; NULL = replay"),
     # common kvtrace attributes
-    Col("step", _I64, "BIGINT", "kvtrace.step", "scheduler step index"),
+    Col("step", _I64, "BIGINT", "kvtrace.step", "scheduler step index", min_value=0),
     Col("group_id", _I32, "INTEGER", "kvtrace.group", "KV cache group (vLLM group_idx)"),
     Col("request_id", _STR, "VARCHAR", "kvtrace.request.id", "request id"),
     Col("block_ids", pa.list_(_I64), "BIGINT[]", "kvtrace.block.ids", "block ids this span covers"),
@@ -111,8 +116,10 @@ SPAN_COLUMN_DEFS: tuple[Col, ...] = (
         "full | partial_tail | checkpoint | boundary | moved (| vllm_stored)"),
     Col("evict_reason", _STR, "VARCHAR", "kvtrace.evict.reason",
         "lru | stale_hash | replaced | moved | connector | reset (| vllm_removed)"),
-    Col("ages", pa.list_(_I64), "BIGINT[]", "kvtrace.evict.ages", "evict: steps since each entry was published"),
-    Col("idle", pa.list_(_I64), "BIGINT[]", "kvtrace.evict.idle", "evict: steps since each entry was last used"),
+    Col("ages", pa.list_(_I64), "BIGINT[]", "kvtrace.evict.ages", "evict: steps since each entry was published",
+        min_value=0),
+    Col("idle", pa.list_(_I64), "BIGINT[]", "kvtrace.evict.idle", "evict: steps since each entry was last used",
+        min_value=0),
     Col("copy_reason", _STR, "VARCHAR", "kvtrace.cow.why", "partial_hit | running_tail | external"),
     Col("copy_src", _I64, "BIGINT", "kvtrace.cow.src", "cow source block id"),
     Col("copy_dst", _I64, "BIGINT", "kvtrace.cow.dst", "cow destination block id"),
@@ -141,9 +148,10 @@ SPAN_COLUMN_DEFS: tuple[Col, ...] = (
     Col("usage", pa.list_(_F64), "DOUBLE[]", "kvtrace.step.usage", "block-pool usage per KV group, 0..1"),
     # request
     Col("session_id", _STR, "VARCHAR", "kvtrace.request.session_id", ""),
-    Col("arrival_ns", _I64, "BIGINT", "kvtrace.request.arrival_ns", "request arrival (span start is arrival too)"),
-    Col("first_scheduled_ns", _I64, "BIGINT", "kvtrace.request.first_scheduled_ns", ""),
-    Col("first_token_ns", _I64, "BIGINT", "kvtrace.request.first_token_ns", ""),
+    Col("arrival_ns", _I64, "BIGINT", "kvtrace.request.arrival_ns", "request arrival (span start is arrival too)",
+        min_value=0),
+    Col("first_scheduled_ns", _I64, "BIGINT", "kvtrace.request.first_scheduled_ns", "", min_value=0),
+    Col("first_token_ns", _I64, "BIGINT", "kvtrace.request.first_token_ns", "", min_value=0),
     Col("num_prompt_tokens", _I64, "BIGINT", "gen_ai.usage.input_tokens", ""),
     Col("num_output_tokens", _I64, "BIGINT", "gen_ai.usage.output_tokens", ""),
     Col("num_computed_tokens", _I64, "BIGINT", "kvtrace.request.computed_prompt_tokens",
@@ -156,14 +164,14 @@ SPAN_COLUMN_DEFS: tuple[Col, ...] = (
         "tokens looked up again at the re-admissions after preemptions"),
     Col("num_preempted_hit_tokens", _I64, "BIGINT", "kvtrace.request.preempted_hit_tokens",
         "local hit tokens of those re-lookups"),
-    Col("ttft_ns", _I64, "BIGINT", "kvtrace.request.ttft_ns", "first_token_ns - arrival_ns"),
-    Col("itl_ns", pa.list_(_I64), "BIGINT[]", "kvtrace.request.itl_ns", "every inter-token gap"),
+    Col("ttft_ns", _I64, "BIGINT", "kvtrace.request.ttft_ns", "first_token_ns - arrival_ns", min_value=0),
+    Col("itl_ns", pa.list_(_I64), "BIGINT[]", "kvtrace.request.itl_ns", "every inter-token gap", min_value=0),
     Col("itl_mean_ns", _F64, "DOUBLE", "kvtrace.request.itl_mean_ns", ""),
     Col("itl_p50_ns", _F64, "DOUBLE", "kvtrace.request.itl_p50_ns", ""),
     Col("itl_p99_ns", _F64, "DOUBLE", "kvtrace.request.itl_p99_ns", ""),
-    Col("itl_max_ns", _I64, "BIGINT", "kvtrace.request.itl_max_ns", ""),
+    Col("itl_max_ns", _I64, "BIGINT", "kvtrace.request.itl_max_ns", "", min_value=0),
     Col("prefill_chunks", pa.list_(CHUNK_STRUCT), _CHUNKS_SQL, "kvtrace.request.prefill_chunks",
-        "(start_ns, end_ns, num_tokens) per prefill chunk"),
+        "(start_ns, end_ns, num_tokens) per prefill chunk", min_value=0),
     # verification
     Col("expected_fingerprint", pa.uint64(), "UBIGINT", "kvtrace.verify.expected_fingerprint",
         "stale hash: content fingerprint the key implies"),

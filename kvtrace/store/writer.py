@@ -426,8 +426,10 @@ class Store:
         if status not in RUN_STATUSES or status == "running":
             raise ValueError(f"finish_run: status must be one of complete|failed|incomplete, not {status!r}")
         self.flush()
-        self._finish(run_id, status, digest, _json_or_none(summary))
-        self._open_runs.discard(run_id)
+        try:
+            self._finish(run_id, status, digest, _json_or_none(summary))
+        finally:  # tried once: close() does not try it again (it would fail the same way)
+            self._open_runs.discard(run_id)
 
     def _finish(self, run_id: str, status: str, digest: str | None, summary: str | None) -> None:
         # Derived tables are computed on a read-only connection (other readers carry on) and

@@ -391,3 +391,138 @@ def test_two_different_content_lengths_are_refused(tmp_path, collector, capfd):
     assert b"Content-Length given twice" in reply
     collector.stop()
     assert count_spans(tmp_path / "rx.duckdb", "json-run") == 0
+
+
+# --- a second probe's findings ----------------------------------------------------------------
+def _runs(path) -> dict[str, str]:
+    import duckdb
+
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        return dict(con.execute("SELECT run_id, status FROM runs").fetchall())
+    finally:
+        con.close()
+
+
+@pytest.mark.parametrize("attrs, key", [
+    (_attr("kvtrace.request.arrival_ns", {"intValue": str(-2**63)}), "kvtrace.request.arrival_ns"),
+    (_attr("kvtrace.request.first_token_ns", {"intValue": "-1"}), "kvtrace.request.first_token_ns"),
+    (_attr("kvtrace.step", {"intValue": str(-2**63)}), "kvtrace.step"),
+    (_attr("kvtrace.request.itl_ns", {"arrayValue": {"values": [{"intValue": "5"}, {"intValue": "-5"}]}}),
+     "kvtrace.request.itl_ns"),
+])
+def test_a_negative_time_or_step_is_refused_so_no_derived_sum_can_overflow(tmp_path, collector, capfd, attrs, key):
+    """A request span arriving at -2^63 was stored with a 200; the run's latencies (end minus
+    arrival) then overflowed in finish_run: the collector's shutdown died with a traceback and
+    left every run it had made 'running'."""
+    body = json.dumps({"resourceSpans": [{
+        "resource": {"attributes": _attr("kvtrace.run.id", {"stringValue": "poisoned"})},
+        "scopeSpans": [{"spans": [{"traceId": TRACE, "spanId": "0000000000000001", "name": "kvtrace.request",
+                                   "startTimeUnixNano": "1", "endTimeUnixNano": str(2**62),
+                                   "attributes": attrs}]}]}]}).encode()
+    status, reply, _ = _post(collector.url, body)
+    assert status == 400 and key in json.loads(reply)["message"], reply
+    assert _post(collector.url, _json_body(2, run_id="healthy"))[0] == 200
+    collector.stop()
+    assert _runs(tmp_path / "rx.duckdb") == {"healthy": "complete"}  # the refused request made no run
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_run_that_cannot_be_finished_is_logged_and_the_others_still_finish(tmp_path, caplog, monkeypatch):
+    c = OTLPCollector(tmp_path / "rx.duckdb", port=0).start()
+    assert _post(c.url, _json_body(2, run_id="a"))[0] == 200
+    assert _post(c.url, _json_body(2, run_id="b"))[0] == 200
+    finish = c.store._finish
+
+    def fails_for_a(run_id, *args):  # (the derived tables of run a cannot be built)
+        if run_id == "a":
+            raise ValueError("derived tables: overflow")
+        return finish(run_id, *args)
+
+    monkeypatch.setattr(c.store, "_finish", fails_for_a)
+    c.stop()
+    assert _runs(tmp_path / "rx.duckdb") == {"a": "running", "b": "complete"}  # (readers: incomplete)
+    assert [r.getMessage() for r in caplog.records] == [
+        "run a: not finished (ValueError: derived tables: overflow); its spans are stored"]
+
+
+def test_a_run_record_that_cannot_be_finished_still_answers_200_once_stored(tmp_path, collector, monkeypatch):
+    """The spans were committed, then finishing the run failed: a 500 made the client send
+    them again, and they were stored twice."""
+    monkeypatch.setattr(collector.store, "finish_run", lambda *a, **k: (_ for _ in ()).throw(ValueError("boom")))
+    body = _with_run_span([{"key": "kvtrace.run.status", "value": {"stringValue": "complete"}}])
+    assert _post(collector.url, body)[0] == 200
+    monkeypatch.undo()
+    collector.stop()
+    assert count_spans(tmp_path / "rx.duckdb", "json-run") == 3  # once
+
+
+def test_a_body_sent_with_a_refused_method_is_never_read_as_a_request(tmp_path, collector):
+    """A GET's body was left on the connection and parsed as the next request: a POST
+    smuggled inside it was stored."""
+    inner_body = _json_body(1, run_id="smuggled")
+    inner = (f"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+             f"Content-Length: {len(inner_body)}\r\n\r\n").encode() + inner_body
+    for method in ("GET", "PUT"):
+        head = f"{method} /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Length: {len(inner)}\r\n\r\n".encode()
+        reply = _raw_http(collector.address, head, inner, half_close=False)
+        assert reply.startswith(b"HTTP/1.1 405") and reply.count(b"HTTP/1.1 ") == 1, reply[:300]
+    collector.stop()
+    assert "smuggled" not in _runs(tmp_path / "rx.duckdb")
+
+
+def test_http_servers_own_refusals_are_otlp_status_json_not_html(collector):
+    reply = _raw_http(collector.address, b"BREW /v1/traces HTTP/1.1\r\nHost: x\r\n\r\n", b"", half_close=False)
+    assert reply.startswith(b"HTTP/1.1 501"), reply[:200]
+    assert json.loads(reply.split(b"\r\n\r\n", 1)[1])["message"].startswith("Unsupported method")
+    head = _raw_http(collector.address, b"HEAD /v1/traces HTTP/1.1\r\nHost: x\r\n\r\n", b"", half_close=False)
+    assert head.startswith(b"HTTP/1.1 405") and head.endswith(b"\r\n\r\n")  # no body after a HEAD's headers
+
+
+def test_an_absolute_form_target_names_the_traces_path(tmp_path, collector):
+    body = _json_body(2)
+    head = (f"POST http://{collector.address[0]}/v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+    assert _raw_http(collector.address, head, body, half_close=False).startswith(b"HTTP/1.1 200")
+    collector.stop()
+    assert count_spans(tmp_path / "rx.duckdb", "json-run") == 2
+
+
+def test_a_gzip_body_of_many_members_is_refused(collector):
+    """Each member copied the rest of the body: 750k empty members took minutes of CPU."""
+    status, reply, _ = _post(collector.url, gzip.compress(b"") * 3_000, "application/json", "gzip")
+    assert status == 400 and "more than 64 members" in json.loads(reply)["message"]
+    assert _post(collector.url, gzip.compress(b"") * 63 + gzip.compress(b"{}"), "application/json", "gzip")[0] == 200
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("traceId", " " * 30 + "ab", "traceId must be hex"),
+    ("spanId", "01 02 03 04 0506", "spanId must be hex"),
+    ("status", "code", "spans[0].status: expected an object"),
+    ("startTimeUnixNano", " 1_000 ", "startTimeUnixNano: expected an integer"),
+    ("startTimeUnixNano", "\u0661\u0662", "startTimeUnixNano: expected an integer"),
+])
+def test_json_ids_and_integers_are_read_strictly(tmp_path, collector, field, value, needle):
+    span = {"traceId": TRACE, "spanId": "0000000000000001", "name": "n", field: value}
+    body = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]}).encode()
+    status, reply, _ = _post(collector.url, body)
+    assert status == 400 and needle in json.loads(reply)["message"], reply
+
+
+def test_empty_and_bytes_values_are_kept_alike_from_json_and_protobuf(tmp_path, collector):
+    """An empty AnyValue was stored as the text "None"; JSON bytes as their base64 text
+    while protobuf's were hex."""
+    attrs = [{"key": "empty"}, {"key": "raw", "value": {"bytesValue": "AQI="}}]
+    assert _post(collector.url, _span_json(attributes=attrs))[0] == 200
+    req = trace_service_pb2.ExportTraceServiceRequest()
+    span = req.resource_spans.add().scope_spans.add().spans.add()
+    span.trace_id, span.span_id, span.name = bytes.fromhex(TRACE), bytes(range(1, 9)), "pb"
+    span.attributes.add().key = "empty"
+    raw = span.attributes.add()
+    raw.key, raw.value.bytes_value = "raw", b"\x01\x02"
+    assert _post(collector.url, req.SerializeToString(), "application/x-protobuf")[0] == 200
+    status, reply, _ = _post(collector.url, _span_json(attributes=_attr("raw", {"bytesValue": "!!"})))
+    assert status == 400 and "spans[0].raw.bytesValue: expected base64" in json.loads(reply)["message"]
+    collector.stop()
+    rows = store_rows(tmp_path / "rx.duckdb", "r1", "name, extra_attributes")
+    assert [dict(r["extra_attributes"]) for r in rows] == [{"empty": "", "raw": "0102"}] * 2

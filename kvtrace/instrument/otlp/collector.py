@@ -33,6 +33,7 @@ from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pyarrow as pa
 from google.rpc import status_pb2
@@ -52,6 +53,12 @@ DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 # large batch) before it is cancelled and refused.
 GRPC_GRACE_S = 10.0
 READ_TIMEOUT_S = 30.0  # a client that stops sending mid-request is dropped after this long
+# Members of one gzip body: SDKs send one; each further member costs a copy of the rest of
+# the body, so thousands of empty members would cost seconds of CPU a request.
+MAX_GZIP_MEMBERS = 64
+# Requests decoded and stored at once: a decoded span costs far more memory than its bytes
+# (about 60x), so concurrent large requests wait for a slot instead of adding up.
+DECODE_SLOTS = 2
 _log = logging.getLogger(__name__)
 
 
@@ -78,6 +85,8 @@ def _gunzip(body: bytes, limit: int) -> bytes:
         rest = d.unused_data
         if not rest:
             return b"".join(parts)
+        if len(parts) == MAX_GZIP_MEMBERS:
+            raise PayloadError(f"gzip body of more than {MAX_GZIP_MEMBERS} members")
 
 
 class _Server(ThreadingHTTPServer):
@@ -112,6 +121,7 @@ class OTLPCollector:
         self._created_runs: list[str] = []
         self.spans_received = 0
         self.requests_rejected = 0
+        self.decode_slots = threading.BoundedSemaphore(DECODE_SLOTS)  # (HTTP; gRPC has its own workers)
         try:
             self._server = _Server((host, port), _make_handler(self))
         except OSError as err:
@@ -176,10 +186,12 @@ class OTLPCollector:
         """Commit, mark the runs this collector created complete, and close the store."""
         with self._lock:
             self._closed = True
-            for run_id in self._created_runs:
-                self.store.finish_run(run_id, status="complete")
-            self._created_runs = []
-            self.store.close()
+            try:
+                for run_id in self._created_runs:
+                    self._finish(run_id, status="complete")
+                self._created_runs = []
+            finally:
+                self.store.close()
 
     # -- ingest ------------------------------------------------------------------------------
     def count_rejected(self) -> None:
@@ -197,6 +209,8 @@ class OTLPCollector:
         cancelled, its deadline not passed), asked just before the commit: an export its
         client gave up on is not stored, since the exporter sends it again. A request that
         comes after ``close_store`` is a CollectorClosed, nothing stored."""
+        # by the run id its resource names ("": the collector's own run), made only once the
+        # whole request is found storable: a refused request leaves no run behind either
         by_run: dict[str, SpanRowsBuilder] = {}
         records: list[tuple[str, dict]] = []
         with self._lock:
@@ -205,13 +219,13 @@ class OTLPCollector:
                                       "collector)")
             try:
                 for resource, kwargs, where in spans:
-                    run_id = self._run_for(resource)
+                    key = _named_run(resource)
                     if kwargs["name"] == SPAN_RUN:  # a kvtrace export's run record, not a span
-                        records.append((run_id, _run_record(kwargs["attributes"], where)))
+                        records.append((key, _run_record(kwargs["attributes"], where)))
                         continue
-                    rows = by_run.get(run_id)
+                    rows = by_run.get(key)
                     if rows is None:
-                        rows = by_run[run_id] = SpanRowsBuilder()
+                        rows = by_run[key] = SpanRowsBuilder()
                     try:
                         rows.add(default_source=SOURCE_OTLP, **unshift(kwargs, time_offset(resource)))
                     except UnstorableValue as err:
@@ -222,15 +236,15 @@ class OTLPCollector:
             if wanted is not None and not wanted():
                 raise ExportAbandoned("the client cancelled the export or its deadline passed: not stored")
             try:
-                for run_id, table in tables:
-                    self.store.append_spans(table, run_id=run_id)
+                for key, table in tables:
+                    self.store.append_spans(table, run_id=self._run_for(key))
                 self.store.flush()
             except BaseException:
                 self.store.discard_buffer()
                 raise
-            for run_id, record in records:
-                self._finish_recorded(run_id, record)
             self.spans_received += len(spans)
+            for key, record in records:  # (after the commit: a failure here is logged, the spans stay)
+                self._finish_recorded(self._run_for(key), record)
         return len(spans)
 
     def _finish_recorded(self, run_id: str, record: dict) -> None:
@@ -238,12 +252,21 @@ class OTLPCollector:
         producer sent (``kvtrace.run`` span); other runs keep what the store says."""
         if run_id not in self._created_runs:
             return
-        self.store.finish_run(run_id, **record)
         self._created_runs.remove(run_id)
+        self._finish(run_id, **record)
 
-    def _run_for(self, resource: dict) -> str:
-        run_id = resource.get(RUN_ID_RESOURCE_KEY)
-        if not isinstance(run_id, str) or not run_id:
+    def _finish(self, run_id: str, **record) -> None:
+        """Finish a run; a failure (its derived tables, the store) is one log line, and the
+        run keeps the status the store gives it, so other runs and the answer go on."""
+        try:
+            self.store.finish_run(run_id, **record)
+        except Exception as err:
+            _log.warning("run %s: not finished (%s: %s); its spans are stored", run_id, type(err).__name__, err)
+
+    def _run_for(self, run_id: str) -> str:
+        """The run of spans whose resource names ``run_id`` ("": none, see ``_named_run``),
+        made on first use."""
+        if not run_id:
             if self._default_run is None:
                 host, port = self.address
                 self._default_run = self.store.create_run(self.run_name or f"otlp collector {host}:{port}", mode="otlp")
@@ -255,6 +278,12 @@ class OTLPCollector:
                 self._created_runs.append(run_id)
             self._known_runs.add(run_id)
         return run_id
+
+
+def _named_run(resource: dict) -> str:
+    """The run id a span's resource names (``kvtrace.run.id``), or "" for the collector's own run."""
+    run_id = resource.get(RUN_ID_RESOURCE_KEY)
+    return run_id if isinstance(run_id, str) else ""
 
 
 def _run_record(attributes: dict, where: str) -> dict:
@@ -352,9 +381,27 @@ def _make_handler(collector: OTLPCollector) -> type[BaseHTTPRequestHandler]:
                 self._reply(code, body, "application/x-protobuf", close)
 
         def do_GET(self):
-            self._error(HTTPStatus.METHOD_NOT_ALLOWED, "use POST /v1/traces", True)
+            # the body, if any, is not read: the reply closes the connection (else its bytes
+            # would be read as the next request)
+            self._error(HTTPStatus.METHOD_NOT_ALLOWED, "use POST /v1/traces", True, close=True)
 
-        do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_GET  # (not http.server's HTML 501 page)
+        do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_GET
+
+        def do_HEAD(self):  # the same answer without a body, as HEAD's must be
+            collector.count_rejected()
+            self.send_response(HTTPStatus.METHOD_NOT_ALLOWED)
+            self.send_header("Content-Length", "0")
+            self.send_header("Connection", "close")
+            self.close_connection = True
+            self.end_headers()
+
+        def send_error(self, code, message=None, explain=None):
+            """http.server's own refusals (an unknown method, a malformed request line or
+            header): the OTLP Status as JSON, as ours are, not its HTML page."""
+            self.close_connection = True
+            if getattr(self, "command", None) == "HEAD" or code < 400:
+                return super().send_error(code, message, explain)
+            self._error(code, message or HTTPStatus(code).phrase, True, close=True)
 
         def do_POST(self):
             try:
@@ -373,7 +420,8 @@ def _make_handler(collector: OTLPCollector) -> type[BaseHTTPRequestHandler]:
         def _post(self):
             ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
             as_json = ctype == "application/json"
-            if self.path.split("?")[0] != TRACES_PATH:
+            # (an absolute-form target, http://host/v1/traces, names the same path: RFC 9112 3.2.2)
+            if urlsplit(self.path).path != TRACES_PATH:
                 # the body is not read: the reply closes the connection
                 return self._error(HTTPStatus.NOT_FOUND, f"only {TRACES_PATH} is served here", as_json, True)
             lengths = self.headers.get_all("Content-Length") or []
@@ -414,6 +462,10 @@ def _make_handler(collector: OTLPCollector) -> type[BaseHTTPRequestHandler]:
                 return self._error(HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
                                    "Content-Type must be application/x-protobuf or application/json", as_json)
             encoding = (self.headers.get("Content-Encoding") or "identity").strip().lower()
+            with collector.decode_slots:
+                return self._decode_and_store(body, encoding, as_json, limit)
+
+        def _decode_and_store(self, body: bytes, encoding: str, as_json: bool, limit: int):
             try:
                 if encoding == "gzip":
                     body = _gunzip(body, limit)

@@ -12,9 +12,11 @@ refused whole and nothing of it is stored. Values OTLP allows but the store cann
 
 from __future__ import annotations
 
-import contextlib
+import base64
+import binascii
 import json
 import math
+import re
 from typing import Any
 
 from google.protobuf.message import DecodeError
@@ -133,16 +135,19 @@ def _json_objects(v: Any, what: str) -> list[dict]:
     return v
 
 
+# A 64-bit int written as a string: ASCII decimal digits only (Python's int() would also
+# take spaces, underscores and other scripts' digits, which no OTLP encoder writes).
+_DECIMAL = re.compile(r"-?[0-9]{1,40}")
+_HEX = re.compile(r"[0-9a-fA-F]*")
+
+
 def _json_int(v: Any, what: str, lo: int = _I64[0], hi: int = _I64[1]) -> int:
     """An OTLP/JSON integer (a number, or a decimal string as 64-bit ints are written) in [lo, hi]."""
     out: int | None = None
     if isinstance(v, int) and not isinstance(v, bool):
         out = v
-    elif isinstance(v, float) and v.is_integer():
+    elif (isinstance(v, float) and v.is_integer()) or (isinstance(v, str) and _DECIMAL.fullmatch(v)):
         out = int(v)
-    elif isinstance(v, str) and len(v) <= 40:
-        with contextlib.suppress(ValueError):
-            out = int(v)
     if out is None:
         raise PayloadError(f"{what}: expected an integer, got {v!r}")
     if not lo <= out <= hi:
@@ -183,6 +188,25 @@ def _json_str(v: Any, what: str, default: str | None = None) -> str | None:
     return v
 
 
+def _json_bytes(v: Any, what: str) -> bytes:
+    """A bytesValue: base64 (standard or URL-safe, padded or not, as proto3 JSON allows),
+    decoded, so it is kept as the protobuf decoder keeps the same bytes (hex)."""
+    text = _json_str(v, what, "") or ""
+    try:
+        return base64.b64decode(text.replace("-", "+").replace("_", "/") + "=" * (-len(text) % 4), validate=True)
+    except (binascii.Error, ValueError):
+        raise PayloadError(f"{what}: expected base64, got {text[:40]!r}") from None
+
+
+def _json_object(v: Any, what: str) -> dict:
+    """An OTLP/JSON object (absent or null: empty); PayloadError naming ``what`` otherwise."""
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise PayloadError(f"{what}: expected an object, got {type(v).__name__}")
+    return v
+
+
 def _json_any(v: Any, where: str) -> Any:
     if not isinstance(v, dict):
         raise PayloadError(f"{where}: AnyValue must be an object")
@@ -202,16 +226,16 @@ def _json_any(v: Any, where: str) -> Any:
             return _json_double(v[key], f"{where}.doubleValue")
     for key in ("arrayValue", "array_value"):
         if key in v:
-            values = (v[key] or {}).get("values") or []
+            values = _json_object(v[key], f"{where}.arrayValue").get("values") or []
             if not isinstance(values, list):
                 raise PayloadError(f"{where}.arrayValue: values must be a list")
             return [_json_any(x, where) for x in values]
     for key in ("kvlistValue", "kvlist_value"):
         if key in v:
-            return _json_kv((v[key] or {}).get("values", []), where)
+            return _json_kv(_json_object(v[key], f"{where}.kvlistValue").get("values", []), where)
     for key in ("bytesValue", "bytes_value"):
         if key in v:
-            return _json_str(v[key], f"{where}.bytesValue", "")  # base64 text, kept as given
+            return _json_bytes(v[key], f"{where}.bytesValue")
     return None
 
 
@@ -236,10 +260,9 @@ def _json_id(v: Any, size: int, what: str, where: str, optional: bool = False) -
         return None
     if not isinstance(v, str) or len(v) != 2 * size:
         raise PayloadError(f"{where}: {what} must be {2 * size} hex chars")
-    try:
-        return int.from_bytes(bytes.fromhex(v), "big")
-    except ValueError:
-        raise PayloadError(f"{where}: {what} must be hex") from None
+    if not _HEX.fullmatch(v):  # (bytes.fromhex skips spaces: a shorter id would pass)
+        raise PayloadError(f"{where}: {what} must be hex")
+    return int(v, 16)
 
 
 def _json_enum(v: Any, names: dict[str, int], what: str) -> int:
@@ -261,15 +284,15 @@ def decode_json(body: bytes) -> DecodedSpans:
     out: DecodedSpans = []
     try:
         for ri, rs in enumerate(_json_objects(_get(doc, "resourceSpans", "resource_spans"), "resourceSpans")):
-            resource = _json_kv((_get(rs, "resource", default={}) or {}).get("attributes"),
+            resource = _json_kv(_json_object(_get(rs, "resource"), f"resourceSpans[{ri}].resource").get("attributes"),
                                 f"resourceSpans[{ri}].resource")
             for si, ss in enumerate(_json_objects(_get(rs, "scopeSpans", "scope_spans"),
                                                   f"resourceSpans[{ri}].scopeSpans")):
-                scope = _get(ss, "scope", default={}) or {}
+                scope = _json_object(_get(ss, "scope"), f"resourceSpans[{ri}].scopeSpans[{si}].scope")
                 spans = _json_objects(_get(ss, "spans"), f"resourceSpans[{ri}].scopeSpans[{si}].spans")
                 for pi, sp in enumerate(spans):
                     where = f"resourceSpans[{ri}].scopeSpans[{si}].spans[{pi}]"
-                    status = _get(sp, "status", default={}) or {}
+                    status = _json_object(_get(sp, "status"), f"{where}.status")
                     out.append((resource, dict(
                         name=_json_str(_get(sp, "name"), f"{where}.name", ""),
                         trace_id=_json_id(_get(sp, "traceId", "trace_id"), 16, "traceId", where),
