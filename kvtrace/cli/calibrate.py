@@ -54,6 +54,6 @@ def calibrate(
     if out is not None:
         from kvtrace.workload.lines import AtomicText
 
-        with AtomicText(out) as f:
+        with AtomicText(out, sources) as f:
             f.write(cost_model_toml(result.model).encode())
         status(f"wrote {out} (use it with: kvtrace replay TRACE --config {out})")

@@ -65,6 +65,11 @@ def capture_vllm(
     from kvtrace.instrument.vllm import capture_report
     from kvtrace.instrument.vllm import capture_vllm as capture
 
+    if trace_out is not None:  # before anything is received (a store there would be lost)
+        from kvtrace.store.backend import is_clickhouse
+        from kvtrace.workload.lines import AtomicText
+
+        AtomicText(trace_out, [] if is_clickhouse(db) else [db]).check()
     pyarrow_without_pandas()
     stats = capture(endpoint, replay_endpoint=replay_endpoint, store_path=db, duration=duration,
                     trace_out=trace_out, dp_size=dp_size)

@@ -53,5 +53,5 @@ def convert(
     from kvtrace.replay.readers import open_trace
     from kvtrace.workload.native import write_native
 
-    n = write_native(open_trace(trace, format=value(fmt), limit=limit), out)
+    n = write_native(open_trace(trace, format=value(fmt), limit=limit), out, sources=[trace])
     status(f"wrote {n} requests to {out}")  # stderr: `-o /dev/stdout` gets the trace alone

@@ -181,11 +181,19 @@ def _foreign_header(path: str) -> str | None:
     return None
 
 
+# A path DuckDB reads as a location of its own, not a file: md:/motherduck: (a download of
+# its extension, then the network), duckdb: (stripped: another file is opened), s3://...
+_URL_LIKE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+:")
+
+
 def _open(path: str, read_only: bool, timeout_s: float) -> duckdb.DuckDBPyConnection:
     if not path or path.startswith(":memory:"):
         # DuckDB opens these as a new in-memory database on each connect: every run lost
         raise StoreError(path or "''",
                          "expected a database file path (an in-memory DuckDB keeps nothing between connections)")
+    if _URL_LIKE.match(path):
+        raise StoreError(path, "expected a store file path, or chdb:DIR or clickhouse://...; DuckDB would read "
+                               "this as a URL or a service (write ./" + path + " for a file of that name)")
     problem = file_problem(path, missing=_NO_STORE if read_only else None)  # (a FIFO would hang the open)
     if problem is not None:
         raise StoreError(path, f"{problem}; expected a kvtrace store file" if problem != _NO_STORE else problem)

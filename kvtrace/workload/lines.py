@@ -15,8 +15,9 @@ import contextlib
 import hashlib
 import math
 import os
+import re
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import BinaryIO, TypeVar
 
 import msgspec
@@ -105,6 +106,17 @@ def typed_lines(path: str, schema: type[T]) -> Iterator[tuple[int, T]]:
             raise decode_error(path, lineno, e) from None
 
 
+_DECIMAL = re.compile(r"[+-]?[0-9]{1,40}")
+
+
+def parse_decimal(text: str) -> int | None:
+    """An integer written in text (a CSV field, a TOML string): ASCII digits with an optional
+    sign, around spaces; None for anything else (Python's int() also takes '1_000' and other
+    scripts' digits, which no trace writes)."""
+    text = text.strip()
+    return int(text) if _DECIMAL.fullmatch(text) else None
+
+
 def check_int(path: str, line: int | None, key: str, value, minimum: int, maximum: int = MAX_TOKENS) -> int:
     """``value`` as an int in [minimum, maximum]; a one-line TraceFormatError otherwise."""
     # bool is an int subclass in Python; a trace with `true` as a length is malformed.
@@ -177,9 +189,12 @@ class ArrivalOrder:
 
 def file_sha256(path: str) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
+    try:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    except OSError as e:  # (a file of a trace directory, which no check before opened)
+        raise KVTraceError(f"{path}: cannot read: {e.strerror}") from None
     return h.hexdigest()
 
 
@@ -189,8 +204,12 @@ def source_sha256(path: str, files: list[str] | None) -> str:
         return file_sha256(path)
     h = hashlib.sha256()
     for f in files:
-        h.update(os.path.basename(f).encode("utf-8") + b"\0" + file_sha256(f).encode("ascii") + b"\n")
+        # (the name's own bytes: UTF-8 for any name that is text, and a name that is not still hashes)
+        h.update(os.fsencode(os.path.basename(f)) + b"\0" + file_sha256(f).encode("ascii") + b"\n")
     return h.hexdigest()
+
+
+_DUCKDB_MAGIC = b"DUCK"  # bytes 8-11 of every DuckDB database file
 
 
 class AtomicText:
@@ -203,20 +222,35 @@ class AtomicText:
     (a full disk, a closed pipe) is a one-line ``KVTraceError`` naming the target.
     """
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, sources: Iterable[str | os.PathLike] = ()):
+        """``sources``: the files the output is made from, which it must not replace."""
         self.name = os.fspath(path)  # as the user gave it: what messages name
         self.path = self.name  # what is opened, then what the temporary file replaces
         self.tmp: str | None = None  # None: written in place
+        self.sources = [os.fspath(s) for s in sources]
 
-    def __enter__(self) -> _Sink:
+    def check(self) -> bool:
+        """KVTraceError unless the output may be written (a command checks before its work);
+        returns whether it is written in place (not a regular file)."""
         try:  # through links, also /dev/stdout's /proc/self/fd/1
-            in_place = not stat.S_ISREG(os.stat(self.name).st_mode)
+            st = os.stat(self.name)
         except FileNotFoundError:
-            in_place = False
+            real = os.path.realpath(self.name)
+            for source in self.sources:  # (made by the command itself, before the output)
+                if os.path.realpath(source) == real:
+                    raise KVTraceError(f"{self.name}: is also {source}; write the output elsewhere") from None
+            return False
         except OSError as e:
             raise KVTraceError(f"{self.name}: cannot write: {e.strerror}") from None
-        if os.path.isdir(self.name):
+        if stat.S_ISDIR(st.st_mode):
             raise KVTraceError(f"{self.name}: is a directory; expected a file path to write")
+        if not stat.S_ISREG(st.st_mode):
+            return True
+        self._refuse_to_replace(st)
+        return False
+
+    def __enter__(self) -> _Sink:
+        in_place = self.check()
         if not in_place:
             self.path = os.path.realpath(self.name)
             parent = os.path.dirname(self.path)
@@ -228,6 +262,22 @@ class AtomicText:
         except OSError as e:
             raise KVTraceError(f"{self.name}: cannot write: {e.strerror}") from None
         return self.f
+
+    def _refuse_to_replace(self, st: os.stat_result) -> None:
+        """An existing file this output must not replace: one it is read from (it would be
+        gone before it was read), or a DuckDB database (a kvtrace store, say: every run)."""
+        for source in self.sources:
+            with contextlib.suppress(OSError):
+                if os.path.samestat(st, os.stat(source)):
+                    raise KVTraceError(f"{self.name}: is also {source}; write the output elsewhere")
+        try:
+            with open(self.name, "rb") as f:
+                head = f.read(12)
+        except OSError:
+            return  # (the write says why it cannot)
+        if head[8:12] == _DUCKDB_MAGIC:
+            raise KVTraceError(f"{self.name}: is a DuckDB database (a kvtrace store?), not replaced by this output; "
+                               "write it elsewhere or remove that file first")
 
     def __exit__(self, exc_type, exc, tb):
         try:

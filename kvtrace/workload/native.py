@@ -84,7 +84,8 @@ def parse_header(path: str, lineno: int, text: str) -> dict:
         raise decode_error(path, lineno, e) from None
     if not isinstance(header, dict) or HEADER_KEY not in header:
         raise TraceFormatError(path, lineno, f'expected a header line {{"{HEADER_KEY}": {FORMAT_VERSION}, ...}}')
-    if header[HEADER_KEY] != FORMAT_VERSION:
+    version = header[HEADER_KEY]
+    if type(version) is not int or version != FORMAT_VERSION:  # (true and 1.0 equal 1 in Python)
         raise TraceFormatError(
             path, lineno, f"{HEADER_KEY}: unsupported version {header[HEADER_KEY]!r}; expected {FORMAT_VERSION}"
         )
@@ -156,6 +157,8 @@ def read_native(path: str) -> Iterator[TraceRequest]:
                     path, lineno,
                     f"expected_output: expected output_length {out} tokens, got {len(row.expected_output)}",
                 )
+            if row.expected_output and (min(row.expected_output) < 0 or max(row.expected_output) >= VOCAB_SIZE):
+                raise TraceFormatError(path, lineno, f"expected_output: expected ids in [0, {VOCAB_SIZE})")
             req.expected_output = tuple(row.expected_output)
         yield req
 
@@ -188,7 +191,8 @@ def native_record(req: TraceRequest) -> dict:
     return rec
 
 
-def write_native(requests: Iterable[TraceRequest], path: str | os.PathLike, *, header: dict | None = None) -> int:
+def write_native(requests: Iterable[TraceRequest], path: str | os.PathLike, *, header: dict | None = None,
+                 sources: Iterable[str | os.PathLike] = ()) -> int:
     """Write any request stream (e.g. a ``TraceSource``) as native JSONL, atomically.
 
     The header gets ``source`` (format and sha256) when ``requests`` has ``format`` and
@@ -202,7 +206,7 @@ def write_native(requests: Iterable[TraceRequest], path: str | os.PathLike, *, h
     if header:
         head.update({k: v for k, v in header.items() if k != HEADER_KEY})
     n = 0
-    with AtomicText(path) as f:
+    with AtomicText(path, sources) as f:
         f.write(_encode(head) + b"\n")
         for req in requests:
             f.write(_encode(native_record(req)) + b"\n")
