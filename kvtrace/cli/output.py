@@ -15,11 +15,17 @@ import typer
 
 from kvtrace.names import markup_literal, printable, stdout_console
 
+MAX_ERROR_CHARS = 1_000  # a message quoting a user's value (a list of 200k numbers) stays a readable line
+
 
 def error(msg: str) -> None:
     """The one error line; what it quotes (a path, a key) shown as typed, never obeyed as
-    terminal codes (click strips those only when stderr is not a terminal)."""
-    typer.echo(f"kvtrace: error: {printable(msg)}", err=True)
+    terminal codes (click strips those only when stderr is not a terminal), and cut short
+    when it quotes a huge value."""
+    line = printable(msg)
+    if len(line) > MAX_ERROR_CHARS:
+        line = f"{line[:MAX_ERROR_CHARS]}... ({len(line) - MAX_ERROR_CHARS:,} more characters)"
+    typer.echo(f"kvtrace: error: {line}", err=True)
 
 
 def status(msg: str) -> None:

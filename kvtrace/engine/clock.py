@@ -42,9 +42,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from kvtrace.errors import ConfigError
+from kvtrace.errors import ConfigError, KVTraceError
 
 _FP_BITS = 62  # fixed point of the MoE term: exact integers, the same on every machine
+# A coefficient's bound: 1,000 s a unit in ns (1 s in ps), far past any machine, so that a
+# step's time stays an int64 (the clock still refuses to run past 2^63 - 1 ns).
+MAX_COEFFICIENT = 10**12
+MAX_EXPERTS = 1 << 16
+MAX_TIME_NS = (1 << 63) - 1  # the store's and the digest's times are int64
 
 
 class StepWork(NamedTuple):
@@ -78,8 +83,9 @@ class CostModel:
     def __post_init__(self) -> None:
         for name in COEFFICIENTS:
             v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise ConfigError(f"cost model {self.name}", name, f"expected an int >= 0, got {v!r}")
+            hi = MAX_EXPERTS if name in ("num_experts", "experts_per_token") else MAX_COEFFICIENT
+            if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= hi:
+                raise ConfigError(f"cost model {self.name}", name, f"expected an int from 0 to {hi:,}, got {v!r}")
         if self.num_experts and not 0 < self.experts_per_token <= self.num_experts:
             raise ConfigError(f"cost model {self.name}", "experts_per_token",
                               f"expected 1..num_experts ({self.num_experts}), got {self.experts_per_token}")
@@ -211,4 +217,7 @@ class Clock:
     def run_step(self, **work: int) -> tuple[int, int]:
         start = self.now_ns
         self.now_ns = start + self.cost.step_ns(**work)
+        if self.now_ns > MAX_TIME_NS:
+            raise KVTraceError(f"cost model {self.cost.name}: the virtual clock passed 2^63 ns (292 years); its "
+                               "coefficients are too large for this workload")
         return start, self.now_ns

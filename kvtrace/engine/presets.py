@@ -86,6 +86,15 @@ PRESETS = {
 }
 
 
+def _check_hash_block_size(hbs: object, groups: tuple) -> None:
+    if isinstance(hbs, bool) or not isinstance(hbs, int) or hbs < 1:
+        raise ConfigError("CacheConfig", "hash_block_size", f"expected a positive token count, got {hbs!r}")
+    for g in groups:
+        if g.block_size % hbs:
+            raise ConfigError("CacheConfig", "hash_block_size", f"{hbs} does not divide the block size "
+                                                                f"{g.block_size}; expected a divisor of every group's")
+
+
 def get_preset(
     name: str,
     *,
@@ -125,18 +134,20 @@ def get_preset(
     groups = base_groups
     if block_size is not None:
         groups = tuple(replace(g, block_size=block_size) for g in base_groups)
-        if hash_block_size is None and len(groups) == 1:
+    if hash_block_size is not None:  # the user's unit: checked, never shrunk to fit
+        _check_hash_block_size(hash_block_size, groups)
+    if block_size is not None:
+        if hash_block_size is not None:
+            hbs = hash_block_size
+        elif len(groups) == 1:
             hbs = groups[0].block_size  # vLLM hashes a single group per block
         else:
-            hbs = hash_block_size or cc.hash_block_size
+            hbs = cc.hash_block_size  # the preset's unit, shrunk to divide the new block size
             for g in groups:
                 hbs = gcd(hbs, g.block_size)
         changes["groups"], changes["hash_block_size"] = groups, hbs
     elif hash_block_size is not None and "hash_block_size" not in changes:
-        hbs = hash_block_size
-        for g in groups:
-            hbs = gcd(hbs, g.block_size)
-        changes["hash_block_size"] = hbs
+        changes["hash_block_size"] = hash_block_size
     blocks: int | tuple[int, ...] = cc.num_gpu_blocks
     if capacity_blocks is not None:
         blocks = capacity_blocks if isinstance(capacity_blocks, int) else tuple(capacity_blocks)

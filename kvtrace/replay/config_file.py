@@ -43,7 +43,7 @@ from typing import Any
 from kvtrace.cache.config import FullAttentionSpec, MambaSpec, SlidingWindowSpec
 from kvtrace.engine.clock import COEFFICIENTS, COST_MODELS, CostModel
 from kvtrace.errors import ConfigError, file_problem
-from kvtrace.workload.lines import without_bom
+from kvtrace.workload.lines import parse_decimal, without_bom
 
 _CACHE_KEYS = {
     "num_gpu_blocks": (int, list),
@@ -58,6 +58,7 @@ _CACHE_KEYS = {
     "external_capacity_blocks": (int,),
     "without": (list,),
 }
+_ITEM_TYPES = {"without": str}  # the items of a list value ("groups" are checked by parse_groups)
 _SCHEDULER_KEYS = {
     "max_num_batched_tokens": (int,),
     "max_num_seqs": (int,),
@@ -82,11 +83,8 @@ def parse_retention(value: Any, source: str = "--retention", key: str = "retenti
     """``none`` -> None (dense), ``0`` -> latest-only, ``K`` -> every K tokens."""
     if value is None or (isinstance(value, str) and value.strip().lower() == "none"):
         return None
-    try:
-        k = int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(source, key, f"expected none, 0 or a token count K, got {value!r}") from None
-    if k < 0 or isinstance(value, bool):
+    k = value if isinstance(value, int) else parse_decimal(value) if isinstance(value, str) else None
+    if k is None or k < 0 or isinstance(value, bool):
         raise ConfigError(source, key, f"expected none, 0 or a token count K, got {value!r}")
     return k
 
@@ -106,6 +104,9 @@ def _check(section: dict, allowed: dict, path: str, prefix: str) -> dict:
         if not isinstance(value, types) or (bool not in types and isinstance(value, bool)):
             names = " or ".join(t.__name__ for t in types)
             raise ConfigError(path, f"{prefix}.{key}", f"expected {names}, got {value!r}")
+        item = _ITEM_TYPES.get(key)
+        if item is not None and not all(isinstance(v, item) for v in value):
+            raise ConfigError(path, f"{prefix}.{key}", f"expected a list of {item.__name__}")
         out[key] = value
     return out
 

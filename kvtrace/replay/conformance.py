@@ -400,27 +400,30 @@ def run_conformance(spec: ConformanceSpec, api=None) -> ConformanceResult:
     """Compare both managers on ``spec`` (one run per pool size). Raises ``KVTraceError``
     when vLLM is missing or the configuration has no vLLM counterpart."""
     from kvtrace.engine.backends.vllm import load_vllm
-    from kvtrace.replay.run import RunSpec, engine_preset, open_workload
+    from kvtrace.replay.run import RunSpec, open_workload, validate
 
-    if spec.limit is not None and spec.limit < 0:
-        raise ConfigError("--limit", str(spec.limit), "expected a number of requests >= 0")
     check_seed(spec.seed)
     if spec.concurrency < 1:
         raise ConfigError("--concurrency", str(spec.concurrency), "expected >= 1")
-    api = api or load_vllm()
-    runs = []
-    preset_name = ""
+    # every setting and the trace's opening checked before vLLM loads (10 s and more), so a
+    # mistake is told at once
+    planned = []
     for capacity in spec.capacity_blocks:
         rs = RunSpec(spec.trace, preset=spec.preset, config_file=spec.config_file, trace_format=spec.trace_format,
                      block_size=spec.block_size, capacity_blocks=capacity, retention=spec.retention,
-                     without=spec.without, limit=spec.limit, seed=spec.seed,
+                     without=spec.without, limit=spec.limit, seed=spec.seed, content=False,
                      external_capacity_blocks=spec.external_capacity_blocks)
-        preset = engine_preset(rs)
-        preset_name = preset.name
+        preset = validate(rs)[2]
         cc = preset.cache_config
         if spec.cache_overrides:
             cc = replace(cc, **spec.cache_overrides)
-        workload = open_workload(rs)
+        planned.append((rs, preset, cc))
+    workloads = [open_workload(rs) for rs, _, _ in planned]
+    api = api or load_vllm()
+    runs = []
+    preset_name = ""
+    for (_, preset, cc), workload in zip(planned, workloads):
+        preset_name = preset.name
         driver = _Driver(cc, preset.scheduler_config, spec, api)
         run = driver.drive(workload.requests)
         if run.first is not None:

@@ -399,6 +399,8 @@ def validate(spec: RunSpec) -> tuple[dict[str, Any], list[str], Any]:
     if spec.limit is not None and (not isinstance(spec.limit, int) or spec.limit < 0):
         raise ConfigError("--limit", str(spec.limit), "expected a number of requests >= 0")
     check_seed(spec.seed)
+    if spec.block_size is not None:  # (engine mode without content allocates nothing that would refuse it)
+        check_option("--block-size", spec.block_size, 1, MAX_TOKENS)
     if spec.capacity_tokens is not None:
         # one capacity: in blocks or in tokens (each mode would otherwise drop one silently)
         if spec.capacity_blocks is not None:
@@ -422,6 +424,9 @@ def validate(spec: RunSpec) -> tuple[dict[str, Any], list[str], Any]:
         if spec.capacity_blocks == math.inf:
             raise ConfigError("--capacity-blocks", "inf", "engine mode holds its blocks in device storage and needs a "
                                                           "number (an unbounded cache is for --mode cache-only)")
+        if spec.policy != "lru":  # (the engine's cache evicts as vLLM's does: its free queue)
+            raise ConfigError("--policy", spec.policy, "applies to cache-only mode only: engine mode evicts as "
+                                                       "vLLM's cache manager does (drop it, or use --mode cache-only)")
 
         preset = engine_preset(spec)
         if spec.content:  # no device storage without content
@@ -450,8 +455,6 @@ def validate(spec: RunSpec) -> tuple[dict[str, Any], list[str], Any]:
         if value is not None:
             raise ConfigError(flag, str(value), "applies to engine mode only: cache-only mode replays one LRU over "
                                                 "the trace's blocks (drop it, or use --mode engine)")
-    if spec.block_size is not None:
-        check_option("--block-size", spec.block_size, 1, MAX_TOKENS)
     unbounded = spec.capacity_blocks in (None, math.inf) and spec.capacity_tokens is None
     if not unbounded:
         _check_cache_only_capacity(spec)

@@ -527,3 +527,201 @@ def test_one_file_read_two_ways_is_named_as_such(tmp_path, capsys):
         assert code == 0, err
     code, _, err = run(["diff", "r1", "r2", "--db", db], capsys)
     assert_one_line(code, err, "read differently (another --limit, --block-size or --format)", "--force")
+
+
+# --- a second CLI probe's findings --------------------------------------------------------------
+def _native(path, rows: list[dict], header: object = 1) -> str:
+    return write_lines(path, [{"kvtrace_trace": header, "block_size": 16}, *rows])
+
+
+@pytest.mark.parametrize("token", [2**63 - 1, 10**30, -5])
+def test_expected_output_ids_are_checked_like_the_prompts(tmp_path, capsys, token):
+    """An id past int64 crashed the worker's array with an OverflowError; -5 was replayed."""
+    trace = _native(tmp_path / "t.jsonl", [{"request_id": "a", "arrival_ns": 0, "input_length": 4, "output_length": 2,
+                                            "token_ids": [1, 2, 3, 4], "expected_output": [token, 1]}])
+    for mode in ("engine", "cache-only"):
+        code, _, err = run(["replay", trace, "--mode", mode], capsys)
+        assert_one_line(code, err, "t.jsonl:2", "expected_output", "[0, 163840)")
+
+
+@pytest.mark.parametrize("header", [True, 1.0, "1"])
+def test_a_native_version_must_be_the_integer_1(tmp_path, capsys, header):
+    trace = _native(tmp_path / "t.jsonl", [], header=header)
+    code, _, err = run(["replay", trace], capsys)
+    assert_one_line(code, err, "t.jsonl:1", "kvtrace_trace: unsupported version")
+
+
+@pytest.mark.parametrize("key, value", [("step_overhead_ns", 2**62), ("token_ns", 2**63 - 1), ("num_experts", 2**63 - 1)])
+def test_cost_model_coefficients_are_bounded_at_their_key(tmp_path, capsys, key, value):
+    """2^62 ns a step overflowed the digest's int64 times with a traceback, after the replay."""
+    coefficients = {"step_overhead_ns": 1, "token_ns": 1, "attn_pair_ps": 1, "kv_read_ps": 1, "decode_seq_ns": 1,
+                    "experts_per_token": 1, key: value}
+    cfg = tmp_path / "cm.toml"
+    cfg.write_text('[cost_model]\nname = "x"\n' + "".join(f"{k} = {v}\n" for k, v in coefficients.items()))
+    code, _, err = run(["replay", "gen:chat", "--limit", "2", "--config", str(cfg)], capsys)
+    assert_one_line(code, err, "cm.toml", f"cost_model.{key}", "expected an int from 0 to")
+
+
+def test_a_virtual_clock_past_int64_is_refused_not_overflowed():
+    from kvtrace.engine.clock import MAX_COEFFICIENT, Clock, CostModel
+    from kvtrace.errors import KVTraceError
+
+    big = MAX_COEFFICIENT
+    clock = Clock(CostModel("slow", big, big, big, big, big))
+    work = dict(num_tokens=8192, prefill_pairs=0, decode_context_tokens=0, num_decode_seqs=0, num_kv_copies=0,
+                num_state_copies=0)
+    with pytest.raises(KVTraceError, match="cost model slow: the virtual clock passed 2"):
+        for _ in range(10_000):
+            clock.run_step(**work)
+    assert clock.now_ns > 2**63 - 1
+
+
+@pytest.mark.parametrize("line, needle", [
+    ('without = [["shared-prefix-pinning"]]', "cache.without: expected a list of str"),
+    ("hash_block_size = 0", "cache.hash_block_size: expected a positive token count"),
+    ("hash_block_size = -64", "cache.hash_block_size: expected a positive token count"),
+    ("hash_block_size = 100", "cache.hash_block_size: 100 does not divide the block size"),
+    ('retention_interval = "6_4"', "cache.retention_interval"),
+    ("num_gpu_blocks = [" + "1, " * 200_000 + "1]", "cache.num_gpu_blocks"),
+])
+def test_more_toml_cache_values_name_their_key(tmp_path, capsys, line, needle):
+    """A nested list in `without` was a TypeError traceback; a hash_block_size of 0, -64 or
+    100 was quietly shrunk to divide the block size, changing the results."""
+    cfg = tmp_path / "run.toml"
+    cfg.write_text(f"[cache]\n{line}\n")
+    code, _, err = run(["replay", "gen:chat", "--limit", "2", "--config", str(cfg)], capsys)
+    shown = assert_one_line(code, err, "run.toml", needle)
+    assert len(shown) < 1_200  # (a 200k-number list was echoed whole: a 600 kB line)
+
+
+def test_an_explicit_hash_block_size_that_divides_is_kept(tmp_path):
+    from kvtrace.replay.run import RunSpec, engine_preset
+
+    cfg = tmp_path / "run.toml"
+    cfg.write_text("[cache]\nhash_block_size = 64\n")
+    assert engine_preset(RunSpec("gen:chat", config_file=str(cfg))).cache_config.hash_block_size == 64
+    # without one, a --block-size shrinks the preset's own unit to divide it (documented)
+    assert engine_preset(RunSpec("gen:chat", block_size=48)).cache_config.hash_block_size == 16
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--no-content", "--block-size", str(2**70)], "--block-size"),
+    (["--policy", "belady"], "--policy: belady: applies to cache-only mode only"),
+])
+def test_engine_mode_refuses_what_it_would_ignore_or_cannot_hold(capsys, argv, needle):
+    code, _, err = run(["replay", "gen:chat", "--limit", "2", *argv], capsys)
+    assert_one_line(code, err, needle)
+
+
+def test_azure_numbers_are_ascii_decimal(tmp_path, capsys):
+    for field, needle in (("3_74", "ContextTokens"), ("\u0663\u0667\u0664", "ContextTokens")):
+        csv = tmp_path / "azure.csv"
+        csv.write_text(f"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6,{field},44\n")
+        code, _, err = run(["replay", str(csv)], capsys)
+        assert_one_line(code, err, "azure.csv:2", needle)
+    csv.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n\u0662\u0660\u0662\u0663-11-16 18:15:46.6,374,44\n")
+    code, _, err = run(["replay", str(csv)], capsys)
+    assert_one_line(code, err, "azure.csv:2", "TIMESTAMP")
+
+
+def test_a_weka_directory_with_an_unreadable_or_unnamed_file_is_one_line(tmp_path, capsys):
+    import shutil
+
+    sample = Path(__file__).resolve().parents[1] / "data" / "weka_sample" / "trace_0211.json"
+    d = tmp_path / "wk"
+    d.mkdir()
+    shutil.copy(sample, d / "a.json")
+    odd = os.path.join(os.fsencode(d), b"\xff\xfe.json")
+    shutil.copy(sample, odd)
+    for argv in (["replay", str(d), "--mode", "cache-only"], ["convert", str(d), "-o", str(tmp_path / "o.jsonl")]):
+        code, _, err = run(argv, capsys)
+        assert_one_line(code, err, "file name is not UTF-8 text")
+    os.unlink(odd)
+    shutil.copy(sample, d / "b.json")
+    with unreadable(d / "b.json"):
+        code, _, err = run(["replay", str(d), "--mode", "cache-only"], capsys)
+    assert_one_line(code, err, "b.json: cannot read")
+
+
+@contextlib.contextmanager
+def unreadable(path: Path):
+    """``path`` unreadable; as root, a FIFO-free stand-in: its open is made to fail."""
+    import builtins
+
+    real = builtins.open
+
+    def refusing(file, *args, **kwargs):
+        if os.fspath(file) == os.fspath(path):
+            raise PermissionError(13, "Permission denied", os.fspath(file))
+        return real(file, *args, **kwargs)
+
+    builtins.open = refusing
+    try:
+        yield
+    finally:
+        builtins.open = real
+
+
+@pytest.mark.parametrize("db", ["duckdb:y.duckdb", "md:foo", "motherduck:foo"])
+def test_a_store_path_duckdb_would_read_as_a_url_is_refused(tmp_path, capsys, monkeypatch, db):
+    """duckdb:y.duckdb wrote y.duckdb (DuckDB strips the prefix); md:foo fetched an extension."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run(["replay", "gen:chat", "--limit", "2", "--mode", "cache-only", "--db", db], capsys)
+    assert_one_line(code, err, db, "write ./")
+    assert os.listdir(tmp_path) == []
+    code, _, err = run(["replay", "gen:chat", "--limit", "2", "--mode", "cache-only", "--db", f"./{db}"], capsys)
+    assert code == 0, err
+
+
+def _store_with_a_run(tmp_path, capsys) -> Path:
+    db = tmp_path / "keep.duckdb"
+    code, _, err = run(["replay", "gen:chat", "--limit", "2", "--mode", "cache-only", "--db", str(db)], capsys)
+    assert code == 0, err
+    return db
+
+
+def test_no_output_replaces_a_store_or_its_own_input(tmp_path, capsys):
+    """calibrate -o onto its --from CSV replaced the measurements with TOML; convert and
+    generate -o onto a store replaced every run."""
+    db = _store_with_a_run(tmp_path, capsys)
+    before = db.read_bytes()
+    code, _, err = run(["generate", "chat", "-o", str(db), "--requests", "3"], capsys)
+    assert_one_line(code, err, "keep.duckdb: is a DuckDB database")
+    trace = tmp_path / "t.jsonl"
+    assert run(["generate", "chat", "-o", str(trace), "--requests", "3"], capsys)[0] == 0
+    code, _, err = run(["convert", str(trace), "-o", str(db)], capsys)
+    assert_one_line(code, err, "keep.duckdb: is a DuckDB database")
+    assert db.read_bytes() == before
+    csv = Path(__file__).resolve().parents[1] / "data" / "calibration" / "aic-h200-llama-3.1-8b-tp1.csv"
+    mine = tmp_path / "m.csv"
+    mine.write_bytes(csv.read_bytes())
+    code, _, err = run(["calibrate", "--from", str(mine), "-o", str(mine)], capsys)
+    assert code == 2 and "m.csv: is also" in err and "Traceback" not in err
+    assert mine.read_bytes() == csv.read_bytes()
+    code, _, err = run(["convert", str(trace), "-o", str(trace)], capsys)
+    assert_one_line(code, err, "t.jsonl: is also")
+
+
+def test_capture_refuses_a_trace_out_that_is_its_store_before_listening(tmp_path, capsys):
+    db = _store_with_a_run(tmp_path, capsys)
+    before = db.read_bytes()
+    for out, store in ((db, db), (db, tmp_path / "other.duckdb"), (tmp_path / "new.duckdb", tmp_path / "new.duckdb")):
+        code, _, err = run(["capture", "vllm", "--endpoint", "tcp://127.0.0.1:1", "--db", str(store),
+                            "--trace-out", str(out), "--duration", "0.1"], capsys)
+        assert_one_line(code, err, "is a DuckDB database" if store != out else "is also")
+    assert db.read_bytes() == before
+    assert not (tmp_path / "new.duckdb").exists() and not (tmp_path / "other.duckdb").exists()
+
+
+@pytest.mark.parametrize("argv", [["--block-size", "0"], ["--retention", "-1"], ["--limit", "-1"],
+                                  ["--capacity-blocks", str(2**70)]])
+def test_conformance_refuses_a_setting_before_it_loads_vllm(tmp_path, argv):
+    """Each of these took 12-15 s to refuse: vLLM was loaded first."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom kvtrace import cli\nsys.argv = ['kvtrace', 'conformance', 'gen:chat', *sys.argv[1:]]\n"
+            "try:\n    cli.main()\nexcept SystemExit as e:\n    print(e.code, 'vllm' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["2", "False"], done
+    assert_one_line(2, done.stderr, argv[0])

@@ -18,14 +18,14 @@ from datetime import date
 from kvtrace.errors import TraceFormatError
 from kvtrace.numeric import cdiv
 from kvtrace.workload import TraceRequest
-from kvtrace.workload.lines import ArrivalOrder, bounded_lines, check_int, without_bom
+from kvtrace.workload.lines import ArrivalOrder, bounded_lines, check_int, parse_decimal, without_bom
 
 DEFAULT_BLOCK_SIZE = 16
 REQUIRED_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 AZURE_NAMESPACE = int.from_bytes(hashlib.sha256(b"kvtrace/azure").digest()[:8], "big") >> 1
 _BLOCKS_PER_REQUEST = 1 << 24
 
-_TS = re.compile(r"^(\d{4})-(\d{2})-(\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?(?:Z|\+00:?00)?$")
+_TS = re.compile(r"^(\d{4})-(\d{2})-(\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?(?:Z|\+00:?00)?$", re.ASCII)
 
 
 def parse_timestamp_ns(text: str) -> int | None:
@@ -46,10 +46,9 @@ def parse_timestamp_ns(text: str) -> int | None:
 
 
 def _int(path: str, line: int, key: str, text: str | None, minimum: int) -> int:
-    try:
-        value = int(text)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise TraceFormatError(path, line, f"{key}: expected an integer, got {text!r}") from None
+    value = parse_decimal(text) if isinstance(text, str) else None
+    if value is None:
+        raise TraceFormatError(path, line, f"{key}: expected an integer, got {text!r}"[:200])
     return check_int(path, line, key, value, minimum)
 
 

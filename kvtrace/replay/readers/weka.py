@@ -53,7 +53,7 @@ class WekaFile(msgspec.Struct):
 
 def namespace_for(file_name: str) -> int:
     """A 63-bit namespace from a file's base name (stable across processes and machines)."""
-    digest = hashlib.sha256(b"kvtrace/weka/" + os.path.basename(file_name).encode("utf-8")).digest()
+    digest = hashlib.sha256(b"kvtrace/weka/" + os.fsencode(os.path.basename(file_name))).digest()
     return int.from_bytes(digest[:8], "big") >> 1
 
 
@@ -68,6 +68,12 @@ def weka_files(path: str) -> list[str] | None:
         problem = file_problem(file)
         if problem is not None:
             raise TraceFormatError(file, None, f"{problem}; expected a WEKA conversation file")
+        if not os.path.basename(file).isascii():
+            try:  # a file's name is its requests' id: text, which the store and the digest keep
+                os.path.basename(file).encode("utf-8")
+            except UnicodeEncodeError:
+                raise TraceFormatError(file, None, "file name is not UTF-8 text (it names the conversation's "
+                                                   "requests); rename the file") from None
     return files
 
 
