@@ -563,3 +563,65 @@ def test_a_restart_years_into_a_lifetime_is_a_bad_message_not_2_to_the_40_lost()
     finally:
         cap.close()
     assert (cap.stats.batches, cap.stats.restarts, cap.stats.lost, cap.stats.bad_messages) == (1, 0, 0, 2)
+
+
+def _feed(seqs, **kw):
+    from kvtrace.instrument.vllm.capture import VllmKVCapture
+
+    cap = VllmKVCapture("tcp://127.0.0.1:1", replay_timeout_s=0.01, **kw)  # no publisher: messages handed in
+    steps = []
+    cap.on_batch = lambda seq, batch: steps.append(seq)
+    try:
+        for i, seq in enumerate(seqs):
+            cap.receive([b"kv", seq.to_bytes(8, "big"), _raw_batch(float(i + 1), token=i + 1)])
+    finally:
+        cap.close()
+    s = cap.stats
+    return (s.batches, s.restarts, s.lost, s.gaps, s.bad_messages), steps, cap
+
+
+def test_a_stray_seq_ahead_is_a_bad_message_not_a_gap():
+    """A stray seq 102 after 0..2 was taken as a gap (99 counted lost); the old sequence
+    then read as a restart, which re-stored 0..2 from the replay buffer."""
+    counts, seqs, _ = _feed([0, 1, 2, 102, 3, 4, 5])
+    assert counts == (6, 0, 0, 0, 1)
+    assert seqs == [0, 1, 2, 3, 4, 5]
+
+
+def test_a_real_gap_is_recovered_once_the_next_message_follows_it():
+    counts, seqs, _ = _feed([0, 1, 2, 5, 6])
+    assert counts == (5, 0, 2, 1, 0)  # 3 and 4 lost (no replay socket here)
+    assert seqs == [0, 1, 2, 5, 6]
+    counts, seqs, _ = _feed([0, 1, 5])  # the publisher went quiet after the gap: taken as one at the end
+    assert counts == (3, 0, 3, 1, 0) and seqs == [0, 1, 5]
+
+
+def test_a_stray_first_message_far_ahead_costs_no_later_batch():
+    """A first message at seq 2^63-1, then 0..9: the restart's steps began past int64 and
+    every later batch was a bad message."""
+    counts, seqs, _ = _feed([2**63 - 1, *range(10)])
+    assert counts[0] == 10 and counts[4] == 1
+    assert seqs == list(range(10))
+    counts, seqs, cap = _feed([2**62, *range(5)])  # in range: stored, and the restart's steps still fit
+    assert counts[:2] == (6, 1) and seqs == [2**62, *range(5)]
+    assert cap._next_step == 2**62 + 6  # (steps 2^62, then 2^62 + 1 .. 2^62 + 5)
+
+
+def test_a_message_past_the_size_limit_is_a_bad_message_never_decoded(tmp_path):
+    """A 20 MB batch was decoded whole (1.2 GB of memory)."""
+    import msgspec
+
+    from kvtrace.instrument.vllm.capture import MAX_MESSAGE_BYTES
+
+    tokens = [1] * (MAX_MESSAGE_BYTES + 64)
+    huge = msgspec.msgpack.encode([2.0, [["BlockStored", [9], None, tokens, 4, None, "GPU"]], 0])
+
+    def body(pub):
+        pub.publish_raw(huge)  # seq 1 (the replay socket's answer is as large: lost)
+        for _ in range(3):  # seqs 2..4
+            pub.publish_raw(_raw_batch(3.0))
+
+    stats = _capture_during(tmp_path, VllmPublisher(), body, lambda cap: cap.stats.batches >= 4)
+    assert (stats.batches, stats.bad_messages, stats.gaps, stats.lost) == (4, 1, 1, 1)
+    rows = store_rows(tmp_path / "hostile.duckdb", stats.run_id, "name, step")
+    assert sorted(r["step"] for r in rows if r["name"] == "kvtrace.engine.step") == [0, 2, 3, 4]

@@ -10,9 +10,12 @@ optionally, the reconstructed native trace.
 Sequence rules (per publisher): a seq below the last one is a duplicate when its payload
 is the one that seq carried (a re-send), else a restart of the publisher (its counter
 starts again at 0): step numbers then continue past the earlier lifetime's, so they stay
-unique within the run. A batch that does not decode, or holds a value the store cannot
-hold, is a bad message: counted, logged once per capture, and never able to cost another
-batch. On first contact (and after a restart) the batches the publisher sent before the
+unique within the run. A seq past a gap is a gap to recover. A restart or a gap is taken
+only once the next message follows it: when the next one follows the old sequence
+instead, the message was a stray (a bad one), which must not re-store or lose batches.
+A batch that does not decode, is larger than MAX_MESSAGE_BYTES, or holds a value the
+store cannot hold, is a bad message: counted, logged once per capture, and never able to
+cost another batch. On first contact (and after a restart) the batches the publisher sent before the
 first one seen (the slow-joiner loss of ZMQ PUB/SUB) are asked of the replay socket;
 after first contact, a batch neither received nor returned by the replay socket is lost.
 """
@@ -47,6 +50,11 @@ _RECENT = 4096  # payload fingerprints kept per capture, to tell a re-sent seq f
 # gap: taken as one, every later batch would sit beyond int64 or be counted lost.
 MAX_SEQ = (1 << 63) - 1
 MAX_SEQ_GAP = 1 << 32
+# A batch larger than this is a bad message, never decoded: a decoded batch costs ~60x its
+# bytes, and a step's batch of vLLM's holds kilobytes (its token ids), so 16 MiB is far past
+# any real one. (Not ZMQ's MAXMSGSIZE: past it, libzmq 4.3 drops the connection for good.)
+MAX_MESSAGE_BYTES = 16 << 20
+MAX_FIRST_SEQ = 1 << 62  # (a stray first message there still leaves 2^62 steps for the next lifetimes)
 # A replay answer is read until its end marker, quiet for the replay timeout, or this many
 # frames past those asked for: a replay socket that never stops answering cannot hold the
 # capture past its --duration.
@@ -117,9 +125,10 @@ class VllmKVCapture:
         self._step_base = 0  # steps of the publisher's earlier lifetimes
         self._next_step = 0
         self._recent: OrderedDict[int, int] = OrderedDict()  # seq -> hash of its payload
-        # a message whose seq went backwards: a restart if the next one follows it, a stray
-        # message if the next one follows the old sequence (seq, payload, monotonic time)
-        self._pending: tuple[int, bytes, float] | None = None
+        # a message whose seq went backwards (a restart if the next one follows it) or jumped
+        # ahead (a gap if the next one follows it): a stray message if the next one follows
+        # the old sequence instead. (seq, payload, monotonic time, jumped ahead)
+        self._pending: tuple[int, bytes, float, bool] | None = None
         self._rows = VllmSpanRows(SeededIdGenerator(seed), {"service.name": "vllm", ENDPOINT_KEY: endpoint}, dp_rank)
         self._ctx = zmq.Context()
         self.socket = self._ctx.socket(zmq.SUB)
@@ -166,10 +175,10 @@ class VllmKVCapture:
             self.stats.connected = 1
 
     def receive(self, frames: list[bytes]) -> None:
-        """One multipart message from ``socket``: duplicates are dropped, a gap is
-        recovered (or counted lost) before the message is accepted, and a seq that went
-        backwards is held until the next message says whether it began a new publisher
-        lifetime (a restart) or was a stray message (a bad one)."""
+        """One multipart message from ``socket``: duplicates are dropped, and a seq that
+        went backwards or jumped ahead is held until the next message says whether it
+        began a new publisher lifetime (a restart) or followed a gap (recovered, or counted
+        lost), or was a stray message (a bad one) because the old sequence goes on."""
         if len(frames) != 3 or len(frames[1]) != 8:
             self._bad(None, f"expected [topic, seq, payload] frames with an 8-byte seq, got {len(frames)} frames")
             return
@@ -178,26 +187,46 @@ class VllmKVCapture:
         if seq > MAX_SEQ:
             self._bad(seq, "seq beyond 2^63-1 (vLLM counts steps from 0)")
             return
-        if self._pending is not None:  # the message after one whose seq went backwards
-            (back, back_payload, _), self._pending = self._pending, None
-            if self.last_seq is not None and seq > self.last_seq:  # the old sequence goes on
-                self._bad(back, f"seq {back} after {self.last_seq}, then {seq}: a stray message, not a restart")
+        if len(payload) > MAX_MESSAGE_BYTES:  # (its seq is then a gap, or lost)
+            self._bad(seq, f"a batch of {len(payload):,} bytes (more than {MAX_MESSAGE_BYTES:,}): not decoded")
+            return
+        if self._pending is not None:  # the message after one whose seq went backwards or ahead
+            (held, held_payload, _, ahead), self._pending = self._pending, None
+            last = self.last_seq
+            if ahead and last is not None and last < seq < held:  # the old sequence goes on
+                self._bad(held, f"seq {held} after {last}, then {seq}: a stray message, not a gap")
+            elif ahead:
+                self._jump(held, held_payload)
+            elif last is not None and seq > last:  # the old sequence goes on
+                self._bad(held, f"seq {held} after {last}, then {seq}: a stray message, not a restart")
             else:
-                self._restart(back, back_payload)
+                self._restart(held, held_payload)
         last = self.last_seq
         if last is not None and seq <= last:
             if self._recent.get(seq) == hash(payload):
                 self.stats.duplicates += 1
             else:  # a restart, or a stray message: the next one tells
-                self._pending = (seq, payload, time.monotonic())
+                self._pending = (seq, payload, time.monotonic(), False)
             return
         if last is None and seq > 0:  # first contact: what the publisher sent before we joined
-            self._recover(0, seq, lost_if_missing=False)
-        elif last is not None and seq > last + 1:
-            if seq - last > MAX_SEQ_GAP:
-                self._bad(seq, f"seq {seq} jumps {seq - last:,} past {last} (more than {MAX_SEQ_GAP:,})")
+            if seq > MAX_FIRST_SEQ:  # (a stray there would leave no steps for a restart after it)
+                self._bad(seq, f"seq {seq} on first contact: beyond 2^62 (vLLM counts steps from 0)")
                 return
-            self._recover(last + 1, seq, lost_if_missing=True)
+            self._recover(0, seq, lost_if_missing=False)
+        elif last is not None and seq > last + 1:  # a gap, or a stray message: the next one tells
+            self._pending = (seq, payload, time.monotonic(), True)
+            return
+        self._accept(seq, payload)
+
+    def _jump(self, seq: int, payload: bytes) -> None:
+        """A seq past a gap that the next message confirmed: the gap is recovered (what the
+        replay socket does not return is lost), then the message is accepted."""
+        last = self.last_seq
+        assert last is not None  # (a jump is ahead of a seq already seen)
+        if seq - last > MAX_SEQ_GAP:
+            self._bad(seq, f"seq {seq} jumps {seq - last:,} past {last} (more than {MAX_SEQ_GAP:,})")
+            return
+        self._recover(last + 1, seq, lost_if_missing=True)
         self._accept(seq, payload)
 
     def _restart(self, seq: int, payload: bytes) -> None:
@@ -206,6 +235,9 @@ class VllmKVCapture:
         (vLLM counts from 0): such a message is a bad one, never 2^32 batches counted lost."""
         if seq > MAX_SEQ_GAP:
             self._bad(seq, f"seq {seq} after a restart: more than {MAX_SEQ_GAP:,} steps into a new lifetime")
+            return
+        if self._next_step + MAX_SEQ_GAP > MAX_SEQ:  # (the earlier lifetimes' steps leave no room)
+            self._bad(seq, f"seq {seq} after a restart: its steps would pass 2^63-1")
             return
         self.stats.restarts += 1
         self._step_base, self.last_seq = self._next_step, None
@@ -216,15 +248,19 @@ class VllmKVCapture:
 
     @property
     def held(self) -> int:
-        """Messages received but not yet counted: a backwards seq waiting for the next one."""
+        """Messages received but not yet counted: a seq that went backwards or ahead, waiting
+        for the next one."""
         return 0 if self._pending is None else 1
 
     def _settle_pending(self, force: bool = False) -> None:
-        """A backwards message that no other followed within a flush interval (or by the
-        end): the restarted publisher went quiet; its first batch is stored as such."""
+        """A held message that no other followed within a flush interval (or by the end):
+        the publisher went quiet after a restart or a gap; the message is taken as such."""
         if self._pending is not None and (force or time.monotonic() - self._pending[2] >= self.flush_interval_s):
-            (seq, payload, _), self._pending = self._pending, None
-            self._restart(seq, payload)
+            (seq, payload, _, ahead), self._pending = self._pending, None
+            if ahead:
+                self._jump(seq, payload)
+            else:
+                self._restart(seq, payload)
 
     def _bad(self, seq: int | None, why: str) -> None:
         self.stats.bad_messages += 1
@@ -282,7 +318,7 @@ class VllmKVCapture:
                 if frame is None:
                     break
                 s, payload = frame
-                if first <= s < upto:
+                if first <= s < upto and len(payload) <= MAX_MESSAGE_BYTES:  # (a larger one is lost)
                     got[s] = payload
         recovered = sum(self._accept(s, got[s]) for s in sorted(got))
         self.stats.recovered += recovered
