@@ -48,12 +48,30 @@ def _run() -> None:
             sys.exit(141)
         error(failure)
         sys.exit(2)
+    except Exception as e:
+        if not _while_interrupted(e):
+            raise
+        # a second Ctrl-C or SIGTERM stopped the first one's flush (DuckDB: "Query
+        # interrupted"): what was committed before is kept
+        rc = 130
     if rc == 130:  # (typer returns 130 for a KeyboardInterrupt, SIGTERM's Terminated included)
         if terminated():
             error("terminated (SIGTERM); what was recorded is kept")
             sys.exit(143)
         error("interrupted")
     sys.exit(rc if isinstance(rc, int) else 0)
+
+
+def _while_interrupted(e: BaseException) -> bool:
+    """Whether ``e`` was raised while an interrupt (Ctrl-C, SIGTERM) was being handled."""
+    seen = set()
+    cause = e.__context__
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return True
+        seen.add(id(cause))
+        cause = cause.__context__
+    return False
 
 
 def _usage_error(e: Exception) -> str:

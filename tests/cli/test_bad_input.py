@@ -551,7 +551,8 @@ def test_a_native_version_must_be_the_integer_1(tmp_path, capsys, header):
     assert_one_line(code, err, "t.jsonl:1", "kvtrace_trace: unsupported version")
 
 
-@pytest.mark.parametrize("key, value", [("step_overhead_ns", 2**62), ("token_ns", 2**63 - 1), ("num_experts", 2**63 - 1)])
+@pytest.mark.parametrize("key, value", [("step_overhead_ns", 2**62), ("token_ns", 2**63 - 1),
+                                        ("num_experts", 2**63 - 1)])
 def test_cost_model_coefficients_are_bounded_at_their_key(tmp_path, capsys, key, value):
     """2^62 ns a step overflowed the digest's int64 times with a traceback, after the replay."""
     coefficients = {"step_overhead_ns": 1, "token_ns": 1, "attn_pair_ps": 1, "kv_read_ps": 1, "decode_seq_ns": 1,
@@ -722,6 +723,26 @@ def test_conformance_refuses_a_setting_before_it_loads_vllm(tmp_path, argv):
 
     code = ("import sys\nfrom kvtrace import cli\nsys.argv = ['kvtrace', 'conformance', 'gen:chat', *sys.argv[1:]]\n"
             "try:\n    cli.main()\nexcept SystemExit as e:\n    print(e.code, 'vllm' in sys.modules)\n")
-    done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", code, *argv], check=False, capture_output=True, text=True,
+                          timeout=120)
     assert done.stdout.split() == ["2", "False"], done
     assert_one_line(2, done.stderr, argv[0])
+
+
+def test_a_second_interrupt_during_the_flush_is_one_line_not_a_traceback(tmp_path, capsys, monkeypatch):
+    """Ctrl-C, then Ctrl-C again while the store was flushing: DuckDB's 'Query interrupted'
+    escaped with a traceback (exit 1)."""
+    from kvtrace.replay import run as replay_run
+    from kvtrace.store.writer import Store
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    def flush_interrupted(self):
+        raise RuntimeError("Query interrupted")
+
+    monkeypatch.setattr(replay_run, "_run_cache_only", interrupted)
+    monkeypatch.setattr(Store, "flush", flush_interrupted)
+    code, _, err = run(["replay", "gen:chat", "--limit", "2", "--mode", "cache-only", "--db",
+                        str(tmp_path / "s.duckdb")], capsys)
+    assert code == 130 and err.strip() == "kvtrace: error: interrupted", err
