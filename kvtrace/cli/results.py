@@ -179,4 +179,11 @@ def dashboard(
         Store.open(db).close()
     if compare is not None and run is None:
         raise KVTraceError("--compare needs --run: the run to compare it against")
+    if run is not None or compare is not None:  # told here, not as a page that finds no run
+        from kvtrace.store import read
+
+        known = set(read.runs(db)["run_id"].to_list())
+        for flag, value in (("--run", run), ("--compare", compare)):
+            if value is not None and value not in known:
+                raise KVTraceError(f"{flag}: {value}: no such run in {db} (`kvtrace runs --db {db}` lists them)")
     raise typer.Exit(launch(db, host=host, port=port, run=run, compare=compare))

@@ -746,3 +746,17 @@ def test_a_second_interrupt_during_the_flush_is_one_line_not_a_traceback(tmp_pat
     code, _, err = run(["replay", "gen:chat", "--limit", "2", "--mode", "cache-only", "--db",
                         str(tmp_path / "s.duckdb")], capsys)
     assert code == 130 and err.strip() == "kvtrace: error: interrupted", err
+
+
+def test_dashboard_refuses_a_run_the_store_lacks_before_serving(tmp_path, capsys, monkeypatch):
+    import kvtrace.dashboard
+
+    def serving(*args, **kwargs):
+        raise AssertionError("the dashboard was started")
+
+    monkeypatch.setattr(kvtrace.dashboard, "launch", serving)
+    db = _store_with_a_run(tmp_path, capsys)
+    code, _, err = run(["dashboard", "--db", str(db), "--run", "r99"], capsys)
+    assert_one_line(code, err, "--run: r99: no such run in")
+    code, _, err = run(["dashboard", "--db", str(db), "--run", "r1", "--compare", "r7"], capsys)
+    assert_one_line(code, err, "--compare: r7: no such run in")
