@@ -60,12 +60,15 @@ def parse_baseline(text: str | None, params: Sequence[tuple[str, list[Any]]]) ->
     """``NAME=V,NAME2=V2`` -> the combination the sweep table's deltas are taken against."""
     if text is None:
         return None
-    swept = {n for n, _ in params}
+    swept = dict(params)
     out: dict[str, Any] = {}
     for part in (p for p in text.split(",") if p.strip()):
         name, values = parse_param(part, flag="--baseline")
         if name not in swept:
             raise ConfigError("--baseline", text, f"{name} is not swept (swept: {', '.join(sorted(swept))})")
+        if values[0] not in swept[name]:  # (checked before the sweep runs, --json or not)
+            raise ConfigError("--baseline", text, f"no combination of the sweep has these values: {part.strip()} "
+                                                  "is not one of the swept values")
         out[name] = values[0]
     return out or None
 

@@ -760,3 +760,17 @@ def test_dashboard_refuses_a_run_the_store_lacks_before_serving(tmp_path, capsys
     assert_one_line(code, err, "--run: r99: no such run in")
     code, _, err = run(["dashboard", "--db", str(db), "--run", "r1", "--compare", "r7"], capsys)
     assert_one_line(code, err, "--compare: r7: no such run in")
+
+
+@pytest.mark.parametrize("as_json", [[], ["--json"]])
+def test_a_sweep_baseline_no_combination_has_is_refused_before_the_sweep(capsys, monkeypatch, as_json):
+    """With --json it was ignored (exit 0, no baseline); without, told after every replay ran."""
+    from kvtrace.replay import sweep
+
+    def ran(*args, **kwargs):
+        raise AssertionError("the sweep ran")
+
+    monkeypatch.setattr(sweep, "run_sweep", ran)
+    code, _, err = run(["sweep", "gen:chat", "--limit", "2", "--mode", "cache-only", "--param",
+                        "capacity_blocks=50,100", "--baseline", "capacity_blocks=70", *as_json], capsys)
+    assert_one_line(code, err, "--baseline", "capacity_blocks=70 is not one of the swept values")
