@@ -74,14 +74,17 @@ def diff(
 ) -> None:
     """Compare two runs of the same trace; exit 1 when a --fail-if gate is violated."""
     one_format(as_json, markdown)
+    from kvtrace.compare.options import check_diff_options
+
+    check_diff_options(seed, top, resamples)  # (before the comparison's imports: told at once)
+    pcts = parse_percentiles(percentiles)
     from kvtrace.compare.gates import check_fail_if, parse_gate
     from kvtrace.compare.render import render, to_json, to_markdown
     from kvtrace.compare.source import diff_runs
 
     for gate in fail_if:  # a malformed gate is a usage error: before any work or output
         parse_gate(gate)
-    d = diff_runs(db, run_a, run_b, force=force, seed=seed, top=top, resamples=resamples,
-                  percentiles=parse_percentiles(percentiles))
+    d = diff_runs(db, run_a, run_b, force=force, seed=seed, top=top, resamples=resamples, percentiles=pcts)
     violated = check_fail_if(d, fail_if)  # an unknown metric is an error before any output
     if as_json:
         echo_json(to_json(d))

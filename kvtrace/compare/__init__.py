@@ -11,6 +11,8 @@ and TTFT/ITL percentile shifts with paired bootstrap CIs. Public API, by module:
   ``chunked_weighted_percentiles``.
 - ``source``: ``diff_runs(db, run_a, run_b)``, reading through ``kvtrace.store.read``.
 - ``gates``: ``check_fail_if`` and ``parse_gate`` (``kvtrace diff --fail-if``).
+- ``options``: the diff's settings and their bounds, ``check_diff_options`` (standard
+  library only: the CLI checks them before the comparison's imports).
 - ``render``: ``to_json``, ``to_markdown``, ``tables``, ``render``, ``to_text``.
 - ``study``: ``run_study`` (one behaviour on and off); ``demo``: ``run_demo``.
 

@@ -23,13 +23,12 @@ import numpy as np
 import polars as pl
 
 from kvtrace.compare.model import PercentileShift
+from kvtrace.compare.options import DEFAULT_RESAMPLES
 from kvtrace.metrics import DEFAULT_PERCENTILES
 from kvtrace.numeric import percentiles as point_percentiles
 
 PERCENTILES = DEFAULT_PERCENTILES  # vllm bench serve's --metric-percentiles, here 50,90,99
 LATENCY_METRICS = ("ttft_ms", "itl_ms")
-DEFAULT_RESAMPLES = 1000
-MAX_RESAMPLES = 10_000  # the replicate draws are resamples x requests int64s in memory
 CI_LEVEL = 0.95
 
 

@@ -12,9 +12,10 @@ from typing import Any
 
 import polars as pl
 
-from kvtrace.compare.bootstrap import DEFAULT_RESAMPLES, MAX_RESAMPLES, latency_shifts
+from kvtrace.compare.bootstrap import latency_shifts
 from kvtrace.compare.model import RunDiff, count_shifts, diff_summaries, request_hit_diff
-from kvtrace.errors import KVTraceError, check_option, check_seed
+from kvtrace.compare.options import DEFAULT_RESAMPLES, check_diff_options
+from kvtrace.errors import KVTraceError
 from kvtrace.metrics import DEFAULT_PERCENTILES
 from kvtrace.store import read
 
@@ -38,9 +39,7 @@ def diff_runs(
     --metric-percentiles); ``top`` bounds the per-request gained/lost lists. Each is
     checked first (ConfigError naming its option).
     """
-    check_seed(seed)
-    check_option("--top", top, 0, 2**31)
-    check_option("--resamples", resamples, 1, MAX_RESAMPLES)
+    check_diff_options(seed, top, resamples)
     view = StoreView(db)
     info_a, info_b = view.run_info(run_a), view.run_info(run_b)
     same = same_trace(info_a, info_b)
