@@ -86,6 +86,9 @@ def run_demo(
         target = _demo_target(db)  # refused before any replay: a FIFO, a device, another's store...
         with _beside(target) as building:  # the old store stays as it was until the new one is whole
             result = _replay_all(db, building, specs, seed, progress)
+            # again: another command may have recorded a run there while the demo ran (the
+            # rename would drop it); the new store then stays unplaced and the old one as it is
+            _demo_target(db)
             _replace(building, target)
     console.print(summary_table(result))
     for behaviour, d in result.diffs.items():

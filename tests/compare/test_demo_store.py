@@ -201,3 +201,25 @@ def test_the_demo_cli_still_replaces_an_earlier_demo(tmp_path, earlier_demo):
     assert runs.height == 4 and set(runs["status"]) == {"complete"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["demo.duckdb"]
 
+
+
+def test_a_run_another_command_records_while_the_demo_runs_is_kept(tmp_path, monkeypatch, earlier_demo, capsys):
+    """The demo checked the store only before its replays, then renamed its new store over
+    it: a run another command recorded meanwhile was gone, after that command said
+    'recorded'."""
+    db = _copy(earlier_demo, tmp_path / "demo.duckdb")
+    replay, calls = demo.run_replay, []
+
+    def with_another_writer(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:  # meanwhile, another command records a run in the same store
+            code, err = _cli(["replay", "gen:chat", "--limit", "2", "--mode", "cache-only", "--db", str(db)], capsys)
+            assert code == 0, err
+        return replay(*args, **kwargs)
+
+    monkeypatch.setattr(demo, "run_replay", with_another_writer)
+    with pytest.raises(KVTraceError, match="that are not the demo's"):
+        _demo(db)
+    names = read.runs(db)["name"].to_list()
+    assert len(names) == 5 and sum(not n.startswith("demo: ") for n in names) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["demo.duckdb"]
