@@ -40,6 +40,16 @@ def calibrate(
     from kvtrace.workload.lines import MAX_TOKENS
 
     check_option("--max-num-batched-tokens", max_num_batched_tokens, 1, MAX_TOKENS)
+    if knee is not None:
+        check_option("--knee", knee, 0, MAX_TOKENS)
+    from kvtrace.engine.clock import COST_MODELS
+    from kvtrace.names import printable
+
+    # the name goes into the TOML that --config reads back, which needs one it can use
+    if not name.strip() or printable(name) != name:
+        raise KVTraceError(f"--name: {name!r}: expected a name of printable text")
+    if name in COST_MODELS:
+        raise KVTraceError(f"--name: {name}: is a built-in cost model's name; choose another for a fitted one")
     template = None
     if experts is not None:
         e, sep, k = experts.partition(":")
