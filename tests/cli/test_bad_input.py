@@ -793,3 +793,16 @@ def test_diff_refuses_its_options_before_the_comparison_loads(tmp_path, argv):
                           capture_output=True, text=True, timeout=120)
     assert done.stdout.split() == ["2", "False"], done
     assert_one_line(2, done.stderr, argv[0])
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6,374,44,9\n",
+     "azure.csv:2: expected 3 columns, got 4"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens,TIMESTAMP\n2023-11-16 18:15:46.6,374,44,x\n",
+     "azure.csv:1: column TIMESTAMP appears 2 times"),
+])
+def test_an_azure_row_or_header_that_cannot_be_read_one_way_is_refused(tmp_path, capsys, text, needle):
+    csv = tmp_path / "azure.csv"
+    csv.write_text(text)
+    code, _, err = run(["replay", str(csv)], capsys)
+    assert_one_line(code, err, needle)

@@ -80,8 +80,11 @@ def read_azure(path: str, block_size: int = DEFAULT_BLOCK_SIZE) -> Iterator[Trac
         missing = [c for c in REQUIRED_COLUMNS if c not in header]
         if missing:
             raise TraceFormatError(path, 1, f"missing column(s) {missing}; expected {list(REQUIRED_COLUMNS)}")
+        twice = [c for c in REQUIRED_COLUMNS if header.count(c) > 1]
+        if twice:  # (which one would hold the value?)
+            raise TraceFormatError(path, 1, f"column {twice[0]} appears {header.count(twice[0])} times")
         its, ictx, igen = (header.index(c) for c in REQUIRED_COLUMNS)
-        width = max(its, ictx, igen) + 1
+        width = len(header)  # every row has the header's columns: no fewer, no more
         order = ArrivalOrder(path, "TIMESTAMP")
         origin = None
         index = 0
@@ -95,7 +98,7 @@ def read_azure(path: str, block_size: int = DEFAULT_BLOCK_SIZE) -> Iterator[Trac
             line = reader.line_num
             if not row or not any(c.strip() for c in row):
                 continue
-            if len(row) < width:
+            if len(row) != width:
                 raise TraceFormatError(path, line, f"expected {len(header)} columns, got {len(row)}")
             ts = parse_timestamp_ns(row[its])
             if ts is None:
