@@ -87,6 +87,22 @@ def traces_url(endpoint: str, where: str = "--otlp-endpoint") -> str:
     return endpoint
 
 
+_HOST_PORT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(?::([0-9]{1,5}))?")  # (no port: gRPC's 443)
+
+
+def _grpc_target(text: str, where: str) -> None:
+    """An OTLP/gRPC endpoint: an http(s) URL, or HOST[:PORT] (gRPC also names unix: and dns:
+    targets, passed as they are); ConfigError naming ``where`` for anything else."""
+    if text.startswith(("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:")):
+        return
+    if "://" in text:
+        traces_url(text, where)
+        return
+    m = _HOST_PORT.fullmatch(text)
+    if m is None or (m.group(2) is not None and not 0 < int(m.group(2)) < 65_536):
+        raise ConfigError(where, text, "expected HOST:PORT or an http(s)://HOST:PORT URL for OTLP/gRPC")
+
+
 def check_otlp_settings(endpoint: str | None) -> None:
     """Refuse a malformed ``endpoint`` (or endpoint variable, for OTLP/HTTP), protocol or
     OTEL_* timeout before anything is recorded (the SDK logs and ignores a non-number,
@@ -94,10 +110,12 @@ def check_otlp_settings(endpoint: str | None) -> None:
     protocol = otlp_protocol()
     if endpoint:
         traces_url(endpoint)
-    elif protocol != "grpc":  # (gRPC's exporter takes a bare HOST:PORT too)
+    else:
         key = next((k for k in _ENV_ENDPOINTS if os.environ.get(k)), None)
-        if key is not None:
+        if key is not None and protocol != "grpc":
             traces_url(os.environ[key], where=key)
+        elif key is not None:
+            _grpc_target(os.environ[key], key)
     for key in _ENV_TIMEOUTS:
         text = os.environ.get(key)
         if text:

@@ -806,3 +806,15 @@ def test_an_azure_row_or_header_that_cannot_be_read_one_way_is_refused(tmp_path,
     csv.write_text(text)
     code, _, err = run(["replay", str(csv)], capsys)
     assert_one_line(code, err, needle)
+
+
+@pytest.mark.parametrize("key", ["OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"])
+@pytest.mark.parametrize("value", ["garbage::::", "host:99999", "host:"])
+def test_a_malformed_grpc_endpoint_is_refused_before_anything_is_recorded(tmp_path, capsys, monkeypatch, key, value):
+    """With OTLP/gRPC the endpoint went unchecked: the replay ran, then every span failed."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+    monkeypatch.setenv(key, value)
+    db = tmp_path / "runs.duckdb"
+    code, _, err = run(["replay", "gen:chat", "--limit", "2", "--mode", "cache-only", "--db", str(db)], capsys)
+    assert_one_line(code, err, key, value, "expected HOST:PORT")
+    assert not db.exists()
