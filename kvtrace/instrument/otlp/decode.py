@@ -36,6 +36,10 @@ DecodedSpans = list[tuple[dict, dict, str]]
 _MAX_NS = (1 << 63) - 1  # the store's times are BIGINT ns
 _I64 = (-(1 << 63), (1 << 63) - 1)  # OTLP intValue
 _MESSAGE_CHARS = 300  # a refusal quotes the request, but not all of it
+# Spans in one request: an SDK exports 512 at a time, kvtrace's own exporter 2,048. Each
+# decoded span costs about 60x its bytes, so a 16 MB body of 500k tiny spans took 1.4 GB;
+# counted before any span is decoded.
+MAX_SPANS_PER_REQUEST = 65_536
 
 
 class PayloadError(KVTraceError, ValueError):
@@ -78,6 +82,11 @@ def _bytes_id(raw: bytes, size: int, what: str, where: str, optional: bool = Fal
     return int.from_bytes(raw, "big")
 
 
+def _check_count(n: int) -> None:
+    if n > MAX_SPANS_PER_REQUEST:
+        raise PayloadError(f"{n:,} spans in one request: more than {MAX_SPANS_PER_REQUEST:,}; send smaller batches")
+
+
 def decode_protobuf(body: bytes) -> DecodedSpans:
     """An ``ExportTraceServiceRequest`` -> its spans; PayloadError when it is not one."""
     req = trace_service_pb2.ExportTraceServiceRequest()
@@ -85,6 +94,7 @@ def decode_protobuf(body: bytes) -> DecodedSpans:
         req.ParseFromString(body)
     except DecodeError as err:
         raise PayloadError(f"not an ExportTraceServiceRequest: {err}") from None
+    _check_count(sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans))
     out: DecodedSpans = []
     for ri, rs in enumerate(req.resource_spans):
         resource = _kv(rs.resource.attributes)
@@ -271,6 +281,17 @@ def _json_enum(v: Any, names: dict[str, int], what: str) -> int:
     return _json_int(v if v is not None else 0, what)
 
 
+def _json_span_count(doc: dict) -> int:
+    """The spans a JSON export holds, counted before any is decoded (what is not a list here
+    is refused later, naming it)."""
+    def items(v: Any) -> list:
+        return [x for x in v if isinstance(x, dict)] if isinstance(v, list) else []
+
+    return sum(len(items(_get(ss, "spans")))
+               for rs in items(_get(doc, "resourceSpans", "resource_spans"))
+               for ss in items(_get(rs, "scopeSpans", "scope_spans")))
+
+
 def decode_json(body: bytes) -> DecodedSpans:
     """An OTLP/JSON export -> its spans; PayloadError naming what is wrong."""
     try:
@@ -283,6 +304,7 @@ def decode_json(body: bytes) -> DecodedSpans:
         raise PayloadError("expected a JSON object with resourceSpans")
     out: DecodedSpans = []
     try:
+        _check_count(_json_span_count(doc))
         for ri, rs in enumerate(_json_objects(_get(doc, "resourceSpans", "resource_spans"), "resourceSpans")):
             resource = _json_kv(_json_object(_get(rs, "resource"), f"resourceSpans[{ri}].resource").get("attributes"),
                                 f"resourceSpans[{ri}].resource")
