@@ -53,5 +53,7 @@ def convert(
     from kvtrace.replay.readers import open_trace
     from kvtrace.workload.native import write_native
 
-    n = write_native(open_trace(trace, format=value(fmt), limit=limit), out, sources=[trace])
+    # (a directory trace: each of its files is an input too)
+    inputs = [trace, *(p for p in trace.iterdir() if p.is_file())] if trace.is_dir() else [trace]
+    n = write_native(open_trace(trace, format=value(fmt), limit=limit), out, sources=inputs)
     status(f"wrote {n} requests to {out}")  # stderr: `-o /dev/stdout` gets the trace alone

@@ -25,6 +25,7 @@ from typing import Any
 
 from kvtrace.errors import ConfigError, KVTraceError
 from kvtrace.process import sigterm_blocked, sigterm_default
+from kvtrace.replay.config_file import parse_retention
 from kvtrace.replay.run import RunResult, RunSpec, run_replay
 
 _INT_PARAMS = ("capacity_blocks", "capacity_tokens", "external_capacity_blocks", "block_size")
@@ -56,6 +57,16 @@ def parse_param(text: str, flag: str = "--param") -> tuple[str, list[Any]]:
     return name, values
 
 
+def _canonical(name: str, value: Any) -> Any:
+    """What a swept value means (retention's spellings: none, None, 00, 0)."""
+    if name != "retention":
+        return value
+    try:
+        return parse_retention(value)
+    except ConfigError:
+        return value
+
+
 def parse_baseline(text: str | None, params: Sequence[tuple[str, list[Any]]]) -> dict[str, Any] | None:
     """``NAME=V,NAME2=V2`` -> the combination the sweep table's deltas are taken against."""
     if text is None:
@@ -66,10 +77,13 @@ def parse_baseline(text: str | None, params: Sequence[tuple[str, list[Any]]]) ->
         name, values = parse_param(part, flag="--baseline")
         if name not in swept:
             raise ConfigError("--baseline", text, f"{name} is not swept (swept: {', '.join(sorted(swept))})")
-        if values[0] not in swept[name]:  # (checked before the sweep runs, --json or not)
+        # (checked before the sweep runs, --json or not; a value in any spelling the setting
+        # reads the same, e.g. retention None for none, stands for the swept one)
+        same = [v for v in swept[name] if _canonical(name, v) == _canonical(name, values[0])]
+        if not same:
             raise ConfigError("--baseline", text, f"no combination of the sweep has these values: {part.strip()} "
                                                   "is not one of the swept values")
-        out[name] = values[0]
+        out[name] = same[0]
     return out or None
 
 

@@ -181,9 +181,10 @@ def _foreign_header(path: str) -> str | None:
     return None
 
 
-# A path DuckDB reads as a location of its own, not a file: md:/motherduck: (a download of
-# its extension, then the network), duckdb: (stripped: another file is opened), s3://...
-_URL_LIKE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+:")
+# A path DuckDB reads as a location of its own, not a file (its rule: two or more of
+# [A-Za-z0-9_] and a colon): md:/motherduck: (its extension downloaded, then the network),
+# duckdb: (stripped: another file is opened), my_run: (an extension looked for), s3://...
+_URL_LIKE = re.compile(r"[A-Za-z0-9_]{2,}:")
 
 
 def _open(path: str, read_only: bool, timeout_s: float) -> duckdb.DuckDBPyConnection:

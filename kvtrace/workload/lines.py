@@ -212,6 +212,26 @@ def source_sha256(path: str, files: list[str] | None) -> str:
 _DUCKDB_MAGIC = b"DUCK"  # bytes 8-11 of every DuckDB database file
 
 
+_FD_PATH = re.compile(r"/(?:dev/fd|proc/self/fd)/([0-9]+)")
+_STD_PATHS = {"/dev/stdout": 1, "/dev/stderr": 2}
+
+
+def _open_descriptor(path: str) -> int | None:
+    """The descriptor ``path`` names (/dev/stdout, /dev/fd/N, /proc/self/fd/N), else None."""
+    if path in _STD_PATHS:
+        return _STD_PATHS[path]
+    m = _FD_PATH.fullmatch(path)
+    return int(m.group(1)) if m else None
+
+
+def _is_duckdb(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(12)[8:12] == _DUCKDB_MAGIC
+    except OSError:
+        return False  # (missing, or unreadable: the write says why it cannot)
+
+
 class AtomicText:
     """Write-then-rename: the target appears only when writing succeeded, so a failed
     conversion never leaves half a trace behind.
@@ -244,7 +264,9 @@ class AtomicText:
             raise KVTraceError(f"{self.name}: cannot write: {e.strerror}") from None
         if stat.S_ISDIR(st.st_mode):
             raise KVTraceError(f"{self.name}: is a directory; expected a file path to write")
-        if not stat.S_ISREG(st.st_mode):
+        # /dev/stdout and the like stand for an open file: written in place, as a redirection
+        # is (a rename would drop what the file held, and what the shell writes after)
+        if not stat.S_ISREG(st.st_mode) or _open_descriptor(self.name) is not None:
             return True
         self._refuse_to_replace(st)
         return False
@@ -257,8 +279,12 @@ class AtomicText:
             if not os.path.isdir(parent):
                 raise KVTraceError(f"{self.name}: directory {parent} does not exist")
             self.tmp = f"{self.path}.tmp-{os.getpid()}"
+        fd = _open_descriptor(self.name) if in_place else None
         try:
-            self.f = _Sink(open(self.tmp or self.path, "wb"), self.name)
+            # an open descriptor's own file description (its offset, its append mode), so the
+            # output lands where a redirection would put it; opening /dev/stdout anew truncates
+            f = os.fdopen(os.dup(fd), "wb") if fd is not None else open(self.tmp or self.path, "wb")
+            self.f = _Sink(f, self.name)
         except OSError as e:
             raise KVTraceError(f"{self.name}: cannot write: {e.strerror}") from None
         return self.f
@@ -270,14 +296,12 @@ class AtomicText:
             with contextlib.suppress(OSError):
                 if os.path.samestat(st, os.stat(source)):
                     raise KVTraceError(f"{self.name}: is also {source}; write the output elsewhere")
-        try:
-            with open(self.name, "rb") as f:
-                head = f.read(12)
-        except OSError:
-            return  # (the write says why it cannot)
-        if head[8:12] == _DUCKDB_MAGIC:
+        if _is_duckdb(self.name):
             raise KVTraceError(f"{self.name}: is a DuckDB database (a kvtrace store?), not replaced by this output; "
                                "write it elsewhere or remove that file first")
+        if self.name.endswith(".wal") and _is_duckdb(self.name[:-4]):  # (its commits not yet checkpointed)
+            raise KVTraceError(f"{self.name}: is the write-ahead log of the DuckDB database {self.name[:-4]}, not "
+                               "replaced by this output; write it elsewhere")
 
     def __exit__(self, exc_type, exc, tb):
         try:

@@ -818,3 +818,79 @@ def test_a_malformed_grpc_endpoint_is_refused_before_anything_is_recorded(tmp_pa
     code, _, err = run(["replay", "gen:chat", "--limit", "2", "--mode", "cache-only", "--db", str(db)], capsys)
     assert_one_line(code, err, key, value, "expected HOST:PORT")
     assert not db.exists()
+
+
+# --- a re-probe of the guards above --------------------------------------------------------------
+def test_convert_never_replaces_a_file_of_its_directory_input(tmp_path, capsys):
+    import shutil
+
+    d = tmp_path / "wk"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "data" / "weka_sample", d)
+    before = (d / "trace_0211.json").read_bytes()
+    code, _, err = run(["convert", str(d), "-o", str(d / "trace_0211.json")], capsys)
+    assert_one_line(code, err, "trace_0211.json: is also")
+    assert (d / "trace_0211.json").read_bytes() == before
+
+
+def test_a_duckdb_write_ahead_log_is_not_replaced(tmp_path, capsys):
+    db = _store_with_a_run(tmp_path, capsys)
+    wal = tmp_path / "keep.duckdb.wal"
+    wal.write_bytes(b"uncheckpointed commits")
+    trace = tmp_path / "t.jsonl"
+    assert run(["generate", "chat", "-o", str(trace), "--requests", "3"], capsys)[0] == 0
+    code, _, err = run(["convert", str(trace), "-o", str(wal)], capsys)
+    assert_one_line(code, err, "is the write-ahead log of the DuckDB database")
+    assert wal.read_bytes() == b"uncheckpointed commits" and db.exists()
+
+
+def test_dev_stdout_is_written_where_the_redirection_points(tmp_path):
+    """-o /dev/stdout with stdout appended to a file replaced the file (a rename over the
+    link's target): what it held, and what the shell wrote after, was gone."""
+    import subprocess
+    import sys
+
+    trace = tmp_path / "t.jsonl"
+    subprocess.run([sys.executable, "-m", "kvtrace.cli", "generate", "chat", "-o", str(trace), "--requests", "3"],
+                   check=True, capture_output=True)
+    log = tmp_path / "log.txt"
+    log.write_text("before\n")
+    script = f"{sys.executable} -m kvtrace.cli convert {trace} -o /dev/stdout 2>/dev/null; echo after"
+    subprocess.run(["sh", "-c", f"({script}) >> {log}"], check=True)
+    lines = log.read_text().splitlines()
+    assert lines[0] == "before" and lines[-1] == "after" and len(lines) == 2 + 1 + 3, lines
+
+
+def test_a_weka_directory_named_like_a_glob_is_read_as_itself(tmp_path, capsys):
+    import shutil
+
+    sample = Path(__file__).resolve().parents[1] / "data" / "weka_sample"
+    d = tmp_path / "wk[1]"
+    shutil.copytree(sample, d)
+    code, out, err = run(["convert", str(d), "-o", str(tmp_path / "o.jsonl")], capsys)
+    assert code == 0, err
+    star = tmp_path / "g" / "d*"
+    star.mkdir(parents=True)
+    shutil.copy(sample / "trace_0211.json", star)
+    shutil.copytree(sample, tmp_path / "g" / "dx")  # a sibling the glob would have matched
+    code, _, err = run(["convert", str(star), "-o", str(tmp_path / "p.jsonl")], capsys)
+    assert code == 0, err
+    only = len((tmp_path / "p.jsonl").read_text().splitlines()) - 1
+    code, _, err = run(["convert", str(sample / "trace_0211.json"), "-o", str(tmp_path / "q.jsonl")], capsys)
+    assert code == 0 and only == len((tmp_path / "q.jsonl").read_text().splitlines()) - 1
+
+
+@pytest.mark.parametrize("baseline", ["retention=None", "retention=00"])
+def test_a_sweep_baseline_in_another_spelling_of_a_swept_value_is_taken(capsys, baseline):
+    code, out, err = run(["sweep", "gen:chat", "--limit", "2", "--workers", "1", "--no-content", "--param",
+                          "retention=none,0", "--baseline", baseline], capsys)
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("db, ok", [("run-10:30.duckdb", True), ("a.b:x.duckdb", True), ("my_run:x.duckdb", False)])
+def test_store_paths_follow_duckdbs_own_rule_for_prefixes(tmp_path, capsys, monkeypatch, db, ok):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run(["replay", "gen:chat", "--limit", "2", "--mode", "cache-only", "--db", db], capsys)
+    if ok:
+        assert code == 0, err
+    else:
+        assert_one_line(code, err, db, "write ./")

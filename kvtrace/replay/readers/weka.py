@@ -61,7 +61,7 @@ def weka_files(path: str) -> list[str] | None:
     """The sorted .json files of a directory source, or None for a single file."""
     if not os.path.isdir(path):
         return None
-    files = sorted(glob.glob(os.path.join(path, "*.json")))
+    files = sorted(glob.glob(os.path.join(glob.escape(path), "*.json")))  # (a [ or * in the folder's name)
     if not files:
         raise TraceFormatError(path, None, "directory holds no *.json conversation files")
     for file in files:  # (a FIFO among them would block the read)
