@@ -37,7 +37,7 @@ def calibrate(
     from kvtrace.engine.clock import CostModel
     from kvtrace.replay.calibrate import calibrate as fit
     from kvtrace.replay.calibrate import cost_model_toml, fit_report
-    from kvtrace.workload.lines import MAX_TOKENS
+    from kvtrace.workload.lines import MAX_TOKENS, AtomicText
 
     check_option("--max-num-batched-tokens", max_num_batched_tokens, 1, MAX_TOKENS)
     if knee is not None:
@@ -57,13 +57,13 @@ def calibrate(
         if not sep or not digits(e) or not digits(k) or not 1 <= int(k) <= int(e):
             raise KVTraceError(f"--moe: {experts}: expected E:K with 1 <= K <= E, e.g. 256:8")
         template = CostModel(name, 0, 0, 0, 0, 0, num_experts=int(e), experts_per_token=int(k))
+    if out is not None:  # before the fit: a store or an input there is refused at once
+        AtomicText(out, sources).check()
     result = fit([str(p) for p in sources], name=name, template=template, knee=knee,
                  max_num_batched_tokens=max_num_batched_tokens, run_id=run)
     for line in fit_report(result):
         typer.echo(line)
     if out is not None:
-        from kvtrace.workload.lines import AtomicText
-
         with AtomicText(out, sources) as f:
             f.write(cost_model_toml(result.model).encode())
         status(f"wrote {out} (use it with: kvtrace replay TRACE --config {out})")

@@ -213,6 +213,8 @@ def cost_model_from_table(table: dict[str, Any], source: str) -> CostModel:
     name = table.get("name")
     if not isinstance(name, str) or not name:
         raise ConfigError(source, "cost_model.name", "expected the model's name (a string)")
+    if not isinstance(table.get("source", ""), str):
+        raise ConfigError(source, "cost_model.source", "expected what the model was fitted to (a string)")
     given = {k: v for k, v in table.items() if k in COEFFICIENTS}
     if not given:
         if name not in COST_MODELS:

@@ -583,6 +583,7 @@ def test_a_virtual_clock_past_int64_is_refused_not_overflowed():
 
 @pytest.mark.parametrize("line, needle", [
     ('without = [["shared-prefix-pinning"]]', "cache.without: expected a list of str"),
+    ('retention_interval = "none"\n[cost_model]\nname = "x"\nsource = 5', "cost_model.source"),
     ("hash_block_size = 0", "cache.hash_block_size: expected a positive token count"),
     ("hash_block_size = -64", "cache.hash_block_size: expected a positive token count"),
     ("hash_block_size = 100", "cache.hash_block_size: 100 does not divide the block size"),
@@ -700,8 +701,9 @@ def test_no_output_replaces_a_store_or_its_own_input(tmp_path, capsys):
     csv = Path(__file__).resolve().parents[1] / "data" / "calibration" / "aic-h200-llama-3.1-8b-tp1.csv"
     mine = tmp_path / "m.csv"
     mine.write_bytes(csv.read_bytes())
-    code, _, err = run(["calibrate", "--from", str(mine), "-o", str(mine)], capsys)
+    code, out, err = run(["calibrate", "--from", str(mine), "-o", str(mine)], capsys)
     assert code == 2 and "m.csv: is also" in err and "Traceback" not in err
+    assert out == ""  # refused before the fit, not after its report
     assert mine.read_bytes() == csv.read_bytes()
     code, _, err = run(["convert", str(trace), "-o", str(trace)], capsys)
     assert_one_line(code, err, "t.jsonl: is also")
