@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import io
 import math
+import re
 from collections.abc import Iterable
 from typing import Any
 
 from kvtrace.compare.bootstrap import CI_LEVEL
 from kvtrace.compare.model import MetricDelta, RequestChange, RunDiff
 from kvtrace.metrics import MODELLED
-from kvtrace.names import markup_literal, printable, stdout_console
+from kvtrace.names import markdown_code, markdown_literal, markup_literal, printable, stdout_console
 from kvtrace.store.schema import SUMMARY_FIELDS
 
 CORRECTNESS_METRICS = ("stale_hashes", "divergent_outputs")
@@ -69,22 +70,23 @@ def to_markdown(diff: RunDiff) -> str:
     """A compact report ready to paste into a pull request."""
     a, b = diff.run_a, diff.run_b
     lines = [
-        f"### kvtrace diff: `{_label(a)}` → `{_label(b)}`",
+        f"### kvtrace diff: {markdown_code(_label(a))} → {markdown_code(_label(b))}",
         "",
-        f"Trace: `{a.get('trace', '?')}`"
-        + ("" if diff.same_trace else f" vs `{b.get('trace', '?')}` (**different traces, forced**)"),
+        f"Trace: {markdown_code(a.get('trace', '?'))}"
+        + ("" if diff.same_trace else f" vs {markdown_code(b.get('trace', '?'))} (**different traces, forced**)"),
     ]
     if a.get("behaviours") is not None or b.get("behaviours") is not None:
-        lines.append(f"Behaviours: A `{_fmt_behaviours(a)}` · B `{_fmt_behaviours(b)}`")
+        lines.append(f"Behaviours: A {markdown_code(_fmt_behaviours(a))} · B {markdown_code(_fmt_behaviours(b))}")
     lines.append(times_note(diff))
     for side, run in (("A", a), ("B", b)):
         if run.get("status") not in (None, "complete"):
-            lines += ["", f"> ⚠️ run {side} is **{run['status']}**: its numbers cover only what was recorded."]
+            lines += ["", f"> ⚠️ run {side} is **{markdown_literal(run['status'])}**: its numbers cover only what "
+                          "was recorded."]
     head = ["| metric | A | B | Δ | Δ% | |", "|---|---:|---:|---:|---:|---|"]
 
     def row(m: MetricDelta) -> str:
         return (
-            f"| {m.name} | {fmt(m.a)} | {fmt(m.b)} | {fmt(m.delta, signed=True)} | "
+            f"| {_md_name(m.name)} | {fmt(m.a)} | {fmt(m.b)} | {fmt(m.delta, signed=True)} | "
             f"{fmt_rel(m.rel)} | {_mark(m.verdict)} |"
         )
 
@@ -109,14 +111,14 @@ def to_markdown(diff: RunDiff) -> str:
         for s in diff.latency:
             verdict = "" if not s.significant else ("worse" if s.delta > 0 else "better")
             lines.append(
-                f"| {s.name} | {fmt(s.a)} | {fmt(s.b)} | {fmt(s.delta, signed=True)} | "
+                f"| {_md_name(s.name)} | {fmt(s.a)} | {fmt(s.b)} | {fmt(s.delta, signed=True)} | "
                 f"[{fmt(s.ci_low, signed=True)}, {fmt(s.ci_high, signed=True)}] | {_mark(verdict)} |"
             )
     if diff.evictions_by_reason or diff.evictions_by_publish_kind:
         lines += ["", "**Evictions**", "", "| by | key | A | B | Δ |", "|---|---|---:|---:|---:|"]
         for dim, shifts in (("reason", diff.evictions_by_reason), ("publish kind", diff.evictions_by_publish_kind)):
             for c in shifts:
-                lines.append(f"| {dim} | {c.key} | {c.a} | {c.b} | {c.delta:+d} |")
+                lines.append(f"| {dim} | {_md_name(c.key)} | {c.a} | {c.b} | {c.delta:+d} |")
     lines += _correctness_markdown(diff)
     r = diff.requests
     if r is not None and (r.requests or r.only_a or r.only_b):
@@ -131,16 +133,18 @@ def to_markdown(diff: RunDiff) -> str:
         if r.top_gained or r.top_lost:
             lines += ["", "| request | prompt | cached A | cached B | Δ |", "|---|---:|---:|---:|---:|"]
             for ch in r.top_gained + r.top_lost:
-                lines.append(f"| `{ch.request_id}` | {ch.prompt_tokens} | {ch.hit_a} | {ch.hit_b} | {ch.delta:+d} |")
+                lines.append(f"| {_md_cell_code(ch.request_id)} | {ch.prompt_tokens} | {ch.hit_a} | {ch.hit_b} | "
+                             f"{ch.delta:+d} |")
     return "\n".join(lines) + "\n"
 
 
-def times_note(diff: RunDiff) -> str:
+def times_note(diff: RunDiff, code: Any = markdown_code) -> str:
     """Where the diff's times come from: every latency is modelled by a cost model (issue
-    18), or absent (a cache-only run has no clock)."""
+    18), or absent (a cache-only run has no clock). ``code``: how the model's name is shown
+    (Markdown's code span; plain text for a terminal)."""
     def source(run: dict[str, Any]) -> str:
         model = run.get("cost_model")
-        return f"{MODELLED} by cost model `{model}`" if model else "none (no clock: cache-only or foreign run)"
+        return f"{MODELLED} by cost model {code(model)}" if model else "none (no clock: cache-only or foreign run)"
 
     a, b = source(diff.run_a), source(diff.run_b)
     return f"Times: {a}" if a == b else f"Times: A {a} · B {b}"
@@ -158,7 +162,7 @@ def _correctness_markdown(diff: RunDiff) -> list[str]:
     for side in ("a", "b"):
         reqs = diff.divergent_requests.get(side) or []
         if reqs:
-            shown = ", ".join(f"`{rid}` ({n})" for rid, n in reqs[:5])
+            shown = ", ".join(f"{markdown_code(rid)} ({n})" for rid, n in reqs[:5])
             out.append(f"Divergent requests in {side.upper()}: {len(reqs)}; most divergent tokens: {shown}.")
     return out
 
@@ -178,7 +182,8 @@ def tables(diff: RunDiff, metrics: Iterable[str] | None = None) -> list[Any]:
         if keep is not None and m.name not in keep:
             continue
         style = {"better": "green", "worse": "red"}.get(m.verdict)
-        t.add_row(m.name, fmt(m.a), fmt(m.b), fmt(m.delta, signed=True), fmt_rel(m.rel), style=style)
+        t.add_row(markup_literal(m.name), fmt(m.a), fmt(m.b), fmt(m.delta, signed=True), fmt_rel(m.rel),
+                  style=style)
     out.append(t)
     if diff.latency:
         t = Table(title=f"latency percentiles, {MODELLED} time ({round(CI_LEVEL * 100)}% bootstrap CI)",
@@ -188,7 +193,7 @@ def tables(diff: RunDiff, metrics: Iterable[str] | None = None) -> list[Any]:
         for s in diff.latency:
             style = None if not s.significant else ("red" if s.delta > 0 else "green")
             t.add_row(
-                s.name, fmt(s.a), fmt(s.b), fmt(s.delta, signed=True),
+                markup_literal(s.name), fmt(s.a), fmt(s.b), fmt(s.delta, signed=True),
                 f"[{fmt(s.ci_low, signed=True)}, {fmt(s.ci_high, signed=True)}]", style=style,
             )
         out.append(t)
@@ -198,7 +203,7 @@ def tables(diff: RunDiff, metrics: Iterable[str] | None = None) -> list[Any]:
             t.add_column(col, justify="left" if col in ("by", "key") else "right")
         for dim, shifts in (("reason", diff.evictions_by_reason), ("publish kind", diff.evictions_by_publish_kind)):
             for c in shifts:
-                t.add_row(dim, c.key, str(c.a), str(c.b), f"{c.delta:+d}")
+                t.add_row(dim, markup_literal(c.key), str(c.a), str(c.b), f"{c.delta:+d}")
         out.append(t)
     r = diff.requests
     if r is not None and (r.top_gained or r.top_lost):
@@ -207,7 +212,8 @@ def tables(diff: RunDiff, metrics: Iterable[str] | None = None) -> list[Any]:
         for col in ("request", "prompt", "cached A", "cached B", "Δ"):
             t.add_column(col, justify="left" if col == "request" else "right")
         for ch in r.top_gained + r.top_lost:
-            t.add_row(ch.request_id, str(ch.prompt_tokens), str(ch.hit_a), str(ch.hit_b), f"{ch.delta:+d}",
+            t.add_row(markup_literal(ch.request_id), str(ch.prompt_tokens), str(ch.hit_a), str(ch.hit_b),
+                      f"{ch.delta:+d}",
                       style="green" if ch.delta > 0 else "red")
         out.append(t)
     return out
@@ -219,8 +225,8 @@ def render(diff: RunDiff, console: Any = None) -> None:
     for side, run in (("A", diff.run_a), ("B", diff.run_b)):
         if run.get("status") not in (None, "complete"):
             label = markup_literal(_label(run))
-            console.print(f"[yellow]run {side} ({label}) is {run['status']}: partial numbers[/yellow]")
-    console.print(times_note(diff).replace("`", ""))
+            console.print(f"[yellow]run {side} ({label}) is {markup_literal(run['status'])}: partial numbers[/yellow]")
+    console.print(times_note(diff, code=printable), markup=False, highlight=False)
     for t in tables(diff):
         console.print(t)
 
@@ -272,6 +278,21 @@ def _side(diff: RunDiff, name: str, side: str) -> Any:
 def _label(run: dict[str, Any]) -> str:
     """A run as the user named it, on one printable line (for markup: ``markup_literal``)."""
     return printable(run.get("name") or run.get("run_id") or "?")
+
+
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_.]+")
+
+
+def _md_name(name: object) -> str:
+    """A metric, percentile or eviction key in a Markdown table: as it is when it is a plain
+    name (prefix_cache_hit_rate), else every mark escaped (a stored run may hold any text)."""
+    text = str(name)
+    return text if _PLAIN_NAME.fullmatch(text) else markdown_literal(text)
+
+
+def _md_cell_code(text: object) -> str:
+    """A code span inside a Markdown table cell (GFM splits cells at a '|' even there)."""
+    return markdown_code(text).replace("|", "\\|")
 
 
 def _fmt_behaviours(run: dict[str, Any]) -> str:

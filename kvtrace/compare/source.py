@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import duckdb
 import polars as pl
 
 from kvtrace.compare.bootstrap import latency_shifts
@@ -18,6 +19,7 @@ from kvtrace.compare.options import DEFAULT_RESAMPLES, check_diff_options
 from kvtrace.errors import KVTraceError
 from kvtrace.metrics import DEFAULT_PERCENTILES
 from kvtrace.store import read
+from kvtrace.store.errors import StoreError
 
 
 def diff_runs(
@@ -49,6 +51,16 @@ def diff_runs(
         which = f"{a!r}, read differently (another --limit, --block-size or --format)" if a == b else f"{a!r} vs {b!r}"
         raise KVTraceError(f"{db}: runs {run_a} and {run_b} replay different traces ({which}); pass --force to "
                            "compare anyway")
+    try:
+        return _diff(view, run_a, run_b, info_a, info_b, same, seed, top, resamples, percentiles)
+    except (duckdb.Error, pl.exceptions.PolarsError) as err:  # values no run of kvtrace's holds
+        text = " ".join(str(err).split())[:200]
+        raise StoreError(str(db), f"damaged kvtrace store: runs {run_a} and {run_b} hold values their "
+                                  f"comparison cannot compute ({type(err).__name__}: {text})") from None
+
+
+def _diff(view: StoreView, run_a: str, run_b: str, info_a: dict[str, Any], info_b: dict[str, Any], same: bool,
+          seed: int, top: int, resamples: int, percentiles: Sequence[float]) -> RunDiff:
     diff = diff_summaries(view.summary(run_a), view.summary(run_b), run_a=info_a, run_b=info_b)
     diff.same_trace, diff.forced = same, not same
     diff.requests = request_hit_diff(view.per_request_hits(run_a), view.per_request_hits(run_b), top=top)

@@ -5,6 +5,7 @@ The bootstrap has its own file, test_bootstrap.py."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -358,3 +359,65 @@ def test_runs_without_request_timing_have_no_latency_section():
                                     pl.DataFrame(schema={"request_id": pl.Utf8, "cached_tokens": pl.Int64}))
     md = to_markdown(d)
     assert "Latency percentiles" not in md and "Per-request hit tokens" not in md
+
+
+# --- a store written by another tool: every value shown as it is, never a traceback ------------
+def _tampered(src: str, dst: Path, *statements: tuple[str, list]) -> str:
+    import shutil
+
+    import duckdb
+
+    shutil.copy(src, dst)
+    con = duckdb.connect(str(dst))
+    try:
+        for sql, params in statements:
+            con.execute(sql, params)
+    finally:
+        con.close()
+    return str(dst)
+
+
+def test_user_text_in_a_store_is_shown_literally_by_every_rendering(tmp_path, replayed_store, capsys):
+    """A status or request id '[/]' crashed the terminal rendering (rich markup); a name with a
+    backtick broke out of --markdown's code span (live HTML and emphasis)."""
+    from kvtrace.store import read
+    from tests.cli.support import run
+    from tests.support.markdown import shown
+
+    on, off = replayed_store.run_on, replayed_store.run_off
+    some = read.requests(replayed_store.path, off)["request_id"][0]
+    db = _tampered(replayed_store.path, tmp_path / "t.duckdb",
+                   ("UPDATE runs SET status = '[/] **x** <b>y</b>', name = 'a` <img src=x> **B** `b' WHERE run_id = ?",
+                    [off]),
+                   ("UPDATE spans_request SET request_id = '[/]`|<i>q</i>' WHERE request_id = ?", [some]),
+                   ("UPDATE spans_request SET num_hit_tokens = num_hit_tokens + 512 WHERE run_id = ? AND "
+                    "request_id = '[/]`|<i>q</i>'", [off]))
+    code, out, err = run(["diff", on, off, "--db", db], capsys)
+    assert code == 0 and "Traceback" not in err, err
+    assert "[/]`|<i>q</i>" in out and "[/] **x** <b>y</b>" in out
+    code, md, err = run(["diff", on, off, "--db", db, "--markdown"], capsys)
+    assert code == 0, err
+    from markdown_it import MarkdownIt
+
+    html = MarkdownIt("commonmark").enable("table").render(md)  # (raw HTML passes: a broken span would show)
+    assert "<img" not in html and "<b>" not in html and "<i>" not in html and "<strong>B" not in html
+    assert "a` <img src=x> **B** `b" in shown(md)
+    table = [line for line in md.splitlines() if "512" in line and line.startswith("|")]
+    assert table and all(line.count("|") - line.count("\\|") == 6 for line in table), table
+
+
+@pytest.mark.parametrize("sql, needle", [
+    ("UPDATE spans_request SET arrival_ns = -9223372036854775808 WHERE run_id = ?", "cannot compute"),
+    ("UPDATE spans_request SET first_token_ns = 9223372036854775807, end_ns = 9223372036854775807 "
+     "WHERE run_id = ?", "cannot compute"),
+    ("UPDATE runs SET summary = '{\"deep\": ' || repeat('[', 10000) || repeat(']', 10000) || '}' WHERE run_id = ?",
+     "nested too deeply"),
+])
+def test_values_no_run_of_kvtraces_holds_are_one_line_for_diff_and_runs(tmp_path, replayed_store, capsys, sql,
+                                                                       needle):
+    from tests.cli.support import assert_one_line, run
+
+    on, off = replayed_store.run_on, replayed_store.run_off
+    db = _tampered(replayed_store.path, tmp_path / "t.duckdb", (sql, [off]))
+    code, _, err = run(["diff", on, off, "--db", db], capsys)
+    assert_one_line(code, err, "t.duckdb: damaged kvtrace store", needle)

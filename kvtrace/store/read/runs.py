@@ -69,6 +69,8 @@ def run_json(db: DB, run_id: str, key: str, text: str | None) -> Any:
     except (TypeError, ValueError):
         raise StoreError(str(db), f"damaged kvtrace store: run {run_id}'s {key} is not JSON "
                                   f"({_clip(text)})") from None
+    except RecursionError:  # (nested deeper than Python's decoder goes: no record kvtrace writes)
+        raise StoreError(str(db), f"damaged kvtrace store: run {run_id}'s {key} is nested too deeply") from None
     names = value if key == "behaviours" and isinstance(value, list) else []
     if not isinstance(value, kinds) or not all(isinstance(v, str) for v in names):
         raise StoreError(str(db), f"damaged kvtrace store: run {run_id}'s {key} is {_clip(text)}, "
