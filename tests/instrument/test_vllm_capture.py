@@ -625,3 +625,45 @@ def test_a_message_past_the_size_limit_is_a_bad_message_never_decoded(tmp_path):
     assert (stats.batches, stats.bad_messages, stats.gaps, stats.lost) == (4, 1, 1, 1)
     rows = store_rows(tmp_path / "hostile.duckdb", stats.run_id, "name, step")
     assert sorted(r["step"] for r in rows if r["name"] == "kvtrace.engine.step") == [0, 2, 3, 4]
+
+
+def test_a_replay_answer_longer_than_the_gap_is_read_to_its_end(tmp_path):
+    """vLLM answers a replay request with every batch it holds from the seq asked, not only
+    the gap's. Read only 64 frames past the gap, the answer's tail and end marker stayed on
+    the socket, and that stale end marker ended the next recovery at once: its batches lost."""
+    import zmq
+
+    from kvtrace.instrument.vllm.capture import VllmKVCapture
+    from kvtrace.instrument.vllm.wire import END_SEQ
+
+    held = {s: _raw_batch(float(s + 1), token=s + 1) for s in range(400)}  # the publisher's buffer
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            if not router.poll(50):
+                continue
+            ident, _, first = router.recv_multipart()
+            start = int.from_bytes(first, "big")
+            for s in range(start, len(held)):  # everything from there, as vLLM does
+                if s == start + 100:
+                    time.sleep(0.3)  # (a busy server: the tail comes later)
+                router.send_multipart([ident, b"", s.to_bytes(8, "big"), held[s]])
+            router.send_multipart([ident, b"", END_SEQ, b""])
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    cap = VllmKVCapture("tcp://127.0.0.1:1", replay_endpoint=f"tcp://127.0.0.1:{port}", replay_timeout_s=2)
+    try:
+        for seq in (0, 10, 11, 20, 21):  # two gaps: 1..9, then 12..19 (each answer runs to seq 399)
+            cap.receive([b"kv", seq.to_bytes(8, "big"), held[seq]])
+    finally:
+        cap.close()
+        stop.set()
+        t.join(5)
+        router.close(0)
+        ctx.term()
+    assert (cap.stats.batches, cap.stats.gaps, cap.stats.recovered, cap.stats.lost) == (22, 2, 17, 0)

@@ -57,8 +57,11 @@ MAX_MESSAGE_BYTES = 16 << 20
 MAX_FIRST_SEQ = 1 << 62  # (a stray first message there still leaves 2^62 steps for the next lifetimes)
 # A replay answer is read until its end marker, quiet for the replay timeout, or this many
 # frames past those asked for: a replay socket that never stops answering cannot hold the
-# capture past its --duration.
-_REPLAY_SLACK_FRAMES = 64
+# capture past its --duration. vLLM answers with every batch it holds from the seq asked
+# (its buffer_steps, 10,000 by default), not only those up to the gap's end: an answer cut
+# short left its tail and end marker on the socket, and that stale end marker ended the next
+# recovery before its batches came (counted lost, under load).
+_REPLAY_SLACK_FRAMES = 10_001
 # How long a stopping capture keeps receiving what is already queued on its sockets.
 DRAIN_S = 5.0
 MAX_DURATION_S = 366 * 86_400  # --duration: a year at most (a bound that keeps the deadline arithmetic finite)
