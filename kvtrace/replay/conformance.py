@@ -46,7 +46,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvtrace.cache import ALL_BEHAVIOURS, CacheConfig, KVCacheManager
-from kvtrace.errors import ConfigError, check_seed
+from kvtrace.errors import ConfigError
 
 FIELDS = ("chunk", "hit_tokens", "hit_blocks", "shared_prefix_boundary", "allocation", "block_table", "copies",
           "cached_keys", "events")
@@ -402,11 +402,10 @@ def run_conformance(spec: ConformanceSpec, api=None) -> ConformanceResult:
     from kvtrace.engine.backends.vllm import load_vllm
     from kvtrace.replay.run import RunSpec, open_workload, validate
 
-    check_seed(spec.seed)
     if spec.concurrency < 1:
         raise ConfigError("--concurrency", str(spec.concurrency), "expected >= 1")
-    # every setting and the trace's opening checked before vLLM loads (10 s and more), so a
-    # mistake is told at once
+    # every setting (the seed, the limit...: validate) and the trace's opening checked before
+    # vLLM loads (10 s and more), so a mistake is told at once
     planned = []
     for capacity in spec.capacity_blocks:
         rs = RunSpec(spec.trace, preset=spec.preset, config_file=spec.config_file, trace_format=spec.trace_format,
@@ -417,12 +416,11 @@ def run_conformance(spec: ConformanceSpec, api=None) -> ConformanceResult:
         cc = preset.cache_config
         if spec.cache_overrides:
             cc = replace(cc, **spec.cache_overrides)
-        planned.append((rs, preset, cc))
-    workloads = [open_workload(rs) for rs, _, _ in planned]
+        planned.append((preset, cc, open_workload(rs)))
     api = api or load_vllm()
     runs = []
     preset_name = ""
-    for (_, preset, cc), workload in zip(planned, workloads):
+    for preset, cc, workload in planned:
         preset_name = preset.name
         driver = _Driver(cc, preset.scheduler_config, spec, api)
         run = driver.drive(workload.requests)

@@ -409,6 +409,12 @@ def _send_seq(pub, seq: int, payload: bytes) -> None:
     pub.pub.send_multipart((pub.topic, seq.to_bytes(8, "big"), payload))
 
 
+def _stored_steps(tmp_path, stats) -> list[int]:
+    """The steps of the engine-step spans a ``_capture_during`` run stored, in order."""
+    rows = store_rows(tmp_path / "hostile.duckdb", stats.run_id, "name, step")
+    return sorted(r["step"] for r in rows if r["name"] == "kvtrace.engine.step")
+
+
 def test_a_seq_beyond_int64_or_years_ahead_is_one_bad_message(tmp_path):
     """seq 2^64-1 (a valid batch), then 2^62 after 0, used to make every later batch a bad
     message (steps past int64) or count 2^62 batches lost."""
@@ -420,8 +426,7 @@ def test_a_seq_beyond_int64_or_years_ahead_is_one_bad_message(tmp_path):
 
     stats = _capture_during(tmp_path, VllmPublisher(), body, lambda cap: cap.stats.batches >= 4)
     assert (stats.batches, stats.bad_messages, stats.lost, stats.restarts) == (4, 2, 0, 0)
-    rows = store_rows(tmp_path / "hostile.duckdb", stats.run_id, "name, step")
-    assert sorted(r["step"] for r in rows if r["name"] == "kvtrace.engine.step") == [0, 1, 2, 3]
+    assert _stored_steps(tmp_path, stats) == [0, 1, 2, 3]
 
 
 @pytest.mark.parametrize("replay", [True, False])
@@ -437,8 +442,7 @@ def test_one_stray_backwards_seq_is_a_bad_message_not_a_restart(tmp_path, replay
 
     stats = _capture_during(tmp_path, VllmPublisher(), body, lambda cap: cap.stats.batches >= 9, replay=replay)
     assert (stats.batches, stats.bad_messages, stats.restarts, stats.lost, stats.recovered) == (9, 1, 0, 0, 0)
-    rows = store_rows(tmp_path / "hostile.duckdb", stats.run_id, "name, step")
-    assert sorted(r["step"] for r in rows if r["name"] == "kvtrace.engine.step") == list(range(9))
+    assert _stored_steps(tmp_path, stats) == list(range(9))
 
 
 def test_a_replay_socket_that_never_ends_its_answer_cannot_hold_the_capture(tmp_path):
@@ -485,8 +489,7 @@ def test_batches_queued_when_the_capture_stops_are_received_and_counted(tmp_path
 
     stats = _capture_during(tmp_path, VllmPublisher(), body, lambda cap: True)
     assert (stats.batches, stats.lost, stats.bad_messages) == (302, 0, 0)
-    rows = store_rows(tmp_path / "hostile.duckdb", stats.run_id, "name, step")
-    assert sorted(r["step"] for r in rows if r["name"] == "kvtrace.engine.step") == list(range(302))
+    assert _stored_steps(tmp_path, stats) == list(range(302))
 
 
 def _free_port() -> int:
@@ -623,8 +626,7 @@ def test_a_message_past_the_size_limit_is_a_bad_message_never_decoded(tmp_path):
 
     stats = _capture_during(tmp_path, VllmPublisher(), body, lambda cap: cap.stats.batches >= 4)
     assert (stats.batches, stats.bad_messages, stats.gaps, stats.lost) == (4, 1, 1, 1)
-    rows = store_rows(tmp_path / "hostile.duckdb", stats.run_id, "name, step")
-    assert sorted(r["step"] for r in rows if r["name"] == "kvtrace.engine.step") == [0, 2, 3, 4]
+    assert _stored_steps(tmp_path, stats) == [0, 2, 3, 4]
 
 
 def test_a_replay_answer_longer_than_the_gap_is_read_to_its_end(tmp_path):
