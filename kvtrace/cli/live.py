@@ -27,6 +27,9 @@ def collect(
     """Receive OTLP traces (HTTP: protobuf or JSON on /v1/traces; gRPC) into the store."""
     import os
 
+    from kvtrace.instrument.otlp.limits import check_collector_options
+
+    check_collector_options(port, grpc_port if grpc else None, max_body_bytes)  # (before the receiver loads)
     # Before grpc loads: its C core wrote a stderr line for each malformed request any peer
     # sends (a bad grpc-encoding, say); the summary counts what kvtrace refuses. Set
     # GRPC_VERBOSITY to see gRPC's own lines again.
@@ -62,14 +65,17 @@ def capture_vllm(
     """Record a live vLLM server's KV events into the store. Exits 1 when no publisher
     was ever reached (nothing was listening there); a reached but idle server is not an
     error (the run's summary says nothing_received)."""
-    from kvtrace.instrument.vllm import capture_report
-    from kvtrace.instrument.vllm import capture_vllm as capture
+    from kvtrace.instrument.vllm.endpoints import capture_endpoints
 
+    capture_endpoints(endpoint, replay_endpoint, duration, dp_size)  # (before ZMQ and the store load)
     if trace_out is not None:  # before anything is received (a store there would be lost)
         from kvtrace.store.backend import is_clickhouse
         from kvtrace.workload.lines import AtomicText
 
         AtomicText(trace_out, [] if is_clickhouse(db) else [db]).check()
+    from kvtrace.instrument.vllm import capture_report
+    from kvtrace.instrument.vllm import capture_vllm as capture
+
     pyarrow_without_pandas()
     stats = capture(endpoint, replay_endpoint=replay_endpoint, store_path=db, duration=duration,
                     trace_out=trace_out, dp_size=dp_size)

@@ -22,8 +22,27 @@ RUN_PANEL = "Run settings"
 
 # What every --db takes (kvtrace.store.backend): kept a string, a URL is no path.
 STORE_HELP = "a DuckDB file, chdb:DIR (embedded ClickHouse) or clickhouse://USER:PASS@HOST:8123/DB"
-Db = Annotated[str | None, typer.Option(metavar="STORE", help=f"Store to record the run(s) into: {STORE_HELP}.")]
-DbRequired = Annotated[str, typer.Option(metavar="STORE", help=f"Store written by kvtrace: {STORE_HELP}.")]
+
+
+def _store_to_write(db: str | None) -> str | None:
+    # checked while parsing, before the command imports duckdb or the receivers: a typo is
+    # told at once (the open checks it again, and what it cannot see without opening)
+    from kvtrace.errors import KVTraceError
+    from kvtrace.store.backend import store_to_write_problem
+
+    if db is None:
+        return None
+    problem = store_to_write_problem(db)
+    if problem is not None:
+        raise KVTraceError(f"{db or repr(db)}: {problem}")
+    return db
+
+
+# A store a command writes into: created when missing.
+Db = Annotated[str | None, typer.Option(metavar="STORE", callback=_store_to_write,
+                                        help=f"Store to record the run(s) into: {STORE_HELP}.")]
+DbRequired = Annotated[str, typer.Option(metavar="STORE", callback=_store_to_write,
+                                         help=f"Store written by kvtrace: {STORE_HELP}.")]
 
 
 def _existing_store(db: str) -> str:

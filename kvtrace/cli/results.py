@@ -138,6 +138,11 @@ def demo(
              "off are kvtrace's: its switches are its own).")] = DEFAULT_BACKEND,
 ) -> None:
     """Replay the built-in workload with every behaviour on and each off, and show the diffs."""
+    from kvtrace.compare.options import demo_target
+    from kvtrace.store.backend import is_clickhouse
+
+    if not is_clickhouse(db):
+        demo_target(str(db))  # (before the replay engine loads: a wrong --db is told at once)
     from kvtrace.compare.demo import run_demo
     from kvtrace.process import pyarrow_without_pandas
 
@@ -173,9 +178,10 @@ def dashboard(
         = "127.0.0.1",
 ) -> None:
     """Open the Streamlit dashboard on a kvtrace store."""
-    from kvtrace.dashboard import launch
+    from kvtrace.dashboard import check_address, launch
     from kvtrace.store.backend import is_clickhouse
 
+    check_address(host, port)  # (before the store is read: a busy or wrong port is told at once)
     if is_clickhouse(db):  # attach to the collector's otel_traces, register and finish its runs
         from kvtrace.store import Store
 

@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from kvtrace.compare.model import RunDiff
+from kvtrace.compare.options import demo_target
 from kvtrace.compare.render import tables
 from kvtrace.compare.source import diff_runs
 from kvtrace.compare.study import BEHAVIOURS
-from kvtrace.errors import KVTraceError, file_problem
+from kvtrace.errors import KVTraceError
 from kvtrace.names import printable, stdout_console
 from kvtrace.process import Terminated, signals_held, terminated
 from kvtrace.replay.report import format_value
@@ -143,19 +144,8 @@ def _demo_target(db: str) -> str:
     to (written through, so the link stays a link). Raises KVTraceError, before any replay,
     for anything there that is not an earlier demo store: a directory, a device, a FIFO, a
     socket, a store with other runs, a file that is no store, a missing folder."""
-    target = db
-    if os.path.islink(db):
-        target = os.path.realpath(db)
-        if not os.path.isdir(os.path.dirname(target)):
-            raise KVTraceError(f"{db}: is a symbolic link to {target}, whose folder does not exist; "
-                               "choose another --db")
-    problem = file_problem(target, missing=None)
-    if problem is not None:
-        raise KVTraceError(f"{db}: {problem}; expected a DuckDB file path for the demo store")
-    if not os.path.exists(target):
-        folder = os.path.dirname(os.path.abspath(target))
-        if not os.path.isdir(folder):
-            raise KVTraceError(f"{db}: folder {folder} does not exist; choose another --db")
+    target, exists = demo_target(db)
+    if not exists:
         return target
     if os.path.getsize(target) > 0:
         try:

@@ -1,9 +1,12 @@
-"""The diff's own settings and their bounds (standard library only: the CLI checks them
-before it imports the comparison's numpy and polars, so a mistake is told at once)."""
+"""The comparison commands' own settings and their checks (standard library only: the CLI
+checks them before it imports the comparison's numpy, polars and replay engine, so a
+mistake is told at once): the diff's bounds, and where the demo may write its store."""
 
 from __future__ import annotations
 
-from kvtrace.errors import check_option, check_seed
+import os
+
+from kvtrace.errors import KVTraceError, check_option, check_seed, file_problem
 
 DEFAULT_RESAMPLES = 1_000
 MAX_RESAMPLES = 10_000  # the replicate draws are resamples x requests int64s in memory
@@ -15,3 +18,25 @@ def check_diff_options(seed: int, top: int, resamples: int) -> None:
     check_seed(seed)
     check_option("--top", top, 0, MAX_TOP)
     check_option("--resamples", resamples, 1, MAX_RESAMPLES)
+
+
+def demo_target(db: str) -> tuple[str, bool]:
+    """The file the demo's store is to replace, and whether one is there: ``db``, or what a
+    symbolic link ``db`` points to (written through, so the link stays a link). Raises
+    KVTraceError for what can never be the demo's store: a directory, a device, a FIFO, a
+    socket, a missing folder. (What an existing file holds is the demo's own check.)"""
+    target = db
+    if os.path.islink(db):
+        target = os.path.realpath(db)
+        if not os.path.isdir(os.path.dirname(target)):
+            raise KVTraceError(f"{db}: is a symbolic link to {target}, whose folder does not exist; "
+                               "choose another --db")
+    problem = file_problem(target, missing=None)
+    if problem is not None:
+        raise KVTraceError(f"{db}: {problem}; expected a DuckDB file path for the demo store")
+    if not os.path.exists(target):
+        folder = os.path.dirname(os.path.abspath(target))
+        if not os.path.isdir(folder):
+            raise KVTraceError(f"{db}: folder {folder} does not exist; choose another --db")
+        return target, False
+    return target, True

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvtrace.cache.config import (
     BEHAVIOURS,
@@ -26,13 +26,14 @@ from kvtrace.cache.config import (
     SHARED_PREFIX_PINNING,
     TRANSIENT_CHECKPOINT_RETENTION,
 )
-from kvtrace.compare.model import RunDiff, diff_summaries
-from kvtrace.compare.render import render, to_json, to_markdown
-from kvtrace.compare.source import diff_runs
 from kvtrace.errors import ConfigError, KVTraceError
 from kvtrace.replay.generate import WORKLOADS, study_workload
-from kvtrace.replay.run import RunSpec, run_replay
+from kvtrace.replay.run import RunSpec, run_replay, validate
 from kvtrace.replay.sweep import parse_param
+
+if TYPE_CHECKING:  # (the comparison's polars is loaded once the runs are to be diffed: a bad
+    # setting is told before it, and before any replay)
+    from kvtrace.compare.model import RunDiff
 
 # What each study expects when the behaviour is switched off (checked by tests and by the
 # notebook's verdict): metric -> +1 when "off" should be higher, -1 when lower.
@@ -80,6 +81,8 @@ class StudyPoint:
     value: Any = None
 
     def to_json(self) -> dict[str, Any]:
+        from kvtrace.compare.render import to_json
+
         out: dict[str, Any] = {"on": self.on, "off": self.off, "diff": to_json(self.diff)}
         if self.run_on is not None:
             out["run_on"], out["run_off"] = self.run_on, self.run_off
@@ -126,6 +129,8 @@ class StudyResult:
         return out
 
     def to_markdown(self) -> str:
+        from kvtrace.compare.render import to_markdown
+
         parts = [f"## kvtrace study `{self.behaviour}` on `{self.trace}`", "",
                  "A = behaviour off (old vLLM), B = behaviour on: deltas are what the behaviour buys.", ""]
         if len(self.points) > 1:
@@ -151,6 +156,7 @@ class StudyResult:
         return "\n".join([head, sep, *rows])
 
     def print(self, console: Any = None) -> None:
+        from kvtrace.compare.render import render
         from kvtrace.names import markup_literal, stdout_console
 
         console = console or stdout_console()
@@ -263,7 +269,7 @@ def run_study(
     spec0 = replace(base, trace=trace, seed=seed, limit=limit if limit is not None else base.limit)
     parsed = parse_sweep(sweep)
     grid: list[tuple[str | None, Any]] = [(None, None)] if parsed is None else [(parsed[0], v) for v in parsed[1]]
-    result = StudyResult(behaviour=behaviour, trace=trace, db=str(db) if db is not None else None)
+    pairs: list[tuple[str | None, Any, RunSpec, RunSpec]] = []
     for parameter, value in grid:
         spec = spec0 if parameter is None else replace(spec0, **{parameter: value})
         suffix = "" if parameter is None else f" {parameter}={value}"
@@ -273,6 +279,14 @@ def run_study(
         # the switch is kvtrace's: with another backend, "on" is that backend as it is and
         # "off" kvtrace's manager with the behaviour switched off
         off_spec = replace(spec, without=off_without, name=f"study {behaviour} off{suffix}", backend="kvtrace")
+        validate(off_spec)  # every pair's settings before the first replay: a bad one is told at once
+        validate(on_spec)
+        pairs.append((parameter, value, off_spec, on_spec))
+    from kvtrace.compare.model import diff_summaries
+    from kvtrace.compare.source import diff_runs
+
+    result = StudyResult(behaviour=behaviour, trace=trace, db=str(db) if db is not None else None)
+    for parameter, value, off_spec, on_spec in pairs:
         off = run_replay(off_spec, db=db, progress=progress)
         on = run_replay(on_spec, db=db, progress=progress)
         if db is not None and on.run_id and off.run_id:

@@ -52,15 +52,27 @@ def page_url(host: str, port: int, run: str | None = None, compare: str | None =
     return f"http://{host}:{int(port)}/{page}" + (f"?{urlencode(params)}" if params else "")
 
 
+def check_address(host: str, port: int) -> None:
+    """KVTraceError when the server could not listen at ``host:port``: a port out of range,
+    one in use, an address not here. Told before the store is opened and before a server
+    starts (that could only print Streamlit's own text)."""
+    if not 0 < int(port) < 65536:
+        raise ConfigError("kvtrace dashboard", "--port", f"expected 1..65535, got {port}")
+    try:
+        probe_address(host, int(port), "dashboard")
+    except OSError as err:
+        raise KVTraceError(str(err)) from None
+
+
 def launch(db: str | os.PathLike, host: str = "127.0.0.1", port: int = 8501, run: str | None = None,
            compare: str | None = None) -> int:
     """Serve the dashboard until interrupted. Prints the address to open (with
     ``run``/``compare`` as query parameters when given).
 
     Binds to loopback unless ``host`` says otherwise. A database that is missing or is no
-    kvtrace store (the check ``kvtrace runs`` makes) and a port that cannot be bound are
-    one-line errors here, before a server starts that could only show an error (or
-    Streamlit's own text).
+    kvtrace store (the check ``kvtrace runs`` makes) and a port that cannot be bound
+    (``check_address``, first) are one-line errors here, before a server starts that could
+    only show an error (or Streamlit's own text).
 
     The server is a child process, waited for: its exit status is returned. Ctrl-C or
     SIGTERM (as ``kvtrace.process.Terminated``, inside ``sigterm_as_interrupt``) stops it
@@ -72,6 +84,7 @@ def launch(db: str | os.PathLike, host: str = "127.0.0.1", port: int = 8501, run
     """
     from kvtrace.store.backend import is_clickhouse
 
+    check_address(host, port)
     path = Path(db)
     if not is_clickhouse(db):
         if not path.exists():
@@ -81,12 +94,6 @@ def launch(db: str | os.PathLike, host: str = "127.0.0.1", port: int = 8501, run
 
         with read_connection(path):  # the check every reader makes (`kvtrace runs`): a kvtrace store
             pass
-    if not 0 < int(port) < 65536:
-        raise ConfigError("kvtrace dashboard", "--port", f"expected 1..65535, got {port}")
-    try:
-        probe_address(host, int(port), "dashboard")
-    except OSError as err:
-        raise KVTraceError(str(err)) from None
     env = dict(os.environ, **{DB_ENV: _resolved(db)})
     print(f"kvtrace dashboard: open {page_url(host, port, run, compare)}", file=sys.stderr, flush=True)
     sys.stdout.flush()

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlparse
 
-from kvtrace.errors import ConfigError
+from kvtrace.errors import ConfigError, file_problem
 
 CHDB_PREFIX = "chdb:"
 SERVER_SCHEMES = ("clickhouse", "clickhouses")
@@ -111,6 +111,46 @@ def _one(opts: dict[str, list[str]], key: str, default: str, text: str) -> str:
     if not values[-1].isidentifier():
         raise ConfigError("--db", text, f"{key} must be a table name")
     return values[-1]
+
+
+# A path DuckDB reads as a location of its own, not a file (its rule: two or more of
+# [A-Za-z0-9_] and a colon): md:/motherduck: (its extension downloaded, then the network),
+# duckdb: (stripped: another file is opened), my_run: (an extension looked for), s3://...
+_URL_LIKE = re.compile(r"[A-Za-z0-9_]{2,}:")
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def duckdb_path_problem(path: str, missing: str | None) -> str | None:
+    """Why ``path`` cannot name a DuckDB store file, found without opening it as one; None
+    when it can, or when it is missing and ``missing`` is None (a store to create)."""
+    if not path or path.startswith(":memory:"):
+        # DuckDB opens these as a new in-memory database on each connect: every run lost
+        return "expected a database file path (an in-memory DuckDB keeps nothing between connections)"
+    if _URL_LIKE.match(path):
+        return ("expected a store file path, or chdb:DIR or clickhouse://...; DuckDB would read this as a URL "
+                f"or a service (write ./{path} for a file of that name)")
+    problem = file_problem(path, missing=missing)  # (nothing opened: a FIFO would hang the open)
+    if problem is not None:
+        return problem if problem == missing else f"{problem}; expected a kvtrace store file"
+    try:  # a SQLite file: DuckDB would open it through sqlite_scanner, fetched from the network
+        with open(path, "rb") as f:
+            if f.read(len(_SQLITE_MAGIC)) == _SQLITE_MAGIC:
+                return "a SQLite database, not a DuckDB one; expected a kvtrace store file"
+    except OSError:
+        pass  # (unreadable: DuckDB's open says so)
+    return None
+
+
+def store_to_write_problem(db: str) -> str | None:
+    """Why ``db`` cannot name a store to write into, found without opening anything (the
+    CLI asks before a command loads DuckDB, so a mistyped --db is told at once); None when
+    it may. A malformed ClickHouse URL raises ConfigError."""
+    if is_clickhouse(db):
+        return clickhouse_target(db).directory_problem()
+    problem = duckdb_path_problem(db, missing=None)
+    if problem is None and not Path(db).parent.is_dir():
+        return f"directory {Path(db).parent} does not exist"
+    return problem
 
 
 def db_label(db: str | os.PathLike) -> str:

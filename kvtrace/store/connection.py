@@ -23,7 +23,7 @@ from typing import Any
 
 import duckdb
 
-from kvtrace.errors import file_problem
+from kvtrace.store.backend import duckdb_path_problem
 from kvtrace.store.errors import StoreBusyError, StoreError
 from kvtrace.store.layout import DAMAGED, check_layout
 from kvtrace.store.schema import META_TABLE, SCHEMA_VERSION, STORE_MAGIC
@@ -165,42 +165,12 @@ def _check_is_a_file(con: duckdb.DuckDBPyConnection, path: str) -> None:
 
 
 _NO_STORE = "no such database file (run `kvtrace replay --db` or `kvtrace demo` first)"
-_SQLITE_MAGIC = b"SQLite format 3\x00"
-
-
-def _foreign_header(path: str) -> str | None:
-    """Why a file DuckDB would open through an extension it downloads is not a store
-    (a SQLite database: sqlite_scanner, fetched from the network), else None."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(len(_SQLITE_MAGIC))
-    except OSError:
-        return None  # (unreadable: DuckDB's open says so)
-    if head == _SQLITE_MAGIC:
-        return "a SQLite database, not a DuckDB one; expected a kvtrace store file"
-    return None
-
-
-# A path DuckDB reads as a location of its own, not a file (its rule: two or more of
-# [A-Za-z0-9_] and a colon): md:/motherduck: (its extension downloaded, then the network),
-# duckdb: (stripped: another file is opened), my_run: (an extension looked for), s3://...
-_URL_LIKE = re.compile(r"[A-Za-z0-9_]{2,}:")
 
 
 def _open(path: str, read_only: bool, timeout_s: float) -> duckdb.DuckDBPyConnection:
-    if not path or path.startswith(":memory:"):
-        # DuckDB opens these as a new in-memory database on each connect: every run lost
-        raise StoreError(path or "''",
-                         "expected a database file path (an in-memory DuckDB keeps nothing between connections)")
-    if _URL_LIKE.match(path):
-        raise StoreError(path, "expected a store file path, or chdb:DIR or clickhouse://...; DuckDB would read "
-                               "this as a URL or a service (write ./" + path + " for a file of that name)")
-    problem = file_problem(path, missing=_NO_STORE if read_only else None)  # (a FIFO would hang the open)
+    problem = duckdb_path_problem(path, missing=_NO_STORE if read_only else None)
     if problem is not None:
-        raise StoreError(path, f"{problem}; expected a kvtrace store file" if problem != _NO_STORE else problem)
-    foreign = _foreign_header(path)
-    if foreign is not None:
-        raise StoreError(path, foreign)
+        raise StoreError(path or "''", problem)
     if read_only:
         _yield_to_writer(path)
     deadline = time.monotonic() + timeout_s

@@ -26,9 +26,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from kvtrace.errors import file_problem
 from kvtrace.store import derived
-from kvtrace.store.backend import is_clickhouse
+from kvtrace.store.backend import is_clickhouse, store_to_write_problem
 from kvtrace.store.connection import (
     COMMITTED_STAYS,
     DEFAULT_TIMEOUT_S,
@@ -288,12 +287,9 @@ class Store:
 
     def _setup(self) -> None:
         """Create the schema (or check it) and recover runs left by dead writers."""
-        problem = file_problem(self.path, missing=None)  # (a name too long, a FIFO: before any folder check)
+        problem = store_to_write_problem(self.path)  # (a name too long, a FIFO, a missing folder)
         if problem is not None:
-            raise StoreError(self.path, f"{problem}; expected a kvtrace store file")
-        parent = Path(self.path).parent
-        if not parent.is_dir():
-            raise StoreError(self.path, f"directory {parent} does not exist")
+            raise StoreError(self.path or "''", problem)
         wal = f"{self.path}.wal"
         creating = not os.path.lexists(self.path) and not os.path.lexists(wal)
         try:

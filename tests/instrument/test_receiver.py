@@ -530,7 +530,7 @@ def test_empty_and_bytes_values_are_kept_alike_from_json_and_protobuf(tmp_path, 
 
 def test_a_request_of_too_many_spans_is_refused_before_they_are_decoded(tmp_path):
     """500k tiny spans in a 15 MB body took 1.4 GB to decode."""
-    from kvtrace.instrument.otlp.decode import MAX_SPANS_PER_REQUEST
+    from kvtrace.instrument.otlp.limits import MAX_SPANS_PER_REQUEST
 
     c = OTLPCollector(tmp_path / "rx.duckdb", port=0).start()
     try:

@@ -40,25 +40,22 @@ from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from kvtrace import __version__
-from kvtrace.errors import KVTraceError, check_option
+from kvtrace.errors import KVTraceError
 from kvtrace.instrument.convert import RUN_ID_RESOURCE_KEY, SpanRowsBuilder, UnstorableValue, time_offset, unshift
 from kvtrace.instrument.otlp.decode import DecodedSpans, PayloadError, decode_json, decode_protobuf
+from kvtrace.instrument.otlp.limits import (
+    DECODE_SLOTS,
+    DEFAULT_MAX_BODY_BYTES,
+    GRPC_GRACE_S,
+    MAX_GZIP_MEMBERS,
+    READ_TIMEOUT_S,
+    check_collector_options,
+)
 from kvtrace.process import sigterm_as_interrupt
 from kvtrace.store.schema import RUN_RECORD_PREFIX, SOURCE_OTLP, SPAN_RUN
 from kvtrace.store.writer import Store
 
 TRACES_PATH = "/v1/traces"
-DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
-# How long a gRPC export in flight at shutdown may take to finish (decode and commit a
-# large batch) before it is cancelled and refused.
-GRPC_GRACE_S = 10.0
-READ_TIMEOUT_S = 30.0  # a client that stops sending mid-request is dropped after this long
-# Members of one gzip body: SDKs send one; each further member costs a copy of the rest of
-# the body, so thousands of empty members would cost seconds of CPU a request.
-MAX_GZIP_MEMBERS = 64
-# Requests decoded and stored at once: a decoded span costs far more memory than its bytes
-# (about 60x), so concurrent large requests wait for a slot instead of adding up.
-DECODE_SLOTS = 2
 _log = logging.getLogger(__name__)
 
 
@@ -106,10 +103,7 @@ class OTLPCollector:
                  grpc_port: int | None = None):
         """``port``/``grpc_port`` 0: any free port; ``grpc_port`` None: no gRPC. Raises
         KVTraceError when an address cannot be bound or an option is out of range."""
-        check_option("--port", port, 0, 65_535)
-        if grpc_port is not None:
-            check_option("--grpc-port", grpc_port, 0, 65_535)
-        check_option("--max-body-bytes", max_body_bytes, 1, 1 << 31)  # gRPC's receive limit is an int32
+        check_collector_options(port, grpc_port, max_body_bytes)
         self.store_path = str(store_path)
         self.max_body_bytes = max_body_bytes
         self.store = Store.open(self.store_path)

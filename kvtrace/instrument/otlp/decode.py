@@ -23,6 +23,7 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from kvtrace.errors import KVTraceError
+from kvtrace.instrument.otlp.limits import MAX_SPANS_PER_REQUEST
 
 _KINDS = {0: None, 1: None, 2: "Server", 3: "Client", 4: "Producer", 5: "Consumer"}
 _KIND_NAMES = {"SPAN_KIND_UNSPECIFIED": 0, "SPAN_KIND_INTERNAL": 1, "SPAN_KIND_SERVER": 2,
@@ -36,10 +37,6 @@ DecodedSpans = list[tuple[dict, dict, str]]
 _MAX_NS = (1 << 63) - 1  # the store's times are BIGINT ns
 _I64 = (-(1 << 63), (1 << 63) - 1)  # OTLP intValue
 _MESSAGE_CHARS = 300  # a refusal quotes the request, but not all of it
-# Spans in one request: an SDK exports 512 at a time, kvtrace's own exporter 2,048. Each
-# decoded span costs about 60x its bytes, so a 16 MB body of 500k tiny spans took 1.4 GB;
-# counted before any span is decoded.
-MAX_SPANS_PER_REQUEST = 65_536
 
 
 class PayloadError(KVTraceError, ValueError):

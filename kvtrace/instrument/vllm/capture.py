@@ -33,12 +33,13 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from kvtrace.errors import ConfigError, check_option
+from kvtrace.errors import ConfigError
 from kvtrace.instrument.convert import UnstorableValue
 from kvtrace.instrument.ids import SeededIdGenerator
+from kvtrace.instrument.vllm.endpoints import capture_endpoints
 from kvtrace.instrument.vllm.reconstruct import ChainTracer, write_native_trace
 from kvtrace.instrument.vllm.rows import ENDPOINT_KEY, VllmSpanRows
-from kvtrace.instrument.vllm.wire import KVEventBatch, VllmWireError, decode_kv_batch, dp_endpoint, replay_frame
+from kvtrace.instrument.vllm.wire import KVEventBatch, VllmWireError, decode_kv_batch, replay_frame
 from kvtrace.process import sigterm_as_interrupt, stop_requested
 from kvtrace.store.schema import SUMMARY_NOTHING_RECEIVED
 from kvtrace.store.writer import Store
@@ -64,7 +65,6 @@ MAX_FIRST_SEQ = 1 << 62  # (a stray first message there still leaves 2^62 steps 
 _REPLAY_SLACK_FRAMES = 10_001
 # How long a stopping capture keeps receiving what is already queued on its sockets.
 DRAIN_S = 5.0
-MAX_DURATION_S = 366 * 86_400  # --duration: a year at most (a bound that keeps the deadline arithmetic finite)
 
 
 @dataclass(slots=True)
@@ -397,15 +397,7 @@ def capture_vllm(endpoint: str, replay_endpoint: str | None = None, *, store_pat
     how many publishers the SUB sockets reached at all) and in a warning.
     SIGTERM stops it as Ctrl-C does: flushed, summarised, finished.
     """
-    check_option("--dp-size", dp_size, 1, 1024)
-    if duration is not None:
-        check_option("--duration", duration, 0, MAX_DURATION_S)
-    endpoints: list[tuple[str, str | None]] = []
-    for r in range(dp_size):
-        pub = dp_endpoint(endpoint, r)
-        if not pub:
-            raise ConfigError("--endpoint", str(endpoint), "expected tcp://HOST:PORT, ipc://PATH or inproc://NAME")
-        endpoints.append((pub, dp_endpoint(replay_endpoint, r, "--replay-endpoint")))
+    endpoints = capture_endpoints(endpoint, replay_endpoint, duration, dp_size)
     tracers = [ChainTracer() for _ in endpoints] if trace_out else None
     with Store.open(store_path) as store:
         run_id = store.create_run(run_name or f"vllm {endpoint}", trace_source=endpoint, mode="live",

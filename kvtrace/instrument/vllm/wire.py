@@ -17,8 +17,8 @@
   message per buffered batch with seq >= start, then ``("", "", END_SEQ, "")``; older
   versions leave the topic out: ``("", seq, payload)``, then ``("", END_SEQ, "")``.
   ``replay_frame`` reads either.
-- data parallelism: DP rank r publishes at ``dp_endpoint(endpoint, r)`` (vLLM's
-  ``offset_endpoint_port``), each rank with its own sequence from 0.
+- data parallelism: DP rank r publishes at ``endpoints.dp_endpoint(endpoint, r)``
+  (vLLM's ``offset_endpoint_port``), each rank with its own sequence from 0.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any
 
 import msgspec
 
-from kvtrace.errors import ConfigError, KVTraceError
+from kvtrace.errors import KVTraceError
 from kvtrace.instrument.arrow_columns import hash_hex
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)  # the replay socket's end-of-batches marker
@@ -41,28 +41,6 @@ REMOVED_FIELDS = ("block_hashes", "medium", "group_idx")
 
 class VllmWireError(KVTraceError):
     """A ZMQ message that is not a vLLM KV event batch."""
-
-
-def dp_endpoint(endpoint: str | None, rank: int, option: str = "--endpoint") -> str | None:
-    """Where vLLM's DP rank ``rank`` publishes when configured with ``endpoint`` (its
-    ``ZmqEventPublisher.offset_endpoint_port``): a tcp port plus the rank; an ipc or
-    inproc name with ``_dp{rank}`` appended. Rank 0 and None are unchanged."""
-    if not endpoint:
-        return endpoint
-    if endpoint.startswith(("ipc://", "inproc://")):
-        return f"{endpoint}_dp{rank}" if rank else endpoint
-    base, sep, port = endpoint.rpartition(":")
-    host = base[len("tcp://"):]
-    if (not endpoint.startswith("tcp://") or not sep or not port.isdigit() or not host
-            or host.startswith("[") != host.endswith("]")):
-        raise ConfigError(option, endpoint, "expected tcp://HOST:PORT, ipc://PATH or inproc://NAME")
-    if not 1 <= int(port) <= 65_535:
-        raise ConfigError(option, endpoint, f"port {port} is outside 1..65535")
-    if rank == 0:
-        return endpoint
-    if int(port) + rank > 65_535:
-        raise ConfigError(option, endpoint, f"port {port} + DP rank {rank} exceeds 65535")
-    return f"{base}:{int(port) + rank}"
 
 
 @dataclass(slots=True)

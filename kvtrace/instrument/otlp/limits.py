@@ -1,0 +1,34 @@
+"""The OTLP receiver's limits, and the check of its options.
+
+A light module (no pyarrow, gRPC or DuckDB): ``kvtrace collect`` checks its command line
+here before it loads the receiver, so a mistyped option is told at once.
+"""
+
+from __future__ import annotations
+
+from kvtrace.errors import check_option
+
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+MAX_BODY_BYTES = 1 << 31  # --max-body-bytes at most: gRPC's receive limit is an int32
+# How long a gRPC export in flight at shutdown may take to finish (decode and commit a
+# large batch) before it is cancelled and refused.
+GRPC_GRACE_S = 10.0
+READ_TIMEOUT_S = 30.0  # a client that stops sending mid-request is dropped after this long
+# Members of one gzip body: SDKs send one; each further member costs a copy of the rest of
+# the body, so thousands of empty members would cost seconds of CPU a request.
+MAX_GZIP_MEMBERS = 64
+# Requests decoded and stored at once: a decoded span costs far more memory than its bytes
+# (about 60x), so concurrent large requests wait for a slot instead of adding up.
+DECODE_SLOTS = 2
+# Spans in one request: an SDK exports 512 at a time, kvtrace's own exporter 2,048. Each
+# decoded span costs about 60x its bytes, so a 16 MB body of 500k tiny spans took 1.4 GB;
+# counted before any span is decoded.
+MAX_SPANS_PER_REQUEST = 65_536
+
+
+def check_collector_options(port: int, grpc_port: int | None, max_body_bytes: int) -> None:
+    """KVTraceError naming the option when one is out of range (``grpc_port`` None: no gRPC)."""
+    check_option("--port", port, 0, 65_535)
+    if grpc_port is not None:
+        check_option("--grpc-port", grpc_port, 0, 65_535)
+    check_option("--max-body-bytes", max_body_bytes, 1, MAX_BODY_BYTES)

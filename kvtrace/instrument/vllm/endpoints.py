@@ -1,0 +1,50 @@
+"""Where a vLLM server's KV events are published, and the check of ``capture vllm``'s options.
+
+A light module (no ZMQ, pyarrow or DuckDB): the command checks its command line here
+before it loads the capture, so a mistyped endpoint is told at once.
+"""
+
+from __future__ import annotations
+
+from kvtrace.errors import ConfigError, check_option
+
+MAX_DP_SIZE = 1024
+MAX_DURATION_S = 366 * 86_400  # --duration: a year at most (a bound that keeps the deadline arithmetic finite)
+
+
+def dp_endpoint(endpoint: str | None, rank: int, option: str = "--endpoint") -> str | None:
+    """Where vLLM's DP rank ``rank`` publishes when configured with ``endpoint`` (its
+    ``ZmqEventPublisher.offset_endpoint_port``): a tcp port plus the rank; an ipc or
+    inproc name with ``_dp{rank}`` appended. Rank 0 and None are unchanged."""
+    if not endpoint:
+        return endpoint
+    if endpoint.startswith(("ipc://", "inproc://")):
+        return f"{endpoint}_dp{rank}" if rank else endpoint
+    base, sep, port = endpoint.rpartition(":")
+    host = base[len("tcp://"):]
+    if (not endpoint.startswith("tcp://") or not sep or not port.isdigit() or not host
+            or host.startswith("[") != host.endswith("]")):
+        raise ConfigError(option, endpoint, "expected tcp://HOST:PORT, ipc://PATH or inproc://NAME")
+    if not 1 <= int(port) <= 65_535:
+        raise ConfigError(option, endpoint, f"port {port} is outside 1..65535")
+    if rank == 0:
+        return endpoint
+    if int(port) + rank > 65_535:
+        raise ConfigError(option, endpoint, f"port {port} + DP rank {rank} exceeds 65535")
+    return f"{base}:{int(port) + rank}"
+
+
+def capture_endpoints(endpoint: str, replay_endpoint: str | None, duration: float | None,
+                      dp_size: int) -> list[tuple[str, str | None]]:
+    """Each DP rank's (PUB endpoint, replay endpoint or None), the options checked first:
+    KVTraceError naming the option that is out of range or malformed."""
+    check_option("--dp-size", dp_size, 1, MAX_DP_SIZE)
+    if duration is not None:
+        check_option("--duration", duration, 0, MAX_DURATION_S)
+    endpoints: list[tuple[str, str | None]] = []
+    for rank in range(dp_size):
+        pub = dp_endpoint(endpoint, rank)
+        if not pub:
+            raise ConfigError("--endpoint", str(endpoint), "expected tcp://HOST:PORT, ipc://PATH or inproc://NAME")
+        endpoints.append((pub, dp_endpoint(replay_endpoint, rank, "--replay-endpoint")))
+    return endpoints
