@@ -72,6 +72,20 @@ _NOT_A_FILE = ((stat.S_ISDIR, "is a directory"), (stat.S_ISFIFO, "is a FIFO (a n
                (stat.S_ISSOCK, "is a socket"))
 
 
+DUCKDB_MAGIC = b"DUCK"  # bytes 8-11 of every DuckDB database file
+
+
+def duckdb_magic(path: str | os.PathLike) -> bool | None:
+    """Whether the file starts as a DuckDB database does; None when it is empty, missing
+    or unreadable (an empty file is a new database to DuckDB)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(12)
+    except OSError:
+        return None
+    return head[8:12] == DUCKDB_MAGIC if head else None
+
+
 def file_problem(path: str | os.PathLike, missing: str | None = "no such file") -> str | None:
     """Why ``path`` cannot be used as a regular file (a trace, a store, a config), in a
     user's words; None when it can, or when it is missing and ``missing`` is None (a file to

@@ -149,15 +149,20 @@ def _demo_target(db: str) -> str:
         return target
     if os.path.getsize(target) > 0:
         try:
-            names = read.runs(target)["name"].to_list()
+            runs = read.runs(target).select("name", "trace_source").rows()
+            curves = read.curves(target)["curve_id"].n_unique()
         except KVTraceError as err:
             raise KVTraceError(f"{db}: exists and is not a kvtrace demo store ({err}); choose another --db") from None
-        foreign = [n for n in names if not str(n or "").startswith("demo: ")]
+        # the demo's runs: its names on its trace (a run of another trace named "demo: ..." is not)
+        foreign = [n for n, t in runs if not str(n or "").startswith("demo: ") or t != DEMO_TRACE]
         if foreign:
             raise KVTraceError(
-                f"{db}: holds {len(foreign)} run(s) that are not the demo's (e.g. {foreign[0]!r}); "
+                f"{db}: holds {len(foreign)} run(s) that are not the demo's (e.g. {printable(str(foreign[0]))!r}); "
                 "choose another --db or remove the file"
             )
+        if curves:  # (the demo records none)
+            raise KVTraceError(f"{db}: holds {curves} capacity curve(s), which the demo would drop; "
+                               "choose another --db or remove the file")
     return target
 
 

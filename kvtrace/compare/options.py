@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import os
 
-from kvtrace.errors import KVTraceError, check_option, check_seed, file_problem
+from kvtrace.errors import KVTraceError, check_option, check_seed
+from kvtrace.store.backend import duckdb_path_problem
 
 DEFAULT_RESAMPLES = 1_000
 MAX_RESAMPLES = 10_000  # the replicate draws are resamples x requests int64s in memory
@@ -31,9 +32,12 @@ def demo_target(db: str) -> tuple[str, bool]:
         if not os.path.isdir(os.path.dirname(target)):
             raise KVTraceError(f"{db}: is a symbolic link to {target}, whose folder does not exist; "
                                "choose another --db")
-    problem = file_problem(target, missing=None)
+    problem = duckdb_path_problem(target, missing=None)  # (md:NAME too: DuckDB would read it as a service)
+    if problem is not None and os.path.isfile(target):  # (a file there that is no store)
+        raise KVTraceError(f"{db}: exists and is not a kvtrace demo store ({problem}); choose another --db")
     if problem is not None:
-        raise KVTraceError(f"{db}: {problem}; expected a DuckDB file path for the demo store")
+        raise KVTraceError(f"{db}: {problem.removesuffix('; expected a kvtrace store file')}; "
+                           "expected a DuckDB file path for the demo store")
     if not os.path.exists(target):
         folder = os.path.dirname(os.path.abspath(target))
         if not os.path.isdir(folder):

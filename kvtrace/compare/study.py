@@ -52,6 +52,7 @@ def study_defaults(behaviour: str) -> dict[str, Any]:
 
 
 SWEEP_PARAMETERS = ("capacity_blocks", "capacity_tokens", "external_capacity_blocks", "retention")
+_CAPACITY_FORMS = ("capacity_blocks", "capacity_tokens")  # two spellings of one setting
 # The deltas the closing table of a swept study shows (summary keys).
 SWEEP_TABLE_METRICS = ("prefix_cache_hit_rate", "prefix_cache_hits", "evictions", "p50_ttft_ms",
                        "stale_hashes", "divergent_outputs")
@@ -130,8 +131,10 @@ class StudyResult:
 
     def to_markdown(self) -> str:
         from kvtrace.compare.render import to_markdown
+        from kvtrace.names import markdown_code
 
-        parts = [f"## kvtrace study `{self.behaviour}` on `{self.trace}`", "",
+        # the trace path as typed, one code span whatever it holds (backticks, a newline, ESC)
+        parts = [f"## kvtrace study `{self.behaviour}` on {markdown_code(self.trace)}", "",
                  "A = behaviour off (old vLLM), B = behaviour on: deltas are what the behaviour buys.", ""]
         if len(self.points) > 1:
             parts += [self.sweep_markdown(), ""]
@@ -271,7 +274,10 @@ def run_study(
     grid: list[tuple[str | None, Any]] = [(None, None)] if parsed is None else [(parsed[0], v) for v in parsed[1]]
     pairs: list[tuple[str | None, Any, RunSpec, RunSpec]] = []
     for parameter, value in grid:
-        spec = spec0 if parameter is None else replace(spec0, **{parameter: value})
+        swept = {} if parameter is None else {parameter: value}
+        if parameter in _CAPACITY_FORMS:  # the swept capacity is the capacity (the study's default is dropped)
+            swept.update({other: None for other in _CAPACITY_FORMS if other != parameter})
+        spec = replace(spec0, **swept) if swept else spec0
         suffix = "" if parameter is None else f" {parameter}={value}"
         on_without = tuple(b for b in spec.without if b != behaviour)
         off_without = tuple(sorted(set(spec.without) | {behaviour}))

@@ -148,7 +148,7 @@ def capacity_curve(
         return hit
 
     out: list[CurvePoint] = []
-    points = [*bounded, *(() if len(bounded) == len(capacities) else (None,))]
+    points = [*bounded, *((None,) if None in capacities else ())]
     for policy in policies:
         belady_keys = chain_keys(reqs)[0] if policy == "belady" and bounded else []
         for c in points:
@@ -195,7 +195,8 @@ def parse_capacities(text: str) -> list[int | None] | None:
         out.append(int(part))
     if not out:
         raise ConfigError("--capacities", text, "no capacities given")
-    return out
+    # each once, ascending, the unbounded cache last: the same curve (and id) however written
+    return sorted(set(out), key=lambda c: (c is None, c or 0))
 
 
 @dataclass(slots=True)
@@ -243,8 +244,9 @@ def run_curve(spec, capacities: str, *, policies: Sequence[str] = CURVE_POLICIES
     from kvtrace.replay.run import open_workload, validate
 
     unknown = sorted(set(policies) - set(CURVE_POLICIES))
-    if unknown:
-        raise ConfigError("--policy", ",".join(unknown), f"expected some of {', '.join(CURVE_POLICIES)}")
+    if unknown or not policies:
+        raise ConfigError("--policy", ",".join(unknown) or "''", f"expected some of {', '.join(CURVE_POLICIES)}")
+    policies = [p for p in CURVE_POLICIES if p in policies]  # each once, in one order: one curve, one id
     if spec.capacity_blocks is not None or spec.capacity_tokens is not None:
         raise ConfigError("--capacity-blocks", str(spec.capacity_blocks or spec.capacity_tokens),
                           "a curve sweeps the capacity itself; give --capacities instead")

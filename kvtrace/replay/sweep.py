@@ -16,6 +16,7 @@ Parameters are ``RunSpec`` fields: ``capacity_blocks``, ``capacity_tokens``,
 from __future__ import annotations
 
 import itertools
+import math
 import multiprocessing
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -27,6 +28,7 @@ from kvtrace.errors import ConfigError, KVTraceError
 from kvtrace.process import sigterm_blocked, sigterm_default
 from kvtrace.replay.config_file import parse_retention
 from kvtrace.replay.run import RunResult, RunSpec, run_replay
+from kvtrace.workload.lines import parse_decimal
 
 _INT_PARAMS = ("capacity_blocks", "capacity_tokens", "external_capacity_blocks", "block_size")
 _TEXT_PARAMS = ("retention", "preset", "policy", "mode")
@@ -35,6 +37,9 @@ PARAMETERS = (*_INT_PARAMS, *_TEXT_PARAMS, "without")
 TABLE_METRICS = ("prefix_cache_hit_rate", "prefix_cache_hits", "evictions", "p50_ttft_ms", "p50_itl_ms",
                  "divergent_outputs")
 ENGINE_METRICS = ("p50_ttft_ms", "p50_itl_ms", "divergent_outputs")  # nothing to say in cache-only mode
+# Combinations of one sweep at most (each a replay): counted before any is built, so that a
+# few long --param lists cannot fill the memory with their product.
+MAX_COMBINATIONS = 10_000
 
 
 def parse_param(text: str, flag: str = "--param") -> tuple[str, list[Any]]:
@@ -48,10 +53,10 @@ def parse_param(text: str, flag: str = "--param") -> tuple[str, list[Any]]:
     if name not in PARAMETERS:
         raise ConfigError(flag, text, f"unknown parameter {name!r}; expected one of {', '.join(PARAMETERS)}")
     if name in _INT_PARAMS:
-        try:
-            return name, [int(v) for v in values]
-        except ValueError:
-            raise ConfigError(flag, text, f"{name} values must be integers") from None
+        ints = [parse_decimal(v) for v in values]  # (ASCII digits: int() also took 1_0 and other scripts' digits)
+        if None in ints:
+            raise ConfigError(flag, text, f"{name} values must be integers")
+        return name, ints
     if name == "without":
         return name, [() if v.lower() == "none" else tuple(sorted(v.split("+"))) for v in values]
     return name, values
@@ -92,6 +97,10 @@ def combinations(params: Sequence[tuple[str, list[Any]]]) -> list[dict[str, Any]
     names = [n for n, _ in params]
     if len(set(names)) != len(names):
         raise ConfigError("--param", ",".join(names), "a parameter is given twice")
+    count = math.prod(len(v) for _, v in params)
+    if count > MAX_COMBINATIONS:
+        raise ConfigError("--param", ",".join(names), f"{count:,} combinations; a sweep runs at most "
+                                                      f"{MAX_COMBINATIONS:,} (split it)")
     return [dict(zip(names, values)) for values in itertools.product(*(v for _, v in params))]
 
 
@@ -187,7 +196,7 @@ def run_sweep(
             pool.shutdown()
             raise
         pool.shutdown()
-    sweep_id = _sweep_id(base, combos)
+    sweep_id = _sweep_id(base, combos, results[0][0].record.get("trace_digest"))
     out = SweepResult(sweep_id)
     store = None
     try:
@@ -222,12 +231,17 @@ def _record(store, spec: RunSpec, res: RunResult, tables: list, sweep_id: str, c
     return run_id
 
 
-def _sweep_id(base: RunSpec, combos: list[dict[str, Any]]) -> str:
-    """A content id: the same sweep of the same trace gets the same id."""
+def _sweep_id(base: RunSpec, combos: list[dict[str, Any]], trace_digest: str | None) -> str:
+    """A content id: the same sweep (every setting but the run name, the trace's content,
+    the config file's) gets the same id, and a sweep that differs in any of them another."""
     import hashlib
     import json
 
-    text = json.dumps([base.trace, base.mode, base.preset, base.seed, base.limit,
+    from kvtrace.workload.lines import file_sha256
+
+    settings = {f: getattr(base, f) for f in base.__dataclass_fields__ if f not in ("name", "trace")}
+    config = file_sha256(base.config_file) if base.config_file else None
+    text = json.dumps([trace_digest or base.trace, config, settings,
                        [{k: list(v) if isinstance(v, tuple) else v for k, v in c.items()} for c in combos]],
                       sort_keys=True, default=str)
     return "sweep-" + hashlib.sha256(text.encode()).hexdigest()[:12]
@@ -251,7 +265,13 @@ def _on_ray(specs: list[RunSpec], keep: bool, address: str) -> list:
         started = True
     try:
         task = ray.remote(_replay_one)
-        return ray.get([task.remote(s, keep) for s in specs])
+        try:
+            return ray.get([task.remote(s, keep) for s in specs])
+        except ray.exceptions.RayTaskError as err:  # a replay's own error, not Ray's remote traceback
+            cause = err.cause if isinstance(err.cause, BaseException) else None
+            if isinstance(cause, KVTraceError):
+                raise cause from None
+            raise KVTraceError(f"--ray {address}: a replay failed: {cause!r}"[:500]) from None
     finally:
         if started:
             ray.shutdown()
@@ -278,11 +298,27 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
 
     if address == "auto":
         return  # Ray finds the local cluster itself (RAY_ADDRESS, its session files)
+    host, port = ray_host_port(address)
     try:
-        socket.create_connection(ray_host_port(address), timeout=timeout_s).close()
+        socket.create_connection((host, port), timeout=timeout_s).close()
     except (OSError, UnicodeError) as err:  # (UnicodeError: a host name IDNA refuses)
         reason = getattr(err, "strerror", None) or type(err).__name__
         raise KVTraceError(f"--ray {address}: cannot reach a Ray cluster there ({reason})") from None
+    # Something listens; a Ray GCS (and a Ray Client server) speaks gRPC. Anything else (a web
+    # server, say) would hold ray.init for minutes of retries: refused once a gRPC channel
+    # to it has had timeout_s to become ready.
+    import grpc
+
+    target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    channel = grpc.insecure_channel(target)
+    try:
+        grpc.channel_ready_future(channel).result(timeout=timeout_s)
+    except grpc.FutureTimeoutError:
+        raise KVTraceError(f"--ray {address}: something listens there, but it does not speak Ray's protocol "
+                           f"(no gRPC within {timeout_s:g} s); expected a Ray head's GCS port (6379) or ray://HOST:10001"
+                           ) from None
+    finally:
+        channel.close()
 
 
 def sweep_table(result: SweepResult, baseline: dict[str, Any] | None = None) -> list[list[str]]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlparse
 
-from kvtrace.errors import ConfigError, file_problem
+from kvtrace.errors import ConfigError, duckdb_magic, file_problem
 
 CHDB_PREFIX = "chdb:"
 SERVER_SCHEMES = ("clickhouse", "clickhouses")
@@ -132,12 +132,16 @@ def duckdb_path_problem(path: str, missing: str | None) -> str | None:
     problem = file_problem(path, missing=missing)  # (nothing opened: a FIFO would hang the open)
     if problem is not None:
         return problem if problem == missing else f"{problem}; expected a kvtrace store file"
-    try:  # a SQLite file: DuckDB would open it through sqlite_scanner, fetched from the network
-        with open(path, "rb") as f:
-            if f.read(len(_SQLITE_MAGIC)) == _SQLITE_MAGIC:
-                return "a SQLite database, not a DuckDB one; expected a kvtrace store file"
-    except OSError:
-        pass  # (unreadable: DuckDB's open says so)
+    if duckdb_magic(path) is False:  # (an empty, missing or unreadable file: DuckDB's open decides)
+        try:
+            with open(path, "rb") as f:
+                sqlite = f.read(len(_SQLITE_MAGIC)) == _SQLITE_MAGIC
+        except OSError:
+            sqlite = False
+        if sqlite:  # (DuckDB would open it through sqlite_scanner, fetched from the network)
+            return "a SQLite database, not a DuckDB one; expected a kvtrace store file"
+        # told before a command's work, not once a sweep's replays are done and to be stored
+        return "not a DuckDB database (expected a kvtrace store file)"
     return None
 
 

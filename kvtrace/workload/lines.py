@@ -22,7 +22,7 @@ from typing import BinaryIO, TypeVar
 
 import msgspec
 
-from kvtrace.errors import KVTraceError, TraceFormatError
+from kvtrace.errors import KVTraceError, TraceFormatError, duckdb_magic
 from kvtrace.numeric import cdiv
 
 MAX_ID = (1 << 63) - 1  # hash ids must fit int64 (Arrow / DuckDB columns downstream)
@@ -209,9 +209,6 @@ def source_sha256(path: str, files: list[str] | None) -> str:
     return h.hexdigest()
 
 
-_DUCKDB_MAGIC = b"DUCK"  # bytes 8-11 of every DuckDB database file
-
-
 _FD_PATH = re.compile(r"/(?:dev/fd|proc/self/fd)/([0-9]+)")
 _STD_PATHS = {"/dev/stdout": 1, "/dev/stderr": 2}
 
@@ -222,14 +219,6 @@ def _open_descriptor(path: str) -> int | None:
         return _STD_PATHS[path]
     m = _FD_PATH.fullmatch(path)
     return int(m.group(1)) if m else None
-
-
-def _is_duckdb(path: str) -> bool:
-    try:
-        with open(path, "rb") as f:
-            return f.read(12)[8:12] == _DUCKDB_MAGIC
-    except OSError:
-        return False  # (missing, or unreadable: the write says why it cannot)
 
 
 class AtomicText:
@@ -296,10 +285,10 @@ class AtomicText:
             with contextlib.suppress(OSError):
                 if os.path.samestat(st, os.stat(source)):
                     raise KVTraceError(f"{self.name}: is also {source}; write the output elsewhere")
-        if _is_duckdb(self.name):
+        if duckdb_magic(self.name):
             raise KVTraceError(f"{self.name}: is a DuckDB database (a kvtrace store?), not replaced by this output; "
                                "write it elsewhere or remove that file first")
-        if self.name.endswith(".wal") and _is_duckdb(self.name[:-4]):  # (its commits not yet checkpointed)
+        if self.name.endswith(".wal") and duckdb_magic(self.name[:-4]):  # (its commits not yet checkpointed)
             raise KVTraceError(f"{self.name}: is the write-ahead log of the DuckDB database {self.name[:-4]}, not "
                                "replaced by this output; write it elsewhere")
 

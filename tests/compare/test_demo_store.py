@@ -223,3 +223,35 @@ def test_a_run_another_command_records_while_the_demo_runs_is_kept(tmp_path, mon
     names = read.runs(db)["name"].to_list()
     assert len(names) == 5 and sum(not n.startswith("demo: ") for n in names) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["demo.duckdb"]
+
+
+def test_a_store_with_curves_is_refused_before_any_replay(tmp_path, monkeypatch):
+    # an empty run list made a store of curves pass for a demo store: they were dropped
+    from kvtrace.replay.curve import run_curve
+    from kvtrace.replay.run import RunSpec
+
+    db = tmp_path / "curves.duckdb"
+    run_curve(RunSpec(str(ROOT / "tests" / "data" / "mooncake_synthetic_trace.jsonl"), mode="cache-only", limit=20),
+              "10,inf", db=db)
+    before = _digest(db)
+    _no_replay(monkeypatch)
+    with pytest.raises(KVTraceError, match="holds 1 capacity curve"):
+        _demo(db)
+    assert _digest(db) == before
+
+
+def test_a_run_named_like_the_demos_on_another_trace_is_not_the_demos(tmp_path, monkeypatch):
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = tmp_path / "mine.duckdb"
+    run_replay(RunSpec("gen:chat", limit=3, name="demo: my important baseline"), db=db)
+    _no_replay(monkeypatch)
+    with pytest.raises(KVTraceError, match=r"not the demo's .*my important baseline"):
+        _demo(db)
+    assert read.runs(db)["name"].to_list() == ["demo: my important baseline"]
+
+
+def test_a_url_like_path_is_refused_as_every_store_command_refuses_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code, err = _cli(["demo", "--db", "md:foo"], capsys)
+    assert code == 2 and "DuckDB would read this as a URL" in err and not list(tmp_path.iterdir())

@@ -12,9 +12,10 @@ import pytest
 from kvtrace.compare import study as S
 from kvtrace.compare.model import diff_summaries
 from kvtrace.compare.render import to_markdown
-from kvtrace.errors import KVTraceError
+from kvtrace.errors import ConfigError, KVTraceError
 from kvtrace.numeric import percentile
 from kvtrace.store import read
+from tests.conftest import MOONCAKE
 
 # --------------------------------------------------------------------- pure pieces
 
@@ -185,6 +186,27 @@ def test_demo_records_four_runs_and_ends_with_the_dashboard_command(tmp_path):
     last = text.rstrip().splitlines()
     assert last[-1] == f"kvtrace dashboard --db '{db}'"  # (shell-quoted: the brackets are a glob)
     assert last[-2] == f"4 runs recorded in {db}. Open the dashboard:"
+
+
+def test_a_study_sweep_is_checked_whole_before_any_pair_runs(tmp_path):
+    db = tmp_path / "st.duckdb"
+    with pytest.raises(ConfigError, match="--capacity-blocks"):
+        S.run_study("external-hit-running-cow", sweep="capacity_blocks=20,0", db=db)
+    assert not db.exists() or read.runs(db).height == 0  # (the 20 pair had been recorded)
+
+
+def test_a_capacity_tokens_sweep_replaces_the_studys_capacity_blocks():
+    res = S.run_study("external-hit-running-cow", sweep="capacity_tokens=4000,8000", limit=4)
+    assert [p.value for p in res.points] == [4000, 8000]
+
+
+def test_the_markdown_heading_shows_the_trace_path_literally(tmp_path):
+    name = tmp_path / "we\nird`|x\x1b[31m.jsonl"
+    name.write_text("".join(MOONCAKE.read_text().splitlines(keepends=True)[:5]))
+    md = S.run_study("shared-prefix-pinning", trace=str(name), limit=5).to_markdown()
+    heading = md.splitlines()[0]
+    assert heading.startswith("## kvtrace study `shared-prefix-pinning` on ``")
+    assert "\x1b" not in md and "we\\nird" in heading  # (one line; the ESC and newline shown escaped)
 
 
 def test_demo_refuses_to_overwrite_a_store_with_other_runs(tmp_path):

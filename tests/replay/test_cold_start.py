@@ -86,7 +86,8 @@ CLI_ERRORS = {
     "replay into a missing folder": ["replay", "gen:mixed", "--db", "nowhere/runs.duckdb"],
     "replay into a directory": ["replay", "gen:mixed", "--db", "."],
     "replay into a URL-like store": ["replay", "gen:mixed", "--db", "md:runs"],
-    "sweep into a missing folder": ["sweep", "gen:mixed", "--param", "capacity_blocks=8,16", "--db", "nowhere/r.duckdb"],
+    "sweep into a missing folder": ["sweep", "gen:mixed", "--param", "capacity_blocks=8,16",
+                                    "--db", "nowhere/r.duckdb"],
     # the receivers' options, before the receivers load
     "collect on a port out of range": ["collect", "--db", "runs.duckdb", "--port", "70000"],
     "collect into a missing folder": ["collect", "--db", "nowhere/runs.duckdb"],

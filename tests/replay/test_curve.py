@@ -102,7 +102,10 @@ def test_auto_capacities_span_the_largest_request_to_every_block(mooncake):
     assert caps == sorted(set(caps)) and len(caps) >= 5
 
 
-@pytest.mark.parametrize("text, expected", [("auto", None), ("100, 200,inf", [100, 200, None])])
+@pytest.mark.parametrize("text, expected", [
+    ("auto", None), ("100, 200,inf", [100, 200, None]),
+    # each capacity once, ascending, the unbounded cache last (a repeat was taken for "inf given")
+    ("10,10,20", [10, 20]), ("inf,20,10,20,inf", [10, 20, None])])
 def test_parse_capacities(text, expected):
     assert parse_capacities(text) == expected
 
@@ -134,3 +137,15 @@ def test_run_curve_records_its_points_and_refuses_what_it_cannot_draw(tmp_path):
         run_curve(spec, "nope")
     with pytest.raises(ConfigError, match="sweeps the capacity"):
         run_curve(RunSpec(str(MOONCAKE), mode="cache-only", capacity_blocks=10), "auto")
+
+
+def test_the_same_curve_however_written_is_one_curve():
+    spec = RunSpec(str(MOONCAKE), mode="cache-only", limit=50)
+    one = run_curve(spec, "10,inf", policies=("lru", "belady"))
+    other = run_curve(spec, "inf,10,10", policies=("belady", "lru", "lru"))
+    assert one.curve_id == other.curve_id
+    assert [(p.capacity_blocks, p.policy) for p in one.points] == [(p.capacity_blocks, p.policy) for p in other.points]
+    assert len(one.points) == 4
+    assert [p.capacity_blocks for p in run_curve(spec, "10,10,20", policies=("lru",)).points] == [10, 20]
+    with pytest.raises(ConfigError, match="--policy"):
+        run_curve(spec, "10", policies=())

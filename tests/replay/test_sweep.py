@@ -13,6 +13,7 @@ from kvtrace.replay.run import RunSpec, run_replay
 from kvtrace.replay.sweep import combinations, parse_baseline, parse_param, run_sweep, sweep_table
 from kvtrace.store import read
 from kvtrace.store.read._sql import connect, query
+from tests.cli.support import run
 from tests.conftest import MOONCAKE
 
 BASE = RunSpec(str(MOONCAKE), mode="cache-only", limit=250)
@@ -59,13 +60,20 @@ def test_local_workers_give_each_combination_its_own_digest_and_store_it(alone, 
 def test_a_sweep_on_a_local_ray_cluster_matches_the_sequential_one(alone, tmp_path):
     import ray  # the dev extra's; kvtrace itself needs it only for --ray
 
+    lines = MOONCAKE.read_text().splitlines()[:3] + ['{"timestamp": 5, "input_length": "x"}']
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join(lines) + "\n")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     try:
         result = run_sweep(BASE, PARAMS, db=tmp_path / "ray.duckdb", ray_address="auto")
+        # a replay's own error in a task is that error, not Ray's remote traceback as its text
+        with pytest.raises(TraceFormatError) as caught:
+            run_sweep(replace(BASE, trace=str(bad)), [("capacity_blocks", [300, 900])], ray_address="auto")
     finally:
         ray.shutdown()
     assert _digests(result) == alone
     assert read.runs(tmp_path / "ray.duckdb").height == 4
+    assert str(caught.value).startswith(f"{bad}:4: ")
 
 
 @pytest.mark.parametrize(("address", "needle"), [
@@ -85,7 +93,22 @@ def test_the_sweep_id_is_a_content_id(tmp_path):
     one = run_sweep(BASE, [("capacity_blocks", [300])], workers=1)
     two = run_sweep(BASE, [("capacity_blocks", [300])], workers=1)
     other = run_sweep(BASE, [("capacity_blocks", [301])], workers=1)
-    assert one.sweep_id == two.sweep_id != other.sweep_id
+    # every base setting counts, not only the trace, mode, preset, seed and limit (a run
+    # with another behaviour set or policy had the same id)
+    policy = run_sweep(replace(BASE, policy="belady"), [("capacity_blocks", [300])], workers=1)
+    renamed = run_sweep(replace(BASE, name="mine"), [("capacity_blocks", [300])], workers=1)
+    # and the trace's content, not its path
+    copy = tmp_path / "copy.jsonl"
+    copy.write_bytes(MOONCAKE.read_bytes())
+    moved = run_sweep(replace(BASE, trace=str(copy)), [("capacity_blocks", [300])], workers=1)
+    assert one.sweep_id == two.sweep_id == renamed.sweep_id == moved.sweep_id
+    assert len({one.sweep_id, other.sweep_id, policy.sweep_id}) == 3
+
+
+def test_too_many_combinations_are_refused_before_any_is_built():
+    values = list(range(1, 1001))
+    with pytest.raises(ConfigError, match="1,000,000,000 combinations"):
+        combinations([("capacity_blocks", values), ("block_size", values), ("capacity_tokens", values)])
 
 
 def test_a_bad_combination_is_refused_before_anything_runs(tmp_path):
@@ -119,7 +142,8 @@ def test_parse_param(text, expected):
 
 
 @pytest.mark.parametrize("text, match", [
-    ("capacity_blocks", "NAME=V1,V2"), ("colour=red", "unknown parameter"), ("block_size=x", "integers")])
+    ("capacity_blocks", "NAME=V1,V2"), ("colour=red", "unknown parameter"), ("block_size=x", "integers"),
+    ("capacity_blocks=1_0,20", "integers"), ("capacity_blocks=\u0661\u0660,20", "integers")])
 def test_parse_param_refuses(text, match):
     with pytest.raises(ConfigError, match=match):
         parse_param(text)
@@ -166,3 +190,33 @@ def test_sigterm_stops_a_sweep_and_its_workers(tmp_path):
     time.sleep(0.5)
     left = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True, check=False).stdout.split()
     assert left == [], f"processes of the sweep still running: {left}"
+
+
+def test_a_ray_address_where_no_ray_listens_is_refused_in_seconds():
+    pytest.importorskip("ray")  # (the dev extra's: installed wherever the tests run)
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))  # accepts and says nothing: no gRPC there
+    port = listener.getsockname()[1]
+    threading.Thread(target=lambda: [listener.accept() for _ in range(8)], daemon=True).start()
+    try:
+        with pytest.raises(KVTraceError, match="does not speak Ray's protocol"):
+            run_sweep(BASE, [("capacity_blocks", [300, 900])], ray_address=f"127.0.0.1:{port}")
+    finally:
+        listener.close()
+
+
+def test_a_store_that_is_no_duckdb_file_is_refused_before_the_replays(tmp_path, monkeypatch, capsys):
+    import kvtrace.replay.sweep as sweep
+
+    text = tmp_path / "notes.txt"
+    text.write_text("my notes\n")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a replay ran before --db was checked")
+
+    monkeypatch.setattr(sweep, "_replay_one", refuse)
+    code, _, err = run(["sweep", str(MOONCAKE), "--mode", "cache-only", "--limit", "20",
+                            "--param", "capacity_blocks=300,900", "--db", str(text)], capsys)
+    assert code == 2 and "not a DuckDB database" in err and text.read_text() == "my notes\n"
