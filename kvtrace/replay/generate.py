@@ -58,6 +58,9 @@ from kvtrace.workload.native import write_native
 _NS_PER_S = 1_000_000_000
 STUDY_PREFIX = "study-"
 MAX_GENERATED = 1_000_000  # requests are built in memory: a larger workload is a typo, not a study
+# Prompt tokens of one generated workload at most (int64s in memory, a GiB): an agent's
+# sessions grow long contexts, so a million of its requests would have needed 80 GB.
+MAX_GENERATED_TOKENS = 1 << 27
 
 
 @dataclass(slots=True)
@@ -73,14 +76,21 @@ class _Draft:
 class _Workload:
     """Collects draft requests; turns them into TraceRequests sorted by arrival."""
 
-    def __init__(self, rng: np.random.Generator):
+    def __init__(self, rng: np.random.Generator, asked: int = 0):
         self.rng = rng
         self.drafts: list[_Draft] = []
+        self.asked = asked  # requests asked for (what a refusal names)
+        self.num_tokens = 0
 
     def tokens(self, n: int) -> np.ndarray:
         return self.rng.integers(0, VOCAB_SIZE, size=int(n), dtype=np.int64)
 
     def add(self, arrival_s: float, rid: str, session: str | None, tokens: np.ndarray, output_length: int) -> None:
+        self.num_tokens += int(tokens.shape[0])
+        if self.num_tokens > MAX_GENERATED_TOKENS:
+            raise ConfigError("--requests", str(self.asked),
+                              f"this workload's prompts pass {MAX_GENERATED_TOKENS:,} tokens after "
+                              f"{len(self.drafts):,} requests (a generated workload is built in memory); ask for fewer")
         self.drafts.append(
             _Draft(round(arrival_s * _NS_PER_S), len(self.drafts), rid, session, tokens, int(output_length))
         )
@@ -296,10 +306,10 @@ def generate(
     if spec is None:
         raise ConfigError("generate", "workload", f"unknown {name!r}; expected one of {', '.join(WORKLOADS)}")
     if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= MAX_SEED:
-        raise ConfigError("generate", "seed", f"expected an int from 0 to {MAX_SEED:,}, got {seed!r}")
+        raise ConfigError("--seed", str(seed), f"expected an int from 0 to {MAX_SEED:,}")
     n = spec.default_requests if num_requests is None else num_requests
     if not isinstance(n, int) or not 1 <= n <= MAX_GENERATED:
-        raise ConfigError("generate", "num_requests", f"expected an int from 1 to {MAX_GENERATED:,}, got {n!r}")
+        raise ConfigError("--requests", str(n), f"expected an int from 1 to {MAX_GENERATED:,}")
     if block_size < 1 or hash_block_size % block_size:
         raise ConfigError("generate", "hash_block_size",
                           f"expected a multiple of block_size {block_size}, got {hash_block_size}")
@@ -309,7 +319,7 @@ def generate(
                           f"got {mamba_block_size}")
     if prompt not in ("hash", "tokens"):
         raise ConfigError("generate", "prompt", f"expected 'hash' or 'tokens', got {prompt!r}")
-    w = _Workload(np.random.Generator(np.random.PCG64(seed)))
+    w = _Workload(np.random.Generator(np.random.PCG64(seed)), n)
     spec.build(w, n, _Geometry(block_size, hash_block_size, mamba_block_size))
     interner = BlockInterner(block_size) if prompt == "hash" else None
     out: list[TraceRequest] = []

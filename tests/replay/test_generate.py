@@ -143,8 +143,10 @@ def test_transient_checkpoint_study_has_hot_prefixes_and_long_prompts():
 def test_bad_arguments():
     with pytest.raises(ConfigError, match="unknown 'nope'"):
         generate("nope")
-    with pytest.raises(ConfigError, match="num_requests"):
+    with pytest.raises(ConfigError, match="--requests: 0: expected an int from 1"):  # (the flag's name)
         generate("chat", 0, 0)
+    with pytest.raises(ConfigError, match="--seed: -1: "):
+        generate("chat", -1, 5)
     with pytest.raises(ConfigError, match="mamba_block_size"):
         generate("chat", 0, mamba_block_size=96)
     with pytest.raises(ConfigError, match="hash_block_size"):
@@ -156,3 +158,13 @@ def test_bad_arguments():
 def test_num_requests_and_token_prompts():
     reqs = generate("agent", 5, 12, prompt="tokens")
     assert len(reqs) == 12 and all(r.hash_ids is None and r.token_ids.dtype == np.int64 for r in reqs)
+
+
+def test_a_workload_too_large_to_build_in_memory_is_refused_as_it_grows(monkeypatch):
+    # a million agent requests (the --requests bound) would have needed ~80 GB of prompt tokens
+    import kvtrace.replay.generate as G
+
+    monkeypatch.setattr(G, "MAX_GENERATED_TOKENS", 200_000)
+    with pytest.raises(ConfigError, match=r"--requests: 1000000: this workload's prompts pass 200,000 tokens after"):
+        generate("agent", 0, 1_000_000)
+    assert len(generate("agent", 0, 10)) == 10  # (a small one is built as before)
