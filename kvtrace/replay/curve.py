@@ -251,6 +251,10 @@ def run_curve(spec, capacities: str, *, policies: Sequence[str] = CURVE_POLICIES
         raise ConfigError("--capacity-blocks", str(spec.capacity_blocks or spec.capacity_tokens),
                           "a curve sweeps the capacity itself; give --capacities instead")
     wanted = parse_capacities(capacities)
+    if not isinstance(workers, int) or workers < 1:
+        raise ConfigError("--workers", str(workers), "expected a number of processes >= 1")
+    if ray_address is not None and spec.mode != "engine":
+        raise ConfigError("--ray", ray_address, "engine mode only (a cache-only curve is one pass in this process)")
     if spec.mode == "engine":
         if "belady" in policies:
             raise ConfigError("--policy", "belady", "the Belady bound is a cache-only bound; in engine mode use "

@@ -78,8 +78,13 @@ def parse_baseline(text: str | None, params: Sequence[tuple[str, list[Any]]]) ->
         return None
     swept = dict(params)
     out: dict[str, Any] = {}
-    for part in (p for p in text.split(",") if p.strip()):
+    parts = [p for p in text.split(",") if p.strip()]
+    if not parts:
+        raise ConfigError("--baseline", text, "expected NAME=V,... naming swept values")
+    for part in parts:
         name, values = parse_param(part, flag="--baseline")
+        if name in out:
+            raise ConfigError("--baseline", text, f"{name} is given twice")
         if name not in swept:
             raise ConfigError("--baseline", text, f"{name} is not swept (swept: {', '.join(sorted(swept))})")
         # (checked before the sweep runs, --json or not; a value in any spelling the setting
@@ -167,6 +172,11 @@ def run_sweep(
         raise KVTraceError("sweep: no parameter values to sweep")
     if not isinstance(workers, int) or workers < 1:
         raise ConfigError("--workers", str(workers), "expected a number of processes >= 1")
+    bare = RunSpec(trace=base.trace)
+    for name, _ in params:  # a swept setting also set for the whole sweep: one of them would be dropped
+        if getattr(base, name) != getattr(bare, name):
+            raise ConfigError("--param", name, f"is also set for the whole sweep ({getattr(base, name)!r}); "
+                                               "give it one way")
     specs = [replace(base, **combo, name=f"{base.name or 'sweep'} {label(combo)}") for combo in combos]
     from kvtrace.replay.run import validate
 

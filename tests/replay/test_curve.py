@@ -149,3 +149,11 @@ def test_the_same_curve_however_written_is_one_curve():
     assert [p.capacity_blocks for p in run_curve(spec, "10,10,20", policies=("lru",)).points] == [10, 20]
     with pytest.raises(ConfigError, match="--policy"):
         run_curve(spec, "10", policies=())
+
+
+def test_worker_and_ray_options_are_checked_in_every_mode():
+    spec = RunSpec(str(MOONCAKE), mode="cache-only", limit=20)
+    with pytest.raises(ConfigError, match="--workers"):
+        run_curve(spec, "10", workers=0)
+    with pytest.raises(ConfigError, match="--ray: garbage: engine mode only"):
+        run_curve(spec, "10", ray_address="garbage")

@@ -220,3 +220,18 @@ def test_a_store_that_is_no_duckdb_file_is_refused_before_the_replays(tmp_path, 
     code, _, err = run(["sweep", str(MOONCAKE), "--mode", "cache-only", "--limit", "20",
                             "--param", "capacity_blocks=300,900", "--db", str(text)], capsys)
     assert code == 2 and "not a DuckDB database" in err and text.read_text() == "my notes\n"
+
+
+def test_a_setting_both_swept_and_set_for_the_sweep_is_refused():
+    with pytest.raises(ConfigError, match=r"--param: capacity_blocks: is also set for the whole sweep \(100\)"):
+        run_sweep(replace(BASE, capacity_blocks=100), [("capacity_blocks", [300, 900])], workers=1)
+    with pytest.raises(ConfigError, match="--param: without: is also set"):
+        run_sweep(replace(BASE, without=("shared-prefix-pinning",)), [("without", [(), ()])], workers=1)
+
+
+@pytest.mark.parametrize(("text", "match"), [
+    ("capacity_blocks=300,capacity_blocks=900", "capacity_blocks is given twice"),
+    ("", "expected NAME=V"), (",", "expected NAME=V")])
+def test_a_baseline_is_one_value_per_swept_setting(text, match):
+    with pytest.raises(ConfigError, match=match):
+        parse_baseline(text, PARAMS)
