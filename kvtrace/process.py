@@ -6,6 +6,7 @@
   stops a command the way Ctrl-C does, so it flushes, prints its summary and marks its run;
   ``sigterm_blocked``/``sigterm_default``: around a fork, and in the forked worker, so a
   worker dies of SIGTERM rather than take the parent's interrupt for a failure of its own;
+  ``worker_start``: that, and the worker dies with its parent, even a parent killed -9;
 - ``collector_paused``: the cyclic garbage collector off around a hot loop that makes
   no reference cycles (a cache-only replay, an engine run);
 - ``pyarrow_without_pandas``: a recording command's spans built without pyarrow
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import signal
 import socket
 import sys
@@ -138,6 +140,20 @@ def sigterm_default() -> None:
     ``sigterm_as_interrupt`` handler is dropped), then unheld."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+
+
+def worker_start(parent_pid: int) -> None:
+    """A pool worker's initializer (forked inside ``sigterm_blocked``): ``sigterm_default``,
+    and on Linux the worker dies with its parent however the parent dies (a ``kill -9``
+    left workers blocked on their result pipe for good): ``PR_SET_PDEATHSIG``, or at once
+    when the parent is already gone."""
+    sigterm_default()
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+        if os.getppid() != parent_pid:
+            os._exit(1)
 
 
 @contextlib.contextmanager

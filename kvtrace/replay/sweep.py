@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import math
 import multiprocessing
+import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtrace.errors import ConfigError, KVTraceError
-from kvtrace.process import sigterm_blocked, sigterm_default
+from kvtrace.process import sigterm_blocked, worker_start
 from kvtrace.replay.config_file import parse_retention
 from kvtrace.replay.run import RunResult, RunSpec, run_replay
 from kvtrace.workload.lines import parse_decimal
@@ -189,7 +190,8 @@ def run_sweep(
         results = [_replay_one(s, keep) for s in specs]
     else:
         # fork: the workers start with this process's imports (and no store handle is open yet)
-        pool = ProcessPoolExecutor(max_workers=min(workers, len(specs)), initializer=sigterm_default,
+        pool = ProcessPoolExecutor(max_workers=min(workers, len(specs)), initializer=worker_start,
+                                   initargs=(os.getpid(),),
                                    mp_context=multiprocessing.get_context("fork"))
         try:
             # SIGTERM held while the workers fork (they unblock it once it kills them) and the

@@ -26,7 +26,7 @@ import duckdb
 from kvtrace.store.backend import duckdb_path_problem
 from kvtrace.store.errors import StoreBusyError, StoreError
 from kvtrace.store.layout import DAMAGED, check_layout
-from kvtrace.store.schema import META_TABLE, SCHEMA_VERSION, STORE_MAGIC
+from kvtrace.store.schema import META_TABLE, meta_version
 
 DEFAULT_TIMEOUT_S = 30.0
 _FIRST_BACKOFF_S = 0.005
@@ -212,17 +212,7 @@ def check_store(con: duckdb.DuckDBPyConnection, path: str) -> int:
         raise StoreError(path, f"{DAMAGED}: table {META_TABLE} has no key and value columns") from None
     except duckdb.Error as err:
         raise _classify(path, err) from None
-    meta = dict(rows)
-    if meta.get("magic") != STORE_MAGIC:
-        raise StoreError(path, f"not a kvtrace store ({META_TABLE}.magic is {meta.get('magic')!r})")
-    raw = meta.get("schema_version", "0")
-    try:
-        version = int(raw)
-    except (TypeError, ValueError):
-        raise StoreError(path, f"damaged kvtrace store ({META_TABLE}.schema_version is {raw!r}, "
-                               "not an integer)") from None
-    if version > SCHEMA_VERSION:
-        raise StoreError(path, f"store schema version {version} is newer than this kvtrace ({SCHEMA_VERSION})")
+    version = meta_version(dict(rows), path)
     check_layout(con, path, version)
     return version
 

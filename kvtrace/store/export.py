@@ -39,6 +39,7 @@ def export_parquet(db: str | Path, run_id: str, directory: str | Path) -> dict[s
     no file or directory of its own behind.
     """
     out_dir = _output_dir(directory)
+    _not_the_stores_own(db, out_dir)
     if is_clickhouse(db):
         return _export_clickhouse(db, run_id, out_dir)
     with read_connection(db) as con:
@@ -86,6 +87,25 @@ def _output_dir(directory: str | Path) -> Path:
     if out_dir.exists() and not out_dir.is_dir():
         raise StoreError(str(out_dir), "exists and is not a directory; expected an output directory")
     return out_dir
+
+
+def _not_the_stores_own(db: str | Path, out_dir: Path) -> None:
+    """StoreError when ``out_dir`` is the store or one of its own files (a DuckDB store's
+    write-ahead log or waiting markers, anything inside a chdb directory): an export there
+    made the store unopenable (a WAL that was a directory; parquet files in chdb's metadata)."""
+    from kvtrace.store.backend import clickhouse_target
+    from kvtrace.store.connection import reader_marker, writer_marker
+
+    out = os.path.realpath(out_dir)
+    if is_clickhouse(db):
+        home = clickhouse_target(db).path
+        inside = home is not None and (out == home or out.startswith(home.rstrip(os.sep) + os.sep))
+    else:
+        store = os.path.realpath(db)
+        inside = out in (store, f"{store}.wal", writer_marker(store), reader_marker(store))
+    if inside:
+        raise StoreError(str(out_dir), f"is the store {db}'s own (its file, log or directory); "
+                                       "export somewhere else")
 
 
 def _write_all(out_dir: Path, write: _Writer) -> dict[str, Path]:

@@ -240,6 +240,25 @@ RUN_RECORD_PREFIX = "kvtrace.run."
 META_TABLE = "kvtrace_meta"
 STORE_MAGIC = "kvtrace-store"
 
+
+def meta_version(meta: dict, label: str) -> int:
+    """The schema version a store's ``kvtrace_meta`` rows (key -> value) declare, on either
+    backend; StoreError for a table that is another program's, damaged or too new."""
+    from kvtrace.store.errors import StoreError
+
+    if meta.get("magic") != STORE_MAGIC:
+        raise StoreError(label, f"not a kvtrace store ({META_TABLE}.magic is {meta.get('magic')!r})")
+    raw = meta.get("schema_version", "0")
+    try:
+        version = int(raw)
+    except (TypeError, ValueError):
+        raise StoreError(label, f"damaged kvtrace store ({META_TABLE}.schema_version is {raw!r}, "
+                                "not an integer)") from None
+    if version > SCHEMA_VERSION:
+        raise StoreError(label, f"store schema version {version} is newer than this kvtrace ({SCHEMA_VERSION})")
+    return version
+
+
 # (column, DuckDB type, meaning) of ``runs``; run_id is the primary key.
 RUN_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("run_id", "VARCHAR", ""),

@@ -41,3 +41,60 @@ def test_a_chdb_directory_that_is_not_a_store(tmp_path, capsys):
         con.command("CREATE TABLE t (x Int64) ENGINE = MergeTree ORDER BY x")
     code, _, err = run(["runs", "--db", f"chdb:{tmp_path}/other"], capsys)
     assert_one_line(code, err, "not a kvtrace store")
+
+
+def _kvtrace(*argv: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kvtrace.cli", *argv], capture_output=True, text=True,
+                          timeout=180, check=False, **kwargs)
+
+
+def _chdb(path, *queries: str) -> None:
+    """``queries`` on the chdb directory, in a process of their own (chdb: one directory a process)."""
+    code = ("import sys\nfrom chdb import session as chs\ns = chs.Session(sys.argv[1])\n"
+            "for q in sys.argv[2:]:\n    s.query(q, 'CSV')\ns.close()\n")
+    subprocess.run([sys.executable, "-c", code, str(path), *queries], check=True, timeout=120)
+
+
+def test_a_schema_version_that_is_no_integer_is_a_damaged_store(tmp_path):
+    _chdb(tmp_path / "m", "CREATE TABLE kvtrace_meta (key String, value String) ENGINE = MergeTree ORDER BY key",
+          "INSERT INTO kvtrace_meta VALUES ('magic', 'kvtrace-store'), ('schema_version', 'abc')")
+    proc = _kvtrace("runs", "--db", f"chdb:{tmp_path}/m")
+    assert_one_line(proc.returncode, proc.stderr, "damaged kvtrace store", "schema_version is 'abc', not an integer")
+
+
+def test_a_directory_chdb_cannot_start_on_is_its_cause_not_busy(tmp_path):
+    # chdb's own error names no cause; a damaged metadata file was retried for 30 s as a
+    # directory another process holds, printing chdb's lines from every try
+    _chdb(tmp_path / "s", "CREATE TABLE runs (x Int64) ENGINE = MergeTree ORDER BY x")
+    (sql,) = [p for p in (tmp_path / "s").rglob("runs.sql")]
+    sql.write_text("")
+    proc = _kvtrace("runs", "--db", f"chdb:{tmp_path}/s")
+    assert_one_line(proc.returncode, proc.stderr, "cannot open as a chdb store", "Empty query")
+    assert "another process" not in proc.stderr
+
+
+def test_an_opener_waiting_for_a_held_directory_prints_nothing_of_chdbs(tmp_path):
+    store = f"chdb:{tmp_path}/w"
+    made = _kvtrace("replay", "gen:chat", "--mode", "cache-only", "--limit", "5", "--db", store)
+    assert made.returncode == 0, made.stderr
+    hold = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom chdb import session as chs\n"
+                             "s = chs.Session(sys.argv[1])\nprint('held', flush=True)\ntime.sleep(3)\ns.close()\n",
+                             str(tmp_path / "w")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert hold.stdout.readline().strip() == "held"
+        proc = _kvtrace("runs", "--db", store, "--json")  # waits for the holder, then reads
+    finally:
+        hold.wait(timeout=60)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert '"run_id": "r1"' in proc.stdout
+
+
+@pytest.mark.parametrize("inside", ["", "metadata/default"])
+def test_an_export_into_a_chdb_stores_own_directory_is_refused(tmp_path, inside):
+    store = tmp_path / "e"
+    made = _kvtrace("replay", "gen:chat", "--mode", "cache-only", "--limit", "5", "--db", f"chdb:{store}")
+    assert made.returncode == 0, made.stderr
+    proc = _kvtrace("export", "--db", f"chdb:{store}", "--run", "r1", "--parquet", str(store / inside))
+    assert_one_line(proc.returncode, proc.stderr, "is the store", "export somewhere else")
+    assert not list(store.rglob("*.parquet"))
+    assert _kvtrace("runs", "--db", f"chdb:{store}").returncode == 0  # (it opens as before)

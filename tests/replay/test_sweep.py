@@ -192,6 +192,38 @@ def test_sigterm_stops_a_sweep_and_its_workers(tmp_path):
     assert left == [], f"processes of the sweep still running: {left}"
 
 
+def test_a_sweep_killed_9_takes_its_workers_with_it(tmp_path):
+    """kill -9 leaves no handler to stop the workers: they die with their parent
+    (PR_SET_PDEATHSIG), not blocked for good on the result pipe of a dead one."""
+    import subprocess
+    import sys
+    import time
+
+    capacities = ",".join(str(c) for c in range(3000, 11000, 1000))
+    proc = subprocess.Popen([sys.executable, "-m", "kvtrace.cli", "sweep", str(MOONCAKE), "--param",
+                             f"capacity_blocks={capacities}", "--db", str(tmp_path / "s.duckdb")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        workers: list[str] = []
+        while len(workers) < 2 and time.monotonic() < deadline:  # (forked once the replays are queued)
+            time.sleep(0.2)
+            workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True,
+                                     check=False).stdout.split()
+        assert len(workers) >= 2, "the sweep never forked its workers"
+        proc.kill()
+        proc.wait(timeout=10)
+        for _ in range(50):  # (the kernel delivers the parent-death signal at once; reaped by init)
+            left = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True,
+                                  check=False).stdout.split()
+            if not left:
+                break
+            time.sleep(0.1)
+        assert left == [], f"workers of the killed sweep still running: {left}"
+    finally:
+        subprocess.run(["pkill", "-9", "-s", str(proc.pid)], check=False)
+
+
 def test_a_ray_address_where_no_ray_listens_is_refused_in_seconds():
     pytest.importorskip("ray")  # (the dev extra's: installed wherever the tests run)
     import socket

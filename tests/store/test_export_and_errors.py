@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import duckdb
 import pyarrow.parquet as pq
 import pytest
@@ -39,6 +41,15 @@ def test_export_unknown_run(scenario_db, tmp_path):
     db, _ = scenario_db
     with pytest.raises(KVTraceError, match="no run with id 'zz'"):
         export_parquet(db, "zz", tmp_path / "out")
+
+
+@pytest.mark.parametrize("side", [".wal", ".writer-waiting", ".reader-waiting"])  # (the file itself: no directory)
+def test_an_export_into_the_stores_own_files_is_refused(scenario_db, side):
+    # an export into the store's write-ahead log made a directory there: the store no longer opened
+    db, run_id = scenario_db
+    with pytest.raises(StoreError, match=r"is the store .*'s own"):
+        export_parquet(db, run_id, f"{db}{side}")
+    assert not Path(f"{db}.wal").is_dir() and read.runs(db).height >= 1
 
 
 @pytest.mark.parametrize("content", [b"this is not a database\n" * 100, b"", b"\x00" * 8192])

@@ -19,7 +19,12 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import fcntl
 import logging
+import os
+import re
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -33,7 +38,9 @@ from kvtrace.store.backend import ClickHouseTarget
 from kvtrace.store.errors import StoreBusyError, StoreError
 
 _MAP = getattr(pl, "Map", lambda k, v: pl.List(pl.Struct({"key": k, "value": v})))(pl.String, pl.String)
-_BUSY_MARKERS = ("Error initializing EmbeddedServer", "Cannot lock file", "already running")
+# chdb's failure to start names no cause ("Error initializing EmbeddedServer"): its server
+# writes the cause to the process's stderr, where it is caught and the first one reported.
+_CAUSE = re.compile(r"Code: \d+\. DB::Exception: .*")
 LINGER_S = 2.0
 _sessions: dict[str, list[Any]] = {}  # chdb path -> [session, users]
 _sessions_lock = threading.RLock()
@@ -172,24 +179,67 @@ def _open_session(target: ClickHouseTarget, timeout_s: float) -> Any:
     deadline = time.monotonic() + timeout_s
     backoff = 0.01
     while True:
-        try:
-            session = chs.Session(target.path)
+        with _stderr_caught() as written:
+            try:
+                session, failure = chs.Session(target.path), None
+            except Exception as err:
+                session, failure = None, err
+        if failure is None:
+            if written[0]:  # (what a server that started wrote: shown as it was)
+                sys.stderr.write(written[0])
             break
-        except Exception as err:
-            text = str(err)
-            if "cannot connect with different path" in text:
-                raise StoreError(target.label, "this process already has another chdb store open "
-                                               "(chdb opens one directory per process)") from None
-            if not any(m in text for m in _BUSY_MARKERS):
-                raise StoreError(target.label, f"cannot open as a chdb store: {_first_line(err)}") from None
-            if time.monotonic() >= deadline:
-                raise StoreBusyError(target.label, f"held by another process for over {timeout_s:g}s "
-                                                   "(chdb: one process at a time)") from None
-            time.sleep(backoff)
-            backoff = min(backoff * 2, 0.1)
+        text = str(failure)
+        if "cannot connect with different path" in text:
+            raise StoreError(target.label, "this process already has another chdb store open "
+                                           "(chdb opens one directory per process)") from None
+        if not _directory_locked(target.path):  # not busy: damaged metadata, a read-only disk, ...
+            cause = _CAUSE.search(written[0])
+            raise StoreError(target.label, "cannot open as a chdb store: "
+                                           f"{cause.group(0) if cause else _first_line(failure)}"[:500]) from None
+        if time.monotonic() >= deadline:
+            raise StoreBusyError(target.label, f"held by another process for over {timeout_s:g}s "
+                                               "(chdb: one process at a time)") from None
+        time.sleep(backoff)
+        backoff = min(backoff * 2, 0.1)
     for key, value in dialect.QUERY_SETTINGS.items():
         session.query(f"SET {key} = {int(value)}", "CSV")
     return session
+
+
+@contextlib.contextmanager
+def _stderr_caught() -> Iterator[list[str]]:
+    """The process's stderr (file descriptor 2, where chdb's C++ server writes) into a list's
+    one item for the block: a waiting opener's retries print nothing, a failed start's cause
+    is read back."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    written: list[str] = [""]
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield written
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            written[0] = caught.read(1 << 20).decode("utf-8", "replace")
+
+
+def _directory_locked(path: str) -> bool:
+    """Whether another server holds the chdb directory: the lock ClickHouse takes on its
+    ``status`` file (flock, exclusive) while it runs."""
+    try:
+        fd = os.open(os.path.join(path, "status"), os.O_RDONLY)
+    except OSError:
+        return False  # (no status file: nobody runs there)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
 
 
 def _close_idle(path: str | None = None) -> None:

@@ -6,8 +6,7 @@ from __future__ import annotations
 from kvtrace.store import derived, dialect
 from kvtrace.store.clickhouse import client
 from kvtrace.store.clickhouse.schema import derived_columns
-from kvtrace.store.errors import StoreError
-from kvtrace.store.schema import META_TABLE, SCHEMA_VERSION, STORE_MAGIC
+from kvtrace.store.schema import META_TABLE, meta_version
 
 
 def check_meta(con: client.ClickHouseConnection, label: str) -> int | None:
@@ -15,13 +14,7 @@ def check_meta(con: client.ClickHouseConnection, label: str) -> int | None:
     for one that is another program's or too new."""
     if META_TABLE not in con.table_names():
         return None
-    meta = dict(con.ch_frame(f"SELECT key, value FROM {META_TABLE}").rows())
-    if meta.get("magic") != STORE_MAGIC:
-        raise StoreError(label, f"not a kvtrace store ({META_TABLE}.magic is {meta.get('magic')!r})")
-    version = int(meta.get("schema_version", "0"))
-    if version > SCHEMA_VERSION:
-        raise StoreError(label, f"store schema version {version} is newer than this kvtrace ({SCHEMA_VERSION})")
-    return version
+    return meta_version(dict(con.ch_frame(f"SELECT key, value FROM {META_TABLE}").rows()), label)
 
 
 def materialise(con: client.ClickHouseConnection, run_id: str) -> None:
