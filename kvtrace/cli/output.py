@@ -7,6 +7,7 @@ import io
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -18,11 +19,14 @@ from kvtrace.names import markup_literal, printable, stdout_console
 MAX_ERROR_CHARS = 1_000  # a message quoting a user's value (a list of 200k numbers) stays a readable line
 
 
+_URL_PASSWORD = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://[^/@\s:]*):[^/@\s]*@")
+
+
 def error(msg: str) -> None:
     """The one error line; what it quotes (a path, a key) shown as typed, never obeyed as
     terminal codes (click strips those only when stderr is not a terminal), and cut short
     when it quotes a huge value."""
-    line = printable(msg)
+    line = _URL_PASSWORD.sub(r"\1:***@", printable(msg))  # (an endpoint's or a store URL's password, never shown)
     if len(line) > MAX_ERROR_CHARS:
         line = f"{line[:MAX_ERROR_CHARS]}... ({len(line) - MAX_ERROR_CHARS:,} more characters)"
     typer.echo(f"kvtrace: error: {line}", err=True)

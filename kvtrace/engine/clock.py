@@ -86,6 +86,9 @@ class CostModel:
             hi = MAX_EXPERTS if name in ("num_experts", "experts_per_token") else MAX_COEFFICIENT
             if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= hi:
                 raise ConfigError(f"cost model {self.name}", name, f"expected an int from 0 to {hi:,}, got {v!r}")
+        if self.moe_expert_ns and not self.num_experts:  # (the term counts experts touched: E is needed)
+            raise ConfigError(f"cost model {self.name}", "num_experts",
+                              f"expected the number of experts (>= 1) with moe_expert_ns {self.moe_expert_ns}")
         if self.num_experts and not 0 < self.experts_per_token <= self.num_experts:
             raise ConfigError(f"cost model {self.name}", "experts_per_token",
                               f"expected 1..num_experts ({self.num_experts}), got {self.experts_per_token}")

@@ -22,3 +22,16 @@ class SchedulerConfig:
                 raise ConfigError("SchedulerConfig", name, f"expected a positive int, got {v!r}")
         if self.long_prefill_token_threshold < 0:
             raise ConfigError("SchedulerConfig", "long_prefill_token_threshold", "expected >= 0")
+
+    def check_vllm_accepts(self) -> None:
+        """ConfigError for what vLLM's own ``SchedulerConfig`` refuses (its
+        ``verify_max_model_len``): a user's settings are held to it. (Tests may drive the
+        scheduler with smaller budgets than vLLM allows.)"""
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ConfigError("SchedulerConfig", "max_num_batched_tokens",
+                              f"{self.max_num_batched_tokens} is below max_num_seqs {self.max_num_seqs}; vLLM "
+                              "requires max_num_batched_tokens >= max_num_seqs")
+        if self.long_prefill_token_threshold > self.max_model_len:
+            raise ConfigError("SchedulerConfig", "long_prefill_token_threshold",
+                              f"{self.long_prefill_token_threshold} exceeds max_model_len {self.max_model_len}; "
+                              "vLLM requires it <= max_model_len")

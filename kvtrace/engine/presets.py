@@ -174,6 +174,9 @@ def get_preset(
                 sized[g] = max(2, (sized[g] - 1) * base_groups[g].block_size // groups[g].block_size + 1)
             blocks = tuple(sized)
     changes["num_gpu_blocks"] = blocks
+    if not any(isinstance(g, MambaSpec) for g in groups):  # groups without Mamba: its prefill checkpoint goes too
+        changes["num_prefill_checkpoint_blocks"] = 0
+        changes["prefill_checkpoint_alignment"] = None
     if retention_interval is not KEEP:
         changes["retention_interval"] = retention_interval
     if without:
@@ -186,4 +189,5 @@ def get_preset(
     sc = preset.scheduler_config
     if scheduler:
         sc = replace(sc, **scheduler)
+        sc.check_vllm_accepts()
     return replace(preset, cache_config=replace(cc, **changes), scheduler_config=sc)

@@ -79,12 +79,15 @@ class FileConfig:
     cost_model: CostModel | None = None
 
 
-def parse_retention(value: Any, source: str = "--retention", key: str = "retention") -> int | None:
-    """``none`` -> None (dense), ``0`` -> latest-only, ``K`` -> every K tokens."""
+def parse_retention(value: Any, source: str = "--retention", key: str | None = None) -> int | None:
+    """``none`` -> None (dense), ``0`` -> latest-only, ``K`` -> every K tokens. ``key``: the
+    file key the value came from (None for the flag ``source``: the value is named)."""
     if value is None or (isinstance(value, str) and value.strip().lower() == "none"):
         return None
     k = value if isinstance(value, int) else parse_decimal(value) if isinstance(value, str) else None
     if k is None or k < 0 or isinstance(value, bool):
+        if key is None:
+            raise ConfigError(source, str(value), "expected none, 0 or a token count K")
         raise ConfigError(source, key, f"expected none, 0 or a token count K, got {value!r}")
     return k
 
@@ -111,6 +114,23 @@ def _check(section: dict, allowed: dict, path: str, prefix: str) -> dict:
     return out
 
 
+# Dotted parts of one key at most: tomllib's time and memory grow with the square of a
+# key's depth (80 KB of a.a.a... took 53 s and 9 GB); kvtrace's deepest key has three.
+MAX_KEY_PARTS = 64
+
+
+_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"|\'[^\']*\'')
+
+
+def _check_key_depth(text: str, source: str) -> None:
+    """ConfigError naming the line of a key of more than MAX_KEY_PARTS dotted parts (a
+    table header's, an inline table's too), found before the parser sees it: a line's dots
+    outside quoted strings are counted (a string's dots, a path's or a URL's, are not)."""
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.count(".") >= MAX_KEY_PARTS and _QUOTED.sub("", line).count(".") >= MAX_KEY_PARTS:
+            raise ConfigError(source, f"line {number}", f"a key of more than {MAX_KEY_PARTS} dotted parts")
+
+
 def load_config_file(path: str | Path) -> FileConfig:
     p = str(path)
     problem = file_problem(p)  # (a FIFO would block the open)
@@ -133,6 +153,7 @@ def load_config_file(path: str | Path) -> FileConfig:
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
         raise ConfigError(p, f"line {line}", "not UTF-8 text (is it a TOML file?)") from None
+    _check_key_depth(text, p)
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -185,7 +206,7 @@ def parse_groups(value: list, source: str) -> tuple:
             raise ConfigError(source, where, f"expected a table like {{ type = \"full_attention\", block_size = 16 }}, "
                                              f"got {g!r}")
         kind = g.get("type")
-        if kind not in _GROUP_TYPES:
+        if not isinstance(kind, str) or kind not in _GROUP_TYPES:  # (a list or table is no name, nor hashable)
             raise ConfigError(source, f"{where}.type", f"expected one of {sorted(_GROUP_TYPES)}, got {kind!r}")
         cls, keys = _GROUP_TYPES[kind]
         unknown = sorted(set(g) - {"type", *keys})

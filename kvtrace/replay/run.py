@@ -23,7 +23,7 @@ from kvtrace.names import MODES, otlp_requested
 from kvtrace.numeric import cdiv
 from kvtrace.replay.config_file import load_config_file, parse_retention
 from kvtrace.replay.digest import Digest
-from kvtrace.workload.lines import MAX_TOKENS
+from kvtrace.workload.lines import MAX_TOKENS, parse_decimal
 
 if TYPE_CHECKING:
     from kvtrace.workload import TraceRequest
@@ -115,10 +115,10 @@ def parse_capacity_blocks(text: str | None) -> int | float | None:
         return None
     if text.strip().lower() in ("inf", "infinity", "unbounded"):
         return math.inf
-    try:
-        return int(text)
-    except ValueError:
-        raise ConfigError("--capacity-blocks", text, "expected a number of blocks, or inf (cache-only mode)") from None
+    blocks = parse_decimal(text)  # (ASCII digits: int() also took 1_000 and other scripts' digits)
+    if blocks is None:
+        raise ConfigError("--capacity-blocks", text, "expected a number of blocks, or inf (cache-only mode)")
+    return blocks
 
 
 def engine_preset(spec: RunSpec):
@@ -313,7 +313,7 @@ def run_replay(
             store = stack.enter_context(Store.open(db, hold=True))
         run_id = None
         if store is not None:
-            run_id = store.create_run(spec.name or _default_name(spec, behaviours), **record)
+            run_id = store.create_run(spec.name or _default_name(spec, behaviours, preset), **record)
         try:
             digest = Digest()
             sink = store if store is not None else spans_to
@@ -339,7 +339,7 @@ def run_replay(
                         instrumentor.flush()  # the last spans: nothing is emitted after this
                         summary["spans"] = instrumentor.spans_emitted
                         # OTLP receivers have no runs table: the record travels as one span
-                        instrumentor.record_run({"name": spec.name or _default_name(spec, behaviours), **record,
+                        instrumentor.record_run({"name": spec.name or _default_name(spec, behaviours, preset), **record,
                                                  "digest": summary["digest"], "status": "complete",
                                                  "summary": summary})
             except KVTraceError as err:  # spans an OTLP collector did not take: the run itself is whole
@@ -428,6 +428,12 @@ def validate(spec: RunSpec) -> tuple[dict[str, Any], list[str], Any]:
             raise ConfigError("--policy", spec.policy, "applies to cache-only mode only: engine mode evicts as "
                                                        "vLLM's cache manager does (drop it, or use --mode cache-only)")
 
+        if spec.backend != DEFAULT_BACKEND and spec.config_file:  # the file's switches, as --without's
+            without = load_config_file(spec.config_file).cache.get("without")
+            if without:
+                raise ConfigError(spec.config_file, "cache.without",
+                                  f"switches kvtrace's own behaviours; the {spec.backend} backend runs the installed "
+                                  "vLLM's code as it is (patch vLLM instead, or use --backend kvtrace)")
         preset = engine_preset(spec)
         if spec.content:  # no device storage without content
             check_storage_fits(preset.cache_config)
@@ -490,10 +496,10 @@ def run_record(spec: RunSpec, result: RunResult) -> dict[str, Any]:
     return {k: (dict(v) if isinstance(v, dict) else v) for k, v in result.record.items()}
 
 
-def _default_name(spec: RunSpec, behaviours: list[str]) -> str:
+def _default_name(spec: RunSpec, behaviours: list[str], preset: Any = None) -> str:
     parts = [Path(spec.trace).name if not spec.trace.startswith(GENERATED_PREFIX) else spec.trace, spec.mode]
     if spec.mode == "engine":
-        parts.append(spec.preset or DEFAULT_PRESET)
+        parts.append(preset.name if preset is not None else spec.preset or DEFAULT_PRESET)  # (a --config's preset too)
         if not spec.content:
             parts.append("no-content")
         if spec.backend != "kvtrace":

@@ -67,6 +67,9 @@ def test_huge_output_length_is_refused_before_it_hangs(tmp_path, capsys):
     ('without = ["nope"]', "cache.without"),
     ("num_prefill_checkpoint_blocks = -1", "cache.num_prefill_checkpoint_blocks"),
     ("external_capacity_blocks = -3", "cache.external_capacity_blocks"),
+    # a group type that is no name (a list, a table) was a TypeError: unhashable
+    ('groups = [{type=["full_attention"], block_size=64}]', "cache.groups[0].type"),
+    ("groups = [{type={a=1}, block_size=64}]", "cache.groups[0].type"),
 ])
 def test_toml_cache_values_name_the_file_and_key(tmp_path, capsys, line, key):
     cfg = tmp_path / "run.toml"
@@ -79,6 +82,16 @@ def test_toml_cache_values_name_the_file_and_key(tmp_path, capsys, line, key):
     ("[scheduler]\nmax_num_seqs = 0\n", "scheduler.max_num_seqs"),
     ("[scheduler]\nmax_num_batched_tokens = -1\n", "scheduler.max_num_batched_tokens"),
     ('preset = "nope"\n', "preset"),
+    # what vLLM's SchedulerConfig refuses (1 token a step took 100 s for 20 requests)
+    ("[scheduler]\nmax_num_batched_tokens = 1\n", "scheduler.max_num_batched_tokens: 1 is below max_num_seqs"),
+    ("[scheduler]\nlong_prefill_token_threshold = 300000\nmax_model_len = 200000\n",
+     "scheduler.long_prefill_token_threshold: 300000 exceeds max_model_len"),
+    # an MoE term without its experts was a ZeroDivisionError, after a run was recorded
+    ('[cost_model]\nname = "mine"\nstep_overhead_ns = 1000\ntoken_ns = 10\nattn_pair_ps = 1\nkv_read_ps = 1\n'
+     "decode_seq_ns = 1\nmoe_expert_ns = 100\n", "cost_model.num_experts"),
+    # tomllib's cost grows with the square of a key's depth: 80 KB of a.a.a... took 9 GB
+    ("[cache]\n" + ".".join(["x"] * 40_000) + " = 1\n", "line 2: a key of more than 64 dotted parts"),
+    ("[cache]\nx = {" + ".".join(["x"] * 40_000) + " = 1}\n", "line 2: a key of more than 64 dotted parts"),
 ])
 def test_toml_other_values_name_the_file_and_key(tmp_path, capsys, text, key):
     cfg = tmp_path / "run.toml"
@@ -123,6 +136,9 @@ def test_unreadable_config_files(tmp_path, capsys):
      "--capacity-tokens: 999999999999: 250,000,000,000 blocks"),
     (["--mode", "cache-only", "--block-size", "4", "--capacity-tokens", "-5"], "--capacity-tokens: -5"),
     (["--mode", "cache-only", "--capacity-tokens", "64"], "--capacity-tokens: 64: cache-only mode needs --block-size"),
+    (["--capacity-blocks", "1_000"], "--capacity-blocks: 1_000: expected a number of blocks"),
+    (["--capacity-blocks", "\u0661\u0660\u0660"], "--capacity-blocks: \u0661\u0660\u0660: expected a number"),
+    (["--retention", "-1"], "--retention: -1: expected none, 0 or a token count K"),
 ])
 def test_flags_name_themselves(capsys, argv, flag):
     limit = [] if argv[0] == "--limit" else ["--limit", "2"]
@@ -896,3 +912,31 @@ def test_store_paths_follow_duckdbs_own_rule_for_prefixes(tmp_path, capsys, monk
         assert code == 0, err
     else:
         assert_one_line(code, err, db, "write ./")
+
+
+def test_a_password_in_a_url_is_never_in_the_error_line(capsys):
+    code, _, err = run(["replay", "gen:chat", "--limit", "2", "--otlp-endpoint", "http://user:s3cret@[::1"], capsys)
+    assert_one_line(code, err, "--otlp-endpoint", "http://user:***@[::1")
+    assert "s3cret" not in err
+
+
+def test_groups_without_mamba_drop_the_presets_prefill_checkpoint(tmp_path, capsys):
+    # the default preset's checkpoint (a Mamba setting) was kept and then refused, blaming
+    # the very key that turned it off
+    cfg = tmp_path / "fa.toml"
+    cfg.write_text('[cache]\ngroups = [{type="full_attention", block_size=512}]\nretention_interval = "none"\n'
+                   "num_prefill_checkpoint_blocks = 0\n")
+    code, out, err = run(["replay", "gen:chat", "--limit", "3", "--config", str(cfg), "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["requests"] == 3
+
+
+def test_the_default_run_name_names_the_preset_a_config_file_chose(tmp_path, capsys):
+    cfg = tmp_path / "pd.toml"
+    cfg.write_text('preset = "dense-attention"\n')
+    db = tmp_path / "pn.duckdb"
+    code, _, err = run(["replay", "gen:chat", "--limit", "2", "--config", str(cfg), "--db", str(db)], capsys)
+    assert code == 0, err
+    from kvtrace.store import read
+
+    assert read.runs(db)["name"].to_list() == ["gen:chat engine dense-attention"]

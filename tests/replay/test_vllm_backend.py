@@ -187,6 +187,36 @@ def test_settings_the_vllm_backend_refuses(tmp_path, capsys, argv, needle):
     assert not db.exists()
 
 
+def test_a_config_files_without_is_refused_as_the_flag_is(tmp_path, capsys):
+    # the file's switch was ignored with the vLLM backend, and the run recorded as switched off
+    from tests.cli.support import run
+
+    cfg = tmp_path / "wo.toml"
+    cfg.write_text('[cache]\nwithout = ["external-hit-running-cow"]\n')
+    db = tmp_path / "refused.duckdb"
+    code, _, err = run(["replay", "gen:chat", "--limit", "2", "--backend", "vllm", "--config", str(cfg),
+                        "--db", str(db)], capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, err
+    assert lines[0].startswith(f"kvtrace: error: {cfg}: cache.without: switches kvtrace's own behaviours"), err
+    assert not db.exists()
+
+
+def test_a_failure_inside_vllms_manager_is_one_line_and_a_failed_run(vllm_api, tmp_path, capsys):
+    # vLLM 0.33's pool runs dry on an external hit here (kvtrace's manager completes): its
+    # ValueError escaped as a traceback
+    from kvtrace.store import read
+    from tests.cli.support import run
+
+    db = tmp_path / "v.duckdb"
+    code, _, err = run(["replay", "gen:mixed", "--limit", "45", "--backend", "vllm", "--capacity-blocks", "40",
+                        "--external-blocks", "5000", "--db", str(db)], capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, err
+    assert "vLLM's KVCacheManager failed allocating for request" in lines[0] and "ValueError" in lines[0]
+    assert read.runs(db)["status"].to_list() == ["failed"]
+
+
 def test_vllms_manager_caches_its_environment_as_its_engine_core_does(vllm_api):
     """Both ways vLLM's manager is built here (conformance's reference, the engine
     backend) switch on vLLM's environment cache, as vLLM's EngineCore does once its

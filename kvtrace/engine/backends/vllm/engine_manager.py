@@ -80,6 +80,7 @@ from kvtrace.cache.plans import STATE_CHECKPOINT, STATE_EXTERNAL, STATE_RUNNING,
 from kvtrace.cache.request import Request
 from kvtrace.engine.backends.vllm._load import VllmAPI
 from kvtrace.engine.backends.vllm.manager import VllmKVCacheManager
+from kvtrace.errors import KVTraceError
 from kvtrace.numeric import cdiv
 
 _COW_COPIES = attrgetter("_pending_cow_copies")  # a single-type manager's copy-on-write pairs of the step
@@ -301,14 +302,20 @@ class VllmEngineManager(VllmKVCacheManager):
             twin.append_output_token_ids(outputs[i])
         managers = self._managers
         pending = [*map(len, map(_COW_COPIES, managers))]
-        if (new_computed_blocks is None and not num_new_computed_tokens and not num_external_computed_tokens
-                and not num_lookahead_tokens):
-            out = self.manager.allocate_slots(twin, num_new_tokens)  # a running request's call, as vLLM's
-        else:
-            out = self.manager.allocate_slots(
-                twin, num_new_tokens, num_new_computed_tokens=num_new_computed_tokens,
-                new_computed_blocks=new_computed_blocks, num_lookahead_tokens=num_lookahead_tokens,
-                num_external_computed_tokens=num_external_computed_tokens)
+        try:
+            if (new_computed_blocks is None and not num_new_computed_tokens and not num_external_computed_tokens
+                    and not num_lookahead_tokens):
+                out = self.manager.allocate_slots(twin, num_new_tokens)  # a running request's call, as vLLM's
+            else:
+                out = self.manager.allocate_slots(
+                    twin, num_new_tokens, num_new_computed_tokens=num_new_computed_tokens,
+                    new_computed_blocks=new_computed_blocks, num_lookahead_tokens=num_lookahead_tokens,
+                    num_external_computed_tokens=num_external_computed_tokens)
+        except (ValueError, AssertionError) as err:  # vLLM's own failure: one line, not its traceback
+            raise KVTraceError(
+                f"vLLM's KVCacheManager failed allocating for request {rid} at step {self.step}: "
+                f"{type(err).__name__}: {err} (`kvtrace conformance` with these settings shows where it "
+                "parts from kvtrace's)"[:1000]) from None
         if out is None:
             self._drain(request)
             return None
