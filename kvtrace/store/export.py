@@ -43,14 +43,16 @@ def export_parquet(db: str | Path, run_id: str, directory: str | Path) -> dict[s
     if is_clickhouse(db):
         return _export_clickhouse(db, run_id, out_dir)
     with read_connection(db) as con:
-        if fetch_one(con, "SELECT 1 FROM runs WHERE run_id = ?", [run_id]) is None:
+        row = fetch_one(con, f"SELECT {_WRITER} FROM runs WHERE run_id = ?", [run_id])
+        if row is None:
             raise UnknownRunError(str(db), run_id)
+        stored, shown = _statuses(db, run_id, row)
 
         def write(table: str, target: Path) -> None:
             import duckdb
 
-            order = _ORDER.get(table, "")
-            rel = con.sql(f"SELECT * FROM {table} WHERE run_id = $run_id {order}", params={"run_id": run_id})
+            rel = con.sql(_table_sql(table, stored), params={"run_id": run_id, "status": shown} if table == "runs"
+                          else {"run_id": run_id})
             try:
                 rel.to_parquet(str(target), compression="zstd")
             except duckdb.IOException as err:  # the output's failure (a full disk), not the store's
@@ -66,15 +68,42 @@ def _export_clickhouse(db: str | Path, run_id: str, out_dir: Path) -> dict[str, 
     from kvtrace.store.clickhouse.reader import read_connection as clickhouse_read
 
     with clickhouse_read(db) as con:
-        if con.query_arrow("SELECT 1 AS x FROM runs WHERE run_id = $run_id", {"run_id": run_id}).num_rows == 0:
+        found = con.query_arrow(f"SELECT {_WRITER} FROM runs WHERE run_id = $run_id", {"run_id": run_id})
+        if found.num_rows == 0:
             raise UnknownRunError(str(db), run_id)
+        stored, shown = _statuses(db, run_id, tuple(found.to_pylist()[0].values()))
 
         def write(table: str, target: Path) -> None:
-            order = _ORDER.get(table, "")
-            pq.write_table(con.query_arrow(f"SELECT * FROM {table} WHERE run_id = $run_id {order}",
-                                           {"run_id": run_id}), target, compression="zstd")
+            params = {"run_id": run_id, "status": shown} if table == "runs" else {"run_id": run_id}
+            pq.write_table(con.query_arrow(_table_sql(table, stored), params), target, compression="zstd")
 
         return _write_all(out_dir, write)
+
+
+_WRITER = "status, writer_pid, writer_host, writer_start"
+
+
+def _statuses(db: str | Path, run_id: str, row: tuple) -> tuple[str, str]:
+    """(the stored status, the status ``kvtrace runs`` shows: a dead writer's running run is
+    ``incomplete``) of a run's ``_WRITER`` row."""
+    from kvtrace.store.liveness import writer_alive
+
+    stored, pid, host, start = row
+    alive = stored != "running" or writer_alive(pid, host, start, db=str(db), run_id=run_id)
+    return str(stored), str(stored) if alive else "incomplete"
+
+
+def _table_sql(table: str, status: str) -> str:
+    """The SELECT of one exported table's rows of ``$run_id``: the run row with the status
+    the readers show (``$status``); a derived table's rows computed from the spans while the
+    run was never finished (a running or killed one: ``finish_run`` never materialised them),
+    as every reader computes them."""
+    from kvtrace.store import derived
+
+    if table == "runs":
+        return "SELECT * REPLACE ($status AS status) FROM runs WHERE run_id = $run_id"
+    source = (f"({derived.live_sql(table)})" if status == "running" and table in derived.TABLES else table)
+    return f"SELECT * FROM {source} WHERE run_id = $run_id {_ORDER.get(table, '')}"
 
 
 def _output_dir(directory: str | Path) -> Path:

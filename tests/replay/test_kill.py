@@ -16,9 +16,10 @@ import sys
 import time
 
 import duckdb
+import pyarrow.parquet as pq
 
 from kvtrace.replay.run import RunSpec, run_replay
-from kvtrace.store import read
+from kvtrace.store import export_parquet, read
 from kvtrace.store.writer import Store
 from tests.conftest import TRACES
 from tests.instrument.helpers import store_rows
@@ -44,6 +45,18 @@ def test_a_killed_replay_keeps_every_committed_span_exactly(tmp_path):
             proc.kill()
         proc.wait()
     assert proc.returncode == -signal.SIGKILL
+
+    # exported before any writer recovers it: the status `runs` shows, and the derived rows
+    # finish_run never materialised, computed from the spans (an export had 0 and "running")
+    out = export_parquet(db, "r1", tmp_path / "export")
+    assert pq.read_table(out["runs"]).column("status").to_pylist() == ["incomplete"]
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        (evicted,), = con.execute("SELECT coalesce(sum(len(block_ids)), 0) FROM spans WHERE run_id = 'r1' "
+                                  "AND name = 'kvtrace.cache.evict'").fetchall()
+    finally:
+        con.close()
+    assert pq.read_table(out["evicted_blocks"]).num_rows == evicted > 0
 
     with Store.open(db) as store:  # a writer that finds the dead one's run marks it
         assert store.recovered_runs == ["r1"]
