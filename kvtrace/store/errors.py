@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from kvtrace.errors import KVTraceError
 
+DAMAGED = "damaged kvtrace store"  # how every error about a store's broken insides begins
+
 
 class StoreError(KVTraceError):
     """A database that cannot be used as a kvtrace store (missing, corrupt, foreign, busy)."""

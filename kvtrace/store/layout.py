@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import duckdb
 
 from kvtrace.store import derived
-from kvtrace.store.errors import StoreError
+from kvtrace.store.errors import DAMAGED, StoreError
 from kvtrace.store.schema import (
     CURVE_COLUMNS,
     FAMILIES,
@@ -39,7 +39,6 @@ from kvtrace.store.schema import (
 )
 
 TABLE, VIEW = "table", "view"
-DAMAGED = "damaged kvtrace store"
 
 # What the writer adds to a store written before it existed (CREATE / ALTER ... IF NOT
 # EXISTS when it opens one): a store may lack these and still be whole.

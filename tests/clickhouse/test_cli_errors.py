@@ -98,3 +98,17 @@ def test_an_export_into_a_chdb_stores_own_directory_is_refused(tmp_path, inside)
     assert_one_line(proc.returncode, proc.stderr, "is the store", "export somewhere else")
     assert not list(store.rglob("*.parquet"))
     assert _kvtrace("runs", "--db", f"chdb:{store}").returncode == 0  # (it opens as before)
+
+
+def test_data_parts_chdb_sets_aside_as_broken_make_a_damaged_store(tmp_path):
+    # truncated data.bin files: chdb detached the parts on open and every read came up short
+    # (an export of a third of the spans, exit 0)
+    store = tmp_path / "t"
+    made = _kvtrace("replay", "gen:chat", "--mode", "cache-only", "--limit", "5", "--db", f"chdb:{store}")
+    assert made.returncode == 0, made.stderr
+    for data in store.rglob("data.bin"):
+        data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    for argv in (["runs"], ["export", "--run", "r1", "--parquet", str(tmp_path / "out")]):
+        proc = _kvtrace(*argv, "--db", f"chdb:{store}")
+        assert_one_line(proc.returncode, proc.stderr, "damaged kvtrace store", "set them aside as broken")
+    assert not (tmp_path / "out").exists()

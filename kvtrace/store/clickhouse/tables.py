@@ -6,6 +6,7 @@ from __future__ import annotations
 from kvtrace.store import derived, dialect
 from kvtrace.store.clickhouse import client
 from kvtrace.store.clickhouse.schema import derived_columns
+from kvtrace.store.errors import DAMAGED, StoreError
 from kvtrace.store.schema import META_TABLE, meta_version
 
 
@@ -14,7 +15,24 @@ def check_meta(con: client.ClickHouseConnection, label: str) -> int | None:
     for one that is another program's or too new."""
     if META_TABLE not in con.table_names():
         return None
+    _check_no_broken_parts(con, label)  # (first: a broken part of the meta table reads as no magic)
     return meta_version(dict(con.ch_frame(f"SELECT key, value FROM {META_TABLE}").rows()), label)
+
+
+def _check_no_broken_parts(con: client.ClickHouseConnection, label: str) -> None:
+    """StoreError when ClickHouse set data parts of the store aside as broken (a truncated
+    or damaged ``data.bin``: it detaches them when it starts, and every read after comes up
+    short, silently)."""
+    try:
+        broken = con.ch_frame("SELECT table, count() AS n FROM system.detached_parts "
+                              "WHERE database = currentDatabase() AND startsWith(reason, 'broken') "
+                              "GROUP BY table ORDER BY table")
+    except StoreError:  # (a server that does not show its system tables to this user: not checked)
+        return
+    if broken.height:
+        tables = ", ".join(broken["table"].to_list())
+        raise StoreError(label, f"{DAMAGED}: {int(broken['n'].sum())} data part(s) of {tables} could not be read "
+                                "(ClickHouse set them aside as broken, in detached/); its runs would read short")
 
 
 def materialise(con: client.ClickHouseConnection, run_id: str) -> None:
