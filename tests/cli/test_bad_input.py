@@ -483,7 +483,7 @@ def test_diff_options_out_of_range(tmp_path, capsys, two_runs, argv, needle):
 
 @pytest.mark.parametrize("argv, needle", [
     (["study", "transient-checkpoint-retention", "--limit", "-1"], "--limit: -1"),
-    (["generate", "chat", "-o", "{tmp}/g.jsonl", "--requests", str(2**63)], "num_requests"),
+    (["generate", "chat", "-o", "{tmp}/g.jsonl", "--requests", str(2**63)], "--requests: 9223372036854775808"),
     (["replay", "{trace}", "--mode", "cache-only", "--capacity-blocks", "4", "--block-size", str(2**64)],
      "--block-size"),
     (["collect", "--db", "{tmp}/c.duckdb", "--port", "-1"], "--port: -1"),
