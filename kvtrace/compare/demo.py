@@ -166,6 +166,25 @@ def _demo_target(db: str) -> str:
     return target
 
 
+_SCRATCH = ".kvtrace-demo-"  # + the building process's pid + "-" + mkdtemp's letters
+
+
+def _remove_dead_scratch(folder: str) -> None:
+    """Remove the scratch folders demos killed with -9 left here (their process is gone:
+    nothing else cleans up after a kill); a live demo's stays."""
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(folder):
+            pid = entry.name[len(_SCRATCH):].partition("-")[0]
+            if not (entry.name.startswith(_SCRATCH) and pid.isascii() and pid.isdigit()) or int(pid) == os.getpid():
+                continue
+            try:
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                shutil.rmtree(entry.path, ignore_errors=True)
+            except (PermissionError, OverflowError):
+                continue  # (another user's live process; a pid no process can have)
+
+
 @contextlib.contextmanager
 def _beside(target: str) -> Iterator[str]:
     """A store path in a new hidden folder beside ``target`` (the same file system, so the
@@ -175,8 +194,10 @@ def _beside(target: str) -> Iterator[str]:
     DuckDB's own interrupt (a signal landing in a query) can surface as ``RuntimeError: Query
     interrupted``; it is raised again as the interrupt it was, so SIGTERM exits 143, Ctrl-C 130."""
     folder = os.path.dirname(os.path.abspath(target))
+    _remove_dead_scratch(folder)
     try:
-        scratch = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.", suffix=".demo-tmp", dir=folder)
+        # (named by this process, not the target: a long file name left no room for a suffix)
+        scratch = tempfile.mkdtemp(prefix=f"{_SCRATCH}{os.getpid()}-", dir=folder)
     except OSError as err:
         raise KVTraceError(f"{folder}: cannot write the demo store there ({err.strerror or err})") from None
     try:

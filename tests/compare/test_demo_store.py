@@ -255,3 +255,18 @@ def test_a_url_like_path_is_refused_as_every_store_command_refuses_it(tmp_path, 
     monkeypatch.chdir(tmp_path)
     code, err = _cli(["demo", "--db", "md:foo"], capsys)
     assert code == 2 and "DuckDB would read this as a URL" in err and not list(tmp_path.iterdir())
+
+
+def test_scratch_left_by_a_killed_demo_is_removed_and_a_live_ones_kept(tmp_path):
+    # a demo killed with -9 cleans nothing up: the next one removes what a dead process left
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    dead = tmp_path / f".kvtrace-demo-{gone}-abcd"
+    (dead / "sub").mkdir(parents=True)
+    live = tmp_path / f".kvtrace-demo-{os.getppid()}-efgh"
+    live.mkdir()
+    db = tmp_path / ("d" * 240 + ".duckdb")  # (a long name: the scratch folder's is its own, not longer)
+    _demo(db)
+    assert not dead.exists() and live.exists()
+    assert read.runs(db).height == 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, db.name])
