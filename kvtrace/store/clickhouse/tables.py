@@ -39,7 +39,10 @@ def materialise(con: client.ClickHouseConnection, run_id: str) -> None:
     """(Re)build one run's derived rows server-side, from the SQL the DuckDB store runs."""
     params = {"run_id": run_id}
     for table in derived.TABLES:
-        con.command(f"DELETE FROM {table} WHERE run_id = {{run_id:String}}", params)
+        # only where rows are (a run materialised again): a delete is a mutation, written to
+        # disk and waited for, and on a full disk it never finished (nor let SIGTERM in)
+        if con.ch_frame(f"SELECT count() AS n FROM {table} WHERE run_id = {{run_id:String}}", params)["n"][0]:
+            con.command(f"DELETE FROM {table} WHERE run_id = {{run_id:String}}", params)
     own = "(SELECT * FROM evicted_blocks WHERE run_id = $run_id)"
     selects = {
         "evicted_blocks": derived.EVICTED_BLOCKS_SELECT,
