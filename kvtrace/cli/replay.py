@@ -27,6 +27,10 @@ def replay(
     from kvtrace.replay.report import print_summary
     from kvtrace.replay.run import run_replay
 
+    if otlp_endpoint is not None and not otlp_endpoint.strip():  # (an empty value meant no endpoint, silently)
+        from kvtrace.errors import ConfigError
+
+        raise ConfigError("--otlp-endpoint", "''", "expected a collector URL, e.g. http://127.0.0.1:4318")
     if db is not None or otlp_endpoint is not None:
         pyarrow_without_pandas()
     result = run_replay(spec, db=db, otlp_endpoint=otlp_endpoint, progress=sys.stderr.isatty())

@@ -164,7 +164,7 @@ def load_config_file(path: str | Path) -> FileConfig:
         if key not in _TOP_KEYS:
             raise ConfigError(p, _named(key), f"unknown key; expected one of {sorted(_TOP_KEYS)}")
     cfg = FileConfig(preset=raw.get("preset"))
-    if cfg.preset is not None and not isinstance(cfg.preset, str):
+    if cfg.preset is not None and (not isinstance(cfg.preset, str) or not cfg.preset.strip()):  # ("": no default)
         raise ConfigError(p, "preset", f"expected a preset name, got {cfg.preset!r}")
     for name, allowed in (("cache", _CACHE_KEYS), ("scheduler", _SCHEDULER_KEYS)):
         section = raw.get(name, {})

@@ -80,6 +80,10 @@ def open_workload(spec: RunSpec) -> _Workload:
     if spec.trace.startswith(GENERATED_PREFIX):
         from kvtrace.replay.generate import generate
 
+        if spec.trace_format is not None:  # (it was ignored)
+            raise ConfigError("--format", spec.trace_format, f"{spec.trace} is a generated workload, not a file "
+                                                             "of a format; drop --format")
+
         name = spec.trace[len(GENERATED_PREFIX):]
         reqs = generate(name, spec.seed)
         if spec.limit is not None:

@@ -82,6 +82,7 @@ def test_toml_cache_values_name_the_file_and_key(tmp_path, capsys, line, key):
     ("[scheduler]\nmax_num_seqs = 0\n", "scheduler.max_num_seqs"),
     ("[scheduler]\nmax_num_batched_tokens = -1\n", "scheduler.max_num_batched_tokens"),
     ('preset = "nope"\n', "preset"),
+    ('preset = ""\n', "preset: expected a preset name, got ''"),  # (it meant the default preset)
     # what vLLM's SchedulerConfig refuses (1 token a step took 100 s for 20 requests)
     ("[scheduler]\nmax_num_batched_tokens = 1\n", "scheduler.max_num_batched_tokens: 1 is below max_num_seqs"),
     ("[scheduler]\nlong_prefill_token_threshold = 300000\nmax_model_len = 200000\n",
@@ -139,6 +140,9 @@ def test_unreadable_config_files(tmp_path, capsys):
     (["--capacity-blocks", "1_000"], "--capacity-blocks: 1_000: expected a number of blocks"),
     (["--capacity-blocks", "\u0661\u0660\u0660"], "--capacity-blocks: \u0661\u0660\u0660: expected a number"),
     (["--retention", "-1"], "--retention: -1: expected none, 0 or a token count K"),
+    # silently ignored before: a format for a generated workload, an empty endpoint
+    (["--format", "mooncake"], "--format: mooncake: gen:chat is a generated workload"),
+    (["--otlp-endpoint", ""], "--otlp-endpoint: '': expected a collector URL"),
 ])
 def test_flags_name_themselves(capsys, argv, flag):
     limit = [] if argv[0] == "--limit" else ["--limit", "2"]
