@@ -43,6 +43,15 @@ from kvtrace.store.schema import TIME_OFFSET_RESOURCE_KEY
 _ENV_ENDPOINTS = OTLP_ENDPOINT_VARIABLES
 _ENV_PROTOCOLS = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
 _ENV_TIMEOUTS = ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT")
+_ENV_COMPRESSIONS = ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "OTEL_EXPORTER_OTLP_COMPRESSION")
+_ENV_HEADERS = ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_HEADERS")
+# What each protocol's SDK exporter takes (its gRPC one raises on anything but gzip; its
+# HTTP one logs a line and fails every export)
+_COMPRESSIONS = {"http/protobuf": ("gzip", "deflate", "none"), "grpc": ("gzip",)}
+# One header of OTEL_EXPORTER_OTLP_HEADERS as the SDK reads it (opentelemetry.util.re's
+# liberal key=value; the SDK logs and drops any other)
+_HEADER = re.compile(r"[ \t]*[\x21\x23-\x27\x2a\x2b\x2d\x2e\x30-\x39\x41-\x5a\x5e-\x7a\x7c\x7e]+[ \t]*="
+                     r"[\x20\x21\x23-\x2b\x2d-\x3a\x3c-\x5b\x5d-\x7e]*")
 PROTOCOLS = ("http/protobuf", "grpc")
 EXPORT_TIMEOUT_S = 5.0  # one export, retries included, unless the OTEL_* timeout says otherwise
 # Where the SDK's exporters (and kvtrace's processor) log each failed try.
@@ -125,6 +134,16 @@ def check_otlp_settings(endpoint: str | None) -> None:
                 ok = False
             if not ok:
                 raise ConfigError(key, repr(text), "expected a positive number of seconds")
+    for key in _ENV_COMPRESSIONS:
+        text = os.environ.get(key)
+        allowed = _COMPRESSIONS.get(protocol, _COMPRESSIONS["http/protobuf"])
+        if text is not None and text.strip().lower() not in allowed:
+            raise ConfigError(key, repr(text), f"expected {' or '.join(allowed)} for OTLP over {protocol}")
+    for key in _ENV_HEADERS:
+        for header in re.split(r"[ \t]*,[ \t]*", os.environ.get(key) or ""):
+            if header and not _HEADER.fullmatch(header):
+                raise ConfigError(key, repr(header)[:100], "expected comma-separated NAME=VALUE headers "
+                                                           "(values URL-encoded)")
 
 
 def otlp_span_exporter(endpoint: str | None = None) -> SpanExporter:

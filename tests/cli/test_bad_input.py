@@ -542,6 +542,24 @@ def test_a_bad_otlp_timeout_is_refused_before_anything_is_recorded(tmp_path, cap
     assert not db.exists()
 
 
+@pytest.mark.parametrize(("env", "needle"), [
+    ({"OTEL_EXPORTER_OTLP_COMPRESSION": "zstd"}, "OTEL_EXPORTER_OTLP_COMPRESSION: 'zstd': expected gzip or deflate"),
+    ({"OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": "none", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"},
+     "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION: 'none': expected gzip for OTLP over grpc"),
+    ({"OTEL_EXPORTER_OTLP_HEADERS": "api-key=abc,a b"}, "OTEL_EXPORTER_OTLP_HEADERS: 'a b': expected comma-separated"),
+    ({"OTEL_EXPORTER_OTLP_TRACES_HEADERS": "novalue"}, "OTEL_EXPORTER_OTLP_TRACES_HEADERS: 'novalue'"),
+])
+def test_otlp_variables_the_sdk_would_log_and_drop_are_refused(tmp_path, capsys, monkeypatch, env, needle):
+    # the SDK printed its own line ("Unsupported compression type", "Header format invalid")
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    db = tmp_path / "runs.duckdb"
+    code, _, err = run(["replay", "gen:chat", "--limit", "2", "--mode", "cache-only", "--db", str(db),
+                        "--otlp-endpoint", "http://127.0.0.1:9"], capsys)
+    assert_one_line(code, err, needle)
+    assert not db.exists()
+
+
 def test_one_file_read_two_ways_is_named_as_such(tmp_path, capsys):
     """Two runs of one file with another --limit: the refusal showed the same path twice."""
     trace = write_lines(tmp_path / "t.jsonl", [MOONCAKE_LINE, {**MOONCAKE_LINE, "timestamp": 1}])
