@@ -33,6 +33,12 @@ def _cases(tmp: Path) -> list[tuple[str, list[str]]]:
         ("replay with a malformed --config", ["replay", "gen:mixed", "--config", str(bad_toml)]),
         ("an unknown preset", ["replay", "gen:mixed", "--preset", "nope"]),
         ("runs on a missing store", ["runs", "--db", str(tmp / "missing.duckdb")]),
+        ("replay into a missing folder", ["replay", "gen:mixed", "--db", str(tmp / "nowhere" / "r.duckdb")]),
+        ("collect on a port out of range", ["collect", "--db", str(tmp / "r.duckdb"), "--port", "70000"]),
+        ("capture from a malformed endpoint", ["capture", "vllm", "--db", str(tmp / "r.duckdb"), "--endpoint", "x"]),
+        ("demo into a directory", ["demo", "--db", str(tmp)]),
+        ("dashboard on port 0", ["dashboard", "--db", str(bad_toml), "--port", "0"]),
+        ("study with an unknown sweep", ["study", "shared-prefix-pinning", "--sweep", "bogus=1,2"]),
     ]
 
 

@@ -27,7 +27,6 @@ from kvtrace.cache.config import (
     TRANSIENT_CHECKPOINT_RETENTION,
 )
 from kvtrace.errors import ConfigError, KVTraceError
-from kvtrace.replay.generate import WORKLOADS, study_workload
 from kvtrace.replay.run import RunSpec, run_replay, validate
 from kvtrace.replay.sweep import parse_param
 
@@ -48,6 +47,8 @@ def study_defaults(behaviour: str) -> dict[str, Any]:
     """RunSpec settings under which the behaviour's generated workload exposes it: the
     generator's hints (preset, retention, capacities, external tier). Applied only to the
     built-in workload; a user's --trace runs on the preset as it is."""
+    from kvtrace.replay.generate import WORKLOADS, study_workload  # (numpy: a study of a user's trace needs none)
+
     return dict(WORKLOADS[study_workload(behaviour)].hints)
 
 
