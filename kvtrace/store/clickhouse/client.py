@@ -184,7 +184,7 @@ def _open_session(target: ClickHouseTarget, timeout_s: float) -> Any:
                 session, failure = chs.Session(target.path), None
             except Exception as err:
                 session, failure = None, err
-        if failure is None:
+        if session is not None:
             if written[0]:  # (what a server that started wrote: shown as it was)
                 sys.stderr.write(written[0])
             break
