@@ -180,8 +180,9 @@ def _open_session(target: ClickHouseTarget, timeout_s: float) -> Any:
     backoff = 0.01
     while True:
         with _stderr_caught() as written:
+            failure: Exception = RuntimeError("chdb did not start")
             try:
-                session, failure = chs.Session(target.path), None
+                session = chs.Session(target.path)
             except Exception as err:
                 session, failure = None, err
         if session is not None:
