@@ -399,7 +399,7 @@ def hash_token(request_id: str, index: int) -> int:
 def run_conformance(spec: ConformanceSpec, api=None) -> ConformanceResult:
     """Compare both managers on ``spec`` (one run per pool size). Raises ``KVTraceError``
     when vLLM is missing or the configuration has no vLLM counterpart."""
-    from kvtrace.engine.backends.vllm import load_vllm
+    from kvtrace.engine.backends.vllm import check_expressible, load_vllm
     from kvtrace.replay.run import RunSpec, open_workload, validate
 
     if spec.concurrency < 1:
@@ -416,6 +416,7 @@ def run_conformance(spec: ConformanceSpec, api=None) -> ConformanceResult:
         cc = preset.cache_config
         if spec.cache_overrides:
             cc = replace(cc, **spec.cache_overrides)
+        check_expressible(cc, connector=cc.external is not None)  # (what vLLM cannot express: before it loads)
         planned.append((preset, cc, open_workload(rs)))
     api = api or load_vllm()
     runs = []

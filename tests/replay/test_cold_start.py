@@ -73,7 +73,7 @@ def test_torch_is_not_imported(name, tmp_path):
 
 # A mistyped command line is refused before anything heavy loads (issue 16: < 0.5 s): the
 # choices come from kvtrace.names, a store to read is checked while parsing.
-HEAVY = ("torch", "numpy", "duckdb", "polars", "pyarrow", "pydantic")
+HEAVY = ("torch", "numpy", "duckdb", "polars", "pyarrow", "pydantic", "vllm")
 CLI_ERRORS = {
     "a missing trace": ["replay", "missing.jsonl"],
     "a malformed trace": ["replay", "bad.jsonl", "--mode", "cache-only"],
@@ -99,15 +99,22 @@ CLI_ERRORS = {
     "dashboard on port 0": ["dashboard", "--db", "bad.toml", "--port", "0"],
     "study with an unknown sweep": ["study", "shared-prefix-pinning", "--sweep", "bogus=1,2"],
     "study with a negative limit": ["study", "shared-prefix-pinning", "--limit", "-1"],
+    # what vLLM cannot express, before vLLM's 20 s of imports
+    "conformance with a hash vLLM lacks": ["conformance", "gen:mixed", "--limit", "3", "--config", "xxhash.toml"],
+    "a vLLM-backend replay with a hash vLLM lacks": ["replay", "gen:mixed", "--limit", "3", "--backend", "vllm",
+                                                     "--config", "xxhash.toml"],
 }
-# numpy (a tenth of a second) for a study of its built-in workload: defined in the generator
-ALLOWED = {"study with a negative limit": ("numpy",)}
+# numpy (a tenth of a second) for a study of its built-in workload (defined in the generator),
+# a generated workload, an engine preset
+ALLOWED = {"study with a negative limit": ("numpy",), "conformance with a hash vLLM lacks": ("numpy",),
+           "a vLLM-backend replay with a hash vLLM lacks": ("numpy",)}  # (an engine preset's arrays)
 
 
 @pytest.mark.parametrize("name", sorted(CLI_ERRORS))
 def test_a_cli_user_error_loads_nothing_heavy(name, tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"timestamp": 0, "input_length": "x"}\n')
     (tmp_path / "bad.toml").write_text("[cache\n")
+    (tmp_path / "xxhash.toml").write_text('[cache]\nhash_fn = "xxhash"\n')
     code = (f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nsys.argv = ['kvtrace', *{CLI_ERRORS[name]!r}]\n"
             "from kvtrace.cli import main\n"
             "try:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"

@@ -29,7 +29,7 @@ from kvtrace.engine.backends.vllm._load import (
     load_vllm,
     vllm_commit,
 )
-from kvtrace.engine.backends.vllm.config import UnsupportedConfig, VllmCacheSetup, vllm_cache_setup
+from kvtrace.engine.backends.vllm.config import UnsupportedConfig, VllmCacheSetup, check_expressible, vllm_cache_setup
 from kvtrace.engine.backends.vllm.events import kvtrace_event_keys, vllm_event_keys
 from kvtrace.engine.backends.vllm.manager import VllmKVCacheManager
 
@@ -44,6 +44,7 @@ def check_engine_backend(cache_config: CacheConfig) -> dict[str, Any]:
     """Before a ``--backend vllm`` run is recorded: vLLM imports at the expected version
     and can express ``cache_config`` (``KVTraceError``, one line, otherwise). Returns what
     the run records of it: ``vllm_version`` and ``vllm_commit`` (None when unknown)."""
+    check_expressible(cache_config, connector=cache_config.external is not None)  # (before vLLM's imports)
     api = load_vllm()
     vllm_cache_setup(api, cache_config, connector=cache_config.external is not None)
     return {"vllm_version": api.version, "vllm_commit": vllm_commit()}

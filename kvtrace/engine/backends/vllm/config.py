@@ -49,12 +49,10 @@ class VllmCacheSetup:
     hash_fn: Any
 
 
-def vllm_cache_setup(api: VllmAPI, config: CacheConfig, connector: bool = False) -> VllmCacheSetup:
-    """Translate ``config`` (see the module table); ``UnsupportedConfig`` when vLLM 0.33
-    cannot express it. ``connector``: the caller plays a KV connector for kvtrace's
-    external tier (it passes the tier's hit tokens as ``num_external_computed_tokens``)."""
-    import torch
-
+def check_expressible(config: CacheConfig, connector: bool = False) -> None:
+    """``UnsupportedConfig`` for what vLLM 0.33 cannot express, found without loading vLLM
+    (a refused setting is told before its 20 s of imports); ``vllm_cache_setup`` asks
+    the rest of vLLM's own API."""
     if not config.shared_pool:
         raise UnsupportedConfig("num_gpu_blocks per group (separate pools, SGLang's layout) has no vLLM "
                                 "counterpart: vLLM 0.33 keeps one block pool for every group; give one total")
@@ -64,6 +62,27 @@ def vllm_cache_setup(api: VllmAPI, config: CacheConfig, connector: bool = False)
     if config.hash_fn != "sha256_cbor":
         raise UnsupportedConfig(f"hash_fn {config.hash_fn!r}: kvtrace's xxhash (xxh3-64) is not vLLM's xxhash_cbor "
                                 "(xxh3-128); use sha256_cbor")
+    hbs = config.hash_block_size
+    smallest = min(s.block_size for s in config.groups)
+    wide = [s.block_size for s in config.groups if isinstance(s, MambaSpec) and s.block_size != smallest]
+    if wide:
+        raise UnsupportedConfig(
+            f"a Mamba group of {wide[0]}-token blocks beside {smallest}-token ones: vLLM 0.33's align mode gives "
+            "attention and Mamba one block size (its block-aligned split cuts at the smallest group block, which "
+            "would leave Mamba states between its block ends); give the groups one block size")
+    if len(config.groups) == 1 and config.groups[0].block_size != hbs:
+        raise UnsupportedConfig(
+            f"one group with {config.groups[0].block_size}-token blocks hashed in {hbs}-token units: vLLM 0.33 "
+            "hashes a single group per block (its unitary coordinator asserts hash_block_size == block_size)")
+
+
+def vllm_cache_setup(api: VllmAPI, config: CacheConfig, connector: bool = False) -> VllmCacheSetup:
+    """Translate ``config`` (see the module table); ``UnsupportedConfig`` when vLLM 0.33
+    cannot express it. ``connector``: the caller plays a KV connector for kvtrace's
+    external tier (it passes the tier's hit tokens as ``num_external_computed_tokens``)."""
+    import torch
+
+    check_expressible(config, connector)
     groups = []
     for g, spec in enumerate(config.groups):
         if isinstance(spec, FullAttentionSpec):
@@ -84,17 +103,6 @@ def vllm_cache_setup(api: VllmAPI, config: CacheConfig, connector: bool = False)
         groups.append(api.KVCacheGroupSpec(layer_names=[f"layer.{g}"], kv_cache_spec=vspec))
     hbs = config.hash_block_size
     sbs = lcm(*(s.block_size for s in config.groups))
-    smallest = min(s.block_size for s in config.groups)
-    wide = [s.block_size for s in config.groups if isinstance(s, MambaSpec) and s.block_size != smallest]
-    if wide:
-        raise UnsupportedConfig(
-            f"a Mamba group of {wide[0]}-token blocks beside {smallest}-token ones: vLLM 0.33's align mode gives "
-            "attention and Mamba one block size (its block-aligned split cuts at the smallest group block, which "
-            "would leave Mamba states between its block ends); give the groups one block size")
-    if len(groups) == 1 and config.groups[0].block_size != hbs:
-        raise UnsupportedConfig(
-            f"one group with {config.groups[0].block_size}-token blocks hashed in {hbs}-token units: vLLM 0.33 "
-            "hashes a single group per block (its unitary coordinator asserts hash_block_size == block_size)")
     kv_cache_config = api.KVCacheConfig(num_blocks=config.num_gpu_blocks, kv_cache_tensors=[],
                                         kv_cache_groups=groups,
                                         prefix_cache_retention_interval=config.retention_interval,
