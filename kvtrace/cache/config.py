@@ -147,6 +147,10 @@ class CacheConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
                 raise ConfigError(_SOURCE, name, f"expected an int >= 0, got {v!r}")
+        pool = self.num_gpu_blocks if isinstance(self.num_gpu_blocks, int) else min(self.num_gpu_blocks)
+        if self.num_speculative_blocks >= pool:  # (every request holds them: none could ever be scheduled)
+            raise ConfigError(_SOURCE, "num_speculative_blocks",
+                              f"{self.num_speculative_blocks:,} is not below the pool's {pool:,} blocks")
         if self.num_prefill_checkpoint_blocks > 1:
             raise ConfigError(_SOURCE, "num_prefill_checkpoint_blocks",
                               f"expected 0 or 1 (vLLM reserves one checkpoint block per chunk), "

@@ -70,6 +70,8 @@ def test_huge_output_length_is_refused_before_it_hangs(tmp_path, capsys):
     # a group type that is no name (a list, a table) was a TypeError: unhashable
     ('groups = [{type=["full_attention"], block_size=64}]', "cache.groups[0].type"),
     ("groups = [{type={a=1}, block_size=64}]", "cache.groups[0].type"),
+    # no request could be scheduled: the error blamed --capacity-blocks
+    ("num_speculative_blocks = 1000000", "cache.num_speculative_blocks: 1,000,000 is not below the pool"),
 ])
 def test_toml_cache_values_name_the_file_and_key(tmp_path, capsys, line, key):
     cfg = tmp_path / "run.toml"
