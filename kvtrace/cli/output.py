@@ -19,7 +19,9 @@ from kvtrace.names import markup_literal, printable, stdout_console
 MAX_ERROR_CHARS = 1_000  # a message quoting a user's value (a list of 200k numbers) stays a readable line
 
 
-_URL_PASSWORD = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://[^/@\s:]*):[^/@\s]*@")
+# user:password@ after a scheme (one slash too: a path normalised), to the last @ of the word:
+# a password may hold a / or an @ that was not encoded
+_URL_PASSWORD = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*:/{1,2}[^/@\s:]*):\S*@")
 
 
 def error(msg: str) -> None:

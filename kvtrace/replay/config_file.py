@@ -119,16 +119,61 @@ def _check(section: dict, allowed: dict, path: str, prefix: str) -> dict:
 MAX_KEY_PARTS = 64
 
 
-_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"|\'[^\']*\'')
-
-
 def _check_key_depth(text: str, source: str) -> None:
     """ConfigError naming the line of a key of more than MAX_KEY_PARTS dotted parts (a
-    table header's, an inline table's too), found before the parser sees it: a line's dots
-    outside quoted strings are counted (a string's dots, a path's or a URL's, are not)."""
-    for number, line in enumerate(text.splitlines(), 1):
-        if line.count(".") >= MAX_KEY_PARTS and _QUOTED.sub("", line).count(".") >= MAX_KEY_PARTS:
-            raise ConfigError(source, f"line {number}", f"a key of more than {MAX_KEY_PARTS} dotted parts")
+    table header's and an inline table's too), found before the parser sees it. A light
+    scan of TOML's lexical structure: the dots of keys are counted, not those in strings,
+    comments or values (a path, a URL, a float)."""
+    if text.count(".") < MAX_KEY_PARTS:  # (every config kvtrace writes: nothing to scan)
+        return
+    line, parts, in_key = 1, 0, True
+    stack: list[str] = []  # open [ of arrays and { of inline tables, innermost last
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c in "\"'":
+            quote = text[i:i + 3] if text[i:i + 3] in ('"""', "'''") else c
+            close = text.find(quote, i + len(quote))
+            while close != -1 and quote[0] == '"' and _escaped(text, close):
+                close = text.find(quote, close + 1)
+            close = n if close == -1 else close
+            line += text.count("\n", i, close)
+            i = close + len(quote)
+            continue
+        if c == "#":
+            i = text.find("\n", i)
+            i = n if i == -1 else i
+            continue
+        if c == "\n":
+            line += 1
+            if not stack:
+                parts, in_key = 0, True
+        elif c == "=":
+            in_key, parts = False, 0
+        elif c == "." and in_key:
+            parts += 1
+            if parts >= MAX_KEY_PARTS:
+                raise ConfigError(source, f"line {line}", f"a key of more than {MAX_KEY_PARTS} dotted parts")
+        elif c in "[{":
+            if c == "[" and in_key and not stack:  # a table header: its name is a key
+                pass
+            else:
+                stack.append(c)
+                in_key = c == "{"
+                parts = 0
+        elif c in "]}" and stack:
+            stack.pop()
+        elif c == "," and stack:
+            in_key, parts = stack[-1] == "{", 0
+        i += 1
+
+
+def _escaped(text: str, at: int) -> bool:
+    """Whether the quote at ``at`` is escaped (an odd run of backslashes before it)."""
+    k = at
+    while k > 0 and text[k - 1] == "\\":
+        k -= 1
+    return (at - k) % 2 == 1
 
 
 def load_config_file(path: str | Path) -> FileConfig:

@@ -178,6 +178,9 @@ def auto_capacities(requests: Sequence[TraceRequest], block_size: int | None = N
     return [int(c) for c in np.unique(np.geomspace(largest, top, points).round().astype(np.int64))]
 
 
+MAX_CURVE_POINTS = 10_000  # capacities of one curve (as a sweep's combinations)
+
+
 def parse_capacities(text: str) -> list[int | None] | None:
     """``auto`` -> None; ``C1,C2,...`` (``inf`` for the unbounded cache) -> the list."""
     if text.strip().lower() == "auto":
@@ -195,6 +198,9 @@ def parse_capacities(text: str) -> list[int | None] | None:
         out.append(int(part))
     if not out:
         raise ConfigError("--capacities", text, "no capacities given")
+    if len(set(out)) > MAX_CURVE_POINTS:  # (each a replay in engine mode, or for the Belady bound)
+        raise ConfigError("--capacities", f"{len(set(out)):,} capacities", f"a curve draws at most "
+                                                                           f"{MAX_CURVE_POINTS:,} points")
     # each once, ascending, the unbounded cache last: the same curve (and id) however written
     return sorted(set(out), key=lambda c: (c is None, c or 0))
 

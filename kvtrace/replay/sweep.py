@@ -267,7 +267,7 @@ def _on_ray(specs: list[RunSpec], keep: bool, address: str) -> list:
     started = False
     if not ray.is_initialized():
         kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}
-        if address not in ("", "local"):
+        if address != "local":
             kwargs["address"] = address
             _check_reachable(address)
         try:
@@ -323,12 +323,23 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
 
     target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     channel = grpc.insecure_channel(target)
+    not_ray = (f"--ray {address}: something listens there, but it is no Ray cluster's "
+               f"{'client server' if address.startswith('ray://') else 'GCS'}; expected a Ray head's GCS port "
+               "(6379) or ray://HOST:10001")
     try:
         grpc.channel_ready_future(channel).result(timeout=timeout_s)
+        if not address.startswith("ray://"):  # a GCS has its own service (another gRPC server has not)
+            from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+            stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
+            try:
+                stub.GetClusterId(gcs_service_pb2.GetClusterIdRequest(), timeout=timeout_s)
+            except grpc.RpcError as err:
+                # (a GCS that wants a token says UNAUTHENTICATED: it is one; let ray.init answer)
+                if err.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    raise KVTraceError(f"{not_ray} (it has no Ray GCS service)") from None
     except grpc.FutureTimeoutError:
-        raise KVTraceError(f"--ray {address}: something listens there, but it does not speak Ray's protocol "
-                           f"(no gRPC within {timeout_s:g} s); expected a Ray head's GCS port (6379) or ray://HOST:10001"
-                           ) from None
+        raise KVTraceError(f"{not_ray} (no gRPC within {timeout_s:g} s)") from None
     finally:
         channel.close()
 

@@ -132,6 +132,14 @@ def duckdb_path_problem(path: str, missing: str | None) -> str | None:
     problem = file_problem(path, missing=missing)  # (nothing opened: a FIFO would hang the open)
     if problem is not None:
         return problem if problem == missing else f"{problem}; expected a kvtrace store file"
+    # DuckDB reads <file>.wal as <file>'s write-ahead log: a store under that name is replayed
+    # into <file> and deleted (its runs lost) by the next writer of <file>
+    if path.endswith(".wal") and duckdb_magic(path[:-4]) is not None:
+        return (f"is the write-ahead log's name of the store {path[:-4]} (DuckDB would take a store here for "
+                "that store's log, and delete it); choose another name")
+    if duckdb_magic(f"{path}.wal"):
+        return (f"{path}.wal is a DuckDB database of its own, which DuckDB would read as this store's "
+                "write-ahead log (and delete); rename that file first")
     if duckdb_magic(path) is False:  # (an empty, missing or unreadable file: DuckDB's open decides)
         try:
             with open(path, "rb") as f:

@@ -95,6 +95,9 @@ def test_toml_cache_values_name_the_file_and_key(tmp_path, capsys, line, key):
     # tomllib's cost grows with the square of a key's depth: 80 KB of a.a.a... took 9 GB
     ("[cache]\n" + ".".join(["x"] * 40_000) + " = 1\n", "line 2: a key of more than 64 dotted parts"),
     ("[cache]\nx = {" + ".".join(["x"] * 40_000) + " = 1}\n", "line 2: a key of more than 64 dotted parts"),
+    # a line separator inside a quoted part is no line end to TOML (it was to str.splitlines)
+    ("[cost_model]\n" + ".".join('"\u2028"' if i % 50 == 49 else "a" for i in range(20_000)) + " = 1\n",
+     "line 2: a key of more than 64 dotted parts"),
 ])
 def test_toml_other_values_name_the_file_and_key(tmp_path, capsys, text, key):
     cfg = tmp_path / "run.toml"
@@ -938,10 +941,31 @@ def test_store_paths_follow_duckdbs_own_rule_for_prefixes(tmp_path, capsys, monk
         assert_one_line(code, err, db, "write ./")
 
 
-def test_a_password_in_a_url_is_never_in_the_error_line(capsys):
-    code, _, err = run(["replay", "gen:chat", "--limit", "2", "--otlp-endpoint", "http://user:s3cret@[::1"], capsys)
-    assert_one_line(code, err, "--otlp-endpoint", "http://user:***@[::1")
-    assert "s3cret" not in err
+@pytest.mark.parametrize(("argv", "shown"), [
+    (["--otlp-endpoint", "http://user:s3cret@[::1"], "http://user:***@[::1"),
+    (["--otlp-endpoint", "http://user:s3/cret@127.0.0.1:1/v1/traces"], "http://user:***@127.0.0.1:1"),  # (a /)
+    (["--db", "clickhouse://user:s3/cret@h/db"], "clickhouse://user:***@h/db"),
+    (["--db", " clickhouse://user:s3cret@h/db"], "clickhouse:/user:***@h"),  # (a path: normalised to one /)
+])
+def test_a_password_in_a_url_is_never_in_the_error_line(capsys, argv, shown):
+    code, _, err = run(["replay", "gen:chat", "--limit", "2", *argv], capsys)
+    assert_one_line(code, err, shown)
+    assert "s3" not in err and "cret" not in err
+
+
+def test_a_store_named_as_another_stores_write_ahead_log_is_refused(tmp_path, capsys):
+    # DuckDB reads <file>.wal as <file>'s log: a store there was replayed into <file> and deleted
+    trace = write_lines(tmp_path / "t.jsonl", [MOONCAKE_LINE])
+    a = tmp_path / "a.duckdb"
+    assert run(["replay", trace, "--mode", "cache-only", "--db", str(a)], capsys)[0] == 0
+    code, _, err = run(["replay", trace, "--mode", "cache-only", "--db", f"{a}.wal"], capsys)
+    assert_one_line(code, err, "a.duckdb.wal: is the write-ahead log's name of the store")
+    b = tmp_path / "b.duckdb"
+    assert run(["replay", trace, "--mode", "cache-only", "--db", f"{b}.wal"], capsys)[0] == 0  # (no b.duckdb yet)
+    for argv in (["replay", trace, "--mode", "cache-only", "--db", str(b)], ["demo", "--db", str(b)]):
+        code, _, err = run(argv, capsys)
+        assert_one_line(code, err, "b.duckdb.wal is a DuckDB database of its own")
+    assert run(["runs", "--db", f"{b}.wal"], capsys)[0] == 0 and not b.exists()
 
 
 def test_groups_without_mamba_drop_the_presets_prefill_checkpoint(tmp_path, capsys):
@@ -964,3 +988,17 @@ def test_the_default_run_name_names_the_preset_a_config_file_chose(tmp_path, cap
     from kvtrace.store import read
 
     assert read.runs(db)["name"].to_list() == ["gen:chat engine dense-attention"]
+
+
+def test_dots_outside_keys_are_no_deep_key(tmp_path, capsys):
+    # a comment, a string, a multi-line string and an array of floats were counted as key parts
+    dots = "." * 80
+    cfg = tmp_path / "ok.toml"
+    cfg.write_text(f'# {dots}\n[scheduler]  # {dots}\nmax_num_seqs = 16\n[cache]\nwithout = []\n'
+                   f'# """ {dots}\n[cost_model]\nname = "h200-kimi-hybrid"\n')
+    code, _, err = run(["replay", "gen:chat", "--limit", "2", "--config", str(cfg)], capsys)
+    assert code == 0, err
+    from kvtrace.replay.config_file import _check_key_depth
+
+    _check_key_depth(f'a = "{dots}"\nb = \'{dots}\'\nc = """\n{dots}\n"""\nd = [{", ".join(["1.5"] * 80)}]\n'
+                     f'e = {{f = [{", ".join(["2.5"] * 80)}], g.h = 1}}\n', "x.toml")  # (refuses nothing)

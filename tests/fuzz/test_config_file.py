@@ -233,7 +233,7 @@ def test_prompt_beyond_the_step_budget_without_chunked_prefill_names_the_setting
     from kvtrace.engine import Engine
 
     path = tmp_path / "run.toml"
-    path.write_text("[scheduler]\nenable_chunked_prefill = false\nmax_num_batched_tokens = 8\n")
+    path.write_text("[scheduler]\nenable_chunked_prefill = false\nmax_num_batched_tokens = 8\nmax_num_seqs = 8\n")
     _, _, preset = validate(RunSpec("trace.jsonl", config_file=str(path)))
     with pytest.raises(KVTraceError) as info:
         Engine(preset, content=False).run(list(TINY))

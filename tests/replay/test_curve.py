@@ -110,7 +110,7 @@ def test_parse_capacities(text, expected):
     assert parse_capacities(text) == expected
 
 
-@pytest.mark.parametrize("text", ["", "0", "10,x", "-5"])
+@pytest.mark.parametrize("text", ["", "0", "10,x", "-5", ",".join(map(str, range(1, 10_002)))])  # (10,001 points)
 def test_parse_capacities_refuses(text):
     with pytest.raises(ConfigError, match="--capacities"):
         parse_capacities(text)

@@ -233,10 +233,33 @@ def test_a_ray_address_where_no_ray_listens_is_refused_in_seconds():
     port = listener.getsockname()[1]
     threading.Thread(target=lambda: [listener.accept() for _ in range(8)], daemon=True).start()
     try:
-        with pytest.raises(KVTraceError, match="does not speak Ray's protocol"):
+        with pytest.raises(KVTraceError, match=r"is no Ray cluster's GCS.*\(no gRPC within 5 s\)"):
             run_sweep(BASE, [("capacity_blocks", [300, 900])], ray_address=f"127.0.0.1:{port}")
     finally:
         listener.close()
+
+
+def test_a_grpc_server_that_is_no_ray_gcs_is_refused_in_seconds():
+    # any gRPC server passed the first probe (kvtrace collect's, say): ray.init then retried for minutes
+    pytest.importorskip("ray")
+    from concurrent.futures import ThreadPoolExecutor
+
+    import grpc
+
+    server = grpc.server(ThreadPoolExecutor(max_workers=1))  # no service: every call UNIMPLEMENTED
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with pytest.raises(KVTraceError, match=r"is no Ray cluster's GCS.*\(it has no Ray GCS service\)"):
+            run_sweep(BASE, [("capacity_blocks", [300, 900])], ray_address=f"127.0.0.1:{port}")
+    finally:
+        server.stop(None)
+
+
+def test_an_empty_ray_address_is_refused_not_a_local_cluster():
+    pytest.importorskip("ray")
+    with pytest.raises(KVTraceError, match="expected HOST:PORT, ray://HOST:PORT, auto or local"):
+        run_sweep(BASE, [("capacity_blocks", [300, 900])], ray_address="")
 
 
 def test_a_store_that_is_no_duckdb_file_is_refused_before_the_replays(tmp_path, monkeypatch, capsys):
