@@ -333,7 +333,7 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
 
             stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
             try:
-                stub.GetClusterId(gcs_service_pb2.GetClusterIdRequest(), timeout=timeout_s)
+                stub.GetClusterId(gcs_service_pb2.GetClusterIdRequest(), timeout=timeout_s)  # type: ignore[attr-defined]
             except grpc.RpcError as err:
                 # (a GCS that wants a token says UNAUTHENTICATED: it is one; let ray.init answer)
                 if err.code() == grpc.StatusCode.UNIMPLEMENTED:
