@@ -49,7 +49,8 @@ def page_url(host: str, port: int, run: str | None = None, compare: str | None =
 
     params = {k: v for k, v in (("run", run), ("b", compare)) if v is not None}
     page = "compare" if compare is not None else ""
-    return f"http://{host}:{int(port)}/{page}" + (f"?{urlencode(params)}" if params else "")
+    shown = f"[{host}]" if ":" in host and not host.startswith("[") else host  # (an IPv6 address, bracketed)
+    return f"http://{shown}:{int(port)}/{page}" + (f"?{urlencode(params)}" if params else "")
 
 
 def check_address(host: str, port: int) -> None:

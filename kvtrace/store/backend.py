@@ -162,6 +162,10 @@ def store_to_write_problem(db: str) -> str | None:
     problem = duckdb_path_problem(db, missing=None)
     if problem is None and not Path(db).parent.is_dir():
         return f"directory {Path(db).parent} does not exist"
+    if problem is None and os.path.islink(db) and not os.path.exists(db):  # (written through: its folder counts)
+        folder = Path(os.path.realpath(db)).parent
+        if not folder.is_dir():
+            return f"is a symbolic link into {folder}, which does not exist"
     return problem
 
 

@@ -54,3 +54,11 @@ def test_a_busy_port_is_one_error_line(tmp_path):
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
     assert lines[0].startswith(f"kvtrace: error: cannot listen on 127.0.0.1:{port} (dashboard)"), err
+
+
+def test_the_address_printed_brackets_an_ipv6_host():
+    # "open http://::1:8501/" was no URL a browser takes
+    from kvtrace.dashboard import page_url
+
+    assert page_url("::1", 8501) == "http://[::1]:8501/"
+    assert page_url("127.0.0.1", 8501, run="r1", compare="r2") == "http://127.0.0.1:8501/compare?run=r1&b=r2"

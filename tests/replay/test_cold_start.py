@@ -91,6 +91,8 @@ CLI_ERRORS = {
     # the receivers' options, before the receivers load
     "collect on a port out of range": ["collect", "--db", "runs.duckdb", "--port", "70000"],
     "collect into a missing folder": ["collect", "--db", "nowhere/runs.duckdb"],
+    "collect with one port for both": ["collect", "--db", "runs.duckdb", "--port", "4318", "--grpc-port", "4318"],
+    "replay through a link into a missing folder": ["replay", "gen:mixed", "--db", "dangling.duckdb"],
     "capture from a malformed endpoint": ["capture", "vllm", "--db", "runs.duckdb", "--endpoint", "bogus"],
     "capture for a --dp-size of 0": ["capture", "vllm", "--db", "runs.duckdb", "--endpoint", "tcp://h:5557",
                                      "--dp-size", "0"],
@@ -115,6 +117,7 @@ def test_a_cli_user_error_loads_nothing_heavy(name, tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"timestamp": 0, "input_length": "x"}\n')
     (tmp_path / "bad.toml").write_text("[cache\n")
     (tmp_path / "xxhash.toml").write_text('[cache]\nhash_fn = "xxhash"\n')
+    (tmp_path / "dangling.duckdb").symlink_to(tmp_path / "nowhere" / "x.duckdb")
     code = (f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nsys.argv = ['kvtrace', *{CLI_ERRORS[name]!r}]\n"
             "from kvtrace.cli import main\n"
             "try:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"

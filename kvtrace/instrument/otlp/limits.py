@@ -6,7 +6,7 @@ here before it loads the receiver, so a mistyped option is told at once.
 
 from __future__ import annotations
 
-from kvtrace.errors import check_option
+from kvtrace.errors import ConfigError, check_option
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 MAX_BODY_BYTES = 1 << 31  # --max-body-bytes at most: gRPC's receive limit is an int32
@@ -31,4 +31,6 @@ def check_collector_options(port: int, grpc_port: int | None, max_body_bytes: in
     check_option("--port", port, 0, 65_535)
     if grpc_port is not None:
         check_option("--grpc-port", grpc_port, 0, 65_535)
+        if grpc_port == port != 0:  # (one would find the other's listener: "address in use")
+            raise ConfigError("--grpc-port", str(grpc_port), "is --port too; OTLP/HTTP and gRPC need a port each")
     check_option("--max-body-bytes", max_body_bytes, 1, MAX_BODY_BYTES)
