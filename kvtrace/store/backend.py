@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlparse
 
-from kvtrace.errors import ConfigError, duckdb_magic, file_problem
+from kvtrace.errors import DUCKDB_MAGIC, ConfigError, duckdb_magic, file_problem
 
 CHDB_PREFIX = "chdb:"
 SERVER_SCHEMES = ("clickhouse", "clickhouses")
@@ -140,13 +140,13 @@ def duckdb_path_problem(path: str, missing: str | None) -> str | None:
     if duckdb_magic(f"{path}.wal"):
         return (f"{path}.wal is a DuckDB database of its own, which DuckDB would read as this store's "
                 "write-ahead log (and delete); rename that file first")
-    if duckdb_magic(path) is False:  # (an empty, missing or unreadable file: DuckDB's open decides)
-        try:
-            with open(path, "rb") as f:
-                sqlite = f.read(len(_SQLITE_MAGIC)) == _SQLITE_MAGIC
-        except OSError:
-            sqlite = False
-        if sqlite:  # (DuckDB would open it through sqlite_scanner, fetched from the network)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(_SQLITE_MAGIC))
+    except OSError:
+        return None  # (missing, or unreadable: DuckDB's open says why)
+    if head and head[8:12] != DUCKDB_MAGIC:  # (an empty file is a new database to DuckDB)
+        if head == _SQLITE_MAGIC:  # (DuckDB would open it through sqlite_scanner, fetched from the network)
             return "a SQLite database, not a DuckDB one; expected a kvtrace store file"
         # told before a command's work, not once a sweep's replays are done and to be stored
         return "not a DuckDB database (expected a kvtrace store file)"

@@ -24,8 +24,8 @@ from typing import Any
 import duckdb
 
 from kvtrace.store.backend import duckdb_path_problem
-from kvtrace.store.errors import StoreBusyError, StoreError
-from kvtrace.store.layout import DAMAGED, check_layout
+from kvtrace.store.errors import DAMAGED, StoreBusyError, StoreError
+from kvtrace.store.layout import check_layout
 from kvtrace.store.schema import META_TABLE, meta_version
 
 DEFAULT_TIMEOUT_S = 30.0

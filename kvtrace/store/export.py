@@ -86,11 +86,10 @@ _WRITER = "status, writer_pid, writer_host, writer_start"
 def _statuses(db: str | Path, run_id: str, row: tuple) -> tuple[str, str]:
     """(the stored status, the status ``kvtrace runs`` shows: a dead writer's running run is
     ``incomplete``) of a run's ``_WRITER`` row."""
-    from kvtrace.store.liveness import writer_alive
+    from kvtrace.store.liveness import shown_status
 
     stored, pid, host, start = row
-    alive = stored != "running" or writer_alive(pid, host, start, db=str(db), run_id=run_id)
-    return str(stored), str(stored) if alive else "incomplete"
+    return str(stored), shown_status(str(stored), pid, host, start, db=str(db), run_id=run_id)
 
 
 def _table_sql(table: str, status: str) -> str:

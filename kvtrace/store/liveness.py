@@ -29,6 +29,15 @@ def process_start_token(pid: int) -> str | None:
 PID_MAX = 2**31 - 1
 
 
+def shown_status(status: str, pid: int | None, host: str | None, start_token: str | None, *, db: str,
+                 run_id: str) -> str:
+    """The status every reader shows for a run's stored one: a ``running`` run whose writer
+    is gone reads ``incomplete`` (until a writer recovers it and stores that)."""
+    if status == "running" and not writer_alive(pid, host, start_token, db=db, run_id=run_id):
+        return "incomplete"
+    return status
+
+
 def writer_alive(pid: int | None, host: str | None, start_token: str | None, *, db: str, run_id: str) -> bool:
     """False only when we can tell the writer is gone: same host, and the pid is dead or reused.
 

@@ -8,7 +8,7 @@ from typing import Any
 import polars as pl
 
 from kvtrace.store.errors import StoreError, UnknownRunError
-from kvtrace.store.liveness import writer_alive
+from kvtrace.store.liveness import shown_status
 from kvtrace.store.read._sql import DB, connect, derived_relation, query, with_run
 
 _RUNS_SQL = """
@@ -39,7 +39,7 @@ def runs(db: DB) -> pl.DataFrame:
         for key in JSON_FIELDS:
             run_json(db, row["run_id"], key, row[key])
     status = [
-        "incomplete" if s == "running" and not writer_alive(p, h, t, db=str(db), run_id=r) else s
+        shown_status(s, p, h, t, db=str(db), run_id=r)
         for r, s, p, h, t in zip(frame["run_id"], frame["status"], frame["writer_pid"], frame["writer_host"],
                                  frame["writer_start"])
     ]
