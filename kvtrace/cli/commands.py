@@ -8,6 +8,8 @@ import errno
 import sys
 
 import typer
+import typer.main
+from typer.models import TyperPath
 
 from kvtrace.cli import calibrate, conformance, live, replay, results, traces  # noqa: F401  (registers the commands)
 from kvtrace.cli.application import app
@@ -30,7 +32,7 @@ def _run() -> None:
         sys.exit(2)
     try:
         with sigterm_as_interrupt():  # `kill`, `timeout`: what was recorded is flushed, the run marked
-            rc = app(prog_name="kvtrace", standalone_mode=False)  # errors come back here, printed as one line
+            rc = _command()(prog_name="kvtrace", standalone_mode=False)  # errors come back here, printed as one line
     except KVTraceError as e:
         error(str(e))
         sys.exit(2)
@@ -60,6 +62,29 @@ def _run() -> None:
             sys.exit(143)
         error("interrupted")
     sys.exit(rc if isinstance(rc, int) else 0)
+
+
+class _NonEmptyPath(TyperPath):
+    """A path parameter that refuses ``''``: ``Path('')`` is the current directory, so
+    ``--config ''`` read ``.`` as a config and ``convert ''`` converted it."""
+
+    def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
+        if value == "":
+            self.fail("expected a path, got an empty one", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+def _command() -> typer.main.TyperGroup:
+    """``app``'s click command (what ``app(...)`` builds), its path parameters non-empty."""
+    command = typer.main.get_command(app)
+    todo = [command]
+    while todo:
+        c = todo.pop()
+        for param in c.params:
+            if type(param.type) is TyperPath:  # the class typer gives a Path annotation
+                param.type.__class__ = _NonEmptyPath
+        todo.extend(getattr(c, "commands", {}).values())
+    return command  # type: ignore[return-value]
 
 
 def _while_interrupted(e: BaseException) -> bool:

@@ -167,6 +167,11 @@ def test_flags_name_themselves(capsys, argv, flag):
     (["curve", "gen:chat", "--limit", "2", "--capacities", "10,²"], "--capacities: 10,²: expected auto"),
     (["generate", "-o", "-"], "--out: -: not taken as stdout here; say /dev/stdout"),
     (["runs", "--db", ""], "--db: expected a store path, got an empty one"),
+    # Path('') is the current directory: these read or wrote `.` before
+    (["replay", "gen:chat", "--config", ""], "--config: expected a path, got an empty one"),
+    (["convert", "", "-o", "x.jsonl"], "TRACE: expected a path, got an empty one"),
+    (["generate", "gen:chat", "-o", ""], "--out: expected a path, got an empty one"),
+    (["calibrate", "--from", ""], "--from: expected a path, got an empty one"),
     (["calibrate", "--from", "{calibration}", "--moe", "0:0"], "--moe: 0:0: expected E:K with 1 <= K <= E"),
     (["calibrate", "--from", "{calibration}", "--knee", str(2**70)], "--knee: 1180591620717411303424"),
     (["calibrate", "--from", "{calibration}", "--name", ""], "--name: '': expected a name of printable text"),
