@@ -32,6 +32,7 @@ from kvtrace.store.schema import (
     ATTRIBUTE_COLUMNS,
     GENAI_CACHE_READ,
     SEQ_ATTRIBUTE,
+    SOURCES,
     SPAN_COLUMN_DEFS,
     SPAN_REQUEST,
     TIME_OFFSET_RESOURCE_KEY,
@@ -306,9 +307,16 @@ class SpanRowsBuilder:
         extras = []
         attributes = attributes or {}
         derived_cache_read = HIT_TOKENS_KEY in attributes
+        source = default_source
         for key, value in attributes.items():
             column = ATTRIBUTE_COLUMNS.get(key)
             if column is not None:
+                if column == "source":  # one of SOURCES, else the receiver's (an int once stored NULL: "replay")
+                    if value in SOURCES:
+                        source = value
+                        continue
+                    extras.append((key, attribute_text(value)))
+                    continue
                 ok, coerced = _column_value(column, value, key)
                 if ok:
                     put(column, coerced)
@@ -316,8 +324,8 @@ class SpanRowsBuilder:
             elif (key == GENAI_CACHE_READ and derived_cache_read) or key == SEQ_ATTRIBUTE:
                 continue  # derived from the hit columns / the store's own seq, not stored
             extras.append((key, attribute_text(value)))
-        if "kvtrace.source" not in attributes and default_source is not None:
-            put("source", default_source)
+        if source is not None:
+            put("source", source)
         if extras:
             put("extra_attributes", extras)
         if events:

@@ -43,6 +43,7 @@ SPAN_NAMES = (
 SOURCE_REPLAY = "replay"  # produced in-process by kvtrace's engine
 SOURCE_VLLM = "vllm"  # live vLLM KV events (ZMQ)
 SOURCE_OTLP = "otlp"  # received over OTLP/HTTP
+SOURCES = (SOURCE_REPLAY, SOURCE_VLLM, SOURCE_OTLP)
 
 # --- columns ----------------------------------------------------------------------------
 _I64 = pa.int64()
@@ -283,6 +284,40 @@ RUNS_DDL = "CREATE TABLE IF NOT EXISTS runs (\n    " + ",\n    ".join(
     f"{name} {typ}{' PRIMARY KEY' if name == 'run_id' else ''}" for name, typ, _ in RUN_COLUMNS
 ) + "\n)"
 
+
+# A run id a sender names (the collector's ``kvtrace.run.id``): shown in every listing and
+# typed back to diff and export, so short and printable.
+MAX_RUN_ID_CHARS = 128
+
+
+def run_id_problem(run_id: str) -> str | None:
+    """Why ``run_id`` cannot name a run (None: it can)."""
+    if not run_id or len(run_id) > MAX_RUN_ID_CHARS:
+        return f"expected 1 to {MAX_RUN_ID_CHARS} characters, got {len(run_id):,}"
+    if not run_id.isprintable() or any(c.isspace() for c in run_id):
+        return f"{run_id!r}: expected printable characters without spaces"
+    return None
+
+
+def next_run_id(numbered: str | None) -> str:
+    """The id after ``numbered``, the largest ``r<digits>`` id of a store (None: ``r1``).
+
+    Counted on digit strings, not a SQL integer: a sender's ``r9223372036854775807`` once
+    overflowed BIGINT's ``+ 1`` and blocked every later run of the store. Leading zeros
+    read as the number; the new id is in its shortest form, so it equals no existing id."""
+    digits = (numbered or "r")[1:].lstrip("0")
+    if not (digits.isascii() and digits.isdigit()):
+        digits = "0"
+    head = digits.rstrip("9")  # add one: the trailing 9s carry
+    carried = len(digits) - len(head)
+    return "r" + (head[:-1] + str(int(head[-1]) + 1) if head else "1") + "0" * carried
+
+
+# The store's largest r<digits> id by number (length of its digits without leading zeros,
+# then the digits): DuckDB's and ClickHouse's SQL alike.
+LARGEST_NUMBERED_RUN_SQL = (
+    "SELECT run_id FROM runs WHERE {matches} "
+    "ORDER BY length(ltrim(substr(run_id, 2), '0')) DESC, ltrim(substr(run_id, 2), '0') DESC LIMIT 1")
 
 # Capacity curves (``kvtrace curve``): one row per (curve, policy, capacity) point.
 # capacity_blocks NULL is the unbounded cache; method says how the point was obtained:

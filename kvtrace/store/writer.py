@@ -46,6 +46,7 @@ from kvtrace.store.schema import (
     CURVES_DDL,
     FAMILIES,
     FAMILY_OF_NAME,
+    LARGEST_NUMBERED_RUN_SQL,
     META_TABLE,
     NUM_BLOCKS_COLUMN,
     OTHER_TABLE,
@@ -57,6 +58,7 @@ from kvtrace.store.schema import (
     STORE_MAGIC,
     family_columns,
     has_block_lists,
+    next_run_id,
     otel_traces_view_ddl,
     span_tables_ddl,
 )
@@ -376,12 +378,8 @@ class Store:
             raise ValueError("create_run: a DuckDB store keeps virtual times as they are (time_offset_ns 0)")
         with self._connect() as con:
             if run_id is None:
-                n = fetch_value(
-                    con,
-                    "SELECT coalesce(max(TRY_CAST(substr(run_id, 2) AS BIGINT)), 0) + 1 FROM runs "
-                    "WHERE run_id SIMILAR TO 'r[0-9]+'"
-                )
-                run_id = f"r{n}"
+                largest = fetch_one(con, LARGEST_NUMBERED_RUN_SQL.format(matches="run_id SIMILAR TO 'r[0-9]+'"))
+                run_id = next_run_id(largest[0] if largest else None)
             elif fetch_one(con, "SELECT 1 FROM runs WHERE run_id = ?", [run_id]):
                 raise StoreError(self.path, f"run id {run_id!r} already exists")
             pid = os.getpid()

@@ -548,3 +548,41 @@ def test_a_request_of_too_many_spans_is_refused_before_they_are_decoded(tmp_path
     finally:
         c.stop()
     assert count_spans(tmp_path / "rx.duckdb", "r1") == 0
+
+
+# --- an eleventh-session probe's findings -------------------------------------------------------
+def test_a_sender_numbered_run_id_beyond_bigint_does_not_block_later_runs(tmp_path, collector):
+    """``r9223372036854775807`` overflowed the next id's BIGINT ``+ 1``: every later request
+    got 500 and no later replay could create a run in the store."""
+    assert _post(collector.url, _json_body(1, run_id="r9223372036854775807"))[0] == 200
+    assert _post(collector.url, _json_body(1, run_id=None))[0] == 200  # the collector's own run
+    collector.stop()
+    assert _runs(tmp_path / "rx.duckdb").keys() == {"r9223372036854775807", "r9223372036854775808"}
+    assert count_spans(tmp_path / "rx.duckdb", "r9223372036854775808") == 1
+
+
+@pytest.mark.parametrize("run_id, needle", [
+    ("x" * 129, "expected 1 to 128 characters, got 129"),
+    ("a\nb", "'a\\nb': expected printable characters without spaces"),
+    ("a\x1b[31mb", "expected printable characters"),
+    ("a b", "expected printable characters"),
+])
+def test_a_run_id_no_listing_can_show_is_400_naming_the_key(tmp_path, collector, run_id, needle):
+    status, reply, _ = _post(collector.url, _json_body(1, run_id=run_id))
+    message = json.loads(reply)["message"]
+    assert status == 400 and "kvtrace.run.id" in message and needle in message, message
+    collector.stop()
+    assert _runs(tmp_path / "rx.duckdb") == {}
+
+
+@pytest.mark.parametrize("value, stored", [
+    ({"intValue": "3"}, "otlp"),  # a wrong type once stored NULL, which reads as a replay span
+    ({"stringValue": "banana"}, "otlp"),
+    ({"stringValue": "vllm"}, "vllm"),  # a known source is the sender's to name (a kvtrace export's)
+])
+def test_a_span_source_is_a_known_one_or_the_receivers(tmp_path, collector, value, stored):
+    assert _post(collector.url, _span_json(attributes=_attr("kvtrace.source", value)))[0] == 200
+    collector.stop()
+    rows = store_rows(tmp_path / "rx.duckdb", "r1", "source, extra_attributes")
+    assert rows[0]["source"] == stored
+    assert ("kvtrace.source" in dict(rows[0]["extra_attributes"] or [])) == (stored == "otlp")

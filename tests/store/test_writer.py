@@ -182,3 +182,15 @@ def test_held_store_commits_to_the_wal_and_compresses_once(tmp_path):
     store.close()
     assert not wal.exists() or wal.stat().st_size == 0  # checkpointed when let go
     assert _spans(path).column("seq").to_pylist() == list(range(written))
+
+
+@pytest.mark.parametrize("backend", ["duckdb", "chdb"])
+def test_the_next_run_id_follows_the_largest_numbered_one_of_any_size(tmp_path, backend):
+    """Counted on digit strings: a sender's ``r9223372036854775807`` overflowed BIGINT's + 1
+    (DuckDB), ``r²`` passed ``str.isdigit`` and failed ``int`` (ClickHouse)."""
+    db = str(tmp_path / "s.duckdb") if backend == "duckdb" else f"chdb:{tmp_path / 'ch'}"
+    store = Store.open(db)
+    for named in ("r²", "r0099", "r9" + "9" * 30, "rx"):
+        store.create_run("named", run_id=named)
+    assert store.create_run("next") == "r1" + "0" * 31
+    assert store.create_run("after") == "r1" + "0" * 30 + "1"

@@ -52,7 +52,7 @@ from kvtrace.instrument.otlp.limits import (
     check_collector_options,
 )
 from kvtrace.process import sigterm_as_interrupt
-from kvtrace.store.schema import RUN_RECORD_PREFIX, SOURCE_OTLP, SPAN_RUN
+from kvtrace.store.schema import RUN_RECORD_PREFIX, SOURCE_OTLP, SPAN_RUN, run_id_problem
 from kvtrace.store.writer import Store
 
 TRACES_PATH = "/v1/traces"
@@ -213,7 +213,7 @@ class OTLPCollector:
                                       "collector)")
             try:
                 for resource, kwargs, where in spans:
-                    key = _named_run(resource)
+                    key = _named_run(resource, where)
                     if kwargs["name"] == SPAN_RUN:  # a kvtrace export's run record, not a span
                         records.append((key, _run_record(kwargs["attributes"], where)))
                         continue
@@ -274,10 +274,16 @@ class OTLPCollector:
         return run_id
 
 
-def _named_run(resource: dict) -> str:
-    """The run id a span's resource names (``kvtrace.run.id``), or "" for the collector's own run."""
+def _named_run(resource: dict, where: str) -> str:
+    """The run id a span's resource names (``kvtrace.run.id``), or "" for the collector's own
+    run; one that cannot name a run (``run_id_problem``) refuses the request."""
     run_id = resource.get(RUN_ID_RESOURCE_KEY)
-    return run_id if isinstance(run_id, str) else ""
+    if not isinstance(run_id, str) or not run_id:
+        return ""
+    problem = run_id_problem(run_id)
+    if problem is not None:
+        raise PayloadError(f"{where}: resource {RUN_ID_RESOURCE_KEY}: {problem}")
+    return run_id
 
 
 def _run_record(attributes: dict, where: str) -> dict:

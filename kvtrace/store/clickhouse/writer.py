@@ -30,12 +30,14 @@ from kvtrace.store.errors import StoreError, UnknownRunError
 from kvtrace.store.liveness import host_name, process_start_token, writer_alive
 from kvtrace.store.schema import (
     CURVE_COLUMNS,
+    LARGEST_NUMBERED_RUN_SQL,
     META_TABLE,
     RUN_COLUMNS,
     SCHEMA_VERSION,
     SHIFTED_COLUMNS,
     STORE_MAGIC,
     TIME_OFFSET_COLUMN,
+    next_run_id,
 )
 from kvtrace.store.writer import Store, _json_or_none
 
@@ -126,11 +128,10 @@ class ClickHouseStore(Store):
         if time_offset_ns is None:  # the run's wall-clock start: metadata, no digest sees it
             time_offset_ns = time.time_ns() // 1_000_000_000 * 1_000_000_000
         with self._connect() as con:
-            ids = con.ch_frame("SELECT run_id FROM runs")["run_id"].to_list()
             if run_id is None:
-                numbers = [int(r[1:]) for r in ids if r[:1] == "r" and r[1:].isdigit()]
-                run_id = f"r{max(numbers, default=0) + 1}"
-            elif run_id in ids:
+                largest = con.ch_frame(LARGEST_NUMBERED_RUN_SQL.format(matches="match(run_id, '^r[0-9]+$')"))
+                run_id = next_run_id(largest["run_id"][0] if largest.height else None)
+            elif self._exists(con, run_id):
                 raise StoreError(self.path, f"run id {run_id!r} already exists")
             pid = os.getpid()
             row = {"run_id": run_id, "name": name, "created": created, "trace_source": trace_source,
