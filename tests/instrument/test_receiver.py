@@ -586,3 +586,116 @@ def test_a_span_source_is_a_known_one_or_the_receivers(tmp_path, collector, valu
     rows = store_rows(tmp_path / "rx.duckdb", "r1", "source, extra_attributes")
     assert rows[0]["source"] == stored
     assert ("kvtrace.source" in dict(rows[0]["extra_attributes"] or [])) == (stored == "otlp")
+
+
+def _closed_within(s, seconds: float, trickle: bytes = b"") -> bool:
+    """Whether the collector closes ``s`` within ``seconds`` while the client sends
+    ``trickle`` a byte at a time, 0.2 s apart (a socket's per-read timeout never fires)."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    s.settimeout(0.2)
+    i = 0
+    while time.monotonic() < deadline:
+        try:
+            if s.recv(65536) == b"":
+                return True
+        except TimeoutError:
+            pass
+        except OSError:  # reset
+            return True
+        if i < len(trickle):
+            try:
+                s.sendall(trickle[i:i + 1])
+            except OSError:
+                return True
+            i += 1
+    return False
+
+
+@pytest.mark.parametrize("sent, trickle", [
+    (b"POST /v1/traces HTTP/1.1\r\n", b"X-Slow: " + b"a" * 200),  # a head that never ends
+    (b"POST /v1/traces HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n",
+     b"b" * 200),  # a body that trickles
+])
+def test_a_client_that_trickles_bytes_is_dropped_at_its_deadline(tmp_path, sent, trickle):
+    """A byte every 0.2 s never trips the 1 s socket timeout; the request's deadline does,
+    and meanwhile other clients are served."""
+    import socket
+
+    c = OTLPCollector(tmp_path / "rx.duckdb", port=0, read_timeout_s=1.0).start()
+    try:
+        with socket.create_connection(c.address, timeout=10) as slow:
+            slow.sendall(sent)
+            assert _post(c.url, _json_body(1))[0] == 200
+            assert _closed_within(slow, 6.0, trickle)
+    finally:
+        c.stop()
+    assert count_spans(tmp_path / "rx.duckdb", "json-run") == 1
+
+
+def test_connections_past_the_cap_get_503_at_once_and_later_ones_are_served(tmp_path):
+    import socket
+
+    c = OTLPCollector(tmp_path / "rx.duckdb", port=0, max_connections=2).start()
+    try:
+        held = [socket.create_connection(c.address, timeout=10) for _ in range(2)]
+        for s in held:
+            s.sendall(b"POST /v1/traces HTTP/1.1\r\n")  # each holds its thread, waiting for headers
+        status, reply, _ = _post(c.url, _json_body(1))
+        assert status == 503 and b"connections open" in reply
+        for s in held:
+            s.close()
+        for _ in range(50):  # the held ones' threads end when their sockets close
+            if (status := _post(c.url, _json_body(1))[0]) == 200:
+                break
+            __import__("time").sleep(0.1)
+        assert status == 200
+    finally:
+        c.stop()
+    assert count_spans(tmp_path / "rx.duckdb", "json-run") == 1
+
+
+def test_bodies_past_the_buffer_budget_get_503_before_they_are_read(tmp_path):
+    """Each connection announcing a 16 MiB body held it in memory: 40 of them, 810 MB."""
+    import socket
+    import time
+
+    from kvtrace.instrument.otlp.limits import BUFFERED_BODIES
+
+    c = OTLPCollector(tmp_path / "rx.duckdb", port=0).start()  # 16 MiB bodies: 4 buffered at once
+    try:
+        head = (f"POST /v1/traces HTTP/1.1\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {c.max_body_bytes}\r\n\r\n").encode()
+        held = [socket.create_connection(c.address, timeout=10) for _ in range(BUFFERED_BODIES)]
+        for s in held:
+            s.sendall(head + b"x")
+        for _ in range(50):
+            status, reply, _ = _post(c.url, _json_body(1))
+            if status == 503:
+                break
+            time.sleep(0.1)
+        assert status == 503 and b"too many request bodies buffered" in reply
+        for s in held:
+            s.close()
+        for _ in range(50):
+            if (status := _post(c.url, _json_body(1))[0]) == 200:
+                break
+            time.sleep(0.1)
+        assert status == 200
+    finally:
+        c.stop()
+
+
+@pytest.mark.parametrize("codings", [
+    b"Transfer-Encoding: chunked\r\nTransfer-Encoding: identity\r\n",
+    b"Transfer-Encoding: gzip, chunked\r\n",
+    b"Transfer-Encoding: identity\r\n",
+])
+def test_a_transfer_coding_other_than_chunked_is_501_and_not_stored(tmp_path, collector, codings):
+    """The first of two Transfer-Encoding headers framed the body, and it was stored."""
+    head = b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + codings + b"\r\n"
+    reply = _raw_http(collector.address, head, _chunked(_json_body(2)), half_close=True)
+    assert reply.startswith(b"HTTP/1.1 501") and b"only chunked" in reply, reply[:200]
+    collector.stop()
+    assert count_spans(tmp_path / "rx.duckdb", "json-run") == 0

@@ -43,11 +43,16 @@ from kvtrace import __version__
 from kvtrace.errors import KVTraceError
 from kvtrace.instrument.convert import RUN_ID_RESOURCE_KEY, SpanRowsBuilder, UnstorableValue, time_offset, unshift
 from kvtrace.instrument.otlp.decode import DecodedSpans, PayloadError, decode_json, decode_protobuf
+from kvtrace.instrument.otlp.guard import ConnectionGuard
 from kvtrace.instrument.otlp.limits import (
+    BUFFERED_BODIES,
     DECODE_SLOTS,
     DEFAULT_MAX_BODY_BYTES,
     GRPC_GRACE_S,
+    MAX_CONNECTIONS,
     MAX_GZIP_MEMBERS,
+    MIN_BODY_BYTES_PER_S,
+    MIN_BUFFERED_BYTES,
     READ_TIMEOUT_S,
     check_collector_options,
 )
@@ -86,8 +91,38 @@ def _gunzip(body: bytes, limit: int) -> bytes:
             raise PayloadError(f"gzip body of more than {MAX_GZIP_MEMBERS} members")
 
 
+_BUSY = json.dumps({"code": 14, "message": f"busy: {MAX_CONNECTIONS} connections open; retry"}).encode()
+
+
 class _Server(ThreadingHTTPServer):
+    """A thread per connection, at most ``guard``'s connections at once: one more is
+    answered 503 (retryable for an OTLP exporter) without a thread."""
+
     daemon_threads = True
+
+    def __init__(self, address, handler, guard: ConnectionGuard, on_refused: Callable[[], None]):
+        self.guard, self.on_refused = guard, on_refused
+        super().__init__(address, handler)
+
+    def process_request(self, request, client_address) -> None:
+        if not self.guard.admit():
+            self.on_refused()
+            try:
+                request.settimeout(1.0)
+                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                                b"Retry-After: 1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
+                                % (len(_BUSY), _BUSY))
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.guard.leave(request)
 
     def handle_error(self, request, client_address) -> None:
         """A connection that failed outside a request's own handling (the client reset
@@ -100,12 +135,18 @@ class OTLPCollector:
 
     def __init__(self, store_path: str | Path, host: str = "127.0.0.1", port: int = 4318,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, run_name: str | None = None,
-                 grpc_port: int | None = None):
-        """``port``/``grpc_port`` 0: any free port; ``grpc_port`` None: no gRPC. Raises
-        KVTraceError when an address cannot be bound or an option is out of range."""
+                 grpc_port: int | None = None, read_timeout_s: float = READ_TIMEOUT_S,
+                 max_connections: int = MAX_CONNECTIONS):
+        """``port``/``grpc_port`` 0: any free port; ``grpc_port`` None: no gRPC;
+        ``read_timeout_s``: how long a client may take to send a request's head (and its
+        body, plus its length at MIN_BODY_BYTES_PER_S). Raises KVTraceError when an address
+        cannot be bound or an option is out of range."""
         check_collector_options(port, grpc_port, max_body_bytes)
         self.store_path = str(store_path)
         self.max_body_bytes = max_body_bytes
+        self.read_timeout_s = read_timeout_s
+        self.guard = ConnectionGuard(max_connections, max(BUFFERED_BODIES * max_body_bytes, MIN_BUFFERED_BYTES),
+                                     watch_interval_s=min(1.0, read_timeout_s / 4))
         self.store = Store.open(self.store_path)
         self.run_name = run_name
         self._lock = threading.Lock()
@@ -117,7 +158,7 @@ class OTLPCollector:
         self.requests_rejected = 0
         self.decode_slots = threading.BoundedSemaphore(DECODE_SLOTS)  # (HTTP; gRPC has its own workers)
         try:
-            self._server = _Server((host, port), _make_handler(self))
+            self._server = _Server((host, port), _make_handler(self), self.guard, self.count_rejected)
         except OSError as err:
             self.store.close()
             raise KVTraceError(f"cannot listen on {host}:{port} (OTLP/HTTP): {err.strerror or err}") from None
@@ -168,6 +209,7 @@ class OTLPCollector:
             # cancelled (its handler, still running, finds the store closed: nothing stored)
             self._grpc.stop(grace=GRPC_GRACE_S).wait()
         self._server.server_close()
+        self.guard.close()
 
     def stop(self) -> None:
         self._server.shutdown()
@@ -355,7 +397,12 @@ def _make_handler(collector: OTLPCollector) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         server_version = f"kvtrace-otlp/{__version__}"
-        timeout = READ_TIMEOUT_S  # socket timeout: a stalled body read ends, it does not hold a thread
+        timeout = collector.read_timeout_s  # socket timeout: a stalled read ends, it does not hold a thread
+
+        def handle_one_request(self):
+            # the request line and headers, however slowly they trickle, within the timeout
+            collector.guard.deadline(self.connection, collector.read_timeout_s)
+            super().handle_one_request()
 
         def log_message(self, fmt, *args):  # quiet: the CLI reports counts instead
             pass
@@ -430,10 +477,28 @@ def _make_handler(collector: OTLPCollector) -> type[BaseHTTPRequestHandler]:
                                    as_json, True)
             length = lengths[0] if lengths else None
             limit = collector.max_body_bytes
-            chunked = (self.headers.get("Transfer-Encoding") or "").strip().lower() == "chunked"
+            codings = [c.strip().lower() for v in self.headers.get_all("Transfer-Encoding") or [] for c in v.split(",")]
+            if codings not in ([], ["chunked"]):  # (RFC 9112 6.1: a coding not understood is a 501)
+                return self._error(HTTPStatus.NOT_IMPLEMENTED, "Transfer-Encoding: only chunked is accepted", as_json,
+                                   True)
+            chunked = codings == ["chunked"]
             if chunked and length is not None:  # two framings: refused (RFC 9112 6.1), never guessed
                 return self._error(HTTPStatus.BAD_REQUEST, "both Content-Length and Transfer-Encoding: chunked",
                                    as_json, True)
+            # what the body may hold in memory, counted before it is read (a chunked one: the limit)
+            size = limit
+            if length is not None and length.strip().isascii() and length.strip().isdigit():
+                size = min(int(length.strip()[:19]), limit)
+            if not collector.guard.reserve(size):
+                return self._error(HTTPStatus.SERVICE_UNAVAILABLE, "busy: too many request bodies buffered; retry",
+                                   as_json, True)
+            try:
+                collector.guard.deadline(self.connection, collector.read_timeout_s + size / MIN_BODY_BYTES_PER_S)
+                return self._read_body_and_store(ctype, as_json, chunked, length, limit)
+            finally:
+                collector.guard.release(size)
+
+        def _read_body_and_store(self, ctype: str, as_json: bool, chunked: bool, length: str | None, limit: int):
             if chunked:  # HTTP/1.1 clients may stream the body in chunks
                 try:
                     body = _read_chunked(self.rfile, limit)
@@ -445,19 +510,20 @@ def _make_handler(collector: OTLPCollector) -> type[BaseHTTPRequestHandler]:
             else:
                 if length is None:
                     return self._error(HTTPStatus.LENGTH_REQUIRED, "Content-Length required", as_json, True)
-                length = length.strip()
+                digits = length.strip()
                 # ASCII digits only ('²'.isdigit() holds), and few enough for any body size
-                if not (length.isascii() and length.isdigit()) or len(length) > 18:
+                if not (digits.isascii() and digits.isdigit()) or len(digits) > 18:
                     return self._error(HTTPStatus.BAD_REQUEST, "Content-Length: expected a decimal byte count",
                                        as_json, True)
-                length = int(length)
-                if length > limit:
+                n = int(digits)
+                if n > limit:
                     return self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                                       f"body of {length} bytes exceeds the limit of {limit}", as_json, True)
-                body = self.rfile.read(length)
-                if len(body) < length:  # the client closed its side early: a cut body is never stored
-                    return self._error(HTTPStatus.BAD_REQUEST, f"body ended after {len(body)} of its {length} bytes "
+                                       f"body of {n} bytes exceeds the limit of {limit}", as_json, True)
+                body = self.rfile.read(n)
+                if len(body) < n:  # the client closed its side early: a cut body is never stored
+                    return self._error(HTTPStatus.BAD_REQUEST, f"body ended after {len(body)} of its {n} bytes "
                                        "(Content-Length)", as_json, True)
+            collector.guard.deadline(self.connection, None)  # the rest is the receiver's own work
             if ctype not in ("application/x-protobuf", "application/json"):
                 return self._error(HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
                                    "Content-Type must be application/x-protobuf or application/json", as_json)

@@ -14,6 +14,17 @@ MAX_BODY_BYTES = 1 << 31  # --max-body-bytes at most: gRPC's receive limit is an
 # large batch) before it is cancelled and refused.
 GRPC_GRACE_S = 10.0
 READ_TIMEOUT_S = 30.0  # a client that stops sending mid-request is dropped after this long
+# ... and one that keeps sending a byte now and then (slowloris) is held to deadlines: its
+# request line and headers within READ_TIMEOUT_S, its body within READ_TIMEOUT_S plus its
+# length at this rate.
+MIN_BODY_BYTES_PER_S = 256 * 1024
+# Open OTLP/HTTP connections: each holds a thread, so more are answered 503 at once (an
+# OTLP exporter retries a 503).
+MAX_CONNECTIONS = 64
+# Request bodies held in memory at once, in --max-body-bytes (at least 64 MiB): a body that
+# would pass it is answered 503 before it is read.
+BUFFERED_BODIES = 4
+MIN_BUFFERED_BYTES = 64 * 1024 * 1024
 # Members of one gzip body: SDKs send one; each further member costs a copy of the rest of
 # the body, so thousands of empty members would cost seconds of CPU a request.
 MAX_GZIP_MEMBERS = 64
