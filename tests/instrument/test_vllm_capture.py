@@ -669,3 +669,44 @@ def test_a_replay_answer_longer_than_the_gap_is_read_to_its_end(tmp_path):
         router.close(0)
         ctx.term()
     assert (cap.stats.batches, cap.stats.gaps, cap.stats.recovered, cap.stats.lost) == (22, 2, 17, 0)
+
+
+def test_batches_still_queued_after_the_drain_are_counted_lost_not_dropped(tmp_path, monkeypatch):
+    """Batches that take long to decode left most of the queue unread when the drain's
+    time ran out: 15 of 20 neither stored nor counted, the run complete with 0 lost."""
+    from kvtrace.instrument.vllm import capture
+
+    monkeypatch.setattr(capture, "DRAIN_S", 0.0)  # (the drain's time already spent)
+    receive = capture.VllmKVCapture.receive
+
+    def slow_receive(self, frames):  # a batch that takes 20 ms to decode
+        time.sleep(0.02)
+        receive(self, frames)
+
+    monkeypatch.setattr(capture.VllmKVCapture, "receive", slow_receive)
+
+    def body(pub):
+        for _ in range(300):
+            pub.publish_raw(_raw_batch(3.0))
+        time.sleep(0.3)
+
+    stats = _capture_during(tmp_path, VllmPublisher(), body, lambda cap: True)
+    assert stats.lost > 0 and stats.batches + stats.lost == 301, stats
+
+
+def test_the_chain_depth_table_is_bounded_oldest_first(monkeypatch):
+    """A publisher that never sends BlockRemoved grew it by about 130 MB a million hashes."""
+    from kvtrace.instrument.ids import SeededIdGenerator
+    from kvtrace.instrument.vllm import rows
+    from kvtrace.instrument.vllm.wire import BLOCK_STORED, KVEventBatch
+
+    monkeypatch.setattr(rows, "MAX_TRACKED_BLOCKS", 4)
+    r = rows.VllmSpanRows(SeededIdGenerator(0), {})
+    r.add(0, KVEventBatch(1.0, [KVEvent(BLOCK_STORED, ["a", "b", "c"], None, block_size=16)]))
+    r.add(1, KVEventBatch(2.0, [KVEvent(BLOCK_STORED, ["d", "e"], "c", block_size=16)]))
+    assert list(r.depth) == ["b", "c", "d", "e"]  # "a" went first
+    r.add(2, KVEventBatch(3.0, [KVEvent(BLOCK_STORED, ["f"], "a", block_size=16),  # a forgotten parent
+                                KVEvent(BLOCK_STORED, ["g"], "e", block_size=16)]))
+    assert len(r.depth) == 4 and r.depth["g"] == 6
+    tokens = r.take().column("num_tokens").to_pylist()
+    assert tokens[-3:] == [None, None, 96]  # (step, f, g of the last batch)

@@ -63,8 +63,10 @@ MAX_FIRST_SEQ = 1 << 62  # (a stray first message there still leaves 2^62 steps 
 # short left its tail and end marker on the socket, and that stale end marker ended the next
 # recovery before its batches came (counted lost, under load).
 _REPLAY_SLACK_FRAMES = 10_001
-# How long a stopping capture keeps receiving what is already queued on its sockets.
+# How long a stopping capture keeps receiving what is already queued on its sockets; what
+# is still queued after that is taken off them undecoded, for up to DISCARD_S, and counted lost.
 DRAIN_S = 5.0
+DISCARD_S = 1.0
 
 
 @dataclass(slots=True)
@@ -347,9 +349,9 @@ def run_captures(caps: list[VllmKVCapture], duration: float | None = None,
                  should_stop: Callable[[], bool] | None = None) -> None:
     """Receive on every capture's socket until ``duration`` seconds pass, ``should_stop()``
     is true, or Ctrl-C or SIGTERM (taken between batches, never halfway through one); then
-    what is already queued on the sockets is received too (for up to ``DRAIN_S``), so the
-    counts cover every batch that reached this process. Each capture flushes on its own
-    interval and once at the end."""
+    what is already queued on the sockets is received too (for up to ``DRAIN_S``; what is
+    left then is counted lost), so the counts cover every batch that reached this process.
+    Each capture flushes on its own interval and once at the end."""
     deadline = None if duration is None else time.monotonic() + duration
     poller = zmq.Poller()
     for cap in caps:
@@ -377,6 +379,15 @@ def run_captures(caps: list[VllmKVCapture], duration: float | None = None,
         for cap in caps:
             while time.monotonic() < drain_until and cap.socket.poll(0):
                 cap.receive(cap.socket.recv_multipart())
+        discard_until = time.monotonic() + DISCARD_S
+        for cap in caps:
+            undrained = 0
+            while time.monotonic() < discard_until and cap.socket.poll(0):
+                undrained += len(cap.socket.recv_multipart()) == 3  # (a batch's frames: topic, seq, payload)
+            if undrained:
+                cap.stats.lost += undrained
+                _log.warning("%s: %d batches still queued %.0f s after the stop were not decoded: counted lost",
+                             cap.endpoint, undrained, DRAIN_S)
     for cap in caps:
         cap.flush()
 

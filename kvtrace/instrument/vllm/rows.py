@@ -18,6 +18,7 @@ other batches.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pyarrow as pa
@@ -40,6 +41,11 @@ DP_RANK_KEY = "kvtrace.vllm.dp_rank"  # the DP rank that published the batch
 NUM_EVENTS_KEY = "kvtrace.vllm.num_events"  # on the step span: events in the batch
 LORA_NAME_KEY = "kvtrace.vllm.lora_name"
 ENDPOINT_KEY = "kvtrace.vllm.endpoint"  # resource: the PUB endpoint captured
+# Chain depths kept at most: a server's pool holds tens of thousands of blocks, and a
+# BlockRemoved lost in a gap (or a publisher that never sends one) would grow the table
+# for good (about 130 MB a million). Past the cap the oldest entries go first: a chain
+# rooted there has no num_tokens, as one whose root this capture never saw.
+MAX_TRACKED_BLOCKS = 1 << 21
 
 _KEY_OF_COLUMN = {column: key for key, column in ATTRIBUTE_COLUMNS.items()}
 
@@ -89,6 +95,10 @@ class VllmSpanRows:
             raise
         self.spans += table.num_rows
         self._tables.append(table)
+        excess = len(self.depth) - MAX_TRACKED_BLOCKS
+        if excess > 0:
+            for h in list(itertools.islice(self.depth, excess)):  # (insertion order: the oldest first)
+                del self.depth[h]
 
     def _add(self, step: int, batch: KVEventBatch, depth: _Undoable) -> None:
         t = round(batch.ts * 1e9)
