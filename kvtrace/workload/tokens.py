@@ -39,13 +39,19 @@ def blocks_tokens(block_ids: tuple[int, ...] | list[int], block_size: int, names
     Token j of id b is splitmix64(seed_b + j) mod VOCAB_SIZE, seed_b = (namespace * 0x1F123BB5
     + b * 0x5851F42D4C957F2D) mod 2^64. One C pass (``_tokens.pyx``) when the install compiled
     it, else ``blocks_tokens_numpy``: the same values (tests/workload/test_tokens_kernel.py)."""
+    out = np.empty((len(block_ids), block_size), dtype=np.int64)
+    _fill(block_ids, namespace, out)
+    return out
+
+
+def _fill(block_ids: tuple[int, ...] | list[int], namespace: int, out: np.ndarray) -> None:
+    """Row i of ``out`` (C-contiguous, int64): the first ``out.shape[1]`` tokens of id i."""
     seeds = _seeds(block_ids, namespace)
     kernel = _kernel()
     if kernel is not None:
-        out = np.empty((len(block_ids), block_size), dtype=np.int64)
         kernel.fill_blocks(seeds, out, VOCAB_SIZE)
-        return out
-    return blocks_tokens_numpy(seeds, block_size)
+    else:
+        out[...] = blocks_tokens_numpy(seeds, out.shape[1])
 
 
 def _seeds(block_ids: tuple[int, ...] | list[int], namespace: int) -> np.ndarray:
@@ -81,7 +87,14 @@ def blocks_tokens_numpy(seeds: np.ndarray, block_size: int) -> np.ndarray:
 def tokens_for_block_ids(
     block_ids: tuple[int, ...] | list[int], block_size: int, input_length: int, namespace: int = 0
 ) -> np.ndarray:
-    """Expand prefix-chained block ids to ``input_length`` tokens; the last block is cut."""
-    if not block_ids:
-        return np.zeros(0, dtype=np.int64)
-    return blocks_tokens(block_ids, block_size, namespace).reshape(-1)[:input_length]
+    """Expand prefix-chained block ids to ``input_length`` tokens (fewer when the ids run out);
+    the last block is cut. Only the tokens kept are made: a trace's block size of 2^31 once
+    allocated 16 GiB for a 5-token prompt."""
+    full = min(len(block_ids), input_length // block_size)
+    cut = input_length - full * block_size if full < len(block_ids) else 0  # (< block_size)
+    out = np.empty(full * block_size + cut, dtype=np.int64)
+    if full:
+        _fill(block_ids[:full], namespace, out[:full * block_size].reshape(full, block_size))
+    if cut:
+        _fill(block_ids[full:full + 1], namespace, out[full * block_size:].reshape(1, cut))
+    return out

@@ -19,7 +19,7 @@ from kvtrace.engine.reference import (
 from kvtrace.engine.request import EngineRequest
 from kvtrace.workload import TraceRequest, tokens
 from kvtrace.workload.lines import VOCAB_SIZE
-from kvtrace.workload.tokens import block_tokens, blocks_tokens
+from kvtrace.workload.tokens import block_tokens, blocks_tokens, tokens_for_block_ids
 
 MASK64 = (1 << 64) - 1
 
@@ -100,6 +100,30 @@ def test_block_tokens_follow_their_definition(ids, block_size, namespace):
     if ids:
         assert block_tokens(ids[0], block_size, namespace).tolist() == got[0].tolist()
 
+
+
+@settings(max_examples=60, deadline=None)
+@given(ids=st.lists(st.integers(0, 2**63 - 1), max_size=5), block_size=st.integers(1, 40),
+       input_length=st.integers(0, 220), namespace=st.integers(0, 2**40))
+def test_a_prompts_tokens_are_its_blocks_cut_to_its_length(ids, block_size, input_length, namespace):
+    """Made block by block only as far as the prompt reaches (a 2^31-token block size once
+    allocated 16 GiB for a 5-token prompt), the same tokens as whole blocks cut."""
+    got = tokens_for_block_ids(tuple(ids), block_size, input_length, namespace)
+    want = [splitmix_token(b, j, namespace) for b in ids for j in range(block_size)][:input_length]
+    assert got.dtype == np.int64 and got.tolist() == want
+
+
+def test_a_huge_block_size_makes_only_the_prompts_tokens():
+    import tracemalloc
+
+    tracemalloc.start()  # (numpy reports its buffers to tracemalloc)
+    try:
+        got = tokens_for_block_ids((7,), 2**31, 5)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert got.tolist() == [splitmix_token(7, j, 0) for j in range(5)]
+    assert peak < 1 << 20, peak
 
 def test_the_install_compiled_the_token_kernel_and_it_checks_its_shapes():
     kernel = compiled.kernels(tokens.KERNELS)

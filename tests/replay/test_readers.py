@@ -254,6 +254,9 @@ AZURE_HEAD = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
     ("yesterday,12,4", "TIMESTAMP: expected 'YYYY-MM-DD HH:MM:SS.fff'"),
     ("2023-11-16 18:15:45.0,12,4", "TIMESTAMP goes back in time"),
     ("2023-11-16 18:15:47.1,12", "expected 3 columns, got 2"),
+    # every block of a length-only prompt is made here: 268M tokens took 5 GB and a minute
+    ("2023-11-16 18:15:47.1,268435000,4", "ContextTokens: 268435000 is beyond what kvtrace can replay "
+                                          r"\(at most 16,777,216\)"),
 ])
 def test_azure_malformed(tmp_path, bad, what):
     p = write(tmp_path, "a.csv", AZURE_HEAD + "2023-11-16 18:15:46.6805900,374,44\n" + bad + "\n")

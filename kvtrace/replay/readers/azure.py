@@ -18,12 +18,16 @@ from datetime import date
 from kvtrace.errors import TraceFormatError
 from kvtrace.numeric import cdiv
 from kvtrace.workload import TraceRequest
-from kvtrace.workload.lines import ArrivalOrder, bounded_lines, check_int, parse_decimal, without_bom
+from kvtrace.workload.lines import MAX_TOKENS, ArrivalOrder, bounded_lines, check_int, parse_decimal, without_bom
 
 DEFAULT_BLOCK_SIZE = 16
 REQUIRED_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 AZURE_NAMESPACE = int.from_bytes(hashlib.sha256(b"kvtrace/azure").digest()[:8], "big") >> 1
 _BLOCKS_PER_REQUEST = 1 << 24
+# A prompt's tokens at most: above any model's context window (10M the largest). The trace
+# names a length, not content, so every block is made here: 268M tokens in one 80-byte row
+# took 5 GB and a minute of a cache-only replay.
+MAX_CONTEXT_TOKENS = 1 << 24
 
 _TS = re.compile(r"^(\d{4})-(\d{2})-(\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?(?:Z|\+00:?00)?$", re.ASCII)
 
@@ -45,11 +49,11 @@ def parse_timestamp_ns(text: str) -> int | None:
     return secs * 1_000_000_000 + ns
 
 
-def _int(path: str, line: int, key: str, text: str | None, minimum: int) -> int:
+def _int(path: str, line: int, key: str, text: str | None, minimum: int, maximum: int = MAX_TOKENS) -> int:
     value = parse_decimal(text) if isinstance(text, str) else None
     if value is None:
         raise TraceFormatError(path, line, f"{key}: expected an integer, got {text!r}"[:200])
-    return check_int(path, line, key, value, minimum)
+    return check_int(path, line, key, value, minimum, maximum)
 
 
 def _decoded_lines(path: str, f) -> Iterator[str]:
@@ -105,7 +109,7 @@ def read_azure(path: str, block_size: int = DEFAULT_BLOCK_SIZE) -> Iterator[Trac
                 raise TraceFormatError(path, line, f"TIMESTAMP: expected 'YYYY-MM-DD HH:MM:SS.fff', got {row[its]!r}")
             if origin is None:
                 origin = ts
-            n = _int(path, line, "ContextTokens", row[ictx], 1)
+            n = _int(path, line, "ContextTokens", row[ictx], 1, MAX_CONTEXT_TOKENS)
             out = _int(path, line, "GeneratedTokens", row[igen], 0)
             nblocks = cdiv(n, block_size)
             if nblocks >= _BLOCKS_PER_REQUEST:
