@@ -36,6 +36,11 @@ class TraceFormatError(KVTraceError):
         self.path, self.line, self.what = path, line, what
 
 
+class OutputClosed(KVTraceError):
+    """An output's reader went away (a pipe closed: ``-o /dev/stdout | head``): no error of
+    the user's, so the CLI exits 141 silently, as it does when stdout's reader goes."""
+
+
 class ConfigError(KVTraceError):
     """``source: key: what``; ``key`` None for the source as a whole (a missing file)."""
 

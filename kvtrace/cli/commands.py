@@ -14,7 +14,7 @@ from typer.models import TyperPath
 from kvtrace.cli import calibrate, conformance, live, replay, results, traces  # noqa: F401  (registers the commands)
 from kvtrace.cli.application import app
 from kvtrace.cli.output import StdoutError, error, fitted_streams, stdout_failure, unreadable_argument
-from kvtrace.errors import KVTraceError
+from kvtrace.errors import KVTraceError, OutputClosed
 from kvtrace.process import sigterm_as_interrupt, terminated
 
 __all__ = ["app", "run"]
@@ -33,6 +33,8 @@ def _run() -> None:
     try:
         with sigterm_as_interrupt():  # `kill`, `timeout`: what was recorded is flushed, the run marked
             rc = _command()(prog_name="kvtrace", standalone_mode=False)  # errors come back here, printed as one line
+    except OutputClosed:  # `-o /dev/stdout | head`: the reader had what it wanted
+        sys.exit(141)
     except KVTraceError as e:
         error(str(e))
         sys.exit(2)

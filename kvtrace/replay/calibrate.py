@@ -37,10 +37,12 @@ from collections.abc import Sequence
 from itertools import accumulate
 from pathlib import Path
 
+import numpy as np
+
 from kvtrace.engine.clock import COEFFICIENTS, CostModel, StepWork, prefill_pairs
 from kvtrace.engine.costfit import Fit, Observation, fit_cost_model
 from kvtrace.errors import KVTraceError, file_problem
-from kvtrace.workload.lines import MAX_TOKENS, check_int
+from kvtrace.workload.lines import MAX_TOKENS, check_int, decoded_lines
 
 DEFAULT_MAX_BATCHED_TOKENS = 8192
 _STEP_COLUMNS = ("num_tokens", "prefill_pairs", "num_decode_seqs", "decode_context_tokens")
@@ -69,7 +71,8 @@ def observations_from_file(path: str | Path, *, max_num_batched_tokens: int = DE
 # Bounds of a step's measurements: counts exact in float64 (their squares fit the fit's least
 # squares), and a step of at most an hour: beyond them a value is a broken file, not a server.
 _MAX_COUNT = 2**53
-_MAX_STEP_MS = 3_600_000.0
+_MAX_STEP_NS = 3_600e9
+_MIN_STEP_NS = 1_000.0  # a microsecond: no GPU step is shorter
 _MAX_SECONDS = 3_600.0  # a bench result's TTFT or inter-token gap
 
 
@@ -95,38 +98,61 @@ def _seconds(where: str, key: str, value: object) -> float:
 
 
 def step_csv_observations(path: str) -> list[Observation]:
+    """One observation a row, read as a trace is (streamed, lines bounded, the byte-order
+    mark dropped): the first bad row is named before the rest is read."""
     try:
-        with open(path, encoding="utf-8", newline="") as f:
-            rows = list(csv.DictReader(f))
-    except UnicodeDecodeError:
-        raise KVTraceError(f"{path}: not UTF-8 text") from None
-    except csv.Error as e:
-        raise KVTraceError(f"{path}: unreadable CSV ({e})") from None
-    if not rows:
+        f = open(path, "rb")  # noqa: SIM115  (closed by the with below)
+    except OSError as e:
+        raise KVTraceError(f"{path}: cannot open: {e.strerror}") from None
+    with f:
+        reader = csv.reader(decoded_lines(path, f))
+        try:
+            header = [h.strip() for h in next(reader, None) or ()]
+        except csv.Error as e:
+            raise KVTraceError(f"{path}:1: unreadable CSV header ({e})") from None
+        if not header:
+            raise KVTraceError(f"{path}: no rows; expected a header and one row per step")
+        twice = [c for c in header if header.count(c) > 1]
+        if twice:  # (which one would hold the value?)
+            raise KVTraceError(f"{path}:1: column {twice[0]} appears {header.count(twice[0])} times")
+        missing = [c for c in _STEP_COLUMNS if c not in header]
+        time_col = "step_ns" if "step_ns" in header else "step_ms" if "step_ms" in header else None
+        if missing or time_col is None:
+            need = missing + ([] if time_col else ["step_ms or step_ns"])
+            raise KVTraceError(f"{path}:1: missing column(s) {need}; expected {list(_STEP_COLUMNS)} and step_ms")
+        to_ns = 1e6 if time_col == "step_ms" else 1.0
+        out = []
+        while True:
+            try:
+                row = next(reader)
+            except StopIteration:
+                break
+            except csv.Error as e:
+                raise KVTraceError(f"{path}:{reader.line_num}: unreadable CSV row ({e})") from None
+            line = reader.line_num
+            if not any(c.strip() for c in row):
+                continue
+            if len(row) != len(header):
+                raise KVTraceError(f"{path}:{line}: {len(row)} fields; the header has {len(header)}")
+            r = dict(zip(header, row))
+            vals = {c: int(_number(path, line, c, r.get(c))) for c in _STEP_COLUMNS}
+            copies = {c: int(_number(path, line, c, r.get(c) or "0")) for c in ("num_kv_copies", "num_state_copies")}
+            t = _number(path, line, time_col, r.get(time_col), integer=False, maximum=_MAX_STEP_NS / to_ns)
+            if t * to_ns < _MIN_STEP_NS:  # (a subnormal duration once failed the fit's SVD)
+                raise KVTraceError(f"{path}:{line}: {time_col}: expected a step of at least {_MIN_STEP_NS / to_ns:g} "
+                                   f"({_MIN_STEP_NS:g} ns), got {r.get(time_col)!r}"[:200])
+            work = StepWork(vals["num_tokens"], vals["prefill_pairs"], vals["decode_context_tokens"],
+                            vals["num_decode_seqs"], copies["num_kv_copies"], copies["num_state_copies"])
+            group = "prefill" if work.prefill_pairs else "decode"
+            out.append(Observation([work], t * to_ns, group, r.get("label") or ""))
+    if not out:
         raise KVTraceError(f"{path}: no rows; expected a header and one row per step")
-    cols = set(rows[0])
-    missing = [c for c in _STEP_COLUMNS if c not in cols]
-    time_col = "step_ns" if "step_ns" in cols else "step_ms" if "step_ms" in cols else None
-    if missing or time_col is None:
-        need = missing + ([] if time_col else ["step_ms or step_ns"])
-        raise KVTraceError(f"{path}:1: missing column(s) {need}; expected {list(_STEP_COLUMNS)} and step_ms")
-    out = []
-    width = len(rows[0]) - (None in rows[0])  # the header's fields (DictReader keys extras None)
-    for line, r in enumerate(rows, start=2):
-        fields = width + len(r.get(None) or ()) - sum(v is None for k, v in r.items() if k is not None)
-        if fields != width:
-            raise KVTraceError(f"{path}:{line}: {fields} fields; the header has {width}")
-        vals = {c: int(_number(path, line, c, r.get(c))) for c in _STEP_COLUMNS}
-        copies = {c: int(_number(path, line, c, r.get(c) or "0")) for c in ("num_kv_copies", "num_state_copies")}
-        t = _number(path, line, time_col, r.get(time_col), integer=False,
-                    maximum=_MAX_STEP_MS * (1e6 if time_col == "step_ns" else 1.0))
-        if t <= 0:
-            raise KVTraceError(f"{path}:{line}: {time_col}: expected a positive duration")
-        work = StepWork(vals["num_tokens"], vals["prefill_pairs"], vals["decode_context_tokens"],
-                        vals["num_decode_seqs"], copies["num_kv_copies"], copies["num_state_copies"])
-        group = "prefill" if work.prefill_pairs else "decode"
-        out.append(Observation([work], t * (1e6 if time_col == "step_ms" else 1.0), group, r.get("label") or ""))
     return out
+
+
+# Prefill steps a bench result's prompts make, all requests together: a step is an object
+# and a term of the fit, and a prompt of 2^31 tokens at a budget of 1 is 2^31 of them.
+MAX_PREFILL_STEPS = 100_000
 
 
 def _prefill_steps(n: int, budget: int, others: int, other_ctx: float) -> list[StepWork]:
@@ -144,8 +170,10 @@ def bench_serve_observations(path: str, max_num_batched_tokens: int) -> list[Obs
     try:
         with open(path, "rb") as f:
             doc = json.loads(f.read())
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise KVTraceError(f"{path}: not a vllm bench serve result JSON ({e})"[:200]) from None
+    except OSError as e:
+        raise KVTraceError(f"{path}: cannot read: {e.strerror}") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:  # (too deep; an int of 5,000 digits)
+        raise KVTraceError(f"{path}: not a vllm bench serve result JSON ({type(e).__name__}: {e})"[:200]) from None
     if not isinstance(doc, dict):
         raise KVTraceError(f"{path}: expected a JSON object (a vllm bench serve result)")
     needed = ("input_lens", "output_lens", "ttfts", "itls")
@@ -174,10 +202,21 @@ def bench_serve_observations(path: str, max_num_batched_tokens: int) -> list[Obs
         concurrency = 1
         if isinstance(duration, (int, float)) and not isinstance(duration, bool) and math.isfinite(duration) \
                 and duration > 0:
-            concurrency = max(1, round(busy / duration))
+            in_flight = busy / duration
+            if not in_flight <= MAX_TOKENS:  # (a 1e-310 s run: infinitely many)
+                raise KVTraceError(f"{path}: duration: {duration!r} s for {busy:.6g} s of requests' latency is more "
+                                   f"requests in flight than any server holds (at most {MAX_TOKENS:,})")
+            concurrency = max(1, round(in_flight))
     if concurrency > MAX_TOKENS:
-        raise KVTraceError(f"{path}: max_concurrency: {concurrency:,} requests in flight is beyond any server")
+        raise KVTraceError(f"{path}: max_concurrency: more than {MAX_TOKENS:,} requests in flight is beyond any "
+                           "server")
     others = concurrency - 1
+    chunk = max(1, max_num_batched_tokens - others)
+    steps = sum(-(-ins[i] // chunk) for i in done)
+    if steps > MAX_PREFILL_STEPS:
+        raise KVTraceError(f"{path}: input_lens: the prompts take {steps:,} prefill steps at "
+                           f"--max-num-batched-tokens {max_num_batched_tokens:,} with {others:,} other requests in "
+                           f"flight; at most {MAX_PREFILL_STEPS:,} are fitted")
     mean_ctx = sum(n + out / 2 for n, out in zip(ins, outs)) / max(len(ins), 1)
     obs: list[Observation] = []
     for i in done:
@@ -300,8 +339,15 @@ def calibrate(paths: Sequence[str | Path], *, name: str, template: CostModel | N
     obs: list[Observation] = []
     for p in paths:
         obs += observations_from_file(p, max_num_batched_tokens=max_num_batched_tokens, run_id=run_id)
-    return fit_cost_model(obs, name=name, template=template, knees=None if knee is None else (knee,),
-                          source=", ".join(str(p) for p in paths))
+    source = ", ".join(str(p) for p in paths)
+    try:
+        with np.errstate(all="ignore"):  # (extreme values: the fit's result is checked, not warned about)
+            return fit_cost_model(obs, name=name, template=template, knees=None if knee is None else (knee,),
+                                  source=source)
+    except np.linalg.LinAlgError as e:
+        raise KVTraceError(f"{source}: these measurements determine no cost model ({e})") from None
+    except KVTraceError as e:  # a coefficient out of its range: name the measurements
+        raise KVTraceError(f"{source}: the fit gives {e}") from None
 
 
 def cost_model_toml(model: CostModel) -> str:

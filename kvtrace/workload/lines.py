@@ -12,6 +12,7 @@ whose cache and a streaming reader cannot sort without loading everything.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import math
 import os
@@ -22,7 +23,7 @@ from typing import BinaryIO, TypeVar
 
 import msgspec
 
-from kvtrace.errors import KVTraceError, TraceFormatError, duckdb_magic
+from kvtrace.errors import KVTraceError, OutputClosed, TraceFormatError, duckdb_magic
 from kvtrace.numeric import cdiv
 
 MAX_ID = (1 << 63) - 1  # hash ids must fit int64 (Arrow / DuckDB columns downstream)
@@ -56,6 +57,17 @@ def bounded_lines(path: str, f: BinaryIO) -> Iterator[tuple[int, bytes]]:
             raise TraceFormatError(path, lineno, f"line longer than {MAX_LINE_BYTES >> 20} MiB; expected one "
                                                  "request a line")
         yield lineno, raw
+
+
+def decoded_lines(path: str, f: BinaryIO) -> Iterator[str]:
+    """The open file's lines decoded one by one (a CSV reader's input): bounded as
+    ``bounded_lines``, the first without a byte-order mark, and a byte that is not UTF-8
+    reported on its own line."""
+    for lineno, raw in bounded_lines(path, f):
+        try:
+            yield (without_bom(raw) if lineno == 1 else raw).decode("utf-8")
+        except UnicodeDecodeError:
+            raise TraceFormatError(path, lineno, "not UTF-8 text") from None
 
 
 def numbered_lines(path: str) -> Iterator[tuple[int, str]]:
@@ -267,7 +279,11 @@ class AtomicText:
             parent = os.path.dirname(self.path)
             if not os.path.isdir(parent):
                 raise KVTraceError(f"{self.name}: directory {parent} does not exist")
-            self.tmp = f"{self.path}.tmp-{os.getpid()}"
+            suffix = f".tmp-{os.getpid()}"
+            name = os.path.basename(self.path)
+            if len(os.fsencode(name + suffix)) > 255:  # NAME_MAX: a valid 250-byte name was refused
+                name = ".kvtrace-output"
+            self.tmp = os.path.join(parent, name + suffix)
         fd = _open_descriptor(self.name) if in_place else None
         try:
             # an open descriptor's own file description (its offset, its append mode), so the
@@ -325,10 +341,14 @@ class _Sink:
         try:
             return self._f.write(data)
         except OSError as e:
-            raise KVTraceError(f"{self.name}: cannot write: {e.strerror}") from None
+            raise self._error(e) from None
 
     def close(self) -> None:
         try:
             self._f.close()
         except OSError as e:
-            raise KVTraceError(f"{self.name}: cannot write: {e.strerror}") from None
+            raise self._error(e) from None
+
+    def _error(self, e: OSError) -> KVTraceError:
+        error = OutputClosed if e.errno == errno.EPIPE else KVTraceError
+        return error(f"{self.name}: cannot write: {e.strerror}")

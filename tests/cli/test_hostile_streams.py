@@ -212,3 +212,26 @@ def test_a_path_with_control_codes_is_shown_not_obeyed_on_a_terminal(tmp_path):
     assert r"x\x1b[31mRED\x07\nz [red]q.jsonl" in err, repr(err)  # the bar's label, markup and all
     line = next(x for x in err.splitlines() if "recorded in" in x)
     assert line.endswith(r"recorded in x\x1b[31mRED\x07\nz [red]q.duckdb"), repr(line)
+
+
+@pytest.mark.parametrize("argv", [
+    ["convert", TRACE, "-o", "/dev/stdout"],  # (was "/dev/stdout: cannot write: Broken pipe", exit 2)
+    ["generate", "chat", "--requests", "20000", "-o", "/dev/stdout"],
+])
+def test_an_output_whose_reader_stops_early_exits_141_silently(argv):
+    """``kvtrace convert T -o /dev/stdout | head``: as for stdout itself, the reader had what
+    it wanted, which is no error."""
+    proc = subprocess.Popen([*KVTRACE, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    assert len(proc.stdout.read(10)) == 10
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141 and err == b"", err
+
+
+def test_an_output_name_near_name_max_is_written(tmp_path):
+    """The temporary file beside it took the name past 255 bytes: a valid name was refused."""
+    out = tmp_path / ("a" * 250)
+    proc = kvtrace("convert", TRACE, "--limit", "3", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_text().count("\n") == 4 and sorted(p.name for p in tmp_path.iterdir()) == [out.name]

@@ -273,6 +273,13 @@ _HEADER = "num_tokens,prefill_pairs,num_decode_seqs,decode_context_tokens,step_m
     (_HEADER + "1,0,1,5,1e300\n", ":2: step_ms: expected a number in [0, 3,600,000]"),
     (_HEADER + "1,0,1,5,3,7,8\n", ":2: 7 fields; the header has 5"),  # (extra fields were dropped)
     (_HEADER + "1,0,1,5\n", ":2: 4 fields; the header has 5"),
+    # an eleventh-session probe's: a subnormal step failed the fit's SVD (a LinAlgError traceback),
+    # a repeated column gave its last value, a 500 MB row was read whole (4 GB)
+    (_HEADER + "1,1,0,0,1e-320\n2,3,0,0,1e-320\n", ":2: step_ms: expected a step of at least 0.001 (1000 ns)"),
+    ("num_tokens," + _HEADER + "1,1,0,0,0,5\n", ":1: column num_tokens appears 2 times"),
+    (_HEADER + "1," * (33 << 20), ":2: line longer than 64 MiB"),
+    (_HEADER + "9007199254740992,0,1,9007199254740992,3600000\n1,0,1,1,3600000\n",
+     "s.csv: the fit gives cost model x: step_overhead_ns"),  # (named no file)
 ])
 def test_impossible_step_rows_are_one_line(tmp_path, text, needle):
     path = tmp_path / "s.csv"
@@ -294,6 +301,8 @@ _GOOD = {"input_lens": [100, 200], "output_lens": [3, 3], "ttfts": [0.1, 0.2], "
     ({"itls": [[0.01, "x"], [0.01]]}, "request 0: itls[1]"),
     ({"itls": [[0.01, 0.01], 5]}, "request 1: itls: expected a list"),
     ({"max_concurrency": 2**40}, "max_concurrency"),
+    ({"duration": 1e-310}, "duration: 1e-310 s for"),  # (an OverflowError traceback: infinitely many in flight)
+    ({"input_lens": [2_000_000_000, 200]}, "input_lens: the prompts take 244,142 prefill steps"),  # (a hang)
 ])
 def test_impossible_bench_results_are_one_line(tmp_path, change, needle):
     path = tmp_path / "bench.json"
@@ -301,6 +310,21 @@ def test_impossible_bench_results_are_one_line(tmp_path, change, needle):
     with pytest.raises(KVTraceError, match=re.escape(needle)) as err:
         calibrate([path], name="x")
     assert str(err.value).startswith(f"{path}: ") and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("text", ["[" * 100_000 + "]" * 100_000, '{"input_lens": [%s]}' % ("9" * 5000)])
+def test_a_bench_result_json_can_write_is_one_line(tmp_path, text):
+    """Nesting too deep for Python's parser, an int beyond its 4,300 digits: tracebacks."""
+    path = tmp_path / "bench.json"
+    path.write_text(text)
+    with pytest.raises(KVTraceError, match=re.escape(f"{path}: not a vllm bench serve result JSON")):
+        calibrate([path], name="x")
+
+
+def test_a_byte_order_mark_is_no_part_of_a_step_files_first_column(tmp_path):
+    path = tmp_path / "s.csv"
+    path.write_bytes(b"\xef\xbb\xbf" + _HEADER.encode() + b"100,100,0,0,5\n1,0,1,100,2\n")
+    assert len(calibrate([path], name="x").observations) == 2
 
 
 def test_a_failed_request_in_a_bench_result_is_skipped_not_refused(tmp_path):

@@ -18,7 +18,7 @@ from datetime import date
 from kvtrace.errors import TraceFormatError
 from kvtrace.numeric import cdiv
 from kvtrace.workload import TraceRequest
-from kvtrace.workload.lines import MAX_TOKENS, ArrivalOrder, bounded_lines, check_int, parse_decimal, without_bom
+from kvtrace.workload.lines import MAX_TOKENS, ArrivalOrder, check_int, decoded_lines, parse_decimal
 
 DEFAULT_BLOCK_SIZE = 16
 REQUIRED_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -56,15 +56,6 @@ def _int(path: str, line: int, key: str, text: str | None, minimum: int, maximum
     return check_int(path, line, key, value, minimum, maximum)
 
 
-def _decoded_lines(path: str, f) -> Iterator[str]:
-    """The file's lines decoded one by one, so a non-UTF-8 byte is reported on its own line."""
-    for lineno, raw in bounded_lines(path, f):
-        try:
-            yield (without_bom(raw) if lineno == 1 else raw).decode("utf-8")
-        except UnicodeDecodeError:
-            raise TraceFormatError(path, lineno, "not UTF-8 text") from None
-
-
 def read_azure(path: str, block_size: int = DEFAULT_BLOCK_SIZE) -> Iterator[TraceRequest]:
     try:
         f = open(path, "rb")  # noqa: SIM115  (closed by the with below; open errors named apart)
@@ -73,7 +64,7 @@ def read_azure(path: str, block_size: int = DEFAULT_BLOCK_SIZE) -> Iterator[Trac
     except OSError as e:
         raise TraceFormatError(path, None, f"cannot open: {e.strerror}") from None
     with f:
-        reader = csv.reader(_decoded_lines(path, f))
+        reader = csv.reader(decoded_lines(path, f))
         try:
             header = next(reader, None)
         except (csv.Error, UnicodeDecodeError) as e:
