@@ -139,6 +139,12 @@ class RequestHitDiff:
     top_lost: list[RequestChange] = field(default_factory=list)
 
 
+class UnknownMetric(KVTraceError, KeyError):
+    """A metric neither run of a diff has (a collected run carries no replay summary)."""
+
+    __str__ = Exception.__str__  # (KeyError's would quote the message)
+
+
 @dataclass(slots=True)
 class RunDiff:
     """Everything ``kvtrace diff`` reports. Render it with ``kvtrace.compare.render``."""
@@ -159,14 +165,16 @@ class RunDiff:
 
     def metric(self, name: str) -> MetricDelta:
         """The summary metric ``name``, else the bootstrap percentile of that name (as a
-        MetricDelta); KeyError when neither exists."""
+        MetricDelta); UnknownMetric (a KeyError) when neither exists."""
         for m in self.metrics:
             if m.name == name:
                 return m
         for s in self.latency:
             if s.name == name:
                 return MetricDelta(name, s.a, s.b, s.delta, _rel(s.a, s.b))
-        raise KeyError(name)
+        runs = " and ".join(f"{r.get('run_id', '?')} (mode {r.get('mode') or '?'})" for r in (self.run_a, self.run_b))
+        raise UnknownMetric(f"runs {runs}: no metric {name!r} to compare; they have "
+                            f"{', '.join(self.metric_names()) or 'none (no replay summary, no request latencies)'}")
 
     def metric_names(self) -> list[str]:
         """Every name ``metric`` answers with a delta: summary metrics, then percentiles."""

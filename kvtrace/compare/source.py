@@ -72,6 +72,10 @@ def _diff(view: StoreView, run_a: str, run_b: str, info_a: dict[str, Any], info_
         view.latency(run_a), view.latency(run_b), seed=seed, resamples=resamples, percentiles=percentiles
     )
     diff.divergent_requests = {"a": view.divergent_requests(run_a), "b": view.divergent_requests(run_b)}
+    if not diff.metrics and not diff.latency:  # (an empty table, exit 0, said nothing was compared)
+        raise KVTraceError(f"{view.db}: runs {run_a} (mode {info_a.get('mode')}) and {run_b} (mode "
+                           f"{info_b.get('mode')}): nothing to compare: neither a replay summary nor request "
+                           "latencies in both")
     return diff
 
 

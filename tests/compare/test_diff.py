@@ -421,3 +421,23 @@ def test_values_no_run_of_kvtraces_holds_are_one_line_for_diff_and_runs(tmp_path
     db = _tampered(replayed_store.path, tmp_path / "t.duckdb", (sql, [off]))
     code, _, err = run(["diff", on, off, "--db", db], capsys)
     assert_one_line(code, err, "t.duckdb: damaged kvtrace store", needle)
+
+
+def test_runs_with_nothing_to_compare_are_one_line_not_an_empty_table(tmp_path):
+    """Two collected runs (no replay summary, no request spans): `kvtrace diff` printed an
+    empty table with exit 0, and the notebook's verdict cell a bare KeyError."""
+    from kvtrace.errors import KVTraceError
+    from kvtrace.store import Store
+
+    db = str(tmp_path / "s.duckdb")
+    with Store.open(db) as store:
+        for _ in range(2):
+            store.finish_run(store.create_run("collected", mode="otlp"), status="complete")
+    with pytest.raises(KVTraceError, match=r"runs r1 \(mode otlp\) and r2 \(mode otlp\): nothing to compare"):
+        diff_runs(db, "r1", "r2")
+    empty = M.diff_summaries({}, {}, run_a={"run_id": "r1", "mode": "otlp"}, run_b={"run_id": "r2", "mode": "otlp"})
+    with pytest.raises(KeyError) as err:  # (a KeyError still, for callers that look a metric up)
+        empty.metric("prefix_cache_hit_rate")
+    assert isinstance(err.value, KVTraceError)
+    assert str(err.value) == ("runs r1 (mode otlp) and r2 (mode otlp): no metric 'prefix_cache_hit_rate' to compare; "
+                              "they have none (no replay summary, no request latencies)")
