@@ -112,8 +112,11 @@ def _output_dir(directory: str | Path) -> Path:
     if not str(text).strip():
         raise StoreError(repr(text), "expected an output directory path (an empty path would be the current directory)")
     out_dir = Path(text)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise StoreError(str(out_dir), "exists and is not a directory; expected an output directory")
+    try:
+        if out_dir.exists() and not out_dir.is_dir():
+            raise StoreError(str(out_dir), "exists and is not a directory; expected an output directory")
+    except OSError as err:  # (exists() passes a name too long, a permission refused: a traceback)
+        raise StoreError(str(out_dir), f"cannot use as export directory: {err.strerror or err}") from None
     return out_dir
 
 
@@ -151,19 +154,46 @@ def _write_all(out_dir: Path, write: _Writer) -> dict[str, Path]:
             # a name no other export picks; the writer creates the file, with the usual permissions
             pending[table] = out_dir / f".{table}.{secrets.token_hex(6)}.parquet.tmp"
             write(table, pending[table])
-        written: dict[str, Path] = {}
+        targets = {table: out_dir / f"{table}.parquet" for table in pending}
+        for target in targets.values():  # (a rename onto a directory fails: found before the first)
+            if target.is_dir():
+                raise StoreError(str(target), "is a directory; the export would not replace it")
         with signals_held():  # the three renames are not cut in half by Ctrl-C
-            for table, temp in pending.items():
-                target = out_dir / f"{table}.parquet"
-                os.replace(temp, target)
-                written[table] = target
-        return written
+            _replace_all({targets[t]: temp for t, temp in pending.items()})
+        return targets
     except OSError as err:
         _clean(pending.values(), created)
         raise StoreError(str(out_dir), f"cannot write the export: {err.strerror or err}") from None
     except BaseException:
         _clean(pending.values(), created)
         raise
+
+
+def _replace_all(files: dict[Path, Path]) -> None:
+    """Each target replaced by its new file, all or none: an earlier export's files are set
+    aside first and put back if a later rename fails (two of three once held the new run,
+    the third the old)."""
+    done: list[tuple[Path, Path | None]] = []  # (target, its earlier file set aside, or None)
+    try:
+        for target, new in files.items():
+            aside = None
+            if os.path.lexists(target):
+                aside = new.with_name(new.name + ".old")
+                os.replace(target, aside)
+            done.append((target, aside))
+            os.replace(new, target)
+    except BaseException:
+        for target, aside in reversed(done):
+            with contextlib.suppress(OSError):
+                if aside is not None:
+                    os.replace(aside, target)
+                elif os.path.lexists(target):  # (the new file: there was none before)
+                    os.unlink(target)
+        raise
+    for _, aside in done:
+        if aside is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(aside)
 
 
 def _missing_dirs(out_dir: Path) -> list[Path]:

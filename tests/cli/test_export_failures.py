@@ -144,3 +144,48 @@ def test_a_full_disk_names_the_output_path_in_one_clean_line(tmp_path, replayed_
     line = _one_line(2, "\n".join(err[:-1]), f"{full}/out/deeper", "No space left on device")
     assert str(db) not in line
     assert proc.stdout.split() == ["fill"]  # no out/ folder, no partial file
+
+
+def test_a_rename_that_fails_midway_puts_the_earlier_export_back(work, monkeypatch):
+    """The third of three renames failing left two files of the new run beside one of the
+    old (any target a rename cannot replace)."""
+    from kvtrace.store import export as export_module
+    from kvtrace.store import export_parquet
+
+    tmp, db, run = work
+    out = tmp / "out"
+    export_parquet(db, run, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    real_replace, renames = os.replace, []
+
+    def third_fails(src, dst):
+        if str(dst).endswith(".parquet"):  # a new file into place
+            renames.append(dst)
+            if len(renames) == 3:
+                raise OSError(16, os.strerror(16))
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(export_module.os, "replace", third_fails)
+    with pytest.raises(Exception, match=f"{out}: cannot write the export: Device or resource busy"):
+        export_parquet(db, "r1" if run != "r1" else "r2", out)
+    monkeypatch.setattr(export_module.os, "replace", real_replace)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the earlier export whole, nothing else
+
+
+def test_a_target_that_is_a_directory_is_refused_before_any_file_is_replaced(work, capsys):
+    tmp, db, run = work
+    out = tmp / "out"
+    assert _cli(["export", "--db", str(db), "--run", run, "--parquet", str(out)], capsys)[0] == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    (out / "spans.parquet").unlink()
+    (out / "spans.parquet").mkdir()
+    code, _, err = _cli(["export", "--db", str(db), "--run", run, "--parquet", str(out)], capsys)
+    _one_line(code, err, "spans.parquet: is a directory; the export would not replace it")
+    del before["spans.parquet"]
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+
+
+def test_an_export_path_too_long_to_name_is_one_line(work, capsys):
+    tmp, db, run = work
+    code, _, err = _cli(["export", "--db", str(db), "--run", run, "--parquet", "a" * 300], capsys)
+    _one_line(code, err, "cannot use as export directory: File name too long")
