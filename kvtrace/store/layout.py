@@ -116,6 +116,13 @@ def problems(con: duckdb.DuckDBPyConnection, version: int) -> list[str]:
                     out.append(f"column {name}.{col} is missing")
             elif typ is not None and _norm_type(have[col]) != _norm_type(typ):
                 out.append(f"column {name}.{col} is {have[col]}, expected {typ}")
+    # runs.run_id is the key every reader looks a run up by: a table rebuilt without it can
+    # hold one id twice, and each reader would take whichever row came first
+    if found.get("runs") == TABLE and not con.execute(
+            "SELECT 1 FROM duckdb_constraints() WHERE database_name = current_database() AND schema_name = 'main' "
+            "AND table_name = 'runs' AND constraint_type = 'PRIMARY KEY' AND constraint_column_names = ['run_id']"
+    ).fetchall():
+        out.append("table runs has lost its primary key run_id")
     return out
 
 
