@@ -112,3 +112,17 @@ def test_data_parts_chdb_sets_aside_as_broken_make_a_damaged_store(tmp_path):
         proc = _kvtrace(*argv, "--db", f"chdb:{store}")
         assert_one_line(proc.returncode, proc.stderr, "damaged kvtrace store", "set them aside as broken")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_dropped_column_or_table_is_a_damaged_store_before_an_export_writes(tmp_path):
+    """As DuckDB's layout check: a chdb store without runs.name was exported as if whole (a
+    runs.parquet without it, exit 0), while `runs` failed on ClickHouse's own SQL error."""
+    store = f"chdb:{tmp_path}/s"
+    assert _kvtrace("replay", "gen:chat", "--limit", "3", "--mode", "cache-only", "--db", store).returncode == 0
+    _chdb(tmp_path / "s", "ALTER TABLE runs DROP COLUMN name", "DROP TABLE span_stats")
+    out = tmp_path / "out"
+    for argv in (["runs"], ["export", "--run", "r1", "--parquet", str(out)]):
+        proc = _kvtrace(*argv, "--db", store)
+        assert_one_line(proc.returncode, proc.stderr, "damaged kvtrace store: column runs.name is missing; "
+                                                      "table span_stats is missing")
+    assert not out.exists()

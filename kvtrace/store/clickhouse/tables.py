@@ -16,7 +16,34 @@ def check_meta(con: client.ClickHouseConnection, label: str) -> int | None:
     if META_TABLE not in con.table_names():
         return None
     _check_no_broken_parts(con, label)  # (first: a broken part of the meta table reads as no magic)
-    return meta_version(dict(con.ch_frame(f"SELECT key, value FROM {META_TABLE}").rows()), label)
+    version = meta_version(dict(con.ch_frame(f"SELECT key, value FROM {META_TABLE}").rows()), label)
+    _check_columns(con, label, version)
+    return version
+
+
+def _check_columns(con: client.ClickHouseConnection, label: str, version: int) -> None:
+    """StoreError naming what is missing when a relation or a column the declarations name
+    is not there (by name: ClickHouse's types are its own). DuckDB's ``layout.check_layout``
+    for a ClickHouse store: a dropped ``runs.name`` was exported as if whole."""
+    from kvtrace.store.layout import ADDED_COLUMNS, ADDED_TABLES, expected
+
+    have: dict[str, set[str]] = {}
+    for table, column in con.ch_frame("SELECT table, name FROM system.columns "
+                                      "WHERE database = currentDatabase()").rows():
+        have.setdefault(table, set()).add(column)
+    wrong = []
+    for name, relation in expected(version).items():
+        if name not in have:
+            if name not in ADDED_TABLES:
+                wrong.append(f"{relation.kind} {name} is missing")
+            continue
+        if name == "otel_traces":  # (here the OTel Collector exporter's table, its columns its own)
+            continue
+        wrong += [f"column {name}.{c} is missing" for c in relation.columns
+                  if c not in have[name] and c not in ADDED_COLUMNS.get(name, ())]
+    if wrong:
+        more = f"; and {len(wrong) - 4} more" if len(wrong) > 4 else ""
+        raise StoreError(label, f"{DAMAGED}: {'; '.join(wrong[:4])}{more}")
 
 
 def _check_no_broken_parts(con: client.ClickHouseConnection, label: str) -> None:
