@@ -14,24 +14,31 @@ from kvtrace.cli.application import app
 from kvtrace.cli.choices import BACKENDS, Backend, Behaviour, value
 from kvtrace.cli.options import Db, DbToRead, Json, Markdown, Percentiles, replay_options
 from kvtrace.cli.options import percentiles as parse_percentiles
-from kvtrace.cli.output import echo_json, error, one_format, print_rows, recorded
+from kvtrace.cli.output import echo_json, error, one_format, print_rows, recorded, status
 from kvtrace.errors import KVTraceError
 
 DEFAULT_BACKEND = Backend(BACKENDS[0])
 RUN_ID = Annotated[str, typer.Argument(metavar="RUN", help="A run id (see `kvtrace runs`).")]
 # The headline metrics `kvtrace runs` shows, summary keys.
 RUNS_METRICS = ("requests", "prefix_cache_hit_rate", "p50_ttft_ms", "p50_itl_ms")
+# Runs its table shows by default: a terminal table of thousands is read by no one, and
+# rich lays one out at about 3 ms a row (20,000 runs: a minute).
+RUNS_SHOWN = 100
 
 
 @app.command()
-def runs(db: DbToRead, as_json: Json = False) -> None:
+def runs(db: DbToRead, as_json: Json = False, limit: Annotated[int | None, typer.Option(
+        metavar="N", min=0, help=f"List the newest N runs (0: all; default {RUNS_SHOWN} in the table, all with "
+                                 "--json).")] = None) -> None:
     """List the runs in a store: id, name, trace, mode, behaviours, capacity, status, headline metrics."""
     from kvtrace.dashboard.run_config import capacity
     from kvtrace.replay.report import format_value
     from kvtrace.store import read
 
+    stored = read.runs(db)  # (newest first)
+    shown = stored.height if limit == 0 or (limit is None and as_json) else min(stored.height, limit or RUNS_SHOWN)
     listed = []
-    for row in read.runs(db).iter_rows(named=True):
+    for row in stored.head(shown).iter_rows(named=True):
         config = json.loads(row["config"]) if row["config"] else {}
         summary = json.loads(row["summary"]) if row["summary"] else {}
         cap = capacity(config, summary) if isinstance(config, dict) else None
@@ -54,6 +61,8 @@ def runs(db: DbToRead, as_json: Json = False) -> None:
                      ",".join(r["behaviours"]) or "-", size, r["status"], r["created"] or "",
                      *(format_value(m, r[m]) for m in RUNS_METRICS)])
     print_rows(rows, title=f"runs in {db}", left=9)
+    if shown < stored.height:
+        status(f"{stored.height - shown:,} older runs not listed (--limit 0 lists all {stored.height:,})")
 
 
 @app.command()

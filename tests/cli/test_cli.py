@@ -319,3 +319,24 @@ def test_replay_to_a_dead_collector_says_how_many_spans_were_not_delivered(tmp_p
     finally:
         con.close()
     assert (status, stored) == ("complete", summary["spans"])
+
+
+def test_runs_lists_the_newest_hundred_in_its_table_and_says_how_many_it_left_out(tmp_path, capsys):
+    """A store of 20,000 runs took a minute to lay out (rich, ~3 ms a row)."""
+    import duckdb
+
+    from kvtrace.cli.results import RUNS_SHOWN
+    from tests.cli.support import run
+
+    db = tmp_path / "s.duckdb"
+    assert run(["replay", "gen:chat", "--limit", "2", "--mode", "cache-only", "--db", str(db)], capsys)[0] == 0
+    con = duckdb.connect(str(db))
+    con.execute("INSERT INTO runs SELECT runs.* REPLACE ('m' || i AS run_id, 'n' || i AS name) FROM runs, range(150) t(i)")
+    con.close()
+    code, out, err = run(["runs", "--db", str(db)], capsys)
+    assert code == 0 and out.count("│ m") + out.count("│ r1 ") == RUNS_SHOWN
+    assert "51 older runs not listed (--limit 0 lists all 151)" in err
+    code, out, err = run(["runs", "--db", str(db), "--json"], capsys)
+    assert len(json.loads(out)["runs"]) == 151 and err == ""
+    code, out, _ = run(["runs", "--db", str(db), "--json", "--limit", "3"], capsys)
+    assert len(json.loads(out)["runs"]) == 3
