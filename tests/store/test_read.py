@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import polars as pl
 import pytest
@@ -229,3 +231,23 @@ def test_request_waterfall(scenario_db):
     assert marks.select("start_ns", "num_tokens").rows() == [(1000, 32)]
     assert marks["detail"][0] == "32/64 tokens hit at admission, 8 external"
     assert read.request_waterfall(*scenario_db, "no-such-request").height == 0
+
+
+@pytest.mark.parametrize("call, needle", [
+    (lambda db, run: read.hit_counters(db, 0), "hit_counters: run_id: expected str, got 0"),  # (DuckDB's INT32 error)
+    (lambda db, run: read.evictions_over_time(db, run, window_ns="1000"),
+     "window_ns: expected int or None, got '1000'"),
+    (lambda db, run: read.block_histograms(db, run, bins=None), "block_histograms: bins: expected int, got None"),
+    (lambda db, run: read.eviction_attribution(db, run, limit=float("nan")), "limit: expected int or None, got nan"),
+    (lambda db, run: read.per_prefix_reuse(db, run, top=True), "per_prefix_reuse: top: expected int, got True"),
+    (lambda db, run: read.latency_cdf(db, run, metric=[1]), "latency_cdf: metric: expected str, got [1]"),
+    (lambda db, run: read.prefix_families(db, run, ["a", 1]), "root_hashes: expected a list of str"),
+    (lambda db, run: read.runs(None), "runs: db: expected str or Path, got None"),
+    (lambda db, run: read.run(db), "run: arguments: missing a required argument: 'run_id'"),
+    (lambda db, run: read.hit_counters_over_time(db, run, window_ns=0), "window_ns: must be positive, got 0"),
+])
+def test_the_read_api_names_an_argument_it_cannot_take(scenario_db, call, needle):
+    """A notebook's wrong type got DuckDB's, polars' or Python's error from deep inside."""
+    with pytest.raises(KVTraceError, match=re.escape(needle)) as err:
+        call(*scenario_db)
+    assert isinstance(err.value, ValueError)

@@ -58,7 +58,7 @@ def test_an_explicit_window_is_bound_as_given_and_must_be_positive(scenario_db, 
     db, run_id = scenario_db
     assert _sql.with_run(db, run_id, "SELECT $w AS w, $run_id AS run_id", window_ns=1234)["w"].to_list() == [1234]
     assert len(queries_run) == 2
-    with pytest.raises(ValueError, match="window_ns must be positive"):
+    with pytest.raises(ValueError, match="window_ns: must be positive"):
         read.hit_counters_over_time(db, run_id, window_ns=0)
 
 

@@ -31,6 +31,7 @@ from kvtrace.store import derived
 from kvtrace.store.backend import is_clickhouse
 from kvtrace.store.connection import read_connection
 from kvtrace.store.errors import StoreError, UnknownRunError
+from kvtrace.store.read._api import BadArgument
 
 DB = str | Path
 if TYPE_CHECKING:
@@ -112,7 +113,7 @@ def resolve_window(con: Connection, run_id: str, window_ns: int | None, status: 
     finished run, ``status`` other than running; scanned for a running one)."""
     if window_ns is not None:
         if window_ns <= 0:
-            raise ValueError(f"window_ns must be positive, got {window_ns}")
+            raise BadArgument("read", "window_ns", f"must be positive, got {window_ns}")
         return int(window_ns)
     lo = hi = None
     if status != "running":  # the extent finish_run kept (NULL in a store from before it)

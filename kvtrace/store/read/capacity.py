@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import polars as pl
 
+from kvtrace.store.read._api import checked
 from kvtrace.store.read._sql import DB, connect, query
 from kvtrace.store.schema import CURVE_COLUMNS
 
 
+@checked
 def curves(db: DB) -> pl.DataFrame:
     """Every recorded curve point (``CURVE_COLUMNS`` plus prefix_cache_hit_rate), newest curve
     first; empty for a store written before curves existed."""
@@ -23,6 +25,7 @@ def curves(db: DB) -> pl.DataFrame:
             ORDER BY created DESC, curve_id, policy, capacity_blocks NULLS LAST""")
 
 
+@checked
 def capacity_marks(db: DB, trace_digest: str) -> pl.DataFrame:
     """The complete runs of one trace, to mark on its curve: run_id, name, mode, config
     (JSON text: where the capacity is) and prefix_cache_hit_rate."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from kvtrace.store.read._api import checked
 from kvtrace.store.read._sql import DB, open_run, query, with_run
 from kvtrace.store.schema import (
     FAMILIES,
@@ -20,6 +21,7 @@ from kvtrace.store.schema import (
 )
 
 
+@checked
 def stale_hashes_over_time(db: DB, run_id: str, window_ns: int | None = None) -> pl.DataFrame:
     """Per window: stale hashes found by the worker, stale entries left by the cache
     (behaviour off), and divergent outputs. Columns: window_start_ns, stale_found,
@@ -34,6 +36,7 @@ def stale_hashes_over_time(db: DB, run_id: str, window_ns: int | None = None) ->
         GROUP BY ALL ORDER BY window_start_ns""", window_ns=window_ns)
 
 
+@checked
 def stale_hashes(db: DB, run_id: str) -> pl.DataFrame:
     """Every stale hash found, in order. Columns: seq, time_ns, step, request_id,
     group_id, block_id, block_hash, num_tokens, expected_fingerprint, actual_fingerprint."""
@@ -43,6 +46,7 @@ def stale_hashes(db: DB, run_id: str) -> pl.DataFrame:
         FROM verify_spans WHERE run_id = $run_id AND name = '{SPAN_STALE_HASH}' ORDER BY seq""")
 
 
+@checked
 def divergent_outputs(db: DB, run_id: str) -> pl.DataFrame:
     """Every divergent output token, in order. Columns: seq, time_ns, step, request_id,
     position (output index), expected_token, actual_token."""
@@ -75,6 +79,7 @@ def _chain_select(view: str, where: str, only: tuple[str, ...] = _CHAIN_COLUMNS)
     return f"SELECT {cols} FROM {view} WHERE run_id = $run_id AND {where}"
 
 
+@checked
 def stale_hash_chain(db: DB, run_id: str, block_hash: str, group_id: int | None = None) -> pl.DataFrame:
     """The spans that explain one stale hash, in time order: its publishes, the overwrite
     (stale_left, CoW into or out of its block), evictions, lookups naming it, and the stale

@@ -5,24 +5,27 @@ from __future__ import annotations
 
 import polars as pl
 
+from kvtrace.store.read._api import BadArgument, checked
 from kvtrace.store.read._sql import DB, derived_relation, with_run
 from kvtrace.store.schema import SPAN_EVICT
 
 _EVICTION_KEYS = {"reason": "reason", "publish_kind": "coalesce(publish_kind, 'none')"}
 
 
+@checked
 def evictions_over_time(db: DB, run_id: str, window_ns: int | None = None, by: str = "reason") -> pl.DataFrame:
     """Evicted blocks per window (columns window_start_ns, key, blocks), keyed by eviction
     reason (``by="reason"``) or by the kind of the publish that next took each block
     (``by="publish_kind"``; 'none' when no publish took it)."""
     if by not in _EVICTION_KEYS:
-        raise ValueError(f"by must be 'reason' or 'publish_kind', not {by!r}")
+        raise BadArgument("evictions_over_time", "by", f"expected 'reason' or 'publish_kind', got {by!r}")
     return with_run(db, run_id, lambda status: f"""
         SELECT evict_ns // $w * $w AS window_start_ns, {_EVICTION_KEYS[by]} AS key, sum(blocks) AS blocks
         FROM {derived_relation("evict_counts", status)} GROUP BY ALL ORDER BY window_start_ns, key""",
                     window_ns=window_ns)
 
 
+@checked
 def evictions_by_reason(db: DB, run_id: str) -> pl.DataFrame:
     """Total evicted blocks (and spans) per eviction reason, with each reason's share.
     Columns: reason, blocks, spans, share."""
@@ -33,6 +36,7 @@ def evictions_by_reason(db: DB, run_id: str) -> pl.DataFrame:
         GROUP BY ALL ORDER BY blocks DESC, reason""")
 
 
+@checked
 def evictions_by_publish_kind(db: DB, run_id: str) -> pl.DataFrame:
     """Evicted blocks per kind of the publish that took the block next ('none' if none).
     Columns: publish_kind, blocks, share."""
@@ -42,6 +46,7 @@ def evictions_by_publish_kind(db: DB, run_id: str) -> pl.DataFrame:
         FROM {derived_relation("evict_counts", status)} GROUP BY ALL ORDER BY blocks DESC, publish_kind""")
 
 
+@checked
 def eviction_attribution(db: DB, run_id: str, limit: int | None = None) -> pl.DataFrame:
     """For each lookup miss on a block that was cached before: the eviction that removed
     it (the latest eviction of that hash in group 0 before the miss) and the publish that
@@ -59,6 +64,7 @@ def eviction_attribution(db: DB, run_id: str, limit: int | None = None) -> pl.Da
                     params={"limit": None if limit is None else int(limit)})  # LIMIT NULL: every row
 
 
+@checked
 def eviction_attribution_flows(db: DB, run_id: str, top_prefixes: int = 10) -> pl.DataFrame:
     """Sankey input: (publish_kind, evict_reason, prefix) -> misses, where prefix is one of
     the ``top_prefixes`` root hashes with most attributed misses, or 'other'.
@@ -73,6 +79,7 @@ def eviction_attribution_flows(db: DB, run_id: str, top_prefixes: int = 10) -> p
                     params={"top": int(top_prefixes)})
 
 
+@checked
 def block_histograms(db: DB, run_id: str, bins: int = 40) -> pl.DataFrame:
     """Histograms (in scheduler steps) of block lifetime at eviction, idle time before
     eviction, and prefix reuse gap (steps between consecutive lookups of a root hash,

@@ -8,6 +8,7 @@ from typing import Any
 import polars as pl
 
 from kvtrace import metrics
+from kvtrace.store.read._api import checked
 from kvtrace.store.read._sql import DB, with_run
 from kvtrace.store.schema import SPAN_LOOKUP, SPAN_REQUEST, SPAN_STEP
 
@@ -45,6 +46,7 @@ def _with_rates(frame: pl.DataFrame, prefix: str = "") -> pl.DataFrame:
         for r in metrics.RATES)
 
 
+@checked
 def hit_counters_over_time(db: DB, run_id: str, window_ns: int | None = None) -> pl.DataFrame:
     """vLLM's hit counters per window of first-schedule time (``kvtrace.metrics``, the one
     definition): each request once, in the window it was first scheduled in.
@@ -63,6 +65,7 @@ def hit_counters_over_time(db: DB, run_id: str, window_ns: int | None = None) ->
     return _with_rates(frame, "cum_")
 
 
+@checked
 def hit_counters(db: DB, run_id: str, start_ns: int | None = None, end_ns: int | None = None) -> dict[str, Any]:
     """vLLM's hit counters and rates over the requests first scheduled in [start_ns,
     end_ns) (None: open), as one dict: requests, each counter, each rate. The whole run's
@@ -97,6 +100,7 @@ _ADMISSION_LOOKUPS = f"""
     )"""
 
 
+@checked
 def group_hit_rate_over_time(db: DB, run_id: str, window_ns: int | None = None) -> pl.DataFrame:
     """Attention / state *group* hit rate per window (``metrics.GROUP_HIT_RATE_DOC``): for
     each KV group, the hit tokens that group alone found at each request's admission
@@ -123,6 +127,7 @@ def group_hit_rate_over_time(db: DB, run_id: str, window_ns: int | None = None) 
         ORDER BY group_id, window_start_ns""", window_ns=window_ns)
 
 
+@checked
 def group_hit_rates(db: DB, run_id: str) -> dict[int, float | None]:
     """The whole run's group hit rate per KV group (see group_hit_rate_over_time)."""
     frame = with_run(db, run_id, f"""
@@ -133,6 +138,7 @@ def group_hit_rates(db: DB, run_id: str) -> dict[int, float | None]:
     return {int(g): metrics.ratio(h, q) for g, h, q in frame.iter_rows()}
 
 
+@checked
 def usage_over_time(db: DB, run_id: str, window_ns: int | None = None) -> pl.DataFrame:
     """Per window and KV group: mean and max of the group's share of its block pool (0..1; with
     the shared pool the groups' shares add up to the pool's usage), plus queue depths.
@@ -148,6 +154,7 @@ def usage_over_time(db: DB, run_id: str, window_ns: int | None = None) -> pl.Dat
         FROM st GROUP BY ALL ORDER BY group_id, window_start_ns""", window_ns=window_ns)
 
 
+@checked
 def per_prefix_reuse(db: DB, run_id: str, top: int = 20) -> pl.DataFrame:
     """The ``top`` hottest prefixes (root hash of the first full block) by lookups.
     Columns: root_hash, lookups, hit_lookups, miss_lookups, hit_tokens, query_tokens,
@@ -164,6 +171,7 @@ def per_prefix_reuse(db: DB, run_id: str, top: int = 20) -> pl.DataFrame:
         GROUP BY root_hash ORDER BY lookups DESC, root_hash LIMIT $top""", params={"top": int(top)})
 
 
+@checked
 def prefix_families(db: DB, run_id: str, root_hashes: list[str]) -> pl.DataFrame:
     """What names a prefix family (root hash of the first full block) for a reader: the
     request that first looked it up, its prompt length, and the longest hit any lookup of

@@ -14,6 +14,7 @@ import polars as pl
 from kvtrace import metrics
 from kvtrace.numeric import percentiles
 from kvtrace.store import derived
+from kvtrace.store.read._api import BadArgument, checked
 from kvtrace.store.read._sql import DB, Connection, open_run, query, with_run
 from kvtrace.store.schema import SPAN_COW, SPAN_EVICT, SPAN_LOOKUP, SPAN_REQUEST
 
@@ -28,6 +29,7 @@ _REQUEST_COLUMNS = """
     itl_mean_ns, itl_p50_ns, itl_p99_ns, itl_max_ns"""
 
 
+@checked
 def requests(db: DB, run_id: str) -> pl.DataFrame:
     """One row per finished request, by arrival. Columns: request_id, session_id,
     arrival_ns, first_scheduled_ns, first_token_ns, finish_ns, queue_ns, ttft_ns, e2el_ns,
@@ -39,6 +41,7 @@ def requests(db: DB, run_id: str) -> pl.DataFrame:
         WHERE run_id = $run_id AND name = '{SPAN_REQUEST}' ORDER BY arrival_ns, request_id""")
 
 
+@checked
 def per_request_hits(db: DB, run_id: str) -> pl.DataFrame:
     """Per request (for diffs): columns request_id, num_prompt_tokens,
     num_local_hit_tokens, num_external_hit_tokens, num_cached_tokens (local + external at
@@ -52,6 +55,7 @@ def per_request_hits(db: DB, run_id: str) -> pl.DataFrame:
         FROM request_spans WHERE run_id = $run_id AND name = '{SPAN_REQUEST}' ORDER BY request_id""")
 
 
+@checked
 def itl_gaps(db: DB, run_id: str, request_id: str | None = None) -> pl.DataFrame:
     """Inter-token gaps exploded, of one request or all: columns request_id, index (1 =
     the gap after the first token), token_ns (time of the token that ends the gap), gap_ns."""
@@ -72,6 +76,7 @@ def _samples(con: Connection, run_id: str, metric: str) -> np.ndarray:
     return query(con, derived.latency_samples_sql(metric), {"run_id": run_id})["v"].to_numpy()
 
 
+@checked
 def latency_samples(db: DB, run_id: str, metric: str = "ttft") -> np.ndarray:
     """One latency's samples in ns (float64, sorted): ttft | tpot | itl (every gap) |
     e2el | queue, as ``kvtrace.metrics.LATENCIES`` defines them."""
@@ -80,6 +85,7 @@ def latency_samples(db: DB, run_id: str, metric: str = "ttft") -> np.ndarray:
         return _samples(con, run_id, metric)
 
 
+@checked
 def latency_stats(db: DB, run_id: str, metric: str = "ttft",
                   percentiles: Sequence[float] = metrics.DEFAULT_PERCENTILES) -> dict[str, float | None]:
     """``{mean_<metric>_ms, median_…, std_…, p<P>_…}`` (ms) from the samples, by
@@ -87,6 +93,7 @@ def latency_stats(db: DB, run_id: str, metric: str = "ttft",
     return metrics.latency_stats(latency_samples(db, run_id, metric), metric, percentiles)
 
 
+@checked
 def latency_summary(db: DB, run_id: str,
                     percentiles: Sequence[float] = metrics.DEFAULT_PERCENTILES) -> dict[str, float | None]:
     """Every latency statistic of every metric (the summary's latency fields)."""
@@ -95,6 +102,7 @@ def latency_summary(db: DB, run_id: str,
     return metrics.latency_summary(samples, percentiles)
 
 
+@checked
 def latency_percentiles(
     db: DB, run_id: str, metric: str = "ttft", qs: Sequence[float] = metrics.DEFAULT_PERCENTILES
 ) -> dict[float, float]:
@@ -106,6 +114,7 @@ def latency_percentiles(
     return {q: float(v) for q, v in zip(qs, percentiles(values, list(qs)))}  # type: ignore[arg-type]
 
 
+@checked
 def latency_cdf(db: DB, run_id: str, metric: str = "ttft") -> pl.DataFrame:
     """The CDF of a latency: its percentiles at ``derived.CDF_PERCENTILES`` (q in 0..100,
     0.1 apart), each by kvtrace.numeric. Columns q, value_ns, n (samples). Empty when the
@@ -121,6 +130,7 @@ def latency_cdf(db: DB, run_id: str, metric: str = "ttft") -> pl.DataFrame:
                           "ORDER BY q", {"run_id": run_id, "m": metric})
 
 
+@checked
 def latency_histogram(db: DB, run_id: str, metric: str = "ttft", bins: int = 50) -> pl.DataFrame:
     """Linear-bin histogram of a latency (ns), counted exactly from its samples: columns
     bin_lo, bin_hi, count."""
@@ -131,6 +141,7 @@ def latency_histogram(db: DB, run_id: str, metric: str = "ttft", bins: int = 50)
     return pl.DataFrame({"bin_lo": edges[:-1], "bin_hi": edges[1:], "count": counts.astype(np.int64)})
 
 
+@checked
 def itl_over_time(db: DB, run_id: str, window_ns: int | None = None,
                   qs: Sequence[float] = (50, 99)) -> pl.DataFrame:
     """Inter-token gaps per window of the time their token came out: columns
@@ -165,9 +176,10 @@ def itl_over_time(db: DB, run_id: str, window_ns: int | None = None,
 
 def _check_metric(metric: str) -> None:
     if metric not in derived.LATENCY_VALUES:
-        raise ValueError(f"metric must be one of {sorted(derived.LATENCY_VALUES)}, not {metric!r}")
+        raise BadArgument("read", "metric", f"expected one of {sorted(derived.LATENCY_VALUES)}, got {metric!r}")
 
 
+@checked
 def request_waterfall(db: DB, run_id: str, request_id: str) -> pl.DataFrame:
     """Segments of one request in time order: queue, prefill chunks, decode, and point
     marks for the cache lookup that admitted it (cache_hit, one per request), CoW copies

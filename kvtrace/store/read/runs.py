@@ -9,6 +9,7 @@ import polars as pl
 
 from kvtrace.store.errors import StoreError, UnknownRunError
 from kvtrace.store.liveness import shown_status
+from kvtrace.store.read._api import checked
 from kvtrace.store.read._sql import DB, connect, derived_relation, query, with_run
 
 _RUNS_SQL = """
@@ -26,6 +27,7 @@ _RUNS_SQL = """
     ORDER BY r.created DESC NULLS LAST, r.run_id DESC"""
 
 
+@checked
 def runs(db: DB) -> pl.DataFrame:
     """All runs, newest first, with effective status (a dead writer's run reads ``incomplete``).
 
@@ -56,6 +58,7 @@ _SHAPES: dict[str, tuple[tuple[type, ...], str]] = {
 }
 
 
+@checked
 def run_json(db: DB, run_id: str, key: str, text: str | None) -> Any:
     """The decoded JSON field ``key`` (config, behaviours, summary) of a run record: None for
     SQL NULL, else the value, checked to have its shape. Anything else (not JSON, JSON
@@ -84,6 +87,7 @@ def _clip(text: Any, limit: int = 40) -> str:
     return shown if len(shown) <= limit else f"{shown[:limit]}..."
 
 
+@checked
 def run(db: DB, run_id: str) -> dict[str, Any]:
     """One row of ``runs`` as a dict; ``config``, ``behaviours`` and ``summary`` decoded by ``run_json``."""
     frame = runs(db).filter(pl.col("run_id") == run_id)
@@ -95,6 +99,7 @@ def run(db: DB, run_id: str) -> dict[str, Any]:
     return out
 
 
+@checked
 def span_counts(db: DB, run_id: str) -> pl.DataFrame:
     """Per span name: spans and blocks covered (headline counts for the Overview).
     Columns: name, spans, blocks."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from kvtrace.store.read._api import checked
 from kvtrace.store.read._sql import DB, with_run
 
 VLLM_REQUEST_SPAN = "llm_request"  # vllm.v1.engine.output_processor.OutputProcessor.do_tracing
@@ -21,6 +22,7 @@ _TOKENS = {"prompt_tokens": ("num_prompt_tokens", "gen_ai.usage.prompt_tokens"),
            "completion_tokens": ("num_output_tokens", "gen_ai.usage.completion_tokens")}
 
 
+@checked
 def served_requests(db: DB, run_id: str) -> pl.DataFrame:
     """One row per ``llm_request`` span of the run, by arrival. Columns: span_id,
     arrival_ns (the span's start, vLLM's arrival time), prompt_tokens, completion_tokens,

@@ -1,0 +1,86 @@
+"""The read API's boundary: what a caller passes is checked against each function's
+annotations before any SQL runs, so a notebook's ``hit_counters(db, 0)`` is one line
+naming the parameter, not DuckDB's conversion error (or polars', or Python's) from deep
+inside the query."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+import numbers
+import types
+import typing
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from kvtrace.errors import KVTraceError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class BadArgument(KVTraceError, ValueError):
+    """An argument of a read function that it cannot take (a ValueError too, as Python's own)."""
+
+    def __init__(self, function: str, parameter: str, what: str):
+        super().__init__(f"{function}: {parameter}: {what}")
+
+
+def _accepts(hint: Any) -> tuple[type, ...] | None:
+    """The plain types ``hint`` allows (None among them as NoneType), or None when it is not
+    one this checks (a frame, a mapping: left to the function)."""
+    if hint in (str, int, float, bool, Path):
+        return (hint,)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        parts = [_accepts(a) if a is not type(None) else (type(None),) for a in typing.get_args(hint)]
+        return None if any(p is None for p in parts) else tuple(t for p in parts for t in p)  # type: ignore[union-attr]
+    if typing.get_origin(hint) is list and typing.get_args(hint) == (str,):
+        return (list,)
+    return None
+
+
+def _check(function: str, parameter: str, value: Any, allowed: tuple[type, ...], hint: Any) -> None:
+    shown = repr(value)[:80]
+    # (numpy's and polars' integers are ints to a caller: numbers.Integral, not bool)
+    ok = isinstance(value, allowed) or (int in allowed and isinstance(value, numbers.Integral)) or (
+        float in allowed and isinstance(value, numbers.Real))
+    ok = ok and not (isinstance(value, bool) and bool not in allowed)
+    if ok and isinstance(value, float) and not math.isfinite(value):
+        ok = False
+    if ok and isinstance(value, list):
+        ok = all(isinstance(v, str) for v in value)
+    if not ok:
+        want = " or ".join("None" if t is type(None) else t.__name__ for t in allowed)
+        if allowed == (list,):
+            want = "a list of str"
+        raise BadArgument(function, parameter, f"expected {want}, got {shown}")
+
+
+def checked(func: F) -> F:
+    """``func`` with its annotated arguments checked first (str, int, float, bool, paths,
+    their optional forms and ``list[str]``; an int where a float is asked is fine). A call
+    with a missing or unknown argument is a BadArgument too."""
+    signature = inspect.signature(func)
+    hints = typing.get_type_hints(func)
+    allowed: dict[str, tuple[tuple[type, ...], Any]] = {}
+    for name in signature.parameters:
+        kinds = _accepts(hints.get(name))
+        if kinds is not None:
+            if float in kinds:
+                kinds = (*kinds, int)
+            allowed[name] = (kinds, hints[name])
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError as err:
+            raise BadArgument(func.__name__, "arguments", str(err)) from None
+        for name, value in bound.arguments.items():
+            rule = allowed.get(name)
+            if rule is not None:
+                _check(func.__name__, name, value, *rule)
+        return func(*args, **kwargs)
+
+    return typing.cast(F, wrapper)
