@@ -364,3 +364,21 @@ def test_a_fifo_among_weka_files_is_refused_before_any_read(tmp_path):
     os.mkfifo(tmp_path / "weka" / "zz.json")
     with pytest.raises(TraceFormatError, match=r"zz\.json: is a FIFO"):
         read_trace(tmp_path / "weka")
+
+
+def test_a_malformed_start_is_told_before_the_whole_file_is_hashed(tmp_path, capsys, monkeypatch):
+    """A 20 GB sparse file whose line 2 is zeros was hashed whole (minutes) before its line
+    2 was read; the first requests are now read first."""
+    from kvtrace.replay.readers import source
+    from tests.cli.support import assert_one_line, run
+
+    def never(*_):  # (the hash of every byte of the file)
+        raise AssertionError("hashed before the start was read")
+
+    monkeypatch.setattr(source, "source_sha256", never)
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [0]}\n')
+    with open(trace, "r+b") as f:
+        f.truncate(1 << 30)  # sparse: no byte written
+    code, _, err = run(["replay", str(trace), "--mode", "cache-only"], capsys)
+    assert_one_line(code, err, f"{trace}:2: line longer than 64 MiB")

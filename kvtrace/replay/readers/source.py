@@ -13,6 +13,7 @@ from kvtrace.workload import TraceRequest
 from kvtrace.workload.lines import source_sha256
 
 Reader = Callable[..., Iterator[TraceRequest]]
+CHECKED_BEFORE_DIGEST = 1000  # requests read before a trace's bytes are hashed (a few ms)
 
 
 class TraceSource:
@@ -37,6 +38,10 @@ class TraceSource:
     @property
     def source_id(self) -> str:
         if self._source_id is None:
+            # the first requests read first: a malformed start (a 20 GB line 2) is told at
+            # once, not after every byte of the file was hashed
+            for _ in islice(self, CHECKED_BEFORE_DIGEST):
+                pass
             self._source_id = source_sha256(self.path, self._files)
         return self._source_id
 
