@@ -70,7 +70,7 @@ class _NonEmptyPath(TyperPath):
     """A path parameter that refuses ``''``: ``Path('')`` is the current directory, so
     ``--config ''`` read ``.`` as a config and ``convert ''`` converted it."""
 
-    def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
+    def convert(self, value, param, ctx):
         if value == "":
             self.fail("expected a path, got an empty one", param, ctx)
         return super().convert(value, param, ctx)

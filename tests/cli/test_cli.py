@@ -331,7 +331,8 @@ def test_runs_lists_the_newest_hundred_in_its_table_and_says_how_many_it_left_ou
     db = tmp_path / "s.duckdb"
     assert run(["replay", "gen:chat", "--limit", "2", "--mode", "cache-only", "--db", str(db)], capsys)[0] == 0
     con = duckdb.connect(str(db))
-    con.execute("INSERT INTO runs SELECT runs.* REPLACE ('m' || i AS run_id, 'n' || i AS name) FROM runs, range(150) t(i)")
+    con.execute("INSERT INTO runs SELECT runs.* REPLACE ('m' || i AS run_id, 'n' || i AS name) "
+                "FROM runs, range(150) t(i)")
     con.close()
     code, out, err = run(["runs", "--db", str(db)], capsys)
     assert code == 0 and out.count("│ m") + out.count("│ r1 ") == RUNS_SHOWN

@@ -88,9 +88,10 @@ LAYOUT_DAMAGE = {
         "column runs.writer_pid is BIGINT, expected INTEGER"),
     "meta-column-dropped": (["ALTER TABLE kvtrace_meta DROP COLUMN value"], "kvtrace_meta"),
     # rebuilt without its key: r1 twice, and each reader took whichever row came first
-    "runs-key-lost": (["CREATE TABLE r AS SELECT * FROM runs", "DROP TABLE runs", "CREATE TABLE runs AS SELECT * FROM r",
-                       "DROP TABLE r", "INSERT INTO runs SELECT * REPLACE ('failed' AS status) FROM runs "
-                       "WHERE run_id = 'r1'"], "table runs has lost its primary key run_id"),
+    "runs-key-lost": (["CREATE TABLE r AS SELECT * FROM runs", "DROP TABLE runs",
+                       "CREATE TABLE runs AS SELECT * FROM r", "DROP TABLE r",
+                       "INSERT INTO runs SELECT * REPLACE ('failed' AS status) FROM runs WHERE run_id = 'r1'"],
+                      "table runs has lost its primary key run_id"),
 }
 
 

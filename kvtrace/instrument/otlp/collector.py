@@ -91,7 +91,7 @@ def _gunzip(body: bytes, limit: int) -> bytes:
             raise PayloadError(f"gzip body of more than {MAX_GZIP_MEMBERS} members")
 
 
-_BUSY = json.dumps({"code": 14, "message": f"busy: {MAX_CONNECTIONS} connections open; retry"}).encode()
+_BUSY = json.dumps({"code": 14, "message": "busy: as many connections open as it serves; retry"}).encode()
 
 
 class _Server(ThreadingHTTPServer):
