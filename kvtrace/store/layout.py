@@ -147,6 +147,12 @@ _CHECKED: set[tuple] = set()
 _CHECKED_MAX = 256
 
 
+def damaged(path: str, wrong: list[str]) -> StoreError:
+    """The one-line error of a store whose layout is ``wrong`` (its first few problems)."""
+    more = f"; and {len(wrong) - _SHOWN} more" if len(wrong) > _SHOWN else ""
+    return StoreError(path, f"{DAMAGED}: {'; '.join(wrong[:_SHOWN])}{more}")
+
+
 def check_layout(con: duckdb.DuckDBPyConnection, path: str, version: int) -> None:
     """Raise a one-line StoreError naming the file unless the store open on ``con`` holds
     every table, view and column of ``expected(version)`` (see the module docstring)."""
@@ -155,8 +161,7 @@ def check_layout(con: duckdb.DuckDBPyConnection, path: str, version: int) -> Non
         return
     wrong = problems(con, version)
     if wrong:
-        more = f"; and {len(wrong) - _SHOWN} more" if len(wrong) > _SHOWN else ""
-        raise StoreError(path, f"{DAMAGED}: {'; '.join(wrong[:_SHOWN])}{more}")
+        raise damaged(path, wrong)
     if state is not None:
         if len(_CHECKED) >= _CHECKED_MAX:
             _CHECKED.clear()

@@ -25,7 +25,7 @@ def _check_columns(con: client.ClickHouseConnection, label: str, version: int) -
     """StoreError naming what is missing when a relation or a column the declarations name
     is not there (by name: ClickHouse's types are its own). DuckDB's ``layout.check_layout``
     for a ClickHouse store: a dropped ``runs.name`` was exported as if whole."""
-    from kvtrace.store.layout import ADDED_COLUMNS, ADDED_TABLES, expected
+    from kvtrace.store.layout import ADDED_COLUMNS, ADDED_TABLES, damaged, expected
 
     have: dict[str, set[str]] = {}
     for table, column in con.ch_frame("SELECT table, name FROM system.columns "
@@ -42,8 +42,7 @@ def _check_columns(con: client.ClickHouseConnection, label: str, version: int) -
         wrong += [f"column {name}.{c} is missing" for c in relation.columns
                   if c not in have[name] and c not in ADDED_COLUMNS.get(name, ())]
     if wrong:
-        more = f"; and {len(wrong) - 4} more" if len(wrong) > 4 else ""
-        raise StoreError(label, f"{DAMAGED}: {'; '.join(wrong[:4])}{more}")
+        raise damaged(label, wrong)
 
 
 def _check_no_broken_parts(con: client.ClickHouseConnection, label: str) -> None:
