@@ -9,14 +9,16 @@ from pathlib import Path
 
 import pytest
 
+from kvtrace.compare.model import UnknownMetric
 from kvtrace.engine.backends.vllm.config import UnsupportedConfig
-from kvtrace.errors import ConfigError, KVTraceError, TraceFormatError
+from kvtrace.errors import ConfigError, KVTraceError, OutputClosed, TraceFormatError
 from kvtrace.instrument.convert import UnstorableValue
 from kvtrace.instrument.otlp.collector import CollectorClosed, ExportAbandoned
 from kvtrace.instrument.otlp.decode import PayloadError
 from kvtrace.instrument.pipeline import SpansNotDelivered
 from kvtrace.instrument.vllm.wire import VllmWireError
 from kvtrace.store.errors import StoreBusyError, StoreError, UnknownRunError
+from kvtrace.store.read._api import BadArgument
 
 EXAMPLES = {
     KVTraceError: KVTraceError("a plain one"),
@@ -32,6 +34,9 @@ EXAMPLES = {
     PayloadError: PayloadError("resourceSpans[0].scopeSpans: expected a list"),
     CollectorClosed: CollectorClosed("shutting down: not stored"),
     ExportAbandoned: ExportAbandoned("the client cancelled the export: not stored"),
+    OutputClosed: OutputClosed("/dev/stdout: cannot write: Broken pipe"),
+    BadArgument: BadArgument("hit_counters", "run_id", "expected str, got 0"),
+    UnknownMetric: UnknownMetric("runs r1 (mode otlp) and r2 (mode otlp): no metric 'x' to compare"),
 }
 
 

@@ -642,8 +642,11 @@ def test_connections_past_the_cap_get_503_at_once_and_later_ones_are_served(tmp_
         held = [socket.create_connection(c.address, timeout=10) for _ in range(2)]
         for s in held:
             s.sendall(b"POST /v1/traces HTTP/1.1\r\n")  # each holds its thread, waiting for headers
-        status, reply, _ = _post(c.url, _json_body(1))
-        assert status == 503 and b"connections open as it serves" in reply
+        body = _json_body(1)
+        head = (f"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode()
+        reply = _raw_http(c.address, head, body, half_close=False)
+        assert reply.startswith(b"HTTP/1.1 503") and b"connections open as it serves" in reply, reply[:200]
         for s in held:
             s.close()
         for _ in range(50):  # the held ones' threads end when their sockets close
@@ -670,12 +673,15 @@ def test_bodies_past_the_buffer_budget_get_503_before_they_are_read(tmp_path):
         held = [socket.create_connection(c.address, timeout=10) for _ in range(BUFFERED_BODIES)]
         for s in held:
             s.sendall(head + b"x")
+        body = _json_body(1)
+        small = (f"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                 f"Content-Length: {len(body)}\r\n\r\n").encode()
         for _ in range(50):
-            status, reply, _ = _post(c.url, _json_body(1))
-            if status == 503:
+            reply = _raw_http(c.address, small, body, half_close=False)
+            if reply.startswith(b"HTTP/1.1 503"):
                 break
             time.sleep(0.1)
-        assert status == 503 and b"too many request bodies buffered" in reply
+        assert reply.startswith(b"HTTP/1.1 503") and b"too many request bodies buffered" in reply, reply[:200]
         for s in held:
             s.close()
         for _ in range(50):

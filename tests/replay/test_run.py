@@ -21,7 +21,12 @@ def _rows(db, sql, params=()):
         con.close()
 
 
-def test_failure_mid_run_keeps_spans_and_marks_run_failed(tmp_path):
+def test_failure_mid_run_keeps_spans_and_marks_run_failed(tmp_path, monkeypatch):
+    from kvtrace.replay.readers import source
+
+    # (a bad line among the first requests is refused before the run is created: this one
+    # must come after those read before the trace is hashed)
+    monkeypatch.setattr(source, "CHECKED_BEFORE_DIGEST", 5)
     trace = tmp_path / "t.jsonl"
     write_generated("chat", trace, seed=3, num_requests=20)
     with open(trace, "a") as f:

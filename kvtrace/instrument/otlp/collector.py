@@ -24,8 +24,10 @@ everything else is kept in ``extra_attributes``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import socket
 import sys
 import threading
 import zlib
@@ -107,13 +109,18 @@ class _Server(ThreadingHTTPServer):
     def process_request(self, request, client_address) -> None:
         if not self.guard.admit():
             self.on_refused()
-            try:
-                request.settimeout(1.0)
+            with contextlib.suppress(OSError):
+                request.settimeout(0.1)
                 request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
                                 b"Retry-After: 1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
                                 % (len(_BUSY), _BUSY))
-            except OSError:
-                pass
+                request.shutdown(socket.SHUT_WR)
+                # what the client already sent, read away briefly (at most 0.4 s of this
+                # accepting thread): closed unread, it would reset the connection before the
+                # client read the answer (a broken pipe)
+                for _ in range(4):
+                    if not request.recv(1 << 16):
+                        break
             self.shutdown_request(request)
             return
         super().process_request(request, client_address)
