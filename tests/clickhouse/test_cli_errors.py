@@ -126,3 +126,31 @@ def test_a_dropped_column_or_table_is_a_damaged_store_before_an_export_writes(tm
         assert_one_line(proc.returncode, proc.stderr, "damaged kvtrace store: column runs.name is missing; "
                                                       "table span_stats is missing")
     assert not out.exists()
+
+
+def test_the_layout_check_is_kept_per_catalog_state_and_sees_later_damage(tmp_path):
+    """Checked once per state of the store's catalog (a check costs about 25 ms, and every
+    dashboard query opens the store), yet a column dropped after it is still found. In a
+    process of its own: chdb opens one directory a process."""
+    store = f"chdb:{tmp_path}/s"
+    assert _kvtrace("replay", "gen:chat", "--limit", "3", "--mode", "cache-only", "--db", store).returncode == 0
+    script = f"""
+import subprocess, sys
+from kvtrace.store import read
+from kvtrace.store.clickhouse import client, tables
+from kvtrace.store.errors import StoreError
+checks, real = [], tables._check_columns
+tables._check_columns = lambda *a: (checks.append(1), real(*a))[1]
+assert read.runs({store!r}).height == 1 and read.runs({store!r}).height == 1
+assert len(checks) == 1, checks
+client._close_idle()
+subprocess.run([sys.executable, "-c", "from chdb import session as c; s = c.Session({str(tmp_path / 's')!r}); "
+                "s.query('ALTER TABLE runs DROP COLUMN name'); s.close()"], check=True)
+try:
+    read.runs({store!r})
+except StoreError as err:
+    print(err)
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "damaged kvtrace store: column runs.name is missing" in proc.stdout, proc.stdout

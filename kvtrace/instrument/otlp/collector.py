@@ -492,29 +492,8 @@ def _make_handler(collector: OTLPCollector) -> type[BaseHTTPRequestHandler]:
             if chunked and length is not None:  # two framings: refused (RFC 9112 6.1), never guessed
                 return self._error(HTTPStatus.BAD_REQUEST, "both Content-Length and Transfer-Encoding: chunked",
                                    as_json, True)
-            # what the body may hold in memory, counted before it is read (a chunked one: the limit)
-            size = limit
-            if length is not None and length.strip().isascii() and length.strip().isdigit():
-                size = min(int(length.strip()[:19]), limit)
-            if not collector.guard.reserve(size):
-                return self._error(HTTPStatus.SERVICE_UNAVAILABLE, "busy: too many request bodies buffered; retry",
-                                   as_json, True)
-            try:
-                collector.guard.deadline(self.connection, collector.read_timeout_s + size / MIN_BODY_BYTES_PER_S)
-                return self._read_body_and_store(ctype, as_json, chunked, length, limit)
-            finally:
-                collector.guard.release(size)
-
-        def _read_body_and_store(self, ctype: str, as_json: bool, chunked: bool, length: str | None, limit: int):
-            if chunked:  # HTTP/1.1 clients may stream the body in chunks
-                try:
-                    body = _read_chunked(self.rfile, limit)
-                except _BodyTooLarge:
-                    return self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                                       f"chunked body exceeds the limit of {limit} bytes", as_json, True)
-                except ValueError as err:  # malformed or cut: never stored
-                    return self._error(HTTPStatus.BAD_REQUEST, f"chunked body: {err}", as_json, True)
-            else:
+            n = None  # the body's length when Content-Length frames it
+            if not chunked:
                 if length is None:
                     return self._error(HTTPStatus.LENGTH_REQUIRED, "Content-Length required", as_json, True)
                 digits = length.strip()
@@ -526,6 +505,27 @@ def _make_handler(collector: OTLPCollector) -> type[BaseHTTPRequestHandler]:
                 if n > limit:
                     return self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
                                        f"body of {n} bytes exceeds the limit of {limit}", as_json, True)
+            size = limit if n is None else n  # held in memory once read: counted before (a chunked one: the limit)
+            if not collector.guard.reserve(size):
+                return self._error(HTTPStatus.SERVICE_UNAVAILABLE, "busy: too many request bodies buffered; retry",
+                                   as_json, True)
+            try:
+                collector.guard.deadline(self.connection, collector.read_timeout_s + size / MIN_BODY_BYTES_PER_S)
+                return self._read_body_and_store(ctype, as_json, n, limit)
+            finally:
+                collector.guard.release(size)
+
+        def _read_body_and_store(self, ctype: str, as_json: bool, n: int | None, limit: int):
+            """The body (``n`` bytes; None: chunked) read, then decoded and stored."""
+            if n is None:  # HTTP/1.1 clients may stream the body in chunks
+                try:
+                    body = _read_chunked(self.rfile, limit)
+                except _BodyTooLarge:
+                    return self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                                       f"chunked body exceeds the limit of {limit} bytes", as_json, True)
+                except ValueError as err:  # malformed or cut: never stored
+                    return self._error(HTTPStatus.BAD_REQUEST, f"chunked body: {err}", as_json, True)
+            else:
                 body = self.rfile.read(n)
                 if len(body) < n:  # the client closed its side early: a cut body is never stored
                     return self._error(HTTPStatus.BAD_REQUEST, f"body ended after {len(body)} of its {n} bytes "

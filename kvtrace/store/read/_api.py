@@ -40,7 +40,7 @@ def _accepts(hint: Any) -> tuple[type, ...] | None:
     return None
 
 
-def _check(function: str, parameter: str, value: Any, allowed: tuple[type, ...], hint: Any) -> None:
+def _check(function: str, parameter: str, value: Any, allowed: tuple[type, ...]) -> None:
     shown = repr(value)[:80]
     # (numpy's and polars' integers are ints to a caller: numbers.Integral, not bool)
     ok = isinstance(value, allowed) or (int in allowed and isinstance(value, numbers.Integral)) or (
@@ -63,13 +63,11 @@ def checked(func: F) -> F:
     with a missing or unknown argument is a BadArgument too."""
     signature = inspect.signature(func)
     hints = typing.get_type_hints(func)
-    allowed: dict[str, tuple[tuple[type, ...], Any]] = {}
+    allowed: dict[str, tuple[type, ...]] = {}
     for name in signature.parameters:
         kinds = _accepts(hints.get(name))
         if kinds is not None:
-            if float in kinds:
-                kinds = (*kinds, int)
-            allowed[name] = (kinds, hints[name])
+            allowed[name] = kinds
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -78,9 +76,9 @@ def checked(func: F) -> F:
         except TypeError as err:
             raise BadArgument(func.__name__, "arguments", str(err)) from None
         for name, value in bound.arguments.items():
-            rule = allowed.get(name)
-            if rule is not None:
-                _check(func.__name__, name, value, *rule)
+            kinds = allowed.get(name)
+            if kinds is not None:
+                _check(func.__name__, name, value, kinds)
         return func(*args, **kwargs)
 
     return typing.cast(F, wrapper)
