@@ -2,9 +2,11 @@
 and the run facts the pages need (Belady bound, group names, window length), read from
 stored fields (``run_config``), never guessed from names.
 
-Every cached call is keyed on (function, database path, refresh token, arguments):
-the Refresh button bumps the token, so a store being written by a replay is re-read
-on demand and otherwise served from memory.
+Every cached call is keyed on (function, database path, key, arguments), the key being the
+refresh token and the store's content state (``store.state.content_state``), taken once
+per page run: a page load after the store changed (a replay's commit, the file replaced
+or damaged) reads it again, every session alike; the Refresh button re-reads one that
+cannot tell (a ClickHouse server).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from kvtrace.names import markdown_code, markdown_literal
 from kvtrace.store import read
 from kvtrace.store.backend import is_clickhouse
 from kvtrace.store.schema import SUMMARY_FIELDS, SUMMARY_NOTHING_RECEIVED
+from kvtrace.store.state import content_state
 
 CTX_KEY = "kvtrace_ctx"
 SUMMARY_KEYS = tuple(k for k in SUMMARY_FIELDS if k != "digest")  # numeric headline fields
@@ -44,18 +47,22 @@ _READS = {
 }
 
 @st.cache_data(show_spinner=False, max_entries=512)
-def _cached(name: str, db: str, token: int, args: tuple, kwargs: tuple) -> Any:
+def _cached(name: str, db: str, key: tuple, args: tuple, kwargs: tuple) -> Any:
     return _READS[name](db, *args, **dict(kwargs))
 
 
 def call(name: str, *args: Any, **kwargs: Any) -> Any:
-    """``read.<name>(db, *args, **kwargs)``, cached per refresh token."""
+    """``read.<name>(db, *args, **kwargs)``, cached per key (the module docstring)."""
     ctx = context()
-    return _cached(name, ctx["db"], state.refresh_token(), args, tuple(sorted(kwargs.items())))
+    return _cached(name, ctx["db"], ctx["key"], args, tuple(sorted(kwargs.items())))
+
+
+def _key(db: str) -> tuple:
+    return state.refresh_token(), content_state(db)
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
-def _runs(db: str, token: int) -> pl.DataFrame:
+def _runs(db: str, key: tuple) -> pl.DataFrame:
     return with_run_columns(read.runs(db))
 
 
@@ -122,8 +129,9 @@ def open_store(db: str | None) -> bool:
         st.error(f"{markdown_literal(db)}: no such database file. Create it with `kvtrace demo` or "
                  f"{markdown_code(f'kvtrace replay TRACE --db {db}')}.")
         return False
+    key = _key(db)
     try:
-        frame = _runs(db, state.refresh_token())
+        frame = _runs(db, key)
     except KVTraceError as err:
         st.error(markdown_literal(err))
         return False
@@ -131,7 +139,7 @@ def open_store(db: str | None) -> bool:
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
         st.error(markdown_literal(f"{db}: cannot read as a kvtrace store ({first})"))
         return False
-    st.session_state[CTX_KEY] = {"db": db, "runs": frame}
+    st.session_state[CTX_KEY] = {"db": db, "runs": frame, "key": key}
     if frame.height == 0:
         ui.empty("This store has no runs yet.")
         return False
@@ -237,14 +245,15 @@ def default_partner(run_id: str) -> str | None:
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
-def _diff(db: str, token: int, run_a: str, run_b: str) -> RunDiff:
+def _diff(db: str, key: tuple, run_a: str, run_b: str) -> RunDiff:
     return diff_runs(db, run_a, run_b, force=True)
 
 
 def run_diff(run_a: str, run_b: str) -> RunDiff:
     """``kvtrace diff A B`` (its defaults: seed 0, 1000 resamples, percentiles 50, 90, 99),
     so the page shows the CLI's numbers, bootstrap CIs and Markdown."""
-    return _diff(context()["db"], state.refresh_token(), run_a, run_b)
+    ctx = context()
+    return _diff(ctx["db"], ctx["key"], run_a, run_b)
 
 
 def request_diff(run_a: str, run_b: str) -> pl.DataFrame:
@@ -274,7 +283,7 @@ def _per_request(run_id: str) -> pl.DataFrame:
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
-def _extent(db: str, token: int, run_id: str) -> tuple[int, int]:
+def _extent(db: str, key: tuple, run_id: str) -> tuple[int, int]:
     """(virtual duration ns, requests). A finished replay's summary has both; otherwise (a
     running or foreign run) the last request finish, read once and reduced to two numbers."""
     summary = _json(read.run(db, run_id).get("summary")) or {}
@@ -287,7 +296,8 @@ def _extent(db: str, token: int, run_id: str) -> tuple[int, int]:
 
 
 def extent(run_id: str) -> tuple[int, int]:
-    return _extent(context()["db"], state.refresh_token(), run_id)
+    ctx = context()
+    return _extent(ctx["db"], ctx["key"], run_id)
 
 
 def time_extent_s(run_id: str) -> float:
@@ -296,7 +306,7 @@ def time_extent_s(run_id: str) -> float:
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
-def _slowest_requests(db: str, token: int, run_id: str, limit: int) -> pl.DataFrame:
+def _slowest_requests(db: str, key: tuple, run_id: str, limit: int) -> pl.DataFrame:
     """The ``limit`` slowest requests by TTFT, from the narrow per-request frame (the full
     requests frame is ~2x slower on large runs); only these rows are cached."""
     reqs = read.per_request_hits(db, run_id)
@@ -304,7 +314,7 @@ def _slowest_requests(db: str, token: int, run_id: str, limit: int) -> pl.DataFr
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
-def _one_request(db: str, token: int, run_id: str, request_id: str) -> pl.DataFrame:
+def _one_request(db: str, key: tuple, run_id: str, request_id: str) -> pl.DataFrame:
     return read.per_request_hits(db, run_id).filter(pl.col("request_id") == request_id).head(1)
 
 
@@ -314,10 +324,10 @@ REQUEST_CHOICES = 500  # the request picker offers this many slowest requests
 def request_choices(run_id: str, wanted: str | None) -> pl.DataFrame:
     """The request picker's rows: the REQUEST_CHOICES slowest requests, plus ``wanted``
     (from the URL) if it exists."""
-    db, token = context()["db"], state.refresh_token()
-    top = _slowest_requests(db, token, run_id, REQUEST_CHOICES)
+    db, key = context()["db"], context()["key"]
+    top = _slowest_requests(db, key, run_id, REQUEST_CHOICES)
     if wanted is not None and wanted not in set(top["request_id"].to_list()):
-        top = pl.concat([top, _one_request(db, token, run_id, wanted)])
+        top = pl.concat([top, _one_request(db, key, run_id, wanted)])
     return top
 
 

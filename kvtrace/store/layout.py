@@ -16,7 +16,6 @@ the answer is kept per (file, size, mtime) of the database and its WAL.
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 
 import duckdb
@@ -37,6 +36,7 @@ from kvtrace.store.schema import (
     span_column_sql_type,
     view_columns,
 )
+from kvtrace.store.state import duckdb_file_state
 
 TABLE, VIEW = "table", "view"
 
@@ -126,22 +126,6 @@ def problems(con: duckdb.DuckDBPyConnection, version: int) -> list[str]:
     return out
 
 
-def _file_state(path: str) -> tuple | None:
-    """What changes whenever the file's catalog can have changed (None: unknown)."""
-    try:
-        st = os.stat(path)
-        key: tuple = (os.path.realpath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-    except OSError:
-        return None
-    try:
-        wal = os.stat(f"{path}.wal")
-        return (*key, wal.st_size, wal.st_mtime_ns)
-    except FileNotFoundError:
-        return (*key, None)
-    except OSError:
-        return None
-
-
 _SHOWN = 4  # problems named in the error line
 _CHECKED: set[tuple] = set()
 _CHECKED_MAX = 256
@@ -156,7 +140,7 @@ def damaged(path: str, wrong: list[str]) -> StoreError:
 def check_layout(con: duckdb.DuckDBPyConnection, path: str, version: int) -> None:
     """Raise a one-line StoreError naming the file unless the store open on ``con`` holds
     every table, view and column of ``expected(version)`` (see the module docstring)."""
-    state = _file_state(path)
+    state = duckdb_file_state(path)
     if state is not None and (state, version) in _CHECKED:
         return
     wrong = problems(con, version)

@@ -154,3 +154,19 @@ except StoreError as err:
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180, check=False)
     assert proc.returncode == 0, proc.stderr
     assert "damaged kvtrace store: column runs.name is missing" in proc.stdout, proc.stdout
+
+
+def test_a_chdb_stores_content_state_changes_with_its_rows(tmp_path):
+    """``content_state`` (the dashboard's cache key) of a chdb store: equal while nothing is
+    written, different after another run is recorded (new parts, no new table)."""
+    from kvtrace.store.state import content_state
+
+    store = f"chdb:{tmp_path}/s"
+    replay = ("replay", "gen:chat", "--limit", "3", "--mode", "cache-only", "--db", store)
+    assert _kvtrace(*replay).returncode == 0
+    before = content_state(store)
+    assert before is not None and before == content_state(store)
+    assert _kvtrace(*replay).returncode == 0
+    assert content_state(store) not in (None, before)
+    assert content_state(f"chdb:{tmp_path}/missing") is None
+    assert content_state("clickhouse://127.0.0.1:1/db") is None  # a server: not told by files

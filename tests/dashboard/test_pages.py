@@ -533,3 +533,28 @@ def test_names_ids_and_links_are_shown_as_they_are_never_as_markdown(tmp_path, m
             assert "<img" not in out and "<a " not in out and "<b>" not in out and "<em>" not in out, el.value
             whole += HOSTILE in shown(el.value)
     assert whole >= 3  # the overview's name, A on the Compare page, the unknown run's warning
+
+
+def test_a_page_load_reads_a_store_changed_since_the_last_one(dashboard_db, stale_db, tmp_path, monkeypatch):
+    """The cache is keyed on the store's state as well as the refresh token, which every
+    new session starts at 0: a store replaced or damaged is read again by the next page
+    load, never served from another session's answers."""
+    import shutil
+
+    live = str(tmp_path / "live.duckdb")
+    shutil.copy(dashboard_db, live)
+    first = next(iter(run_ids(dashboard_db)))
+    at = render(live, monkeypatch, run=first)
+    assert not at.error and metrics(at)
+
+    with open(live, "r+b") as f:  # the same file, overwritten in place with garbage
+        f.write(b"\0garbage" * 4096)
+    at = render(live, monkeypatch, run=first)
+    assert at.error and "live.duckdb: not a DuckDB database" in shown(at.error[0].value)
+    assert not metrics(at)
+
+    shutil.copy(stale_db, live)  # another store at the same path
+    at = render(live, monkeypatch)
+    options = {str(o) for o in at.sidebar.selectbox[0].options}
+    labels = set(queries.with_run_columns(read.runs(stale_db))["label"])
+    assert not at.error and options == labels

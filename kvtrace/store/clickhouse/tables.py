@@ -3,14 +3,12 @@ derived tables, rebuilt server-side from the SQL the DuckDB store runs (``materi
 
 from __future__ import annotations
 
-import os
-
 from kvtrace.store import derived, dialect
-from kvtrace.store.backend import ClickHouseTarget
 from kvtrace.store.clickhouse import client
 from kvtrace.store.clickhouse.schema import derived_columns
 from kvtrace.store.errors import DAMAGED, StoreError
 from kvtrace.store.schema import META_TABLE, meta_version
+from kvtrace.store.state import chdb_catalog_state
 
 
 def check_meta(con: client.ClickHouseConnection, label: str) -> int | None:
@@ -20,7 +18,7 @@ def check_meta(con: client.ClickHouseConnection, label: str) -> int | None:
         return None
     _check_no_broken_parts(con, label)  # (first: a broken part of the meta table reads as no magic)
     version = meta_version(dict(con.ch_frame(f"SELECT key, value FROM {META_TABLE}").rows()), label)
-    state = _catalog_state(con.target)
+    state = chdb_catalog_state(con.target)
     if state is None or (state, version) not in _CHECKED:  # (about 25 ms a check on chdb)
         _check_columns(con, label, version)
         if state is not None:
@@ -31,19 +29,6 @@ def check_meta(con: client.ClickHouseConnection, label: str) -> int | None:
 
 
 _CHECKED: set[tuple] = set()  # (catalog state, version) of chdb stores found whole in this process
-
-
-def _catalog_state(target: ClickHouseTarget) -> tuple | None:
-    """What changes whenever a chdb store's tables or columns can have changed: its
-    database's metadata directory, where ClickHouse renames each table's definition into
-    place on a CREATE, ALTER or DROP (None: a server, or not known; checked every time)."""
-    if target.path is None:
-        return None
-    try:
-        st = os.stat(os.path.join(target.path, "metadata", target.database))
-    except OSError:
-        return None
-    return (os.path.realpath(target.path), target.database, st.st_dev, st.st_ino, st.st_mtime_ns)
 
 
 def _check_columns(con: client.ClickHouseConnection, label: str, version: int) -> None:
