@@ -10,6 +10,7 @@ markdown, and the stdout console every table uses (rich, imported when it is cal
 
 from __future__ import annotations
 
+import html
 import re
 from typing import Any
 
@@ -73,6 +74,13 @@ def markdown_literal(text: object) -> str:
     markdown, shown as it is: ``printable``, every ASCII punctuation mark backslash-escaped
     (no emphasis, link, image, HTML, code, math or colour directive can start in it)."""
     return _MARKDOWN_PUNCTUATION.sub(r"\\\1", printable(text))
+
+
+def plotly_literal(text: object) -> str:
+    """A user's or a sender's text inside any string plotly draws (a trace's name, a label, a
+    category, a title), shown as it is: plotly reads a subset of HTML there (``<a href>``,
+    ``<br>``, ``<span style>``) and decodes entities, so ``&``, ``<`` and ``>`` become entities."""
+    return html.escape(printable(text), quote=False)
 
 
 def markdown_code(text: object) -> str:

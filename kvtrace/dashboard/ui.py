@@ -9,6 +9,8 @@ import plotly.graph_objects as go
 import polars as pl
 import streamlit as st
 
+from kvtrace.names import plotly_literal
+
 FILL_RUN = "`kvtrace demo`, or `kvtrace replay TRACE --db PATH`"
 FILL_SMALL_CACHE = ("a run whose cache is smaller than its working set, e.g. "
                     "`kvtrace replay TRACE --db PATH --capacity-blocks 256`")
@@ -32,8 +34,40 @@ def chart(fig: go.Figure | None, caption: str, *, empty_what: str, command: str 
         empty(empty_what, command)
         return
     fig.update_layout(margin=dict(l=10, r=10, t=40, b=10), legend=dict(orientation="h", y=-0.2))
-    st.plotly_chart(fig, width="stretch", key=key)
+    st.plotly_chart(literal_text(fig), width="stretch", key=key)
     st.caption(caption)
+
+
+_TRACE_TEXT = ("name", "text", "hovertext", "x", "y")  # the trace fields that may hold strings plotly draws
+
+
+def _literal(value: Any) -> Any:
+    if isinstance(value, str):
+        return plotly_literal(value)
+    if isinstance(value, (list, tuple)) and any(isinstance(v, str) for v in value):
+        return [plotly_literal(v) if isinstance(v, str) else v for v in value]
+    return value
+
+
+def literal_text(fig: go.Figure) -> go.Figure:
+    """``fig`` with every string it draws shown as text (``names.plotly_literal``): run
+    names, run and request ids, group names and a sender's reasons reach legends, labels,
+    categories and titles, and no chart draws markup of its own."""
+    for trace in fig.data:
+        for field in _TRACE_TEXT:
+            if field in trace:
+                value = trace[field]
+                escaped = _literal(value)
+                if escaped is not value:
+                    trace[field] = escaped
+    layout = fig.layout
+    if layout.title.text:
+        layout.title.text = plotly_literal(layout.title.text)
+    fig.for_each_xaxis(lambda a: a.update(title_text=_literal(a.title.text)) if a.title.text else None)
+    fig.for_each_yaxis(lambda a: a.update(title_text=_literal(a.title.text)) if a.title.text else None)
+    for note in layout.annotations:
+        note.text = _literal(note.text)
+    return fig
 
 
 def table(frame: pl.DataFrame | None, caption: str, *, empty_what: str, command: str = FILL_RUN) -> None:

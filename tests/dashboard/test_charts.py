@@ -66,3 +66,22 @@ def test_a_reason_or_kind_keeps_its_colour_whatever_else_is_in_the_chart(key):
         return next(t.marker.color for t in fig.data if t.name == key)
 
     assert colour_of([key]) == colour_of(["zz-other", "replaced", key, "boundary"])
+
+
+def test_literal_text_escapes_every_string_a_figure_draws():
+    from plotly.subplots import make_subplots
+
+    from kvtrace.dashboard import ui
+
+    mark = "<b>x</b>&"
+    fig = make_subplots(rows=1, cols=2, subplot_titles=[mark, "plain"])
+    fig.add_bar(x=[mark, "r2"], y=[1, 2], name=mark, hovertext=[mark, None], row=1, col=1)
+    fig.add_scatter(x=[1, 2], y=[3, 4], text=mark, mode="markers+text", row=1, col=2)
+    fig.update_layout(title=mark, xaxis_title=mark)
+    out = ui.literal_text(fig).to_plotly_json()
+    escaped = "&lt;b&gt;x&lt;/b&gt;&amp;"
+    assert out["data"][0]["name"] == escaped and list(out["data"][0]["x"]) == [escaped, "r2"]
+    assert list(out["data"][0]["hovertext"]) == [escaped, None] and out["data"][1]["text"] == escaped
+    assert list(out["data"][1]["x"]) == [1, 2]  # numbers untouched
+    assert out["layout"]["title"]["text"] == escaped and out["layout"]["xaxis"]["title"]["text"] == escaped
+    assert [a["text"] for a in out["layout"]["annotations"]] == [escaped, "plain"]

@@ -558,3 +558,26 @@ def test_a_page_load_reads_a_store_changed_since_the_last_one(dashboard_db, stal
     options = {str(o) for o in at.sidebar.selectbox[0].options}
     labels = set(queries.with_run_columns(read.runs(stale_db))["label"])
     assert not at.error and options == labels
+
+
+def test_names_reach_charts_as_text_not_plotly_markup(dashboard_db, tmp_path, monkeypatch):
+    """Plotly draws a subset of HTML in legends, labels and titles (a link, a line break,
+    a styled span): a run's name is shown as it was typed on every chart."""
+    import shutil
+
+    import duckdb
+
+    from kvtrace.names import plotly_literal
+
+    db = str(tmp_path / "named.duckdb")
+    shutil.copy(dashboard_db, db)
+    on, off = on_off(db)
+    name = '<a href="https://example.com/">CLICK</a><br><span style="font-size:40px">BIG</span> & co'
+    with duckdb.connect(db) as con:
+        con.execute("UPDATE runs SET name = ? WHERE run_id = ?", [name, off])
+    at = render(db, monkeypatch, "compare", run=on, b=off)
+    drawn = [t for t in traces(at) if "CLICK" in str(t.get("name"))]
+    assert drawn and all(t["name"] == f"B {plotly_literal(name)}" for t in drawn)
+    for t in traces(at):
+        for field in ("name", "text", "hovertext", "x", "y"):
+            assert "<a " not in json.dumps(t.get(field)), (field, t.get(field))
