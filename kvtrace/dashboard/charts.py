@@ -283,7 +283,9 @@ _MARKS = {"cache_hit": ("star", "#F58518"), "cow": ("diamond", "#B279A2"), "evic
 
 
 def waterfall(frame: pl.DataFrame, request_id: str) -> go.Figure | None:
-    """Queue, prefill chunks and decode as bars on a time axis; cache events as marks."""
+    """Queue, prefill chunks and decode as bars on a time axis; cache events as marks. A
+    segment whose start or end a sender left out (a collected span) is not drawn."""
+    frame = frame.filter(pl.col("start_ns").is_not_null())
     if frame.height == 0:
         return None
     t0 = frame["start_ns"].min()

@@ -251,3 +251,26 @@ def test_the_read_api_names_an_argument_it_cannot_take(scenario_db, call, needle
     with pytest.raises(KVTraceError, match=re.escape(needle)) as err:
         call(*scenario_db)
     assert isinstance(err.value, ValueError)
+
+
+def test_a_request_span_without_times_has_no_segments_to_draw(tmp_path):
+    """A collected request span may carry only its id and token counts: no queue or decode
+    segment without both ends, and the dashboard's waterfall draws nothing (a TypeError on
+    None - int before)."""
+    import pyarrow as pa
+
+    from kvtrace.dashboard import charts
+
+    path = tmp_path / "bare.duckdb"
+    with Store.open(path) as store:
+        run_id = store.create_run("bare", run_id="b")
+        store.append_spans(pa.table({"name": ["kvtrace.request"], "request_id": ["q"], "start_ns": [10],
+                                     "end_ns": [20], "num_prompt_tokens": [64]}), run_id=run_id)
+        store.finish_run(run_id)
+    wf = read.request_waterfall(path, "b", "q")
+    assert wf.height == 0
+    assert charts.waterfall(wf, "q") is None
+    mixed = pl.DataFrame({"segment": ["queue", "decode", "evict"], "start_ns": [5, None, 7],
+                          "end_ns": [9, 30, None], "num_tokens": [None, 3, 1], "detail": [None, None, "x"]})
+    fig = charts.waterfall(mixed, "q")
+    assert fig is not None and [t.name for t in fig.data] == ["queue", "evict"]

@@ -219,6 +219,8 @@ def request_waterfall(db: DB, run_id: str, request_id: str) -> pl.DataFrame:
             SELECT 'evict', start_ns, end_ns, len(block_ids), printf('%s: %d blocks', evict_reason, len(block_ids))
             FROM r WHERE name = '{SPAN_EVICT}'
         )
+        -- (a collected request span may lack a time: its segment has no extent to show)
         SELECT * FROM segs
+        WHERE start_ns IS NOT NULL AND (end_ns IS NOT NULL OR segment IN ('cache_hit', 'cow', 'evict'))
         ORDER BY start_ns, list_position(['queue', 'cache_hit', 'prefill', 'cow', 'evict', 'decode'], segment)""",
                     params={"rid": request_id})
