@@ -207,9 +207,10 @@ class BeladyBound:
 def belady_bound(run_id: str) -> BeladyBound:
     """Find the Belady run that bounds ``run_id``: same trace digest, stored policy
     ``belady`` (only cache-only configs store a policy), and the same capacity as
-    ``run_id``'s stored config (``run_config.capacity``); the newest one when several match."""
+    ``run_id``'s stored config and summary (``run_config.capacity``: a run at the trace's
+    own block size stores it in its summary); the newest one when several match."""
     row = run_row(run_id)
-    want = run_config.capacity(config(run_id))
+    want = run_config.capacity(config(run_id), summary(run_id))
     digest = row.get("trace_digest")
     if not digest:
         return BeladyBound(want, None, ())
@@ -219,7 +220,7 @@ def belady_bound(run_id: str) -> BeladyBound:
         cfg = _json(other.get("config")) or {}
         if cfg.get("policy") != "belady":
             continue
-        have = run_config.capacity(cfg)
+        have = run_config.capacity(cfg, _json(other.get("summary")) or {})
         if want is not None and have == want:
             return BeladyBound(want, other, ())
         others.append(have)

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-import streamlit as st
 from apptest import render, traces
 from conftest import APP
 from streamlit.testing.v1 import AppTest
@@ -130,8 +129,7 @@ def test_hit_rate_page_draws_the_belady_bound_only_at_the_runs_capacity(tmp_path
     def cache_only(policy: str, blocks: int, name: str):
         done = run_replay(RunSpec("gen:mixed", limit=12, mode="cache-only", policy=policy, capacity_blocks=blocks,
                                   block_size=cap.block_size, name=name), db=db)
-        st.cache_data.clear()  # the pages cache the runs list per database until Refresh
-        return done
+        return done  # (no cache to clear: a page load reads a store that changed again)
 
     small = cache_only("belady", 8, "belady small")
     at = render(db, monkeypatch, "hit_rate", run=engine.run_id)
@@ -154,6 +152,21 @@ def test_hit_rate_page_draws_the_belady_bound_only_at_the_runs_capacity(tmp_path
     for page in PAGES:
         at = render(db, monkeypatch, page, run=small.run_id)
         assert not at.error, (page, [e.value for e in at.error])
+
+
+def test_a_cache_only_run_at_the_traces_own_block_size_finds_its_belady_bound(tmp_path, monkeypatch):
+    """Without --block-size a cache-only run stores its block size in its summary only:
+    the bound is matched on it, as the Capacity page matches it."""
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = str(tmp_path / "own.duckdb")
+    spec = {"limit": 12, "mode": "cache-only", "capacity_blocks": 40}
+    lru = run_replay(RunSpec("gen:mixed", name="lru", **spec), db=db)
+    belady = run_replay(RunSpec("gen:mixed", name="opt", policy="belady", **spec), db=db)
+    assert read.run(db, lru.run_id)["config"].get("block_size") is None
+    at = render(db, monkeypatch, "hit_rate", run=lru.run_id)
+    (bound,) = _belady_traces(at)
+    assert bound["y"] == [pytest.approx(belady.summary["prefix_cache_hit_rate"])] * 2
 
 
 def test_group_names_come_from_the_stored_spec_types_not_from_words(tmp_path, monkeypatch):
