@@ -193,8 +193,11 @@ def dashboard(
 
     check_address(host, port)  # (before the store is read: a busy or wrong port is told at once)
     if is_clickhouse(db):  # attach to the collector's otel_traces, register and finish its runs
-        from kvtrace.store import Store
+        from kvtrace.store import Store, read
+        from kvtrace.store.backend import clickhouse_target
 
+        if clickhouse_target(db).embedded:  # a chdb directory must hold a store already: never made here
+            read.runs(db)
         Store.open(db).close()
     if compare is not None and run is None:
         raise KVTraceError("--compare needs --run: the run to compare it against")

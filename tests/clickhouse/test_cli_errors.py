@@ -170,3 +170,22 @@ def test_a_chdb_stores_content_state_changes_with_its_rows(tmp_path):
     assert content_state(store) not in (None, before)
     assert content_state(f"chdb:{tmp_path}/missing") is None
     assert content_state("clickhouse://127.0.0.1:1/db") is None  # a server: not told by files
+
+
+def test_the_dashboard_never_makes_a_chdb_store(tmp_path):
+    """As ``kvtrace runs``: a missing chdb directory, or one that holds no store, is one
+    line, and nothing is written beside the user's own files (a server was started on a
+    new store there)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    for target, needle in ((tmp_path / "missing", "no such chdb directory"), (mine, "not a kvtrace store")):
+        proc = _kvtrace("dashboard", "--db", f"chdb:{target}", "--port", port)
+        assert_one_line(proc.returncode, proc.stderr, needle)
+    assert not (tmp_path / "missing").exists()
+    assert not {"data", "metadata", "store"} & {p.name for p in mine.iterdir()}
