@@ -4,6 +4,8 @@
   library tries, so a busy port is one ``kvtrace: error:`` line, not the library's text;
 - ``sigterm_as_interrupt``: SIGTERM (``kill``, ``timeout``, a container stop, systemd)
   stops a command the way Ctrl-C does, so it flushes, prints its summary and marks its run;
+  ``stop_signalled`` says one of them came (whatever a library raised instead), and
+  ``stop_handlers_kept`` puts them back after a library that replaces them;
   ``sigterm_blocked``/``sigterm_default``: around a fork, and in the forked worker, so a
   worker dies of SIGTERM rather than take the parent's interrupt for a failure of its own;
   ``worker_start``: that, and the worker dies with its parent, even a parent killed -9;
@@ -54,6 +56,7 @@ class Terminated(KeyboardInterrupt):
 
 
 _terminated = threading.Event()
+_stopped = threading.Event()  # SIGINT or SIGTERM arrived in a sigterm_as_interrupt block
 
 
 def terminated() -> bool:
@@ -62,9 +65,22 @@ def terminated() -> bool:
     return _terminated.is_set()
 
 
+def stop_signalled() -> bool:
+    """Whether Ctrl-C or SIGTERM arrived in a ``sigterm_as_interrupt`` block. A library may
+    catch the KeyboardInterrupt and raise its own error instead (DuckDB: "Query interrupted",
+    an aborted transaction), with nothing in its context to tell it from a failure."""
+    return _stopped.is_set()
+
+
 def _interrupt(signum, frame) -> None:
     _terminated.set()
+    _stopped.set()
     raise Terminated("SIGTERM")
+
+
+def _keyboard_interrupt(signum, frame) -> None:
+    _stopped.set()
+    raise KeyboardInterrupt
 
 
 @contextlib.contextmanager
@@ -78,10 +94,32 @@ def sigterm_as_interrupt() -> Iterator[None]:
     previous = signal.signal(signal.SIGTERM, _interrupt)
     if previous is not _interrupt:  # the outermost block: a new command, no SIGTERM seen yet
         _terminated.clear()
+        _stopped.clear()
+    # Ctrl-C as Python's own handler does it, remembered (another handler is left alone)
+    previous_int = signal.getsignal(signal.SIGINT)
+    if previous_int is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _keyboard_interrupt)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if previous_int is signal.default_int_handler:
+            signal.signal(signal.SIGINT, previous_int)
+
+
+@contextlib.contextmanager
+def stop_handlers_kept() -> Iterator[None]:
+    """SIGINT's and SIGTERM's handlers as they were before the block, put back after it: a
+    library whose set-up installs its own (``ray.init``: a ``sys.exit`` for SIGTERM, and a C
+    handler that prints a crash dump) leaves the command's stop paths as they were."""
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            for sig, handler in handlers.items():
+                if handler is not None:  # (set even when Python's table still names it: a C handler may sit below)
+                    signal.signal(sig, handler)
 
 
 @contextlib.contextmanager
@@ -97,6 +135,7 @@ def stop_requested() -> Iterator[threading.Event]:
         return
 
     def request(signum, frame) -> None:
+        _stopped.set()
         if signum == signal.SIGTERM:
             _terminated.set()
         if stop.is_set():  # the second one: forced

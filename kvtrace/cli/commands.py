@@ -15,7 +15,7 @@ from kvtrace.cli import calibrate, conformance, live, replay, results, traces  #
 from kvtrace.cli.application import app
 from kvtrace.cli.output import StdoutError, error, fitted_streams, stdout_failure, unreadable_argument
 from kvtrace.errors import KVTraceError, OutputClosed
-from kvtrace.process import sigterm_as_interrupt, terminated
+from kvtrace.process import sigterm_as_interrupt, stop_signalled, terminated
 
 __all__ = ["app", "run"]
 
@@ -53,10 +53,11 @@ def _run() -> None:
         error(failure)
         sys.exit(2)
     except Exception as e:
-        if not _while_interrupted(e):
+        if not (_while_interrupted(e) or stop_signalled()):
             raise
-        # a second Ctrl-C or SIGTERM stopped the first one's flush (DuckDB: "Query
-        # interrupted"): what was committed before is kept
+        # Ctrl-C or SIGTERM came while a library ran, which raised its own error instead
+        # (DuckDB: "Query interrupted", an aborted transaction), or a second one stopped
+        # the first one's flush: what was committed before is kept
         rc = 130
     if rc == 130:  # (typer returns 130 for a KeyboardInterrupt, SIGTERM's Terminated included)
         if terminated():

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtrace.errors import ConfigError, KVTraceError
-from kvtrace.process import sigterm_blocked, worker_start
+from kvtrace.process import sigterm_blocked, stop_handlers_kept, worker_start
 from kvtrace.replay.config_file import parse_retention
 from kvtrace.replay.run import RunResult, RunSpec, run_replay
 from kvtrace.workload.lines import parse_decimal
@@ -271,7 +271,8 @@ def _on_ray(specs: list[RunSpec], keep: bool, address: str) -> list:
             kwargs["address"] = address
             _check_reachable(address)
         try:
-            ray.init(**kwargs)
+            with stop_handlers_kept():  # (Ray's SIGTERM handler would exit without the run's stop path)
+                ray.init(**kwargs)
         except (ConnectionError, RuntimeError, ValueError) as err:
             raise KVTraceError(f"--ray {address}: cannot connect to a Ray cluster ({err})".splitlines()[0]) from None
         started = True

@@ -76,6 +76,21 @@ def test_a_sweep_on_a_local_ray_cluster_matches_the_sequential_one(alone, tmp_pa
     assert str(caught.value).startswith(f"{bad}:4: ")
 
 
+def test_a_local_ray_cluster_leaves_the_commands_own_signal_handlers():
+    """ray.init installs a SIGTERM handler that exits (and a C one that prints a crash
+    dump): `kill` of `sweep --ray local` ended with Ray's dump and exit 1, not the run's
+    stop path, its one line and 143."""
+    import signal
+
+    from kvtrace.process import sigterm_as_interrupt
+
+    with sigterm_as_interrupt():
+        before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+        result = run_sweep(replace(BASE, limit=20), [("capacity_blocks", [300, 900])], ray_address="local")
+        assert {sig: signal.getsignal(sig) for sig in before} == before
+    assert len(result.runs) == 2
+
+
 @pytest.mark.parametrize(("address", "needle"), [
     ("127.0.0.1:1", "cannot reach a Ray cluster there"),  # nothing listens: refused at once
     ("nohost.invalid:6379", "cannot reach a Ray cluster there"),  # (ray.init would retry for a minute)

@@ -1,0 +1,57 @@
+"""Ctrl-C and SIGTERM end a command with its one line and exit status, whatever a library
+raised instead of the KeyboardInterrupt; a library that installs its own handlers does
+not keep them."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from kvtrace.process import sigterm_as_interrupt, stop_handlers_kept, stop_signalled
+
+
+@pytest.mark.parametrize(("signame", "code", "line"), [
+    ("SIGINT", 130, "kvtrace: error: interrupted"),
+    ("SIGTERM", 143, "kvtrace: error: terminated (SIGTERM)"),
+])
+def test_a_signal_a_library_swallowed_is_still_the_signal(tmp_path, signame, code, line):
+    """A sweep stopped while its store wrote (DuckDB turned the interrupt into "Query
+    interrupted" or an aborted transaction): a traceback and exit 1 before."""
+    db = tmp_path / "s.duckdb"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.cli.swallowed_signal_driver", signame, "--", "sweep", "gen:chat", "--limit",
+         "5", "--mode", "cache-only", "--param", "capacity_blocks=50,60", "--workers", "1", "--db", str(db)],
+        capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == code, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(line), proc.stderr
+    assert "Traceback" not in proc.stderr
+    runs = subprocess.run([sys.executable, "-m", "kvtrace.cli", "runs", "--db", str(db), "--json"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert runs.returncode == 0 and '"incomplete"' in runs.stdout, runs.stderr  # the store whole, the run marked
+
+
+def test_ctrl_c_is_remembered_and_the_handlers_restored():
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with pytest.raises(KeyboardInterrupt), sigterm_as_interrupt():
+        assert not stop_signalled()
+        signal.raise_signal(signal.SIGINT)
+    assert stop_signalled()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with sigterm_as_interrupt():  # a new command starts with none seen
+        assert not stop_signalled()
+
+
+def test_handlers_a_library_installs_are_replaced_by_the_commands_own():
+    def library(signum, frame):  # e.g. ray.init's SIGTERM handler: sys.exit
+        raise SystemExit(signum)
+
+    with sigterm_as_interrupt():
+        ours = signal.getsignal(signal.SIGTERM)
+        with stop_handlers_kept():
+            signal.signal(signal.SIGTERM, library)
+            signal.signal(signal.SIGINT, library)
+        assert signal.getsignal(signal.SIGTERM) is ours
+        assert signal.getsignal(signal.SIGINT) is not library
