@@ -321,6 +321,14 @@ def test_a_weka_file_nested_past_the_stack_is_one_line(tmp_path, capsys):
     assert_one_line(code, err, "c.json", "nested too deeply")
 
 
+def test_a_toml_integer_longer_than_python_reads_is_one_line(tmp_path, capsys):
+    """tomllib raises a plain ValueError (Python's 4,300-digit limit), not a TOMLDecodeError."""
+    trace = write_lines(tmp_path / "t.jsonl", [MOONCAKE_LINE])
+    (tmp_path / "c.toml").write_text("[cache]\nnum_gpu_blocks = " + "9" * 5000 + "\n")
+    code, _, err = run(["replay", trace, "--config", str(tmp_path / "c.toml")], capsys)
+    assert_one_line(code, err, "c.toml", "line 2", "a number too long to read")
+
+
 def test_toml_nested_past_the_stack_is_one_line(tmp_path, capsys):
     trace = write_lines(tmp_path / "t.jsonl", [MOONCAKE_LINE])
     (tmp_path / "c.toml").write_text("a = " + "[" * 5000 + "]" * 5000 + "\n")
