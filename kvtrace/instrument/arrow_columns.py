@@ -173,7 +173,7 @@ def hex_strings(hashes: Sequence[bytes | int]) -> pa.StringArray:
     if type(first) is int:
         try:
             raw = np.fromiter(hashes, dtype=np.int64, count=len(hashes))
-        except (OverflowError, TypeError):
+        except (OverflowError, TypeError, ValueError):  # (ValueError: bytes among the ints)
             return pa.array([hash_hex(h) for h in hashes], pa.string())
         return strings_from_fixed(hex_fixed(raw.astype(">i8").view(np.uint8).reshape(-1, 8)))
     blobs = cast(Sequence[bytes], hashes)  # bytes from here on (a stray int: TypeError below)

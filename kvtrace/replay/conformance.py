@@ -253,7 +253,7 @@ class _Driver:
         try:
             vm_out = self.vm.allocate_slots(request, n, num_new_computed_tokens=local, new_computed_blocks=vllm_hit,
                                             num_external_computed_tokens=external)
-        except ValueError as exc:  # vLLM 0.33 under-counts an external load's blocks (docs/conformance.md)
+        except ValueError as exc:  # vLLM 0.33 under-counts an external load's Mamba blocks (README, Conformance)
             kv_out = self.kv.allocate_slots(request, n, num_new_computed_tokens=local, new_computed_blocks=kv_hit,
                                             num_external_computed_tokens=external)
             self.compare("allocation", rid, f"vLLM raised ValueError: {exc}",

@@ -31,6 +31,13 @@ def test_wide_int_keys_keep_their_scope_and_sign():
     assert optional_hex([None, interned]).to_pylist() == [None, "-10000000000000007"]
 
 
+def test_int_and_bytes_hashes_in_one_list():
+    """An int first, bytes after (the vllm backend's eviction of a key whose publish it did
+    not see carries the event's 64-bit int): each rendered as alone, no ValueError."""
+    assert hex_strings([1, b"\xab\xcd"]).to_pylist() == ["0000000000000001", "abcd"]
+    assert hex_lists([(2, b"\x01")]).to_pylist() == [["0000000000000002", "01"]]
+
+
 def test_bytes_hashes_of_mixed_width_and_lists():
     assert hex_strings([b"\x01\xff", b"\x00"]).to_pylist() == ["01ff", "00"]
     assert hex_lists([(b"\xab",), (), (1, 2)]).to_pylist() == [["ab"], [], ["0000000000000001", "0000000000000002"]]

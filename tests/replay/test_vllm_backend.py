@@ -214,7 +214,28 @@ def test_a_failure_inside_vllms_manager_is_one_line_and_a_failed_run(vllm_api, t
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1, err
     assert "vLLM's KVCacheManager failed allocating for request" in lines[0] and "ValueError" in lines[0]
+    assert "allocates an external (connector) load's Mamba blocks without counting them" in lines[0]
     assert read.runs(db)["status"].to_list() == ["failed"]
+
+
+def test_the_demo_through_vllm_runs_on_a_pool_vllm_gets_through(vllm_api, tmp_path):
+    """On the demo's 40-block pool vLLM 0.33 fails (the test above): `demo --backend vllm`
+    replays all four runs on VLLM_DEMO_SETTINGS' pool instead, and says so in its title."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from kvtrace.compare.demo import VLLM_DEMO_SETTINGS, run_demo
+    from kvtrace.store import read
+
+    out = StringIO()
+    result = run_demo(tmp_path / "d.duckdb", progress=False, console=Console(file=out, width=250), backend="vllm")
+    runs = read.runs(tmp_path / "d.duckdb")
+    assert runs.height == 4 and set(runs["status"]) == {"complete"}
+    assert [s.backend for s, _ in result.runs] == ["vllm", "kvtrace", "kvtrace", "kvtrace"]
+    assert {s.capacity_blocks for s, _ in result.runs} == {VLLM_DEMO_SETTINGS["capacity_blocks"]}
+    assert f"capacity_blocks={VLLM_DEMO_SETTINGS['capacity_blocks']}" in out.getvalue()
+    assert result.runs[0][1].summary["divergent_outputs"] == 0
 
 
 def test_vllms_manager_caches_its_environment_as_its_engine_core_does(vllm_api):

@@ -312,9 +312,13 @@ class VllmEngineManager(VllmKVCacheManager):
                     new_computed_blocks=new_computed_blocks, num_lookahead_tokens=num_lookahead_tokens,
                     num_external_computed_tokens=num_external_computed_tokens)
         except (ValueError, AssertionError) as err:  # vLLM's own failure: one line, not its traceback
+            known = ""
+            if num_external_computed_tokens and "free blocks" in str(err) and self._mamba:
+                known = ("; vLLM 0.33 allocates an external (connector) load's Mamba blocks without counting them "
+                         "in its free-block check, and a larger --capacity-blocks gets through (README, Conformance)")
             raise KVTraceError(
                 f"vLLM's KVCacheManager failed allocating for request {rid} at step {self.step}: "
-                f"{type(err).__name__}: {err} (`kvtrace conformance` with these settings shows where it "
+                f"{type(err).__name__}: {err}{known} (`kvtrace conformance` with these settings shows where it "
                 "parts from kvtrace's)"[:1000]) from None
         if out is None:
             self._drain(request)
