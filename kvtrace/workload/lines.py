@@ -289,10 +289,19 @@ class AtomicText:
             # an open descriptor's own file description (its offset, its append mode), so the
             # output lands where a redirection would put it; opening /dev/stdout anew truncates
             f = os.fdopen(os.dup(fd), "wb") if fd is not None else open(self.tmp or self.path, "wb")
+            if self.tmp is not None:
+                self._keep_mode(f.fileno())
             self.f = _Sink(f, self.name)
         except OSError as e:
             raise KVTraceError(f"{self.name}: cannot write: {e.strerror}") from None
         return self.f
+
+    def _keep_mode(self, fd: int) -> None:
+        """The file being replaced keeps its permissions (a 0600 output stays 0600; the
+        temporary file was made with the umask's)."""
+        with contextlib.suppress(FileNotFoundError):
+            mode = stat.S_IMODE(os.stat(self.path).st_mode)
+            os.fchmod(fd, mode)
 
     def _refuse_to_replace(self, st: os.stat_result) -> None:
         """An existing file this output must not replace: one it is read from (it would be

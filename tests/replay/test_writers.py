@@ -112,3 +112,25 @@ def test_failed_write_leaves_no_file(tmp_path):
     with pytest.raises(RuntimeError):
         write_native(broken(), p)
     assert not p.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_a_replaced_output_keeps_its_permissions(tmp_path, capsys):
+    """generate and convert write through a temporary file renamed over the old one: a
+    0600 file became 0644 (the umask's)."""
+    import os
+    import stat
+
+    from tests.cli.support import run
+
+    out = tmp_path / "private.jsonl"
+    out.write_text("x\n")
+    os.chmod(out, 0o600)
+    code, _, err = run(["generate", "chat", "--requests", "2", "-o", str(out)], capsys)
+    assert code == 0, err
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600 and len(out.read_text().splitlines()) >= 2
+    new = tmp_path / "new.jsonl"  # a new file: as the umask makes it
+    code, _, err = run(["convert", str(out), "-o", str(new)], capsys)
+    assert code == 0, err
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(new.stat().st_mode) == 0o666 & ~umask
