@@ -54,7 +54,8 @@ def sweep(
              "external_capacity_blocks, block_size, retention, preset, policy, mode, or without "
              "(behaviours joined by +, or none).")],
     db: Db = None,
-    workers: Annotated[int, typer.Option(metavar="N", help="Local worker processes.")] = 2,
+    workers: Annotated[int, typer.Option(metavar="N", help="Local worker processes (at most one a CPU and one a "
+                                                          "replay).")] = 2,
     ray: Annotated[str | None, typer.Option(
         "--ray", metavar="ADDRESS",
         help="Run each replay as a task on this Ray cluster (auto: the running one; local: start one here). "
@@ -96,7 +97,8 @@ def curve(
         metavar="lru,belady", help="The curves to draw: lru, belady (the offline optimum), or both.")]
         = "lru,belady",
     db: Db = None,
-    workers: Annotated[int, typer.Option(metavar="N", help="Local worker processes (engine mode).")] = 2,
+    workers: Annotated[int, typer.Option(metavar="N", help="Local worker processes (engine mode; at most one a "
+                                                          "CPU and one a capacity).")] = 2,
     ray: Annotated[str | None, typer.Option(
         "--ray", metavar="ADDRESS", help="Engine mode: replay each capacity as a Ray task (see `kvtrace sweep`).")]
         = None,

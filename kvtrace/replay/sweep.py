@@ -190,14 +190,18 @@ def run_sweep(
         results = [_replay_one(s, keep) for s in specs]
     else:
         # fork: the workers start with this process's imports (and no store handle is open yet)
-        pool = ProcessPoolExecutor(max_workers=min(workers, len(specs)), initializer=worker_start,
+        pool = ProcessPoolExecutor(max_workers=local_workers(workers, len(specs)), initializer=worker_start,
                                    initargs=(os.getpid(),),
                                    mp_context=multiprocessing.get_context("fork"))
         try:
             # SIGTERM held while the workers fork (they unblock it once it kills them) and the
             # replays are queued; one that came meanwhile is delivered after
             with sigterm_blocked():
-                futures = [pool.submit(_replay_one, spec, keep) for spec in specs]
+                try:
+                    futures = [pool.submit(_replay_one, spec, keep) for spec in specs]
+                except OSError as err:  # a fork or its pipes refused (a process or open-file limit)
+                    raise KVTraceError(f"--workers {workers}: cannot start the worker processes "
+                                       f"({err.strerror or err}); try fewer") from None
             results = [f.result() for f in futures]
         except BaseException:  # Ctrl-C, SIGTERM, a failed replay: the queued replays are not run
             # The workers end first: the pool then finds itself broken and fails every queued
@@ -228,6 +232,13 @@ def run_sweep(
         if store is not None:
             store.close()
     return out
+
+
+def local_workers(workers: int, replays: int) -> int:
+    """The processes a local sweep forks: what was asked, at most one a replay and one a
+    CPU this process may run on (replays are CPU-bound: more would only share the cores,
+    each with its own memory, and a large --workers forked thousands)."""
+    return max(1, min(workers, replays, len(os.sched_getaffinity(0))))
 
 
 def _record(store, spec: RunSpec, res: RunResult, tables: list, sweep_id: str, combo: dict[str, Any]) -> str:

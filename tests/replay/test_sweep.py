@@ -76,6 +76,27 @@ def test_a_sweep_on_a_local_ray_cluster_matches_the_sequential_one(alone, tmp_pa
     assert str(caught.value).startswith(f"{bad}:4: ")
 
 
+def test_local_workers_are_at_most_one_a_cpu_and_one_a_replay(alone, monkeypatch):
+    """--workers 10**20 forked one process a combination (up to 10,000): a traceback at the
+    open-file limit, and slower than two on two cores."""
+    import os
+
+    from kvtrace.replay import sweep
+
+    cpus = len(os.sched_getaffinity(0))
+    assert sweep.local_workers(10**20, 4) == min(4, cpus) and sweep.local_workers(3, 1) == 1
+    asked = []
+    real = sweep.ProcessPoolExecutor
+
+    def pool(*args, max_workers, **kwargs):
+        asked.append(max_workers)
+        return real(*args, max_workers=max_workers, **kwargs)
+
+    monkeypatch.setattr(sweep, "ProcessPoolExecutor", pool)
+    result = run_sweep(BASE, PARAMS, workers=10**20)
+    assert asked == [min(4, cpus)] and _digests(result) == alone
+
+
 def test_a_local_ray_cluster_leaves_the_commands_own_signal_handlers():
     """ray.init installs a SIGTERM handler that exits (and a C one that prints a crash
     dump): `kill` of `sweep --ray local` ended with Ray's dump and exit 1, not the run's
