@@ -30,7 +30,8 @@ from kvtrace.replay.report import format_value
 from kvtrace.replay.run import RunResult, RunSpec, run_replay
 from kvtrace.store import read
 from kvtrace.store.backend import is_clickhouse
-from kvtrace.store.connection import write_connection
+from kvtrace.store.connection import check_store, read_connection, write_connection
+from kvtrace.store.layout import foreign_relations
 from kvtrace.store.schema import SUMMARY_FIELDS
 
 DEMO_DB = "kvtrace-demo.duckdb"
@@ -174,6 +175,12 @@ def _demo_target(db: str) -> str:
         if curves:  # (the demo records none)
             raise KVTraceError(f"{db}: holds {curves} capacity curve(s), which the demo would drop; "
                                "choose another --db or remove the file")
+        with read_connection(target) as con:
+            extra = foreign_relations(con, check_store(con, target))
+        if extra:
+            raise KVTraceError(f"{db}: holds {len(extra)} table(s) or view(s) that are not kvtrace's (e.g. "
+                               f"{printable(extra[0])!r}), which the demo would drop; choose another --db or remove "
+                               "the file")
     return target
 
 

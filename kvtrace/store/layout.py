@@ -87,6 +87,17 @@ def _norm_type(sql_type: str) -> str:
     return sql_type.replace('"', "").upper()
 
 
+def foreign_relations(con: duckdb.DuckDBPyConnection, version: int) -> list[str]:
+    """The tables and views in the store open on ``con`` that kvtrace does not declare (a
+    user's own, in any schema), as ``schema.name``: what replacing the file would drop."""
+    mine = set(expected(version))
+    rows = con.execute(
+        "SELECT schema_name, table_name FROM duckdb_tables() WHERE NOT internal AND database_name = current_database() "
+        "UNION ALL SELECT schema_name, view_name FROM duckdb_views() WHERE NOT internal "
+        "AND database_name = current_database() ORDER BY 1, 2").fetchall()
+    return [f"{schema}.{name}" for schema, name in rows if not (schema == "main" and name in mine)]
+
+
 def problems(con: duckdb.DuckDBPyConnection, version: int) -> list[str]:
     """What is missing or wrong in the store open on ``con`` (empty when it is whole)."""
     found = dict(con.execute(

@@ -240,6 +240,24 @@ def test_a_store_with_curves_is_refused_before_any_replay(tmp_path, monkeypatch)
     assert _digest(db) == before
 
 
+@pytest.mark.parametrize("ddl", ["CREATE TABLE mynotes (t VARCHAR)",
+                                 "CREATE SCHEMA mine; CREATE VIEW mine.v AS SELECT 1",
+                                 "CREATE VIEW last_runs AS SELECT * FROM runs"])
+def test_a_demo_store_holding_a_users_own_tables_is_refused(tmp_path, monkeypatch, earlier_demo, ddl):
+    """An earlier demo store where the user added a table or view of their own: the demo
+    replaced the file and dropped it."""
+    import duckdb
+
+    db = _copy(earlier_demo, tmp_path / "demo.duckdb")
+    with duckdb.connect(str(db)) as con:
+        con.execute(ddl)
+    before = _digest(db)
+    _no_replay(monkeypatch)
+    with pytest.raises(KVTraceError, match="that are not kvtrace's"):
+        _demo(db)
+    assert _digest(db) == before
+
+
 def test_a_run_named_like_the_demos_on_another_trace_is_not_the_demos(tmp_path, monkeypatch):
     from kvtrace.replay.run import RunSpec, run_replay
 
