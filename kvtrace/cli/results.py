@@ -122,9 +122,9 @@ def study(
     """Replay one trace with a behaviour on and off, and print the isolated diff
     (default trace: the behaviour's generated workload and its settings)."""
     one_format(as_json, markdown)
-    from kvtrace.compare.study import parse_sweep, run_study, study_base
+    from kvtrace.compare.study import check_sweep_given_once, run_study, study_base
 
-    parse_sweep(sweep)  # (before the behaviour's workload and the replay engine load: told at once)
+    check_sweep_given_once(spec, sweep)  # (before the behaviour's workload and the replay engine load: told at once)
     name = value(behaviour)
     res = run_study(name, trace=spec.trace or None, db=db, sweep=sweep, seed=spec.seed,
                     progress=sys.stderr.isatty(), base=study_base(name, spec))

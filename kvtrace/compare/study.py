@@ -229,6 +229,20 @@ def parse_sweep(sweep: Any) -> tuple[str, list[Any]] | None:
     return name, values
 
 
+def check_sweep_given_once(given: RunSpec, sweep: Any) -> None:
+    """ConfigError when the swept setting (or the other spelling of a swept capacity) is
+    also set for the whole study, as ``sweep`` refuses it: one of them would be dropped."""
+    parsed = parse_sweep(sweep)
+    if parsed is None:
+        return
+    name = parsed[0]
+    bare = RunSpec(trace="")
+    for other in _CAPACITY_FORMS if name in _CAPACITY_FORMS else (name,):
+        if getattr(given, other) != getattr(bare, other):
+            raise ConfigError("--sweep", name, f"is also set for the whole study ({other} = "
+                                               f"{getattr(given, other)!r}); give it one way")
+
+
 def study_base(behaviour: str, given: RunSpec) -> RunSpec:
     """The settings both runs of a study share: on the behaviour's built-in workload its
     ``study_defaults``, overridden by every setting the user gave (``given``'s fields that

@@ -200,6 +200,19 @@ def test_a_capacity_tokens_sweep_replaces_the_studys_capacity_blocks():
     assert [p.value for p in res.points] == [4000, 8000]
 
 
+@pytest.mark.parametrize(("flags", "sweep", "needle"), [
+    (["--capacity-blocks", "5000"], "capacity_blocks=300,600", "capacity_blocks = 5000"),
+    (["--capacity-tokens", "9000"], "capacity_blocks=300,600", "capacity_tokens = 9000"),
+    (["--retention", "0"], "retention=none,0", "retention = '0'"),
+])
+def test_a_setting_both_swept_and_given_for_the_study_is_refused(capsys, flags, sweep, needle):
+    """As sweep refuses it: the study replayed the swept values and dropped the flag, exit 0."""
+    from tests.cli.support import assert_one_line, run
+
+    code, _, err = run(["study", "shared-prefix-pinning", *flags, "--sweep", sweep], capsys)
+    assert_one_line(code, err, "--sweep", needle, "give it one way")
+
+
 def test_the_markdown_heading_shows_the_trace_path_literally(tmp_path):
     name = tmp_path / "we\nird`|x\x1b[31m.jsonl"
     name.write_text("".join(MOONCAKE.read_text().splitlines(keepends=True)[:5]))
