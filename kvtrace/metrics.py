@@ -178,6 +178,12 @@ BLOCK_HIT_RATE_DOC = ("kvtrace's own: prompt blocks (of the first KV group's blo
                       "local or external, at first schedule, over prompt blocks.")
 
 
+def block_hits(hit_blocks: int, total_blocks: int) -> dict[str, int | float | None]:
+    """The block hit rate with its two counts, as a run summary carries them (a capacity
+    curve's engine points read the counts from there)."""
+    return {"hit_blocks": hit_blocks, "total_blocks": total_blocks, "block_hit_rate": ratio(hit_blocks, total_blocks)}
+
+
 # --- latency ---------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Latency:

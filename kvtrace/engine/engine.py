@@ -35,7 +35,13 @@ from kvtrace.engine.request import EngineRequest
 from kvtrace.engine.scheduler import Scheduler
 from kvtrace.engine.step import NoContentWorker
 from kvtrace.errors import KVTraceError
-from kvtrace.metrics import DEFAULT_PERCENTILES, hit_summary, latency_summary, ratio, request_latency_samples
+from kvtrace.metrics import (
+    DEFAULT_PERCENTILES,
+    block_hits,
+    hit_summary,
+    latency_summary,
+    request_latency_samples,
+)
 from kvtrace.numeric import cdiv
 from kvtrace.process import collector_paused
 from kvtrace.workload import TraceRequest
@@ -323,6 +329,6 @@ def request_metrics(records: Sequence[RequestFinished], block_size: int,
         "requests": len(records),
         "prompt_tokens": sum(r.num_prompt_tokens for r in records),
         **hit_summary(records),
-        "block_hit_rate": ratio(hit_blocks, blocks),
+        **block_hits(hit_blocks, blocks),
         **latency_summary(request_latency_samples(records), percentiles),
     }

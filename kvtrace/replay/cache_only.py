@@ -38,7 +38,7 @@ import numpy as np
 from kvtrace.cache.config import MAX_BLOCKS
 from kvtrace.cache.events import PrefixLookup
 from kvtrace.errors import ConfigError
-from kvtrace.metrics import DEFAULT_PERCENTILES, LOCAL_HIT, PROMPT, hit_summary, no_latency, ratio
+from kvtrace.metrics import DEFAULT_PERCENTILES, LOCAL_HIT, PROMPT, block_hits, hit_summary, no_latency
 from kvtrace.names import POLICIES
 from kvtrace.process import collector_paused
 from kvtrace.replay.belady import belady_hits, chain_keys
@@ -85,7 +85,7 @@ class CacheOnlyResult:
             "requests": self.requests,
             "prompt_tokens": self.prompt_tokens,
             **hit_summary([totals]),
-            "block_hit_rate": ratio(self.hit_blocks, self.total_blocks),
+            **block_hits(self.hit_blocks, self.total_blocks),
             "publishes": self.publishes,
             "evictions": self.evictions,
             "oversized_requests": self.oversized,

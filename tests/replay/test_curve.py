@@ -157,3 +157,20 @@ def test_worker_and_ray_options_are_checked_in_every_mode():
         run_curve(spec, "10", workers=0)
     with pytest.raises(ConfigError, match="--ray: garbage: engine mode only"):
         run_curve(spec, "10", ray_address="garbage")
+
+
+def test_an_engine_curves_points_carry_the_runs_block_counts(tmp_path):
+    """Engine points read hit and total blocks from each run's summary, which carried only
+    the rate: every point said 0 of 0 blocks and a null block hit rate, also as stored."""
+    from kvtrace.replay.run import run_replay
+
+    spec = RunSpec("gen:mixed", limit=12, content=False)
+    db = tmp_path / "c.duckdb"
+    result = run_curve(spec, "300,1000", policies=("lru",), db=db, workers=1)
+    for point in result.points:
+        alone = run_replay(RunSpec("gen:mixed", limit=12, content=False, capacity_blocks=point.capacity_blocks)).summary
+        assert point.total_blocks == alone["total_blocks"] > 0
+        assert point.hit_blocks == alone["hit_blocks"]
+        assert point.block_hit_rate == pytest.approx(alone["block_hit_rate"])
+    stored = read.curves(db)
+    assert stored["total_blocks"].min() > 0
