@@ -247,6 +247,9 @@ def parse_percentiles(text: str | Sequence[float] | None) -> tuple[float, ...]:
     return tuple(dict.fromkeys(out))
 
 
+NS_PER_MS = 1e6  # stored times are ns; every reported latency is ms, divided after the statistic
+
+
 def latency_stats(values_ns: Sequence[float] | np.ndarray, metric: str,
                   percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> dict[str, float | None]:
     """``{mean_<metric>_ms, median_…, std_…, p<P>_…}`` of values in ns, in ms, as vllm bench
@@ -261,7 +264,7 @@ def latency_stats(values_ns: Sequence[float] | np.ndarray, metric: str,
         return dict.fromkeys(keys, None)
     med, *ps = _percentiles(arr, [50.0, *percentiles])
     vals = [float(arr.mean()), med, float(arr.std()), *ps]
-    return {k: None if v is None else v / 1e6 for k, v in zip(keys, vals)}
+    return {k: None if v is None else v / NS_PER_MS for k, v in zip(keys, vals)}
 
 
 def no_latency(percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> dict[str, None]:

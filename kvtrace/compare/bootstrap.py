@@ -163,22 +163,24 @@ def percentile_shifts(
     metric: str,
     counts: tuple[np.ndarray, np.ndarray],
     percentiles: Sequence[float] = PERCENTILES,
+    per_unit: float = 1.0,
 ) -> list[PercentileShift]:
     """Percentile shifts B - A with bootstrap CIs, given per-request resample counts.
 
     x_values: one per observation (TTFT: one per request, ITL: one per gap); x_owner: the
     index of the owning request in that run's request universe. counts: (B, n_requests)
     resample counts for A and for B (the same array when paired). A point estimate is
-    NaN when its run has no observation; the CI is NaN when either run has none.
+    NaN when its run has no observation; the CI is NaN when either run has none. Every
+    figure is divided by ``per_unit`` after the percentiles are taken (ns values, ms
+    figures: as the run summary's, to the last bit).
     """
     counts_a, counts_b = counts
-    point_a = _nan_for_none(point_percentiles(a_values, percentiles))
-    point_b = _nan_for_none(point_percentiles(b_values, percentiles))
+    point_a = _nan_for_none(point_percentiles(a_values, percentiles)) / per_unit
+    point_b = _nan_for_none(point_percentiles(b_values, percentiles)) / per_unit
     ci_low = ci_high = np.full(len(percentiles), np.nan)
     if a_values.size and b_values.size:
-        deltas = _boot_percentiles(b_owner, b_values, counts_b, percentiles) - _boot_percentiles(
-            a_owner, a_values, counts_a, percentiles
-        )
+        deltas = (_boot_percentiles(b_owner, b_values, counts_b, percentiles) / per_unit
+                  - _boot_percentiles(a_owner, a_values, counts_a, percentiles) / per_unit)
         alpha = (1 - CI_LEVEL) / 2
         if not np.all(np.isnan(deltas)):
             with np.errstate(all="ignore"):
@@ -224,9 +226,11 @@ def latency_shifts(
     seed: int = 0,
     resamples: int = DEFAULT_RESAMPLES,
     percentiles: Sequence[float] = PERCENTILES,
+    per_unit: float = 1.0,
 ) -> tuple[list[PercentileShift], dict[str, Any]]:
     """TTFT/ITL percentile shifts and the bootstrap's settings (seed, resamples, paired,
-    requests_a, requests_b).
+    requests_a, requests_b). ``per_unit``: the metric columns' values per reported unit
+    (1e6 for ns columns reported in ms, as ``kvtrace.metrics`` reports them).
 
     latency_x maps 'ttft_ms' / 'itl_ms' to frames with columns request_id and the metric
     (one row per request for TTFT, one per inter-token gap for ITL). The request universe
@@ -248,6 +252,7 @@ def latency_shifts(
         ob, vb = _owned_values(frames_b[metric], metric, ub)
         if va.size == 0 or vb.size == 0:
             continue  # a run without this latency (cache-only: no clock) is set against nothing
-        shifts += percentile_shifts(oa, va, ob, vb, metric=metric, counts=(counts_a, counts_b), percentiles=percentiles)
+        shifts += percentile_shifts(oa, va, ob, vb, metric=metric, counts=(counts_a, counts_b), percentiles=percentiles,
+                                    per_unit=per_unit)
     info = {"seed": seed, "resamples": resamples, "paired": paired, "requests_a": ua.height, "requests_b": ub.height}
     return shifts, info

@@ -17,7 +17,7 @@ from kvtrace.compare.bootstrap import latency_shifts
 from kvtrace.compare.model import RunDiff, count_shifts, diff_summaries, request_hit_diff
 from kvtrace.compare.options import DEFAULT_RESAMPLES, check_diff_options
 from kvtrace.errors import KVTraceError
-from kvtrace.metrics import DEFAULT_PERCENTILES
+from kvtrace.metrics import DEFAULT_PERCENTILES, NS_PER_MS
 from kvtrace.store import read
 from kvtrace.store.errors import StoreError
 
@@ -69,7 +69,8 @@ def _diff(view: StoreView, run_a: str, run_b: str, info_a: dict[str, Any], info_
         view.evictions_by_publish_kind(run_a), view.evictions_by_publish_kind(run_b), "publish_kind"
     )
     diff.latency, diff.bootstrap = latency_shifts(
-        view.latency(run_a), view.latency(run_b), seed=seed, resamples=resamples, percentiles=percentiles
+        view.latency(run_a), view.latency(run_b), seed=seed, resamples=resamples, percentiles=percentiles,
+        per_unit=NS_PER_MS,
     )
     diff.divergent_requests = {"a": view.divergent_requests(run_a), "b": view.divergent_requests(run_b)}
     if not diff.metrics and not diff.latency:  # (an empty table, exit 0, said nothing was compared)
@@ -144,12 +145,13 @@ class StoreView:
         return [(str(r), int(n)) for r, n in per.iter_rows()]
 
     def latency(self, run_id: str) -> dict[str, pl.DataFrame]:
-        """ttft_ms: one row per request that produced a token; itl_ms: one row per gap."""
+        """ttft_ms: one row per request that produced a token; itl_ms: one row per gap;
+        both in ns (``NS_PER_MS`` to a reported ms, after the percentiles)."""
         req = read.requests(self.db, run_id).drop_nulls("ttft_ns")
         gaps = read.itl_gaps(self.db, run_id).drop_nulls("gap_ns")
         return {
-            "ttft_ms": req.select("request_id", (pl.col("ttft_ns") / 1e6).alias("ttft_ms")),
-            "itl_ms": gaps.select("request_id", (pl.col("gap_ns") / 1e6).alias("itl_ms")),
+            "ttft_ms": req.select("request_id", pl.col("ttft_ns").alias("ttft_ms")),
+            "itl_ms": gaps.select("request_id", pl.col("gap_ns").alias("itl_ms")),
         }
 
 

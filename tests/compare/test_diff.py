@@ -441,3 +441,20 @@ def test_runs_with_nothing_to_compare_are_one_line_not_an_empty_table(tmp_path):
     assert isinstance(err.value, KVTraceError)
     assert str(err.value) == ("runs r1 (mode otlp) and r2 (mode otlp): no metric 'prefix_cache_hit_rate' to compare; "
                               "they have none (no replay summary, no request latencies)")
+
+
+def test_the_diffs_latency_percentiles_are_the_summarys_to_the_last_bit(replayed_store):
+    """The same figure in `diff` and in the run summary (`runs`, `replay --json`): diff took
+    its percentiles of ms values, the summary divides after (7.6867339999999995 vs 7.686734)."""
+    from kvtrace.store import read
+
+    db, a, b = replayed_store.path, replayed_store.run_off, replayed_store.run_on
+    diff = diff_runs(db, a, b)
+    summaries = {r: read.run(db, r)["summary"] for r in (a, b)}
+    checked = 0
+    for shift in diff.latency:
+        key = f"p{shift.percentile:g}_{shift.metric}"
+        if key in summaries[a]:
+            assert (shift.a, shift.b) == (summaries[a][key], summaries[b][key]), key
+            checked += 1
+    assert checked >= 4
