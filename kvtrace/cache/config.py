@@ -27,9 +27,12 @@ from kvtrace.names import TRANSIENT_CHECKPOINT_RETENTION as TRANSIENT_CHECKPOINT
 ALL_BEHAVIOURS: frozenset[str] = frozenset(BEHAVIOURS)
 
 HASH_FUNCTIONS = ("sha256_cbor", "xxhash")
-# A block is a Python object of the pool (~150 bytes); beyond this a pool alone would not
-# fit a machine's memory, and no GPU holds that many blocks.
-MAX_BLOCKS = 1 << 25
+# A block is a Python object of the pool, made up front (~150 bytes, under a µs): 4M blocks
+# take some 0.6 GB and 2-3 s before the first request (2^25 took 4.8 GB and 19 s). No GPU
+# holds more: an H200's 141 GB over 4M blocks is 35 KB a block, less than one 16-token
+# block of any model's KV (MLA's included). Cache-only mode's unbounded cache (inf)
+# allocates nothing up front, for a capacity beyond this.
+MAX_BLOCKS = 1 << 22
 _SOURCE = "CacheConfig"
 
 
