@@ -118,7 +118,17 @@ class StoreView:
         }
 
     def summary(self, run_id: str) -> dict[str, Any]:
-        return dict(self._run(run_id).get("summary") or {})
+        """The run's summary; for a run that keeps none (it failed, was interrupted or is
+        still running) but has request spans, vLLM's hit counters and the latency
+        statistics of those spans, as every other view reads them (the dashboard's
+        Overview showed a failed run's hit rate, its Compare tiles '–')."""
+        stored = self._run(run_id).get("summary")
+        if stored:
+            return dict(stored)
+        hits = read.hit_counters(self.db, run_id)
+        if not hits.get("requests"):
+            return {}
+        return {**hits, **read.latency_summary(self.db, run_id)}
 
     def per_request_hits(self, run_id: str) -> pl.DataFrame:
         """request_id, prompt_tokens, cached_tokens (local + external: the prefill avoided)."""

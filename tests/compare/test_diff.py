@@ -458,3 +458,19 @@ def test_the_diffs_latency_percentiles_are_the_summarys_to_the_last_bit(replayed
             assert (shift.a, shift.b) == (summaries[a][key], summaries[b][key]), key
             checked += 1
     assert checked >= 4
+
+
+def test_a_run_without_a_summary_is_compared_on_its_spans(tmp_path, replayed_store):
+    """A failed or interrupted run keeps no summary: its hit rate and latencies come from
+    its spans, the numbers the dashboard's Overview shows for it (Compare said '–')."""
+    from kvtrace.store import read
+
+    on, off = replayed_store.run_on, replayed_store.run_off
+    db = _tampered(replayed_store.path, tmp_path / "t.duckdb",
+                   ("UPDATE runs SET summary = NULL, status = 'failed' WHERE run_id = ?", [off]))
+    d = diff_runs(db, on, off)
+    hits, lat = read.hit_counters(db, off), read.latency_summary(db, off)
+    assert d.metric("prefix_cache_hit_rate").b == hits["prefix_cache_hit_rate"] is not None
+    assert d.metric("p99_ttft_ms").b == lat["p99_ttft_ms"] is not None
+    assert d.metric("prefix_cache_hit_rate").a == read.run(db, on)["summary"]["prefix_cache_hit_rate"]
+    assert d.run_b["status"] == "failed"
