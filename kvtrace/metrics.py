@@ -302,3 +302,38 @@ def latency_summary(samples: Mapping[str, Sequence[float] | np.ndarray],
     for m in LATENCY_KEYS:
         out |= latency_stats(samples.get(m, ()), m, percentiles)
     return out
+
+
+# --- a run summary's fields, as another program may send them -----------------------------
+# The counts a summary carries (ints >= 0) and its rates (0..1): with the latency statistics
+# (ms >= 0), the fields every view reads as numbers.
+SUMMARY_COUNTS: tuple[str, ...] = (
+    "requests", "prompt_tokens", *(c.key for c in COUNTERS), "hit_blocks", "total_blocks", "computed_prompt_tokens",
+    "output_tokens", "publishes", "evictions", "cow_copies", "stale_hashes", "divergent_outputs", "preemptions",
+)
+SUMMARY_RATES: tuple[str, ...] = (*(r.key for r in RATES), "block_hit_rate")
+_MAX_COUNT = (1 << 63) - 1
+
+
+def summary_problem(summary: Mapping[str, object]) -> str | None:
+    """What is wrong with a run summary another program sent (``KEY: expected ...``), or
+    None: each count an int from 0 to 2^63-1, each rate a number from 0 to 1, each latency
+    statistic a finite number >= 0 (any of them may be null); other keys as they are."""
+    for key, value in summary.items():
+        if value is None:
+            continue
+        x = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+        if key in SUMMARY_COUNTS:
+            ok = isinstance(x, int) and 0 <= x <= _MAX_COUNT
+            want = "a count (an integer from 0 to 2^63-1)"
+        elif key in SUMMARY_RATES:
+            ok = x is not None and 0 <= x <= 1
+            want = "a rate from 0 to 1"
+        elif is_latency_key(key):
+            ok = x is not None and math.isfinite(x) and x >= 0
+            want = "a time in ms (a finite number >= 0)"
+        else:
+            continue
+        if not ok:
+            return f"{key}: expected {want}, got {value!r}"[:200]
+    return None

@@ -323,6 +323,14 @@ def _with_run_span(attrs: list[dict]) -> bytes:
 @pytest.mark.parametrize("attrs, needle", [
     ([{"key": "kvtrace.run.summary", "value": {"stringValue": "not json"}}], "kvtrace.run.summary"),
     ([{"key": "kvtrace.run.summary", "value": {"stringValue": "[1, 2]"}}], "kvtrace.run.summary"),
+    # values every view reads as numbers: a rate of 7.5 showed as 750%, a count of "many" as text
+    ([{"key": "kvtrace.run.summary", "value": {"stringValue": '{"prefix_cache_hit_rate": 7.5}'}}],
+     "kvtrace.run.summary: prefix_cache_hit_rate: expected a rate from 0 to 1, got 7.5"),
+    ([{"key": "kvtrace.run.summary", "value": {"stringValue": '{"requests": "many"}'}}],
+     "kvtrace.run.summary: requests: expected a count"),
+    ([{"key": "kvtrace.run.summary", "value": {"stringValue": '{"evictions": 1e300}'}}], "evictions: expected a count"),
+    ([{"key": "kvtrace.run.summary", "value": {"stringValue": '{"block_hit_rate": true}'}}], "block_hit_rate"),
+    ([{"key": "kvtrace.run.summary", "value": {"stringValue": '{"p99_ttft_ms": -1}'}}], "p99_ttft_ms: expected a time"),
     ([{"key": "kvtrace.run.digest", "value": {"arrayValue": {"values": [{"intValue": "1"}]}}}],
      "kvtrace.run.digest"),
 ])
@@ -705,3 +713,16 @@ def test_a_transfer_coding_other_than_chunked_is_501_and_not_stored(tmp_path, co
     assert reply.startswith(b"HTTP/1.1 501") and b"only chunked" in reply, reply[:200]
     collector.stop()
     assert count_spans(tmp_path / "rx.duckdb", "json-run") == 0
+
+
+def test_a_replays_own_summaries_pass_the_senders_check(replayed_store):
+    """What the collector asks of a sender's summary, kvtrace's own replays give (engine and
+    cache-only): `replay --otlp-endpoint` is never refused by `collect`."""
+    from kvtrace.metrics import summary_problem
+    from kvtrace.replay.run import RunSpec, run_replay
+    from kvtrace.store import read
+
+    summaries = [read.run(replayed_store.path, r)["summary"] for r in (replayed_store.run_on, replayed_store.run_off)]
+    summaries.append(run_replay(RunSpec("gen:chat", limit=5, mode="cache-only", capacity_blocks=30)).summary)
+    for summary in summaries:
+        assert summary and summary_problem(summary) is None, summary

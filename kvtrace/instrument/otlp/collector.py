@@ -58,6 +58,7 @@ from kvtrace.instrument.otlp.limits import (
     READ_TIMEOUT_S,
     check_collector_options,
 )
+from kvtrace.metrics import summary_problem
 from kvtrace.process import sigterm_as_interrupt
 from kvtrace.store.schema import RUN_RECORD_PREFIX, SOURCE_OTLP, SPAN_RUN, run_id_problem
 from kvtrace.store.writer import Store
@@ -351,6 +352,9 @@ def _run_record(attributes: dict, where: str) -> dict:
             decoded = None
         if not isinstance(decoded, dict):
             raise PayloadError(f"{where}: {RUN_RECORD_PREFIX}summary: expected a JSON object as a string")
+        problem = summary_problem(decoded)  # (a rate of 7.5 showed as 750%, a count of "many" as text)
+        if problem is not None:
+            raise PayloadError(f"{where}: {RUN_RECORD_PREFIX}summary: {problem}")
     return {"status": status if status in ("complete", "failed", "incomplete") else "complete",
             "digest": digest, "summary": summary}
 
