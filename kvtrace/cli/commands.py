@@ -61,7 +61,8 @@ def _run() -> None:
         rc = 130
     if rc == 130:  # (typer returns 130 for a KeyboardInterrupt, SIGTERM's Terminated included)
         if terminated():
-            error("terminated (SIGTERM); what was recorded is kept")
+            kept = "; what was recorded is kept" if _recording(sys.argv[1:]) else ""
+            error(f"terminated (SIGTERM){kept}")
             sys.exit(143)
         error("interrupted")
     sys.exit(rc if isinstance(rc, int) else 0)
@@ -88,6 +89,17 @@ def _command() -> typer.main.TyperGroup:
                 param.type.__class__ = _NonEmptyPath
         todo.extend(getattr(c, "commands", {}).values())
     return command  # type: ignore[return-value]
+
+
+# The commands that record into a store: stopped, they keep what they recorded (the run
+# marked). The others (the dashboard, the demo's scratch store, a trace written whole or
+# not at all) have nothing to keep, so the line does not say it.
+_RECORDING = frozenset({"replay", "sweep", "curve", "study", "collect", "capture"})
+
+
+def _recording(argv: list[str]) -> bool:
+    command = next((a for a in argv if not a.startswith("-")), None)
+    return command in _RECORDING
 
 
 def _while_interrupted(e: BaseException) -> bool:

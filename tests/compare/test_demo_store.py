@@ -181,7 +181,7 @@ def test_an_interrupted_demo_leaves_the_earlier_store_as_it_was(tmp_path, earlie
     assert marker.read_text() == "signalled", proc.stderr  # the signal came at its point, not after the demo
     assert proc.returncode == code, proc.stderr
     errors = [x for x in proc.stderr.splitlines() if x.startswith("kvtrace: error:")]
-    assert errors == [proc.stderr.strip().splitlines()[-1]] and line in errors[0], proc.stderr
+    assert errors == [proc.stderr.strip().splitlines()[-1]] == [f"kvtrace: error: {line}"], proc.stderr
     assert "Traceback" not in proc.stderr
     assert _digest(db) == before  # not one byte of the earlier store changed
     assert sorted(p.name for p in tmp_path.iterdir()) == ["demo.duckdb"]  # no temporary file left
