@@ -50,6 +50,8 @@ VLLM_DEMO_SETTINGS: dict[str, Any] = {**DEMO_SETTINGS, "capacity_blocks": 100}
 def demo_settings(backend: str = "kvtrace") -> dict[str, Any]:
     """The settings every replay of a demo through ``backend``'s all-on run shares."""
     return VLLM_DEMO_SETTINGS if backend == "vllm" else DEMO_SETTINGS
+
+
 ALL_ON = "all on"
 
 
