@@ -208,8 +208,8 @@ def load_config_file(path: str | Path) -> FileConfig:
         raise ConfigError(p, None, "invalid TOML: nested too deeply") from None
     except ValueError as e:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
         found = re.search("[0-9_]{" + str(sys.get_int_max_str_digits() or 4300) + ",}", text)
-        line = f"line {text.count(chr(10), 0, found.start()) + 1}" if found else None
-        raise ConfigError(p, line, f"a number too long to read ({e})".splitlines()[0]) from None
+        where = f"line {text.count(chr(10), 0, found.start()) + 1}" if found else None
+        raise ConfigError(p, where, f"a number too long to read ({e})".splitlines()[0]) from None
     for key in raw:
         if key not in _TOP_KEYS:
             raise ConfigError(p, _named(key), f"unknown key; expected one of {sorted(_TOP_KEYS)}")
