@@ -165,7 +165,7 @@ def test_flags_name_themselves(capsys, argv, flag):
     (["diff", "r1", "r2", "--db", "{db}", "--json", "--markdown"], "--markdown: given with --json"),
     (["sweep", "gen:chat", "--limit", "2", "--param", "capacity_blocks=10,,20"], "--param: capacity_blocks=10,,20"),
     (["curve", "gen:chat", "--limit", "2", "--capacities", "9223372036854775808"],
-     "--capacities: 9223372036854775808: at most 33,554,430"),
+     "--capacities: 9223372036854775808: at most 4,194,302"),
     (["curve", "gen:chat", "--limit", "2", "--capacities", "10,²"], "--capacities: 10,²: expected auto"),
     (["generate", "-o", "-"], "--out: -: not taken as stdout here; say /dev/stdout"),
     (["runs", "--db", ""], "--db: expected a store path, got an empty one"),
