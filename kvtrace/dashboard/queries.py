@@ -325,7 +325,8 @@ REQUEST_CHOICES = 500  # the request picker offers this many slowest requests
 def request_choices(run_id: str, wanted: str | None) -> pl.DataFrame:
     """The request picker's rows: the REQUEST_CHOICES slowest requests, plus ``wanted``
     (from the URL) if it exists."""
-    db, key = context()["db"], context()["key"]
+    ctx = context()
+    db, key = ctx["db"], ctx["key"]
     top = _slowest_requests(db, key, run_id, REQUEST_CHOICES)
     if wanted is not None and wanted not in set(top["request_id"].to_list()):
         top = pl.concat([top, _one_request(db, key, run_id, wanted)])
