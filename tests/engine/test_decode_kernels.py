@@ -16,6 +16,7 @@ from kvtrace.cache import CacheConfig, FullAttentionSpec, MambaSpec
 from kvtrace.engine import Worker
 from kvtrace.engine import worker as worker_module
 from kvtrace.engine.content import P, kv_values
+from kvtrace.engine.memory import DEVICE_ENV
 from kvtrace.engine.storage import DeviceStorage, first_sums
 from tests.engine.test_decode_fast_path import _cases, _run
 
@@ -30,6 +31,9 @@ def test_the_install_compiled_the_kernels():
 
 @pytest.mark.parametrize("name,engine_preset,work", list(_cases()), ids=lambda v: v if isinstance(v, str) else "")
 def test_kernels_and_numpy_give_the_same_events_and_outputs(name, engine_preset, work, monkeypatch):
+    # the kernels are the numpy (cpu) path's: on it whatever device $KVTRACE_DEVICE names for
+    # the rest of the suite (bench/gpu_check.sh runs it with cuda and torch:cpu too)
+    monkeypatch.setenv(DEVICE_ENV, "cpu")
     taken = [0]
     real = Worker._decode_write_kernels
 
