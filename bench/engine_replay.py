@@ -56,7 +56,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads for the engine (default 1)")
     ap.add_argument("--no-content", action="store_true", help="hits and timings only (kvtrace replay --no-content)")
     ap.add_argument("--device", default=None,
-                    help="the content's arrays: cpu (numpy), torch:cpu or cuda[:N] (default: cuda if present)")
+                    help="the content's arrays: cpu (numpy), torch:cpu or cuda[:N] "
+                         "(default: $KVTRACE_DEVICE, else cpu, also beside a GPU: faster at these sizes)")
     args = ap.parse_args()
     engine = Engine(args.preset, audit_interval=args.audit_interval, cpu_threads=args.threads or 1,
                     content=not args.no_content, device=args.device)

@@ -47,3 +47,18 @@ def test_a_cpu_run_never_imports_torch():
             "assert s['requests'] == 20 and s['divergent_outputs'] == 0\nprint('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
     assert out.stdout.strip() == "False", out.stderr
+
+
+
+def test_the_default_device_is_numpy_also_beside_a_gpu(monkeypatch):
+    """Unnamed, the device is ``cpu`` (numpy), also where torch sees a GPU: a step's arrays
+    are too small for one to pay (README, Benchmarks: bench/gpu_check.sh on an H200)."""
+    import torch
+
+    from kvtrace.engine.memory import DEVICE_ENV, default_device_type
+
+    monkeypatch.delenv(DEVICE_ENV, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on a GPU machine
+    assert default_device_type() == "cpu"
+    monkeypatch.setenv(DEVICE_ENV, TORCH_CPU)  # named, it is taken
+    assert default_device_type() == TORCH_CPU
