@@ -45,6 +45,15 @@ def test_both_backends_hit_the_same_tokens_per_request(vllm_api, tmp_path, prese
     assert theirs.summary["publishes"] == ours.summary["publishes"]
     assert theirs.summary["evictions"] == ours.summary["evictions"]
     assert theirs.summary["backend"] == "vllm" and theirs.summary["vllm_version"] == "0.33.0"
+    # every published and evicted key names its block, also one keyed and dropped within one
+    # vLLM call (a Mamba boundary re-keyed as its checkpoint), and that drop is no LRU eviction
+    with duckdb.connect(str(db), read_only=True) as con:
+        unnamed = con.execute("SELECT run_id, name, count(*) FROM spans WHERE list_contains(block_ids, -1) "
+                              "GROUP BY ALL").fetchall()
+        young_lru = con.execute("SELECT count(*) FROM spans WHERE run_id = ? AND evict_reason = 'lru' "
+                                "AND list_contains(ages, 0)", [theirs.run_id]).fetchone()[0]
+    assert unnamed == []
+    assert young_lru == 0
 
 
 def _reverted_allocate_new_blocks(original):

@@ -121,8 +121,9 @@ class VllmEngineManager(VllmKVCacheManager):
         self._padded = [not isinstance(s, FullAttentionSpec) for s in cache_config.groups]
         self._mamba_managers = [(g, self._managers[g], self._block_size[g]) for g in self._mamba]
         self._suffix = [g.to_bytes(4, "big") for g in range(self.num_groups)]
-        # (group, event hash) -> [full hash, block id, step published]: what an eviction names
-        self._published: dict[tuple[int, Any], list[Any]] = {}
+        # (group, event hash) -> [[full hash, block id, step published], ...]: what an eviction
+        # names; one record per block, as vLLM may key several blocks with one hash
+        self._published: dict[tuple[int, Any], list[list[Any]]] = {}
         self._num_tokens: dict[tuple[int, bytes], int] = {}  # (group, hash) -> prefix tokens, for the audit
         self._index: dict[str, tuple[int, dict[Any, int]]] = {}  # request -> (hashes seen, event hash -> index)
         self._convert = event_hash_function(self.api)
@@ -177,6 +178,7 @@ class VllmEngineManager(VllmKVCacheManager):
         step, hbs = self.step, self.hash_block_size
         out = self._events
         fresh: list[set[int]] | None = None
+        stored: set[tuple[int, Any]] = set()  # keyed by these events: their removal is no LRU eviction
         run_key: tuple[int, str] | None = None  # (group, reason) of the evictions in ``run``
         run: list[tuple[int, Any, int]] = []  # (block id, hash, age) of consecutive removals
         for ev in events:
@@ -188,20 +190,22 @@ class VllmEngineManager(VllmKVCacheManager):
                 g = ev.group_idx if ev.group_idx is not None else 0
                 index = self._hash_index(request)
                 hashes = cast("list[bytes]", request.block_hashes)  # vLLM's: always bytes
-                lookup = self.block_pool.cached_block_hash_to_block.get_one_block
                 tier = self._shadow.external if self._shadow is not None else None
+                table = self._managers[g].req_to_blocks.get(request.request_id, ())
                 ids, full, ntok = [], [], 0
                 for eh in ev.block_hashes:
                     i = index.get(eh)
                     if i is None:
                         continue
                     h = hashes[i]
-                    block = lookup(h + self._suffix[g])
-                    bid = block.block_id if block is not None else -1
                     ntok = (i + 1) * hbs
+                    bid = self._keyed_block(g, h, table, -(-ntok // self._block_size[g]) - 1)
                     ids.append(bid)
                     full.append(h)
-                    self._published[(g, eh)] = [h, bid, step]
+                    recs = self._published.setdefault((g, eh), [])
+                    recs[:] = [r for r in recs if r[1] != bid or bid < 0]
+                    recs.append([h, bid, step])
+                    stored.add((g, eh))
                     self._num_tokens[(g, h)] = ntok
                     if tier is not None:
                         tier.store(g, h, ntok)  # write-through, as kvtrace's pool does
@@ -221,23 +225,56 @@ class VllmEngineManager(VllmKVCacheManager):
                         fresh[group].update(t)
                 taken = fresh[g] if fresh is not None else ()
                 for eh in ev.block_hashes:
-                    rec = self._published.pop((g, eh), None)
+                    rec = self._removed_record(g, eh)
                     h, bid, born = rec if rec is not None else (eh, -1, step)
-                    self._num_tokens.pop((g, h), None)
-                    reason = EVICT_LRU if bid in taken else EVICT_REPLACED
+                    reason = EVICT_LRU if bid in taken and (g, eh) not in stored else EVICT_REPLACED
                     if (g, reason) != run_key:
                         if run_key is not None:
                             out.append(self._evicted(run_key, run, request))
                         run_key, run = (g, reason), []
                     run.append((bid, h, step - born))
             elif name == "AllBlocksCleared":
-                for (g, _), (h, bid, born) in self._published.items():
-                    out.append(BlockEvicted(step, g, EVICT_RESET, (bid,), (h,), (step - born,), (IDLE_UNKNOWN,),
-                                            None))
+                for (g, _), recs in self._published.items():
+                    for h, bid, born in recs:
+                        out.append(BlockEvicted(step, g, EVICT_RESET, (bid,), (h,), (step - born,), (IDLE_UNKNOWN,),
+                                                None))
                 self._published.clear()
                 self._num_tokens.clear()
         if run_key is not None:
             out.append(self._evicted(run_key, run, request))
+
+    def _held_ids(self, g: int, h: bytes) -> Any:
+        """The ids of the blocks vLLM holds under key ``h`` of group ``g``."""
+        held = self.block_pool.cached_block_hash_to_block._cache.get(h + self._suffix[g])
+        return held.keys() if isinstance(held, dict) else () if held is None else (held.block_id,)
+
+    def _keyed_block(self, g: int, h: bytes, table: Any, col: int) -> int:
+        """The block a ``BlockStored`` of key ``h`` keyed (the event names none): the
+        request's own block at that position when vLLM holds the key there, or when the key
+        was dropped again within the call (a Mamba boundary re-keyed as its checkpoint);
+        else one vLLM holds under it (-1: none)."""
+        mine = table[col].block_id if 0 <= col < len(table) and not table[col].is_null else -1
+        held = self._held_ids(g, h)
+        if mine in held or not held:
+            return mine
+        return next(iter(held))
+
+    def _removed_record(self, g: int, eh: Any) -> list[Any] | None:
+        """The record of the block vLLM dropped key ``eh`` of group ``g`` from (its event
+        names no block): the only one, or of several blocks keyed alike, the first that vLLM
+        no longer holds under the key."""
+        recs = self._published.get((g, eh))
+        if not recs:
+            return None
+        i = 0
+        if len(recs) > 1:
+            held = self._held_ids(g, recs[0][0])
+            i = next((k for k, r in enumerate(recs) if r[1] not in held), 0)
+        rec = recs.pop(i)
+        if not recs:
+            del self._published[(g, eh)]
+            self._num_tokens.pop((g, rec[0]), None)
+        return rec
 
     def _evicted(self, key: tuple[int, str], run: list[tuple[int, Any, int]], request: Request | None) -> BlockEvicted:
         """One eviction event for removals of one group and reason (kvtrace's grain: its
@@ -411,9 +448,9 @@ class VllmEngineManager(VllmKVCacheManager):
         hashes = []
         for key in keys:
             h = bytes(self.api.get_block_hash(key))
-            rec = self._published.get((copy.group_id, self._convert(h)))
-            if rec is not None:
-                rec[1] = copy.dst
+            for rec in self._published.get((copy.group_id, self._convert(h)), ()):
+                if rec[1] == copy.src:
+                    rec[1] = copy.dst
             hashes.append(h)
         if hashes and self._listeners:
             n = len(hashes)
