@@ -63,6 +63,16 @@ def test_standard_env_vars_choose_endpoint_and_gzip(tmp_path, collector, monkeyp
     assert {r["service_name"] for r in rows} == {"kvtrace-env"}
 
 
+def test_the_sdks_deflate_compression_is_received(tmp_path, collector, monkeypatch):
+    """``deflate`` is one of the compressions ``--otlp-endpoint`` takes: the receiver reads it."""
+    host, port = collector.address
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_COMPRESSION", "deflate")
+    provider = build_tracer_provider(otlp_endpoint=f"http://{host}:{port}", run_id="deflate-run", seed=1)
+    inst = _replay(provider, "deflate-run", [one_of_each_step(0)])
+    collector.stop()
+    assert count_spans(tmp_path / "collected.duckdb", "deflate-run") == inst.spans_emitted == 10
+
+
 def test_grpc_protocol_variable_sends_over_grpc(tmp_path, monkeypatch):
     collector = OTLPCollector(tmp_path / "collected.duckdb", port=0, grpc_port=0).start()
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import zlib
 import json
 import urllib.error
 import urllib.request
@@ -140,12 +141,25 @@ def test_a_bad_span_rejects_the_whole_request(tmp_path, collector):
     assert count_spans(tmp_path / "rx.duckdb", "json-run") == 0
 
 
+@pytest.mark.parametrize("wbits", [zlib.MAX_WBITS, -zlib.MAX_WBITS], ids=["zlib", "bare"])
+def test_a_deflate_body_is_read_in_either_framing(tmp_path, collector, wbits):
+    c = zlib.compressobj(wbits=wbits)
+    body = c.compress(_json_body(3)) + c.flush()
+    assert _post(collector.url, body, encoding="deflate")[0] == 200
+    status, reply, _ = _post(collector.url, body[:-3], encoding="deflate")  # cut: nothing stored
+    assert status == 400 and "deflate" in json.loads(reply)["message"]
+    assert _post(collector.url, body + b"junk", encoding="deflate")[0] == 400
+    collector.stop()
+    assert count_spans(tmp_path / "rx.duckdb", "json-run") == 3
+
+
 def test_body_limits(collector):
     big = b"x" * (65 * 1024)
     assert _post(collector.url, big)[0] == 413
     bomb = gzip.compress(b" " * (1024 * 1024))  # small on the wire, 1 MiB inflated
     assert len(bomb) < 64 * 1024
     assert _post(collector.url, bomb, encoding="gzip")[0] == 413
+    assert _post(collector.url, zlib.compress(b" " * (1024 * 1024)), encoding="deflate")[0] == 413
     assert _post(collector.url, b"{}", "text/plain")[0] == 415
     assert _post(collector.url.replace("/v1/traces", "/v1/logs"), b"{}")[0] == 404
     assert _post(collector.url, b"{}")[0] == 200  # an empty export is fine

@@ -1,7 +1,7 @@
 """The OTLP collector: ``POST /v1/traces`` (and, with ``grpc_port``, OTLP/gRPC) into the store.
 
 Accepts ``application/x-protobuf`` (``ExportTraceServiceRequest``) and ``application/json``
-(the OTLP JSON mapping), optionally ``Content-Encoding: gzip``; both go through the
+(the OTLP JSON mapping), optionally ``Content-Encoding: gzip`` or ``deflate``; both go through the
 decoders in ``kvtrace.instrument.otlp.decode``. The gRPC transport
 (``kvtrace.instrument.otlp.grpc``, the SDKs' default protocol) is handed ``ingest``: the
 same decoder, the same rows, the same runs. This is how a vLLM started with
@@ -92,6 +92,25 @@ def _gunzip(body: bytes, limit: int) -> bytes:
             return b"".join(parts)
         if len(parts) == MAX_GZIP_MEMBERS:
             raise PayloadError(f"gzip body of more than {MAX_GZIP_MEMBERS} members")
+
+
+def _inflate(body: bytes, limit: int) -> bytes:
+    """A ``deflate`` body: the zlib format (RFC 9110's deflate, what the OTel SDK's
+    exporters send), or a bare deflate stream as some clients send; at most ``limit``
+    bytes (OverflowError past it); a cut body or bytes after its end are a PayloadError."""
+    zlib_header = len(body) >= 2 and body[0] & 0x0F == 8 and int.from_bytes(body[:2], "big") % 31 == 0
+    d = zlib.decompressobj(zlib.MAX_WBITS if zlib_header else -zlib.MAX_WBITS)
+    try:
+        out = d.decompress(body, limit + 1)
+    except zlib.error as err:
+        raise PayloadError(f"bad deflate body: {err}") from None
+    if len(out) > limit or d.unconsumed_tail:
+        raise OverflowError
+    if not d.eof:
+        raise PayloadError("truncated deflate body")
+    if d.unused_data:
+        raise PayloadError(f"{len(d.unused_data)} bytes after the end of the deflate body")
+    return out
 
 
 _BUSY = json.dumps({"code": 14, "message": "busy: as many connections open as it serves; retry"}).encode()
@@ -546,6 +565,8 @@ def _make_handler(collector: OTLPCollector) -> type[BaseHTTPRequestHandler]:
             try:
                 if encoding == "gzip":
                     body = _gunzip(body, limit)
+                elif encoding == "deflate":
+                    body = _inflate(body, limit)
                 elif encoding != "identity":
                     return self._error(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, f"Content-Encoding {encoding} not supported",
                                        as_json)
