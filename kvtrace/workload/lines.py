@@ -260,6 +260,7 @@ class AtomicText:
             for source in self.sources:  # (made by the command itself, before the output)
                 if os.path.realpath(source) == real:
                     raise KVTraceError(f"{self.name}: is also {source}; write the output elsewhere") from None
+            self._refuse_a_write_ahead_log()  # DuckDB makes it later, then the rename would replace it
             return False
         except OSError as e:
             raise KVTraceError(f"{self.name}: cannot write: {e.strerror}") from None
@@ -313,8 +314,17 @@ class AtomicText:
         if duckdb_magic(self.name):
             raise KVTraceError(f"{self.name}: is a DuckDB database (a kvtrace store?), not replaced by this output; "
                                "write it elsewhere or remove that file first")
-        if self.name.endswith(".wal") and duckdb_magic(self.name[:-4]):  # (its commits not yet checkpointed)
-            raise KVTraceError(f"{self.name}: is the write-ahead log of the DuckDB database {self.name[:-4]}, not "
+        self._refuse_a_write_ahead_log()  # (its commits not yet checkpointed)
+
+    def _refuse_a_write_ahead_log(self) -> None:
+        """``DB.wal`` of a DuckDB database, or of a store the command writes (``sources``),
+        is DuckDB's own file, whether or not it exists yet."""
+        if not self.name.endswith(".wal"):
+            return
+        db = self.name[:-4]
+        real = os.path.realpath(db)
+        if duckdb_magic(db) or any(os.path.realpath(s) == real for s in self.sources):
+            raise KVTraceError(f"{self.name}: is the write-ahead log of the DuckDB database {db}, not "
                                "replaced by this output; write it elsewhere")
 
     def __exit__(self, exc_type, exc, tb):

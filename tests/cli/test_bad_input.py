@@ -777,6 +777,13 @@ def test_capture_refuses_a_trace_out_that_is_its_store_before_listening(tmp_path
         assert_one_line(code, err, "is a DuckDB database" if store != out else "is also")
     assert db.read_bytes() == before
     assert not (tmp_path / "new.duckdb").exists() and not (tmp_path / "other.duckdb").exists()
+    # its write-ahead log, which DuckDB makes only later (the trace was renamed over it, then
+    # removed at the checkpoint): refused before listening, existing or not, store or not
+    for store in (tmp_path / "fresh.duckdb", db):
+        code, _, err = run(["capture", "vllm", "--endpoint", "tcp://127.0.0.1:1", "--db", str(store),
+                            "--trace-out", f"{store}.wal", "--duration", "0.1"], capsys)
+        assert_one_line(code, err, "is the write-ahead log of the DuckDB database")
+    assert not (tmp_path / "fresh.duckdb").exists()
 
 
 @pytest.mark.parametrize("argv", [["--block-size", "0"], ["--retention", "-1"], ["--limit", "-1"],
