@@ -425,7 +425,13 @@ class Store:
         finally:  # tried once: close() does not try it again (it would fail the same way)
             self._open_runs.discard(run_id)
 
-    def _finish(self, run_id: str, status: str, digest: str | None, summary: str | None) -> None:
+    def refresh_run(self, run_id: str) -> None:
+        """Rebuild a run's derived tables, its status, digest and summary kept: for spans
+        that came after it was finished (a collector's late arrivals)."""
+        self.flush()
+        self._finish(run_id, None, None, None)
+
+    def _finish(self, run_id: str, status: str | None, digest: str | None, summary: str | None) -> None:
         # Derived tables are computed on a read-only connection (other readers carry on) and
         # then written in one short read-write transaction with the status change.
         self.release()
@@ -437,7 +443,8 @@ class Store:
             con.execute("BEGIN")
             derived.store(con, run_id, tables)
             con.execute(
-                "UPDATE runs SET status = ?, digest = coalesce(?, digest), summary = coalesce(?, summary) "
+                "UPDATE runs SET status = coalesce(?, status), digest = coalesce(?, digest), "
+                "summary = coalesce(?, summary) "
                 "WHERE run_id = ?",
                 [status, digest, summary, run_id],
             )

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import gzip
-import zlib
 import json
 import urllib.error
 import urllib.request
+import zlib
 
+import polars as pl
 import pytest
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
@@ -356,6 +357,47 @@ def test_a_bad_run_record_refuses_its_request_whole(tmp_path, collector, capfd, 
     collector.stop()
     assert count_spans(tmp_path / "rx.duckdb", "json-run") == 0
     assert "Traceback" not in capfd.readouterr().err
+
+
+def _run_spans(db, run_id: str) -> int:
+    """The spans ``kvtrace runs`` counts for the run (its derived tables once finished)."""
+    from kvtrace.store.read import runs
+
+    return int(runs(db).filter(pl.col("run_id") == run_id)["num_spans"][0])
+
+
+def test_spans_after_a_runs_record_are_counted_by_runs(tmp_path, collector):
+    """They were stored with 200, but the run's derived tables, built when its record came,
+    were never rebuilt: ``runs`` said 3 spans while the table held 5."""
+    record = [{"key": "kvtrace.run.status", "value": {"stringValue": "complete"}},
+              {"key": "kvtrace.run.summary", "value": {"stringValue": '{"requests": 1}'}}]
+    assert _post(collector.url, _with_run_span(record))[0] == 200
+    assert _post(collector.url, _json_body(2))[0] == 200  # late, for the same run
+    collector.stop()
+    db = tmp_path / "rx.duckdb"
+    assert count_spans(db, "json-run") == _run_spans(db, "json-run") == 5
+    from kvtrace.store.read import run
+
+    got = run(db, "json-run")
+    assert got["status"] == "complete" and got["summary"]["requests"] == 1  # the record's, kept
+
+
+def test_a_record_cannot_finish_the_collectors_own_run(tmp_path, collector):
+    """A client naming the collector's own run (of spans naming none) finished it as
+    ``failed``; spans sent after went on into it, and it was never finished again."""
+    assert _post(collector.url, _json_body(2, run_id=None))[0] == 200  # makes the collector's run
+    own = collector._default_run
+    doc = json.loads(_with_run_span([{"key": "kvtrace.run.status", "value": {"stringValue": "failed"}}]))
+    doc["resourceSpans"][0]["resource"]["attributes"][1]["value"]["stringValue"] = own
+    status, reply, _ = _post(collector.url, json.dumps(doc).encode())
+    assert status == 400 and f"kvtrace.run.id: {own} is this collector's own run" in json.loads(reply)["message"]
+    assert _post(collector.url, _json_body(1, run_id=None))[0] == 200
+    collector.stop()
+    db = tmp_path / "rx.duckdb"
+    from kvtrace.store.read import run
+
+    assert run(db, own)["status"] == "complete"
+    assert count_spans(db, own) == _run_spans(db, own) == 3
 
 
 @pytest.mark.parametrize("length", ["\u00b2", "9" * 5000, "-5", "1e3"])

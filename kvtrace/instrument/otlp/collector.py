@@ -181,6 +181,7 @@ class OTLPCollector:
         self._default_run: str | None = None
         self._known_runs: set[str] = set()
         self._created_runs: list[str] = []
+        self._late_runs: set[str] = set()  # runs given spans once finished: derived tables rebuilt at close
         self.spans_received = 0
         self.requests_rejected = 0
         self.decode_slots = threading.BoundedSemaphore(DECODE_SLOTS)  # (HTTP; gRPC has its own workers)
@@ -253,6 +254,9 @@ class OTLPCollector:
                 for run_id in self._created_runs:
                     self._finish(run_id, status="complete")
                 self._created_runs = []
+                for run_id in sorted(self._late_runs):
+                    self._refresh(run_id)
+                self._late_runs = set()
             finally:
                 self.store.close()
 
@@ -296,16 +300,25 @@ class OTLPCollector:
                 tables: list[tuple[str, pa.Table]] = [(r, b.to_table()) for r, b in by_run.items()]
             except UnstorableValue as err:
                 raise PayloadError(str(err)) from None
+            for key, _ in records:  # (before anything is stored: the request is refused whole)
+                if key and key == self._default_run:
+                    raise PayloadError(f"resource {RUN_ID_RESOURCE_KEY}: {key} is this collector's own run (of the "
+                                       f"spans that name none), which a {SPAN_RUN} record does not finish")
             if wanted is not None and not wanted():
                 raise ExportAbandoned("the client cancelled the export or its deadline passed: not stored")
             try:
+                late = []
                 for key, table in tables:
-                    self.store.append_spans(table, run_id=self._run_for(key))
+                    run_id = self._run_for(key)
+                    self.store.append_spans(table, run_id=run_id)
+                    if run_id not in self._created_runs:  # finished, by a record or before this collector
+                        late.append(run_id)
                 self.store.flush()
             except BaseException:
                 self.store.discard_buffer()
                 raise
             self.spans_received += len(spans)
+            self._late_runs.update(late)
             for key, record in records:  # (after the commit: a failure here is logged, the spans stay)
                 self._finish_recorded(self._run_for(key), record)
         return len(spans)
@@ -325,6 +338,15 @@ class OTLPCollector:
             self.store.finish_run(run_id, **record)
         except Exception as err:
             _log.warning("run %s: not finished (%s: %s); its spans are stored", run_id, type(err).__name__, err)
+
+    def _refresh(self, run_id: str) -> None:
+        """A finished run given spans since: its derived tables (what ``runs`` counts)
+        rebuilt; a failure is one log line, as for ``_finish``."""
+        try:
+            self.store.refresh_run(run_id)
+        except Exception as err:
+            _log.warning("run %s: derived tables not rebuilt (%s: %s); its spans are stored", run_id,
+                         type(err).__name__, err)
 
     def _run_for(self, run_id: str) -> str:
         """The run of spans whose resource names ``run_id`` ("": none, see ``_named_run``),

@@ -153,16 +153,17 @@ class ClickHouseStore(Store):
             con.command("DELETE FROM curves WHERE curve_id = {c:String}", {"c": curve_id})
             con.insert_arrow("curves", table)
 
-    def _update_run(self, con: client.ClickHouseConnection, run_id: str, status: str,
+    def _update_run(self, con: client.ClickHouseConnection, run_id: str, status: str | None,
                     digest: str | None = None, summary: str | None = None) -> None:
         con.command(
-            "ALTER TABLE runs UPDATE status = {status:String}, digest = coalesce({digest:Nullable(String)}, digest), "
+            "ALTER TABLE runs UPDATE status = coalesce({status:Nullable(String)}, status), "
+            "digest = coalesce({digest:Nullable(String)}, digest), "
             "summary = coalesce({summary:Nullable(String)}, summary) WHERE run_id = {run_id:String} "
             "SETTINGS mutations_sync = 2",
             {"status": status, "digest": digest, "summary": summary, "run_id": run_id},
         )
 
-    def _finish(self, run_id: str, status: str, digest: str | None, summary: str | None) -> None:
+    def _finish(self, run_id: str, status: str | None, digest: str | None, summary: str | None) -> None:
         with self._connect() as con:
             if not self._exists(con, run_id):
                 raise UnknownRunError(self.path, run_id)
