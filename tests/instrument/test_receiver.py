@@ -45,6 +45,14 @@ def _json_body(n: int = 2, run_id: str | None = "json-run") -> bytes:
     return json.dumps({"resourceSpans": [{"resource": {"attributes": resource}, "scopeSpans": scope_spans}]}).encode()
 
 
+def _pb_span(start: int, end: int) -> bytes:
+    req = trace_service_pb2.ExportTraceServiceRequest()
+    span = req.resource_spans.add().scope_spans.add().spans.add()
+    span.trace_id, span.span_id, span.name = bytes.fromhex(TRACE), bytes(range(1, 9)), "kvtrace.engine.step"
+    span.start_time_unix_nano, span.end_time_unix_nano = start, end
+    return req.SerializeToString()
+
+
 def _post(url: str, body: bytes, ctype: str = "application/json", encoding: str | None = None):
     req = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": ctype})
     if encoding:
@@ -119,6 +127,16 @@ def test_gzip_protobuf_is_accepted(tmp_path, collector):
         {"traceId": TRACE, "spanId": "0000000000000001", "startTimeUnixNano": "soon"}]}]}]}).encode(),
      "application/json", "startTimeUnixNano"),
     (b"\xff\xff\xff\xff garbage", "application/x-protobuf", "ExportTraceServiceRequest"),
+    # what OTLP calls invalid: stored, an end before the start read as a negative duration
+    (json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [
+        {"traceId": TRACE, "spanId": "0000000000000001", "startTimeUnixNano": "2000", "endTimeUnixNano": "1000"}]}]}]}
+     ).encode(), "application/json", "endTimeUnixNano: 1000 is before startTimeUnixNano 2000"),
+    (json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [
+        {"traceId": TRACE, "spanId": "0000000000000000"}]}]}]}).encode(), "application/json", "spanId is all zeros"),
+    (json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [
+        {"traceId": "0" * 32, "spanId": "0000000000000001"}]}]}]}).encode(), "application/json",
+     "traceId is all zeros"),
+    (_pb_span(start=2000, end=1000), "application/x-protobuf", "endTimeUnixNano: 1000 is before"),
 ])
 def test_malformed_payload_gets_400_and_keeps_what_is_stored(tmp_path, collector, body, ctype, what):
     assert _post(collector.url, _json_body(3))[0] == 200

@@ -79,6 +79,20 @@ def _bytes_id(raw: bytes, size: int, what: str, where: str, optional: bool = Fal
     return int.from_bytes(raw, "big")
 
 
+def _checked_span(span: dict, where: str) -> dict:
+    """What OTLP calls invalid, refused naming the field: an all-zero trace or span id
+    (INVALID_TRACE_ID, INVALID_SPAN_ID), and an end before the start (stored, it read
+    as a negative duration in every view)."""
+    if span["trace_id"] == 0:
+        raise PayloadError(f"{where}: traceId is all zeros, the invalid trace id")
+    if span["span_id"] == 0:
+        raise PayloadError(f"{where}: spanId is all zeros, the invalid span id")
+    if span["end_ns"] < span["start_ns"]:
+        raise PayloadError(f"{where}.endTimeUnixNano: {span['end_ns']} is before startTimeUnixNano "
+                           f"{span['start_ns']}")
+    return span
+
+
 def _check_count(n: int) -> None:
     if n > MAX_SPANS_PER_REQUEST:
         raise PayloadError(f"{n:,} spans in one request: more than {MAX_SPANS_PER_REQUEST:,}; send smaller batches")
@@ -98,7 +112,7 @@ def decode_protobuf(body: bytes) -> DecodedSpans:
         for si, ss in enumerate(rs.scope_spans):
             for pi, sp in enumerate(ss.spans):
                 where = f"resourceSpans[{ri}].scopeSpans[{si}].spans[{pi}]"
-                out.append((resource, dict(
+                out.append((resource, _checked_span(dict(
                     name=sp.name,
                     trace_id=_bytes_id(sp.trace_id, 16, "traceId", where),
                     span_id=_bytes_id(sp.span_id, 8, "spanId", where),
@@ -118,7 +132,7 @@ def decode_protobuf(body: bytes) -> DecodedSpans:
                     links=[(_bytes_id(lk.trace_id, 16, "links.traceId", where),
                             _bytes_id(lk.span_id, 8, "links.spanId", where),
                             lk.trace_state or None, _kv(lk.attributes)) for lk in sp.links],
-                ), where))
+                ), where), where))
     return out
 
 
@@ -312,7 +326,7 @@ def decode_json(body: bytes) -> DecodedSpans:
                 for pi, sp in enumerate(spans):
                     where = f"resourceSpans[{ri}].scopeSpans[{si}].spans[{pi}]"
                     status = _json_object(_get(sp, "status"), f"{where}.status")
-                    out.append((resource, dict(
+                    out.append((resource, _checked_span(dict(
                         name=_json_str(_get(sp, "name"), f"{where}.name", ""),
                         trace_id=_json_id(_get(sp, "traceId", "trace_id"), 16, "traceId", where),
                         span_id=_json_id(_get(sp, "spanId", "span_id"), 8, "spanId", where),
@@ -340,7 +354,7 @@ def decode_json(body: bytes) -> DecodedSpans:
                                 _json_str(_get(lk, "traceState", "trace_state"), f"{where}.links.traceState") or None,
                                 _json_kv(lk.get("attributes"), f"{where}.links"))
                                for lk in _json_objects(_get(sp, "links"), f"{where}.links")],
-                    ), where))
+                    ), where), where))
     except (AttributeError, TypeError) as err:  # a list where an object belongs, and the like
         raise PayloadError(f"malformed OTLP JSON: {err}") from None
     except RecursionError:
