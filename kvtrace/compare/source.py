@@ -17,7 +17,7 @@ from kvtrace.compare.bootstrap import latency_shifts
 from kvtrace.compare.model import RunDiff, count_shifts, diff_summaries, request_hit_diff
 from kvtrace.compare.options import DEFAULT_RESAMPLES, check_diff_options
 from kvtrace.errors import KVTraceError
-from kvtrace.metrics import DEFAULT_PERCENTILES, NS_PER_MS
+from kvtrace.metrics import DEFAULT_PERCENTILES, NS_PER_MS, is_latency_key
 from kvtrace.store import read
 from kvtrace.store.errors import StoreError
 
@@ -61,7 +61,10 @@ def diff_runs(
 
 def _diff(view: StoreView, run_a: str, run_b: str, info_a: dict[str, Any], info_b: dict[str, Any], same: bool,
           seed: int, top: int, resamples: int, percentiles: Sequence[float]) -> RunDiff:
-    diff = diff_summaries(view.summary(run_a), view.summary(run_b), run_a=info_a, run_b=info_b)
+    summary_a, summary_b = view.summary(run_a), view.summary(run_b)
+    view.fill_percentiles(run_a, summary_a, summary_b)
+    view.fill_percentiles(run_b, summary_b, summary_a)
+    diff = diff_summaries(summary_a, summary_b, run_a=info_a, run_b=info_b)
     diff.same_trace, diff.forced = same, not same
     diff.requests = request_hit_diff(view.per_request_hits(run_a), view.per_request_hits(run_b), top=top)
     diff.evictions_by_reason = count_shifts(view.evictions_by_reason(run_a), view.evictions_by_reason(run_b), "reason")
@@ -129,6 +132,24 @@ class StoreView:
         if not hits.get("requests"):
             return {}
         return {**hits, **read.latency_summary(self.db, run_id)}
+
+    def fill_percentiles(self, run_id: str, summary: dict[str, Any], other: dict[str, Any]) -> None:
+        """The latency percentiles ``other`` holds and ``summary`` lacks (its run recorded
+        other ``--percentiles``), from the run's request spans, as the latency section
+        computes them: one run held p50 as a number and the other as null, and a gate on
+        the number diff printed could not be evaluated."""
+        wanted = [k for k, v in other.items() if v is not None and is_latency_key(k) and k.startswith("p")
+                  and summary.get(k) is None]
+        if not wanted or not summary:
+            return
+        try:
+            qs = sorted({float(k.split("_", 1)[0][1:]) for k in wanted})
+        except ValueError:
+            return
+        computed = read.latency_summary(self.db, run_id, percentiles=qs)
+        for k in wanted:
+            if computed.get(k) is not None:
+                summary[k] = computed[k]
 
     def per_request_hits(self, run_id: str) -> pl.DataFrame:
         """request_id, prompt_tokens, cached_tokens (local + external: the prefill avoided)."""

@@ -474,3 +474,23 @@ def test_a_run_without_a_summary_is_compared_on_its_spans(tmp_path, replayed_sto
     assert d.metric("p99_ttft_ms").b == lat["p99_ttft_ms"] is not None
     assert d.metric("prefix_cache_hit_rate").a == read.run(db, on)["summary"]["prefix_cache_hit_rate"]
     assert d.run_b["status"] == "failed"
+
+
+def test_a_percentile_one_run_did_not_record_is_taken_from_its_spans(tmp_path, replayed_store):
+    """A run replayed with other ``--percentiles`` lacks p99 in its summary: diff's metrics
+    said B = null where its latency section said 7.6, and a gate on p99 failed as 'cannot
+    evaluate' on a number diff had just printed."""
+    from kvtrace.store import read
+
+    on, off = replayed_store.run_on, replayed_store.run_off
+    summary = read.run(replayed_store.path, off)["summary"]
+    for k in [k for k in summary if k.startswith(("p50_", "p90_", "p99_"))]:
+        del summary[k]
+    db = _tampered(replayed_store.path, tmp_path / "t.duckdb",
+                   ("UPDATE runs SET summary = ? WHERE run_id = ?", [json.dumps(summary), off]))
+    d = diff_runs(db, on, off)
+    want = read.latency_summary(db, off)["p99_ttft_ms"]
+    assert d.metric("p99_ttft_ms").b == want is not None
+    assert next(s.b for s in d.latency if s.name == "p99_ttft_ms") == want  # one number in both sections
+    assert check_fail_if(d, ["p99_ttft_ms:1e9"]) == []
+    assert d.metric("p99_ttft_ms").a == read.run(db, on)["summary"]["p99_ttft_ms"]
