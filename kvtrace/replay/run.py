@@ -554,7 +554,7 @@ def _run_cache_only(spec: RunSpec, workload: _Workload, digest: Digest, instrume
         assert spec.block_size is not None  # (validate: cache-only --capacity-tokens needs --block-size)
         capacity = cdiv(spec.capacity_tokens, spec.block_size)
     listeners: list[Callable] = [digest.on_cache_events]
-    if instrumentor is not None and spec.policy == "lru":
+    if instrumentor is not None:  # (Belady's: one lookup a request, its only events)
         listeners.append(instrumentor.on_cache_events)
     done = [0]
 

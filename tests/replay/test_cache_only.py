@@ -283,3 +283,20 @@ def test_the_collector_is_paused_over_the_replay_and_restored_after():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("policy", ["lru", "belady"])
+def test_a_recorded_cache_only_run_reads_back_its_summarys_hit_counters(tmp_path, policy):
+    """A Belady run recorded no spans: the dashboard's read API said 0 requests and no hit
+    rate, where replay, runs and diff said 40 and 42.6%."""
+    from kvtrace.metrics import COUNTER_KEYS
+    from kvtrace.replay.run import RunSpec, run_replay
+    from kvtrace.store import read
+
+    db = tmp_path / "s.duckdb"
+    res = run_replay(RunSpec("gen:chat", limit=40, mode="cache-only", policy=policy, capacity_blocks=100,
+                             block_size=16), db=db)
+    got = read.hit_counters(db, res.run_id)
+    assert got["requests"] == res.summary["requests"] == 40
+    for key in (*COUNTER_KEYS, "prefix_cache_hit_rate"):
+        assert got[key] == res.summary[key], key
