@@ -40,7 +40,8 @@ def runs(db: DbToRead, as_json: Json = False, limit: Annotated[int | None, typer
     listed = []
     for row in stored.head(shown).iter_rows(named=True):
         config = json.loads(row["config"]) if row["config"] else {}
-        summary = json.loads(row["summary"]) if row["summary"] else {}
+        # (a run without one, running or interrupted: the same keys from its spans, as diff reads them)
+        summary = json.loads(row["summary"]) if row["summary"] else read.run_summary(db, row["run_id"])
         cap = capacity(config, summary) if isinstance(config, dict) else None
         listed.append({
             "run_id": row["run_id"], "name": row["name"], "trace": row["trace_source"], "mode": row["mode"],

@@ -494,3 +494,32 @@ def test_a_percentile_one_run_did_not_record_is_taken_from_its_spans(tmp_path, r
     assert next(s.b for s in d.latency if s.name == "p99_ttft_ms") == want  # one number in both sections
     assert check_fail_if(d, ["p99_ttft_ms:1e9"]) == []
     assert d.metric("p99_ttft_ms").a == read.run(db, on)["summary"]["p99_ttft_ms"]
+
+
+def test_a_summary_from_spans_is_the_stored_summary_key_for_key(tmp_path, replayed_store, capsys):
+    """``read.run_summary`` of a run that keeps no summary: every key it gives equals the
+    complete run's stored one; ``runs --json`` and ``diff --json`` then agree on it (runs
+    said null where diff said 87%, and diff's evictions were null)."""
+    from kvtrace.store import read
+    from tests.cli.support import run
+
+    on, off = replayed_store.run_on, replayed_store.run_off
+    stored = read.run(replayed_store.path, off)["summary"]
+    db = _tampered(replayed_store.path, tmp_path / "t.duckdb",
+                   ("UPDATE runs SET summary = NULL, status = 'incomplete' WHERE run_id = ?", [off]))
+    derived = read.run_summary(db, off)
+    assert {"requests", "prefix_cache_hit_rate", "p99_ttft_ms", "evictions", "publishes", "evictions_by_reason",
+            "cow_copies", "spans"} <= set(derived)
+    for key, value in derived.items():
+        assert value == stored[key], key
+
+    def cli(*argv):
+        code, out, err = run([*argv], capsys)
+        assert code == 0, err
+        return json.loads(out)
+
+    listed = {r["run_id"]: r for r in cli("runs", "--db", db, "--json")["runs"]}[off]
+    diffed = cli("diff", on, off, "--db", db, "--json")["metrics"]
+    for key in ("requests", "prefix_cache_hit_rate", "p50_ttft_ms"):
+        assert listed[key] == diffed[key]["b"] == stored[key], key
+    assert diffed["evictions"]["b"] == stored["evictions"]

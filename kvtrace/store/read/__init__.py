@@ -13,6 +13,7 @@ Runs (``runs.py``)
     runs(db)                                    every run, newest first, effective status
     run(db, run_id)                             one run as a dict, JSON fields parsed
     span_counts(db, run_id)                     spans and blocks per span name
+    run_summary(db, run_id)                     the stored summary, or its keys from the spans (``summary.py``)
 Hits (``hits.py``; every counter and rate defined once, in ``kvtrace.metrics``)
     hit_counters(db, run_id, start_ns, end_ns)  vLLM's hit counters and rates over a time range
     hit_counters_over_time(db, run_id, window_ns)      the same per window, and cumulative
@@ -89,6 +90,7 @@ from kvtrace.store.read.latency import (
 )
 from kvtrace.store.read.runs import run, runs, span_counts
 from kvtrace.store.read.served import served_requests
+from kvtrace.store.read.summary import run_summary
 
 __all__ = [
     "DB", "DEFAULT_WINDOWS",
@@ -98,7 +100,7 @@ __all__ = [
     "itl_over_time", "latency_cdf", "latency_histogram", "latency_percentiles", "latency_samples", "latency_stats",
     "latency_summary",
     "nice_window", "per_prefix_reuse", "per_request_hits", "prefix_families", "request_waterfall", "requests",
-    "run", "runs",
+    "run", "run_summary", "runs",
     "served_requests",
     "span_counts", "stale_hash_chain", "stale_hashes", "stale_hashes_over_time", "usage_over_time",
 ]

@@ -1,0 +1,39 @@
+"""A run's summary as every view reads it: the stored one, or, for a run that keeps none
+(running, interrupted, failed), the same keys computed from its spans."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvtrace.store.read._api import checked
+from kvtrace.store.read._sql import DB
+from kvtrace.store.read.evictions import evictions_by_reason
+from kvtrace.store.read.hits import hit_counters
+from kvtrace.store.read.latency import latency_summary
+from kvtrace.store.read.runs import run, span_counts
+from kvtrace.store.schema import SPAN_COW, SPAN_EVICT, SPAN_PUBLISH
+
+
+@checked
+def run_summary(db: DB, run_id: str) -> dict[str, Any]:
+    """The run's stored summary; without one, when the run has request spans: vLLM's hit
+    counters and rates, the latency statistics, ``publishes`` and ``evictions`` (blocks),
+    ``evictions_by_reason``, ``cow_copies`` and ``spans``, each as a complete run's summary
+    defines it ({} without requests). So ``runs``, ``diff`` and the dashboard give such a
+    run one number each (``runs`` said null where ``diff`` said 87%)."""
+    info = run(db, run_id)
+    if info.get("summary"):
+        return dict(info["summary"])
+    hits = hit_counters(db, run_id)
+    if not hits.get("requests"):
+        return {}
+    counts = {r["name"]: r for r in span_counts(db, run_id).iter_rows(named=True)}
+    by_reason = {r["reason"]: int(r["blocks"]) for r in evictions_by_reason(db, run_id).iter_rows(named=True)}
+    return {
+        **hits, **latency_summary(db, run_id),
+        "publishes": int(counts[SPAN_PUBLISH]["blocks"]) if SPAN_PUBLISH in counts else 0,
+        "evictions": int(counts[SPAN_EVICT]["blocks"]) if SPAN_EVICT in counts else 0,
+        "evictions_by_reason": by_reason,
+        "cow_copies": int(counts[SPAN_COW]["spans"]) if SPAN_COW in counts else 0,
+        "spans": int(info["num_spans"]),
+    }
