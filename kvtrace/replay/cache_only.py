@@ -139,6 +139,12 @@ def as_block_requests(requests: Iterable[TraceRequest], block_size: int | None) 
         if r.hash_ids is not None and r.hash_block_size == block_size:
             out.append(r)
             continue
+        blocks = -(-r.input_length // block_size)
+        if blocks > MAX_BLOCKS:  # before its tokens are made: a 100-byte trace took 62 s and 4 GB
+            raise ConfigError("cache-only", "block_size",
+                              f"request {r.request_id} ({r.input_length:,} tokens) is {blocks:,} blocks of "
+                              f"{block_size} tokens, more than a pool holds ({MAX_BLOCKS:,}); pass a larger "
+                              "--block-size")
         interner = interner or BlockInterner(block_size)
         out.append(TraceRequest(
             r.request_id, r.arrival_ns, r.input_length, r.output_length,

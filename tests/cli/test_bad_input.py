@@ -1025,3 +1025,13 @@ def test_dots_outside_keys_are_no_deep_key(tmp_path, capsys):
 
     _check_key_depth(f'a = "{dots}"\nb = \'{dots}\'\nc = """\n{dots}\n"""\nd = [{", ".join(["1.5"] * 80)}]\n'
                      f'e = {{f = [{", ".join(["2.5"] * 80)}], g.h = 1}}\n', "x.toml")  # (refuses nothing)
+
+
+def test_a_request_too_long_to_re_block_is_refused_before_its_tokens_are_made(tmp_path, capsys):
+    """A 100-byte native trace (one request of 2^27 tokens in one 2^27-token block) replayed
+    in cache-only mode at 16-token blocks took 62 s and 4.2 GB, then failed on the pool."""
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"kvtrace_trace":1}\n{"arrival_ns":0,"input_length":134217728,"output_length":1,'
+                     '"hash_ids":[1],"block_size":134217728}\n')
+    code, _, err = run(["replay", str(trace), "--mode", "cache-only", "--block-size", "16"], capsys)
+    assert_one_line(code, err, "134,217,728 tokens) is 8,388,608 blocks of 16 tokens", "--block-size")
