@@ -382,3 +382,18 @@ def test_a_malformed_start_is_told_before_the_whole_file_is_hashed(tmp_path, cap
         f.truncate(1 << 30)  # sparse: no byte written
     code, _, err = run(["replay", str(trace), "--mode", "cache-only"], capsys)
     assert_one_line(code, err, f"{trace}:2: line longer than 64 MiB")
+
+
+def test_tails_of_two_global_weka_files_never_meet(tmp_path):
+    """Both files share namespace 0; their tails were TAIL_ID_BASE + index, equal for the
+    first request of each, so the second request hit its whole prompt, tail included."""
+    from kvtrace.replay.cache_only import replay_cache_only
+
+    d = tmp_path / "g"
+    d.mkdir()
+    for name, t in (("a.json", 0.0), ("b.json", 1.0)):
+        (d / name).write_text(json.dumps({"block_size": 64, "hash_id_scope": "global",
+                                          "requests": [{"t": t, "in": 100, "out": 1, "hash_ids": [7]}]}))
+    reqs = list(read_trace(str(d)))
+    assert reqs[0].hash_ids[0] == reqs[1].hash_ids[0] == 7 and reqs[0].hash_ids[1] != reqs[1].hash_ids[1]
+    assert replay_cache_only(reqs).summary()["prefix_cache_hits"] == 64  # the shared block, not the tail

@@ -9,8 +9,10 @@ seconds from the conversation start. Other keys are ignored.
   same conversation file always expands to the same tokens.
 - kv-cache-tester hashes only full blocks (``len(hash_ids) == floor(in / block_size)``).
   kvtrace's convention is one id per block with the last one partial, so a leftover tail
-  gets a synthetic id unique to that request (``TAIL_ID_BASE + request index``): it can
-  never hit, as in the tester. Lists already of length ``ceil`` are taken as they are.
+  gets a synthetic id unique to that request (``TAIL_ID_BASE`` + its index, in a local
+  file's own namespace; in a ``global`` file, which shares namespace 0 with every other,
+  + its index offset by a hash of the file's name, so two files' tails never meet): it
+  can never hit, as in the tester. Lists already of length ``ceil`` are taken as they are.
 - A directory of such files is one workload: requests of all files merged by arrival,
   ties broken by file name and then by position, so the order is deterministic.
 """
@@ -152,10 +154,12 @@ def read_weka_file(path: str, rank: int = 0) -> Iterator[tuple[int, int, int, Tr
     bs = conv.block_size
     if bs <= 0:
         raise TraceFormatError(path, 1, f"block_size: expected > 0, got {bs}")
+    tail_base = TAIL_ID_BASE
     if conv.hash_id_scope == "local":
         namespace = namespace_for(path)
     elif conv.hash_id_scope == "global":
         namespace = 0
+        tail_base += namespace_for(path) >> 2  # (< 2^61: with any index the id stays below 2^63)
     else:
         raise TraceFormatError(path, 1, f"hash_id_scope: expected 'local' or 'global', got {conv.hash_id_scope!r}")
     stem = os.path.splitext(os.path.basename(path))[0]
@@ -173,7 +177,7 @@ def read_weka_file(path: str, rank: int = 0) -> Iterator[tuple[int, int, int, Tr
         ids = r.hash_ids
         full, want = n // bs, cdiv(n, bs)
         if len(ids) == full and full != want:
-            ids = ids + [TAIL_ID_BASE + i]
+            ids = ids + [tail_base + i]
         elif len(ids) != want:
             raise fail(
                 f"hash_ids: expected floor or ceil of in {n} / block_size {bs} ({full} or {want}) ids, got {len(ids)}"
