@@ -397,3 +397,17 @@ def test_tails_of_two_global_weka_files_never_meet(tmp_path):
     reqs = list(read_trace(str(d)))
     assert reqs[0].hash_ids[0] == reqs[1].hash_ids[0] == 7 and reqs[0].hash_ids[1] != reqs[1].hash_ids[1]
     assert replay_cache_only(reqs).summary()["prefix_cache_hits"] == 64  # the shared block, not the tail
+
+
+def test_a_weka_file_larger_than_is_read_whole_is_refused_unread(tmp_path, monkeypatch):
+    """A 10 GB file ended in a MemoryError (it was read whole first)."""
+    from kvtrace.errors import TraceFormatError
+    from kvtrace.replay.readers import weka
+
+    monkeypatch.setattr(weka, "MAX_FILE_BYTES", 1 << 10)  # (the check, at a size a test can write)
+    d = tmp_path / "w"
+    d.mkdir()
+    with open(d / "a.json", "wb") as f:
+        f.truncate(10 << 20)  # sparse: nothing is read past the limit
+    with pytest.raises(TraceFormatError, match="more than 1,024 bytes: larger than a WEKA conversation file"):
+        list(read_trace(str(d)))

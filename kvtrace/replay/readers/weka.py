@@ -35,6 +35,9 @@ from kvtrace.workload import TraceRequest
 from kvtrace.workload.lines import MAX_ID, ArrivalOrder, S, check_int, without_bom
 
 TAIL_ID_BASE = 1 << 62
+# A conversation file is read whole (one JSON document): the kv-cache-tester's are a few MB.
+# Past this a file is refused before it is read (a 10 GB one ended in a MemoryError).
+MAX_FILE_BYTES = 256 << 20
 
 
 class WekaRequest(msgspec.Struct):
@@ -125,7 +128,11 @@ def request_line(text: str, index: int) -> int | None:
 def _load(path: str) -> tuple[str, WekaFile]:
     try:
         with open(path, "rb") as f:
-            raw = without_bom(f.read())
+            raw = f.read(MAX_FILE_BYTES + 1)
+            if len(raw) > MAX_FILE_BYTES:
+                raise TraceFormatError(path, None, f"more than {MAX_FILE_BYTES:,} bytes: larger than a WEKA "
+                                                   "conversation file is read (one JSON document, read whole)")
+            raw = without_bom(raw)
     except OSError as e:
         raise TraceFormatError(path, None, f"cannot open: {e.strerror}") from None
     try:
