@@ -59,3 +59,22 @@ def test_notebook_study_mode_runs_its_own_study(run_notebook):
     assert out["metrics"]["prefix_cache_hits"]["a"] == direct.off["prefix_cache_hits"]
     assert out["metrics"]["prefix_cache_hits"]["b"] == direct.on["prefix_cache_hits"]
     assert out["same_trace"] is True
+
+
+@pytest.mark.parametrize("given", [{"run_a": "r1"}, {"run_b": "r2"}, {"run_a": "r1", "run_b": "r2", "no_db": True}])
+def test_a_store_without_both_run_ids_is_refused_and_left_alone(run_notebook, study_db, tmp_path, given):
+    """With db_path and only run_a, the notebook ran a study INTO the user's store (4 runs
+    more, and `kvtrace demo` then refused that store); run ids without a store were ignored."""
+    import shutil
+
+    from papermill.exceptions import PapermillExecutionError
+
+    db = tmp_path / "mine.duckdb"
+    shutil.copy(study_db[0], db)
+    before = db.read_bytes()
+    params = {k: v for k, v in given.items() if k != "no_db"}
+    if not given.get("no_db"):
+        params["db_path"] = str(db)
+    with pytest.raises(PapermillExecutionError, match="give a store and both run ids"):
+        run_notebook("regression_analysis", **params)
+    assert db.read_bytes() == before
