@@ -57,3 +57,13 @@ def test_trace_characterisation_on_a_token_id_trace(run_notebook, tmp_path):
     # for everything, the replay's block hit rate is the notebook's reuse fraction.
     assert result["lru_block_hit_rate"][-1] == pytest.approx(result["reuse_fraction"])
     assert result["reuse_fraction"] > 0.5  # agent steps re-send a growing context
+
+
+def test_a_trace_without_requests_is_one_kvtrace_error(run_notebook, tmp_path):
+    """A header-only trace (or limit 0) ended in a raw ``max() arg is an empty sequence``."""
+    from papermill.exceptions import PapermillExecutionError
+
+    empty = tmp_path / "hdr.jsonl"
+    empty.write_text('{"kvtrace_trace":1}\n')
+    with pytest.raises(PapermillExecutionError, match="KVTraceError.*no requests to characterise"):
+        run_notebook("trace_characterisation", trace_path=str(empty))
