@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from kvtrace.cli.application import app
+from kvtrace.cli.options import output_file
 from kvtrace.cli.output import status
 from kvtrace.errors import KVTraceError, check_option
 
@@ -18,8 +19,9 @@ def calibrate(
         "--from", metavar="FILE",
         help="Step timings (.csv), a `vllm bench serve --save-detailed` result (.json), or a kvtrace store "
              "(.duckdb) of vLLM's request spans received by `kvtrace collect`; repeatable.")],
-    out: Annotated[Path | None, typer.Option(
-        "--out", "-o", metavar="FILE.toml", help="Write the fitted model as a [cost_model] table for --config.")]
+    out: Annotated[str | None, typer.Option(
+        "--out", "-o", metavar="FILE.toml", callback=output_file,
+        help="Write the fitted model as a [cost_model] table for --config.")]
         = None,
     name: Annotated[str, typer.Option(metavar="TEXT", help="Name of the fitted cost model.")] = "calibrated",
     experts: Annotated[str | None, typer.Option(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -63,6 +64,20 @@ def _existing_store(db: str) -> str:
 # A store a command reads: a DuckDB path must exist.
 DbToRead = Annotated[str, typer.Option("--db", metavar="STORE", callback=_existing_store,
                                        help=f"Store written by kvtrace: {STORE_HELP}.")]
+def output_file(path: str | None) -> str | None:
+    """An output file's path as typed (a ``Path`` would drop a trailing slash): ``-`` is no
+    file name a user means, and ``NAME/`` names a directory, not a file to write."""
+    if path is None:
+        return None
+    if path == "":
+        raise typer.BadParameter("expected a path, got an empty one")
+    if path == "-":
+        raise typer.BadParameter("-: not taken as stdout here; say /dev/stdout")
+    if path.endswith("/") and not os.path.isdir(path):  # (a file NAME was written)
+        raise typer.BadParameter(f"{path}: names a directory, which does not exist; expected a file path to write")
+    return path
+
+
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")]
 Markdown = Annotated[bool, typer.Option("--markdown", help="Print Markdown (for a pull request).")]
 Seed = Annotated[int, typer.Option(metavar="N", help="Seed for generated workloads and span ids.")]

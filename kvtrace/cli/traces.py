@@ -9,18 +9,10 @@ import typer
 
 from kvtrace.cli.application import app
 from kvtrace.cli.choices import GeneratedFormat, TraceFormat, Workload, value
-from kvtrace.cli.options import Seed
+from kvtrace.cli.options import Seed, output_file
 from kvtrace.cli.output import status
 
-
-def _not_dash(path: Path) -> Path:
-    # `-` is no file name a user means: say how stdout is spelled, rather than write a file named `-`
-    if str(path) == "-":
-        raise typer.BadParameter("-: not taken as stdout here; say /dev/stdout")
-    return path
-
-
-Out = Annotated[Path, typer.Option("--out", "-o", metavar="FILE", callback=_not_dash, help="Output trace file.")]
+Out = Annotated[str, typer.Option("--out", "-o", metavar="FILE", callback=output_file, help="Output trace file.")]
 
 
 @app.command()
@@ -43,8 +35,8 @@ def generate(
 @app.command()
 def convert(
     trace: Annotated[Path, typer.Argument(metavar="TRACE", help="Any supported trace.")],
-    out: Annotated[Path, typer.Option("--out", "-o", metavar="FILE", callback=_not_dash,
-                                      help="Output kvtrace native JSONL.")],
+    out: Annotated[str, typer.Option("--out", "-o", metavar="FILE", callback=output_file,
+                                     help="Output kvtrace native JSONL.")],
     fmt: Annotated[TraceFormat | None, typer.Option(
         "--format", help="Input format (default: detected).")] = None,
     limit: Annotated[int | None, typer.Option(metavar="N", help="Convert only the first N requests.")] = None,

@@ -253,6 +253,8 @@ class AtomicText:
     def check(self) -> bool:
         """KVTraceError unless the output may be written (a command checks before its work);
         returns whether it is written in place (not a regular file)."""
+        if self.name.endswith(("/", os.sep)) and not os.path.isdir(self.name):  # (a file "NAME" was written)
+            raise KVTraceError(f"{self.name}: names a directory, which does not exist; expected a file path to write")
         try:  # through links, also /dev/stdout's /proc/self/fd/1
             st = os.stat(self.name)
         except FileNotFoundError:

@@ -1035,3 +1035,17 @@ def test_a_request_too_long_to_re_block_is_refused_before_its_tokens_are_made(tm
                      '"hash_ids":[1],"block_size":134217728}\n')
     code, _, err = run(["replay", str(trace), "--mode", "cache-only", "--block-size", "16"], capsys)
     assert_one_line(code, err, "134,217,728 tokens) is 8,388,608 blocks of 16 tokens", "--block-size")
+
+
+@pytest.mark.parametrize("command", [["generate", "chat", "--requests", "3"], ["convert", "TRACE"],
+                                     ["calibrate", "--from", "CSV"]])
+def test_an_output_path_ending_in_a_slash_is_no_file(tmp_path, capsys, command):
+    """``-o newdir/`` wrote a file named newdir (a shell redirection says 'Is a directory')."""
+    trace = tmp_path / "t.jsonl"
+    assert run(["generate", "chat", "-o", str(trace), "--requests", "3"], capsys)[0] == 0
+    csv = Path(__file__).resolve().parents[1] / "data" / "calibration"
+    csv = next(p for p in sorted(csv.iterdir()) if p.suffix == ".csv")
+    command = [str(trace) if c == "TRACE" else str(csv) if c == "CSV" else c for c in command]
+    code, _, err = run([*command, "-o", f"{tmp_path}/newdir/"], capsys)
+    assert_one_line(code, err, "newdir/: names a directory, which does not exist")
+    assert not (tmp_path / "newdir").exists()

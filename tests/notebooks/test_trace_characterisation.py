@@ -65,5 +65,5 @@ def test_a_trace_without_requests_is_one_kvtrace_error(run_notebook, tmp_path):
 
     empty = tmp_path / "hdr.jsonl"
     empty.write_text('{"kvtrace_trace":1}\n')
-    with pytest.raises(PapermillExecutionError, match="KVTraceError.*no requests to characterise"):
+    with pytest.raises(PapermillExecutionError, match=r"KVTraceError.*no requests to characterise"):
         run_notebook("trace_characterisation", trace_path=str(empty))
