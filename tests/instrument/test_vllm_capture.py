@@ -710,3 +710,21 @@ def test_the_chain_depth_table_is_bounded_oldest_first(monkeypatch):
     assert len(r.depth) == 4 and r.depth["g"] == 6
     tokens = r.take().column("num_tokens").to_pylist()
     assert tokens[-3:] == [None, None, 96]  # (step, f, g of the last batch)
+
+
+def test_a_batch_of_more_values_than_a_step_publishes_is_refused_before_they_are_read():
+    """15M one-byte hashes in a 15 MB batch held the capture 47 s and 3.5 GB (each became a
+    hex string first), deaf to Ctrl-C; a bad message now, at the cap, however it nests."""
+    import msgspec
+
+    from kvtrace.instrument.vllm.wire import MAX_BATCH_ELEMENTS, VllmWireError
+
+    n = MAX_BATCH_ELEMENTS
+    ok = msgspec.msgpack.encode([1.0, [["BlockStored", [1] * (n - 1), None, [], 16]]])
+    assert len(decode_kv_batch(ok)[0].events[0].block_hashes) == n - 1  # one event + n - 1 hashes: at the cap
+    for doc in ([1.0, [["BlockStored", [1] * n, None, [], 16]]],
+                [1.0, [["BlockStored", [1], None, [0] * n, 16]]],  # token ids count too
+                {"ts": 1.0, "events": [{"type": "BlockRemoved", "block_hashes": [1] * n}]},
+                [1.0, [["AllBlocksCleared"]] * (n + 1)]):
+        with pytest.raises(VllmWireError, match=f"more than {n:,} in one batch"):
+            decode_kv_batch(msgspec.msgpack.encode(doc))

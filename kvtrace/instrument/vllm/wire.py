@@ -67,6 +67,11 @@ class KVEventBatch:
 _I32 = (-(1 << 31), (1 << 31) - 1)
 _I64 = (-(1 << 63), (1 << 63) - 1)
 _MAX_TS_S = ((1 << 63) - 1) / 1e9  # the store keeps ns in a BIGINT
+# Events, hashes and token ids in one batch. vLLM publishes a batch per engine step: its
+# stored blocks' hashes and tokens, at most a step's batched tokens (a long-context prefill
+# chunk: some 10^5). A 15 MB batch of 15M one-byte ints held the capture 47 s and 3.5 GB,
+# deaf to Ctrl-C; past this a batch is a bad message, refused before its values are read.
+MAX_BATCH_ELEMENTS = 1 << 21
 
 
 def _hash(h: Any, what: str = "block hash") -> str:
@@ -167,6 +172,11 @@ def decode_kv_batch(payload: bytes) -> tuple[KVEventBatch, int]:
     if not isinstance(events, (list, tuple)):
         raise VllmWireError(f"vLLM KV event batch: events must be a list, got {type(events).__name__}")
     rank = _int(rank, "data_parallel_rank", 0, _I32[1])
+    elements = len(events) + sum(len(v) for e in events if isinstance(e, (list, tuple, dict))
+                                 for v in (e.values() if isinstance(e, dict) else e) if isinstance(v, (list, tuple)))
+    if elements > MAX_BATCH_ELEMENTS:
+        raise VllmWireError(f"vLLM KV event batch: {elements:,} events, hashes and token ids, more than "
+                            f"{MAX_BATCH_ELEMENTS:,} in one batch")
     try:
         decoded = [_decode_event(e) for e in events]
     except (TypeError, KeyError, IndexError, AttributeError) as err:
