@@ -43,6 +43,19 @@ def test_a_chdb_directory_that_is_not_a_store(tmp_path, capsys):
     assert_one_line(code, err, "not a kvtrace store")
 
 
+def test_a_read_of_a_plain_directory_leaves_it_as_it_was(tmp_path):
+    """``runs`` and ``export`` on a directory that is no chdb store (empty, or a Parquet
+    export) refused it, but chdb had made its tmp/ there first."""
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "runs.parquet").write_bytes(b"PAR1")
+    for argv in (["runs", "--db", f"chdb:{plain}"],
+                 ["export", "--run", "r1", "--db", f"chdb:{plain}", "--parquet", str(tmp_path / "x")]):
+        done = _kvtrace(*argv)
+        assert done.returncode == 2 and "not a kvtrace store" in done.stderr, done.stderr
+    assert sorted(p.name for p in plain.iterdir()) == ["runs.parquet"]
+
+
 def _kvtrace(*argv: str, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "kvtrace.cli", *argv], capture_output=True, text=True,
                           timeout=180, check=False, **kwargs)

@@ -23,6 +23,10 @@ def read_connection(db, timeout_s: float = DEFAULT_TIMEOUT_S) -> Iterator[client
         raise StoreError(target.label, problem)
     if target.path is not None and not os.path.isdir(target.path):
         raise StoreError(target.label, "no such chdb directory (run `kvtrace replay --db chdb:PATH` first)")
+    if target.path is not None and not os.path.isdir(os.path.join(target.path, "metadata")):
+        # refused unopened: chdb makes its folders in any directory it opens (a read left tmp/ behind)
+        raise StoreError(target.label, "not a kvtrace store (a directory without chdb's metadata; "
+                                       "`kvtrace replay --db chdb:PATH` creates one)")
     with client.connect(target, timeout_s) as con:
         if check_meta(con, target.label) is None:
             raise StoreError(target.label, "not a kvtrace store (no kvtrace_meta table; "
