@@ -245,6 +245,18 @@ def test_request_waterfall(scenario_db):
     (lambda db, run: read.runs(None), "runs: db: expected str or Path, got None"),
     (lambda db, run: read.run(db), "run: arguments: missing a required argument: 'run_id'"),
     (lambda db, run: read.hit_counters_over_time(db, run, window_ns=0), "window_ns: must be positive, got 0"),
+    # counts and percentiles out of range: DuckDB's LIMIT error blamed on the store, an
+    # IndexError, a MemoryError, numpy's and polars' errors
+    (lambda db, run: read.per_prefix_reuse(db, run, top=-1), "per_prefix_reuse: top: expected 0 to 1,000,000, got -1"),
+    (lambda db, run: read.eviction_attribution(db, run, limit=-1), "limit: expected 0 to 100,000,000, got -1"),
+    (lambda db, run: read.eviction_attribution_flows(db, run, top_prefixes=-1), "top_prefixes: expected 0 to"),
+    (lambda db, run: read.latency_histogram(db, run, bins=2**63), "bins: expected 1 to 100,000, got 9223372036"),
+    (lambda db, run: read.latency_histogram(db, run, bins=10**9), "bins: expected 1 to 100,000"),
+    (lambda db, run: read.latency_percentiles(db, run, qs=[101]), "qs: expected percentiles from 0 to 100, got 101"),
+    (lambda db, run: read.latency_stats(db, run, percentiles=[-1]), "percentiles: expected percentiles from 0"),
+    (lambda db, run: read.latency_stats(db, run, percentiles=None), "expected a list of percentiles, got None"),
+    (lambda db, run: read.itl_over_time(db, run, qs=[50] * 10_000), "qs: expected 1 to 1,001 percentiles"),
+    (lambda db, run: read.itl_over_time(db, run, qs=[50, 50]), "qs: expected distinct percentiles"),
 ])
 def test_the_read_api_names_an_argument_it_cannot_take(scenario_db, call, needle):
     """A notebook's wrong type got DuckDB's, polars' or Python's error from deep inside."""

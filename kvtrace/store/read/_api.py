@@ -27,6 +27,35 @@ class BadArgument(KVTraceError, ValueError):
         super().__init__(f"{function}: {parameter}: {what}")
 
 
+# What the read API's counts and percentile lists may hold, by parameter name: one rule
+# each, for every function that takes one (a negative LIMIT reached DuckDB and was blamed on
+# the store; 2^63 bins was an IndexError, 10^9 a MemoryError).
+COUNT_RANGES: dict[str, tuple[int, int]] = {
+    "limit": (0, 100_000_000), "top": (0, 1_000_000), "top_prefixes": (0, 10_000), "bins": (1, 100_000),
+}
+PERCENTILE_LISTS = ("qs", "percentiles")  # each a list of distinct percentiles in 0..100
+MAX_PERCENTILES = 1_001  # 0, 0.1, ..., 100: the CDF's
+
+
+def _check_range(function: str, parameter: str, value: Any) -> None:
+    if parameter in COUNT_RANGES and isinstance(value, numbers.Integral):
+        lo, hi = COUNT_RANGES[parameter]
+        if not lo <= value <= hi:
+            raise BadArgument(function, parameter, f"expected {lo} to {hi:,}, got {value}")
+    elif parameter in PERCENTILE_LISTS:
+        try:
+            qs = list(value)
+        except TypeError:
+            raise BadArgument(function, parameter, f"expected a list of percentiles, got {repr(value)[:80]}") from None
+        if not 1 <= len(qs) <= MAX_PERCENTILES:
+            raise BadArgument(function, parameter, f"expected 1 to {MAX_PERCENTILES:,} percentiles, got {len(qs):,}")
+        for q in qs:
+            if isinstance(q, bool) or not isinstance(q, numbers.Real) or not 0 <= q <= 100:  # (NaN fails too)
+                raise BadArgument(function, parameter, f"expected percentiles from 0 to 100, got {repr(q)[:40]}")
+        if len(set(qs)) != len(qs):
+            raise BadArgument(function, parameter, "expected distinct percentiles, got a repeated one")
+
+
 def _accepts(hint: Any) -> tuple[type, ...] | None:
     """The plain types ``hint`` allows (None among them as NoneType), or None when it is not
     one this checks (a frame, a mapping: left to the function)."""
@@ -59,7 +88,8 @@ def _check(function: str, parameter: str, value: Any, allowed: tuple[type, ...])
 
 def checked(func: F) -> F:
     """``func`` with its annotated arguments checked first (str, int, float, bool, paths,
-    their optional forms and ``list[str]``; an int where a float is asked is fine). A call
+    their optional forms and ``list[str]``; an int where a float is asked is fine), and its
+    counts and percentile lists against ``COUNT_RANGES`` and ``PERCENTILE_LISTS``. A call
     with a missing or unknown argument is a BadArgument too."""
     signature = inspect.signature(func)
     hints = typing.get_type_hints(func)
@@ -68,6 +98,7 @@ def checked(func: F) -> F:
         kinds = _accepts(hints.get(name))
         if kinds is not None:
             allowed[name] = kinds
+    ranged = {name for name in signature.parameters if name in COUNT_RANGES or name in PERCENTILE_LISTS}
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -79,6 +110,8 @@ def checked(func: F) -> F:
             kinds = allowed.get(name)
             if kinds is not None:
                 _check(func.__name__, name, value, kinds)
+            if name in ranged:
+                _check_range(func.__name__, name, value)
         return func(*args, **kwargs)
 
     return typing.cast(F, wrapper)
