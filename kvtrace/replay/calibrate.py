@@ -89,11 +89,12 @@ def _number(path: str, line: int, key: str, text: str | None, integer: bool = Tr
 
 
 def _seconds(where: str, key: str, value: object) -> float:
-    """A positive, finite number of seconds (an hour at most) from a bench result."""
+    """A finite number of seconds from a bench result: a microsecond (``_MIN_STEP_NS``, the
+    step files' floor: 1e-200 s fitted an all-zero model, 5e-324 s failed the SVD) to an hour."""
     if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-            or not 0 < value <= _MAX_SECONDS):
-        raise KVTraceError(f"{where}: {key}: expected a positive number of seconds (at most {_MAX_SECONDS:,.0f}), "
-                           f"got {value!r}"[:200])
+            or not _MIN_STEP_NS / 1e9 <= value <= _MAX_SECONDS):
+        raise KVTraceError(f"{where}: {key}: expected seconds from {_MIN_STEP_NS / 1e9:g} (a microsecond) to "
+                           f"{_MAX_SECONDS:,.0f}, got {value!r}"[:200])
     return float(value)
 
 
@@ -285,6 +286,9 @@ def _check_served(where: str, row: dict) -> None:
         v = row[key]
         if not math.isfinite(v) or not 0 <= v <= limit:
             raise KVTraceError(f"{where}: {key}: expected seconds in [0, {limit:,.0f}], got {v!r}")
+        if key in ("prefill_s", "decode_s") and 0 < v * 1e9 < _MIN_STEP_NS:  # (as the step files' floor)
+            raise KVTraceError(f"{where}: {key}: expected 0 or at least {_MIN_STEP_NS / 1e9:g} s (a microsecond), "
+                               f"got {v!r}")
     for key in ("prompt_tokens", "completion_tokens"):
         check_int(where, None, key, row[key], 0)
 

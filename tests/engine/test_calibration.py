@@ -192,6 +192,7 @@ def test_calibrate_from_vllm_request_spans_received_by_collect(tmp_path):
 @pytest.mark.parametrize(("attribute", "value", "needle"), [
     ("GEN_AI_LATENCY_TIME_IN_MODEL_PREFILL", float("nan"), "prefill_s: expected seconds"),  # (round(nan) raised)
     ("GEN_AI_LATENCY_TIME_IN_QUEUE", -1.0, "queue_s: expected seconds"),
+    ("GEN_AI_LATENCY_TIME_IN_MODEL_PREFILL", 1e-200, "prefill_s: expected 0 or at least 1e-06 s"),  # (an all-0 fit)
     ("GEN_AI_USAGE_PROMPT_TOKENS", 2**60, f"prompt_tokens: {2**60} is beyond"),  # (chunking it hung)
 ])
 def test_impossible_values_in_collected_vllm_spans_are_one_line(tmp_path, attribute, value, needle):
@@ -296,7 +297,11 @@ _GOOD = {"input_lens": [100, 200], "output_lens": [3, 3], "ttfts": [0.1, 0.2], "
     ({"input_lens": [100, True]}, "input_lens[1]: expected an integer"),
     ({"output_lens": [3, 1e400]}, "output_lens[1]: expected an integer"),  # (json reads 1e400 as inf)
     ({"input_lens": [100, 2**40]}, f"input_lens[1]: {2**40} is beyond"),  # (a hang: chunking 2^40 tokens)
-    ({"ttfts": [0.1, float("inf")]}, "request 1: ttfts: expected a positive number of seconds"),
+    ({"ttfts": [0.1, float("inf")]}, "request 1: ttfts: expected seconds from 1e-06 (a microsecond)"),
+    # below a microsecond: 1e-200 fitted an all-zero model that --config took; 5e-324 failed the SVD
+    ({"ttfts": [0.1, 1e-200], "itls": [[0.01, 0.01], [1e-200, 1e-200]]}, "request 1: ttfts: expected seconds from"),
+    ({"ttfts": [5e-324, 0.2]}, "request 0: ttfts: expected seconds from 1e-06"),
+    ({"itls": [[0.01, 1e-9], [0.01, 0.02]]}, "request 0: itls[1]: expected seconds from 1e-06"),
     ({"ttfts": [0.1, "0.2"]}, "request 1: ttfts"),
     ({"itls": [[0.01, "x"], [0.01]]}, "request 0: itls[1]"),
     ({"itls": [[0.01, 0.01], 5]}, "request 1: itls: expected a list"),
