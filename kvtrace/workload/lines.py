@@ -43,6 +43,26 @@ def without_bom(raw: bytes) -> bytes:
     return raw[len(_BOM):] if raw.startswith(_BOM) else raw
 
 
+# The magic numbers of the archives a trace is often kept in, and the command that opens each.
+_COMPRESSED = ((b"\x1f\x8b", "gzip", "gunzip"), (b"\x28\xb5\x2f\xfd", "zstd", "unzstd"),
+               (b"BZh", "bzip2", "bunzip2"), (b"\xfd7zXZ\x00", "xz", "unxz"), (b"PK\x03\x04", "zip", "unzip"))
+COMPRESSED_SUFFIXES = (".gz", ".zst", ".bz2", ".xz", ".zip")
+
+
+def compressed_problem(path: str) -> str | None:
+    """What a compressed file is and how to open it (kvtrace reads traces as plain text:
+    a gzip file was 'not UTF-8 text (byte 0x8b ...)'), or None."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(6)
+    except OSError:
+        return None  # (file_problem names it)
+    for magic, kind, tool in _COMPRESSED:
+        if head.startswith(magic):
+            return f"{kind}-compressed; kvtrace reads traces as plain text: decompress it first ({tool})"
+    return None
+
+
 # The longest line a trace may have: a request of two million token ids written out fits
 # with room to spare.
 MAX_LINE_BYTES = 64 << 20

@@ -411,3 +411,26 @@ def test_a_weka_file_larger_than_is_read_whole_is_refused_unread(tmp_path, monke
         f.truncate(10 << 20)  # sparse: nothing is read past the limit
     with pytest.raises(TraceFormatError, match="more than 1,024 bytes: larger than a WEKA conversation file"):
         list(read_trace(str(d)))
+
+
+@pytest.mark.parametrize("pack, kind", [("gzip", "gzip"), ("bz2", "bzip2"), ("lzma", "xz")])
+def test_a_compressed_trace_is_named_as_such(tmp_path, pack, kind):
+    """A gzip trace was 'not UTF-8 text (byte 0x8b at column 2)'; one in a WEKA directory was
+    skipped without a word (2 of 3 files replayed)."""
+    import importlib
+
+    from kvtrace.errors import TraceFormatError
+
+    line = b'{"timestamp":0,"input_length":40,"output_length":2,"hash_ids":[1]}\n'
+    packed = importlib.import_module(pack).compress(line)
+    f = tmp_path / "m.jsonl.x"
+    f.write_bytes(packed)
+    for fmt in (None, "mooncake"):
+        with pytest.raises(TraceFormatError, match=f"{kind}-compressed; kvtrace reads traces as plain text"):
+            open_trace(str(f), format=fmt)
+    d = tmp_path / "w"
+    d.mkdir()
+    (d / "a.json").write_text('{"block_size": 64, "requests": [{"t": 0, "in": 10, "hash_ids": []}]}')
+    (d / "b.json.gz").write_bytes(packed)
+    with pytest.raises(TraceFormatError, match=r"b\.json\.gz: compressed \(1 such in"):
+        open_trace(str(d))

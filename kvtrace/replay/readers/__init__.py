@@ -20,7 +20,7 @@ from kvtrace.replay.readers.mooncake import read_mooncake
 from kvtrace.replay.readers.source import TraceSource
 from kvtrace.replay.readers.weka import read_weka, weka_files
 from kvtrace.workload import TraceRequest
-from kvtrace.workload.lines import JSON_ERRORS, numbered_lines
+from kvtrace.workload.lines import JSON_ERRORS, compressed_problem, numbered_lines
 from kvtrace.workload.native import HEADER_KEY, read_header, read_native
 
 READERS = {
@@ -45,6 +45,7 @@ def detect_format(path: str) -> str:
     problem = file_problem(path, missing="no such file or directory")  # (a FIFO would block the read)
     if problem is not None:
         raise TraceFormatError(path, None, _expected_trace(problem))
+    _refuse_compressed(path)
     first = next(numbered_lines(path), None)
     if first is None:
         raise TraceFormatError(path, None, "empty file; cannot detect the trace format")
@@ -96,9 +97,17 @@ def open_trace(
     problem = file_problem(path) if files is None else None
     if problem is not None:
         raise TraceFormatError(path, None, _expected_trace(problem, fmt))
+    if files is None:
+        _refuse_compressed(path)
     # a limit past any file's length is no limit (islice takes at most sys.maxsize)
     limit = None if limit is None else min(limit, sys.maxsize)
     return TraceSource(path, fmt, READERS[fmt], limit, options, files)
+
+
+def _refuse_compressed(path: str) -> None:
+    problem = compressed_problem(path)
+    if problem is not None:
+        raise TraceFormatError(path, None, problem)
 
 
 def _check_not_stdin(path: str) -> None:

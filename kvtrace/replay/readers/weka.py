@@ -32,7 +32,7 @@ import msgspec
 from kvtrace.errors import TraceFormatError, file_problem
 from kvtrace.numeric import cdiv
 from kvtrace.workload import TraceRequest
-from kvtrace.workload.lines import MAX_ID, ArrivalOrder, S, check_int, without_bom
+from kvtrace.workload.lines import COMPRESSED_SUFFIXES, MAX_ID, ArrivalOrder, S, check_int, without_bom
 
 TAIL_ID_BASE = 1 << 62
 # A conversation file is read whole (one JSON document): the kv-cache-tester's are a few MB.
@@ -67,6 +67,10 @@ def weka_files(path: str) -> list[str] | None:
     if not os.path.isdir(path):
         return None
     files = sorted(glob.glob(os.path.join(glob.escape(path), "*.json")))  # (a [ or * in the folder's name)
+    packed = sorted(n for n in os.listdir(path) if n.endswith(tuple(".json" + s for s in COMPRESSED_SUFFIXES)))
+    if packed:  # (they were skipped without a word: 2 of 3 files replayed)
+        raise TraceFormatError(os.path.join(path, packed[0]), None, f"compressed ({len(packed)} such in {path}); "
+                               "kvtrace reads conversations as plain JSON: decompress them first")
     if not files:
         raise TraceFormatError(path, None, "directory holds no *.json conversation files")
     for file in files:  # (a FIFO among them would block the read)
