@@ -40,7 +40,7 @@ MAX_PERCENTILES = 1_001  # 0, 0.1, ..., 100: the CDF's
 def _check_range(function: str, parameter: str, value: Any) -> None:
     if parameter in COUNT_RANGES and isinstance(value, numbers.Integral):
         lo, hi = COUNT_RANGES[parameter]
-        if not lo <= value <= hi:
+        if not lo <= int(value) <= hi:
             raise BadArgument(function, parameter, f"expected {lo} to {hi:,}, got {value}")
     elif parameter in PERCENTILE_LISTS:
         try:
@@ -50,7 +50,7 @@ def _check_range(function: str, parameter: str, value: Any) -> None:
         if not 1 <= len(qs) <= MAX_PERCENTILES:
             raise BadArgument(function, parameter, f"expected 1 to {MAX_PERCENTILES:,} percentiles, got {len(qs):,}")
         for q in qs:
-            if isinstance(q, bool) or not isinstance(q, numbers.Real) or not 0 <= q <= 100:  # (NaN fails too)
+            if isinstance(q, bool) or not isinstance(q, numbers.Real) or not 0 <= float(q) <= 100:  # (NaN fails)
                 raise BadArgument(function, parameter, f"expected percentiles from 0 to 100, got {repr(q)[:40]}")
         if len(set(qs)) != len(qs):
             raise BadArgument(function, parameter, "expected distinct percentiles, got a repeated one")
