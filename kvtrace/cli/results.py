@@ -47,7 +47,9 @@ def runs(db: DbToRead, as_json: Json = False, limit: Annotated[int | None, typer
             "run_id": row["run_id"], "name": row["name"], "trace": row["trace_source"], "mode": row["mode"],
             "backend": (config.get("backend") if isinstance(config, dict) else None) or "kvtrace",
             "behaviours": json.loads(row["behaviours"]) if row["behaviours"] else [],
-            "capacity_blocks": cap.blocks if cap else None, "block_size": cap.block_size if cap else None,
+            # (an unbounded cache-only run has no capacity, but a block size all the same)
+            "capacity_blocks": cap.blocks if cap else None,
+            "block_size": cap.block_size if cap else summary.get("block_size"),
             "status": row["status"], "created": row["created"], "spans": row["num_spans"],
             **{m: summary.get(m) for m in RUNS_METRICS},
         })

@@ -543,7 +543,22 @@ def _run_engine(preset, workload: _Workload, digest: Digest, instrumentor, bar: 
         }
         for r in result.requests
     ]
-    return dict(result.summary), per_request
+    summary = dict(result.summary)
+    summary["capacity_blocks"], summary["block_size"] = engine_capacity(preset.cache_config)
+    return summary, per_request
+
+
+def engine_capacity(cache) -> tuple[int | None, int | None]:
+    """An engine run's ``capacity_blocks`` and ``block_size`` in cache-only's units, as
+    ``runs`` and the capacity curve read a stored config: the pool the first full-attention
+    group allocates from, less vLLM's null block, and that group's block size. (The summary
+    had neither: ``diff`` showed null where ``runs`` showed 11×512.)"""
+    from kvtrace.cache.config import FullAttentionSpec
+
+    for spec, blocks in zip(cache.groups, cache.pool_sizes):
+        if isinstance(spec, FullAttentionSpec):
+            return blocks - 1, spec.block_size
+    return None, None
 
 
 def _run_cache_only(spec: RunSpec, workload: _Workload, digest: Digest, instrumentor, bar: _Progress):

@@ -402,7 +402,7 @@ def test_user_text_in_a_store_is_shown_literally_by_every_rendering(tmp_path, re
     html = MarkdownIt("commonmark").enable("table").render(md)  # (raw HTML passes: a broken span would show)
     assert "<img" not in html and "<b>" not in html and "<i>" not in html and "<strong>B" not in html
     assert "a` <img src=x> **B** `b" in shown(md)
-    table = [line for line in md.splitlines() if "512" in line and line.startswith("|")]
+    table = [line for line in md.splitlines() if "<i>q</i>" in line and line.startswith("|")]  # the request's row
     assert table and all(line.count("|") - line.count("\\|") == 6 for line in table), table
 
 
@@ -523,3 +523,27 @@ def test_a_summary_from_spans_is_the_stored_summary_key_for_key(tmp_path, replay
     for key in ("requests", "prefix_cache_hit_rate", "p50_ttft_ms"):
         assert listed[key] == diffed[key]["b"] == stored[key], key
     assert diffed["evictions"]["b"] == stored["evictions"]
+
+
+def test_capacity_and_block_size_are_one_number_in_every_view(tmp_path, capsys):
+    """An engine run at --capacity-blocks 12 (vLLM's num_gpu_blocks, the null block in it):
+    runs said 11, diff null, replay --json nothing; an unbounded cache-only run's block size
+    was in replay and diff but null in runs."""
+    from kvtrace.dashboard.run_config import capacity
+    from kvtrace.replay.run import RunSpec, run_replay
+    from kvtrace.store import read
+    from tests.cli.support import run
+
+    db = tmp_path / "s.duckdb"
+    engine = run_replay(RunSpec("gen:chat", limit=20, capacity_blocks=12), db=db)
+    unbounded = run_replay(RunSpec("gen:chat", limit=20, mode="cache-only"), db=db)
+    code, out, err = run(["runs", "--db", str(db), "--json"], capsys)
+    listed = {r["run_id"]: r for r in json.loads(out)["runs"]}
+    d = diff_runs(db, engine.run_id, unbounded.run_id, force=True)
+    cap = capacity(read.run(db, engine.run_id)["config"])
+    assert (engine.summary["capacity_blocks"], engine.summary["block_size"]) == (cap.blocks, cap.block_size) \
+        == (11, 512)
+    for res, side in ((engine, "a"), (unbounded, "b")):
+        for key in ("capacity_blocks", "block_size"):
+            assert listed[res.run_id][key] == res.summary[key] == getattr(d.metric(key), side), (key, side)
+    assert unbounded.summary["capacity_blocks"] is None and unbounded.summary["block_size"] == 16
