@@ -247,6 +247,10 @@ def parse_percentiles(text: str | Sequence[float] | None) -> tuple[float, ...]:
     return tuple(dict.fromkeys(out))
 
 
+# Summary keys counted in blocks (or a rate of them): two runs of other block sizes count them
+# in other units, so a diff gives no delta for them (it said hit_blocks +4002.7%).
+BLOCK_UNIT_KEYS = ("block_hit_rate", "hit_blocks", "total_blocks", "capacity_blocks", "publishes", "evictions")
+
 NS_PER_MS = 1e6  # stored times are ns; every reported latency is ms, divided after the statistic
 
 

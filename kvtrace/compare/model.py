@@ -20,7 +20,7 @@ from typing import Any
 import polars as pl
 
 from kvtrace.errors import KVTraceError
-from kvtrace.metrics import is_latency_key, percentile_word
+from kvtrace.metrics import BLOCK_UNIT_KEYS, is_latency_key, percentile_word
 from kvtrace.store.schema import SUMMARY_FIELDS
 
 METRIC_DIRECTION: dict[str, int] = {
@@ -159,6 +159,7 @@ class RunDiff:
     evictions_by_publish_kind: list[CountShift] = field(default_factory=list)
     latency: list[PercentileShift] = field(default_factory=list)
     bootstrap: dict[str, Any] = field(default_factory=dict)  # seed, resamples, paired, requests_a/_b
+    notes: list[str] = field(default_factory=list)  # what the reader must know to read the numbers
     # Per run ("a"/"b"), read from the store's verification spans: requests whose output
     # diverged from the no-cache reference, most divergent tokens first.
     divergent_requests: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
@@ -231,7 +232,17 @@ def diff_summaries(
         if summary.get("cost_model"):  # what modelled the run's times (none: no clock)
             run.setdefault("cost_model", summary["cost_model"])
     same = ra.get("trace") == rb.get("trace")
-    return RunDiff(run_a=ra, run_b=rb, metrics=metric_deltas(summary_a, summary_b), same_trace=same)
+    metrics, notes = metric_deltas(summary_a, summary_b), []
+    size_a, size_b = _num(summary_a.get("block_size")), _num(summary_b.get("block_size"))
+    if size_a is not None and size_b is not None and size_a != size_b:
+        metrics = [MetricDelta(m.name, m.a, m.b, None, None) if m.name in BLOCK_UNIT_KEYS else m for m in metrics]
+        notes.append(f"block sizes differ ({_count_text(size_a)} vs {_count_text(size_b)} tokens): "
+                     f"{', '.join(BLOCK_UNIT_KEYS)} count other units, so they have no delta")
+    return RunDiff(run_a=ra, run_b=rb, metrics=metrics, same_trace=same, notes=notes)
+
+
+def _count_text(v: float) -> str:
+    return str(int(v)) if float(v).is_integer() else str(v)
 
 
 def request_hit_diff(per_request_a: pl.DataFrame, per_request_b: pl.DataFrame, top: int = 10) -> RequestHitDiff:

@@ -32,6 +32,7 @@ def to_json(diff: RunDiff) -> dict[str, Any]:
         "run_b": diff.run_b,
         "same_trace": diff.same_trace,
         "forced": diff.forced,
+        "notes": diff.notes,
         "metrics": {m.name: {"a": m.a, "b": m.b, "delta": m.delta, "rel": m.rel} for m in diff.metrics},
     }
     if diff.requests is not None:
@@ -82,6 +83,7 @@ def to_markdown(diff: RunDiff) -> str:
         if run.get("status") not in (None, "complete"):
             lines += ["", f"> ⚠️ run {side} is **{markdown_literal(run['status'])}**: its numbers cover only what "
                           "was recorded."]
+    lines += [line for note in diff.notes for line in ("", f"> ⚠️ {note}")]  # (kvtrace's own text)
     head = ["| metric | A | B | Δ | Δ% | |", "|---|---:|---:|---:|---:|---|"]
 
     def row(m: MetricDelta) -> str:
@@ -226,6 +228,8 @@ def render(diff: RunDiff, console: Any = None) -> None:
         if run.get("status") not in (None, "complete"):
             label = markup_literal(_label(run))
             console.print(f"[yellow]run {side} ({label}) is {markup_literal(run['status'])}: partial numbers[/yellow]")
+    for note in diff.notes:
+        console.print(f"[yellow]{markup_literal(note)}[/yellow]")
     console.print(times_note(diff, code=printable), markup=False, highlight=False)
     for t in tables(diff):
         console.print(t)

@@ -547,3 +547,28 @@ def test_capacity_and_block_size_are_one_number_in_every_view(tmp_path, capsys):
         for key in ("capacity_blocks", "block_size"):
             assert listed[res.run_id][key] == res.summary[key] == getattr(d.metric(key), side), (key, side)
     assert unbounded.summary["capacity_blocks"] is None and unbounded.summary["block_size"] == 16
+
+
+def test_block_counts_of_two_block_sizes_get_no_delta_and_a_note(tmp_path, capsys):
+    """A 512-token engine run against a 16-token cache-only run printed block_hit_rate +0.28
+    and hit_blocks +4002.7%: counts in other units."""
+    from kvtrace.metrics import BLOCK_UNIT_KEYS
+    from kvtrace.replay.run import RunSpec, run_replay
+    from tests.cli.support import run
+
+    db = tmp_path / "s.duckdb"
+    a = run_replay(RunSpec("gen:chat", limit=20), db=db)
+    b = run_replay(RunSpec("gen:chat", limit=20, mode="cache-only"), db=db)
+    c = run_replay(RunSpec("gen:chat", limit=20, mode="cache-only", capacity_blocks=200), db=db)
+    d = diff_runs(db, a.run_id, b.run_id, force=True)
+    assert [n for n in d.notes if n.startswith("block sizes differ (512 vs 16 tokens)")]
+    for key in ("block_hit_rate", "hit_blocks", "total_blocks", "evictions", "publishes"):
+        assert key in BLOCK_UNIT_KEYS and d.metric(key).delta is None and d.metric(key).a is not None, key
+    assert d.metric("prefix_cache_hit_rate").delta is not None  # tokens: one unit
+    assert check_fail_if(d, ["block_hit_rate:0.5"])  # (cannot be evaluated: the gate fails)
+    code, out, _ = run(["diff", a.run_id, b.run_id, "--db", str(db), "--force", "--markdown"], capsys)
+    assert code == 0 and "> ⚠️ block sizes differ (512 vs 16 tokens)" in out
+    code, out, _ = run(["diff", a.run_id, b.run_id, "--db", str(db), "--force", "--json"], capsys)
+    assert json.loads(out)["notes"] == d.notes
+    same = diff_runs(db, b.run_id, c.run_id)
+    assert same.notes == [] and same.metric("hit_blocks").delta is not None

@@ -77,6 +77,8 @@ def main() -> None:
                      "in exactly one setting.", icon=":material/warning:")
 
     diff = queries.run_diff(run_a, run_b)
+    for note in diff.notes:  # (kvtrace diff prints the same)
+        st.warning(md(note), icon=":material/warning:")
     ci = {s.name: s for s in diff.latency}
     cols = st.columns(5)
     for i, (name, key, kind, better) in enumerate(TILES):
