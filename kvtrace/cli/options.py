@@ -102,6 +102,9 @@ _RUN_OPTIONS: dict[str, tuple[Any, Any, str]] = {
         Policy("lru"), "policy"),
     "fmt": (Annotated[TraceFormat | None, typer.Option(
         "--format", help="Trace format (default: detected).", rich_help_panel=RUN_PANEL)], None, "trace_format"),
+    "trace_block_size": (Annotated[int | None, typer.Option(
+        metavar="TOKENS", min=1, help="Tokens per hash id of a Mooncake, Bailian or Azure trace, whose files do "
+        "not say (default 512, 16, 16).", rich_help_panel=RUN_PANEL)], None, "trace_block_size"),
     "block_size": (Annotated[int | None, typer.Option(
         metavar="TOKENS", help="Tokens per KV block (cache-only: per trace hash id).", rich_help_panel=RUN_PANEL)],
         None, "block_size"),

@@ -40,6 +40,10 @@ def convert(
     fmt: Annotated[TraceFormat | None, typer.Option(
         "--format", help="Input format (default: detected).")] = None,
     limit: Annotated[int | None, typer.Option(metavar="N", help="Convert only the first N requests.")] = None,
+    trace_block_size: Annotated[int | None, typer.Option(
+        metavar="TOKENS", min=1, help="Tokens per hash id of a Mooncake, Bailian or Azure trace (default 512, 16, "
+                                      "16).")]
+        = None,
 ) -> None:
     """Convert any supported trace to kvtrace native JSONL."""
     from kvtrace.replay.readers import open_trace
@@ -47,5 +51,6 @@ def convert(
 
     # (a directory trace: each of its files is an input too)
     inputs = [trace, *(p for p in trace.iterdir() if p.is_file())] if trace.is_dir() else [trace]
-    n = write_native(open_trace(trace, format=value(fmt), limit=limit), out, sources=inputs)
+    n = write_native(open_trace(trace, format=value(fmt), limit=limit, block_size=trace_block_size), out,
+                     sources=inputs)
     status(f"wrote {n} requests to {out}")  # stderr: `-o /dev/stdout` gets the trace alone

@@ -42,6 +42,7 @@ class RunSpec:
     policy: str = "lru"  # lru | belady (cache-only)
     config_file: str | None = None
     trace_format: str | None = None
+    trace_block_size: int | None = None  # tokens per hash id where the trace's format does not carry it
     block_size: int | None = None
     capacity_blocks: int | float | None = None  # cache-only: None or math.inf is an unbounded cache
     capacity_tokens: int | None = None
@@ -80,9 +81,10 @@ def open_workload(spec: RunSpec) -> _Workload:
     if spec.trace.startswith(GENERATED_PREFIX):
         from kvtrace.replay.generate import generate
 
-        if spec.trace_format is not None:  # (it was ignored)
-            raise ConfigError("--format", spec.trace_format, f"{spec.trace} is a generated workload, not a file "
-                                                             "of a format; drop --format")
+        for flag, given in (("--format", spec.trace_format), ("--trace-block-size", spec.trace_block_size)):
+            if given is not None:  # (it was ignored)
+                raise ConfigError(flag, str(given), f"{spec.trace} is a generated workload, not a file of a format; "
+                                                    f"drop {flag}")
 
         name = spec.trace[len(GENERATED_PREFIX):]
         reqs = generate(name, spec.seed)
@@ -92,10 +94,12 @@ def open_workload(spec: RunSpec) -> _Workload:
         return _Workload(reqs, spec.trace, f"gen:{ident}", len(reqs))
     from kvtrace.replay.readers import open_trace
 
-    src = open_trace(spec.trace, format=spec.trace_format, limit=spec.limit)
+    src = open_trace(spec.trace, format=spec.trace_format, limit=spec.limit, block_size=spec.trace_block_size)
     ident = getattr(src, "source_id", None) or spec.trace
     if spec.limit is not None:
         ident = f"{ident}:limit={spec.limit}"
+    if spec.trace_block_size is not None:  # (the same file read at another block size: other requests)
+        ident = f"{ident}:trace_block_size={spec.trace_block_size}"
     return _Workload(src, spec.trace, ident, spec.limit)
 
 

@@ -434,3 +434,21 @@ def test_a_compressed_trace_is_named_as_such(tmp_path, pack, kind):
     (d / "b.json.gz").write_bytes(packed)
     with pytest.raises(TraceFormatError, match=r"b\.json\.gz: compressed \(1 such in"):
         open_trace(str(d))
+
+
+def test_a_mooncake_trace_of_another_block_size_is_read_from_the_command_line(tmp_path, capsys):
+    """--block-size is the cache's; a Mooncake trace hashed at 16 tokens could not be read
+    at all (its 3 ids for 40 tokens were refused at the format's 512)."""
+    from tests.cli.support import assert_one_line, run
+
+    trace = tmp_path / "m16.jsonl"
+    trace.write_text('{"timestamp":0,"input_length":40,"output_length":2,"hash_ids":[1,2,3]}\n'
+                     '{"timestamp":5,"input_length":40,"output_length":2,"hash_ids":[1,2,4]}\n')
+    code, out, err = run(["replay", str(trace), "--mode", "cache-only", "--trace-block-size", "16", "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["prefix_cache_hits"] == 32  # two shared 16-token blocks
+    converted = tmp_path / "n.jsonl"
+    assert run(["convert", str(trace), "--trace-block-size", "16", "-o", str(converted)], capsys)[0] == 0
+    assert [r.hash_block_size for r in read_trace(str(converted))] == [16, 16]
+    code, _, err = run(["replay", "gen:chat", "--trace-block-size", "16"], capsys)
+    assert_one_line(code, err, "--trace-block-size", "generated workload")
