@@ -728,3 +728,36 @@ def test_a_batch_of_more_values_than_a_step_publishes_is_refused_before_they_are
                 [1.0, [["AllBlocksCleared"]] * (n + 1)]):
         with pytest.raises(VllmWireError, match=f"more than {n:,} in one batch"):
             decode_kv_batch(msgspec.msgpack.encode(doc))
+
+
+def test_batches_discarded_at_the_stop_count_the_seqs_between_them(monkeypatch):
+    """Seqs 2, 4, ..., 20 still queued at the stop (the replay socket dead, the drain over):
+    10 messages taken off undecoded were counted 10 lost, where 20 seqs after 0 were never
+    stored (the odd ones were never received either)."""
+    import time
+
+    import zmq
+
+    from kvtrace.instrument.vllm import capture as capture_module
+    from kvtrace.instrument.vllm.capture import VllmKVCapture, run_captures
+
+    ctx = zmq.Context.instance()
+    pub = ctx.socket(zmq.PUB)
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    cap = VllmKVCapture(f"tcp://127.0.0.1:{port}", replay_timeout_s=0.01)
+    try:
+        cap.receive([b"kv", (0).to_bytes(8, "big"), _raw_batch(1.0)])  # seq 0: accepted
+        time.sleep(0.5)  # (the subscription reaches the publisher)
+        for seq in range(2, 21, 2):
+            pub.send_multipart([b"kv", seq.to_bytes(8, "big"), _raw_batch(float(seq))])
+        deadline = time.monotonic() + 10
+        while not cap.socket.poll(0) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.3)  # (the rest queued behind the first)
+        monkeypatch.setattr(capture_module, "DRAIN_S", 0.0)  # nothing decoded after the stop
+        run_captures([cap], should_stop=lambda: True)
+    finally:
+        cap.close()
+        pub.close(0)
+    assert (cap.stats.batches, cap.stats.lost) == (1, 20)
+    assert cap.lost_with_discarded(3, None) == 3  # (no seq read: the messages alone)
