@@ -322,7 +322,8 @@ _MAX_COUNT = (1 << 63) - 1
 def summary_problem(summary: Mapping[str, object]) -> str | None:
     """What is wrong with a run summary another program sent (``KEY: expected ...``), or
     None: each count an int from 0 to 2^63-1, each rate a number from 0 to 1, each latency
-    statistic a finite number >= 0 (any of them may be null); other keys as they are."""
+    statistic a number of ms from 0 to what int64 ns hold (any of them may be null); other
+    keys as they are."""
     for key, value in summary.items():
         if value is None:
             continue
@@ -333,9 +334,9 @@ def summary_problem(summary: Mapping[str, object]) -> str | None:
         elif key in SUMMARY_RATES:
             ok = x is not None and 0 <= x <= 1
             want = "a rate from 0 to 1"
-        elif is_latency_key(key):
-            ok = x is not None and math.isfinite(x) and x >= 0
-            want = "a time in ms (a finite number >= 0)"
+        elif is_latency_key(key):  # (a store's times are int64 ns: 1e308 ms printed 300 digits in runs)
+            ok = x is not None and math.isfinite(x) and 0 <= x <= _MAX_COUNT / NS_PER_MS
+            want = f"a time in ms (from 0 to {_MAX_COUNT / NS_PER_MS:.4g}, what int64 ns hold)"
         else:
             continue
         if not ok:

@@ -400,12 +400,16 @@ def _context(hi: int, lo: int, span_id: int, state: str | None = None) -> trace_
 
 
 def time_offset(resource: Mapping[str, Any]) -> int:
-    """The offset a kvtrace OTLP export added to its span times (0 for other producers)."""
+    """The offset a kvtrace OTLP export added to its span times (0 for other producers):
+    the integer attribute kvtrace sends, anything else an UnstorableValue (a string
+    " 1_000 ", a bool or a double were read with ``int()``: the times shifted by it)."""
     value = resource.get(TIME_OFFSET_RESOURCE_KEY)
-    try:
-        return int(value) if value is not None else 0
-    except (TypeError, ValueError, OverflowError):  # OverflowError: a double inf from a hostile producer
+    if value is None:
         return 0
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 63:
+        raise UnstorableValue(f"resource {TIME_OFFSET_RESOURCE_KEY}: expected an integer of ns from 0 to 2^63, "
+                              f"got {value!r}"[:200])
+    return value
 
 
 def unshift(span: dict[str, Any], offset: int) -> dict[str, Any]:

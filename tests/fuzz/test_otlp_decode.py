@@ -229,10 +229,14 @@ def test_empty_body_is_an_empty_request(decode):
 
 # -- regressions the fuzzer found ------------------------------------------------------------------
 @pytest.mark.parametrize("offset", [AnyValue(double_value=math.inf), AnyValue(double_value=-math.inf),
-                                    AnyValue(double_value=math.nan), AnyValue(string_value="1" * 5000)])
-def test_a_hostile_time_offset_resource_attribute_is_no_offset(offset):
+                                    AnyValue(double_value=math.nan), AnyValue(string_value="1" * 5000),
+                                    AnyValue(string_value=" 1_000 "), AnyValue(bool_value=True),
+                                    AnyValue(double_value=1e18), AnyValue(int_value=-5)])
+def test_a_hostile_time_offset_resource_attribute_is_refused(offset):
     """A double inf as kvtrace.run.time_offset_ns was an OverflowError in int() (the
-    collector answered with a dropped connection); a producer's junk offset is no offset."""
+    collector answered with a dropped connection); then junk was no offset, while " 1_000 ",
+    true and 1e18 went through int() and shifted every time: kvtrace sends an integer, and
+    anything else is refused, naming the attribute."""
     req = ExportTraceServiceRequest()
     rs = req.resource_spans.add()
     rs.resource.attributes.append(KeyValue(key=TIME_OFFSET_RESOURCE_KEY, value=offset))
@@ -240,5 +244,7 @@ def test_a_hostile_time_offset_resource_attribute_is_no_offset(offset):
     sp.name, sp.trace_id, sp.span_id = "x", b"\x01" * 16, b"\x02" * 8
     sp.start_time_unix_nano = sp.end_time_unix_nano = 5
     spans = decode_protobuf(req.SerializeToString())
-    assert time_offset(spans[0][0]) == 0
-    store_rows(spans)
+    with pytest.raises(KVTraceError, match=r"kvtrace\.run\.time_offset_ns: expected an integer of ns"):
+        time_offset(spans[0][0])
+    with pytest.raises(KVTraceError):
+        store_rows(spans)
