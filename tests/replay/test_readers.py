@@ -452,3 +452,20 @@ def test_a_mooncake_trace_of_another_block_size_is_read_from_the_command_line(tm
     assert [r.hash_block_size for r in read_trace(str(converted))] == [16, 16]
     code, _, err = run(["replay", "gen:chat", "--trace-block-size", "16"], capsys)
     assert_one_line(code, err, "--trace-block-size", "generated workload")
+
+
+def test_an_azure_row_is_named_where_it_begins_and_may_carry_a_long_column(tmp_path):
+    """An unterminated quote on line 3 was reported at the line where its field passed csv's
+    128 KiB limit (and before that, silently took the rest of the file into one field); an
+    ignored column over 128 KiB failed the whole trace."""
+    from kvtrace.errors import TraceFormatError
+
+    head = "TIMESTAMP,ContextTokens,GeneratedTokens,Note\n"
+    rows = [f"2023-11-16 18:15:46.{i:03d},{100 + i},5,x\n" for i in range(20)]
+    long_note = tmp_path / "long.csv"
+    long_note.write_text(head + rows[0] + rows[1].replace(",x", "," + "y" * 200_000) + "".join(rows[2:]))
+    assert len(read_trace(str(long_note))) == 20
+    cut = tmp_path / "cut.csv"
+    cut.write_text(head + rows[0] + rows[1].replace(",x", ',"never closed') + "".join(rows[2:]))
+    with pytest.raises(TraceFormatError, match=r"cut\.csv:3: a quoted field runs on to line 21 \(an unterminated"):
+        read_trace(str(cut))

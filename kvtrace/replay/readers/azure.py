@@ -18,7 +18,7 @@ from datetime import date
 from kvtrace.errors import TraceFormatError
 from kvtrace.numeric import cdiv
 from kvtrace.workload import TraceRequest
-from kvtrace.workload.lines import MAX_TOKENS, ArrivalOrder, check_int, decoded_lines, parse_decimal
+from kvtrace.workload.lines import MAX_LINE_BYTES, MAX_TOKENS, ArrivalOrder, check_int, decoded_lines, parse_decimal
 
 DEFAULT_BLOCK_SIZE = 16
 REQUIRED_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -64,6 +64,9 @@ def read_azure(path: str, block_size: int = DEFAULT_BLOCK_SIZE) -> Iterator[Trac
     except OSError as e:
         raise TraceFormatError(path, None, f"cannot open: {e.strerror}") from None
     with f:
+        # a field may be as long as a line (the columns other than the three are ignored, but
+        # csv's 128 KiB field limit failed the whole trace on one long one)
+        csv.field_size_limit(max(csv.field_size_limit(), MAX_LINE_BYTES))
         reader = csv.reader(decoded_lines(path, f))
         try:
             header = next(reader, None)
@@ -84,13 +87,19 @@ def read_azure(path: str, block_size: int = DEFAULT_BLOCK_SIZE) -> Iterator[Trac
         origin = None
         index = 0
         while True:
+            start = reader.line_num + 1  # (a row's quote may run on: the error names where it began)
             try:
                 row = next(reader)
             except StopIteration:
                 return
             except csv.Error as e:
-                raise TraceFormatError(path, reader.line_num, f"unreadable CSV row: {e}") from None
+                raise TraceFormatError(path, start, f"unreadable CSV row: {e}"
+                                       + (f" (read on to line {reader.line_num})" if reader.line_num > start else "")
+                                       ) from None
             line = reader.line_num
+            if line > start:  # a quote left open takes the lines after it into one field
+                raise TraceFormatError(path, start, f"a quoted field runs on to line {line} (an unterminated "
+                                                    "quote?); a row is one line")
             if not row or not any(c.strip() for c in row):
                 continue
             if len(row) != width:
