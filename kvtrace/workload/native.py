@@ -28,8 +28,8 @@ token_ids          [int], optional         the prompt; len == input_length,
 hash_ids           [int], optional         prefix-chained block ids, each in [0, 2^63);
                                            len == ceil(input_length / block_size),
                                            the last block partial
-block_size         int >= 1                tokens per hash id (here or in the header)
-namespace          int >= 0, optional      scope of the hash ids (default 0)
+block_size         int >= 1                tokens per hash id (here or in the header); with hash_ids only
+namespace          int >= 0, optional      scope of the hash ids (default 0); with hash_ids only
 expected_output    [int], optional         reference output; len == output_length
 cache_salt         str, optional           vLLM ``cache_salt`` (first block's extra key)
 =================  ======================  =============================================
@@ -72,7 +72,7 @@ class NativeLine(msgspec.Struct, forbid_unknown_fields=True):
     token_ids: list[int] | None = None
     hash_ids: list[int] | None = None
     block_size: int | None = None
-    namespace: int = 0
+    namespace: int | None = None  # (None: not given; 0 then, with hash_ids)
     expected_output: list[int] | None = None
     cache_salt: str | None = None
 
@@ -133,6 +133,10 @@ def read_native(path: str) -> Iterator[TraceRequest]:
         if (row.token_ids is None) == (row.hash_ids is None):
             raise TraceFormatError(path, lineno, "expected exactly one of token_ids / hash_ids")
         if row.token_ids is not None:
+            for key in ("block_size", "namespace"):  # (they were ignored: token ids are keyed by content)
+                if getattr(row, key) is not None:
+                    raise TraceFormatError(path, lineno, f"{key}: only with hash_ids; token_ids are hashed by their "
+                                                         "content at the cache's block size")
             if len(row.token_ids) != n:
                 raise TraceFormatError(
                     path, lineno, f"token_ids: expected input_length {n} tokens, got {len(row.token_ids)}"
@@ -150,7 +154,7 @@ def read_native(path: str) -> Iterator[TraceRequest]:
             assert row.hash_ids is not None  # exactly one of the two is set (checked above)
             req.hash_ids = check_hash_ids(path, lineno, row.hash_ids, n, bs)
             req.hash_block_size = bs
-            req.namespace = check_int(path, lineno, "namespace", row.namespace, 0, MAX_ID)
+            req.namespace = check_int(path, lineno, "namespace", row.namespace or 0, 0, MAX_ID)
         if row.expected_output is not None:
             if len(row.expected_output) != out:
                 raise TraceFormatError(

@@ -469,3 +469,18 @@ def test_an_azure_row_is_named_where_it_begins_and_may_carry_a_long_column(tmp_p
     cut.write_text(head + rows[0] + rows[1].replace(",x", ',"never closed') + "".join(rows[2:]))
     with pytest.raises(TraceFormatError, match=r"cut\.csv:3: a quoted field runs on to line 21 \(an unterminated"):
         read_trace(str(cut))
+
+
+@pytest.mark.parametrize("key", ["block_size", "namespace"])
+def test_a_hash_key_on_a_token_id_line_is_refused(tmp_path, key):
+    """Unknown keys are errors, but these two on a token_ids line were silently ignored."""
+    from kvtrace.errors import TraceFormatError
+
+    f = tmp_path / "n.jsonl"
+    f.write_text('{"kvtrace_trace":1}\n'
+                 f'{{"arrival_ns":0,"input_length":3,"output_length":1,"token_ids":[1,2,3],"{key}":4}}\n')
+    with pytest.raises(TraceFormatError, match=rf"n\.jsonl:2: {key}: only with hash_ids"):
+        read_trace(str(f))
+    f.write_text('{"kvtrace_trace":1}\n{"arrival_ns":0,"input_length":3,"output_length":1,"hash_ids":[1],'
+                 '"block_size":4,"namespace":0}\n')
+    assert read_trace(str(f))[0].namespace == 0
