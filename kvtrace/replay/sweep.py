@@ -54,9 +54,12 @@ def parse_param(text: str, flag: str = "--param") -> tuple[str, list[Any]]:
     if name not in PARAMETERS:
         raise ConfigError(flag, text, f"unknown parameter {name!r}; expected one of {', '.join(PARAMETERS)}")
     if name in _INT_PARAMS:
-        ints = [parse_decimal(v) for v in values]  # (ASCII digits: int() also took 1_0 and other scripts' digits)
+        # (ASCII digits: int() also took 1_0 and other scripts' digits); capacity_blocks may be
+        # inf, as for replay: cache-only's unbounded cache
+        ints = [math.inf if name == "capacity_blocks" and v.lower() == "inf" else parse_decimal(v) for v in values]
         if None in ints:
-            raise ConfigError(flag, text, f"{name} values must be integers")
+            raise ConfigError(flag, text, f"{name} values must be integers"
+                                          + (" (or inf)" if name == "capacity_blocks" else ""))
         return name, ints
     if name == "without":
         return name, [() if v.lower() == "none" else tuple(sorted(v.split("+"))) for v in values]

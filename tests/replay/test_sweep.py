@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import replace
 
@@ -169,6 +170,7 @@ def test_a_trace_error_in_a_worker_is_the_one_line_it_is(tmp_path):
 
 @pytest.mark.parametrize("text, expected", [
     ("capacity_blocks=1,2", ("capacity_blocks", [1, 2])),
+    ("capacity_blocks=64,inf", ("capacity_blocks", [64, math.inf])),  # (refused; replay and curve take inf)
     ("retention=none,0", ("retention", ["none", "0"])),
     ("without=none,shared-prefix-pinning+external-hit-running-cow",
      ("without", [(), ("external-hit-running-cow", "shared-prefix-pinning")])),
@@ -179,7 +181,8 @@ def test_parse_param(text, expected):
 
 @pytest.mark.parametrize("text, match", [
     ("capacity_blocks", "NAME=V1,V2"), ("colour=red", "unknown parameter"), ("block_size=x", "integers"),
-    ("capacity_blocks=1_0,20", "integers"), ("capacity_blocks=\u0661\u0660,20", "integers")])
+    ("capacity_blocks=1_0,20", "integers"), ("capacity_blocks=\u0661\u0660,20", "integers"),
+    ("block_size=inf", "block_size values must be integers$"), ("capacity_tokens=16,inf", "integers")])
 def test_parse_param_refuses(text, match):
     with pytest.raises(ConfigError, match=match):
         parse_param(text)
