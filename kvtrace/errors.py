@@ -4,6 +4,8 @@ import math
 import os
 import stat
 
+from kvtrace.names import printable
+
 
 class KVTraceError(Exception):
     """A user error (bad trace line, config key, database). Never shown with a traceback.
@@ -31,7 +33,7 @@ def _rebuild(cls: type[KVTraceError], args: tuple, fields: dict) -> KVTraceError
 
 class TraceFormatError(KVTraceError):
     def __init__(self, path: str, line: int | None, what: str):
-        where = f"{path}:{line}" if line is not None else path
+        where = f"{printable(path)}:{line}" if line is not None else printable(path)  # (a newline in it: \n)
         super().__init__(f"{where}: {what}")
         self.path, self.line, self.what = path, line, what
 
@@ -45,7 +47,8 @@ class ConfigError(KVTraceError):
     """``source: key: what``; ``key`` None for the source as a whole (a missing file)."""
 
     def __init__(self, source: str, key: str | None, what: str):
-        super().__init__(f"{source}: {what}" if key is None else f"{source}: {key}: {what}")
+        shown = printable(source)  # (a path's newline shown as \n, not joined into a space)
+        super().__init__(f"{shown}: {what}" if key is None else f"{shown}: {key}: {what}")
         self.source, self.key, self.what = source, key, what
 
 

@@ -66,3 +66,12 @@ def test_an_error_pickles_as_itself(cls):
     assert type(back) is cls
     assert str(back) == str(err) and back.args == err.args
     assert back.__dict__ == err.__dict__
+
+
+def test_a_path_with_a_control_character_is_shown_escaped_not_joined():
+    """A newline in a trace's name showed as a space (the message's lines joined), where every
+    other view shows it as \\n."""
+    assert str(TraceFormatError("new\nline.jsonl", 3, "bad")) == "new\\nline.jsonl:3: bad"
+    assert str(ConfigError("run\x1b.toml", "cache.num_gpu_blocks", "expected >= 2")) == \
+        "run\\x1b.toml: cache.num_gpu_blocks: expected >= 2"
+    assert str(KVTraceError("a library's\ntwo lines")) == "a library's two lines"  # (text: still one line)
