@@ -58,10 +58,16 @@ from kvtrace.compare.source import diff_runs
 from kvtrace.metrics import MODELLED, is_latency_key
 from kvtrace.store import read as store
 
-if db_path is None or run_a is None or run_b is None:
+if (db_path is None) != (run_a is None and run_b is None) or (run_a is None) != (run_b is None):
+    # (a study into the given store added 4 runs to it; run ids without a store were ignored)
+    from kvtrace.errors import KVTraceError
+
+    raise KVTraceError(f"db_path {db_path!r}, run_a {run_a!r}, run_b {run_b!r}: give a store and both run ids, "
+                       "or none of them for a study into a temporary store")
+if db_path is None:
     from kvtrace.compare.study import run_study
 
-    db_path = db_path or os.path.join(tempfile.mkdtemp(prefix="kvtrace-nb-"), "study.duckdb")
+    db_path = os.path.join(tempfile.mkdtemp(prefix="kvtrace-nb-"), "study.duckdb")
     study = run_study(behaviour, trace=trace, db=db_path, seed=seed, limit=limit)
     run_a, run_b = study.first.run_off, study.first.run_on
     print(f"study {behaviour} on {study.trace}: A = off ({run_a}), B = on ({run_b}) in {db_path}")

@@ -58,6 +58,10 @@ if trace_path is None:
     write_generated(generator, trace_path, fmt="native", seed=seed, num_requests=num_requests)
 source = open_trace(trace_path, format=trace_format, limit=limit)
 requests = list(source)
+if not requests:  # (every chart below needs one; max() of nothing was a raw ValueError)
+    from kvtrace.errors import KVTraceError
+
+    raise KVTraceError(f"{trace_path}: no requests to characterise (limit {limit!r})")
 print(f"{len(requests)} requests from {trace_path} ({source.format})")
 
 # %% [markdown]
