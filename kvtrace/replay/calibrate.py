@@ -32,6 +32,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from itertools import accumulate
@@ -59,11 +60,12 @@ def observations_from_file(path: str | Path, *, max_num_batched_tokens: int = DE
     problem = file_problem(p)
     if problem is not None:
         raise KVTraceError(f"{p}: {problem} (expected {_KINDS})")
-    if p.endswith(".csv"):
+    suffix = os.path.splitext(p)[1].lower()  # (X.CSV was refused)
+    if suffix == ".csv":
         return step_csv_observations(p)
-    if p.endswith(".json"):
+    if suffix == ".json":
         return bench_serve_observations(p, max_num_batched_tokens)
-    if p.endswith(".duckdb"):
+    if suffix == ".duckdb":
         return served_span_observations(p, run_id, max_num_batched_tokens)
     raise KVTraceError(f"{p}: expected {_KINDS}")
 
@@ -196,13 +198,18 @@ def bench_serve_observations(path: str, max_num_batched_tokens: int) -> list[Obs
         for j, gap in enumerate(itls[i]):
             _seconds(where, f"itls[{j}]", gap)
     concurrency = doc.get("max_concurrency")
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+    if concurrency is not None and (isinstance(concurrency, bool) or not isinstance(concurrency, int)
+                                    or concurrency < 1):  # (null: vllm bench serve's unlimited)
+        raise KVTraceError(f"{path}: max_concurrency: expected null or an integer >= 1, got {concurrency!r}"[:200])
+    duration = doc.get("duration")
+    if duration is not None and (isinstance(duration, bool) or not isinstance(duration, (int, float))
+                                 or not math.isfinite(duration) or duration <= 0):
+        raise KVTraceError(f"{path}: duration: expected a positive number of seconds, got {duration!r}"[:200])
+    if concurrency is None:
         # Little's law: mean requests in flight = their total latency / the run's length
-        duration = doc.get("duration")
         busy = sum(ttfts[i] + sum(itls[i]) for i in done)
         concurrency = 1
-        if isinstance(duration, (int, float)) and not isinstance(duration, bool) and math.isfinite(duration) \
-                and duration > 0:
+        if duration is not None:
             in_flight = busy / duration
             if not in_flight <= MAX_TOKENS:  # (a 1e-310 s run: infinitely many)
                 raise KVTraceError(f"{path}: duration: {duration!r} s for {busy:.6g} s of requests' latency is more "
@@ -340,6 +347,14 @@ def calibrate(paths: Sequence[str | Path], *, name: str, template: CostModel | N
               run_id: str | None = None) -> Fit:
     """Fit one cost model to every observation of ``paths`` (``run_id``: the collected
     run of a store among them)."""
+    seen: dict[str, str] = {}
+    for p in paths:  # (one file twice counted its observations twice)
+        real = os.path.realpath(p)
+        if real in seen:
+            raise KVTraceError(f"--from {p}: given twice (also as {seen[real]}); each file once")
+        seen[real] = str(p)
+    if run_id is not None and not any(os.path.splitext(str(p))[1].lower() == ".duckdb" for p in paths):
+        raise KVTraceError(f"--run {run_id}: names a run of a store (.duckdb), and no --from is one")
     obs: list[Observation] = []
     for p in paths:
         obs += observations_from_file(p, max_num_batched_tokens=max_num_batched_tokens, run_id=run_id)

@@ -283,6 +283,9 @@ class AtomicText:
                 if os.path.realpath(source) == real:
                     raise KVTraceError(f"{self.name}: is also {source}; write the output elsewhere") from None
             self._refuse_a_write_ahead_log()  # DuckDB makes it later, then the rename would replace it
+            parent = os.path.dirname(real)
+            if not os.path.isdir(parent):  # (said only when writing began: after calibrate's fit, say)
+                raise KVTraceError(f"{self.name}: directory {parent} does not exist") from None
             return False
         except OSError as e:
             raise KVTraceError(f"{self.name}: cannot write: {e.strerror}") from None

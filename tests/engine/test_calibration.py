@@ -307,6 +307,10 @@ _GOOD = {"input_lens": [100, 200], "output_lens": [3, 3], "ttfts": [0.1, 0.2], "
     ({"itls": [[0.01, 0.01], 5]}, "request 1: itls: expected a list"),
     ({"max_concurrency": 2**40}, "max_concurrency"),
     ({"duration": 1e-310}, "duration: 1e-310 s for"),  # (an OverflowError traceback: infinitely many in flight)
+    # values that were ignored without a word (then Little's law, or one request in flight)
+    ({"max_concurrency": 1e20}, "max_concurrency: expected null or an integer >= 1, got 1e+20"),
+    ({"max_concurrency": 0}, "max_concurrency: expected null or an integer >= 1"),
+    ({"duration": "long"}, "duration: expected a positive number of seconds, got 'long'"),
     ({"input_lens": [2_000_000_000, 200]}, "input_lens: the prompts take 244,142 prefill steps"),  # (a hang)
 ])
 def test_impossible_bench_results_are_one_line(tmp_path, change, needle):
@@ -315,6 +319,28 @@ def test_impossible_bench_results_are_one_line(tmp_path, change, needle):
     with pytest.raises(KVTraceError, match=re.escape(needle)) as err:
         calibrate([path], name="x")
     assert str(err.value).startswith(f"{path}: ") and "\n" not in str(err.value)
+
+
+def test_what_calibrate_takes_is_refused_before_the_fit_when_it_cannot_be_right(tmp_path, capsys):
+    """The same --from twice counted it twice; --run without a store was ignored; X.CSV was
+    refused for its suffix's case; -o into a missing folder was refused only after the fit."""
+    from tests.cli.support import assert_one_line, run
+
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps(_GOOD))
+    with pytest.raises(KVTraceError, match="given twice"):
+        calibrate([bench, tmp_path / "." / "bench.json"], name="x")
+    with pytest.raises(KVTraceError, match=r"--run r1: names a run of a store \(\.duckdb\), and no --from is one"):
+        calibrate([bench], name="x", run_id="r1")
+    upper = tmp_path / "BENCH.JSON"
+    upper.write_text(json.dumps(_GOOD))
+    from dataclasses import replace
+
+    assert replace(calibrate([upper], name="x").model, source="") == replace(calibrate([bench], name="x").model,
+                                                                             source="")
+    code, out, err = run(["calibrate", "--from", str(bench), "-o", str(tmp_path / "missing" / "m.toml")], capsys)
+    assert_one_line(code, err, "m.toml: directory", "missing does not exist")
+    assert out == ""  # refused before the fit's report
 
 
 @pytest.mark.parametrize("text", ["[" * 100_000 + "]" * 100_000, '{"input_lens": [%s]}' % ("9" * 5000)])
