@@ -51,6 +51,13 @@ def convert(
 
     # (a directory trace: each of its files is an input too)
     inputs = [trace, *(p for p in trace.iterdir() if p.is_file())] if trace.is_dir() else [trace]
-    n = write_native(open_trace(trace, format=value(fmt), limit=limit, block_size=trace_block_size), out,
-                     sources=inputs)
+    source = open_trace(trace, format=value(fmt), limit=limit, block_size=trace_block_size)
+    kept = None
+    if source.format == "native":  # its header's metadata (generator, seed, block sizes) was dropped
+        from kvtrace.replay.readers import native_header
+
+        kept = dict(native_header(trace))
+        if "source" in kept:  # (the header's own source is what this file is now)
+            kept["converted_from"] = kept.pop("source")
+    n = write_native(source, out, header=kept, sources=inputs)
     status(f"wrote {n} requests to {out}")  # stderr: `-o /dev/stdout` gets the trace alone

@@ -484,3 +484,17 @@ def test_a_hash_key_on_a_token_id_line_is_refused(tmp_path, key):
     f.write_text('{"kvtrace_trace":1}\n{"arrival_ns":0,"input_length":3,"output_length":1,"hash_ids":[1],'
                  '"block_size":4,"namespace":0}\n')
     assert read_trace(str(f))[0].namespace == 0
+
+
+def test_converting_a_native_trace_keeps_its_headers_metadata(tmp_path, capsys):
+    """generator, seed and the block sizes of a native header were dropped by convert."""
+    from kvtrace.replay.readers import native_header
+    from tests.cli.support import run
+
+    first, second = tmp_path / "g.jsonl", tmp_path / "g2.jsonl"
+    assert run(["generate", "chat", "-o", str(first), "--requests", "3"], capsys)[0] == 0
+    assert run(["convert", str(first), "-o", str(second)], capsys)[0] == 0
+    before, after = native_header(first), native_header(second)
+    assert {k: after[k] for k in before} == before and before["generator"] == "chat"
+    assert after["source"].startswith("native:sha256:")
+    assert [r.request_id for r in read_trace(str(first))] == [r.request_id for r in read_trace(str(second))]
