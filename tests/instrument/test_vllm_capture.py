@@ -761,3 +761,17 @@ def test_batches_discarded_at_the_stop_count_the_seqs_between_them(monkeypatch):
         pub.close(0)
     assert (cap.stats.batches, cap.stats.lost) == (1, 20)
     assert cap.lost_with_discarded(3, None) == 3  # (no seq read: the messages alone)
+
+
+def test_a_short_seq_frame_is_named_as_such(caplog):
+    """Three frames with a 2-byte seq were logged as 'got 3 frames', the frame count that is right."""
+    from kvtrace.instrument.vllm.capture import VllmKVCapture
+
+    cap = VllmKVCapture("tcp://127.0.0.1:1", replay_timeout_s=0.01)  # no publisher: messages handed in
+    try:
+        with caplog.at_level("WARNING", logger="kvtrace.instrument.vllm.capture"):
+            cap.receive([b"kv", b"\x00\x01", _raw_batch(1.0)])
+    finally:
+        cap.close()
+    assert cap.stats.bad_messages == 1
+    assert any("got a 2-byte seq" in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]

@@ -185,7 +185,8 @@ class VllmKVCapture:
         began a new publisher lifetime (a restart) or followed a gap (recovered, or counted
         lost), or was a stray message (a bad one) because the old sequence goes on."""
         if len(frames) != 3 or len(frames[1]) != 8:
-            self._bad(None, f"expected [topic, seq, payload] frames with an 8-byte seq, got {len(frames)} frames")
+            got = f"{len(frames)} frames" if len(frames) != 3 else f"a {len(frames[1])}-byte seq"
+            self._bad(None, f"expected [topic, seq, payload] frames with an 8-byte seq, got {got}")
             return
         _, seq_bytes, payload = frames
         seq = int.from_bytes(seq_bytes, "big")
