@@ -15,6 +15,7 @@ import re
 import secrets
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from kvtrace.process import signals_held
 from kvtrace.store.backend import is_clickhouse
@@ -49,22 +50,16 @@ def export_parquet(db: str | Path, run_id: str, directory: str | Path) -> dict[s
         stored, shown = _statuses(db, run_id, row)
 
         def write(table: str, target: Path) -> None:
-            import duckdb
-
             rel = con.sql(_table_sql(table, stored), params={"run_id": run_id, "status": shown} if table == "runs"
                           else {"run_id": run_id})
-            try:
-                rel.to_parquet(str(target), compression="zstd")
-            except duckdb.IOException as err:  # the output's failure (a full disk), not the store's
-                raise OSError(_io_reason(err)) from None
+            reader = rel.to_arrow_reader(_BATCH_ROWS)  # (streamed: a 10M-span run is never whole in memory)
+            _write_canonical(reader.schema, reader, target)
 
         return _write_all(out_dir, write)
 
 
 def _export_clickhouse(db: str | Path, run_id: str, out_dir: Path) -> dict[str, Path]:
     """The same files from a ClickHouse store (its lists are never NULL: ``[]`` there)."""
-    import pyarrow.parquet as pq
-
     from kvtrace.store.clickhouse.reader import read_connection as clickhouse_read
 
     with clickhouse_read(db) as con:
@@ -75,12 +70,74 @@ def _export_clickhouse(db: str | Path, run_id: str, out_dir: Path) -> dict[str, 
 
         def write(table: str, target: Path) -> None:
             params = {"run_id": run_id, "status": shown} if table == "runs" else {"run_id": run_id}
-            pq.write_table(con.query_arrow(_table_sql(table, stored), params), target, compression="zstd")
+            rows = con.query_arrow(_table_sql(table, stored), params)
+            _write_canonical(rows.schema, rows.to_batches(_BATCH_ROWS), target)
 
         return _write_all(out_dir, write)
 
 
 _WRITER = "status, writer_pid, writer_host, writer_start"
+_BATCH_ROWS = 65_536
+
+
+# -- one Parquet schema whichever backend wrote the rows ---------------------------------------
+# DuckDB's JSON columns arrive as Arrow's arrow.json extension, ClickHouse's as strings; ClickHouse
+# marks list items and columns NOT NULL and keeps an absent list as [] (its arrays are never
+# NULL), DuckDB as NULL. An export is the same file from either: JSON as strings, every field
+# nullable, an empty list NULL (what the DuckDB store holds for a list a span did not set).
+def _canonical_type(t: Any) -> Any:
+    import pyarrow as pa
+
+    if isinstance(t, pa.ExtensionType):
+        return _canonical_type(t.storage_type)
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return pa.list_(pa.field(t.value_field.name, _canonical_type(t.value_type)))
+    if pa.types.is_map(t):
+        return pa.map_(pa.field(t.key_field.name, t.key_type, nullable=False),
+                       pa.field(t.item_field.name, _canonical_type(t.item_type)))
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, _canonical_type(f.type)) for f in t])
+    return t
+
+
+def _canonical_column(column: Any, target: Any) -> Any:
+    return _emptied(column).cast(target)
+
+
+def _emptied(column: Any) -> Any:
+    """``column`` with its empty lists and maps NULL, at every depth (a link's attributes too)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    t = column.type
+    if isinstance(t, pa.ExtensionType):
+        return _emptied(column.storage)
+    if pa.types.is_struct(t):
+        return pa.StructArray.from_arrays([_emptied(column.field(i)) for i in range(t.num_fields)],
+                                          fields=list(t), mask=column.is_null())
+    if pa.types.is_list(t) and pa.types.is_struct(t.value_type):
+        column = pa.ListArray.from_arrays(column.offsets, _emptied(column.values), type=t, mask=column.is_null())
+    if pa.types.is_list(t) or pa.types.is_map(t):
+        offsets = column.offsets  # (lengths from them: list_value_length takes no map)
+        empty = pc.equal(pc.subtract(offsets[1:], offsets[:-1]), 0)
+        if pc.any(empty).as_py():
+            column = pc.if_else(empty, pa.nulls(len(column), t), column)
+    return column
+
+
+def _write_canonical(schema: Any, batches: Iterable[Any], target: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    canonical = pa.schema([pa.field(f.name, _canonical_type(f.type)) for f in schema])
+    try:
+        with pq.ParquetWriter(str(target), canonical, compression="zstd") as out:
+            for batch in batches:
+                out.write_batch(pa.RecordBatch.from_arrays(
+                    [_canonical_column(batch.column(i), f.type) for i, f in enumerate(canonical)],
+                    schema=canonical))
+    except OSError as err:  # the output's failure (a full disk), not the store's: the OS's reason alone
+        raise OSError(_io_reason(err)) from None
 
 
 def _statuses(db: str | Path, run_id: str, row: tuple) -> tuple[str, str]:
@@ -217,10 +274,10 @@ def _clean(files: Iterable[Path], created: list[Path]) -> None:
 
 
 def _io_reason(err: Exception) -> str:
-    """The operating system's reason in a DuckDB I/O error (``No space left on device``),
+    """The operating system's reason in a DuckDB or pyarrow I/O error (``No space left on device``),
     without the JSON DuckDB wraps it in; else the error's first line, without its prefix."""
     text = str(err)
-    errno = re.search(r'"errno"\s*:\s*"?(\d+)', text)
+    errno = re.search(r'"errno"\s*:\s*"?(\d+)', text) or re.search(r"\[errno (\d+)\]", text)  # DuckDB's, pyarrow's
     if errno:
         return os.strerror(int(errno.group(1)))
     start = text.find("{")

@@ -97,8 +97,10 @@ def test_export_writes_the_same_parquet_from_both(ch_stores, tmp_path):
     b = export_parquet(ch_stores.direct, ch_stores.run_on, tmp_path / "ch")
     for table in a:
         ta, tb = pq.read_table(a[table]), pq.read_table(b[table])
-        assert ta.column_names == tb.column_names and ta.num_rows == tb.num_rows > 0, table
-        if table == "evicted_blocks":
+        # one schema whichever backend wrote it: JSON as strings (DuckDB's arrow.json), every
+        # field nullable, an empty list or map NULL (ClickHouse's [] and {})
+        assert ta.schema.equals(tb.schema) and ta.num_rows == tb.num_rows > 0, table
+        if table != "runs":  # (the runs rows: two runs, each its own writer and creation time)
             pl.testing.assert_frame_equal(pl.from_arrow(ta), pl.from_arrow(tb))
 
 
