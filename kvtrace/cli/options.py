@@ -64,6 +64,8 @@ def _existing_store(db: str) -> str:
 # A store a command reads: a DuckDB path must exist.
 DbToRead = Annotated[str, typer.Option("--db", metavar="STORE", callback=_existing_store,
                                        help=f"Store written by kvtrace: {STORE_HELP}.")]
+
+
 def output_file(path: str | None) -> str | None:
     """An output file's path as typed (a ``Path`` would drop a trailing slash): ``-`` is no
     file name a user means, and ``NAME/`` names a directory, not a file to write."""
