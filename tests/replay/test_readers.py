@@ -452,6 +452,9 @@ def test_a_mooncake_trace_of_another_block_size_is_read_from_the_command_line(tm
     assert [r.hash_block_size for r in read_trace(str(converted))] == [16, 16]
     code, _, err = run(["replay", "gen:chat", "--trace-block-size", "16"], capsys)
     assert_one_line(code, err, "--trace-block-size", "generated workload")
+    code, _, err = run(["convert", str(converted), "--trace-block-size", "16", "-o", str(tmp_path / "x.jsonl")],
+                       capsys)  # (a native trace says its own)
+    assert_one_line(code, err, "block_size (--trace-block-size): the native format carries its own block size")
 
 
 def test_an_azure_row_is_named_where_it_begins_and_may_carry_a_long_column(tmp_path):

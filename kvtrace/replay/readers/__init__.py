@@ -89,7 +89,8 @@ def open_trace(
     options: dict = {}
     if block_size is not None:
         if fmt not in BLOCK_SIZE_OPTION:
-            raise TraceFormatError(path, None, f"block_size: the {fmt} format carries its own block size")
+            raise TraceFormatError(path, None, f"block_size (--trace-block-size): the {fmt} format carries its own "
+                                               "block size")
         if not isinstance(block_size, int) or block_size < 1:
             raise TraceFormatError(path, None, f"block_size: expected an int >= 1, got {block_size!r}")
         options["block_size"] = block_size
