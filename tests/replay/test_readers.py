@@ -501,3 +501,15 @@ def test_converting_a_native_trace_keeps_its_headers_metadata(tmp_path, capsys):
     assert {k: after[k] for k in before} == before and before["generator"] == "chat"
     assert after["source"].startswith("native:sha256:")
     assert [r.request_id for r in read_trace(str(first))] == [r.request_id for r in read_trace(str(second))]
+
+
+@pytest.mark.parametrize("fmt", ["mooncake", "bailian", "azure", "native"])
+def test_an_empty_file_is_no_trace_whatever_format_is_named(tmp_path, fmt):
+    """Named a format, an empty file replayed 0 requests with exit 0 (and Mooncake's block
+    size reported as 16); undetected, it was already refused."""
+    from kvtrace.errors import TraceFormatError
+
+    p = tmp_path / "e.jsonl"
+    p.write_bytes(b"")
+    with pytest.raises(TraceFormatError, match=rf"e\.jsonl: empty file; expected a trace in the {fmt} format"):
+        open_trace(str(p), format=fmt)

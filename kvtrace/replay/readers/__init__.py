@@ -100,6 +100,8 @@ def open_trace(
         raise TraceFormatError(path, None, _expected_trace(problem, fmt))
     if files is None:
         _refuse_compressed(path)
+        if os.path.getsize(path) == 0:  # (given a format, it replayed 0 requests with exit 0)
+            raise TraceFormatError(path, None, f"empty file; expected a trace in the {fmt} format")
     # a limit past any file's length is no limit (islice takes at most sys.maxsize)
     limit = None if limit is None else min(limit, sys.maxsize)
     return TraceSource(path, fmt, READERS[fmt], limit, options, files)
