@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -67,16 +66,14 @@ DbToRead = Annotated[str, typer.Option("--db", metavar="STORE", callback=_existi
 
 
 def output_file(path: str | None) -> str | None:
-    """An output file's path as typed (a ``Path`` would drop a trailing slash): ``-`` is no
-    file name a user means, and ``NAME/`` names a directory, not a file to write."""
+    """An output file's path as typed (a ``Path`` would drop the trailing slash of ``NAME/``,
+    which the writer, ``AtomicText``, refuses); ``-`` is no file name a user means."""
     if path is None:
         return None
     if path == "":
         raise typer.BadParameter("expected a path, got an empty one")
     if path == "-":
         raise typer.BadParameter("-: not taken as stdout here; say /dev/stdout")
-    if path.endswith("/") and not os.path.isdir(path):  # (a file NAME was written)
-        raise typer.BadParameter(f"{path}: names a directory, which does not exist; expected a file path to write")
     return path
 
 

@@ -41,7 +41,8 @@ def runs(db: DbToRead, as_json: Json = False, limit: Annotated[int | None, typer
     for row in stored.head(shown).iter_rows(named=True):
         config = json.loads(row["config"]) if row["config"] else {}
         # (a run without one, running or interrupted: the same keys from its spans, as diff reads them)
-        summary = json.loads(row["summary"]) if row["summary"] else read.run_summary(db, row["run_id"])
+        # (per run its own queries only: read.run_summary would list every run again for each)
+        summary = json.loads(row["summary"]) if row["summary"] else read.summary_from_spans(db, row["run_id"])
         cap = capacity(config, summary) if isinstance(config, dict) else None
         listed.append({
             "run_id": row["run_id"], "name": row["name"], "trace": row["trace_source"], "mode": row["mode"],

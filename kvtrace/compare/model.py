@@ -236,13 +236,9 @@ def diff_summaries(
     size_a, size_b = _num(summary_a.get("block_size")), _num(summary_b.get("block_size"))
     if size_a is not None and size_b is not None and size_a != size_b:
         metrics = [MetricDelta(m.name, m.a, m.b, None, None) if m.name in BLOCK_UNIT_KEYS else m for m in metrics]
-        notes.append(f"block sizes differ ({_count_text(size_a)} vs {_count_text(size_b)} tokens): "
+        notes.append(f"block sizes differ ({size_a:g} vs {size_b:g} tokens): "
                      f"{', '.join(BLOCK_UNIT_KEYS)} count other units, so they have no delta")
     return RunDiff(run_a=ra, run_b=rb, metrics=metrics, same_trace=same, notes=notes)
-
-
-def _count_text(v: float) -> str:
-    return str(int(v)) if float(v).is_integer() else str(v)
 
 
 def request_hit_diff(per_request_a: pl.DataFrame, per_request_b: pl.DataFrame, top: int = 10) -> RequestHitDiff:

@@ -126,7 +126,7 @@ class StoreView:
         statistics of those spans, as every other view reads them (the dashboard's
         Overview showed a failed run's hit rate, its Compare tiles '–')."""
         stored = self._run(run_id).get("summary")
-        return dict(stored) if stored else read.run_summary(self.db, run_id)
+        return dict(stored) if stored else read.summary_from_spans(self.db, run_id)
 
     def fill_percentiles(self, run_id: str, summary: dict[str, Any], other: dict[str, Any]) -> None:
         """The latency percentiles ``other`` holds and ``summary`` lacks (its run recorded

@@ -60,7 +60,7 @@ def observations_from_file(path: str | Path, *, max_num_batched_tokens: int = DE
     problem = file_problem(p)
     if problem is not None:
         raise KVTraceError(f"{p}: {problem} (expected {_KINDS})")
-    suffix = os.path.splitext(p)[1].lower()  # (X.CSV was refused)
+    suffix = _suffix(p)
     if suffix == ".csv":
         return step_csv_observations(p)
     if suffix == ".json":
@@ -68,6 +68,11 @@ def observations_from_file(path: str | Path, *, max_num_batched_tokens: int = DE
     if suffix == ".duckdb":
         return served_span_observations(p, run_id, max_num_batched_tokens)
     raise KVTraceError(f"{p}: expected {_KINDS}")
+
+
+def _suffix(path: str | Path) -> str:
+    """What kind of --from a path is, by its suffix in any case (X.CSV was refused)."""
+    return os.path.splitext(str(path))[1].lower()
 
 
 # Bounds of a step's measurements: counts exact in float64 (their squares fit the fit's least
@@ -353,7 +358,7 @@ def calibrate(paths: Sequence[str | Path], *, name: str, template: CostModel | N
         if real in seen:
             raise KVTraceError(f"--from {p}: given twice (also as {seen[real]}); each file once")
         seen[real] = str(p)
-    if run_id is not None and not any(os.path.splitext(str(p))[1].lower() == ".duckdb" for p in paths):
+    if run_id is not None and not any(_suffix(p) == ".duckdb" for p in paths):
         raise KVTraceError(f"--run {run_id}: names a run of a store (.duckdb), and no --from is one")
     obs: list[Observation] = []
     for p in paths:

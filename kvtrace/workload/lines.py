@@ -302,9 +302,7 @@ class AtomicText:
         in_place = self.check()
         if not in_place:
             self.path = os.path.realpath(self.name)
-            parent = os.path.dirname(self.path)
-            if not os.path.isdir(parent):
-                raise KVTraceError(f"{self.name}: directory {parent} does not exist")
+            parent = os.path.dirname(self.path)  # (check() refused a missing one)
             suffix = f".tmp-{os.getpid()}"
             name = os.path.basename(self.path)
             if len(os.fsencode(name + suffix)) > 255:  # NAME_MAX: a valid 250-byte name was refused

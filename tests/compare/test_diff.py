@@ -497,7 +497,7 @@ def test_a_percentile_one_run_did_not_record_is_taken_from_its_spans(tmp_path, r
 
 
 def test_a_summary_from_spans_is_the_stored_summary_key_for_key(tmp_path, replayed_store, capsys):
-    """``read.run_summary`` of a run that keeps no summary: every key it gives equals the
+    """``read.summary_from_spans`` of a run that keeps no summary: every key it gives equals the
     complete run's stored one; ``runs --json`` and ``diff --json`` then agree on it (runs
     said null where diff said 87%, and diff's evictions were null)."""
     from kvtrace.store import read
@@ -507,7 +507,9 @@ def test_a_summary_from_spans_is_the_stored_summary_key_for_key(tmp_path, replay
     stored = read.run(replayed_store.path, off)["summary"]
     db = _tampered(replayed_store.path, tmp_path / "t.duckdb",
                    ("UPDATE runs SET summary = NULL, status = 'incomplete' WHERE run_id = ?", [off]))
-    derived = read.run_summary(db, off)
+    derived = read.summary_from_spans(db, off)
+    assert read.run_summary(db, off) == derived  # (none stored: the spans')
+    assert read.run_summary(db, on) == read.run(db, on)["summary"]  # (stored: as it is)
     assert {"requests", "prefix_cache_hit_rate", "p99_ttft_ms", "evictions", "publishes", "evictions_by_reason",
             "cow_copies", "spans"} <= set(derived)
     for key, value in derived.items():

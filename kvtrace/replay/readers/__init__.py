@@ -98,7 +98,7 @@ def open_trace(
     problem = file_problem(path) if files is None else None
     if problem is not None:
         raise TraceFormatError(path, None, _expected_trace(problem, fmt))
-    if files is None:
+    if files is None and format is not None:  # (detect_format refused these itself)
         _refuse_compressed(path)
         if os.path.getsize(path) == 0:  # (given a format, it replayed 0 requests with exit 0)
             raise TraceFormatError(path, None, f"empty file; expected a trace in the {fmt} format")

@@ -14,6 +14,7 @@ Runs (``runs.py``)
     run(db, run_id)                             one run as a dict, JSON fields parsed
     span_counts(db, run_id)                     spans and blocks per span name
     run_summary(db, run_id)                     the stored summary, or its keys from the spans (``summary.py``)
+    summary_from_spans(db, run_id)              those keys from the spans alone
 Hits (``hits.py``; every counter and rate defined once, in ``kvtrace.metrics``)
     hit_counters(db, run_id, start_ns, end_ns)  vLLM's hit counters and rates over a time range
     hit_counters_over_time(db, run_id, window_ns)      the same per window, and cumulative
@@ -90,7 +91,7 @@ from kvtrace.store.read.latency import (
 )
 from kvtrace.store.read.runs import run, runs, span_counts
 from kvtrace.store.read.served import served_requests
-from kvtrace.store.read.summary import run_summary
+from kvtrace.store.read.summary import run_summary, summary_from_spans
 
 __all__ = [
     "DB", "DEFAULT_WINDOWS",
@@ -102,5 +103,6 @@ __all__ = [
     "nice_window", "per_prefix_reuse", "per_request_hits", "prefix_families", "request_waterfall", "requests",
     "run", "run_summary", "runs",
     "served_requests",
-    "span_counts", "stale_hash_chain", "stale_hashes", "stale_hashes_over_time", "usage_over_time",
+    "span_counts", "stale_hash_chain", "stale_hashes", "stale_hashes_over_time", "summary_from_spans",
+    "usage_over_time",
 ]

@@ -16,14 +16,19 @@ from kvtrace.store.schema import SPAN_COW, SPAN_EVICT, SPAN_PUBLISH
 
 @checked
 def run_summary(db: DB, run_id: str) -> dict[str, Any]:
-    """The run's stored summary; without one, when the run has request spans: vLLM's hit
-    counters and rates, the latency statistics, ``publishes`` and ``evictions`` (blocks),
-    ``evictions_by_reason``, ``cow_copies`` and ``spans``, each as a complete run's summary
-    defines it ({} without requests). So ``runs``, ``diff`` and the dashboard give such a
-    run one number each (``runs`` said null where ``diff`` said 87%)."""
-    info = run(db, run_id)
-    if info.get("summary"):
-        return dict(info["summary"])
+    """The run's stored summary, else ``summary_from_spans``. So ``runs``, ``diff`` and the
+    dashboard give a run without one one number each (``runs`` said null where ``diff``
+    said 87%)."""
+    stored = run(db, run_id).get("summary")
+    return dict(stored) if stored else summary_from_spans(db, run_id)
+
+
+@checked
+def summary_from_spans(db: DB, run_id: str) -> dict[str, Any]:
+    """A summary's keys from the run's spans, when it has request spans: vLLM's hit counters
+    and rates, the latency statistics, ``publishes`` and ``evictions`` (blocks),
+    ``evictions_by_reason``, ``cow_copies`` and ``spans``, each as a complete run's stored
+    summary defines it ({} without requests)."""
     hits = hit_counters(db, run_id)
     if not hits.get("requests"):
         return {}
@@ -35,5 +40,5 @@ def run_summary(db: DB, run_id: str) -> dict[str, Any]:
         "evictions": int(counts[SPAN_EVICT]["blocks"]) if SPAN_EVICT in counts else 0,
         "evictions_by_reason": by_reason,
         "cow_copies": int(counts[SPAN_COW]["spans"]) if SPAN_COW in counts else 0,
-        "spans": int(info["num_spans"]),
+        "spans": sum(int(r["spans"]) for r in counts.values()),
     }
