@@ -178,7 +178,8 @@ class StudyResult:
         key metric."""
         from rich.table import Table
 
-        metrics = list(metrics)
+        # (a latency percentile --percentiles left out is in neither run: no column, not an error)
+        metrics = [m for m in metrics if all(m in p.on and m in p.off for p in self.points)]
         table = Table(title=f"{self.behaviour}: on - off, per {self.first.parameter}", header_style="bold")
         table.add_column(str(self.first.parameter))
         for m in metrics:
@@ -285,6 +286,12 @@ def run_study(
         base = RunSpec(trace="", **(study_defaults(behaviour) if trace is None else {}))
     trace = trace or study_trace(behaviour)
     spec0 = replace(base, trace=trace, seed=seed, limit=limit if limit is not None else base.limit)
+    if spec0.config_file:  # (a file's without adds to both runs': B would be off too, and said to be on)
+        from kvtrace.replay.config_file import load_config_file
+
+        if behaviour in load_config_file(spec0.config_file).cache.get("without", ()):
+            raise ConfigError(str(spec0.config_file), "cache.without", f"switches {behaviour} off, the behaviour "
+                                                                       "this study switches itself (drop it)")
     parsed = parse_sweep(sweep)
     grid: list[tuple[str | None, Any]] = [(None, None)] if parsed is None else [(parsed[0], v) for v in parsed[1]]
     pairs: list[tuple[str | None, Any, RunSpec, RunSpec]] = []
@@ -311,7 +318,7 @@ def run_study(
         off = run_replay(off_spec, db=db, progress=progress)
         on = run_replay(on_spec, db=db, progress=progress)
         if db is not None and on.run_id and off.run_id:
-            diff = diff_runs(db, off.run_id, on.run_id, seed=seed)
+            diff = diff_runs(db, off.run_id, on.run_id, seed=seed, percentiles=on_spec.percentiles)
         else:
             diff = diff_summaries(
                 off.summary, on.summary,

@@ -237,7 +237,8 @@ class CurveResult:
 
     def method_note(self) -> str:
         if self.mode == "engine":
-            return "engine mode: one engine replay per capacity (capacity counts the blocks of every KV cache group)"
+            return ("engine mode: one engine replay per capacity (capacity: the full-attention group's usable blocks, "
+                    "its pool less vLLM's null block, as `kvtrace runs` shows them)")
         return ("cache-only: LRU from one exact pass (Mattson's stack algorithm) at every capacity that holds the "
                 "largest request, a replay below that; Belady from a replay at each capacity")
 
@@ -253,9 +254,9 @@ def run_curve(spec, capacities: str, *, policies: Sequence[str] = CURVE_POLICIES
     if unknown or not policies:
         raise ConfigError("--policy", ",".join(unknown) or "''", f"expected some of {', '.join(CURVE_POLICIES)}")
     policies = [p for p in CURVE_POLICIES if p in policies]  # each once, in one order: one curve, one id
-    if spec.capacity_blocks is not None or spec.capacity_tokens is not None:
-        raise ConfigError("--capacity-blocks", str(spec.capacity_blocks or spec.capacity_tokens),
-                          "a curve sweeps the capacity itself; give --capacities instead")
+    for flag, given in (("--capacity-blocks", spec.capacity_blocks), ("--capacity-tokens", spec.capacity_tokens)):
+        if given is not None:
+            raise ConfigError(flag, str(given), "a curve sweeps the capacity itself; give --capacities instead")
     wanted = parse_capacities(capacities)
     if not isinstance(workers, int) or workers < 1:
         raise ConfigError("--workers", str(workers), "expected a number of processes >= 1")
@@ -286,20 +287,30 @@ def _engine_curve(spec, capacities: list[int], db, workers: int, ray_address: st
     from kvtrace.replay.sweep import run_sweep
 
     sweep = run_sweep(spec, [("capacity_blocks", capacities)], db=db, workers=workers, ray_address=ray_address)
-    points = [CurvePoint(r.combo["capacity_blocks"], "lru", int(r.summary.get("prefix_cache_hits") or 0),
+    # each point at its run's capacity_blocks and block_size (the full-attention pool less vLLM's
+    # null block), the numbers `kvtrace runs` and `diff` show and the dashboard marks runs at
+    points = [CurvePoint(r.summary.get("capacity_blocks") or r.combo["capacity_blocks"], "lru",
+                         int(r.summary.get("prefix_cache_hits") or 0),
                          int(r.summary.get("prompt_tokens") or 0), int(r.summary.get("hit_blocks") or 0),
                          int(r.summary.get("total_blocks") or 0), "run", r.run_id) for r in sweep.runs]
     workload = open_workload(spec)
     result = CurveResult(_curve_id(workload.source_id, spec, capacities, ("lru",)), spec.trace, "engine",
-                         spec.block_size, points)
+                         sweep.runs[0].summary.get("block_size") or spec.block_size, points)
     if db is not None:
         _record(db, result, workload.source, workload.source_id)
     return result
 
 
 def _curve_id(source_id: str, spec, caps, policies) -> str:
-    text = json.dumps([source_id, spec.mode, spec.preset, spec.block_size, spec.limit, spec.seed, list(caps),
-                       list(policies), sorted(spec.without)], default=str)
+    """A content id over every setting that can move a point (a --config file by its content,
+    as a sweep's id): a store keeps one recording per id, so another curve of the trace
+    (another retention, tier, config...) must not replace this one."""
+    from kvtrace.workload.lines import file_sha256
+
+    settings = {f: getattr(spec, f) for f in spec.__dataclass_fields__ if f not in ("name", "trace", "percentiles")}
+    settings["without"] = sorted(set(spec.without))  # (one switch set however written)
+    config = file_sha256(spec.config_file) if spec.config_file else None
+    text = json.dumps([source_id, config, settings, list(caps), list(policies)], sort_keys=True, default=str)
     return "curve-" + hashlib.sha256(text.encode()).hexdigest()[:12]
 
 

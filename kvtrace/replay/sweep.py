@@ -181,6 +181,13 @@ def run_sweep(
         if getattr(base, name) != getattr(bare, name):
             raise ConfigError("--param", name, f"is also set for the whole sweep ({getattr(base, name)!r}); "
                                                "give it one way")
+    if base.config_file and any(name == "without" for name, _ in params):
+        # (a file's switches add to every run's: a run labelled without=none would run without them)
+        from kvtrace.replay.config_file import load_config_file
+
+        if load_config_file(base.config_file).cache.get("without"):
+            raise ConfigError(str(base.config_file), "cache.without", "is also swept (--param without); "
+                                                                      "give it one way")
     specs = [replace(base, **combo, name=f"{base.name or 'sweep'} {label(combo)}") for combo in combos]
     from kvtrace.replay.run import validate
 
@@ -266,9 +273,13 @@ def _sweep_id(base: RunSpec, combos: list[dict[str, Any]], trace_digest: str | N
     from kvtrace.workload.lines import file_sha256
 
     settings = {f: getattr(base, f) for f in base.__dataclass_fields__ if f not in ("name", "trace")}
+    # each setting as it is read (--without's order and repeats, retention's spellings: one run)
+    settings["without"] = sorted(set(base.without))
+    settings["retention"] = _canonical("retention", base.retention)
     config = file_sha256(base.config_file) if base.config_file else None
     text = json.dumps([trace_digest or base.trace, config, settings,
-                       [{k: list(v) if isinstance(v, tuple) else v for k, v in c.items()} for c in combos]],
+                       [{k: sorted(set(v)) if isinstance(v, tuple) else _canonical(k, v) for k, v in c.items()}
+                        for c in combos]],
                       sort_keys=True, default=str)
     return "sweep-" + hashlib.sha256(text.encode()).hexdigest()[:12]
 

@@ -14,6 +14,7 @@ from kvtrace.compare.model import diff_summaries
 from kvtrace.compare.render import to_markdown
 from kvtrace.errors import ConfigError, KVTraceError
 from kvtrace.numeric import percentile
+from kvtrace.replay.run import RunSpec
 from kvtrace.store import read
 from tests.conftest import MOONCAKE
 
@@ -156,6 +157,32 @@ def test_capacity_sweep_runs_one_pair_per_value():
     res = S.run_study(S.SHARED_PREFIX_PINNING, seed=0, limit=30, sweep="capacity_blocks=64,256")
     assert [(p.parameter, p.value) for p in res.points] == [("capacity_blocks", 64), ("capacity_blocks", 256)]
     assert res.points[0].on != res.points[1].on  # the capacity changes the run
+
+
+
+def test_a_studys_store_diff_and_sweep_table_take_its_percentiles(tmp_path):
+    """--percentiles 90,95: the store diff's latency rows were at 50,90,99 (what `kvtrace
+    diff --percentiles 90,95` of the same runs does not show), and the swept table asked for
+    p50_ttft_ms, in neither run: an error after every replay."""
+    base = RunSpec(trace="", **S.study_defaults(S.SHARED_PREFIX_PINNING), percentiles=(90.0, 95.0))
+    res = S.run_study(S.SHARED_PREFIX_PINNING, db=tmp_path / "p.duckdb", limit=20, base=base)
+    assert sorted(s.name for s in res.diff.latency) == ["p90_itl_ms", "p90_ttft_ms", "p95_itl_ms", "p95_ttft_ms"]
+    swept = S.run_study(S.SHARED_PREFIX_PINNING, limit=10, base=base, sweep="capacity_blocks=2000,4000")
+    headers = [c.header for c in swept.sweep_table().columns]
+    assert "Δ prefix_cache_hit_rate" in headers and "Δ p50_ttft_ms" not in headers
+
+
+def test_a_config_file_that_switches_the_behaviour_off_is_refused(tmp_path):
+    """Its cache.without adds to both runs': B ran with the behaviour off too (equal digests)
+    while the diff said it was on."""
+    toml = tmp_path / "off.toml"
+    toml.write_text('[cache]\nwithout = ["shared-prefix-pinning"]\n')
+    base = RunSpec(trace="", config_file=str(toml))
+    with pytest.raises(ConfigError, match=r"off\.toml: cache\.without: switches shared-prefix-pinning off"):
+        S.run_study(S.SHARED_PREFIX_PINNING, limit=5, base=base)
+    # another behaviour switched off by the file stays off in both runs, as --without does
+    toml.write_text('[cache]\nwithout = ["external-hit-running-cow"]\n')
+    assert S.run_study(S.SHARED_PREFIX_PINNING, limit=5, base=base).points
 
 
 # --------------------------------------------------------------------- demo

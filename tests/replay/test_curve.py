@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -168,9 +171,47 @@ def test_an_engine_curves_points_carry_the_runs_block_counts(tmp_path):
     db = tmp_path / "c.duckdb"
     result = run_curve(spec, "300,1000", policies=("lru",), db=db, workers=1)
     for point in result.points:
-        alone = run_replay(RunSpec("gen:mixed", limit=12, content=False, capacity_blocks=point.capacity_blocks)).summary
+        # (a point's capacity is its run's usable blocks: the pool asked for less vLLM's null block)
+        alone = run_replay(RunSpec("gen:mixed", limit=12, content=False,
+                                   capacity_blocks=point.capacity_blocks + 1)).summary
         assert point.total_blocks == alone["total_blocks"] > 0
         assert point.hit_blocks == alone["hit_blocks"]
         assert point.block_hit_rate == pytest.approx(alone["block_hit_rate"])
     stored = read.curves(db)
     assert stored["total_blocks"].min() > 0
+
+
+def test_an_engine_curve_counts_capacity_as_its_runs_do(tmp_path):
+    """`kvtrace runs` and `diff` give an engine run's capacity as its usable blocks (the pool
+    less vLLM's null block) and its block size; the curve drawn from those runs said 300 for
+    their 299 and a null block size, so the dashboard could place no run on it."""
+    db = tmp_path / "c.duckdb"
+    result = run_curve(RunSpec("gen:chat", limit=8, content=False), "300,600", policies=("lru",), db=db, workers=1)
+    runs = {r["run_id"]: r for r in read.runs(db).iter_rows(named=True)}
+    assert [p.capacity_blocks for p in result.points] == [299, 599]
+    assert result.block_size == 512
+    for point in result.points:
+        summary = json.loads(runs[point.run_id]["summary"])
+        assert (point.capacity_blocks, result.block_size) == (summary["capacity_blocks"], summary["block_size"])
+    stored = read.curves(db)
+    assert stored["capacity_blocks"].to_list() == [299, 599] and stored["block_size"].unique().to_list() == [512]
+
+
+def test_curves_of_other_settings_are_other_curves(tmp_path):
+    """The id covered the mode, preset, block size, limit, seed and switches only: a curve at
+    another retention, external tier or --config file got the same id and replaced the first
+    in the store."""
+    toml = tmp_path / "run.toml"
+    toml.write_text("[cache]\nretention_interval = 0\n")
+    db = tmp_path / "c.duckdb"
+    base = RunSpec("gen:chat", limit=4, content=False)
+    ids = {run_curve(replace(base, **kw), "300", policies=("lru",), db=db, workers=1).curve_id
+           for kw in ({}, {"retention": "none"}, {"external_capacity_blocks": 64}, {"config_file": str(toml)})}
+    assert len(ids) == 4 and read.curves(db)["curve_id"].n_unique() == 4
+    same = run_curve(replace(base, name="another name", percentiles=(90.0,)), "300", policies=("lru",), workers=1)
+    assert same.curve_id in ids  # (what moves no point does not make another curve)
+
+
+def test_a_curve_names_the_capacity_flag_given():
+    with pytest.raises(ConfigError, match=r"^--capacity-tokens: 5000: a curve sweeps the capacity"):
+        run_curve(RunSpec(str(MOONCAKE), mode="cache-only", capacity_tokens=5000, block_size=16), "10")

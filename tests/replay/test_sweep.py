@@ -142,6 +142,18 @@ def test_the_sweep_id_is_a_content_id(tmp_path):
     assert len({one.sweep_id, other.sweep_id, policy.sweep_id}) == 3
 
 
+def test_one_sweep_however_its_switches_and_retention_are_spelt_has_one_id():
+    """--without's order and repeats, and retention's spellings (none/None, 0/00), read as
+    one setting: equal runs, but each spelling had its own sweep id."""
+    engine = RunSpec(str(MOONCAKE), limit=2, content=False)
+    pinning, cow = "shared-prefix-pinning", "external-hit-running-cow"
+    ids = set()
+    for without, retention in (((pinning, cow), ["none", "0"]), ((cow, pinning, cow), ["None", "00"])):
+        res = run_sweep(replace(engine, without=without), [("retention", retention)], workers=1)
+        ids.add(res.sweep_id)
+    assert len(ids) == 1
+
+
 def test_too_many_combinations_are_refused_before_any_is_built():
     values = list(range(1, 1001))
     with pytest.raises(ConfigError, match="1,000,000,000 combinations"):
@@ -321,6 +333,17 @@ def test_a_setting_both_swept_and_set_for_the_sweep_is_refused():
         run_sweep(replace(BASE, capacity_blocks=100), [("capacity_blocks", [300, 900])], workers=1)
     with pytest.raises(ConfigError, match="--param: without: is also set"):
         run_sweep(replace(BASE, without=("shared-prefix-pinning",)), [("without", [(), ()])], workers=1)
+
+
+def test_a_config_files_switches_are_not_swept_over(tmp_path):
+    """A file's cache.without adds to every run's: `--param without=none,X` over a file
+    switching X off gave two equal runs, the first labelled without=none."""
+    toml = tmp_path / "run.toml"
+    toml.write_text('[cache]\nwithout = ["shared-prefix-pinning"]\n')
+    base = RunSpec(str(MOONCAKE), limit=3, content=False, config_file=str(toml))
+    with pytest.raises(ConfigError, match=r"run\.toml: cache\.without: is also swept"):
+        run_sweep(base, [("without", [(), ("shared-prefix-pinning",)])], workers=1)
+    assert len(run_sweep(base, [("capacity_blocks", [300])], workers=1).runs) == 1  # (another setting swept)
 
 
 @pytest.mark.parametrize(("text", "match"), [
