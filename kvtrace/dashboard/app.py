@@ -6,6 +6,7 @@ sidebar (refresh, run picker, links that keep the current filters) and runs the 
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import streamlit as st
@@ -39,7 +40,8 @@ with st.sidebar:
     nav = st.container()  # filled after the page ran, so links carry the filters it set
     st.divider()
     db = state.db_path()
-    st.caption(f"database: `{db}`" if db else "database: none")
+    shown = state.shown_db(db) if db else None  # (a server URL's password is never shown)
+    st.caption(f"database: {markdown_code(shown)}" if shown else "database: none")
     if st.button("Refresh", icon=":material/refresh:", help="Re-read the store (a replay may still be writing it)"):
         state.bump_refresh()
 
@@ -56,8 +58,8 @@ if queries.open_store(db):
         # A link names a run this store does not hold (pasted into another database, or the
         # run is gone): say so; showing another run in its place would mislead.
         st.title("Run not found")
-        runs_command = markdown_code(f"kvtrace runs --db {db}")
-        st.warning(f"Run {markdown_code(missing)} from the link is not in {markdown_code(db)}: nothing is shown in "
+        runs_command = markdown_code(f"kvtrace runs --db {shlex.quote(shown)}")  # (a command to paste)
+        st.warning(f"Run {markdown_code(missing)} from the link is not in {markdown_code(shown)}: nothing is shown in "
                    f"its place. Pick a run in the sidebar, or list them with {runs_command}.",
                    icon=":material/link_off:")
     else:
@@ -68,7 +70,7 @@ if queries.open_store(db):
             st.error(markdown_literal(err))
         except Exception as err:  # never a traceback in the browser; the tests assert no st.error
             first = str(err).splitlines()[0] if str(err) else ""
-            st.error(markdown_literal(f"{db}: this page could not read the store ({type(err).__name__}: {first}).")
+            st.error(markdown_literal(f"{shown}: this page could not read the store ({type(err).__name__}: {first}).")
                      + " Press Refresh; if it persists, the store may come from another kvtrace version.")
 
 with nav:

@@ -12,6 +12,7 @@ cannot tell (a ClickHouse server).
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,7 +64,14 @@ def _key(db: str) -> tuple:
 
 @st.cache_data(show_spinner=False, max_entries=16)
 def _runs(db: str, key: tuple) -> pl.DataFrame:
-    return with_run_columns(read.runs(db))
+    frame = read.runs(db)
+    # A run that stored no summary (running, killed, failed) gets the keys of its spans,
+    # as `kvtrace runs` and `kvtrace diff` read it: one number per run, never a blank here.
+    unsummarised = frame.filter(pl.col("summary").is_null())["run_id"].to_list()
+    if unsummarised:
+        spans = {r: json.dumps(read.summary_from_spans(db, r)) for r in unsummarised}
+        frame = frame.with_columns(pl.col("summary").fill_null(pl.col("run_id").replace_strict(spans, default=None)))
+    return with_run_columns(frame)
 
 
 def with_run_columns(frame: pl.DataFrame) -> pl.DataFrame:
@@ -125,9 +133,9 @@ def open_store(db: str | None) -> bool:
     if not db:
         st.error(f"No database given: start with `kvtrace dashboard --db PATH` (or set {DB_ENV}).")
         return False
-    if not is_clickhouse(db) and not Path(db).is_file():
+    if not is_clickhouse(db) and not Path(db).exists():  # (a directory: the store's own line says so)
         st.error(f"{markdown_literal(db)}: no such database file. Create it with `kvtrace demo` or "
-                 f"{markdown_code(f'kvtrace replay TRACE --db {db}')}.")
+                 f"{markdown_code(f'kvtrace replay TRACE --db {shlex.quote(db)}')}.")
         return False
     key = _key(db)
     try:
@@ -137,7 +145,7 @@ def open_store(db: str | None) -> bool:
         return False
     except Exception as err:  # a foreign or damaged file must not show a traceback
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
-        st.error(markdown_literal(f"{db}: cannot read as a kvtrace store ({first})"))
+        st.error(markdown_literal(f"{state.shown_db(db)}: cannot read as a kvtrace store ({first})"))
         return False
     st.session_state[CTX_KEY] = {"db": db, "runs": frame, "key": key}
     if frame.height == 0:
@@ -165,6 +173,13 @@ def summary(run_id: str) -> dict[str, Any]:
 
 def config(run_id: str) -> dict[str, Any]:
     return _json(run_row(run_id).get("config")) or {}
+
+
+def checks_content(run_id: str) -> bool:
+    """Whether the run checked block content (an engine replay, without ``--no-content``):
+    only such a run finds stale hashes and divergent outputs, so only its zero means a
+    correct cache (cache-only, ``--no-content``, live and collected runs measure neither)."""
+    return run_row(run_id).get("mode") == "engine" and config(run_id).get("content") is not False
 
 
 # --- compositions of the read API --------------------------------------------------------

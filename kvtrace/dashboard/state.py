@@ -31,6 +31,20 @@ def db_path() -> str | None:
     return os.environ.get(DB_ENV) or None
 
 
+def shown_db(db: str) -> str:
+    """``db`` as a page may show it: a ClickHouse server URL without its password (the
+    form every store error prints), anything else as given."""
+    from kvtrace.errors import KVTraceError
+    from kvtrace.store.backend import CHDB_PREFIX, clickhouse_target, is_clickhouse
+
+    if not is_clickhouse(db) or db.startswith(CHDB_PREFIX):
+        return db
+    try:
+        return clickhouse_target(db).label
+    except KVTraceError:  # malformed: its scheme alone (the store's own error says the rest)
+        return db.split("://", 1)[0] + "://…"
+
+
 def refresh_token() -> int:
     """Part of every cache key: bumping it makes every query re-read the store."""
     return int(st.session_state.get(REFRESH_KEY, 0))

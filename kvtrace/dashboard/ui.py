@@ -52,7 +52,7 @@ def _literal(value: Any) -> Any:
 def literal_text(fig: go.Figure) -> go.Figure:
     """``fig`` with every string it draws shown as text (``names.plotly_literal``): run
     names, run and request ids, group names and a sender's reasons reach legends, labels,
-    categories and titles, and no chart draws markup of its own."""
+    categories, Sankey nodes and titles, and no chart draws markup of its own."""
     for trace in fig.data:
         for field in _TRACE_TEXT:
             if field in trace:
@@ -60,6 +60,8 @@ def literal_text(fig: go.Figure) -> go.Figure:
                 escaped = _literal(value)
                 if escaped is not value:
                     trace[field] = escaped
+        if trace.type == "sankey" and trace.node.label:  # its node names: prefixes' first request ids
+            trace.node.label = _literal(trace.node.label)
     layout = fig.layout
     if layout.title.text:
         layout.title.text = plotly_literal(layout.title.text)

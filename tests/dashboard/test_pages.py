@@ -255,14 +255,14 @@ def test_stale_page_drills_down_to_the_span_chain(stale_db, monkeypatch):
     stale = read.stale_hashes(stale_db, run_off)
     first = stale.filter(pl.col("request_id").is_not_null()).row(0, named=True)  # the default: one with a request
     m = metrics(at)
-    assert m["Request"] == first["request_id"]
+    assert shown(m["Request"]) == first["request_id"]  # (markdown: the id escaped)
     assert m["Block id (group)"] == f"{first['block_id']} (g{first['group_id']})"
     assert m["Expected fingerprint"] == f"{first['expected_fingerprint']:#018x}"
     chain = at.dataframe[0].value
     assert {"publish", "overwrite", "stale_hit"} <= set(chain["role"])
     assert list(chain["time_ms"]) == sorted(chain["time_ms"])  # in time order, in ms
-    shown = [v for v in chain["expected_fingerprint"] if isinstance(v, str)]  # (pandas shows NULL as NaN)
-    assert shown and all(len(v) == 18 and v.startswith("0x") for v in shown)
+    fps = [v for v in chain["expected_fingerprint"] if isinstance(v, str)]  # (pandas shows NULL as NaN)
+    assert fps and all(len(v) == 18 and v.startswith("0x") for v in fps)
     # The behaviour-on run is clean: an empty state that says what to run.
     at = render(stale_db, monkeypatch, "stale", run=run_on)
     assert not at.get("plotly_chart")

@@ -2,6 +2,7 @@
 bootstrap CIs and Markdown of ``kvtrace diff``."""
 
 import math
+import shlex
 from typing import Literal
 
 import polars as pl
@@ -37,7 +38,7 @@ def _delta(kind: str, d: float) -> str:
 def main() -> None:
     ctx = queries.context()
     run_a = ctx["run_id"]
-    db = ctx["db"]
+    db = state.shown_db(ctx["db"])  # (for the page's text and commands only)
 
     st.title("Compare")
     others = queries.comparable_runs(run_a)
@@ -46,7 +47,8 @@ def main() -> None:
     if missing is not None:
         known = missing in set(queries.runs()["run_id"].to_list())
         st.warning(f"Run {code(missing)} (B, from the link) is "
-                   + ("not a run of the same trace as A" if known else f"not in {code(db)}")
+                   + ("A itself" if missing == run_a else "not a run of the same trace as A" if known
+                      else f"not in {code(db)}")
                    + ": nothing is shown in its place. Pick B below.", icon=":material/link_off:")
     if not ids:
         ui.empty(f"No other run of the same trace as {code(run_a)} to compare with.",
@@ -132,18 +134,25 @@ def main() -> None:
 
     with st.expander("Copy as Markdown (the same text as `kvtrace diff --markdown`)"):
         st.code(to_markdown(diff), language="markdown")
-        st.caption(f"{code(f'kvtrace diff {run_a} {run_b} --db {db} --markdown')} prints this text.")
+        command = " ".join(map(shlex.quote, ("kvtrace", "diff", run_a, run_b, "--db", db, "--markdown")))
+        st.caption(f"{code(command)} prints this text.")  # (quoted: ids and paths may hold spaces)
 
     req = queries.request_diff(run_a, run_b)
     if req.height and not (req["cached_delta"] != 0).any():
         st.info(f"All {req.height:,} requests got the same cached tokens in A and B: this change does not move the "
                 "prefix cache on this trace.", icon=":material/info:")
         return
+    # A run without request spans (cache-only) has no per-request tokens: not a question of ids.
+    silent = [r for r in (run_a, run_b) if queries.call("per_request_hits", r).height == 0]
     ui.chart(charts.request_delta(req),
              "Cached tokens (local + external hits at first schedule) of each request in B minus in A: green bars "
              "gained cache hits, red bars lost them.",
-             empty_what="The two runs share no request ids.",
-             command="the same trace with the same request ids, e.g. "
+             empty_what=(f"No per-request cached tokens in {' and '.join(map(code, silent))}: "
+                         f"{'they record' if len(silent) > 1 else 'it records'} no request spans (cache-only runs have "
+                         "none)." if silent else "The two runs share no request ids."),
+             command="two engine runs of the same trace, e.g. `kvtrace replay TRACE --db PATH` and `kvtrace replay "
+                     "TRACE --db PATH --without shared-prefix-pinning`" if silent else
+                     "the same trace with the same request ids, e.g. "
                      "`kvtrace replay TRACE --db PATH --without shared-prefix-pinning`",
              key="cmp_req")
     if req.height:

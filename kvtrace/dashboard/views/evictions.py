@@ -12,11 +12,19 @@ st.title("Evictions")
 window = state.bound_window("Virtual time window", queries.time_extent_s(run_id))
 w = queries.window_ns(run_id)
 
-by_reason = state.in_window(queries.call("evictions_over_time", run_id, window_ns=w, by="reason"), "window_start_ns",
-                            window)
+every = queries.call("evictions_over_time", run_id, window_ns=w, by="reason")
+counted = queries.summary(run_id).get("evictions")
+# A run can count evictions it recorded no spans of (a Belady run records lookups only):
+# its empty charts must not say the cache never filled.
+spanless = every.height == 0 and bool(counted)
+no_evictions = (f"This run recorded no eviction spans, though its summary counts {ui.count(counted)} evicted blocks "
+                "(a Belady run records lookups only)." if spanless else
+                "No evictions in this run: the cache never filled.")
+fill = "an LRU run of the same trace and capacity (`--policy lru`)" if spanless else ui.FILL_SMALL_CACHE
+by_reason = state.in_window(every, "window_start_ns", window)
 ui.chart(charts.stacked_counts(by_reason, "Evicted blocks by reason", "blocks per window", charts.REASON_NAMES),
          "Blocks evicted per window, stacked by eviction reason (lru, stale_hash, replaced, moved, connector, reset).",
-         empty_what="No evictions in this run: the cache never filled.", command=ui.FILL_SMALL_CACHE, key="ev_reason")
+         empty_what=no_evictions, command=fill, key="ev_reason")
 by_kind = state.in_window(queries.call("evictions_over_time", run_id, window_ns=w, by="publish_kind"),
                           "window_start_ns", window)
 ui.chart(charts.stacked_counts(by_kind, "Evicted blocks by the publish that took their place", "blocks per window",
@@ -24,7 +32,7 @@ ui.chart(charts.stacked_counts(by_kind, "Evicted blocks by the publish that took
          "Blocks evicted per window, stacked by the kind of publish that next took the block (full, partial tail, "
          "checkpoint, boundary; no publish = the block went to uncached use, or is not reused yet). Each reason and "
          "each publish kind keeps one colour on every chart.",
-         empty_what="No evictions in this run: the cache never filled.", command=ui.FILL_SMALL_CACHE, key="ev_kind")
+         empty_what=no_evictions, command=fill, key="ev_kind")
 
 st.subheader("Eviction attribution")
 flows = queries.attribution_flows(run_id)
@@ -33,8 +41,9 @@ ui.chart(charts.attribution_sankey(flows, prefixes),
          "Later misses on blocks that were cached before, traced back: the kind of publish that took the block, the "
          "eviction reason, and the hot prefix that lost it (short hash · the request that first looked it up and "
          "its prompt length · the longest hit it got).",
-         empty_what="No miss in this run hit a block that had been evicted, so there is nothing to attribute.",
-         command=ui.FILL_SMALL_CACHE, key="sankey")
+         empty_what="No miss in this run hit a block that had been evicted, so there is nothing to attribute."
+         if not spanless else no_evictions,
+         command=fill, key="sankey")
 att = queries.call("eviction_attribution", run_id)
 if att.height:
     att = state.in_window(att, "miss_ns", window)
@@ -62,4 +71,5 @@ panels = (("lifetime", "lifetime at eviction"), ("idle_before_evict", "idle befo
 ui.chart(charts.histograms(hist, panels),
          "Exact distributions, in scheduler steps, of block lifetime at eviction, idle time before eviction, and the "
          "gap between reuses of a prefix (vLLM only samples these).",
-         empty_what="No evictions or repeated prefixes in this run.", command=ui.FILL_SMALL_CACHE, key="hist")
+         empty_what=no_evictions if spanless else "No evictions or repeated prefixes in this run.", command=fill,
+         key="hist")

@@ -30,7 +30,14 @@ ui.chart(
        if level is not None else "."),
     empty_what="No request was scheduled in this window, so there is no hit rate to plot.", key="hit_rate",
 )
-if bel is None and bound.capacity is None:
+cfg = queries.config(run_id)
+if cfg.get("policy") == "belady":  # (only cache-only configs store a policy)
+    st.caption("This run is a Belady run: its hit rate is itself the Belady (offline-optimal) bound at its capacity"
+               + (f" ({bound.capacity})." if bound.capacity is not None else "."))
+elif cfg.get("mode") == "cache-only" and cfg.get("capacity_blocks") is None:
+    st.caption("No Belady bound: this run's cache is unbounded, so nothing is evicted and its hit rate is already "
+               "the highest any policy reaches on this trace.")
+elif bel is None and bound.capacity is None:
     st.caption("No Belady bound: this run's config stores no prefix-cache capacity (capacity_blocks and "
                "block_size, or cache.num_gpu_blocks and cache.groups) to match one against.")
 elif bel is None and bound.capacity is not None:

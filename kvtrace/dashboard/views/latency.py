@@ -6,71 +6,87 @@ import streamlit as st
 
 from kvtrace import metrics
 from kvtrace.dashboard import charts, queries, state, ui
+from kvtrace.names import markdown_code
 
-ctx = queries.context()
-run_id = ctx["run_id"]
 
-st.title("Latency")
-st.caption(f"Times: {queries.times_caption(run_id)}.")
-log = state.bound_toggle("Log scale", "log", help="Latency axes (and histogram counts) on a log scale")
+def main() -> None:
+    ctx = queries.context()
+    run_id = ctx["run_id"]
 
-lat = queries.latency(run_id)
-rows = []
-for m in metrics.LATENCIES:
-    keys = metrics.latency_keys(m.key)
-    rows.append({"metric": m.label, **{k.removesuffix(f"_{m.key}_ms"): lat.get(k) for k in keys}})
-stats = pl.DataFrame(rows, schema={"metric": pl.String, **{k: pl.Float64 for k in
-                                                         ("mean", "median", "std", "p50", "p90", "p99")}})
-ui.table(stats, f"vllm bench serve's statistics of each latency, in ms ({metrics.MODELLED}): TTFT, TPOT (excl. 1st "
-                "token), ITL (every gap), E2EL, and queueing; mean, median, population std and percentiles.",
-         empty_what="No finished requests in this run, so no latency.",
-         command="`kvtrace replay TRACE --db PATH` in engine mode (cache-only runs have no clock)")
+    st.title("Latency")
+    st.caption(f"Times: {queries.times_caption(run_id)}.")
+    if queries.config(run_id).get("mode") == "cache-only":  # its requests finished, but on no clock
+        ui.empty("This run is cache-only: it has no clock, so no latency.",
+                 "`kvtrace replay TRACE --db PATH` in engine mode")
+        return
+    log = state.bound_toggle("Log scale", "log", help="Latency axes (and histogram counts) on a log scale")
 
-bins = queries.HIST_BINS
-c = st.columns(2)
-with c[0]:
-    ui.chart(charts.cdf([("TTFT", queries.call("latency_cdf", run_id, "ttft")),
-                         ("queue", queries.call("latency_cdf", run_id, "queue"))], "TTFT and queueing CDF", log),
-             "Fraction of requests whose time to first token, and whose queueing delay, is at most x (the run's "
-             "percentiles 0, 0.1, ..., 100).",
-             empty_what="No finished requests in this run.", key="ttft_cdf")
-    ui.chart(charts.latency_hist(queries.call("latency_histogram", run_id, "ttft", bins=bins), "TTFT histogram",
-                                 "TTFT", log),
-             "Requests per TTFT bin (exact counts).", empty_what="No finished requests in this run.", key="ttft_hist")
-with c[1]:
-    ui.chart(charts.cdf([("ITL", queries.call("latency_cdf", run_id, "itl")),
-                         ("TPOT", queries.call("latency_cdf", run_id, "tpot"))], "ITL and TPOT CDF", log),
-             "Fraction of inter-token gaps (all requests) and of requests' time per output token at most x.",
-             empty_what="No decoded tokens in this run.", key="itl_cdf")
-    ui.chart(charts.latency_hist(queries.call("latency_histogram", run_id, "itl", bins=bins), "ITL histogram", "ITL",
-                                 log),
-             "Inter-token gaps per bin (exact counts).", empty_what="No decoded tokens in this run.", key="itl_hist")
+    lat = queries.latency(run_id)
+    rows = []
+    for m in metrics.LATENCIES:
+        keys = metrics.latency_keys(m.key)
+        rows.append({"metric": m.label, **{k.removesuffix(f"_{m.key}_ms"): lat.get(k) for k in keys}})
+    stats = pl.DataFrame(rows, schema={"metric": pl.String, **{k: pl.Float64 for k in
+                                                             ("mean", "median", "std", "p50", "p90", "p99")}})
+    ui.table(stats, f"vllm bench serve's statistics of each latency, in ms ({metrics.MODELLED}): TTFT, TPOT (excl. 1st "
+                    "token), ITL (every gap), E2EL, and queueing; mean, median, population std and percentiles.",
+             empty_what="No finished requests in this run, so no latency.",
+             command="`kvtrace replay TRACE --db PATH` in engine mode (cache-only runs have no clock)")
 
-st.subheader("Over time")
-window = state.bound_window("Virtual time window (filters the chart below)", queries.time_extent_s(run_id))
-itl = queries.call("itl_over_time", run_id, window_ns=queries.window_ns(run_id))
-ui.chart(charts.itl_over_time(state.in_window(itl, "window_start_ns", window), log),
-         "Inter-token gaps per window of the time their token came out: mean, p50 and p99 of the window's gaps.",
-         empty_what="No decoded tokens in this run.", key="itl_time")
+    bins = queries.HIST_BINS
+    c = st.columns(2)
+    with c[0]:
+        ui.chart(charts.cdf([("TTFT", queries.call("latency_cdf", run_id, "ttft")),
+                             ("queue", queries.call("latency_cdf", run_id, "queue"))], "TTFT and queueing CDF", log),
+                 "Fraction of requests whose time to first token, and whose queueing delay, is at most x (the run's "
+                 "percentiles 0, 0.1, ..., 100).",
+                 empty_what="No finished requests in this run.", key="ttft_cdf")
+        ui.chart(charts.latency_hist(queries.call("latency_histogram", run_id, "ttft", bins=bins), "TTFT histogram",
+                                     "TTFT", log),
+                 "Requests per TTFT bin (exact counts).", empty_what="No finished requests in this run.",
+                 key="ttft_hist")
+    with c[1]:
+        ui.chart(charts.cdf([("ITL", queries.call("latency_cdf", run_id, "itl")),
+                             ("TPOT", queries.call("latency_cdf", run_id, "tpot"))], "ITL and TPOT CDF", log),
+                 "Fraction of inter-token gaps (all requests) and of requests' time per output token at most x.",
+                 empty_what="No decoded tokens in this run.", key="itl_cdf")
+        ui.chart(charts.latency_hist(queries.call("latency_histogram", run_id, "itl", bins=bins), "ITL histogram",
+                                     "ITL", log),
+                 "Inter-token gaps per bin (exact counts).", empty_what="No decoded tokens in this run.",
+                 key="itl_hist")
 
-st.subheader("Request waterfall")
-# The picker offers the queries.REQUEST_CHOICES slowest requests; any request id works
-# through ?request=.
-reqs = queries.request_choices(run_id, st.query_params.get("request"))
-if reqs.height == 0:
-    ui.empty("No finished requests in this run.")
-else:
-    options = reqs["request_id"].to_list()
-    info = {r["request_id"]: r for r in reqs.iter_rows(named=True)}
-    rid = str(state.bound_select(  # options: not empty
-        "Request (slowest TTFT first)", options, "request",
-        format_func=lambda x: f"{x} · TTFT {(info[x]['ttft_ns'] or 0) / 1e6:.1f} ms · "
-                              f"cached {info[x]['num_cached_tokens'] or 0}/{info[x]['num_prompt_tokens']} tokens"))
-    ui.chart(charts.waterfall(queries.call("request_waterfall", run_id, rid), rid),
-             "One request on virtual time: queue, prefill chunks and decode as bars; the cache lookup that admitted "
-             "it (one mark per cache hit), CoW copies and the evictions it caused as marks.",
-             empty_what=f"No spans for request {rid}.", key="waterfall")
-    ui.table(reqs.filter(pl.col("request_id") == rid),
-             "This request's tokens (prompt, local and external hits at first schedule, cached = both, computed) "
-             f"and TTFT in ns of {metrics.MODELLED} time.",
-             empty_what="")
+    st.subheader("Over time")
+    window = state.bound_window("Virtual time window (filters the chart below)", queries.time_extent_s(run_id))
+    itl = queries.call("itl_over_time", run_id, window_ns=queries.window_ns(run_id))
+    ui.chart(charts.itl_over_time(state.in_window(itl, "window_start_ns", window), log),
+             "Inter-token gaps per window of the time their token came out: mean, p50 and p99 of the window's gaps.",
+             empty_what="No decoded tokens in this run.", key="itl_time")
+
+    st.subheader("Request waterfall")
+    # The picker offers the queries.REQUEST_CHOICES slowest requests; any request id works
+    # through ?request=.
+    reqs = queries.request_choices(run_id, st.query_params.get("request"))
+    if reqs.height == 0:
+        ui.empty("No finished requests in this run.")
+    else:
+        options = reqs["request_id"].to_list()
+        info = {r["request_id"]: r for r in reqs.iter_rows(named=True)}
+        missing = state.unknown_value("request", options)
+        if missing is not None:  # (request_choices adds a linked request that exists)
+            st.warning(f"Request {markdown_code(missing)} from the link is not in this run: the slowest one is shown "
+                       "instead.", icon=":material/link_off:")
+        rid = str(state.bound_select(  # options: not empty
+            "Request (slowest TTFT first)", options, "request",
+            format_func=lambda x: f"{x} · TTFT {(info[x]['ttft_ns'] or 0) / 1e6:.1f} ms · "
+                                  f"cached {info[x]['num_cached_tokens'] or 0}/{info[x]['num_prompt_tokens']} tokens"))
+        ui.chart(charts.waterfall(queries.call("request_waterfall", run_id, rid), rid),
+                 "One request on virtual time: queue, prefill chunks and decode as bars; the cache lookup that "
+                 "admitted it (one mark per cache hit), CoW copies and the evictions it caused as marks.",
+                 empty_what=f"No spans for request {rid}.", key="waterfall")
+        ui.table(reqs.filter(pl.col("request_id") == rid),
+                 "This request's tokens (prompt, local and external hits at first schedule, cached = both, computed) "
+                 f"and TTFT in ns of {metrics.MODELLED} time.",
+                 empty_what="")
+
+
+main()  # a function, so a run without a clock can return early (st.stop would also skip the sidebar links)

@@ -70,8 +70,9 @@ c[0].metric("Evictions", ui.count(s.get("evictions")))
 c[1].metric("CoW copies", ui.count(s.get("cow_copies")))
 c[2].metric("Stale hashes", ui.count(s.get("stale_hashes")))
 c[3].metric("Divergent outputs", ui.count(s.get("divergent_outputs")))
-st.caption("Cache event counts from the run summary written when the replay finished (– : not measured in this "
-           "mode).")
+st.caption("Cache event counts from the run summary written when the replay finished, or for a run that wrote none "
+           "(running, stopped early) from its spans so far, as `kvtrace runs` and `kvtrace diff` read them "
+           "(– : not measured).")
 
 groups = queries.call("group_hit_rates", run_id)
 labels = queries.group_rate_labels(run_id)

@@ -4,7 +4,7 @@ import polars as pl
 import streamlit as st
 
 from kvtrace.dashboard import charts, queries, state, ui
-from kvtrace.names import markdown_code
+from kvtrace.names import markdown_code, markdown_literal
 
 ctx = queries.context()
 run_id = ctx["run_id"]
@@ -16,11 +16,17 @@ FILL_STALE = ("a run with a behaviour switched off, e.g. "
               "`kvtrace replay TRACE --db PATH --without transient-checkpoint-retention`")
 over = state.in_window(queries.call("stale_hashes_over_time", run_id, window_ns=queries.window_ns(run_id)),
                        "window_start_ns", window)
+# Only a replay that checked block content can tell a correct cache from an unchecked one.
+checked = queries.checks_content(run_id)
 ui.chart(charts.correctness(over),
          "Per window: stale hashes the worker found (a key whose block content is not what its prefix defines), stale "
          "entries the cache left, and output tokens that diverged from the no-cache reference.",
-         empty_what="No stale hashes or divergent outputs in this run: the cache stayed correct.",
-         command=FILL_STALE, key="correctness")
+         empty_what="No stale hashes or divergent outputs in this run: the cache stayed correct." if checked else
+         "No stale hashes or divergent outputs recorded: this run checked no block content (cache-only, "
+         "`--no-content` or captured), so it cannot tell whether its cache stayed correct.",
+         command=FILL_STALE if checked else "an engine replay with content (the default), e.g. "
+                                            "`kvtrace replay TRACE --db PATH --mode engine`",
+         key="correctness")
 
 st.subheader("Drill-down")
 stale = queries.call("stale_hashes", run_id)
@@ -39,7 +45,7 @@ else:
                               f"{ui.short_hash(rows[k]['block_hash'])} · t={rows[k]['time_ns'] / 1e6:,.3f} ms")
     r = rows[chosen]
     c = st.columns(4)
-    c[0].metric("Request", str(r["request_id"] or "–"))
+    c[0].metric("Request", markdown_literal(r["request_id"] or "–"))  # (a metric's value is markdown)
     c[1].metric("Block id (group)", f"{r['block_id']} (g{r['group_id']})")
     c[2].metric("Expected fingerprint", ui.fingerprint(r["expected_fingerprint"]))
     c[3].metric("Actual fingerprint", ui.fingerprint(r["actual_fingerprint"]))

@@ -1,0 +1,228 @@
+"""The dashboard on runs off the happy path: stopped early, cache-only, without content,
+Belady runs themselves, a directory as the store."""
+
+from __future__ import annotations
+
+import polars as pl
+from apptest import render
+
+from kvtrace.dashboard import ui
+from kvtrace.store import read
+
+
+def _stopped_run(db: str) -> str:
+    """A run whose replay stopped before finishing (closed unfinished: ``incomplete``, no
+    stored summary), with spans of 20 requests."""
+    import synthetic_run
+
+    from kvtrace.store.writer import Store
+
+    store = Store.open(db)
+    run = store.create_run("stopped", trace_source="gen:stopped", mode="engine")
+    steps, _ = synthetic_run.simulate(True, n_requests=20)
+    synthetic_run.write_steps(store, run, steps)
+    store.close()
+    return run
+
+
+def test_a_run_without_a_stored_summary_shows_the_numbers_of_kvtrace_runs_and_diff(tmp_path, monkeypatch):
+    db = str(tmp_path / "stopped.duckdb")
+    run = _stopped_run(db)
+    assert read.run(db, run)["summary"] is None
+    want = read.run_summary(db, run)  # what `kvtrace runs` and `kvtrace diff` show for it
+    assert want["requests"] == 20 and want["evictions"] > 0
+    at = render(db, monkeypatch, run=run)
+    shown = {m.label: m.value for m in at.metric}
+    assert shown["Evictions"] == ui.count(want["evictions"])
+    assert shown["CoW copies"] == ui.count(want["cow_copies"])
+    (table,) = [t.value for t in at.dataframe]
+    row = pl.from_pandas(table).row(0, named=True)
+    assert row["requests"] == want["requests"]
+    assert row["prefix_cache_hit_rate"] == want["prefix_cache_hit_rate"]
+
+
+def _captions(at) -> list[str]:
+    return [c.value for c in at.caption]
+
+
+def test_a_belady_run_and_an_unbounded_run_are_not_told_to_add_a_belady_run(tmp_path, monkeypatch):
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = str(tmp_path / "bounds.duckdb")
+    spec = {"limit": 12, "mode": "cache-only"}
+    belady = run_replay(RunSpec("gen:mixed", name="opt", policy="belady", capacity_blocks=40, **spec), db=db)
+    unbounded = run_replay(RunSpec("gen:mixed", name="inf", **spec), db=db)
+    at = render(db, monkeypatch, "hit_rate", run=belady.run_id)
+    assert not any("Add one" in c or c.startswith("No Belady bound") for c in _captions(at)), _captions(at)
+    assert any("is a Belady run" in c for c in _captions(at))
+    at = render(db, monkeypatch, "hit_rate", run=unbounded.run_id)
+    assert any("cache is unbounded" in c for c in _captions(at)), _captions(at)
+
+
+def test_a_run_that_checked_no_content_is_never_called_correct(tmp_path, monkeypatch):
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = str(tmp_path / "content.duckdb")
+    checked = run_replay(RunSpec("gen:mixed", limit=8, name="content"), db=db)
+    unchecked = [run_replay(RunSpec("gen:mixed", limit=8, name="no content", content=False), db=db),
+                 run_replay(RunSpec("gen:mixed", limit=8, mode="cache-only", name="cache only"), db=db)]
+    at = render(db, monkeypatch, "stale", run=checked.run_id)
+    assert any("the cache stayed correct" in i.value for i in at.info)
+    for done in unchecked:
+        at = render(db, monkeypatch, "stale", run=done.run_id)
+        assert not any("the cache stayed correct" in i.value for i in at.info), done.run_id
+        assert any("checked no block content" in i.value for i in at.info), done.run_id
+
+
+def test_a_directory_as_the_store_is_named_a_directory_not_missing(tmp_path, monkeypatch):
+    folder = tmp_path / "runs.duckdb"
+    folder.mkdir()
+    at = render(str(folder), monkeypatch)
+    assert len(at.error) == 1 and "is a directory" in at.error[0].value
+    assert "no such database file" not in at.error[0].value
+
+
+def test_compare_of_cache_only_runs_does_not_blame_request_ids(tmp_path, monkeypatch):
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = str(tmp_path / "pair.duckdb")
+    spec = {"limit": 12, "mode": "cache-only", "capacity_blocks": 40}
+    a = run_replay(RunSpec("gen:mixed", name="lru", **spec), db=db)
+    b = run_replay(RunSpec("gen:mixed", name="opt", policy="belady", **spec), db=db)
+    at = render(db, monkeypatch, "compare", run=a.run_id, b=b.run_id)
+    infos = [i.value for i in at.info]
+    assert not any("share no request ids" in i for i in infos), infos
+    assert any("they record no request spans" in i for i in infos), infos
+
+
+def test_latency_of_a_cache_only_run_is_one_line_not_empty_charts(tmp_path, monkeypatch):
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = str(tmp_path / "clockless.duckdb")
+    done = run_replay(RunSpec("gen:mixed", limit=8, mode="cache-only", name="cache only"), db=db)
+    at = render(db, monkeypatch, "latency", run=done.run_id)
+    assert [i.value for i in at.info] == [
+        "This run is cache-only: it has no clock, so no latency. Fill it with `kvtrace replay TRACE --db PATH` in "
+        "engine mode."]
+    assert not at.dataframe and not at.get("plotly_chart")
+
+
+def test_compare_with_a_itself_in_the_link_says_so(tmp_path, monkeypatch):
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = str(tmp_path / "self.duckdb")
+    for name in ("a", "b"):
+        done = run_replay(RunSpec("gen:mixed", limit=8, mode="cache-only", name=name), db=db)
+    at = render(db, monkeypatch, "compare", run=done.run_id, b=done.run_id)
+    assert any("is A itself" in w.value for w in at.warning), [w.value for w in at.warning]
+
+
+def _texts(at) -> list[str]:
+    return [el.value for el in [*at.markdown, *at.caption, *at.error, *at.warning, *at.info]]
+
+
+def test_a_server_urls_password_is_never_shown(monkeypatch):
+    at = render("clickhouse://kv:s3cret@127.0.0.1:1/db", monkeypatch)  # (port 1: refused at once)
+    assert len(at.error) == 1
+    assert not any("s3cret" in t for t in _texts(at)), _texts(at)
+
+
+def test_the_store_path_is_shown_as_typed_never_as_markdown(tmp_path, monkeypatch):
+    from markdown_it import MarkdownIt
+
+    from tests.support.markdown import shown
+
+    db = tmp_path / "x` [l](mailto:e@e.invalid) **b** `.duckdb"
+    _stopped_run(str(db))
+    (caption,) = [c.value for c in render(str(db), monkeypatch).sidebar.caption if "database" in c.value]
+    assert "<a " not in MarkdownIt().render(caption) and shown(caption) == f"database: {db}"
+
+
+def test_a_linked_request_that_is_not_in_the_run_is_named_not_silently_replaced(tmp_path, monkeypatch):
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = str(tmp_path / "requests.duckdb")
+    done = run_replay(RunSpec("gen:mixed", limit=8, name="engine"), db=db)
+    at = render(db, monkeypatch, "latency", run=done.run_id, request="no-such-request")
+    assert any("no-such-request" in w.value and "not in this run" in w.value for w in at.warning), \
+        [w.value for w in at.warning]
+
+
+def test_a_belady_runs_evictions_page_does_not_say_the_cache_never_filled(tmp_path, monkeypatch):
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = str(tmp_path / "belady.duckdb")
+    done = run_replay(RunSpec("gen:mixed", limit=40, mode="cache-only", policy="belady", capacity_blocks=100,
+                              name="opt"), db=db)
+    assert done.summary["evictions"] > 0
+    at = render(db, monkeypatch, "evictions", run=done.run_id)
+    infos = [i.value for i in at.info]
+    assert not any("never filled" in i for i in infos), infos
+    assert any(f"counts {ui.count(done.summary['evictions'])} evicted blocks" in i for i in infos), infos
+
+
+def test_commands_to_paste_quote_a_store_path_with_spaces(tmp_path, monkeypatch):
+    import shlex
+
+    from kvtrace.replay.run import RunSpec, run_replay
+    from tests.support.markdown import shown
+
+    db = str(tmp_path / "my runs.duckdb")
+    spec = {"limit": 12, "mode": "cache-only", "capacity_blocks": 40}
+    a = run_replay(RunSpec("gen:mixed", name="lru", **spec), db=db)
+    b = run_replay(RunSpec("gen:mixed", name="opt", policy="belady", **spec), db=db)
+    at = render(db, monkeypatch, "compare", run=a.run_id, b=b.run_id)
+    (caption,) = [shown(c.value) for c in at.caption if "kvtrace diff" in c.value]
+    argv = shlex.split(caption.removesuffix(" prints this text."))
+    assert argv == ["kvtrace", "diff", a.run_id, b.run_id, "--db", db, "--markdown"]
+    at = render(db, monkeypatch, run="gone")
+    (warning,) = [shown(w.value) for w in at.warning]
+    assert f"kvtrace runs --db {shlex.quote(db)}" in warning
+
+
+def test_request_ids_reach_the_sankey_as_text_not_plotly_markup(tmp_path, monkeypatch):
+    """A trace's request ids name the Sankey's prefixes ("first REQUEST"): plotly would
+    draw an <a href> there as a live link."""
+    import json
+    import subprocess
+    import sys
+
+    from apptest import traces
+
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    trace = tmp_path / "hostile.jsonl"
+    subprocess.run([sys.executable, "-m", "kvtrace.cli", "generate", "mixed", "-o", str(trace), "--format", "native",
+                    "--requests", "40"], check=True, capture_output=True)
+    head, *rows = trace.read_text().splitlines()
+    link = '<a href="https://e.invalid/">{}</a>'
+    trace.write_text("\n".join([head, *(json.dumps({**r, "request_id": link.format(r["request_id"])})
+                                        for r in map(json.loads, rows))]) + "\n")
+    db = str(tmp_path / "hostile.duckdb")
+    done = run_replay(RunSpec(str(trace), mode="cache-only", capacity_blocks=100, name="h"), db=db)
+    at = render(db, monkeypatch, "evictions", run=done.run_id)
+    (sankey,) = [t for t in traces(at) if t.get("type") == "sankey"]
+    labels = sankey["node"]["label"]
+    assert any("first &lt;a href=" in label for label in labels), labels
+    assert not any("<a " in label for label in labels), labels
+
+
+def test_a_stale_hashs_request_id_is_shown_as_text(stale_db, tmp_path, monkeypatch):
+    """A metric's value is markdown to Streamlit: the drill-down's request id (a trace's,
+    or a sender's) must show as typed."""
+    import shutil
+
+    import duckdb
+    from markdown_it import MarkdownIt
+
+    from tests.support.markdown import shown
+
+    db = str(tmp_path / "stale.duckdb")
+    shutil.copy(stale_db, db)
+    hostile = "[l](mailto:e@e.invalid) **b**"
+    with duckdb.connect(db) as con:
+        con.execute("UPDATE spans_verify SET request_id = ? WHERE request_id IS NOT NULL", [hostile])
+    run = next(r for r in read.runs(db)["run_id"] if read.stale_hashes(db, r).height)
+    at = render(db, monkeypatch, "stale", run=run)
+    (value,) = [m.value for m in at.metric if m.label == "Request"]
+    assert shown(value) == hostile and "<a " not in MarkdownIt().render(value)
