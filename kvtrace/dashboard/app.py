@@ -40,7 +40,7 @@ with st.sidebar:
     nav = st.container()  # filled after the page ran, so links carry the filters it set
     st.divider()
     db = state.db_path()
-    shown = state.shown_db(db) if db else None  # (a server URL's password is never shown)
+    shown = state.shown_db(db) if db else ""  # (a server URL's password is never shown)
     st.caption(f"database: {markdown_code(shown)}" if shown else "database: none")
     if st.button("Refresh", icon=":material/refresh:", help="Re-read the store (a replay may still be writing it)"):
         state.bump_refresh()
