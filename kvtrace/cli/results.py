@@ -40,9 +40,9 @@ def runs(db: DbToRead, as_json: Json = False, limit: Annotated[int | None, typer
     listed = []
     for row in stored.head(shown).iter_rows(named=True):
         config = json.loads(row["config"]) if row["config"] else {}
-        # (a run without one, running or interrupted: the same keys from its spans, as diff reads them)
-        # (per run its own queries only: read.run_summary would list every run again for each)
-        summary = json.loads(row["summary"]) if row["summary"] else read.summary_from_spans(db, row["run_id"])
+        # (a run without a finished one, running, interrupted or failed: the keys of its spans, as
+        # diff reads them; per run its own queries only: read.run_summary would list every run again)
+        summary = read.summary_with_spans(db, row["run_id"], json.loads(row["summary"]) if row["summary"] else None)
         cap = capacity(config, summary) if isinstance(config, dict) else None
         listed.append({
             "run_id": row["run_id"], "name": row["name"], "trace": row["trace_source"], "mode": row["mode"],

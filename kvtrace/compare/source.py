@@ -125,8 +125,7 @@ class StoreView:
         still running) but has request spans, vLLM's hit counters and the latency
         statistics of those spans, as every other view reads them (the dashboard's
         Overview showed a failed run's hit rate, its Compare tiles '–')."""
-        stored = self._run(run_id).get("summary")
-        return dict(stored) if stored else read.summary_from_spans(self.db, run_id)
+        return read.summary_with_spans(self.db, run_id, self._run(run_id).get("summary"))
 
     def fill_percentiles(self, run_id: str, summary: dict[str, Any], other: dict[str, Any]) -> None:
         """The latency percentiles ``other`` holds and ``summary`` lacks (its run recorded

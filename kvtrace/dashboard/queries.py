@@ -65,12 +65,15 @@ def _key(db: str) -> tuple:
 @st.cache_data(show_spinner=False, max_entries=16)
 def _runs(db: str, key: tuple) -> pl.DataFrame:
     frame = read.runs(db)
-    # A run that stored no summary (running, killed, failed) gets the keys of its spans,
+    # A run without a finished summary (running, killed, failed) gets the keys of its spans,
     # as `kvtrace runs` and `kvtrace diff` read it: one number per run, never a blank here.
-    unsummarised = frame.filter(pl.col("summary").is_null())["run_id"].to_list()
-    if unsummarised:
-        spans = {r: json.dumps(read.summary_from_spans(db, r)) for r in unsummarised}
-        frame = frame.with_columns(pl.col("summary").fill_null(pl.col("run_id").replace_strict(spans, default=None)))
+    filled = {}
+    for run_id, text in zip(frame["run_id"].to_list(), frame["summary"].to_list()):
+        stored = _json(text)
+        if not read.finished_summary(stored):
+            filled[run_id] = json.dumps(read.summary_with_spans(db, run_id, stored))
+    if filled:
+        frame = frame.with_columns(pl.col("run_id").replace_strict(filled, default=pl.col("summary")).alias("summary"))
     return with_run_columns(frame)
 
 

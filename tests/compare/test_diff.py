@@ -527,6 +527,31 @@ def test_a_summary_from_spans_is_the_stored_summary_key_for_key(tmp_path, replay
     assert diffed["evictions"]["b"] == stored["evictions"]
 
 
+def test_a_terminated_runs_error_summary_is_completed_from_its_spans_in_every_view(tmp_path, replayed_store, capsys):
+    """A replay stopped by SIGTERM stores ``{"error": "Terminated: SIGTERM"}``: runs and diff
+    showed no numbers for it while the dashboard's tiles showed its spans'. Every view now
+    completes such a summary from the spans and keeps the error."""
+    from kvtrace.store import read
+    from tests.cli.support import run
+
+    on, off = replayed_store.run_on, replayed_store.run_off
+    stored = read.run(replayed_store.path, off)["summary"]
+    error = {"error": "Terminated: SIGTERM"}
+    db = _tampered(replayed_store.path, tmp_path / "t.duckdb",
+                   ("UPDATE runs SET summary = ?, status = 'failed' WHERE run_id = ?", [json.dumps(error), off]))
+    got = read.run_summary(db, off)
+    assert got["error"] == error["error"]
+    assert got["requests"] == stored["requests"] and got["prefix_cache_hit_rate"] == stored["prefix_cache_hit_rate"]
+    code, out, err = run(["runs", "--db", db, "--json"], capsys)
+    assert code == 0, err
+    listed = {r["run_id"]: r for r in json.loads(out)["runs"]}[off]
+    code, out, err = run(["diff", on, off, "--db", db, "--json"], capsys)
+    assert code == 0, err
+    diffed = json.loads(out)["metrics"]
+    for key in ("requests", "prefix_cache_hit_rate", "p50_ttft_ms"):
+        assert listed[key] == diffed[key]["b"] == stored[key], key
+
+
 def test_capacity_and_block_size_are_one_number_in_every_view(tmp_path, capsys):
     """An engine run at --capacity-blocks 12 (vLLM's num_gpu_blocks, the null block in it):
     runs said 11, diff null, replay --json nothing; an unbounded cache-only run's block size

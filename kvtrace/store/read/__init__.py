@@ -13,8 +13,10 @@ Runs (``runs.py``)
     runs(db)                                    every run, newest first, effective status
     run(db, run_id)                             one run as a dict, JSON fields parsed
     span_counts(db, run_id)                     spans and blocks per span name
-    run_summary(db, run_id)                     the stored summary, or its keys from the spans (``summary.py``)
+    run_summary(db, run_id)                     a finished run's stored summary, else its spans' (``summary.py``)
     summary_from_spans(db, run_id)              those keys from the spans alone
+    summary_with_spans(db, run_id, stored)      run_summary's rule on a summary already read
+    finished_summary(stored)                    whether a stored summary is a finished run's
 Hits (``hits.py``; every counter and rate defined once, in ``kvtrace.metrics``)
     hit_counters(db, run_id, start_ns, end_ns)  vLLM's hit counters and rates over a time range
     hit_counters_over_time(db, run_id, window_ns)      the same per window, and cumulative
@@ -91,12 +93,13 @@ from kvtrace.store.read.latency import (
 )
 from kvtrace.store.read.runs import run, runs, span_counts
 from kvtrace.store.read.served import served_requests
-from kvtrace.store.read.summary import run_summary, summary_from_spans
+from kvtrace.store.read.summary import finished_summary, run_summary, summary_from_spans, summary_with_spans
 
 __all__ = [
     "DB", "DEFAULT_WINDOWS",
     "block_histograms", "capacity_marks", "curves", "divergent_outputs", "eviction_attribution",
     "eviction_attribution_flows", "evictions_by_publish_kind", "evictions_by_reason", "evictions_over_time",
+    "finished_summary",
     "group_hit_rate_over_time", "group_hit_rates", "hit_counters", "hit_counters_over_time", "itl_gaps",
     "itl_over_time", "latency_cdf", "latency_histogram", "latency_percentiles", "latency_samples", "latency_stats",
     "latency_summary",
@@ -104,5 +107,6 @@ __all__ = [
     "run", "run_summary", "runs",
     "served_requests",
     "span_counts", "stale_hash_chain", "stale_hashes", "stale_hashes_over_time", "summary_from_spans",
+    "summary_with_spans",
     "usage_over_time",
 ]

@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypeGuard
 
 from kvtrace.store.read._api import checked
 from kvtrace.store.read._sql import DB
@@ -16,11 +17,27 @@ from kvtrace.store.schema import SPAN_COW, SPAN_EVICT, SPAN_PUBLISH
 
 @checked
 def run_summary(db: DB, run_id: str) -> dict[str, Any]:
-    """The run's stored summary, else ``summary_from_spans``. So ``runs``, ``diff`` and the
+    """The run's summary as ``summary_with_spans`` completes it. So ``runs``, ``diff`` and the
     dashboard give a run without one one number each (``runs`` said null where ``diff``
     said 87%)."""
-    stored = run(db, run_id).get("summary")
-    return dict(stored) if stored else summary_from_spans(db, run_id)
+    return summary_with_spans(db, run_id, run(db, run_id).get("summary"))
+
+
+def finished_summary(stored: object) -> TypeGuard[Mapping[str, Any]]:
+    """Whether a stored summary is a finished replay's (it counts its requests), not a
+    stopped run's ``{"error": ...}`` alone."""
+    return isinstance(stored, Mapping) and "requests" in stored
+
+
+def summary_with_spans(db: DB, run_id: str, stored: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``stored`` (the run's summary, already read) when it is a finished replay's; for any
+    other run (none stored: running or killed; a failed or terminated run's error alone),
+    ``summary_from_spans`` with what was stored on top (the error stays). The one rule every
+    view follows (a SIGTERM'd run showed its spans' numbers on the dashboard's tiles and
+    blanks in ``runs`` and ``diff``)."""
+    if finished_summary(stored):
+        return dict(stored)
+    return {**summary_from_spans(db, run_id), **(stored if isinstance(stored, Mapping) else {})}
 
 
 @checked
