@@ -31,8 +31,9 @@ def conformance(
 
     cspec = ConformanceSpec(
         spec.trace, preset=spec.preset, config_file=spec.config_file, trace_format=spec.trace_format,
-        block_size=spec.block_size, capacity_blocks=tuple(capacity_blocks) or (None,), retention=spec.retention,
-        without=spec.without, limit=spec.limit, concurrency=concurrency, max_output_tokens=max_output_tokens,
+        trace_block_size=spec.trace_block_size, block_size=spec.block_size,
+        capacity_blocks=tuple(capacity_blocks) or (None,), retention=spec.retention, without=spec.without,
+        limit=spec.limit, concurrency=concurrency, max_output_tokens=max_output_tokens,
         external_capacity_blocks=spec.external_capacity_blocks, seed=spec.seed,
     )
     result = run_conformance(cspec)

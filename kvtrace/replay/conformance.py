@@ -12,7 +12,8 @@ sequence of calls, which mirrors vLLM's ``Scheduler.schedule`` in synchronous mo
   retried), then, unless someone was preempted, waiting requests in order
   (``get_computed_blocks``, then ``allocate_slots`` with the hit); the token budget and
   ``max_num_seqs`` of the preset's scheduler apply;
-* a chunk is capped by the budget and ``long_prefill_token_threshold``, then, where
+* a chunk is capped by the budget and ``long_prefill_token_threshold`` (without chunked
+  prefill a new request waits for a budget that takes it whole), then, where
   Mamba groups exist, cut by vLLM's own ``Scheduler._mamba_block_aligned_split``; the
   chunk kvtrace's port (``kvtrace.engine.scheduler``) gives is compared, vLLM's is used;
 * the step's copy-on-write copies are taken (their endpoints freed); every request that
@@ -46,7 +47,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvtrace.cache import ALL_BEHAVIOURS, CacheConfig, KVCacheManager
-from kvtrace.errors import ConfigError
+from kvtrace.errors import ConfigError, KVTraceError
 
 FIELDS = ("chunk", "hit_tokens", "hit_blocks", "shared_prefix_boundary", "allocation", "block_table", "copies",
           "cached_keys", "events")
@@ -60,6 +61,7 @@ class ConformanceSpec:
     preset: str | None = None
     config_file: str | None = None
     trace_format: str | None = None
+    trace_block_size: int | None = None  # tokens per hash id where the trace's format does not carry it
     block_size: int | None = None
     capacity_blocks: tuple[int | None, ...] = (None,)  # one comparison per entry (None: the preset's)
     retention: str | None = None
@@ -225,15 +227,21 @@ class _Driver:
 
     def _new_request(self, trace, max_tokens: dict[str, int]):
         out = max(1, min(int(trace.output_length), self.spec.max_output_tokens))
-        req = self.vm.new_request(trace.request_id, trace.prompt_token_ids(), max_tokens=out)
+        limit = self.sc.max_model_len
+        if trace.input_length + out > limit:  # as the engine refuses it (vLLM's manager: an IndexError)
+            raise KVTraceError(f"request {trace.request_id}: {trace.input_length:,} prompt + {out:,} output tokens "
+                               f"exceed max_model_len {limit:,} (raise [scheduler] max_model_len in --config, or "
+                               "drop the request)")
+        req = self.vm.new_request(trace.request_id, trace.prompt_token_ids(), max_tokens=out,
+                                  cache_salt=trace.cache_salt)
         max_tokens[req.request_id] = out
         return req
 
-    def _cap(self, request, n: int, budget: int) -> int:
+    def _cap(self, request, n: int, budget: int | None) -> int:
         thr = self.sc.long_prefill_token_threshold
         if 0 < thr < n:
             n = thr
-        return min(n, budget)
+        return n if budget is None else min(n, budget)
 
     def _split(self, request, n: int, local: int = 0, external: int = 0) -> int:
         if not self.vm.need_mamba_block_aligned_split:
@@ -279,6 +287,7 @@ class _Driver:
         budget = self.sc.max_num_batched_tokens
         scheduled: dict[str, int] = {}
         preempted = False
+        whole_prompt_waits = False  # chunked prefill off: the head's prompt exceeds the step's budget
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
@@ -316,8 +325,11 @@ class _Driver:
                 self.compare("hit_blocks", rid, vm_blocks.get_block_ids(), kv_blocks.get_block_ids())
                 self.compare("hit_tokens", rid, vm_hit, kv_hit, hard=True)
                 ext = self._external(req, vm_hit)
-                n = self._cap(req, req.num_tokens - vm_hit - ext, budget)
-                n = self._split(req, n, vm_hit, ext)
+                n = self._cap(req, req.num_tokens - vm_hit - ext, None)
+                if not self.sc.enable_chunked_prefill and n > budget:  # a whole prompt or nothing, as vLLM's
+                    whole_prompt_waits = True
+                    break
+                n = self._split(req, min(n, budget), vm_hit, ext)
                 if n <= 0:
                     break
                 if not self._allocate(req, n, vm_hit, kv_blocks, vm_blocks, ext):
@@ -332,6 +344,12 @@ class _Driver:
         self.compare("copies", None, theirs, [c[:3] for c in self.kv.take_block_copies()])
         self.run.copies += len(theirs)
         if not scheduled and not running and waiting:
+            if whole_prompt_waits:  # the whole budget could not take it: it never will (the engine refuses it too)
+                raise KVTraceError(
+                    f"request {waiting[0].request_id} ({waiting[0].num_tokens:,} tokens) cannot be scheduled: without "
+                    f"chunked prefill a prompt must fit one step's max_num_batched_tokens "
+                    f"{self.sc.max_num_batched_tokens:,} (raise [scheduler] max_num_batched_tokens in --config, or "
+                    "set enable_chunked_prefill = true)")
             # the head request needs more blocks than the whole pool (both refused it
             # with nothing running): vLLM would wait for ever; skip it in both
             req = waiting.popleft()
@@ -399,8 +417,8 @@ def hash_token(request_id: str, index: int) -> int:
 def run_conformance(spec: ConformanceSpec, api=None) -> ConformanceResult:
     """Compare both managers on ``spec`` (one run per pool size). Raises ``KVTraceError``
     when vLLM is missing or the configuration has no vLLM counterpart."""
-    from kvtrace.engine.backends.vllm import check_expressible, load_vllm
-    from kvtrace.replay.run import RunSpec, open_workload, validate
+    from kvtrace.engine.backends.vllm import UnsupportedConfig, check_expressible, load_vllm
+    from kvtrace.replay.run import RunSpec, open_workload, unsupported_at_origin, validate
 
     if spec.concurrency < 1:
         raise ConfigError("--concurrency", str(spec.concurrency), "expected >= 1")
@@ -409,21 +427,27 @@ def run_conformance(spec: ConformanceSpec, api=None) -> ConformanceResult:
     planned = []
     for capacity in spec.capacity_blocks:
         rs = RunSpec(spec.trace, preset=spec.preset, config_file=spec.config_file, trace_format=spec.trace_format,
-                     block_size=spec.block_size, capacity_blocks=capacity, retention=spec.retention,
-                     without=spec.without, limit=spec.limit, seed=spec.seed, content=False,
+                     trace_block_size=spec.trace_block_size, block_size=spec.block_size, capacity_blocks=capacity,
+                     retention=spec.retention, without=spec.without, limit=spec.limit, seed=spec.seed, content=False,
                      external_capacity_blocks=spec.external_capacity_blocks)
         preset = validate(rs)[2]
         cc = preset.cache_config
         if spec.cache_overrides:
             cc = replace(cc, **spec.cache_overrides)
-        check_expressible(cc, connector=cc.external is not None)  # (what vLLM cannot express: before it loads)
-        planned.append((preset, cc, open_workload(rs)))
+        try:
+            check_expressible(cc, connector=cc.external is not None)  # (what vLLM cannot express: before it loads)
+        except UnsupportedConfig as err:
+            raise unsupported_at_origin(err, rs) from None
+        planned.append((rs, preset, cc, open_workload(rs)))
     api = api or load_vllm()
     runs = []
     preset_name = ""
-    for preset, cc, workload in planned:
+    for rs, preset, cc, workload in planned:
         preset_name = preset.name
-        driver = _Driver(cc, preset.scheduler_config, spec, api)
+        try:
+            driver = _Driver(cc, preset.scheduler_config, spec, api)
+        except UnsupportedConfig as err:  # what only vLLM's own API can tell (its fine-grained hits)
+            raise unsupported_at_origin(err, rs) from None
         run = driver.drive(workload.requests)
         if run.first is not None:
             run.explained_by = _explanations(driver.kv, run.first.step)

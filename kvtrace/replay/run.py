@@ -138,25 +138,7 @@ def engine_preset(spec: RunSpec):
     from kvtrace.engine.presets import KEEP, get_preset
 
     file_cfg = load_config_file(spec.config_file) if spec.config_file else None
-    origin: dict[str, str] = {}  # config key -> the flag or "file: key" that set it
-    if file_cfg is not None:
-        for section in ("cache", "scheduler"):
-            for key in getattr(file_cfg, section):
-                origin[key] = f"{section}.{key}"
-        if file_cfg.preset:
-            origin["preset"] = "preset"
-        for key, toml_key in _TOML_KEY_OF.items():
-            if toml_key.split(".")[-1] in origin or toml_key in origin.values():
-                origin[key] = toml_key
-    flags = {"--capacity-blocks": spec.capacity_blocks, "--capacity-tokens": spec.capacity_tokens,
-             "--retention": spec.retention, "--without": spec.without or None,
-             "--external-blocks": spec.external_capacity_blocks, "--block-size": spec.block_size,
-             "--preset": spec.preset}
-    for key, flag in (*_FLAG_OF.items(), ("preset", "--preset")):
-        if flags.get(flag) is not None:
-            origin[key] = flag
-    if spec.capacity_tokens is not None:
-        origin["num_gpu_blocks"] = "--capacity-tokens"
+    origin = _origins(spec, file_cfg)
     try:
         preset_name = spec.preset or (file_cfg.preset if file_cfg and file_cfg.preset else None) or DEFAULT_PRESET
         cache_kw = dict(file_cfg.cache) if file_cfg else {}
@@ -197,6 +179,53 @@ def engine_preset(spec: RunSpec):
     return preset
 
 
+def _origins(spec: RunSpec, file_cfg) -> dict[str, str]:
+    """Config key -> the flag or file key (``cache.KEY``) that set it."""
+    origin: dict[str, str] = {}
+    if file_cfg is not None:
+        for section in ("cache", "scheduler"):
+            for key in getattr(file_cfg, section):
+                origin[key] = f"{section}.{key}"
+        if file_cfg.preset:
+            origin["preset"] = "preset"
+        for key, toml_key in _TOML_KEY_OF.items():
+            if toml_key.split(".")[-1] in origin or toml_key in origin.values():
+                origin[key] = toml_key
+    flags = {"--capacity-blocks": spec.capacity_blocks, "--capacity-tokens": spec.capacity_tokens,
+             "--retention": spec.retention, "--without": spec.without or None,
+             "--external-blocks": spec.external_capacity_blocks, "--block-size": spec.block_size,
+             "--preset": spec.preset}
+    for key, flag in (*_FLAG_OF.items(), ("preset", "--preset")):
+        if flags.get(flag) is not None:
+            origin[key] = flag
+    if spec.capacity_tokens is not None:
+        origin["num_gpu_blocks"] = "--capacity-tokens"
+    return origin
+
+
+def unsupported_at_origin(err: KVTraceError, spec: RunSpec) -> KVTraceError:
+    """A configuration the vllm backend refuses (``UnsupportedConfig``, which knows only
+    ``CacheConfig`` fields) restated at the first flag or file key of its ``keys`` the
+    user set; as it is when the preset alone made it."""
+    origin = _origins(spec, load_config_file(spec.config_file) if spec.config_file else None)
+    for key in getattr(err, "keys", ()):
+        where = origin.get(key)
+        if where is not None:
+            return ConfigError(*_restated(where, spec), str(err))
+    return err
+
+
+def _restated(where: str, spec: RunSpec) -> tuple[str, str]:
+    """(source, key) of a ConfigError about the setting at ``where`` (a flag, or a file key)."""
+    if where.startswith("--"):
+        value = {"--capacity-blocks": spec.capacity_blocks, "--capacity-tokens": spec.capacity_tokens,
+                 "--retention": spec.retention, "--without": ",".join(spec.without),
+                 "--external-blocks": spec.external_capacity_blocks, "--block-size": spec.block_size,
+                 "--preset": spec.preset}.get(where)
+        return where, str(value)
+    return str(spec.config_file), where
+
+
 def _at_origin(err: ConfigError, origin: dict[str, str], spec: RunSpec) -> ConfigError:
     """``err`` (raised by a config class, which knows only its own field names) restated
     at the flag or file key the value came from."""
@@ -213,13 +242,7 @@ def _at_origin(err: ConfigError, origin: dict[str, str], spec: RunSpec) -> Confi
         # the preset's own value of a setting the file left alone, in conflict with what it set
         return ConfigError(str(spec.config_file), ", ".join(file_keys),
                            f"conflicts with the preset's {err.key}: {err.what}")
-    if where.startswith("--"):
-        value = {"--capacity-blocks": spec.capacity_blocks, "--capacity-tokens": spec.capacity_tokens,
-                 "--retention": spec.retention, "--without": ",".join(spec.without),
-                 "--external-blocks": spec.external_capacity_blocks, "--block-size": spec.block_size,
-                 "--preset": spec.preset}.get(where)
-        return ConfigError(where, str(value), err.what)
-    return ConfigError(str(spec.config_file), where, err.what)
+    return ConfigError(*_restated(where, spec), err.what)
 
 
 def config_json(preset) -> dict[str, Any]:
@@ -449,9 +472,12 @@ def validate(spec: RunSpec) -> tuple[dict[str, Any], list[str], Any]:
         config["content"] = spec.content
         config["backend"] = spec.backend
         if spec.backend != DEFAULT_BACKEND:
-            from kvtrace.engine.backends.vllm import check_engine_backend
+            from kvtrace.engine.backends.vllm import UnsupportedConfig, check_engine_backend
 
-            config.update(check_engine_backend(preset.cache_config))
+            try:
+                config.update(check_engine_backend(preset.cache_config))
+            except UnsupportedConfig as err:
+                raise unsupported_at_origin(err, spec) from None
         return config, config["cache"]["behaviours"], preset
     from kvtrace.replay.cache_only import POLICIES
 

@@ -107,3 +107,70 @@ def test_a_switched_off_behaviour_explains_the_disagreement(vllm_api, behaviour,
     assert f"explained by switch {behaviour}" in report
     on = run_conformance(ConformanceSpec(trace, preset="kimi-hybrid", **kw), api=vllm_api)
     assert on.agree, "\n".join(format_report(on))
+
+
+def test_the_trace_block_size_is_the_replays(tmp_path):
+    """--trace-block-size was dropped: the trace was read at 512 tokens per hash id and the
+    run agreed; a generated workload's was ignored. Both refused as replay refuses them
+    (before vLLM loads)."""
+    from kvtrace.errors import ConfigError, TraceFormatError
+
+    with pytest.raises(TraceFormatError, match=r"hash_ids: expected ceil\(input_length 40160 / block_size 3\)"):
+        run_conformance(ConformanceSpec(TRACE, trace_block_size=3, limit=2))
+    with pytest.raises(ConfigError, match=r"^--trace-block-size: 3: gen:mixed is a generated workload"):
+        run_conformance(ConformanceSpec("gen:mixed", trace_block_size=3, limit=2))
+
+
+@pytest.mark.parametrize("scheduler, message", [
+    # vLLM's manager raised IndexError (a traceback) past max_model_len
+    ("max_model_len = 100", r"^request agent0-s0: 2,741 prompt \+ 4 output tokens exceed max_model_len 100 "),
+    # the driver chunked the prompt anyway (and agreed): kvtrace's engine refuses it
+    ("enable_chunked_prefill = false\nmax_num_batched_tokens = 1000",
+     r"^request agent0-s0 \(2,741 tokens\) cannot be scheduled: without chunked prefill"),
+])
+def test_the_schedulers_limits_are_kept(vllm_api, tmp_path, scheduler, message):
+    from kvtrace.errors import KVTraceError
+
+    cfg = tmp_path / "s.toml"
+    cfg.write_text(f"[scheduler]\n{scheduler}\n")
+    with pytest.raises(KVTraceError, match=message):
+        run_conformance(ConformanceSpec("gen:mixed", config_file=str(cfg), limit=5), api=vllm_api)
+
+
+def test_without_chunked_prefill_a_prompt_waits_for_a_whole_budget(vllm_api, tmp_path):
+    allocations = []
+    for chunked in ("true", "false"):
+        cfg = tmp_path / f"{chunked}.toml"
+        cfg.write_text(f"[scheduler]\nenable_chunked_prefill = {chunked}\nmax_num_batched_tokens = 4096\n")
+        (run,) = check(ConformanceSpec("gen:mixed", preset="dense-attention", config_file=str(cfg),
+                                       capacity_blocks=(8000,), limit=30), vllm_api)
+        assert run.requests == 30
+        allocations.append(run.compared["allocation"])
+    assert allocations[1] < allocations[0]  # no prompt split over two steps (the same when the flag was ignored)
+
+
+def test_a_cache_salt_keys_both_managers_requests(vllm_api, tmp_path, monkeypatch):
+    """The trace's cache_salt was dropped: requests of other tenants hit each other's blocks
+    (as no replay of the same trace, on either backend, does)."""
+    import json
+
+    from kvtrace.replay import conformance
+
+    tokens = list(range(100, 1200))
+    rows = [{"kvtrace_trace": 1}] + [
+        {"request_id": f"r{i}", "arrival_ns": i, "input_length": len(tokens), "output_length": 2,
+         "token_ids": tokens, **({"cache_salt": salt} if salt else {})}
+        for i, salt in enumerate(["a", "b", "a", None])]
+    trace = tmp_path / "salted.jsonl"
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    hits: dict[str, tuple] = {}
+    compare = conformance._Driver.compare
+
+    def recording(self, name, request_id, theirs, ours, hard=False):
+        if name == "hit_tokens":
+            hits[request_id] = (theirs, ours)
+        return compare(self, name, request_id, theirs, ours, hard)
+
+    monkeypatch.setattr(conformance._Driver, "compare", recording)
+    check(ConformanceSpec(str(trace), preset="dense-attention"), vllm_api)
+    assert hits == {"r0": (0, 0), "r1": (0, 0), "r2": (1088, 1088), "r3": (0, 0)}

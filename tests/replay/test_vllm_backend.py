@@ -307,3 +307,39 @@ def test_a_stale_mamba_key_vllm_leaves_is_found_in_both_managers(vllm_api, tmp_p
         assert s["table_disagreements"] == 0
     for key in ("stale_hashes", "divergent_outputs", "prefix_cache_hits", "publishes", "evictions"):
         assert ours.summary[key] == theirs.summary[key], key
+
+
+@pytest.mark.parametrize("argv, config, needle", [
+    # vLLM's own check (after its import): the preset's partial hits, no longer expressible
+    (["--block-size", "64"], None, "--block-size: 64: enable_partial_hits: vLLM 0.33 has fine-grained hits only"),
+    ([], '[cache]\nhash_fn = "xxhash"\n', "{cfg}: cache.hash_fn: hash_fn 'xxhash'"),
+    ([], "[cache]\nnum_gpu_blocks = [100, 100]\n", "{cfg}: cache.num_gpu_blocks: num_gpu_blocks per group"),
+    ([], '[cache]\ngroups = [{ type = "sliding_window", block_size = 16, sliding_window = 32 }, '
+         '{ type = "mamba", block_size = 16 }]\nhash_block_size = 16\n', "{cfg}: cache.groups: enable_partial_hits"),
+])
+def test_a_setting_vllm_cannot_express_is_named_where_it_was_set(vllm_api, tmp_path, capsys, argv, config, needle):
+    # UnsupportedConfig named kvtrace's CacheConfig field only ("enable_partial_hits: ..."),
+    # not the flag or file key the user set
+    from tests.cli.support import assert_one_line, run
+
+    cfg = tmp_path / "v.toml"
+    if config is not None:
+        cfg.write_text(config)
+        argv = [*argv, "--config", str(cfg)]
+    for command in ("replay", "conformance"):
+        extra = ["--backend", "vllm"] if command == "replay" else []
+        code, _, err = run([command, "gen:mixed", "--limit", "2", *extra, *argv], capsys)
+        assert_one_line(code, err, "kvtrace: error: " + needle.format(cfg=cfg))
+
+
+@pytest.mark.parametrize("capacity", [200, 60])
+def test_an_eviction_by_another_groups_allocation_is_lru(vllm_api, capacity):
+    """One pool for every group: a block a full-attention key left is reused for a Mamba
+    state. The adapter looked for the block among the key's own group's new blocks only and
+    inferred `replaced` (at 200 blocks 123 lru, 208 replaced where kvtrace's manager says 279
+    and 52). At 60, a key on two blocks, one evicted and keyed alike again within the call,
+    was taken for the other block's (6 evictions named the wrong block, then `replaced`)."""
+    spec = RunSpec("gen:mixed", capacity_blocks=capacity, content=False)
+    ours, theirs = run_replay(spec), run_replay(replace(spec, backend="vllm"))
+    assert theirs.summary["evictions_by_reason"] == ours.summary["evictions_by_reason"]
+    assert ours.summary["evictions_by_reason"]["lru"] > 0

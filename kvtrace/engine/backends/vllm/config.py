@@ -35,7 +35,14 @@ def manager_classes(api: VllmAPI, groups: list[Any]) -> list[type]:
 
 
 class UnsupportedConfig(KVTraceError):
-    """A kvtrace configuration with no vLLM 0.33 counterpart (the message says why)."""
+    """A kvtrace configuration with no vLLM 0.33 counterpart (the message says why).
+
+    ``keys``: the ``CacheConfig`` fields that make it so, the most direct first, so a caller
+    can name the flag or file key the user set (``kvtrace.replay.run.unsupported_at_origin``)."""
+
+    def __init__(self, message: str, keys: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.keys = keys
 
 
 @dataclass(frozen=True)
@@ -55,13 +62,14 @@ def check_expressible(config: CacheConfig, connector: bool = False) -> None:
     the rest of vLLM's own API."""
     if not config.shared_pool:
         raise UnsupportedConfig("num_gpu_blocks per group (separate pools, SGLang's layout) has no vLLM "
-                                "counterpart: vLLM 0.33 keeps one block pool for every group; give one total")
+                                "counterpart: vLLM 0.33 keeps one block pool for every group; give one total",
+                                ("num_gpu_blocks",))
     if config.external is not None and not connector:
         raise UnsupportedConfig("the external tier is kvtrace's model of a connector; vLLM's manager has none "
-                                "(drop external_capacity_blocks)")
+                                "(drop external_capacity_blocks)", ("external",))
     if config.hash_fn != "sha256_cbor":
         raise UnsupportedConfig(f"hash_fn {config.hash_fn!r}: kvtrace's xxhash (xxh3-64) is not vLLM's xxhash_cbor "
-                                "(xxh3-128); use sha256_cbor")
+                                "(xxh3-128); use sha256_cbor", ("hash_fn",))
     hbs = config.hash_block_size
     smallest = min(s.block_size for s in config.groups)
     wide = [s.block_size for s in config.groups if isinstance(s, MambaSpec) and s.block_size != smallest]
@@ -69,11 +77,12 @@ def check_expressible(config: CacheConfig, connector: bool = False) -> None:
         raise UnsupportedConfig(
             f"a Mamba group of {wide[0]}-token blocks beside {smallest}-token ones: vLLM 0.33's align mode gives "
             "attention and Mamba one block size (its block-aligned split cuts at the smallest group block, which "
-            "would leave Mamba states between its block ends); give the groups one block size")
+            "would leave Mamba states between its block ends); give the groups one block size", ("groups",))
     if len(config.groups) == 1 and config.groups[0].block_size != hbs:
         raise UnsupportedConfig(
             f"one group with {config.groups[0].block_size}-token blocks hashed in {hbs}-token units: vLLM 0.33 "
-            "hashes a single group per block (its unitary coordinator asserts hash_block_size == block_size)")
+            "hashes a single group per block (its unitary coordinator asserts hash_block_size == block_size)",
+            ("hash_block_size", "groups"))
 
 
 def vllm_cache_setup(api: VllmAPI, config: CacheConfig, connector: bool = False) -> VllmCacheSetup:
@@ -113,6 +122,8 @@ def vllm_cache_setup(api: VllmAPI, config: CacheConfig, connector: bool = False)
         if config.enable_partial_hits and not vllm_partial:
             raise UnsupportedConfig(
                 "enable_partial_hits: vLLM 0.33 has fine-grained hits only with a Mamba (align) group wider than "
-                f"the {hbs}-token hash block and every other group able to look up hash units (no sliding window)")
+                f"the {hbs}-token hash block and every other group able to look up hash units (no sliding window); "
+                "set enable_partial_hits = false ([cache] of --config)",
+                ("enable_partial_hits", "groups", "hash_block_size"))
         allow_partial = config.enable_partial_hits
     return VllmCacheSetup(kv_cache_config, sbs, hbs, allow_partial, api.sha256_cbor)

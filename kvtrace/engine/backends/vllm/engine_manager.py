@@ -177,7 +177,7 @@ class VllmEngineManager(VllmKVCacheManager):
         checkpoint writes."""
         step, hbs = self.step, self.hash_block_size
         out = self._events
-        fresh: list[set[int]] | None = None
+        fresh: set[int] | None = None  # block ids the call took off the free queue, in any group
         stored: set[tuple[int, Any]] = set()  # keyed by these events: their removal is no LRU eviction
         run_key: tuple[int, str] | None = None  # (group, reason) of the evictions in ``run``
         run: list[tuple[int, Any, int]] = []  # (block id, hash, age) of consecutive removals
@@ -220,12 +220,11 @@ class VllmEngineManager(VllmKVCacheManager):
             elif name == "BlockRemoved":  # one per block: runs of one group and reason become one event
                 g = ev.group_idx if ev.group_idx is not None else 0
                 if fresh is None and allocated is not None:
-                    fresh = [set(ids) for ids in allocated[0].get_block_ids()]
-                    for group, t in enumerate(allocated[1] or ()):
-                        fresh[group].update(t)
-                taken = fresh[g] if fresh is not None else ()
+                    # one pool for every group: a block keyed in one group is reused by any other
+                    fresh = {b for ids in (*allocated[0].get_block_ids(), *(allocated[1] or ())) for b in ids}
+                taken = fresh if fresh is not None else ()
                 for eh in ev.block_hashes:
-                    rec = self._removed_record(g, eh)
+                    rec = self._removed_record(g, eh, taken)
                     h, bid, born = rec if rec is not None else (eh, -1, step)
                     reason = EVICT_LRU if bid in taken and (g, eh) not in stored else EVICT_REPLACED
                     if (g, reason) != run_key:
@@ -259,17 +258,20 @@ class VllmEngineManager(VllmKVCacheManager):
             return mine
         return next(iter(held))
 
-    def _removed_record(self, g: int, eh: Any) -> list[Any] | None:
+    def _removed_record(self, g: int, eh: Any, taken: Any = ()) -> list[Any] | None:
         """The record of the block vLLM dropped key ``eh`` of group ``g`` from (its event
         names no block): the only one, or of several blocks keyed alike, the first that vLLM
-        no longer holds under the key."""
+        no longer holds under the key, else the first the call took off the free queue
+        (``taken``: evicted, then keyed alike again within the call)."""
         recs = self._published.get((g, eh))
         if not recs:
             return None
         i = 0
         if len(recs) > 1:
             held = self._held_ids(g, recs[0][0])
-            i = next((k for k, r in enumerate(recs) if r[1] not in held), 0)
+            i = next((k for k, r in enumerate(recs) if r[1] not in held), -1)
+            if i < 0:
+                i = next((k for k, r in enumerate(recs) if r[1] in taken), 0)
         rec = recs.pop(i)
         if not recs:
             del self._published[(g, eh)]

@@ -103,14 +103,15 @@ class VllmKVCacheManager:
 
     # -- requests -----------------------------------------------------------------
     def new_request(self, request_id: str, prompt_token_ids: Sequence[int] | np.ndarray,
-                    max_tokens: int = 16) -> Request:
+                    max_tokens: int = 16, cache_salt: str | None = None) -> Request:
         """A kvtrace ``Request`` and its vLLM twin; the kvtrace request shares the twin's
-        block hashes (one list, which the twin extends as output tokens arrive)."""
+        block hashes (one list, which the twin extends as output tokens arrive; the salt
+        keys the first block)."""
         tokens = (prompt_token_ids.tolist() if isinstance(prompt_token_ids, np.ndarray)
                   else [int(t) for t in prompt_token_ids])
         twin = self.api.Request(request_id=request_id, prompt_token_ids=tokens,
                                 sampling_params=self.api.SamplingParams(max_tokens=max(max_tokens, 1)),
-                                pooling_params=None, block_hasher=self._hasher)
+                                pooling_params=None, block_hasher=self._hasher, cache_salt=cache_salt)
         self._twins[request_id] = twin
         return Request(request_id, np.asarray(tokens, dtype=np.int64), block_hashes=twin.block_hashes)
 
