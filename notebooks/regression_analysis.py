@@ -231,8 +231,9 @@ for s in sig:
                  f"95% CI [{s.ci_low:+.3f}, {s.ci_high:+.3f}]).")
 for name in ("stale_hashes", "divergent_outputs"):
     m = diff.metric(name)
-    if (m.a or 0) or (m.b or 0):
-        lines.append(f"{name}: A {m.a:g}, B {m.b:g}.")
+    if (m.a or 0) or (m.b or 0):  # (None: a run that checked no content)
+        a, b = ("not measured" if v is None else f"{v:g}" for v in (m.a, m.b))
+        lines.append(f"{name}: A {a}, B {b}.")
 stale_evictions = next((k for k in diff.evictions_by_reason if k.key == "stale_hash" and k.delta), None)
 if stale_evictions is not None:
     lines.append(f"Stale entries evicted: A {stale_evictions.a}, B {stale_evictions.b} (evicting a stale entry keeps "

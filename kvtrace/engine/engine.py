@@ -246,6 +246,8 @@ class Engine:
                 for listener in listeners:
                     listener(StepBatch(se, (), found))
             stats["stale_hashes"] = auditor.num_stale
+        if auditor is None:  # no content checked (--no-content): not measured, not a count of 0
+            stats["stale_hashes"] = stats["divergent_outputs"] = stats["table_disagreements"] = None
         stats["steps"] = step
         stats["preemptions"] = scheduler.num_preemptions
         stats["evictions_by_reason"] = dict(sorted(by_reason.items()))

@@ -60,6 +60,10 @@ def test_expectation_failures():
         "behaviour on still has divergent outputs or stale hashes",
         "behaviour off shows neither divergent outputs nor stale hashes",
     ]
+    # --no-content: neither is measured (null), which is no failure to find them and no TypeError
+    unchecked = {**off, "stale_hashes": None, "divergent_outputs": None}
+    assert S.expectation_failures(S.EXTERNAL_HIT_RUNNING_COW, {**on, **unchecked}, unchecked) == [
+        "divergent outputs and stale hashes were not measured (a run without content checks)"]
 
 
 def test_study_json_shape_without_and_with_sweep():

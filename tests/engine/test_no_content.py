@@ -17,8 +17,9 @@ from kvtrace.engine import Engine
 from kvtrace.replay.generate import WORKLOADS, study_workload
 from tests.engine.test_decode_fast_path import MOONCAKE, _replay_case
 
-# What only content can tell (no content: 0); every other summary field must be equal
-CONTENT_ONLY = ("divergent_outputs", "stale_hashes", "stale_hashes_left", "table_disagreements")
+# What only content can tell (no content: null, not measured: a 0 would claim a checked,
+# correct cache); every other summary field must be equal
+CONTENT_ONLY = ("divergent_outputs", "stale_hashes", "table_disagreements")
 
 CASES = {
     "kimi-mooncake": (MOONCAKE, dict(limit=120)),
@@ -40,7 +41,8 @@ def test_no_content_gives_the_same_hits_and_timings(name):
     assert {k: bare.summary[k] for k in same} == {k: full.summary[k] for k in same}
     assert [(r.request_id, r.first_token_ns, r.finish_ns, r.itl_ns, r.num_local_hit_tokens) for r in bare.requests] \
         == [(r.request_id, r.first_token_ns, r.finish_ns, r.itl_ns, r.num_local_hit_tokens) for r in full.requests]
-    assert all(bare.summary[k] == 0 for k in CONTENT_ONLY)
+    assert all(bare.summary[k] is None for k in CONTENT_ONLY)
+    assert all(full.summary[k] is not None for k in CONTENT_ONLY)
 
 
 def test_no_content_needs_no_torch():
