@@ -14,6 +14,7 @@ or rows with those fields as JSON text.
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -76,6 +77,11 @@ def settings(run: Mapping[str, Any]) -> dict[str, Any]:
         flat: dict[str, Any] = {}
         _flatten(cfg, "", flat)
         flat.pop("mode", None)
+        if "block_size" in flat and flat["block_size"] is None:
+            # a cache-only run at its trace's own block size stores that size in its summary
+            # (Compare said "block_size: A 32 → B unset" of a 512-token run)
+            summary = _parsed(run.get("summary"))
+            flat["block_size"] = summary.get("block_size") if isinstance(summary, dict) else None
         out |= flat
         if isinstance(model, dict):
             out["cost_model"] = json.dumps(model, sort_keys=True)
@@ -142,16 +148,21 @@ def study_command(a: Mapping[str, Any], db: str) -> str:
     """The command that records a run differing from ``a`` in one setting: for an engine
     run, ``kvtrace study`` of a behaviour (the pair: that behaviour off and on); for a
     cache-only run, the other eviction policy at the same capacity."""
-    trace = a.get("trace_source") or "TRACE"
+    trace = shlex.quote(a.get("trace_source") or "TRACE")  # (a command to paste: paths may hold spaces)
+    db = shlex.quote(db)
     cfg = _parsed(a.get("config"))
     cfg = cfg if isinstance(cfg, dict) else {}
     if str(a.get("mode") or "").startswith("cache-only"):
-        other = "belady" if cfg.get("policy") != "belady" else "lru"
         size = f" --block-size {cfg['block_size']}" if cfg.get("block_size") else ""
+        if cfg.get("capacity_blocks") is None:
+            # an unbounded cache evicts nothing, so no policy differs from it: a bounded run of
+            # the trace is what falls short of its hit rate
+            return f"kvtrace replay {trace} --mode cache-only --capacity-blocks N{size} --db {db}"
+        other = "belady" if cfg.get("policy") != "belady" else "lru"
         return (f"kvtrace replay {trace} --mode cache-only --policy {other} "
-                f"--capacity-blocks {cfg.get('capacity_blocks', 'N')}{size} --db {db}")
+                f"--capacity-blocks {cfg['capacity_blocks']}{size} --db {db}")
     behaviour = next(iter(sorted(_behaviours(a))), "shared-prefix-pinning")
-    preset = f" --preset {cfg['preset']}" if cfg.get("preset") else ""
+    preset = f" --preset {shlex.quote(str(cfg['preset']))}" if cfg.get("preset") else ""
     return f"kvtrace study {behaviour} --trace {trace}{preset} --db {db}"
 
 

@@ -1,0 +1,45 @@
+"""``kvtrace.compare.pairing``: how two stored runs' settings differ, and the command that
+records a partner for a run (the dashboard's Compare page shows both)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from kvtrace.compare import pairing
+
+
+def _cache_only(block_size, summary_block_size, capacity=None, policy="lru", trace="t.jsonl"):
+    return {"run_id": f"r{block_size}", "mode": "cache-only", "trace_source": trace,
+            "config": json.dumps({"block_size": block_size, "capacity_blocks": capacity, "mode": "cache-only",
+                                  "policy": policy}),
+            "summary": json.dumps({"requests": 5, "block_size": summary_block_size})}
+
+
+def test_a_run_at_its_traces_own_block_size_differs_only_where_the_size_does():
+    """A cache-only run at the trace's block size stores it in its summary, not its config:
+    Compare said "block_size: A 32 → B unset" of a 512-token run, and "A 512 → B unset" of
+    two runs at one size."""
+    own, given, other = _cache_only(None, 512), _cache_only(512, 512), _cache_only(32, 32)
+    assert pairing.differences(own, given) == []
+    (d,) = pairing.differences(other, own)
+    assert (d.setting, d.a, d.b) == ("block_size", 32, 512)
+
+
+def test_the_partner_command_of_an_unbounded_run_is_a_bounded_one_and_pastes_whole():
+    """An unbounded cache-only run was told to record ``--capacity-blocks None`` (refused:
+    "expected a number of blocks"); a store path with a space broke the command."""
+    db = "/tmp/my stores/s.duckdb"
+    unbounded = pairing.study_command(_cache_only(None, 512, trace="my trace.jsonl"), db)
+    argv = shlex.split(unbounded)
+    assert "None" not in argv and argv[argv.index("--capacity-blocks") + 1] == "N"
+    assert "--policy" not in argv  # (no policy differs from a cache that evicts nothing)
+    assert argv[2] == "my trace.jsonl" and argv[-1] == db
+    bounded = shlex.split(pairing.study_command(_cache_only(None, 512, capacity=64), db))
+    assert bounded[bounded.index("--policy") + 1] == "belady"
+    assert bounded[bounded.index("--capacity-blocks") + 1] == "64"
+    engine = {"mode": "engine", "trace_source": "a b.jsonl", "config": {"preset": "kimi-hybrid"},
+              "behaviours": ["shared-prefix-pinning"]}
+    argv = shlex.split(pairing.study_command(engine, db))
+    assert argv[:3] == ["kvtrace", "study", "shared-prefix-pinning"] and argv[argv.index("--trace") + 1] == "a b.jsonl"
+    assert argv[-1] == db
