@@ -61,7 +61,8 @@ def runs(db: DbToRead, as_json: Json = False, limit: Annotated[int | None, typer
     rows = [header]
     for r in listed:
         size = f"{r['capacity_blocks']:,}×{r['block_size']}" if r["capacity_blocks"] else "-"
-        rows.append([r["run_id"], r["name"] or "", Path(str(r["trace"])).name, r["mode"] or "", r["backend"],
+        trace = Path(r["trace"]).name if r["trace"] else "-"  # (a collected run names none: not "None")
+        rows.append([r["run_id"], r["name"] or "", trace, r["mode"] or "", r["backend"],
                      ",".join(r["behaviours"]) or "-", size, r["status"], r["created"] or "",
                      *(format_value(m, r[m]) for m in RUNS_METRICS)])
     print_rows(rows, title=f"runs in {db}", left=9)

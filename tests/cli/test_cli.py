@@ -341,3 +341,19 @@ def test_runs_lists_the_newest_hundred_in_its_table_and_says_how_many_it_left_ou
     assert len(json.loads(out)["runs"]) == 151 and err == ""
     code, out, _ = run(["runs", "--db", str(db), "--json", "--limit", "3"], capsys)
     assert len(json.loads(out)["runs"]) == 3
+
+
+def test_runs_shows_a_run_without_a_trace_as_a_dash_not_none(tmp_path, capsys):
+    """A collected (OTLP) run names no trace: the table printed ``None`` in its trace column."""
+    from kvtrace.store.writer import Store
+    from tests.cli.support import run
+
+    db = tmp_path / "s.duckdb"
+    store = Store.open(db)
+    run_id = store.create_run("collected", mode="otlp")
+    store.finish_run(run_id, status="complete")
+    store.close()
+    code, out, err = run(["runs", "--db", str(db)], capsys)
+    assert code == 0, err
+    (line,) = [ln for ln in out.splitlines() if run_id in ln]
+    assert "None" not in line and "│ - " in line
