@@ -98,8 +98,9 @@ def open_workload(spec: RunSpec) -> _Workload:
     ident = getattr(src, "source_id", None) or spec.trace
     if spec.limit is not None:
         ident = f"{ident}:limit={spec.limit}"
-    if spec.trace_block_size is not None:  # (the same file read at another block size: other requests)
-        ident = f"{ident}:trace_block_size={spec.trace_block_size}"
+    read_at = src.options.get("block_size")  # (None: the format's own size, however given)
+    if read_at is not None:  # (the same file read at another block size: other requests)
+        ident = f"{ident}:trace_block_size={read_at}"
     return _Workload(src, spec.trace, ident, spec.limit)
 
 

@@ -457,6 +457,17 @@ def test_a_mooncake_trace_of_another_block_size_is_read_from_the_command_line(tm
     assert_one_line(code, err, "block_size (--trace-block-size): the native format carries its own block size")
 
 
+def test_the_formats_own_block_size_given_is_the_same_trace(tmp_path):
+    """``--trace-block-size 512`` on a Mooncake file reads it as without the flag: its runs
+    were another trace to ``diff`` (a different trace digest) all the same."""
+    from kvtrace.replay.run import RunSpec, open_workload
+
+    trace = tmp_path / "m.jsonl"
+    trace.write_text('{"timestamp":0,"input_length":600,"output_length":2,"hash_ids":[1,2]}\n')
+    ident = {size: open_workload(RunSpec(str(trace), trace_block_size=size)).source_id for size in (None, 512, 500)}
+    assert ident[512] == ident[None] != ident[500]
+
+
 def test_an_azure_row_is_named_where_it_begins_and_may_carry_a_long_column(tmp_path):
     """An unterminated quote on line 3 was reported at the line where its field passed csv's
     128 KiB limit (and before that, silently took the rest of the file into one field); an

@@ -14,6 +14,7 @@ import msgspec
 
 from kvtrace.errors import TraceFormatError, file_problem
 from kvtrace.names import FORMATS
+from kvtrace.replay.readers import azure, bailian, mooncake
 from kvtrace.replay.readers.azure import read_azure
 from kvtrace.replay.readers.bailian import read_bailian
 from kvtrace.replay.readers.mooncake import read_mooncake
@@ -30,8 +31,10 @@ READERS = {
     "azure": read_azure,
     "native": read_native,
 }
-# Formats whose hash ids come without a block size in the file (a reader option).
-BLOCK_SIZE_OPTION = frozenset({"mooncake", "bailian", "azure"})
+# Formats whose hash ids come without a block size in the file (a reader option), and the
+# size each reads them at by default.
+BLOCK_SIZE_OPTION = {"mooncake": mooncake.DEFAULT_BLOCK_SIZE, "bailian": bailian.DEFAULT_BLOCK_SIZE,
+                     "azure": azure.DEFAULT_BLOCK_SIZE}
 
 __all__ = ["FORMATS", "TraceSource", "detect_format", "open_trace", "read_trace"]
 
@@ -93,7 +96,8 @@ def open_trace(
                                                "block size")
         if not isinstance(block_size, int) or block_size < 1:
             raise TraceFormatError(path, None, f"block_size: expected an int >= 1, got {block_size!r}")
-        options["block_size"] = block_size
+        if block_size != BLOCK_SIZE_OPTION[fmt]:  # (the default given: the same reading, the same trace)
+            options["block_size"] = block_size
     files = weka_files(path) if fmt == "weka" else None
     problem = file_problem(path) if files is None else None
     if problem is not None:
