@@ -183,11 +183,13 @@ MAX_CURVE_POINTS = 10_000  # capacities of one curve (as a sweep's combinations)
 
 def parse_capacities(text: str) -> list[int | None] | None:
     """``auto`` -> None; ``C1,C2,...`` (``inf`` for the unbounded cache) -> the list."""
+    from kvtrace.replay.run import is_unbounded
+
     if text.strip().lower() == "auto":
         return None
     out: list[int | None] = []
     for part in (p.strip() for p in text.split(",")):
-        if part.lower() in ("inf", "unbounded"):
+        if is_unbounded(part):
             out.append(None)
             continue
         if not (part.isascii() and part.isdigit()) or int(part) < 1:  # ('²'.isdigit() holds)

@@ -118,11 +118,20 @@ _TOML_KEY_OF = {"behaviours": "cache.without", "without": "cache.without",
                 "external": "cache.external_capacity_blocks", "preset": "preset"}
 
 
+# How the unbounded cache (cache-only mode) is spelt, in --capacity-blocks, sweep's
+# capacity_blocks values and curve's --capacities alike (any case)
+UNBOUNDED_WORDS = ("inf", "infinity", "unbounded")
+
+
+def is_unbounded(text: str) -> bool:
+    return text.strip().lower() in UNBOUNDED_WORDS
+
+
 def parse_capacity_blocks(text: str | None) -> int | float | None:
     """``--capacity-blocks``: a block count, or ``inf`` (cache-only mode's unbounded cache)."""
     if text is None:
         return None
-    if text.strip().lower() in ("inf", "infinity", "unbounded"):
+    if is_unbounded(text):
         return math.inf
     blocks = parse_decimal(text)  # (ASCII digits: int() also took 1_000 and other scripts' digits)
     if blocks is None:

@@ -28,7 +28,7 @@ from typing import Any
 from kvtrace.errors import ConfigError, KVTraceError
 from kvtrace.process import sigterm_blocked, stop_handlers_kept, worker_start
 from kvtrace.replay.config_file import parse_retention
-from kvtrace.replay.run import RunResult, RunSpec, run_replay
+from kvtrace.replay.run import RunResult, RunSpec, is_unbounded, run_replay
 from kvtrace.workload.lines import parse_decimal
 
 _INT_PARAMS = ("capacity_blocks", "capacity_tokens", "external_capacity_blocks", "block_size")
@@ -56,7 +56,7 @@ def parse_param(text: str, flag: str = "--param") -> tuple[str, list[Any]]:
     if name in _INT_PARAMS:
         # (ASCII digits: int() also took 1_0 and other scripts' digits); capacity_blocks may be
         # inf, as for replay: cache-only's unbounded cache
-        ints = [math.inf if name == "capacity_blocks" and v.lower() == "inf" else parse_decimal(v) for v in values]
+        ints = [math.inf if name == "capacity_blocks" and is_unbounded(v) else parse_decimal(v) for v in values]
         if None in ints:
             raise ConfigError(flag, text, f"{name} values must be integers"
                                           + (" (or inf)" if name == "capacity_blocks" else ""))

@@ -108,7 +108,8 @@ def test_auto_capacities_span_the_largest_request_to_every_block(mooncake):
 @pytest.mark.parametrize("text, expected", [
     ("auto", None), ("100, 200,inf", [100, 200, None]),
     # each capacity once, ascending, the unbounded cache last (a repeat was taken for "inf given")
-    ("10,10,20", [10, 20]), ("inf,20,10,20,inf", [10, 20, None])])
+    ("10,10,20", [10, 20]), ("inf,20,10,20,inf", [10, 20, None]),
+    ("10,infinity", [10, None]), ("Unbounded,10", [10, None])])  # (replay's spellings: infinity was refused)
 def test_parse_capacities(text, expected):
     assert parse_capacities(text) == expected
 

@@ -183,6 +183,8 @@ def test_a_trace_error_in_a_worker_is_the_one_line_it_is(tmp_path):
 @pytest.mark.parametrize("text, expected", [
     ("capacity_blocks=1,2", ("capacity_blocks", [1, 2])),
     ("capacity_blocks=64,inf", ("capacity_blocks", [64, math.inf])),  # (refused; replay and curve take inf)
+    # the unbounded cache spelt as --capacity-blocks and curve's --capacities spell it (only inf was taken)
+    ("capacity_blocks=Infinity,unbounded", ("capacity_blocks", [math.inf, math.inf])),
     ("retention=none,0", ("retention", ["none", "0"])),
     ("without=none,shared-prefix-pinning+external-hit-running-cow",
      ("without", [(), ("external-hit-running-cow", "shared-prefix-pinning")])),
