@@ -61,6 +61,23 @@ def test_sliding_window_hit_needs_contiguous_window_blocks():
     assert hit == 16 and [x.block_id for x in blocks.blocks[0][2:]] == [3, 4]
 
 
+def test_a_one_token_window_hits_only_on_a_cached_block_as_vllm():
+    """A window of 1 needs no earlier block (need 0): kvtrace took a whole lookup as a hit
+    with no block cached at all, where vLLM 0.33's scan ends a hit at its rightmost cached
+    block, and keeps none of such a group's blocks (its retention keeps the last 0 of each
+    segment): no hit ever, as ``tests/replay/test_conformance.py`` holds against vLLM."""
+    cfg = CacheConfig(groups=(SlidingWindowSpec(4, sliding_window=1),), num_gpu_blocks=30, hash_block_size=4)
+    m = KVCacheManager(cfg)
+    assert m.managers[0].need == 0
+    assert m.get_computed_blocks(make_request("cold", range(17)))[1] == 0
+    a = make_request("a", range(9))
+    run_chunk(m, a, 9)
+    m.free(a)
+    m.new_step_starts()
+    assert not m.managers[0].cached  # (nothing kept, as vLLM)
+    assert m.get_computed_blocks(make_request("b", list(range(8)) + [7] * 9))[1] == 0
+
+
 def test_sliding_window_frees_blocks_outside_the_window_but_keeps_their_keys():
     cfg = CacheConfig(groups=(SlidingWindowSpec(4, sliding_window=5),), num_gpu_blocks=30, hash_block_size=4)
     m = KVCacheManager(cfg)

@@ -55,6 +55,14 @@ def test_sliding_window_with_full_attention(vllm_api, trace, limit, capacities):
                           limit=limit), vllm_api)
 
 
+def test_a_one_token_sliding_window(vllm_api):
+    """A window of 1 (no earlier block needed): kvtrace hit whole lookups with no block cached,
+    vLLM ends a hit at the rightmost cached block (they parted at step 1)."""
+    check(ConformanceSpec("gen:mixed", preset="dense-attention", capacity_blocks=(400,), limit=40, cache_overrides=dict(
+        groups=(FullAttentionSpec(16), SlidingWindowSpec(16, sliding_window=1)), hash_block_size=16,
+        enable_partial_hits=False, num_prefill_checkpoint_blocks=0)), vllm_api)
+
+
 @pytest.mark.parametrize("retention", ["none", "0"])
 @pytest.mark.parametrize("trace, limit, capacities", [(TRACE, 120, (400, 10_240)), ("gen:mixed", None, (100, 2000))])
 def test_hybrid_mamba_align_partial_hits_and_checkpoint(vllm_api, retention, trace, limit, capacities):

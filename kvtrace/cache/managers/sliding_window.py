@@ -1,6 +1,6 @@
 """Sliding window (vLLM's ``SlidingWindowManager``): a token attends to the last
 ``sliding_window`` tokens, so a hit of length L needs the ``cdiv(window - 1, bs)``
-blocks ending at L cached (scanned right to left), and blocks wholly outside the
+blocks ending at L cached (at least one) (scanned right to left), and blocks wholly outside the
 window are freed once computed (they keep their keys).
 """
 
@@ -42,7 +42,10 @@ class SlidingWindowManager(SingleTypeManager):
 
         n_max = min(max_length // bs, len(coarse))
         seen: list = [None] * n_max  # None: not looked up yet; False: a miss
-        need = self.need
+        # A window of one token needs no earlier block (need 0), yet vLLM's scan still ends a
+        # hit at its rightmost cached block: at least one, or no hit (kvtrace took a whole
+        # lookup as a hit with none cached)
+        need = max(self.need, 1)
         for end in range(n_max, 0, -1):  # right to left over candidate hit ends
             if (end * bs) % align:
                 continue
