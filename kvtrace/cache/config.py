@@ -117,11 +117,12 @@ class CacheConfig:
         if (not isinstance(nb, int) and len(nbs) != len(groups)) or any(
             isinstance(n, bool) or not isinstance(n, int) or n < 2 for n in nbs
         ):
-            raise ConfigError(
-                _SOURCE, "num_gpu_blocks",
-                f"expected an int >= 2 (one shared pool) or one int >= 2 per group ({len(groups)} separate "
-                f"pools), got {nb!r}",
-            )
+            # (said of what was given: "1 separate pools" answered a single int)
+            what = ("expected an int >= 2 (a pool holds vLLM's null block and at least one to use)"
+                    if isinstance(nb, int) else
+                    f"expected one int >= 2 per group ({len(groups)} groups, each its own pool), or one int for "
+                    "one shared pool")
+            raise ConfigError(_SOURCE, "num_gpu_blocks", f"{what}, got {nb!r}")
         if sum(nbs) > MAX_BLOCKS:
             raise ConfigError(_SOURCE, "num_gpu_blocks", f"{sum(nbs):,} blocks is beyond what kvtrace can hold "
                                                          f"(at most {MAX_BLOCKS:,})")

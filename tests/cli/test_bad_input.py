@@ -124,6 +124,9 @@ def test_unreadable_config_files(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, flag", [
     (["--capacity-blocks", "-5"], "--capacity-blocks: -5"),
+    # said "or one int >= 2 per group (1 separate pools)" of a single int
+    (["--preset", "dense-attention", "--capacity-blocks", "1"],
+     "--capacity-blocks: 1: expected an int >= 2 (a pool holds vLLM's null block and at least one to use)"),
     (["--preset", "nope"], "--preset: 'nope' is not one of"),
     (["--without", "nope"], "--without: 'nope' is not one of"),
     (["--limit", "-1"], "--limit: -1"),
