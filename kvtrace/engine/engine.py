@@ -179,7 +179,8 @@ class Engine:
                 pools = (cc.total_blocks,) if cc.shared_pool else cc.pool_sizes
                 raise KVTraceError(
                     f"engine: {what} cannot be scheduled: it needs more KV blocks than the pool holds "
-                    f"(num_gpu_blocks {', '.join(map(str, pools))}); raise --capacity-blocks"
+                    f"(num_gpu_blocks {', '.join(map(str, pools))}); raise --capacity-blocks or --capacity-tokens "
+                    "(or cache.num_gpu_blocks in --config, wherever it was set)"
                 )
             step += 1
             res = worker.execute(out)

@@ -1052,3 +1052,12 @@ def test_an_output_path_ending_in_a_slash_is_no_file(tmp_path, capsys, command):
     code, _, err = run([*command, "-o", f"{tmp_path}/newdir/"], capsys)
     assert_one_line(code, err, "newdir/: names a directory, which does not exist")
     assert not (tmp_path / "newdir").exists()
+
+
+def test_a_pool_too_small_for_a_request_names_every_place_its_size_is_set(tmp_path, capsys):
+    """The pool's size from a --config file was blamed on --capacity-blocks alone."""
+    config = tmp_path / "small.toml"
+    config.write_text("[cache]\nnum_gpu_blocks = 4\n")
+    code, _, err = run(["replay", "gen:chat", "--limit", "3", "--config", str(config)], capsys)
+    assert_one_line(code, err, "request chat0-t0 (895 prompt tokens) cannot be scheduled")
+    assert "cache.num_gpu_blocks in --config" in err
