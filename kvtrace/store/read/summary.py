@@ -24,13 +24,13 @@ def run_summary(db: DB, run_id: str) -> dict[str, Any]:
 
 
 def finished_summary(stored: object) -> TypeGuard[Mapping[str, Any]]:
-    """Whether a stored summary is a finished replay's (it counts its requests), not a
-    stopped run's ``{"error": ...}`` alone."""
-    return isinstance(stored, Mapping) and "requests" in stored
+    """Whether a stored summary is a finished run's, not a failed or terminated one's
+    ``{"error": ...}`` (a live capture's counts no requests and is finished all the same)."""
+    return isinstance(stored, Mapping) and "error" not in stored
 
 
 def summary_with_spans(db: DB, run_id: str, stored: Mapping[str, Any] | None) -> dict[str, Any]:
-    """``stored`` (the run's summary, already read) when it is a finished replay's; for any
+    """``stored`` (the run's summary, already read) when it is a finished run's; for any
     other run (none stored: running or killed; a failed or terminated run's error alone),
     ``summary_from_spans`` with what was stored on top (the error stays). The one rule every
     view follows (a SIGTERM'd run showed its spans' numbers on the dashboard's tiles and
