@@ -170,8 +170,13 @@ class Engine:
                 what = (f"request {stuck.request_id} ({stuck.num_prompt_tokens:,} prompt tokens)" if stuck
                         else "no request")
                 sc = self.scheduler_config
-                if stuck and not sc.enable_chunked_prefill and stuck.num_prompt_tokens > sc.max_num_batched_tokens:
-                    raise KVTraceError(  # a whole prompt per step: vLLM refuses such a config up front
+                if stuck and scheduler.unchunked_wait > sc.max_num_batched_tokens:
+                    # a whole prefill per step (vLLM refuses such a config up front). What it must
+                    # prefill, not its prompt: a preempted request recomputes its output too
+                    if scheduler.unchunked_wait > stuck.num_prompt_tokens:
+                        what = (f"request {stuck.request_id} ({stuck.num_prompt_tokens:,} prompt tokens, "
+                                f"{scheduler.unchunked_wait:,} to prefill again after a preemption)")
+                    raise KVTraceError(
                         f"engine: {what} cannot be scheduled: without chunked prefill a prompt must fit one step's "
                         f"max_num_batched_tokens {sc.max_num_batched_tokens:,} (raise [scheduler] "
                         "max_num_batched_tokens in --config, or set enable_chunked_prefill = true)"
@@ -206,7 +211,7 @@ class Engine:
                 engine_events.append(DivergentOutput(step, end_ns, d.request_id, d.position, d.expected, d.actual))
             stats["divergent_outputs"] += len(res.divergences)
             stats["table_disagreements"] += res.table_disagreements
-            finished = scheduler.update_from_output(out, res.sampled, end_ns)
+            finished = scheduler.update_from_output(out, res.sampled, end_ns, start_ns)
             manager.new_step_starts()
             batch_events = list(cache_events)
             cache_events.clear()

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from math import gcd
 
 from kvtrace.cache import ALL_BEHAVIOURS, CacheConfig, ExternalTierConfig, FullAttentionSpec, MambaSpec
+from kvtrace.cache.config import MAX_BLOCKS
 from kvtrace.engine.clock import CostModel, get_cost_model
 from kvtrace.engine.config import SchedulerConfig
 from kvtrace.errors import ConfigError
@@ -173,6 +174,11 @@ def get_preset(
             for g in attention:
                 sized[g] = max(2, (sized[g] - 1) * base_groups[g].block_size // groups[g].block_size + 1)
             blocks = tuple(sized)
+        scaled = blocks if isinstance(blocks, int) else sum(blocks)
+        if scaled > MAX_BLOCKS:  # said of the block size: the user gave no pool (CacheConfig would name it)
+            raise ConfigError("CacheConfig", "groups", f"{name}'s pool in {block_size}-token blocks is {scaled:,} "
+                                                       f"blocks, beyond what kvtrace can hold (at most {MAX_BLOCKS:,}); "
+                                                       "give --capacity-blocks or --capacity-tokens with it")
     changes["num_gpu_blocks"] = blocks
     if not any(isinstance(g, MambaSpec) for g in groups):  # groups without Mamba: its prefill checkpoint goes too
         changes["num_prefill_checkpoint_blocks"] = 0

@@ -94,6 +94,10 @@ class Scheduler:
         self.mamba_prefill_checkpoint_alignment = cache_config.prefill_checkpoint_alignment
         self.use_external = cache_config.external is not None
         self.num_preemptions = 0
+        # tokens the waiting head must prefill in one step when chunked prefill is off and
+        # they exceed the step's budget (0: it waited for blocks, or not at all): the engine
+        # names this, not the pool, when nothing can run
+        self.unchunked_wait = 0
         self._no_new_ids: tuple[list[int], ...] = tuple([] for _ in cache_config.groups)  # shared: read only
         # kvtrace's manager allocates a run of decode steps in one call; another backend
         # (vLLM's manager) is called once per request
@@ -184,6 +188,7 @@ class Scheduler:
         cached_reqs: list[CachedRequestData | DecodeRun] = []
         num_scheduled: dict[str, int] = {}
         preempted: list[EngineRequest] = []
+        self.unchunked_wait = 0
 
         no_new_ids = self._no_new_ids
         max_model_len = self.config.max_model_len
@@ -245,6 +250,7 @@ class Scheduler:
                 if 0 < thr < n:
                     n = thr
                 if not self.config.enable_chunked_prefill and n > token_budget:
+                    self.unchunked_wait = n
                     break
                 n = min(n, token_budget)
                 if self.need_mamba_block_aligned_split:
@@ -310,7 +316,8 @@ class Scheduler:
         self.waiting.appendleft(request)
 
     # -- after the step ------------------------------------------------------------------------
-    def update_from_output(self, out: SchedulerOutput, sampled: dict[str, int], end_ns: int) -> list[EngineRequest]:
+    def update_from_output(self, out: SchedulerOutput, sampled: dict[str, int], end_ns: int,
+                           start_ns: int | None = None) -> list[EngineRequest]:
         """Append sampled tokens; finish requests that reached their output length.
 
         A request with a recorded ``expected_output`` appends those tokens instead (the
@@ -328,6 +335,11 @@ class Scheduler:
             request.token_times_ns.append(end_ns)
             if request.first_token_ns < 0:
                 request.first_token_ns = end_ns
+                if out.num_scheduled_tokens[rid] == 1:
+                    # the prompt's last token alone: the worker ran it as a decode (one query
+                    # token, as vLLM's kernels do), yet it is a prompt token prefilled
+                    request.num_computed_prompt_tokens += 1
+                    request.prefill_chunks.append((end_ns if start_ns is None else start_ns, end_ns, 1))
             if len(out_ids) >= request.max_tokens:
                 finished.append(request)
         if finished:

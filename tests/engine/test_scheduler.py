@@ -205,3 +205,47 @@ def test_recorded_outputs_are_replayed_and_still_verified():
     hits = {r.request_id: r.num_local_hit_tokens for r in res.requests}
     assert hits["b"] == 96  # a's block 80..95 holds its replayed outputs 7, 8
     assert res.summary["divergent_outputs"] == 0
+
+
+def test_a_preempted_request_beyond_the_step_budget_without_chunked_prefill_names_the_setting():
+    """b (500 prompt tokens) is preempted after ~45 outputs and a's growth evicts its blocks:
+    it must prefill 529 tokens again, more than one step's 512. That was blamed on the pool
+    ("needs more KV blocks than the pool holds"), which holds b (chunked prefill runs it)."""
+    from kvtrace.errors import KVTraceError
+
+    def run(chunked: bool):
+        preset = EnginePreset(
+            "tiny", CacheConfig(groups=(FullAttentionSpec(16),), num_gpu_blocks=42, hash_block_size=16),
+            SchedulerConfig(max_num_batched_tokens=512, enable_chunked_prefill=chunked),
+            get_cost_model("h200-dense-8b"),
+        )
+        rng = np.random.default_rng(0)
+        work = [TraceRequest("a", 0, 20, 600, token_ids=rng.integers(0, 9000, 20)),
+                TraceRequest("b", 1, 500, 100, token_ids=rng.integers(0, 9000, 500))]
+        return Engine(preset, content=False).run(work)
+
+    assert run(True).summary["preemptions"] == 1
+    with pytest.raises(KVTraceError) as info:
+        run(False)
+    text = str(info.value)
+    assert "request b (500 prompt tokens, 529 to prefill again after a preemption)" in text, text
+    assert "max_num_batched_tokens 512" in text and "capacity" not in text, text
+
+
+def test_a_prompt_whose_last_token_is_its_own_chunk_counts_it_as_prefilled():
+    """b hits 16 of its 17 prompt tokens: its one chunk is the last prompt token alone, which
+    the worker runs as a decode. It was left out of computed_prompt_tokens and prefill_chunks
+    (b: 0 tokens prefilled, and the summary's computed_prompt_tokens below local_compute)."""
+    preset = EnginePreset(
+        "tiny", CacheConfig(groups=(FullAttentionSpec(16),), num_gpu_blocks=20, hash_block_size=16),
+        SchedulerConfig(), get_cost_model("h200-dense-8b"),
+    )
+    prompt = np.arange(100, 117)
+    work = [TraceRequest("a", 0, 17, 3, token_ids=prompt), TraceRequest("b", 10**9, 17, 3, token_ids=prompt)]
+    for content in (True, False):
+        res = Engine(preset, content=content).run(work)
+        b = {r.request_id: r for r in res.requests}["b"]
+        assert b.num_local_hit_tokens == 16
+        assert b.num_computed_prompt_tokens == 1 and [c[2] for c in b.prefill_chunks] == [1]
+        s = res.summary
+        assert s["computed_prompt_tokens"] == s["prompt_tokens_by_source.local_compute"] == 18

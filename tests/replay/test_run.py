@@ -96,3 +96,14 @@ def test_cache_only_without_a_capacity_is_unbounded_and_engine_mode_refuses_inf(
     assert s["prefix_cache_hits"] > bounded["prefix_cache_hits"] and bounded["evictions"] > 0
     with pytest.raises(ConfigError, match="--capacity-blocks: inf: engine mode"):
         run_replay(RunSpec(str(MOONCAKE), capacity_blocks=math.inf, limit=5))
+
+
+def test_a_block_size_that_scales_the_presets_pool_beyond_the_limit_names_the_flag():
+    """kimi-hybrid's ~4.2M-token pool in 1-token blocks: refused as "CacheConfig:
+    num_gpu_blocks: ...", a setting the user never gave."""
+    from kvtrace.replay.run import validate
+
+    with pytest.raises(ConfigError, match=r"^--block-size: 1: kimi-hybrid's pool in 1-token blocks is 4,195,841 "
+                                          r"blocks, .*give --capacity-blocks or --capacity-tokens with it$"):
+        validate(RunSpec("gen:chat", block_size=1, content=False))
+    validate(RunSpec("gen:chat", block_size=1, capacity_blocks=5000, content=False))  # a pool given: accepted
