@@ -24,7 +24,7 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 
 def probe_address(host: str, port: int, what: str) -> None:
@@ -164,14 +164,57 @@ def sigterm_blocked() -> Iterator[None]:
 @contextlib.contextmanager
 def signals_held() -> Iterator[None]:
     """SIGINT and SIGTERM held within the block, delivered when it ends: the steps inside
-    (renames that make a result appear whole, the removal of a half-written one) are not
-    cut in half by an interrupt."""
-    held = {signal.SIGINT, signal.SIGTERM}
-    signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    (renames that make a result appear whole, the removal of a half-written one, a commit
+    and the buffer it empties) are not cut in half by an interrupt.
+
+    Held by the handlers, not the signal mask: a mask is the calling thread's, and the
+    kernel gave the signal to another thread (DuckDB's, chdb's), whose C handler had the
+    main thread raise inside the block all the same. Off the main thread, where Python
+    raises no signal's exception, nothing is needed."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: arrived.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)
+                if signal.getsignal(sig) is not None}  # (a C handler, which could not be put back, left as it is)
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for signum in dict.fromkeys(arrived):  # each once, in order, to the handler it was for
+            signal.raise_signal(signum)
+
+
+def remove_dead_leftovers(folder: str | os.PathLike[str], owner: Callable[[str], int | None],
+                          remove: Callable[[str], object] = os.unlink) -> None:
+    """Remove what writers killed with -9 left in ``folder`` (nothing else cleans up after a
+    kill): each entry whose name ``owner`` reads a pid from, where no process has that pid
+    any more. A live writer's entries stay, and so do this process's."""
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(os.fspath(folder)):
+            pid = owner(entry.name)
+            if pid is None or pid <= 0 or pid == os.getpid():
+                continue
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                with contextlib.suppress(OSError):
+                    remove(entry.path)
+            except (PermissionError, OverflowError):
+                continue  # (another user's live process; a pid no process can have)
+
+
+def pid_after(prefix: str, name: str, end: str = "") -> int | None:
+    """The decimal pid in ``name`` right after ``prefix`` (up to ``end``, when given), or None
+    when the name is not of that shape."""
+    if not name.startswith(prefix):
+        return None
+    pid = name[len(prefix):]
+    if end:
+        pid = pid.partition(end)[0]
+    return int(pid) if pid.isascii() and pid.isdigit() else None
 
 
 def sigterm_default() -> None:

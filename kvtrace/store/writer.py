@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from kvtrace.process import signals_held
 from kvtrace.store import derived
 from kvtrace.store.backend import is_clickhouse, store_to_write_problem
 from kvtrace.store.connection import (
@@ -552,4 +553,8 @@ class Store:
                     f"INSERT INTO {family} BY NAME SELECT *, $run_id AS run_id FROM kvtrace_append", {"run_id": run_id}
                 )
                 con.unregister("kvtrace_append")
-            con.execute("COMMIT")
+            # committed and forgotten together: an interrupt after the COMMIT (as the connection
+            # closes, DuckDB checkpointing) had the interrupt's own flush commit every row again
+            with signals_held():
+                con.execute("COMMIT")
+                self._buffer, self._buffered_rows = [], 0

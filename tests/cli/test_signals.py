@@ -55,3 +55,25 @@ def test_handlers_a_library_installs_are_replaced_by_the_commands_own():
             signal.signal(signal.SIGINT, library)
         assert signal.getsignal(signal.SIGTERM) is ours
         assert signal.getsignal(signal.SIGINT) is not library
+
+
+def test_signals_held_hold_a_signal_the_kernel_gives_another_thread():
+    """The block held SIGINT with the calling thread's mask: the kernel gave it to another
+    thread (DuckDB's, chdb's), and the main thread raised inside the block all the same (a
+    chdb flush cut between its inserts, its rows then inserted twice)."""
+    import os
+    import threading
+    import time
+
+    from kvtrace.process import signals_held
+
+    library = threading.Thread(target=time.sleep, args=(2,), daemon=True)  # its mask: nothing blocked
+    library.start()
+    finished = []
+    with pytest.raises(KeyboardInterrupt), signals_held():
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(200):
+            time.sleep(0.001)  # (the handler's exception is raised here, were the signal let in)
+        finished.append(True)
+    assert finished == [True]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -70,6 +70,77 @@ def test_ctrl_c_flushes_and_marks_run_failed(tmp_path):
     assert Store.open(db).recovered_runs == []  # already final: nothing to recover
 
 
+def test_ctrl_c_as_a_committed_flush_lets_the_file_go_stores_its_rows_once(tmp_path, monkeypatch):
+    """Ctrl-C while a committed flush's connection closes (DuckDB checkpoints there; a sweep's
+    store closes one after every commit): the interrupt's own flush committed the same rows
+    again, every seq twice."""
+    import contextlib
+
+    from kvtrace.store import writer
+    from kvtrace.store.read._sql import connect, query
+    from tests.store.writer_child import batch
+
+    opened, armed = writer.write_connection, [False]
+
+    @contextlib.contextmanager
+    def interrupted_as_it_closes(path, timeout_s):
+        with opened(path, timeout_s=timeout_s) as con:
+            yield con
+        if armed[0]:
+            armed[0] = False
+            raise KeyboardInterrupt  # (as the signal's handler raises it once close() returns)
+
+    db = tmp_path / "s.duckdb"
+    monkeypatch.setattr(writer, "write_connection", interrupted_as_it_closes)
+    with pytest.raises(KeyboardInterrupt), Store.open(db) as store:
+        run_id = store.create_run("sweep-like")
+        store.append_spans(batch(0, 500), run_id=run_id, flush_when_due=False)
+        armed[0] = True
+        store.flush()
+    with connect(db) as con:
+        seq = query(con, "SELECT seq FROM spans WHERE run_id = $r ORDER BY seq", {"r": run_id})["seq"]
+    assert seq.to_list() == list(range(500))
+    assert read.run(db, run_id)["status"] == "failed"
+
+
+INTERRUPTED_CHDB_FLUSH = """
+import os, signal, sys
+from kvtrace import cli
+from kvtrace.store.clickhouse import client
+
+insert, families = client.ClickHouseConnection.insert_arrow, []
+
+def insert_arrow(self, table, rows):
+    insert(self, table, rows)
+    if "seq" in rows.column_names:
+        families.append(table)
+        if len(families) == 1:  # Ctrl-C between the first and second family insert of a flush
+            os.kill(os.getpid(), signal.SIGINT)
+
+client.ClickHouseConnection.insert_arrow = insert_arrow
+sys.argv = ["kvtrace", *sys.argv[1:]]
+cli.main()
+"""
+
+
+def test_ctrl_c_between_a_chdb_flushs_inserts_stores_its_rows_once(tmp_path):
+    """A ClickHouse flush is one insert per family table, no transaction: Ctrl-C between two
+    (a sweep's writer flushes in the main thread) had the interrupt's own flush insert the
+    first families again."""
+    from kvtrace.store.backend import clickhouse_target
+    from kvtrace.store.clickhouse import client
+    from tests.conftest import MOONCAKE
+
+    db = f"chdb:{tmp_path / 'ch'}"
+    proc = subprocess.run([sys.executable, "-c", INTERRUPTED_CHDB_FLUSH, "sweep", str(MOONCAKE), "--limit", "40",
+                           "--param", "capacity_blocks=3000,4000", "--workers", "1", "--db", db],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300, check=False)
+    assert proc.returncode == 130 and "Traceback" not in proc.stderr, proc.stderr
+    with client.connect(clickhouse_target(db)) as con:
+        seq = con.ch_frame("SELECT seq FROM spans WHERE run_id = 'r1' ORDER BY seq")["seq"].to_list()
+    assert seq and seq == list(range(len(seq)))
+
+
 FULL_DISK = """
 import resource, runpy, signal, sys
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG), as on a full disk

@@ -21,6 +21,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from kvtrace.process import signals_held
 from kvtrace.store import derived
 from kvtrace.store.backend import ClickHouseTarget, clickhouse_target
 from kvtrace.store.clickhouse import client, collector
@@ -35,6 +36,7 @@ from kvtrace.store.schema import (
     RUN_COLUMNS,
     SCHEMA_VERSION,
     SHIFTED_COLUMNS,
+    SPAN_TABLES,
     STORE_MAGIC,
     TIME_OFFSET_COLUMN,
     next_run_id,
@@ -42,6 +44,21 @@ from kvtrace.store.schema import (
 from kvtrace.store.writer import Store, _json_or_none
 
 _RUN_TYPES = {"INTEGER": pa.int32(), "BIGINT": pa.int64()}
+
+
+def _trim_partial_flush(con: client.ClickHouseConnection, run_id: str) -> None:
+    """Drop the spans past a dead writer's first missing seq. A flush is one insert per
+    family table, not one transaction: a kill between them kept part of the last batch,
+    a gap in seq. What is left is the contiguous prefix a DuckDB store's rollback keeps."""
+    params = {"r": run_id}
+    found = con.ch_frame("SELECT count() AS n, max(seq) AS last FROM spans WHERE run_id = {r:String}", params)
+    if not found["n"][0] or found["last"][0] + 1 == found["n"][0]:  # (seqs are unique: no gap)
+        return
+    first = con.ch_frame("SELECT min(seq) AS s FROM (SELECT seq, toInt64(row_number() OVER (ORDER BY seq)) - 1 AS i "
+                         "FROM spans WHERE run_id = {r:String}) WHERE seq != i", params)["s"][0]
+    for table in SPAN_TABLES:
+        con.command(f"DELETE FROM {table} WHERE run_id = {{r:String}} AND seq >= {{s:Int64}}",
+                    {**params, "s": int(first)})
 
 
 def init_schema(con: client.ClickHouseConnection, target: ClickHouseTarget) -> None:
@@ -113,6 +130,7 @@ class ClickHouseStore(Store):
         dead = [r for r, pid, host, start in frame.rows()
                 if not writer_alive(pid, host, start, db=self.path, run_id=r)]
         for run_id in dead:
+            _trim_partial_flush(con, run_id)
             materialise(con, run_id)
             self._update_run(con, run_id, status="incomplete")
         return dead
@@ -196,13 +214,17 @@ class ClickHouseStore(Store):
         return 0 if last is None else int(last) + 1
 
     def _commit(self, inserts: list[tuple[str, str, pa.Table]]) -> None:
-        with self._connect() as con:
+        offsets = {run_id: self.time_offset_ns(run_id) for _, run_id, _ in inserts}
+        with self._connect() as con, signals_held():
+            # every insert of the flush and the buffer's forgetting, uncut by Ctrl-C or SIGTERM
+            # (no transaction: the interrupt's own flush inserted the first families again)
             for family, run_id, rows in inserts:
-                offset = self.time_offset_ns(run_id)
+                offset = offsets[run_id]
                 rows = _shift(rows, offset)
                 n = rows.num_rows
                 rows = rows.append_column("run_id", pa.repeat(pa.scalar(run_id, pa.string()), n))
                 rows = rows.append_column(TIME_OFFSET_COLUMN, pa.repeat(pa.scalar(offset, pa.int64()), n))
                 con.insert_arrow(family, rows)
+            self._buffer, self._buffered_rows = [], 0
 
 
