@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from typing import Annotated
 
 import typer
@@ -11,7 +13,7 @@ from kvtrace.cli.application import app
 from kvtrace.cli.choices import Mode
 from kvtrace.cli.options import Db, Json, replay_options
 from kvtrace.cli.output import echo_json, error, print_rows, recorded, status
-from kvtrace.process import pyarrow_without_pandas
+from kvtrace.process import pyarrow_without_pandas, stop_signalled
 
 
 @app.command()
@@ -77,7 +79,8 @@ def sweep(
         if run.run_id is not None:
             recorded(run.run_id, db)
 
-    result = run_sweep(spec, params, db=db, workers=workers, ray_address=ray, on_done=done)
+    with _worker_deaths_told():
+        result = run_sweep(spec, params, db=db, workers=workers, ray_address=ray, on_done=done)
     if as_json:
         echo_json(result.to_json())
     else:
@@ -110,7 +113,8 @@ def curve(
     policies = tuple(p.strip() for p in policy.split(",") if p.strip())
     if db is not None:
         pyarrow_without_pandas()
-    result = run_curve(spec, capacities, policies=policies, db=db, workers=workers, ray_address=ray)
+    with _worker_deaths_told():
+        result = run_curve(spec, capacities, policies=policies, db=db, workers=workers, ray_address=ray)
     if db is not None:
         status(f"kvtrace: curve {result.curve_id} recorded in {db}")
     if as_json:
@@ -118,3 +122,19 @@ def curve(
     else:
         print_rows(result.table(), title=f"kvtrace curve {spec.trace}")
         status(result.method_note())
+
+
+@contextlib.contextmanager
+def _worker_deaths_told() -> Iterator[None]:
+    """A local worker that died (``kill -9``, the OOM killer) as one line and exit 1, not
+    the pool's traceback. The sweep stores its runs once every replay is back, so none was."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    try:
+        yield
+    except BrokenProcessPool:
+        if stop_signalled():  # (Ctrl-C or SIGTERM to the process group: the workers died of it)
+            raise
+        error("a worker process died before its replay finished (killed, or out of memory?); "
+              "none of its replays was recorded")
+        raise typer.Exit(1) from None

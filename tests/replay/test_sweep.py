@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import multiprocessing
 import os
 from dataclasses import replace
 
@@ -10,6 +11,7 @@ import polars as pl
 import pytest
 
 from kvtrace.errors import ConfigError, KVTraceError, TraceFormatError
+from kvtrace.replay import sweep
 from kvtrace.replay.run import RunSpec, run_replay
 from kvtrace.replay.sweep import combinations, parse_baseline, parse_param, run_sweep, sweep_table
 from kvtrace.store import read
@@ -275,6 +277,29 @@ def test_a_sweep_killed_9_takes_its_workers_with_it(tmp_path):
         assert left == [], f"workers of the killed sweep still running: {left}"
     finally:
         subprocess.run(["pkill", "-9", "-s", str(proc.pid)], check=False)
+
+
+def _killed_at_900(spec: RunSpec, keep: bool):
+    if spec.capacity_blocks == 900:  # as the OOM killer or a `kill -9` of the worker would
+        os.kill(os.getpid(), 9)
+    return _replay_one(spec, keep)
+
+
+_replay_one = sweep._replay_one
+
+
+def test_a_worker_killed_9_is_one_line_not_the_pools_traceback(tmp_path, monkeypatch, capsys):
+    """One local worker killed (not the sweep): BrokenProcessPool's traceback, exit 1. It is
+    one line, exit 1, no worker left, and the store (the runs are stored once all are back)
+    as it was."""
+    db = tmp_path / "s.duckdb"
+    monkeypatch.setattr(sweep, "_replay_one", _killed_at_900)  # (the workers are forked: they see it)
+    code, _, err = run(["sweep", str(MOONCAKE), "--mode", "cache-only", "--limit", "50", "--param",
+                        "capacity_blocks=300,900", "--workers", "2", "--db", str(db)], capsys)
+    assert code == 1, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvtrace: error: a worker process died"), err
+    assert not db.exists() and not multiprocessing.active_children()
 
 
 def test_a_ray_address_where_no_ray_listens_is_refused_in_seconds():
