@@ -25,7 +25,7 @@ from kvtrace.compare.source import diff_runs
 from kvtrace.compare.study import BEHAVIOURS
 from kvtrace.errors import KVTraceError
 from kvtrace.names import printable, stdout_console
-from kvtrace.process import Terminated, signals_held, terminated
+from kvtrace.process import Terminated, pid_after, remove_dead_leftovers, signals_held, terminated
 from kvtrace.replay.report import format_value
 from kvtrace.replay.run import RunResult, RunSpec, run_replay
 from kvtrace.store import read
@@ -190,19 +190,9 @@ _SCRATCH = ".kvtrace-demo-"  # + the building process's pid + "-" + mkdtemp's le
 
 
 def _remove_dead_scratch(folder: str) -> None:
-    """Remove the scratch folders demos killed with -9 left here (their process is gone:
-    nothing else cleans up after a kill); a live demo's stays."""
-    with contextlib.suppress(OSError):
-        for entry in os.scandir(folder):
-            pid = entry.name[len(_SCRATCH):].partition("-")[0]
-            if not (entry.name.startswith(_SCRATCH) and pid.isascii() and pid.isdigit()) or int(pid) == os.getpid():
-                continue
-            try:
-                os.kill(int(pid), 0)
-            except ProcessLookupError:
-                shutil.rmtree(entry.path, ignore_errors=True)
-            except (PermissionError, OverflowError):
-                continue  # (another user's live process; a pid no process can have)
+    """Remove the scratch folders demos killed with -9 left here; a live demo's stays."""
+    remove_dead_leftovers(folder, lambda name: pid_after(_SCRATCH, name, "-"),
+                          lambda path: shutil.rmtree(path, ignore_errors=True))
 
 
 @contextlib.contextmanager

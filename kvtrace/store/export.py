@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from kvtrace.process import signals_held
+from kvtrace.process import remove_dead_leftovers, signals_held
 from kvtrace.store.backend import is_clickhouse
 from kvtrace.store.connection import fetch_one, read_connection
 from kvtrace.store.errors import StoreError, UnknownRunError
@@ -207,9 +207,11 @@ def _write_all(out_dir: Path, write: _Writer) -> dict[str, Path]:
             out_dir.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             raise StoreError(str(out_dir), f"cannot create export directory: {err.strerror or err}") from None
+        remove_dead_leftovers(out_dir, _temporary_pid)
         for table in EXPORTED_TABLES:
-            # a name no other export picks; the writer creates the file, with the usual permissions
-            pending[table] = out_dir / f".{table}.{secrets.token_hex(6)}.parquet.tmp"
+            # a name no other export picks (the pid: whose it is, once that one is gone); the
+            # writer creates the file, with the usual permissions
+            pending[table] = out_dir / f".{table}.{os.getpid()}-{secrets.token_hex(6)}.parquet.tmp"
             write(table, pending[table])
         targets = {table: out_dir / f"{table}.parquet" for table in pending}
         for target in targets.values():  # (a rename onto a directory fails: found before the first)
@@ -224,6 +226,15 @@ def _write_all(out_dir: Path, write: _Writer) -> dict[str, Path]:
     except BaseException:
         _clean(pending.values(), created)
         raise
+
+
+_TEMPORARY = re.compile(rf"\.(?:{'|'.join(EXPORTED_TABLES)})\.([0-9]+)-[0-9a-f]+\.parquet\.tmp")
+
+
+def _temporary_pid(name: str) -> int | None:
+    """The pid of the export whose hidden file ``name`` is (None: not one)."""
+    m = _TEMPORARY.fullmatch(name)
+    return int(m.group(1)) if m else None
 
 
 def _replace_all(files: dict[Path, Path]) -> None:

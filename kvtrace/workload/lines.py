@@ -25,6 +25,7 @@ import msgspec
 
 from kvtrace.errors import KVTraceError, OutputClosed, TraceFormatError, duckdb_magic
 from kvtrace.numeric import cdiv
+from kvtrace.process import pid_after, remove_dead_leftovers
 
 MAX_ID = (1 << 63) - 1  # hash ids must fit int64 (Arrow / DuckDB columns downstream)
 VOCAB_SIZE = 163_840  # Kimi-class vocabulary; token ids lie in [0, VOCAB_SIZE)
@@ -308,6 +309,8 @@ class AtomicText:
             if len(os.fsencode(name + suffix)) > 255:  # NAME_MAX: a valid 250-byte name was refused
                 name = ".kvtrace-output"
             self.tmp = os.path.join(parent, name + suffix)
+            prefix = name + ".tmp-"  # (the suffix's shape: the pid follows it)
+            remove_dead_leftovers(parent, lambda entry: pid_after(prefix, entry))
         fd = _open_descriptor(self.name) if in_place else None
         try:
             # an open descriptor's own file description (its offset, its append mode), so the

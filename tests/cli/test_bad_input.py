@@ -12,6 +12,8 @@ import contextlib
 import json
 import os
 import stat
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -219,6 +221,22 @@ def test_convert_into_a_missing_folder_or_onto_a_directory_leaves_nothing(tmp_pa
         assert_one_line(code, err, str(target), needle)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "t.jsonl"]  # no *.tmp-PID left
     assert list((tmp_path / "adir").iterdir()) == []
+
+
+def test_convert_removes_the_temporary_file_a_killed_write_left(tmp_path, capsys):
+    """``kill -9`` mid-write left ``OUT.tmp-PID`` for good: nothing else cleans up after a kill,
+    and each later write made its own. The next write of OUT removes a dead process's; a
+    live writer's stays."""
+    trace = write_lines(tmp_path / "t.jsonl", [MOONCAKE_LINE])
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    dead = tmp_path / f"out.jsonl.tmp-{int(gone.stdout)}"
+    live = tmp_path / f"out.jsonl.tmp-{os.getppid()}"
+    dead.write_text("half a trace")
+    live.write_text("being written")
+    code, _, err = run(["convert", trace, "-o", str(tmp_path / "out.jsonl")], capsys)
+    assert code == 0, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["t.jsonl", "out.jsonl", live.name])
 
 
 def test_convert_writes_into_a_device_or_fifo_and_through_a_link_never_over_them(tmp_path, capsys):

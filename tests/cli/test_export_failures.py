@@ -114,6 +114,54 @@ def test_an_earlier_export_is_replaced_only_by_a_whole_one(work, monkeypatch):
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the earlier files, untouched
 
 
+_STOPS_AFTER_ONE_TABLE = """
+import sys, time
+from pathlib import Path
+from kvtrace.store import export as export_module
+from kvtrace.store import export_parquet
+
+write_all = export_module._write_all
+
+def stalled(out_dir, write):
+    def first_then_wait(table, target):
+        write(table, target)
+        Path(sys.argv[4]).write_text(str(target))
+        time.sleep(600)  # the test kills us here
+    return write_all(out_dir, first_then_wait)
+
+export_module._write_all = stalled
+export_parquet(sys.argv[1], sys.argv[2], Path(sys.argv[3]))
+"""
+
+
+def test_an_export_killed_9_leaves_no_hidden_file_once_exported_again(work, capsys):
+    """kill -9 mid-export left its hidden ``.TABLE....parquet.tmp`` files for good (nothing
+    cleans up after a kill, and each export picked new names). The next export into the
+    folder removes a dead export's."""
+    import signal
+    import time
+
+    tmp, db, run = work
+    out, marker = tmp / "out", tmp / "written"
+    proc = subprocess.Popen([sys.executable, "-c", _STOPS_AFTER_ONE_TABLE, str(db), run, str(out), str(marker)],
+                            cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists():
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, "the export never wrote its first table"
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    assert Path(marker.read_text()).exists()  # what the kill left
+    code, _, err = _cli(["export", "--db", str(db), "--run", run, "--parquet", str(out)], capsys)
+    assert code == 0, err
+    assert sorted(os.listdir(out)) == ["evicted_blocks.parquet", "runs.parquet", "spans.parquet"]
+
+
 def _failing_writer(write_all, write):
     return lambda out_dir, _: write_all(out_dir, write)
 
