@@ -554,8 +554,17 @@ def _default_name(spec: RunSpec, behaviours: list[str], preset: Any = None) -> s
         parts.append("without " + ",".join(spec.without))
     if spec.retention is not None:
         parts.append(f"retention={spec.retention}")
-    if spec.capacity_blocks is not None or spec.mode != "engine":
+    if spec.capacity_tokens is not None:
+        parts.append(f"tokens={spec.capacity_tokens}")
+    elif spec.capacity_blocks is not None or spec.mode != "engine":
         parts.append(f"blocks={'inf' if spec.capacity_blocks in (None, math.inf) else spec.capacity_blocks}")
+    # every other setting given, so two runs that differ in it are told apart in `runs`
+    for label, value in (("block_size", spec.block_size), ("trace_block_size", spec.trace_block_size),
+                         ("external", spec.external_capacity_blocks)):
+        if value is not None:
+            parts.append(f"{label}={value}")
+    if spec.config_file:
+        parts.append(f"config={Path(spec.config_file).name}")
     return " ".join(parts)
 
 

@@ -107,3 +107,18 @@ def test_a_block_size_that_scales_the_presets_pool_beyond_the_limit_names_the_fl
                                           r"blocks, .*give --capacity-blocks or --capacity-tokens with it$"):
         validate(RunSpec("gen:chat", block_size=1, content=False))
     validate(RunSpec("gen:chat", block_size=1, capacity_blocks=5000, content=False))  # a pool given: accepted
+
+
+def test_default_run_names_tell_apart_runs_of_other_settings(tmp_path):
+    """Runs that differ in --config, --block-size, --capacity-tokens or --external-blocks all
+    read `gen:mixed engine kimi-hybrid blocks=30` in `kvtrace runs`."""
+    from kvtrace.replay.run import _default_name
+
+    config = tmp_path / "tight.toml"
+    specs = [RunSpec("gen:mixed", capacity_blocks=30), RunSpec("gen:mixed", capacity_blocks=30, block_size=256),
+             RunSpec("gen:mixed", capacity_blocks=30, external_capacity_blocks=100),
+             RunSpec("gen:mixed", capacity_blocks=30, config_file=str(config)),
+             RunSpec("gen:mixed", capacity_tokens=30)]
+    names = [_default_name(s, []) for s in specs]
+    assert len(set(names)) == len(names), names
+    assert names[0] == "gen:mixed engine kimi-hybrid blocks=30" and names[3].endswith("config=tight.toml")
