@@ -15,6 +15,7 @@ Parameters are ``RunSpec`` fields: ``capacity_blocks``, ``capacity_tokens``,
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import multiprocessing
@@ -224,12 +225,14 @@ def run_sweep(
         pool.shutdown()
     sweep_id = _sweep_id(base, combos, results[0][0].record.get("trace_digest"))
     out = SweepResult(sweep_id)
-    store = None
-    try:
+    with contextlib.ExitStack() as stack:
+        store = None
         if db is not None:
             from kvtrace.store import Store
 
-            store = Store.open(db)
+            # (its exit marks a run being stored when a signal or an error stops it failed, as
+            # every writer does; a bare close() left it incomplete)
+            store = stack.enter_context(Store.open(db))
         for spec, combo, (res, tables) in zip(specs, combos, results):
             run = SweepRun(combo, res.summary)
             if store is not None:
@@ -238,9 +241,6 @@ def run_sweep(
             out.runs.append(run)
             if on_done is not None:
                 on_done(run)
-    finally:
-        if store is not None:
-            store.close()
     return out
 
 

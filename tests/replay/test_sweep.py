@@ -379,3 +379,23 @@ def test_a_config_files_switches_are_not_swept_over(tmp_path):
 def test_a_baseline_is_one_value_per_swept_setting(text, match):
     with pytest.raises(ConfigError, match=match):
         parse_baseline(text, PARAMS)
+
+
+def test_a_sweep_stopped_while_storing_a_run_marks_it_failed(tmp_path, monkeypatch):
+    """The README says a stopped sweep marks the run it was storing failed; a bare close()
+    left it incomplete."""
+    from kvtrace.store.writer import Store
+
+    real = Store.finish_run
+
+    def stopped(self, run_id, status="complete", *args, **kwargs):
+        if status == "complete":  # Ctrl-C as the first run is being stored
+            raise KeyboardInterrupt
+        return real(self, run_id, status, *args, **kwargs)
+
+    monkeypatch.setattr(Store, "finish_run", stopped)
+    db = tmp_path / "s.duckdb"
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(BASE, [("capacity_blocks", [300, 900])], db=db, workers=1)
+    monkeypatch.undo()
+    assert read.runs(db)["status"].to_list() == ["failed"]
