@@ -1031,7 +1031,7 @@ def test_the_default_run_name_names_the_preset_a_config_file_chose(tmp_path, cap
     assert code == 0, err
     from kvtrace.store import read
 
-    assert read.runs(db)["name"].to_list() == ["gen:chat engine dense-attention"]
+    assert read.runs(db)["name"].to_list() == ["gen:chat engine dense-attention config=pd.toml"]
 
 
 def test_dots_outside_keys_are_no_deep_key(tmp_path, capsys):
