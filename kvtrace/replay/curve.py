@@ -278,9 +278,10 @@ def run_curve(spec, capacities: str, *, policies: Sequence[str] = CURVE_POLICIES
     caps = wanted if wanted is not None else [*auto_capacities(requests, spec.block_size), None]
     points = capacity_curve(requests, caps, policies=policies, block_size=spec.block_size)
     _, bs = as_block_requests(requests[:1], spec.block_size) if requests else (None, spec.block_size)
-    result = CurveResult(_curve_id(workload.source_id, spec, caps, policies), spec.trace, spec.mode, bs, points)
+    trace_id = workload.identity(len(requests))  # (a --limit past the trace's end: the whole trace)
+    result = CurveResult(_curve_id(trace_id, spec, caps, policies), spec.trace, spec.mode, bs, points)
     if db is not None:
-        _record(db, result, workload.source, workload.source_id)
+        _record(db, result, workload.source, trace_id)
     return result
 
 
@@ -296,10 +297,11 @@ def _engine_curve(spec, capacities: list[int], db, workers: int, ray_address: st
                          int(r.summary.get("prompt_tokens") or 0), int(r.summary.get("hit_blocks") or 0),
                          int(r.summary.get("total_blocks") or 0), "run", r.run_id) for r in sweep.runs]
     workload = open_workload(spec)
-    result = CurveResult(_curve_id(workload.source_id, spec, capacities, ("lru",)), spec.trace, "engine",
+    trace_id = workload.identity(int(sweep.runs[0].summary.get("requests") or 0))  # (as its runs name it)
+    result = CurveResult(_curve_id(trace_id, spec, capacities, ("lru",)), spec.trace, "engine",
                          sweep.runs[0].summary.get("block_size") or spec.block_size, points)
     if db is not None:
-        _record(db, result, workload.source, workload.source_id)
+        _record(db, result, workload.source, trace_id)
     return result
 
 
@@ -309,7 +311,9 @@ def _curve_id(source_id: str, spec, caps, policies) -> str:
     (another retention, tier, config...) must not replace this one."""
     from kvtrace.workload.lines import file_sha256
 
-    settings = {f: getattr(spec, f) for f in spec.__dataclass_fields__ if f not in ("name", "trace", "percentiles")}
+    # (--limit is in the trace's identity where it cuts the trace: a limit past its end is no setting)
+    settings = {f: getattr(spec, f) for f in spec.__dataclass_fields__
+                if f not in ("name", "trace", "percentiles", "limit")}
     settings["without"] = sorted(set(spec.without))  # (one switch set however written)
     config = file_sha256(spec.config_file) if spec.config_file else None
     text = json.dumps([source_id, config, settings, list(caps), list(policies)], sort_keys=True, default=str)

@@ -75,6 +75,14 @@ class _Workload:
     source: str  # what the run record calls the trace
     source_id: str  # identity of the input, for "same trace" checks
     total: int | None
+    whole_id: str | None = None  # the identity when the limit cuts nothing (the whole file)
+
+    def identity(self, replayed: int) -> str:
+        """``source_id``, or the whole file's when fewer requests than ``--limit`` were
+        replayed: a limit past the trace's end replays the trace (it named another one)."""
+        if self.whole_id is not None and self.total is not None and replayed < self.total:
+            return self.whole_id
+        return self.source_id
 
 
 def open_workload(spec: RunSpec) -> _Workload:
@@ -95,13 +103,12 @@ def open_workload(spec: RunSpec) -> _Workload:
     from kvtrace.replay.readers import open_trace
 
     src = open_trace(spec.trace, format=spec.trace_format, limit=spec.limit, block_size=spec.trace_block_size)
-    ident = getattr(src, "source_id", None) or spec.trace
-    if spec.limit is not None:
-        ident = f"{ident}:limit={spec.limit}"
+    file_id = getattr(src, "source_id", None) or spec.trace
     read_at = src.options.get("block_size")  # (None: the format's own size, however given)
-    if read_at is not None:  # (the same file read at another block size: other requests)
-        ident = f"{ident}:trace_block_size={read_at}"
-    return _Workload(src, spec.trace, ident, spec.limit)
+    # (the same file read at another block size: other requests)
+    read = "" if read_at is None else f":trace_block_size={read_at}"
+    ident = f"{file_id}{read}" if spec.limit is None else f"{file_id}:limit={spec.limit}{read}"
+    return _Workload(src, spec.trace, ident, spec.limit, f"{file_id}{read}")
 
 
 # -- configuration -----------------------------------------------------------------------
@@ -376,6 +383,7 @@ def run_replay(
                     summary["digest"] = digest.hexdigest()
                     summary["mode"] = spec.mode
                     summary["trace"] = workload.source
+                    record["trace_digest"] = workload.identity(summary["requests"])
                     if instrumentor is not None:
                         instrumentor.flush()  # the last spans: nothing is emitted after this
                         summary["spans"] = instrumentor.spans_emitted
@@ -391,7 +399,8 @@ def run_replay(
                 undelivered = err
                 summary["otlp_spans_undelivered"] = err.failed
             if store is not None:
-                store.finish_run(run_id, status="complete", digest=summary["digest"], summary=summary)
+                store.finish_run(run_id, status="complete", digest=summary["digest"], summary=summary,
+                                 trace_digest=record["trace_digest"])
             return RunResult(summary, run_id, per_request, record,
                              undelivered=None if undelivered is None else str(undelivered))
         except BaseException as exc:

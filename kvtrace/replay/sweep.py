@@ -272,12 +272,13 @@ def _sweep_id(base: RunSpec, combos: list[dict[str, Any]], trace_digest: str | N
 
     from kvtrace.workload.lines import file_sha256
 
-    settings = {f: getattr(base, f) for f in base.__dataclass_fields__ if f not in ("name", "trace")}
+    # (--limit is in the trace digest where it cuts the trace: a limit past its end is no setting)
+    settings = {f: getattr(base, f) for f in base.__dataclass_fields__ if f not in ("name", "trace", "limit")}
     # each setting as it is read (--without's order and repeats, retention's spellings: one run)
     settings["without"] = sorted(set(base.without))
     settings["retention"] = _canonical("retention", base.retention)
     config = file_sha256(base.config_file) if base.config_file else None
-    text = json.dumps([trace_digest or base.trace, config, settings,
+    text = json.dumps([trace_digest or f"{base.trace}:limit={base.limit}", config, settings,
                        [{k: sorted(set(v)) if isinstance(v, tuple) else _canonical(k, v) for k, v in c.items()}
                         for c in combos]],
                       sort_keys=True, default=str)

@@ -416,13 +416,16 @@ class Store:
         status: str = "complete",
         digest: str | None = None,
         summary: Any = None,
+        trace_digest: str | None = None,
     ) -> None:
-        """Flush, build the run's derived tables, and set its final status/digest/summary."""
+        """Flush, build the run's derived tables, and set its final status/digest/summary
+        (and ``trace_digest``, when the replay found out what it replayed: a ``--limit`` that
+        cut nothing)."""
         if status not in RUN_STATUSES or status == "running":
             raise ValueError(f"finish_run: status must be one of complete|failed|incomplete, not {status!r}")
         self.flush()
         try:
-            self._finish(run_id, status, digest, _json_or_none(summary))
+            self._finish(run_id, status, digest, _json_or_none(summary), trace_digest)
         finally:  # tried once: close() does not try it again (it would fail the same way)
             self._open_runs.discard(run_id)
 
@@ -432,7 +435,8 @@ class Store:
         self.flush()
         self._finish(run_id, None, None, None)
 
-    def _finish(self, run_id: str, status: str | None, digest: str | None, summary: str | None) -> None:
+    def _finish(self, run_id: str, status: str | None, digest: str | None, summary: str | None,
+                trace_digest: str | None = None) -> None:
         # Derived tables are computed on a read-only connection (other readers carry on) and
         # then written in one short read-write transaction with the status change.
         self.release()
@@ -445,9 +449,9 @@ class Store:
             derived.store(con, run_id, tables)
             con.execute(
                 "UPDATE runs SET status = coalesce(?, status), digest = coalesce(?, digest), "
-                "summary = coalesce(?, summary) "
+                "summary = coalesce(?, summary), trace_digest = coalesce(?, trace_digest) "
                 "WHERE run_id = ?",
-                [status, digest, summary, run_id],
+                [status, digest, summary, trace_digest, run_id],
             )
             con.execute("COMMIT")
 

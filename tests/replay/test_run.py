@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import duckdb
 import pytest
 
@@ -122,3 +124,27 @@ def test_default_run_names_tell_apart_runs_of_other_settings(tmp_path):
     names = [_default_name(s, []) for s in specs]
     assert len(set(names)) == len(names), names
     assert names[0] == "gen:mixed engine kimi-hybrid blocks=30" and names[3].endswith("config=tight.toml")
+
+
+@pytest.mark.parametrize("backend", ["duckdb", "chdb"])
+def test_a_limit_past_the_traces_end_replays_the_same_trace(tmp_path, backend):
+    """`--limit 100000` on a 3,993-request trace replays the whole trace, yet its runs and
+    curves named another one (`diff` refused the pair as different traces)."""
+    from kvtrace.replay.curve import run_curve
+    from kvtrace.store import read
+
+    db = f"chdb:{tmp_path / 'ch'}" if backend == "chdb" else str(tmp_path / "s.duckdb")
+    spec = RunSpec(str(MOONCAKE), mode="cache-only", capacity_blocks=500)
+    ids = {limit: run_replay(replace(spec, limit=limit), db=db).run_id for limit in (None, 100_000, 100)}
+    digest = {limit: read.run(db, run_id)["trace_digest"] for limit, run_id in ids.items()}
+    assert digest[100_000] == digest[None] != digest[100]
+    if backend == "duckdb":
+        curves = [run_curve(replace(spec, capacity_blocks=None, limit=limit), "100,200", db=db) for limit in
+                  (None, 100_000)]
+        assert curves[0].curve_id == curves[1].curve_id
+        assert set(read.curves(db)["trace_digest"].to_list()) == {digest[None]}
+        from kvtrace.replay.sweep import run_sweep
+
+        sweeps = {limit: run_sweep(replace(spec, capacity_blocks=None, limit=limit), [("capacity_blocks", [300])],
+                                   workers=1).sweep_id for limit in (None, 100_000, 100)}
+        assert sweeps[100_000] == sweeps[None] != sweeps[100]

@@ -172,21 +172,23 @@ class ClickHouseStore(Store):
             con.insert_arrow("curves", table)
 
     def _update_run(self, con: client.ClickHouseConnection, run_id: str, status: str | None,
-                    digest: str | None = None, summary: str | None = None) -> None:
+                    digest: str | None = None, summary: str | None = None, trace_digest: str | None = None) -> None:
         con.command(
             "ALTER TABLE runs UPDATE status = coalesce({status:Nullable(String)}, status), "
             "digest = coalesce({digest:Nullable(String)}, digest), "
-            "summary = coalesce({summary:Nullable(String)}, summary) WHERE run_id = {run_id:String} "
+            "summary = coalesce({summary:Nullable(String)}, summary), "
+            "trace_digest = coalesce({trace_digest:Nullable(String)}, trace_digest) WHERE run_id = {run_id:String} "
             "SETTINGS mutations_sync = 2",
-            {"status": status, "digest": digest, "summary": summary, "run_id": run_id},
+            {"status": status, "digest": digest, "summary": summary, "trace_digest": trace_digest, "run_id": run_id},
         )
 
-    def _finish(self, run_id: str, status: str | None, digest: str | None, summary: str | None) -> None:
+    def _finish(self, run_id: str, status: str | None, digest: str | None, summary: str | None,
+                trace_digest: str | None = None) -> None:
         with self._connect() as con:
             if not self._exists(con, run_id):
                 raise UnknownRunError(self.path, run_id)
             materialise(con, run_id)
-            self._update_run(con, run_id, status, digest, summary)
+            self._update_run(con, run_id, status, digest, summary, trace_digest)
 
     def _exists(self, con: client.ClickHouseConnection, run_id: str) -> bool:
         return con.ch_frame("SELECT 1 AS x FROM runs WHERE run_id = {r:String}", {"r": run_id}).height > 0
