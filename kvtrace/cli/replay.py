@@ -127,7 +127,8 @@ def curve(
 @contextlib.contextmanager
 def _worker_deaths_told() -> Iterator[None]:
     """A local worker that died (``kill -9``, the OOM killer) as one line and exit 1, not
-    the pool's traceback. The sweep stores its runs once every replay is back, so none was."""
+    the pool's traceback. The sweep stores each run once it and every earlier one are back:
+    those stay, the rest were not recorded."""
     from concurrent.futures.process import BrokenProcessPool
 
     try:
@@ -136,5 +137,5 @@ def _worker_deaths_told() -> Iterator[None]:
         if stop_signalled():  # (Ctrl-C or SIGTERM to the process group: the workers died of it)
             raise
         error("a worker process died before its replay finished (killed, or out of memory?); "
-              "none of its replays was recorded")
+              "the runs stored before it are kept, the rest were not recorded")
         raise typer.Exit(1) from None

@@ -20,7 +20,7 @@ import itertools
 import math
 import multiprocessing
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -194,54 +194,65 @@ def run_sweep(
 
     for spec in specs:  # every combination is refused up front, before anything runs or is stored
         validate(spec)
-    keep = db is not None
-    if ray_address is not None:
-        results = _on_ray(specs, keep, ray_address)
-    elif workers == 1 or len(specs) == 1:
-        results = [_replay_one(s, keep) for s in specs]
-    else:
-        # fork: the workers start with this process's imports (and no store handle is open yet)
-        pool = ProcessPoolExecutor(max_workers=local_workers(workers, len(specs)), initializer=worker_start,
-                                   initargs=(os.getpid(),),
-                                   mp_context=multiprocessing.get_context("fork"))
-        try:
-            # SIGTERM held while the workers fork (they unblock it once it kills them) and the
-            # replays are queued; one that came meanwhile is delivered after
-            with sigterm_blocked():
-                try:
-                    futures = [pool.submit(_replay_one, spec, keep) for spec in specs]
-                except OSError as err:  # a fork or its pipes refused (a process or open-file limit)
-                    raise KVTraceError(f"--workers {workers}: cannot start the worker processes "
-                                       f"({err.strerror or err}); try fewer") from None
-            results = [f.result() for f in futures]
-        except BaseException:  # Ctrl-C, SIGTERM, a failed replay: the queued replays are not run
-            # The workers end first: the pool then finds itself broken and fails every queued
-            # replay. Nothing cancels them (pool.map's iterator would, on the way out: a race
-            # with the pool failing them, InvalidStateError printed from its thread).
-            for proc in list((getattr(pool, "_processes", None) or {}).values()):  # (3.14: terminate_workers)
-                proc.terminate()
-            pool.shutdown()
-            raise
-        pool.shutdown()
-    sweep_id = _sweep_id(base, combos, results[0][0].record.get("trace_digest"))
-    out = SweepResult(sweep_id)
+    out: SweepResult | None = None
     with contextlib.ExitStack() as stack:
+        # Each result is stored as soon as it and every earlier one are back: in spec order
+        # (run ids and seqs do not depend on which worker finished first), and a sweep stopped
+        # or failed midway keeps the runs it finished. The store opens after every worker
+        # forked; it closes first on the way out, marking a run it was storing failed.
+        results = stack.enter_context(_results_in_order(specs, db is not None, workers, ray_address))
         store = None
-        if db is not None:
-            from kvtrace.store import Store
-
-            # (its exit marks a run being stored when a signal or an error stops it failed, as
-            # every writer does; a bare close() left it incomplete)
-            store = stack.enter_context(Store.open(db))
         for spec, combo, (res, tables) in zip(specs, combos, results):
+            if out is None:
+                out = SweepResult(_sweep_id(base, combos, res.record.get("trace_digest")))
+                if db is not None:
+                    from kvtrace.store import Store
+
+                    store = stack.enter_context(Store.open(db))
             run = SweepRun(combo, res.summary)
             if store is not None:
-                run.run_id = _record(store, spec, res, tables, sweep_id, combo)
+                run.run_id = _record(store, spec, res, tables, out.sweep_id, combo)
                 run.summary["run_id"] = run.run_id
             out.runs.append(run)
             if on_done is not None:
                 on_done(run)
+    assert out is not None  # (combinations() gives at least one)
     return out
+
+
+@contextlib.contextmanager
+def _results_in_order(specs: list[RunSpec], keep: bool, workers: int,
+                      ray_address: str | None) -> Iterator[Iterator[tuple[RunResult, list]]]:
+    """Every spec's (result, span tables), in spec order, as each comes back: on Ray, in
+    this process, or on forked local workers, which end with the block however it ends."""
+    if ray_address is not None:
+        yield iter(_on_ray(specs, keep, ray_address))
+        return
+    if workers == 1 or len(specs) == 1:
+        yield (_replay_one(s, keep) for s in specs)
+        return
+    # fork: the workers start with this process's imports (and no store handle is open yet)
+    pool = ProcessPoolExecutor(max_workers=local_workers(workers, len(specs)), initializer=worker_start,
+                               initargs=(os.getpid(),), mp_context=multiprocessing.get_context("fork"))
+    try:
+        # SIGTERM held while the workers fork (they unblock it once it kills them) and the
+        # replays are queued; one that came meanwhile is delivered after
+        with sigterm_blocked():
+            try:
+                futures = [pool.submit(_replay_one, spec, keep) for spec in specs]
+            except OSError as err:  # a fork or its pipes refused (a process or open-file limit)
+                raise KVTraceError(f"--workers {workers}: cannot start the worker processes "
+                                   f"({err.strerror or err}); try fewer") from None
+        yield (f.result() for f in futures)
+    except BaseException:  # Ctrl-C, SIGTERM, a failed replay: the queued replays are not run
+        # The workers end first: the pool then finds itself broken and fails every queued
+        # replay. Nothing cancels them (pool.map's iterator would, on the way out: a race
+        # with the pool failing them, InvalidStateError printed from its thread).
+        for proc in list((getattr(pool, "_processes", None) or {}).values()):  # (3.14: terminate_workers)
+            proc.terminate()
+        pool.shutdown()
+        raise
+    pool.shutdown()
 
 
 def local_workers(workers: int, replays: int) -> int:

@@ -399,3 +399,16 @@ def test_a_sweep_stopped_while_storing_a_run_marks_it_failed(tmp_path, monkeypat
         run_sweep(BASE, [("capacity_blocks", [300, 900])], db=db, workers=1)
     monkeypatch.undo()
     assert read.runs(db)["status"].to_list() == ["failed"]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_sweep_that_fails_midway_keeps_the_runs_it_finished(tmp_path, workers):
+    """Results were stored only once every replay was back: a sweep stopped or failed at its
+    last replay kept none of the others. They are stored in spec order as they come back."""
+    db = tmp_path / "s.duckdb"
+    base = RunSpec("gen:chat", limit=3, content=False)
+    with pytest.raises(KVTraceError, match="cannot be scheduled"):  # (4 blocks hold no chat prompt)
+        run_sweep(base, [("capacity_blocks", [2000, 1000, 4])], db=db, workers=workers)
+    runs = read.runs(db)
+    assert runs["status"].to_list() == ["complete", "complete"]
+    assert sorted(runs["name"].to_list()) == ["sweep capacity_blocks=1000", "sweep capacity_blocks=2000"]
