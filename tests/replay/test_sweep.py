@@ -279,8 +279,8 @@ def test_a_sweep_killed_9_takes_its_workers_with_it(tmp_path):
         subprocess.run(["pkill", "-9", "-s", str(proc.pid)], check=False)
 
 
-def _killed_at_900(spec: RunSpec, keep: bool):
-    if spec.capacity_blocks == 900:  # as the OOM killer or a `kill -9` of the worker would
+def _killed_at_300(spec: RunSpec, keep: bool):
+    if spec.capacity_blocks == 300:  # as the OOM killer or a `kill -9` of the worker would
         os.kill(os.getpid(), 9)
     return _replay_one(spec, keep)
 
@@ -290,10 +290,10 @@ _replay_one = sweep._replay_one
 
 def test_a_worker_killed_9_is_one_line_not_the_pools_traceback(tmp_path, monkeypatch, capsys):
     """One local worker killed (not the sweep): BrokenProcessPool's traceback, exit 1. It is
-    one line, exit 1, no worker left, and the store (the runs are stored once all are back)
-    as it was."""
+    one line, exit 1, no worker left, and the store as it was (the first combination's
+    worker died: nothing before it to store)."""
     db = tmp_path / "s.duckdb"
-    monkeypatch.setattr(sweep, "_replay_one", _killed_at_900)  # (the workers are forked: they see it)
+    monkeypatch.setattr(sweep, "_replay_one", _killed_at_300)  # (the workers are forked: they see it)
     code, _, err = run(["sweep", str(MOONCAKE), "--mode", "cache-only", "--limit", "50", "--param",
                         "capacity_blocks=300,900", "--workers", "2", "--db", str(db)], capsys)
     assert code == 1, err
