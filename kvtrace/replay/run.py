@@ -208,10 +208,7 @@ def _origins(spec: RunSpec, file_cfg) -> dict[str, str]:
         for key, toml_key in _TOML_KEY_OF.items():
             if toml_key.split(".")[-1] in origin or toml_key in origin.values():
                 origin[key] = toml_key
-    flags = {"--capacity-blocks": spec.capacity_blocks, "--capacity-tokens": spec.capacity_tokens,
-             "--retention": spec.retention, "--without": spec.without or None,
-             "--external-blocks": spec.external_capacity_blocks, "--block-size": spec.block_size,
-             "--preset": spec.preset}
+    flags = _flag_values(spec)
     for key, flag in (*_FLAG_OF.items(), ("preset", "--preset")):
         if flags.get(flag) is not None:
             origin[key] = flag
@@ -235,12 +232,16 @@ def unsupported_at_origin(err: KVTraceError, spec: RunSpec) -> KVTraceError:
 def _restated(where: str, spec: RunSpec) -> tuple[str, str]:
     """(source, key) of a ConfigError about the setting at ``where`` (a flag, or a file key)."""
     if where.startswith("--"):
-        value = {"--capacity-blocks": spec.capacity_blocks, "--capacity-tokens": spec.capacity_tokens,
-                 "--retention": spec.retention, "--without": ",".join(spec.without),
-                 "--external-blocks": spec.external_capacity_blocks, "--block-size": spec.block_size,
-                 "--preset": spec.preset}.get(where)
-        return where, str(value)
+        return where, str(_flag_values(spec).get(where))
     return str(spec.config_file), where
+
+
+def _flag_values(spec: RunSpec) -> dict[str, Any]:
+    """The run settings' flags that set a config key, and what each was given (None: not given)."""
+    return {"--capacity-blocks": spec.capacity_blocks, "--capacity-tokens": spec.capacity_tokens,
+            "--retention": spec.retention, "--without": ",".join(spec.without) or None,
+            "--external-blocks": spec.external_capacity_blocks, "--block-size": spec.block_size,
+            "--preset": spec.preset}
 
 
 def _at_origin(err: ConfigError, origin: dict[str, str], spec: RunSpec) -> ConfigError:
