@@ -289,7 +289,8 @@ def _engine_curve(spec, capacities: list[int], db, workers: int, ray_address: st
     from kvtrace.replay.run import open_workload
     from kvtrace.replay.sweep import run_sweep
 
-    sweep = run_sweep(spec, [("capacity_blocks", capacities)], db=db, workers=workers, ray_address=ray_address)
+    sweep = run_sweep(spec, [("capacity_blocks", capacities)], db=db, workers=workers, ray_address=ray_address,
+                      values_flag="--capacities")
     # each point at its run's capacity_blocks and block_size (the full-attention pool less vLLM's
     # null block), the numbers `kvtrace runs` and `diff` show and the dashboard marks runs at
     points = [CurvePoint(r.summary.get("capacity_blocks") or r.combo["capacity_blocks"], "lru",

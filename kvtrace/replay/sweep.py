@@ -114,6 +114,21 @@ def combinations(params: Sequence[tuple[str, list[Any]]]) -> list[dict[str, Any]
     return [dict(zip(names, values)) for values in itertools.product(*(v for _, v in params))]
 
 
+# The run-setting flag of each swept parameter (a refusal names the flag; the user typed --param)
+_FLAG_OF_PARAM = {name: "--" + name.replace("_", "-") for name in PARAMETERS} | {
+    "external_capacity_blocks": "--external-blocks"}
+
+
+def _at_param(err: ConfigError, combo: dict[str, Any], values_flag: str) -> ConfigError:
+    """A combination's refusal, restated at the swept value that made it when it names that
+    setting's flag (``--capacity-blocks: 0: ...`` of ``--param capacity_blocks=0``)."""
+    for name, value in combo.items():
+        if err.source == _FLAG_OF_PARAM[name]:
+            shown = label({name: value}).partition("=")[2]
+            return ConfigError(values_flag, f"{name}={shown}" if values_flag == "--param" else shown, err.what)
+    return err
+
+
 def label(combo: dict[str, Any]) -> str:
     return " ".join(f"{k}={'+'.join(v) or 'none' if k == 'without' else v}" for k, v in combo.items())
 
@@ -170,8 +185,11 @@ def run_sweep(
     workers: int = 2,
     ray_address: str | None = None,
     on_done: Callable[[SweepRun], None] | None = None,
+    values_flag: str = "--param",
 ) -> SweepResult:
-    """Replay ``base`` with every combination of ``params``; record each into ``db``."""
+    """Replay ``base`` with every combination of ``params``; record each into ``db``.
+    ``values_flag``: the option the swept values were typed in (a refused one is named there:
+    ``--param NAME=V``, or the values of one named option, as curve's ``--capacities``)."""
     combos = combinations(params)
     if not combos:
         raise KVTraceError("sweep: no parameter values to sweep")
@@ -192,8 +210,11 @@ def run_sweep(
     specs = [replace(base, **combo, name=f"{base.name or 'sweep'} {label(combo)}") for combo in combos]
     from kvtrace.replay.run import validate
 
-    for spec in specs:  # every combination is refused up front, before anything runs or is stored
-        validate(spec)
+    for spec, combo in zip(specs, combos):  # every combination refused up front, before anything runs
+        try:
+            validate(spec)
+        except ConfigError as err:
+            raise _at_param(err, combo, values_flag) from None
     out: SweepResult | None = None
     with contextlib.ExitStack() as stack:
         # Each result is stored as soon as it and every earlier one are back: in spec order

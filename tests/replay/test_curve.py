@@ -216,3 +216,10 @@ def test_curves_of_other_settings_are_other_curves(tmp_path):
 def test_a_curve_names_the_capacity_flag_given():
     with pytest.raises(ConfigError, match=r"^--capacity-tokens: 5000: a curve sweeps the capacity"):
         run_curve(RunSpec(str(MOONCAKE), mode="cache-only", capacity_tokens=5000, block_size=16), "10")
+
+
+def test_an_engine_curves_refused_capacity_is_named_at_capacities():
+    """A capacity the engine refuses was named at --capacity-blocks (curve's own flag refuses
+    that one); it is the --capacities value the user typed."""
+    with pytest.raises(ConfigError, match=r"^--capacities: 1: expected an int >= 2"):
+        run_curve(RunSpec("gen:chat", limit=3, content=False), "1,100", policies=("lru",))
