@@ -28,7 +28,7 @@ from kvtrace.cache.config import (
 )
 from kvtrace.errors import ConfigError, KVTraceError
 from kvtrace.replay.run import RunSpec, run_replay, validate
-from kvtrace.replay.sweep import parse_param
+from kvtrace.replay.sweep import at_swept_value, parse_param
 
 if TYPE_CHECKING:  # (the comparison's polars is loaded once the runs are to be diffed: a bad
     # setting is told before it, and before any replay)
@@ -309,8 +309,11 @@ def run_study(
         # the switch is kvtrace's: with another backend, "on" is that backend as it is and
         # "off" kvtrace's manager with the behaviour switched off
         off_spec = replace(spec, without=off_without, name=f"study {behaviour} off{suffix}", backend="kvtrace")
-        validate(off_spec)  # every pair's settings before the first replay: a bad one is told at once
-        validate(on_spec)
+        try:  # every pair's settings before the first replay: a bad one is told at once
+            validate(off_spec)
+            validate(on_spec)
+        except ConfigError as err:  # (named at the --sweep value that made it, not at its flag)
+            raise err if parameter is None else at_swept_value(err, {parameter: value}, "--sweep") from None
         pairs.append((parameter, value, off_spec, on_spec))
     from kvtrace.compare.model import diff_summaries
     from kvtrace.compare.source import diff_runs

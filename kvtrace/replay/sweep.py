@@ -119,13 +119,14 @@ _FLAG_OF_PARAM = {name: "--" + name.replace("_", "-") for name in PARAMETERS} | 
     "external_capacity_blocks": "--external-blocks"}
 
 
-def _at_param(err: ConfigError, combo: dict[str, Any], values_flag: str) -> ConfigError:
+def at_swept_value(err: ConfigError, combo: dict[str, Any], values_flag: str) -> ConfigError:
     """A combination's refusal, restated at the swept value that made it when it names that
     setting's flag (``--capacity-blocks: 0: ...`` of ``--param capacity_blocks=0``)."""
     for name, value in combo.items():
         if err.source == _FLAG_OF_PARAM[name]:
             shown = label({name: value}).partition("=")[2]
-            return ConfigError(values_flag, f"{name}={shown}" if values_flag == "--param" else shown, err.what)
+            return ConfigError(values_flag, f"{name}={shown}" if values_flag in ("--param", "--sweep") else shown,
+                               err.what)
     return err
 
 
@@ -214,7 +215,7 @@ def run_sweep(
         try:
             validate(spec)
         except ConfigError as err:
-            raise _at_param(err, combo, values_flag) from None
+            raise at_swept_value(err, combo, values_flag) from None
     out: SweepResult | None = None
     with contextlib.ExitStack() as stack:
         # Each result is stored as soon as it and every earlier one are back: in spec order

@@ -264,3 +264,12 @@ def test_demo_refuses_to_overwrite_a_store_with_other_runs(tmp_path):
     (tmp_path / "junk.duckdb").write_bytes(b"not a database at all")
     with pytest.raises(KVTraceError, match="is not a kvtrace demo store"):
         run_demo(tmp_path / "junk.duckdb", progress=False, limit=3)
+
+
+def test_a_refused_sweep_value_is_named_at_sweep():
+    """`--sweep capacity_blocks=0,100` was refused as `--capacity-blocks: 0`, a flag the user
+    never typed."""
+    from kvtrace.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^--sweep: capacity_blocks=0: expected an int >= 2"):
+        S.run_study(S.SHARED_PREFIX_PINNING, limit=3, sweep="capacity_blocks=0,100")
