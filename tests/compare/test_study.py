@@ -221,7 +221,7 @@ def test_demo_records_four_runs_and_ends_with_the_dashboard_command(tmp_path):
 
 def test_a_study_sweep_is_checked_whole_before_any_pair_runs(tmp_path):
     db = tmp_path / "st.duckdb"
-    with pytest.raises(ConfigError, match="^--sweep: capacity_blocks=0: "):
+    with pytest.raises(ConfigError, match=r"^--sweep: capacity_blocks=0: "):
         S.run_study("external-hit-running-cow", sweep="capacity_blocks=20,0", db=db)
     assert not db.exists() or read.runs(db).height == 0  # (the 20 pair had been recorded)
 
