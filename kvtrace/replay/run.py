@@ -236,12 +236,17 @@ def _restated(where: str, spec: RunSpec) -> tuple[str, str]:
     return str(spec.config_file), where
 
 
+# RunSpec field -> the run-setting flag that sets it (where they are named alike but for
+# external_capacity_blocks); what a refusal of the field's value names
+FLAG_OF_FIELD = {f: "--" + f.replace("_", "-") for f in ("capacity_blocks", "capacity_tokens", "retention",
+                                                         "without", "block_size", "preset", "policy", "mode")}
+FLAG_OF_FIELD["external_capacity_blocks"] = "--external-blocks"
+
+
 def _flag_values(spec: RunSpec) -> dict[str, Any]:
-    """The run settings' flags that set a config key, and what each was given (None: not given)."""
-    return {"--capacity-blocks": spec.capacity_blocks, "--capacity-tokens": spec.capacity_tokens,
-            "--retention": spec.retention, "--without": ",".join(spec.without) or None,
-            "--external-blocks": spec.external_capacity_blocks, "--block-size": spec.block_size,
-            "--preset": spec.preset}
+    """Each run-setting flag and what it was given (None: not given)."""
+    return {flag: (",".join(spec.without) or None) if field == "without" else getattr(spec, field)
+            for field, flag in FLAG_OF_FIELD.items()}
 
 
 def _at_origin(err: ConfigError, origin: dict[str, str], spec: RunSpec) -> ConfigError:

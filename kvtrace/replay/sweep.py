@@ -29,7 +29,7 @@ from typing import Any
 from kvtrace.errors import ConfigError, KVTraceError
 from kvtrace.process import sigterm_blocked, stop_handlers_kept, worker_start
 from kvtrace.replay.config_file import parse_retention
-from kvtrace.replay.run import RunResult, RunSpec, is_unbounded, run_replay
+from kvtrace.replay.run import FLAG_OF_FIELD, RunResult, RunSpec, is_unbounded, run_replay
 from kvtrace.workload.lines import parse_decimal
 
 _INT_PARAMS = ("capacity_blocks", "capacity_tokens", "external_capacity_blocks", "block_size")
@@ -114,16 +114,11 @@ def combinations(params: Sequence[tuple[str, list[Any]]]) -> list[dict[str, Any]
     return [dict(zip(names, values)) for values in itertools.product(*(v for _, v in params))]
 
 
-# The run-setting flag of each swept parameter (a refusal names the flag; the user typed --param)
-_FLAG_OF_PARAM = {name: "--" + name.replace("_", "-") for name in PARAMETERS} | {
-    "external_capacity_blocks": "--external-blocks"}
-
-
 def at_swept_value(err: ConfigError, combo: dict[str, Any], values_flag: str) -> ConfigError:
     """A combination's refusal, restated at the swept value that made it when it names that
     setting's flag (``--capacity-blocks: 0: ...`` of ``--param capacity_blocks=0``)."""
     for name, value in combo.items():
-        if err.source == _FLAG_OF_PARAM[name]:
+        if err.source == FLAG_OF_FIELD.get(name):  # (a refusal names the flag; the value was swept)
             shown = label({name: value}).partition("=")[2]
             return ConfigError(values_flag, f"{name}={shown}" if values_flag in ("--param", "--sweep") else shown,
                                err.what)

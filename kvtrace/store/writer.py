@@ -538,8 +538,7 @@ class Store:
             self._last_flush = time.monotonic()
             return 0
         inserts, rows = _family_inserts(self._buffer), self._buffered_rows
-        self._commit(inserts)
-        self._buffer, self._buffered_rows = [], 0
+        self._commit(inserts)  # (it empties the buffer with the commit, as one step no signal cuts)
         self._last_flush = time.monotonic()
         return rows
 
