@@ -834,3 +834,20 @@ def test_a_burst_of_connections_is_answered_not_reset(tmp_path):
     assert refused is None and len(replies) == 100
     assert {r[:12] for r in replies} <= {b"HTTP/1.1 200", b"HTTP/1.1 503", b"HTTP/1.0 200", b"HTTP/1.0 503"}
     assert count_spans(tmp_path / "burst.duckdb", "json-run") == sum(r.endswith(b"200") for r in replies) > 0
+
+
+@pytest.mark.parametrize("target", ["http://[::1/v1/traces", "http://[zz]/v1/traces"])
+def test_a_request_target_that_is_no_url_is_400_not_a_traceback(tmp_path, collector, capfd, target):
+    """urlsplit raised ValueError (Invalid IPv6 URL): a 500 and a traceback on the server's stderr."""
+    body = _json_body(2, run_id="odd-target")
+    head = (f"POST {target} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    reply = _raw_http(collector.address, head, body, half_close=True)
+    assert reply.startswith(b"HTTP/1.1 400"), reply[:200]
+    assert b"is not a URL" in reply
+    assert _post(collector.url, _json_body(2, run_id="after"))[0] == 200
+    collector.stop()
+    assert count_spans(tmp_path / "rx.duckdb", "odd-target") == 0
+    assert count_spans(tmp_path / "rx.duckdb", "after") == 2
+    assert collector.requests_rejected == 1
+    assert "Traceback" not in capfd.readouterr().err

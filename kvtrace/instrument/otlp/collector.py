@@ -523,7 +523,12 @@ def _make_handler(collector: OTLPCollector) -> type[BaseHTTPRequestHandler]:
             ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
             as_json = ctype == "application/json"
             # (an absolute-form target, http://host/v1/traces, names the same path: RFC 9112 3.2.2)
-            if urlsplit(self.path).path != TRACES_PATH:
+            try:
+                path = urlsplit(self.path).path
+            except ValueError:  # no URL at all (http://[::1/v1/traces): a 400, not a traceback and a 500
+                return self._error(HTTPStatus.BAD_REQUEST, f"request target {self.path[:80]!r} is not a URL", as_json,
+                                   True)
+            if path != TRACES_PATH:
                 # the body is not read: the reply closes the connection
                 return self._error(HTTPStatus.NOT_FOUND, f"only {TRACES_PATH} is served here", as_json, True)
             lengths = self.headers.get_all("Content-Length") or []
