@@ -62,7 +62,8 @@ group = state.bound_select("KV group", ["each", *gids], "group", default="each",
                            format_func=lambda g: "every group" if g == "each" else labels.get(int(g), f"group {g}"))
 shown = groups if group == "each" else groups.filter(groups["group_id"] == group)
 ui.chart(charts.group_hit_rate(state.in_window(shown, "window_start_ns", window), labels),
-         metrics.GROUP_HIT_RATE_DOC, empty_what="No lookup spans in this run, so no per-group hit rate.",
+         metrics.GROUP_HIT_RATE_DOC, empty_what="No per-group hits in this run: no lookup spans, or a backend that "
+                                          "reports only the groups' common hit (vLLM's), which is the request's.",
          key="group_hit_rate")
 
 ui.chart(

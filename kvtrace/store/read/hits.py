@@ -10,7 +10,10 @@ import polars as pl
 from kvtrace import metrics
 from kvtrace.store.read._api import checked
 from kvtrace.store.read._sql import DB, with_run
-from kvtrace.store.schema import SPAN_LOOKUP, SPAN_REQUEST, SPAN_STEP
+from kvtrace.store.schema import INFERRED_ATTRIBUTE, SPAN_COLUMN_DEFS, SPAN_LOOKUP, SPAN_REQUEST, SPAN_STEP
+
+# kvtrace.lookup.hit_tokens_per_group
+_HIT_TOKENS_PER_GROUP = next(c.attr for c in SPAN_COLUMN_DEFS if c.name == "hit_tokens_per_group")
 
 # Each request once, when it was first scheduled (vLLM counts at admission): engine runs
 # read their request spans; a run without request spans (cache-only) has exactly one
@@ -82,21 +85,28 @@ def hit_counters(db: DB, run_id: str, start_ns: int | None = None, end_ns: int |
 # The lookup that admitted each request (engine runs: its first lookup at or after its
 # first schedule, the one vLLM records; earlier ones failed to allocate), with its
 # per-group hits; cache-only runs: every lookup. t is the first schedule, as above.
+# A lookup whose per-group hits its backend inferred (``--backend vllm``: vLLM returns only
+# the groups' common hit, written into every group) says nothing of a group alone: it
+# still decides which lookup admitted a request, and ``inferred`` leaves it out of every
+# per-group figure (the vLLM backend's "attention group hit rate" was the request hit rate,
+# 16.3%, where kvtrace's backend on the same requests and hits said 46.4%).
+_PER_GROUP_INFERRED = f"extra_attributes['{INFERRED_ATTRIBUTE}'] LIKE '%\"{_HIT_TOKENS_PER_GROUP}\"%'"
 _ADMISSION_LOOKUPS = f"""
     req AS (
         SELECT request_id, coalesce(first_scheduled_ns, arrival_ns, start_ns) AS t
         FROM request_spans WHERE run_id = $run_id AND name = '{SPAN_REQUEST}'
     ),
     lk AS (
-        SELECT request_id, start_ns, seq, num_query_tokens, hit_tokens_per_group AS g
+        SELECT request_id, start_ns, seq, num_query_tokens, hit_tokens_per_group AS g,
+               coalesce({_PER_GROUP_INFERRED}, false) AS inferred
         FROM lookup_spans WHERE run_id = $run_id AND name = '{SPAN_LOOKUP}'
     ),
     adm AS (
-        SELECT req.t, lk.num_query_tokens AS q, lk.g FROM lk JOIN req USING (request_id)
+        SELECT req.t, lk.num_query_tokens AS q, lk.g, lk.inferred FROM lk JOIN req USING (request_id)
         WHERE lk.start_ns >= req.t
         QUALIFY row_number() OVER (PARTITION BY lk.request_id ORDER BY lk.start_ns, lk.seq) = 1
         UNION ALL
-        SELECT start_ns, num_query_tokens, g FROM lk WHERE NOT EXISTS (SELECT 1 FROM req)
+        SELECT start_ns, num_query_tokens, g, inferred FROM lk WHERE NOT EXISTS (SELECT 1 FROM req)
     )"""
 
 
@@ -111,7 +121,7 @@ def group_hit_rate_over_time(db: DB, run_id: str, window_ns: int | None = None) 
         WITH {_ADMISSION_LOOKUPS},
         per AS (
             SELECT t // $w * $w AS window_start_ns, unnest(range(len(g))) AS group_id, q, unnest(g) AS h
-            FROM adm
+            FROM adm WHERE NOT inferred
         ),
         w AS (
             SELECT window_start_ns, CAST(group_id AS INTEGER) AS group_id,
@@ -132,7 +142,7 @@ def group_hit_rates(db: DB, run_id: str) -> dict[int, float | None]:
     """The whole run's group hit rate per KV group (see group_hit_rate_over_time)."""
     frame = with_run(db, run_id, f"""
         WITH {_ADMISSION_LOOKUPS},
-        per AS (SELECT unnest(range(len(g))) AS group_id, q, unnest(g) AS h FROM adm)
+        per AS (SELECT unnest(range(len(g))) AS group_id, q, unnest(g) AS h FROM adm WHERE NOT inferred)
         SELECT CAST(group_id AS INTEGER) AS group_id, sum(h) AS hits, sum(q) AS queries
         FROM per GROUP BY group_id ORDER BY group_id""")
     return {int(g): metrics.ratio(h, q) for g, h, q in frame.iter_rows()}
