@@ -1,4 +1,5 @@
-"""A group hit rate is what one KV group alone found (kvtrace.metrics.GROUP_HIT_RATE_DOC),
+"""Per-group hit rates and a summary read from spans, each as its one definition says: a group
+hit rate is what one KV group alone found (kvtrace.metrics.GROUP_HIT_RATE_DOC),
 never the request hit rate under another label."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ def runs(tmp_path_factory):
     """The same hybrid workload through kvtrace's manager and vLLM's, in a pool small
     enough that the groups' own hits part from the request's."""
     db = str(tmp_path_factory.mktemp("groups") / "g.duckdb")
-    spec = dict(limit=40, capacity_blocks=60, content=False)
+    spec = dict(capacity_blocks=60, content=False)
     own = run_replay(RunSpec("gen:mixed", name="kvtrace", **spec), db=db)
     theirs = run_replay(RunSpec("gen:mixed", name="vllm", backend="vllm", **spec), db=db)
     return db, own, theirs
@@ -37,3 +38,16 @@ def test_vllm_backend_has_no_group_hit_rate_rather_than_the_request_hit_rate(run
     assert read.group_hit_rate_over_time(db, theirs.run_id).height == 0
     # the request counters still read every admission
     assert read.hit_counters(db, theirs.run_id)["prefix_cache_hits"] == theirs.summary["prefix_cache_hits"]
+
+
+def test_a_run_without_a_summary_reads_its_request_totals_from_its_spans(runs):
+    """What ``runs``, ``diff`` and the dashboard read for a killed run (summary_from_spans)
+    holds the request spans' prompt tokens, output tokens and preemptions, as a finished
+    run's summary defines them: a SIGTERM'd run showed its requests and hit rate, and "–"
+    for these."""
+    db, own, theirs = runs
+    for res in (own, theirs):
+        spans = read.summary_from_spans(db, res.run_id)
+        assert res.summary["preemptions"] > 0
+        for key in ("prompt_tokens", "output_tokens", "preemptions", "requests", "prefix_cache_queries"):
+            assert spans[key] == res.summary[key], key

@@ -7,12 +7,12 @@ from collections.abc import Mapping
 from typing import Any, TypeGuard
 
 from kvtrace.store.read._api import checked
-from kvtrace.store.read._sql import DB
+from kvtrace.store.read._sql import DB, with_run
 from kvtrace.store.read.evictions import evictions_by_reason
 from kvtrace.store.read.hits import hit_counters
 from kvtrace.store.read.latency import latency_summary
 from kvtrace.store.read.runs import run, span_counts
-from kvtrace.store.schema import SPAN_COW, SPAN_EVICT, SPAN_PUBLISH
+from kvtrace.store.schema import SPAN_COW, SPAN_EVICT, SPAN_PUBLISH, SPAN_REQUEST
 
 
 @checked
@@ -43,7 +43,8 @@ def summary_with_spans(db: DB, run_id: str, stored: Mapping[str, Any] | None) ->
 @checked
 def summary_from_spans(db: DB, run_id: str) -> dict[str, Any]:
     """A summary's keys from the run's spans, when it has request spans: vLLM's hit counters
-    and rates, the latency statistics, ``publishes`` and ``evictions`` (blocks),
+    and rates, ``prompt_tokens``, ``output_tokens`` and ``preemptions`` (sums over the
+    finished requests' spans), the latency statistics, ``publishes`` and ``evictions`` (blocks),
     ``evictions_by_reason``, ``cow_copies`` and ``spans``, each as a complete run's stored
     summary defines it ({} without requests)."""
     hits = hit_counters(db, run_id)
@@ -52,10 +53,28 @@ def summary_from_spans(db: DB, run_id: str) -> dict[str, Any]:
     counts = {r["name"]: r for r in span_counts(db, run_id).iter_rows(named=True)}
     by_reason = {r["reason"]: int(r["blocks"]) for r in evictions_by_reason(db, run_id).iter_rows(named=True)}
     return {
-        **hits, **latency_summary(db, run_id),
+        **hits, **_request_totals(db, run_id), **latency_summary(db, run_id),
         "publishes": int(counts[SPAN_PUBLISH]["blocks"]) if SPAN_PUBLISH in counts else 0,
         "evictions": int(counts[SPAN_EVICT]["blocks"]) if SPAN_EVICT in counts else 0,
         "evictions_by_reason": by_reason,
         "cow_copies": int(counts[SPAN_COW]["spans"]) if SPAN_COW in counts else 0,
         "spans": sum(int(r["spans"]) for r in counts.values()),
     }
+
+
+# Sums over the request spans a finished engine run's summary also holds (a killed run's
+# ``runs``/``diff``/dashboard showed its requests and hit rate, and "–" for these). A run
+# without request spans (cache-only) has none: its prompt tokens are its queries.
+_TOTALS = {"prompt_tokens": "num_prompt_tokens", "output_tokens": "num_output_tokens",
+           "preemptions": "num_preemptions"}
+
+
+def _request_totals(db: DB, run_id: str) -> dict[str, int]:
+    sums = ", ".join(f"CAST(sum({col}) AS BIGINT) AS {key}" for key, col in _TOTALS.items())
+    frame = with_run(db, run_id, f"""
+        SELECT count(*) AS n, {sums} FROM request_spans
+        WHERE run_id = $run_id AND name = '{SPAN_REQUEST}'""")
+    row = frame.row(0, named=True)
+    if not row["n"]:
+        return {}
+    return {key: int(row[key] or 0) for key in _TOTALS}
