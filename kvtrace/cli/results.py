@@ -19,8 +19,9 @@ from kvtrace.errors import KVTraceError
 
 DEFAULT_BACKEND = Backend(BACKENDS[0])
 RUN_ID = Annotated[str, typer.Argument(metavar="RUN", help="A run id (see `kvtrace runs`).")]
-# The headline metrics `kvtrace runs` shows, summary keys.
-RUNS_METRICS = ("requests", "prefix_cache_hit_rate", "p50_ttft_ms", "p50_itl_ms")
+# The headline metrics `kvtrace runs` shows, summary keys: the medians by the names every
+# summary carries (vllm bench serve's), whatever --percentiles the run had.
+RUNS_METRICS = ("requests", "prefix_cache_hit_rate", "median_ttft_ms", "median_itl_ms")
 # Runs its table shows by default: a terminal table of thousands is read by no one, and
 # rich lays one out at about 3 ms a row (20,000 runs: a minute).
 RUNS_SHOWN = 100

@@ -35,10 +35,11 @@ from kvtrace.workload.lines import parse_decimal
 _INT_PARAMS = ("capacity_blocks", "capacity_tokens", "external_capacity_blocks", "block_size")
 _TEXT_PARAMS = ("retention", "preset", "policy", "mode")
 PARAMETERS = (*_INT_PARAMS, *_TEXT_PARAMS, "without")
-# The metrics the closing table shows (summary keys; absent ones print as '-').
-TABLE_METRICS = ("prefix_cache_hit_rate", "prefix_cache_hits", "evictions", "p50_ttft_ms", "p50_itl_ms",
+# The metrics the closing table shows (summary keys; absent ones print as '-'): the medians
+# by the names every summary carries, whatever --percentiles the runs had.
+TABLE_METRICS = ("prefix_cache_hit_rate", "prefix_cache_hits", "evictions", "median_ttft_ms", "median_itl_ms",
                  "divergent_outputs")
-ENGINE_METRICS = ("p50_ttft_ms", "p50_itl_ms", "divergent_outputs")  # nothing to say in cache-only mode
+ENGINE_METRICS = ("median_ttft_ms", "median_itl_ms", "divergent_outputs")  # nothing to say in cache-only mode
 # Combinations of one sweep at most (each a replay): counted before any is built, so that a
 # few long --param lists cannot fill the memory with their product.
 MAX_COMBINATIONS = 10_000

@@ -357,3 +357,19 @@ def test_runs_shows_a_run_without_a_trace_as_a_dash_not_none(tmp_path, capsys):
     assert code == 0, err
     (line,) = [ln for ln in out.splitlines() if run_id in ln]
     assert "None" not in line and "│ - " in line
+
+
+def test_runs_shows_the_medians_of_a_run_made_with_other_percentiles(tmp_path, capsys):
+    """``runs`` read p50_ttft_ms, which a run made with --percentiles 25,75 does not carry: it
+    showed '-' where ``diff`` showed the median (median_ttft_ms, in every summary)."""
+    from tests.cli.support import run
+
+    db = tmp_path / "s.duckdb"
+    code, out, err = run(["replay", "gen:chat", "--limit", "4", "--percentiles", "25,75", "--db", str(db),
+                          "--json"], capsys)
+    assert code == 0, err
+    summary = json.loads(out)
+    assert "p50_ttft_ms" not in summary and summary["median_ttft_ms"] > 0
+    code, out, err = run(["runs", "--db", str(db), "--json"], capsys)
+    (row,) = json.loads(out)["runs"]
+    assert (row["median_ttft_ms"], row["median_itl_ms"]) == (summary["median_ttft_ms"], summary["median_itl_ms"])

@@ -210,7 +210,7 @@ def test_the_table_shows_deltas_against_the_named_baseline():
     baseline = parse_baseline("capacity_blocks=900,policy=lru", PARAMS)
     rows = sweep_table(result, baseline)
     header, body = rows[0], rows[1:]
-    assert header[:2] == ["capacity_blocks", "policy"] and "p50_ttft_ms" not in header  # cache-only: no latency
+    assert header[:2] == ["capacity_blocks", "policy"] and "median_ttft_ms" not in header  # cache-only: no latency
     rate = header.index("prefix_cache_hit_rate")
     marked = [r for r in body if "(baseline)" in r[rate]]
     assert [r[:2] for r in marked] == [["900", "lru"]]
