@@ -51,3 +51,14 @@ def test_a_run_without_a_summary_reads_its_request_totals_from_its_spans(runs):
         assert res.summary["preemptions"] > 0
         for key in ("prompt_tokens", "output_tokens", "preemptions", "requests", "prefix_cache_queries"):
             assert spans[key] == res.summary[key], key
+
+
+def test_a_cache_only_run_summed_from_its_spans_counts_no_copies(tmp_path):
+    """Cache-only replay makes no copies: its summary says cow_copies null (not measured),
+    and the summary from its spans said 0, so a killed run read otherwise than a finished one."""
+    db = str(tmp_path / "c.duckdb")
+    res = run_replay(RunSpec("gen:chat", mode="cache-only", capacity_blocks=50, limit=20), db=db)
+    spans = read.summary_from_spans(db, res.run_id)
+    assert res.summary["cow_copies"] is None and spans["cow_copies"] is None
+    for key in ("requests", "prefix_cache_queries", "prefix_cache_hits", "evictions", "publishes"):
+        assert spans[key] == res.summary[key], key

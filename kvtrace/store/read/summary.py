@@ -45,19 +45,22 @@ def summary_from_spans(db: DB, run_id: str) -> dict[str, Any]:
     """A summary's keys from the run's spans, when it has request spans: vLLM's hit counters
     and rates, ``prompt_tokens``, ``output_tokens`` and ``preemptions`` (sums over the
     finished requests' spans), the latency statistics, ``publishes`` and ``evictions`` (blocks),
-    ``evictions_by_reason``, ``cow_copies`` and ``spans``, each as a complete run's stored
-    summary defines it ({} without requests)."""
+    ``evictions_by_reason``, ``cow_copies`` (null in cache-only runs, which copy nothing) and
+    ``spans``, each as a complete run's stored summary defines it ({} without requests)."""
     hits = hit_counters(db, run_id)
     if not hits.get("requests"):
         return {}
     counts = {r["name"]: r for r in span_counts(db, run_id).iter_rows(named=True)}
     by_reason = {r["reason"]: int(r["blocks"]) for r in evictions_by_reason(db, run_id).iter_rows(named=True)}
+    totals = _request_totals(db, run_id)
+    # copies are the engine's (cache-only replay makes none: its summary says null, not 0)
+    copies = (int(counts[SPAN_COW]["spans"]) if SPAN_COW in counts else 0) if totals else None
     return {
-        **hits, **_request_totals(db, run_id), **latency_summary(db, run_id),
+        **hits, **totals, **latency_summary(db, run_id),
         "publishes": int(counts[SPAN_PUBLISH]["blocks"]) if SPAN_PUBLISH in counts else 0,
         "evictions": int(counts[SPAN_EVICT]["blocks"]) if SPAN_EVICT in counts else 0,
         "evictions_by_reason": by_reason,
-        "cow_copies": int(counts[SPAN_COW]["spans"]) if SPAN_COW in counts else 0,
+        "cow_copies": copies,
         "spans": sum(int(r["spans"]) for r in counts.values()),
     }
 
