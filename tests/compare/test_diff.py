@@ -522,7 +522,7 @@ def test_a_summary_from_spans_is_the_stored_summary_key_for_key(tmp_path, replay
 
     listed = {r["run_id"]: r for r in cli("runs", "--db", db, "--json")["runs"]}[off]
     diffed = cli("diff", on, off, "--db", db, "--json")["metrics"]
-    for key in ("requests", "prefix_cache_hit_rate", "p50_ttft_ms"):
+    for key in ("requests", "prefix_cache_hit_rate", "median_ttft_ms"):
         assert listed[key] == diffed[key]["b"] == stored[key], key
     assert diffed["evictions"]["b"] == stored["evictions"]
 
@@ -548,7 +548,7 @@ def test_a_terminated_runs_error_summary_is_completed_from_its_spans_in_every_vi
     code, out, err = run(["diff", on, off, "--db", db, "--json"], capsys)
     assert code == 0, err
     diffed = json.loads(out)["metrics"]
-    for key in ("requests", "prefix_cache_hit_rate", "p50_ttft_ms"):
+    for key in ("requests", "prefix_cache_hit_rate", "median_ttft_ms"):
         assert listed[key] == diffed[key]["b"] == stored[key], key
 
 
