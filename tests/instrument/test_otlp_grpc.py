@@ -3,6 +3,7 @@ loopback, raw gRPC calls for malformed and oversized requests, and ``kvtrace col
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -270,3 +271,90 @@ def test_malformed_grpc_metadata_does_not_flood_the_collectors_stderr(tmp_path):
         _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert err.strip().splitlines() == ["kvtrace collect: 2 spans stored, 0 requests rejected"], err
+
+
+def _run_body(run_id: str, n: int = 2) -> bytes:
+    req = trace_service_pb2.ExportTraceServiceRequest()
+    rs = req.resource_spans.add()
+    attr = rs.resource.attributes.add()
+    attr.key, attr.value.string_value = "kvtrace.run.id", run_id
+    spans = rs.scope_spans.add().spans
+    for i in range(n):
+        span = spans.add()
+        span.name, span.trace_id, span.span_id = "s", b"\x01" * 16, (i + 1).to_bytes(8, "big")
+        span.start_time_unix_nano, span.end_time_unix_nano = i, i + 1
+    return req.SerializeToString()
+
+
+class _Stalled:
+    """Calls that open an export and send no request until ``release`` (a client-streaming
+    call whose iterator blocks): what gRPC's unary handling waited for on a worker thread."""
+
+    def __init__(self, target: str, n: int):
+        import threading
+
+        self._go = threading.Event()
+        self.channels = [grpc.insecure_channel(target) for _ in range(n)]
+        self.calls = [ch.stream_unary(EXPORT_METHOD).future(self._requests()) for ch in self.channels]
+
+    def _requests(self):
+        self._go.wait(30)
+        yield from ()
+
+    def release(self) -> None:
+        self._go.set()
+        for call in self.calls:
+            with contextlib.suppress(grpc.RpcError, grpc.FutureTimeoutError):
+                call.result(timeout=30)
+        for channel in self.channels:
+            channel.close()
+
+
+def test_callers_that_never_send_their_request_do_not_hold_the_receiver(tmp_path):
+    """Four calls opened and never sent held gRPC's four workers (its unary handling waits
+    for the message with no limit): every other exporter's export timed out behind them."""
+    db = tmp_path / "grpc.duckdb"
+    collector = OTLPCollector(db, port=0, grpc_port=0).start()
+    stalled = _Stalled(collector.grpc_target, 8)
+    try:
+        _raw_export(collector.grpc_target, _run_body("served"))  # (timeout 10 s: it waited for good)
+    finally:
+        stalled.release()
+        collector.stop()
+    assert count_spans(db, "served") == 2
+
+
+def test_a_call_whose_request_never_comes_is_cancelled_at_its_read_deadline(tmp_path, caplog):
+    db = tmp_path / "grpc.duckdb"
+    collector = OTLPCollector(db, port=0, grpc_port=0, max_body_bytes=4096, read_timeout_s=1.0).start()
+    stalled = _Stalled(collector.grpc_target, 1)
+    try:
+        with pytest.raises(grpc.RpcError) as err:
+            stalled.calls[0].result(timeout=20)
+        _raw_export(collector.grpc_target, _run_body("after"))
+    finally:
+        stalled.release()
+        collector.stop()
+    assert err.value.code() == grpc.StatusCode.CANCELLED
+    assert collector.requests_rejected == 1 and count_spans(db, "after") == 2
+    assert "dropped: its request did not come within" in caplog.text
+
+
+def test_two_requests_in_one_export_call_are_refused_whole(tmp_path):
+    """A client streaming two requests to the unary Export got OK, and the second was
+    dropped unstored."""
+    db = tmp_path / "grpc.duckdb"
+    collector = OTLPCollector(db, port=0, grpc_port=0).start()
+    try:
+        with grpc.insecure_channel(collector.grpc_target) as channel, pytest.raises(grpc.RpcError) as err:
+            channel.stream_unary(EXPORT_METHOD)(iter([_run_body("first"), _run_body("second")]), timeout=10)
+        with grpc.insecure_channel(collector.grpc_target) as channel, pytest.raises(grpc.RpcError) as none:
+            channel.stream_unary(EXPORT_METHOD)(iter([]), timeout=10)
+        _raw_export(collector.grpc_target, _run_body("after"))
+    finally:
+        collector.stop()
+    assert err.value.code() == none.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "more than one ExportTraceServiceRequest" in err.value.details()
+    assert "no ExportTraceServiceRequest" in none.value.details()
+    assert count_spans(db, "first") == count_spans(db, "second") == 0 and count_spans(db, "after") == 2
+    assert collector.requests_rejected == 2

@@ -187,7 +187,7 @@ class OTLPCollector:
         self._late_runs: set[str] = set()  # runs given spans once finished: derived tables rebuilt at close
         self.spans_received = 0
         self.requests_rejected = 0
-        self.decode_slots = threading.BoundedSemaphore(DECODE_SLOTS)  # (HTTP; gRPC has its own workers)
+        self.decode_slots = threading.BoundedSemaphore(DECODE_SLOTS)  # (both transports)
         try:
             self._server = _Server((host, port), _make_handler(self), self.guard, self.count_rejected)
         except OSError as err:
@@ -201,7 +201,9 @@ class OTLPCollector:
 
             try:
                 self._grpc, self.grpc_port = grpc_server(self.ingest, host, grpc_port, max_body_bytes,
-                                                         on_reject=self.count_rejected)
+                                                         on_reject=self.count_rejected, read_timeout_s=read_timeout_s,
+                                                         decode_slots=self.decode_slots,
+                                                         deadlines=self.guard.deadlines)
             except OSError as err:
                 self._server.server_close()
                 self.store.close()

@@ -9,6 +9,17 @@ spec: a malformed request gets INVALID_ARGUMENT and stores nothing; an oversized
 RESOURCE_EXHAUSTED (gRPC's receive limit, set to the body limit); an unusable store
 (``ingest`` raising ``KVTraceError``) UNAVAILABLE, which exporters retry.
 
+The method is served as a client-streaming one so that the handler, not gRPC, waits for
+the request: gRPC's unary handling waits for the message on one of its worker threads
+with no time limit, and four callers that opened a call and never sent it held all four
+workers, every other exporter timing out behind them. A call whose message (and end) has
+not come within the read deadline (``read_timeout_s`` plus the largest body at
+MIN_BODY_BYTES_PER_S, the HTTP body's deadline) is cancelled; at most MAX_CONNECTIONS
+calls are served at once (more get RESOURCE_EXHAUSTED, which exporters retry), each a
+worker, decoding in the ``decode_slots`` HTTP decodes in too. A call of two or more
+request messages (a client streaming to a unary method: gRPC answered OK and dropped all
+but the first) is INVALID_ARGUMENT, nothing of it stored.
+
 A busy or unavailable address is found by binding a plain socket to it first
 (``kvtrace.process.probe_address``): gRPC's C core would log its own failure to stderr,
 and kvtrace reports it as one line instead.
@@ -16,8 +27,10 @@ and kvtrace reports it as one line instead.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -25,6 +38,8 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from kvtrace.errors import KVTraceError
 from kvtrace.instrument.otlp.decode import PayloadError, decode_protobuf
+from kvtrace.instrument.otlp.guard import Deadlines
+from kvtrace.instrument.otlp.limits import MAX_CONNECTIONS, MIN_BODY_BYTES_PER_S, READ_TIMEOUT_S
 from kvtrace.process import probe_address
 
 SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
@@ -33,19 +48,64 @@ _OK = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
 _log = logging.getLogger(__name__)
 
 
+class _NotSent(Exception):
+    """A call whose request did not come by its deadline (cancelled), or that its client cancelled."""
+
+
 def grpc_server(ingest: Callable[..., object], host: str, port: int, max_body_bytes: int,
-                on_reject: Callable[[], None] = lambda: None) -> tuple[grpc.Server, int]:
+                on_reject: Callable[[], None] = lambda: None, read_timeout_s: float = READ_TIMEOUT_S,
+                decode_slots: contextlib.AbstractContextManager | None = None,
+                deadlines: Deadlines | None = None) -> tuple[grpc.Server, int]:
     """A bound, not yet started gRPC server whose ``Export`` decodes a request and calls
     ``ingest(spans, wanted=context.is_active)`` (a call cancelled, or past its deadline,
     is not stored); returns it and its port. ``on_reject`` is called once per request
-    refused (malformed, or ``ingest`` raised ``KVTraceError``).
+    refused (malformed, not sent by its deadline, or ``ingest`` raised ``KVTraceError``).
+    ``decode_slots``: held while a request is decoded and stored (the collector's, shared
+    with OTLP/HTTP). ``deadlines``: the watchdog that cancels a call not sent in time (the
+    collector's, closed with it; None: one of its own).
 
     Raises OSError when the address cannot be bound (as the HTTP server does)."""
+    read_s = read_timeout_s + max_body_bytes / MIN_BODY_BYTES_PER_S
+    if deadlines is None:
+        deadlines = Deadlines(min(1.0, read_timeout_s / 4))
+    slots = decode_slots if decode_slots is not None else threading.BoundedSemaphore(4)
 
-    def export(request: bytes, context: grpc.ServicerContext) -> bytes:
+    def one_request(requests: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
+        """The call's one request message, read within ``read_s``; _NotSent when the call
+        was cancelled (by the client, or past that: then counted and logged first)."""
+        late = threading.Event()
+
+        def cancel() -> None:  # (the watchdog's thread)
+            late.set()
+            on_reject()
+            _log.warning("OTLP/gRPC export from %s dropped: its request did not come within %.0f s", context.peer(),
+                         read_s)
+            context.cancel()
+
+        deadlines.set(context, read_s, cancel)
         try:
-            ingest(decode_protobuf(request), wanted=context.is_active)
+            first = next(requests, None)
+            extra = None if first is None else next(requests, None)
+        except grpc.RpcError:  # cancelled: by the watchdog, or by the client
+            raise _NotSent from None
+        finally:
+            deadlines.clear(context)
+        if late.is_set():  # (it came as the deadline passed: cancelled, counted)
+            raise _NotSent
+        if first is None:
+            raise PayloadError("the call carried no ExportTraceServiceRequest")
+        if extra is not None:
+            raise PayloadError("more than one ExportTraceServiceRequest in one call (Export is unary): none stored")
+        return first
+
+    def export(requests: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
+        try:
+            request = one_request(requests, context)
+            with slots:
+                ingest(decode_protobuf(request), wanted=context.is_active)
             return _OK
+        except _NotSent:  # nobody to answer
+            return b""
         except PayloadError as err:  # malformed, or a value the store cannot hold
             code, message = grpc.StatusCode.INVALID_ARGUMENT, str(err)
         except KVTraceError as err:  # store busy or unusable: the exporter may retry
@@ -59,11 +119,12 @@ def grpc_server(ingest: Callable[..., object], host: str, port: int, max_body_by
 
     probe_address(host, port, "OTLP/gRPC")
     # No (de)serialisers: the method sees the request's bytes, as the HTTP handler does.
-    handler = grpc.method_handlers_generic_handler(SERVICE, {"Export": grpc.unary_unary_rpc_method_handler(export)})
+    handler = grpc.method_handlers_generic_handler(SERVICE, {"Export": grpc.stream_unary_rpc_method_handler(export)})
     server = grpc.server(
-        ThreadPoolExecutor(max_workers=4, thread_name_prefix="kvtrace-otlp-grpc"),
+        ThreadPoolExecutor(max_workers=MAX_CONNECTIONS, thread_name_prefix="kvtrace-otlp-grpc"),
         handlers=[handler],
         options=[("grpc.max_receive_message_length", max_body_bytes), ("grpc.so_reuseport", 0)],
+        maximum_concurrent_rpcs=MAX_CONNECTIONS,
     )
     try:
         bound = server.add_insecure_port(f"{host}:{port}")

@@ -5,6 +5,8 @@ A socket's timeout ends a read only when the client goes quiet; one that trickle
 every few seconds (slowloris) would hold its thread for good. So every connection also has
 a deadline for what it is sending now, kept by one watchdog thread that shuts down the
 sockets past theirs: the handler's read then ends as if the client had closed.
+``Deadlines`` is that watchdog; the gRPC receiver uses it too, to cancel a call whose
+request message has not come in time (it held one of gRPC's worker threads meanwhile).
 """
 
 from __future__ import annotations
@@ -13,6 +15,50 @@ import contextlib
 import socket
 import threading
 import time
+from collections.abc import Callable, Hashable
+
+
+class Deadlines:
+    """One watchdog thread (started on first use) that calls a key's ``on_late`` once its
+    deadline passes, unless the deadline was cleared first."""
+
+    def __init__(self, watch_interval_s: float = 1.0, name: str = "kvtrace-otlp-deadlines"):
+        self._lock = threading.Lock()
+        self._due: dict[Hashable, tuple[float, Callable[[], object]]] = {}  # (under _lock) monotonic s
+        self._interval = watch_interval_s
+        self._name = name
+        self._stopped = threading.Event()
+        self._watchdog: threading.Thread | None = None
+
+    def set(self, key: Hashable, seconds: float, on_late: Callable[[], object]) -> None:
+        """``on_late()`` in ``seconds`` (on the watchdog's thread), unless ``clear(key)`` comes first."""
+        with self._lock:
+            self._due[key] = (time.monotonic() + seconds, on_late)
+            if self._watchdog is None and not self._stopped.is_set():
+                self._watchdog = threading.Thread(target=self._watch, name=self._name, daemon=True)
+                self._watchdog.start()
+
+    def clear(self, key: Hashable) -> None:
+        with self._lock:
+            self._due.pop(key, None)
+
+    def _watch(self) -> None:
+        while not self._stopped.wait(self._interval):
+            now = time.monotonic()
+            with self._lock:
+                late = [(k, f) for k, (due, f) in self._due.items() if due <= now]
+                for k, _ in late:
+                    del self._due[k]
+            for _, on_late in late:
+                with contextlib.suppress(Exception):  # (a socket already closed, a call already ended)
+                    on_late()
+
+    def close(self) -> None:
+        self._stopped.set()
+
+
+def _shut(sock: socket.socket) -> None:
+    sock.shutdown(socket.SHUT_RDWR)
 
 
 class ConnectionGuard:
@@ -21,12 +67,9 @@ class ConnectionGuard:
     def __init__(self, max_connections: int, buffered_bytes: int, watch_interval_s: float = 1.0):
         self._slots = threading.BoundedSemaphore(max_connections)
         self._lock = threading.Lock()
-        self._deadlines: dict[socket.socket, float] = {}  # (under _lock) monotonic seconds
+        self.deadlines = Deadlines(watch_interval_s)  # (the gRPC receiver's calls' too)
         self._budget = buffered_bytes
         self._buffered = 0  # (under _lock)
-        self._interval = watch_interval_s
-        self._stopped = threading.Event()
-        self._watchdog: threading.Thread | None = None
 
     # -- connections -----------------------------------------------------------------------
     def admit(self) -> bool:
@@ -35,35 +78,19 @@ class ConnectionGuard:
 
     def leave(self, sock: socket.socket) -> None:
         """Give back an admitted connection's slot."""
-        with self._lock:
-            self._deadlines.pop(sock, None)
+        self.deadlines.clear(sock)
         self._slots.release()
 
     def deadline(self, sock: socket.socket, seconds: float | None) -> None:
         """``sock`` must send what it is sending now within ``seconds`` (None: no deadline,
         while the receiver itself works on the request)."""
-        with self._lock:
-            if seconds is None:
-                self._deadlines.pop(sock, None)
-                return
-            self._deadlines[sock] = time.monotonic() + seconds
-            if self._watchdog is None and not self._stopped.is_set():
-                self._watchdog = threading.Thread(target=self._watch, name="kvtrace-otlp-deadlines", daemon=True)
-                self._watchdog.start()
-
-    def _watch(self) -> None:
-        while not self._stopped.wait(self._interval):
-            now = time.monotonic()
-            with self._lock:
-                late = [s for s, due in self._deadlines.items() if due <= now]
-                for s in late:
-                    del self._deadlines[s]
-            for s in late:
-                with contextlib.suppress(OSError):  # (already closed by its handler)
-                    s.shutdown(socket.SHUT_RDWR)
+        if seconds is None:
+            self.deadlines.clear(sock)
+        else:
+            self.deadlines.set(sock, seconds, lambda: _shut(sock))
 
     def close(self) -> None:
-        self._stopped.set()
+        self.deadlines.close()
 
     # -- buffered bodies -------------------------------------------------------------------
     def reserve(self, nbytes: int) -> bool:
