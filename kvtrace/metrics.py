@@ -218,6 +218,19 @@ def latency_keys(metric: str, percentiles: Sequence[float] = DEFAULT_PERCENTILES
         f"p{percentile_word(p)}_{metric}_ms" for p in percentiles]
 
 
+def summary_percentiles(summary: Mapping[str, object]) -> tuple[float, ...]:
+    """The percentiles a run's summary holds (its ``p<P>_ttft_ms`` keys, in their order: the
+    run's ``--percentiles``); DEFAULT_PERCENTILES for a summary with none."""
+    found = []
+    for key in summary:
+        if key.startswith("p") and key.endswith("_ttft_ms"):
+            try:
+                found.append(float(key[1:-len("_ttft_ms")]))
+            except ValueError:
+                continue
+    return tuple(found) or DEFAULT_PERCENTILES
+
+
 def is_latency_key(name: str) -> bool:
     """Whether a summary or diff metric name is a latency statistic (lower is better)."""
     if not name.endswith("_ms"):

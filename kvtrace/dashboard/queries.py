@@ -192,9 +192,15 @@ def hit_counters(run_id: str) -> dict[str, Any]:
     return call("hit_counters", run_id)
 
 
+def percentiles(run_id: str) -> tuple[float, ...]:
+    """The percentiles the run's summary reports (its replay's ``--percentiles``)."""
+    return metrics.summary_percentiles(summary(run_id))
+
+
 def latency(run_id: str) -> dict[str, Any]:
-    """Every latency statistic of the run (modelled), from the store's samples."""
-    return call("latency_summary", run_id)
+    """Every latency statistic of the run (modelled), from the store's samples, at the run's
+    own percentiles (a run replayed with --percentiles 25,75 showed p50, p90, p99)."""
+    return call("latency_summary", run_id, percentiles(run_id))
 
 
 def cost_model(run_id: str) -> str | None:

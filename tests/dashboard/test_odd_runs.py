@@ -226,3 +226,18 @@ def test_a_stale_hashs_request_id_is_shown_as_text(stale_db, tmp_path, monkeypat
     at = render(db, monkeypatch, "stale", run=run)
     (value,) = [m.value for m in at.metric if m.label == "Request"]
     assert shown(value) == hostile and "<a " not in MarkdownIt().render(value)
+
+
+def test_latency_table_shows_the_runs_own_percentiles(tmp_path, monkeypatch):
+    """A run replayed with --percentiles 25,75,99.9 reports those; the Latency page's table
+    showed p50, p90 and p99 whatever the run's summary held."""
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = str(tmp_path / "pcts.duckdb")
+    done = run_replay(RunSpec("gen:chat", limit=6, name="pcts", percentiles=(25, 75, 99.9)), db=db)
+    at = render(db, monkeypatch, "latency", run=done.run_id)
+    table = pl.from_pandas(at.dataframe[0].value)
+    assert table.columns == ["metric", "mean", "median", "std", "p25", "p75", "p99.9"]
+    ttft = table.row(0, named=True)
+    assert ttft["metric"] == "TTFT"
+    assert (ttft["p25"], ttft["p99.9"]) == (done.summary["p25_ttft_ms"], done.summary["p99.9_ttft_ms"])

@@ -21,13 +21,13 @@ def main() -> None:
         return
     log = state.bound_toggle("Log scale", "log", help="Latency axes (and histogram counts) on a log scale")
 
-    lat = queries.latency(run_id)
+    lat, qs = queries.latency(run_id), queries.percentiles(run_id)
     rows = []
     for m in metrics.LATENCIES:
-        keys = metrics.latency_keys(m.key)
+        keys = metrics.latency_keys(m.key, qs)
         rows.append({"metric": m.label, **{k.removesuffix(f"_{m.key}_ms"): lat.get(k) for k in keys}})
-    stats = pl.DataFrame(rows, schema={"metric": pl.String, **{k: pl.Float64 for k in
-                                                             ("mean", "median", "std", "p50", "p90", "p99")}})
+    columns = [k.removesuffix("_ttft_ms") for k in metrics.latency_keys("ttft", qs)]
+    stats = pl.DataFrame(rows, schema={"metric": pl.String, **{k: pl.Float64 for k in columns}})
     ui.table(stats, f"vllm bench serve's statistics of each latency, in ms ({metrics.MODELLED}): TTFT, TPOT (excl. 1st "
                     "token), ITL (every gap), E2EL, and queueing; mean, median, population std and percentiles.",
              empty_what="No finished requests in this run, so no latency.",
