@@ -86,14 +86,15 @@ class CacheContext:
         self.num_groups = config.num_groups
         self.hash_block_size = config.hash_block_size
         self.retention_interval = config.retention_interval
-        self.enable_partial_hits = config.enable_partial_hits
+        # without caching vLLM's coordinator has no fine-grained hits (whatever was asked)
+        self.enable_partial_hits = config.enable_partial_hits and config.enable_caching
         self.num_speculative_blocks = config.num_speculative_blocks
         self.num_prefill_checkpoint_blocks = config.num_prefill_checkpoint_blocks
         self.prefill_checkpoint_alignment = config.prefill_checkpoint_alignment
         self.scheduler_block_size = lcm(*(s.block_size for s in config.groups))
         # Hits land on hash units with partial hits on, else on the scheduler block size
         # (vLLM's ``_cache_hit_alignment_tokens``, pushed into every manager).
-        self.cache_hit_alignment = config.hash_block_size if config.enable_partial_hits else self.scheduler_block_size
+        self.cache_hit_alignment = config.hash_block_size if self.enable_partial_hits else self.scheduler_block_size
         self.pinning = SHARED_PREFIX_PINNING in config.behaviours
         self.transient_checkpoint_retention = TRANSIENT_CHECKPOINT_RETENTION in config.behaviours
         self.external_hit_running_cow = EXTERNAL_HIT_RUNNING_COW in config.behaviours
