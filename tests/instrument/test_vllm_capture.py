@@ -775,3 +775,30 @@ def test_a_short_seq_frame_is_named_as_such(caplog):
         cap.close()
     assert cap.stats.bad_messages == 1
     assert any("got a 2-byte seq" in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
+
+
+def test_a_flush_hands_the_store_one_chunk_however_many_batches_it_holds(tmp_path, monkeypatch):
+    """Each batch was its own table, so a flush handed the store one Arrow chunk per batch:
+    DuckDB and the store's family split then took about 2 ms a row (8,000 batches: 16 s),
+    and a capture stopped amid a burst sat in that commit past any drain limit (SIGTERM
+    waited over a minute, nothing stored). Batches queued while the first-contact replay ran
+    are flushed together here."""
+    from kvtrace.store.writer import Store
+
+    chunks: list[int] = []
+    append = Store.append_spans
+
+    def spy(self, table, *args, **kwargs):
+        chunks.append(max(c.num_chunks for c in table.columns))
+        return append(self, table, *args, **kwargs)
+
+    monkeypatch.setattr(Store, "append_spans", spy)
+
+    def body(pub):
+        for _ in range(2_000):
+            pub.publish_raw(_raw_batch(2.0))
+
+    stats = _capture_during(tmp_path, VllmPublisher(), body, lambda cap: cap.stats.batches >= 2_001)
+    assert (stats.batches, stats.lost, stats.bad_messages) == (2_001, 0, 0)
+    assert _stored_steps(tmp_path, stats) == list(range(2_001))
+    assert chunks and max(chunks) == 1, chunks
