@@ -181,6 +181,13 @@ class CacheConfig:
         return len(self.groups)
 
     @property
+    def partial_hits(self) -> bool:
+        """Fine-grained (hash-unit) hits in effect: asked for, and caching on (vLLM's
+        coordinator has none without caching, whatever was asked). The cache's alignment and
+        the scheduler's split both read this."""
+        return self.enable_partial_hits and self.enable_caching
+
+    @property
     def shared_pool(self) -> bool:
         """One block pool for every group (vLLM), rather than one per group (SGLang)."""
         return isinstance(self.num_gpu_blocks, int)

@@ -86,8 +86,7 @@ class CacheContext:
         self.num_groups = config.num_groups
         self.hash_block_size = config.hash_block_size
         self.retention_interval = config.retention_interval
-        # without caching vLLM's coordinator has no fine-grained hits (whatever was asked)
-        self.enable_partial_hits = config.enable_partial_hits and config.enable_caching
+        self.enable_partial_hits = config.partial_hits
         self.num_speculative_blocks = config.num_speculative_blocks
         self.num_prefill_checkpoint_blocks = config.num_prefill_checkpoint_blocks
         self.prefill_checkpoint_alignment = config.prefill_checkpoint_alignment

@@ -88,7 +88,7 @@ class Scheduler:
         self.block_size = max(s.block_size for s in mamba) if mamba else cache_config.groups[0].block_size
         self.scheduler_block_size = kv_cache_manager.scheduler_block_size
         self.hash_block_size = cache_config.hash_block_size
-        self.mamba_partial_cache_hit = (bool(mamba) and cache_config.enable_partial_hits
+        self.mamba_partial_cache_hit = (bool(mamba) and cache_config.partial_hits
                                         and self.hash_block_size < self.scheduler_block_size)
         self.mamba_has_prefill_checkpoint_blocks = bool(mamba) and cache_config.num_prefill_checkpoint_blocks > 0
         self.mamba_prefill_checkpoint_alignment = cache_config.prefill_checkpoint_alignment

@@ -81,9 +81,8 @@ def random_config(rng: random.Random) -> CacheConfig:
     alignment = rng.choice([None, 1, 3, hbs, 2 * hbs, 16, groups[-1].block_size]) if checkpoint else None
     return CacheConfig(
         groups=groups, num_gpu_blocks=1000, hash_block_size=hbs, retention_interval=retention,
-        # (partial hits with caching off: kvtrace's scheduler still splits at hash units, see
-        # test_without_caching_the_split_has_no_hash_unit_stops)
-        enable_partial_hits=mamba and caching and rng.random() < 0.7,
+        # (asked for with caching off too: then neither side has them, CacheConfig.partial_hits)
+        enable_partial_hits=mamba and rng.random() < 0.7,
         num_speculative_blocks=rng.choice([0, 0, 1, 2]) if mamba else 0,
         num_prefill_checkpoint_blocks=checkpoint, prefill_checkpoint_alignment=alignment,
         enable_caching=caching)
@@ -247,8 +246,6 @@ def test_without_caching_partial_hits_leave_the_mamba_blocks_as_vllms(vllm_api, 
     assert (None if ours is None else ours.get_block_ids()) == blocks
 
 
-@pytest.mark.xfail(strict=True, reason="kvtrace/engine/scheduler.py: mamba_partial_cache_hit ignores "
-                                       "enable_caching (vLLM's has no fine-grained hits without caching)")
 def test_without_caching_the_split_has_no_hash_unit_stops(vllm_api):
     """kvtrace's block-aligned split stopped a 4-token prompt at 2 (its tail hash unit, as
     with fine-grained hits) where vLLM's takes it whole."""
