@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from kvtrace.cli.output import StdoutClosed
 from kvtrace.compare.model import UnknownMetric
 from kvtrace.engine.backends.vllm.config import UnsupportedConfig
 from kvtrace.errors import ConfigError, KVTraceError, OutputClosed, TraceFormatError
@@ -35,6 +36,7 @@ EXAMPLES = {
     CollectorClosed: CollectorClosed("shutting down: not stored"),
     ExportAbandoned: ExportAbandoned("the client cancelled the export: not stored"),
     OutputClosed: OutputClosed("/dev/stdout: cannot write: Broken pipe"),
+    StdoutClosed: StdoutClosed("cannot write to stdout: Broken pipe"),
     BadArgument: BadArgument("hit_counters", "run_id", "expected str, got 0"),
     UnknownMetric: UnknownMetric("runs r1 (mode otlp) and r2 (mode otlp): no metric 'x' to compare"),
 }

@@ -4,7 +4,6 @@ errors as one line each and its exit status as documented (2 a user's error, 130
 
 from __future__ import annotations
 
-import errno
 import sys
 
 import typer
@@ -13,7 +12,7 @@ from typer.models import TyperPath
 
 from kvtrace.cli import calibrate, conformance, live, replay, results, traces  # noqa: F401  (registers the commands)
 from kvtrace.cli.application import app
-from kvtrace.cli.output import StdoutError, error, fitted_streams, stdout_failure, unreadable_argument
+from kvtrace.cli.output import StdoutError, error, fitted_streams, stdout_discarded, stdout_failure, unreadable_argument
 from kvtrace.errors import KVTraceError, OutputClosed
 from kvtrace.process import sigterm_as_interrupt, stop_signalled, terminated
 
@@ -33,7 +32,8 @@ def _run() -> None:
     try:
         with sigterm_as_interrupt():  # `kill`, `timeout`: what was recorded is flushed, the run marked
             rc = _command()(prog_name="kvtrace", standalone_mode=False)  # errors come back here, printed as one line
-    except OutputClosed:  # `-o /dev/stdout | head`: the reader had what it wanted
+    except OutputClosed:  # `| head`, `-o /dev/stdout | head`: the reader had what it wanted
+        stdout_discarded()
         sys.exit(141)
     except KVTraceError as e:
         error(str(e))
@@ -46,11 +46,11 @@ def _run() -> None:
         sys.exit(getattr(e, "exit_code", 2))
     except KeyboardInterrupt:
         rc = 130
-    except StdoutError as e:  # stdout gone (a full disk, a closed pipe) while the result was written
-        failure = stdout_failure(e)
-        if e.errno == errno.EPIPE:  # a reader that stopped early (`| head`) is no error
-            sys.exit(141)
-        error(failure)
+    except StdoutError as e:  # stdout gone (a full disk) while the result was written
+        error(stdout_failure(e))
+        sys.exit(2)
+    except MemoryError:  # (`ulimit -v`, a container's limit: what was committed before is kept)
+        error("out of memory; give the command more memory, or less to hold (--limit, a smaller trace or pool)")
         sys.exit(2)
     except Exception as e:
         if not (_while_interrupted(e) or stop_signalled()):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import json
 import math
@@ -14,6 +15,7 @@ from typing import Any
 
 import typer
 
+from kvtrace.errors import OutputClosed
 from kvtrace.names import markup_literal, printable, stdout_console
 
 MAX_ERROR_CHARS = 1_000  # a message quoting a user's value (a list of 200k numbers) stays a readable line
@@ -26,11 +28,12 @@ _URL_PASSWORD = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*:/{1,2}[^/@\s:]*):\S*@")
 
 def error(msg: str) -> None:
     """The one error line; what it quotes (a path, a key) shown as typed, never obeyed as
-    terminal codes (click strips those only when stderr is not a terminal), and cut short
-    when it quotes a huge value."""
+    terminal codes (click strips those only when stderr is not a terminal), and cut in the
+    middle when it quotes a huge value or path (its end, what is wrong, kept)."""
     line = _URL_PASSWORD.sub(r"\1:***@", printable(msg))  # (an endpoint's or a store URL's password, never shown)
-    if len(line) > MAX_ERROR_CHARS:
-        line = f"{line[:MAX_ERROR_CHARS]}... ({len(line) - MAX_ERROR_CHARS:,} more characters)"
+    if len(line) > MAX_ERROR_CHARS:  # the middle cut: the end says what is wrong (a 4,000-byte path's "no such file")
+        head, tail = MAX_ERROR_CHARS * 3 // 5, MAX_ERROR_CHARS * 2 // 5
+        line = f"{line[:head]}... ({len(line) - head - tail:,} characters left out) ...{line[-tail:]}"
     typer.echo(f"kvtrace: error: {line}", err=True)
 
 
@@ -85,13 +88,19 @@ def print_rows(rows: list[list[str]], title: str | None = None, left: int = 1) -
 
 
 class StdoutError(OSError):
-    """stdout could not be written (a full disk, a pipe its reader closed): the command's
-    result is lost, what it recorded is not."""
+    """stdout could not be written (a full disk): the command's result is lost, what it
+    recorded is not."""
+
+
+class StdoutClosed(OutputClosed):
+    """stdout's reader went away (``| head``): exit 141, silently. Not an OSError, which
+    typer takes for a broken pipe of its own and ends in a silent exit 1, the status of a
+    failed ``diff --fail-if`` gate."""
 
 
 class _Stdout:
     """sys.stdout, its write failures told apart from every other OSError (a store's, a
-    trace's) as StdoutError."""
+    trace's) as StdoutError, or StdoutClosed for a closed pipe."""
 
     def __init__(self, stream: Any) -> None:
         self._stream = stream
@@ -100,16 +109,52 @@ class _Stdout:
         try:
             return self._stream.write(text)
         except OSError as err:
-            raise StdoutError(err.errno, err.strerror) from None
+            raise _failure(err) from None
 
     def flush(self) -> None:
         try:
             self._stream.flush()
         except OSError as err:
-            raise StdoutError(err.errno, err.strerror) from None
+            raise _failure(err) from None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
+
+
+class _Stderr:
+    """sys.stderr, which a failed write (its reader gone: ``2>&1 | head``; a full disk)
+    points at the null device: the progress, status and error lines are lost, nothing else.
+    The command goes on and exits with its own status (typer took the closed pipe for one
+    of its own and exited 1, a finished replay included, its error's 2 too)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError:
+            _discard(2)
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError:
+            _discard(2)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _discard(fd: int) -> None:
+    """``fd`` pointed at the null device: what is written to it, or flushed at exit, is dropped."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, fd)
+        os.close(null)
+    except OSError:
+        pass
 
 
 @contextlib.contextmanager
@@ -117,7 +162,8 @@ def fitted_streams() -> Iterator[None]:
     """Streams every command can write to, within the block: a closed stdout or stderr
     (``>&-``) is the null device; a character the terminal's encoding lacks
     (``PYTHONIOENCODING=ascii``, a run named in Greek) is written as its escape instead of
-    failing the command; a failed write to stdout is a StdoutError."""
+    failing the command; a failed write to stdout is a StdoutError (StdoutClosed for a
+    closed pipe); one to stderr loses what stderr shows, nothing else."""
     saved = sys.stdout, sys.stderr
     for name in ("stdout", "stderr"):
         stream = getattr(sys, name)
@@ -127,22 +173,31 @@ def fitted_streams() -> Iterator[None]:
             stream.reconfigure(errors="backslashreplace")
     if not isinstance(sys.stdout, _Stdout):
         sys.stdout = _Stdout(sys.stdout)
+    if not isinstance(sys.stderr, _Stderr):
+        sys.stderr = _Stderr(sys.stderr)
     try:
         yield
     finally:
         sys.stdout, sys.stderr = saved
 
 
+def _failure(err: OSError) -> StdoutError | StdoutClosed:
+    """What a failed write to stdout raises."""
+    if err.errno == errno.EPIPE:
+        return StdoutClosed(f"cannot write to stdout: {err.strerror or err}")
+    return StdoutError(err.errno, err.strerror)
+
+
 def stdout_failure(err: StdoutError) -> str:
-    """The one line for ``err``. stdout is pointed at the null device, so that Python's own
-    flush at exit does not fail again, with a traceback."""
-    try:
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, 1)
-        os.close(null)
-    except OSError:
-        pass
+    """The one line for ``err``, after ``stdout_discarded``."""
+    stdout_discarded()
     return f"cannot write to stdout: {err.strerror or err}"
+
+
+def stdout_discarded() -> None:
+    """stdout pointed at the null device, so that Python's own flush at exit of what it
+    still buffers does not fail again, with a traceback."""
+    _discard(1)
 
 
 def unreadable_argument(argv: list[str]) -> str | None:

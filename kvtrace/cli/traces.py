@@ -49,9 +49,8 @@ def convert(
     from kvtrace.replay.readers import open_trace
     from kvtrace.workload.native import write_native
 
-    # (a directory trace: each of its files is an input too)
-    inputs = [trace, *(p for p in trace.iterdir() if p.is_file())] if trace.is_dir() else [trace]
     source = open_trace(trace, format=value(fmt), limit=limit, block_size=trace_block_size)
+    inputs: list[str | Path] = [trace, *source.files]  # (a directory trace: each of its files is an input too)
     kept = None
     if source.format == "native":  # its header's metadata (generator, seed, block sizes) was dropped
         from kvtrace.replay.readers import native_header

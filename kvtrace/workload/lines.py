@@ -287,6 +287,7 @@ class AtomicText:
             parent = os.path.dirname(real)
             if not os.path.isdir(parent):  # (said only when writing began: after calibrate's fit, say)
                 raise KVTraceError(f"{self.name}: directory {parent} does not exist") from None
+            self._refuse_a_folder_without_write(parent)
             return False
         except OSError as e:
             raise KVTraceError(f"{self.name}: cannot write: {e.strerror}") from None
@@ -297,7 +298,16 @@ class AtomicText:
         if not stat.S_ISREG(st.st_mode) or _open_descriptor(self.name) is not None:
             return True
         self._refuse_to_replace(st)
+        if not os.access(self.name, os.W_OK):  # (a rename would replace it all the same)
+            raise KVTraceError(f"{self.name}: cannot write: Permission denied (a read-only file, not replaced)")
+        self._refuse_a_folder_without_write(os.path.dirname(os.path.realpath(self.name)))
         return False
+
+    def _refuse_a_folder_without_write(self, parent: str) -> None:
+        """The temporary file is made in ``parent``: said before the command's work (a
+        capture's whole session, calibrate's fit), not when the output is written."""
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise KVTraceError(f"{self.name}: cannot write: Permission denied (directory {parent})")
 
     def __enter__(self) -> _Sink:
         in_place = self.check()

@@ -45,5 +45,10 @@ class TraceSource:
             self._source_id = source_sha256(self.path, self._files)
         return self._source_id
 
+    @property
+    def files(self) -> list[str]:
+        """The files read: a WEKA directory's conversations, or the trace file itself."""
+        return [self.path] if self._files is None else list(self._files)
+
     def __repr__(self) -> str:
         return f"TraceSource(path={self.path!r}, format={self.format!r}, limit={self.limit!r})"

@@ -66,8 +66,12 @@ def weka_files(path: str) -> list[str] | None:
     """The sorted .json files of a directory source, or None for a single file."""
     if not os.path.isdir(path):
         return None
+    try:  # (glob finds nothing in a folder it cannot read: "holds no files" would be wrong)
+        names = os.listdir(path)
+    except OSError as e:
+        raise TraceFormatError(path, None, f"cannot list the directory ({e.strerror or e})") from None
     files = sorted(glob.glob(os.path.join(glob.escape(path), "*.json")))  # (a [ or * in the folder's name)
-    packed = sorted(n for n in os.listdir(path) if n.endswith(tuple(".json" + s for s in COMPRESSED_SUFFIXES)))
+    packed = sorted(n for n in names if n.endswith(tuple(".json" + s for s in COMPRESSED_SUFFIXES)))
     if packed:  # (they were skipped without a word: 2 of 3 files replayed)
         raise TraceFormatError(os.path.join(path, packed[0]), None, f"compressed ({len(packed)} such in {path}); "
                                "kvtrace reads conversations as plain JSON: decompress them first")
