@@ -144,11 +144,13 @@ def _with_num_blocks(rows: pa.Table) -> pa.Table:
 
 def _family_inserts(buffer: list[tuple[str, pa.Table]]) -> list[tuple[str, str, pa.Table]]:
     """(family table, run id, rows) per INSERT of a flush: the buffered tables split by
-    family, consecutive pieces of one family and run joined (chunks, not copied) into one.
+    family, consecutive pieces of one family and run joined into one table of one chunk.
 
     One INSERT per family costs DuckDB about a quarter less than one per buffered table:
     each INSERT fills and compresses its own row groups, so many small ones each leave a
-    partial row group to merge and compress again. Row order in each family table is
+    partial row group to merge and compress again. And DuckDB's Arrow scan pays about 2 ms
+    a chunk: a flush of 2,000 one-span OTLP requests took 4.7 s as chunks, 0.11 s combined
+    (a second's engine batches: about a tenth less). Row order in each family table is
     unchanged.
     """
     pieces: dict[str, list[tuple[str, pa.Table]]] = {}
@@ -160,6 +162,7 @@ def _family_inserts(buffer: list[tuple[str, pa.Table]]) -> list[tuple[str, str, 
         for run_id, group in groupby(pieces[family], key=itemgetter(0)):
             tables = [rows for _, rows in group]
             table = tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="default")
+            table = table.combine_chunks()
             if has_block_lists(family):
                 table = _with_num_blocks(table)
             out.append((family, run_id, table))
