@@ -49,10 +49,10 @@ def _run() -> None:
     except StdoutError as e:  # stdout gone (a full disk) while the result was written
         error(stdout_failure(e))
         sys.exit(2)
-    except MemoryError:  # (`ulimit -v`, a container's limit: what was committed before is kept)
-        error("out of memory; give the command more memory, or less to hold (--limit, a smaller trace or pool)")
-        sys.exit(2)
     except Exception as e:
+        if _out_of_memory(e):  # (`ulimit -v`, a container's limit: what was committed before is kept)
+            error("out of memory; give the command more memory, or less to hold (--limit, a smaller trace or pool)")
+            sys.exit(2)
         if not (_while_interrupted(e) or stop_signalled()):
             raise
         # Ctrl-C or SIGTERM came while a library ran, which raised its own error instead
@@ -100,6 +100,16 @@ _RECORDING = frozenset({"replay", "sweep", "curve", "study", "collect", "capture
 def _recording(argv: list[str]) -> bool:
     command = next((a for a in argv if not a.startswith("-")), None)
     return command in _RECORDING
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    """Whether ``e`` is an allocation refused: Python's MemoryError, or DuckDB's own (a
+    query's block), whose text is a page of tuning advice."""
+    if isinstance(e, MemoryError):
+        return True
+    duckdb = sys.modules.get("duckdb")  # (imported only by the commands that open a store)
+    refused = getattr(duckdb, "OutOfMemoryException", None)
+    return refused is not None and isinstance(e, refused)
 
 
 def _while_interrupted(e: BaseException) -> bool:

@@ -142,11 +142,17 @@ def test_an_error_quoting_a_long_path_keeps_what_is_wrong(capsys):
         assert line.startswith("kvtrace: error: /x/x/x") and len(line) < 1100
 
 
-def test_running_out_of_memory_is_one_line(tmp_path, capsys, monkeypatch):
-    """A MemoryError (`ulimit -v`, a container's limit) was a traceback."""
+@pytest.mark.parametrize("refused", ["MemoryError", "duckdb"])
+def test_running_out_of_memory_is_one_line(tmp_path, capsys, monkeypatch, refused):
+    """Python's MemoryError (`ulimit -v`, a container's limit), and DuckDB's own for a query's
+    block (`runs` under `ulimit -v 1000000`), were tracebacks."""
+    import duckdb
+
     import kvtrace.replay.readers as readers
 
     def exhausted(*args, **kwargs):
+        if refused == "duckdb":
+            raise duckdb.OutOfMemoryException("Out of Memory Error: Failed to allocate block of 2097152 bytes")
         raise MemoryError
 
     monkeypatch.setattr(readers, "open_trace", exhausted)
