@@ -802,3 +802,57 @@ def test_a_flush_hands_the_store_one_chunk_however_many_batches_it_holds(tmp_pat
     assert (stats.batches, stats.lost, stats.bad_messages) == (2_001, 0, 0)
     assert _stored_steps(tmp_path, stats) == list(range(2_001))
     assert chunks and max(chunks) == 1, chunks
+
+
+def test_a_long_first_contact_answer_is_stored_as_it_comes(tmp_path):
+    """First contact's replay answer is the publisher's whole buffer (thousands of batches,
+    seconds to read): it was stored only once read to its end, so a kill meanwhile lost it
+    all. Its batches are now stored whenever a flush is due (here: after each), in seq order,
+    and one that comes out of order after the rest."""
+    import zmq
+
+    from kvtrace.instrument.vllm.capture import VllmKVCapture
+    from kvtrace.instrument.vllm.wire import END_SEQ
+    from kvtrace.store.writer import Store
+
+    held = {s: _raw_batch(float(s + 1), token=s + 1) for s in range(40)}
+    order = [*range(0, 20), 25, *range(20, 25), *range(26, 40)]  # 20..24 come after 25
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+
+    def serve():
+        if router.poll(10_000):
+            ident, _, _ = router.recv_multipart()
+            for s in order:
+                router.send_multipart([ident, b"", s.to_bytes(8, "big"), held[s]])
+            router.send_multipart([ident, b"", END_SEQ, b""])
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    store = Store.open(tmp_path / "first.duckdb")
+    run_id = store.create_run("capture")
+    cap = VllmKVCapture("tcp://127.0.0.1:1", replay_endpoint=f"tcp://127.0.0.1:{port}", store=store, run_id=run_id,
+                        replay_timeout_s=5, flush_interval_s=0)
+    flushed_at: list[int] = []  # batches accepted by each commit
+    commit = store.flush
+
+    def counted():
+        flushed_at.append(cap.stats.batches)
+        return commit()
+
+    store.flush = counted
+    try:
+        cap.receive([b"kv", (40).to_bytes(8, "big"), _raw_batch(41.0, token=41)])  # first contact at seq 40
+    finally:
+        cap.close()
+        t.join(5)
+        router.close(0)
+        ctx.term()
+        store.finish_run(run_id)
+        store.close()
+    assert (cap.stats.batches, cap.stats.recovered, cap.stats.lost) == (41, 40, 0)
+    assert [n for n in flushed_at if n < 40][:3] == [1, 2, 3]  # committed while the answer was read
+    rows = store_rows(tmp_path / "first.duckdb", run_id)
+    steps = [r["step"] for r in rows if r["name"] == "kvtrace.engine.step"]  # (append order)
+    assert sorted(steps) == list(range(41)) and steps[:21] == [*range(20), 25]

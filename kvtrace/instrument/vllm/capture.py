@@ -312,10 +312,17 @@ class VllmKVCapture:
 
     def _recover(self, first: int, upto: int, lost_if_missing: bool) -> None:
         """Fetch batches [first, upto) from the replay socket. One that is not returned, or
-        does not decode, is lost when ``lost_if_missing`` (a gap after first contact)."""
+        does not decode, is lost when ``lost_if_missing`` (a gap after first contact).
+
+        Batches are accepted as they come in seq order (vLLM answers in order) and stored when
+        a flush is due: first contact's answer is the publisher's whole buffer (thousands of
+        batches, seconds to read), which a kill lost whole when it was stored only at its end.
+        One that comes out of order is accepted after the rest."""
         if lost_if_missing:
             self.stats.gaps += 1
-        got: dict[int, bytes] = {}
+        late: dict[int, bytes] = {}
+        accepted: set[int] = set()
+        recovered, after = 0, first  # ``after``: the seq an in-order batch is at least
         if self._replay is not None:
             while self._replay.poll(0):  # late answers to an earlier, timed-out request
                 self._replay.recv_multipart()
@@ -334,9 +341,17 @@ class VllmKVCapture:
                 if frame is None:
                     break
                 s, payload = frame
-                if first <= s < upto and len(payload) <= MAX_MESSAGE_BYTES:  # (a larger one is lost)
-                    got[s] = payload
-        recovered = sum(self._accept(s, got[s]) for s in sorted(got))
+                if not (first <= s < upto and len(payload) <= MAX_MESSAGE_BYTES):  # (a larger one is lost)
+                    continue
+                if s >= after:
+                    recovered += self._accept(s, payload)
+                    accepted.add(s)
+                    after = s + 1
+                    if self.flush_due(time.monotonic()):
+                        self._store_rows()
+                elif s not in accepted:
+                    late[s] = payload
+        recovered += sum(self._accept(s, late[s]) for s in sorted(late))
         self.stats.recovered += recovered
         if lost_if_missing:
             self.stats.lost += (upto - first) - recovered
@@ -348,6 +363,9 @@ class VllmKVCapture:
     def flush(self) -> None:
         """Append the rows received since the last flush to the store and commit."""
         self._settle_pending()
+        self._store_rows()
+
+    def _store_rows(self) -> None:
         self._last_flush = time.monotonic()
         table = self._rows.take()
         self.stats.spans = self._rows.spans
