@@ -178,6 +178,18 @@ def _with_closed_pipe(argv: list[str], stream: str, cwd: Path | None = None) -> 
     return proc
 
 
+def test_export_refuses_to_replace_a_read_only_file(tmp_path, capsys, monkeypatch, store):
+    """Each Parquet file is renamed into place: a 0444 runs.parquet was replaced all the same."""
+    out = tmp_path / "out"
+    out.mkdir()
+    kept = out / "runs.parquet"
+    kept.write_text("keep me\n")
+    with read_only(monkeypatch, kept):
+        code, _, err = run(["export", "--db", store, "--run", "r1", "--parquet", str(out)], capsys)
+    assert_one_line(code, err, str(kept), "Permission denied", "read-only")
+    assert kept.read_text() == "keep me\n" and sorted(p.name for p in out.iterdir()) == ["runs.parquet"]
+
+
 @pytest.mark.parametrize("argv", [["--help"], ["runs", "--db", "STORE"], ["diff", "r1", "r1", "--db", "STORE"]])
 def test_a_stdout_whose_reader_went_exits_141(store, argv):
     """(`| head`: typer took the closed pipe for one of its own and exited 1, silently: the
