@@ -160,6 +160,10 @@ def demo(
     from kvtrace.store.backend import is_clickhouse
 
     if not is_clickhouse(db):
+        if os.path.isfile(db) and not os.access(db, os.W_OK):  # (the new store's rename replaced it all the same)
+            from kvtrace.errors import KVTraceError
+
+            raise KVTraceError(f"{db}: cannot write: Permission denied (a read-only file, not replaced)")
         demo_target(str(db))  # (before the replay engine loads: a wrong --db is told at once)
     from kvtrace.compare.demo import run_demo
     from kvtrace.process import pyarrow_without_pandas

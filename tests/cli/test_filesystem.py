@@ -190,6 +190,19 @@ def test_export_refuses_to_replace_a_read_only_file(tmp_path, capsys, monkeypatc
     assert kept.read_text() == "keep me\n" and sorted(p.name for p in out.iterdir()) == ["runs.parquet"]
 
 
+def test_demo_refuses_to_replace_a_read_only_store(tmp_path, capsys, monkeypatch, store):
+    """The demo's new store is renamed over --db: a 0444 one was replaced all the same. (The
+    read-only file is refused before what it holds is looked at: any store will do here.)"""
+    db = tmp_path / "d.duckdb"
+    shutil.copy(store, db)
+    before = db.read_bytes()
+    with read_only(monkeypatch, db):
+        code, _, err = run(["demo", "--db", str(db)], capsys)
+    assert_one_line(code, err, str(db), "Permission denied", "read-only")
+    assert db.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.duckdb"]
+
+
 @pytest.mark.parametrize("argv", [["--help"], ["runs", "--db", "STORE"], ["diff", "r1", "r1", "--db", "STORE"]])
 def test_a_stdout_whose_reader_went_exits_141(store, argv):
     """(`| head`: typer took the closed pipe for one of its own and exited 1, silently: the
