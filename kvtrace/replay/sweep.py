@@ -250,8 +250,11 @@ def _results_in_order(specs: list[RunSpec], keep: bool, workers: int,
         yield (_replay_one(s, keep) for s in specs)
         return
     # fork: the workers start with this process's imports (and no store handle is open yet)
-    pool = ProcessPoolExecutor(max_workers=local_workers(workers, len(specs)), initializer=worker_start,
-                               initargs=(os.getpid(),), mp_context=multiprocessing.get_context("fork"))
+    try:  # (the pool makes its pipes here: an open-file limit refuses them)
+        pool = ProcessPoolExecutor(max_workers=local_workers(workers, len(specs)), initializer=worker_start,
+                                   initargs=(os.getpid(),), mp_context=multiprocessing.get_context("fork"))
+    except OSError as err:
+        raise _cannot_start(workers, err) from None
     try:
         # SIGTERM held while the workers fork (they unblock it once it kills them) and the
         # replays are queued; one that came meanwhile is delivered after
@@ -259,8 +262,7 @@ def _results_in_order(specs: list[RunSpec], keep: bool, workers: int,
             try:
                 futures = [pool.submit(_replay_one, spec, keep) for spec in specs]
             except OSError as err:  # a fork or its pipes refused (a process or open-file limit)
-                raise KVTraceError(f"--workers {workers}: cannot start the worker processes "
-                                   f"({err.strerror or err}); try fewer") from None
+                raise _cannot_start(workers, err) from None
         yield (f.result() for f in futures)
     except BaseException:  # Ctrl-C, SIGTERM, a failed replay: the queued replays are not run
         # The workers end first: the pool then finds itself broken and fails every queued
@@ -271,6 +273,10 @@ def _results_in_order(specs: list[RunSpec], keep: bool, workers: int,
         pool.shutdown()
         raise
     pool.shutdown()
+
+
+def _cannot_start(workers: int, err: OSError) -> KVTraceError:
+    return KVTraceError(f"--workers {workers}: cannot start the worker processes ({err.strerror or err}); try fewer")
 
 
 def local_workers(workers: int, replays: int) -> int:

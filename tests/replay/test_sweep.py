@@ -413,3 +413,21 @@ def test_a_sweep_that_fails_midway_keeps_the_runs_it_finished(tmp_path, workers)
     runs = read.runs(db)
     assert runs["status"].to_list() == ["complete", "complete"]
     assert sorted(runs["name"].to_list()) == ["sweep capacity_blocks=1000", "sweep capacity_blocks=2000"]
+
+
+def test_an_open_file_limit_that_refuses_the_pools_pipes_is_one_line(tmp_path):
+    """``ulimit -n 8``: the worker pool's own pipes were refused before the guarded submit,
+    an OSError traceback."""
+    import resource
+    import subprocess
+    import sys
+
+    def low_limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (8, 8))
+
+    r = subprocess.run([sys.executable, "-m", "kvtrace.cli", "sweep", "gen:chat", "--limit", "5", "--mode",
+                        "cache-only", "--param", "capacity_blocks=5,10", "--workers", "2"],
+                       capture_output=True, text=True, timeout=120, preexec_fn=low_limit, cwd=tmp_path, check=False)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        "kvtrace: error: --workers 2: cannot start the worker processes (Too many open files); try fewer"]
