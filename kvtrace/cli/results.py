@@ -179,17 +179,12 @@ def export(
     parquet: Annotated[str, typer.Option(metavar="DIR", help="Output directory (created if missing).")],
 ) -> None:
     """Export one run's spans and summary to Parquet."""
-    from kvtrace.errors import ConfigError, KVTraceError
+    from kvtrace.errors import ConfigError
     from kvtrace.store import export_parquet
-    from kvtrace.store.export import EXPORTED_TABLES
 
     if not parquet.strip():  # a str, not a Path: Path('') is '.', the current directory
         raise ConfigError("kvtrace export", "--parquet",
                           "expected an output directory, got an empty path (say . for the current one)")
-    for table in EXPORTED_TABLES:  # (each is renamed into place: a rename replaced a 0444 file all the same)
-        target = os.path.join(parquet, f"{table}.parquet")
-        if os.path.isfile(target) and not os.access(target, os.W_OK):
-            raise KVTraceError(f"{target}: cannot write: Permission denied (a read-only file, not replaced)")
     for p in export_parquet(db, run, parquet).values():
         typer.echo(str(p))
 

@@ -174,6 +174,10 @@ def _output_dir(directory: str | Path) -> Path:
             raise StoreError(str(out_dir), "exists and is not a directory; expected an output directory")
     except OSError as err:  # (exists() passes a name too long, a permission refused: a traceback)
         raise StoreError(str(out_dir), f"cannot use as export directory: {err.strerror or err}") from None
+    for table in EXPORTED_TABLES:  # (each is renamed into place: a rename replaced a 0444 file all the same)
+        target = out_dir / f"{table}.parquet"
+        if target.is_file() and not os.access(target, os.W_OK):
+            raise StoreError(str(target), "cannot write: Permission denied (a read-only file, not replaced)")
     return out_dir
 
 

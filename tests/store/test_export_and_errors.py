@@ -43,6 +43,21 @@ def test_export_unknown_run(scenario_db, tmp_path):
         export_parquet(db, "zz", tmp_path / "out")
 
 
+def test_export_parquet_refuses_to_replace_a_read_only_file(scenario_db, tmp_path, monkeypatch):
+    """Each Parquet file is renamed into place: export_parquet itself (not only the CLI)
+    replaced a 0444 spans.parquet."""
+    from tests.support.permissions import read_only
+
+    db, run_id = scenario_db
+    out = tmp_path / "out"
+    out.mkdir()
+    kept = out / "spans.parquet"
+    kept.write_text("keep me\n")
+    with read_only(monkeypatch, kept), pytest.raises(StoreError, match=r"spans\.parquet: cannot write: Permission"):
+        export_parquet(db, run_id, out)
+    assert kept.read_text() == "keep me\n" and sorted(p.name for p in out.iterdir()) == ["spans.parquet"]
+
+
 @pytest.mark.parametrize("side", [".wal", ".writer-waiting", ".reader-waiting"])  # (the file itself: no directory)
 def test_an_export_into_the_stores_own_files_is_refused(scenario_db, side):
     # an export into the store's write-ahead log made a directory there: the store no longer opened
