@@ -358,3 +358,35 @@ def test_two_requests_in_one_export_call_are_refused_whole(tmp_path):
     assert "no ExportTraceServiceRequest" in none.value.details()
     assert count_spans(db, "first") == count_spans(db, "second") == 0 and count_spans(db, "after") == 2
     assert collector.requests_rejected == 2
+
+
+def test_a_stopped_collector_leaves_no_grpc_worker_or_watchdog_thread(tmp_path):
+    """gRPC's ``stop`` leaves its worker pool's threads alive: each collector stopped in a
+    long-lived process left up to 64 of them behind (one per call it had served at once)."""
+    import threading
+
+    db = tmp_path / "grpc.duckdb"
+    collector = OTLPCollector(db, port=0, grpc_port=0).start()
+    stalled = _Stalled(collector.grpc_target, 6)  # six calls at once: six workers
+    try:
+        _raw_export(collector.grpc_target, _run_body("served"))
+    finally:
+        stalled.release()
+        collector.stop()
+    ours = [t.name for t in threading.enumerate()
+            if t.is_alive() and t.name.startswith(("kvtrace-otlp-grpc", "kvtrace-otlp-deadlines"))]
+    assert ours == []
+    assert count_spans(db, "served") == 2
+
+
+def test_closing_the_deadline_watchdog_ends_its_thread():
+    """``close`` only flagged the watchdog to stop: a stopped collector's thread lived on."""
+    import threading
+
+    from kvtrace.instrument.otlp.guard import Deadlines
+
+    deadlines = Deadlines(watch_interval_s=30.0, name="kvtrace-test-deadlines")
+    deadlines.set("key", 60.0, lambda: None)
+    watchdog = next(t for t in threading.enumerate() if t.name == "kvtrace-test-deadlines")
+    deadlines.close()
+    assert not watchdog.is_alive()

@@ -240,7 +240,7 @@ class OTLPCollector:
         if self._grpc is not None:
             # new exports are refused at once; one in flight has GRPC_GRACE_S to finish, then is
             # cancelled (its handler, still running, finds the store closed: nothing stored)
-            self._grpc.stop(grace=GRPC_GRACE_S).wait()
+            self._grpc.stop(grace=GRPC_GRACE_S)
         self._server.server_close()
         self.guard.close()
 

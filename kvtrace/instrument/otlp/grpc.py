@@ -52,14 +52,33 @@ class _NotSent(Exception):
     """A call whose request did not come by its deadline (cancelled), or that its client cancelled."""
 
 
+class GrpcReceiver:
+    """The gRPC server and its worker pool: ``stop`` ends both (gRPC's ``stop`` leaves its
+    pool's threads, up to MAX_CONNECTIONS of them, alive for good in the process that
+    served: every collector stopped in a long-lived process left its workers behind)."""
+
+    def __init__(self, server: grpc.Server, pool: ThreadPoolExecutor):
+        self.server, self._pool = server, pool
+
+    def start(self) -> None:
+        self.server.start()
+
+    def stop(self, grace: float | None) -> None:
+        """Refuse new calls, give those in flight ``grace`` seconds (then cancel them),
+        and end the workers once their handlers return."""
+        self.server.stop(grace=grace).wait()
+        self._pool.shutdown(wait=True)
+
+
 def grpc_server(ingest: Callable[..., object], host: str, port: int, max_body_bytes: int,
                 on_reject: Callable[[], None] = lambda: None, read_timeout_s: float = READ_TIMEOUT_S,
                 decode_slots: contextlib.AbstractContextManager | None = None,
-                deadlines: Deadlines | None = None) -> tuple[grpc.Server, int]:
-    """A bound, not yet started gRPC server whose ``Export`` decodes a request and calls
-    ``ingest(spans, wanted=context.is_active)`` (a call cancelled, or past its deadline,
-    is not stored); returns it and its port. ``on_reject`` is called once per request
-    refused (malformed, not sent by its deadline, or ``ingest`` raised ``KVTraceError``).
+                deadlines: Deadlines | None = None) -> tuple[GrpcReceiver, int]:
+    """A bound, not yet started gRPC server (with its worker pool: a ``GrpcReceiver``)
+    whose ``Export`` decodes a request and calls ``ingest(spans, wanted=context.is_active)``
+    (a call cancelled, or past its deadline, is not stored); returns it and its port.
+    ``on_reject`` is called once per request refused (malformed, not sent by its
+    deadline, or ``ingest`` raised ``KVTraceError``).
     ``decode_slots``: held while a request is decoded and stored (the collector's, shared
     with OTLP/HTTP). ``deadlines``: the watchdog that cancels a call not sent in time (the
     collector's, closed with it; None: one of its own).
@@ -120,8 +139,9 @@ def grpc_server(ingest: Callable[..., object], host: str, port: int, max_body_by
     probe_address(host, port, "OTLP/gRPC")
     # No (de)serialisers: the method sees the request's bytes, as the HTTP handler does.
     handler = grpc.method_handlers_generic_handler(SERVICE, {"Export": grpc.stream_unary_rpc_method_handler(export)})
+    pool = ThreadPoolExecutor(max_workers=MAX_CONNECTIONS, thread_name_prefix="kvtrace-otlp-grpc")
     server = grpc.server(
-        ThreadPoolExecutor(max_workers=MAX_CONNECTIONS, thread_name_prefix="kvtrace-otlp-grpc"),
+        pool,
         handlers=[handler],
         options=[("grpc.max_receive_message_length", max_body_bytes), ("grpc.so_reuseport", 0)],
         maximum_concurrent_rpcs=MAX_CONNECTIONS,
@@ -131,5 +151,6 @@ def grpc_server(ingest: Callable[..., object], host: str, port: int, max_body_by
     except RuntimeError:  # grpcio raises where older versions returned 0
         bound = 0
     if not bound:  # taken between the probe and here (gRPC has then logged it too)
+        pool.shutdown(wait=False)
         raise OSError(f"cannot listen on {host}:{port} (OTLP/gRPC): address in use or not available")
-    return server, bound
+    return GrpcReceiver(server, pool), bound

@@ -54,7 +54,13 @@ class Deadlines:
                     on_late()
 
     def close(self) -> None:
+        """Stop the watchdog and wait for it (it wakes at once: a stopped collector left
+        it running for up to its interval)."""
         self._stopped.set()
+        with self._lock:
+            watchdog = self._watchdog
+        if watchdog is not None and watchdog is not threading.current_thread():
+            watchdog.join()
 
 
 def _shut(sock: socket.socket) -> None:
