@@ -22,7 +22,8 @@ def replay(
     spec,
     db: Db = None,
     otlp_endpoint: Annotated[str | None, typer.Option(
-        metavar="URL", help="Also export the spans over OTLP/HTTP to this collector URL.")] = None,
+        metavar="URL", help="Also export the spans to this collector URL: OTLP/HTTP, or gRPC when "
+                     "OTEL_EXPORTER_OTLP_PROTOCOL=grpc.")] = None,
     as_json: Json = False,
 ) -> None:
     """Replay a trace deterministically through the cache (and engine) and summarise it."""
