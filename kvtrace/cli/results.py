@@ -32,7 +32,7 @@ RUNS_SHOWN = 100
 def runs(db: DbToRead, as_json: Json = False, limit: Annotated[int | None, typer.Option(
         metavar="N", min=0, help=f"List the newest N runs (0: all; default {RUNS_SHOWN} in the table, all with "
                                  "--json).")] = None) -> None:
-    """List the runs in a store: id, name, trace, mode, behaviours, capacity, status, headline metrics."""
+    """List the runs in a store: id, name, trace, mode, backend, behaviours, capacity, status, headline metrics."""
     from kvtrace.dashboard.run_config import capacity
     from kvtrace.replay.report import format_value
     from kvtrace.store import read
@@ -46,9 +46,12 @@ def runs(db: DbToRead, as_json: Json = False, limit: Annotated[int | None, typer
         # diff reads them; per run its own queries only: read.run_summary would list every run again)
         summary = read.summary_with_spans(db, row["run_id"], json.loads(row["summary"]) if row["summary"] else None)
         cap = capacity(config, summary) if isinstance(config, dict) else None
+        config = config if isinstance(config, dict) else {}
         listed.append({
             "run_id": row["run_id"], "name": row["name"], "trace": row["trace_source"], "mode": row["mode"],
-            "backend": (config.get("backend") if isinstance(config, dict) else None) or "kvtrace",
+            "backend": config.get("backend") or "kvtrace",
+            # which vLLM a --backend vllm run drove (None for kvtrace's): two checkouts, two runs
+            "vllm_version": config.get("vllm_version"), "vllm_commit": config.get("vllm_commit"),
             "behaviours": json.loads(row["behaviours"]) if row["behaviours"] else [],
             # (an unbounded cache-only run has no capacity, but a block size all the same)
             "capacity_blocks": cap.blocks if cap else None,
@@ -64,7 +67,8 @@ def runs(db: DbToRead, as_json: Json = False, limit: Annotated[int | None, typer
     for r in listed:
         size = f"{r['capacity_blocks']:,}×{r['block_size']}" if r["capacity_blocks"] else "-"
         trace = Path(r["trace"]).name if r["trace"] else "-"  # (a collected run names none: not "None")
-        rows.append([r["run_id"], r["name"] or "", trace, r["mode"] or "", r["backend"],
+        backend = " ".join(str(x) for x in (r["backend"], r["vllm_commit"] or r["vllm_version"]) if x)
+        rows.append([r["run_id"], r["name"] or "", trace, r["mode"] or "", backend,
                      ",".join(r["behaviours"]) or "-", size, r["status"], r["created"] or "",
                      *(format_value(m, r[m]) for m in RUNS_METRICS)])
     print_rows(rows, title=f"runs in {db}", left=9)

@@ -359,6 +359,32 @@ def test_runs_shows_a_run_without_a_trace_as_a_dash_not_none(tmp_path, capsys):
     assert "None" not in line and "│ - " in line
 
 
+def test_runs_names_the_vllm_commit_of_a_vllm_backend_run(tmp_path, capsys):
+    """README, Study your own vLLM patch: ``kvtrace runs`` lists two checkouts' runs "each with
+    its commit"; it showed only ``vllm`` for both."""
+    from kvtrace.store.writer import Store
+    from tests.cli.support import run
+
+    db = tmp_path / "s.duckdb"
+    store = Store.open(db)
+    ids = [store.create_run(name, config={"backend": "vllm", "vllm_version": "0.33.0", "vllm_commit": commit})
+           for name, commit in (("A", "4ba787ec9"), ("B", "c0ffee123-dirty"))]
+    ours = store.create_run("ours", config={})
+    for run_id in (*ids, ours):
+        store.finish_run(run_id, status="complete")
+    store.close()
+    code, out, err = run(["runs", "--db", str(db)], capsys)
+    assert code == 0, err
+    lines = {run_id: next(ln for ln in out.splitlines() if f"│ {run_id} " in ln) for run_id in (*ids, ours)}
+    assert "vllm 4ba787ec9" in lines[ids[0]] and "vllm c0ffee123-dirty" in lines[ids[1]]
+    assert "│ kvtrace " in lines[ours]
+    code, out, err = run(["runs", "--db", str(db), "--json"], capsys)
+    rows = {r["run_id"]: r for r in json.loads(out)["runs"]}
+    assert (rows[ids[1]]["backend"], rows[ids[1]]["vllm_version"], rows[ids[1]]["vllm_commit"]) == (
+        "vllm", "0.33.0", "c0ffee123-dirty")
+    assert (rows[ours]["backend"], rows[ours]["vllm_commit"]) == ("kvtrace", None)
+
+
 def test_runs_shows_the_medians_of_a_run_made_with_other_percentiles(tmp_path, capsys):
     """``runs`` read p50_ttft_ms, which a run made with --percentiles 25,75 does not carry: it
     showed '-' where ``diff`` showed the median (median_ttft_ms, in every summary)."""

@@ -132,6 +132,7 @@ def test_replay_backend_vllm_records_the_backend(vllm_api, tmp_path):
     assert config["backend"] == "vllm" and config["vllm_version"] == "0.33.0"
     commit = vllm_commit()
     assert commit and config["vllm_commit"] == commit
+    assert (row["vllm_version"], row["vllm_commit"]) == ("0.33.0", commit)
     assert count == summary["spans"] > 0
     assert resources == [({"kvtrace.backend": "vllm", "kvtrace.vllm.version": "0.33.0",
                            "kvtrace.vllm.commit": commit},)]
