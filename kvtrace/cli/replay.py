@@ -38,8 +38,11 @@ def replay(
         pyarrow_without_pandas()
     result = run_replay(spec, db=db, otlp_endpoint=otlp_endpoint, progress=sys.stderr.isatty())
     recorded(result.run_id, db)
+    if result.otlp_run_id is not None and not result.undelivered:  # (else the error below says what was not)
+        status(f"kvtrace: spans sent over OTLP as run {result.otlp_run_id}")
     if as_json:
-        echo_json({**result.summary, "run_id": result.run_id})
+        echo_json({**result.summary, "run_id": result.run_id,
+                   **({"otlp_run_id": result.otlp_run_id} if result.otlp_run_id is not None else {})})
     else:
         print_summary(result.summary, title=f"kvtrace replay {spec.trace}")
     if result.undelivered:  # the run (and its store copy) is whole; the collector is short

@@ -245,6 +245,7 @@ def build_tracer_provider(
     background: bool = False,
     otlp_batch_size: int = 512,
     time_offset_ns: int | None = None,
+    export_run_id: str | None = None,
 ) -> TracerProvider:
     """A provider with a never-dropping processor per destination.
 
@@ -254,7 +255,8 @@ def build_tracer_provider(
     ``export_time_offset(time_offset_ns)`` and numbered (``kvtrace.seq``).
     ``background``: the DuckDB export runs on a worker thread behind a bounded blocking
     queue (off by default: on 2 busy cores inline measured as fast); the OTLP export
-    always does, so network waits overlap the replay.
+    always does, so network waits overlap the replay. ``export_run_id``: the run id the
+    OTLP export names (``kvtrace.run.id``; default ``run_id``), see ``unique_export_run_id``.
     Call ``provider.force_flush()`` before ``store.finish_run`` and ``shutdown()`` at the end.
     """
     offset = export_time_offset(time_offset_ns) if otlp_requested(otlp_endpoint) else None
@@ -267,12 +269,24 @@ def build_tracer_provider(
             BulkSpanProcessor(DuckDBSpanExporter(store, run_id), background=background, run_id=run_id)
         )
     if otlp_requested(otlp_endpoint):
+        exported = resource if export_run_id is None else make_resource(export_run_id, service_name,
+                                                                        resource_attributes, offset)
         provider.add_span_processor(
             BulkSpanProcessor(otlp_span_exporter(otlp_endpoint), background=True,
-                              max_export_batch_size=otlp_batch_size, resource=resource, run_id=run_id,
-                              time_offset_ns=offset or 0, number_spans=True)
+                              max_export_batch_size=otlp_batch_size, resource=exported,
+                              run_id=export_run_id or run_id, time_offset_ns=offset or 0, number_spans=True)
         )
     return provider
+
+
+def unique_export_run_id(local_run_id: str | None) -> str:
+    """The run id a replay's OTLP export names: one of its own. A collector keys runs by
+    ``kvtrace.run.id``, so every replay without a store (all ``unrecorded``) was one run
+    there, as were two stores' ``r1``s. The local id (if any) then a random suffix, as OTel's
+    ``service.instance.id`` is a UUID: a label of the export, in no digest and no span id."""
+    import uuid
+
+    return f"{local_run_id or 'replay'}-{uuid.uuid4().hex[:12]}"
 
 
 @contextmanager
@@ -286,6 +300,7 @@ def recording(
     step_ns: int | None = None,
     time_offset_ns: int | None = None,
     resource_attributes: Mapping[str, Any] | None = None,
+    export_run_id: str | None = None,
 ) -> Iterator[KVCacheInstrumentor]:
     """Record one run: yields an instrumentor to pass as a step listener (or to
     ``instrument(manager)``); on exit every pending span is exported and the processors
@@ -301,7 +316,7 @@ def recording(
     """
     provider = build_tracer_provider(store=store, run_id=run_id, otlp_endpoint=otlp_endpoint,
                                      seed=seed, background=background, time_offset_ns=time_offset_ns,
-                                     resource_attributes=resource_attributes)
+                                     resource_attributes=resource_attributes, export_run_id=export_run_id)
     inst = KVCacheInstrumentor(provider, run_id=run_id,
                                step_ns=DEFAULT_STEP_NS if step_ns is None else step_ns).instrument()
     otlp = [p for p in provider_span_processors(provider)

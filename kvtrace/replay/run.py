@@ -64,6 +64,7 @@ class RunResult:
     per_request: list[dict[str, Any]] = field(default_factory=list)
     record: dict[str, Any] = field(default_factory=dict)  # the run's record (Store.create_run's fields)
     undelivered: str | None = None  # why spans did not reach the OTLP collector, if any did not
+    otlp_run_id: str | None = None  # the run id its OTLP export named (pipeline.unique_export_run_id)
 
 
 # -- the workload ------------------------------------------------------------------------
@@ -373,9 +374,14 @@ def run_replay(
             sink = store if store is not None else spans_to
             offset = store.time_offset_ns(run_id) if store is not None and run_id is not None else None
             undelivered = None
+            exported_as = None
+            if otlp:
+                from kvtrace.instrument.pipeline import unique_export_run_id
+
+                exported_as = unique_export_run_id(run_id)
             try:
                 with _recording(sink, run_id or "unrecorded", otlp_endpoint, otlp, spec.seed, offset,
-                                resource) as instrumentor:
+                                resource, exported_as) as instrumentor:
                     bar = _Progress(progress, workload.total, f"{spec.mode} {Path(workload.source).name}")
                     try:
                         if preset is not None:
@@ -408,7 +414,7 @@ def run_replay(
                 store.finish_run(run_id, status="complete", digest=summary["digest"], summary=summary,
                                  trace_digest=record["trace_digest"])
             return RunResult(summary, run_id, per_request, record,
-                             undelivered=None if undelivered is None else str(undelivered))
+                             undelivered=None if undelivered is None else str(undelivered), otlp_run_id=exported_as)
         except BaseException as exc:
             if store is not None and run_id is not None:
                 # the recording above has handed every emitted span to the store already
@@ -418,11 +424,12 @@ def run_replay(
 
 
 def _recording(store, run_id: str, otlp_endpoint: str | None, otlp: bool, seed: int, time_offset_ns: int | None,
-               resource_attributes: dict[str, Any] | None = None):
+               resource_attributes: dict[str, Any] | None = None, export_run_id: str | None = None):
     """The span recording of a run, or nothing when spans go nowhere (building them is
     the cost, so an unrecorded replay builds none). ``otlp``: spans go to a collector (the
-    flag's or the standard variables'). ``time_offset_ns``: the store's offset of the
-    run's times, which an OTLP export reuses (metadata: not in the digest)."""
+    flag's or the standard variables'), naming the run ``export_run_id``. ``time_offset_ns``:
+    the store's offset of the run's times, which an OTLP export reuses (metadata: not in
+    the digest)."""
     if store is None and not otlp:
         return contextlib.nullcontext(None)
     from kvtrace.instrument import recording
@@ -430,7 +437,8 @@ def _recording(store, run_id: str, otlp_endpoint: str | None, otlp: bool, seed: 
     # background: the store's once-a-second commit (open, insert, checkpoint on close) runs on
     # the export thread, beside the replay, not inside it
     return recording(store=store, run_id=run_id, otlp_endpoint=otlp_endpoint, seed=seed,
-                     time_offset_ns=time_offset_ns, background=True, resource_attributes=resource_attributes)
+                     time_offset_ns=time_offset_ns, background=True, resource_attributes=resource_attributes,
+                     export_run_id=export_run_id)
 
 
 def backend_resource(config: dict[str, Any]) -> dict[str, Any] | None:

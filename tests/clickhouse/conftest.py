@@ -34,6 +34,7 @@ class ClickHouseStores:
     collected: str  # chdb: filled from the collector's otel_traces
     run_on: str
     payloads: int  # OTLP requests captured
+    run_collected: str  # run_on as its OTLP export named it (each export its own run id)
 
 
 class _Capture(BaseHTTPRequestHandler):
@@ -89,7 +90,7 @@ def ch_stores(tmp_path_factory, replayed_store) -> ClickHouseStores:
     with client.connect(target) as con:
         con.insert_arrow("otel_traces", collector_rows(bodies))
     Store.open(collected).close()  # registers the collected run; its record finishes it
-    return ClickHouseStores(replayed_store.path, direct, collected, on.run_id, len(bodies))
+    return ClickHouseStores(replayed_store.path, direct, collected, on.run_id, len(bodies), on.otlp_run_id)
 
 
 @pytest.fixture(scope="session")

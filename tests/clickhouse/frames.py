@@ -55,13 +55,15 @@ def same_answer(name: str, a, b) -> None:
     assert_frame_equal(a, b, check_exact=False, rel_tol=1e-12, abs_tol=0.0)
 
 
-def assert_same_reads(db_a: str, db_b: str, run_id: str, only: set[str] | None = None) -> int:
+def assert_same_reads(db_a: str, db_b: str, run_id: str, only: set[str] | None = None,
+                      run_id_b: str | None = None) -> int:
     """Every read of ``run_id`` (or those named in ``only``) answers alike from both
-    stores; returns the reads made."""
+    stores (``run_id_b``: the run's id in ``db_b``, when it is another); returns the reads
+    made."""
     calls = [c for c in read_calls(db_a, run_id) if only is None or c[0] in only]
     for name, args in calls:
         a = getattr(read, name)(db_a, run_id, *args)
-        b = getattr(read, name)(db_b, run_id, *args)
+        b = getattr(read, name)(db_b, run_id_b or run_id, *args)
         try:
             same_answer(name, a, b)
         except AssertionError as err:

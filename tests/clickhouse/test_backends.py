@@ -22,7 +22,9 @@ READ_COUNT_AT_LEAST = 30
 
 @pytest.mark.parametrize("path", ["direct", "collected"])
 def test_every_read_of_the_replay_is_the_same_frame_on_both_backends(ch_stores, path):
-    assert assert_same_reads(ch_stores.duck, getattr(ch_stores, path), ch_stores.run_on) >= READ_COUNT_AT_LEAST
+    other = ch_stores.run_collected if path == "collected" else None  # (the id its export named)
+    assert assert_same_reads(ch_stores.duck, getattr(ch_stores, path), ch_stores.run_on,
+                             run_id_b=other) >= READ_COUNT_AT_LEAST
 
 
 def test_every_diff_field_is_the_same_on_both_backends(story_stores):
@@ -47,13 +49,17 @@ def _spans(db: str, run_id: str) -> pl.DataFrame:
 @pytest.mark.parametrize("path", ["direct", "collected"])
 def test_the_spans_view_holds_the_same_rows(ch_stores, path):
     duck = _spans(ch_stores.duck, ch_stores.run_on)
-    ch = _spans(getattr(ch_stores, path), ch_stores.run_on)
+    ch = _spans(getattr(ch_stores, path), ch_stores.run_collected if path == "collected" else ch_stores.run_on)
+    if path == "collected":  # (the same rows under the id its export named)
+        assert set(ch["run_id"]) == {ch_stores.run_collected}
+        ch = ch.with_columns(pl.lit(ch_stores.run_on).alias("run_id"))
     assert duck.height == read.runs(ch_stores.duck).filter(pl.col("run_id") == ch_stores.run_on)["num_spans"][0]
     pl.testing.assert_frame_equal(duck, ch)
 
 
 def test_the_collected_run_carries_the_record_its_export_sent(ch_stores):
-    duck, ch = read.run(ch_stores.duck, ch_stores.run_on), read.run(ch_stores.collected, ch_stores.run_on)
+    duck, ch = read.run(ch_stores.duck, ch_stores.run_on), read.run(ch_stores.collected, ch_stores.run_collected)
+    assert ch_stores.run_collected.startswith(f"{ch_stores.run_on}-")
     for key in ("name", "trace_source", "trace_digest", "mode", "digest", "status", "config", "behaviours", "summary",
                 "num_spans"):
         assert ch[key] == duck[key], key

@@ -32,7 +32,7 @@ def render(db: str, monkeypatch, page: str, run_id: str) -> AppTest:
 @pytest.mark.parametrize("page", PAGES)
 def test_every_page_renders_on_chdb(ch_stores, story_stores, monkeypatch, page):
     (_, story), story_runs = story_stores
-    for db, run_id in ((ch_stores.direct, ch_stores.run_on), (ch_stores.collected, ch_stores.run_on),
+    for db, run_id in ((ch_stores.direct, ch_stores.run_on), (ch_stores.collected, ch_stores.run_collected),
                        (story, story_runs[1]), (story, story_runs[2])):
         at = render(db, monkeypatch, page, run_id)
         assert len(at.caption) >= len(at.get("plotly_chart"))  # every chart has its caption

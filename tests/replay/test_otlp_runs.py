@@ -1,0 +1,47 @@
+"""Replays exported over OTLP keep their own runs at a collector, which keys runs by the
+``kvtrace.run.id`` its senders name: every replay without a store named ``unrecorded`` and
+was merged into one run there (two 20-request replays read as one of 1,728 spans), as two
+stores' ``r1``s would be."""
+
+from __future__ import annotations
+
+from kvtrace.instrument.otlp.collector import OTLPCollector
+from kvtrace.replay.run import RunSpec, run_replay
+from kvtrace.store import read
+
+
+def test_each_replay_is_its_own_run_at_one_collector(tmp_path):
+    collector = OTLPCollector(tmp_path / "collected.duckdb", port=0, grpc_port=None).start()
+    try:
+        spec = RunSpec("gen:chat", limit=6, mode="cache-only", capacity_blocks=30)
+        bare = [run_replay(spec, otlp_endpoint=collector.url) for _ in range(2)]
+        stored = [run_replay(spec, db=str(tmp_path / f"local{i}.duckdb"), otlp_endpoint=collector.url)
+                  for i in range(2)]
+    finally:
+        collector.stop()
+    sent = [r.otlp_run_id for r in (*bare, *stored)]
+    assert len(set(sent)) == 4, sent
+    assert [r.run_id for r in stored] == ["r1", "r1"] and all(s.startswith("r1-") for s in sent[2:])
+    runs = read.runs(tmp_path / "collected.duckdb")
+    assert sorted(runs["run_id"].to_list()) == sorted(sent)
+    for res in (*bare, *stored):
+        got = read.run(tmp_path / "collected.duckdb", res.otlp_run_id)
+        assert got["status"] == "complete" and got["summary"]["requests"] == res.summary["requests"] == 6
+        assert got["digest"] == res.summary["digest"]
+
+
+def test_the_command_says_which_run_the_collector_holds(tmp_path, capsys):
+    import json
+
+    from tests.cli.support import run
+
+    collector = OTLPCollector(tmp_path / "collected.duckdb", port=0, grpc_port=None).start()
+    try:
+        code, out, err = run(["replay", "gen:chat", "--limit", "4", "--mode", "cache-only", "--otlp-endpoint",
+                              collector.url, "--json"], capsys)
+    finally:
+        collector.stop()
+    assert code == 0, err
+    sent = json.loads(out)["otlp_run_id"]
+    assert err.strip().splitlines() == [f"kvtrace: spans sent over OTLP as run {sent}"]
+    assert read.runs(tmp_path / "collected.duckdb")["run_id"].to_list() == [sent]
