@@ -35,9 +35,10 @@ def demo_target(db: str) -> tuple[str, bool]:
     problem = duckdb_path_problem(target, missing=None)  # (md:NAME too: DuckDB would read it as a service)
     if problem is not None and os.path.isfile(target):  # (a file there that is no store)
         raise KVTraceError(f"{db}: exists and is not a kvtrace demo store ({problem}); choose another --db")
-    if problem is not None:
-        raise KVTraceError(f"{db}: {problem.removesuffix('; expected a kvtrace store file')}; "
-                           "expected a DuckDB file path for the demo store")
+    if problem is not None:  # (what it says is expected names chdb:DIR and clickhouse:// too, as the demo takes)
+        suffix = "; expected a kvtrace store file"
+        raise KVTraceError(f"{db}: {problem.removesuffix(suffix)}; expected a DuckDB file path for the demo store"
+                           if problem.endswith(suffix) else f"{db}: {problem}")
     if not os.path.exists(target):
         folder = os.path.dirname(os.path.abspath(target))
         if not os.path.isdir(folder):

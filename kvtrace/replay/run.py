@@ -88,7 +88,7 @@ class _Workload:
 
 def open_workload(spec: RunSpec) -> _Workload:
     if spec.trace.startswith(GENERATED_PREFIX):
-        from kvtrace.replay.generate import generate
+        from kvtrace.replay.generate import WORKLOADS, generate
 
         for flag, given in (("--format", spec.trace_format), ("--trace-block-size", spec.trace_block_size)):
             if given is not None:  # (it was ignored)
@@ -96,6 +96,9 @@ def open_workload(spec: RunSpec) -> _Workload:
                                                     f"drop {flag}")
 
         name = spec.trace[len(GENERATED_PREFIX):]
+        if name not in WORKLOADS:  # (generate's own error names its WORKLOAD argument, not TRACE)
+            raise ConfigError("TRACE", spec.trace, f"no generated workload {name!r}; expected gen: and one of "
+                                                    f"{', '.join(WORKLOADS)}")
         reqs = generate(name, spec.seed)
         if spec.limit is not None:
             reqs = reqs[: spec.limit]

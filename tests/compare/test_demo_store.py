@@ -273,6 +273,7 @@ def test_a_url_like_path_is_refused_as_every_store_command_refuses_it(tmp_path, 
     monkeypatch.chdir(tmp_path)
     code, err = _cli(["demo", "--db", "md:foo"], capsys)
     assert code == 2 and "DuckDB would read this as a URL" in err and not list(tmp_path.iterdir())
+    assert "or chdb:DIR" in err and "expected a DuckDB file path" not in err  # (the demo takes chdb: too)
 
 
 def test_scratch_left_by_a_killed_demo_is_removed_and_a_live_ones_kept(tmp_path):

@@ -168,3 +168,13 @@ def test_a_workload_too_large_to_build_in_memory_is_refused_as_it_grows(monkeypa
     with pytest.raises(ConfigError, match=r"--requests: 1000000: this workload's prompts pass 200,000 tokens after"):
         generate("agent", 0, 1_000_000)
     assert len(generate("agent", 0, 10)) == 10  # (a small one is built as before)
+
+
+def test_an_unknown_generated_trace_names_the_trace_argument(capsys):
+    """``replay gen:nope`` said "generate: workload: unknown 'nope'", a command and argument
+    the user did not type."""
+    from tests.cli.support import run
+
+    code, _, err = run(["replay", "gen:nope", "--limit", "1"], capsys)
+    assert code == 2 and err.startswith("kvtrace: error: TRACE: gen:nope: no generated workload 'nope'"), err
+    assert "generate:" not in err
