@@ -856,3 +856,54 @@ def test_a_long_first_contact_answer_is_stored_as_it_comes(tmp_path):
     rows = store_rows(tmp_path / "first.duckdb", run_id)
     steps = [r["step"] for r in rows if r["name"] == "kvtrace.engine.step"]  # (append order)
     assert sorted(steps) == list(range(41)) and steps[:21] == [*range(20), 25]
+
+
+def test_storing_a_long_replay_answer_does_not_use_up_its_time(tmp_path):
+    """Since the answer is stored as it comes, decoding and committing it ran against the
+    answer's own time (four replay timeouts): a first contact's answer of 10,000 eight-event
+    batches was cut after 8 s, 2,000 of its batches never stored and none counted lost.
+    Here each commit is slow (the store's work, not the replay socket's), and every batch
+    of the answer must still be stored."""
+    from kvtrace.instrument.vllm.capture import VllmKVCapture
+    from kvtrace.instrument.vllm.wire import END_SEQ
+    from kvtrace.store.writer import Store
+
+    n = 30
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+
+    def serve():  # the whole answer at once, as vLLM sends it
+        if router.poll(10_000):
+            ident, _, _ = router.recv_multipart()
+            for s in range(n):
+                router.send_multipart([ident, b"", s.to_bytes(8, "big"), _raw_batch(float(s + 1), token=s + 1)])
+            router.send_multipart([ident, b"", END_SEQ, b""])
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    store = Store.open(tmp_path / "slow.duckdb")
+    run_id = store.create_run("capture")
+    replay_timeout_s = 0.5  # the answer's time: 2 s, which the commits below take twice over
+    cap = VllmKVCapture("tcp://127.0.0.1:1", replay_endpoint=f"tcp://127.0.0.1:{port}", store=store, run_id=run_id,
+                        replay_timeout_s=replay_timeout_s, flush_interval_s=0)
+    commit = store.flush
+
+    def slow_commit():
+        time.sleep(4 * replay_timeout_s * 2 / n)
+        return commit()
+
+    store.flush = slow_commit
+    try:
+        cap.receive([b"kv", n.to_bytes(8, "big"), _raw_batch(float(n + 1), token=n + 1)])  # first contact at seq n
+    finally:
+        cap.close()
+        t.join(5)
+        router.close(0)
+        ctx.term()
+        store.finish_run(run_id)
+        store.close()
+    assert (cap.stats.batches, cap.stats.recovered, cap.stats.lost) == (n + 1, n, 0)
+    steps = [r["step"] for r in store_rows(tmp_path / "slow.duckdb", run_id) if r["name"] == "kvtrace.engine.step"]
+    assert steps == list(range(n + 1))
