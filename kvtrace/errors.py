@@ -94,6 +94,20 @@ def duckdb_magic(path: str | os.PathLike) -> bool | None:
     return head[8:12] == DUCKDB_MAGIC if head else None
 
 
+def read_only_file(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a regular file not to be replaced: one this process may not write,
+    or one nobody may (0444: root may write anything, and a rename over it replaced a store
+    or output a user had made read-only on purpose)."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return False
+    return stat.S_ISREG(st.st_mode) and (not st.st_mode & 0o222 or not os.access(path, os.W_OK))
+
+
+READ_ONLY = "cannot write: Permission denied (a read-only file, not replaced)"
+
+
 def file_problem(path: str | os.PathLike, missing: str | None = "no such file") -> str | None:
     """Why ``path`` cannot be used as a regular file (a trace, a store, a config), in a
     user's words; None when it can, or when it is missing and ``missing`` is None (a file to

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -164,10 +163,10 @@ def demo(
     from kvtrace.store.backend import is_clickhouse
 
     if not is_clickhouse(db):
-        if os.path.isfile(db) and not os.access(db, os.W_OK):  # (the new store's rename replaced it all the same)
-            from kvtrace.errors import KVTraceError
+        from kvtrace.errors import READ_ONLY, KVTraceError, read_only_file
 
-            raise KVTraceError(f"{db}: cannot write: Permission denied (a read-only file, not replaced)")
+        if read_only_file(db):  # (the new store's rename replaced it all the same)
+            raise KVTraceError(f"{db}: {READ_ONLY}")
         demo_target(str(db))  # (before the replay engine loads: a wrong --db is told at once)
     from kvtrace.compare.demo import run_demo
     from kvtrace.process import pyarrow_without_pandas

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from kvtrace.errors import READ_ONLY, read_only_file
 from kvtrace.process import remove_dead_leftovers, signals_held
 from kvtrace.store.backend import is_clickhouse
 from kvtrace.store.connection import fetch_one, read_connection
@@ -176,8 +177,8 @@ def _output_dir(directory: str | Path) -> Path:
         raise StoreError(str(out_dir), f"cannot use as export directory: {err.strerror or err}") from None
     for table in EXPORTED_TABLES:  # (each is renamed into place: a rename replaced a 0444 file all the same)
         target = out_dir / f"{table}.parquet"
-        if target.is_file() and not os.access(target, os.W_OK):
-            raise StoreError(str(target), "cannot write: Permission denied (a read-only file, not replaced)")
+        if read_only_file(target):
+            raise StoreError(str(target), READ_ONLY)
     return out_dir
 
 

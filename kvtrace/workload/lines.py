@@ -23,7 +23,7 @@ from typing import BinaryIO, TypeVar
 
 import msgspec
 
-from kvtrace.errors import KVTraceError, OutputClosed, TraceFormatError, duckdb_magic
+from kvtrace.errors import READ_ONLY, KVTraceError, OutputClosed, TraceFormatError, duckdb_magic, read_only_file
 from kvtrace.numeric import cdiv
 from kvtrace.process import pid_after, remove_dead_leftovers
 
@@ -298,8 +298,8 @@ class AtomicText:
         if not stat.S_ISREG(st.st_mode) or _open_descriptor(self.name) is not None:
             return True
         self._refuse_to_replace(st)
-        if not os.access(self.name, os.W_OK):  # (a rename would replace it all the same)
-            raise KVTraceError(f"{self.name}: cannot write: Permission denied (a read-only file, not replaced)")
+        if read_only_file(self.name):  # (a rename would replace it all the same)
+            raise KVTraceError(f"{self.name}: {READ_ONLY}")
         self._refuse_a_folder_without_write(os.path.dirname(os.path.realpath(self.name)))
         return False
 

@@ -200,3 +200,21 @@ def test_a_stderr_whose_reader_went_keeps_the_commands_exit_status(tmp_path):
     proc = _with_closed_pipe(["convert", TRACE, "--limit", "2", "-o", str(out)], "stderr")
     assert proc.wait(timeout=120) == 0
     assert out.read_text().count("\n") == 3  # header + 2 requests
+
+
+@pytest.mark.parametrize("argv", [
+    ["generate", "chat", "--requests", "2", "-o"],
+    ["demo", "--db"],
+])
+def test_a_file_nobody_may_write_is_refused_for_root_too(tmp_path, capsys, argv):
+    """0444 with no stand-in for the kernel's answer: root (CI's user) may write anything,
+    so access() said yes and the rename replaced a store or output made read-only on purpose."""
+    kept = tmp_path / "kept.duckdb"
+    kept.write_text("keep me\n")
+    kept.chmod(0o444)
+    try:
+        code, _, err = run([*argv, str(kept)], capsys)
+    finally:
+        kept.chmod(0o644)
+    assert_one_line(code, err, str(kept), "read-only")
+    assert kept.read_text() == "keep me\n" and sorted(p.name for p in tmp_path.iterdir()) == ["kept.duckdb"]
