@@ -855,3 +855,35 @@ def test_a_request_target_that_is_no_url_is_400_not_a_traceback(tmp_path, collec
     assert count_spans(tmp_path / "rx.duckdb", "after") == 2
     assert collector.requests_rejected == 1
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_request_stored_as_the_collector_stops_is_answered_first(tmp_path):
+    """Handler threads are daemons: a collector stopping (Ctrl-C, SIGTERM) as a request's
+    spans were committed could end the process before its 200 was written, and the exporter,
+    seeing the reply cut, sent the stored spans again. Closing now waits for that reply."""
+    import threading
+
+    collector = OTLPCollector(tmp_path / "stop.duckdb", port=0).start()
+    stored, release, got = threading.Event(), threading.Event(), []
+    ingest = collector.ingest
+
+    def held_after_storing(spans, wanted=None):
+        n = ingest(spans, wanted)
+        stored.set()
+        release.wait(30)  # (between the commit and the reply)
+        return n
+
+    collector.ingest = held_after_storing
+    client = threading.Thread(target=lambda: got.append(_post(collector.url, _json_body(2))[0]))
+    client.start()
+    assert stored.wait(30)
+    stopping = threading.Thread(target=collector.stop)
+    stopping.start()
+    stopping.join(0.5)
+    still_waiting = stopping.is_alive()
+    release.set()
+    stopping.join(30)
+    client.join(30)
+    assert still_waiting and not stopping.is_alive()  # the stop waited for the stored request's answer
+    assert got == [200]
+    assert count_spans(tmp_path / "stop.duckdb", "json-run") == 2

@@ -31,7 +31,7 @@ import socket
 import sys
 import threading
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -56,6 +56,7 @@ from kvtrace.instrument.otlp.limits import (
     MIN_BODY_BYTES_PER_S,
     MIN_BUFFERED_BYTES,
     READ_TIMEOUT_S,
+    REPLY_GRACE_S,
     check_collector_options,
 )
 from kvtrace.metrics import summary_problem
@@ -188,6 +189,8 @@ class OTLPCollector:
         self.spans_received = 0
         self.requests_rejected = 0
         self.decode_slots = threading.BoundedSemaphore(DECODE_SLOTS)  # (both transports)
+        self._replying = 0  # HTTP requests between their store and their reply (under _replies)
+        self._replies = threading.Condition()
         try:
             self._server = _Server((host, port), _make_handler(self), self.guard, self.count_rejected)
         except OSError as err:
@@ -251,6 +254,21 @@ class OTLPCollector:
             self._thread.join()
         self.close_store()
 
+    @contextlib.contextmanager
+    def replying(self) -> Iterator[None]:
+        """Around an HTTP request's store and its reply: ``close_store`` waits for these, so
+        a request stored as the collector stops is answered before the process ends (its
+        handler threads are daemons: an exporter saw a reply cut short and sent the stored
+        spans again)."""
+        with self._replies:
+            self._replying += 1
+        try:
+            yield
+        finally:
+            with self._replies:
+                self._replying -= 1
+                self._replies.notify_all()
+
     def close_store(self) -> None:
         """Commit, mark the runs this collector created complete, and close the store."""
         with self._lock:
@@ -264,6 +282,9 @@ class OTLPCollector:
                 self._late_runs = set()
             finally:
                 self.store.close()
+        # requests stored before: answered (those after it find the store closed: a quick 503)
+        with self._replies:
+            self._replies.wait_for(lambda: self._replying == 0, timeout=REPLY_GRACE_S)
 
     # -- ingest ------------------------------------------------------------------------------
     def count_rejected(self) -> None:
@@ -608,17 +629,18 @@ def _make_handler(collector: OTLPCollector) -> type[BaseHTTPRequestHandler]:
                                    f"decompressed body exceeds the limit of {limit} bytes", as_json)
             except PayloadError as err:
                 return self._error(HTTPStatus.BAD_REQUEST, str(err), as_json)
-            try:
-                collector.ingest(spans)
-            except PayloadError as err:  # a value the store cannot hold
-                return self._error(HTTPStatus.BAD_REQUEST, str(err), as_json)
-            except KVTraceError as err:  # store busy or unusable: the client may retry
-                return self._error(HTTPStatus.SERVICE_UNAVAILABLE, str(err), as_json)
-            if as_json:
-                self._reply(HTTPStatus.OK, b"{}", "application/json")
-            else:
-                self._reply(HTTPStatus.OK, trace_service_pb2.ExportTraceServiceResponse().SerializeToString(),
-                            "application/x-protobuf")
+            with collector.replying():  # (stored, then answered, before the collector closes)
+                try:
+                    collector.ingest(spans)
+                except PayloadError as err:  # a value the store cannot hold
+                    return self._error(HTTPStatus.BAD_REQUEST, str(err), as_json)
+                except KVTraceError as err:  # store busy or unusable: the client may retry
+                    return self._error(HTTPStatus.SERVICE_UNAVAILABLE, str(err), as_json)
+                if as_json:
+                    self._reply(HTTPStatus.OK, b"{}", "application/json")
+                else:
+                    self._reply(HTTPStatus.OK, trace_service_pb2.ExportTraceServiceResponse().SerializeToString(),
+                                "application/x-protobuf")
 
     return Handler
 

@@ -13,6 +13,9 @@ MAX_BODY_BYTES = 1 << 31  # --max-body-bytes at most: gRPC's receive limit is an
 # How long a gRPC export in flight at shutdown may take to finish (decode and commit a
 # large batch) before it is cancelled and refused.
 GRPC_GRACE_S = 10.0
+# How long the collector, closing, waits for HTTP requests it stored to be answered (a
+# client that does not read its reply is not waited for longer).
+REPLY_GRACE_S = 10.0
 READ_TIMEOUT_S = 30.0  # a client that stops sending mid-request is dropped after this long
 # ... and one that keeps sending a byte now and then (slowloris) is held to deadlines: its
 # request line and headers within READ_TIMEOUT_S, its body within READ_TIMEOUT_S plus its
