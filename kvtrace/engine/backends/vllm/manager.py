@@ -21,6 +21,7 @@ model), copy reasons and request ids (vLLM's copies are block pairs).
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
@@ -34,6 +35,24 @@ from kvtrace.engine.backends.vllm._load import VllmAPI, load_vllm
 from kvtrace.engine.backends.vllm.config import VllmCacheSetup, vllm_cache_setup
 
 COPY_VLLM = "vllm"  # the reason of a copy reported by vLLM (which gives none)
+
+
+def init_none_hash(api: VllmAPI, hash_fn: Any) -> None:
+    """vLLM's ``init_none_hash`` for ``hash_fn``, independent of ``PYTHONHASHSEED``.
+
+    vLLM 0.33 seeds its root parent hash (``NONE_HASH``) with ``PYTHONHASHSEED`` when that
+    is set (the string itself: "1", "random", ...), else with a fixed seed for a
+    cryptographic hash function (sha256_cbor, the only one the backend takes). Every block
+    hash, hence every span and the run's digest, follows from it, so a replay's digest would
+    change with the shell's PYTHONHASHSEED. The seed is resolved as if it were unset: vLLM's
+    fixed default, the same in every process.
+    """
+    saved = os.environ.pop("PYTHONHASHSEED", None)
+    try:
+        api.init_none_hash(hash_fn)
+    finally:
+        if saved is not None:
+            os.environ["PYTHONHASHSEED"] = saved
 
 
 class VllmKVCacheManager:
@@ -57,7 +76,7 @@ class VllmKVCacheManager:
         self.config = cache_config
         self.setup: VllmCacheSetup = vllm_cache_setup(api, cache_config, connector)
         setup = self.setup
-        api.init_none_hash(setup.hash_fn)
+        init_none_hash(api, setup.hash_fn)
         self._hasher = api.get_request_block_hasher(setup.hash_block_size, setup.hash_fn)
         module = api.kv_cache_manager_module
         factory = module.get_kv_cache_coordinator
