@@ -907,3 +907,37 @@ def test_storing_a_long_replay_answer_does_not_use_up_its_time(tmp_path):
     assert (cap.stats.batches, cap.stats.recovered, cap.stats.lost) == (n + 1, n, 0)
     steps = [r["step"] for r in store_rows(tmp_path / "slow.duckdb", run_id) if r["name"] == "kvtrace.engine.step"]
     assert steps == list(range(n + 1))
+
+
+def test_batches_the_publisher_no_longer_held_at_first_contact_are_counted(tmp_path):
+    """First contact at seq 10 with a replay buffer holding 3..9: the 3 batches sent before
+    the capture and dropped by the publisher were counted nowhere (not lost: never ours)."""
+    import zmq
+
+    from kvtrace.instrument.vllm.capture import VllmKVCapture, capture_report
+    from kvtrace.instrument.vllm.wire import END_SEQ
+
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+
+    def serve():
+        if router.poll(10_000):
+            ident, _, _ = router.recv_multipart()
+            for s in range(3, 10):
+                router.send_multipart([ident, b"", s.to_bytes(8, "big"), _raw_batch(float(s + 1))])
+            router.send_multipart([ident, b"", END_SEQ, b""])
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    cap = VllmKVCapture("tcp://127.0.0.1:1", replay_endpoint=f"tcp://127.0.0.1:{port}", replay_timeout_s=5)
+    try:
+        cap.receive([b"kv", (10).to_bytes(8, "big"), _raw_batch(11.0)])
+    finally:
+        cap.close()
+        t.join(5)
+        router.close(0)
+        ctx.term()
+    stats = cap.stats
+    assert (stats.batches, stats.recovered, stats.lost, stats.missed_before_contact) == (8, 7, 0, 3)
+    assert "3 missed before contact" in capture_report(stats)

@@ -81,6 +81,9 @@ class CaptureStats:
     lost: int = 0
     duplicates: int = 0
     restarts: int = 0
+    # seqs before the first one received at first contact that the replay socket no longer
+    # held (the publisher's buffer had dropped them): sent before the capture, not lost by it
+    missed_before_contact: int = 0
     bad_messages: int = 0
     requests: int = 0  # reconstructed (when a trace is written)
     connected: int = 0  # 1 once the SUB socket reached its publisher (summed: ranks reached)
@@ -362,6 +365,8 @@ class VllmKVCapture:
         self.stats.recovered += recovered
         if lost_if_missing:
             self.stats.lost += (upto - first) - recovered
+        else:
+            self.stats.missed_before_contact += (upto - first) - recovered
 
     def flush_due(self, now: float) -> bool:
         """True when ``flush_interval_s`` has passed since the last flush (``now``: monotonic)."""
@@ -491,7 +496,8 @@ def capture_vllm(endpoint: str, replay_endpoint: str | None = None, *, store_pat
 def capture_report(stats: CaptureStats) -> str:
     """The one-line account of a capture the CLI prints."""
     parts = [f"{stats.batches} batches", f"{stats.events} events", f"{stats.spans} spans"]
-    for name in ("recovered", "lost", "duplicates", "restarts", "bad_messages", "unknown_events"):
+    for name in ("recovered", "lost", "missed_before_contact", "duplicates", "restarts", "bad_messages",
+                 "unknown_events"):
         if getattr(stats, name):
             parts.append(f"{getattr(stats, name)} {name.replace('_', ' ')}")
     if stats.nothing_received:
