@@ -41,6 +41,9 @@ _MAP = getattr(pl, "Map", lambda k, v: pl.List(pl.Struct({"key": k, "value": v})
 # chdb's failure to start names no cause ("Error initializing EmbeddedServer"): its server
 # writes the cause to the process's stderr, where it is caught and the first one reported.
 _CAUSE = re.compile(r"Code: \d+\. DB::Exception: .*")
+# What chdb's server writes when another process holds the directory (Code: 76): busy at the
+# moment it tried, although the holder may be gone before _directory_locked looks.
+_HELD = "Another server instance in same directory is already running"
 LINGER_S = 2.0
 _sessions: dict[str, list[Any]] = {}  # chdb path -> [session, users]
 _sessions_lock = threading.RLock()
@@ -193,7 +196,7 @@ def _open_session(target: ClickHouseTarget, timeout_s: float) -> Any:
         if "cannot connect with different path" in text:
             raise StoreError(target.label, "this process already has another chdb store open "
                                            "(chdb opens one directory per process)") from None
-        if not _directory_locked(target.path):  # not busy: damaged metadata, a read-only disk, ...
+        if not (_HELD in written[0] or _directory_locked(target.path)):  # not busy: damaged metadata, ...
             cause = _CAUSE.search(written[0])
             raise StoreError(target.label, "cannot open as a chdb store: "
                                            f"{cause.group(0) if cause else _first_line(failure)}"[:500]) from None
