@@ -64,6 +64,10 @@ class VllmPublisher:
         self.ctx = zmq.Context()
         self.pub = self.ctx.socket(zmq.PUB)
         self.pub.setsockopt(zmq.LINGER, 0)
+        # vLLM's publisher's own high-water mark (ZmqEventPublisher(hwm=100_000)): at ZMQ's
+        # default 1,000 a burst under load dropped messages here, and a burst's dropped last
+        # message is a gap no later message reveals (a test waited for it in vain)
+        self.pub.setsockopt(zmq.SNDHWM, 100_000)
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
         try:
