@@ -81,8 +81,9 @@ class CaptureStats:
     lost: int = 0
     duplicates: int = 0
     restarts: int = 0
-    # seqs before the first one received at first contact that the replay socket no longer
-    # held (the publisher's buffer had dropped them): sent before the capture, not lost by it
+    # seqs before the first one received at first contact that the replay answer did not
+    # bring (the publisher's buffer had dropped them, or the answer ran out of time): sent
+    # before the capture joined, so not counted lost
     missed_before_contact: int = 0
     bad_messages: int = 0
     requests: int = 0  # reconstructed (when a trace is written)
