@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -804,53 +805,62 @@ def test_a_flush_hands_the_store_one_chunk_however_many_batches_it_holds(tmp_pat
     assert chunks and max(chunks) == 1, chunks
 
 
-def test_a_long_first_contact_answer_is_stored_as_it_comes(tmp_path):
-    """First contact's replay answer is the publisher's whole buffer (thousands of batches,
-    seconds to read): it was stored only once read to its end, so a kill meanwhile lost it
-    all. Its batches are now stored whenever a flush is due (here: after each), in seq order,
-    and one that comes out of order after the rest."""
-    import zmq
-
-    from kvtrace.instrument.vllm.capture import VllmKVCapture
+@contextlib.contextmanager
+def _one_replay_answer(frames: list[tuple[int, bytes]]):
+    """A replay socket (a ROUTER, as vLLM's) that answers the first request with ``frames``
+    (seq, payload) at once, then the end marker; yields its endpoint."""
     from kvtrace.instrument.vllm.wire import END_SEQ
-    from kvtrace.store.writer import Store
 
-    held = {s: _raw_batch(float(s + 1), token=s + 1) for s in range(40)}
-    order = [*range(0, 20), 25, *range(20, 25), *range(26, 40)]  # 20..24 come after 25
     ctx = zmq.Context()
     router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
     port = router.bind_to_random_port("tcp://127.0.0.1")
 
     def serve():
         if router.poll(10_000):
             ident, _, _ = router.recv_multipart()
-            for s in order:
-                router.send_multipart([ident, b"", s.to_bytes(8, "big"), held[s]])
+            for s, payload in frames:
+                router.send_multipart([ident, b"", s.to_bytes(8, "big"), payload])
             router.send_multipart([ident, b"", END_SEQ, b""])
 
     t = threading.Thread(target=serve, daemon=True)
     t.start()
-    store = Store.open(tmp_path / "first.duckdb")
-    run_id = store.create_run("capture")
-    cap = VllmKVCapture("tcp://127.0.0.1:1", replay_endpoint=f"tcp://127.0.0.1:{port}", store=store, run_id=run_id,
-                        replay_timeout_s=5, flush_interval_s=0)
-    flushed_at: list[int] = []  # batches accepted by each commit
-    commit = store.flush
-
-    def counted():
-        flushed_at.append(cap.stats.batches)
-        return commit()
-
-    store.flush = counted
     try:
-        cap.receive([b"kv", (40).to_bytes(8, "big"), _raw_batch(41.0, token=41)])  # first contact at seq 40
+        yield f"tcp://127.0.0.1:{port}"
     finally:
-        cap.close()
         t.join(5)
         router.close(0)
         ctx.term()
-        store.finish_run(run_id)
-        store.close()
+
+
+def test_a_long_first_contact_answer_is_stored_as_it_comes(tmp_path):
+    """First contact's replay answer is the publisher's whole buffer (thousands of batches,
+    seconds to read): it was stored only once read to its end, so a kill meanwhile lost it
+    all. Its batches are now stored whenever a flush is due (here: after each), in seq order,
+    and one that comes out of order after the rest."""
+    from kvtrace.instrument.vllm.capture import VllmKVCapture
+    from kvtrace.store.writer import Store
+
+    order = [*range(0, 20), 25, *range(20, 25), *range(26, 40)]  # 20..24 come after 25
+    store = Store.open(tmp_path / "first.duckdb")
+    run_id = store.create_run("capture")
+    flushed_at: list[int] = []  # batches accepted by each commit
+    commit = store.flush
+    with _one_replay_answer([(s, _raw_batch(float(s + 1), token=s + 1)) for s in order]) as replay:
+        cap = VllmKVCapture("tcp://127.0.0.1:1", replay_endpoint=replay, store=store, run_id=run_id,
+                            replay_timeout_s=5, flush_interval_s=0)
+
+        def counted():
+            flushed_at.append(cap.stats.batches)
+            return commit()
+
+        store.flush = counted
+        try:
+            cap.receive([b"kv", (40).to_bytes(8, "big"), _raw_batch(41.0, token=41)])  # first contact at seq 40
+        finally:
+            cap.close()
+            store.finish_run(run_id)
+            store.close()
     assert (cap.stats.batches, cap.stats.recovered, cap.stats.lost) == (41, 40, 0)
     assert [n for n in flushed_at if n < 40][:3] == [1, 2, 3]  # committed while the answer was read
     rows = store_rows(tmp_path / "first.duckdb", run_id)
@@ -865,45 +875,29 @@ def test_storing_a_long_replay_answer_does_not_use_up_its_time(tmp_path):
     Here each commit is slow (the store's work, not the replay socket's), and every batch
     of the answer must still be stored."""
     from kvtrace.instrument.vllm.capture import VllmKVCapture
-    from kvtrace.instrument.vllm.wire import END_SEQ
     from kvtrace.store.writer import Store
 
     n = 30
-    ctx = zmq.Context()
-    router = ctx.socket(zmq.ROUTER)
-    router.setsockopt(zmq.LINGER, 0)
-    port = router.bind_to_random_port("tcp://127.0.0.1")
-
-    def serve():  # the whole answer at once, as vLLM sends it
-        if router.poll(10_000):
-            ident, _, _ = router.recv_multipart()
-            for s in range(n):
-                router.send_multipart([ident, b"", s.to_bytes(8, "big"), _raw_batch(float(s + 1), token=s + 1)])
-            router.send_multipart([ident, b"", END_SEQ, b""])
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
     store = Store.open(tmp_path / "slow.duckdb")
     run_id = store.create_run("capture")
     replay_timeout_s = 0.5  # the answer's time: 2 s, which the commits below take twice over
-    cap = VllmKVCapture("tcp://127.0.0.1:1", replay_endpoint=f"tcp://127.0.0.1:{port}", store=store, run_id=run_id,
-                        replay_timeout_s=replay_timeout_s, flush_interval_s=0)
     commit = store.flush
 
     def slow_commit():
         time.sleep(4 * replay_timeout_s * 2 / n)
         return commit()
 
-    store.flush = slow_commit
-    try:
-        cap.receive([b"kv", n.to_bytes(8, "big"), _raw_batch(float(n + 1), token=n + 1)])  # first contact at seq n
-    finally:
-        cap.close()
-        t.join(5)
-        router.close(0)
-        ctx.term()
-        store.finish_run(run_id)
-        store.close()
+    # the whole answer at once, as vLLM sends it
+    with _one_replay_answer([(s, _raw_batch(float(s + 1), token=s + 1)) for s in range(n)]) as replay:
+        cap = VllmKVCapture("tcp://127.0.0.1:1", replay_endpoint=replay, store=store, run_id=run_id,
+                            replay_timeout_s=replay_timeout_s, flush_interval_s=0)
+        store.flush = slow_commit
+        try:
+            cap.receive([b"kv", n.to_bytes(8, "big"), _raw_batch(float(n + 1), token=n + 1)])  # first contact at n
+        finally:
+            cap.close()
+            store.finish_run(run_id)
+            store.close()
     assert (cap.stats.batches, cap.stats.recovered, cap.stats.lost) == (n + 1, n, 0)
     steps = [r["step"] for r in store_rows(tmp_path / "slow.duckdb", run_id) if r["name"] == "kvtrace.engine.step"]
     assert steps == list(range(n + 1))
@@ -912,32 +906,14 @@ def test_storing_a_long_replay_answer_does_not_use_up_its_time(tmp_path):
 def test_batches_the_publisher_no_longer_held_at_first_contact_are_counted(tmp_path):
     """First contact at seq 10 with a replay buffer holding 3..9: the 3 batches sent before
     the capture and dropped by the publisher were counted nowhere (not lost: never ours)."""
-    import zmq
-
     from kvtrace.instrument.vllm.capture import VllmKVCapture, capture_report
-    from kvtrace.instrument.vllm.wire import END_SEQ
 
-    ctx = zmq.Context()
-    router = ctx.socket(zmq.ROUTER)
-    port = router.bind_to_random_port("tcp://127.0.0.1")
-
-    def serve():
-        if router.poll(10_000):
-            ident, _, _ = router.recv_multipart()
-            for s in range(3, 10):
-                router.send_multipart([ident, b"", s.to_bytes(8, "big"), _raw_batch(float(s + 1))])
-            router.send_multipart([ident, b"", END_SEQ, b""])
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    cap = VllmKVCapture("tcp://127.0.0.1:1", replay_endpoint=f"tcp://127.0.0.1:{port}", replay_timeout_s=5)
-    try:
-        cap.receive([b"kv", (10).to_bytes(8, "big"), _raw_batch(11.0)])
-    finally:
-        cap.close()
-        t.join(5)
-        router.close(0)
-        ctx.term()
+    with _one_replay_answer([(s, _raw_batch(float(s + 1))) for s in range(3, 10)]) as replay:
+        cap = VllmKVCapture("tcp://127.0.0.1:1", replay_endpoint=replay, replay_timeout_s=5)
+        try:
+            cap.receive([b"kv", (10).to_bytes(8, "big"), _raw_batch(11.0)])
+        finally:
+            cap.close()
     stats = cap.stats
     assert (stats.batches, stats.recovered, stats.lost, stats.missed_before_contact) == (8, 7, 0, 3)
     assert "3 missed before contact" in capture_report(stats)
