@@ -37,7 +37,7 @@ def _cases(tmp: Path) -> list[tuple[str, list[str]]]:
         ("collect on a port out of range", ["collect", "--db", str(tmp / "r.duckdb"), "--port", "70000"]),
         ("capture from a malformed endpoint", ["capture", "vllm", "--db", str(tmp / "r.duckdb"), "--endpoint", "x"]),
         ("demo into a directory", ["demo", "--db", str(tmp)]),
-        ("dashboard on port 0", ["dashboard", "--db", str(bad_toml), "--port", "0"]),
+        ("dashboard on port 70000", ["dashboard", "--db", str(bad_toml), "--port", "70000"]),
         ("study with an unknown sweep", ["study", "shared-prefix-pinning", "--sweep", "bogus=1,2"]),
     ]
 

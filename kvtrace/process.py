@@ -50,6 +50,19 @@ def probe_address(host: str, port: int, what: str) -> None:
                 raise OSError(f"cannot listen on {host}:{port} ({what}): {err.strerror or err}") from None
 
 
+def free_port(host: str) -> int:
+    """A port free on ``host`` now, picked by the kernel (a server's ``--port 0``, where the
+    address must be printed before the server itself binds it)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, kind, proto) as s:
+            s.bind(address)
+            return int(s.getsockname()[1])
+    except (OSError, UnicodeError) as err:
+        raise OSError(f"cannot listen on {host}:0: {getattr(err, 'strerror', None) or err}") from None
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where Ctrl-C would be: every Ctrl-C path (flush, summary, the run
     marked) runs for it too; the CLI exits 143 for it, as a process killed by it would."""

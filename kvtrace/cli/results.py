@@ -198,7 +198,7 @@ def dashboard(
     run: Annotated[str | None, typer.Option(metavar="RUN", help="Open on this run.")] = None,
     compare: Annotated[str | None, typer.Option(
         metavar="RUN", help="Open the Compare page: --run against this run.")] = None,
-    port: Annotated[int, typer.Option(metavar="PORT", help="Port to serve on.")] = 8501,
+    port: Annotated[int, typer.Option(metavar="PORT", help="Port to serve on (0: a free one, printed).")] = 8501,
     host: Annotated[str, typer.Option(metavar="ADDRESS", help="Bind address (localhost by default).")]
         = "127.0.0.1",
 ) -> None:

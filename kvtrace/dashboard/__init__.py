@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from kvtrace.errors import ConfigError, KVTraceError
-from kvtrace.process import Terminated, probe_address
+from kvtrace.process import Terminated, free_port, probe_address
 
 APP_PATH = Path(__file__).with_name("app.py")
 DB_ENV = "KVTRACE_DB"
@@ -57,8 +57,8 @@ def check_address(host: str, port: int) -> None:
     """KVTraceError when the server could not listen at ``host:port``: a port out of range,
     one in use, an address not here. Told before the store is opened and before a server
     starts (that could only print Streamlit's own text)."""
-    if not 0 < int(port) < 65536:
-        raise ConfigError("kvtrace dashboard", "--port", f"expected 1..65535, got {port}")
+    if not 0 <= int(port) < 65536:
+        raise ConfigError("kvtrace dashboard", "--port", f"expected 0..65535 (0: a free one), got {port}")
     try:
         probe_address(host, int(port), "dashboard")
     except OSError as err:
@@ -86,6 +86,11 @@ def launch(db: str | os.PathLike, host: str = "127.0.0.1", port: int = 8501, run
     from kvtrace.store.backend import is_clickhouse
 
     check_address(host, port)
+    if not port:  # a free one, chosen here: the address printed below is the one served
+        try:
+            port = free_port(host)
+        except OSError as err:
+            raise KVTraceError(str(err)) from None
     path = Path(db)
     if not is_clickhouse(db):
         if not path.exists():

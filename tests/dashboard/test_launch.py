@@ -62,3 +62,31 @@ def test_the_address_printed_brackets_an_ipv6_host():
 
     assert page_url("::1", 8501) == "http://[::1]:8501/"
     assert page_url("127.0.0.1", 8501, run="r1", compare="r2") == "http://127.0.0.1:8501/compare?run=r1&b=r2"
+
+
+def test_port_0_serves_on_a_free_port_it_prints(tmp_path):
+    """--port 0 was refused ("expected 1..65535"); it now picks a free port and prints the
+    address that serves."""
+    import re
+
+    db = tmp_path / "d.duckdb"
+    Store.open(db).close()
+    proc = _dashboard(db, 0)
+    try:
+        line = proc.stderr.readline()
+        found = re.fullmatch(r"kvtrace dashboard: open http://127\.0\.0\.1:(\d+)/\n", line)
+        assert found, line
+        port = int(found.group(1))
+        assert port > 0
+        deadline = time.monotonic() + 120
+        while not serving(port):
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, "the dashboard never served"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert not serving(port)

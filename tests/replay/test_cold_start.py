@@ -98,7 +98,7 @@ CLI_ERRORS = {
                                      "--dp-size", "0"],
     # and the others that load a replay engine, a server or the comparison
     "demo into a directory": ["demo", "--db", "."],
-    "dashboard on port 0": ["dashboard", "--db", "bad.toml", "--port", "0"],
+    "dashboard on port 70000": ["dashboard", "--db", "bad.toml", "--port", "70000"],
     "study with an unknown sweep": ["study", "shared-prefix-pinning", "--sweep", "bogus=1,2"],
     "study with a negative limit": ["study", "shared-prefix-pinning", "--limit", "-1"],
     # what vLLM cannot express, before vLLM's 20 s of imports
