@@ -264,7 +264,20 @@ def study_base(behaviour: str, given: RunSpec) -> RunSpec:
     changed = {f.name: getattr(given, f.name) for f in fields(RunSpec)
                if f.name != "trace" and getattr(given, f.name) != getattr(bare, f.name)}
     defaults = study_defaults(check_behaviour(behaviour)) if not given.trace else {}
-    return RunSpec(trace="", **{**defaults, **changed})
+    spec = RunSpec(trace="", **{**defaults, **changed})
+    if "retention" in defaults and "retention" not in changed and "preset" in changed:
+        from kvtrace.replay.run import validate
+
+        try:  # (else the refusal names --retention, a flag the user never gave)
+            validate(replace(spec, trace=study_trace(behaviour)))
+        except ConfigError as err:
+            if err.source != "--retention":
+                raise
+            raise ConfigError("--preset", str(given.preset),
+                              f"study {behaviour} replays its workload at --retention {defaults['retention']}, which "
+                              f"this preset cannot take ({err.what.split(';')[0]}); study it on a hybrid preset "
+                              "such as kimi-hybrid") from None
+    return spec
 
 
 def run_study(

@@ -289,3 +289,14 @@ def test_a_refused_sweep_value_is_named_at_sweep():
 
     with pytest.raises(ConfigError, match=r"^--sweep: capacity_blocks=0: expected an int >= 2"):
         S.run_study(S.SHARED_PREFIX_PINNING, limit=3, sweep="capacity_blocks=0,100")
+
+
+def test_a_dense_preset_is_named_not_the_studys_own_retention(capsys):
+    """The study workloads run at retention 0, which a preset without a sliding-window or
+    Mamba group cannot take: the refusal named --retention, a flag the user never gave."""
+    from tests.cli.support import run
+
+    code, _, err = run(["study", "shared-prefix-pinning", "--preset", "dense-attention"], capsys)
+    assert code == 2 and err.startswith("kvtrace: error: --preset: dense-attention: study shared-prefix-pinning "
+                                        "replays its workload at --retention 0"), err
+    assert "kimi-hybrid" in err and len(err.strip().splitlines()) == 1
