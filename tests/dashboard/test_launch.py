@@ -18,12 +18,11 @@ def _dashboard(db, port: int) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
-def test_sigterm_stops_the_server_with_the_command(tmp_path):
-    db = tmp_path / "d.duckdb"
-    Store.open(db).close()
-    port = free_port()
-    proc = _dashboard(db, port)
+def _serve_then_stop(proc: subprocess.Popen, port_of) -> int:
+    """Wait for ``proc``'s server to answer on ``port_of(proc)``, then SIGTERM it and wait
+    for the command to end; returns the port."""
     try:
+        port = port_of(proc)
         deadline = time.monotonic() + 120
         while not serving(port):
             assert proc.poll() is None, proc.stderr.read()
@@ -35,6 +34,14 @@ def test_sigterm_stops_the_server_with_the_command(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    return port
+
+
+def test_sigterm_stops_the_server_with_the_command(tmp_path):
+    db = tmp_path / "d.duckdb"
+    Store.open(db).close()
+    port = free_port()
+    _serve_then_stop(_dashboard(db, port), lambda _: port)
     assert not serving(port)  # nothing outlived the command: no child kept the port
     with socket.socket() as s:  # the port is free again
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -71,22 +78,12 @@ def test_port_0_serves_on_a_free_port_it_prints(tmp_path):
 
     db = tmp_path / "d.duckdb"
     Store.open(db).close()
-    proc = _dashboard(db, 0)
-    try:
+
+    def printed(proc) -> int:
         line = proc.stderr.readline()
         found = re.fullmatch(r"kvtrace dashboard: open http://127\.0\.0\.1:(\d+)/\n", line)
         assert found, line
-        port = int(found.group(1))
-        assert port > 0
-        deadline = time.monotonic() + 120
-        while not serving(port):
-            assert proc.poll() is None, proc.stderr.read()
-            assert time.monotonic() < deadline, "the dashboard never served"
-            time.sleep(0.2)
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert not serving(port)
+        return int(found.group(1))
+
+    port = _serve_then_stop(_dashboard(db, 0), printed)
+    assert port > 0 and not serving(port)
