@@ -786,14 +786,14 @@ def test_a_flush_hands_the_store_one_chunk_however_many_batches_it_holds(tmp_pat
     are flushed together here."""
     from kvtrace.store.writer import Store
 
-    chunks: list[int] = []
-    append = Store.append_spans
+    chunks: list[int] = []  # per commit, the most chunks an insert handed DuckDB
+    commit = Store._commit
 
-    def spy(self, table, *args, **kwargs):
-        chunks.append(max(c.num_chunks for c in table.columns))
-        return append(self, table, *args, **kwargs)
+    def spy(self, inserts):
+        chunks.append(max(t.column(0).num_chunks for _, _, t in inserts))
+        return commit(self, inserts)
 
-    monkeypatch.setattr(Store, "append_spans", spy)
+    monkeypatch.setattr(Store, "_commit", spy)
 
     def body(pub):
         for _ in range(2_000):

@@ -144,12 +144,12 @@ class VllmSpanRows:
                       start_ns=t, end_ns=t, attributes=attrs)
 
     def take(self) -> pa.Table | None:
-        """The rows added since the last call, as one table of one chunk (None when there are
-        none): a chunk per batch cost the store's commit about 2 ms a row."""
+        """The rows added since the last call, as one table (None when there are none; the
+        store makes it one chunk, ``Store.append_spans``)."""
         if not self._tables:
             return None
         tables, self._tables = self._tables, []
-        return conform(pa.concat_tables(tables, promote_options="default")).combine_chunks()
+        return conform(pa.concat_tables(tables, promote_options="default"))
 
 
 _MISSING = object()
