@@ -139,23 +139,16 @@ def test_an_export_killed_9_leaves_no_hidden_file_once_exported_again(work, caps
     cleans up after a kill, and each export picked new names). The next export into the
     folder removes a dead export's."""
     import signal
-    import time
+
+    from tests.support.processes import reaped, wait_until
 
     tmp, db, run = work
     out, marker = tmp / "out", tmp / "written"
     proc = subprocess.Popen([sys.executable, "-c", _STOPS_AFTER_ONE_TABLE, str(db), run, str(out), str(marker)],
                             cwd=ROOT, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while not marker.exists():
-            assert proc.poll() is None, proc.stderr.read()
-            assert time.monotonic() < deadline, "the export never wrote its first table"
-            time.sleep(0.05)
+    with reaped(proc):
+        wait_until(proc, marker.exists, "the export never wrote its first table")
         os.kill(proc.pid, signal.SIGKILL)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
     assert Path(marker.read_text()).exists()  # what the kill left
     code, _, err = _cli(["export", "--db", str(db), "--run", run, "--parquet", str(out)], capsys)
     assert code == 0, err

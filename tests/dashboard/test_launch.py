@@ -7,10 +7,10 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 from kvtrace.store.writer import Store
 from tests.dashboard.support import free_port, serving
+from tests.support.processes import reaped, wait_until
 
 
 def _dashboard(db, port: int) -> subprocess.Popen:
@@ -21,19 +21,11 @@ def _dashboard(db, port: int) -> subprocess.Popen:
 def _serve_then_stop(proc: subprocess.Popen, port_of) -> int:
     """Wait for ``proc``'s server to answer on ``port_of(proc)``, then SIGTERM it and wait
     for the command to end; returns the port."""
-    try:
+    with reaped(proc):
         port = port_of(proc)
-        deadline = time.monotonic() + 120
-        while not serving(port):
-            assert proc.poll() is None, proc.stderr.read()
-            assert time.monotonic() < deadline, "the dashboard never served"
-            time.sleep(0.2)
+        wait_until(proc, lambda: serving(port), "the dashboard never served")
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     return port
 
 

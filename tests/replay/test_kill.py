@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import duckdb
 import pyarrow.parquet as pq
@@ -23,6 +22,7 @@ from kvtrace.store import export_parquet, read
 from kvtrace.store.writer import Store
 from tests.conftest import TRACES
 from tests.instrument.helpers import store_rows
+from tests.support.processes import reaped, wait_until
 
 TRACE = str(TRACES / "mooncake_synthetic_trace.jsonl")
 LIMIT = 60
@@ -32,18 +32,10 @@ def test_a_killed_replay_keeps_every_committed_span_exactly(tmp_path):
     db, marker = tmp_path / "killed.duckdb", tmp_path / "committed"
     proc = subprocess.Popen([sys.executable, "-m", "tests.replay.kill_driver", TRACE, str(LIMIT), str(db),
                              str(marker), "2"], stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 300
-        while not marker.exists():
-            assert proc.poll() is None, proc.stderr.read()
-            assert time.monotonic() < deadline, "the driver never reached its second commit"
-            time.sleep(0.05)
+    with reaped(proc):
+        wait_until(proc, marker.exists, "the driver never reached its second commit", timeout_s=300)
         committed = int(marker.read_text())
         os.kill(proc.pid, signal.SIGKILL)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
     assert proc.returncode == -signal.SIGKILL
 
     # exported before any writer recovers it: the status `runs` shows, and the derived rows
