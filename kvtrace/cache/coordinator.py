@@ -209,7 +209,7 @@ class KVCacheCoordinator:
                 return False
             return length % bs == 0 or (g, fine[length // hbs - 1]) in ext
         if isinstance(spec, MambaSpec):
-            if length % bs and not self.config.enable_partial_hits:
+            if length % bs and not self.config.partial_hits:
                 return False
             return (g, fine[length // hbs - 1]) in ext
         if length % bs:

@@ -135,7 +135,7 @@ class KVCacheManager:
             for m in self._fast_managers]
         self._fast_mamba: list[MambaManager] = list(self.coordinator.mamba)
         # the coordinator keys up to a multiple of the scheduler block (vLLM's _align_cacheable)
-        self._align_cacheable = self.num_groups > 1 and not config.enable_partial_hits
+        self._align_cacheable = self.num_groups > 1 and not config.partial_hits
 
     # -- events -------------------------------------------------------------------
     def subscribe(self, listener: CacheListener) -> None:
