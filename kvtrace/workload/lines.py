@@ -19,6 +19,7 @@ import os
 import re
 import stat
 from collections.abc import Iterable, Iterator
+from decimal import Decimal
 from typing import BinaryIO, TypeVar
 
 import msgspec
@@ -129,9 +130,46 @@ def decode_error(path: str, line: int | None, err: Exception) -> TraceFormatErro
     return TraceFormatError(path, line, f"invalid JSON: {err}")
 
 
+# Floats up to 2^53 are exact integers; past it a double may be an id or a length that was
+# rounded on its way through a float (1.2345678901234567e18), which is refused, not guessed.
+MAX_EXACT_FLOAT = 1 << 53
+
+
+def _integral_floats(value):
+    """``value`` (generic JSON) with each float that is an exact integer made an int."""
+    if type(value) is float:
+        return int(value) if value.is_integer() and abs(value) <= MAX_EXACT_FLOAT else value
+    if type(value) is list:
+        return [_integral_floats(v) for v in value]
+    if type(value) is dict:
+        return {k: _integral_floats(v) for k, v in value.items()}
+    return value
+
+
+class LineDecoder:
+    """A JSON decoder of ``schema`` (a msgspec Struct) whose integer fields also take
+    integer-valued floats (1.0, 1e3: what pandas writes for an int column that once held a
+    NaN). The strict decoder reads every line first; only a line it refuses for a float is
+    decoded again, generically, so traces of ints cost nothing more."""
+
+    __slots__ = ("decoder", "schema")
+
+    def __init__(self, schema: type[T]):
+        self.schema = schema
+        self.decoder = msgspec.json.Decoder(schema)
+
+    def decode(self, text: str | bytes):
+        try:
+            return self.decoder.decode(text)
+        except msgspec.ValidationError as e:
+            if "got `float`" not in str(e):
+                raise
+        return msgspec.convert(_integral_floats(msgspec.json.decode(text)), self.schema)
+
+
 def typed_lines(path: str, schema: type[T]) -> Iterator[tuple[int, T]]:
-    """Each non-blank line decoded as ``schema`` (a msgspec Struct)."""
-    decoder = msgspec.json.Decoder(schema)
+    """Each non-blank line decoded as ``schema`` (a msgspec Struct; see LineDecoder)."""
+    decoder = LineDecoder(schema)
     for lineno, text in numbered_lines(path):
         try:
             yield lineno, decoder.decode(text)
@@ -148,6 +186,23 @@ def parse_decimal(text: str) -> int | None:
     scripts' digits, which no trace writes)."""
     text = text.strip()
     return int(text) if _DECIMAL.fullmatch(text) else None
+
+
+_NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]{1,4})?")
+
+
+def parse_integral(text: str) -> int | None:
+    """An integer written in text as ``parse_decimal`` reads it, or as a decimal number
+    that is exactly an integer ('374.0', '3.74e2': a CSV column written from floats);
+    None for anything else."""
+    value = parse_decimal(text)
+    text = text.strip()
+    if value is not None or len(text) > 80 or not _NUMBER.fullmatch(text):
+        return value
+    number = Decimal(text)  # (exact: no float rounds '374.0000000000000001' to an integer)
+    if number.adjusted() > 40 or number != number.to_integral_value():
+        return None  # (a fraction, or more digits than any field holds: parse_decimal's 40)
+    return int(number)
 
 
 def check_int(path: str, line: int | None, key: str, value, minimum: int, maximum: int = MAX_TOKENS) -> int:

@@ -52,6 +52,7 @@ from kvtrace.workload.lines import (
     VOCAB_SIZE,
     ArrivalOrder,
     AtomicText,
+    LineDecoder,
     check_hash_ids,
     check_int,
     decode_error,
@@ -108,7 +109,7 @@ def read_native(path: str) -> Iterator[TraceRequest]:
         raise TraceFormatError(path, None, "empty file; expected a kvtrace header line")
     header = parse_header(path, *first)
     default_bs = header.get("block_size")
-    decoder = msgspec.json.Decoder(NativeLine)
+    decoder = LineDecoder(NativeLine)
     order = ArrivalOrder(path, "arrival_ns")
     seen: set[str] = set()
     for index, (lineno, text) in enumerate(lines):

@@ -18,7 +18,7 @@ from datetime import date
 from kvtrace.errors import TraceFormatError
 from kvtrace.numeric import cdiv
 from kvtrace.workload import TraceRequest
-from kvtrace.workload.lines import MAX_LINE_BYTES, MAX_TOKENS, ArrivalOrder, check_int, decoded_lines, parse_decimal
+from kvtrace.workload.lines import MAX_LINE_BYTES, MAX_TOKENS, ArrivalOrder, check_int, decoded_lines, parse_integral
 
 DEFAULT_BLOCK_SIZE = 16
 REQUIRED_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -50,7 +50,7 @@ def parse_timestamp_ns(text: str) -> int | None:
 
 
 def _int(path: str, line: int, key: str, text: str | None, minimum: int, maximum: int = MAX_TOKENS) -> int:
-    value = parse_decimal(text) if isinstance(text, str) else None
+    value = parse_integral(text) if isinstance(text, str) else None
     if value is None:
         raise TraceFormatError(path, line, f"{key}: expected an integer, got {text!r}"[:200])
     return check_int(path, line, key, value, minimum, maximum)

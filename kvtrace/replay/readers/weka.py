@@ -32,7 +32,15 @@ import msgspec
 from kvtrace.errors import TraceFormatError, file_problem
 from kvtrace.numeric import cdiv
 from kvtrace.workload import TraceRequest
-from kvtrace.workload.lines import COMPRESSED_SUFFIXES, MAX_ID, ArrivalOrder, S, check_int, without_bom
+from kvtrace.workload.lines import (
+    COMPRESSED_SUFFIXES,
+    MAX_ID,
+    ArrivalOrder,
+    LineDecoder,
+    S,
+    check_int,
+    without_bom,
+)
 
 TAIL_ID_BASE = 1 << 62
 # A conversation file is read whole (one JSON document): the kv-cache-tester's are a few MB.
@@ -148,7 +156,7 @@ def _load(path: str) -> tuple[str, WekaFile]:
     except UnicodeDecodeError as e:
         raise TraceFormatError(path, raw.count(b"\n", 0, e.start) + 1, "not UTF-8 text") from None
     try:
-        return text, msgspec.json.decode(text, type=WekaFile)
+        return text, LineDecoder(WekaFile).decode(text)
     except msgspec.ValidationError as e:
         m = re.search(r"\$\.requests\[(\d+)\]", str(e))
         line = request_line(text, int(m.group(1))) if m else 1
