@@ -120,8 +120,8 @@ def test_bailian_times_are_seconds_and_sessions_follow_parent_chat_ids():
 
 def test_bailian_turns_share_the_blocks_their_ids_share():
     p = prompts(BAILIAN)
-    # turn 2 keeps turn 1's two full blocks; turn 1's partial third block (id 2) was
-    # re-hashed once the output filled it (the dataset's Q&A), so it is not shared
+    # turn 2 keeps turn 1's two full blocks; turn 1's partial third block (id 2, hashed with
+    # padding: the dataset's Q&A) is not among turn 2's ids, so it is not shared
     assert common_prefix(p[2], p[0]) == 32
     assert common_prefix(p[3], p[2]) == 64
     assert np.array_equal(p[5][:16], p[4]) and common_prefix(p[1], p[0]) == 0
