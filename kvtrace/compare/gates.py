@@ -8,8 +8,11 @@ Sign convention: the threshold's sign names the bad direction.
   it rises by more than 5 (``delta > 5``).
 - ``-0`` and ``+0`` differ: no drop at all, no rise at all.
 - A trailing ``%`` compares the relative change instead: ``p99_ttft_ms:+10%``.
-- A gate that cannot be evaluated (the metric missing in a run, a relative gate on a zero
-  baseline) fails: a gate that cannot be checked must not pass.
+- A gate that cannot be evaluated (the metric missing in a run or null in both, such as
+  ``stale_hashes`` of ``--no-content`` runs; a relative gate on a zero baseline) fails: a
+  gate that cannot be checked must not pass.
+- A change equal to the threshold passes, also where float rounding of the two values puts
+  it a few ulps beyond (0.50 -> 0.49 is a drop of exactly 0.01, computed as 0.010000000000000009).
 
 METRIC is any name ``RunDiff.metric`` knows: a summary field or a bootstrap percentile.
 """
@@ -17,12 +20,14 @@ METRIC is any name ``RunDiff.metric`` knows: a summary field or a bootstrap perc
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from kvtrace.compare.model import RunDiff
 from kvtrace.compare.render import fmt
 from kvtrace.errors import KVTraceError
+from kvtrace.metrics import SUMMARY_RATES
 
 
 @dataclass(slots=True, frozen=True)
@@ -51,6 +56,13 @@ def parse_gate(text: str) -> Gate:
         raise KVTraceError(f"--fail-if {text!r}: threshold must be finite")
     # The sign is read from the text so that "-0" (no drop at all) differs from "+0".
     bad = -1 if num.lstrip().startswith("-") else 1
+    # A gate that can never fail would pass silently: refused, with the likely intent.
+    if not relative and metric in SUMMARY_RATES and abs(value) >= 1:
+        raise KVTraceError(f"--fail-if {text!r}: {metric} is a fraction from 0 to 1, so it never changes by more "
+                           f"than 1; for percentage points write {value / 100:+g}, for a relative change {raw}%")
+    if relative and value <= -100:
+        raise KVTraceError(f"--fail-if {text!r}: no metric drops by more than 100% (they are never negative); "
+                           "a relative drop gate is above -100%, e.g. -5%")
     return Gate(metric, value / 100 if relative else value, relative, bad, f"{metric}:{raw}")
 
 
@@ -66,22 +78,47 @@ def check_fail_if(diff: RunDiff, gates: Iterable[str]) -> list[str]:
         try:
             m = diff.metric(gate.metric)
         except KeyError:
+            if gate.metric in diff.unmeasured:  # a known metric, null in both runs: not an unknown name
+                failures.append(f"{gate.text}: cannot evaluate: neither run measured {gate.metric} (A=–, B=–)")
+                continue
             msg = f"--fail-if {text!r}: unknown metric {gate.metric!r}; known: {', '.join(known)}"
             raise KVTraceError(msg) from None
         change = m.rel if gate.relative else m.delta
         unit = "%" if gate.relative else ""
-        if change is None or (isinstance(change, float) and math.isnan(change)):
+        if change is None or (isinstance(change, float) and math.isnan(change)) or m.a is None or m.b is None:
             failures.append(f"{gate.text}: cannot evaluate (A={fmt(m.a)}, B={fmt(m.b)})")
             continue
         shown = change * 100 if gate.relative else change
         limit = gate.threshold * 100 if gate.relative else gate.threshold
-        if gate.bad_direction < 0 and change < gate.threshold:
+        slack = _rounding(m.a, m.b, gate)
+        if gate.bad_direction < 0 and change < gate.threshold - slack:
+            by, allowed = _distinct(-shown, abs(limit))
             failures.append(
-                f"{gate.metric} dropped by {-shown:.6g}{unit} (A={m.a:.6g}, B={m.b:.6g}); "
-                f"allowed drop {abs(limit):.6g}{unit}"
+                f"{gate.metric} dropped by {by}{unit} (A={m.a:.6g}, B={m.b:.6g}); allowed drop {allowed}{unit}"
             )
-        elif gate.bad_direction > 0 and change > gate.threshold:
+        elif gate.bad_direction > 0 and change > gate.threshold + slack:
+            by, allowed = _distinct(shown, limit)
             failures.append(
-                f"{gate.metric} rose by {shown:.6g}{unit} (A={m.a:.6g}, B={m.b:.6g}); allowed rise {limit:.6g}{unit}"
+                f"{gate.metric} rose by {by}{unit} (A={m.a:.6g}, B={m.b:.6g}); allowed rise {allowed}{unit}"
             )
     return failures
+
+
+def _rounding(a: float, b: float, gate: Gate) -> float:
+    """How far float rounding can move a computed change from the exact one: a few ulps of
+    the values it was computed from (each a rounded rate or interpolated percentile) and of
+    the threshold. Far below any change a gate is written for, and below 1 for any count."""
+    scale = max(abs(a), abs(b))
+    if gate.relative:
+        scale /= abs(a)  # (a != 0: a relative change exists)
+    return 8 * sys.float_info.epsilon * (scale + abs(gate.threshold))
+
+
+def _distinct(change: float, limit: float) -> tuple[str, str]:
+    """A change and its limit with 6 significant digits, or with as many as tell them apart
+    ("dropped by 0.01; allowed drop 0.01" read as a gate failing at its own threshold)."""
+    for digits in (6, 9, 12, 17):
+        a, b = f"{change:.{digits}g}", f"{limit:.{digits}g}"
+        if a != b:
+            break
+    return a, b

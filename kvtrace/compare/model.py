@@ -163,6 +163,9 @@ class RunDiff:
     # Per run ("a"/"b"), read from the store's verification spans: requests whose output
     # diverged from the no-cache reference, most divergent tokens first.
     divergent_requests: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+    # Summary keys null (not measured) in both runs, e.g. stale_hashes of --no-content runs:
+    # no delta and no row, but a gate on one cannot be checked, which is no unknown name.
+    unmeasured: list[str] = field(default_factory=list)
 
     def metric(self, name: str) -> MetricDelta:
         """The summary metric ``name``, else the bootstrap percentile of that name (as a
@@ -233,12 +236,14 @@ def diff_summaries(
             run.setdefault("cost_model", summary["cost_model"])
     same = ra.get("trace") == rb.get("trace")
     metrics, notes = metric_deltas(summary_a, summary_b), []
+    unmeasured = [k for k in dict.fromkeys([*summary_a, *summary_b])
+                  if summary_a.get(k) is None and summary_b.get(k) is None]
     size_a, size_b = _num(summary_a.get("block_size")), _num(summary_b.get("block_size"))
     if size_a is not None and size_b is not None and size_a != size_b:
         metrics = [MetricDelta(m.name, m.a, m.b, None, None) if m.name in BLOCK_UNIT_KEYS else m for m in metrics]
         notes.append(f"block sizes differ ({size_a:g} vs {size_b:g} tokens): "
                      f"{', '.join(BLOCK_UNIT_KEYS)} count other units, so they have no delta")
-    return RunDiff(run_a=ra, run_b=rb, metrics=metrics, same_trace=same, notes=notes)
+    return RunDiff(run_a=ra, run_b=rb, metrics=metrics, same_trace=same, notes=notes, unmeasured=unmeasured)
 
 
 def request_hit_diff(per_request_a: pl.DataFrame, per_request_b: pl.DataFrame, top: int = 10) -> RequestHitDiff:

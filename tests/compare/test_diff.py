@@ -5,6 +5,7 @@ The bootstrap has its own file, test_bootstrap.py."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -160,6 +161,81 @@ def test_fail_if_errors_are_one_line_user_errors(gate, match):
     with pytest.raises(KVTraceError, match=match) as e:
         check_fail_if(_diff_with_latency(), [gate])
     assert "\n" not in str(e.value)
+
+
+def test_a_change_equal_to_the_threshold_passes_despite_float_rounding():
+    """0.50 -> 0.49 is a drop of exactly 0.01, computed as 0.010000000000000009: the gate
+    allowing a drop of 0.01 failed with "dropped by 0.01; allowed drop 0.01"."""
+    from kvtrace.metrics import ratio
+
+    a = _summary(prefix_cache_hits=50, prefix_cache_queries=100, prefix_cache_hit_rate=ratio(50, 100),
+                 p99_ttft_ms=100.1, median_ttft_ms=0.3)
+    b = _summary(prefix_cache_hits=49, prefix_cache_queries=100, prefix_cache_hit_rate=ratio(49, 100),
+                 p99_ttft_ms=105.1, median_ttft_ms=0.33)
+    d = M.diff_summaries(a, b)
+    assert d.metric("prefix_cache_hit_rate").delta < -0.01  # (the float noise the gate must see through)
+    for gate in ("prefix_cache_hit_rate:-0.01", "p99_ttft_ms:+5", "median_ttft_ms:+10%", "median_ttft_ms:+0.03",
+                 "prefix_cache_hits:-1"):
+        assert check_fail_if(d, [gate]) == [], gate
+    # Just inside the threshold still fails, and says by how much with the digits that differ.
+    (msg,) = check_fail_if(d, ["prefix_cache_hit_rate:-0.00999999999"])
+    assert msg == "prefix_cache_hit_rate dropped by 0.01 (A=0.5, B=0.49); allowed drop 0.00999999999"
+    assert len(check_fail_if(d, ["p99_ttft_ms:+4.9999999999"])) == 1
+    assert len(check_fail_if(d, ["median_ttft_ms:+9.9999999%"])) == 1
+    assert len(check_fail_if(d, ["prefix_cache_hits:-0.999999"])) == 1  # (a count's slack is far below 1)
+
+
+def test_a_gate_on_a_metric_neither_run_measured_fails_and_is_no_unknown_name(tmp_path, capsys):
+    """--no-content runs store stale_hashes as null: a gate on it was refused as an
+    "unknown metric" (exit 2), as if misspelt; it cannot be checked, so it fails (exit 1)."""
+    from kvtrace.store.writer import Store
+    from tests.cli.support import run
+
+    nulls = {"stale_hashes": None, "divergent_outputs": None, "table_disagreements": None}
+    d = M.diff_summaries(_summary(**nulls), _summary(**nulls))
+    assert "stale_hashes" not in d.metric_names()
+    (msg,) = check_fail_if(d, ["stale_hashes:+0"])
+    assert msg == "stale_hashes:+0: cannot evaluate: neither run measured stale_hashes (A=–, B=–)"
+    assert len(check_fail_if(d, ["divergent_outputs:+0%", "table_disagreements:-0"])) == 2
+    with pytest.raises(KVTraceError, match="unknown metric 'stale_hashez'"):
+        check_fail_if(d, ["stale_hashez:+0"])
+    db = str(tmp_path / "s.duckdb")
+    with Store.open(db) as st:
+        for name in ("a", "b"):
+            rid = st.create_run(name, trace_source="gen:T", trace_digest="T", mode="engine")
+            st.finish_run(rid, digest="d", summary=_summary(**nulls))
+    code, _, err = run(["diff", "r1", "r2", "--db", db, "--json", "--fail-if", "stale_hashes:+0"], capsys)
+    assert code == 1 and "gate failed: stale_hashes:+0: cannot evaluate: neither run measured" in err, err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("gate, match", [
+    ("prefix_cache_hit_rate:-1", "is a fraction from 0 to 1"),  # (meant one point: -0.01)
+    ("prefix_cache_hit_rate:-5", r"write -0\.05, for a relative change -5%"),
+    ("block_hit_rate:2", "never changes by more than 1"),
+    ("p99_ttft_ms:-100%", "no metric drops by more than 100%"),
+    ("p99_ttft_ms:-250%", "no metric drops by more than 100%"),
+])
+def test_a_gate_that_can_never_fail_is_refused(gate, match):
+    with pytest.raises(KVTraceError, match=match) as e:
+        check_fail_if(_diff_with_latency(), [gate])
+    assert "\n" not in str(e.value)
+    # Just inside the possible range, each is a gate.
+    for ok in ("prefix_cache_hit_rate:-0.99", "p99_ttft_ms:-99%", "prefix_cache_hit_rate:-5%", "p99_ttft_ms:+250%"):
+        check_fail_if(_diff_with_latency(), [ok])
+
+
+@pytest.mark.parametrize("gate", [
+    "", ":", "::", ":1", " : ", "p99_ttft_ms:nan", "p99_ttft_ms:NaN%", "p99_ttft_ms:inf", "p99_ttft_ms:-infinity%",
+    "p99_ttft_ms:1e309", "p99_ttft_ms:" + "9" * 400, "p99_ttft_ms:%", "p99_ttft_ms:10%%", "p99_ttft_ms:5ms",
+    "p99_ttft_ms:0.005 s", "prefix_cache_hit_rate:-1pp", "p99_ttft_ms:\u22125", "p99_ttft_ms:--5", "p99_ttft_ms:+",
+    "p99_ttft_ms:1:2", "p99_ttft_ms:(1)", "p99_ttft_ms:1; rm -rf /", "'; DROP TABLE runs; --:1", "\x1b[31mred:1",
+    "p99\n_ttft_ms:1", "p99_ttft_ms:1\r\nX", "🙂:1", "p99_ttft_ms:🙂", "x" * 10_000 + ":1", "P99_TTFT_MS:+5",
+])
+def test_hostile_gates_are_one_line_user_errors(gate):
+    with pytest.raises(KVTraceError, match=re.escape("--fail-if")) as e:
+        check_fail_if(_diff_with_latency(), [gate])
+    assert "\n" not in str(e.value) and "\r" not in str(e.value)
 
 
 # ------------------------------------------------------------------ rendering
