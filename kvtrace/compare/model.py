@@ -100,8 +100,10 @@ class PercentileShift:
 
     @property
     def significant(self) -> bool:
-        """The CI excludes zero."""
-        return (self.ci_low > 0 or self.ci_high < 0) and not math.isnan(self.ci_low)
+        """The CI excludes zero, and the shift is a change at all: one below
+        LATENCY_RESOLUTION_MS is "same" in the summary table, so no finding here either."""
+        return ((self.ci_low > 0 or self.ci_high < 0) and not math.isnan(self.ci_low)
+                and abs(self.delta) >= LATENCY_RESOLUTION_MS)
 
 
 @dataclass(slots=True, frozen=True)

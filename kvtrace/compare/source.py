@@ -13,7 +13,7 @@ from typing import Any
 import duckdb
 import polars as pl
 
-from kvtrace.compare.bootstrap import latency_shifts
+from kvtrace.compare.bootstrap import ci_note, latency_shifts
 from kvtrace.compare.model import RunDiff, count_shifts, diff_summaries, request_hit_diff
 from kvtrace.compare.options import DEFAULT_RESAMPLES, check_diff_options
 from kvtrace.errors import KVTraceError
@@ -75,6 +75,8 @@ def _diff(view: StoreView, run_a: str, run_b: str, info_a: dict[str, Any], info_
         view.latency(run_a), view.latency(run_b), seed=seed, resamples=resamples, percentiles=percentiles,
         per_unit=NS_PER_MS,
     )
+    if note := ci_note(diff.bootstrap.get("no_ci", [])):
+        diff.notes.append(note)
     diff.divergent_requests = {"a": view.divergent_requests(run_a), "b": view.divergent_requests(run_b)}
     if not diff.metrics and not diff.latency:  # (an empty table, exit 0, said nothing was compared)
         raise KVTraceError(f"{view.db}: runs {run_a} (mode {info_a.get('mode')}) and {run_b} (mode "

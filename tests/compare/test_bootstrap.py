@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtrace.compare import bootstrap as BS
+from kvtrace.compare import model as M
 from kvtrace.numeric import percentile
 from tests.support.oracles import weighted_percentiles
 
@@ -124,14 +125,14 @@ def _latency_frames(seed: int, n: int, shift_ms: float, itl_per_req: int = 8):
 
 
 def test_bootstrap_is_deterministic_for_a_seed_and_varies_with_it():
-    a, b = _latency_frames(1, 300, shift_ms=0.0)
+    a, b = _latency_frames(1, 600, shift_ms=0.0)  # (600: 6 TTFTs beyond p99, enough for its CI)
     b["ttft_ms"] = b["ttft_ms"].with_columns(pl.col("ttft_ms") * 1.3)
     s1, info1 = BS.latency_shifts(a, b, seed=11, resamples=400)
     s2, _ = BS.latency_shifts(a, b, seed=11, resamples=400)
     s3, _ = BS.latency_shifts(a, b, seed=12, resamples=400)
     assert [(s.name, s.ci_low, s.ci_high) for s in s1] == [(s.name, s.ci_low, s.ci_high) for s in s2]
     assert [(s.ci_low, s.ci_high) for s in s1] != [(s.ci_low, s.ci_high) for s in s3]
-    assert info1 == {"seed": 11, "resamples": 400, "paired": True, "requests_a": 300, "requests_b": 300}
+    assert info1 == {"seed": 11, "resamples": 400, "paired": True, "requests_a": 600, "requests_b": 600, "no_ci": []}
     assert [s.name for s in s1] == ["p50_ttft_ms", "p90_ttft_ms", "p99_ttft_ms",
                                     "p50_itl_ms", "p90_itl_ms", "p99_itl_ms"]
     # A 30% slower TTFT: every TTFT percentile rises, with an interval above 0.
@@ -157,7 +158,7 @@ def test_point_estimates_are_the_one_percentile_definition():
 
 
 def test_paired_bootstrap_brackets_a_constant_shift_and_zero_for_no_change():
-    a, b = _latency_frames(2, 400, shift_ms=10.0)
+    a, b = _latency_frames(2, 600, shift_ms=10.0)
     shifts, _ = BS.latency_shifts(a, b, seed=0, resamples=300)
     by = {s.name: s for s in shifts}
     # A constant +10 ms on every request: each TTFT percentile moves by 10, and the paired
@@ -194,3 +195,71 @@ def test_runs_without_request_timing_have_no_shifts():
     a, _ = _latency_frames(3, 20, 0.0)
     assert BS.latency_shifts(a, empty, seed=0, resamples=10)[0] == []
     assert BS.latency_shifts(empty, a, seed=0, resamples=10)[0] == []
+
+
+# ------------------------------------------------------ where no interval is honest
+
+
+def test_one_or_two_requests_get_no_interval_and_the_diff_says_so():
+    # One request: every paired replicate is that request, so the "interval" was the single
+    # point [delta, delta], and called significant.
+    for n in (1, 2):
+        a, b = _latency_frames(8, n, shift_ms=4.0)
+        shifts, info = BS.latency_shifts(a, b, seed=0, resamples=200)
+        assert [s.delta for s in shifts[:3]] == pytest.approx([4.0] * 3)  # the point estimates stand
+        assert all(np.isnan(s.ci_low) and np.isnan(s.ci_high) and not s.significant for s in shifts)
+        assert info["no_ci"] == [s.name for s in shifts]
+    note = BS.ci_note(info["no_ci"])
+    assert note is not None and note.startswith("no 95% CI for p50_ttft_ms, p90_ttft_ms, p99_ttft_ms, p50_itl_ms")
+    assert "10 requests" in note and BS.ci_note([]) is None
+
+
+@pytest.mark.parametrize("requests, observations, q, ok", [
+    (10, 11, 50, True), (10, 10, 50, False), (9, 1000, 50, False),  # 5 on each side of a median; 10 requests
+    (100, 51, 90, True), (100, 50, 90, False), (501, 501, 99, True), (500, 500, 99, False),
+    (10, 10**6, 0, False), (10, 10**6, 100, False), (10, 10**6, 99.9, True),  # (a minimum or maximum: never)
+])
+def test_ci_estimable_needs_ten_requests_and_five_observations_beyond_the_percentile(requests, observations, q, ok):
+    assert BS.ci_estimable(requests, observations, q) is ok
+
+
+def test_a_tail_percentile_of_a_small_run_has_no_interval_the_rest_have():
+    # 100 requests with 8 gaps each: TTFT's p99 has one TTFT beyond it (no CI: paired, such
+    # intervals covered the true shift 68-79% of the time), ITL's p99 has 8 gaps (a CI).
+    a, b = _latency_frames(10, 100, shift_ms=2.0)
+    b["ttft_ms"] = b["ttft_ms"].with_columns(pl.col("ttft_ms") * 1.1)
+    by = {s.name: s for s in BS.latency_shifts(a, b, seed=0, resamples=200)[0]}
+    assert np.isnan(by["p99_ttft_ms"].ci_low) and by["p99_ttft_ms"].delta > 0
+    assert all(not np.isnan(by[k].ci_low) for k in ("p50_ttft_ms", "p90_ttft_ms", "p50_itl_ms", "p99_itl_ms"))
+
+
+def test_paired_intervals_cover_a_known_shift_near_their_level():
+    """A small seeded coverage check (the report's simulations are larger): 30% of requests
+    get a cache hit that quarters their TTFT; the true percentile shifts come from 10**6 draws."""
+    rng = np.random.default_rng(21)
+
+    def draw(n):
+        a = rng.gamma(2.0, 25.0, size=n)
+        return a, np.where(rng.random(n) < 0.3, a / 4, a) + rng.normal(0, 0.5, size=n)
+
+    big_a, big_b = draw(10**6)
+    true = {q: np.percentile(big_b, q) - np.percentile(big_a, q) for q in (50, 90)}
+    covered = dict.fromkeys(true, 0)
+    reps, n = 60, 80
+    for r in range(reps):
+        ta, tb = draw(n)
+        ids = [f"r{i}" for i in range(n)]
+        fa = {"ttft_ms": pl.DataFrame({"request_id": ids, "ttft_ms": ta})}
+        fb = {"ttft_ms": pl.DataFrame({"request_id": ids, "ttft_ms": tb})}
+        for s in BS.latency_shifts(fa, fb, seed=r, resamples=300, percentiles=(50, 90))[0]:
+            covered[int(s.percentile)] += s.ci_low <= true[s.percentile] <= s.ci_high
+    assert all(covered[q] >= 0.85 * reps for q in true), covered
+
+
+def test_a_shift_below_the_latency_resolution_is_no_finding():
+    # Every request 0.1 ns later: the paired CI excludes 0, but the summary table calls a
+    # change under a microsecond "same", and the latency table must not call it worse.
+    s = M.PercentileShift("ttft_ms", 50, 10.0, 10.0000001, 1e-7, 1e-7, 1e-7)
+    assert not s.significant
+    assert M.MetricDelta(s.name, s.a, s.b, s.delta, None).verdict == "same"
+    assert M.PercentileShift("ttft_ms", 50, 10.0, 10.002, 0.002, 0.001, 0.003).significant
