@@ -112,6 +112,7 @@ def replayed_store(tmp_path_factory) -> ReplayedStore:
         RunSpec(REPLAYED_TRACE, limit=REPLAYED_LIMIT, without=(REPLAYED_OFF,), name=f"pinning without {REPLAYED_OFF}"),
         db=db,
     )
+    assert on.run_id is not None and off.run_id is not None  # (a replay with a store always names its run)
     return ReplayedStore(str(db), on.run_id, off.run_id, on.summary, off.summary)
 
 
