@@ -265,19 +265,34 @@ def study_base(behaviour: str, given: RunSpec) -> RunSpec:
                if f.name != "trace" and getattr(given, f.name) != getattr(bare, f.name)}
     defaults = study_defaults(check_behaviour(behaviour)) if not given.trace else {}
     spec = RunSpec(trace="", **{**defaults, **changed})
-    if "retention" in defaults and "retention" not in changed and "preset" in changed:
+    # The workload's own settings the user left alone: a preset that cannot take one (a
+    # dense preset: retention 0, two groups' capacities) names --preset, not that flag.
+    kept = {k: v for k, v in defaults.items() if k != "preset" and k not in changed}
+    if kept and "preset" in changed:
         from kvtrace.replay.run import validate
 
-        try:  # (else the refusal names --retention, a flag the user never gave)
+        try:
             validate(replace(spec, trace=study_trace(behaviour)))
         except ConfigError as err:
-            if err.source != "--retention":
+            key = next((k for k in kept if err.source == _flag(k)), None)
+            if key is None:
                 raise
+            shown = _flag_value(kept[key])
             raise ConfigError("--preset", str(given.preset),
-                              f"study {behaviour} replays its workload at --retention {defaults['retention']}, which "
-                              f"this preset cannot take ({err.what.split(';')[0]}); study it on a hybrid preset "
-                              "such as kimi-hybrid") from None
+                              f"study {behaviour} replays its workload at {_flag(key)} {shown}, which this preset "
+                              f"cannot take ({err.what.split(';')[0]}); study it on a hybrid preset such as "
+                              f"kimi-hybrid, or give {_flag(key)}") from None
     return spec
+
+
+def _flag(setting: str) -> str:
+    """The command-line flag of a RunSpec setting: capacity_blocks -> --capacity-blocks."""
+    return "--" + setting.replace("_", "-")
+
+
+def _flag_value(value: Any) -> str:
+    """A setting as it is typed: (1024, 16) -> 1024,16."""
+    return ",".join(map(str, value)) if isinstance(value, (tuple, list)) else str(value)
 
 
 def run_study(
@@ -304,6 +319,8 @@ def run_study(
         base = RunSpec(trace="", **(study_defaults(behaviour) if trace is None else {}))
     trace = trace or study_trace(behaviour)
     spec0 = replace(base, trace=trace, seed=seed, limit=limit if limit is not None else base.limit)
+    if spec0.limit == 0:  # (a replay takes it; a pair of empty runs read as "the behaviour changes nothing")
+        raise ConfigError("--limit", "0", "a study of no requests compares nothing; give at least 1 (or no --limit)")
     if spec0.config_file:  # (a file's without adds to both runs': B would be off too, and said to be on)
         from kvtrace.replay.config_file import load_config_file
 

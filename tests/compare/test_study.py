@@ -300,3 +300,27 @@ def test_a_dense_preset_is_named_not_the_studys_own_retention(capsys):
     assert code == 2 and err.startswith("kvtrace: error: --preset: dense-attention: study shared-prefix-pinning "
                                         "replays its workload at --retention 0"), err
     assert "kimi-hybrid" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_dense_preset_is_named_not_the_studys_own_capacities(capsys):
+    """transient-checkpoint-retention's workload runs on two groups' pools (1024, 16): on a
+    one-group preset the refusal named --capacity-blocks, a flag the user never gave."""
+    from tests.cli.support import assert_one_line, run
+
+    code, _, err = run(["study", "transient-checkpoint-retention", "--preset", "dense-attention"], capsys)
+    line = assert_one_line(code, err, "kvtrace: error: --preset: dense-attention: study transient-checkpoint-retention "
+                                      "replays its workload at --capacity-blocks 1024,16", "kimi-hybrid")
+    assert "give --capacity-blocks" in line
+
+
+def test_a_study_of_no_requests_is_refused(capsys):
+    """`study --limit 0` replayed two empty runs and printed a table of +0 deltas: "the
+    behaviour changes nothing", a verdict on nothing."""
+    from kvtrace.errors import ConfigError
+    from tests.cli.support import assert_one_line, run
+
+    with pytest.raises(ConfigError, match=r"^--limit: 0: a study of no requests compares nothing"):
+        S.run_study(S.SHARED_PREFIX_PINNING, limit=0)
+    code, out, err = run(["study", "shared-prefix-pinning", "--limit", "0", "--json"], capsys)
+    assert_one_line(code, err, "--limit: 0: a study of no requests")
+    assert out == ""
