@@ -52,16 +52,27 @@ import tempfile
 import plotly.express as px
 import polars as pl
 
-from kvtrace.compare.model import metric_direction
-from kvtrace.compare.render import fmt
+from kvtrace.compare.model import MetricDelta, metric_direction
+from kvtrace.compare.render import fmt, times_note
 from kvtrace.compare.source import diff_runs
+from kvtrace.errors import KVTraceError
 from kvtrace.metrics import MODELLED, is_latency_key
+from kvtrace.names import printable
 from kvtrace.store import read as store
 
+
+def run_id_parameter(name, value):
+    # papermill's -p reads a numeric run id (a collector's "12345") as an int
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    raise KVTraceError(f"{name}: expected a run id (text, see `kvtrace runs`), got {value!r:.80}")
+
+
+run_a, run_b = run_id_parameter("run_a", run_a), run_id_parameter("run_b", run_b)
 if (db_path is None) != (run_a is None and run_b is None) or (run_a is None) != (run_b is None):
     # (a study into the given store added 4 runs to it; run ids without a store were ignored)
-    from kvtrace.errors import KVTraceError
-
     raise KVTraceError(f"db_path {db_path!r}, run_a {run_a!r}, run_b {run_b!r}: give a store and both run ids, "
                        "or none of them for a study into a temporary store")
 if db_path is None:
@@ -99,6 +110,13 @@ latency = pl.DataFrame(
     schema={"percentile": pl.Utf8, "A": pl.Float64, "B": pl.Float64, "delta": pl.Float64, "ci_low": pl.Float64,
             "ci_high": pl.Float64, "significant": pl.Boolean},
 )
+# What `kvtrace diff` says before its tables: unfinished runs, notes, where the times come from.
+for side, r in (("A", diff.run_a), ("B", diff.run_b)):
+    if r.get("status") not in (None, "complete"):
+        print(f"run {side} ({printable(r.get('name') or r['run_id'])}) is {r['status']}: partial numbers")
+for note in diff.notes:
+    print(note)
+print(times_note(diff, code=printable))
 rel = deltas.drop_nulls("rel").filter(pl.col("rel") != 0)
 if rel.height:
     px.bar(rel, x="rel", y="metric", color="verdict", orientation="h",
@@ -108,6 +126,8 @@ deltas
 
 # %%
 print(f"latency percentiles: {MODELLED} times")
+if not diff.latency:
+    print("no latency percentiles to compare: a run without request latencies (a cache-only run has no clock)")
 latency
 
 # %% [markdown]
@@ -121,12 +141,16 @@ hr = pl.concat(
     [store.hit_counters_over_time(db_path, r).with_columns(run=pl.lit(label[r])) for r in (run_a, run_b)],
     how="vertical_relaxed",
 ).with_columns(t_s=pl.col("window_start_ns") / 1e9)
+for lbl in dict.fromkeys((label[run_a], label[run_b])):
+    if not hr.filter(pl.col("run") == lbl).height:
+        print(f"{printable(lbl)}: no request was scheduled in it, so it has no hit rate over time")
 hr_long = (hr.rename({"prefix_cache_hit_rate": "per window", "cum_prefix_cache_hit_rate": "cumulative"})
            .unpivot(index=["t_s", "run"], on=["per window", "cumulative"], variable_name="series",
                     value_name="rate"))
-px.line(hr_long, x="t_s", y="rate", color="run", line_dash="series",
-        labels={"t_s": "virtual time (s)", "rate": "prefix cache hit rate", "run": "run", "series": "series"},
-        title="Prefix cache hit rate per window and cumulative").show()
+if hr.height:
+    px.line(hr_long, x="t_s", y="rate", color="run", line_dash="series",
+            labels={"t_s": "virtual time (s)", "rate": "prefix cache hit rate", "run": "run", "series": "series"},
+            title="Prefix cache hit rate per window and cumulative").show()
 cum_hit_rate_end = {
     lbl: (lambda f: f["cum_prefix_cache_hit_rate"][-1] if f.height else None)(
         hr.filter(pl.col("run") == lbl).sort("t_s"))
@@ -181,12 +205,18 @@ per_req = (
     .with_columns(delta=pl.col("cached_B") - pl.col("cached_A"))
     .sort([pl.col("delta").abs(), pl.col("request_id")], descending=[True, False])
 )
-px.scatter(per_req, x="cached_A", y="cached_B", hover_name="request_id",
-           labels={"cached_A": "cached tokens in A", "cached_B": "cached tokens in B"},
-           title="Cached tokens per request, A against B").show()
 r = diff.requests
-print(f"{r.gained} requests gained cached tokens, {r.lost} lost, {r.requests - r.gained - r.lost} unchanged "
-      f"(net {r.cached_tokens_delta:+d} tokens)")
+if per_req.height:
+    px.scatter(per_req, x="cached_A", y="cached_B", hover_name="request_id",
+               labels={"cached_A": "cached tokens in A", "cached_B": "cached tokens in B"},
+               title="Cached tokens per request, A against B").show()
+    print(f"{r.gained} requests gained cached tokens, {r.lost} lost, {r.requests - r.gained - r.lost} unchanged "
+          f"of {r.requests} common requests (net {r.cached_tokens_delta:+d} tokens)")
+else:  # (0 gained, 0 lost, 0 unchanged read as a comparison that found no change)
+    print("no request is in both runs with its cached tokens (a cache-only run records no request spans): "
+          "no per-request comparison")
+if r.only_a or r.only_b:
+    print(f"requests only in A: {r.only_a}, only in B: {r.only_b}")
 per_req.head(20)
 
 # %% [markdown]
@@ -200,6 +230,9 @@ for metric, what in (("ttft", "requests"), ("itl", "inter-token gaps")):
         [store.latency_cdf(db_path, rid, metric).with_columns(run=pl.lit(label[rid])) for rid in (run_a, run_b)],
         how="vertical_relaxed",
     ).with_columns(value_ms=pl.col("value_ns") / 1e6, fraction=pl.col("q") / 100)
+    for lbl in dict.fromkeys((label[run_a], label[run_b])):
+        if not cdf.filter(pl.col("run") == lbl).height:
+            print(f"{printable(lbl)}: no {metric.upper()} values (no request latencies), no {metric.upper()} CDF")
     if cdf.height:
         px.line(cdf, x="value_ms", y="fraction", color="run", log_x=True,
                 labels={"value_ms": f"{metric.upper()} (ms, {MODELLED})", "fraction": f"fraction of {what} ≤ x",
@@ -219,8 +252,19 @@ better = [m for m in diff.metrics if m.verdict == "better" and not is_latency_ke
 worse = [m for m in diff.metrics if m.verdict == "worse" and not is_latency_key(m.name)]
 sig = [s for s in diff.latency if s.significant]
 lines = []
-hr_m = diff.metric("prefix_cache_hit_rate")
-if hr_m.delta:
+
+
+def summary_metric(name):
+    """The summary metric ``name`` of the diff; a MetricDelta of Nones when neither run has it (diff.metric
+    raised: a cache-only run has no stale_hashes, a live capture no hit rate)."""
+    return next((m for m in diff.metrics if m.name == name), None) or MetricDelta(name, None, None, None, None)
+
+
+hr_m = summary_metric("prefix_cache_hit_rate")
+if hr_m.delta is None:
+    a, b = ("none" if v is None else fmt(v) for v in (hr_m.a, hr_m.b))
+    lines.append(f"The prefix cache hit rate is not in both runs (A {a}, B {b}): no hit rate comparison.")
+elif hr_m.delta:
     rel_txt = f", {hr_m.rel * 100:+.1f}%" if hr_m.rel is not None else ""
     lines.append(f"B {'raises' if hr_m.delta > 0 else 'lowers'} the prefix cache hit rate from {fmt(hr_m.a)} to "
                  f"{fmt(hr_m.b)} ({hr_m.delta * 100:+.2f} pp{rel_txt}).")
@@ -230,7 +274,7 @@ for s in sig:
     lines.append(f"{s.name} {'rises' if s.delta > 0 else 'falls'} by {abs(s.delta):.3f} ms ({MODELLED}; "
                  f"95% CI [{s.ci_low:+.3f}, {s.ci_high:+.3f}]).")
 for name in ("stale_hashes", "divergent_outputs"):
-    m = diff.metric(name)
+    m = summary_metric(name)
     if (m.a or 0) or (m.b or 0):  # (None: a run that checked no content)
         a, b = ("not measured" if v is None else f"{v:g}" for v in (m.a, m.b))
         lines.append(f"{name}: A {a}, B {b}.")
@@ -267,7 +311,7 @@ result = {
     "prefix_cache_hit_rate_a": hr_m.a,
     "prefix_cache_hit_rate_b": hr_m.b,
     "prefix_cache_hit_rate_delta": hr_m.delta,
-    "prefix_cache_hits_delta": diff.metric("prefix_cache_hits").delta,
+    "prefix_cache_hits_delta": summary_metric("prefix_cache_hits").delta,
     "metrics": {m.name: {"a": m.a, "b": m.b, "delta": m.delta} for m in diff.metrics},
     "latency": {s.name: {"a": s.a, "b": s.b, "delta": s.delta,
                          "ci": [None if math.isnan(v) else v for v in (s.ci_low, s.ci_high)]} for s in diff.latency},

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
+from kvtrace.compare.render import to_json
 from kvtrace.compare.source import diff_runs
 from kvtrace.compare.study import SHARED_PREFIX_PINNING, run_study
 from kvtrace.store import read
@@ -27,9 +30,9 @@ def test_notebook_on_given_runs_matches_diff_runs(run_notebook, study_db, tmp_pa
     assert out["prefix_cache_hit_rate_delta"] == pytest.approx(
         res.on["prefix_cache_hit_rate"] - res.off["prefix_cache_hit_rate"])
     assert out["prefix_cache_hits_delta"] == d.metric("prefix_cache_hits").delta
-    # The same seed gives the same bootstrap intervals in the notebook as here.
-    for s in d.latency:
-        assert out["latency"][s.name]["ci"] == [pytest.approx(s.ci_low), pytest.approx(s.ci_high)]
+    # The same seed gives the same bootstrap intervals in the notebook as `kvtrace diff --json` (null: none).
+    for name, s in to_json(d)["latency"].items():
+        assert out["latency"][name]["ci"] == [None if v is None else pytest.approx(v) for v in s["ci"]]
     assert (out["requests_gained"], out["requests_lost"]) == (d.requests.gained, d.requests.lost)
     # The per-request table sums to the diff's net change (both read per_request_hits).
     assert out["per_request_delta_sum"] == d.requests.cached_tokens_delta
@@ -78,3 +81,54 @@ def test_a_store_without_both_run_ids_is_refused_and_left_alone(run_notebook, st
     with pytest.raises(PapermillExecutionError, match="give a store and both run ids"):
         run_notebook("regression_analysis", **params)
     assert db.read_bytes() == before
+
+
+@pytest.fixture(scope="module")
+def cache_only_db(tmp_path_factory):
+    """Two cache-only runs of one trace (bounded LRU, unbounded): no clock, no request spans, no
+    content checks."""
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = tmp_path_factory.mktemp("nb-cache-only") / "co.duckdb"
+    for capacity in (64, None):
+        run_replay(RunSpec("gen:chat", mode="cache-only", capacity_blocks=capacity, limit=30), db=db)
+    return db
+
+
+def test_two_cache_only_runs_are_compared_and_what_they_lack_is_said(run_notebook, cache_only_db):
+    """Its conclusion asked diff.metric('stale_hashes'), which a cache-only run does not have: the
+    notebook ended in UnknownMetric (so did a killed run against a SIGTERM'd one)."""
+    out, nb = run_notebook("regression_analysis", db_path=str(cache_only_db), run_a="r1", run_b="r2")
+    d = diff_runs(cache_only_db, "r1", "r2")
+    assert not d.latency and "stale_hashes" not in {m.name for m in d.metrics}  # (what the notebook met)
+    assert out["metrics"] == {m.name: {"a": m.a, "b": m.b, "delta": m.delta} for m in d.metrics}
+    assert out["prefix_cache_hit_rate_b"] == read.hit_counters(cache_only_db, "r2")["prefix_cache_hit_rate"]
+    assert out["prefix_cache_hit_rate_delta"] > 0  # the unbounded cache hits more
+    assert "prefix_cache_hit_rate" in out["better"] and out["overall"] == "B is better than A"
+    printed = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
+    assert "no latency percentiles to compare" in printed
+    assert "no per-request comparison" in printed and "0 unchanged" not in printed
+    assert "Times: none (no clock" in printed  # the words `kvtrace diff` prints
+
+
+def test_runs_without_a_hit_rate_are_said_to_have_none(run_notebook, tmp_path):
+    """A live capture that received nothing has a summary without a hit rate: the conclusion
+    ended in UnknownMetric for 'prefix_cache_hit_rate'."""
+    from kvtrace.store import Store
+
+    db = tmp_path / "live.duckdb"
+    with Store.open(db) as s:
+        for _ in range(2):  # (the summary a capture that received nothing keeps)
+            s.finish_run(s.create_run("vllm tcp://127.0.0.1:5557", mode="live"), summary={"requests": 0, "events": 0})
+    out, nb = run_notebook("regression_analysis", db_path=str(db), run_a="r1", run_b="r2")
+    assert out["prefix_cache_hit_rate_a"] is None and out["prefix_cache_hit_rate_delta"] is None
+    assert out["metrics"]["requests"] == {"a": 0, "b": 0, "delta": 0}
+    assert "The prefix cache hit rate is not in both runs (A none, B none)" in out["verdict"]
+
+
+def test_a_numeric_run_id_from_papermill_is_read_as_the_text_it_was(run_notebook, cache_only_db):
+    """`papermill -p run_a 12345` passes an int: the notebook ended in polars' TypeError."""
+    from papermill.exceptions import PapermillExecutionError
+
+    with pytest.raises(PapermillExecutionError, match=re.escape("no run with id '12345'")):
+        run_notebook("regression_analysis", db_path=str(cache_only_db), run_a=12345, run_b="r1")
