@@ -48,8 +48,25 @@ import plotly.graph_objects as go
 import polars as pl
 import xxhash
 
+from kvtrace.errors import ConfigError, KVTraceError
 from kvtrace.replay.readers import open_trace
 from kvtrace.replay.run import RunSpec, run_replay
+
+
+def count_parameter(name, value):
+    # (papermill passes what -p parsed: a block_size of 0 was range()'s ValueError, a capacity "x" int()'s)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError("trace_characterisation", name, f"expected an int >= 1, got {value!r:.80}")
+    return value
+
+
+block_size = count_parameter("block_size", block_size)
+if capacities is not None:
+    if not isinstance(capacities, (list, tuple)) or not capacities:
+        raise ConfigError("trace_characterisation", "capacities",
+                          f"expected a non-empty list of capacities in blocks, got {capacities!r:.80}")
+    # ascending and distinct: the summary reads the first as the smallest
+    capacities = sorted({count_parameter("capacities", c) for c in capacities})
 
 if trace_path is None:
     from kvtrace.replay.generate import write_generated
@@ -59,8 +76,6 @@ if trace_path is None:
 source = open_trace(trace_path, format=trace_format, limit=limit)
 requests = list(source)
 if not requests:  # (every chart below needs one; max() of nothing was a raw ValueError)
-    from kvtrace.errors import KVTraceError
-
     raise KVTraceError(f"{trace_path}: no requests to characterise (limit {limit!r})")
 print(f"{len(requests)} requests from {trace_path} ({source.format})")
 
@@ -166,7 +181,6 @@ print(f"root fan-out {root_fanout}, max inner fan-out {max_fanout}, branching no
 if capacities is None:
     top = unique_blocks + max(len(block_keys(r)) for r in requests)  # everything fits
     capacities = sorted({max(2, round(top * f)) for f in (0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75)} | {top})
-capacities = [int(c) for c in capacities]
 # Hash-id traces are swept in their own block unit; token-id traces in `block_size` tokens.
 sweep_block_size = block_size if any(r.hash_ids is None for r in requests) else None
 sweep_rows = []
@@ -211,7 +225,10 @@ per_window = np.bincount(((arrivals_s - arrivals_s[0]) // win).astype(np.int64))
 go.Figure(go.Bar(x=np.arange(per_window.size) * win, y=per_window)).update_layout(
     title=f"Arrivals per {win:.2f} s window", xaxis_title="time since the first arrival (s)",
     yaxis_title="requests arriving").show()
-print(f"inter-arrival CV {interarrival_cv}, span {span_s:.1f} s")
+print(f"inter-arrival CV {interarrival_cv:.3f}, span {span_s:.1f} s" if interarrival_cv is not None else
+      f"inter-arrival CV: none (it needs two requests arriving at different times), span {span_s:.1f} s")
+if not dispersion.height:
+    print(f"index of dispersion: none (the arrivals span {span_s:.1f} s, less than two of the smallest window, 0.1 s)")
 dispersion
 
 # %% [markdown]
@@ -242,10 +259,14 @@ result = {
         zip(map(str, dispersion["window_s"].to_list()), dispersion["index_of_dispersion"].to_list())
     ),
 }
-knee = next((c for c, h in zip(capacities, result["lru_prefix_cache_hit_rate"])
-             if h >= 0.9 * max(result["lru_prefix_cache_hit_rate"] or [0])), None)
-print(f"LRU reaches 90% of its best hit rate at {knee} blocks; "
-      f"Belady headroom at the smallest capacity: "
+best_lru = max(result["lru_prefix_cache_hit_rate"])
+if best_lru > 0:
+    knee = next(c for c, h in zip(capacities, result["lru_prefix_cache_hit_rate"]) if h >= 0.9 * best_lru)
+    print(f"LRU reaches 90% of its best hit rate at {knee} blocks")
+else:  # (90% of a best of 0 was reached at the smallest capacity: a knee where nothing hits)
+    why = "no block is referenced twice" if reuse_fraction == 0 else "no reused block stays cached that long"
+    print(f"LRU hits nothing at any capacity swept ({capacities[0]} to {capacities[-1]} blocks): {why}")
+print(f"Belady headroom at the smallest capacity ({capacities[0]} blocks): "
       f"{(result['belady_prefix_cache_hit_rate'][0] - result['lru_prefix_cache_hit_rate'][0]):+.4f}")
 if result_path:
     with open(result_path, "w") as fh:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from kvtrace.replay.generate import write_generated
@@ -67,3 +69,32 @@ def test_a_trace_without_requests_is_one_kvtrace_error(run_notebook, tmp_path):
     empty.write_text('{"kvtrace_trace":1}\n')
     with pytest.raises(PapermillExecutionError, match=r"KVTraceError.*no requests to characterise"):
         run_notebook("trace_characterisation", trace_path=str(empty))
+
+
+@pytest.mark.parametrize(("given", "said"), [
+    ({"capacities": []}, "capacities: expected a non-empty list"),  # (was plotly's ValueError on an empty sweep)
+    ({"capacities": [8, "x"]}, "capacities: expected an int >= 1, got 'x'"),  # (int()'s ValueError)
+    ({"block_size": 0}, "block_size: expected an int >= 1, got 0"),  # (range()'s ValueError)
+])
+def test_a_parameter_it_cannot_use_is_one_config_error_naming_it(run_notebook, tmp_path, given, said):
+    from papermill.exceptions import PapermillExecutionError
+
+    path = tmp_path / "agent-tokens.jsonl"
+    write_generated("agent", path, fmt="native", seed=1, num_requests=3, prompt="tokens")
+    with pytest.raises(PapermillExecutionError, match=re.escape(f"ConfigError: trace_characterisation: {said}")):
+        run_notebook("trace_characterisation", trace_path=str(path), **given)
+
+
+def test_a_trace_without_reuse_is_said_to_hit_nothing(run_notebook, tmp_path):
+    """With every hit rate 0, 'LRU reaches 90% of its best hit rate' named the smallest capacity
+    as the knee; capacities given out of order made the 'smallest' the first given."""
+    path = tmp_path / "one.jsonl"
+    path.write_text('{"kvtrace_trace":1,"block_size":16}\n'
+                    '{"request_id":"a","arrival_ns":0,"input_length":64,"hash_ids":[1,2,3,4],"output_length":2}\n')
+    result, nb = run_notebook("trace_characterisation", trace_path=str(path), capacities=[8, 2, 8])
+    assert result["capacities"] == [2, 8] and result["reuse_fraction"] == 0
+    assert result["lru_prefix_cache_hit_rate"] == [0.0, 0.0]
+    printed = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
+    assert "LRU hits nothing at any capacity swept (2 to 8 blocks): no block is referenced twice" in printed
+    assert "90% of its best" not in printed
+    assert "inter-arrival CV: none" in printed and result["interarrival_cv"] is None
