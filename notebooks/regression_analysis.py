@@ -127,7 +127,8 @@ deltas
 # %%
 print(f"latency percentiles: {MODELLED} times")
 if not diff.latency:
-    print("no latency percentiles to compare: a run without request latencies (a cache-only run has no clock)")
+    print("no latency percentiles to compare: not both runs have request latencies (a cache-only run has no clock; "
+          "a live capture or an empty trace has no requests)")
 latency
 
 # %% [markdown]
@@ -213,8 +214,8 @@ if per_req.height:
     print(f"{r.gained} requests gained cached tokens, {r.lost} lost, {r.requests - r.gained - r.lost} unchanged "
           f"of {r.requests} common requests (net {r.cached_tokens_delta:+d} tokens)")
 else:  # (0 gained, 0 lost, 0 unchanged read as a comparison that found no change)
-    print("no request is in both runs with its cached tokens (a cache-only run records no request spans): "
-          "no per-request comparison")
+    print("no request is in both runs with its cached tokens (cache-only runs and live captures record no "
+          "request spans): no per-request comparison")
 if r.only_a or r.only_b:
     print(f"requests only in A: {r.only_a}, only in B: {r.only_b}")
 per_req.head(20)
