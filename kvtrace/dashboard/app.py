@@ -11,9 +11,8 @@ from pathlib import Path
 
 import streamlit as st
 
-from kvtrace.dashboard import queries, state
+from kvtrace.dashboard import queries, state, ui
 from kvtrace.errors import KVTraceError
-from kvtrace.names import markdown_code, markdown_literal
 
 HERE = Path(__file__).parent
 PAGES = [
@@ -41,7 +40,7 @@ with st.sidebar:
     st.divider()
     db = state.db_path()
     shown = state.shown_db(db) if db else ""  # (a server URL's password is never shown)
-    st.caption(f"database: {markdown_code(shown)}" if shown else "database: none")
+    st.caption(f"database: {ui.code(shown)}" if shown else "database: none")
     if st.button("Refresh", icon=":material/refresh:", help="Re-read the store (a replay may still be writing it)"):
         state.bump_refresh()
 
@@ -58,19 +57,19 @@ if queries.open_store(db):
         # A link names a run this store does not hold (pasted into another database, or the
         # run is gone): say so; showing another run in its place would mislead.
         st.title("Run not found")
-        runs_command = markdown_code(f"kvtrace runs --db {shlex.quote(shown)}")  # (a command to paste)
-        st.warning(f"Run {markdown_code(missing)} from the link is not in {markdown_code(shown)}: nothing is shown in "
-                   f"its place. Pick a run in the sidebar, or list them with {runs_command}.",
+        runs_command = ui.code(f"kvtrace runs --db {shlex.quote(shown)}")  # (a command to paste)
+        st.warning(f"Run {ui.code(missing)} from the link is not in {ui.code(shown)}: nothing is shown in its "
+                   f"place. Pick a run in the sidebar, or list them with {runs_command}.",
                    icon=":material/link_off:")
     else:
         queries.context()["run_id"] = run_id
         try:
             page.run()
         except KVTraceError as err:  # the store's one-line user errors
-            st.error(markdown_literal(err))
+            st.error(ui.literal(err))
         except Exception as err:  # never a traceback in the browser; the tests assert no st.error
             first = str(err).splitlines()[0] if str(err) else ""
-            st.error(markdown_literal(f"{shown}: this page could not read the store ({type(err).__name__}: {first}).")
+            st.error(ui.literal(f"{shown}: this page could not read the store ({type(err).__name__}: {first}).")
                      + " Press Refresh; if it persists, the store may come from another kvtrace version.")
 
 with nav:

@@ -26,7 +26,6 @@ from kvtrace.compare.model import RunDiff
 from kvtrace.compare.source import diff_runs
 from kvtrace.dashboard import DB_ENV, run_config, state, ui
 from kvtrace.errors import KVTraceError
-from kvtrace.names import markdown_code, markdown_literal
 from kvtrace.store import read
 from kvtrace.store.backend import is_clickhouse
 from kvtrace.store.schema import SUMMARY_FIELDS, SUMMARY_NOTHING_RECEIVED
@@ -137,18 +136,18 @@ def open_store(db: str | None) -> bool:
         st.error(f"No database given: start with `kvtrace dashboard --db PATH` (or set {DB_ENV}).")
         return False
     if not is_clickhouse(db) and not Path(db).exists():  # (a directory: the store's own line says so)
-        st.error(f"{markdown_literal(db)}: no such database file. Create it with `kvtrace demo` or "
-                 f"{markdown_code(f'kvtrace replay TRACE --db {shlex.quote(db)}')}.")
+        st.error(f"{ui.literal(db)}: no such database file. Create it with `kvtrace demo` or "
+                 f"{ui.code(f'kvtrace replay TRACE --db {shlex.quote(db)}')}.")
         return False
     key = _key(db)
     try:
         frame = _runs(db, key)
     except KVTraceError as err:
-        st.error(markdown_literal(err))
+        st.error(ui.literal(err))
         return False
     except Exception as err:  # a foreign or damaged file must not show a traceback
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
-        st.error(markdown_literal(f"{state.shown_db(db)}: cannot read as a kvtrace store ({first})"))
+        st.error(ui.literal(f"{state.shown_db(db)}: cannot read as a kvtrace store ({first})"))
         return False
     st.session_state[CTX_KEY] = {"db": db, "runs": frame, "key": key}
     if frame.height == 0:
@@ -213,7 +212,7 @@ def times_caption(run_id: str) -> str:
     """'modelled by cost model X' (issue 18: every latency view says where its times come from)."""
     model = cost_model(run_id)
     if model:
-        return f"{metrics.MODELLED} by cost model {markdown_code(model)} (virtual time, not measured)"
+        return f"{metrics.MODELLED} by cost model {ui.code(model)} (virtual time, not measured)"
     return "no times: this run has no clock (cache-only or foreign run)"
 
 

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
 import math
+import re
 from typing import Any
 
 import plotly.graph_objects as go
 import polars as pl
 import streamlit as st
 
-from kvtrace.names import plotly_literal
+from kvtrace.names import markdown_code, markdown_literal, plotly_literal, printable
 
 FILL_RUN = "`kvtrace demo`, or `kvtrace replay TRACE --db PATH`"
 FILL_SMALL_CACHE = ("a run whose cache is smaller than its working set, e.g. "
@@ -20,6 +22,38 @@ def fill_belady(blocks: int, block_size: int) -> str:
     """The replay that records a Belady bound of ``blocks`` blocks of ``block_size`` tokens."""
     return (f"`kvtrace replay TRACE --db PATH --mode cache-only --policy belady "
             f"--capacity-blocks {blocks} --block-size {block_size}`")
+
+
+# What Streamlit's markdown (1.67, StreamlitMarkdown) rewrites in text however it was
+# escaped, since it works on the parsed text: ':streamlit:' becomes its logo (an image),
+# ':material_NAME:' an icon, a ':NAME:' an emoji wherever the element's source holds a
+# shortcode (a code span's, say), and a standalone '->', '<-', '<->', '--', '>=', '<=' or
+# '~=' an arrow or sign. A word joiner (U+2060, zero width) after the first character of
+# each keeps the text as typed.
+_SHORTCODE = re.compile(r"(?<=:)(?=[\w+-]+:)")
+_SIGN = re.compile(r"(?:^|(?<=\s))(?:<->|->|<-|--|>=|<=|~=)(?=\s|$)")
+_JOINER = "\u2060"
+# Before parsing, Streamlit replaces ':material/' with ':material_' everywhere, code spans included.
+_MATERIAL = ":material/"
+
+
+def literal(text: object) -> str:
+    """A user's or a sender's text (a run's name, an id, a link's value) inside Streamlit
+    markdown, shown as typed: ``names.markdown_literal``, and none of what Streamlit's
+    markdown rewrites after parsing (above). Every page's text goes through here or ``code``."""
+    text = printable(text)
+    cuts = sorted({m.start() for m in _SHORTCODE.finditer(text)} | {m.start() + 1 for m in _SIGN.finditer(text)})
+    if not cuts:
+        return markdown_literal(text)
+    bounds = [0, *cuts, len(text)]
+    return _JOINER.join(markdown_literal(text[a:b]) for a, b in itertools.pairwise(bounds))
+
+
+def code(text: object) -> str:
+    """The text as one inline code span (``names.markdown_code``: ids, paths, commands to
+    paste), which Streamlit shows as typed unless it holds ':material/': that one as
+    ``literal`` text instead."""
+    return literal(text) if _MATERIAL in printable(text) else markdown_code(text)
 
 
 def empty(what: str, command: str = FILL_RUN) -> None:

@@ -12,8 +12,6 @@ from kvtrace import metrics
 from kvtrace.compare import pairing
 from kvtrace.compare.render import fmt, to_markdown
 from kvtrace.dashboard import charts, queries, state, ui
-from kvtrace.names import markdown_code as code
-from kvtrace.names import markdown_literal as md
 
 # (label, summary metric, kind, higher is better)
 TILES = [
@@ -46,23 +44,23 @@ def main() -> None:
     missing = state.unknown_value("b", ids)
     if missing is not None:
         known = missing in set(queries.runs()["run_id"].to_list())
-        st.warning(f"Run {code(missing)} (B, from the link) is "
+        st.warning(f"Run {ui.code(missing)} (B, from the link) is "
                    + ("A itself" if missing == run_a else "not a run of the same trace as A" if known
-                      else f"not in {code(db)}")
+                      else f"not in {ui.code(db)}")
                    + ": nothing is shown in its place. Pick B below.", icon=":material/link_off:")
     if not ids:
-        ui.empty(f"No other run of the same trace as {code(run_a)} to compare with.",
-                 code(pairing.study_command(queries.run_row(run_a), db)))
+        ui.empty(f"No other run of the same trace as {ui.code(run_a)} to compare with.",
+                 ui.code(pairing.study_command(queries.run_row(run_a), db)))
         return
     default = None if missing is not None else queries.default_partner(run_a)
     if default is None and missing is None:
         st.info("No run of the same trace, mode and capacity differs from A in exactly one setting. Make a pair "
-                f"with {code(pairing.study_command(queries.run_row(run_a), db))}, or pick a B below (its differences "
-                "are listed).", icon=":material/info:")
+                f"with {ui.code(pairing.study_command(queries.run_row(run_a), db))}, or pick a B below (its "
+                "differences are listed).", icon=":material/info:")
     labels = dict(zip(queries.runs()["run_id"], queries.runs()["label"]))
     label = lambda r: str(labels.get(r, r))  # pure: AppTest calls it outside the script
     c = st.columns(2)
-    c[0].markdown(f"**A** (sidebar run): {md(label(run_a))}")
+    c[0].markdown(f"**A** (sidebar run): {ui.literal(label(run_a))}")
     with c[1]:
         run_b = state.bound_select("B", ids, "b", default=default, format_func=label, unknown="none",
                                    placeholder="pick a run of the same trace")
@@ -70,17 +68,17 @@ def main() -> None:
         return
     a, b = queries.run_row(run_a), queries.run_row(run_b)
     diffs = pairing.differences(a, b)
-    st.caption("Settings that differ: " + ("; ".join(map(md, diffs)) if diffs else "none"))
+    st.caption("Settings that differ: " + ("; ".join(map(ui.literal, diffs)) if diffs else "none"))
     bad = pairing.mismatches(a, b)
     if bad:
         st.warning("Not an isolated measurement: A and B differ in "
-                   + ("nothing the store records" if not bad else "; ".join(map(md, bad)))
+                   + ("nothing the store records" if not bad else "; ".join(map(ui.literal, bad)))
                    + ". A comparison isolates one change when the runs share trace, mode and capacity and differ "
                      "in exactly one setting.", icon=":material/warning:")
 
     diff = queries.run_diff(run_a, run_b)
     for note in diff.notes:  # (kvtrace diff prints the same)
-        st.warning(md(note), icon=":material/warning:")
+        st.warning(ui.literal(note), icon=":material/warning:")
     ci = {s.name: s for s in diff.latency}
     cols = st.columns(5)
     for i, (name, key, kind, better) in enumerate(TILES):
@@ -135,7 +133,7 @@ def main() -> None:
     with st.expander("Copy as Markdown (the same text as `kvtrace diff --markdown`)"):
         st.code(to_markdown(diff), language="markdown")
         command = " ".join(map(shlex.quote, ("kvtrace", "diff", run_a, run_b, "--db", db, "--markdown")))
-        st.caption(f"{code(command)} prints this text.")  # (quoted: ids and paths may hold spaces)
+        st.caption(f"{ui.code(command)} prints this text.")  # (quoted: ids and paths may hold spaces)
 
     req = queries.request_diff(run_a, run_b)
     if req.height and not (req["cached_delta"] != 0).any():
@@ -147,7 +145,7 @@ def main() -> None:
     ui.chart(charts.request_delta(req),
              "Cached tokens (local + external hits at first schedule) of each request in B minus in A: green bars "
              "gained cache hits, red bars lost them.",
-             empty_what=(f"No per-request cached tokens in {' and '.join(map(code, silent))}: "
+             empty_what=(f"No per-request cached tokens in {' and '.join(map(ui.code, silent))}: "
                          f"{'they record' if len(silent) > 1 else 'it records'} no request spans (cache-only runs have "
                          "none)." if silent else "The two runs share no request ids."),
              command="two engine runs of the same trace, e.g. `kvtrace replay TRACE --db PATH` and `kvtrace replay "

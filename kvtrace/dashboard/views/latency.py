@@ -6,7 +6,6 @@ import streamlit as st
 
 from kvtrace import metrics
 from kvtrace.dashboard import charts, queries, state, ui
-from kvtrace.names import markdown_code
 
 
 def main() -> None:
@@ -73,7 +72,7 @@ def main() -> None:
         info = {r["request_id"]: r for r in reqs.iter_rows(named=True)}
         missing = state.unknown_value("request", options)
         if missing is not None:  # (request_choices adds a linked request that exists)
-            st.warning(f"Request {markdown_code(missing)} from the link is not in this run: the slowest one is shown "
+            st.warning(f"Request {ui.code(missing)} from the link is not in this run: the slowest one is shown "
                        "instead.", icon=":material/link_off:")
         rid = str(state.bound_select(  # options: not empty
             "Request (slowest TTFT first)", options, "request",
@@ -82,7 +81,7 @@ def main() -> None:
         ui.chart(charts.waterfall(queries.call("request_waterfall", run_id, rid), rid),
                  "One request on virtual time: queue, prefill chunks and decode as bars; the cache lookup that "
                  "admitted it (one mark per cache hit), CoW copies and the evictions it caused as marks.",
-                 empty_what=f"No spans for request {rid}.", key="waterfall")
+                 empty_what=f"No spans for request {ui.code(rid)}.", key="waterfall")
         ui.table(reqs.filter(pl.col("request_id") == rid),
                  "This request's tokens (prompt, local and external hits at first schedule, cached = both, computed) "
                  f"and TTFT in ns of {metrics.MODELLED} time.",

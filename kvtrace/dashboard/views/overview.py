@@ -7,8 +7,6 @@ import streamlit as st
 
 from kvtrace import metrics
 from kvtrace.dashboard import queries, ui
-from kvtrace.names import markdown_code as code
-from kvtrace.names import markdown_literal as md
 from kvtrace.store.schema import SUMMARY_NOTHING_RECEIVED
 
 ctx = queries.context()
@@ -19,17 +17,18 @@ s = queries.summary(run_id)
 st.title("Overview")
 # names, ids and paths as they are: a collected run's id is whatever its sender chose
 st.markdown(
-    f"**{md(row.get('name') or run_id)}** · run {code(run_id)} · trace {code(row.get('trace_source') or '–')} · "
-    f"mode {code(row.get('mode') or '–')} · backend {code(row.get('backend') or 'kvtrace')} · "
-    f"status **{md(row.get('status'))}**  \nbehaviours on: {md(row.get('behaviours_on') or 'none')}"
-    + (f" · **off: {md(row['behaviours_off'])}**" if row.get("behaviours_off") else "")
+    f"**{ui.literal(row.get('name') or run_id)}** · run {ui.code(run_id)} · "
+    f"trace {ui.code(row.get('trace_source') or '–')} · mode {ui.code(row.get('mode') or '–')} · "
+    f"backend {ui.code(row.get('backend') or 'kvtrace')} · "
+    f"status **{ui.literal(row.get('status'))}**  \nbehaviours on: {ui.literal(row.get('behaviours_on') or 'none')}"
+    + (f" · **off: {ui.literal(row['behaviours_off'])}**" if row.get("behaviours_off") else "")
 )
 if row.get("status") == "running":
     st.warning("This run is still being written by a replay: press **Refresh** in the sidebar for newer data.",
                icon=":material/sync:")
 elif row.get("status") in ("failed", "incomplete"):
-    st.warning(f"This run is **{md(row.get('status'))}**: it stopped early, and only the spans flushed before that are "
-               "shown.")
+    st.warning(f"This run is **{ui.literal(row.get('status'))}**: it stopped early, and only the spans flushed before "
+               "that are shown.")
 if row.get(SUMMARY_NOTHING_RECEIVED):
     st.warning("Nothing received: this live capture recorded no events (no publisher reached, or an idle server).",
                icon=":material/signal_disconnected:")

@@ -4,7 +4,6 @@ import polars as pl
 import streamlit as st
 
 from kvtrace.dashboard import charts, queries, state, ui
-from kvtrace.names import markdown_code, markdown_literal
 
 ctx = queries.context()
 run_id = ctx["run_id"]
@@ -45,11 +44,11 @@ else:
                               f"{ui.short_hash(rows[k]['block_hash'])} · t={rows[k]['time_ns'] / 1e6:,.3f} ms")
     r = rows[chosen]
     c = st.columns(4)
-    c[0].metric("Request", markdown_literal(r["request_id"] or "–"))  # (a metric's value is markdown)
+    c[0].metric("Request", ui.literal(r["request_id"] or "–"))  # (a metric's value is markdown)
     c[1].metric("Block id (group)", f"{r['block_id']} (g{r['group_id']})")
     c[2].metric("Expected fingerprint", ui.fingerprint(r["expected_fingerprint"]))
     c[3].metric("Actual fingerprint", ui.fingerprint(r["actual_fingerprint"]))
-    st.markdown(f"hash {markdown_code(r['block_hash'])} · claims a {r['num_tokens']}-token prefix · found at "
+    st.markdown(f"hash {ui.code(r['block_hash'])} · claims a {r['num_tokens']}-token prefix · found at "
                 f"{r['time_ns'] / 1e6:,.3f} ms")
     chain = queries.call("stale_hash_chain", run_id, r["block_hash"], group_id=r["group_id"])
     fp = [pl.col(c).map_elements(ui.fingerprint, return_dtype=pl.String) for c in FINGERPRINTS]
