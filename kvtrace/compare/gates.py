@@ -107,7 +107,8 @@ def check_fail_if(diff: RunDiff, gates: Iterable[str]) -> list[str]:
 def _rounding(a: float, b: float, gate: Gate) -> float:
     """How far float rounding can move a computed change from the exact one: a few ulps of
     the values it was computed from (each a rounded rate or interpolated percentile) and of
-    the threshold. Far below any change a gate is written for, and below 1 for any count."""
+    the threshold. Far below any change a gate is written for, and below 1 for any count
+    under 10**14."""
     scale = max(abs(a), abs(b))
     if gate.relative:
         scale /= abs(a)  # (a != 0: a relative change exists)
