@@ -176,3 +176,26 @@ def test_capture_rows_reach_a_real_store(tmp_path):
             cap.close()
     assert cap.stats.bad_messages == len(bad) and cap.stats.batches == 1
     assert count_spans(path, run_id) == 2  # the batch's step span and its one event
+
+
+# -- regressions the fuzzer found ------------------------------------------------------------------
+def test_a_ts_that_rounds_past_the_stores_ns_is_refused_as_ts():
+    """The largest ts below (2^63 - 1) / 1e9 s passed the wire's check and was 2^63 ns once
+    rounded by the rows: refused there as "start time ...", naming no ts."""
+    from kvtrace.errors import KVTraceError
+    from kvtrace.instrument.vllm.wire import _MAX_TS_S, VllmWireError
+
+    stored = ["BlockStored", [1], None, [1], 1, None, "GPU", None]
+    with pytest.raises(VllmWireError) as info:
+        decode_kv_batch(msgspec.msgpack.encode([_MAX_TS_S, [stored]]))
+    one_line_error(info.value, "vLLM KV event batch: ts must be seconds")
+    below = math.nextafter(_MAX_TS_S, 0)
+    while True:  # the largest ts the wire takes: the rows store it
+        try:
+            b, _ = decode_kv_batch(msgspec.msgpack.encode([below, [stored]]))
+            break
+        except KVTraceError:
+            below = math.nextafter(below, 0)
+    rows = new_rows()
+    rows.add(0, b)
+    assert rows.take().num_rows == 2

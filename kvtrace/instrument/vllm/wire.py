@@ -99,7 +99,11 @@ def _ts(v: Any) -> float:
     """A batch's ts (unix seconds) that the store can hold as ns."""
     if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= _MAX_TS_S and \
             (not isinstance(v, float) or math.isfinite(v)):
-        return float(v)
+        seconds = float(v)
+        # in ns as the rows make it (round(ts * 1e9)): the largest seconds below the bound
+        # round up to 2^63, which the store refused naming no ts
+        if round(seconds * 1e9) <= _I64[1]:
+            return seconds
     raise VllmWireError(f"vLLM KV event batch: ts must be seconds from 0 to {_MAX_TS_S:.4g}, got {v!r}"[:200])
 
 
