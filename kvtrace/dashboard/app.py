@@ -58,8 +58,8 @@ if queries.open_store(db):
         # run is gone): say so; showing another run in its place would mislead.
         st.title("Run not found")
         runs_command = ui.code(f"kvtrace runs --db {shlex.quote(shown)}")  # (a command to paste)
-        st.warning(f"Run {ui.code(missing)} from the link is not in {ui.code(shown)}: nothing is shown in its "
-                   f"place. Pick a run in the sidebar, or list them with {runs_command}.",
+        st.warning(f"Run {state.link_value(missing or '')} from the link is not in {ui.code(shown)}: nothing is "
+                   f"shown in its place. Pick a run in the sidebar, or list them with {runs_command}.",
                    icon=":material/link_off:")
     else:
         queries.context()["run_id"] = run_id

@@ -14,7 +14,7 @@ from typing import TypeVar
 import polars as pl
 import streamlit as st
 
-from kvtrace.dashboard import DB_ENV
+from kvtrace.dashboard import DB_ENV, ui
 
 REFRESH_KEY = "kvtrace_refresh"
 T = TypeVar("T")
@@ -109,6 +109,28 @@ def unknown_value(param: str, options: Sequence[object]) -> str | None:
     return wanted if wanted is not None and wanted not in {str(o) for o in options} else None
 
 
+LINK_SHOWN = 120  # characters of a link's value a message quotes (a URL can carry 100,000)
+
+
+def link_value(value: str) -> str:
+    """A value from the URL as a message quotes it: ``ui.code``, its first LINK_SHOWN
+    characters and its length when longer, '(empty)' when empty."""
+    if not value:
+        return "(empty)"
+    if len(value) > LINK_SHOWN:
+        return f"{ui.code(value[:LINK_SHOWN])}… ({len(value):,} characters)"
+    return ui.code(value)
+
+
+def warn_unknown(param: str, options: Sequence[object], what: str, instead: str, where: str = "this run") -> None:
+    """A warning when ``?param=`` names none of ``options`` (``unknown_value``), before a
+    ``bound_select`` replaces it: '{what} X from the link is not in {where}: {instead}'."""
+    missing = unknown_value(param, options)
+    if missing is not None:
+        st.warning(f"{what} {link_value(missing)} from the link is not in {where}: {instead}",
+                   icon=":material/link_off:")
+
+
 def bound_toggle(label: str, param: str, *, help: str | None = None) -> bool:
     """A checkbox bound to ``?param=1`` (absent: off)."""
     on = st.checkbox(label, value=st.query_params.get(param) == "1", key=f"qp_{param}", help=help)
@@ -124,15 +146,29 @@ def bound_window(label: str, t_max_s: float) -> tuple[float, float]:
     t_max_s = float(t_max_s) if t_max_s and math.isfinite(t_max_s) and t_max_s > 0 else 1.0
     hi = _round_up(t_max_s)
 
+    ignored: list[str] = []  # the link's values that are no number of seconds
+
     def read(name: str, fallback: float) -> float:
-        try:
-            v = float(st.query_params.get(name, fallback))
-        except ValueError:
+        text = st.query_params.get(name)
+        if text is None:
             return fallback
-        return min(max(v, 0.0), hi) if math.isfinite(v) else fallback
+        try:
+            v = float(text)
+        except ValueError:
+            v = math.nan
+        if not math.isfinite(v):
+            ignored.append(f"{name}={link_value(text)}")
+            return fallback
+        return min(max(v, 0.0), hi)
 
     t0, t1 = read("t0", 0.0), read("t1", hi)
+    if ignored:
+        st.warning(f"Time window {', '.join(ignored)} from the link is not a number of seconds: ignored.",
+                   icon=":material/link_off:")
     if t1 <= t0:
+        if "t0" in st.query_params or "t1" in st.query_params:
+            st.warning(f"The time window from the link holds nothing of this run (0 to {hi:g} s): the whole run is "
+                       "shown.", icon=":material/link_off:")
         t0, t1 = 0.0, hi
     key = "qp_window"
     if key in st.session_state:

@@ -71,3 +71,11 @@ def test_a_store_without_curves_names_the_command(replayed_store, monkeypatch):
     at = render(replayed_store.path, monkeypatch)
     assert any("kvtrace curve TRACE --db PATH" in i.value for i in at.info)
     assert not at.get("plotly_chart")
+
+
+def test_a_linked_curve_that_is_not_in_the_store_is_named_not_silently_replaced(capacity_db, monkeypatch):
+    db, cache_only, *_ = capacity_db
+    at = render(db, monkeypatch, run=cache_only.run_id, curve="curve-gone")
+    assert [w.value for w in at.warning] == [
+        "Curve `curve-gone` from the link is not in this store: the newest of this run's trace is shown instead."]
+    assert traces(at)["LRU"]["x"] == [100, 200, 400]  # the run's own curve, in its place

@@ -1,4 +1,5 @@
-"""Hostile text on the pages: what Streamlit's own markdown rewrites."""
+"""Hostile text on the pages: what Streamlit's own markdown rewrites, and links whose
+values name nothing (empty, unknown, 100,000 characters, not a number)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from apptest import render
 from markdown_it import MarkdownIt
 
 from kvtrace.dashboard import ui
+from kvtrace.store import read
 from tests.support.markdown import shown
 
 # What Streamlit 1.67's markdown rewrites after parsing, in text outside code spans, however
@@ -60,3 +62,44 @@ def test_names_ids_and_links_reach_streamlit_with_nothing_it_rewrites(tmp_path, 
             assert not streamlit_rewrites(el.value), el.value
             whole += shown(el.value).replace("\u2060", "").count(PLUGINS)
     assert whole >= 6  # the overview's name, id, trace, cost model, behaviours; the unknown run's warning
+
+
+def test_a_link_value_is_quoted_whole_or_cut_and_an_empty_one_is_named(stale_db, monkeypatch):
+    long = "x" * 100_000
+    at = render(stale_db, monkeypatch, run=long)
+    (warning,) = [shown(w.value) for w in at.warning]
+    assert warning.startswith(f"Run {'x' * 120}… (100,000 characters) from the link is not in")
+    at = render(stale_db, monkeypatch, run="")
+    (warning,) = [shown(w.value) for w in at.warning]
+    assert warning.startswith("Run (empty) from the link is not in")
+    assert not at.metric  # no run shown in its place
+
+
+def _warnings(at) -> list[str]:
+    return [shown(w.value) for w in at.warning]
+
+
+def test_a_linked_stale_hash_or_group_that_is_not_in_the_run_is_named(stale_db, monkeypatch):
+    run = next(r for r in read.runs(stale_db)["run_id"] if read.stale_hashes(stale_db, r).height)
+    at = render(stale_db, monkeypatch, "stale", run=run, stale="no-such-hash")
+    assert "Stale hash no-such-hash from the link is not in this run: the first one a request wrote is shown " \
+           "instead." in _warnings(at)
+    at.run()  # the link now names the hash shown: said once
+    assert not _warnings(at)
+    at = render(stale_db, monkeypatch, "hit_rate", run=run, group="7")
+    assert "KV group 7 from the link is not in this run: every group is shown instead." in _warnings(at)
+    assert at.query_params["group"] in ("each", ["each"])
+
+
+@pytest.mark.parametrize(("t0", "t1", "said"), [
+    ("abc", None, "Time window t0=abc from the link is not a number of seconds: ignored."),
+    ("1", "nan", "Time window t1=nan from the link is not a number of seconds: ignored."),
+    ("1e400", "inf", "Time window t0=1e400, t1=inf from the link is not a number of seconds: ignored."),
+    ("1e9", None, "The time window from the link holds nothing of this run"),
+])
+def test_a_linked_time_window_that_is_no_window_is_named(stale_db, monkeypatch, t0, t1, said):
+    run = next(iter(read.runs(stale_db)["run_id"]))
+    params = {"t0": t0} | ({"t1": t1} if t1 is not None else {})
+    at = render(stale_db, monkeypatch, "hit_rate", run=run, **params)
+    assert any(w.startswith(said) for w in _warnings(at)), _warnings(at)
+    assert not at.error

@@ -22,6 +22,8 @@ def main() -> None:
               for r in curves.iter_rows(named=True)}
     digest = queries.run_row(run_id).get("trace_digest")
     of_run = curves.filter(pl.col("trace_digest") == digest)["curve_id"].to_list()
+    newest = "the newest of this run's trace" if of_run else "the newest one"
+    state.warn_unknown("curve", curves["curve_id"].to_list(), "Curve", f"{newest} is shown instead.", "this store")
     curve_id = state.bound_select("Curve", curves["curve_id"].to_list(), "curve",
                                   default=of_run[0] if of_run else None, format_func=lambda c: labels.get(c, c))
     if not of_run:

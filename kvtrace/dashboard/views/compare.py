@@ -44,7 +44,7 @@ def main() -> None:
     missing = state.unknown_value("b", ids)
     if missing is not None:
         known = missing in set(queries.runs()["run_id"].to_list())
-        st.warning(f"Run {ui.code(missing)} (B, from the link) is "
+        st.warning(f"Run {state.link_value(missing)} (B, from the link) is "
                    + ("A itself" if missing == run_a else "not a run of the same trace as A" if known
                       else f"not in {ui.code(db)}")
                    + ": nothing is shown in its place. Pick B below.", icon=":material/link_off:")

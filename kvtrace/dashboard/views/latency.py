@@ -70,10 +70,8 @@ def main() -> None:
     else:
         options = reqs["request_id"].to_list()
         info = {r["request_id"]: r for r in reqs.iter_rows(named=True)}
-        missing = state.unknown_value("request", options)
-        if missing is not None:  # (request_choices adds a linked request that exists)
-            st.warning(f"Request {ui.code(missing)} from the link is not in this run: the slowest one is shown "
-                       "instead.", icon=":material/link_off:")
+        # (request_choices adds a linked request that exists)
+        state.warn_unknown("request", options, "Request", "the slowest one is shown instead.")
         rid = str(state.bound_select(  # options: not empty
             "Request (slowest TTFT first)", options, "request",
             format_func=lambda x: f"{x} · TTFT {(info[x]['ttft_ns'] or 0) / 1e6:.1f} ms · "

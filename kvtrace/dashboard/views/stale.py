@@ -38,6 +38,8 @@ else:
     rows = {r["key"]: r for r in stale.iter_rows(named=True)}
     # the default drill-down is a stale hash some request wrote: its chain has a story to tell
     with_request = [k for k in keys if rows[k]["request_id"] is not None]
+    state.warn_unknown("stale", keys, "Stale hash", "the first one "
+                       + ("a request wrote" if with_request else "found") + " is shown instead.")
     chosen = state.bound_select(
         "Stale hash", keys, "stale", default=with_request[0] if with_request else None,
         format_func=lambda k: f"{rows[k]['request_id'] or 'no request'} · block {rows[k]['block_id']} · "
