@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import polars as pl
@@ -329,6 +330,7 @@ def test_waterfall_marks_one_cache_hit_per_request_not_every_repeated_lookup(das
 
 
 def test_compare_page_deltas_ci_cdfs_and_markdown_are_kvtrace_diffs(dashboard_db, monkeypatch):
+    from kvtrace.compare.render import fmt
     from kvtrace.compare.source import diff_runs
 
     run_on, run_off = on_off(dashboard_db)
@@ -341,11 +343,20 @@ def test_compare_page_deltas_ci_cdfs_and_markdown_are_kvtrace_diffs(dashboard_db
     d = s_off["prefix_cache_hit_rate"] - s_on["prefix_cache_hit_rate"]
     assert m["Prefix cache hit rate (B)"].proto.delta == ui.pp(d) and d < 0  # pinning off loses hits
     assert m["Prefix cache hit rate (B)"].value == ui.pct(s_off["prefix_cache_hit_rate"])
-    # the CLI's bootstrap CI on a latency delta
+    # the CLI's bootstrap CI on a latency delta, where it gives one (the median's is its p50's)
     diff = diff_runs(dashboard_db, run_on, run_off)
-    p99 = next(x for x in diff.latency if x.name == "p99_ttft_ms")
-    assert "95% bootstrap CI" in m["TTFT p99 (modelled) (B)"].help and f"{p99.ci_low:+.4f}"[:4] in \
-        m["TTFT p99 (modelled) (B)"].help
+    shifts = {x.name: x for x in diff.latency}
+    with_ci = 0
+    for tile, name in (("TTFT median", "p50_ttft_ms"), ("TTFT p99", "p99_ttft_ms"), ("ITL median", "p50_itl_ms"),
+                       ("ITL p99", "p99_itl_ms")):
+        helptext, ci = m[f"{tile} (modelled) (B)"].help, shifts[name]
+        if math.isnan(ci.ci_low):
+            assert "bootstrap CI" not in helptext, tile
+        else:
+            with_ci += 1
+            assert f"95% bootstrap CI of B − A: [{fmt(ci.ci_low, signed=True)}, {fmt(ci.ci_high, signed=True)}] ms" \
+                in helptext, tile
+    assert with_ci >= 1
     assert {"A pinning on", f"B {read.run(dashboard_db, run_off)['name']}"} <= names(at)
     titles = {json.loads(el.proto.spec)["layout"]["title"]["text"] for el in at.get("plotly_chart")}
     assert {"TTFT CDF, A vs B", "ITL CDF, A vs B"} <= titles
@@ -361,7 +372,8 @@ def test_compare_page_deltas_ci_cdfs_and_markdown_are_kvtrace_diffs(dashboard_db
     on, off = (set(read.run(dashboard_db, r)["behaviours"]) for r in (run_on, run_off))
     (differ,) = sorted(on ^ off)
     assert any(shown(c.value) == f"Settings that differ: behaviour {differ}: A on → B off" for c in at.caption)
-    assert not at.warning  # one setting, same mode and capacity: an isolated measurement
+    # one setting, same mode and capacity: an isolated measurement; warned of only what kvtrace diff notes
+    assert [shown(w.value) for w in at.warning] == diff.notes
     a = read.per_request_hits(dashboard_db, run_on)
     b = read.per_request_hits(dashboard_db, run_off)
     joined = a.join(b, on="request_id", suffix="_b").sort("request_id")
@@ -411,8 +423,7 @@ def test_compare_without_a_one_setting_partner_says_so_and_names_the_study_comma
     assert "b" not in at.query_params and not at.metric  # nothing picked for the user
     # picking B anyway: a visible warning listing every difference
     at.selectbox(key="qp_b").select(two).run()
-    (warning,) = [shown(w.value) for w in at.warning]
-    assert "Not an isolated measurement" in warning
+    (warning,) = [shown(w.value) for w in at.warning if "Not an isolated measurement" in w.value]  # (and diff's notes)
     assert "behaviour shared-prefix-pinning: A on → B off" in warning and "retention_interval" in warning
 
 

@@ -79,7 +79,9 @@ def main() -> None:
     diff = queries.run_diff(run_a, run_b)
     for note in diff.notes:  # (kvtrace diff prints the same)
         st.warning(ui.literal(note), icon=":material/warning:")
-    ci = {s.name: s for s in diff.latency}
+    # kvtrace diff names a median's shift by its percentile (p50_ttft_ms), the tiles by the summary's key
+    ci = {s.name: s for s in diff.latency} | {s.name.replace("p50_", "median_", 1): s for s in diff.latency
+                                               if s.name.startswith("p50_")}
     cols = st.columns(5)
     for i, (name, key, kind, better) in enumerate(TILES):
         try:
