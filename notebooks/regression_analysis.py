@@ -59,6 +59,7 @@ from kvtrace.errors import KVTraceError
 from kvtrace.metrics import MODELLED, is_latency_key
 from kvtrace.names import printable
 from kvtrace.store import read as store
+from kvtrace.workload.lines import AtomicText
 
 
 def run_id_parameter(name, value):
@@ -75,6 +76,11 @@ if (db_path is None) != (run_a is None and run_b is None) or (run_a is None) != 
     # (a study into the given store added 4 runs to it; run ids without a store were ignored)
     raise KVTraceError(f"db_path {db_path!r}, run_a {run_a!r}, run_b {run_b!r}: give a store and both run ids, "
                        "or none of them for a study into a temporary store")
+# The RESULT file is checked before any work and written whole or not at all: a plain open() truncated
+# a result_path that was the store itself (every run gone) or the study's trace.
+result_sources = [p for p in (db_path, trace) if p]
+if result_path:
+    AtomicText(result_path, result_sources).check()
 if db_path is None:
     from kvtrace.compare.study import run_study
 
@@ -330,6 +336,6 @@ result = {
     "verdict": verdict,
 }
 if result_path:
-    with open(result_path, "w") as fh:
-        json.dump(result, fh, indent=2)
+    with AtomicText(result_path, result_sources) as fh:
+        fh.write(json.dumps(result, indent=2).encode())
 print("RESULT " + json.dumps(result, sort_keys=True))

@@ -51,6 +51,7 @@ import xxhash
 from kvtrace.errors import ConfigError, KVTraceError
 from kvtrace.replay.readers import open_trace
 from kvtrace.replay.run import RunSpec, run_replay
+from kvtrace.workload.lines import AtomicText
 
 
 def count_parameter(name, value):
@@ -68,6 +69,10 @@ if capacities is not None:
     # ascending and distinct: the summary reads the first as the smallest
     capacities = sorted({count_parameter("capacities", c) for c in capacities})
 
+# The RESULT file is checked before any work and written whole or not at all: a plain open() truncated
+# a result_path that was the trace itself.
+if result_path:
+    AtomicText(result_path, [trace_path] if trace_path else []).check()
 if trace_path is None:
     from kvtrace.replay.generate import write_generated
 
@@ -269,6 +274,6 @@ else:  # (90% of a best of 0 was reached at the smallest capacity: a knee where 
 print(f"Belady headroom at the smallest capacity ({capacities[0]} blocks): "
       f"{(result['belady_prefix_cache_hit_rate'][0] - result['lru_prefix_cache_hit_rate'][0]):+.4f}")
 if result_path:
-    with open(result_path, "w") as fh:
-        json.dump(result, fh, indent=2)
+    with AtomicText(result_path, [trace_path]) as fh:
+        fh.write(json.dumps(result, indent=2).encode())
 print("RESULT " + json.dumps(result, sort_keys=True))

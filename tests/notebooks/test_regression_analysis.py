@@ -132,3 +132,17 @@ def test_a_numeric_run_id_from_papermill_is_read_as_the_text_it_was(run_notebook
 
     with pytest.raises(PapermillExecutionError, match=re.escape("no run with id '12345'")):
         run_notebook("regression_analysis", db_path=str(cache_only_db), run_a=12345, run_b="r1")
+
+
+def test_a_result_path_that_is_the_store_is_refused_and_the_store_kept(run_notebook, cache_only_db, tmp_path):
+    """result_path was opened with open(..., 'w'): naming the store there replaced it with JSON."""
+    import shutil
+
+    from papermill.exceptions import PapermillExecutionError
+
+    db = tmp_path / "mine.duckdb"
+    shutil.copy(cache_only_db, db)
+    before = db.read_bytes()
+    with pytest.raises(PapermillExecutionError, match=re.escape(f"KVTraceError: {db}: is also {db}")):
+        run_notebook("regression_analysis", db_path=str(db), run_a="r1", run_b="r2", result_path=str(db))
+    assert db.read_bytes() == before

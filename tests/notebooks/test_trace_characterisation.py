@@ -98,3 +98,13 @@ def test_a_trace_without_reuse_is_said_to_hit_nothing(run_notebook, tmp_path):
     assert "LRU hits nothing at any capacity swept (2 to 8 blocks): no block is referenced twice" in printed
     assert "90% of its best" not in printed
     assert "inter-arrival CV: none" in printed and result["interarrival_cv"] is None
+
+
+def test_a_result_path_that_is_the_trace_is_refused_and_the_trace_kept(run_notebook, trace):
+    """result_path was opened with open(..., 'w'): naming the trace there replaced it with JSON."""
+    from papermill.exceptions import PapermillExecutionError
+
+    before = trace.read_bytes()
+    with pytest.raises(PapermillExecutionError, match=re.escape(f"KVTraceError: {trace}: is also {trace}")):
+        run_notebook("trace_characterisation", trace_path=str(trace), result_path=str(trace))
+    assert trace.read_bytes() == before
