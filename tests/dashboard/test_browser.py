@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -11,7 +12,9 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
@@ -51,30 +54,39 @@ def dashboard_command(db: str, port: int) -> list[str]:
     return [sys.executable, "-m", "kvtrace.dashboard", "--db", db, "--port", str(port)]
 
 
-@pytest.fixture(scope="module")
-def server(dashboard_db):
+@contextlib.contextmanager
+def serving(db: str, log_name: str = "dashboard-server.log") -> Iterator[str]:
+    """The dashboard served on ``db`` until the block ends: its base URL."""
     port = free_port()
     SHOTS.mkdir(parents=True, exist_ok=True)
-    with open(SHOTS.parent / "dashboard-server.log", "w") as log:
-        proc = subprocess.Popen(dashboard_command(dashboard_db, port), stdout=log, stderr=subprocess.STDOUT,
+    with open(SHOTS.parent / log_name, "w") as log:
+        proc = subprocess.Popen(dashboard_command(db, port), stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, cwd=ROOT)
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 90
-        while True:
-            try:
-                if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read() == b"ok":
-                    break
-            except OSError:
-                pass
-            assert proc.poll() is None, (SHOTS.parent / "dashboard-server.log").read_text()
-            assert time.monotonic() < deadline, "dashboard did not serve within 90 s"
-            time.sleep(0.3)
-        yield url
-        os.killpg(proc.pid, signal.SIGTERM)  # the launcher and the Streamlit server it started
         try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            while True:
+                try:
+                    if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read() == b"ok":
+                        break
+                except OSError:
+                    pass
+                assert proc.poll() is None, (SHOTS.parent / log_name).read_text()
+                assert time.monotonic() < deadline, "dashboard did not serve within 90 s"
+                time.sleep(0.3)
+            yield url
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)  # the launcher and the Streamlit server it started
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def server(dashboard_db):
+    with serving(dashboard_db) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -241,3 +253,26 @@ def test_a_link_to_an_unknown_run_shows_a_warning_naming_it(server, browser):
     wait_rendered(page, "Run not found")
     body = page.inner_text("body")
     assert "no-such-run" in body and "Prefix cache hit rate" not in body
+
+
+def test_names_are_drawn_as_typed_not_as_streamlits_logo_icons_emoji_or_arrows(browser, tmp_path):
+    """Streamlit's markdown rewrites the parsed text, escaped or not (':streamlit:', ':material_x:',
+    ':smile:' beside a code span's shortcode, ' -> '): AppTest cannot see it, a browser does."""
+    from test_hostile import PLUGINS, plugin_store
+
+    db = plugin_store(str(tmp_path / "plugins.duckdb"))
+    page = browser.new_page(viewport={"width": 1440, "height": 1000})
+    with serving(db, "dashboard-plugins-server.log") as url:
+        for path, text in ((f"/?run={quote(f'id {PLUGINS}')}", "behaviours on"),
+                           (f"/?run={quote(f'gone {PLUGINS}')}", "Run not found")):
+            page.goto(url + path)
+            wait_rendered(page, text)
+            drawn = page.evaluate("""() => {
+                const main = document.querySelector('[data-testid="stMain"]');
+                return {text: main.innerText,
+                        logos: main.querySelectorAll('img[alt="Streamlit logo"]').length,
+                        icons: main.querySelectorAll('[data-testid="stMarkdownContainer"] span[role="img"]').length};
+            }""")
+            assert drawn["logos"] == 0 and drawn["icons"] == 0, drawn
+            assert not re.search("[\U0001F604\u2192\u2190\u2194\u2014\u2265\u2264]", drawn["text"]), drawn["text"]
+            assert PLUGINS in drawn["text"].replace("\u2060", ""), drawn["text"]

@@ -31,6 +31,19 @@ def streamlit_rewrites(markdown: str) -> list[str]:
 PLUGINS = "n :streamlit: :material_home: :smile: a -> b -- c >= d <-> e :material/home: `t`"
 
 
+def plugin_store(db: str) -> str:
+    """Two runs whose name, id, trace, cost model and a behaviour hold PLUGINS."""
+    from kvtrace.store.writer import Store
+
+    with Store.open(db) as store:
+        for suffix in ("", " B"):
+            run = store.create_run(f"{PLUGINS}{suffix}", run_id=f"id {PLUGINS}{suffix}", mode="otlp",
+                                   trace_source=f"t {PLUGINS}", config={"cost_model": {"name": f"cm {PLUGINS}"}},
+                                   behaviours=[f"b {PLUGINS}", "x"])
+            store.finish_run(run)
+    return db
+
+
 @pytest.mark.parametrize("text", [PLUGINS, ":+1:", "x:y:z", "--", "<->", " -> ", ":material/x:", "gen:mixed"])
 def test_literal_and_code_leave_streamlit_nothing_to_rewrite(text):
     for markdown in (ui.literal(text), ui.code(text), f"a {ui.literal(text)} `:smile:` {ui.code(text)} b"):
@@ -43,15 +56,7 @@ def test_literal_and_code_leave_streamlit_nothing_to_rewrite(text):
 def test_names_ids_and_links_reach_streamlit_with_nothing_it_rewrites(tmp_path, monkeypatch):
     """A run's name, id, trace, backend, cost model and behaviours, and a link's run: no
     logo, icon, emoji or arrow made of them in the browser (Streamlit rewrites the parsed text)."""
-    from kvtrace.store.writer import Store
-
-    db = str(tmp_path / "plugins.duckdb")
-    with Store.open(db) as store:
-        for suffix in ("", " B"):
-            run = store.create_run(f"{PLUGINS}{suffix}", run_id=f"id {PLUGINS}{suffix}", mode="otlp",
-                                   trace_source=f"t {PLUGINS}", config={"cost_model": {"name": f"cm {PLUGINS}"}},
-                                   behaviours=[f"b {PLUGINS}", "x"])
-            store.finish_run(run)
+    db = plugin_store(str(tmp_path / "plugins.duckdb"))
     pages = [render(db, monkeypatch, run=f"id {PLUGINS}"),
              render(db, monkeypatch, "latency", run=f"id {PLUGINS}"),
              render(db, monkeypatch, "compare", run=f"id {PLUGINS}", b=f"id {PLUGINS} B"),
