@@ -46,13 +46,13 @@ def main(sig: str, when: str, n: str, limit: str, *argv: str) -> None:
             tick("commit")
         return rows
 
-    demo.run_replay = run_replay  # type: ignore[assignment]
+    demo.run_replay = run_replay
     specs = demo.demo_specs
 
     def demo_specs(*args, **kwargs):
         return specs(*args, **{**kwargs, "limit": int(limit)})
 
-    demo.demo_specs = demo_specs  # type: ignore[assignment]
+    demo.demo_specs = demo_specs
     Store.flush = committing_flush  # type: ignore[method-assign]
     Store.flush_if_due = committing_flush  # type: ignore[method-assign]  # a commit every hand-over
     sys.argv = ["kvtrace", *argv]
