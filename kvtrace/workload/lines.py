@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import hashlib
 import math
+import operator
 import os
 import re
 import stat
+import typing
 from collections.abc import Iterable, Iterator
 from decimal import Decimal
 from typing import BinaryIO, TypeVar
@@ -135,28 +138,56 @@ def decode_error(path: str, line: int | None, err: Exception) -> TraceFormatErro
 MAX_EXACT_FLOAT = 1 << 53
 
 
-def _integral_floats(value):
+def integral_floats(value):
     """``value`` (generic JSON) with each float that is an exact integer made an int."""
     if type(value) is float:
         return int(value) if value.is_integer() and abs(value) <= MAX_EXACT_FLOAT else value
     if type(value) is list:
-        return [_integral_floats(v) for v in value]
+        return [integral_floats(v) for v in value]
     if type(value) is dict:
-        return {k: _integral_floats(v) for k, v in value.items()}
+        return {k: integral_floats(v) for k, v in value.items()}
     return value
+
+
+def _lenient_type(tp):
+    """``tp`` with each int also taking a float, and each Struct its lenient twin."""
+    if tp is int:
+        return int | float
+    if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
+        return _lenient_struct(tp)
+    args = typing.get_args(tp)
+    if not args:
+        return tp
+    if typing.get_origin(tp) is list:
+        return list[_lenient_type(args[0])]
+    return functools.reduce(operator.or_, (_lenient_type(a) for a in args))  # a union
+
+
+@functools.cache
+def _lenient_struct(schema: type[msgspec.Struct]) -> type[msgspec.Struct]:
+    """A twin of ``schema`` whose int fields also take floats, keyed and checked as it is
+    (its unknown keys refused or skipped alike), so its errors name the same paths."""
+    fields = [(f.name, _lenient_type(f.type),
+               msgspec.field(default=f.default, name=f.encode_name) if f.default is not msgspec.NODEFAULT else
+               msgspec.field(default_factory=f.default_factory, name=f.encode_name)
+               if f.default_factory is not msgspec.NODEFAULT else msgspec.field(name=f.encode_name))
+              for f in msgspec.structs.fields(schema)]
+    return msgspec.defstruct("Lenient" + schema.__name__, fields,
+                             forbid_unknown_fields=schema.__struct_config__.forbid_unknown_fields)
 
 
 class LineDecoder:
     """A JSON decoder of ``schema`` (a msgspec Struct) whose integer fields also take
     integer-valued floats (1.0, 1e3: what pandas writes for an int column that once held a
     NaN). The strict decoder reads every line first; only a line it refuses for a float is
-    decoded again, generically, so traces of ints cost nothing more."""
+    decoded again, by a twin taking floats there, so traces of ints cost nothing more."""
 
-    __slots__ = ("decoder", "schema")
+    __slots__ = ("decoder", "lenient", "schema")
 
     def __init__(self, schema: type[T]):
         self.schema = schema
         self.decoder = msgspec.json.Decoder(schema)
+        self.lenient: msgspec.json.Decoder = msgspec.json.Decoder(_lenient_struct(schema))  # type: ignore[arg-type]
 
     def decode(self, text: str | bytes):
         try:
@@ -164,7 +195,10 @@ class LineDecoder:
         except msgspec.ValidationError as e:
             if "got `float`" not in str(e):
                 raise
-        return msgspec.convert(_integral_floats(msgspec.json.decode(text)), self.schema)
+        # (by the twin: every other fault named at its path as the strict decoder names it;
+        # a float that is no exact integer is then refused at its path by convert)
+        twin = self.lenient.decode(text)
+        return msgspec.convert(integral_floats(msgspec.to_builtins(twin)), self.schema)
 
 
 def typed_lines(path: str, schema: type[T]) -> Iterator[tuple[int, T]]:

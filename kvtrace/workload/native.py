@@ -56,6 +56,7 @@ from kvtrace.workload.lines import (
     check_hash_ids,
     check_int,
     decode_error,
+    integral_floats,
     numbered_lines,
 )
 from kvtrace.workload.request import TraceRequest
@@ -90,9 +91,9 @@ def parse_header(path: str, lineno: int, text: str) -> dict:
         raise TraceFormatError(
             path, lineno, f"{HEADER_KEY}: unsupported version {header[HEADER_KEY]!r}; expected {FORMAT_VERSION}"
         )
-    bs = header.get("block_size")
+    bs = integral_floats(header.get("block_size"))  # (16.0 as a request line's block_size is read)
     if bs is not None:
-        check_int(path, lineno, "block_size", bs, 1)
+        header["block_size"] = check_int(path, lineno, "block_size", bs, 1)
     return header
 
 

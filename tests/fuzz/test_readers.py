@@ -8,6 +8,7 @@ native writer and reads back the same.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import tempfile
@@ -321,3 +322,186 @@ def test_weka_invalid_json_names_the_line_of_the_bad_token(tmp_path: Path):
     with pytest.raises(KVTraceError) as info:
         read_trace(path, "weka")
     one_line_error(info.value, f"{path}:4: invalid JSON")
+
+
+# -- grammar-aware: valid files, one field hostile or one layout changed -----------------------------
+# A hostile value for each kind of field: the type the format expects, at and past its bounds,
+# or another JSON type in its place (nested where a scalar goes, and the other way round).
+HOSTILE_INT = st.one_of(
+    EDGE_INTS, st.sampled_from([2**31 - 1, 2**31 + 1, 1 << 24, (1 << 24) + 1, 2**53, 2**53 + 1]),
+    st.sampled_from([Raw("1e400"), Raw("-1e400"), Raw("1" + "0" * 400), Raw("NaN"), Raw("Infinity"), Raw("-0"),
+                     Raw("1E2"), Raw("1.0"), Raw("-1.0"), Raw("0.5"), Raw("1e-400"), Raw("9007199254740993.0"),
+                     Raw("1.2345678901234567e18"), Raw("0e0"), Raw("-0.0")]),
+    st.floats(allow_nan=True, allow_infinity=True), st.sampled_from(["1", "", "0x10", " 1", "١"]),
+    st.sampled_from([True, False, None, [], [1], {}, {"a": 1}, [[1]]]),
+)
+HOSTILE_IDS = st.one_of(
+    st.lists(st.one_of(EDGE_INTS, st.sampled_from([2**63 - 1, 2**63, -1, Raw("1e19"), Raw("1.0"), Raw("NaN"),
+                                                  None, "1", [1], True])), max_size=5),
+    st.sampled_from([[], None, 5, "0,1", {"0": 1}, [[0, 1]], Raw("[" + ",".join(["0"] * 3000) + "]")]),
+)
+HOSTILE_TEXT = st.one_of(
+    st.text(max_size=6), st.sampled_from(["", " ", "\u0000", "\n", "\r\n", "\u2028", "\ufeff", "é" * 3, "🙂",
+                                          Raw('"\\ud800"'), Raw('"\\udfff\\ud800"'), Raw('"\\u0000"')]),
+    st.sampled_from([0, -1, 1.5, True, None, [], {}, ["a"], {"a": "b"}]),
+)
+AZURE_CELL = st.one_of(
+    st.sampled_from(["", " ", "-1", "0", "1.5", "1e400", "nan", "inf", "0x10", "1_000", "١٢", "+5", "-0", "1e5",
+                     "16777217", "2147483648", "99999999999999999999999999999999999999999", '"', "a,b", "\u2028",
+                     "2023-11-16", "12:00:00"]),
+    st.integers().map(str), st.text(max_size=6),
+)
+AZURE_TIME = st.one_of(
+    st.sampled_from(["2023-11-16 18:15:46", "2023-11-16 18:15:46.6805900", "2024-05-10 00:00:00.009930+00:00",
+                     "2023-02-29 00:00:00", "2023-11-16 24:00:00", "2023-11-16 18:60:00", "2023-11-16 18:15:61",
+                     "0000-01-01 00:00:00", "9999-12-31 23:59:59.999999999", "2023-11-16 18:15:46.1234567890",
+                     "2023-11-16 18:15:46-07:00", "2023-11-16", "1700000000", "", " ", "２０２３-11-16 18:15:46"]),
+    st.text(max_size=12),
+)
+FIELD_KIND = {"hash_ids": HOSTILE_IDS, "token_ids": HOSTILE_IDS, "expected_output": HOSTILE_IDS,
+              "type": HOSTILE_TEXT, "model": HOSTILE_TEXT, "request_id": HOSTILE_TEXT, "session": HOSTILE_TEXT,
+              "cache_salt": HOSTILE_TEXT, "TIMESTAMP": AZURE_TIME, "ContextTokens": AZURE_CELL,
+              "GeneratedTokens": AZURE_CELL}
+
+
+@st.composite
+def layout(draw, lines: list[str], header: int) -> tuple[bytes, list[int]]:
+    """``lines`` (after ``header`` lines that are not records) written with blank lines
+    between them, CRLF or LF, a UTF-8 BOM or none, a last newline or none; and the 1-based
+    line each record is on."""
+    eol = draw(st.sampled_from(["\n", "\r\n"]))
+    out: list[str] = []
+    where = []
+    for i, text in enumerate(lines):
+        if i >= header or draw(st.booleans()):  # (blank lines before a native header too)
+            out.extend(draw(st.sampled_from(["", " ", "\t", "  \t "])) for _ in range(draw(st.integers(0, 2))))
+        if i >= header:
+            where.append(len(out) + 1)
+        out.append(text)
+    raw = eol.join(out) + (eol if draw(st.booleans()) else "")
+    return (b"\xef\xbb\xbf" if draw(st.booleans()) else b"") + raw.encode("utf-8", "surrogatepass"), where
+
+
+def record_lines(fmt: str, records: list[dict]) -> tuple[list[str], int]:
+    """The lines of a line-oriented format's file, and how many come before the records."""
+    if fmt == "azure":
+        return [",".join(AZURE_COLUMNS)] + [",".join(csv_cell(r.get(c, "")) for c in AZURE_COLUMNS)
+                                            for r in records], 1
+    return ([dump(HEADER)] if fmt == "native" else []) + [dump(r) for r in records], header_lines(fmt)
+
+
+@fuzz(150)
+@given(data=st.data())
+def test_typed_hostile_value_in_a_valid_file_is_named_at_its_line(data):
+    """Valid records, then one whose one field holds a hostile value of a kind chosen for
+    that field, in a file laid out with blank lines, CRLF, a BOM: refused naming that
+    record's line (WEKA: its request), or read whole and the same once written natively."""
+    fmt = data.draw(st.sampled_from(FORMATS))
+    records, index, _ = data.draw(one_hostile_field(fmt))  # (its own hostile field, then one typed)
+    record = records[-1]
+    key = data.draw(st.sampled_from(sorted(record)))
+    record[key] = data.draw(FIELD_KIND.get(key, HOSTILE_INT))
+    if fmt == "azure" and not isinstance(record[key], str):
+        record[key] = str(record[key])
+    with tempfile.TemporaryDirectory() as tmp:
+        if fmt == "weka":
+            raw, where = render(fmt, records), [5 + i for i in range(len(records))]
+            if data.draw(st.booleans()):
+                raw = raw.replace(b"\n", b"\r\n")
+            if data.draw(st.booleans()):
+                raw = b"\xef\xbb\xbf" + raw
+        else:
+            raw, where = data.draw(layout(*record_lines(fmt, records)))
+        path = written(raw, "t" + SUFFIX.get(fmt, ".jsonl"), tmp)
+        try:
+            reqs = read_trace(path, fmt)
+        except Exception as err:
+            text = one_line_error(err, path)
+            at = f"{path}:{where[index]}:"
+            assert at in text or (fmt == "weka" and f"requests[{index}]" in text) or \
+                (fmt == "weka" and "invalid JSON" in text and f"{path}:" in text), f"{at} not in {text!r}"
+            return
+        assert len(reqs) == len(records)
+        check_read(path, fmt)
+
+
+def json_variant(v, draw) -> str:
+    """JSON of ``v`` written another way that means the same: an int as an integer-valued
+    float or in exponent form, spaces around tokens, keys in another order or \\u-escaped,
+    strings with escaped characters."""
+    space = draw(st.sampled_from(["", " ", "\t", "  "]))
+    if isinstance(v, (Raw, bool)) or v is None:
+        return dump(v)
+    if isinstance(v, int):
+        if abs(v) > 2**53 or draw(st.integers(0, 2)) != 0:
+            return str(v)
+        return draw(st.sampled_from([f"{v}.0", f"{v}e0", f"{v}E+0", f"{v * 10}e-1", f"{v}.000"]))
+    if isinstance(v, str):
+        return json.dumps(v, ensure_ascii=draw(st.booleans()))
+    if isinstance(v, list):
+        return "[" + space + ("," + space).join(json_variant(x, draw) for x in v) + space + "]"
+    if isinstance(v, dict):
+        items = draw(st.permutations(list(v.items())))
+        def key(k: str) -> str:  # (an escaped key is the same key)
+            return json.dumps(k) if draw(st.integers(0, 3)) else '"' + "".join(f"\\u{ord(c):04x}" for c in k) + '"'
+        return "{" + space + ("," + space).join(f"{key(k)}{space}:{space}{json_variant(x, draw)}"
+                                                for k, x in items) + space + "}"
+    return json.dumps(v)  # a float: as it is
+
+
+# Values of a key the format ignores: any JSON, numbers past a double or an int64 too.
+EXTRA = st.one_of(st.integers(), st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=6), st.booleans(),
+                  st.none(), st.sampled_from([Raw("1e400"), Raw("-1e400"), Raw("1" + "0" * 400), [], {}, [[{}]],
+                                              {"a": [1, "b", None]}]))
+AZURE_SAME_TIME = [  # (the 2023 and 2024 shapes of one instant, UTC)
+    lambda t: t, lambda t: t.replace(" ", "T"), lambda t: t + "+00:00", lambda t: t + "Z", lambda t: t + "+0000",
+    lambda t: t.rstrip("0").rstrip("."), lambda t: t + "00", lambda t: f" {t} ",
+]
+
+
+@fuzz(100)
+@given(data=st.data())
+def test_a_valid_file_written_another_way_is_read_the_same(data):
+    """What the formats allow must not be refused, nor change what is read: the same
+    records with ints as 17.0 or 1.7e1, keys reordered or escaped, extra keys where the
+    format ignores them, blank lines, CRLF, a BOM, no last newline; an Azure CSV with
+    either year's timestamp shape, quoted or padded cells, its columns in another order
+    and one more."""
+    fmt = data.draw(st.sampled_from(FORMATS))
+    records = data.draw(valid_lines(fmt).filter(bool))
+    with tempfile.TemporaryDirectory() as tmp:
+        plain = check_read(written(render(fmt, records), "t" + SUFFIX.get(fmt, ".jsonl"), tmp), fmt)
+        assert plain is not None, "a valid file refused"
+        if fmt == "azure":
+            columns = data.draw(st.permutations([*AZURE_COLUMNS, "Extra"]))
+            rows = []
+            for r in records:
+                r = dict(r, Extra=data.draw(st.sampled_from(["", "x", "a,b", '"q"', "1.5"])))
+                r["TIMESTAMP"] = data.draw(st.sampled_from(AZURE_SAME_TIME))(r["TIMESTAMP"])
+                for c in ("ContextTokens", "GeneratedTokens"):
+                    r[c] = data.draw(st.sampled_from([r[c], f" {r[c]} ", f"{r[c]}.0", f"{r[c]}e0", f"+{r[c]}"]))
+                cells = [csv_cell(r[c]) for c in columns]
+                rows.append(",".join(f'"{c}"' if data.draw(st.integers(0, 4)) == 0 and '"' not in c else c
+                                     for c in cells))
+            lines, header = [",".join(columns), *rows], 1
+        elif fmt == "weka":
+            extra = {"extra": data.draw(EXTRA)} if data.draw(st.booleans()) else {}
+            doc = {"block_size": 16, "hash_id_scope": "local", **extra, "requests": records}
+            text = json_variant(doc, data.draw)
+            eol = data.draw(st.sampled_from(["\n", "\r\n"]))
+            lines, header = [text.replace("\n", eol)], 1
+        else:
+            if fmt != "native" and data.draw(st.booleans()):  # (a native line's unknown key is refused: a typo)
+                records = [dict(r, extra_key=data.draw(EXTRA)) for r in records]
+            # (the header's version stays an int: 1.0 is no version, kvtrace_trace an identifier)
+            head = '{"kvtrace_trace": 1, "block_size": ' + json_variant(16, data.draw) + "}"
+            lines = ([head] if fmt == "native" else []) + \
+                [json_variant(r, data.draw) for r in records]
+            header = header_lines(fmt)
+        raw, _ = data.draw(layout(lines, header))
+        path = written(raw, "t" + SUFFIX.get(fmt, ".jsonl"), tmp)
+        try:
+            again = read_trace(path, fmt)
+        except KVTraceError as err:
+            raise AssertionError(f"a valid file refused: {err}\n{raw!r}") from None
+        assert [native_record(r) for r in again] == [native_record(r) for r in plain]

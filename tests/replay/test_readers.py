@@ -530,7 +530,7 @@ INTEGRAL_FLOATS = {  # one file each, every integer field written as a float tha
     "mooncake": ("t.jsonl", '{"timestamp": 0, "input_length": 6E2, "output_length": 1.0, "hash_ids": [0.0, 1e0]}\n'),
     "bailian": ("t.jsonl", '{"chat_id": 1.0, "parent_chat_id": -1.0, "timestamp": 0, "input_length": 17.0, '
                            '"output_length": 1.0, "hash_ids": [0.0, 1.0], "type": "text", "turn": 1.0}\n'),
-    "native": ("t.jsonl", '{"kvtrace_trace": 1, "block_size": 16}\n{"arrival_ns": 5.0, "input_length": 17.0, '
+    "native": ("t.jsonl", '{"kvtrace_trace": 1, "block_size": 16.0}\n{"arrival_ns": 5.0, "input_length": 17.0, '
                           '"output_length": 1.0, "hash_ids": [0.0, 1.0], "block_size": 16.0, "namespace": 3.0, '
                           '"expected_output": [7.0]}\n'),
     "weka": ("t.json", '{"block_size": 16.0, "requests": [{"t": 0, "in": 17.0, "out": 1e0, "hash_ids": [0.0, 1.0]}]}'),
@@ -557,3 +557,30 @@ def test_an_integer_written_as_a_float_is_read_as_that_integer(tmp_path, fmt):
         p = write(tmp_path, "big" + name, text.replace("[0.0,", "[1.2345678901234567e18,"))
         with pytest.raises(TraceFormatError, match=r"Expected `int`, got `float` - at `\$\.(requests\[0\]\.)?hash_ids"):
             read_trace(p, fmt)
+
+
+@pytest.mark.parametrize("fmt, text, where", [
+    ("mooncake", '{"timestamp": 0, "input_length": 1.0, "output_length": 1e400, "hash_ids": [0]}', "$.output_length"),
+    ("weka", '{"block_size": 16,\n "requests": [\n  {"t": 0, "in": 1E2, "out": 1e400, "hash_ids": []}]}',
+     "$.requests[0].out"),
+    ("native", '{"kvtrace_trace": 1}\n{"arrival_ns": 0, "input_length": 1.0, "output_length": 1, "hash_ids": [0], '
+               '"block_size": 1, "colour": 1}', "unknown field `colour`"),
+])
+def test_a_fault_beside_an_integer_written_as_a_float_is_named_at_its_key(tmp_path, fmt, text, where):
+    """Past the float, a line was decoded generically: a number out of range anywhere was
+    named "at `$[...][0][...]`" (and a WEKA request at line 1)."""
+    p = write(tmp_path, "t.json" if fmt == "weka" else "t.jsonl", text + "\n")
+    with pytest.raises(TraceFormatError) as e:
+        read_trace(p, fmt)
+    assert where in str(e.value) and e.value.line == (1 if fmt == "mooncake" else 2 if fmt == "native" else 3), e.value
+
+
+def test_blank_lines_before_an_azure_header_are_skipped_as_between_rows(tmp_path):
+    """A blank first line was read as the header: "missing column(s)" of all three, at line 1."""
+    rows = "2023-11-16 18:15:46.6805900,374,44\r\n\r\n2023-11-16 18:15:47.1,x,4\r\n"
+    p = write(tmp_path, "a.csv", "\r\n \r\n" + AZURE_HEAD.replace("\n", "\r\n") + rows)
+    with pytest.raises(TraceFormatError, match=r"a\.csv:6: ContextTokens: expected an integer, got 'x'"):
+        read_trace(p, "azure")
+    assert len(read_trace(write(tmp_path, "b.csv", "\n\n" + AZURE_HEAD + rows.split("\r\n")[0]), "azure")) == 1
+    with pytest.raises(TraceFormatError, match=r"c\.csv:3: missing column\(s\) \['GeneratedTokens'\]"):
+        read_trace(write(tmp_path, "c.csv", "\n\nTIMESTAMP,ContextTokens\n"), "azure")

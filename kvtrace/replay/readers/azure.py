@@ -68,19 +68,22 @@ def read_azure(path: str, block_size: int = DEFAULT_BLOCK_SIZE) -> Iterator[Trac
         # csv's 128 KiB field limit failed the whole trace on one long one)
         csv.field_size_limit(max(csv.field_size_limit(), MAX_LINE_BYTES))
         reader = csv.reader(decoded_lines(path, f))
-        try:
-            header = next(reader, None)
-        except (csv.Error, UnicodeDecodeError) as e:
-            raise TraceFormatError(path, 1, f"unreadable CSV header: {e}") from None
+        header: list[str] | None = []
+        while header is not None and not any(h.strip() for h in header):  # (blank lines before it, as between rows)
+            try:
+                header = next(reader, None)
+            except (csv.Error, UnicodeDecodeError) as e:
+                raise TraceFormatError(path, reader.line_num or 1, f"unreadable CSV header: {e}") from None
         if header is None:
             raise TraceFormatError(path, 1, "empty file; expected a CSV header")
+        head = reader.line_num  # (the header's line, which blank lines may have moved)
         header = [h.strip() for h in header]
         missing = [c for c in REQUIRED_COLUMNS if c not in header]
         if missing:
-            raise TraceFormatError(path, 1, f"missing column(s) {missing}; expected {list(REQUIRED_COLUMNS)}")
+            raise TraceFormatError(path, head, f"missing column(s) {missing}; expected {list(REQUIRED_COLUMNS)}")
         twice = [c for c in REQUIRED_COLUMNS if header.count(c) > 1]
         if twice:  # (which one would hold the value?)
-            raise TraceFormatError(path, 1, f"column {twice[0]} appears {header.count(twice[0])} times")
+            raise TraceFormatError(path, head, f"column {twice[0]} appears {header.count(twice[0])} times")
         its, ictx, igen = (header.index(c) for c in REQUIRED_COLUMNS)
         width = len(header)  # every row has the header's columns: no fewer, no more
         order = ArrivalOrder(path, "TIMESTAMP")
