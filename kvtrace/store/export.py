@@ -13,7 +13,7 @@ import json
 import os
 import re
 import secrets
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -219,11 +219,12 @@ def _write_all(out_dir: Path, write: _Writer) -> dict[str, Path]:
             pending[table] = out_dir / f".{table}.{os.getpid()}-{secrets.token_hex(6)}.parquet.tmp"
             write(table, pending[table])
         targets = {table: out_dir / f"{table}.parquet" for table in pending}
-        for target in targets.values():  # (a rename onto a directory fails: found before the first)
-            if target.is_dir():
-                raise StoreError(str(target), "is a directory; the export would not replace it")
-        with signals_held():  # the three renames are not cut in half by Ctrl-C
-            _replace_all({targets[t]: temp for t, temp in pending.items()})
+        with _renaming(out_dir):
+            for target in targets.values():  # (a rename onto a directory fails: found before the first)
+                if target.is_dir():
+                    raise StoreError(str(target), "is a directory; the export would not replace it")
+            with signals_held():  # the three renames are not cut in half by Ctrl-C
+                _replace_all({targets[t]: temp for t, temp in pending.items()})
         return targets
     except OSError as err:
         _clean(pending.values(), created)
@@ -240,6 +241,23 @@ def _temporary_pid(name: str) -> int | None:
     """The pid of the export whose hidden file ``name`` is (None: not one)."""
     m = _TEMPORARY.fullmatch(name)
     return int(m.group(1)) if m else None
+
+
+@contextlib.contextmanager
+def _renaming(out_dir: Path) -> Iterator[None]:
+    """Held while an export renames its files into ``out_dir`` (an exclusive flock on the
+    directory): another export's renames wait, so the three files are one run's (two exports
+    into one directory interleaved left one run's spans beside another's run row). A file
+    system without flock renames unlocked, as before."""
+    import fcntl
+
+    fd = os.open(out_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with contextlib.suppress(OSError):  # (ENOLCK, EOPNOTSUPP: no locks there)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # (the lock goes with it, as with a killed export)
 
 
 def _replace_all(files: dict[Path, Path]) -> None:

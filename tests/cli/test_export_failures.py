@@ -230,3 +230,46 @@ def test_an_export_path_too_long_to_name_is_one_line(work, capsys):
     tmp, db, run = work
     code, _, err = _cli(["export", "--db", str(db), "--run", run, "--parquet", "a" * 300], capsys)
     _one_line(code, err, "cannot use as export directory: File name too long")
+
+
+def test_an_export_renaming_its_files_holds_off_another_exports_renames(work, monkeypatch):
+    """Two exports into one folder could interleave their renames: one run's spans.parquet beside
+    another run's runs.parquet. While one export is between its renames, another cannot begin its
+    own (an exclusive flock on the folder, which this test tries without waiting)."""
+    import fcntl
+    import threading
+
+    import pyarrow.parquet as pq
+
+    from kvtrace.store import export as export_module
+    from kvtrace.store import export_parquet
+
+    tmp, db, run = work
+    other = "r1" if run != "r1" else "r2"
+    out = tmp / "out"
+    out.mkdir()
+    real_replace, midway, go = os.replace, threading.Event(), threading.Event()
+
+    def paused_after_the_first(src, dst):
+        real_replace(src, dst)
+        if str(dst).endswith("spans.parquet"):
+            midway.set()
+            go.wait(60)
+
+    monkeypatch.setattr(export_module.os, "replace", paused_after_the_first)
+    first = threading.Thread(target=export_parquet, args=(db, other, out))
+    first.start()
+    try:
+        assert midway.wait(120), "the first export never renamed its spans"
+        fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            with pytest.raises(BlockingIOError):  # another export's renames would wait here
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+    finally:
+        go.set()
+        first.join()
+    monkeypatch.setattr(export_module.os, "replace", real_replace)
+    export_parquet(db, run, out)  # (the lock was let go: the next export is not held off)
+    assert {pq.read_table(out / f"{t}.parquet").column("run_id").to_pylist()[0] for t in ("spans", "runs")} == {run}
