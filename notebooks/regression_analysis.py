@@ -72,6 +72,8 @@ def run_id_parameter(name, value):
 
 
 run_a, run_b = run_id_parameter("run_a", run_a), run_id_parameter("run_b", run_b)
+if not isinstance(force, bool):  # (papermill's -p force no is the text "no": true, and it forced the diff)
+    raise KVTraceError(f"force: expected True or False, got {force!r:.80}")
 if (db_path is None) != (run_a is None and run_b is None) or (run_a is None) != (run_b is None):
     # (a study into the given store added 4 runs to it; run ids without a store were ignored)
     raise KVTraceError(f"db_path {db_path!r}, run_a {run_a!r}, run_b {run_b!r}: give a store and both run ids, "

@@ -61,6 +61,10 @@ def count_parameter(name, value):
     return value
 
 
+if isinstance(trace_path, int) and not isinstance(trace_path, bool):
+    trace_path = str(trace_path)  # (papermill's -p reads a file named 5 as the int 5)
+elif trace_path is not None and not isinstance(trace_path, (str, os.PathLike)):
+    raise ConfigError("trace_characterisation", "trace_path", f"expected a trace file path, got {trace_path!r:.80}")
 block_size = count_parameter("block_size", block_size)
 if capacities is not None:
     if not isinstance(capacities, (list, tuple)) or not capacities:

@@ -146,3 +146,12 @@ def test_a_result_path_that_is_the_store_is_refused_and_the_store_kept(run_noteb
     with pytest.raises(PapermillExecutionError, match=re.escape(f"KVTraceError: {db}: is also {db}")):
         run_notebook("regression_analysis", db_path=str(db), run_a="r1", run_b="r2", result_path=str(db))
     assert db.read_bytes() == before
+
+
+def test_force_that_is_not_a_bool_is_refused(run_notebook, cache_only_db):
+    """`papermill -p force no` passes the text 'no', which is true: runs of different traces were compared."""
+    from papermill.exceptions import PapermillExecutionError
+
+    said = "KVTraceError: force: expected True or False, got 'no'"
+    with pytest.raises(PapermillExecutionError, match=re.escape(said)):
+        run_notebook("regression_analysis", db_path=str(cache_only_db), run_a="r1", run_b="r2", force="no")

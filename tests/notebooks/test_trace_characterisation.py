@@ -75,6 +75,7 @@ def test_a_trace_without_requests_is_one_kvtrace_error(run_notebook, tmp_path):
     ({"capacities": []}, "capacities: expected a non-empty list"),  # (was plotly's ValueError on an empty sweep)
     ({"capacities": [8, "x"]}, "capacities: expected an int >= 1, got 'x'"),  # (int()'s ValueError)
     ({"block_size": 0}, "block_size: expected an int >= 1, got 0"),  # (range()'s ValueError)
+    ({"trace_path": ["a.jsonl"]}, "trace_path: expected a trace file path"),  # (os.path's TypeError)
 ])
 def test_a_parameter_it_cannot_use_is_one_config_error_naming_it(run_notebook, tmp_path, given, said):
     from papermill.exceptions import PapermillExecutionError
@@ -82,7 +83,15 @@ def test_a_parameter_it_cannot_use_is_one_config_error_naming_it(run_notebook, t
     path = tmp_path / "agent-tokens.jsonl"
     write_generated("agent", path, fmt="native", seed=1, num_requests=3, prompt="tokens")
     with pytest.raises(PapermillExecutionError, match=re.escape(f"ConfigError: trace_characterisation: {said}")):
-        run_notebook("trace_characterisation", trace_path=str(path), **given)
+        run_notebook("trace_characterisation", **{"trace_path": str(path), **given})
+
+
+def test_a_numeric_trace_path_from_papermill_is_read_as_a_file_name(run_notebook):
+    """`papermill -p trace_path 12345` passes an int: open_trace's TypeError, not the file's name."""
+    from papermill.exceptions import PapermillExecutionError
+
+    with pytest.raises(PapermillExecutionError, match=re.escape("TraceFormatError: 12345: no such file")):
+        run_notebook("trace_characterisation", trace_path=12345)
 
 
 def test_a_trace_without_reuse_is_said_to_hit_nothing(run_notebook, tmp_path):
