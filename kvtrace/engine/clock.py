@@ -150,12 +150,17 @@ _MOE_TABLES: dict[tuple[int, int], list[int]] = {}
 def _experts_touched_fp(num_experts: int, k: int, num_tokens: int) -> int:
     """E * (1 - (1 - k/E)^T) in fixed point: the expected distinct experts T tokens route
     to, each picking k of E uniformly. (1 - k/E)^t is kept as floor(2^62 (E-k)^t / E^t),
-    one integer step per token, memoised."""
+    one integer step per token, memoised up to where it reaches 0 (a few million tokens at
+    most): past that every expert is touched (a calibrate step of 2^40 tokens grew the
+    table without end)."""
     q = _MOE_TABLES.get((num_experts, k))
     if q is None:
         q = _MOE_TABLES[(num_experts, k)] = [1 << _FP_BITS]
-    while len(q) <= num_tokens:
-        q.append(q[-1] * (num_experts - k) // num_experts)
+    if num_tokens >= len(q):
+        while len(q) <= num_tokens and q[-1]:
+            q.append(q[-1] * (num_experts - k) // num_experts)
+        if num_tokens >= len(q):
+            return num_experts << _FP_BITS
     return num_experts * ((1 << _FP_BITS) - q[num_tokens])
 
 
