@@ -19,8 +19,28 @@ from typing import Any
 import numpy as np
 
 from kvtrace.engine.clock import COEFFICIENTS, FITTED_TERMS, CostModel, StepWork, term_values
+from kvtrace.errors import KVTraceError
 
 KNEE_CANDIDATES = (0, 256, 512, 1024, 2048)
+# Singular values of the scaled design below this fraction of the largest are taken as 0:
+# exact collinearity leaves ~1e-16, the shipped measurements' smallest is ~2e-2.
+_RANK_TOLERANCE = 1e-9
+
+
+class Underdetermined(KVTraceError):
+    """The observations cannot tell some fitted terms apart: many models fit them equally."""
+
+    def __init__(self, terms: Sequence[str], rank: int, fitted: int, observations: int, knee: int):
+        names = list(terms)
+        listed = ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else names[0]
+        at = f" with the token knee at {knee}" if knee else ""
+        fix = f"{observations:,} observation fixes" if observations == 1 else f"{observations:,} observations fix"
+        combinations = "1 combination" if rank == 1 else f"{rank} independent combinations"
+        super().__init__(f"these measurements cannot tell {listed} apart{at} ({fix} {combinations} of the {fitted} "
+                         "coefficients fitted; any split between those fits them as well); add measurements that "
+                         "vary them independently (prefills of several lengths, decodes of several batch sizes and "
+                         "contexts)")
+        self.terms, self.rank, self.observations, self.knee = names, rank, observations, knee
 
 
 @dataclass(slots=True)
@@ -38,6 +58,7 @@ class Fit:
     model: CostModel
     errors: list[float]  # relative error of each observation, (model - measured) / measured
     observations: list[Observation] = field(repr=False)
+    fitted: tuple[str, ...] = ()  # the FITTED_TERMS the observations determined; the rest were given
 
     def error_by_group(self) -> dict[str, tuple[int, float, float]]:
         """group -> (observations, median |error|, max |error|)."""
@@ -91,6 +112,15 @@ def _design(observations: Sequence[Observation], model: CostModel) -> np.ndarray
     return rows
 
 
+def _confounded(a: np.ndarray, terms: Sequence[str]) -> tuple[list[str], int]:
+    """The terms that the columns of ``a`` (unit norm) cannot tell apart, and its rank:
+    those with a share in a direction no observation sees (a null vector of ``a``)."""
+    _, s, vt = np.linalg.svd(a, full_matrices=True)
+    rank = int((s > _RANK_TOLERANCE * s.max()).sum()) if s.size and s.max() > 0 else 0
+    null = vt[rank:]
+    return [t for j, t in enumerate(terms) if null.size and np.abs(null[:, j]).max() > 1e-6], rank
+
+
 def fit_cost_model(
     observations: Sequence[Observation],
     *,
@@ -106,6 +136,11 @@ def fit_cost_model(
     MoE routing ``num_experts`` / ``experts_per_token``); ``knees``: candidates for the
     token knee (default ``KNEE_CANDIDATES``, 0 = no knee); ``fixed``: coefficients held at
     a value. A term the observations never exercise keeps the template's value.
+
+    Raises ``Underdetermined`` when the observations cannot tell fitted terms apart (every
+    step the same size, a single step): any split of the time between them fits as well, so
+    a model would be printed with no error and mean nothing. A knee candidate that makes its
+    term indistinguishable (every step past it) is passed over.
     """
     if not observations:
         raise ValueError("calibrate: no observations to fit")
@@ -115,6 +150,7 @@ def fit_cost_model(
     if not (y > 0).all():
         raise ValueError("calibrate: every measured time must be positive")
     best: Fit | None = None
+    undetermined: Underdetermined | None = None
     for knee in (KNEE_CANDIDATES if knees is None else knees):
         model = replace(base, name=name, token_knee=knee, source=source)
         x = _design(observations, model)
@@ -127,6 +163,10 @@ def fit_cost_model(
         a = x[:, fit_terms] / y[:, None]
         scale = np.linalg.norm(a, axis=0)
         scale[scale == 0] = 1.0
+        confounded, rank = _confounded(a / scale, [FITTED_TERMS[j] for j in fit_terms])
+        if confounded:
+            undetermined = undetermined or Underdetermined(confounded, rank, len(fit_terms), len(observations), knee)
+            continue
         coef = nnls(a / scale, rest / y) / scale
         # Any: replace() is checked per keyword; these keys are all int coefficients
         values: dict[str, Any] = {FITTED_TERMS[j]: int(v) for j, v in zip(held, held_values)}
@@ -135,10 +175,12 @@ def fit_cost_model(
             values["token_above_knee_ns"] = 0
         fitted = replace(model, **values)
         pred = np.asarray([sum(fitted.step_ns_of(w) for w in o.work) for o in observations], dtype=np.float64)
-        candidate = Fit(fitted, list((pred - y) / y), list(observations))
+        candidate = Fit(fitted, list((pred - y) / y), list(observations), tuple(FITTED_TERMS[j] for j in fit_terms))
         if best is None or candidate.max_error < best.max_error - 1e-9:
             best = candidate
-    assert best is not None
+    if best is None:
+        assert undetermined is not None
+        raise undetermined
     return best
 
 

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from kvtrace.engine.clock import COEFFICIENTS, CostModel, StepWork, prefill_pairs
-from kvtrace.engine.costfit import Fit, Observation, fit_cost_model
+from kvtrace.engine.costfit import Fit, Observation, Underdetermined, fit_cost_model
 from kvtrace.errors import KVTraceError, file_problem
 from kvtrace.workload.lines import MAX_TOKENS, check_int, decoded_lines
 
@@ -370,6 +370,8 @@ def calibrate(paths: Sequence[str | Path], *, name: str, template: CostModel | N
                                   source=source)
     except np.linalg.LinAlgError as e:
         raise KVTraceError(f"{source}: these measurements determine no cost model ({e})") from None
+    except Underdetermined as e:
+        raise KVTraceError(f"{source}: {e}") from None
     except KVTraceError as e:  # a coefficient out of its range: name the measurements
         raise KVTraceError(f"{source}: the fit gives {e}") from None
 

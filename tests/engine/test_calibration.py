@@ -279,7 +279,7 @@ _HEADER = "num_tokens,prefill_pairs,num_decode_seqs,decode_context_tokens,step_m
     (_HEADER + "1,1,0,0,1e-320\n2,3,0,0,1e-320\n", ":2: step_ms: expected a step of at least 0.001 (1000 ns)"),
     ("num_tokens," + _HEADER + "1,1,0,0,0,5\n", ":1: column num_tokens appears 2 times"),
     (_HEADER + "1," * (33 << 20), ":2: line longer than 64 MiB"),
-    (_HEADER + "9007199254740992,0,1,9007199254740992,3600000\n1,0,1,1,3600000\n",
+    (_HEADER + "0,0,0,0,3600000\n0,0,0,0,3500000\n",
      "s.csv: the fit gives cost model x: step_overhead_ns"),  # (named no file)
 ])
 def test_impossible_step_rows_are_one_line(tmp_path, text, needle):
@@ -289,29 +289,32 @@ def test_impossible_step_rows_are_one_line(tmp_path, text, needle):
         calibrate([path], name="x")
 
 
-_GOOD = {"input_lens": [100, 200], "output_lens": [3, 3], "ttfts": [0.1, 0.2], "itls": [[0.01, 0.01], [0.01, 0.02]]}
+# three prompt lengths: two would leave the five coefficients underdetermined
+_GOOD = {"input_lens": [100, 200, 400], "output_lens": [3, 3, 3], "ttfts": [0.1, 0.2, 0.3],
+         "itls": [[0.01, 0.01], [0.01, 0.02], [0.01, 0.015]]}
 
 
 @pytest.mark.parametrize(("change", "needle"), [
-    ({"input_lens": ["a", 200]}, "input_lens[0]: expected an integer"),  # (was a TypeError traceback)
-    ({"input_lens": [100, True]}, "input_lens[1]: expected an integer"),
-    ({"output_lens": [3, 1e400]}, "output_lens[1]: expected an integer"),  # (json reads 1e400 as inf)
-    ({"input_lens": [100, 2**40]}, f"input_lens[1]: {2**40} is beyond"),  # (a hang: chunking 2^40 tokens)
-    ({"ttfts": [0.1, float("inf")]}, "request 1: ttfts: expected seconds from 1e-06 (a microsecond)"),
+    ({"input_lens": ["a", 200, 400]}, "input_lens[0]: expected an integer"),  # (was a TypeError traceback)
+    ({"input_lens": [100, True, 400]}, "input_lens[1]: expected an integer"),
+    ({"output_lens": [3, 1e400, 3]}, "output_lens[1]: expected an integer"),  # (json reads 1e400 as inf)
+    ({"input_lens": [100, 2**40, 400]}, f"input_lens[1]: {2**40} is beyond"),  # (a hang: chunking 2^40 tokens)
+    ({"ttfts": [0.1, float("inf"), 0.3]}, "request 1: ttfts: expected seconds from 1e-06 (a microsecond)"),
     # below a microsecond: 1e-200 fitted an all-zero model that --config took; 5e-324 failed the SVD
-    ({"ttfts": [0.1, 1e-200], "itls": [[0.01, 0.01], [1e-200, 1e-200]]}, "request 1: ttfts: expected seconds from"),
-    ({"ttfts": [5e-324, 0.2]}, "request 0: ttfts: expected seconds from 1e-06"),
-    ({"itls": [[0.01, 1e-9], [0.01, 0.02]]}, "request 0: itls[1]: expected seconds from 1e-06"),
-    ({"ttfts": [0.1, "0.2"]}, "request 1: ttfts"),
-    ({"itls": [[0.01, "x"], [0.01]]}, "request 0: itls[1]"),
-    ({"itls": [[0.01, 0.01], 5]}, "request 1: itls: expected a list"),
+    ({"ttfts": [0.1, 1e-200, 0.3], "itls": [[0.01, 0.01], [1e-200, 1e-200], [0.01, 0.01]]},
+     "request 1: ttfts: expected seconds from"),
+    ({"ttfts": [5e-324, 0.2, 0.3]}, "request 0: ttfts: expected seconds from 1e-06"),
+    ({"itls": [[0.01, 1e-9], [0.01, 0.02], [0.01, 0.02]]}, "request 0: itls[1]: expected seconds from 1e-06"),
+    ({"ttfts": [0.1, "0.2", 0.3]}, "request 1: ttfts"),
+    ({"itls": [[0.01, "x"], [0.01], [0.01]]}, "request 0: itls[1]"),
+    ({"itls": [[0.01, 0.01], 5, [0.01]]}, "request 1: itls: expected a list"),
     ({"max_concurrency": 2**40}, "max_concurrency"),
     ({"duration": 1e-310}, "duration: 1e-310 s for"),  # (an OverflowError traceback: infinitely many in flight)
     # values that were ignored without a word (then Little's law, or one request in flight)
     ({"max_concurrency": 1e20}, "max_concurrency: expected null or an integer >= 1, got 1e+20"),
     ({"max_concurrency": 0}, "max_concurrency: expected null or an integer >= 1"),
     ({"duration": "long"}, "duration: expected a positive number of seconds, got 'long'"),
-    ({"input_lens": [2_000_000_000, 200]}, "input_lens: the prompts take 244,142 prefill steps"),  # (a hang)
+    ({"input_lens": [2_000_000_000, 200, 400]}, "input_lens: the prompts take 244,143 prefill steps"),  # (a hang)
 ])
 def test_impossible_bench_results_are_one_line(tmp_path, change, needle):
     path = tmp_path / "bench.json"
@@ -355,12 +358,14 @@ def test_a_bench_result_json_can_write_is_one_line(tmp_path, text):
 def test_a_byte_order_mark_is_no_part_of_a_step_files_first_column(tmp_path):
     path = tmp_path / "s.csv"
     path.write_bytes(b"\xef\xbb\xbf" + _HEADER.encode() + b"100,100,0,0,5\n1,0,1,100,2\n")
-    assert len(calibrate([path], name="x").observations) == 2
+    assert [o.work[0].num_tokens for o in observations_from_file(path)] == [100, 1]
 
 
 def test_a_failed_request_in_a_bench_result_is_skipped_not_refused(tmp_path):
     path = tmp_path / "bench.json"
-    path.write_text(json.dumps({**_GOOD, "ttfts": [0.1, None], "itls": [[0.01, 0.01], "not looked at"]}))
+    path.write_text(json.dumps({"input_lens": [100, 200, 400, 800], "output_lens": [3, 3, 3, 3],
+                                "ttfts": [0.1, None, 0.3, 0.4],
+                                "itls": [[0.01, 0.01], "not looked at", [0.01, 0.015], [0.01, 0.02]]}))
     assert calibrate([path], name="x").model.name == "x"
 
 

@@ -3,7 +3,109 @@ TOML it writes read back and replayed, and the measurements it must refuse in on
 
 from __future__ import annotations
 
+import csv
+import json
+import random
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
 from kvtrace.engine import clock
+from kvtrace.engine.clock import CostModel, StepWork, prefill_pairs
+from kvtrace.errors import KVTraceError
+from kvtrace.replay.calibrate import calibrate
+from tests.cli.support import assert_one_line, run
+
+CALIBRATION = Path(__file__).resolve().parents[1] / "data" / "calibration" / "aic-h200-llama-3.1-8b-tp1.csv"
+KNOWN = CostModel("known", 5_000_000, 12_000, 700, 25_000, 3_000, token_knee=512, token_above_knee_ns=8_000)
+HEADER = ["num_tokens", "prefill_pairs", "num_decode_seqs", "decode_context_tokens", "step_ns"]
+
+
+def _write_steps(path: Path, works: list[StepWork], times_ns: list[float]) -> Path:
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(HEADER)
+        for work, t in zip(works, times_ns):
+            w.writerow([work.num_tokens, work.prefill_pairs, work.num_decode_seqs, work.decode_context_tokens, t])
+    return path
+
+
+def _varied_steps(seed: int, count: int) -> list[StepWork]:
+    """Prefills of several lengths after several cached prefixes, decodes of several batch
+    sizes and contexts, and mixed steps: what separates every term of the model."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        seqs = rng.choice([0, 1, 8, 64, 200])
+        n = rng.choice([0, 100, 700, 3000, 8000]) if seqs < 200 else 0
+        seqs = seqs or (0 if n else 1)
+        start = rng.choice([0, 4096, 30000])
+        out.append(StepWork(n + seqs, prefill_pairs(start, n) if n else 0, seqs * rng.choice([500, 4000, 20000]), seqs))
+    return out
+
+
+def test_noisy_step_timings_give_the_model_back_within_the_noise(tmp_path):
+    """1% seeded noise on every step: the knee is found and every measured step's modelled
+    time is within 2% of the known model's."""
+    works = _varied_steps(0, 200)
+    noise = np.random.default_rng(0).standard_normal(len(works))
+    path = _write_steps(tmp_path / "s.csv", works, [KNOWN.step_ns_of(w) * (1 + 0.01 * e) for w, e in zip(works, noise)])
+    fit = calibrate([path], name="fitted")
+    assert fit.model.token_knee == KNOWN.token_knee
+    worst = max(abs(fit.model.step_ns_of(w) - KNOWN.step_ns_of(w)) / KNOWN.step_ns_of(w) for w in works)
+    assert worst <= 0.02, worst
+
+
+_STEPS_HEADER = ",".join(HEADER[:-1]) + ",step_ms\n"
+# Steps every one of which is past 512 tokens: prefills of several lengths, and mixed steps
+# whose decodes vary in batch and context apart (so that only a knee at or below 512 is unknowable).
+_PAST_512 = [StepWork(n, prefill_pairs(0, n)) for n in (600, 900, 3000, 5000)] + [
+    StepWork(600 + s, prefill_pairs(1000, 600), s * c, s) for s, c in ((1, 2000), (8, 5000), (64, 1000))]
+_NO_KNEE = replace(KNOWN, token_knee=0, token_above_knee_ns=0)
+_PAST_512_TEXT = _STEPS_HEADER + "".join(
+    f"{w.num_tokens},{w.prefill_pairs},{w.num_decode_seqs},{w.decode_context_tokens},{_NO_KNEE.step_ns_of(w) / 1e6}\n"
+    for w in _PAST_512)
+
+
+@pytest.mark.parametrize(("text", "options", "terms"), [
+    # every step the same size: one time, three coefficients (was: token_ns = 100,000, "0.0%")
+    (_STEPS_HEADER + "100,5050,0,0,10\n" * 3, [], "step_overhead_ns, token_ns and attn_pair_ps apart"),
+    (_STEPS_HEADER + "100,5050,0,0,10\n", [], "(1 observation fixes 1 combination of the 3 coefficients"),
+    # decodes whose tokens, sequences and contexts grow together
+    (_STEPS_HEADER + "1,0,1,100,5\n2,0,2,200,6\n4,0,4,400,8\n", [], "token_ns, kv_read_ps and decode_seq_ns apart"),
+    # a knee below every step: its term is the token term less a constant
+    (_PAST_512_TEXT, ["--knee", "512"],
+     "cannot tell step_overhead_ns, token_ns and token_above_knee_ns apart with the token knee at 512"),
+])
+def test_measurements_that_cannot_determine_the_model_are_refused(tmp_path, capsys, text, options, terms):
+    path = tmp_path / "s.csv"
+    path.write_text(text)
+    out = tmp_path / "cost.toml"
+    code, stdout, err = run(["calibrate", "--from", str(path), "-o", str(out), *options], capsys)
+    assert_one_line(code, err, f"{path}: these measurements cannot tell ", terms)
+    assert stdout == "" and not out.exists()
+
+
+def test_a_bench_result_of_one_prompt_length_is_refused_as_underdetermined(tmp_path):
+    """`vllm bench serve --dataset-name random` sends one input length unless told a range: its
+    TTFTs cannot split a step's overhead from its tokens."""
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({"max_concurrency": 1, "input_lens": [1024] * 4, "output_lens": [4] * 4,
+                                "ttfts": [0.1, 0.1, 0.11, 0.1], "itls": [[0.01, 0.011, 0.012]] * 4}))
+    with pytest.raises(KVTraceError, match="cannot tell step_overhead_ns, token_ns, attn_pair_ps"):
+        calibrate([path], name="x")
+
+
+def test_a_knee_past_which_every_step_lies_is_passed_over_not_chosen(tmp_path):
+    """Default knees: 256 and 512 lie below every step, so their term repeats the token term;
+    the fit is the no-knee one (or a knee the steps straddle), never a split it cannot tell."""
+    path = tmp_path / "s.csv"
+    path.write_text(_PAST_512_TEXT)
+    fit = calibrate([path], name="x")
+    assert fit.model.token_knee not in (256, 512)
+    assert fit.max_error < 1e-6
 
 
 def test_the_moe_term_of_a_huge_step_keeps_no_table_past_saturation():
