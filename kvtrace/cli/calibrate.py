@@ -44,7 +44,7 @@ def calibrate(
     check_option("--max-num-batched-tokens", max_num_batched_tokens, 1, MAX_TOKENS)
     if knee is not None:
         check_option("--knee", knee, 0, MAX_TOKENS)
-    from kvtrace.engine.clock import COST_MODELS
+    from kvtrace.engine.clock import COST_MODELS, MAX_EXPERTS
     from kvtrace.names import printable
 
     # the name goes into the TOML that --config reads back, which needs one it can use
@@ -56,8 +56,8 @@ def calibrate(
     if experts is not None:
         e, sep, k = experts.partition(":")
         digits = lambda s: s.isascii() and s.isdigit() and len(s) <= 9  # ('²'.isdigit() holds)
-        if not sep or not digits(e) or not digits(k) or not 1 <= int(k) <= int(e):
-            raise KVTraceError(f"--moe: {experts}: expected E:K with 1 <= K <= E, e.g. 256:8")
+        if not sep or not digits(e) or not digits(k) or not 1 <= int(k) <= int(e) <= MAX_EXPERTS:
+            raise KVTraceError(f"--moe: {experts}: expected E:K with 1 <= K <= E <= {MAX_EXPERTS:,}, e.g. 256:8")
         template = CostModel(name, 0, 0, 0, 0, 0, num_experts=int(e), experts_per_token=int(k))
     if out is not None:  # before the fit: a store or an input there is refused at once
         AtomicText(out, sources).check()

@@ -11,7 +11,8 @@ measurements come in three forms, each read into observations (``engine.costfit`
 * **a ``vllm bench serve`` result** (``.json``, saved with ``--save-result
   --save-detailed``): per request ``input_lens``, ``output_lens``, ``ttfts`` and
   ``itls`` (seconds). A TTFT is the request's prefill, in chunks of
-  ``max_num_batched_tokens``; an inter-token gap is a decode step. With
+  ``max_num_batched_tokens``; an inter-token gap is a decode step; a request that failed
+  (its TTFT 0.0, or an ``errors`` entry) is skipped. With
   ``max_concurrency`` C > 1 every step is assumed to carry C - 1 other decoding
   sequences at the run's mean context, so runs at concurrency 1 fit best (exact there),
   and a few concurrencies together separate the per-token from the per-sequence cost.
@@ -23,8 +24,10 @@ measurements come in three forms, each read into observations (``engine.costfit`
   join each prefill chunk, and the mean number decoding beside it joins each of its
   decode steps. Requests served one at a time fit exactly.
 
-The fit and its error per kind of observation are printed; the model is written as a
-TOML ``[cost_model]`` table that ``kvtrace replay --config`` accepts.
+The fit and its error per kind of observation are printed (with the terms no measurement
+exercised, which keep their given value); the model is written as a TOML ``[cost_model]``
+table that ``kvtrace replay --config`` accepts. Measurements that cannot tell fitted terms
+apart (``engine.costfit.Underdetermined``) are refused, naming the terms.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvtrace.engine.clock import COEFFICIENTS, CostModel, StepWork, prefill_pairs
+from kvtrace.engine.clock import COEFFICIENTS, FITTED_TERMS, CostModel, StepWork, prefill_pairs
 from kvtrace.engine.costfit import Fit, Observation, Underdetermined, fit_cost_model
 from kvtrace.errors import KVTraceError, file_problem
 from kvtrace.workload.lines import MAX_TOKENS, check_int, decoded_lines
@@ -191,10 +194,21 @@ def bench_serve_observations(path: str, max_num_batched_tokens: int) -> list[Obs
     ins, outs, ttfts, itls = (doc[k] for k in needed)
     if not len(ins) == len(outs) == len(ttfts) == len(itls):
         raise KVTraceError(f"{path}: input_lens, output_lens, ttfts and itls differ in length")
-    # every value checked before any is used: a request that failed has no TTFT (null)
+    # every value checked before any is used
     ins = [check_int(path, None, f"input_lens[{i}]", n, 0) for i, n in enumerate(ins)]
     outs = [check_int(path, None, f"output_lens[{i}]", n, 0) for i, n in enumerate(outs)]
-    done = [i for i, t in enumerate(ttfts) if t is not None and ins[i] >= 1]
+    errors = doc.get("errors")
+    if errors is not None and (not isinstance(errors, list) or len(errors) != len(ins)):
+        raise KVTraceError(f"{path}: errors: expected a list with an entry per request (vllm bench serve's), got "
+                           f"{errors!r}"[:200])
+    for i, text in enumerate(errors or ()):
+        if text is not None and not isinstance(text, str):
+            raise KVTraceError(f"{path}: errors[{i}]: expected the request's error text, got {text!r}"[:200])
+    # A request that failed: vllm bench serve leaves its TTFT at 0.0 (no first token) and writes its
+    # error, also when it failed after a first token; null is a TTFT no version measured.
+    failed = {i for i, t in enumerate(ttfts)
+              if t is None or (type(t) in (int, float) and t == 0) or (errors and errors[i])}
+    done = [i for i in range(len(ttfts)) if i not in failed and ins[i] >= 1]
     for i in done:
         where = f"{path}: request {i}"
         _seconds(where, "ttfts", ttfts[i])
@@ -230,7 +244,7 @@ def bench_serve_observations(path: str, max_num_batched_tokens: int) -> list[Obs
         raise KVTraceError(f"{path}: input_lens: the prompts take {steps:,} prefill steps at "
                            f"--max-num-batched-tokens {max_num_batched_tokens:,} with {others:,} other requests in "
                            f"flight; at most {MAX_PREFILL_STEPS:,} are fitted")
-    mean_ctx = sum(n + out / 2 for n, out in zip(ins, outs)) / max(len(ins), 1)
+    mean_ctx = sum(ins[i] + outs[i] / 2 for i in done) / max(len(done), 1)  # (a failed request decoded nothing)
     obs: list[Observation] = []
     for i in done:
         n, ttft, gaps = ins[i], ttfts[i], itls[i]
@@ -376,11 +390,29 @@ def calibrate(paths: Sequence[str | Path], *, name: str, template: CostModel | N
         raise KVTraceError(f"{source}: the fit gives {e}") from None
 
 
+def _toml_string(text: str) -> str:
+    """``text`` as a TOML basic string: quotes, backslashes and control characters escaped, the
+    rest as it is (json.dumps wrote an emoji as a surrogate pair, which no TOML reader takes).
+    A lone surrogate (an undecodable byte of a path) has no TOML form: written as its escape."""
+    out = []
+    for c in text:
+        o = ord(c)
+        if c in '"\\':
+            out.append("\\" + c)
+        elif o < 0x20 or o == 0x7F:
+            out.append(f"\\u{o:04x}")
+        elif 0xD800 <= o <= 0xDFFF:
+            out.append(f"\\\\u{o:04x}")
+        else:
+            out.append(c)
+    return '"' + "".join(out) + '"'
+
+
 def cost_model_toml(model: CostModel) -> str:
     """``model`` as the ``[cost_model]`` table of a ``--config`` file."""
-    lines = ["[cost_model]", f"name = {json.dumps(model.name)}"]
+    lines = ["[cost_model]", f"name = {_toml_string(model.name)}"]
     if model.source:
-        lines.append(f"source = {json.dumps(model.source)}")
+        lines.append(f"source = {_toml_string(model.source)}")
     lines += [f"{key} = {getattr(model, key)}" for key in COEFFICIENTS]
     return "\n".join(lines) + "\n"
 
@@ -393,5 +425,8 @@ def fit_report(fit: Fit) -> list[str]:
     for group, (n, med, mx) in fit.error_by_group().items():
         out.append(f"  {group}: {n} observations, median |error| {med:.1%}, max {mx:.1%}")
     for key in COEFFICIENTS:
-        out.append(f"  {key} = {getattr(m, key):,}")
+        # a term no measurement exercised is the template's (0 unless --moe), not a finding
+        unused = (key == "token_above_knee_ns" and not m.token_knee) or (key == "moe_expert_ns" and not m.num_experts)
+        given = key in FITTED_TERMS and key not in fit.fitted and not unused
+        out.append(f"  {key} = {getattr(m, key):,}" + ("  (not fitted: no measurement exercises it)" if given else ""))
     return out

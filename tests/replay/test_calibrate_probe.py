@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import random
 from dataclasses import replace
 from pathlib import Path
@@ -15,7 +16,10 @@ import pytest
 from kvtrace.engine import clock
 from kvtrace.engine.clock import CostModel, StepWork, prefill_pairs
 from kvtrace.errors import KVTraceError
-from kvtrace.replay.calibrate import calibrate
+from kvtrace.replay.calibrate import calibrate, cost_model_toml, fit_report, observations_from_file
+from kvtrace.replay.config_file import load_config_file
+from kvtrace.workload import TraceRequest
+from kvtrace.workload.native import write_native
 from tests.cli.support import assert_one_line, run
 
 CALIBRATION = Path(__file__).resolve().parents[1] / "data" / "calibration" / "aic-h200-llama-3.1-8b-tp1.csv"
@@ -108,6 +112,84 @@ def test_a_knee_past_which_every_step_lies_is_passed_over_not_chosen(tmp_path):
     assert fit.max_error < 1e-6
 
 
+@pytest.mark.parametrize("name", ['m\U0001f600 "q" \\ end', "\u00e9t\u00e9"])
+def test_the_toml_it_writes_reads_back_as_the_same_model_whatever_the_names(tmp_path, capsys, name):
+    """json.dumps wrote an emoji as a surrogate pair, which --config refused ('not a Unicode
+    scalar value'); a path's DEL, newline and undecodable byte are escaped, not raw."""
+    undecodable = tmp_path / os.fsdecode(b"m\xf0\x9f\x98\x80\x7f\n\xff \"x\\.csv")  # (the CLI refuses it)
+    undecodable.write_bytes(CALIBRATION.read_bytes())
+    fit = calibrate([undecodable], name=name)
+    cfg = tmp_path / "cost.toml"
+    cfg.write_text(cost_model_toml(fit.model), encoding="utf-8")
+    shown = fit.model.source.replace("\udcff", "\\udcff")
+    assert load_config_file(cfg).cost_model == replace(fit.model, source=shown)
+    odd = tmp_path / "m\U0001f600\x7f\n \"x\\.csv"
+    odd.write_bytes(CALIBRATION.read_bytes())
+    out = tmp_path / "cli.toml"
+    code, _, err = run(["calibrate", "--from", str(odd), "--name", name, "-o", str(out)], capsys)
+    assert code == 0, err
+    loaded = load_config_file(out).cost_model
+    assert (loaded.name, loaded.source) == (name, str(odd))
+
+
+def test_a_replay_with_the_fitted_config_takes_the_times_the_model_gives(tmp_path, capsys):
+    """calibrate -o, then replay --config: a lone 4,096-token prompt's TTFT is its one prefill
+    step and each inter-token gap a decode step at its context, as the fitted model prices them."""
+    cfg = tmp_path / "cost.toml"
+    assert run(["calibrate", "--from", str(CALIBRATION), "--name", "mine", "-o", str(cfg)], capsys)[0] == 0
+    model = load_config_file(cfg).cost_model
+    trace = tmp_path / "lone.jsonl"
+    write_native([TraceRequest("a", 0, 4096, 5, hash_ids=tuple(range(256)), hash_block_size=16)], trace)
+    code, out, err = run(["replay", str(trace), "--preset", "dense-attention", "--config", str(cfg), "--json",
+                          "--no-content"], capsys)
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["cost_model"] == "mine"
+    assert summary["p50_ttft_ms"] == pytest.approx(model.step_ns(4096, prefill_pairs(0, 4096), 0, 0, 0, 0) / 1e6,
+                                                   abs=1e-6)
+    gaps = [model.step_ns(1, 0, 4096 + j, 1, 0, 0) / 1e6 for j in range(1, 5)]
+    assert summary["mean_itl_ms"] == pytest.approx(sum(gaps) / len(gaps), abs=1e-6)
+
+
+_BENCH = {"max_concurrency": 1, "input_lens": [100, 200, 400, 800], "output_lens": [3, 3, 3, 3],
+          "ttfts": [0.1, 0.2, 0.3, 0.5], "itls": [[0.01, 0.011], [0.01, 0.012], [0.011, 0.013], [0.012, 0.014]],
+          "errors": ["", "", "", ""]}
+
+
+def test_failed_requests_of_a_vllm_bench_serve_result_are_skipped(tmp_path):
+    """vllm bench serve leaves a failed request's TTFT at 0.0 with output_lens 0 and its error
+    text (one that failed mid-stream keeps its TTFT): the whole file was refused for the 0.0."""
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(_BENCH))
+    failed = {k: list(v) if isinstance(v, list) else v for k, v in _BENCH.items()}
+    for k, v in (("input_lens", [300, 500]), ("output_lens", [0, 0]), ("ttfts", [0.0, 0.25]),
+                 ("itls", [[], [0.02]]), ("errors", ["ClientConnectorError", "stream cut"])):
+        failed[k] += v
+    bad = tmp_path / "failed.json"
+    bad.write_text(json.dumps(failed))
+    assert len(observations_from_file(bad)) == len(observations_from_file(good)) == 12
+    assert calibrate([bad], name="x").model == replace(calibrate([good], name="x").model, source=str(bad))
+
+
+@pytest.mark.parametrize(("errors", "needle"), [
+    ("none", "errors: expected a list with an entry per request"),
+    (["", ""], "errors: expected a list with an entry per request"),
+    (["", "", 5, ""], "errors[2]: expected the request's error text, got 5"),
+])
+def test_a_bench_results_errors_of_the_wrong_shape_are_one_line(tmp_path, errors, needle):
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({**_BENCH, "errors": errors}))
+    with pytest.raises(KVTraceError, match=f"^{path}: ") as err:
+        calibrate([path], name="x")
+    assert needle in str(err.value)
+
+
+def test_more_experts_than_a_cost_model_holds_names_moe(capsys):
+    code, out, err = run(["calibrate", "--from", str(CALIBRATION), "--moe", "70000:8"], capsys)
+    assert_one_line(code, err, "--moe: 70000:8: expected E:K with 1 <= K <= E <= 65,536")
+    assert out == ""
+
+
 def test_the_moe_term_of_a_huge_step_keeps_no_table_past_saturation():
     """A calibrate step of 2^40 tokens with --moe grew the routing table one entry a token
     (a hang, then memory): past the point where every expert is touched it stays there."""
@@ -121,3 +203,9 @@ def test_the_moe_term_of_a_huge_step_keeps_no_table_past_saturation():
     assert len(clock._MOE_TABLES[(97, 3)]) < 10**4
     for t in (0, 1, 2, 50, 1000, 3000):
         assert clock._experts_touched_fp(97, 3, t) == reference(97, 3, t), t
+
+
+def test_the_report_says_which_terms_no_measurement_exercised():
+    lines = fit_report(calibrate([CALIBRATION], name="x"))
+    marked = {line.split()[0] for line in lines if line.endswith("(not fitted: no measurement exercises it)")}
+    assert marked == {"kv_copy_ns", "state_copy_ns"}  # (the steps copy no block; moe: a dense model)
