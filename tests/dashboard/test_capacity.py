@@ -79,3 +79,22 @@ def test_a_linked_curve_that_is_not_in_the_store_is_named_not_silently_replaced(
     assert [w.value for w in at.warning] == [
         "Curve `curve-gone` from the link is not in this store: the newest of this run's trace is shown instead."]
     assert traces(at)["LRU"]["x"] == [100, 200, 400]  # the run's own curve, in its place
+
+
+def test_a_run_without_a_trace_digest_is_told_it_has_no_curve(capacity_db, tmp_path, monkeypatch):
+    """A collected run stores no trace digest: its page says so, without a polars warning
+    about comparing with None in the server's log."""
+    import shutil
+    import warnings
+
+    from kvtrace.store.writer import Store
+
+    db = str(tmp_path / "collected.duckdb")
+    shutil.copy(capacity_db[0], db)
+    with Store.open(db) as store:
+        run = store.create_run("collected", mode="otlp")
+        store.finish_run(run)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        at = render(db, monkeypatch, run=run)
+    assert any("No curve of this run's trace" in i.value for i in at.info)

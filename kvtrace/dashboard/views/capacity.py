@@ -21,7 +21,8 @@ def main() -> None:
     labels = {r["curve_id"]: f"{r['trace_source']} · {r['mode']} · {r['created']}"
               for r in curves.iter_rows(named=True)}
     digest = queries.run_row(run_id).get("trace_digest")
-    of_run = curves.filter(pl.col("trace_digest") == digest)["curve_id"].to_list()
+    # (a run without a trace digest, e.g. a collected one, has no curve: no comparison with None)
+    of_run = curves.filter(pl.col("trace_digest") == digest)["curve_id"].to_list() if digest else []
     newest = "the newest of this run's trace" if of_run else "the newest one"
     state.warn_unknown("curve", curves["curve_id"].to_list(), "Curve", f"{newest} is shown instead.", "this store")
     curve_id = state.bound_select("Curve", curves["curve_id"].to_list(), "curve",
