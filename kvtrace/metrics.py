@@ -25,7 +25,7 @@ their latency fields are None (JSON null), never 0.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -205,6 +205,20 @@ LATENCY_KEYS: tuple[str, ...] = tuple(m.key for m in LATENCIES)
 LATENCY_LABEL = {m.key: m.label for m in LATENCIES}
 DEFAULT_PERCENTILES: tuple[float, ...] = (50, 90, 99)
 MODELLED = "modelled"  # the word every latency view carries
+
+
+def times_source(mode: str | None, cost_model: str | None, code: Callable[[str], str] = str) -> str:
+    """Where a run's times come from, in every view that shows them: the cost model that
+    modelled them; the sender's own, for spans a collector received (a vLLM server's or
+    another replay's, measured or modelled there); none for a cache-only run or a live
+    capture (cache events carry no request times). ``code``: how a model's name is shown."""
+    if cost_model:
+        return f"{MODELLED} by cost model {code(cost_model)}"
+    if mode == "otlp":
+        return "as received over OTLP (the sender's own times, not modelled here)"
+    if mode == "live":
+        return "none (a live capture receives cache events, no request times)"
+    return "none (no clock: cache-only)"
 
 
 def percentile_word(p: float) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 
 from kvtrace.compare.bootstrap import CI_LEVEL
 from kvtrace.compare.model import MetricDelta, RequestChange, RunDiff
-from kvtrace.metrics import MODELLED
+from kvtrace.metrics import MODELLED, times_source
 from kvtrace.names import markdown_code, markdown_literal, markup_literal, printable, stdout_console
 from kvtrace.store.schema import SUMMARY_FIELDS
 
@@ -73,8 +73,8 @@ def to_markdown(diff: RunDiff) -> str:
     lines = [
         f"### kvtrace diff: {markdown_code(_label(a))} → {markdown_code(_label(b))}",
         "",
-        f"Trace: {markdown_code(a.get('trace', '?'))}"
-        + ("" if diff.same_trace else f" vs {markdown_code(b.get('trace', '?'))} (**different traces, forced**)"),
+        f"Trace: {markdown_code(a.get('trace') or '?')}"  # (a collected run names none: not `None`)
+        + ("" if diff.same_trace else f" vs {markdown_code(b.get('trace') or '?')} (**different traces, forced**)"),
     ]
     if a.get("behaviours") is not None or b.get("behaviours") is not None:
         lines.append(f"Behaviours: A {markdown_code(_fmt_behaviours(a))} · B {markdown_code(_fmt_behaviours(b))}")
@@ -141,12 +141,11 @@ def to_markdown(diff: RunDiff) -> str:
 
 
 def times_note(diff: RunDiff, code: Any = markdown_code) -> str:
-    """Where the diff's times come from: every latency is modelled by a cost model (issue
-    18), or absent (a cache-only run has no clock). ``code``: how the model's name is shown
-    (Markdown's code span; plain text for a terminal)."""
+    """Where the diff's times come from (``metrics.times_source``: a cost model, a
+    collector's sender, or none). ``code``: how the model's name is shown (Markdown's code
+    span; plain text for a terminal)."""
     def source(run: dict[str, Any]) -> str:
-        model = run.get("cost_model")
-        return f"{MODELLED} by cost model {code(model)}" if model else "none (no clock: cache-only or foreign run)"
+        return times_source(run.get("mode"), run.get("cost_model"), code)
 
     a, b = source(diff.run_a), source(diff.run_b)
     return f"Times: {a}" if a == b else f"Times: A {a} · B {b}"

@@ -45,3 +45,28 @@ def test_the_command_says_which_run_the_collector_holds(tmp_path, capsys):
     sent = json.loads(out)["otlp_run_id"]
     assert err.strip().splitlines() == [f"kvtrace: spans sent over OTLP as run {sent}"]
     assert read.runs(tmp_path / "collected.duckdb")["run_id"].to_list() == [sent]
+
+
+def test_collected_engine_runs_say_whose_times_and_backend_they_are(tmp_path, capsys):
+    """A collected run keeps no config, hence no cost model: diff said its times were
+    "none (no clock: cache-only or foreign run)" above the latency shifts it then printed,
+    and `runs` named kvtrace's manager as its backend, which the collector cannot know."""
+    import json
+
+    from tests.cli.support import run
+
+    db = tmp_path / "collected.duckdb"
+    collector = OTLPCollector(db, port=0, grpc_port=None).start()
+    try:
+        spec = RunSpec("gen:chat", limit=8)
+        sent = [run_replay(spec, otlp_endpoint=collector.url).otlp_run_id for _ in range(2)]
+    finally:
+        collector.stop()
+    assert all(sent)
+    code, out, err = run(["diff", *sent, "--db", str(db), "--markdown"], capsys)
+    assert code == 0, err
+    assert "Times: as received over OTLP" in out and "no clock" not in out
+    assert "median_ttft_ms" in out and "Trace: `?`" in out
+    code, out, err = run(["runs", "--db", str(db), "--json"], capsys)
+    assert code == 0, err
+    assert [r["backend"] for r in json.loads(out)["runs"]] == [None, None]
