@@ -12,7 +12,9 @@ conversion (``unshift`` by the resource's time offset, ``SpanRowsBuilder.add``,
 from __future__ import annotations
 
 import copy
+import json
 import math
+import re
 
 import pytest
 from hypothesis import given
@@ -22,7 +24,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyVa
 
 from kvtrace.errors import KVTraceError
 from kvtrace.instrument.convert import RUN_ID_RESOURCE_KEY, SpanRowsBuilder, time_offset, unshift
-from kvtrace.instrument.otlp.decode import decode_json, decode_protobuf
+from kvtrace.instrument.otlp.decode import _KIND_NAMES, _STATUS_NAMES, decode_json, decode_protobuf
 from kvtrace.store.schema import ATTRIBUTE_COLUMNS, SOURCE_OTLP, SPAN_RUN, TIME_OFFSET_RESOURCE_KEY
 from tests.fuzz.support import Raw, dump, fuzz, one_line_error
 
@@ -248,3 +250,95 @@ def test_a_hostile_time_offset_resource_attribute_is_refused(offset):
         time_offset(spans[0][0])
     with pytest.raises(KVTraceError):
         store_rows(spans)
+
+
+# -- grammar-aware: one request in each encoding, written every way OTLP/JSON allows ----------------------
+def _same(v):
+    """A decoded value made comparable (NaN equal to NaN)."""
+    if isinstance(v, float) and math.isnan(v):
+        return "NaN"
+    if isinstance(v, dict):
+        return {k: _same(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_same(x) for x in v]
+    return v
+
+
+ONEOF = {"values", "value", "key", "stringValue", "bytesValue", "arrayValue", "kvlistValue"}  # (AnyValue's, kept)
+
+
+def json_variant(req: ExportTraceServiceRequest, draw) -> dict:
+    """``request_json(req)`` as another encoder may write it: snake_case keys, 64-bit ints as
+    numbers, enums by name, upper-case hex ids, URL-safe or unpadded base64, empty fields left
+    out, doubles that are integers written as ints."""
+    import base64
+
+    doc = request_json(req)
+
+    def key(camel: str) -> str:
+        return re.sub(r"[A-Z]", lambda m: "_" + m.group().lower(), camel) if draw(st.booleans()) else camel
+
+    def walk(v, parent: str | None = None):
+        if isinstance(v, list):
+            return [walk(x, parent) for x in v]
+        if not isinstance(v, dict):
+            return v
+        out = {}
+        for k, x in v.items():
+            if k in ("startTimeUnixNano", "endTimeUnixNano", "timeUnixNano", "intValue") and draw(st.booleans()):
+                x = int(x)  # (a JSON number: Python's json reads it exactly)
+            elif k in ("traceId", "spanId", "parentSpanId") and draw(st.booleans()):
+                x = x.upper()
+            elif k == "bytesValue":
+                raw = base64.b64decode(x)
+                x = draw(st.sampled_from([base64.b64encode(raw).decode(), base64.urlsafe_b64encode(raw).decode(),
+                                          base64.b64encode(raw).decode().rstrip("=")]))
+            elif k == "doubleValue" and isinstance(x, float) and x.is_integer() and abs(x) < 2**53 \
+                    and draw(st.booleans()):
+                x = int(x)
+            elif k == "kind" and draw(st.booleans()):
+                x = {v: n for n, v in _KIND_NAMES.items()}.get(x, x)
+            elif k == "code" and parent == "status" and draw(st.booleans()):
+                x = {v: n for n, v in _STATUS_NAMES.items()}.get(x, x)
+            if x in ("", [], {}) and k not in ONEOF and draw(st.booleans()):
+                continue  # (proto3 JSON leaves default values out, but a oneof's member set is written)
+            out[key(k) if k not in ("key", "value", "values") else k] = walk(x, k)
+        return out
+
+    return walk(doc)
+
+
+@fuzz(100)
+@given(req=export_request(), data=st.data())
+def test_protobuf_and_json_of_one_request_decode_the_same(req, data):
+    """What decode_protobuf makes of a request, decode_json makes of its JSON written any
+    way the OTLP JSON mapping allows; a request one refuses the other refuses too."""
+    def decoded(decode, body):
+        try:
+            return _same([(r, {k: v for k, v in kw.items()}, w) for r, kw, w in decode(body)])
+        except Exception as err:  # the invariant is about every exception
+            one_line_error(err)
+            return None
+
+    want = decoded(decode_protobuf, req.SerializeToString())
+    body = json.dumps(json_variant(req, data.draw)).encode()
+    got = decoded(decode_json, body)
+    assert (got is None) == (want is None), f"protobuf {'refused' if want is None else 'read'} it, JSON not: {body!r}"
+    assert got == want, f"{body!r}: protobuf {want}, JSON {got}"
+
+
+@pytest.mark.parametrize("key, value, reason", [
+    ("k" * 500, {"intValue": "x"}, "intValue: expected an integer, got 'x'"),
+    ("x", {"intValue": Raw("1e300")}, "is out of range (-9223372036854775808 to 9223372036854775807)"),
+    ("x", {"intValue": Raw("1" * 400)}, "(400 characters) is out of range"),
+])
+def test_a_refusal_quoting_a_long_key_or_number_still_says_what_is_wrong(key, value, reason):
+    """A refusal is cut at 300 characters, and was cut at its end: a 500-character attribute
+    key in its path, or the 301 digits of an intValue 1e300, left no word of what was wrong."""
+    doc = {"resourceSpans": [{"scopeSpans": [{"spans": [{
+        "traceId": "01" * 16, "spanId": "02" * 8, "startTimeUnixNano": "5", "endTimeUnixNano": "6",
+        "attributes": [{"key": key, "value": value}]}]}]}]}
+    with pytest.raises(KVTraceError) as info:
+        decode_json(dump(doc).encode())
+    text = one_line_error(info.value, "resourceSpans[0].scopeSpans[0].spans[0].", reason)
+    assert len(text) <= 310, text

@@ -44,7 +44,10 @@ class PayloadError(KVTraceError, ValueError):
     cannot (-> 400 / INVALID_ARGUMENT)."""
 
     def __init__(self, message: str):
-        super().__init__(message[:_MESSAGE_CHARS])
+        if len(message) > _MESSAGE_CHARS:  # cut in the middle: the end says what is wrong (a long attribute
+            head, tail = _MESSAGE_CHARS * 3 // 5, _MESSAGE_CHARS * 2 // 5  # key in the path took all of it)
+            message = f"{message[:head]}...{message[-tail:]}"
+        super().__init__(message)
 
 
 def _time(v: int, what: str) -> int:
@@ -170,10 +173,18 @@ def _json_int(v: Any, what: str, lo: int = _I64[0], hi: int = _I64[1]) -> int:
     elif (isinstance(v, float) and v.is_integer()) or (isinstance(v, str) and _DECIMAL.fullmatch(v)):
         out = int(v)
     if out is None:
-        raise PayloadError(f"{what}: expected an integer, got {v!r}")
+        raise PayloadError(f"{what}: expected an integer, got {_shown(v)}")
     if not lo <= out <= hi:
-        raise PayloadError(f"{what}: {out} is out of range ({lo} to {hi})")
+        # (the value shortened: a refusal is cut at _MESSAGE_CHARS, and 1e300's 301 digits
+        # took the rest of it, "is out of range" included)
+        raise PayloadError(f"{what}: {_shown(out)} is out of range ({lo} to {hi})")
     return out
+
+
+def _shown(v: Any) -> str:
+    """A value as a refusal quotes it: at most some 40 characters, and how long it was."""
+    text = repr(v)
+    return text if len(text) <= 40 else f"{text[:24]}... ({len(text):,} characters)"
 
 
 def _json_time(v: Any, what: str) -> int:
