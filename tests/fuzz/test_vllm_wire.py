@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from kvtrace.instrument.ids import SeededIdGenerator
 from kvtrace.instrument.vllm.capture import VllmKVCapture
 from kvtrace.instrument.vllm.rows import VllmSpanRows
-from kvtrace.instrument.vllm.wire import decode_kv_batch
+from kvtrace.instrument.vllm.wire import REMOVED_FIELDS, STORED_FIELDS, decode_kv_batch
 from tests.fuzz.support import fuzz, one_line_error
 from tests.instrument.vllm_publisher import CURRENT, LEGACY
 
@@ -199,3 +199,87 @@ def test_a_ts_that_rounds_past_the_stores_ns_is_refused_as_ts():
     rows = new_rows()
     rows.add(0, b)
     assert rows.take().num_rows == 2
+
+
+# -- grammar-aware: one field of a valid batch hostile, named; one batch in every layout, read the same -----
+FIELD_HOSTILE = {
+    "hash": st.one_of(st.sampled_from([-(2**63), 2**64 - 1, 1.0, math.nan, "ab", None, True, [1], {}]),
+                      st.binary(max_size=40), st.integers(-(2**63), U64)),
+    "int": st.one_of(st.sampled_from([0, -1, 1, 2**31 - 1, 2**31, -(2**31) - 1, 2**63 - 1, 2**63, U64, -(2**63),
+                                      16.0, 1.5, math.nan, math.inf, "16", b"16", True, None, [16], {"a": 1}]),
+                     st.integers(-(2**63), U64)),
+    "str": st.one_of(st.sampled_from(["", "GPU", "é", "\x00", "🙂" * 50, b"GPU", 1, None, True, [], {}]),
+                     st.text(max_size=8)),
+    "list": st.one_of(st.sampled_from([None, [], 5, "ab", b"ab", {"a": 1}, [[1]], [None], [1.5], [True], [-1],
+                                       [U64], [-(2**63)], [2**63]]),
+                      st.lists(st.integers(-(2**63), U64), max_size=4)),
+}
+FIELD_KINDS = {"block_hashes": "list", "parent_block_hash": "hash", "token_ids": "list", "block_size": "int",
+               "lora_id": "int", "medium": "str", "lora_name": "str", "extra_keys": "list", "group_idx": "int",
+               "kv_cache_spec_kind": "str", "kv_cache_spec_sliding_window": "int"}
+# the words a refusal names each field by (a list's item by its own name)
+FIELD_WORDS = {"block_hashes": ("block_hashes", "block hash"), "token_ids": ("token_ids", "token id")}
+
+
+@fuzz(120)
+@given(wire=batch(), data=st.data())
+def test_one_typed_hostile_field_is_refused_naming_it(wire, data):
+    """A valid batch with one field of one event (or the batch's ts or rank) given a hostile
+    value of a kind chosen for it: stored, or refused whole in one line naming the field."""
+    events = wire["events"] if isinstance(wire, dict) else wire[1]
+    if events and data.draw(st.booleans()):
+        i = data.draw(st.integers(0, len(events) - 1))
+        ev = events[i]
+        tag = ev["type"] if isinstance(ev, dict) else ev[0]
+        names = {"BlockStored": STORED_FIELDS, "BlockRemoved": REMOVED_FIELDS}.get(tag, ())
+        if not names:
+            return
+        name = data.draw(st.sampled_from(names))
+        value = copy.deepcopy(data.draw(FIELD_HOSTILE[FIELD_KINDS[name]]))
+        if isinstance(ev, dict):
+            ev[name] = value
+        else:
+            at = 1 + names.index(name)
+            ev.extend([None] * (at + 1 - len(ev)))  # (an older layout stops earlier)
+            ev[at] = value
+    else:
+        name = data.draw(st.sampled_from(["ts", "data_parallel_rank"]))
+        value = data.draw(FIELD_HOSTILE["int"] | st.floats(allow_nan=True, allow_infinity=True))
+        if isinstance(wire, dict):
+            wire[name] = value
+        else:
+            wire.extend([None] * (3 - len(wire)))
+            wire[0 if name == "ts" else 2] = value
+    payload = msgspec.msgpack.encode(wire)
+    try:
+        b, _ = decode_kv_batch(payload)
+        rows = new_rows()
+        rows.add(7, b)
+        rows.take()
+    except Exception as err:  # the invariant is about every exception
+        text = one_line_error(err)
+        assert any(w in text for w in FIELD_WORDS.get(name, (name,))), f"{name} not named: {text!r}"
+
+
+@fuzz(80)
+@given(wire=batch(), data=st.data())
+def test_one_batch_in_every_layout_decodes_the_same(wire, data):
+    """The array-like batch and the map one, array-like events and tagged maps, with fields
+    a newer vLLM appends (ignored): one batch, decoded the same."""
+    events = wire["events"] if isinstance(wire, dict) else wire[1]
+    ts, rank = (wire["ts"], wire.get("data_parallel_rank")) if isinstance(wire, dict) else \
+        (wire[0], wire[2] if len(wire) > 2 else None)
+    want = decode_kv_batch(msgspec.msgpack.encode(wire))
+
+    def other(ev):
+        tag = ev["type"] if isinstance(ev, dict) else ev[0]
+        names = {"BlockStored": STORED_FIELDS, "BlockRemoved": REMOVED_FIELDS}.get(tag, ())
+        fields = {k: v for k, v in ev.items() if k != "type"} if isinstance(ev, dict) else dict(zip(names, ev[1:]))
+        if data.draw(st.booleans()):  # a tagged map, and a key no version has
+            return {"type": tag, **fields, **({"future_field": [1, "x"]} if data.draw(st.booleans()) else {})}
+        return [tag, *(fields.get(n) for n in names), *(["future"] if data.draw(st.booleans()) else [])]
+
+    evs = [other(e) for e in events]
+    layout = data.draw(st.sampled_from(["array", "map"]))
+    again = [ts, evs, rank] if layout == "array" else {"ts": ts, "events": evs, "data_parallel_rank": rank}
+    assert decode_kv_batch(msgspec.msgpack.encode(again)) == want
