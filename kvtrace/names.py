@@ -70,9 +70,11 @@ _MARKDOWN_PUNCTUATION = re.compile(r"""([!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~])"
 
 
 def markdown_literal(text: object) -> str:
-    """A user's or a sender's text (a run's name, a collected run id) inside Streamlit
-    markdown, shown as it is: ``printable``, every ASCII punctuation mark backslash-escaped
-    (no emphasis, link, image, HTML, code, math or colour directive can start in it)."""
+    """A user's or a sender's text (a run's name, a collected run id) inside CommonMark
+    (``diff --markdown``): ``printable``, every ASCII punctuation mark backslash-escaped (no
+    emphasis, link, image, HTML, code, math or colour directive can start in it). Not enough
+    for Streamlit, which rewrites shortcodes and arrows after parsing: the dashboard uses
+    ``kvtrace.dashboard.ui.literal``, built on this."""
     return _MARKDOWN_PUNCTUATION.sub(r"\\\1", printable(text))
 
 

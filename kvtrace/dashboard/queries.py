@@ -209,11 +209,11 @@ def cost_model(run_id: str) -> str | None:
 
 
 def times_caption(run_id: str) -> str:
-    """'modelled by cost model X' (issue 18: every latency view says where its times come from)."""
+    """Where the run's times come from, in diff's words (``metrics.times_source``): every
+    latency view says so (issue 18)."""
     model = cost_model(run_id)
-    if model:
-        return f"{metrics.MODELLED} by cost model {ui.code(model)} (virtual time, not measured)"
-    return "no times: this run has no clock (cache-only or foreign run)"
+    source = metrics.times_source(run_row(run_id).get("mode"), model, ui.code)
+    return f"{source} (virtual time, not measured)" if model else source
 
 
 @dataclass(frozen=True)

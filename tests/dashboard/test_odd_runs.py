@@ -241,3 +241,25 @@ def test_latency_table_shows_the_runs_own_percentiles(tmp_path, monkeypatch):
     ttft = table.row(0, named=True)
     assert ttft["metric"] == "TTFT"
     assert (ttft["p25"], ttft["p99.9"]) == (done.summary["p25_ttft_ms"], done.summary["p99.9_ttft_ms"])
+
+
+def test_a_collected_runs_times_are_the_senders_not_no_clock(tmp_path, monkeypatch):
+    """A collected run has request times but no config, hence no cost model: the Overview
+    and Latency pages said 'this run has no clock' above its latency charts; they say what
+    `kvtrace diff` says of it (metrics.times_source)."""
+    import synthetic_run
+
+    from kvtrace.metrics import times_source
+    from kvtrace.store.writer import Store
+
+    db = str(tmp_path / "collected.duckdb")
+    store = Store.open(db)
+    run = store.create_run("collected", mode="otlp")
+    steps, _ = synthetic_run.simulate(True, n_requests=6)
+    synthetic_run.write_steps(store, run, steps)
+    store.close()
+    want = f"Times: {times_source('otlp', None)}."
+    for page in ("overview", "latency"):
+        at = render(db, monkeypatch, page, run=run)
+        assert any(c.startswith(want) for c in _captions(at)), (page, _captions(at))
+        assert not any("no clock" in c for c in _captions(at)), (page, _captions(at))
