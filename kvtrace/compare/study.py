@@ -85,10 +85,14 @@ class StudyPoint:
     parameter: str | None = None
     value: Any = None
 
-    def to_json(self) -> dict[str, Any]:
+    def effect(self, behaviour: str) -> dict[str, Any]:
+        return expected_effect(behaviour, self.on, self.off)
+
+    def to_json(self, behaviour: str) -> dict[str, Any]:
         from kvtrace.compare.render import to_json
 
-        out: dict[str, Any] = {"on": self.on, "off": self.off, "diff": to_json(self.diff)}
+        out: dict[str, Any] = {"on": self.on, "off": self.off, "diff": to_json(self.diff),
+                               "expected_effect": self.effect(behaviour)}
         if self.run_on is not None:
             out["run_on"], out["run_off"] = self.run_on, self.run_off
         if self.parameter is not None:
@@ -120,8 +124,9 @@ class StudyResult:
         return self.first.diff
 
     def to_json(self) -> dict[str, Any]:
-        """{"behaviour", "trace", "on", "off", "diff"} (of the first point) [+ "sweep"]."""
-        out: dict[str, Any] = {"behaviour": self.behaviour, "trace": self.trace, **self.first.to_json()}
+        """{"behaviour", "trace", "on", "off", "diff", "expected_effect"} (of the first point) [+ "sweep"]."""
+        out: dict[str, Any] = {"behaviour": self.behaviour, "trace": self.trace,
+                               **self.first.to_json(self.behaviour)}
         out.pop("parameter", None)
         out.pop("value", None)
         if self.db is not None:
@@ -129,7 +134,7 @@ class StudyResult:
         if len(self.points) > 1 or self.first.parameter is not None:
             out["sweep"] = {
                 "parameter": self.first.parameter,
-                "points": [p.to_json() for p in self.points],
+                "points": [p.to_json(self.behaviour) for p in self.points],
             }
         return out
 
@@ -145,7 +150,7 @@ class StudyResult:
         for p in self.points:
             if p.parameter is not None:
                 parts += [f"#### {p.parameter} = {p.value}", ""]
-            parts.append(to_markdown(p.diff))
+            parts += [to_markdown(p.diff), f"**{verdict_line(p.effect(self.behaviour))}**", ""]
         return "\n".join(parts)
 
     def sweep_markdown(
@@ -173,6 +178,9 @@ class StudyResult:
             if p.parameter is not None:
                 console.print(f"[bold]{p.parameter} = {p.value}[/bold]")
             render(p.diff, console)
+            effect = p.effect(self.behaviour)
+            colour = "green" if effect["shown"] else "red"
+            console.print(f"[{colour}]{markup_literal(verdict_line(effect))}[/{colour}]")
         if self.first.parameter is not None:
             console.print(self.sweep_table())
 
@@ -216,6 +224,25 @@ def expectation_failures(behaviour: str, on: Mapping[str, Any], off: Mapping[str
         if a is None or b is None or not (a - b) * sign > 0:
             failures.append(f"{metric}: expected off {'>' if sign > 0 else '<'} on, got off={a} on={b}")
     return failures
+
+
+def expected_effect(behaviour: str, on: Mapping[str, Any], off: Mapping[str, Any]) -> dict[str, Any]:
+    """The study's verdict: whether the behaviour's expected effect showed (``shown``), in
+    words (``expected``), and which checks did not hold (``unmet``, ``expectation_failures``)."""
+    if behaviour == EXTERNAL_HIT_RUNNING_COW:
+        expected = "divergent outputs or stale hashes with it off, none with it on"
+    else:
+        expected = ", ".join(f"{m} {'lower' if sign > 0 else 'higher'} with it on"
+                             for m, sign in EXPECTED_OFF_DIRECTION[behaviour].items())
+    unmet = expectation_failures(behaviour, on, off)
+    return {"shown": not unmet, "expected": expected, "unmet": unmet}
+
+
+def verdict_line(effect: Mapping[str, Any]) -> str:
+    """``expected_effect`` as the one line study ends with (plain text: kvtrace's own words)."""
+    if effect["shown"]:
+        return f"Expected effect shown: {effect['expected']}."
+    return f"Expected effect NOT shown ({effect['expected']}): {'; '.join(effect['unmet'])}."
 
 
 def parse_sweep(sweep: Any) -> tuple[str, list[Any]] | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from rich.console import Console
 
 from kvtrace.compare import study as S
 from kvtrace.compare.model import diff_summaries
@@ -72,7 +73,7 @@ def test_study_json_shape_without_and_with_sweep():
     res = S.StudyResult("shared-prefix-pinning", "gen:study-shared-prefix-pinning",
                         [S.StudyPoint(on=on, off=off, diff=d)])
     j = res.to_json()
-    assert list(j) == ["behaviour", "trace", "on", "off", "diff"]
+    assert list(j) == ["behaviour", "trace", "on", "off", "diff", "expected_effect"]
     assert j["diff"]["metrics"]["prefix_cache_hit_rate"]["delta"] == pytest.approx(0.3)
     res.points.append(S.StudyPoint(on=on, off=off, diff=d, parameter="capacity_blocks", value=64))
     res.points[0].parameter, res.points[0].value = "capacity_blocks", 32
@@ -83,6 +84,25 @@ def test_study_json_shape_without_and_with_sweep():
     md = res.to_markdown()
     assert "| capacity_blocks | prefix_cache_hit_rate off | prefix_cache_hit_rate on |" in md
     assert "| 32 | 0.5000 | 0.8000 |" in md
+
+
+def test_study_ends_with_its_verdict_in_every_format():
+    """study printed the diff and never said whether the behaviour's expected effect showed
+    (expectation_failures was read only by tests and the notebook)."""
+    off = {"prefix_cache_hits": 10, "prefix_cache_hit_rate": 0.5}
+    shown = {"prefix_cache_hits": 20, "prefix_cache_hit_rate": 0.8}
+    not_shown = {"prefix_cache_hits": 10, "prefix_cache_hit_rate": 0.8}
+    for on, ok in ((shown, True), (not_shown, False)):
+        res = S.StudyResult(S.SHARED_PREFIX_PINNING, "t", [S.StudyPoint(on=on, off=off, diff=diff_summaries(off, on))])
+        effect = res.to_json()["expected_effect"]
+        assert effect["shown"] is ok and effect["unmet"] == S.expectation_failures(S.SHARED_PREFIX_PINNING, on, off)
+        line = S.verdict_line(effect)
+        assert line.startswith("Expected effect shown" if ok else "Expected effect NOT shown")
+        assert ok or "prefix_cache_hits: expected off < on, got off=10 on=10" in line
+        assert res.to_markdown().rstrip().endswith(f"**{line}**")
+        console = Console(record=True, width=2000)
+        res.print(console)
+        assert console.export_text().rstrip().endswith(line)
 
 
 # --------------------------------------------------------------------- end to end
