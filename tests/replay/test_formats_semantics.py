@@ -49,8 +49,9 @@ BAILIAN = FORMATS_DIR / "bailian_qwen.jsonl"
 AZURE_2023 = FORMATS_DIR / "azure_2023.csv"
 AZURE_2024 = FORMATS_DIR / "azure_2024.csv"
 WEKA = FORMATS_DIR / "weka"
+WEKA_SUBAGENT = FORMATS_DIR / "weka_subagent" / "s.json"
 SAMPLES = [(MOONCAKE, "mooncake"), (DATAGEN, "mooncake"), (BAILIAN, "bailian"), (AZURE_2023, "azure"),
-           (AZURE_2024, "azure"), (WEKA, "weka")]
+           (AZURE_2024, "azure"), (WEKA, "weka"), (WEKA_SUBAGENT, "weka")]
 
 
 def prompts(path) -> list[np.ndarray]:
@@ -185,6 +186,44 @@ def test_weka_local_ids_share_within_a_file_and_global_ids_across_files():
     assert common_prefix(p["b/0"], p["a/0"]) == 0  # ids 1, 2 of another file are other blocks
     assert common_prefix(p["g2/0"], p["g1/0"]) == 128  # global: the same blocks in both files
     assert hit_tokens(WEKA) == {"a/0": 0, "b/0": 0, "g1/0": 0, "b/1": 128, "g2/0": 128, "a/1": 128, "a/2": 192}
+
+
+def test_weka_subagent_requests_join_the_timeline_at_their_start():
+    """A ``type: "subagent"`` entry (17 of the 710 public conversations hold one) was refused
+    as a request missing ``in``. The tester's flatten_requests times a sub-agent's requests
+    from its start (parent base + entry t + request t) and replays it as another user."""
+    reqs = read_trace(WEKA_SUBAGENT)
+    assert [r.arrival_ns for r in reqs] == [0, 10_000_000_000, 12_000_000_000, 16_000_000_000]
+    assert [r.input_length for r in reqs] == [150, 130, 256, 200]
+    assert [r.request_id for r in reqs] == ["s/0", "s/1/0", "s/2", "s/1/1"]
+    assert [r.session_id for r in reqs] == ["conv-s", "conv-s:agent_001", "conv-s", "conv-s:agent_001"]
+    assert {r.namespace for r in reqs} == {namespace_for("s.json")}  # one file, one id space
+    p = {r.request_id: r.prompt_token_ids() for r in reqs}
+    assert common_prefix(p["s/1/1"], p["s/1/0"]) == 128  # the sub-agent's own two blocks
+    assert common_prefix(p["s/2"], p["s/0"]) == 128 and common_prefix(p["s/1/0"], p["s/0"]) == 0
+    tails = [r.hash_ids[-1] for r in reqs if r.input_length % 64]
+    assert len(set(tails)) == len(tails) == 3 and min(tails) >= TAIL_ID_BASE  # each tail its own block
+
+
+@pytest.mark.parametrize("edit,line,what", [
+    (lambda d: d["requests"][1]["requests"][1].pop("in"), 1, "requests[1].requests[1].in: missing"),
+    (lambda d: d["requests"][1]["requests"][1].update(t=-1.0), 1, "requests[1].requests[1].t"),
+    (lambda d: d["requests"][1]["requests"][0].update(type="subagent"), 1, "a sub-agent inside a sub-agent"),
+    (lambda d: d["requests"][1].update(t=1e300), 1, "requests[1].t"),
+])
+def test_a_bad_subagent_request_is_one_line_naming_its_place(edit, line, what, tmp_path):
+    import json
+
+    from kvtrace.errors import TraceFormatError
+
+    doc = json.loads(WEKA_SUBAGENT.read_text())
+    edit(doc)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(TraceFormatError) as err:
+        read_trace(bad)
+    assert str(err.value).startswith(f"{bad}:{line}: ") and what in str(err.value), str(err.value)
+    assert "\n" not in str(err.value)
 
 
 # -- convert -----------------------------------------------------------------------------

@@ -4,12 +4,18 @@ File keys used: ``block_size``, ``hash_id_scope`` ("local" or "global"; default 
 ``id`` (optional), ``requests[{t, type, model, in, out, hash_ids}]`` with ``t`` in
 seconds from the conversation start. Other keys are ignored.
 
+- A ``type: "subagent"`` entry holds its own ``requests``, timed from the sub-agent's
+  start (its ``t``), as the tester's ``flatten_requests`` reads them: each runs at the
+  parent's base + the entry's ``t`` + its own ``t``, merged into the file's timeline by
+  arrival. A sub-agent is a session of its own (``<id>:<agent_id>``, the tester replays it
+  as another user); its ids share the file's namespace. Its requests are named
+  ``<stem>/<i>/<j>``. (One level, as the tester writes them: one deeper is refused.)
 - ``local`` ids are only meaningful inside their file, so each file gets its own
   namespace, derived from the file *name* (sha256, not Python's salted ``hash()``): the
   same conversation file always expands to the same tokens.
 - kv-cache-tester hashes only full blocks (``len(hash_ids) == floor(in / block_size)``).
   kvtrace's convention is one id per block with the last one partial, so a leftover tail
-  gets a synthetic id unique to that request (``TAIL_ID_BASE`` + its index, in a local
+  gets a synthetic id unique to that request (``TAIL_ID_BASE`` + its index in file order, in a local
   file's own namespace; in a ``global`` file, which shares namespace 0 with every other,
   + its index offset by a hash of the file's name, so two files' tails never meet): it
   can never hit, as in the tester. Lists already of length ``ceil`` are taken as they are.
@@ -25,7 +31,7 @@ import heapq
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import msgspec
 
@@ -35,6 +41,7 @@ from kvtrace.workload import TraceRequest
 from kvtrace.workload.lines import (
     COMPRESSED_SUFFIXES,
     MAX_ID,
+    MAX_TIME_NS,
     ArrivalOrder,
     LineDecoder,
     S,
@@ -50,16 +57,26 @@ MAX_FILE_BYTES = 256 << 20
 
 class WekaRequest(msgspec.Struct):
     t: int | float
-    in_: int = msgspec.field(name="in")
+    in_: int | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="in")  # (absent: a sub-agent entry)
     out: int = 0
     hash_ids: list[int] = msgspec.field(default_factory=list)
     type: str | None = None
     model: str | None = None
 
 
+class WekaEntry(WekaRequest):
+    """A conversation's entry: a request, or a sub-agent holding its own (one level deep,
+    as the tester writes them: the schema is not recursive)."""
+    agent_id: str | None = None
+    requests: list[WekaRequest] | None = None
+
+
+SUBAGENT = "subagent"
+
+
 class WekaFile(msgspec.Struct):
     block_size: int
-    requests: list[WekaRequest]
+    requests: list[WekaEntry]
     hash_id_scope: str = "local"
     id: str | None = None
 
@@ -172,7 +189,8 @@ def _load(path: str) -> tuple[str, WekaFile]:
 
 
 def read_weka_file(path: str, rank: int = 0) -> Iterator[tuple[int, int, int, TraceRequest]]:
-    """(arrival_ns, rank, index, request) for each request of one conversation file."""
+    """(arrival_ns, rank, index, request) for each request of one conversation file, by
+    arrival (a sub-agent's requests joined into the parent's timeline; ties in file order)."""
     text, conv = _load(path)
     bs = conv.block_size
     if bs <= 0:
@@ -186,37 +204,65 @@ def read_weka_file(path: str, rank: int = 0) -> Iterator[tuple[int, int, int, Tr
     else:
         raise TraceFormatError(path, 1, f"hash_id_scope: expected 'local' or 'global', got {conv.hash_id_scope!r}")
     stem = os.path.splitext(os.path.basename(path))[0]
-    session = conv.id or stem
-    order = ArrivalOrder(path, "t", S)
-    for i, r in enumerate(conv.requests):
-        def fail(what: str, i: int = i):
-            return TraceFormatError(path, request_line(text, i), f"requests[{i}].{what}")
-        try:
-            n = check_int(path, None, "in", r.in_, 1)
-            out = check_int(path, None, "out", r.out, 0)
-            arrival = order.check(r.t, None)
-        except TraceFormatError as e:
-            raise fail(e.what) from None
-        ids = r.hash_ids
-        full, want = n // bs, cdiv(n, bs)
-        if len(ids) == full and full != want:
-            ids = ids + [tail_base + i]
-        elif len(ids) != want:
-            raise fail(
-                f"hash_ids: expected floor or ceil of in {n} / block_size {bs} ({full} or {want}) ids, got {len(ids)}"
-            )
-        if ids and (min(ids) < 0 or max(ids) > MAX_ID):
-            raise fail("hash_ids: ids must lie in [0, 2^63)")
-        yield arrival, rank, i, TraceRequest(
-            request_id=f"{stem}/{i}",
-            arrival_ns=arrival,
-            input_length=n,
-            output_length=out,
-            hash_ids=tuple(ids),
-            hash_block_size=bs,
-            namespace=namespace,
-            session_id=session,
-        )
+    out: list[tuple[int, int, int, TraceRequest]] = []
+    # (index: the request's place in file order, which also numbers a partial block's tail
+    # id: a file without sub-agents keeps the ids it always had)
+    # (each timeline: its entries, start, session, request-id prefix, JSON key, and the
+    # top-level entry it sits in, whose line an error names)
+    timelines: list[tuple[Sequence[WekaRequest], int, str, str, str, int]] = [
+        (conv.requests, 0, conv.id or stem, stem, "requests", -1)]
+    while timelines:
+        entries, base_ns, session, name, where, top = timelines.pop(0)
+        order = ArrivalOrder(path, "t", S)
+        for i, r in enumerate(entries):
+            key, at = f"{where}[{i}]", i if top < 0 else top
+
+            def fail(what: str, at: int = at, key: str = key) -> TraceFormatError:
+                return TraceFormatError(path, request_line(text, at), f"{key}.{what}")
+            try:
+                arrival = base_ns + order.check(r.t, None)
+            except TraceFormatError as e:
+                raise fail(e.what) from None
+            if arrival >= MAX_TIME_NS:
+                raise fail(f"t: the sub-agent's start plus {r.t!r} s is past {MAX_TIME_NS // S:,} s")
+            if r.type == SUBAGENT:
+                if not isinstance(r, WekaEntry):
+                    raise fail("type: a sub-agent inside a sub-agent, which kvtrace does not read")
+                agent = r.agent_id if r.agent_id is not None else str(i)
+                timelines.append((r.requests or [], arrival, f"{session}:{agent}", f"{name}/{i}",
+                                  f"{key}.requests", at))
+                continue
+            if r.in_ is msgspec.UNSET:
+                raise fail("in: missing (every request has one; only a sub-agent entry has none)")
+            try:
+                n = check_int(path, None, "in", r.in_, 1)
+                n_out = check_int(path, None, "out", r.out, 0)
+            except TraceFormatError as e:
+                raise fail(e.what) from None
+            index = len(out)
+            ids = r.hash_ids
+            full, want = n // bs, cdiv(n, bs)
+            if len(ids) == full and full != want:
+                ids = ids + [tail_base + index]
+            elif len(ids) != want:
+                raise fail(
+                    f"hash_ids: expected floor or ceil of in {n} / block_size {bs} ({full} or {want}) ids, "
+                    f"got {len(ids)}"
+                )
+            if ids and (min(ids) < 0 or max(ids) > MAX_ID):
+                raise fail("hash_ids: ids must lie in [0, 2^63)")
+            out.append((arrival, rank, index, TraceRequest(
+                request_id=f"{name}/{i}",
+                arrival_ns=arrival,
+                input_length=n,
+                output_length=n_out,
+                hash_ids=tuple(ids),
+                hash_block_size=bs,
+                namespace=namespace,
+                session_id=session,
+            )))
+    out.sort(key=lambda x: x[:3])
+    yield from out
 
 
 def read_weka(path: str) -> Iterator[TraceRequest]:
