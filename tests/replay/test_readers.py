@@ -584,3 +584,16 @@ def test_blank_lines_before_an_azure_header_are_skipped_as_between_rows(tmp_path
     assert len(read_trace(write(tmp_path, "b.csv", "\n\n" + AZURE_HEAD + rows.split("\r\n")[0]), "azure")) == 1
     with pytest.raises(TraceFormatError, match=r"c\.csv:3: missing column\(s\) \['GeneratedTokens'\]"):
         read_trace(write(tmp_path, "c.csv", "\n\nTIMESTAMP,ContextTokens\n"), "azure")
+
+
+def test_the_format_is_detected_from_the_first_lines_keys_whatever_its_values(tmp_path):
+    """A first line holding a number past a double (1e400) could not be decoded whole, so
+    its format was not detected ("cannot detect the trace format", naming nothing wrong);
+    one that is no JSON at all now says why."""
+    p = write(tmp_path, "m.jsonl", '{"timestamp": 0, "input_length": 1, "output_length": 1e400, "hash_ids": [0]}\n')
+    assert detect_format(str(p)) == "mooncake"
+    with pytest.raises(TraceFormatError, match=r"m\.jsonl:1: Number out of range - at `\$\.output_length`"):
+        read_trace(p)
+    p = write(tmp_path, "n.jsonl", '{"timestamp": NaN, "input_length": 1, "output_length": 1, "hash_ids": [0]}\n')
+    with pytest.raises(TraceFormatError, match=r"n\.jsonl:1: cannot detect the trace format \(invalid JSON: "):
+        read_trace(p)

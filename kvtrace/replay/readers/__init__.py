@@ -36,6 +36,8 @@ READERS = {
 BLOCK_SIZE_OPTION = {"mooncake": mooncake.DEFAULT_BLOCK_SIZE, "bailian": bailian.DEFAULT_BLOCK_SIZE,
                      "azure": azure.DEFAULT_BLOCK_SIZE}
 
+_KEYS = msgspec.json.Decoder(dict[str, msgspec.Raw])  # a JSON object's keys, its values left unread
+
 __all__ = ["FORMATS", "TraceSource", "detect_format", "open_trace", "read_trace"]
 
 
@@ -54,11 +56,12 @@ def detect_format(path: str) -> str:
         raise TraceFormatError(path, None, "empty file; cannot detect the trace format")
     lineno, text = first
     stripped = text.strip()
+    why = ""
     if stripped.startswith("{"):
-        try:
-            obj = msgspec.json.decode(stripped)
-        except JSON_ERRORS:
-            obj = None
+        try:  # the keys only: a value no reader takes (1e400) is named by the reader, at its key
+            obj = _KEYS.decode(stripped)
+        except JSON_ERRORS as e:
+            obj, why = None, f" (invalid JSON: {e})"
         if isinstance(obj, dict):
             if HEADER_KEY in obj:
                 return "native"
@@ -73,7 +76,7 @@ def detect_format(path: str) -> str:
     elif "ContextTokens" in stripped and "TIMESTAMP" in stripped:
         return "azure"
     raise TraceFormatError(
-        path, lineno, f"cannot detect the trace format; pass a format, one of {', '.join(FORMATS)}"
+        path, lineno, f"cannot detect the trace format{why}; pass a format, one of {', '.join(FORMATS)}"
     )
 
 
