@@ -125,11 +125,21 @@ def numbered_lines(path: str) -> Iterator[tuple[int, str]]:
 JSON_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
 
 
-def decode_error(path: str, line: int | None, err: Exception) -> TraceFormatError:
+# A high surrogate's escape in the last bytes of a line: msgspec looks six bytes past it for
+# its pair and, finding the line's end, says "Input data was truncated" of a whole line.
+_LONE_SURROGATE_AT_END = re.compile(r"\\u[dD][89abAB][0-9a-fA-F]{2}(?=[^\\]{0,5}$)")
+
+
+def decode_error(path: str, line: int | None, err: Exception, text: str = "") -> TraceFormatError:
+    """The one-line error of a JSON line ``text`` the decoder refused with ``err``."""
     if isinstance(err, msgspec.ValidationError):
         return TraceFormatError(path, line, str(err))
     if isinstance(err, RecursionError):
         return TraceFormatError(path, line, "invalid JSON: nested too deeply")
+    lone = _LONE_SURROGATE_AT_END.search(text.rstrip()) if "truncated" in str(err) else None
+    if lone:
+        return TraceFormatError(path, line, f"invalid JSON: {lone.group()} is half a UTF-16 surrogate pair, "
+                                            "which no text holds")
     return TraceFormatError(path, line, f"invalid JSON: {err}")
 
 
@@ -208,7 +218,7 @@ def typed_lines(path: str, schema: type[T]) -> Iterator[tuple[int, T]]:
         try:
             yield lineno, decoder.decode(text)
         except JSON_ERRORS as e:
-            raise decode_error(path, lineno, e) from None
+            raise decode_error(path, lineno, e, text) from None
 
 
 _DECIMAL = re.compile(r"[+-]?[0-9]{1,40}")

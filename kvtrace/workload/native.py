@@ -83,7 +83,7 @@ def parse_header(path: str, lineno: int, text: str) -> dict:
     try:
         header = msgspec.json.decode(text)
     except JSON_ERRORS as e:
-        raise decode_error(path, lineno, e) from None
+        raise decode_error(path, lineno, e, text) from None
     if not isinstance(header, dict) or HEADER_KEY not in header:
         raise TraceFormatError(path, lineno, f'expected a header line {{"{HEADER_KEY}": {FORMAT_VERSION}, ...}}')
     version = header[HEADER_KEY]
@@ -117,7 +117,7 @@ def read_native(path: str) -> Iterator[TraceRequest]:
         try:
             row = decoder.decode(text)
         except JSON_ERRORS as e:
-            raise decode_error(path, lineno, e) from None
+            raise decode_error(path, lineno, e, text) from None
         n = check_int(path, lineno, "input_length", row.input_length, 1)
         out = check_int(path, lineno, "output_length", row.output_length, 0)
         rid = row.request_id if row.request_id is not None else f"r{index}"

@@ -597,3 +597,16 @@ def test_the_format_is_detected_from_the_first_lines_keys_whatever_its_values(tm
     p = write(tmp_path, "n.jsonl", '{"timestamp": NaN, "input_length": 1, "output_length": 1, "hash_ids": [0]}\n')
     with pytest.raises(TraceFormatError, match=r"n\.jsonl:1: cannot detect the trace format \(invalid JSON: "):
         read_trace(p)
+
+
+@pytest.mark.parametrize("fmt, text", [
+    ("mooncake", '{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [0], "note": "\\ud800"}'),
+    ("native", '{"kvtrace_trace": 1}\n{"arrival_ns": 0, "input_length": 1, "output_length": 1, "token_ids": [1], '
+               '"session": "\\ud83d"}'),
+])
+def test_half_a_surrogate_pair_at_a_lines_end_is_named_as_such(tmp_path, fmt, text):
+    """msgspec said "Input data was truncated" of a whole line whose last string was one
+    lone surrogate escape (it looked six bytes past it for the pair)."""
+    p = write(tmp_path, "t.jsonl", text + "\n")
+    with pytest.raises(TraceFormatError, match=r"t\.jsonl:\d: invalid JSON: \\ud8[03][0d] is half a UTF-16 surrogate"):
+        read_trace(p, fmt)
