@@ -54,14 +54,16 @@ _COMPRESSED = ((b"\x1f\x8b", "gzip", "gunzip"), (b"\x28\xb5\x2f\xfd", "zstd", "u
 COMPRESSED_SUFFIXES = (".gz", ".zst", ".bz2", ".xz", ".zip")
 
 
-def compressed_problem(path: str) -> str | None:
+def compressed_problem(path: str, head: bytes | None = None) -> str | None:
     """What a compressed file is and how to open it (kvtrace reads traces as plain text:
-    a gzip file was 'not UTF-8 text (byte 0x8b ...)'), or None."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(6)
-    except OSError:
-        return None  # (file_problem names it)
+    a gzip file was 'not UTF-8 text (byte 0x8b ...)'), or None. ``head``: the file's first
+    bytes when they are read already."""
+    if head is None:
+        try:
+            with open(path, "rb") as f:
+                head = f.read(6)
+        except OSError:
+            return None  # (file_problem names it)
     for magic, kind, tool in _COMPRESSED:
         if head.startswith(magic):
             return f"{kind}-compressed; kvtrace reads traces as plain text: decompress it first ({tool})"

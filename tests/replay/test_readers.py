@@ -610,3 +610,17 @@ def test_half_a_surrogate_pair_at_a_lines_end_is_named_as_such(tmp_path, fmt, te
     p = write(tmp_path, "t.jsonl", text + "\n")
     with pytest.raises(TraceFormatError, match=r"t\.jsonl:\d: invalid JSON: \\ud8[03][0d] is half a UTF-16 surrogate"):
         read_trace(p, fmt)
+
+
+@pytest.mark.parametrize("pack, kind", [("gzip", "gzip"), ("bz2", "bzip2")])
+def test_a_compressed_conversation_named_json_in_a_weka_directory_is_named_as_such(tmp_path, pack, kind):
+    """Alone it was named gzip-compressed; in a directory, under a .json name, it was 'not
+    UTF-8 text' (a bzip2 one, whose magic is ASCII, 'invalid JSON')."""
+    import importlib
+
+    d = tmp_path / "w"
+    d.mkdir()
+    (d / "a.json").write_text('{"block_size": 64, "requests": [{"t": 0, "in": 10, "hash_ids": []}]}')
+    (d / "b.json").write_bytes(importlib.import_module(pack).compress(b'{"block_size": 64, "requests": []}'))
+    with pytest.raises(TraceFormatError, match=rf"b\.json: {kind}-compressed; kvtrace reads traces as plain text"):
+        read_trace(d)

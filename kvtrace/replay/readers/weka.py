@@ -46,6 +46,7 @@ from kvtrace.workload.lines import (
     LineDecoder,
     S,
     check_int,
+    compressed_problem,
     without_bom,
 )
 
@@ -168,6 +169,9 @@ def _load(path: str) -> tuple[str, WekaFile]:
             raw = without_bom(raw)
     except OSError as e:
         raise TraceFormatError(path, None, f"cannot open: {e.strerror}") from None
+    problem = compressed_problem(path, raw[:6])  # (a directory's file named .json: 'not UTF-8 text' it was)
+    if problem is not None:
+        raise TraceFormatError(path, None, problem)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
