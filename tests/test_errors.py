@@ -12,6 +12,7 @@ import pytest
 from kvtrace.cli.output import StdoutClosed
 from kvtrace.compare.model import UnknownMetric
 from kvtrace.engine.backends.vllm.config import UnsupportedConfig
+from kvtrace.engine.costfit import Underdetermined
 from kvtrace.errors import ConfigError, KVTraceError, OutputClosed, TraceFormatError
 from kvtrace.instrument.convert import UnstorableValue
 from kvtrace.instrument.otlp.collector import CollectorClosed, ExportAbandoned
@@ -39,6 +40,7 @@ EXAMPLES = {
     StdoutClosed: StdoutClosed("cannot write to stdout: Broken pipe"),
     BadArgument: BadArgument("hit_counters", "run_id", "expected str, got 0"),
     UnknownMetric: UnknownMetric("runs r1 (mode otlp) and r2 (mode otlp): no metric 'x' to compare"),
+    Underdetermined: Underdetermined(["prefill_token_ns", "step_ns"], 1, 2, 1, 0),
 }
 
 
