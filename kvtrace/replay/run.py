@@ -221,6 +221,18 @@ def _origins(spec: RunSpec, file_cfg) -> dict[str, str]:
     return origin
 
 
+def _storage_error_at_origin(err: ConfigError, spec: RunSpec) -> ConfigError:
+    """The storage check's error naming the config file's keys that size the storage, where
+    the file sets them (it named the flags alone, whatever the file held)."""
+    if not spec.config_file:
+        return err
+    cache = load_config_file(spec.config_file).cache
+    keys = [f"cache.{k}" for k in ("groups", "num_gpu_blocks") if k in cache]
+    if not keys:
+        return err
+    return ConfigError(spec.config_file, " / ".join(keys), f"KV storage of {err.key}: {err.what}")
+
+
 def unsupported_at_origin(err: KVTraceError, spec: RunSpec) -> KVTraceError:
     """A configuration the vllm backend refuses (``UnsupportedConfig``, which knows only
     ``CacheConfig`` fields) restated at the first flag or file key of its ``keys`` the
@@ -503,7 +515,10 @@ def validate(spec: RunSpec) -> tuple[dict[str, Any], list[str], Any]:
                                   "vLLM's code as it is (patch vLLM instead, or use --backend kvtrace)")
         preset = engine_preset(spec)
         if spec.content:  # no device storage without content
-            check_storage_fits(preset.cache_config)
+            try:
+                check_storage_fits(preset.cache_config)
+            except ConfigError as err:
+                raise _storage_error_at_origin(err, spec) from None
         config = config_json(preset)
         config["content"] = spec.content
         config["backend"] = spec.backend

@@ -74,6 +74,8 @@ def test_huge_output_length_is_refused_before_it_hangs(tmp_path, capsys):
     ("groups = [{type={a=1}, block_size=64}]", "cache.groups[0].type"),
     # no request could be scheduled: the error blamed --capacity-blocks
     ("num_speculative_blocks = 1000000", "cache.num_speculative_blocks: 1,000,000 is not below the pool"),
+    # storage no machine holds (160,000 GiB): named the flags alone, not the file's key
+    ('groups = [{type="sliding_window", block_size=2147483648, sliding_window=1}]', "cache.groups: KV storage"),
 ])
 def test_toml_cache_values_name_the_file_and_key(tmp_path, capsys, line, key):
     cfg = tmp_path / "run.toml"
