@@ -15,10 +15,18 @@ from kvtrace.cache.events import (
     BlockEvicted,
     BlockPublished,
     BlocksFreed,
+    CacheEvent,
     PrefixLookup,
     StaleHashLeft,
 )
-from kvtrace.engine.events import DivergentOutput, RequestFinished, StaleHashFound, StepBatch, StepExecuted
+from kvtrace.engine.events import (
+    DivergentOutput,
+    EngineEvent,
+    RequestFinished,
+    StaleHashFound,
+    StepBatch,
+    StepExecuted,
+)
 
 
 def h(i: int) -> bytes:
@@ -27,7 +35,7 @@ def h(i: int) -> bytes:
 
 def one_of_each_step(step: int = 3, start_ns: int = 1_000, end_ns: int = 2_200) -> StepBatch:
     """One step holding one event of every kind, in this order (6 cache, 3 engine)."""
-    cache = [
+    cache: list[CacheEvent] = [
         PrefixLookup(step, "r1", 100, 64, (64, 48), 48, 16, h(1), h(5), 4),
         BlockEvicted(step, 0, EVICT_LRU, (5, 6), (h(50), h(60)), (10, 11), (2, 3), "r1"),
         BlockPublished(step, "r1", 0, PUBLISH_FULL, (1, 2, 3), (h(1), h(2), h(3)), 48),
@@ -35,7 +43,7 @@ def one_of_each_step(step: int = 3, start_ns: int = 1_000, end_ns: int = 2_200) 
         BlocksFreed(step, "r0", 0, (7, 8)),
         StaleHashLeft(step, "r1", 1, 9, h(9), 32),
     ]
-    engine = [
+    engine: list[EngineEvent] = [
         StaleHashFound(step, start_ns + 800, 1, 9, h(9), 32, 123, 2**64 - 5, "r1"),
         DivergentOutput(step, start_ns + 900, "r1", 1, 42, 43),
         RequestFinished("r1", "sess", 100, 900, 1_500, 3_000, 100, 3, 64, 16, 20, 1, 1,
@@ -62,6 +70,7 @@ def store_rows(path: str | Path, run_id: str, columns: str = "*") -> list[dict]:
 def count_spans(path: str | Path, run_id: str) -> int:
     con = duckdb.connect(str(path), read_only=True)
     try:
-        return con.execute("SELECT count(*) FROM spans WHERE run_id = ?", [run_id]).fetchone()[0]
+        (count,) = con.execute("SELECT count(*) FROM spans WHERE run_id = ?", [run_id]).fetchall()[0]
+        return count
     finally:
         con.close()
