@@ -20,7 +20,7 @@ from typing import Any
 from kvtrace.errors import READ_ONLY, read_only_file
 from kvtrace.process import remove_dead_leftovers, signals_held
 from kvtrace.store.backend import is_clickhouse
-from kvtrace.store.connection import fetch_one, read_connection
+from kvtrace.store.connection import DEFAULT_TIMEOUT_S, fetch_one, read_connection
 from kvtrace.store.errors import StoreError, UnknownRunError
 
 EXPORTED_TABLES = ("spans", "runs", "evicted_blocks")
@@ -243,18 +243,39 @@ def _temporary_pid(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+RENAME_LOCK_TIMEOUT_S = DEFAULT_TIMEOUT_S  # another export's renames take milliseconds
+
+
 @contextlib.contextmanager
 def _renaming(out_dir: Path) -> Iterator[None]:
     """Held while an export renames its files into ``out_dir`` (an exclusive flock on the
     directory): another export's renames wait, so the three files are one run's (two exports
-    into one directory interleaved left one run's spans beside another's run row). A file
-    system without flock renames unlocked, as before."""
+    into one directory interleaved left one run's spans beside another's run row). A folder
+    that cannot be opened to lock (write-only to this user) or a file system without flock
+    renames unlocked, as before; a lock held past RENAME_LOCK_TIMEOUT_S (a stopped export,
+    another program's flock) is one line naming the folder, not a wait without end."""
     import fcntl
+    import time
 
-    fd = os.open(out_dir, os.O_RDONLY | os.O_DIRECTORY)
+    timeout_s = RENAME_LOCK_TIMEOUT_S
     try:
-        with contextlib.suppress(OSError):  # (ENOLCK, EOPNOTSUPP: no locks there)
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        fd = os.open(out_dir, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:  # (a folder of mode 0300 takes the files but cannot be opened)
+        yield
+        return
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise StoreError(str(out_dir), f"another process has held its lock for {timeout_s:g} s (a "
+                                                   "stopped export?); nothing was replaced") from None
+                time.sleep(0.02)
+            except OSError:  # (ENOLCK, EOPNOTSUPP: no locks there)
+                break
         yield
     finally:
         os.close(fd)  # (the lock goes with it, as with a killed export)

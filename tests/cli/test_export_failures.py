@@ -273,3 +273,59 @@ def test_an_export_renaming_its_files_holds_off_another_exports_renames(work, mo
     monkeypatch.setattr(export_module.os, "replace", real_replace)
     export_parquet(db, run, out)  # (the lock was let go: the next export is not held off)
     assert {pq.read_table(out / f"{t}.parquet").column("run_id").to_pylist()[0] for t in ("spans", "runs")} == {run}
+
+
+def test_a_folder_locked_past_the_timeout_is_one_line_and_nothing_replaced(work, capsys, monkeypatch):
+    """A stopped export, or another program's flock on the folder, held every later export
+    without end and without a word."""
+    import fcntl
+
+    from kvtrace.store import export as export_module
+
+    tmp, db, run = work
+    out = tmp / "out"
+    out.mkdir()
+    (out / "runs.parquet").write_bytes(b"an earlier export")
+    monkeypatch.setattr(export_module, "RENAME_LOCK_TIMEOUT_S", 0.3)
+    fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        code, _, err = _cli(["export", "--db", str(db), "--run", run, "--parquet", str(out)], capsys)
+    finally:
+        os.close(fd)
+    _one_line(code, err, str(out), "another process has held its lock for 0.3 s")
+    assert _entries(out) == ["runs.parquet"] and (out / "runs.parquet").read_bytes() == b"an earlier export"
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs util-linux's setpriv to drop root")
+def test_a_folder_its_user_may_write_but_not_read_takes_the_export():
+    """A folder of mode 0300 (write and search, no read) cannot be opened to lock: the export
+    was refused ('Permission denied') where it wrote its files before the lock."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir="/tmp") as base:  # (pytest's tmp_path is root's alone)
+        home = Path(base) / "home"
+        home.mkdir()
+        os.chmod(base, 0o755)
+        _export_as_nobody(home)
+
+
+def _export_as_nobody(home: Path) -> None:
+    import pyarrow.parquet as pq
+
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = home / "s.duckdb"
+    run = run_replay(RunSpec("gen:chat", limit=2, mode="cache-only"), db=str(db)).run_id
+    out = home / "wx"
+    out.mkdir()
+    for p in (home, db, out):
+        os.chown(p, 65534, 65534)
+    out.chmod(0o300)
+    kvtrace = str(Path(sys.executable).with_name("kvtrace"))
+    done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", kvtrace, "export",
+                           "--db", str(db), "--run", str(run), "--parquet", str(out)],
+                          check=False, capture_output=True, text=True, timeout=120, cwd=home)
+    assert done.returncode == 0, done.stderr
+    out.chmod(0o700)
+    assert pq.read_table(out / "runs.parquet").column("run_id").to_pylist() == [run]
