@@ -223,11 +223,12 @@ def _origins(spec: RunSpec, file_cfg) -> dict[str, str]:
 
 def _storage_error_at_origin(err: ConfigError, spec: RunSpec) -> ConfigError:
     """The storage check's error naming the config file's keys that size the storage, where
-    the file sets them (it named the flags alone, whatever the file held)."""
+    the file set them and no flag replaced them (``_origins``; it named the flags alone,
+    whatever the file held)."""
     if not spec.config_file:
         return err
-    cache = load_config_file(spec.config_file).cache
-    keys = [f"cache.{k}" for k in ("groups", "num_gpu_blocks") if k in cache]
+    origin = _origins(spec, load_config_file(spec.config_file))
+    keys = [origin[k] for k in ("groups", "num_gpu_blocks") if origin.get(k, "").startswith("cache.")]
     if not keys:
         return err
     return ConfigError(spec.config_file, " / ".join(keys), f"KV storage of {err.key}: {err.what}")

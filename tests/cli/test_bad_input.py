@@ -1081,3 +1081,15 @@ def test_a_pool_too_small_for_a_request_names_every_place_its_size_is_set(tmp_pa
     code, _, err = run(["replay", "gen:chat", "--limit", "3", "--config", str(config)], capsys)
     assert_one_line(code, err, "request chat0-t0 (895 prompt tokens) cannot be scheduled")
     assert "cache.num_gpu_blocks in --config" in err
+
+
+def test_storage_sized_by_flags_names_the_flags_not_the_file_keys_they_replaced(tmp_path, capsys):
+    """A file's num_gpu_blocks or groups replaced by --capacity-blocks and --block-size took
+    the blame for storage the flags sized."""
+    for line in ("num_gpu_blocks = 100", 'groups = [{type="full_attention", block_size=64}]'):
+        cfg = tmp_path / "run.toml"
+        cfg.write_text(f"[cache]\n{line}\n")
+        code, _, err = run(["replay", "gen:chat", "--limit", "2", "--config", str(cfg), "--preset", "dense-attention",
+                            "--capacity-blocks", "4000000", "--block-size", "4096"], capsys)
+        text = assert_one_line(code, err, "KV storage", "--capacity-blocks")
+        assert "run.toml" not in text and "cache." not in text, text
