@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kvtrace.numeric import percentiles as _percentiles
 
@@ -205,6 +205,18 @@ LATENCY_KEYS: tuple[str, ...] = tuple(m.key for m in LATENCIES)
 LATENCY_LABEL = {m.key: m.label for m in LATENCIES}
 DEFAULT_PERCENTILES: tuple[float, ...] = (50, 90, 99)
 MODELLED = "modelled"  # the word every latency view carries
+
+
+def run_backend(mode: str | None, config: Mapping[str, Any] | None) -> str | None:
+    """Whose cache produced a run's events, in every view: a replay's backend (kvtrace's
+    manager unless its config names another), vLLM itself for a live capture, unknown (None)
+    for spans a collector received (its sender is not recorded)."""
+    named = config.get("backend") if isinstance(config, Mapping) else None
+    if mode == "live":
+        return "vllm"
+    if named:
+        return str(named)
+    return None if mode == "otlp" else "kvtrace"
 
 
 def times_source(mode: str | None, cost_model: str | None, code: Callable[[str], str] = str) -> str:

@@ -16,6 +16,7 @@ from kvtrace.cli.options import Db, DbToRead, Json, Markdown, Percentiles, repla
 from kvtrace.cli.options import percentiles as parse_percentiles
 from kvtrace.cli.output import echo_json, error, one_format, print_rows, recorded, status
 from kvtrace.errors import KVTraceError
+from kvtrace.metrics import run_backend
 from kvtrace.names import printable
 
 DEFAULT_BACKEND = Backend(BACKENDS[0])
@@ -26,17 +27,6 @@ RUNS_METRICS = ("requests", "prefix_cache_hit_rate", "median_ttft_ms", "median_i
 # Runs its table shows by default: a terminal table of thousands is read by no one, and
 # rich lays one out at about 3 ms a row (20,000 runs: a minute).
 RUNS_SHOWN = 100
-
-
-def _backend(mode: str | None, config: dict) -> str | None:
-    """Whose cache produced a run's events: a replay's backend (kvtrace's manager unless it
-    names another), vLLM itself for a live capture, unknown (None) for spans a collector
-    received."""
-    if mode == "live":
-        return "vllm"
-    if mode == "otlp":
-        return config.get("backend")
-    return config.get("backend") or "kvtrace"
 
 
 @app.command()
@@ -60,7 +50,7 @@ def runs(db: DbToRead, as_json: Json = False, limit: Annotated[int | None, typer
         config = config if isinstance(config, dict) else {}
         listed.append({
             "run_id": row["run_id"], "name": row["name"], "trace": row["trace_source"], "mode": row["mode"],
-            "backend": _backend(row["mode"], config),
+            "backend": run_backend(row["mode"], config),
             # which vLLM a --backend vllm run drove (None for kvtrace's): two checkouts, two runs
             "vllm_version": config.get("vllm_version"), "vllm_commit": config.get("vllm_commit"),
             "behaviours": json.loads(row["behaviours"]) if row["behaviours"] else [],
@@ -78,7 +68,7 @@ def runs(db: DbToRead, as_json: Json = False, limit: Annotated[int | None, typer
     for r in listed:
         size = f"{r['capacity_blocks']:,}×{r['block_size']}" if r["capacity_blocks"] else "-"
         trace = Path(r["trace"]).name if r["trace"] else "-"  # (a collected run names none: not "None")
-        backend = " ".join(str(x) for x in (r["backend"], r["vllm_commit"] or r["vllm_version"]) if x)
+        backend = " ".join(str(x) for x in (r["backend"], r["vllm_commit"] or r["vllm_version"]) if x) or "-"
         rows.append([r["run_id"], r["name"] or "", trace, r["mode"] or "", backend,
                      ",".join(r["behaviours"]) or "-", size, r["status"], r["created"] or "",
                      *(format_value(m, r[m]) for m in RUNS_METRICS)])

@@ -91,7 +91,7 @@ def with_run_columns(frame: pl.DataFrame) -> pl.DataFrame:
             v = summary.get(k)
             r[k] = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
         r[SUMMARY_NOTHING_RECEIVED] = summary.get(SUMMARY_NOTHING_RECEIVED) is True
-        r["backend"] = backend_label(_json(r.get("config")))
+        r["backend"] = backend_label(r.get("mode"), _json(r.get("config")))
         r["label"] = ui.run_label(r)
     schema: dict[str, Any] = dict(frame.schema) | {"behaviours_on": pl.String, "behaviours_off": pl.String,
                                                    SUMMARY_NOTHING_RECEIVED: pl.Boolean, "backend": pl.String,
@@ -100,10 +100,13 @@ def with_run_columns(frame: pl.DataFrame) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=schema)
 
 
-def backend_label(config: Any) -> str:
-    """Whose cache manager a run drove: ``kvtrace``, or ``vllm 0.33.0 @ COMMIT``."""
+def backend_label(mode: Any, config: Any) -> str:
+    """Whose cache manager a run drove (``metrics.run_backend``): ``kvtrace``, ``vllm 0.33.0
+    @ COMMIT``, ``vllm`` for a live capture, ``–`` for a collected run (its sender is unknown)."""
     config = config if isinstance(config, dict) else {}
-    backend = str(config.get("backend") or "kvtrace")
+    backend = metrics.run_backend(mode, config)
+    if backend is None:
+        return "–"
     if config.get("vllm_version"):
         backend += f" {config['vllm_version']}"
     if config.get("vllm_commit"):

@@ -263,3 +263,27 @@ def test_a_collected_runs_times_are_the_senders_not_no_clock(tmp_path, monkeypat
         at = render(db, monkeypatch, page, run=run)
         assert any(c.startswith(want) for c in _captions(at)), (page, _captions(at))
         assert not any("no clock" in c for c in _captions(at)), (page, _captions(at))
+
+
+def test_the_backend_of_a_collected_and_a_captured_run_is_runs_in_every_view(tmp_path, capsys):
+    """`runs` was mended to say vllm for a live capture and nothing for a collected run, while
+    the dashboard's run list and Overview still said kvtrace for both (metrics.run_backend)."""
+    import json
+
+    from kvtrace.dashboard.queries import with_run_columns
+    from kvtrace.store.writer import Store
+    from tests.cli.support import run
+
+    db = str(tmp_path / "mixed.duckdb")
+    with Store.open(db) as store:
+        store.create_run("collected", mode="otlp")
+        store.create_run("captured", trace_source="tcp://h:1", mode="live", config={"endpoint": "tcp://h:1"})
+        store.create_run("replayed", trace_source="gen:chat", mode="engine", config={"backend": "vllm"})
+    code, out, err = run(["runs", "--db", db, "--json"], capsys)
+    assert code == 0, err
+    listed = {r["name"]: r["backend"] for r in json.loads(out)["runs"]}
+    assert listed == {"collected": None, "captured": "vllm", "replayed": "vllm"}
+    shown = dict(with_run_columns(read.runs(db)).select("name", "backend").iter_rows())
+    assert shown == {"collected": "–", "captured": "vllm", "replayed": "vllm"}
+    code, out, err = run(["runs", "--db", db], capsys)
+    assert code == 0 and "kvtrace" not in out.replace("runs in", ""), out

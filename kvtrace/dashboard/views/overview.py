@@ -19,7 +19,7 @@ st.title("Overview")
 st.markdown(
     f"**{ui.literal(row.get('name') or run_id)}** · run {ui.code(run_id)} · "
     f"trace {ui.code(row.get('trace_source') or '–')} · mode {ui.code(row.get('mode') or '–')} · "
-    f"backend {ui.code(row.get('backend') or 'kvtrace')} · "
+    f"backend {ui.code(row.get('backend') or '–')} · "
     f"status **{ui.literal(row.get('status'))}**  \nbehaviours on: {ui.literal(row.get('behaviours_on') or 'none')}"
     + (f" · **off: {ui.literal(row['behaviours_off'])}**" if row.get("behaviours_off") else "")
 )
