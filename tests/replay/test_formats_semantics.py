@@ -205,6 +205,20 @@ def test_weka_subagent_requests_join_the_timeline_at_their_start():
     assert len(set(tails)) == len(tails) == 3 and min(tails) >= TAIL_ID_BASE  # each tail its own block
 
 
+def test_weka_requests_arriving_together_keep_their_file_order_inside_a_subagent_too(tmp_path):
+    """Ties broke by a numbering that put every top-level request before any sub-agent's,
+    though the docs say file order: a sub-agent's request at 12 s came after entry 2's."""
+    import json
+
+    doc = json.loads(WEKA_SUBAGENT.read_text())
+    doc["requests"][1]["requests"][0]["t"] = 2.0  # (the sub-agent starts at 10 s: 12 s, as entry 2)
+    tie = tmp_path / "tie.json"
+    tie.write_text(json.dumps(doc))
+    reqs = read_trace(tie)
+    assert [(r.request_id, r.arrival_ns) for r in reqs][1:3] == [("tie/1/0", 12_000_000_000),
+                                                                  ("tie/2", 12_000_000_000)]
+
+
 @pytest.mark.parametrize("edit,line,what", [
     (lambda d: d["requests"][1]["requests"][1].pop("in"), 1, "requests[1].requests[1].in: missing"),
     (lambda d: d["requests"][1]["requests"][1].update(t=-1.0), 1, "requests[1].requests[1].t"),

@@ -31,7 +31,7 @@ import heapq
 import json
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import msgspec
 
@@ -209,16 +209,16 @@ def read_weka_file(path: str, rank: int = 0) -> Iterator[tuple[int, int, int, Tr
         raise TraceFormatError(path, 1, f"hash_id_scope: expected 'local' or 'global', got {conv.hash_id_scope!r}")
     stem = os.path.splitext(os.path.basename(path))[0]
     out: list[tuple[int, int, int, TraceRequest]] = []
-    # (index: the request's place in file order, which also numbers a partial block's tail
-    # id: a file without sub-agents keeps the ids it always had)
-    # (each timeline: its entries, start, session, request-id prefix, JSON key, and the
-    # top-level entry it sits in, whose line an error names)
-    timelines: list[tuple[Sequence[WekaRequest], int, str, str, str, int]] = [
-        (conv.requests, 0, conv.id or stem, stem, "requests", -1)]
-    while timelines:
-        entries, base_ns, session, name, where, top = timelines.pop(0)
-        order = ArrivalOrder(path, "t", S)
-        for i, r in enumerate(entries):
+    # Depth-first, in file order: a sub-agent's requests are numbered where its entry stands
+    # (index: the request's place in the file, which breaks ties of arrival and numbers a
+    # partial block's tail id; a file without sub-agents keeps the ids it always had). Each
+    # timeline: its entries, its arrival check, start, session, request-id prefix, JSON key,
+    # and the top-level entry it sits in, whose line an error names.
+    stack: list[tuple[Iterator[tuple[int, WekaRequest]], ArrivalOrder, int, str, str, str, int]] = [
+        (enumerate(conv.requests), ArrivalOrder(path, "t", S), 0, conv.id or stem, stem, "requests", -1)]
+    while stack:
+        entries, order, base_ns, session, name, where, top = stack[-1]
+        for i, r in entries:
             key, at = f"{where}[{i}]", i if top < 0 else top
 
             def fail(what: str, at: int = at, key: str = key) -> TraceFormatError:
@@ -233,9 +233,9 @@ def read_weka_file(path: str, rank: int = 0) -> Iterator[tuple[int, int, int, Tr
                 if not isinstance(r, WekaEntry):
                     raise fail("type: a sub-agent inside a sub-agent, which kvtrace does not read")
                 agent = r.agent_id if r.agent_id is not None else str(i)
-                timelines.append((r.requests or [], arrival, f"{session}:{agent}", f"{name}/{i}",
-                                  f"{key}.requests", at))
-                continue
+                stack.append((enumerate(r.requests or []), ArrivalOrder(path, "t", S), arrival, f"{session}:{agent}",
+                              f"{name}/{i}", f"{key}.requests", at))
+                break  # (its requests next, then this timeline's next entry)
             if r.in_ is msgspec.UNSET:
                 raise fail("in: missing (every request has one; only a sub-agent entry has none)")
             try:
@@ -265,6 +265,8 @@ def read_weka_file(path: str, rank: int = 0) -> Iterator[tuple[int, int, int, Tr
                 namespace=namespace,
                 session_id=session,
             )))
+        else:  # (this timeline is done)
+            stack.pop()
     out.sort(key=lambda x: x[:3])
     yield from out
 
