@@ -292,10 +292,12 @@ def study_base(behaviour: str, given: RunSpec) -> RunSpec:
                if f.name != "trace" and getattr(given, f.name) != getattr(bare, f.name)}
     defaults = study_defaults(check_behaviour(behaviour)) if not given.trace else {}
     spec = RunSpec(trace="", **{**defaults, **changed})
-    # The workload's own settings the user left alone: a preset that cannot take one (a
-    # dense preset: retention 0, two groups' capacities) names --preset, not that flag.
+    # The workload's own settings the user left alone: a preset or backend that cannot take
+    # one (a dense preset: retention 0; vLLM: two groups' capacities) names what the user
+    # gave, not that flag, which the user never gave.
     kept = {k: v for k, v in defaults.items() if k != "preset" and k not in changed}
-    if kept and "preset" in changed:
+    culprit = "preset" if "preset" in changed else "backend" if "backend" in changed else None
+    if kept and culprit is not None:
         from kvtrace.replay.run import validate
 
         try:
@@ -305,10 +307,13 @@ def study_base(behaviour: str, given: RunSpec) -> RunSpec:
             if key is None:
                 raise
             shown = _flag_value(kept[key])
-            raise ConfigError("--preset", str(given.preset),
-                              f"study {behaviour} replays its workload at {_flag(key)} {shown}, which this preset "
-                              f"cannot take ({err.what.split(';')[0]}); study it on a hybrid preset such as "
-                              f"kimi-hybrid, or give {_flag(key)}") from None
+            given_value = str(changed[culprit])
+            fix = (f"study it on a hybrid preset such as kimi-hybrid, or give {_flag(key)}" if culprit == "preset"
+                   else f"give {_flag(key)} a value it takes")
+            raise ConfigError(_flag(culprit), given_value,
+                              f"study {behaviour} replays its workload at {_flag(key)} {shown}, which "
+                              f"{'this preset' if culprit == 'preset' else f'--backend {given_value}'} cannot take "
+                              f"({err.what.split(';')[0]}); {fix}") from None
     return spec
 
 

@@ -333,6 +333,18 @@ def test_a_dense_preset_is_named_not_the_studys_own_capacities(capsys):
     assert "give --capacity-blocks" in line
 
 
+def test_the_vllm_backend_is_named_not_the_studys_own_capacities(vllm_api, capsys):
+    """vLLM keeps one pool for every group, so transient-checkpoint-retention's two-pool
+    workload cannot run on --backend vllm: the refusal named --capacity-blocks (1024, 16),
+    the study's own default, as if the user had given it."""
+    from tests.cli.support import assert_one_line, run
+
+    code, _, err = run(["study", "transient-checkpoint-retention", "--backend", "vllm"], capsys)
+    line = assert_one_line(code, err, "kvtrace: error: --backend: vllm: study transient-checkpoint-retention "
+                                      "replays its workload at --capacity-blocks 1024,16, which --backend vllm")
+    assert "give --capacity-blocks a value it takes" in line
+
+
 def test_a_study_of_no_requests_is_refused(capsys):
     """`study --limit 0` replayed two empty runs and printed a table of +0 deltas: "the
     behaviour changes nothing", a verdict on nothing."""
