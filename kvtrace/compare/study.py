@@ -179,7 +179,7 @@ class StudyResult:
                 console.print(f"[bold]{p.parameter} = {p.value}[/bold]")
             render(p.diff, console)
             effect = p.effect(self.behaviour)
-            colour = "green" if effect["shown"] else "red"
+            colour = {True: "green", False: "red", None: "yellow"}[effect["shown"]]
             console.print(f"[{colour}]{markup_literal(verdict_line(effect))}[/{colour}]")
         if self.first.parameter is not None:
             console.print(self.sweep_table())
@@ -227,19 +227,24 @@ def expectation_failures(behaviour: str, on: Mapping[str, Any], off: Mapping[str
 
 
 def expected_effect(behaviour: str, on: Mapping[str, Any], off: Mapping[str, Any]) -> dict[str, Any]:
-    """The study's verdict: whether the behaviour's expected effect showed (``shown``), in
-    words (``expected``), and which checks did not hold (``unmet``, ``expectation_failures``)."""
+    """The study's verdict: whether the behaviour's expected effect showed (``shown``: None
+    where the runs did not measure it), in words (``expected``), and which checks did not
+    hold (``unmet``, ``expectation_failures``)."""
     if behaviour == EXTERNAL_HIT_RUNNING_COW:
         expected = "divergent outputs or stale hashes with it off, none with it on"
     else:
         expected = ", ".join(f"{m} {'lower' if sign > 0 else 'higher'} with it on"
                              for m, sign in EXPECTED_OFF_DIRECTION[behaviour].items())
     unmet = expectation_failures(behaviour, on, off)
-    return {"shown": not unmet, "expected": expected, "unmet": unmet}
+    measured = all(run.get(m) is not None for run in (on, off) for m in EXPECTED_OFF_DIRECTION[behaviour])
+    # (shown: None where the runs did not measure it, e.g. --no-content: no verdict, not a refutation)
+    return {"shown": (not unmet) if measured else None, "expected": expected, "unmet": unmet}
 
 
 def verdict_line(effect: Mapping[str, Any]) -> str:
     """``expected_effect`` as the one line study ends with (plain text: kvtrace's own words)."""
+    if effect["shown"] is None:
+        return f"Expected effect not measured ({effect['expected']}): {'; '.join(effect['unmet'])}."
     if effect["shown"]:
         return f"Expected effect shown: {effect['expected']}."
     return f"Expected effect NOT shown ({effect['expected']}): {'; '.join(effect['unmet'])}."

@@ -103,6 +103,10 @@ def test_study_ends_with_its_verdict_in_every_format():
         console = Console(record=True, width=2000)
         res.print(console)
         assert console.export_text().rstrip().endswith(line)
+    # --no-content runs measure no divergence or stale hash: no verdict, not a refutation
+    unchecked = {"divergent_outputs": None, "stale_hashes": None}
+    effect = S.expected_effect(S.EXTERNAL_HIT_RUNNING_COW, unchecked, unchecked)
+    assert effect["shown"] is None and S.verdict_line(effect).startswith("Expected effect not measured")
 
 
 # --------------------------------------------------------------------- end to end
