@@ -106,6 +106,8 @@ runs.select(
 
 # %%
 diff = diff_runs(db_path, run_a, run_b, seed=seed, force=force)
+# (times a cost model made are "modelled"; a collected run's are its sender's, as diff says)
+TIMES = MODELLED if all(r.get("cost_model") for r in (diff.run_a, diff.run_b)) else "recorded"
 deltas = pl.DataFrame(
     [{"metric": m.name, "A": m.a, "B": m.b, "delta": m.delta, "rel": m.rel, "verdict": m.verdict}
      for m in diff.metrics],
@@ -133,7 +135,7 @@ if rel.height:
 deltas
 
 # %%
-print(f"latency percentiles: {MODELLED} times")
+print(f"latency percentiles: {TIMES} times")
 if not diff.latency:
     print("no latency percentiles to compare: not both runs have request latencies (a cache-only run has no clock; "
           "a live capture or an empty trace has no requests)")
@@ -244,9 +246,9 @@ for metric, what in (("ttft", "requests"), ("itl", "inter-token gaps")):
             print(f"{printable(lbl)}: no {metric.upper()} values (no request latencies), no {metric.upper()} CDF")
     if cdf.height:
         px.line(cdf, x="value_ms", y="fraction", color="run", log_x=True,
-                labels={"value_ms": f"{metric.upper()} (ms, {MODELLED})", "fraction": f"fraction of {what} ≤ x",
+                labels={"value_ms": f"{metric.upper()} (ms, {TIMES})", "fraction": f"fraction of {what} ≤ x",
                         "run": "run"},
-                title=f"{metric.upper()} CDF ({MODELLED})").show()
+                title=f"{metric.upper()} CDF ({TIMES})").show()
 
 # %% [markdown]
 # ## Conclusion
@@ -280,7 +282,7 @@ elif hr_m.delta:
 else:
     lines.append(f"The prefix cache hit rate is unchanged at {fmt(hr_m.a)}.")
 for s in sig:
-    lines.append(f"{s.name} {'rises' if s.delta > 0 else 'falls'} by {abs(s.delta):.3f} ms ({MODELLED}; "
+    lines.append(f"{s.name} {'rises' if s.delta > 0 else 'falls'} by {abs(s.delta):.3f} ms ({TIMES}; "
                  f"95% CI [{s.ci_low:+.3f}, {s.ci_high:+.3f}]).")
 for name in ("stale_hashes", "divergent_outputs"):
     m = summary_metric(name)

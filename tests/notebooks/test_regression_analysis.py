@@ -155,3 +155,21 @@ def test_force_that_is_not_a_bool_is_refused(run_notebook, cache_only_db):
     said = "KVTraceError: force: expected True or False, got 'no'"
     with pytest.raises(PapermillExecutionError, match=re.escape(said)):
         run_notebook("regression_analysis", db_path=str(cache_only_db), run_a="r1", run_b="r2", force="no")
+
+
+def test_collected_runs_times_are_called_recorded_not_modelled(run_notebook, tmp_path):
+    """Runs a collector received keep no cost model: the notebook called their latencies
+    'modelled' times, which `kvtrace diff` says are the sender's own."""
+    from kvtrace.instrument.otlp.collector import OTLPCollector
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = tmp_path / "collected.duckdb"
+    collector = OTLPCollector(db, port=0, grpc_port=None).start()
+    try:
+        sent = [run_replay(RunSpec("gen:chat", limit=8), otlp_endpoint=collector.url).otlp_run_id for _ in range(2)]
+    finally:
+        collector.stop()
+    out, nb = run_notebook("regression_analysis", db_path=str(db), run_a=sent[0], run_b=sent[1])
+    printed = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
+    assert "Times: as received over OTLP" in printed and "latency percentiles: recorded times" in printed
+    assert "modelled" not in printed.replace("not modelled here", "")
