@@ -219,6 +219,13 @@ def run_backend(mode: str | None, config: Mapping[str, Any] | None) -> str | Non
     return None if mode == "otlp" else "kvtrace"
 
 
+def times_word(*runs: tuple[str | None, str | None]) -> str:
+    """How every view labels the latencies of ``runs`` ((mode, cost model) each): "recorded"
+    where a run's came from a collector's sender (no cost model of kvtrace's made them),
+    else "modelled" (a run without a clock, cache-only, has no latency to label)."""
+    return "recorded" if any(mode == "otlp" and not model for mode, model in runs) else MODELLED
+
+
 def times_source(mode: str | None, cost_model: str | None, code: Callable[[str], str] = str) -> str:
     """Where a run's times come from, in every view that shows them: the cost model that
     modelled them; the sender's own, for spans a collector received (a vLLM server's or

@@ -56,7 +56,7 @@ from kvtrace.compare.model import MetricDelta, metric_direction
 from kvtrace.compare.render import fmt, times_note
 from kvtrace.compare.source import diff_runs
 from kvtrace.errors import KVTraceError
-from kvtrace.metrics import MODELLED, is_latency_key
+from kvtrace.metrics import is_latency_key, times_word
 from kvtrace.names import printable
 from kvtrace.store import read as store
 from kvtrace.workload.lines import AtomicText
@@ -107,7 +107,7 @@ runs.select(
 # %%
 diff = diff_runs(db_path, run_a, run_b, seed=seed, force=force)
 # (times a cost model made are "modelled"; a collected run's are its sender's, as diff says)
-TIMES = MODELLED if all(r.get("cost_model") for r in (diff.run_a, diff.run_b)) else "recorded"
+TIMES = times_word(*((r.get("mode"), r.get("cost_model")) for r in (diff.run_a, diff.run_b)))
 deltas = pl.DataFrame(
     [{"metric": m.name, "A": m.a, "B": m.b, "delta": m.delta, "rel": m.rel, "verdict": m.verdict}
      for m in diff.metrics],

@@ -16,7 +16,7 @@ from typing import Any
 
 from kvtrace.compare.bootstrap import CI_LEVEL
 from kvtrace.compare.model import MetricDelta, RequestChange, RunDiff
-from kvtrace.metrics import MODELLED, times_source
+from kvtrace.metrics import times_source, times_word
 from kvtrace.names import markdown_code, markdown_literal, markup_literal, printable, stdout_console
 from kvtrace.store.schema import SUMMARY_FIELDS
 
@@ -105,7 +105,7 @@ def to_markdown(diff: RunDiff) -> str:
         lines += [
             "",
             f"**Latency percentiles** ({round(CI_LEVEL * 100)}% bootstrap CI over requests, "
-            f"{bs.get('resamples')} resamples, seed {bs.get('seed')}{paired}; {MODELLED} time)",
+            f"{bs.get('resamples')} resamples, seed {bs.get('seed')}{paired}; {_times(diff)} time)",
             "",
             "| percentile | A | B | Δ | CI | |",
             "|---|---:|---:|---:|---|---|",
@@ -138,6 +138,10 @@ def to_markdown(diff: RunDiff) -> str:
                 lines.append(f"| {_md_cell_code(ch.request_id)} | {ch.prompt_tokens} | {ch.hit_a} | {ch.hit_b} | "
                              f"{ch.delta:+d} |")
     return "\n".join(lines) + "\n"
+
+
+def _times(diff: RunDiff) -> str:
+    return times_word(*((r.get("mode"), r.get("cost_model")) for r in (diff.run_a, diff.run_b)))
 
 
 def times_note(diff: RunDiff, code: Any = markdown_code) -> str:
@@ -187,7 +191,7 @@ def tables(diff: RunDiff, metrics: Iterable[str] | None = None) -> list[Any]:
                   style=style)
     out.append(t)
     if diff.latency:
-        t = Table(title=f"latency percentiles, {MODELLED} time ({round(CI_LEVEL * 100)}% bootstrap CI)",
+        t = Table(title=f"latency percentiles, {_times(diff)} time ({round(CI_LEVEL * 100)}% bootstrap CI)",
                   title_justify="left")
         for col in ("percentile", "A", "B", "Δ", "CI"):
             t.add_column(col, justify="left" if col == "percentile" else "right")

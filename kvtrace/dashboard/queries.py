@@ -211,6 +211,11 @@ def cost_model(run_id: str) -> str | None:
     return str(model["name"]) if isinstance(model, dict) and model.get("name") else None
 
 
+def times_word(*run_ids: str) -> str:
+    """'modelled' or 'recorded' (``metrics.times_word``): how the runs' latencies are labelled."""
+    return metrics.times_word(*((run_row(r).get("mode"), cost_model(r)) for r in run_ids))
+
+
 def times_caption(run_id: str) -> str:
     """Where the run's times come from, in diff's words (``metrics.times_source``): every
     latency view says so (issue 18)."""

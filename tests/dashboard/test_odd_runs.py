@@ -263,6 +263,8 @@ def test_a_collected_runs_times_are_the_senders_not_no_clock(tmp_path, monkeypat
         at = render(db, monkeypatch, page, run=run)
         assert any(c.startswith(want) for c in _captions(at)), (page, _captions(at))
         assert not any("no clock" in c for c in _captions(at)), (page, _captions(at))
+        labels = [m.label for m in at.metric] + [c.replace("not modelled here", "") for c in _captions(at)]
+        assert not any("modelled" in t for t in labels), (page, labels)
 
 
 def test_the_backend_of_a_collected_and_a_captured_run_is_runs_in_every_view(tmp_path, capsys):

@@ -67,6 +67,7 @@ def test_collected_engine_runs_say_whose_times_and_backend_they_are(tmp_path, ca
     assert code == 0, err
     assert "Times: as received over OTLP" in out and "no clock" not in out
     assert "median_ttft_ms" in out and "Trace: `?`" in out
+    assert "recorded time" in out and "modelled" not in out.replace("not modelled here", "")
     code, out, err = run(["runs", "--db", str(db), "--json"], capsys)
     assert code == 0, err
     assert [r["backend"] for r in json.loads(out)["runs"]] == [None, None]

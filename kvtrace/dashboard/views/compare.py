@@ -8,7 +8,6 @@ from typing import Literal
 import polars as pl
 import streamlit as st
 
-from kvtrace import metrics
 from kvtrace.compare import pairing
 from kvtrace.compare.render import fmt, to_markdown
 from kvtrace.dashboard import charts, queries, state, ui
@@ -89,7 +88,7 @@ def main() -> None:
         except KeyError:
             cols[i % 5].metric(f"{name} (B)", "–", help="Not recorded in these runs.")
             continue
-        unit = f" ({metrics.MODELLED})" if kind == "ms" else ""
+        unit = f" ({queries.times_word(run_a, run_b)})" if kind == "ms" else ""
         helptext = f"A: {_value(kind, m.a)}"
         if key in ci and not math.isnan(ci[key].ci_low):
             s = ci[key]
@@ -119,12 +118,13 @@ def main() -> None:
                                      (f"B {b.get('name')}", queries.call("latency_cdf", run_b, metric))],
                                     f"{title} CDF, A vs B"),
                          f"Fraction of {'requests' if metric == 'ttft' else 'inter-token gaps'} at most x, "
-                         f"{metrics.MODELLED} time.",
+                         f"{queries.times_word(run_a, run_b)} time.",
                          empty_what="Neither run has this latency.", key=f"cmp_{metric}_cdf")
         shifts = pl.DataFrame(
             [{"percentile": s.name, "A (ms)": s.a, "B (ms)": s.b, "B − A (ms)": s.delta, "CI low": s.ci_low,
               "CI high": s.ci_high, "significant": s.significant} for s in diff.latency])
-        ui.table(shifts, f"Latency percentiles ({metrics.MODELLED}) with the 95% bootstrap CI of B − A over requests "
+        times = queries.times_word(run_a, run_b)
+        ui.table(shifts, f"Latency percentiles ({times}) with the 95% bootstrap CI of B − A over requests "
                          f"({diff.bootstrap.get('resamples')} resamples, seed {diff.bootstrap.get('seed')}"
                          + (", paired" if diff.bootstrap.get("paired") else "") + "), as `kvtrace diff` reports them.",
                  empty_what="")

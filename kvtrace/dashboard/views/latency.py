@@ -27,7 +27,8 @@ def main() -> None:
         rows.append({"metric": m.label, **{k.removesuffix(f"_{m.key}_ms"): lat.get(k) for k in keys}})
     columns = [k.removesuffix("_ttft_ms") for k in metrics.latency_keys("ttft", qs)]
     stats = pl.DataFrame(rows, schema={"metric": pl.String, **{k: pl.Float64 for k in columns}})
-    ui.table(stats, f"vllm bench serve's statistics of each latency, in ms ({metrics.MODELLED}): TTFT, TPOT (excl. 1st "
+    times = queries.times_word(run_id)
+    ui.table(stats, f"vllm bench serve's statistics of each latency, in ms ({times}): TTFT, TPOT (excl. 1st "
                     "token), ITL (every gap), E2EL, and queueing; mean, median, population std and percentiles.",
              empty_what="No finished requests in this run, so no latency.",
              command="`kvtrace replay TRACE --db PATH` in engine mode (cache-only runs have no clock)")
@@ -82,7 +83,7 @@ def main() -> None:
                  empty_what=f"No spans for request {ui.code(rid)}.", key="waterfall")
         ui.table(reqs.filter(pl.col("request_id") == rid),
                  "This request's tokens (prompt, local and external hits at first schedule, cached = both, computed) "
-                 f"and TTFT in ns of {metrics.MODELLED} time.",
+                 f"and TTFT in ns of {queries.times_word(run_id)} time.",
                  empty_what="")
 
 

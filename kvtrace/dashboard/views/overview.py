@@ -60,7 +60,7 @@ st.subheader("Latency")
 for col, (label, key) in zip(st.columns(5), (("TTFT median", "median_ttft_ms"), ("TTFT p99", "p99_ttft_ms"),
                                  ("TPOT median", "median_tpot_ms"), ("ITL median", "median_itl_ms"),
                                  ("ITL p99", "p99_itl_ms"))):
-    col.metric(f"{label} ({metrics.MODELLED})", ui.ms(lat.get(key)))
+    col.metric(f"{label} ({queries.times_word(run_id)})", ui.ms(lat.get(key)))
 st.caption(f"Times: {queries.times_caption(run_id)}. Definitions as vllm bench serve's (README, 'Metrics').")
 
 st.subheader("Cache events")
