@@ -56,6 +56,17 @@ def printable(text: object) -> str:
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
+def cut_middle(text: str, limit: int) -> str:
+    """``text`` within ``limit`` characters, cut in the middle where longer: its end (what is
+    wrong, in an error quoting a huge path or key) and its start both kept, and how much
+    was left out said between them."""
+    if len(text) <= limit:
+        return text
+    keep = max(limit - len(f"... ({len(text):,} characters left out) ..."), 2)
+    head, tail = keep * 3 // 5, keep - keep * 3 // 5
+    return f"{text[:head]}... ({len(text) - head - tail:,} characters left out) ...{text[-tail:]}"
+
+
 def markup_literal(text: object) -> str:
     """A user's text inside a rich markup string: ``printable``, and its brackets shown, not
     read as markup (``[/]`` would raise, ``[red]`` recolour)."""

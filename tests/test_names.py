@@ -60,3 +60,15 @@ def test_markdown_literal_and_code_show_any_text_as_it_is(text):
     assert shown(f"a {markdown_literal(text)} b") == f"a {want} b".strip()
     if want:
         assert shown(f"a {markdown_code(text)} b") == f"a {want} b".strip()
+
+
+def test_cut_middle_keeps_both_ends_within_the_limit():
+    """One middle cut for the CLI's error line and the OTLP receiver's refusals (each had its
+    own, and the receiver's ran past its limit once it said how much it left out)."""
+    text = "start:" + "k" * 5_000 + ": no such file"
+    for limit in (120, 300, 1_000):
+        cut = names.cut_middle(text, limit)
+        assert len(cut) <= limit and cut.startswith("start:k") and cut.endswith(": no such file")
+        left = int(cut.split("... (")[1].split(" characters")[0].replace(",", ""))
+        assert len(cut) - len(f"... ({left:,} characters left out) ...") + left == len(text)
+    assert names.cut_middle("short", 10) == "short"

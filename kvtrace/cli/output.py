@@ -16,7 +16,7 @@ from typing import Any
 import typer
 
 from kvtrace.errors import OutputClosed
-from kvtrace.names import markup_literal, printable, stdout_console
+from kvtrace.names import cut_middle, markup_literal, printable, stdout_console
 
 MAX_ERROR_CHARS = 1_000  # a message quoting a user's value (a list of 200k numbers) stays a readable line
 
@@ -31,9 +31,7 @@ def error(msg: str) -> None:
     terminal codes (click strips those only when stderr is not a terminal), and cut in the
     middle when it quotes a huge value or path (its end, what is wrong, kept)."""
     line = _URL_PASSWORD.sub(r"\1:***@", printable(msg))  # (an endpoint's or a store URL's password, never shown)
-    if len(line) > MAX_ERROR_CHARS:  # the middle cut: the end says what is wrong (a 4,000-byte path's "no such file")
-        head, tail = MAX_ERROR_CHARS * 3 // 5, MAX_ERROR_CHARS * 2 // 5
-        line = f"{line[:head]}... ({len(line) - head - tail:,} characters left out) ...{line[-tail:]}"
+    line = cut_middle(line, MAX_ERROR_CHARS)  # (the end says what is wrong: a 4,000-byte path's "no such file")
     typer.echo(f"kvtrace: error: {line}", err=True)
 
 

@@ -24,6 +24,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from kvtrace.errors import KVTraceError
 from kvtrace.instrument.otlp.limits import MAX_SPANS_PER_REQUEST
+from kvtrace.names import cut_middle
 
 _KINDS = {0: None, 1: None, 2: "Server", 3: "Client", 4: "Producer", 5: "Consumer"}
 _KIND_NAMES = {"SPAN_KIND_UNSPECIFIED": 0, "SPAN_KIND_INTERNAL": 1, "SPAN_KIND_SERVER": 2,
@@ -44,10 +45,8 @@ class PayloadError(KVTraceError, ValueError):
     cannot (-> 400 / INVALID_ARGUMENT)."""
 
     def __init__(self, message: str):
-        if len(message) > _MESSAGE_CHARS:  # cut in the middle: the end says what is wrong (a long attribute
-            head, tail = _MESSAGE_CHARS * 3 // 5, _MESSAGE_CHARS * 2 // 5  # key in the path took all of it)
-            message = f"{message[:head]}...{message[-tail:]}"
-        super().__init__(message)
+        # (cut in the middle: the end says what is wrong, where a long attribute key in the path took it all)
+        super().__init__(cut_middle(message, _MESSAGE_CHARS))
 
 
 def _time(v: int, what: str) -> int:
