@@ -16,6 +16,7 @@ import polars as pl
 from kvtrace.compare.bootstrap import ci_note, latency_shifts
 from kvtrace.compare.model import RunDiff, count_shifts, diff_summaries, request_hit_diff
 from kvtrace.compare.options import DEFAULT_RESAMPLES, check_diff_options
+from kvtrace.compare.pairing import same_trace
 from kvtrace.errors import KVTraceError
 from kvtrace.metrics import DEFAULT_PERCENTILES, NS_PER_MS, is_latency_key
 from kvtrace.store import read
@@ -44,7 +45,7 @@ def diff_runs(
     check_diff_options(seed, top, resamples)
     view = StoreView(db)
     info_a, info_b = view.run_info(run_a), view.run_info(run_b)
-    same = same_trace(info_a, info_b)
+    same = same_trace(view.run_row(run_a), view.run_row(run_b))  # (pairing's rule: one rule of a same trace)
     if not same and not force:
         a, b = info_a.get("trace"), info_b.get("trace")
         # one file read two ways (another --limit, --block-size or --format) is different requests too
@@ -85,14 +86,6 @@ def _diff(view: StoreView, run_a: str, run_b: str, info_a: dict[str, Any], info_
     return diff
 
 
-def same_trace(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """Whether two ``StoreView.run_info`` records replay the same trace: the trace digest
-    (content) decides; the source text only when a digest is missing."""
-    if a.get("trace_id") and b.get("trace_id"):
-        return a["trace_id"] == b["trace_id"]
-    return a.get("trace") == b.get("trace")
-
-
 class StoreView:
     """The few frames a diff needs, read through ``kvtrace.store.read`` and renamed to
     the columns the pure builders take. Each run's record is read once."""
@@ -101,7 +94,8 @@ class StoreView:
         self.db = db
         self._runs: dict[str, dict[str, Any]] = {}
 
-    def _run(self, run_id: str) -> dict[str, Any]:
+    def run_row(self, run_id: str) -> dict[str, Any]:
+        """The run's stored row (``read.run``), read once."""
         if run_id not in self._runs:
             self._runs[run_id] = read.run(self.db, run_id)  # UnknownRunError is a KVTraceError
         return self._runs[run_id]
@@ -109,7 +103,7 @@ class StoreView:
     def run_info(self, run_id: str) -> dict[str, Any]:
         """run_id, name, trace (source), trace_id (digest), mode, behaviours, status, digest,
         cost_model (the name of the model that produced its times; None: no times)."""
-        r = self._run(run_id)
+        r = self.run_row(run_id)
         return {
             "run_id": run_id,
             "name": r.get("name"),
@@ -127,7 +121,7 @@ class StoreView:
         still running) but has request spans, vLLM's hit counters and the latency
         statistics of those spans, as every other view reads them (the dashboard's
         Overview showed a failed run's hit rate, its Compare tiles '–')."""
-        return read.summary_with_spans(self.db, run_id, self._run(run_id).get("summary"))
+        return read.summary_with_spans(self.db, run_id, self.run_row(run_id).get("summary"))
 
     def fill_percentiles(self, run_id: str, summary: dict[str, Any], other: dict[str, Any]) -> None:
         """The latency percentiles ``other`` holds and ``summary`` lacks (its run recorded
