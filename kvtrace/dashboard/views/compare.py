@@ -81,14 +81,14 @@ def main() -> None:
     # kvtrace diff names a median's shift by its percentile (p50_ttft_ms), the tiles by the summary's key
     ci = {s.name: s for s in diff.latency} | {s.name.replace("p50_", "median_", 1): s for s in diff.latency
                                                if s.name.startswith("p50_")}
-    cols = st.columns(5)
+    cols, times = st.columns(5), queries.times_word(run_a, run_b)
     for i, (name, key, kind, better) in enumerate(TILES):
         try:
             m = diff.metric(key)
         except KeyError:
             cols[i % 5].metric(f"{name} (B)", "–", help="Not recorded in these runs.")
             continue
-        unit = f" ({queries.times_word(run_a, run_b)})" if kind == "ms" else ""
+        unit = f" ({times})" if kind == "ms" else ""
         helptext = f"A: {_value(kind, m.a)}"
         if key in ci and not math.isnan(ci[key].ci_low):
             s = ci[key]
@@ -118,12 +118,11 @@ def main() -> None:
                                      (f"B {b.get('name')}", queries.call("latency_cdf", run_b, metric))],
                                     f"{title} CDF, A vs B"),
                          f"Fraction of {'requests' if metric == 'ttft' else 'inter-token gaps'} at most x, "
-                         f"{queries.times_word(run_a, run_b)} time.",
+                         f"{times} time.",
                          empty_what="Neither run has this latency.", key=f"cmp_{metric}_cdf")
         shifts = pl.DataFrame(
             [{"percentile": s.name, "A (ms)": s.a, "B (ms)": s.b, "B − A (ms)": s.delta, "CI low": s.ci_low,
               "CI high": s.ci_high, "significant": s.significant} for s in diff.latency])
-        times = queries.times_word(run_a, run_b)
         ui.table(shifts, f"Latency percentiles ({times}) with the 95% bootstrap CI of B − A over requests "
                          f"({diff.bootstrap.get('resamples')} resamples, seed {diff.bootstrap.get('seed')}"
                          + (", paired" if diff.bootstrap.get("paired") else "") + "), as `kvtrace diff` reports them.",
