@@ -5,11 +5,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from kvtrace.metrics import SUMMARY_RATES
+
 if TYPE_CHECKING:  # rich loads when a table is printed, not when the CLI starts
     from rich.console import Console
     from rich.table import Table
 
-_PERCENT = {"prefix_cache_hit_rate", "block_hit_rate"}
+# every rate of a summary, one format: the external and preempted hit rates showed as 0.285
+# beside a hit rate of 52.04% in the same table
+_PERCENT = frozenset(SUMMARY_RATES)
 
 
 def format_value(key: str, value: Any) -> str:
