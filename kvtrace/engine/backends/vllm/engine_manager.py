@@ -33,7 +33,8 @@ Events (kvtrace's ``kvtrace.cache.events``, from vLLM's ``take_events`` after ea
 * ``PrefixLookup``: per lookup; ``hit_tokens_per_group`` is the common hit in every
   group (vLLM returns only the fixed point).
 * ``BlocksFreed``: the request's non-null blocks per group, tail first, read before
-  vLLM frees them. External-tier (connector) evictions and loads emit nothing.
+  vLLM frees them. External-tier (connector) evictions: the tier's own events (the tier
+  is kvtrace's, written through as kvtrace's pool writes it); loads emit nothing.
 
 State writes (the worker's content model; vLLM's scheduler gives none):
 
@@ -140,6 +141,8 @@ class VllmEngineManager(VllmKVCacheManager):
     # -- events -----------------------------------------------------------------------
     def subscribe(self, listener: CacheListener) -> None:
         self._listeners.append(listener)
+        if self._shadow is not None:  # the tier's own (connector) evictions, as kvtrace's manager emits them
+            self._shadow.sink.enabled = True
 
     def new_step_starts(self) -> None:
         self._drain(None)
@@ -147,6 +150,8 @@ class VllmEngineManager(VllmKVCacheManager):
         for listener in self._listeners:
             listener(batch)
         self.step += 1
+        if self._shadow is not None:
+            self._shadow.sink.step = self.step  # (the tier's eviction events and ages)
         super().new_step_starts()
 
     def _hash_index(self, request: Request) -> dict[Any, int]:
@@ -172,8 +177,8 @@ class VllmEngineManager(VllmKVCacheManager):
                     allocated: tuple[Any, list[list[int]] | None] | None = None,
                     checkpoints: set[tuple[int, int, int]] | frozenset = frozenset()) -> None:
         """vLLM KV events as kvtrace events; ``request``: whose call made them,
-        ``allocated``: that call's (returned blocks, copy targets per group or None), the
-        blocks it took off the free queue; ``checkpoints``: its (group, block, position)
+        ``allocated``: that call's (returned blocks, copy targets and connector-load blocks per
+        group or None), the blocks it took off the free queue; ``checkpoints``: its (group, block, position)
         checkpoint writes."""
         step, hbs = self.step, self.hash_block_size
         out = self._events
@@ -209,6 +214,9 @@ class VllmEngineManager(VllmKVCacheManager):
                     self._num_tokens[(g, h)] = ntok
                     if tier is not None:
                         tier.store(g, h, ntok)  # write-through, as kvtrace's pool does
+                if tier is not None and tier.sink.events:  # what the store dropped for room: connector evictions
+                    out.extend(tier.sink.events)
+                    tier.sink.events.clear()
                 if ids:
                     if (g, ids[-1], ntok) in checkpoints:
                         kind = PUBLISH_CHECKPOINT
@@ -224,7 +232,7 @@ class VllmEngineManager(VllmKVCacheManager):
                     fresh = {b for ids in (*allocated[0].get_block_ids(), *(allocated[1] or ())) for b in ids}
                 taken = fresh if fresh is not None else ()
                 for eh in ev.block_hashes:
-                    rec = self._removed_record(g, eh, taken)
+                    rec = self._removed_record(g, eh, taken, request)
                     h, bid, born = rec if rec is not None else (eh, -1, step)
                     reason = EVICT_LRU if bid in taken and (g, eh) not in stored else EVICT_REPLACED
                     if (g, reason) != run_key:
@@ -258,11 +266,13 @@ class VllmEngineManager(VllmKVCacheManager):
             return mine
         return next(iter(held))
 
-    def _removed_record(self, g: int, eh: Any, taken: Any = ()) -> list[Any] | None:
+    def _removed_record(self, g: int, eh: Any, taken: Any = (), request: Request | None = None) -> list[Any] | None:
         """The record of the block vLLM dropped key ``eh`` of group ``g`` from (its event
         names no block): the only one, or of several blocks keyed alike, the first that vLLM
         no longer holds under the key, else the first the call took off the free queue
-        (``taken``: evicted, then keyed alike again within the call)."""
+        (``taken``: evicted, then keyed alike again within the call), else the first in the
+        table of ``request``, whose call made the event (a key its own block lost and got
+        back within the call: a partial key promoted, then re-stored)."""
         recs = self._published.get((g, eh))
         if not recs:
             return None
@@ -271,7 +281,11 @@ class VllmEngineManager(VllmKVCacheManager):
             held = self._held_ids(g, recs[0][0])
             i = next((k for k, r in enumerate(recs) if r[1] not in held), -1)
             if i < 0:
-                i = next((k for k, r in enumerate(recs) if r[1] in taken), 0)
+                i = next((k for k, r in enumerate(recs) if r[1] in taken), -1)
+            if i < 0 and request is not None:
+                mine = {b.block_id for b in self._managers[g].req_to_blocks.get(request.request_id, ())}
+                i = next((k for k, r in enumerate(recs) if r[1] in mine), -1)
+            i = max(i, 0)
         rec = recs.pop(i)
         if not recs:
             del self._published[(g, eh)]
@@ -341,6 +355,9 @@ class VllmEngineManager(VllmKVCacheManager):
             twin.append_output_token_ids(outputs[i])
         managers = self._managers
         pending = [*map(len, map(_COW_COPIES, managers))]
+        # a connector load's blocks come off the free queue outside what allocate_slots
+        # returns (vLLM's allocate_external_computed_blocks): the table's growth tells them
+        held = [len(m.req_to_blocks.get(rid, ())) for m in managers] if num_external_computed_tokens else None
         try:
             if (new_computed_blocks is None and not num_new_computed_tokens and not num_external_computed_tokens
                     and not num_lookahead_tokens):
@@ -362,7 +379,7 @@ class VllmEngineManager(VllmKVCacheManager):
         if out is None:
             self._drain(request)
             return None
-        targets: list[list[int]] | None = None  # per group, this call's copy targets
+        targets: list[list[int]] | None = None  # per group, this call's copy targets and connector-load blocks
         if [*map(len, map(_COW_COPIES, managers))] != pending:
             targets = [[] for _ in managers]
             for g, m in enumerate(managers):
@@ -371,6 +388,12 @@ class VllmEngineManager(VllmKVCacheManager):
                     why = COPY_PARTIAL_HIT if any(b is dst for b in table) else COPY_RUNNING_TAIL
                     self._copy_owner[(g, src.block_id, dst.block_id)] = (rid, why)
                     targets[g].append(dst.block_id)
+        if held is not None:
+            hit = new_computed_blocks.get_block_ids() if new_computed_blocks is not None else None
+            targets = targets or [[] for _ in managers]
+            for g, m in enumerate(managers):
+                ids = [b.block_id for b in m.req_to_blocks.get(rid, ())[held[g]:] if not b.is_null]
+                targets[g].extend(set(ids).difference(hit[g]) if hit is not None else ids)  # (a hit keeps its key)
         if twin.status is not self._running:
             twin.status = self._running
         checkpoints: set[tuple[int, int, int]] | frozenset = frozenset()
