@@ -21,3 +21,12 @@ def test_every_latency_is_in_the_readme_as_vllm_bench_serve_defines_it():
     for m in metrics.LATENCIES:
         assert f"| `{m.key}` | {m.label} | {m.doc} |" in SECTION, m.key
     assert "modelled" in SECTION and "null" in SECTION
+
+
+def test_kvtraces_own_rates_and_the_default_percentiles_are_the_readmes():
+    assert f"| `block_hit_rate` | (kvtrace) | {metrics.BLOCK_HIT_RATE_DOC} |" in SECTION
+    assert metrics.GROUP_HIT_RATE_DOC in SECTION
+    for kind in ("attention", "state"):
+        assert f'"{metrics.group_hit_rate_label(kind)}"' in SECTION
+    default = ",".join(metrics.percentile_word(p) for p in metrics.DEFAULT_PERCENTILES)
+    assert f"(default `{default}`, vLLM's `--metric-percentiles`)" in SECTION
