@@ -44,7 +44,8 @@ def collect(
 
     collector = serve_collector(db, host=host, port=port, max_body_bytes=max_body_bytes,
                                 grpc_port=grpc_port if grpc else None, on_ready=ready)
-    status(f"kvtrace collect: {collector.spans_received} spans stored, "
+    again = f"{collector.duplicate_spans} spans sent again not stored twice, " if collector.duplicate_spans else ""
+    status(f"kvtrace collect: {collector.spans_received} spans stored, {again}"
            f"{collector.requests_rejected} requests rejected")
 
 

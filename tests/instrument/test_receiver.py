@@ -19,12 +19,12 @@ from tests.instrument.helpers import count_spans, store_rows
 TRACE = "5b8efff798038103d269b633813fc60c"
 
 
-def _json_body(n: int = 2, run_id: str | None = "json-run") -> bytes:
+def _json_body(n: int = 2, run_id: str | None = "json-run", trace: str = TRACE) -> bytes:
     resource = [{"key": "service.name", "value": {"stringValue": "client"}}]
     if run_id:
         resource.append({"key": "kvtrace.run.id", "value": {"stringValue": run_id}})
     spans = [{
-        "traceId": TRACE, "spanId": f"{i + 1:016x}", "parentSpanId": "" if i == 0 else f"{1:016x}",
+        "traceId": trace, "spanId": f"{i + 1:016x}", "parentSpanId": "" if i == 0 else f"{1:016x}",
         "name": "kvtrace.cache.publish", "kind": 1,
         "startTimeUnixNano": str(1000 + i), "endTimeUnixNano": 1000 + i,
         "attributes": [
@@ -393,7 +393,7 @@ def test_spans_after_a_runs_record_are_counted_by_runs(tmp_path, collector):
     record = [{"key": "kvtrace.run.status", "value": {"stringValue": "complete"}},
               {"key": "kvtrace.run.summary", "value": {"stringValue": '{"requests": 1}'}}]
     assert _post(collector.url, _with_run_span(record))[0] == 200
-    assert _post(collector.url, _json_body(2))[0] == 200  # late, for the same run
+    assert _post(collector.url, _json_body(2, trace="7" * 32))[0] == 200  # late, for the same run
     collector.stop()
     db = tmp_path / "rx.duckdb"
     assert count_spans(db, "json-run") == _run_spans(db, "json-run") == 5
@@ -412,7 +412,7 @@ def test_a_record_cannot_finish_the_collectors_own_run(tmp_path, collector):
     doc["resourceSpans"][0]["resource"]["attributes"][1]["value"]["stringValue"] = own
     status, reply, _ = _post(collector.url, json.dumps(doc).encode())
     assert status == 400 and f"kvtrace.run.id: {own} is this collector's own run" in json.loads(reply)["message"]
-    assert _post(collector.url, _json_body(1, run_id=None))[0] == 200
+    assert _post(collector.url, _json_body(1, run_id=None, trace="7" * 32))[0] == 200
     collector.stop()
     db = tmp_path / "rx.duckdb"
     from kvtrace.store.read import run
@@ -812,12 +812,12 @@ def test_a_burst_of_connections_is_answered_not_reset(tmp_path):
     import socket
 
     collector = OTLPCollector(tmp_path / "burst.duckdb", port=0)
-    body = _json_body(1)
-    head = (b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
-            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n")
     socks, refused = [], None
     try:
-        for _ in range(100):
+        for i in range(100):
+            body = _json_body(1, trace=f"{i + 1:032x}")  # (a span each: the same one sent again is stored once)
+            head = (b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n")
             try:
                 s = socket.create_connection(collector.address, timeout=3)
             except OSError as err:  # (backlog 5: the 7th timed out here)

@@ -31,6 +31,7 @@ import socket
 import sys
 import threading
 import zlib
+from collections import deque
 from collections.abc import Callable, Iterator
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -53,9 +54,11 @@ from kvtrace.instrument.otlp.limits import (
     GRPC_GRACE_S,
     MAX_CONNECTIONS,
     MAX_GZIP_MEMBERS,
+    MAX_SPANS_PER_REQUEST,
     MIN_BODY_BYTES_PER_S,
     MIN_BUFFERED_BYTES,
     READ_TIMEOUT_S,
+    RECENT_SPANS,
     REPLY_GRACE_S,
     check_collector_options,
 )
@@ -112,6 +115,37 @@ def _inflate(body: bytes, limit: int) -> bytes:
     if d.unused_data:
         raise PayloadError(f"{len(d.unused_data)} bytes after the end of the deflate body")
     return out
+
+
+class _RecentSpans:
+    """The ids (trace id, span id) of the spans stored last in each run, at most ``limit``
+    in all, oldest forgotten first: a span sent again, as an exporter retries a request
+    whose answer it never got, is told from a new one. (A span is its ids, in OTLP.)"""
+
+    def __init__(self, limit: int):
+        self._limit = limit
+        self._by_run: dict[str, set[int]] = {}
+        self._order: deque[tuple[str, int]] = deque()
+
+    @staticmethod
+    def key(trace_id: int, span_id: int) -> int:
+        return trace_id << 64 | span_id
+
+    def seen(self, run: str, key: int) -> bool:
+        return key in self._by_run.get(run, ())
+
+    def add(self, run: str, key: int) -> None:
+        keys = self._by_run.setdefault(run, set())
+        if key in keys:
+            return
+        keys.add(key)
+        self._order.append((run, key))
+        while len(self._order) > self._limit:
+            old_run, old = self._order.popleft()
+            old_keys = self._by_run[old_run]
+            old_keys.discard(old)
+            if not old_keys:
+                del self._by_run[old_run]
 
 
 _BUSY = json.dumps({"code": 14, "message": "busy: as many connections open as it serves; retry"}).encode()
@@ -185,8 +219,14 @@ class OTLPCollector:
         self._default_run: str | None = None
         self._known_runs: set[str] = set()
         self._created_runs: list[str] = []
+        # runs an earlier collector on this store made and left without a record (stopped, or
+        # killed: incomplete), which their producer's record still finishes
+        self._unrecorded_runs: set[str] = set()
         self._late_runs: set[str] = set()  # runs given spans once finished: derived tables rebuilt at close
+        self._recent = _RecentSpans(RECENT_SPANS)
+        self._looked_up: set[str] = set()  # named runs whose store state was read (see _look_up)
         self.spans_received = 0
+        self.duplicate_spans = 0  # spans already stored in their run, sent again: not stored twice
         self.requests_rejected = 0
         self.decode_slots = threading.BoundedSemaphore(DECODE_SLOTS)  # (both transports)
         self._replying = 0  # HTTP requests between their store and their reply (under _replies)
@@ -293,7 +333,7 @@ class OTLPCollector:
             self.requests_rejected += 1
 
     def ingest(self, spans: DecodedSpans, wanted: Callable[[], bool] | None = None) -> int:
-        """Append decoded spans (grouped by run) and commit; returns the count.
+        """Append decoded spans (grouped by run) and commit; returns the count stored.
 
         All or nothing: a value the store cannot hold is a PayloadError naming the span
         (nothing of the request is appended), and a commit that fails (KVTraceError, the
@@ -301,11 +341,15 @@ class OTLPCollector:
         ``wanted``: whether the sender still waits for the answer (a gRPC call not
         cancelled, its deadline not passed), asked just before the commit: an export its
         client gave up on is not stored, since the exporter sends it again. A request that
-        comes after ``close_store`` is a CollectorClosed, nothing stored."""
+        comes after ``close_store`` is a CollectorClosed, nothing stored.
+        A span its run already holds (the same trace and span id among the RECENT_SPANS
+        stored last, or in the request) is not stored again: a retried export."""
         # by the run id its resource names ("": the collector's own run), made only once the
         # whole request is found storable: a refused request leaves no run behind either
         by_run: dict[str, SpanRowsBuilder] = {}
         records: list[tuple[str, dict]] = []
+        fresh: list[tuple[str, int]] = []  # (run key, span key) of the spans to store
+        taken: set[tuple[str, int]] = set()
         with self._lock:
             if self._closed:
                 raise CollectorClosed("kvtrace collect is shutting down: not stored (send it again to a running "
@@ -316,6 +360,13 @@ class OTLPCollector:
                     if kwargs["name"] == SPAN_RUN:  # a kvtrace export's run record, not a span
                         records.append((key, _run_record(kwargs["attributes"], where)))
                         continue
+                    if key:
+                        self._look_up(key)
+                    span_key = _RecentSpans.key(kwargs["trace_id"], kwargs["span_id"])
+                    if self._recent.seen(key, span_key) or (key, span_key) in taken:
+                        continue
+                    taken.add((key, span_key))
+                    fresh.append((key, span_key))
                     rows = by_run.get(key)
                     if rows is None:
                         rows = by_run[key] = SpanRowsBuilder()
@@ -343,18 +394,27 @@ class OTLPCollector:
             except BaseException:
                 self.store.discard_buffer()
                 raise
-            self.spans_received += len(spans)
+            stored = len(fresh) + len(records)
+            self.spans_received += stored
+            self.duplicate_spans += len(spans) - stored
+            for key, span_key in fresh:
+                self._recent.add(key, span_key)
             self._late_runs.update(late)
             for key, record in records:  # (after the commit: a failure here is logged, the spans stay)
                 self._finish_recorded(self._run_for(key), record)
-        return len(spans)
+        return stored
 
     def _finish_recorded(self, run_id: str, record: dict) -> None:
         """A run this collector created, finished with the status, digest and summary its
-        producer sent (``kvtrace.run`` span); other runs keep what the store says."""
-        if run_id not in self._created_runs:
+        producer sent (``kvtrace.run`` span), or one an earlier collector on this store made
+        and left without one (its producer's record came after a restart: the status, digest
+        and summary were dropped with a 200); other runs keep what the store says."""
+        if run_id in self._created_runs:
+            self._created_runs.remove(run_id)
+        elif run_id in self._unrecorded_runs:
+            self._unrecorded_runs.discard(run_id)
+        else:
             return
-        self._created_runs.remove(run_id)
         self._finish(run_id, **record)
 
     def _finish(self, run_id: str, **record) -> None:
@@ -373,6 +433,32 @@ class OTLPCollector:
         except Exception as err:
             _log.warning("run %s: derived tables not rebuilt (%s: %s); its spans are stored", run_id,
                          type(err).__name__, err)
+
+    def _look_up(self, run_id: str) -> None:
+        """Once per named run: a run the store holds already (an earlier collector's, or this
+        one's before a restart) has the ids of its last spans remembered, so a request
+        retried across a restart is not stored twice, and, when it is a collected run no
+        record has finished, its producer's record may still finish it."""
+        if run_id in self._looked_up:
+            return
+        from kvtrace.store.read._sql import connect, query  # (polars: loaded only when a run is met)
+
+        self.store.release()
+        with connect(self.store_path) as con:
+            found = query(con, "SELECT mode, status, digest, summary FROM runs WHERE run_id = $run_id",
+                          {"run_id": run_id})
+            last = query(con, "SELECT trace_id, span_id FROM spans WHERE run_id = $run_id ORDER BY seq DESC "
+                              f"LIMIT {MAX_SPANS_PER_REQUEST}", {"run_id": run_id}) if found.height else None
+        self._looked_up.add(run_id)
+        if found.height == 0:
+            return
+        mode, status, digest, summary = found.row(0)
+        if mode == "otlp" and status != "running" and digest is None and summary is None:
+            self._unrecorded_runs.add(run_id)
+        if last is not None:
+            for trace_hex, span_hex in reversed(last.rows()):  # (oldest first: the newest are forgotten last)
+                if trace_hex and span_hex:
+                    self._recent.add(run_id, _RecentSpans.key(int(trace_hex, 16), int(span_hex, 16)))
 
     def _run_for(self, run_id: str) -> str:
         """The run of spans whose resource names ``run_id`` ("": none, see ``_named_run``),

@@ -38,6 +38,11 @@ DECODE_SLOTS = 2
 # decoded span costs about 60x its bytes, so a 16 MB body of 500k tiny spans took 1.4 GB;
 # counted before any span is decoded.
 MAX_SPANS_PER_REQUEST = 65_536
+# Spans remembered (run, trace id, span id) to tell a retried export from new spans: an
+# exporter that got no answer (a reset, a collector killed between its commit and its
+# reply) sends the same request again, which stored every span twice (a run's evictions,
+# requests and span counts doubled). Two requests' worth; some 150 bytes a span.
+RECENT_SPANS = 2 * MAX_SPANS_PER_REQUEST
 
 
 def check_collector_options(port: int, grpc_port: int | None, max_body_bytes: int) -> None:
