@@ -130,16 +130,21 @@ def curve(
 
 @contextlib.contextmanager
 def _worker_deaths_told() -> Iterator[None]:
-    """A local worker that died (``kill -9``, the OOM killer) as one line and exit 1, not
-    the pool's traceback. The sweep stores each run once it and every earlier one are back:
-    those stay, the rest were not recorded."""
+    """A worker that died (``kill -9``, the OOM killer; a local one or a Ray task's) as one
+    line and exit 1, not the pool's traceback. The sweep stores each run once it and every
+    earlier one are back: those stay, the rest were not recorded."""
     from concurrent.futures.process import BrokenProcessPool
 
+    from kvtrace.replay.sweep import WorkerDied
+
+    kept = "the runs stored before it are kept, the rest were not recorded"
     try:
         yield
     except BrokenProcessPool:
         if stop_signalled():  # (Ctrl-C or SIGTERM to the process group: the workers died of it)
             raise
-        error("a worker process died before its replay finished (killed, or out of memory?); "
-              "the runs stored before it are kept, the rest were not recorded")
+        error(f"a worker process died before its replay finished (killed, or out of memory?); {kept}")
+        raise typer.Exit(1) from None
+    except WorkerDied as err:
+        error(f"{err}; {kept}")
         raise typer.Exit(1) from None

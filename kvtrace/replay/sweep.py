@@ -244,7 +244,8 @@ def _results_in_order(specs: list[RunSpec], keep: bool, workers: int,
     """Every spec's (result, span tables), in spec order, as each comes back: on Ray, in
     this process, or on forked local workers, which end with the block however it ends."""
     if ray_address is not None:
-        yield iter(_on_ray(specs, keep, ray_address))
+        with _on_ray(specs, keep, ray_address) as results:
+            yield results
         return
     if workers == 1 or len(specs) == 1:
         yield (_replay_one(s, keep) for s in specs)
@@ -320,7 +321,16 @@ def _sweep_id(base: RunSpec, combos: list[dict[str, Any]], trace_digest: str | N
     return "sweep-" + hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def _on_ray(specs: list[RunSpec], keep: bool, address: str) -> list:
+class WorkerDied(RuntimeError):
+    """A replay's worker (a Ray task's process, its node) died or ran out of memory: no
+    user error (exit 1, as a local worker's death), and the runs stored before it stay."""
+
+
+@contextlib.contextmanager
+def _on_ray(specs: list[RunSpec], keep: bool, address: str) -> Iterator[Iterator[tuple[RunResult, list]]]:
+    """Every spec's (result, span tables) from its Ray task, in spec order, each as it comes
+    back (all at once, a sweep failed or stopped at its last replay stored none); the tasks
+    not yet back are cancelled when the block ends early."""
     try:
         import ray
     except ImportError:
@@ -339,16 +349,31 @@ def _on_ray(specs: list[RunSpec], keep: bool, address: str) -> list:
         started = True
     try:
         task = ray.remote(_replay_one)
+        refs = [task.remote(s, keep) for s in specs]
         try:
-            return ray.get([task.remote(s, keep) for s in specs])
-        except ray.exceptions.RayTaskError as err:  # a replay's own error, not Ray's remote traceback
-            cause = err.cause if isinstance(err.cause, BaseException) else None
-            if isinstance(cause, KVTraceError):
-                raise cause from None
-            raise KVTraceError(f"--ray {address}: a replay failed: {cause!r}"[:500]) from None
+            yield (_ray_result(ray, ref, address) for ref in refs)
+        except BaseException:  # a failed replay, Ctrl-C: the rest would run on, on a shared cluster
+            for ref in refs:
+                with contextlib.suppress(Exception):  # (one already back, or its worker gone)
+                    ray.cancel(ref, force=True)
+            raise
     finally:
         if started:
             ray.shutdown()
+
+
+def _ray_result(ray, ref, address: str) -> tuple[RunResult, list]:
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as err:  # a replay's own error, not Ray's remote traceback
+        cause = err.cause if isinstance(err.cause, BaseException) else None
+        if isinstance(cause, KVTraceError):
+            raise cause from None
+        raise KVTraceError(f"--ray {address}: a replay failed: {cause!r}"[:500]) from None
+    except ray.exceptions.RayError as err:  # its worker or node died (retries spent), out of memory
+        what = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise WorkerDied(f"--ray {address}: a replay's worker died before it finished ({type(err).__name__}"
+                         f"{': ' + what if what else ''})"[:500]) from None
 
 
 def ray_host_port(address: str) -> tuple[str, int]:

@@ -72,11 +72,19 @@ def test_a_sweep_on_a_local_ray_cluster_matches_the_sequential_one(alone, tmp_pa
         # a replay's own error in a task is that error, not Ray's remote traceback as its text
         with pytest.raises(TraceFormatError) as caught:
             run_sweep(replace(BASE, trace=str(bad)), [("capacity_blocks", [300, 900])], ray_address="auto")
+        # the runs back before a failed one are stored, as on local workers (Ray's results
+        # were taken all at once: its last replay failing, none was stored)
+        with pytest.raises(KVTraceError, match="cannot be scheduled"):
+            run_sweep(RunSpec("gen:chat", limit=3, content=False), [("capacity_blocks", [2000, 1000, 4])],
+                      db=tmp_path / "midway.duckdb", ray_address="auto")
     finally:
         ray.shutdown()
     assert _digests(result) == alone
     assert read.runs(tmp_path / "ray.duckdb").height == 4
     assert str(caught.value).startswith(f"{bad}:4: ")
+    midway = read.runs(tmp_path / "midway.duckdb")
+    assert sorted(zip(midway["name"], midway["status"])) == [("sweep capacity_blocks=1000", "complete"),
+                                                             ("sweep capacity_blocks=2000", "complete")]
 
 
 def test_local_workers_are_at_most_one_a_cpu_and_one_a_replay(alone, monkeypatch):
@@ -301,6 +309,33 @@ def test_a_worker_killed_9_is_one_line_not_the_pools_traceback(tmp_path, monkeyp
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("kvtrace: error: a worker process died"), err
     assert not db.exists() and not multiprocessing.active_children()
+
+
+@pytest.mark.parametrize("crash", ["WorkerCrashedError", "OutOfMemoryError"])
+def test_a_ray_worker_that_died_is_one_line_and_exit_1(tmp_path, monkeypatch, capsys, crash):
+    """A Ray task whose worker died (retries spent, the OOM killer) raised Ray's own error:
+    a traceback, where a local worker's death is one line and exit 1."""
+    ray = pytest.importorskip("ray")
+    from types import SimpleNamespace
+
+    error = getattr(ray.exceptions, crash)
+
+    def died(ref):
+        raise error() if crash == "WorkerCrashedError" else error("Task was killed: low memory.\nMemory: 99%")
+
+    with pytest.raises(sweep.WorkerDied, match=rf"^--ray auto: a replay's worker died before it finished \({crash}"):
+        sweep._ray_result(SimpleNamespace(get=died, exceptions=ray.exceptions), None, "auto")
+
+    def sweep_died(*args, **kwargs):
+        sweep._ray_result(SimpleNamespace(get=died, exceptions=ray.exceptions), None, "auto")
+
+    monkeypatch.setattr(sweep, "run_sweep", sweep_died)
+    code, _, err = run(["sweep", str(MOONCAKE), "--mode", "cache-only", "--param", "capacity_blocks=300,900",
+                        "--ray", "auto", "--db", str(tmp_path / "s.duckdb")], capsys)
+    assert code == 1, err
+    assert len(err.strip().splitlines()) == 1 and err.startswith(f"kvtrace: error: --ray auto: a replay's worker "
+                                                                 f"died before it finished ({crash}"), err
+    assert err.rstrip().endswith("the runs stored before it are kept, the rest were not recorded"), err
 
 
 def test_a_ray_address_where_no_ray_listens_is_refused_in_seconds():
