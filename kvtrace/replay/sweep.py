@@ -63,8 +63,8 @@ def parse_param(text: str, flag: str = "--param") -> tuple[str, list[Any]]:
             raise ConfigError(flag, text, f"{name} values must be integers"
                                           + (" (or inf)" if name == "capacity_blocks" else ""))
         return name, ints
-    if name == "without":
-        return name, [() if v.lower() == "none" else tuple(sorted(v.split("+"))) for v in values]
+    if name == "without":  # (each switch once: a+a is a)
+        return name, [() if v.lower() == "none" else tuple(sorted(set(v.split("+")))) for v in values]
     return name, values
 
 
@@ -108,6 +108,14 @@ def combinations(params: Sequence[tuple[str, list[Any]]]) -> list[dict[str, Any]
     names = [n for n, _ in params]
     if len(set(names)) != len(names):
         raise ConfigError("--param", ",".join(names), "a parameter is given twice")
+    for name, values in params:  # a value twice (in any spelling) ran twice: equal runs, the store's twice
+        shown = [label({name: v}).partition("=")[2] for v in values]
+        first: dict[Any, int] = {}
+        for i, v in enumerate(values):
+            j = first.setdefault(_canonical(name, v), i)
+            if j != i:
+                raise ConfigError("--param", f"{name}={','.join(shown)}", f"{shown[i]} is given twice"
+                                  + (f" (as {shown[j]})" if shown[j] != shown[i] else ""))
     count = math.prod(len(v) for _, v in params)
     if count > MAX_COMBINATIONS:
         raise ConfigError("--param", ",".join(names), f"{count:,} combinations; a sweep runs at most "

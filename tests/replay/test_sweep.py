@@ -213,6 +213,29 @@ def test_parse_param_refuses(text, match):
         parse_param(text)
 
 
+@pytest.mark.parametrize(("text", "message"), [
+    ("capacity_blocks=300,900,300", "capacity_blocks=300,900,300: 300 is given twice"),
+    ("capacity_blocks=inf,unbounded", "capacity_blocks=inf,inf: inf is given twice"),
+    ("retention=none,None", "retention=none,None: None is given twice (as none)"),
+    ("retention=0,00", "retention=0,00: 00 is given twice (as 0)"),
+    ("policy=lru,lru", "policy=lru,lru: lru is given twice"),
+    ("without=none,none", "without=none,none: none is given twice"),
+    ("without=shared-prefix-pinning+external-hit-running-cow,external-hit-running-cow+shared-prefix-pinning",
+     "without=external-hit-running-cow+shared-prefix-pinning,external-hit-running-cow+shared-prefix-pinning: "
+     "external-hit-running-cow+shared-prefix-pinning is given twice")])
+def test_a_value_swept_twice_is_refused_before_anything_runs(text, message):
+    """A value given twice, in any spelling, ran twice: two equal runs in the store, the
+    second's deltas all zero."""
+    with pytest.raises(ConfigError) as caught:
+        combinations([parse_param(text)])
+    assert str(caught.value) == f"--param: {message}"
+
+
+def test_a_switch_given_twice_in_one_value_is_one_switch():
+    assert parse_param("without=shared-prefix-pinning+shared-prefix-pinning") == (
+        "without", [("shared-prefix-pinning",)])
+
+
 def test_the_table_shows_deltas_against_the_named_baseline():
     result = run_sweep(BASE, PARAMS, workers=1)
     baseline = parse_baseline("capacity_blocks=900,policy=lru", PARAMS)
@@ -395,7 +418,8 @@ def test_a_setting_both_swept_and_set_for_the_sweep_is_refused():
     with pytest.raises(ConfigError, match=r"--param: capacity_blocks: is also set for the whole sweep \(100\)"):
         run_sweep(replace(BASE, capacity_blocks=100), [("capacity_blocks", [300, 900])], workers=1)
     with pytest.raises(ConfigError, match="--param: without: is also set"):
-        run_sweep(replace(BASE, without=("shared-prefix-pinning",)), [("without", [(), ()])], workers=1)
+        run_sweep(replace(BASE, without=("shared-prefix-pinning",)), [("without", [(), ("external-hit-running-cow",)])],
+                  workers=1)
 
 
 def test_a_config_files_switches_are_not_swept_over(tmp_path):
