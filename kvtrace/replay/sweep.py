@@ -322,9 +322,10 @@ def _sweep_id(base: RunSpec, combos: list[dict[str, Any]], trace_digest: str | N
     settings["without"] = sorted(set(base.without))
     settings["retention"] = _canonical("retention", base.retention)
     config = file_sha256(base.config_file) if base.config_file else None
-    text = json.dumps([trace_digest or f"{base.trace}:limit={base.limit}", config, settings,
-                       [{k: sorted(set(v)) if isinstance(v, tuple) else _canonical(k, v) for k, v in c.items()}
-                        for c in combos]],
+    # the combinations as a set: the same runs however the values and --params were ordered
+    runs = sorted(json.dumps({k: sorted(set(v)) if isinstance(v, tuple) else _canonical(k, v) for k, v in c.items()},
+                             sort_keys=True, default=str) for c in combos)
+    text = json.dumps([trace_digest or f"{base.trace}:limit={base.limit}", config, settings, runs],
                       sort_keys=True, default=str)
     return "sweep-" + hashlib.sha256(text.encode()).hexdigest()[:12]
 

@@ -152,6 +152,21 @@ def test_the_sweep_id_is_a_content_id(tmp_path):
     assert len({one.sweep_id, other.sweep_id, policy.sweep_id}) == 3
 
 
+def test_one_sweep_in_any_order_of_its_values_and_params_has_one_id():
+    """The same combinations, listed in another order: the same runs (equal digests), but
+    each order had its own sweep id."""
+    small = replace(BASE, limit=20)
+    ids, digests = set(), []
+    for params in ([("capacity_blocks", [300, 900]), ("policy", ["lru", "belady"])],
+                   [("capacity_blocks", [900, 300]), ("policy", ["belady", "lru"])],
+                   [("policy", ["lru", "belady"]), ("capacity_blocks", [300, 900])]):
+        res = run_sweep(small, params, workers=1)
+        ids.add(res.sweep_id)
+        digests.append({(r.combo["capacity_blocks"], r.combo["policy"]): r.summary["digest"] for r in res.runs})
+    assert len(ids) == 1 and digests[0] == digests[1] == digests[2]
+    assert run_sweep(small, [("capacity_blocks", [300])], workers=1).sweep_id not in ids  # (a subset: another)
+
+
 def test_one_sweep_however_its_switches_and_retention_are_spelt_has_one_id():
     """--without's order and repeats, and retention's spellings (none/None, 0/00), read as
     one setting: equal runs, but each spelling had its own sweep id."""
