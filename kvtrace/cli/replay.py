@@ -100,9 +100,9 @@ def curve(
         metavar="auto|C1,C2,...",
         help="Capacities in blocks, inf for the unbounded cache (auto: from the largest request up to the "
              "trace's distinct blocks, and inf).")] = "auto",
-    policy: Annotated[str, typer.Option(
-        metavar="lru,belady", help="The curves to draw: lru, belady (the offline optimum), or both.")]
-        = "lru,belady",
+    policy: Annotated[str | None, typer.Option(
+        metavar="lru,belady", help="The curves to draw: lru, belady (the offline optimum), or both (default: both; "
+                                   "lru in engine mode, where the Belady bound has no unit).")] = None,
     db: Db = None,
     workers: Annotated[int, typer.Option(metavar="N", help="Local worker processes (engine mode; at most one a "
                                                           "CPU and one a capacity).")] = 2,
@@ -114,7 +114,7 @@ def curve(
     """Hit rate against capacity: LRU (one exact pass in cache-only mode) and the Belady bound."""
     from kvtrace.replay.curve import run_curve
 
-    policies = tuple(p.strip() for p in policy.split(",") if p.strip())
+    policies = None if policy is None else tuple(p.strip() for p in policy.split(",") if p.strip())
     if db is not None:
         pyarrow_without_pandas()
     with _worker_deaths_told():

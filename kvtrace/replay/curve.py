@@ -245,13 +245,16 @@ class CurveResult:
                 "largest request, a replay below that; Belady from a replay at each capacity")
 
 
-def run_curve(spec, capacities: str, *, policies: Sequence[str] = CURVE_POLICIES, db: str | Path | None = None,
+def run_curve(spec, capacities: str, *, policies: Sequence[str] | None = None, db: str | Path | None = None,
               workers: int = 2, ray_address: str | None = None) -> CurveResult:
     """The curve of ``spec``'s trace (its mode and settings, capacity swept), recorded in
     ``db`` when given. Engine mode replays each capacity on the sweep's workers (local
-    processes, or Ray tasks with ``ray_address``)."""
+    processes, or Ray tasks with ``ray_address``). ``policies``: default both, LRU alone
+    in engine mode (asked for there, Belady is refused)."""
     from kvtrace.replay.run import open_workload, validate
 
+    if policies is None:  # (`curve --mode engine` was refused for a --policy belady never typed)
+        policies = ("lru",) if spec.mode == "engine" else CURVE_POLICIES
     unknown = sorted(set(policies) - set(CURVE_POLICIES))
     if unknown or not policies:
         raise ConfigError("--policy", ",".join(unknown) or "''", f"expected some of {', '.join(CURVE_POLICIES)}")

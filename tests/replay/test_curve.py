@@ -223,3 +223,21 @@ def test_an_engine_curves_refused_capacity_is_named_at_capacities():
     that one); it is the --capacities value the user typed."""
     with pytest.raises(ConfigError, match=r"^--capacities: 1: expected an int >= 2"):
         run_curve(RunSpec("gen:chat", limit=3, content=False), "1,100", policies=("lru",))
+
+
+def test_an_engine_curve_without_policy_draws_lru(capsys):
+    """`curve --mode engine` was refused for `--policy: belady`, a default the user never
+    typed; asked for, Belady is still refused there."""
+    from tests.cli.support import assert_one_line, run
+
+    argv = ["curve", "gen:chat", "--limit", "3", "--no-content", "--mode", "engine", "--capacities", "300,600",
+            "--workers", "1", "--json"]
+    code, out, err = run(argv, capsys)
+    assert code == 0, err
+    points = json.loads(out)["points"]
+    assert [(p["capacity_blocks"], p["policy"], p["method"]) for p in points] == [(299, "lru", "run"),
+                                                                                    (599, "lru", "run")]
+    assert_one_line(*run([*argv, "--policy", "lru,belady"], capsys)[::2], "--policy: belady: the Belady bound")
+    # cache-only: both, as before
+    code, out, err = run(["curve", "gen:chat", "--limit", "3", "--capacities", "300", "--json"], capsys)
+    assert code == 0 and {p["policy"] for p in json.loads(out)["points"]} == {"lru", "belady"}, err
