@@ -138,6 +138,12 @@ def label(combo: dict[str, Any]) -> str:
     return " ".join(f"{k}={'+'.join(v) or 'none' if k == 'without' else v}" for k, v in combo.items())
 
 
+def stored_params(combo: dict[str, Any]) -> dict[str, Any]:
+    """A combination as JSON holds it: switches as a list, the unbounded cache as null, as
+    a run's own ``capacity_blocks`` says it (inf was stored as ``Infinity``, no JSON)."""
+    return {k: list(v) if isinstance(v, tuple) else None if v == math.inf else v for k, v in combo.items()}
+
+
 @dataclass(slots=True)
 class SweepRun:
     combo: dict[str, Any]
@@ -152,7 +158,7 @@ class SweepResult:
 
     def to_json(self) -> dict[str, Any]:
         return {"sweep_id": self.sweep_id,
-                "runs": [{"params": {k: list(v) if isinstance(v, tuple) else v for k, v in r.combo.items()},
+                "runs": [{"params": stored_params(r.combo),
                           "run_id": r.run_id, **r.summary} for r in self.runs]}
 
 
@@ -299,8 +305,7 @@ def _record(store, spec: RunSpec, res: RunResult, tables: list, sweep_id: str, c
     from kvtrace.replay.run import run_record
 
     rec = run_record(spec, res)
-    rec["config"]["sweep"] = {"id": sweep_id, "params": {k: list(v) if isinstance(v, tuple) else v
-                                                          for k, v in combo.items()}}
+    rec["config"]["sweep"] = {"id": sweep_id, "params": stored_params(combo)}
     run_id = store.create_run(spec.name or sweep_id, **rec)
     for table in tables:
         store.append_spans(table, run_id=run_id, flush_when_due=False)

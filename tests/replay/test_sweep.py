@@ -251,6 +251,25 @@ def test_a_switch_given_twice_in_one_value_is_one_switch():
         "without", [("shared-prefix-pinning",)])
 
 
+def test_the_unbounded_cache_is_stored_as_json_holds_it(tmp_path):
+    """A swept inf went into the run's config as ``Infinity``: no JSON (a strict reader
+    refuses it), and null in the run's own capacity_blocks beside it."""
+    import json
+
+    db = tmp_path / "s.duckdb"
+    result = run_sweep(replace(BASE, limit=20), [("capacity_blocks", [300, math.inf])], db=db, workers=1)
+    with connect(db) as con:
+        configs = query(con, "SELECT run_id, CAST(config AS VARCHAR) AS config FROM runs ORDER BY run_id")
+
+    def strict(token):
+        raise AssertionError(f"{token} in a stored config")
+
+    params = [json.loads(c, parse_constant=strict)["sweep"]["params"] for c in configs["config"]]
+    assert params == [{"capacity_blocks": 300}, {"capacity_blocks": None}]
+    assert [r["params"] for r in result.to_json()["runs"]] == params
+    assert json.loads(configs["config"][1])["capacity_blocks"] is None  # (the run's own word for it)
+
+
 def test_the_table_shows_deltas_against_the_named_baseline():
     result = run_sweep(BASE, PARAMS, workers=1)
     baseline = parse_baseline("capacity_blocks=900,policy=lru", PARAMS)
