@@ -3,9 +3,11 @@
 One step: the RUNNING requests first (in order), each getting up to its remaining
 tokens within the token budget; then, if nobody was preempted, WAITING requests in
 arrival order (preempted ones at the front), each after a prefix-cache lookup and an
-external-tier lookup. A chunk is cut by ``long_prefill_token_threshold``, the budget,
-and for Mamba-align models by the block-aligned split. When ``allocate_slots`` returns
-None, the last running request is preempted (recompute) and the allocation retried.
+external-tier lookup. A chunk is cut by ``long_prefill_token_threshold`` (unless one
+request is alone in the system), the budget, and for Mamba-align models by the
+block-aligned split. When ``allocate_slots`` returns None, the last running request is
+preempted (recompute) and the allocation retried. Finished requests are freed in the
+schedule's order, as vLLM's ``update_from_output`` frees them.
 
 It calls the cache manager where vLLM does: ``get_computed_blocks`` and
 ``get_num_external_hit_tokens`` for a new request, ``allocate_slots`` for everyone
@@ -172,8 +174,7 @@ class Scheduler:
         end = min((s for s in stops if start < s < end), default=end)
         return max(end - start, 0)
 
-    def _cap(self, request: EngineRequest, num_new_tokens: int, token_budget: int) -> int:
-        thr = self.config.long_prefill_token_threshold
+    def _cap(self, request: EngineRequest, num_new_tokens: int, token_budget: int, thr: int) -> int:
         if 0 < thr < num_new_tokens:
             num_new_tokens = thr
         num_new_tokens = min(num_new_tokens, token_budget)
@@ -189,6 +190,9 @@ class Scheduler:
         num_scheduled: dict[str, int] = {}
         preempted: list[EngineRequest] = []
         self.unchunked_wait = 0
+        # vLLM 0.33 cuts long prefills only when someone else could be starved: a lone request
+        # (running + waiting) gets the whole budget. (The Mamba split reads the configured value.)
+        long_prefill = self.config.long_prefill_token_threshold if len(self.running) + len(self.waiting) > 1 else 0
 
         no_new_ids = self._no_new_ids
         max_model_len = self.config.max_model_len
@@ -211,7 +215,7 @@ class Scheduler:
             n = request.num_prompt_tokens + len(request.output_token_ids) - computed
             if n > 1 or computed >= max_model_len:
                 # (one token is the decode step: no cap or split can change it)
-                n = self._cap(request, n, token_budget)
+                n = self._cap(request, n, token_budget, long_prefill)
                 if self.need_mamba_block_aligned_split and n > 0:
                     n = self._mamba_block_aligned_split(request, n)
             if n <= 0:
@@ -246,9 +250,8 @@ class Scheduler:
                     num_external = kv.get_num_external_hit_tokens(request, num_local)
                 num_computed = num_local + num_external
                 n = request.num_tokens - num_computed
-                thr = self.config.long_prefill_token_threshold
-                if 0 < thr < n:
-                    n = thr
+                if 0 < long_prefill < n:
+                    n = long_prefill
                 if not self.config.enable_chunked_prefill and n > token_budget:
                     self.unchunked_wait = n
                     break
@@ -343,6 +346,11 @@ class Scheduler:
             if len(out_ids) >= request.max_tokens:
                 finished.append(request)
         if finished:
+            if len(finished) > 1 and out.scheduled_new_reqs:
+                # vLLM frees in the schedule's order (running, then admitted), the worker samples
+                # in the batch's (admitted first); the free order is the LRU order of their blocks
+                new = {nr.request_id for nr in out.scheduled_new_reqs}
+                finished.sort(key=lambda r: r.request_id in new)
             done = {r.request_id for r in finished}
             self.running = [r for r in self.running if r.request_id not in done]
             for request in finished:
