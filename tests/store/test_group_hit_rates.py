@@ -62,3 +62,23 @@ def test_a_cache_only_run_summed_from_its_spans_counts_no_copies(tmp_path):
     assert res.summary["cow_copies"] is None and spans["cow_copies"] is None
     for key in ("requests", "prefix_cache_queries", "prefix_cache_hits", "evictions", "publishes"):
         assert spans[key] == res.summary[key], key
+
+
+def test_an_engine_run_killed_before_any_request_finished_counts_no_lookup_as_a_request(runs, tmp_path):
+    """An engine run's lookups include the retries of requests waiting for blocks: with no
+    request span (killed before any request finished) the counters read every lookup as a
+    request, as cache-only's one lookup per request is (7 requests and 60.7% from 4)."""
+    import shutil
+
+    import duckdb
+
+    db, own, _ = runs
+    copy = str(tmp_path / "killed.duckdb")
+    shutil.copy(db, copy)
+    with duckdb.connect(copy) as con:
+        lookups = con.execute("SELECT count(*) FROM spans_lookup WHERE run_id = ?", [own.run_id]).fetchone()[0]
+        con.execute("DELETE FROM spans_request WHERE run_id = ?", [own.run_id])
+    assert lookups > own.summary["requests"]  # (retries: the pool is tight)
+    counters = read.hit_counters(copy, own.run_id)
+    assert counters["requests"] == 0 and counters["prefix_cache_queries"] == 0
+    assert read.group_hit_rates(copy, own.run_id) == {}

@@ -17,8 +17,13 @@ _HIT_TOKENS_PER_GROUP = next(c.attr for c in SPAN_COLUMN_DEFS if c.name == "hit_
 
 # Each request once, when it was first scheduled (vLLM counts at admission): engine runs
 # read their request spans; a run without request spans (cache-only) has exactly one
-# lookup per request, which is that request. Columns: t (the first schedule), then the
-# kvtrace.metrics.PER_REQUEST fields.
+# lookup per request, which is that request. An engine run killed before any request
+# finished has none either, but its lookups include the retries of requests that waited
+# for blocks (and never-admitted ones): it counts no request, as a killed run counts only
+# its finished ones. Columns: t (the first schedule), then the kvtrace.metrics.PER_REQUEST
+# fields.
+_LOOKUPS_ARE_REQUESTS = ("NOT EXISTS (SELECT 1 FROM req) AND "
+                         "NOT EXISTS (SELECT 1 FROM runs WHERE run_id = $run_id AND mode = 'engine')")
 _ADMISSIONS = f"""
     req AS (
         SELECT request_id, coalesce(first_scheduled_ns, arrival_ns, start_ns) AS t,
@@ -34,7 +39,7 @@ _ADMISSIONS = f"""
         UNION ALL
         SELECT request_id, start_ns, num_query_tokens, num_hit_tokens, num_external_hit_tokens, 0, 0, 0
         FROM lookup_spans
-        WHERE run_id = $run_id AND name = '{SPAN_LOOKUP}' AND NOT EXISTS (SELECT 1 FROM req)
+        WHERE run_id = $run_id AND name = '{SPAN_LOOKUP}' AND {_LOOKUPS_ARE_REQUESTS}
     )"""
 _COUNTERS_SQL = ",\n               ".join(
     f'{expr} AS "{key}"' for key, expr in metrics.counter_sql({f: f for f in metrics.PER_REQUEST}).items())
@@ -84,7 +89,7 @@ def hit_counters(db: DB, run_id: str, start_ns: int | None = None, end_ns: int |
 
 # The lookup that admitted each request (engine runs: its first lookup at or after its
 # first schedule, the one vLLM records; earlier ones failed to allocate), with its
-# per-group hits; cache-only runs: every lookup. t is the first schedule, as above.
+# per-group hits; cache-only runs: every lookup (as above). t is the first schedule.
 # A lookup whose per-group hits its backend inferred (``--backend vllm``: vLLM returns only
 # the groups' common hit, written into every group) says nothing of a group alone: it
 # still decides which lookup admitted a request, and ``inferred`` leaves it out of every
@@ -106,7 +111,7 @@ _ADMISSION_LOOKUPS = f"""
         WHERE lk.start_ns >= req.t
         QUALIFY row_number() OVER (PARTITION BY lk.request_id ORDER BY lk.start_ns, lk.seq) = 1
         UNION ALL
-        SELECT start_ns, num_query_tokens, g, inferred FROM lk WHERE NOT EXISTS (SELECT 1 FROM req)
+        SELECT start_ns, num_query_tokens, g, inferred FROM lk WHERE {_LOOKUPS_ARE_REQUESTS}
     )"""
 
 
