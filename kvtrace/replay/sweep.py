@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from kvtrace.errors import ConfigError, KVTraceError
+from kvtrace.errors import ConfigError, KVTraceError, TraceFormatError
 from kvtrace.process import sigterm_blocked, stop_handlers_kept, worker_start
 from kvtrace.replay.config_file import parse_retention
 from kvtrace.replay.run import FLAG_OF_FIELD, RunResult, RunSpec, is_unbounded, run_replay
@@ -234,13 +234,19 @@ def run_sweep(
         # forked; it closes first on the way out, marking a run it was storing failed.
         results = stack.enter_context(_results_in_order(specs, db is not None, workers, ray_address))
         store = None
+        trace_digest = None  # (the first replay's: every later one read the same trace)
         for spec, combo, (res, tables) in zip(specs, combos, results):
             if out is None:
-                out = SweepResult(_sweep_id(base, combos, res.record.get("trace_digest")))
+                trace_digest = res.record.get("trace_digest")
+                out = SweepResult(_sweep_id(base, combos, trace_digest))
                 if db is not None:
                     from kvtrace.store import Store
 
                     store = stack.enter_context(Store.open(db))
+            elif res.record.get("trace_digest") != trace_digest:  # (each replay reads the trace itself)
+                raise TraceFormatError(base.trace, None, f"changed while the sweep ran: the replay of {label(combo)} "
+                                                         "read other content than the first; the runs stored "
+                                                         "before it are kept, the rest were not recorded")
             run = SweepRun(combo, res.summary)
             if store is not None:
                 run.run_id = _record(store, spec, res, tables, out.sweep_id, combo)

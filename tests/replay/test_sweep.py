@@ -524,3 +524,28 @@ def test_an_open_file_limit_that_refuses_the_pools_pipes_is_one_line(tmp_path):
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip().splitlines() == [
         "kvtrace: error: --workers 2: cannot start the worker processes (Too many open files); try fewer"]
+
+
+def test_a_trace_changed_while_the_sweep_ran_is_refused_not_mixed_in(tmp_path, monkeypatch):
+    """Each replay reads the trace itself: one rewritten midway gave runs of two traces
+    under one sweep id, their deltas side by side, exit 0."""
+    trace = tmp_path / "t.jsonl"
+    lines = MOONCAKE.read_text().splitlines()
+    trace.write_text("\n".join(lines[:60]) + "\n")
+    done = []
+
+    def rewritten_after_the_first(spec, keep):
+        res = _replay_one(spec, keep)
+        if not done:  # as an editor saving it, or a job regenerating it, would
+            trace.write_text("\n".join(lines[60:120]) + "\n")
+        done.append(spec.capacity_blocks)
+        return res
+
+    monkeypatch.setattr(sweep, "_replay_one", rewritten_after_the_first)
+    db = tmp_path / "s.duckdb"
+    with pytest.raises(TraceFormatError) as caught:
+        run_sweep(replace(BASE, trace=str(trace), limit=None), [("capacity_blocks", [300, 900, 1200])], db=db,
+                  workers=1)
+    assert str(caught.value).startswith(f"{trace}: changed while the sweep ran: the replay of capacity_blocks=900 ")
+    runs = read.runs(db)
+    assert runs["name"].to_list() == ["sweep capacity_blocks=300"] and runs["status"].to_list() == ["complete"]
