@@ -255,9 +255,12 @@ def run_curve(spec, capacities: str, *, policies: Sequence[str] | None = None, d
 
     if policies is None:  # (`curve --mode engine` was refused for a --policy belady never typed)
         policies = ("lru",) if spec.mode == "engine" else CURVE_POLICIES
+    if not policies or "" in policies:  # (an empty item, as in lru,,belady, is a typo: refused as --capacities does)
+        raise ConfigError("--policy", ",".join(policies) or "''", f"expected some of {', '.join(CURVE_POLICIES)} "
+                                                                  "joined by commas (no empty item)")
     unknown = sorted(set(policies) - set(CURVE_POLICIES))
-    if unknown or not policies:
-        raise ConfigError("--policy", ",".join(unknown) or "''", f"expected some of {', '.join(CURVE_POLICIES)}")
+    if unknown:
+        raise ConfigError("--policy", ",".join(unknown), f"expected some of {', '.join(CURVE_POLICIES)}")
     policies = [p for p in CURVE_POLICIES if p in policies]  # each once, in one order: one curve, one id
     for flag, given in (("--capacity-blocks", spec.capacity_blocks), ("--capacity-tokens", spec.capacity_tokens)):
         if given is not None:

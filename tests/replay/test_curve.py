@@ -241,3 +241,13 @@ def test_an_engine_curve_without_policy_draws_lru(capsys):
     # cache-only: both, as before
     code, out, err = run(["curve", "gen:chat", "--limit", "3", "--capacities", "300", "--json"], capsys)
     assert code == 0 and {p["policy"] for p in json.loads(out)["points"]} == {"lru", "belady"}, err
+
+
+@pytest.mark.parametrize(("policy", "shown"), [("lru,,belady", "lru,,belady"), ("lru,", "lru,"), ("", "''")])
+def test_an_empty_policy_item_is_refused_as_an_empty_capacity_is(capsys, policy, shown):
+    """`--policy lru,,belady` drew both curves (the empty item dropped), where `--capacities
+    1,,2` and `--param NAME=1,,2` are refused as the typo they are."""
+    from tests.cli.support import assert_one_line, run
+
+    code, _, err = run(["curve", str(MOONCAKE), "--limit", "5", "--capacities", "100", "--policy", policy], capsys)
+    assert_one_line(code, err, f"--policy: {shown}: expected some of lru, belady joined by commas (no empty item)")
