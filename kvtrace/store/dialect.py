@@ -9,7 +9,10 @@ else by the same words. Each rule keeps the DuckDB answer:
   ``None`` is the NULL literal (never user text), and ``LIMIT NULL`` drops the LIMIT.
 - ``a // b`` is ``intDiv(a, b)`` (sqlglot's float division would lose nanoseconds).
 - ``unnest(x)`` in a select list becomes ``ARRAY JOIN`` (several of them zip, as in
-  DuckDB; two ``arrayJoin`` calls would multiply).
+  DuckDB; two ``arrayJoin`` calls would multiply), a shorter list padded with NULL as in
+  DuckDB (a capture's evictions: hashes, no block ids), not its element's default.
+- A bound list's type is its elements' (``Nullable`` with a None among them); an empty
+  one's ``Array(Nothing)``, which compares with any type.
 - ``count``, ``len``, ``range``, ``row_number`` give Int64 (ClickHouse: UInt64), so the
   frames have DuckDB's types.
 - ``median`` is exact (``quantileExactInclusive``; ClickHouse's is sampled).
@@ -108,8 +111,9 @@ def param_type(value: Any) -> str:
     if isinstance(value, str):
         return "String"
     if isinstance(value, (list, tuple)):
-        inner = next((param_type(v) for v in value if v is not None), "Int64")
-        return f"Array({inner})"
+        # an empty list has no element type (Int64 here made list_contains($roots, a String) fail)
+        inner = next((param_type(v) for v in value if v is not None), "Nothing")
+        return f"Array(Nullable({inner}))" if None in value else f"Array({inner})"
     raise TypeError(f"cannot bind {type(value).__name__} to ClickHouse SQL")
 
 
@@ -317,7 +321,13 @@ def _unnest_to_array_join(select) -> None:
     for i, proj in enumerate(explodes):
         node = proj.unalias()
         inner = f"_kv_a{i}"
-        joined.append(exp.Alias(this=node.this.copy(), alias=exp.to_identifier(inner)))
+        joined_list = node.this.copy()
+        if len(explodes) > 1:  # zipped: a shorter list is padded with its element's default, DuckDB's with NULL
+            joined_list = exp.Anonymous(this="arrayMap", expressions=[
+                exp.Lambda(this=exp.Anonymous(this="toNullable", expressions=[exp.column("_kv_e")]),
+                           expressions=[exp.to_identifier("_kv_e")]),
+                joined_list])
+        joined.append(exp.Alias(this=joined_list, alias=exp.to_identifier(inner)))
         node.replace(exp.column(inner))
     for other in select.expressions:  # unnest nested deeper than the projection itself
         if other.find(exp.Explode):

@@ -21,12 +21,16 @@ ROWS = pa.table({
     "l": pa.array([[1, 2, 3], [4], [], [5, 6], [7, 8], [9]], pa.list_(pa.int64())),
     "h": pa.array([["x", "y", "z"], ["w"], [], ["p", "q"], ["r", "s"], ["u"]], pa.list_(pa.string())),
     "s": ["1.5", "x", "", "2", "3e2", None],
+    # beside l: longer, shorter, NULL (ClickHouse stores []), as a capture's NULL block_ids beside its hashes
+    "u": pa.array([[10], None, [11, 12], [13, 14, 15], None, [16]], pa.list_(pa.int64())),
 })
 
 CASES = {
     "integer division keeps nanoseconds": "SELECT t // $w * $w AS w0 FROM r ORDER BY t",
     "zipped unnest, counts as BIGINT": """
         SELECT k, unnest(l) AS x, unnest(h) AS y, unnest(range(len(l))) AS i FROM r ORDER BY k, x""",
+    "zipped unnest pads the shorter list with NULL": """
+        SELECT t, unnest(l) AS x, unnest(u) AS y, unnest(h) AS z FROM r ORDER BY t, x, y, z""",
     "count, FILTER, count DISTINCT": """
         SELECT k, count(*) AS n, count(*) FILTER (WHERE v > 2) AS big, count(DISTINCT t) AS d
         FROM r GROUP BY ALL ORDER BY k""",
@@ -46,8 +50,11 @@ CASES = {
         WHERE len(l) > 0 ORDER BY t""",
     "a bound NULL": "SELECT count(*) AS n FROM r WHERE $k IS NULL OR k = $k",
     "a bound list": "SELECT t FROM r WHERE t IN $ts ORDER BY t",
+    "a bound empty list, and one with a NULL, beside strings": """
+        SELECT t, list_contains($none, k) AS c, list_contains($some, k) AS d FROM r
+        WHERE k IS NOT NULL ORDER BY t""",
 }
-PARAMS = {"w": 1000, "lim": None, "k": None, "ts": [7, 20]}
+PARAMS = {"w": 1000, "lim": None, "k": None, "ts": [7, 20], "none": [], "some": ["b", None]}
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +65,7 @@ def engines(tmp_path_factory):
     target = clickhouse_target(f"chdb:{tmp_path_factory.mktemp('dialect')}")
     with client.connect(target) as ch:
         ch.command("CREATE TABLE r (k Nullable(String), t Int64, v Nullable(Float64), l Array(Int64), "
-                   "h Array(String), s Nullable(String)) ENGINE = MergeTree ORDER BY t")
+                   "h Array(String), s Nullable(String), u Array(Int64)) ENGINE = MergeTree ORDER BY t")
         ch.insert_arrow("r", ROWS)
     return duck, target  # opened per test: chdb holds one directory per process
 
