@@ -204,6 +204,10 @@ LATENCIES: tuple[Latency, ...] = (
 LATENCY_KEYS: tuple[str, ...] = tuple(m.key for m in LATENCIES)
 LATENCY_LABEL = {m.key: m.label for m in LATENCIES}
 DEFAULT_PERCENTILES: tuple[float, ...] = (50, 90, 99)
+# The run config key holding a run's --percentiles where they are not the default: a killed
+# run keeps no summary, and its summary from spans is computed at these. A reporting choice,
+# not a setting of the replay (pairing ignores it).
+PERCENTILES_CONFIG_KEY = "percentiles"
 MODELLED = "modelled"  # the word every latency view carries
 
 

@@ -19,6 +19,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kvtrace.metrics import PERCENTILES_CONFIG_KEY
+
 # Flattened config keys that make up a run's capacity (engine: KV blocks per group and the
 # groups' block sizes; cache-only: usable blocks of block_size tokens).
 _CAPACITY_KEYS = ("cache.num_gpu_blocks", "capacity_blocks", "block_size")
@@ -77,6 +79,7 @@ def settings(run: Mapping[str, Any]) -> dict[str, Any]:
         flat: dict[str, Any] = {}
         _flatten(cfg, "", flat)
         flat.pop("mode", None)
+        flat.pop(PERCENTILES_CONFIG_KEY, None)  # (how its latencies are summarised, not how it ran)
         if "block_size" in flat and flat["block_size"] is None:
             # a cache-only run at its trace's own block size stores that size in its summary
             # (Compare said "block_size: A 32 → B unset" of a 512-token run)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvtrace.errors import ConfigError, KVTraceError, check_option, check_seed
-from kvtrace.metrics import DEFAULT_PERCENTILES
+from kvtrace.metrics import DEFAULT_PERCENTILES, PERCENTILES_CONFIG_KEY
 from kvtrace.names import MODES, otlp_requested
 from kvtrace.numeric import cdiv
 from kvtrace.replay.config_file import load_config_file, parse_retention
@@ -523,6 +523,8 @@ def validate(spec: RunSpec) -> tuple[dict[str, Any], list[str], Any]:
         config = config_json(preset)
         config["content"] = spec.content
         config["backend"] = spec.backend
+        if tuple(spec.percentiles) != DEFAULT_PERCENTILES:
+            config[PERCENTILES_CONFIG_KEY] = list(spec.percentiles)
         if spec.backend != DEFAULT_BACKEND:
             from kvtrace.engine.backends.vllm import UnsupportedConfig, check_engine_backend
 

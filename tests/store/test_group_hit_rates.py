@@ -82,3 +82,21 @@ def test_an_engine_run_killed_before_any_request_finished_counts_no_lookup_as_a_
     counters = read.hit_counters(copy, own.run_id)
     assert counters["requests"] == 0 and counters["prefix_cache_queries"] == 0
     assert read.group_hit_rates(copy, own.run_id) == {}
+
+
+def test_a_run_without_a_summary_summarises_its_latencies_at_its_own_percentiles(tmp_path):
+    """A killed run keeps no summary; its summary from spans gave p50/p90/p99 whatever the
+    run's --percentiles were (`runs` and the dashboard showed no p25/p75 of a run replayed at
+    25,75). The percentiles are no setting of the replay: a pair differing in them alone is
+    no pair differing in anything."""
+    from kvtrace.compare import pairing
+
+    db = str(tmp_path / "p.duckdb")
+    custom = run_replay(RunSpec("gen:chat", limit=12, content=False, percentiles=(25.0, 75.0)), db=db)
+    default = run_replay(RunSpec("gen:chat", limit=12, content=False), db=db)
+    spans = read.summary_from_spans(db, custom.run_id)
+    assert spans["p25_ttft_ms"] == custom.summary["p25_ttft_ms"] is not None
+    assert spans["p75_itl_ms"] == custom.summary["p75_itl_ms"]
+    assert "p99_ttft_ms" not in spans
+    assert "p99_ttft_ms" in read.summary_from_spans(db, default.run_id)
+    assert pairing.differences(read.run(db, custom.run_id), read.run(db, default.run_id)) == []

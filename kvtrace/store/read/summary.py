@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, TypeGuard
 
+from kvtrace import metrics
 from kvtrace.store.read._api import checked
 from kvtrace.store.read._sql import DB, with_run
 from kvtrace.store.read.evictions import evictions_by_reason
@@ -56,13 +57,24 @@ def summary_from_spans(db: DB, run_id: str) -> dict[str, Any]:
     # copies are the engine's (cache-only replay makes none: its summary says null, not 0)
     copies = (int(counts[SPAN_COW]["spans"]) if SPAN_COW in counts else 0) if totals else None
     return {
-        **hits, **totals, **latency_summary(db, run_id),
+        **hits, **totals, **latency_summary(db, run_id, _recorded_percentiles(db, run_id)),
         "publishes": int(counts[SPAN_PUBLISH]["blocks"]) if SPAN_PUBLISH in counts else 0,
         "evictions": int(counts[SPAN_EVICT]["blocks"]) if SPAN_EVICT in counts else 0,
         "evictions_by_reason": by_reason,
         "cow_copies": copies,
         "spans": sum(int(r["spans"]) for r in counts.values()),
     }
+
+
+def _recorded_percentiles(db: DB, run_id: str) -> tuple[float, ...]:
+    """The run's own --percentiles (its config records any but the default), so a killed run
+    summarises its latencies as its finished summary would have."""
+    config = run(db, run_id).get("config")
+    given = config.get(metrics.PERCENTILES_CONFIG_KEY) if isinstance(config, Mapping) else None
+    try:
+        return metrics.parse_percentiles(given if isinstance(given, list) else None)
+    except ValueError:  # (a store's own record, damaged or foreign: the default)
+        return metrics.DEFAULT_PERCENTILES
 
 
 # Sums over the request spans a finished engine run's summary also holds (a killed run's
