@@ -241,6 +241,11 @@ def test_latency_table_shows_the_runs_own_percentiles(tmp_path, monkeypatch):
     ttft = table.row(0, named=True)
     assert ttft["metric"] == "TTFT"
     assert (ttft["p25"], ttft["p99.9"]) == (done.summary["p25_ttft_ms"], done.summary["p99.9_ttft_ms"])
+    # the Overview's headline tiles are at fixed percentiles, whatever the run's (its p99 tiles said –)
+    shown = {m.label: m.value for m in render(db, monkeypatch, run=done.run_id).metric}
+    p99 = read.latency_summary(db, done.run_id, (99,))
+    assert shown["TTFT p99 (modelled)"] == ui.ms(p99["p99_ttft_ms"]) != "–"
+    assert shown["ITL p99 (modelled)"] == ui.ms(p99["p99_itl_ms"]) != "–"
 
 
 def test_a_collected_runs_times_are_the_senders_not_no_clock(tmp_path, monkeypatch):
