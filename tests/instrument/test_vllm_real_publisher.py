@@ -51,7 +51,7 @@ def _buffered(replay_endpoint: str) -> list[int]:
     sock.connect(replay_endpoint)
     try:
         sock.send_multipart([b"", (0).to_bytes(8, "big")])
-        seqs = []
+        seqs: list[int] = []
         while sock.poll(5_000):
             frames = sock.recv_multipart()
             assert frames[0] == b"" and len(frames) == 4, frames  # ["", topic, seq, payload] / end marker
@@ -114,6 +114,7 @@ def _assert_exact(rows: list[dict], batches: list[KVEventBatch], steps: list[int
         assert len(got) == len(batch.events)
         for r, ev in zip(sorted(got, key=lambda r: r["name"] != "kvtrace.cache.publish"), batch.events):
             assert r["start_ns"] == round(batch.ts * 1e9)
+            assert isinstance(ev, (BlockStored, BlockRemoved))  # (_batch makes no other kind)
             assert r["block_hashes"] == [hash_hex(h) for h in ev.block_hashes]
             assert (r["medium"], r["group_id"]) == (ev.medium, ev.group_idx)
             if isinstance(ev, BlockStored):
