@@ -365,6 +365,11 @@ def _on_ray(specs: list[RunSpec], keep: bool, address: str) -> Iterator[Iterator
             with stop_handlers_kept():  # (Ray's SIGTERM handler would exit without the run's stop path)
                 ray.init(**kwargs)
         except (ConnectionError, RuntimeError, ValueError) as err:
+            if address == "auto" and "Could not find any running Ray instance" in str(err):
+                # (Ray's own text points at flags of its CLI, `--address`, that kvtrace has not)
+                raise KVTraceError("--ray auto: no running Ray cluster found on this machine; start one with "
+                                   "`ray start --head`, name one (--ray HOST:PORT, or RAY_ADDRESS), or say "
+                                   "--ray local") from None
             raise KVTraceError(f"--ray {address}: cannot connect to a Ray cluster ({err})".splitlines()[0]) from None
         started = True
     try:

@@ -427,6 +427,23 @@ def test_a_grpc_server_that_is_no_ray_gcs_is_refused_in_seconds():
         server.stop(None)
 
 
+def test_ray_auto_with_no_cluster_says_what_to_do_in_kvtraces_words(monkeypatch):
+    """Ray's text told the user to set an `--address` flag, which kvtrace has not."""
+    ray = pytest.importorskip("ray")
+
+    def no_cluster(**kwargs):  # (what ray.init says with no cluster here; a real one may run beside the tests)
+        assert kwargs.get("address") == "auto"
+        raise ConnectionError("Could not find any running Ray instance. Please specify the one to connect to by "
+                              "setting `--address` flag or `RAY_ADDRESS` environment variable.")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", no_cluster)
+    with pytest.raises(KVTraceError) as caught:
+        run_sweep(BASE, [("capacity_blocks", [300, 900])], ray_address="auto")
+    assert str(caught.value) == ("--ray auto: no running Ray cluster found on this machine; start one with `ray start "
+                                 "--head`, name one (--ray HOST:PORT, or RAY_ADDRESS), or say --ray local")
+
+
 def test_an_empty_ray_address_is_refused_not_a_local_cluster():
     pytest.importorskip("ray")
     with pytest.raises(KVTraceError, match="expected HOST:PORT, ray://HOST:PORT, auto or local"):
