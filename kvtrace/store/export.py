@@ -42,8 +42,9 @@ def export_parquet(db: str | Path, run_id: str, directory: str | Path) -> dict[s
     """
     out_dir = _output_dir(directory)
     _not_the_stores_own(db, out_dir)
+    summary = _unfinished_summary(db, run_id)
     if is_clickhouse(db):
-        return _export_clickhouse(db, run_id, out_dir)
+        return _export_clickhouse(db, run_id, out_dir, summary)
     with read_connection(db) as con:
         row = fetch_one(con, f"SELECT {_WRITER} FROM runs WHERE run_id = ?", [run_id])
         if row is None:
@@ -51,15 +52,14 @@ def export_parquet(db: str | Path, run_id: str, directory: str | Path) -> dict[s
         stored, shown = _statuses(db, run_id, row)
 
         def write(table: str, target: Path) -> None:
-            rel = con.sql(_table_sql(table, stored), params={"run_id": run_id, "status": shown} if table == "runs"
-                          else {"run_id": run_id})
+            rel = con.sql(_table_sql(table, stored), params=_params(table, run_id, shown, summary))
             reader = rel.to_arrow_reader(_BATCH_ROWS)  # (streamed: a 10M-span run is never whole in memory)
             _write_canonical(reader.schema, reader, target)
 
         return _write_all(out_dir, write)
 
 
-def _export_clickhouse(db: str | Path, run_id: str, out_dir: Path) -> dict[str, Path]:
+def _export_clickhouse(db: str | Path, run_id: str, out_dir: Path, summary: str | None) -> dict[str, Path]:
     """The same files from a ClickHouse store (its lists are never NULL: ``[]`` there)."""
     from kvtrace.store.clickhouse.reader import read_connection as clickhouse_read
 
@@ -70,11 +70,27 @@ def _export_clickhouse(db: str | Path, run_id: str, out_dir: Path) -> dict[str, 
         stored, shown = _statuses(db, run_id, tuple(found.to_pylist()[0].values()))
 
         def write(table: str, target: Path) -> None:
-            params = {"run_id": run_id, "status": shown} if table == "runs" else {"run_id": run_id}
-            rows = con.query_arrow(_table_sql(table, stored), params)
+            rows = con.query_arrow(_table_sql(table, stored), _params(table, run_id, shown, summary))
             _write_canonical(rows.schema, rows.to_batches(_BATCH_ROWS), target)
 
         return _write_all(out_dir, write)
+
+
+def _unfinished_summary(db: str | Path, run_id: str) -> str | None:
+    """The summary every reader shows of a run that kept none (running, killed; a failed
+    run's error alone), computed from its spans (``read.summary_with_spans``), as JSON; None
+    for a finished run, whose stored summary is exported as stored. (runs.parquet held a
+    SIGTERM'd run's error where ``runs`` and ``diff`` showed its numbers.)"""
+    from kvtrace.store import read
+
+    stored = read.run(str(db), run_id).get("summary")  # (an unknown run: UnknownRunError)
+    if read.finished_summary(stored):
+        return None
+    return json.dumps(read.summary_with_spans(str(db), run_id, stored))
+
+
+def _params(table: str, run_id: str, status: str, summary: str | None) -> dict[str, Any]:
+    return {"run_id": run_id, "status": status, "summary": summary} if table == "runs" else {"run_id": run_id}
 
 
 _WRITER = "status, writer_pid, writer_host, writer_start"
@@ -152,13 +168,13 @@ def _statuses(db: str | Path, run_id: str, row: tuple) -> tuple[str, str]:
 
 def _table_sql(table: str, status: str) -> str:
     """The SELECT of one exported table's rows of ``$run_id``: the run row with the status
-    the readers show (``$status``); a derived table's rows computed from the spans while the
+    and summary the readers show (``$status``; ``$summary``, unless NULL); a derived table's rows computed from the spans while the
     run was never finished (a running or killed one: ``finish_run`` never materialised them),
     as every reader computes them."""
     from kvtrace.store import derived
 
     if table == "runs":
-        return "SELECT * REPLACE ($status AS status) FROM runs WHERE run_id = $run_id"
+        return "SELECT * REPLACE ($status AS status, coalesce($summary, summary) AS summary) FROM runs WHERE run_id = $run_id"
     source = (f"({derived.live_sql(table)})" if status == "running" and table in derived.TABLES else table)
     return f"SELECT * FROM {source} WHERE run_id = $run_id {_ORDER.get(table, '')}"
 

@@ -9,6 +9,7 @@ second commit (a fixed virtual point), waits to be killed.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -42,6 +43,9 @@ def test_a_killed_replay_keeps_every_committed_span_exactly(tmp_path):
     # finish_run never materialised, computed from the spans (an export had 0 and "running")
     out = export_parquet(db, "r1", tmp_path / "export")
     assert pq.read_table(out["runs"]).column("status").to_pylist() == ["incomplete"]
+    # and the summary `runs` and `diff` show, from its spans (runs.parquet held the stored null)
+    (summary,) = pq.read_table(out["runs"]).column("summary").to_pylist()
+    assert json.loads(summary) == read.run_summary(db, "r1") and json.loads(summary)["prefix_cache_queries"] > 0
     con = duckdb.connect(str(db), read_only=True)
     try:
         (evicted,), = con.execute("SELECT coalesce(sum(len(block_ids)), 0) FROM spans WHERE run_id = 'r1' "
