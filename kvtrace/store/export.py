@@ -168,13 +168,14 @@ def _statuses(db: str | Path, run_id: str, row: tuple) -> tuple[str, str]:
 
 def _table_sql(table: str, status: str) -> str:
     """The SELECT of one exported table's rows of ``$run_id``: the run row with the status
-    and summary the readers show (``$status``; ``$summary``, unless NULL); a derived table's rows computed from the spans while the
-    run was never finished (a running or killed one: ``finish_run`` never materialised them),
-    as every reader computes them."""
+    and summary the readers show (``$status``; ``$summary``, unless NULL); a derived table's
+    rows computed from the spans while the run was never finished (a running or killed one:
+    ``finish_run`` never materialised them), as every reader computes them."""
     from kvtrace.store import derived
 
     if table == "runs":
-        return "SELECT * REPLACE ($status AS status, coalesce($summary, summary) AS summary) FROM runs WHERE run_id = $run_id"
+        return ("SELECT * REPLACE ($status AS status, coalesce($summary, summary) AS summary) "
+                "FROM runs WHERE run_id = $run_id")
     source = (f"({derived.live_sql(table)})" if status == "running" and table in derived.TABLES else table)
     return f"SELECT * FROM {source} WHERE run_id = $run_id {_ORDER.get(table, '')}"
 
