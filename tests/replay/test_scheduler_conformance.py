@@ -9,6 +9,9 @@ so an agreement is never an agreement about nothing.
 
 from __future__ import annotations
 
+import json
+import random
+
 import pytest
 
 from kvtrace.cache import FullAttentionSpec, MambaSpec, SlidingWindowSpec
@@ -124,6 +127,45 @@ def test_sliding_window_with_full_attention(vllm_api):
                               cache_overrides=SWA_FA, max_num_batched_tokens=2048, max_num_seqs=4, concurrency=32,
                               max_output_tokens=1, long_prefill_token_threshold=1000), vllm_api)
     assert run.preemptions > 20 and run.mixed_finishes > 0
+
+
+def native_sessions(path) -> str:
+    """Two tenants (``cache_salt``) over one system prompt; each next turn carries the previous
+    prompt and its recorded output (``expected_output``), so hits run through replayed outputs."""
+    rng = random.Random(7)
+    system = [rng.randrange(50_000) for _ in range(700)]
+    prompts = {s: system + [rng.randrange(50_000) for _ in range(rng.randrange(20, 300))] for s in range(6)}
+    lines: list[dict] = [{"kvtrace_trace": 1}]
+    for turn in range(4):
+        for s, prompt in prompts.items():
+            out = [rng.randrange(50_000) for _ in range(rng.randrange(5, 60))]
+            lines.append(dict(request_id=f"s{s}-t{turn}", arrival_ns=len(lines), session=f"s{s}",
+                              input_length=len(prompt), output_length=len(out), token_ids=prompt,
+                              expected_output=out, cache_salt=f"tenant-{s % 2}"))
+            prompts[s] = prompt + out + [rng.randrange(50_000) for _ in range(rng.randrange(10, 200))]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return str(path)
+
+
+@pytest.mark.parametrize("content", [False, True])
+def test_salted_sessions_replaying_recorded_outputs(vllm_api, tmp_path, content):
+    """Hits through the replayed outputs, none across tenants; in content mode the engine's
+    worker writes and checks every block (no divergence)."""
+    trace = native_sessions(tmp_path / "sessions.jsonl")
+    run = check(SchedulerCase(trace, preset="kimi-hybrid", limit=None, capacity_blocks=16, concurrency=4,
+                              max_output_tokens=64, max_num_batched_tokens=1024, content=content), vllm_api)
+    roomy = check(SchedulerCase(trace, limit=None, capacity_blocks=2000, concurrency=4, max_output_tokens=64,
+                                content=content), vllm_api)
+    assert run.preemptions > 5 and run.stats["preempted_prefix_cache_hits"] > 0
+    assert run.divergences == roomy.divergences == 0
+    # every later turn hits past its 700-token system prompt: its session's earlier turns
+    assert roomy.stats["prefix_cache_hits"] > 18 * 700
+
+
+def test_content_mode_under_pressure(vllm_api):
+    run = check(SchedulerCase("gen:mixed", preset="kimi-hybrid", limit=60, capacity_blocks=60, concurrency=32,
+                              max_num_batched_tokens=2048, content=True), vllm_api)
+    assert run.preemptions > 10 and run.divergences == 0
 
 
 def test_vllm_full_sequence_admission_gate_is_not_modelled(vllm_api):

@@ -3,11 +3,12 @@
 ``kvtrace conformance`` compares the cache managers under a driver that imitates vLLM's
 ``Scheduler.schedule``; this compares the schedulers themselves. One workload goes to
 both: kvtrace's ``kvtrace.engine.scheduler.Scheduler`` over its ``KVCacheManager`` (the
-engine's ``--no-content`` step: ``NoContentWorker`` says who samples) and vLLM's
+engine's ``--no-content`` worker, or its content worker) and vLLM's
 ``vllm.v1.core.sched.scheduler.Scheduler`` over its own manager, fed a
 ``ModelRunnerOutput`` each step that samples, for every request whose scheduled tokens
-reach its known tokens (what vLLM's model runner does), the same token kvtrace appends:
-the trace's recorded output when it has one, else ``hash_token``. Requests arrive in
+reach its known tokens (what vLLM's model runner does), the token kvtrace appended: the
+trace's recorded output when it has one, else its worker's (0 without content; with
+``SchedulerCase.content``, the engine's content worker's). Requests arrive in
 trace order, at most ``concurrency`` in the system (decode steps, queues and pressure).
 
 Compared each step (``FIELDS``): the scheduled requests and their tokens
@@ -49,7 +50,6 @@ from kvtrace.engine.request import EngineRequest
 from kvtrace.engine.scheduler import DecodeRun, Scheduler
 from kvtrace.engine.step import NoContentWorker
 from kvtrace.metrics import hit_counters
-from kvtrace.replay.conformance import hash_token
 from kvtrace.replay.run import RunSpec, open_workload
 
 FIELDS = ("scheduled", "new", "resumed", "running_scheduled", "computed_before", "preempted", "waiting", "running",
@@ -81,6 +81,7 @@ class SchedulerCase:
     # with caching off vLLM records no lookup (prefix_cache_queries 0); kvtrace's counters
     # count every prompt: a known difference of kvtrace.metrics, compared unless this is off
     compare_stats: bool = True
+    content: bool = False  # the engine's content worker (writes and checks every block) instead of --no-content's
     max_steps: int = 20_000
 
 
@@ -110,6 +111,7 @@ class SchedulerRun:
     hit_tokens: int = 0
     max_running: int = 0
     waited_for_seqs: int = 0  # steps with max_num_seqs running and someone waiting
+    divergences: int = 0  # content mode: outputs the worker found differ from the no-cache reference
     mixed_finishes: int = 0  # steps where a request admitted in the step and a running one both finished
     stats: dict[str, int] = field(default_factory=dict)
     stuck: str | None = None  # the waiting head neither could ever schedule (larger than the pool)
@@ -213,7 +215,13 @@ class _Driver:
         self.cc, self.sc = cc, sc
         self.kv = KVCacheManager(cc)
         self.ours = Scheduler(sc, cc, self.kv)
-        self.worker = NoContentWorker(cc)
+        if case.content:
+            from kvtrace.engine.storage import DeviceStorage
+            from kvtrace.engine.worker import Worker
+
+            self.worker: Any = Worker(cc, DeviceStorage(cc, "cpu"), verify=True)
+        else:
+            self.worker = NoContentWorker(cc)
         self.theirs = vllm_scheduler(api, cc, sc, case.reserve_full_isl)
         self.run = SchedulerRun(case)
         self.admitted: list[EngineRequest] = []  # every kvtrace request given to the scheduler
@@ -303,27 +311,18 @@ class _Driver:
             run.stuck = ours.waiting[0].request_id
             return False
 
-        # the worker: kvtrace's no-content step; vLLM's model runner samples where a request's
-        # scheduled tokens reach its known ones
+        # the worker: kvtrace's (what the engine runs); vLLM's model runner samples where a
+        # request's scheduled tokens reach its known ones, the token kvtrace appended (the
+        # recorded output where the trace has one, else the worker's)
         res = self.worker.execute(kv_out)
-        sampled: dict[str, int] = {}
-        v_sampled: list[list[int]] = []
         ids = list(v_out.num_scheduled_tokens)
-        for rid in ids:
-            req = theirs.requests[rid]
-            if req.num_computed_tokens >= req.num_tokens:
-                token = hash_token(rid, req.num_output_tokens)
-                expected = self.by_id[rid].expected_output
-                if expected is not None and req.num_output_tokens < len(expected):
-                    token = expected[req.num_output_tokens]
-                sampled[rid] = token
-                v_sampled.append([token])
-            else:
-                v_sampled.append([])
-        self.compare("sampled", sorted(sampled), sorted(res.sampled))
-        finished = ours.update_from_output(kv_out, {rid: sampled[rid] for rid in res.sampled}, run.steps)
+        v_samples = [rid for rid in ids if theirs.requests[rid].num_computed_tokens >= theirs.requests[rid].num_tokens]
+        self.compare("sampled", sorted(v_samples), sorted(res.sampled))
+        run.divergences += len(getattr(res, "divergences", ()))
+        finished = ours.update_from_output(kv_out, res.sampled, run.steps)
+        tokens = {rid: self.by_id[rid].output_token_ids[-1] for rid in v_samples}
         mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                                sampled_token_ids=v_sampled)
+                                sampled_token_ids=[[tokens[rid]] if rid in tokens else [] for rid in ids])
         eco = theirs.update_from_output(v_out, mro)
         self.compare("finished", sorted(theirs.finished_req_ids), sorted(r.request_id for r in finished))
         for req in finished:
