@@ -9,7 +9,9 @@ chdb holds its data directory with an OS lock: one process at a time, and one
 directory per process. kvtrace opens it per use, as it does a DuckDB file, so a writer
 and a dashboard in different processes take turns (retrying while the other holds it,
 up to the timeout); inside one process every opener of a directory shares one session,
-closed ``LINGER_S`` after the last lets go.
+closed ``LINGER_S`` after the last lets go. A chdb session answers one query at a time:
+its queries are taken in turn (a dashboard's sessions are threads), else one thread's
+parameters and results reached another's query.
 
 chdb 4.4 returns a failed query's partial output as the answer of the next query on the
 session; after any error a throwaway query clears it.
@@ -45,7 +47,7 @@ _CAUSE = re.compile(r"Code: \d+\. DB::Exception: .*")
 # moment it tried, although the holder may be gone before _directory_locked looks.
 _HELD = "Another server instance in same directory is already running"
 LINGER_S = 2.0
-_sessions: dict[str, list[Any]] = {}  # chdb path -> [session, users]
+_sessions: dict[str, list[Any]] = {}  # chdb path -> [session, users, the lock its queries take in turn]
 _sessions_lock = threading.RLock()
 
 
@@ -73,9 +75,11 @@ def _first_line(err: BaseException) -> str:
 class ClickHouseConnection:
     """An open ClickHouse database (see the module docstring)."""
 
-    def __init__(self, target: ClickHouseTarget, session: Any = None, client: Any = None):
+    def __init__(self, target: ClickHouseTarget, session: Any = None, client: Any = None,
+                 lock: threading.RLock | None = None):
         self.target = target
         self._session = session  # chdb
+        self._lock = lock or threading.RLock()  # chdb: the session's, shared by its threads
         self._client = client  # clickhouse-connect
 
     # -- DuckDB-spelled SQL (the store's shared queries) -----------------------------------
@@ -138,12 +142,13 @@ class ClickHouseConnection:
             sql_text, rendered = bind_query(sql, dict(params))
             sql = sql_text.decode() if isinstance(sql_text, bytes) else sql_text
             bound = {k.removeprefix("param_"): v for k, v in rendered.items()}
-        try:
-            return self._session.query(sql, fmt, params=bound or None)
-        except Exception:
-            with contextlib.suppress(Exception):
-                self._session.query("SELECT 1", "CSV")  # clears chdb's leftover partial result
-            raise
+        with self._lock:
+            try:
+                return self._session.query(sql, fmt, params=bound or None)
+            except Exception:
+                with contextlib.suppress(Exception):
+                    self._session.query("SELECT 1", "CSV")  # clears chdb's leftover partial result
+                raise
 
 
 def to_frame(table: pa.Table) -> pl.DataFrame:
@@ -272,10 +277,10 @@ def connect(target: ClickHouseTarget, timeout_s: float = 30.0) -> Iterator[Click
                 _close_idle()  # chdb: one directory per process
             entry = _sessions.get(target.path)
             if entry is None:
-                entry = _sessions[target.path] = [_open_session(target, timeout_s), 0]
+                entry = _sessions[target.path] = [_open_session(target, timeout_s), 0, threading.RLock()]
             entry[1] += 1
         try:
-            yield ClickHouseConnection(target, session=entry[0])
+            yield ClickHouseConnection(target, session=entry[0], lock=entry[2])
         finally:
             with _sessions_lock:
                 entry[1] -= 1
