@@ -10,7 +10,9 @@ optionally, the reconstructed native trace.
 Sequence rules (per publisher): a seq below the last one is a duplicate when its payload
 is the one that seq carried (a re-send), else a restart of the publisher (its counter
 starts again at 0): step numbers then continue past the earlier lifetime's, so they stay
-unique within the run. A seq past a gap is a gap to recover. A restart or a gap is taken
+unique within the run. A seq past a gap is a gap to recover, unless the replay socket
+returns the last seq accepted with another payload: then the publisher restarted and its
+new seq passed the old one unseen (a restart). A restart or a gap is taken
 only once the next message follows it: when the next one follows the old sequence
 instead, the message was a stray (a bad one), which must not re-store or lose batches.
 A batch that does not decode, is larger than MAX_MESSAGE_BYTES, or holds a value the
@@ -230,13 +232,18 @@ class VllmKVCapture:
 
     def _jump(self, seq: int, payload: bytes) -> None:
         """A seq past a gap that the next message confirmed: the gap is recovered (what the
-        replay socket does not return is lost), then the message is accepted."""
+        replay socket does not return is lost), then the message is accepted. When the
+        replay socket holds the last seq accepted with another payload, the publisher
+        restarted while the capture missed its first batches (the new lifetime's seq already
+        past the old one's): a restart, its earlier batches recovered from 0."""
         last = self.last_seq
         assert last is not None  # (a jump is ahead of a seq already seen)
         if seq - last > MAX_SEQ_GAP:
             self._bad(seq, f"seq {seq} jumps {seq - last:,} past {last} (more than {MAX_SEQ_GAP:,})")
             return
-        self._recover(last + 1, seq, lost_if_missing=True)
+        if self._recover(last + 1, seq, lost_if_missing=True, check=last):
+            self._restart(seq, payload)
+            return
         self._accept(seq, payload)
 
     def _restart(self, seq: int, payload: bytes) -> None:
@@ -314,9 +321,14 @@ class VllmKVCapture:
             self.on_batch(seq, batch)
         return True
 
-    def _recover(self, first: int, upto: int, lost_if_missing: bool) -> None:
+    def _recover(self, first: int, upto: int, lost_if_missing: bool, check: int | None = None) -> bool:
         """Fetch batches [first, upto) from the replay socket. One that is not returned, or
         does not decode, is lost when ``lost_if_missing`` (a gap after first contact).
+
+        ``check``: a seq accepted before ``first``, asked for too (vLLM answers from the seq
+        asked, in order). Returned with a payload other than the one accepted, it shows a
+        restarted publisher: nothing of the answer is accepted (it is read to its end, whose
+        marker would end the next answer early) and True is returned.
 
         Batches are accepted as they come in seq order (vLLM answers in order) and stored when
         a flush is due: first contact's answer is the publisher's whole buffer (thousands of
@@ -324,17 +336,17 @@ class VllmKVCapture:
         One that comes out of order is accepted after the rest. The answer has four replay
         timeouts of the capture's waiting and receiving, not counting its own decoding and
         storing of the batches."""
-        if lost_if_missing:
-            self.stats.gaps += 1
         late: dict[int, bytes] = {}
         accepted: set[int] = set()
         recovered, after = 0, first  # ``after``: the seq an in-order batch is at least
+        restarted = False
         if self._replay is not None:
             while self._replay.poll(0):  # late answers to an earlier, timed-out request
                 self._replay.recv_multipart()
-            self._replay.send_multipart([b"", first.to_bytes(8, "big")])
+            start = first if check is None else check
+            self._replay.send_multipart([b"", start.to_bytes(8, "big")])
             timeout_ms = max(1, int(self.replay_timeout_s * 1000))
-            frames_left = (upto - first) + _REPLAY_SLACK_FRAMES
+            frames_left = (upto - start) + _REPLAY_SLACK_FRAMES
             deadline = time.monotonic() + self.replay_timeout_s * 4
             # until the end marker, quiet for the timeout, too many frames or too long
             while frames_left > 0 and time.monotonic() < deadline and self._replay.poll(timeout_ms):
@@ -347,6 +359,11 @@ class VllmKVCapture:
                 if frame is None:
                     break
                 s, payload = frame
+                if restarted:  # (the rest of the answer, read away)
+                    continue
+                if s == check:
+                    restarted = not accepted and not late and self._recent.get(s) != hash(payload)
+                    continue
                 if not (first <= s < upto and len(payload) <= MAX_MESSAGE_BYTES):  # (a larger one is lost)
                     continue
                 if s >= after:
@@ -362,12 +379,16 @@ class VllmKVCapture:
                     deadline += time.monotonic() - began
                 elif s not in accepted:
                     late[s] = payload
+        if restarted:
+            return True
         recovered += sum(self._accept(s, late[s]) for s in sorted(late))
         self.stats.recovered += recovered
         if lost_if_missing:
+            self.stats.gaps += 1
             self.stats.lost += (upto - first) - recovered
         else:
             self.stats.missed_before_contact += (upto - first) - recovered
+        return False
 
     def flush_due(self, now: float) -> bool:
         """True when ``flush_interval_s`` has passed since the last flush (``now``: monotonic)."""
