@@ -308,7 +308,7 @@ class Worker:
             res.num_decode_seqs += rest_res.num_decode_seqs
             res.decode_context_tokens += rest_res.decode_context_tokens
         dec_sampled, fast = self._decode_sample(dec, batch, slow)
-        # the batch's order (the engine finishes requests in it)
+        # the batch's order (the scheduler frees the requests finishing in it in its schedule's order)
         if not rest_sampled:
             res.sampled.update(dec_sampled)
         else:  # a prefill chunk samples too (once a request): merge by batch index
