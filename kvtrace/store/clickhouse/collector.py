@@ -213,7 +213,7 @@ def attach(con, target: ClickHouseTarget) -> None:
     rows it held before the views existed are copied once."""
     from kvtrace.store.clickhouse.schema import SPAN_TABLES
 
-    src = target.otel_table
+    src = f"`{target.otel_table}`"  # (quoted: any name ?otel_table= takes, `ü` or `select`, is one table)
     con.command(otel_traces_ddl(src))
     existing = con.table_names()
     fills = [(t, *_family_select(t, src)) for t in SPAN_TABLES]

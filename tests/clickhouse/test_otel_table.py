@@ -1,0 +1,24 @@
+"""``?otel_table=NAME`` names the exporter's table by any name the option takes, a
+keyword or a non-ASCII one included: kvtrace's views read that one table."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from kvtrace.store import Store, read
+from kvtrace.store.backend import clickhouse_target
+from kvtrace.store.clickhouse import client
+
+
+@pytest.mark.parametrize("name", ["spans_ü", "select"])
+def test_an_otel_table_of_any_accepted_name_is_attached(tmp_path, name):
+    db = f"chdb:{tmp_path / 'store'}?otel_table={name}"
+    Store.open(db).close()  # the exporter's table, and kvtrace's views from it
+    with client.connect(clickhouse_target(db)) as con:
+        assert name in con.table_names()
+        con.insert_arrow(f"`{name}`", pa.table({
+            "Timestamp": pa.array([1_796_000_000_000_000_000], pa.timestamp("ns")),
+            "SpanName": ["vllm.request"], "ServiceName": ["vllm"], "TraceId": ["ab" * 16], "SpanId": ["cd" * 8]}))
+    Store.open(db).close()  # registers the collected run
+    assert read.runs(db)["run_id"].to_list() == ["otlp:vllm"]
