@@ -15,6 +15,7 @@ Parameters are ``RunSpec`` fields: ``capacity_blocks``, ``capacity_tokens``,
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import math
@@ -43,6 +44,7 @@ ENGINE_METRICS = ("median_ttft_ms", "median_itl_ms", "divergent_outputs")  # not
 # Combinations of one sweep at most (each a replay): counted before any is built, so that a
 # few long --param lists cannot fill the memory with their product.
 MAX_COMBINATIONS = 10_000
+IN_FLIGHT_PER_WORKER = 2  # local replays queued or held unstored, per worker process
 
 
 def parse_param(text: str, flag: str = "--param") -> tuple[str, list[Any]]:
@@ -271,20 +273,33 @@ def _results_in_order(specs: list[RunSpec], keep: bool, workers: int,
         yield (_replay_one(s, keep) for s in specs)
         return
     # fork: the workers start with this process's imports (and no store handle is open yet)
+    processes = local_workers(workers, len(specs))
     try:  # (the pool makes its pipes here: an open-file limit refuses them)
-        pool = ProcessPoolExecutor(max_workers=local_workers(workers, len(specs)), initializer=worker_start,
+        pool = ProcessPoolExecutor(max_workers=processes, initializer=worker_start,
                                    initargs=(os.getpid(),), mp_context=multiprocessing.get_context("fork"))
     except OSError as err:
         raise _cannot_start(workers, err) from None
+    # At most `ahead` replays queued or back and not yet stored: a slow one at the head held
+    # every later result, its span tables too, in this process's memory (all were queued).
+    ahead = IN_FLIGHT_PER_WORKER * processes
     try:
-        # SIGTERM held while the workers fork (they unblock it once it kills them) and the
-        # replays are queued; one that came meanwhile is delivered after
+        # SIGTERM held while the workers fork (a fork pool forks them all at its first submit;
+        # they unblock SIGTERM once it kills them) and the first replays are queued; one that
+        # came meanwhile is delivered after
         with sigterm_blocked():
             try:
-                futures = [pool.submit(_replay_one, spec, keep) for spec in specs]
+                futures = collections.deque(pool.submit(_replay_one, spec, keep) for spec in specs[:ahead])
             except OSError as err:  # a fork or its pipes refused (a process or open-file limit)
                 raise _cannot_start(workers, err) from None
-        yield (f.result() for f in futures)
+
+        def in_order() -> Iterator[tuple[RunResult, list]]:
+            for later in [*specs[ahead:], *[None] * min(ahead, len(specs))]:
+                head = futures.popleft()
+                if later is not None:  # (queued before waiting: the workers never run dry)
+                    futures.append(pool.submit(_replay_one, later, keep))
+                yield head.result()
+
+        yield in_order()
     except BaseException:  # Ctrl-C, SIGTERM, a failed replay: the queued replays are not run
         # The workers end first: the pool then finds itself broken and fails every queued
         # replay. Nothing cancels them (pool.map's iterator would, on the way out: a race

@@ -566,3 +566,26 @@ def test_a_trace_changed_while_the_sweep_ran_is_refused_not_mixed_in(tmp_path, m
     assert str(caught.value).startswith(f"{trace}: changed while the sweep ran: the replay of capacity_blocks=900 ")
     runs = read.runs(db)
     assert runs["name"].to_list() == ["sweep capacity_blocks=300"] and runs["status"].to_list() == ["complete"]
+
+
+def test_local_workers_hold_a_few_replays_ahead_of_the_one_being_stored(monkeypatch):
+    """Every replay was queued at once: one slow replay at the head held every later result,
+    span tables and all, in the parent's memory until it came back."""
+    submitted = []
+    real = sweep.ProcessPoolExecutor
+
+    class Counting(real):
+        def submit(self, fn, *args, **kwargs):
+            submitted.append(args[0].capacity_blocks)
+            return super().submit(fn, *args, **kwargs)
+
+    monkeypatch.setattr(sweep, "ProcessPoolExecutor", Counting)
+    capacities = list(range(300, 1500, 100))  # 12 replays
+    queued_when_stored = []
+    result = run_sweep(replace(BASE, limit=20), [("capacity_blocks", capacities)], workers=2,
+                       on_done=lambda run: queued_when_stored.append(len(submitted)))
+    processes = sweep.local_workers(2, len(capacities))
+    ahead = sweep.IN_FLIGHT_PER_WORKER * processes
+    assert submitted == capacities  # each once, in order
+    assert queued_when_stored == [min(i + ahead, len(capacities)) for i in range(1, len(capacities) + 1)]
+    assert [r.combo["capacity_blocks"] for r in result.runs] == capacities
