@@ -44,3 +44,16 @@ def test_an_external_loads_evictions_agree_block_by_block(vllm_api, tmp_path, ca
     else:
         assert ours.summary["external_prefix_cache_hits"] > 0
     assert _evictions(db, theirs.run_id) == _evictions(db, ours.run_id)
+
+
+@pytest.mark.parametrize("retention, capacity", [("none", None), ("512", 150)])
+def test_a_key_a_transient_checkpoint_overwrites_is_a_stale_hash_eviction(vllm_api, tmp_path, retention, capacity):
+    # A checkpoint block whose checkpoint the call keys nowhere (request-local) loses its key
+    # as the state written there overwrites it: kvtrace's manager says stale_hash, the
+    # adapter said replaced (2 of 32 evictions of gen:mixed's first 30 requests)
+    db = tmp_path / "stale.duckdb"
+    spec = RunSpec("gen:mixed", limit=30, retention=retention, capacity_blocks=capacity, content=False)
+    ours, theirs = run_replay(spec, db=db), run_replay(replace(spec, backend="vllm"), db=db)
+    assert ours.summary["evictions_by_reason"]["stale_hash"] > 0
+    assert theirs.summary["evictions_by_reason"] == ours.summary["evictions_by_reason"]
+    assert _evictions(db, theirs.run_id) == _evictions(db, ours.run_id)

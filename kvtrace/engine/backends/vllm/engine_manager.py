@@ -21,9 +21,12 @@ Events (kvtrace's ``kvtrace.cache.events``, from vLLM's ``take_events`` after ea
 * ``BlockEvicted``: the removed keys of vLLM's ``BlockRemoved`` events (one per block),
   one event per run of removals of one group and reason within a call (kvtrace's pool
   emits one per allocation and group). ``reason`` is inferred: ``lru`` when the
-  allocation took the key's block off the free queue (it is among the blocks handed out
-  or the copy targets), else ``replaced`` (the block stays where it is and loses the
-  key: a transient checkpoint, a promoted partial key), ``reset`` for
+  allocation took the key's block off the free queue (it is among the blocks handed out,
+  the copy targets or a connector load's blocks), else ``stale_hash`` when the block is
+  the allocation's checkpoint block and no key of the call names that checkpoint (a
+  transient one: the state written there overwrites what the key named), else
+  ``replaced`` (the block stays where it is and loses the key: a promoted partial key,
+  a checkpoint re-keyed), ``reset`` for
   ``AllBlocksCleared``. ``idle`` is -1 (vLLM does not say when a block was last used);
   ``ages`` count steps since the publish the adapter saw.
 * ``BlockCopied``: one per copy-on-write pair; ``why`` is inferred: ``partial_hit`` when
@@ -66,6 +69,7 @@ from kvtrace.cache.events import (
     EVICT_MOVED,
     EVICT_REPLACED,
     EVICT_RESET,
+    EVICT_STALE_HASH,
     PUBLISH_CHECKPOINT,
     PUBLISH_FULL,
     PUBLISH_MOVED,
@@ -188,6 +192,9 @@ class VllmEngineManager(VllmKVCacheManager):
         stored: set[tuple[int, Any]] = set()  # keyed by these events: their removal is no LRU eviction
         run_key: tuple[int, str] | None = None  # (group, reason) of the evictions in ``run``
         run: list[tuple[int, Any, int]] = []  # (block id, hash, age) of consecutive removals
+        # the call's checkpoint blocks whose checkpoint it does not key (a transient one): a key
+        # such a block loses goes stale as the state written there overwrites it (kvtrace's stale_hash)
+        transient = self._transient_checkpoints(events, request, checkpoints) if checkpoints else ()
         for ev in events:
             name = type(ev).__name__
             if run_key is not None and name != "BlockRemoved":
@@ -236,7 +243,8 @@ class VllmEngineManager(VllmKVCacheManager):
                 for eh in ev.block_hashes:
                     rec = self._removed_record(g, eh, taken, request)
                     h, bid, born = rec if rec is not None else (eh, -1, step)
-                    reason = EVICT_LRU if bid in taken and (g, eh) not in stored else EVICT_REPLACED
+                    reason = (EVICT_LRU if bid in taken and (g, eh) not in stored
+                              else EVICT_STALE_HASH if (g, bid) in transient else EVICT_REPLACED)
                     if (g, reason) != run_key:
                         if run_key is not None:
                             out.append(self._evicted(run_key, run, request))
@@ -255,6 +263,19 @@ class VllmEngineManager(VllmKVCacheManager):
                     f"kvtrace does not know (expected BlockStored, BlockRemoved, AllBlocksCleared): {ev!r}", 1000))
         if run_key is not None:
             out.append(self._evicted(run_key, run, request))
+
+    def _transient_checkpoints(self, events: list[Any], request: Request | None,
+                               checkpoints: set[tuple[int, int, int]] | frozenset) -> set[tuple[int, int]]:
+        """(group, block) of the call's checkpoint writes whose position no ``BlockStored`` of
+        the call keys (the checkpoint is request-local, published nowhere)."""
+        keyed: set[tuple[int, int]] = set()  # (group, prefix tokens) the call keyed
+        if request is not None:
+            index, hbs = self._hash_index(request), self.hash_block_size
+            for ev in events:
+                if type(ev).__name__ == "BlockStored":
+                    g = ev.group_idx if ev.group_idx is not None else 0
+                    keyed.update((g, (index[eh] + 1) * hbs) for eh in ev.block_hashes if eh in index)
+        return {(g, block) for g, block, position in checkpoints if (g, position) not in keyed}
 
     def _held_ids(self, g: int, h: bytes) -> Any:
         """The ids of the blocks vLLM holds under key ``h`` of group ``g``."""
