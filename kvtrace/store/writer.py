@@ -393,7 +393,10 @@ class Store:
                 [run_id, name, created, trace_source, trace_digest, _json_or_none(config),
                  _json_or_none(behaviours), mode, pid, host_name(), process_start_token(pid)],
             )
-        self._open_runs.add(run_id)
+            # before the commit: an interrupt from here on finds the run ours to mark failed (it
+            # found a committed run nobody marked: incomplete at the next open); marking a run
+            # whose row an interrupt kept from committing updates nothing
+            self._open_runs.add(run_id)
         self._next_seq[run_id] = 0
         return run_id
 
@@ -428,8 +431,12 @@ class Store:
         self.flush()
         try:
             self._finish(run_id, status, digest, _json_or_none(summary), trace_digest)
-        finally:  # tried once: close() does not try it again (it would fail the same way)
+        except Exception:  # tried once: close() does not try it again (it would fail the same way)
             self._open_runs.discard(run_id)
+            raise
+        # (an interrupt inside leaves the run open: the Ctrl-C/SIGTERM path marks it failed, where
+        # it stayed running, then incomplete at the next open)
+        self._open_runs.discard(run_id)
 
     def refresh_run(self, run_id: str) -> None:
         """Rebuild a run's derived tables, its status, digest and summary kept: for spans

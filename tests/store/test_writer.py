@@ -131,6 +131,41 @@ def test_context_manager_marks_failed_and_keeps_spans(tmp_path):
     assert info["num_spans"] == len(scenario_rows())
 
 
+def test_an_interrupt_while_a_run_is_created_or_finished_marks_it_failed(tmp_path, monkeypatch):
+    """Ctrl-C or SIGTERM landing just after a run's row was committed, or while its finish
+    was being written, left it "running" and unmarked (incomplete at the next open, with the
+    error lost), where the README says the run being stored is marked failed."""
+    import contextlib
+
+    path = tmp_path / "int.duckdb"
+    real_connect = Store._connect
+
+    @contextlib.contextmanager
+    def interrupted_after_commit(self):
+        with real_connect(self) as con:
+            yield con
+        raise KeyboardInterrupt  # (the row is committed)
+
+    with pytest.raises(KeyboardInterrupt), Store.open(path) as store:
+        monkeypatch.setattr(Store, "_connect", interrupted_after_commit)
+        try:
+            store.create_run("created")
+        finally:
+            monkeypatch.setattr(Store, "_connect", real_connect)
+    assert read.run(path, "r1")["status"] == "failed"
+
+    def interrupted_finish(self, *args, **kwargs):
+        monkeypatch.undo()
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt), Store.open(path) as store:
+        run_id = store.create_run("finishing")
+        monkeypatch.setattr(Store, "_finish", interrupted_finish)
+        store.finish_run(run_id, digest="d")
+    info = read.run(path, run_id)
+    assert info["status"] == "failed" and "KeyboardInterrupt" in info["summary"]["error"]
+
+
 def test_arrow_schema_is_what_producers_build():
     assert SPAN_ARROW_SCHEMA.field("block_ids").type == pa.list_(pa.int64())
     assert SPAN_ARROW_SCHEMA.field("block_hashes").type == pa.list_(pa.string())
