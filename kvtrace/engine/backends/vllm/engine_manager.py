@@ -368,7 +368,7 @@ class VllmEngineManager(VllmKVCacheManager):
     @vllm_call("KVCacheManager.allocate_slots")
     def allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
                        new_computed_blocks: Any = None, num_external_computed_tokens: int = 0,
-                       num_lookahead_tokens: int = 0) -> Any:
+                       num_lookahead_tokens: int = 0, full_sequence_must_fit: bool = False) -> Any:
         """vLLM's ``allocate_slots`` on the request's twin, then what it did as kvtrace's
         copies, state writes and events. Once per request and step (most calls a decode
         token), so the twin is brought in step here rather than through ``twin()``, and
@@ -390,13 +390,14 @@ class VllmEngineManager(VllmKVCacheManager):
         held = [len(m.req_to_blocks.get(rid, ())) for m in managers] if num_external_computed_tokens else None
         try:
             if (new_computed_blocks is None and not num_new_computed_tokens and not num_external_computed_tokens
-                    and not num_lookahead_tokens):
+                    and not num_lookahead_tokens and not full_sequence_must_fit):
                 out = self.manager.allocate_slots(twin, num_new_tokens)  # a running request's call, as vLLM's
-            else:
+            else:  # (full_sequence_must_fit: vLLM's admission gate, scheduler_reserve_full_isl)
                 out = self.manager.allocate_slots(
                     twin, num_new_tokens, num_new_computed_tokens=num_new_computed_tokens,
                     new_computed_blocks=new_computed_blocks, num_lookahead_tokens=num_lookahead_tokens,
-                    num_external_computed_tokens=num_external_computed_tokens)
+                    num_external_computed_tokens=num_external_computed_tokens,
+                    full_sequence_must_fit=full_sequence_must_fit)
         except Exception as err:  # vLLM's own failure (or a patched checkout's): one line, not its traceback
             where = vllm_location(self.api, err)
             if where is None:

@@ -220,13 +220,13 @@ class VllmKVCacheManager:
 
     def allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
                        new_computed_blocks: Any = None, num_external_computed_tokens: int = 0,
-                       num_lookahead_tokens: int = 0) -> Any:
+                       num_lookahead_tokens: int = 0, full_sequence_must_fit: bool = False) -> Any:
         """vLLM's ``allocate_slots`` (its ``KVCacheBlocks`` has ``get_block_ids``), or None.
         vLLM's exceptions pass as they are (``kvtrace conformance`` reports them)."""
         return self.check_blocks(self.manager.allocate_slots(
             self.twin(request), num_new_tokens, num_new_computed_tokens=num_new_computed_tokens,
             new_computed_blocks=new_computed_blocks, num_lookahead_tokens=num_lookahead_tokens,
-            num_external_computed_tokens=num_external_computed_tokens,
+            num_external_computed_tokens=num_external_computed_tokens, full_sequence_must_fit=full_sequence_must_fit,
         ))
 
     @vllm_call("KVCacheManager.free")
