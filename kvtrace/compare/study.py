@@ -28,7 +28,7 @@ from kvtrace.cache.config import (
 )
 from kvtrace.errors import ConfigError, KVTraceError
 from kvtrace.replay.run import RunSpec, run_replay, validate
-from kvtrace.replay.sweep import at_swept_value, parse_param
+from kvtrace.replay.sweep import at_swept_value, combinations, parse_param
 
 if TYPE_CHECKING:  # (the comparison's polars is loaded once the runs are to be diffed: a bad
     # setting is told before it, and before any replay)
@@ -264,6 +264,7 @@ def parse_sweep(sweep: Any) -> tuple[str, list[Any]] | None:
     name, values = parse_param(sweep, flag="--sweep")
     if name not in SWEEP_PARAMETERS:
         raise ConfigError("--sweep", sweep, f"a study sweeps one of {', '.join(SWEEP_PARAMETERS)}")
+    combinations([(name, values)], flag="--sweep")  # (a value given twice, in any spelling, ran the pair twice)
     return name, values
 
 

@@ -105,22 +105,23 @@ def parse_baseline(text: str | None, params: Sequence[tuple[str, list[Any]]]) ->
     return out or None
 
 
-def combinations(params: Sequence[tuple[str, list[Any]]]) -> list[dict[str, Any]]:
-    """Every combination, in the order the parameters and their values were given."""
+def combinations(params: Sequence[tuple[str, list[Any]]], flag: str = "--param") -> list[dict[str, Any]]:
+    """Every combination, in the order the parameters and their values were given (``flag``:
+    the option that gave them, which a refusal names)."""
     names = [n for n, _ in params]
     if len(set(names)) != len(names):
-        raise ConfigError("--param", ",".join(names), "a parameter is given twice")
+        raise ConfigError(flag, ",".join(names), "a parameter is given twice")
     for name, values in params:  # a value twice (in any spelling) ran twice: equal runs, the store's twice
         shown = [label({name: v}).partition("=")[2] for v in values]
         first: dict[Any, int] = {}
         for i, v in enumerate(values):
             j = first.setdefault(_canonical(name, v), i)
             if j != i:
-                raise ConfigError("--param", f"{name}={','.join(shown)}", f"{shown[i]} is given twice"
+                raise ConfigError(flag, f"{name}={','.join(shown)}", f"{shown[i]} is given twice"
                                   + (f" (as {shown[j]})" if shown[j] != shown[i] else ""))
     count = math.prod(len(v) for _, v in params)
     if count > MAX_COMBINATIONS:
-        raise ConfigError("--param", ",".join(names), f"{count:,} combinations; a sweep runs at most "
+        raise ConfigError(flag, ",".join(names), f"{count:,} combinations; a sweep runs at most "
                                                       f"{MAX_COMBINATIONS:,} (split it)")
     return [dict(zip(names, values)) for values in itertools.product(*(v for _, v in params))]
 

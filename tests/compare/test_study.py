@@ -42,6 +42,8 @@ def test_parse_sweep(sweep, expected):
     ("block_size=16", "a study sweeps one of"),
     ({"capacity_blocks": ["x"]}, "must be integers"),
     ({"capacity_blocks": [1], "retention": ["0"]}, "exactly one parameter"),
+    ("capacity_blocks=96,96", "96 is given twice"),  # (the pair ran twice, all deltas 0)
+    ("retention=none,None", r"--sweep: retention=none,None: None is given twice \(as none\)"),
 ])
 def test_parse_sweep_errors(sweep, match):
     with pytest.raises(KVTraceError, match=match):
