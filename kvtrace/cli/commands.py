@@ -60,11 +60,11 @@ def _run() -> None:
         # the first one's flush: what was committed before is kept
         rc = 130
     if rc == 130:  # (typer returns 130 for a KeyboardInterrupt, SIGTERM's Terminated included)
+        kept = "; what was recorded is kept" if _recording(sys.argv[1:]) else ""
         if terminated():
-            kept = "; what was recorded is kept" if _recording(sys.argv[1:]) else ""
             error(f"terminated (SIGTERM){kept}")
             sys.exit(143)
-        error("interrupted")
+        error(f"interrupted{kept}")
     sys.exit(rc if isinstance(rc, int) else 0)
 
 
