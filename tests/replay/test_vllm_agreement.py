@@ -57,3 +57,17 @@ def test_a_key_a_transient_checkpoint_overwrites_is_a_stale_hash_eviction(vllm_a
     assert ours.summary["evictions_by_reason"]["stale_hash"] > 0
     assert theirs.summary["evictions_by_reason"] == ours.summary["evictions_by_reason"]
     assert _evictions(db, theirs.run_id) == _evictions(db, ours.run_id)
+
+
+def test_the_admission_gate_reaches_vllms_manager(vllm_api):
+    # the scheduler passes vLLM's full_sequence_must_fit (scheduler_reserve_full_isl): the
+    # adapter's allocate_slots did not take it (a TypeError on every replay)
+    from kvtrace.engine import get_preset
+    from kvtrace.engine.backends.vllm.engine_manager import VllmEngineManager
+
+    config = replace(get_preset("dense-attention").cache_config, num_gpu_blocks=5)  # 4 usable blocks
+    bs = config.groups[0].block_size
+    manager = VllmEngineManager(config, api=vllm_api)
+    request = manager.new_request("r", list(range(6 * bs)), max_tokens=1)  # 6 blocks: more than the pool
+    assert manager.allocate_slots(request, 2 * bs, full_sequence_must_fit=True) is None
+    assert manager.allocate_slots(request, 2 * bs).get_block_ids() == ([1, 2],)
