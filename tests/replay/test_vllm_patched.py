@@ -135,3 +135,30 @@ def test_a_checkout_that_does_not_import_names_the_file_and_line(tmp_path, monke
         sys.modules.pop(f"fakevllm.{module}", None)
         code, _, err = run(["replay", "gen:chat", "--limit", "2", "--backend", "vllm"], capsys)
         assert_one_line(code, err, what, where)
+
+
+def test_an_editable_checkouts_commit_is_read_under_a_path_with_a_space(tmp_path, monkeypatch):
+    # pip writes the checkout's file URL percent-encoded: git ran in ".../my%20vllm", failed,
+    # and the run recorded the commit vllm._version was built with, or none, not the checkout's
+    import json
+    import subprocess
+
+    checkout = tmp_path / "my vllm"
+    checkout.mkdir()
+    git = ["git", "-C", str(checkout), "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (checkout / "f.py").write_text("x = 1\n")
+    subprocess.run([*git, "add", "f.py"], check=True)
+    subprocess.run([*git, "commit", "-qm", "patch"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+
+    class Dist:
+        def read_text(self, name):
+            url = checkout.as_uri()  # file:///.../my%20vllm
+            return json.dumps({"url": url, "dir_info": {"editable": True}}) if name == "direct_url.json" else None
+
+    monkeypatch.setattr(_load.metadata, "distribution", lambda name: Dist())
+    assert "%20" in checkout.as_uri()
+    assert _load.vllm_commit() == head
+    (checkout / "f.py").write_text("x = 2\n")
+    assert _load.vllm_commit() == head + "-dirty"

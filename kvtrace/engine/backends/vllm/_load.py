@@ -21,6 +21,7 @@ import warnings
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 from kvtrace.errors import KVTraceError
 from kvtrace.names import cut_middle
@@ -186,6 +187,15 @@ def wrong_return(api: VllmAPI, what: str, function: Any, value: Any, expected: s
                                    f"{expected}{where}", 1000))
 
 
+def _git(checkout: str, *args: str) -> str:
+    """A git command's output in ``checkout`` (stripped), or "" when it fails or takes over 10 s."""
+    try:
+        out = subprocess.run(["git", "-C", checkout, *args], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
 def vllm_commit() -> str | None:
     """The git commit of the installed vLLM, when it can be known: a VCS install's
     ``direct_url.json``, the HEAD of an editable install's checkout, else the commit its
@@ -199,15 +209,11 @@ def vllm_commit() -> str | None:
         return str(commit)
     url = str(direct.get("url", ""))
     if (direct.get("dir_info") or {}).get("editable") and url.startswith("file://"):
-        try:
-            out = subprocess.run(["git", "-C", url[len("file://"):], "rev-parse", "HEAD"], capture_output=True,
-                                 text=True, timeout=10, check=False)
-        except (OSError, subprocess.SubprocessError):
-            out = None
-        if out is not None and out.returncode == 0 and out.stdout.strip():
-            dirty = subprocess.run(["git", "-C", url[len("file://"):], "status", "--porcelain", "--untracked-files=no"],
-                                   capture_output=True, text=True, timeout=10, check=False).stdout.strip()
-            return out.stdout.strip() + ("-dirty" if dirty else "")
+        checkout = unquote(urlparse(url).path)  # (pip percent-encodes it: a space is %20)
+        head = _git(checkout, "rev-parse", "HEAD")
+        if head:
+            dirty = _git(checkout, "status", "--porcelain", "--untracked-files=no")
+            return head + ("-dirty" if dirty else "")
     try:
         built = importlib.import_module("vllm._version").__commit_id__
     except Exception:  # an install without the generated module
