@@ -115,7 +115,10 @@ WITH m AS (
     FROM lookup_spans
     WHERE run_id = $run_id AND name = '{SPAN_LOOKUP}' AND first_miss_hash IS NOT NULL
 ),
-eb AS (SELECT * FROM {{evicted_blocks}} WHERE group_id = 0 AND block_hash IS NOT NULL)
+-- one span may evict two blocks of one hash (vLLM keeps duplicates): the ASOF match is then
+-- the lower block id, on every backend (DuckDB and ClickHouse each picked its own)
+eb AS (SELECT * FROM {{evicted_blocks}} WHERE group_id = 0 AND block_hash IS NOT NULL
+       QUALIFY row_number() OVER (PARTITION BY evict_seq, block_hash ORDER BY block_id) = 1)
 SELECT m.*, eb.evict_seq, eb.evict_span_id, eb.evict_ns, eb.reason AS evict_reason, eb.block_id,
        eb.age, eb.idle, eb.evict_request_id, eb.next_publish_seq AS publish_seq,
        eb.next_publish_span_id AS publish_span_id, eb.next_publish_ns AS publish_ns,

@@ -24,7 +24,7 @@ from kvtrace.store.connection import DEFAULT_TIMEOUT_S, fetch_one, read_connecti
 from kvtrace.store.errors import StoreError, UnknownRunError
 
 EXPORTED_TABLES = ("spans", "runs", "evicted_blocks")
-_ORDER = {"spans": "ORDER BY seq", "evicted_blocks": "ORDER BY evict_seq"}
+_ORDER = {"spans": "ORDER BY seq", "evicted_blocks": "ORDER BY evict_seq, group_id, block_id"}  # (one span evicts many)
 
 # writes one table (its name) to the file given
 _Writer = Callable[[str, Path], None]

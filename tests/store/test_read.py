@@ -286,3 +286,32 @@ def test_a_request_span_without_times_has_no_segments_to_draw(tmp_path):
                           "end_ns": [9, 30, None], "num_tokens": [None, 3, 1], "detail": [None, None, "x"]})
     fig = charts.waterfall(mixed, "q")
     assert fig is not None and [t.name for t in fig.data] == ["queue", "evict"]
+
+
+@pytest.mark.parametrize("backend", ["duckdb", "chdb"])
+def test_a_miss_on_a_hash_one_span_evicted_twice_is_attributed_to_the_lower_block(tmp_path, backend):
+    """vLLM keeps duplicate blocks of one hash; one eviction span can free both. The ASOF
+    match picked either row, and DuckDB and ClickHouse picked differently (block id, age)."""
+    from tests.store.scenario import EVICT, STEP, _with_ids, at, lookup, scenario_table
+
+    rows = _with_ids([
+        at(0, name=STEP, usage=[0.1], num_running=1, num_waiting=0),
+        at(0, name=EVICT, group_id=0, evict_reason="lru", block_ids=[5, 3], block_hashes=["hx", "hx"],
+           ages=[7, 2], idle=[1, 1], request_id="A"),
+        at(1, name=STEP, usage=[0.1], num_running=1, num_waiting=0),
+        lookup(1, "B", 32, 0, [0], "hx", "hx", 0),
+    ])
+    db = str(tmp_path / "s.duckdb") if backend == "duckdb" else f"chdb:{tmp_path / 'ch'}"
+    with Store.open(db) as store:
+        run_id = store.create_run("dup", mode="engine")
+        store.append_spans(scenario_table(rows), run_id=run_id)
+        store.finish_run(run_id)
+    (row,) = read.eviction_attribution(db, run_id).rows(named=True)
+    assert (row["missed_hash"], row["block_id"], row["age"]) == ("hx", 3, 2)
+    # and an export lists that span's blocks in one order on every backend (its block ids')
+    import pyarrow.parquet as pq
+
+    from kvtrace.store import export_parquet
+
+    out = export_parquet(db, run_id, tmp_path / "export")
+    assert pq.read_table(out["evicted_blocks"]).column("block_id").to_pylist() == [3, 5]
