@@ -131,14 +131,17 @@ def test_context_manager_marks_failed_and_keeps_spans(tmp_path):
     assert info["num_spans"] == len(scenario_rows())
 
 
-def test_an_interrupt_while_a_run_is_created_or_finished_marks_it_failed(tmp_path, monkeypatch):
+@pytest.mark.parametrize("backend", ["duckdb", "chdb"])
+def test_an_interrupt_while_a_run_is_created_or_finished_marks_it_failed(tmp_path, monkeypatch, backend):
     """Ctrl-C or SIGTERM landing just after a run's row was committed, or while its finish
     was being written, left it "running" and unmarked (incomplete at the next open, with the
     error lost), where the README says the run being stored is marked failed."""
     import contextlib
 
-    path = tmp_path / "int.duckdb"
-    real_connect = Store._connect
+    path = str(tmp_path / "int.duckdb") if backend == "duckdb" else f"chdb:{tmp_path / 'ch'}"
+    with Store.open(path) as probe:
+        kind = type(probe)
+    real_connect = kind._connect
 
     @contextlib.contextmanager
     def interrupted_after_commit(self):
@@ -147,11 +150,11 @@ def test_an_interrupt_while_a_run_is_created_or_finished_marks_it_failed(tmp_pat
         raise KeyboardInterrupt  # (the row is committed)
 
     with pytest.raises(KeyboardInterrupt), Store.open(path) as store:
-        monkeypatch.setattr(Store, "_connect", interrupted_after_commit)
+        monkeypatch.setattr(kind, "_connect", interrupted_after_commit)
         try:
             store.create_run("created")
         finally:
-            monkeypatch.setattr(Store, "_connect", real_connect)
+            monkeypatch.setattr(kind, "_connect", real_connect)
     assert read.run(path, "r1")["status"] == "failed"
 
     def interrupted_finish(self, *args, **kwargs):
@@ -160,7 +163,7 @@ def test_an_interrupt_while_a_run_is_created_or_finished_marks_it_failed(tmp_pat
 
     with pytest.raises(KeyboardInterrupt), Store.open(path) as store:
         run_id = store.create_run("finishing")
-        monkeypatch.setattr(Store, "_finish", interrupted_finish)
+        monkeypatch.setattr(kind, "_finish", interrupted_finish)
         store.finish_run(run_id, digest="d")
     info = read.run(path, run_id)
     assert info["status"] == "failed" and "KeyboardInterrupt" in info["summary"]["error"]

@@ -159,7 +159,7 @@ class ClickHouseStore(Store):
                    TIME_OFFSET_COLUMN: int(time_offset_ns)}
             con.insert_arrow("runs", pa.table({c: pa.array([row.get(c)], _RUN_TYPES.get(t, pa.string()))
                                                for c, t, _ in RUN_COLUMNS}))
-        self._open_runs.add(run_id)
+            self._open_runs.add(run_id)  # (at once: an interrupt from here on finds it ours to mark, as DuckDB's)
         self._next_seq[run_id] = 0
         self._offsets[run_id] = int(time_offset_ns)
         return run_id
