@@ -151,7 +151,10 @@ def study_command(a: Mapping[str, Any], db: str) -> str:
     """The command that records a run differing from ``a`` in one setting: for an engine
     run, ``kvtrace study`` of a behaviour (the pair: that behaviour off and on); for a
     cache-only run, the other eviction policy at the same capacity."""
-    trace = shlex.quote(a.get("trace_source") or "TRACE")  # (a command to paste: paths may hold spaces)
+    # (a command to paste: paths may hold spaces; a live capture's source is its ZMQ endpoint,
+    # no trace: the file its --trace-out wrote is)
+    source = a.get("trace_source") if a.get("mode") != "live" else None
+    trace = shlex.quote(source or "TRACE")
     db = shlex.quote(db)
     cfg = _parsed(a.get("config"))
     cfg = cfg if isinstance(cfg, dict) else {}

@@ -43,3 +43,6 @@ def test_the_partner_command_of_an_unbounded_run_is_a_bounded_one_and_pastes_who
     argv = shlex.split(pairing.study_command(engine, db))
     assert argv[:3] == ["kvtrace", "study", "shared-prefix-pinning"] and argv[argv.index("--trace") + 1] == "a b.jsonl"
     assert argv[-1] == db
+    # a live capture's source is its ZMQ endpoint: no trace to replay (the Compare page said to)
+    live = shlex.split(pairing.study_command({"mode": "live", "trace_source": "tcp://127.0.0.1:5557"}, db))
+    assert live[live.index("--trace") + 1] == "TRACE"
