@@ -38,6 +38,7 @@ import pyarrow as pa
 
 from kvtrace.cache.events import (
     COPY_EXTERNAL,
+    EVICT_CONNECTOR,
     EVICT_RESET,
     BlockCopied,
     BlockEvicted,
@@ -258,7 +259,8 @@ CACHE_KINDS: tuple[SpanKind, ...] = (
         _BLOCK_IDS, _BLOCK_HASHES,
         Fill("ages", "ages", int_list),
         Fill("idle", "idle", int_list),
-    ), inferred=(Inferred(VLLM, ("evict_reason",), lambda e: e.reason != EVICT_RESET),)),  # reset: AllBlocksCleared
+    ), inferred=(  # reset: AllBlocksCleared; connector: the adapter's own tier (kvtrace's)
+        Inferred(VLLM, ("evict_reason",), lambda e: e.reason not in (EVICT_RESET, EVICT_CONNECTOR)),)),
     SpanKind(BlockPublished, SPAN_PUBLISH, (
         _STEP, _REQUEST_ID, _GROUP,
         Fill("publish_kind", "kind"),

@@ -44,6 +44,12 @@ def test_an_external_loads_evictions_agree_block_by_block(vllm_api, tmp_path, ca
     else:
         assert ours.summary["external_prefix_cache_hits"] > 0
     assert _evictions(db, theirs.run_id) == _evictions(db, ours.run_id)
+    # the tier's own evictions are kvtrace's (the adapter infers nothing of them): not marked
+    with duckdb.connect(str(db), read_only=True) as con:
+        marked = con.execute("SELECT count(*) FROM spans WHERE run_id = ? AND name = 'kvtrace.cache.evict' AND "
+                             "evict_reason = 'connector' AND extra_attributes['kvtrace.inferred'] IS NOT NULL",
+                             [theirs.run_id]).fetchone()[0]
+    assert marked == 0
 
 
 @pytest.mark.parametrize("retention, capacity", [("none", None), ("512", 150)])
