@@ -134,12 +134,13 @@ def study(
     """Replay one trace with a behaviour on and off, and print the isolated diff
     (default trace: the behaviour's generated workload and its settings)."""
     one_format(as_json, markdown)
-    from kvtrace.compare.study import check_sweep_given_once, run_study, study_base
+    from kvtrace.compare.study import check_sweep_given_once, parse_sweep, run_study, study_base
 
     check_sweep_given_once(spec, sweep)  # (before the behaviour's workload and the replay engine load: told at once)
     name = value(behaviour)
+    swept = parse_sweep(sweep)
     res = run_study(name, trace=spec.trace or None, db=db, sweep=sweep, seed=spec.seed,
-                    progress=sys.stderr.isatty(), base=study_base(name, spec))
+                    progress=sys.stderr.isatty(), base=study_base(name, spec, swept[0] if swept else None))
     for p in res.points:
         recorded(p.run_off, db)
         recorded(p.run_on, db)

@@ -196,7 +196,7 @@ class StudyResult:
         for m in metrics:
             table.add_column(f"Δ {m}", justify="right")
         for p in self.points:
-            table.add_row(str(p.value), *(_delta_cell(m, p.diff.metric(m).delta) for m in metrics))
+            table.add_row(str(p.value), *(_delta_cell(m, _measured_delta(p.diff, m)) for m in metrics))
         return table
 
     def expectation_failures(self) -> list[str]:
@@ -282,7 +282,7 @@ def check_sweep_given_once(given: RunSpec, sweep: Any) -> None:
                                                f"{getattr(given, other)!r}); give it one way")
 
 
-def study_base(behaviour: str, given: RunSpec) -> RunSpec:
+def study_base(behaviour: str, given: RunSpec, swept: str | None = None) -> RunSpec:
     """The settings both runs of a study share: on the behaviour's built-in workload its
     ``study_defaults``, overridden by every setting the user gave (``given``'s fields that
     differ from a bare RunSpec); on a user's trace, the user's settings alone."""
@@ -297,6 +297,9 @@ def study_base(behaviour: str, given: RunSpec) -> RunSpec:
     changed = {f.name: getattr(given, f.name) for f in fields(RunSpec)
                if f.name != "trace" and getattr(given, f.name) != getattr(bare, f.name)}
     defaults = study_defaults(check_behaviour(behaviour)) if not given.trace else {}
+    if swept is not None:  # (the sweep's values replace the workload's own: a backend refused the default)
+        dropped = _CAPACITY_FORMS if swept in _CAPACITY_FORMS else (swept,)
+        defaults = {k: v for k, v in defaults.items() if k not in dropped}
     spec = RunSpec(trace="", **{**defaults, **changed})
     # The workload's own settings the user left alone: a preset or backend that cannot take
     # one (a dense preset: retention 0; vLLM: two groups' capacities) names what the user
@@ -410,6 +413,17 @@ def run_study(
 
 def _on_list(spec: RunSpec) -> list[str]:
     return [b for b in BEHAVIOURS if b not in spec.without]
+
+
+def _measured_delta(diff: Any, metric: str) -> float | None:
+    """B − A of ``metric``; None where neither run measured it (``--no-content``: no stale
+    hashes; the table said so by failing, after the study's own output)."""
+    from kvtrace.compare.model import UnknownMetric
+
+    try:
+        return diff.metric(metric).delta
+    except UnknownMetric:
+        return None
 
 
 def _delta_cell(metric: str, delta: float | None) -> str:

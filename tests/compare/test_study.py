@@ -268,6 +268,31 @@ def test_a_study_sweep_is_checked_whole_before_any_pair_runs(tmp_path):
     assert not db.exists() or read.runs(db).height == 0  # (the 20 pair had been recorded)
 
 
+def test_a_swept_study_without_content_shows_unmeasured_deltas_as_not_measured():
+    """`study --sweep ... --no-content` printed the study, then failed (exit 2) on the sweep
+    table's stale_hashes, which no-content runs do not measure."""
+    from rich.console import Console
+
+    base = RunSpec(trace="", **S.study_defaults("external-hit-running-cow"), content=False)
+    res = S.run_study("external-hit-running-cow", base=base, sweep="external_capacity_blocks=64,4096", limit=6)
+    console = Console(record=True, width=200)
+    console.print(res.sweep_table(("prefix_cache_hit_rate", "stale_hashes")))
+    rows = [line for line in console.export_text().splitlines() if line.strip().startswith(("│ 64", "│ 4096"))]
+    assert len(rows) == 2 and all(row.rstrip(" │").endswith("–") for row in rows)
+
+
+def test_a_backend_that_refuses_the_workloads_capacity_studies_a_sweep_of_its_own(capsys, vllm_api):
+    """With vLLM's manager, a swept capacity_blocks was refused by blaming the workload's own
+    --capacity-blocks 1024,16 (two groups' capacities, which vLLM's pool cannot take), which
+    the sweep replaces."""
+    from tests.cli.support import run
+
+    code, out, err = run(["study", "transient-checkpoint-retention", "--backend", "vllm", "--limit", "4",
+                          "--sweep", "capacity_blocks=200,400", "--json"], capsys)
+    assert code == 0, err
+    assert [p["value"] for p in json.loads(out)["sweep"]["points"]] == [200, 400]
+
+
 def test_a_capacity_tokens_sweep_replaces_the_studys_capacity_blocks():
     res = S.run_study("external-hit-running-cow", sweep="capacity_tokens=4000,8000", limit=4)
     assert [p.value for p in res.points] == [4000, 8000]
