@@ -223,6 +223,21 @@ def run_backend(mode: str | None, config: Mapping[str, Any] | None) -> str | Non
     return None if mode == "otlp" else "kvtrace"
 
 
+def backend_label(mode: str | None, config: Mapping[str, Any] | None) -> str | None:
+    """``run_backend`` with the vLLM a ``--backend vllm`` run drove, as every view shows it:
+    ``kvtrace``, ``vllm 0.33.0 @ COMMIT`` (12 hex digits: two checkouts, two labels), ``vllm``
+    for a live capture; None for a collected run (its sender is unknown)."""
+    config = config if isinstance(config, Mapping) else {}
+    backend = run_backend(mode, config)
+    if backend is None:
+        return None
+    if config.get("vllm_version"):
+        backend += f" {config['vllm_version']}"
+    if config.get("vllm_commit"):
+        backend += f" @ {str(config['vllm_commit'])[:12]}"
+    return backend
+
+
 def times_word(*runs: tuple[str | None, str | None]) -> str:
     """How every view labels the latencies of ``runs`` ((mode, cost model) each): "recorded"
     where a run's came from a collector's sender (no cost model of kvtrace's made them),

@@ -53,7 +53,7 @@ import plotly.express as px
 import polars as pl
 
 from kvtrace.compare.model import MetricDelta, metric_direction
-from kvtrace.compare.render import fmt, times_note
+from kvtrace.compare.render import backend_note, fmt, times_note
 from kvtrace.compare.source import diff_runs
 from kvtrace.errors import KVTraceError
 from kvtrace.metrics import is_latency_key, times_word
@@ -120,13 +120,16 @@ latency = pl.DataFrame(
     schema={"percentile": pl.Utf8, "A": pl.Float64, "B": pl.Float64, "delta": pl.Float64, "ci_low": pl.Float64,
             "ci_high": pl.Float64, "significant": pl.Boolean},
 )
-# What `kvtrace diff` says before its tables: unfinished runs, notes, where the times come from.
+# What `kvtrace diff` says before its tables: unfinished runs, notes, where the times come from,
+# whose cache manager made each run's events (where either is not kvtrace's).
 for side, r in (("A", diff.run_a), ("B", diff.run_b)):
     if r.get("status") not in (None, "complete"):
         print(f"run {side} ({printable(r.get('name') or r['run_id'])}) is {r['status']}: partial numbers")
 for note in diff.notes:
     print(note)
 print(times_note(diff, code=printable))
+if backend_note(diff, code=printable):
+    print(backend_note(diff, code=printable))
 rel = deltas.drop_nulls("rel").filter(pl.col("rel") != 0)
 if rel.height:
     px.bar(rel, x="rel", y="metric", color="verdict", orientation="h",

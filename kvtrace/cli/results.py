@@ -16,7 +16,7 @@ from kvtrace.cli.options import Db, DbToRead, Json, Markdown, Percentiles, repla
 from kvtrace.cli.options import percentiles as parse_percentiles
 from kvtrace.cli.output import echo_json, error, one_format, print_rows, recorded, status
 from kvtrace.errors import KVTraceError
-from kvtrace.metrics import run_backend
+from kvtrace.metrics import backend_label, run_backend
 from kvtrace.names import printable
 
 DEFAULT_BACKEND = Backend(BACKENDS[0])
@@ -68,7 +68,7 @@ def runs(db: DbToRead, as_json: Json = False, limit: Annotated[int | None, typer
     for r in listed:
         size = f"{r['capacity_blocks']:,}×{r['block_size']}" if r["capacity_blocks"] else "-"
         trace = Path(r["trace"]).name if r["trace"] else "-"  # (a collected run names none: not "None")
-        backend = " ".join(str(x) for x in (r["backend"], r["vllm_commit"] or r["vllm_version"]) if x) or "-"
+        backend = backend_label(r["mode"], r) or "-"  # (r holds backend, vllm_version and vllm_commit)
         rows.append([r["run_id"], r["name"] or "", trace, r["mode"] or "", backend,
                      ",".join(r["behaviours"]) or "-", size, r["status"], r["created"] or "",
                      *(format_value(m, r[m]) for m in RUNS_METRICS)])

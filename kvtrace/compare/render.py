@@ -16,7 +16,7 @@ from typing import Any
 
 from kvtrace.compare.bootstrap import CI_LEVEL
 from kvtrace.compare.model import MetricDelta, RequestChange, RunDiff
-from kvtrace.metrics import times_source, times_word
+from kvtrace.metrics import backend_label, times_source, times_word
 from kvtrace.names import markdown_code, markdown_literal, markup_literal, printable, stdout_console
 from kvtrace.store.schema import SUMMARY_FIELDS
 
@@ -79,6 +79,9 @@ def to_markdown(diff: RunDiff) -> str:
     if a.get("behaviours") is not None or b.get("behaviours") is not None:
         lines.append(f"Behaviours: A {markdown_code(_fmt_behaviours(a))} · B {markdown_code(_fmt_behaviours(b))}")
     lines.append(times_note(diff))
+    backends = backend_note(diff)
+    if backends:
+        lines.append(backends)
     for side, run in (("A", a), ("B", b)):
         if run.get("status") not in (None, "complete"):
             lines += ["", f"> ⚠️ run {side} is **{markdown_literal(run['status'])}**: its numbers cover only what "
@@ -153,6 +156,16 @@ def times_note(diff: RunDiff, code: Any = markdown_code) -> str:
 
     a, b = source(diff.run_a), source(diff.run_b)
     return f"Times: {a}" if a == b else f"Times: A {a} · B {b}"
+
+
+def backend_note(diff: RunDiff, code: Any = markdown_code) -> str | None:
+    """Whose cache manager made each run's events (``metrics.backend_label``), where either
+    is not kvtrace's own: a patched vLLM's diff names the commits it compares. None else."""
+    a, b = (backend_label(r.get("mode"), r) for r in (diff.run_a, diff.run_b))
+    if a == b == "kvtrace":
+        return None
+    a, b = (code(x) if x else "unknown (collected)" for x in (a, b))
+    return f"Backend: {a}" if a == b else f"Backend: A {a} · B {b}"
 
 
 def _correctness_markdown(diff: RunDiff) -> list[str]:
@@ -234,6 +247,9 @@ def render(diff: RunDiff, console: Any = None) -> None:
     for note in diff.notes:
         console.print(f"[yellow]{markup_literal(note)}[/yellow]")
     console.print(times_note(diff, code=printable), markup=False, highlight=False)
+    backends = backend_note(diff, code=printable)
+    if backends:
+        console.print(backends, markup=False, highlight=False)
     for t in tables(diff):
         console.print(t)
 

@@ -18,7 +18,7 @@ from kvtrace.compare.model import RunDiff, count_shifts, diff_summaries, request
 from kvtrace.compare.options import DEFAULT_RESAMPLES, check_diff_options
 from kvtrace.compare.pairing import same_trace
 from kvtrace.errors import KVTraceError
-from kvtrace.metrics import DEFAULT_PERCENTILES, NS_PER_MS, is_latency_key
+from kvtrace.metrics import DEFAULT_PERCENTILES, NS_PER_MS, is_latency_key, run_backend
 from kvtrace.store import read
 from kvtrace.store.errors import StoreError
 
@@ -104,6 +104,8 @@ class StoreView:
         """run_id, name, trace (source), trace_id (digest), mode, behaviours, status, digest,
         cost_model (the name of the model that produced its times; None: no times)."""
         r = self.run_row(run_id)
+        stored = r.get("config")
+        config: dict[str, Any] = stored if isinstance(stored, dict) else {}
         return {
             "run_id": run_id,
             "name": r.get("name"),
@@ -114,6 +116,10 @@ class StoreView:
             "status": r.get("status"),
             "digest": r.get("digest"),
             "cost_model": _cost_model(r.get("config")),
+            # whose cache manager made its events, and which vLLM (``metrics.backend_label``)
+            "backend": run_backend(r.get("mode"), config),
+            "vllm_version": config.get("vllm_version"),
+            "vllm_commit": config.get("vllm_commit"),
         }
 
     def summary(self, run_id: str) -> dict[str, Any]:

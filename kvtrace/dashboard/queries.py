@@ -91,27 +91,13 @@ def with_run_columns(frame: pl.DataFrame) -> pl.DataFrame:
             v = summary.get(k)
             r[k] = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
         r[SUMMARY_NOTHING_RECEIVED] = summary.get(SUMMARY_NOTHING_RECEIVED) is True
-        r["backend"] = backend_label(r.get("mode"), _json(r.get("config")))
+        r["backend"] = metrics.backend_label(r.get("mode"), _json(r.get("config"))) or "–"
         r["label"] = ui.run_label(r)
     schema: dict[str, Any] = dict(frame.schema) | {"behaviours_on": pl.String, "behaviours_off": pl.String,
                                                    SUMMARY_NOTHING_RECEIVED: pl.Boolean, "backend": pl.String,
                                                    "label": pl.String}
     schema |= {k: pl.Float64 for k in SUMMARY_KEYS}
     return pl.DataFrame(rows, schema=schema)
-
-
-def backend_label(mode: Any, config: Any) -> str:
-    """Whose cache manager a run drove (``metrics.run_backend``): ``kvtrace``, ``vllm 0.33.0
-    @ COMMIT``, ``vllm`` for a live capture, ``–`` for a collected run (its sender is unknown)."""
-    config = config if isinstance(config, dict) else {}
-    backend = metrics.run_backend(mode, config)
-    if backend is None:
-        return "–"
-    if config.get("vllm_version"):
-        backend += f" {config['vllm_version']}"
-    if config.get("vllm_commit"):
-        backend += f" @ {str(config['vllm_commit'])[:12]}"
-    return backend
 
 
 def _json(text: Any) -> Any:

@@ -675,3 +675,24 @@ def test_block_counts_of_two_block_sizes_get_no_delta_and_a_note(tmp_path, capsy
     assert json.loads(out)["notes"] == d.notes
     same = diff_runs(db, b.run_id, c.run_id)
     assert same.notes == [] and same.metric("hit_blocks").delta is not None
+
+
+def test_a_diff_names_each_runs_backend_where_one_is_not_kvtraces(tmp_path, vllm_api):
+    """A diff of kvtrace's manager against vLLM's (study --backend vllm), or of two vLLM
+    checkouts (the README's patch study), never said which manager or commit made each run."""
+    from kvtrace.engine.backends.vllm import vllm_commit
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = tmp_path / "b.duckdb"
+    spec = RunSpec("gen:mixed", limit=10, content=False)
+    ours = run_replay(spec, db=db)
+    theirs = run_replay(RunSpec("gen:mixed", limit=10, content=False, backend="vllm"), db=db)
+    label = f"vllm 0.33.0 @ {vllm_commit()[:12]}"
+    diff = diff_runs(db, ours.run_id, theirs.run_id)
+    assert f"Backend: A kvtrace · B {label}" in to_text(diff)
+    assert f"Backend: A `kvtrace` · B `{label}`" in to_markdown(diff)
+    out = to_json(diff)
+    assert (out["run_a"]["backend"], out["run_b"]["backend"], out["run_b"]["vllm_commit"]) == (
+        "kvtrace", "vllm", vllm_commit())
+    alike = diff_runs(db, ours.run_id, run_replay(spec, db=db).run_id)
+    assert "Backend:" not in to_text(alike) + to_markdown(alike)  # (kvtrace's own on both sides: nothing to say)
