@@ -12,7 +12,8 @@ sequence of calls, which mirrors vLLM's ``Scheduler.schedule`` in synchronous mo
   retried), then, unless someone was preempted, waiting requests in order
   (``get_computed_blocks``, then ``allocate_slots`` with the hit); the token budget and
   ``max_num_seqs`` of the preset's scheduler apply;
-* a chunk is capped by the budget and ``long_prefill_token_threshold`` (without chunked
+* a chunk is capped by the budget and ``long_prefill_token_threshold`` (only with another
+  request in the system, as vLLM's scheduler cuts long prefills; without chunked
   prefill a new request waits for a budget that takes it whole), then, where
   Mamba groups exist, cut by vLLM's own ``Scheduler._mamba_block_aligned_split``; the
   chunk kvtrace's port (``kvtrace.engine.scheduler``) gives is compared, vLLM's is used;
@@ -237,8 +238,7 @@ class _Driver:
         max_tokens[req.request_id] = out
         return req
 
-    def _cap(self, request, n: int, budget: int | None) -> int:
-        thr = self.sc.long_prefill_token_threshold
+    def _cap(self, request, n: int, budget: int | None, thr: int) -> int:
         if 0 < thr < n:
             n = thr
         return n if budget is None else min(n, budget)
@@ -293,10 +293,12 @@ class _Driver:
         scheduled: dict[str, int] = {}
         preempted = False
         whole_prompt_waits = False  # chunked prefill off: the head's prompt exceeds the step's budget
+        # (vLLM cuts a long prefill only where another request could be starved by it)
+        thr = self.sc.long_prefill_token_threshold if len(running) + len(waiting) > 1 else 0
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            n = self._cap(req, req.num_tokens - req.num_computed_tokens, budget)
+            n = self._cap(req, req.num_tokens - req.num_computed_tokens, budget, thr)
             n = self._split(req, n)
             if n <= 0:
                 i += 1
@@ -330,7 +332,7 @@ class _Driver:
                 self.compare("hit_blocks", rid, vm_blocks.get_block_ids(), kv_blocks.get_block_ids())
                 self.compare("hit_tokens", rid, vm_hit, kv_hit, hard=True)
                 ext = self._external(req, vm_hit)
-                n = self._cap(req, req.num_tokens - vm_hit - ext, None)
+                n = self._cap(req, req.num_tokens - vm_hit - ext, None, thr)
                 if not self.sc.enable_chunked_prefill and n > budget:  # a whole prompt or nothing, as vLLM's
                     whole_prompt_waits = True
                     break

@@ -157,6 +157,17 @@ def test_without_chunked_prefill_a_prompt_waits_for_a_whole_budget(vllm_api, tmp
     assert allocations[1] < allocations[0]  # no prompt split over two steps (the same when the flag was ignored)
 
 
+def test_a_lone_request_is_not_cut_by_the_long_prefill_threshold(vllm_api, tmp_path):
+    """vLLM's scheduler cuts a long prefill only where another request is in the system; the
+    driver cut a lone one too, a call sequence vLLM's scheduler never makes (both managers
+    agreed on it all the same)."""
+    cfg = tmp_path / "t.toml"
+    cfg.write_text("[scheduler]\nlong_prefill_token_threshold = 512\n")
+    (run,) = check(ConformanceSpec("gen:mixed", preset="dense-attention", config_file=str(cfg), capacity_blocks=(8000,),
+                                   limit=1, concurrency=1, max_output_tokens=2), vllm_api)
+    assert run.requests == 1 and run.steps == 2  # the whole prompt in one step, then the second token
+
+
 def test_a_cache_salt_keys_both_managers_requests(vllm_api, tmp_path, monkeypatch):
     """The trace's cache_salt was dropped: requests of other tenants hit each other's blocks
     (as no replay of the same trace, on either backend, does)."""
