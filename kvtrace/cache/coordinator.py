@@ -108,12 +108,20 @@ class KVCacheCoordinator:
         return out, hit_length, longest - hit_length, firsts
 
     # -- allocation ---------------------------------------------------------------
+    def set_admission_limits(self, max_model_len: int, max_in_flight_tokens: int) -> None:
+        """Give the groups that recycle blocks their per-request admission cap (vLLM's
+        ``get_manager_for_kv_cache_spec``, from the scheduler's limits)."""
+        for m in self.managers:
+            m.max_admission_blocks = m.admission_cap(max_model_len, max_in_flight_tokens)
+
     def can_allocate(self, request_id: str, num_tokens_main: int, num_tokens_slots: int,
                      hits: Sequence[Sequence[KVCacheBlock]], num_local: int, total_computed: int,
-                     prefill_end: int) -> bool:
+                     prefill_end: int, apply_admission_cap: bool = False) -> bool:
         """Whether the pool has the blocks this allocation needs, every group's need
         summed (vLLM's ``get_num_blocks_to_allocate``; Mamba groups ignore lookahead).
-        Also fixes the Mamba groups' checkpoint for this allocation."""
+        Also fixes the Mamba groups' checkpoint for this allocation, unless
+        ``apply_admission_cap``: then it is the full-sequence admission gate's count
+        (each group's need capped by its ``max_admission_blocks``), and changes nothing."""
         if self.ctx.retention_interval != 0:
             prefill_end = 0  # dense or periodic retention: every chunk may checkpoint
         if len(self.pools) == 1:
@@ -121,12 +129,14 @@ class KVCacheCoordinator:
             for g, m in enumerate(self.managers):
                 need += m.get_num_blocks_to_allocate(
                     request_id, num_tokens_slots, hits[g], total_computed, num_local, num_tokens_main, prefill_end,
+                    apply_admission_cap,
                 )
             return need <= self.pools[0].free_block_queue.num_free_blocks
         needs: dict[BlockPool, int] = {}
         for g, m in enumerate(self.managers):
             needs[m.pool] = needs.get(m.pool, 0) + m.get_num_blocks_to_allocate(
                 request_id, num_tokens_slots, hits[g], total_computed, num_local, num_tokens_main, prefill_end,
+                apply_admission_cap,
             )
         return all(n <= p.free_block_queue.num_free_blocks for p, n in needs.items())
 

@@ -87,7 +87,9 @@ class KVCacheManager:
     block ids are per group (``pools[g]``).
     """
 
-    def __init__(self, config: CacheConfig):
+    def __init__(self, config: CacheConfig, max_model_len: int | None = None, max_in_flight_tokens: int | None = None):
+        """``max_model_len``, ``max_in_flight_tokens``: see ``set_admission_limits`` (the
+        scheduler sets them; None: the full-sequence gate caps nothing)."""
         self.config = config
         self.decode_fast_path = DECODE_FAST_PATH
         self.num_fast_decode_slots = 0  # allocate_slots calls the fast path took (tests check it is used)
@@ -136,6 +138,21 @@ class KVCacheManager:
         self._fast_mamba: list[MambaManager] = list(self.coordinator.mamba)
         # the coordinator keys up to a multiple of the scheduler block (vLLM's _align_cacheable)
         self._align_cacheable = self.num_groups > 1 and not config.partial_hits
+        self.max_model_len: int | None = None  # the full-sequence gate's cap on a sequence (None: none)
+        self.num_full_sequence_refusals = 0  # admissions the full-sequence gate refused
+        if max_model_len is not None:
+            self.set_admission_limits(max_model_len, max_in_flight_tokens)
+
+    def set_admission_limits(self, max_model_len: int, max_in_flight_tokens: int | None = None) -> None:
+        """The scheduler's limits that the full-sequence admission gate reads (vLLM's
+        ``KVCacheManager`` takes them at construction): a sequence counts at most
+        ``max_model_len`` tokens, and a sliding-window group reserves at most its window
+        plus ``max_in_flight_tokens`` (the tokens scheduled but not yet computed: one
+        step's budget, kvtrace's schedule being synchronous). None: ``max_model_len``, as
+        vLLM defaults it (no window cap in effect)."""
+        self.max_model_len = max_model_len
+        self.coordinator.set_admission_limits(
+            max_model_len, max_model_len if max_in_flight_tokens is None else max_in_flight_tokens)
 
     # -- events -------------------------------------------------------------------
     def subscribe(self, listener: CacheListener) -> None:
@@ -240,6 +257,7 @@ class KVCacheManager:
         new_computed_blocks: KVCacheBlocks | None = None,
         num_external_computed_tokens: int = 0,
         num_lookahead_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
     ) -> KVCacheBlocks | None:
         """Give ``request`` slots for ``num_new_tokens`` more tokens this step.
 
@@ -249,6 +267,11 @@ class KVCacheManager:
             num_external_computed_tokens: tokens loaded from the external tier this step
                 (before local compute).
             num_lookahead_tokens: extra slots (speculative tokens) for attention groups.
+            full_sequence_must_fit: the admission gate (vLLM's, which its scheduler asks for
+                with ``scheduler_reserve_full_isl``): first refuse unless the free blocks
+                hold the whole sequence (``min(num_tokens, max_model_len)``), hits counted,
+                sliding windows capped by ``max_admission_blocks``, Mamba's checkpoint
+                counted; no lookahead. A chunked prefill is otherwise checked a chunk at a time.
 
         Returns:
             Per group, the blocks appended to the request's table this step, in table
@@ -265,6 +288,12 @@ class KVCacheManager:
         and ``external`` (loaded state).
         """
         request.bind_hasher(self.hasher)
+        if full_sequence_must_fit and not self._full_sequence_fits(
+            request, num_new_computed_tokens, new_computed_blocks, num_external_computed_tokens
+        ):
+            self.stats.failed_allocations += 1
+            self.num_full_sequence_refusals += 1
+            return None
         if (
             num_new_tokens == 1 and self.decode_fast_path and new_computed_blocks is None
             and not num_external_computed_tokens and not num_lookahead_tokens
@@ -295,6 +324,23 @@ class KVCacheManager:
             num_external_computed_tokens, num_tokens_main, num_tokens_slots, num_new_tokens, self.enable_caching,
         )
         return KVCacheBlocks(tuple(new_out))
+
+    def _full_sequence_fits(self, request: Request, num_new_computed_tokens: int,
+                            new_computed_blocks: KVCacheBlocks | None, num_external_computed_tokens: int) -> bool:
+        """vLLM 0.33's ``full_sequence_must_fit`` check, before anything changes (and before
+        the skipped blocks are freed, as there): the coordinator's count for the whole
+        sequence with the admission cap, against the free blocks. Changes nothing."""
+        num_local = request.num_computed_tokens + num_new_computed_tokens
+        total_computed = num_local + num_external_computed_tokens
+        num_tokens = request.num_tokens
+        mml = self.max_model_len
+        if mml is not None:
+            total_computed = min(total_computed, mml)
+            num_tokens = min(num_tokens, mml)
+        hits = new_computed_blocks.blocks if new_computed_blocks is not None else self._no_hits
+        prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
+        return self.coordinator.can_allocate(request.request_id, num_tokens, num_tokens, hits, num_local,
+                                             total_computed, prefill_end, True)
 
     def allocate_decode_slots(self, running: list[Request], start: int, limit: int, max_model_len: int) -> int:
         """``allocate_slots(r, 1)`` for ``running[start:]`` in order, while each request is

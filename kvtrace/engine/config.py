@@ -14,12 +14,19 @@ class SchedulerConfig:
     long_prefill_token_threshold: int = 0  # 0 = off; else a prefill chunk is at most this long
     max_model_len: int = 1 << 20
     enable_chunked_prefill: bool = True
+    # vLLM 0.33's admission gate (its default): a waiting or preempted request is admitted only
+    # if the free blocks hold its whole sequence, not just its first chunk
+    scheduler_reserve_full_isl: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ConfigError("SchedulerConfig", name, f"expected a positive int, got {v!r}")
+        for name in ("enable_chunked_prefill", "scheduler_reserve_full_isl"):
+            v = getattr(self, name)
+            if not isinstance(v, bool):
+                raise ConfigError("SchedulerConfig", name, f"expected true or false, got {v!r}")
         if self.long_prefill_token_threshold < 0:
             raise ConfigError("SchedulerConfig", "long_prefill_token_threshold", "expected >= 0")
 

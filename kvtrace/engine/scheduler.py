@@ -3,7 +3,8 @@
 One step: the RUNNING requests first (in order), each getting up to its remaining
 tokens within the token budget; then, if nobody was preempted, WAITING requests in
 arrival order (preempted ones at the front), each after a prefix-cache lookup and an
-external-tier lookup. A chunk is cut by ``long_prefill_token_threshold`` (unless one
+external-tier lookup, and admitted only if the free blocks hold its whole sequence
+(``scheduler_reserve_full_isl``, vLLM's default gate). A chunk is cut by ``long_prefill_token_threshold`` (unless one
 request is alone in the system), the budget, and for Mamba-align models by the
 block-aligned split. When ``allocate_slots`` returns None, the last running request is
 preempted (recompute) and the allocation retried. Finished requests are freed in the
@@ -104,6 +105,12 @@ class Scheduler:
         # kvtrace's manager allocates a run of decode steps in one call; another backend
         # (vLLM's manager) is called once per request
         self._decode_run = getattr(kv_cache_manager, "allocate_decode_slots", None)
+        # vLLM's Scheduler builds its manager with these limits (the admission gate's); here the
+        # manager comes built. One step's budget is in flight at most: the schedule is synchronous
+        # (vLLM's max_in_flight_tokens without async scheduling or pipeline parallelism).
+        set_limits = getattr(kv_cache_manager, "set_admission_limits", None)
+        if set_limits is not None:
+            set_limits(scheduler_config.max_model_len, scheduler_config.max_num_batched_tokens)
 
     # -- queue -----------------------------------------------------------------------------
     def add_request(self, request: EngineRequest) -> None:
@@ -242,6 +249,7 @@ class Scheduler:
         # Then WAITING, in arrival order, unless this step had to preempt.
         if not preempted:
             waiting = self.waiting
+            reserve_full_isl = self.config.scheduler_reserve_full_isl
             while waiting and token_budget > 0 and len(running) < self.config.max_num_seqs:
                 request = waiting[0]
                 blocks, num_local, request.shared_prefix_boundary = kv.get_computed_blocks(request)
@@ -266,6 +274,7 @@ class Scheduler:
                     num_new_computed_tokens=num_local,
                     new_computed_blocks=blocks,
                     num_external_computed_tokens=num_external,
+                    full_sequence_must_fit=reserve_full_isl,
                 )
                 if new_blocks is None:
                     break

@@ -60,6 +60,10 @@ class SingleTypeManager:
         # req -> (table index, source block): a hit or producer tail that ends inside a
         # block and must be copied before this request writes into that block.
         self.partial_hit_reqs: dict[str, tuple[int, KVCacheBlock]] = {}
+        # vLLM's max_admission_blocks_per_request: the most blocks the full-sequence admission
+        # gate reserves per request. None (no cap) unless the group recycles blocks and the
+        # coordinator was given the scheduler's limits (set_admission_limits).
+        self.max_admission_blocks: int | None = None
 
     # -- hashes -------------------------------------------------------------------
     def coarse(self, fine: Sequence[BlockHash]) -> Sequence[BlockHash]:
@@ -81,16 +85,25 @@ class SingleTypeManager:
         """Leading tokens whose blocks this group no longer needs (0: all kept)."""
         return 0
 
+    def admission_cap(self, max_model_len: int, max_in_flight_tokens: int) -> int | None:
+        """vLLM's ``KVCacheSpec.max_admission_blocks_per_request`` for groups that recycle
+        blocks (None: the group holds every block to the end, as full attention does)."""
+        return None
+
     def get_num_blocks_to_allocate(
         self, request_id: str, num_tokens: int, new_computed: Sequence[KVCacheBlock],
         total_computed: int, num_local_computed: int, num_tokens_main: int, prefill_end: int,
+        apply_admission_cap: bool = False,
     ) -> int:
         """Free blocks an ``allocate_slots`` growing the table to ``num_tokens`` would take
         from the pool, counting hit blocks that leave the free queue and a copy-on-write
         block (vLLM's rule; it may be negative where a table is over-allocated).
-        Changes nothing."""
+        Changes nothing. ``apply_admission_cap``: the full-sequence admission gate's count
+        (vLLM's), the requirement clamped by ``max_admission_blocks``."""
         bs = self.block_size
         num_required = cdiv(num_tokens, bs)
+        if apply_admission_cap and self.max_admission_blocks is not None:
+            num_required = min(num_required, self.max_admission_blocks)
         table = self.req_to_blocks.get(request_id, ())
         if request_id in self.num_cached_block:  # running: no new hits
             return max(num_required - len(table), 0)

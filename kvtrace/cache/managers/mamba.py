@@ -207,9 +207,14 @@ class MambaManager(SingleTypeManager):
     def get_num_blocks_to_allocate(
         self, request_id: str, num_tokens: int, new_computed: Sequence[KVCacheBlock],
         total_computed: int, num_local_computed: int, num_tokens_main: int, prefill_end: int,
+        apply_admission_cap: bool = False,
     ) -> int:
         """Also decides this allocation's checkpoint. Answers more blocks than the pool
-        holds when the hit ends on a state published in this step (the same-step rule)."""
+        holds when the hit ends on a state published in this step (the same-step rule).
+
+        ``apply_admission_cap``: the full-sequence admission gate's count, vLLM's align-mode
+        one (no cap of its own; the checkpoint is counted, not recorded, and nothing else
+        changes: no state is made, no switched-off behaviour acts)."""
         if new_computed and new_computed[-1].block_hash in self.cached_blocks_this_step:
             return self.pool.num_blocks + 1
         bs = self.block_size
@@ -228,22 +233,25 @@ class MambaManager(SingleTypeManager):
                                       prefill_end if transient_rule else 0):
             position = 0
         st = self.reqs.get(request_id)
-        if position > 0:
-            if not transient_rule and num_tokens < prefill_end:
-                self.ctx.old_behaviour(TRANSIENT_CHECKPOINT_RETENTION, request_id)
-            st = st or self._state(request_id)
-            st.checkpoint = (position, cdiv(num_tokens, bs) - 2)
-        elif st is not None:
-            st.checkpoint = None
+        if not apply_admission_cap:  # (the gate only counts: the chunk's own call records)
+            if position > 0:
+                if not transient_rule and num_tokens < prefill_end:
+                    self.ctx.old_behaviour(TRANSIENT_CHECKPOINT_RETENTION, request_id)
+                st = st or self._state(request_id)
+                st.checkpoint = (position, cdiv(num_tokens, bs) - 2)
+            elif st is not None:
+                st.checkpoint = None
         if n > 0:
             cap = 1 + int(has_partial) + int(position > 0)
             if st is None or not st.allocated:
                 cap += spec_n
             n = min(n, cap)
-            if total_computed > num_local_computed and cdiv(num_tokens, bs) > cdiv(total_computed, bs):
+            if (not apply_admission_cap and total_computed > num_local_computed
+                    and cdiv(num_tokens, bs) > cdiv(total_computed, bs)):
                 # kvtrace only: an external load takes a block of its own before the chunk's
                 # state block, which vLLM 0.33's count leaves out (its get_new_blocks would
-                # then raise with exactly that many blocks free)
+                # then raise with exactly that many blocks free); the admission gate's count
+                # is vLLM's as it is
                 n += 1
         return n + sum([b.ref_cnt == 0 and not b.is_null for b in new_computed])
 

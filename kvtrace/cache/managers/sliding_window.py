@@ -62,6 +62,13 @@ class SlidingWindowManager(SingleTypeManager):
                 return [self.null_block] * lo + seen[lo:end], end * bs
         return [], 0
 
+    def admission_cap(self, max_model_len: int, max_in_flight_tokens: int) -> int | None:
+        # vLLM's SlidingWindowSpec.max_admission_blocks_per_request: blocks outside the window
+        # are freed on the processed-token basis, so a request holds at most the window plus
+        # the tokens in flight (+1: the window may start mid-block). kvtrace's windows retain
+        # no extra trailing tokens (vLLM's extra_retained_tokens = 0).
+        return cdiv(min(self.sliding_window - 1 + max_in_flight_tokens, max_model_len), self.block_size) + 1
+
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         return max(num_computed_tokens - self.sliding_window + 1, 0)
 
