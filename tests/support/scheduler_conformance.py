@@ -23,9 +23,9 @@ schedulers no longer see the same state).
 vLLM's ``Scheduler`` needs a whole ``VllmConfig``: its ``ModelConfig`` is read from a
 hand-written ``config.json`` naming a stand-in architecture registered here (no weights,
 no download; vLLM inspects only its interface). What kvtrace deliberately lacks is off
-in vLLM: async scheduling, spec decode, structured output, LoRA, connectors, and
-``scheduler_reserve_full_isl`` (kvtrace's manager has no full-sequence admission gate;
-``SchedulerCase.reserve_full_isl`` turns it on to show the difference).
+in vLLM: async scheduling, spec decode, structured output, LoRA, connectors. Both have
+vLLM's full-sequence admission gate (``scheduler_reserve_full_isl``, on by default);
+``SchedulerCase.reserve_full_isl`` sets it in both.
 
 Only vLLM's backend package may import vLLM inside ``kvtrace`` (tests/test_layering.py);
 this driver is test support, so it imports vLLM's scheduler and configs itself.
@@ -77,7 +77,7 @@ class SchedulerCase:
     long_prefill_token_threshold: int = 0
     enable_chunked_prefill: bool = True
     max_model_len: int = 65536
-    reserve_full_isl: bool = False  # vLLM's admission gate (kvtrace has none)
+    reserve_full_isl: bool = True  # the full-sequence admission gate, in both (vLLM's default)
     # with caching off vLLM records no lookup (prefix_cache_queries 0); kvtrace's counters
     # count every prompt: a known difference of kvtrace.metrics, compared unless this is off
     compare_stats: bool = True
@@ -115,6 +115,7 @@ class SchedulerRun:
     mixed_finishes: int = 0  # steps where a request admitted in the step and a running one both finished
     stats: dict[str, int] = field(default_factory=dict)
     stuck: str | None = None  # the waiting head neither could ever schedule (larger than the pool)
+    gate_refusals: int = 0  # admissions kvtrace's full-sequence gate refused
 
     @property
     def agree(self) -> bool:
@@ -126,6 +127,7 @@ class SchedulerRun:
                 f"{c.max_num_seqs} thr {c.long_prefill_token_threshold} chunked {c.enable_chunked_prefill}: "
                 f"{self.steps} steps, {self.requests} requests, {self.finished} finished, {self.preemptions} "
                 f"preemptions, {self.chunks} partial chunks, {self.resumed} resumptions, {self.hit_tokens} hit tokens")
+        head += f", {self.gate_refusals} gate refusals"
         if self.stuck:
             head += f", stuck at {self.stuck}"
         return head + ("" if self.first is None else f"; FIRST DISAGREEMENT {self.first}")
@@ -159,7 +161,7 @@ def _register_architecture() -> None:
     ModelRegistry.register_model(ARCH, KvtraceSchedulerProbeForCausalLM)
 
 
-def vllm_scheduler(api: VllmAPI, cc: CacheConfig, sc: SchedulerConfig, reserve_full_isl: bool = False) -> Any:
+def vllm_scheduler(api: VllmAPI, cc: CacheConfig, sc: SchedulerConfig) -> Any:
     """vLLM 0.33's ``Scheduler`` for kvtrace's configuration (stats on, synchronous)."""
     from vllm.config import CacheConfig as VCacheConfig
     from vllm.config import ModelConfig, VllmConfig
@@ -178,7 +180,7 @@ def vllm_scheduler(api: VllmAPI, cc: CacheConfig, sc: SchedulerConfig, reserve_f
     vsc = VSchedulerConfig(max_num_seqs=sc.max_num_seqs, max_num_batched_tokens=sc.max_num_batched_tokens,
                            max_model_len=sc.max_model_len, enable_chunked_prefill=sc.enable_chunked_prefill,
                            long_prefill_token_threshold=sc.long_prefill_token_threshold, is_encoder_decoder=False,
-                           async_scheduling=False, scheduler_reserve_full_isl=reserve_full_isl)
+                           async_scheduling=False, scheduler_reserve_full_isl=sc.scheduler_reserve_full_isl)
     mamba = any(isinstance(s, MambaSpec) for s in cc.groups)
     vcc = VCacheConfig(block_size=min(s.block_size for s in cc.groups), enable_prefix_caching=cc.enable_caching,
                        mamba_cache_mode="align" if mamba else "none")
@@ -211,7 +213,8 @@ class _Driver:
                      **case.cache_overrides)
         sc = SchedulerConfig(max_num_batched_tokens=case.max_num_batched_tokens, max_num_seqs=case.max_num_seqs,
                              long_prefill_token_threshold=case.long_prefill_token_threshold,
-                             max_model_len=case.max_model_len, enable_chunked_prefill=case.enable_chunked_prefill)
+                             max_model_len=case.max_model_len, enable_chunked_prefill=case.enable_chunked_prefill,
+                             scheduler_reserve_full_isl=case.reserve_full_isl)
         self.cc, self.sc = cc, sc
         self.kv = KVCacheManager(cc)
         self.ours = Scheduler(sc, cc, self.kv)
@@ -222,7 +225,7 @@ class _Driver:
             self.worker: Any = Worker(cc, DeviceStorage(cc, "cpu"), verify=True)
         else:
             self.worker = NoContentWorker(cc)
-        self.theirs = vllm_scheduler(api, cc, sc, case.reserve_full_isl)
+        self.theirs = vllm_scheduler(api, cc, sc)
         self.run = SchedulerRun(case)
         self.admitted: list[EngineRequest] = []  # every kvtrace request given to the scheduler
         self.by_id: dict[str, EngineRequest] = {}
@@ -255,6 +258,7 @@ class _Driver:
                     break
         except _Stop:
             pass
+        self.run.gate_refusals = self.kv.num_full_sequence_refusals
         return self.run
 
     def _add(self, trace: Any) -> None:
