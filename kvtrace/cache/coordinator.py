@@ -12,7 +12,9 @@ manager on one request, as one.
   share (each pool's, when the groups have pools of their own). Then every group takes
   its hit blocks, then every group allocates its external blocks, then each group in
   turn applies its copy-on-write and grows its table, and the full blocks are keyed.
-  Either every group allocates or none does.
+  Either every group allocates or none does. The admission gate sums the groups' needs
+  for the whole sequence instead (``apply_admission_cap``: sliding windows capped at
+  ``max_admission_blocks``), changing nothing.
 * External tier: the longest extension of the local hit that the external tier holds for
   every group.
 """

@@ -11,7 +11,9 @@ Call order per scheduler step (mirrors vLLM's ``Scheduler.schedule``):
    ``num_ext = get_num_external_hit_tokens(req, num_hit)``; choose the chunk
    (block-aligned split for Mamba, stopping at ``boundary``), then
    ``allocate_slots(req, num_new_tokens, num_new_computed_tokens=num_hit,
-   new_computed_blocks=blocks, num_external_computed_tokens=num_ext)``.
+   new_computed_blocks=blocks, num_external_computed_tokens=num_ext,
+   full_sequence_must_fit=True)`` (vLLM's default admission gate: None unless the
+   whole sequence fits; ``set_admission_limits`` gives its caps).
    A new request's full table is ``get_block_ids(req_id)``; a running request's
    worker table gets the returned ids appended (Mamba lists include null padding).
 3. After scheduling: ``take_block_copies()`` and ``take_state_writes()`` go into the
