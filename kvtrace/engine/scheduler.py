@@ -4,10 +4,11 @@ One step: the RUNNING requests first (in order), each getting up to its remainin
 tokens within the token budget; then, if nobody was preempted, WAITING requests in
 arrival order (preempted ones at the front), each after a prefix-cache lookup and an
 external-tier lookup, and admitted only if the free blocks hold its whole sequence
-(``scheduler_reserve_full_isl``, vLLM's default gate). A chunk is cut by ``long_prefill_token_threshold`` (unless one
-request is alone in the system), the budget, and for Mamba-align models by the
-block-aligned split. When ``allocate_slots`` returns None, the last running request is
-preempted (recompute) and the allocation retried. Finished requests are freed in the
+(``scheduler_reserve_full_isl``, vLLM's default gate). A chunk is cut by
+``long_prefill_token_threshold`` (unless one request is alone in the system), the
+budget, and for Mamba-align models by the block-aligned split. When ``allocate_slots``
+returns None, the last running request is preempted (recompute) and the allocation
+retried. Finished requests are freed in the
 schedule's order, as vLLM's ``update_from_output`` frees them.
 
 It calls the cache manager where vLLM does: ``get_computed_blocks`` and
