@@ -8,8 +8,8 @@ external-tier lookup, and admitted only if the free blocks hold its whole sequen
 ``long_prefill_token_threshold`` (unless one request is alone in the system), the
 budget, and for Mamba-align models by the block-aligned split. When ``allocate_slots``
 returns None, the last running request is preempted (recompute) and the allocation
-retried. Finished requests are freed in the
-schedule's order, as vLLM's ``update_from_output`` frees them.
+retried. Finished requests are freed in the schedule's order, as vLLM's
+``update_from_output`` frees them.
 
 It calls the cache manager where vLLM does: ``get_computed_blocks`` and
 ``get_num_external_hit_tokens`` for a new request, ``allocate_slots`` for everyone
