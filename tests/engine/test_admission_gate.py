@@ -53,8 +53,9 @@ class _Gated:
 
 class _GatedDriver(_Driver):
     """The manager conformance driver with vLLM's admission gate on both sides. vLLM's
-    managers get the window cap its scheduler gives them (one step's budget in flight),
-    kvtrace's the limits its scheduler sets (the driver's Scheduler, its split port)."""
+    managers get the window cap its scheduler gives them (one step's budget in flight; the
+    adapter builds vLLM's manager without it), kvtrace's the limits its scheduler sets (the
+    driver's Scheduler, its split port)."""
 
     external_loads = 0
     last_external = 0
@@ -69,11 +70,7 @@ class _GatedDriver(_Driver):
                 m.max_admission_blocks_per_request = m.kv_cache_spec.max_admission_blocks_per_request(
                     max_in_flight_tokens=scheduler_config.max_num_batched_tokens,
                     max_model_len=scheduler_config.max_model_len)
-
-        def vllm_allocate(request, n, **kw):
-            return vm.check_blocks(vm.manager.allocate_slots(vm.twin(request), n, **kw))
-
-        self.vm = _Gated(vm, vllm_allocate)
+        self.vm = _Gated(vm, vm.allocate_slots)
         self.kv = _Gated(kv, kv.allocate_slots)
         self.ours = kv
 
