@@ -77,3 +77,18 @@ def test_the_admission_gate_reaches_vllms_manager(vllm_api):
     request = manager.new_request("r", list(range(6 * bs)), max_tokens=1)  # 6 blocks: more than the pool
     assert manager.allocate_slots(request, 2 * bs, full_sequence_must_fit=True) is None
     assert manager.allocate_slots(request, 2 * bs).get_block_ids() == ([1, 2],)
+
+
+def test_a_sliding_windows_admission_is_capped_alike_on_both_backends(vllm_api, tmp_path):
+    """vLLM's admission gate caps a sliding window's whole-sequence count at its window plus
+    the tokens in flight (one step's budget); the adapter built vLLM's manager without that
+    budget, so vLLM counted the whole sequence and refused a request kvtrace's manager admits
+    ("cannot be scheduled", exit 2)."""
+    cfg = tmp_path / "swa.toml"
+    cfg.write_text('preset = "dense-attention"\n[cache]\ngroups = [{ type = "full_attention", block_size = 16 }, '
+                   '{ type = "sliding_window", block_size = 16, sliding_window = 64 }]\nhash_block_size = 16\n'
+                   "[scheduler]\nmax_num_batched_tokens = 256\n")
+    spec = RunSpec("gen:mixed", limit=60, capacity_blocks=700, config_file=str(cfg), content=False)
+    ours, theirs = run_replay(spec), run_replay(replace(spec, backend="vllm"))
+    for key in ("requests", "prefix_cache_hits", "preemptions", "mean_ttft_ms"):
+        assert theirs.summary[key] == ours.summary[key], key

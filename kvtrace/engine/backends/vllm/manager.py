@@ -98,7 +98,8 @@ class VllmKVCacheManager:
         max_model_len: the scheduler's ``max_model_len``.
         enable_events: vLLM's ``enable_kv_cache_events`` (``take_events``).
         max_num_batched_tokens, long_prefill_token_threshold: what vLLM's block-aligned
-            split reads of the scheduler config.
+            split reads of the scheduler config (the budget is also the tokens in flight: the
+            admission gate's sliding-window cap).
         connector: the caller plays a KV connector for kvtrace's external tier (whose
             hit tokens it passes to ``allocate_slots``); else an external tier is refused.
     """
@@ -118,8 +119,11 @@ class VllmKVCacheManager:
         if not setup.allow_partial_hash_hits:
             module.get_kv_cache_coordinator = functools.partial(factory, allow_partial_hash_hits=False)
         try:
+            # max_in_flight_tokens: one step's budget, as vLLM's synchronous scheduler (one batch in
+            # flight) gives it; it caps a sliding window's admission count (else max_model_len: no cap)
             self.manager = api.KVCacheManager(
                 kv_cache_config=setup.kv_cache_config, max_model_len=max_model_len,
+                max_in_flight_tokens=max_num_batched_tokens,
                 scheduler_block_size=setup.scheduler_block_size, hash_block_size=setup.hash_block_size,
                 enable_caching=cache_config.enable_caching, enable_kv_cache_events=enable_events,
             )
