@@ -24,6 +24,7 @@ without = ["shared-prefix-pinning"]
 max_num_batched_tokens = 8192
 max_num_seqs = 256
 long_prefill_token_threshold = 0
+scheduler_reserve_full_isl = true # vLLM's admission gate: a whole sequence must fit to start
 
 [cost_model]                      # a built-in model by name, or one `kvtrace calibrate` wrote
 name = "h200-dense-8b"
@@ -66,6 +67,7 @@ _SCHEDULER_KEYS = {
     "long_prefill_token_threshold": (int,),
     "max_model_len": (int,),
     "enable_chunked_prefill": (bool,),
+    "scheduler_reserve_full_isl": (bool,),  # vLLM's admission gate (default true: a whole sequence must fit)
 }
 _TOP_KEYS = {"preset", "cache", "scheduler", "cost_model"}
 MAX_CONFIG_BYTES = 1 << 20

@@ -87,6 +87,7 @@ def test_toml_cache_values_name_the_file_and_key(tmp_path, capsys, line, key):
 @pytest.mark.parametrize("text, key", [
     ("[scheduler]\nmax_num_seqs = 0\n", "scheduler.max_num_seqs"),
     ("[scheduler]\nmax_num_batched_tokens = -1\n", "scheduler.max_num_batched_tokens"),
+    ('[scheduler]\nscheduler_reserve_full_isl = "no"\n', "scheduler.scheduler_reserve_full_isl: expected bool"),
     ('preset = "nope"\n', "preset"),
     ('preset = ""\n', "preset: expected a preset name, got ''"),  # (it meant the default preset)
     # what vLLM's SchedulerConfig refuses (1 token a step took 100 s for 20 requests)

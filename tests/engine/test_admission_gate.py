@@ -296,3 +296,19 @@ def test_the_scheduler_passes_the_gate_and_its_limits():
 def test_a_non_bool_setting_is_a_config_error_naming_it(value):
     with pytest.raises(ConfigError, match="scheduler_reserve_full_isl"):
         SchedulerConfig(scheduler_reserve_full_isl=value)
+
+
+def test_a_config_file_switches_the_gate(tmp_path):
+    """`[scheduler] scheduler_reserve_full_isl = false` turns vLLM's admission gate off (the
+    key was refused as unknown); on a pool too small to admit every sequence whole, the gated
+    run preempts less."""
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    off = tmp_path / "off.toml"
+    off.write_text("[scheduler]\nscheduler_reserve_full_isl = false\n")
+    on = tmp_path / "on.toml"
+    on.write_text("[scheduler]\nscheduler_reserve_full_isl = true\n")
+    spec = {"content": False, "capacity_blocks": 40}
+    gated = run_replay(RunSpec("gen:mixed", config_file=str(on), **spec)).summary
+    ungated = run_replay(RunSpec("gen:mixed", config_file=str(off), **spec)).summary
+    assert gated["preemptions"] < ungated["preemptions"]
