@@ -234,7 +234,8 @@ def backend_label(mode: str | None, config: Mapping[str, Any] | None) -> str | N
     if config.get("vllm_version"):
         backend += f" {config['vllm_version']}"
     if config.get("vllm_commit"):
-        backend += f" @ {str(config['vllm_commit'])[:12]}"
+        commit, dirty, _ = str(config["vllm_commit"]).partition("-dirty")  # (a checkout's uncommitted edits)
+        backend += f" @ {commit[:12]}{dirty}"
     return backend
 
 

@@ -28,3 +28,15 @@ def test_every_rate_is_a_percentage_in_the_summary_table():
 def test_a_missing_rate_is_a_dash_not_zero_percent():
     assert format_value("preempted_prefix_cache_hit_rate", None) == "-"
     assert format_value("external_prefix_cache_hit_rate", 0.0) == "0.00%"
+
+
+def test_a_backend_label_names_the_vllm_a_run_drove_and_a_dirty_checkout():
+    """Every view's label of a run's cache manager (metrics.backend_label): a long commit was
+    cut to 12 characters with its -dirty mark, so two states of one checkout read alike."""
+    from kvtrace.metrics import backend_label
+
+    dirty = {"backend": "vllm", "vllm_version": "0.33.1.dev5", "vllm_commit": "a" * 40 + "-dirty"}
+    assert backend_label("engine", dirty) == "vllm 0.33.1.dev5 @ aaaaaaaaaaaa-dirty"
+    assert backend_label("engine", {**dirty, "vllm_commit": "a" * 40}) == "vllm 0.33.1.dev5 @ aaaaaaaaaaaa"
+    assert backend_label("engine", {}) == "kvtrace" and backend_label("live", None) == "vllm"
+    assert backend_label("otlp", {}) is None  # (a collector cannot know its sender's manager)

@@ -376,7 +376,7 @@ def test_runs_names_the_vllm_commit_of_a_vllm_backend_run(tmp_path, capsys):
     code, out, err = run(["runs", "--db", str(db)], capsys)
     assert code == 0, err
     lines = {run_id: next(ln for ln in out.splitlines() if f"│ {run_id} " in ln) for run_id in (*ids, ours)}
-    assert "vllm 4ba787ec9" in lines[ids[0]] and "vllm c0ffee123-dirty" in lines[ids[1]]
+    assert "vllm 0.33.0 @ 4ba787ec9" in lines[ids[0]] and "vllm 0.33.0 @ c0ffee123-dirty" in lines[ids[1]]
     assert "│ kvtrace " in lines[ours]
     code, out, err = run(["runs", "--db", str(db), "--json"], capsys)
     rows = {r["run_id"]: r for r in json.loads(out)["runs"]}
