@@ -10,8 +10,9 @@ sequence of calls, which mirrors vLLM's ``Scheduler.schedule`` in synchronous mo
 * each step: running requests first, in admission order (``allocate_slots``; when vLLM
   has no room, the last admitted request is preempted in both and the allocation
   retried), then, unless someone was preempted, waiting requests in order
-  (``get_computed_blocks``, then ``allocate_slots`` with the hit); the token budget and
-  ``max_num_seqs`` of the preset's scheduler apply;
+  (``get_computed_blocks``, then ``allocate_slots`` with the hit, and vLLM's admission gate,
+  ``full_sequence_must_fit``, unless ``scheduler_reserve_full_isl`` is off); the token
+  budget and ``max_num_seqs`` of the preset's scheduler apply;
 * a chunk is capped by the budget and ``long_prefill_token_threshold`` (only with another
   request in the system, as vLLM's scheduler cuts long prefills; without chunked
   prefill a new request waits for a budget that takes it whole), then, where
@@ -255,12 +256,14 @@ class _Driver:
         """Tokens the connector (kvtrace's external tier) adds to a local hit."""
         return self.kv.get_num_external_hit_tokens(request, local) if self.cc.external is not None else 0
 
-    def _allocate(self, request, n: int, local: int = 0, kv_hit=None, vllm_hit=None, external: int = 0) -> bool:
-        """Both allocations; False when both refused."""
+    def _allocate(self, request, n: int, local: int = 0, kv_hit=None, vllm_hit=None, external: int = 0,
+                  gate: bool = False) -> bool:
+        """Both allocations; False when both refused. ``gate``: vLLM's admission gate
+        (``full_sequence_must_fit``), which its scheduler asks of a waiting request."""
         rid = request.request_id
         try:
             vm_out = self.vm.allocate_slots(request, n, num_new_computed_tokens=local, new_computed_blocks=vllm_hit,
-                                            num_external_computed_tokens=external)
+                                            num_external_computed_tokens=external, full_sequence_must_fit=gate)
         except Exception as exc:  # vLLM 0.33 under-counts an external load's Mamba blocks (README, Conformance)
             from kvtrace.engine.backends.vllm._load import vllm_location
 
@@ -268,12 +271,12 @@ class _Driver:
             if where is None:
                 raise
             kv_out = self.kv.allocate_slots(request, n, num_new_computed_tokens=local, new_computed_blocks=kv_hit,
-                                            num_external_computed_tokens=external)
+                                            num_external_computed_tokens=external, full_sequence_must_fit=gate)
             self.compare("allocation", rid, f"vLLM raised {type(exc).__name__}: {exc} (at {where})",
                          None if kv_out is None else kv_out.get_block_ids(), hard=True)
             raise
         kv_out = self.kv.allocate_slots(request, n, num_new_computed_tokens=local, new_computed_blocks=kv_hit,
-                                        num_external_computed_tokens=external)
+                                        num_external_computed_tokens=external, full_sequence_must_fit=gate)
         theirs = None if vm_out is None else vm_out.get_block_ids()
         ours = None if kv_out is None else kv_out.get_block_ids()
         # one refused, the other not: the call sequences part
@@ -339,7 +342,7 @@ class _Driver:
                 n = self._split(req, min(n, budget), vm_hit, ext)
                 if n <= 0:
                     break
-                if not self._allocate(req, n, vm_hit, kv_blocks, vm_blocks, ext):
+                if not self._allocate(req, n, vm_hit, kv_blocks, vm_blocks, ext, self.sc.scheduler_reserve_full_isl):
                     break
                 waiting.popleft()
                 running.append(req)

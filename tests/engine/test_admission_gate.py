@@ -16,7 +16,6 @@ from __future__ import annotations
 import random
 from collections import Counter
 from dataclasses import replace
-from typing import Any
 
 import numpy as np
 import pytest
@@ -27,58 +26,8 @@ from kvtrace.engine import Scheduler, SchedulerConfig
 from kvtrace.engine.backends.vllm import UnsupportedConfig
 from kvtrace.engine.request import EngineRequest
 from kvtrace.errors import ConfigError
-from kvtrace.replay.conformance import ConformanceSpec, _Driver
 from kvtrace.workload import TraceRequest
-from tests.replay.test_conformance_random import Case, failures, random_case, stopped_at_vllms_mamba_load_bug
-
-
-class _Gated:
-    """One side's manager, its admissions (the calls with a hit, as the driver makes them)
-    gated; everything else passes through."""
-
-    def __init__(self, manager: Any, allocate: Any):
-        self._manager = manager
-        self._allocate = allocate
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._manager, name)
-
-    def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0, new_computed_blocks=None,
-                       num_external_computed_tokens=0):
-        return self._allocate(request, num_new_tokens, num_new_computed_tokens=num_new_computed_tokens,
-                              new_computed_blocks=new_computed_blocks,
-                              num_external_computed_tokens=num_external_computed_tokens,
-                              full_sequence_must_fit=new_computed_blocks is not None)
-
-
-class _GatedDriver(_Driver):
-    """The manager conformance driver with vLLM's admission gate on both sides. vLLM's
-    managers get the window cap its scheduler gives them (one step's budget in flight; the
-    adapter builds vLLM's manager without it), kvtrace's the limits its scheduler sets (the
-    driver's Scheduler, its split port)."""
-
-    external_loads = 0
-    last_external = 0
-
-    def __init__(self, cache_config, scheduler_config, spec, api):
-        from vllm.v1.kv_cache_interface import SlidingWindowSpec as VSlidingWindowSpec
-
-        super().__init__(cache_config, scheduler_config, spec, api)
-        vm, kv = self.vm, self.kv
-        for m in vm.coordinator.single_type_managers:  # (vLLM's get_manager_for_kv_cache_spec)
-            if isinstance(m.kv_cache_spec, VSlidingWindowSpec):
-                m.max_admission_blocks_per_request = m.kv_cache_spec.max_admission_blocks_per_request(
-                    max_in_flight_tokens=scheduler_config.max_num_batched_tokens,
-                    max_model_len=scheduler_config.max_model_len)
-        self.vm = _Gated(vm, vm.allocate_slots)
-        self.kv = _Gated(kv, kv.allocate_slots)
-        self.ours = kv
-
-    def _allocate(self, request, n, local=0, kv_hit=None, vllm_hit=None, external=0):
-        self.external_loads += external > 0
-        self.last_external = external
-        return super()._allocate(request, n, local, kv_hit, vllm_hit, external)
-
+from tests.replay.test_conformance_random import Case, failures, random_case, run_case, stopped_at_vllms_mamba_load_bug
 
 SEEDS = range(300)
 
@@ -106,11 +55,8 @@ def test_the_gate_agrees_with_vllms_on_random_configurations(vllm_api):
     for seed in SEEDS:
         case = small_budget(random_case(seed))
         driver = None
-        try:
-            driver = _GatedDriver(case.cache, case.scheduler,
-                                  ConformanceSpec("random", concurrency=case.concurrency, max_output_tokens=1 << 20),
-                                  vllm_api)
-            driver.drive(case.requests)
+        try:  # (the driver asks for the gate, vLLM's scheduler's default: scheduler_reserve_full_isl)
+            driver = run_case(case, vllm_api)
         except UnsupportedConfig:
             seen["refused"] += 1
             continue
@@ -122,7 +68,7 @@ def test_the_gate_agrees_with_vllms_on_random_configurations(vllm_api):
             wrong.append(case.describe() + "\n  " + "\n  ".join(problems))
             continue
         seen["agreed"] += 1
-        if driver.ours.num_full_sequence_refusals:
+        if driver.kv.num_full_sequence_refusals:
             groups = case.cache.groups
             seen["gated"] += 1
             seen["gated swa"] += any(isinstance(g, SlidingWindowSpec) for g in groups)

@@ -160,10 +160,10 @@ class _RecordingDriver(_Driver):
     external_loads = 0
     last_external = 0
 
-    def _allocate(self, request, n, local=0, kv_hit=None, vllm_hit=None, external=0):
+    def _allocate(self, request, n, local=0, kv_hit=None, vllm_hit=None, external=0, gate=False):
         self.external_loads += external > 0
         self.last_external = external
-        return super()._allocate(request, n, local, kv_hit, vllm_hit, external)
+        return super()._allocate(request, n, local, kv_hit, vllm_hit, external, gate)
 
 
 def run_case(case: Case, api) -> _RecordingDriver:
