@@ -79,8 +79,12 @@ WITH ev AS (
            request_id AS evict_request_id
     FROM cache_spans WHERE run_id = $run_id AND name = '{SPAN_EVICT}'
 ),
+-- the block's next eviction by a later span: one span may evict a block's two keys (a full
+-- and a partial one), and both rows then share the publish that follows (lead() gave one of
+-- them its own span, which backend's row depending on the sort)
 ev_next AS (
-    SELECT *, lead(evict_seq) OVER (PARTITION BY group_id, block_id ORDER BY evict_seq) AS next_evict_seq
+    SELECT *, min(evict_seq) OVER (PARTITION BY group_id, block_id ORDER BY evict_seq
+                                   RANGE BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING) AS next_evict_seq
     FROM ev
 ),
 pub AS (

@@ -24,7 +24,8 @@ from kvtrace.store.connection import DEFAULT_TIMEOUT_S, fetch_one, read_connecti
 from kvtrace.store.errors import StoreError, UnknownRunError
 
 EXPORTED_TABLES = ("spans", "runs", "evicted_blocks")
-_ORDER = {"spans": "ORDER BY seq", "evicted_blocks": "ORDER BY evict_seq, group_id, block_id"}  # (one span evicts many)
+# (one span evicts many blocks, and may evict one block's two keys: a total order on every backend)
+_ORDER = {"spans": "ORDER BY seq", "evicted_blocks": "ORDER BY evict_seq, group_id, block_id, block_hash"}
 
 # writes one table (its name) to the file given
 _Writer = Callable[[str, Path], None]
