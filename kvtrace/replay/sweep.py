@@ -336,15 +336,18 @@ def _record(store, spec: RunSpec, res: RunResult, tables: list, sweep_id: str, c
 
 
 def _sweep_id(base: RunSpec, combos: list[dict[str, Any]], trace_digest: str | None) -> str:
-    """A content id: the same sweep (every setting but the run name, the trace's content,
-    the config file's) gets the same id, and a sweep that differs in any of them another."""
+    """A content id: the same sweep (every setting but the run name and the percentiles
+    reported; the trace's content, the config file's) gets the same id, and a sweep that
+    differs in any of them another."""
     import hashlib
     import json
 
     from kvtrace.workload.lines import file_sha256
 
-    # (--limit is in the trace digest where it cuts the trace: a limit past its end is no setting)
-    settings = {f: getattr(base, f) for f in base.__dataclass_fields__ if f not in ("name", "trace", "limit")}
+    # (--limit is in the trace digest where it cuts the trace: a limit past its end is no setting;
+    # --percentiles says how the runs' latencies are summarised, as pairing reads it: no setting)
+    settings = {f: getattr(base, f) for f in base.__dataclass_fields__
+                if f not in ("name", "trace", "limit", "percentiles")}
     # each setting as it is read (--without's order and repeats, retention's spellings: one run)
     settings["without"] = sorted(set(base.without))
     settings["retention"] = _canonical("retention", base.retention)

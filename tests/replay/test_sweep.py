@@ -165,6 +165,11 @@ def test_one_sweep_in_any_order_of_its_values_and_params_has_one_id():
         digests.append({(r.combo["capacity_blocks"], r.combo["policy"]): r.summary["digest"] for r in res.runs})
     assert len(ids) == 1 and digests[0] == digests[1] == digests[2]
     assert run_sweep(small, [("capacity_blocks", [300])], workers=1).sweep_id not in ids  # (a subset: another)
+    # how latencies are summarised is no setting of the runs (each --percentiles had its own id)
+    for percentiles in ((50.0, 90.0, 99.0), (25.0, 75.0)):
+        again = run_sweep(replace(small, percentiles=percentiles), [("capacity_blocks", [300, 900]),
+                                                                    ("policy", ["lru", "belady"])], workers=1)
+        assert again.sweep_id in ids
 
 
 def test_one_sweep_however_its_switches_and_retention_are_spelt_has_one_id():
