@@ -98,8 +98,10 @@ _RECORDING = frozenset({"replay", "sweep", "curve", "study", "collect", "capture
 
 
 def _recording(argv: list[str]) -> bool:
+    """A recording command given a store (``--db``; collect and capture require one): a
+    replay without one records nothing to keep."""
     command = next((a for a in argv if not a.startswith("-")), None)
-    return command in _RECORDING
+    return command in _RECORDING and any(a == "--db" or a.startswith("--db=") for a in argv)
 
 
 def _out_of_memory(e: BaseException) -> bool:

@@ -78,3 +78,12 @@ def test_signals_held_hold_a_signal_the_kernel_gives_another_thread():
         finished.append(True)
     assert finished == [True]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_only_a_command_given_a_store_says_what_it_recorded_is_kept():
+    """`replay` or `curve` without --db, stopped, said "what was recorded is kept" of nothing."""
+    from kvtrace.cli.commands import _recording
+
+    assert not _recording(["replay", "gen:chat"]) and not _recording(["curve", "t.jsonl", "--mode", "engine"])
+    assert _recording(["replay", "gen:chat", "--db", "s.duckdb"]) and _recording(["sweep", "t", "--db=chdb:d"])
+    assert not _recording(["dashboard", "--db", "s.duckdb"])  # (it records nothing: nothing to keep)
