@@ -22,3 +22,15 @@ def test_an_otel_table_of_any_accepted_name_is_attached(tmp_path, name):
             "SpanName": ["vllm.request"], "ServiceName": ["vllm"], "TraceId": ["ab" * 16], "SpanId": ["cd" * 8]}))
     Store.open(db).close()  # registers the collected run
     assert read.runs(db)["run_id"].to_list() == ["otlp:vllm"]
+
+
+def test_a_store_opened_without_its_otel_table_option_names_the_option_not_damage(tmp_path):
+    """A whole store written with ?otel_table=NAME, opened without it, was a "damaged kvtrace
+    store: table otel_traces is missing" (which may have a good store deleted)."""
+    from kvtrace.store.errors import StoreError
+
+    path = tmp_path / "store"
+    Store.open(f"chdb:{path}?otel_table=spans_x").close()
+    with pytest.raises(StoreError, match="this store's OTel table is spans_x; open it with ") as err:
+        read.runs(f"chdb:{path}")
+    assert "damaged" not in str(err.value)

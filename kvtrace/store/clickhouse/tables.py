@@ -28,6 +28,7 @@ def check_meta(con: client.ClickHouseConnection, label: str) -> int | None:
     return version
 
 
+_OTEL_COLUMNS = frozenset({"TraceId", "SpanId", "SpanName", "SpanAttributes"})  # the exporter's table, by its columns
 _CHECKED: set[tuple] = set()  # (catalog state, version) of chdb stores found whole in this process
 
 
@@ -45,6 +46,10 @@ def _check_columns(con: client.ClickHouseConnection, label: str, version: int) -
     for name, relation in expected(version).items():
         if name == "otel_traces":  # here the OTel Collector exporter's table (?otel_table=), its columns its own
             if con.target.otel_table not in have:
+                others = sorted(t for t, cols in have.items() if cols >= _OTEL_COLUMNS)
+                if others:  # (a whole store written with another ?otel_table=: not "damaged")
+                    raise StoreError(label, f"no table {con.target.otel_table}: this store's OTel table is "
+                                            f"{others[0]}; open it with ?otel_table={others[0]}")
                 wrong.append(f"table {con.target.otel_table} is missing")
             continue
         if name not in have:
