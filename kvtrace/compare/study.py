@@ -261,9 +261,7 @@ def parse_sweep(sweep: Any) -> tuple[str, list[Any]] | None:
         sweep = f"{name}={','.join(map(str, values))}"
     if not isinstance(sweep, str):
         raise KVTraceError(f"sweep: expected a mapping or NAME=V1,V2 text, got {type(sweep).__name__}")
-    name, values = parse_param(sweep, flag="--sweep")
-    if name not in SWEEP_PARAMETERS:
-        raise ConfigError("--sweep", sweep, f"a study sweeps one of {', '.join(SWEEP_PARAMETERS)}")
+    name, values = parse_param(sweep, flag="--sweep", names=SWEEP_PARAMETERS)
     combinations([(name, values)], flag="--sweep")  # (a value given twice, in any spelling, ran the pair twice)
     return name, values
 

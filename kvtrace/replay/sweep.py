@@ -47,16 +47,17 @@ MAX_COMBINATIONS = 10_000
 IN_FLIGHT_PER_WORKER = 2  # local replays queued or held unstored, per worker process
 
 
-def parse_param(text: str, flag: str = "--param") -> tuple[str, list[Any]]:
-    """``NAME=V1,V2,...`` -> (name, values typed for the RunSpec field)."""
+def parse_param(text: str, flag: str = "--param", names: Sequence[str] = PARAMETERS) -> tuple[str, list[Any]]:
+    """``NAME=V1,V2,...`` -> (name, values typed for the RunSpec field); ``names``: the
+    parameters ``flag`` takes (a study sweeps fewer)."""
     name, sep, raw = text.partition("=")
     name = name.strip()
     values = [v.strip() for v in raw.split(",")]
     if not sep or not all(values):  # (an empty item, as in 10,,20, is a typo: refused as --capacities does)
         raise ConfigError(flag, text, f"expected NAME=V1,V2,... (no empty value) with NAME one of "
-                                      f"{', '.join(PARAMETERS)}")
-    if name not in PARAMETERS:
-        raise ConfigError(flag, text, f"unknown parameter {name!r}; expected one of {', '.join(PARAMETERS)}")
+                                      f"{', '.join(names)}")
+    if name not in names:
+        raise ConfigError(flag, text, f"unknown parameter {name!r}; expected one of {', '.join(names)}")
     if name in _INT_PARAMS:
         # (ASCII digits: int() also took 1_0 and other scripts' digits); capacity_blocks may be
         # inf, as for replay: cache-only's unbounded cache

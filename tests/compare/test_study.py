@@ -39,7 +39,11 @@ def test_parse_sweep(sweep, expected):
 
 @pytest.mark.parametrize("sweep, match", [
     ("capacity_blocks", "NAME=V1,V2"),
-    ("block_size=16", "a study sweeps one of"),
+    ("block_size=16", "unknown parameter 'block_size'; expected one of capacity_blocks, capacity_tokens, "
+                      "external_capacity_blocks, retention$"),
+    # (it named all nine of sweep's parameters, five of which a study does not sweep)
+    ("capacity_blocks=200,,300", r"no empty value\) with NAME one of capacity_blocks, capacity_tokens, "
+                                 "external_capacity_blocks, retention$"),
     ({"capacity_blocks": ["x"]}, "must be integers"),
     ({"capacity_blocks": [1], "retention": ["0"]}, "exactly one parameter"),
     ("capacity_blocks=96,96", "96 is given twice"),  # (the pair ran twice, all deltas 0)
