@@ -25,6 +25,12 @@ import pytest
 
 from kvtrace import compiled
 
+# vLLM resolves its platform once per process, at the first import that asks for it (a test
+# module importing vLLM's KV-event publisher at collection did, before any test loaded vLLM
+# through kvtrace): without this, no device, and vLLM's own Scheduler cannot be configured.
+# kvtrace's load_vllm sets the same before its imports.
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
 # Public traces shipped in the repository (provenance and licences: tests/data/README.md).
 TRACES = Path(__file__).resolve().parent / "data"
 MOONCAKE = TRACES / "mooncake_synthetic_trace.jsonl"

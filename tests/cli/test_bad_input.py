@@ -841,7 +841,7 @@ def test_a_second_interrupt_during_the_flush_is_one_line_not_a_traceback(tmp_pat
     monkeypatch.setattr(Store, "flush", flush_interrupted)
     code, _, err = run(["replay", "gen:chat", "--limit", "2", "--mode", "cache-only", "--db",
                         str(tmp_path / "s.duckdb")], capsys)
-    assert code == 130 and err.strip() == "kvtrace: error: interrupted", err
+    assert code == 130 and err.strip() == "kvtrace: error: interrupted; what was recorded is kept", err
 
 
 def test_dashboard_refuses_a_run_the_store_lacks_before_serving(tmp_path, capsys, monkeypatch):
