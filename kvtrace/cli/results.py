@@ -15,7 +15,7 @@ from kvtrace.cli.choices import BACKENDS, Backend, Behaviour, value
 from kvtrace.cli.options import Db, DbToRead, Json, Markdown, Percentiles, replay_options
 from kvtrace.cli.options import percentiles as parse_percentiles
 from kvtrace.cli.output import echo_json, error, one_format, print_rows, recorded, status
-from kvtrace.errors import KVTraceError
+from kvtrace.errors import ConfigError, KVTraceError
 from kvtrace.metrics import backend_label, run_backend
 from kvtrace.names import printable
 
@@ -124,9 +124,9 @@ def diff(
 def study(
     spec,
     behaviour: Annotated[Behaviour, typer.Argument(help="The behaviour switched on and off.")],
-    sweep: Annotated[str | None, typer.Option(
-        metavar="NAME=V1,V2,...", help="Repeat the pair for each value of one setting: capacity_blocks, "
-                                       "capacity_tokens, external_capacity_blocks or retention.")] = None,
+    sweeps: Annotated[list[str] | None, typer.Option(
+        "--sweep", metavar="NAME=V1,V2,...", help="Repeat the pair for each value of one setting: capacity_blocks, "
+                                                  "capacity_tokens, external_capacity_blocks or retention.")] = None,
     db: Db = None,
     as_json: Json = False,
     markdown: Markdown = False,
@@ -135,6 +135,10 @@ def study(
     (default trace: the behaviour's generated workload and its settings)."""
     one_format(as_json, markdown)
     from kvtrace.compare.study import check_sweep_given_once, parse_sweep, run_study, study_base
+
+    if sweeps and len(sweeps) > 1:  # (typer kept the last: a study sweeps one setting)
+        raise ConfigError("--sweep", " ".join(sweeps), "given more than once; a study sweeps one setting")
+    sweep = sweeps[0] if sweeps else None
 
     check_sweep_given_once(spec, sweep)  # (before the behaviour's workload and the replay engine load: told at once)
     name = value(behaviour)
@@ -185,7 +189,6 @@ def export(
     parquet: Annotated[str, typer.Option(metavar="DIR", help="Output directory (created if missing).")],
 ) -> None:
     """Export one run's spans and summary to Parquet."""
-    from kvtrace.errors import ConfigError
     from kvtrace.store import export_parquet
 
     if not parquet.strip():  # a str, not a Path: Path('') is '.', the current directory

@@ -297,6 +297,15 @@ def test_a_backend_that_refuses_the_workloads_capacity_studies_a_sweep_of_its_ow
     assert [p["value"] for p in json.loads(out)["sweep"]["points"]] == [200, 400]
 
 
+def test_a_sweep_given_twice_is_refused(capsys):
+    """A second --sweep replaced the first without a word (typer keeps the last option)."""
+    from tests.cli.support import assert_one_line, run
+
+    code, _, err = run(["study", "shared-prefix-pinning", "--limit", "3", "--sweep", "capacity_blocks=40",
+                        "--sweep", "capacity_tokens=20480"], capsys)
+    assert_one_line(code, err, "--sweep", "given more than once")
+
+
 def test_a_capacity_tokens_sweep_replaces_the_studys_capacity_blocks():
     res = S.run_study("external-hit-running-cow", sweep="capacity_tokens=4000,8000", limit=4)
     assert [p.value for p in res.points] == [4000, 8000]
