@@ -34,3 +34,7 @@ def test_a_store_opened_without_its_otel_table_option_names_the_option_not_damag
     with pytest.raises(StoreError, match="this store's OTel table is spans_x; open it with ") as err:
         read.runs(f"chdb:{path}")
     assert "damaged" not in str(err.value)
+    with client.connect(clickhouse_target(f"chdb:{path}?otel_table=spans_x")) as con:
+        con.ch_frame("CREATE TABLE aaa_copy AS spans_x")  # (two candidates: not the first one's name alone)
+    with pytest.raises(StoreError, match="this store's OTel table is one of aaa_copy, spans_x; open it with "):
+        read.runs(f"chdb:{path}")

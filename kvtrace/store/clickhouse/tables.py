@@ -48,8 +48,9 @@ def _check_columns(con: client.ClickHouseConnection, label: str, version: int) -
             if con.target.otel_table not in have:
                 others = sorted(t for t, cols in have.items() if cols >= _OTEL_COLUMNS)
                 if others:  # (a whole store written with another ?otel_table=: not "damaged")
+                    named = others[0] if len(others) == 1 else f"one of {', '.join(others)}"
                     raise StoreError(label, f"no table {con.target.otel_table}: this store's OTel table is "
-                                            f"{others[0]}; open it with ?otel_table={others[0]}")
+                                            f"{named}; open it with ?otel_table=NAME")
                 wrong.append(f"table {con.target.otel_table} is missing")
             continue
         if name not in have:
