@@ -100,3 +100,9 @@ def test_a_run_without_a_summary_summarises_its_latencies_at_its_own_percentiles
     assert "p99_ttft_ms" not in spans
     assert "p99_ttft_ms" in read.summary_from_spans(db, default.run_id)
     assert pairing.differences(read.run(db, custom.run_id), read.run(db, default.run_id)) == []
+    import duckdb  # a damaged record (a bool, which float() took as p1): the default percentiles
+
+    with duckdb.connect(db) as con:
+        con.execute("UPDATE runs SET config = '{\"percentiles\": [true]}' WHERE run_id = ?", [custom.run_id])
+    spans = read.summary_from_spans(db, custom.run_id)
+    assert "p99_ttft_ms" in spans and "p1_ttft_ms" not in spans

@@ -72,7 +72,9 @@ def _recorded_percentiles(db: DB, run_id: str) -> tuple[float, ...]:
     config = run(db, run_id).get("config")
     given = config.get(metrics.PERCENTILES_CONFIG_KEY) if isinstance(config, Mapping) else None
     try:
-        return metrics.parse_percentiles(given if isinstance(given, list) else None)
+        # (a bool is no percentile: float(True) would read it as p1)
+        ok = isinstance(given, list) and not any(isinstance(p, bool) for p in given)
+        return metrics.parse_percentiles(given if ok else None)
     except ValueError:  # (a store's own record, damaged or foreign: the default)
         return metrics.DEFAULT_PERCENTILES
 
