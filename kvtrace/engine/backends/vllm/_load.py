@@ -20,7 +20,7 @@ import traceback
 import warnings
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import unquote, urlparse
 
 from kvtrace.errors import KVTraceError
@@ -177,6 +177,24 @@ def vllm_failure(api: VllmAPI, exc: Exception, what: str) -> KVTraceError | None
         return None
     return KVTraceError(cut_middle(f"vLLM {api.version}: {what} raised {type(exc).__name__}: {exc} (at {where})",
                                    1000))
+
+
+def reraise_from_vllm(api: VllmAPI | None, exc: Exception, what: str) -> NoReturn:
+    """Raise ``exc`` as ``vllm_failure``'s one line when it rose inside vLLM's code, else as
+    it is (kvtrace's own errors, and any error without a vLLM frame)."""
+    err = None if api is None or isinstance(exc, KVTraceError) else vllm_failure(api, exc, what)
+    if err is None:
+        raise exc
+    raise err from None
+
+
+def unknown_event(api: VllmAPI | None, ev: Any) -> KVTraceError:
+    """One line for an event ``take_events`` returned that kvtrace does not know (a patched
+    vLLM's own): dropped, it would lose what it says."""
+    who = f"vLLM {api.version}" if api is not None else "vLLM"
+    return KVTraceError(cut_middle(f"{who}: KVCacheManager.take_events returned an event of type {type(ev).__name__}, "
+                                   "which kvtrace does not know (expected BlockStored, BlockRemoved, "
+                                   f"AllBlocksCleared): {ev!r}", 1000))
 
 
 def wrong_return(api: VllmAPI, what: str, function: Any, value: Any, expected: str) -> KVTraceError:

@@ -25,7 +25,7 @@ from math import lcm
 from typing import Any
 
 from kvtrace.cache.config import CacheConfig, FullAttentionSpec, MambaSpec, SlidingWindowSpec
-from kvtrace.engine.backends.vllm._load import VllmAPI, vllm_failure
+from kvtrace.engine.backends.vllm._load import VllmAPI, reraise_from_vllm
 from kvtrace.errors import KVTraceError
 
 
@@ -93,13 +93,8 @@ def vllm_cache_setup(api: VllmAPI, config: CacheConfig, connector: bool = False)
     check_expressible(config, connector)
     try:
         return _setup(api, config)
-    except KVTraceError:
-        raise
     except Exception as exc:
-        err = vllm_failure(api, exc, "building the KV cache specs")
-        if err is None:
-            raise
-        raise err from None
+        reraise_from_vllm(api, exc, "building the KV cache specs")
 
 
 def _setup(api: VllmAPI, config: CacheConfig) -> VllmCacheSetup:

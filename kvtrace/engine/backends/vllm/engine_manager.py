@@ -83,7 +83,7 @@ from kvtrace.cache.events import (
 )
 from kvtrace.cache.plans import STATE_CHECKPOINT, STATE_EXTERNAL, STATE_RUNNING, BlockCopy, StateWrite
 from kvtrace.cache.request import Request
-from kvtrace.engine.backends.vllm._load import VllmAPI, vllm_location
+from kvtrace.engine.backends.vllm._load import VllmAPI, unknown_event, vllm_location
 from kvtrace.engine.backends.vllm.manager import VllmKVCacheManager, vllm_call
 from kvtrace.errors import KVTraceError
 from kvtrace.names import cut_middle
@@ -258,9 +258,7 @@ class VllmEngineManager(VllmKVCacheManager):
                 self._published.clear()
                 self._num_tokens.clear()
             elif name != "BlockStored":  # a patched vLLM's own event: dropping it would lose what it says
-                raise KVTraceError(cut_middle(
-                    f"vLLM {self.api.version}: KVCacheManager.take_events returned an event of type {name}, which "
-                    f"kvtrace does not know (expected BlockStored, BlockRemoved, AllBlocksCleared): {ev!r}", 1000))
+                raise unknown_event(self.api, ev)
         if run_key is not None:
             out.append(self._evicted(run_key, run, request))
 

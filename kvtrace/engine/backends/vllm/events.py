@@ -18,8 +18,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from kvtrace.cache.events import EVICT_CONNECTOR, EVICT_MOVED, EVICT_RESET, PUBLISH_MOVED, BlockEvicted, BlockPublished
-from kvtrace.errors import KVTraceError
-from kvtrace.names import cut_middle
+from kvtrace.engine.backends.vllm._load import unknown_event
 
 EventKey = tuple[str, int, Any]
 STORED, REMOVED, CLEARED = "stored", "removed", "cleared"
@@ -37,9 +36,7 @@ def vllm_event_keys(events: Iterable[Any]) -> list[EventKey]:
         elif name == "AllBlocksCleared":
             out.append((CLEARED, -1, 0))
         else:  # a patched vLLM's own event: nothing to compare it with
-            raise KVTraceError(cut_middle(f"vLLM's KVCacheManager.take_events returned an event of type {name}, which "
-                                          "kvtrace does not know (expected BlockStored, BlockRemoved, "
-                                          f"AllBlocksCleared): {ev!r}", 1000))
+            raise unknown_event(None, ev)
     return out
 
 

@@ -31,9 +31,8 @@ import numpy as np
 from kvtrace.cache.config import CacheConfig, MambaSpec
 from kvtrace.cache.plans import BlockCopy, StateWrite
 from kvtrace.cache.request import Request
-from kvtrace.engine.backends.vllm._load import VllmAPI, load_vllm, vllm_failure, wrong_return
+from kvtrace.engine.backends.vllm._load import VllmAPI, load_vllm, reraise_from_vllm, wrong_return
 from kvtrace.engine.backends.vllm.config import VllmCacheSetup, vllm_cache_setup
-from kvtrace.errors import KVTraceError
 
 COPY_VLLM = "vllm"  # the reason of a copy reported by vLLM (which gives none)
 
@@ -50,14 +49,8 @@ def vllm_call(what: str) -> Callable[[_F], _F]:
         def call(self: Any, *args: Any, **kwargs: Any) -> Any:
             try:
                 return method(self, *args, **kwargs)
-            except KVTraceError:
-                raise
             except Exception as exc:
-                api = getattr(self, "api", None)
-                err = vllm_failure(api, exc, what + _for_request(args)) if api is not None else None
-                if err is None:
-                    raise
-                raise err from None
+                reraise_from_vllm(getattr(self, "api", None), exc, what + _for_request(args))
 
         return cast("_F", call)
 
