@@ -114,7 +114,7 @@ def curve(
     """Hit rate against capacity: LRU (one exact pass in cache-only mode) and the Belady bound."""
     from kvtrace.replay.curve import run_curve
 
-    policies = None if policy is None else tuple(p.strip() for p in policy.split(",")) if policy.strip() else ()
+    policies = None if policy is None else tuple(p.strip() for p in policy.split(","))  # (run_curve refuses '')
     if db is not None:
         pyarrow_without_pandas()
     with _worker_deaths_told():
