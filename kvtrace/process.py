@@ -6,6 +6,8 @@
   stops a command the way Ctrl-C does, so it flushes, prints its summary and marks its run;
   ``stop_signalled`` says one of them came (whatever a library raised instead), and
   ``stop_handlers_kept`` puts them back after a library that replaces them;
+  ``stop_pending``/``raise_stop``: a loop's check, once a step, for a stop whose
+  KeyboardInterrupt a finalizer swallowed;
   ``sigterm_blocked``/``sigterm_default``: around a fork, and in the forked worker, so a
   worker dies of SIGTERM rather than take the parent's interrupt for a failure of its own;
   ``worker_start``: that, and the worker dies with its parent, even a parent killed -9;
@@ -25,6 +27,7 @@ import socket
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 
 
 def probe_address(host: str, port: int, what: str) -> None:
@@ -70,6 +73,12 @@ class Terminated(KeyboardInterrupt):
 
 _terminated = threading.Event()
 _stopped = threading.Event()  # SIGINT or SIGTERM arrived in a sigterm_as_interrupt block
+# The same, cleared when the outermost block ends (a later replay in this process, a test's,
+# does not stop for an earlier command's Ctrl-C)
+_pending = threading.Event()
+# A KeyboardInterrupt of the handlers' was raised inside a finalizer (a ``__del__``, a
+# weakref callback, a generator closed by the GC), which Python reports and drops
+_swallowed = threading.Event()
 
 
 def terminated() -> bool:
@@ -85,15 +94,56 @@ def stop_signalled() -> bool:
     return _stopped.is_set()
 
 
+# Whether a stop came in this command's block: a loop checks it once a step (a bound
+# method: no lookup on the hot path) and then calls ``raise_stop``.
+stop_pending: Callable[[], bool] = _pending.is_set
+
+
+def raise_stop() -> None:
+    """Raise what the handler raised: ``Terminated`` for SIGTERM, else KeyboardInterrupt.
+
+    Where the handler ran inside a finalizer, Python dropped its exception ("Exception
+    ignored in ...") and the command went on, finishing with exit 0; a loop that finds
+    ``stop_pending`` calls this, and stops as if the interrupt had reached it."""
+    raise Terminated("SIGTERM") if _terminated.is_set() else KeyboardInterrupt
+
+
+def stop_swallowed() -> bool:
+    """Whether a finalizer dropped the KeyboardInterrupt of the latest stop in this command's
+    block (the command may have finished without any loop seeing it)."""
+    return _swallowed.is_set()
+
+
 def _interrupt(signum, frame) -> None:
     _terminated.set()
-    _stopped.set()
+    _stop()
     raise Terminated("SIGTERM")
 
 
 def _keyboard_interrupt(signum, frame) -> None:
-    _stopped.set()
+    _stop()
     raise KeyboardInterrupt
+
+
+def _stop() -> None:
+    _stopped.set()
+    _pending.set()
+    # ``stop_swallowed`` is of the latest stop: a server whose first Ctrl-C a finalizer
+    # dropped stops normally at the second
+    _swallowed.clear()
+
+
+def _unraisable(previous: Callable[[Any], Any]) -> Callable[[Any], None]:
+    """``sys.unraisablehook`` for the block: a stop's KeyboardInterrupt dropped in a finalizer
+    is remembered, not printed (its traceback was the only trace; the next step stops for it)."""
+
+    def hook(unraisable) -> None:
+        if isinstance(unraisable.exc_value, KeyboardInterrupt) and _pending.is_set():
+            _swallowed.set()
+            return
+        previous(unraisable)
+
+    return hook
 
 
 @contextlib.contextmanager
@@ -105,9 +155,14 @@ def sigterm_as_interrupt() -> Iterator[None]:
         yield
         return
     previous = signal.signal(signal.SIGTERM, _interrupt)
-    if previous is not _interrupt:  # the outermost block: a new command, no SIGTERM seen yet
+    outermost = previous is not _interrupt  # a new command, no SIGTERM seen yet
+    previous_hook = sys.unraisablehook
+    if outermost:
         _terminated.clear()
         _stopped.clear()
+        _pending.clear()
+        _swallowed.clear()
+        sys.unraisablehook = _unraisable(previous_hook)
     # Ctrl-C as Python's own handler does it, remembered (another handler is left alone)
     previous_int = signal.getsignal(signal.SIGINT)
     if previous_int is signal.default_int_handler:
@@ -118,6 +173,9 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
         if previous_int is signal.default_int_handler:
             signal.signal(signal.SIGINT, previous_int)
+        if outermost:
+            _pending.clear()
+            sys.unraisablehook = previous_hook
 
 
 @contextlib.contextmanager

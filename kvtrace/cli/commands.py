@@ -14,7 +14,7 @@ from kvtrace.cli import calibrate, conformance, live, replay, results, traces  #
 from kvtrace.cli.application import app
 from kvtrace.cli.output import StdoutError, error, fitted_streams, stdout_discarded, stdout_failure, unreadable_argument
 from kvtrace.errors import KVTraceError, OutputClosed
-from kvtrace.process import sigterm_as_interrupt, stop_signalled, terminated
+from kvtrace.process import raise_stop, sigterm_as_interrupt, stop_signalled, stop_swallowed, terminated
 
 __all__ = ["app", "run"]
 
@@ -32,6 +32,8 @@ def _run() -> None:
     try:
         with sigterm_as_interrupt():  # `kill`, `timeout`: what was recorded is flushed, the run marked
             rc = _command()(prog_name="kvtrace", standalone_mode=False)  # errors come back here, printed as one line
+            if stop_swallowed():  # a finalizer dropped the stop's KeyboardInterrupt and no loop met it after
+                raise_stop()
     except OutputClosed:  # `| head`, `-o /dev/stdout | head`: the reader had what it wanted
         stdout_discarded()
         sys.exit(141)

@@ -43,7 +43,7 @@ from kvtrace.metrics import (
     request_latency_samples,
 )
 from kvtrace.numeric import cdiv
-from kvtrace.process import collector_paused
+from kvtrace.process import collector_paused, raise_stop, stop_pending
 from kvtrace.workload import TraceRequest
 
 
@@ -136,6 +136,7 @@ class Engine:
         pending = next(it, None)
         last_arrival = -1
         step = 0
+        stopped = stop_pending  # (a local: the loop's one check a step)
 
         def admit() -> None:
             nonlocal pending, last_arrival
@@ -155,6 +156,8 @@ class Engine:
                 pending = next(it, None)
 
         while True:
+            if stopped():  # Ctrl-C or SIGTERM whose KeyboardInterrupt a finalizer swallowed: stop here
+                raise_stop()
             admit()
             if not scheduler.has_unfinished_requests():
                 if pending is None:

@@ -21,6 +21,7 @@ from kvtrace.errors import ConfigError, KVTraceError, check_option, check_seed
 from kvtrace.metrics import DEFAULT_PERCENTILES, PERCENTILES_CONFIG_KEY
 from kvtrace.names import MODES, otlp_requested
 from kvtrace.numeric import cdiv
+from kvtrace.process import raise_stop, stop_pending
 from kvtrace.replay.config_file import load_config_file, parse_retention
 from kvtrace.replay.digest import Digest
 from kvtrace.workload.lines import MAX_TOKENS, parse_decimal
@@ -426,6 +427,8 @@ def run_replay(
                     raise
                 undelivered = err
                 summary["otlp_spans_undelivered"] = err.failed
+            if stop_pending():  # (one a finalizer swallowed after the last step: the run is not complete)
+                raise_stop()
             if store is not None:
                 store.finish_run(run_id, status="complete", digest=summary["digest"], summary=summary,
                                  trace_digest=record["trace_digest"])
@@ -580,7 +583,12 @@ def _check_cache_only_capacity(spec: RunSpec) -> None:
 
 
 def run_record(spec: RunSpec, result: RunResult) -> dict[str, Any]:
-    """The fields ``Store.create_run`` takes for a replay made elsewhere (a sweep worker)."""
+    """The fields ``Store.create_run`` takes for a replay made elsewhere (a sweep worker).
+
+    The sweep's parent asks for them once a result it stores: a Ctrl-C or SIGTERM whose
+    KeyboardInterrupt a finalizer swallowed stops it there, before another run is stored."""
+    if stop_pending():
+        raise_stop()
     return {k: (dict(v) if isinstance(v, dict) else v) for k, v in result.record.items()}
 
 
@@ -665,8 +673,11 @@ def _run_cache_only(spec: RunSpec, workload: _Workload, digest: Digest, instrume
     if instrumentor is not None:  # (Belady's: one lookup a request, its only events)
         listeners.append(instrumentor.on_cache_events)
     done = [0]
+    stopped = stop_pending
 
-    def on_progress(n: int) -> None:
+    def on_progress(n: int) -> None:  # (after each request: cache-only's step)
+        if stopped():  # Ctrl-C or SIGTERM whose KeyboardInterrupt a finalizer swallowed: stop here
+            raise_stop()
         bar.advance(n - done[0])
         done[0] = n
 
