@@ -1,0 +1,71 @@
+"""docs/trace-format.md against the readers and generators it describes: its example error, its
+constants and its table of generated workloads are what the code does."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+
+from kvtrace.errors import KVTraceError
+
+DOC = (Path(__file__).resolve().parents[1] / "docs" / "trace-format.md").read_text(encoding="utf-8")
+
+
+def test_the_example_error_is_the_readers(tmp_path):
+    example = re.search(r"e\.g\. `(trace\.jsonl:42: [^`]+)`", DOC)
+    assert example is not None
+    m = re.search(r"input_length (\d+) / block_size (\d+)\) = \d+ ids, got (\d+)", example.group(1))
+    assert m is not None
+    length, block, got = (int(g) for g in m.groups())
+    assert block == 512  # the Mooncake default the example names
+    trace = tmp_path / "trace.jsonl"
+    line = f'{{"timestamp": 0, "input_length": {length}, "output_length": 1, "hash_ids": {list(range(got))}}}\n'
+    trace.write_text("".join(
+        line if i == 41 else f'{{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [{i}]}}\n'
+        for i in range(42)))
+    from kvtrace.replay.readers import read_trace
+
+    with pytest.raises(KVTraceError) as err:
+        read_trace(trace)
+    assert str(err.value).replace(str(tmp_path) + "/", "") == example.group(1)
+
+
+def test_the_constants_the_page_states():
+    from kvtrace.replay.readers import azure, weka
+    from kvtrace.workload import lines
+
+    assert "each in `[0, 163840)`" in DOC and lines.VOCAB_SIZE == 163_840
+    assert "Ids must lie in `[0, 2^63)`" in DOC and lines.MAX_ID == 2**63 - 1
+    assert "`2^62 + index`" in DOC and weka.TAIL_ID_BASE == 2**62
+    assert "`(i << 24) + j`" in DOC and azure._BLOCKS_PER_REQUEST == 1 << 24
+
+
+def test_the_generate_signature_is_the_functions():
+    """The page writes the positional parameters without their defaults but num_requests', then
+    the keyword-only ones with theirs."""
+    from kvtrace.replay.generate import generate
+
+    said = re.search(r"`kvtrace\.replay\.generate\.generate\(([^`]+)\)`", DOC)
+    assert said is not None
+    parts = []
+    for p in inspect.signature(generate).parameters.values():
+        if p.kind is p.KEYWORD_ONLY and "*" not in parts:
+            parts.append("*")
+        shown = p.kind is p.KEYWORD_ONLY or p.default is None
+        parts.append(f"{p.name}={p.default!r}".replace("'", '"') if shown else p.name)
+    assert " ".join(said.group(1).split()) == ", ".join(parts)
+
+
+def test_the_generated_workloads_table_is_the_generators():
+    from kvtrace.replay.generate import WORKLOADS, generate
+
+    rows = dict(re.findall(r"^\| `([a-z-]+)` \| (\d+) \|", DOC, flags=re.M))
+    assert set(rows) == set(WORKLOADS)
+    for name, count in rows.items():
+        assert len(generate(name)) == int(count), name
+    mixed = sum(r.input_length for r in generate("mixed"))
+    said = re.search(r"the `kvtrace demo` workload \(~(\d+)k prompt tokens\)", DOC)
+    assert said is not None and round(mixed / 1000, -1) == int(said.group(1))
