@@ -12,8 +12,9 @@ Coefficients are rounded to the integers the cost model keeps.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -51,6 +52,17 @@ class Observation:
     measured_ns: float
     group: str  # what kind of measurement: "prefill", "decode", ... (errors are reported per group)
     label: str = ""
+    # how many steps each ``work`` entry stands for (None: one each): a request's thousands of
+    # like steps are two entries, not an object each (a span's 2^31 decode steps filled memory)
+    repeats: list[int] | None = None
+
+    def steps(self) -> Iterator[tuple[StepWork, int]]:
+        """(a step's work, how many such steps)."""
+        return zip(self.work, self.repeats or repeat(1, len(self.work)))
+
+    def predicted_ns(self, model: CostModel) -> int:
+        """What ``model`` says the steps took, step by step as the engine's clock sums them."""
+        return sum(k * model.step_ns_of(w) for w, k in self.steps())
 
 
 @dataclass(slots=True)
@@ -107,8 +119,8 @@ def _design(observations: Sequence[Observation], model: CostModel) -> np.ndarray
     """(observations, FITTED_TERMS): each observation's summed term values."""
     rows = np.zeros((len(observations), len(FITTED_TERMS)))
     for i, o in enumerate(observations):
-        for w in o.work:
-            rows[i] += term_values(model, w)
+        for w, k in o.steps():
+            rows[i] += np.multiply(k, term_values(model, w))
     return rows
 
 
@@ -174,7 +186,7 @@ def fit_cost_model(
         if knee == 0:
             values["token_above_knee_ns"] = 0
         fitted = replace(model, **values)
-        pred = np.asarray([sum(fitted.step_ns_of(w) for w in o.work) for o in observations], dtype=np.float64)
+        pred = np.asarray([o.predicted_ns(fitted) for o in observations], dtype=np.float64)
         candidate = Fit(fitted, list((pred - y) / y), list(observations), tuple(FITTED_TERMS[j] for j in fit_terms))
         if best is None or candidate.max_error < best.max_error - 1e-9:
             best = candidate

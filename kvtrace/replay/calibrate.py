@@ -161,20 +161,34 @@ def step_csv_observations(path: str) -> list[Observation]:
     return out
 
 
-# Prefill steps a bench result's prompts make, all requests together: a step is an object
-# and a term of the fit, and a prompt of 2^31 tokens at a budget of 1 is 2^31 of them.
-MAX_PREFILL_STEPS = 100_000
+def _like_steps(count: int, num_tokens: int, pairs: int, context: int, seqs: int
+                ) -> tuple[list[StepWork], list[int]]:
+    """``count`` steps of ``num_tokens`` tokens and ``seqs`` decoding sequences that have
+    ``pairs`` prefill pairs and ``context`` decode context tokens in all, as (work, repeats):
+    every term is linear in these, so two kinds of step (the totals split as integers
+    allow) sum to what the steps one by one do (a request's 2^31 steps were an object each)."""
+    if count == 1:
+        return [StepWork(num_tokens, pairs, context, seqs)], [1]
+    p, c = pairs // count, context // count
+    work = [StepWork(num_tokens, p, c, seqs), StepWork(num_tokens, pairs - (count - 1) * p,
+                                                      context - (count - 1) * c, seqs)]
+    return work, [count - 1, 1]
 
 
-def _prefill_steps(n: int, budget: int, others: int, other_ctx: float) -> list[StepWork]:
+def _prefill_steps(n: int, budget: int, others: int, other_ctx: float) -> tuple[list[StepWork], list[int]]:
     """The steps a prompt of ``n`` tokens takes, in chunks of ``budget`` tokens, each step
-    also carrying ``others`` decoding sequences of mean context ``other_ctx``."""
-    steps, start = [], 0
-    while start < n:
-        chunk = min(budget - others, n - start) if budget > others else n - start
-        steps.append(StepWork(chunk + others, prefill_pairs(start, chunk), round(others * other_ctx), others))
-        start += chunk
-    return steps
+    also carrying ``others`` decoding sequences of mean context ``other_ctx``, as (work,
+    repeats) for an ``Observation``: the full chunks together, then the last."""
+    ctx = round(others * other_ctx)
+    chunk = budget - others if budget > others else n  # (decodes filling the budget: one step)
+    full, last = divmod(n, chunk)
+    # the full chunks' pairs: chunk * start + chunk (chunk + 1) / 2 at start = 0, chunk, 2 chunk, ...
+    pairs = chunk * chunk * full * (full - 1) // 2 + full * (chunk * (chunk + 1) // 2)
+    work, repeats = _like_steps(full, chunk + others, pairs, full * ctx, others) if full else ([], [])
+    if last:
+        work.append(StepWork(last + others, prefill_pairs(full * chunk, last), ctx, others))
+        repeats.append(1)
+    return work, repeats
 
 
 def bench_serve_observations(path: str, max_num_batched_tokens: int) -> list[Observation]:
@@ -238,18 +252,12 @@ def bench_serve_observations(path: str, max_num_batched_tokens: int) -> list[Obs
         raise KVTraceError(f"{path}: max_concurrency: more than {MAX_TOKENS:,} requests in flight is beyond any "
                            "server")
     others = concurrency - 1
-    chunk = max(1, max_num_batched_tokens - others)
-    steps = sum(-(-ins[i] // chunk) for i in done)
-    if steps > MAX_PREFILL_STEPS:
-        raise KVTraceError(f"{path}: input_lens: the prompts take {steps:,} prefill steps at "
-                           f"--max-num-batched-tokens {max_num_batched_tokens:,} with {others:,} other requests in "
-                           f"flight; at most {MAX_PREFILL_STEPS:,} are fitted")
     mean_ctx = sum(ins[i] + outs[i] / 2 for i in done) / max(len(done), 1)  # (a failed request decoded nothing)
     obs: list[Observation] = []
     for i in done:
         n, ttft, gaps = ins[i], ttfts[i], itls[i]
-        obs.append(Observation(_prefill_steps(n, max_num_batched_tokens, others, mean_ctx), ttft * 1e9,
-                               "prefill (TTFT)", f"request {i}"))
+        work, repeats = _prefill_steps(n, max_num_batched_tokens, others, mean_ctx)
+        obs.append(Observation(work, ttft * 1e9, "prefill (TTFT)", f"request {i}", repeats))
         for j, gap in enumerate(gaps, start=1):
             ctx = n + j + round(others * mean_ctx)
             obs.append(Observation([StepWork(1 + others, 0, ctx, 1 + others)], gap * 1e9, "decode (ITL)",
@@ -348,14 +356,16 @@ def served_span_observations(db: str, run_id: str | None, max_num_batched_tokens
         if first <= scheduled < last:  # its own decode, when its prefill rounds to 0 ns: not another's
             count, ctx2 = count - 1, ctx2 - (2 * n + o)
         label = f"span {r['span_id']}"
-        obs.append(Observation(_prefill_steps(n, max_num_batched_tokens, count, ctx2 / 2 / count if count
-                                              else 0.0), r["prefill_s"] * 1e9, "prefill (vLLM spans)", label))
+        work, repeats = _prefill_steps(n, max_num_batched_tokens, count, ctx2 / 2 / count if count else 0.0)
+        obs.append(Observation(work, r["prefill_s"] * 1e9, "prefill (vLLM spans)", label, repeats))
         if o < 2 or r["decode_s"] <= 0:
             continue
         overlap = decoding.covered(first, last) - (last - first)  # the others' decode time inside its own
         beside = round(overlap / (last - first)) if last > first else 0
-        steps = [StepWork(1 + beside, 0, n + j + round(beside * mean_ctx), 1 + beside) for j in range(1, o)]
-        obs.append(Observation(steps, r["decode_s"] * 1e9, "decode (vLLM spans)", label))
+        # o - 1 decode steps, the j-th reading n + j tokens of its own and the others' context
+        ctx = (o - 1) * (n + round(beside * mean_ctx)) + (o - 1) * o // 2
+        work, repeats = _like_steps(o - 1, 1 + beside, 0, ctx, 1 + beside)
+        obs.append(Observation(work, r["decode_s"] * 1e9, "decode (vLLM spans)", label, repeats))
     if not obs:
         raise KVTraceError(f"{db}: run {run_id}: no completed request to fit")
     return obs
