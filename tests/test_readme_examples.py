@@ -131,3 +131,18 @@ def test_the_isolated_ab_is_what_study_prints(tmp_path):
     assert f"<summary>{folded} more metrics</summary>" in printed
     verdict = printed.strip().splitlines()[-1]
     assert verdict in after_fold
+
+
+def test_the_benchmark_tables_commands_take_the_flags_shown():
+    """`bench/engine_replay.py --no-profile --no-content`: each script exists and declares each flag."""
+    rows = [line for line in _section("Benchmarks").splitlines() if line.startswith("| ") and "`bench/" in line]
+    seen = 0
+    for row in rows:
+        for script, flags in re.findall(r"`bench/([\w.]+)((?: --[a-z-]+(?: \d+)?)*)`", row):
+            path = ROOT / "bench" / script
+            assert path.exists(), script
+            source = path.read_text(encoding="utf-8")
+            for flag in re.findall(r"--[a-z-]+", flags):
+                assert f'"{flag}"' in source, (script, flag)
+                seen += 1
+    assert seen >= 5
