@@ -11,7 +11,9 @@ measurements come in three forms, each read into observations (``engine.costfit`
 * **a ``vllm bench serve`` result** (``.json``, saved with ``--save-result
   --save-detailed``): per request ``input_lens``, ``output_lens``, ``ttfts`` and
   ``itls`` (seconds). A TTFT is the request's prefill, in chunks of
-  ``max_num_batched_tokens``; an inter-token gap is a decode step; a request that failed
+  ``max_num_batched_tokens``; an inter-token gap is a decode step (where a request has
+  fewer gaps than output tokens after its first, the client read chunks of several tokens:
+  its gaps together are its decode steps); a request that failed
   (its TTFT 0.0, or an ``errors`` entry) is skipped. With
   ``max_concurrency`` C > 1 every step is assumed to carry C - 1 other decoding
   sequences at the run's mean context, so runs at concurrency 1 fit best (exact there),
@@ -258,6 +260,16 @@ def bench_serve_observations(path: str, max_num_batched_tokens: int) -> list[Obs
         n, ttft, gaps = ins[i], ttfts[i], itls[i]
         work, repeats = _prefill_steps(n, max_num_batched_tokens, others, mean_ctx)
         obs.append(Observation(work, ttft * 1e9, "prefill (TTFT)", f"request {i}", repeats))
+        decodes = outs[i] - 1
+        if gaps and len(gaps) < decodes:
+            # fewer gaps than tokens: some chunks the client read held several tokens (vLLM sends
+            # what piled up since the last read), so a gap is no one step; together they are
+            # the request's decode steps after its first token
+            ctx = decodes * (n + round(others * mean_ctx)) + decodes * (decodes + 1) // 2
+            work, repeats = _like_steps(decodes, 1 + others, 0, ctx, 1 + others)
+            obs.append(Observation(work, sum(gaps) * 1e9, "decode (ITL)",
+                                   f"request {i}: {len(gaps)} gaps for {decodes} tokens", repeats))
+            continue
         for j, gap in enumerate(gaps, start=1):
             ctx = n + j + round(others * mean_ctx)
             obs.append(Observation([StepWork(1 + others, 0, ctx, 1 + others)], gap * 1e9, "decode (ITL)",
