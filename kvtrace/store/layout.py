@@ -89,8 +89,10 @@ def _norm_type(sql_type: str) -> str:
 
 def foreign_relations(con: duckdb.DuckDBPyConnection, version: int) -> list[str]:
     """The tables and views in the store open on ``con`` that kvtrace does not declare (a
-    user's own, in any schema), as ``schema.name``: what replacing the file would drop."""
-    mine = set(expected(version))
+    user's own, in any schema), as ``schema.name``: what replacing the file would drop.
+    Kvtrace's own are the names of ``version``'s relations and of today's: an older store
+    holds derived tables and curves that ``expected`` does not list for its version."""
+    mine = set(expected(version)) | set(expected(SCHEMA_VERSION))
     rows = con.execute(
         "SELECT schema_name, table_name FROM duckdb_tables() WHERE NOT internal AND database_name = current_database() "
         "UNION ALL SELECT schema_name, view_name FROM duckdb_views() WHERE NOT internal "

@@ -258,6 +258,24 @@ def test_a_demo_store_holding_a_users_own_tables_is_refused(tmp_path, monkeypatc
     assert _digest(db) == before
 
 
+def test_a_demo_store_of_an_older_schema_is_replaced(tmp_path, earlier_demo):
+    """A demo store from the previous release (schema version 2): its derived tables were
+    called a user's own ("holds 8 table(s) or view(s) that are not kvtrace's (e.g.
+    'main.block_values')") and the demo refused to replace it."""
+    import duckdb
+
+    from kvtrace.store.schema import META_TABLE, SCHEMA_VERSION
+
+    db = _copy(earlier_demo, tmp_path / "demo.duckdb")
+    with duckdb.connect(str(db)) as con:
+        con.execute(f"UPDATE {META_TABLE} SET value = '2' WHERE key = 'schema_version'")
+    _demo(db)
+    assert read.runs(db).height == 4
+    with duckdb.connect(str(db), read_only=True) as con:
+        version = con.execute(f"SELECT value FROM {META_TABLE} WHERE key = 'schema_version'").fetchone()
+    assert version == (str(SCHEMA_VERSION),)
+
+
 def test_a_run_named_like_the_demos_on_another_trace_is_not_the_demos(tmp_path, monkeypatch):
     from kvtrace.replay.run import RunSpec, run_replay
 
