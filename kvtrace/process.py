@@ -9,7 +9,8 @@
   ``stop_pending``/``raise_stop``: a loop's check, once a step, for a stop whose
   KeyboardInterrupt a finalizer swallowed;
   ``sigterm_blocked``/``sigterm_default``: around a fork, and in the forked worker, so a
-  worker dies of SIGTERM rather than take the parent's interrupt for a failure of its own;
+  worker dies of SIGTERM or SIGINT rather than take the parent's interrupt for a failure of
+  its own (or print its traceback);
   ``worker_start``: that, and the worker dies with its parent, even a parent killed -9;
 - ``collector_paused``: the cyclic garbage collector off around a hot loop that makes
   no reference cycles (a cache-only replay, an engine run);
@@ -221,15 +222,18 @@ def stop_requested() -> Iterator[threading.Event]:
             signal.signal(sig, handler)
 
 
+_WORKER_DEFAULTS = {signal.SIGTERM, signal.SIGINT}  # what kills a forked worker as it would kill any process
+
+
 @contextlib.contextmanager
 def sigterm_blocked() -> Iterator[None]:
-    """SIGTERM held (not lost) within the block: a child forked in it starts with it held;
-    one that arrives meanwhile is delivered when the block ends."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    """SIGTERM and SIGINT held (not lost) within the block: a child forked in it starts
+    with them held; one that arrives meanwhile is delivered when the block ends."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, _WORKER_DEFAULTS)
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _WORKER_DEFAULTS)
 
 
 @contextlib.contextmanager
@@ -289,10 +293,13 @@ def pid_after(prefix: str, name: str, end: str = "") -> int | None:
 
 
 def sigterm_default() -> None:
-    """In a child forked inside ``sigterm_blocked``: SIGTERM kills it again (the parent's
-    ``sigterm_as_interrupt`` handler is dropped), then unheld."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    """In a child forked inside ``sigterm_blocked``: SIGTERM and SIGINT kill it again (the
+    parent's ``sigterm_as_interrupt`` handlers are dropped), then unheld. A Ctrl-C to the
+    process group raised the parent's KeyboardInterrupt in an idle pool worker, which
+    printed its traceback ("Process ForkProcess-1: ..."); the parent stops for it alone."""
+    for sig in _WORKER_DEFAULTS:
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _WORKER_DEFAULTS)
 
 
 def worker_start(parent_pid: int) -> None:
