@@ -109,6 +109,8 @@ def run_demo(
         console.print(f"[bold]{behaviour}[/bold]: A = switched off, B = all on (what the behaviour buys)")
         for table in tables(d, metrics=SUMMARY_FIELDS)[:2]:  # metric deltas, latency percentiles with CIs
             console.print(table)
+        for note in d.notes:  # (why a CI shows as [–, –], as kvtrace diff says it)
+            console.print(note, style="yellow", markup=False, highlight=False)
     console.print()
     # Unwrapped (a narrow or piped console would break the path mid-word, and the command
     # with it); the path shown as typed, never as markup or terminal codes.

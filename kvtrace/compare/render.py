@@ -269,7 +269,8 @@ def to_text(diff: RunDiff, width: int = 120) -> str:
 def fmt(v: float | None, signed: bool = False) -> str:
     """A number for a table cell: '–' when missing or NaN, thousands separators for ints
     (and integral floats from 1000 on), 1, 3 or 4 decimals by magnitude; ``signed`` adds
-    '+' to positive values. |v| < 1e-9 shows as 0 (float noise, not a change)."""
+    '+' to positive values. |v| < 1e-9 shows as 0 (float noise, not a change), and so
+    does a value that rounds to 0 at its decimals (a CI bound of -3e-6 ms read "-0.0000")."""
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "–"
     if isinstance(v, float) and abs(v) < 1e-9:
@@ -282,6 +283,8 @@ def fmt(v: float | None, signed: bool = False) -> str:
         s = f"{v:.3f}"
     else:
         s = f"{v:.4f}"
+    if not s.strip("-0.,"):  # (rounded to zero: no sign)
+        return s.lstrip("-")
     return ("+" if signed and v > 0 else "") + s
 
 

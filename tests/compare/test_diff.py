@@ -696,3 +696,15 @@ def test_a_diff_names_each_runs_backend_where_one_is_not_kvtraces(tmp_path, vllm
         "kvtrace", "vllm", vllm_commit())
     alike = diff_runs(db, ours.run_id, run_replay(spec, db=db).run_id)
     assert "Backend:" not in to_text(alike) + to_markdown(alike)  # (kvtrace's own on both sides: nothing to say)
+
+
+@pytest.mark.parametrize(("value", "signed", "shown"), [
+    (-3e-6, True, "0.0000"), (3e-6, True, "0.0000"), (-0.00004, False, "0.0000"), (-0.0004, True, "-0.0004"),
+    (0.0004, True, "+0.0004"), (-0.04, True, "-0.0400"), (1e-10, True, "0.0000"), (-0.0, True, "0.0000"),
+    (-0.0004, False, "-0.0004"), (-0.00049, True, "-0.0005"), (12.5, True, "+12.500"), (-1234.0, True, "-1,234"),
+])
+def test_a_cell_that_rounds_to_zero_has_no_sign(value, signed, shown):
+    """A bootstrap CI bound of -3e-6 ms was printed "-0.0000" (as if below zero at that precision)."""
+    from kvtrace.compare.render import fmt
+
+    assert fmt(value, signed=signed) == shown

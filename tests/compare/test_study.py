@@ -260,6 +260,11 @@ def test_demo_records_four_runs_and_ends_with_the_dashboard_command(tmp_path):
         assert d.run_a["name"] == f"demo: without {behaviour}" and d.run_b["name"] == "demo: all on"
     text = buf.getvalue()
     assert "prefix_cache_hit_rate" in text and "shared-prefix-pinning" in text
+    # the note saying why a CI shows as [–, –] is printed, as kvtrace diff prints it
+    flat = " ".join(text.split())
+    for d in res.diffs.values():
+        assert any(n.startswith("no 95% CI for") for n in d.notes)  # (25 requests: p99 has none)
+        assert all(" ".join(n.split()) in flat for n in d.notes)
     last = text.rstrip().splitlines()
     assert last[-1] == f"kvtrace dashboard --db '{db}'"  # (shell-quoted: the brackets are a glob)
     assert last[-2] == f"4 runs recorded in {db}. Open the dashboard:"
