@@ -74,6 +74,14 @@ def check_seed(seed: int, option: str = "--seed") -> int:
     return int(check_option(option, seed, 0, MAX_SEED))
 
 
+def check_limit(limit: int | None, option: str = "--limit") -> int | None:
+    """A number of requests to read (None: all), refused at its flag unless an int >= 0: a
+    negative one reached the trace reader, which named its own parameter ``limit``."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise ConfigError(option, str(limit), "expected a number of requests >= 0")
+    return limit
+
+
 # What a path can be instead of a regular file, as a user is told it.
 _NOT_A_FILE = ((stat.S_ISDIR, "is a directory"), (stat.S_ISFIFO, "is a FIFO (a named pipe: read once, never seekable)"),
                (stat.S_ISCHR, "is a character device"), (stat.S_ISBLK, "is a block device"),

@@ -46,9 +46,11 @@ def convert(
         = None,
 ) -> None:
     """Convert any supported trace to kvtrace native JSONL."""
+    from kvtrace.errors import check_limit
     from kvtrace.replay.readers import open_trace
     from kvtrace.workload.native import write_native
 
+    check_limit(limit)
     source = open_trace(trace, format=value(fmt), limit=limit, block_size=trace_block_size)
     inputs: list[str | Path] = [trace, *source.files]  # (a directory trace: each of its files is an input too)
     kept = None

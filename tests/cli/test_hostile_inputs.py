@@ -1,0 +1,64 @@
+"""Hostile values of the run settings and paths, re-probed after new options arrived: each is
+one line naming the flag or argument as the user typed it, exit 2, and nothing written.
+
+In-process (``kvtrace.cli.main`` with its own argv, tests/cli/support.py), as test_bad_input.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.cli.support import assert_one_line, run
+
+MOONCAKE_LINE = {"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1]}
+
+
+@pytest.fixture
+def trace(tmp_path: Path) -> str:
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps(MOONCAKE_LINE) + "\n")
+    return str(path)
+
+
+@pytest.mark.parametrize("argv", [
+    ["replay", "{trace}", "--mode", "cache-only"],
+    ["curve", "{trace}"],
+    ["sweep", "{trace}", "--mode", "cache-only", "--param", "capacity_blocks=10,20"],
+    ["convert", "{trace}", "-o", "{out}"],
+])
+def test_a_negative_limit_is_named_by_its_flag(tmp_path: Path, capsys, trace, argv):
+    """A trace file's reader saw --limit -1 first and named its own parameter: "t.jsonl: limit:
+    expected an int >= 0" (a generated workload's was "--limit: -1")."""
+    out = tmp_path / "out.jsonl"
+    code, stdout, err = run([a.format(trace=trace, out=out) for a in argv] + ["--limit", "-1"], capsys)
+    line = assert_one_line(code, err, "--limit: -1: expected a number of requests >= 0")
+    assert "t.jsonl" not in line and stdout == ""
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("argv,named", [
+    (["replay", ""], "TRACE"),
+    (["curve", ""], "TRACE"),
+    (["study", "shared-prefix-pinning", "--trace", ""], "--trace"),
+    (["study", "shared-prefix-pinning", "--trace=", "--json"], "--trace"),
+])
+def test_an_empty_trace_is_refused_naming_it(capsys, argv, named):
+    """`replay ''` said ": no such file or directory", naming nothing; `study --trace ''`
+    replayed the behaviour's default workload as if no --trace was given."""
+    code, stdout, err = run(argv, capsys)
+    assert_one_line(code, err, f"{named}: expected a trace file, a directory of WEKA files or gen:NAME, got an "
+                               "empty one")
+    assert stdout == ""
+
+
+@pytest.mark.parametrize("command", [["runs"], ["replay", "gen:chat", "--mode", "cache-only"]])
+def test_a_store_path_is_shown_as_typed(tmp_path: Path, capsys, command):
+    """A newline in --db was joined into a space ("a b.duckdb: no such database"), naming
+    another path than the one typed, and an escape sequence reached the terminal."""
+    db = str(tmp_path / "a\nb\x1b[31m.duckdb") if command == ["runs"] else "md:a\nb"
+    code, _, err = run([*command, "--db", db], capsys)
+    line = assert_one_line(code, err, "a\\nb")
+    assert "\x1b" not in line
