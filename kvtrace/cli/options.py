@@ -28,13 +28,14 @@ def _store_to_write(db: str | None) -> str | None:
     # checked while parsing, before the command imports duckdb or the receivers: a typo is
     # told at once (the open checks it again, and what it cannot see without opening)
     from kvtrace.errors import KVTraceError
+    from kvtrace.names import printable
     from kvtrace.store.backend import store_to_write_problem
 
     if db is None:
         return None
     problem = store_to_write_problem(db)
-    if problem is not None:
-        raise KVTraceError(f"{db or repr(db)}: {problem}")
+    if problem is not None:  # (the path as typed: a newline in it shown as \n, not joined into a space)
+        raise KVTraceError(f"{printable(db) if db else repr(db)}: {problem}")
     return db
 
 
@@ -48,15 +49,17 @@ DbRequired = Annotated[str, typer.Option(metavar="STORE", callback=_store_to_wri
 def _existing_store(db: str) -> str:
     # checked while parsing, before the command imports duckdb: a typo is told at once
     from kvtrace.errors import KVTraceError, file_problem
+    from kvtrace.names import printable
     from kvtrace.store.backend import is_clickhouse
 
     if is_clickhouse(db):
         return db
     if not db:
         raise KVTraceError("--db: expected a store path, got an empty one")
-    problem = file_problem(db, missing=f"no such database (run `kvtrace demo` or `kvtrace replay TRACE --db {db}`)")
+    shown = printable(db)  # (as typed: a newline in the path shown as \n, not joined into a space)
+    problem = file_problem(db, missing=f"no such database (run `kvtrace demo` or `kvtrace replay TRACE --db {shown}`)")
     if problem is not None:
-        raise KVTraceError(f"{db}: {problem}")
+        raise KVTraceError(f"{shown}: {problem}")
     return db
 
 
@@ -156,6 +159,14 @@ def percentiles(text: str | None) -> tuple[float, ...]:
 TRACE_HELP = "Trace file (or a directory of WEKA files), or gen:NAME for a generated workload."
 
 
+def _trace_named(trace: str | None) -> str | None:
+    # '' named no file (": no such file or directory"), and a study took --trace '' for no
+    # --trace at all: its default workload replayed without a word
+    if trace == "":
+        raise typer.BadParameter("expected a trace file, a directory of WEKA files or gen:NAME, got an empty one")
+    return trace
+
+
 def replay_options(fn: Callable[..., Any] | None = None, *, trace_option: bool = False,
                    exclude: tuple[str, ...] = (), defaults: dict[str, Any] | None = None) -> Any:
     """Add the run settings and TRACE to ``fn``'s options; call it with ``spec=RunSpec(...)``
@@ -165,10 +176,12 @@ def replay_options(fn: Callable[..., Any] | None = None, *, trace_option: bool =
         own = [p for name, p in inspect.signature(fn, eval_str=True).parameters.items() if name != "spec"]
         if trace_option:
             trace = inspect.Parameter("trace", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
-                str | None, typer.Option(metavar="TRACE", help=TRACE_HELP, rich_help_panel=RUN_PANEL)])
+                str | None, typer.Option(metavar="TRACE", help=TRACE_HELP, callback=_trace_named,
+                                         rich_help_panel=RUN_PANEL)])
         else:
             trace = inspect.Parameter("trace", inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                      annotation=Annotated[str, typer.Argument(metavar="TRACE", help=TRACE_HELP)])
+                                      annotation=Annotated[str, typer.Argument(
+                                          metavar="TRACE", help=TRACE_HELP, callback=_trace_named)])
         taken = {k: v for k, v in _RUN_OPTIONS.items() if k not in exclude}
         added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=ann,
                                    default=(defaults or {}).get(name, default))
@@ -193,6 +206,7 @@ def replay_options(fn: Callable[..., Any] | None = None, *, trace_option: bool =
 def run_spec(trace: str, options: dict[str, Any]):
     """The RunSpec for TRACE and the run settings (keyed as in ``_RUN_OPTIONS``); a
     study without --trace gets ``trace=""``."""
+    from kvtrace.errors import check_limit
     from kvtrace.replay.run import RunSpec, parse_capacity_blocks
 
     fields = {_RUN_OPTIONS[k][2]: value(v) for k, v in options.items()}
@@ -206,4 +220,6 @@ def run_spec(trace: str, options: dict[str, Any]):
         fields["without"] = tuple(fields["without"] or ())
     if "percentiles" in fields:
         fields["percentiles"] = percentiles(fields["percentiles"])
+    if "limit" in fields:  # (before the trace is opened: its reader named the flag `limit`)
+        check_limit(fields["limit"])
     return RunSpec(trace="" if trace is None else str(trace), **fields)
