@@ -45,6 +45,7 @@ from typing import Any
 from kvtrace.cache.config import FullAttentionSpec, MambaSpec, SlidingWindowSpec
 from kvtrace.engine.clock import COEFFICIENTS, COST_MODELS, CostModel
 from kvtrace.errors import ConfigError, file_problem
+from kvtrace.names import cut_middle, printable
 from kvtrace.workload.lines import parse_decimal, without_bom
 
 _CACHE_KEYS = {
@@ -286,6 +287,11 @@ def cost_model_from_table(table: dict[str, Any], source: str) -> CostModel:
     name = table.get("name")
     if not isinstance(name, str) or not name:
         raise ConfigError(source, "cost_model.name", "expected the model's name (a string)")
+    # Printable, as `kvtrace calibrate --name` requires: every summary, table and diff shows
+    # it (an escape sequence in it recoloured the terminal of `kvtrace replay`)
+    if not name.strip() or printable(name) != name:
+        raise ConfigError(source, "cost_model.name",
+                          f"expected a name of printable text, got {cut_middle(repr(name), 80)}")
     if not isinstance(table.get("source", ""), str):
         raise ConfigError(source, "cost_model.source", "expected what the model was fitted to (a string)")
     given = {k: v for k, v in table.items() if k in COEFFICIENTS}
@@ -302,6 +308,15 @@ def cost_model_from_table(table: dict[str, Any], source: str) -> CostModel:
         if not isinstance(v, int) or isinstance(v, bool):
             raise ConfigError(source, f"cost_model.{k}", f"expected an integer, got {v!r}")
     try:
-        return CostModel(name=name, source=str(table.get("source", source)), **given)
+        model = CostModel(name=name, source=str(table.get("source", source)), **given)
     except ConfigError as err:
         raise ConfigError(source, f"cost_model.{err.key}", err.what) from None
+    builtin = COST_MODELS.get(name)
+    if builtin is not None:  # (a run says which model made its times: one name, one set of coefficients)
+        other = next((k for k in COEFFICIENTS if getattr(model, k) != getattr(builtin, k)), None)
+        if other is not None:
+            raise ConfigError(source, "cost_model.name", f"{name}: is a built-in cost model's name, and its "
+                                                         f"{other} is not {getattr(builtin, other):,}; give a fitted "
+                                                         "model a name of its own")
+        return builtin
+    return model

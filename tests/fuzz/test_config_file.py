@@ -108,7 +108,7 @@ PLAUSIBLE: dict[str, dict[str, st.SearchStrategy]] = {
         "enable_chunked_prefill": st.booleans(),
     },
     "cost_model": {
-        "name": st.sampled_from(sorted(COST_MODELS)),
+        "name": st.sampled_from([*sorted(COST_MODELS), "fit"]),  # (a built-in's name takes only its own coefficients)
         "source": TEXT,
         **{k: st.integers(0, 10**6) for k in COEFFICIENTS},
     },
@@ -273,6 +273,41 @@ def test_an_unknown_key_of_blanks_or_line_breaks_is_named_quoted(tmp_path: Path)
     with pytest.raises(KVTraceError) as info:
         load_config_file(path)
     one_line_error(info.value, f"{path}: cache.' ': unknown key")
+
+
+def _fitted(name: str, **coefficients: int) -> str:
+    """A [cost_model] table of a fitted model: h200-dense-8b's coefficients, some changed."""
+    model = COST_MODELS["h200-dense-8b"]
+    values = {k: coefficients.get(k, getattr(model, k)) for k in COEFFICIENTS}
+    return f"[cost_model]\nname = {json.dumps(name)}\n" + "".join(f"{k} = {v}\n" for k, v in values.items())
+
+
+@pytest.mark.parametrize("name", ["a\x1b[31mred", "two\nlines", "tab\there", "   ", "\u202eevil"])
+def test_a_cost_model_name_that_is_no_printable_text_is_refused(tmp_path: Path, name):
+    """Every summary shows the name: an escape sequence in it recoloured the terminal of
+    `kvtrace replay` (as `kvtrace calibrate --name` refuses it, the file does too)."""
+    path = tmp_path / "run.toml"
+    path.write_text(_fitted(name), encoding="utf-8")
+    with pytest.raises(KVTraceError) as info:
+        load_config_file(path)
+    one_line_error(info.value, f"{path}: cost_model.name: expected a name of printable text")
+    assert "\x1b" not in str(info.value)
+
+
+def test_a_built_in_cost_models_name_takes_only_its_own_coefficients(tmp_path: Path):
+    """A fitted model named h200-dense-8b ran under that name with other coefficients:
+    two runs said one cost model made their times, and the times disagreed."""
+    path = tmp_path / "run.toml"
+    path.write_text(_fitted("h200-dense-8b", token_ns=1), encoding="utf-8")
+    with pytest.raises(KVTraceError) as info:
+        load_config_file(path)
+    one_line_error(info.value, f"{path}: cost_model.name: h200-dense-8b: is a built-in cost model's name",
+                   "token_ns is not 11,675")
+    path.write_text(_fitted("h200-dense-8b"), encoding="utf-8")  # its own coefficients: the model itself
+    assert load_config_file(path).cost_model == COST_MODELS["h200-dense-8b"]
+    path.write_text(_fitted("mine", token_ns=1), encoding="utf-8")  # another name: a model of its own
+    model = load_config_file(path).cost_model
+    assert model is not None and (model.name, model.token_ns) == ("mine", 1)
 
 
 # -- grammar-aware: one key of a valid file hostile, named; one file in other TOML spellings ---------------
