@@ -291,11 +291,50 @@ def test_not_a_trace_file(tmp_path: Path, fmt, what):
         reqs = read_trace(path, fmt)
     except Exception as err:
         one_line_error(err, str(path))
-    else:  # an empty file holds no requests; a format that cannot say so must be refused above
-        assert reqs == [] and what in ("empty", "blank") and fmt in ("mooncake", "bailian")
+    else:  # a blank file given a format replayed 0 requests, exit 0: it is as empty as an empty one
+        raise AssertionError(f"{what} {path} read as {reqs!r}")
 
 
 # -- regressions the fuzzer found ------------------------------------------------------------------
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("blank", [b"\xef\xbb\xbf", b"\xef\xbb\xbf\r\n \r\n", b"\n" * 3 + b"\t \n"])
+def test_a_file_of_blanks_given_its_format_is_an_empty_file(tmp_path: Path, fmt, blank):
+    """A byte-order mark or blank lines alone, given --format mooncake: 0 requests replayed and
+    exit 0 (only a file of 0 bytes was refused), where detection said "empty file"."""
+    path = tmp_path / ("t.csv" if fmt == "azure" else "t.json")
+    path.write_bytes(blank)
+    with pytest.raises(KVTraceError) as info:
+        read_trace(path, fmt)
+    one_line_error(info.value, f"{path}: empty file")
+
+
+@pytest.mark.parametrize("line,told", [
+    ('{"timestamp": 0, "input_length": 1, "output_length": 0, "hash_ids": [0], "x": "\\ud800"}',
+     "invalid JSON: \\ud800 is half a UTF-16 surrogate pair"),
+    ('{"timestamp": 0, "x": ' + "[" * 5000 + "]" * 5000 + "}", "invalid JSON: nested too deeply"),
+])
+def test_detection_tells_a_lines_json_fault_as_the_reader_does(tmp_path: Path, line, told):
+    """Detection quoted msgspec's own words: "Input data was truncated" of a whole line ending
+    in a lone surrogate, "maximum recursion depth exceeded" of deep nesting."""
+    path = tmp_path / "t.jsonl"
+    path.write_text(line + "\n")
+    for fmt in (None, "mooncake"):
+        with pytest.raises(KVTraceError) as info:
+            read_trace(path, fmt)
+        text = one_line_error(info.value, f"{path}:1:", told)
+        assert "truncated" not in text and "recursion" not in text
+
+
+def test_a_weka_block_size_beyond_any_replay_is_named_in_the_file(tmp_path: Path):
+    """2^62 tokens a block was read, then refused by cache-only mode as "cache-only: block_size",
+    naming no file."""
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"block_size": 2**62, "requests": [{"t": 0, "in": 5, "out": 1, "hash_ids": [7]}]}))
+    with pytest.raises(KVTraceError) as info:
+        read_trace(path, "weka")
+    one_line_error(info.value, f"{path}:1: block_size: {2**62} is beyond what kvtrace can replay")
+
+
 @pytest.mark.parametrize("fmt,line", [
     ("bailian", '{"chat_id": 1, "parent_chat_id": -1, "timestamp": 1e300, "input_length": 1, "output_length": 0, '
                 '"hash_ids": [0]}'),

@@ -21,7 +21,7 @@ from kvtrace.replay.readers.mooncake import read_mooncake
 from kvtrace.replay.readers.source import TraceSource
 from kvtrace.replay.readers.weka import read_weka, weka_files
 from kvtrace.workload import TraceRequest
-from kvtrace.workload.lines import JSON_ERRORS, compressed_problem, numbered_lines
+from kvtrace.workload.lines import JSON_ERRORS, compressed_problem, decode_error, numbered_lines, without_bom
 from kvtrace.workload.native import HEADER_KEY, read_header, read_native
 
 READERS = {
@@ -60,8 +60,8 @@ def detect_format(path: str) -> str:
     if stripped.startswith("{"):
         try:  # the keys only: a value no reader takes (1e400) is named by the reader, at its key
             obj = _KEYS.decode(stripped)
-        except JSON_ERRORS as e:
-            obj, why = None, f" (invalid JSON: {e})"
+        except JSON_ERRORS as e:  # (told as a reader tells it: a lone surrogate, nesting too deep)
+            obj, why = None, f" ({decode_error(path, lineno, e, stripped).what})"
         if isinstance(obj, dict):
             if HEADER_KEY in obj:
                 return "native"
@@ -107,11 +107,29 @@ def open_trace(
         raise TraceFormatError(path, None, _expected_trace(problem, fmt))
     if files is None and format is not None:  # (detect_format refused these itself)
         _refuse_compressed(path)
-        if os.path.getsize(path) == 0:  # (given a format, it replayed 0 requests with exit 0)
+        if _blank(path, fmt):  # (given a format, it replayed 0 requests with exit 0)
             raise TraceFormatError(path, None, f"empty file; expected a trace in the {fmt} format")
     # a limit past any file's length is no limit (islice takes at most sys.maxsize)
     limit = None if limit is None else min(limit, sys.maxsize)
     return TraceSource(path, fmt, READERS[fmt], limit, options, files)
+
+
+def _blank(path: str, fmt: str) -> bool:
+    """Whether the file holds nothing but blanks (and a byte-order mark), as detection reads
+    it: an empty file. A line format's first line that is not blank ends the look; a WEKA
+    conversation, one JSON document that may be one long line, is scanned in blocks."""
+    if fmt != "weka":
+        return next(numbered_lines(path), None) is None  # (its errors are the reader's own)
+    try:
+        with open(path, "rb") as f:
+            block = without_bom(f.read(1 << 16))
+            while block:
+                if block.strip(b" \t\r\n"):
+                    return False
+                block = f.read(1 << 16)
+    except OSError:
+        return False  # (the reader names it)
+    return True
 
 
 def _refuse_compressed(path: str) -> None:

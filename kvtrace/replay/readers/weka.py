@@ -199,6 +199,8 @@ def read_weka_file(path: str, rank: int = 0) -> Iterator[tuple[int, int, int, Tr
     bs = conv.block_size
     if bs <= 0:
         raise TraceFormatError(path, 1, f"block_size: expected > 0, got {bs}")
+    # (bounded as every format's: 2^62 was refused by cache-only mode without the file named)
+    check_int(path, 1, "block_size", bs, 1)
     tail_base = TAIL_ID_BASE
     if conv.hash_id_scope == "local":
         namespace = namespace_for(path)
