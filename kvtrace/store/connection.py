@@ -201,12 +201,19 @@ def _open(path: str, read_only: bool, timeout_s: float) -> duckdb.DuckDBPyConnec
                 os.unlink(marker)
 
 
+EMPTY_DATABASE = ("no kvtrace store in it yet: an empty DuckDB database (a writer killed while it created the "
+                  "store?); `kvtrace replay --db` into it creates the store")
+
+
 def check_store(con: duckdb.DuckDBPyConnection, path: str) -> int:
     """Raise StoreError unless ``con`` is a kvtrace store of a schema version we read, whole
     (``layout.check_layout``: every table, view and column it declares); return that version."""
     try:
         rows = con.execute(f"SELECT key, value FROM {META_TABLE}").fetchall()
     except duckdb.CatalogException:
+        if not fetch_value(con, "SELECT count(*) FROM duckdb_tables() WHERE NOT internal"):
+            # what a writer killed (-9) while it created the store leaves: nothing can remove it then
+            raise StoreError(path, EMPTY_DATABASE) from None
         raise StoreError(path, f"not a kvtrace store (DuckDB file without a {META_TABLE} table)") from None
     except duckdb.BinderException:
         raise StoreError(path, f"{DAMAGED}: table {META_TABLE} has no key and value columns") from None

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 
 from kvtrace.store import Store, read
+from kvtrace.store.errors import StoreError
 
 CHILD = str(Path(__file__).with_name("writer_child.py"))
 ROOT = str(Path(__file__).resolve().parents[2])
@@ -168,3 +169,38 @@ def test_a_disk_that_refuses_writes_is_one_line_and_keeps_what_was_committed(tmp
     with connect(db) as con:
         seq = query(con, "SELECT seq FROM spans WHERE run_id = $r ORDER BY seq", {"r": runs["run_id"][0]})["seq"]
     assert seq.to_list() == list(range(seq.len()))
+
+
+KILLED_WHILE_CREATING = """
+import os, sys, time
+from kvtrace.store import Store, writer
+
+def init_schema(con, path):  # DuckDB has made the file: hang before the schema's transaction commits
+    print("ready", flush=True)
+    time.sleep(60)
+
+writer._init_schema = init_schema
+Store.open(sys.argv[1])
+"""
+
+
+def test_a_store_whose_creation_was_killed_9_is_said_so_and_a_writer_creates_it(tmp_path):
+    """kill -9 between DuckDB making the file and the schema's commit leaves an empty DuckDB
+    file that nothing can remove: readers called it "not a kvtrace store (DuckDB file without
+    a kvtrace_meta table)", as if it were another program's database."""
+    from kvtrace.store.connection import EMPTY_DATABASE
+
+    db = tmp_path / "new.duckdb"
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_WHILE_CREATING, str(db)], stdout=subprocess.PIPE, text=True,
+                            cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    finally:
+        proc.kill()
+        proc.wait()
+    with pytest.raises(StoreError) as err:
+        read.runs(db)
+    assert str(err.value) == f"{db}: {EMPTY_DATABASE}"
+    with Store.open(db) as store:  # the next writer makes the store there
+        store.finish_run(store.create_run("after"))
+    assert read.runs(db)["status"].to_list() == ["complete"]
