@@ -23,8 +23,10 @@ measurements come in three forms, each read into observations (``engine.costfit`
   ``gen_ai.latency.time_in_model_prefill`` (its prefill chunks) and ``..._decode`` (its
   decode steps), with its prompt and completion tokens. The other requests in a step
   are read off the spans' overlap: those decoding at the request's first scheduling
-  join each prefill chunk, and the mean number decoding beside it joins each of its
-  decode steps. Requests served one at a time fit exactly.
+  join each prefill chunk, the mean number decoding beside it joins each of its decode
+  steps, and the others' prefills (each spread evenly over its [scheduled, first token))
+  add their tokens and causal pairs, packed into chunks of the budget, to its steps.
+  Requests served one at a time fit exactly.
 
 The fit and its error per kind of observation are printed (with the terms no measurement
 exercised, which keep their given value); the model is written as a TOML ``[cost_model]``
@@ -193,6 +195,59 @@ def _prefill_steps(n: int, budget: int, others: int, other_ctx: float) -> tuple[
     return work, repeats
 
 
+def _packed_steps(steps: int, seqs: int, context: int, tokens: int, pairs: int, budget: int
+                  ) -> tuple[list[StepWork], list[int]]:
+    """``steps`` steps of ``seqs`` decoding sequences (``context`` tokens read in all), among
+    which ``tokens`` prefill tokens (``pairs`` pairs in all) are packed as the budget packs
+    them: chunks of what the decodes leave of it, then the rest, in as many steps as that
+    takes (``steps`` at least). As (work, repeats); the sums are exact, so what is linear
+    in them is too."""
+    chunk = max(budget - seqs, 1)
+    full, rest = divmod(tokens, chunk)
+    busy = full + (rest > 0)
+    if busy > steps:  # (more prefill than the decodes' steps hold: it shares them evenly)
+        chunk = -(-tokens // steps)
+        full, rest = divmod(tokens, chunk)
+        busy = full + (rest > 0)
+    steps = max(steps, busy)
+    # (tokens, pairs, context) of each kind of step, pairs in proportion to tokens, context evenly
+    kinds = [(chunk, full), (rest, 1 if rest else 0), (0, steps - busy)]
+    kinds = [(t, k) for t, k in kinds if k]
+    work, repeats = [], []
+    pairs_left, context_left, steps_left = pairs, context, steps
+    for index, (t, k) in enumerate(kinds):
+        last = index == len(kinds) - 1
+        p = pairs_left if last else pairs * t * k // tokens if tokens else 0
+        c = context_left if last else context * k // steps
+        w, r = _like_steps(k, t + seqs, p, c, seqs)
+        work += w
+        repeats += r
+        pairs_left, context_left, steps_left = pairs_left - p, context_left - c, steps_left - k
+    return work, repeats
+
+
+class _Rates:
+    """Intervals [s, e), each with a rate: the sum over them of rate x the length of their part
+    inside [lo, hi), in O(log n) (what other requests' prefills did during a request's)."""
+
+    def __init__(self, intervals: list[tuple[int, int]], rates: list[float]):
+        by_start = sorted(zip((s for s, _ in intervals), rates))
+        by_end = sorted(zip((e for _, e in intervals), rates))
+        self.starts = [s for s, _ in by_start]
+        self.ends = [e for e, _ in by_end]
+        self.start_rate = list(accumulate((w for _, w in by_start), initial=0.0))
+        self.end_rate = list(accumulate((w for _, w in by_end), initial=0.0))
+        self.start_moment = list(accumulate((w * s for s, w in by_start), initial=0.0))
+        self.end_moment = list(accumulate((w * e for e, w in by_end), initial=0.0))
+
+    def _left_of(self, x: int) -> float:
+        a, b = bisect_left(self.starts, x), bisect_left(self.ends, x)
+        return (x * self.start_rate[a] - self.start_moment[a]) - (x * self.end_rate[b] - self.end_moment[b])
+
+    def covered(self, lo: int, hi: int) -> float:
+        return self._left_of(hi) - self._left_of(lo)
+
+
 def bench_serve_observations(path: str, max_num_batched_tokens: int) -> list[Observation]:
     try:
         with open(path, "rb") as f:
@@ -358,6 +413,12 @@ def served_span_observations(db: str, run_id: str | None, max_num_batched_tokens
         first = scheduled + round(r["prefill_s"] * 1e9)
         spans.append((scheduled, first, first + round(r["decode_s"] * 1e9)))
     decoding = _Decoding([(f, e) for _, f, e in spans], [2 * r["prompt_tokens"] + r["completion_tokens"] for r in rows])
+    # every request's prefill, spread evenly over its [scheduled, first token): the prompt
+    # tokens and causal pairs the others' chunks put into a request's steps
+    prefilled = [(s, f, int(r["prompt_tokens"])) for r, (s, f, _) in zip(rows, spans) if f > s]
+    tokens_in = _Rates([(s, f) for s, f, _ in prefilled], [n / (f - s) for s, f, n in prefilled])
+    pairs_in = _Rates([(s, f) for s, f, _ in prefilled], [prefill_pairs(0, n) / (f - s) for s, f, n in prefilled])
+    budget = max_num_batched_tokens
     mean_ctx = sum(rr["prompt_tokens"] + rr["completion_tokens"] / 2 for rr in rows) / len(rows)
     obs: list[Observation] = []
     for r, (scheduled, first, last) in zip(rows, spans):
@@ -368,15 +429,23 @@ def served_span_observations(db: str, run_id: str | None, max_num_batched_tokens
         if first <= scheduled < last:  # its own decode, when its prefill rounds to 0 ns: not another's
             count, ctx2 = count - 1, ctx2 - (2 * n + o)
         label = f"span {r['span_id']}"
-        work, repeats = _prefill_steps(n, max_num_batched_tokens, count, ctx2 / 2 / count if count else 0.0)
+        # its prompt and the others' prefill tokens in its prefill, packed into steps of the budget
+        own = prefill_pairs(0, n)
+        tokens = n + max(0, round(tokens_in.covered(scheduled, first)) - n)
+        pairs = own + max(0, round(pairs_in.covered(scheduled, first)) - own)
+        seqs_ctx = round(ctx2 / 2)
+        steps = -(-tokens // max(budget - count, 1))
+        work, repeats = _packed_steps(steps, count, steps * seqs_ctx, tokens, pairs, budget)
         obs.append(Observation(work, r["prefill_s"] * 1e9, "prefill (vLLM spans)", label, repeats))
         if o < 2 or r["decode_s"] <= 0:
             continue
         overlap = decoding.covered(first, last) - (last - first)  # the others' decode time inside its own
         beside = round(overlap / (last - first)) if last > first else 0
-        # o - 1 decode steps, the j-th reading n + j tokens of its own and the others' context
+        # o - 1 decode steps, the j-th reading n + j tokens of its own and the others' context,
+        # and the others' prefill chunks in them
         ctx = (o - 1) * (n + round(beside * mean_ctx)) + (o - 1) * o // 2
-        work, repeats = _like_steps(o - 1, 1 + beside, 0, ctx, 1 + beside)
+        work, repeats = _packed_steps(o - 1, 1 + beside, ctx, round(tokens_in.covered(first, last)),
+                                      round(pairs_in.covered(first, last)), budget)
         obs.append(Observation(work, r["decode_s"] * 1e9, "decode (vLLM spans)", label, repeats))
     if not obs:
         raise KVTraceError(f"{db}: run {run_id}: no completed request to fit")

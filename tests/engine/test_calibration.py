@@ -152,9 +152,10 @@ def _served_one_at_a_time(known: CostModel, seed: int, count: int = 16):
     return [by_id[r.request_id] for r in reqs]
 
 
-def test_calibrate_from_vllm_request_spans_received_by_collect(tmp_path):
-    """vLLM's llm_request spans, with vLLM's own attribute names, sent by the real OTel SDK
-    over OTLP/HTTP to kvtrace's collector, then fitted: the known model comes back."""
+def _sent_as_vllm_spans(tmp_path: Path, records) -> Path:
+    """A store of what a vLLM server would have sent for these engine records: an llm_request
+    span each, with vLLM's own attribute names, sent by the real OTel SDK over OTLP/HTTP to
+    kvtrace's collector."""
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
@@ -164,13 +165,12 @@ def test_calibrate_from_vllm_request_spans_received_by_collect(tmp_path):
 
     from kvtrace.instrument.otlp import OTLPCollector
 
-    known = CostModel("known", 4_000_000, 15_000, 900, 30_000, 2_000)
     db = tmp_path / "collected.duckdb"
     collector = OTLPCollector(db, port=0).start()
     provider = TracerProvider(resource=Resource.create({"service.name": "vllm"}))
     provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=collector.url)))
     tracer = provider.get_tracer("vllm.llm_engine")
-    for r in _served_one_at_a_time(known, seed=7):
+    for r in records:
         last = r.first_token_ns + sum(r.itl_ns)
         span = tracer.start_span("llm_request", kind=SpanKind.SERVER, start_time=r.arrival_ns, attributes={
             A.GEN_AI_USAGE_PROMPT_TOKENS: r.num_prompt_tokens, A.GEN_AI_USAGE_COMPLETION_TOKENS: r.num_output_tokens,
@@ -182,6 +182,14 @@ def test_calibrate_from_vllm_request_spans_received_by_collect(tmp_path):
         span.end(end_time=last)
     provider.shutdown()
     collector.stop()
+    return db
+
+
+def test_calibrate_from_vllm_request_spans_received_by_collect(tmp_path):
+    """vLLM's llm_request spans, with vLLM's own attribute names, sent by the real OTel SDK
+    over OTLP/HTTP to kvtrace's collector, then fitted: the known model comes back."""
+    known = CostModel("known", 4_000_000, 15_000, 900, 30_000, 2_000)
+    db = _sent_as_vllm_spans(tmp_path, _served_one_at_a_time(known, seed=7))
     fit = calibrate([db], name="from-spans", knee=0)
     assert len(fit.observations) == 32  # a prefill and a decode observation per request
     assert fit.max_error < 1e-6
@@ -476,3 +484,55 @@ def test_a_bench_result_whose_client_read_several_tokens_a_chunk_still_fits_exac
     assert fit.max_error < 1e-6
     for c in ("step_overhead_ns", "token_ns", "attn_pair_ps", "kv_read_ps", "decode_seq_ns"):
         assert abs(getattr(fit.model, c) - getattr(known, c)) <= max(1, 1e-6 * getattr(known, c)), c
+
+
+def test_collected_spans_under_load_count_the_other_requests_prefill_chunks(tmp_path):
+    """A decode step beside another request's prefill chunk pays for the chunk (chunked prefill
+    is how a long prompt slows everyone's ITL). The spans' observations counted the others'
+    decodes and never their prefills: under a Poisson load, the known model itself missed
+    the decode observations by 90% (median) and the prefills by 74%, and the fit put 0.8 ms
+    on each decoding sequence and 1 ms on a step (the truth: 2 us and 4 ms). Each request's
+    prefill is now spread over its [scheduled, first token), and the others' tokens and
+    pairs packed into its steps."""
+    known = CostModel("known", 4_000_000, 15_000, 900, 30_000, 2_000)
+    rng = random.Random(3)
+    reqs, t = [], 0
+    for i in range(48):
+        n = rng.choice([300, 2000, 9000])
+        t += int(rng.expovariate(20) * 1e9)  # ~20 requests a second: a busy server
+        reqs.append(TraceRequest(f"r{i}", t, n, rng.choice([8, 32]), token_ids=_random_prompt(rng, n)))
+    res = Engine(get_preset("dense-attention"), cost_model=known, content=False).run(reqs)
+    assert res.summary["mean_ttft_ms"] > 300  # (the load is real: requests wait and share steps)
+    observations = observations_from_file(_sent_as_vllm_spans(tmp_path, res.requests))
+    for group, bound in (("decode", 0.05), ("prefill", 0.3)):
+        errors = [abs(o.predicted_ns(known) - o.measured_ns) / o.measured_ns
+                  for o in observations if o.group.startswith(group)]
+        assert len(errors) == 48 and float(np.median(errors)) < bound, group
+    fit = calibrate([tmp_path / "collected.duckdb"], name="fitted", knee=0)
+    assert fit.median_error < 0.2
+    assert abs(fit.model.step_overhead_ns - known.step_overhead_ns) < 0.2 * known.step_overhead_ns
+    assert abs(fit.model.token_ns - known.token_ns) < 0.2 * known.token_ns
+    assert fit.model.decode_seq_ns < 100_000
+
+
+@given(st.integers(1, 400), st.integers(0, 40), st.integers(0, 10**6), st.integers(0, 30_000),
+       st.integers(0, 10**9), st.integers(1, 9_000))
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+def test_packed_steps_hold_every_token_pair_and_context_as_the_budget_packs_them(steps, seqs, context, tokens,
+                                                                                  pairs, budget):
+    from kvtrace.replay.calibrate import _packed_steps
+
+    work, repeats = _packed_steps(steps, seqs, context, tokens, pairs, budget)
+    total = _summed(work, repeats)
+    assert total == (tokens + seqs * sum(repeats), pairs, context, seqs * sum(repeats))
+    assert sum(repeats) >= steps and len(work) <= 6 and min(repeats) >= 1
+    chunk = max(budget - seqs, 1)
+    if -(-tokens // chunk) <= steps:  # room for the chunks: full ones first, then the rest
+        assert sum(repeats) == steps
+        assert sorted(((w.num_tokens - seqs) for w in work), reverse=True)[0] <= chunk
+
+
+def _summed(work, repeats):
+    """(tokens, pairs, context, decoding sequences) of all the steps together."""
+    return tuple(sum(k * getattr(w, f) for w, k in zip(work, repeats))
+                 for f in ("num_tokens", "prefill_pairs", "decode_context_tokens", "num_decode_seqs"))
