@@ -294,3 +294,24 @@ def test_the_backend_of_a_collected_and_a_captured_run_is_runs_in_every_view(tmp
     assert shown == {"collected": "–", "captured": "vllm", "replayed": "vllm"}
     code, out, err = run(["runs", "--db", db], capsys)
     assert code == 0 and "kvtrace" not in out.replace("runs in", ""), out
+
+
+def test_a_live_captures_hit_counters_are_not_measured_as_runs_and_diff_say(tmp_path, monkeypatch):
+    """A live capture records no lookups: its summary has no hit counters, so `kvtrace runs`
+    and `kvtrace diff` show –, where the Overview's tiles showed the spans' 0."""
+    from kvtrace import metrics
+    from kvtrace.store.writer import Store
+
+    db = str(tmp_path / "live.duckdb")
+    with Store.open(db) as store:
+        run = store.create_run("captured", trace_source="tcp://h:1", mode="live", config={"endpoint": "tcp://h:1"})
+        store.finish_run(run, summary={"requests": 0, "batches": 3})
+    want = read.run_summary(db, run)
+    keys = ("prefix_cache_queries", *metrics.SOURCE_KEYS)
+    assert all(want.get(k) is None for k in keys)
+    at = render(db, monkeypatch, run=run)
+    shown = {m.label: m.value for m in at.metric}
+    labels = {c.key: c.label for c in metrics.COUNTERS}
+    assert [shown[labels[k]] for k in keys] == ["–"] * len(keys), shown
+    assert shown["Requests"] == ui.count(want["requests"])
+    assert not any("No request was preempted" in c for c in _captions(at)), _captions(at)

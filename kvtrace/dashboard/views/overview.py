@@ -34,6 +34,14 @@ if row.get(SUMMARY_NOTHING_RECEIVED):
                icon=":material/signal_disconnected:")
 
 hits = queries.hit_counters(run_id)
+
+
+def counted(key: str) -> str:
+    """A hit counter as `kvtrace runs` and `kvtrace diff` show it: – where the run's summary
+    records none (a live capture has no lookups: not measured, where its spans would say 0)."""
+    return ui.count(hits[key]) if isinstance(s.get(key), (int, float)) else "–"
+
+
 # the headline tiles at fixed percentiles: a run replayed at --percentiles 25,75 has no p99 of its own
 lat = queries.call("latency_summary", run_id, (99,))
 LABEL = {c.key: c.label for c in metrics.COUNTERS} | {r.key: r.label for r in metrics.RATES}
@@ -47,15 +55,16 @@ c[1].metric(LABEL["external_prefix_cache_hit_rate"], ui.pct(hits["external_prefi
 c[2].metric("Requests", ui.count(hits["requests"]))
 c[3].metric("Block hit rate", ui.pct(s.get("block_hit_rate")), help=metrics.BLOCK_HIT_RATE_DOC)
 c = st.columns(4)
-c[0].metric(LABEL["prefix_cache_queries"], ui.count(hits["prefix_cache_queries"]), help=metrics.COUNTERS[0].doc)
+c[0].metric(LABEL["prefix_cache_queries"], counted("prefix_cache_queries"), help=metrics.COUNTERS[0].doc)
 for col, key in zip(c[1:], metrics.SOURCE_KEYS):
     counter = next(x for x in metrics.COUNTERS if x.key == key)
-    col.metric(counter.label, ui.count(hits[key]), help=f"{counter.vllm}: {counter.doc}")
+    col.metric(counter.label, counted(key), help=f"{counter.vllm}: {counter.doc}")
+preempted = counted("preempted_prefix_cache_queries")
 st.caption("Each request counted once, when it was first scheduled, as vLLM counts prefix_cache_queries and "
            "prefix_cache_hits; the prompt tokens split by source sum to the queries. "
-           + (f"Preempted requests' re-lookups, counted apart: {ui.count(hits['preempted_prefix_cache_hits'])} of "
-              f"{ui.count(hits['preempted_prefix_cache_queries'])} tokens hit."
-              if hits["preempted_prefix_cache_queries"] else "No request was preempted."))
+           + ("No lookups recorded (– : not measured)." if preempted == "–" else
+              f"Preempted requests' re-lookups, counted apart: {counted('preempted_prefix_cache_hits')} of "
+              f"{preempted} tokens hit." if hits["preempted_prefix_cache_queries"] else "No request was preempted."))
 
 st.subheader("Latency")
 for col, (label, key) in zip(st.columns(5), (("TTFT median", "median_ttft_ms"), ("TTFT p99", "p99_ttft_ms"),
