@@ -315,3 +315,15 @@ def test_a_live_captures_hit_counters_are_not_measured_as_runs_and_diff_say(tmp_
     assert [shown[labels[k]] for k in keys] == ["–"] * len(keys), shown
     assert shown["Requests"] == ui.count(want["requests"])
     assert not any("No request was preempted" in c for c in _captions(at)), _captions(at)
+
+
+def test_a_stopped_run_is_never_called_correct(tmp_path, monkeypatch):
+    """A replay stopped early never ran its last audit: Overview shows its stale hashes as –
+    (`kvtrace runs`, `diff`), and the correctness page said the cache stayed correct."""
+    db = str(tmp_path / "stopped.duckdb")
+    run = _stopped_run(db)
+    assert read.run_summary(db, run).get("stale_hashes") is None
+    assert {m.label: m.value for m in render(db, monkeypatch, run=run).metric}["Stale hashes"] == "–"
+    infos = [i.value for i in render(db, monkeypatch, "stale", run=run).info]
+    assert not any("the cache stayed correct" in i for i in infos), infos
+    assert any("not known correct" in i and "incomplete" in i for i in infos), infos

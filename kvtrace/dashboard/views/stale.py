@@ -7,6 +7,7 @@ from kvtrace.dashboard import charts, queries, state, ui
 
 ctx = queries.context()
 run_id = ctx["run_id"]
+row_status = queries.run_row(run_id).get("status") or "unfinished"
 
 st.title("Stale hashes & correctness")
 window = state.bound_window("Virtual time window", queries.time_extent_s(run_id))
@@ -17,15 +18,24 @@ over = state.in_window(queries.call("stale_hashes_over_time", run_id, window_ns=
                        "window_start_ns", window)
 # Only a replay that checked block content can tell a correct cache from an unchecked one.
 checked = queries.checks_content(run_id)
+# Only a finished replay's summary counts stale hashes (its last audit of every cached key ran):
+# a killed or running one's has none, and Overview shows – for it, not 0.
+audited = isinstance(queries.summary(run_id).get("stale_hashes"), int)
+if not checked:
+    nothing = ("No stale hashes or divergent outputs recorded: this run checked no block content (cache-only, "
+               "`--no-content` or captured), so it cannot tell whether its cache stayed correct.")
+    fill_correct = "an engine replay with content (the default), e.g. `kvtrace replay TRACE --db PATH --mode engine`"
+elif not audited:
+    nothing = (f"No stale hashes or divergent outputs recorded so far: this run is {ui.literal(row_status)}, so the "
+               "worker's audit of every cached key at the end of a run never ran, and the cache is not known correct.")
+    fill_correct = "the same replay run to its end"
+else:
+    nothing = "No stale hashes or divergent outputs in this run: the cache stayed correct."
+    fill_correct = FILL_STALE
 ui.chart(charts.correctness(over),
          "Per window: stale hashes the worker found (a key whose block content is not what its prefix defines), stale "
          "entries the cache left, and output tokens that diverged from the no-cache reference.",
-         empty_what="No stale hashes or divergent outputs in this run: the cache stayed correct." if checked else
-         "No stale hashes or divergent outputs recorded: this run checked no block content (cache-only, "
-         "`--no-content` or captured), so it cannot tell whether its cache stayed correct.",
-         command=FILL_STALE if checked else "an engine replay with content (the default), e.g. "
-                                            "`kvtrace replay TRACE --db PATH --mode engine`",
-         key="correctness")
+         empty_what=nothing, command=fill_correct, key="correctness")
 
 st.subheader("Drill-down")
 stale = queries.call("stale_hashes", run_id)
