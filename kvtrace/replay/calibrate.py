@@ -14,10 +14,12 @@ measurements come in three forms, each read into observations (``engine.costfit`
   ``max_num_batched_tokens``; an inter-token gap is a decode step (where a request has
   fewer gaps than output tokens after its first, the client read chunks of several tokens:
   its gaps together are its decode steps); a request that failed
-  (its TTFT 0.0, or an ``errors`` entry) is skipped. With
-  ``max_concurrency`` C > 1 every step is assumed to carry C - 1 other decoding
-  sequences at the run's mean context, so runs at concurrency 1 fit best (exact there),
-  and a few concurrencies together separate the per-token from the per-sequence cost.
+  (its TTFT 0.0, or an ``errors`` entry) is skipped. With its ``start_times`` (vllm
+  bench serve saves them) each request's TTFT and gaps are a timeline, read as collected
+  spans are (below): who else prefilled or decoded in each of its steps comes from the
+  overlap, with its queueing counted as prefill. Without them, with ``max_concurrency`` C
+  > 1 every step is assumed to carry C - 1 other decoding sequences at the run's mean
+  context, so such runs fit well only at concurrency 1 (exact there).
 * **vLLM's OTLP request spans** stored by ``kvtrace collect`` (a ``.duckdb`` store, and
   ``--run ID`` when it holds more than one collected run): per ``llm_request`` span,
   ``gen_ai.latency.time_in_model_prefill`` (its prefill chunks) and ``..._decode`` (its
@@ -42,6 +44,7 @@ import math
 import os
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
+from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
 
@@ -287,6 +290,19 @@ def bench_serve_observations(path: str, max_num_batched_tokens: int) -> list[Obs
             raise KVTraceError(f"{where}: itls: expected a list of seconds, got {itls[i]!r}"[:200])
         for j, gap in enumerate(itls[i]):
             _seconds(where, f"itls[{j}]", gap)
+    starts = doc.get("start_times")
+    if starts is not None:  # (vllm bench serve writes them since 0.11: each request's send time)
+        if not isinstance(starts, list) or len(starts) != len(ins):
+            raise KVTraceError(f"{path}: start_times: expected a list with an entry per request (vllm bench "
+                               f"serve's), got {starts!r}"[:200])
+        for i in done:
+            t = starts[i]
+            if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= _MAX_CLOCK_S:
+                raise KVTraceError(f"{path}: request {i}: start_times: expected seconds from 0 to "
+                                   f"{_MAX_CLOCK_S:,.0f} (a monotonic clock's), got {t!r}"[:200])
+        return _timeline_observations([_Timeline(
+            f"request {i}", ins[i], outs[i], round(starts[i] * 1e9), round(starts[i] * 1e9) + round(ttfts[i] * 1e9),
+            [round(g * 1e9) for g in itls[i]]) for i in done], max_num_batched_tokens, "bench") or _none_done(path)
     concurrency = doc.get("max_concurrency")
     if concurrency is not None and (isinstance(concurrency, bool) or not isinstance(concurrency, int)
                                     or concurrency < 1):  # (null: vllm bench serve's unlimited)
@@ -394,6 +410,86 @@ def _check_served(where: str, row: dict) -> None:
         check_int(where, None, key, row[key], 0)
 
 
+# A bench's start times are a client's monotonic clock (perf_counter): seconds since some
+# point, a boot at most; a century bounds them (their nanoseconds stay far inside an int64).
+_MAX_CLOCK_S = 100 * 365 * 86_400.0
+
+
+@dataclass(slots=True)
+class _Timeline:
+    """One request as a server or a client saw it, in ns: prefill [scheduled, first token),
+    then each inter-token gap (``gaps``, where the client read each token apart) or only
+    its last token (``last``)."""
+
+    label: str
+    prompt: int
+    outputs: int
+    scheduled: int
+    first: int
+    gaps: list[int] | None
+    last: int = 0
+
+    def __post_init__(self) -> None:
+        if self.gaps is not None:
+            self.last = self.first + sum(self.gaps)
+
+
+def _none_done(path: str) -> list[Observation]:
+    raise KVTraceError(f"{path}: no completed request to fit")
+
+
+def _timeline_observations(requests: list[_Timeline], budget: int, kind: str) -> list[Observation]:
+    """A prefill observation per request, and its decode steps: one observation a gap where
+    each gap is one token, else one for them all. The other requests in a step are read off
+    the timelines' overlap: those decoding when it was scheduled join its prefill chunks,
+    those decoding beside it its decode steps, and the others' prefills (each spread evenly
+    over its [scheduled, first token)) add their tokens and causal pairs, packed into chunks
+    of the budget, to its steps. Requests one at a time give every step exactly."""
+    decoding = _Decoding([(r.first, r.last) for r in requests], [2 * r.prompt + r.outputs for r in requests])
+    prefilled = [r for r in requests if r.first > r.scheduled]
+    tokens_in = _Rates([(r.scheduled, r.first) for r in prefilled], [r.prompt / (r.first - r.scheduled)
+                                                                      for r in prefilled])
+    pairs_in = _Rates([(r.scheduled, r.first) for r in prefilled], [prefill_pairs(0, r.prompt) / (r.first - r.scheduled)
+                                                                     for r in prefilled])
+    mean_ctx = sum(r.prompt + r.outputs / 2 for r in requests) / max(len(requests), 1)
+    obs: list[Observation] = []
+    for r in requests:
+        n, o = r.prompt, r.outputs
+        if n < 1 or r.first <= r.scheduled:
+            continue
+        count, ctx2 = decoding.at(r.scheduled)
+        # its prompt and the others' prefill tokens in its prefill, packed into steps of the budget
+        own = prefill_pairs(0, n)
+        tokens = n + max(0, round(tokens_in.covered(r.scheduled, r.first)) - n)
+        pairs = own + max(0, round(pairs_in.covered(r.scheduled, r.first)) - own)
+        steps = -(-tokens // max(budget - count, 1))
+        work, repeats = _packed_steps(steps, count, steps * round(ctx2 / 2), tokens, pairs, budget)
+        obs.append(Observation(work, r.first - r.scheduled, f"prefill ({kind})", r.label, repeats))
+        if o < 2 or r.last <= r.first:
+            continue
+        if r.gaps is not None and len(r.gaps) == o - 1:  # a step a gap: who else was in each
+            a = r.first
+            for j, gap in enumerate(r.gaps, start=1):
+                b = a + gap
+                count, ctx2 = decoding.at(a)  # (itself among them)
+                others_ctx = round((ctx2 - 2 * n - o) / 2) if count > 1 else 0
+                work, repeats = _packed_steps(1, count, n + j + others_ctx, round(tokens_in.covered(a, b)),
+                                              round(pairs_in.covered(a, b)), budget)
+                obs.append(Observation(work, gap, f"decode ({kind})", f"{r.label} gap {j}", repeats))
+                a = b
+            continue
+        # its o - 1 decode steps together (fewer gaps than tokens: some chunks the client read held
+        # several), the j-th reading n + j tokens of its own and the others' context
+        overlap = decoding.covered(r.first, r.last) - (r.last - r.first)  # the others' decode time in its own
+        beside = round(overlap / (r.last - r.first))
+        ctx = (o - 1) * (n + round(beside * mean_ctx)) + (o - 1) * o // 2
+        work, repeats = _packed_steps(o - 1, 1 + beside, ctx, round(tokens_in.covered(r.first, r.last)),
+                                      round(pairs_in.covered(r.first, r.last)), budget)
+        label = r.label if r.gaps is None else f"{r.label}: {len(r.gaps)} gaps for {o - 1} tokens"
+        obs.append(Observation(work, r.last - r.first, f"decode ({kind})", label, repeats))
+    return obs
+
+
 def served_span_observations(db: str, run_id: str | None, max_num_batched_tokens: int) -> list[Observation]:
     from kvtrace.store import read
 
@@ -406,47 +502,13 @@ def served_span_observations(db: str, run_id: str | None, max_num_batched_tokens
     rows = frame.to_dicts()
     for r in rows:  # what a client sent: checked before any is used (NaN, inf, a 2^60-token prompt)
         _check_served(f"{db}: run {run_id}: span {r['span_id']}", r)
-    # each request's prefill [scheduled, first token) and decode [first token, last token), in ns
-    spans = []
+    timeline = []
     for r in rows:
         scheduled = r["arrival_ns"] + round(r["queue_s"] * 1e9)
         first = scheduled + round(r["prefill_s"] * 1e9)
-        spans.append((scheduled, first, first + round(r["decode_s"] * 1e9)))
-    decoding = _Decoding([(f, e) for _, f, e in spans], [2 * r["prompt_tokens"] + r["completion_tokens"] for r in rows])
-    # every request's prefill, spread evenly over its [scheduled, first token): the prompt
-    # tokens and causal pairs the others' chunks put into a request's steps
-    prefilled = [(s, f, int(r["prompt_tokens"])) for r, (s, f, _) in zip(rows, spans) if f > s]
-    tokens_in = _Rates([(s, f) for s, f, _ in prefilled], [n / (f - s) for s, f, n in prefilled])
-    pairs_in = _Rates([(s, f) for s, f, _ in prefilled], [prefill_pairs(0, n) / (f - s) for s, f, n in prefilled])
-    budget = max_num_batched_tokens
-    mean_ctx = sum(rr["prompt_tokens"] + rr["completion_tokens"] / 2 for rr in rows) / len(rows)
-    obs: list[Observation] = []
-    for r, (scheduled, first, last) in zip(rows, spans):
-        n, o = int(r["prompt_tokens"]), int(r["completion_tokens"])
-        if n < 1 or r["prefill_s"] <= 0:
-            continue
-        count, ctx2 = decoding.at(scheduled)
-        if first <= scheduled < last:  # its own decode, when its prefill rounds to 0 ns: not another's
-            count, ctx2 = count - 1, ctx2 - (2 * n + o)
-        label = f"span {r['span_id']}"
-        # its prompt and the others' prefill tokens in its prefill, packed into steps of the budget
-        own = prefill_pairs(0, n)
-        tokens = n + max(0, round(tokens_in.covered(scheduled, first)) - n)
-        pairs = own + max(0, round(pairs_in.covered(scheduled, first)) - own)
-        seqs_ctx = round(ctx2 / 2)
-        steps = -(-tokens // max(budget - count, 1))
-        work, repeats = _packed_steps(steps, count, steps * seqs_ctx, tokens, pairs, budget)
-        obs.append(Observation(work, r["prefill_s"] * 1e9, "prefill (vLLM spans)", label, repeats))
-        if o < 2 or r["decode_s"] <= 0:
-            continue
-        overlap = decoding.covered(first, last) - (last - first)  # the others' decode time inside its own
-        beside = round(overlap / (last - first)) if last > first else 0
-        # o - 1 decode steps, the j-th reading n + j tokens of its own and the others' context,
-        # and the others' prefill chunks in them
-        ctx = (o - 1) * (n + round(beside * mean_ctx)) + (o - 1) * o // 2
-        work, repeats = _packed_steps(o - 1, 1 + beside, ctx, round(tokens_in.covered(first, last)),
-                                      round(pairs_in.covered(first, last)), budget)
-        obs.append(Observation(work, r["decode_s"] * 1e9, "decode (vLLM spans)", label, repeats))
+        timeline.append(_Timeline(f"span {r['span_id']}", int(r["prompt_tokens"]), int(r["completion_tokens"]),
+                                  scheduled, first, None, first + round(r["decode_s"] * 1e9)))
+    obs = _timeline_observations(timeline, max_num_batched_tokens, "vLLM spans")
     if not obs:
         raise KVTraceError(f"{db}: run {run_id}: no completed request to fit")
     return obs
