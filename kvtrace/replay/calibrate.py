@@ -234,8 +234,11 @@ class _Rates:
     inside [lo, hi), in O(log n) (what other requests' prefills did during a request's)."""
 
     def __init__(self, intervals: list[tuple[int, int]], rates: list[float]):
-        by_start = sorted(zip((s for s, _ in intervals), rates))
-        by_end = sorted(zip((e for _, e in intervals), rates))
+        # times from the earliest start: the moments below are float sums, and a client's clock
+        # (10^15 ns after a boot) would leave them a few tokens' rounding
+        self.origin = min((s for s, _ in intervals), default=0)
+        by_start = sorted(zip((s - self.origin for s, _ in intervals), rates))
+        by_end = sorted(zip((e - self.origin for _, e in intervals), rates))
         self.starts = [s for s, _ in by_start]
         self.ends = [e for e, _ in by_end]
         self.start_rate = list(accumulate((w for _, w in by_start), initial=0.0))
@@ -248,7 +251,7 @@ class _Rates:
         return (x * self.start_rate[a] - self.start_moment[a]) - (x * self.end_rate[b] - self.end_moment[b])
 
     def covered(self, lo: int, hi: int) -> float:
-        return self._left_of(hi) - self._left_of(lo)
+        return self._left_of(hi - self.origin) - self._left_of(lo - self.origin)
 
 
 def bench_serve_observations(path: str, max_num_batched_tokens: int) -> list[Observation]:

@@ -591,3 +591,18 @@ def test_a_bench_result_under_load_is_fitted_from_its_requests_timelines(tmp_pat
     assert fit.median_error < 0.1
     for c in ("step_overhead_ns", "token_ns", "attn_pair_ps", "kv_read_ps"):
         assert abs(getattr(fit.model, c) - getattr(known, c)) < 0.2 * getattr(known, c), c
+
+
+@given(st.lists(st.tuples(st.integers(0, 10**6), st.integers(1, 10**5), st.floats(0, 100)), min_size=1, max_size=30),
+       st.integers(-10**5, 2 * 10**6), st.integers(0, 10**6), st.sampled_from([0, 10**15, 3 * 10**18]))
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+def test_the_prefill_rates_index_agrees_with_every_interval(items, lo, length, clock):
+    """The others' prefill work in an interval (float moments over sorted ends) equals the sum
+    over every interval, on a client's clock far from 0 too (a century of ns)."""
+    from kvtrace.replay.calibrate import _Rates
+
+    intervals = [(clock + s, clock + s + d) for s, d, _ in items]
+    rates = [w for _, _, w in items]
+    lo, hi = clock + lo, clock + lo + length
+    want = sum(w * max(0, min(hi, e) - max(lo, s)) for (s, e), w in zip(intervals, rates))
+    assert _Rates(intervals, rates).covered(lo, hi) == pytest.approx(want, rel=1e-9, abs=1e-6)
