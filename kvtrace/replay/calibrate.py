@@ -202,30 +202,26 @@ def _packed_steps(steps: int, seqs: int, context: int, tokens: int, pairs: int, 
                   ) -> tuple[list[StepWork], list[int]]:
     """``steps`` steps of ``seqs`` decoding sequences (``context`` tokens read in all), among
     which ``tokens`` prefill tokens (``pairs`` pairs in all) are packed as the budget packs
-    them: chunks of what the decodes leave of it, then the rest, in as many steps as that
-    takes (``steps`` at least). As (work, repeats); the sums are exact, so what is linear
-    in them is too."""
+    them: chunks of what the decodes leave of it, then the rest (all of them in the ``steps``,
+    >= 1, shared evenly where the budget's chunks would need more). As (work, repeats); the
+    sums are exact, so what is linear in them is too."""
     chunk = max(budget - seqs, 1)
+    if tokens > steps * chunk:  # (more prefill than the steps hold at the budget: it shares them evenly)
+        chunk = -(-tokens // steps)
     full, rest = divmod(tokens, chunk)
     busy = full + (rest > 0)
-    if busy > steps:  # (more prefill than the decodes' steps hold: it shares them evenly)
-        chunk = -(-tokens // steps)
-        full, rest = divmod(tokens, chunk)
-        busy = full + (rest > 0)
-    steps = max(steps, busy)
-    # (tokens, pairs, context) of each kind of step, pairs in proportion to tokens, context evenly
-    kinds = [(chunk, full), (rest, 1 if rest else 0), (0, steps - busy)]
-    kinds = [(t, k) for t, k in kinds if k]
+    # each kind of step (prefill tokens, how many): pairs in proportion to the tokens (the last
+    # kind with tokens takes what rounding left), the context evenly (the last kind the rest)
+    kinds = [(t, k) for t, k in ((chunk, full), (rest, 1 if rest else 0), (0, steps - busy)) if k]
     work, repeats = [], []
-    pairs_left, context_left, steps_left = pairs, context, steps
+    tokens_left, pairs_left, context_left = tokens, pairs, context
     for index, (t, k) in enumerate(kinds):
-        last = index == len(kinds) - 1
-        p = pairs_left if last else pairs * t * k // tokens if tokens else 0
-        c = context_left if last else context * k // steps
+        p = pairs_left if t * k == tokens_left else pairs * t * k // tokens
+        c = context_left if index == len(kinds) - 1 else context * k // steps
         w, r = _like_steps(k, t + seqs, p, c, seqs)
         work += w
         repeats += r
-        pairs_left, context_left, steps_left = pairs_left - p, context_left - c, steps_left - k
+        tokens_left, pairs_left, context_left = tokens_left - t * k, pairs_left - p, context_left - c
     return work, repeats
 
 
