@@ -62,3 +62,21 @@ def test_a_store_path_is_shown_as_typed(tmp_path: Path, capsys, command):
     code, _, err = run([*command, "--db", db], capsys)
     line = assert_one_line(code, err, "a\\nb")
     assert "\x1b" not in line
+
+
+def test_more_percentiles_than_the_read_api_summarises_are_refused_at_the_flag(tmp_path: Path, capsys, trace):
+    """2,001 were replayed: a run stopped before its summary is summarised from its spans at its
+    own percentiles by the read API, which takes at most 1,001, so `runs` and `diff` of that
+    store failed for good, naming "latency_summary: percentiles"."""
+    many = ",".join(str(i / 20) for i in range(1002))
+    db = tmp_path / "s.duckdb"
+    code, stdout, err = run(["replay", trace, "--no-content", "--percentiles", many, "--db", str(db)], capsys)
+    line = assert_one_line(code, err, "--percentiles: 0.0,0.05,", "expected at most 1,001 distinct percentiles, got "
+                                                                  "1,002")
+    assert "characters left out" in line and stdout == "" and not db.exists()
+    code, _, err = run(["diff", "r1", "r2", "--db", trace, "--percentiles", many], capsys)  # (diff's own flag)
+    assert_one_line(code, err, "--percentiles:", "got 1,002")
+    top = ",".join(str(i / 10) for i in range(1001))  # (the read API's own bound: accepted)
+    code, stdout, err = run(["replay", trace, "--no-content", "--percentiles", top, "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(stdout)["p99.9_ttft_ms"] is not None
