@@ -79,13 +79,16 @@ def _runs(db: str, key: tuple) -> pl.DataFrame:
 def with_run_columns(frame: pl.DataFrame) -> pl.DataFrame:
     """Flatten the runs frame for display: behaviours on/off, summary fields as columns."""
     rows = frame.to_dicts()
+    # kvtrace's behaviour switches are engine mode's: a cache-only replay (stored as []), a
+    # capture or a collected run has none (`kvtrace runs` shows -), and is not "without" all of them.
     known: set[str] = set()
     for r in rows:
-        known |= set(_behaviour_names(r.get("behaviours")))
+        if has_behaviours(r):
+            known |= set(_behaviour_names(r.get("behaviours")))
     for r in rows:
-        on = _behaviour_names(r.get("behaviours"))
+        on = _behaviour_names(r.get("behaviours")) if has_behaviours(r) else []
         r["behaviours_on"] = ", ".join(on)
-        r["behaviours_off"] = ", ".join(sorted(known - set(on)))
+        r["behaviours_off"] = ", ".join(sorted(known - set(on))) if has_behaviours(r) else ""
         summary = _json(r.get("summary")) or {}
         for k in SUMMARY_KEYS:
             v = summary.get(k)
@@ -98,6 +101,12 @@ def with_run_columns(frame: pl.DataFrame) -> pl.DataFrame:
                                                    "label": pl.String}
     schema |= {k: pl.Float64 for k in SUMMARY_KEYS}
     return pl.DataFrame(rows, schema=schema)
+
+
+def has_behaviours(row: dict[str, Any]) -> bool:
+    """Whether kvtrace's behaviour switches apply to the run: an engine replay's (either
+    backend), or any run whose record names some."""
+    return row.get("mode") == "engine" or bool(_behaviour_names(row.get("behaviours")))
 
 
 def _json(text: Any) -> Any:

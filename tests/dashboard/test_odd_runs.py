@@ -327,3 +327,32 @@ def test_a_stopped_run_is_never_called_correct(tmp_path, monkeypatch):
     infos = [i.value for i in render(db, monkeypatch, "stale", run=run).info]
     assert not any("the cache stayed correct" in i for i in infos), infos
     assert any("not known correct" in i and "incomplete" in i for i in infos), infos
+
+
+def test_only_an_engine_run_is_said_to_run_without_a_behaviour(tmp_path, monkeypatch):
+    """kvtrace's behaviour switches are engine mode's: a cache-only replay (stored as []), a
+    capture or a collected run was labelled "without" every behaviour of the store's engine
+    runs, where `kvtrace runs` shows -."""
+    from kvtrace.dashboard.queries import with_run_columns
+    from kvtrace.store.writer import Store
+
+    db = str(tmp_path / "modes.duckdb")
+    with Store.open(db) as store:
+        store.create_run("on", mode="engine", behaviours=["shared-prefix-pinning", "transient-checkpoint-retention"])
+        store.create_run("off", mode="engine", behaviours=["transient-checkpoint-retention"])
+        store.create_run("lru", mode="cache-only/lru", behaviours=[])
+        store.create_run("captured", trace_source="tcp://h:1", mode="live")
+        store.create_run("collected", mode="otlp")
+    rows = {r["name"]: r for r in with_run_columns(read.runs(db)).iter_rows(named=True)}
+    assert rows["off"]["behaviours_off"] == "shared-prefix-pinning" and rows["on"]["behaviours_off"] == ""
+    assert " · without shared-prefix-pinning" in rows["off"]["label"], rows["off"]["label"]
+    for name in ("lru", "captured", "collected"):
+        assert rows[name]["behaviours_off"] == "" and "behaviours" not in rows[name]["label"], rows[name]
+    at = render(db, monkeypatch, run=rows["lru"]["run_id"])
+    header = at.markdown[0].value
+    assert "off:" not in header and "behaviours: –" in header, header
+    # a record that names behaviours shows them, whatever its mode
+    with Store.open(db) as store:
+        named = store.create_run("named", mode="otlp", behaviours=["shared-prefix-pinning"])
+    row = with_run_columns(read.runs(db)).filter(pl.col("run_id") == named).row(0, named=True)
+    assert row["behaviours_on"] == "shared-prefix-pinning" and row["behaviours_off"] == "transient-checkpoint-retention"

@@ -20,8 +20,10 @@ st.markdown(
     f"**{ui.literal(row.get('name') or run_id)}** · run {ui.code(run_id)} · "
     f"trace {ui.code(row.get('trace_source') or '–')} · mode {ui.code(row.get('mode') or '–')} · "
     f"backend {ui.code(row.get('backend') or '–')} · "
-    f"status **{ui.literal(row.get('status'))}**  \nbehaviours on: {ui.literal(row.get('behaviours_on') or 'none')}"
-    + (f" · **off: {ui.literal(row['behaviours_off'])}**" if row.get("behaviours_off") else "")
+    f"status **{ui.literal(row.get('status'))}**  \n"
+    + (f"behaviours on: {ui.literal(row.get('behaviours_on') or 'none')}"
+       + (f" · **off: {ui.literal(row['behaviours_off'])}**" if row.get("behaviours_off") else "")
+       if queries.has_behaviours(row) else "behaviours: – (kvtrace's behaviour switches are engine replays')")
 )
 if row.get("status") == "running":
     st.warning("This run is still being written by a replay: press **Refresh** in the sidebar for newer data.",
