@@ -32,7 +32,7 @@ Llama-3.1-8B-Instruct-FP8 under vLLM (TTFT per input length, ITL per batch and c
 ``h200-kimi-hybrid`` is derived, because no Kimi-Linear step timings are published: its
 MoE and KDA kernels are partly AIConfigurator's estimates; the fully measured hybrid
 nearest to it, Qwen3.5-35B-A3B (Gated DeltaNet 3:1, MoE 256 top-8), fits the same form
-within 9%. Copy costs are not in the data: ``kv_copy_ns`` is one block's bytes at ~3.5
+within 9.1%. Copy costs are not in the data: ``kv_copy_ns`` is one block's bytes at ~3.5
 TB/s plus a launch; ``state_copy_ns`` is the recurrent state of all linear layers
 (Kimi-Linear: 20 layers x 32 heads x 128 x 128 x 4 B = 40 MiB) at the same rate.
 """

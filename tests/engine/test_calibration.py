@@ -51,6 +51,40 @@ def test_every_source_step_within_20_percent(name):
         assert abs(got - o.measured_ns) <= 0.2 * o.measured_ns, (name, o.label, got / 1e6, o.measured_ns / 1e6)
 
 
+def test_the_readme_hybrid_fit_figures():
+    """The README: the measured hybrid nearest kimi-hybrid (Qwen3.5-35B-A3B) fits the same
+    form within 9.1%, and without the MoE term the hybrids fit no better than 65-72% at worst."""
+    kimi = COST_MODELS["h200-kimi-hybrid"]
+    moe = CostModel("t", 0, 0, 0, 0, 0, num_experts=kimi.num_experts, experts_per_token=kimi.experts_per_token)
+    plain = CostModel("t", 0, 0, 0, 0, 0)
+    qwen, linear = DATA / "aic-h200-qwen3.5-35b-a3b-tp1.csv", DATA / SOURCES["h200-kimi-hybrid"][0]
+    assert round(calibrate([qwen], name="q", template=moe).max_error, 3) == 0.091
+    assert round(calibrate([qwen], name="q", template=plain).max_error, 2) == 0.65
+    assert round(calibrate([linear], name="k", template=plain).max_error, 2) == 0.72
+
+
+def test_the_8b_preset_against_dynamos_measured_profile():
+    """The README's cross-check of h200-dense-8b against a measurement (Dynamo's H200 profile
+    of the FP8 8B under vLLM: TTFT per prompt length, ITL per batch and context), figure by
+    figure: the medians within 20%, the worst misses the short requests (per-request work
+    outside the kernels) and the large short-context decode batches."""
+    import statistics
+
+    model = COST_MODELS["h200-dense-8b"]
+    errors: dict[str, list[tuple[float, str]]] = {"TTFT": [], "ITL": []}
+    for o in observations_from_file(DATA / "dynamo-h200-llama-3.1-8b-fp8-tp1.csv"):
+        got = sum(model.step_ns_of(w) for w in o.work)
+        errors["TTFT" if "TTFT" in o.label else "ITL"].append((got / o.measured_ns - 1, o.label))
+    ttft, itl = (sorted(errors[k]) for k in ("TTFT", "ITL"))
+    assert (len(ttft), len(itl)) == (17, 41)
+    assert round(statistics.median(e for e, _ in ttft), 2) == 0.16  # (FP8 kernels beat bf16 on long prompts)
+    assert round(statistics.median(e for e, _ in itl), 2) == -0.05
+    assert (round(ttft[0][0], 2), ttft[0][1]) == (-0.69, "prefill 100 (measured TTFT)")
+    assert round(ttft[-1][0], 2) == 0.21
+    assert (round(itl[0][0], 2), itl[0][1]) == (-0.45, "decode 525 seqs at context 350 (measured ITL)")
+    assert round(itl[-1][0], 2) == 0.18
+
+
 @pytest.mark.parametrize("name", sorted(SOURCES))
 def test_calibrate_gives_the_preset_back(name):
     model = COST_MODELS[name]
