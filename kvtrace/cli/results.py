@@ -12,7 +12,7 @@ import typer
 
 from kvtrace.cli.application import app
 from kvtrace.cli.choices import BACKENDS, Backend, Behaviour, value
-from kvtrace.cli.options import Db, DbToRead, Json, Markdown, Percentiles, replay_options
+from kvtrace.cli.options import STORE_HELP, Db, DbToRead, Json, Markdown, Percentiles, replay_options
 from kvtrace.cli.options import percentiles as parse_percentiles
 from kvtrace.cli.output import echo_json, error, one_format, print_rows, recorded, status
 from kvtrace.errors import ConfigError, KVTraceError
@@ -156,10 +156,19 @@ def study(
         res.print()
 
 
+def _demo_store(db: str) -> str:
+    # a str, not a Path: Path('clickhouse://u:p@h:8123/db') is 'clickhouse:/u:p@...', which was
+    # refused as a name DuckDB would read as a URL (and Path('') is the current directory)
+    if db == "":
+        raise typer.BadParameter("expected a path, got an empty one")
+    return db
+
+
 @app.command()
 def demo(
-    db: Annotated[Path, typer.Option(metavar="FILE", help="Where to write the demo runs (replaced).")]
-        = Path("kvtrace-demo.duckdb"),
+    db: Annotated[str, typer.Option(metavar="STORE", callback=_demo_store, help="Where to write the demo runs "
+                                    f"(replaced), or a ClickHouse store to add them to: {STORE_HELP}.")]
+        = "kvtrace-demo.duckdb",
     backend: Annotated[Backend, typer.Option(
         help="The cache manager of the all-on run: kvtrace's or the installed vLLM's (the runs with a behaviour "
              "off are kvtrace's: its switches are its own). vllm: every run on a 100-block pool, where vLLM 0.33 "
@@ -174,7 +183,7 @@ def demo(
 
         if read_only_file(db):  # (the new store's rename replaced it all the same)
             raise KVTraceError(f"{db}: {READ_ONLY}")
-        demo_target(str(db))  # (before the replay engine loads: a wrong --db is told at once)
+        demo_target(db)  # (before the replay engine loads: a wrong --db is told at once)
     from kvtrace.compare.demo import run_demo
     from kvtrace.process import pyarrow_without_pandas
 

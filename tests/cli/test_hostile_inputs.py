@@ -80,3 +80,28 @@ def test_more_percentiles_than_the_read_api_summarises_are_refused_at_the_flag(t
     code, stdout, err = run(["replay", trace, "--no-content", "--percentiles", top, "--json"], capsys)
     assert code == 0, err
     assert json.loads(stdout)["p99.9_ttft_ms"] is not None
+
+
+@pytest.mark.parametrize("db,needles", [
+    ("s3://bucket/key", ["s3://bucket/key: expected a store file path", "write ./s3://bucket/key"]),
+    ("", ["--db: expected a path, got an empty one"]),
+])
+def test_the_demos_store_is_taken_as_typed(tmp_path: Path, capsys, monkeypatch, db, needles):
+    """--db was a Path, which reads '//' as '/': 's3:/bucket/key' was named, and 'write
+    ./s3:/bucket/key' advised, a name other than the one typed."""
+    monkeypatch.chdir(tmp_path)  # (nothing written here)
+    code, _, err = run(["demo", "--db", db], capsys)
+    assert_one_line(code, err, *needles)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_demo_takes_a_clickhouse_server_store(tmp_path: Path, capsys, monkeypatch):
+    """The README's `demo --db clickhouse://...` was refused as 'clickhouse:/kv:***@...', a name
+    DuckDB would read as a URL; it is a ClickHouse store, here one nothing answers at."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run(["demo", "--db", "clickhouse://kv:pw@127.0.0.1:1/otel"], capsys)
+    assert code == 2 and "Traceback" not in err, err
+    last = err.strip().splitlines()[-1]  # (after the progress bar's "stopped" line: see the report)
+    assert last.startswith("kvtrace: error: clickhouse://kv@127.0.0.1:1/otel: cannot connect to ClickHouse"), last
+    assert "pw" not in err
+    assert list(tmp_path.iterdir()) == []
