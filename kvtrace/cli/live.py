@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from kvtrace.cli.application import app, capture_app
-from kvtrace.cli.options import DbRequired
+from kvtrace.cli.options import DbRequired, output_file
 from kvtrace.cli.output import recorded, status
 from kvtrace.process import pyarrow_without_pandas
 
@@ -57,8 +56,8 @@ def capture_vllm(
     replay_endpoint: Annotated[str | None, typer.Option(
         metavar="URL", help="vLLM's replay ROUTER endpoint, for gap recovery.")] = None,
     duration: Annotated[float | None, typer.Option(metavar="SECONDS", help="Stop after this long.")] = None,
-    trace_out: Annotated[Path | None, typer.Option(
-        metavar="FILE", help="Also reconstruct a native trace here.")] = None,
+    trace_out: Annotated[str | None, typer.Option(  # (a str: a Path drops the / of NAME/, which is refused)
+        metavar="FILE", callback=output_file, help="Also reconstruct a native trace here.")] = None,
     dp_size: Annotated[int, typer.Option(
         metavar="N", help="The server's --data-parallel-size: capture every rank, each at vLLM's per-rank endpoint "
                           "(tcp port + rank).")] = 1,

@@ -105,3 +105,13 @@ def test_the_demo_takes_a_clickhouse_server_store(tmp_path: Path, capsys, monkey
     assert last.startswith("kvtrace: error: clickhouse://kv@127.0.0.1:1/otel: cannot connect to ClickHouse"), last
     assert "pw" not in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_capture_refuses_a_trace_out_naming_a_missing_directory(tmp_path: Path, capsys):
+    """--trace-out was a Path, which drops the / of NAME/: the capture wrote its trace to a file
+    NAME where generate, convert and calibrate refuse it."""
+    out, db = tmp_path / "newdir", tmp_path / "s.duckdb"
+    code, _, err = run(["capture", "vllm", "--endpoint", "tcp://127.0.0.1:5557", "--db", str(db), "--duration", "0.1",
+                        "--trace-out", f"{out}/"], capsys)
+    assert_one_line(code, err, f"{out}/: names a directory, which does not exist")
+    assert not out.exists() and not db.exists()
