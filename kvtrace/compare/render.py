@@ -155,7 +155,21 @@ def times_note(diff: RunDiff, code: Any = markdown_code) -> str:
         return times_source(run.get("mode"), run.get("cost_model"), code)
 
     a, b = source(diff.run_a), source(diff.run_b)
-    return f"Times: {a}" if a == b else f"Times: A {a} · B {b}"
+    if a != b:
+        return f"Times: A {a} · B {b}"
+    changed = coefficient_changes(diff.run_a.get("cost_model_coefficients"),
+                                  diff.run_b.get("cost_model_coefficients"))
+    return f"Times: {a}" + (f", its coefficients not the same: {changed}" if changed else "")
+
+
+def coefficient_changes(a: Any, b: Any, most: int = 3) -> str | None:
+    """The coefficients two cost models of one name differ in, "KEY A x → B y" (at most
+    ``most``, then how many more); None when they agree or either is unknown."""
+    if not isinstance(a, dict) or not isinstance(b, dict) or a == b:
+        return None
+    keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    shown = ", ".join(f"{k} A {a.get(k)} → B {b.get(k)}" for k in keys[:most])
+    return shown + (f" and {len(keys) - most} more" if len(keys) > most else "")
 
 
 def backend_note(diff: RunDiff, code: Any = markdown_code) -> str | None:

@@ -102,7 +102,8 @@ class StoreView:
 
     def run_info(self, run_id: str) -> dict[str, Any]:
         """run_id, name, trace (source), trace_id (digest), mode, behaviours, status, digest,
-        cost_model (the name of the model that produced its times; None: no times)."""
+        cost_model (the name of the model that produced its times; None: no times) and its
+        cost_model_coefficients."""
         r = self.run_row(run_id)
         stored = r.get("config")
         config: dict[str, Any] = stored if isinstance(stored, dict) else {}
@@ -116,6 +117,7 @@ class StoreView:
             "status": r.get("status"),
             "digest": r.get("digest"),
             "cost_model": _cost_model(r.get("config")),
+            "cost_model_coefficients": _cost_model_coefficients(r.get("config")),
             # whose cache manager made its events, and which vLLM (``metrics.backend_label``)
             "backend": run_backend(r.get("mode"), config),
             "vllm_version": config.get("vllm_version"),
@@ -180,6 +182,14 @@ class StoreView:
             "ttft_ms": req.select("request_id", pl.col("ttft_ns").alias("ttft_ms")),
             "itl_ms": gaps.select("request_id", pl.col("gap_ns").alias("itl_ms")),
         }
+
+
+def _cost_model_coefficients(config: Any) -> dict[str, Any] | None:
+    """The coefficients of the cost model an engine run's stored config holds (its name
+    and the file it came from apart): two models of one name may differ in them (a fitted
+    copy, a hand edit)."""
+    model = config.get("cost_model") if isinstance(config, dict) else None
+    return {k: v for k, v in model.items() if k not in ("name", "source")} if isinstance(model, dict) else None
 
 
 def _cost_model(config: Any) -> str | None:

@@ -708,3 +708,33 @@ def test_a_cell_that_rounds_to_zero_has_no_sign(value, signed, shown):
     from kvtrace.compare.render import fmt
 
     assert fmt(value, signed=signed) == shown
+
+
+def test_two_cost_models_of_one_name_are_told_apart_in_the_times_line(tmp_path, capsys):
+    """Two runs timed by a model named "simple", one with its token_ns doubled: diff said
+    "Times: modelled by cost model simple" and the TTFT change looked like the cache's."""
+    from kvtrace.compare.render import coefficient_changes
+    from tests.cli.support import run
+
+    db = tmp_path / "s.duckdb"
+    ids = []
+    for token_ns in (10_000, 20_000):
+        cfg = tmp_path / f"cm{token_ns}.toml"
+        cfg.write_text(f'[cost_model]\nname = "simple"\nstep_overhead_ns = 1000000\ntoken_ns = {token_ns}\n'
+                       "attn_pair_ps = 1\nkv_read_ps = 1\ndecode_seq_ns = 1\n")
+        code, _, err = run(["replay", "gen:chat", "--limit", "12", "--config", str(cfg), "--db", str(db)], capsys)
+        assert code == 0, err
+        ids.append(f"r{len(ids) + 1}")
+    d = diff_runs(db, *ids)
+    want = "Times: modelled by cost model `simple`, its coefficients not the same: token_ns A 10000 → B 20000"
+    assert want in to_markdown(d)
+    assert "token_ns A 10000 → B 20000" in to_text(d)
+    copy = tmp_path / "copy.toml"  # the same model from another file: its source is no coefficient
+    copy.write_text((tmp_path / "cm10000.toml").read_text())
+    code, _, err = run(["replay", "gen:chat", "--limit", "12", "--config", str(copy), "--db", str(db)], capsys)
+    assert code == 0, err
+    same = to_markdown(diff_runs(db, ids[0], "r3"))
+    assert "coefficients" not in same and "Times: modelled by cost model `simple`" in same
+    assert coefficient_changes({"x": 1}, None) is None
+    assert coefficient_changes({f"k{i}": i for i in range(5)}, {f"k{i}": -i for i in range(5)}) == (
+        "k1 A 1 → B -1, k2 A 2 → B -2, k3 A 3 → B -3 and 1 more")
