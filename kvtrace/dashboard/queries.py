@@ -315,7 +315,8 @@ def _extent(db: str, key: tuple, run_id: str) -> tuple[int, int]:
     running or foreign run) the last request finish, read once and reduced to two numbers."""
     summary = _json(read.run(db, run_id).get("summary")) or {}
     duration, n = summary.get("virtual_duration_s"), summary.get("requests")
-    if isinstance(duration, (int, float)) and isinstance(n, int) and duration > 0:
+    # (a damaged one, 1e300 s, past int64 nanoseconds, is read from the spans instead)
+    if isinstance(duration, (int, float)) and isinstance(n, int) and 0 < duration * 1e9 < 2**63:
         return int(duration * 1e9), n
     reqs = read.requests(db, run_id)
     end = reqs.select(pl.col("finish_ns").max()).item() if reqs.height else None

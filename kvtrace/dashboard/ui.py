@@ -126,7 +126,7 @@ def fingerprint(fp: Any) -> str:
 
 def pp(delta: Any) -> str:
     """A change of a rate in percentage points, signed: '+3.9 pp'."""
-    if not _finite(delta):
+    if not _finite(delta) or not _finite(100.0 * float(delta)):  # (a damaged 1e308 is no rate either)
         return "–"
     points = 100.0 * float(delta)
     if points == 0:
@@ -135,7 +135,7 @@ def pp(delta: Any) -> str:
 
 
 def pct(x: Any) -> str:
-    return "–" if not _finite(x) else f"{100.0 * float(x):.1f}%"
+    return "–" if not _finite(x) or not _finite(100.0 * float(x)) else f"{100.0 * float(x):.1f}%"
 
 
 def ms(x: Any) -> str:

@@ -356,3 +356,23 @@ def test_only_an_engine_run_is_said_to_run_without_a_behaviour(tmp_path, monkeyp
         named = store.create_run("named", mode="otlp", behaviours=["shared-prefix-pinning"])
     row = with_run_columns(read.runs(db)).filter(pl.col("run_id") == named).row(0, named=True)
     assert row["behaviours_on"] == "shared-prefix-pinning" and row["behaviours_off"] == "transient-checkpoint-retention"
+
+
+def test_a_summary_number_past_any_range_is_no_number_and_no_page_error(tmp_path, monkeypatch):
+    """A damaged summary's 1e308 rate showed 'inf%', and its 1e300 s duration (past int64 ns)
+    stopped every windowed page with an OverflowError box: the rate is –, the window is the spans'."""
+    import duckdb
+
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = str(tmp_path / "huge.duckdb")
+    run = run_replay(RunSpec("gen:mixed", limit=8, name="huge"), db=db).run_id
+    with duckdb.connect(db) as con:
+        con.execute("UPDATE runs SET summary = json_merge_patch(summary, '{\"block_hit_rate\": 1e308, "
+                    "\"virtual_duration_s\": 1e300}') WHERE run_id = ?", [run])
+    at = render(db, monkeypatch, run=run)
+    assert {m.label: m.value for m in at.metric}["Block hit rate"] == "–"
+    for page in ("hit_rate", "evictions", "stale", "latency"):
+        at = render(db, monkeypatch, page, run=run)
+        assert not at.error, (page, [e.value for e in at.error])
+    assert ui.pct(1e308) == ui.pp(-1e308) == "–"
