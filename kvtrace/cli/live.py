@@ -14,6 +14,7 @@ from kvtrace.process import pyarrow_without_pandas
 
 @app.command()
 def collect(
+    ctx: typer.Context,
     db: DbRequired,
     port: Annotated[int, typer.Option(metavar="PORT", help="OTLP/HTTP port (0: any free port).")] = 4318,
     grpc_port: Annotated[int, typer.Option(
@@ -28,6 +29,11 @@ def collect(
 
     from kvtrace.instrument.otlp.limits import check_collector_options
 
+    source = ctx.get_parameter_source("grpc_port")  # (typer's own click's enum: told by its name)
+    if not grpc and getattr(source, "name", None) == "COMMANDLINE":
+        from kvtrace.errors import ConfigError  # (it was ignored without a word, even a port of -5)
+
+        raise ConfigError("--grpc-port", str(grpc_port), "given with --no-grpc, which serves no gRPC port; drop one")
     check_collector_options(port, grpc_port if grpc else None, max_body_bytes)  # (before the receiver loads)
     # Before grpc loads: its C core wrote a stderr line for each malformed request any peer
     # sends (a bad grpc-encoding, say); the summary counts what kvtrace refuses. Set

@@ -115,3 +115,12 @@ def test_capture_refuses_a_trace_out_naming_a_missing_directory(tmp_path: Path, 
                         "--trace-out", f"{out}/"], capsys)
     assert_one_line(code, err, f"{out}/: names a directory, which does not exist")
     assert not out.exists() and not db.exists()
+
+
+@pytest.mark.parametrize("grpc_port", ["5000", "-5", "4317"])
+def test_collect_refuses_a_grpc_port_with_no_grpc(tmp_path: Path, capsys, grpc_port):
+    """--no-grpc dropped --grpc-port without a word, whatever it was (-5 too), its default included."""
+    db = tmp_path / "s.duckdb"
+    code, _, err = run(["collect", "--db", str(db), "--port", "0", "--no-grpc", f"--grpc-port={grpc_port}"], capsys)
+    assert_one_line(code, err, f"--grpc-port: {grpc_port}: given with --no-grpc")
+    assert not db.exists()
