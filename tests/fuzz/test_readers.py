@@ -325,6 +325,17 @@ def test_detection_tells_a_lines_json_fault_as_the_reader_does(tmp_path: Path, l
         assert "truncated" not in text and "recursion" not in text
 
 
+@pytest.mark.parametrize("blank", [b"", b"\xef\xbb\xbf \r\n"])
+def test_an_empty_conversation_in_a_weka_directory_is_an_empty_file(tmp_path: Path, blank):
+    """msgspec said "Input data was truncated" of a file holding nothing."""
+    (tmp_path / "a.json").write_text(json.dumps({"block_size": 16, "requests": [{"t": 0, "in": 5, "hash_ids": [1]}]}))
+    (tmp_path / "b.json").write_bytes(blank)
+    with pytest.raises(KVTraceError) as info:
+        read_trace(tmp_path)
+    text = one_line_error(info.value, f"{tmp_path / 'b.json'}: empty file; expected a WEKA conversation")
+    assert "truncated" not in text
+
+
 def test_a_weka_block_size_beyond_any_replay_is_named_in_the_file(tmp_path: Path):
     """2^62 tokens a block was read, then refused by cache-only mode as "cache-only: block_size",
     naming no file."""

@@ -172,6 +172,8 @@ def _load(path: str) -> tuple[str, WekaFile]:
     problem = compressed_problem(path, raw[:6])  # (a directory's file named .json: 'not UTF-8 text' it was)
     if problem is not None:
         raise TraceFormatError(path, None, problem)
+    if not raw.strip(b" \t\r\n"):  # (a directory's empty file: msgspec said "Input data was truncated")
+        raise TraceFormatError(path, None, "empty file; expected a WEKA conversation (one JSON object)")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
