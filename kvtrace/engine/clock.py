@@ -10,6 +10,7 @@ These are MODELLED times, not measurements. A step of work W costs
             + decode_seq_ns       * decode sequences              per-sequence work (recurrent state, sampling)
             + moe_expert_ns       * experts touched               E * (1 - (1 - k/E)^T): distinct experts of T tokens
             + kv_copy_ns * KV block copies + state_copy_ns * state copies
+            + kv_load_ns * tokens loaded from the external tier + state_load_ns * states loaded
 
 Every term is integer arithmetic (picoseconds where a nanosecond is too coarse; the MoE
 term in 62-bit fixed point), so the same steps give the same times everywhere.
@@ -34,7 +35,12 @@ MoE and KDA kernels are partly AIConfigurator's estimates; the fully measured hy
 nearest to it, Qwen3.5-35B-A3B (Gated DeltaNet 3:1, MoE 256 top-8), fits the same form
 within 9.1%. Copy costs are not in the data: ``kv_copy_ns`` is one block's bytes at ~3.5
 TB/s plus a launch; ``state_copy_ns`` is the recurrent state of all linear layers
-(Kimi-Linear: 20 layers x 32 heads x 128 x 128 x 4 B = 40 MiB) at the same rate.
+(Kimi-Linear: 20 layers x 32 heads x 128 x 128 x 4 B = 40 MiB) at the same rate. Loads
+from the external tier (a KV connector's CPU memory) are not in the data either: each is
+its bytes over the host-to-device link at ~50 GB/s (PCIe 5.0 x16), a token's KV for
+``kv_load_ns`` (per GPU under tensor parallelism: each GPU loads its shard over its own
+link) and the whole recurrent state for ``state_load_ns``, added to the step that admits
+the request (vLLM's synchronous load path; an asynchronous connector hides part of it).
 """
 
 from __future__ import annotations
@@ -61,6 +67,8 @@ class StepWork(NamedTuple):
     num_decode_seqs: int = 0
     num_kv_copies: int = 0
     num_state_copies: int = 0
+    num_kv_loads: int = 0  # tokens loaded from the external tier
+    num_state_loads: int = 0  # recurrent states loaded from it (one a state group a loading request)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +81,8 @@ class CostModel:
     decode_seq_ns: int
     kv_copy_ns: int = 0
     state_copy_ns: int = 0
+    kv_load_ns: int = 0  # a token's KV loaded from the external tier
+    state_load_ns: int = 0  # a recurrent state loaded from it
     token_knee: int = 0  # 0: no knee
     token_above_knee_ns: int = 0
     moe_expert_ns: int = 0
@@ -101,6 +111,8 @@ class CostModel:
         num_decode_seqs: int,
         num_kv_copies: int,
         num_state_copies: int,
+        num_kv_loads: int = 0,
+        num_state_loads: int = 0,
     ) -> int:
         ns = (
             self.step_overhead_ns
@@ -109,6 +121,8 @@ class CostModel:
             + self.decode_seq_ns * num_decode_seqs
             + self.kv_copy_ns * num_kv_copies
             + self.state_copy_ns * num_state_copies
+            + self.kv_load_ns * num_kv_loads
+            + self.state_load_ns * num_state_loads
         )
         if self.token_knee and num_tokens > self.token_knee:
             ns += self.token_above_knee_ns * (num_tokens - self.token_knee)
@@ -124,12 +138,13 @@ class CostModel:
 # The coefficients, in the order the fit and the TOML list them.
 COEFFICIENTS = (
     "step_overhead_ns", "token_ns", "token_above_knee_ns", "attn_pair_ps", "kv_read_ps", "decode_seq_ns",
-    "moe_expert_ns", "kv_copy_ns", "state_copy_ns", "token_knee", "num_experts", "experts_per_token",
+    "moe_expert_ns", "kv_copy_ns", "state_copy_ns", "kv_load_ns", "state_load_ns", "token_knee", "num_experts",
+    "experts_per_token",
 )
 # The ones ``kvtrace calibrate`` fits (the knee and the MoE routing are chosen, copies derived).
 FITTED_TERMS = (
     "step_overhead_ns", "token_ns", "token_above_knee_ns", "attn_pair_ps", "kv_read_ps", "decode_seq_ns",
-    "moe_expert_ns", "kv_copy_ns", "state_copy_ns",
+    "moe_expert_ns", "kv_copy_ns", "state_copy_ns", "kv_load_ns", "state_load_ns",
 )
 
 
@@ -141,7 +156,8 @@ def term_values(model: CostModel, work: StepWork) -> list[float]:
     experts = (_experts_touched_fp(model.num_experts, model.experts_per_token, t) / (1 << _FP_BITS)
                if model.num_experts else 0.0)
     return [1.0, float(t), float(above), work.prefill_pairs / 1000, work.decode_context_tokens / 1000,
-            float(work.num_decode_seqs), experts, float(work.num_kv_copies), float(work.num_state_copies)]
+            float(work.num_decode_seqs), experts, float(work.num_kv_copies), float(work.num_state_copies),
+            float(work.num_kv_loads), float(work.num_state_loads)]
 
 
 _MOE_TABLES: dict[tuple[int, int], list[int]] = {}
@@ -170,25 +186,26 @@ COST_MODELS: dict[str, CostModel] = {
     for m in (
         CostModel(
             "h200-dense-8b", step_overhead_ns=4_868_663, token_ns=11_675, attn_pair_ps=807, kv_read_ps=29_351,
-            decode_seq_ns=872, kv_copy_ns=5_000, token_knee=512, token_above_knee_ns=9_019,
+            decode_seq_ns=872, kv_copy_ns=5_000, kv_load_ns=2_621, token_knee=512, token_above_knee_ns=9_019,
             source="Llama-3.1-8B bf16, 1 H200, vLLM 0.24.0 kernels (AIConfigurator 0.12.0): "
                    "tests/data/calibration/aic-h200-llama-3.1-8b-tp1.csv",
         ),
         CostModel(
             "h200-dense-70b-tp4", step_overhead_ns=12_235_275, token_ns=29_177, attn_pair_ps=1_020, kv_read_ps=18_553,
-            decode_seq_ns=2_676, kv_copy_ns=5_000, token_knee=256, token_above_knee_ns=32_445,
+            decode_seq_ns=2_676, kv_copy_ns=5_000, kv_load_ns=1_638, token_knee=256, token_above_knee_ns=32_445,
             source="Llama-3.1-70B bf16, 4 H200 (TP 4), vLLM 0.24.0 kernels (AIConfigurator 0.12.0): "
                    "tests/data/calibration/aic-h200-llama-3.1-70b-tp4.csv",
         ),
         CostModel(
             "h200-dense-70b-tp8", step_overhead_ns=8_130_708, token_ns=26_131, attn_pair_ps=508, kv_read_ps=9_493,
-            decode_seq_ns=0, kv_copy_ns=5_000, token_knee=256, token_above_knee_ns=11_698,
+            decode_seq_ns=0, kv_copy_ns=5_000, kv_load_ns=819, token_knee=256, token_above_knee_ns=11_698,
             source="Llama-3.1-70B bf16, 8 H200 (TP 8), vLLM 0.24.0 kernels (AIConfigurator 0.12.0): "
                    "tests/data/calibration/aic-h200-llama-3.1-70b-tp8.csv",
         ),
         CostModel(
             "h200-kimi-hybrid", step_overhead_ns=3_719_004, token_ns=5_979, attn_pair_ps=223, kv_read_ps=1_787,
-            decode_seq_ns=14_703, kv_copy_ns=2_000, state_copy_ns=12_000, token_knee=256, token_above_knee_ns=5_606,
+            decode_seq_ns=14_703, kv_copy_ns=2_000, state_copy_ns=12_000, kv_load_ns=161,
+            state_load_ns=838_861, token_knee=256, token_above_knee_ns=5_606,
             moe_expert_ns=101_848, num_experts=256, experts_per_token=8,
             source="Kimi-Linear-48B-A3B shape, 1 H200, vLLM 0.24.0 kernels, partly estimated (AIConfigurator 0.12.0 "
                    "HYBRID): tests/data/calibration/aic-h200-kimi-linear-48b-a3b-tp1.csv",

@@ -23,7 +23,7 @@ from itertools import islice
 from operator import sub
 from typing import Any
 
-from kvtrace.cache import CacheConfig, KVCacheManager
+from kvtrace.cache import CacheConfig, KVCacheManager, MambaSpec
 from kvtrace.cache.events import BlockCopied, BlockEvicted, BlockPublished
 from kvtrace.engine.arrays import TORCH_CPU
 from kvtrace.engine.backends import BACKENDS, DEFAULT_BACKEND, VLLM
@@ -126,6 +126,8 @@ class Engine:
         worker, auditor = self._worker(device)
         scheduler = Scheduler(self.scheduler_config, cc, manager)
         clock = Clock(self.cost_model)
+        # a request loading from the external tier loads each state group's recurrent state
+        state_groups = sum(isinstance(g, MambaSpec) for g in cc.groups)
         live: dict[str, EngineRequest] = {}
         records: list[RequestFinished] = []
         stats: dict[str, Any] = {"publishes": 0, "evictions": 0, "cow_copies": 0, "divergent_outputs": 0,
@@ -192,6 +194,7 @@ class Engine:
                 )
             step += 1
             res = worker.execute(out)
+            loads = [nr.num_external_tokens for nr in out.scheduled_new_reqs if nr.num_external_tokens]
             start_ns, end_ns = clock.run_step(
                 num_tokens=out.total_num_scheduled_tokens,
                 prefill_pairs=res.prefill_pairs,
@@ -199,6 +202,8 @@ class Engine:
                 num_decode_seqs=res.num_decode_seqs,
                 num_kv_copies=res.num_kv_copies,
                 num_state_copies=res.num_state_copies,
+                num_kv_loads=sum(loads),
+                num_state_loads=len(loads) * state_groups,
             )
             for nr in out.scheduled_new_reqs:
                 if nr.request.first_scheduled_ns < 0:

@@ -128,3 +128,32 @@ def test_max_num_seqs_holds_the_second_request_until_the_first_finishes(content)
     assert (r["a"].first_token_ns, r["a"].finish_ns) == (prefill, prefill + decode)
     assert r["b"].first_scheduled_ns == prefill + decode
     assert (r["b"].first_token_ns, r["b"].finish_ns) == (2 * prefill + decode, 2 * (prefill + decode))
+
+
+@pytest.mark.parametrize("preset_name", ["dense-attention", "kimi-hybrid"])
+def test_a_load_from_the_external_tier_costs_its_tokens_and_states(content, preset_name):
+    """An external hit was free: a 1,280-token load from the tier cost the step nothing.
+    Now the step that admits the request pays kv_load_ns a token loaded and state_load_ns a
+    state group's recurrent state (kvtrace.engine.clock)."""
+    from dataclasses import replace
+
+    # a fills the pool; c (another prompt) pushes a's blocks out to the tier; b resends a's prompt
+    reqs = [_request("a", 0, 2048, 1, 1000), _request("c", 100 * MS, 2048, 1, 50_000),
+            _request("b", 200 * MS, 2048, 1, 1000)]
+    # a pool that holds one request at a time (dense: 16-token blocks; the hybrid: 512, its
+    # states taking blocks of the pool too), a tier that holds both
+    capacity = {"dense-attention": 129, "kimi-hybrid": 10}[preset_name]
+    preset = get_preset(preset_name, capacity_blocks=capacity, external_capacity_blocks=256)
+    loading = replace(FLAT, name="loading", kv_load_ns=1_000, state_load_ns=70_000)
+    runs = {}
+    for cost in (FLAT, loading):
+        result = Engine(preset, cost_model=cost, content=content).run(reqs)
+        runs[cost.name] = {r.request_id: r for r in result.requests}
+    free, paid = runs["flat"], runs["loading"]
+    loaded = paid["b"].num_external_hit_tokens
+    assert loaded >= 1024 and paid["b"].num_local_hit_tokens == 0  # (b's prefix came from the tier)
+    states = sum(g.__class__.__name__ == "MambaSpec" for g in preset.cache_config.groups)
+    assert states == (1 if preset_name == "kimi-hybrid" else 0)
+    for rid in "ac":  # (no load before b: the same times)
+        assert paid[rid].first_token_ns == free[rid].first_token_ns
+    assert paid["b"].first_token_ns - free["b"].first_token_ns == 1_000 * loaded + 70_000 * states

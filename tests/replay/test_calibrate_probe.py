@@ -208,4 +208,5 @@ def test_the_moe_term_of_a_huge_step_keeps_no_table_past_saturation():
 def test_the_report_says_which_terms_no_measurement_exercised():
     lines = fit_report(calibrate([CALIBRATION], name="x"))
     marked = {line.split()[0] for line in lines if line.endswith("(not fitted: no measurement exercises it)")}
-    assert marked == {"kv_copy_ns", "state_copy_ns"}  # (the steps copy no block; moe: a dense model)
+    # (the steps copy and load no block; moe: a dense model)
+    assert marked == {"kv_copy_ns", "state_copy_ns", "kv_load_ns", "state_load_ns"}
