@@ -639,3 +639,21 @@ def test_the_prefill_rates_index_agrees_with_every_interval(items, lo, length, c
     lo, hi = clock + lo, clock + lo + length
     want = sum(w * max(0, min(hi, e) - max(lo, s)) for (s, e), w in zip(intervals, rates))
     assert _Rates(intervals, rates).covered(lo, hi) == pytest.approx(want, rel=1e-9, abs=1e-6)
+
+
+def test_a_bench_result_fitted_under_the_concurrency_assumption_says_so_in_the_report(tmp_path):
+    """Without start_times, a result at concurrency C > 1 is fitted assuming C - 1 others
+    decoding at the mean context; a burst at concurrency 4 fitted 0 ns of step overhead at a
+    3% median error, and nothing in the report said the fit rested on an assumption."""
+    from kvtrace.replay.calibrate import fit_report
+
+    doc = {"input_lens": [1000 + 300 * i for i in range(12)], "output_lens": [4] * 12,
+           "ttfts": [0.03 + 0.004 * i for i in range(12)], "itls": [[0.011, 0.012, 0.011]] * 12}
+    lines = {}
+    for concurrency in (1, 4):
+        path = tmp_path / f"bench{concurrency}.json"
+        path.write_text(json.dumps({**doc, "max_concurrency": concurrency}))
+        lines[concurrency] = "\n".join(fit_report(calibrate([path], name="x")))
+    assert "prefill (TTFT, 3 others assumed (no start_times)): 12 observations" in lines[4]
+    assert "decode (ITL, 3 others assumed (no start_times)): 36 observations" in lines[4]
+    assert "assumed" not in lines[1] and "prefill (TTFT): 12 observations" in lines[1]
