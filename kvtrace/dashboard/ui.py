@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
+from collections.abc import Iterable
 from typing import Any
 
 import plotly.graph_objects as go
@@ -106,12 +107,23 @@ def literal_text(fig: go.Figure) -> go.Figure:
     return fig
 
 
-def table(frame: pl.DataFrame | None, caption: str, *, empty_what: str, command: str = FILL_RUN) -> None:
+def table(frame: pl.DataFrame | None, caption: str, *, empty_what: str, command: str = FILL_RUN,
+          column_config: dict[str, Any] | None = None) -> None:
     if frame is None or frame.height == 0:
         empty(empty_what, command)
         return
-    st.dataframe(frame, width="stretch", hide_index=True, height="auto")
+    st.dataframe(frame, width="stretch", hide_index=True, height="auto", column_config=column_config)
     st.caption(caption)
+
+
+def summary_columns(keys: Iterable[str]) -> dict[str, Any]:
+    """How a table shows summary keys, in the tiles' units: a rate as a percentage, a latency
+    in ms, a count with thousands separators (the values stay the summary's, for sorting)."""
+    def column(key: str) -> Any:
+        if key.endswith("_rate"):
+            return st.column_config.NumberColumn(format="percent")
+        return st.column_config.NumberColumn(format="%.1f ms" if key.endswith("_ms") else "localized")
+    return {k: column(k) for k in keys}
 
 
 def short_hash(h: Any) -> str:

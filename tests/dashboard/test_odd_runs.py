@@ -376,3 +376,20 @@ def test_a_summary_number_past_any_range_is_no_number_and_no_page_error(tmp_path
         at = render(db, monkeypatch, page, run=run)
         assert not at.error, (page, [e.value for e in at.error])
     assert ui.pct(1e308) == ui.pp(-1e308) == "–"
+
+
+def test_the_runs_table_shows_rates_latencies_and_counts_in_the_tiles_units(stale_db, monkeypatch):
+    """The Overview's run list showed a hit rate as 0.6847 beside its tile's 68.5% (and
+    `kvtrace runs`' 68.47%): rates are percentages, latencies ms, counts with separators;
+    the values stay the summary's, so the columns still sort by number."""
+    import json
+
+    at = render(stale_db, monkeypatch)
+    (frame,) = at.dataframe
+    shown = json.loads(frame.proto.columns)
+    formats = {k: shown[k]["type_config"]["format"] for k in ("prefix_cache_hit_rate", "block_hit_rate",
+                                                              "median_ttft_ms", "p99_itl_ms", "evictions")}
+    assert formats == {"prefix_cache_hit_rate": "percent", "block_hit_rate": "percent", "median_ttft_ms": "%.1f ms",
+                       "p99_itl_ms": "%.1f ms", "evictions": "localized"}
+    rates = [v for v in frame.value["prefix_cache_hit_rate"] if v == v]
+    assert rates and all(0 <= v <= 1 for v in rates)  # fractions, as the summary stores them

@@ -100,4 +100,4 @@ table = queries.runs().select(
     "created",
 )
 ui.table(table, "Every run in this store; click a column header to sort, pick a run in the sidebar to inspect it.",
-         empty_what="No runs yet.")
+         empty_what="No runs yet.", column_config=ui.summary_columns(queries.SUMMARY_KEYS))
