@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -68,6 +67,14 @@ DbToRead = Annotated[str, typer.Option("--db", metavar="STORE", callback=_existi
                                        help=f"Store written by kvtrace: {STORE_HELP}.")]
 
 
+def _path_typed(path: str | None) -> str | None:
+    # a str, not a Path: Path('run.toml/') is 'run.toml', read as the config although the name
+    # typed is no file, and every error named the path Path made, not the one typed
+    if path == "":
+        raise typer.BadParameter("expected a path, got an empty one")
+    return path
+
+
 def output_file(path: str | None) -> str | None:
     """An output file's path as typed (a ``Path`` would drop the trailing slash of ``NAME/``,
     which the writer, ``AtomicText``, refuses); ``-`` is no file name a user means."""
@@ -89,9 +96,9 @@ _RUN_OPTIONS: dict[str, tuple[Any, Any, str]] = {
     "preset": (Annotated[Preset | None, typer.Option(
         help="Engine and cache preset (engine mode; default kimi-hybrid).", rich_help_panel=RUN_PANEL)],
         None, "preset"),
-    "config": (Annotated[Path | None, typer.Option(
-        "--config", metavar="FILE.toml", help="TOML settings overriding the preset.", rich_help_panel=RUN_PANEL)],
-        None, "config_file"),
+    "config": (Annotated[str | None, typer.Option(
+        "--config", metavar="FILE.toml", callback=_path_typed, help="TOML settings overriding the "
+        "preset.", rich_help_panel=RUN_PANEL)], None, "config_file"),
     "mode": (Annotated[Mode, typer.Option(
         help="engine: scheduler, worker and modelled time; cache-only: the cache alone.",
         rich_help_panel=RUN_PANEL)], Mode("engine"), "mode"),
@@ -224,8 +231,6 @@ def run_spec(trace: str, options: dict[str, Any]):
         fields["content"] = not fields["content"]  # the flag is --no-content
     if "capacity_blocks" in fields:
         fields["capacity_blocks"] = parse_capacity_blocks(fields["capacity_blocks"])
-    if fields.get("config_file") is not None:
-        fields["config_file"] = str(fields["config_file"])
     if "without" in fields:
         fields["without"] = tuple(fields["without"] or ())
     if "percentiles" in fields:

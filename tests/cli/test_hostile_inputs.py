@@ -124,3 +124,16 @@ def test_collect_refuses_a_grpc_port_with_no_grpc(tmp_path: Path, capsys, grpc_p
     code, _, err = run(["collect", "--db", str(db), "--port", "0", "--no-grpc", f"--grpc-port={grpc_port}"], capsys)
     assert_one_line(code, err, f"--grpc-port: {grpc_port}: given with --no-grpc")
     assert not db.exists()
+
+
+def test_a_config_path_is_taken_as_typed(tmp_path: Path, capsys, trace):
+    """--config was a Path, which drops a trailing /: `--config run.toml/` (no such directory) read
+    run.toml, and errors named the path Path made (./a//b.toml as a/b.toml)."""
+    cfg = tmp_path / "run.toml"
+    cfg.write_text("[scheduler]\nmax_num_seqs = 8\n")
+    code, stdout, err = run(["replay", trace, "--no-content", "--config", f"{cfg}/"], capsys)
+    assert_one_line(code, err, f"{cfg}/: cannot use this path (Not a directory)")
+    assert stdout == ""
+    typed = f"{tmp_path}//./missing.toml"
+    code, _, err = run(["replay", trace, "--no-content", "--config", typed], capsys)
+    assert_one_line(code, err, f"{typed}: no such file")
