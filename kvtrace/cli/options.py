@@ -67,7 +67,7 @@ DbToRead = Annotated[str, typer.Option("--db", metavar="STORE", callback=_existi
                                        help=f"Store written by kvtrace: {STORE_HELP}.")]
 
 
-def _path_typed(path: str | None) -> str | None:
+def typed_path(path: str | None) -> str | None:
     # a str, not a Path: Path('run.toml/') is 'run.toml', read as the config although the name
     # typed is no file, and every error named the path Path made, not the one typed
     if path == "":
@@ -97,7 +97,7 @@ _RUN_OPTIONS: dict[str, tuple[Any, Any, str]] = {
         help="Engine and cache preset (engine mode; default kimi-hybrid).", rich_help_panel=RUN_PANEL)],
         None, "preset"),
     "config": (Annotated[str | None, typer.Option(
-        "--config", metavar="FILE.toml", callback=_path_typed, help="TOML settings overriding the "
+        "--config", metavar="FILE.toml", callback=typed_path, help="TOML settings overriding the "
         "preset.", rich_help_panel=RUN_PANEL)], None, "config_file"),
     "mode": (Annotated[Mode, typer.Option(
         help="engine: scheduler, worker and modelled time; cache-only: the cache alone.",

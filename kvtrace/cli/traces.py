@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from kvtrace.cli.application import app
 from kvtrace.cli.choices import GeneratedFormat, TraceFormat, Workload, value
-from kvtrace.cli.options import Seed, output_file
+from kvtrace.cli.options import Seed, output_file, typed_path
 from kvtrace.cli.output import status
 
 Out = Annotated[str, typer.Option("--out", "-o", metavar="FILE", callback=output_file, help="Output trace file.")]
@@ -34,7 +33,7 @@ def generate(
 
 @app.command()
 def convert(
-    trace: Annotated[Path, typer.Argument(metavar="TRACE", help="Any supported trace.")],
+    trace: Annotated[str, typer.Argument(metavar="TRACE", callback=typed_path, help="Any supported trace.")],
     out: Annotated[str, typer.Option("--out", "-o", metavar="FILE", callback=output_file,
                                      help="Output kvtrace native JSONL.")],
     fmt: Annotated[TraceFormat | None, typer.Option(
@@ -52,7 +51,7 @@ def convert(
 
     check_limit(limit)
     source = open_trace(trace, format=value(fmt), limit=limit, block_size=trace_block_size)
-    inputs: list[str | Path] = [trace, *source.files]  # (a directory trace: each of its files is an input too)
+    inputs = [trace, *source.files]  # (a directory trace: each of its files is an input too)
     kept = None
     if source.format == "native":  # its header's metadata (generator, seed, block sizes) was dropped
         from kvtrace.replay.readers import native_header

@@ -137,3 +137,13 @@ def test_a_config_path_is_taken_as_typed(tmp_path: Path, capsys, trace):
     typed = f"{tmp_path}//./missing.toml"
     code, _, err = run(["replay", trace, "--no-content", "--config", typed], capsys)
     assert_one_line(code, err, f"{typed}: no such file")
+
+
+def test_convert_takes_its_trace_as_typed(tmp_path: Path, capsys, trace):
+    """TRACE was a Path, which drops a trailing /: `convert t.jsonl/` converted t.jsonl."""
+    out = tmp_path / "out.jsonl"
+    code, _, err = run(["convert", f"{trace}/", "-o", str(out)], capsys)
+    assert_one_line(code, err, f"{trace}/: cannot use this path (Not a directory)")
+    assert not out.exists()
+    code, _, err = run(["convert", "", "-o", str(out)], capsys)
+    assert_one_line(code, err, "TRACE: expected a path, got an empty one")
