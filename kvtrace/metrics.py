@@ -291,9 +291,13 @@ def is_latency_key(name: str) -> bool:
     return name.rsplit("_", 2)[-2] in LATENCY_KEYS if name.count("_") >= 2 else False
 
 
+MAX_PERCENTILES = 1_001  # 0, 0.1, ..., 100: the CDF's; what a run may record and the read API takes
+
+
 def parse_percentiles(text: str | Sequence[float] | None) -> tuple[float, ...]:
     """``"50,90,99"`` (vllm bench serve's --metric-percentiles) -> (50.0, 90.0, 99.0);
-    ValueError naming the bad item. None gives DEFAULT_PERCENTILES."""
+    ValueError naming the bad item, or saying there are more than MAX_PERCENTILES distinct
+    ones. None gives DEFAULT_PERCENTILES."""
     if text is None:
         return DEFAULT_PERCENTILES
     items = [s.strip() for s in text.split(",")] if isinstance(text, str) else list(text)
@@ -310,7 +314,10 @@ def parse_percentiles(text: str | Sequence[float] | None) -> tuple[float, ...]:
         out.append(p)
     if not out:
         raise ValueError("no percentiles given")
-    return tuple(dict.fromkeys(out))
+    distinct = tuple(dict.fromkeys(out))
+    if len(distinct) > MAX_PERCENTILES:
+        raise ValueError(f"expected at most {MAX_PERCENTILES:,} distinct percentiles, got {len(distinct):,}")
+    return distinct
 
 
 # Summary keys counted in blocks (or a rate of them): two runs of other block sizes count them

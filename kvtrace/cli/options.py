@@ -156,22 +156,15 @@ Percentiles = Annotated[str | None, typer.Option(
 def percentiles(text: str | None) -> tuple[float, ...]:
     """--percentiles 50,90,99 -> (50.0, 90.0, 99.0); one-line error naming the flag."""
     from kvtrace.errors import ConfigError
-    from kvtrace.metrics import DEFAULT_PERCENTILES, parse_percentiles
+    from kvtrace.metrics import parse_percentiles
     from kvtrace.names import cut_middle
 
+    # (at most metrics.MAX_PERCENTILES: the read API summarises a stopped run's latencies at its
+    # own percentiles, and `runs` and `diff` of a store holding a killed run of 2,001 failed)
     try:
-        pcts = parse_percentiles(text)
+        return parse_percentiles(text)
     except ValueError as err:
         raise ConfigError("--percentiles", cut_middle(str(text), 200), str(err)) from None
-    if len(pcts) > len(DEFAULT_PERCENTILES):  # (the bound's module loads polars: a long list only)
-        from kvtrace.store.read._api import MAX_PERCENTILES
-
-        # the read API summarises a stopped run's latencies at its own percentiles, and took no
-        # more: `runs` and `diff` of a store holding a killed run of 2,001 failed, naming its internals
-        if len(pcts) > MAX_PERCENTILES:
-            raise ConfigError("--percentiles", cut_middle(str(text), 200),
-                              f"expected at most {MAX_PERCENTILES:,} distinct percentiles, got {len(pcts):,}")
-    return pcts
 
 TRACE_HELP = "Trace file (or a directory of WEKA files), or gen:NAME for a generated workload."
 

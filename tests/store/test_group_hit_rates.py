@@ -4,6 +4,7 @@ never the request hit rate under another label."""
 
 from __future__ import annotations
 
+import json
 import pytest
 
 from kvtrace.replay.run import RunSpec, run_replay
@@ -106,3 +107,11 @@ def test_a_run_without_a_summary_summarises_its_latencies_at_its_own_percentiles
         con.execute("UPDATE runs SET config = '{\"percentiles\": [true]}' WHERE run_id = ?", [custom.run_id])
     spans = read.summary_from_spans(db, custom.run_id)
     assert "p99_ttft_ms" in spans and "p1_ttft_ms" not in spans
+    # more percentiles than the read API takes (recorded before the CLI bounded them, or
+    # damaged): the defaults, not "latency_summary: percentiles: expected 1 to 1,001" from
+    # every runs and diff of the store
+    many = json.dumps({"percentiles": [i / 20 for i in range(2001)]})
+    with duckdb.connect(db) as con:
+        con.execute("UPDATE runs SET config = ? WHERE run_id = ?", [many, custom.run_id])
+    spans = read.summary_from_spans(db, custom.run_id)
+    assert "p99_ttft_ms" in spans and "p0.05_ttft_ms" not in spans

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kvtrace.errors import KVTraceError
+from kvtrace.metrics import MAX_PERCENTILES
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -34,7 +35,6 @@ COUNT_RANGES: dict[str, tuple[int, int]] = {
     "limit": (0, 100_000_000), "top": (0, 1_000_000), "top_prefixes": (0, 10_000), "bins": (1, 100_000),
 }
 PERCENTILE_LISTS = ("qs", "percentiles")  # each a list of distinct percentiles in 0..100
-MAX_PERCENTILES = 1_001  # 0, 0.1, ..., 100: the CDF's
 
 
 def _check_range(function: str, parameter: str, value: Any) -> None:
