@@ -40,3 +40,13 @@ def test_a_backend_label_names_the_vllm_a_run_drove_and_a_dirty_checkout():
     assert backend_label("engine", {**dirty, "vllm_commit": "a" * 40}) == "vllm 0.33.1.dev5 @ aaaaaaaaaaaa"
     assert backend_label("engine", {}) == "kvtrace" and backend_label("live", None) == "vllm"
     assert backend_label("otlp", {}) is None  # (a collector cannot know its sender's manager)
+
+
+def test_a_trace_path_in_the_summary_table_is_shown_as_typed():
+    """`kvtrace replay $'esc\\x1b[31mRED.jsonl'` put the escape sequence on the terminal
+    through the table's trace row, and a path with [red] in it recoloured the row."""
+    out = io.StringIO()
+    summary = {"trace": "t\x1b[31mRED[red]x.jsonl", "requests": 3}
+    Console(file=out, width=200, color_system="truecolor", force_terminal=True).print(summary_table(summary))
+    text = out.getvalue()
+    assert "\x1b[31m" not in text and "\\x1b[31mRED[red]x.jsonl" in text

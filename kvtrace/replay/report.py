@@ -40,7 +40,8 @@ def summary_table(summary: Mapping[str, Any], title: str = "summary") -> Table:
     for key, value in summary.items():
         if isinstance(value, (dict, list)):
             continue
-        table.add_row(key, format_value(key, value))
+        # (a trace's path is the user's text: shown, never read as markup or control codes)
+        table.add_row(key, markup_literal(format_value(key, value)))
     return table
 
 
