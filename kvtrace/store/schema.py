@@ -245,15 +245,18 @@ STORE_MAGIC = "kvtrace-store"
 def meta_version(meta: dict, label: str) -> int:
     """The schema version a store's ``kvtrace_meta`` rows (key -> value) declare, on either
     backend; StoreError for a table that is another program's, damaged or too new."""
+    from kvtrace.names import cut_middle
     from kvtrace.store.errors import StoreError
 
+    # (a value is quoted within 80 characters: a damaged one of 100,000 was quoted whole)
     if meta.get("magic") != STORE_MAGIC:
-        raise StoreError(label, f"not a kvtrace store ({META_TABLE}.magic is {meta.get('magic')!r})")
+        magic = cut_middle(repr(meta.get("magic")), 80)
+        raise StoreError(label, f"not a kvtrace store ({META_TABLE}.magic is {magic})")
     raw = meta.get("schema_version", "0")
     try:
         version = int(raw)
     except (TypeError, ValueError):
-        raise StoreError(label, f"damaged kvtrace store ({META_TABLE}.schema_version is {raw!r}, "
+        raise StoreError(label, f"damaged kvtrace store ({META_TABLE}.schema_version is {cut_middle(repr(raw), 80)}, "
                                 "not an integer)") from None
     if version > SCHEMA_VERSION:
         raise StoreError(label, f"store schema version {version} is newer than this kvtrace ({SCHEMA_VERSION})")

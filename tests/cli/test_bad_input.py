@@ -484,6 +484,11 @@ def test_a_store_whose_schema_version_is_not_an_integer(tmp_path, capsys, two_ru
     for argv in (["replay", "gen:chat", "--limit", "2", "--db", db], ["diff", "r1", "r2", "--db", db]):
         code, _, err = run(argv, capsys)
         assert_one_line(code, err, "s.duckdb", "schema_version", "'two'")
+    with duckdb.connect(db) as con:  # a damaged value of 100,000 characters was quoted whole
+        con.execute("UPDATE kvtrace_meta SET value = ? WHERE key = 'schema_version'", ["x" * 100_000])
+    code, _, err = run(["diff", "r1", "r2", "--db", db], capsys)
+    assert_one_line(code, err, "s.duckdb", "schema_version is 'xxx", "not an integer")
+    assert len(err) < 400
 
 
 @pytest.mark.parametrize("gate, needle", [("x<1", "expected METRIC:THRESHOLD"), ("nope:1", "unknown metric")])
