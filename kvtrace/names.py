@@ -56,6 +56,16 @@ def printable(text: object) -> str:
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
+_ERRNO = re.compile(r"\[Errno -?\d+\] [^'\")]+")
+
+
+def errno_phrase(text: str) -> str | None:
+    """The ``[Errno 111] Connection refused`` inside a network library's wrapped error text
+    (urllib3's "HTTPConnectionPool(...): Max retries exceeded ... (Caused by ...)"), or None."""
+    found = _ERRNO.search(text)
+    return found.group(0).strip() if found else None
+
+
 def cut_middle(text: str, limit: int) -> str:
     """``text`` within ``limit`` characters, cut in the middle where longer: its end (what is
     wrong, in an error quoting a huge path or key) and its start both kept, and how much

@@ -33,6 +33,7 @@ from kvtrace.store.backend import is_clickhouse
 from kvtrace.store.connection import check_store, read_connection, write_connection
 from kvtrace.store.layout import foreign_relations
 from kvtrace.store.schema import SUMMARY_FIELDS
+from kvtrace.store.writer import Store
 
 DEMO_DB = "kvtrace-demo.duckdb"
 DEMO_TRACE = "gen:mixed"
@@ -94,6 +95,7 @@ def run_demo(
     db = str(db_path)
     specs = demo_specs(trace, seed=seed, limit=limit, backend=backend)
     if is_clickhouse(db):  # a server's or chdb's tables: the runs are added, nothing is replaced
+        Store.open(db).close()  # (reachable, and a store, before the progress bar starts)
         result = _replay_all(db, db, specs, seed, progress)
     else:
         target = _demo_target(db)  # refused before any replay: a FIFO, a device, another's store...

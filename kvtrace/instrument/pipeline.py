@@ -37,7 +37,7 @@ from kvtrace.instrument.exporter import DuckDBSpanExporter
 from kvtrace.instrument.ids import SeededIdGenerator
 from kvtrace.instrument.instrumentor import DEFAULT_STEP_NS, KVCacheInstrumentor, provider_span_processors
 from kvtrace.instrument.processor import BulkSpanProcessor
-from kvtrace.names import OTLP_ENDPOINT_VARIABLES, otlp_requested
+from kvtrace.names import OTLP_ENDPOINT_VARIABLES, errno_phrase, otlp_requested
 from kvtrace.store.schema import TIME_OFFSET_RESOURCE_KEY
 
 _ENV_ENDPOINTS = OTLP_ENDPOINT_VARIABLES
@@ -184,9 +184,9 @@ class _FirstFailure(logging.Filter):
         if record.levelno >= logging.WARNING:
             if self.first is None:
                 text = " ".join(record.getMessage().split())
-                errno = re.search(r"\[Errno -?\d+\] [^'\")]+", text)  # HTTP: "[Errno 111] Connection refused"
+                errno = errno_phrase(text)  # HTTP: "[Errno 111] Connection refused"
                 details = text.partition("Error details: ")[2]  # gRPC: "failed to connect to all addresses; ..."
-                self.first = errno.group(0) if errno else (details or text)[:200]
+                self.first = errno or (details or text)[:200]
             return False
         return True
 

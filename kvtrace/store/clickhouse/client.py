@@ -35,6 +35,7 @@ from typing import Any
 import polars as pl
 import pyarrow as pa
 
+from kvtrace.names import errno_phrase
 from kvtrace.store import dialect
 from kvtrace.store.backend import ClickHouseTarget
 from kvtrace.store.errors import StoreBusyError, StoreError
@@ -302,7 +303,9 @@ def connect(target: ClickHouseTarget, timeout_s: float = 30.0) -> Iterator[Click
                 connect_timeout=max(1, int(timeout_s)),
             )
     except Exception as err:
-        raise StoreError(target.label, f"cannot connect to ClickHouse: {_first_line(err)}") from None
+        # (the driver's text wraps the reason in a pool's retry report with a random query id)
+        why = errno_phrase(str(err)) or _first_line(err)
+        raise StoreError(target.label, f"cannot connect to ClickHouse at {target.host}:{target.port}: {why}") from None
     try:
         yield ClickHouseConnection(target, client=client)
     finally:
