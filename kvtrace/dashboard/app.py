@@ -24,8 +24,8 @@ PAGES = [
     st.Page(str(HERE / "views" / "stale.py"), title="Stale hashes & correctness", icon=":material/report:",
             url_path="stale"),
     st.Page(str(HERE / "views" / "latency.py"), title="Latency", icon=":material/timer:", url_path="latency"),
-    st.Page(str(HERE / "views" / "capacity.py"), title="Capacity", icon=":material/stacked_line_chart:",
-            url_path="capacity"),
+    CAPACITY := st.Page(str(HERE / "views" / "capacity.py"), title="Capacity", icon=":material/stacked_line_chart:",
+                        url_path="capacity"),
     st.Page(str(HERE / "views" / "compare.py"), title="Compare", icon=":material/compare_arrows:", url_path="compare"),
 ]
 
@@ -43,6 +43,19 @@ with st.sidebar:
     st.caption(f"database: {ui.code(shown)}" if shown else "database: none")
     if st.button("Refresh", icon=":material/refresh:", help="Re-read the store (a replay may still be writing it)"):
         state.bump_refresh()
+
+
+
+def run_page() -> None:
+    try:
+        page.run()
+    except KVTraceError as err:  # the store's one-line user errors
+        st.error(ui.literal(err))
+    except Exception as err:  # never a traceback in the browser; the tests assert no st.error
+        first = str(err).splitlines()[0] if str(err) else ""
+        st.error(ui.literal(f"{shown}: this page could not read the store ({type(err).__name__}: {first}).")
+                 + " Press Refresh; if it persists, the store may come from another kvtrace version.")
+
 
 if queries.open_store(db):
     frame = queries.runs()
@@ -63,14 +76,14 @@ if queries.open_store(db):
                    icon=":material/link_off:")
     else:
         queries.context()["run_id"] = run_id
-        try:
-            page.run()
-        except KVTraceError as err:  # the store's one-line user errors
-            st.error(ui.literal(err))
-        except Exception as err:  # never a traceback in the browser; the tests assert no st.error
-            first = str(err).splitlines()[0] if str(err) else ""
-            st.error(ui.literal(f"{shown}: this page could not read the store ({type(err).__name__}: {first}).")
-                     + " Press Refresh; if it persists, the store may come from another kvtrace version.")
+        run_page()
+elif db and queries.curves_only():  # capacity curves without runs: the Capacity page is what there is to see
+    queries.context()["run_id"] = None
+    if page.url_path == CAPACITY.url_path:
+        run_page()
+    else:
+        st.page_link(CAPACITY, label="This store holds capacity curves and no runs yet: see them on the Capacity "
+                                     "page.", icon=":material/stacked_line_chart:", query_params=state.shared_params())
 
 with nav:
     params = state.shared_params()

@@ -149,9 +149,17 @@ def open_store(db: str | None) -> bool:
         return False
     st.session_state[CTX_KEY] = {"db": db, "runs": frame, "key": key}
     if frame.height == 0:
-        ui.empty("This store has no runs yet.")
+        if not curves_only():
+            ui.empty("This store has no runs yet.")
         return False
     return True
+
+
+def curves_only() -> bool:
+    """Whether the opened store holds capacity curves and no run (`kvtrace curve --db` in
+    cache-only mode records its points alone): the Capacity page still shows them."""
+    ctx = st.session_state.get(CTX_KEY)
+    return ctx is not None and ctx["runs"].height == 0 and call("curves").height > 0
 
 
 def context() -> dict[str, Any]:

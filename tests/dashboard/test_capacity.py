@@ -98,3 +98,22 @@ def test_a_run_without_a_trace_digest_is_told_it_has_no_curve(capacity_db, tmp_p
         warnings.simplefilter("error")
         at = render(db, monkeypatch, run=run)
     assert any("No curve of this run's trace" in i.value for i in at.info)
+
+
+def test_a_store_of_curves_alone_shows_them_on_the_capacity_page(tmp_path, monkeypatch):
+    """`kvtrace curve --db` in cache-only mode records points and no run: every page said
+    'This store has no runs yet', the Capacity page included, so the curve was never shown."""
+    from kvtrace.store import read
+
+    db = str(tmp_path / "curves.duckdb")
+    run_curve(RunSpec(str(MOONCAKE), mode="cache-only", limit=40), "50,inf", db=db)
+    assert read.runs(db).height == 0 and read.curves(db).height > 0
+    from apptest import render as render_page
+
+    at = render_page(db, monkeypatch)  # the Overview
+    assert not at.error and not any("no runs yet" in i.value for i in at.info)
+    links = [link.proto for link in at.get("page_link")]
+    assert any(p.page == "capacity" and "capacity curves and no runs" in p.label for p in links), links
+    at = render(db, monkeypatch)  # the Capacity page: no error, the curve drawn
+    assert [t.value for t in at.title] == ["Capacity"] and at.get("plotly_chart")
+    assert not any("this run's trace" in i.value for i in at.info)

@@ -20,14 +20,14 @@ def main() -> None:
     curves = points.unique("curve_id", keep="first", maintain_order=True)  # newest first
     labels = {r["curve_id"]: f"{r['trace_source']} · {r['mode']} · {r['created']}"
               for r in curves.iter_rows(named=True)}
-    digest = queries.run_row(run_id).get("trace_digest")
+    digest = queries.run_row(run_id).get("trace_digest") if run_id is not None else None
     # (a run without a trace digest, e.g. a collected one, has no curve: no comparison with None)
     of_run = curves.filter(pl.col("trace_digest") == digest)["curve_id"].to_list() if digest else []
     newest = "the newest of this run's trace" if of_run else "the newest one"
     state.warn_unknown("curve", curves["curve_id"].to_list(), "Curve", f"{newest} is shown instead.", "this store")
     curve_id = state.bound_select("Curve", curves["curve_id"].to_list(), "curve",
                                   default=of_run[0] if of_run else None, format_func=lambda c: labels.get(c, c))
-    if not of_run:
+    if not of_run and run_id is not None:  # (None: a store of curves alone)
         st.info(f"No curve of this run's trace yet; the one shown is another trace's. Make one with {FILL_CURVE}.",
                 icon=":material/info:")
     curve = points.filter(pl.col("curve_id") == curve_id)
