@@ -27,7 +27,15 @@ from typing import BinaryIO, TypeVar
 
 import msgspec
 
-from kvtrace.errors import READ_ONLY, KVTraceError, OutputClosed, TraceFormatError, duckdb_magic, read_only_file
+from kvtrace.errors import (
+    DUCKDB_MAGIC,
+    READ_ONLY,
+    KVTraceError,
+    OutputClosed,
+    TraceFormatError,
+    duckdb_magic,
+    read_only_file,
+)
 from kvtrace.numeric import cdiv
 from kvtrace.process import pid_after, remove_dead_leftovers
 
@@ -56,17 +64,19 @@ COMPRESSED_SUFFIXES = (".gz", ".zst", ".bz2", ".xz", ".zip")
 
 def compressed_problem(path: str, head: bytes | None = None) -> str | None:
     """What a compressed file is and how to open it (kvtrace reads traces as plain text:
-    a gzip file was 'not UTF-8 text (byte 0x8b ...)'), or None. ``head``: the file's first
+    a gzip file was 'not UTF-8 text (byte 0x8b ...)'), or that it is a DuckDB store, or None. ``head``: the file's first
     bytes when they are read already."""
     if head is None:
         try:
             with open(path, "rb") as f:
-                head = f.read(6)
+                head = f.read(12)
         except OSError:
             return None  # (file_problem names it)
     for magic, kind, tool in _COMPRESSED:
         if head.startswith(magic):
             return f"{kind}-compressed; kvtrace reads traces as plain text: decompress it first ({tool})"
+    if head[8:12] == DUCKDB_MAGIC:  # (a store given as the trace was 'not UTF-8 text (byte 0xa6 ...)')
+        return "a DuckDB database (a kvtrace store?), not a trace; a store is given as --db STORE"
     return None
 
 

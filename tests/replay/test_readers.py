@@ -413,6 +413,35 @@ def test_a_weka_file_larger_than_is_read_whole_is_refused_unread(tmp_path, monke
         list(read_trace(str(d)))
 
 
+def test_a_store_given_as_the_trace_is_named_as_such(tmp_path, capsys):
+    """`kvtrace replay runs.duckdb`: 'runs.duckdb:1: not UTF-8 text (byte 0xa6 at column 3)',
+    with no word of what the file is or what to do."""
+    from kvtrace.errors import TraceFormatError
+    from kvtrace.replay.run import RunSpec, run_replay
+    from tests.cli.support import assert_one_line, run
+
+    db = tmp_path / "runs.duckdb"
+    run_replay(RunSpec("gen:chat", limit=2, mode="cache-only"), db=db)
+    wk = tmp_path / "w"
+    wk.mkdir()
+    (wk / "a.json").write_bytes(db.read_bytes())
+    for path, fmt in ((db, None), (db, "mooncake"), (db, "native"), (wk, "weka"), (wk, None)):
+        with pytest.raises(TraceFormatError, match=r"a DuckDB database \(a kvtrace store\?\), not a trace; a store is "
+                                                   r"given as --db STORE"):
+            list(read_trace(str(path), format=fmt))
+    code, _, err = run(["replay", str(db)], capsys)
+    assert_one_line(code, err, "runs.duckdb: a DuckDB database", "--db STORE")
+
+
+def test_an_undetectable_trace_names_the_flag_that_says_its_format(tmp_path):
+    from kvtrace.errors import TraceFormatError
+
+    f = tmp_path / "t.jsonl"
+    f.write_text('{"hello": 1}\n')
+    with pytest.raises(TraceFormatError, match=r"cannot detect the trace format.*; give --format, one of mooncake"):
+        open_trace(str(f))
+
+
 @pytest.mark.parametrize("pack, kind", [("gzip", "gzip"), ("bz2", "bzip2"), ("lzma", "xz")])
 def test_a_compressed_trace_is_named_as_such(tmp_path, pack, kind):
     """A gzip trace was 'not UTF-8 text (byte 0x8b at column 2)'; one in a WEKA directory was

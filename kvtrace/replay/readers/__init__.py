@@ -76,7 +76,7 @@ def detect_format(path: str) -> str:
     elif "ContextTokens" in stripped and "TIMESTAMP" in stripped:
         return "azure"
     raise TraceFormatError(
-        path, lineno, f"cannot detect the trace format{why}; pass a format, one of {', '.join(FORMATS)}"
+        path, lineno, f"cannot detect the trace format{why}; give --format, one of {', '.join(FORMATS)}"
     )
 
 

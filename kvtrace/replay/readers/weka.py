@@ -169,7 +169,7 @@ def _load(path: str) -> tuple[str, WekaFile]:
             raw = without_bom(raw)
     except OSError as e:
         raise TraceFormatError(path, None, f"cannot open: {e.strerror}") from None
-    problem = compressed_problem(path, raw[:6])  # (a directory's file named .json: 'not UTF-8 text' it was)
+    problem = compressed_problem(path, raw[:12])  # (a directory's file named .json: 'not UTF-8 text' it was)
     if problem is not None:
         raise TraceFormatError(path, None, problem)
     if not raw.strip(b" \t\r\n"):  # (a directory's empty file: msgspec said "Input data was truncated")
