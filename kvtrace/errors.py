@@ -75,10 +75,11 @@ def check_seed(seed: int, option: str = "--seed") -> int:
 
 
 def check_limit(limit: int | None, option: str = "--limit") -> int | None:
-    """A number of requests to read (None: all), refused at its flag unless an int >= 0: a
-    negative one reached the trace reader, which named its own parameter ``limit``."""
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-        raise ConfigError(option, str(limit), "expected a number of requests >= 0")
+    """A number of requests to read (None: all), refused at its flag unless an int >= 1: a
+    negative one reached the trace reader, which named its own parameter ``limit``, and 0
+    recorded an empty run (where ``runs --limit 0`` means all: one flag, two meanings)."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ConfigError(option, str(limit), "expected a number of requests >= 1 (without it: the whole trace)")
     return limit
 
 

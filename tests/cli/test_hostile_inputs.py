@@ -29,12 +29,15 @@ def trace(tmp_path: Path) -> str:
     ["sweep", "{trace}", "--mode", "cache-only", "--param", "capacity_blocks=10,20"],
     ["convert", "{trace}", "-o", "{out}"],
 ])
-def test_a_negative_limit_is_named_by_its_flag(tmp_path: Path, capsys, trace, argv):
+@pytest.mark.parametrize("limit", ["-1", "0"])
+def test_a_negative_or_zero_limit_is_named_by_its_flag(tmp_path: Path, capsys, trace, argv, limit):
     """A trace file's reader saw --limit -1 first and named its own parameter: "t.jsonl: limit:
-    expected an int >= 0" (a generated workload's was "--limit: -1")."""
+    expected an int >= 0" (a generated workload's was "--limit: -1"). --limit 0 recorded an
+    empty run (and converted an empty trace), where `runs --limit 0` lists all."""
     out = tmp_path / "out.jsonl"
-    code, stdout, err = run([a.format(trace=trace, out=out) for a in argv] + ["--limit", "-1"], capsys)
-    line = assert_one_line(code, err, "--limit: -1: expected a number of requests >= 0")
+    code, stdout, err = run([a.format(trace=trace, out=out) for a in argv] + ["--limit", limit], capsys)
+    line = assert_one_line(code, err, f"--limit: {limit}: expected a number of requests >= 1 (without it: the "
+                                      "whole trace)")
     assert "t.jsonl" not in line and stdout == ""
     assert not out.exists()
 

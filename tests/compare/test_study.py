@@ -403,5 +403,5 @@ def test_a_study_of_no_requests_is_refused(capsys):
     with pytest.raises(ConfigError, match=r"^--limit: 0: a study of no requests compares nothing"):
         S.run_study(S.SHARED_PREFIX_PINNING, limit=0)
     code, out, err = run(["study", "shared-prefix-pinning", "--limit", "0", "--json"], capsys)
-    assert_one_line(code, err, "--limit: 0: a study of no requests")
+    assert_one_line(code, err, "--limit: 0: expected a number of requests >= 1")  # (the CLI's, for every command)
     assert out == ""
