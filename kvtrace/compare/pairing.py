@@ -14,6 +14,7 @@ or rows with those fields as JSON text.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -69,7 +70,10 @@ def settings(run: Mapping[str, Any]) -> dict[str, Any]:
     (behaviours are compared apart, one setting each). The cost model counts as one
     setting (its name; its coefficients when the names agree)."""
     cfg = _parsed(run.get("config"))
-    out: dict[str, Any] = {"mode": run.get("mode")}
+    # (a cache-only run's mode names its policy, "cache-only/lru", which its config holds:
+    # an LRU run and a Belady run at one capacity differed in mode and policy, never paired)
+    mode = run.get("mode")
+    out: dict[str, Any] = {"mode": mode.partition("/")[0] if isinstance(mode, str) else mode}
     if isinstance(cfg, dict):
         cfg = dict(cfg)
         model = cfg.pop("cost_model", None)
@@ -142,8 +146,11 @@ def partner(a: Mapping[str, Any], candidates: Iterable[Mapping[str, Any]]) -> Ma
     the same trace and differs from ``a`` in exactly one setting other than mode and
     capacity; None when there is none."""
     for c in candidates:
-        if c.get("run_id") != a.get("run_id") and same_trace(a, c) and not mismatches(a, c):
-            return c
+        if c.get("run_id") != a.get("run_id") and same_trace(a, c):
+            # exactly one: a twin of ``a`` (a study's all-on run beside it) measures no change
+            diffs = differences(a, c)
+            if len(diffs) == 1 and not mismatches(a, c):
+                return c
     return None
 
 
@@ -158,18 +165,39 @@ def study_command(a: Mapping[str, Any], db: str) -> str:
     db = shlex.quote(db)
     cfg = _parsed(a.get("config"))
     cfg = cfg if isinstance(cfg, dict) else {}
+    # the first N requests only (a run of the whole trace is another trace, never paired with
+    # it): a file's digest says so; a generated workload's digest is of what it generated,
+    # the requests its summary counts
+    limit = re.search(r":limit=(\d+)", str(a.get("trace_digest") or ""))
+    summary = _parsed(a.get("summary"))
+    requests = summary.get("requests") if isinstance(summary, dict) else None
+    if limit:
+        limit_flag = f" --limit {limit.group(1)}"
+    elif str(source or "").startswith("gen:") and isinstance(requests, int) and requests > 0:
+        limit_flag = f" --limit {requests}"
+    else:
+        limit_flag = ""
     if str(a.get("mode") or "").startswith("cache-only"):
         size = f" --block-size {cfg['block_size']}" if cfg.get("block_size") else ""
         if cfg.get("capacity_blocks") is None:
             # an unbounded cache evicts nothing, so no policy differs from it: a bounded run of
             # the trace is what falls short of its hit rate
-            return f"kvtrace replay {trace} --mode cache-only --capacity-blocks N{size} --db {db}"
+            return f"kvtrace replay {trace} --mode cache-only --capacity-blocks N{size}{limit_flag} --db {db}"
         other = "belady" if cfg.get("policy") != "belady" else "lru"
         return (f"kvtrace replay {trace} --mode cache-only --policy {other} "
-                f"--capacity-blocks {cfg['capacity_blocks']}{size} --db {db}")
+                f"--capacity-blocks {cfg['capacity_blocks']}{size}{limit_flag} --db {db}")
     behaviour = next(iter(sorted(_behaviours(a))), "shared-prefix-pinning")
-    preset = f" --preset {shlex.quote(str(cfg['preset']))}" if cfg.get("preset") else ""
-    return f"kvtrace study {behaviour} --trace {trace}{preset} --db {db}"
+    flags = f" --preset {shlex.quote(str(cfg['preset']))}" if cfg.get("preset") else ""
+    # what else the run was replayed with, so that the study's all-on run is this one's twin
+    cache = cfg.get("cache") if isinstance(cfg.get("cache"), dict) else {}
+    if cfg.get("backend") not in (None, "kvtrace"):
+        flags += f" --backend {shlex.quote(str(cfg['backend']))}"
+    for key, flag in (("num_gpu_blocks", "--capacity-blocks"), ("external_capacity_blocks", "--external-blocks")):
+        if isinstance(cache.get(key), int) and not isinstance(cache.get(key), bool):
+            flags += f" {flag} {cache[key]}"
+    if cfg.get("content") is False:
+        flags += " --no-content"
+    return f"kvtrace study {behaviour} --trace {trace}{flags}{limit_flag} --db {db}"
 
 
 def _model_name(text: Any) -> Any:

@@ -46,3 +46,43 @@ def test_the_partner_command_of_an_unbounded_run_is_a_bounded_one_and_pastes_who
     # a live capture's source is its ZMQ endpoint: no trace to replay (the Compare page said to)
     live = shlex.split(pairing.study_command({"mode": "live", "trace_source": "tcp://127.0.0.1:5557"}, db))
     assert live[live.index("--trace") + 1] == "TRACE"
+
+
+def _cli(argv, capsys):
+    from tests.cli.support import run
+
+    code, out, err = run(argv, capsys)
+    assert code == 0, err
+    return out
+
+
+def test_the_partner_command_records_a_run_that_pairs_with_it(tmp_path, capsys):
+    """The Compare page's command for a run it found no partner for must record one. For a
+    cache-only LRU run its Belady twin never paired (runs store the mode as cache-only/lru
+    and cache-only/belady: mode and policy differed), and the command dropped --limit (its
+    run was of another trace); for an engine run it dropped the capacity, the external tier
+    and --no-content, so the study's all-on run was no twin of it either."""
+    from kvtrace.store import read
+
+    trace = "tests/data/mooncake_synthetic_trace.jsonl"
+    db = str(tmp_path / "s.duckdb")
+    cases = [["replay", trace, "--mode", "cache-only", "--capacity-blocks", "300", "--limit", "60"],
+             ["replay", "gen:chat", "--limit", "12", "--capacity-blocks", "30", "--external-blocks", "200",
+              "--no-content"]]
+    for argv in cases:
+        _cli([*argv, "--db", db], capsys)
+        a = read.run(db, read.runs(db)["run_id"][0])
+        assert pairing.partner(a, [read.run(db, r) for r in read.runs(db)["run_id"]]) is None
+        command = shlex.split(pairing.study_command(a, db))
+        assert command[0] == "kvtrace" and "--limit" in command
+        _cli([*command[1:], "--json"] if command[1] == "study" else command[1:], capsys)
+        others = [read.run(db, r) for r in read.runs(db)["run_id"] if r != a["run_id"]]
+        found = pairing.partner(a, others)
+        assert found is not None, [pairing.differences(a, o) for o in others]
+        (d,) = pairing.differences(a, found)
+        assert d.kind in ("behaviour", "setting")
+    engine = {"mode": "engine", "trace_source": "t.jsonl", "trace_digest": "abc:limit=7",
+              "config": {"preset": "kimi-hybrid", "backend": "vllm", "cache": {"num_gpu_blocks": 99}}}
+    argv = shlex.split(pairing.study_command(engine, db))
+    assert argv[argv.index("--backend") + 1] == "vllm" and argv[argv.index("--capacity-blocks") + 1] == "99"
+    assert argv[argv.index("--limit") + 1] == "7"
