@@ -44,6 +44,10 @@ def _run() -> None:
         error("interrupted")
         sys.exit(130)
     except typer.TyperException as e:  # a mistyped command line (typer's click errors): one line too
+        ctx = getattr(e, "ctx", None)
+        if type(e).__name__ == "NoArgsIsHelpError" and ctx is not None:  # (typer vendors click)
+            typer.echo(ctx.get_help())  # `kvtrace`, `kvtrace capture`: asking what there is, as --help does
+            sys.exit(0)
         error(_usage_error(e))
         sys.exit(getattr(e, "exit_code", 2))
     except KeyboardInterrupt:

@@ -399,3 +399,15 @@ def test_runs_shows_the_medians_of_a_run_made_with_other_percentiles(tmp_path, c
     code, out, err = run(["runs", "--db", str(db), "--json"], capsys)
     (row,) = json.loads(out)["runs"]
     assert (row["median_ttft_ms"], row["median_itl_ms"]) == (summary["median_ttft_ms"], summary["median_itl_ms"])
+
+
+@pytest.mark.parametrize("argv, heading", [([], "Usage: kvtrace [OPTIONS] COMMAND"),
+                                           (["capture"], "Usage: kvtrace capture [OPTIONS] COMMAND")])
+def test_a_command_given_no_arguments_prints_its_help(capsys, argv, heading):
+    """`kvtrace` alone, the first thing a new user types, printed its whole help squashed into
+    one `kvtrace: error:` line, exit 2."""
+    from tests.cli.support import run
+
+    code, out, err = run(argv, capsys)
+    assert code == 0 and err == ""
+    assert out.startswith(heading) and ("vllm" if argv else "replay") in out and len(out.splitlines()) > 5
