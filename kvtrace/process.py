@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
 import os
 import signal
@@ -31,9 +32,14 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 
-def probe_address(host: str, port: int, what: str) -> None:
+def port_in_use(flag: str) -> str:
+    """What a busy port's error line adds: the way out."""
+    return f"; choose another with {flag} N, or {flag} 0 for a free one"
+
+
+def probe_address(host: str, port: int, what: str, flag: str = "--port") -> None:
     """Raise OSError ``cannot listen on HOST:PORT (WHAT): why`` when ``host:port`` cannot
-    be bound (in use, or not an address here).
+    be bound (in use, or not an address here); a port in use names ``flag``'s way out.
 
     Binds and closes a plain TCP socket on every address ``host`` resolves to, with
     SO_REUSEADDR as servers set it (a port in TIME_WAIT is fine, one with a listener is
@@ -51,7 +57,8 @@ def probe_address(host: str, port: int, what: str) -> None:
             try:
                 s.bind(address)
             except OSError as err:
-                raise OSError(f"cannot listen on {host}:{port} ({what}): {err.strerror or err}") from None
+                hint = port_in_use(flag) if err.errno == errno.EADDRINUSE else ""
+                raise OSError(f"cannot listen on {host}:{port} ({what}): {err.strerror or err}{hint}") from None
 
 
 def free_port(host: str) -> int:

@@ -58,7 +58,7 @@ def check_address(host: str, port: int) -> None:
     one in use, an address not here. Told before the store is opened and before a server
     starts (that could only print Streamlit's own text)."""
     if not 0 <= int(port) < 65536:
-        raise ConfigError("kvtrace dashboard", "--port", f"expected 0..65535 (0: a free one), got {port}")
+        raise ConfigError("--port", str(port), "expected 0..65535 (0: a free one)")
     try:
         probe_address(host, int(port), "dashboard")
     except OSError as err:

@@ -53,6 +53,18 @@ def test_a_busy_port_is_one_error_line(tmp_path):
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
     assert lines[0].startswith(f"kvtrace: error: cannot listen on 127.0.0.1:{port} (dashboard)"), err
+    assert lines[0].endswith("; choose another with --port N, or --port 0 for a free one"), err  # (the way out)
+
+
+def test_a_port_out_of_range_names_the_flag_once(tmp_path, capsys):
+    """--port 99999 said "kvtrace: error: kvtrace dashboard: --port: ...", the command twice."""
+    from tests.cli.support import assert_one_line, run
+
+    db = tmp_path / "d.duckdb"
+    Store.open(db).close()
+    code, _, err = run(["dashboard", "--db", str(db), "--port", "99999"], capsys)
+    line = assert_one_line(code, err, "kvtrace: error: --port: 99999: expected 0..65535 (0: a free one)")
+    assert "kvtrace dashboard" not in line
 
 
 def test_the_address_printed_brackets_an_ipv6_host():

@@ -150,6 +150,7 @@ def test_kvtrace_collect_on_a_busy_port_is_one_line(tmp_path, which):
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"kvtrace: error: cannot listen on 127.0.0.1:{port}"), err
     assert ("OTLP/HTTP" if which == "--port" else "OTLP/gRPC") in lines[0]
+    assert lines[0].endswith(f"; choose another with {which} N, or {which} 0 for a free one"), err
 
 
 def test_probe_finds_a_busy_port_before_grpc_does():

@@ -25,6 +25,7 @@ everything else is kept in ``extra_attributes``.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import socket
@@ -63,7 +64,7 @@ from kvtrace.instrument.otlp.limits import (
     check_collector_options,
 )
 from kvtrace.metrics import summary_problem
-from kvtrace.process import sigterm_as_interrupt
+from kvtrace.process import port_in_use, sigterm_as_interrupt
 from kvtrace.store.schema import RUN_RECORD_PREFIX, SOURCE_OTLP, SPAN_RUN, run_id_problem
 from kvtrace.store.writer import Store
 
@@ -235,7 +236,8 @@ class OTLPCollector:
             self._server = _Server((host, port), _make_handler(self), self.guard, self.count_rejected)
         except OSError as err:
             self.store.close()
-            raise KVTraceError(f"cannot listen on {host}:{port} (OTLP/HTTP): {err.strerror or err}") from None
+            hint = port_in_use("--port") if err.errno == errno.EADDRINUSE else ""
+            raise KVTraceError(f"cannot listen on {host}:{port} (OTLP/HTTP): {err.strerror or err}{hint}") from None
         self._thread: threading.Thread | None = None
         self._grpc = None
         self.grpc_port: int | None = None

@@ -136,7 +136,7 @@ def grpc_server(ingest: Callable[..., object], host: str, port: int, max_body_by
         context.abort(code, message)  # raises: outside the handlers above
         return b""  # not reached
 
-    probe_address(host, port, "OTLP/gRPC")
+    probe_address(host, port, "OTLP/gRPC", flag="--grpc-port")
     # No (de)serialisers: the method sees the request's bytes, as the HTTP handler does.
     handler = grpc.method_handlers_generic_handler(SERVICE, {"Export": grpc.stream_unary_rpc_method_handler(export)})
     pool = ThreadPoolExecutor(max_workers=MAX_CONNECTIONS, thread_name_prefix="kvtrace-otlp-grpc")
