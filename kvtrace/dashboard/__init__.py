@@ -76,9 +76,9 @@ def launch(db: str | os.PathLike, host: str = "127.0.0.1", port: int = 8501, run
     only show an error (or Streamlit's own text).
 
     The server is a child process, waited for: its exit status is returned. Ctrl-C or
-    SIGTERM (as ``kvtrace.process.Terminated``, inside ``sigterm_as_interrupt``) stops it
-    first (the signal passed on, then a kill if it is not gone within ``STOP_TIMEOUT_S``)
-    and is raised again, so the command exits 130 or 143 as every other one does. The
+    SIGTERM (as ``kvtrace.process.Terminated``, inside ``sigterm_as_interrupt``) is how a
+    server is stopped, as ``kvtrace collect`` is: it is passed on (then a kill if the server
+    is not gone within ``STOP_TIMEOUT_S``), a ``stopped`` line is printed and 0 returned. The
     child is in a process group of its own (a Ctrl-C at the terminal reaches it once,
     through this process) and, on Linux, is killed with this process however that one
     dies (``PR_SET_PDEATHSIG``): no server is left serving.
@@ -106,9 +106,10 @@ def launch(db: str | os.PathLike, host: str = "127.0.0.1", port: int = 8501, run
     server = _start(server_command(db, host, port), env)
     try:
         return server.wait()
-    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM raised as Terminated
+    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM raised as Terminated: a server's way to stop
         _stop(server, signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT)
-        raise
+        print("kvtrace dashboard: stopped", file=sys.stderr, flush=True)
+        return 0
 
 
 # How long a stopped server may take to shut down before it is killed.

@@ -103,11 +103,10 @@ def _gone(pid: int, timeout: float = 30.0) -> bool:
     return False
 
 
-@pytest.mark.parametrize(("sig", "code", "line"), [
-    (signal.SIGTERM, 143, "kvtrace: error: terminated (SIGTERM)"),
-    (signal.SIGINT, 130, "kvtrace: error: interrupted"),
-])
-def test_a_signal_stops_the_server_and_exits_as_every_command_does(tmp_path, sig, code, line):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_the_server_as_collect_is_stopped(tmp_path, sig):
+    """Ctrl-C is how a server is stopped: it said "kvtrace: error: interrupted" and exited
+    130, where kvtrace collect prints its summary and exits 0."""
     db = tmp_path / "d.duckdb"
     Store.open(db).close()
     port = free_port()
@@ -121,10 +120,9 @@ def test_a_signal_stops_the_server_and_exits_as_every_command_does(tmp_path, sig
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == code, err
-    errors = [x for x in err.splitlines() if x.startswith("kvtrace: error:")]
-    assert errors == [line], err  # (the dashboard records nothing: no "what was recorded is kept")
-    assert err.strip().splitlines()[-1] == errors[0] and "Traceback" not in err, err
+    assert proc.returncode == 0, err
+    assert not [x for x in err.splitlines() if x.startswith("kvtrace: error:")], err
+    assert err.strip().splitlines()[-1] == "kvtrace dashboard: stopped" and "Traceback" not in err, err
     assert all(_gone(s) for s in servers)
     assert not serving(port)
 
