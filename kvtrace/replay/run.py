@@ -270,6 +270,8 @@ def _flag_values(spec: RunSpec) -> dict[str, Any]:
 def _at_origin(err: ConfigError, origin: dict[str, str], spec: RunSpec) -> ConfigError:
     """``err`` (raised by a config class, which knows only its own field names) restated
     at the flag or file key the value came from."""
+    if err.source.startswith("--"):  # already at its flag (--retention -1): the file is not to blame
+        return err
     # get_preset says "preset: NAME: unknown" of the name and "preset: without: ..." of behaviours
     key = "preset" if err.source == "preset" and err.key != "without" else err.key
     if key is None:  # about a file as a whole: nothing to restate

@@ -151,3 +151,17 @@ def test_convert_takes_its_trace_as_typed(tmp_path: Path, capsys, trace):
     assert not out.exists()
     code, _, err = run(["convert", "", "-o", str(out)], capsys)
     assert_one_line(code, err, "TRACE: expected a path, got an empty one")
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["replay", "gen:chat", "--retention", "-1"], "--retention: -1:"),
+    (["sweep", "gen:chat", "--param", "retention=-1,0"], "--param: retention=-1:"),
+])
+def test_a_bad_flag_beside_a_config_file_is_blamed_on_the_flag(tmp_path: Path, capsys, argv, named):
+    """With any --config, a bad --retention was blamed on the file's one key: "s.toml:
+    scheduler.max_num_seqs: conflicts with the preset's -1"."""
+    cfg = tmp_path / "s.toml"
+    cfg.write_text("[scheduler]\nmax_num_seqs = 8\n")
+    code, _, err = run([*argv, "--limit", "2", "--config", str(cfg)], capsys)
+    line = assert_one_line(code, err, named, "expected none, 0 or a token count K")
+    assert "s.toml" not in line
