@@ -313,6 +313,10 @@ def _replay_manager(reqs, bs, capacity, result, listeners, progress) -> CacheOnl
     hashes = block_keys(reqs)
     if capacity is None:
         capacity = _unbounded_capacity(hashes)
+        if capacity > MAX_CAPACITY_BLOCKS:  # (CacheConfig's own error named itself, no flag)
+            raise ConfigError("--capacity-blocks", "inf", f"the unbounded cache would hold {capacity:,} blocks, more "
+                                                          f"than a pool of kvtrace's holds ({MAX_CAPACITY_BLOCKS:,}); "
+                                                          "replay fewer requests (--limit) or larger blocks")
     config = CacheConfig(groups=(FullAttentionSpec(bs),), num_gpu_blocks=capacity + _EXTRA_BLOCKS, hash_block_size=bs)
     mgr = KVCacheManager(config)
     for listener in listeners:

@@ -300,3 +300,19 @@ def test_a_recorded_cache_only_run_reads_back_its_summarys_hit_counters(tmp_path
     assert got["requests"] == res.summary["requests"] == 40
     for key in (*COUNTER_KEYS, "prefix_cache_hit_rate"):
         assert got[key] == res.summary[key], key
+
+
+def test_an_unbounded_cache_past_kvtraces_pool_names_the_flag_and_the_way_out(tmp_path, capsys):
+    """More distinct blocks than a pool holds, unbounded: the error named CacheConfig's own
+    field ('CacheConfig: num_gpu_blocks: 6,300,003 blocks is beyond ...'), nothing typed."""
+    from tests.cli.support import assert_one_line, run
+
+    n = 2_100_000
+    trace = tmp_path / "m.jsonl"
+    with open(trace, "w") as f:
+        for i in range(2):
+            ids = ",".join(map(str, range(i * n, (i + 1) * n)))
+            f.write(f'{{"timestamp":{i},"input_length":{n},"output_length":1,"hash_ids":[{ids}]}}\n')
+    code, _, err = run(["replay", str(trace), "--mode", "cache-only", "--trace-block-size", "1"], capsys)
+    assert_one_line(code, err, "--capacity-blocks: inf: the unbounded cache would hold 6,300,001 blocks",
+                    "replay fewer requests (--limit)")
