@@ -427,6 +427,17 @@ def test_compare_without_a_one_setting_partner_says_so_and_names_the_study_comma
     assert "behaviour shared-prefix-pinning: A on → B off" in warning and "retention_interval" in warning
 
 
+def test_compare_shows_a_missing_ci_as_kvtrace_diff_does(pairs_db, monkeypatch):
+    """12 requests hold no p99 CI: the percentile table showed Streamlit's grey "None" in its
+    "CI low"/"CI high" columns (no unit either); kvtrace diff prints [–, –]."""
+    db, a, two, _ = pairs_db
+    at = render(db, monkeypatch, "compare", run=a, b=two)
+    (table,) = [d.value for d in at.dataframe if "95% CI of B − A (ms)" in d.value.columns]
+    cis = dict(zip(table["percentile"], table["95% CI of B − A (ms)"]))
+    assert cis["p99_ttft_ms"] == "[–, –]" and all(isinstance(c, str) and c.startswith("[") for c in cis.values())
+    assert "CI low" not in table.columns
+
+
 def test_compare_never_sets_an_engine_ttft_against_a_cache_only_run(pairs_db, monkeypatch):
     db, a, _, co = pairs_db
     at = render(db, monkeypatch, "compare", run=a, b=co)

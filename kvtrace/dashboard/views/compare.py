@@ -121,8 +121,10 @@ def main() -> None:
                          f"{times} time.",
                          empty_what="Neither run has this latency.", key=f"cmp_{metric}_cdf")
         shifts = pl.DataFrame(
-            [{"percentile": s.name, "A (ms)": s.a, "B (ms)": s.b, "B − A (ms)": s.delta, "CI low": s.ci_low,
-              "CI high": s.ci_high, "significant": s.significant} for s in diff.latency])
+            # the CI as kvtrace diff prints it: "[–, –]" where none holds its level (a NaN was "None")
+            [{"percentile": s.name, "A (ms)": s.a, "B (ms)": s.b, "B − A (ms)": s.delta,
+              "95% CI of B − A (ms)": f"[{fmt(s.ci_low, signed=True)}, {fmt(s.ci_high, signed=True)}]",
+              "significant": s.significant} for s in diff.latency])
         ui.table(shifts, f"Latency percentiles ({times}) with the 95% bootstrap CI of B − A over requests "
                          f"({diff.bootstrap.get('resamples')} resamples, seed {diff.bootstrap.get('seed')}"
                          + (", paired" if diff.bootstrap.get("paired") else "") + "), as `kvtrace diff` reports them.",
