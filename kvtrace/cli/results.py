@@ -58,6 +58,7 @@ def runs(db: DbToRead, as_json: Json = False, limit: Annotated[int | None, typer
             "capacity_blocks": cap.blocks if cap else None,
             "block_size": cap.block_size if cap else summary.get("block_size"),
             "status": row["status"], "created": row["created"], "spans": row["num_spans"],
+            "damage": row["damage"],  # (status damaged: what its record holds that kvtrace never writes)
             **{m: summary.get(m) for m in RUNS_METRICS},
         })
     if as_json:
@@ -73,6 +74,9 @@ def runs(db: DbToRead, as_json: Json = False, limit: Annotated[int | None, typer
                      ",".join(r["behaviours"]) or "-", size, r["status"], r["created"] or "",
                      *(format_value(m, r[m]) for m in RUNS_METRICS)])
     print_rows(rows, title=f"runs in {db}", left=9)
+    for r in listed:
+        if r["damage"]:
+            status(r["damage"])
     if shown < stored.height:
         status(f"{stored.height - shown:,} older runs not listed (--limit 0 lists all {stored.height:,})")
 

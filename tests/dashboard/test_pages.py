@@ -618,3 +618,23 @@ def test_names_reach_charts_as_text_not_plotly_markup(dashboard_db, tmp_path, mo
     for t in traces(at):
         for field in ("name", "text", "hovertext", "x", "y"):
             assert "<a " not in json.dumps(t.get(field)), (field, t.get(field))
+
+
+def test_a_damaged_run_record_leaves_the_stores_other_runs_readable(tmp_path, monkeypatch):
+    """One run whose config is JSON null made every page of the store one error ("run r2's
+    config is null"): the other runs are shown, the damaged one's pages name its damage."""
+    import duckdb
+
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = str(tmp_path / "d.duckdb")
+    run_replay(RunSpec("gen:chat", limit=4), db=db)
+    run_replay(RunSpec("gen:chat", limit=4, mode="cache-only"), db=db)
+    with duckdb.connect(db) as con:
+        con.execute("UPDATE runs SET config = 'null' WHERE run_id = 'r2'")
+    at = render(db, monkeypatch, run="r1")
+    assert not at.error and not at.exception and at.metric
+    at = render(db, monkeypatch, "hit_rate", run="r2")
+    assert [shown(e.value) for e in at.error] == [f"{db}: damaged kvtrace store: run r2's config is null, expected a "
+                                                  "JSON object"]
+    assert not at.exception

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -129,11 +131,27 @@ VALUE_DAMAGE = {
 
 @pytest.mark.parametrize("damage", list(VALUE_DAMAGE))
 def test_a_run_record_with_values_kvtrace_never_writes_is_one_line(tmp_path, capsys, two_runs, damage):
+    """A diff of the run is one line naming the damage; the store's other runs stay
+    readable: `runs` lists the damaged one as such (one damaged record made every run of
+    the store unreadable: `runs` and any diff failed)."""
     sql, needle = VALUE_DAMAGE[damage]
     db = _altered(tmp_path, two_runs, *sql)
-    for argv in (["runs"], ["runs", "--json"], ["diff", "r1", "r2"]):
-        code, _, err = kvtrace([*argv, "--db", str(db)], capsys)
-        assert_one_line(code, err, str(db), "damaged kvtrace store", needle)
+    code, _, err = kvtrace(["diff", "r1", "r2", "--db", str(db)], capsys)
+    assert_one_line(code, err, str(db), "damaged kvtrace store", needle)
+    damaged = {r for r in ("r1", "r2") if f"run {r}'s" in needle} or {"r1", "r2"}
+    code, out, err = kvtrace(["runs", "--json", "--db", str(db)], capsys)
+    assert code == 0, err
+    listed = {r["run_id"]: r for r in json.loads(out)["runs"]}
+    assert set(listed) == {"r1", "r2"}
+    for run_id, r in listed.items():
+        assert (r["status"] == "damaged") == (run_id in damaged)
+        assert (needle in (r["damage"] or "")) == (run_id in damaged)
+    code, out, err = kvtrace(["runs", "--db", str(db)], capsys)
+    assert code == 0 and "damaged" in out and needle in err and "Traceback" not in err
+    for healthy in {"r1", "r2"} - damaged:
+        assert read.run(db, healthy)["status"] == "complete"
+    with pytest.raises(StoreError, match=re.escape(needle)):
+        read.run(db, sorted(damaged)[0])
 
 
 def test_a_writer_pid_that_is_no_process_id_is_a_store_error():

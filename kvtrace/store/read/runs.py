@@ -27,25 +27,41 @@ _RUNS_SQL = """
     ORDER BY r.created DESC NULLS LAST, r.run_id DESC"""
 
 
+DAMAGED_STATUS = "damaged"  # a run whose record holds values kvtrace never writes (``damage`` says which)
+
+
 @checked
 def runs(db: DB) -> pl.DataFrame:
     """All runs, newest first, with effective status (a dead writer's run reads ``incomplete``).
 
     Columns: run_id, name, created, trace_source, trace_digest, mode, behaviours, status,
     digest, config, summary (the JSON fields as text, each checked by ``run_json``),
-    writer_pid, num_spans.
+    writer_pid, num_spans, damage. A run whose record fails those checks is listed with
+    status ``damaged``, its JSON fields null and ``damage`` the one-line problem (None for
+    every other run); ``run`` of it raises that StoreError. One damaged record made every
+    run of the store unreadable.
     """
     with connect(db) as con:
         frame = query(con, _RUNS_SQL)
-    for row in frame.select("run_id", *JSON_FIELDS).iter_rows(named=True):
-        for key in JSON_FIELDS:
-            run_json(db, row["run_id"], key, row[key])
-    status = [
-        shown_status(s, p, h, t, db=str(db), run_id=r)
-        for r, s, p, h, t in zip(frame["run_id"], frame["status"], frame["writer_pid"], frame["writer_host"],
-                                 frame["writer_start"])
-    ]
-    return frame.with_columns(pl.Series("status", status, dtype=pl.String)).drop("writer_host", "writer_start")
+    status: list[str] = []
+    damage: list[str | None] = []
+    for row in frame.iter_rows(named=True):
+        try:
+            for key in JSON_FIELDS:
+                run_json(db, row["run_id"], key, row[key])
+            status.append(shown_status(row["status"], row["writer_pid"], row["writer_host"], row["writer_start"],
+                                       db=str(db), run_id=row["run_id"]))
+            damage.append(None)
+        except StoreError as err:
+            status.append(DAMAGED_STATUS)
+            damage.append(str(err))
+    frame = frame.with_columns(pl.Series("status", status, dtype=pl.String),
+                               pl.Series("damage", damage, dtype=pl.String))
+    if any(damage):
+        hurt = pl.col("damage").is_not_null()
+        frame = frame.with_columns(*(pl.when(hurt).then(None).otherwise(pl.col(k)).alias(k) for k in JSON_FIELDS),
+                                   pl.when(hurt).then(None).otherwise(pl.col("writer_pid")).alias("writer_pid"))
+    return frame.drop("writer_host", "writer_start")
 
 
 # The JSON fields of a run record, and what each must decode to: a JSON object (config,
@@ -94,6 +110,8 @@ def run(db: DB, run_id: str) -> dict[str, Any]:
     if frame.height == 0:
         raise UnknownRunError(str(db), run_id)
     out = frame.row(0, named=True)
+    if out["damage"] is not None:  # (its problem, as the check said it)
+        raise StoreError(str(db), out["damage"].removeprefix(f"{db}: "))
     for key in JSON_FIELDS:
         out[key] = run_json(db, run_id, key, out[key])
     return out

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any, TypeGuard
 
 from kvtrace import metrics
+from kvtrace.store.errors import StoreError
 from kvtrace.store.read._api import checked
 from kvtrace.store.read._sql import DB, with_run
 from kvtrace.store.read.evictions import evictions_by_reason
@@ -69,7 +70,10 @@ def summary_from_spans(db: DB, run_id: str) -> dict[str, Any]:
 def _recorded_percentiles(db: DB, run_id: str) -> tuple[float, ...]:
     """The run's own --percentiles (its config records any but the default), so a killed run
     summarises its latencies as its finished summary would have."""
-    config = run(db, run_id).get("config")
+    try:
+        config = run(db, run_id).get("config")
+    except StoreError:  # (a damaged record: `runs` lists it as such, its spans at the defaults)
+        config = None
     given = config.get(metrics.PERCENTILES_CONFIG_KEY) if isinstance(config, Mapping) else None
     try:
         # (a bool is no percentile: float(True) would read it as p1)
