@@ -189,7 +189,7 @@ def study_command(a: Mapping[str, Any], db: str) -> str:
     behaviour = next(iter(sorted(_behaviours(a))), "shared-prefix-pinning")
     flags = f" --preset {shlex.quote(str(cfg['preset']))}" if cfg.get("preset") else ""
     # what else the run was replayed with, so that the study's all-on run is this one's twin
-    cache = cfg.get("cache") if isinstance(cfg.get("cache"), dict) else {}
+    cache: dict[str, Any] = cfg["cache"] if isinstance(cfg.get("cache"), dict) else {}
     if cfg.get("backend") not in (None, "kvtrace"):
         flags += f" --backend {shlex.quote(str(cfg['backend']))}"
     for key, flag in (("num_gpu_blocks", "--capacity-blocks"), ("external_capacity_blocks", "--external-blocks")):
