@@ -557,8 +557,13 @@ def validate(spec: RunSpec) -> tuple[dict[str, Any], list[str], Any]:
     unbounded = spec.capacity_blocks in (None, math.inf) and spec.capacity_tokens is None
     if not unbounded:
         _check_cache_only_capacity(spec)
+    # None: unbounded; --capacity-tokens as the blocks it makes (the run's own capacity: it was
+    # stored as None, an unbounded run, and paired with runs of other capacities)
+    blocks = spec.capacity_blocks
+    if spec.capacity_tokens is not None and spec.block_size:  # (_check_cache_only_capacity wants both)
+        blocks = spec.capacity_tokens // spec.block_size
     config = {"mode": "cache-only", "policy": spec.policy, "block_size": spec.block_size,
-              "capacity_blocks": None if unbounded else spec.capacity_blocks}  # None: unbounded
+              "capacity_blocks": None if unbounded else blocks}
     return config, [], None
 
 

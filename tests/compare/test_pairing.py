@@ -86,3 +86,21 @@ def test_the_partner_command_records_a_run_that_pairs_with_it(tmp_path, capsys):
     argv = shlex.split(pairing.study_command(engine, db))
     assert argv[argv.index("--backend") + 1] == "vllm" and argv[argv.index("--capacity-blocks") + 1] == "99"
     assert argv[argv.index("--limit") + 1] == "7"
+
+
+def test_a_cache_only_run_sized_in_tokens_stores_its_capacity(tmp_path, capsys):
+    """--capacity-tokens 20480 --block-size 512 was stored as capacity_blocks None (an
+    unbounded run): `runs` showed no capacity, and it paired with a run of another capacity
+    as a one-setting change (the policy)."""
+    from kvtrace.store import read
+
+    trace = "tests/data/mooncake_synthetic_trace.jsonl"
+    db = str(tmp_path / "s.duckdb")
+    base = ["replay", trace, "--limit", "30", "--mode", "cache-only", "--block-size", "512", "--db", db]
+    _cli([*base, "--capacity-tokens", "20480"], capsys)
+    _cli([*base, "--capacity-tokens", "409600", "--policy", "belady"], capsys)
+    _cli([*base, "--capacity-blocks", "40", "--policy", "belady"], capsys)
+    r1, r2, r3 = (read.run(db, r) for r in ("r1", "r2", "r3"))
+    assert (r1["config"]["capacity_blocks"], r2["config"]["capacity_blocks"]) == (40, 800)
+    assert pairing.partner(r1, [r3, r2]) is r3  # the same 40 blocks, the policy the one change
+    assert pairing.partner(r1, [r2]) is None
