@@ -192,9 +192,16 @@ def study_command(a: Mapping[str, Any], db: str) -> str:
     cache: dict[str, Any] = cfg["cache"] if isinstance(cfg.get("cache"), dict) else {}
     if cfg.get("backend") not in (None, "kvtrace"):
         flags += f" --backend {shlex.quote(str(cfg['backend']))}"
+    groups = [g for g in cache.get("groups") or () if isinstance(g, dict)]
+    sizes = {g.get("block_size") for g in groups}
+    if len(sizes) == 1 and isinstance(next(iter(sizes)), int):  # (before the capacity: blocks of this size)
+        flags += f" --block-size {next(iter(sizes))}"
     for key, flag in (("num_gpu_blocks", "--capacity-blocks"), ("external_capacity_blocks", "--external-blocks")):
         if isinstance(cache.get(key), int) and not isinstance(cache.get(key), bool):
             flags += f" {flag} {cache[key]}"
+    retention = cache.get("retention_interval")
+    if isinstance(retention, int) and any(g.get("type") != "FullAttentionSpec" for g in groups):
+        flags += f" --retention {retention}"  # (full attention alone takes none, the default there)
     if cfg.get("content") is False:
         flags += " --no-content"
     return f"kvtrace study {behaviour} --trace {trace}{flags}{limit_flag} --db {db}"

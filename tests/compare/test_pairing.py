@@ -68,7 +68,10 @@ def test_the_partner_command_records_a_run_that_pairs_with_it(tmp_path, capsys):
     db = str(tmp_path / "s.duckdb")
     cases = [["replay", trace, "--mode", "cache-only", "--capacity-blocks", "300", "--limit", "60"],
              ["replay", "gen:chat", "--limit", "12", "--capacity-blocks", "30", "--external-blocks", "200",
-              "--no-content"]]
+              "--no-content"],
+             ["replay", "gen:chat", "--limit", "12", "--retention", "1024", "--no-content"],
+             ["replay", "gen:chat", "--limit", "12", "--preset", "dense-attention", "--block-size", "32",
+              "--capacity-blocks", "400", "--no-content"]]
     for argv in cases:
         _cli([*argv, "--db", db], capsys)
         a = read.run(db, read.runs(db)["run_id"][0])
