@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from kvtrace.errors import ConfigError, KVTraceError
-from kvtrace.process import Terminated, free_port, probe_address
+from kvtrace.process import free_port, probe_address, signals_held
 
 APP_PATH = Path(__file__).with_name("app.py")
 DB_ENV = "KVTRACE_DB"
@@ -101,13 +101,18 @@ def launch(db: str | os.PathLike, host: str = "127.0.0.1", port: int = 8501, run
         with read_connection(path):  # the check every reader makes (`kvtrace runs`): a kvtrace store
             pass
     env = dict(os.environ, **{DB_ENV: _resolved(db)})
-    print(f"kvtrace dashboard: open {page_url(host, port, run, compare)}", file=sys.stderr, flush=True)
-    sys.stdout.flush()
-    server = _start(server_command(db, host, port), env)
+    server: subprocess.Popen | None = None
     try:
+        with signals_held():  # (a stop between the start and here would leave the server unknown)
+            print(f"kvtrace dashboard: open {page_url(host, port, run, compare)}", file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            server = _start(server_command(db, host, port), env)
         return server.wait()
-    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM raised as Terminated: a server's way to stop
-        _stop(server, signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT)
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM raised as Terminated: a server's way to stop
+        # SIGTERM either way: a SIGINT passed on while the server still imports printed its
+        # KeyboardInterrupt traceback (Streamlit stops as cleanly for SIGTERM once it runs)
+        if server is not None:
+            _stop(server, signal.SIGTERM)
         print("kvtrace dashboard: stopped", file=sys.stderr, flush=True)
         return 0
 

@@ -142,3 +142,19 @@ def test_a_killed_command_leaves_no_server(tmp_path):
     while serving(port) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not serving(port)
+
+
+def test_a_ctrl_c_while_the_server_starts_is_no_traceback(tmp_path):
+    """Ctrl-C passed on as SIGINT while Streamlit still imported printed its 44-line
+    KeyboardInterrupt traceback (or "Aborted!"); the server is now stopped with SIGTERM."""
+    db = tmp_path / "d.duckdb"
+    Store.open(db).close()
+    proc = _kvtrace("dashboard", "--db", str(db), "--port", "0")
+    assert proc.stderr is not None
+    line = proc.stderr.readline()  # "kvtrace dashboard: open ...": the server is being started
+    assert line.startswith("kvtrace dashboard: open"), line
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err and "Aborted" not in err, err
+    assert err.strip().splitlines()[-1] == "kvtrace dashboard: stopped"
