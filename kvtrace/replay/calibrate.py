@@ -5,7 +5,8 @@ measurements come in three forms, each read into observations (``engine.costfit`
 
 * **a CSV of step timings** (``.csv``): one row per engine step, columns ``num_tokens``
   (prefill tokens plus one per decode sequence), ``prefill_pairs``, ``num_decode_seqs``,
-  ``decode_context_tokens``, optionally ``num_kv_copies``, ``num_state_copies``, and
+  ``decode_context_tokens``, optionally ``num_kv_copies``, ``num_state_copies``,
+  ``num_kv_loads`` (tokens loaded from an external tier), ``num_state_loads``, and
   ``step_ms`` or ``step_ns`` (format: ``tests/data/calibration/README.md``). Each row is
   one exact equation; data made by a known cost model gives that model back.
 * **a ``vllm bench serve`` result** (``.json``, saved with ``--save-result
@@ -57,6 +58,9 @@ from kvtrace.workload.lines import MAX_TOKENS, check_int, decoded_lines
 
 DEFAULT_MAX_BATCHED_TOKENS = 8192
 _STEP_COLUMNS = ("num_tokens", "prefill_pairs", "num_decode_seqs", "decode_context_tokens")
+# A step file's optional columns (0 where absent), in StepWork's order after the above: the
+# terms only such a file can exercise (a measured load's num_kv_loads was read as none)
+_OPTIONAL_STEP_COLUMNS = ("num_kv_copies", "num_state_copies", "num_kv_loads", "num_state_loads")
 
 
 _KINDS = "a step-timing .csv, a vllm bench serve .json or a kvtrace store (.duckdb) of collected vLLM spans"
@@ -154,13 +158,13 @@ def step_csv_observations(path: str) -> list[Observation]:
                 raise KVTraceError(f"{path}:{line}: {len(row)} fields; the header has {len(header)}")
             r = dict(zip(header, row))
             vals = {c: int(_number(path, line, c, r.get(c))) for c in _STEP_COLUMNS}
-            copies = {c: int(_number(path, line, c, r.get(c) or "0")) for c in ("num_kv_copies", "num_state_copies")}
+            copies = {c: int(_number(path, line, c, r.get(c) or "0")) for c in _OPTIONAL_STEP_COLUMNS}
             t = _number(path, line, time_col, r.get(time_col), integer=False, maximum=_MAX_STEP_NS / to_ns)
             if t * to_ns < _MIN_STEP_NS:  # (a subnormal duration once failed the fit's SVD)
                 raise KVTraceError(f"{path}:{line}: {time_col}: expected a step of at least {_MIN_STEP_NS / to_ns:g} "
                                    f"({_MIN_STEP_NS:g} ns), got {r.get(time_col)!r}"[:200])
             work = StepWork(vals["num_tokens"], vals["prefill_pairs"], vals["decode_context_tokens"],
-                            vals["num_decode_seqs"], copies["num_kv_copies"], copies["num_state_copies"])
+                            vals["num_decode_seqs"], *(copies[c] for c in _OPTIONAL_STEP_COLUMNS))
             group = "prefill" if work.prefill_pairs else "decode"
             out.append(Observation([work], t * to_ns, group, r.get("label") or ""))
     if not out:

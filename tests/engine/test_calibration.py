@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtrace.engine import COST_MODELS, Engine, get_preset
-from kvtrace.engine.clock import COEFFICIENTS, CostModel, StepWork
+from kvtrace.engine.clock import COEFFICIENTS, CostModel, StepWork, prefill_pairs
 from kvtrace.engine.costfit import nnls
 from kvtrace.errors import KVTraceError
 from kvtrace.replay.calibrate import calibrate, cost_model_toml, observations_from_file
@@ -657,3 +657,22 @@ def test_a_bench_result_fitted_under_the_concurrency_assumption_says_so_in_the_r
     assert "prefill (TTFT, 3 others assumed (no start_times)): 12 observations" in lines[4]
     assert "decode (ITL, 3 others assumed (no start_times)): 36 observations" in lines[4]
     assert "assumed" not in lines[1] and "prefill (TTFT): 12 observations" in lines[1]
+
+
+def test_step_timings_with_load_columns_fit_the_load_terms(tmp_path):
+    """A step file's num_kv_loads column was ignored: loads measured at 2,000 ns a token were
+    fitted as kv_load_ns = 0 ("not fitted") with a 79.6% maximum error."""
+    known = CostModel("known", 4_000_000, 15_000, 900, 30_000, 2_000, kv_load_ns=2_000, state_load_ns=500_000)
+    rows = ["num_tokens,prefill_pairs,num_decode_seqs,decode_context_tokens,num_kv_loads,num_state_loads,step_ns"]
+    for i, (n, dec, loads, states) in enumerate([(512, 0, 0, 0), (2048, 0, 0, 0), (900, 4, 4096, 1), (64, 64, 0, 0),
+                                                 (300, 8, 8192, 2), (1500, 0, 1024, 1), (128, 128, 0, 0),
+                                                 (700, 16, 0, 3), (4000, 0, 2048, 0)]):
+        pf = n - dec
+        work = StepWork(n, prefill_pairs(0, pf), dec * (1000 + 37 * i), dec, 0, 0, loads, states)
+        rows.append(f"{n},{work.prefill_pairs},{dec},{work.decode_context_tokens},{loads},{states},"
+                    f"{known.step_ns_of(work)}")
+    path = tmp_path / "steps.csv"
+    path.write_text("\n".join(rows) + "\n")
+    fit = calibrate([path], name="fitted", knee=0)
+    assert fit.max_error < 1e-6
+    assert (fit.model.kv_load_ns, fit.model.state_load_ns) == (2_000, 500_000)
