@@ -365,6 +365,9 @@ def _collected_run(db: str, run_id: str | None) -> str:
         return run_id
     runs = read.runs(db)
     collected = runs.filter(runs["mode"] == "otlp")["run_id"].to_list()
+    if not collected:  # (a store of replays: "pass --run: it holds 0 collected runs" named no way out)
+        raise KVTraceError(f"{db}: holds no collected run (vLLM's request spans, received by `kvtrace collect "
+                           f"--db {db}` from a server started with --otlp-traces-endpoint)")
     if len(collected) != 1:
         found = ", ".join(collected) or "none"
         raise KVTraceError(f"{db}: pass --run: the store holds {len(collected)} collected runs ({found})")

@@ -275,7 +275,9 @@ def test_impossible_values_in_collected_vllm_spans_are_one_line(tmp_path, attrib
 
 
 def test_calibrate_from_a_store_without_vllm_spans_is_one_line(replayed_store):
-    with pytest.raises(KVTraceError, match="pass --run"):
+    # (it said "pass --run: the store holds 0 collected runs (none)", which names no way out)
+    with pytest.raises(KVTraceError, match=r"holds no collected run \(vLLM's request spans, received by `kvtrace "
+                                           r"collect --db"):
         calibrate([replayed_store.path], name="x")
     with pytest.raises(KVTraceError, match="no vLLM llm_request spans"):
         calibrate([replayed_store.path], name="x", run_id=replayed_store.run_on)
