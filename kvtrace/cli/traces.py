@@ -28,7 +28,7 @@ def generate(
     from kvtrace.replay.generate import write_generated
 
     n = write_generated(value(workload), out, fmt=value(fmt), seed=seed, num_requests=num_requests)
-    status(f"wrote {n} requests to {out}")
+    status(f"wrote {n} request{'' if n == 1 else 's'} to {out}")
 
 
 @app.command()
@@ -60,4 +60,4 @@ def convert(
         if "source" in kept:  # (the header's own source is what this file is now)
             kept["converted_from"] = kept.pop("source")
     n = write_native(source, out, header=kept, sources=inputs)
-    status(f"wrote {n} requests to {out}")  # stderr: `-o /dev/stdout` gets the trace alone
+    status(f"wrote {n} request{'' if n == 1 else 's'} to {out}")  # stderr: `-o /dev/stdout` gets the trace alone
