@@ -5,6 +5,7 @@ never the request hit rate under another label."""
 from __future__ import annotations
 
 import json
+
 import pytest
 
 from kvtrace.replay.run import RunSpec, run_replay
