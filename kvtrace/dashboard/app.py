@@ -45,7 +45,6 @@ with st.sidebar:
         state.bump_refresh()
 
 
-
 def run_page() -> None:
     try:
         page.run()
