@@ -71,6 +71,16 @@ class Fit:
     errors: list[float]  # relative error of each observation, (model - measured) / measured
     observations: list[Observation] = field(repr=False)
     fitted: tuple[str, ...] = ()  # the FITTED_TERMS the observations determined; the rest were given
+    # each fitted term's standard error (its unit), from the residuals: where it is large
+    # beside the value, the measurements hardly tell the term from the others (a fit can
+    # then show a small median error and a term that is wrong by 100%)
+    standard_errors: dict[str, float] = field(default_factory=dict)
+
+    def weakly_determined(self) -> dict[str, float]:
+        """The fitted terms whose value is within two standard errors of 0, or whose
+        standard error is over a quarter of their value: term -> standard error."""
+        return {t: se for t, se in self.standard_errors.items()
+                if se > 0 and (2 * se >= abs(getattr(self.model, t)) or se > 0.25 * abs(getattr(self.model, t)))}
 
     def error_by_group(self) -> dict[str, tuple[int, float, float]]:
         """group -> (observations, median |error|, max |error|)."""
@@ -133,6 +143,18 @@ def _confounded(a: np.ndarray, terms: Sequence[str]) -> tuple[list[str], int]:
     return [t for j, t in enumerate(terms) if null.size and np.abs(null[:, j]).max() > 1e-6], rank
 
 
+def _standard_errors(a: np.ndarray, b: np.ndarray, coef: np.ndarray) -> np.ndarray:
+    """Each coefficient's standard error in the least-squares fit of ``a @ coef ~ b``: the
+    residuals' variance times the diagonal of (a^T a)^-1 (0 without residual degrees of
+    freedom, or where the fit is exact)."""
+    n, k = a.shape
+    if n <= k:
+        return np.zeros(k)
+    resid = a @ coef - b
+    variance = float(resid @ resid) / (n - k)
+    return np.sqrt(np.clip(np.diag(np.linalg.pinv(a.T @ a)) * variance, 0.0, None))
+
+
 def fit_cost_model(
     observations: Sequence[Observation],
     *,
@@ -180,6 +202,7 @@ def fit_cost_model(
             undetermined = undetermined or Underdetermined(confounded, rank, len(fit_terms), len(observations), knee)
             continue
         coef = nnls(a / scale, rest / y) / scale
+        errors = _standard_errors(a / scale, rest / y, coef * scale) / scale
         # Any: replace() is checked per keyword; these keys are all int coefficients
         values: dict[str, Any] = {FITTED_TERMS[j]: int(v) for j, v in zip(held, held_values)}
         values |= {FITTED_TERMS[j]: round(float(c)) for j, c in zip(fit_terms, coef)}
@@ -187,7 +210,8 @@ def fit_cost_model(
             values["token_above_knee_ns"] = 0
         fitted = replace(model, **values)
         pred = np.asarray([o.predicted_ns(fitted) for o in observations], dtype=np.float64)
-        candidate = Fit(fitted, list((pred - y) / y), list(observations), tuple(FITTED_TERMS[j] for j in fit_terms))
+        candidate = Fit(fitted, list((pred - y) / y), list(observations), tuple(FITTED_TERMS[j] for j in fit_terms),
+                        {FITTED_TERMS[j]: float(e) for j, e in zip(fit_terms, errors)})
         if best is None or candidate.max_error < best.max_error - 1e-9:
             best = candidate
     if best is None:

@@ -587,9 +587,14 @@ def fit_report(fit: Fit) -> list[str]:
            f"max {fit.max_error:.1%}"]
     for group, (n, med, mx) in fit.error_by_group().items():
         out.append(f"  {group}: {n} observations, median |error| {med:.1%}, max {mx:.1%}")
+    weak = fit.weakly_determined()
     for key in COEFFICIENTS:
         # a term no measurement exercised is the template's (0 unless --moe), not a finding
         unused = (key == "token_above_knee_ns" and not m.token_knee) or (key == "moe_expert_ns" and not m.num_experts)
         given = key in FITTED_TERMS and key not in fit.fitted and not unused
-        out.append(f"  {key} = {getattr(m, key):,}" + ("  (not fitted: no measurement exercises it)" if given else ""))
+        note = "  (not fitted: no measurement exercises it)" if given else ""
+        if key in weak:
+            note = (f"  (± {weak[key]:,.0f}: weakly determined, these measurements hardly tell it from the other "
+                    "terms; add steps that vary it alone)")
+        out.append(f"  {key} = {getattr(m, key):,}{note}")
     return out
