@@ -590,12 +590,7 @@ def _check_cache_only_capacity(spec: RunSpec) -> None:
 
 
 def run_record(spec: RunSpec, result: RunResult) -> dict[str, Any]:
-    """The fields ``Store.create_run`` takes for a replay made elsewhere (a sweep worker).
-
-    The sweep's parent asks for them once a result it stores: a Ctrl-C or SIGTERM whose
-    KeyboardInterrupt a finalizer swallowed stops it there, before another run is stored."""
-    if stop_pending():
-        raise_stop()
+    """The fields ``Store.create_run`` takes for a replay made elsewhere (a sweep worker)."""
     return {k: (dict(v) if isinstance(v, dict) else v) for k, v in result.record.items()}
 
 

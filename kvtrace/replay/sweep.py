@@ -325,8 +325,12 @@ def local_workers(workers: int, replays: int) -> int:
 
 
 def _record(store, spec: RunSpec, res: RunResult, tables: list, sweep_id: str, combo: dict[str, Any]) -> str:
+    from kvtrace.process import raise_stop, stop_pending
     from kvtrace.replay.run import run_record
 
+    # Ctrl-C or SIGTERM whose KeyboardInterrupt a finalizer swallowed: stop before another run is stored
+    if stop_pending():
+        raise_stop()
     rec = run_record(spec, res)
     rec["config"]["sweep"] = {"id": sweep_id, "params": stored_params(combo)}
     run_id = store.create_run(spec.name or sweep_id, **rec)
