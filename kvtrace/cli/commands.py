@@ -104,10 +104,22 @@ _RECORDING = frozenset({"replay", "sweep", "curve", "study", "collect", "capture
 
 
 def _recording(argv: list[str]) -> bool:
-    """A recording command given a store (``--db``; collect and capture require one): a
-    replay without one records nothing to keep."""
+    """A recording command given a store (``--db``; collect and capture require one) that
+    is there: a replay without one records nothing to keep, and one stopped before it made
+    the store's file kept nothing either (it said so all the same)."""
+    import os
+
+    from kvtrace.store.backend import is_clickhouse
+
     command = next((a for a in argv if not a.startswith("-")), None)
-    return command in _RECORDING and any(a == "--db" or a.startswith("--db=") for a in argv)
+    if command not in _RECORDING:
+        return False
+    for i, a in enumerate(argv):
+        db = argv[i + 1] if a == "--db" and i + 1 < len(argv) else a.removeprefix("--db=") if a.startswith("--db=") \
+            else None
+        if db is not None:
+            return is_clickhouse(db) or os.path.exists(db)
+    return False
 
 
 def _out_of_memory(e: BaseException) -> bool:

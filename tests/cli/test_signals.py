@@ -80,10 +80,15 @@ def test_signals_held_hold_a_signal_the_kernel_gives_another_thread():
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
-def test_only_a_command_given_a_store_says_what_it_recorded_is_kept():
-    """`replay` or `curve` without --db, stopped, said "what was recorded is kept" of nothing."""
+def test_only_a_command_given_a_store_says_what_it_recorded_is_kept(tmp_path):
+    """`replay` or `curve` without --db, stopped, said "what was recorded is kept" of nothing,
+    and so did a replay stopped before it made its store's file."""
     from kvtrace.cli.commands import _recording
 
+    db = tmp_path / "s.duckdb"
     assert not _recording(["replay", "gen:chat"]) and not _recording(["curve", "t.jsonl", "--mode", "engine"])
-    assert _recording(["replay", "gen:chat", "--db", "s.duckdb"]) and _recording(["sweep", "t", "--db=chdb:d"])
-    assert not _recording(["dashboard", "--db", "s.duckdb"])  # (it records nothing: nothing to keep)
+    assert not _recording(["replay", "gen:chat", "--db", str(db)])  # (not made yet: nothing kept)
+    db.write_bytes(b"")
+    assert _recording(["replay", "gen:chat", "--db", str(db)]) and _recording(["sweep", "t", "--db=chdb:d"])
+    assert _recording(["replay", "gen:chat", f"--db={db}"])
+    assert not _recording(["dashboard", "--db", str(db)])  # (it records nothing: nothing to keep)
