@@ -253,11 +253,12 @@ def meta_version(meta: dict, label: str) -> int:
         magic = cut_middle(repr(meta.get("magic")), 80)
         raise StoreError(label, f"not a kvtrace store ({META_TABLE}.magic is {magic})")
     raw = meta.get("schema_version", "0")
-    try:
-        version = int(raw)
-    except (TypeError, ValueError):
+    # what kvtrace writes: its decimal digits alone (int() took ' 3' and a fullwidth '３', and
+    # -1 was told as a version that "predates" this kvtrace)
+    if not (isinstance(raw, str) and raw.isascii() and raw.isdigit() and len(raw) <= 9):
         raise StoreError(label, f"damaged kvtrace store ({META_TABLE}.schema_version is {cut_middle(repr(raw), 80)}, "
-                                "not an integer)") from None
+                                "not a version number)")
+    version = int(raw)
     if version > SCHEMA_VERSION:
         raise StoreError(label, f"store schema version {version} is newer than this kvtrace ({SCHEMA_VERSION})")
     return version

@@ -487,8 +487,13 @@ def test_a_store_whose_schema_version_is_not_an_integer(tmp_path, capsys, two_ru
     with duckdb.connect(db) as con:  # a damaged value of 100,000 characters was quoted whole
         con.execute("UPDATE kvtrace_meta SET value = ? WHERE key = 'schema_version'", ["x" * 100_000])
     code, _, err = run(["diff", "r1", "r2", "--db", db], capsys)
-    assert_one_line(code, err, "s.duckdb", "schema_version is 'xxx", "not an integer")
+    assert_one_line(code, err, "s.duckdb", "schema_version is 'xxx", "not a version number")
     assert len(err) < 400
+    for raw in (" 3", "\uff13", "-1", "3.0"):  # (int() took the first two; -1 "predated" this kvtrace)
+        with duckdb.connect(db) as con:
+            con.execute("UPDATE kvtrace_meta SET value = ? WHERE key = 'schema_version'", [raw])
+        code, _, err = run(["diff", "r1", "r2", "--db", db], capsys)
+        assert_one_line(code, err, "s.duckdb", "damaged kvtrace store", "not a version number")
 
 
 @pytest.mark.parametrize("gate, needle", [("x<1", "expected METRIC:THRESHOLD"), ("nope:1", "unknown metric")])
