@@ -561,7 +561,7 @@ def validate(spec: RunSpec) -> tuple[dict[str, Any], list[str], Any]:
     # stored as None, an unbounded run, and paired with runs of other capacities)
     blocks = spec.capacity_blocks
     if spec.capacity_tokens is not None and spec.block_size:  # (_check_cache_only_capacity wants both)
-        blocks = spec.capacity_tokens // spec.block_size
+        blocks = cdiv(spec.capacity_tokens, spec.block_size)  # (the replay's rounding: up)
     config = {"mode": "cache-only", "policy": spec.policy, "block_size": spec.block_size,
               "capacity_blocks": None if unbounded else blocks}
     return config, [], None

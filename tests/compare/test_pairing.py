@@ -70,9 +70,13 @@ def test_the_partner_command_records_a_run_that_pairs_with_it(tmp_path, capsys):
              ["replay", "gen:chat", "--limit", "12", "--capacity-blocks", "30", "--external-blocks", "200",
               "--no-content"],
              ["replay", "gen:chat", "--limit", "12", "--retention", "1024", "--no-content"],
+             ["replay", "gen:chat", "--limit", "12", "--without", "external-hit-running-cow", "--no-content"],
+             ["replay", "gen:chat", "--limit", "12", "--no-content", *(x for b in ("external-hit-running-cow",
+              "shared-prefix-pinning", "transient-checkpoint-retention") for x in ("--without", b))],
              ["replay", "gen:chat", "--limit", "12", "--preset", "dense-attention", "--block-size", "32",
               "--capacity-blocks", "400", "--no-content"]]
-    for argv in cases:
+    for i, argv in enumerate(cases):
+        db = str(tmp_path / f"s{i}.duckdb")  # (a store each: one case's study runs may pair with another's)
         _cli([*argv, "--db", db], capsys)
         a = read.run(db, read.runs(db)["run_id"][0])
         assert pairing.partner(a, [read.run(db, r) for r in read.runs(db)["run_id"]]) is None
@@ -100,10 +104,12 @@ def test_a_cache_only_run_sized_in_tokens_stores_its_capacity(tmp_path, capsys):
     trace = "tests/data/mooncake_synthetic_trace.jsonl"
     db = str(tmp_path / "s.duckdb")
     base = ["replay", trace, "--limit", "30", "--mode", "cache-only", "--block-size", "512", "--db", db]
-    _cli([*base, "--capacity-tokens", "20480"], capsys)
+    _cli([*base, "--capacity-tokens", "20000"], capsys)  # (39.06 blocks: the replay rounds up, to 40)
     _cli([*base, "--capacity-tokens", "409600", "--policy", "belady"], capsys)
     _cli([*base, "--capacity-blocks", "40", "--policy", "belady"], capsys)
-    r1, r2, r3 = (read.run(db, r) for r in ("r1", "r2", "r3"))
+    _cli([*base, "--capacity-blocks", "40"], capsys)
+    r1, r2, r3, r4 = (read.run(db, r) for r in ("r1", "r2", "r3", "r4"))
     assert (r1["config"]["capacity_blocks"], r2["config"]["capacity_blocks"]) == (40, 800)
+    assert r1["summary"]["prefix_cache_hit_rate"] == r4["summary"]["prefix_cache_hit_rate"]  # (what it replayed)
     assert pairing.partner(r1, [r3, r2]) is r3  # the same 40 blocks, the policy the one change
     assert pairing.partner(r1, [r2]) is None
