@@ -225,12 +225,22 @@ def _remove_failed_creation(path: str) -> bool:
     return not os.path.lexists(path)
 
 
+def writer_alive_or_damaged(pid, host, start, path: str, run_id: str) -> bool:
+    """``writer_alive``, and True for a run whose writer record is damaged (a pid that is no
+    process id): left as it is, listed ``damaged`` by the readers, and no bar to the
+    store's other runs (it refused every replay into the store)."""
+    try:
+        return writer_alive(pid, host, start, db=path, run_id=run_id)
+    except StoreError:
+        return True
+
+
 def recover_orphaned_runs(con: duckdb.DuckDBPyConnection, path: str) -> list[str]:
     """Mark runs whose writer died (kill -9, power loss) ``incomplete``; return their ids."""
     rows = con.execute(
         "SELECT run_id, writer_pid, writer_host, writer_start FROM runs WHERE status = 'running'"
     ).fetchall()
-    dead = [r[0] for r in rows if not writer_alive(r[1], r[2], r[3], db=path, run_id=r[0])]
+    dead = [r[0] for r in rows if not writer_alive_or_damaged(r[1], r[2], r[3], path, r[0])]
     for run_id in dead:
         con.execute("BEGIN")
         derived.materialise(con, run_id)

@@ -285,3 +285,14 @@ def test_a_failed_open_of_an_existing_store_removes_nothing(tmp_path, capsys, tw
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert "cannot write" in lines[0] and str(db) in lines[0], lines[0]
     assert read.runs(db)["run_id"].sort().to_list() == ["r1", "r2"]
+
+
+def test_a_run_whose_writer_pid_is_damaged_bars_no_replay_into_the_store(tmp_path, capsys, two_runs):
+    """Recovery asked every `running` run whether its writer lived, and a pid that is no
+    process id raised: every replay, study and sweep into the store was refused, where `runs`
+    lists the run as damaged and reads the rest."""
+    db = _altered(tmp_path, two_runs, "UPDATE runs SET writer_pid = -5, status = 'running' WHERE run_id = 'r1'")
+    code, _, err = kvtrace([*REPLAY, "--db", str(db)], capsys)
+    assert code == 0, err
+    listed = {r: s for r, s in zip(read.runs(db)["run_id"], read.runs(db)["status"])}
+    assert listed == {"r1": "damaged", "r2": "complete", "r3": "complete"}

@@ -28,7 +28,7 @@ from kvtrace.store.clickhouse import client, collector
 from kvtrace.store.clickhouse.schema import column_type, derived_columns, store_ddl
 from kvtrace.store.clickhouse.tables import check_meta, materialise
 from kvtrace.store.errors import StoreError, UnknownRunError
-from kvtrace.store.liveness import host_name, process_start_token, writer_alive
+from kvtrace.store.liveness import host_name, process_start_token
 from kvtrace.store.schema import (
     CURVE_COLUMNS,
     LARGEST_NUMBERED_RUN_SQL,
@@ -41,7 +41,7 @@ from kvtrace.store.schema import (
     TIME_OFFSET_COLUMN,
     next_run_id,
 )
-from kvtrace.store.writer import Store, _json_or_none
+from kvtrace.store.writer import Store, _json_or_none, writer_alive_or_damaged
 
 _RUN_TYPES = {"INTEGER": pa.int32(), "BIGINT": pa.int64()}
 
@@ -128,7 +128,7 @@ class ClickHouseStore(Store):
         frame = con.ch_frame("SELECT run_id, writer_pid, writer_host, writer_start FROM runs "
                              "WHERE status = 'running' ORDER BY run_id")
         dead = [r for r, pid, host, start in frame.rows()
-                if not writer_alive(pid, host, start, db=self.path, run_id=r)]
+                if not writer_alive_or_damaged(pid, host, start, self.path, r)]
         for run_id in dead:
             _trim_partial_flush(con, run_id)
             materialise(con, run_id)
