@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvtrace.metrics import PERCENTILES_CONFIG_KEY
+from kvtrace.names import BEHAVIOURS
 
 # Flattened config keys that make up a run's capacity (engine: KV blocks per group and the
 # groups' block sizes; cache-only: usable blocks of block_size tokens).
@@ -186,8 +187,13 @@ def study_command(a: Mapping[str, Any], db: str) -> str:
         other = "belady" if cfg.get("policy") != "belady" else "lru"
         return (f"kvtrace replay {trace} --mode cache-only --policy {other} "
                 f"--capacity-blocks {cfg['capacity_blocks']}{size}{limit_flag} --db {db}")
-    behaviour = next(iter(sorted(_behaviours(a))), "shared-prefix-pinning")
+    # one of the study's pair is this run (the behaviours it has off stay off, --without), the
+    # other this run with the studied one switched: one it has on, else one it has off
+    on = _behaviours(a)
+    off = [b for b in BEHAVIOURS if b not in on]
+    behaviour = next(iter(sorted(on)), off[0] if off else BEHAVIOURS[0])
     flags = f" --preset {shlex.quote(str(cfg['preset']))}" if cfg.get("preset") else ""
+    flags += "".join(f" --without {b}" for b in off if b != behaviour)
     # what else the run was replayed with, so that the study's all-on run is this one's twin
     cache: dict[str, Any] = cfg["cache"] if isinstance(cfg.get("cache"), dict) else {}
     if cfg.get("backend") not in (None, "kvtrace"):
