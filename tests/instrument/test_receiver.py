@@ -761,7 +761,7 @@ def test_bodies_past_the_buffer_budget_get_503_before_they_are_read(tmp_path):
         body = _json_body(1)
         small = (f"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
                  f"Content-Length: {len(body)}\r\n\r\n").encode()
-        for _ in range(50):
+        for _ in range(300):  # (until the held bodies are being read: seconds on a loaded box)
             reply = _raw_http(c.address, small, body, half_close=False)
             if reply.startswith(b"HTTP/1.1 503"):
                 break
