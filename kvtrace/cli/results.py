@@ -45,7 +45,9 @@ def runs(db: DbToRead, as_json: Json = False, limit: Annotated[int | None, typer
         config = json.loads(row["config"]) if row["config"] else {}
         # (a run without a finished one, running, interrupted or failed: the keys of its spans, as
         # diff reads them; per run its own queries only: read.run_summary would list every run again)
-        summary = read.summary_with_spans(db, row["run_id"], json.loads(row["summary"]) if row["summary"] else None)
+        # (a damaged record: no numbers, its damage line says why)
+        summary = {} if row["damage"] else read.summary_with_spans(
+            db, row["run_id"], json.loads(row["summary"]) if row["summary"] else None)
         cap = capacity(config, summary) if isinstance(config, dict) else None
         config = config if isinstance(config, dict) else {}
         listed.append({

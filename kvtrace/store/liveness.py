@@ -6,6 +6,7 @@ import os
 import socket
 
 from kvtrace.store.errors import StoreError
+from kvtrace.store.schema import RUN_STATUSES
 
 
 def host_name() -> str:
@@ -33,9 +34,21 @@ def shown_status(status: str, pid: int | None, host: str | None, start_token: st
                  run_id: str) -> str:
     """The status every reader shows for a run's stored one: a ``running`` run whose writer
     is gone reads ``incomplete`` (until a writer recovers it and stores that)."""
+    checked_status(status, db=db, run_id=run_id)
     if status == "running" and not writer_alive(pid, host, start_token, db=db, run_id=run_id):
         return "incomplete"
     return status
+
+
+def checked_status(status: object, *, db: str, run_id: str) -> str:
+    """A stored status, checked to be one kvtrace writes (``RUN_STATUSES``): anything else,
+    NULL included, is a damaged store, a StoreError naming ``db`` and the run (a reader
+    would otherwise take it for finished and read derived tables never written)."""
+    if status not in RUN_STATUSES:
+        shown = repr(status) if not isinstance(status, str) or len(status) <= 40 else repr(status[:40] + "...")
+        raise StoreError(db, f"damaged kvtrace store: run {run_id}'s status {shown} is not one of "
+                             f"{', '.join(RUN_STATUSES)}")
+    return str(status)
 
 
 def writer_alive(pid: int | None, host: str | None, start_token: str | None, *, db: str, run_id: str) -> bool:

@@ -126,6 +126,10 @@ VALUE_DAMAGE = {
                             "run r1's writer_pid -1 is not a process id"),
     "writer-pid-zero": (["UPDATE runs SET writer_pid = 0, status = 'running' WHERE run_id = 'r2'"],
                         "run r2's writer_pid 0 is not a process id"),
+    # a status kvtrace never writes read as finished: derived tables never written were read
+    "status-unknown": (["UPDATE runs SET status = 'finished' WHERE run_id = 'r1'"],
+                       "run r1's status 'finished' is not one of running, complete, failed, incomplete"),
+    "status-null": (["UPDATE runs SET status = NULL WHERE run_id = 'r2'"], "run r2's status None is not one of"),
 }
 
 

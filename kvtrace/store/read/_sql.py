@@ -31,6 +31,7 @@ from kvtrace.store import derived
 from kvtrace.store.backend import is_clickhouse
 from kvtrace.store.connection import read_connection
 from kvtrace.store.errors import StoreError, UnknownRunError
+from kvtrace.store.liveness import checked_status
 from kvtrace.store.read._api import BadArgument
 
 DB = str | Path
@@ -75,7 +76,7 @@ def run_status(con: Connection, db: DB, run_id: str) -> str:
     found = query(con, "SELECT status FROM runs WHERE run_id = $run_id", {"run_id": run_id})
     if found.height == 0:
         raise UnknownRunError(str(db), run_id)
-    return str(found["status"][0])
+    return checked_status(found["status"][0], db=str(db), run_id=run_id)
 
 
 def connect(db: DB) -> contextlib.AbstractContextManager[Connection]:
