@@ -151,6 +151,30 @@ def test_kvtrace_collect_on_a_busy_port_is_one_line(tmp_path, which):
     assert len(lines) == 1 and lines[0].startswith(f"kvtrace: error: cannot listen on 127.0.0.1:{port}"), err
     assert ("OTLP/HTTP" if which == "--port" else "OTLP/gRPC") in lines[0]
     assert lines[0].endswith(f"; choose another with {which} N, or {which} 0 for a free one"), err
+    assert list(tmp_path.iterdir()) == []  # no new, empty store left behind (it was made before the ports)
+
+
+@pytest.mark.parametrize("chdb", [False, True])
+def test_a_collector_whose_store_cannot_open_frees_its_ports(tmp_path, chdb):
+    """The ports are bound first, so a bad --db must give them back: a second try on the same
+    ports, with a good store, serves."""
+    from kvtrace.errors import KVTraceError
+
+    with socket.socket() as s1, socket.socket() as s2:
+        s1.bind(("127.0.0.1", 0))
+        s2.bind(("127.0.0.1", 0))
+        port, grpc_port = s1.getsockname()[1], s2.getsockname()[1]
+    (tmp_path / "file").write_text("x")
+    bad = f"chdb:{tmp_path / 'file'}" if chdb else tmp_path / "missing" / "x.duckdb"
+    with pytest.raises(KVTraceError, match="is a file, not a directory" if chdb else "missing does not exist"):
+        OTLPCollector(bad, port=port, grpc_port=grpc_port)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+    collector = OTLPCollector(tmp_path / "good.duckdb", port=port, grpc_port=grpc_port).start()
+    try:
+        _send_request_and_child(collector.grpc_target, {"service.name": "vllm"})
+    finally:
+        collector.stop()
+    assert collector.address[1] == port and count_spans(tmp_path / "good.duckdb", "r1") == 2
 
 
 def test_probe_finds_a_busy_port_before_grpc_does():

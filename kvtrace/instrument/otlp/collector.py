@@ -213,7 +213,6 @@ class OTLPCollector:
         self.read_timeout_s = read_timeout_s
         self.guard = ConnectionGuard(max_connections, max(BUFFERED_BODIES * max_body_bytes, MIN_BUFFERED_BYTES),
                                      watch_interval_s=min(1.0, read_timeout_s / 4))
-        self.store = Store.open(self.store_path)
         self.run_name = run_name
         self._lock = threading.Lock()
         self._closed = False  # (under _lock) the store is closed: a late request is refused, not stored
@@ -232,27 +231,36 @@ class OTLPCollector:
         self.decode_slots = threading.BoundedSemaphore(DECODE_SLOTS)  # (both transports)
         self._replying = 0  # HTTP requests between their store and their reply (under _replies)
         self._replies = threading.Condition()
+        # The ports are bound before the store is opened: a collect that cannot listen (a busy
+        # port) left a new, empty store behind it.
         try:
             self._server = _Server((host, port), _make_handler(self), self.guard, self.count_rejected)
         except OSError as err:
-            self.store.close()
+            self.guard.close()
             hint = port_in_use("--port") if err.errno == errno.EADDRINUSE else ""
             raise KVTraceError(f"cannot listen on {host}:{port} (OTLP/HTTP): {err.strerror or err}{hint}") from None
         self._thread: threading.Thread | None = None
         self._grpc = None
         self.grpc_port: int | None = None
-        if grpc_port is not None:
-            from kvtrace.instrument.otlp.grpc import grpc_server  # grpcio is loaded only when served
+        try:
+            if grpc_port is not None:
+                from kvtrace.instrument.otlp.grpc import grpc_server  # grpcio is loaded only when served
 
-            try:
-                self._grpc, self.grpc_port = grpc_server(self.ingest, host, grpc_port, max_body_bytes,
-                                                         on_reject=self.count_rejected, read_timeout_s=read_timeout_s,
-                                                         decode_slots=self.decode_slots,
-                                                         deadlines=self.guard.deadlines)
-            except OSError as err:
-                self._server.server_close()
-                self.store.close()
-                raise KVTraceError(str(err)) from None
+                try:
+                    self._grpc, self.grpc_port = grpc_server(
+                        self.ingest, host, grpc_port, max_body_bytes, on_reject=self.count_rejected,
+                        read_timeout_s=read_timeout_s, decode_slots=self.decode_slots, deadlines=self.guard.deadlines)
+                except OSError as err:
+                    raise KVTraceError(str(err)) from None
+            self.store = Store.open(self.store_path)  # (a store it could not make or open: none left behind)
+        except BaseException:
+            if self._grpc is not None:
+                self._closed = True  # (a call in the moment it serves is refused, never stored)
+                self._grpc.start()  # (a gRPC server never started keeps its port bound for good)
+                self._grpc.stop(grace=None)
+            self._server.server_close()
+            self.guard.close()
+            raise
 
     @property
     def address(self) -> tuple[str, int]:
