@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtrace.errors import ConfigError, KVTraceError, TraceFormatError
+from kvtrace.names import BEHAVIOURS
 from kvtrace.process import sigterm_blocked, stop_handlers_kept, worker_start
 from kvtrace.replay.config_file import parse_retention
 from kvtrace.replay.run import FLAG_OF_FIELD, RunResult, RunSpec, is_unbounded, run_replay
@@ -67,8 +68,22 @@ def parse_param(text: str, flag: str = "--param", names: Sequence[str] = PARAMET
                                           + (" (or inf)" if name == "capacity_blocks" else ""))
         return name, ints
     if name == "without":  # (each switch once: a+a is a)
-        return name, [() if v.lower() == "none" else tuple(sorted(set(v.split("+")))) for v in values]
+        return name, [() if v.lower() == "none" else _switches(flag, name, v) for v in values]
     return name, values
+
+
+def _switches(flag: str, name: str, value: str) -> tuple[str, ...]:
+    """One ``without`` value, ``a+b``, as its sorted switches; an empty or unknown one is
+    refused here, at the value (``+`` or ``a+`` ran as without=none in cache-only mode, and
+    in engine mode was blamed on a 'preset' no one gave)."""
+    switches = [s.strip() for s in value.split("+")]
+    if not all(switches):
+        raise ConfigError(flag, f"{name}={value}", "an empty behaviour name; join behaviours with + (or say none)")
+    unknown = sorted(set(switches) - set(BEHAVIOURS))
+    if unknown:
+        raise ConfigError(flag, f"{name}={value}", f"unknown behaviour {', '.join(unknown)}; expected none or "
+                                                   f"some of {', '.join(BEHAVIOURS)} joined by +")
+    return tuple(sorted(set(switches)))
 
 
 def _canonical(name: str, value: Any) -> Any:

@@ -16,7 +16,7 @@ from kvtrace.replay.run import RunSpec, run_replay
 from kvtrace.replay.sweep import combinations, parse_baseline, parse_param, run_sweep, sweep_table
 from kvtrace.store import read
 from kvtrace.store.read._sql import connect, query
-from tests.cli.support import run
+from tests.cli.support import assert_one_line, run
 from tests.conftest import MOONCAKE
 
 BASE = RunSpec(str(MOONCAKE), mode="cache-only", limit=250)
@@ -249,6 +249,25 @@ def test_a_value_swept_twice_is_refused_before_anything_runs(text, message):
     with pytest.raises(ConfigError) as caught:
         combinations([parse_param(text)])
     assert str(caught.value) == f"--param: {message}"
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("without=+", "without=+: an empty behaviour name"),
+    ("without=none,shared-prefix-pinning+", "without=shared-prefix-pinning+: an empty behaviour name"),
+    ("without=shared-prefix-pinning+pinning", "without=shared-prefix-pinning+pinning: unknown behaviour pinning;")])
+def test_an_empty_or_unknown_switch_is_refused_at_its_value(text, message):
+    """``without=+`` was read as the switch '': a cache-only sweep ran it as without=none
+    (exit 0, a run labelled ``without=``), an engine one blamed a 'preset' no one gave."""
+    with pytest.raises(ConfigError) as caught:
+        parse_param(text)
+    assert str(caught.value).startswith(f"--param: {message}")
+
+
+@pytest.mark.parametrize("mode", ["cache-only", "engine"])
+def test_a_sweep_of_an_empty_switch_is_one_line_at_param(mode, capsys):
+    code, out, err = run(["sweep", str(MOONCAKE), "--mode", mode, "--limit", "5", "--param", "without=+"], capsys)
+    assert_one_line(code, err, "--param: without=+: an empty behaviour name")
+    assert out == ""
 
 
 def test_a_switch_given_twice_in_one_value_is_one_switch():
