@@ -467,6 +467,8 @@ class VllmEngineManager(VllmKVCacheManager):
             first = last - 1 if g in self._mamba else min(cdiv(local, bs), last)
             for i in range(max(first, 0), last):
                 block = table[i]
+                if block.is_null:  # a sliding window's skipped blocks: nothing loaded (kvtrace's allocates none)
+                    continue
                 self._writes.append(StateWrite(rid, g, block.block_id, min((i + 1) * bs, total), STATE_EXTERNAL))
                 if self._listeners:
                     self._events.append(BlockCopied(self.step, rid, g, -1, block.block_id, COPY_EXTERNAL))
