@@ -85,14 +85,18 @@ def compressed_problem(path: str, head: bytes | None = None) -> str | None:
 MAX_LINE_BYTES = 64 << 20
 
 
+class LineTooLong(TraceFormatError):
+    """A line past ``MAX_LINE_BYTES``: no line format's request, but a WEKA conversation
+    (one JSON document, read whole) may be written on one line that long."""
+
+
 def bounded_lines(path: str, f: BinaryIO) -> Iterator[tuple[int, bytes]]:
     """(1-based line number, bytes) for each line of the open file ``f``; a line longer
-    than ``MAX_LINE_BYTES`` (a file of NUL bytes, a lost newline) is a TraceFormatError,
+    than ``MAX_LINE_BYTES`` (a file of NUL bytes, a lost newline) is a LineTooLong error,
     never read whole into memory."""
     for lineno, raw in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), start=1):
         if len(raw) > MAX_LINE_BYTES:
-            raise TraceFormatError(path, lineno, f"line longer than {MAX_LINE_BYTES >> 20} MiB; expected one "
-                                                 "request a line")
+            raise LineTooLong(path, lineno, f"line longer than {MAX_LINE_BYTES >> 20} MiB; expected one request a line")
         yield lineno, raw
 
 

@@ -21,7 +21,14 @@ from kvtrace.replay.readers.mooncake import read_mooncake
 from kvtrace.replay.readers.source import TraceSource
 from kvtrace.replay.readers.weka import read_weka, weka_files
 from kvtrace.workload import TraceRequest
-from kvtrace.workload.lines import JSON_ERRORS, compressed_problem, decode_error, numbered_lines, without_bom
+from kvtrace.workload.lines import (
+    JSON_ERRORS,
+    LineTooLong,
+    compressed_problem,
+    decode_error,
+    numbered_lines,
+    without_bom,
+)
 from kvtrace.workload.native import HEADER_KEY, read_header, read_native
 
 READERS = {
@@ -51,7 +58,12 @@ def detect_format(path: str) -> str:
     if problem is not None:
         raise TraceFormatError(path, None, _expected_trace(problem))
     _refuse_compressed(path)
-    first = next(numbered_lines(path), None)
+    try:
+        first = next(numbered_lines(path), None)
+    except LineTooLong:
+        if path.endswith(".json"):  # a WEKA conversation on one line (json.dump's way), which it reads whole
+            return "weka"
+        raise
     if first is None:
         raise TraceFormatError(path, None, "empty file; cannot detect the trace format")
     lineno, text = first
