@@ -316,12 +316,10 @@ def _curve_id(source_id: str, spec, caps, policies) -> str:
     """A content id over every setting that can move a point (a --config file by its content,
     as a sweep's id): a store keeps one recording per id, so another curve of the trace
     (another retention, tier, config...) must not replace this one."""
+    from kvtrace.replay.sweep import id_settings
     from kvtrace.workload.lines import file_sha256
 
-    # (--limit is in the trace's identity where it cuts the trace: a limit past its end is no setting)
-    settings = {f: getattr(spec, f) for f in spec.__dataclass_fields__
-                if f not in ("name", "trace", "percentiles", "limit")}
-    settings["without"] = sorted(set(spec.without))  # (one switch set however written)
+    settings = id_settings(spec)  # (as a sweep's: retention's spellings were other curves, stored twice)
     config = file_sha256(spec.config_file) if spec.config_file else None
     text = json.dumps([source_id, config, settings, list(caps), list(policies)], sort_keys=True, default=str)
     return "curve-" + hashlib.sha256(text.encode()).hexdigest()[:12]

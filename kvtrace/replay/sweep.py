@@ -355,6 +355,30 @@ def _record(store, spec: RunSpec, res: RunResult, tables: list, sweep_id: str, c
     return run_id
 
 
+def id_settings(spec: RunSpec) -> dict[str, Any]:
+    """The settings a sweep's or a curve's content id covers, each as it is read, so that
+    one set of runs has one id and other runs another: --without's order and repeats,
+    retention's spellings (none, None; 0, 00; and none is a setting, no --retention the
+    preset's own), and in engine mode a --preset naming the one the runs get without it."""
+    from kvtrace.replay.run import DEFAULT_PRESET
+
+    # (--limit is in the trace digest where it cuts the trace: a limit past its end is no setting;
+    # --percentiles says how the runs' latencies are summarised, as pairing reads it: no setting)
+    settings = {f: getattr(spec, f) for f in spec.__dataclass_fields__
+                if f not in ("name", "trace", "limit", "percentiles")}
+    settings["without"] = sorted(set(spec.without))
+    if spec.retention is not None:
+        retention = _canonical("retention", spec.retention)
+        settings["retention"] = "none" if retention is None else retention  # (null: no --retention given)
+    if spec.mode == "engine" and spec.preset is not None:
+        from kvtrace.replay.config_file import load_config_file
+
+        unnamed = (load_config_file(spec.config_file).preset if spec.config_file else None) or DEFAULT_PRESET
+        if spec.preset == unnamed:
+            settings["preset"] = None
+    return settings
+
+
 def _sweep_id(base: RunSpec, combos: list[dict[str, Any]], trace_digest: str | None) -> str:
     """A content id: the same sweep (every setting but the run name and the percentiles
     reported; the trace's content, the config file's) gets the same id, and a sweep that
@@ -364,13 +388,7 @@ def _sweep_id(base: RunSpec, combos: list[dict[str, Any]], trace_digest: str | N
 
     from kvtrace.workload.lines import file_sha256
 
-    # (--limit is in the trace digest where it cuts the trace: a limit past its end is no setting;
-    # --percentiles says how the runs' latencies are summarised, as pairing reads it: no setting)
-    settings = {f: getattr(base, f) for f in base.__dataclass_fields__
-                if f not in ("name", "trace", "limit", "percentiles")}
-    # each setting as it is read (--without's order and repeats, retention's spellings: one run)
-    settings["without"] = sorted(set(base.without))
-    settings["retention"] = _canonical("retention", base.retention)
+    settings = id_settings(base)
     config = file_sha256(base.config_file) if base.config_file else None
     # the combinations as a set: the same runs however the values and --params were ordered
     runs = sorted(json.dumps({k: sorted(set(v)) if isinstance(v, tuple) else _canonical(k, v) for k, v in c.items()},

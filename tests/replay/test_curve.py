@@ -251,3 +251,19 @@ def test_an_empty_policy_item_is_refused_as_an_empty_capacity_is(capsys, policy,
 
     code, _, err = run(["curve", str(MOONCAKE), "--limit", "5", "--capacities", "100", "--policy", policy], capsys)
     assert_one_line(code, err, f"--policy: {shown}: expected some of lru, belady joined by commas (no empty item)")
+
+
+def test_one_curve_however_its_retention_and_preset_are_spelt_is_one_curve(tmp_path):
+    """Retention 0 and 00, none and None each had their own curve id (the store kept the same
+    curve twice), and so did --preset kimi-hybrid, the preset the runs get without it; no
+    --retention (the preset's 0) and --retention none (dense) are other curves."""
+    db = tmp_path / "c.duckdb"
+    base = RunSpec("gen:chat", limit=4, content=False)
+
+    def curve_id(**kw):
+        return run_curve(replace(base, **kw), "300", policies=("lru",), db=db, workers=1).curve_id
+
+    assert curve_id(retention="0") == curve_id(retention="00")
+    assert curve_id(retention="none") == curve_id(retention="None") != curve_id()
+    assert curve_id(preset="kimi-hybrid") == curve_id()
+    assert read.curves(db)["curve_id"].n_unique() == 3

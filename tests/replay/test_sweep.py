@@ -184,6 +184,18 @@ def test_one_sweep_however_its_switches_and_retention_are_spelt_has_one_id():
     assert len(ids) == 1
 
 
+def test_a_sweep_at_retention_none_is_not_the_sweep_at_the_presets_retention():
+    """No --retention (kimi-hybrid's 0) and --retention none (dense) are other runs, but
+    both read as null and shared one sweep id; a --preset naming the default is no other."""
+    engine = RunSpec(str(MOONCAKE), limit=2, content=False)
+    swept = [("capacity_blocks", [300])]
+    default, dense = (run_sweep(replace(engine, retention=r), swept, workers=1) for r in (None, "none"))
+    assert default.runs[0].summary["digest"] != dense.runs[0].summary["digest"]
+    assert default.sweep_id != dense.sweep_id
+    assert run_sweep(replace(engine, retention="None"), swept, workers=1).sweep_id == dense.sweep_id
+    assert run_sweep(replace(engine, preset="kimi-hybrid"), swept, workers=1).sweep_id == default.sweep_id
+
+
 def test_too_many_combinations_are_refused_before_any_is_built():
     values = list(range(1, 1001))
     with pytest.raises(ConfigError, match="1,000,000,000 combinations"):
