@@ -4,6 +4,7 @@ found, each held here."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from kvtrace.replay.readers import detect_format, read_trace
 from kvtrace.workload import lines
@@ -34,3 +35,28 @@ def test_a_weka_conversation_on_one_line_longer_than_a_trace_line_is_detected(tm
     jsonl.write_text(conv.read_text() + "\n")
     code, _, err = run(["replay", str(jsonl), "--mode", "cache-only"], capsys)
     assert_one_line(code, err, f"{jsonl}:1: line longer than")
+
+
+def test_mooncake_ids_survive_a_write_back_only_where_numbered_as_the_writer_numbers_them(tmp_path):
+    """The page said a Mooncake trace read and written back gives the same ids, of any trace:
+    ids not numbered from 0 in order of first appearance are renumbered, the same requests
+    sharing them (the same replay)."""
+    from kvtrace.replay.cache_only import replay_cache_only
+    from kvtrace.replay.writers import write_mooncake
+    from tests.conftest import TRACES
+
+    published = read_trace(TRACES / "formats" / "mooncake_fast25.jsonl")
+    write_mooncake(published, tmp_path / "back.jsonl")
+    assert [r.hash_ids for r in read_trace(tmp_path / "back.jsonl")] == [r.hash_ids for r in published]
+
+    other = tmp_path / "other.jsonl"
+    other.write_text("".join(json.dumps({"timestamp": t, "input_length": 600, "output_length": 1, "hash_ids": ids})
+                             + "\n" for t, ids in ((0, [5, 9]), (1, [5, 7]), (2, [5, 9]))))
+    write_mooncake(read_trace(other), tmp_path / "renumbered.jsonl")
+    again = read_trace(tmp_path / "renumbered.jsonl")
+    assert [r.hash_ids for r in again] == [(0, 1), (0, 2), (0, 1)]
+    hits = [replay_cache_only(read_trace(p)).summary()["prefix_cache_hits"]
+            for p in (other, tmp_path / "renumbered.jsonl")]
+    assert hits[0] == hits[1] > 0
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "trace-format.md").read_text()
+    assert "other ids are renumbered" in " ".join(doc.split())
