@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 import typer
@@ -50,6 +51,11 @@ def convert(
     from kvtrace.workload.native import write_native
 
     check_limit(limit)
+    if trace.startswith("gen:") and not os.path.lexists(trace):  # (replay's generated workload: no file here)
+        from kvtrace.errors import TraceFormatError
+
+        raise TraceFormatError(trace, None, "a generated workload, not a trace file; write it with "
+                                            f"`kvtrace generate {trace[4:] or 'NAME'} -o FILE`")
     source = open_trace(trace, format=value(fmt), limit=limit, block_size=trace_block_size)
     inputs = [trace, *source.files]  # (a directory trace: each of its files is an input too)
     kept = None

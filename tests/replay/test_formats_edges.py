@@ -60,3 +60,17 @@ def test_mooncake_ids_survive_a_write_back_only_where_numbered_as_the_writer_num
     assert hits[0] == hits[1] > 0
     doc = (Path(__file__).resolve().parents[2] / "docs" / "trace-format.md").read_text()
     assert "other ids are renumbered" in " ".join(doc.split())
+
+
+def test_converting_a_generated_workload_names_the_command_that_writes_it(tmp_path, capsys, monkeypatch):
+    """`kvtrace convert gen:chat` said 'gen:chat: no such file or directory', though replay
+    takes gen:chat as a trace; a file of that name is still converted."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run(["convert", "gen:chat", "-o", "out.jsonl"], capsys)
+    assert_one_line(code, err, "gen:chat: a generated workload", "`kvtrace generate chat -o FILE`")
+    assert not (tmp_path / "out.jsonl").exists()
+    (tmp_path / "gen:chat").write_text(json.dumps({"timestamp": 0, "input_length": 5, "output_length": 1,
+                                                   "hash_ids": [0]}) + "\n")
+    code, _, err = run(["convert", "gen:chat", "-o", "out.jsonl"], capsys)
+    assert code == 0, err
+    assert len(read_trace(tmp_path / "out.jsonl")) == 1

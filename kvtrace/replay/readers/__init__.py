@@ -1,7 +1,7 @@
 """Streaming trace readers: ``open_trace(path)`` -> a re-iterable :class:`TraceSource`.
 
 Formats: ``mooncake``, ``bailian``, ``weka`` (a file or a directory of files), ``azure``,
-``native`` (kvtrace JSONL, see :mod:`kvtrace.replay.readers.native`). Each yields
+``native`` (kvtrace JSONL, see :mod:`kvtrace.workload.native`). Each yields
 ``TraceRequest`` in file order and raises ``TraceFormatError`` naming file and line.
 """
 
