@@ -4,8 +4,12 @@ found, each held here."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
+import pytest
+
+from kvtrace.errors import TraceFormatError
 from kvtrace.replay.readers import detect_format, read_trace
 from kvtrace.workload import lines
 from tests.cli.support import assert_one_line, run
@@ -74,3 +78,17 @@ def test_converting_a_generated_workload_names_the_command_that_writes_it(tmp_pa
     code, _, err = run(["convert", "gen:chat", "-o", "out.jsonl"], capsys)
     assert code == 0, err
     assert len(read_trace(tmp_path / "out.jsonl")) == 1
+
+
+@pytest.mark.parametrize("chat_id", [-1, -7])
+def test_a_negative_bailian_chat_id_is_refused_at_its_line(tmp_path, chat_id):
+    """A chat -1 was read, and the next turn naming parent -1 became a first turn of its own
+    session (-1 marks a first turn); a chat below it could be no turn's parent either."""
+    def turn(cid: int, parent: int, t: float) -> str:
+        return json.dumps({"chat_id": cid, "parent_chat_id": parent, "timestamp": t, "input_length": 20,
+                           "output_length": 1, "type": "text", "turn": 1, "hash_ids": [0, 1]}) + "\n"
+
+    trace = tmp_path / "b.jsonl"
+    trace.write_text(turn(0, -1, 0.0) + turn(chat_id, -1, 0.5) + turn(5, chat_id, 1.0))
+    with pytest.raises(TraceFormatError, match=re.escape(f"b.jsonl:2: chat_id: expected >= 0, got {chat_id}")):
+        read_trace(trace)

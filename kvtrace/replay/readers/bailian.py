@@ -1,6 +1,6 @@
 """Alibaba Bailian (Qwen) JSONL usage traces.
 
-One request per line: ``chat_id``, ``parent_chat_id`` (-1 for the first turn of a
+One request per line: ``chat_id`` (>= 0), ``parent_chat_id`` (-1 for the first turn of a
 conversation), ``timestamp`` (seconds since the trace start, float), ``input_length``,
 ``output_length``, ``type`` (e.g. "text"), ``turn`` and ``hash_ids`` (prefix-chained ids
 of 16-token blocks, ``len == ceil(input_length / 16)``).
@@ -41,6 +41,8 @@ def read_bailian(path: str, block_size: int = DEFAULT_BLOCK_SIZE) -> Iterator[Tr
         n = check_int(path, lineno, "input_length", row.input_length, 1)
         out = check_int(path, lineno, "output_length", row.output_length, 0)
         cid, parent = row.chat_id, row.parent_chat_id
+        if cid < 0:  # (-1 is the parent of a first turn: a chat -1 could be no turn's parent)
+            raise TraceFormatError(path, lineno, f"chat_id: expected >= 0, got {cid}")
         if cid in root_of:
             raise TraceFormatError(path, lineno, f"chat_id: {cid} appears twice")
         if parent < -1:
