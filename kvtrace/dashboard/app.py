@@ -45,11 +45,13 @@ with st.sidebar:
         state.bump_refresh()
 
 
-def run_page() -> None:
+def run_page(said: str | None = None) -> None:
+    """The page, its errors shown in one line (``said``: one already shown above it)."""
     try:
         page.run()
     except KVTraceError as err:  # the store's one-line user errors
-        st.error(ui.literal(err))
+        if str(err) != said:
+            st.error(ui.literal(err))
     except Exception as err:  # never a traceback in the browser; the tests assert no st.error
         first = str(err).splitlines()[0] if str(err) else ""
         st.error(ui.literal(f"{shown}: this page could not read the store ({type(err).__name__}: {first}).")
@@ -75,7 +77,11 @@ if queries.open_store(db):
                    icon=":material/link_off:")
     else:
         queries.context()["run_id"] = run_id
-        run_page()
+        damage = queries.run_row(run_id).get("damage")
+        if damage:  # (listed as damaged in the picker; every page says why, as `kvtrace runs` does)
+            st.warning(ui.literal(damage) + ". Its stored settings and summary are not read: a page shows what its "
+                                            "spans hold, where it can.", icon=":material/warning:")
+        run_page(said=damage)
 elif db and queries.curves_only():  # capacity curves without runs: the Capacity page is what there is to see
     queries.context()["run_id"] = None
     if page.url_path == CAPACITY.url_path:

@@ -393,3 +393,26 @@ def test_the_runs_table_shows_rates_latencies_and_counts_in_the_tiles_units(stal
                        "p99_itl_ms": "%.1f ms", "evictions": "localized"}
     rates = [v for v in frame.value["prefix_cache_hit_rate"] if v == v]
     assert rates and all(0 <= v <= 1 for v in rates)  # fractions, as the summary stores them
+
+
+def test_a_run_with_a_damaged_record_says_so_on_every_page(tmp_path, monkeypatch):
+    """`kvtrace runs` prints a damaged record's problem; the dashboard listed the run as
+    damaged in its picker and then showed its pages (Compare, Overview...) without a word."""
+    import duckdb
+
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = str(tmp_path / "damaged.duckdb")
+    spec = {"limit": 12, "mode": "cache-only"}
+    a = run_replay(RunSpec("gen:mixed", name="a", capacity_blocks=40, **spec), db=db).run_id
+    run_replay(RunSpec("gen:mixed", name="b", capacity_blocks=60, **spec), db=db)
+    with duckdb.connect(db) as con:
+        con.execute("UPDATE runs SET summary = '[1]' WHERE run_id = $r", {"r": a})
+    (damage,) = read.runs(db).filter(pl.col("run_id") == a)["damage"].to_list()
+    assert "summary is [1]" in damage
+    for page in ("overview", "compare", "hit_rate", "evictions", "stale", "latency", "capacity"):
+        at = render(db, monkeypatch, page, run=a)
+        said = [w.value for w in at.warning if w.value.startswith(ui.literal(damage))]
+        assert len(said) == 1, (page, [w.value for w in at.warning])
+        assert not at.error, (page, [e.value for e in at.error])  # (a page that needs the record: said once)
+    assert [m.label for m in render(db, monkeypatch, "overview", run=a).metric]  # (its spans are shown)

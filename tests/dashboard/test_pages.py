@@ -635,6 +635,6 @@ def test_a_damaged_run_record_leaves_the_stores_other_runs_readable(tmp_path, mo
     at = render(db, monkeypatch, run="r1")
     assert not at.error and not at.exception and at.metric
     at = render(db, monkeypatch, "hit_rate", run="r2")
-    assert [shown(e.value) for e in at.error] == [f"{db}: damaged kvtrace store: run r2's config is null, expected a "
-                                                  "JSON object"]
-    assert not at.exception
+    said = f"{db}: damaged kvtrace store: run r2's config is null, expected a JSON object"
+    assert [shown(w.value) for w in at.warning if said in shown(w.value)]  # (above the page, once)
+    assert not at.error and not at.exception
