@@ -31,13 +31,15 @@ RUNS_SHOWN = 100
 
 @app.command()
 def runs(db: DbToRead, as_json: Json = False, limit: Annotated[int | None, typer.Option(
-        metavar="N", min=0, help=f"List the newest N runs (0: all; default {RUNS_SHOWN} in the table, all with "
+        metavar="N", help=f"List the newest N runs (0: all; default {RUNS_SHOWN} in the table, all with "
                                  "--json).")] = None) -> None:
     """List the runs in a store: id, name, trace, mode, backend, behaviours, capacity, status, headline metrics."""
     from kvtrace.dashboard.run_config import capacity
     from kvtrace.replay.report import format_value
     from kvtrace.store import read
 
+    if limit is not None and limit < 0:  # (click's range check said "-1 is not in the range x>=0")
+        raise ConfigError("--limit", str(limit), "expected a number of runs >= 0 (0: all)")
     stored = read.runs(db)  # (newest first)
     shown = stored.height if limit == 0 or (limit is None and as_json) else min(stored.height, limit or RUNS_SHOWN)
     listed = []

@@ -42,6 +42,16 @@ def test_a_negative_or_zero_limit_is_named_by_its_flag(tmp_path: Path, capsys, t
     assert not out.exists()
 
 
+def test_a_negative_runs_limit_says_what_it_expects(tmp_path: Path, capsys):
+    """`runs --limit -1` answered in click's words: "-1 is not in the range x>=0"."""
+    from kvtrace.store.writer import Store
+
+    Store.open(tmp_path / "s.duckdb").close()
+    code, stdout, err = run(["runs", "--db", str(tmp_path / "s.duckdb"), "--limit", "-1"], capsys)
+    assert_one_line(code, err, "--limit: -1: expected a number of runs >= 0 (0: all)")
+    assert stdout == ""
+
+
 @pytest.mark.parametrize("argv,named", [
     (["replay", ""], "TRACE"),
     (["curve", ""], "TRACE"),
