@@ -254,7 +254,8 @@ def run_sweep(
         results = stack.enter_context(_results_in_order(specs, db is not None, workers, ray_address))
         store = None
         trace_digest = None  # (the first replay's: every later one read the same trace)
-        for spec, combo, (res, tables) in zip(specs, combos, results):
+        named = _deaths_named(results, combos, lambda: len(out.runs) if out is not None else 0, db is not None)
+        for spec, combo, (res, tables) in zip(specs, combos, named):
             if out is None:
                 trace_digest = res.record.get("trace_digest")
                 out = SweepResult(_sweep_id(base, combos, trace_digest))
@@ -275,6 +276,36 @@ def run_sweep(
                 on_done(run)
     assert out is not None  # (combinations() gives at least one)
     return out
+
+
+def _deaths_named(results: Iterator[tuple[RunResult, list]], combos: list[dict[str, Any]], done: Callable[[], int],
+                  stored: bool) -> Iterator[tuple[RunResult, list]]:
+    """``results``, with a worker's death (a local one: the pool broken; a Ray task's)
+    restated at the combination it stopped the sweep at, and how many were kept before it:
+    the one line said only that 'a worker' died, of a sweep of many."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    from kvtrace.process import stop_signalled
+
+    for combo in combos:
+        try:
+            item = next(results)
+        except StopIteration:
+            return
+        except BrokenProcessPool:
+            if stop_signalled():  # (Ctrl-C or SIGTERM to the process group: the workers died of it)
+                raise
+            # (the pool fails every replay not yet back: the sweep stops at the first of them)
+            raise WorkerDied(f"a worker process died before its replay finished (killed, or out of memory?); "
+                             f"the sweep stopped at {label(combo)}, {_kept(done(), len(combos), stored)}") from None
+        except WorkerDied as err:
+            raise WorkerDied(f"{err}; the sweep stopped at {label(combo)}, {_kept(done(), len(combos), stored)}") \
+                from None
+        yield item
+
+
+def _kept(done: int, total: int, stored: bool) -> str:
+    return f"{done} of {total} combinations {'stored' if stored else 'done'}"
 
 
 @contextlib.contextmanager

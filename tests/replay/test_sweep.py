@@ -5,7 +5,9 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
+import time
 from dataclasses import replace
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -404,6 +406,56 @@ def test_a_worker_killed_9_is_one_line_not_the_pools_traceback(tmp_path, monkeyp
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("kvtrace: error: a worker process died"), err
     assert not db.exists() and not multiprocessing.active_children()
+
+
+def _killed_at_300_once_two_are_stored(spec: RunSpec, keep: bool):
+    if spec.capacity_blocks == 300:  # (waits for the parent to store two runs: no race with them)
+        marker = Path(os.environ["KVTRACE_TEST_STORED"])
+        for _ in range(600):
+            if marker.exists() and marker.read_text() == "2":
+                break
+            time.sleep(0.1)
+        os.kill(os.getpid(), 9)
+    return _replay_one(spec, keep)
+
+
+def test_a_worker_killed_midway_names_where_the_sweep_stopped(tmp_path, monkeypatch, capsys):
+    """The one line said 'a worker process died' of a sweep of many: not which combination
+    it stopped at, nor how many were stored before it; those are kept, the rest not run."""
+    db, marker = tmp_path / "s.duckdb", tmp_path / "stored"
+    monkeypatch.setenv("KVTRACE_TEST_STORED", str(marker))
+    monkeypatch.setattr(sweep, "_replay_one", _killed_at_300_once_two_are_stored)
+    record = sweep._record
+
+    def counted(*args, **kwargs):
+        run_id = record(*args, **kwargs)
+        marker.write_text(run_id.removeprefix("r"))
+        return run_id
+
+    monkeypatch.setattr(sweep, "_record", counted)
+    code, _, err = run(["sweep", str(MOONCAKE), "--mode", "cache-only", "--limit", "50", "--param",
+                        "capacity_blocks=100,200,300,900", "--workers", "2", "--db", str(db)], capsys)
+    assert code == 1, err
+    lines = err.strip().splitlines()
+    assert lines[-1] == ("kvtrace: error: a worker process died before its replay finished (killed, or out of "
+                         "memory?); the sweep stopped at capacity_blocks=300, 2 of 4 combinations stored; the runs "
+                         "stored before it are kept, the rest were not recorded"), err
+    assert lines[:-1] == [f"kvtrace: run r{i} recorded in {db}" for i in (1, 2)]
+    assert read.runs(db).sort("run_id")["name"].to_list() == ["sweep capacity_blocks=100", "sweep capacity_blocks=200"]
+
+
+def test_a_ray_worker_death_names_the_combination_it_stopped_at():
+    def died():
+        yield "first"
+        raise sweep.WorkerDied("--ray auto: a replay's worker died before it finished (WorkerCrashedError)")
+
+    combos = [{"capacity_blocks": 10}, {"capacity_blocks": 20}, {"capacity_blocks": 30}]
+    named = sweep._deaths_named(died(), combos, lambda: 1, True)
+    assert next(named) == "first"
+    with pytest.raises(sweep.WorkerDied) as caught:
+        next(named)
+    assert str(caught.value) == ("--ray auto: a replay's worker died before it finished (WorkerCrashedError); the "
+                                 "sweep stopped at capacity_blocks=20, 1 of 3 combinations stored")
 
 
 @pytest.mark.parametrize("crash", ["WorkerCrashedError", "OutOfMemoryError"])
