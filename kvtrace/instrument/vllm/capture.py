@@ -140,6 +140,10 @@ class VllmKVCapture:
         # ahead (a gap if the next one follows it): a stray message if the next one follows
         # the old sequence instead. (seq, payload, monotonic time, jumped ahead)
         self._pending: tuple[int, bytes, float, bool] | None = None
+        # the SUB socket connected again since the last message: the publisher may have
+        # restarted, and the next seq may be last + 1 by chance (its first batches dropped
+        # before the reconnect), which only the replay socket can tell from the old sequence
+        self._reconnected = False
         self._rows = VllmSpanRows(SeededIdGenerator(seed), {"service.name": "vllm", ENDPOINT_KEY: endpoint}, dp_rank)
         self._ctx = zmq.Context()
         self.socket = self._ctx.socket(zmq.SUB)
@@ -183,6 +187,8 @@ class VllmKVCapture:
         """Read one event of ``monitor`` (the SUB socket reached its publisher)."""
         event = recv_monitor_message(self.monitor)
         if event["event"] == zmq.EVENT_CONNECTED:
+            if self.stats.connected and self.last_seq is not None:
+                self._reconnected = True
             self.stats.connected = 1
 
     def receive(self, frames: list[bytes]) -> None:
@@ -196,6 +202,9 @@ class VllmKVCapture:
             return
         _, seq_bytes, payload = frames
         seq = int.from_bytes(seq_bytes, "big")
+        while self.monitor.poll(0):  # (a reconnect is known before the message it brought)
+            self.on_monitor()
+        reconnected, self._reconnected = self._reconnected, False
         if seq > MAX_SEQ:
             self._bad(seq, "seq beyond 2^63-1 (vLLM counts steps from 0)")
             return
@@ -227,6 +236,13 @@ class VllmKVCapture:
             self._recover(0, seq, lost_if_missing=False)
         elif last is not None and seq > last + 1:  # a gap, or a stray message: the next one tells
             self._pending = (seq, payload, time.monotonic(), True)
+            return
+        elif reconnected and last is not None and self._replay is not None and \
+                self._recover(seq, seq, lost_if_missing=True, check=last):
+            # the publisher restarted and its new seq reached last + 1 unseen: its first
+            # batches were lost with the old connection (stored as the old lifetime's next
+            # step, they went missing, uncounted, and so did the restart)
+            self._restart(seq, payload)
             return
         self._accept(seq, payload)
 
@@ -384,7 +400,8 @@ class VllmKVCapture:
         recovered += sum(self._accept(s, late[s]) for s in sorted(late))
         self.stats.recovered += recovered
         if lost_if_missing:
-            self.stats.gaps += 1
+            if upto > first:  # (an empty range only checked ``check``: no gap)
+                self.stats.gaps += 1
             self.stats.lost += (upto - first) - recovered
         else:
             self.stats.missed_before_contact += (upto - first) - recovered
