@@ -593,7 +593,9 @@ def _make_handler(collector: OTLPCollector) -> type[BaseHTTPRequestHandler]:
 
         def _error(self, code: int, message: str, as_json: bool, close: bool = False) -> None:
             collector.count_rejected()
-            grpc_code = 3 if code == 400 else 8 if code == 413 else 2
+            # the Status's gRPC code: a 503 is UNAVAILABLE, as the gRPC transport and the
+            # connection cap's 503 say it (it said UNKNOWN)
+            grpc_code = {400: 3, 413: 8, 503: 14}.get(code, 2)
             if as_json:
                 body = json.dumps({"code": grpc_code, "message": message}).encode()
                 self._reply(code, body, "application/json", close)
