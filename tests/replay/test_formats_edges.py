@@ -92,3 +92,27 @@ def test_a_negative_bailian_chat_id_is_refused_at_its_line(tmp_path, chat_id):
     trace.write_text(turn(0, -1, 0.0) + turn(chat_id, -1, 0.5) + turn(5, chat_id, 1.0))
     with pytest.raises(TraceFormatError, match=re.escape(f"b.jsonl:2: chat_id: expected >= 0, got {chat_id}")):
         read_trace(trace)
+
+
+@pytest.mark.parametrize("where", ["request", "sub-agent request"])
+def test_a_weka_request_without_out_is_refused_at_its_line(tmp_path, where):
+    """A request without ``out`` (the tester writes it on every one) was replayed as one of 0
+    output tokens: no decode, other latencies, and no word of it."""
+    conv = _conversation(2)
+    del conv["requests"][1]["out"]
+    if where == "sub-agent request":
+        conv["requests"][1] = {"t": 1.0, "type": "subagent", "agent_id": "a", "requests": [conv["requests"][1]]}
+    trace = tmp_path / "c.json"
+    trace.write_text(json.dumps(conv, indent=1))
+    key = "requests[1].out" if where == "request" else "requests[1].requests[0].out"
+    with pytest.raises(TraceFormatError, match=re.escape(f"c.json:{_line_of(trace, 1)}: {key}: missing")):
+        read_trace(trace)
+
+
+def _line_of(path: Path, index: int) -> int:
+    """1-based line where ``requests[index]`` of an indented conversation starts."""
+    from kvtrace.replay.readers.weka import request_line
+
+    line = request_line(path.read_text(), index)
+    assert line is not None
+    return line

@@ -459,7 +459,7 @@ def test_a_compressed_trace_is_named_as_such(tmp_path, pack, kind):
             open_trace(str(f), format=fmt)
     d = tmp_path / "w"
     d.mkdir()
-    (d / "a.json").write_text('{"block_size": 64, "requests": [{"t": 0, "in": 10, "hash_ids": []}]}')
+    (d / "a.json").write_text('{"block_size": 64, "requests": [{"t": 0, "in": 10, "out": 1, "hash_ids": []}]}')
     (d / "b.json.gz").write_bytes(packed)
     with pytest.raises(TraceFormatError, match=r"b\.json\.gz: compressed \(1 such in"):
         open_trace(str(d))
@@ -649,7 +649,7 @@ def test_a_compressed_conversation_named_json_in_a_weka_directory_is_named_as_su
 
     d = tmp_path / "w"
     d.mkdir()
-    (d / "a.json").write_text('{"block_size": 64, "requests": [{"t": 0, "in": 10, "hash_ids": []}]}')
+    (d / "a.json").write_text('{"block_size": 64, "requests": [{"t": 0, "in": 10, "out": 1, "hash_ids": []}]}')
     (d / "b.json").write_bytes(importlib.import_module(pack).compress(b'{"block_size": 64, "requests": []}'))
     with pytest.raises(TraceFormatError, match=rf"b\.json: {kind}-compressed; kvtrace reads traces as plain text"):
         read_trace(d)

@@ -59,7 +59,7 @@ MAX_FILE_BYTES = 256 << 20
 class WekaRequest(msgspec.Struct):
     t: int | float
     in_: int | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="in")  # (absent: a sub-agent entry)
-    out: int = 0
+    out: int | msgspec.UnsetType = msgspec.UNSET  # (absent: a sub-agent entry; a request's 0 was a guess)
     hash_ids: list[int] = msgspec.field(default_factory=list)
     type: str | None = None
     model: str | None = None
@@ -240,8 +240,9 @@ def read_weka_file(path: str, rank: int = 0) -> Iterator[tuple[int, int, int, Tr
                 stack.append((enumerate(r.requests or []), ArrivalOrder(path, "t", S), arrival, f"{session}:{agent}",
                               f"{name}/{i}", f"{key}.requests", at))
                 break  # (its requests next, then this timeline's next entry)
-            if r.in_ is msgspec.UNSET:
-                raise fail("in: missing (every request has one; only a sub-agent entry has none)")
+            for key, given in (("in", r.in_), ("out", r.out)):
+                if given is msgspec.UNSET:
+                    raise fail(f"{key}: missing (every request has one; only a sub-agent entry has none)")
             try:
                 n = check_int(path, None, "in", r.in_, 1)
                 n_out = check_int(path, None, "out", r.out, 0)
