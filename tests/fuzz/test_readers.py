@@ -328,7 +328,8 @@ def test_detection_tells_a_lines_json_fault_as_the_reader_does(tmp_path: Path, l
 @pytest.mark.parametrize("blank", [b"", b"\xef\xbb\xbf \r\n"])
 def test_an_empty_conversation_in_a_weka_directory_is_an_empty_file(tmp_path: Path, blank):
     """msgspec said "Input data was truncated" of a file holding nothing."""
-    (tmp_path / "a.json").write_text(json.dumps({"block_size": 16, "requests": [{"t": 0, "in": 5, "out": 1, "hash_ids": [1]}]}))
+    (tmp_path / "a.json").write_text(json.dumps({"block_size": 16,
+                                                 "requests": [{"t": 0, "in": 5, "out": 1, "hash_ids": [1]}]}))
     (tmp_path / "b.json").write_bytes(blank)
     with pytest.raises(KVTraceError) as info:
         read_trace(tmp_path)
