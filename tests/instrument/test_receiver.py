@@ -45,11 +45,18 @@ def _json_body(n: int = 2, run_id: str | None = "json-run", trace: str = TRACE) 
     return json.dumps({"resourceSpans": [{"resource": {"attributes": resource}, "scopeSpans": scope_spans}]}).encode()
 
 
-def _pb_span(start: int, end: int) -> bytes:
+def _pb_span(start: int = 5, end: int = 9, attrs: dict | None = None) -> bytes:
     req = trace_service_pb2.ExportTraceServiceRequest()
     span = req.resource_spans.add().scope_spans.add().spans.add()
     span.trace_id, span.span_id, span.name = bytes.fromhex(TRACE), bytes(range(1, 9)), "kvtrace.engine.step"
     span.start_time_unix_nano, span.end_time_unix_nano = start, end
+    for key, v in (attrs or {}).items():
+        kv = span.attributes.add()
+        kv.key = key
+        if isinstance(v, float):
+            kv.value.double_value = v
+        else:
+            kv.value.int_value = v
     return req.SerializeToString()
 
 
@@ -194,19 +201,6 @@ def _attr(key: str, value: dict) -> list[dict]:
     return [{"key": key, "value": value}]
 
 
-def _pb_span(start: int = 5, attrs: dict | None = None) -> bytes:
-    req = trace_service_pb2.ExportTraceServiceRequest()
-    span = req.resource_spans.add().scope_spans.add().spans.add()
-    span.trace_id, span.span_id, span.name = bytes.fromhex(TRACE), bytes(range(1, 9)), "kvtrace.engine.step"
-    span.start_time_unix_nano, span.end_time_unix_nano = start, 9
-    for key, v in (attrs or {}).items():
-        kv = span.attributes.add()
-        kv.key = key
-        if isinstance(v, float):
-            kv.value.double_value = v
-        else:
-            kv.value.int_value = v
-    return req.SerializeToString()
 
 
 @pytest.mark.parametrize("body, ctype, needle", [
