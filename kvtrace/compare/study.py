@@ -425,16 +425,19 @@ def _measured_delta(diff: Any, metric: str) -> float | None:
 
 
 def _delta_cell(metric: str, delta: float | None) -> str:
+    """A delta as the diff's own tables write it (a hits delta of 172,032 read +1.72e+05); a
+    rate's in percentage points."""
+    from kvtrace.compare.render import fmt
+
     if delta is None:
         return "–"
     if metric.endswith("_rate"):
         return f"{100 * delta:+.2f} pp"
-    return f"{delta:+.4g}"
+    return fmt(delta, signed=True)
 
 
 def _cell(v: Any) -> str:
-    if v is None:
-        return "–"
-    if isinstance(v, float):
-        return f"{v:.4f}" if abs(v) < 1 else f"{v:.2f}"
-    return str(v)
+    """A value as the diff's tables write it (172032 lacked its separators, 40.786 ms read 40.79)."""
+    from kvtrace.compare.render import fmt
+
+    return fmt(v)

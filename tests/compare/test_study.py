@@ -405,3 +405,26 @@ def test_a_study_of_no_requests_is_refused(capsys):
     code, out, err = run(["study", "shared-prefix-pinning", "--limit", "0", "--json"], capsys)
     assert_one_line(code, err, "--limit: 0: expected a number of requests >= 1")  # (the CLI's, for every command)
     assert out == ""
+
+
+def test_a_swept_studys_tables_write_each_number_as_the_diff_does():
+    """The delta table wrote a hits delta of 172,032 as +1.72e+05 (and -23.893 ms as -23.89),
+    the Markdown sweep table 172032 and 40.79 where the diff beside them says 172,032 and
+    40.786: one number, written two ways."""
+    from kvtrace.compare.render import fmt
+
+    off = {"prefix_cache_hits": 0, "prefix_cache_hit_rate": 0.0, "median_ttft_ms": 64.679715, "divergent_outputs": 0}
+    on = {"prefix_cache_hits": 172_032, "prefix_cache_hit_rate": 0.6233, "median_ttft_ms": 40.786285,
+          "divergent_outputs": 0}
+    diff = diff_summaries(off, on)
+    point = S.StudyPoint(on=on, off=off, diff=diff, parameter="capacity_blocks", value=2048)
+    res = S.StudyResult("shared-prefix-pinning", "gen:study-shared-prefix-pinning", points=[point])
+    console = Console(record=True, width=200)
+    console.print(res.sweep_table(("prefix_cache_hits", "median_ttft_ms", "prefix_cache_hit_rate")))
+    (row,) = [line for line in console.export_text().splitlines() if line.strip().startswith("│ 2048")]
+    cells = [c.strip() for c in row.strip(" │").split("│")]
+    hits, ttft = diff.metric("prefix_cache_hits").delta, diff.metric("median_ttft_ms").delta
+    assert cells == ["2048", fmt(hits, signed=True), fmt(ttft, signed=True), "+62.33 pp"] == \
+        ["2048", "+172,032", "-23.893", "+62.33 pp"]
+    markdown = res.sweep_markdown(("prefix_cache_hits", "median_ttft_ms"))
+    assert markdown.splitlines()[-1] == "| 2048 | 0 | 172,032 | 64.680 | 40.786 |"
