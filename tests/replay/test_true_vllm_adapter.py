@@ -42,3 +42,34 @@ def test_an_external_load_past_a_sliding_window_copies_no_null_block(vllm_api):
     assert copies["vllm"] == copies["kvtrace"] and len(copies["kvtrace"]) == 5  # 4 attention blocks, 1 in the window
     assert all(dst != 0 for _, dst in copies["vllm"])
     assert writes["vllm"] == writes["kvtrace"]
+
+
+def test_a_mamba_hit_block_a_connector_load_takes_back_is_an_lru_eviction(vllm_api, tmp_path):
+    """A Mamba hit's state block, freed as the table skips past it for an external load and
+    taken back off the free queue for the load, loses its key to the pool: kvtrace's manager
+    says lru, the adapter (which took every hit block to keep its key) said replaced
+    (gen:agent's agent5-s1 at step 918: 180 lru and 18 replaced against 181 and 17)."""
+    from collections import Counter
+    from dataclasses import replace
+
+    import duckdb
+
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    cfg = tmp_path / "hybrid.toml"
+    cfg.write_text('[cache]\ngroups = [{ type = "full_attention", block_size = 512 }, '
+                   '{ type = "mamba", block_size = 512, num_lanes = 4 }]\nhash_block_size = 16\n'
+                   "num_prefill_checkpoint_blocks = 1\nprefill_checkpoint_alignment = 1\nenable_partial_hits = true\n"
+                   'num_speculative_blocks = 1\nretention_interval = "none"\n[scheduler]\nmax_num_seqs = 4\n'
+                   "long_prefill_token_threshold = 1024\nscheduler_reserve_full_isl = false\n")
+    db = tmp_path / "runs.duckdb"
+    spec = RunSpec("gen:agent", preset="dense-attention", config_file=str(cfg), capacity_blocks=60,
+                   external_capacity_blocks=4096, limit=30, content=False)
+    ours, theirs = run_replay(spec, db=db), run_replay(replace(spec, backend="vllm"), db=db)
+    assert ours.summary["external_prefix_cache_hits"] == theirs.summary["external_prefix_cache_hits"] > 0
+    assert theirs.summary["evictions_by_reason"] == ours.summary["evictions_by_reason"]
+    with duckdb.connect(str(db), read_only=True) as con:
+        evictions = [Counter(con.execute(
+            "SELECT step, group_id, evict_reason, unnest(block_ids) FROM spans WHERE run_id = ? AND "
+            "name = 'kvtrace.cache.evict'", [run]).fetchall()) for run in (ours.run_id, theirs.run_id)]
+    assert evictions[0] == evictions[1]

@@ -425,8 +425,12 @@ class VllmEngineManager(VllmKVCacheManager):
             hit = new_computed_blocks.get_block_ids() if new_computed_blocks is not None else None
             targets = targets or [[] for _ in managers]
             for g, m in enumerate(managers):
-                ids = [b.block_id for b in m.req_to_blocks.get(rid, ())[held[g]:] if not b.is_null]
-                targets[g].extend(set(ids).difference(hit[g]) if hit is not None else ids)  # (a hit keeps its key)
+                # a hit block in its hit slot keeps its key; one the load moved (a Mamba hit's state block,
+                # freed as the table skips past it and taken back off the free queue) lost it to the pool
+                kept = set(enumerate(hit[g])) if hit is not None else set()
+                table = m.req_to_blocks.get(rid, ())
+                targets[g].extend(b.block_id for i, b in enumerate(table[held[g]:], held[g])
+                                  if not b.is_null and (i, b.block_id) not in kept)
         if twin.status is not self._running:
             twin.status = self._running
         checkpoints: set[tuple[int, int, int]] | frozenset = frozenset()
