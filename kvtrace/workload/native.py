@@ -31,7 +31,8 @@ hash_ids           [int], optional         prefix-chained block ids, each in [0,
 block_size         int >= 1                tokens per hash id (here or in the header); with hash_ids only
 namespace          int >= 0, optional      scope of the hash ids (default 0); with hash_ids only
 expected_output    [int], optional         reference output; len == output_length
-cache_salt         str, optional           vLLM ``cache_salt`` (first block's extra key)
+cache_salt         str, optional           vLLM ``cache_salt`` (first block's extra key);
+                                           1-128 chars, no ``@ / \\`` or NUL (vLLM's rule)
 =================  ======================  =============================================
 
 Exactly one of ``token_ids`` / ``hash_ids`` is given. Unknown request keys are an error
@@ -77,6 +78,19 @@ class NativeLine(msgspec.Struct, forbid_unknown_fields=True):
     namespace: int | None = None  # (None: not given; 0 then, with hash_ids)
     expected_output: list[int] | None = None
     cache_salt: str | None = None
+
+
+# The salts vLLM 0.33's API takes (``validate_cache_salt``): an empty one, which its cache
+# would read as none (``if request.cache_salt``), or one it refuses, came from no vLLM request.
+MAX_CACHE_SALT = 128
+_SALT_FORBIDDEN = frozenset("@/\\\x00")
+
+
+def check_cache_salt(path: str, line: int, salt: str | None) -> str | None:
+    if salt is not None and (not salt or len(salt) > MAX_CACHE_SALT or not _SALT_FORBIDDEN.isdisjoint(salt)):
+        raise TraceFormatError(path, line, f"cache_salt: expected 1 to {MAX_CACHE_SALT} characters without '@', "
+                                           f"'/', '\\' or NUL, as vLLM takes it; got {salt!r}"[:240])
+    return salt
 
 
 def parse_header(path: str, lineno: int, text: str) -> dict:
@@ -130,7 +144,7 @@ def read_native(path: str) -> Iterator[TraceRequest]:
             input_length=n,
             output_length=out,
             session_id=row.session,
-            cache_salt=row.cache_salt,
+            cache_salt=check_cache_salt(path, lineno, row.cache_salt),
         )
         if (row.token_ids is None) == (row.hash_ids is None):
             raise TraceFormatError(path, lineno, "expected exactly one of token_ids / hash_ids")

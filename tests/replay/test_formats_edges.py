@@ -116,3 +116,24 @@ def _line_of(path: Path, index: int) -> int:
     line = request_line(path.read_text(), index)
     assert line is not None
     return line
+
+
+@pytest.mark.parametrize("salt", ["", "a" * 129, "tenant/a", "a@b", "back\\slash", "nul\x00"])
+def test_a_native_salt_vllm_refuses_is_refused_at_its_line(tmp_path, salt):
+    """An empty salt kept its requests apart from unsalted ones, where vLLM's cache reads it
+    as none (``if request.cache_salt``) and its API refuses it, as it refuses these others:
+    no vLLM request carried one."""
+    from kvtrace.workload.native import MAX_CACHE_SALT
+
+    trace = tmp_path / "n.jsonl"
+    rows = [{"kvtrace_trace": 1, "block_size": 16},
+            {"request_id": "a", "arrival_ns": 0, "input_length": 32, "output_length": 1, "hash_ids": [0, 1]},
+            {"request_id": "b", "arrival_ns": 1, "input_length": 32, "output_length": 1, "hash_ids": [0, 1],
+             "cache_salt": salt}]
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(TraceFormatError, match=re.escape(f"n.jsonl:3: cache_salt: expected 1 to {MAX_CACHE_SALT} "
+                                                         "characters")):
+        read_trace(trace)
+    rows[2]["cache_salt"] = "a" * MAX_CACHE_SALT  # (the longest vLLM takes)
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert read_trace(trace)[1].cache_salt == "a" * MAX_CACHE_SALT
