@@ -137,3 +137,17 @@ def test_a_native_salt_vllm_refuses_is_refused_at_its_line(tmp_path, salt):
     rows[2]["cache_salt"] = "a" * MAX_CACHE_SALT  # (the longest vLLM takes)
     trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert read_trace(trace)[1].cache_salt == "a" * MAX_CACHE_SALT
+
+
+@pytest.mark.parametrize("text, line", [
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\r2023-11-16 18:15:46,374,44\r", 1),  # (an old Mac's line ends)
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,374,44\n2023-11-16 18:15:47,3\r74,44\n", 3),
+])
+def test_a_carriage_return_in_an_azure_field_is_told_without_csvs_advice_to_programmers(tmp_path, capsys, text, line):
+    """csv's 'new-line character seen in unquoted field - do you need to open the file in
+    universal-newline mode?' was the error, a question about Python's open()."""
+    trace = tmp_path / "a.csv"
+    trace.write_bytes(text.encode())
+    code, _, err = run(["replay", str(trace), "--mode", "cache-only"], capsys)
+    told = assert_one_line(code, err, f"a.csv:{line}: unreadable CSV ", "carriage return (\\r)", "LF or CRLF")
+    assert "universal-newline" not in told
