@@ -46,9 +46,9 @@ import numpy as np
 import plotly.express as px
 import plotly.graph_objects as go
 import polars as pl
-import xxhash
 
 from kvtrace.errors import ConfigError, KVTraceError
+from kvtrace.replay.cache_only import as_block_requests, block_keys
 from kvtrace.replay.readers import open_trace
 from kvtrace.replay.run import RunSpec, run_replay
 from kvtrace.workload.lines import AtomicText
@@ -93,31 +93,19 @@ print(f"{len(requests)} requests from {trace_path} ({source.format})")
 # One row per (request, block position): the block's key, its parent key, its arrival.
 
 # %%
-_keys: dict[tuple, int] = {}
-
-
-def _key(k: tuple) -> int:
-    return _keys.setdefault(k, len(_keys))
-
-
-def block_keys(req) -> list[int]:
-    if req.hash_ids is not None:
-        return [_key((req.namespace, h)) for h in req.hash_ids]
-    toks = np.asarray(req.token_ids, dtype=np.int64)
-    out, parent = [], b""
-    for start in range(0, toks.size, block_size):
-        parent = xxhash.xxh3_128_digest(parent + toks[start : start + block_size].tobytes())
-        out.append(_key(("tok", parent)))
-    return out
-
+# The cache's own block keys (`kvtrace.replay.cache_only`, as the capacity curve and every
+# cache-only replay read them): a trace whose ids are not prefix-chained ([1, 2] then [3, 2])
+# gets a key per chain, so block 2 after 3 is not block 2 after 1. Hash-id traces keep their
+# own block unit; token-id traces are cut into `block_size`-token blocks, chained by content.
+sweep_block_size = block_size if any(r.hash_ids is None for r in requests) else None
+request_keys = [[int(k) for k in keys] for keys in block_keys(as_block_requests(requests, sweep_block_size)[0])]
 
 rows_req, rows_pos, rows_key, rows_parent, rows_t = [], [], [], [], []
-for i, req in enumerate(requests):
-    keys = block_keys(req)
+for i, (req, keys) in enumerate(zip(requests, request_keys)):
     rows_req += [i] * len(keys)
     rows_pos += range(len(keys))
     rows_key += keys
-    rows_parent += [-1] + keys[:-1]
+    rows_parent += [None] + keys[:-1]  # (null: the root; the cache's keys may be any int64, -1 too)
     rows_t += [req.arrival_ns] * len(keys)
 blocks = pl.DataFrame(
     {"request": rows_req, "position": rows_pos, "key": rows_key, "parent": rows_parent, "arrival_ns": rows_t},
@@ -162,8 +150,8 @@ print("reuse gap percentiles (s):", reuse_gap_s)
 # %%
 edges = blocks.select("parent", "key").unique()
 fanout = edges.group_by("parent").agg(pl.len().alias("children"))
-root_fanout = int(fanout.filter(pl.col("parent") == -1)["children"].sum())
-inner = fanout.filter(pl.col("parent") != -1)
+root_fanout = int(fanout.filter(pl.col("parent").is_null())["children"].sum())
+inner = fanout.filter(pl.col("parent").is_not_null())
 depth = blocks.group_by("key").agg(pl.col("position").min().alias("depth"))
 inner = inner.join(depth, left_on="parent", right_on="key", how="left")
 max_fanout = int(inner["children"].max()) if inner.height else 0
@@ -188,10 +176,8 @@ print(f"root fan-out {root_fanout}, max inner fan-out {max_fanout}, branching no
 
 # %%
 if capacities is None:
-    top = unique_blocks + max(len(block_keys(r)) for r in requests)  # everything fits
+    top = unique_blocks + max(map(len, request_keys))  # everything fits
     capacities = sorted({max(2, round(top * f)) for f in (0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75)} | {top})
-# Hash-id traces are swept in their own block unit; token-id traces in `block_size` tokens.
-sweep_block_size = block_size if any(r.hash_ids is None for r in requests) else None
 sweep_rows = []
 for cap in capacities:
     for policy in ("lru", "belady"):

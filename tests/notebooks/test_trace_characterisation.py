@@ -52,11 +52,11 @@ def test_trace_characterisation_values(run_notebook, trace, tmp_path):
 def test_trace_characterisation_on_a_token_id_trace(run_notebook, tmp_path):
     path = tmp_path / "agent-tokens.jsonl"
     write_generated("agent", path, fmt="native", seed=1, num_requests=12, prompt="tokens")
-    assert read_trace(path)[0].hash_ids is None  # the notebook must chain its own block keys
+    assert read_trace(path)[0].hash_ids is None  # blocks cut from the tokens, chained by content
     result, _ = run_notebook("trace_characterisation", trace_path=str(path), block_size=16, seed=1)
     assert result["requests"] == 12
-    # Its own xxhash-chained keys and the cache-only replay's block interner agree: with room
-    # for everything, the replay's block hit rate is the notebook's reuse fraction.
+    # The notebook reads the cache-only replay's own block keys: with room for everything,
+    # the replay's block hit rate is the notebook's reuse fraction.
     assert result["lru_block_hit_rate"][-1] == pytest.approx(result["reuse_fraction"])
     assert result["reuse_fraction"] > 0.5  # agent steps re-send a growing context
 
@@ -117,3 +117,20 @@ def test_a_result_path_that_is_the_trace_is_refused_and_the_trace_kept(run_noteb
     with pytest.raises(PapermillExecutionError, match=re.escape(f"KVTraceError: {trace}: is also {trace}")):
         run_notebook("trace_characterisation", trace_path=str(trace), result_path=str(trace))
     assert trace.read_bytes() == before
+
+
+def test_a_trace_whose_ids_are_not_prefix_chained_counts_the_caches_blocks(run_notebook, tmp_path):
+    """Block 2 after 1 and block 2 after 3 are other blocks to the cache (its keys chain the
+    prefix); the notebook keyed blocks by their id alone, so it called 2 reused three times
+    and drew a reuse bound of 0.5 over a trace an unbounded cache hits 0.25 of, and the
+    prefix tree gave block 2 three parents."""
+    path = tmp_path / "unchained.jsonl"
+    prompts = [[1, 2], [3, 2], [5, 2], [1, 2]]
+    path.write_text("".join(f'{{"timestamp": {10 * i}, "input_length": 1024, "output_length": 4, '
+                            f'"hash_ids": {ids}}}\n' for i, ids in enumerate(prompts)))
+    result, _ = run_notebook("trace_characterisation", trace_path=str(path), capacities=[2, 8])
+    unbounded = run_replay(RunSpec(trace=str(path), mode="cache-only")).summary
+    assert (result["block_references"], result["unique_blocks"]) == (8, 6)  # [1,2] twice; 3, 5 each start a chain
+    assert result["reuse_fraction"] == pytest.approx(unbounded["block_hit_rate"]) == pytest.approx(0.25)
+    assert result["lru_block_hit_rate"][-1] == pytest.approx(result["reuse_fraction"])
+    assert (result["root_fanout"], result["max_fanout"], result["branching_nodes"]) == (3, 1, 0)
