@@ -69,3 +69,51 @@ def test_the_generated_workloads_table_is_the_generators():
     mixed = sum(r.input_length for r in generate("mixed"))
     said = re.search(r"the `kvtrace demo` workload \(~(\d+)k prompt tokens\)", DOC)
     assert said is not None and round(mixed / 1000, -1) == int(said.group(1))
+
+
+def test_the_format_table_is_the_readers(tmp_path):
+    """Each row's block size and time unit are the reader's (a trace of one request at 1 and
+    one at 2 of the unit), and README's --trace-block-size defaults are the same sizes."""
+    from kvtrace.replay.readers import BLOCK_SIZE_OPTION, read_trace
+
+    table = DOC[DOC.index("| format | detected by |"):]
+    table = table[:table.index("\n\n")]
+    rows = {m.group(1): [c.strip() for c in m.group(2).split("|")]
+            for m in re.finditer(r"^\| `([a-z]+)` \|(.+)\|$", table, flags=re.M)}
+    assert set(rows) == {"mooncake", "bailian", "weka", "azure", "native"}
+    for fmt, default in BLOCK_SIZE_OPTION.items():
+        assert rows[fmt][2].startswith(f"{default} (`--trace-block-size`)"), fmt
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    said = re.search(r"Mooncake, Bailian or Azure trace, which the file does not say: default (\d+), (\d+), (\d+)",
+                     readme)
+    assert said is not None
+    assert [int(g) for g in said.groups()] == [BLOCK_SIZE_OPTION[f] for f in ("mooncake", "bailian", "azure")]
+
+    def mooncake(t: int) -> str:
+        return f'{{"timestamp": {t}, "input_length": 4, "output_length": 1, "hash_ids": [{t}]}}'
+
+    def bailian(t: int) -> str:
+        return (f'{{"chat_id": {t}, "parent_chat_id": -1, "timestamp": {t}, "input_length": 4, "output_length": 1, '
+                f'"hash_ids": [{t}]}}')
+
+    def native(t: int) -> str:
+        return f'{{"arrival_ns": {t}, "input_length": 4, "output_length": 1, "token_ids": [1, 2, 3, 4]}}'
+
+    files = {
+        "mooncake": "\n".join(mooncake(t) for t in (1, 2)),
+        "bailian": "\n".join(bailian(t) for t in (1, 2)),
+        "native": '{"kvtrace_trace": 1}\n' + "\n".join(native(t) for t in (1, 2)),
+        "azure": "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:45,4,1\n2023-11-16 18:15:46,4,1\n",
+        "weka": '{"block_size": 4, "requests": [{"t": 1, "in": 4, "out": 1, "hash_ids": [1]}, '
+                '{"t": 2, "in": 4, "out": 1, "hash_ids": [2]}]}',
+    }
+    unit_ns = {"ms": 1_000_000, "s (float)": 1_000_000_000, "ns": 1}
+    for fmt, text in files.items():
+        path = tmp_path / f"{fmt}.{'csv' if fmt == 'azure' else 'json' if fmt == 'weka' else 'jsonl'}"
+        path.write_text(text + "\n")
+        a, b = read_trace(path)  # (detected: the table's second column)
+        unit = rows[fmt][3]
+        if unit in unit_ns:
+            assert (a.arrival_ns, b.arrival_ns) == (unit_ns[unit], 2 * unit_ns[unit]), fmt
+        else:  # azure: timestamps, relative to the first row
+            assert unit == "timestamp" and (a.arrival_ns, b.arrival_ns) == (0, 1_000_000_000), fmt
