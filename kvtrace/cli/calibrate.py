@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -15,10 +14,11 @@ from kvtrace.errors import KVTraceError, check_option
 
 @app.command()
 def calibrate(
-    sources: Annotated[list[Path], typer.Option(
+    sources: Annotated[list[str], typer.Option(  # (str: a Path made clickhouse://h of clickhouse://h)
         "--from", metavar="FILE",
         help="Step timings (.csv), a `vllm bench serve --save-detailed` result (.json), or a kvtrace store "
-             "(.duckdb) of vLLM's request spans received by `kvtrace collect`; repeatable.")],
+             "(.duckdb, chdb:DIR or clickhouse://...) of vLLM's request spans received by `kvtrace collect`; "
+             "repeatable.")],
     out: Annotated[str | None, typer.Option(
         "--out", "-o", metavar="FILE.toml", callback=output_file,
         help="Write the fitted model as a [cost_model] table for --config.")]

@@ -53,7 +53,7 @@ import numpy as np
 
 from kvtrace.engine.clock import COEFFICIENTS, FITTED_TERMS, CostModel, StepWork, prefill_pairs
 from kvtrace.engine.costfit import Fit, Observation, Underdetermined, fit_cost_model
-from kvtrace.errors import KVTraceError, file_problem
+from kvtrace.errors import ConfigError, KVTraceError, file_problem
 from kvtrace.workload.lines import MAX_TOKENS, check_int, decoded_lines
 
 DEFAULT_MAX_BATCHED_TOKENS = 8192
@@ -63,7 +63,16 @@ _STEP_COLUMNS = ("num_tokens", "prefill_pairs", "num_decode_seqs", "decode_conte
 _OPTIONAL_STEP_COLUMNS = ("num_kv_copies", "num_state_copies", "num_kv_loads", "num_state_loads")
 
 
-_KINDS = "a step-timing .csv, a vllm bench serve .json or a kvtrace store (.duckdb) of collected vLLM spans"
+_KINDS = ("a step-timing .csv, a vllm bench serve .json or a kvtrace store (.duckdb, chdb:DIR or clickhouse://) of "
+          "collected vLLM spans")
+
+
+def _is_store(path: str | Path) -> bool:
+    """A --from that names a store: a .duckdb file, or a ClickHouse one (``collect --db chdb:DIR``
+    stores its spans there too; calibrate called it "no such file")."""
+    from kvtrace.store.backend import is_clickhouse
+
+    return _suffix(path) == ".duckdb" or is_clickhouse(str(path))
 
 
 def observations_from_file(path: str | Path, *, max_num_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS,
@@ -71,6 +80,13 @@ def observations_from_file(path: str | Path, *, max_num_batched_tokens: int = DE
     """Observations of a step CSV, a ``vllm bench serve`` JSON or a store of vLLM spans
     (chosen by suffix)."""
     p = str(path)
+    if _is_store(p) and _suffix(p) != ".duckdb":  # (a ClickHouse store: no file to check)
+        try:
+            return served_span_observations(p, run_id, max_num_batched_tokens)
+        except ConfigError as err:  # (the address parser's, which names --db)
+            if err.source != "--db":
+                raise
+            raise ConfigError("--from", err.key, err.what) from None
     problem = file_problem(p)
     if problem is not None:
         raise KVTraceError(f"{p}: {problem} (expected {_KINDS})")
@@ -535,8 +551,9 @@ def calibrate(paths: Sequence[str | Path], *, name: str, template: CostModel | N
         if real in seen:
             raise KVTraceError(f"--from {p}: given twice (also as {seen[real]}); each file once")
         seen[real] = str(p)
-    if run_id is not None and not any(_suffix(p) == ".duckdb" for p in paths):
-        raise KVTraceError(f"--run {run_id}: names a run of a store (.duckdb), and no --from is one")
+    if run_id is not None and not any(_is_store(p) for p in paths):
+        raise KVTraceError(f"--run {run_id}: names a run of a store (.duckdb, chdb:DIR or clickhouse://), and no "
+                           "--from is one")
     obs: list[Observation] = []
     for p in paths:
         obs += observations_from_file(p, max_num_batched_tokens=max_num_batched_tokens, run_id=run_id)

@@ -186,10 +186,10 @@ def _served_one_at_a_time(known: CostModel, seed: int, count: int = 16):
     return [by_id[r.request_id] for r in reqs]
 
 
-def _sent_as_vllm_spans(tmp_path: Path, records) -> Path:
+def _sent_as_vllm_spans(tmp_path: Path, records, db: str | Path | None = None) -> Path:
     """A store of what a vLLM server would have sent for these engine records: an llm_request
     span each, with vLLM's own attribute names, sent by the real OTel SDK over OTLP/HTTP to
-    kvtrace's collector."""
+    kvtrace's collector (into ``db``; default a DuckDB file in ``tmp_path``)."""
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
@@ -199,7 +199,7 @@ def _sent_as_vllm_spans(tmp_path: Path, records) -> Path:
 
     from kvtrace.instrument.otlp import OTLPCollector
 
-    db = tmp_path / "collected.duckdb"
+    db = tmp_path / "collected.duckdb" if db is None else db
     collector = OTLPCollector(db, port=0).start()
     provider = TracerProvider(resource=Resource.create({"service.name": "vllm"}))
     provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=collector.url)))
@@ -391,7 +391,8 @@ def test_what_calibrate_takes_is_refused_before_the_fit_when_it_cannot_be_right(
     bench.write_text(json.dumps(_GOOD))
     with pytest.raises(KVTraceError, match="given twice"):
         calibrate([bench, tmp_path / "." / "bench.json"], name="x")
-    with pytest.raises(KVTraceError, match=r"--run r1: names a run of a store \(\.duckdb\), and no --from is one"):
+    with pytest.raises(KVTraceError, match=re.escape("--run r1: names a run of a store (.duckdb, chdb:DIR or "
+                                                     "clickhouse://), and no --from is one")):
         calibrate([bench], name="x", run_id="r1")
     upper = tmp_path / "BENCH.JSON"
     upper.write_text(json.dumps(_GOOD))
@@ -725,3 +726,30 @@ def test_the_readme_names_the_presets_weakly_determined_terms():
             assert round(weak["decode_seq_ns"]) == 903
         if name == "h200-kimi-hybrid":
             assert set(weak) == {"decode_seq_ns", "token_ns", "token_above_knee_ns"} and round(weak["token_ns"]) == 8299
+
+
+def test_collected_spans_in_a_clickhouse_store_fit_as_in_a_duckdb_one(tmp_path):
+    """`kvtrace collect --db chdb:DIR` stores vLLM's spans as a DuckDB store does, and
+    `calibrate --from chdb:DIR` said "no such file": the same spans now give the same fit."""
+    known = CostModel("known", 4_000_000, 15_000, 900, 30_000, 2_000)
+    done = _served_one_at_a_time(known, seed=5, count=12)
+    duck = _sent_as_vllm_spans(tmp_path, done)
+    chdb = _sent_as_vllm_spans(tmp_path, done, db=f"chdb:{tmp_path / 'collected-ch'}")
+    assert str(chdb).startswith("chdb:")
+    want, got = calibrate([duck], name="fitted", knee=0), calibrate([chdb], name="fitted", knee=0)
+    assert got.max_error < 1e-6
+    assert [getattr(got.model, c) for c in COEFFICIENTS] == [getattr(want.model, c) for c in COEFFICIENTS]
+    assert [o.group for o in observations_from_file(chdb)] == [o.group for o in observations_from_file(duck)]
+
+
+@pytest.mark.parametrize("given,said", [
+    ("chdb:", "--from: chdb:: expected chdb:PATH"),  # (the address parser named --db)
+    ("clickhouse://", "--from: clickhouse://: expected clickhouse://user"),
+    ("clickhouse://127.0.0.1:1/x", "clickhouse://127.0.0.1:1/x: cannot connect to ClickHouse"),  # (read as a path: //)
+])
+def test_a_clickhouse_from_is_read_as_a_store_address(capsys, given, said):
+    from tests.cli.support import assert_one_line, run
+
+    code, out, err = run(["calibrate", "--from", given], capsys)
+    assert_one_line(code, err, said)
+    assert out == ""
