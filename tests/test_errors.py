@@ -21,10 +21,12 @@ from kvtrace.instrument.pipeline import SpansNotDelivered
 from kvtrace.instrument.vllm.wire import VllmWireError
 from kvtrace.store.errors import StoreBusyError, StoreError, UnknownRunError
 from kvtrace.store.read._api import BadArgument
+from kvtrace.workload.lines import LineTooLong
 
 EXAMPLES = {
     KVTraceError: KVTraceError("a plain one"),
     TraceFormatError: TraceFormatError("t.jsonl", 4, "Expected `int`, got `str`"),
+    LineTooLong: LineTooLong("t.jsonl", 2, "line longer than 64 MiB; expected one request a line"),
     ConfigError: ConfigError("run.toml", "cache.num_gpu_blocks", "expected >= 2"),
     StoreError: StoreError("s.duckdb", "not a kvtrace store"),
     StoreBusyError: StoreBusyError("s.duckdb", "busy"),
