@@ -151,3 +151,22 @@ def test_a_carriage_return_in_an_azure_field_is_told_without_csvs_advice_to_prog
     code, _, err = run(["replay", str(trace), "--mode", "cache-only"], capsys)
     told = assert_one_line(code, err, f"a.csv:{line}: unreadable CSV ", "carriage return (\\r)", "LF or CRLF")
     assert "universal-newline" not in told
+
+
+def test_a_weka_files_identity_holds_its_name_which_names_its_requests(tmp_path):
+    """A renamed copy of a conversation was the same trace (its bytes' sha256), so `diff`
+    compared its runs unasked, pairing none of their requests (`a/0` against `b/0`, their
+    tokens in other namespaces too). Its name and bytes are its identity, as a directory's
+    files' are: the same file elsewhere, or alone in a directory, is the same trace."""
+    from kvtrace.replay.readers import open_trace
+
+    text = json.dumps(_conversation(2))
+    for where in ("one", "two", "renamed", "folder"):
+        (tmp_path / where).mkdir()
+    for path in (tmp_path / "one" / "a.json", tmp_path / "two" / "a.json", tmp_path / "renamed" / "b.json",
+                 tmp_path / "folder" / "a.json"):
+        path.write_text(text)
+    a, elsewhere, renamed = (open_trace(tmp_path / p) for p in ("one/a.json", "two/a.json", "renamed/b.json"))
+    assert [r.request_id for r in a] == ["a/0", "a/1"] and [r.request_id for r in renamed] == ["b/0", "b/1"]
+    assert a.source_id == elsewhere.source_id == open_trace(tmp_path / "folder").source_id
+    assert renamed.source_id != a.source_id

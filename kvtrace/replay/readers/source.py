@@ -20,7 +20,8 @@ class TraceSource:
     """A re-iterable, streaming handle on a trace file (or a WEKA directory).
 
     Each ``iter()`` reopens the file, so a source can be replayed twice without holding
-    its requests in memory. ``source_id`` is the sha256 of the bytes, for run records.
+    its requests in memory. ``source_id`` is the sha256 of the bytes (WEKA: of the files'
+    names and sha256s), for run records.
     """
 
     __slots__ = ("_files", "_reader", "_source_id", "format", "limit", "options", "path")
@@ -42,7 +43,10 @@ class TraceSource:
             # once, not after every byte of the file was hashed
             for _ in islice(self, CHECKED_BEFORE_DIGEST):
                 pass
-            self._source_id = source_sha256(self.path, self._files)
+            # a WEKA file's name is in its requests (ids, local namespace): a renamed copy is
+            # another trace, told apart as a directory's files are, by (name, sha256)
+            files = [self.path] if self._files is None and self.format == "weka" else self._files
+            self._source_id = source_sha256(self.path, files)
         return self._source_id
 
     @property
