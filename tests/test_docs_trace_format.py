@@ -117,3 +117,29 @@ def test_the_format_table_is_the_readers(tmp_path):
             assert (a.arrival_ns, b.arrival_ns) == (unit_ns[unit], 2 * unit_ns[unit]), fmt
         else:  # azure: timestamps, relative to the first row
             assert unit == "timestamp" and (a.arrival_ns, b.arrival_ns) == (0, 1_000_000_000), fmt
+
+
+def test_line_formats_stream_and_weka_conversations_are_read_whole(tmp_path):
+    """The page said every reader streams its file: a WEKA conversation is one JSON document,
+    read whole (its fault at the end is told before its first request), and a directory's
+    conversations are all read at once; a line format yields its requests before a bad line."""
+    import json
+
+    from kvtrace.replay.readers import open_trace
+
+    said = " ".join(DOC.split())
+    assert "Every reader streams its file (but WEKA's: a conversation is one JSON document, read whole" in said
+    good = {"t": 0.0, "in": 64, "out": 1, "hash_ids": [1]}
+    weka = tmp_path / "c.json"
+    weka.write_text(json.dumps({"block_size": 64, "requests": [good, {**good, "t": 1.0, "in": 0}]}))
+    with pytest.raises(KVTraceError, match=r"requests\[1\]\.in"):
+        next(iter(open_trace(weka)))
+    folder = tmp_path / "w"
+    folder.mkdir()
+    (folder / "a.json").write_text(json.dumps({"block_size": 64, "requests": [good]}))
+    (folder / "z.json").write_text(json.dumps({"block_size": 64, "requests": [{**good, "t": 5.0, "in": 0}]}))
+    with pytest.raises(KVTraceError, match=r"z\.json.*requests\[0\]\.in"):
+        next(iter(open_trace(folder)))  # (a.json's request, first by arrival, is not given before z.json is read)
+    lines = tmp_path / "m.jsonl"
+    lines.write_text('{"timestamp": 0, "input_length": 4, "output_length": 1, "hash_ids": [0]}\nnot json\n')
+    assert next(iter(open_trace(lines))).request_id == "r0"
