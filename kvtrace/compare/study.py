@@ -392,8 +392,13 @@ def run_study(
 
     result = StudyResult(behaviour=behaviour, trace=trace, db=str(db) if db is not None else None)
     for parameter, value, off_spec, on_spec in pairs:
-        off = run_replay(off_spec, db=db, progress=progress)
-        on = run_replay(on_spec, db=db, progress=progress)
+        try:
+            off = run_replay(off_spec, db=db, progress=progress)
+            on = run_replay(on_spec, db=db, progress=progress)
+        except KVTraceError as err:  # the engine's own (a swept capacity too small): named at its value, as sweep
+            if parameter is None or type(err) is not KVTraceError:
+                raise
+            raise KVTraceError(f"--sweep {parameter}={value}: {err}") from None
         if db is not None and on.run_id and off.run_id:
             diff = diff_runs(db, off.run_id, on.run_id, seed=seed, percentiles=on_spec.percentiles)
         else:

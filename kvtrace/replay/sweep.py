@@ -254,7 +254,8 @@ def run_sweep(
         results = stack.enter_context(_results_in_order(specs, db is not None, workers, ray_address))
         store = None
         trace_digest = None  # (the first replay's: every later one read the same trace)
-        named = _deaths_named(results, combos, lambda: len(out.runs) if out is not None else 0, db is not None)
+        named = _deaths_named(results, combos, lambda: len(out.runs) if out is not None else 0, db is not None,
+                              values_flag)
         for spec, combo, (res, tables) in zip(specs, combos, named):
             if out is None:
                 trace_digest = res.record.get("trace_digest")
@@ -279,10 +280,12 @@ def run_sweep(
 
 
 def _deaths_named(results: Iterator[tuple[RunResult, list]], combos: list[dict[str, Any]], done: Callable[[], int],
-                  stored: bool) -> Iterator[tuple[RunResult, list]]:
+                  stored: bool, values_flag: str = "--param") -> Iterator[tuple[RunResult, list]]:
     """``results``, with a worker's death (a local one: the pool broken; a Ray task's)
     restated at the combination it stopped the sweep at, and how many were kept before it:
-    the one line said only that 'a worker' died, of a sweep of many."""
+    the one line said only that 'a worker' died, of a sweep of many. A replay's own error
+    that no setting names (the engine's 'cannot be scheduled' of a swept capacity too small
+    for a request) is named at its swept value, as a refusal before the replays is."""
     from concurrent.futures.process import BrokenProcessPool
 
     from kvtrace.process import stop_signalled
@@ -301,6 +304,11 @@ def _deaths_named(results: Iterator[tuple[RunResult, list]], combos: list[dict[s
         except WorkerDied as err:
             raise WorkerDied(f"{err}; the sweep stopped at {label(combo)}, {_kept(done(), len(combos), stored)}") \
                 from None
+        except KVTraceError as err:
+            if type(err) is not KVTraceError:  # (a file's, a flag's: named where it is)
+                raise
+            shown = label(combo) if values_flag in ("--param", "--sweep") else label(combo).partition("=")[2]
+            raise KVTraceError(f"{values_flag} {shown}: {err}") from None
         yield item
 
 

@@ -428,3 +428,11 @@ def test_a_swept_studys_tables_write_each_number_as_the_diff_does():
         ["2048", "+172,032", "-23.893", "+62.33 pp"]
     markdown = res.sweep_markdown(("prefix_cache_hits", "median_ttft_ms"))
     assert markdown.splitlines()[-1] == "| 2048 | 0 | 172,032 | 64.680 | 40.786 |"
+
+
+def test_a_swept_capacity_too_small_for_a_request_is_named_at_its_sweep_value():
+    """The engine's 'cannot be scheduled' of a swept capacity named the pool's size and a
+    --capacity-blocks the user never typed, not the --sweep value that made it."""
+    base = RunSpec(trace="", **S.study_defaults("external-hit-running-cow"), content=False)
+    with pytest.raises(KVTraceError, match=r"^--sweep capacity_blocks=2: engine: request \S+ .* cannot be scheduled"):
+        S.run_study("external-hit-running-cow", base=base, sweep="capacity_blocks=2", limit=2)

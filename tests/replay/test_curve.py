@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtrace.errors import ConfigError
+from kvtrace.errors import ConfigError, KVTraceError
 from kvtrace.replay.cache_only import as_block_requests, replay_cache_only
 from kvtrace.replay.curve import auto_capacities, capacity_curve, lru_thresholds, parse_capacities, run_curve
 from kvtrace.replay.readers import read_trace
@@ -267,3 +267,8 @@ def test_one_curve_however_its_retention_and_preset_are_spelt_is_one_curve(tmp_p
     assert curve_id(retention="none") == curve_id(retention="None") != curve_id()
     assert curve_id(preset="kimi-hybrid") == curve_id()
     assert read.curves(db)["curve_id"].n_unique() == 3
+
+
+def test_an_engine_curves_capacity_too_small_for_a_request_is_named_at_capacities():
+    with pytest.raises(KVTraceError, match=r"^--capacities 4: engine: request \S+ .* cannot be scheduled"):
+        run_curve(RunSpec("gen:chat", limit=3, content=False), "4,2000", policies=("lru",), workers=1)

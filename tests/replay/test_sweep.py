@@ -608,7 +608,9 @@ def test_a_sweep_that_fails_midway_keeps_the_runs_it_finished(tmp_path, workers)
     last replay kept none of the others. They are stored in spec order as they come back."""
     db = tmp_path / "s.duckdb"
     base = RunSpec("gen:chat", limit=3, content=False)
-    with pytest.raises(KVTraceError, match="cannot be scheduled"):  # (4 blocks hold no chat prompt)
+    # (4 blocks hold no chat prompt; the line names the swept value, which it did not, only the
+    # pool's size and a --capacity-blocks the user never typed)
+    with pytest.raises(KVTraceError, match=r"^--param capacity_blocks=4: engine: .* cannot be scheduled"):
         run_sweep(base, [("capacity_blocks", [2000, 1000, 4])], db=db, workers=workers)
     runs = read.runs(db)
     assert runs["status"].to_list() == ["complete", "complete"]
