@@ -77,6 +77,8 @@ def compressed_problem(path: str, head: bytes | None = None) -> str | None:
             return f"{kind}-compressed; kvtrace reads traces as plain text: decompress it first ({tool})"
     if head[8:12] == DUCKDB_MAGIC:  # (a store given as the trace was 'not UTF-8 text (byte 0xa6 ...)')
         return "a DuckDB database (a kvtrace store?), not a trace; a store is given as --db STORE"
+    if head.startswith(b"PAR1"):  # (kvtrace export's output given back was 'not UTF-8 text (byte 0xb5 ...)')
+        return "a Parquet file (a kvtrace export?), not a trace; kvtrace replays trace files, not recorded spans"
     return None
 
 

@@ -170,3 +170,16 @@ def test_a_weka_files_identity_holds_its_name_which_names_its_requests(tmp_path)
     assert [r.request_id for r in a] == ["a/0", "a/1"] and [r.request_id for r in renamed] == ["b/0", "b/1"]
     assert a.source_id == elsewhere.source_id == open_trace(tmp_path / "folder").source_id
     assert renamed.source_id != a.source_id
+
+
+@pytest.mark.parametrize("fmt", [None, "mooncake", "weka"])
+def test_a_parquet_export_given_as_the_trace_is_named_as_such(tmp_path, capsys, fmt):
+    """`kvtrace export` writes Parquet; given back to replay it was 'spans.parquet:1: not UTF-8
+    text (byte 0xb5 at column 20)', with no word of what the file is."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / ("spans.json" if fmt == "weka" else "spans.parquet")
+    pq.write_table(pa.table({"seq": [1, 2]}), path)
+    code, _, err = run(["replay", str(path), "--mode", "cache-only", *(["--format", fmt] if fmt else [])], capsys)
+    assert_one_line(code, err, f"{path}: a Parquet file (a kvtrace export?), not a trace")
