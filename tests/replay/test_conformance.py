@@ -98,9 +98,33 @@ def test_hybrid_with_a_speculative_block(vllm_api, overrides, capacities):
 
 def test_external_hits_through_a_connector(vllm_api):
     """kvtrace's external tier as the connector: both managers load the same tokens."""
-    runs = check(ConformanceSpec("gen:study-external-hit-running-cow", preset="kimi-hybrid", capacity_blocks=(30, 60),
-                                 external_capacity_blocks=4096), vllm_api)
+    runs = check(ConformanceSpec("gen:study-external-hit-running-cow", preset="kimi-hybrid",
+                                 capacity_blocks=(20, 30, 60), external_capacity_blocks=4096), vllm_api)
     assert all(r.copies > 0 for r in runs)
+
+
+@pytest.mark.parametrize("trace, capacity, vllm_raises", [("gen:mixed", 40, True), ("gen:mixed", 60, True),
+                                                           ("gen:agent", 20, False)])
+def test_vllms_external_load_leaves_its_mamba_blocks_out_of_the_free_block_check(vllm_api, trace, capacity,
+                                                                                vllm_raises):
+    """The README's claim: vLLM 0.33 allocates a connector load's Mamba blocks without counting
+    them in allocate_slots' free-block check, so on a pool too small for the load it raises
+    (or allocates where kvtrace, which counts them, refuses); the run stops there, naming it."""
+    (run,) = run_conformance(ConformanceSpec(trace, preset="kimi-hybrid", capacity_blocks=(capacity,),
+                                             external_capacity_blocks=4096), api=vllm_api).runs
+    first = run.first
+    assert first is not None and first.field == "allocation" and run.stopped is not None
+    assert first.kvtrace is None
+    if vllm_raises:
+        assert str(first.vllm).startswith("vLLM raised ValueError: Cannot get ") and "free blocks" in str(first.vllm)
+    else:
+        assert isinstance(first.vllm, tuple) and all(first.vllm)  # block ids in every group
+
+
+def test_from_100_blocks_the_external_load_agrees_on_gen_mixed(vllm_api):
+    (run,) = check(ConformanceSpec("gen:mixed", preset="kimi-hybrid", capacity_blocks=(100,),
+                                   external_capacity_blocks=4096), vllm_api)
+    assert run.requests == 150 and run.copies > 0 and run.evictions > 0
 
 
 @pytest.mark.parametrize("behaviour, trace, kw", [
