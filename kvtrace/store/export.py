@@ -1,4 +1,5 @@
-"""Parquet export of one run: spans, the run row, and derived tables.
+"""Parquet export of one run: spans, the run row, and the evicted-block table (the other
+derived tables are computed from the spans, by whoever reads them).
 
 Nothing is written until the store and the run have been checked, and the files appear
 whole or not at all: each table is written to a hidden file in the output directory and
