@@ -183,3 +183,25 @@ def test_a_parquet_export_given_as_the_trace_is_named_as_such(tmp_path, capsys, 
     pq.write_table(pa.table({"seq": [1, 2]}), path)
     code, _, err = run(["replay", str(path), "--mode", "cache-only", *(["--format", fmt] if fmt else [])], capsys)
     assert_one_line(code, err, f"{path}: a Parquet file (a kvtrace export?), not a trace")
+
+
+@pytest.mark.parametrize("scope", ["local", "global"])
+def test_a_weka_id_where_kvtrace_numbers_tails_is_refused_so_a_tail_never_hits(tmp_path, scope):
+    """A tail's id is 2^62 + its index (global files: offset by their name's hash); a file's
+    own id there (ids were taken up to 2^63) was the same block as a tail: the tail hit."""
+    from kvtrace.replay.cache_only import replay_cache_only
+    from kvtrace.replay.readers.weka import TAIL_ID_BASE
+
+    def conversation(second: int) -> str:
+        return json.dumps({"block_size": 64, "hash_id_scope": scope, "requests": [
+            {"t": 0.0, "in": 100, "out": 1, "hash_ids": [1]},  # (its tail: request 0's)
+            {"t": 1.0, "in": 128, "out": 1, "hash_ids": [1, second]}]}, indent=1)
+
+    trace = tmp_path / "c.json"
+    trace.write_text(conversation(TAIL_ID_BASE - 1))  # (the highest id a file may hold)
+    assert replay_cache_only(read_trace(trace)).summary()["prefix_cache_hits"] == 64  # block 1 alone
+    tail = read_trace(trace)[0].hash_ids[1]
+    trace.write_text(conversation(tail))
+    with pytest.raises(TraceFormatError, match=re.escape(f"c.json:{_line_of(trace, 1)}: requests[1].hash_ids: ids "
+                                                         "must lie in [0, 2^62)")):
+        read_trace(trace)

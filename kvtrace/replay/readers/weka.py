@@ -40,7 +40,6 @@ from kvtrace.numeric import cdiv
 from kvtrace.workload import TraceRequest
 from kvtrace.workload.lines import (
     COMPRESSED_SUFFIXES,
-    MAX_ID,
     MAX_TIME_NS,
     ArrivalOrder,
     LineDecoder,
@@ -250,6 +249,8 @@ def read_weka_file(path: str, rank: int = 0) -> Iterator[tuple[int, int, int, Tr
                 raise fail(e.what) from None
             index = len(out)
             ids = r.hash_ids
+            if ids and (min(ids) < 0 or max(ids) >= TAIL_ID_BASE):  # (a tail's id, read as a block, could hit)
+                raise fail("hash_ids: ids must lie in [0, 2^62); kvtrace numbers partial tails from 2^62")
             full, want = n // bs, cdiv(n, bs)
             if len(ids) == full and full != want:
                 ids = ids + [tail_base + index]
@@ -258,8 +259,6 @@ def read_weka_file(path: str, rank: int = 0) -> Iterator[tuple[int, int, int, Tr
                     f"hash_ids: expected floor or ceil of in {n} / block_size {bs} ({full} or {want}) ids, "
                     f"got {len(ids)}"
                 )
-            if ids and (min(ids) < 0 or max(ids) > MAX_ID):
-                raise fail("hash_ids: ids must lie in [0, 2^63)")
             out.append((arrival, rank, index, TraceRequest(
                 request_id=f"{name}/{i}",
                 arrival_ns=arrival,
