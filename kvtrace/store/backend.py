@@ -49,6 +49,31 @@ class ClickHouseTarget:
             return "is a file, not a directory; expected chdb:DIR (a directory for the embedded ClickHouse)"
         return None
 
+    def write_problem(self) -> str | None:
+        """``directory_problem``, or why a writer may not make a store in the directory: one
+        that holds other files and no chdb store (chdb spreads its folders among them:
+        ``chdb:/`` wrote data/, metadata/ and store/ into the root). None for a server."""
+        problem = self.directory_problem()
+        if problem is not None or self.path is None or not os.path.isdir(self.path):
+            return problem
+        try:
+            names = os.listdir(self.path)
+        except OSError as err:
+            return f"cannot list the directory: {err.strerror or err}"
+        if "metadata" in names:  # (chdb's: a store, or one whose creation was cut short)
+            return None
+        others = sorted(n for n in names if n not in _CHDB_ENTRIES)
+        if others:
+            shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+            return (f"holds other files ({shown}) and no chdb store; expected chdb:DIR "
+                    "naming a new or empty directory, or a chdb store")
+        return None
+
+
+# What chdb makes in its directory before it makes metadata/ (a session killed at once left tmp/)
+_CHDB_ENTRIES = frozenset({"tmp", "status", "uuid", "data", "store", "metadata_dropped", "user_files", "flags",
+                           "format_schemas", "user_scripts", "user_defined", "preprocessed_configs", "access"})
+
 
 def is_clickhouse(db: str | os.PathLike) -> bool:
     text = str(db)
@@ -158,7 +183,7 @@ def store_to_write_problem(db: str) -> str | None:
     CLI asks before a command loads DuckDB, so a mistyped --db is told at once); None when
     it may. A malformed ClickHouse URL raises ConfigError."""
     if is_clickhouse(db):
-        return clickhouse_target(db).directory_problem()
+        return clickhouse_target(db).write_problem()
     problem = duckdb_path_problem(db, missing=None)
     if problem is None and not Path(db).parent.is_dir():
         return f"directory {Path(db).parent} does not exist"

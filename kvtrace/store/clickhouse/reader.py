@@ -29,6 +29,6 @@ def read_connection(db, timeout_s: float = DEFAULT_TIMEOUT_S) -> Iterator[client
                                        "`kvtrace replay --db chdb:PATH` creates one)")
     with client.connect(target, timeout_s) as con:
         if check_meta(con, target.label) is None:
-            raise StoreError(target.label, "not a kvtrace store (no kvtrace_meta table; "
-                                           "`kvtrace replay --db URL` or `kvtrace collect --db URL` creates it)")
+            raise StoreError(target.label, "not a kvtrace store (no kvtrace_meta rows; "
+                                           "`kvtrace replay --db URL` or `kvtrace collect --db URL` makes a store)")
         yield con

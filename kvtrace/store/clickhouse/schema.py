@@ -167,3 +167,11 @@ def store_ddl() -> list[str]:
     """Every CREATE of a kvtrace store in ClickHouse, in order."""
     return [META_DDL, runs_ddl(), curves_ddl(), *(span_table_ddl(t) for t in SPAN_TABLES),
             *(derived_ddl(t) for t in derived.TABLES), *span_views_ddl()]
+
+
+def store_tables() -> tuple[str, ...]:
+    """The tables (not views) ``store_ddl`` creates."""
+    return tuple(m.group(1) for m in map(_TABLE_NAME.match, store_ddl()) if m is not None)
+
+
+_TABLE_NAME = re.compile(r"CREATE TABLE IF NOT EXISTS (\w+)")

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from kvtrace.store import derived, dialect
 from kvtrace.store.clickhouse import client
-from kvtrace.store.clickhouse.schema import derived_columns
+from kvtrace.store.clickhouse.schema import derived_columns, store_tables
 from kvtrace.store.errors import DAMAGED, StoreError
-from kvtrace.store.schema import META_TABLE, meta_version
+from kvtrace.store.schema import META_TABLE, SCHEMA_VERSION, SPAN_TABLES, TIME_OFFSET_COLUMN, meta_version
 from kvtrace.store.state import chdb_catalog_state
 
 
@@ -17,7 +17,10 @@ def check_meta(con: client.ClickHouseConnection, label: str) -> int | None:
     if META_TABLE not in con.table_names():
         return None
     _check_no_broken_parts(con, label)  # (first: a broken part of the meta table reads as no magic)
-    version = meta_version(dict(con.ch_frame(f"SELECT key, value FROM {META_TABLE}").rows()), label)
+    meta = dict(con.ch_frame(f"SELECT key, value FROM {META_TABLE}").rows())
+    if not meta:  # (its rows are a store's creation's last step: a creation cut short, see init_schema)
+        return None
+    version = meta_version(meta, label)
     state = chdb_catalog_state(con.target)
     if state is None or (state, version) not in _CHECKED:  # (about 25 ms a check on chdb)
         _check_columns(con, label, version)
@@ -25,11 +28,41 @@ def check_meta(con: client.ClickHouseConnection, label: str) -> int | None:
             if len(_CHECKED) >= 256:
                 _CHECKED.clear()
             _CHECKED.add((state, version))
+    _check_unique_runs(con, label)  # (rows, not catalog: every open; about 1 ms on chdb)
     return version
+
+
+def _check_unique_runs(con: client.ClickHouseConnection, label: str) -> None:
+    """StoreError when ``runs`` holds a run id twice: ClickHouse keeps no primary key (two
+    writers on a server took the same next id), and each reader took whichever row came
+    first (``runs`` listed it twice, an export wrote both). DuckDB's layout check refuses a
+    runs table that could (one that lost its primary key) the same way."""
+    twice = con.ch_frame("SELECT run_id, count() AS n FROM runs GROUP BY run_id HAVING n > 1 "
+                         "ORDER BY run_id LIMIT 3")
+    if twice.height:
+        each = "; ".join(f"run {r} is recorded {n} times in runs" for r, n in twice.rows())
+        raise StoreError(label, f"{DAMAGED}: {each} (each reader would take whichever record came first)")
 
 
 _OTEL_COLUMNS = frozenset({"TraceId", "SpanId", "SpanName", "SpanAttributes"})  # the exporter's table, by its columns
 _CHECKED: set[tuple] = set()  # (catalog state, version) of chdb stores found whole in this process
+
+
+def check_creatable(con: client.ClickHouseConnection, label: str) -> None:
+    """StoreError unless a new store may be made in a database without kvtrace_meta rows:
+    a table of the store's names that holds rows is a store whose meta is lost, or another
+    program's table (DuckDB's writer refuses a file with tables and no meta). Empty ones
+    are a creation killed before its meta rows (no transaction), which the writer finishes:
+    such a store was refused by every command for good."""
+    have = con.table_names() & set(store_tables())
+    if not have:
+        return
+    counts = con.ch_frame(" UNION ALL ".join(f"SELECT '{t}' AS t, count() AS n FROM {t}" for t in sorted(have)))
+    full = sorted((t for t, n in counts.rows() if n), key=lambda t: (t != "runs", t))
+    if full:
+        raise StoreError(label, f"not a kvtrace store, or one whose {META_TABLE} is lost: no {META_TABLE} rows, "
+                                f"yet {', '.join(full[:4])}{' and more' if len(full) > 4 else ''} hold rows; "
+                                "write to a new database")
 
 
 def _check_columns(con: client.ClickHouseConnection, label: str, version: int) -> None:
@@ -59,6 +92,9 @@ def _check_columns(con: client.ClickHouseConnection, label: str, version: int) -
             continue
         wrong += [f"column {name}.{c} is missing" for c in relation.columns
                   if c not in have[name] and c not in ADDED_COLUMNS.get(name, ())]
+    if version >= SCHEMA_VERSION:  # the span tables' own column here (not DuckDB's): every view reads it
+        wrong += [f"column {t}.{TIME_OFFSET_COLUMN} is missing" for t in SPAN_TABLES
+                  if t in have and TIME_OFFSET_COLUMN not in have[t]]
     if wrong:
         raise damaged(label, wrong)
 

@@ -26,7 +26,7 @@ from kvtrace.store import derived
 from kvtrace.store.backend import ClickHouseTarget, clickhouse_target
 from kvtrace.store.clickhouse import client, collector
 from kvtrace.store.clickhouse.schema import column_type, derived_columns, store_ddl
-from kvtrace.store.clickhouse.tables import check_meta, materialise
+from kvtrace.store.clickhouse.tables import check_creatable, check_meta, materialise
 from kvtrace.store.errors import StoreError, UnknownRunError
 from kvtrace.store.liveness import host_name, process_start_token
 from kvtrace.store.schema import (
@@ -64,7 +64,9 @@ def _trim_partial_flush(con: client.ClickHouseConnection, run_id: str) -> None:
 def init_schema(con: client.ClickHouseConnection, target: ClickHouseTarget) -> None:
     """kvtrace's tables and views (idempotent), and the collector table's materialised views."""
     version = check_meta(con, target.label)
-    if version is not None and version < SCHEMA_VERSION:
+    if version is None:
+        check_creatable(con, target.label)
+    elif version < SCHEMA_VERSION:
         raise StoreError(target.label, f"store schema version {version} predates this kvtrace's ({SCHEMA_VERSION}); "
                                        "write to a new database")
     for stmt in store_ddl():
@@ -72,7 +74,7 @@ def init_schema(con: client.ClickHouseConnection, target: ClickHouseTarget) -> N
     for table in derived.TABLES:  # a store from before a derived column (span_stats' extent)
         for col, duck in derived_columns(table):
             con.command(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS `{col}` {column_type(col, duck)}")
-    if version is None:
+    if version is None:  # the meta rows last: what a kill before them leaves, the next writer finishes
         con.insert_arrow(META_TABLE, pa.table({"key": ["magic", "schema_version"],
                                                "value": [STORE_MAGIC, str(SCHEMA_VERSION)]}))
     collector.attach(con, target)
@@ -112,7 +114,7 @@ class ClickHouseStore(Store):
 
     def _setup(self) -> None:
         if self.target.path is not None:
-            problem = self.target.directory_problem()
+            problem = self.target.write_problem()
             if problem is not None:  # (chdb would fail on it later, with a traceback)
                 raise StoreError(self.target.label, problem)
             try:

@@ -1,0 +1,101 @@
+"""Damaged, foreign and half-made chdb stores meet every command as a DuckDB store would:
+one line naming the store, exit 2, nothing written, and a store whose creation a kill -9
+cut short is finished by the next writer, not refused for good."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.cli.test_bad_input import assert_one_line
+from tests.clickhouse.test_cli_errors import _chdb, _kvtrace
+
+REPLAY = ("replay", "gen:chat", "--mode", "cache-only", "--limit", "3")
+
+
+def _files(path) -> list[str]:
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
+
+
+def _parts(path) -> list[str]:
+    """The data parts of a chdb directory's tables (a table's parts in store/, one per insert)."""
+    return sorted(str(p.relative_to(path)) for p in path.glob("store/*/*/*_*_*"))
+
+
+def test_a_writer_refuses_a_directory_of_other_files_and_writes_nothing_there(tmp_path):
+    """`chdb:/` wrote data/, metadata/ and store/ into the root (a reader refused it as no
+    store, a writer made one among the user's files)."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    proc = _kvtrace(*REPLAY, "--db", f"chdb:{mine}")
+    assert_one_line(proc.returncode, proc.stderr, f"chdb:{mine}", "holds other files (notes.txt)", "no chdb store")
+    assert _files(mine) == ["notes.txt"]
+    left = tmp_path / "left"  # what a chdb killed as it started leaves: a store to make there
+    (left / "tmp").mkdir(parents=True)
+    assert _kvtrace(*REPLAY, "--db", f"chdb:{left}").returncode == 0
+
+
+_KILLED_AT = """
+import os, signal, sys
+from kvtrace.store import Store
+from kvtrace.store.clickhouse import client
+seen = [0]
+real = client.ClickHouseConnection.command
+def command(self, *args, **kwargs):
+    seen[0] += 1
+    if seen[0] == int(sys.argv[2]):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(self, *args, **kwargs)
+client.ClickHouseConnection.command = command
+Store.open(sys.argv[1]).close()
+"""
+
+
+def test_a_store_creation_killed_before_its_meta_rows_is_finished_by_the_next_writer(tmp_path):
+    """ClickHouse has no transactions: a writer killed among a new store's CREATEs left an
+    empty kvtrace_meta that every command refused for good ("kvtrace_meta.magic is None")."""
+    store = f"chdb:{tmp_path / 's'}"
+    killed = subprocess.run([sys.executable, "-c", _KILLED_AT, store, "40"], capture_output=True, text=True,
+                            timeout=180, check=False)
+    assert killed.returncode == -9, killed.stderr
+    proc = _kvtrace("runs", "--db", store)
+    assert_one_line(proc.returncode, proc.stderr, "not a kvtrace store", "no kvtrace_meta rows")
+    made = _kvtrace(*REPLAY, "--db", store)
+    assert made.returncode == 0, made.stderr
+    listed = _kvtrace("runs", "--db", store, "--json")
+    assert listed.returncode == 0 and '"run_id": "r1"' in listed.stdout, listed.stderr
+
+
+def test_a_store_whose_meta_is_lost_is_not_written_into(tmp_path):
+    """As DuckDB's writer refuses tables without kvtrace_meta: a replay re-made the meta of
+    a store whose meta was dropped and added its run beside records it could not vouch for."""
+    store = f"chdb:{tmp_path / 's'}"
+    assert _kvtrace(*REPLAY, "--db", store).returncode == 0
+    _chdb(tmp_path / "s", "DROP TABLE kvtrace_meta")
+    parts = _parts(tmp_path / "s")
+    proc = _kvtrace(*REPLAY, "--db", store)
+    assert_one_line(proc.returncode, proc.stderr, "kvtrace_meta is lost", "yet runs, ")
+    assert _parts(tmp_path / "s") == parts  # nothing inserted, nothing made
+    proc = _kvtrace("runs", "--db", store)  # (no meta: no store to any reader either)
+    assert_one_line(proc.returncode, proc.stderr, "not a kvtrace store")
+
+
+@pytest.mark.parametrize(("damage", "needle"), [
+    # ClickHouse keeps no primary key: `runs` listed r1 twice and an export wrote both records
+    ("INSERT INTO runs SELECT * FROM runs WHERE run_id = 'r1'", "run r1 is recorded 2 times in runs"),
+    # a column of ClickHouse's span tables alone: every reader failed on ClickHouse's own error
+    ("ALTER TABLE spans_lookup DROP COLUMN time_offset_ns", "column spans_lookup.time_offset_ns is missing"),
+])
+def test_damage_of_the_clickhouse_layout_is_one_line_from_every_command(tmp_path, damage, needle):
+    store = f"chdb:{tmp_path / 's'}"
+    assert _kvtrace(*REPLAY, "--db", store).returncode == 0
+    assert _kvtrace(*REPLAY, "--db", store).returncode == 0
+    _chdb(tmp_path / "s", damage)
+    out = tmp_path / "out"
+    for argv in (["runs"], ["diff", "r1", "r2"], ["export", "--run", "r1", "--parquet", str(out)], list(REPLAY)):
+        proc = _kvtrace(*argv, "--db", store)
+        assert_one_line(proc.returncode, proc.stderr, f"{store}: damaged kvtrace store: {needle}")
+    assert not out.exists()
