@@ -35,11 +35,11 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from kvtrace.errors import ConfigError
+from kvtrace.errors import ConfigError, KVTraceError
 from kvtrace.instrument.convert import UnstorableValue
 from kvtrace.instrument.ids import SeededIdGenerator
 from kvtrace.instrument.vllm.endpoints import capture_endpoints
-from kvtrace.instrument.vllm.reconstruct import ChainTracer, write_native_trace
+from kvtrace.instrument.vllm.reconstruct import ChainTracer, native_requests, write_requests
 from kvtrace.instrument.vllm.rows import ENDPOINT_KEY, VllmSpanRows
 from kvtrace.instrument.vllm.wire import KVEventBatch, VllmWireError, decode_kv_batch, replay_frame
 from kvtrace.process import sigterm_as_interrupt, stop_requested
@@ -517,13 +517,21 @@ def capture_vllm(endpoint: str, replay_endpoint: str | None = None, *, store_pat
             for cap in caps:
                 cap.close()
         stats = CaptureStats.total([c.stats for c in caps], run_id)
-        if trace_out is not None and tracers:
-            stats.requests = write_native_trace(trace_out, tracers, source=f"vllm:{endpoint}")
+        trace = native_requests(tracers) if trace_out is not None and tracers else None
+        if trace is not None:
+            stats.requests = len(trace[0])
         summary: dict[str, Any] = stats.counts()
         summary[SUMMARY_NOTHING_RECEIVED] = stats.nothing_received
         if dp_size > 1:
             summary["ranks"] = [{"endpoint": c.endpoint, **c.stats.counts()} for c in caps]
         store.finish_run(run_id, status="complete", summary=summary)
+    if trace is not None and trace_out is not None:
+        # after the run is finished: a trace that cannot be written (a full disk) is its own
+        # error, where it marked the capture failed and dropped the run's summary, every count
+        try:
+            write_requests(trace_out, trace, source=f"vllm:{endpoint}")
+        except KVTraceError as err:
+            raise KVTraceError(f"{err} (the capture itself is stored: run {run_id})") from None
     if stats.nothing_received:
         reached = (f"its SUB socket never reached {endpoint} (is vLLM running with "
                    "--kv-events-config '{\"enable_kv_cache_events\": true, \"publisher\": \"zmq\"}' there?)"

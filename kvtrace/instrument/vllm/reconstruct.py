@@ -97,5 +97,10 @@ def native_requests(tracers: list[ChainTracer]) -> tuple[list[TraceRequest], int
 def write_native_trace(path: str | Path, tracers: list[ChainTracer], source: str = "vllm-kv-events") -> int:
     """Write ``native_requests(tracers)`` as a native JSONL trace (atomically, through
     ``write_native``); returns the number of requests."""
-    requests, block_size = native_requests(tracers)
+    return write_requests(path, native_requests(tracers), source)
+
+
+def write_requests(path: str | Path, trace: tuple[list[TraceRequest], int], source: str = "vllm-kv-events") -> int:
+    """Write ``native_requests``' answer (the requests and block size) as ``write_native_trace`` does."""
+    requests, block_size = trace
     return write_native(requests, path, header={"source": source, "block_size": block_size})
