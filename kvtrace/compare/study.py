@@ -377,10 +377,12 @@ def run_study(
         suffix = "" if parameter is None else f" {parameter}={value}"
         on_without = tuple(b for b in spec.without if b != behaviour)
         off_without = tuple(sorted(set(spec.without) | {behaviour}))
-        on_spec = replace(spec, without=on_without, name=f"study {behaviour} on{suffix}")
+        # (--name names the pair, as a sweep's runs: it was dropped, each run called "study ...")
+        prefix = f"{spec0.name or 'study'} {behaviour}"
+        on_spec = replace(spec, without=on_without, name=f"{prefix} on{suffix}")
         # the switch is kvtrace's: with another backend, "on" is that backend as it is and
         # "off" kvtrace's manager with the behaviour switched off
-        off_spec = replace(spec, without=off_without, name=f"study {behaviour} off{suffix}", backend="kvtrace")
+        off_spec = replace(spec, without=off_without, name=f"{prefix} off{suffix}", backend="kvtrace")
         try:  # every pair's settings before the first replay: a bad one is told at once
             validate(off_spec)
             validate(on_spec)

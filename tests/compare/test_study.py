@@ -6,6 +6,7 @@ The three end-to-end tests assert the direction the reviews behind each behaviou
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from rich.console import Console
@@ -436,3 +437,16 @@ def test_a_swept_capacity_too_small_for_a_request_is_named_at_its_sweep_value():
     base = RunSpec(trace="", **S.study_defaults("external-hit-running-cow"), content=False)
     with pytest.raises(KVTraceError, match=r"^--sweep capacity_blocks=2: engine: request \S+ .* cannot be scheduled"):
         S.run_study("external-hit-running-cow", base=base, sweep="capacity_blocks=2", limit=2)
+
+
+def test_a_studys_name_names_its_runs(tmp_path):
+    """`study --name NAME` was dropped: its runs were called 'study BEHAVIOUR on/off' as any
+    other study's (a sweep's runs take the name as their prefix)."""
+    db = tmp_path / "s.duckdb"
+    base = RunSpec(trace="", **S.study_defaults("external-hit-running-cow"), content=False, name="nightly")
+    res = S.run_study("external-hit-running-cow", base=base, limit=2, db=db)
+    names = dict(read.runs(db).select("run_id", "name").iter_rows())
+    assert (names[res.first.run_off], names[res.first.run_on]) == ("nightly external-hit-running-cow off",
+                                                                   "nightly external-hit-running-cow on")
+    unnamed = S.run_study("external-hit-running-cow", base=replace(base, name=None), limit=2)
+    assert unnamed.diff.run_b["name"] == "study external-hit-running-cow on"
