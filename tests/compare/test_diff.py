@@ -455,7 +455,8 @@ def _tampered(src: str, dst: Path, *statements: tuple[str, list]) -> str:
 
 def test_user_text_in_a_store_is_shown_literally_by_every_rendering(tmp_path, replayed_store, capsys):
     """A status or request id '[/]' crashed the terminal rendering (rich markup); a name with a
-    backtick broke out of --markdown's code span (live HTML and emphasis)."""
+    backtick broke out of --markdown's code span (live HTML and emphasis). (A status kvtrace
+    never writes is a damaged record now: its one-line error shows it literally.)"""
     from kvtrace.store import read
     from tests.cli.support import run
     from tests.support.markdown import shown
@@ -463,14 +464,14 @@ def test_user_text_in_a_store_is_shown_literally_by_every_rendering(tmp_path, re
     on, off = replayed_store.run_on, replayed_store.run_off
     some = read.requests(replayed_store.path, off)["request_id"][0]
     db = _tampered(replayed_store.path, tmp_path / "t.duckdb",
-                   ("UPDATE runs SET status = '[/] **x** <b>y</b>', name = 'a` <img src=x> **B** `b' WHERE run_id = ?",
-                    [off]),
+                   ("UPDATE runs SET trace_source = '[/] **x** <b>y</b>', name = '[/] a` <img src=x> **B** `b' "
+                    "WHERE run_id = ?", [off]),
                    ("UPDATE spans_request SET request_id = '[/]`|<i>q</i>' WHERE request_id = ?", [some]),
                    ("UPDATE spans_request SET num_hit_tokens = num_hit_tokens + 512 WHERE run_id = ? AND "
                     "request_id = '[/]`|<i>q</i>'", [off]))
     code, out, err = run(["diff", on, off, "--db", db], capsys)
     assert code == 0 and "Traceback" not in err, err
-    assert "[/]`|<i>q</i>" in out and "[/] **x** <b>y</b>" in out
+    assert "[/]`|<i>q</i>" in out and "[/] a` <img src=x> **B** `b" in out
     code, md, err = run(["diff", on, off, "--db", db, "--markdown"], capsys)
     assert code == 0, err
     from markdown_it import MarkdownIt
@@ -480,6 +481,10 @@ def test_user_text_in_a_store_is_shown_literally_by_every_rendering(tmp_path, re
     assert "a` <img src=x> **B** `b" in shown(md)
     table = [line for line in md.splitlines() if "<i>q</i>" in line and line.startswith("|")]  # the request's row
     assert table and all(line.count("|") - line.count("\\|") == 6 for line in table), table
+    db = _tampered(db, tmp_path / "s.duckdb", ("UPDATE runs SET status = '[/] **x** <b>y</b>' WHERE run_id = ?", [off]))
+    code, out, err = run(["diff", on, off, "--db", db], capsys)
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert f"run {off}'s status '[/] **x** <b>y</b>' is not one of" in err
 
 
 @pytest.mark.parametrize("sql, needle", [
