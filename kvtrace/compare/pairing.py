@@ -173,20 +173,23 @@ def study_command(a: Mapping[str, Any], db: str) -> str:
     summary = _parsed(a.get("summary"))
     requests = summary.get("requests") if isinstance(summary, dict) else None
     if limit:
-        limit_flag = f" --limit {limit.group(1)}"
+        workload_flags = f" --limit {limit.group(1)}"
     elif str(source or "").startswith("gen:") and isinstance(requests, int) and requests > 0:
-        limit_flag = f" --limit {requests}"
+        workload_flags = f" --limit {requests}"
     else:
-        limit_flag = ""
+        workload_flags = ""
+    seed = cfg.get("seed")  # (a generated workload's: another seed generates other requests)
+    if isinstance(seed, int) and not isinstance(seed, bool) and seed:
+        workload_flags += f" --seed {seed}"
     if str(a.get("mode") or "").startswith("cache-only"):
         size = f" --block-size {cfg['block_size']}" if cfg.get("block_size") else ""
         if cfg.get("capacity_blocks") is None:
             # an unbounded cache evicts nothing, so no policy differs from it: a bounded run of
             # the trace is what falls short of its hit rate
-            return f"kvtrace replay {trace} --mode cache-only --capacity-blocks N{size}{limit_flag} --db {db}"
+            return f"kvtrace replay {trace} --mode cache-only --capacity-blocks N{size}{workload_flags} --db {db}"
         other = "belady" if cfg.get("policy") != "belady" else "lru"
         return (f"kvtrace replay {trace} --mode cache-only --policy {other} "
-                f"--capacity-blocks {cfg['capacity_blocks']}{size}{limit_flag} --db {db}")
+                f"--capacity-blocks {cfg['capacity_blocks']}{size}{workload_flags} --db {db}")
     # one of the study's pair is this run (the behaviours it has off stay off, --without), the
     # other this run with the studied one switched: one it has on, else one it has off
     on = _behaviours(a)
@@ -210,7 +213,7 @@ def study_command(a: Mapping[str, Any], db: str) -> str:
         flags += f" --retention {retention}"  # (full attention alone takes none, the default there)
     if cfg.get("content") is False:
         flags += " --no-content"
-    return f"kvtrace study {behaviour} --trace {trace}{flags}{limit_flag} --db {db}"
+    return f"kvtrace study {behaviour} --trace {trace}{flags}{workload_flags} --db {db}"
 
 
 def _model_name(text: Any) -> Any:

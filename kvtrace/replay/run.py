@@ -375,6 +375,8 @@ def run_replay(
         check_otlp_settings(otlp_endpoint)
     if workload is None:
         workload = open_workload(spec)
+        if spec.seed:  # (what was generated: the Compare page's study of the run regenerates it)
+            config["seed"] = spec.seed
     resource = backend_resource(config)
     record = {"trace_source": workload.source, "trace_digest": workload.source_id, "config": config,
               "behaviours": behaviours, "mode": spec.mode if spec.mode == "engine" else f"cache-only/{spec.policy}"}

@@ -74,7 +74,10 @@ def test_the_partner_command_records_a_run_that_pairs_with_it(tmp_path, capsys):
              ["replay", "gen:chat", "--limit", "12", "--no-content", *(x for b in ("external-hit-running-cow",
               "shared-prefix-pinning", "transient-checkpoint-retention") for x in ("--without", b))],
              ["replay", "gen:chat", "--limit", "12", "--preset", "dense-attention", "--block-size", "32",
-              "--capacity-blocks", "400", "--no-content"]]
+              "--capacity-blocks", "400", "--no-content"],
+             # a generated workload of another seed is other requests (its command left the seed out)
+             ["replay", "gen:chat", "--limit", "12", "--seed", "7", "--no-content"],
+             ["replay", "gen:mixed", "--limit", "30", "--seed", "3", "--mode", "cache-only", "--capacity-blocks", "40"]]
     for i, argv in enumerate(cases):
         db = str(tmp_path / f"s{i}.duckdb")  # (a store each: one case's study runs may pair with another's)
         _cli([*argv, "--db", db], capsys)
