@@ -192,6 +192,9 @@ def _output_dir(directory: str | Path) -> Path:
     try:
         if out_dir.exists() and not out_dir.is_dir():
             raise StoreError(str(out_dir), "exists and is not a directory; expected an output directory")
+        if out_dir.is_symlink() and not out_dir.exists():  # (mkdir said 'File exists' of it)
+            raise StoreError(str(out_dir), f"is a symbolic link (to {os.readlink(out_dir)}) that leads to nothing; "
+                                           "create the directory it names first, or export elsewhere")
     except OSError as err:  # (exists() passes a name too long, a permission refused: a traceback)
         raise StoreError(str(out_dir), f"cannot use as export directory: {err.strerror or err}") from None
     for table in EXPORTED_TABLES:  # (each is renamed into place: a rename replaced a 0444 file all the same)

@@ -120,3 +120,18 @@ def test_missing_file_and_missing_directory(tmp_path):
         read.runs(tmp_path / "nope.duckdb")
     with pytest.raises(StoreError, match="does not exist"):
         Store.open(tmp_path / "no-dir" / "x.duckdb")
+
+
+@pytest.mark.parametrize("target", ["missing", "loop"])
+def test_an_export_into_a_symlink_that_leads_nowhere_says_so(scenario_db, tmp_path, target):
+    """``--parquet LINK`` whose directory does not exist was 'cannot create export directory:
+    File exists' (mkdir's word for the link itself); the link and what it names are left as
+    they were."""
+    import os
+
+    db, run_id = scenario_db
+    link = tmp_path / "out"
+    os.symlink("out" if target == "loop" else "nowhere", link)
+    with pytest.raises(StoreError, match=r"out: is a symbolic link \(to (nowhere|out)\) that leads to nothing"):
+        export_parquet(db, run_id, link)
+    assert link.is_symlink() and not (tmp_path / "nowhere").exists()
