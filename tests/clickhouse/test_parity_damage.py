@@ -99,3 +99,20 @@ def test_damage_of_the_clickhouse_layout_is_one_line_from_every_command(tmp_path
         proc = _kvtrace(*argv, "--db", store)
         assert_one_line(proc.returncode, proc.stderr, f"{store}: damaged kvtrace store: {needle}")
     assert not out.exists()
+
+
+def test_data_files_chdb_finds_damaged_only_when_read_are_a_damaged_store(tmp_path):
+    """A data file of the right size but wrong bytes passes chdb's open (no broken part) and
+    fails the first query that reads it: ClickHouse's own error ("Code: 432 ... Unknown
+    codec family code"), not the damaged store it is."""
+    store = f"chdb:{tmp_path / 's'}"
+    assert _kvtrace(*REPLAY, "--db", store).returncode == 0
+    runs = (tmp_path / "s" / "data" / "default" / "runs").resolve()
+    for data in runs.glob("*/data.bin"):
+        size = data.stat().st_size
+        data.write_bytes((bytes(range(7, 256)) * (size // 249 + 1))[:size])
+    for argv in (["runs"], ["export", "--run", "r1", "--parquet", str(tmp_path / "out")]):
+        proc = _kvtrace(*argv, "--db", store)
+        assert_one_line(proc.returncode, proc.stderr, f"{store}: damaged kvtrace store: ClickHouse cannot read store/",
+                        "/data.bin of table runs (")
+    assert not (tmp_path / "out").exists()

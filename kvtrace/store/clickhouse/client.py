@@ -38,7 +38,7 @@ import pyarrow as pa
 from kvtrace.names import errno_phrase
 from kvtrace.store import dialect
 from kvtrace.store.backend import ClickHouseTarget
-from kvtrace.store.errors import StoreBusyError, StoreError
+from kvtrace.store.errors import DAMAGED, StoreBusyError, StoreError
 
 _MAP = getattr(pl, "Map", lambda k, v: pl.List(pl.Struct({"key": k, "value": v})))(pl.String, pl.String)
 # chdb's failure to start names no cause ("Error initializing EmbeddedServer"): its server
@@ -47,6 +47,12 @@ _CAUSE = re.compile(r"Code: \d+\. DB::Exception: .*")
 # What chdb's server writes when another process holds the directory (Code: 76): busy at the
 # moment it tried, although the holder may be gone before _directory_locked looks.
 _HELD = "Another server instance in same directory is already running"
+# ClickHouse's codes for data files it cannot read: ATTEMPT_TO_READ_AFTER_EOF, CANNOT_READ_ALL_DATA,
+# TOO_LARGE_SIZE_COMPRESSED, CHECKSUM_DOESNT_MATCH, FILE_DOESNT_EXIST, CORRUPTED_DATA,
+# CANNOT_DECOMPRESS, UNKNOWN_CODEC
+_DATA_DAMAGE = re.compile(r"Code: (?:32|33|39|40|107|246|271|432)\. DB::Exception: (?P<reason>.*)")
+_DAMAGED_FILE = re.compile(r"(?:decompressing|[Ff]ile) (?P<file>/[^\s:,()]+)")
+_DAMAGED_TABLE = re.compile(r"in table [^\s.]+\.(?P<table>\w+)")
 LINGER_S = 2.0
 _sessions: dict[str, list[Any]] = {}  # chdb path -> [session, users, the lock its queries take in turn]
 _sessions_lock = threading.RLock()
@@ -101,7 +107,8 @@ class ClickHouseConnection:
         except StoreError:
             raise
         except Exception as err:
-            raise StoreError(self.target.label, f"ClickHouse refused a query: {_first_line(err)}") from None
+            raise self._damage(err) or StoreError(self.target.label,
+                                                  f"ClickHouse refused a query: {_first_line(err)}") from None
 
     def ch_frame(self, sql: str, params: Mapping[str, Any] | None = None) -> pl.DataFrame:
         return to_frame(self.ch_arrow(sql, params))
@@ -114,7 +121,26 @@ class ClickHouseConnection:
             else:
                 self._run(sql, "CSV", params)
         except Exception as err:
-            raise StoreError(self.target.label, f"ClickHouse refused a statement: {_first_line(err)}") from None
+            raise self._damage(err) or StoreError(self.target.label,
+                                                  f"ClickHouse refused a statement: {_first_line(err)}") from None
+
+    def _damage(self, err: Exception) -> StoreError | None:
+        """A "damaged kvtrace store" error naming the file, where ClickHouse failed on the
+        store's data files (a flipped byte, garbage of the right size, a file gone), which
+        it finds only when a query reads them; else None."""
+        text = _first_line(err)
+        found = _DATA_DAMAGE.search(text)
+        if found is None:
+            return None
+        reason = found["reason"].split(": While", 1)[0].split(". Most likely", 1)[0]
+        where = _DAMAGED_FILE.search(text)
+        name = where["file"] if where else None
+        if name and self.target.path and name.startswith(self.target.path + os.sep):
+            name = name[len(self.target.path) + 1:]
+        table = _DAMAGED_TABLE.search(text)
+        of = f" of table {table['table']}" if table else ""
+        return StoreError(self.target.label, f"{DAMAGED}: ClickHouse cannot read "
+                                             f"{name or 'a data file'}{of} ({reason[:100]})")
 
     def insert_arrow(self, table: str, rows: pa.Table) -> None:
         """Insert ``rows`` into ``table`` by column name (columns it lacks take their defaults)."""
