@@ -205,3 +205,17 @@ def test_a_weka_id_where_kvtrace_numbers_tails_is_refused_so_a_tail_never_hits(t
     with pytest.raises(TraceFormatError, match=re.escape(f"c.json:{_line_of(trace, 1)}: requests[1].hash_ids: ids "
                                                          "must lie in [0, 2^62)")):
         read_trace(trace)
+
+
+def test_a_conversation_named_json_in_another_case_is_named_not_skipped(tmp_path):
+    """A directory's ``B.JSON`` was left out without a word (``*.json`` is matched as it is
+    spelt): 1 of 2 conversations replayed, as compressed ones were before they were named."""
+    folder = tmp_path / "w"
+    folder.mkdir()
+    (folder / "a.json").write_text(json.dumps(_conversation(1)))
+    (folder / "B.JSON").write_text(json.dumps(_conversation(1)))
+    (folder / ".hidden.JSON").write_text("not read, as hidden files are not")
+    with pytest.raises(TraceFormatError, match=re.escape(f"{folder / 'B.JSON'}: named .JSON, not .json (1 such in")):
+        read_trace(folder)
+    (folder / "B.JSON").rename(folder / "b.json")
+    assert len(read_trace(folder)) == 2

@@ -100,6 +100,10 @@ def weka_files(path: str) -> list[str] | None:
     if packed:  # (they were skipped without a word: 2 of 3 files replayed)
         raise TraceFormatError(os.path.join(path, packed[0]), None, f"compressed ({len(packed)} such in {path}); "
                                "kvtrace reads conversations as plain JSON: decompress them first")
+    odd = sorted(n for n in names if n.lower().endswith(".json") and not n.endswith(".json") and not n.startswith("."))
+    if odd:  # (skipped without a word too, as on a file system whose names keep their case)
+        raise TraceFormatError(os.path.join(path, odd[0]), None, f"named {odd[0][-5:]}, not .json ({len(odd)} such in "
+                               f"{path}); kvtrace reads a directory's *.json conversations: rename them")
     if not files:
         raise TraceFormatError(path, None, "directory holds no *.json conversation files")
     for file in files:  # (a FIFO among them would block the read)
