@@ -12,12 +12,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import math
-from collections.abc import Callable, Iterable
+import sys
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field, replace
+from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvtrace.errors import ConfigError, KVTraceError, check_option, check_seed
+from kvtrace.errors import ConfigError, KVTraceError, check_limit, check_option, check_seed
 from kvtrace.metrics import DEFAULT_PERCENTILES, PERCENTILES_CONFIG_KEY
 from kvtrace.names import MODES, otlp_requested
 from kvtrace.numeric import cdiv
@@ -71,6 +73,31 @@ class RunResult:
 # -- the workload ------------------------------------------------------------------------
 
 
+class _Limited:
+    """A trace file's first ``limit`` requests, re-iterable. ``more``: whether the file holds
+    another past them, known once an iteration got there (None before)."""
+
+    __slots__ = ("limit", "more", "source")
+
+    def __init__(self, source: Iterable[TraceRequest], limit: int):
+        self.source, self.limit = source, min(limit, sys.maxsize)  # (islice's bound: past any file's length)
+        self.more: bool | None = None
+
+    def __iter__(self) -> Iterator[TraceRequest]:
+        it = iter(self.source)
+        yield from islice(it, self.limit)
+        try:  # (one request past the limit is read, never replayed)
+            self.more = next(it, None) is not None
+        except KVTraceError:  # a bad line past the limit is one more line all the same
+            self.more = True
+
+    def holds_more(self) -> bool:
+        if self.more is None:
+            for _ in self:  # (not replayed yet: an engine curve's runs were replayed by its workers)
+                pass
+        return bool(self.more)
+
+
 @dataclass(slots=True)
 class _Workload:
     requests: Iterable[TraceRequest]
@@ -80,10 +107,13 @@ class _Workload:
     whole_id: str | None = None  # the identity when the limit cuts nothing (the whole file)
 
     def identity(self, replayed: int) -> str:
-        """``source_id``, or the whole file's when fewer requests than ``--limit`` were
-        replayed: a limit past the trace's end replays the trace (it named another one)."""
-        if self.whole_id is not None and self.total is not None and replayed < self.total:
-            return self.whole_id
+        """``source_id``, or the whole file's when ``--limit`` cut nothing: fewer requests
+        were replayed, or as many and the file holds no other (it named another trace)."""
+        if self.whole_id is not None and self.total is not None:
+            if replayed < self.total:
+                return self.whole_id
+            if isinstance(self.requests, _Limited) and not self.requests.holds_more():
+                return self.whole_id
         return self.source_id
 
 
@@ -107,13 +137,16 @@ def open_workload(spec: RunSpec) -> _Workload:
         return _Workload(reqs, spec.trace, f"gen:{ident}", len(reqs))
     from kvtrace.replay.readers import open_trace
 
-    src = open_trace(spec.trace, format=spec.trace_format, limit=spec.limit, block_size=spec.trace_block_size)
+    check_limit(spec.limit)  # (the reader's own check named its parameter, not the flag)
+    src = open_trace(spec.trace, format=spec.trace_format, block_size=spec.trace_block_size)
     file_id = getattr(src, "source_id", None) or spec.trace
     read_at = src.options.get("block_size")  # (None: the format's own size, however given)
     # (the same file read at another block size: other requests)
     read = "" if read_at is None else f":trace_block_size={read_at}"
-    ident = f"{file_id}{read}" if spec.limit is None else f"{file_id}:limit={spec.limit}{read}"
-    return _Workload(src, spec.trace, ident, spec.limit, f"{file_id}{read}")
+    if spec.limit is None:
+        return _Workload(src, spec.trace, f"{file_id}{read}", None)
+    return _Workload(_Limited(src, spec.limit), spec.trace, f"{file_id}:limit={spec.limit}{read}", spec.limit,
+                     f"{file_id}{read}")
 
 
 # -- configuration -----------------------------------------------------------------------

@@ -129,15 +129,18 @@ def test_default_run_names_tell_apart_runs_of_other_settings(tmp_path):
 @pytest.mark.parametrize("backend", ["duckdb", "chdb"])
 def test_a_limit_past_the_traces_end_replays_the_same_trace(tmp_path, backend):
     """`--limit 100000` on a 3,993-request trace replays the whole trace, yet its runs and
-    curves named another one (`diff` refused the pair as different traces)."""
+    curves named another one (`diff` refused the pair as different traces); so did
+    `--limit 3993`, the trace's length (the reader now reads one request past a limit)."""
     from kvtrace.replay.curve import run_curve
     from kvtrace.store import read
 
     db = f"chdb:{tmp_path / 'ch'}" if backend == "chdb" else str(tmp_path / "s.duckdb")
     spec = RunSpec(str(MOONCAKE), mode="cache-only", capacity_blocks=500)
-    ids = {limit: run_replay(replace(spec, limit=limit), db=db).run_id for limit in (None, 100_000, 100)}
+    # (3,993: the trace's length; 3,992: one request short)
+    ids = {limit: run_replay(replace(spec, limit=limit), db=db).run_id for limit in (None, 100_000, 100, 3993, 3992)}
     digest = {limit: read.run(db, run_id)["trace_digest"] for limit, run_id in ids.items()}
-    assert digest[100_000] == digest[None] != digest[100]
+    assert digest[100_000] == digest[None] == digest[3993] != digest[100]
+    assert len({digest[None], digest[100], digest[3992]}) == 3
     if backend == "duckdb":
         curves = [run_curve(replace(spec, capacity_blocks=None, limit=limit), "100,200", db=db) for limit in
                   (None, 100_000)]
@@ -148,3 +151,19 @@ def test_a_limit_past_the_traces_end_replays_the_same_trace(tmp_path, backend):
         sweeps = {limit: run_sweep(replace(spec, capacity_blocks=None, limit=limit), [("capacity_blocks", [300])],
                                    workers=1).sweep_id for limit in (None, 100_000, 100)}
         assert sweeps[100_000] == sweeps[None] != sweeps[100]
+
+
+def test_an_engine_curve_limited_to_its_traces_length_is_the_whole_traces(tmp_path):
+    """An engine curve's runs are replayed by its workers: the curve's own id read the trace
+    past the limit itself (`--limit 8` on an 8-request file named another trace)."""
+    from kvtrace.replay.curve import run_curve
+    from kvtrace.store import read
+
+    trace = tmp_path / "m8.jsonl"
+    trace.write_text("".join(MOONCAKE.read_text().splitlines(keepends=True)[:8]))
+    spec = RunSpec(str(trace), content=False)
+    ids = {limit: run_curve(replace(spec, limit=limit), "400,800", db=str(tmp_path / f"c{limit}.duckdb"),
+                            workers=1).curve_id for limit in (None, 8, 7)}
+    assert ids[None] == ids[8] != ids[7]
+    digests = {limit: set(read.runs(str(tmp_path / f"c{limit}.duckdb"))["trace_digest"]) for limit in (None, 8)}
+    assert digests[None] == digests[8] and len(digests[8]) == 1
