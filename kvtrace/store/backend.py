@@ -109,10 +109,14 @@ def clickhouse_target(db: str | os.PathLike) -> ClickHouseTarget:
     if "/" in database:
         raise ConfigError("--db", shown, "the URL path is one database name")
     try:
-        port = url.port or (8443 if url.scheme == "clickhouses" else 8123)
+        port = url.port
     except ValueError:
         raise ConfigError("--db", shown, "the port must be a number") from None
-    label = f"{url.scheme}://{url.username + '@' if url.username else ''}{url.hostname}:{port}/{database}"
+    if port == 0:  # (was read as no port: 8123 was dialled instead)
+        raise ConfigError("--db", shown, "the port must be 1 to 65535")
+    port = port or (8443 if url.scheme == "clickhouses" else 8123)
+    host = f"[{url.hostname}]" if ":" in url.hostname else url.hostname  # an IPv6 address, as a URL writes it
+    label = f"{url.scheme}://{url.username + '@' if url.username else ''}{host}:{port}/{database}"
     return ClickHouseTarget(
         label=label, host=url.hostname, port=port, username=unquote(url.username or "default"),
         password=unquote(url.password or ""), database=database, secure=url.scheme == "clickhouses",
@@ -133,6 +137,8 @@ def _one(opts: dict[str, list[str]], key: str, default: str, text: str) -> str:
     if unknown:
         raise ConfigError("--db", text, f"unknown option {sorted(unknown)[0]!r} (known: {key})")
     values = opts.get(key, [default])
+    if len(values) > 1:  # (the last was taken, unsaid)
+        raise ConfigError("--db", text, f"{key} is given {len(values)} times")
     if not values[-1].isidentifier():
         raise ConfigError("--db", text, f"{key} must be a table name")
     return values[-1]
