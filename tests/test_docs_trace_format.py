@@ -143,3 +143,14 @@ def test_line_formats_stream_and_weka_conversations_are_read_whole(tmp_path):
     lines = tmp_path / "m.jsonl"
     lines.write_text('{"timestamp": 0, "input_length": 4, "output_length": 1, "hash_ids": [0]}\nnot json\n')
     assert next(iter(open_trace(lines))).request_id == "r0"
+
+
+def test_mooncake_request_ids_count_requests_not_lines(tmp_path):
+    """The page said `r0, r1, ...` 'by line'; a blank line takes no number."""
+    from kvtrace.replay.readers import read_trace
+
+    assert "Request ids are `r0, r1, ...` in file order (blank lines not counted)." in " ".join(DOC.split())
+    trace = tmp_path / "m.jsonl"
+    row = '{"timestamp": 0, "input_length": 4, "output_length": 1, "hash_ids": [0]}'
+    trace.write_text(f"\n{row}\n\n  \n{row}\n")
+    assert [r.request_id for r in read_trace(trace)] == ["r0", "r1"]
