@@ -47,4 +47,16 @@ def capture_endpoints(endpoint: str, replay_endpoint: str | None, duration: floa
         if not pub:
             raise ConfigError("--endpoint", str(endpoint), "expected tcp://HOST:PORT, ipc://PATH or inproc://NAME")
         endpoints.append((pub, dp_endpoint(replay_endpoint, rank, "--replay-endpoint")))
+    # One address for two sockets: vLLM could not bind them both, and a replay request sent to
+    # a PUB socket is never answered (every gap waited out its timeout and was counted lost).
+    pubs = {pub: rank for rank, (pub, _) in enumerate(endpoints)}
+    for rank, (_, replay) in enumerate(endpoints):
+        if replay is not None and replay in pubs:
+            if rank == pubs[replay] == 0:
+                what = "is --endpoint too"
+            else:
+                what = (f"with --dp-size {dp_size}, DP rank {rank} would answer replays at {replay}, where rank "
+                        f"{pubs[replay]} publishes (each rank adds its rank to both ports)")
+            raise ConfigError("--replay-endpoint", str(replay_endpoint),
+                              f"{what}; vLLM publishes and answers replays on two addresses")
     return endpoints

@@ -1,0 +1,42 @@
+"""``capture vllm``'s endpoints: one address given for two of the server's sockets is refused
+in one line before anything is recorded (a replay request sent to a PUB socket is never
+answered: every gap waited out its timeout and was counted lost)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from kvtrace.errors import ConfigError
+from kvtrace.instrument.vllm.endpoints import capture_endpoints
+from tests.cli.support import assert_one_line, run
+
+
+@pytest.mark.parametrize("endpoint, replay, dp_size, needle", [
+    ("tcp://127.0.0.1:5557", "tcp://127.0.0.1:5557", 1, "is --endpoint too"),
+    ("ipc:///tmp/kv", "ipc:///tmp/kv", 3, "is --endpoint too"),
+    # rank 1 publishes at 5558, where rank 0 answers replays
+    ("tcp://127.0.0.1:5557", "tcp://127.0.0.1:5558", 2, "DP rank 0 would answer replays at tcp://127.0.0.1:5558, "
+                                                        "where rank 1 publishes"),
+    ("tcp://127.0.0.1:5560", "tcp://127.0.0.1:5557", 4, "DP rank 3 would answer replays at tcp://127.0.0.1:5560, "
+                                                        "where rank 0 publishes"),
+])
+def test_one_address_for_two_sockets_is_refused(endpoint, replay, dp_size, needle):
+    with pytest.raises(ConfigError, match=re.escape(f"--replay-endpoint: {replay}: ") + ".*" + re.escape(needle)):
+        capture_endpoints(endpoint, replay, None, dp_size)
+
+
+def test_distinct_addresses_are_every_ranks_own():
+    assert capture_endpoints("tcp://127.0.0.1:5557", "tcp://127.0.0.1:5600", None, 3) == [
+        ("tcp://127.0.0.1:5557", "tcp://127.0.0.1:5600"), ("tcp://127.0.0.1:5558", "tcp://127.0.0.1:5601"),
+        ("tcp://127.0.0.1:5559", "tcp://127.0.0.1:5602")]
+    assert capture_endpoints("tcp://127.0.0.1:5557", "tcp://127.0.0.1:5559", None, 2)[1] == (
+        "tcp://127.0.0.1:5558", "tcp://127.0.0.1:5560")
+
+
+def test_the_command_says_so_in_one_line_and_records_nothing(tmp_path, capsys):
+    code, _, err = run(["capture", "vllm", "--endpoint", "tcp://127.0.0.1:5557", "--replay-endpoint",
+                        "tcp://127.0.0.1:5557", "--db", str(tmp_path / "c.duckdb"), "--duration", "1"], capsys)
+    assert_one_line(code, err, "--replay-endpoint: tcp://127.0.0.1:5557: is --endpoint too")
+    assert list(tmp_path.iterdir()) == []
