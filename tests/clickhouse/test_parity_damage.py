@@ -116,3 +116,54 @@ def test_data_files_chdb_finds_damaged_only_when_read_are_a_damaged_store(tmp_pa
         assert_one_line(proc.returncode, proc.stderr, f"{store}: damaged kvtrace store: ClickHouse cannot read store/",
                         "/data.bin of table runs (")
     assert not (tmp_path / "out").exists()
+
+
+def test_writers_of_one_process_never_record_one_run_id_twice(tmp_path):
+    """ClickHouse keeps no primary key: four writers creating runs in threads all read the
+    same largest id, and r1 was recorded four times (a damaged store)."""
+    import threading
+
+    from kvtrace.store import Store, read
+
+    db = f"chdb:{tmp_path / 's'}"
+    stores = [Store.open(db) for _ in range(4)]
+    start, made = threading.Barrier(len(stores)), []
+
+    def create(store) -> None:
+        start.wait()
+        made.extend(store.create_run("x") for _ in range(3))
+
+    threads = [threading.Thread(target=create, args=(s,)) for s in stores]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for s in stores:
+        s._open_runs.clear()  # (left running: nothing to finish)
+    assert sorted(made, key=lambda r: int(r[1:])) == [f"r{i}" for i in range(1, 13)]
+    assert read.runs(db).height == 12
+
+
+def test_a_writer_that_finds_its_new_run_id_taken_takes_its_record_back(tmp_path):
+    """A server's writers in two processes can read the same largest id: the one that finds
+    the id recorded twice after its insert removes its own record and stops, so the store
+    keeps one record of it (the other writer's)."""
+    from kvtrace.store import Store
+    from kvtrace.store.backend import clickhouse_target
+    from kvtrace.store.clickhouse import client
+    from kvtrace.store.clickhouse.writer import _give_up_a_shared_id
+    from kvtrace.store.errors import StoreError
+
+    db = f"chdb:{tmp_path / 's'}"
+    with Store.open(db) as store:
+        store.create_run("first")
+        store._open_runs.clear()
+    other = {"run_id": "r1", "writer_host": "elsewhere", "writer_pid": 4242, "writer_start": None}
+    with client.connect(clickhouse_target(db)) as con:
+        con.command("INSERT INTO runs (run_id, name, status, writer_host, writer_pid) "
+                    "VALUES ('r1', 'second', 'running', 'elsewhere', 4242)")
+        with pytest.raises(StoreError, match="run id r1 was taken by another writer at the same moment"):
+            _give_up_a_shared_id(con, db, other)
+        left = con.ch_frame("SELECT name FROM runs WHERE run_id = 'r1'")["name"].to_list()
+        _give_up_a_shared_id(con, db, other)  # (alone now: nothing to give up)
+    assert left == ["first"]

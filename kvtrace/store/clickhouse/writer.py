@@ -15,6 +15,7 @@ is how a flush, a run row and the derived tables are written:
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Any
 
@@ -59,6 +60,23 @@ def _trim_partial_flush(con: client.ClickHouseConnection, run_id: str) -> None:
     for table in SPAN_TABLES:
         con.command(f"DELETE FROM {table} WHERE run_id = {{r:String}} AND seq >= {{s:Int64}}",
                     {**params, "s": int(first)})
+
+
+_CREATING = threading.Lock()
+
+
+def _give_up_a_shared_id(con: client.ClickHouseConnection, label: str, row: dict[str, Any]) -> None:
+    """On a server, another process can take the same id between the read and the insert:
+    a run id recorded twice damages the store (``tables._check_unique_runs``). So a writer
+    that finds its id taken besides its own record takes its record back and stops (a
+    writer that found it alone went on: whichever came first keeps the id)."""
+    mine = {"r": row["run_id"], "h": row["writer_host"] or "", "p": row["writer_pid"], "s": row["writer_start"] or ""}
+    if con.ch_frame("SELECT count() AS n FROM runs WHERE run_id = {r:String}", {"r": mine["r"]})["n"][0] < 2:
+        return
+    con.command("DELETE FROM runs WHERE run_id = {r:String} AND ifNull(writer_host, '') = {h:String} "
+                "AND writer_pid = {p:Int64} AND ifNull(writer_start, '') = {s:String}", mine)
+    raise StoreError(label, f"run id {row['run_id']} was taken by another writer at the same moment "
+                            "(nothing of this run is stored); run it again")
 
 
 def init_schema(con: client.ClickHouseConnection, target: ClickHouseTarget) -> None:
@@ -147,7 +165,10 @@ class ClickHouseStore(Store):
             created = _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat()
         if time_offset_ns is None:  # the run's wall-clock start: metadata, no digest sees it
             time_offset_ns = time.time_ns() // 1_000_000_000 * 1_000_000_000
-        with self._connect() as con:
+        # the read of the largest id (or of the id's absence) and the insert, uncut by another
+        # writer of this process: four writers in threads all recorded r1 (ClickHouse keeps no
+        # primary key). chdb's other processes wait for the directory meanwhile.
+        with _CREATING, self._connect() as con:
             if run_id is None:
                 largest = con.ch_frame(LARGEST_NUMBERED_RUN_SQL.format(matches="match(run_id, '^r[0-9]+$')"))
                 run_id = next_run_id(largest["run_id"][0] if largest.height else None)
@@ -161,6 +182,8 @@ class ClickHouseStore(Store):
                    TIME_OFFSET_COLUMN: int(time_offset_ns)}
             con.insert_arrow("runs", pa.table({c: pa.array([row.get(c)], _RUN_TYPES.get(t, pa.string()))
                                                for c, t, _ in RUN_COLUMNS}))
+            if self.target.path is None:
+                _give_up_a_shared_id(con, self.target.label, row)
             self._open_runs.add(run_id)  # (at once: an interrupt from here on finds it ours to mark, as DuckDB's)
         self._next_seq[run_id] = 0
         self._offsets[run_id] = int(time_offset_ns)
