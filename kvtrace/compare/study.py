@@ -26,8 +26,8 @@ from kvtrace.cache.config import (
     SHARED_PREFIX_PINNING,
     TRANSIENT_CHECKPOINT_RETENTION,
 )
-from kvtrace.errors import ConfigError, KVTraceError
-from kvtrace.replay.run import RunSpec, run_replay, validate
+from kvtrace.errors import ConfigError, KVTraceError, TraceFormatError
+from kvtrace.replay.run import GENERATED_PREFIX, RunSpec, run_replay, validate
 from kvtrace.replay.sweep import at_swept_value, combinations, parse_param
 
 if TYPE_CHECKING:  # (the comparison's polars is loaded once the runs are to be diffed: a bad
@@ -389,6 +389,9 @@ def run_study(
         except ConfigError as err:  # (named at the --sweep value that made it, not at its flag)
             raise err if parameter is None else at_swept_value(err, {parameter: value}, "--sweep") from None
         pairs.append((parameter, value, off_spec, on_spec))
+    if not trace.startswith(GENERATED_PREFIX) and _no_requests(spec0):  # (a generated workload has some)
+        # as --limit 0: two empty runs said the behaviour's effect was NOT shown, from nothing
+        raise TraceFormatError(trace, None, "no requests: a study of no requests compares nothing")
     from kvtrace.compare.model import diff_summaries
     from kvtrace.compare.source import diff_runs
 
@@ -414,6 +417,13 @@ def run_study(
                        parameter=parameter, value=value)
         )
     return result
+
+
+def _no_requests(spec: RunSpec) -> bool:
+    """Whether the trace (as far as --limit reads it) holds no request: its first is read."""
+    from kvtrace.replay.run import open_workload
+
+    return next(iter(open_workload(spec).requests), None) is None
 
 
 def _on_list(spec: RunSpec) -> list[str]:

@@ -450,3 +450,18 @@ def test_a_studys_name_names_its_runs(tmp_path):
                                                                    "nightly external-hit-running-cow on")
     unnamed = S.run_study("external-hit-running-cow", base=replace(base, name=None), limit=2)
     assert unnamed.diff.run_b["name"] == "study external-hit-running-cow on"
+
+
+def test_a_trace_of_no_requests_is_refused_before_any_replay(tmp_path, capsys):
+    """A trace of a header alone replayed two empty runs, and the study said the behaviour's
+    expected effect was NOT shown: a refutation from nothing, which --limit 0 is refused for."""
+    from tests.cli.support import assert_one_line, run
+
+    trace, db = tmp_path / "header.jsonl", tmp_path / "s.duckdb"
+    trace.write_text('{"kvtrace_trace": 1}\n')
+    with pytest.raises(KVTraceError, match=r": no requests: a study of no requests compares nothing$"):
+        S.run_study("external-hit-running-cow", trace=str(trace), db=db)
+    assert not db.exists()
+    code, out, err = run(["study", "external-hit-running-cow", "--trace", str(trace)], capsys)
+    assert_one_line(code, err, f"{trace}: no requests")
+    assert out == ""
