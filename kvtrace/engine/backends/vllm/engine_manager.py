@@ -195,7 +195,18 @@ class VllmEngineManager(VllmKVCacheManager):
         # the call's checkpoint blocks whose checkpoint it does not key (a transient one): a key
         # such a block loses goes stale as the state written there overwrites it (kvtrace's stale_hash)
         transient = self._transient_checkpoints(events, request, checkpoints) if checkpoints else ()
-        for ev in events:
+        at_checkpoint = {(g, position): block for g, block, position in checkpoints}
+        # per event, the (group, event hash) keys a later event of the call removes: a key stored
+        # and dropped within the call names the request's own block, whoever else still holds it
+        dropped_after: list[frozenset] = []
+        later: frozenset = frozenset()
+        for ev in reversed(events):
+            dropped_after.append(later)
+            if type(ev).__name__ == "BlockRemoved":
+                g = ev.group_idx if ev.group_idx is not None else 0
+                later = later | {(g, eh) for eh in ev.block_hashes}
+        dropped_after.reverse()
+        for e, ev in enumerate(events):
             name = type(ev).__name__
             if run_key is not None and name != "BlockRemoved":
                 out.append(self._evicted(run_key, run, request))
@@ -213,7 +224,8 @@ class VllmEngineManager(VllmKVCacheManager):
                         continue
                     h = hashes[i]
                     ntok = (i + 1) * hbs
-                    bid = self._keyed_block(g, h, table, -(-ntok // self._block_size[g]) - 1)
+                    bid = self._keyed_block(g, h, table, -(-ntok // self._block_size[g]) - 1,
+                                            at_checkpoint.get((g, ntok)), (g, eh) in dropped_after[e])
                     ids.append(bid)
                     full.append(h)
                     recs = self._published.setdefault((g, eh), [])
@@ -280,14 +292,19 @@ class VllmEngineManager(VllmKVCacheManager):
         held = self.block_pool.cached_block_hash_to_block._cache.get(h + self._suffix[g])
         return held.keys() if isinstance(held, dict) else () if held is None else (held.block_id,)
 
-    def _keyed_block(self, g: int, h: bytes, table: Any, col: int) -> int:
-        """The block a ``BlockStored`` of key ``h`` keyed (the event names none): the
-        request's own block at that position when vLLM holds the key there, or when the key
-        was dropped again within the call (a Mamba boundary re-keyed as its checkpoint);
-        else one vLLM holds under it (-1: none)."""
-        mine = table[col].block_id if 0 <= col < len(table) and not table[col].is_null else -1
+    def _keyed_block(self, g: int, h: bytes, table: Any, col: int, checkpoint: int | None = None,
+                     dropped: bool = False) -> int:
+        """The block a ``BlockStored`` of key ``h`` keyed (the event names none): the call's
+        checkpoint block when the key is its position's (``checkpoint``) and vLLM holds it
+        there or the call drops it again; else the request's own block at that position when
+        vLLM holds the key there, or when the key was dropped again within the call
+        (``dropped``: a Mamba boundary re-keyed as its checkpoint, another block keeping the
+        key or none); else one vLLM holds under it (-1: none)."""
         held = self._held_ids(g, h)
-        if mine in held or not held:
+        if checkpoint is not None and (checkpoint in held or dropped):
+            return checkpoint
+        mine = table[col].block_id if 0 <= col < len(table) and not table[col].is_null else -1
+        if mine in held or not held or (dropped and mine >= 0):
             return mine
         return next(iter(held))
 
