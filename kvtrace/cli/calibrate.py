@@ -7,15 +7,15 @@ from typing import Annotated
 import typer
 
 from kvtrace.cli.application import app
-from kvtrace.cli.options import output_file
+from kvtrace.cli.options import output_file, typed_paths
 from kvtrace.cli.output import status
 from kvtrace.errors import KVTraceError, check_option
 
 
 @app.command()
 def calibrate(
-    sources: Annotated[list[str], typer.Option(  # (str: a Path made clickhouse://h of clickhouse://h)
-        "--from", metavar="FILE",
+    sources: Annotated[list[str], typer.Option(  # (str: a Path made clickhouse:/h of clickhouse://h)
+        "--from", metavar="FILE", callback=typed_paths,
         help="Step timings (.csv), a `vllm bench serve --save-detailed` result (.json), or a kvtrace store "
              "(.duckdb, chdb:DIR or clickhouse://...) of vLLM's request spans received by `kvtrace collect`; "
              "repeatable.")],

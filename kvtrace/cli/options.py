@@ -75,6 +75,13 @@ def typed_path(path: str | None) -> str | None:
     return path
 
 
+def typed_paths(paths: list[str] | None) -> list[str] | None:
+    """``typed_path`` of each value of a repeatable option."""
+    for path in paths or ():
+        typed_path(path)
+    return paths
+
+
 def output_file(path: str | None) -> str | None:
     """An output file's path as typed (a ``Path`` would drop the trailing slash of ``NAME/``,
     which the writer, ``AtomicText``, refuses); ``-`` is no file name a user means."""
