@@ -455,7 +455,9 @@ class VllmEngineManager(VllmKVCacheManager):
             start = request.num_computed_tokens + num_new_computed_tokens + num_external_computed_tokens
             end = start + num_new_tokens
             if num_external_computed_tokens:
-                self._external_loaded(request, start - num_external_computed_tokens, start)
+                hit_ids = new_computed_blocks.get_block_ids() if new_computed_blocks is not None else None
+                hit_blocks = [h + (len(hit_ids[g]) if hit_ids is not None else 0) for g, h in enumerate(held or ())]
+                self._external_loaded(request, start - num_external_computed_tokens, start, hit_blocks)
             for g, m, bs in self._mamba_managers:
                 table = m.req_to_blocks.get(rid, ())
                 last = -(-end // bs)  # the block of the chunk's last token, 1-based
@@ -473,11 +475,13 @@ class VllmEngineManager(VllmKVCacheManager):
             self._map_events(events, request, (out, targets), checkpoints)
         return out
 
-    def _external_loaded(self, request: Request, local: int, total: int) -> None:
+    def _external_loaded(self, request: Request, local: int, total: int, hit_blocks: list[int]) -> None:
         """A connector load of tokens [local, total): touch the tier's entries, and, as
-        kvtrace's manager does, one ``external`` state write and copy event per loaded
-        block of vLLM's table (inferred: the blocks covering the loaded range; a Mamba
-        group's last one)."""
+        kvtrace's manager does, one ``external`` state write and copy event per block the
+        load added to vLLM's table (inferred: the blocks past the ``hit_blocks`` the table
+        held per group, up to the load's end; a Mamba group's last one, none where the hit's
+        blocks reach the load's end), and a write without a copy into an attention block the
+        load continues past a hit that ends inside it."""
         rid = request.request_id
         if self._shadow is not None:
             self._shadow.coordinator._touch_external(request, local, total)
@@ -485,7 +489,14 @@ class VllmEngineManager(VllmKVCacheManager):
             table = m.req_to_blocks.get(rid, ())
             bs = self._block_size[g]
             last = min(cdiv(total, bs), len(table))
-            first = last - 1 if g in self._mamba else min(cdiv(local, bs), last)
+            if g in self._mamba:
+                first = last - 1 if cdiv(total, bs) > hit_blocks[g] else last
+            else:
+                first = min(hit_blocks[g], last)
+                tail = local // bs
+                if local % bs and total > local and tail < len(table) and not table[tail].is_null:
+                    self._writes.append(StateWrite(rid, g, table[tail].block_id, min((tail + 1) * bs, total),
+                                                   STATE_EXTERNAL))
             for i in range(max(first, 0), last):
                 block = table[i]
                 if block.is_null:  # a sliding window's skipped blocks: nothing loaded (kvtrace's allocates none)
