@@ -9,8 +9,10 @@ percentiles 0, 0.1 ... 100 of TTFT, TPOT, ITL, E2EL and queue time, by kvtrace.n
 ``block_values``: value counts of block lifetime, idle time before eviction and prefix
 reuse gap. ``stale_chain``: the
 seq of every span naming a hash the worker found stale. ``evict_counts``: evicted blocks
-per (time, reason, next publish kind). Order within a run is ``seq`` (append order),
-which breaks the ties of spans sharing one step's virtual time.
+per (time, reason, next publish kind). Order within a run is virtual time (``start_ns``):
+a step's cache spans are spread over its window in event order. ``seq`` is append order,
+the events' order within one span kind only (a batch is stored family by family and kind
+by kind), so it is compared within a kind, never across kinds.
 """
 
 from __future__ import annotations
@@ -72,7 +74,8 @@ def latency_cdf_table(run_id: str, samples: dict[str, np.ndarray]) -> pa.Table:
 # $run_id is the only parameter.
 EVICTED_BLOCKS_SELECT = f"""
 WITH ev AS (
-    SELECT run_id, seq AS evict_seq, span_id AS evict_span_id, start_ns AS evict_ns, step,
+    -- (times not Nullable: ClickHouse's ASOF JOIN on a Nullable column matched wrong rows)
+    SELECT run_id, seq AS evict_seq, span_id AS evict_span_id, coalesce(start_ns, 0) AS evict_ns, step,
            coalesce(group_id, 0) AS group_id,
            unnest(block_ids) AS block_id, unnest(block_hashes) AS block_hash,
            evict_reason AS reason, unnest(ages) AS age, unnest(idle) AS idle,
@@ -81,14 +84,16 @@ WITH ev AS (
 ),
 -- the block's next eviction by a later span: one span may evict a block's two keys (a full
 -- and a partial one), and both rows then share the publish that follows (lead() gave one of
--- them its own span, which backend's row depending on the sort)
+-- them its own span, which backend's row depending on the sort). Across span kinds, order is
+-- time, never seq: seq numbers a batch's spans kind by kind (all its evictions before all its
+-- publishes), and a step's cache spans are spread over its window in event order.
 ev_next AS (
-    SELECT *, min(evict_seq) OVER (PARTITION BY group_id, block_id ORDER BY evict_seq
-                                   RANGE BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING) AS next_evict_seq
+    SELECT *, min(evict_ns) OVER (PARTITION BY group_id, block_id ORDER BY evict_ns
+                                  RANGE BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING) AS next_evict_ns
     FROM ev
 ),
 pub AS (
-    SELECT seq AS publish_seq, span_id, start_ns, coalesce(group_id, 0) AS group_id,
+    SELECT seq AS publish_seq, span_id, coalesce(start_ns, 0) AS publish_ns, coalesce(group_id, 0) AS group_id,
            unnest(block_ids) AS block_id, publish_kind, request_id
     FROM cache_spans WHERE run_id = $run_id AND name = '{SPAN_PUBLISH}'
 )
@@ -100,13 +105,13 @@ SELECT run_id, evict_seq, evict_span_id, evict_ns, step, group_id, block_id, blo
        CASE WHEN ok THEN publish_kind END AS next_publish_kind,
        CASE WHEN ok THEN pub_request_id END AS next_publish_request_id
 FROM (
-    SELECT e.*, p.publish_seq, p.span_id AS pub_span_id, p.start_ns AS pub_ns, p.publish_kind,
+    SELECT e.*, p.publish_seq, p.span_id AS pub_span_id, p.publish_ns AS pub_ns, p.publish_kind,
            p.request_id AS pub_request_id,
            p.publish_seq IS NOT NULL
-             AND (e.next_evict_seq IS NULL OR p.publish_seq < e.next_evict_seq) AS ok
+             AND (e.next_evict_ns IS NULL OR p.publish_ns < e.next_evict_ns) AS ok
     FROM ev_next e
     ASOF LEFT JOIN pub p
-      ON e.group_id = p.group_id AND e.block_id = p.block_id AND p.publish_seq > e.evict_seq
+      ON e.group_id = p.group_id AND e.block_id = p.block_id AND p.publish_ns > e.evict_ns
 )
 """
 
@@ -114,20 +119,20 @@ FROM (
 # {evicted_blocks}: the relation holding the run's evicted_blocks rows.
 MISS_ATTRIBUTION_TEMPLATE = f"""
 WITH m AS (
-    SELECT run_id, seq AS miss_seq, start_ns AS miss_ns, request_id AS miss_request_id, root_hash,
+    SELECT run_id, seq AS miss_seq, coalesce(start_ns, 0) AS miss_ns, request_id AS miss_request_id, root_hash,
            first_miss_hash AS missed_hash, first_miss_index AS missed_index
     FROM lookup_spans
     WHERE run_id = $run_id AND name = '{SPAN_LOOKUP}' AND first_miss_hash IS NOT NULL
 ),
 -- one span may evict two blocks of one hash (vLLM keeps duplicates): the ASOF match is then
 -- the lower block id, on every backend (DuckDB and ClickHouse each picked its own)
-eb AS (SELECT * FROM {{evicted_blocks}} WHERE group_id = 0 AND block_hash IS NOT NULL
+eb AS (SELECT *, coalesce(evict_ns, 0) AS evict_at FROM {{evicted_blocks}} WHERE group_id = 0 AND block_hash IS NOT NULL
        QUALIFY row_number() OVER (PARTITION BY evict_seq, block_hash ORDER BY block_id) = 1)
 SELECT m.*, eb.evict_seq, eb.evict_span_id, eb.evict_ns, eb.reason AS evict_reason, eb.block_id,
        eb.age, eb.idle, eb.evict_request_id, eb.next_publish_seq AS publish_seq,
        eb.next_publish_span_id AS publish_span_id, eb.next_publish_ns AS publish_ns,
        eb.next_publish_kind AS publish_kind, eb.next_publish_request_id AS publish_request_id
-FROM m ASOF JOIN eb ON m.missed_hash = eb.block_hash AND m.miss_seq > eb.evict_seq
+FROM m ASOF JOIN eb ON m.missed_hash = eb.block_hash AND m.miss_ns > eb.evict_at  -- (time: see ev_next)
 """
 
 # {evicted_blocks}: as above. Values in scheduler steps; see read.block_histograms.

@@ -28,8 +28,10 @@ def lookup(step, req, q, h, per_group, root, miss, miss_index, ext=0):
 
 
 def scenario_rows() -> list[dict]:
-    """Rows in append (seq) order; the index in this list is the span's seq."""
-    return _with_ids([
+    """Rows in append (seq) order; the index in this list is the span's seq. A step's child
+    spans are 10 ns apart in this order, as the instrument spreads cache spans over the step's
+    window in event order (order across span kinds is time: seq numbers a batch kind by kind)."""
+    return _with_ids(_spread([
         # step 0
         at(0, name=STEP, usage=[0.1, 0.2], num_running=1, num_waiting=0),                     # 0
         lookup(0, "A", 64, 0, [0, 0], "h1", "h1", 0),                                          # 1
@@ -74,7 +76,19 @@ def scenario_rows() -> list[dict]:
         at(3, name=PUB, request_id="E", group_id=0, publish_kind="checkpoint",
            block_ids=[1], block_hashes=["h10"], num_tokens=48),                                # 19
         lookup(3, "G", 32, 16, [16, 0], "h1", "h9", 2),                                        # 20
-    ])
+    ]))
+
+
+_CACHE_NAMES = (LOOKUP, PUB, EVICT, COW, STALE_LEFT, STALE, DIV)  # (the step's children; verification at its time)
+
+
+def _spread(rows: list[dict]) -> list[dict]:
+    placed: dict[int, int] = {}
+    for r in rows:
+        if r["name"] in _CACHE_NAMES:
+            k = placed[r["step"]] = placed.get(r["step"], -1) + 1
+            r["start_ns"] += 10 * k
+    return rows
 
 
 def _with_ids(rows: list[dict]) -> list[dict]:

@@ -114,7 +114,8 @@ def stale_hash_chain(db: DB, run_id: str, block_hash: str, group_id: int | None 
             pl.col("block_hashes").is_null() | pl.col("block_hashes").list.contains(block_hash)
         )
         # (group, block id) of every block that held the hash: CoW copies into or out of
-        # one of them within the chain's seq range complete the story.
+        # one of them within the chain's time range complete the story (time, not seq: a
+        # batch's spans are numbered kind by kind, its copies after its lookups' and evictions').
         holders = (
             touched.filter(pl.col("block_ids").is_not_null())
             .select("group_id", pl.col("block_ids").list.get(pl.col("block_hashes").list.eval(
@@ -122,10 +123,10 @@ def stale_hash_chain(db: DB, run_id: str, block_hash: str, group_id: int | None 
             .unique().drop_nulls().rows()
         )
         if holders and touched.height:
-            lo, hi = touched.select(pl.col("seq").min(), pl.col("seq").max().alias("hi")).row(0)
+            lo, hi = touched.select(pl.col("start_ns").min(), pl.col("start_ns").max().alias("hi")).row(0)
             cows = query(con, _chain_select(
                 "cache_spans",
-                f"name = '{SPAN_COW}' AND seq BETWEEN $lo AND $hi AND "
+                f"name = '{SPAN_COW}' AND start_ns BETWEEN $lo AND $hi AND "
                 "(list_contains($holders, [group_id, copy_dst]) OR list_contains($holders, [group_id, copy_src]))",
                 _COW_COLUMNS,
             ), {"run_id": run_id, "lo": lo, "hi": hi, "holders": sorted([int(g), int(b)] for g, b in holders)})
