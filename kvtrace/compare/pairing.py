@@ -209,8 +209,11 @@ def study_command(a: Mapping[str, Any], db: str) -> str:
         if isinstance(cache.get(key), int) and not isinstance(cache.get(key), bool):
             flags += f" {flag} {cache[key]}"
     retention = cache.get("retention_interval")
-    if isinstance(retention, int) and any(g.get("type") != "FullAttentionSpec" for g in groups):
-        flags += f" --retention {retention}"  # (full attention alone takes none, the default there)
+    if any(g.get("type") != "FullAttentionSpec" for g in groups):  # (full attention alone takes none, its default)
+        if isinstance(retention, int) and not isinstance(retention, bool):
+            flags += f" --retention {retention}"
+        elif "retention_interval" in cache and retention is None:  # (kimi-hybrid's default is 0)
+            flags += " --retention none"
     if cfg.get("content") is False:
         flags += " --no-content"
     return f"kvtrace study {behaviour} --trace {trace}{flags}{workload_flags} --db {db}"

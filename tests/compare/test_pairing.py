@@ -70,6 +70,8 @@ def test_the_partner_command_records_a_run_that_pairs_with_it(tmp_path, capsys):
              ["replay", "gen:chat", "--limit", "12", "--capacity-blocks", "30", "--external-blocks", "200",
               "--no-content"],
              ["replay", "gen:chat", "--limit", "12", "--retention", "1024", "--no-content"],
+             # (kimi-hybrid's retention is 0: the study ran at 0, neither run the twin of this one)
+             ["replay", "gen:chat", "--limit", "12", "--retention", "none", "--no-content"],
              ["replay", "gen:chat", "--limit", "12", "--without", "external-hit-running-cow", "--no-content"],
              ["replay", "gen:chat", "--limit", "12", "--no-content", *(x for b in ("external-hit-running-cow",
               "shared-prefix-pinning", "transient-checkpoint-retention") for x in ("--without", b))],
@@ -90,7 +92,8 @@ def test_the_partner_command_records_a_run_that_pairs_with_it(tmp_path, capsys):
         found = pairing.partner(a, others)
         assert found is not None, [pairing.differences(a, o) for o in others]
         (d,) = pairing.differences(a, found)
-        assert d.kind in ("behaviour", "setting")
+        # (the study's pair: the behaviour, nothing else; a cache-only run's: the policy)
+        assert d.kind == ("behaviour" if command[1] == "study" else "setting"), d
     engine = {"mode": "engine", "trace_source": "t.jsonl", "trace_digest": "abc:limit=7",
               "config": {"preset": "kimi-hybrid", "backend": "vllm", "cache": {"num_gpu_blocks": 99}}}
     argv = shlex.split(pairing.study_command(engine, db))
