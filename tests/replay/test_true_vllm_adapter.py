@@ -151,9 +151,11 @@ def _blocks(events) -> Counter:
 # that other block; and a checkpoint's key was named on the block at its position's column.
 # 7982 ... 14394: an external load past a partial hit: the adapter copied and wrote the Mamba
 # state into a block the hit already held (kvtrace's manager loads none there), and missed the
-# write into the attention block the load continues (kvtrace's queue_external_tail_write)
+# write into the attention block the load continues (kvtrace's queue_external_tail_write).
+# 6891: a running-tail copy onto a block taken off the free queue, which held the moved key
+# before: the eviction named the copy's source (replaced), not the taken block (lru)
 @pytest.mark.parametrize("seeds", [(280, 779, 1492), (7982, 9456, 10133, 10337, 11435, 13424, 13434, 14394),
-                                   range(120)])
+                                   (6891,), range(120)])
 def test_the_adapters_events_name_kvtraces_blocks_and_reasons(vllm_api, seeds):
     """Random configurations and workloads (the conformance suite's), both managers in
     lockstep: every block the adapter says was published, evicted (and why), copied (and why)

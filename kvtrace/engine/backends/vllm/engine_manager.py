@@ -310,9 +310,9 @@ class VllmEngineManager(VllmKVCacheManager):
 
     def _removed_record(self, g: int, eh: Any, taken: Any = (), request: Request | None = None) -> list[Any] | None:
         """The record of the block vLLM dropped key ``eh`` of group ``g`` from (its event
-        names no block): the only one, or of several blocks keyed alike, the first that vLLM
-        no longer holds under the key, else the first the call took off the free queue
-        (``taken``: evicted, then keyed alike again within the call), else the first in the
+        names no block): the only one, or of several blocks keyed alike, the first the call
+        took off the free queue (``taken``: evicted, perhaps keyed alike again within the call),
+        else the first that vLLM no longer holds under the key, else the first in the
         table of ``request``, whose call made the event (a key its own block lost and got
         back within the call: a partial key promoted, then re-stored)."""
         recs = self._published.get((g, eh))
@@ -320,10 +320,12 @@ class VllmEngineManager(VllmKVCacheManager):
             return None
         i = 0
         if len(recs) > 1:
-            held = self._held_ids(g, recs[0][0])
-            i = next((k for k, r in enumerate(recs) if r[1] not in held), -1)
+            # a block the call took off the free queue lost its key for certain; one vLLM no longer
+            # holds the key on may have had it moved away (a running-tail copy onto the taken block)
+            i = next((k for k, r in enumerate(recs) if r[1] in taken), -1)
             if i < 0:
-                i = next((k for k, r in enumerate(recs) if r[1] in taken), -1)
+                held = self._held_ids(g, recs[0][0])
+                i = next((k for k, r in enumerate(recs) if r[1] not in held), -1)
             if i < 0 and request is not None:
                 mine = {b.block_id for b in self._managers[g].req_to_blocks.get(request.request_id, ())}
                 i = next((k for k, r in enumerate(recs) if r[1] in mine), -1)
