@@ -234,15 +234,19 @@ def engine_preset(spec: RunSpec):
     return preset
 
 
+def _file_keys(file_cfg) -> dict[str, str]:
+    """Config key -> the file key (``cache.KEY``, ``preset``) of each setting the file holds."""
+    keys = {key: f"{section}.{key}" for section in ("cache", "scheduler") for key in getattr(file_cfg, section)}
+    if file_cfg.preset:
+        keys["preset"] = "preset"
+    return keys
+
+
 def _origins(spec: RunSpec, file_cfg) -> dict[str, str]:
     """Config key -> the flag or file key (``cache.KEY``) that set it."""
     origin: dict[str, str] = {}
     if file_cfg is not None:
-        for section in ("cache", "scheduler"):
-            for key in getattr(file_cfg, section):
-                origin[key] = f"{section}.{key}"
-        if file_cfg.preset:
-            origin["preset"] = "preset"
+        origin.update(_file_keys(file_cfg))
         for key, toml_key in _TOML_KEY_OF.items():
             if toml_key.split(".")[-1] in origin or toml_key in origin.values():
                 origin[key] = toml_key
@@ -312,7 +316,10 @@ def _at_origin(err: ConfigError, origin: dict[str, str], spec: RunSpec) -> Confi
     field = key.split(".")[0].split("[")[0]
     where = origin.get(field)
     if where is None:
-        file_keys = sorted(v for v in origin.values() if not v.startswith("--"))
+        # (every key the file set, those a flag took over included: --block-size took the
+        # file's groups, and the conflict went out as the config class raised it)
+        file_keys = sorted({v for v in origin.values() if not v.startswith("--")}
+                           | set(_file_keys(load_config_file(spec.config_file)).values() if spec.config_file else ()))
         if spec.config_file is None or not file_keys:
             return err
         # the preset's own value of a setting the file left alone, in conflict with what it set

@@ -175,3 +175,20 @@ def test_a_bad_flag_beside_a_config_file_is_blamed_on_the_flag(tmp_path: Path, c
     code, _, err = run([*argv, "--limit", "2", "--config", str(cfg)], capsys)
     line = assert_one_line(code, err, named, "expected none, 0 or a token count K")
     assert "s.toml" not in line
+
+
+@pytest.mark.parametrize("toml,flags,said", [
+    # an unknown name in the file's cache.without was blamed on the --without beside it
+    ('[cache]\nwithout = ["external-hit-running-cow", ""]\n', ["--without", "shared-prefix-pinning"],
+     "c.toml: cache.without: unknown behaviours ['']"),
+    # --block-size took the origin of the file's groups: the conflict went out as CacheConfig's
+    ('[cache]\ngroups = [{ type = "full_attention", block_size = 32 }]\nhash_block_size = 32\n',
+     ["--block-size", "64"], "c.toml: cache.groups, cache.hash_block_size: conflicts with the preset's "
+                             "retention_interval"),
+])
+def test_a_config_files_setting_is_named_in_the_file_beside_a_flag(tmp_path: Path, capsys, toml, flags, said):
+    (tmp_path / "c.toml").write_text(toml)
+    code, stdout, err = run(["replay", "gen:mixed", "--limit", "3", "--config", str(tmp_path / "c.toml"), *flags],
+                            capsys)
+    assert_one_line(code, err, said)
+    assert stdout == ""
