@@ -129,7 +129,8 @@ def as_block_requests(requests: Iterable[TraceRequest], block_size: int | None) 
     if block_size is None:
         sizes = {r.hash_block_size for r in reqs if r.hash_ids is not None}
         if len(sizes) > 1:
-            raise ConfigError("cache-only", "block_size", f"trace mixes block sizes {sorted(sizes)}; pass one")
+            raise ConfigError("--block-size", None, f"not given, and the trace's hash ids are of several block sizes "
+                                                    f"{sorted(sizes)}: give the one to read them at")
         block_size = sizes.pop() if sizes else 16
     if not 1 <= block_size <= MAX_TOKENS:
         raise ConfigError("cache-only", "block_size", f"expected 1 to {MAX_TOKENS:,} tokens, got {block_size}")

@@ -192,3 +192,19 @@ def test_a_config_files_setting_is_named_in_the_file_beside_a_flag(tmp_path: Pat
                             capsys)
     assert_one_line(code, err, said)
     assert stdout == ""
+
+
+def test_a_cache_only_trace_of_several_block_sizes_names_the_flag(tmp_path: Path, capsys):
+    """It said "cache-only: block_size: trace mixes block sizes [16, 64]; pass one", naming
+    neither the flag nor what to pass."""
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"kvtrace_trace":1}\n'
+                     '{"request_id":"a","arrival_ns":0,"output_length":1,"hash_ids":[1,2],"block_size":16,'
+                     '"input_length":32}\n'
+                     '{"request_id":"b","arrival_ns":1,"output_length":1,"hash_ids":[3],"block_size":64,'
+                     '"input_length":64}\n')
+    code, stdout, err = run(["replay", str(trace), "--mode", "cache-only"], capsys)
+    assert_one_line(code, err, "--block-size: not given, and the trace's hash ids are of several block sizes [16, 64]")
+    assert stdout == ""
+    code, stdout, err = run(["replay", str(trace), "--mode", "cache-only", "--block-size", "16", "--json"], capsys)
+    assert code == 0 and '"requests": 2' in stdout
