@@ -175,7 +175,7 @@ class BlockHasher:
         keys: tuple = ()
         if request.lora_name is not None:
             keys += (request.lora_name,)
-        if first_unit and request.cache_salt is not None:
+        if first_unit and request.cache_salt:  # (vLLM's test: an empty salt is none)
             keys += (request.cache_salt,)
         return keys or None
 

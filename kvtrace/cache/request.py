@@ -67,7 +67,7 @@ class Request:
         block_hashes: Sequence[BlockHash] | None = None,
     ):
         self.request_id = request_id
-        self.cache_salt = cache_salt
+        self.cache_salt = cache_salt or None  # (an empty salt is none: vLLM salts only with a non-empty one)
         self.lora_name = lora_name
         self.trace_block_ids = tuple(trace_block_ids) if trace_block_ids is not None else None
         self.trace_block_size = int(trace_block_size)

@@ -80,6 +80,20 @@ def test_salt_on_first_unit_and_lora_everywhere_change_the_chain():
     assert plain[0] != salted[0] and plain[1] != salted[1]  # the chain carries the salt
     assert plain[0] != lora[0] and plain[1] != lora[1]
     assert hashes(cache_salt="s") == salted  # deterministic
+    # vLLM 0.33 salts only with a non-empty salt (``if ... request.cache_salt``): an empty one
+    # is none, and shares the cache (kvtrace kept it apart)
+    assert hashes(cache_salt="") == plain
+
+
+def test_an_empty_salt_is_no_salt_for_trace_block_ids_too():
+    hasher = BlockHasher("sha256_cbor", 16)
+
+    def hashes(**kw):
+        r = Request("r", None, trace_block_ids=(1, 2), trace_block_size=16, num_prompt_tokens=32, **kw)
+        r.bind_hasher(hasher)
+        return r.block_hashes
+
+    assert hashes(cache_salt="") == hashes() != hashes(cache_salt="s")
 
 
 def test_trace_block_hashes_are_memoised_per_parent_and_id():
