@@ -8,6 +8,7 @@ import threading
 import time
 import warnings
 
+import msgspec
 import zmq
 
 from kvtrace.instrument.arrow_columns import hash_hex
@@ -73,3 +74,28 @@ def test_a_restart_whose_first_seen_seq_follows_the_old_one_is_a_restart_with_it
     stored = sorted((r["step"], r["block_hashes"][0]) for r in rows if r["name"] == "kvtrace.cache.publish")
     # lifetime 2's steps follow lifetime 1's
     assert stored == [(k, hash_hex(1_000 + k)) for k in range(3)] + [(3 + k, hash_hex(2_000 + k)) for k in range(4)]
+
+
+def test_a_monitor_event_read_with_the_message_it_came_with_does_not_hold_the_capture(tmp_path):
+    """One poll finds a message and the reconnect that brought it: ``receive`` reads the
+    monitor's event first, so the poll's own turn for the monitor finds none left, and a
+    blocking read there held the capture for good (no batch taken after a restart)."""
+    pub_ep = f"ipc://{tmp_path}/pub"
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.bind(pub_ep)
+    cap = VllmKVCapture(pub_ep, topic=TOPIC)
+    read = threading.Thread(target=cap.on_monitor, daemon=True)
+    try:
+        _wait(lambda: cap.monitor.poll(0), "the SUB socket never reached the publisher")
+        cap.receive([TOPIC.encode(), (0).to_bytes(8, "big"), msgspec.msgpack.encode(_batch(1, 0))])
+        assert cap.stats.connected == 1 and cap.stats.batches == 1  # (the event was read with the message)
+        read.start()
+        read.join(5)
+        assert not read.is_alive(), "on_monitor waited for an event that had been read already"
+    finally:
+        if not read.is_alive():  # (a socket in use on another thread cannot be closed)
+            cap.close()
+        pub.close(0)
+        ctx.term()

@@ -184,12 +184,15 @@ class VllmKVCapture:
         return self.stats
 
     def on_monitor(self) -> None:
-        """Read one event of ``monitor`` (the SUB socket reached its publisher)."""
-        event = recv_monitor_message(self.monitor)
-        if event["event"] == zmq.EVENT_CONNECTED:
-            if self.stats.connected and self.last_seq is not None:
-                self._reconnected = True
-            self.stats.connected = 1
+        """Read the events waiting on ``monitor`` (the SUB socket reached its publisher), never
+        waiting for one: ``receive`` reads them first, so a poll that found one may find none
+        left (a blocking read there held the capture for good)."""
+        while self.monitor.poll(0):
+            event = recv_monitor_message(self.monitor)
+            if event["event"] == zmq.EVENT_CONNECTED:
+                if self.stats.connected and self.last_seq is not None:
+                    self._reconnected = True
+                self.stats.connected = 1
 
     def receive(self, frames: list[bytes]) -> None:
         """One multipart message from ``socket``: duplicates are dropped, and a seq that
@@ -202,8 +205,7 @@ class VllmKVCapture:
             return
         _, seq_bytes, payload = frames
         seq = int.from_bytes(seq_bytes, "big")
-        while self.monitor.poll(0):  # (a reconnect is known before the message it brought)
-            self.on_monitor()
+        self.on_monitor()  # (a reconnect is known before the message it brought)
         reconnected, self._reconnected = self._reconnected, False
         if seq > MAX_SEQ:
             self._bad(seq, "seq beyond 2^63-1 (vLLM counts steps from 0)")
