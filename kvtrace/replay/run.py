@@ -12,10 +12,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import math
-import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
-from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -73,31 +71,6 @@ class RunResult:
 # -- the workload ------------------------------------------------------------------------
 
 
-class _Limited:
-    """A trace file's first ``limit`` requests, re-iterable. ``more``: whether the file holds
-    another past them, known once an iteration got there (None before)."""
-
-    __slots__ = ("limit", "more", "source")
-
-    def __init__(self, source: Iterable[TraceRequest], limit: int):
-        self.source, self.limit = source, min(limit, sys.maxsize)  # (islice's bound: past any file's length)
-        self.more: bool | None = None
-
-    def __iter__(self) -> Iterator[TraceRequest]:
-        it = iter(self.source)
-        yield from islice(it, self.limit)
-        try:  # (one request past the limit is read, never replayed)
-            self.more = next(it, None) is not None
-        except KVTraceError:  # a bad line past the limit is one more line all the same
-            self.more = True
-
-    def holds_more(self) -> bool:
-        if self.more is None:
-            for _ in self:  # (not replayed yet: an engine curve's runs were replayed by its workers)
-                pass
-        return bool(self.more)
-
-
 @dataclass(slots=True)
 class _Workload:
     requests: Iterable[TraceRequest]
@@ -112,7 +85,8 @@ class _Workload:
         if self.whole_id is not None and self.total is not None:
             if replayed < self.total:
                 return self.whole_id
-            if isinstance(self.requests, _Limited) and not self.requests.holds_more():
+            holds_more = getattr(self.requests, "holds_more", None)  # (a TraceSource's: one past the limit)
+            if holds_more is not None and not holds_more():
                 return self.whole_id
         return self.source_id
 
@@ -138,15 +112,14 @@ def open_workload(spec: RunSpec) -> _Workload:
     from kvtrace.replay.readers import open_trace
 
     check_limit(spec.limit)  # (the reader's own check named its parameter, not the flag)
-    src = open_trace(spec.trace, format=spec.trace_format, block_size=spec.trace_block_size)
+    src = open_trace(spec.trace, format=spec.trace_format, limit=spec.limit, block_size=spec.trace_block_size)
     file_id = getattr(src, "source_id", None) or spec.trace
     read_at = src.options.get("block_size")  # (None: the format's own size, however given)
     # (the same file read at another block size: other requests)
     read = "" if read_at is None else f":trace_block_size={read_at}"
     if spec.limit is None:
         return _Workload(src, spec.trace, f"{file_id}{read}", None)
-    return _Workload(_Limited(src, spec.limit), spec.trace, f"{file_id}:limit={spec.limit}{read}", spec.limit,
-                     f"{file_id}{read}")
+    return _Workload(src, spec.trace, f"{file_id}:limit={spec.limit}{read}", spec.limit, f"{file_id}{read}")
 
 
 # -- configuration -----------------------------------------------------------------------
@@ -253,6 +226,8 @@ def _origins(spec: RunSpec, file_cfg) -> dict[str, str]:
     flags = _flag_values(spec)
     for key, flag in (*_FLAG_OF.items(), ("preset", "--preset")):
         if flags.get(flag) is not None:
+            if key == "hash_block_size" and origin.get(key, "").startswith("cache."):
+                continue  # (--block-size fits the preset's hash unit to it, never the file's: that one is as given)
             origin[key] = flag
     if spec.capacity_tokens is not None:
         origin["num_gpu_blocks"] = "--capacity-tokens"

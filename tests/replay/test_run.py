@@ -167,3 +167,15 @@ def test_an_engine_curve_limited_to_its_traces_length_is_the_whole_traces(tmp_pa
     assert ids[None] == ids[8] != ids[7]
     digests = {limit: set(read.runs(str(tmp_path / f"c{limit}.duckdb"))["trace_digest"]) for limit in (None, 8)}
     assert digests[None] == digests[8] and len(digests[8]) == 1
+
+
+def test_a_limit_reads_one_request_past_it_and_a_bad_one_there_is_no_error(tmp_path):
+    """--limit 3 read up to 1,000 requests past the limit (the pre-read before the trace's
+    digest ignored it): a bad line 6 requests later failed the replay, the sweep and the study."""
+    lines = MOONCAKE.read_text().splitlines(keepends=True)
+    for bad_at in (3, 6):  # (the request right after the limit, and one three requests later)
+        trace = tmp_path / f"t{bad_at}.jsonl"
+        trace.write_text("".join(lines[:bad_at]) + '{"timestamp": "x"}\n' + "".join(lines[bad_at:bad_at + 3]))
+        res = run_replay(RunSpec(str(trace), mode="cache-only", limit=3))
+        assert res.summary["requests"] == 3
+        assert res.record["trace_digest"].endswith(":limit=3")  # (the file holds more: another trace)

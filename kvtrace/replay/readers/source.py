@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from itertools import islice
 
+from kvtrace.errors import KVTraceError
 from kvtrace.workload import TraceRequest
 from kvtrace.workload.lines import source_sha256
 
@@ -24,17 +25,39 @@ class TraceSource:
     names and sha256s), for run records.
     """
 
-    __slots__ = ("_files", "_reader", "_source_id", "format", "limit", "options", "path")
+    __slots__ = ("_files", "_reader", "_source_id", "format", "limit", "more", "options", "path")
 
     def __init__(self, path: str, fmt: str, reader: Reader, limit: int | None, options: dict,
                  files: list[str] | None = None):
         self.path, self.format, self.limit, self.options = path, fmt, limit, options
         self._reader, self._files = reader, files
         self._source_id: str | None = None
+        self.more: bool | None = None  # a request past ``limit``: known once an iteration got there
 
     def __iter__(self) -> Iterator[TraceRequest]:
         it = self._reader(self.path, **self.options)
-        return it if self.limit is None else islice(it, self.limit)
+        return it if self.limit is None else self._limited(it)
+
+    def _limited(self, it: Iterator[TraceRequest]) -> Iterator[TraceRequest]:
+        """The first ``limit`` requests, then one more read, never yielded, for ``more``: a
+        --limit equal to the trace's length cuts nothing. A bad request there is one more
+        all the same (the requests asked for come before it, and were read)."""
+        assert self.limit is not None
+        yield from islice(it, self.limit)
+        try:
+            self.more = next(it, None) is not None
+        except KVTraceError:
+            self.more = True
+
+    def holds_more(self) -> bool:
+        """Whether the file holds a request past ``limit`` (False without a limit); read once
+        for a source not iterated that far yet."""
+        if self.limit is None:
+            return False
+        if self.more is None:
+            for _ in self:
+                pass
+        return bool(self.more)
 
     @property
     def source_id(self) -> str:
