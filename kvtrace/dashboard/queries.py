@@ -67,9 +67,9 @@ def _runs(db: str, key: tuple) -> pl.DataFrame:
     # A run without a finished summary (running, killed, failed) gets the keys of its spans,
     # as `kvtrace runs` and `kvtrace diff` read it: one number per run, never a blank here.
     filled = {}
-    for run_id, text in zip(frame["run_id"].to_list(), frame["summary"].to_list()):
+    for run_id, text, damage in zip(frame["run_id"].to_list(), frame["summary"].to_list(), frame["damage"].to_list()):
         stored = _json(text)
-        if not read.finished_summary(stored):
+        if not damage and not read.finished_summary(stored):  # (a damaged record: its pages say why)
             filled[run_id] = json.dumps(read.summary_with_spans(db, run_id, stored))
     if filled:
         frame = frame.with_columns(pl.col("run_id").replace_strict(filled, default=pl.col("summary")).alias("summary"))

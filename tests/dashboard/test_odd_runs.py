@@ -416,3 +416,22 @@ def test_a_run_with_a_damaged_record_says_so_on_every_page(tmp_path, monkeypatch
         assert len(said) == 1, (page, [w.value for w in at.warning])
         assert not at.error, (page, [e.value for e in at.error])  # (a page that needs the record: said once)
     assert [m.label for m in render(db, monkeypatch, "overview", run=a).metric]  # (its spans are shown)
+
+
+def test_a_run_whose_status_is_damaged_leaves_the_other_runs_pages_readable(tmp_path, monkeypatch):
+    """One run with a status kvtrace never writes made every page of every run one error
+    (the run list filled its summary from its spans, which every reader refuses)."""
+    import duckdb
+
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = str(tmp_path / "s.duckdb")
+    spec = RunSpec("gen:chat", limit=12, mode="cache-only")
+    healthy = run_replay(spec, db=db).run_id
+    bad = run_replay(spec, db=db).run_id
+    with duckdb.connect(db) as con:
+        con.execute("UPDATE runs SET status = '' WHERE run_id = $r", {"r": bad})
+    at = render(db, monkeypatch, run=healthy)
+    assert not at.error and at.metric
+    at = render(db, monkeypatch, run=bad)
+    assert any("is not one of running" in w.value for w in at.warning), [w.value for w in at.warning]
