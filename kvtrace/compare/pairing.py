@@ -178,6 +178,9 @@ def study_command(a: Mapping[str, Any], db: str) -> str:
         workload_flags = f" --limit {requests}"
     else:
         workload_flags = ""
+    read_at = re.search(r":trace_block_size=(\d+)", str(a.get("trace_digest") or ""))
+    if read_at:  # (the file read at its --trace-block-size: at the default its ids count other tokens)
+        workload_flags += f" --trace-block-size {read_at.group(1)}"
     seed = cfg.get("seed")  # (a generated workload's: another seed generates other requests)
     if isinstance(seed, int) and not isinstance(seed, bool) and seed:
         workload_flags += f" --seed {seed}"

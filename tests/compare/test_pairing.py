@@ -66,6 +66,10 @@ def test_the_partner_command_records_a_run_that_pairs_with_it(tmp_path, capsys):
 
     trace = "tests/data/mooncake_synthetic_trace.jsonl"
     db = str(tmp_path / "s.duckdb")
+    # a Mooncake trace at 64 tokens an id (its ids counted at the default 512 are refused)
+    mc64 = tmp_path / "mc64.jsonl"
+    mc64.write_text("".join(f'{{"timestamp": {i}, "input_length": 100, "output_length": 2, "hash_ids": [0, {i % 3}]}}\n'
+                            for i in range(8)))
     cases = [["replay", trace, "--mode", "cache-only", "--capacity-blocks", "300", "--limit", "60"],
              ["replay", "gen:chat", "--limit", "12", "--capacity-blocks", "30", "--external-blocks", "200",
               "--no-content"],
@@ -79,7 +83,10 @@ def test_the_partner_command_records_a_run_that_pairs_with_it(tmp_path, capsys):
               "--capacity-blocks", "400", "--no-content"],
              # a generated workload of another seed is other requests (its command left the seed out)
              ["replay", "gen:chat", "--limit", "12", "--seed", "7", "--no-content"],
-             ["replay", "gen:mixed", "--limit", "30", "--seed", "3", "--mode", "cache-only", "--capacity-blocks", "40"]]
+             ["replay", "gen:mixed", "--limit", "30", "--seed", "3", "--mode", "cache-only", "--capacity-blocks", "40"],
+             ["replay", str(mc64), "--trace-block-size", "64", "--mode", "cache-only", "--capacity-blocks", "2",
+              "--limit", "7"],
+             ["replay", str(mc64), "--trace-block-size", "64", "--no-content", "--limit", "7"]]
     for i, argv in enumerate(cases):
         db = str(tmp_path / f"s{i}.duckdb")  # (a store each: one case's study runs may pair with another's)
         _cli([*argv, "--db", db], capsys)
