@@ -90,7 +90,7 @@ def clickhouse_target(db: str | os.PathLike) -> ClickHouseTarget:
             path = path[2:]
         if not path:
             raise ConfigError("--db", text, "expected chdb:PATH (a directory for the embedded ClickHouse)")
-        opts = parse_qs(query)
+        opts = parse_qs(query, keep_blank_values=True)  # (an empty ?otel_table= was the default, unsaid)
         try:
             resolved = str(Path(path).resolve())
         except (ValueError, OSError) as err:  # a NUL byte, a path the OS refuses
@@ -110,8 +110,8 @@ def clickhouse_target(db: str | os.PathLike) -> ClickHouseTarget:
         raise ConfigError("--db", shown, "the URL path is one database name")
     try:
         port = url.port
-    except ValueError:
-        raise ConfigError("--db", shown, "the port must be a number") from None
+    except ValueError:  # (not a number, or past 65535)
+        raise ConfigError("--db", shown, "the port must be 1 to 65535") from None
     if port == 0:  # (was read as no port: 8123 was dialled instead)
         raise ConfigError("--db", shown, "the port must be 1 to 65535")
     port = port or (8443 if url.scheme == "clickhouses" else 8123)
@@ -120,7 +120,7 @@ def clickhouse_target(db: str | os.PathLike) -> ClickHouseTarget:
     return ClickHouseTarget(
         label=label, host=url.hostname, port=port, username=unquote(url.username or "default"),
         password=unquote(url.password or ""), database=database, secure=url.scheme == "clickhouses",
-        otel_table=_one(parse_qs(url.query), "otel_table", DEFAULT_OTEL_TABLE, shown),
+        otel_table=_one(parse_qs(url.query, keep_blank_values=True), "otel_table", DEFAULT_OTEL_TABLE, shown),
     )
 
 

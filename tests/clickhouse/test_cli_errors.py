@@ -19,6 +19,9 @@ from tests.cli.test_bad_input import assert_one_line, run
     (["diff", "r1", "r2", "--db", "chdb:"], ["--db", "chdb:PATH"]),
     # port 0 was read as no port, and 8123 dialled; the last of two otel_tables was taken unsaid
     (["runs", "--db", "clickhouse://kv:pw@127.0.0.1:0/otel"], ["--db", "the port must be 1 to 65535"]),
+    (["runs", "--db", "clickhouse://kv@127.0.0.1:99999/otel"], ["--db", "the port must be 1 to 65535"]),
+    (["runs", "--db", "clickhouse://127.0.0.1:1/otel?otel_table="], ["otel_table must be a table name"]),
+    (["runs", "--db", "chdb:{tmp}/s?otel_table="], ["--db", "otel_table must be a table name"]),
     (["runs", "--db", "chdb:{tmp}/s?otel_table=a&otel_table=b"], ["--db", "otel_table is given 2 times"]),
     (["runs", "--db", "clickhouse://127.0.0.1:1/otel?otel_table=a&otel_table=b"], ["otel_table is given 2 times"]),
     # an IPv6 host is named as a URL writes it (clickhouse://kv@::1:1/otel read as port 1 of host ::1:1?)
