@@ -1,7 +1,7 @@
 """TOML run configuration (``kvtrace replay --config FILE.toml``).
 
 ```toml
-preset = "kimi-hybrid"            # optional; the CLI's --preset otherwise
+preset = "kimi-hybrid"            # optional; a --preset flag overrides it (as flags do every key)
 
 [cache]
 num_gpu_blocks = 10240            # the block pool shared by every group, null block included

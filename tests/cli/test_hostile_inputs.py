@@ -185,6 +185,9 @@ def test_a_bad_flag_beside_a_config_file_is_blamed_on_the_flag(tmp_path: Path, c
     ('[cache]\ngroups = [{ type = "full_attention", block_size = 32 }]\nhash_block_size = 32\n',
      ["--block-size", "64"], "c.toml: cache.groups, cache.hash_block_size: conflicts with the preset's "
                              "retention_interval"),
+    # the file's hash unit was blamed on --block-size, which fits only the preset's unit
+    ('[cache]\nhash_block_size = 7\n', ["--block-size", "64"],
+     "c.toml: cache.hash_block_size: 7 does not divide the block size 64"),
 ])
 def test_a_config_files_setting_is_named_in_the_file_beside_a_flag(tmp_path: Path, capsys, toml, flags, said):
     (tmp_path / "c.toml").write_text(toml)
