@@ -747,7 +747,9 @@ def test_bodies_past_the_buffer_budget_get_503_before_they_are_read(tmp_path):
 
     from kvtrace.instrument.otlp.limits import BUFFERED_BODIES
 
-    c = OTLPCollector(tmp_path / "rx.duckdb", port=0).start()  # 16 MiB bodies: 4 buffered at once
+    # 16 MiB bodies: 4 buffered at once. The held bodies stop after a byte: with the default
+    # read timeout (30 s) a loaded box could drop them before the loop below saw its 503
+    c = OTLPCollector(tmp_path / "rx.duckdb", port=0, read_timeout_s=300).start()
     try:
         head = (f"POST /v1/traces HTTP/1.1\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {c.max_body_bytes}\r\n\r\n").encode()
