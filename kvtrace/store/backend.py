@@ -111,7 +111,7 @@ def clickhouse_target(db: str | os.PathLike) -> ClickHouseTarget:
     try:
         port = url.port
     except ValueError:  # (not a number, or past 65535)
-        raise ConfigError("--db", shown, "the port must be 1 to 65535") from None
+        raise ConfigError("--db", shown, "the port must be a number from 1 to 65535") from None
     if port == 0:  # (was read as no port: 8123 was dialled instead)
         raise ConfigError("--db", shown, "the port must be 1 to 65535")
     port = port or (8443 if url.scheme == "clickhouses" else 8123)
