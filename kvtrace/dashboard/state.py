@@ -7,6 +7,7 @@ import argparse
 import math
 import os
 import sys
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
@@ -82,6 +83,7 @@ def bound_select(
             st.query_params.pop(param, None)
         return None
     by_text = {str(o): o for o in options}
+    format_func = _distinct(options, format_func)
     key = f"qp_{param}"
     if key in st.session_state and st.session_state[key] is not None and str(st.session_state[key]) not in by_text:
         del st.session_state[key]  # the option vanished (e.g. another run picked)
@@ -100,6 +102,18 @@ def bound_select(
                              format_func=format_func, help=help)
     st.query_params[param] = str(value)
     return value
+
+
+def _distinct(options: Sequence[T], format_func: Callable[[T], str]) -> Callable[[T], str]:
+    """``format_func`` with the option itself added to a label two options share: Streamlit
+    keeps a selectbox's choice by its label, so of two runs labelled alike (a sweep's repeated
+    names, two --limit replays of one trace) picking one showed the other."""
+    shown = {str(o): format_func(o) for o in options}
+    counts = Counter(shown.values())
+    if all(n == 1 for n in counts.values()):
+        return format_func
+    labels = {k: v if counts[v] == 1 else f"{v} · {k}" for k, v in shown.items()}
+    return lambda o: labels.get(str(o), format_func(o))  # pure, as Streamlit wants
 
 
 def unknown_value(param: str, options: Sequence[object]) -> str | None:

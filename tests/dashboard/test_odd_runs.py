@@ -435,3 +435,38 @@ def test_a_run_whose_status_is_damaged_leaves_the_other_runs_pages_readable(tmp_
     assert not at.error and at.metric
     at = render(db, monkeypatch, run=bad)
     assert any("is not one of running" in w.value for w in at.warning), [w.value for w in at.warning]
+
+
+def test_a_run_labelled_as_another_stays_picked(tmp_path, monkeypatch):
+    """Streamlit keeps a picker's choice by its label: of two runs labelled alike (two --limit
+    replays of one trace, a sweep's repeated names), the page switched to the other one on
+    the next rerun, and the URL with it."""
+    from kvtrace.dashboard import queries
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = str(tmp_path / "s.duckdb")
+    first = run_replay(RunSpec("gen:chat", limit=5, mode="cache-only"), db=db).run_id
+    second = run_replay(RunSpec("gen:chat", limit=9, mode="cache-only"), db=db).run_id
+    labels = queries.with_run_columns(read.runs(db))["label"].to_list()
+    assert labels[0] == labels[1]  # (the names say neither --limit)
+    for run in (first, second):
+        at = render(db, monkeypatch, run=run)
+        at.switch_page("views/hit_rate.py").run()  # (a rerun: the choice is read back from the picker)
+        assert at.query_params["run"] == [run] or at.query_params["run"] == run
+        (picker,) = [s for s in at.sidebar.selectbox if s.label == "Run"]
+        assert picker.value == run
+
+
+def test_a_damaged_runs_label_claims_no_behaviours(tmp_path):
+    """A damaged record's behaviours are not read: its picker label said 'without' every one."""
+    import duckdb
+
+    from kvtrace.dashboard import queries
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = str(tmp_path / "s.duckdb")
+    run = run_replay(RunSpec("gen:chat", limit=4, content=False), db=db).run_id
+    with duckdb.connect(db) as con:
+        con.execute("UPDATE runs SET config = '[1]' WHERE run_id = $r", {"r": run})
+    (label,) = queries.with_run_columns(read.runs(db))["label"].to_list()
+    assert label.endswith("DAMAGED") and "without" not in label and "behaviours" not in label, label
