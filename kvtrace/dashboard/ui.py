@@ -170,7 +170,7 @@ def run_label(row: dict[str, Any]) -> str:
     name = row.get("name") or row.get("run_id")
     off = row.get("behaviours_off") or ""
     bits = [str(name), str(row.get("mode") or "")]
-    if row.get("mode") == "engine" or row.get("behaviours_on") or off:  # (queries.has_behaviours)
+    if not row.get("damage") and (row.get("mode") == "engine" or row.get("behaviours_on") or off):  # (has_behaviours)
         bits.append(f"without {off}" if off else "all behaviours")
     status = row.get("status")
     if status and status != "complete":
