@@ -113,7 +113,7 @@ def clickhouse_target(db: str | os.PathLike) -> ClickHouseTarget:
     except ValueError:  # (not a number, or past 65535)
         raise ConfigError("--db", shown, "the port must be a number from 1 to 65535") from None
     if port == 0:  # (was read as no port: 8123 was dialled instead)
-        raise ConfigError("--db", shown, "the port must be 1 to 65535")
+        raise ConfigError("--db", shown, "the port must be a number from 1 to 65535")
     port = port or (8443 if url.scheme == "clickhouses" else 8123)
     host = f"[{url.hostname}]" if ":" in url.hostname else url.hostname  # an IPv6 address, as a URL writes it
     label = f"{url.scheme}://{url.username + '@' if url.username else ''}{host}:{port}/{database}"

@@ -18,7 +18,7 @@ from tests.cli.test_bad_input import assert_one_line, run
     (["runs", "--db", "clickhouse://127.0.0.1/otel?ttl=3"], ["--db", "unknown option"]),
     (["diff", "r1", "r2", "--db", "chdb:"], ["--db", "chdb:PATH"]),
     # port 0 was read as no port, and 8123 dialled; the last of two otel_tables was taken unsaid
-    (["runs", "--db", "clickhouse://kv:pw@127.0.0.1:0/otel"], ["--db", "the port must be 1 to 65535"]),
+    (["runs", "--db", "clickhouse://kv:pw@127.0.0.1:0/otel"], ["--db", "the port must be a number from 1 to 65535"]),
     (["runs", "--db", "clickhouse://kv@127.0.0.1:99999/otel"], ["--db", "the port must be a number from 1 to 65535"]),
     (["runs", "--db", "clickhouse://127.0.0.1:1/otel?otel_table="], ["otel_table must be a table name"]),
     (["runs", "--db", "chdb:{tmp}/s?otel_table="], ["--db", "otel_table must be a table name"]),
