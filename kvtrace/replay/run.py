@@ -291,11 +291,12 @@ def _at_origin(err: ConfigError, origin: dict[str, str], spec: RunSpec) -> Confi
     field = key.split(".")[0].split("[")[0]
     where = origin.get(field)
     if where is None:
+        if spec.config_file is None:
+            return err
         # (every key the file set, those a flag took over included: --block-size took the
         # file's groups, and the conflict went out as the config class raised it)
-        file_keys = sorted({v for v in origin.values() if not v.startswith("--")}
-                           | set(_file_keys(load_config_file(spec.config_file)).values() if spec.config_file else ()))
-        if spec.config_file is None or not file_keys:
+        file_keys = sorted(set(_file_keys(load_config_file(spec.config_file)).values()))
+        if not file_keys:
             return err
         # the preset's own value of a setting the file left alone, in conflict with what it set
         return ConfigError(str(spec.config_file), ", ".join(file_keys),

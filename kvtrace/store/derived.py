@@ -126,6 +126,7 @@ WITH m AS (
 ),
 -- one span may evict two blocks of one hash (vLLM keeps duplicates): the ASOF match is then
 -- the lower block id, on every backend (DuckDB and ClickHouse each picked its own)
+-- (evict_at: the time not Nullable, as in ev: a ClickHouse derived table's column is)
 eb AS (SELECT *, coalesce(evict_ns, 0) AS evict_at FROM {{evicted_blocks}} WHERE group_id = 0 AND block_hash IS NOT NULL
        QUALIFY row_number() OVER (PARTITION BY evict_seq, block_hash ORDER BY block_id) = 1)
 SELECT m.*, eb.evict_seq, eb.evict_span_id, eb.evict_ns, eb.reason AS evict_reason, eb.block_id,

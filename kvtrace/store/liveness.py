@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 
+from kvtrace.names import cut_middle
 from kvtrace.store.errors import StoreError
 from kvtrace.store.schema import RUN_STATUSES
 
@@ -45,7 +46,7 @@ def checked_status(status: object, *, db: str, run_id: str) -> str:
     NULL included, is a damaged store, a StoreError naming ``db`` and the run (a reader
     would otherwise take it for finished and read derived tables never written)."""
     if status not in RUN_STATUSES:
-        shown = repr(status) if not isinstance(status, str) or len(status) <= 40 else repr(status[:40] + "...")
+        shown = cut_middle(repr(status), 80)
         raise StoreError(db, f"damaged kvtrace store: run {run_id}'s status {shown} is not one of "
                              f"{', '.join(RUN_STATUSES)}")
     return str(status)
