@@ -76,14 +76,18 @@ _CHDB_ENTRIES = frozenset({"tmp", "status", "uuid", "data", "store", "metadata_d
 
 
 def is_clickhouse(db: str | os.PathLike) -> bool:
-    text = str(db)
-    return text.startswith(CHDB_PREFIX) or text.split("://", 1)[0] in SERVER_SCHEMES
+    text = str(db)  # (schemes are case-insensitive, RFC 3986: CLICKHOUSE:// is a server too)
+    return _is_chdb(text) or text.split("://", 1)[0].lower() in SERVER_SCHEMES
+
+
+def _is_chdb(text: str) -> bool:
+    return text[:len(CHDB_PREFIX)].lower() == CHDB_PREFIX
 
 
 def clickhouse_target(db: str | os.PathLike) -> ClickHouseTarget:
     """Parse a ClickHouse ``--db`` (``is_clickhouse(db)`` must hold); ConfigError when malformed."""
     text = str(db)
-    if text.startswith(CHDB_PREFIX):
+    if _is_chdb(text):
         rest = text[len(CHDB_PREFIX):]
         path, _, query = rest.partition("?")
         if path.startswith("//"):  # chdb:///abs/dir, the URL spelling
@@ -124,7 +128,7 @@ def clickhouse_target(db: str | os.PathLike) -> ClickHouseTarget:
     )
 
 
-_PASSWORD = re.compile(r"^([a-z]+://[^/@]*?):[^/@]*@")
+_PASSWORD = re.compile(r"^([a-z]+://[^/@]*?):[^/@]*@", re.IGNORECASE)
 
 
 def _without_password(url: str) -> str:

@@ -95,6 +95,10 @@ def test_nanoseconds_survive_the_division(engines):
      {"host": "ch.example", "port": 9123, "username": "kv", "password": "s3cret", "database": "otel",
       "otel_table": "traces", "secure": False}),
     ("clickhouses://ch.example/otel", {"port": 8443, "secure": True, "username": "default"}),
+    # a scheme is case-insensitive (RFC 3986): these were refused as DuckDB paths that read as URLs
+    ("CLICKHOUSE://kv:s3cret@ch.example:9123/otel", {"host": "ch.example", "port": 9123, "secure": False}),
+    ("ClickHouses://ch.example/otel", {"port": 8443, "secure": True}),
+    ("CHDB:store", {"embedded": True}),
 ])
 def test_db_forms(db, want):
     assert is_clickhouse(db) == (want is not None)
@@ -117,6 +121,7 @@ def test_db_forms(db, want):
     ("clickhouse://kv:s3cret@h:99999/otel", "port must be a number"),
     ("clickhouse://kv:s3cret@h/a/b", "one database name"),
     ("clickhouse://kv:s3cret@h/otel?table=x", "unknown option"),
+    ("CLICKHOUSE://kv:s3cret@h/a/b", "one database name"),
 ])
 def test_bad_db_forms_fail_in_one_line(db, says):
     with pytest.raises(ConfigError) as err:
