@@ -532,8 +532,9 @@ def capture_vllm(endpoint: str, replay_endpoint: str | None = None, *, store_pat
         # error, where it marked the capture failed and dropped the run's summary, every count
         try:
             write_requests(trace_out, trace, source=f"vllm:{endpoint}")
-        except KVTraceError as err:
-            raise KVTraceError(f"{err} (the capture itself is stored: run {run_id})") from None
+        except KVTraceError as err:  # (the counts said too: the CLI's summary line is not reached)
+            raise KVTraceError(f"{err} (the capture itself is stored: run {run_id}, {capture_counts(stats)})") \
+                from None
     if stats.nothing_received:
         reached = (f"its SUB socket never reached {endpoint} (is vLLM running with "
                    "--kv-events-config '{\"enable_kv_cache_events\": true, \"publisher\": \"zmq\"}' there?)"
@@ -544,6 +545,11 @@ def capture_vllm(endpoint: str, replay_endpoint: str | None = None, *, store_pat
 
 def capture_report(stats: CaptureStats) -> str:
     """The one-line account of a capture the CLI prints."""
+    return "kvtrace capture vllm: " + capture_counts(stats)
+
+
+def capture_counts(stats: CaptureStats) -> str:
+    """A capture's counts, the nonzero ones beyond batches, events and spans."""
     parts = [f"{stats.batches} batches", f"{stats.events} events", f"{stats.spans} spans"]
     for name in ("recovered", "lost", "missed_before_contact", "duplicates", "restarts", "bad_messages",
                  "unknown_events"):
@@ -551,4 +557,4 @@ def capture_report(stats: CaptureStats) -> str:
             parts.append(f"{getattr(stats, name)} {name.replace('_', ' ')}")
     if stats.nothing_received:
         parts.append("NOTHING RECEIVED")
-    return "kvtrace capture vllm: " + ", ".join(parts)
+    return ", ".join(parts)
