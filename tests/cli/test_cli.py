@@ -207,6 +207,18 @@ def test_convert_to_native_keeps_requests(tmp_path):
         b["prompt_tokens"],
         b["prefix_cache_hits"],
     )
+    # the header's source is the whole file's digest: it says these are its first 30 requests
+    header = json.loads(out.read_text().splitlines()[0])
+    assert header["source"].startswith("mooncake:sha256:") and header["source_limit"] == 30, header
+
+
+def test_convert_with_a_limit_that_cuts_nothing_says_no_limit(tmp_path):
+    lines = MOONCAKE.read_text().splitlines()
+    short = tmp_path / "short.jsonl"
+    short.write_text("\n".join(lines[:5]) + "\n")
+    out = tmp_path / "native.jsonl"
+    assert kvtrace("convert", str(short), "-o", str(out), "--limit", "5").returncode == 0
+    assert "source_limit" not in json.loads(out.read_text().splitlines()[0])  # (the whole file: nothing cut)
 
 
 def test_dashboard_on_missing_db_is_one_line(tmp_path):
