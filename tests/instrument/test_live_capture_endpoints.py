@@ -16,6 +16,10 @@ from tests.cli.support import assert_one_line, run
 @pytest.mark.parametrize("endpoint, replay, dp_size, needle", [
     ("tcp://127.0.0.1:5557", "tcp://127.0.0.1:5557", 1, "is --endpoint too"),
     ("ipc:///tmp/kv", "ipc:///tmp/kv", 3, "is --endpoint too"),
+    # two names of the loopback interface, or of one host in two cases: one socket
+    ("tcp://localhost:5557", "tcp://127.0.0.1:5557", 1, "is --endpoint too"),
+    ("tcp://[::1]:5557", "tcp://LocalHost:5557", 1, "is --endpoint too"),
+    ("tcp://vllm-host:5557", "tcp://VLLM-HOST:5558", 2, "where rank 1 publishes"),
     # rank 1 publishes at 5558, where rank 0 answers replays
     ("tcp://127.0.0.1:5557", "tcp://127.0.0.1:5558", 2, "DP rank 0 would answer replays at tcp://127.0.0.1:5558, "
                                                         "where rank 1 publishes"),
@@ -33,6 +37,9 @@ def test_distinct_addresses_are_every_ranks_own():
         ("tcp://127.0.0.1:5559", "tcp://127.0.0.1:5602")]
     assert capture_endpoints("tcp://127.0.0.1:5557", "tcp://127.0.0.1:5559", None, 2)[1] == (
         "tcp://127.0.0.1:5558", "tcp://127.0.0.1:5560")
+    # another host at the same port is another socket
+    assert capture_endpoints("tcp://127.0.0.1:5557", "tcp://10.0.0.2:5557", None, 1) == [
+        ("tcp://127.0.0.1:5557", "tcp://10.0.0.2:5557")]
 
 
 def test_the_command_says_so_in_one_line_and_records_nothing(tmp_path, capsys):

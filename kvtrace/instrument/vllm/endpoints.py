@@ -49,14 +49,28 @@ def capture_endpoints(endpoint: str, replay_endpoint: str | None, duration: floa
         endpoints.append((pub, dp_endpoint(replay_endpoint, rank, "--replay-endpoint")))
     # One address for two sockets: vLLM could not bind them both, and a replay request sent to
     # a PUB socket is never answered (every gap waited out its timeout and was counted lost).
-    pubs = {pub: rank for rank, (pub, _) in enumerate(endpoints)}
+    pubs = {_socket_key(pub): rank for rank, (pub, _) in enumerate(endpoints)}
     for rank, (_, replay) in enumerate(endpoints):
-        if replay is not None and replay in pubs:
-            if rank == pubs[replay] == 0:
+        if replay is not None and _socket_key(replay) in pubs:
+            if rank == pubs[_socket_key(replay)] == 0:
                 what = "is --endpoint too"
             else:
                 what = (f"with --dp-size {dp_size}, DP rank {rank} would answer replays at {replay}, where rank "
-                        f"{pubs[replay]} publishes (each rank adds its rank to both ports)")
+                        f"{pubs[_socket_key(replay)]} publishes (each rank adds its rank to both ports)")
             raise ConfigError("--replay-endpoint", str(replay_endpoint),
                               f"{what}; vLLM publishes and answers replays on two addresses")
     return endpoints
+
+
+# Names of this machine's loopback interface: tcp://localhost:5557 and tcp://127.0.0.1:5557
+# reach one socket (resolved by name only: no DNS lookup while the options are checked)
+_LOOPBACK = frozenset({"localhost", "127.0.0.1", "[::1]", "0.0.0.0", "[::]", "ip6-localhost"})
+
+
+def _socket_key(endpoint: str) -> str:
+    """``endpoint`` as the socket it reaches: a tcp host case-folded, loopback names as one."""
+    if not endpoint.startswith("tcp://"):
+        return endpoint
+    host, _, port = endpoint[len("tcp://"):].rpartition(":")
+    host = host.lower()
+    return f"tcp://{'loopback' if host in _LOOPBACK or host.startswith('127.') else host}:{port}"
