@@ -186,6 +186,12 @@ class Engine:
                         f"max_num_batched_tokens {sc.max_num_batched_tokens:,} (raise [scheduler] "
                         "max_num_batched_tokens in --config, or set enable_chunked_prefill = true)"
                     )
+                if stuck and stuck.num_tokens > stuck.num_prompt_tokens:
+                    # preempted after its first tokens: it must hold them too, so its prompt alone
+                    # (which fits) would not explain the refusal
+                    what = (f"request {stuck.request_id} ({stuck.num_prompt_tokens:,} prompt tokens and "
+                            f"{stuck.num_tokens - stuck.num_prompt_tokens:,} generated before a preemption, "
+                            f"{stuck.num_tokens:,} to hold again)")
                 pools = (cc.total_blocks,) if cc.shared_pool else cc.pool_sizes
                 raise KVTraceError(
                     f"engine: {what} cannot be scheduled: it needs more KV blocks than the pool holds "

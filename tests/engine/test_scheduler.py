@@ -7,6 +7,7 @@ from kvtrace.cache import CacheConfig, FullAttentionSpec, KVCacheManager, MambaS
 from kvtrace.engine import Engine, EngineRequest, Scheduler, SchedulerConfig
 from kvtrace.engine.clock import get_cost_model
 from kvtrace.engine.presets import EnginePreset
+from kvtrace.engine.scheduler import SchedulerOutput
 from kvtrace.workload import TraceRequest
 
 
@@ -123,7 +124,7 @@ def run_steps(sched: Scheduler, requests, max_steps=10_000):
     """Drive scheduler + cache without a worker (every finished prefill samples token 1)."""
     for r in requests:
         sched.add_request(r)
-    outs = []
+    outs: list[SchedulerOutput] = []
     while sched.has_unfinished_requests() and len(outs) < max_steps:
         out = sched.schedule()
         outs.append(out)
@@ -249,3 +250,22 @@ def test_a_prompt_whose_last_token_is_its_own_chunk_counts_it_as_prefilled():
         assert b.num_computed_prompt_tokens == 1 and [c[2] for c in b.prefill_chunks] == [1]
         s = res.summary
         assert s["computed_prompt_tokens"] == s["prompt_tokens_by_source.local_compute"] == 18
+
+
+def test_a_request_that_outgrows_the_pool_after_a_preemption_names_what_it_must_hold():
+    """a's 40-token prompt fits the pool's 3 usable blocks of 16 (the admission gate holds
+    the prompt), but its 49th token needs a 4th: it preempts itself and can never be
+    resumed. The error named its 40 prompt tokens alone, which the pool holds."""
+    from kvtrace.errors import KVTraceError
+
+    preset = EnginePreset(
+        "tiny", CacheConfig(groups=(FullAttentionSpec(16),), num_gpu_blocks=4, hash_block_size=16),
+        SchedulerConfig(), get_cost_model("h200-dense-8b"),
+    )
+    work = [TraceRequest("a", 0, 40, 20, token_ids=np.arange(100, 140))]
+    for content in (True, False):
+        with pytest.raises(KVTraceError) as info:
+            Engine(preset, content=content).run(work)
+        text = str(info.value)
+        assert "request a (40 prompt tokens and 9 generated before a preemption, 49 to hold again)" in text, text
+        assert "num_gpu_blocks 4" in text and "\n" not in text, text
