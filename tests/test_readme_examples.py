@@ -146,3 +146,17 @@ def test_the_benchmark_tables_commands_take_the_flags_shown():
                 assert f'"{flag}"' in source, (script, flag)
                 seen += 1
     assert seen >= 5
+
+
+def test_the_engine_benchmark_row_names_the_pool_the_script_replays_at():
+    """The row said the admission gate changes nothing 'at 16,384 blocks' (the Dynamo comparison's
+    pool): bench/engine_replay.py replays at its preset's own pool, kimi-hybrid's 10,240."""
+    from kvtrace.engine.presets import PRESETS
+
+    row = next(line for line in _section("Benchmarks").splitlines() if "`bench/engine_replay.py --no-profile`" in line)
+    said = re.search(r"changes nothing on this trace at the preset's ([\d,]+) blocks", row)
+    assert said is not None, row
+    source = (ROOT / "bench" / "engine_replay.py").read_text(encoding="utf-8")
+    preset = re.search(r'"--preset", default="([a-z0-9-]+)"', source)
+    assert preset is not None and f"`{preset.group(1)}`" in row
+    assert int(said.group(1).replace(",", "")) == PRESETS[preset.group(1)]().cache_config.num_gpu_blocks
