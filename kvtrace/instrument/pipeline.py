@@ -91,8 +91,13 @@ def traces_url(endpoint: str, where: str = "--otlp-endpoint") -> str:
         parsed = None
     if parsed is None or parsed.scheme not in ("http", "https") or not parsed.hostname:
         raise ConfigError(where, endpoint, "expected an http(s)://HOST:PORT[/v1/traces] URL")
+    # a bare ':' meant port 80 to the SDK, and no connection goes to port 0: both were
+    # found out only after the whole replay, as every span not delivered
+    if parsed.port == 0 or parsed.netloc.endswith(":"):
+        raise ConfigError(where, endpoint, "expected a port from 1 to 65535 in the http(s)://HOST:PORT URL")
     if parsed.path in ("", "/"):
-        return endpoint.rstrip("/") + "/v1/traces"
+        # the path goes before a query or fragment: appended after one it was part of it (a 404)
+        return parsed._replace(path="/v1/traces").geturl()
     return endpoint
 
 

@@ -1,0 +1,44 @@
+"""``--otlp-endpoint`` URLs as a user types them: the traces path goes where a URL's path
+goes, and an address nothing can be sent to is refused before anything is recorded."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from kvtrace.errors import ConfigError
+from kvtrace.instrument.otlp.collector import OTLPCollector
+from kvtrace.instrument.pipeline import traces_url
+from kvtrace.replay.run import RunSpec, run_replay
+from kvtrace.store import read
+
+SPEC = RunSpec("gen:chat", limit=3, mode="cache-only", capacity_blocks=30)
+
+
+def test_the_traces_path_goes_before_a_query_or_fragment():
+    # it was appended after them, so it became part of the query (or was never sent)
+    assert traces_url("http://c:4318?tenant=a") == "http://c:4318/v1/traces?tenant=a"
+    assert traces_url("http://c:4318/?tenant=a") == "http://c:4318/v1/traces?tenant=a"
+    assert traces_url("http://c:4318#top") == "http://c:4318/v1/traces#top"
+    assert traces_url("http://[::1]:4318") == "http://[::1]:4318/v1/traces"
+    assert traces_url("http://c:4318/otlp/v1/traces?x=1") == "http://c:4318/otlp/v1/traces?x=1"
+
+
+def test_a_collector_url_with_a_query_is_delivered_to(tmp_path):
+    collector = OTLPCollector(tmp_path / "collected.duckdb", port=0, grpc_port=None).start()
+    try:
+        result = run_replay(SPEC, otlp_endpoint=f"{collector.url.removesuffix('/v1/traces')}?tenant=a")
+    finally:
+        collector.stop()
+    assert result.undelivered is None  # was: every span refused with a 404
+    got = read.run(tmp_path / "collected.duckdb", result.otlp_run_id)
+    assert got["status"] == "complete" and got["summary"]["requests"] == 3
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:", "http://127.0.0.1:0", "http://[::1]:0", "https://c:0/v1/traces"])
+def test_a_port_nothing_can_be_sent_to_is_refused_before_the_run(tmp_path, url):
+    db = tmp_path / "local.duckdb"
+    with pytest.raises(ConfigError, match=re.escape(f"--otlp-endpoint: {url}: expected a port from 1 to 65535")):
+        run_replay(SPEC, db=str(db), otlp_endpoint=url)
+    assert not db.exists() or read.runs(db).is_empty()  # (was: the whole replay, then exit 1)
