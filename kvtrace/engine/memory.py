@@ -69,9 +69,23 @@ def device_memory_bytes(device: Any) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def state_lanes(cache_config: CacheConfig) -> int:
+    """The lanes of every Mamba group's state (4 without one), or a ConfigError where the
+    groups differ: the content model advances one recurrent state a request, written to
+    every state group alike (the worker refused them with a ValueError and a traceback)."""
+    lanes = sorted({s.num_lanes for s in cache_config.groups if isinstance(s, MambaSpec)})
+    if len(lanes) > 1:
+        raise ConfigError("KV storage", "state lanes",
+                          f"expected one num_lanes for every Mamba group (the content model keeps one recurrent "
+                          f"state a request), got {', '.join(map(str, lanes))}")
+    return lanes[0] if lanes else 4
+
+
 def check_storage_fits(cache_config: CacheConfig, device: Any = None) -> None:
     """A ConfigError naming the flags to lower when the storage would not fit in memory
-    (rather than letting torch try to allocate terabytes)."""
+    (rather than letting torch try to allocate terabytes), or the Mamba groups' lanes
+    where the content model cannot hold them (``state_lanes``)."""
+    state_lanes(cache_config)
     dev = device if device is not None else default_device_type()
     kind = (dev if isinstance(dev, str) else dev.type).split(":")[0]
     need, have = storage_bytes(cache_config), device_memory_bytes(dev)

@@ -39,6 +39,7 @@ from kvtrace.compiled import kernels
 from kvtrace.engine.arrays import Array, Arrays
 from kvtrace.engine.block_table import BlockTableTensor
 from kvtrace.engine.content import KV_A, KV_B, KV_C, ContentModel, P, kv_values
+from kvtrace.engine.memory import state_lanes
 from kvtrace.engine.reference import PrefixOracle, TraceBlockMemo
 from kvtrace.engine.request import EngineRequest
 from kvtrace.engine.scheduler import DecodeRun, SchedulerOutput
@@ -88,10 +89,7 @@ class Worker:
         self.attn_groups = self.full_groups + self.swa_groups
         self.state_groups = [g for g, s in enumerate(cache_config.groups) if isinstance(s, MambaSpec)]
         self.block_size = [s.block_size for s in cache_config.groups]
-        lanes = {s.num_lanes for s in cache_config.groups if isinstance(s, MambaSpec)} or {4}
-        if len(lanes) != 1:
-            raise ValueError("all MambaSpec groups must have the same num_lanes")
-        self.num_lanes = lanes.pop()
+        self.num_lanes = state_lanes(cache_config)
         self.content = ContentModel(self.num_lanes, xp)
         self.ref_model = ContentModel(self.num_lanes, "cpu")
         self.memo = TraceBlockMemo(self.ref_model)
