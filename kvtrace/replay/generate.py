@@ -21,9 +21,10 @@ in the replaying preset's units: ``hash_block_size`` H and ``mamba_block_size`` 
 (retention, capacities, external tier) under which the effect shows.
 
 - ``study-transient-checkpoint-retention``: prompts of one of four hot shared prefixes
-  (whole Mamba blocks, 2-4k tokens, Zipf-like popularity) plus a 2-6k-token unique
-  suffix that does not end on a hash boundary. The prefill stops at the junction and
-  at the tail hash boundary, so checkpoints fall inside the prompt: transient ones.
+  (whole Mamba blocks, 2-4k tokens, Zipf-like popularity) plus a 9-20k-token unique
+  suffix (longer than one 8192-token prefill chunk) that does not end on a hash
+  boundary. The prefill stops at the junction and at the tail hash boundary, so
+  checkpoints fall inside the prompt: transient ones.
   Published (behaviour off), they compete in a small Mamba pool with the hot prefixes.
 - ``study-shared-prefix-pinning``: many short requests over three system prompts whose
   length is a multiple of H but *not* of M: the junction (shared-prefix boundary) lies
@@ -276,6 +277,18 @@ WORKLOADS: dict[str, WorkloadSpec] = {
 }
 DEFAULT_WORKLOAD = "mixed"
 
+# The largest block size of any unit (a Mamba block of 2^20 tokens: one study prompt's
+# pieces stay megabytes, where a 2^40-token geometry asked numpy for 64 TiB at once).
+MAX_GEOMETRY_TOKENS = 1 << 20
+# The smallest sizes a study's layout has room in (else numpy's "low >= high"): the
+# transient study's suffix ends 1 to H-1 tokens past a hash boundary, the CoW study's
+# child 1 to H-2 tokens past one, and the pinning study's user message is M+8 to 2M tokens.
+_LEAST_GEOMETRY: dict[str, dict[str, int]] = {
+    "study-transient-checkpoint-retention": {"hash_block_size": 2},
+    "study-external-hit-running-cow": {"hash_block_size": 3},
+    "study-shared-prefix-pinning": {"mamba_block_size": 8},
+}
+
 
 def study_workload(behaviour: str) -> str:
     """The generated workload built to expose ``behaviour`` (a CacheConfig behaviour name)."""
@@ -308,9 +321,18 @@ def generate(
     if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= MAX_SEED:
         raise ConfigError("--seed", str(seed), f"expected an int from 0 to {MAX_SEED:,}")
     n = spec.default_requests if num_requests is None else num_requests
-    if not isinstance(n, int) or not 1 <= n <= MAX_GENERATED:
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_GENERATED:
         raise ConfigError("--requests", str(n), f"expected an int from 1 to {MAX_GENERATED:,}")
-    if block_size < 1 or hash_block_size % block_size:
+    # each size checked on its own first: a 0 divided (ZeroDivisionError), a float or None
+    # reached numpy, and a block_size of 0 was blamed on hash_block_size
+    least = _LEAST_GEOMETRY.get(name, {})
+    for key, size in (("block_size", block_size), ("hash_block_size", hash_block_size),
+                      ("mamba_block_size", mamba_block_size)):
+        lo = least.get(key, 1)
+        if not isinstance(size, int) or isinstance(size, bool) or not lo <= size <= MAX_GEOMETRY_TOKENS:
+            raise ConfigError("generate", key, f"expected an int from {lo} to {MAX_GEOMETRY_TOKENS:,} tokens"
+                                               f"{' for ' + name if lo > 1 else ''}, got {size!r}")
+    if hash_block_size % block_size:
         raise ConfigError("generate", "hash_block_size",
                           f"expected a multiple of block_size {block_size}, got {hash_block_size}")
     if mamba_block_size % hash_block_size or mamba_block_size < 3 * hash_block_size:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 
 import numpy as np
 import pytest
@@ -153,6 +154,41 @@ def test_bad_arguments():
         generate("chat", 0, block_size=48)
     with pytest.raises(ConfigError, match="no study workload"):
         study_workload("faster-gpus")
+
+
+@pytest.mark.parametrize(("workload", "geometry", "key"), [
+    ("chat", {"block_size": 0}, "block_size"),  # (was blamed on hash_block_size)
+    ("chat", {"block_size": 16.0}, "block_size"),  # (a TypeError from range())
+    ("chat", {"block_size": True}, "block_size"),
+    ("chat", {"hash_block_size": 0}, "hash_block_size"),  # (ZeroDivisionError)
+    ("chat", {"hash_block_size": None}, "hash_block_size"),
+    ("chat", {"mamba_block_size": "512"}, "mamba_block_size"),
+    ("study-transient-checkpoint-retention", {"block_size": 1, "hash_block_size": 1, "mamba_block_size": 3},
+     "hash_block_size"),  # (numpy's "low >= high")
+    ("study-external-hit-running-cow", {"block_size": 2, "hash_block_size": 2, "mamba_block_size": 6},
+     "hash_block_size"),
+    ("study-shared-prefix-pinning", {"block_size": 1, "hash_block_size": 1, "mamba_block_size": 6},
+     "mamba_block_size"),
+    ("study-shared-prefix-pinning", {"hash_block_size": 1 << 40, "mamba_block_size": 1 << 43},
+     "hash_block_size"),  # (a MemoryError: numpy asked for 112 TiB)
+])
+def test_a_bad_geometry_is_one_error_naming_its_key(workload, geometry, key):
+    with pytest.raises(ConfigError, match=re.escape(f"generate: {key}: expected an int from ")):
+        generate(workload, 0, 30, **geometry)
+
+
+def test_the_smallest_geometries_allowed_build_every_study():
+    for workload, geometry in [
+        ("study-transient-checkpoint-retention", {"block_size": 1, "hash_block_size": 2, "mamba_block_size": 6}),
+        ("study-external-hit-running-cow", {"block_size": 1, "hash_block_size": 3, "mamba_block_size": 9}),
+        ("study-shared-prefix-pinning", {"block_size": 1, "hash_block_size": 1, "mamba_block_size": 8}),
+    ]:
+        assert len(generate(workload, 0, 30, **geometry)) == 30
+
+
+def test_requests_as_a_bool_is_refused():
+    with pytest.raises(ConfigError, match=re.escape("--requests: True: expected an int")):
+        generate("chat", 0, True)
 
 
 def test_num_requests_and_token_prompts():
