@@ -138,8 +138,9 @@ if rel.height:
 deltas
 
 # %%
-print(f"latency percentiles: {TIMES} times")
-if not diff.latency:
+if diff.latency:
+    print(f"latency percentiles: {TIMES} times")
+else:  # (no times to label: two cache-only runs were called "modelled" under "Times: none (no clock ...)")
     print("no latency percentiles to compare: not both runs have request latencies (a cache-only run has no clock; "
           "a live capture or an empty trace has no requests)")
 latency

@@ -109,6 +109,8 @@ def test_two_cache_only_runs_are_compared_and_what_they_lack_is_said(run_noteboo
     assert "no latency percentiles to compare" in printed
     assert "no per-request comparison" in printed and "0 unchanged" not in printed
     assert "Times: none (no clock" in printed  # the words `kvtrace diff` prints
+    # (it went on "latency percentiles: modelled times": times neither run has, given a kind)
+    assert "modelled" not in printed and "latency percentiles:" not in printed
 
 
 def test_runs_without_a_hit_rate_are_said_to_have_none(run_notebook, tmp_path):
