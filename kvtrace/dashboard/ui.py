@@ -127,8 +127,13 @@ def summary_columns(keys: Iterable[str]) -> dict[str, Any]:
 
 
 def short_hash(h: Any) -> str:
-    """The first 8 hex digits of a block hash (the whole thing lives in tables and tooltips)."""
-    return "–" if h is None else str(h)[:8]
+    """The first 8 hex digits of a block hash (the whole thing lives in tables and tooltips),
+    past its leading zeros when those are all 8: a cache-only run's keys are its trace's hash
+    ids (0000000000000036), and every one of them read 00000000."""
+    if h is None:
+        return "–"
+    text = str(h)
+    return text[:8] if text[:8].strip("0") else text.lstrip("0")[:8] or "0"
 
 
 def fingerprint(fp: Any) -> str:

@@ -50,7 +50,9 @@ if att.height:
     top = (att.group_by("publish_kind", "publish_request_id", "root_hash")
            .agg(pl.len().alias("later_misses"), pl.col("miss_request_id").n_unique().alias("requests_hurt"),
                 pl.col("evict_reason").first().alias("evict_reason"))
-           .sort(["later_misses", "publish_request_id"], descending=[True, False], nulls_last=True))
+           # (every key: group_by's order is arbitrary, and ties took it from run to run and store to store)
+           .sort(["later_misses", "publish_request_id", "publish_kind", "root_hash"],
+                 descending=[True, False, False, False], nulls_last=True))
     top = top.head(200)
     names = queries.prefix_labels(run_id, top["root_hash"].to_list())
     top = top.select(pl.col("root_hash").replace_strict(names, default=pl.col("root_hash")).alias("prefix"),
