@@ -146,11 +146,15 @@ class Engine:
                 if pending.arrival_ns < last_arrival:
                     raise KVTraceError(f"workload: request {pending.request_id!r} arrives before the previous one")
                 last_arrival = pending.arrival_ns
-                if pending.input_length + pending.output_length > max_model_len:
+                # at least one token is generated (EngineRequest.max_tokens): vLLM refuses a prompt
+                # of max_model_len tokens, which has no room for it
+                if pending.input_length + max(pending.output_length, 1) > max_model_len:
+                    asked = f"{pending.output_length:,} output tokens" + (
+                        " (1 is generated)" if pending.output_length < 1 else "")
                     raise KVTraceError(
-                        f"request {pending.request_id}: {pending.input_length:,} prompt + {pending.output_length:,} "
-                        f"output tokens exceed max_model_len {max_model_len:,} (raise [scheduler] max_model_len "
-                        "in --config, or drop the request)"
+                        f"request {pending.request_id}: {pending.input_length:,} prompt + {asked} exceed "
+                        f"max_model_len {max_model_len:,} (raise [scheduler] max_model_len in --config, or drop "
+                        "the request)"
                     )
                 req = EngineRequest(pending)
                 live[req.request_id] = req
