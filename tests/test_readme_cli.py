@@ -125,3 +125,26 @@ def test_optional_arguments_are_bracketed_and_required_ones_are_not():
                 assert re.search(rf"(?<!\[){name}\b", synopsis), (command, name)
             else:
                 assert f"[{name}]" in synopsis, (command, name)
+
+
+def test_the_study_rows_json_keys_are_what_study_prints(tmp_path):
+    """`kvtrace study --json`'s keys as the row lists them; with --db it said only "db" was added,
+    where the ids of the two runs stored there ("run_off", "run_on") are too."""
+    import json
+
+    from typer.testing import CliRunner
+
+    row = _row("kvtrace study")
+    said = re.search(r'`--json` prints `\{([^}]+)\}` \(with `--sweep`: of its first value, plus `"sweep": '
+                     r'\{([^}]+)\}`; with `--db`, plus ([^)]+)\)', row)
+    assert said is not None, row
+    keys, sweep_keys, db_keys = (set(re.findall(r'"(\w+)"', g)) for g in said.groups())
+    base = ["study", "shared-prefix-pinning", "--limit", "12", "--json"]
+    for extra, expected in (([], keys), (["--db", str(tmp_path / "s.duckdb")], keys | db_keys),
+                            (["--sweep", "capacity_blocks=100,200"], keys | {"sweep"})):
+        result = CliRunner().invoke(app, base + extra)
+        assert result.exit_code == 0, result.output
+        printed = json.loads(result.stdout)
+        assert set(printed) == expected, (extra, sorted(printed))
+        if "sweep" in printed:
+            assert set(printed["sweep"]) == sweep_keys
