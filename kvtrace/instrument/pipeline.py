@@ -329,6 +329,12 @@ def recording(
     with _quiet_exporters(bool(otlp)) as quiet:
         try:
             yield inst
+        except BaseException:
+            # stopped or failed: the store gets everything; a collector gets what it takes
+            # within one export's time (a slow one held a SIGTERM for its whole queue)
+            for proc in otlp:
+                proc.give_up_after(EXPORT_TIMEOUT_S)
+            raise
         finally:
             try:
                 inst.uninstrument()

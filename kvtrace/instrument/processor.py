@@ -75,6 +75,7 @@ class BulkSpanProcessor(SpanProcessor):
         self.spans_failed = 0
         self.failure_backoff_s = failure_backoff_s
         self._resting_until = 0.0
+        self._give_up_at: float | None = None  # (``give_up_after``) from then on nothing is tried
         self._pending: list[ReadableSpan] = []
         self._lock = threading.Lock()
         self._error: BaseException | None = None
@@ -123,6 +124,12 @@ class BulkSpanProcessor(SpanProcessor):
                 self._queue.put(_STOP)
                 self._worker.join()
             self.exporter.shutdown()
+
+    def give_up_after(self, seconds: float) -> None:
+        """Try no export once ``seconds`` have passed: what is still queued then counts as
+        failed. For a recording that stopped (Ctrl-C, SIGTERM, an error): a slow collector
+        held the stop for as long as the full queue took it to take, minutes, not one export."""
+        self._give_up_at = time.monotonic() + seconds
 
     # -- columnar ------------------------------------------------------------------------------
     def on_batch(self, batch: SpanBatch) -> None:
@@ -189,7 +196,10 @@ class BulkSpanProcessor(SpanProcessor):
             self.spans_failed += left  # not exported: failed, skipped while resting, or raised
 
     def _resting(self) -> bool:
-        return bool(self._resting_until) and time.monotonic() < self._resting_until
+        now = time.monotonic()
+        if self._give_up_at is not None and now >= self._give_up_at:
+            return True
+        return bool(self._resting_until) and now < self._resting_until
 
     def _account(self, result: SpanExportResult, n: int) -> int:
         if result is SpanExportResult.SUCCESS:
