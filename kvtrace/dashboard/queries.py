@@ -292,12 +292,14 @@ def run_diff(run_a: str, run_b: str) -> RunDiff:
 
 
 def request_diff(run_a: str, run_b: str) -> pl.DataFrame:
-    """Per request in both runs: cached tokens (local + external at first schedule) and
-    TTFT in A and B, and B - A, the requests that changed first (request ids are unique in
+    """Per request in both runs: cached tokens (local + external at first schedule), the
+    local cache's share of them, and TTFT in A and B, and B - A (request ids are unique in
     a replay; a repeated id in a foreign store is summed, not multiplied by the join)."""
     a = _per_request(run_a).select("request_id", "num_prompt_tokens", pl.col("num_cached_tokens").alias("cached_a"),
+                                   pl.col("num_local_hit_tokens").alias("local_a"),
                                    pl.col("ttft_ns").alias("ttft_a_ns"))
     b = _per_request(run_b).select("request_id", pl.col("num_cached_tokens").alias("cached_b"),
+                                   pl.col("num_local_hit_tokens").alias("local_b"),
                                    pl.col("ttft_ns").alias("ttft_b_ns"))
     return (
         a.join(b, on="request_id", how="inner")
@@ -313,8 +315,8 @@ def _per_request(run_id: str) -> pl.DataFrame:
     hits = call("per_request_hits", run_id)
     if hits["request_id"].n_unique() == hits.height:
         return hits
-    return hits.group_by("request_id").agg(pl.col("num_prompt_tokens", "num_cached_tokens").sum(),
-                                           pl.col("ttft_ns").max())
+    return hits.group_by("request_id").agg(
+        pl.col("num_prompt_tokens", "num_cached_tokens", "num_local_hit_tokens").sum(), pl.col("ttft_ns").max())
 
 
 @st.cache_data(show_spinner=False, max_entries=64)

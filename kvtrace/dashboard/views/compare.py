@@ -140,8 +140,14 @@ def main() -> None:
 
     req = queries.request_diff(run_a, run_b)
     if req.height and not (req["cached_delta"] != 0).any():
-        st.info(f"All {req.height:,} requests got the same cached tokens in A and B: this change does not move the "
-                "prefix cache on this trace.", icon=":material/info:")
+        # the same local + external total can be split otherwise: the local cache (vLLM's
+        # prefix cache hit rate, the tiles') then moved, and the external tier made up for it
+        shifted = int((req["local_b"] != req["local_a"]).sum())
+        st.info(f"All {req.height:,} requests got the same cached tokens (local + external) in A and B"
+                + (": this change does not move the prefix cache on this trace." if not shifted else
+                   f", but {shifted:,} of them took a different share from the local cache: the prefix cache hit "
+                   "rate moved (the tiles above), and the external tier made up the difference."),
+                icon=":material/info:")
         return
     # A run without request spans (cache-only) has no per-request tokens: not a question of ids.
     silent = [r for r in (run_a, run_b) if queries.call("per_request_hits", r).height == 0]
@@ -159,7 +165,7 @@ def main() -> None:
     if req.height:
         moved = (req.with_columns(pl.col("cached_delta").abs().alias("abs_delta"))
                  .sort(["abs_delta", "request_id"], descending=[True, False]))
-        ui.table(moved.filter(pl.col("abs_delta") > 0).drop("abs_delta").head(50),
+        ui.table(moved.filter(pl.col("abs_delta") > 0).drop("abs_delta", "local_a", "local_b").head(50),
                  "The requests whose cached tokens changed most between A and B (top 50).",
                  empty_what="No request changed its cached tokens between A and B.",
                  command="a B run with another behaviour or capacity (pick it above)")

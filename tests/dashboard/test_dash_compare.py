@@ -1,0 +1,31 @@
+"""Compare on a pair whose requests got the same cached tokens from other tiers: the
+behaviour moved hits between the local cache and the external tier (as the demo's
+shared-prefix-pinning does), so vLLM's prefix cache hit rate moved while each request's
+local + external total did not."""
+
+from __future__ import annotations
+
+from apptest import render
+
+from kvtrace.store import read
+
+
+def test_a_pair_that_moved_hits_between_tiers_is_not_said_to_leave_the_prefix_cache(tmp_path, monkeypatch):
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = str(tmp_path / "tiers.duckdb")
+    spec = dict(limit=40, capacity_blocks=40, external_capacity_blocks=4096)
+    on = run_replay(RunSpec("gen:mixed", name="on", **spec), db=db)
+    off = run_replay(RunSpec("gen:mixed", name="off", without=("shared-prefix-pinning",), **spec), db=db)
+    assert on.run_id is not None and off.run_id is not None
+    joined = read.per_request_hits(db, on.run_id).join(read.per_request_hits(db, off.run_id), on="request_id",
+                                                       suffix="_b")
+    assert (joined["num_cached_tokens"] == joined["num_cached_tokens_b"]).all()  # the case at hand
+    shifted = int((joined["num_local_hit_tokens"] != joined["num_local_hit_tokens_b"]).sum())
+    assert shifted and on.summary["prefix_cache_hit_rate"] != off.summary["prefix_cache_hit_rate"]
+
+    at = render(db, monkeypatch, "compare", run=on.run_id, b=off.run_id)
+    infos = [i.value for i in at.info]
+    assert not any("does not move the prefix cache" in i for i in infos), infos
+    said = [i for i in infos if i.startswith(f"All {joined.height:,} requests got the same cached tokens")]
+    assert said and f"but {shifted:,} of them took a different share from the local cache" in said[0], infos
