@@ -29,6 +29,7 @@
 # %% tags=["parameters"]
 trace_path = None  # any trace file (or WEKA directory); None: generate `generator` into a temp file
 trace_format = None  # None: detect
+trace_block_size = None  # tokens per hash id of a Mooncake, Bailian or Azure trace (--trace-block-size: 512, 16, 16)
 generator = "mixed"
 num_requests = None  # None: the generator's default
 limit = None  # read only the first N requests
@@ -66,6 +67,8 @@ if isinstance(trace_path, int) and not isinstance(trace_path, bool):
 elif trace_path is not None and not isinstance(trace_path, (str, os.PathLike)):
     raise ConfigError("trace_characterisation", "trace_path", f"expected a trace file path, got {trace_path!r:.80}")
 block_size = count_parameter("block_size", block_size)
+if trace_block_size is not None:  # (a Mooncake trace of 64-token ids, which the CLI reads with the flag, was refused)
+    trace_block_size = count_parameter("trace_block_size", trace_block_size)
 if capacities is not None:
     if not isinstance(capacities, (list, tuple)) or not capacities:
         raise ConfigError("trace_characterisation", "capacities",
@@ -82,7 +85,7 @@ if trace_path is None:
 
     trace_path = os.path.join(tempfile.mkdtemp(prefix="kvtrace-nb-"), f"{generator}.jsonl")
     write_generated(generator, trace_path, fmt="native", seed=seed, num_requests=num_requests)
-source = open_trace(trace_path, format=trace_format, limit=limit)
+source = open_trace(trace_path, format=trace_format, limit=limit, block_size=trace_block_size)
 requests = list(source)
 if not requests:  # (every chart below needs one; max() of nothing was a raw ValueError)
     raise KVTraceError(f"{trace_path}: no requests to characterise (limit {limit!r})")
@@ -182,7 +185,8 @@ sweep_rows = []
 for cap in capacities:
     for policy in ("lru", "belady"):
         spec = RunSpec(trace=str(trace_path), mode="cache-only", policy=policy, capacity_blocks=cap,
-                       block_size=sweep_block_size, trace_format=trace_format, limit=limit, seed=seed)
+                       block_size=sweep_block_size, trace_format=trace_format, trace_block_size=trace_block_size,
+                       limit=limit, seed=seed)
         s = run_replay(spec).summary
         sweep_rows.append({"capacity_blocks": cap, "policy": policy,
                            "prefix_cache_hit_rate": s["prefix_cache_hit_rate"],

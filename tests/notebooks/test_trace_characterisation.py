@@ -75,6 +75,7 @@ def test_a_trace_without_requests_is_one_kvtrace_error(run_notebook, tmp_path):
     ({"capacities": []}, "capacities: expected a non-empty list"),  # (was plotly's ValueError on an empty sweep)
     ({"capacities": [8, "x"]}, "capacities: expected an int >= 1, got 'x'"),  # (int()'s ValueError)
     ({"block_size": 0}, "block_size: expected an int >= 1, got 0"),  # (range()'s ValueError)
+    ({"trace_block_size": "64"}, "trace_block_size: expected an int >= 1, got '64'"),
     ({"trace_path": ["a.jsonl"]}, "trace_path: expected a trace file path"),  # (os.path's TypeError)
 ])
 def test_a_parameter_it_cannot_use_is_one_config_error_naming_it(run_notebook, tmp_path, given, said):
@@ -134,3 +135,18 @@ def test_a_trace_whose_ids_are_not_prefix_chained_counts_the_caches_blocks(run_n
     assert result["reuse_fraction"] == pytest.approx(unbounded["block_hit_rate"]) == pytest.approx(0.25)
     assert result["lru_block_hit_rate"][-1] == pytest.approx(result["reuse_fraction"])
     assert (result["root_fanout"], result["max_fanout"], result["branching_nodes"]) == (3, 1, 0)
+
+
+def test_a_mooncake_trace_of_other_sized_ids_is_read_at_its_trace_block_size(run_notebook, tmp_path):
+    """The CLI reads a Mooncake trace of 64-token ids with --trace-block-size 64; the notebook
+    had no such parameter, so it refused the trace (ids counted at 512 tokens each)."""
+    path = tmp_path / "mooncake64.jsonl"
+    rows = [(0, 100, [1, 2]), (5, 128, [1, 2]), (9, 200, [1, 2, 3, 4]), (12, 64, [9])]
+    path.write_text("".join(f'{{"timestamp": {t}, "input_length": {n}, "output_length": 1, "hash_ids": {ids}}}\n'
+                            for t, n, ids in rows))
+    result, _ = run_notebook("trace_characterisation", trace_path=str(path), trace_block_size=64, capacities=[2, 8])
+    assert (result["format"], result["requests"], result["block_references"], result["unique_blocks"]) == (
+        "mooncake", 4, 9, 5)
+    for i, capacity in enumerate((2, 8)):
+        direct = run_replay(RunSpec(trace=str(path), mode="cache-only", capacity_blocks=capacity, trace_block_size=64))
+        assert result["lru_prefix_cache_hit_rate"][i] == pytest.approx(direct.summary["prefix_cache_hit_rate"])
