@@ -34,6 +34,7 @@ def runs(db: DbToRead, as_json: Json = False, limit: Annotated[int | None, typer
         metavar="N", help=f"List the newest N runs (0: all; default {RUNS_SHOWN} in the table, all with "
                                  "--json).")] = None) -> None:
     """List the runs in a store: id, name, trace, mode, backend, behaviours, capacity, status, headline metrics."""
+    from kvtrace.compare.pairing import behaviours_on
     from kvtrace.dashboard.run_config import capacity
     from kvtrace.replay.report import format_value
     from kvtrace.store import read
@@ -57,7 +58,8 @@ def runs(db: DbToRead, as_json: Json = False, limit: Annotated[int | None, typer
             "backend": run_backend(row["mode"], config),
             # which vLLM a --backend vllm run drove (None for kvtrace's): two checkouts, two runs
             "vllm_version": config.get("vllm_version"), "vllm_commit": config.get("vllm_commit"),
-            "behaviours": json.loads(row["behaviours"]) if row["behaviours"] else [],
+            # (the switched-on ones: a {name: on} record listed its off ones too)
+            "behaviours": behaviours_on(row["behaviours"]) or [],
             # (an unbounded cache-only run has no capacity, but a block size all the same)
             "capacity_blocks": cap.blocks if cap else None,
             "block_size": cap.block_size if cap else summary.get("block_size"),

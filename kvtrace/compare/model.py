@@ -111,10 +111,11 @@ class CountShift:
     key: str
     a: int
     b: int
+    comparable: bool = True  # False: the counts are of blocks of two sizes (no delta, as the summary's)
 
     @property
-    def delta(self) -> int:
-        return self.b - self.a
+    def delta(self) -> int | None:
+        return self.b - self.a if self.comparable else None
 
 
 @dataclass(slots=True, frozen=True)
@@ -240,12 +241,19 @@ def diff_summaries(
     metrics, notes = metric_deltas(summary_a, summary_b), []
     unmeasured = [k for k in dict.fromkeys([*summary_a, *summary_b])
                   if summary_a.get(k) is None and summary_b.get(k) is None]
-    size_a, size_b = _num(summary_a.get("block_size")), _num(summary_b.get("block_size"))
-    if size_a is not None and size_b is not None and size_a != size_b:
+    if block_sizes_differ(summary_a, summary_b):
+        size_a, size_b = summary_a["block_size"], summary_b["block_size"]
         metrics = [MetricDelta(m.name, m.a, m.b, None, None) if m.name in BLOCK_UNIT_KEYS else m for m in metrics]
         notes.append(f"block sizes differ ({size_a:g} vs {size_b:g} tokens): "
                      f"{', '.join(BLOCK_UNIT_KEYS)} count other units, so they have no delta")
     return RunDiff(run_a=ra, run_b=rb, metrics=metrics, same_trace=same, notes=notes, unmeasured=unmeasured)
+
+
+def block_sizes_differ(summary_a: dict[str, Any], summary_b: dict[str, Any]) -> bool:
+    """Whether two runs count blocks of different sizes (``BLOCK_UNIT_KEYS`` and the eviction
+    counts then have no delta)."""
+    size_a, size_b = _num(summary_a.get("block_size")), _num(summary_b.get("block_size"))
+    return size_a is not None and size_b is not None and size_a != size_b
 
 
 def request_hit_diff(per_request_a: pl.DataFrame, per_request_b: pl.DataFrame, top: int = 10) -> RequestHitDiff:
@@ -294,13 +302,14 @@ def _per_request_frame(frame: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def count_shifts(counts_a: pl.DataFrame, counts_b: pl.DataFrame, key: str, value: str = "count") -> list[CountShift]:
+def count_shifts(counts_a: pl.DataFrame, counts_b: pl.DataFrame, key: str, value: str = "count",
+                 comparable: bool = True) -> list[CountShift]:
     """Outer-join two (key, count) frames, a missing key counting 0; sorted by |delta|
-    descending, then key."""
+    descending, then key. ``comparable``: False for counts in other units (no delta)."""
     a = counts_a.select(pl.col(key).cast(pl.Utf8), pl.col(value).cast(pl.Int64).alias("a"))
     b = counts_b.select(pl.col(key).cast(pl.Utf8), pl.col(value).cast(pl.Int64).alias("b"))
     a = a.group_by(key).agg(pl.col("a").sum())
     b = b.group_by(key).agg(pl.col("b").sum())
     j = a.join(b, on=key, how="full", coalesce=True).fill_null(0)
     j = j.with_columns(d=(pl.col("b") - pl.col("a")).abs()).sort(["d", key], descending=[True, False])
-    return [CountShift(str(r[key]), int(r["a"]), int(r["b"])) for r in j.iter_rows(named=True)]
+    return [CountShift(str(r[key]), int(r["a"]), int(r["b"]), comparable) for r in j.iter_rows(named=True)]

@@ -59,11 +59,18 @@ def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:
         out[prefix] = value
 
 
-def _behaviours(run: Mapping[str, Any]) -> set[str]:
-    b = _parsed(run.get("behaviours"))
+def behaviours_on(stored: Any) -> list[str] | None:
+    """The behaviours a run record has switched on, sorted: it stores a JSON list of their
+    names or a ``{name: on}`` object (whose keys include the ones switched off: ``runs`` and
+    ``diff`` listed those as on). None where it records none (a collected run)."""
+    b = _parsed(stored)
     if isinstance(b, dict):
-        return {str(k) for k, on in b.items() if on}
-    return {str(x) for x in b} if isinstance(b, list) else set()
+        return sorted(str(k) for k, on in b.items() if on)
+    return sorted(str(x) for x in b) if isinstance(b, list) else None
+
+
+def _behaviours(run: Mapping[str, Any]) -> set[str]:
+    return set(behaviours_on(run.get("behaviours")) or ())
 
 
 def settings(run: Mapping[str, Any]) -> dict[str, Any]:

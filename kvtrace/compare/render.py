@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from kvtrace.compare.bootstrap import CI_LEVEL
-from kvtrace.compare.model import MetricDelta, RequestChange, RunDiff
+from kvtrace.compare.model import CountShift, MetricDelta, RequestChange, RunDiff
 from kvtrace.metrics import backend_label, times_source, times_word
 from kvtrace.names import markdown_code, markdown_literal, markup_literal, printable, stdout_console
 from kvtrace.store.schema import SUMMARY_FIELDS
@@ -123,7 +123,7 @@ def to_markdown(diff: RunDiff) -> str:
         lines += ["", "**Evictions**", "", "| by | key | A | B | Δ |", "|---|---|---:|---:|---:|"]
         for dim, shifts in (("reason", diff.evictions_by_reason), ("publish kind", diff.evictions_by_publish_kind)):
             for c in shifts:
-                lines.append(f"| {dim} | {_md_name(c.key)} | {c.a} | {c.b} | {c.delta:+d} |")
+                lines.append(f"| {dim} | {_md_name(c.key)} | {c.a} | {c.b} | {_count_delta(c)} |")
     lines += _correctness_markdown(diff)
     r = diff.requests
     if r is not None and (r.requests or r.only_a or r.only_b):
@@ -235,7 +235,7 @@ def tables(diff: RunDiff, metrics: Iterable[str] | None = None) -> list[Any]:
             t.add_column(col, justify="left" if col in ("by", "key") else "right")
         for dim, shifts in (("reason", diff.evictions_by_reason), ("publish kind", diff.evictions_by_publish_kind)):
             for c in shifts:
-                t.add_row(dim, markup_literal(c.key), str(c.a), str(c.b), f"{c.delta:+d}")
+                t.add_row(dim, markup_literal(c.key), str(c.a), str(c.b), _count_delta(c))
         out.append(t)
     r = diff.requests
     if r is not None and (r.top_gained or r.top_lost):
@@ -342,6 +342,12 @@ def _fmt_behaviours(run: dict[str, Any]) -> str:
     if isinstance(b, str):
         return b or "none"
     return ", ".join(sorted(b)) or "none"
+
+
+def _count_delta(c: CountShift) -> str:
+    """An eviction count's change as its counts are written (no separators); '–' for counts of
+    two block sizes, which have none."""
+    return "–" if c.delta is None else f"{c.delta:+d}"
 
 
 def _mark(verdict: str) -> str:

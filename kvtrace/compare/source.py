@@ -14,9 +14,16 @@ import duckdb
 import polars as pl
 
 from kvtrace.compare.bootstrap import ci_note, latency_shifts
-from kvtrace.compare.model import RunDiff, count_shifts, diff_summaries, request_hit_diff
+from kvtrace.compare.model import (
+    RequestHitDiff,
+    RunDiff,
+    block_sizes_differ,
+    count_shifts,
+    diff_summaries,
+    request_hit_diff,
+)
 from kvtrace.compare.options import DEFAULT_RESAMPLES, check_diff_options
-from kvtrace.compare.pairing import same_trace
+from kvtrace.compare.pairing import behaviours_on, same_trace
 from kvtrace.errors import KVTraceError
 from kvtrace.metrics import DEFAULT_PERCENTILES, NS_PER_MS, is_latency_key, run_backend
 from kvtrace.store import read
@@ -67,10 +74,25 @@ def _diff(view: StoreView, run_a: str, run_b: str, info_a: dict[str, Any], info_
     view.fill_percentiles(run_b, summary_b, summary_a)
     diff = diff_summaries(summary_a, summary_b, run_a=info_a, run_b=info_b)
     diff.same_trace, diff.forced = same, not same
-    diff.requests = request_hit_diff(view.per_request_hits(run_a), view.per_request_hits(run_b), top=top)
-    diff.evictions_by_reason = count_shifts(view.evictions_by_reason(run_a), view.evictions_by_reason(run_b), "reason")
+    hits_a, hits_b = view.per_request_hits(run_a), view.per_request_hits(run_b)
+    silent = [f"{side} ({info.get('mode')})" for side, info, hits, summary in
+              (("A", info_a, hits_a, summary_a), ("B", info_b, hits_b, summary_b))
+              if hits.height == 0 and (summary.get("requests") or 0) > 0]
+    if silent and (hits_a.height or hits_b.height):
+        # a cache-only run keeps no per-request hits: the other's requests were called "only in A"
+        # (an empty record, not None: callers read its counts)
+        diff.requests = RequestHitDiff()
+        diff.notes.append(f"run {' and '.join(silent)} records no per-request hits: per-request cached tokens "
+                          "are not compared")
+    else:
+        diff.requests = request_hit_diff(hits_a, hits_b, top=top)
+    # (evicted blocks: of two block sizes, no delta, as the summary's evictions; the table said +609)
+    same_units = not block_sizes_differ(summary_a, summary_b)
+    diff.evictions_by_reason = count_shifts(view.evictions_by_reason(run_a), view.evictions_by_reason(run_b), "reason",
+                                            comparable=same_units)
     diff.evictions_by_publish_kind = count_shifts(
-        view.evictions_by_publish_kind(run_a), view.evictions_by_publish_kind(run_b), "publish_kind"
+        view.evictions_by_publish_kind(run_a), view.evictions_by_publish_kind(run_b), "publish_kind",
+        comparable=same_units,
     )
     diff.latency, diff.bootstrap = latency_shifts(
         view.latency(run_a), view.latency(run_b), seed=seed, resamples=resamples, percentiles=percentiles,
@@ -113,7 +135,7 @@ class StoreView:
             "trace": r.get("trace_source"),
             "trace_id": r.get("trace_digest"),
             "mode": r.get("mode"),
-            "behaviours": r.get("behaviours"),
+            "behaviours": behaviours_on(r.get("behaviours")),
             "status": r.get("status"),
             "digest": r.get("digest"),
             "cost_model": _cost_model(r.get("config")),

@@ -1,0 +1,103 @@
+"""kvtrace diff and runs on pairs of run kinds: what each view says of a run's behaviours, of
+evicted blocks of two sizes, and of a run that keeps no per-request hits."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from kvtrace.compare.source import diff_runs
+
+
+def _tampered(src: str, dst: Path, sql: str, params: list) -> str:
+    shutil.copy(src, dst)
+    con = duckdb.connect(str(dst))
+    try:
+        con.execute(sql, params)
+    finally:
+        con.close()
+    return str(dst)
+
+
+def test_a_behaviours_object_lists_only_the_switched_on_ones(tmp_path, replayed_store, capsys):
+    """A run record's behaviours may be a {name: on} object (read.runs takes it): `runs` (table
+    and JSON) and `diff` (every rendering) listed its keys, the switched-off ones as on."""
+    from tests.cli.support import run
+
+    on, off = replayed_store.run_on, replayed_store.run_off
+    stored = {"shared-prefix-pinning": True, "external-hit-running-cow": False, "transient-checkpoint-retention": 0}
+    db = _tampered(replayed_store.path, tmp_path / "t.duckdb", "UPDATE runs SET behaviours = ? WHERE run_id = ?",
+                   [json.dumps(stored), off])
+    code, out, err = run(["runs", "--db", db, "--json"], capsys)
+    assert code == 0, err
+    listed = {r["run_id"]: r["behaviours"] for r in json.loads(out)["runs"]}
+    assert listed[off] == ["shared-prefix-pinning"]
+    code, out, err = run(["runs", "--db", db], capsys)
+    row = next(line for line in out.splitlines() if f" {off} " in line)
+    assert code == 0 and "shared-prefix-pinning" in row and "external-hit" not in row and "transient" not in row, row
+    d = diff_runs(db, on, off)
+    assert d.run_b["behaviours"] == ["shared-prefix-pinning"]
+    code, out, err = run(["diff", on, off, "--db", db, "--markdown"], capsys)
+    line = next(x for x in out.splitlines() if x.startswith("Behaviours:"))
+    assert code == 0 and line.endswith("· B `shared-prefix-pinning`"), line
+    code, out, err = run(["diff", on, off, "--db", db, "--json"], capsys)
+    assert code == 0 and json.loads(out)["run_b"]["behaviours"] == ["shared-prefix-pinning"]
+
+
+@pytest.fixture(scope="module")
+def engine_and_cache_only(tmp_path_factory):
+    """An engine run (512-token blocks, request spans) and a cache-only run of the same
+    requests (16-token blocks, no request spans)."""
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = tmp_path_factory.mktemp("kinds") / "s.duckdb"
+    a = run_replay(RunSpec("gen:chat", limit=20, capacity_blocks=40), db=db)
+    b = run_replay(RunSpec("gen:chat", limit=20, mode="cache-only", capacity_blocks=60), db=db)
+    return str(db), a.run_id, b.run_id
+
+
+def test_evicted_blocks_of_two_block_sizes_have_no_delta_in_any_view(engine_and_cache_only, capsys):
+    """The summary's evictions of two block sizes have no delta (its note says so), but the
+    eviction table under it set 512-token blocks against 16-token ones: 'lru 74 683 +609'."""
+    from tests.cli.support import run
+
+    db, a, b = engine_and_cache_only
+    d = diff_runs(db, a, b)
+    assert d.metric("evictions").delta is None
+    shifts = d.evictions_by_reason + d.evictions_by_publish_kind
+    assert shifts and all(s.delta is None for s in shifts)
+    assert any(s.a != s.b for s in shifts)  # (counts there are, each shown without a change)
+    code, out, err = run(["diff", a, b, "--db", db, "--json"], capsys)
+    by_reason = json.loads(out)["evictions"]["by_reason"]
+    assert code == 0 and by_reason and all(v["delta"] is None for v in by_reason.values()), by_reason
+    code, out, err = run(["diff", a, b, "--db", db, "--markdown"], capsys)
+    rows = [line for line in out.splitlines() if line.startswith(("| reason |", "| publish kind |"))]
+    assert code == 0 and rows and all(line.endswith("| – |") for line in rows), rows
+    code, out, err = run(["diff", a, b, "--db", db], capsys)
+    rows = [line for line in out.splitlines() if line.startswith(("│ reason ", "│ publish kind "))]
+    assert code == 0 and rows and all(line.rstrip(" │").endswith("–") for line in rows), rows
+    same = diff_runs(db, a, a)  # (one block size: the changes are there)
+    assert all(s.delta == 0 for s in same.evictions_by_reason)
+
+
+def test_a_run_without_per_request_hits_is_not_said_to_lack_the_requests(engine_and_cache_only, capsys):
+    """A cache-only run keeps no request spans: the diff of an engine run against it said
+    'Only in A: 20, only in B: 0' of requests both replayed. It says the run records none."""
+    from tests.cli.support import run
+
+    db, a, b = engine_and_cache_only
+    for x, y, side in ((a, b, "B"), (b, a, "A")):
+        d = diff_runs(db, x, y)
+        assert d.requests is not None and (d.requests.only_a, d.requests.only_b, d.requests.requests) == (0, 0, 0)
+        assert f"run {side} (cache-only/lru) records no per-request hits: per-request cached tokens are not " \
+               "compared" in d.notes
+        code, out, err = run(["diff", x, y, "--db", db, "--markdown"], capsys)
+        assert code == 0 and "Only in" not in out and "Per-request cached tokens" not in out
+        assert f"> ⚠️ run {side} (cache-only/lru) records no per-request hits" in out
+    both = diff_runs(db, a, a)  # (an engine pair pairs its requests as before)
+    assert both.requests is not None and both.requests.requests == 20
+    assert not [n for n in both.notes if "per-request" in n]
