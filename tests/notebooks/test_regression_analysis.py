@@ -175,3 +175,21 @@ def test_collected_runs_times_are_called_recorded_not_modelled(run_notebook, tmp
     printed = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
     assert "Times: as received over OTLP" in printed and "latency percentiles: recorded times" in printed
     assert "modelled" not in printed.replace("not modelled here", "")
+
+
+def test_study_mode_reads_a_trace_at_its_trace_block_size(run_notebook, tmp_path):
+    """`kvtrace study --trace T --trace-block-size 64` studies a Mooncake trace of 64-token ids;
+    the notebook had no such parameter, and refused the trace (512 tokens an id)."""
+    from kvtrace.compare.study import study_base
+    from kvtrace.replay.run import RunSpec
+
+    path = tmp_path / "mooncake64.jsonl"
+    rows = [(0, 300, [1, 2, 3, 4, 5]), (5, 320, [1, 2, 3, 4, 6]), (9, 200, [1, 2, 3, 7])]
+    path.write_text("".join(f'{{"timestamp": {t}, "input_length": {n}, "output_length": 2, "hash_ids": {ids}}}\n'
+                            for t, n, ids in rows))
+    out, _ = run_notebook("regression_analysis", behaviour=SHARED_PREFIX_PINNING, trace=str(path), trace_block_size=64)
+    base = study_base(SHARED_PREFIX_PINNING, RunSpec(trace=str(path), trace_block_size=64))
+    direct = run_study(SHARED_PREFIX_PINNING, trace=str(path), base=base)
+    assert out["metrics"]["prompt_tokens"]["a"] == direct.off["prompt_tokens"] == 820
+    off, on = direct.off["prefix_cache_hits"], direct.on["prefix_cache_hits"]
+    assert out["metrics"]["prefix_cache_hits"] == {"a": off, "b": on, "delta": on - off}
