@@ -283,7 +283,7 @@ def run_curve(spec, capacities: str, *, policies: Sequence[str] | None = None, d
     requests = list(workload.requests)
     caps = wanted if wanted is not None else [*auto_capacities(requests, spec.block_size), None]
     points = capacity_curve(requests, caps, policies=policies, block_size=spec.block_size)
-    _, bs = as_block_requests(requests[:1], spec.block_size) if requests else (None, spec.block_size)
+    _, bs = as_block_requests(requests[:1], spec.block_size)  # (an empty trace: the replay's default, not None)
     trace_id = workload.identity(len(requests))  # (a --limit past the trace's end: the whole trace)
     result = CurveResult(_curve_id(trace_id, spec, caps, policies), spec.trace, spec.mode, bs, points)
     if db is not None:
