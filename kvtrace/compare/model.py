@@ -193,10 +193,12 @@ class RunDiff:
 
 
 def _num(v: Any) -> float | None:
+    """A summary value as a metric: None for what is no finite number (JSON output said null of
+    an Infinity that --markdown showed as '+inf ✅ better', and a gate on it passed)."""
     if isinstance(v, bool) or v is None:
         return None
     if isinstance(v, (int, float)):
-        return None if isinstance(v, float) and math.isnan(v) else v
+        return None if isinstance(v, float) and not math.isfinite(v) else v
     return None
 
 

@@ -289,6 +289,8 @@ def fmt(v: float | None, signed: bool = False) -> str:
         return "–"
     if isinstance(v, float) and abs(v) < 1e-9:
         v = 0.0
+    if abs(v) >= _HUGE:  # (a damaged record's 1e308 filled a cell with 309 digits)
+        return f"{v:+.6g}" if signed else f"{v:.6g}"
     if isinstance(v, int) or (isinstance(v, float) and v.is_integer() and abs(v) >= 1000):
         return f"{int(v):+,d}" if signed else f"{int(v):,d}"
     if abs(v) >= 100:
@@ -302,9 +304,16 @@ def fmt(v: float | None, signed: bool = False) -> str:
     return ("+" if signed and v > 0 else "") + s
 
 
+# Beyond any count or time kvtrace records (int64 nanoseconds end near 9.2e18): shown in
+# 6 significant digits, not digit by digit.
+_HUGE = 1e18
+
+
 def fmt_rel(rel: float | None) -> str:
     """A relative change as a signed percentage; '–' when undefined."""
-    return "–" if rel is None else f"{rel * 100:+.1f}%"
+    if rel is None:
+        return "–"
+    return f"{rel * 100:+.3g}%" if abs(rel) >= _HUGE / 100 else f"{rel * 100:+.1f}%"
 
 
 def _side(diff: RunDiff, name: str, side: str) -> Any:

@@ -101,3 +101,29 @@ def test_a_run_without_per_request_hits_is_not_said_to_lack_the_requests(engine_
     both = diff_runs(db, a, a)  # (an engine pair pairs its requests as before)
     assert both.requests is not None and both.requests.requests == 20
     assert not [n for n in both.notes if "per-request" in n]
+
+
+def test_a_summary_value_that_is_no_finite_number_is_no_metric_in_any_view(tmp_path, replayed_store, capsys):
+    """A record's Infinity (JSON that Python reads, kvtrace never writes) was null in --json,
+    '+inf ✅ better' in --markdown, and a drop gate on it passed; a 1e308 filled its cells
+    with 309 digits."""
+    from kvtrace.store import read
+    from tests.cli.support import run
+
+    on, off = replayed_store.run_on, replayed_store.run_off
+    summary = dict(read.run(replayed_store.path, off)["summary"], prefix_cache_hit_rate=float("inf"),
+                   mean_e2el_ms=1e308)
+    db = _tampered(replayed_store.path, tmp_path / "t.duckdb", "UPDATE runs SET summary = ? WHERE run_id = ?",
+                   [json.dumps(summary), off])
+    d = diff_runs(db, on, off)
+    rate = d.metric("prefix_cache_hit_rate")
+    assert rate.a is not None and (rate.b, rate.delta, rate.rel) == (None, None, None)
+    code, out, err = run(["diff", on, off, "--db", db, "--markdown", "--fail-if", "prefix_cache_hit_rate:-0.5"],
+                         capsys)
+    assert code == 1 and "gate failed: prefix_cache_hit_rate:-0.5: cannot evaluate" in err, err
+    row = next(line for line in out.splitlines() if line.startswith("| prefix_cache_hit_rate |"))
+    assert row.endswith("| – | – | – |  |") and "inf" not in row, row
+    row = next(line for line in out.splitlines() if line.startswith("| mean_e2el_ms |"))
+    assert "| 1e+308 | +1e+308 | " in row and len(row) < 100, row
+    code, out, err = run(["diff", on, off, "--db", db, "--json"], capsys)
+    assert code == 0 and json.loads(out)["metrics"]["prefix_cache_hit_rate"]["b"] is None
