@@ -4,11 +4,14 @@
 request records need. ``tally`` is the one definition of those counts: a chunk that
 does not consume all its request's known tokens, or more than one token, is prefill;
 a single token that does is a decode. ``NoContentWorker`` does only that: no device
-storage, no content model, no verification. Every token it samples is 0 (a recorded
-output is still replayed by the scheduler), so hits, timings and every cache event are
-those of content mode wherever the sampled tokens do not reach a later prompt's keys
-(trace prompts are given, as ids or tokens, so they do not), and divergences and stale
-hashes are not looked for.
+storage, no content model, no verification. Every token it samples is
+``NO_CONTENT_TOKEN``, an id outside the vocabulary that no prompt holds (a recorded output
+is still replayed by the scheduler), so a block holding sampled tokens is never a later
+prompt's: hits, timings and every cache event are those of content mode wherever content
+mode's sampled tokens do not reach a later prompt's keys (trace prompts are given, as ids
+or tokens, so they do not), and divergences and stale hashes are not looked for. (Token 0
+was sampled: a later prompt holding a block of 0s after an earlier request's prompt hit
+that request's outputs, which content mode does not.)
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ from dataclasses import dataclass, field
 
 from kvtrace.cache import CacheConfig, MambaSpec
 from kvtrace.engine.scheduler import DecodeRun
+from kvtrace.workload.lines import VOCAB_SIZE
+
+NO_CONTENT_TOKEN = VOCAB_SIZE  # prompts' ids lie in [0, VOCAB_SIZE)
 
 
 @dataclass(slots=True)
@@ -56,7 +62,7 @@ def tally(res: StepResult, request, start: int, n: int) -> bool:
 
 
 class NoContentWorker:
-    """The engine's worker without content: step counts and token 0 for every sample."""
+    """The engine's worker without content: step counts and ``NO_CONTENT_TOKEN`` for every sample."""
 
     verify = False
 
@@ -79,16 +85,16 @@ class NoContentWorker:
         for nr in out.scheduled_new_reqs:  # the batch's order: new requests, then running ones
             self.requests[nr.request_id] = nr.request
             if tally(res, nr.request, nr.num_computed_tokens, scheduled[nr.request_id]):
-                res.sampled[nr.request_id] = 0
+                res.sampled[nr.request_id] = NO_CONTENT_TOKEN
         for cr in out.scheduled_cached_reqs:
             if isinstance(cr, DecodeRun):
                 for request, start in zip(cr.requests, cr.starts):
                     tally(res, request, start, 1)  # a decode: it samples
-                    res.sampled[request.request_id] = 0
+                    res.sampled[request.request_id] = NO_CONTENT_TOKEN
                 continue
             request = self.requests[cr.request_id]
             if tally(res, request, cr.num_computed_tokens, scheduled[cr.request_id]):
-                res.sampled[cr.request_id] = 0
+                res.sampled[cr.request_id] = NO_CONTENT_TOKEN
         return res
 
     def forget(self, request_id: str) -> None:

@@ -53,3 +53,26 @@ def test_no_content_needs_no_torch():
             "assert s['requests'] == 30; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("preset_name", ["dense-attention", "kimi-hybrid"])
+def test_a_later_prompt_of_zeros_does_not_hit_the_outputs_no_content_made_up(preset_name):
+    """t2 resends t1's 32-token prompt followed by 16 tokens of id 0, a valid token. Without
+    content every sampled token was 0: t1's first 16 outputs made the block t2 then hit
+    (dense: 48 hit tokens where content mode, whose outputs are the content model's, hits 32)."""
+    import numpy as np
+
+    from kvtrace.engine import get_preset
+    from kvtrace.workload import TraceRequest
+
+    prompt = np.arange(100, 132)
+    work = [TraceRequest("t1", 0, 32, 20, token_ids=prompt),
+            TraceRequest("t2", 10**9, 64, 2, token_ids=np.concatenate([prompt, np.zeros(16, int), np.full(16, 5)]))]
+    preset = get_preset(preset_name, block_size=16)
+    full, bare = Engine(preset).run(work), Engine(preset, content=False).run(work)
+    # content mode: t1's prompt (32 tokens; the hybrid keeps t1's state at 16 of them)
+    assert full.requests[1].num_local_hit_tokens == (32 if preset_name == "dense-attention" else 16)
+    same = sorted(set(full.summary) - set(CONTENT_ONLY))
+    assert {k: bare.summary[k] for k in same} == {k: full.summary[k] for k in same}
+    assert [(r.num_local_hit_tokens, r.first_token_ns) for r in bare.requests] \
+        == [(r.num_local_hit_tokens, r.first_token_ns) for r in full.requests]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from kvtrace.cache import CacheConfig, ExternalTierConfig, FullAttentionSpec, MambaSpec
@@ -23,7 +25,7 @@ def preset(cache: CacheConfig, batch: int = 8192, seqs: int = 64) -> EnginePrese
 
 
 def hybrid_cache(**kw) -> CacheConfig:
-    base = dict(
+    base: dict[str, Any] = dict(
         groups=(FullAttentionSpec(16), MambaSpec(16)), num_gpu_blocks=560, hash_block_size=16,
         retention_interval=0, enable_partial_hits=True, num_prefill_checkpoint_blocks=1,
     )
