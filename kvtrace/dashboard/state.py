@@ -16,6 +16,7 @@ import polars as pl
 import streamlit as st
 
 from kvtrace.dashboard import DB_ENV, ui
+from kvtrace.names import printable
 
 REFRESH_KEY = "kvtrace_refresh"
 T = TypeVar("T")
@@ -83,7 +84,11 @@ def bound_select(
             st.query_params.pop(param, None)
         return None
     by_text = {str(o): o for o in options}
-    format_func = _distinct(options, format_func)
+    # a picker's labels are plain text, where a newline or other control character in a run's
+    # name, a request id or a path was dropped ("two\nlines" read "twolines"): shown as its
+    # escape, as every other view shows it (and before _distinct, which compares what is shown)
+    shown = format_func
+    format_func = _distinct(options, lambda o: printable(shown(o)))
     key = f"qp_{param}"
     if key in st.session_state and st.session_state[key] is not None and str(st.session_state[key]) not in by_text:
         del st.session_state[key]  # the option vanished (e.g. another run picked)
