@@ -34,6 +34,7 @@ def runs(db: DbToRead, as_json: Json = False, limit: Annotated[int | None, typer
         metavar="N", help=f"List the newest N runs (0: all; default {RUNS_SHOWN} in the table, all with "
                                  "--json).")] = None) -> None:
     """List the runs in a store: id, name, trace, mode, backend, behaviours, capacity, status, headline metrics."""
+    from kvtrace.compare.model import finite_number
     from kvtrace.compare.pairing import behaviours_on
     from kvtrace.dashboard.run_config import capacity
     from kvtrace.replay.report import format_value
@@ -65,7 +66,8 @@ def runs(db: DbToRead, as_json: Json = False, limit: Annotated[int | None, typer
             "block_size": cap.block_size if cap else summary.get("block_size"),
             "status": row["status"], "created": row["created"], "spans": row["num_spans"],
             "damage": row["damage"],  # (status damaged: what its record holds that kvtrace never writes)
-            **{m: summary.get(m) for m in RUNS_METRICS},
+            # (as diff reads them: a damaged record's Infinity read "inf%" here and null in --json)
+            **{m: finite_number(summary.get(m)) for m in RUNS_METRICS},
         })
     if as_json:
         echo_json({"db": str(db), "runs": listed})

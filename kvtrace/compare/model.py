@@ -192,8 +192,8 @@ class RunDiff:
 # ------------------------------------------------------------------------- builders
 
 
-def _num(v: Any) -> float | None:
-    """A summary value as a metric: None for what is no finite number (JSON output said null of
+def finite_number(v: Any) -> float | None:
+    """A summary value as a metric, in every view: None for what is no finite number (JSON output said null of
     an Infinity that --markdown showed as '+inf ✅ better', and a gate on it passed)."""
     if isinstance(v, bool) or v is None:
         return None
@@ -214,7 +214,7 @@ def metric_deltas(summary_a: dict[str, Any], summary_b: dict[str, Any]) -> list[
     keys += sorted((set(summary_a) | set(summary_b)) - set(keys))
     out = []
     for k in keys:
-        a, b = _num(summary_a.get(k)), _num(summary_b.get(k))
+        a, b = finite_number(summary_a.get(k)), finite_number(summary_b.get(k))
         if a is None and b is None:
             continue  # non-numeric (digest, names): not a metric
         delta = None if a is None or b is None else b - a
@@ -254,7 +254,7 @@ def diff_summaries(
 def block_sizes_differ(summary_a: dict[str, Any], summary_b: dict[str, Any]) -> bool:
     """Whether two runs count blocks of different sizes (``BLOCK_UNIT_KEYS`` and the eviction
     counts then have no delta)."""
-    size_a, size_b = _num(summary_a.get("block_size")), _num(summary_b.get("block_size"))
+    size_a, size_b = finite_number(summary_a.get("block_size")), finite_number(summary_b.get("block_size"))
     return size_a is not None and size_b is not None and size_a != size_b
 
 

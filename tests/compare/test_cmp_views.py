@@ -127,3 +127,23 @@ def test_a_summary_value_that_is_no_finite_number_is_no_metric_in_any_view(tmp_p
     assert "| 1e+308 | +1e+308 | " in row and len(row) < 100, row
     code, out, err = run(["diff", on, off, "--db", db, "--json"], capsys)
     assert code == 0 and json.loads(out)["metrics"]["prefix_cache_hit_rate"]["b"] is None
+
+
+def test_runs_shows_a_headline_value_that_is_no_finite_number_as_none(tmp_path, replayed_store, capsys):
+    """`runs` printed a damaged record's Infinity as 'inf%' and a text as itself, where its
+    --json (and diff) said null."""
+    from kvtrace.store import read
+    from tests.cli.support import run
+
+    off = replayed_store.run_off
+    summary = dict(read.run(replayed_store.path, off)["summary"], prefix_cache_hit_rate=float("inf"),
+                   requests="thirty")
+    db = _tampered(replayed_store.path, tmp_path / "t.duckdb", "UPDATE runs SET summary = ? WHERE run_id = ?",
+                   [json.dumps(summary), off])
+    code, out, err = run(["runs", "--db", db, "--json"], capsys)
+    listed = next(r for r in json.loads(out)["runs"] if r["run_id"] == off)
+    assert code == 0 and (listed["requests"], listed["prefix_cache_hit_rate"]) == (None, None)
+    assert listed["median_ttft_ms"] == summary["median_ttft_ms"]  # (a number stays one)
+    code, out, err = run(["runs", "--db", db], capsys)
+    row = next(line for line in out.splitlines() if f" {off} " in line)
+    assert code == 0 and "inf" not in row and "thirty" not in row, row
