@@ -67,6 +67,9 @@ def main() -> None:
     # through ?request=.
     reqs = queries.request_choices(run_id, st.query_params.get("request"))
     if reqs.height == 0:
+        # a link from another run: named once, then dropped from the URL (as a picker replaces one)
+        state.warn_unknown("request", [], "Request", "it has no finished request to show.")
+        st.query_params.pop("request", None)
         ui.empty("No finished requests in this run.")
     else:
         options = reqs["request_id"].to_list()

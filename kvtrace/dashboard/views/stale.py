@@ -40,6 +40,9 @@ ui.chart(charts.correctness(over),
 st.subheader("Drill-down")
 stale = queries.call("stale_hashes", run_id)
 if stale.height == 0:
+    # a link from another run: named once, then dropped from the URL (as a picker replaces one)
+    state.warn_unknown("stale", [], "Stale hash", "it has none to drill into.")
+    st.query_params.pop("stale", None)
     ui.empty("No stale hash to drill into in this run.", FILL_STALE)
 else:
     stale = stale.with_columns(
