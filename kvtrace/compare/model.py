@@ -243,6 +243,11 @@ def diff_summaries(
     metrics, notes = metric_deltas(summary_a, summary_b), []
     unmeasured = [k for k in dict.fromkeys([*summary_a, *summary_b])
                   if summary_a.get(k) is None and summary_b.get(k) is None]
+    modes = [str(r.get("mode") or "").partition("/")[0] for r in (ra, rb)]
+    if sorted(modes) == ["cache-only", "engine"]:  # (README, Metrics: the two modes' hit rules)
+        notes.append(f"modes differ ({ra.get('mode')} vs {rb.get('mode')}): cache-only counts a prompt cached "
+                     "whole as hit whole, engine mode recomputes its last token as vLLM does, so the hit counters' "
+                     "deltas mix the rule with the cache")
     if block_sizes_differ(summary_a, summary_b):
         size_a, size_b = summary_a["block_size"], summary_b["block_size"]
         metrics = [MetricDelta(m.name, m.a, m.b, None, None) if m.name in BLOCK_UNIT_KEYS else m for m in metrics]

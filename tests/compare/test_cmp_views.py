@@ -147,3 +147,18 @@ def test_runs_shows_a_headline_value_that_is_no_finite_number_as_none(tmp_path, 
     code, out, err = run(["runs", "--db", db], capsys)
     row = next(line for line in out.splitlines() if f" {off} " in line)
     assert code == 0 and "inf" not in row and "thirty" not in row, row
+
+
+def test_an_engine_run_against_a_cache_only_run_says_their_hit_rules_differ(engine_and_cache_only, capsys):
+    """The two modes count hits by two rules (README, Metrics: a prompt cached whole hits whole
+    in cache-only mode; the engine recomputes its last token): a diff of one against the other
+    set their hit rates side by side without a word."""
+    from tests.cli.support import run
+
+    db, a, b = engine_and_cache_only
+    for x, y, modes in ((a, b, "engine vs cache-only/lru"), (b, a, "cache-only/lru vs engine")):
+        assert [n for n in diff_runs(db, x, y).notes if n.startswith(f"modes differ ({modes}): cache-only counts")]
+        code, out, _ = run(["diff", x, y, "--db", db, "--markdown"], capsys)
+        assert code == 0 and f"> ⚠️ modes differ ({modes})" in out
+    for x in (a, b):
+        assert not [n for n in diff_runs(db, x, x).notes if n.startswith("modes differ")]
