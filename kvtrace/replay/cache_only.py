@@ -40,6 +40,7 @@ from kvtrace.cache.events import PrefixLookup
 from kvtrace.errors import ConfigError
 from kvtrace.metrics import DEFAULT_PERCENTILES, LOCAL_HIT, PROMPT, block_hits, hit_summary, no_latency
 from kvtrace.names import POLICIES
+from kvtrace.numeric import cdiv
 from kvtrace.process import collector_paused
 from kvtrace.replay.belady import belady_hits, chain_keys
 from kvtrace.replay.writers import BlockInterner
@@ -248,7 +249,7 @@ def replay_cache_only(
     progress: Callable[[int], None] | None = None,
 ) -> CacheOnlyResult:
     """Replay in cache-only mode with ``capacity_blocks`` usable blocks (or
-    ``capacity_tokens // block_size``) of ``block_size`` tokens (default: the trace's).
+    ``capacity_tokens`` rounded up to whole blocks) of ``block_size`` tokens (default: the trace's).
 
     With neither (or ``capacity_blocks=math.inf``) the cache is unbounded: the "infinite
     cache" hit rate of the Mooncake paper and Dynamo's ``datagen analyze``. Nothing is
@@ -268,7 +269,8 @@ def replay_cache_only(
         raise ConfigError("cache-only", "capacity", "give at most one of capacity_blocks / capacity_tokens")
     unbounded = capacity_tokens is None and capacity_blocks in (None, math.inf)
     if capacity_tokens is not None:
-        capacity_blocks = capacity_tokens // bs if isinstance(capacity_tokens, int) else capacity_tokens
+        # rounded up, as --capacity-tokens and the engine's pools are (it rounded down here)
+        capacity_blocks = cdiv(capacity_tokens, bs) if isinstance(capacity_tokens, int) else capacity_tokens
     if not unbounded and (not isinstance(capacity_blocks, int) or capacity_blocks < 1):
         raise ConfigError("cache-only", "capacity_blocks", f"expected an int >= 1 blocks, got {capacity_blocks!r}")
     bounded = None if unbounded else capacity_blocks
@@ -318,7 +320,12 @@ def _replay_manager(reqs, bs, capacity, result, listeners, progress) -> CacheOnl
             raise ConfigError("--capacity-blocks", "inf", f"the unbounded cache would hold {capacity:,} blocks, more "
                                                           f"than a pool of kvtrace's holds ({MAX_CAPACITY_BLOCKS:,}); "
                                                           "replay fewer requests (--limit) or larger blocks")
-    config = CacheConfig(groups=(FullAttentionSpec(bs),), num_gpu_blocks=capacity + _EXTRA_BLOCKS, hash_block_size=bs)
+    # At one token a block the extra token would fill a block of its own, hashed, published
+    # and held in the pool (an unbounded cache evicted, a hit was lost): there only the
+    # trace's tokens are allocated (a whole hit allocates none), and no block is extra.
+    extra_token = 1 if bs > 1 else 0
+    config = CacheConfig(groups=(FullAttentionSpec(bs),), num_gpu_blocks=capacity + _EXTRA_BLOCKS - 1 + extra_token,
+                         hash_block_size=bs)
     mgr = KVCacheManager(config)
     for listener in listeners:
         mgr.subscribe(listener)
@@ -332,17 +339,18 @@ def _replay_manager(reqs, bs, capacity, result, listeners, progress) -> CacheOnl
             num_tokens = n * bs + 1
             # the trace-id keys (see the module docstring), taken over as they are: the extra
             # token's block is partial, so the request never outgrows them, except at one token
-            # a block, where that block is full and the hasher appends its key (a list then)
+            # a block, where that block is full and the hasher appends its key (a list then;
+            # never allocated, it only lets every trace block hit)
             req = Request(r.request_id, None, trace_block_ids=r.hash_ids, trace_block_size=bs,
                           namespace=r.namespace, cache_salt=r.cache_salt, num_prompt_tokens=num_tokens,
                           block_hashes=hs if bs > 1 else list(hs))
             computed, num_hit, _ = get_computed_blocks(req)
             if listeners:
                 _in_trace_terms(sink.events, r.input_length, num_hit)
-            if n > capacity or allocate_slots(req, num_tokens - num_hit, num_hit, computed) is None:
+            if n > capacity or allocate_slots(req, n * bs + extra_token - num_hit, num_hit, computed) is None:
                 oversized += 1
             else:
-                req.num_computed_tokens = num_tokens
+                req.num_computed_tokens = n * bs + extra_token
                 free(req)
             hit_blocks.append(num_hit // bs)
             mgr.new_step_starts()  # one request per step: hands its events to the listeners

@@ -10,6 +10,7 @@ from kvtrace.cache.events import BlockEvicted, BlockPublished, BlocksFreed, Pref
 from kvtrace.errors import ConfigError
 from kvtrace.replay.belady import belady_hits, chain_keys, next_uses
 from kvtrace.replay.cache_only import block_keys, replay_cache_only
+from kvtrace.replay.curve import capacity_curve
 from kvtrace.replay.digest import Digest
 from kvtrace.replay.generate import generate
 from kvtrace.replay.readers import open_trace, read_trace
@@ -207,6 +208,8 @@ def test_events_flow_one_step_per_request_and_digest_is_deterministic():
 def test_capacity_and_policy_arguments():
     r = [req("a", [1])]
     assert replay_cache_only(r, capacity_tokens=40).capacity_blocks == 10
+    # rounded up, as `replay --capacity-tokens` is (the API rounded down: another capacity)
+    assert replay_cache_only(r, capacity_tokens=41).capacity_blocks == 11
     with pytest.raises(ConfigError, match="at most one of capacity_blocks / capacity_tokens"):
         replay_cache_only(r, capacity_blocks=4, capacity_tokens=16)
     with pytest.raises(ConfigError, match="policy"):
@@ -316,3 +319,31 @@ def test_an_unbounded_cache_past_kvtraces_pool_names_the_flag_and_the_way_out(tm
     code, _, err = run(["replay", str(trace), "--mode", "cache-only", "--trace-block-size", "1"], capsys)
     assert_one_line(code, err, "--capacity-blocks: inf: the unbounded cache would hold 6,300,001 blocks",
                     "replay fewer requests (--limit)")
+
+
+def test_one_token_blocks_hold_the_capacity_given():
+    # At --block-size 1 the extra token each request is presented with filled a block of its
+    # own and was published: 50 distinct ids then the same 50 again hit nothing in an
+    # unbounded cache (147 evictions), and capacity 3 lost D's hit that any LRU of 3 keeps.
+    reqs = [TraceRequest(f"r{i}", i, 1, 1, hash_ids=(i % 50,), hash_block_size=1) for i in range(100)]
+    unbounded = replay_cache_only(reqs, block_size=1)
+    assert (unbounded.hit_tokens, unbounded.evictions, unbounded.publishes) == (50, 0, 50)
+    abcd = [TraceRequest(r, i, 1, 1, hash_ids=(k,), hash_block_size=1)
+            for i, (r, k) in enumerate([("A", 0), ("B", 1), ("C", 2), ("D", 0)])]
+    run = replay_cache_only(abcd, capacity_blocks=3, block_size=1)
+    (point,) = capacity_curve(abcd, [3], policies=("lru",), block_size=1)
+    assert run.per_request_hit_blocks == [0, 0, 0, 1] and (run.publishes, run.evictions) == (3, 0)
+    assert point.hit_blocks == run.hit_blocks
+    # one past the capacity evicts the least recently used, as at any block size
+    run = replay_cache_only(abcd, capacity_blocks=2, block_size=1)
+    assert run.per_request_hit_blocks == [0, 0, 0, 0] and run.evictions == 2
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_one_token_blocks_equal_the_bare_reference(seed):
+    reqs = [req(r.request_id, r.hash_ids, bs=1) for r in random_trace(seed, 60)]
+    keys = chain_keys(reqs)[0]
+    for cap in (3, 10, 40):
+        res = replay_cache_only(reqs, capacity_blocks=cap, block_size=1)
+        ref_hits, ref_pub, ref_ev, _ = lru_reference(keys, cap)
+        assert res.per_request_hit_blocks == ref_hits and (res.publishes, res.evictions) == (ref_pub, ref_ev), cap
