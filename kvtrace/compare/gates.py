@@ -86,7 +86,10 @@ def check_fail_if(diff: RunDiff, gates: Iterable[str]) -> list[str]:
         change = m.rel if gate.relative else m.delta
         unit = "%" if gate.relative else ""
         if change is None or (isinstance(change, float) and math.isnan(change)) or m.a is None or m.b is None:
-            failures.append(f"{gate.text}: cannot evaluate (A={fmt(m.a)}, B={fmt(m.b)})")
+            # (why, where both values are there: "cannot evaluate (A=0.1583, B=0.3615)" read as a bug)
+            why = ("" if m.a is None or m.b is None else ": A and B count blocks of two sizes" if m.delta is None
+                   else ": no relative change from A=0" if gate.relative and m.a == 0 else "")
+            failures.append(f"{gate.text}: cannot evaluate{why} (A={fmt(m.a)}, B={fmt(m.b)})")
             continue
         shown = change * 100 if gate.relative else change
         limit = gate.threshold * 100 if gate.relative else gate.threshold

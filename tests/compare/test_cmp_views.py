@@ -162,3 +162,18 @@ def test_an_engine_run_against_a_cache_only_run_says_their_hit_rules_differ(engi
         assert code == 0 and f"> ⚠️ modes differ ({modes})" in out
     for x in (a, b):
         assert not [n for n in diff_runs(db, x, x).notes if n.startswith("modes differ")]
+
+
+def test_a_gate_that_cannot_be_evaluated_on_two_values_says_why(engine_and_cache_only):
+    """'block_hit_rate:+0: cannot evaluate (A=0.1583, B=0.3615)' gave two numbers and no
+    reason: blocks of two sizes, or a relative change from a zero baseline."""
+    from kvtrace.compare.gates import check_fail_if
+    from kvtrace.compare.model import diff_summaries
+
+    db, a, b = engine_and_cache_only
+    (msg,) = check_fail_if(diff_runs(db, a, b), ["block_hit_rate:+0"])
+    assert msg.startswith("block_hit_rate:+0: cannot evaluate: A and B count blocks of two sizes (A=0."), msg
+    d = diff_summaries({"stale_hashes": 0, "divergent_outputs": 0}, {"stale_hashes": 0, "divergent_outputs": None})
+    assert check_fail_if(d, ["stale_hashes:+5%", "divergent_outputs:+5%"]) == [
+        "stale_hashes:+5%: cannot evaluate: no relative change from A=0 (A=0, B=0)",
+        "divergent_outputs:+5%: cannot evaluate (A=0, B=–)"]
