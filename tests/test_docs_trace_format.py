@@ -154,3 +154,25 @@ def test_mooncake_request_ids_count_requests_not_lines(tmp_path):
     row = '{"timestamp": 0, "input_length": 4, "output_length": 1, "hash_ids": [0]}'
     trace.write_text(f"\n{row}\n\n  \n{row}\n")
     assert [r.request_id for r in read_trace(trace)] == ["r0", "r1"]
+
+
+def test_a_converted_traces_header_names_its_source_and_the_limit_that_cut_it(tmp_path):
+    """The page named the header's `source` only: `kvtrace convert --limit` also writes `source_limit`."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from kvtrace.cli import app
+
+    said = " ".join(DOC.split())
+    assert ("the header's `source` names the source, and `source_limit` the requests kept of it where `--limit` "
+            "cut it.") in said
+    trace = tmp_path / "m.jsonl"
+    trace.write_text("".join(f'{{"timestamp": {t}, "input_length": 4, "output_length": 1, "hash_ids": [{t}]}}\n'
+                             for t in range(3)))
+    for limit, kept in ((["--limit", "2"], 2), ([], None)):
+        out = tmp_path / f"out{kept}.jsonl"
+        result = CliRunner().invoke(app, ["convert", str(trace), "-o", str(out), *limit])
+        assert result.exit_code == 0, result.output
+        header = json.loads(out.read_text().splitlines()[0])
+        assert header["source"].startswith("mooncake:sha256:") and header.get("source_limit") == kept
