@@ -20,7 +20,7 @@ from typing import Any
 
 from kvtrace.compare.model import RunDiff
 from kvtrace.compare.options import demo_target
-from kvtrace.compare.render import tables
+from kvtrace.compare.render import backend_note, tables
 from kvtrace.compare.source import diff_runs
 from kvtrace.compare.study import BEHAVIOURS
 from kvtrace.errors import KVTraceError
@@ -109,6 +109,9 @@ def run_demo(
     for behaviour, d in result.diffs.items():
         console.print()
         console.print(f"[bold]{behaviour}[/bold]: A = switched off, B = all on (what the behaviour buys)")
+        backends = backend_note(d, code=printable)  # (--backend vllm: B is vLLM's manager, A kvtrace's, as diff says)
+        if backends:
+            console.print(backends, markup=False, highlight=False)
         for table in tables(d, metrics=SUMMARY_FIELDS)[:2]:  # metric deltas, latency percentiles with CIs
             console.print(table)
         for note in d.notes:  # (why a CI shows as [–, –], as kvtrace diff says it)
