@@ -72,9 +72,19 @@ def run_id_parameter(name, value):
     raise KVTraceError(f"{name}: expected a run id (text, see `kvtrace runs`), got {value!r:.80}")
 
 
+def int_parameter(name, value, least, most=2**64 - 1):
+    # (the study and the diff named their CLI flags: limit 0 was "--limit: 0", seed "x" "--seed: x")
+    if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most:
+        raise KVTraceError(f"{name}: expected an int from {least} to {most:,}, got {value!r:.80}")
+    return value
+
+
 run_a, run_b = run_id_parameter("run_a", run_a), run_id_parameter("run_b", run_b)
 if not isinstance(force, bool):  # (papermill's -p force no is the text "no": true, and it forced the diff)
     raise KVTraceError(f"force: expected True or False, got {force!r:.80}")
+seed = int_parameter("seed", seed, 0)
+limit = None if limit is None else int_parameter("limit", limit, 1)
+trace_block_size = None if trace_block_size is None else int_parameter("trace_block_size", trace_block_size, 1)
 if (db_path is None) != (run_a is None and run_b is None) or (run_a is None) != (run_b is None):
     # (a study into the given store added 4 runs to it; run ids without a store were ignored)
     raise KVTraceError(f"db_path {db_path!r}, run_a {run_a!r}, run_b {run_b!r}: give a store and both run ids, "
@@ -84,9 +94,6 @@ if (db_path is None) != (run_a is None and run_b is None) or (run_a is None) != 
 result_sources = [p for p in (db_path, trace) if p]
 if result_path:
     AtomicText(result_path, result_sources).check()
-if trace_block_size is not None and (isinstance(trace_block_size, bool) or not isinstance(trace_block_size, int)
-                                     or trace_block_size < 1):
-    raise KVTraceError(f"trace_block_size: expected an int >= 1, got {trace_block_size!r:.80}")
 if db_path is None:
     from kvtrace.compare.study import run_study, study_base
     from kvtrace.replay.run import RunSpec

@@ -67,6 +67,11 @@ if isinstance(trace_path, int) and not isinstance(trace_path, bool):
 elif trace_path is not None and not isinstance(trace_path, (str, os.PathLike)):
     raise ConfigError("trace_characterisation", "trace_path", f"expected a trace file path, got {trace_path!r:.80}")
 block_size = count_parameter("block_size", block_size)
+# (the generator and the replays named their CLI flags: num_requests 0 was "--requests: 0", seed "x" "--seed: x")
+num_requests = None if num_requests is None else count_parameter("num_requests", num_requests)
+limit = None if limit is None else count_parameter("limit", limit)
+if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
+    raise ConfigError("trace_characterisation", "seed", f"expected an int from 0 to 2^64 - 1, got {seed!r:.80}")
 if trace_block_size is not None:  # (a Mooncake trace of 64-token ids, which the CLI reads with the flag, was refused)
     trace_block_size = count_parameter("trace_block_size", trace_block_size)
 if capacities is not None:

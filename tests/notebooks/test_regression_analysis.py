@@ -193,3 +193,16 @@ def test_study_mode_reads_a_trace_at_its_trace_block_size(run_notebook, tmp_path
     assert out["metrics"]["prompt_tokens"]["a"] == direct.off["prompt_tokens"] == 820
     off, on = direct.off["prefix_cache_hits"], direct.on["prefix_cache_hits"]
     assert out["metrics"]["prefix_cache_hits"] == {"a": off, "b": on, "delta": on - off}
+
+
+@pytest.mark.parametrize(("given", "said"), [
+    ({"seed": "x"}, "seed: expected an int from 0 to 18,446,744,073,709,551,615, got 'x'"),
+    ({"limit": 0}, "limit: expected an int from 1 to 18,446,744,073,709,551,615, got 0"),
+    ({"trace_block_size": 0}, "trace_block_size: expected an int from 1 to 18,446,744,073,709,551,615, got 0"),
+])
+def test_a_count_it_cannot_use_is_one_error_naming_the_parameter(run_notebook, given, said):
+    """The study and the diff named their own flags ("--seed: x", "--limit: 0"), which a notebook has none of."""
+    from papermill.exceptions import PapermillExecutionError
+
+    with pytest.raises(PapermillExecutionError, match=re.escape(f"KVTraceError: {said}")):
+        run_notebook("regression_analysis", **given)

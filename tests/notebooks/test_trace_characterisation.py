@@ -76,6 +76,9 @@ def test_a_trace_without_requests_is_one_kvtrace_error(run_notebook, tmp_path):
     ({"capacities": [8, "x"]}, "capacities: expected an int >= 1, got 'x'"),  # (int()'s ValueError)
     ({"block_size": 0}, "block_size: expected an int >= 1, got 0"),  # (range()'s ValueError)
     ({"trace_block_size": "64"}, "trace_block_size: expected an int >= 1, got '64'"),
+    # (the generator's and the replay's flags were named: "--requests: 0", "--seed: x")
+    ({"num_requests": 0, "trace_path": None}, "num_requests: expected an int >= 1, got 0"),
+    ({"seed": "x"}, "seed: expected an int from 0 to 2^64 - 1, got 'x'"),
     ({"trace_path": ["a.jsonl"]}, "trace_path: expected a trace file path"),  # (os.path's TypeError)
 ])
 def test_a_parameter_it_cannot_use_is_one_config_error_naming_it(run_notebook, tmp_path, given, said):
