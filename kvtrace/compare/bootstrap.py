@@ -270,6 +270,7 @@ def latency_shifts(
     resamples: int = DEFAULT_RESAMPLES,
     percentiles: Sequence[float] = PERCENTILES,
     per_unit: float = 1.0,
+    pair: bool = True,
 ) -> tuple[list[PercentileShift], dict[str, Any]]:
     """TTFT/ITL percentile shifts and the bootstrap's settings (seed, resamples, paired,
     requests_a, requests_b) and ``no_ci``, the shifts without a CI (``ci_estimable``).
@@ -279,13 +280,14 @@ def latency_shifts(
     latency_x maps 'ttft_ms' / 'itl_ms' to frames with columns request_id and the metric
     (one row per request for TTFT, one per inter-token gap for ITL). The request universe
     of each run is the union of request ids over both metrics. A metric missing from
-    either run, or without observations in both, is left out.
+    either run, or without observations in both, is left out. ``pair=False``: the runs'
+    ids do not name the same requests (never paired, whatever ids they share).
     """
     rng = np.random.Generator(np.random.PCG64(seed))
     frames_a = {k: v for k, v in latency_a.items() if v is not None}
     frames_b = {k: v for k, v in latency_b.items() if v is not None}
     ua, ub = _request_universe(frames_a), _request_universe(frames_b)
-    paired = ua.equals(ub)
+    paired = pair and ua.equals(ub)
     counts_a = resample_counts(rng, ua.height, resamples)
     counts_b = counts_a if paired else resample_counts(rng, ub.height, resamples)
     shifts: list[PercentileShift] = []

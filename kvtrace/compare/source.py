@@ -56,7 +56,12 @@ def diff_runs(
     if not same and not force:
         a, b = info_a.get("trace"), info_b.get("trace")
         # one file read two ways (another --limit, --block-size or --format) is different requests too
-        which = f"{a!r}, read differently (another --limit, --block-size or --format)" if a == b else f"{a!r} vs {b!r}"
+        if a != b:
+            which = f"{a!r} vs {b!r}"
+        elif str(a).startswith("gen:"):  # (a generated workload: another seed generates other requests)
+            which = f"{a!r}, generated differently (another --limit or --seed)"
+        else:
+            which = f"{a!r}, read differently (another --limit, --block-size or --format)"
         raise KVTraceError(f"{db}: runs {run_a} and {run_b} replay different traces ({which}); pass --force to "
                            "compare anyway")
     try:
@@ -78,7 +83,15 @@ def _diff(view: StoreView, run_a: str, run_b: str, info_a: dict[str, Any], info_
     silent = [f"{side} ({info.get('mode')})" for side, info, hits, summary in
               (("A", info_a, hits_a, summary_a), ("B", info_b, hits_b, summary_b))
               if hits.height == 0 and (summary.get("requests") or 0) > 0]
-    if silent and (hits_a.height or hits_b.height):
+    other, common = _other_prompts(hits_a, hits_b)
+    if other:
+        # one id, two prompts (two seeds of a generated workload, two files, forced): pairing them
+        # counted "9 gained, 5 lost" between unrelated requests, and resampled them as one
+        diff.requests = RequestHitDiff()
+        diff.notes.append(f"{other:,} of the {common:,} request ids both runs hold have other prompt lengths in A "
+                          "and B: they name other requests, so none is paired (no per-request changes; each run's "
+                          "latencies resampled on its own)")
+    elif silent and (hits_a.height or hits_b.height):
         # a cache-only run keeps no per-request hits: the other's requests were called "only in A"
         # (an empty record, not None: callers read its counts)
         diff.requests = RequestHitDiff()
@@ -96,7 +109,7 @@ def _diff(view: StoreView, run_a: str, run_b: str, info_a: dict[str, Any], info_
     )
     diff.latency, diff.bootstrap = latency_shifts(
         view.latency(run_a), view.latency(run_b), seed=seed, resamples=resamples, percentiles=percentiles,
-        per_unit=NS_PER_MS,
+        per_unit=NS_PER_MS, pair=not other,
     )
     if note := ci_note(diff.bootstrap.get("no_ci", [])):
         diff.notes.append(note)
@@ -106,6 +119,15 @@ def _diff(view: StoreView, run_a: str, run_b: str, info_a: dict[str, Any], info_
                            f"{info_b.get('mode')}): nothing to compare: neither a replay summary nor request "
                            "latencies in both")
     return diff
+
+
+def _other_prompts(hits_a: pl.DataFrame, hits_b: pl.DataFrame) -> tuple[int, int]:
+    """How many of the request ids both runs hold have another prompt length in each (so are
+    other requests), and how many they both hold."""
+    joined = hits_a.select("request_id", "prompt_tokens").join(
+        hits_b.select("request_id", pl.col("prompt_tokens").alias("prompt_b")), on="request_id", how="inner")
+    other = joined.filter(pl.col("prompt_tokens").ne_missing(pl.col("prompt_b"))).height
+    return other, joined.height
 
 
 class StoreView:

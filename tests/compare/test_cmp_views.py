@@ -177,3 +177,36 @@ def test_a_gate_that_cannot_be_evaluated_on_two_values_says_why(engine_and_cache
     assert check_fail_if(d, ["stale_hashes:+5%", "divergent_outputs:+5%"]) == [
         "stale_hashes:+5%: cannot evaluate: no relative change from A=0 (A=0, B=0)",
         "divergent_outputs:+5%: cannot evaluate (A=0, B=–)"]
+
+
+def test_requests_of_one_id_with_other_prompts_are_not_paired(tmp_path, capsys):
+    """Two seeds of a generated workload name their requests alike (chat0-t0, ...): a forced
+    diff set each against another request of its id ('9 gained, 5 lost of 25 common'); the
+    refusal blamed --limit, --block-size or --format. One trace cut at two --limit is still
+    paired request by request."""
+    import numpy as np
+    import polars as pl
+
+    from kvtrace.compare.bootstrap import latency_shifts
+    from kvtrace.replay.run import RunSpec, run_replay
+    from tests.cli.support import assert_one_line, run
+
+    db = str(tmp_path / "s.duckdb")
+    one, two, longer = (run_replay(RunSpec("gen:chat", limit=n, seed=s), db=db).run_id
+                        for s, n in ((1, 15), (2, 15), (1, 16)))
+    code, _, err = run(["diff", one, two, "--db", db], capsys)
+    assert_one_line(code, err, "replay different traces ('gen:chat', generated differently (another --limit or "
+                               "--seed)); pass --force")
+    d = diff_runs(db, one, two, force=True)
+    assert d.requests is not None and (d.requests.requests, d.requests.gained, d.requests.lost) == (0, 0, 0)
+    assert [n for n in d.notes if "request ids both runs hold have other prompt lengths in A and B" in n]
+    assert d.bootstrap["paired"] is False
+    code, out, _ = run(["diff", one, two, "--db", db, "--force", "--markdown"], capsys)
+    assert code == 0 and "Per-request cached tokens" not in out and "they name other requests" in out
+    cut = diff_runs(db, one, longer, force=True)  # (the first 15 of the same requests)
+    assert cut.requests is not None and cut.requests.requests == 15
+    assert not [n for n in cut.notes if "other prompt lengths" in n]
+    # the bootstrap is told: one universe of ids, never paired when they name other requests
+    frame = {"ttft_ms": pl.DataFrame({"request_id": [f"r{i}" for i in range(20)], "ttft_ms": np.arange(20.0)})}
+    assert latency_shifts(frame, frame)[1]["paired"] is True
+    assert latency_shifts(frame, frame, pair=False)[1]["paired"] is False
