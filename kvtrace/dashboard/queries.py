@@ -319,27 +319,56 @@ def _per_request(run_id: str) -> pl.DataFrame:
         pl.col("num_prompt_tokens", "num_cached_tokens", "num_local_hit_tokens").sum(), pl.col("ttft_ns").max())
 
 
+# Modes whose span times are kvtrace's virtual clock, which starts at 0: a live capture's and
+# a collected run's are their sender's (a vLLM server's wall clock: ns since 1970).
+VIRTUAL_CLOCK_MODES = ("engine", "cache-only")
+
+
 @st.cache_data(show_spinner=False, max_entries=64)
-def _extent(db: str, key: tuple, run_id: str) -> tuple[int, int]:
-    """(virtual duration ns, requests). A finished replay's summary has both; otherwise (a
-    running or foreign run) the last request finish, read once and reduced to two numbers."""
-    summary = _json(read.run(db, run_id).get("summary")) or {}
+def _extent(db: str, key: tuple, run_id: str) -> tuple[int, int, int]:
+    """(time origin ns, end ns, requests). A finished replay's summary has its virtual
+    duration and requests, from 0; otherwise (a running or foreign run) the requests'
+    arrivals and finishes, and for a run on its sender's clock also its evictions (a live
+    capture has no requests), read once and reduced to three numbers. The origin is 0 on
+    kvtrace's virtual clock, else the first time read: a live capture's windows start at
+    its wall clock's ns since 1970, which a window from 0 s never reached."""
+    record = read.run(db, run_id)
+    summary = _json(record.get("summary")) or {}
     duration, n = summary.get("virtual_duration_s"), summary.get("requests")
     # (a damaged one, 1e300 s, past int64 nanoseconds, is read from the spans instead)
     if isinstance(duration, (int, float)) and isinstance(n, int) and 0 < duration * 1e9 < 2**63:
-        return int(duration * 1e9), n
+        return 0, int(duration * 1e9), n
     reqs = read.requests(db, run_id)
-    end = reqs.select(pl.col("finish_ns").max()).item() if reqs.height else None
-    return int(end or 0), reqs.height
+    frames = [reqs.select(pl.col("arrival_ns").min().alias("lo"), pl.col("finish_ns").max().alias("hi"))]
+    virtual = record.get("mode") in VIRTUAL_CLOCK_MODES
+    if not virtual:  # (the windows' starts: within one window of the first and last eviction)
+        evicted = read.evictions_over_time(db, run_id)
+        frames.append(evicted.select(pl.col("window_start_ns").min().alias("lo"),
+                                     pl.col("window_start_ns").max().alias("hi")))
+    lo, end = pl.concat([f.cast(pl.Int64) for f in frames]).select(
+        pl.col("lo").min().fill_null(0), pl.col("hi").max().fill_null(0)).row(0)
+    return (0 if virtual else lo), end, reqs.height
 
 
 def extent(run_id: str) -> tuple[int, int]:
+    """(length ns from the run's time origin, requests)."""
     ctx = context()
-    return _extent(ctx["db"], ctx["key"], run_id)
+    _, end, n = _extent(ctx["db"], ctx["key"], run_id)
+    return max(end - time_origin(run_id), 0), n
+
+
+def time_origin(run_id: str) -> int:
+    """Where the run's time axis starts, in its spans' ns: 0 for a replay, else its first
+    time (``_extent``) floored to the run's window (``window_ns``), where the first
+    window starts."""
+    ctx = context()
+    lo = _extent(ctx["db"], ctx["key"], run_id)[0]
+    w = window_ns(run_id)
+    return lo // w * w if w else lo
 
 
 def time_extent_s(run_id: str) -> float:
-    """The run's length in virtual seconds, for the time-window slider."""
+    """The run's length in seconds from its time origin, for the time-window slider."""
     return extent(run_id)[0] / 1e9
 
 
@@ -402,8 +431,9 @@ def window_ns(run_id: str) -> int | None:
     """The window length of every windowed chart of ``run_id``: ``read.nice_window`` over
     its virtual duration with ``windows_for`` its requests; None (the store picks) when the
     duration is unknown."""
-    end, n = extent(run_id)
-    return read.nice_window(end, windows_for(n)) if end else None
+    ctx = context()
+    lo, end, n = _extent(ctx["db"], ctx["key"], run_id)
+    return read.nice_window(end - lo, windows_for(n)) if end > lo else None
 
 
 HIST_BINS = 100  # bins of the latency histograms (exact counts from the samples)

@@ -212,7 +212,9 @@ def _round_up(x: float) -> float:
     return math.ceil(x / mag * 10) / 10 * mag
 
 
-def in_window(frame: pl.DataFrame, column: str, window: tuple[float, float]) -> pl.DataFrame:
-    """Rows whose ``column`` (ns) falls in the [t0, t1] seconds window."""
+def in_window(frame: pl.DataFrame, column: str, window: tuple[float, float], origin_ns: int = 0) -> pl.DataFrame:
+    """Rows whose ``column`` (ns) falls in the [t0, t1] seconds window after ``origin_ns``
+    (``queries.time_origin``: 0 for a replay), with ``column`` counted from that origin."""
     lo, hi = window
-    return frame.filter((pl.col(column) >= int(lo * 1e9)) & (pl.col(column) <= int(hi * 1e9)))
+    since = pl.col(column) - origin_ns
+    return frame.filter((since >= int(lo * 1e9)) & (since <= int(hi * 1e9))).with_columns(since)

@@ -10,6 +10,7 @@ run_id = ctx["run_id"]
 
 st.title("Evictions")
 window = state.bound_window("Virtual time window", queries.time_extent_s(run_id))
+origin = queries.time_origin(run_id)  # (0 for a replay; a live capture's first time)
 w = queries.window_ns(run_id)
 
 every = queries.call("evictions_over_time", run_id, window_ns=w, by="reason")
@@ -21,12 +22,12 @@ no_evictions = (f"This run recorded no eviction spans, though its summary counts
                 "(a Belady run records lookups only)." if spanless else
                 "No evictions in this run: the cache never filled.")
 fill = "an LRU run of the same trace and capacity (`--policy lru`)" if spanless else ui.FILL_SMALL_CACHE
-by_reason = state.in_window(every, "window_start_ns", window)
+by_reason = state.in_window(every, "window_start_ns", window, origin)
 ui.chart(charts.stacked_counts(by_reason, "Evicted blocks by reason", "blocks per window", charts.REASON_NAMES),
          "Blocks evicted per window, stacked by eviction reason (lru, stale_hash, replaced, moved, connector, reset).",
          empty_what=no_evictions, command=fill, key="ev_reason")
 by_kind = state.in_window(queries.call("evictions_over_time", run_id, window_ns=w, by="publish_kind"),
-                          "window_start_ns", window)
+                          "window_start_ns", window, origin)
 ui.chart(charts.stacked_counts(by_kind, "Evicted blocks by the publish that took their place", "blocks per window",
                                charts.KIND_NAMES),
          "Blocks evicted per window, stacked by the kind of publish that next took the block (full, partial tail, "
@@ -46,7 +47,7 @@ ui.chart(charts.attribution_sankey(flows, prefixes),
          command=fill, key="sankey")
 att = queries.call("eviction_attribution", run_id)
 if att.height:
-    att = state.in_window(att, "miss_ns", window)
+    att = state.in_window(att, "miss_ns", window, origin)
     top = (att.group_by("publish_kind", "publish_request_id", "root_hash")
            .agg(pl.len().alias("later_misses"), pl.col("miss_request_id").n_unique().alias("requests_hurt"),
                 pl.col("evict_reason").first().alias("evict_reason"))

@@ -13,7 +13,9 @@ w = queries.window_ns(run_id)
 
 st.title("Hit rate")
 window = state.bound_window("Virtual time window", queries.time_extent_s(run_id))
-counters = state.in_window(queries.call("hit_counters_over_time", run_id, window_ns=w), "window_start_ns", window)
+origin = queries.time_origin(run_id)  # (0 for a replay; a live capture's first time)
+counters = state.in_window(queries.call("hit_counters_over_time", run_id, window_ns=w), "window_start_ns", window,
+                           origin)
 
 bound = queries.belady_bound(run_id)
 bel = bound.run
@@ -62,14 +64,14 @@ state.warn_unknown("group", ["each", *gids], "KV group", "every group is shown i
 group = state.bound_select("KV group", ["each", *gids], "group", default="each",
                            format_func=lambda g: "every group" if g == "each" else labels.get(int(g), f"group {g}"))
 shown = groups if group == "each" else groups.filter(groups["group_id"] == group)
-ui.chart(charts.group_hit_rate(state.in_window(shown, "window_start_ns", window), labels),
+ui.chart(charts.group_hit_rate(state.in_window(shown, "window_start_ns", window, origin), labels),
          metrics.GROUP_HIT_RATE_DOC, empty_what="No per-group hits in this run: no lookup spans, or a backend that "
                                           "reports only the groups' common hit (vLLM's), which is the request's.",
          key="group_hit_rate")
 
 ui.chart(
-    charts.usage(state.in_window(queries.call("usage_over_time", run_id, window_ns=w), "window_start_ns", window),
-                 names, queries.shared_pool(run_id)),
+    charts.usage(state.in_window(queries.call("usage_over_time", run_id, window_ns=w), "window_start_ns", window,
+                                 origin), names, queries.shared_pool(run_id)),
     "Block-pool usage: each KV group's share of the pool, mean (solid) and max (dotted) per window of scheduler "
     "steps; with one pool shared by the groups, also the pool's mean usage (their sum).",
     empty_what="No engine step spans in this run (cache-only runs have none), so no pool usage.",

@@ -11,11 +11,12 @@ row_status = queries.run_row(run_id).get("status") or "unfinished"
 
 st.title("Stale hashes & correctness")
 window = state.bound_window("Virtual time window", queries.time_extent_s(run_id))
+origin = queries.time_origin(run_id)  # (0 for a replay; a live capture's first time)
 FINGERPRINTS = ("expected_fingerprint", "actual_fingerprint")
 FILL_STALE = ("a run with a behaviour switched off, e.g. "
               "`kvtrace replay TRACE --db PATH --without transient-checkpoint-retention`")
 over = state.in_window(queries.call("stale_hashes_over_time", run_id, window_ns=queries.window_ns(run_id)),
-                       "window_start_ns", window)
+                       "window_start_ns", window, origin)
 # Only a replay that checked block content can tell a correct cache from an unchecked one.
 checked = queries.checks_content(run_id)
 # Only a finished replay's summary counts stale hashes (its last audit of every cached key ran):
