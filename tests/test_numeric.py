@@ -1,7 +1,7 @@
 """The ground-floor helpers: cdiv and the one percentile definition (numpy linear)."""
 
 import numpy as np
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvtrace.numeric import cdiv, percentile, percentiles, sorted_percentile
@@ -27,3 +27,8 @@ def test_percentile_of_nothing_is_none_and_of_known_values_is_exact():
 @given(st.integers(-10**9, 10**9), st.integers(1, 10**6))
 def test_cdiv_is_the_ceiling(a, b):
     assert cdiv(a, b) == -((-a) // b) and cdiv(a, b) * b >= a > (cdiv(a, b) - 1) * b
+
+
+def test_property_tests_carry_no_timing_rule():
+    # (tests/conftest.py's profile: a deadline or the too-slow check failed tests on a loaded box)
+    assert settings.default.deadline is None and HealthCheck.too_slow in settings.default.suppress_health_check
