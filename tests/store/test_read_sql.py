@@ -11,6 +11,7 @@ import pytest
 
 from kvtrace.store import read
 from kvtrace.store.read import _sql
+from kvtrace.store.read._api import BadArgument
 
 READ_DIR = Path(_sql.__file__).parent
 
@@ -124,3 +125,13 @@ def test_the_package_keeps_the_public_names_of_the_old_module():
     assert callable(read.runs)
     for path in READ_DIR.glob("*.py"):
         assert len(path.read_text().splitlines()) <= 450, path.name
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    ((float("nan"),), "span_ns: expected int"), (([1, 2],), "span_ns: expected int"),
+    ((-5,), "span_ns: expected 0 to"), ((5000, 0), "windows: expected 1 to"),
+])
+def test_nice_window_refuses_what_is_no_span_in_one_line(args, says):
+    # NaN was numpy's ValueError, a list a TypeError, a negative span a silent 1 ns window
+    with pytest.raises(BadArgument, match=re.escape(f"nice_window: {says}")):
+        read.nice_window(*args)

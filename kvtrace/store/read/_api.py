@@ -33,6 +33,7 @@ class BadArgument(KVTraceError, ValueError):
 # the store; 2^63 bins was an IndexError, 10^9 a MemoryError).
 COUNT_RANGES: dict[str, tuple[int, int]] = {
     "limit": (0, 100_000_000), "top": (0, 1_000_000), "top_prefixes": (0, 10_000), "bins": (1, 100_000),
+    "windows": (1, 100_000), "span_ns": (0, 2**63 - 1),
 }
 PERCENTILE_LISTS = ("qs", "percentiles")  # each a list of distinct percentiles in 0..100
 

@@ -32,7 +32,7 @@ from kvtrace.store.backend import is_clickhouse
 from kvtrace.store.connection import read_connection
 from kvtrace.store.errors import StoreError, UnknownRunError
 from kvtrace.store.liveness import checked_status
-from kvtrace.store.read._api import BadArgument
+from kvtrace.store.read._api import BadArgument, checked
 
 DB = str | Path
 if TYPE_CHECKING:
@@ -96,12 +96,13 @@ def open_run(db: DB, run_id: str) -> Iterator[tuple[Connection, str]]:
         yield con, run_status(con, db, run_id)
 
 
+@checked  # (public: NaN, a list or a negative span was a raw error or a silent 1)
 def nice_window(span_ns: int, windows: int = DEFAULT_WINDOWS) -> int:
     """A round window length in ns (1, 2 or 5 times a power of ten) giving at most about
     ``windows`` windows over ``span_ns``: the smallest such length >= span_ns // windows.
     The store's default and the dashboard's (whose ``windows`` follows the request count)
     both come from here."""
-    raw = max(1, int(span_ns) // max(1, int(windows)))
+    raw = max(1, int(span_ns) // int(windows))
     scale = 1
     while scale * 10 <= raw:
         scale *= 10
