@@ -279,15 +279,21 @@ def check_int(path: str, line: int | None, key: str, value, minimum: int, maximu
     return value
 
 
+# Said where the block size is not in the file (Mooncake, Bailian): the likeliest cause of a
+# count that does not fit is ids of another size than the format's default
+ANOTHER_BLOCK_SIZE = "; are the trace's ids of another block size? give it with --trace-block-size"
+
+
 def check_hash_ids(
-    path: str, line: int | None, hash_ids: list[int], input_length: int, block_size: int, key: str = "hash_ids"
+    path: str, line: int | None, hash_ids: list[int], input_length: int, block_size: int, key: str = "hash_ids",
+    hint: str = "",
 ) -> tuple[int, ...]:
     want = cdiv(input_length, block_size)
     if len(hash_ids) != want:
         raise TraceFormatError(
             path, line,
             f"{key}: expected ceil(input_length {input_length} / block_size {block_size}) = {want} ids, "
-            f"got {len(hash_ids)}",
+            f"got {len(hash_ids)}{hint}",
         )
     if hash_ids and (min(hash_ids) < 0 or max(hash_ids) > MAX_ID):
         raise TraceFormatError(path, line, f"{key}: ids must lie in [0, 2^63)")

@@ -653,3 +653,17 @@ def test_a_compressed_conversation_named_json_in_a_weka_directory_is_named_as_su
     (d / "b.json").write_bytes(importlib.import_module(pack).compress(b'{"block_size": 64, "requests": []}'))
     with pytest.raises(TraceFormatError, match=rf"b\.json: {kind}-compressed; kvtrace reads traces as plain text"):
         read_trace(d)
+
+
+@pytest.mark.parametrize(("fmt", "line"), [
+    ("mooncake", {"timestamp": 0, "input_length": 100, "output_length": 1, "hash_ids": [1, 2]}),
+    ("bailian", {"chat_id": 1, "parent_chat_id": -1, "timestamp": 0.0, "input_length": 100, "output_length": 1,
+                 "type": "text", "turn": 1, "hash_ids": [1, 2]}),
+])
+def test_ids_of_another_block_size_name_the_flag_that_gives_it(tmp_path, fmt, line):
+    # 64-token ids read at the format's default said only the count: the fix was unsaid
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps(line) + "\n")
+    with pytest.raises(TraceFormatError, match=r"t\.jsonl:1: hash_ids: expected .* give it with --trace-block-size"):
+        read_trace(path, format=fmt)
+    assert len(read_trace(path, format=fmt, block_size=64)) == 1

@@ -18,7 +18,7 @@ import msgspec
 
 from kvtrace.errors import TraceFormatError
 from kvtrace.workload import TraceRequest
-from kvtrace.workload.lines import ArrivalOrder, S, check_hash_ids, check_int, typed_lines
+from kvtrace.workload.lines import ANOTHER_BLOCK_SIZE, ArrivalOrder, S, check_hash_ids, check_int, typed_lines
 
 DEFAULT_BLOCK_SIZE = 16
 
@@ -54,7 +54,7 @@ def read_bailian(path: str, block_size: int = DEFAULT_BLOCK_SIZE) -> Iterator[Tr
             arrival_ns=order.check(row.timestamp, lineno),
             input_length=n,
             output_length=out,
-            hash_ids=check_hash_ids(path, lineno, row.hash_ids, n, block_size),
+            hash_ids=check_hash_ids(path, lineno, row.hash_ids, n, block_size, hint=ANOTHER_BLOCK_SIZE),
             hash_block_size=block_size,
             session_id=str(root),
         )

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import msgspec
 
 from kvtrace.workload import TraceRequest
-from kvtrace.workload.lines import MS, ArrivalOrder, check_hash_ids, check_int, typed_lines
+from kvtrace.workload.lines import ANOTHER_BLOCK_SIZE, MS, ArrivalOrder, check_hash_ids, check_int, typed_lines
 
 DEFAULT_BLOCK_SIZE = 512
 
@@ -35,6 +35,6 @@ def read_mooncake(path: str, block_size: int = DEFAULT_BLOCK_SIZE) -> Iterator[T
             arrival_ns=order.check(row.timestamp, lineno),
             input_length=n,
             output_length=out,
-            hash_ids=check_hash_ids(path, lineno, row.hash_ids, n, block_size),
+            hash_ids=check_hash_ids(path, lineno, row.hash_ids, n, block_size, hint=ANOTHER_BLOCK_SIZE),
             hash_block_size=block_size,
         )
