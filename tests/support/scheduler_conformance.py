@@ -7,7 +7,7 @@ engine's ``--no-content`` worker, or its content worker) and vLLM's
 ``vllm.v1.core.sched.scheduler.Scheduler`` over its own manager, fed a
 ``ModelRunnerOutput`` each step that samples, for every request whose scheduled tokens
 reach its known tokens (what vLLM's model runner does), the token kvtrace appended: the
-trace's recorded output when it has one, else its worker's (0 without content; with
+trace's recorded output when it has one, else its worker's (``NO_CONTENT_TOKEN`` without content; with
 ``SchedulerCase.content``, the engine's content worker's). Requests arrive in
 trace order, at most ``concurrency`` in the system (decode steps, queues and pressure).
 
