@@ -310,6 +310,18 @@ def test_a_stale_mamba_key_vllm_leaves_is_found_in_both_managers(vllm_api, tmp_p
         assert ours.summary[key] == theirs.summary[key], key
 
 
+def test_generated_agent_sessions_on_a_small_pool_show_it_on_both_backends(vllm_api, tmp_path):
+    """The README's example of it with kimi-hybrid (Conformance): agent sessions, a 40-block
+    pool in front of an external tier, a small step budget."""
+    config = tmp_path / "small.toml"
+    config.write_text("[scheduler]\nmax_num_batched_tokens = 1000\nmax_num_seqs = 4\n")
+    spec = RunSpec("gen:agent", limit=10, seed=832, capacity_blocks=40, external_capacity_blocks=2000,
+                   config_file=str(config))
+    for backend in ("kvtrace", "vllm"):
+        s = run_replay(replace(spec, backend=backend)).summary
+        assert s["stale_hashes"] == 1 and s["table_disagreements"] == 0, (backend, s)
+
+
 @pytest.mark.parametrize("argv, config, needle", [
     # vLLM's own check (after its import): the preset's partial hits, no longer expressible
     (["--block-size", "64"], None, "--block-size: 64: enable_partial_hits: vLLM 0.33 has fine-grained hits only"),
