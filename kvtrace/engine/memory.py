@@ -69,13 +69,16 @@ def device_memory_bytes(device: Any) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+STATE_LANES = "state lanes"  # the key of state_lanes' refusal: the groups alone make it
+
+
 def state_lanes(cache_config: CacheConfig) -> int:
     """The lanes of every Mamba group's state (4 without one), or a ConfigError where the
     groups differ: the content model advances one recurrent state a request, written to
     every state group alike (the worker refused them with a ValueError and a traceback)."""
     lanes = sorted({s.num_lanes for s in cache_config.groups if isinstance(s, MambaSpec)})
     if len(lanes) > 1:
-        raise ConfigError("KV storage", "state lanes",
+        raise ConfigError("KV storage", STATE_LANES,
                           f"expected one num_lanes for every Mamba group (the content model keeps one recurrent "
                           f"state a request), got {', '.join(map(str, lanes))}")
     return lanes[0] if lanes else 4

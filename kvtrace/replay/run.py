@@ -240,8 +240,11 @@ def _storage_error_at_origin(err: ConfigError, spec: RunSpec) -> ConfigError:
     whatever the file held)."""
     if not spec.config_file:
         return err
+    from kvtrace.engine.memory import STATE_LANES
+
     origin = _origins(spec, load_config_file(spec.config_file))
-    keys = [origin[k] for k in ("groups", "num_gpu_blocks") if origin.get(k, "").startswith("cache.")]
+    sized_by = ("groups",) if err.key == STATE_LANES else ("groups", "num_gpu_blocks")  # (lanes: the pool is no cause)
+    keys = [origin[k] for k in sized_by if origin.get(k, "").startswith("cache.")]
     if not keys:
         return err
     return ConfigError(spec.config_file, " / ".join(keys), f"KV storage of {err.key}: {err.what}")

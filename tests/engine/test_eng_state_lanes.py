@@ -38,3 +38,12 @@ def test_replay_names_the_file_key_before_anything_is_recorded(tmp_path, capsys)
     assert_one_line(code, err, f"{config}: cache.groups: ", "expected one num_lanes for every Mamba group",
                     "got 4, 8")
     assert not db.exists()
+
+
+def test_a_pool_the_file_sets_too_is_not_blamed(tmp_path, capsys):
+    # the lanes are the groups' alone: it said `cache.groups / cache.num_gpu_blocks`
+    config = tmp_path / "lanes.toml"
+    config.write_text(f"[cache]\nnum_gpu_blocks = 300\n{GROUPS}\n")
+    code, _, err = run(["replay", "gen:chat", "--limit", "2", "--config", str(config)], capsys)
+    assert_one_line(code, err, f"{config}: cache.groups: KV storage of state lanes: ")
+    assert "num_gpu_blocks" not in err
