@@ -76,6 +76,7 @@ if queries.open_store(db):
                    f"shown in its place. Pick a run in the sidebar, or list them with {runs_command}.",
                    icon=":material/link_off:")
     else:
+        state.forget_other_runs_filters(run_id)
         queries.context()["run_id"] = run_id
         damage = queries.run_row(run_id).get("damage")
         if damage:  # (listed as damaged in the picker; every page says why, as `kvtrace runs` does)

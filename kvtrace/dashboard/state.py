@@ -109,6 +109,27 @@ def bound_select(
     return value
 
 
+# The filters that name something of one run (B to compare with, a request, a stale hash,
+# a KV group, a time window); ?curve= names the store's, ?log= is a preference.
+RUN_FILTERS = ("b", "request", "stale", "group", "t0", "t1")
+_LAST_RUN_KEY = "kvtrace_last_run"
+
+
+def forget_other_runs_filters(run_id: str) -> None:
+    """When the user picks another run in this session, drop RUN_FILTERS (from the URL and
+    their widgets): kept, the next run's pages said the last run's request, B or window was
+    "from the link" and not in this run. A link opened is a session of its own: its filters
+    are its run's."""
+    last = st.session_state.get(_LAST_RUN_KEY)
+    st.session_state[_LAST_RUN_KEY] = run_id
+    if last is None or last == run_id:
+        return
+    for param in RUN_FILTERS:
+        st.query_params.pop(param, None)
+        st.session_state.pop(f"qp_{param}", None)
+    st.session_state.pop("qp_window", None)  # (t0 and t1's slider)
+
+
 def _distinct(options: Sequence[T], format_func: Callable[[T], str]) -> Callable[[T], str]:
     """``format_func`` with the option itself added to a label two options share: Streamlit
     keeps a selectbox's choice by its label, so of two runs labelled alike (a sweep's repeated
