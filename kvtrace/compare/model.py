@@ -245,7 +245,8 @@ def diff_summaries(
                   if summary_a.get(k) is None and summary_b.get(k) is None]
     modes = [str(r.get("mode") or "").partition("/")[0] for r in (ra, rb)]
     if sorted(modes) == ["cache-only", "engine"]:  # (README, Metrics: the two modes' hit rules)
-        notes.append(f"modes differ ({ra.get('mode')} vs {rb.get('mode')}): cache-only counts a prompt cached "
+        # (the modes kvtrace names, not the stored text: a note is rendered as kvtrace's own markdown)
+        notes.append(f"modes differ ({modes[0]} vs {modes[1]}): cache-only counts a prompt cached "
                      "whole as hit whole, engine mode recomputes its last token as vLLM does, so the hit counters' "
                      "deltas mix the rule with the cache")
     if block_sizes_differ(summary_a, summary_b):

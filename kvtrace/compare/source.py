@@ -80,7 +80,8 @@ def _diff(view: StoreView, run_a: str, run_b: str, info_a: dict[str, Any], info_
     diff = diff_summaries(summary_a, summary_b, run_a=info_a, run_b=info_b)
     diff.same_trace, diff.forced = same, not same
     hits_a, hits_b = view.per_request_hits(run_a), view.per_request_hits(run_b)
-    silent = [f"{side} ({info.get('mode')})" for side, info, hits, summary in
+    # (its mode as kvtrace names it, never the stored text: a note is rendered as kvtrace's own markdown)
+    silent = [f"{side} ({str(info.get('mode') or '?').partition('/')[0]})" for side, info, hits, summary in
               (("A", info_a, hits_a, summary_a), ("B", info_b, hits_b, summary_b))
               if hits.height == 0 and (summary.get("requests") or 0) > 0]
     other, common = _other_prompts(hits_a, hits_b)

@@ -93,11 +93,11 @@ def test_a_run_without_per_request_hits_is_not_said_to_lack_the_requests(engine_
     for x, y, side in ((a, b, "B"), (b, a, "A")):
         d = diff_runs(db, x, y)
         assert d.requests is not None and (d.requests.only_a, d.requests.only_b, d.requests.requests) == (0, 0, 0)
-        assert f"run {side} (cache-only/lru) records no per-request hits: per-request cached tokens are not " \
+        assert f"run {side} (cache-only) records no per-request hits: per-request cached tokens are not " \
                "compared" in d.notes
         code, out, err = run(["diff", x, y, "--db", db, "--markdown"], capsys)
         assert code == 0 and "Only in" not in out and "Per-request cached tokens" not in out
-        assert f"> ⚠️ run {side} (cache-only/lru) records no per-request hits" in out
+        assert f"> ⚠️ run {side} (cache-only) records no per-request hits" in out
     both = diff_runs(db, a, a)  # (an engine pair pairs its requests as before)
     assert both.requests is not None and both.requests.requests == 20
     assert not [n for n in both.notes if "per-request" in n]
@@ -156,7 +156,7 @@ def test_an_engine_run_against_a_cache_only_run_says_their_hit_rules_differ(engi
     from tests.cli.support import run
 
     db, a, b = engine_and_cache_only
-    for x, y, modes in ((a, b, "engine vs cache-only/lru"), (b, a, "cache-only/lru vs engine")):
+    for x, y, modes in ((a, b, "engine vs cache-only"), (b, a, "cache-only vs engine")):
         assert [n for n in diff_runs(db, x, y).notes if n.startswith(f"modes differ ({modes}): cache-only counts")]
         code, out, _ = run(["diff", x, y, "--db", db, "--markdown"], capsys)
         assert code == 0 and f"> ⚠️ modes differ ({modes})" in out
@@ -210,3 +210,21 @@ def test_requests_of_one_id_with_other_prompts_are_not_paired(tmp_path, capsys):
     frame = {"ttft_ms": pl.DataFrame({"request_id": [f"r{i}" for i in range(20)], "ttft_ms": np.arange(20.0)})}
     assert latency_shifts(frame, frame)[1]["paired"] is True
     assert latency_shifts(frame, frame, pair=False)[1]["paired"] is False
+
+
+def test_a_stored_mode_never_reaches_a_note_as_markup(tmp_path, engine_and_cache_only, capsys):
+    """Notes are kvtrace's own text, rendered as Markdown as they are: the modes note and the
+    per-request note quoted the stored mode, so a record's 'cache-only/<img src=x>' was live
+    HTML in --markdown."""
+    from markdown_it import MarkdownIt
+
+    from tests.cli.support import run
+
+    src, a, b = engine_and_cache_only
+    db = _tampered(src, tmp_path / "t.duckdb", "UPDATE runs SET mode = ? WHERE run_id = ?",
+                   ["cache-only/<img src=x> **b**", b])
+    code, md, err = run(["diff", a, b, "--db", db, "--markdown"], capsys)
+    assert code == 0, err
+    html = MarkdownIt("commonmark").enable("table").render(md)
+    assert "<img" not in html and "<strong>b" not in html
+    assert "> ⚠️ modes differ (engine vs cache-only)" in md and "> ⚠️ run B (cache-only) records no" in md
