@@ -9,6 +9,8 @@ import plotly.graph_objects as go
 import polars as pl
 from plotly.subplots import make_subplots
 
+from kvtrace.metrics import MODELLED
+
 NS = 1e9  # virtual ns -> s on time axes
 MS = 1e6  # ns -> ms for latencies
 COLORS = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#FF9DA6", "#9D755D"]
@@ -226,9 +228,11 @@ def correctness(frame: pl.DataFrame) -> go.Figure | None:
     return fig
 
 
-def cdf(curves: Sequence[tuple[str, pl.DataFrame]], title: str, log: bool = False) -> go.Figure | None:
-    """CDFs from read.latency_cdf frames (q in percent, value_ns) in ms of modelled time."""
-    fig = _fig(title, "ms (modelled)", "fraction ≤ x")
+def cdf(curves: Sequence[tuple[str, pl.DataFrame]], title: str, log: bool = False,
+        times: str = MODELLED) -> go.Figure | None:
+    """CDFs from read.latency_cdf frames (q in percent, value_ns) in ms; ``times``: the
+    runs' ``queries.times_word`` ('recorded' for a collected run's times)."""
+    fig = _fig(title, f"ms ({times})", "fraction ≤ x")
     for i, (name, frame) in enumerate(curves):
         if frame.height:
             fig.add_scatter(x=(frame["value_ns"] / MS).to_list(), y=(frame["q"] / 100).to_list(), name=name,
@@ -239,10 +243,11 @@ def cdf(curves: Sequence[tuple[str, pl.DataFrame]], title: str, log: bool = Fals
     return fig if fig.data else None
 
 
-def latency_hist(frame: pl.DataFrame, title: str, name: str, log: bool = False) -> go.Figure | None:
+def latency_hist(frame: pl.DataFrame, title: str, name: str, log: bool = False,
+                 times: str = MODELLED) -> go.Figure | None:
     if frame.height == 0:
         return None
-    fig = _fig(title, "ms (modelled)", "count")
+    fig = _fig(title, f"ms ({times})", "count")
     mid = (((frame["bin_lo"] + frame["bin_hi"]) / 2) / MS).to_list()
     width = ((frame["bin_hi"] - frame["bin_lo"]) / MS).to_list()
     fig.add_bar(x=mid, y=frame["count"].to_list(), width=width, name=name, marker_color=_color(0))
@@ -251,11 +256,11 @@ def latency_hist(frame: pl.DataFrame, title: str, name: str, log: bool = False) 
     return fig
 
 
-def itl_over_time(frame: pl.DataFrame, log: bool = False) -> go.Figure | None:
+def itl_over_time(frame: pl.DataFrame, log: bool = False, times: str = MODELLED) -> go.Figure | None:
     """ITL per window of token time (read.itl_over_time): mean, p50, p99 of the window's gaps."""
     if frame.height == 0:
         return None
-    fig = _fig("ITL over virtual time", "virtual time (s)", "ms (modelled)")
+    fig = _fig("ITL over virtual time", "virtual time (s)", f"ms ({times})")
     t = (frame["window_start_ns"] / NS).to_list()
     series = (("mean_itl_ns", "mean ITL"), ("p50_itl_ns", "p50 ITL"), ("p99_itl_ns", "p99 ITL"))
     for i, (col, name) in enumerate(series):

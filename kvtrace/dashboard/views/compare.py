@@ -116,7 +116,7 @@ def main() -> None:
             with col:
                 ui.chart(charts.cdf([(f"A {a.get('name')}", queries.call("latency_cdf", run_a, metric)),
                                      (f"B {b.get('name')}", queries.call("latency_cdf", run_b, metric))],
-                                    f"{title} CDF, A vs B"),
+                                    f"{title} CDF, A vs B", times=times),
                          f"Fraction of {'requests' if metric == 'ttft' else 'inter-token gaps'} at most x, "
                          f"{times} time.",
                          empty_what="Neither run has this latency.", key=f"cmp_{metric}_cdf")

@@ -37,21 +37,22 @@ def main() -> None:
     c = st.columns(2)
     with c[0]:
         ui.chart(charts.cdf([("TTFT", queries.call("latency_cdf", run_id, "ttft")),
-                             ("queue", queries.call("latency_cdf", run_id, "queue"))], "TTFT and queueing CDF", log),
+                             ("queue", queries.call("latency_cdf", run_id, "queue"))], "TTFT and queueing CDF", log,
+                            times),
                  "Fraction of requests whose time to first token, and whose queueing delay, is at most x (the run's "
                  "percentiles 0, 0.1, ..., 100).",
                  empty_what="No finished requests in this run.", key="ttft_cdf")
         ui.chart(charts.latency_hist(queries.call("latency_histogram", run_id, "ttft", bins=bins), "TTFT histogram",
-                                     "TTFT", log),
+                                     "TTFT", log, times),
                  "Requests per TTFT bin (exact counts).", empty_what="No finished requests in this run.",
                  key="ttft_hist")
     with c[1]:
         ui.chart(charts.cdf([("ITL", queries.call("latency_cdf", run_id, "itl")),
-                             ("TPOT", queries.call("latency_cdf", run_id, "tpot"))], "ITL and TPOT CDF", log),
+                             ("TPOT", queries.call("latency_cdf", run_id, "tpot"))], "ITL and TPOT CDF", log, times),
                  "Fraction of inter-token gaps (all requests) and of requests' time per output token at most x.",
                  empty_what="No decoded tokens in this run.", key="itl_cdf")
         ui.chart(charts.latency_hist(queries.call("latency_histogram", run_id, "itl", bins=bins), "ITL histogram",
-                                     "ITL", log),
+                                     "ITL", log, times),
                  "Inter-token gaps per bin (exact counts).", empty_what="No decoded tokens in this run.",
                  key="itl_hist")
 
@@ -59,7 +60,7 @@ def main() -> None:
     window = state.bound_window("Virtual time window (filters the chart below)", queries.time_extent_s(run_id))
     origin = queries.time_origin(run_id)  # (0 for a replay; a live capture's first time)
     itl = queries.call("itl_over_time", run_id, window_ns=queries.window_ns(run_id))
-    ui.chart(charts.itl_over_time(state.in_window(itl, "window_start_ns", window, origin), log),
+    ui.chart(charts.itl_over_time(state.in_window(itl, "window_start_ns", window, origin), log, times),
              "Inter-token gaps per window of the time their token came out: mean, p50 and p99 of the window's gaps.",
              empty_what="No decoded tokens in this run.", key="itl_time")
 
