@@ -147,10 +147,11 @@ def _times(diff: RunDiff) -> str:
     return times_word(*((r.get("mode"), r.get("cost_model")) for r in (diff.run_a, diff.run_b)))
 
 
-def times_note(diff: RunDiff, code: Any = markdown_code) -> str:
+def times_note(diff: RunDiff, code: Any = markdown_code, literal: Any = None) -> str:
     """Where the diff's times come from (``metrics.times_source``: a cost model, a
     collector's sender, or none). ``code``: how the model's name is shown (Markdown's code
-    span; plain text for a terminal)."""
+    span; plain text for a terminal); ``literal``: how a stored coefficient's name and value
+    are (default: as Markdown shows them, ``_md_name``)."""
     def source(run: dict[str, Any]) -> str:
         return times_source(run.get("mode"), run.get("cost_model"), code)
 
@@ -158,17 +159,19 @@ def times_note(diff: RunDiff, code: Any = markdown_code) -> str:
     if a != b:
         return f"Times: A {a} · B {b}"
     changed = coefficient_changes(diff.run_a.get("cost_model_coefficients"),
-                                  diff.run_b.get("cost_model_coefficients"))
+                                  diff.run_b.get("cost_model_coefficients"), literal=literal or _md_name)
     return f"Times: {a}" + (f", its coefficients not the same: {changed}" if changed else "")
 
 
-def coefficient_changes(a: Any, b: Any, most: int = 3) -> str | None:
+def coefficient_changes(a: Any, b: Any, most: int = 3, literal: Any = printable) -> str | None:
     """The coefficients two cost models of one name differ in, "KEY A x → B y" (at most
-    ``most``, then how many more); None when they agree or either is unknown."""
+    ``most``, then how many more); None when they agree or either is unknown. ``literal``
+    shows each stored key and value (a store's record may hold any text: a key
+    '<img src=x>' was live HTML in --markdown, an ESC a terminal code)."""
     if not isinstance(a, dict) or not isinstance(b, dict) or a == b:
         return None
     keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-    shown = ", ".join(f"{k} A {a.get(k)} → B {b.get(k)}" for k in keys[:most])
+    shown = ", ".join(f"{literal(k)} A {literal(a.get(k))} → B {literal(b.get(k))}" for k in keys[:most])
     return shown + (f" and {len(keys) - most} more" if len(keys) > most else "")
 
 
@@ -260,7 +263,7 @@ def render(diff: RunDiff, console: Any = None) -> None:
             console.print(f"[yellow]run {side} ({label}) is {markup_literal(run['status'])}: partial numbers[/yellow]")
     for note in diff.notes:
         console.print(f"[yellow]{markup_literal(note)}[/yellow]")
-    console.print(times_note(diff, code=printable), markup=False, highlight=False)
+    console.print(times_note(diff, code=printable, literal=printable), markup=False, highlight=False)
     backends = backend_note(diff, code=printable)
     if backends:
         console.print(backends, markup=False, highlight=False)

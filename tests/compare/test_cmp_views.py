@@ -228,3 +228,26 @@ def test_a_stored_mode_never_reaches_a_note_as_markup(tmp_path, engine_and_cache
     html = MarkdownIt("commonmark").enable("table").render(md)
     assert "<img" not in html and "<strong>b" not in html
     assert "> ⚠️ modes differ (engine vs cache-only)" in md and "> ⚠️ run B (cache-only) records no" in md
+
+
+def test_a_stored_cost_models_coefficients_are_shown_literally(tmp_path, replayed_store, capsys):
+    """The times line's coefficient changes set a record's keys and values into Markdown and
+    the terminal as they were: a key '<img src=x>' was live HTML, an ESC a terminal code."""
+    from markdown_it import MarkdownIt
+
+    from kvtrace.store import read
+    from tests.cli.support import run
+    from tests.support.markdown import shown
+
+    on, off = replayed_store.run_on, replayed_store.run_off
+    config = read.run(replayed_store.path, off)["config"]
+    config["cost_model"] = {**config["cost_model"], "<img src=x> **k**": "\x1b[31m<b>v</b>"}
+    db = _tampered(replayed_store.path, tmp_path / "t.duckdb", "UPDATE runs SET config = ? WHERE run_id = ?",
+                   [json.dumps(config), off])
+    code, md, err = run(["diff", on, off, "--db", db, "--markdown"], capsys)
+    assert code == 0, err
+    html = MarkdownIt("commonmark").enable("table").render(md)
+    assert "<img" not in html and "<b>" not in html and "<strong>k" not in html and "\x1b" not in md
+    assert "its coefficients not the same: <img src=x> **k** A None → B \\x1b[31m<b>v</b>" in shown(md)
+    code, out, err = run(["diff", on, off, "--db", db], capsys)
+    assert code == 0 and "\x1b" not in out and "<img src=x> **k** A None → B \\x1b[31m<b>v</b>" in out
