@@ -5,7 +5,8 @@ implements the same SDK ``SpanProcessor`` interface but applies back-pressure in
 
 - columnar batches (``on_batch``) go straight to exporters that accept them
   (``export_batch``, e.g. ``DuckDBSpanExporter``); other exporters get ``ReadableSpan``s
-  made from the batch, in chunks of ``max_export_batch_size``;
+  made from the batch, in chunks of ``max_export_batch_size`` spans and at most
+  ``max_export_bytes`` of Arrow data (a span larger than that goes alone);
 - SDK spans (``on_end``) are buffered and exported in chunks of the same size;
 - with ``background=True`` exports run on one worker thread behind a bounded queue, and a
   full queue blocks the producer (it never discards). An exporter error is re-raised in
@@ -35,6 +36,11 @@ from kvtrace.instrument.convert import table_to_readable_spans
 
 _log = logging.getLogger(__name__)
 _STOP = object()
+# The Arrow size of the spans one export sends (their OTLP protobuf measured 0.8-1.0x that):
+# the OTel Collector's gRPC receiver takes 4 MiB by default (kvtrace collect 16 MiB, the SDK's
+# HTTP exporter drops a request over 64 MiB), and a span of a long prompt at 16-token blocks
+# carries thousands of block ids and hashes: 512 of 128k-token prompts made one 142 MB request.
+MAX_EXPORT_BYTES = 3 * 1024 * 1024
 
 
 @runtime_checkable
@@ -50,6 +56,7 @@ class BulkSpanProcessor(SpanProcessor):
         exporter: SpanExporter,
         *,
         max_export_batch_size: int = 2048,
+        max_export_bytes: int = MAX_EXPORT_BYTES,
         background: bool = False,
         max_queued_batches: int = 4,
         resource: Resource | None = None,
@@ -63,6 +70,7 @@ class BulkSpanProcessor(SpanProcessor):
         its ordinal among the batches' spans as ``kvtrace.seq``): an OTLP export's."""
         self.exporter = exporter
         self.max_export_batch_size = max_export_batch_size
+        self.max_export_bytes = max_export_bytes
         self.resource = resource
         self.run_id = run_id
         self.time_offset_ns = time_offset_ns
@@ -181,15 +189,16 @@ class BulkSpanProcessor(SpanProcessor):
                         left -= self._account(self.columnar.export_batch(item), item.num_spans)
                     return
                 table = item.table
-                step = self.max_export_batch_size
                 first, self._next_seq = self._next_seq, self._next_seq + table.num_rows
-                for offset in range(0, table.num_rows, step):
+                offset = 0
+                while offset < table.num_rows:
                     if self._resting():
                         return
-                    spans = table_to_readable_spans(table.slice(offset, step), self.resource, self.run_id,
-                                                    self.time_offset_ns,
+                    chunk = _chunk(table, offset, self.max_export_batch_size, self.max_export_bytes)
+                    spans = table_to_readable_spans(chunk, self.resource, self.run_id, self.time_offset_ns,
                                                     first + offset if self.number_spans else None)
                     left -= self._account(self.exporter.export(spans), len(spans))
+                    offset += chunk.num_rows
             elif not self._resting():
                 left -= self._account(self.exporter.export(item), len(item))
         finally:
@@ -211,6 +220,15 @@ class BulkSpanProcessor(SpanProcessor):
             _log.warning("%s failed to export %d spans (%d failed so far); next try in %.0f s",
                          type(self.exporter).__name__, n, self.spans_failed, self.failure_backoff_s)
         return n
+
+
+def _chunk(table, offset: int, rows: int, max_bytes: int):
+    """The table's rows from ``offset``: at most ``rows``, halved until their Arrow data is
+    at most ``max_bytes`` or one row is left (a slice's ``nbytes`` counts its own rows only)."""
+    chunk = table.slice(offset, rows)
+    while chunk.num_rows > 1 and chunk.nbytes > max_bytes:
+        chunk = chunk.slice(0, chunk.num_rows // 2)
+    return chunk
 
 
 def _count(item) -> int:
