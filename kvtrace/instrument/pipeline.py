@@ -178,6 +178,9 @@ def otlp_destination(endpoint: str | None) -> str:
     return f"{key}={os.environ.get(key, '')}"
 
 
+_RETRY_NOTE = re.compile(r",? retrying in [0-9.]+ ?s\.?")
+
+
 class _FirstFailure(logging.Filter):
     """Keeps a logger's warnings and errors off stderr, remembering the first."""
 
@@ -191,7 +194,8 @@ class _FirstFailure(logging.Filter):
                 text = " ".join(record.getMessage().split())
                 errno = errno_phrase(text)  # HTTP: "[Errno 111] Connection refused"
                 details = text.partition("Error details: ")[2]  # gRPC: "failed to connect to all addresses; ..."
-                self.first = errno or (details or text)[:200]
+                # (the SDK's note of its next try: said after the last one, it read as a retry still to come)
+                self.first = errno or _RETRY_NOTE.sub("", details or text)[:200]
             return False
         return True
 

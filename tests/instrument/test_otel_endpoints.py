@@ -42,3 +42,32 @@ def test_a_port_nothing_can_be_sent_to_is_refused_before_the_run(tmp_path, url):
     with pytest.raises(ConfigError, match=re.escape(f"--otlp-endpoint: {url}: expected a port from 1 to 65535")):
         run_replay(SPEC, db=str(db), otlp_endpoint=url)
     assert not db.exists() or read.runs(db).is_empty()  # (was: the whole replay, then exit 1)
+
+
+def test_a_collector_that_keeps_answering_503_is_named_without_a_retry_to_come(tmp_path, monkeypatch):
+    """The reason named the SDK's note of its next try ("..., retrying in 0.95s.") in the line
+    that says the spans were not delivered, after the last try."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Busy(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Busy)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "1")  # one export's tries: about a second
+    try:
+        result = run_replay(SPEC, db=str(tmp_path / "local.duckdb"), otlp_endpoint=f"http://127.0.0.1:{server.server_port}")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result.undelivered is not None and "spans were not delivered" in result.undelivered
+    assert "Service Unavailable" in result.undelivered and "retrying" not in result.undelivered
+    assert read.run(tmp_path / "local.duckdb", result.run_id)["status"] == "complete"  # the store's copy is whole
