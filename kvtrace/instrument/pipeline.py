@@ -114,7 +114,9 @@ def _grpc_target(text: str, where: str) -> None:
         return
     m = _HOST_PORT.fullmatch(text)
     if m is None or (m.group(2) is not None and not 0 < int(m.group(2)) < 65_536):
-        raise ConfigError(where, text, "expected HOST:PORT or an http(s)://HOST:PORT URL for OTLP/gRPC")
+        # USER:PASSWORD@HOST without a scheme: the error line's URL masking never saw a password
+        shown = re.sub(r"^([^@/\s:]*):\S*@", r"\1:***@", text)  # (to the last @, as the CLI masks)
+        raise ConfigError(where, shown, "expected HOST:PORT or an http(s)://HOST:PORT URL for OTLP/gRPC")
 
 
 def check_otlp_settings(endpoint: str | None) -> None:

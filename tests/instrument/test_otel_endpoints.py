@@ -62,7 +62,7 @@ def test_a_collector_that_keeps_answering_503_is_named_without_a_retry_to_come(t
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Busy)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "1")  # one export's tries: about a second
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "3")  # (room for a first retry: its 1 s backoff +-20%)
     try:
         result = run_replay(SPEC, db=str(tmp_path / "local.duckdb"), otlp_endpoint=f"http://127.0.0.1:{server.server_port}")
     finally:
@@ -71,3 +71,17 @@ def test_a_collector_that_keeps_answering_503_is_named_without_a_retry_to_come(t
     assert result.undelivered is not None and "spans were not delivered" in result.undelivered
     assert "Service Unavailable" in result.undelivered and "retrying" not in result.undelivered
     assert read.run(tmp_path / "local.duckdb", result.run_id)["status"] == "complete"  # the store's copy is whole
+
+
+@pytest.mark.parametrize("target", ["tracer:s3cret@collector:99999", "tracer:s3@cr3t@collector:x"])
+def test_a_grpc_target_with_a_password_is_refused_without_showing_it(tmp_path, capsys, monkeypatch, target):
+    """A gRPC target without a scheme escaped the error line's URL masking."""
+    from tests.cli.support import run
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", target)
+    code, _out, err = run(["replay", "gen:chat", "--limit", "2", "--mode", "cache-only", "--db",
+                           str(tmp_path / "local.duckdb")], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT: tracer:***@collector:" in err and "s3" not in err and "cr3t" not in err
+    assert not (tmp_path / "local.duckdb").exists()  # refused before the store was made
