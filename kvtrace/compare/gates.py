@@ -9,8 +9,9 @@ Sign convention: the threshold's sign names the bad direction.
 - ``-0`` and ``+0`` differ: no drop at all, no rise at all.
 - A trailing ``%`` compares the relative change instead: ``p99_ttft_ms:+10%``.
 - A gate that cannot be evaluated (the metric missing in a run or null in both, such as
-  ``stale_hashes`` of ``--no-content`` runs; a relative gate on a zero baseline) fails: a
-  gate that cannot be checked must not pass.
+  ``stale_hashes`` of ``--no-content`` runs) fails: a gate that cannot be checked must not
+  pass. A relative gate on a zero baseline can: no change passes it, any change in its
+  direction is beyond it.
 - A change equal to the threshold passes, also where float rounding of the two values puts
   it a few ulps beyond (0.50 -> 0.49 is a drop of exactly 0.01, computed as 0.010000000000000009).
 
@@ -85,10 +86,17 @@ def check_fail_if(diff: RunDiff, gates: Iterable[str]) -> list[str]:
             raise KVTraceError(msg) from None
         change = m.rel if gate.relative else m.delta
         unit = "%" if gate.relative else ""
+        if gate.relative and m.a == 0 and m.b is not None and math.isfinite(m.b) and m.delta is not None:
+            # from a zero baseline every change is beyond any relative limit, and none is none
+            # (stale_hashes:+0% failed two clean runs, 0 and 0, as "cannot evaluate")
+            rose = m.b > 0
+            if m.b != 0 and gate.bad_direction == (1 if rose else -1):
+                failures.append(f"{gate.metric} {'rose' if rose else 'dropped'} from A=0 to B={m.b:.6g}: beyond any "
+                                f"relative {'rise' if rose else 'drop'} ({gate.text})")
+            continue
         if change is None or (isinstance(change, float) and math.isnan(change)) or m.a is None or m.b is None:
             # (why, where both values are there: "cannot evaluate (A=0.1583, B=0.3615)" read as a bug)
-            why = ("" if m.a is None or m.b is None else ": A and B count blocks of two sizes" if m.delta is None
-                   else ": no relative change from A=0" if gate.relative and m.a == 0 else "")
+            why = "" if m.a is None or m.b is None else ": A and B count blocks of two sizes" if m.delta is None else ""
             failures.append(f"{gate.text}: cannot evaluate{why} (A={fmt(m.a)}, B={fmt(m.b)})")
             continue
         shown = change * 100 if gate.relative else change

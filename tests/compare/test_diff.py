@@ -145,10 +145,20 @@ def test_fail_if_sign_convention():
     assert len(check_fail_if(d, ["prefix_cache_hit_rate:-0.01", "p99_ttft_ms:+1", "requests:+0"])) == 2
 
 
-def test_fail_if_relative_gate_on_zero_baseline_cannot_pass():
+def test_fail_if_relative_gate_on_zero_baseline_fails_any_change_in_its_direction():
     d = _diff_with_latency()
+    assert d.metric("stale_hashes").a == 0 and d.metric("stale_hashes").b > 0
     (msg,) = check_fail_if(d, ["stale_hashes:+50%"])
-    assert "cannot evaluate" in msg
+    assert msg.startswith("stale_hashes rose from A=0 to B=")
+    assert msg.endswith("beyond any relative rise (stale_hashes:+50%)")
+    assert check_fail_if(d, ["stale_hashes:-5%"]) == []  # a rise is no drop
+
+
+def test_fail_if_relative_gate_on_two_zeros_passes():
+    # no change at all: `stale_hashes:+0%` failed two clean runs as "cannot evaluate"
+    d = M.diff_summaries(_summary(), _summary())
+    assert d.metric("stale_hashes").a == d.metric("stale_hashes").b == 0
+    assert check_fail_if(d, ["stale_hashes:+0%", "stale_hashes:-0%", "evictions:+10%"]) == []
 
 
 @pytest.mark.parametrize("gate, match", [
