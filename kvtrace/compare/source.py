@@ -55,13 +55,13 @@ def diff_runs(
     same = same_trace(view.run_row(run_a), view.run_row(run_b))  # (pairing's rule: one rule of a same trace)
     if not same and not force:
         a, b = info_a.get("trace"), info_b.get("trace")
-        # one file read two ways (another --limit, --block-size or --format) is different requests too
+        # one file read two ways (another --limit, --trace-block-size or --format) is different requests too
         if a != b:
             which = f"{a!r} vs {b!r}"
         elif str(a).startswith("gen:"):  # (a generated workload: another seed generates other requests)
             which = f"{a!r}, generated differently (another --limit or --seed)"
         else:
-            which = f"{a!r}, read differently (another --limit, --block-size or --format)"
+            which = f"{a!r}, read differently (another --limit, --trace-block-size or --format)"
         raise KVTraceError(f"{db}: runs {run_a} and {run_b} replay different traces ({which}); pass --force to "
                            "compare anyway")
     try:

@@ -622,7 +622,7 @@ def test_one_file_read_two_ways_is_named_as_such(tmp_path, capsys):
         code, _, err = run(["replay", trace, "--mode", "cache-only", "--limit", limit, "--db", db], capsys)
         assert code == 0, err
     code, _, err = run(["diff", "r1", "r2", "--db", db], capsys)
-    assert_one_line(code, err, "read differently (another --limit, --block-size or --format)", "--force")
+    assert_one_line(code, err, "read differently (another --limit, --trace-block-size or --format)", "--force")
 
 
 # --- a second CLI probe's findings --------------------------------------------------------------
