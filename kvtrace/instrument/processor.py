@@ -155,7 +155,13 @@ class BulkSpanProcessor(SpanProcessor):
         if self._queue is None:
             self._export(item)
         else:
-            self._queue.put(item)  # blocks when full: back-pressure, not loss
+            try:
+                self._queue.put(item)  # blocks when full: back-pressure, not loss
+            except BaseException:
+                # a stop (Ctrl-C, SIGTERM) while the queue was full: the batch still goes, behind
+                # the ones before it (it was lost, the store short of the hand-over it stopped)
+                self._queue.put(item)
+                raise
 
     def _raise_pending_error(self) -> None:
         err, self._error = self._error, None

@@ -65,3 +65,59 @@ def test_a_recording_that_ends_delivers_everything_however_slow(slow):
     (proc,) = procs
     assert slow.spans == proc.spans_received == proc.spans_exported > 4 * 512
     assert proc.spans_failed == 0
+
+
+def test_a_batch_whose_hand_over_a_stop_interrupts_is_still_exported():
+    """Ctrl-C or SIGTERM while the producer waits for room in a full queue: the batch was
+    never queued, so the store lacked the hand-over the stop interrupted."""
+    import os
+    import signal
+    import threading
+
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from kvtrace.instrument import KVCacheInstrumentor
+    from kvtrace.instrument.batch import SpanBatch
+
+    release = threading.Event()
+
+    class Held:
+        """A columnar exporter (as the store's) that holds its first batch until released."""
+
+        def __init__(self) -> None:
+            self.spans = 0
+
+        def export_batch(self, batch: SpanBatch):
+            release.wait(60)
+            self.spans += batch.num_spans
+            return SpanExportResult.SUCCESS
+
+        def shutdown(self) -> None:
+            pass
+
+    out = Held()
+    proc = BulkSpanProcessor(out, background=True, max_queued_batches=1)  # type: ignore[arg-type]
+    inst = KVCacheInstrumentor(TracerProvider(), processors=[proc], flush_spans=1)
+    steps = iter(synthetic_steps(3, seed=1))
+    inst(next(steps))  # the worker takes it and is held
+    inst(next(steps))  # queued: the queue is full
+
+    def interrupt() -> None:  # once the producer waits for room (a Condition's waiter)
+        while not proc._queue.not_full._waiters:  # type: ignore[union-attr]
+            threading.Event().wait(0.01)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        release.set()
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGUSR1, stop)
+    try:
+        threading.Thread(target=interrupt, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            inst(next(steps))  # waits for room, and is stopped there
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+        release.set()
+    proc.force_flush()
+    assert out.spans == proc.spans_received == inst.spans_emitted > 0
