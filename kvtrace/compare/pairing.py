@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvtrace.metrics import PERCENTILES_CONFIG_KEY
+from kvtrace.metrics import PERCENTILES_CONFIG_KEY, backend_label
 from kvtrace.names import BEHAVIOURS
 
 # Flattened config keys that make up a run's capacity (engine: KV blocks per group and the
@@ -73,6 +73,9 @@ def _behaviours(run: Mapping[str, Any]) -> set[str]:
     return set(behaviours_on(run.get("behaviours")) or ())
 
 
+_BACKEND_KEYS = ("backend", "vllm_version", "vllm_commit")
+
+
 def settings(run: Mapping[str, Any]) -> dict[str, Any]:
     """A run's settings as flat ``key -> value``: its mode and every stored config field
     (behaviours are compared apart, one setting each). The cost model counts as one
@@ -92,6 +95,11 @@ def settings(run: Mapping[str, Any]) -> dict[str, Any]:
         _flatten(cfg, "", flat)
         flat.pop("mode", None)
         flat.pop(PERCENTILES_CONFIG_KEY, None)  # (how its latencies are summarised, not how it ran)
+        for key in [k for k in flat if k.startswith("sweep.")]:  # which sweep, which point: bookkeeping
+            del flat[key]  # (a point's settings are its own keys: two points differed twice, never paired)
+        for key in _BACKEND_KEYS:  # one setting: whose cache manager, at which vLLM (they counted three times)
+            flat.pop(key, None)
+        flat["backend"] = backend_label(mode, cfg)
         if "block_size" in flat and flat["block_size"] is None:
             # a cache-only run at its trace's own block size stores that size in its summary
             # (Compare said "block_size: A 32 → B unset" of a 512-token run)

@@ -126,3 +126,26 @@ def test_a_cache_only_run_sized_in_tokens_stores_its_capacity(tmp_path, capsys):
     assert r1["summary"]["prefix_cache_hit_rate"] == r4["summary"]["prefix_cache_hit_rate"]  # (what it replayed)
     assert pairing.partner(r1, [r3, r2]) is r3  # the same 40 blocks, the policy the one change
     assert pairing.partner(r1, [r2]) is None
+
+
+def _engine(run_id, retention, sweep=None, **extra):
+    config = {"mode": "engine", "cache": {"retention_interval": retention}, **extra}
+    if sweep is not None:
+        config["sweep"] = {"id": "s1", "params": sweep}
+    return {"run_id": run_id, "mode": "engine", "trace_source": "t.jsonl", "config": json.dumps(config),
+            "behaviours": json.dumps([])}
+
+
+def test_two_points_of_a_sweep_differ_in_the_swept_setting_alone():
+    """The sweep's record of its point (sweep.params.*) counted as a second difference: two
+    points were 'not an isolated measurement' and had no Compare partner."""
+    a, b = _engine("r1", None, {"retention": "none"}), _engine("r2", 0, {"retention": 0})
+    assert [d.setting for d in pairing.differences(a, b)] == ["cache.retention_interval"]
+
+
+def test_the_backend_and_its_vllm_are_one_setting():
+    a = _engine("r1", 0, backend="kvtrace")
+    b = _engine("r2", 0, backend="vllm", vllm_version="0.33.0", vllm_commit="abcdef0123456789")
+    (d,) = pairing.differences(a, b)
+    assert (d.setting, d.a, d.b) == ("backend", "kvtrace", "vllm 0.33.0 @ abcdef012345")
+    assert pairing.differences(a, _engine("r3", 0)) == []  # (a record from before the key: kvtrace's)
