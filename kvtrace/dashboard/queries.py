@@ -119,13 +119,7 @@ def _json(text: Any) -> Any:
 
 
 def _behaviour_names(value: Any) -> list[str]:
-    """Behaviours are stored as a JSON list of the switched-on names or a {name: bool} map."""
-    value = _json(value)
-    if isinstance(value, dict):
-        return sorted(k for k, v in value.items() if v)
-    if isinstance(value, list):
-        return sorted(str(v) for v in value)
-    return []
+    return pairing.behaviours_on(value) or []  # (diff's and runs' reading of the record)
 
 
 def open_store(db: str | None) -> bool:
