@@ -164,3 +164,15 @@ def test_unreachable_collector_is_counted_not_hung_on(tmp_path):
         assert proc.spans_received == inst.spans_emitted > 400
         assert proc.spans_exported == 0 and proc.spans_failed == inst.spans_emitted
     assert Refusing.calls == 1
+
+
+def test_a_kvtrace_export_without_its_run_record_is_left_incomplete(tmp_path, collector):
+    # a replay killed mid-export never sends its kvtrace.run record: its run was marked
+    # complete at the collector's stop, a part of the run read as all of it
+    sent = _replay(build_tracer_provider(otlp_endpoint=collector.url, run_id="cut-1", seed=3), "cut-1",
+                   synthetic_steps(20, seed=8))
+    assert collector.spans_received == sent.spans_emitted > 0
+    collector.stop()
+    from kvtrace.store import read
+
+    assert read.run(tmp_path / "collected.duckdb", "cut-1")["status"] == "incomplete"

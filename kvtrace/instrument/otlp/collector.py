@@ -65,7 +65,7 @@ from kvtrace.instrument.otlp.limits import (
 )
 from kvtrace.metrics import summary_problem
 from kvtrace.process import port_in_use, sigterm_as_interrupt
-from kvtrace.store.schema import RUN_RECORD_PREFIX, SOURCE_OTLP, SPAN_RUN, run_id_problem
+from kvtrace.store.schema import RUN_RECORD_PREFIX, SOURCE_OTLP, SPAN_RUN, TIME_OFFSET_RESOURCE_KEY, run_id_problem
 from kvtrace.store.writer import Store
 
 TRACES_PATH = "/v1/traces"
@@ -219,6 +219,9 @@ class OTLPCollector:
         self._default_run: str | None = None
         self._known_runs: set[str] = set()
         self._created_runs: list[str] = []
+        # created runs a kvtrace export fills (its resource names a time offset): its producer
+        # ends it with a kvtrace.run record, so one still without it at close was cut short
+        self._awaiting_record: set[str] = set()
         # runs an earlier collector on this store made and left without a record (stopped, or
         # killed: incomplete), which their producer's record still finishes
         self._unrecorded_runs: set[str] = set()
@@ -320,12 +323,14 @@ class OTLPCollector:
                 self._replies.notify_all()
 
     def close_store(self) -> None:
-        """Commit, mark the runs this collector created complete, and close the store."""
+        """Commit, mark the runs this collector created complete (a kvtrace export's without
+        its record: incomplete), and close the store."""
         with self._lock:
             self._closed = True
             try:
                 for run_id in self._created_runs:
-                    self._finish(run_id, status="complete")
+                    # (a killed replay's export was marked complete, its spans a part of the run)
+                    self._finish(run_id, status="incomplete" if run_id in self._awaiting_record else "complete")
                 self._created_runs = []
                 for run_id in sorted(self._late_runs):
                     self._refresh(run_id)
@@ -360,6 +365,7 @@ class OTLPCollector:
         records: list[tuple[str, dict]] = []
         fresh: list[tuple[str, int]] = []  # (run key, span key) of the spans to store
         taken: set[tuple[str, int]] = set()
+        exports: set[str] = set()  # runs of kvtrace exports among them (see _awaiting_record)
         with self._lock:
             if self._closed:
                 raise CollectorClosed("kvtrace collect is shutting down: not stored (send it again to a running "
@@ -372,6 +378,8 @@ class OTLPCollector:
                         continue
                     if key:
                         self._look_up(key)
+                        if TIME_OFFSET_RESOURCE_KEY in resource:
+                            exports.add(key)
                     span_key = _RecentSpans.key(kwargs["trace_id"], kwargs["span_id"])
                     if self._recent.seen(key, span_key) or (key, span_key) in taken:
                         continue
@@ -410,6 +418,7 @@ class OTLPCollector:
             for key, span_key in fresh:
                 self._recent.add(key, span_key)
             self._late_runs.update(late)
+            self._awaiting_record.update(exports)
             for key, record in records:  # (after the commit: a failure here is logged, the spans stay)
                 self._finish_recorded(self._run_for(key), record)
         return stored
