@@ -103,50 +103,34 @@ def test_a_run_without_per_request_hits_is_not_said_to_lack_the_requests(engine_
     assert not [n for n in both.notes if "per-request" in n]
 
 
-def test_a_summary_value_that_is_no_finite_number_is_no_metric_in_any_view(tmp_path, replayed_store, capsys):
+@pytest.mark.parametrize(("values", "says"), [
+    ({"prefix_cache_hit_rate": float("inf")}, "prefix_cache_hit_rate: expected a rate from 0 to 1, got inf"),
+    ({"mean_e2el_ms": 1e308}, "mean_e2el_ms: expected a time in ms"),
+    ({"requests": "thirty"}, "requests: expected a count (an integer from 0 to 2^63-1), got 'thirty'"),
+    ({"evictions": 10**400}, "evictions: expected a count"),
+])
+def test_a_summary_value_kvtrace_never_writes_is_a_damaged_record_in_every_view(tmp_path, replayed_store, capsys,
+                                                                                values, says):
     """A record's Infinity (JSON that Python reads, kvtrace never writes) was null in --json,
-    '+inf ✅ better' in --markdown, and a drop gate on it passed; a 1e308 filled its cells
-    with 309 digits."""
+    '+inf ✅ better' in --markdown and 'inf%' in runs, a drop gate on it passed; a text count
+    was a TypeError in diff, a 10**400 an OverflowError, a 1e308 309 digits in a cell. The
+    summary is checked as a collector checks one it receives (metrics.summary_problem): the
+    run is damaged, which runs, diff and the dashboard each say in one line."""
     from kvtrace.store import read
     from tests.cli.support import run
 
     on, off = replayed_store.run_on, replayed_store.run_off
-    summary = dict(read.run(replayed_store.path, off)["summary"], prefix_cache_hit_rate=float("inf"),
-                   mean_e2el_ms=1e308)
+    summary = dict(read.run(replayed_store.path, off)["summary"], **values)
     db = _tampered(replayed_store.path, tmp_path / "t.duckdb", "UPDATE runs SET summary = ? WHERE run_id = ?",
                    [json.dumps(summary), off])
-    d = diff_runs(db, on, off)
-    rate = d.metric("prefix_cache_hit_rate")
-    assert rate.a is not None and (rate.b, rate.delta, rate.rel) == (None, None, None)
-    code, out, err = run(["diff", on, off, "--db", db, "--markdown", "--fail-if", "prefix_cache_hit_rate:-0.5"],
-                         capsys)
-    assert code == 1 and "gate failed: prefix_cache_hit_rate:-0.5: cannot evaluate" in err, err
-    row = next(line for line in out.splitlines() if line.startswith("| prefix_cache_hit_rate |"))
-    assert row.endswith("| – | – | – |  |") and "inf" not in row, row
-    row = next(line for line in out.splitlines() if line.startswith("| mean_e2el_ms |"))
-    assert "| 1e+308 | +1e+308 | " in row and len(row) < 100, row
-    code, out, err = run(["diff", on, off, "--db", db, "--json"], capsys)
-    assert code == 0 and json.loads(out)["metrics"]["prefix_cache_hit_rate"]["b"] is None
-
-
-def test_runs_shows_a_headline_value_that_is_no_finite_number_as_none(tmp_path, replayed_store, capsys):
-    """`runs` printed a damaged record's Infinity as 'inf%' and a text as itself, where its
-    --json (and diff) said null."""
-    from kvtrace.store import read
-    from tests.cli.support import run
-
-    off = replayed_store.run_off
-    summary = dict(read.run(replayed_store.path, off)["summary"], prefix_cache_hit_rate=float("inf"),
-                   requests="thirty")
-    db = _tampered(replayed_store.path, tmp_path / "t.duckdb", "UPDATE runs SET summary = ? WHERE run_id = ?",
-                   [json.dumps(summary), off])
+    for argv in (["diff", on, off, "--db", db, "--markdown", "--fail-if", "prefix_cache_hit_rate:-0.5"],
+                 ["diff", on, off, "--db", db, "--json"]):
+        code, out, err = run(argv, capsys)
+        assert code == 2 and out == "" and f"run {off}'s summary: {says}" in err and len(err.splitlines()) == 1, err
     code, out, err = run(["runs", "--db", db, "--json"], capsys)
     listed = next(r for r in json.loads(out)["runs"] if r["run_id"] == off)
-    assert code == 0 and (listed["requests"], listed["prefix_cache_hit_rate"]) == (None, None)
-    assert listed["median_ttft_ms"] == summary["median_ttft_ms"]  # (a number stays one)
-    code, out, err = run(["runs", "--db", db], capsys)
-    row = next(line for line in out.splitlines() if f" {off} " in line)
-    assert code == 0 and "inf" not in row and "thirty" not in row, row
+    assert code == 0 and listed["status"] == "damaged" and says in listed["damage"], listed
+    assert next(r for r in json.loads(out)["runs"] if r["run_id"] == on)["status"] == "complete"  # (the others)
 
 
 def test_an_engine_run_against_a_cache_only_run_says_their_hit_rules_differ(engine_and_cache_only, capsys):

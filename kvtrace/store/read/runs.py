@@ -7,6 +7,7 @@ from typing import Any
 
 import polars as pl
 
+from kvtrace.metrics import summary_problem
 from kvtrace.store.errors import StoreError, UnknownRunError
 from kvtrace.store.liveness import shown_status
 from kvtrace.store.read._api import checked
@@ -94,6 +95,11 @@ def run_json(db: DB, run_id: str, key: str, text: str | None) -> Any:
     if not isinstance(value, kinds) or not all(isinstance(v, str) for v in names):
         raise StoreError(str(db), f"damaged kvtrace store: run {run_id}'s {key} is {_clip(text)}, "
                                   f"expected {shape}")
+    # a count, rate or time kvtrace never writes ("many", Infinity, a rate of 7.5): each view
+    # showed it its own way (text, inf%, null) or read the spans instead
+    problem = summary_problem(value) if key == "summary" and isinstance(value, dict) else None
+    if problem is not None:
+        raise StoreError(str(db), f"damaged kvtrace store: run {run_id}'s summary: {problem}")
     return value
 
 
