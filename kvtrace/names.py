@@ -16,6 +16,15 @@ from typing import Any
 
 # replay --mode (kvtrace.replay.run)
 MODES = ("engine", "cache-only")
+
+
+def replay_mode(stored: object) -> str | None:
+    """The replay mode a run record's mode names (``cache-only/lru``: cache-only), or None
+    for any other (live, otlp, damaged text): what a view says of it, never the stored text."""
+    base = stored.partition("/")[0] if isinstance(stored, str) else None
+    return base if base in MODES else None
+
+
 # cache-only --policy (kvtrace.replay.cache_only)
 POLICIES = ("lru", "belady")
 # trace formats (kvtrace.replay.readers); convert writes the last two

@@ -21,6 +21,7 @@ import polars as pl
 
 from kvtrace.errors import KVTraceError
 from kvtrace.metrics import BLOCK_UNIT_KEYS, is_latency_key, percentile_word
+from kvtrace.names import replay_mode
 from kvtrace.store.schema import SUMMARY_FIELDS
 
 METRIC_DIRECTION: dict[str, int] = {
@@ -243,8 +244,8 @@ def diff_summaries(
     metrics, notes = metric_deltas(summary_a, summary_b), []
     unmeasured = [k for k in dict.fromkeys([*summary_a, *summary_b])
                   if summary_a.get(k) is None and summary_b.get(k) is None]
-    modes = [str(r.get("mode") or "").partition("/")[0] for r in (ra, rb)]
-    if sorted(modes) == ["cache-only", "engine"]:  # (README, Metrics: the two modes' hit rules)
+    modes = [replay_mode(r.get("mode")) for r in (ra, rb)]
+    if set(modes) == {"cache-only", "engine"}:  # (README, Metrics: the two modes' hit rules)
         # (the modes kvtrace names, not the stored text: a note is rendered as kvtrace's own markdown)
         notes.append(f"modes differ ({modes[0]} vs {modes[1]}): cache-only counts a prompt cached "
                      "whole as hit whole, engine mode recomputes its last token as vLLM does, so the hit counters' "

@@ -26,6 +26,7 @@ from kvtrace.compare.options import DEFAULT_RESAMPLES, check_diff_options
 from kvtrace.compare.pairing import behaviours_on, same_trace
 from kvtrace.errors import KVTraceError
 from kvtrace.metrics import DEFAULT_PERCENTILES, NS_PER_MS, is_latency_key, run_backend
+from kvtrace.names import replay_mode
 from kvtrace.store import read
 from kvtrace.store.errors import StoreError
 
@@ -81,7 +82,7 @@ def _diff(view: StoreView, run_a: str, run_b: str, info_a: dict[str, Any], info_
     diff.same_trace, diff.forced = same, not same
     hits_a, hits_b = view.per_request_hits(run_a), view.per_request_hits(run_b)
     # (its mode as kvtrace names it, never the stored text: a note is rendered as kvtrace's own markdown)
-    silent = [f"{side} ({str(info.get('mode') or '?').partition('/')[0]})" for side, info, hits, summary in
+    silent = [f"{side} ({replay_mode(info.get('mode')) or '?'})" for side, info, hits, summary in
               (("A", info_a, hits_a, summary_a), ("B", info_b, hits_b, summary_b))
               if hits.height == 0 and (summary.get("requests") or 0) > 0]
     other, common = _other_prompts(hits_a, hits_b)

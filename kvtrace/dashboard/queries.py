@@ -26,6 +26,7 @@ from kvtrace.compare.model import RunDiff
 from kvtrace.compare.source import diff_runs
 from kvtrace.dashboard import DB_ENV, run_config, state, ui
 from kvtrace.errors import KVTraceError
+from kvtrace.names import replay_mode
 from kvtrace.store import read
 from kvtrace.store.backend import is_clickhouse
 from kvtrace.store.schema import SUMMARY_FIELDS, SUMMARY_NOTHING_RECEIVED
@@ -315,7 +316,6 @@ def _per_request(run_id: str) -> pl.DataFrame:
 
 # Modes whose span times are kvtrace's virtual clock, which starts at 0: a live capture's and
 # a collected run's are their sender's (a vLLM server's wall clock: ns since 1970).
-VIRTUAL_CLOCK_MODES = ("engine", "cache-only")
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
@@ -334,7 +334,7 @@ def _extent(db: str, key: tuple, run_id: str) -> tuple[int, int, int]:
         return 0, int(duration * 1e9), n
     reqs = read.requests(db, run_id)
     frames = [reqs.select(pl.col("arrival_ns").min().alias("lo"), pl.col("finish_ns").max().alias("hi"))]
-    virtual = record.get("mode") in VIRTUAL_CLOCK_MODES
+    virtual = replay_mode(record.get("mode")) is not None  # (cache-only's is cache-only/POLICY)
     if not virtual:  # (the windows' starts: within one window of the first and last eviction)
         evicted = read.evictions_over_time(db, run_id)
         frames.append(evicted.select(pl.col("window_start_ns").min().alias("lo"),

@@ -211,6 +211,11 @@ def test_a_stored_mode_never_reaches_a_note_as_markup(tmp_path, engine_and_cache
     html = MarkdownIt("commonmark").enable("table").render(md)
     assert "<img" not in html and "<strong>b" not in html
     assert "> ⚠️ modes differ (engine vs cache-only)" in md and "> ⚠️ run B (cache-only) records no" in md
+    # a mode that names no replay mode before its '/' (it was cut there and shown: live HTML)
+    db = _tampered(src, tmp_path / "u.duckdb", "UPDATE runs SET mode = ? WHERE run_id = ?", ["<img src=x>", b])
+    code, md, err = run(["diff", a, b, "--db", db, "--markdown"], capsys)
+    html = MarkdownIt("commonmark").enable("table").render(md)
+    assert code == 0 and "<img" not in html and "> ⚠️ run B (?) records no" in md, err
 
 
 def test_a_stored_cost_models_coefficients_are_shown_literally(tmp_path, replayed_store, capsys):

@@ -49,3 +49,21 @@ def test_a_live_captures_evictions_are_charted_on_its_own_clock(tmp_path, monkey
     bars = [t for t in traces(at) if t.get("type") == "bar" and t.get("name") == "vLLM BlockRemoved"]
     assert bars and 0 < sum(bars[0]["y"]) < evicted
     assert all(0.5 <= x <= 1.0 for x in bars[0]["x"])
+
+
+def test_a_cache_only_replay_keeps_its_virtual_clock_from_zero(tmp_path, monkeypatch):
+    # its stored mode is cache-only/lru, which was taken for a sender's clock: the window
+    # began at its first eviction, and the Hit rate page dropped the requests before it
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = str(tmp_path / "co.duckdb")
+    res = run_replay(RunSpec("gen:mixed", limit=60, mode="cache-only", capacity_blocks=300), db=db)
+    assert res.summary["evictions"] > 0
+    first_eviction = int(read.evictions_over_time(db, res.run_id)["window_start_ns"].min())
+    assert first_eviction > 0
+    at = render(db, monkeypatch, "evictions", run=res.run_id)
+    bars = [t for t in traces(at) if t.get("type") == "bar"]
+    assert bars and min(min(b["x"]) for b in bars) >= first_eviction / 1e9 - 1e-9  # (not shifted to 0)
+    lo, hi = at.slider[0].value
+    last_eviction = int(read.evictions_over_time(db, res.run_id)["window_start_ns"].max())
+    assert lo == 0 and hi >= last_eviction / 1e9 - 1e-9, (lo, hi)  # (it ran 0 to 0.059 s: cut at its end)
