@@ -10,6 +10,9 @@ from kvtrace.errors import KVTraceError, check_option, check_seed
 from kvtrace.store.backend import duckdb_path_problem
 
 DEFAULT_RESAMPLES = 1_000
+# a 95% interval's ends are the 2.5% and 97.5% quantiles of the replicates: from one or two
+# (--resamples 1) the CI was one value, beside the point estimate, and marked significant
+MIN_RESAMPLES = 100
 MAX_RESAMPLES = 10_000  # the replicate draws are resamples x requests int64s in memory
 MAX_TOP = 2**31
 
@@ -18,7 +21,7 @@ def check_diff_options(seed: int, top: int, resamples: int) -> None:
     """ConfigError naming the option (``--seed``, ``--top``, ``--resamples``) out of range."""
     check_seed(seed)
     check_option("--top", top, 0, MAX_TOP)
-    check_option("--resamples", resamples, 1, MAX_RESAMPLES)
+    check_option("--resamples", resamples, MIN_RESAMPLES, MAX_RESAMPLES)
 
 
 def demo_target(db: str) -> tuple[str, bool]:

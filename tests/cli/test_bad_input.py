@@ -529,6 +529,7 @@ def test_a_truncated_or_corrupt_store_is_one_line_for_replay_and_diff(tmp_path, 
 @pytest.mark.parametrize("argv, needle", [
     (["--resamples", "-1"], "--resamples: -1"),
     (["--resamples", "0"], "--resamples: 0"),
+    (["--resamples", "2"], "--resamples: 2: expected"),  # (a "95% CI" of two replicates, marked significant)
     (["--resamples", "1000000000"], "--resamples: 1000000000"),
     (["--top", "-1"], "--top: -1"),
     (["--seed", "-1"], "--seed: -1"),

@@ -37,7 +37,7 @@ CASES = {
         from kvtrace.store import export_parquet, read
         assert read.runs(db).height == 2
         from kvtrace.compare.source import diff_runs
-        diff_runs(db, a, b, resamples=20)
+        diff_runs(db, a, b, resamples=100)
         export_parquet(db, a, sys.argv[1] + "/export")
     """,
     "convert": """
