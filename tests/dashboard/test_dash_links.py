@@ -35,3 +35,16 @@ def test_a_linked_request_on_a_run_without_finished_requests_is_named_once(tmp_p
     assert "request" not in at.query_params
     at.run()
     assert not _warnings(at)
+
+
+def test_a_linked_request_on_a_cache_only_run_is_named_once(tmp_path, monkeypatch):
+    # the page returned before the request picker's warning: the value stayed in the URL, unsaid
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = str(tmp_path / "co.duckdb")
+    run = run_replay(RunSpec("gen:chat", limit=5, mode="cache-only"), db=db).run_id
+    at = render(db, monkeypatch, "latency", run=run, request="zz")
+    assert "Request zz from the link is not in this run: a cache-only run has no latency to show." in _warnings(at)
+    assert "request" not in at.query_params
+    at.run()
+    assert not _warnings(at)
