@@ -199,6 +199,8 @@ def test_study_mode_reads_a_trace_at_its_trace_block_size(run_notebook, tmp_path
     ({"seed": "x"}, "seed: expected an int from 0 to 18,446,744,073,709,551,615, got 'x'"),
     ({"limit": 0}, "limit: expected an int from 1 to 18,446,744,073,709,551,615, got 0"),
     ({"trace_block_size": 0}, "trace_block_size: expected an int from 1 to 18,446,744,073,709,551,615, got 0"),
+    # a study of a generated workload, which has no block size to give (it named --trace-block-size)
+    ({"trace_block_size": 64}, "trace_block_size: 64: the study's workload is generated"),
 ])
 def test_a_count_it_cannot_use_is_one_error_naming_the_parameter(run_notebook, given, said):
     """The study and the diff named their own flags ("--seed: x", "--limit: 0"), which a notebook has none of."""
