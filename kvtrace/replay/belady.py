@@ -89,6 +89,13 @@ def belady_hits(keys: Sequence[Sequence[int]], capacity: int) -> tuple[list[int]
         hits.append(hit)
         if n > capacity:
             oversized += 1
+            # its cached blocks' next use is now a later request's: their entries still named
+            # this one, the nearest of all, so MIN kept them over blocks needed sooner (below LRU)
+            for d in range(n):
+                k = ks[d]
+                if k in version:
+                    version[k] += 1
+                    push(heap, (-nxt[r][d], -d, k, version[k]))
             continue
         # this request's cached blocks (the hit, and any later cached ones) are in use:
         # give them fresh entries at their new next use (old entries become stale)

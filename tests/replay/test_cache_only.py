@@ -347,3 +347,16 @@ def test_one_token_blocks_equal_the_bare_reference(seed):
         res = replay_cache_only(reqs, capacity_blocks=cap, block_size=1)
         ref_hits, ref_pub, ref_ev, _ = lru_reference(keys, cap)
         assert res.per_request_hit_blocks == ref_hits and (res.publishes, res.evictions) == (ref_pub, ref_ev), cap
+
+
+def test_belady_after_an_oversized_request_still_bounds_lru():
+    # an oversized request hit a cached block and left its heap entry naming itself as the
+    # block's next use: MIN evicted a block needed sooner, 1 hit where LRU got 2
+    r = [req(str(i), ids, bs=1) for i, ids in enumerate([[0], [0, 0, 0], [1], [2], [1]])]
+    keys = chain_keys(r)[0]
+    lru, opt = sum(lru_reference(keys, 2)[0]), sum(belady_hits(keys, 2)[0])
+    assert (lru, opt) == (2, 2)
+    for seed in range(20):  # and on random traces whose requests outgrow a small cache
+        keys = chain_keys(random_trace(seed, 40))[0]
+        for cap in (3, 5, 8):
+            assert sum(belady_hits(keys, cap)[0]) >= sum(lru_reference(keys, cap)[0]), (seed, cap)
