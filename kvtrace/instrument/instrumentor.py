@@ -275,6 +275,14 @@ class KVCacheInstrumentor:
                 instrumentation_scope=InstrumentationScope(SCOPE_NAME, __version__),
             ))
 
+    def flush_stores(self) -> None:
+        """Flush pending spans and the processors that write a store (columnar ones): the
+        run's spans are committed when it returns, whatever an OTLP export still holds."""
+        self.flush()
+        for proc in self._resolved_bulk():
+            if proc.columnar is not None:
+                proc.force_flush()
+
     def _resolved_bulk(self) -> tuple[BulkSpanProcessor, ...]:
         self._resolve_processors()
         return self._bulk

@@ -415,6 +415,7 @@ def run_replay(
             offset = store.time_offset_ns(run_id) if store is not None and run_id is not None else None
             undelivered = None
             exported_as = None
+            stored_whole = False  # every span of the finished run is in the store (an export may still drain)
             if otlp:
                 from kvtrace.instrument.pipeline import unique_export_run_id
 
@@ -443,6 +444,9 @@ def run_replay(
                         instrumentor.record_run({"name": spec.name or _default_name(spec, behaviours, preset), **record,
                                                  "digest": summary["digest"], "status": "complete",
                                                  "summary": summary})
+                        if store is not None:
+                            instrumentor.flush_stores()  # (before the OTLP drain the exit waits for)
+                            stored_whole = not stop_pending()
             except KVTraceError as err:  # spans an OTLP collector did not take: the run itself is whole
                 from kvtrace.instrument import SpansNotDelivered
 
@@ -461,7 +465,15 @@ def run_replay(
             if store is not None and run_id is not None:
                 # the recording above has handed every emitted span to the store already
                 with contextlib.suppress(Exception):  # the original error matters more
-                    store.finish_run(run_id, status="failed", summary={"error": f"{type(exc).__name__}: {exc}"})
+                    if stored_whole and isinstance(exc, KeyboardInterrupt):
+                        # stopped while a collector was still taking the spans: the run itself is
+                        # whole (it was marked failed, its summary lost, where the collector's copy
+                        # said complete); how many spans the collector missed is unknown
+                        summary["otlp_export"] = "stopped"
+                        store.finish_run(run_id, status="complete", digest=summary["digest"], summary=summary,
+                                         trace_digest=record["trace_digest"])
+                    else:
+                        store.finish_run(run_id, status="failed", summary={"error": f"{type(exc).__name__}: {exc}"})
             raise
 
 
