@@ -90,11 +90,11 @@ def traces_url(endpoint: str, where: str = "--otlp-endpoint") -> str:
     except ValueError:  # e.g. an unclosed IPv6 bracket
         parsed = None
     if parsed is None or parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise ConfigError(where, endpoint, "expected an http(s)://HOST:PORT[/v1/traces] URL")
+        raise ConfigError(where, _shown(endpoint), "expected an http(s)://HOST:PORT[/v1/traces] URL")
     # a bare ':' meant port 80 to the SDK, and no connection goes to port 0: both were
     # found out only after the whole replay, as every span not delivered
     if parsed.port == 0 or parsed.netloc.endswith(":"):
-        raise ConfigError(where, endpoint, "expected a port from 1 to 65535 in the http(s)://HOST:PORT URL")
+        raise ConfigError(where, _shown(endpoint), "expected a port from 1 to 65535 in the http(s)://HOST:PORT URL")
     if parsed.path in ("", "/"):
         # the path goes before a query or fragment: appended after one it was part of it (a 404)
         return parsed._replace(path="/v1/traces").geturl()
@@ -114,9 +114,17 @@ def _grpc_target(text: str, where: str) -> None:
         return
     m = _HOST_PORT.fullmatch(text)
     if m is None or (m.group(2) is not None and not 0 < int(m.group(2)) < 65_536):
-        # USER:PASSWORD@HOST without a scheme: the error line's URL masking never saw a password
-        shown = re.sub(r"^([^@/\s:]*):\S*@", r"\1:***@", text)  # (to the last @, as the CLI masks)
-        raise ConfigError(where, shown, "expected HOST:PORT or an http(s)://HOST:PORT URL for OTLP/gRPC")
+        raise ConfigError(where, _shown(text), "expected HOST:PORT or an http(s)://HOST:PORT URL for OTLP/gRPC")
+
+
+# USER:PASSWORD@ of an endpoint, with a scheme or without one (which the error line's URL
+# masking never sees), to the last @: a password may hold an unencoded @, / or space
+_PASSWORD = re.compile(r"^((?:[A-Za-z][A-Za-z0-9+.-]*://)?[^@/\s:]*):.*@")
+
+
+def _shown(endpoint: str) -> str:
+    """An endpoint as an error may quote it: its password masked."""
+    return _PASSWORD.sub(r"\1:***@", endpoint, count=1)
 
 
 def check_otlp_settings(endpoint: str | None) -> None:

@@ -85,3 +85,25 @@ def test_a_grpc_target_with_a_password_is_refused_without_showing_it(tmp_path, c
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert "OTEL_EXPORTER_OTLP_ENDPOINT: tracer:***@collector:" in err and "s3" not in err and "cr3t" not in err
     assert not (tmp_path / "local.duckdb").exists()  # refused before the store was made
+
+
+@pytest.mark.parametrize(("env", "value", "flag"), [
+    (None, "tracer:s3cret@collector:4318", True),  # OTLP/HTTP, the flag
+    ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "tracer:s3cret@collector:0", False),  # OTLP/HTTP, a variable
+    ("OTEL_EXPORTER_OTLP_PROTOCOL", "tracer:s3 cr3t@collector:99999", False),  # gRPC: a space in it
+])
+def test_an_endpoint_without_a_scheme_never_shows_its_password(tmp_path, capsys, monkeypatch, env, value, flag):
+    """e149025 masked the gRPC form to the first space; OTLP/HTTP's refusal quoted it whole."""
+    from tests.cli.support import run
+
+    argv = ["replay", "gen:chat", "--limit", "2", "--mode", "cache-only"]
+    if flag:
+        argv += ["--otlp-endpoint", value]
+    elif env == "OTEL_EXPORTER_OTLP_PROTOCOL":
+        monkeypatch.setenv(env, "grpc")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", value)
+    else:
+        monkeypatch.setenv(env, value)
+    code, _out, err = run(argv, capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "tracer:***@collector:" in err and "s3" not in err and "cr3t" not in err, err
