@@ -137,7 +137,7 @@ def check_otlp_settings(endpoint: str | None) -> None:
     else:
         key = next((k for k in _ENV_ENDPOINTS if os.environ.get(k)), None)
         if key is not None and protocol != "grpc":
-            traces_url(os.environ[key], where=key)
+            _env_traces_url(key)
         elif key is not None:
             _grpc_target(os.environ[key], key)
     for key in _ENV_TIMEOUTS:
@@ -177,7 +177,26 @@ def otlp_span_exporter(endpoint: str | None = None) -> SpanExporter:
         return GrpcSpanExporter(**kw)
     if endpoint:
         kw["endpoint"] = traces_url(endpoint)
+    else:
+        key = next((k for k in _ENV_ENDPOINTS if os.environ.get(k)), None)
+        if key is not None:
+            kw["endpoint"] = _env_traces_url(key)
     return OTLPSpanExporter(**kw)
+
+
+def _env_traces_url(key: str) -> str:
+    """The traces URL an OTLP/HTTP endpoint variable names, as the OTel spec reads it: the
+    traces variable as given, the base one with v1/traces appended to its path, before any
+    query (the SDK appended it after one: every span a 404, found out after the run)."""
+    value = os.environ[key]
+    traces_url(value, where=key)  # (checked as the flag is)
+    parsed = urlparse(value)
+    if key == _ENV_ENDPOINTS[0]:
+        if parsed.path in ("", "/"):  # (the SDK posts to it as given: a collector's 404 for each span)
+            raise ConfigError(key, _shown(value), "the traces variable is the whole URL, as the SDK sends to it: "
+                                                  "write its path too (http(s)://HOST:PORT/v1/traces)")
+        return value
+    return parsed._replace(path=parsed.path.rstrip("/") + "/v1/traces").geturl()
 
 
 def otlp_destination(endpoint: str | None) -> str:

@@ -107,3 +107,25 @@ def test_an_endpoint_without_a_scheme_never_shows_its_password(tmp_path, capsys,
     code, _out, err = run(argv, capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert "tracer:***@collector:" in err and "s3" not in err and "cr3t" not in err, err
+
+
+def test_the_base_endpoint_variable_with_a_query_is_delivered_to(tmp_path, monkeypatch):
+    # the SDK appended v1/traces after the query: every span a 404, after the whole replay
+    collector = OTLPCollector(tmp_path / "collected.duckdb", port=0, grpc_port=None).start()
+    try:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"{collector.url.removesuffix('/v1/traces')}?tenant=a")
+        result = run_replay(SPEC)
+    finally:
+        collector.stop()
+    assert result.undelivered is None
+    assert read.run(tmp_path / "collected.duckdb", result.otlp_run_id)["summary"]["requests"] == 3
+
+
+def test_the_traces_endpoint_variable_without_a_path_is_refused_before_the_run(tmp_path, monkeypatch):
+    # the SDK posts to it as given (the spec's rule for the traces variable): a 404 for every span
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://127.0.0.1:4318")
+    db = tmp_path / "local.duckdb"
+    with pytest.raises(ConfigError, match=re.escape("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: http://127.0.0.1:4318: "
+                                                    "the traces variable is the whole URL")):
+        run_replay(SPEC, db=str(db))
+    assert not db.exists() or read.runs(db).is_empty()
