@@ -219,6 +219,12 @@ def test_convert_with_a_limit_that_cuts_nothing_says_no_limit(tmp_path):
     out = tmp_path / "native.jsonl"
     assert kvtrace("convert", str(short), "-o", str(out), "--limit", "5").returncode == 0
     assert "source_limit" not in json.loads(out.read_text().splitlines()[0])  # (the whole file: nothing cut)
+    # a converted file converted again: its source_limit was of its own source, carried on
+    cut, again = tmp_path / "cut.jsonl", tmp_path / "again.jsonl"
+    assert kvtrace("convert", str(short), "-o", str(cut), "--limit", "2").returncode == 0
+    assert kvtrace("convert", str(cut), "-o", str(again)).returncode == 0
+    header = json.loads(again.read_text().splitlines()[0])
+    assert "source_limit" not in header and header["converted_from"].startswith("mooncake:sha256:"), header
 
 
 def test_dashboard_on_missing_db_is_one_line(tmp_path):
