@@ -20,6 +20,11 @@ from tests.cli.support import assert_one_line, run
     ("tcp://localhost:5557", "tcp://127.0.0.1:5557", 1, "is --endpoint too"),
     ("tcp://[::1]:5557", "tcp://LocalHost:5557", 1, "is --endpoint too"),
     ("tcp://vllm-host:5557", "tcp://VLLM-HOST:5558", 2, "where rank 1 publishes"),
+    # a port with a leading zero, a name's trailing dot, an address in another spelling
+    ("tcp://localhost:5557", "tcp://127.0.0.1:05557", 1, "is --endpoint too"),
+    ("tcp://localhost:5557", "tcp://localhost.:5557", 1, "is --endpoint too"),
+    ("tcp://localhost:5557", "tcp://[::ffff:127.0.0.1]:5557", 1, "is --endpoint too"),
+    ("tcp://[::1]:5557", "tcp://[0:0:0:0:0:0:0:1]:5557", 1, "is --endpoint too"),
     # rank 1 publishes at 5558, where rank 0 answers replays
     ("tcp://127.0.0.1:5557", "tcp://127.0.0.1:5558", 2, "DP rank 0 would answer replays at tcp://127.0.0.1:5558, "
                                                         "where rank 1 publishes"),

@@ -6,6 +6,8 @@ before it loads the capture, so a mistyped endpoint is told at once.
 
 from __future__ import annotations
 
+import ipaddress
+
 from kvtrace.errors import ConfigError, check_option
 
 MAX_DP_SIZE = 1024
@@ -62,15 +64,23 @@ def capture_endpoints(endpoint: str, replay_endpoint: str | None, duration: floa
     return endpoints
 
 
-# Names of this machine's loopback interface: tcp://localhost:5557 and tcp://127.0.0.1:5557
-# reach one socket (resolved by name only: no DNS lookup while the options are checked)
-_LOOPBACK = frozenset({"localhost", "127.0.0.1", "[::1]", "0.0.0.0", "[::]", "ip6-localhost"})
+# Names of this machine's own host: tcp://localhost:5557 and tcp://127.0.0.1:5557 reach one
+# socket (told by name and address only: no DNS lookup while the options are checked)
+_LOCAL_NAMES = frozenset({"localhost", "ip6-localhost", "ip6-loopback"})
 
 
 def _socket_key(endpoint: str) -> str:
-    """``endpoint`` as the socket it reaches: a tcp host case-folded, loopback names as one."""
+    """``endpoint`` as the socket it reaches: a tcp host case-folded without a trailing dot,
+    an address in one spelling, this machine's names and addresses as one; the port a number."""
     if not endpoint.startswith("tcp://"):
         return endpoint
     host, _, port = endpoint[len("tcp://"):].rpartition(":")
-    host = host.lower()
-    return f"tcp://{'loopback' if host in _LOOPBACK or host.startswith('127.') else host}:{port}"
+    host = host.lower().strip("[]").rstrip(".")
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        local = host in _LOCAL_NAMES
+    else:
+        ip = getattr(ip, "ipv4_mapped", None) or ip  # (::ffff:127.0.0.1 is 127.0.0.1)
+        local, host = ip.is_loopback or ip.is_unspecified, str(ip)
+    return f"tcp://{'this-host' if local else host}:{int(port)}"
