@@ -267,11 +267,15 @@ def replay_cache_only(
     reqs, bs = as_block_requests(requests, block_size)
     if capacity_blocks is not None and capacity_tokens is not None:
         raise ConfigError("cache-only", "capacity", "give at most one of capacity_blocks / capacity_tokens")
-    unbounded = capacity_tokens is None and capacity_blocks in (None, math.inf)
+    # each checked as given, a bool no count (True ran a 1-block cache and was stored as True;
+    # a token count of 0 was blamed on capacity_blocks, 1.5 a TypeError)
+    if capacity_tokens is not None and (not _is_count(capacity_tokens) or capacity_tokens < 1):
+        raise ConfigError("cache-only", "capacity_tokens", f"expected an int >= 1 tokens, got {capacity_tokens!r}")
+    unbounded = capacity_tokens is None and (capacity_blocks is None or capacity_blocks == math.inf)
     if capacity_tokens is not None:
         # rounded up, as --capacity-tokens and the engine's pools are (it rounded down here)
-        capacity_blocks = cdiv(capacity_tokens, bs) if isinstance(capacity_tokens, int) else capacity_tokens
-    if not unbounded and (not isinstance(capacity_blocks, int) or capacity_blocks < 1):
+        capacity_blocks = cdiv(capacity_tokens, bs)
+    if not unbounded and not (_is_count(capacity_blocks) and cast(int, capacity_blocks) >= 1):
         raise ConfigError("cache-only", "capacity_blocks", f"expected an int >= 1 blocks, got {capacity_blocks!r}")
     bounded = None if unbounded else capacity_blocks
     assert bounded is None or isinstance(bounded, int)
@@ -295,6 +299,10 @@ def replay_cache_only(
                 progress(i + 1)
         return result
     return _replay_manager(reqs, bs, None if unbounded else capacity_blocks, result, listeners, progress)
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _unbounded_capacity(keys: Sequence[Sequence]) -> int:

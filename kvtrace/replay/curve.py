@@ -127,9 +127,10 @@ def capacity_curve(
     Belady, in the conventions of ``kvtrace.replay.cache_only``."""
     from kvtrace.replay.cache_only import replay_cache_only
 
+    # (a bool or a float was taken as a count, a string a TypeError)
+    if any(c is not None and (not isinstance(c, int) or isinstance(c, bool) or c < 1) for c in capacities):
+        raise ConfigError("--capacities", ",".join(map(str, capacities)), "expected block counts >= 1")
     bounded = sorted({c for c in capacities if c is not None})
-    if any(c < 1 for c in bounded):
-        raise ConfigError("--capacities", ",".join(map(str, bounded)), "expected block counts >= 1")
     reqs, bs = as_block_requests(requests, block_size)
     lengths = np.fromiter((r.input_length for r in reqs), dtype=np.int64, count=len(reqs))
     keys = block_keys(reqs)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 
@@ -360,3 +361,22 @@ def test_belady_after_an_oversized_request_still_bounds_lru():
         keys = chain_keys(random_trace(seed, 40))[0]
         for cap in (3, 5, 8):
             assert sum(belady_hits(keys, cap)[0]) >= sum(lru_reference(keys, cap)[0]), (seed, cap)
+
+
+@pytest.mark.parametrize(("kw", "says"), [
+    ({"capacity_tokens": True}, "capacity_tokens: expected an int >= 1 tokens, got True"),
+    ({"capacity_tokens": 0}, "capacity_tokens: expected an int >= 1 tokens, got 0"),  # (blamed capacity_blocks)
+    ({"capacity_tokens": 1.5}, "capacity_tokens: expected an int >= 1 tokens, got 1.5"),  # (a TypeError)
+    ({"capacity_tokens": "16"}, "capacity_tokens: expected an int >= 1 tokens, got '16'"),
+    ({"capacity_blocks": True}, "capacity_blocks: expected an int >= 1 blocks, got True"),  # (ran 1 block)
+    ({"capacity_blocks": 2.5}, "capacity_blocks: expected an int >= 1 blocks, got 2.5"),
+])
+def test_a_capacity_that_is_no_count_is_refused_naming_it(kw, says):
+    with pytest.raises(ConfigError, match=re.escape(f"cache-only: {says}")):
+        replay_cache_only([req("a", [1])], **kw)
+
+
+@pytest.mark.parametrize("capacities", [[True], [1.5], ["3"], [0]])
+def test_a_curve_capacity_that_is_no_count_is_refused(capacities):
+    with pytest.raises(ConfigError, match=re.escape("--capacities: ") + ".*expected block counts >= 1"):
+        capacity_curve([req("a", [1])], capacities)
