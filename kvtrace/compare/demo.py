@@ -150,7 +150,7 @@ def _replay_all(db: str, into: str, specs: list[RunSpec], seed: int, progress: b
     with _progress(progress, len(specs)) as advance:
         for spec in specs:
             advance(spec.name)
-            result.runs.append((spec, run_replay(spec, db=into, progress=False)))
+            result.runs.append((spec, run_replay(spec, db=into, progress=False, export=False)))
         advance(None)
         (_, on), *offs = result.runs
         for (_, off), behaviour in zip(offs, BEHAVIOURS):

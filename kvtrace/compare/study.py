@@ -398,8 +398,8 @@ def run_study(
     result = StudyResult(behaviour=behaviour, trace=trace, db=str(db) if db is not None else None)
     for parameter, value, off_spec, on_spec in pairs:
         try:
-            off = run_replay(off_spec, db=db, progress=progress)
-            on = run_replay(on_spec, db=db, progress=progress)
+            off = run_replay(off_spec, db=db, progress=progress, export=False)
+            on = run_replay(on_spec, db=db, progress=progress, export=False)
         except KVTraceError as err:  # the engine's own (a swept capacity too small): named at its value, as sweep
             if parameter is None or type(err) is not KVTraceError:
                 raise

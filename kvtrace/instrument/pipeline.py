@@ -284,6 +284,7 @@ def build_tracer_provider(
     otlp_batch_size: int = 512,
     time_offset_ns: int | None = None,
     export_run_id: str | None = None,
+    export: bool = True,
 ) -> TracerProvider:
     """A provider with a never-dropping processor per destination.
 
@@ -297,7 +298,8 @@ def build_tracer_provider(
     OTLP export names (``kvtrace.run.id``; default ``run_id``), see ``unique_export_run_id``.
     Call ``provider.force_flush()`` before ``store.finish_run`` and ``shutdown()`` at the end.
     """
-    offset = export_time_offset(time_offset_ns) if otlp_requested(otlp_endpoint) else None
+    exporting = export and otlp_requested(otlp_endpoint)  # (export False: never, whatever OTEL_* says)
+    offset = export_time_offset(time_offset_ns) if exporting else None
     resource = make_resource(run_id, service_name, resource_attributes, offset)
     provider = TracerProvider(resource=resource, id_generator=SeededIdGenerator(seed))
     if store is not None:
@@ -306,7 +308,7 @@ def build_tracer_provider(
         provider.add_span_processor(
             BulkSpanProcessor(DuckDBSpanExporter(store, run_id), background=background, run_id=run_id)
         )
-    if otlp_requested(otlp_endpoint):
+    if exporting:
         exported = resource if export_run_id is None else make_resource(export_run_id, service_name,
                                                                         resource_attributes, offset)
         provider.add_span_processor(
@@ -339,6 +341,7 @@ def recording(
     time_offset_ns: int | None = None,
     resource_attributes: Mapping[str, Any] | None = None,
     export_run_id: str | None = None,
+    export: bool = True,
 ) -> Iterator[KVCacheInstrumentor]:
     """Record one run: yields an instrumentor to pass as a step listener (or to
     ``instrument(manager)``); on exit every pending span is exported and the processors
@@ -354,7 +357,8 @@ def recording(
     """
     provider = build_tracer_provider(store=store, run_id=run_id, otlp_endpoint=otlp_endpoint,
                                      seed=seed, background=background, time_offset_ns=time_offset_ns,
-                                     resource_attributes=resource_attributes, export_run_id=export_run_id)
+                                     resource_attributes=resource_attributes, export_run_id=export_run_id,
+                                     export=export)
     inst = KVCacheInstrumentor(provider, run_id=run_id,
                                step_ns=DEFAULT_STEP_NS if step_ns is None else step_ns).instrument()
     otlp = [p for p in provider_span_processors(provider)

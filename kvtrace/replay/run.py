@@ -373,11 +373,14 @@ def run_replay(
     progress: bool = False,
     store=None,
     spans_to=None,
+    export: bool = True,
 ) -> RunResult:
     """Replay ``spec``; record spans and the run into ``db`` (or an open ``store``).
 
     ``spans_to``: without a store, an object taking the spans as the store would
     (``append_spans``, ``flush_if_due``, ``flush``, ``release``): a sweep worker keeps them in memory.
+    ``export``: False sends nothing over OTLP, whatever the OTEL_* variables say (the
+    commands that replay many runs into their store: sweep, study, demo).
 
     Everything a user can get wrong in the spec is checked before the run is created, so
     a refused spec records nothing. The run then goes ``running`` -> ``complete``, or
@@ -387,7 +390,7 @@ def run_replay(
     # the engine's configuration loads the cache; a generated workload is built after it.
     workload = None if spec.trace.startswith(GENERATED_PREFIX) else open_workload(spec)
     config, behaviours, preset = validate(spec)
-    otlp = otlp_requested(otlp_endpoint)
+    otlp = export and otlp_requested(otlp_endpoint)
     if otlp:  # before the run is created: a refused setting records nothing
         from kvtrace.instrument.pipeline import check_otlp_settings
 
@@ -492,7 +495,7 @@ def _recording(store, run_id: str, otlp_endpoint: str | None, otlp: bool, seed: 
     # the export thread, beside the replay, not inside it
     return recording(store=store, run_id=run_id, otlp_endpoint=otlp_endpoint, seed=seed,
                      time_offset_ns=time_offset_ns, background=True, resource_attributes=resource_attributes,
-                     export_run_id=export_run_id)
+                     export_run_id=export_run_id, export=otlp)
 
 
 def backend_resource(config: dict[str, Any]) -> dict[str, Any] | None:

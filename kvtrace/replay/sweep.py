@@ -204,7 +204,7 @@ class _CollectedSpans:
 def _replay_one(spec: RunSpec, keep_spans: bool) -> tuple[RunResult, list]:
     """One replay in a worker: its result and, when kept, its span tables."""
     sink = _CollectedSpans() if keep_spans else None
-    return run_replay(spec, spans_to=sink), (sink.tables if sink is not None else [])
+    return run_replay(spec, spans_to=sink, export=False), (sink.tables if sink is not None else [])
 
 
 def run_sweep(

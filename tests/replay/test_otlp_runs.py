@@ -71,3 +71,25 @@ def test_collected_engine_runs_say_whose_times_and_backend_they_are(tmp_path, ca
     code, out, err = run(["runs", "--db", str(db), "--json"], capsys)
     assert code == 0, err
     assert [r["backend"] for r in json.loads(out)["runs"]] == [None, None]
+
+
+def test_the_commands_of_many_runs_send_nothing_whatever_the_variables_say(tmp_path, monkeypatch, capsys):
+    """sweep, study and demo record into their store only: with OTEL_EXPORTER_OTLP_ENDPOINT
+    set (for a vLLM's traces, say) their runs went to that collector too, a spans-not-delivered
+    count dropped unsaid and exit 0 (replay's --otlp-endpoint, and the variables, are replay's)."""
+    from tests.cli.support import run
+
+    collector = OTLPCollector(tmp_path / "collected.duckdb", port=0, grpc_port=None).start()
+    try:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.url.removesuffix("/v1/traces"))
+        code, _, err = run(["study", "shared-prefix-pinning", "--limit", "4", "--db", str(tmp_path / "s.duckdb")],
+                           capsys)
+        assert code in (0, 1), err  # (1: the expected effect did not show on so few requests)
+        code, _, err = run(["sweep", "gen:chat", "--limit", "4", "--mode", "cache-only", "--param",
+                            "capacity_blocks=20,40", "--workers", "1", "--db", str(tmp_path / "w.duckdb")], capsys)
+        assert code == 0, err
+        replayed = run_replay(RunSpec("gen:chat", limit=3, mode="cache-only"))  # (replay still sends)
+    finally:
+        collector.stop()
+    assert read.runs(tmp_path / "s.duckdb").height == 2 and read.runs(tmp_path / "w.duckdb").height == 2
+    assert read.runs(tmp_path / "collected.duckdb")["run_id"].to_list() == [replayed.otlp_run_id]
