@@ -62,6 +62,9 @@ MAX_GENERATED = 1_000_000  # requests are built in memory: a larger workload is 
 # Prompt tokens of one generated workload at most (int64s in memory, a GiB): an agent's
 # sessions grow long contexts, so a million of its requests would have needed 80 GB.
 MAX_GENERATED_TOKENS = 1 << 27
+# Block ids of one generated workload at most (prompt="hash": each interned, a dict entry):
+# block_size 1 under a 2^20-token Mamba block gave 3.3M ids a request, 2.5 GB for three
+MAX_GENERATED_IDS = 1 << 22
 
 
 @dataclass(slots=True)
@@ -77,21 +80,24 @@ class _Draft:
 class _Workload:
     """Collects draft requests; turns them into TraceRequests sorted by arrival."""
 
-    def __init__(self, rng: np.random.Generator, asked: int = 0):
+    def __init__(self, rng: np.random.Generator, asked: int = 0, max_tokens: int = MAX_GENERATED_TOKENS):
         self.rng = rng
         self.drafts: list[_Draft] = []
         self.asked = asked  # requests asked for (what a refusal names)
         self.num_tokens = 0
+        self.max_tokens = max_tokens
 
     def tokens(self, n: int) -> np.ndarray:
         return self.rng.integers(0, VOCAB_SIZE, size=int(n), dtype=np.int64)
 
     def add(self, arrival_s: float, rid: str, session: str | None, tokens: np.ndarray, output_length: int) -> None:
         self.num_tokens += int(tokens.shape[0])
-        if self.num_tokens > MAX_GENERATED_TOKENS:
+        if self.num_tokens > self.max_tokens:
             raise ConfigError("--requests", str(self.asked),
-                              f"this workload's prompts pass {MAX_GENERATED_TOKENS:,} tokens after "
-                              f"{len(self.drafts):,} requests (a generated workload is built in memory); ask for fewer")
+                              f"this workload's prompts pass {self.max_tokens:,} tokens after "
+                              f"{len(self.drafts):,} requests (a generated workload is built in memory); ask for fewer"
+                              + ("" if self.max_tokens == MAX_GENERATED_TOKENS else
+                                 f", or a larger block_size (at most {MAX_GENERATED_IDS:,} block ids)"))
         self.drafts.append(
             _Draft(round(arrival_s * _NS_PER_S), len(self.drafts), rid, session, tokens, int(output_length))
         )
@@ -341,7 +347,9 @@ def generate(
                           f"got {mamba_block_size}")
     if prompt not in ("hash", "tokens"):
         raise ConfigError("generate", "prompt", f"expected 'hash' or 'tokens', got {prompt!r}")
-    w = _Workload(np.random.Generator(np.random.PCG64(seed)), n)
+    # (as hash ids, at most MAX_GENERATED_IDS blocks of block_size tokens)
+    most = MAX_GENERATED_TOKENS if prompt == "tokens" else min(MAX_GENERATED_TOKENS, MAX_GENERATED_IDS * block_size)
+    w = _Workload(np.random.Generator(np.random.PCG64(seed)), n, most)
     spec.build(w, n, _Geometry(block_size, hash_block_size, mamba_block_size))
     interner = BlockInterner(block_size) if prompt == "hash" else None
     out: list[TraceRequest] = []
