@@ -63,8 +63,9 @@ MAX_GENERATED = 1_000_000  # requests are built in memory: a larger workload is 
 # sessions grow long contexts, so a million of its requests would have needed 80 GB.
 MAX_GENERATED_TOKENS = 1 << 27
 # Block ids of one generated workload at most (prompt="hash": each interned, a dict entry):
-# block_size 1 under a 2^20-token Mamba block gave 3.3M ids a request, 2.5 GB for three
-MAX_GENERATED_IDS = 1 << 22
+# block_size 1 under a 2^20-token Mamba block gave 3.3M ids a request, 2.5 GB for three. At
+# the default 16-token blocks it is MAX_GENERATED_TOKENS's own bound.
+MAX_GENERATED_IDS = MAX_GENERATED_TOKENS // 16
 
 
 @dataclass(slots=True)

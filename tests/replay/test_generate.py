@@ -218,6 +218,6 @@ def test_an_unknown_generated_trace_names_the_trace_argument(capsys):
 
 def test_a_geometry_of_millions_of_ids_a_request_is_refused_before_it_is_built():
     # block_size 1 under a 2^20-token Mamba block: 3.3M ids a request, 45 s and 2.5 GB for three
-    with pytest.raises(ConfigError, match=re.escape("or a larger block_size (at most 4,194,304 block ids)")):
+    with pytest.raises(ConfigError, match=re.escape("or a larger block_size (at most 8,388,608 block ids)")):
         generate("study-shared-prefix-pinning", num_requests=3, block_size=1, hash_block_size=262144,
                  mamba_block_size=1 << 20)
