@@ -53,7 +53,7 @@ def _check_cuda(chosen: str) -> None:
     if not torch.cuda.is_available():
         raise ConfigError(DEVICE_ENV, chosen, "this torch sees no CUDA device (a CPU build or no GPU); use cpu")
     index = chosen.partition(":")[2]
-    if index and (not index.isdigit() or int(index) >= torch.cuda.device_count()):
+    if index and (not (index.isascii() and index.isdigit()) or int(index) >= torch.cuda.device_count()):
         raise ConfigError(DEVICE_ENV, chosen, f"expected cuda:N with N below {torch.cuda.device_count()}, "
                                               "the number of CUDA devices torch sees")
 

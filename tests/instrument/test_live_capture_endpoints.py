@@ -52,3 +52,11 @@ def test_the_command_says_so_in_one_line_and_records_nothing(tmp_path, capsys):
                         "tcp://127.0.0.1:5557", "--db", str(tmp_path / "c.duckdb"), "--duration", "1"], capsys)
     assert_one_line(code, err, "--replay-endpoint: tcp://127.0.0.1:5557: is --endpoint too")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("endpoint", ["tcp://localhost:\u00b2", "tcp://localhost:\u0665\u0665\u0665\u0667"])
+def test_a_port_of_other_digits_is_one_line(tmp_path, capsys, endpoint):
+    # a superscript two was a ValueError and a traceback; Arabic-Indic digits reached ZMQ
+    code, _, err = run(["capture", "vllm", "--endpoint", endpoint, "--db", str(tmp_path / "c.duckdb"),
+                        "--duration", "0.5"], capsys)
+    assert_one_line(code, err, "--endpoint: ", "expected tcp://HOST:PORT")

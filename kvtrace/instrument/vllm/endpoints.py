@@ -24,7 +24,8 @@ def dp_endpoint(endpoint: str | None, rank: int, option: str = "--endpoint") -> 
         return f"{endpoint}_dp{rank}" if rank else endpoint
     base, sep, port = endpoint.rpartition(":")
     host = base[len("tcp://"):]
-    if (not endpoint.startswith("tcp://") or not sep or not port.isdigit() or not host
+    # (ASCII digits: "²" is a digit to str.isdigit and a ValueError to int(), a traceback)
+    if (not endpoint.startswith("tcp://") or not sep or not (port.isascii() and port.isdigit()) or not host
             or host.startswith("[") != host.endswith("]")):
         raise ConfigError(option, endpoint, "expected tcp://HOST:PORT, ipc://PATH or inproc://NAME")
     if not 1 <= int(port) <= 65_535:
