@@ -10,7 +10,12 @@ Ties (equal next use) go to the block deepest in its prefix chain: a child is ne
 without its parent, so its next use is never earlier, and evicting it first keeps the
 cache prefix-closed (no cached block behind a missing one), as LRU with vLLM's free order
 also does. With nested reuse like this, MIN gives the best hit count any eviction policy
-can reach on the trace: the headroom a user sees against LRU.
+can reach on the trace: the headroom a user sees against LRU. A request of more blocks
+than the cache holds is served uncached: its hit counts, but it refills nothing. Whether
+keeping a block for such a hit pays depends on the trace, so MIN is then run both ways
+(``belady_hits``) and the better schedule kept: a bound, not always the optimum, and in
+rare traces below LRU (1 of 80,000 small random ones, where LRU kept a block for such a
+hit by chance).
 
 Implementation: a max-heap on (next use, depth) with lazy deletion (an entry is stale
 when its block was evicted or re-used since; a version number tells).
@@ -54,16 +59,20 @@ def chain_keys(requests: Iterable[TraceRequest]) -> tuple[list[list[int]], list[
     return all_keys, lengths, sizes
 
 
-def next_uses(keys: Sequence[Sequence[int]]) -> list[list[int]]:
-    """For each request r and block position, the next request index > r using that key."""
+def next_uses(keys: Sequence[Sequence[int]], capacity: int | None = None) -> list[list[int]]:
+    """For each request r and block position, the next request index > r using that key.
+    With ``capacity``, a request of more blocks is no use: it is served uncached, hits or
+    not, so a block kept for it was kept for nothing (MIN kept one over a block a cached
+    request needed next, and fell below LRU)."""
     upcoming: dict[int, int] = {}
     out: list[list[int]] = [[]] * len(keys)
     for r in range(len(keys) - 1, -1, -1):
         ks = keys[r]
         get = upcoming.get
         out[r] = [get(k, NEVER) for k in ks]
-        for k in ks:
-            upcoming[k] = r
+        if capacity is None or len(ks) <= capacity:
+            for k in ks:
+                upcoming[k] = r
     return out
 
 
@@ -72,9 +81,19 @@ def belady_hits(keys: Sequence[Sequence[int]], capacity: int) -> tuple[list[int]
 
     ``capacity`` counts usable blocks (the pool minus vLLM's null block). A request with
     more blocks than the capacity is served uncached (``oversized``), as an engine would
-    never fit it either.
+    never fit it either. With such requests MIN is run twice, counting them as future uses
+    and not (each fell below LRU on a trace of its own: keeping a block for one's hit may
+    pay or not), and the schedule with more hits is the bound: both are eviction orders a
+    cache could follow.
     """
-    nxt = next_uses(keys)
+    if all(len(ks) <= capacity for ks in keys):
+        return _min_replay(keys, capacity, next_uses(keys))
+    runs = [_min_replay(keys, capacity, next_uses(keys, limit)) for limit in (None, capacity)]
+    return max(runs, key=lambda run: sum(run[0]))  # (a tie: the first, oversized requests counted as uses)
+
+
+def _min_replay(keys: Sequence[Sequence[int]], capacity: int, nxt: list[list[int]]) -> tuple[list[int], int, int, int]:
+    """``belady_hits`` with the next uses ``nxt`` (``next_uses``)."""
     version: dict[int, int] = {}  # cached key -> version of its live heap entry
     heap: list[tuple[int, int, int, int]] = []  # (-next_use, -depth, key, version)
     free_slots = capacity

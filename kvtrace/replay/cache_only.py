@@ -27,6 +27,7 @@ baseline, lives outside the package (``tests/support/oracles.py``).
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
@@ -241,8 +242,10 @@ def _interned_chain_keys(reqs: Sequence[TraceRequest]) -> list[Sequence[int]]:
 def replay_cache_only(
     requests: Iterable[TraceRequest],
     *,
-    capacity_blocks: int | float | None = None,  # math.inf (or None with no capacity_tokens): unbounded
-    capacity_tokens: int | None = None,
+    # (object: mypyc checks and converts typed arguments before the body, True into 1 and "16"
+    # into a TypeError; the checks below are what a caller is told)
+    capacity_blocks: object = None,  # an int, or math.inf (or None with no capacity_tokens): unbounded
+    capacity_tokens: object = None,  # an int
     block_size: int | None = None,
     policy: str = "lru",
     listeners: Sequence[Callable[[list], None]] = (),
@@ -269,23 +272,20 @@ def replay_cache_only(
         raise ConfigError("cache-only", "capacity", "give at most one of capacity_blocks / capacity_tokens")
     # each checked as given, a bool no count (True ran a 1-block cache and was stored as True;
     # a token count of 0 was blamed on capacity_blocks, 1.5 a TypeError)
-    if capacity_tokens is not None and (not _is_count(capacity_tokens) or capacity_tokens < 1):
+    tokens = _count(capacity_tokens)
+    if capacity_tokens is not None and (tokens is None or tokens < 1):
         raise ConfigError("cache-only", "capacity_tokens", f"expected an int >= 1 tokens, got {capacity_tokens!r}")
     unbounded = capacity_tokens is None and (capacity_blocks is None or capacity_blocks == math.inf)
-    if capacity_tokens is not None:
-        # rounded up, as --capacity-tokens and the engine's pools are (it rounded down here)
-        capacity_blocks = cdiv(capacity_tokens, bs)
-    if not unbounded and not (_is_count(capacity_blocks) and cast(int, capacity_blocks) >= 1):
+    # rounded up, as --capacity-tokens and the engine's pools are (it rounded down here)
+    blocks = cdiv(tokens, bs) if tokens is not None else _count(capacity_blocks)
+    if not unbounded and (blocks is None or blocks < 1):
         raise ConfigError("cache-only", "capacity_blocks", f"expected an int >= 1 blocks, got {capacity_blocks!r}")
-    bounded = None if unbounded else capacity_blocks
-    assert bounded is None or isinstance(bounded, int)
+    bounded = None if unbounded else blocks
     result = CacheOnlyResult(policy, bs, bounded)
     if policy == "belady":
         keys, _, _ = chain_keys(reqs)
-        if unbounded:
-            capacity_blocks = _unbounded_capacity(keys)
-        assert isinstance(capacity_blocks, int)
-        hits, result.publishes, result.evictions, result.oversized = belady_hits(keys, capacity_blocks)
+        capacity = _unbounded_capacity(keys) if bounded is None else bounded
+        hits, result.publishes, result.evictions, result.oversized = belady_hits(keys, capacity)
         for i, (r, ks, hit) in enumerate(zip(reqs, keys, hits)):
             result._add(r.request_id, r.input_length, len(ks), hit)
             if listeners:
@@ -298,11 +298,14 @@ def replay_cache_only(
             if progress is not None:
                 progress(i + 1)
         return result
-    return _replay_manager(reqs, bs, None if unbounded else capacity_blocks, result, listeners, progress)
+    return _replay_manager(reqs, bs, bounded, result, listeners, progress)
 
 
-def _is_count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def _count(value: object) -> int | None:
+    """``value`` as a count: an int (numpy's too), never a bool; None for anything else."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        return None
+    return int(value)
 
 
 def _unbounded_capacity(keys: Sequence[Sequence]) -> int:

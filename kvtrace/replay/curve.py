@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -127,10 +128,11 @@ def capacity_curve(
     Belady, in the conventions of ``kvtrace.replay.cache_only``."""
     from kvtrace.replay.cache_only import replay_cache_only
 
-    # (a bool or a float was taken as a count, a string a TypeError)
-    if any(c is not None and (not isinstance(c, int) or isinstance(c, bool) or c < 1) for c in capacities):
+    # (a bool or a float was taken as a count, a string a TypeError; numpy's ints are counts)
+    if any(c is not None and (isinstance(c, bool) or not isinstance(c, numbers.Integral) or c < 1)
+           for c in capacities):
         raise ConfigError("--capacities", ",".join(map(str, capacities)), "expected block counts >= 1")
-    bounded = sorted({c for c in capacities if c is not None})
+    bounded = sorted({int(c) for c in capacities if c is not None})
     reqs, bs = as_block_requests(requests, block_size)
     lengths = np.fromiter((r.input_length for r in reqs), dtype=np.int64, count=len(reqs))
     keys = block_keys(reqs)

@@ -380,3 +380,21 @@ def test_a_capacity_that_is_no_count_is_refused_naming_it(kw, says):
 def test_a_curve_capacity_that_is_no_count_is_refused(capacities):
     with pytest.raises(ConfigError, match=re.escape("--capacities: ") + ".*expected block counts >= 1"):
         capacity_curve([req("a", [1])], capacities)
+
+
+def test_numpy_counts_are_counts():
+    # (a numpy int is a count to a caller; the curve said "expected block counts >= 1" of 2 and 4)
+    import numpy as np
+
+    r = [req("a", [1, 2]), req("b", [1, 2])]
+    assert replay_cache_only(r, capacity_blocks=np.int64(4)).capacity_blocks == 4
+    assert [p.capacity_blocks for p in capacity_curve(r, [np.int64(2), np.int64(4)], policies=("lru",))] == [2, 4]
+
+
+def test_belady_keeps_no_block_for_a_request_the_cache_cannot_hold():
+    # the next use of 4 was the oversized [4, 7, 8, 9], which reads the cache and never fills
+    # it: MIN kept 4 for it and evicted 3, which [3, 10, 11] and [3] needed (3 hits, LRU 4)
+    r = [req(str(i), ids, bs=1) for i, ids in enumerate([[1, 2], [3], [4], [4], [1, 5, 6], [4, 7, 8, 9],
+                                                           [3, 10, 11], [3]])]
+    keys = chain_keys(r)[0]
+    assert sum(belady_hits(keys, 2)[0]) >= sum(lru_reference(keys, 2)[0]) == 4
