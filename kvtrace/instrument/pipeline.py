@@ -376,6 +376,12 @@ def recording(
             try:
                 inst.uninstrument()
                 provider.force_flush()
+            except BaseException:
+                # stopped while the queue drained (the body had ended): the same one export's
+                # time, not the whole queue's again in the shutdown below (24 s to a slow collector)
+                for proc in otlp:
+                    proc.give_up_after(EXPORT_TIMEOUT_S)
+                raise
             finally:
                 provider.shutdown()
     failed, total = sum(p.spans_failed for p in otlp), sum(p.spans_received for p in otlp)

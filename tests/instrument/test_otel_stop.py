@@ -154,3 +154,37 @@ def test_a_stop_while_a_collector_drains_leaves_the_stored_run_complete(tmp_path
     assert run["status"] == "complete" and run["digest"] == whole.summary["digest"], run
     assert run["summary"]["requests"] == 6 and run["summary"]["otlp_export"] == "stopped"
     assert read.span_counts(db, "r1")["spans"].sum() == whole.summary["spans"]
+
+
+class StoppedMidDrain(SlowCollector):
+    """The slow collector, and a Ctrl-C once the recording's body has ended and the queue drains."""
+
+    armed = False
+
+    def export(self, spans):
+        import os
+        import signal
+
+        if self.armed:
+            self.armed = False
+            os.kill(os.getpid(), signal.SIGINT)
+        return super().export(spans)
+
+
+def test_a_stop_while_the_queue_drains_gives_the_collector_one_exports_time(monkeypatch):
+    """The body ended, the exit drained the queue, and a Ctrl-C then waited for all of it
+    again in the shutdown (24 s to a collector taking 4 s a request)."""
+    clock = [0.0]
+    monkeypatch.setattr(processor, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+    collector = StoppedMidDrain(clock)
+    monkeypatch.setattr(pipeline, "otlp_span_exporter", lambda endpoint: collector)
+    procs: list[BulkSpanProcessor] = []
+    with pytest.raises(KeyboardInterrupt), recording(otlp_endpoint="http://127.0.0.1:4318") as inst:
+        for batch in synthetic_steps(200, seed=3):
+            inst(batch)
+        procs.extend(inst._resolved_bulk())
+        collector.armed = True
+    (proc,) = procs
+    assert proc.spans_received > 4 * 512
+    assert collector.spans == proc.spans_exported <= 2 * 512  # (the one in flight, then one within the grace)
+    assert proc.spans_failed == proc.spans_received - proc.spans_exported
