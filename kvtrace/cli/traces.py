@@ -65,7 +65,8 @@ def convert(
         kept = dict(native_header(trace))
         if "source" in kept:  # (the header's own source is what this file is now)
             kept["converted_from"] = kept.pop("source")
-        kept.pop("source_limit", None)  # (of that source, not of this file: nothing here was cut by it)
+        if "source_limit" in kept:  # (of that source, said beside it: nothing here was cut by it)
+            kept["converted_from_limit"] = kept.pop("source_limit")
     if source.holds_more():  # the header's source names the whole file; these are its first N requests
         kept = {**(kept or {}), "source_limit": limit}
     n = write_native(source, out, header=kept, sources=inputs)

@@ -225,6 +225,7 @@ def test_convert_with_a_limit_that_cuts_nothing_says_no_limit(tmp_path):
     assert kvtrace("convert", str(cut), "-o", str(again)).returncode == 0
     header = json.loads(again.read_text().splitlines()[0])
     assert "source_limit" not in header and header["converted_from"].startswith("mooncake:sha256:"), header
+    assert header["converted_from_limit"] == 2  # (the provenance kept: the first 2 of that source)
 
 
 def test_dashboard_on_missing_db_is_one_line(tmp_path):
