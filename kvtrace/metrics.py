@@ -387,16 +387,20 @@ def latency_summary(samples: Mapping[str, Sequence[float] | np.ndarray],
 SUMMARY_COUNTS: tuple[str, ...] = (
     "requests", "prompt_tokens", *(c.key for c in COUNTERS), "hit_blocks", "total_blocks", "computed_prompt_tokens",
     "output_tokens", "publishes", "evictions", "cow_copies", "stale_hashes", "divergent_outputs", "preemptions",
+    "steps", "table_disagreements", "stale_hashes_left", "oversized_requests",
 )
 SUMMARY_RATES: tuple[str, ...] = (*(r.key for r in RATES), "block_hit_rate")
+SUMMARY_SIZES: tuple[str, ...] = ("capacity_blocks", "block_size")  # ints >= 1 (capacity: one a pool)
+SUMMARY_AMOUNTS: tuple[str, ...] = ("output_tok_per_s", "virtual_duration_s")  # finite numbers >= 0
 _MAX_COUNT = (1 << 63) - 1
 
 
 def summary_problem(summary: Mapping[str, object]) -> str | None:
     """What is wrong with a run summary another program sent (``KEY: expected ...``), or
     None: each count an int from 0 to 2^63-1, each rate a number from 0 to 1, each latency
-    statistic a number of ms from 0 to what int64 ns hold (any of them may be null); other
-    keys as they are."""
+    statistic a number of ms from 0 to what int64 ns hold, each size an int >= 1, a
+    throughput or duration a finite number >= 0, the evictions by reason counts (any of
+    them may be null); other keys as they are."""
     for key, value in summary.items():
         if value is None:
             continue
@@ -410,6 +414,18 @@ def summary_problem(summary: Mapping[str, object]) -> str | None:
         elif is_latency_key(key):  # (a store's times are int64 ns: 1e308 ms printed 300 digits in runs)
             ok = x is not None and math.isfinite(x) and 0 <= x <= _MAX_COUNT / NS_PER_MS
             want = f"a time in ms (from 0 to {_MAX_COUNT / NS_PER_MS:.4g}, what int64 ns hold)"
+        elif key in SUMMARY_SIZES:
+            sizes = value if isinstance(value, list) and key == "capacity_blocks" else [value]
+            ok = bool(sizes) and all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= _MAX_COUNT
+                                     for v in sizes)
+            want = "a size (an integer from 1 to 2^63-1)"
+        elif key in SUMMARY_AMOUNTS:
+            ok = x is not None and math.isfinite(x) and x >= 0
+            want = "a finite number >= 0"
+        elif key == "evictions_by_reason":
+            ok = isinstance(value, dict) and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= _MAX_COUNT
+                                                 for v in value.values())
+            want = "an object of counts by reason"
         else:
             continue
         if not ok:

@@ -108,6 +108,12 @@ def test_a_run_without_per_request_hits_is_not_said_to_lack_the_requests(engine_
     ({"mean_e2el_ms": 1e308}, "mean_e2el_ms: expected a time in ms"),
     ({"requests": "thirty"}, "requests: expected a count (an integer from 0 to 2^63-1), got 'thirty'"),
     ({"evictions": 10**400}, "evictions: expected a count"),
+    # (diff showed these as they were: "-1 … +1337.6%", a capacity of -5 beside runs' 50×512)
+    ({"steps": "lots"}, "steps: expected a count"),
+    ({"table_disagreements": 2.5}, "table_disagreements: expected a count"),
+    ({"virtual_duration_s": -1}, "virtual_duration_s: expected a finite number >= 0, got -1"),
+    ({"capacity_blocks": -5}, "capacity_blocks: expected a size (an integer from 1 to 2^63-1), got -5"),
+    ({"evictions_by_reason": {"lru": "x"}}, "evictions_by_reason: expected an object of counts by reason"),
 ])
 def test_a_summary_value_kvtrace_never_writes_is_a_damaged_record_in_every_view(tmp_path, replayed_store, capsys,
                                                                                 values, says):
