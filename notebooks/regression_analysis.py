@@ -85,10 +85,22 @@ if not isinstance(force, bool):  # (papermill's -p force no is the text "no": tr
 seed = int_parameter("seed", seed, 0)
 limit = None if limit is None else int_parameter("limit", limit, 1)
 trace_block_size = None if trace_block_size is None else int_parameter("trace_block_size", trace_block_size, 1)
-if trace_block_size is not None and db_path is None and (trace is None or str(trace).startswith("gen:")):
+if db_path is not None and (trace is not None or limit is not None or trace_block_size is not None):
+    # (a store's runs are compared as they are: these study settings were ignored unsaid)
+    given = ", ".join(k for k, v in (("trace", trace), ("limit", limit), ("trace_block_size", trace_block_size))
+                      if v is not None)
+    raise KVTraceError(f"{given}: study settings, for a study without db_path; a store's runs are compared as "
+                       "they are")
+if trace_block_size is not None and (trace is None or str(trace).startswith("gen:")):
     # (the study's error named its CLI flag: "--trace-block-size: 64: ... drop --trace-block-size")
     raise KVTraceError(f"trace_block_size: {trace_block_size}: {trace or 'the study'}'s workload is generated, "
                        "not a trace file of a format; leave trace_block_size None")
+if trace_block_size is not None and os.path.isfile(str(trace)):
+    from kvtrace.replay.readers import detect_format
+
+    if detect_format(str(trace)) == "native":  # (its error named --trace-block-size)
+        raise KVTraceError(f"trace_block_size: {trace_block_size}: {trace} is a native trace, which carries its "
+                           "own block size; leave trace_block_size None")
 if (db_path is None) != (run_a is None and run_b is None) or (run_a is None) != (run_b is None):
     # (a study into the given store added 4 runs to it; run ids without a store were ignored)
     raise KVTraceError(f"db_path {db_path!r}, run_a {run_a!r}, run_b {run_b!r}: give a store and both run ids, "

@@ -201,6 +201,9 @@ def test_study_mode_reads_a_trace_at_its_trace_block_size(run_notebook, tmp_path
     ({"trace_block_size": 0}, "trace_block_size: expected an int from 1 to 18,446,744,073,709,551,615, got 0"),
     # a study of a generated workload, which has no block size to give (it named --trace-block-size)
     ({"trace_block_size": 64}, "trace_block_size: 64: the study's workload is generated"),
+    # a store's runs with study settings beside them (ignored unsaid)
+    ({"db_path": "x.duckdb", "run_a": "r1", "run_b": "r2", "limit": 5}, "limit: study settings, for a study "
+                                                                         "without db_path"),
 ])
 def test_a_count_it_cannot_use_is_one_error_naming_the_parameter(run_notebook, given, said):
     """The study and the diff named their own flags ("--seed: x", "--limit: 0"), which a notebook has none of."""
@@ -208,3 +211,16 @@ def test_a_count_it_cannot_use_is_one_error_naming_the_parameter(run_notebook, g
 
     with pytest.raises(PapermillExecutionError, match=re.escape(f"KVTraceError: {said}")):
         run_notebook("regression_analysis", **given)
+
+
+def test_a_block_size_for_a_native_trace_names_the_parameter(run_notebook, tmp_path):
+    """A native trace carries its own block size: the study refused trace_block_size naming its
+    CLI flag (--trace-block-size)."""
+    from papermill.exceptions import PapermillExecutionError
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"kvtrace_trace": 1}\n{"request_id": "a", "arrival_ns": 0, "input_length": 4, '
+                     '"output_length": 1, "token_ids": [1, 2, 3, 4]}\n')
+    with pytest.raises(PapermillExecutionError, match=re.escape(f"KVTraceError: trace_block_size: 64: {trace} is a "
+                                                                "native trace")):
+        run_notebook("regression_analysis", trace=str(trace), trace_block_size=64)
