@@ -44,7 +44,7 @@ def test_a_linked_request_on_a_cache_only_run_is_named_once(tmp_path, monkeypatc
     db = str(tmp_path / "co.duckdb")
     run = run_replay(RunSpec("gen:chat", limit=5, mode="cache-only"), db=db).run_id
     at = render(db, monkeypatch, "latency", run=run, request="zz")
-    assert "Request zz from the link is not in this run: a cache-only run has no latency to show." in _warnings(at)
+    assert "Request zz from the link is not in this run's latencies: a cache-only run has no clock." in _warnings(at)
     assert "request" not in at.query_params
     at.run()
     assert not _warnings(at)

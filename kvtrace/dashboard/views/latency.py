@@ -15,7 +15,8 @@ def main() -> None:
     st.title("Latency")
     st.caption(f"Times: {queries.times_caption(run_id)}.")
     if queries.config(run_id).get("mode") == "cache-only":  # its requests finished, but on no clock
-        state.warn_unknown("request", [], "Request", "a cache-only run has no latency to show.")  # (named once)
+        state.warn_unknown("request", [], "Request", "a cache-only run has no clock.",  # (named once)
+                           where="this run's latencies")
         st.query_params.pop("request", None)
         ui.empty("This run is cache-only: it has no clock, so no latency.",
                  "`kvtrace replay TRACE --db PATH` in engine mode")
