@@ -275,8 +275,9 @@ def replay_cache_only(
     tokens = _count(capacity_tokens)
     if capacity_tokens is not None and (tokens is None or tokens < 1):
         raise ConfigError("cache-only", "capacity_tokens", f"expected an int >= 1 tokens, got {capacity_tokens!r}")
-    # (bool(): mypyc wants a bool where numpy's == gives numpy.bool_)
-    unbounded = capacity_tokens is None and (capacity_blocks is None or bool(capacity_blocks == math.inf))
+    # (a float first: compiled, a numpy int's == gave numpy.bool_ where mypyc checks for a bool)
+    unbounded = capacity_tokens is None and (
+        capacity_blocks is None or (isinstance(capacity_blocks, float) and capacity_blocks == math.inf))
     # rounded up, as --capacity-tokens and the engine's pools are (it rounded down here)
     blocks = cdiv(tokens, bs) if tokens is not None else _count(capacity_blocks)
     if not unbounded and (blocks is None or blocks < 1):
