@@ -157,17 +157,24 @@ def test_a_stop_while_a_collector_drains_leaves_the_stored_run_complete(tmp_path
 
 
 class StoppedMidDrain(SlowCollector):
-    """The slow collector, and a Ctrl-C once the recording's body has ended and the queue drains."""
+    """The slow collector, and a Ctrl-C once the recording's body has ended and the queue
+    drains; it answers once the stop has been taken (``proc``'s give-up set), as a slow
+    collector's request outlasts a signal's handling (a loaded box ran on without it)."""
 
     armed = False
+    proc: BulkSpanProcessor | None = None
 
     def export(self, spans):
         import os
         import signal
+        import time
 
         if self.armed:
             self.armed = False
             os.kill(os.getpid(), signal.SIGINT)
+            deadline = time.monotonic() + 30  # (the real clock: the processor's is the fake one)
+            while self.proc is not None and self.proc._give_up_at is None and time.monotonic() < deadline:
+                time.sleep(0.01)
         return super().export(spans)
 
 
@@ -183,6 +190,7 @@ def test_a_stop_while_the_queue_drains_gives_the_collector_one_exports_time(monk
         for batch in synthetic_steps(200, seed=3):
             inst(batch)
         procs.extend(inst._resolved_bulk())
+        (collector.proc,) = procs
         collector.armed = True
     (proc,) = procs
     assert proc.spans_received > 4 * 512
