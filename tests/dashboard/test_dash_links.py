@@ -13,13 +13,18 @@ def _warnings(at) -> list[str]:
     return [shown(w.value) for w in at.warning]
 
 
+def _named_once(at, param: str, said: str) -> None:
+    """The link's value named in a warning, dropped from the URL, and not named again."""
+    assert said in _warnings(at), _warnings(at)
+    assert param not in at.query_params
+    at.run()
+    assert not _warnings(at)
+
+
 def test_a_linked_stale_hash_on_a_run_without_stale_hashes_is_named_once(dashboard_db, monkeypatch):
     run = next(r for r in read.runs(dashboard_db)["run_id"] if read.stale_hashes(dashboard_db, r).height == 0)
     at = render(dashboard_db, monkeypatch, "stale", run=run, stale="deadbeef@g0#1")
-    assert "Stale hash deadbeef@g0#1 from the link is not in this run: it has none to drill into." in _warnings(at)
-    assert "stale" not in at.query_params
-    at.run()
-    assert not _warnings(at)
+    _named_once(at, "stale", "Stale hash deadbeef@g0#1 from the link is not in this run: it has none to drill into.")
 
 
 def test_a_linked_request_on_a_run_without_finished_requests_is_named_once(tmp_path, monkeypatch):
@@ -31,10 +36,7 @@ def test_a_linked_request_on_a_run_without_finished_requests_is_named_once(tmp_p
         store.finish_run(run, summary={"requests": 0, "batches": 3})
     assert read.per_request_hits(db, run).height == 0
     at = render(db, monkeypatch, "latency", run=run, request="chat0-t0")
-    assert "Request chat0-t0 from the link is not in this run: it has no finished request to show." in _warnings(at)
-    assert "request" not in at.query_params
-    at.run()
-    assert not _warnings(at)
+    _named_once(at, "request", "Request chat0-t0 from the link is not in this run: it has no finished request to show.")
 
 
 def test_a_linked_request_on_a_cache_only_run_is_named_once(tmp_path, monkeypatch):
@@ -44,7 +46,5 @@ def test_a_linked_request_on_a_cache_only_run_is_named_once(tmp_path, monkeypatc
     db = str(tmp_path / "co.duckdb")
     run = run_replay(RunSpec("gen:chat", limit=5, mode="cache-only"), db=db).run_id
     at = render(db, monkeypatch, "latency", run=run, request="zz")
-    assert "Request zz from the link is not in this run's latencies: a cache-only run has no clock." in _warnings(at)
-    assert "request" not in at.query_params
-    at.run()
-    assert not _warnings(at)
+    _named_once(at, "request",
+                "Request zz from the link is not in this run's latencies: a cache-only run has no clock.")

@@ -22,14 +22,8 @@ def _axis_titles(at) -> list[str]:
 def test_a_collected_runs_latency_charts_label_their_times_recorded(tmp_path, monkeypatch):
     import synthetic_run
 
-    from kvtrace.store.writer import Store
-
     db = str(tmp_path / "collected.duckdb")
-    store = Store.open(db)
-    run = store.create_run("collected", mode="otlp")
-    steps, _ = synthetic_run.simulate(True, n_requests=6)
-    synthetic_run.write_steps(store, run, steps)
-    store.close()
+    run = synthetic_run.write_collected_run(db)
     word = times_word(("otlp", None))
     assert word == "recorded"
     at = render(db, monkeypatch, "latency", run=run)

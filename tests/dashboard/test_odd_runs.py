@@ -255,14 +255,9 @@ def test_a_collected_runs_times_are_the_senders_not_no_clock(tmp_path, monkeypat
     import synthetic_run
 
     from kvtrace.metrics import times_source
-    from kvtrace.store.writer import Store
 
     db = str(tmp_path / "collected.duckdb")
-    store = Store.open(db)
-    run = store.create_run("collected", mode="otlp")
-    steps, _ = synthetic_run.simulate(True, n_requests=6)
-    synthetic_run.write_steps(store, run, steps)
-    store.close()
+    run = synthetic_run.write_collected_run(db)
     want = f"Times: {times_source('otlp', None)}."
     for page in ("overview", "latency"):
         at = render(db, monkeypatch, page, run=run)
