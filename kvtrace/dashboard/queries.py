@@ -314,10 +314,6 @@ def _per_request(run_id: str) -> pl.DataFrame:
         pl.col("num_prompt_tokens", "num_cached_tokens", "num_local_hit_tokens").sum(), pl.col("ttft_ns").max())
 
 
-# Modes whose span times are kvtrace's virtual clock, which starts at 0: a live capture's and
-# a collected run's are their sender's (a vLLM server's wall clock: ns since 1970).
-
-
 @st.cache_data(show_spinner=False, max_entries=64)
 def _extent(db: str, key: tuple, run_id: str) -> tuple[int, int, int]:
     """(time origin ns, end ns, requests). A finished replay's summary has its virtual

@@ -21,7 +21,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlparse
@@ -319,6 +319,12 @@ def build_tracer_provider(
     return provider
 
 
+def _give_up(exports: Sequence[BulkSpanProcessor]) -> None:
+    """A stopped recording's exports get one export's time for what is queued, then none."""
+    for proc in exports:
+        proc.give_up_after(EXPORT_TIMEOUT_S)
+
+
 def unique_export_run_id(local_run_id: str | None) -> str:
     """The run id a replay's OTLP export names: one of its own. A collector keys runs by
     ``kvtrace.run.id``, so every replay without a store (all ``unrecorded``) was one run
@@ -369,8 +375,7 @@ def recording(
         except BaseException:
             # stopped or failed: the store gets everything; a collector gets what it takes
             # within one export's time (a slow one held a SIGTERM for its whole queue)
-            for proc in otlp:
-                proc.give_up_after(EXPORT_TIMEOUT_S)
+            _give_up(otlp)
             raise
         finally:
             try:
@@ -379,8 +384,7 @@ def recording(
             except BaseException:
                 # stopped while the queue drained (the body had ended): the same one export's
                 # time, not the whole queue's again in the shutdown below (24 s to a slow collector)
-                for proc in otlp:
-                    proc.give_up_after(EXPORT_TIMEOUT_S)
+                _give_up(otlp)
                 raise
             finally:
                 provider.shutdown()
