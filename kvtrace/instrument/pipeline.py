@@ -132,7 +132,9 @@ def check_otlp_settings(endpoint: str | None) -> None:
     OTEL_* timeout before anything is recorded (the SDK logs and ignores a non-number,
     fails every export on a timeout <= 0, and sends nothing to a URL it cannot parse)."""
     protocol = otlp_protocol()
-    if endpoint:
+    if endpoint and protocol == "grpc":
+        _grpc_target(endpoint, "--otlp-endpoint")  # as the variables: HOST:PORT or an http(s) URL
+    elif endpoint:
         traces_url(endpoint)
     else:
         key = next((k for k in _ENV_ENDPOINTS if os.environ.get(k)), None)
@@ -163,17 +165,20 @@ def check_otlp_settings(endpoint: str | None) -> None:
 
 def otlp_span_exporter(endpoint: str | None = None) -> SpanExporter:
     """The SDK's OTLP exporter for ``otlp_protocol()``; ``endpoint=None`` leaves the
-    address to the OTEL_* variables. For gRPC, ``http://`` means no TLS."""
+    address to the OTEL_* variables. For gRPC, ``http://`` means no TLS, and a bare HOST:PORT
+    TLS unless OTEL_EXPORTER_OTLP_INSECURE=true (the SDK's reading)."""
     check_otlp_settings(endpoint)
     kw: dict[str, Any] = {}
     if not any(os.environ.get(k) for k in _ENV_TIMEOUTS):
         kw["timeout"] = EXPORT_TIMEOUT_S
     if otlp_protocol() == "grpc":
+        # gRPC's C core logs each failed connection attempt on stderr (a TLS handshake a line),
+        # beside the one line that says the spans were not delivered; GRPC_VERBOSITY shows them
+        os.environ.setdefault("GRPC_VERBOSITY", "NONE")
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
 
         if endpoint is not None:
-            traces_url(endpoint)  # the same URL check: http(s)://HOST:PORT
-            kw["endpoint"] = endpoint
+            kw["endpoint"] = endpoint  # (checked above; HOST:PORT is TLS unless OTEL_EXPORTER_OTLP_INSECURE=true)
         return GrpcSpanExporter(**kw)
     if endpoint:
         kw["endpoint"] = traces_url(endpoint)
@@ -390,4 +395,13 @@ def recording(
                 provider.shutdown()
     failed, total = sum(p.spans_failed for p in otlp), sum(p.spans_received for p in otlp)
     if failed:
-        raise SpansNotDelivered(otlp_destination(otlp_endpoint), failed, total, quiet.first)
+        raise SpansNotDelivered(otlp_destination(otlp_endpoint), failed, total, _plainer(quiet.first))
+
+
+def _plainer(reason: str | None) -> str | None:
+    """gRPC's TLS failure against a plaintext collector (a bare HOST:PORT is TLS unless
+    OTEL_EXPORTER_OTLP_INSECURE=true) as what to do, not 300 characters of OpenSSL."""
+    if reason and "tls handshake failed" in reason.lower():
+        return ("TLS handshake failed: a HOST:PORT gRPC target is TLS; for a plaintext collector give "
+                "http://HOST:PORT or set OTEL_EXPORTER_OTLP_INSECURE=true")
+    return reason

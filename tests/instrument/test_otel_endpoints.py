@@ -3,7 +3,11 @@ goes, and an address nothing can be sent to is refused before anything is record
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -129,3 +133,32 @@ def test_the_traces_endpoint_variable_without_a_path_is_refused_before_the_run(t
                                                     "the traces variable is the whole URL")):
         run_replay(SPEC, db=str(db))
     assert not db.exists() or read.runs(db).is_empty()
+
+
+def test_the_flag_takes_a_grpc_host_port_target_as_the_variables_do(tmp_path, capsys, monkeypatch):
+    """Under gRPC, --otlp-endpoint HOST:PORT was refused as no http(s) URL, though the
+    endpoint variables took it; a TLS failure against the plaintext collector says what to do."""
+    from tests.cli.support import run
+    from tests.instrument.helpers import count_spans
+
+    collector = OTLPCollector(tmp_path / "collected.duckdb", port=0, grpc_port=0).start()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+    argv = ["replay", "gen:chat", "--limit", "2", "--mode", "cache-only", "--otlp-endpoint", collector.grpc_target]
+    try:
+        # TLS (no INSECURE) against a plaintext collector, in a process of its own: gRPC's C
+        # core logged each handshake on stderr (fd 2) beside the error line
+        env = {k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"}
+        proc = subprocess.run([sys.executable, "-m", "kvtrace.cli", *argv], capture_output=True, text=True,
+                              env=env, check=False, timeout=120)
+        err = proc.stderr.strip()
+        assert proc.returncode == 1 and len(err.splitlines()) == 1, err
+        assert "not delivered (TLS handshake failed: a HOST:PORT gRPC target is TLS" in err, err
+        assert "OTEL_EXPORTER_OTLP_INSECURE=true" in err and "SSL_ERROR" not in err
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_INSECURE", "true")
+        code, out, err = run([*argv, "--json"], capsys)
+        assert code == 0, err
+    finally:
+        collector.stop()
+    summary = json.loads(out)
+    assert "otlp_spans_undelivered" not in summary, summary
+    assert count_spans(tmp_path / "collected.duckdb", summary["otlp_run_id"]) > 0
