@@ -16,6 +16,7 @@ ORDER = [
     "cache_only",  # issue 3: cache-only replay vs bare LRU
     "conformance",  # issue 12: kvtrace's manager vs vLLM 0.33's own (needs make vllm)
     "engine_replay",  # issue 3: engine mode, kimi-hybrid, whole Mooncake trace
+    "cold_start",  # issue 16: a user error in < 0.5 s, torch not imported
     "span_path",  # issue 4: spans/s end to end and exporter alone
     "store_append",  # issue 4: bulk Arrow insert rate
     "store_queries",  # issue 5: every read query on a 10M-span store
