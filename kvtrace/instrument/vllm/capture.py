@@ -362,9 +362,15 @@ class VllmKVCapture:
             while self._replay.poll(0):  # late answers to an earlier, timed-out request
                 self._replay.recv_multipart()
             start = first if check is None else check
-            self._replay.send_multipart([b"", start.to_bytes(8, "big")])
+            try:
+                # (never blocking: a replay socket that never connected, an address nobody listens at,
+                # queues each request unsent, and past ZMQ's high-water mark, 1,000 gaps on, a blocking
+                # send waited for good, deaf to Ctrl-C; nothing is asked then, and no answer awaited)
+                self._replay.send_multipart([b"", start.to_bytes(8, "big")], flags=zmq.NOBLOCK)
+                frames_left = (upto - start) + _REPLAY_SLACK_FRAMES
+            except zmq.Again:
+                frames_left = 0
             timeout_ms = max(1, int(self.replay_timeout_s * 1000))
-            frames_left = (upto - start) + _REPLAY_SLACK_FRAMES
             deadline = time.monotonic() + self.replay_timeout_s * 4
             # until the end marker, quiet for the timeout, too many frames or too long
             while frames_left > 0 and time.monotonic() < deadline and self._replay.poll(timeout_ms):
