@@ -43,6 +43,7 @@ import csv
 import json
 import math
 import os
+import re
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -113,12 +114,14 @@ _MIN_STEP_NS = 1_000.0  # a microsecond: no GPU step is shorter
 _MAX_SECONDS = 3_600.0  # a bench result's TTFT or inter-token gap
 
 
+# A number as a CSV writer puts it: ASCII digits, a point, an exponent (float() also took
+# '1_000' and other scripts' digits, '١٢' as 12 ms, which no writer of step timings means)
+_NUMBER_TEXT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]{1,4})?")
+
+
 def _number(path: str, line: int, key: str, text: str | None, integer: bool = True,
             maximum: float = _MAX_COUNT) -> float:
-    try:
-        v = float(text) if text is not None and text.strip() != "" else math.nan
-    except ValueError:
-        v = math.nan
+    v = float(text) if text is not None and _NUMBER_TEXT.fullmatch(text.strip()) else math.nan
     if not math.isfinite(v) or v < 0 or v > maximum or (integer and v != int(v)):
         what = "an integer" if integer else "a number"
         raise KVTraceError(f"{path}:{line}: {key}: expected {what} in [0, {maximum:,.0f}], got {text!r}"[:200])
@@ -154,6 +157,9 @@ def step_csv_observations(path: str) -> list[Observation]:
         if twice:  # (which one would hold the value?)
             raise KVTraceError(f"{path}:1: column {twice[0]} appears {header.count(twice[0])} times")
         missing = [c for c in _STEP_COLUMNS if c not in header]
+        if "step_ns" in header and "step_ms" in header:  # (step_ns was read, step_ms ignored without a word)
+            raise KVTraceError(f"{path}:1: columns step_ms and step_ns both given; expected one of them (the "
+                               "step's duration in milliseconds or in nanoseconds)")
         time_col = "step_ns" if "step_ns" in header else "step_ms" if "step_ms" in header else None
         if missing or time_col is None:
             need = missing + ([] if time_col else ["step_ms or step_ns"])
@@ -181,11 +187,37 @@ def step_csv_observations(path: str) -> list[Observation]:
                                    f"({_MIN_STEP_NS:g} ns), got {r.get(time_col)!r}"[:200])
             work = StepWork(vals["num_tokens"], vals["prefill_pairs"], vals["decode_context_tokens"],
                             vals["num_decode_seqs"], *(copies[c] for c in _OPTIONAL_STEP_COLUMNS))
+            problem = _impossible_step(work)
+            if problem is not None:
+                raise KVTraceError(f"{path}:{line}: {problem}; are the columns as the header names them?")
             group = "prefill" if work.prefill_pairs else "decode"
             out.append(Observation([work], t * to_ns, group, r.get("label") or ""))
     if not out:
         raise KVTraceError(f"{path}: no rows; expected a header and one row per step")
     return out
+
+
+def _impossible_step(w: StepWork) -> str | None:
+    """Why a step file's row is no step an engine runs (as the engine counts one: each decoding
+    sequence one token of the step and at least that token of context, each prefill token at
+    least the pair with itself), or None. A column swapped or in another unit (the context in
+    the sequences' column) was fitted as it stood."""
+    prefill = w.num_tokens - w.num_decode_seqs
+    if prefill < 0:
+        return (f"num_decode_seqs: {w.num_decode_seqs:,} decoding sequences in a step of {w.num_tokens:,} tokens "
+                "(num_tokens counts one token for each)")
+    if prefill == 0 and w.prefill_pairs:
+        return (f"prefill_pairs: {w.prefill_pairs:,} with no prefill token (the step's {w.num_tokens:,} tokens "
+                "are its decoding sequences')")
+    if w.prefill_pairs < prefill:
+        return (f"prefill_pairs: {w.prefill_pairs:,} for {prefill:,} prefill tokens (each token attends at least "
+                "to itself: at least one pair each)")
+    if not w.num_decode_seqs and w.decode_context_tokens:
+        return f"decode_context_tokens: {w.decode_context_tokens:,} with no decoding sequence (num_decode_seqs 0)"
+    if w.decode_context_tokens < w.num_decode_seqs:
+        return (f"decode_context_tokens: {w.decode_context_tokens:,} for {w.num_decode_seqs:,} decoding sequences "
+                "(each reads at least its own token)")
+    return None
 
 
 def _like_steps(count: int, num_tokens: int, pairs: int, context: int, seqs: int
@@ -560,14 +592,19 @@ def calibrate(paths: Sequence[str | Path], *, name: str, template: CostModel | N
     source = ", ".join(str(p) for p in paths)
     try:
         with np.errstate(all="ignore"):  # (extreme values: the fit's result is checked, not warned about)
-            return fit_cost_model(obs, name=name, template=template, knees=None if knee is None else (knee,),
-                                  source=source)
+            fit = fit_cost_model(obs, name=name, template=template, knees=None if knee is None else (knee,),
+                                 source=source)
     except np.linalg.LinAlgError as e:
         raise KVTraceError(f"{source}: these measurements determine no cost model ({e})") from None
     except Underdetermined as e:
         raise KVTraceError(f"{source}: {e}") from None
     except KVTraceError as e:  # a coefficient out of its range: name the measurements
         raise KVTraceError(f"{source}: the fit gives {e}") from None
+    if not any(getattr(fit.model, k) for k in FITTED_TERMS):  # (a model --config refuses: every latency 0)
+        raise KVTraceError(f"{source}: the fit gives every coefficient 0 (each under half a unit: ns, or ps of a "
+                           f"pair or context token): {len(obs):,} measurements of too much work for their times to "
+                           "model any step's time")
+    return fit
 
 
 def _toml_string(text: str) -> str:
@@ -611,7 +648,9 @@ def fit_report(fit: Fit) -> list[str]:
         given = key in FITTED_TERMS and key not in fit.fitted and not unused
         note = "  (not fitted: no measurement exercises it)" if given else ""
         if key in weak:
-            note = (f"  (± {weak[key]:,.0f}: weakly determined, these measurements hardly tell it from the other "
+            se = weak[key]
+            shown = f"{se:,.0f}" if se >= 1 else f"{se:.2g}"  # (under 1 it read "token_ns = 0 (± 0: ...)")
+            note = (f"  (± {shown}: weakly determined, these measurements hardly tell it from the other "
                     "terms; add steps that vary it alone)")
         out.append(f"  {key} = {getattr(m, key):,}{note}")
     return out

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtrace.cache.config import FullAttentionSpec, MambaSpec, SlidingWindowSpec
-from kvtrace.engine.clock import COEFFICIENTS, COST_MODELS, CostModel
+from kvtrace.engine.clock import COEFFICIENTS, COST_MODELS, FITTED_TERMS, CostModel
 from kvtrace.errors import ConfigError, file_problem
 from kvtrace.names import BEHAVIOURS, cut_middle, printable
 from kvtrace.workload.lines import parse_decimal, without_bom
@@ -315,6 +315,14 @@ def cost_model_from_table(table: dict[str, Any], source: str) -> CostModel:
         model = CostModel(name=name, source=str(table.get("source", source)), **given)
     except ConfigError as err:
         raise ConfigError(source, f"cost_model.{err.key}", err.what) from None
+    if model.token_above_knee_ns and not model.token_knee:  # (the term was dropped without a word)
+        raise ConfigError(source, "cost_model.token_above_knee_ns",
+                          f"{model.token_above_knee_ns:,} has no effect without token_knee (the tokens past which "
+                          "it applies; 0 is no knee); give token_knee >= 1, or leave it 0")
+    if not any(getattr(model, k) for k in FITTED_TERMS):  # (every TTFT, ITL and E2EL printed 0 ms)
+        raise ConfigError(source, "cost_model", f"{name}: every coefficient is 0: each step would take no time and "
+                                                "every modelled latency would be 0 (use --mode cache-only for hits "
+                                                "alone)")
     builtin = COST_MODELS.get(name)
     if builtin is not None:  # (a run says which model made its times: one name, one set of coefficients)
         other = next((k for k in COEFFICIENTS if getattr(model, k) != getattr(builtin, k)), None)

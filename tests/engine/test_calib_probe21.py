@@ -1,0 +1,118 @@
+"""Probes of `kvtrace calibrate` and `--config`'s [cost_model] (session 21): step rows no engine
+runs, a duration given twice, numbers no CSV writer means, models of no time, a knee term
+without its knee, and a weak term's standard error under one unit."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from kvtrace.errors import ConfigError, KVTraceError
+from kvtrace.replay.calibrate import calibrate, fit_report
+from kvtrace.replay.config_file import load_config_file
+from tests.cli.support import assert_one_line, run
+
+HEADER = "num_tokens,prefill_pairs,num_decode_seqs,decode_context_tokens,step_ms\n"
+# steps enough to fit the five terms, the rows under test go first (the first bad row is named)
+GOOD = "128,8256,0,0,6.0\n512,131328,0,0,11.5\n2048,2098176,0,0,43.4\n1,0,1,512,5.1\n64,0,64,65536,7.9\n"
+FIVE = ("step_overhead_ns", "token_ns", "attn_pair_ps", "kv_read_ps", "decode_seq_ns")
+
+
+@pytest.mark.parametrize(("row", "needle"), [
+    # the context and the sequences swapped: 512 sequences decoding in a step of one token
+    ("1,0,512,1,5.1\n", ":2: num_decode_seqs: 512 decoding sequences in a step of 1 tokens"),
+    ("8,100,8,800,6\n", ":2: prefill_pairs: 100 with no prefill token"),
+    ("100,50,0,0,6\n", ":2: prefill_pairs: 50 for 100 prefill tokens"),
+    ("100,5050,0,4000,6\n", ":2: decode_context_tokens: 4,000 with no decoding sequence"),
+    ("8,0,8,4,6\n", ":2: decode_context_tokens: 4 for 8 decoding sequences"),
+])
+def test_a_step_row_no_engine_runs_is_refused_at_its_line(tmp_path, row, needle):
+    """Such a row (a column swapped, or in another unit) was fitted as it stood: a model of
+    the wrong terms came out with a plausible error."""
+    path = tmp_path / "s.csv"
+    path.write_text(HEADER + row + GOOD)
+    with pytest.raises(KVTraceError, match=re.escape(f"{path}{needle}")) as err:
+        calibrate([path], name="x")
+    assert "are the columns as the header names them?" in str(err.value)
+
+
+def test_the_shipped_step_files_are_steps_an_engine_runs():
+    for path in sorted((Path(__file__).resolve().parents[1] / "data" / "calibration").glob("*.csv")):
+        assert calibrate([path], name="x").observations
+
+
+def test_a_step_file_with_both_step_ms_and_step_ns_is_refused(tmp_path):
+    """step_ns was read and step_ms ignored without a word, whatever the two said."""
+    path = tmp_path / "s.csv"
+    rows = "".join(f"{line},{float(line.rsplit(',', 1)[1]) * 1e6 * 2:.0f}\n" for line in GOOD.splitlines())
+    path.write_text(HEADER.strip() + ",step_ns\n" + rows)
+    with pytest.raises(KVTraceError, match=re.escape(f"{path}:1: columns step_ms and step_ns both given")):
+        calibrate([path], name="x")
+
+
+@pytest.mark.parametrize("text", ["1_000", "\u0661\u0662", "\uff11\uff12"])
+def test_a_step_time_not_in_ascii_decimal_is_refused(tmp_path, text):
+    """float() took '1_000' as 1,000 ms and Arabic-Indic or full-width digits as 12 ms."""
+    path = tmp_path / "s.csv"
+    path.write_text(HEADER + f"128,8256,0,0,{text}\n" + GOOD, encoding="utf-8")
+    with pytest.raises(KVTraceError, match=re.escape(f"{path}:2: step_ms: expected a number in [0, 3,600,000], "
+                                                     f"got {text!r}")):
+        calibrate([path], name="x")
+
+
+def test_a_fit_whose_every_coefficient_rounds_to_zero_is_refused(tmp_path, capsys):
+    """Times far too small for their work rounded every coefficient to 0: the model was
+    printed and written, and every replay with it showed latencies of 0 ms."""
+    path = tmp_path / "s.csv"
+    path.write_text("num_tokens,prefill_pairs,num_decode_seqs,decode_context_tokens,step_ns\n"
+                    "1000000000000,1000000000000,0,0,1000\n2000000000000,3000000000000,0,0,2500\n"
+                    "3000000000000,9000000000000,0,0,4000\n4000000000000,4000000000000,0,0,4000\n")
+    out = tmp_path / "cost.toml"
+    code, stdout, err = run(["calibrate", "--from", str(path), "-o", str(out)], capsys)
+    assert_one_line(code, err, f"{path}: the fit gives every coefficient 0")
+    assert stdout == "" and not out.exists()
+
+
+def test_a_weak_term_under_one_unit_shows_its_standard_error(tmp_path):
+    """A term fitted at 0 with a standard error under 1 read "token_ns = 0  (± 0: weakly
+    determined ...)": a zero error beside a term said to be unknown."""
+    path = tmp_path / "s.csv"
+    path.write_text("num_tokens,prefill_pairs,num_decode_seqs,decode_context_tokens,step_ns\n"
+                    "1000000000,1000000000,0,0,1000\n2000000000,2000000000,0,0,2000\n"
+                    "3000000000,4000000000,0,0,3500\n4,0,4,4000,1500\n8,0,8,16000,2500\n3,0,3,9000,1800\n")
+    fit = calibrate([path], name="x")
+    small = {t: se for t, se in fit.weakly_determined().items() if se < 0.5}
+    assert small, fit.standard_errors  # (the case under test: one shown as 0 before)
+    report = fit_report(fit)
+    for term, se in small.items():
+        line = next(line for line in report if line.split()[0] == term)
+        shown = re.search(r"\(± ([^:]+):", line)
+        assert shown is not None and float(shown.group(1)) == pytest.approx(se, rel=0.05), line
+
+
+def _model(**coefficients: int) -> str:
+    return "[cost_model]\nname = \"mine\"\n" + "".join(f"{k} = {coefficients.get(k, 0)}\n" for k in FIVE) + "".join(
+        f"{k} = {v}\n" for k, v in coefficients.items() if k not in FIVE)
+
+
+@pytest.mark.parametrize(("coefficients", "key", "needle"), [
+    ({}, "cost_model", "mine: every coefficient is 0: each step would take no time"),
+    ({"token_knee": 512}, "cost_model", "mine: every coefficient is 0"),  # (a knee alone is no time)
+    ({"token_ns": 10, "token_above_knee_ns": 5}, "cost_model.token_above_knee_ns",
+     "5 has no effect without token_knee"),
+])
+def test_a_cost_model_table_that_cannot_mean_what_it_says_names_file_and_key(tmp_path, coefficients, key, needle):
+    path = tmp_path / "run.toml"
+    path.write_text(_model(**coefficients))
+    with pytest.raises(ConfigError, match=re.escape(f"{path}: {key}: {needle}")):
+        load_config_file(path)
+
+
+def test_a_cost_model_table_of_one_time_term_or_a_knee_term_with_its_knee_is_taken(tmp_path):
+    path = tmp_path / "run.toml"
+    for coefficients in ({"step_overhead_ns": 1}, {"kv_copy_ns": 5}, {"token_knee": 256, "token_above_knee_ns": 5}):
+        path.write_text(_model(**coefficients))
+        model = load_config_file(path).cost_model
+        assert model is not None and all(getattr(model, k) == v for k, v in coefficients.items())
