@@ -61,6 +61,7 @@ def calibrate(
         template = CostModel(name, 0, 0, 0, 0, 0, num_experts=int(e), experts_per_token=int(k))
     if out is not None:  # before the fit: a store or an input there is refused at once
         AtomicText(out, sources).check()
+        _refuse_a_run_config(out)
     result = fit([str(p) for p in sources], name=name, template=template, knee=knee,
                  max_num_batched_tokens=max_num_batched_tokens, run_id=run)
     for line in fit_report(result):
@@ -69,3 +70,28 @@ def calibrate(
         with AtomicText(out, sources) as f:
             f.write(cost_model_toml(result.model).encode())
         status(f"wrote {out} (use it with: kvtrace replay TRACE --config {out})")
+
+
+def _refuse_a_run_config(out: str) -> None:
+    """KVTraceError when ``out`` is a --config file holding settings besides a [cost_model]
+    table: the fitted model replaced it whole (its preset, [cache] and [scheduler] lost
+    without a word). One of cost_model alone (an earlier fit) is replaced as -o does."""
+    import os
+    import tomllib
+
+    from kvtrace.names import cut_middle, printable
+    from kvtrace.replay.config_file import MAX_CONFIG_BYTES
+    from kvtrace.workload.lines import without_bom
+
+    try:
+        if not os.path.isfile(out) or os.path.getsize(out) > MAX_CONFIG_BYTES:  # (a FIFO is never opened)
+            return
+        with open(out, "rb") as f:
+            doc = tomllib.loads(without_bom(f.read()).decode("utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError, ValueError):
+        return  # no TOML file: an output -o may replace
+    other = sorted(set(doc) - {"cost_model"})
+    if other:
+        keys = cut_middle(", ".join(printable(k) for k in other), 120)
+        raise KVTraceError(f"{out}: a --config file with settings besides [cost_model] ({keys}), which the fitted "
+                           "model would replace whole; write it elsewhere (and copy its [cost_model] table in)")

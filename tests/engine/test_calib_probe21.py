@@ -116,3 +116,21 @@ def test_a_cost_model_table_of_one_time_term_or_a_knee_term_with_its_knee_is_tak
         path.write_text(_model(**coefficients))
         model = load_config_file(path).cost_model
         assert model is not None and all(getattr(model, k) == v for k, v in coefficients.items())
+
+
+def test_calibrate_out_refuses_a_run_config_with_other_settings_and_keeps_it(tmp_path, capsys):
+    """`-o run.toml` replaced the user's --config file whole: its preset and [cache] were lost
+    without a word. A file of a [cost_model] alone (an earlier fit) is replaced as before."""
+    steps = Path(__file__).resolve().parents[1] / "data" / "calibration" / "aic-h200-llama-3.1-8b-tp1.csv"
+    config = tmp_path / "run.toml"
+    text = 'preset = "dense-attention"\n[cache]\nnum_gpu_blocks = 20000\n'
+    config.write_text(text)
+    code, stdout, err = run(["calibrate", "--from", str(steps), "-o", str(config)], capsys)
+    assert_one_line(code, err, f"{config}: a --config file with settings besides [cost_model] (cache, preset)")
+    assert stdout == "" and config.read_text() == text
+    earlier = tmp_path / "cost.toml"
+    earlier.write_text('[cost_model]\nname = "old"\nstep_overhead_ns = 1\ntoken_ns = 1\nattn_pair_ps = 1\n'
+                       'kv_read_ps = 1\ndecode_seq_ns = 1\n')
+    code, stdout, err = run(["calibrate", "--from", str(steps), "-o", str(earlier)], capsys)
+    assert code == 0, err
+    assert load_config_file(earlier).cost_model == calibrate([steps], name="calibrated").model
