@@ -32,3 +32,73 @@ def test_a_replay_endpoint_that_never_answers_cannot_hang_the_capture_after_1000
     cap.close()
     s = cap.stats
     assert (s.batches, s.gaps, s.lost, s.recovered) == (len(seqs), len(seqs) - 1, len(seqs) - 1, 0)
+
+
+def test_batches_a_connected_capture_never_saw_are_asked_of_the_replay_socket_at_the_stop(tmp_path):
+    """A burst published while the subscription was not yet live (ZMQ's slow joiner: PUB
+    drops it) and nothing after: the capture stored nothing, and said the server published
+    no KV events, though the replay socket held every batch."""
+    from kvtrace.instrument.vllm import capture_vllm
+    from tests.instrument.helpers import count_spans
+    from tests.instrument.vllm_publisher import LEGACY, VllmPublisher
+
+    EventBatch, BlockStored, _, _ = LEGACY
+    pub = VllmPublisher()
+    try:
+        for k in range(5):  # published, never delivered: the capture has not joined
+            pub.publish(EventBatch(1_700_000_000.0 + k, [BlockStored([k + 1], k or None, [k] * 4, 4, None, "GPU",
+                                                                     None)], 0), send=False)
+        caps = []
+        stats = capture_vllm(pub.endpoint, pub.replay_endpoint, store_path=tmp_path / "s.duckdb", topic="kv-events",
+                             on_ready=caps.append, should_stop=lambda: caps[0].stats.connected == 1)
+    finally:
+        pub.close()
+    assert (stats.batches, stats.recovered, stats.lost, stats.nothing_received) == (5, 5, 0, False)
+    assert count_spans(tmp_path / "s.duckdb", stats.run_id) == 10  # a step and a publish each
+
+
+def _post_json(url: str, doc: dict) -> int:
+    import json
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url, json.dumps(doc).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as reply:
+            return reply.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def _spans_doc(spans: list[dict]) -> dict:
+    return {"resourceSpans": [{"resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "app"}}]},
+                               "scopeSpans": [{"spans": spans}]}]}
+
+
+def _span(i: int, name: str = "work", attributes: list | None = None) -> dict:
+    return {"traceId": f"{i:032x}", "spanId": f"{i:016x}", "name": name, "startTimeUnixNano": "1",
+            "endTimeUnixNano": "2", "attributes": attributes or []}
+
+
+def test_a_run_record_naming_no_run_cannot_finish_the_collectors_own_run(tmp_path):
+    """A ``kvtrace.run`` record whose resource names no run id finished the collector's own
+    run (every sender's spans that name none) as ``failed``, with the sender's digest and a
+    summary of 5 requests, with a 200; one naming that run by its id was already refused."""
+    from kvtrace.instrument.otlp.collector import OTLPCollector
+    from kvtrace.store.read import run
+    from tests.instrument.helpers import count_spans
+
+    collector = OTLPCollector(tmp_path / "c.duckdb", port=0).start()
+    try:
+        assert _post_json(collector.url, _spans_doc([_span(1), _span(2)])) == 200
+        record = [{"key": "kvtrace.run.status", "value": {"stringValue": "failed"}},
+                  {"key": "kvtrace.run.digest", "value": {"stringValue": "d" * 64}},
+                  {"key": "kvtrace.run.summary", "value": {"stringValue": '{"requests": 5}'}}]
+        assert _post_json(collector.url, _spans_doc([_span(3), _span(4, "kvtrace.run", record)])) == 400
+        assert _post_json(collector.url, _spans_doc([_span(5)])) == 200
+        own = collector._default_run
+    finally:
+        collector.stop()
+    got = run(tmp_path / "c.duckdb", own)
+    assert (got["status"], got["digest"], got["summary"]) == ("complete", None, None)
+    assert count_spans(tmp_path / "c.duckdb", own) == 3  # (the refused request stored nothing)

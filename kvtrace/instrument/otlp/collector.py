@@ -374,6 +374,9 @@ class OTLPCollector:
                 for resource, kwargs, where in spans:
                     key = _named_run(resource, where)
                     if kwargs["name"] == SPAN_RUN:  # a kvtrace export's run record, not a span
+                        if not key:  # (it finished the collector's own run, of every sender's spans)
+                            raise PayloadError(f"{where}: a {SPAN_RUN} record whose resource names no "
+                                               f"{RUN_ID_RESOURCE_KEY}: it finishes no run")
                         records.append((key, _run_record(kwargs["attributes"], where)))
                         continue
                     if key:

@@ -281,6 +281,15 @@ class VllmKVCapture:
             self._recover(0, seq, lost_if_missing=True)
         self._accept(seq, payload)
 
+    def recover_unseen(self) -> None:
+        """At the stop, when no batch came although the SUB socket reached its publisher: the
+        publisher's buffer asked of the replay socket. A burst sent while the subscription was
+        not yet live (ZMQ's slow joiner) is dropped by PUB, and no later message told of it:
+        the capture said "the server published no KV events" of a server that had sent 50."""
+        self.on_monitor()
+        if self._replay is not None and self.stats.connected and self.last_seq is None and self._pending is None:
+            self._recover(0, None, lost_if_missing=False)
+
     @property
     def held(self) -> int:
         """Messages received but not yet counted: a seq that went backwards or ahead, waiting
@@ -339,9 +348,11 @@ class VllmKVCapture:
             self.on_batch(seq, batch)
         return True
 
-    def _recover(self, first: int, upto: int, lost_if_missing: bool, check: int | None = None) -> bool:
+    def _recover(self, first: int, upto: int | None, lost_if_missing: bool, check: int | None = None) -> bool:
         """Fetch batches [first, upto) from the replay socket. One that is not returned, or
         does not decode, is lost when ``lost_if_missing`` (a gap after first contact).
+        ``upto`` None: whatever the publisher holds from ``first`` (up to MAX_FIRST_SEQ and
+        one answer's slack of frames), none counted missing, since their number is unknown.
 
         ``check``: a seq accepted before ``first``, asked for too (vLLM answers from the seq
         asked, in order). Returned with a payload other than the one accepted, it shows a
@@ -354,6 +365,8 @@ class VllmKVCapture:
         One that comes out of order is accepted after the rest. The answer has four replay
         timeouts of the capture's waiting and receiving, not counting its own decoding and
         storing of the batches."""
+        known = upto is not None
+        upto = MAX_FIRST_SEQ + 1 if upto is None else upto
         late: dict[int, bytes] = {}
         accepted: set[int] = set()
         recovered, after = 0, first  # ``after``: the seq an in-order batch is at least
@@ -367,7 +380,7 @@ class VllmKVCapture:
                 # queues each request unsent, and past ZMQ's high-water mark, 1,000 gaps on, a blocking
                 # send waited for good, deaf to Ctrl-C; nothing is asked then, and no answer awaited)
                 self._replay.send_multipart([b"", start.to_bytes(8, "big")], flags=zmq.NOBLOCK)
-                frames_left = (upto - start) + _REPLAY_SLACK_FRAMES
+                frames_left = _REPLAY_SLACK_FRAMES + (0 if upto is None else upto - start)
             except zmq.Again:
                 frames_left = 0
             timeout_ms = max(1, int(self.replay_timeout_s * 1000))
@@ -407,7 +420,9 @@ class VllmKVCapture:
             return True
         recovered += sum(self._accept(s, late[s]) for s in sorted(late))
         self.stats.recovered += recovered
-        if lost_if_missing:
+        if not known:
+            pass
+        elif lost_if_missing:
             if upto > first:  # (an empty range only checked ``check``: no gap)
                 self.stats.gaps += 1
             self.stats.lost += (upto - first) - recovered
@@ -482,6 +497,8 @@ def run_captures(caps: list[VllmKVCapture], duration: float | None = None,
                 cap.stats.lost += lost
                 _log.warning("%s: %d batches still queued %.0f s after the stop were not decoded: %d counted lost "
                              "(with the seqs between them)", cap.endpoint, undrained, DRAIN_S, lost)
+        for cap in caps:
+            cap.recover_unseen()
     for cap in caps:
         cap.flush()
 
