@@ -409,10 +409,15 @@ def _collected_run(db: str, run_id: str | None) -> str:
     """``run_id``, or the store's one collected (OTLP) run."""
     from kvtrace.store import read
 
-    if run_id is not None:
-        return run_id
     runs = read.runs(db)
     collected = runs.filter(runs["mode"] == "otlp")["run_id"].to_list()
+    if run_id is not None:
+        mode = runs.filter(runs["run_id"] == run_id)["mode"].to_list()
+        if mode and mode[0] != "otlp":  # (said "no vLLM llm_request spans": the run was no collection at all)
+            found = ", ".join(collected[:5]) + (", ..." if len(collected) > 5 else "") or "none"
+            raise KVTraceError(f"{db}: run {run_id}: no vLLM llm_request spans: it is a replay ({mode[0]} mode), "
+                               f"not a collected run (the store's collected runs: {found})")
+        return run_id
     if not collected:  # (a store of replays: "pass --run: it holds 0 collected runs" named no way out)
         raise KVTraceError(f"{db}: holds no collected run (vLLM's request spans, received by `kvtrace collect "
                            f"--db {db}` from a server started with --otlp-traces-endpoint)")

@@ -134,3 +134,12 @@ def test_calibrate_out_refuses_a_run_config_with_other_settings_and_keeps_it(tmp
     code, stdout, err = run(["calibrate", "--from", str(steps), "-o", str(earlier)], capsys)
     assert code == 0, err
     assert load_config_file(earlier).cost_model == calibrate([steps], name="calibrated").model
+
+
+def test_calibrate_from_a_replay_run_of_a_store_says_it_is_no_collected_run(replayed_store):
+    """`--run` of a replay said only "no vLLM llm_request spans ... (start vLLM with
+    --otlp-traces-endpoint ...)", as if the collection had missed them."""
+    with pytest.raises(KVTraceError, match=re.escape(
+            f"{replayed_store.path}: run {replayed_store.run_on}: no vLLM llm_request spans: it is a replay (engine "
+            "mode), not a collected run (the store's collected runs: none)")):
+        calibrate([replayed_store.path], name="x", run_id=replayed_store.run_on)
