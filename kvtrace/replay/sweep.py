@@ -21,6 +21,7 @@ import itertools
 import math
 import multiprocessing
 import os
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -451,6 +452,16 @@ def _on_ray(specs: list[RunSpec], keep: bool, address: str) -> Iterator[Iterator
         import ray
     except ImportError:
         raise KVTraceError("--ray: Ray is not installed; install it with: pip install 'kvtrace[ray]'") from None
+    # What the cluster tells the driver (a worker that died, its task retried; a worker killed
+    # by a cancel) Ray prints from a thread of its own on stdout, log_to_driver or not: it
+    # broke `--json`'s one document (and the table's stdout) after a retry the sweep survived.
+    # While this process is Ray's driver its stdout is stderr; the command prints after.
+    with contextlib.redirect_stdout(sys.stderr), _on_ray_driver(ray, specs, keep, address) as results:
+        yield results
+
+
+@contextlib.contextmanager
+def _on_ray_driver(ray, specs: list[RunSpec], keep: bool, address: str) -> Iterator[Iterator[tuple[RunResult, list]]]:
     started = False
     if not ray.is_initialized():
         kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}
