@@ -114,7 +114,7 @@ def get_preset(
     ``capacity_blocks``: the block pool shared by every group (an int, vLLM's
     ``num_gpu_blocks``, the null block included), or one pool per group (a tuple);
     ``capacity_tokens``: a pool holding this many tokens in each attention group, plus
-    the preset's ``state_blocks``;
+    the preset's ``state_blocks`` where a Mamba group is among the groups;
     ``retention_interval``: None | 0 | k; ``without``: behaviour names to switch off;
     ``external_capacity_blocks``: add an external tier; ``groups``: KV cache group specs
     replacing the preset's; ``block_size``: every group's block size (one group is hashed
@@ -153,11 +153,14 @@ def get_preset(
     if capacity_blocks is not None:
         blocks = capacity_blocks if isinstance(capacity_blocks, int) else tuple(capacity_blocks)
     attention = [g for g, spec in enumerate(groups) if not isinstance(spec, MambaSpec)]
+    # the preset's budget for Mamba states, where the groups have one to hold them: groups of
+    # attention alone (a --config's) took it as 2,048 more attention blocks than asked for
+    state_blocks = preset.state_blocks if len(attention) < len(groups) else 0
     if capacity_tokens is not None:
         # in the final groups' block sizes: a --block-size given with it changes them
         per_group = [cdiv(capacity_tokens, groups[g].block_size) for g in attention]
         if isinstance(blocks, int):
-            blocks = 1 + sum(per_group) + preset.state_blocks
+            blocks = 1 + sum(per_group) + state_blocks
         else:
             sized = list(blocks)
             for g, n in zip(attention, per_group):
@@ -166,8 +169,8 @@ def get_preset(
     elif block_size is not None and capacity_blocks is None:
         # keep the token capacity of the attention groups when their block size changes
         if isinstance(blocks, int):
-            share = (blocks - 1 - preset.state_blocks) // max(len(attention), 1)
-            blocks = 1 + preset.state_blocks + sum(
+            share = (blocks - 1 - state_blocks) // max(len(attention), 1)
+            blocks = 1 + state_blocks + sum(
                 max(1, share * base_groups[g].block_size // groups[g].block_size) for g in attention)
         else:
             sized = list(blocks)
@@ -196,4 +199,4 @@ def get_preset(
     if scheduler:
         sc = replace(sc, **scheduler)
         sc.check_vllm_accepts()
-    return replace(preset, cache_config=replace(cc, **changes), scheduler_config=sc)
+    return replace(preset, cache_config=replace(cc, **changes), scheduler_config=sc, state_blocks=state_blocks)

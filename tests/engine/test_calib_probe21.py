@@ -143,3 +143,23 @@ def test_calibrate_from_a_replay_run_of_a_store_says_it_is_no_collected_run(repl
             f"{replayed_store.path}: run {replayed_store.run_on}: no vLLM llm_request spans: it is a replay (engine "
             "mode), not a collected run (the store's collected runs: none)")):
         calibrate([replayed_store.path], name="x", run_id=replayed_store.run_on)
+
+
+def test_groups_of_attention_alone_get_no_state_budget_of_the_preset():
+    """kimi-hybrid budgets 2,048 blocks for Mamba states; groups replacing its own with
+    attention alone (a --config's) took them as attention blocks: --capacity-tokens 100,000
+    gave a pool of 3,611 64-token blocks (231k tokens), and --block-size kept neither the
+    pool's token capacity nor its blocks."""
+    from kvtrace.cache import FullAttentionSpec
+    from kvtrace.engine.presets import PRESETS, get_preset
+    from kvtrace.numeric import cdiv
+
+    attention = (FullAttentionSpec(64),)
+    sized = get_preset("kimi-hybrid", groups=attention, capacity_tokens=100_000, retention_interval=None)
+    assert sized.cache_config.num_gpu_blocks == 1 + cdiv(100_000, 64) and sized.state_blocks == 0
+    as_given = get_preset("kimi-hybrid", groups=attention, retention_interval=None).cache_config.num_gpu_blocks
+    assert as_given == PRESETS["kimi-hybrid"]().cache_config.num_gpu_blocks
+    halved = get_preset("kimi-hybrid", groups=attention, block_size=32, retention_interval=None)
+    assert (halved.cache_config.num_gpu_blocks - 1) * 32 == (as_given - 1) * 64  # (the same tokens)
+    hybrid = get_preset("kimi-hybrid", capacity_tokens=100_000)  # (its own groups: the budget is kept)
+    assert hybrid.cache_config.num_gpu_blocks == 1 + cdiv(100_000, 512) + 2_048 and hybrid.state_blocks == 2_048
