@@ -102,3 +102,58 @@ def test_a_run_record_naming_no_run_cannot_finish_the_collectors_own_run(tmp_pat
     got = run(tmp_path / "c.duckdb", own)
     assert (got["status"], got["digest"], got["summary"]) == ("complete", None, None)
     assert count_spans(tmp_path / "c.duckdb", own) == 3  # (the refused request stored nothing)
+
+
+def test_a_capture_forced_to_stop_mid_answer_keeps_its_counts_in_the_failed_run(tmp_path):
+    """A second Ctrl-C (here: raised from the batch callback) while the replay socket answered
+    first contact: the run was marked failed with ``{"error": "KeyboardInterrupt: "}`` alone,
+    every count gone though the batches' spans were stored, and the batches stored from the
+    answer were not counted recovered."""
+    import time
+
+    from kvtrace.instrument.vllm import capture_vllm
+    from kvtrace.store.read import run
+    from tests.instrument.helpers import count_spans
+    from tests.instrument.vllm_publisher import LEGACY, VllmPublisher
+
+    EventBatch, BlockStored, _, _ = LEGACY
+
+    def batch(k: int):
+        return EventBatch(1_700_000_000.0 + k, [BlockStored([k + 1], k or None, [k] * 4, 4, None, "GPU", None)], 0)
+
+    def on_batch(seq: int, _batch) -> None:
+        if seq == 2:  # the third batch of the first contact's answer
+            raise KeyboardInterrupt
+
+    def on_ready(cap) -> None:
+        cap.on_batch = on_batch
+
+    pub = VllmPublisher()
+    result: dict = {}
+
+    def capture() -> None:
+        try:
+            capture_vllm(pub.endpoint, pub.replay_endpoint, store_path=tmp_path / "s.duckdb", topic="kv-events",
+                         on_ready=on_ready)
+        except KeyboardInterrupt as err:
+            result["raised"] = err
+
+    try:
+        for k in range(5):  # sent before the capture joined: its first contact asks for them
+            pub.publish(batch(k), send=False)
+        fifth = pub.publish(batch(5))
+        t = threading.Thread(target=capture)
+        t.start()
+        deadline = time.monotonic() + 30
+        while t.is_alive() and time.monotonic() < deadline:
+            pub.resend(fifth)  # (until the subscription is live)
+            t.join(0.05)
+        assert not t.is_alive(), "the capture never stopped"
+    finally:
+        pub.close()
+    assert isinstance(result.get("raised"), KeyboardInterrupt)
+    got = run(tmp_path / "s.duckdb", "r1")
+    assert got["status"] == "failed" and got["summary"]["error"] == "KeyboardInterrupt: "
+    s = got["summary"]
+    # seqs 0-2 stored (a step and a publish each); 0 and 1 counted recovered, 2 stopped inside its own accept
+    assert (s["batches"], s["recovered"], s["spans"]) == (3, 2, count_spans(tmp_path / "s.duckdb", "r1")) == (3, 2, 6)

@@ -405,7 +405,9 @@ class VllmKVCapture:
                     continue
                 if s >= after:
                     began = time.monotonic()
-                    recovered += self._accept(s, payload)
+                    ok = self._accept(s, payload)
+                    recovered += ok
+                    self.stats.recovered += ok  # (counted as stored: a forced stop mid-answer keeps the count)
                     accepted.add(s)
                     after = s + 1
                     if self.flush_due(began):
@@ -418,8 +420,10 @@ class VllmKVCapture:
                     late[s] = payload
         if restarted:
             return True
-        recovered += sum(self._accept(s, late[s]) for s in sorted(late))
-        self.stats.recovered += recovered
+        for s in sorted(late):
+            ok = self._accept(s, late[s])
+            recovered += ok
+            self.stats.recovered += ok
         if not known:
             pass
         elif lost_if_missing:
@@ -538,9 +542,16 @@ def capture_vllm(endpoint: str, replay_endpoint: str | None = None, *, store_pat
                     on_ready(cap)
             with sigterm_as_interrupt():
                 run_captures(caps, duration, should_stop)
-        finally:
+        except BaseException as exc:
+            # (a second Ctrl-C, an error): the run failed, its counts kept beside the error, where
+            # the store's own failure summary held the error alone (every count of what was stored gone)
             for cap in caps:
                 cap.close()
+            counts: dict[str, Any] = CaptureStats.total([c.stats for c in caps], run_id).counts()
+            store.finish_run(run_id, status="failed", summary={**counts, "error": f"{type(exc).__name__}: {exc}"})
+            raise
+        for cap in caps:
+            cap.close()
         stats = CaptureStats.total([c.stats for c in caps], run_id)
         trace = native_requests(tracers) if trace_out is not None and tracers else None
         if trace is not None:
