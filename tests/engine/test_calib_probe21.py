@@ -163,3 +163,20 @@ def test_groups_of_attention_alone_get_no_state_budget_of_the_preset():
     assert (halved.cache_config.num_gpu_blocks - 1) * 32 == (as_given - 1) * 64  # (the same tokens)
     hybrid = get_preset("kimi-hybrid", capacity_tokens=100_000)  # (its own groups: the budget is kept)
     assert hybrid.cache_config.num_gpu_blocks == 1 + cdiv(100_000, 512) + 2_048 and hybrid.state_blocks == 2_048
+
+
+def test_the_readme_figures_of_an_external_hit_are_the_8b_models():
+    """The README said prefilling a 1,280-token hit costs about 15 ms: token_ns alone. The
+    model charges those tokens past the knee and their pairs too: what the hit saves a
+    2,048-token prompt is about 27 ms."""
+    from kvtrace.engine.clock import COST_MODELS, prefill_pairs
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    said = re.search(r"A\s+1,280-token external hit on the 8B then costs ([\d.]+) ms where prefilling it costs "
+                     r"about ([\d.]+) ms", readme)
+    assert said is not None
+    m, hit, prompt = COST_MODELS["h200-dense-8b"], 1_280, 2_048
+    saved = m.step_ns(prompt, prefill_pairs(0, prompt), 0, 0, 0, 0) - m.step_ns(
+        prompt - hit, prefill_pairs(hit, prompt - hit), 0, 0, 0, 0)
+    assert said.group(1) == f"{m.kv_load_ns * hit / 1e6:.1f}"
+    assert said.group(2) == f"{saved / 1e6:.0f}"
