@@ -26,7 +26,7 @@ import duckdb
 from kvtrace.store.backend import duckdb_path_problem
 from kvtrace.store.errors import DAMAGED, StoreBusyError, StoreError
 from kvtrace.store.layout import check_layout
-from kvtrace.store.schema import META_TABLE, meta_version
+from kvtrace.store.schema import META_TABLE, meta_rows, meta_version
 
 DEFAULT_TIMEOUT_S = 30.0
 _FIRST_BACKOFF_S = 0.005
@@ -219,7 +219,7 @@ def check_store(con: duckdb.DuckDBPyConnection, path: str) -> int:
         raise StoreError(path, f"{DAMAGED}: table {META_TABLE} has no key and value columns") from None
     except duckdb.Error as err:
         raise _classify(path, err) from None
-    version = meta_version(dict(rows), path)
+    version = meta_version(meta_rows(rows, path), path)
     check_layout(con, path, version)
     return version
 

@@ -242,6 +242,23 @@ META_TABLE = "kvtrace_meta"
 STORE_MAGIC = "kvtrace-store"
 
 
+def meta_rows(rows, label: str) -> dict:
+    """A store's ``kvtrace_meta`` rows (key, value) as a dict; StoreError for a key given
+    twice with two values (a hand-edited table, or one ClickHouse keeps no key on): the
+    last row read won, so a store of versions 3 and 4 was read as whichever came last.
+    The same value twice (two writers that made one ClickHouse store at once) is one."""
+    from kvtrace.names import cut_middle
+    from kvtrace.store.errors import DAMAGED, StoreError
+
+    meta: dict = {}
+    for key, value in rows:
+        if key in meta and meta[key] != value:
+            shown = cut_middle(f"{meta[key]!r} and {value!r}", 160)
+            raise StoreError(label, f"{DAMAGED} ({META_TABLE}.{cut_middle(str(key), 80)} is given twice: {shown})")
+        meta[key] = value
+    return meta
+
+
 def meta_version(meta: dict, label: str) -> int:
     """The schema version a store's ``kvtrace_meta`` rows (key -> value) declare, on either
     backend; StoreError for a table that is another program's, damaged or too new."""

@@ -7,7 +7,7 @@ from kvtrace.store import derived, dialect
 from kvtrace.store.clickhouse import client
 from kvtrace.store.clickhouse.schema import derived_columns, store_tables
 from kvtrace.store.errors import DAMAGED, StoreError
-from kvtrace.store.schema import META_TABLE, SCHEMA_VERSION, SPAN_TABLES, TIME_OFFSET_COLUMN, meta_version
+from kvtrace.store.schema import META_TABLE, SCHEMA_VERSION, SPAN_TABLES, TIME_OFFSET_COLUMN, meta_rows, meta_version
 from kvtrace.store.state import chdb_catalog_state
 
 
@@ -17,7 +17,7 @@ def check_meta(con: client.ClickHouseConnection, label: str) -> int | None:
     if META_TABLE not in con.table_names():
         return None
     _check_no_broken_parts(con, label)  # (first: a broken part of the meta table reads as no magic)
-    meta = dict(con.ch_frame(f"SELECT key, value FROM {META_TABLE}").rows())
+    meta = meta_rows(con.ch_frame(f"SELECT key, value FROM {META_TABLE}").rows(), label)
     if not meta:  # (its rows are a store's creation's last step: a creation cut short, see init_schema)
         return None
     version = meta_version(meta, label)
