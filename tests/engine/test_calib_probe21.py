@@ -180,3 +180,21 @@ def test_the_readme_figures_of_an_external_hit_are_the_8b_models():
         prompt - hit, prefill_pairs(hit, prompt - hit), 0, 0, 0, 0)
     assert said.group(1) == f"{m.kv_load_ns * hit / 1e6:.1f}"
     assert said.group(2) == f"{saved / 1e6:.0f}"
+
+
+def test_the_config_schema_the_readme_points_to_names_every_key_the_reader_takes(tmp_path):
+    """README: '--config FILE.toml (... schema in kvtrace/replay/config_file.py)'; its
+    [scheduler] example left out max_model_len and enable_chunked_prefill, which it reads."""
+    from kvtrace.replay import config_file
+
+    schema = config_file.__doc__ or ""
+    for section, keys in (("cache", config_file._CACHE_KEYS), ("scheduler", config_file._SCHEDULER_KEYS)):
+        table = schema[schema.index(f"[{section}]"):]
+        table = table[:table.index("\n\n")]
+        for key in keys:
+            assert re.search(rf"^{key} = ", table, flags=re.M), (section, key)
+    document = schema[schema.index("```toml") + len("```toml"):schema.index("```\n\nUnknown")]
+    path = tmp_path / "example.toml"
+    path.write_text(document)
+    loaded = load_config_file(path)  # (the example is a file the reader takes)
+    assert set(loaded.scheduler) == set(config_file._SCHEDULER_KEYS)
