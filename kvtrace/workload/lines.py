@@ -158,7 +158,15 @@ def decode_error(path: str, line: int | None, err: Exception, text: str = "") ->
     if lone:
         return TraceFormatError(path, line, f"invalid JSON: {lone.group()} is half a UTF-16 surrogate pair, "
                                             "which no text holds")
+    trailing = _TRAILING_AT.search(str(err))
+    if trailing and text.encode("utf-8", "surrogatepass")[:int(trailing.group(1)) - 1].rstrip(b" \t").endswith(b"\r"):
+        # (lines that end in CR alone, as old Mac files' do, were read as one line of requests)
+        return TraceFormatError(path, line, f"invalid JSON: {err}, after a carriage return (\\r): lines must end "
+                                            "in LF or CRLF, not in CR alone")
     return TraceFormatError(path, line, f"invalid JSON: {err}")
+
+
+_TRAILING_AT = re.compile(r"trailing characters \(byte (\d+)\)")
 
 
 # Floats up to 2^53 are exact integers; past it a double may be an id or a length that was

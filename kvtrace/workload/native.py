@@ -46,10 +46,12 @@ from collections.abc import Iterable, Iterator
 
 import msgspec
 
-from kvtrace.errors import TraceFormatError
+from kvtrace.errors import KVTraceError, TraceFormatError
+from kvtrace.names import printable
 from kvtrace.workload.lines import (
     JSON_ERRORS,
     MAX_ID,
+    MAX_LINE_BYTES,
     VOCAB_SIZE,
     ArrivalOrder,
     AtomicText,
@@ -229,6 +231,12 @@ def write_native(requests: Iterable[TraceRequest], path: str | os.PathLike, *, h
     with AtomicText(path, sources) as f:
         f.write(_encode(head) + b"\n")
         for req in requests:
-            f.write(_encode(native_record(req)) + b"\n")
+            line = _encode(native_record(req))
+            if len(line) >= MAX_LINE_BYTES:  # (with its newline, past what every reader takes)
+                raise KVTraceError(
+                    f"{printable(os.fspath(path))}: request {printable(req.request_id)[:80]} would be a line of "
+                    f"{len(line) + 1:,} bytes, past the {MAX_LINE_BYTES >> 20} MiB a trace line may hold (no reader "
+                    "would take it back); nothing written (a larger block size gives fewer hash ids)")
+            f.write(line + b"\n")
             n += 1
     return n

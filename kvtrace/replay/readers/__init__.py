@@ -23,6 +23,7 @@ from kvtrace.replay.readers.weka import read_weka, weka_files
 from kvtrace.workload import TraceRequest
 from kvtrace.workload.lines import (
     JSON_ERRORS,
+    MAX_TOKENS,
     LineTooLong,
     compressed_problem,
     decode_error,
@@ -109,8 +110,12 @@ def open_trace(
         if fmt not in BLOCK_SIZE_OPTION:
             raise TraceFormatError(path, None, f"block_size (--trace-block-size): the {fmt} format carries its own "
                                                "block size")
-        if not isinstance(block_size, int) or block_size < 1:
+        if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
             raise TraceFormatError(path, None, f"block_size: expected an int >= 1, got {block_size!r}")
+        if block_size > MAX_TOKENS:  # (bounded as a file's own block_size is: a native trace written at
+            # 2^40 was refused by its own reader, and an engine replay hashed a trace block's 2^34 units)
+            raise TraceFormatError(path, None, f"block_size (--trace-block-size): {block_size:,} is beyond what "
+                                               f"kvtrace can replay (at most {MAX_TOKENS:,} tokens)")
         if block_size != BLOCK_SIZE_OPTION[fmt]:  # (the default given: the same reading, the same trace)
             options["block_size"] = block_size
     files = weka_files(path) if fmt == "weka" else None

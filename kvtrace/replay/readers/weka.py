@@ -41,6 +41,7 @@ from kvtrace.workload import TraceRequest
 from kvtrace.workload.lines import (
     COMPRESSED_SUFFIXES,
     MAX_TIME_NS,
+    MAX_TOKENS,
     ArrivalOrder,
     LineDecoder,
     S,
@@ -125,9 +126,11 @@ def _skip_ws(text: str, i: int) -> int:
     return i
 
 
-def request_line(text: str, index: int) -> int | None:
-    """1-based line where ``requests[index]`` starts (error path only; walks the JSON)."""
+def _top_level_value(text: str, key: str) -> int | None:
+    """Where the value of the top-level ``key`` starts in the JSON object ``text`` (its last
+    one, as the decoder reads a repeated key), or None (error path only; walks the JSON)."""
     dec = json.JSONDecoder()
+    found = None
     try:
         i = _skip_ws(text, 0)
         if text[i] != "{":
@@ -136,28 +139,47 @@ def request_line(text: str, index: int) -> int | None:
         while True:
             i = _skip_ws(text, i)
             if text[i] == "}":
-                return None
-            key, i = dec.raw_decode(text, i)
+                return found
+            name, i = dec.raw_decode(text, i)
             i = _skip_ws(text, i) + 1  # ':'
             i = _skip_ws(text, i)
-            if key == "requests" and text[i] == "[":
-                i += 1
-                k = 0
-                while True:
-                    i = _skip_ws(text, i)
-                    if text[i] == "]":
-                        return None
-                    if k == index:
-                        return text.count("\n", 0, i) + 1
-                    _, i = dec.raw_decode(text, i)
-                    i = _skip_ws(text, i)
-                    if text[i] == ",":
-                        i += 1
-                    k += 1
+            if name == key:
+                found = i
             _, i = dec.raw_decode(text, i)
             i = _skip_ws(text, i)
             if text[i] == ",":
                 i += 1
+    except (ValueError, IndexError):
+        return found
+
+
+def key_line(text: str, key: str) -> int:
+    """1-based line of the top-level ``key``'s value (a pretty-printed file's ``block_size``
+    on line 14 was named at line 1); 1 where it is not found."""
+    at = _top_level_value(text, key)
+    return 1 if at is None else text.count("\n", 0, at) + 1
+
+
+def request_line(text: str, index: int) -> int | None:
+    """1-based line where ``requests[index]`` starts (error path only; walks the JSON)."""
+    dec = json.JSONDecoder()
+    i = _top_level_value(text, "requests")
+    try:
+        if i is None or text[i] != "[":
+            return None
+        i += 1
+        k = 0
+        while True:
+            i = _skip_ws(text, i)
+            if text[i] == "]":
+                return None
+            if k == index:
+                return text.count("\n", 0, i) + 1
+            _, i = dec.raw_decode(text, i)
+            i = _skip_ws(text, i)
+            if text[i] == ",":
+                i += 1
+            k += 1
     except (ValueError, IndexError):
         return None
 
@@ -185,7 +207,8 @@ def _load(path: str) -> tuple[str, WekaFile]:
         return text, LineDecoder(WekaFile).decode(text)
     except msgspec.ValidationError as e:
         m = re.search(r"\$\.requests\[(\d+)\]", str(e))
-        line = request_line(text, int(m.group(1))) if m else 1
+        top = re.search(r"`\$\.([A-Za-z_]+)`", str(e))  # (a top-level key's: block_size, id)
+        line = request_line(text, int(m.group(1))) if m else key_line(text, top.group(1)) if top else 1
         raise TraceFormatError(path, line, str(e)) from None
     except RecursionError:
         raise TraceFormatError(path, None, "invalid JSON: nested too deeply") from None
@@ -202,10 +225,11 @@ def read_weka_file(path: str, rank: int = 0) -> Iterator[tuple[int, int, int, Tr
     arrival (a sub-agent's requests joined into the parent's timeline; ties in file order)."""
     text, conv = _load(path)
     bs = conv.block_size
-    if bs <= 0:
-        raise TraceFormatError(path, 1, f"block_size: expected > 0, got {bs}")
-    # (bounded as every format's: 2^62 was refused by cache-only mode without the file named)
-    check_int(path, 1, "block_size", bs, 1)
+    if not 0 < bs <= MAX_TOKENS:  # (bounded as every format's: 2^62 was refused by cache-only mode without
+        line = key_line(text, "block_size")  # the file named)
+        if bs <= 0:
+            raise TraceFormatError(path, line, f"block_size: expected > 0, got {bs}")
+        check_int(path, line, "block_size", bs, 1)
     tail_base = TAIL_ID_BASE
     if conv.hash_id_scope == "local":
         namespace = namespace_for(path)
@@ -213,7 +237,8 @@ def read_weka_file(path: str, rank: int = 0) -> Iterator[tuple[int, int, int, Tr
         namespace = 0
         tail_base += namespace_for(path) >> 2  # (< 2^61: with any index the id stays below 2^63)
     else:
-        raise TraceFormatError(path, 1, f"hash_id_scope: expected 'local' or 'global', got {conv.hash_id_scope!r}")
+        raise TraceFormatError(path, key_line(text, "hash_id_scope"),
+                               f"hash_id_scope: expected 'local' or 'global', got {conv.hash_id_scope!r}")
     stem = os.path.splitext(os.path.basename(path))[0]
     out: list[tuple[int, int, int, TraceRequest]] = []
     # Depth-first, in file order: a sub-agent's requests are numbered where its entry stands
