@@ -34,7 +34,7 @@ def collect(
         from kvtrace.errors import ConfigError  # (it was ignored without a word, even a port of -5)
 
         raise ConfigError("--grpc-port", str(grpc_port), "given with --no-grpc, which serves no gRPC port; drop one")
-    check_collector_options(port, grpc_port if grpc else None, max_body_bytes)  # (before the receiver loads)
+    check_collector_options(port, grpc_port if grpc else None, max_body_bytes, host)  # (before the receiver loads)
     # Before grpc loads: its C core wrote a stderr line for each malformed request any peer
     # sends (a bad grpc-encoding, say); the summary counts what kvtrace refuses. Set
     # GRPC_VERBOSITY to see gRPC's own lines again.

@@ -157,3 +157,27 @@ def test_a_capture_forced_to_stop_mid_answer_keeps_its_counts_in_the_failed_run(
     s = got["summary"]
     # seqs 0-2 stored (a step and a publish each); 0 and 1 counted recovered, 2 stopped inside its own accept
     assert (s["batches"], s["recovered"], s["spans"]) == (3, 2, count_spans(tmp_path / "s.duckdb", "r1")) == (3, 2, 6)
+
+
+def test_collect_refuses_a_blank_host_before_listening_anywhere(tmp_path):
+    """``--host ''`` (an unset ``$HOST``) bound the OTLP/HTTP server on every interface
+    (0.0.0.0) with --no-grpc, and with gRPC failed saying the address was in use."""
+    import subprocess
+    import sys
+
+    from kvtrace.errors import ConfigError
+    from kvtrace.instrument.otlp.collector import OTLPCollector
+
+    db = tmp_path / "c.duckdb"
+    for host in ("", "  "):
+        done = subprocess.run([sys.executable, "-m", "kvtrace.cli", "collect", "--db", str(db), "--host", host,
+                               "--port", "0", "--no-grpc"], capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 2 and done.stderr.splitlines() == [
+            f"kvtrace: error: --host: {host!r}: expected an address to listen on (0.0.0.0: every interface)"]
+    assert not db.exists()
+    try:
+        OTLPCollector(db, host="", port=0).stop()
+    except ConfigError as err:
+        assert "--host" in str(err)
+    else:
+        raise AssertionError("OTLPCollector(host='') served")

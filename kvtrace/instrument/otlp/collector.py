@@ -207,7 +207,7 @@ class OTLPCollector:
         ``read_timeout_s``: how long a client may take to send a request's head (and its
         body, plus its length at MIN_BODY_BYTES_PER_S). Raises KVTraceError when an address
         cannot be bound or an option is out of range."""
-        check_collector_options(port, grpc_port, max_body_bytes)
+        check_collector_options(port, grpc_port, max_body_bytes, host)
         self.store_path = str(store_path)
         self.max_body_bytes = max_body_bytes
         self.read_timeout_s = read_timeout_s

@@ -45,8 +45,13 @@ MAX_SPANS_PER_REQUEST = 65_536
 RECENT_SPANS = 2 * MAX_SPANS_PER_REQUEST
 
 
-def check_collector_options(port: int, grpc_port: int | None, max_body_bytes: int) -> None:
-    """KVTraceError naming the option when one is out of range (``grpc_port`` None: no gRPC)."""
+def check_collector_options(port: int, grpc_port: int | None, max_body_bytes: int, host: str | None = None) -> None:
+    """KVTraceError naming the option when one is out of range (``grpc_port`` None: no gRPC)
+    or ``host`` is blank: the HTTP server bound every interface for it (an unset shell
+    variable in ``--host "$HOST"`` exposed the receiver to the network), and gRPC failed
+    with "address in use or not available"."""
+    if host is not None and not host.strip():
+        raise ConfigError("--host", repr(host), "expected an address to listen on (0.0.0.0: every interface)")
     check_option("--port", port, 0, 65_535)
     if grpc_port is not None:
         check_option("--grpc-port", grpc_port, 0, 65_535)
