@@ -8,7 +8,10 @@ measurements come in three forms, each read into observations (``engine.costfit`
   ``decode_context_tokens``, optionally ``num_kv_copies``, ``num_state_copies``,
   ``num_kv_loads`` (tokens loaded from an external tier), ``num_state_loads``, and
   ``step_ms`` or ``step_ns`` (format: ``tests/data/calibration/README.md``). Each row is
-  one exact equation; data made by a known cost model gives that model back.
+  one exact equation; data made by a known cost model gives that model back. A row no
+  engine step could be (more decoding sequences than tokens, fewer prefill pairs than
+  prefill tokens, context without a decoding sequence: a column swapped) is refused at
+  its line.
 * **a ``vllm bench serve`` result** (``.json``, saved with ``--save-result
   --save-detailed``): per request ``input_lens``, ``output_lens``, ``ttfts`` and
   ``itls`` (seconds). A TTFT is the request's prefill, in chunks of
