@@ -71,8 +71,13 @@ def capture_vllm(
     """Record a live vLLM server's KV events into the store. Exits 1 when no publisher
     was ever reached (nothing was listening there); a reached but idle server is not an
     error (the run's summary says nothing_received)."""
+    from kvtrace.errors import ConfigError
     from kvtrace.instrument.vllm.endpoints import capture_endpoints
 
+    for option, address in (("--endpoint", endpoint), ("--replay-endpoint", replay_endpoint)):
+        if address is not None and address.startswith("inproc://"):  # (it recorded a run of nothing, exit 1)
+            raise ConfigError(option, address, "inproc:// reaches sockets of this process only, never a vLLM "
+                                               "server's: give its tcp:// or ipc:// endpoint")
     capture_endpoints(endpoint, replay_endpoint, duration, dp_size)  # (before ZMQ and the store load)
     if trace_out is not None:  # before anything is received (a store there would be lost)
         from kvtrace.store.backend import is_clickhouse

@@ -181,3 +181,25 @@ def test_collect_refuses_a_blank_host_before_listening_anywhere(tmp_path):
         assert "--host" in str(err)
     else:
         raise AssertionError("OTLPCollector(host='') served")
+
+
+def test_capture_refuses_endpoints_no_vllm_server_can_be_reached_at(tmp_path):
+    """``inproc://`` (sockets of this process only) recorded a run of nothing and exit 1; vLLM's
+    own bind address ``tcp://*:5557``, copied, was ZMQ's bare "Invalid argument"."""
+    import subprocess
+    import sys
+
+    db = tmp_path / "c.duckdb"
+    for args, flag, why in (
+            (["--endpoint", "inproc://kv"], "--endpoint", "inproc:// reaches sockets of this process only"),
+            (["--endpoint", "tcp://127.0.0.1:5557", "--replay-endpoint", "inproc://r"], "--replay-endpoint",
+             "inproc:// reaches sockets of this process only"),
+            (["--endpoint", "tcp://*:5557"], "--endpoint", "'*' is where vLLM binds (every interface); connect to "
+                                                           "the server's address, e.g. tcp://127.0.0.1:5557"),
+    ):
+        done = subprocess.run([sys.executable, "-m", "kvtrace.cli", "capture", "vllm", "--db", str(db), *args,
+                               "--duration", "0"], capture_output=True, text=True, timeout=60, check=False)
+        lines = done.stderr.splitlines()
+        assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"kvtrace: error: {flag}: "), lines
+        assert why in lines[0]
+    assert not db.exists()

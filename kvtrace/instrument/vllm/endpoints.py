@@ -30,6 +30,9 @@ def dp_endpoint(endpoint: str | None, rank: int, option: str = "--endpoint") -> 
         raise ConfigError(option, endpoint, "expected tcp://HOST:PORT, ipc://PATH or inproc://NAME")
     if not 1 <= int(port) <= 65_535:
         raise ConfigError(option, endpoint, f"port {port} is outside 1..65535")
+    if host == "*":  # (vLLM's own setting, copied: ZMQ said only "Invalid argument")
+        raise ConfigError(option, endpoint, f"'*' is where vLLM binds (every interface); connect to the server's "
+                                            f"address, e.g. tcp://127.0.0.1:{port}")
     if rank == 0:
         return endpoint
     if int(port) + rank > 65_535:
