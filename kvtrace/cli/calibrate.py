@@ -58,6 +58,9 @@ def calibrate(
         digits = lambda s: s.isascii() and s.isdigit() and len(s) <= 9  # ('²'.isdigit() holds)
         if not sep or not digits(e) or not digits(k) or not 1 <= int(k) <= int(e) <= MAX_EXPERTS:
             raise KVTraceError(f"--moe: {experts}: expected E:K with 1 <= K <= E <= {MAX_EXPERTS:,}, e.g. 256:8")
+        if int(k) == int(e):  # (the fit said only that it "cannot tell step_overhead_ns and moe_expert_ns apart")
+            raise KVTraceError(f"--moe: {experts}: with K = E every step touches all {int(e):,} experts, a constant "
+                               "the step overhead already holds; expected K < E")
         template = CostModel(name, 0, 0, 0, 0, 0, num_experts=int(e), experts_per_token=int(k))
     if out is not None:  # before the fit: a store or an input there is refused at once
         AtomicText(out, sources).check()

@@ -198,3 +198,13 @@ def test_the_config_schema_the_readme_points_to_names_every_key_the_reader_takes
     path.write_text(document)
     loaded = load_config_file(path)  # (the example is a file the reader takes)
     assert set(loaded.scheduler) == set(config_file._SCHEDULER_KEYS)
+
+
+@pytest.mark.parametrize("moe", ["1:1", "8:8", "65536:65536"])
+def test_moe_with_every_expert_per_token_is_refused_at_the_flag(capsys, moe):
+    """K = E: the experts-touched term is E in every step, which no fit tells from the
+    step overhead; the fit was run and said only that the two could not be told apart."""
+    steps = Path(__file__).resolve().parents[1] / "data" / "calibration" / "aic-h200-llama-3.1-8b-tp1.csv"
+    code, stdout, err = run(["calibrate", "--from", str(steps), "--moe", moe], capsys)
+    assert_one_line(code, err, f"--moe: {moe}: with K = E every step touches all", "expected K < E")
+    assert stdout == ""
