@@ -22,7 +22,8 @@ def conformance(
              "KV cache group; repeatable: one comparison per size (default: the preset's).")] = [],  # noqa: B006
     concurrency: Annotated[int, typer.Option(metavar="N", min=1, help="Requests in the system at once.")] = 8,
     max_output_tokens: Annotated[int, typer.Option(
-        metavar="N", min=1, help="Decode steps per request at most (the trace's output length otherwise).")] = 4,
+        metavar="N", min=1, help="Output tokens per request: the trace's output length (at least 1), capped at N "
+                                 "(each token after the first is a decode step).")] = 4,
     as_json: Json = False,
 ) -> None:
     """Drive kvtrace's cache manager and vLLM's own KVCacheManager with the same requests

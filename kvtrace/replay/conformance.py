@@ -39,7 +39,10 @@ two call sequences part: the run stops there (the rest is not compared).
 
 With behaviours switched off kvtrace is expected to differ: the report names the
 switches whose old behaviour had acted (``CacheStats.old_behaviour_acted``) by the
-first disagreement, or says that none had.
+first disagreement, or says that none had; and it names the switched-off behaviours whose
+old code never acted at all (``never_acted``: an agreement says nothing of them).
+A disagreement on ``events`` or ``cached_keys`` gives what each side alone holds: how many
+entries (``only_in``) and the first ``SHOWN`` of them.
 """
 
 from __future__ import annotations
@@ -78,6 +81,9 @@ class ConformanceSpec:
     seed: int = 0
 
 
+SHOWN = 8  # entries of a set-valued field's difference shown (the first, sorted)
+
+
 @dataclass
 class Disagreement:
     field: str
@@ -85,10 +91,16 @@ class Disagreement:
     request_id: str | None
     vllm: Any
     kvtrace: Any
+    # ``events`` and ``cached_keys``: how many entries each side holds that the other does not
+    # (``vllm`` and ``kvtrace`` are then the first ``SHOWN`` of them, not the side's whole value)
+    only: tuple[int, int] | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"field": self.field, "step": self.step, "request_id": self.request_id,
-                "vllm": _jsonable(self.vllm), "kvtrace": _jsonable(self.kvtrace)}
+        out = {"field": self.field, "step": self.step, "request_id": self.request_id,
+               "vllm": _jsonable(self.vllm), "kvtrace": _jsonable(self.kvtrace)}
+        if self.only is not None:
+            out["only_in"] = {"vllm": self.only[0], "kvtrace": self.only[1]}
+        return out
 
 
 @dataclass
@@ -110,6 +122,7 @@ class ConformanceRun:
     evictions: int = 0  # keys vLLM removed (BlockRemoved entries)
     unschedulable: int = 0  # requests larger than the whole pool: skipped in both
     explained_by: list[dict[str, Any]] = field(default_factory=list)  # switched-off behaviours that acted
+    never_acted: list[str] = field(default_factory=list)  # switched-off behaviours whose old code never acted
 
     @property
     def disagreements(self) -> int:
@@ -126,7 +139,7 @@ class ConformanceRun:
             "first_disagreement": self.first.as_dict() if self.first else None,
             "first_by_field": {f: d.as_dict() for f, d in self.first_by_field.items()},
             "stopped": self.stopped,
-            "explained_by": self.explained_by,
+            "explained_by": self.explained_by, "never_acted": self.never_acted,
             "preemptions": self.preemptions, "refusals": self.refusals, "copies": self.copies,
             "evictions": self.evictions, "unschedulable": self.unschedulable,
         }
@@ -190,13 +203,13 @@ class _Driver:
 
     # -- comparisons ----------------------------------------------------------------
     def compare(self, name: str, request_id: str | None, vllm_value: Any, kvtrace_value: Any,
-                hard: bool = False) -> bool:
+                hard: bool = False, only: tuple[int, int] | None = None) -> bool:
         run = self.run
         run.compared[name] += 1
         if vllm_value == kvtrace_value:
             run.agreed[name] += 1
             return True
-        d = Disagreement(name, self.step, request_id, vllm_value, kvtrace_value)
+        d = Disagreement(name, self.step, request_id, vllm_value, kvtrace_value, only)
         run.first_by_field.setdefault(name, d)
         if run.first is None:
             run.first = d
@@ -392,8 +405,10 @@ class _Driver:
         ours = Counter(kvtrace_event_keys(self.kv_events, self.convert))
         self.kv_events.clear()
         if theirs != ours:
-            self.compare("events", None, sorted((theirs - ours).elements(), key=repr)[:8],
-                         sorted((ours - theirs).elements(), key=repr)[:8])
+            vllm_only, kvtrace_only = theirs - ours, ours - theirs
+            self.compare("events", None, sorted(vllm_only.elements(), key=repr)[:SHOWN],
+                         sorted(kvtrace_only.elements(), key=repr)[:SHOWN],
+                         only=(vllm_only.total(), kvtrace_only.total()))
         else:
             self.compare("events", None, 0, 0)
         self.vm.new_step_starts()
@@ -405,13 +420,14 @@ class _Driver:
                 sfx = suffix[g]
                 kv_keys.update([h + sfx for h in cached])  # type: ignore[operator, misc]  # vLLM hashes: bytes
         if vm_keys != kv_keys:
-            self.compare("cached_keys", None, _keys(vm_keys - kv_keys), _keys(kv_keys - vm_keys))
+            vm_alone, kv_alone = vm_keys - kv_keys, kv_keys - vm_keys
+            self.compare("cached_keys", None, _keys(vm_alone), _keys(kv_alone), only=(len(vm_alone), len(kv_alone)))
         else:
             self.compare("cached_keys", None, len(vm_keys), len(kv_keys))
 
 
 def _keys(keys: set[bytes]) -> list[tuple[int, str]]:
-    return sorted((int.from_bytes(k[-4:], "big"), k[:-4].hex()[:16]) for k in keys)[:8]
+    return sorted((int.from_bytes(k[-4:], "big"), k[:-4].hex()[:16]) for k in keys)[:SHOWN]
 
 
 def hash_token(request_id: str, index: int) -> int:
@@ -461,6 +477,8 @@ def run_conformance(spec: ConformanceSpec, api=None) -> ConformanceResult:
         run = driver.drive(workload.requests)
         if run.first is not None:
             run.explained_by = _explanations(driver.kv, run.first.step)
+        acted = {behaviour for _, _, behaviour in driver.kv.stats.old_behaviour_acted}
+        run.never_acted = sorted(ALL_BEHAVIOURS - cc.behaviours - acted)
         runs.append(run)
     return ConformanceResult(spec.trace, preset_name, api.version, runs)
 
@@ -473,6 +491,10 @@ def _explanations(kv: KVCacheManager, step: int) -> list[dict[str, Any]]:
         if s <= step and behaviour not in seen:
             seen[behaviour] = {"behaviour": behaviour, "step": s, "request_id": rid}
     return list(seen.values())
+
+
+# what one entry of a set-valued field is, as the report counts them
+_ENTRIES = {"events": "event entries (operation, group, hash)", "cached_keys": "cached keys (group, hash)"}
 
 
 def format_report(result: ConformanceResult) -> list[str]:
@@ -488,6 +510,9 @@ def format_report(result: ConformanceResult) -> list[str]:
         if off:
             head += f"  (switched off: {', '.join(off)})"
         lines.append(head)
+        if run.never_acted:  # an agreement says nothing of these switches
+            lines.append(f"  never acted here (switched off, but the old code took no other path): "
+                         f"{', '.join(run.never_acted)}")
         for f in FIELDS:
             c, a = run.compared[f], run.agreed[f]
             mark = "" if a == c else f"   <- {c - a} disagree"
@@ -496,8 +521,14 @@ def format_report(result: ConformanceResult) -> list[str]:
             d = run.first
             lines.append(f"  first disagreement: {d.field} at step {d.step}"
                          + (f", request {d.request_id}" if d.request_id else ""))
-            lines.append(f"    vLLM:    {_jsonable(d.vllm)}")
-            lines.append(f"    kvtrace: {_jsonable(d.kvtrace)}")
+            if d.only is None:
+                lines.append(f"    vLLM:    {_jsonable(d.vllm)}")
+                lines.append(f"    kvtrace: {_jsonable(d.kvtrace)}")
+            else:  # set differences: what each side holds that the other does not
+                for who, n, shown in (("vLLM", d.only[0], d.vllm), ("kvtrace", d.only[1], d.kvtrace)):
+                    part = f"{len(shown)} shown: " if n > len(shown) else ""
+                    lines.append(f"    only in {who + ':':9s}{n:,} {_ENTRIES[d.field]}"
+                                 + (f" ({part}{_jsonable(shown)})" if n else ""))
             if off:
                 if run.explained_by:
                     for e in run.explained_by:
