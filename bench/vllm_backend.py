@@ -49,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 
 from kvtrace.engine import Engine
 from kvtrace.engine.backends.vllm import load_vllm
+from kvtrace.names import PRESETS
 from kvtrace.replay.run import RunSpec, engine_preset, open_workload
 
 TRACE = ROOT / "tests" / "data" / "mooncake_synthetic_trace.jsonl"
@@ -175,8 +176,11 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--limit", type=int, default=1000)
     ap.add_argument("--repeat", type=int, default=2)
-    ap.add_argument("--preset", default="kimi-hybrid")
+    ap.add_argument("--preset", default="kimi-hybrid", choices=PRESETS)
     args = ap.parse_args()
+    for flag, value in (("--limit", args.limit), ("--repeat", args.repeat)):
+        if value < 1:  # (--repeat 0 ended in a KeyError traceback after the runs, --limit 0 in a ConfigError's)
+            ap.error(f"argument {flag}: {value} is below 1")
     api = load_vllm()
     import vllm
 
