@@ -15,6 +15,7 @@ import contextlib
 import errno
 import functools
 import hashlib
+import json
 import math
 import operator
 import os
@@ -218,23 +219,94 @@ class LineDecoder:
     NaN). The strict decoder reads every line first; only a line it refuses for a float is
     decoded again, by a twin taking floats there, so traces of ints cost nothing more."""
 
-    __slots__ = ("decoder", "lenient", "schema")
+    __slots__ = ("decoder", "keys", "lenient", "schema")
 
     def __init__(self, schema: type[T]):
         self.schema = schema
         self.decoder = msgspec.json.Decoder(schema)
         self.lenient: msgspec.json.Decoder = msgspec.json.Decoder(_lenient_struct(schema))  # type: ignore[arg-type]
+        self.keys = _field_names(schema)
 
     def decode(self, text: str | bytes):
         try:
-            return self.decoder.decode(text)
+            value = self.decoder.decode(text)
         except msgspec.ValidationError as e:
             if "got `float`" not in str(e):
                 raise
-        # (by the twin: every other fault named at its path as the strict decoder names it;
-        # a float that is no exact integer is then refused at its path by convert)
-        twin = self.lenient.decode(text)
-        return msgspec.convert(integral_floats(msgspec.to_builtins(twin)), self.schema)
+            # (by the twin: every other fault named at its path as the strict decoder names it;
+            # a float that is no exact integer is then refused at its path by convert)
+            twin = self.lenient.decode(text)
+            value = msgspec.convert(integral_floats(msgspec.to_builtins(twin)), self.schema)
+        refuse_repeated_keys(text, self.keys)
+        return value
+
+
+def _field_names(schema) -> frozenset[str]:
+    """The JSON keys ``schema`` reads, its nested Structs' included."""
+    names: set[str] = set()
+    todo = [schema]
+    while todo:
+        tp = todo.pop()
+        if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
+            for f in msgspec.structs.fields(tp):
+                if f.encode_name not in names:
+                    names.add(f.encode_name)
+                    todo.append(f.type)
+        else:
+            todo.extend(typing.get_args(tp))
+    return frozenset(names)
+
+
+@functools.cache
+def _quoted(keys: frozenset[str]) -> tuple[tuple[str, ...], tuple[bytes, ...]]:
+    return tuple(f'"{k}"' for k in keys), tuple(f'"{k}"'.encode() for k in keys)
+
+
+class _Repeated(Exception):
+    pass
+
+
+def _shown(value: object) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _refuse_pairs(keys: frozenset[str]):
+    def hook(pairs: list[tuple[str, object]]) -> dict:
+        seen: dict[str, object] = {}
+        for name, value in pairs:
+            if name in seen and name in keys and _differ(seen[name], value):
+                raise _Repeated(name, seen[name], value)
+            seen[name] = value
+        return seen
+    return hook
+
+
+def _differ(a: object, b: object) -> bool:
+    """Two JSON values that are not the same value (1 and 1.0 are; true and 1 are not)."""
+    return (type(a) is not type(b) and not {type(a), type(b)} <= {int, float}) or a != b
+
+
+def refuse_repeated_keys(text: str | bytes, keys: frozenset[str]) -> None:
+    """A ValidationError when one JSON object of ``text`` (valid JSON, decoded already) gives
+    a key of ``keys`` twice with two values: JSON leaves which one counts to the reader, and msgspec took the
+    last unsaid (a trace's ``"timestamp": 0, "timestamp": 5``). Cheap where no key is written
+    twice in the whole text (a line's usual case); parsed again otherwise."""
+    quoted = _quoted(keys)
+    if isinstance(text, str):
+        if not any(text.count(k) > 1 for k in quoted[0]):
+            return
+    elif not any(text.count(k) > 1 for k in quoted[1]):
+        return
+    try:
+        json.loads(text, object_pairs_hook=_refuse_pairs(keys))
+    except _Repeated as e:
+        name, first, then = e.args
+        raise msgspec.ValidationError(f"key `{name}` given twice in one object, as {_shown(first)} and then "
+                                      f"{_shown(then)}; JSON leaves which one counts undefined, so kvtrace takes "
+                                      "neither") from None
+    except (ValueError, RecursionError):  # (msgspec read it: nothing more to say here)
+        return
 
 
 def typed_lines(path: str, schema: type[T]) -> Iterator[tuple[int, T]]:

@@ -61,11 +61,13 @@ from kvtrace.workload.lines import (
     decode_error,
     integral_floats,
     numbered_lines,
+    refuse_repeated_keys,
 )
 from kvtrace.workload.request import TraceRequest
 
 FORMAT_VERSION = 1
 HEADER_KEY = "kvtrace_trace"
+_HEADER_KEYS = frozenset((HEADER_KEY, "block_size"))  # the header's keys a reader reads
 
 
 class NativeLine(msgspec.Struct, forbid_unknown_fields=True):
@@ -98,6 +100,7 @@ def check_cache_salt(path: str, line: int, salt: str | None) -> str | None:
 def parse_header(path: str, lineno: int, text: str) -> dict:
     try:
         header = msgspec.json.decode(text)
+        refuse_repeated_keys(text, _HEADER_KEYS)  # (the rest is free metadata, kept as decoded)
     except JSON_ERRORS as e:
         raise decode_error(path, lineno, e, text) from None
     if not isinstance(header, dict) or HEADER_KEY not in header:

@@ -122,9 +122,10 @@ def test_a_top_level_key_of_a_pretty_weka_file_is_named_at_its_line(tmp_path: Pa
 
 
 def test_a_repeated_weka_key_is_named_where_the_value_read_stands(tmp_path: Path):
-    """msgspec reads a repeated key's last value: the line named is that one's."""
+    """msgspec reads a repeated key's last value (the same one twice is taken): the line named
+    is that one's."""
     path = tmp_path / "c.json"
-    path.write_text('{\n"block_size": 16,\n"requests": [],\n"block_size": 0\n}\n')
+    path.write_text('{\n"block_size": 0,\n"requests": [],\n"block_size": 0\n}\n')
     with pytest.raises(TraceFormatError) as err:
         read_trace(path)
     assert err.value.line == 4 and "block_size: expected > 0" in err.value.what
@@ -150,3 +151,51 @@ def test_trailing_characters_without_a_carriage_return_get_no_such_hint(tmp_path
     with pytest.raises(TraceFormatError) as err:
         read_trace(path, "mooncake")
     assert "trailing characters" in err.value.what and "carriage return" not in err.value.what
+
+
+# -- a key given twice with two values ---------------------------------------------------
+
+NATIVE_HEAD = '{"kvtrace_trace": 1, "block_size": 512}\n'
+NATIVE_LINE = '{"arrival_ns": 0, "input_length": 500, "output_length": 1, "hash_ids": [7]'
+BAILIAN_LINE = ('{"chat_id": 0, "parent_chat_id": -1, "timestamp": 0, "input_length": 16, "output_length": 1, '
+                '"hash_ids": [7]')
+
+
+@pytest.mark.parametrize("name,text,line,key", [
+    ("t.jsonl", '{"timestamp": 0, "timestamp": 5, "input_length": 500, "output_length": 1, "hash_ids": [7]}\n', 1,
+     "timestamp"),
+    ("t.jsonl", json.dumps(ONE_ID) + "\n" + json.dumps(ONE_ID)[:-1] + ', "hash_ids": [8]}\n', 2, "hash_ids"),
+    ("b.jsonl", BAILIAN_LINE + ', "chat_id": 3}\n', 1, "chat_id"),
+    ("n.jsonl", NATIVE_HEAD + NATIVE_LINE + ', "arrival_ns": 5}\n', 2, "arrival_ns"),
+    ("n.jsonl", '{"kvtrace_trace": 1, "block_size": 16, "block_size": 512}\n' + NATIVE_LINE + "}\n", 1, "block_size"),
+    ("c.json", '{"block_size": 16, "requests": [], "block_size": 32}', 1, "block_size"),
+    ("c.json", '{"block_size": 16, "requests": [{"t": 0, "in": 20, "out": 1, "out": 9, "hash_ids": [1]}]}', 1, "out"),
+])
+def test_a_key_given_twice_with_two_values_is_refused(tmp_path: Path, name, text, line, key):
+    """msgspec read the last value unsaid (Python's json too): "timestamp": 0 then 5 was a
+    request at 5 ms, where another reader takes 0."""
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(TraceFormatError) as err:
+        read_trace(path)
+    assert err.value.line == line and f"key `{key}` given twice in one object" in err.value.what, str(err.value)
+
+
+@pytest.mark.parametrize("name,text", [
+    ("t.jsonl", '{"timestamp": 0, "timestamp": 0.0, "input_length": 500, "output_length": 1, "hash_ids": [7]}\n'),
+    ("t.jsonl", '{"timestamp": 0, "input_length": 500, "output_length": 1, "hash_ids": [7], "x": 1, "x": 2}\n'),
+    ("t.jsonl", '{"timestamp": 0, "input_length": 500, "output_length": 1, "hash_ids": [7], "n": "\\"timestamp\\""}\n'),
+    ("n.jsonl", '{"kvtrace_trace": 1, "block_size": 512, "m": {"a": 1, "a": 2}, "block_size": 512}\n' + NATIVE_LINE
+     + "}\n"),
+])
+def test_a_key_given_twice_with_one_value_or_unread_is_taken(tmp_path: Path, name, text):
+    """The same value twice says one thing, and a key no reader reads changes nothing."""
+    path = tmp_path / name
+    path.write_text(text)
+    [req] = read_trace(path)
+    assert req.arrival_ns == 0 and req.hash_ids == (7,)
+
+
+def test_the_trace_format_page_states_the_line_bound():
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "trace-format.md").read_text(encoding="utf-8")
+    assert f"A line holds at most {lines.MAX_LINE_BYTES >> 20} MiB" in doc
