@@ -15,11 +15,15 @@ from kvtrace.cache.config import CacheConfig, MambaSpec
 from kvtrace.errors import ConfigError
 
 
-def storage_bytes(cache_config: CacheConfig) -> int:
-    """Bytes of device tensors ``DeviceStorage`` allocates for ``cache_config``."""
+def storage_bytes(cache_config: CacheConfig, *, state_only: bool = False) -> int:
+    """Bytes of device tensors ``DeviceStorage`` allocates for ``cache_config`` (of its
+    Mamba groups' states alone with ``state_only``)."""
     total = 0
     for spec, num_blocks in zip(cache_config.groups, cache_config.pool_sizes):
-        per_block = spec.num_lanes if isinstance(spec, MambaSpec) else spec.block_size + 1  # slots + block sum
+        state = isinstance(spec, MambaSpec)
+        if state_only and not state:
+            continue
+        per_block = spec.num_lanes if state else spec.block_size + 1  # slots + block sum
         total += num_blocks * per_block * 8
     return total
 
@@ -93,8 +97,9 @@ def check_storage_fits(cache_config: CacheConfig, device: Any = None) -> None:
     kind = (dev if isinstance(dev, str) else dev.type).split(":")[0]
     need, have = storage_bytes(cache_config), device_memory_bytes(dev)
     if need > have * 0.8:
-        raise ConfigError(
-            "KV storage", f"{need / 2**30:,.1f} GiB",
-            f"more than {kind} memory ({have / 2**30:,.1f} GiB) can hold; lower --block-size or "
-            "--capacity-blocks / --capacity-tokens (or num_gpu_blocks in --config)",
-        )
+        # the Mamba groups' num_lanes alone can make it (no flag sets them): name what to lower
+        states = storage_bytes(cache_config, state_only=True)
+        lower = ("num_lanes of the Mamba groups in --config" if states > have * 0.4 else
+                 "--block-size or --capacity-blocks / --capacity-tokens (or num_gpu_blocks in --config)")
+        raise ConfigError("KV storage", f"{need / 2**30:,.1f} GiB",
+                          f"more than {kind} memory ({have / 2**30:,.1f} GiB) can hold; lower {lower}")

@@ -47,3 +47,19 @@ def test_a_pool_the_file_sets_too_is_not_blamed(tmp_path, capsys):
     code, _, err = run(["replay", "gen:chat", "--limit", "2", "--config", str(config)], capsys)
     assert_one_line(code, err, f"{config}: cache.groups: KV storage of state lanes: ")
     assert "num_gpu_blocks" not in err
+
+
+def test_storage_too_large_for_memory_names_what_makes_it():
+    """Lanes no flag sets made the storage too large, and the error said to lower --block-size or
+    the capacity; a pool of large blocks still names those."""
+    from kvtrace.cache import CacheConfig
+    from kvtrace.engine.memory import check_storage_fits
+
+    lanes = CacheConfig(groups=(FullAttentionSpec(64), MambaSpec(64, num_lanes=2**62)), num_gpu_blocks=100,
+                        hash_block_size=64)
+    with pytest.raises(ConfigError, match=r"lower num_lanes of the Mamba groups in --config$"):
+        check_storage_fits(lanes, "cpu")
+    blocks = CacheConfig(groups=(FullAttentionSpec(2**34), MambaSpec(2**34)), num_gpu_blocks=100, hash_block_size=64)
+    with pytest.raises(ConfigError, match="lower --block-size or --capacity-blocks") as info:
+        check_storage_fits(blocks, "cpu")
+    assert "num_lanes" not in str(info.value)
