@@ -199,3 +199,31 @@ def test_a_key_given_twice_with_one_value_or_unread_is_taken(tmp_path: Path, nam
 def test_the_trace_format_page_states_the_line_bound():
     doc = (Path(__file__).resolve().parents[2] / "docs" / "trace-format.md").read_text(encoding="utf-8")
     assert f"A line holds at most {lines.MAX_LINE_BYTES >> 20} MiB" in doc
+
+
+# -- Azure timestamps told in the file's own words ----------------------------------------
+
+AZURE_HEAD = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+
+
+@pytest.mark.parametrize("rows,what", [
+    (["2023-11-16 18:15:50,1,1", "2023-11-16 18:15:46.5,1,1"],
+     "TIMESTAMP goes back in time ('2023-11-16 18:15:46.5' < previous '2023-11-16 18:15:50')"),
+    (["0001-01-01 00:00:00,1,1", "9999-12-31 23:59:59,1,1"],
+     "TIMESTAMP: '9999-12-31 23:59:59' is 4,611,686,018 s or more after the first row's '0001-01-01 00:00:00'"),
+])
+def test_an_azure_timestamp_out_of_order_or_range_is_quoted(tmp_path: Path, rows, what):
+    """Both were told in ns after the first row: "(-3500000000 ns < previous 0 ns)", and
+    "315537897599000000000 is not a time kvtrace can replay"."""
+    path = tmp_path / "a.csv"
+    path.write_text(AZURE_HEAD + "\n".join(rows) + "\n")
+    with pytest.raises(TraceFormatError) as err:
+        read_trace(path)
+    assert err.value.line == 3 and what in err.value.what, str(err.value)
+
+
+def test_equal_and_leap_second_azure_timestamps_are_in_order(tmp_path: Path):
+    path = tmp_path / "a.csv"
+    path.write_text(AZURE_HEAD + "2023-11-16 23:59:59,1,1\n2023-11-16 23:59:60,1,1\n2023-11-17 00:00:00,1,1\n"
+                    "2023-11-17 00:00:00,1,1\n")
+    assert [r.arrival_ns for r in read_trace(path)] == [0, 10**9, 10**9, 10**9]

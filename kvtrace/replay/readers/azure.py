@@ -18,7 +18,16 @@ from datetime import date
 from kvtrace.errors import TraceFormatError
 from kvtrace.numeric import cdiv
 from kvtrace.workload import TraceRequest
-from kvtrace.workload.lines import MAX_LINE_BYTES, MAX_TOKENS, ArrivalOrder, check_int, decoded_lines, parse_integral
+from kvtrace.workload.lines import (
+    MAX_LINE_BYTES,
+    MAX_TIME_NS,
+    MAX_TOKENS,
+    ArrivalOrder,
+    S,
+    check_int,
+    decoded_lines,
+    parse_integral,
+)
 
 DEFAULT_BLOCK_SIZE = 16
 REQUIRED_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -97,7 +106,9 @@ def read_azure(path: str, block_size: int = DEFAULT_BLOCK_SIZE) -> Iterator[Trac
         its, ictx, igen = (header.index(c) for c in REQUIRED_COLUMNS)
         width = len(header)  # every row has the header's columns: no fewer, no more
         order = ArrivalOrder(path, "TIMESTAMP")
-        origin = None
+        origin: int | None = None
+        last = 0
+        first = previous = ""
         index = 0
         while True:
             start = reader.line_num + 1  # (a row's quote may run on: the error names where it began)
@@ -121,7 +132,14 @@ def read_azure(path: str, block_size: int = DEFAULT_BLOCK_SIZE) -> Iterator[Trac
             if ts is None:
                 raise TraceFormatError(path, line, f"TIMESTAMP: expected 'YYYY-MM-DD HH:MM:SS.fff', got {row[its]!r}")
             if origin is None:
-                origin = ts
+                origin, first = ts, row[its].strip()
+            elif ts < last:  # (told in the file's own words: the ns after the first row were negative)
+                raise TraceFormatError(path, line, f"TIMESTAMP goes back in time ({row[its].strip()!r} < previous "
+                                                   f"{previous!r}); kvtrace needs the trace sorted by arrival")
+            elif ts - origin >= MAX_TIME_NS:
+                raise TraceFormatError(path, line, f"TIMESTAMP: {row[its].strip()!r} is {MAX_TIME_NS // S:,} s or more "
+                                                   f"after the first row's {first!r}, past what kvtrace replays")
+            last, previous = ts, row[its].strip()
             n = _int(path, line, "ContextTokens", row[ictx], 1, MAX_CONTEXT_TOKENS)
             out = _int(path, line, "GeneratedTokens", row[igen], 0)
             nblocks = cdiv(n, block_size)
