@@ -48,7 +48,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from kvtrace.errors import ConfigError, KVTraceError
+from kvtrace.errors import ConfigError
 
 _FP_BITS = 62  # fixed point of the MoE term: exact integers, the same on every machine
 # A coefficient's bound: 1,000 s a unit in ns (1 s in ps), far past any machine, so that a
@@ -243,6 +243,6 @@ class Clock:
         start = self.now_ns
         self.now_ns = start + self.cost.step_ns(**work)
         if self.now_ns > MAX_TIME_NS:
-            raise KVTraceError(f"cost model {self.cost.name}: the virtual clock passed 2^63 ns (292 years); its "
-                               "coefficients are too large for this workload")
+            raise ConfigError(f"cost model {self.cost.name}", None, "the virtual clock passed 2^63 ns (292 years); "
+                              "its coefficients are too large for this workload")
         return start, self.now_ns

@@ -250,6 +250,17 @@ def _storage_error_at_origin(err: ConfigError, spec: RunSpec) -> ConfigError:
     return ConfigError(spec.config_file, " / ".join(keys), f"KV storage of {err.key}: {err.what}")
 
 
+def _cost_model_at_origin(err: ConfigError, spec: RunSpec, preset) -> ConfigError:
+    """The clock's refusal of a cost model (``cost model NAME: ...``) at the config file's
+    ``cost_model`` table when the file gave the model (it named the model alone)."""
+    model = preset.cost_model
+    if err.source != f"cost model {model.name}" or not spec.config_file:
+        return err
+    if load_config_file(spec.config_file).cost_model is None:
+        return err
+    return ConfigError(spec.config_file, "cost_model", f"{model.name}: {err.what}")
+
+
 def unsupported_at_origin(err: KVTraceError, spec: RunSpec) -> KVTraceError:
     """A configuration the vllm backend refuses (``UnsupportedConfig``, which knows only
     ``CacheConfig`` fields) restated at the first flag or file key of its ``keys`` the
@@ -429,8 +440,11 @@ def run_replay(
                     bar = _Progress(progress, workload.total, f"{spec.mode} {Path(workload.source).name}")
                     try:
                         if preset is not None:
-                            summary, per_request = _run_engine(preset, workload, digest, instrumentor, bar,
-                                                               spec.content, spec.percentiles, spec.backend)
+                            try:
+                                summary, per_request = _run_engine(preset, workload, digest, instrumentor, bar,
+                                                                   spec.content, spec.percentiles, spec.backend)
+                            except ConfigError as err:
+                                raise _cost_model_at_origin(err, spec, preset) from None
                             summary.update({k: v for k, v in config.items() if k.startswith("vllm_")})
                         else:
                             summary, per_request = _run_cache_only(spec, workload, digest, instrumentor, bar)

@@ -1105,3 +1105,13 @@ def test_storage_sized_by_flags_names_the_flags_not_the_file_keys_they_replaced(
                             "--capacity-blocks", "4000000", "--block-size", "4096"], capsys)
         text = assert_one_line(code, err, "KV storage", "--capacity-blocks")
         assert "run.toml" not in text and "cache." not in text, text
+
+
+def test_a_clock_past_int64_names_the_config_file_whose_cost_model_made_it(tmp_path, capsys):
+    """The clock's refusal named the model alone ("cost model mine: ..."), not the file that gave it."""
+    cfg = tmp_path / "cm.toml"
+    cfg.write_text('[cost_model]\nname = "mine"\nstep_overhead_ns = 1000000000000\ntoken_ns = 1000000000000\n'
+                   "attn_pair_ps = 1\nkv_read_ps = 1\ndecode_seq_ns = 1\n")
+    trace = Path(__file__).resolve().parents[1] / "data" / "mooncake_synthetic_trace.jsonl"
+    code, _, err = run(["replay", str(trace), "--limit", "1000", "--no-content", "--config", str(cfg)], capsys)
+    assert_one_line(code, err, f"{cfg}: cost_model: mine: the virtual clock passed 2^63 ns")
