@@ -23,7 +23,7 @@ def storage_bytes(cache_config: CacheConfig, *, state_only: bool = False) -> int
         state = isinstance(spec, MambaSpec)
         if state_only and not state:
             continue
-        per_block = spec.num_lanes if state else spec.block_size + 1  # slots + block sum
+        per_block = spec.num_lanes if isinstance(spec, MambaSpec) else spec.block_size + 1  # slots + block sum
         total += num_blocks * per_block * 8
     return total
 
