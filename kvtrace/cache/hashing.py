@@ -206,6 +206,22 @@ class BlockHasher:
             parent = fn((parent, unit, extra))
             hashes.append(parent)
 
+    def _trace_block_units(self, request: HashedRequest, parent: bytes, tid: int, j: int,
+                           have: tuple[bytes, ...] | None, count: int) -> tuple[bytes, ...]:
+        """The first ``count`` unit hashes of trace block ``tid`` (the ``j``-th of the request)
+        after ``parent``, extending ``have`` (its first units, memoised earlier)."""
+        ns = request.namespace
+        if not have and self.extra_keys(request, j == 0) is None:  # (the first unit's keys: the widest)
+            fast = trace_block_unit_hashes(self.hash_raw, parent, ns, tid, count)
+            if fast is not None:
+                return fast
+        out = list(have) if have else []
+        p = out[-1] if out else parent
+        for u in range(len(out), count):
+            p = self._trace_unit_hash(p, ns, tid, u, self.extra_keys(request, j == 0 and u == 0))
+            out.append(p)
+        return tuple(out)
+
     def _trace_unit_hash(self, parent: bytes, namespace: int, block_id: int, unit: int, extra: tuple | None) -> bytes:
         """H((parent, ("trace", namespace, block_id, unit), extra)): the direct encoding when
         it applies (no extra keys, 64-bit ints), cbor2's otherwise; the same bytes either way."""
@@ -240,25 +256,17 @@ class BlockHasher:
         else:
             while j < last_j:
                 tid = tids[j]
-                units = memo.get((parent, tid))
-                if units is None:
-                    misses += 1
-                    fast = None
-                    if self.extra_keys(request, j == 0) is None:  # (the first unit's keys: the widest)
-                        fast = trace_block_unit_hashes(self.hash_raw, parent, ns, tid, per_block)
-                    if fast is not None:
-                        units = fast
-                    else:
-                        out = []
-                        p = parent
-                        for u in range(per_block):
-                            p = self._trace_unit_hash(p, ns, tid, u, self.extra_keys(request, j == 0 and u == 0))
-                            out.append(p)
-                        units = tuple(out)
+                # the units the prompt uses: all but in its last block, whose other units are
+                # hashed when a later prompt reaches them (a 2^26-token trace block was 4M
+                # hashes, seconds, for a prompt of a few hundred tokens)
+                take = min(per_block, prompt_units - len(hashes))
+                units = cast("tuple[bytes, ...] | None", memo.get((parent, tid)))  # (tuples: per_block > 1)
+                if units is None or len(units) < take:
+                    misses += units is None  # (a block's further units, hashed later, extend its entry)
+                    units = self._trace_block_units(request, parent, tid, j, units, take)
                     memo[(parent, tid)] = units
-                take = prompt_units - len(hashes)
-                hashes.extend(units if take >= per_block else units[:take])
-                parent = units[-1]
+                hashes.extend(units if take == len(units) else units[:take])
+                parent = units[-1]  # (the next block's parent: this block was whole unless it is the last)
                 j += 1
         self.memo_misses += misses
         self.memo_hits += (last_j - n // per_block) - misses

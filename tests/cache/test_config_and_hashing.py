@@ -159,3 +159,23 @@ def test_a_trace_blocks_unit_hashes_at_once_are_each_units_hash(parent, ns, tid,
         p = HASH_FNS[hash_name]((p, ("trace", ns, tid, u), None))
         want.append(p)
     assert got == tuple(want)
+
+
+def test_a_trace_blocks_units_past_the_prompt_are_hashed_when_a_prompt_reaches_them():
+    """A 2^26-token trace block had all its 4M units hashed for a prompt of a few hundred
+    tokens (seconds a block, and the memo held them all)."""
+    per_block = 1 << 22
+    hasher = BlockHasher("sha256_cbor", 16)
+
+    def req(ids, n, into=hasher):
+        r = Request("r", None, trace_block_ids=ids, trace_block_size=16 * per_block, num_prompt_tokens=n)
+        r.bind_hasher(into)
+        return r.block_hashes
+
+    short = req((7,), 600)
+    memo = next(iter(hasher._trace_memo.values()))
+    assert [len(units) for units in memo.values()] == [600 // 16]  # only what the prompt used
+    longer = req((7,), 1000)  # extends the memoised units of the same block
+    assert [len(units) for units in memo.values()] == [1000 // 16]
+    assert longer[:len(short)] == short and longer == req((7,), 1000, BlockHasher("sha256_cbor", 16))
+    assert req((7,), 600) == short  # a shorter prompt takes the first units of the longer entry
