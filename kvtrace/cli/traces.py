@@ -63,10 +63,16 @@ def convert(
         from kvtrace.replay.readers import native_header
 
         kept = dict(native_header(trace))
-        if "source" in kept:  # (the header's own source is what this file is now)
-            kept["converted_from"] = kept.pop("source")
-        if "source_limit" in kept:  # (of that source, said beside it: nothing here was cut by it)
-            kept["converted_from_limit"] = kept.pop("source_limit")
+        # the header's own source is what this file is now: its source becomes converted_from,
+        # and where it was converted already, the first source stays (a third conversion named
+        # the second file and lost the trace it all came from). Conversions are lossless and a
+        # --limit keeps a prefix, so what is kept of the first source is the smallest limit
+        limits = [kept.pop(k) for k in ("converted_from_limit", "source_limit") if k in kept]
+        if "source" in kept:
+            source_was = kept.pop("source")
+            kept.setdefault("converted_from", source_was)
+        if limits:
+            kept["converted_from_limit"] = min(limits)
     if source.holds_more():  # the header's source names the whole file; these are its first N requests
         kept = {**(kept or {}), "source_limit": limit}
     n = write_native(source, out, header=kept, sources=inputs)

@@ -226,6 +226,14 @@ def test_convert_with_a_limit_that_cuts_nothing_says_no_limit(tmp_path):
     header = json.loads(again.read_text().splitlines()[0])
     assert "source_limit" not in header and header["converted_from"].startswith("mooncake:sha256:"), header
     assert header["converted_from_limit"] == 2  # (the provenance kept: the first 2 of that source)
+    # converted a third and fourth time, one of them cut again: the first source stays, with
+    # what is kept of it (a third conversion named the second file, and the trace was lost)
+    third, fourth = tmp_path / "third.jsonl", tmp_path / "fourth.jsonl"
+    assert kvtrace("convert", str(again), "-o", str(third), "--limit", "1").returncode == 0
+    assert kvtrace("convert", str(third), "-o", str(fourth)).returncode == 0
+    last = json.loads(fourth.read_text().splitlines()[0])
+    assert last["converted_from"] == header["converted_from"] and last["converted_from_limit"] == 1, last
+    assert last["source"] != json.loads(third.read_text().splitlines()[0])["source"]  # (each names its own input)
 
 
 def test_dashboard_on_missing_db_is_one_line(tmp_path):
