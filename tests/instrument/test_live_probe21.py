@@ -203,3 +203,47 @@ def test_capture_refuses_endpoints_no_vllm_server_can_be_reached_at(tmp_path):
         assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"kvtrace: error: {flag}: "), lines
         assert why in lines[0]
     assert not db.exists()
+
+
+def test_a_dp_rank_never_reached_is_told(tmp_path, caplog):
+    """``--dp-size 2`` against a server of one rank: the closing line said "5 batches" and
+    nothing of rank 1, whose SUB socket never reached a publisher (only the run's summary
+    held its ``connected: 0``)."""
+    import logging
+    import time
+
+    import zmq
+
+    from kvtrace.instrument.vllm import capture_vllm
+
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.bind(f"ipc://{tmp_path}/pub")  # rank 0 only; rank 1 would publish at .../pub_dp1
+    got = threading.Event()
+
+    def on_ready(cap) -> None:
+        if cap.endpoint.endswith("/pub"):
+            cap.on_batch = lambda seq, batch: got.set()
+
+    def publish() -> None:
+        deadline = time.monotonic() + 30
+        while not got.is_set() and time.monotonic() < deadline:  # (until the subscription is live)
+            pub.send_multipart([b"", (0).to_bytes(8, "big"), _batch(0)])
+            got.wait(0.05)
+
+    sender = threading.Thread(target=publish)
+    sender.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="kvtrace.instrument.vllm.capture"):
+            stats = capture_vllm(f"ipc://{tmp_path}/pub", store_path=tmp_path / "s.duckdb", dp_size=2,
+                                 on_ready=on_ready, should_stop=got.is_set)
+    finally:
+        sender.join()
+        pub.close(0)
+        ctx.term()
+    assert stats.batches >= 1 and stats.connected == 1
+    told = [r.getMessage() for r in caplog.records if "DP ranks never reached" in r.getMessage()]
+    assert told == [f"kvtrace capture vllm: 1 of 2 DP ranks never reached, nothing received from them "
+                    f"(ipc://{tmp_path}/pub_dp1): is --dp-size 2 the server's --data-parallel-size, and is every "
+                    f"rank up?"]

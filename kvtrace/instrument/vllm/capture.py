@@ -553,6 +553,7 @@ def capture_vllm(endpoint: str, replay_endpoint: str | None = None, *, store_pat
         for cap in caps:
             cap.close()
         stats = CaptureStats.total([c.stats for c in caps], run_id)
+        unreached = [c.endpoint for c in caps if not c.stats.connected and c.stats.nothing_received]
         trace = native_requests(tracers) if trace_out is not None and tracers else None
         if trace is not None:
             stats.requests = len(trace[0])
@@ -574,6 +575,10 @@ def capture_vllm(endpoint: str, replay_endpoint: str | None = None, *, store_pat
                    "--kv-events-config '{\"enable_kv_cache_events\": true, \"publisher\": \"zmq\"}' there?)"
                    if not stats.connected else "connected, but the server published no KV events")
         _log.warning("kvtrace capture vllm: nothing received in run %s: %s", run_id, reached)
+    elif unreached:  # (the closing line summed the ranks reached: a rank never reached went unsaid)
+        _log.warning("kvtrace capture vllm: %d of %d DP ranks never reached, nothing received from them (%s): is "
+                     "--dp-size %d the server's --data-parallel-size, and is every rank up?", len(unreached), dp_size,
+                     ", ".join(unreached), dp_size)
     return stats
 
 
