@@ -421,13 +421,16 @@ class _Driver:
                 kv_keys.update([h + sfx for h in cached])  # type: ignore[operator, misc]  # vLLM hashes: bytes
         if vm_keys != kv_keys:
             vm_alone, kv_alone = vm_keys - kv_keys, kv_keys - vm_keys
-            self.compare("cached_keys", None, _keys(vm_alone), _keys(kv_alone), only=(len(vm_alone), len(kv_alone)))
+            self.compare("cached_keys", None, self._keys(vm_alone), self._keys(kv_alone),
+                         only=(len(vm_alone), len(kv_alone)))
         else:
             self.compare("cached_keys", None, len(vm_keys), len(kv_keys))
 
-
-def _keys(keys: set[bytes]) -> list[tuple[int, str]]:
-    return sorted((int.from_bytes(k[-4:], "big"), k[:-4].hex()[:16]) for k in keys)[:SHOWN]
+    def _keys(self, keys: set[bytes]) -> list[tuple[int, Any]]:
+        """The first ``SHOWN`` of vLLM-map keys (hash + 4-byte group) as (group, hash), the hash
+        as vLLM's events carry it, so a key reads alike in ``events`` and ``cached_keys``
+        (it was the hash's first 8 bytes in hex here, its low 64 bits as an int there)."""
+        return sorted((int.from_bytes(k[-4:], "big"), self.convert(k[:-4])) for k in keys)[:SHOWN]
 
 
 def hash_token(request_id: str, index: int) -> int:

@@ -143,3 +143,18 @@ def test_the_benches_refuse_counts_they_cannot_run(capsys, bench, argv, flag):
     code, out, err = _main(_bench(bench), argv, capsys)
     assert code == 2 and out == "", out
     assert f"error: argument {flag}: " in err and "Traceback" not in err, err
+
+
+def test_a_key_reads_alike_in_events_and_cached_keys(vllm_api):
+    """The key kvtrace alone published (its transient-checkpoint switch off) is the one it
+    alone holds: the events showed its hash as vLLM's events carry it (an int, the low 64
+    bits), the cached keys as the first 8 bytes in hex, so the two could not be matched."""
+    from kvtrace.cache import TRANSIENT_CHECKPOINT_RETENTION
+
+    result = run_conformance(ConformanceSpec("gen:mixed", preset="kimi-hybrid", limit=40,
+                                             without=(TRANSIENT_CHECKPOINT_RETENTION,)), api=vllm_api)
+    by_field = result.runs[0].first_by_field
+    events, keys = by_field["events"], by_field["cached_keys"]
+    assert events.step == keys.step and events.only == keys.only == (0, 1)
+    ((op, group, event_hash),) = events.kvtrace
+    assert op == "stored" and keys.kvtrace == [(group, event_hash)]
