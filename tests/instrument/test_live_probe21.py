@@ -247,3 +247,22 @@ def test_a_dp_rank_never_reached_is_told(tmp_path, caplog):
     assert told == [f"kvtrace capture vllm: 1 of 2 DP ranks never reached, nothing received from them "
                     f"(ipc://{tmp_path}/pub_dp1): is --dp-size 2 the server's --data-parallel-size, and is every "
                     f"rank up?"]
+
+
+def test_a_run_id_that_is_no_text_or_empty_is_refused_not_filed_in_the_collectors_own_run(tmp_path):
+    """``kvtrace.run.id`` as an intValue, or "", went to the collector's own run with a 200,
+    where the README says a run id must be 1-128 printable characters."""
+    import json
+
+    from kvtrace.instrument.otlp.collector import OTLPCollector
+
+    db = tmp_path / "c.duckdb"
+    collector = OTLPCollector(db, port=0).start()
+    try:
+        for i, value in enumerate(({"intValue": 7}, {"stringValue": ""}, {"boolValue": True})):
+            doc = _spans_doc([_span(i + 1)])
+            doc["resourceSpans"][0]["resource"]["attributes"].append({"key": "kvtrace.run.id", "value": value})
+            assert _post_json(collector.url, doc) == 400, json.dumps(value)
+        assert collector.spans_received == 0 and collector._default_run is None
+    finally:
+        collector.stop()

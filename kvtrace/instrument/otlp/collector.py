@@ -503,8 +503,10 @@ def _named_run(resource: dict, where: str) -> str:
     """The run id a span's resource names (``kvtrace.run.id``), or "" for the collector's own
     run; one that cannot name a run (``run_id_problem``) refuses the request."""
     run_id = resource.get(RUN_ID_RESOURCE_KEY)
-    if not isinstance(run_id, str) or not run_id:
+    if run_id is None:  # (absent, or an AnyValue with no value)
         return ""
+    if not isinstance(run_id, str):  # (an int or "" went to the collector's own run without a word)
+        raise PayloadError(f"{where}: resource {RUN_ID_RESOURCE_KEY}: expected a string, got {type(run_id).__name__}")
     problem = run_id_problem(run_id)
     if problem is not None:
         raise PayloadError(f"{where}: resource {RUN_ID_RESOURCE_KEY}: {problem}")
