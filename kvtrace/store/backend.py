@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlparse
 
-from kvtrace.errors import DUCKDB_MAGIC, ConfigError, duckdb_magic, file_problem
+from kvtrace.errors import DUCKDB_MAGIC, ConfigError, duckdb_magic, file_problem, read_only_file
 
 CHDB_PREFIX = "chdb:"
 SERVER_SCHEMES = ("clickhouse", "clickhouses")
@@ -188,6 +188,9 @@ def duckdb_path_problem(path: str, missing: str | None) -> str | None:
     return None
 
 
+READ_ONLY_STORE = "cannot write: Permission denied (a read-only file: nothing is written to it)"
+
+
 def store_to_write_problem(db: str) -> str | None:
     """Why ``db`` cannot name a store to write into, found without opening anything (the
     CLI asks before a command loads DuckDB, so a mistyped --db is told at once); None when
@@ -195,6 +198,8 @@ def store_to_write_problem(db: str) -> str | None:
     if is_clickhouse(db):
         return clickhouse_target(db).write_problem()
     problem = duckdb_path_problem(db, missing=None)
+    if problem is None and read_only_file(db):  # (root's open wrote into a store made read-only on purpose)
+        return READ_ONLY_STORE
     if problem is None and not Path(db).parent.is_dir():
         return f"directory {Path(db).parent} does not exist"
     if problem is None and os.path.islink(db) and not os.path.exists(db):  # (written through: its folder counts)

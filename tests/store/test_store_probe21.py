@@ -3,10 +3,17 @@ DuckDB store, given to the real CLI."""
 
 from __future__ import annotations
 
-import duckdb
+import hashlib
+import os
 
+import duckdb
+import pytest
+
+from kvtrace.store import Store, StoreError
 from tests.cli.support import assert_one_line
 from tests.cli.support import run as kvtrace
+from tests.conftest import MOONCAKE
+from tests.support.permissions import read_only
 
 
 def _meta_rows(db, *rows: tuple[str, str]) -> None:
@@ -37,3 +44,20 @@ def test_a_meta_row_given_twice_alike_is_read(scenario_db, capsys):
     code, out, err = kvtrace(["runs", "--db", str(db), "--json"], capsys)
     assert code == 0, err
     assert f'"run_id": "{run_id}"' in out
+
+
+
+def test_a_read_only_store_is_not_written_into(scenario_db, capsys, monkeypatch):
+    """A store made read-only (0444) on purpose: root's open wrote a new run into it (the
+    mode is no bar to root), where anyone else's was refused. Refused for all, read still."""
+    db, run_id = scenario_db
+    before = hashlib.sha256(db.read_bytes()).hexdigest()
+    with read_only(monkeypatch, db):
+        code, _, err = kvtrace(["replay", str(MOONCAKE), "--limit", "3", "--mode", "cache-only", "--db", str(db)],
+                               capsys)
+        assert_one_line(code, err, str(db), "cannot write", "Permission denied", "read-only")
+        with pytest.raises(StoreError, match="read-only"):
+            Store.open(db)
+        assert hashlib.sha256(db.read_bytes()).hexdigest() == before and not os.path.exists(f"{db}.wal")
+        code, out, err = kvtrace(["runs", "--db", str(db), "--json"], capsys)
+        assert code == 0 and f'"run_id": "{run_id}"' in out, err
