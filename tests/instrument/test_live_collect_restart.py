@@ -12,6 +12,7 @@ import sys
 import urllib.error
 import urllib.request
 
+import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from kvtrace.instrument.otlp import OTLPCollector
@@ -153,17 +154,20 @@ def test_a_record_after_the_collector_was_stopped_and_started_again_finishes_its
     assert (got["status"], got["digest"], got["summary"]["requests"], got["num_spans"]) == ("failed", "ab" * 32, 7, 5)
 
 
-def test_a_record_does_not_finish_a_run_the_collector_did_not_collect(tmp_path):
-    """A run of the store's own (a replay's, say) keeps its status whatever a sender's
-    record naming it says."""
+@pytest.mark.parametrize("record", [True, False])
+def test_spans_or_a_record_naming_a_run_no_collector_made_are_refused(tmp_path, record):
+    """A run of the store's own (a replay's, say) keeps its status and spans whatever a sender
+    naming it says: its spans were added to the replay's with a 200 (its counts no longer the
+    replay's); now the request is a 400 and nothing of it is stored."""
     db = tmp_path / "own.duckdb"
     with Store.open(db) as store:
         store.create_run("a replay", run_id=RUN, mode="engine")
         store.finish_run(RUN, status="complete")
     collector = OTLPCollector(db, port=0).start()
     try:
-        assert _post(collector.url, _export(0, 1, record=dict(RECORD, status="failed"))) == 200
+        sent = _export(0, 1, record=dict(RECORD, status="failed")) if record else _export(0, 2)
+        assert _post(collector.url, sent) == 400
     finally:
         collector.stop()
     got = run(db, RUN)
-    assert (got["status"], got["digest"], got["summary"]) == ("complete", None, None)
+    assert (got["status"], got["digest"], got["summary"], got["num_spans"]) == ("complete", None, None, 0)

@@ -228,6 +228,7 @@ class OTLPCollector:
         self._late_runs: set[str] = set()  # runs given spans once finished: derived tables rebuilt at close
         self._recent = _RecentSpans(RECENT_SPANS)
         self._looked_up: set[str] = set()  # named runs whose store state was read (see _look_up)
+        self._not_collected: dict[str, str] = {}  # named runs the store holds of another mode: run id -> mode
         self.spans_received = 0
         self.duplicate_spans = 0  # spans already stored in their run, sent again: not stored twice
         self.requests_rejected = 0
@@ -377,10 +378,11 @@ class OTLPCollector:
                         if not key:  # (it finished the collector's own run, of every sender's spans)
                             raise PayloadError(f"{where}: a {SPAN_RUN} record whose resource names no "
                                                f"{RUN_ID_RESOURCE_KEY}: it finishes no run")
+                        self._check_collected(key, where)
                         records.append((key, _run_record(kwargs["attributes"], where)))
                         continue
                     if key:
-                        self._look_up(key)
+                        self._check_collected(key, where)
                         if TIME_OFFSET_RESOURCE_KEY in resource:
                             exports.add(key)
                     span_key = _RecentSpans.key(kwargs["trace_id"], kwargs["span_id"])
@@ -456,6 +458,16 @@ class OTLPCollector:
             _log.warning("run %s: derived tables not rebuilt (%s: %s); its spans are stored", run_id,
                          type(err).__name__, err)
 
+    def _check_collected(self, run_id: str, where: str) -> None:
+        """A named run is one this store's collectors made (mode ``otlp``), or new: spans naming
+        a replay's or a capture's run (``r1``) were added to it, its spans and derived counts no
+        longer its replay's, with a 200."""
+        self._look_up(run_id)
+        mode = self._not_collected.get(run_id)
+        if mode is not None:
+            raise PayloadError(f"{where}: resource {RUN_ID_RESOURCE_KEY}: {run_id} is a run of this store that no "
+                               f"collector made (mode {mode}): nothing is added to it")
+
     def _look_up(self, run_id: str) -> None:
         """Once per named run: a run the store holds already (an earlier collector's, or this
         one's before a restart) has the ids of its last spans remembered, so a request
@@ -475,6 +487,9 @@ class OTLPCollector:
         if found.height == 0:
             return
         mode, status, digest, summary = found.row(0)
+        if mode != "otlp":
+            self._not_collected[run_id] = str(mode)
+            return
         if mode == "otlp" and status != "running" and digest is None and summary is None:
             self._unrecorded_runs.add(run_id)
         if last is not None:
