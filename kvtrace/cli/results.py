@@ -39,6 +39,8 @@ def runs(db: DbToRead, as_json: Json = False, limit: Annotated[int | None, typer
     from kvtrace.dashboard.run_config import capacity
     from kvtrace.replay.report import format_value
     from kvtrace.store import read
+    from kvtrace.store.errors import DAMAGED, StoreError
+    from kvtrace.store.read.runs import DAMAGED_STATUS
 
     if limit is not None and limit < 0:  # (click's range check said "-1 is not in the range x>=0")
         raise ConfigError("--limit", str(limit), "expected a number of runs >= 0 (0: all)")
@@ -51,12 +53,18 @@ def runs(db: DbToRead, as_json: Json = False, limit: Annotated[int | None, typer
         # diff reads them; per run its own queries only: read.run_summary would list every run again)
         # (a damaged record: no numbers, its damage line says why)
         saved = json.loads(row["summary"]) if row["summary"] else None
-        if row["damage"]:
+        status_shown, damage = row["status"], row["damage"]
+        if damage:
             summary = {}
         elif not row["num_spans"]:  # nothing to read back (50 ms a run: 3,000 failed runs took minutes)
             summary = dict(saved) if isinstance(saved, dict) else {}
         else:
-            summary = read.summary_with_spans(db, row["run_id"], saved)
+            try:
+                summary = read.summary_with_spans(db, row["run_id"], saved)
+            except StoreError as err:  # (spans no run holds, a count near 2^63: listed damaged, as a record is)
+                if not err.what.startswith(DAMAGED):
+                    raise
+                summary, status_shown, damage = {}, DAMAGED_STATUS, str(err)
         cap = capacity(config, summary) if isinstance(config, dict) else None
         config = config if isinstance(config, dict) else {}
         listed.append({
@@ -69,8 +77,8 @@ def runs(db: DbToRead, as_json: Json = False, limit: Annotated[int | None, typer
             # (an unbounded cache-only run has no capacity, but a block size all the same)
             "capacity_blocks": cap.blocks if cap else None,
             "block_size": cap.block_size if cap else summary.get("block_size"),
-            "status": row["status"], "created": row["created"], "spans": row["num_spans"],
-            "damage": row["damage"],  # (status damaged: what its record holds that kvtrace never writes)
+            "status": status_shown, "created": row["created"], "spans": row["num_spans"],
+            "damage": damage,  # (status damaged: what its record holds that kvtrace never writes)
             # (as diff reads them: a damaged record's Infinity read "inf%" here and null in --json)
             **{m: finite_number(summary.get(m)) for m in RUNS_METRICS},
         })

@@ -4,16 +4,38 @@ DuckDB store, given to the real CLI."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 
 import duckdb
 import pytest
 
-from kvtrace.store import Store, StoreError
+from kvtrace.store import Store, StoreError, read
 from tests.cli.support import assert_one_line
 from tests.cli.support import run as kvtrace
 from tests.conftest import MOONCAKE
 from tests.support.permissions import read_only
+
+
+@pytest.fixture(scope="module")
+def engine_store(tmp_path_factory) -> bytes:
+    """The bytes of a store holding two engine runs of 8 requests, r1 and r2."""
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = tmp_path_factory.mktemp("engine") / "e.duckdb"
+    for _ in range(2):
+        run_replay(RunSpec("gen:mixed", limit=8, content=False), db=db)
+    return db.read_bytes()
+
+
+def _altered(tmp_path, data: bytes, *sql: str):
+    db = tmp_path / "e.duckdb"
+    db.write_bytes(data)
+    con = duckdb.connect(str(db))
+    for stmt in sql:
+        con.execute(stmt)
+    con.close()
+    return db
 
 
 def _meta_rows(db, *rows: tuple[str, str]) -> None:
@@ -61,3 +83,52 @@ def test_a_read_only_store_is_not_written_into(scenario_db, capsys, monkeypatch)
         assert hashlib.sha256(db.read_bytes()).hexdigest() == before and not os.path.exists(f"{db}.wal")
         code, out, err = kvtrace(["runs", "--db", str(db), "--json"], capsys)
         assert code == 0 and f'"run_id": "{run_id}"' in out, err
+
+
+HUGE = 2**63 - 1  # a count no kvtrace run holds: a sum of two overflows
+
+
+def test_spans_whose_sums_overflow_are_a_damaged_store_not_a_traceback(tmp_path, engine_store):
+    """A count near 2^63 in a run's spans (written by hand, or sent to a collector): the read
+    API raised DuckDB's ConversionException or polars' InvalidOperationError, and a notebook or
+    ``runs`` of an unfinished run showed a traceback."""
+    db = _altered(tmp_path, engine_store, f"UPDATE spans_request SET num_prompt_tokens = {HUGE}, "
+                                          f"first_token_ns = {HUGE} WHERE run_id = 'r2'")
+    for name in ("hit_counters", "summary_from_spans", "itl_over_time"):
+        with pytest.raises(StoreError, match=r"damaged kvtrace store: run r2's spans hold values") as err:
+            getattr(read, name)(db, "r2")
+        assert str(db) in str(err.value) and "\n" not in str(err.value)
+    assert read.hit_counters(db, "r1")["requests"] == 8  # the other run reads as before
+
+
+def test_runs_lists_an_unfinished_run_whose_spans_overflow_as_damaged(tmp_path, engine_store, capsys):
+    """``runs`` reads an unfinished run's numbers from its spans: one that overflowed was a
+    traceback, and no run of the store was listed. Listed ``damaged``, as a damaged record is."""
+    db = _altered(tmp_path, engine_store, "UPDATE runs SET status = 'failed', summary = NULL WHERE run_id = 'r2'",
+                  f"UPDATE spans_request SET num_prompt_tokens = {HUGE} WHERE run_id = 'r2'")
+    code, out, err = kvtrace(["runs", "--db", str(db), "--json"], capsys)
+    assert code == 0, err
+    listed = {r["run_id"]: r for r in json.loads(out)["runs"]}
+    assert listed["r1"]["status"] == "complete" and listed["r1"]["requests"] == 8
+    assert listed["r2"]["status"] == "damaged" and "spans hold values" in listed["r2"]["damage"]
+    code, out, err = kvtrace(["runs", "--db", str(db)], capsys)
+    assert code == 0 and "Traceback" not in err and "spans hold values" in err, err
+    for argv in (["diff", "r1", "r2", "--db", str(db)], ["export", "--db", str(db), "--run", "r2", "--parquet",
+                                                           str(tmp_path / "x")]):
+        code, _, err = kvtrace(argv, capsys)
+        assert_one_line(code, err, str(db), "damaged kvtrace store")
+
+
+def test_itl_over_time_skips_a_null_gap(tmp_path, engine_store):
+    """A NULL in a request's itl_ns (no kvtrace run holds one): ``int()`` of its NaN window
+    was a ValueError; the other gaps are read."""
+    db = _altered(tmp_path, engine_store)
+    whole = read.itl_over_time(db, "r2")["gaps"].sum()
+    con = duckdb.connect(str(db))
+    one = con.execute("SELECT request_id, len(itl_ns) FROM spans_request WHERE run_id = 'r2' AND len(itl_ns) > 1 "
+                      "ORDER BY request_id LIMIT 1").fetchone()
+    assert one is not None
+    con.execute("UPDATE spans_request SET itl_ns = list_prepend(NULL, itl_ns[2:]) WHERE run_id = 'r2' "
+                "AND request_id = ?", [one[0]])
+    con.close()
+    assert read.itl_over_time(db, "r2")["gaps"].sum() == whole - 1

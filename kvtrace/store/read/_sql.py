@@ -27,10 +27,11 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 import duckdb
 import polars as pl
 
+from kvtrace.names import cut_middle
 from kvtrace.store import derived
 from kvtrace.store.backend import is_clickhouse
 from kvtrace.store.connection import read_connection
-from kvtrace.store.errors import StoreError, UnknownRunError
+from kvtrace.store.errors import DAMAGED, StoreError, UnknownRunError
 from kvtrace.store.liveness import checked_status
 from kvtrace.store.read._api import BadArgument, checked
 
@@ -79,20 +80,37 @@ def run_status(con: Connection, db: DB, run_id: str) -> str:
     return checked_status(found["status"][0], db=str(db), run_id=run_id)
 
 
-def connect(db: DB) -> contextlib.AbstractContextManager[Connection]:
+# What a query raises on values no kvtrace run holds (a count near 2^63 written by hand or
+# sent to a collector: its sum or difference overflows; polars' cast of such a HUGEINT sum):
+# the store's damage, where the read API's SQL and its checked arguments are fixed.
+_VALUE_ERRORS = (duckdb.OutOfRangeException, duckdb.ConversionException, pl.exceptions.InvalidOperationError)
+
+
+@contextlib.contextmanager
+def connect(db: DB, run_id: str | None = None) -> Iterator[Connection]:
     """A read-only connection to ``db``: retries while a writer commits, refuses a file
-    that is not a kvtrace store, and closes on exit."""
+    that is not a kvtrace store, and closes on exit. A query that cannot compute what the
+    store holds (an overflow) is a StoreError naming ``db`` (and ``run_id``, when given)."""
     if is_clickhouse(db):
         from kvtrace.store.clickhouse.reader import read_connection as clickhouse_read
 
-        return clickhouse_read(db)
-    return read_connection(db)
+        opened: contextlib.AbstractContextManager[Connection] = clickhouse_read(db)
+    else:
+        opened = read_connection(db)
+    with opened as con:
+        try:
+            yield con
+        except _VALUE_ERRORS as err:
+            text = cut_middle(str(err).splitlines()[0] if str(err) else "", 200)  # (not DuckDB's SQL and carets)
+            whose = f"run {run_id}'s spans hold" if run_id is not None else "it holds"
+            raise StoreError(str(db), f"{DAMAGED}: {whose} values no kvtrace run holds, which a read cannot "
+                                      f"compute ({type(err).__name__}: {text})") from None
 
 
 @contextlib.contextmanager
 def open_run(db: DB, run_id: str) -> Iterator[tuple[Connection, str]]:
     """``connect(db)`` and the stored status of ``run_id``, checked to exist."""
-    with connect(db) as con:
+    with connect(db, run_id) as con:
         yield con, run_status(con, db, run_id)
 
 

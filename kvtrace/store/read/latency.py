@@ -157,7 +157,9 @@ def itl_over_time(db: DB, run_id: str, window_ns: int | None = None,
             SELECT first_token_ns + sum(gap_ns) OVER (PARTITION BY request_id ORDER BY index) AS token_ns, gap_ns
             FROM r
         )
+        -- (a NULL gap, which no kvtrace run holds, has no token time: int() of its NaN window failed)
         SELECT token_ns // $w * $w AS window_start_ns, CAST(gap_ns AS DOUBLE) AS gap_ns FROM t
+        WHERE token_ns IS NOT NULL AND gap_ns IS NOT NULL
         ORDER BY window_start_ns, gap_ns""", window_ns=window_ns)
     names = [f"p{metrics.percentile_word(q)}_itl_ns" for q in qs]
     rows = []
