@@ -753,9 +753,52 @@ def test_a_batch_of_more_values_than_a_step_publishes_is_refused_before_they_are
     for doc in ([1.0, [["BlockStored", [1] * n, None, [], 16]]],
                 [1.0, [["BlockStored", [1], None, [0] * n, 16]]],  # token ids count too
                 {"ts": 1.0, "events": [{"type": "BlockRemoved", "block_hashes": [1] * n}]},
-                [1.0, [["AllBlocksCleared"]] * (n + 1)]):
+                [1.0, [["BlockRemoved", [1] * (n // 4)]] * 5]):  # over several events
         with pytest.raises(VllmWireError, match=f"more than {n:,} in one batch"):
             decode_kv_batch(msgspec.msgpack.encode(doc))
+
+
+def test_a_batch_of_more_events_than_a_step_publishes_is_refused_before_any_is_decoded():
+    """2M events of seven empty arrays each (16 MiB) were 16M objects, 8-17 s and 1.2 GB,
+    decoded whole before the batch was refused, the capture deaf to Ctrl-C meanwhile; the
+    events array's header now says there are too many before one is read."""
+    import tracemalloc
+
+    import msgspec
+
+    from kvtrace.instrument.vllm.wire import MAX_BATCH_EVENTS, VllmWireError
+
+    ok = msgspec.msgpack.encode([1.0, [["AllBlocksCleared"]] * MAX_BATCH_EVENTS])
+    assert len(decode_kv_batch(ok)[0].events) == MAX_BATCH_EVENTS
+    event = ["BlockStored", [], None, [], 16, None, [], [], [], [], []]
+    payload = msgspec.msgpack.encode({"ts": 1.0, "events": [event] * (1 << 20)})
+    tracemalloc.start()
+    try:
+        with pytest.raises(VllmWireError, match=f"more than {MAX_BATCH_EVENTS:,} events in one batch"):
+            decode_kv_batch(payload)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, peak  # nothing of the events was built (decoded whole: about 600 MB)
+
+
+@pytest.mark.parametrize("doc, needle", [
+    (5, "expected [ts, events, dp_rank] or a map"),
+    ({1: 2}, "expected [ts, events, dp_rank] or a map"),
+    ([1.0], "expected [ts, events, dp_rank] or a map"),
+    ([1.0, {"a": 1}], "events must be a list, got dict"),
+    ({"ts": 1.0}, "events must be a list, got NoneType"),
+    ([1.0, [{"block_hashes": [1]}]], "a map whose type is None, not an event kind"),
+    ([1.0, [{"type": 7}]], "a map whose type is 7, not an event kind"),
+])
+def test_a_batch_that_is_no_event_batch_says_what_it_is(doc, needle):
+    import msgspec
+
+    from kvtrace.instrument.vllm.wire import VllmWireError
+
+    with pytest.raises(VllmWireError) as info:
+        decode_kv_batch(msgspec.msgpack.encode(doc))
+    assert needle in str(info.value)
 
 
 def test_batches_discarded_at_the_stop_count_the_seqs_between_them(monkeypatch):

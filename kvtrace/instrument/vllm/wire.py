@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -72,6 +72,14 @@ _MAX_TS_S = ((1 << 63) - 1) / 1e9  # the store keeps ns in a BIGINT
 # chunk: some 10^5). A 15 MB batch of 15M one-byte ints held the capture 47 s and 3.5 GB,
 # deaf to Ctrl-C; past this a batch is a bad message, refused before its values are read.
 MAX_BATCH_ELEMENTS = 1 << 21
+# Events in one batch: a step's stored and removed blocks (vLLM sends each removed block as
+# its own event: some 10^4 for a step evicting a long context). Checked from the events
+# array's header before any event is decoded: 2M events of seven empty arrays each (16 MiB)
+# were 16M objects, 8-17 s and 1.2 GB to decode before the batch was refused.
+MAX_BATCH_EVENTS = 1 << 17
+
+_BATCH = msgspec.msgpack.Decoder(list[msgspec.Raw] | dict[str, msgspec.Raw])  # the envelope, its values undecoded
+_EVENTS = msgspec.msgpack.Decoder(Annotated[list[msgspec.Raw], msgspec.Meta(max_length=MAX_BATCH_EVENTS)])
 
 
 def _hash(h: Any, what: str = "block hash") -> str:
@@ -134,6 +142,8 @@ def _fields(raw: Any, names: tuple[str, ...]) -> dict[str, Any]:
 def _decode_event(raw: Any) -> KVEvent | None:
     if isinstance(raw, dict):
         tag = raw.get("type")
+        if not isinstance(tag, str):  # (a tag this version does not know is a string too)
+            raise VllmWireError(f"vLLM KV event: a map whose type is {tag!r}, not an event kind"[:200])
     elif isinstance(raw, (list, tuple)) and raw and isinstance(raw[0], str):
         tag = raw[0]
     else:
@@ -163,30 +173,60 @@ def decode_kv_batch(payload: bytes) -> tuple[KVEventBatch, int]:
 
     Raises ``VllmWireError`` for anything that is not an event batch the store can hold."""
     try:
-        raw = msgspec.msgpack.decode(payload)
+        envelope = _BATCH.decode(payload)
+    except msgspec.ValidationError:  # (a msgpack value other than an array or a string-keyed map)
+        raise VllmWireError("vLLM KV event batch: expected [ts, events, dp_rank] or a map") from None
     except (msgspec.DecodeError, RecursionError) as err:
         raise VllmWireError(f"vLLM KV event batch: not msgpack ({err})") from None
-    if isinstance(raw, dict):
-        ts, events, rank = raw.get("ts"), raw.get("events"), raw.get("data_parallel_rank")
-    elif isinstance(raw, (list, tuple)) and len(raw) >= 2:
-        ts, events, rank = raw[0], raw[1], raw[2] if len(raw) > 2 else None
+    if isinstance(envelope, dict):
+        parts = envelope.get("ts"), envelope.get("events"), envelope.get("data_parallel_rank")
+    elif len(envelope) >= 2:
+        parts = envelope[0], envelope[1], envelope[2] if len(envelope) > 2 else None
     else:
         raise VllmWireError("vLLM KV event batch: expected [ts, events, dp_rank] or a map")
+    ts, rank = (None if p is None else _value(p) for p in (parts[0], parts[2]))
     seconds = _ts(ts)
-    if not isinstance(events, (list, tuple)):
-        raise VllmWireError(f"vLLM KV event batch: events must be a list, got {type(events).__name__}")
     rank = _int(rank, "data_parallel_rank", 0, _I32[1])
-    elements = len(events) + sum(len(v) for e in events if isinstance(e, (list, tuple, dict))
-                                 for v in (e.values() if isinstance(e, dict) else e) if isinstance(v, (list, tuple)))
-    if elements > MAX_BATCH_ELEMENTS:
-        raise VllmWireError(f"vLLM KV event batch: {elements:,} events, hashes and token ids, more than "
-                            f"{MAX_BATCH_ELEMENTS:,} in one batch")
+    events = _events(parts[1])
+    elements = len(events)
+    decoded = []
     try:
-        decoded = [_decode_event(e) for e in events]
+        for raw_event in events:  # one at a time: the cap is met before the rest is decoded
+            event = _value(raw_event)
+            if isinstance(event, (list, tuple, dict)):
+                elements += sum(len(v) for v in (event.values() if isinstance(event, dict) else event)
+                                if isinstance(v, (list, tuple)))
+            if elements > MAX_BATCH_ELEMENTS:
+                raise VllmWireError(f"vLLM KV event batch: events, hashes and token ids: more than "
+                                    f"{MAX_BATCH_ELEMENTS:,} in one batch")
+            decoded.append(_decode_event(event))
     except (TypeError, KeyError, IndexError, AttributeError) as err:
         raise VllmWireError(f"vLLM KV event: malformed fields ({err})") from None
     kept = [e for e in decoded if e is not None]
     return KVEventBatch(seconds, kept, rank), len(decoded) - len(kept)
+
+
+def _value(raw: msgspec.Raw) -> Any:
+    """One undecoded msgpack value of the batch, decoded (a VllmWireError if it cannot be)."""
+    try:
+        return msgspec.msgpack.decode(raw)
+    except (msgspec.DecodeError, RecursionError) as err:
+        raise VllmWireError(f"vLLM KV event batch: not msgpack ({err})") from None
+
+
+def _events(raw: msgspec.Raw | None) -> list[msgspec.Raw]:
+    """The events array, each event undecoded; its length is read from its header first."""
+    if raw is None:
+        raise VllmWireError("vLLM KV event batch: events must be a list, got NoneType")
+    try:
+        return _EVENTS.decode(raw)
+    except msgspec.ValidationError as err:
+        if "length" in str(err):
+            raise VllmWireError(f"vLLM KV event batch: more than {MAX_BATCH_EVENTS:,} events in one batch (a step "
+                                "publishes some thousands)") from None
+        raise VllmWireError(f"vLLM KV event batch: events must be a list, got {type(_value(raw)).__name__}") from None
+    except (msgspec.DecodeError, RecursionError) as err:
+        raise VllmWireError(f"vLLM KV event batch: not msgpack ({err})") from None
 
 
 def replay_frame(frames: list[bytes]) -> tuple[int, bytes] | None:
