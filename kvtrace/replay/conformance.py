@@ -130,7 +130,9 @@ class ConformanceRun:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "capacity_blocks": self.capacity_blocks,
+            # vLLM's num_gpu_blocks, as --capacity-blocks gave it (null block included): not
+            # replay's capacity_blocks, the usable blocks (metrics.py's one meaning)
+            "num_gpu_blocks": self.capacity_blocks,
             "behaviours_off": sorted(ALL_BEHAVIOURS - self.config.behaviours),
             "requests": self.requests,
             "steps": self.steps,
@@ -505,7 +507,7 @@ def format_report(result: ConformanceResult) -> list[str]:
     lines = [f"kvtrace conformance {result.trace}  preset {result.preset}  vLLM {result.vllm_version}"]
     for run in result.runs:
         off = sorted(ALL_BEHAVIOURS - run.config.behaviours)
-        head = (f"capacity {run.capacity_blocks:,} blocks: {run.requests} requests, {run.steps} steps, "
+        head = (f"num_gpu_blocks {run.capacity_blocks:,}: {run.requests} requests, {run.steps} steps, "
                 f"{run.preemptions} preemptions, {run.refusals} refused allocations, {run.evictions} evictions, "
                 f"{run.copies} copies")
         if run.unschedulable:
