@@ -293,6 +293,11 @@ def _flag_values(spec: RunSpec) -> dict[str, Any]:
             for field, flag in FLAG_OF_FIELD.items()}
 
 
+# a preset's setting -> the settings a file's value of which can make it conflict (the
+# refusal names those the file set, not every key it set)
+_CONFLICTS_WITH = {"retention_interval": ("groups",)}
+
+
 def _at_origin(err: ConfigError, origin: dict[str, str], spec: RunSpec) -> ConfigError:
     """``err`` (raised by a config class, which knows only its own field names) restated
     at the flag or file key the value came from."""
@@ -309,7 +314,9 @@ def _at_origin(err: ConfigError, origin: dict[str, str], spec: RunSpec) -> Confi
             return err
         # (every key the file set, those a flag took over included: --block-size took the
         # file's groups, and the conflict went out as the config class raised it)
-        file_keys = sorted(set(_file_keys(load_config_file(spec.config_file)).values()))
+        set_by_file = _file_keys(load_config_file(spec.config_file))
+        related = [set_by_file[f] for f in _CONFLICTS_WITH.get(field, ()) if f in set_by_file]
+        file_keys = related or sorted(set(set_by_file.values()))  # (the keys that can conflict, where known)
         if not file_keys:
             return err
         # the preset's own value of a setting the file left alone, in conflict with what it set

@@ -183,8 +183,10 @@ def test_a_bad_flag_beside_a_config_file_is_blamed_on_the_flag(tmp_path: Path, c
      "c.toml: cache.without: unknown behaviours ['']"),
     # --block-size took the origin of the file's groups: the conflict went out as CacheConfig's
     ('[cache]\ngroups = [{ type = "full_attention", block_size = 32 }]\nhash_block_size = 32\n',
-     ["--block-size", "64"], "c.toml: cache.groups, cache.hash_block_size: conflicts with the preset's "
-                             "retention_interval"),
+     ["--block-size", "64"], "c.toml: cache.groups: conflicts with the preset's retention_interval"),
+    # the same without the flag: hash_block_size, which plays no part in it, was named beside groups
+    ('[cache]\ngroups = [{ type = "full_attention", block_size = 64 }]\nhash_block_size = 16\n', [],
+     "c.toml: cache.groups: conflicts with the preset's retention_interval"),
     # the file's hash unit was blamed on --block-size, which fits only the preset's unit
     ('[cache]\nhash_block_size = 7\n', ["--block-size", "64"],
      "c.toml: cache.hash_block_size: 7 does not divide the block size 64"),
