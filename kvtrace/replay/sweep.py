@@ -363,6 +363,12 @@ def _results_in_order(specs: list[RunSpec], keep: bool, workers: int,
         # with the pool failing them, InvalidStateError printed from its thread).
         for proc in list((getattr(pool, "_processes", None) or {}).values()):  # (3.14: terminate_workers)
             proc.terminate()
+        # A worker ended while it wrote its result (span tables: megabytes) left the pool's
+        # thread reading the rest of it for good, and shutdown() waiting on that thread: Ctrl-C
+        # hung the sweep. This process's end of the result pipe is its last writer once the
+        # workers are gone: closed, that read ends, and the pool finds itself broken.
+        with contextlib.suppress(AttributeError, OSError):
+            pool._result_queue._writer.close()  # type: ignore[attr-defined]
         pool.shutdown()
         raise
     pool.shutdown()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -43,3 +44,53 @@ def test_what_ray_tells_the_driver_does_not_break_the_json_on_stdout(monkeypatch
     doc = json.loads(out)  # the one document, nothing before or after it
     assert [r["params"] for r in doc["runs"]] == [{"capacity_blocks": 300}, {"capacity_blocks": 900}]
     assert DIED in err  # (Ray's word kept, where a user reads such lines)
+
+
+_HALF_WRITTEN = r'''
+import multiprocessing, os, struct, sys, time
+from dataclasses import replace
+from kvtrace.replay import sweep
+from kvtrace.replay.run import RunSpec
+
+pools = []
+real = sweep.ProcessPoolExecutor
+
+def pool(*args, **kwargs):
+    pools.append(real(*args, **kwargs))
+    return pools[-1]
+
+written = multiprocessing.get_context("fork").Event()
+
+def half_a_result(spec, keep):  # as a worker stopped while it sent its span tables back
+    fd = pools[0]._result_queue._writer.fileno()
+    os.write(fd, struct.pack("!i", 1 << 20) + b"x" * 1000)  # a 1 MiB message's header, 1,000 bytes of it
+    written.set()
+    time.sleep(600)
+
+sweep.ProcessPoolExecutor = pool
+sweep._replay_one = half_a_result
+specs = [replace(RunSpec(sys.argv[1]), capacity_blocks=c) for c in (300, 900)]
+try:
+    with sweep._results_in_order(specs, True, 2, None):
+        assert written.wait(60)
+        raise KeyboardInterrupt  # Ctrl-C while the pool's thread reads that result
+except KeyboardInterrupt:
+    print("stopped")
+'''
+
+
+def test_a_stop_while_a_worker_sends_its_result_back_ends_the_sweep(tmp_path):
+    """Ctrl-C (SIGTERM, a failed replay) while a worker wrote its result: the workers were
+    ended, and the pool's thread read the rest of that result for good, shutdown() waiting on
+    it: the sweep hung, its workers zombies, until kill -9."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "half_written.py"
+    script.write_text(_HALF_WRITTEN)
+    try:
+        done = subprocess.run([sys.executable, str(script), str(MOONCAKE)], capture_output=True, text=True,
+                              timeout=60, check=False, cwd=Path(__file__).resolve().parents[2])
+    except subprocess.TimeoutExpired:
+        pytest.fail("the sweep's stop hung on the half-written result")
+    assert (done.returncode, done.stdout) == (0, "stopped\n"), done.stderr
