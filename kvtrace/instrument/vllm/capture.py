@@ -380,7 +380,7 @@ class VllmKVCapture:
                 # queues each request unsent, and past ZMQ's high-water mark, 1,000 gaps on, a blocking
                 # send waited for good, deaf to Ctrl-C; nothing is asked then, and no answer awaited)
                 self._replay.send_multipart([b"", start.to_bytes(8, "big")], flags=zmq.NOBLOCK)
-                frames_left = _REPLAY_SLACK_FRAMES + (0 if upto is None else upto - start)
+                frames_left = (upto - start) + _REPLAY_SLACK_FRAMES
             except zmq.Again:
                 frames_left = 0
             timeout_ms = max(1, int(self.replay_timeout_s * 1000))
