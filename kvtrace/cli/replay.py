@@ -83,7 +83,7 @@ def sweep(
         if run.run_id is not None:
             recorded(run.run_id, db)
 
-    with _worker_deaths_told():
+    with _worker_deaths_told(db):
         result = run_sweep(spec, params, db=db, workers=workers, ray_address=ray, on_done=done)
     if as_json:
         echo_json(result.to_json())
@@ -117,7 +117,7 @@ def curve(
     policies = None if policy is None else tuple(p.strip() for p in policy.split(","))  # (run_curve refuses '')
     if db is not None:
         pyarrow_without_pandas()
-    with _worker_deaths_told():
+    with _worker_deaths_told(db, curve=True):
         result = run_curve(spec, capacities, policies=policies, db=db, workers=workers, ray_address=ray)
     if db is not None:
         status(f"kvtrace: curve {result.curve_id} recorded in {db}")
@@ -129,22 +129,24 @@ def curve(
 
 
 @contextlib.contextmanager
-def _worker_deaths_told() -> Iterator[None]:
+def _worker_deaths_told(db: str | None, curve: bool = False) -> Iterator[None]:
     """A worker that died (``kill -9``, the OOM killer; a local one or a Ray task's) as one
     line and exit 1, not the pool's traceback. The sweep stores each run once it and every
-    earlier one are back: those stay, the rest were not recorded."""
+    earlier one are back: those stay, the rest were not recorded; a curve is recorded only
+    once every point is back. Without a store nothing was, and the line says nothing of it."""
     from concurrent.futures.process import BrokenProcessPool
 
     from kvtrace.replay.sweep import WorkerDied
 
-    kept = "the runs stored before it are kept, the rest were not recorded"
+    kept = "" if db is None else ("; the runs stored before it are kept, the rest were not recorded"
+                                  + (", nor the curve" if curve else ""))
     try:
         yield
     except BrokenProcessPool:
         if stop_signalled():  # (Ctrl-C or SIGTERM to the process group: the workers died of it)
             raise
-        error(f"a worker process died before its replay finished (killed, or out of memory?); {kept}")
+        error(f"a worker process died before its replay finished (killed, or out of memory?){kept}")
         raise typer.Exit(1) from None
     except WorkerDied as err:
-        error(f"{err}; {kept}")
+        error(f"{err}{kept}")
         raise typer.Exit(1) from None

@@ -292,6 +292,10 @@ def _deaths_named(results: Iterator[tuple[RunResult, list]], combos: list[dict[s
     from kvtrace.process import stop_signalled
 
     for combo in combos:
+        # (a curve's capacities are its --capacities values, no 'sweep' or 'combinations' it was told of)
+        swept = values_flag in ("--param", "--sweep")
+        stopped = (f"the sweep stopped at {label(combo)}" if swept else
+                   f"the curve stopped at {values_flag} {label(combo).partition('=')[2]}")
         try:
             item = next(results)
         except StopIteration:
@@ -301,10 +305,9 @@ def _deaths_named(results: Iterator[tuple[RunResult, list]], combos: list[dict[s
                 raise
             # (the pool fails every replay not yet back: the sweep stops at the first of them)
             raise WorkerDied(f"a worker process died before its replay finished (killed, or out of memory?); "
-                             f"the sweep stopped at {label(combo)}, {_kept(done(), len(combos), stored)}") from None
+                             f"{stopped}, {_kept(done(), len(combos), stored, swept)}") from None
         except WorkerDied as err:
-            raise WorkerDied(f"{err}; the sweep stopped at {label(combo)}, {_kept(done(), len(combos), stored)}") \
-                from None
+            raise WorkerDied(f"{err}; {stopped}, {_kept(done(), len(combos), stored, swept)}") from None
         except KVTraceError as err:
             if type(err) is not KVTraceError:  # (a file's, a flag's: named where it is)
                 raise
@@ -313,8 +316,8 @@ def _deaths_named(results: Iterator[tuple[RunResult, list]], combos: list[dict[s
         yield item
 
 
-def _kept(done: int, total: int, stored: bool) -> str:
-    return f"{done} of {total} combinations {'stored' if stored else 'done'}"
+def _kept(done: int, total: int, stored: bool, swept: bool = True) -> str:
+    return f"{done} of {total} {'combinations' if swept else 'capacities'} {'stored' if stored else 'done'}"
 
 
 @contextlib.contextmanager

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 from pathlib import Path
 
 import pytest
 
 from kvtrace.replay import sweep
+from kvtrace.replay.sweep import _replay_one as _real_replay_one
 from tests.cli.support import run
 from tests.conftest import MOONCAKE
 
@@ -50,6 +53,7 @@ _HALF_WRITTEN = r'''
 import multiprocessing, os, struct, sys, time
 from dataclasses import replace
 from kvtrace.replay import sweep
+from kvtrace.replay.sweep import _replay_one as _real_replay_one
 from kvtrace.replay.run import RunSpec
 
 pools = []
@@ -94,3 +98,31 @@ def test_a_stop_while_a_worker_sends_its_result_back_ends_the_sweep(tmp_path):
     except subprocess.TimeoutExpired:
         pytest.fail("the sweep's stop hung on the half-written result")
     assert (done.returncode, done.stdout) == (0, "stopped\n"), done.stderr
+
+
+def _killed_at_4000(spec, keep):
+    if spec.capacity_blocks == 4000:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return _real_replay_one(spec, keep)
+
+
+def test_a_curves_worker_death_is_told_in_the_curves_words(tmp_path, monkeypatch, capsys):
+    """`kvtrace curve` (engine mode: a sweep of its capacities) whose worker died said 'the
+    sweep stopped at capacity_blocks=..., 1 of 2 combinations stored' (a sweep and combinations
+    it was never told of) and that the runs before it were kept, not that the curve was not."""
+    monkeypatch.setattr(sweep, "_replay_one", _killed_at_4000)
+    db = tmp_path / "c.duckdb"
+    code, _, err = run(["curve", str(MOONCAKE), "--mode", "engine", "--limit", "20", "--capacities", "2000,4000",
+                        "--workers", "2", "--db", str(db)], capsys)
+    assert code == 1, err
+    (line,) = err.strip().splitlines()[-1:]
+    assert line.startswith("kvtrace: error: a worker process died before its replay finished (killed, or out of "
+                           "memory?); the curve stopped at --capacities "), err
+    assert line.endswith(" of 2 capacities stored; the runs stored before it are kept, the rest were not recorded, "
+                         "nor the curve"), err
+    # without a store nothing was stored, and the line does not say it was kept
+    code, _, err = run(["sweep", str(MOONCAKE), "--limit", "20", "--param", "capacity_blocks=2000,4000",
+                        "--workers", "2"], capsys)
+    assert code == 1, err
+    assert err.rstrip().endswith(" of 2 combinations done"), err
+    assert "stored" not in err, err
