@@ -18,6 +18,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlparse
 
 from kvtrace.errors import DUCKDB_MAGIC, ConfigError, duckdb_magic, file_problem, read_only_file
+from kvtrace.names import printable
 
 CHDB_PREFIX = "chdb:"
 SERVER_SCHEMES = ("clickhouse", "clickhouses")
@@ -99,7 +100,8 @@ def clickhouse_target(db: str | os.PathLike) -> ClickHouseTarget:
             resolved = str(Path(path).resolve())
         except (ValueError, OSError) as err:  # a NUL byte, a path the OS refuses
             raise ConfigError("--db", text, f"not a directory path ({err})") from None
-        return ClickHouseTarget(label=text, path=resolved,
+        # (a newline in the path shown as \n, as a DuckDB path is: a one-line error made it a space)
+        return ClickHouseTarget(label=printable(text), path=resolved,
                                 otel_table=_one(opts, "otel_table", DEFAULT_OTEL_TABLE, text))
     shown = _without_password(text)  # what errors say: a password is never printed
     try:

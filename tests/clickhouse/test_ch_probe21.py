@@ -36,3 +36,11 @@ def test_meta_rows_given_twice_alike_are_read(tmp_path, capsys):
     code, out, err = kvtrace(["runs", "--db", db, "--json"], capsys)
     assert code == 0, err
     assert '"run_id": "r1"' in out
+
+
+def test_a_chdb_path_with_a_newline_is_named_as_typed(tmp_path, capsys):
+    """A DuckDB path's newline is shown as \\n; a chdb one's was joined into a space by the
+    one-line error ("chdb:.../ch 1": a directory that does not exist either)."""
+    db = f"chdb:{tmp_path}/ch\n1"
+    code, _, err = kvtrace(["runs", "--db", db], capsys)
+    assert_one_line(code, err, f"chdb:{tmp_path}/ch\\n1: no such chdb directory")
