@@ -38,11 +38,23 @@ def timed(fn):
     return time.perf_counter() - t, out
 
 
-def main() -> int:
+def at_least_one(text: str) -> int:
+    """An argparse type: an int >= 1 (--repeat 0 ended in statistics' 'no median for empty
+    data', --workers 0 in run_sweep's ConfigError: tracebacks, not argparse's one line)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is below 1")
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--workers", type=int, default=2)
-    args = ap.parse_args()
+    ap.add_argument("--repeat", type=at_least_one, default=3)
+    ap.add_argument("--workers", type=at_least_one, default=2)
+    args = ap.parse_args(argv)
     base = RunSpec(str(TRACE), mode="cache-only")
     params = [("capacity_blocks", CAPACITIES)]
     print(f"machine: {os.cpu_count()} cores; trace {TRACE.name}; capacities {CAPACITIES}")

@@ -126,3 +126,22 @@ def test_a_curves_worker_death_is_told_in_the_curves_words(tmp_path, monkeypatch
     assert code == 1, err
     assert err.rstrip().endswith(" of 2 combinations done"), err
     assert "stored" not in err, err
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--repeat", "0"), ("--workers", "0"), ("--workers", "-1"),
+                                             ("--repeat", "x")])
+def test_the_sweep_curve_bench_refuses_a_count_below_one_in_one_line(flag, value, capsys):
+    """bench/sweep_curve.py --repeat 0 ran the sweeps none times and ended in a StatisticsError
+    traceback; --workers 0 in run_sweep's ConfigError traceback, after its sequential sweep."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "sweep_curve.py"
+    spec = importlib.util.spec_from_file_location("bench_sweep_curve", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    with pytest.raises(SystemExit) as stopped:
+        bench.main([flag, value])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}: " in err and "Traceback" not in err, err
