@@ -56,7 +56,7 @@ def export_parquet(db: str | Path, run_id: str, directory: str | Path) -> dict[s
         def write(table: str, target: Path) -> None:
             rel = con.sql(_table_sql(table, stored), params=_params(table, run_id, shown, summary))
             reader = rel.to_arrow_reader(_BATCH_ROWS)  # (streamed: a 10M-span run is never whole in memory)
-            _write_canonical(reader.schema, reader, target)
+            _write_canonical(reader.schema, reader, target, _declared(table))
 
         return _write_all(out_dir, write)
 
@@ -73,7 +73,7 @@ def _export_clickhouse(db: str | Path, run_id: str, out_dir: Path, summary: str 
 
         def write(table: str, target: Path) -> None:
             rows = con.query_arrow(_table_sql(table, stored), _params(table, run_id, shown, summary))
-            _write_canonical(rows.schema, rows.to_batches(_BATCH_ROWS), target)
+            _write_canonical(rows.schema, rows.to_batches(_BATCH_ROWS), target, _declared(table))
 
         return _write_all(out_dir, write)
 
@@ -144,16 +144,29 @@ def _emptied(column: Any) -> Any:
     return column
 
 
-def _write_canonical(schema: Any, batches: Iterable[Any], target: Path) -> None:
+def _declared(table: str) -> frozenset[str] | None:
+    """The columns kvtrace declares for an exported table (None: the ``spans`` view's, all
+    of them): a column added to a store's table by hand is not exported (it made one store's
+    files of another schema than every other's)."""
+    from kvtrace.store import derived
+    from kvtrace.store.schema import RUN_COLUMNS
+
+    if table == "runs":
+        return frozenset(name for name, _, _ in RUN_COLUMNS)
+    return frozenset(derived.COLUMNS[table]) if table in derived.COLUMNS else None
+
+
+def _write_canonical(schema: Any, batches: Iterable[Any], target: Path, declared: frozenset[str] | None = None) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    canonical = pa.schema([pa.field(f.name, _canonical_type(f.type)) for f in schema])
+    kept = [i for i, f in enumerate(schema) if declared is None or f.name in declared]
+    canonical = pa.schema([pa.field(schema[i].name, _canonical_type(schema[i].type)) for i in kept])
     try:
         with pq.ParquetWriter(str(target), canonical, compression="zstd") as out:
             for batch in batches:
                 out.write_batch(pa.RecordBatch.from_arrays(
-                    [_canonical_column(batch.column(i), f.type) for i, f in enumerate(canonical)],
+                    [_canonical_column(batch.column(i), f.type) for i, f in zip(kept, canonical, strict=True)],
                     schema=canonical))
     except OSError as err:  # the output's failure (a full disk), not the store's: the OS's reason alone
         raise OSError(_io_reason(err)) from None

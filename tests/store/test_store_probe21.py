@@ -29,6 +29,7 @@ def engine_store(tmp_path_factory) -> bytes:
 
 
 def _altered(tmp_path, data: bytes, *sql: str):
+    tmp_path.mkdir(parents=True, exist_ok=True)
     db = tmp_path / "e.duckdb"
     db.write_bytes(data)
     con = duckdb.connect(str(db))
@@ -132,3 +133,19 @@ def test_itl_over_time_skips_a_null_gap(tmp_path, engine_store):
                 "AND request_id = ?", [one[0]])
     con.close()
     assert read.itl_over_time(db, "r2")["gaps"].sum() == whole - 1
+
+
+def test_export_keeps_its_one_schema_beside_a_column_added_by_hand(tmp_path, engine_store):
+    """A column added to ``runs`` or ``evicted_blocks`` by hand (or another tool) was exported
+    too: that store's files had another schema than every other store's."""
+    import pyarrow.parquet as pq
+
+    from kvtrace.store import export_parquet
+
+    plain = export_parquet(_altered(tmp_path / "a", engine_store), "r2", tmp_path / "plain")
+    db = _altered(tmp_path / "b", engine_store, "ALTER TABLE runs ADD COLUMN note VARCHAR",
+                  "ALTER TABLE evicted_blocks ADD COLUMN extra INTEGER")
+    extra = export_parquet(db, "r2", tmp_path / "extra")
+    for table, path in plain.items():
+        assert pq.read_schema(extra[table]) == pq.read_schema(path), table
+        assert pq.read_table(extra[table]).num_rows == pq.read_table(path).num_rows, table
