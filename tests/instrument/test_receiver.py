@@ -220,6 +220,14 @@ def _attr(key: str, value: dict) -> list[dict]:
      "application/json", "spans[0]: kvtrace.step.usage: NaN"),
     (_pb_span(attrs={"kvtrace.request.itl_mean_ns": float("inf")}), "application/x-protobuf", "itl_mean_ns: NaN"),
     (_span_json(attributes=_attr("k", {"stringValue": "\ud800"})), "application/json", "spans[0]"),
+    # counts are never negative (a -1 prompt was stored and summed into every view)
+    (_span_json(attributes=_attr("gen_ai.usage.input_tokens", {"intValue": "-1"})), "application/json",
+     "spans[0]: gen_ai.usage.input_tokens: -1 does not fit the store's num_prompt_tokens column (0 to"),
+    (_span_json(attributes=_attr("kvtrace.lookup.hit_tokens_per_group",
+                                 {"arrayValue": {"values": [{"intValue": "3"}, {"intValue": "-2"}]}})),
+     "application/json", "kvtrace.lookup.hit_tokens_per_group: -2 does not fit"),
+    (_span_json(attributes=_attr("kvtrace.lookup.first_miss_index", {"intValue": "-2"})), "application/json",
+     "first_miss_index column (-1 to"),  # (-1: every block hit)
     (b"[" * 60_000, "application/json", "nested too deeply"),
 ])
 def test_values_the_store_cannot_hold_get_400_naming_the_field(tmp_path, collector, capfd, body, ctype, needle):
