@@ -357,7 +357,7 @@ def _results_in_order(specs: list[RunSpec], keep: bool, workers: int,
                 head = futures.popleft()
                 if later is not None:  # (queued before waiting: the workers never run dry)
                     futures.append(pool.submit(_replay_one, later, keep))
-                yield head.result()
+                yield _result(pool, head)
 
         yield in_order()
     except BaseException:  # Ctrl-C, SIGTERM, a failed replay: the queued replays are not run
@@ -375,6 +375,31 @@ def _results_in_order(specs: list[RunSpec], keep: bool, workers: int,
         pool.shutdown()
         raise
     pool.shutdown()
+
+
+def _result(pool: ProcessPoolExecutor, future, poll_s: float = 1.0, polls_dead: int = 2):
+    """``future.result()``, or the pool's break when a worker died while it sent a result
+    back (killed, the OOM killer at the peak of pickling its span tables): the pool's thread
+    then reads the rest of that result for good, never sees the death, never fails a future,
+    and the sweep waited forever. A worker found dead at ``polls_dead`` polls in a row with
+    the head still not back is taken for that (the pool's thread tells a death at once
+    otherwise); the stop path then ends the others and unblocks the pool's thread."""
+    from concurrent.futures import TimeoutError as NotYet
+    from concurrent.futures.process import BrokenProcessPool
+    from multiprocessing.connection import wait
+
+    dead_polls = 0
+    while True:
+        try:
+            return future.result(timeout=poll_s)
+        except NotYet:
+            try:  # (a sentinel is readable once its process ended; nothing is reaped here)
+                dead = wait([p.sentinel for p in list((getattr(pool, "_processes", None) or {}).values())], 0)
+            except (ValueError, OSError):  # (the pool closed them: it saw the break itself)
+                dead = []
+            dead_polls = dead_polls + 1 if dead else 0
+            if dead_polls >= polls_dead:
+                raise BrokenProcessPool("a worker process died while it sent its result back") from None
 
 
 def _cannot_start(workers: int, err: OSError) -> KVTraceError:

@@ -145,3 +145,48 @@ def test_the_sweep_curve_bench_refuses_a_count_below_one_in_one_line(flag, value
     assert stopped.value.code == 2
     err = capsys.readouterr().err
     assert f"argument {flag}: " in err and "Traceback" not in err, err
+
+
+_DIED_SENDING = r'''
+import os, signal, struct, sys
+from kvtrace.replay import sweep
+from kvtrace.replay.run import RunSpec
+
+pools = []
+real, replay_one = sweep.ProcessPoolExecutor, sweep._replay_one
+
+def pool(*args, **kwargs):
+    pools.append(real(*args, **kwargs))
+    return pools[-1]
+
+def died_sending(spec, keep):  # as a worker killed (the OOM killer) while it sent its span tables back
+    if spec.capacity_blocks == 300:
+        os.write(pools[0]._result_queue._writer.fileno(), struct.pack("!i", 1 << 20) + b"x" * 1000)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return replay_one(spec, keep)
+
+sweep.ProcessPoolExecutor, sweep._replay_one = pool, died_sending
+try:
+    sweep.run_sweep(RunSpec(sys.argv[1], mode="cache-only", limit=20), [("capacity_blocks", [300, 900, 1000])],
+                    workers=2)
+except sweep.WorkerDied as err:
+    print(err)
+'''
+
+
+def test_a_worker_killed_while_it_sends_its_result_back_ends_the_sweep(tmp_path):
+    """The pool's thread read the rest of the dead worker's result for good: it never saw
+    the death, no future failed, and the sweep waited forever instead of its one line."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "died_sending.py"
+    script.write_text(_DIED_SENDING)
+    try:
+        done = subprocess.run([sys.executable, str(script), str(MOONCAKE)], capture_output=True, text=True,
+                              timeout=60, check=False, cwd=Path(__file__).resolve().parents[2])
+    except subprocess.TimeoutExpired:
+        pytest.fail("the sweep waited for good on a worker that died while it sent its result")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("a worker process died before its replay finished"), done.stdout + done.stderr
+    assert "the sweep stopped at capacity_blocks=300, 0 of 3 combinations done" in done.stdout, done.stdout
