@@ -5,6 +5,7 @@ errors as one line each and its exit status as documented (2 a user's error, 130
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import typer
 import typer.main
@@ -93,8 +94,31 @@ def _command() -> typer.main.TyperGroup:
         for param in c.params:
             if type(param.type) is TyperPath:  # the class typer gives a Path annotation
                 param.type.__class__ = _NonEmptyPath
-        todo.extend(getattr(c, "commands", {}).values())
+        subcommands = getattr(c, "commands", None)
+        if subcommands is None:
+            _refuse_repeats(c)
+        todo.extend((subcommands or {}).values())
     return command  # type: ignore[return-value]
+
+
+def _refuse_repeats(command: Any) -> None:
+    """A usage error for an option of one value given twice: click keeps the last, so
+    `runs --db a.duckdb --db b.duckdb` read b alone without a word (a flag twice says the same
+    thing twice, and a repeatable option collects them all)."""
+    parse_args = command.parse_args
+
+    def checked(ctx: Any, args: list[str]) -> list[str]:
+        if not ctx.resilient_parsing:
+            order = command.make_parser(ctx).parse_args(args=list(args))[2]
+            seen: set[str] = set()
+            for param in order:
+                if param.param_type_name == "option" and not (param.multiple or param.is_flag or param.count):
+                    if param.name in seen:
+                        raise typer.BadParameter("given more than once (give it once)", ctx=ctx, param=param)
+                    seen.add(param.name)
+        return parse_args(ctx, args)
+
+    command.parse_args = checked
 
 
 # The commands that record into a store: stopped, they keep what they recorded (the run

@@ -1115,3 +1115,21 @@ def test_a_clock_past_int64_names_the_config_file_whose_cost_model_made_it(tmp_p
     trace = Path(__file__).resolve().parents[1] / "data" / "mooncake_synthetic_trace.jsonl"
     code, _, err = run(["replay", str(trace), "--limit", "1000", "--no-content", "--config", str(cfg)], capsys)
     assert_one_line(code, err, f"{cfg}: cost_model: mine: the virtual clock passed 2^63 ns")
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["runs", "--db", "a.duckdb", "--db", "b.duckdb"], "--db"),
+    (["replay", "gen:chat", "--limit", "2", "--seed", "1", "--seed=2"], "--seed"),
+    (["export", "--db", "a.duckdb", "--run", "r1", "--run", "r2", "--parquet", "x"], "--run"),
+])
+def test_an_option_of_one_value_given_twice_is_refused(tmp_path, capsys, argv, flag):
+    """click kept the last: `runs --db a.duckdb --db b.duckdb` read b alone without a word."""
+    code, _, err = run(argv, capsys)
+    assert_one_line(code, err, f"{flag}: given more than once")
+
+
+def test_repeatable_options_and_flags_given_twice_still_run(capsys):
+    code, out, err = run(["replay", "gen:chat", "--limit", "2", "--no-content", "--without",
+                          "shared-prefix-pinning", "--without", "transient-checkpoint-retention", "--json", "--json"],
+                         capsys)
+    assert code == 0 and json.loads(out)["requests"] == 2, err
