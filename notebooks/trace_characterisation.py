@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -18,7 +18,7 @@
 #
 # What a user looks at before choosing a cache capacity: how often blocks are reused and
 # how far apart, how the prefix tree fans out, the hit rate against capacity (cache-only
-# LRU sweep with the offline-optimal Belady bound), and how bursty arrivals are.
+# LRU sweep with the Belady (MIN) bound), and how bursty arrivals are.
 #
 # Works on any trace kvtrace reads (Mooncake, Bailian, WEKA, Azure, native). By default it
 # writes the built-in `mixed` workload to a temporary file and reads it back.

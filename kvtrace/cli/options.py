@@ -114,7 +114,7 @@ _RUN_OPTIONS: dict[str, tuple[Any, Any, str]] = {
              "(engine mode; kvtrace's scheduler, content checks, clock and spans around it).",
         rich_help_panel=RUN_PANEL)], Backend(BACKENDS[0]), "backend"),
     "policy": (Annotated[Policy, typer.Option(
-        help="Cache-only eviction policy (belady: the offline optimum).", rich_help_panel=RUN_PANEL)],
+        help="Cache-only eviction policy (belady: the offline bound, MIN).", rich_help_panel=RUN_PANEL)],
         Policy("lru"), "policy"),
     "fmt": (Annotated[TraceFormat | None, typer.Option(
         "--format", help="Trace format (default: detected).", rich_help_panel=RUN_PANEL)], None, "trace_format"),

@@ -101,7 +101,7 @@ def curve(
         help="Capacities in blocks, inf for the unbounded cache (auto: from the largest request up to the "
              "trace's distinct blocks, and inf).")] = "auto",
     policy: Annotated[str | None, typer.Option(
-        metavar="lru,belady", help="The curves to draw: lru, belady (the offline optimum), or both (default: both; "
+        metavar="lru,belady", help="The curves to draw: lru, belady (the offline bound, MIN), or both (default: both; "
                                    "lru in engine mode, where the Belady bound has no unit).")] = None,
     db: Db = None,
     workers: Annotated[int, typer.Option(metavar="N", help="Local worker processes (engine mode; at most one a "

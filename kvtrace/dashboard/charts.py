@@ -364,7 +364,7 @@ def capacity_curve(points: pl.DataFrame, marks: Sequence[tuple[str, float, float
     if bounded.height == 0:
         return None
     fig = _fig("Prefix cache hit rate against capacity", "capacity (blocks, log scale)", "prefix cache hit rate")
-    names = {"lru": "LRU", "belady": "Belady bound (offline optimum)"}
+    names = {"lru": "LRU", "belady": "Belady bound (MIN)"}
     for i, policy in enumerate(("lru", "belady")):
         part = bounded.filter(pl.col("policy") == policy).sort("capacity_blocks")
         if part.height:

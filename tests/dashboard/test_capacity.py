@@ -46,7 +46,7 @@ def traces(at: AppTest) -> dict[str, dict]:
 def test_the_curve_and_the_runs_of_its_trace(capacity_db, monkeypatch):
     db, cache_only, engine, _ = capacity_db
     shown = traces(render(db, monkeypatch, run=cache_only.run_id))
-    lru, belady = shown["LRU"], shown["Belady bound (offline optimum)"]
+    lru, belady = shown["LRU"], shown["Belady bound (MIN)"]
     assert lru["x"] == [100, 200, 400] and belady["x"] == [100, 200, 400]
     assert all(b >= a for a, b in zip(lru["y"], belady["y"]))
     # the cache-only run at 200 blocks sits exactly on the curve's (one-pass) point at 200
