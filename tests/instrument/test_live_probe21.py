@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import msgspec
+import pytest
 
 
 def _batch(i: int) -> bytes:
@@ -266,3 +267,28 @@ def test_a_run_id_that_is_no_text_or_empty_is_refused_not_filed_in_the_collector
         assert collector.spans_received == 0 and collector._default_run is None
     finally:
         collector.stop()
+
+
+def test_a_stop_whose_failed_record_cannot_be_written_is_still_the_stop(tmp_path, monkeypatch):
+    """The stopped capture's own failure record (its counts beside the error) failed in a
+    store that failed too: that store error replaced the stop the user had made."""
+    from kvtrace.instrument.vllm import capture as capture_module
+    from kvtrace.store.errors import StoreError
+    from kvtrace.store.read import run
+    from kvtrace.store.writer import Store
+
+    def stopped(*_args, **_kw):
+        raise KeyboardInterrupt
+
+    finish = Store.finish_run
+
+    def failing_finish(self, run_id, status=None, **kw):
+        if "error" in (kw.get("summary") or {}) and "batches" in (kw.get("summary") or {}):
+            raise StoreError(str(tmp_path / "s.duckdb"), "disk full")
+        return finish(self, run_id, status=status, **kw)
+
+    monkeypatch.setattr(capture_module, "run_captures", stopped)
+    monkeypatch.setattr(Store, "finish_run", failing_finish)
+    with pytest.raises(KeyboardInterrupt):
+        capture_module.capture_vllm("tcp://127.0.0.1:9", store_path=tmp_path / "s.duckdb", duration=1)
+    assert run(tmp_path / "s.duckdb", "r1")["status"] in ("failed", "incomplete")

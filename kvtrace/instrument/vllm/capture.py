@@ -24,6 +24,7 @@ after first contact, a batch neither received nor returned by the replay socket 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import OrderedDict
@@ -545,10 +546,13 @@ def capture_vllm(endpoint: str, replay_endpoint: str | None = None, *, store_pat
         except BaseException as exc:
             # (a second Ctrl-C, an error): the run failed, its counts kept beside the error, where
             # the store's own failure summary held the error alone (every count of what was stored gone)
-            for cap in caps:
-                cap.close()
-            counts: dict[str, Any] = CaptureStats.total([c.stats for c in caps], run_id).counts()
-            store.finish_run(run_id, status="failed", summary={**counts, "error": f"{type(exc).__name__}: {exc}"})
+            # (a store that fails here too leaves the stop or error the one told; the store's own
+            # exit marks the run failed then)
+            with contextlib.suppress(Exception):
+                for cap in caps:
+                    cap.close()
+                counts: dict[str, Any] = CaptureStats.total([c.stats for c in caps], run_id).counts()
+                store.finish_run(run_id, status="failed", summary={**counts, "error": f"{type(exc).__name__}: {exc}"})
             raise
         for cap in caps:
             cap.close()
