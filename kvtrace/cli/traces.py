@@ -67,7 +67,17 @@ def convert(
         # and where it was converted already, the first source stays (a third conversion named
         # the second file and lost the trace it all came from). Conversions are lossless and a
         # --limit keeps a prefix, so what is kept of the first source is the smallest limit
-        limits = [kept.pop(k) for k in ("converted_from_limit", "source_limit") if k in kept]
+        limits = []
+        for key in ("converted_from_limit", "source_limit"):
+            if key in kept:
+                given = kept.pop(key)
+                if isinstance(given, bool) or not isinstance(given, int) or given < 1:  # (free metadata: any JSON)
+                    from kvtrace.errors import TraceFormatError
+                    from kvtrace.names import cut_middle
+
+                    raise TraceFormatError(trace, 1, f"header {key}: expected a number of requests >= 1, "
+                                                     f"got {cut_middle(repr(given), 60)}")
+                limits.append(given)
         if "source" in kept:
             source_was = kept.pop("source")
             kept.setdefault("converted_from", source_was)

@@ -236,6 +236,19 @@ def test_convert_with_a_limit_that_cuts_nothing_says_no_limit(tmp_path):
     assert last["source"] != json.loads(third.read_text().splitlines()[0])["source"]  # (each names its own input)
 
 
+@pytest.mark.parametrize("given", ["null", '"abc"', "0", "true", "2.5"])
+def test_convert_refuses_a_header_limit_that_is_no_count(tmp_path, given):
+    """A native header's source_limit of null (free metadata, any JSON) was a TypeError traceback
+    from the limits' min (2794f29)."""
+    native = tmp_path / "h.jsonl"
+    native.write_text(f'{{"kvtrace_trace":1,"block_size":16,"source_limit":{given},"converted_from_limit":5}}\n'
+                      '{"arrival_ns":0,"input_length":3,"output_length":1,"hash_ids":[1]}\n')
+    r = kvtrace("convert", str(native), "-o", str(tmp_path / "o.jsonl"))
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        f"kvtrace: error: {native}:1: header source_limit: expected a number of requests >= 1, "
+        f"got {json.loads(given)!r}"], r.stderr
+
+
 def test_dashboard_on_missing_db_is_one_line(tmp_path):
     res = kvtrace("dashboard", "--db", str(tmp_path / "nope.duckdb"))
     assert res.returncode != 0 and "nope.duckdb" in res.stderr and "Traceback" not in res.stderr
