@@ -87,12 +87,19 @@ def _refuse_a_run_config(out: str) -> None:
     from kvtrace.workload.lines import without_bom
 
     try:
-        if not os.path.isfile(out) or os.path.getsize(out) > MAX_CONFIG_BYTES:  # (a FIFO is never opened)
+        if not os.path.isfile(out) or os.path.getsize(out) == 0:  # (a FIFO is never opened)
             return
+        if os.path.getsize(out) > MAX_CONFIG_BYTES:
+            raise ValueError("larger than a config file")
         with open(out, "rb") as f:
             doc = tomllib.loads(without_bom(f.read()).decode("utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError, ValueError):
-        return  # no TOML file: an output -o may replace
+    except OSError:
+        return  # (unreadable: the write below says what it can of it)
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError, ValueError) as err:
+        # a run config with a typo, a trace, a measurements file: replaced without a word
+        why = cut_middle(str(err).splitlines()[0] if str(err) else type(err).__name__, 80)
+        raise KVTraceError(f"{out}: exists and is no cost-model TOML ({why}), which the fitted model would replace "
+                           "whole; write it elsewhere, or remove it first") from None
     other = sorted(set(doc) - {"cost_model"})
     if other:
         keys = cut_middle(", ".join(printable(k) for k in other), 120)

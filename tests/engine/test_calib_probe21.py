@@ -136,6 +136,20 @@ def test_calibrate_out_refuses_a_run_config_with_other_settings_and_keeps_it(tmp
     assert load_config_file(earlier).cost_model == calibrate([steps], name="calibrated").model
 
 
+@pytest.mark.parametrize("text", ['[cache]\nnum_gpu_blocks = 100\nhash_block_size = \n',  # a typo
+                                  "TIMESTAMP,ContextTokens,GeneratedTokens\n0,1,2\n",  # another file
+                                  '{"timestamp": 0, "input_length": 3}\n'])
+def test_calibrate_out_refuses_an_existing_file_that_is_no_toml(tmp_path, capsys, text):
+    """A run config with one typo, a trace or a measurements file (no TOML to read its tables)
+    was replaced by the fitted model without a word."""
+    steps = Path(__file__).resolve().parents[1] / "data" / "calibration" / "aic-h200-llama-3.1-8b-tp1.csv"
+    out = tmp_path / "x.toml"
+    out.write_text(text)
+    code, stdout, err = run(["calibrate", "--from", str(steps), "-o", str(out)], capsys)
+    assert_one_line(code, err, f"{out}: exists and is no cost-model TOML (")
+    assert stdout == "" and out.read_text() == text
+
+
 def test_calibrate_from_a_replay_run_of_a_store_says_it_is_no_collected_run(replayed_store):
     """`--run` of a replay said only "no vLLM llm_request spans ... (start vLLM with
     --otlp-traces-endpoint ...)", as if the collection had missed them."""
