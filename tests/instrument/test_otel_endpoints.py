@@ -162,3 +162,23 @@ def test_the_flag_takes_a_grpc_host_port_target_as_the_variables_do(tmp_path, ca
     summary = json.loads(out)
     assert "otlp_spans_undelivered" not in summary, summary
     assert count_spans(tmp_path / "collected.duckdb", summary["otlp_run_id"]) > 0
+
+
+@pytest.mark.parametrize("spec", [
+    # an external load's copy has no source block (copy_src -1): refused by 9c29954's bounds
+    RunSpec("gen:mixed", limit=40, capacity_blocks=40, external_capacity_blocks=4096),
+    # vLLM says no block's last use (idle -1): refused since idle was bounded at 0
+    RunSpec("gen:mixed", limit=20, capacity_blocks=60, backend="vllm"),
+    RunSpec("gen:agent", limit=6, mode="cache-only", capacity_blocks=30),
+])
+def test_every_span_a_replay_makes_is_one_kvtraces_collector_takes(tmp_path, spec):
+    if spec.backend == "vllm":
+        pytest.importorskip("vllm", reason="the vllm backend needs vLLM (make vllm)")
+    collector = OTLPCollector(tmp_path / "collected.duckdb", port=0, grpc_port=None).start()
+    try:
+        result = run_replay(spec, otlp_endpoint=collector.url)
+    finally:
+        collector.stop()
+    assert result.undelivered is None, result.undelivered
+    got = read.run(tmp_path / "collected.duckdb", result.otlp_run_id)
+    assert got["status"] == "complete" and got["num_spans"] == result.summary["spans"] > 0
