@@ -987,3 +987,51 @@ def test_batches_the_publisher_no_longer_held_at_first_contact_are_counted(tmp_p
     stats = cap.stats
     assert (stats.batches, stats.recovered, stats.lost, stats.missed_before_contact) == (8, 7, 0, 3)
     assert "3 missed before contact" in capture_report(stats)
+
+
+def _nested_empties(n: int) -> bytes:
+    """msgpack of [[] x n] (a one-byte empty array each)."""
+    return b"\xdd" + n.to_bytes(4, "big") + b"\x90" * n
+
+
+@pytest.mark.parametrize("where", ["unread field", "ts", "past the envelope", "inside block_hashes"])
+def test_a_batch_nesting_millions_of_arrays_is_never_built(where):
+    """16M empty arrays inside one event's extra_keys, or as the ts, or after the envelope's
+    third element were decoded whole (1.2 GB, seconds) where the element count looked one
+    level down only (a393fa2): what is not read is skipped, a value deeper than its field can
+    be is refused at its first array."""
+    import tracemalloc
+
+    import msgspec
+
+    from kvtrace.instrument.vllm.wire import VllmWireError
+
+    n = 4_000_000
+    name, ts = msgspec.msgpack.encode("BlockStored"), msgspec.msgpack.encode(1.0)
+    hashes = b"\x91\x01"
+    if where == "inside block_hashes":
+        hashes = b"\x91" + _nested_empties(n)
+    # [tag, block_hashes, parent, token_ids, block_size, lora_id, medium, lora_name, extra_keys]
+    extra = b"\x91" + _nested_empties(n) if where == "unread field" else b"\xc0"
+    event = b"\x99" + name + hashes + b"\xc0\x90\x10\xc0\xc0\xc0" + extra
+    if where == "ts":
+        payload = b"\x93" + _nested_empties(n) + b"\x91" + event + b"\x00"
+    elif where == "past the envelope":
+        payload = b"\xdc" + (n + 3).to_bytes(2, "big") if n + 3 < 1 << 16 else (
+            b"\xdd" + (n + 3).to_bytes(4, "big"))
+        payload += ts + b"\x91" + event + b"\x00" + b"\x90" * n
+    else:
+        payload = b"\x93" + ts + b"\x91" + event + b"\x00"
+    tracemalloc.start()
+    try:
+        if where == "unread field":
+            batch, _ = decode_kv_batch(payload)
+            assert batch.events[0].block_hashes == [hash_hex(1)]
+        else:
+            with pytest.raises(VllmWireError) as info:
+                decode_kv_batch(payload)
+            assert "\n" not in str(info.value)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, peak  # (decoded whole: hundreds of MB)

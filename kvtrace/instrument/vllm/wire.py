@@ -78,8 +78,30 @@ MAX_BATCH_ELEMENTS = 1 << 21
 # were 16M objects, 8-17 s and 1.2 GB to decode before the batch was refused.
 MAX_BATCH_EVENTS = 1 << 17
 
-_BATCH = msgspec.msgpack.Decoder(list[msgspec.Raw] | dict[str, msgspec.Raw])  # the envelope, its values undecoded
+# Only what is read is decoded, and no deeper than it can be: the envelope and each event
+# with their values left raw (a field kvtrace does not read, extra_keys say, is never
+# decoded), each read value as a scalar or a list of scalars (deeper nesting is refused at
+# its first array, before any of it is built: 16M empty arrays inside one event's field,
+# or as the ts, were decoded whole, 1.2 GB). Envelopes and events of more fields than any
+# vLLM sends (a newer one's trailing fields are still taken) are refused from their header.
+_MAX_FIELDS = 64
+_BATCH = msgspec.msgpack.Decoder(Annotated[list[msgspec.Raw], msgspec.Meta(max_length=_MAX_FIELDS)]
+                                 | dict[str, msgspec.Raw])
 _EVENTS = msgspec.msgpack.Decoder(Annotated[list[msgspec.Raw], msgspec.Meta(max_length=MAX_BATCH_EVENTS)])
+_EVENT = msgspec.msgpack.Decoder(Annotated[list[msgspec.Raw], msgspec.Meta(max_length=_MAX_FIELDS)]
+                                 | dict[str, msgspec.Raw])
+_Scalar = int | float | str | bool | None
+_SCALAR = msgspec.msgpack.Decoder(_Scalar)  # (checked by the field's own reader below: its words)
+_DECODERS = {name: msgspec.msgpack.Decoder(kind) for name, kind in {
+    "block_hashes": list[int | bytes] | None,  # (vLLM's hashes: ints, or bytes)
+    "parent_block_hash": int | bytes | None,
+    "token_ids": list[_Scalar] | None,
+}.items()}
+# the fields each event kind's decoding reads (the others stay raw)
+_READ = {BLOCK_STORED: frozenset(("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
+                                  "lora_name", "group_idx", "kv_cache_spec_kind")),
+         BLOCK_REMOVED: frozenset(("block_hashes", "medium", "group_idx"))}
+_ORDER = {BLOCK_STORED: STORED_FIELDS, BLOCK_REMOVED: REMOVED_FIELDS}
 
 
 def _hash(h: Any, what: str = "block hash") -> str:
@@ -133,23 +155,41 @@ def _token_ids(v: Any) -> list[int] | None:
     return list(v)
 
 
-def _fields(raw: Any, names: tuple[str, ...]) -> dict[str, Any]:
-    if isinstance(raw, dict):
-        return raw
-    return dict(zip(names, raw[1:]))  # array-like: the tag, then fields in order
+def _shallow(raw: msgspec.Raw, what: str) -> Any:
+    """One read value, as deep as its field can be: a scalar, or a list of them (a deeper
+    value is refused at its first array or map, none of it built)."""
+    try:
+        return _DECODERS.get(what, _SCALAR).decode(raw)
+    except msgspec.ValidationError as err:
+        raise VllmWireError(f"vLLM KV event batch: {what}: {err}"[:200]) from None
+    except (msgspec.DecodeError, RecursionError) as err:
+        raise VllmWireError(f"vLLM KV event batch: not msgpack ({err})") from None
 
 
-def _decode_event(raw: Any) -> KVEvent | None:
-    if isinstance(raw, dict):
-        tag = raw.get("type")
+def _event_fields(raw: msgspec.Raw) -> tuple[str, dict[str, Any]]:
+    """An event's tag and the fields its kind reads, decoded (the others left raw)."""
+    try:
+        event = _EVENT.decode(raw)
+    except msgspec.ValidationError:
+        got = type(_shallow(raw, "event")).__name__
+        raise VllmWireError(f"vLLM KV event: expected a tagged array or map, got {got}") from None
+    except (msgspec.DecodeError, RecursionError) as err:
+        raise VllmWireError(f"vLLM KV event batch: not msgpack ({err})") from None
+    if isinstance(event, dict):
+        tag = _shallow(event["type"], "type") if "type" in event else None
         if not isinstance(tag, str):  # (a tag this version does not know is a string too)
             raise VllmWireError(f"vLLM KV event: a map whose type is {tag!r}, not an event kind"[:200])
-    elif isinstance(raw, (list, tuple)) and raw and isinstance(raw[0], str):
-        tag = raw[0]
-    else:
-        raise VllmWireError(f"vLLM KV event: expected a tagged array or map, got {type(raw).__name__}")
+        read = _READ.get(tag, frozenset())
+        return tag, {k: _shallow(v, k) for k, v in event.items() if k in read}
+    tag = _shallow(event[0], "type") if event else None
+    if not isinstance(tag, str):
+        raise VllmWireError("vLLM KV event: expected a tagged array or map, got list")
+    read = _READ.get(tag, frozenset())
+    return tag, {k: _shallow(v, k) for k, v in zip(_ORDER.get(tag, ()), event[1:]) if k in read}
+
+
+def _decode_event(tag: str, f: dict[str, Any]) -> KVEvent | None:
     if tag == BLOCK_STORED:
-        f = _fields(raw, STORED_FIELDS)
         parent = f.get("parent_block_hash")
         return KVEvent(
             BLOCK_STORED, _hashes(f.get("block_hashes")),
@@ -160,7 +200,6 @@ def _decode_event(raw: Any) -> KVEvent | None:
             _str(f.get("kv_cache_spec_kind"), "kv_cache_spec_kind"),
         )
     if tag == BLOCK_REMOVED:
-        f = _fields(raw, REMOVED_FIELDS)
         return KVEvent(BLOCK_REMOVED, _hashes(f.get("block_hashes")), medium=_str(f.get("medium"), "medium"),
                        group_idx=_int(f.get("group_idx"), "group_idx", *_I32))
     if tag == ALL_BLOCKS_CLEARED:
@@ -174,8 +213,8 @@ def decode_kv_batch(payload: bytes) -> tuple[KVEventBatch, int]:
     Raises ``VllmWireError`` for anything that is not an event batch the store can hold."""
     try:
         envelope = _BATCH.decode(payload)
-    except msgspec.ValidationError:  # (a msgpack value other than an array or a string-keyed map)
-        raise VllmWireError("vLLM KV event batch: expected [ts, events, dp_rank] or a map") from None
+    except msgspec.ValidationError:  # (another value than an array or a string-keyed map, or 64 fields more)
+        raise VllmWireError("vLLM KV event batch: expected [ts, events, dp_rank] or a map of string keys") from None
     except (msgspec.DecodeError, RecursionError) as err:
         raise VllmWireError(f"vLLM KV event batch: not msgpack ({err})") from None
     if isinstance(envelope, dict):
@@ -184,7 +223,8 @@ def decode_kv_batch(payload: bytes) -> tuple[KVEventBatch, int]:
         parts = envelope[0], envelope[1], envelope[2] if len(envelope) > 2 else None
     else:
         raise VllmWireError("vLLM KV event batch: expected [ts, events, dp_rank] or a map")
-    ts, rank = (None if p is None else _value(p) for p in (parts[0], parts[2]))
+    ts, rank = (None if p is None else _shallow(p, what)
+                for p, what in ((parts[0], "ts"), (parts[2], "data_parallel_rank")))
     seconds = _ts(ts)
     rank = _int(rank, "data_parallel_rank", 0, _I32[1])
     events = _events(parts[1])
@@ -192,26 +232,16 @@ def decode_kv_batch(payload: bytes) -> tuple[KVEventBatch, int]:
     decoded = []
     try:
         for raw_event in events:  # one at a time: the cap is met before the rest is decoded
-            event = _value(raw_event)
-            if isinstance(event, (list, tuple, dict)):
-                elements += sum(len(v) for v in (event.values() if isinstance(event, dict) else event)
-                                if isinstance(v, (list, tuple)))
+            tag, fields = _event_fields(raw_event)
+            elements += sum(len(v) for v in fields.values() if isinstance(v, list))
             if elements > MAX_BATCH_ELEMENTS:
                 raise VllmWireError(f"vLLM KV event batch: events, hashes and token ids: more than "
                                     f"{MAX_BATCH_ELEMENTS:,} in one batch")
-            decoded.append(_decode_event(event))
+            decoded.append(_decode_event(tag, fields))
     except (TypeError, KeyError, IndexError, AttributeError) as err:
         raise VllmWireError(f"vLLM KV event: malformed fields ({err})") from None
     kept = [e for e in decoded if e is not None]
     return KVEventBatch(seconds, kept, rank), len(decoded) - len(kept)
-
-
-def _value(raw: msgspec.Raw) -> Any:
-    """One undecoded msgpack value of the batch, decoded (a VllmWireError if it cannot be)."""
-    try:
-        return msgspec.msgpack.decode(raw)
-    except (msgspec.DecodeError, RecursionError) as err:
-        raise VllmWireError(f"vLLM KV event batch: not msgpack ({err})") from None
 
 
 def _events(raw: msgspec.Raw | None) -> list[msgspec.Raw]:
@@ -224,7 +254,11 @@ def _events(raw: msgspec.Raw | None) -> list[msgspec.Raw]:
         if "length" in str(err):
             raise VllmWireError(f"vLLM KV event batch: more than {MAX_BATCH_EVENTS:,} events in one batch (a step "
                                 "publishes some thousands)") from None
-        raise VllmWireError(f"vLLM KV event batch: events must be a list, got {type(_value(raw)).__name__}") from None
+        try:
+            got = type(_shallow(raw, "events")).__name__
+        except VllmWireError:
+            got = "dict"  # (a map, or an array of arrays: not decoded to say which)
+        raise VllmWireError(f"vLLM KV event batch: events must be a list, got {got}") from None
     except (msgspec.DecodeError, RecursionError) as err:
         raise VllmWireError(f"vLLM KV event batch: not msgpack ({err})") from None
 
