@@ -57,7 +57,7 @@ def calibrate(
         e, sep, k = experts.partition(":")
         digits = lambda s: s.isascii() and s.isdigit() and len(s) <= 9  # ('²'.isdigit() holds)
         if not sep or not digits(e) or not digits(k) or not 1 <= int(k) <= int(e) <= MAX_EXPERTS:
-            raise KVTraceError(f"--moe: {experts}: expected E:K with 1 <= K <= E <= {MAX_EXPERTS:,}, e.g. 256:8")
+            raise KVTraceError(f"--moe: {experts}: expected E:K with 1 <= K < E <= {MAX_EXPERTS:,}, e.g. 256:8")
         if int(k) == int(e):  # (the fit said only that it "cannot tell step_overhead_ns and moe_expert_ns apart")
             raise KVTraceError(f"--moe: {experts}: with K = E every step touches all {int(e):,} experts, a constant "
                                "the step overhead already holds; expected K < E")

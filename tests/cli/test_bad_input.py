@@ -182,7 +182,7 @@ def test_flags_name_themselves(capsys, argv, flag):
     (["convert", "", "-o", "x.jsonl"], "TRACE: expected a path, got an empty one"),
     (["generate", "gen:chat", "-o", ""], "--out: expected a path, got an empty one"),
     (["calibrate", "--from", ""], "--from: expected a path, got an empty one"),
-    (["calibrate", "--from", "{calibration}", "--moe", "0:0"], "--moe: 0:0: expected E:K with 1 <= K <= E"),
+    (["calibrate", "--from", "{calibration}", "--moe", "0:0"], "--moe: 0:0: expected E:K with 1 <= K < E"),
     (["calibrate", "--from", "{calibration}", "--knee", str(2**70)], "--knee: 1180591620717411303424"),
     (["calibrate", "--from", "{calibration}", "--name", ""], "--name: '': expected a name of printable text"),
     (["calibrate", "--from", "{calibration}", "--name", "a\nb"], "--name: 'a\\nb'"),

@@ -186,7 +186,7 @@ def test_a_bench_results_errors_of_the_wrong_shape_are_one_line(tmp_path, errors
 
 def test_more_experts_than_a_cost_model_holds_names_moe(capsys):
     code, out, err = run(["calibrate", "--from", str(CALIBRATION), "--moe", "70000:8"], capsys)
-    assert_one_line(code, err, "--moe: 70000:8: expected E:K with 1 <= K <= E <= 65,536")
+    assert_one_line(code, err, "--moe: 70000:8: expected E:K with 1 <= K < E <= 65,536")
     assert out == ""
 
 
