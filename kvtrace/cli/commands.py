@@ -108,7 +108,7 @@ def _refuse_repeats(command: Any) -> None:
     parse_args = command.parse_args
 
     def checked(ctx: Any, args: list[str]) -> list[str]:
-        if not ctx.resilient_parsing:
+        if not ctx.resilient_parsing and not set(ctx.help_option_names) & set(args):  # (--help wins, as before)
             order = command.make_parser(ctx).parse_args(args=list(args))[2]
             seen: set[str] = set()
             for param in order:

@@ -1128,6 +1128,11 @@ def test_an_option_of_one_value_given_twice_is_refused(tmp_path, capsys, argv, f
     assert_one_line(code, err, f"{flag}: given more than once")
 
 
+def test_help_beside_an_option_given_twice_is_the_help(capsys):
+    code, out, _err = run(["generate", "--help", "--seed", "1", "--seed", "2"], capsys)
+    assert code == 0 and "Usage: kvtrace generate" in out
+
+
 def test_repeatable_options_and_flags_given_twice_still_run(capsys):
     code, out, err = run(["replay", "gen:chat", "--limit", "2", "--no-content", "--without",
                           "shared-prefix-pinning", "--without", "transient-checkpoint-retention", "--json", "--json"],
