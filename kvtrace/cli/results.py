@@ -262,5 +262,6 @@ def dashboard(
         known = set(read.runs(db)["run_id"].to_list())
         for flag, value in (("--run", run), ("--compare", compare)):
             if value is not None and value not in known:
-                raise KVTraceError(f"{flag}: {value}: no such run in {db} (`kvtrace runs --db {db}` lists them)")
+                shown = printable(db)  # (a newline in the path: \n, not a space naming another)
+                raise KVTraceError(f"{flag}: {value}: no such run in {shown} (`kvtrace runs --db {shown}` lists them)")
     raise typer.Exit(launch(db, host=host, port=port, run=run, compare=compare))

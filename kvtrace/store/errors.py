@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kvtrace.errors import KVTraceError
+from kvtrace.names import printable
 
 DAMAGED = "damaged kvtrace store"  # how every error about a store's broken insides begins
 
@@ -11,7 +12,7 @@ class StoreError(KVTraceError):
     """A database that cannot be used as a kvtrace store (missing, corrupt, foreign, busy)."""
 
     def __init__(self, path: str, what: str):
-        super().__init__(f"{path}: {what}")
+        super().__init__(f"{printable(str(path))}: {what}")  # (a newline in it shown as \n, not joined into a space)
         self.path, self.what = str(path), what
 
 
@@ -21,5 +22,5 @@ class StoreBusyError(StoreError):
 
 class UnknownRunError(StoreError):
     def __init__(self, path: str, run_id: str):
-        super().__init__(path, f"no run with id {run_id!r} (see `kvtrace runs --db {path}`)")
+        super().__init__(path, f"no run with id {run_id!r} (see `kvtrace runs --db {printable(str(path))}`)")
         self.run_id = run_id

@@ -1138,3 +1138,16 @@ def test_repeatable_options_and_flags_given_twice_still_run(capsys):
                           "shared-prefix-pinning", "--without", "transient-checkpoint-retention", "--json", "--json"],
                          capsys)
     assert code == 0 and json.loads(out)["requests"] == 2, err
+
+
+@pytest.mark.parametrize("argv", [["export", "--run", "r99", "--parquet", "{tmp}/out"], ["diff", "r1", "r99"],
+                                  ["dashboard", "--run", "r99"]])
+def test_a_store_path_with_a_newline_is_named_as_typed(tmp_path, capsys, argv):
+    """The one-line error joined the path's newline into a space, naming another file (and
+    suggesting a command for it)."""
+    db = tmp_path / "n\nl.duckdb"
+    code, _, err = run(["replay", "gen:chat", "--limit", "2", "--mode", "cache-only", "--db", str(db)], capsys)
+    assert code == 0, err
+    code, _, err = run([a.replace("{tmp}", str(tmp_path)) for a in argv] + ["--db", str(db)], capsys)
+    assert_one_line(code, err, "n\\nl.duckdb")
+    assert "n l.duckdb" not in err
