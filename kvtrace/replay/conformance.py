@@ -122,7 +122,8 @@ class ConformanceRun:
     evictions: int = 0  # keys vLLM removed (BlockRemoved entries)
     unschedulable: int = 0  # requests larger than the whole pool: skipped in both
     explained_by: list[dict[str, Any]] = field(default_factory=list)  # switched-off behaviours that acted
-    never_acted: list[str] = field(default_factory=list)  # switched-off behaviours whose old code never acted
+    # switched-off behaviours whose old code never acted on the whole trace (none told of a stopped run)
+    never_acted: list[str] = field(default_factory=list)
 
     @property
     def disagreements(self) -> int:
@@ -483,7 +484,9 @@ def run_conformance(spec: ConformanceSpec, api=None) -> ConformanceResult:
         if run.first is not None:
             run.explained_by = _explanations(driver.kv, run.first.step)
         acted = {behaviour for _, _, behaviour in driver.kv.stats.old_behaviour_acted}
-        run.never_acted = sorted(ALL_BEHAVIOURS - cc.behaviours - acted)
+        # (a run stopped at a disagreement replayed only part of the trace: what did not act
+        # before the stop may act after it, so it is not told as never acting)
+        run.never_acted = [] if run.stopped else sorted(ALL_BEHAVIOURS - cc.behaviours - acted)
         runs.append(run)
     return ConformanceResult(spec.trace, preset_name, api.version, runs)
 

@@ -106,6 +106,19 @@ def test_a_switched_off_behaviour_that_never_acted_is_named(vllm_api):
     assert run_conformance(replace(spec, without=()), api=vllm_api).runs[0].never_acted == []
 
 
+def test_a_run_stopped_at_a_disagreement_names_no_switch_as_never_acting(vllm_api):
+    """Stopped at step 1 by the pinning switch, it named the checkpoint switch as never
+    acting, which acts later in the same trace."""
+    from kvtrace.cache.config import SHARED_PREFIX_PINNING, TRANSIENT_CHECKPOINT_RETENTION
+
+    spec = ConformanceSpec("gen:mixed", preset="kimi-hybrid", limit=60,
+                           without=(SHARED_PREFIX_PINNING, TRANSIENT_CHECKPOINT_RETENTION))
+    (run,) = run_conformance(spec, api=vllm_api).runs
+    assert run.stopped and run.never_acted == []
+    alone = run_conformance(replace(spec, limit=None, without=(TRANSIENT_CHECKPOINT_RETENTION,)), api=vllm_api)
+    assert alone.runs[0].never_acted == []  # (it acts on the trace)
+
+
 def test_the_max_output_tokens_help_says_it_caps_the_traces_length(capsys):
     """It read "Decode steps per request at most (the trace's output length otherwise)": the
     default 4 always caps the trace's length, and N counts output tokens, the first of which
