@@ -107,7 +107,10 @@ _HOST_PORT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(?::([0-9]{1,5}))?"
 def _grpc_target(text: str, where: str) -> None:
     """An OTLP/gRPC endpoint: an http(s) URL, or HOST[:PORT] (gRPC also names unix: and dns:
     targets, passed as they are); ConfigError naming ``where`` for anything else."""
-    if text.startswith(("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:")):
+    scheme = next((p for p in ("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:") if text.startswith(p)), None)
+    if scheme is not None:
+        if not text[len(scheme):].strip("/ "):  # (an empty target: the whole replay, then every span undelivered)
+            raise ConfigError(where, _shown(text), f"expected a target after {scheme}")
         return
     if "://" in text:
         traces_url(text, where)
@@ -395,13 +398,26 @@ def recording(
                 provider.shutdown()
     failed, total = sum(p.spans_failed for p in otlp), sum(p.spans_received for p in otlp)
     if failed:
-        raise SpansNotDelivered(otlp_destination(otlp_endpoint), failed, total, _plainer(quiet.first))
+        raise SpansNotDelivered(otlp_destination(otlp_endpoint), failed, total,
+                                _plainer(quiet.first, otlp_endpoint or _env_endpoint()))
 
 
-def _plainer(reason: str | None) -> str | None:
-    """gRPC's TLS failure against a plaintext collector (a bare HOST:PORT is TLS unless
-    OTEL_EXPORTER_OTLP_INSECURE=true) as what to do, not 300 characters of OpenSSL."""
-    if reason and "tls handshake failed" in reason.lower():
-        return ("TLS handshake failed: a HOST:PORT gRPC target is TLS; for a plaintext collector give "
-                "http://HOST:PORT or set OTEL_EXPORTER_OTLP_INSECURE=true")
+def _env_endpoint() -> str:
+    key = next((k for k in _ENV_ENDPOINTS if os.environ.get(k)), None)
+    return os.environ[key] if key is not None else ""
+
+
+def _plainer(reason: str | None, endpoint: str) -> str | None:
+    """The exporter's reason, its endpoint's password masked (gRPC quotes its target whole:
+    "errors resolving u:secret@host"); gRPC's TLS failure against a plaintext collector as
+    what to do, not 300 characters of OpenSSL."""
+    if not reason:
+        return reason
+    masked = _shown(endpoint)
+    if masked != endpoint:  # the password, wherever the reason quotes the endpoint's user part
+        user_part = endpoint[:endpoint.rindex("@") + 1]
+        reason = reason.replace(user_part.split("://", 1)[-1], masked[:masked.rindex("@") + 1].split("://", 1)[-1])
+    if "tls handshake failed" in reason.lower():
+        return ("TLS handshake failed: the collector speaks no TLS; over gRPC a HOST:PORT or https:// target is TLS "
+                "unless OTEL_EXPORTER_OTLP_INSECURE=true, and that variable, when set, decides for http:// too")
     return reason

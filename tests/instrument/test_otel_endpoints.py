@@ -152,7 +152,7 @@ def test_the_flag_takes_a_grpc_host_port_target_as_the_variables_do(tmp_path, ca
                               env=env, check=False, timeout=120)
         err = proc.stderr.strip()
         assert proc.returncode == 1 and len(err.splitlines()) == 1, err
-        assert "not delivered (TLS handshake failed: a HOST:PORT gRPC target is TLS" in err, err
+        assert "not delivered (TLS handshake failed: the collector speaks no TLS; over gRPC a HOST:PORT" in err, err
         assert "OTEL_EXPORTER_OTLP_INSECURE=true" in err and "SSL_ERROR" not in err
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_INSECURE", "true")
         code, out, err = run([*argv, "--json"], capsys)
@@ -182,3 +182,23 @@ def test_every_span_a_replay_makes_is_one_kvtraces_collector_takes(tmp_path, spe
     assert result.undelivered is None, result.undelivered
     got = read.run(tmp_path / "collected.duckdb", result.otlp_run_id)
     assert got["status"] == "complete" and got["num_spans"] == result.summary["spans"] > 0
+
+
+@pytest.mark.parametrize("target", ["dns:", "unix:", "dns:///", "ipv4: "])
+def test_an_empty_grpc_target_is_refused_before_the_run(tmp_path, capsys, monkeypatch, target):
+    """It passed the check: the whole replay ran, then every span was undelivered (exit 1)."""
+    from tests.cli.support import run
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+    code, _out, err = run(["replay", "gen:chat", "--limit", "2", "--otlp-endpoint", target], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "expected a target after" in err, err
+
+
+def test_a_grpc_failure_that_quotes_the_target_never_shows_its_password(tmp_path, capsys, monkeypatch):
+    """gRPC's reason quoted the target whole: "errors resolving u:secret@127.0.0.1:1"."""
+    from tests.cli.support import run
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+    code, _out, err = run(["replay", "gen:chat", "--limit", "2", "--mode", "cache-only", "--otlp-endpoint",
+                           "http://u:s3cret@127.0.0.1:1"], capsys)
+    assert code == 1 and "not delivered" in err and "s3cret" not in err and "u:***@" in err, err
