@@ -231,15 +231,19 @@ def write_native(requests: Iterable[TraceRequest], path: str | os.PathLike, *, h
     if header:
         head.update({k: v for k, v in header.items() if k != HEADER_KEY})
     n = 0
-    with AtomicText(path, sources) as f:
+    out = AtomicText(path, sources)
+    with out as f:
         f.write(_encode(head) + b"\n")
         for req in requests:
             line = _encode(native_record(req))
             if len(line) >= MAX_LINE_BYTES:  # (with its newline, past what every reader takes)
+                # (a file is replaced whole or not at all; a pipe or terminal has what went before)
+                kept = ("nothing written" if out.tmp is not None
+                        else f"the header and {n:,} request{'s' * (n != 1)} written before it")
                 raise KVTraceError(
                     f"{printable(os.fspath(path))}: request {printable(req.request_id)[:80]} would be a line of "
                     f"{len(line) + 1:,} bytes, past the {MAX_LINE_BYTES >> 20} MiB a trace line may hold (no reader "
-                    "would take it back); nothing written (a larger block size gives fewer hash ids)")
+                    f"would take it back); {kept} (a larger block size gives fewer hash ids)")
             f.write(line + b"\n")
             n += 1
     return n

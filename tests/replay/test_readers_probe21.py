@@ -70,6 +70,21 @@ def test_convert_refuses_a_line_longer_than_a_reader_takes(tmp_path: Path, capsy
     assert not list(tmp_path.glob("*.tmp-*"))
 
 
+def test_convert_to_a_pipe_says_what_it_wrote_before_a_line_too_long(tmp_path: Path):
+    """To stdout (or a FIFO) the lines before the refused one are out already: the error said
+    "nothing written" beside the header and r0 on stdout."""
+    import subprocess
+    import sys
+
+    trace = tmp_path / "b.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,10,4\n"
+                     "2023-11-16 18:15:47,16777215,4\n")
+    proc = subprocess.run([sys.executable, "-m", "kvtrace.cli", "convert", str(trace), "-o", "/dev/stdout",
+                           "--trace-block-size", "1"], capture_output=True, text=True, check=False, timeout=120)
+    assert proc.returncode == 2 and len(proc.stdout.splitlines()) == 2, proc.stderr  # (the header and r0)
+    assert "the header and 1 request written before it" in proc.stderr and "nothing written" not in proc.stderr
+
+
 def test_the_longest_line_written_is_one_the_reader_takes(tmp_path: Path, monkeypatch):
     """The writer's bound and the reader's are the same bytes: a line that ends exactly at the
     reader's bound (its newline included) is written and read back; one byte more is refused."""
