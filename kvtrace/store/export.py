@@ -144,7 +144,7 @@ def _emptied(column: Any) -> Any:
     return column
 
 
-def _declared(table: str) -> frozenset[str] | None:
+def _declared(table: str) -> tuple[str, ...] | None:
     """The columns kvtrace declares for an exported table (None: the ``spans`` view's, all
     of them): a column added to a store's table by hand is not exported (it made one store's
     files of another schema than every other's)."""
@@ -152,15 +152,18 @@ def _declared(table: str) -> frozenset[str] | None:
     from kvtrace.store.schema import RUN_COLUMNS
 
     if table == "runs":
-        return frozenset(name for name, _, _ in RUN_COLUMNS)
-    return frozenset(derived.COLUMNS[table]) if table in derived.COLUMNS else None
+        return tuple(name for name, _, _ in RUN_COLUMNS)
+    return tuple(derived.COLUMNS[table]) if table in derived.COLUMNS else None
 
 
-def _write_canonical(schema: Any, batches: Iterable[Any], target: Path, declared: frozenset[str] | None = None) -> None:
+def _write_canonical(schema: Any, batches: Iterable[Any], target: Path,
+                     declared: tuple[str, ...] | None = None) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    kept = [i for i, f in enumerate(schema) if declared is None or f.name in declared]
+    # in the declared order (a table rebuilt by hand with its columns in another order wrote them so)
+    names = list(schema.names)
+    kept = list(range(len(names))) if declared is None else [names.index(n) for n in declared if n in names]
     canonical = pa.schema([pa.field(schema[i].name, _canonical_type(schema[i].type)) for i in kept])
     try:
         with pq.ParquetWriter(str(target), canonical, compression="zstd") as out:

@@ -149,3 +149,19 @@ def test_export_keeps_its_one_schema_beside_a_column_added_by_hand(tmp_path, eng
     for table, path in plain.items():
         assert pq.read_schema(extra[table]) == pq.read_schema(path), table
         assert pq.read_table(extra[table]).num_rows == pq.read_table(path).num_rows, table
+
+
+def test_export_writes_the_declared_column_order_of_a_table_rebuilt_in_another(tmp_path, engine_store):
+    """``runs`` rebuilt by hand with its columns in another order exported them in that order."""
+    import pyarrow.parquet as pq
+
+    from kvtrace.store import export_parquet
+
+    plain = export_parquet(_altered(tmp_path / "a", engine_store), "r2", tmp_path / "plain")
+    db = _altered(tmp_path / "b", engine_store,
+                  "CREATE TABLE runs_r AS SELECT time_offset_ns, * EXCLUDE (time_offset_ns) FROM runs",
+                  "DROP TABLE runs", "ALTER TABLE runs_r RENAME TO runs", "ALTER TABLE runs ADD PRIMARY KEY (run_id)")
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("SELECT * FROM runs LIMIT 0").description[0][0] == "time_offset_ns"
+    moved = export_parquet(db, "r2", tmp_path / "moved")
+    assert pq.read_schema(moved["runs"]) == pq.read_schema(plain["runs"])
