@@ -137,7 +137,10 @@ def latency_histogram(db: DB, run_id: str, metric: str = "ttft", bins: int = 50)
     values = latency_samples(db, run_id, metric)
     if values.size == 0:
         return pl.DataFrame(schema={"bin_lo": pl.Float64, "bin_hi": pl.Float64, "count": pl.Int64})
-    counts, edges = np.histogram(values, bins=max(1, int(bins)))
+    try:
+        counts, edges = np.histogram(values, bins=max(1, int(bins)))
+    except ValueError:  # (a range too narrow for its magnitude to split, latencies near 2^63: one bin)
+        counts, edges = np.array([values.size]), np.array([float(values.min()), float(values.max())])
     return pl.DataFrame({"bin_lo": edges[:-1], "bin_hi": edges[1:], "count": counts.astype(np.int64)})
 
 
