@@ -123,11 +123,12 @@ _NUMBER_TEXT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]{1
 
 
 def _number(path: str, line: int, key: str, text: str | None, integer: bool = True,
-            maximum: float = _MAX_COUNT) -> float:
+            maximum: float = _MAX_COUNT, lowest: float = 0.0) -> float:
     v = float(text) if text is not None and _NUMBER_TEXT.fullmatch(text.strip()) else math.nan
-    if not math.isfinite(v) or v < 0 or v > maximum or (integer and v != int(v)):
+    if not math.isfinite(v) or v < lowest or v > maximum or (integer and v != int(v)):
         what = "an integer" if integer else "a number"
-        raise KVTraceError(f"{path}:{line}: {key}: expected {what} in [0, {maximum:,.0f}], got {text!r}"[:200])
+        raise KVTraceError(f"{path}:{line}: {key}: expected {what} in [{lowest:g}, {maximum:,.0f}], got "
+                           f"{text!r}"[:200])
     return v
 
 
@@ -184,10 +185,10 @@ def step_csv_observations(path: str) -> list[Observation]:
             r = dict(zip(header, row))
             vals = {c: int(_number(path, line, c, r.get(c))) for c in _STEP_COLUMNS}
             copies = {c: int(_number(path, line, c, r.get(c) or "0")) for c in _OPTIONAL_STEP_COLUMNS}
-            t = _number(path, line, time_col, r.get(time_col), integer=False, maximum=_MAX_STEP_NS / to_ns)
-            if t * to_ns < _MIN_STEP_NS:  # (a subnormal duration once failed the fit's SVD)
-                raise KVTraceError(f"{path}:{line}: {time_col}: expected a step of at least {_MIN_STEP_NS / to_ns:g} "
-                                   f"({_MIN_STEP_NS:g} ns), got {r.get(time_col)!r}"[:200])
+            # (a step of at least a microsecond: a subnormal duration once failed the fit's SVD; the
+            # range said [0, ...] of a NaN, where 0 is refused)
+            t = _number(path, line, time_col, r.get(time_col), integer=False, maximum=_MAX_STEP_NS / to_ns,
+                        lowest=_MIN_STEP_NS / to_ns)
             work = StepWork(vals["num_tokens"], vals["prefill_pairs"], vals["decode_context_tokens"],
                             vals["num_decode_seqs"], *(copies[c] for c in _OPTIONAL_STEP_COLUMNS))
             problem = _impossible_step(work)

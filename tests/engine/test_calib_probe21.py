@@ -57,7 +57,7 @@ def test_a_step_time_not_in_ascii_decimal_is_refused(tmp_path, text):
     """float() took '1_000' as 1,000 ms and Arabic-Indic or full-width digits as 12 ms."""
     path = tmp_path / "s.csv"
     path.write_text(HEADER + f"128,8256,0,0,{text}\n" + GOOD, encoding="utf-8")
-    with pytest.raises(KVTraceError, match=re.escape(f"{path}:2: step_ms: expected a number in [0, 3,600,000], "
+    with pytest.raises(KVTraceError, match=re.escape(f"{path}:2: step_ms: expected a number in [0.001, 3,600,000], "
                                                      f"got {text!r}")):
         calibrate([path], name="x")
 

@@ -325,12 +325,14 @@ _HEADER = "num_tokens,prefill_pairs,num_decode_seqs,decode_context_tokens,step_m
 @pytest.mark.parametrize(("text", "needle"), [
     (_HEADER + "1e300,0,1,5,3\n", ":2: num_tokens: expected an integer in [0, 9,007,199,254,740,992]"),
     (_HEADER + "99999999999999999999999,0,1,5,3\n", ":2: num_tokens"),  # (its square overflowed the fit)
-    (_HEADER + "1,0,1,5,1e300\n", ":2: step_ms: expected a number in [0, 3,600,000]"),
+    (_HEADER + "1,0,1,5,1e300\n", ":2: step_ms: expected a number in [0.001, 3,600,000]"),
     (_HEADER + "1,0,1,5,3,7,8\n", ":2: 7 fields; the header has 5"),  # (extra fields were dropped)
     (_HEADER + "1,0,1,5\n", ":2: 4 fields; the header has 5"),
     # an eleventh-session probe's: a subnormal step failed the fit's SVD (a LinAlgError traceback),
     # a repeated column gave its last value, a 500 MB row was read whole (4 GB)
-    (_HEADER + "1,1,0,0,1e-320\n2,3,0,0,1e-320\n", ":2: step_ms: expected a step of at least 0.001 (1000 ns)"),
+    (_HEADER + "1,1,0,0,1e-320\n2,3,0,0,1e-320\n",
+     ":2: step_ms: expected a number in [0.001, 3,600,000], got '1e-320'"),
+    (_HEADER + "1,1,0,0,nan\n", ":2: step_ms: expected a number in [0.001, 3,600,000], got 'nan'"),  # (said [0, ...])
     ("num_tokens," + _HEADER + "1,1,0,0,0,5\n", ":1: column num_tokens appears 2 times"),
     (_HEADER + "1," * (33 << 20), ":2: line longer than 64 MiB"),
     (_HEADER + "0,0,0,0,3600000\n0,0,0,0,3500000\n",
