@@ -27,7 +27,7 @@ def dp_endpoint(endpoint: str | None, rank: int, option: str = "--endpoint") -> 
     # (ASCII digits: "²" is a digit to str.isdigit and a ValueError to int(), a traceback)
     if (not endpoint.startswith("tcp://") or not sep or not (port.isascii() and port.isdigit()) or not host
             or host.startswith("[") != host.endswith("]")):
-        raise ConfigError(option, endpoint, "expected tcp://HOST:PORT, ipc://PATH or inproc://NAME")
+        raise ConfigError(option, endpoint, "expected tcp://HOST:PORT or ipc://PATH")
     if not 1 <= int(port) <= 65_535:
         raise ConfigError(option, endpoint, f"port {port} is outside 1..65535")
     if host == "*":  # (vLLM's own setting, copied: ZMQ said only "Invalid argument")
@@ -51,7 +51,7 @@ def capture_endpoints(endpoint: str, replay_endpoint: str | None, duration: floa
     for rank in range(dp_size):
         pub = dp_endpoint(endpoint, rank)
         if not pub:
-            raise ConfigError("--endpoint", str(endpoint), "expected tcp://HOST:PORT, ipc://PATH or inproc://NAME")
+            raise ConfigError("--endpoint", str(endpoint), "expected tcp://HOST:PORT or ipc://PATH")
         endpoints.append((pub, dp_endpoint(replay_endpoint, rank, "--replay-endpoint")))
     # One address for two sockets: vLLM could not bind them both, and a replay request sent to
     # a PUB socket is never answered (every gap waited out its timeout and was counted lost).
