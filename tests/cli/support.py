@@ -10,11 +10,17 @@ from kvtrace import cli
 
 def run(argv: list[str], capsys) -> tuple[int, str, str]:
     """``kvtrace ARGV`` through the console script's ``main``: (exit code, stdout, stderr)."""
+    return run_main(cli.main, "kvtrace", argv, capsys)
+
+
+def run_main(main, program: str, argv: list[str], capsys) -> tuple[int, str, str]:
+    """``main()`` with ``sys.argv`` ``[program, *argv]`` (a console script's, or a bench
+    script's): (exit code, stdout, stderr)."""
     old = sys.argv
-    sys.argv = ["kvtrace", *argv]
+    sys.argv = [program, *argv]
     try:
-        cli.main()
-        code = 0
+        code = main()
+        code = code if isinstance(code, int) else 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
     finally:

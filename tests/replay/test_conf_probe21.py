@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import re
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 from kvtrace.cache import EXTERNAL_HIT_RUNNING_COW
 from kvtrace.replay import conformance
 from kvtrace.replay.conformance import ConformanceSpec, format_report, run_conformance
+from tests.cli.support import run_main
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,16 +28,7 @@ def _bench(name: str):
 
 
 def _main(module, argv: list[str], capsys) -> tuple[int, str, str]:
-    old = sys.argv
-    sys.argv = [module.__file__, *argv]
-    try:
-        code = module.main()
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    finally:
-        sys.argv = old
-    out, err = capsys.readouterr()
-    return code, out, err
+    return run_main(module.main, module.__file__, argv, capsys)
 
 
 def test_an_events_disagreement_counts_what_each_side_alone_holds(vllm_api, monkeypatch):

@@ -83,20 +83,25 @@ except KeyboardInterrupt:
 '''
 
 
+def _script(script: Path, source: str, hung: str):
+    """Run ``source`` as a script on the Mooncake trace from the repository root; a test
+    failure saying ``hung`` when it does not end within a minute."""
+    import subprocess
+    import sys
+
+    script.write_text(source)
+    try:
+        return subprocess.run([sys.executable, str(script), str(MOONCAKE)], capture_output=True, text=True,
+                              timeout=60, check=False, cwd=Path(__file__).resolve().parents[2])
+    except subprocess.TimeoutExpired:
+        pytest.fail(hung)
+
+
 def test_a_stop_while_a_worker_sends_its_result_back_ends_the_sweep(tmp_path):
     """Ctrl-C (SIGTERM, a failed replay) while a worker wrote its result: the workers were
     ended, and the pool's thread read the rest of that result for good, shutdown() waiting on
     it: the sweep hung, its workers zombies, until kill -9."""
-    import subprocess
-    import sys
-
-    script = tmp_path / "half_written.py"
-    script.write_text(_HALF_WRITTEN)
-    try:
-        done = subprocess.run([sys.executable, str(script), str(MOONCAKE)], capture_output=True, text=True,
-                              timeout=60, check=False, cwd=Path(__file__).resolve().parents[2])
-    except subprocess.TimeoutExpired:
-        pytest.fail("the sweep's stop hung on the half-written result")
+    done = _script(tmp_path / "half_written.py", _HALF_WRITTEN, "the sweep's stop hung on the half-written result")
     assert (done.returncode, done.stdout) == (0, "stopped\n"), done.stderr
 
 
@@ -177,16 +182,8 @@ except sweep.WorkerDied as err:
 def test_a_worker_killed_while_it_sends_its_result_back_ends_the_sweep(tmp_path):
     """The pool's thread read the rest of the dead worker's result for good: it never saw
     the death, no future failed, and the sweep waited forever instead of its one line."""
-    import subprocess
-    import sys
-
-    script = tmp_path / "died_sending.py"
-    script.write_text(_DIED_SENDING)
-    try:
-        done = subprocess.run([sys.executable, str(script), str(MOONCAKE)], capture_output=True, text=True,
-                              timeout=60, check=False, cwd=Path(__file__).resolve().parents[2])
-    except subprocess.TimeoutExpired:
-        pytest.fail("the sweep waited for good on a worker that died while it sent its result")
+    done = _script(tmp_path / "died_sending.py", _DIED_SENDING,
+                   "the sweep waited for good on a worker that died while it sent its result")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("a worker process died before its replay finished"), done.stdout + done.stderr
     assert "the sweep stopped at capacity_blocks=300, 0 of 3 combinations done" in done.stdout, done.stdout
