@@ -139,7 +139,8 @@ class CacheConfig:
                 raise ConfigError(
                     _SOURCE, "retention_interval",
                     f"{k} has no effect without a sliding-window or Mamba group (full attention caches every "
-                    "block); leave it unset (none)",
+                    "block); set it to none (--retention none, or retention_interval = \"none\" in [cache]: a "
+                    "preset's own interval too)",
                 )
             for gid, spec in enumerate(groups):
                 if k % spec.block_size:

@@ -199,6 +199,19 @@ def test_a_config_files_setting_is_named_in_the_file_beside_a_flag(tmp_path: Pat
     assert stdout == ""
 
 
+def test_a_retention_the_preset_sets_says_how_to_set_it_to_none_and_that_runs(tmp_path: Path, capsys):
+    """Attention-only groups under kimi-hybrid (retention 0): "leave it unset (none)" of a setting
+    the user never set; the two ways it names both run."""
+    groups = '[cache]\nhash_block_size = 16\ngroups = [{ type = "full_attention", block_size = 16 }]\n'
+    (tmp_path / "c.toml").write_text(groups)
+    argv = ["replay", "gen:chat", "--limit", "2", "--mode", "engine", "--no-content"]
+    code, _, err = run([*argv, "--config", str(tmp_path / "c.toml")], capsys)
+    assert_one_line(code, err, 'set it to none (--retention none, or retention_interval = "none" in [cache]')
+    assert run([*argv, "--config", str(tmp_path / "c.toml"), "--retention", "none"], capsys)[0] == 0
+    (tmp_path / "c.toml").write_text(groups + 'retention_interval = "none"\n')
+    assert run([*argv, "--config", str(tmp_path / "c.toml")], capsys)[0] == 0
+
+
 def test_a_cache_only_trace_of_several_block_sizes_names_the_flag(tmp_path: Path, capsys):
     """It said "cache-only: block_size: trace mixes block sizes [16, 64]; pass one", naming
     neither the flag nor what to pass."""
