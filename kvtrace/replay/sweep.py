@@ -312,7 +312,11 @@ def _deaths_named(results: Iterator[tuple[RunResult, list]], combos: list[dict[s
             if type(err) is not KVTraceError:  # (a file's, a flag's: named where it is)
                 raise
             shown = label(combo) if values_flag in ("--param", "--sweep") else label(combo).partition("=")[2]
-            raise KVTraceError(f"{values_flag} {shown}: {err}") from None
+            text = str(err)
+            if values_flag == "--capacities":  # (the engine's advice names the flags a curve refuses)
+                text = text.replace("raise --capacity-blocks or --capacity-tokens (or cache.num_gpu_blocks in "
+                                    "--config, wherever it was set)", "raise the --capacities")
+            raise KVTraceError(f"{values_flag} {shown}: {text}") from None
         yield item
 
 

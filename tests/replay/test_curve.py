@@ -272,3 +272,13 @@ def test_one_curve_however_its_retention_and_preset_are_spelt_is_one_curve(tmp_p
 def test_an_engine_curves_capacity_too_small_for_a_request_is_named_at_capacities():
     with pytest.raises(KVTraceError, match=r"^--capacities 4: engine: request \S+ .* cannot be scheduled"):
         run_curve(RunSpec("gen:chat", limit=3, content=False), "4,2000", policies=("lru",), workers=1)
+
+
+def test_an_engine_curve_too_small_for_a_request_says_to_raise_the_capacities(capsys):
+    """It advised --capacity-blocks or --capacity-tokens (or the file's num_gpu_blocks), which a
+    curve refuses or its --capacities replace."""
+    from tests.cli.support import assert_one_line, run
+
+    code, _, err = run(["curve", "gen:chat", "--limit", "5", "--mode", "engine", "--capacities", "5,2000"], capsys)
+    line = assert_one_line(code, err, "--capacities 5: engine:", "raise the --capacities")
+    assert "--capacity-blocks" not in line and "num_gpu_blocks in --config" not in line
