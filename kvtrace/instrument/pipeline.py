@@ -398,13 +398,42 @@ def recording(
                 provider.shutdown()
     failed, total = sum(p.spans_failed for p in otlp), sum(p.spans_received for p in otlp)
     if failed:
-        raise SpansNotDelivered(otlp_destination(otlp_endpoint), failed, total,
-                                _plainer(quiet.first, otlp_endpoint or _env_endpoint()))
+        endpoint = otlp_endpoint or _env_endpoint()
+        raise SpansNotDelivered(_masked(otlp_destination(otlp_endpoint), endpoint), failed, total,
+                                _plainer(quiet.first, endpoint))
 
 
 def _env_endpoint() -> str:
     key = next((k for k in _ENV_ENDPOINTS if os.environ.get(k)), None)
     return os.environ[key] if key is not None else ""
+
+
+def _passwords(endpoint: str) -> list[str]:
+    """The password an endpoint's user part holds, as typed and URL-decoded (gRPC quotes its
+    target decoded: ``p%40ss`` as ``p@ss``), read both ways an endpoint may carry one: after a
+    scheme's ``//`` to the last ``@`` (``_shown``'s reading), and in the last path segment
+    before it (``dns:///user:secret@host``); longest first."""
+    from urllib.parse import unquote
+
+    at = endpoint.rfind("@")
+    if at < 0:
+        return []
+    found = set()
+    m = _PASSWORD.match(endpoint)
+    if m is not None:
+        found.add(endpoint[len(m.group(1)) + 1:at])
+    tail = endpoint[:at].rsplit("/", 1)[-1]
+    if ":" in tail:
+        found.add(tail.split(":", 1)[1])
+    found |= {unquote(p) for p in found}
+    return sorted((p for p in found if p), key=len, reverse=True)
+
+
+def _masked(text: str, endpoint: str) -> str:
+    """``text`` with the endpoint's password, wherever it is quoted, as ***."""
+    for secret in _passwords(endpoint):
+        text = text.replace(secret, "***")
+    return text
 
 
 def _plainer(reason: str | None, endpoint: str) -> str | None:
@@ -413,10 +442,7 @@ def _plainer(reason: str | None, endpoint: str) -> str | None:
     what to do, not 300 characters of OpenSSL."""
     if not reason:
         return reason
-    masked = _shown(endpoint)
-    if masked != endpoint:  # the password, wherever the reason quotes the endpoint's user part
-        user_part = endpoint[:endpoint.rindex("@") + 1]
-        reason = reason.replace(user_part.split("://", 1)[-1], masked[:masked.rindex("@") + 1].split("://", 1)[-1])
+    reason = _masked(reason, endpoint)
     if "tls handshake failed" in reason.lower():
         return ("TLS handshake failed: the collector speaks no TLS; over gRPC a HOST:PORT or https:// target is TLS "
                 "unless OTEL_EXPORTER_OTLP_INSECURE=true, and that variable, when set, decides for http:// too")

@@ -196,11 +196,18 @@ def test_an_empty_grpc_target_is_refused_before_the_run(tmp_path, capsys, monkey
     assert code == 2 and len(err.strip().splitlines()) == 1 and "expected a target after" in err, err
 
 
-def test_a_grpc_failure_that_quotes_the_target_never_shows_its_password(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("endpoint, secret", [
+    ("http://u:s3cret@127.0.0.1:1", "s3cret"),
+    ("http://u:p%40ss@nohost.invalid:4317", "p@ss"),  # (gRPC quotes the target URL-decoded)
+    ("dns:///u:s3cret@nohost.invalid:4317", "s3cret"),  # (no scheme's //: the user part after the path)
+])
+def test_a_grpc_failure_that_quotes_the_target_never_shows_its_password(tmp_path, capsys, monkeypatch, endpoint,
+                                                                         secret):
     """gRPC's reason quoted the target whole: "errors resolving u:secret@127.0.0.1:1"."""
     from tests.cli.support import run
 
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
     code, _out, err = run(["replay", "gen:chat", "--limit", "2", "--mode", "cache-only", "--otlp-endpoint",
-                           "http://u:s3cret@127.0.0.1:1"], capsys)
-    assert code == 1 and "not delivered" in err and "s3cret" not in err and "u:***@" in err, err
+                           endpoint], capsys)
+    assert code == 1 and "not delivered" in err and secret not in err and "***@" in err, err
+    assert secret.replace("@", "%40") not in err
