@@ -108,8 +108,10 @@ def _refuse_repeats(command: Any) -> None:
     parse_args = command.parse_args
 
     def checked(ctx: Any, args: list[str]) -> list[str]:
-        if not ctx.resilient_parsing and not set(ctx.help_option_names) & set(args):  # (--help wins, as before)
+        if not ctx.resilient_parsing:
             order = command.make_parser(ctx).parse_args(args=list(args))[2]
+            if any(getattr(p, "name", None) == "help" for p in order):  # (--help parsed as the option wins, as before;
+                return parse_args(ctx, args)  # a run named --help, or one after --, is no help)
             seen: set[str] = set()
             for param in order:
                 if param.param_type_name == "option" and not (param.multiple or param.is_flag or param.count):

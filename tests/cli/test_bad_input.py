@@ -1131,6 +1131,9 @@ def test_an_option_of_one_value_given_twice_is_refused(tmp_path, capsys, argv, f
 def test_help_beside_an_option_given_twice_is_the_help(capsys):
     code, out, _err = run(["generate", "--help", "--seed", "1", "--seed", "2"], capsys)
     assert code == 0 and "Usage: kvtrace generate" in out
+    # --help as a value (a run's name), or after --, is no help: the repeat is still refused
+    code, _, err = run(["replay", "gen:chat", "--limit", "2", "--seed", "1", "--seed", "2", "--name", "--help"], capsys)
+    assert_one_line(code, err, "--seed: given more than once")
 
 
 def test_repeatable_options_and_flags_given_twice_still_run(capsys):
