@@ -85,11 +85,22 @@ MAX_BATCH_EVENTS = 1 << 17
 # or as the ts, were decoded whole, 1.2 GB). Envelopes and events of more fields than any
 # vLLM sends (a newer one's trailing fields are still taken) are refused from their header.
 _MAX_FIELDS = 64
-_BATCH = msgspec.msgpack.Decoder(Annotated[list[msgspec.Raw], msgspec.Meta(max_length=_MAX_FIELDS)]
-                                 | dict[str, msgspec.Raw])
+_Fields = (Annotated[list[msgspec.Raw], msgspec.Meta(max_length=_MAX_FIELDS)]
+           | Annotated[dict[str, msgspec.Raw], msgspec.Meta(max_length=_MAX_FIELDS)])
+_BATCH = msgspec.msgpack.Decoder(_Fields)
 _EVENTS = msgspec.msgpack.Decoder(Annotated[list[msgspec.Raw], msgspec.Meta(max_length=MAX_BATCH_EVENTS)])
-_EVENT = msgspec.msgpack.Decoder(Annotated[list[msgspec.Raw], msgspec.Meta(max_length=_MAX_FIELDS)]
-                                 | dict[str, msgspec.Raw])
+_EVENT = msgspec.msgpack.Decoder(_Fields)
+
+
+def _fields_problem(err: msgspec.ValidationError) -> str | None:
+    """What a refused envelope or event is, when its header said so: too many fields, or
+    a map keyed by other than strings."""
+    text = str(err)
+    if "length" in text:
+        return f"more than {_MAX_FIELDS} fields"
+    if "Expected `str`" in text:
+        return "a map keyed by other than strings"
+    return None
 _Scalar = int | float | str | bool | None
 _SCALAR = msgspec.msgpack.Decoder(_Scalar)  # (checked by the field's own reader below: its words)
 _DECODERS = {name: msgspec.msgpack.Decoder(kind) for name, kind in {
@@ -170,8 +181,9 @@ def _event_fields(raw: msgspec.Raw) -> tuple[str, dict[str, Any]]:
     """An event's tag and the fields its kind reads, decoded (the others left raw)."""
     try:
         event = _EVENT.decode(raw)
-    except msgspec.ValidationError:
-        got = type(_shallow(raw, "event")).__name__
+    except msgspec.ValidationError as err:
+        problem = _fields_problem(err)
+        got = problem if problem is not None else type(_shallow(raw, "event")).__name__
         raise VllmWireError(f"vLLM KV event: expected a tagged array or map, got {got}") from None
     except (msgspec.DecodeError, RecursionError) as err:
         raise VllmWireError(f"vLLM KV event batch: not msgpack ({err})") from None
@@ -213,8 +225,11 @@ def decode_kv_batch(payload: bytes) -> tuple[KVEventBatch, int]:
     Raises ``VllmWireError`` for anything that is not an event batch the store can hold."""
     try:
         envelope = _BATCH.decode(payload)
-    except msgspec.ValidationError:  # (another value than an array or a string-keyed map, or 64 fields more)
-        raise VllmWireError("vLLM KV event batch: expected [ts, events, dp_rank] or a map of string keys") from None
+    except msgspec.ValidationError as err:  # (another value than an array or a string-keyed map of 64 fields)
+        problem = _fields_problem(err)
+        got = f": {problem}" if problem else ""
+        raise VllmWireError(f"vLLM KV event batch: expected [ts, events, dp_rank] or a map of string keys{got}"
+                            ) from None
     except (msgspec.DecodeError, RecursionError) as err:
         raise VllmWireError(f"vLLM KV event batch: not msgpack ({err})") from None
     if isinstance(envelope, dict):
