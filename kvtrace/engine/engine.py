@@ -46,6 +46,10 @@ from kvtrace.numeric import cdiv
 from kvtrace.process import collector_paused, raise_stop, stop_pending
 from kvtrace.workload import TraceRequest
 
+# What a pool too small for a request says to do; a caller whose own flag sets the pool
+# (curve's --capacities) says it in its words instead (replay.sweep)
+POOL_ADVICE = "raise --capacity-blocks or --capacity-tokens (or cache.num_gpu_blocks in --config, wherever it was set)"
+
 
 @dataclass
 class EngineResult:
@@ -199,8 +203,7 @@ class Engine:
                 pools = (cc.total_blocks,) if cc.shared_pool else cc.pool_sizes
                 raise KVTraceError(
                     f"engine: {what} cannot be scheduled: it needs more KV blocks than the pool holds "
-                    f"(num_gpu_blocks {', '.join(map(str, pools))}); raise --capacity-blocks or --capacity-tokens "
-                    "(or cache.num_gpu_blocks in --config, wherever it was set)"
+                    f"(num_gpu_blocks {', '.join(map(str, pools))}); {POOL_ADVICE}"
                 )
             step += 1
             res = worker.execute(out)

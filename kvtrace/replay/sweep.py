@@ -314,8 +314,9 @@ def _deaths_named(results: Iterator[tuple[RunResult, list]], combos: list[dict[s
             shown = label(combo) if values_flag in ("--param", "--sweep") else label(combo).partition("=")[2]
             text = str(err)
             if values_flag == "--capacities":  # (the engine's advice names the flags a curve refuses)
-                text = text.replace("raise --capacity-blocks or --capacity-tokens (or cache.num_gpu_blocks in "
-                                    "--config, wherever it was set)", "raise the --capacities")
+                from kvtrace.engine.engine import POOL_ADVICE
+
+                text = text.replace(POOL_ADVICE, "raise the --capacities")
             raise KVTraceError(f"{values_flag} {shown}: {text}") from None
         yield item
 
