@@ -107,7 +107,9 @@ class Disagreement:
 class ConformanceRun:
     """The comparison at one pool size."""
 
-    capacity_blocks: int
+    # vLLM's num_gpu_blocks, as --capacity-blocks gave it (null block included): not replay's
+    # capacity_blocks, the usable blocks (metrics.py's one meaning)
+    num_gpu_blocks: int
     config: CacheConfig
     requests: int = 0  # requests that finished in both
     steps: int = 0
@@ -131,9 +133,7 @@ class ConformanceRun:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            # vLLM's num_gpu_blocks, as --capacity-blocks gave it (null block included): not
-            # replay's capacity_blocks, the usable blocks (metrics.py's one meaning)
-            "num_gpu_blocks": self.capacity_blocks,
+            "num_gpu_blocks": self.num_gpu_blocks,
             "behaviours_off": sorted(ALL_BEHAVIOURS - self.config.behaviours),
             "requests": self.requests,
             "steps": self.steps,
@@ -510,7 +510,7 @@ def format_report(result: ConformanceResult) -> list[str]:
     lines = [f"kvtrace conformance {result.trace}  preset {result.preset}  vLLM {result.vllm_version}"]
     for run in result.runs:
         off = sorted(ALL_BEHAVIOURS - run.config.behaviours)
-        head = (f"num_gpu_blocks {run.capacity_blocks:,}: {run.requests} requests, {run.steps} steps, "
+        head = (f"num_gpu_blocks {run.num_gpu_blocks:,}: {run.requests} requests, {run.steps} steps, "
                 f"{run.preemptions} preemptions, {run.refusals} refused allocations, {run.evictions} evictions, "
                 f"{run.copies} copies")
         if run.unschedulable:
