@@ -20,7 +20,8 @@ def collect(
     grpc_port: Annotated[int, typer.Option(
         metavar="PORT", help="OTLP/gRPC port, the SDKs' default protocol (0: any free port).")] = 4317,
     grpc: Annotated[bool, typer.Option("--grpc/--no-grpc", help="Also serve OTLP/gRPC.")] = True,
-    host: Annotated[str, typer.Option(metavar="ADDRESS", help="Bind address.")] = "127.0.0.1",
+    host: Annotated[str, typer.Option(
+        metavar="ADDRESS", help="Bind address (IPv6 as ::1; 0.0.0.0 or :: for every interface).")] = "127.0.0.1",
     max_body_bytes: Annotated[int, typer.Option(metavar="BYTES", help="Largest request body accepted.")]
         = 16 * 1024 * 1024,
 ) -> None:

@@ -59,9 +59,13 @@ CURRENT = _structs(array_like=False)
 
 
 class VllmPublisher:
-    def __init__(self, topic: str = "kv-events", port: int | None = None, replay_port: int | None = None):
-        """Binds 127.0.0.1 at the given ports, or at free ones (raises zmq.ZMQError if taken)."""
+    def __init__(self, topic: str = "kv-events", port: int | None = None, replay_port: int | None = None,
+                 host: str = "127.0.0.1"):
+        """Binds ``host`` (an IPv6 one in brackets, ``[::1]``) at the given ports, or at free
+        ones (raises zmq.ZMQError if taken)."""
+        self.host = host
         self.ctx = zmq.Context()
+        self.ctx.setsockopt(zmq.IPV6, int(host.startswith("[")))
         self.pub = self.ctx.socket(zmq.PUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         # vLLM's publisher's own high-water mark (ZmqEventPublisher(hwm=100_000)): at ZMQ's
@@ -88,13 +92,12 @@ class VllmPublisher:
         self._thread.start()
         self._lock = threading.Lock()
 
-    @staticmethod
-    def _bind(sock, port: int | None) -> str:
+    def _bind(self, sock, port: int | None) -> str:
         if port is None:
-            port = sock.bind_to_random_port("tcp://127.0.0.1")
+            port = sock.bind_to_random_port(f"tcp://{self.host}")
         else:
-            sock.bind(f"tcp://127.0.0.1:{port}")
-        return f"tcp://127.0.0.1:{port}"
+            sock.bind(f"tcp://{self.host}:{port}")
+        return f"tcp://{self.host}:{port}"
 
     def publish(self, batch, send: bool = True) -> int:
         """Encode and buffer one batch; ``send=False`` drops it on the PUB side (a gap)."""

@@ -61,7 +61,10 @@ from kvtrace.instrument.otlp.limits import (
     READ_TIMEOUT_S,
     RECENT_SPANS,
     REPLY_GRACE_S,
+    bracketed,
     check_collector_options,
+    is_ipv6,
+    unbracketed,
 )
 from kvtrace.metrics import summary_problem
 from kvtrace.process import port_in_use, sigterm_as_interrupt
@@ -163,6 +166,8 @@ class _Server(ThreadingHTTPServer):
 
     def __init__(self, address, handler, guard: ConnectionGuard, on_refused: Callable[[], None]):
         self.guard, self.on_refused = guard, on_refused
+        if is_ipv6(address[0]):  # (socketserver binds IPv4 only: "::1" was "Address family ... not supported")
+            self.address_family = socket.AF_INET6
         super().__init__(address, handler)
 
     def process_request(self, request, client_address) -> None:
@@ -208,6 +213,7 @@ class OTLPCollector:
         body, plus its length at MIN_BODY_BYTES_PER_S). Raises KVTraceError when an address
         cannot be bound or an option is out of range."""
         check_collector_options(port, grpc_port, max_body_bytes, host)
+        host = unbracketed(host)
         self.store_path = str(store_path)
         self.max_body_bytes = max_body_bytes
         self.read_timeout_s = read_timeout_s
@@ -274,12 +280,13 @@ class OTLPCollector:
     @property
     def url(self) -> str:
         host, port = self.address
-        return f"http://{host}:{port}{TRACES_PATH}"
+        return f"http://{bracketed(host)}:{port}{TRACES_PATH}"
 
     @property
     def grpc_target(self) -> str | None:
-        """``host:port`` of the OTLP/gRPC endpoint, or None when not served."""
-        return None if self.grpc_port is None else f"{self.address[0]}:{self.grpc_port}"
+        """``host:port`` of the OTLP/gRPC endpoint (``[::1]:port`` for an IPv6 address), or
+        None when not served."""
+        return None if self.grpc_port is None else f"{bracketed(self.address[0])}:{self.grpc_port}"
 
     def start(self) -> OTLPCollector:
         if self._grpc is not None:

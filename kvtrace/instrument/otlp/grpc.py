@@ -39,7 +39,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from kvtrace.errors import KVTraceError
 from kvtrace.instrument.otlp.decode import PayloadError, decode_protobuf
 from kvtrace.instrument.otlp.guard import Deadlines
-from kvtrace.instrument.otlp.limits import MAX_CONNECTIONS, MIN_BODY_BYTES_PER_S, READ_TIMEOUT_S
+from kvtrace.instrument.otlp.limits import MAX_CONNECTIONS, MIN_BODY_BYTES_PER_S, READ_TIMEOUT_S, bracketed
 from kvtrace.process import probe_address
 
 SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
@@ -147,10 +147,10 @@ def grpc_server(ingest: Callable[..., object], host: str, port: int, max_body_by
         maximum_concurrent_rpcs=MAX_CONNECTIONS,
     )
     try:
-        bound = server.add_insecure_port(f"{host}:{port}")
+        bound = server.add_insecure_port(f"{bracketed(host)}:{port}")
     except RuntimeError:  # grpcio raises where older versions returned 0
         bound = 0
     if not bound:  # taken between the probe and here (gRPC has then logged it too)
         pool.shutdown(wait=False)
-        raise OSError(f"cannot listen on {host}:{port} (OTLP/gRPC): address in use or not available")
+        raise OSError(f"cannot listen on {bracketed(host)}:{port} (OTLP/gRPC): address in use or not available")
     return GrpcReceiver(server, pool), bound

@@ -161,6 +161,8 @@ class VllmKVCapture:
         self._last_flush = time.monotonic()
 
     def _connect(self, sock: zmq.Socket, address: str, option: str) -> None:
+        if address.startswith("tcp://["):  # (ZMQ connects to an IPv6 address only when told: it waited forever)
+            sock.setsockopt(zmq.IPV6, 1)
         try:
             sock.connect(address)
         except zmq.ZMQError as err:  # a malformed address, an unresolvable host
