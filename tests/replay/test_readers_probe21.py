@@ -185,6 +185,9 @@ BAILIAN_LINE = ('{"chat_id": 0, "parent_chat_id": -1, "timestamp": 0, "input_len
     ("n.jsonl", '{"kvtrace_trace": 1, "block_size": 16, "block_size": 512}\n' + NATIVE_LINE + "}\n", 1, "block_size"),
     ("c.json", '{"block_size": 16, "requests": [], "block_size": 32}', 1, "block_size"),
     ("c.json", '{"block_size": 16, "requests": [{"t": 0, "in": 20, "out": 1, "out": 9, "hash_ids": [1]}]}', 1, "out"),
+    # the second written escaped: the cheap count saw one "timestamp" and let msgspec take 5
+    ("t.jsonl", '{"timestamp": 0, "timest\\u0061mp": 5, "input_length": 500, "output_length": 1, "hash_ids": [7]}\n',
+     1, "timestamp"),
 ])
 def test_a_key_given_twice_with_two_values_is_refused(tmp_path: Path, name, text, line, key):
     """msgspec read the last value unsaid (Python's json too): "timestamp": 0 then 5 was a
