@@ -14,7 +14,7 @@ from kvtrace.store.read.evictions import evictions_by_reason
 from kvtrace.store.read.hits import hit_counters
 from kvtrace.store.read.latency import latency_summary
 from kvtrace.store.read.runs import run, span_counts
-from kvtrace.store.schema import SPAN_COW, SPAN_EVICT, SPAN_PUBLISH, SPAN_REQUEST
+from kvtrace.store.schema import SPAN_COW, SPAN_DIVERGENT, SPAN_EVICT, SPAN_PUBLISH, SPAN_REQUEST, SPAN_STALE_LEFT
 
 
 @checked
@@ -47,34 +47,54 @@ def summary_from_spans(db: DB, run_id: str) -> dict[str, Any]:
     """A summary's keys from the run's spans, when it has request spans: vLLM's hit counters
     and rates, ``prompt_tokens``, ``output_tokens`` and ``preemptions`` (sums over the
     finished requests' spans), the latency statistics, ``publishes`` and ``evictions`` (blocks),
-    ``evictions_by_reason``, ``cow_copies`` (null in cache-only runs, which copy nothing) and
-    ``spans``, each as a complete run's stored summary defines it ({} without requests)."""
+    ``evictions_by_reason``, ``cow_copies`` (null in cache-only runs, which copy nothing),
+    ``stale_hashes_left`` (engine runs), ``divergent_outputs`` (null where the engine checked no
+    content) and ``spans``, each as a complete run's stored summary defines it ({} without
+    requests)."""
     hits = hit_counters(db, run_id)
     if not hits.get("requests"):
         return {}
     counts = {r["name"]: r for r in span_counts(db, run_id).iter_rows(named=True)}
     by_reason = {r["reason"]: int(r["blocks"]) for r in evictions_by_reason(db, run_id).iter_rows(named=True)}
     totals = _request_totals(db, run_id)
-    # copies are the engine's (cache-only replay makes none: its summary says null, not 0)
-    copies = (int(counts[SPAN_COW]["spans"]) if SPAN_COW in counts else 0) if totals else None
+    mode, config = _record(db, run_id)
+
+    def spans_of(name: str) -> int:
+        return int(counts[name]["spans"]) if name in counts else 0
+
+    # copies and stale entries left are the engine's (cache-only replay makes none: its
+    # summary says null, not 0); divergent outputs are counted as tokens are sampled, so a
+    # stopped run's spans hold every one so far, where its replay checked content (diff said
+    # null beside the requests it listed as divergent, the dashboard's Overview a dash beside
+    # its table of them). Stale hashes stay unknown: the audit of every key at a run's end
+    # never ran.
+    checked = mode == "engine" and config.get("content") is not False
     return {
-        **hits, **totals, **latency_summary(db, run_id, _recorded_percentiles(db, run_id)),
+        **hits, **totals, **latency_summary(db, run_id, _recorded_percentiles(config)),
         "publishes": int(counts[SPAN_PUBLISH]["blocks"]) if SPAN_PUBLISH in counts else 0,
         "evictions": int(counts[SPAN_EVICT]["blocks"]) if SPAN_EVICT in counts else 0,
         "evictions_by_reason": by_reason,
-        "cow_copies": copies,
+        "cow_copies": spans_of(SPAN_COW) if totals else None,
+        **({"stale_hashes_left": spans_of(SPAN_STALE_LEFT),
+            "divergent_outputs": spans_of(SPAN_DIVERGENT) if checked else None} if totals else {}),
         "spans": sum(int(r["spans"]) for r in counts.values()),
     }
 
 
-def _recorded_percentiles(db: DB, run_id: str) -> tuple[float, ...]:
+def _record(db: DB, run_id: str) -> tuple[str | None, Mapping[str, Any]]:
+    """The run's mode and config ({} where it records none)."""
+    try:
+        record = run(db, run_id)
+    except StoreError:  # (a damaged record: `runs` lists it as such, its spans read without it)
+        return None, {}
+    config = record.get("config")
+    return record.get("mode"), config if isinstance(config, Mapping) else {}
+
+
+def _recorded_percentiles(config: Mapping[str, Any]) -> tuple[float, ...]:
     """The run's own --percentiles (its config records any but the default), so a killed run
     summarises its latencies as its finished summary would have."""
-    try:
-        config = run(db, run_id).get("config")
-    except StoreError:  # (a damaged record: `runs` lists it as such, its spans at the defaults)
-        config = None
-    given = config.get(metrics.PERCENTILES_CONFIG_KEY) if isinstance(config, Mapping) else None
+    given = config.get(metrics.PERCENTILES_CONFIG_KEY)
     try:
         # (a bool is no percentile: float(True) would read it as p1)
         ok = isinstance(given, list) and not any(isinstance(p, bool) for p in given)
