@@ -20,10 +20,11 @@ from typing import Any
 
 from kvtrace.compare.model import RunDiff
 from kvtrace.compare.options import demo_target
-from kvtrace.compare.render import backend_note, tables
+from kvtrace.compare.render import backend_note, tables, times_note
 from kvtrace.compare.source import diff_runs
 from kvtrace.compare.study import BEHAVIOURS
 from kvtrace.errors import KVTraceError
+from kvtrace.metrics import times_source
 from kvtrace.names import printable, stdout_console
 from kvtrace.process import Terminated, pid_after, remove_dead_leftovers, signals_held, terminated
 from kvtrace.replay.report import format_value
@@ -106,9 +107,13 @@ def run_demo(
             _demo_target(db)
             _replace(building, target)
     console.print(summary_table(result))
+    # (README: every view that shows a latency names the cost model that modelled it; the
+    # demo's tables showed TTFT and ITL with neither, where kvtrace diff of its runs says both)
+    console.print(runs_times_note(result), markup=False, highlight=False)
     for behaviour, d in result.diffs.items():
         console.print()
         console.print(f"[bold]{behaviour}[/bold]: A = switched off, B = all on (what the behaviour buys)")
+        console.print(times_note(d, code=printable, literal=printable), markup=False, highlight=False)
         backends = backend_note(d, code=printable)  # (--backend vllm: B is vLLM's manager, A kvtrace's, as diff says)
         if backends:
             console.print(backends, markup=False, highlight=False)
@@ -141,6 +146,22 @@ def summary_table(result: DemoResult) -> Any:
             continue
         table.add_row(key, *(format_value(key, r.summary.get(key)) for _, r in result.runs))
     return table
+
+
+def runs_times_note(result: DemoResult) -> str:
+    """Where the summary table's times come from (``metrics.times_source``), as ``kvtrace diff``
+    says it: one source for every run, else each run's (its column's name) in turn."""
+    sources = [(_column(spec), times_source(spec.mode, r.summary.get("cost_model"), printable))
+               for spec, r in result.runs]
+    distinct = list(dict.fromkeys(source for _, source in sources))
+    if len(distinct) == 1:
+        return f"Times: {distinct[0]}"
+    return "Times: " + " · ".join(f"{column} {source}" for column, source in sources)
+
+
+def _column(spec: RunSpec) -> str:
+    """A run's column in the summary table, on one line."""
+    return ALL_ON if not spec.without else f"without {spec.without[0]}"
 
 
 def _replay_all(db: str, into: str, specs: list[RunSpec], seed: int, progress: bool) -> DemoResult:
