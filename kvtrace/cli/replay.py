@@ -60,8 +60,9 @@ def sweep(
              "external_capacity_blocks, block_size, retention, preset, policy, mode, or without "
              "(behaviours joined by +, or none).")],
     db: Db = None,
-    workers: Annotated[int, typer.Option(metavar="N", help="Local worker processes (at most one a CPU and one a "
-                                                          "replay).")] = 2,
+    workers: Annotated[int | None, typer.Option(
+        metavar="N", help="Local worker processes (default 2; at most one a CPU and one a replay); with --ray, the "
+                          "most replays in flight on the cluster at once (default: all).")] = None,
     ray: Annotated[str | None, typer.Option(
         "--ray", metavar="ADDRESS",
         help="Run each replay as a task on this Ray cluster (auto: the running one; local: start one here). "
@@ -104,8 +105,9 @@ def curve(
         metavar="lru,belady", help="The curves to draw: lru, belady (the offline bound, MIN), or both (default: both; "
                                    "lru in engine mode, where the Belady bound has no unit).")] = None,
     db: Db = None,
-    workers: Annotated[int, typer.Option(metavar="N", help="Local worker processes (engine mode; at most one a "
-                                                          "CPU and one a capacity).")] = 2,
+    workers: Annotated[int | None, typer.Option(
+        metavar="N", help="Engine mode: local worker processes (default 2; at most one a CPU and one a capacity); "
+                          "with --ray, the most replays in flight on the cluster at once (default: all).")] = None,
     ray: Annotated[str | None, typer.Option(
         "--ray", metavar="ADDRESS", help="Engine mode: replay each capacity as a Ray task (see `kvtrace sweep`).")]
         = None,

@@ -249,7 +249,7 @@ class CurveResult:
 
 
 def run_curve(spec, capacities: str, *, policies: Sequence[str] | None = None, db: str | Path | None = None,
-              workers: int = 2, ray_address: str | None = None) -> CurveResult:
+              workers: int | None = None, ray_address: str | None = None) -> CurveResult:
     """The curve of ``spec``'s trace (its mode and settings, capacity swept), recorded in
     ``db`` when given. Engine mode replays each capacity on the sweep's workers (local
     processes, or Ray tasks with ``ray_address``). ``policies``: default both, LRU alone
@@ -269,8 +269,9 @@ def run_curve(spec, capacities: str, *, policies: Sequence[str] | None = None, d
         if given is not None:
             raise ConfigError(flag, str(given), "a curve sweeps the capacity itself; give --capacities instead")
     wanted = parse_capacities(capacities)
-    if not isinstance(workers, int) or workers < 1:
-        raise ConfigError("--workers", str(workers), "expected a number of processes >= 1")
+    from kvtrace.replay.sweep import check_workers
+
+    check_workers(workers)
     if ray_address is not None and spec.mode != "engine":
         raise ConfigError("--ray", ray_address, "engine mode only (a cache-only curve is one pass in this process)")
     if spec.mode == "engine":
@@ -294,7 +295,7 @@ def run_curve(spec, capacities: str, *, policies: Sequence[str] | None = None, d
     return result
 
 
-def _engine_curve(spec, capacities: list[int], db, workers: int, ray_address: str | None) -> CurveResult:
+def _engine_curve(spec, capacities: list[int], db, workers: int | None, ray_address: str | None) -> CurveResult:
     from kvtrace.replay.run import open_workload
     from kvtrace.replay.sweep import run_sweep
 

@@ -202,6 +202,15 @@ class _CollectedSpans:
         """(A store's: nothing held here.)"""
 
 
+DEFAULT_WORKERS = 2  # local worker processes when --workers is not given
+
+
+def check_workers(workers: int | None) -> None:
+    """ConfigError naming --workers unless it is None (not given) or a count >= 1."""
+    if workers is not None and (type(workers) is not int or workers < 1):
+        raise ConfigError("--workers", str(workers), "expected a number of processes >= 1")
+
+
 def _replay_one(spec: RunSpec, keep_spans: bool) -> tuple[RunResult, list]:
     """One replay in a worker: its result and, when kept, its span tables."""
     sink = _CollectedSpans() if keep_spans else None
@@ -213,19 +222,20 @@ def run_sweep(
     params: Sequence[tuple[str, list[Any]]],
     *,
     db: str | Path | None = None,
-    workers: int = 2,
+    workers: int | None = None,
     ray_address: str | None = None,
     on_done: Callable[[SweepRun], None] | None = None,
     values_flag: str = "--param",
 ) -> SweepResult:
     """Replay ``base`` with every combination of ``params``; record each into ``db``.
+    ``workers``: local worker processes (None: 2), or with ``ray_address`` the most Ray
+    tasks in flight at once (None: every replay submitted at once).
     ``values_flag``: the option the swept values were typed in (a refused one is named there:
     ``--param NAME=V``, or the values of one named option, as curve's ``--capacities``)."""
     combos = combinations(params)
     if not combos:
         raise KVTraceError("sweep: no parameter values to sweep")
-    if not isinstance(workers, int) or workers < 1:
-        raise ConfigError("--workers", str(workers), "expected a number of processes >= 1")
+    check_workers(workers)
     bare = RunSpec(trace=base.trace)
     for name, _ in params:  # a swept setting also set for the whole sweep: one of them would be dropped
         if getattr(base, name) != getattr(bare, name):
@@ -326,14 +336,15 @@ def _kept(done: int, total: int, stored: bool, swept: bool = True) -> str:
 
 
 @contextlib.contextmanager
-def _results_in_order(specs: list[RunSpec], keep: bool, workers: int,
+def _results_in_order(specs: list[RunSpec], keep: bool, workers: int | None,
                       ray_address: str | None) -> Iterator[Iterator[tuple[RunResult, list]]]:
     """Every spec's (result, span tables), in spec order, as each comes back: on Ray, in
     this process, or on forked local workers, which end with the block however it ends."""
     if ray_address is not None:
-        with _on_ray(specs, keep, ray_address) as results:
+        with _on_ray(specs, keep, ray_address, workers) as results:
             yield results
         return
+    workers = DEFAULT_WORKERS if workers is None else workers
     if workers == 1 or len(specs) == 1:
         yield (_replay_one(s, keep) for s in specs)
         return
@@ -483,10 +494,12 @@ class WorkerDied(RuntimeError):
 
 
 @contextlib.contextmanager
-def _on_ray(specs: list[RunSpec], keep: bool, address: str) -> Iterator[Iterator[tuple[RunResult, list]]]:
+def _on_ray(specs: list[RunSpec], keep: bool, address: str,
+            in_flight: int | None = None) -> Iterator[Iterator[tuple[RunResult, list]]]:
     """Every spec's (result, span tables) from its Ray task, in spec order, each as it comes
     back (all at once, a sweep failed or stopped at its last replay stored none); the tasks
-    not yet back are cancelled when the block ends early."""
+    not yet back are cancelled when the block ends early. ``in_flight``: the most tasks
+    submitted and not yet taken back at once (None: all)."""
     try:
         import ray
     except ImportError:
@@ -495,12 +508,13 @@ def _on_ray(specs: list[RunSpec], keep: bool, address: str) -> Iterator[Iterator
     # by a cancel) Ray prints from a thread of its own on stdout, log_to_driver or not: it
     # broke `--json`'s one document (and the table's stdout) after a retry the sweep survived.
     # While this process is Ray's driver its stdout is stderr; the command prints after.
-    with contextlib.redirect_stdout(sys.stderr), _on_ray_driver(ray, specs, keep, address) as results:
+    with contextlib.redirect_stdout(sys.stderr), _on_ray_driver(ray, specs, keep, address, in_flight) as results:
         yield results
 
 
 @contextlib.contextmanager
-def _on_ray_driver(ray, specs: list[RunSpec], keep: bool, address: str) -> Iterator[Iterator[tuple[RunResult, list]]]:
+def _on_ray_driver(ray, specs: list[RunSpec], keep: bool, address: str,
+                   in_flight: int | None) -> Iterator[Iterator[tuple[RunResult, list]]]:
     started = False
     if not ray.is_initialized():
         kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}
@@ -520,9 +534,19 @@ def _on_ray_driver(ray, specs: list[RunSpec], keep: bool, address: str) -> Itera
         started = True
     try:
         task = ray.remote(_replay_one)
-        refs = [task.remote(s, keep) for s in specs]
+        refs: list = []  # every task submitted so far, in spec order
+
+        def submit(upto: int) -> None:
+            refs.extend(task.remote(s, keep) for s in specs[len(refs):upto])
+
+        def results() -> Iterator[tuple[RunResult, list]]:
+            window = len(specs) if in_flight is None else in_flight
+            for i in range(len(specs)):
+                submit(i + window)  # (the one taken back next, and window - 1 after it, on the cluster)
+                yield _ray_result(ray, refs[i], address)
+
         try:
-            yield (_ray_result(ray, ref, address) for ref in refs)
+            yield results()
         except BaseException:  # a failed replay, Ctrl-C: the rest would run on, on a shared cluster
             for ref in refs:
                 with contextlib.suppress(Exception):  # (one already back, or its worker gone)
