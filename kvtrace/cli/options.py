@@ -96,7 +96,7 @@ def output_file(path: str | None) -> str | None:
 
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")]
 Markdown = Annotated[bool, typer.Option("--markdown", help="Print Markdown (for a pull request).")]
-Seed = Annotated[int, typer.Option(metavar="N", help="Seed for generated workloads and span ids.")]
+Seed = Annotated[int, typer.Option(metavar="N", help="Seed of the generated workload (0 to 2^64-1).")]
 
 # name -> (annotation, default, RunSpec field); the order is --help's order.
 _RUN_OPTIONS: dict[str, tuple[Any, Any, str]] = {
@@ -122,27 +122,33 @@ _RUN_OPTIONS: dict[str, tuple[Any, Any, str]] = {
         metavar="TOKENS", min=1, help="Tokens per hash id of a Mooncake, Bailian or Azure trace, whose files do "
         "not say (default 512, 16, 16).", rich_help_panel=RUN_PANEL)], None, "trace_block_size"),
     "block_size": (Annotated[int | None, typer.Option(
-        metavar="TOKENS", help="Tokens per KV block (cache-only: per trace hash id).", rich_help_panel=RUN_PANEL)],
+        metavar="TOKENS", help="Tokens per KV block, at least 1 (default: the preset's; cache-only: the trace's "
+        "tokens per hash id).", rich_help_panel=RUN_PANEL)],
         None, "block_size"),
     "capacity_blocks": (Annotated[str | None, typer.Option(
-        metavar="BLOCKS|inf", help="GPU KV blocks (default: the preset's). Cache-only mode: omit it, or say inf, "
-        "for an unbounded cache (the infinite-cache hit rate; nothing is evicted, and the pool holds the trace's "
+        metavar="BLOCKS|inf", help="GPU KV blocks as vLLM's num_gpu_blocks counts them: at least 2, the null "
+        "block included (default: the preset's). Cache-only mode: at least 1; omit it, or say inf, for an "
+        "unbounded cache (the infinite-cache hit rate; nothing is evicted, and the pool holds the trace's "
         "distinct blocks, nothing preallocated beyond them).",
         rich_help_panel=RUN_PANEL)], None, "capacity_blocks"),
     "capacity_tokens": (Annotated[int | None, typer.Option(
-        metavar="TOKENS", help="Capacity in tokens, converted to blocks.", rich_help_panel=RUN_PANEL)],
+        metavar="TOKENS", help="Capacity in tokens, at least 1, converted to blocks (instead of --capacity-blocks; "
+        "cache-only mode needs --block-size with it).", rich_help_panel=RUN_PANEL)],
         None, "capacity_tokens"),
     "retention": (Annotated[str | None, typer.Option(
-        metavar="none|0|K", help="Retention interval of sliding-window and Mamba groups, in tokens.",
+        metavar="none|0|K", help="Retention interval of sliding-window and Mamba groups (engine mode): none (dense), 0 "
+        "(latest-only) or every K tokens, K a multiple of the block size.",
         rich_help_panel=RUN_PANEL)], None, "retention"),
     "external_blocks": (Annotated[int | None, typer.Option(
-        metavar="BLOCKS", help="Add an external (connector) tier of this many blocks.", rich_help_panel=RUN_PANEL)],
+        metavar="BLOCKS", help="Add an external (connector) tier of this many blocks, at least 1 (engine mode).",
+        rich_help_panel=RUN_PANEL)],
         None, "external_capacity_blocks"),
     "without": (Annotated[list[Behaviour], typer.Option(
         "--without", metavar="BEHAVIOUR", rich_help_panel=RUN_PANEL,
         help=f"Switch a behaviour off (repeatable): {', '.join(BEHAVIOURS)}.")], [], "without"),
     "limit": (Annotated[int | None, typer.Option(
-        metavar="N", help="Replay only the first N requests.", rich_help_panel=RUN_PANEL)], None, "limit"),
+        metavar="N", help="Replay only the first N requests, N >= 1 (default: all).", rich_help_panel=RUN_PANEL)],
+        None, "limit"),
     "seed": (Annotated[int, typer.Option(
         metavar="N", help="Seed for generated workloads and span ids (0 to 2^64-1).", rich_help_panel=RUN_PANEL)],
         0, "seed"),
@@ -152,12 +158,14 @@ _RUN_OPTIONS: dict[str, tuple[Any, Any, str]] = {
         "--no-content", help="Engine mode without device content, sampling checks or stale-hash audits: hits and "
         "timings only, several times faster.", rich_help_panel=RUN_PANEL)], False, "content"),
     "percentiles": (Annotated[str | None, typer.Option(
-        metavar="P1,P2,...", help="Latency percentiles of the summary, as vllm bench serve's --metric-percentiles "
-                                  "(default 50,90,99).", rich_help_panel=RUN_PANEL)], None, "percentiles"),
+        metavar="P1,P2,...", help="Latency percentiles of the summary, each 0 to 100, as vllm bench serve's "
+                                  "--metric-percentiles (default 50,90,99).", rich_help_panel=RUN_PANEL)],
+        None, "percentiles"),
 }
 # vllm bench serve's spelling of the same option (the --percentiles flag is kvtrace's)
 Percentiles = Annotated[str | None, typer.Option(
-    metavar="P1,P2,...", help="Latency percentiles, as vllm bench serve's --metric-percentiles (default 50,90,99).")]
+    metavar="P1,P2,...", help="Latency percentiles, each 0 to 100, as vllm bench serve's --metric-percentiles "
+    "(default 50,90,99).")]
 
 
 def percentiles(text: str | None) -> tuple[float, ...]:

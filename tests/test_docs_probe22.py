@@ -1,0 +1,70 @@
+"""What the docs probe (session 22) found: --help that did not say an option's range or
+meant another command's, and a notebook error that named a CLI flag the notebook has not."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import typer.main
+
+from kvtrace.cli.commands import app
+from tests.notebooks.conftest import kernel_name, run_notebook  # noqa: F401  (the notebook fixtures)
+
+
+def _option_help(command: str, flag: str) -> str:
+    cmd = typer.main.get_command(app).commands[command]  # type: ignore[attr-defined]
+    (param,) = [p for p in cmd.params if flag in getattr(p, "opts", ())]
+    return " ".join((param.help or "").split())
+
+
+@pytest.mark.parametrize("flag, least", [("--block-size", 1), ("--capacity-tokens", 1), ("--external-blocks", 1),
+                                         ("--limit", 1), ("--capacity-blocks", 2)])
+@pytest.mark.parametrize("command", ["replay", "sweep", "study"])
+def test_a_run_settings_help_says_the_least_value_the_replay_takes(command, flag, least):
+    """--block-size, --capacity-tokens, --external-blocks, --limit and --capacity-blocks said no
+    range in --help, where the replay refuses anything below it ("expected >= 1")."""
+    from kvtrace.cli.options import run_spec
+    from kvtrace.errors import KVTraceError
+    from kvtrace.replay.run import validate
+
+    said = _option_help(command, flag)
+    assert re.search(rf"(at least|>=) {least}\b", said), said
+    key = {"--external-blocks": "external_blocks"}.get(flag, flag[2:].replace("-", "_"))
+    value: object = str(least - 1) if flag == "--capacity-blocks" else least - 1
+    with pytest.raises(KVTraceError, match=re.escape(flag)):  # the code refuses what the help rules out
+        validate(run_spec("gen:chat", {key: value}))
+
+
+def test_percentiles_help_says_their_range():
+    for command in ("replay", "diff"):
+        assert "each 0 to 100" in _option_help(command, "--percentiles")
+
+
+def test_retention_help_says_which_values_and_that_it_is_engine_modes():
+    said = _option_help("replay", "--retention")
+    assert "engine mode" in said and "multiple of the block size" in said, said
+
+
+def test_generates_seed_is_the_workloads_with_its_range():
+    """generate's --seed said "Seed for generated workloads and span ids": generate makes no span."""
+    said = _option_help("generate", "--seed")
+    assert "span" not in said and "0 to 2^64-1" in said, said
+
+
+def test_runs_of_different_traces_name_the_notebooks_force_parameter(run_notebook, tmp_path):  # noqa: F811
+    """regression_analysis on two runs of different traces said "pass --force": a notebook has no
+    flags, its switch is the parameter force."""
+    from papermill.exceptions import PapermillExecutionError
+
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = tmp_path / "two.duckdb"
+    for limit in (3, 4):  # one workload read to two lengths: two traces to a diff
+        run_replay(RunSpec("gen:chat", mode="cache-only", limit=limit), db=db)
+    with pytest.raises(PapermillExecutionError) as raised:
+        run_notebook("regression_analysis", db_path=str(db), run_a="r1", run_b="r2")
+    said = raised.value.evalue  # (the message: the traceback quotes the cell's code)
+    assert "set force = True" in said and "--force" not in said, said
+    result, _ = run_notebook("regression_analysis", db_path=str(db), run_a="r1", run_b="r2", force=True)
+    assert result["db_path"] == str(db)
