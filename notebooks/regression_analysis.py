@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -135,7 +135,13 @@ runs.select(
 # requests in both runs).
 
 # %%
-diff = diff_runs(db_path, run_a, run_b, seed=seed, force=force)
+try:
+    diff = diff_runs(db_path, run_a, run_b, seed=seed, force=force)
+except KVTraceError as err:
+    # (diff_runs names the CLI's flag, --force, which a notebook has not: here it is the parameter)
+    if force or "pass --force" not in str(err):
+        raise
+    raise KVTraceError(str(err).replace("pass --force", "set force = True (papermill: -p force True)")) from None
 # (times a cost model made are "modelled"; a collected run's are its sender's, as diff says)
 TIMES = times_word(*((r.get("mode"), r.get("cost_model")) for r in (diff.run_a, diff.run_b)))
 deltas = pl.DataFrame(
