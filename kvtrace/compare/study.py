@@ -219,10 +219,17 @@ def expectation_failures(behaviour: str, on: Mapping[str, Any], off: Mapping[str
         if not (off.get("divergent_outputs", 0) > 0 or off.get("stale_hashes", 0) > 0):
             failures.append("behaviour off shows neither divergent outputs nor stale hashes")
         return failures
+    from kvtrace.compare.model import LATENCY_RESOLUTION_MS, MetricDelta
+
     for metric, sign in EXPECTED_OFF_DIRECTION[behaviour].items():
         a, b = off.get(metric), on.get(metric)
         if a is None or b is None or not (a - b) * sign > 0:
             failures.append(f"{metric}: expected off {'>' if sign > 0 else '<'} on, got off={a} on={b}")
+        elif MetricDelta(metric, a, b, b - a, None).verdict == "same":
+            # (a latency change below the diff's resolution, which its table calls no change
+            # (0.0000): the verdict said the effect showed, from interpolation noise)
+            failures.append(f"{metric}: expected off {'>' if sign > 0 else '<'} on, got off={a} on={b}, a change "
+                            f"below {LATENCY_RESOLUTION_MS * 1000:g} µs of modelled time (the diff's 'same')")
     return failures
 
 

@@ -25,3 +25,25 @@ def test_the_demo_names_the_cost_model_of_the_times_it_shows(tmp_path):
     assert all(line in to_text(d, width=250).splitlines() for d in result.diffs.values())
     first = lines.index(line)
     assert any("median_ttft_ms" in x for x in lines[:first])  # (after the table whose times it names)
+
+
+def test_a_studys_verdict_takes_no_sub_microsecond_latency_change_for_its_effect():
+    """The diff calls a latency change below LATENCY_RESOLUTION_MS "same" (interpolation
+    between integer-ns samples, shown as 0.0000); the study's verdict line said "Expected
+    effect shown: ... median_ttft_ms lower with it on" of such a change, beside that table."""
+    from kvtrace.compare.model import LATENCY_RESOLUTION_MS, MetricDelta
+    from kvtrace.compare.render import fmt
+    from kvtrace.compare.study import TRANSIENT_CHECKPOINT_RETENTION, expected_effect
+
+    off = {"prefix_cache_hit_rate": 0.10, "median_ttft_ms": 61.2580005}
+    on = {"prefix_cache_hit_rate": 0.15, "median_ttft_ms": 61.258}
+    delta = on["median_ttft_ms"] - off["median_ttft_ms"]
+    assert 0 < -delta < LATENCY_RESOLUTION_MS and fmt(delta, signed=True) == "0.0000"
+    assert MetricDelta("median_ttft_ms", off["median_ttft_ms"], on["median_ttft_ms"], delta, None).verdict == "same"
+    effect = expected_effect(TRANSIENT_CHECKPOINT_RETENTION, on, off)
+    assert effect["shown"] is False
+    assert [u.split(":")[0] for u in effect["unmet"]] == ["median_ttft_ms"]
+    # a change the diff does call one still shows the effect
+    on["median_ttft_ms"] = off["median_ttft_ms"] - 2 * LATENCY_RESOLUTION_MS
+    assert expected_effect(TRANSIENT_CHECKPOINT_RETENTION, on, off) == {
+        "shown": True, "expected": effect["expected"], "unmet": []}
