@@ -8,6 +8,15 @@ from kvtrace import metrics
 from kvtrace.dashboard import charts, queries, state, ui
 
 
+def _request_label(row: dict) -> str:
+    """A request in the picker: its id, TTFT and cached tokens; – where a span holds none (a
+    collected run's sender may leave them out: a missing TTFT read '0.0 ms', the fastest
+    of all, and a missing prompt length 'None')."""
+    ttft = row["ttft_ns"]
+    return (f"{row['request_id']} · TTFT {ui.ms(None if ttft is None else ttft / 1e6)} · "
+            f"cached {ui.count(row['num_cached_tokens'])}/{ui.count(row['num_prompt_tokens'])} tokens")
+
+
 def main() -> None:
     ctx = queries.context()
     run_id = ctx["run_id"]
@@ -83,8 +92,7 @@ def main() -> None:
         state.warn_unknown("request", options, "Request", "the slowest one is shown instead.")
         rid = str(state.bound_select(  # options: not empty
             "Request (slowest TTFT first)", options, "request",
-            format_func=lambda x: f"{x} · TTFT {(info[x]['ttft_ns'] or 0) / 1e6:.1f} ms · "
-                                  f"cached {info[x]['num_cached_tokens'] or 0}/{info[x]['num_prompt_tokens']} tokens"))
+            format_func=lambda x: _request_label(info[x])))
         ui.chart(charts.waterfall(queries.call("request_waterfall", run_id, rid), rid),
                  "One request on virtual time: queue, prefill chunks and decode as bars; the cache lookup that "
                  "admitted it (one mark per cache hit), CoW copies and the evictions it caused as marks.",

@@ -1,0 +1,29 @@
+"""Probe 22 of the dashboard: what a sender may leave out of its spans, names with spaces
+at their ends, and links naming a curve or a KV group the page has no figure for."""
+
+from __future__ import annotations
+
+import duckdb
+from apptest import render
+
+
+def _collected(db: str) -> str:
+    import synthetic_run
+
+    return synthetic_run.write_collected_run(db)
+
+
+def test_a_request_whose_sender_left_out_its_ttft_and_prompt_length_is_no_zero_in_the_picker(tmp_path, monkeypatch):
+    """A collected run's request span without a first token or prompt length: the picker
+    said 'TTFT 0.0 ms' (the fastest of all, for no measurement) and 'cached 0/None'."""
+    db = str(tmp_path / "collected.duckdb")
+    run = _collected(db)
+    with duckdb.connect(db) as con:
+        con.execute("UPDATE spans_request SET ttft_ns = NULL, first_token_ns = NULL, num_prompt_tokens = NULL "
+                    "WHERE run_id = ?", [run])
+    at = render(db, monkeypatch, "latency", run=run)
+    (picker,) = [s for s in at.selectbox if s.label.startswith("Request")]
+    assert picker.options
+    for label in picker.options:
+        assert "TTFT –" in label and "/– tokens" in label, label
+        assert "0.0 ms" not in label and "None" not in label, label
