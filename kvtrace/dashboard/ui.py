@@ -50,6 +50,17 @@ def literal(text: object) -> str:
     return _JOINER.join(markdown_literal(text[a:b]) for a, b in itertools.pairwise(bounds))
 
 
+def strong(text: object) -> str:
+    """The text in bold, as typed (``literal``). CommonMark opens and closes ``**`` only
+    next to a character that is no space: a name with a space at an end, or of spaces
+    alone, was shown with its asterisks ('** **'); a word joiner (zero width) stands
+    between them then."""
+    shown = literal(text)
+    if shown[:1].isspace() or shown[-1:].isspace():
+        shown = f"{_JOINER}{shown}{_JOINER}"
+    return f"**{shown}**"
+
+
 def code(text: object) -> str:
     """The text as one inline code span (``names.markdown_code``: ids, paths, commands to
     paste), which Streamlit shows as typed unless it holds ':material/': that one as

@@ -27,3 +27,23 @@ def test_a_request_whose_sender_left_out_its_ttft_and_prompt_length_is_no_zero_i
     for label in picker.options:
         assert "TTFT –" in label and "/– tokens" in label, label
         assert "0.0 ms" not in label and "None" not in label, label
+
+
+def test_a_name_with_a_space_at_an_end_is_shown_bold_not_with_its_asterisks(tmp_path, monkeypatch):
+    """CommonMark opens ``**`` only before a character that is no space: the Overview showed
+    a sender's run named ' x ' (or '  ') as '** x **', asterisks and all."""
+    from markdown_it import MarkdownIt
+
+    from kvtrace.store.writer import Store
+
+    db = str(tmp_path / "names.duckdb")
+    names = ("  ", " padded ", "end ")
+    with Store.open(db) as store:
+        for name in names:
+            store.finish_run(store.create_run(name, mode="otlp"), summary={})
+    for run, name in zip(("r1", "r2", "r3"), names):
+        at = render(db, monkeypatch, run=run)
+        html = MarkdownIt("commonmark").render(at.markdown[0].value)
+        assert "**" not in html, html
+        bold = html.split("<strong>", 1)[1].split("</strong>", 1)[0]
+        assert bold.replace("\u2060", "") == name, (bold, name)

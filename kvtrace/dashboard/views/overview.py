@@ -17,10 +17,10 @@ s = queries.summary(run_id)
 st.title("Overview")
 # names, ids and paths as they are: a collected run's id is whatever its sender chose
 st.markdown(
-    f"**{ui.literal(row.get('name') or run_id)}** · run {ui.code(run_id)} · "
+    f"{ui.strong(row.get('name') or run_id)} · run {ui.code(run_id)} · "
     f"trace {ui.code(row.get('trace_source') or '–')} · mode {ui.code(row.get('mode') or '–')} · "
     f"backend {ui.code(row.get('backend') or '–')} · "
-    f"status **{ui.literal(row.get('status'))}**  \n"
+    f"status {ui.strong(row.get('status'))}  \n"
     + (f"behaviours on: {ui.literal(row.get('behaviours_on') or 'none')}"
        + (f" · **off: {ui.literal(row['behaviours_off'])}**" if row.get("behaviours_off") else "")
        if queries.has_behaviours(row) else "behaviours: – (kvtrace's behaviour switches are engine replays')")
@@ -29,7 +29,7 @@ if row.get("status") == "running":
     st.warning("This run is still being written by a replay: press **Refresh** in the sidebar for newer data.",
                icon=":material/sync:")
 elif row.get("status") in ("failed", "incomplete"):
-    st.warning(f"This run is **{ui.literal(row.get('status'))}**: it stopped early, and only the spans flushed before "
+    st.warning(f"This run is {ui.strong(row.get('status'))}: it stopped early, and only the spans flushed before "
                "that are shown.")
 if row.get(SUMMARY_NOTHING_RECEIVED):
     st.warning("Nothing received: this live capture recorded no events (no publisher reached, or an idle server).",
