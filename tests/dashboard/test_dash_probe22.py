@@ -47,3 +47,14 @@ def test_a_name_with_a_space_at_an_end_is_shown_bold_not_with_its_asterisks(tmp_
         assert "**" not in html, html
         bold = html.split("<strong>", 1)[1].split("</strong>", 1)[0]
         assert bold.replace("\u2060", "") == name, (bold, name)
+
+
+def test_a_linked_curve_on_a_store_without_curves_is_named_once_and_dropped(tmp_path, monkeypatch):
+    """The Capacity page of a store without curves ignored ?curve= silently and kept it in
+    the URL (every other page names a link's value it cannot show, once)."""
+    db = str(tmp_path / "nocurve.duckdb")
+    run = _collected(db)
+    at = render(db, monkeypatch, "capacity", run=run, curve="c7")
+    assert [w.value for w in at.warning] == ["Curve `c7` from the link is not in this store: it holds none."]
+    assert "curve" not in at.query_params
+    assert any("holds no capacity curve" in i.value for i in at.info)

@@ -15,6 +15,9 @@ def main() -> None:
 
     points = queries.call("curves")
     if points.height == 0:
+        # a link's curve named once, then dropped from the URL, as a picker replaces one
+        state.warn_unknown("curve", [], "Curve", "it holds none.", "this store")
+        st.query_params.pop("curve", None)
         ui.empty("This store holds no capacity curve.", FILL_CURVE)
         return
     curves = points.unique("curve_id", keep="first", maintain_order=True)  # newest first
