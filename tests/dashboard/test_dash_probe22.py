@@ -58,3 +58,19 @@ def test_a_linked_curve_on_a_store_without_curves_is_named_once_and_dropped(tmp_
     assert [w.value for w in at.warning] == ["Curve `c7` from the link is not in this store: it holds none."]
     assert "curve" not in at.query_params
     assert any("holds no capacity curve" in i.value for i in at.info)
+
+
+def test_a_linked_kv_group_of_a_vllm_backend_run_is_not_said_to_be_missing(tmp_path, monkeypatch, vllm_api):
+    """A --backend vllm run has KV groups 0 and 1 but no per-group hits: a link to its group
+    0 said 'KV group 0 from the link is not in this run'."""
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = str(tmp_path / "vllm.duckdb")
+    run = run_replay(RunSpec("gen:chat", limit=4, backend="vllm", capacity_blocks=100), db=db).run_id
+    at = render(db, monkeypatch, "hit_rate", run=run, group="0")
+    said = [w.value for w in at.warning]
+    assert said == ["KV group `0` from the link has no per-group hits in this run (below): every group is shown "
+                    "instead."], said
+    at = render(db, monkeypatch, "hit_rate", run=run, group="7")  # (not a group of the run's: said so)
+    assert [w.value for w in at.warning] == ["KV group `7` from the link is not in this run: every group is shown "
+                                             "instead."]

@@ -60,7 +60,12 @@ st.subheader("Group hit rates")
 groups = queries.call("group_hit_rate_over_time", run_id, window_ns=w)
 gids = sorted(groups["group_id"].unique().to_list()) if groups.height else []
 labels = queries.group_rate_labels(run_id)
-state.warn_unknown("group", ["each", *gids], "KV group", "every group is shown instead.")
+missing = state.unknown_value("group", ["each", *gids])
+if missing is not None and missing in {str(g) for g in names}:  # a group of the run's, without per-group hits
+    st.warning(f"KV group {state.link_value(missing)} from the link has no per-group hits in this run (below): "
+               "every group is shown instead.", icon=":material/link_off:")
+else:  # (said it was not in the run: a --backend vllm run's group 0 is)
+    state.warn_unknown("group", ["each", *gids], "KV group", "every group is shown instead.")
 group = state.bound_select("KV group", ["each", *gids], "group", default="each",
                            format_func=lambda g: "every group" if g == "each" else labels.get(int(g), f"group {g}"))
 shown = groups if group == "each" else groups.filter(groups["group_id"] == group)
