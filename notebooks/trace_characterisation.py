@@ -85,11 +85,27 @@ if capacities is not None:
 # a result_path that was the trace itself.
 if result_path:
     AtomicText(result_path, [trace_path] if trace_path else []).check()
+if trace_block_size is not None:
+    # (the reader's refusal named the CLI's --trace-block-size: here it is a parameter)
+    from kvtrace.replay.readers import detect_format
+
+    own = "generated" if trace_path is None else trace_format or detect_format(str(trace_path))
+    if own in ("generated", "native", "weka"):
+        raise ConfigError("trace_characterisation", "trace_block_size",
+                          f"{trace_block_size}: a {own} trace carries its own block size; leave trace_block_size None")
 if trace_path is None:
     from kvtrace.replay.generate import write_generated
 
     trace_path = os.path.join(tempfile.mkdtemp(prefix="kvtrace-nb-"), f"{generator}.jsonl")
-    write_generated(generator, trace_path, fmt="native", seed=seed, num_requests=num_requests)
+    try:
+        write_generated(generator, trace_path, fmt="native", seed=seed, num_requests=num_requests)
+    except ConfigError as err:
+        # (the generator names the CLI's words, `generate: workload` and --requests: here they are parameters)
+        if err.source == "generate":
+            raise ConfigError("trace_characterisation", "generator", err.what) from None
+        if err.source == "--requests":
+            raise ConfigError("trace_characterisation", "num_requests", f"{err.key}: {err.what}") from None
+        raise
 source = open_trace(trace_path, format=trace_format, limit=limit, block_size=trace_block_size)
 requests = list(source)
 if not requests:  # (every chart below needs one; max() of nothing was a raw ValueError)

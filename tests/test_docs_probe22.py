@@ -115,3 +115,26 @@ def test_the_mooncake_hit_rates_come_with_the_commands_that_print_them(tmp_path)
         assert [round(summary[k], 4) for k in keys] == figures, (line, {k: summary[k] for k in keys})
         checked += 1
     assert checked == 3
+
+
+@pytest.mark.parametrize("given, said", [
+    ({"generator": "nope"}, "trace_characterisation: generator: unknown 'nope'"),
+    ({"num_requests": 2_000_000}, "trace_characterisation: num_requests: 2000000: expected an int from 1 to 1,000,000"),
+    ({"trace_block_size": 64}, "trace_characterisation: trace_block_size: 64: a generated trace carries its own block"),
+    ({"trace_path": "NATIVE", "trace_block_size": 64},
+     "trace_characterisation: trace_block_size: 64: a native trace carries its own block size"),
+])
+def test_the_characterisation_names_its_parameters_not_cli_flags(run_notebook, tmp_path, given, said):  # noqa: F811
+    """generator 'nope' was "generate: workload: unknown", num_requests 2,000,000 "--requests: ...",
+    and trace_block_size beside a native or generated trace "(--trace-block-size)": flags the
+    notebook has not."""
+    from papermill.exceptions import PapermillExecutionError
+
+    if given.get("trace_path") == "NATIVE":
+        from kvtrace.replay.generate import write_generated
+
+        write_generated("chat", tmp_path / "chat.jsonl", fmt="native", seed=0, num_requests=3)
+        given = {**given, "trace_path": str(tmp_path / "chat.jsonl")}
+    with pytest.raises(PapermillExecutionError) as raised:
+        run_notebook("trace_characterisation", **given)
+    assert said in raised.value.evalue and "--" not in raised.value.evalue, raised.value.evalue
