@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from kvtrace.compare.bootstrap import CI_LEVEL
-from kvtrace.compare.model import CountShift, MetricDelta, RequestChange, RunDiff
+from kvtrace.compare.model import CountShift, MetricDelta, RequestChange, RequestHitDiff, RunDiff
 from kvtrace.metrics import backend_label, times_source, times_word
 from kvtrace.names import markdown_code, markdown_literal, markup_literal, printable, stdout_console
 from kvtrace.store.schema import SUMMARY_FIELDS
@@ -242,8 +242,7 @@ def tables(diff: RunDiff, metrics: Iterable[str] | None = None) -> list[Any]:
         out.append(t)
     r = diff.requests
     if r is not None and (r.top_gained or r.top_lost):
-        title = f"cached tokens per request: {r.gained} gained, {r.lost} lost of {r.requests}"
-        t = Table(title=title, title_justify="left")
+        t = Table(title=requests_line(r), title_justify="left")
         for col in ("request", "prompt", "cached A", "cached B", "Δ"):
             t.add_column(col, justify="left" if col == "request" else "right")
         for ch in r.top_gained + r.top_lost:
@@ -269,6 +268,18 @@ def render(diff: RunDiff, console: Any = None) -> None:
         console.print(backends, markup=False, highlight=False)
     for t in tables(diff):
         console.print(t)
+    r = diff.requests
+    if r is not None and not (r.top_gained or r.top_lost) and (r.requests or r.only_a or r.only_b):
+        # (no request gained or lost: no table, but what the others say is said all the same;
+        # 698 requests only in A, of a run stopped later, went unsaid where --markdown said it)
+        console.print(requests_line(r), markup=False, highlight=False)
+
+
+def requests_line(r: RequestHitDiff) -> str:
+    """The per-request comparison in one line: the per-request table's title, or the line
+    in its place when no request gained or lost (the requests only one run holds too)."""
+    only = f"; only in A: {r.only_a}, only in B: {r.only_b}" if r.only_a or r.only_b else ""
+    return f"cached tokens per request: {r.gained} gained, {r.lost} lost of {r.requests}{only}"
 
 
 def to_text(diff: RunDiff, width: int = 120) -> str:

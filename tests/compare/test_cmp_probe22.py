@@ -47,3 +47,27 @@ def test_a_studys_verdict_takes_no_sub_microsecond_latency_change_for_its_effect
     on["median_ttft_ms"] = off["median_ttft_ms"] - 2 * LATENCY_RESOLUTION_MS
     assert expected_effect(TRANSIENT_CHECKPOINT_RETENTION, on, off) == {
         "shown": True, "expected": effect["expected"], "unmet": []}
+
+
+def test_the_diff_table_says_how_many_requests_one_run_alone_holds():
+    """A run stopped early against a finished one: --markdown and --json say "only in A: 698",
+    the terminal view said nothing of them where no common request gained or lost (no
+    per-request table, and its title never named them)."""
+    from kvtrace.compare.model import MetricDelta, RequestChange, RequestHitDiff, RunDiff
+    from kvtrace.compare.render import to_json, to_markdown, to_text
+
+    run_a, run_b = {"run_id": "r8", "name": "full"}, {"run_id": "r9", "name": "stopped"}
+    metrics = [MetricDelta("requests", 1083, 385, -698, -698 / 1083)]
+    same = RunDiff(run_a, run_b, metrics, requests=RequestHitDiff(requests=385, only_a=698))
+    assert to_json(same)["requests"]["only_a"] == 698 and "Only in A: 698, only in B: 0." in to_markdown(same)
+    lines = to_text(same, width=200).splitlines()
+    assert "cached tokens per request: 0 gained, 0 lost of 385; only in A: 698, only in B: 0" in lines
+    # with a request that lost: the table's title says it
+    lost = RequestChange("q1", 100, 64, 0)
+    changed = RunDiff(run_a, run_b, metrics, requests=RequestHitDiff(requests=385, lost=1, only_b=3, top_lost=[lost]))
+    text = " ".join(to_text(changed, width=200).split())  # (a title wraps at its table's width)
+    assert "cached tokens per request: 0 gained, 1 lost of 385; only in A: 0, only in B: 3" in text
+    assert text.count("cached tokens per request") == 1
+    # nothing held by one run alone, nothing gained or lost: the line says the requests were compared
+    none = RunDiff(run_a, run_b, metrics, requests=RequestHitDiff(requests=40))
+    assert "cached tokens per request: 0 gained, 0 lost of 40" in to_text(none, width=200).splitlines()
