@@ -15,7 +15,7 @@ import importlib
 import json
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from itertools import groupby
 from operator import itemgetter
 from pathlib import Path
@@ -225,6 +225,15 @@ def _remove_failed_creation(path: str) -> bool:
     return not os.path.lexists(path)
 
 
+def _file_identity(path: str) -> tuple[int, int] | None:
+    """(device, inode) of the file ``path`` names now; None when there is none."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return (st.st_dev, st.st_ino)
+
+
 def writer_alive_or_damaged(pid, host, start, path: str, run_id: str) -> bool:
     """``writer_alive``, and True for a run whose writer record is damaged (a pid that is no
     process id): left as it is, listed ``damaged`` by the readers, and no bar to the
@@ -273,6 +282,10 @@ class Store:
         self._open_runs: set[str] = set()  # created here and not finished yet
         self._closed = False
         self.recovered_runs: list[str] = []
+        # the file this store was opened on ((st_dev, st_ino), once set up): a path removed or
+        # replaced while a replay wrote it had the held connection commit into the unlinked file
+        # and the run's finish mark another store's run of the same id complete (see _same_file)
+        self._file: tuple[int, int] | None = None
 
     # -- lifecycle -------------------------------------------------------------------
     @classmethod
@@ -311,6 +324,7 @@ class Store:
             with self._connect() as con:
                 _init_schema(con, self.path)
                 self.recovered_runs = recover_orphaned_runs(con, self.path)
+            self._file = _file_identity(self.path)
         except StoreBusyError:
             raise  # another process made the file and holds it: not ours to remove
         except BaseException as err:
@@ -324,9 +338,36 @@ class Store:
                 raise StoreError(self.path, f"{what}(nothing was kept: the new file is removed)") from None
             raise
 
-    def _connect(self):
+    @contextlib.contextmanager
+    def _connect(self) -> Iterator[duckdb.DuckDBPyConnection]:
         self.release()  # (one process cannot open the file twice)
-        return write_connection(self.path, timeout_s=self.lock_timeout_s)
+        self._same_file()  # (before: opening a removed path would create an empty database there)
+        with write_connection(self.path, timeout_s=self.lock_timeout_s) as con:
+            self._same_file()  # (and after: replaced between the check and the open)
+            yield con
+
+    @contextlib.contextmanager
+    def _read(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        self.release()
+        self._same_file()
+        with read_connection(self.path, timeout_s=self.lock_timeout_s) as con:
+            self._same_file()
+            yield con
+
+    def _same_file(self) -> None:
+        """Raise StoreError unless the path still names the file this store was opened on:
+        one removed, or replaced by another file (a copy, another store renamed over it), while
+        this process wrote it is never written again: a held connection committed into the
+        unlinked file, and a finish opened the replacement and marked its run of the same id."""
+        if self._file is None:
+            return
+        now = _file_identity(self.path)
+        if now == self._file:
+            return
+        runs = f" (run {', '.join(sorted(self._open_runs))})" if self._open_runs else ""
+        what = "removed (or renamed)" if now is None else "replaced by another file"
+        raise StoreError(self.path, f"was {what} while this process wrote to it{runs}; nothing more is written "
+                                    "to that path, and the spans written since it was opened are not in it")
 
     def release(self) -> None:
         """Close a held connection (DuckDB checkpoints then): the file is free and whole for other
@@ -458,8 +499,7 @@ class Store:
                 trace_digest: str | None = None) -> None:
         # Derived tables are computed on a read-only connection (other readers carry on) and
         # then written in one short read-write transaction with the status change.
-        self.release()
-        with read_connection(self.path, timeout_s=self.lock_timeout_s) as con:
+        with self._read() as con:
             if not fetch_one(con, "SELECT 1 FROM runs WHERE run_id = ?", [run_id]):
                 raise UnknownRunError(self.path, run_id)
             tables = derived.compute(con, run_id)
@@ -480,8 +520,7 @@ class Store:
 
     def has_run(self, run_id: str) -> bool:
         """Whether the store holds a run with this id (any status)."""
-        self.release()
-        with read_connection(self.path, timeout_s=self.lock_timeout_s) as con:
+        with self._read() as con:
             return fetch_one(con, "SELECT 1 FROM runs WHERE run_id = ?", [run_id]) is not None
 
     # -- spans -----------------------------------------------------------------------
@@ -565,7 +604,11 @@ class Store:
 
     def _commit(self, inserts: list[tuple[str, str, pa.Table]]) -> None:
         """Write (family table, run id, rows) inserts in one transaction."""
+        if self._held is not None:
+            self._same_file()  # (a held connection's file may have been removed or replaced since)
         with self._connect() if self._held is None else self._held.use() as con:
+            if self._held is not None:
+                self._same_file()  # (one opened here: replaced between the check and the open)
             # One DuckDB thread: it appends the chunks of each INSERT in order into one row-group
             # collection. With two, each thread builds its own small collections that the
             # insert then merges (a second copy of every row), and the producer loses its core.

@@ -1,0 +1,94 @@
+"""Probe 22 (kills): a store removed or replaced while a writer holds it, and other hard stops."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pyarrow as pa
+import pytest
+
+from kvtrace.store import Store, read
+from kvtrace.store.errors import StoreError
+
+
+def _step_spans(first: int, n: int) -> pa.Table:
+    return pa.table({"name": ["kvtrace.engine.step"] * n, "step": list(range(first, first + n)),
+                     "start_ns": list(range(first, first + n))})
+
+
+def _other_store(path) -> None:
+    """A finished store holding its own run ``r1`` (one span)."""
+    with Store.open(path) as other:
+        run_id = other.create_run("someone else's")
+        other.append_spans(_step_spans(0, 1), run_id=run_id)
+        other.finish_run(run_id, digest="theirs", summary={"requests": 1})
+
+
+@pytest.mark.parametrize("hold", [False, True], ids=["connection-per-flush", "held-connection"])
+def test_a_store_replaced_while_a_run_is_written_is_refused_and_the_replacement_left_alone(tmp_path, hold):
+    """Another store renamed over the path mid-run: the held connection committed the run's
+    spans into the unlinked file, and the finish opened the replacement and marked *its*
+    run r1 complete with this run's digest and summary (exit 0, "run r1 recorded")."""
+    db, theirs = tmp_path / "s.duckdb", tmp_path / "theirs.duckdb"
+    _other_store(theirs)
+    store = Store.open(db, hold=hold)
+    run_id = store.create_run("ours")
+    assert run_id == "r1"  # (the id the replacement's run has too)
+    store.append_spans(_step_spans(0, 10), run_id=run_id)
+    store.flush()
+    store.release()  # (a held connection lets go now and then: the check is at every open too)
+    store.append_spans(_step_spans(10, 10), run_id=run_id)
+    store.flush()
+    shutil.copy(theirs, tmp_path / "copy.duckdb")
+    os.replace(tmp_path / "copy.duckdb", db)
+    store.append_spans(_step_spans(20, 10), run_id=run_id)
+    with pytest.raises(StoreError, match=r"was replaced by another file while this process wrote to it \(run r1\)"):
+        store.flush()
+    with pytest.raises(StoreError, match="replaced by another file"):
+        store.finish_run(run_id, digest="ours", summary={"requests": 99})
+    with pytest.raises(StoreError, match="replaced by another file"):
+        store.close()
+    (row,) = read.runs(db).select("run_id", "name", "status", "num_spans").rows()
+    assert row == ("r1", "someone else's", "complete", 1)
+    assert read.run(db, "r1")["digest"] == "theirs"
+
+
+def test_a_store_removed_while_a_run_is_written_is_said_so_and_not_created_again_empty(tmp_path):
+    """Removed mid-run: the held connection went on into the unlinked file and the finish
+    said "no such database file (run `kvtrace replay --db` ... first)"; a connection per
+    flush created a new, empty database at the path."""
+    db = tmp_path / "s.duckdb"
+    for hold in (True, False):
+        store = Store.open(db, hold=hold)
+        run_id = store.create_run("ours")
+        store.append_spans(_step_spans(0, 10), run_id=run_id)
+        store.flush()
+        store.release()
+        for leftover in (db, tmp_path / "s.duckdb.wal"):
+            leftover.unlink(missing_ok=True)
+        store.append_spans(_step_spans(10, 10), run_id=run_id)
+        with pytest.raises(StoreError, match=r"was removed \(or renamed\) while this process wrote to it"):
+            store.flush()
+        with pytest.raises(StoreError, match="removed"):
+            store.finish_run(run_id)
+        assert not db.exists()  # (nothing made at the path: no empty store to be refused later)
+        with pytest.raises(StoreError, match="removed"):
+            store.close()
+
+
+def test_a_store_whose_path_is_unchanged_is_written_as_before(tmp_path):
+    """The guard's other side: a store reopened at every flush, and one written through a
+    symbolic link, are the same file each time."""
+    target = tmp_path / "s.duckdb"
+    link = tmp_path / "link.duckdb"
+    Store.open(target).close()
+    link.symlink_to(target)
+    with Store.open(link, hold=True) as store:
+        run_id = store.create_run("ours")
+        for first in range(0, 30, 10):
+            store.append_spans(_step_spans(first, 10), run_id=run_id)
+            store.flush()
+            store.release()
+        store.finish_run(run_id)
+    assert read.runs(target).select("status", "num_spans").rows() == [("complete", 30)]
