@@ -138,3 +138,19 @@ def test_the_characterisation_names_its_parameters_not_cli_flags(run_notebook, t
     with pytest.raises(PapermillExecutionError) as raised:
         run_notebook("trace_characterisation", **given)
     assert said in raised.value.evalue and "--" not in raised.value.evalue, raised.value.evalue
+
+
+def test_every_summary_key_is_said_in_the_metrics_section():
+    """`replay --json` prints output_tok_per_s, virtual_duration_s, oversized_requests,
+    stale_hashes_left, evictions_by_reason, steps, ... which the README's Metrics section (where
+    replay's row sends a reader for "and more") did not name."""
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    start = README.index("\n## Metrics")
+    section = README[start:README.index("\n## ", start + 1)]
+    said = set(re.findall(r"`([a-z_.]+)`", section))
+    latency = re.compile(r"(mean|median|std|p\d+)_(ttft|tpot|itl|e2el|queue)_ms")  # (named by their pattern there)
+    for spec in (RunSpec("gen:chat", limit=3), RunSpec("gen:chat", limit=3, mode="cache-only", capacity_blocks=5)):
+        summary = run_replay(spec).summary
+        unsaid = sorted(k for k in summary if k not in said and not latency.fullmatch(k))
+        assert not unsaid, (spec.mode, unsaid)
