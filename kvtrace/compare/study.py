@@ -414,11 +414,8 @@ def run_study(
         if db is not None and on.run_id and off.run_id:
             diff = diff_runs(db, off.run_id, on.run_id, seed=seed, percentiles=on_spec.percentiles)
         else:
-            diff = diff_summaries(
-                off.summary, on.summary,
-                run_a={"run_id": off.run_id, "name": off_spec.name, "trace": trace, "behaviours": _on_list(off_spec)},
-                run_b={"run_id": on.run_id, "name": on_spec.name, "trace": trace, "behaviours": _on_list(on_spec)},
-            )
+            diff = diff_summaries(off.summary, on.summary, run_a=_run_info(off_spec, off, trace),
+                                  run_b=_run_info(on_spec, on, trace))
         result.points.append(
             StudyPoint(on=on.summary, off=off.summary, diff=diff, run_on=on.run_id, run_off=off.run_id,
                        parameter=parameter, value=value)
@@ -431,6 +428,20 @@ def _no_requests(spec: RunSpec) -> bool:
     from kvtrace.replay.run import open_workload
 
     return next(iter(open_workload(spec).requests), None) is None
+
+
+def _run_info(spec: RunSpec, result: Any, trace: str) -> dict[str, Any]:
+    """An unrecorded run as ``diff_runs`` describes a stored one: its name, trace, behaviours,
+    mode and whose cache manager made its events (with --backend vllm, B is vLLM's and A
+    kvtrace's: without --db the diff never said so, with it "Backend: A kvtrace · B vllm ...")."""
+    from kvtrace.metrics import run_backend
+
+    config = result.record.get("config")
+    config = config if isinstance(config, dict) else {}
+    mode = result.record.get("mode")
+    return {"run_id": result.run_id, "name": spec.name, "trace": trace, "behaviours": _on_list(spec), "mode": mode,
+            "backend": run_backend(mode, config), "vllm_version": config.get("vllm_version"),
+            "vllm_commit": config.get("vllm_commit")}
 
 
 def _on_list(spec: RunSpec) -> list[str]:

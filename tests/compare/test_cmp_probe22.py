@@ -71,3 +71,22 @@ def test_the_diff_table_says_how_many_requests_one_run_alone_holds():
     # nothing held by one run alone, nothing gained or lost: the line says the requests were compared
     none = RunDiff(run_a, run_b, metrics, requests=RequestHitDiff(requests=40))
     assert "cached tokens per request: 0 gained, 0 lost of 40" in to_text(none, width=200).splitlines()
+
+
+def test_a_study_through_vllm_without_a_store_says_whose_manager_made_each_run(vllm_api):
+    """`study --backend vllm` without --db: B is vLLM's manager, A kvtrace's with the behaviour
+    off. Its diff said nothing of it (no "Backend:" line, no backend in --json's runs), where
+    the same study with --db says "Backend: A kvtrace · B vllm 0.33.0 @ COMMIT"."""
+    from kvtrace.compare.render import to_json, to_markdown, to_text
+    from kvtrace.compare.study import SHARED_PREFIX_PINNING, run_study
+    from kvtrace.metrics import backend_label
+    from kvtrace.replay.run import RunSpec
+
+    res = run_study(SHARED_PREFIX_PINNING, trace="gen:mixed", base=RunSpec(trace="", backend="vllm"), limit=3)
+    runs = to_json(res.diff)
+    assert (runs["run_a"]["backend"], runs["run_b"]["backend"]) == ("kvtrace", "vllm")
+    assert runs["run_b"]["vllm_version"] and runs["run_b"]["vllm_commit"]
+    label = backend_label("engine", runs["run_b"])
+    assert label is not None and label.startswith("vllm ")
+    assert f"Backend: A kvtrace · B {label}" in to_text(res.diff, width=250).splitlines()
+    assert f"Backend: A `kvtrace` · B `{label}`" in to_markdown(res.diff).splitlines()
