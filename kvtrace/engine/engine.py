@@ -147,9 +147,26 @@ class Engine:
         def admit() -> None:
             nonlocal pending, last_arrival
             while pending is not None and pending.arrival_ns <= clock.now_ns:
+                if pending.arrival_ns < 0:  # (the first request: there is no previous one to blame)
+                    raise KVTraceError(f"workload: request {pending.request_id!r} arrives at {pending.arrival_ns} ns; "
+                                       "expected a time >= 0")
                 if pending.arrival_ns < last_arrival:
                     raise KVTraceError(f"workload: request {pending.request_id!r} arrives before the previous one")
+                if pending.request_id in live:
+                    # (the scheduler, the worker and the records key requests by id: the second one
+                    # replaced the first, which was never finished (no content), or the worker's
+                    # table of it broke (a ValueError))
+                    raise KVTraceError(f"workload: request {pending.request_id!r} arrives while an earlier request "
+                                       "of that id is still in flight; expected unique request ids")
+                if pending.input_length < 1:
+                    raise KVTraceError(f"workload: request {pending.request_id!r} has a prompt of "
+                                       f"{pending.input_length} tokens; expected at least 1")
                 last_arrival = pending.arrival_ns
+                req = EngineRequest(pending)
+                if req.num_prompt_tokens != pending.input_length:  # (the limits below read input_length)
+                    raise KVTraceError(f"workload: request {pending.request_id!r} has input_length "
+                                       f"{pending.input_length:,} and {req.num_prompt_tokens:,} prompt token ids; "
+                                       "expected as many")
                 # at least one token is generated (EngineRequest.max_tokens): vLLM refuses a prompt
                 # of max_model_len tokens, which has no room for it
                 if pending.input_length + max(pending.output_length, 1) > max_model_len:
@@ -160,7 +177,6 @@ class Engine:
                         f"max_model_len {max_model_len:,} (raise [scheduler] max_model_len in --config, or drop "
                         "the request)"
                     )
-                req = EngineRequest(pending)
                 live[req.request_id] = req
                 scheduler.add_request(req)
                 pending = next(it, None)

@@ -1,0 +1,70 @@
+"""Workloads the Python API hands the engine that no trace reader makes (the readers refuse
+them), which the engine took and then lost a request over, or refused for the wrong reason:
+a request id already in flight, a first arrival before time 0, a prompt of no tokens, and an
+``input_length`` other than the prompt's token count."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from kvtrace.engine import Engine, get_preset
+from kvtrace.errors import KVTraceError
+from kvtrace.workload import TraceRequest
+
+BOTH = pytest.mark.parametrize("content", [True, False], ids=["content", "no-content"])
+
+
+def _req(rid: str, arrival: int, prompt: int, output: int = 3, tokens: int | None = None) -> TraceRequest:
+    n = prompt if tokens is None else tokens
+    return TraceRequest(rid, arrival, prompt, output, token_ids=np.arange(1, n + 1, dtype=np.int64))
+
+
+@BOTH
+def test_a_request_id_already_in_flight_is_refused(content):
+    """Two requests of one id at once: without content the second replaced the first, which
+    never finished (2 requests in, 1 out, no word); with content the worker's table of it
+    broke (a ValueError, a traceback at the CLI)."""
+    work = [_req("a", 0, 100), _req("a", 1, 100)]
+    with pytest.raises(KVTraceError, match=re.escape(
+            "workload: request 'a' arrives while an earlier request of that id is still in flight; "
+            "expected unique request ids")):
+        Engine("dense-attention", content=content).run(work)
+
+
+@BOTH
+def test_an_id_used_again_after_its_request_finished_still_runs(content):
+    work = [_req("a", 0, 100, 1), _req("a", 10**9, 100, 1)]
+    res = Engine("dense-attention", content=content).run(work)
+    assert [r.request_id for r in res.requests] == ["a", "a"]
+    assert res.summary["requests"] == 2
+
+
+@BOTH
+def test_a_first_request_before_time_zero_is_named_as_such(content):
+    # (it was "arrives before the previous one": there is none)
+    with pytest.raises(KVTraceError, match=re.escape("workload: request 'a' arrives at -5 ns; expected a time >= 0")):
+        Engine("dense-attention", content=content).run([_req("a", -5, 10)])
+
+
+@BOTH
+def test_a_prompt_of_no_tokens_is_refused_as_such(content):
+    # (it was "request z (0 prompt tokens) cannot be scheduled: it needs more KV blocks than the
+    # pool holds (num_gpu_blocks 53760)", of the preset's whole pool)
+    with pytest.raises(KVTraceError, match=re.escape("workload: request 'z' has a prompt of 0 tokens; "
+                                                     "expected at least 1")):
+        Engine("dense-attention", content=content).run([_req("z", 0, 0)])
+
+
+@BOTH
+def test_an_input_length_other_than_the_prompts_is_refused(content):
+    """max_model_len is held against input_length: a prompt of 199 tokens said to be 10 passed
+    a max_model_len of 64 and ended as "no request cannot be scheduled: it needs more KV
+    blocks than the pool holds"; one of 3 tokens said to be 10 ran and recorded 3."""
+    preset = get_preset("dense-attention", scheduler={"max_model_len": 64})
+    for tokens in (199, 3):
+        with pytest.raises(KVTraceError, match=re.escape(
+                f"workload: request 'm' has input_length 10 and {tokens} prompt token ids; expected as many")):
+            Engine(preset, content=content).run([_req("m", 0, 10, 2, tokens=tokens)])
