@@ -154,3 +154,22 @@ def test_every_summary_key_is_said_in_the_metrics_section():
         summary = run_replay(spec).summary
         unsaid = sorted(k for k in summary if k not in said and not latency.fullmatch(k))
         assert not unsaid, (spec.mode, unsaid)
+
+
+def test_trace_format_says_azures_one_namespace_and_its_prompt_bound(tmp_path):
+    """docs/trace-format.md gave Azure request i ids (i << 24) + j "in a namespace of its own"
+    (every Azure request shares one namespace: the ids set them apart) and no bound on
+    ContextTokens, which the reader refuses past 2^24."""
+    from kvtrace.replay.readers import open_trace
+    from kvtrace.replay.readers.azure import MAX_CONTEXT_TOKENS
+
+    doc = " ".join((ROOT / "docs" / "trace-format.md").read_text(encoding="utf-8").split())
+    assert "in the one namespace kept for Azure traces" in doc
+    bound = re.search(r"`ContextTokens` is from 1 to 2\^24 \(([\d,]+)", doc)
+    assert bound is not None and int(bound.group(1).replace(",", "")) == MAX_CONTEXT_TOKENS == 2**24
+    csv = tmp_path / "azure.csv"
+    csv.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,40,4\n"
+                   "2023-11-16 18:15:47.0000000,40,4\n")
+    first, second = list(open_trace(str(csv)))
+    assert first.namespace == second.namespace
+    assert (first.hash_ids[0], second.hash_ids[0]) == (0, 1 << 24)
