@@ -29,6 +29,8 @@ from kvtrace.errors import KVTraceError
 from kvtrace.names import replay_mode
 from kvtrace.store import read
 from kvtrace.store.backend import is_clickhouse
+from kvtrace.store.errors import DAMAGED, StoreError
+from kvtrace.store.read.runs import DAMAGED_STATUS, JSON_FIELDS
 from kvtrace.store.schema import SUMMARY_FIELDS, SUMMARY_NOTHING_RECEIVED
 from kvtrace.store.state import content_state
 
@@ -67,13 +69,28 @@ def _runs(db: str, key: tuple) -> pl.DataFrame:
     frame = read.runs(db)
     # A run without a finished summary (running, killed, failed) gets the keys of its spans,
     # as `kvtrace runs` and `kvtrace diff` read it: one number per run, never a blank here.
-    filled = {}
-    for run_id, text, damage in zip(frame["run_id"].to_list(), frame["summary"].to_list(), frame["damage"].to_list()):
+    filled, hurt = {}, {}
+    for run_id, text, damage, spans in zip(frame["run_id"].to_list(), frame["summary"].to_list(),
+                                           frame["damage"].to_list(), frame["num_spans"].to_list()):
         stored = _json(text)
-        if not damage and not read.finished_summary(stored):  # (a damaged record: its pages say why)
+        # (a damaged record: its pages say why; no spans: nothing to read back, as `kvtrace
+        # runs` skips it: 300 failed runs took 20 s to open)
+        if damage or not spans or read.finished_summary(stored):
+            continue
+        try:
             filled[run_id] = json.dumps(read.summary_with_spans(db, run_id, stored))
+        except StoreError as err:  # spans no run holds (a count near 2^63): that run damaged, as `runs` lists it
+            if not err.what.startswith(DAMAGED):
+                raise
+            hurt[run_id] = str(err)
     if filled:
         frame = frame.with_columns(pl.col("run_id").replace_strict(filled, default=pl.col("summary")).alias("summary"))
+    if hurt:  # (one such run made every run of the store unreadable here)
+        bad = pl.col("run_id").is_in(list(hurt))
+        frame = frame.with_columns(
+            pl.when(bad).then(pl.lit(DAMAGED_STATUS)).otherwise(pl.col("status")).alias("status"),
+            pl.col("run_id").replace_strict(hurt, default=pl.col("damage"), return_dtype=pl.String).alias("damage"),
+            *(pl.when(bad).then(None).otherwise(pl.col(k)).alias(k) for k in JSON_FIELDS))
     return with_run_columns(frame)
 
 

@@ -74,3 +74,50 @@ def test_a_linked_kv_group_of_a_vllm_backend_run_is_not_said_to_be_missing(tmp_p
     at = render(db, monkeypatch, "hit_rate", run=run, group="7")  # (not a group of the run's: said so)
     assert [w.value for w in at.warning] == ["KV group `7` from the link is not in this run: every group is shown "
                                              "instead."]
+
+
+HUGE = 2**63 - 1  # a count no kvtrace run holds: a sum of two overflows
+
+
+def test_one_run_whose_spans_overflow_leaves_the_stores_other_runs_readable(dashboard_db, tmp_path, monkeypatch):
+    """An unfinished run whose spans hold a count near 2^63 (written by hand, or sent to a
+    collector): its summary read from spans raised, and every page of the store was that one
+    error, where `kvtrace runs` lists the run damaged and the others as before."""
+    import shutil
+
+    from kvtrace.store import read
+
+    db = str(tmp_path / "overflow.duckdb")
+    shutil.copy(dashboard_db, db)
+    good, bad = read.runs(db)["run_id"].to_list()[:2]
+    with duckdb.connect(db) as con:
+        con.execute("UPDATE runs SET status = 'failed', summary = NULL WHERE run_id = ?", [bad])
+        con.execute(f"UPDATE spans_request SET num_prompt_tokens = {HUGE} WHERE run_id = ?", [bad])
+    at = render(db, monkeypatch, run=good)
+    assert not at.error and at.metric
+    picker = at.selectbox(key="qp_run")
+    assert any(o.endswith("DAMAGED") for o in picker.options), picker.options
+    at = render(db, monkeypatch, run=bad)
+    assert not at.error
+    assert [w.value for w in at.warning if "spans hold values no kvtrace run holds" in w.value]
+
+
+def test_runs_without_spans_are_not_read_back_from_spans(tmp_path, monkeypatch):
+    """A failed run without spans has nothing to read back: each cost a summary query at
+    every page load after the store changed (300 of them: 20 s), where `kvtrace runs`
+    skips them."""
+    from kvtrace.store import read
+    from kvtrace.store.writer import Store
+
+    db = str(tmp_path / "failed.duckdb")
+    with Store.open(db) as store:
+        failed = [store.create_run(f"failed {i}", mode="engine") for i in range(3)]
+        for r in failed:
+            store.finish_run(r, status="failed")
+    run = _collected(db)  # (closed unfinished, with spans: read back)
+    calls = []
+    real = read.summary_with_spans
+    monkeypatch.setattr(read, "summary_with_spans", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    at = render(db, monkeypatch, run=run)
+    assert len(at.selectbox(key="qp_run").options) == 4
+    assert calls == [run], calls
