@@ -4,11 +4,13 @@ runs`, `kvtrace diff` and the dashboard's queries, on runs a user stops or a sto
 from __future__ import annotations
 
 import json
+import re
 
 import duckdb
 import pytest
 
-from kvtrace.store import read
+from kvtrace.store import StoreError, read
+from tests.cli.support import assert_one_line
 from tests.cli.support import run as kvtrace
 
 # engine mode with an external tier and the CoW fix off: divergent outputs and stale entries left
@@ -63,3 +65,71 @@ def test_a_stopped_runs_divergent_outputs_are_its_spans_in_every_view(tmp_path, 
     listed = sum(r["divergent_tokens"] for r in diffed["correctness"]["divergent_requests"]["a"])
     assert listed == checked["divergent_outputs"]
     assert diffed["metrics"]["stale_hashes_left"]["a"] == checked["stale_hashes_left"]
+
+
+def _edited(tmp_path, data: bytes, *sql: str) -> str:
+    db = tmp_path / "d.duckdb"
+    db.write_bytes(data)
+    with duckdb.connect(str(db)) as con:
+        for stmt in sql:
+            con.execute(stmt)
+    return str(db)
+
+
+# (edit of a finished run's derived rows, the table the error names): each made a view give
+# a wrong number (runs: 0 spans beside diff's 1,593; a stopped run's publishes and evictions 0
+# beside thousands of evicted blocks by reason; an empty CDF beside the summary's latencies;
+# no eviction by publish kind beside diff's evictions) or a TypeError
+DERIVED_DAMAGE = {
+    "span-stats-deleted": ("DELETE FROM span_stats WHERE run_id = 'r1'", "span_stats holds none of its rows"),
+    "span-stats-null": ("UPDATE span_stats SET blocks = NULL WHERE run_id = 'r1'", "span_stats holds NULL"),
+    "span-stats-negative": ("UPDATE span_stats SET spans = -3 WHERE run_id = 'r1'", "span_stats holds NULL or neg"),
+    "latency-cdf-deleted": ("DELETE FROM latency_cdf WHERE run_id = 'r1'", "latency_cdf holds none of its rows"),
+    "evict-counts-deleted": ("DELETE FROM evict_counts WHERE run_id = 'r1'", "evict_counts holds none of its rows"),
+    "evicted-blocks-deleted": ("DELETE FROM evicted_blocks WHERE run_id = 'r1'", "evicted_blocks holds none"),
+}
+
+
+@pytest.mark.parametrize("stopped", [False, True], ids=["complete", "stopped"])
+@pytest.mark.parametrize("damage", list(DERIVED_DAMAGE))
+def test_a_finished_runs_derived_rows_edited_by_hand_are_one_line_never_a_number(tmp_path, diverging_store,
+                                                                                 capsys, damage, stopped):
+    """A finished run's derived rows are written with its status, in one transaction: a
+    store where they are missing beside its spans, or hold NULL or negative counts, is
+    damaged. Every read of them says so in one line naming the store, the run and the table
+    (`diff`, the read API the dashboard calls); `runs` lists the run damaged where its span
+    count is wrong, and the store's other run stays readable."""
+    data, checked, _ = diverging_store
+    edit, needle = DERIVED_DAMAGE[damage]
+    db = _edited(tmp_path, data, edit)
+    if stopped:  # (a stopped run's numbers come from its spans and derived rows)
+        with duckdb.connect(db) as con:
+            con.execute("UPDATE runs SET status = 'failed', summary = '{\"error\": \"Terminated: SIGTERM\"}' "
+                        "WHERE run_id = 'r1'")
+    code, _, err = kvtrace(["diff", "r1", "r2", "--db", db, "--json"], capsys)
+    assert_one_line(code, err, db, "damaged kvtrace store", "run r1", needle)
+    for name, args in (("span_counts", ()), ("latency_cdf", ("ttft",)), ("evictions_by_publish_kind", ()),
+                       ("evictions_over_time", ()), ("block_histograms", ())):
+        with pytest.raises(StoreError, match=re.escape(needle)):
+            getattr(read, name)(db, "r1", *args)
+    code, out, err = kvtrace(["runs", "--db", db, "--json"], capsys)
+    assert code == 0, err
+    listed = {r["run_id"]: r for r in json.loads(out)["runs"]}
+    assert listed["r2"]["status"] == "complete" and listed["r2"]["damage"] is None
+    if damage.startswith("span-stats") and (not stopped or damage != "span-stats-deleted"):
+        assert listed["r1"]["status"] == "damaged" and needle in listed["r1"]["damage"]
+    assert read.span_counts(db, "r2").height > 0
+
+
+def test_a_finished_run_without_spans_has_no_derived_rows_to_miss(tmp_path):
+    """A run that failed before recording any span has no derived rows, and is no damage."""
+    from kvtrace.store import Store
+
+    db = tmp_path / "e.duckdb"
+    store = Store.open(db)
+    run_id = store.create_run("empty", mode="engine")
+    store.finish_run(run_id, status="failed", summary={"error": "ValueError: before any span"})
+    store.close()
+    assert read.span_counts(db, run_id).height == 0
+    assert read.run_summary(db, run_id) == {"error": "ValueError: before any span"}
+    assert read.runs(db)["status"].to_list() == ["failed"]

@@ -7,7 +7,10 @@ as bound parameters; ``_sql.py`` says exactly what goes into the SQL text. Times
 integer nanoseconds (virtual for replays). ``window_ns=None`` picks ``nice_window`` over
 the run's time extent (about ``DEFAULT_WINDOWS`` windows). Finished runs read the
 derived tables ``finish_run`` materialised; running runs compute the same SQL on the fly,
-so both answer alike. A bad run id raises ``UnknownRunError`` (a one-line ``KVTraceError``).
+so both answer alike. A bad run id raises ``UnknownRunError`` (a one-line ``KVTraceError``);
+a finished run whose derived rows are not what finish_run wrote (missing beside its spans,
+NULL or negative counts) a ``StoreError`` naming the store, the run and the table, from every
+function that reads them (DuckDB stores: ``_sql.check_derived``).
 
 Runs (``runs.py``)
     runs(db)                                    every run, newest first, effective status

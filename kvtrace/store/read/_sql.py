@@ -34,6 +34,7 @@ from kvtrace.store.connection import read_connection
 from kvtrace.store.errors import DAMAGED, StoreError, UnknownRunError
 from kvtrace.store.liveness import checked_status
 from kvtrace.store.read._api import BadArgument, checked
+from kvtrace.store.schema import SPAN_EVICT, SPAN_REQUEST
 
 DB = str | Path
 if TYPE_CHECKING:
@@ -71,13 +72,60 @@ def query(con: Connection, sql: str, params: Mapping[str, Any] | None = None) ->
     return tidy(con.sql(sql, params=dict(params) if params else None).pl())
 
 
-def run_status(con: Connection, db: DB, run_id: str) -> str:
-    """The stored status of ``run_id`` (running | complete | failed | incomplete).
-    Raises UnknownRunError naming the file when the store has no such run."""
+def run_status(con: Connection, db: DB, run_id: str, derived: bool = False) -> str:
+    """The stored status of ``run_id`` (running | complete | failed | incomplete); with
+    ``derived``, for a caller about to read its derived tables, a finished run's derived rows
+    checked by ``check_derived``. Raises UnknownRunError naming the file when the store has
+    no such run."""
     found = query(con, "SELECT status FROM runs WHERE run_id = $run_id", {"run_id": run_id})
     if found.height == 0:
         raise UnknownRunError(str(db), run_id)
-    return checked_status(found["status"][0], db=str(db), run_id=run_id)
+    status = checked_status(found["status"][0], db=str(db), run_id=run_id)
+    if derived and status != "running":
+        check_derived(con, db, run_id, status)
+    return status
+
+
+# A finished run's derived rows as finish_run writes them: span_stats has a row per span name
+# of the run (count >= 1, blocks >= 0, never NULL: num_blocks is filled with 0), and the
+# tables built from its request and evict spans have rows where span_stats counts such spans.
+_DERIVED_CHECK = f"""
+    SELECT count(*) AS names,
+           count(*) FILTER (WHERE name IS NULL OR spans IS NULL OR blocks IS NULL OR spans < 1 OR blocks < 0) AS bad,
+           coalesce(sum(spans) FILTER (WHERE name = '{SPAN_REQUEST}'), 0) AS requests,
+           coalesce(sum(spans) FILTER (WHERE name = '{SPAN_EVICT}'), 0) AS evictions
+    FROM span_stats WHERE run_id = $run_id"""
+
+
+def check_derived(con: Connection, db: DB, run_id: str, status: str) -> None:
+    """Refuse, as a StoreError naming ``db``, the run and the table, a finished run whose
+    derived rows are not what finish_run writes: NULL or negative counts in span_stats, or
+    rows missing beside its spans (deleted by hand: ``runs`` said 0 spans where ``diff`` said
+    1,593, a stopped run's publishes and evictions 0 beside 20,357 evicted blocks by reason,
+    and a NULL count was a TypeError). DuckDB only: it writes a run's derived rows in one
+    transaction, where ClickHouse rebuilds them by a delete and an insert a reader may fall
+    between (and its derived columns hold no NULL)."""
+    if not isinstance(con, duckdb.DuckDBPyConnection):
+        return
+    names, bad, requests, evictions = query(con, _DERIVED_CHECK, {"run_id": run_id}).row(0)
+
+    def holds(table: str) -> bool:  # whether ``table`` has a row of the run (found, not counted)
+        return bool(query(con, f"SELECT EXISTS (SELECT 1 FROM {table} WHERE run_id = $run_id) AS x",
+                          {"run_id": run_id})["x"][0])
+
+    what = None
+    if bad:
+        what = "derived table span_stats holds NULL or negative counts"
+    elif not names:
+        what = "derived table span_stats holds none of its rows, beside its spans" if holds("spans") else None
+    elif requests and not holds("latency_cdf"):
+        what = "derived table latency_cdf holds none of its rows, beside its request spans"
+    elif evictions:
+        table = next((t for t in ("evict_counts", "evicted_blocks") if not holds(t)), None)
+        what = None if table is None else f"derived table {table} holds none of its rows, beside its evict spans"
+    if what is not None:
+        raise StoreError(str(db), f"{DAMAGED}: run {run_id} ({status}): {what} (finish_run writes them "
+                                  "from the spans; a store edited since?)")
 
 
 # What a query raises on values no kvtrace run holds (a count near 2^63 written by hand or
@@ -108,10 +156,11 @@ def connect(db: DB, run_id: str | None = None) -> Iterator[Connection]:
 
 
 @contextlib.contextmanager
-def open_run(db: DB, run_id: str) -> Iterator[tuple[Connection, str]]:
-    """``connect(db)`` and the stored status of ``run_id``, checked to exist."""
+def open_run(db: DB, run_id: str, derived: bool = False) -> Iterator[tuple[Connection, str]]:
+    """``connect(db)`` and the stored status of ``run_id``, checked to exist (``derived``:
+    as ``run_status``)."""
     with connect(db, run_id) as con:
-        yield con, run_status(con, db, run_id)
+        yield con, run_status(con, db, run_id, derived)
 
 
 @checked  # (public: NaN, a list or a negative span was a raw error or a silent 1)
@@ -169,7 +218,7 @@ def with_run(
 
     Bound: ``$run_id``, then ``params``, then, unless ``window_ns`` is NO_WINDOW, ``$w``:
     the window length from ``resolve_window`` (``window_ns=None`` picks one)."""
-    with open_run(db, run_id) as (con, status):
+    with open_run(db, run_id, derived=not isinstance(build, str)) as (con, status):
         bound = {"run_id": run_id, **(params or {})}
         if window_ns is not NO_WINDOW:
             bound["w"] = resolve_window(con, run_id, window_ns, status)

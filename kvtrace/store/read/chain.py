@@ -90,7 +90,7 @@ def stale_hash_chain(db: DB, run_id: str, block_hash: str, group_id: int | None 
     copy_reason, copy_src, copy_dst, num_tokens, num_hit_tokens, expected_fingerprint,
     actual_fingerprint, span_id.
     """
-    with open_run(db, run_id) as (con, status):
+    with open_run(db, run_id, derived=True) as (con, status):
         params: dict = {"run_id": run_id, "h": block_hash}
         # A finished run indexes the spans naming each stale hash (derived stale_chain):
         # filtering on those seqs lets DuckDB skip row groups instead of scanning every

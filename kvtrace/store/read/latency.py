@@ -120,7 +120,7 @@ def latency_cdf(db: DB, run_id: str, metric: str = "ttft") -> pl.DataFrame:
     0.1 apart), each by kvtrace.numeric. Columns q, value_ns, n (samples). Empty when the
     run has no samples. Finished runs read the derived table; running runs compute it."""
     _check_metric(metric)
-    with open_run(db, run_id) as (con, status):
+    with open_run(db, run_id, derived=True) as (con, status):
         if status == "running":
             table = derived.latency_cdf_table(run_id, {metric: _samples(con, run_id, metric)})
             frame = pl.from_arrow(table)

@@ -8,7 +8,8 @@ from typing import Any
 import polars as pl
 
 from kvtrace.metrics import summary_problem
-from kvtrace.store.errors import StoreError, UnknownRunError
+from kvtrace.store.backend import is_clickhouse
+from kvtrace.store.errors import DAMAGED, StoreError, UnknownRunError
 from kvtrace.store.liveness import shown_status
 from kvtrace.store.read._api import checked
 from kvtrace.store.read._sql import DB, connect, derived_relation, query, with_run
@@ -18,9 +19,14 @@ _RUNS_SQL = """
            CAST(r.behaviours AS VARCHAR) AS behaviours, r.status, r.digest,
            CAST(r.config AS VARCHAR) AS config, CAST(r.summary AS VARCHAR) AS summary,
            r.writer_pid, r.writer_host, r.writer_start,
-           coalesce(live.n, stats.n, 0) AS num_spans
+           coalesce(live.n, stats.n, 0) AS num_spans, coalesce(stats.bad, 0) AS stats_bad,
+           stats.run_id IS NOT NULL AS has_stats
     FROM runs r
-    LEFT JOIN (SELECT run_id, CAST(sum(spans) AS BIGINT) AS n FROM span_stats GROUP BY run_id) stats
+    LEFT JOIN (SELECT run_id, CAST(sum(spans) AS BIGINT) AS n,
+                      -- (what finish_run never writes: check_derived says so for every reader)
+                      count(*) FILTER (WHERE name IS NULL OR spans IS NULL OR blocks IS NULL
+                                       OR spans < 1 OR blocks < 0) AS bad
+               FROM span_stats GROUP BY run_id) stats
            USING (run_id)
     LEFT JOIN (SELECT run_id, count(*) AS n FROM spans
                WHERE run_id IN (SELECT run_id FROM runs WHERE status = 'running')
@@ -50,19 +56,42 @@ def runs(db: DB) -> pl.DataFrame:
         try:
             for key in JSON_FIELDS:
                 run_json(db, row["run_id"], key, row[key])
-            status.append(shown_status(row["status"], row["writer_pid"], row["writer_host"], row["writer_start"],
-                                       db=str(db), run_id=row["run_id"]))
+            shown = shown_status(row["status"], row["writer_pid"], row["writer_host"], row["writer_start"],
+                                 db=str(db), run_id=row["run_id"])
+            _check_span_stats(db, row)
+            status.append(shown)
             damage.append(None)
         except StoreError as err:
             status.append(DAMAGED_STATUS)
             damage.append(str(err))
     frame = frame.with_columns(pl.Series("status", status, dtype=pl.String),
-                               pl.Series("damage", damage, dtype=pl.String))
+                               pl.Series("damage", damage, dtype=pl.String)).drop("stats_bad", "has_stats")
     if any(damage):
         hurt = pl.col("damage").is_not_null()
         frame = frame.with_columns(*(pl.when(hurt).then(None).otherwise(pl.col(k)).alias(k) for k in JSON_FIELDS),
                                    pl.when(hurt).then(None).otherwise(pl.col("writer_pid")).alias("writer_pid"))
     return frame.drop("writer_host", "writer_start")
+
+
+def _check_span_stats(db: DB, row: dict[str, Any]) -> None:
+    """A finished run's span_stats rows, where ``runs`` reads its span count, as
+    ``_sql.check_derived`` checks them for every other reader: no NULL or negative count,
+    and rows wherever its stored summary counts spans (``runs`` said 0 spans where ``diff``
+    said 1,593): a replay's summary counts the spans it stored (a collected run's, those its
+    sender emitted, which a collector may not all have had). DuckDB only, as there."""
+    if row["status"] == "running" or is_clickhouse(db):
+        return
+    summary = run_json(db, row["run_id"], "summary", row["summary"]) or {}
+    replayed = row["mode"] in ("engine", "cache-only")
+    counted = summary.get("spans") if replayed and isinstance(summary.get("spans"), int) else 0
+    if row["stats_bad"]:
+        what = "derived table span_stats holds NULL or negative counts"
+    elif counted and not row["has_stats"]:
+        what = "derived table span_stats holds none of its rows, beside its spans"
+    else:
+        return
+    raise StoreError(str(db), f"{DAMAGED}: run {row['run_id']} ({row['status']}): {what} (finish_run writes them "
+                              "from the spans; a store edited since?)")
 
 
 # The JSON fields of a run record, and what each must decode to: a JSON object (config,
