@@ -173,3 +173,37 @@ def test_trace_format_says_azures_one_namespace_and_its_prompt_bound(tmp_path):
     first, second = list(open_trace(str(csv)))
     assert first.namespace == second.namespace
     assert (first.hash_ids[0], second.hash_ids[0]) == (0, 1 << 24)
+
+
+def _subcommand_help(path: list[str], flag: str) -> str:
+    cmd = typer.main.get_command(app)
+    for name in path:
+        cmd = cmd.commands[name]  # type: ignore[attr-defined]
+    (param,) = [p for p in cmd.params if flag in getattr(p, "opts", ())]
+    return " ".join((param.help or "").split())
+
+
+@pytest.mark.parametrize("path, flag, said, argv", [
+    (["generate"], "--requests", "1 to 1,000,000", ["generate", "chat", "-o", "{tmp}/g.jsonl", "--requests", "0"]),
+    (["convert"], "--limit", "at least 1", ["convert", "{mooncake}", "-o", "{tmp}/c.jsonl", "--limit", "0"]),
+    (["calibrate"], "--knee", "0 to 2^31", ["calibrate", "--from", "{mooncake}", "--knee", "-1"]),
+    (["calibrate"], "--max-num-batched-tokens", "1 to 2^31",
+     ["calibrate", "--from", "{mooncake}", "--max-num-batched-tokens", "0"]),
+    (["collect"], "--max-body-bytes", "1 to 2,147,483,648",
+     ["collect", "--db", "{tmp}/c.duckdb", "--max-body-bytes", "0"]),
+    (["capture", "vllm"], "--duration", "0 to a year",
+     ["capture", "vllm", "--endpoint", "tcp://127.0.0.1:5557", "--db", "{tmp}/v.duckdb", "--duration", "-1"]),
+    (["capture", "vllm"], "--dp-size", "1 to 1,024",
+     ["capture", "vllm", "--endpoint", "tcp://127.0.0.1:5557", "--db", "{tmp}/v.duckdb", "--dp-size", "0"]),
+    (["sweep"], "--workers", "at least 1",
+     ["sweep", "gen:chat", "--mode", "cache-only", "--param", "capacity_blocks=10,20", "--workers", "0"]),
+    (["curve"], "--workers", "at least 1", ["curve", "gen:chat", "--mode", "engine", "--workers", "0"]),
+])
+def test_more_options_say_their_range_and_the_code_refuses_past_it(tmp_path, capsys, path, flag, said, argv):
+    """These said no range in --help (the docs probe's list), though each is checked."""
+    from tests.cli.support import run
+    from tests.conftest import MOONCAKE
+
+    assert said in _subcommand_help(path, flag)
+    code, _, err = run([a.format(tmp=tmp_path, mooncake=MOONCAKE) for a in argv], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and flag in err, err

@@ -28,10 +28,10 @@ def calibrate(
         "--moe", metavar="E:K",
         help="A mixture-of-experts model: E experts, K per token (fits the experts-touched term).")] = None,
     knee: Annotated[int | None, typer.Option(
-        metavar="TOKENS", help="Token knee of the piecewise token term (default: the best of 0, 256, 512, 1024, "
-                               "2048).")] = None,
+        metavar="TOKENS", help="Token knee of the piecewise token term, 0 to 2^31 (default: the best of 0, 256, "
+                               "512, 1024, 2048).")] = None,
     max_num_batched_tokens: Annotated[int, typer.Option(
-        metavar="TOKENS", help="The served engine's chunk budget (bench results and spans).")] = 8192,
+        metavar="TOKENS", help="The served engine's chunk budget, 1 to 2^31 (bench results and spans).")] = 8192,
     run: Annotated[str | None, typer.Option(
         metavar="RUN", help="The collected run of a store (default: its only one).")] = None,
 ) -> None:

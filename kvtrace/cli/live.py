@@ -22,7 +22,8 @@ def collect(
     grpc: Annotated[bool, typer.Option("--grpc/--no-grpc", help="Also serve OTLP/gRPC.")] = True,
     host: Annotated[str, typer.Option(
         metavar="ADDRESS", help="Bind address (IPv6 as ::1; 0.0.0.0 or :: for every interface).")] = "127.0.0.1",
-    max_body_bytes: Annotated[int, typer.Option(metavar="BYTES", help="Largest request body accepted.")]
+    max_body_bytes: Annotated[int, typer.Option(
+        metavar="BYTES", help="Largest request body accepted, 1 to 2,147,483,648.")]
         = 16 * 1024 * 1024,
 ) -> None:
     """Receive OTLP traces (HTTP: protobuf or JSON on /v1/traces; gRPC) into the store."""
@@ -62,12 +63,13 @@ def capture_vllm(
     db: DbRequired,
     replay_endpoint: Annotated[str | None, typer.Option(
         metavar="URL", help="vLLM's replay ROUTER endpoint, for gap recovery.")] = None,
-    duration: Annotated[float | None, typer.Option(metavar="SECONDS", help="Stop after this long.")] = None,
+    duration: Annotated[float | None, typer.Option(
+        metavar="SECONDS", help="Stop after this long (0 to a year; default: until Ctrl-C).")] = None,
     trace_out: Annotated[str | None, typer.Option(  # (a str: a Path drops the / of NAME/, which is refused)
         metavar="FILE", callback=output_file, help="Also reconstruct a native trace here.")] = None,
     dp_size: Annotated[int, typer.Option(
-        metavar="N", help="The server's --data-parallel-size: capture every rank, each at vLLM's per-rank endpoint "
-                          "(tcp port + rank).")] = 1,
+        metavar="N", help="The server's --data-parallel-size, 1 to 1,024: capture every rank, each at vLLM's "
+                          "per-rank endpoint (tcp port + rank).")] = 1,
 ) -> None:
     """Record a live vLLM server's KV events into the store. Exits 1 when no publisher
     was ever reached (nothing was listening there); a reached but idle server is not an

@@ -61,8 +61,8 @@ def sweep(
              "(behaviours joined by +, or none).")],
     db: Db = None,
     workers: Annotated[int | None, typer.Option(
-        metavar="N", help="Local worker processes (default 2; at most one a CPU and one a replay); with --ray, the "
-                          "most replays in flight on the cluster at once (default: all).")] = None,
+        metavar="N", help="Local worker processes, at least 1 (default 2; at most one a CPU and one a replay); "
+                          "with --ray, the most replays in flight on the cluster at once (default: all).")] = None,
     ray: Annotated[str | None, typer.Option(
         "--ray", metavar="ADDRESS",
         help="Run each replay as a task on this Ray cluster (auto: the running one; local: start one here). "
@@ -106,8 +106,9 @@ def curve(
                                    "lru in engine mode, where the Belady bound has no unit).")] = None,
     db: Db = None,
     workers: Annotated[int | None, typer.Option(
-        metavar="N", help="Engine mode: local worker processes (default 2; at most one a CPU and one a capacity); "
-                          "with --ray, the most replays in flight on the cluster at once (default: all).")] = None,
+        metavar="N", help="Engine mode: local worker processes, at least 1 (default 2; at most one a CPU and one a "
+                          "capacity); with --ray, the most replays in flight on the cluster at once (default: "
+                          "all).")] = None,
     ray: Annotated[str | None, typer.Option(
         "--ray", metavar="ADDRESS", help="Engine mode: replay each capacity as a Ray task (see `kvtrace sweep`).")]
         = None,

@@ -23,7 +23,7 @@ def generate(
         = "native",
     seed: Seed = 0,
     num_requests: Annotated[int | None, typer.Option(
-        "--requests", metavar="N", help="Number of requests (default: the workload's).")] = None,
+        "--requests", metavar="N", help="Number of requests, 1 to 1,000,000 (default: the workload's).")] = None,
 ) -> None:
     """Write a seeded synthetic workload."""
     from kvtrace.replay.generate import write_generated
@@ -39,7 +39,8 @@ def convert(
                                      help="Output kvtrace native JSONL.")],
     fmt: Annotated[TraceFormat | None, typer.Option(
         "--format", help="Input format (default: detected).")] = None,
-    limit: Annotated[int | None, typer.Option(metavar="N", help="Convert only the first N requests.")] = None,
+    limit: Annotated[int | None, typer.Option(
+        metavar="N", help="Convert only the first N requests (at least 1).")] = None,
     trace_block_size: Annotated[int | None, typer.Option(
         metavar="TOKENS", min=1, help="Tokens per hash id of a Mooncake, Bailian or Azure trace (default 512, 16, "
                                       "16).")]
