@@ -5,8 +5,10 @@ cores with content and verification on. Usage:
 
     python bench/engine_replay.py [TRACE] [--limit N] [--no-profile] [--no-content] [--device cuda]
 
-Prints the summary, the run's digest (the event stream's, as ``kvtrace replay`` computes
-it), the wall and CPU time of the run (the imports before it excluded), and a cProfile
+Prints the summary, the run's digest (the event stream's, computed as ``kvtrace replay``
+computes it, over requests this script names m0, m1, ...: kvtrace replay names them r0, r1,
+..., so its digest of the same trace differs; kept so that every session's figure compares),
+the wall and CPU time of the run (the imports before it excluded), and a cProfile
 top-10 (by own time) unless --no-profile; with ``KVTRACE_PROFILE_OUT=FILE`` it also writes
 the whole profile there (``pstats`` format).
 """
