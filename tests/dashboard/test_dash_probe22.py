@@ -121,3 +121,30 @@ def test_runs_without_spans_are_not_read_back_from_spans(tmp_path, monkeypatch):
     at = render(db, monkeypatch, run=run)
     assert len(at.selectbox(key="qp_run").options) == 4
     assert calls == [run], calls
+
+
+def test_a_stale_hash_span_without_its_hash_or_group_is_still_one_choice_each(stale_db, tmp_path, monkeypatch):
+    """A stale-hash span that leaves out its block hash or group (a sender's): the picker's
+    keys were all None (91 stale hashes, one choice), the drill-down said 'hash None' and
+    'g None', and the chain was a raw type error ('block_hash: expected str, got None')."""
+    import shutil
+
+    from kvtrace.store import read
+    from kvtrace.store.schema import SPAN_STALE_HASH
+
+    run = next(r for r in read.runs(stale_db)["run_id"] if read.stale_hashes(stale_db, r).height > 1)
+    db = str(tmp_path / "stale.duckdb")
+    shutil.copy(stale_db, db)
+    with duckdb.connect(db) as con:
+        con.execute("UPDATE spans_verify SET block_hashes = NULL, group_id = NULL, block_ids = NULL "
+                    "WHERE run_id = ? AND name = ?", [run, SPAN_STALE_HASH])
+    stale = read.stale_hashes(db, run)
+    assert stale["block_hash"].null_count() == stale.height > 1
+    at = render(db, monkeypatch, "stale", run=run)
+    assert not at.error
+    picker = at.selectbox(key="qp_stale")
+    assert picker.value is not None and len(set(picker.options)) == len(picker.options) == stale.height
+    shown = {m.label: m.value for m in at.metric}
+    assert shown["Block id (group)"] == "– (g–)"
+    assert not [m.value for m in at.markdown if "None" in m.value]
+    assert [i.value for i in at.info if "records no block hash" in i.value]

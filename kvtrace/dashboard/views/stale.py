@@ -13,6 +13,16 @@ st.title("Stale hashes & correctness")
 window = state.bound_window("Virtual time window", queries.time_extent_s(run_id))
 origin = queries.time_origin(run_id)  # (0 for a replay; a live capture's first time)
 FINGERPRINTS = ("expected_fingerprint", "actual_fingerprint")
+
+
+def _text(value: object) -> str:
+    """A span's field as shown: – where it holds none (a sender may leave it out)."""
+    return "–" if value is None else str(value)
+
+
+def _ms(ns: object) -> str:
+    return "–" if not isinstance(ns, (int, float)) else f"{ns / 1e6:,.3f} ms"
+
 FILL_STALE = ("a run with a behaviour switched off, e.g. "
               "`kvtrace replay TRACE --db PATH --without transient-checkpoint-retention`")
 over = state.in_window(queries.call("stale_hashes_over_time", run_id, window_ns=queries.window_ns(run_id)),
@@ -46,8 +56,11 @@ if stale.height == 0:
     st.query_params.pop("stale", None)
     ui.empty("No stale hash to drill into in this run.", FILL_STALE)
 else:
-    stale = stale.with_columns(
-        key=stale["block_hash"] + "@g" + stale["group_id"].cast(str) + "#" + stale["seq"].cast(str))
+    # (a sender's span may leave its hash or group out: the key stays one per span, where a
+    # NULL in it made every key None, 91 hashes one choice, and the chain a raw type error)
+    stale = stale.with_columns(key=pl.concat_str(pl.col("block_hash").fill_null("–"), pl.lit("@g"),
+                                                 pl.col("group_id").cast(pl.String).fill_null("–"), pl.lit("#"),
+                                                 pl.col("seq").cast(pl.String).fill_null("–")))
     keys = stale["key"].to_list()
     rows = {r["key"]: r for r in stale.iter_rows(named=True)}
     # the default drill-down is a stale hash some request wrote: its chain has a story to tell
@@ -56,24 +69,26 @@ else:
                        + ("a request wrote" if with_request else "found") + " is shown instead.")
     chosen = state.bound_select(
         "Stale hash", keys, "stale", default=with_request[0] if with_request else None,
-        format_func=lambda k: f"{rows[k]['request_id'] or 'no request'} · block {rows[k]['block_id']} · "
-                              f"{ui.short_hash(rows[k]['block_hash'])} · t={rows[k]['time_ns'] / 1e6:,.3f} ms")
+        format_func=lambda k: f"{rows[k]['request_id'] or 'no request'} · block {_text(rows[k]['block_id'])} · "
+                              f"{ui.short_hash(rows[k]['block_hash'])} · t={_ms(rows[k]['time_ns'])}")
     r = rows[chosen]
     c = st.columns(4)
     c[0].metric("Request", ui.literal(r["request_id"] or "–"))  # (a metric's value is markdown)
-    c[1].metric("Block id (group)", f"{r['block_id']} (g{r['group_id']})")
+    c[1].metric("Block id (group)", f"{_text(r['block_id'])} (g{_text(r['group_id'])})")
     c[2].metric("Expected fingerprint", ui.fingerprint(r["expected_fingerprint"]))
     c[3].metric("Actual fingerprint", ui.fingerprint(r["actual_fingerprint"]))
-    st.markdown(f"hash {ui.code(r['block_hash'])} · claims a {r['num_tokens']}-token prefix · found at "
-                f"{r['time_ns'] / 1e6:,.3f} ms")
-    chain = queries.call("stale_hash_chain", run_id, r["block_hash"], group_id=r["group_id"])
+    length = "a prefix of unrecorded length" if r["num_tokens"] is None else f"a {r['num_tokens']:,}-token prefix"
+    st.markdown(f"hash {ui.code(_text(r['block_hash']))} · claims {length} · found at {_ms(r['time_ns'])}")
+    chain = (queries.call("stale_hash_chain", run_id, r["block_hash"], group_id=r["group_id"])
+             if r["block_hash"] is not None else None)  # (no hash recorded: no chain to follow)
     fp = [pl.col(c).map_elements(ui.fingerprint, return_dtype=pl.String) for c in FINGERPRINTS]
-    ui.table(chain.with_columns((pl.col("time_ns") / 1e6).alias("time_ms"), *fp)
+    ui.table(None if chain is None else chain.with_columns((pl.col("time_ns") / 1e6).alias("time_ms"), *fp)
              .select("time_ms", "step", "role", "request_id", "group_id", "block_ids", "publish_kind",
                      "evict_reason", "copy_reason", "num_tokens", *FINGERPRINTS, "span_id"),
              "The span chain behind this hash in time order (virtual ms): the publish that keyed the block, the "
              "overwrite (stale entry left / CoW), and the stale hit.",
-             empty_what="No spans reference this hash.")
+             empty_what="No spans reference this hash." if chain is not None else
+             "This stale hash's span records no block hash, so no chain of spans can be followed to it.")
     st.subheader("Stale hashes")
     ui.table(stale.drop("key").with_columns((pl.col("time_ns") / 1e6).alias("time_ms"), *fp).drop("time_ns"),
              "Every stale hash the worker found in this run (virtual ms; fingerprints as 16 hex digits).",
