@@ -538,8 +538,8 @@ def validate(spec: RunSpec) -> tuple[dict[str, Any], list[str], Any]:
     whose every setting is usable in its mode; a one-line ConfigError otherwise."""
     if spec.mode not in MODES:
         raise ConfigError("--mode", spec.mode, f"expected one of {', '.join(MODES)}")
-    if spec.limit is not None and (not isinstance(spec.limit, int) or spec.limit < 0):
-        raise ConfigError("--limit", str(spec.limit), "expected a number of requests >= 0")
+    # (as a file's reader holds it: a generated workload took 0, an empty run recorded, and True, 1 request)
+    check_limit(spec.limit)
     check_seed(spec.seed)
     if spec.block_size is not None:  # (engine mode without content allocates nothing that would refuse it)
         check_option("--block-size", spec.block_size, 1, MAX_TOKENS)

@@ -68,3 +68,14 @@ def test_an_input_length_other_than_the_prompts_is_refused(content):
         with pytest.raises(KVTraceError, match=re.escape(
                 f"workload: request 'm' has input_length 10 and {tokens} prompt token ids; expected as many")):
             Engine(preset, content=content).run([_req("m", 0, 10, 2, tokens=tokens)])
+
+
+@pytest.mark.parametrize("limit", [0, True, -1])
+def test_a_generated_workloads_limit_is_held_as_a_files_is(limit):
+    """run_replay of ``gen:NAME`` (a sweep's, a study's, the API's) took a limit of 0 and
+    recorded an empty run, and True as 1 request, where a trace file's reader refuses both."""
+    from kvtrace.errors import ConfigError
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    with pytest.raises(ConfigError, match=re.escape(f"--limit: {limit}: expected a number of requests >= 1")):
+        run_replay(RunSpec("gen:chat", limit=limit, content=False))
