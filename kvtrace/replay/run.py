@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvtrace.errors import ConfigError, KVTraceError, check_limit, check_option, check_seed
-from kvtrace.metrics import DEFAULT_PERCENTILES, PERCENTILES_CONFIG_KEY
+from kvtrace.metrics import DEFAULT_PERCENTILES, PERCENTILES_CONFIG_KEY, parse_percentiles
 from kvtrace.names import MODES, otlp_requested
 from kvtrace.numeric import cdiv
 from kvtrace.process import raise_stop, stop_pending
@@ -541,6 +541,15 @@ def validate(spec: RunSpec) -> tuple[dict[str, Any], list[str], Any]:
     # (as a file's reader holds it: a generated workload took 0, an empty run recorded, and True, 1 request)
     check_limit(spec.limit)
     check_seed(spec.seed)
+    # (the CLI's --percentiles is parsed so; an API caller's reached the summary, after the whole run)
+    shown = ",".join(map(str, spec.percentiles))
+    try:
+        parse_percentiles(spec.percentiles)
+    except ValueError as err:
+        raise ConfigError("--percentiles", shown, str(err)) from None
+    odd = next((p for p in spec.percentiles if isinstance(p, bool) or not isinstance(p, (int, float))), None)
+    if odd is not None:  # ('50' passed float() above, and broke the summary's numpy)
+        raise ConfigError("--percentiles", shown, f"percentile {odd!r} is not a number")
     if spec.block_size is not None:  # (engine mode without content allocates nothing that would refuse it)
         check_option("--block-size", spec.block_size, 1, MAX_TOKENS)
     if spec.capacity_tokens is not None:

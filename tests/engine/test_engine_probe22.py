@@ -79,3 +79,18 @@ def test_a_generated_workloads_limit_is_held_as_a_files_is(limit):
 
     with pytest.raises(ConfigError, match=re.escape(f"--limit: {limit}: expected a number of requests >= 1")):
         run_replay(RunSpec("gen:chat", limit=limit, content=False))
+
+
+@pytest.mark.parametrize(("percentiles", "what"), [
+    ((150,), "--percentiles: 150: percentile 150 is outside 0..100"),
+    ((50, "90"), "--percentiles: 50,90: percentile '90' is not a number"),
+    ((), "--percentiles: : no percentiles given"),
+])
+def test_a_run_specs_percentiles_are_held_before_the_run(percentiles, what):
+    """The CLI parses --percentiles; a RunSpec's (the API's, a sweep's) went unchecked to the
+    summary, which raised a ValueError or numpy's TypeError after the whole replay."""
+    from kvtrace.errors import ConfigError
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    with pytest.raises(ConfigError, match=re.escape(what)):
+        run_replay(RunSpec("gen:chat", limit=2, content=False, percentiles=percentiles))
