@@ -133,3 +133,21 @@ def test_a_finished_run_without_spans_has_no_derived_rows_to_miss(tmp_path):
     assert read.span_counts(db, run_id).height == 0
     assert read.run_summary(db, run_id) == {"error": "ValueError: before any span"}
     assert read.runs(db)["status"].to_list() == ["failed"]
+
+
+@pytest.mark.parametrize("values, q", [
+    ([5493, 35768945296019518], 50), ([5278807835, 973191530868154311], 0.1),
+    ([904, 895613192, 6803880664762, 989433863949655272], 90), ([2**62 + 1, 2**62 + 3], 99),
+])
+def test_one_percentile_of_gaps_past_2_to_the_53_is_numpys_to_the_last_digit(values, q):
+    """A request span's ITL percentiles (``numeric.sorted_percentile``, through the span
+    builder's columns) and the store's latency percentiles (numpy) are one definition: ints
+    past 2^53 were subtracted exactly before numpy's float64 conversion, another last digit."""
+    import numpy as np
+
+    from kvtrace.instrument.arrow_columns import Ragged
+    from kvtrace.numeric import percentile, sorted_percentile
+
+    want = float(np.percentile(np.asarray(values, dtype=np.float64), q))
+    assert sorted_percentile(sorted(values), q) == percentile(values, q) == want
+    assert Ragged([tuple(values), ()]).percentiles(q).to_pylist() == [want, None]
