@@ -101,10 +101,13 @@ class PercentileShift:
 
     @property
     def significant(self) -> bool:
-        """The CI excludes zero, and the shift is a change at all: one below
-        LATENCY_RESOLUTION_MS is "same" in the summary table, so no finding here either."""
-        return ((self.ci_low > 0 or self.ci_high < 0) and not math.isnan(self.ci_low)
-                and abs(self.delta) >= LATENCY_RESOLUTION_MS)
+        """The CI excludes zero on the side of the shift, and the shift is a change at all:
+        one below LATENCY_RESOLUTION_MS is "same" in the summary table, so no finding here
+        either. (A percentile bootstrap's interval can miss its point estimate, on discrete
+        latencies: a rise whose interval lies below zero was marked "worse" beside an
+        interval that says B is lower; the two disagree, so there is no finding.)"""
+        return ((self.ci_low > 0 and self.delta > 0) or (self.ci_high < 0 and self.delta < 0)) \
+            and not math.isnan(self.ci_low) and abs(self.delta) >= LATENCY_RESOLUTION_MS
 
 
 @dataclass(slots=True, frozen=True)

@@ -90,3 +90,21 @@ def test_a_study_through_vllm_without_a_store_says_whose_manager_made_each_run(v
     assert label is not None and label.startswith("vllm ")
     assert f"Backend: A kvtrace · B {label}" in to_text(res.diff, width=250).splitlines()
     assert f"Backend: A `kvtrace` · B `{label}`" in to_markdown(res.diff).splitlines()
+
+
+def test_a_shift_whose_interval_lies_on_the_other_side_of_zero_is_no_finding():
+    """A percentile bootstrap's interval can miss its point estimate (discrete latencies: ITL
+    p75 +0.75 µs with an interval of [-0.006, +0.22] µs, measured). Where it lies wholly on
+    the other side of zero, the shift was marked "worse" (red, ❌) by its point estimate's
+    sign beside an interval saying B is lower."""
+    from kvtrace.compare.model import PercentileShift, RunDiff
+    from kvtrace.compare.render import to_markdown
+
+    rise_below = PercentileShift("ttft_ms", 50, 10.0, 12.0, 2.0, -5.0, -1.0)
+    drop_above = PercentileShift("itl_ms", 90, 10.0, 8.0, -2.0, 1.0, 5.0)
+    assert not rise_below.significant and not drop_above.significant
+    assert PercentileShift("ttft_ms", 50, 10.0, 12.0, 2.0, 1.0, 5.0).significant  # (agreeing: a finding)
+    assert PercentileShift("itl_ms", 90, 10.0, 8.0, -2.0, -5.0, -1.0).significant
+    md = to_markdown(RunDiff({"run_id": "a"}, {"run_id": "b"}, [], latency=[rise_below, drop_above]))
+    rows = [line for line in md.splitlines() if line.startswith(("| p50_ttft_ms", "| p90_itl_ms"))]
+    assert len(rows) == 2 and not any("worse" in r or "better" in r for r in rows)
