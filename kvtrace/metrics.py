@@ -388,6 +388,8 @@ SUMMARY_COUNTS: tuple[str, ...] = (
     "requests", "prompt_tokens", *(c.key for c in COUNTERS), "hit_blocks", "total_blocks", "computed_prompt_tokens",
     "output_tokens", "publishes", "evictions", "cow_copies", "stale_hashes", "divergent_outputs", "preemptions",
     "steps", "table_disagreements", "stale_hashes_left", "oversized_requests",
+    # (spans: diff showed a summary's -5 or "many" beside the 1,593 runs counted in the store)
+    "spans", "otlp_spans_undelivered",
 )
 SUMMARY_RATES: tuple[str, ...] = (*(r.key for r in RATES), "block_hit_rate")
 SUMMARY_SIZES: tuple[str, ...] = ("capacity_blocks", "block_size")  # ints >= 1 (capacity: one a pool)

@@ -151,3 +151,20 @@ def test_one_percentile_of_gaps_past_2_to_the_53_is_numpys_to_the_last_digit(val
     want = float(np.percentile(np.asarray(values, dtype=np.float64), q))
     assert sorted_percentile(sorted(values), q) == percentile(values, q) == want
     assert Ragged([tuple(values), ()]).percentiles(q).to_pylist() == [want, None]
+
+
+@pytest.mark.parametrize("spans", ["'\"many\"'", "-5", "1e300"])
+def test_a_summary_span_count_kvtrace_never_writes_is_a_damaged_record(tmp_path, diverging_store, capsys, spans):
+    """A summary's ``spans`` is a count like its others (``metrics.SUMMARY_COUNTS``): diff
+    showed -5 (and a dash for "many") beside the spans `runs` counted in the store; now the
+    record is damaged in both, one line naming the key."""
+    data, _, _ = diverging_store
+    db = _edited(tmp_path, data, f"UPDATE runs SET summary = json_merge_patch(summary, json_object('spans', {spans})) "
+                                 "WHERE run_id = 'r1'")
+    code, _, err = kvtrace(["diff", "r1", "r2", "--db", db], capsys)
+    assert_one_line(code, err, db, "damaged kvtrace store", "run r1's summary: spans: expected a count")
+    code, out, err = kvtrace(["runs", "--db", db, "--json"], capsys)
+    assert code == 0, err
+    listed = {r["run_id"]: r for r in json.loads(out)["runs"]}
+    assert listed["r1"]["status"] == "damaged" and "spans: expected a count" in listed["r1"]["damage"]
+    assert listed["r2"]["status"] == "complete"
