@@ -533,6 +533,28 @@ def backend_resource(config: dict[str, Any]) -> dict[str, Any] | None:
     return attrs
 
 
+def _whole(value: Any) -> bool:
+    """An int, not a bool (nor a numpy int, which check_option and the presets refuse too)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_whole_numbers(spec: RunSpec) -> None:
+    """A ConfigError at its flag for a count of the spec that is no whole number: the CLI's
+    are ints, an API caller's 1.5 reached the cache's config (a TypeError) or was truncated
+    (a seed of 1.5 ran as 1)."""
+    for name, flag in (("block_size", "--block-size"), ("capacity_tokens", "--capacity-tokens"),
+                        ("external_capacity_blocks", "--external-blocks"), ("seed", "--seed")):
+        value = getattr(spec, name)
+        if value is not None and not _whole(value):
+            raise ConfigError(flag, str(value), "expected a whole number")
+    blocks = spec.capacity_blocks  # (also inf, cache-only's unbounded cache, or one int per group: a tuple)
+    if blocks is not None and blocks != math.inf and not _whole(blocks) and not (
+            isinstance(blocks, tuple) and all(map(_whole, blocks))):
+        raise ConfigError("--capacity-blocks", str(blocks), "expected a number of blocks, or inf (cache-only mode)")
+    if isinstance(spec.without, str):  # (its letters were taken for behaviour names)
+        raise ConfigError("--without", spec.without, "expected a sequence of behaviour names, not one string")
+
+
 def validate(spec: RunSpec) -> tuple[dict[str, Any], list[str], Any]:
     """(the run's config record, its behaviours, the engine preset or None) for a spec
     whose every setting is usable in its mode; a one-line ConfigError otherwise."""
@@ -540,6 +562,7 @@ def validate(spec: RunSpec) -> tuple[dict[str, Any], list[str], Any]:
         raise ConfigError("--mode", spec.mode, f"expected one of {', '.join(MODES)}")
     # (as a file's reader holds it: a generated workload took 0, an empty run recorded, and True, 1 request)
     check_limit(spec.limit)
+    _check_whole_numbers(spec)
     check_seed(spec.seed)
     # (the CLI's --percentiles is parsed so; an API caller's reached the summary, after the whole run)
     shown = ",".join(map(str, spec.percentiles))

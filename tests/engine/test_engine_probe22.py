@@ -94,3 +94,29 @@ def test_a_run_specs_percentiles_are_held_before_the_run(percentiles, what):
 
     with pytest.raises(ConfigError, match=re.escape(what)):
         run_replay(RunSpec("gen:chat", limit=2, content=False, percentiles=percentiles))
+
+
+@pytest.mark.parametrize(("setting", "what"), [
+    ({"capacity_blocks": 3.5}, "--capacity-blocks: 3.5: expected a number of blocks, or inf (cache-only mode)"),
+    ({"block_size": 16.0}, "--block-size: 16.0: expected a whole number"),
+    ({"capacity_tokens": 100.5}, "--capacity-tokens: 100.5: expected a whole number"),
+    ({"external_capacity_blocks": 2.5}, "--external-blocks: 2.5: expected a whole number"),
+    ({"seed": 1.5}, "--seed: 1.5: expected a whole number"),
+    ({"without": "shared-prefix-pinning"}, "--without: shared-prefix-pinning: expected a sequence of behaviour names"),
+])
+def test_a_run_specs_counts_are_whole_numbers(setting, what):
+    """A RunSpec's float counts (the API's; the CLI's are ints) broke in the presets with a
+    TypeError ('float' object is not iterable), or ran truncated (a seed of 1.5 as 1); a
+    --without of one string was read letter by letter."""
+    from kvtrace.errors import ConfigError
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    with pytest.raises(ConfigError, match=re.escape(what)):
+        run_replay(RunSpec("gen:chat", limit=2, content=False, preset="dense-attention", **setting))
+
+
+def test_a_run_spec_of_one_pool_per_group_still_runs():
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    res = run_replay(RunSpec("gen:chat", limit=2, content=False, capacity_blocks=(300, 300)))
+    assert res.summary["requests"] == 2 and res.summary["capacity_blocks"] == 299
