@@ -114,8 +114,9 @@ def diff(
         "--fail-if", metavar="METRIC:THRESHOLD",
         help="Exit 1 when METRIC changes by more than THRESHOLD (e.g. prefix_cache_hit_rate:-0.01); repeatable.")] = [],  # noqa: B006
     seed: Annotated[int, typer.Option(metavar="N", help="Bootstrap seed.")] = 0,
-    top: Annotated[int, typer.Option(metavar="N", help="Requests listed as most gained / lost.")] = 10,
-    resamples: Annotated[int, typer.Option(metavar="N", help="Bootstrap resamples for the latency CIs.")] = 1000,
+    top: Annotated[int, typer.Option(metavar="N", help="Requests listed as most gained / lost (0: none).")] = 10,
+    resamples: Annotated[int, typer.Option(metavar="N", help="Bootstrap resamples for the latency CIs (100 to "
+                                                             "10,000).")] = 1000,
     percentiles: Percentiles = None,
 ) -> None:
     """Compare two runs of the same trace; exit 1 when a --fail-if gate is violated."""
@@ -222,7 +223,10 @@ def export(
     run: Annotated[str, typer.Option(metavar="RUN", help="The run id (see `kvtrace runs`).")],
     parquet: Annotated[str, typer.Option(metavar="DIR", help="Output directory (created if missing).")],
 ) -> None:
-    """Export one run's spans and summary to Parquet."""
+    """Export a run to Parquet: spans, run record, evicted blocks.
+
+    Writes DIR/spans.parquet, DIR/runs.parquet (the record, with its summary) and
+    DIR/evicted_blocks.parquet, and prints their paths."""
     from kvtrace.store import export_parquet
 
     if not parquet.strip():  # a str, not a Path: Path('') is '.', the current directory

@@ -108,3 +108,18 @@ def test_a_shift_whose_interval_lies_on_the_other_side_of_zero_is_no_finding():
     md = to_markdown(RunDiff({"run_id": "a"}, {"run_id": "b"}, [], latency=[rise_below, drop_above]))
     rows = [line for line in md.splitlines() if line.startswith(("| p50_ttft_ms", "| p90_itl_ms"))]
     assert len(rows) == 2 and not any("worse" in r or "better" in r for r in rows)
+
+
+def test_export_and_diff_help_say_what_the_commands_do(capsys):
+    """`export --help` said it exports "spans and summary"; it writes three files, the third
+    the evicted-block table. `diff --help` gave --resamples no range, which it refuses outside
+    100..10,000 (README: from 100 to 10,000)."""
+    from kvtrace.compare.options import MAX_RESAMPLES, MIN_RESAMPLES
+    from kvtrace.store.export import EXPORTED_TABLES
+    from tests.cli.support import run
+
+    code, out, _ = run(["export", "--help"], capsys)
+    flat = " ".join(out.split())
+    assert code == 0 and all(f"DIR/{t}.parquet" in flat for t in EXPORTED_TABLES)
+    code, out, _ = run(["diff", "--help"], capsys)
+    assert code == 0 and f"({MIN_RESAMPLES} to {MAX_RESAMPLES:,})" in " ".join(out.split())
