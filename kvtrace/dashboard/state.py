@@ -225,6 +225,16 @@ def bound_window(label: str, t_max_s: float) -> tuple[float, float]:
     return float(lo_v), float(hi_v)
 
 
+def outside_window(whole: pl.DataFrame, shown: pl.DataFrame, window: tuple[float, float], what: str) -> str | None:
+    """The empty state of a chart whose time window alone leaves out the run's ``what``
+    (``shown``: ``whole`` in the window), else None: the run's own empty state ('No
+    evictions in this run: the cache never filled') was said of a run with evictions."""
+    if whole.height == 0 or shown.height:
+        return None
+    lo, hi = window
+    return f"No {what} in the time window {lo:g} to {hi:g} s; this run has some outside it: widen the window."
+
+
 def _round_up(x: float) -> float:
     """A tidy slider bound just above ``x``."""
     if x <= 0:

@@ -68,12 +68,13 @@ def code(text: object) -> str:
     return literal(text) if _MATERIAL in printable(text) else markdown_code(text)
 
 
-def empty(what: str, command: str = FILL_RUN) -> None:
-    """The empty state: what is missing and which command fills it (never a blank chart)."""
-    st.info(f"{what} Fill it with {command}.", icon=":material/info:")
+def empty(what: str, command: str | None = FILL_RUN) -> None:
+    """The empty state: what is missing and which command fills it (never a blank chart);
+    None: no command fills it (a time window that leaves the run's data out)."""
+    st.info(what if command is None else f"{what} Fill it with {command}.", icon=":material/info:")
 
 
-def chart(fig: go.Figure | None, caption: str, *, empty_what: str, command: str = FILL_RUN,
+def chart(fig: go.Figure | None, caption: str, *, empty_what: str, command: str | None = FILL_RUN,
           key: str | None = None) -> None:
     """A plotly chart with its one-line caption, or the empty state when there is nothing to plot."""
     if fig is None or not fig.data:

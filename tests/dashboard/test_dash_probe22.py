@@ -3,6 +3,8 @@ at their ends, and links naming a curve or a KV group the page has no figure for
 
 from __future__ import annotations
 
+import itertools
+
 import duckdb
 from apptest import render
 
@@ -148,3 +150,32 @@ def test_a_stale_hash_span_without_its_hash_or_group_is_still_one_choice_each(st
     assert shown["Block id (group)"] == "– (g–)"
     assert not [m.value for m in at.markdown if "None" in m.value]
     assert [i.value for i in at.info if "records no block hash" in i.value]
+
+
+def _gap_s(starts: list[int], w: int) -> tuple[float, float]:
+    """A time window (s) between two of ``starts`` (window starts, ns, of width ``w``) that
+    holds none of them."""
+    gaps = [(a, b) for a, b in itertools.pairwise(starts) if b - a >= 2 * w]
+    assert gaps, starts
+    lo, hi = gaps[0]
+    return (lo + w // 4) / 1e9, (hi - w // 4) / 1e9
+
+
+def test_a_time_window_without_the_runs_evictions_does_not_say_the_run_has_none(tmp_path, monkeypatch):
+    """A window narrowed to where nothing was evicted said 'No evictions in this run: the cache
+    never filled' of a run that evicted (and 'No decoded tokens in this run' on Latency)."""
+    from kvtrace.dashboard import queries
+    from kvtrace.replay.run import RunSpec, run_replay
+    from kvtrace.store import read
+
+    db = str(tmp_path / "gaps.duckdb")
+    done = run_replay(RunSpec("gen:mixed", limit=30), db=db)
+    s = done.summary
+    assert s["evictions"] > 0
+    w = read.nice_window(int(s["virtual_duration_s"] * 1e9), queries.windows_for(s["requests"]))
+    starts = read.evictions_over_time(db, done.run_id, window_ns=w)["window_start_ns"].to_list()
+    t0, t1 = _gap_s(starts, w)
+    at = render(db, monkeypatch, "evictions", run=done.run_id, t0=f"{t0:g}", t1=f"{t1:g}")
+    said = [i.value for i in at.info]
+    assert not [x for x in said if "never filled" in x], said
+    assert len([x for x in said if x.startswith(f"No evictions in the time window {t0:g} to {t1:g} s")]) == 2, said

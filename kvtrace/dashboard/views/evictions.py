@@ -23,17 +23,18 @@ no_evictions = (f"This run recorded no eviction spans, though its summary counts
                 "No evictions in this run: the cache never filled.")
 fill = "an LRU run of the same trace and capacity (`--policy lru`)" if spanless else ui.FILL_SMALL_CACHE
 by_reason = state.in_window(every, "window_start_ns", window, origin)
+outside = state.outside_window(every, by_reason, window, "evictions")
 ui.chart(charts.stacked_counts(by_reason, "Evicted blocks by reason", "blocks per window", charts.REASON_NAMES),
          "Blocks evicted per window, stacked by eviction reason (lru, stale_hash, replaced, moved, connector, reset).",
-         empty_what=no_evictions, command=fill, key="ev_reason")
+         empty_what=outside or no_evictions, command=None if outside else fill, key="ev_reason")
 by_kind = state.in_window(queries.call("evictions_over_time", run_id, window_ns=w, by="publish_kind"),
-                          "window_start_ns", window, origin)
+                          "window_start_ns", window, origin)  # (the same evictions, by another key)
 ui.chart(charts.stacked_counts(by_kind, "Evicted blocks by the publish that took their place", "blocks per window",
                                charts.KIND_NAMES),
          "Blocks evicted per window, stacked by the kind of publish that next took the block (full, partial tail, "
          "checkpoint, boundary; no publish = the block went to uncached use, or is not reused yet). Each reason and "
          "each publish kind keeps one colour on every chart.",
-         empty_what=no_evictions, command=fill, key="ev_kind")
+         empty_what=outside or no_evictions, command=None if outside else fill, key="ev_kind")
 
 st.subheader("Eviction attribution")
 flows = queries.attribution_flows(run_id)

@@ -69,18 +69,23 @@ else:  # (said it was not in the run: a --backend vllm run's group 0 is)
 group = state.bound_select("KV group", ["each", *gids], "group", default="each",
                            format_func=lambda g: "every group" if g == "each" else labels.get(int(g), f"group {g}"))
 shown = groups if group == "each" else groups.filter(groups["group_id"] == group)
-ui.chart(charts.group_hit_rate(state.in_window(shown, "window_start_ns", window, origin), labels),
-         metrics.GROUP_HIT_RATE_DOC, empty_what="No per-group hits in this run: no lookup spans, or a backend that "
-                                          "reports only the groups' common hit (vLLM's), which is the request's.",
-         key="group_hit_rate")
+in_window = state.in_window(shown, "window_start_ns", window, origin)
+outside = state.outside_window(shown, in_window, window, "per-group hits")
+ui.chart(charts.group_hit_rate(in_window, labels),
+         metrics.GROUP_HIT_RATE_DOC, empty_what=outside or "No per-group hits in this run: no lookup spans, or a "
+                                                          "backend that reports only the groups' common hit (vLLM's), "
+                                                          "which is the request's.",
+         command=None if outside else ui.FILL_RUN, key="group_hit_rate")
 
+usage = queries.call("usage_over_time", run_id, window_ns=w)
+in_window = state.in_window(usage, "window_start_ns", window, origin)
+outside = state.outside_window(usage, in_window, window, "engine steps")
 ui.chart(
-    charts.usage(state.in_window(queries.call("usage_over_time", run_id, window_ns=w), "window_start_ns", window,
-                                 origin), names, queries.shared_pool(run_id)),
+    charts.usage(in_window, names, queries.shared_pool(run_id)),
     "Block-pool usage: each KV group's share of the pool, mean (solid) and max (dotted) per window of scheduler "
     "steps; with one pool shared by the groups, also the pool's mean usage (their sum).",
-    empty_what="No engine step spans in this run (cache-only runs have none), so no pool usage.",
-    command="`kvtrace replay TRACE --db PATH` in engine mode", key="usage",
+    empty_what=outside or "No engine step spans in this run (cache-only runs have none), so no pool usage.",
+    command=None if outside else "`kvtrace replay TRACE --db PATH` in engine mode", key="usage",
 )
 
 st.subheader("Hottest prefixes")

@@ -72,9 +72,12 @@ def main() -> None:
     window = state.bound_window("Virtual time window (filters the chart below)", queries.time_extent_s(run_id))
     origin = queries.time_origin(run_id)  # (0 for a replay; a live capture's first time)
     itl = queries.call("itl_over_time", run_id, window_ns=queries.window_ns(run_id))
-    ui.chart(charts.itl_over_time(state.in_window(itl, "window_start_ns", window, origin), log, times),
+    shown = state.in_window(itl, "window_start_ns", window, origin)
+    outside = state.outside_window(itl, shown, window, "decoded tokens")
+    ui.chart(charts.itl_over_time(shown, log, times),
              "Inter-token gaps per window of the time their token came out: mean, p50 and p99 of the window's gaps.",
-             empty_what="No decoded tokens in this run.", key="itl_time")
+             empty_what=outside or "No decoded tokens in this run.", command=None if outside else ui.FILL_RUN,
+             key="itl_time")
 
     st.subheader("Request waterfall")
     # The picker offers the queries.REQUEST_CHOICES slowest requests; any request id works

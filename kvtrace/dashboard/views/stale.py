@@ -25,8 +25,10 @@ def _ms(ns: object) -> str:
 
 FILL_STALE = ("a run with a behaviour switched off, e.g. "
               "`kvtrace replay TRACE --db PATH --without transient-checkpoint-retention`")
-over = state.in_window(queries.call("stale_hashes_over_time", run_id, window_ns=queries.window_ns(run_id)),
-                       "window_start_ns", window, origin)
+whole = queries.call("stale_hashes_over_time", run_id, window_ns=queries.window_ns(run_id))
+over = state.in_window(whole, "window_start_ns", window, origin)
+# (a window that leaves the run's stale hashes out said 'the cache stayed correct')
+outside = state.outside_window(whole, over, window, "stale hashes or divergent outputs")
 # Only a replay that checked block content can tell a correct cache from an unchecked one.
 checked = queries.checks_content(run_id)
 # Only a finished replay's summary counts stale hashes (its last audit of every cached key ran):
@@ -46,7 +48,7 @@ else:
 ui.chart(charts.correctness(over),
          "Per window: stale hashes the worker found (a key whose block content is not what its prefix defines), stale "
          "entries the cache left, and output tokens that diverged from the no-cache reference.",
-         empty_what=nothing, command=fill_correct, key="correctness")
+         empty_what=outside or nothing, command=None if outside else fill_correct, key="correctness")
 
 st.subheader("Drill-down")
 stale = queries.call("stale_hashes", run_id)
