@@ -179,3 +179,15 @@ def test_a_time_window_without_the_runs_evictions_does_not_say_the_run_has_none(
     said = [i.value for i in at.info]
     assert not [x for x in said if "never filled" in x], said
     assert len([x for x in said if x.startswith(f"No evictions in the time window {t0:g} to {t1:g} s")]) == 2, said
+
+
+def test_the_latency_tables_percentiles_are_in_numeric_order(tmp_path, monkeypatch):
+    """--percentiles 5,10,99.9,100: the stored summary's keys come back sorted as text, and
+    the table's columns read p10, p100, p5, p99.9."""
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = str(tmp_path / "pct.duckdb")
+    run = run_replay(RunSpec("gen:chat", limit=6, percentiles=(5, 10, 99.9, 100)), db=db).run_id
+    at = render(db, monkeypatch, "latency", run=run)
+    columns = list(at.dataframe[0].value.columns)
+    assert columns == ["metric", "mean", "median", "std", "p5", "p10", "p99.9", "p100"], columns
