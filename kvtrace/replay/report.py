@@ -38,7 +38,11 @@ def summary_table(summary: Mapping[str, Any], title: str = "summary") -> Table:
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key, value in summary.items():
-        if isinstance(value, (dict, list)):
+        if isinstance(value, dict):  # (evictions_by_reason: the table left it out, which only --json showed)
+            for sub, count in value.items():
+                table.add_row(markup_literal(f"{key}.{sub}"), markup_literal(format_value(key, count)))
+            continue
+        if isinstance(value, list):
             continue
         # (a trace's path is the user's text: shown, never read as markup or control codes)
         table.add_row(key, markup_literal(format_value(key, value)))

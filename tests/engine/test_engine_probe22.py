@@ -120,3 +120,21 @@ def test_a_run_spec_of_one_pool_per_group_still_runs():
 
     res = run_replay(RunSpec("gen:chat", limit=2, content=False, capacity_blocks=(300, 300)))
     assert res.summary["requests"] == 2 and res.summary["capacity_blocks"] == 299
+
+
+def test_the_summary_table_shows_evictions_by_reason():
+    """`kvtrace replay`'s table left out every dict of the summary: evictions 56 showed, and
+    which reasons they were (lru 41, moved 15) only with --json."""
+    import io
+
+    from rich.console import Console
+
+    from kvtrace.replay.report import summary_table
+
+    summary = {"evictions": 56, "evictions_by_reason": {"lru": 41, "moved": 15}, "steps": 48}
+    out = io.StringIO()
+    Console(file=out, width=200, color_system=None).print(summary_table(summary))
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in out.getvalue().splitlines()
+            if line.count("│") == 3}
+    assert rows == {"evictions": "56", "evictions_by_reason.lru": "41", "evictions_by_reason.moved": "15",
+                    "steps": "48"}
