@@ -191,3 +191,22 @@ def test_the_latency_tables_percentiles_are_in_numeric_order(tmp_path, monkeypat
     at = render(db, monkeypatch, "latency", run=run)
     columns = list(at.dataframe[0].value.columns)
     assert columns == ["metric", "mean", "median", "std", "p5", "p10", "p99.9", "p100"], columns
+
+
+def test_compare_legends_name_a_run_without_a_name_by_its_id(dashboard_db, tmp_path, monkeypatch):
+    """A run record without a name: Compare's legends read 'B None' where the run picker,
+    Overview and every other view show its id."""
+    import shutil
+
+    from apptest import traces
+
+    from kvtrace.store import read
+
+    db = str(tmp_path / "unnamed.duckdb")
+    shutil.copy(dashboard_db, db)
+    a, b = read.runs(db)["run_id"].to_list()[:2]
+    with duckdb.connect(db) as con:
+        con.execute("UPDATE runs SET name = NULL WHERE run_id = ?", [b])
+    at = render(db, monkeypatch, "compare", run=a, b=b)
+    names = {t.get("name") for t in traces(at)}
+    assert f"B {b}" in names and not [n for n in names if n and "None" in n], names

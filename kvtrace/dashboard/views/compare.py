@@ -66,6 +66,8 @@ def main() -> None:
     if run_b is None:
         return
     a, b = queries.run_row(run_a), queries.run_row(run_b)
+    # the charts' legends: a run's name, else its id (a record without one read 'B None')
+    name_a, name_b = f"A {a.get('name') or run_a}", f"B {b.get('name') or run_b}"
     diffs = pairing.differences(a, b)
     st.caption("Settings that differ: " + ("; ".join(map(ui.literal, diffs)) if diffs else "none"))
     bad = pairing.mismatches(a, b)
@@ -104,7 +106,7 @@ def main() -> None:
 
     w = queries.window_ns(run_a)  # both runs on A's windows
     ha, hb = (queries.call("hit_counters_over_time", r, window_ns=w) for r in (run_a, run_b))
-    ui.chart(charts.overlay([(f"A {a.get('name')}", ha), (f"B {b.get('name')}", hb)], "window_start_ns",
+    ui.chart(charts.overlay([(name_a, ha), (name_b, hb)], "window_start_ns",
                             "cum_prefix_cache_hit_rate", "Cumulative prefix cache hit rate, A vs B",
                             "prefix cache hit rate", percent=True),
              "vLLM's prefix cache hit rate, cumulative, of both runs on the same virtual time axis.",
@@ -114,8 +116,8 @@ def main() -> None:
         c = st.columns(2)
         for col, (metric, title) in zip(c, (("ttft", "TTFT"), ("itl", "ITL"))):
             with col:
-                ui.chart(charts.cdf([(f"A {a.get('name')}", queries.call("latency_cdf", run_a, metric)),
-                                     (f"B {b.get('name')}", queries.call("latency_cdf", run_b, metric))],
+                ui.chart(charts.cdf([(name_a, queries.call("latency_cdf", run_a, metric)),
+                                     (name_b, queries.call("latency_cdf", run_b, metric))],
                                     f"{title} CDF, A vs B", times=times),
                          f"Fraction of {'requests' if metric == 'ttft' else 'inter-token gaps'} at most x, "
                          f"{times} time.",
