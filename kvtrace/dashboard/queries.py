@@ -451,11 +451,12 @@ HIST_BINS = 100  # bins of the latency histograms (exact counts from the samples
 TOP_PREFIXES = 10  # the Sankey names this many hot prefixes; the rest are 'other'
 
 
-def attribution_flows(run_id: str) -> pl.DataFrame:
+def attribution_flows(run_id: str, att: pl.DataFrame | None = None) -> pl.DataFrame:
     """read.eviction_attribution_flows(top_prefixes=TOP_PREFIXES), folded from the cached
     attribution frame so the page runs the (expensive) attribution join once:
-    (publish_kind, evict_reason, prefix) -> misses."""
-    att = call("eviction_attribution", run_id)
+    (publish_kind, evict_reason, prefix) -> misses; of ``att`` (those rows of that frame,
+    a time window's) when given."""
+    att = call("eviction_attribution", run_id) if att is None else att
     if att.height == 0:
         return pl.DataFrame(schema={"publish_kind": pl.String, "evict_reason": pl.String, "prefix": pl.String,
                                     "misses": pl.UInt32})

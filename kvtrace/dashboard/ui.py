@@ -119,7 +119,7 @@ def literal_text(fig: go.Figure) -> go.Figure:
     return fig
 
 
-def table(frame: pl.DataFrame | None, caption: str, *, empty_what: str, command: str = FILL_RUN,
+def table(frame: pl.DataFrame | None, caption: str, *, empty_what: str, command: str | None = FILL_RUN,
           column_config: dict[str, Any] | None = None) -> None:
     if frame is None or frame.height == 0:
         empty(empty_what, command)

@@ -210,3 +210,27 @@ def test_compare_legends_name_a_run_without_a_name_by_its_id(dashboard_db, tmp_p
     at = render(db, monkeypatch, "compare", run=a, b=b)
     names = {t.get("name") for t in traces(at)}
     assert f"B {b}" in names and not [n for n in names if n and "None" in n], names
+
+
+def test_the_attribution_sankey_counts_the_windows_misses_as_its_table_does(tmp_path, monkeypatch):
+    """The Sankey drew the whole run's attributed misses under a time window that its table
+    (the same section) filtered: two counts of one thing that did not add up."""
+    import json
+
+    import polars as pl
+
+    from kvtrace.replay.run import RunSpec, run_replay
+    from kvtrace.store import read
+
+    db = str(tmp_path / "tight.duckdb")
+    run = run_replay(RunSpec("gen:mixed", limit=40, capacity_blocks=40, external_capacity_blocks=4096), db=db).run_id
+    misses = read.eviction_attribution(db, run)["miss_ns"].sort().to_list()
+    assert len(misses) > 4
+    t1 = misses[len(misses) // 2] / 1e9  # about half of them
+    at = render(db, monkeypatch, "evictions", run=run, t0="0", t1=f"{t1:g}")
+    (sankey,) = [t for el in at.get("plotly_chart") for t in json.loads(el.proto.spec)["data"] if t["type"] == "sankey"]
+    table = pl.from_pandas(at.dataframe[0].value)
+    in_window = sum(1 for m in misses if m <= float(f"{t1:g}") * 1e9)
+    assert 0 < in_window < len(misses)
+    assert table["later_misses"].sum() == in_window
+    assert sum(sankey["link"]["value"]) == 2 * in_window  # (publish kind → reason → prefix: each miss twice)

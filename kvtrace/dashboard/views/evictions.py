@@ -37,18 +37,19 @@ ui.chart(charts.stacked_counts(by_kind, "Evicted blocks by the publish that took
          empty_what=outside or no_evictions, command=None if outside else fill, key="ev_kind")
 
 st.subheader("Eviction attribution")
-flows = queries.attribution_flows(run_id)
+whole = queries.call("eviction_attribution", run_id)
+att = state.in_window(whole, "miss_ns", window, origin)  # (the table below is the window's too)
+flows = queries.attribution_flows(run_id, att)
 prefixes = queries.prefix_labels(run_id, flows["prefix"].to_list())
+outside = state.outside_window(whole, att, window, "attributed misses")
 ui.chart(charts.attribution_sankey(flows, prefixes),
          "Later misses on blocks that were cached before, traced back: the kind of publish that took the block, the "
          "eviction reason, and the hot prefix that lost it (short hash · the request that first looked it up and "
          "its prompt length · the longest hit it got).",
-         empty_what="No miss in this run hit a block that had been evicted, so there is nothing to attribute."
-         if not spanless else no_evictions,
-         command=fill, key="sankey")
-att = queries.call("eviction_attribution", run_id)
-if att.height:
-    att = state.in_window(att, "miss_ns", window, origin)
+         empty_what=outside or ("No miss in this run hit a block that had been evicted, so there is nothing to "
+                                "attribute." if not spanless else no_evictions),
+         command=None if outside else fill, key="sankey")
+if whole.height:
     top = (att.group_by("publish_kind", "publish_request_id", "root_hash")
            .agg(pl.len().alias("later_misses"), pl.col("miss_request_id").n_unique().alias("requests_hurt"),
                 pl.col("evict_reason").first().alias("evict_reason"))
@@ -62,11 +63,11 @@ if att.height:
     ui.table(top, "Which publishes (kind, request) evicted which hot prefixes (short hash · first request and its "
                   "prompt length · longest hit; root_hash in full), and how many later misses each caused; largest "
                   "first.",
-             empty_what="No attributed misses in this time window.")
+             empty_what="No attributed misses in this time window.", command=None)
     with st.expander("Every attributed miss"):
         ui.table(att.head(5000), "One row per lookup miss: the eviction that removed the missed block and the publish "
                                  "that took its block id (first 5000).",
-                 empty_what="No attributed misses in this time window.")
+                 empty_what="No attributed misses in this time window.", command=None)
 
 st.subheader("Block lifetimes")
 hist = queries.call("block_histograms", run_id)
@@ -74,6 +75,7 @@ panels = (("lifetime", "lifetime at eviction"), ("idle_before_evict", "idle befo
           ("reuse_gap", "prefix reuse gap"))
 ui.chart(charts.histograms(hist, panels),
          "Exact distributions, in scheduler steps, of block lifetime at eviction, idle time before eviction, and the "
-         "gap between reuses of a prefix (vLLM only samples these).",
+         "gap between reuses of a prefix (vLLM only samples these), over the whole run: the time window does not "
+         "filter them.",
          empty_what=no_evictions if spanless else "No evictions or repeated prefixes in this run.", command=fill,
          key="hist")
