@@ -176,3 +176,16 @@ def test_a_converted_traces_header_names_its_source_and_the_limit_that_cut_it(tm
         assert result.exit_code == 0, result.output
         header = json.loads(out.read_text().splitlines()[0])
         assert header["source"].startswith("mooncake:sha256:") and header.get("source_limit") == kept
+
+
+def test_an_output_length_of_zero_is_run_with_one_token_as_the_doc_says(tmp_path):
+    """docs/trace-format.md said only "tokens to generate": engine mode runs 0 as 1 (vLLM's
+    max_tokens >= 1), and that token counts in output_tokens."""
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    assert "0 is run as 1 in engine mode" in DOC
+    trace = tmp_path / "t.jsonl"
+    line = '{{"request_id": "{}", "arrival_ns": {}, "input_length": 40, "output_length": {}, "hash_ids": [1, 2, {}]}}\n'
+    trace.write_text('{"kvtrace_trace": 1, "block_size": 16}\n' + line.format("a", 0, 0, 3) + line.format("b", 5, 3, 4))
+    summary = run_replay(RunSpec(str(trace), content=False)).summary
+    assert summary["requests"] == 2 and summary["output_tokens"] == 1 + 3
