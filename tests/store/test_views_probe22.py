@@ -87,6 +87,11 @@ DERIVED_DAMAGE = {
     "latency-cdf-deleted": ("DELETE FROM latency_cdf WHERE run_id = 'r1'", "latency_cdf holds none of its rows"),
     "evict-counts-deleted": ("DELETE FROM evict_counts WHERE run_id = 'r1'", "evict_counts holds none of its rows"),
     "evicted-blocks-deleted": ("DELETE FROM evicted_blocks WHERE run_id = 'r1'", "evicted_blocks holds none"),
+    "latency-cdf-null": ("UPDATE latency_cdf SET value_ns = NULL WHERE run_id = 'r1' AND q = 50",
+                         "latency_cdf holds a NULL"),
+    "evict-counts-null": ("UPDATE evict_counts SET blocks = NULL WHERE run_id = 'r1' AND reason = 'lru'",
+                          "evict_counts holds a NULL"),
+    "block-values-zero": ("UPDATE block_values SET n = 0 WHERE run_id = 'r1'", "block_values holds a NULL or a count"),
 }
 
 

@@ -88,34 +88,45 @@ def run_status(con: Connection, db: DB, run_id: str, derived: bool = False) -> s
 
 # A finished run's derived rows as finish_run writes them: span_stats has a row per span name
 # of the run (count >= 1, blocks >= 0, never NULL: num_blocks is filled with 0), and the
-# tables built from its request and evict spans have rows where span_stats counts such spans.
+# tables built from its request and evict spans have rows where span_stats counts such spans;
+# their counts, times and percentiles are never NULL (summed, a NULL gave a smaller count).
+_NULLS = {
+    "evict_counts": "evict_ns IS NULL OR blocks IS NULL OR blocks < 1",
+    "latency_cdf": "metric IS NULL OR q IS NULL OR value_ns IS NULL OR n IS NULL OR n < 1",
+    "block_values": "metric IS NULL OR x IS NULL OR n IS NULL OR n < 1",
+}
 _DERIVED_CHECK = f"""
     SELECT count(*) AS names,
            count(*) FILTER (WHERE name IS NULL OR spans IS NULL OR blocks IS NULL OR spans < 1 OR blocks < 0) AS bad,
            coalesce(sum(spans) FILTER (WHERE name = '{SPAN_REQUEST}'), 0) AS requests,
-           coalesce(sum(spans) FILTER (WHERE name = '{SPAN_EVICT}'), 0) AS evictions
+           coalesce(sum(spans) FILTER (WHERE name = '{SPAN_EVICT}'), 0) AS evictions,
+           {", ".join(f"(SELECT count(*) FROM {t} WHERE run_id = $run_id AND ({c})) AS {t}" for t, c in _NULLS.items())}
     FROM span_stats WHERE run_id = $run_id"""
 
 
 def check_derived(con: Connection, db: DB, run_id: str, status: str) -> None:
     """Refuse, as a StoreError naming ``db``, the run and the table, a finished run whose
-    derived rows are not what finish_run writes: NULL or negative counts in span_stats, or
-    rows missing beside its spans (deleted by hand: ``runs`` said 0 spans where ``diff`` said
+    derived rows are not what finish_run writes: NULL or negative counts in span_stats (or a
+    NULL count, time or percentile in evict_counts, latency_cdf, block_values), or rows
+    missing beside its spans (deleted by hand: ``runs`` said 0 spans where ``diff`` said
     1,593, a stopped run's publishes and evictions 0 beside 20,357 evicted blocks by reason,
     and a NULL count was a TypeError). DuckDB only: it writes a run's derived rows in one
     transaction, where ClickHouse rebuilds them by a delete and an insert a reader may fall
     between (and its derived columns hold no NULL)."""
     if not isinstance(con, duckdb.DuckDBPyConnection):
         return
-    names, bad, requests, evictions = query(con, _DERIVED_CHECK, {"run_id": run_id}).row(0)
+    names, bad, requests, evictions, *nulls = query(con, _DERIVED_CHECK, {"run_id": run_id}).row(0)
 
     def holds(table: str) -> bool:  # whether ``table`` has a row of the run (found, not counted)
         return bool(query(con, f"SELECT EXISTS (SELECT 1 FROM {table} WHERE run_id = $run_id) AS x",
                           {"run_id": run_id})["x"][0])
 
     what = None
+    nulled = next((t for t, n in zip(_NULLS, nulls) if n), None)
     if bad:
         what = "derived table span_stats holds NULL or negative counts"
+    elif nulled is not None:
+        what = f"derived table {nulled} holds a NULL or a count below 1"
     elif not names:
         what = "derived table span_stats holds none of its rows, beside its spans" if holds("spans") else None
     elif requests and not holds("latency_cdf"):
