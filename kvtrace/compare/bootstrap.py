@@ -24,7 +24,7 @@ Conventions
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -79,6 +79,20 @@ def resample_counts(rng: np.random.Generator, n_requests: int, resamples: int) -
 
 
 _DRAW_BLOCK = 1 << 22  # draws made at once (32 MB of int64)
+
+
+def resample_count_blocks(rng: np.random.Generator, n_requests: int, resamples: int) -> Iterator[np.ndarray]:
+    """``resample_counts(rng, n_requests, resamples)``'s rows, a block of replicates at a time
+    (at most ``_COUNTS_BLOCK`` counts each): the same stream, in bounded memory. The counts
+    of every replicate at once, and the copies the percentiles made of them, grew with
+    requests x resamples (an unpaired diff of 100,000 requests peaked at 1.7 GB at the
+    default 1,000 resamples, about 17 GB at --resamples 10,000)."""
+    rows = max(1, _COUNTS_BLOCK // max(n_requests, 1))
+    for start in range(0, resamples, rows):
+        yield resample_counts(rng, n_requests, min(rows, resamples - start))
+
+
+_COUNTS_BLOCK = 1 << 24  # resample counts held at once (64 MB of int32; the percentiles copy them twice)
 
 
 def chunked_weighted_percentiles(
@@ -214,16 +228,33 @@ def percentile_shifts(
     figures: as the run summary's, to the last bit).
     """
     counts_a, counts_b = counts
+    ok = _estimable(a_owner, a_values, b_owner, b_values, percentiles)
+    qs = [percentiles[i] for i in ok]
+    replicates = None
+    if ok:
+        replicates = (_boot_percentiles(a_owner, a_values, counts_a, qs),
+                      _boot_percentiles(b_owner, b_values, counts_b, qs))
+    return _shifts(metric, a_values, b_values, percentiles, ok, replicates, per_unit)
+
+
+def _estimable(a_owner: np.ndarray, a_values: np.ndarray, b_owner: np.ndarray, b_values: np.ndarray,
+               percentiles: Sequence[float]) -> list[int]:
+    """The indices of ``percentiles`` whose CI both runs support (``ci_estimable``)."""
+    requests_a, requests_b = np.unique(a_owner).size, np.unique(b_owner).size
+    return [i for i, q in enumerate(percentiles)
+            if ci_estimable(requests_a, a_values.size, q) and ci_estimable(requests_b, b_values.size, q)]
+
+
+def _shifts(metric: str, a_values: np.ndarray, b_values: np.ndarray, percentiles: Sequence[float], ok: list[int],
+            replicates: tuple[np.ndarray, np.ndarray] | None, per_unit: float) -> list[PercentileShift]:
+    """The shifts of one metric, given the (B, len(ok)) replicate percentiles of A and B
+    at the estimable percentiles ``ok`` (None when there are none)."""
     point_a = _nan_for_none(point_percentiles(a_values, percentiles)) / per_unit
     point_b = _nan_for_none(point_percentiles(b_values, percentiles)) / per_unit
     ci_low, ci_high = np.full(len(percentiles), np.nan), np.full(len(percentiles), np.nan)
-    requests_a, requests_b = np.unique(a_owner).size, np.unique(b_owner).size
-    ok = [i for i, q in enumerate(percentiles)
-          if ci_estimable(requests_a, a_values.size, q) and ci_estimable(requests_b, b_values.size, q)]
-    if ok:
-        qs = [percentiles[i] for i in ok]
-        deltas = (_boot_percentiles(b_owner, b_values, counts_b, qs) / per_unit
-                  - _boot_percentiles(a_owner, a_values, counts_a, qs) / per_unit)
+    if ok and replicates is not None:
+        rep_a, rep_b = replicates
+        deltas = rep_b / per_unit - rep_a / per_unit
         alpha = (1 - CI_LEVEL) / 2
         if not np.all(np.isnan(deltas)):
             with np.errstate(all="ignore"):
@@ -242,10 +273,15 @@ def _nan_for_none(values: list[float | None]) -> np.ndarray:
 def _boot_percentiles(
     owner: np.ndarray, values: np.ndarray, counts: np.ndarray, percentiles: Sequence[float]
 ) -> np.ndarray:
-    """(B, P) replicate percentiles of the observations owned by resampled requests.
-    Any order among equal values gives the same result, so the sort need not be stable."""
+    """(B, P) replicate percentiles of the observations owned by resampled requests."""
+    return chunked_weighted_percentiles(*_sorted(owner, values), counts, percentiles)
+
+
+def _sorted(owner: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The observations ascending (as float64) and their owners. Any order among equal
+    values gives the same percentiles, so the sort need not be stable."""
     order = np.argsort(values)
-    return chunked_weighted_percentiles(values[order].astype(np.float64), owner[order], counts, percentiles)
+    return values[order].astype(np.float64), owner[order]
 
 
 def _request_universe(frames: dict[str, pl.DataFrame]) -> pl.DataFrame:
@@ -288,9 +324,7 @@ def latency_shifts(
     frames_b = {k: v for k, v in latency_b.items() if v is not None}
     ua, ub = _request_universe(frames_a), _request_universe(frames_b)
     paired = pair and ua.equals(ub)
-    counts_a = resample_counts(rng, ua.height, resamples)
-    counts_b = counts_a if paired else resample_counts(rng, ub.height, resamples)
-    shifts: list[PercentileShift] = []
+    measured = []  # (metric, A's owners and values, B's, the estimable percentiles)
     for metric in LATENCY_METRICS:
         if metric not in frames_a or metric not in frames_b:
             continue
@@ -298,8 +332,26 @@ def latency_shifts(
         ob, vb = _owned_values(frames_b[metric], metric, ub)
         if va.size == 0 or vb.size == 0:
             continue  # a run without this latency (cache-only: no clock) is set against nothing
-        shifts += percentile_shifts(oa, va, ob, vb, metric=metric, counts=(counts_a, counts_b), percentiles=percentiles,
-                                    per_unit=per_unit)
+        measured.append((metric, (oa, va), (ob, vb), _estimable(oa, va, ob, vb, percentiles)))
+    # The replicates' percentiles, a block of replicates at a time, from the one stream of
+    # resample counts (A's draws, then B's unless paired) that resample_counts draws whole.
+    wanted = [(m, [percentiles[i] for i in ok], _sorted(*a), _sorted(*b)) for m, a, b, ok in measured if ok]
+    reps: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {m: ([], []) for m, *_ in wanted}
+    if wanted:
+        for block in resample_count_blocks(rng, ua.height, resamples):
+            for m, qs, a, b in wanted:
+                reps[m][0].append(chunked_weighted_percentiles(*a, block, qs))
+                if paired:
+                    reps[m][1].append(chunked_weighted_percentiles(*b, block, qs))
+        if not paired:
+            for block in resample_count_blocks(rng, ub.height, resamples):
+                for m, qs, _, b in wanted:
+                    reps[m][1].append(chunked_weighted_percentiles(*b, block, qs))
+    shifts: list[PercentileShift] = []
+    for metric, (_, va), (_, vb), ok in measured:
+        drawn = reps.get(metric)
+        replicates = (np.concatenate(drawn[0]), np.concatenate(drawn[1])) if drawn and drawn[0] else None
+        shifts += _shifts(metric, va, vb, percentiles, ok, replicates, per_unit)
     info = {"seed": seed, "resamples": resamples, "paired": paired, "requests_a": ua.height, "requests_b": ub.height,
             "no_ci": [s.name for s in shifts if np.isnan(s.ci_low)]}
     return shifts, info

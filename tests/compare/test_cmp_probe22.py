@@ -123,3 +123,41 @@ def test_export_and_diff_help_say_what_the_commands_do(capsys):
     assert code == 0 and all(f"DIR/{t}.parquet" in flat for t in EXPORTED_TABLES)
     code, out, _ = run(["diff", "--help"], capsys)
     assert code == 0 and f"({MIN_RESAMPLES} to {MAX_RESAMPLES:,})" in " ".join(out.split())
+
+
+def test_the_latency_bootstrap_holds_a_block_of_replicates_at_a_time(monkeypatch):
+    """The resample counts of every replicate were held at once, with two copies the
+    percentiles made of them: an unpaired diff of 100,000 requests peaked at 1.7 GB at the
+    default 1,000 resamples (about 17 GB at --resamples 10,000). Drawn and used a block at a
+    time, from the same stream: the intervals are the same, to the bit."""
+    import tracemalloc
+
+    import numpy as np
+    import polars as pl
+
+    from kvtrace.compare import bootstrap
+
+    n, resamples = 20_000, 200
+    rng = np.random.default_rng(5)
+    ids = [f"q{i}" for i in range(n)]
+
+    def frames(shift: int) -> dict[str, pl.DataFrame]:
+        return {"ttft_ms": pl.DataFrame({"request_id": ids,
+                                         "ttft_ms": rng.gamma(2, 5e7, n).astype(np.int64) + shift})}
+
+    a, b = frames(0), frames(3_000_000)
+    whole = n * resamples * np.dtype(np.int32).itemsize  # one run's counts, every replicate at once
+    monkeypatch.setattr(bootstrap, "_COUNTS_BLOCK", 1 << 40, raising=False)  # (one block: as before)
+    expected = bootstrap.latency_shifts(a, b, seed=3, resamples=resamples, per_unit=1e6, pair=False)
+    monkeypatch.setattr(bootstrap, "_COUNTS_BLOCK", 1 << 17, raising=False)
+    for pair in (False, True):
+        tracemalloc.start()
+        try:
+            got = bootstrap.latency_shifts(a, b, seed=3, resamples=resamples, per_unit=1e6, pair=pair)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert peak < whole, (pair, peak, whole)  # (before: six times it, unpaired)
+    assert got[1]["paired"] is True
+    unpaired = bootstrap.latency_shifts(a, b, seed=3, resamples=resamples, per_unit=1e6, pair=False)
+    assert unpaired == expected and all(not np.isnan(s.ci_low) for s in unpaired[0])
