@@ -173,3 +173,27 @@ def test_a_summary_span_count_kvtrace_never_writes_is_a_damaged_record(tmp_path,
     listed = {r["run_id"]: r for r in json.loads(out)["runs"]}
     assert listed["r1"]["status"] == "damaged" and "spans: expected a count" in listed["r1"]["damage"]
     assert listed["r2"]["status"] == "complete"
+
+
+def test_a_stopped_belady_runs_publishes_and_evictions_are_unknown_not_zero(tmp_path, capsys):
+    """A Belady bound records its lookups only (it has no cache manager): its finished summary
+    counts publishes and evictions no span holds, and a stopped one's summary from spans said
+    0 for them (7,069 evictions in the finished run). Now null, as not recorded; its hit
+    counters are still its lookups'."""
+    from kvtrace.replay.run import RunSpec, run_replay
+    from tests.conftest import MOONCAKE
+
+    db = tmp_path / "b.duckdb"
+    done = run_replay(RunSpec(str(MOONCAKE), mode="cache-only", policy="belady", capacity_blocks=100, limit=60),
+                      db=db).summary
+    assert done["evictions"] > 0 and done["publishes"] > 0  # what the test is about
+    data = db.read_bytes()
+    (tmp_path / "s").mkdir()
+    stopped = _stopped(tmp_path / "s", data, "r1")
+    summary = read.run_summary(stopped, "r1")
+    assert summary["evictions"] is None and summary["publishes"] is None
+    assert "evictions_by_reason" not in summary
+    assert summary["prefix_cache_hits"] == done["prefix_cache_hits"] and summary["requests"] == done["requests"]
+    code, out, err = kvtrace(["runs", "--db", stopped, "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["runs"][0]["requests"] == done["requests"]

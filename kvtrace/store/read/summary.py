@@ -46,11 +46,11 @@ def summary_with_spans(db: DB, run_id: str, stored: Mapping[str, Any] | None) ->
 def summary_from_spans(db: DB, run_id: str) -> dict[str, Any]:
     """A summary's keys from the run's spans, when it has request spans: vLLM's hit counters
     and rates, ``prompt_tokens``, ``output_tokens`` and ``preemptions`` (sums over the
-    finished requests' spans), the latency statistics, ``publishes`` and ``evictions`` (blocks),
-    ``evictions_by_reason``, ``cow_copies`` (null in cache-only runs, which copy nothing),
-    ``stale_hashes_left`` (engine runs), ``divergent_outputs`` (null where the engine checked no
-    content) and ``spans``, each as a complete run's stored summary defines it ({} without
-    requests)."""
+    finished requests' spans), the latency statistics, ``publishes`` and ``evictions`` (blocks;
+    null for a Belady bound, which records neither) and ``evictions_by_reason``,
+    ``cow_copies`` (null in cache-only runs, which copy nothing), ``stale_hashes_left``
+    (engine runs), ``divergent_outputs`` (null where the engine checked no content) and
+    ``spans``, each as a complete run's stored summary defines it ({} without requests)."""
     hits = hit_counters(db, run_id)
     if not hits.get("requests"):
         return {}
@@ -69,11 +69,14 @@ def summary_from_spans(db: DB, run_id: str) -> dict[str, Any]:
     # its table of them). Stale hashes stay unknown: the audit of every key at a run's end
     # never ran.
     checked = mode == "engine" and config.get("content") is not False
+    # A Belady bound has no cache manager: its spans are its lookups, and the publishes and
+    # evictions its summary counts are in none (0 from them, where the finished run said 7,069).
+    cached = config.get("policy") != "belady"
     return {
         **hits, **totals, **latency_summary(db, run_id, _recorded_percentiles(config)),
-        "publishes": int(counts[SPAN_PUBLISH]["blocks"]) if SPAN_PUBLISH in counts else 0,
-        "evictions": int(counts[SPAN_EVICT]["blocks"]) if SPAN_EVICT in counts else 0,
-        "evictions_by_reason": by_reason,
+        "publishes": (int(counts[SPAN_PUBLISH]["blocks"]) if SPAN_PUBLISH in counts else 0) if cached else None,
+        "evictions": (int(counts[SPAN_EVICT]["blocks"]) if SPAN_EVICT in counts else 0) if cached else None,
+        **({"evictions_by_reason": by_reason} if cached else {}),
         "cow_copies": spans_of(SPAN_COW) if totals else None,
         **({"stale_hashes_left": spans_of(SPAN_STALE_LEFT),
             "divergent_outputs": spans_of(SPAN_DIVERGENT) if checked else None} if totals else {}),
