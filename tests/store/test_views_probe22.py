@@ -197,3 +197,22 @@ def test_a_stopped_belady_runs_publishes_and_evictions_are_unknown_not_zero(tmp_
     code, out, err = kvtrace(["runs", "--db", stopped, "--json"], capsys)
     assert code == 0, err
     assert json.loads(out)["runs"][0]["requests"] == done["requests"]
+
+
+def test_a_stopped_runs_spans_that_end_before_they_arrive_are_a_damaged_record(tmp_path, diverging_store, capsys):
+    """A stopped run's summary comes from its spans: a request span that ends before its
+    arrival (an edit by hand; a collector refuses it) gave a negative median E2EL in `runs`
+    and `diff`. Its summary from spans gets the check a stored one does: one line naming the
+    run and the key; `runs` lists it damaged and the other run as it was."""
+    data, _, _ = diverging_store
+    db = _stopped(tmp_path, data, "r1")
+    with duckdb.connect(db) as con:
+        con.execute("UPDATE spans_request SET end_ns = 0 WHERE run_id = 'r1'")
+    code, _, err = kvtrace(["diff", "r1", "r2", "--db", db], capsys)
+    assert_one_line(code, err, db, "damaged kvtrace store", "run r1's spans hold values", "_ms: expected a time")
+    code, out, err = kvtrace(["runs", "--db", db, "--json"], capsys)
+    assert code == 0, err
+    listed = {r["run_id"]: r for r in json.loads(out)["runs"]}
+    assert listed["r1"]["status"] == "damaged" and "expected a time in ms" in listed["r1"]["damage"]
+    assert listed["r1"]["median_ttft_ms"] is None
+    assert listed["r2"]["status"] == "complete" and listed["r2"]["median_ttft_ms"] > 0
