@@ -324,10 +324,14 @@ _HUGE = 1e18
 
 
 def fmt_rel(rel: float | None) -> str:
-    """A relative change as a signed percentage; '–' when undefined."""
+    """A relative change as a signed percentage; '–' when undefined; one that rounds to 0.0
+    reads +0.0%, as no change does ("-0.0%" sat beside a delta of 0.0000)."""
     if rel is None:
         return "–"
-    return f"{rel * 100:+.3g}%" if abs(rel) >= _HUGE / 100 else f"{rel * 100:+.1f}%"
+    if abs(rel) >= _HUGE / 100:
+        return f"{rel * 100:+.3g}%"
+    shown = f"{rel * 100:+.1f}%"
+    return "+0.0%" if shown == "-0.0%" else shown
 
 
 def _side(diff: RunDiff, name: str, side: str) -> Any:

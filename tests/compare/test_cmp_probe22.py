@@ -161,3 +161,12 @@ def test_the_latency_bootstrap_holds_a_block_of_replicates_at_a_time(monkeypatch
     assert got[1]["paired"] is True
     unpaired = bootstrap.latency_shifts(a, b, seed=3, resamples=resamples, per_unit=1e6, pair=False)
     assert unpaired == expected and all(not np.isnan(s.ci_low) for s in unpaired[0])
+
+
+def test_a_relative_change_that_rounds_to_zero_has_no_minus_sign():
+    """The Δ% column said "-0.0%" beside a Δ of "0.0000" (fmt drops a sign that rounds away)."""
+    from kvtrace.compare.render import fmt, fmt_rel
+
+    assert fmt_rel(-1e-5) == fmt_rel(1e-5) == fmt_rel(0.0) == "+0.0%"  # (as an unchanged metric reads)
+    assert fmt(-1e-5, signed=True) == "0.0000"
+    assert fmt_rel(-0.0006) == "-0.1%" and fmt_rel(0.25) == "+25.0%" and fmt_rel(None) == "–"
