@@ -234,3 +234,21 @@ def test_the_attribution_sankey_counts_the_windows_misses_as_its_table_does(tmp_
     assert 0 < in_window < len(misses)
     assert table["later_misses"].sum() == in_window
     assert sum(sankey["link"]["value"]) == 2 * in_window  # (publish kind → reason → prefix: each miss twice)
+
+
+def test_a_time_window_without_requests_on_the_hit_rate_page_names_no_command_to_fill_it(dashboard_db, monkeypatch):
+    """A window after the last request was scheduled said 'No request was scheduled in this
+    window ... Fill it with `kvtrace demo`': no replay fills a window of a run that has them."""
+    from kvtrace.dashboard import queries
+    from kvtrace.store import read
+
+    run = read.runs(dashboard_db)["run_id"][0]
+    s = read.run_summary(dashboard_db, run)
+    end = int(s["virtual_duration_s"] * 1e9)
+    w = read.nice_window(end, queries.windows_for(s["requests"]))
+    last = read.hit_counters_over_time(dashboard_db, run, window_ns=w)["window_start_ns"].max()
+    t0 = (last + w // 4) / 1e9
+    assert t0 < end / 1e9
+    at = render(dashboard_db, monkeypatch, "hit_rate", run=run, t0=f"{t0:g}", t1=f"{end / 1e9:g}")
+    said = [i.value for i in at.info if "scheduled" in i.value]
+    assert len(said) == 2 and all("widen the window" in x and "Fill it" not in x for x in said), said

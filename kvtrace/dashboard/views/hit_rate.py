@@ -14,8 +14,9 @@ w = queries.window_ns(run_id)
 st.title("Hit rate")
 window = state.bound_window("Virtual time window", queries.time_extent_s(run_id))
 origin = queries.time_origin(run_id)  # (0 for a replay; a live capture's first time)
-counters = state.in_window(queries.call("hit_counters_over_time", run_id, window_ns=w), "window_start_ns", window,
-                           origin)
+every = queries.call("hit_counters_over_time", run_id, window_ns=w)
+counters = state.in_window(every, "window_start_ns", window, origin)
+scheduled = state.outside_window(every, counters, window, "scheduled requests")  # (then no command fills it)
 
 bound = queries.belady_bound(run_id)
 bel = bound.run
@@ -30,7 +31,8 @@ ui.chart(
     "schedule) per time window (solid) and cumulative since the start (dashed)"
     + ("; dotted: the Belady (offline-optimal) bound from the cache-only run of the same trace and capacity."
        if level is not None else "."),
-    empty_what="No request was scheduled in this window, so there is no hit rate to plot.", key="hit_rate",
+    empty_what=scheduled or "No request was scheduled in this run, so there is no hit rate to plot.",
+    command=None if scheduled else ui.FILL_RUN, key="hit_rate",
 )
 cfg = queries.config(run_id)
 if cfg.get("policy") == "belady":  # (only cache-only configs store a policy)
@@ -53,7 +55,8 @@ ui.chart(
     charts.hit_sources(counters),
     "Prompt tokens per window by source (vLLM's prompt_tokens_by_source: local cache hit, external KV transfer, "
     "local compute), each request once at its first schedule, stacked: the stack is the prompt tokens scheduled.",
-    empty_what="No request was scheduled in this window.", key="hit_sources",
+    empty_what=scheduled or "No request was scheduled in this run.", command=None if scheduled else ui.FILL_RUN,
+    key="hit_sources",
 )
 
 st.subheader("Group hit rates")
