@@ -216,3 +216,17 @@ def test_a_stopped_runs_spans_that_end_before_they_arrive_are_a_damaged_record(t
     assert listed["r1"]["status"] == "damaged" and "expected a time in ms" in listed["r1"]["damage"]
     assert listed["r1"]["median_ttft_ms"] is None
     assert listed["r2"]["status"] == "complete" and listed["r2"]["median_ttft_ms"] > 0
+
+
+def test_a_collected_runs_derived_rows_may_lag_its_late_spans_but_hold_no_null(tmp_path, diverging_store):
+    """A collector stores spans that come after a run's record a moment before it rebuilds
+    the run's derived rows: a collected run (mode otlp) missing them is read as it is, and
+    only a NULL count in them is damage."""
+    data, _, _ = diverging_store
+    db = _edited(tmp_path, data, "UPDATE runs SET mode = 'otlp' WHERE run_id = 'r1'",
+                 "DELETE FROM span_stats WHERE run_id = 'r1'", "DELETE FROM latency_cdf WHERE run_id = 'r1'")
+    assert read.span_counts(db, "r1").height == 0 and read.latency_cdf(db, "r1").height == 0
+    with duckdb.connect(db) as con:
+        con.execute("UPDATE evict_counts SET blocks = NULL WHERE run_id = 'r1'")
+    with pytest.raises(StoreError, match="evict_counts holds a NULL"):
+        read.evictions_over_time(db, "r1")

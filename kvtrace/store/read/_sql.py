@@ -77,12 +77,12 @@ def run_status(con: Connection, db: DB, run_id: str, derived: bool = False) -> s
     ``derived``, for a caller about to read its derived tables, a finished run's derived rows
     checked by ``check_derived``. Raises UnknownRunError naming the file when the store has
     no such run."""
-    found = query(con, "SELECT status FROM runs WHERE run_id = $run_id", {"run_id": run_id})
+    found = query(con, "SELECT status, mode FROM runs WHERE run_id = $run_id", {"run_id": run_id})
     if found.height == 0:
         raise UnknownRunError(str(db), run_id)
     status = checked_status(found["status"][0], db=str(db), run_id=run_id)
     if derived and status != "running":
-        check_derived(con, db, run_id, status)
+        check_derived(con, db, run_id, status, collected=found["mode"][0] == "otlp")
     return status
 
 
@@ -104,7 +104,7 @@ _DERIVED_CHECK = f"""
     FROM span_stats WHERE run_id = $run_id"""
 
 
-def check_derived(con: Connection, db: DB, run_id: str, status: str) -> None:
+def check_derived(con: Connection, db: DB, run_id: str, status: str, collected: bool = False) -> None:
     """Refuse, as a StoreError naming ``db``, the run and the table, a finished run whose
     derived rows are not what finish_run writes: NULL or negative counts in span_stats (or a
     NULL count, time or percentile in evict_counts, latency_cdf, block_values), or rows
@@ -112,7 +112,9 @@ def check_derived(con: Connection, db: DB, run_id: str, status: str) -> None:
     1,593, a stopped run's publishes and evictions 0 beside 20,357 evicted blocks by reason,
     and a NULL count was a TypeError). DuckDB only: it writes a run's derived rows in one
     transaction, where ClickHouse rebuilds them by a delete and an insert a reader may fall
-    between (and its derived columns hold no NULL)."""
+    between (and its derived columns hold no NULL). A ``collected`` run (mode otlp) is checked
+    for NULLs alone: spans a collector receives after the run's record are stored a moment
+    before its derived rows are rebuilt."""
     if not isinstance(con, duckdb.DuckDBPyConnection):
         return
     names, bad, requests, evictions, *nulls = query(con, _DERIVED_CHECK, {"run_id": run_id}).row(0)
@@ -127,6 +129,8 @@ def check_derived(con: Connection, db: DB, run_id: str, status: str) -> None:
         what = "derived table span_stats holds NULL or negative counts"
     elif nulled is not None:
         what = f"derived table {nulled} holds a NULL or a count below 1"
+    elif collected:
+        what = None
     elif not names:
         what = "derived table span_stats holds none of its rows, beside its spans" if holds("spans") else None
     elif requests and not holds("latency_cdf"):
