@@ -260,12 +260,20 @@ def dashboard(
         Store.open(db).close()
     if compare is not None and run is None:
         raise KVTraceError("--compare needs --run: the run to compare it against")
+    if compare is not None and compare == run:
+        raise KVTraceError(f"--compare: {compare}: is --run too; the Compare page sets a run against another")
     if run is not None or compare is not None:  # told here, not as a page that finds no run
+        from kvtrace.compare.pairing import same_trace
         from kvtrace.store import read
 
-        known = set(read.runs(db)["run_id"].to_list())
+        rows = {r["run_id"]: r for r in read.runs(db).iter_rows(named=True)}
+        shown = printable(db)  # (a newline in the path: \n, not a space naming another)
         for flag, value in (("--run", run), ("--compare", compare)):
-            if value is not None and value not in known:
-                shown = printable(db)  # (a newline in the path: \n, not a space naming another)
+            if value is not None and value not in rows:
                 raise KVTraceError(f"{flag}: {value}: no such run in {shown} (`kvtrace runs --db {shown}` lists them)")
+        # (the page offers runs of --run's trace only: another was a page of one warning)
+        if compare is not None and run is not None and not same_trace(rows[run], rows[compare]):
+            raise KVTraceError(f"--compare: {compare}: replays another trace than {run}; the Compare page sets "
+                               f"runs of one trace side by side (`kvtrace diff {run} {compare} --db {shown} --force` "
+                               "compares any two)")
     raise typer.Exit(launch(db, host=host, port=port, run=run, compare=compare))

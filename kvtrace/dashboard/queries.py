@@ -276,14 +276,14 @@ def belady_bound(run_id: str) -> BeladyBound:
 
 
 def comparable_runs(run_id: str) -> pl.DataFrame:
-    """Runs of the same trace (equal trace digest, or equal trace source when no digest)."""
+    """Runs of the same trace, by ``pairing.same_trace`` (kvtrace diff's and
+    ``kvtrace dashboard --compare``'s rule too)."""
     row = run_row(run_id)
+    if not row.get("trace_digest") and row.get("trace_source") is None:
+        return runs().clear()  # nothing names its trace: no run is known to share it
     frame = runs().filter(pl.col("run_id") != run_id)
-    if row.get("trace_digest"):
-        return frame.filter(pl.col("trace_digest") == row["trace_digest"])
-    if row.get("trace_source") is None:  # nothing names its trace: no run is known to share it
-        return frame.clear()
-    return frame.filter(pl.col("trace_source") == row["trace_source"])
+    return frame.filter(pl.Series([pairing.same_trace(row, other) for other in frame.iter_rows(named=True)],
+                                  dtype=pl.Boolean))
 
 
 def default_partner(run_id: str) -> str | None:

@@ -252,3 +252,26 @@ def test_a_time_window_without_requests_on_the_hit_rate_page_names_no_command_to
     at = render(dashboard_db, monkeypatch, "hit_rate", run=run, t0=f"{t0:g}", t1=f"{end / 1e9:g}")
     said = [i.value for i in at.info if "scheduled" in i.value]
     assert len(said) == 2 and all("widen the window" in x and "Fill it" not in x for x in said), said
+
+
+def test_dashboard_compare_of_a_run_with_itself_or_another_trace_is_refused_before_serving(tmp_path, capsys,
+                                                                                             monkeypatch):
+    """--run r1 --compare r1, or --compare a run of another trace, started a server whose
+    Compare page showed one warning; the page's own rule (pairing.same_trace) now refuses
+    them first, one line, exit 2. A run of the same trace still opens."""
+    import kvtrace.dashboard
+    from kvtrace.replay.run import RunSpec, run_replay
+    from tests.cli.support import assert_one_line, run
+
+    launched = []
+    monkeypatch.setattr(kvtrace.dashboard, "launch", lambda *a, **k: launched.append(k) or 0)
+    db = str(tmp_path / "s.duckdb")
+    for limit, cap in ((3, 30), (3, 60), (4, 30)):  # r1, r2 of one trace; r3 of another (--limit)
+        run_replay(RunSpec("gen:chat", limit=limit, mode="cache-only", capacity_blocks=cap), db=db)
+    code, _, err = run(["dashboard", "--db", db, "--run", "r1", "--compare", "r1"], capsys)
+    assert_one_line(code, err, "--compare: r1: is --run too")
+    code, _, err = run(["dashboard", "--db", db, "--run", "r1", "--compare", "r3"], capsys)
+    assert_one_line(code, err, "--compare: r3: replays another trace than r1")
+    assert "--force" in err and not launched
+    code, _, err = run(["dashboard", "--db", db, "--run", "r1", "--compare", "r2"], capsys)
+    assert code == 0 and launched and launched[0]["compare"] == "r2", err
