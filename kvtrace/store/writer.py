@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from kvtrace.process import signals_held
+from kvtrace.process import Terminated, signals_held, stop_pending, terminated
 from kvtrace.store import derived
 from kvtrace.store.backend import is_clickhouse, store_to_write_problem
 from kvtrace.store.connection import (
@@ -223,6 +223,27 @@ def _remove_failed_creation(path: str) -> bool:
         with contextlib.suppress(OSError):
             os.unlink(leftover)
     return not os.path.lexists(path)
+
+
+def _interrupted(err: BaseException) -> bool:
+    """Whether DuckDB stopped a query for a Ctrl-C or SIGTERM (it raises its own error for one)."""
+    return isinstance(err, duckdb.InterruptException) or (
+        isinstance(err, RuntimeError) and "Query interrupted" in str(err))
+
+
+@contextlib.contextmanager
+def _stops_as_stops() -> Iterator[None]:
+    """A query DuckDB interrupted for this command's Ctrl-C or SIGTERM raises the stop itself
+    (KeyboardInterrupt, Terminated), as a stop anywhere else does: as DuckDB's RuntimeError
+    ("Query interrupted") a finish gave its run up as tried and failed, so a sweep's Ctrl-C
+    left the run it was finishing 'running' (incomplete at the next open, its error lost),
+    and a replay's stored error read 'RuntimeError: Query interrupted'."""
+    try:
+        yield
+    except Exception as err:
+        if _interrupted(err) and stop_pending():
+            raise (Terminated("SIGTERM") if terminated() else KeyboardInterrupt()) from None
+        raise
 
 
 def _file_identity(path: str) -> tuple[int, int] | None:
@@ -481,7 +502,8 @@ class Store:
             raise ValueError(f"finish_run: status must be one of complete|failed|incomplete, not {status!r}")
         self.flush()
         try:
-            self._finish(run_id, status, digest, _json_or_none(summary), trace_digest)
+            with _stops_as_stops():
+                self._finish(run_id, status, digest, _json_or_none(summary), trace_digest)
         except Exception:  # tried once: close() does not try it again (it would fail the same way)
             self._open_runs.discard(run_id)
             raise
@@ -598,7 +620,8 @@ class Store:
             self._last_flush = time.monotonic()
             return 0
         inserts, rows = _family_inserts(self._buffer), self._buffered_rows
-        self._commit(inserts)  # (it empties the buffer with the commit, as one step no signal cuts)
+        with _stops_as_stops():
+            self._commit(inserts)  # (it empties the buffer with the commit, as one step no signal cuts)
         self._last_flush = time.monotonic()
         return rows
 

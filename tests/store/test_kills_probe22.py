@@ -92,3 +92,65 @@ def test_a_store_whose_path_is_unchanged_is_written_as_before(tmp_path):
             store.release()
         store.finish_run(run_id)
     assert read.runs(target).select("status", "num_spans").rows() == [("complete", 30)]
+
+
+@pytest.fixture()
+def stop_came():
+    """This command's stop flags as the SIGINT/SIGTERM handler sets them (no signal sent),
+    cleared again after the test."""
+    from kvtrace import process
+
+    def came(sigterm: bool) -> None:
+        if sigterm:
+            process._terminated.set()
+        process._stop()
+
+    yield came
+    for event in (process._terminated, process._stopped, process._pending, process._swallowed):
+        event.clear()
+
+
+@pytest.mark.parametrize("sigterm", [False, True], ids=["ctrl-c", "sigterm"])
+def test_a_stop_that_duckdb_turns_into_query_interrupted_in_a_finish_marks_the_run_failed(tmp_path, monkeypatch,
+                                                                                         stop_came, sigterm):
+    """A Ctrl-C while a finish's derived-table query runs: DuckDB raises RuntimeError('Query
+    interrupted'), which finish_run took for a finish tried and failed; a sweep's store then
+    never marked the run (left 'running': incomplete at the next open, its error lost)."""
+    from kvtrace.process import Terminated
+    from kvtrace.store import derived
+
+    db = tmp_path / "s.duckdb"
+    real_compute = derived.compute
+
+    def interrupted(con, run_id):
+        stop_came(sigterm)
+        raise RuntimeError("Query interrupted")
+
+    stop = Terminated if sigterm else KeyboardInterrupt
+    with pytest.raises(stop), Store.open(db) as store:  # (as sweep's _record: no handler of its own)
+        run_id = store.create_run("ours")
+        store.append_spans(_step_spans(0, 10), run_id=run_id)
+        monkeypatch.setattr(derived, "compute", interrupted)
+        try:
+            store.finish_run(run_id, digest="d", summary={"requests": 1})
+        finally:
+            monkeypatch.setattr(derived, "compute", real_compute)
+    info = read.run(db, run_id)
+    assert (info["status"], info["num_spans"]) == ("failed", 10)
+    assert info["summary"]["error"].startswith(stop.__name__)
+
+
+def test_query_interrupted_without_a_stop_is_the_error_it_is(tmp_path, monkeypatch):
+    """Without a Ctrl-C or SIGTERM the error is DuckDB's own, as before (a finish that failed)."""
+    from kvtrace.store import derived
+
+    db = tmp_path / "s.duckdb"
+    store = Store.open(db)
+    run_id = store.create_run("ours")
+
+    def interrupted(con, run_id):
+        raise RuntimeError("Query interrupted")
+
+    monkeypatch.setattr(derived, "compute", interrupted)
+    with pytest.raises(RuntimeError, match="Query interrupted"):
+        store.finish_run(run_id)
