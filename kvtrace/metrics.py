@@ -272,7 +272,8 @@ def latency_keys(metric: str, percentiles: Sequence[float] = DEFAULT_PERCENTILES
 
 
 def summary_percentiles(summary: Mapping[str, object]) -> tuple[float, ...]:
-    """The percentiles a run's summary holds (its ``p<P>_ttft_ms`` keys, in their order: the
+    """The percentiles a run's summary holds (its ``p<P>_ttft_ms`` keys) in numeric order (a
+    stored summary's keys come back in the store's text order, p100 before p99.9, not in the
     run's ``--percentiles``); DEFAULT_PERCENTILES for a summary with none."""
     found = []
     for key in summary:
@@ -281,7 +282,7 @@ def summary_percentiles(summary: Mapping[str, object]) -> tuple[float, ...]:
                 found.append(float(key[1:-len("_ttft_ms")]))
             except ValueError:
                 continue
-    return tuple(found) or DEFAULT_PERCENTILES
+    return tuple(sorted(set(found))) or DEFAULT_PERCENTILES
 
 
 def is_latency_key(name: str) -> bool:

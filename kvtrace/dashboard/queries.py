@@ -213,7 +213,7 @@ def percentiles(run_id: str) -> tuple[float, ...]:
     """The percentiles the run's summary reports (its replay's ``--percentiles``), lowest
     first: a stored summary's keys come back sorted as text (p10 before p5, p100 before
     p99.9), and the Latency table's columns were in that order."""
-    return tuple(sorted(metrics.summary_percentiles(summary(run_id))))
+    return metrics.summary_percentiles(summary(run_id))
 
 
 def latency(run_id: str) -> dict[str, Any]:

@@ -230,3 +230,13 @@ def test_a_collected_runs_derived_rows_may_lag_its_late_spans_but_hold_no_null(t
         con.execute("UPDATE evict_counts SET blocks = NULL WHERE run_id = 'r1'")
     with pytest.raises(StoreError, match="evict_counts holds a NULL"):
         read.evictions_over_time(db, "r1")
+
+
+def test_a_summarys_percentiles_come_in_numeric_order_whatever_its_key_order():
+    """A stored summary's keys came back in text order (p0, p100, p99.9) and the docstring
+    promised the run's order: now numeric, for every caller."""
+    from kvtrace.metrics import DEFAULT_PERCENTILES, summary_percentiles
+
+    stored = {"p0_ttft_ms": 1.0, "p100_ttft_ms": 3.0, "p99.9_ttft_ms": 2.0, "p99.9_itl_ms": 2.0, "pX_ttft_ms": 0}
+    assert summary_percentiles(stored) == (0.0, 99.9, 100.0)
+    assert summary_percentiles({"requests": 1}) == DEFAULT_PERCENTILES
