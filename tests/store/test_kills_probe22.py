@@ -154,3 +154,24 @@ def test_query_interrupted_without_a_stop_is_the_error_it_is(tmp_path, monkeypat
     monkeypatch.setattr(derived, "compute", interrupted)
     with pytest.raises(RuntimeError, match="Query interrupted"):
         store.finish_run(run_id)
+
+
+def test_a_store_on_a_read_only_mount_is_refused_as_one_not_as_permission_denied(tmp_path, monkeypatch):
+    """A 0644 store on a file system mounted read-only (a bind mount with ro, a read-only
+    volume): refused, but as 'Permission denied (a read-only file)', which its mode is not."""
+    from kvtrace.store import backend
+
+    db = tmp_path / "s.duckdb"
+    Store.open(db).close()
+    real_statvfs = os.statvfs
+
+    class _ReadOnlyMount:
+        def __init__(self, st):
+            self._st = st
+            self.f_flag = st.f_flag | os.ST_RDONLY
+
+    monkeypatch.setattr(backend, "read_only_file", lambda path: True)  # (what os.access says there, for root too)
+    monkeypatch.setattr(os, "statvfs", lambda path: _ReadOnlyMount(real_statvfs(path)))
+    assert backend.store_to_write_problem(str(db)) == backend.READ_ONLY_MOUNT
+    monkeypatch.setattr(os, "statvfs", real_statvfs)
+    assert backend.store_to_write_problem(str(db)) == backend.READ_ONLY_STORE
