@@ -240,3 +240,23 @@ def test_a_summarys_percentiles_come_in_numeric_order_whatever_its_key_order():
     stored = {"p0_ttft_ms": 1.0, "p100_ttft_ms": 3.0, "p99.9_ttft_ms": 2.0, "p99.9_itl_ms": 2.0, "pX_ttft_ms": 0}
     assert summary_percentiles(stored) == (0.0, 99.9, 100.0)
     assert summary_percentiles({"requests": 1}) == DEFAULT_PERCENTILES
+
+
+def test_request_spans_that_give_a_negative_counter_are_a_damaged_store_not_a_number(tmp_path):
+    """A request span without num_prompt_tokens (hand-edited, or a sender's) gave queries 0,
+    hits 11,840 and local_compute -11,840, shown as a number on the dashboard."""
+    import duckdb
+
+    from kvtrace.replay.run import RunSpec, run_replay
+    from kvtrace.store import read
+    from kvtrace.store.errors import StoreError
+
+    db = tmp_path / "s.duckdb"
+    run_replay(RunSpec("gen:chat", limit=20, content=False), db=db)
+    whole = read.hit_counters(db, "r1")
+    assert whole["prefix_cache_hits"] > 0 and min(v for v in whole.values() if isinstance(v, int)) >= 0
+    with duckdb.connect(str(db)) as con:
+        con.execute("UPDATE spans_request SET num_prompt_tokens = NULL WHERE run_id = 'r1'")
+    with pytest.raises(StoreError, match="damaged kvtrace store: run r1's request spans give "
+                                         r"prompt_tokens_by_source\.local_compute -"):
+        read.hit_counters(db, "r1")

@@ -8,6 +8,7 @@ from typing import Any
 import polars as pl
 
 from kvtrace import metrics
+from kvtrace.store.errors import StoreError
 from kvtrace.store.read._api import checked
 from kvtrace.store.read._sql import DB, with_run
 from kvtrace.store.schema import INFERRED_ATTRIBUTE, SPAN_COLUMN_DEFS, SPAN_LOOKUP, SPAN_REQUEST, SPAN_STEP
@@ -84,6 +85,11 @@ def hit_counters(db: DB, run_id: str, start_ns: int | None = None, end_ns: int |
         FROM admissions WHERE ($t0 IS NULL OR t >= $t0) AND ($t1 IS NULL OR t < $t1)""",
                      params={"t0": start_ns, "t1": end_ns})
     row = {k: int(v or 0) for k, v in frame.row(0, named=True).items()}
+    negative = [k for k, v in row.items() if v < 0]
+    if negative:  # (a request span without its prompt length, or with more hits than prompt, as kvtrace writes none)
+        raise StoreError(str(db), f"damaged kvtrace store: run {run_id}'s request spans give {negative[0]} "
+                                  f"{row[negative[0]]:,} (more hit tokens than prompt tokens, or a prompt length "
+                                  "missing)")
     return {**row, **metrics.hit_rates(row)}
 
 
