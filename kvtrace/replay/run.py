@@ -489,7 +489,7 @@ def run_replay(
             if store is not None and run_id is not None:
                 # the recording above has handed every emitted span to the store already
                 with contextlib.suppress(Exception):  # the original error matters more
-                    if stored_whole and isinstance(exc, KeyboardInterrupt):
+                    if stored_whole and otlp and isinstance(exc, KeyboardInterrupt):
                         # stopped while a collector was still taking the spans: the run itself is
                         # whole (it was marked failed, its summary lost, where the collector's copy
                         # said complete); how many spans the collector missed is unknown
