@@ -141,7 +141,10 @@ class Engine:
         it = iter(workload)
         pending = next(it, None)
         last_arrival = -1
-        step = 0
+        # The number of the step last executed. Steps are numbered from 0, as the cache's own
+        # step index (``manager.step``, the events' ``step``) counts them: numbered from 1, every
+        # cache span of step k lay in the time window of the step span numbered k + 1.
+        step = -1
         stopped = stop_pending  # (a local: the loop's one check a step)
 
         def admit() -> None:
@@ -262,7 +265,7 @@ class Engine:
                     stats["cow_copies"] += 1
             if auditor is not None:
                 auditor.on_published(batch_events, live)
-                if self.audit_interval and step % self.audit_interval == 0:
+                if self.audit_interval and (step + 1) % self.audit_interval == 0:
                     found = auditor.audit(manager.cached_entries(), step, end_ns)
                     engine_events.extend(found)
             for req in finished:
@@ -283,15 +286,16 @@ class Engine:
                     listener(batch)
 
         if auditor is not None:
-            found = auditor.audit(manager.cached_entries(), step, clock.now_ns)
+            last = max(step, 0)  # (the final audit's, in the last step's number)
+            found = auditor.audit(manager.cached_entries(), last, clock.now_ns)
             if found and listeners:
-                se = StepExecuted(step, clock.now_ns, clock.now_ns, 0, 0, 0, 0, 0, 0, ())
+                se = StepExecuted(last, clock.now_ns, clock.now_ns, 0, 0, 0, 0, 0, 0, ())
                 for listener in listeners:
                     listener(StepBatch(se, (), found))
             stats["stale_hashes"] = auditor.num_stale
         if auditor is None:  # no content checked (--no-content): not measured, not a count of 0
             stats["stale_hashes"] = stats["divergent_outputs"] = stats["table_disagreements"] = None
-        stats["steps"] = step
+        stats["steps"] = step + 1
         stats["preemptions"] = scheduler.num_preemptions
         stats["evictions_by_reason"] = dict(sorted(by_reason.items()))
         stats["stale_hashes_left"] = manager.stats.stale_hash_left  # the cache's own count (switch off)
