@@ -241,7 +241,8 @@ def dashboard(
     db: DbToRead,
     run: Annotated[str | None, typer.Option(metavar="RUN", help="Open on this run.")] = None,
     compare: Annotated[str | None, typer.Option(
-        metavar="RUN", help="Open the Compare page: --run against this run.")] = None,
+        metavar="RUN", help="Open the Compare page: --run against this run (another run of the same trace).")]
+        = None,
     port: Annotated[int, typer.Option(metavar="PORT", help="Port to serve on (0: a free one, printed).")] = 8501,
     host: Annotated[str, typer.Option(metavar="ADDRESS", help="Bind address (localhost by default).")]
         = "127.0.0.1",
@@ -270,10 +271,17 @@ def dashboard(
         shown = printable(db)  # (a newline in the path: \n, not a space naming another)
         for flag, value in (("--run", run), ("--compare", compare)):
             if value is not None and value not in rows:
-                raise KVTraceError(f"{flag}: {value}: no such run in {shown} (`kvtrace runs --db {shown}` lists them)")
-        # (the page offers runs of --run's trace only: another was a page of one warning)
-        if compare is not None and run is not None and not same_trace(rows[run], rows[compare]):
-            raise KVTraceError(f"--compare: {compare}: replays another trace than {run}; the Compare page sets "
-                               f"runs of one trace side by side (`kvtrace diff {run} {compare} --db {shown} --force` "
-                               "compares any two)")
+                raise KVTraceError(f"{flag}: {printable(value) or '(empty)'}: no such run in {shown} "
+                                   f"(`kvtrace runs --db {shown}` lists them)")
+        # (the page offers runs of --run's trace only, and none to a run that names no trace:
+        # either was a page of one warning)
+        if compare is not None and run is not None:
+            anything = f"(`kvtrace diff {run} {compare} --db {shown} --force` compares any two)"
+            for flag, value in (("--run", run), ("--compare", compare)):
+                if not rows[value].get("trace_digest") and rows[value].get("trace_source") is None:
+                    raise KVTraceError(f"{flag}: {value}: names no trace (a collected run?), so the Compare page "
+                                       f"knows no run of the same trace {anything}")
+            if not same_trace(rows[run], rows[compare]):
+                raise KVTraceError(f"--compare: {compare}: replays another trace than {run}; the Compare page sets "
+                                   f"runs of one trace side by side {anything}")
     raise typer.Exit(launch(db, host=host, port=port, run=run, compare=compare))

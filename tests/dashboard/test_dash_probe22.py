@@ -273,5 +273,26 @@ def test_dashboard_compare_of_a_run_with_itself_or_another_trace_is_refused_befo
     code, _, err = run(["dashboard", "--db", db, "--run", "r1", "--compare", "r3"], capsys)
     assert_one_line(code, err, "--compare: r3: replays another trace than r1")
     assert "--force" in err and not launched
+    code, _, err = run(["dashboard", "--db", db, "--run", "r1", "--compare", ""], capsys)
+    assert_one_line(code, err, "--compare: (empty): no such run in")
     code, _, err = run(["dashboard", "--db", db, "--run", "r1", "--compare", "r2"], capsys)
     assert code == 0 and launched and launched[0]["compare"] == "r2", err
+
+
+def test_dashboard_compare_of_runs_that_name_no_trace_is_refused_before_serving(tmp_path, capsys, monkeypatch):
+    """Two collected runs name no trace: same_trace took None == None for one trace, and the
+    server opened a Compare page that said 'No other run of the same trace'."""
+    import kvtrace.dashboard
+    from kvtrace.store.writer import Store
+    from tests.cli.support import assert_one_line, run
+
+    launched = []
+    monkeypatch.setattr(kvtrace.dashboard, "launch", lambda *a, **k: launched.append(k) or 0)
+    db = str(tmp_path / "c.duckdb")
+    store = Store.open(db)
+    for _ in range(2):
+        store.create_run("collected", mode="otlp")
+    store.close()
+    code, _, err = run(["dashboard", "--db", db, "--run", "r1", "--compare", "r2"], capsys)
+    assert_one_line(code, err, "--run: r1: names no trace")
+    assert not launched
