@@ -52,6 +52,11 @@ def export_parquet(db: str | Path, run_id: str, directory: str | Path) -> dict[s
         if row is None:
             raise UnknownRunError(str(db), run_id)
         stored, shown = _statuses(db, run_id, row)
+        # a finished run's derived rows as the read API checks them (an evicted_blocks deleted by
+        # hand was exported as an empty file, exit 0, beside its evict spans)
+        from kvtrace.store.read._sql import run_status
+
+        run_status(con, str(db), run_id, derived=True)
 
         def write(table: str, target: Path) -> None:
             rel = con.sql(_table_sql(table, stored), params=_params(table, run_id, shown, summary))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 
+import pytest
 from rich.console import Console
 
 
@@ -170,3 +171,23 @@ def test_a_relative_change_that_rounds_to_zero_has_no_minus_sign():
     assert fmt_rel(-1e-5) == fmt_rel(1e-5) == fmt_rel(0.0) == "+0.0%"  # (as an unchanged metric reads)
     assert fmt(-1e-5, signed=True) == "0.0000"
     assert fmt_rel(-0.0006) == "-0.1%" and fmt_rel(0.25) == "+25.0%" and fmt_rel(None) == "–"
+
+
+def test_an_export_of_a_run_whose_derived_rows_were_deleted_is_refused_not_an_empty_file(tmp_path):
+    """evicted_blocks deleted by hand was exported as an empty file, exit 0, where the read API
+    calls the run damaged."""
+    import duckdb
+
+    from kvtrace.replay.run import RunSpec, run_replay
+    from kvtrace.store.errors import StoreError
+    from kvtrace.store.export import export_parquet
+
+    db = str(tmp_path / "s.duckdb")
+    run_replay(RunSpec("gen:chat", limit=20, capacity_blocks=200, content=False), db=db)  # (it evicts)
+    export_parquet(db, "r1", tmp_path / "whole")  # (a whole run exports)
+    with duckdb.connect(db) as con:
+        assert con.execute("SELECT count(*) FROM evicted_blocks WHERE run_id = 'r1'").fetchone()[0] > 0
+        con.execute("DELETE FROM evicted_blocks WHERE run_id = 'r1'")
+    with pytest.raises(StoreError, match="derived table evicted_blocks holds none of its rows"):
+        export_parquet(db, "r1", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
