@@ -49,14 +49,16 @@ def _existing_store(db: str) -> str:
     # checked while parsing, before the command imports duckdb: a typo is told at once
     from kvtrace.errors import KVTraceError, file_problem
     from kvtrace.names import printable
-    from kvtrace.store.backend import is_clickhouse
+    from kvtrace.store.backend import is_clickhouse, url_like_problem
 
     if is_clickhouse(db):
         return db
     if not db:
         raise KVTraceError("--db: expected a store path, got an empty one")
     shown = printable(db)  # (as typed: a newline in the path shown as \n, not joined into a space)
-    problem = file_problem(db, missing=f"no such database (run `kvtrace demo` or `kvtrace replay TRACE --db {shown}`)")
+    # (md:foo, s3://...: told as the writer tells it; its "kvtrace replay --db md:foo" hint was refused)
+    problem = url_like_problem(db) or file_problem(
+        db, missing=f"no such database (run `kvtrace demo` or `kvtrace replay TRACE --db {shown}`)")
     if problem is not None:
         raise KVTraceError(f"{shown}: {problem}")
     return db

@@ -157,15 +157,24 @@ _URL_LIKE = re.compile(r"[A-Za-z0-9_]{2,}:")
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
+def url_like_problem(path: str) -> str | None:
+    """Why ``path`` cannot name a store file: DuckDB reads a ``scheme:`` it knows as a URL or a
+    service (``md:`` MotherDuck, ``s3://``), not as a file; None for any other path."""
+    if _URL_LIKE.match(path):
+        return ("expected a store file path, or chdb:DIR or clickhouse://...; DuckDB would read this as a URL "
+                f"or a service (write ./{path} for a file of that name)")
+    return None
+
+
 def duckdb_path_problem(path: str, missing: str | None) -> str | None:
     """Why ``path`` cannot name a DuckDB store file, found without opening it as one; None
     when it can, or when it is missing and ``missing`` is None (a store to create)."""
     if not path or path.startswith(":memory:"):
         # DuckDB opens these as a new in-memory database on each connect: every run lost
         return "expected a database file path (an in-memory DuckDB keeps nothing between connections)"
-    if _URL_LIKE.match(path):
-        return ("expected a store file path, or chdb:DIR or clickhouse://...; DuckDB would read this as a URL "
-                f"or a service (write ./{path} for a file of that name)")
+    problem = url_like_problem(path)
+    if problem is not None:
+        return problem
     problem = file_problem(path, missing=missing)  # (nothing opened: a FIFO would hang the open)
     if problem is not None:
         return problem if problem == missing else f"{problem}; expected a kvtrace store file"

@@ -1154,3 +1154,14 @@ def test_a_store_path_with_a_newline_is_named_as_typed(tmp_path, capsys, argv):
     code, _, err = run([a.replace("{tmp}", str(tmp_path)) for a in argv] + ["--db", str(db)], capsys)
     assert_one_line(code, err, "n\\nl.duckdb")
     assert "n l.duckdb" not in err
+
+
+@pytest.mark.parametrize("command", [["runs"], ["export", "--run", "r1", "--parquet", "out"], ["dashboard"]])
+def test_a_store_to_read_that_duckdb_reads_as_a_service_is_told_so_as_a_writer_is(tmp_path, capsys, monkeypatch,
+                                                                                   command):
+    """`runs --db md:foo` said 'no such database (run kvtrace replay TRACE --db md:foo)', a
+    command that is refused: md: is MotherDuck to DuckDB, as the writer says."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run([command[0], "--db", "md:foo", *command[1:]], capsys)
+    assert_one_line(code, err, "md:foo: expected a store file path, or chdb:DIR")
+    assert "write ./md:foo for a file of that name" in err and "kvtrace replay" not in err
