@@ -29,11 +29,14 @@ __all__ = ["app", "main"]
 
 def main() -> None:
     """The ``kvtrace`` console script."""
-    previous = signal.signal(signal.SIGINT, _interrupted_while_loading)
-    try:
-        from kvtrace.cli.commands import run
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # (started so: `kvtrace ... &` in a script)
+        from kvtrace.cli.commands import run  # Ctrl-C is ignored throughout, as Python leaves it
+    else:
+        previous = signal.signal(signal.SIGINT, _interrupted_while_loading)
+        try:
+            from kvtrace.cli.commands import run
+        finally:
+            signal.signal(signal.SIGINT, previous)
     run()
 
 
