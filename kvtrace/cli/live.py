@@ -8,7 +8,7 @@ import typer
 
 from kvtrace.cli.application import app, capture_app
 from kvtrace.cli.options import DbRequired, output_file
-from kvtrace.cli.output import recorded, status
+from kvtrace.cli.output import count, recorded, status
 from kvtrace.process import pyarrow_without_pandas
 
 
@@ -51,9 +51,10 @@ def collect(
 
     collector = serve_collector(db, host=host, port=port, max_body_bytes=max_body_bytes,
                                 grpc_port=grpc_port if grpc else None, on_ready=ready)
-    again = f"{collector.duplicate_spans} spans sent again not stored twice, " if collector.duplicate_spans else ""
-    status(f"kvtrace collect: {collector.spans_received} spans stored, {again}"
-           f"{collector.requests_rejected} requests rejected")
+    again = f"{count(collector.duplicate_spans, 'span')} sent again not stored twice, " \
+        if collector.duplicate_spans else ""
+    status(f"kvtrace collect: {count(collector.spans_received, 'span')} stored, {again}"
+           f"{count(collector.requests_rejected, 'request')} rejected")
 
 
 @capture_app.command("vllm")

@@ -41,6 +41,11 @@ def status(msg: str) -> None:
     typer.echo(printable(msg), err=True)
 
 
+def count(n: int, noun: str) -> str:
+    """``n`` and its noun for a status line: "1 request", "2,048 requests"."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
+
+
 def echo_json(obj: Any) -> None:
     """``obj`` as one line of JSON; a value that is not a number (NaN, infinity: a store
     written by hand, a ratio over zero) is null, as JSON has no other word for it."""

@@ -452,3 +452,11 @@ def test_a_command_given_no_arguments_prints_its_help(capsys, argv, heading):
     code, out, err = run(argv, capsys)
     assert code == 0 and err == ""
     assert out.startswith(heading) and ("vllm" if argv else "replay") in out and len(out.splitlines()) > 5
+
+
+def test_a_status_lines_count_agrees_with_its_noun():
+    """collect printed "1 requests rejected"."""
+    from kvtrace.cli.output import count
+
+    assert count(1, "request") == "1 request" and count(0, "request") == "0 requests"
+    assert count(2048, "span") == "2,048 spans"
