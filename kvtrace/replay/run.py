@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import math
+import numbers
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -407,6 +408,8 @@ def run_replay(
     # A trace file is opened (lazily) first: a missing or unreadable one is reported before
     # the engine's configuration loads the cache; a generated workload is built after it.
     workload = None if spec.trace.startswith(GENERATED_PREFIX) else open_workload(spec)
+    # (recorded and summarised as the CLI's are: (50, 50, 99) recorded [50, 50, 99], the CLI [50.0, 99.0])
+    spec = replace(spec, percentiles=check_percentiles(spec.percentiles))
     config, behaviours, preset = validate(spec)
     otlp = export and otlp_requested(otlp_endpoint)
     if otlp:  # before the run is created: a refused setting records nothing
@@ -555,6 +558,23 @@ def _check_whole_numbers(spec: RunSpec) -> None:
         raise ConfigError("--without", spec.without, "expected a sequence of behaviour names, not one string")
 
 
+def check_percentiles(percentiles: Any) -> tuple[float, ...]:
+    """An API caller's percentiles as the CLI's --percentiles parses them (floats 0..100, each
+    once, in the given order); a one-line ConfigError otherwise. (An API caller's reached the
+    summary after the whole run; numpy's numbers are numbers too.)"""
+    if isinstance(percentiles, (str, bytes)) or not isinstance(percentiles, (tuple, list)):
+        # (a string's characters were taken one by one; a generator was used up by the check)
+        raise ConfigError("--percentiles", repr(percentiles)[:80], "expected a tuple of numbers, e.g. (50, 90, 99)")
+    shown = ",".join(map(str, percentiles))
+    odd = next((p for p in percentiles if isinstance(p, bool) or not isinstance(p, numbers.Real)), None)
+    if odd is not None:  # ('50' passed float() below, and broke the summary's numpy)
+        raise ConfigError("--percentiles", shown, f"percentile {odd!r} is not a number")
+    try:
+        return parse_percentiles(list(percentiles))
+    except ValueError as err:
+        raise ConfigError("--percentiles", shown, str(err)) from None
+
+
 def validate(spec: RunSpec) -> tuple[dict[str, Any], list[str], Any]:
     """(the run's config record, its behaviours, the engine preset or None) for a spec
     whose every setting is usable in its mode; a one-line ConfigError otherwise."""
@@ -564,15 +584,7 @@ def validate(spec: RunSpec) -> tuple[dict[str, Any], list[str], Any]:
     check_limit(spec.limit)
     _check_whole_numbers(spec)
     check_seed(spec.seed)
-    # (the CLI's --percentiles is parsed so; an API caller's reached the summary, after the whole run)
-    shown = ",".join(map(str, spec.percentiles))
-    try:
-        parse_percentiles(spec.percentiles)
-    except ValueError as err:
-        raise ConfigError("--percentiles", shown, str(err)) from None
-    odd = next((p for p in spec.percentiles if isinstance(p, bool) or not isinstance(p, (int, float))), None)
-    if odd is not None:  # ('50' passed float() above, and broke the summary's numpy)
-        raise ConfigError("--percentiles", shown, f"percentile {odd!r} is not a number")
+    check_percentiles(spec.percentiles)
     if spec.block_size is not None:  # (engine mode without content allocates nothing that would refuse it)
         check_option("--block-size", spec.block_size, 1, MAX_TOKENS)
     if spec.capacity_tokens is not None:

@@ -96,6 +96,33 @@ def test_a_run_specs_percentiles_are_held_before_the_run(percentiles, what):
         run_replay(RunSpec("gen:chat", limit=2, content=False, percentiles=percentiles))
 
 
+@pytest.mark.parametrize(("percentiles", "what"), [
+    ("50,90", "--percentiles: '50,90': expected a tuple of numbers"),  # (its characters were read one by one)
+    ((p for p in (50, 90)), "expected a tuple of numbers"),  # (a generator, used up by the first check)
+])
+def test_a_run_specs_percentiles_are_a_sequence_of_numbers(percentiles, what):
+    from kvtrace.errors import ConfigError
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    with pytest.raises(ConfigError, match=re.escape(what)):
+        run_replay(RunSpec("gen:chat", limit=2, content=False, percentiles=percentiles))
+
+
+def test_numpy_percentiles_run_and_a_repeated_one_is_recorded_once_as_the_cli_records_it(tmp_path):
+    """3e5a43c refused numpy's numbers (np.int64(50) "is not a number"), which ran before
+    with the same digest; (50, 50, 99) was recorded [50, 50, 99], the CLI's [50.0, 99.0]."""
+    import numpy as np
+
+    from kvtrace.replay.run import RunSpec, run_replay
+    from kvtrace.store import read
+
+    plain = run_replay(RunSpec("gen:chat", limit=3, content=False, percentiles=(50, 90)))
+    numpy = run_replay(RunSpec("gen:chat", limit=3, content=False, percentiles=tuple(np.array([50, 90]))))
+    assert numpy.summary == plain.summary
+    run_replay(RunSpec("gen:chat", limit=3, content=False, percentiles=(50, 50, 99)), db=tmp_path / "s.duckdb")
+    assert read.run(tmp_path / "s.duckdb", "r1")["config"]["percentiles"] == [50.0, 99.0]
+
+
 @pytest.mark.parametrize(("setting", "what"), [
     ({"capacity_blocks": 3.5}, "--capacity-blocks: 3.5: expected a number of blocks, or inf (cache-only mode)"),
     ({"block_size": 16.0}, "--block-size: 16.0: expected a whole number"),
