@@ -17,6 +17,8 @@ step - first arrival).
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import islice
@@ -55,6 +57,36 @@ POOL_ADVICE = "raise --capacity-blocks or --capacity-tokens (or cache.num_gpu_bl
 class EngineResult:
     summary: dict
     requests: list[RequestFinished]
+
+
+
+def _next_request(it) -> Any:
+    """The workload's next request (None at its end), held to what the readers guarantee of
+    one before the engine reads it: an API caller's NaN arrival hung the loop (no time is
+    before or after it), and a hash_ids list shorter than its prompt broke the worker."""
+    r = next(it, None)
+    if r is None:
+        return None
+    name = r.request_id
+    if not isinstance(name, str):
+        raise KVTraceError(f"workload: a request id {name!r}; expected a string")
+    a = r.arrival_ns
+    if isinstance(a, bool) or (not isinstance(a, numbers.Integral) and not (
+            isinstance(a, float) and math.isfinite(a) and a.is_integer())):
+        raise KVTraceError(f"workload: request {name!r} arrives at {a!r} ns; expected a whole number of ns")
+    if (r.token_ids is None) == (r.hash_ids is None):
+        raise KVTraceError(f"workload: request {name!r} gives {'neither' if r.token_ids is None else 'both'} of "
+                           "token_ids and hash_ids; expected exactly one")
+    if r.hash_ids is not None:
+        size = r.hash_block_size
+        if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 1:
+            raise KVTraceError(f"workload: request {name!r} has hash_block_size {size!r}; expected tokens per "
+                               "hash id >= 1")
+        # (full blocks only, as some traces hash, or the last one partial too)
+        if not r.input_length // size <= len(r.hash_ids) <= -(-r.input_length // size):
+            raise KVTraceError(f"workload: request {name!r} has {len(r.hash_ids):,} hash_ids for input_length "
+                               f"{r.input_length:,} at {size} tokens each; expected {-(-r.input_length // size):,}")
+    return r
 
 
 class Engine:
@@ -139,7 +171,7 @@ class Engine:
         by_reason: dict[str, int] = {}
         max_model_len = self.scheduler_config.max_model_len
         it = iter(workload)
-        pending = next(it, None)
+        pending = _next_request(it)
         last_arrival = -1
         # The number of the step last executed. Steps are numbered from 0, as the cache's own
         # step index (``manager.step``, the events' ``step``) counts them: numbered from 1, every
@@ -182,7 +214,7 @@ class Engine:
                     )
                 live[req.request_id] = req
                 scheduler.add_request(req)
-                pending = next(it, None)
+                pending = _next_request(it)
 
         while True:
             if stopped():  # Ctrl-C or SIGTERM whose KeyboardInterrupt a finalizer swallowed: stop here

@@ -165,3 +165,35 @@ def test_the_summary_table_shows_evictions_by_reason():
             if line.count("│") == 3}
     assert rows == {"evictions": "56", "evictions_by_reason.lru": "41", "evictions_by_reason.moved": "15",
                     "steps": "48"}
+
+
+def _api_request(**fields):
+    import numpy as np
+
+    from kvtrace.workload import TraceRequest
+
+    base = {"request_id": "b", "arrival_ns": 5, "input_length": 10, "output_length": 3,
+            "token_ids": np.arange(1, 11, dtype=np.int64)}
+    return TraceRequest(**{**base, **fields})
+
+
+@pytest.mark.parametrize(("fields", "what"), [
+    ({"arrival_ns": float("nan")}, "request 'b' arrives at nan ns; expected a whole number of ns"),  # (it hung)
+    ({"arrival_ns": float("inf")}, "request 'b' arrives at inf ns"),  # (an OverflowError traceback)
+    ({"request_id": 7}, "a request id 7; expected a string"),  # (a TypeError)
+    ({"token_ids": None}, "request 'b' gives neither of token_ids and hash_ids"),  # (a bare AssertionError)
+    ({"input_length": 1000, "token_ids": None, "hash_ids": (1, 2), "hash_block_size": 16},
+     "request 'b' has 2 hash_ids for input_length 1,000 at 16 tokens each; expected 63"),  # (the worker's ValueError)
+    ({"token_ids": None, "hash_ids": (1,), "hash_block_size": 0},
+     "request 'b' has hash_block_size 0"),  # (a ZeroDivisionError)
+])
+@pytest.mark.parametrize("content", [True, False])
+def test_an_api_request_the_readers_would_refuse_is_one_workload_line(fields, what, content):
+    """The Engine API took requests no reader makes: a NaN arrival hung the run for good, and
+    the rest were tracebacks (or, without content, a run of another prompt, unsaid)."""
+    from kvtrace.engine import Engine
+    from kvtrace.errors import KVTraceError
+
+    first = _api_request(request_id="a", arrival_ns=0)
+    with pytest.raises(KVTraceError, match=re.escape(f"workload: {what}")):
+        Engine("dense-attention", content=content).run([first, _api_request(**fields)])
