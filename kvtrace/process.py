@@ -1,5 +1,6 @@
 """Process plumbing the long-running commands share (ground floor: nothing of kvtrace).
 
+- ``is_ipv6``, ``bracketed``, ``unbracketed``: a host as a socket takes it and as a URL shows it
 - ``probe_address``: can this process listen on ``host:port``? Asked before a server
   library tries, so a busy port is one ``kvtrace: error:`` line, not the library's text;
 - ``sigterm_as_interrupt``: SIGTERM (``kill``, ``timeout``, a container stop, systemd)
@@ -23,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import gc
+import ipaddress
 import os
 import signal
 import socket
@@ -35,6 +37,24 @@ from typing import Any
 def port_in_use(flag: str) -> str:
     """What a busy port's error line adds: the way out."""
     return f"; choose another with {flag} N, or {flag} 0 for a free one"
+
+
+def unbracketed(host: str) -> str:
+    """``--host`` as the socket takes it: ``[::1]`` (a URL's spelling) is ``::1``."""
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
+def is_ipv6(host: str) -> bool:
+    """``host`` is an IPv6 address (served on an IPv6 socket; a name is looked up as IPv4)."""
+    try:
+        return ipaddress.ip_address(unbracketed(host).split("%", 1)[0]).version == 6
+    except ValueError:
+        return False
+
+
+def bracketed(host: str) -> str:
+    """``host`` as a URL or gRPC target spells it: an IPv6 address in brackets."""
+    return f"[{host}]" if is_ipv6(host) and not host.startswith("[") else host
 
 
 def probe_address(host: str, port: int, what: str, flag: str = "--port") -> None:
@@ -50,7 +70,8 @@ def probe_address(host: str, port: int, what: str, flag: str = "--port") -> None
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except (socket.gaierror, UnicodeError) as err:
-        raise OSError(f"cannot listen on {host}:{port} ({what}): {getattr(err, 'strerror', None) or err}") from None
+        raise OSError(f"cannot listen on {bracketed(host)}:{port} ({what}): {getattr(err, 'strerror', None) or err}"
+                      ) from None
     for family, kind, proto, _, address in infos:
         with socket.socket(family, kind, proto) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -58,7 +79,8 @@ def probe_address(host: str, port: int, what: str, flag: str = "--port") -> None
                 s.bind(address)
             except OSError as err:
                 hint = port_in_use(flag) if err.errno == errno.EADDRINUSE else ""
-                raise OSError(f"cannot listen on {host}:{port} ({what}): {err.strerror or err}{hint}") from None
+                raise OSError(f"cannot listen on {bracketed(host)}:{port} ({what}): {err.strerror or err}{hint}"
+                              ) from None
 
 
 def free_port(host: str) -> int:
@@ -71,7 +93,7 @@ def free_port(host: str) -> int:
             s.bind(address)
             return int(s.getsockname()[1])
     except (OSError, UnicodeError) as err:
-        raise OSError(f"cannot listen on {host}:0: {getattr(err, 'strerror', None) or err}") from None
+        raise OSError(f"cannot listen on {bracketed(host)}:0: {getattr(err, 'strerror', None) or err}") from None
 
 
 class Terminated(KeyboardInterrupt):

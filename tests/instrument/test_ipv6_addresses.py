@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from kvtrace.instrument.otlp.collector import OTLPCollector
-from kvtrace.instrument.otlp.limits import bracketed, is_ipv6, unbracketed
+from kvtrace.process import bracketed, is_ipv6, unbracketed
 from kvtrace.replay.run import RunSpec, run_replay
 from kvtrace.store import read
 
@@ -72,3 +72,27 @@ def test_capture_reaches_a_publisher_on_an_ipv6_address_and_its_replay_socket(tm
     stats = _capture_during(tmp_path, pub, body, lambda cap: cap.stats.batches >= 5)
     assert pub.endpoint.startswith("tcp://[::1]:")
     assert stats.batches == 5 and stats.recovered == 1 and stats.lost == 0, stats
+
+
+def test_an_ipv6_endpoint_without_brackets_is_refused_with_the_spelling_that_works():
+    """tcp://::1:5557 was taken, and ZMQ never reached it: the capture waited --duration out."""
+    from kvtrace.errors import ConfigError
+    from kvtrace.instrument.vllm.endpoints import capture_endpoints
+
+    with pytest.raises(ConfigError, match=r"an IPv6 address goes in brackets: tcp://\[::1\]:5557"):
+        capture_endpoints("tcp://::1:5557", None, 1.0, 1)
+    assert capture_endpoints("tcp://[::1]:5557", "tcp://[::1]:6557", 1.0, 2)[1] == ("tcp://[::1]:5558", "tcp://[::1]:6558")
+
+
+@pytest.mark.skipif(not _has_ipv6_loopback(), reason="this machine has no IPv6 loopback to serve on")
+def test_a_busy_ipv6_port_is_named_as_a_url_names_it(tmp_path):
+    import socket
+
+    from kvtrace.errors import KVTraceError
+
+    with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as busy:
+        busy.bind(("::1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(KVTraceError, match=rf"cannot listen on \[::1\]:{port} \(OTLP/HTTP\)"):
+            OTLPCollector(tmp_path / "c.duckdb", host="::1", port=port, grpc_port=None)

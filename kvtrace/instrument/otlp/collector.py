@@ -61,13 +61,10 @@ from kvtrace.instrument.otlp.limits import (
     READ_TIMEOUT_S,
     RECENT_SPANS,
     REPLY_GRACE_S,
-    bracketed,
     check_collector_options,
-    is_ipv6,
-    unbracketed,
 )
 from kvtrace.metrics import summary_problem
-from kvtrace.process import port_in_use, sigterm_as_interrupt
+from kvtrace.process import bracketed, is_ipv6, port_in_use, sigterm_as_interrupt, unbracketed
 from kvtrace.store.schema import RUN_RECORD_PREFIX, SOURCE_OTLP, SPAN_RUN, TIME_OFFSET_RESOURCE_KEY, run_id_problem
 from kvtrace.store.writer import Store
 
@@ -248,7 +245,8 @@ class OTLPCollector:
         except OSError as err:
             self.guard.close()
             hint = port_in_use("--port") if err.errno == errno.EADDRINUSE else ""
-            raise KVTraceError(f"cannot listen on {host}:{port} (OTLP/HTTP): {err.strerror or err}{hint}") from None
+            raise KVTraceError(f"cannot listen on {bracketed(host)}:{port} (OTLP/HTTP): {err.strerror or err}{hint}"
+                               ) from None
         self._thread: threading.Thread | None = None
         self._grpc = None
         self.grpc_port: int | None = None

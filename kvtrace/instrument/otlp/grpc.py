@@ -39,8 +39,8 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from kvtrace.errors import KVTraceError
 from kvtrace.instrument.otlp.decode import PayloadError, decode_protobuf
 from kvtrace.instrument.otlp.guard import Deadlines
-from kvtrace.instrument.otlp.limits import MAX_CONNECTIONS, MIN_BODY_BYTES_PER_S, READ_TIMEOUT_S, bracketed
-from kvtrace.process import probe_address
+from kvtrace.instrument.otlp.limits import MAX_CONNECTIONS, MIN_BODY_BYTES_PER_S, READ_TIMEOUT_S
+from kvtrace.process import bracketed, probe_address
 
 SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 EXPORT_METHOD = f"/{SERVICE}/Export"

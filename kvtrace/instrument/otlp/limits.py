@@ -6,8 +6,6 @@ here before it loads the receiver, so a mistyped option is told at once.
 
 from __future__ import annotations
 
-import ipaddress
-
 from kvtrace.errors import ConfigError, check_option
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -60,21 +58,3 @@ def check_collector_options(port: int, grpc_port: int | None, max_body_bytes: in
         if grpc_port == port != 0:  # (one would find the other's listener: "address in use")
             raise ConfigError("--grpc-port", str(grpc_port), "is --port too; OTLP/HTTP and gRPC need a port each")
     check_option("--max-body-bytes", max_body_bytes, 1, MAX_BODY_BYTES)
-
-
-def unbracketed(host: str) -> str:
-    """``--host`` as the socket takes it: ``[::1]`` (a URL's spelling) is ``::1``."""
-    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
-
-
-def is_ipv6(host: str) -> bool:
-    """``host`` is an IPv6 address (served on an IPv6 socket; a name is looked up as IPv4)."""
-    try:
-        return ipaddress.ip_address(unbracketed(host).split("%", 1)[0]).version == 6
-    except ValueError:
-        return False
-
-
-def bracketed(host: str) -> str:
-    """``host`` as a URL or gRPC target spells it: an IPv6 address in brackets."""
-    return f"[{host}]" if is_ipv6(host) and not host.startswith("[") else host

@@ -30,6 +30,8 @@ def dp_endpoint(endpoint: str | None, rank: int, option: str = "--endpoint") -> 
         raise ConfigError(option, endpoint, "expected tcp://HOST:PORT or ipc://PATH")
     if not 1 <= int(port) <= 65_535:
         raise ConfigError(option, endpoint, f"port {port} is outside 1..65535")
+    if ":" in host and not host.startswith("["):  # (ZMQ took tcp://::1:5557 and never reached it)
+        raise ConfigError(option, endpoint, f"an IPv6 address goes in brackets: tcp://[{host}]:{port}")
     if host == "*":  # (vLLM's own setting, copied: ZMQ said only "Invalid argument")
         raise ConfigError(option, endpoint, f"'*' is where vLLM binds (every interface); connect to the server's "
                                             f"address, e.g. tcp://127.0.0.1:{port}")
