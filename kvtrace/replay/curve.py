@@ -271,7 +271,7 @@ def run_curve(spec, capacities: str, *, policies: Sequence[str] | None = None, d
     wanted = parse_capacities(capacities)
     from kvtrace.replay.sweep import check_workers
 
-    check_workers(workers)
+    check_workers(workers, ray_address)
     if ray_address is not None and spec.mode != "engine":
         raise ConfigError("--ray", ray_address, "engine mode only (a cache-only curve is one pass in this process)")
     if spec.mode == "engine":

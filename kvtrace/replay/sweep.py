@@ -205,10 +205,12 @@ class _CollectedSpans:
 DEFAULT_WORKERS = 2  # local worker processes when --workers is not given
 
 
-def check_workers(workers: int | None) -> None:
-    """ConfigError naming --workers unless it is None (not given) or a count >= 1."""
+def check_workers(workers: int | None, ray_address: str | None = None) -> None:
+    """ConfigError naming --workers unless it is None (not given) or a count >= 1 (of local
+    processes, or with ``ray_address`` of replays in flight on the cluster)."""
     if workers is not None and (type(workers) is not int or workers < 1):
-        raise ConfigError("--workers", str(workers), "expected a number of processes >= 1")
+        what = "processes" if ray_address is None else "replays in flight on the cluster"
+        raise ConfigError("--workers", str(workers), f"expected a number of {what} >= 1")
 
 
 def _replay_one(spec: RunSpec, keep_spans: bool) -> tuple[RunResult, list]:
@@ -235,7 +237,7 @@ def run_sweep(
     combos = combinations(params)
     if not combos:
         raise KVTraceError("sweep: no parameter values to sweep")
-    check_workers(workers)
+    check_workers(workers, ray_address)
     bare = RunSpec(trace=base.trace)
     for name, _ in params:  # a swept setting also set for the whole sweep: one of them would be dropped
         if getattr(base, name) != getattr(bare, name):

@@ -57,6 +57,8 @@ def test_workers_beside_ray_bound_the_tasks_in_flight(monkeypatch):
 
 @pytest.mark.parametrize("workers", [0, -1, True])
 def test_workers_is_checked_with_ray_too(workers):
-    with pytest.raises(ConfigError, match="--workers"):
+    with pytest.raises(ConfigError, match=r"--workers: .*: expected a number of replays in flight on the cluster"):
         run_sweep(BASE, [("capacity_blocks", CAPACITIES)], workers=workers, ray_address="auto")
+    with pytest.raises(ConfigError, match=r"--workers: .*: expected a number of processes >= 1"):
+        run_sweep(BASE, [("capacity_blocks", CAPACITIES)], workers=workers)
     assert sweep.DEFAULT_WORKERS == 2
