@@ -9,18 +9,19 @@ import polars as pl
 import streamlit as st
 
 from kvtrace.compare import pairing
+from kvtrace.compare.model import MetricDelta
 from kvtrace.compare.render import fmt, to_markdown
 from kvtrace.dashboard import charts, queries, state, ui
 
-# (label, summary metric, kind, higher is better)
+# (label, summary metric, kind); which way is better is the diff's (MetricDelta.verdict)
 TILES = [
-    ("Prefix cache hit rate", "prefix_cache_hit_rate", "rate", True),
-    ("External prefix cache hit rate", "external_prefix_cache_hit_rate", "rate", True),
-    ("Block hit rate", "block_hit_rate", "rate", True),
-    ("Prompt tokens computed", "prompt_tokens_by_source.local_compute", "count", False),
-    ("TTFT median", "median_ttft_ms", "ms", False), ("TTFT p99", "p99_ttft_ms", "ms", False),
-    ("ITL median", "median_itl_ms", "ms", False), ("ITL p99", "p99_itl_ms", "ms", False),
-    ("Evictions", "evictions", "count", None), ("Stale hashes", "stale_hashes", "count", False),
+    ("Prefix cache hit rate", "prefix_cache_hit_rate", "rate"),
+    ("External prefix cache hit rate", "external_prefix_cache_hit_rate", "rate"),
+    ("Block hit rate", "block_hit_rate", "rate"),
+    ("Prompt tokens computed", "prompt_tokens_by_source.local_compute", "count"),
+    ("TTFT median", "median_ttft_ms", "ms"), ("TTFT p99", "p99_ttft_ms", "ms"),
+    ("ITL median", "median_itl_ms", "ms"), ("ITL p99", "p99_itl_ms", "ms"),
+    ("Evictions", "evictions", "count"), ("Stale hashes", "stale_hashes", "count"),
 ]
 
 
@@ -28,8 +29,28 @@ def _value(kind: str, v) -> str:
     return ui.pct(v) if kind == "rate" else ui.ms(v) if kind == "ms" else ui.count(v)
 
 
+def _shown_zero(d: float) -> bool:
+    """Whether ``kvtrace diff`` shows the change ``d`` as none: 0 at the decimals ``fmt``
+    gives it (a change of -3e-6 ms is its 0.0000, never a tile's "-0.00 ms")."""
+    return not fmt(d).strip("+-0.,")
+
+
 def _delta(kind: str, d: float) -> str:
-    return ui.pp(d) if kind == "rate" else f"{d:+.2f} ms" if kind == "ms" else f"{int(d):+,}"
+    """The change as ``kvtrace diff`` resolves it: a time in diff's own digits (``fmt``), a
+    rate in percentage points, none where diff shows none (no sign)."""
+    if kind == "rate":
+        return "0.0 pp" if _shown_zero(d) else ui.pp(d)
+    if kind == "ms":
+        return f"{fmt(d, signed=True)} ms"
+    return f"{int(d):+,}"
+
+
+def _colour(m: MetricDelta, d: float) -> Literal["off", "normal", "inverse"]:
+    """Green for diff's "better", red for its "worse" (Streamlit colours a positive change
+    green under "normal"), none for a change diff calls the same or has no direction for."""
+    if m.verdict not in ("better", "worse") or _shown_zero(d):
+        return "off"
+    return "normal" if (m.verdict == "better") == (d > 0) else "inverse"
 
 
 def main() -> None:
@@ -78,13 +99,18 @@ def main() -> None:
                      "in exactly one setting.", icon=":material/warning:")
 
     diff = queries.run_diff(run_a, run_b)
+    for side, run in (("A", diff.run_a), ("B", diff.run_b)):  # (kvtrace diff's words, first as there)
+        if run.get("status") not in (None, "complete"):
+            st.warning(f"Run {side} ({ui.literal(run.get('name') or run.get('run_id') or '?')}) is "
+                       f"{ui.strong(run['status'])}: partial numbers (they cover only what was recorded).",
+                       icon=":material/warning:")
     for note in diff.notes:  # (kvtrace diff prints the same)
         st.warning(ui.literal(note), icon=":material/warning:")
     # kvtrace diff names a median's shift by its percentile (p50_ttft_ms), the tiles by the summary's key
     ci = {s.name: s for s in diff.latency} | {s.name.replace("p50_", "median_", 1): s for s in diff.latency
                                                if s.name.startswith("p50_")}
     cols, times = st.columns(5), queries.times_word(run_a, run_b)
-    for i, (name, key, kind, better) in enumerate(TILES):
+    for i, (name, key, kind) in enumerate(TILES):
         try:
             m = diff.metric(key)
         except KeyError:
@@ -96,10 +122,10 @@ def main() -> None:
             s = ci[key]
             helptext += f"; 95% bootstrap CI of B − A: [{fmt(s.ci_low, signed=True)}, {fmt(s.ci_high, signed=True)}] ms"
         d = m.delta
-        colour: Literal["off", "normal", "inverse"] = (
-            "off" if better is None or not d else ("normal" if better else "inverse"))
+        still = d is None or _shown_zero(d)  # (no arrow where diff shows no change)
         cols[i % 5].metric(f"{name}{unit} (B)", _value(kind, m.b), delta=None if d is None else _delta(kind, d),
-                           delta_color=colour, delta_arrow="auto" if d else "off", help=helptext)
+                           delta_color="off" if d is None else _colour(m, d), delta_arrow="off" if still else "auto",
+                           help=helptext)
     st.caption("B's value with its change from A (rates in percentage points); green means better, red worse. "
                f"Times: A {queries.times_caption(run_a)}; B {queries.times_caption(run_b)}. A run without a clock "
                "shows – and no change, never 0.")
@@ -141,11 +167,17 @@ def main() -> None:
         st.caption(f"{ui.code(command)} prints this text.")  # (quoted: ids and paths may hold spaces)
 
     req = queries.request_diff(run_a, run_b)
-    if req.height and not (req["cached_delta"] != 0).any():
+    r = diff.requests  # (kvtrace diff's per-request counts: the page's own join only draws them)
+    if r is not None and r.requests and not (r.gained or r.lost):
         # the same local + external total can be split otherwise: the local cache (vLLM's
         # prefix cache hit rate, the tiles') then moved, and the external tier made up for it
         shifted = int((req["local_b"] != req["local_a"]).sum())
-        st.info(f"All {req.height:,} requests got the same cached tokens (local + external) in A and B"
+        if r.only_a or r.only_b:  # (a run stopped early: the tiles count other requests, not a change)
+            st.info(f"All {r.requests:,} requests both runs hold got the same cached tokens (local + external) in "
+                    f"A and B; only in A: {r.only_a:,}, only in B: {r.only_b:,}. The tiles above count those too, "
+                    "so they compare different sets of requests, not this change alone.", icon=":material/info:")
+            return
+        st.info(f"All {r.requests:,} requests got the same cached tokens (local + external) in A and B"
                 + (": this change does not move the prefix cache on this trace." if not shifted else
                    f", but {shifted:,} of them took a different share from the local cache: the prefix cache hit "
                    "rate moved (the tiles above), and the external tier made up the difference."),
@@ -164,6 +196,9 @@ def main() -> None:
                      "the same trace with the same request ids, e.g. "
                      "`kvtrace replay TRACE --db PATH --without shared-prefix-pinning`",
              key="cmp_req")
+    if r is not None and (r.only_a or r.only_b):  # (kvtrace diff's "only in A: N, only in B: M")
+        st.info(f"Only in A: {r.only_a:,}, only in B: {r.only_b:,} requests: the chart and table compare the "
+                f"{r.requests:,} requests both runs hold.", icon=":material/info:")
     if req.height:
         moved = (req.with_columns(pl.col("cached_delta").abs().alias("abs_delta"))
                  .sort(["abs_delta", "request_id"], descending=[True, False]))

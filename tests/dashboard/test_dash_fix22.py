@@ -1,0 +1,103 @@
+"""Fixes of probe 22's re-probe of the dashboard: a stopped B on Compare, tiles at diff's
+resolution, a request still in flight, a damaged engine run's times, a nameless Belady
+run, a vLLM-backend run's per-group chart, a run without spans' request count."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import duckdb
+import pytest
+from apptest import render
+from streamlit.proto.Metric_pb2 import Metric
+
+from kvtrace.errors import TraceFormatError
+
+STOP_AT = 14  # the stopped run reads this many requests of the trace's 24, then fails
+
+
+@pytest.fixture(scope="module")
+def stopped_pair(tmp_path_factory) -> tuple[str, str, str]:
+    """(store, A, B): A replays a trace to its end; B replays the same trace and settings and
+    fails after reading STOP_AT requests (a bad line met mid-run: status failed, no summary,
+    the requests in flight then without a request span)."""
+    from kvtrace.replay.generate import write_generated
+    from kvtrace.replay.readers import source
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    folder = tmp_path_factory.mktemp("stopped")
+    trace = folder / "t.jsonl"
+    write_generated("chat", trace, seed=3, num_requests=24)
+    # (arrivals 8x closer: requests overlap, so some are in flight when B stops)
+    lines = [json.loads(line) for line in trace.read_text().splitlines()]
+    trace.write_text("".join(json.dumps({**r, "arrival_ns": r["arrival_ns"] // 8} if "arrival_ns" in r else r) + "\n"
+                             for r in lines))
+    db = str(folder / "s.duckdb")
+    a = run_replay(RunSpec(str(trace), name="whole"), db=db).run_id
+    real = source.TraceSource.__iter__
+
+    def stopping(self):
+        for i, request in enumerate(real(self)):
+            if i == STOP_AT:
+                raise TraceFormatError(str(trace), i + 1, "stopped here")
+            yield request
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(source, "CHECKED_BEFORE_DIGEST", 5)  # (the digest's read stops before STOP_AT)
+        mp.setattr(source.TraceSource, "__iter__", stopping)
+        with pytest.raises(TraceFormatError):
+            run_replay(RunSpec(str(trace), name="stopped"), db=db)
+    with duckdb.connect(db) as con:
+        ((b, status),) = con.execute("SELECT run_id, status FROM runs WHERE run_id != ?", [a]).fetchall()
+    assert status == "failed" and a is not None
+    return db, a, b
+
+
+def test_compare_with_a_stopped_b_says_what_diff_says(stopped_pair, monkeypatch):
+    """A stopped B on Compare: 'All N requests got the same cached tokens ...: this change does
+    not move the prefix cache' beside a hit-rate tile that moved, where `kvtrace diff` says
+    'Run B is failed: partial numbers' and 'only in A: N'."""
+    from kvtrace.compare.source import diff_runs
+
+    db, a, b = stopped_pair
+    r = diff_runs(db, a, b).requests
+    assert r is not None and r.only_a > 0 and r.requests and not (r.gained or r.lost)
+    at = render(db, monkeypatch, "compare", run=a, b=b)
+    said = [w.value for w in at.warning]
+    assert "Run B (stopped) is **failed**: partial numbers (they cover only what was recorded)." in said, said
+    infos = [i.value for i in at.info]
+    assert not [i for i in infos if "does not move the prefix cache" in i], infos
+    (line,) = [i for i in infos if i.startswith("All ")]
+    assert f"All {r.requests:,} requests both runs hold" in line, line
+    assert f"only in A: {r.only_a:,}, only in B: {r.only_b:,}" in line, line
+
+
+def _tiles(at) -> dict:
+    return {m.label: m for m in at.metric}
+
+
+def test_a_compare_tile_below_diffs_resolution_shows_no_change(dashboard_db, tmp_path, monkeypatch):
+    """An ITL median 3e-6 ms lower in B: `kvtrace diff` prints 0.0000, +0.0% and no verdict;
+    the tile said '-0.00 ms' with a green 'better' arrow."""
+    from kvtrace.compare.render import fmt
+    from kvtrace.compare.source import diff_runs
+    from kvtrace.store import read
+
+    db = str(tmp_path / "tiny.duckdb")
+    shutil.copy(dashboard_db, db)
+    a, b = read.runs(db)["run_id"].to_list()[:2]
+    sa, sb = read.run(db, a)["summary"], read.run(db, b)["summary"]
+    sb["median_itl_ms"] = sa["median_itl_ms"] - 3e-6
+    sb["p99_itl_ms"] = sa["p99_itl_ms"] - 2.5  # (a change diff shows: coloured, in diff's digits)
+    with duckdb.connect(db) as con:
+        con.execute("UPDATE runs SET summary = ? WHERE run_id = ?", [json.dumps(sb), b])
+    m = diff_runs(db, a, b).metric("median_itl_ms")
+    assert fmt(m.delta, signed=True) == "0.0000" and m.verdict == "same"
+    tiles = _tiles(render(db, monkeypatch, "compare", run=a, b=b))
+    tiny = next(t for label, t in tiles.items() if label.startswith("ITL median"))
+    assert tiny.proto.delta == "0.0000 ms", tiny.proto.delta
+    assert tiny.proto.color == Metric.MetricColor.GRAY and tiny.proto.direction == Metric.MetricDirection.NONE
+    moved = next(t for label, t in tiles.items() if label.startswith("ITL p99"))
+    assert moved.proto.delta == f"{fmt(-2.5, signed=True)} ms", moved.proto.delta
+    assert moved.proto.color == Metric.MetricColor.GREEN and moved.proto.direction == Metric.MetricDirection.DOWN
