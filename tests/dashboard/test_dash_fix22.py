@@ -101,3 +101,16 @@ def test_a_compare_tile_below_diffs_resolution_shows_no_change(dashboard_db, tmp
     moved = next(t for label, t in tiles.items() if label.startswith("ITL p99"))
     assert moved.proto.delta == f"{fmt(-2.5, signed=True)} ms", moved.proto.delta
     assert moved.proto.color == Metric.MetricColor.GREEN and moved.proto.direction == Metric.MetricDirection.DOWN
+
+
+def test_the_requests_tile_of_a_run_without_spans_is_unknown_not_zero(tmp_path, monkeypatch):
+    """A collected run without spans: the runs table and `kvtrace runs` show – requests, the
+    Overview's tile said 0."""
+    from kvtrace.store.writer import Store
+
+    db = str(tmp_path / "empty.duckdb")
+    with Store.open(db) as store:
+        run = store.create_run("nothing sent", mode="otlp")
+        store.finish_run(run, summary={})
+    shown = {m.label: m.value for m in render(db, monkeypatch, run=run).metric}
+    assert shown["Requests"] == "–", shown
