@@ -30,6 +30,7 @@ from kvtrace.names import replay_mode
 from kvtrace.store import read
 from kvtrace.store.backend import is_clickhouse
 from kvtrace.store.errors import DAMAGED, StoreError
+from kvtrace.store.read._sql import with_run
 from kvtrace.store.read.runs import DAMAGED_STATUS, JSON_FIELDS
 from kvtrace.store.schema import SUMMARY_FIELDS, SUMMARY_NOTHING_RECEIVED
 from kvtrace.store.state import content_state
@@ -236,8 +237,13 @@ def times_word(*run_ids: str) -> str:
 def times_caption(run_id: str) -> str:
     """Where the run's times come from, in diff's words (``metrics.times_source``): every
     latency view says so (issue 18)."""
-    model = cost_model(run_id)
-    source = metrics.times_source(run_row(run_id).get("mode"), model, ui.code)
+    model, row = cost_model(run_id), run_row(run_id)
+    if model is None and row.get("damage") and row.get("mode") == "engine":
+        # (a damaged record's settings are not read: an engine run's cost model is unknown, not
+        # "none (no clock: cache-only)" beside its "(modelled)" tables)
+        return (f"{metrics.MODELLED} by a cost model not named here: this run's stored settings are damaged, so not "
+                "read (virtual time, not measured)")
+    source = metrics.times_source(row.get("mode"), model, ui.code)
     return f"{source} (virtual time, not measured)" if model else source
 
 
@@ -406,6 +412,20 @@ def request_choices(run_id: str, wanted: str | None) -> pl.DataFrame:
     if wanted is not None and wanted not in set(top["request_id"].to_list()):
         top = pl.concat([top, _one_request(db, key, run_id, wanted)])
     return top
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def _has_spans(db: str, key: tuple, run_id: str, request_id: str) -> bool:
+    frame = with_run(db, run_id, "SELECT count(*) AS n FROM spans WHERE run_id = $run_id AND request_id = $rid",
+                     params={"rid": request_id})
+    return bool(frame["n"][0])
+
+
+def request_has_spans(run_id: str, request_id: str) -> bool:
+    """Whether any span of ``run_id`` names ``request_id``: a request without a finished
+    request span (still in flight when the run stopped) has its lookups and cache spans."""
+    ctx = context()
+    return _has_spans(ctx["db"], ctx["key"], run_id, request_id)
 
 
 def shared_pool(run_id: str) -> bool:

@@ -114,3 +114,37 @@ def test_the_requests_tile_of_a_run_without_spans_is_unknown_not_zero(tmp_path, 
         store.finish_run(run, summary={})
     shown = {m.label: m.value for m in render(db, monkeypatch, run=run).metric}
     assert shown["Requests"] == "–", shown
+
+
+def test_a_request_still_in_flight_is_not_called_missing_from_the_run(stopped_pair, monkeypatch):
+    """A link to a request the stopped run had not finished: 'not in this run', though its
+    lookups are in the run; it has no finished request span."""
+    db, _, b = stopped_pair
+    with duckdb.connect(db) as con:
+        rows = con.execute("SELECT DISTINCT request_id FROM spans WHERE run_id = $r AND request_id NOT IN "
+                           "(SELECT request_id FROM request_spans WHERE run_id = $r) ORDER BY 1", {"r": b}).fetchall()
+    assert rows
+    rid = rows[0][0]
+    said = [w.value for w in render(db, monkeypatch, "latency", run=b, request=rid).warning]
+    assert said == [f"Request `{rid}` from the link has spans in this run but no finished request span (it had not "
+                    "finished when the run's spans end): the slowest one is shown instead."], said
+    said = [w.value for w in render(db, monkeypatch, "latency", run=b, request="nowhere").warning]
+    assert said == ["Request `nowhere` from the link is not in this run: the slowest one is shown instead."], said
+
+
+def test_a_damaged_engine_runs_times_are_not_called_cache_only(dashboard_db, tmp_path, monkeypatch):
+    """An engine run whose record is damaged (its settings not read): Latency said 'Times:
+    none (no clock: cache-only)' beside its '(modelled)' tables."""
+    from kvtrace.store import read
+
+    db = str(tmp_path / "damaged.duckdb")
+    shutil.copy(dashboard_db, db)
+    run = read.runs(db)["run_id"].to_list()[0]
+    with duckdb.connect(db) as con:
+        con.execute("UPDATE runs SET summary = '[1]' WHERE run_id = ?", [run])
+    assert read.run(dashboard_db, run)["mode"] == "engine"
+    at = render(db, monkeypatch, "latency", run=run)
+    (times,) = [c.value for c in at.caption if c.value.startswith("Times:")]
+    assert "cache-only" not in times and "no clock" not in times, times
+    assert times == ("Times: modelled by a cost model not named here: this run's stored settings are damaged, so "
+                     "not read (virtual time, not measured)."), times

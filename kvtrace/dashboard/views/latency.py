@@ -83,16 +83,23 @@ def main() -> None:
     # The picker offers the queries.REQUEST_CHOICES slowest requests; any request id works
     # through ?request=.
     reqs = queries.request_choices(run_id, st.query_params.get("request"))
+    options = reqs["request_id"].to_list()
+    instead = "the slowest one is shown instead." if options else "it has no finished request to show."
+    # (request_choices adds a linked request that finished; one still in flight when the run
+    # stopped has spans, but no request span: it was called "not in this run")
+    wanted = state.unknown_value("request", options)
+    if wanted is not None and queries.request_has_spans(run_id, wanted):
+        st.warning(f"Request {state.link_value(wanted)} from the link has spans in this run but no finished "
+                   f"request span (it had not finished when the run's spans end): {instead}",
+                   icon=":material/link_off:")
+    else:
+        state.warn_unknown("request", options, "Request", instead)
     if reqs.height == 0:
         # a link from another run: named once, then dropped from the URL (as a picker replaces one)
-        state.warn_unknown("request", [], "Request", "it has no finished request to show.")
         st.query_params.pop("request", None)
         ui.empty("No finished requests in this run.")
     else:
-        options = reqs["request_id"].to_list()
         info = {r["request_id"]: r for r in reqs.iter_rows(named=True)}
-        # (request_choices adds a linked request that exists)
-        state.warn_unknown("request", options, "Request", "the slowest one is shown instead.")
         rid = str(state.bound_select(  # options: not empty
             "Request (slowest TTFT first)", options, "request",
             format_func=lambda x: _request_label(info[x])))
