@@ -9,7 +9,7 @@ import shutil
 
 import duckdb
 import pytest
-from apptest import render
+from apptest import render, traces
 from streamlit.proto.Metric_pb2 import Metric
 
 from kvtrace.errors import TraceFormatError
@@ -148,3 +148,35 @@ def test_a_damaged_engine_runs_times_are_not_called_cache_only(dashboard_db, tmp
     assert "cache-only" not in times and "no clock" not in times, times
     assert times == ("Times: modelled by a cost model not named here: this run's stored settings are damaged, so "
                      "not read (virtual time, not measured)."), times
+
+
+def test_a_nameless_belady_run_is_named_by_its_id_in_the_legend(tmp_path, monkeypatch):
+    """A Belady run without a name: the hit-rate legend read 'Belady bound (None, ...)'."""
+    from kvtrace.dashboard import run_config
+    from kvtrace.replay.run import RunSpec, run_replay
+    from kvtrace.store import read
+
+    db = str(tmp_path / "belady.duckdb")
+    engine = run_replay(RunSpec("gen:mixed", limit=12, name="engine"), db=db).run_id
+    cap = run_config.capacity(read.run(db, engine)["config"])
+    assert cap is not None
+    bel = run_replay(RunSpec("gen:mixed", limit=12, mode="cache-only", policy="belady", capacity_blocks=cap.blocks,
+                             block_size=cap.block_size), db=db).run_id
+    with duckdb.connect(db) as con:
+        con.execute("UPDATE runs SET name = NULL WHERE run_id = ?", [bel])
+    at = render(db, monkeypatch, "hit_rate", run=engine)
+    names = [t["name"] for t in traces(at) if t["name"].startswith("Belady bound")]
+    assert names == [f"Belady bound ({bel}, {cap})"], names
+
+
+def test_a_vllm_backend_runs_empty_group_chart_says_why_and_names_no_command(tmp_path, monkeypatch, vllm_api):
+    """A --backend vllm run has no per-group hits (vLLM reports the groups' common hit; the
+    inferred ones are left out): its empty chart said 'Fill it with `kvtrace demo`...'."""
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = str(tmp_path / "vllm.duckdb")
+    run = run_replay(RunSpec("gen:chat", limit=4, backend="vllm", capacity_blocks=100), db=db).run_id
+    infos = [i.value for i in render(db, monkeypatch, "hit_rate", run=run).info]
+    (said,) = [i for i in infos if i.startswith("No per-group hits")]
+    assert "Fill it with" not in said and "its backend is vLLM's" in said, said
+

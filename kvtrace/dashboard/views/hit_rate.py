@@ -24,7 +24,8 @@ level = None
 if bel is not None:
     rate = queries.summary(bel["run_id"]).get(metrics.HEADLINE_RATE)
     if isinstance(rate, (int, float)):
-        level = (f"Belady bound ({bel['name']}, {bound.capacity})", float(rate))
+        # (a run without a name by its id, as everywhere else: the legend read 'Belady bound (None, ...)')
+        level = (f"Belady bound ({bel.get('name') or bel['run_id']}, {bound.capacity})", float(rate))
 ui.chart(
     charts.hit_rate(counters, level),
     "vLLM's prefix cache hit rate (prefix_cache_hits / prefix_cache_queries, each request once at its first "
@@ -74,11 +75,18 @@ group = state.bound_select("KV group", ["each", *gids], "group", default="each",
 shown = groups if group == "each" else groups.filter(groups["group_id"] == group)
 in_window = state.in_window(shown, "window_start_ns", window, origin)
 outside = state.outside_window(shown, in_window, window, "per-group hits")
+# vLLM reports only the groups' common hit (the request's): the vllm backend writes it into every
+# group as an inferred value, which the per-group figures leave out, so no command fills this chart
+vllm = cfg.get("backend") == "vllm"
 ui.chart(charts.group_hit_rate(in_window, labels),
-         metrics.GROUP_HIT_RATE_DOC, empty_what=outside or "No per-group hits in this run: no lookup spans, or a "
-                                                          "backend that reports only the groups' common hit (vLLM's), "
-                                                          "which is the request's.",
-         command=None if outside else ui.FILL_RUN, key="group_hit_rate")
+         metrics.GROUP_HIT_RATE_DOC,
+         empty_what=outside or ("No per-group hits in this run: its backend is vLLM's, which reports only the groups' "
+                                "common hit (the request's). kvtrace infers each group's hit from it and leaves those "
+                                "inferred hits out, so no run of the vllm backend has per-group hits; a replay with "
+                                "kvtrace's own backend records them." if vllm else
+                                "No per-group hits in this run: no lookup spans, or a backend that reports only the "
+                                "groups' common hit (vLLM's), which is the request's."),
+         command=None if outside or vllm else ui.FILL_RUN, key="group_hit_rate")
 
 usage = queries.call("usage_over_time", run_id, window_ns=w)
 in_window = state.in_window(usage, "window_start_ns", window, origin)
