@@ -50,6 +50,15 @@ METRIC_DIRECTION: dict[str, int] = {
 LATENCY_RESOLUTION_MS = 1e-3
 
 
+def below_latency_resolution(delta_ms: float) -> bool:
+    """Whether a latency change (ms) is below LATENCY_RESOLUTION_MS, counted in whole
+    nanoseconds: a change of exactly 1 µs, 60.280851 - 60.279851 = 0.000999999... ms in
+    floats, was called "same". Not for a NaN or infinite change (no number to round)."""
+    if not math.isfinite(delta_ms):
+        return False
+    return round(abs(delta_ms) * 1e6) < round(LATENCY_RESOLUTION_MS * 1e6)
+
+
 def metric_direction(name: str) -> int:
     """+1 when a higher ``name`` is better, -1 when lower is (every latency statistic,
     ``kvtrace.metrics.is_latency_key``), 0 when neither."""
@@ -74,7 +83,7 @@ class MetricDelta:
         """'better' / 'worse' / 'same' / '' (no preferred direction or missing)."""
         if self.delta is None:
             return ""
-        if self.delta == 0 or (is_latency_key(self.name) and abs(self.delta) < LATENCY_RESOLUTION_MS):
+        if self.delta == 0 or (is_latency_key(self.name) and below_latency_resolution(self.delta)):
             return "same"
         d = metric_direction(self.name)
         if d == 0:
@@ -107,7 +116,7 @@ class PercentileShift:
         latencies: a rise whose interval lies below zero was marked "worse" beside an
         interval that says B is lower; the two disagree, so there is no finding.)"""
         return ((self.ci_low > 0 and self.delta > 0) or (self.ci_high < 0 and self.delta < 0)) \
-            and not math.isnan(self.ci_low) and abs(self.delta) >= LATENCY_RESOLUTION_MS
+            and not math.isnan(self.ci_low) and not below_latency_resolution(self.delta)
 
 
 @dataclass(slots=True, frozen=True)
