@@ -123,6 +123,12 @@ class StudyResult:
     def diff(self) -> RunDiff:
         return self.first.diff
 
+    @property
+    def swept(self) -> bool:
+        """Whether a sweep was given (even of one value): every view then shows its table
+        (--markdown left out the one --json and the terminal showed for one value)."""
+        return self.first.parameter is not None
+
     def to_json(self) -> dict[str, Any]:
         """{"behaviour", "trace", "on", "off", "diff", "expected_effect"} (of the first point) [+ "sweep"]."""
         out: dict[str, Any] = {"behaviour": self.behaviour, "trace": self.trace,
@@ -131,7 +137,7 @@ class StudyResult:
         out.pop("value", None)
         if self.db is not None:
             out["db"] = self.db
-        if len(self.points) > 1 or self.first.parameter is not None:
+        if self.swept:
             out["sweep"] = {
                 "parameter": self.first.parameter,
                 "points": [p.to_json(self.behaviour) for p in self.points],
@@ -145,7 +151,7 @@ class StudyResult:
         # the trace path as typed, one code span whatever it holds (backticks, a newline, ESC)
         parts = [f"## kvtrace study `{self.behaviour}` on {markdown_code(self.trace)}", "",
                  "A = behaviour off (old vLLM), B = behaviour on: deltas are what the behaviour buys.", ""]
-        if len(self.points) > 1:
+        if self.swept:
             parts += [self.sweep_markdown(), ""]
         for p in self.points:
             if p.parameter is not None:
@@ -181,7 +187,7 @@ class StudyResult:
             effect = p.effect(self.behaviour)
             colour = {True: "green", False: "red", None: "yellow"}[effect["shown"]]
             console.print(f"[{colour}]{markup_literal(verdict_line(effect))}[/{colour}]")
-        if self.first.parameter is not None:
+        if self.swept:
             console.print(self.sweep_table())
 
     def sweep_table(self, metrics: Iterable[str] = SWEEP_TABLE_METRICS) -> Any:

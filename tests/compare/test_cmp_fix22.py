@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import io
+
+from rich.console import Console
+
 
 def test_a_latency_change_of_exactly_one_microsecond_is_a_change():
     """The `< 1e-3` ms check ran on float ms: 60.279851 - 60.280851 is -0.000999999... ms, a
@@ -20,3 +24,23 @@ def test_a_latency_change_of_exactly_one_microsecond_is_a_change():
     off = {"prefix_cache_hit_rate": 0.10, "median_ttft_ms": a}
     on = {"prefix_cache_hit_rate": 0.15, "median_ttft_ms": b}
     assert expected_effect(TRANSIENT_CHECKPOINT_RETENTION, on, off)["shown"] is True
+
+
+def test_a_study_swept_over_one_value_has_its_sweep_table_in_every_view():
+    """`study ... --sweep retention=0 --markdown` left out the sweep table the terminal view
+    and --json show for one value (markdown asked for two points, the others for a sweep)."""
+    from kvtrace.compare.model import diff_summaries
+    from kvtrace.compare.study import SHARED_PREFIX_PINNING, StudyPoint, StudyResult
+
+    on = {"prefix_cache_hit_rate": 0.2, "prefix_cache_hits": 20, "median_ttft_ms": 5.0}
+    off = {"prefix_cache_hit_rate": 0.1, "prefix_cache_hits": 10, "median_ttft_ms": 6.0}
+    point = StudyPoint(on=on, off=off, diff=diff_summaries(off, on), parameter="retention", value=0)
+    result = StudyResult(SHARED_PREFIX_PINNING, "gen:study-shared-prefix-pinning", points=[point])
+    assert result.to_json()["sweep"]["parameter"] == "retention"
+    terminal = io.StringIO()
+    result.print(Console(file=terminal, width=200))
+    assert f"{SHARED_PREFIX_PINNING}: on - off, per retention" in terminal.getvalue()
+    md = result.to_markdown()
+    assert result.sweep_markdown() in md and "| retention | prefix_cache_hit_rate off |" in md
+    unswept = StudyResult(SHARED_PREFIX_PINNING, "t", points=[StudyPoint(on=on, off=off, diff=point.diff)])
+    assert "sweep" not in unswept.to_json() and "| None |" not in unswept.to_markdown()
