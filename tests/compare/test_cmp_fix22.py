@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 
+import pytest
 from rich.console import Console
 
 
@@ -24,6 +25,25 @@ def test_a_latency_change_of_exactly_one_microsecond_is_a_change():
     off = {"prefix_cache_hit_rate": 0.10, "median_ttft_ms": a}
     on = {"prefix_cache_hit_rate": 0.15, "median_ttft_ms": b}
     assert expected_effect(TRANSIENT_CHECKPOINT_RETENTION, on, off)["shown"] is True
+
+
+@pytest.mark.parametrize("backend", ["duckdb", "chdb"])
+def test_runs_of_one_second_are_listed_newest_first_by_number(tmp_path, backend):
+    """`kvtrace runs` broke ties of one second on run_id DESC as text: r9 above r10."""
+    from kvtrace.store import read
+    from kvtrace.store.writer import Store
+
+    db = str(tmp_path / "s.duckdb") if backend == "duckdb" else f"chdb:{tmp_path / 's'}"
+    store = Store.open(db)
+    try:
+        for n in range(1, 12):
+            store.create_run(f"run {n}", created="2026-12-06T01:00:00+00:00")
+        store.create_run("named", created="2026-12-06T01:00:00+00:00", run_id="custom")
+        store.create_run("later", created="2026-12-06T01:00:01+00:00", run_id="r2x")
+    finally:
+        store.close()
+    ids = read.runs(db)["run_id"].to_list()
+    assert ids == ["r2x", *(f"r{n}" for n in range(11, 0, -1)), "custom"]
 
 
 def test_a_study_swept_over_one_value_has_its_sweep_table_in_every_view():

@@ -30,8 +30,10 @@ _RUNS_SQL = """
            USING (run_id)
     LEFT JOIN (SELECT run_id, count(*) AS n FROM spans
                WHERE run_id IN (SELECT run_id FROM runs WHERE status = 'running')
-               GROUP BY run_id) live USING (run_id)
-    ORDER BY r.created DESC NULLS LAST, r.run_id DESC"""
+               GROUP BY run_id) live USING (run_id)"""
+
+# A numbered id's digits (leading zeros read as the number, as ``schema.next_run_id`` counts them)
+_RUN_NUMBER = pl.col("run_id").cast(pl.String).str.extract(r"^r([0-9]+)$", 1).str.strip_chars_start("0")
 
 
 DAMAGED_STATUS = "damaged"  # a run whose record holds values kvtrace never writes (``damage`` says which)
@@ -50,6 +52,12 @@ def runs(db: DB) -> pl.DataFrame:
     """
     with connect(db) as con:
         frame = query(con, _RUNS_SQL)
+    # Newest first; runs of one second by number, r10 above r9 (SQL's run_id DESC compared
+    # text, r9 above r10), compared as digit strings (no integer overflows), then by id: the
+    # same order from every backend, sorted here rather than in each one's SQL
+    frame = frame.with_columns(_digits=_RUN_NUMBER).with_columns(_length=pl.col("_digits").str.len_chars())
+    frame = frame.sort(["created", "_length", "_digits", "run_id"], descending=True, nulls_last=True)
+    frame = frame.drop("_digits", "_length")
     status: list[str] = []
     damage: list[str | None] = []
     for row in frame.iter_rows(named=True):
