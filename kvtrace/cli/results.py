@@ -230,7 +230,8 @@ def export(
     from kvtrace.store import export_parquet
 
     if not parquet.strip():  # a str, not a Path: Path('') is '.', the current directory
-        raise ConfigError("kvtrace export", "--parquet",
+        # (named at its flag alone: the CLI's own "kvtrace: error:" says which command)
+        raise ConfigError("--parquet", None,
                           "expected an output directory, got an empty path (say . for the current one)")
     for p in export_parquet(db, run, parquet).values():
         typer.echo(printable(p))  # (one path a line: a newline in a name would read as two)

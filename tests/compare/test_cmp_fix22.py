@@ -64,3 +64,15 @@ def test_a_study_swept_over_one_value_has_its_sweep_table_in_every_view():
     assert result.sweep_markdown() in md and "| retention | prefix_cache_hit_rate off |" in md
     unswept = StudyResult(SHARED_PREFIX_PINNING, "t", points=[StudyPoint(on=on, off=off, diff=point.diff)])
     assert "sweep" not in unswept.to_json() and "| None |" not in unswept.to_markdown()
+
+
+def test_an_empty_export_directory_is_named_at_its_flag_once(tmp_path, capsys):
+    """`kvtrace export --parquet ""` said `kvtrace: error: kvtrace export: --parquet: ...`."""
+    from kvtrace.store.writer import Store
+    from tests.cli.support import assert_one_line, run
+
+    db = str(tmp_path / "a.duckdb")
+    Store.open(db).close()
+    code, _, err = run(["export", "--db", db, "--run", "r1", "--parquet", ""], capsys)
+    line = assert_one_line(code, err, "--parquet")
+    assert line.startswith("kvtrace: error: --parquet: expected an output directory") and line.count("kvtrace") == 1
