@@ -92,7 +92,7 @@ def to_markdown(diff: RunDiff) -> str:
     def row(m: MetricDelta) -> str:
         return (
             f"| {_md_name(m.name)} | {fmt(m.a)} | {fmt(m.b)} | {fmt(m.delta, signed=True)} | "
-            f"{fmt_rel(m.rel)} | {_mark(m.verdict)} |"
+            f"{fmt_rel(m.rel, m.delta)} | {_mark(m.verdict)} |"
         )
 
     # The summary fields first; the run's further metrics folded away below them.
@@ -217,7 +217,7 @@ def tables(diff: RunDiff, metrics: Iterable[str] | None = None) -> list[Any]:
         if keep is not None and m.name not in keep:
             continue
         style = {"better": "green", "worse": "red"}.get(m.verdict)
-        t.add_row(markup_literal(m.name), fmt(m.a), fmt(m.b), fmt(m.delta, signed=True), fmt_rel(m.rel),
+        t.add_row(markup_literal(m.name), fmt(m.a), fmt(m.b), fmt(m.delta, signed=True), fmt_rel(m.rel, m.delta),
                   style=style)
     out.append(t)
     if diff.latency:
@@ -323,15 +323,20 @@ def fmt(v: float | None, signed: bool = False) -> str:
 _HUGE = 1e18
 
 
-def fmt_rel(rel: float | None) -> str:
-    """A relative change as a signed percentage; '–' when undefined; one that rounds to 0.0
-    reads +0.0%, as no change does ("-0.0%" sat beside a delta of 0.0000)."""
+def fmt_rel(rel: float | None, delta: float | None = None) -> str:
+    """A relative change as a signed percentage; '–' when undefined. ``delta``: the change
+    it is relative to (None: none shown). One that rounds to -0.0% reads +0.0%, as no change
+    does, only where ``delta`` too shows as zero ("-0.0%" sat beside a delta of 0.0000); a
+    fall too small for a tenth of a percent keeps its sign beside the delta that shows it
+    (-0.3239 read +0.0%)."""
     if rel is None:
         return "–"
     if abs(rel) >= _HUGE / 100:
         return f"{rel * 100:+.3g}%"
     shown = f"{rel * 100:+.1f}%"
-    return "+0.0%" if shown == "-0.0%" else shown
+    if shown == "-0.0%" and not any(c in "123456789" for c in fmt(delta, signed=True)):
+        return "+0.0%"
+    return shown
 
 
 def _side(diff: RunDiff, name: str, side: str) -> Any:

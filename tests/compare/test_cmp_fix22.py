@@ -8,6 +8,28 @@ import pytest
 from rich.console import Console
 
 
+def test_a_fall_below_a_tenth_of_a_percent_keeps_its_minus_sign_beside_its_delta():
+    """fa3a5e4 read every "-0.0%" as "+0.0%", also beside a real fall:
+    `| mean_e2el_ms | 883.3 | 883.0 | -0.3239 | +0.0% | ✅ better |`. Only a delta that shows as
+    zero makes it +0.0%."""
+    from kvtrace.compare.model import diff_summaries
+    from kvtrace.compare.render import fmt, to_markdown, to_text
+
+    a = {"mean_e2el_ms": 883.3239, "median_itl_ms": 4.56}
+    b = {"mean_e2el_ms": 883.0, "median_itl_ms": 4.56 - 1e-7}
+    diff = diff_summaries(a, b)
+    fall, noise = (next(m for m in diff.metrics if m.name == k) for k in ("mean_e2el_ms", "median_itl_ms"))
+    assert fmt(fall.delta, signed=True) == "-0.3239" and f"{fall.rel * 100:+.1f}%" == "-0.0%"
+    assert fmt(noise.delta, signed=True) == "0.0000" and f"{noise.rel * 100:+.1f}%" == "-0.0%"
+    md = to_markdown(diff)
+    assert "| mean_e2el_ms | 883.3 | 883.0 | -0.3239 | -0.0% | ✅ better |" in md
+    assert "| median_itl_ms | 4.560 | 4.560 | 0.0000 | +0.0% |  |" in md
+    cells = [[c.strip() for c in line.split("│")[1:-1]] for line in to_text(diff, width=200).splitlines()]
+    rows = {row[0]: row[1:] for row in cells if row}
+    assert rows["mean_e2el_ms"] == ["883.3", "883.0", "-0.3239", "-0.0%"]
+    assert rows["median_itl_ms"] == ["4.560", "4.560", "0.0000", "+0.0%"]
+
+
 def test_a_latency_change_of_exactly_one_microsecond_is_a_change():
     """The `< 1e-3` ms check ran on float ms: 60.279851 - 60.280851 is -0.000999999... ms, a
     whole microsecond called "same" (and no finding in the percentiles, nor in a study's verdict)."""
