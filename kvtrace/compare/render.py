@@ -129,11 +129,11 @@ def to_markdown(diff: RunDiff) -> str:
     if r is not None and (r.requests or r.only_a or r.only_b):
         lines += [
             "",
-            f"**Per-request cached tokens** (local + external hits at first schedule): {r.gained} gained, "
-            f"{r.lost} lost, "
-            f"{r.requests - r.gained - r.lost} unchanged of {r.requests} common requests "
-            f"(net {r.cached_tokens_delta:+d} tokens)."
-            + (f" Only in A: {r.only_a}, only in B: {r.only_b}." if r.only_a or r.only_b else ""),
+            f"**Per-request cached tokens** (local + external hits at first schedule): {r.gained:,} gained, "
+            f"{r.lost:,} lost, "
+            f"{r.requests - r.gained - r.lost:,} unchanged of {r.requests:,} common requests "
+            f"(net {r.cached_tokens_delta:+,d} tokens)."
+            + (f" Only in A: {r.only_a:,}, only in B: {r.only_b:,}." if r.only_a or r.only_b else ""),
         ]
         if r.top_gained or r.top_lost:
             lines += ["", "| request | prompt | cached A | cached B | Δ |", "|---|---:|---:|---:|---:|"]
@@ -278,8 +278,8 @@ def render(diff: RunDiff, console: Any = None) -> None:
 def requests_line(r: RequestHitDiff) -> str:
     """The per-request comparison in one line: the per-request table's title, or the line
     in its place when no request gained or lost (the requests only one run holds too)."""
-    only = f"; only in A: {r.only_a}, only in B: {r.only_b}" if r.only_a or r.only_b else ""
-    return f"cached tokens per request: {r.gained} gained, {r.lost} lost of {r.requests}{only}"
+    only = f"; only in A: {r.only_a:,}, only in B: {r.only_b:,}" if r.only_a or r.only_b else ""
+    return f"cached tokens per request: {r.gained:,} gained, {r.lost:,} lost of {r.requests:,}{only}"
 
 
 def to_text(diff: RunDiff, width: int = 120) -> str:

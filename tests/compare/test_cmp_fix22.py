@@ -98,3 +98,18 @@ def test_an_empty_export_directory_is_named_at_its_flag_once(tmp_path, capsys):
     code, _, err = run(["export", "--db", db, "--run", "r1", "--parquet", ""], capsys)
     line = assert_one_line(code, err, "--parquet")
     assert line.startswith("kvtrace: error: --parquet: expected an output directory") and line.count("kvtrace") == 1
+
+
+def test_the_per_request_line_writes_counts_with_separators():
+    """`of 1626; only in A: 1374` and `net -322560 tokens` beside tables that write 1,626."""
+    from kvtrace.compare.model import RequestHitDiff, RunDiff
+    from kvtrace.compare.render import requests_line, to_markdown, to_text
+
+    r = RequestHitDiff(requests=1626, gained=0, lost=1200, only_a=1374, only_b=0, cached_tokens_delta=-322560)
+    assert requests_line(r) == ("cached tokens per request: 0 gained, 1,200 lost of 1,626; "
+                                "only in A: 1,374, only in B: 0")
+    diff = RunDiff({"run_id": "r1"}, {"run_id": "r2"}, [], requests=r)
+    md = to_markdown(diff)
+    assert "0 gained, 1,200 lost, 426 unchanged of 1,626 common requests (net -322,560 tokens)." in md
+    assert "Only in A: 1,374, only in B: 0." in md
+    assert requests_line(r) in to_text(diff, width=200).splitlines()
