@@ -20,11 +20,11 @@ from typing import Any
 
 from kvtrace.compare.model import RunDiff
 from kvtrace.compare.options import demo_target
-from kvtrace.compare.render import backend_note, tables, times_note
+from kvtrace.compare.render import render
 from kvtrace.compare.source import diff_runs
 from kvtrace.compare.study import BEHAVIOURS
 from kvtrace.errors import KVTraceError
-from kvtrace.metrics import times_source
+from kvtrace.metrics import backend_label, times_source
 from kvtrace.names import printable, stdout_console
 from kvtrace.process import Terminated, pid_after, remove_dead_leftovers, signals_held, terminated
 from kvtrace.replay.report import format_value
@@ -110,17 +110,15 @@ def run_demo(
     # (README: every view that shows a latency names the cost model that modelled it; the
     # demo's tables showed TTFT and ITL with neither, where kvtrace diff of its runs says both)
     console.print(runs_times_note(result), markup=False, highlight=False)
+    backends = runs_backend_note(result)  # (--backend vllm: the all-on column is vLLM's manager)
+    if backends:
+        console.print(backends, markup=False, highlight=False)
     for behaviour, d in result.diffs.items():
         console.print()
         console.print(f"[bold]{behaviour}[/bold]: A = switched off, B = all on (what the behaviour buys)")
-        console.print(times_note(d, code=printable, literal=printable), markup=False, highlight=False)
-        backends = backend_note(d, code=printable)  # (--backend vllm: B is vLLM's manager, A kvtrace's, as diff says)
-        if backends:
-            console.print(backends, markup=False, highlight=False)
-        for table in tables(d, metrics=SUMMARY_FIELDS)[:2]:  # metric deltas, latency percentiles with CIs
-            console.print(table)
-        for note in d.notes:  # (why a CI shows as [–, –], as kvtrace diff says it)
-            console.print(note, style="yellow", markup=False, highlight=False)
+        # kvtrace diff's renderer, its evictions and top requests left out: the same notes, times,
+        # backends (--backend vllm: B is vLLM's manager, A kvtrace's) and per-request line
+        render(d, console, SUMMARY_FIELDS, detail=False)
     console.print()
     # Unwrapped (a narrow or piped console would break the path mid-word, and the command
     # with it); the path shown as typed, never as markup or terminal codes.
@@ -157,6 +155,20 @@ def runs_times_note(result: DemoResult) -> str:
     if len(distinct) == 1:
         return f"Times: {distinct[0]}"
     return "Times: " + " · ".join(f"{column} {source}" for column, source in sources)
+
+
+def runs_backend_note(result: DemoResult) -> str | None:
+    """Whose cache manager made each run of the summary table (``metrics.backend_label``), as
+    ``kvtrace diff`` says it: None where every run is kvtrace's own, else the all-on column's
+    and the others' (each column's in turn where those differ)."""
+    labels = [(_column(spec), backend_label(spec.mode, r.record.get("config")) or "unknown")
+              for spec, r in result.runs]
+    if all(label == "kvtrace" for _, label in labels):
+        return None
+    (on, on_label), *offs = labels
+    if on == ALL_ON and len({label for _, label in offs}) == 1:
+        return f"Backend: {ALL_ON} {on_label} · without a behaviour {offs[0][1]}"
+    return "Backend: " + " · ".join(f"{column} {label}" for column, label in labels)
 
 
 def _column(spec: RunSpec) -> str:

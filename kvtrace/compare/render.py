@@ -202,10 +202,11 @@ def _correctness_markdown(diff: RunDiff) -> list[str]:
     return out
 
 
-def tables(diff: RunDiff, metrics: Iterable[str] | None = None) -> list[Any]:
+def tables(diff: RunDiff, metrics: Iterable[str] | None = None, *, detail: bool = True) -> list[Any]:
     """rich Tables for a terminal, in this order: summary metrics, latency percentiles,
     evictions, top requests (each only when it has rows, the first always).
-    ``metrics`` limits the first table to those names."""
+    ``metrics`` limits the first table to those names; ``detail`` False leaves out the
+    evictions and top requests (the first two alone, as kvtrace demo shows each diff)."""
     from rich.table import Table
 
     out = []
@@ -232,6 +233,8 @@ def tables(diff: RunDiff, metrics: Iterable[str] | None = None) -> list[Any]:
                 f"[{fmt(s.ci_low, signed=True)}, {fmt(s.ci_high, signed=True)}]", style=style,
             )
         out.append(t)
+    if not detail:
+        return out
     if diff.evictions_by_reason or diff.evictions_by_publish_kind:
         t = Table(title="evictions", title_justify="left")
         for col in ("by", "key", "A", "B", "Δ"):
@@ -253,8 +256,13 @@ def tables(diff: RunDiff, metrics: Iterable[str] | None = None) -> list[Any]:
     return out
 
 
-def render(diff: RunDiff, console: Any = None) -> None:
-    """Print a warning per unfinished run, then ``tables(diff)``, to ``console`` (default: stdout)."""
+def render(diff: RunDiff, console: Any = None, metrics: Iterable[str] | None = None, *,
+           detail: bool = True) -> None:
+    """Print a warning per unfinished run, the diff's notes, where its times come from and
+    whose cache made each run, then ``tables(diff, metrics, detail=detail)`` and the
+    per-request line where no table of requests holds it, to ``console`` (default: stdout).
+    kvtrace diff prints it all; kvtrace demo each of its diffs with ``detail`` False (the
+    same lines, the evictions and top requests left out)."""
     console = console or stdout_console()
     for side, run in (("A", diff.run_a), ("B", diff.run_b)):
         if run.get("status") not in (None, "complete"):
@@ -266,10 +274,11 @@ def render(diff: RunDiff, console: Any = None) -> None:
     backends = backend_note(diff, code=printable)
     if backends:
         console.print(backends, markup=False, highlight=False)
-    for t in tables(diff):
+    for t in tables(diff, metrics, detail=detail):
         console.print(t)
     r = diff.requests
-    if r is not None and not (r.top_gained or r.top_lost) and (r.requests or r.only_a or r.only_b):
+    table = detail and r is not None and bool(r.top_gained or r.top_lost)
+    if r is not None and not table and (r.requests or r.only_a or r.only_b):
         # (no request gained or lost: no table, but what the others say is said all the same;
         # 698 requests only in A, of a run stopped later, went unsaid where --markdown said it)
         console.print(requests_line(r), markup=False, highlight=False)

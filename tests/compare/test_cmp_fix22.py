@@ -68,6 +68,47 @@ def test_runs_of_one_second_are_listed_newest_first_by_number(tmp_path, backend)
     assert ids == ["r2x", *(f"r{n}" for n in range(11, 0, -1)), "custom"]
 
 
+def _demo_result(backend_config: dict):
+    from kvtrace.compare.demo import DemoResult, demo_specs
+    from kvtrace.replay.run import RunResult
+
+    specs = demo_specs(limit=8, backend="vllm" if backend_config else "kvtrace")
+    return DemoResult("d.duckdb", runs=[
+        (spec, RunResult({}, f"r{i + 1}", record={"config": {**(backend_config if i == 0 else {})}}))
+        for i, spec in enumerate(specs)])
+
+
+def test_the_demos_summary_table_says_whose_manager_made_each_run():
+    """`demo --backend vllm`: each diff said `Backend: A kvtrace · B vllm ...`; the summary
+    table above them never said its "all on" column is vLLM's manager."""
+    from kvtrace.compare.demo import runs_backend_note
+    from kvtrace.metrics import backend_label
+
+    config = {"backend": "vllm", "vllm_version": "0.33.0", "vllm_commit": "4ba787ec9aaa1111"}
+    label = backend_label("engine", config)
+    note = runs_backend_note(_demo_result(config))
+    assert note == f"Backend: all on {label} · without a behaviour kvtrace"
+    assert runs_backend_note(_demo_result({})) is None  # (kvtrace's own everywhere: nothing to say, as diff)
+
+
+def test_the_demos_diffs_print_what_kvtrace_diff_prints_of_the_same_runs(tmp_path):
+    """The demo's diffs left out the `cached tokens per request: ...` line kvtrace diff prints of
+    the same runs (f72899e): one renderer for both, the demo's without evictions and top requests."""
+    from kvtrace.compare.demo import run_demo
+    from kvtrace.compare.render import requests_line, to_text
+
+    out = io.StringIO()
+    result = run_demo(tmp_path / "d.duckdb", progress=False, console=Console(file=out, width=250), limit=8)
+    lines = out.getvalue().splitlines()
+    assert len(result.diffs) == 3
+    for d in result.diffs.values():
+        assert d.requests is not None and d.requests.requests == 8
+        line = requests_line(d.requests)
+        assert any(x.strip() == line for x in lines)  # (a table's title or a line of its own)
+        assert line in to_text(d, width=250)
+    assert sum(x.strip().startswith("cached tokens per request:") for x in lines) == 3
+
+
 def test_a_study_swept_over_one_value_has_its_sweep_table_in_every_view():
     """`study ... --sweep retention=0 --markdown` left out the sweep table the terminal view
     and --json show for one value (markdown asked for two points, the others for a sweep)."""
