@@ -30,7 +30,6 @@ from kvtrace.names import replay_mode
 from kvtrace.store import read
 from kvtrace.store.backend import is_clickhouse
 from kvtrace.store.errors import DAMAGED, StoreError
-from kvtrace.store.read._sql import with_run
 from kvtrace.store.read.runs import DAMAGED_STATUS, JSON_FIELDS
 from kvtrace.store.schema import SUMMARY_FIELDS, SUMMARY_NOTHING_RECEIVED
 from kvtrace.store.state import content_state
@@ -45,7 +44,8 @@ _READS = {
         "hit_counters", "hit_counters_over_time", "group_hit_rates", "group_hit_rate_over_time", "usage_over_time",
         "per_prefix_reuse", "prefix_families", "evictions_over_time", "eviction_attribution", "block_histograms",
         "stale_hashes_over_time", "stale_hashes", "stale_hash_chain", "divergent_outputs", "per_request_hits",
-        "latency_cdf", "latency_histogram", "latency_summary", "itl_over_time", "request_waterfall", "curves",
+        "latency_cdf", "latency_histogram", "latency_summary", "itl_over_time", "request_waterfall",
+        "request_span_count", "curves",
         "capacity_marks",
     )
 }
@@ -414,18 +414,10 @@ def request_choices(run_id: str, wanted: str | None) -> pl.DataFrame:
     return top
 
 
-@st.cache_data(show_spinner=False, max_entries=64)
-def _has_spans(db: str, key: tuple, run_id: str, request_id: str) -> bool:
-    frame = with_run(db, run_id, "SELECT count(*) AS n FROM spans WHERE run_id = $run_id AND request_id = $rid",
-                     params={"rid": request_id})
-    return bool(frame["n"][0])
-
-
 def request_has_spans(run_id: str, request_id: str) -> bool:
     """Whether any span of ``run_id`` names ``request_id``: a request without a finished
     request span (still in flight when the run stopped) has its lookups and cache spans."""
-    ctx = context()
-    return _has_spans(ctx["db"], ctx["key"], run_id, request_id)
+    return call("request_span_count", run_id, request_id) > 0
 
 
 def shared_pool(run_id: str) -> bool:

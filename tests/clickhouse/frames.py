@@ -29,6 +29,7 @@ def read_calls(db: str, run_id: str) -> list[tuple[str, tuple]]:
         ("latency_samples", ("itl",)), ("latency_stats", ("tpot",)), ("latency_summary", ()),
         ("latency_percentiles", ()), ("latency_percentiles", ("itl",)), ("latency_histogram", ()),
         ("latency_histogram", ("itl", 20)), ("itl_over_time", ()), ("request_waterfall", (rid,)),
+        ("request_span_count", (rid,)),
     ]
     stale = read.stale_hashes(db, run_id)
     for h, g in stale.select("block_hash", "group_id").unique().sort("block_hash").head(3).rows():
@@ -46,6 +47,9 @@ def same_answer(name: str, a, b) -> None:
                 assert a[k] is b[k] is None, (name, k, a[k], b[k])
             else:
                 assert math.isclose(a[k], b[k], rel_tol=1e-12), (name, k, a[k], b[k])
+        return
+    if isinstance(a, int):  # (a count)
+        assert type(b) is int and a == b, (name, a, b)
         return
     if isinstance(a, np.ndarray):
         assert isinstance(b, np.ndarray) and a.shape == b.shape, name

@@ -52,6 +52,7 @@ Requests and latency (``latency.py``)
     latency_histogram(db, run_id, metric, bins) linear-bin histogram, exact counts
     itl_over_time(db, run_id, window_ns)        ITL per window of token time: mean, p50, p99, max
     request_waterfall(db, run_id, request_id)   one request's queue, prefill, decode and cache marks
+    request_span_count(db, run_id, request_id)  the spans naming one request (finished or not)
 A real server's requests (``served.py``)
     served_requests(db, run_id)                 vLLM's llm_request spans: tokens and latency breakdown
 Capacity (``capacity.py``)
@@ -91,6 +92,7 @@ from kvtrace.store.read.latency import (
     latency_stats,
     latency_summary,
     per_request_hits,
+    request_span_count,
     request_waterfall,
     requests,
 )
@@ -106,7 +108,8 @@ __all__ = [
     "group_hit_rate_over_time", "group_hit_rates", "hit_counters", "hit_counters_over_time", "itl_gaps",
     "itl_over_time", "latency_cdf", "latency_histogram", "latency_percentiles", "latency_samples", "latency_stats",
     "latency_summary",
-    "nice_window", "per_prefix_reuse", "per_request_hits", "prefix_families", "request_waterfall", "requests",
+    "nice_window", "per_prefix_reuse", "per_request_hits", "prefix_families", "request_span_count", "request_waterfall",
+    "requests",
     "run", "run_summary", "runs",
     "served_requests",
     "span_counts", "stale_hash_chain", "stale_hashes", "stale_hashes_over_time", "summary_from_spans",

@@ -185,6 +185,16 @@ def _check_metric(metric: str) -> None:
 
 
 @checked
+def request_span_count(db: DB, run_id: str, request_id: str) -> int:
+    """How many spans of ``run_id`` name ``request_id`` (its request span, lookups, cache and
+    verification spans): a request still in flight when its run stopped has no request span,
+    and is no less in the run."""
+    frame = with_run(db, run_id, "SELECT count(*) AS n FROM spans WHERE run_id = $run_id AND request_id = $rid",
+                     params={"rid": request_id})
+    return int(frame["n"][0])
+
+
+@checked
 def request_waterfall(db: DB, run_id: str, request_id: str) -> pl.DataFrame:
     """Segments of one request in time order: queue, prefill chunks, decode, and point
     marks for the cache lookup that admitted it (cache_hit, one per request), CoW copies
