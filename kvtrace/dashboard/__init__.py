@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from kvtrace.errors import ConfigError, KVTraceError
-from kvtrace.process import free_port, probe_address, signals_held
+from kvtrace.process import bracketed, free_port, probe_address, signals_held
 
 APP_PATH = Path(__file__).with_name("app.py")
 DB_ENV = "KVTRACE_DB"
@@ -49,8 +49,7 @@ def page_url(host: str, port: int, run: str | None = None, compare: str | None =
 
     params = {k: v for k, v in (("run", run), ("b", compare)) if v is not None}
     page = "compare" if compare is not None else ""
-    shown = f"[{host}]" if ":" in host and not host.startswith("[") else host  # (an IPv6 address, bracketed)
-    return f"http://{shown}:{int(port)}/{page}" + (f"?{urlencode(params)}" if params else "")
+    return f"http://{bracketed(host)}:{int(port)}/{page}" + (f"?{urlencode(params)}" if params else "")
 
 
 def check_address(host: str, port: int) -> None:
