@@ -260,3 +260,16 @@ def test_request_spans_that_give_a_negative_counter_are_a_damaged_store_not_a_nu
     with pytest.raises(StoreError, match="damaged kvtrace store: run r1's request spans give "
                                          r"prompt_tokens_by_source\.local_compute -"):
         read.hit_counters(db, "r1")
+
+
+def test_an_engine_runs_steps_from_spans_are_its_summarys(tmp_path):
+    """A stopped engine run's summary said steps null (diff a dash) though its step spans are
+    stored, one a step, numbered 0..n-1."""
+    from kvtrace.replay.run import RunSpec, run_replay
+    from kvtrace.store import read
+
+    db = tmp_path / "s.duckdb"
+    result = run_replay(RunSpec("gen:chat", limit=8), db=db)
+    assert read.summary_from_spans(db, "r1")["steps"] == result.summary["steps"] > 0
+    run_replay(RunSpec("gen:chat", limit=8, mode="cache-only", capacity_blocks=30), db=db)
+    assert "steps" not in read.summary_from_spans(db, "r2")  # (cache-only: its summary has none either)

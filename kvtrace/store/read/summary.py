@@ -14,7 +14,15 @@ from kvtrace.store.read.evictions import evictions_by_reason
 from kvtrace.store.read.hits import hit_counters
 from kvtrace.store.read.latency import latency_summary
 from kvtrace.store.read.runs import run, span_counts
-from kvtrace.store.schema import SPAN_COW, SPAN_DIVERGENT, SPAN_EVICT, SPAN_PUBLISH, SPAN_REQUEST, SPAN_STALE_LEFT
+from kvtrace.store.schema import (
+    SPAN_COW,
+    SPAN_DIVERGENT,
+    SPAN_EVICT,
+    SPAN_PUBLISH,
+    SPAN_REQUEST,
+    SPAN_STALE_LEFT,
+    SPAN_STEP,
+)
 
 
 @checked
@@ -49,8 +57,8 @@ def summary_from_spans(db: DB, run_id: str) -> dict[str, Any]:
     finished requests' spans), the latency statistics, ``publishes`` and ``evictions`` (blocks;
     null for a Belady bound, which records neither) and ``evictions_by_reason``,
     ``cow_copies`` (null in cache-only runs, which copy nothing), ``stale_hashes_left``
-    (engine runs), ``divergent_outputs`` (null where the engine checked no content) and
-    ``spans``, each as a complete run's stored summary defines it ({} without requests)."""
+    (engine runs), ``divergent_outputs`` (null where the engine checked no content), ``steps``
+    (engine runs) and ``spans``, each as a complete run's stored summary defines it ({} without requests)."""
     hits = hit_counters(db, run_id)
     if not hits.get("requests"):
         return {}
@@ -80,6 +88,9 @@ def summary_from_spans(db: DB, run_id: str) -> dict[str, Any]:
         "cow_copies": spans_of(SPAN_COW) if totals else None,
         **({"stale_hashes_left": spans_of(SPAN_STALE_LEFT),
             "divergent_outputs": spans_of(SPAN_DIVERGENT) if checked else None} if totals else {}),
+        # an engine run's steps, one span each (numbered 0..n-1): a stopped run makes no final audit,
+        # whose batch a finished run's summary does not count either
+        **({"steps": spans_of(SPAN_STEP)} if mode == "engine" else {}),
         "spans": sum(int(r["spans"]) for r in counts.values()),
     }
     # the check a stored summary gets (read.runs): a request span that ends before it arrived
