@@ -115,6 +115,24 @@ def read_only_file(path: str | os.PathLike) -> bool:
 
 
 READ_ONLY = "cannot write: Permission denied (a read-only file, not replaced)"
+READ_ONLY_MOUNT = "cannot write: Read-only file system"
+
+
+def on_read_only_mount(path: str | os.PathLike) -> bool:
+    """Whether ``path`` lies on a file system mounted read-only (no permission bit says so,
+    and os.access says only 'no': a 0644 file there was called a read-only file)."""
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except (OSError, ValueError):
+        return False
+
+
+def read_only_problem(path: str | os.PathLike) -> str | None:
+    """Why the file ``path`` is not to be written or replaced (``read_only_file``), in the
+    words of its cause: a read-only mount, or the file's own mode; None when it may be."""
+    if not read_only_file(path):
+        return None
+    return f"{READ_ONLY_MOUNT} (a read-only mount, not replaced)" if on_read_only_mount(path) else READ_ONLY
 
 
 def file_problem(path: str | os.PathLike, missing: str | None = "no such file") -> str | None:

@@ -205,10 +205,11 @@ def demo(
     from kvtrace.store.backend import is_clickhouse
 
     if not is_clickhouse(db):
-        from kvtrace.errors import READ_ONLY, KVTraceError, read_only_file
+        from kvtrace.errors import KVTraceError, read_only_problem
 
-        if read_only_file(db):  # (the new store's rename replaced it all the same)
-            raise KVTraceError(f"{db}: {READ_ONLY}")
+        problem = read_only_problem(db)
+        if problem is not None:  # (the new store's rename replaced it all the same)
+            raise KVTraceError(f"{db}: {problem}")
         demo_target(db)  # (before the replay engine loads: a wrong --db is told at once)
     from kvtrace.compare.demo import run_demo
     from kvtrace.process import pyarrow_without_pandas

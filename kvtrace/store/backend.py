@@ -17,7 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlparse
 
-from kvtrace.errors import DUCKDB_MAGIC, ConfigError, duckdb_magic, file_problem, read_only_file
+from kvtrace.errors import (
+    DUCKDB_MAGIC,
+    READ_ONLY_MOUNT,
+    ConfigError,
+    duckdb_magic,
+    file_problem,
+    on_read_only_mount,
+    read_only_file,
+)
 from kvtrace.names import printable
 
 CHDB_PREFIX = "chdb:"
@@ -200,16 +208,7 @@ def duckdb_path_problem(path: str, missing: str | None) -> str | None:
 
 
 READ_ONLY_STORE = "cannot write: Permission denied (a read-only file: nothing is written to it)"
-READ_ONLY_MOUNT = "cannot write: Read-only file system (a store on a read-only mount: nothing is written to it)"
-
-
-def _on_read_only_mount(path: str) -> bool:
-    """Whether ``path`` lies on a file system mounted read-only (no permission bit says so:
-    a 0644 store there was refused as 'Permission denied')."""
-    try:
-        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
-    except (OSError, ValueError):
-        return False
+READ_ONLY_MOUNT_STORE = f"{READ_ONLY_MOUNT} (a store on a read-only mount: nothing is written to it)"
 
 
 def store_to_write_problem(db: str) -> str | None:
@@ -220,7 +219,7 @@ def store_to_write_problem(db: str) -> str | None:
         return clickhouse_target(db).write_problem()
     problem = duckdb_path_problem(db, missing=None)
     if problem is None and read_only_file(db):  # (root's open wrote into a store made read-only on purpose)
-        return READ_ONLY_MOUNT if _on_read_only_mount(db) else READ_ONLY_STORE
+        return READ_ONLY_MOUNT_STORE if on_read_only_mount(db) else READ_ONLY_STORE
     if problem is None and not Path(db).parent.is_dir():
         return f"directory {Path(db).parent} does not exist"
     if problem is None and os.path.islink(db) and not os.path.exists(db):  # (written through: its folder counts)

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from kvtrace.errors import READ_ONLY, read_only_file
+from kvtrace.errors import read_only_problem
 from kvtrace.process import remove_dead_leftovers, signals_held
 from kvtrace.store.backend import is_clickhouse
 from kvtrace.store.connection import DEFAULT_TIMEOUT_S, fetch_one, read_connection
@@ -220,8 +220,9 @@ def _output_dir(directory: str | Path) -> Path:
         raise StoreError(str(out_dir), f"cannot use as export directory: {err.strerror or err}") from None
     for table in EXPORTED_TABLES:  # (each is renamed into place: a rename replaced a 0444 file all the same)
         target = out_dir / f"{table}.parquet"
-        if read_only_file(target):
-            raise StoreError(str(target), READ_ONLY)
+        problem = read_only_problem(target)
+        if problem is not None:
+            raise StoreError(str(target), problem)
     return out_dir
 
 

@@ -30,12 +30,13 @@ import msgspec
 
 from kvtrace.errors import (
     DUCKDB_MAGIC,
-    READ_ONLY,
+    READ_ONLY_MOUNT,
     KVTraceError,
     OutputClosed,
     TraceFormatError,
     duckdb_magic,
-    read_only_file,
+    on_read_only_mount,
+    read_only_problem,
 )
 from kvtrace.numeric import cdiv
 from kvtrace.process import pid_after, remove_dead_leftovers
@@ -502,8 +503,9 @@ class AtomicText:
         if not stat.S_ISREG(st.st_mode) or _open_descriptor(self.name) is not None:
             return True
         self._refuse_to_replace(st)
-        if read_only_file(self.name):  # (a rename would replace it all the same)
-            raise KVTraceError(f"{self.name}: {READ_ONLY}")
+        problem = read_only_problem(self.name)
+        if problem is not None:  # (a rename would replace it all the same)
+            raise KVTraceError(f"{self.name}: {problem}")
         self._refuse_a_folder_without_write(os.path.dirname(os.path.realpath(self.name)))
         return False
 
@@ -511,7 +513,8 @@ class AtomicText:
         """The temporary file is made in ``parent``: said before the command's work (a
         capture's whole session, calibrate's fit), not when the output is written."""
         if not os.access(parent, os.W_OK | os.X_OK):
-            raise KVTraceError(f"{self.name}: cannot write: Permission denied (directory {parent})")
+            why = READ_ONLY_MOUNT if on_read_only_mount(parent) else "cannot write: Permission denied"
+            raise KVTraceError(f"{self.name}: {why} (directory {parent})")
 
     def __enter__(self) -> _Sink:
         in_place = self.check()

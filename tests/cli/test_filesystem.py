@@ -218,3 +218,37 @@ def test_a_file_nobody_may_write_is_refused_for_root_too(tmp_path, capsys, argv)
         kept.chmod(0o644)
     assert_one_line(code, err, str(kept), "read-only")
     assert kept.read_text() == "keep me\n" and sorted(p.name for p in tmp_path.iterdir()) == ["kept.duckdb"]
+
+
+def _as_on_a_read_only_mount(monkeypatch):
+    """What a read-only mount looks like from here (no mount in a test): statvfs says
+    ST_RDONLY, and os.access says no write, for root too."""
+    import kvtrace.errors as errors
+
+    real_statvfs, real_access = os.statvfs, os.access
+
+    class _ReadOnly:
+        def __init__(self, st):
+            self.f_flag = st.f_flag | os.ST_RDONLY
+
+    monkeypatch.setattr(os, "statvfs", lambda path: _ReadOnly(real_statvfs(path)))
+    monkeypatch.setattr(os, "access", lambda path, mode, *a, **k: False if mode & os.W_OK else real_access(path, mode))
+    return errors
+
+
+def test_outputs_on_a_read_only_mount_say_so_not_permission_denied(tmp_path, capsys, monkeypatch):
+    """convert -o, demo --db and export onto a 0644 file on a read-only mount said 'Permission
+    denied (a read-only file, not replaced)', and generate -o into such a folder 'Permission
+    denied (directory ...)': the file's mode allowed writing (the reD re-probe, on a bind mount)."""
+    from tests.conftest import MOONCAKE
+
+    existing = tmp_path / "t.jsonl"
+    existing.write_text("")
+    errors = _as_on_a_read_only_mount(monkeypatch)
+    assert errors.read_only_problem(existing) == "cannot write: Read-only file system (a read-only mount, not replaced)"
+    code, _, err = run(["convert", str(MOONCAKE), "-o", str(existing), "--limit", "2"], capsys)
+    assert_one_line(code, err, f"{existing}: cannot write: Read-only file system")
+    code, _, err = run(["generate", "chat", "-o", str(tmp_path / "new.jsonl")], capsys)
+    assert_one_line(code, err, f"{tmp_path / 'new.jsonl'}: cannot write: Read-only file system (directory {tmp_path})")
+    monkeypatch.undo()
+    assert errors.read_only_problem(existing) is None  # (a writable file on a writable mount)

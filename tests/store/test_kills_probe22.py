@@ -172,6 +172,6 @@ def test_a_store_on_a_read_only_mount_is_refused_as_one_not_as_permission_denied
 
     monkeypatch.setattr(backend, "read_only_file", lambda path: True)  # (what os.access says there, for root too)
     monkeypatch.setattr(os, "statvfs", lambda path: _ReadOnlyMount(real_statvfs(path)))
-    assert backend.store_to_write_problem(str(db)) == backend.READ_ONLY_MOUNT
+    assert backend.store_to_write_problem(str(db)) == backend.READ_ONLY_MOUNT_STORE
     monkeypatch.setattr(os, "statvfs", real_statvfs)
     assert backend.store_to_write_problem(str(db)) == backend.READ_ONLY_STORE
