@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import pairwise
 from typing import Any
 
 import pyarrow as pa
@@ -31,6 +32,8 @@ from kvtrace.instrument.batch import BATCH_SCHEMA, conform
 from kvtrace.store.schema import (
     ATTRIBUTE_COLUMNS,
     GENAI_CACHE_READ,
+    REQUEST_HITS_WITHIN,
+    REQUEST_TIME_ORDER,
     SEQ_ATTRIBUTE,
     SOURCES,
     SPAN_COLUMN_DEFS,
@@ -60,6 +63,7 @@ _SIGN64 = 1 << 63
 _INT_RANGE = {pa.int64(): (-_SIGN64, _SIGN64 - 1), pa.int32(): (-(1 << 31), (1 << 31) - 1),
               pa.uint64(): (-_SIGN64, _MASK64)}
 _MIN_VALUE = {c.name: c.min_value for c in SPAN_COLUMN_DEFS if c.min_value is not None}
+_ATTRIBUTE_OF = {c.name: c.attr for c in SPAN_COLUMN_DEFS if c.attr} | {"end_ns": "the span's end"}
 
 
 class UnstorableValue(KVTraceError):
@@ -256,6 +260,27 @@ class SpanRowsBuilder:
             self.truncate(n)
             raise
 
+    def _value(self, column: str) -> Any:
+        """This span's value of ``column`` (None when it set none)."""
+        values = self._cols.get(column)
+        return values[self.n] if values is not None and len(values) > self.n else None
+
+    def _check_request(self) -> None:
+        """UnstorableValue for a request span no kvtrace run holds: its times out of
+        REQUEST_TIME_ORDER, or more hit tokens than its prompt (REQUEST_HITS_WITHIN)."""
+        times = [(c, v) for c in REQUEST_TIME_ORDER if (v := self._value(c)) is not None]
+        for (a, earlier), (b, later) in pairwise(times):
+            if later < earlier:
+                raise UnstorableValue(f"{_ATTRIBUTE_OF.get(b, b)} {later} is before {_ATTRIBUTE_OF.get(a, a)} "
+                                      f"{earlier}; a request's times run arrival <= first scheduled <= first token "
+                                      "<= end")
+        (hits, prompt_column) = REQUEST_HITS_WITHIN
+        prompt = self._value(prompt_column)
+        hit = sum(v for c in hits if (v := self._value(c)) is not None)
+        if prompt is not None and hit > prompt:
+            raise UnstorableValue(f"{' + '.join(_ATTRIBUTE_OF[c] for c in hits)} {hit} exceeds "
+                                  f"{_ATTRIBUTE_OF[prompt_column]} {prompt}; hits are prompt tokens")
+
     def truncate(self, n: int) -> None:
         """Drop every span after the first ``n`` (a batch whose later span was refused)."""
         for values in self._cols.values():
@@ -328,6 +353,8 @@ class SpanRowsBuilder:
             put("source", source)
         if extras:
             put("extra_attributes", extras)
+        if name == SPAN_REQUEST:
+            self._check_request()
         if events:
             put("events", [{"time_ns": t, "name": n, "attributes": _string_map(a)} for t, n, a in events])
         if links:

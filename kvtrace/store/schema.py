@@ -193,6 +193,12 @@ SPAN_COLUMN_DEFS: tuple[Col, ...] = (
     Col("kv_cache_spec_kind", _STR, "VARCHAR", "kvtrace.vllm.kv_cache_spec_kind", ""),
 )
 
+# A request span's times in the order kvtrace writes them (any may be absent), and its hit
+# tokens within its prompt: a sender's out of that order (an arrival after the first token,
+# more hits than prompt) gave every reader negative latencies or counters, a damaged run.
+REQUEST_TIME_ORDER: tuple[str, ...] = ("arrival_ns", "first_scheduled_ns", "first_token_ns", "end_ns")
+REQUEST_HITS_WITHIN: tuple[tuple[str, ...], str] = (("num_hit_tokens", "num_external_hit_tokens"), "num_prompt_tokens")
+
 SPAN_COLUMNS: tuple[str, ...] = tuple(c.name for c in SPAN_COLUMN_DEFS)
 SPAN_ARROW_SCHEMA: pa.Schema = pa.schema([pa.field(c.name, c.arrow) for c in SPAN_COLUMN_DEFS])
 # OTel attribute key -> column name, for the OTLP receiver and the OTel exporter.
