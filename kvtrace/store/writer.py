@@ -307,6 +307,7 @@ class Store:
         # replaced while a replay wrote it had the held connection commit into the unlinked file
         # and the run's finish mark another store's run of the same id complete (see _same_file)
         self._file: tuple[int, int] | None = None
+        self._file_path = self.path  # (what _file identifies: a chdb store's directory)
 
     # -- lifecycle -------------------------------------------------------------------
     @classmethod
@@ -382,7 +383,7 @@ class Store:
         unlinked file, and a finish opened the replacement and marked its run of the same id."""
         if self._file is None:
             return
-        now = _file_identity(self.path)
+        now = _file_identity(self._file_path)
         if now == self._file:
             return
         runs = f" (run {', '.join(sorted(self._open_runs))})" if self._open_runs else ""

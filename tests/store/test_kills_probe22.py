@@ -175,3 +175,28 @@ def test_a_store_on_a_read_only_mount_is_refused_as_one_not_as_permission_denied
     assert backend.store_to_write_problem(str(db)) == backend.READ_ONLY_MOUNT_STORE
     monkeypatch.setattr(os, "statvfs", real_statvfs)
     assert backend.store_to_write_problem(str(db)) == backend.READ_ONLY_STORE
+
+
+@pytest.mark.parametrize("how", ["renamed", "removed"])
+def test_a_chdb_store_directory_renamed_or_removed_mid_run_is_said_so_and_not_made_again(tmp_path, how):
+    """cff46b3 watched DuckDB files only: a chdb directory moved away mid-run gave ClickHouse's
+    own 'Table default.spans_cache does not exist. Maybe you meant system.dns_cache?' and left
+    a new tmp/ directory at the old path (the reD re-probe)."""
+    pytest.importorskip("chdb")
+    folder = tmp_path / "cdir"
+    store = Store.open(f"chdb:{folder}")
+    run_id = store.create_run("ours")
+    store.append_spans(_step_spans(0, 10), run_id=run_id)
+    store.flush()
+    if how == "renamed":
+        folder.rename(tmp_path / "moved")
+    else:
+        shutil.rmtree(folder)
+    store.append_spans(_step_spans(10, 10), run_id=run_id)
+    with pytest.raises(StoreError, match=r"was removed \(or renamed\) while this process wrote to it"):
+        store.flush()
+    with pytest.raises(StoreError, match="removed"):
+        store.close()
+    assert not folder.exists()  # (nothing made at the old path)
+    if how == "renamed":  # (what was written before stays where it went)
+        assert read.span_counts(f"chdb:{tmp_path / 'moved'}", run_id)["spans"].sum() == 10

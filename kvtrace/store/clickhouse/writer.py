@@ -42,7 +42,7 @@ from kvtrace.store.schema import (
     TIME_OFFSET_COLUMN,
     next_run_id,
 )
-from kvtrace.store.writer import Store, _json_or_none, writer_alive_or_damaged
+from kvtrace.store.writer import Store, _file_identity, _json_or_none, writer_alive_or_damaged
 
 _RUN_TYPES = {"INTEGER": pa.int32(), "BIGINT": pa.int64()}
 
@@ -128,6 +128,7 @@ class ClickHouseStore(Store):
         self._offsets: dict[str, int] = {}
 
     def _connect(self):
+        self._same_file()  # (a chdb directory removed or renamed: chdb made a new one there, and failed in its words)
         return client.connect(self.target, self.lock_timeout_s)
 
     def _setup(self) -> None:
@@ -143,6 +144,9 @@ class ClickHouseStore(Store):
             init_schema(con, self.target)
             collector.register_collected_runs(con)
             self.recovered_runs = self._recover(con)
+        if self.target.path is not None:  # (the directory this store writes, watched as a DuckDB file is)
+            self._file_path = self.target.path
+            self._file = _file_identity(self.target.path)
 
     def _recover(self, con: client.ClickHouseConnection) -> list[str]:
         frame = con.ch_frame("SELECT run_id, writer_pid, writer_host, writer_start FROM runs "
