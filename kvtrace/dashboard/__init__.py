@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from kvtrace.errors import ConfigError, KVTraceError
-from kvtrace.process import bracketed, free_port, probe_address, signals_held
+from kvtrace.process import bracketed, free_port, probe_address, signals_held, unbracketed
 
 APP_PATH = Path(__file__).with_name("app.py")
 DB_ENV = "KVTRACE_DB"
@@ -59,7 +59,7 @@ def check_address(host: str, port: int) -> None:
     if not 0 <= int(port) < 65536:
         raise ConfigError("--port", str(port), "expected 0..65535 (0: a free one)")
     try:
-        probe_address(host, int(port), "dashboard")
+        probe_address(unbracketed(host), int(port), "dashboard")
     except OSError as err:
         raise KVTraceError(str(err)) from None
 
@@ -84,6 +84,7 @@ def launch(db: str | os.PathLike, host: str = "127.0.0.1", port: int = 8501, run
     """
     from kvtrace.store.backend import is_clickhouse
 
+    host = unbracketed(host)  # ([::1], a URL's spelling, as collect --host takes it)
     check_address(host, port)
     if not port:  # a free one, chosen here: the address printed below is the one served
         try:

@@ -4,6 +4,8 @@ and gRPC target bracket it as clients must write it), and ``capture vllm`` at tc
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from kvtrace.instrument.otlp.collector import OTLPCollector
@@ -96,3 +98,30 @@ def test_a_busy_ipv6_port_is_named_as_a_url_names_it(tmp_path):
         port = busy.getsockname()[1]
         with pytest.raises(KVTraceError, match=rf"cannot listen on \[::1\]:{port} \(OTLP/HTTP\)"):
             OTLPCollector(tmp_path / "c.duckdb", host="::1", port=port, grpc_port=None)
+
+
+@pytest.mark.parametrize(("endpoint", "said"), [
+    ("tcp://::1", "expected tcp://HOST:PORT (an IPv6 address in brackets"),  # (it suggested tcp://[:]:1)
+    ("tcp://[]:5557", "[] is no IPv6 address"),  # (ran, and recorded that nothing came)
+    ("tcp://[gg::1]:5557", "[gg::1] is no IPv6 address"),
+])
+def test_an_ipv6_endpoint_that_is_no_address_is_refused(endpoint, said):
+    from kvtrace.errors import ConfigError
+    from kvtrace.instrument.vllm.endpoints import capture_endpoints
+
+    with pytest.raises(ConfigError, match=re.escape(said)):
+        capture_endpoints(endpoint, None, 1.0, 1)
+
+
+@pytest.mark.skipif(not _has_ipv6_loopback(), reason="this machine has no IPv6 loopback to serve on")
+def test_dashboard_takes_a_bracketed_ipv6_host_as_collect_does():
+    """dashboard --host '[::1]' said 'cannot listen on [::1]:0: Name or service not known'."""
+    import socket
+
+    from kvtrace.dashboard import check_address
+
+    with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:  # (a port free a moment ago)
+        probe.bind(("::1", 0))
+        port = probe.getsockname()[1]
+    check_address("[::1]", port)
+    check_address("::1", port)
