@@ -47,6 +47,7 @@ from kvtrace.metrics import (
 from kvtrace.numeric import cdiv
 from kvtrace.process import collector_paused, raise_stop, stop_pending
 from kvtrace.workload import TraceRequest
+from kvtrace.workload.lines import MAX_TIME_NS as MAX_TRACE_NS
 
 # What a pool too small for a request says to do; a caller whose own flag sets the pool
 # (curve's --capacities) says it in its words instead (replay.sweep)
@@ -63,7 +64,8 @@ class EngineResult:
 def _next_request(it) -> Any:
     """The workload's next request (None at its end), held to what the readers guarantee of
     one before the engine reads it: an API caller's NaN arrival hung the loop (no time is
-    before or after it), and a hash_ids list shorter than its prompt broke the worker."""
+    before or after it), a hash_ids list shorter than its prompt broke the worker, and a value
+    of another type than the readers' (a numpy int, a list) was a traceback inside it."""
     r = next(it, None)
     if r is None:
         return None
@@ -74,16 +76,27 @@ def _next_request(it) -> Any:
     if isinstance(a, bool) or (not isinstance(a, numbers.Integral) and not (
             isinstance(a, float) and math.isfinite(a) and a.is_integer())):
         raise KVTraceError(f"workload: request {name!r} arrives at {a!r} ns; expected a whole number of ns")
+    if a >= MAX_TRACE_NS:  # (the readers' bound: later, the clock's overflow blamed the cost model)
+        raise KVTraceError(f"workload: request {name!r} arrives at {a:,} ns; expected a time below 2^62 ns "
+                           "(about 146 years)")
+    for field in ("input_length", "output_length", "namespace"):  # (the readers' ints: others broke the worker)
+        if type(getattr(r, field)) is not int:
+            raise KVTraceError(f"workload: request {name!r} has {field} {getattr(r, field)!r}; expected an int")
+    if r.cache_salt is not None and type(r.cache_salt) is not str:
+        raise KVTraceError(f"workload: request {name!r} has cache_salt {r.cache_salt!r}; expected a string")
     if (r.token_ids is None) == (r.hash_ids is None):
         raise KVTraceError(f"workload: request {name!r} gives {'neither' if r.token_ids is None else 'both'} of "
                            "token_ids and hash_ids; expected exactly one")
     if r.hash_ids is not None:
         size = r.hash_block_size
-        if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 1:
+        if type(size) is not int or size < 1:
             raise KVTraceError(f"workload: request {name!r} has hash_block_size {size!r}; expected tokens per "
-                               "hash id >= 1")
-        # (full blocks only, as some traces hash, or the last one partial too)
-        if not r.input_length // size <= len(r.hash_ids) <= -(-r.input_length // size):
+                               "hash id, an int >= 1")
+        if type(r.hash_ids) is not tuple or not all(type(h) is int for h in r.hash_ids):
+            raise KVTraceError(f"workload: request {name!r} has hash_ids of {type(r.hash_ids).__name__}; expected "
+                               "a tuple of int ids")
+        # (one id a block, the last one partial too, as the readers give them)
+        if len(r.hash_ids) != -(-r.input_length // size):
             raise KVTraceError(f"workload: request {name!r} has {len(r.hash_ids):,} hash_ids for input_length "
                                f"{r.input_length:,} at {size} tokens each; expected {-(-r.input_length // size):,}")
     return r

@@ -186,6 +186,15 @@ def _api_request(**fields):
      "request 'b' has 2 hash_ids for input_length 1,000 at 16 tokens each; expected 63"),  # (the worker's ValueError)
     ({"token_ids": None, "hash_ids": (1,), "hash_block_size": 0},
      "request 'b' has hash_block_size 0"),  # (a ZeroDivisionError)
+    # full blocks only: the worker's ValueError with content, a shorter prompt without (the reF re-probe)
+    ({"input_length": 1000, "token_ids": None, "hash_ids": tuple(range(62)), "hash_block_size": 16},
+     "request 'b' has 62 hash_ids for input_length 1,000 at 16 tokens each; expected 63"),
+    ({"arrival_ns": 2**63}, "request 'b' arrives at 9,223,372,036,854,775,808 ns; expected a time below 2^62"),
+    ({"input_length": 10.5}, "request 'b' has input_length 10.5; expected an int"),
+    ({"output_length": None}, "request 'b' has output_length None; expected an int"),
+    ({"cache_salt": 5}, "request 'b' has cache_salt 5; expected a string"),
+    ({"token_ids": None, "hash_ids": ("x",), "hash_block_size": 16}, "request 'b' has hash_ids of tuple; expected"),
+    ({"token_ids": None, "hash_ids": [1], "hash_block_size": 16}, "request 'b' has hash_ids of list; expected"),
 ])
 @pytest.mark.parametrize("content", [True, False])
 def test_an_api_request_the_readers_would_refuse_is_one_workload_line(fields, what, content):
