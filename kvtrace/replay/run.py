@@ -562,6 +562,8 @@ def check_percentiles(percentiles: Any) -> tuple[float, ...]:
     """An API caller's percentiles as the CLI's --percentiles parses them (floats 0..100, each
     once, in the given order); a one-line ConfigError otherwise. (An API caller's reached the
     summary after the whole run; numpy's numbers are numbers too.)"""
+    if getattr(percentiles, "ndim", None) == 1 and hasattr(percentiles, "tolist"):  # (a numpy array of them)
+        percentiles = tuple(percentiles.tolist())
     if isinstance(percentiles, (str, bytes)) or not isinstance(percentiles, (tuple, list)):
         # (a string's characters were taken one by one; a generator was used up by the check)
         raise ConfigError("--percentiles", repr(percentiles)[:80], "expected a tuple of numbers, e.g. (50, 90, 99)")

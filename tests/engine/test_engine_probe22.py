@@ -118,7 +118,8 @@ def test_numpy_percentiles_run_and_a_repeated_one_is_recorded_once_as_the_cli_re
 
     plain = run_replay(RunSpec("gen:chat", limit=3, content=False, percentiles=(50, 90)))
     numpy = run_replay(RunSpec("gen:chat", limit=3, content=False, percentiles=tuple(np.array([50, 90]))))
-    assert numpy.summary == plain.summary
+    array = run_replay(RunSpec("gen:chat", limit=3, content=False, percentiles=np.array([50, 90])))
+    assert numpy.summary == plain.summary == array.summary
     run_replay(RunSpec("gen:chat", limit=3, content=False, percentiles=(50, 50, 99)), db=tmp_path / "s.duckdb")
     assert read.run(tmp_path / "s.duckdb", "r1")["config"]["percentiles"] == [50.0, 99.0]
 
