@@ -32,8 +32,10 @@ from kvtrace.instrument.batch import BATCH_SCHEMA, conform
 from kvtrace.store.schema import (
     ATTRIBUTE_COLUMNS,
     GENAI_CACHE_READ,
-    REQUEST_HITS_WITHIN,
     REQUEST_TIME_ORDER,
+    REQUEST_TTFT,
+    REQUEST_WHOLE_NEEDED,
+    REQUEST_WITHIN,
     SEQ_ATTRIBUTE,
     SOURCES,
     SPAN_COLUMN_DEFS,
@@ -64,6 +66,11 @@ _INT_RANGE = {pa.int64(): (-_SIGN64, _SIGN64 - 1), pa.int32(): (-(1 << 31), (1 <
               pa.uint64(): (-_SIGN64, _MASK64)}
 _MIN_VALUE = {c.name: c.min_value for c in SPAN_COLUMN_DEFS if c.min_value is not None}
 _ATTRIBUTE_OF = {c.name: c.attr for c in SPAN_COLUMN_DEFS if c.attr} | {"end_ns": "the span's end"}
+
+
+def _first(*values: Any) -> Any:
+    """The first of ``values`` that is not None (None when all are)."""
+    return next((v for v in values if v is not None), None)
 
 
 class UnstorableValue(KVTraceError):
@@ -266,20 +273,30 @@ class SpanRowsBuilder:
         return values[self.n] if values is not None and len(values) > self.n else None
 
     def _check_request(self) -> None:
-        """UnstorableValue for a request span no kvtrace run holds: its times out of
-        REQUEST_TIME_ORDER, or more hit tokens than its prompt (REQUEST_HITS_WITHIN)."""
-        times = [(c, v) for c in REQUEST_TIME_ORDER if (v := self._value(c)) is not None]
+        """UnstorableValue for a request span no kvtrace run holds (``store/schema.py``): its
+        times out of REQUEST_TIME_ORDER, a ttft_ns other than its times say (REQUEST_TTFT), or
+        more hit tokens than were asked (REQUEST_WITHIN)."""
+        value = self._value
+        times = [(c, v) for c in REQUEST_TIME_ORDER
+                 if (v := value(c) if c != "arrival_ns" else _first(value(c), value("start_ns"))) is not None]
         for (a, earlier), (b, later) in pairwise(times):
             if later < earlier:
                 raise UnstorableValue(f"{_ATTRIBUTE_OF.get(b, b)} {later} is before {_ATTRIBUTE_OF.get(a, a)} "
                                       f"{earlier}; a request's times run arrival <= first scheduled <= first token "
                                       "<= end")
-        (hits, prompt_column) = REQUEST_HITS_WITHIN
-        prompt = self._value(prompt_column)
-        hit = sum(v for c in hits if (v := self._value(c)) is not None)
-        if prompt is not None and hit > prompt:
-            raise UnstorableValue(f"{' + '.join(_ATTRIBUTE_OF[c] for c in hits)} {hit} exceeds "
-                                  f"{_ATTRIBUTE_OF[prompt_column]} {prompt}; hits are prompt tokens")
+        ttft, first, arrival = (value(c) for c in REQUEST_TTFT)
+        if None not in (ttft, first, arrival) and ttft != first - arrival:
+            raise UnstorableValue(f"{_ATTRIBUTE_OF[REQUEST_TTFT[0]]} {ttft} is not {_ATTRIBUTE_OF[REQUEST_TTFT[1]]} "
+                                  f"- {_ATTRIBUTE_OF[REQUEST_TTFT[2]]} = {first - arrival}")
+        for parts, whole_column in REQUEST_WITHIN:
+            part = sum(v for c in parts if (v := value(c)) is not None)
+            whole = value(whole_column)
+            if whole is None and part and whole_column in REQUEST_WHOLE_NEEDED:
+                raise UnstorableValue(f"{' + '.join(_ATTRIBUTE_OF[c] for c in parts)} {part} given without "
+                                      f"{_ATTRIBUTE_OF[whole_column]}; hits are counted within it")
+            if whole is not None and part > whole:
+                raise UnstorableValue(f"{' + '.join(_ATTRIBUTE_OF[c] for c in parts)} {part} exceeds "
+                                      f"{_ATTRIBUTE_OF[whole_column]} {whole}; hits are counted within it")
 
     def truncate(self, n: int) -> None:
         """Drop every span after the first ``n`` (a batch whose later span was refused)."""

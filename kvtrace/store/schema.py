@@ -193,11 +193,20 @@ SPAN_COLUMN_DEFS: tuple[Col, ...] = (
     Col("kv_cache_spec_kind", _STR, "VARCHAR", "kvtrace.vllm.kv_cache_spec_kind", ""),
 )
 
-# A request span's times in the order kvtrace writes them (any may be absent), and its hit
-# tokens within its prompt: a sender's out of that order (an arrival after the first token,
-# more hits than prompt) gave every reader negative latencies or counters, a damaged run.
+# What a request span kvtrace writes always holds, as the readers read it (a sender's span
+# otherwise gave every reader negative latencies or counters, or a rate above 1: a damaged run):
+# - its times in this order, any absent (arrival: the span's start where no arrival is given);
+# - ttft_ns = first_token_ns - arrival_ns where all three are given;
+# - hit tokens within what was asked: (parts, whole), the whole given where a part is not 0 when
+#   the readers take an absent whole for 0 (``REQUEST_WHOLE_NEEDED``).
 REQUEST_TIME_ORDER: tuple[str, ...] = ("arrival_ns", "first_scheduled_ns", "first_token_ns", "end_ns")
-REQUEST_HITS_WITHIN: tuple[tuple[str, ...], str] = (("num_hit_tokens", "num_external_hit_tokens"), "num_prompt_tokens")
+REQUEST_TTFT: tuple[str, str, str] = ("ttft_ns", "first_token_ns", "arrival_ns")
+REQUEST_WITHIN: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("num_hit_tokens", "num_external_hit_tokens"), "num_prompt_tokens"),
+    (("num_external_hit_tokens",), "num_external_query_tokens"),
+    (("num_preempted_hit_tokens",), "num_preempted_query_tokens"),
+)
+REQUEST_WHOLE_NEEDED: frozenset[str] = frozenset({"num_prompt_tokens"})
 
 SPAN_COLUMNS: tuple[str, ...] = tuple(c.name for c in SPAN_COLUMN_DEFS)
 SPAN_ARROW_SCHEMA: pa.Schema = pa.schema([pa.field(c.name, c.arrow) for c in SPAN_COLUMN_DEFS])

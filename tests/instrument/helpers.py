@@ -47,7 +47,7 @@ def one_of_each_step(step: int = 3, start_ns: int = 1_000, end_ns: int = 2_200) 
         StaleHashFound(step, start_ns + 800, 1, 9, h(9), 32, 123, 2**64 - 5, "r1"),
         DivergentOutput(step, start_ns + 900, "r1", 1, 42, 43),
         RequestFinished("r1", "sess", 100, 900, 1_500, 3_000, 100, 3, 64, 16, 20, 1, 1,
-                        (700, 800), ((1_000, 1_500, 20),)),
+                        (700, 800), ((1_000, 1_500, 20),), num_external_query_tokens=36),  # (its 16 hits asked)
     ]
     return StepBatch(StepExecuted(step, start_ns, end_ns, 20, 1, 1, 0, 1, 0, (0.5, 0.25)), cache, engine)
 

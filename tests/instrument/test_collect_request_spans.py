@@ -42,6 +42,17 @@ def _post(url: str, spans: list[dict], run: str) -> tuple[int, str]:
      "kvtrace.request.first_token_ns 2000 is before kvtrace.request.first_scheduled_ns 3000"),
     ({"gen_ai.usage.input_tokens": 10, "kvtrace.hit_tokens": 8, "kvtrace.external_hit_tokens": 4},
      "kvtrace.hit_tokens + kvtrace.external_hit_tokens 12 exceeds gen_ai.usage.input_tokens 10"),
+    # the reE re-probe: each stored with a 200 and then read as damaged
+    ({"kvtrace.request.first_token_ns": 500},  # (no arrival: the readers take the span's start, 1000)
+     "kvtrace.request.first_token_ns 500 is before kvtrace.request.arrival_ns 1000"),
+    ({"kvtrace.hit_tokens": 11}, "kvtrace.hit_tokens + kvtrace.external_hit_tokens 11 given without "
+                                 "gen_ai.usage.input_tokens"),
+    ({"kvtrace.request.preempted_query_tokens": 4, "kvtrace.request.preempted_hit_tokens": 9},
+     "kvtrace.request.preempted_hit_tokens 9 exceeds kvtrace.request.preempted_query_tokens 4"),
+    ({"kvtrace.request.external_query_tokens": 2, "kvtrace.external_hit_tokens": 10, "gen_ai.usage.input_tokens": 20},
+     "kvtrace.external_hit_tokens 10 exceeds kvtrace.request.external_query_tokens 2"),
+    ({"kvtrace.request.arrival_ns": 1000, "kvtrace.request.first_token_ns": 2000, "kvtrace.request.ttft_ns": 99999},
+     "kvtrace.request.ttft_ns 99999 is not kvtrace.request.first_token_ns - kvtrace.request.arrival_ns = 1000"),
 ])
 def test_a_request_span_no_run_holds_is_a_400_naming_the_field_and_nothing_is_stored(tmp_path, attributes, said):
     db = tmp_path / "c.duckdb"
