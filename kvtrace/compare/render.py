@@ -332,6 +332,13 @@ def fmt(v: float | None, signed: bool = False) -> str:
 _HUGE = 1e18
 
 
+def shows_no_change(v: float | None) -> bool:
+    """Whether ``fmt`` shows the change ``v`` as none: no digit but 0 at its decimals (a
+    change of -3e-6 ms is its 0.0000), or no number at all (–). Every view that says "no
+    change" of a delta (Δ%, the dashboard's tiles) asks here."""
+    return not any(c in "123456789" for c in fmt(v))
+
+
 def fmt_rel(rel: float | None, delta: float | None = None) -> str:
     """A relative change as a signed percentage; '–' when undefined. ``delta``: the change
     it is relative to (None: none shown). One that rounds to -0.0% reads +0.0%, as no change
@@ -343,7 +350,7 @@ def fmt_rel(rel: float | None, delta: float | None = None) -> str:
     if abs(rel) >= _HUGE / 100:
         return f"{rel * 100:+.3g}%"
     shown = f"{rel * 100:+.1f}%"
-    if shown == "-0.0%" and not any(c in "123456789" for c in fmt(delta, signed=True)):
+    if shown == "-0.0%" and shows_no_change(delta):
         return "+0.0%"
     return shown
 

@@ -10,7 +10,7 @@ import streamlit as st
 
 from kvtrace.compare import pairing
 from kvtrace.compare.model import MetricDelta
-from kvtrace.compare.render import fmt, to_markdown
+from kvtrace.compare.render import fmt, shows_no_change, to_markdown
 from kvtrace.dashboard import charts, queries, state, ui
 
 # (label, summary metric, kind); which way is better is the diff's (MetricDelta.verdict)
@@ -29,17 +29,11 @@ def _value(kind: str, v) -> str:
     return ui.pct(v) if kind == "rate" else ui.ms(v) if kind == "ms" else ui.count(v)
 
 
-def _shown_zero(d: float) -> bool:
-    """Whether ``kvtrace diff`` shows the change ``d`` as none: 0 at the decimals ``fmt``
-    gives it (a change of -3e-6 ms is its 0.0000, never a tile's "-0.00 ms")."""
-    return not fmt(d).strip("+-0.,")
-
-
 def _delta(kind: str, d: float) -> str:
     """The change as ``kvtrace diff`` resolves it: a time in diff's own digits (``fmt``), a
     rate in percentage points, none where diff shows none (no sign)."""
     if kind == "rate":
-        return "0.0 pp" if _shown_zero(d) else ui.pp(d)
+        return "0.0 pp" if shows_no_change(d) else ui.pp(d)
     if kind == "ms":
         return f"{fmt(d, signed=True)} ms"
     return f"{int(d):+,}"
@@ -48,7 +42,7 @@ def _delta(kind: str, d: float) -> str:
 def _colour(m: MetricDelta, d: float) -> Literal["off", "normal", "inverse"]:
     """Green for diff's "better", red for its "worse" (Streamlit colours a positive change
     green under "normal"), none for a change diff calls the same or has no direction for."""
-    if m.verdict not in ("better", "worse") or _shown_zero(d):
+    if m.verdict not in ("better", "worse") or shows_no_change(d):
         return "off"
     return "normal" if (m.verdict == "better") == (d > 0) else "inverse"
 
@@ -122,7 +116,7 @@ def main() -> None:
             s = ci[key]
             helptext += f"; 95% bootstrap CI of B − A: [{fmt(s.ci_low, signed=True)}, {fmt(s.ci_high, signed=True)}] ms"
         d = m.delta
-        still = d is None or _shown_zero(d)  # (no arrow where diff shows no change)
+        still = d is None or shows_no_change(d)  # (no arrow where diff shows no change)
         cols[i % 5].metric(f"{name}{unit} (B)", _value(kind, m.b), delta=None if d is None else _delta(kind, d),
                            delta_color="off" if d is None else _colour(m, d), delta_arrow="off" if still else "auto",
                            help=helptext)
