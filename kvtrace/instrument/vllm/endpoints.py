@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 
 from kvtrace.errors import ConfigError, check_option
+from kvtrace.process import is_ipv6
 
 MAX_DP_SIZE = 1024
 MAX_DURATION_S = 366 * 86_400  # --duration: a year at most (a bound that keeps the deadline arithmetic finite)
@@ -31,17 +32,12 @@ def dp_endpoint(endpoint: str | None, rank: int, option: str = "--endpoint") -> 
     if not 1 <= int(port) <= 65_535:
         raise ConfigError(option, endpoint, f"port {port} is outside 1..65535")
     if ":" in host and not host.startswith("["):  # (ZMQ took tcp://::1:5557 and never reached it)
-        try:  # (tcp://::1 names no port at all: its last group is no port)
-            ipaddress.IPv6Address(host)
-        except ValueError:
+        if not is_ipv6(host):  # (tcp://::1 names no port at all: its last group is no port)
             raise ConfigError(option, endpoint, "expected tcp://HOST:PORT (an IPv6 address in brackets: "
-                                                "tcp://[::1]:5557)") from None
+                                                "tcp://[::1]:5557)")
         raise ConfigError(option, endpoint, f"an IPv6 address goes in brackets: tcp://[{host}]:{port}")
-    if host.startswith("["):  # (tcp://[]:5557 or [gg::1] ran, and recorded that nothing came)
-        try:
-            ipaddress.IPv6Address(host[1:-1].split("%", 1)[0])
-        except ValueError:
-            raise ConfigError(option, endpoint, f"{host} is no IPv6 address") from None
+    if host.startswith("[") and not is_ipv6(host):  # (tcp://[]:5557 or [gg::1] ran, and recorded nothing came)
+        raise ConfigError(option, endpoint, f"{host} is no IPv6 address")
     if host == "*":  # (vLLM's own setting, copied: ZMQ said only "Invalid argument")
         raise ConfigError(option, endpoint, f"'*' is where vLLM binds (every interface); connect to the server's "
                                             f"address, e.g. tcp://127.0.0.1:{port}")
