@@ -563,7 +563,10 @@ def check_percentiles(percentiles: Any) -> tuple[float, ...]:
     once, in the given order); a one-line ConfigError otherwise. (An API caller's reached the
     summary after the whole run; numpy's numbers are numbers too.)"""
     if getattr(percentiles, "ndim", None) == 1 and hasattr(percentiles, "tolist"):  # (a numpy array of them)
-        percentiles = tuple(percentiles.tolist())
+        percentiles = tuple(percentiles) if _narrow_float(percentiles) else tuple(percentiles.tolist())
+    if isinstance(percentiles, (tuple, list)):
+        # a float32's 99.9 widened is 99.9000015...: recorded as the number it prints, as the CLI reads "99.9"
+        percentiles = [float(str(p)) if _narrow_float(p) else p for p in percentiles]
     if isinstance(percentiles, (str, bytes)) or not isinstance(percentiles, (tuple, list)):
         # (a string's characters were taken one by one; a generator was used up by the check)
         raise ConfigError("--percentiles", repr(percentiles)[:80], "expected a tuple of numbers, e.g. (50, 90, 99)")
@@ -575,6 +578,12 @@ def check_percentiles(percentiles: Any) -> tuple[float, ...]:
         return parse_percentiles(list(percentiles))
     except ValueError as err:
         raise ConfigError("--percentiles", shown, str(err)) from None
+
+
+def _narrow_float(value: Any) -> bool:
+    """Whether ``value`` is a numpy float (or array of them) narrower than Python's float."""
+    dtype = getattr(value, "dtype", None)
+    return getattr(dtype, "kind", None) == "f" and getattr(dtype, "itemsize", 8) < 8
 
 
 def validate(spec: RunSpec) -> tuple[dict[str, Any], list[str], Any]:

@@ -207,3 +207,20 @@ def test_an_api_request_the_readers_would_refuse_is_one_workload_line(fields, wh
     first = _api_request(request_id="a", arrival_ns=0)
     with pytest.raises(KVTraceError, match=re.escape(f"workload: {what}")):
         Engine("dense-attention", content=content).run([first, _api_request(**fields)])
+
+
+def test_float32_percentiles_are_recorded_as_the_numbers_they_print(tmp_path):
+    """np.float32(99.9) widened to 99.9000015258789: the run's summary keys and recorded
+    percentiles said p99.9000015..., where the CLI's --percentiles 99.9 says p99.9."""
+    import numpy as np
+
+    from kvtrace.replay.run import RunSpec, run_replay
+    from kvtrace.store import read
+
+    plain = run_replay(RunSpec("gen:chat", limit=3, content=False, percentiles=(50, 99.9)))
+    for given in ((np.float32(50), np.float32(99.9)), np.array([50, 99.9], dtype=np.float32),
+                  np.array([50, 99.9], dtype=np.float16)):
+        assert run_replay(RunSpec("gen:chat", limit=3, content=False, percentiles=given)).summary == plain.summary
+    run_replay(RunSpec("gen:chat", limit=3, content=False, percentiles=np.array([99.9], dtype=np.float32)),
+               db=tmp_path / "s.duckdb")
+    assert read.run(tmp_path / "s.duckdb", "r1")["config"]["percentiles"] == [99.9]
