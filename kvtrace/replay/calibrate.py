@@ -16,8 +16,9 @@ measurements come in three forms, each read into observations (``engine.costfit`
   --save-detailed``): per request ``input_lens``, ``output_lens``, ``ttfts`` and
   ``itls`` (seconds). A TTFT is the request's prefill, in chunks of
   ``max_num_batched_tokens``; an inter-token gap is a decode step (where a request has
-  fewer gaps than output tokens after its first, the client read chunks of several tokens:
-  its gaps together are its decode steps); a request that failed
+  fewer gaps than output tokens after its first, the client read chunks of several tokens,
+  and where it has more, some chunk held none: its gaps together are its decode steps); a
+  request that failed
   (its TTFT 0.0, or an ``errors`` entry) is skipped. With its ``start_times`` (vllm
   bench serve saves them) each request's TTFT and gaps are a timeline, read as collected
   spans are (below): who else prefilled or decoded in each of its steps comes from the
@@ -391,10 +392,15 @@ def bench_serve_observations(path: str, max_num_batched_tokens: int) -> list[Obs
         work, repeats = _prefill_steps(n, max_num_batched_tokens, others, mean_ctx)
         obs.append(Observation(work, ttft * 1e9, prefill, f"request {i}", repeats))
         decodes = outs[i] - 1
-        if gaps and len(gaps) < decodes:
+        if decodes < 1:  # (one output token: no decode step, whatever chunks followed it; as a timeline)
+            continue
+        if gaps and len(gaps) != decodes:
             # fewer gaps than tokens: some chunks the client read held several tokens (vLLM sends
             # what piled up since the last read), so a gap is no one step; together they are
-            # the request's decode steps after its first token
+            # the request's decode steps after its first token. More gaps than tokens: some
+            # chunk held none (vllm bench serve times every chunk with choices, an empty one
+            # too): a gap of a few microseconds read as a decode step threw the whole fit off
+            # (median error 100%), where the timeline reading took them together
             ctx = decodes * (n + round(others * mean_ctx)) + decodes * (decodes + 1) // 2
             work, repeats = _like_steps(decodes, 1 + others, 0, ctx, 1 + others)
             obs.append(Observation(work, sum(gaps) * 1e9, decode,
