@@ -32,7 +32,8 @@ scheduler_reserve_full_isl = true # vLLM's admission gate: a whole sequence must
 name = "h200-dense-8b"
 ```
 
-Unknown sections and keys are errors naming the file and the key.
+Unknown sections and keys are errors naming the file and the key, and the key it is likely
+a typo of (or the section it belongs in).
 """
 
 from __future__ import annotations
@@ -73,6 +74,9 @@ _SCHEDULER_KEYS = {
     "scheduler_reserve_full_isl": (bool,),  # vLLM's admission gate (default true: a whole sequence must fit)
 }
 _TOP_KEYS = {"preset", "cache", "scheduler", "cost_model"}
+# a section's key -> the section: where a key given in the wrong one (or at the top) belongs
+_SECTION_OF = {**dict.fromkeys(_CACHE_KEYS, "cache"), **dict.fromkeys(_SCHEDULER_KEYS, "scheduler"),
+               **dict.fromkeys(COEFFICIENTS, "cost_model")}
 MAX_CONFIG_BYTES = 1 << 20
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
@@ -104,11 +108,28 @@ def _named(key: str) -> str:
     return key if _BARE_KEY.fullmatch(key) else repr(key)
 
 
+def _unknown_key(key: str, known: list[str], section: str | None = None) -> str:
+    """What an unknown ``key`` of ``section`` (None: the top level) is told: the known key it
+    is likely a typo of, or the section it belongs in, before every key that section knows
+    (the list alone left a user to spot ``num_gpu_block`` among eleven)."""
+    import difflib
+
+    hint = ""
+    home = _SECTION_OF.get(key)
+    if home is not None and home != section:
+        hint = f" here (it belongs in [{home}])"
+    else:
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.75) if isinstance(key, str) else []
+        if close:
+            hint = f" (did you mean {close[0]}?)"
+    return f"unknown key{hint}; expected one of {known}"
+
+
 def _check(section: dict, allowed: dict, path: str, prefix: str) -> dict:
     out = {}
     for key, value in section.items():
         if key not in allowed:
-            raise ConfigError(path, f"{prefix}.{_named(key)}", f"unknown key; expected one of {sorted(allowed)}")
+            raise ConfigError(path, f"{prefix}.{_named(key)}", _unknown_key(key, sorted(allowed), prefix))
         types = allowed[key]
         if not isinstance(value, types) or (bool not in types and isinstance(value, bool)):
             names = " or ".join(t.__name__ for t in types)
@@ -221,7 +242,7 @@ def load_config_file(path: str | Path) -> FileConfig:
         raise ConfigError(p, where, f"a number too long to read ({e})".splitlines()[0]) from None
     for key in raw:
         if key not in _TOP_KEYS:
-            raise ConfigError(p, _named(key), f"unknown key; expected one of {sorted(_TOP_KEYS)}")
+            raise ConfigError(p, _named(key), _unknown_key(key, sorted(_TOP_KEYS)))
     cfg = FileConfig(preset=raw.get("preset"))
     if cfg.preset is not None and (not isinstance(cfg.preset, str) or not cfg.preset.strip()):  # ("": no default)
         raise ConfigError(p, "preset", f"expected a preset name, got {cfg.preset!r}")
@@ -266,11 +287,21 @@ def parse_groups(value: list, source: str) -> tuple:
                                              f"got {g!r}")
         kind = g.get("type")
         if not isinstance(kind, str) or kind not in _GROUP_TYPES:  # (a list or table is no name, nor hashable)
-            raise ConfigError(source, f"{where}.type", f"expected one of {sorted(_GROUP_TYPES)}, got {kind!r}")
+            import difflib
+
+            close = difflib.get_close_matches(kind, list(_GROUP_TYPES), n=1, cutoff=0.75) if isinstance(kind, str) \
+                else []
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise ConfigError(source, f"{where}.type", f"expected one of {sorted(_GROUP_TYPES)}, got {kind!r}{hint}")
         cls, keys = _GROUP_TYPES[kind]
         unknown = sorted(set(g) - {"type", *keys})
         if unknown:
-            raise ConfigError(source, f"{where}.{_named(unknown[0])}", f"unknown key for {kind}; expected {list(keys)}")
+            import difflib
+
+            close = difflib.get_close_matches(unknown[0], keys, n=1, cutoff=0.75)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise ConfigError(source, f"{where}.{_named(unknown[0])}",
+                              f"unknown key for {kind}{hint}; expected {list(keys)}")
         args = {}
         for k in keys:
             v = g.get(k)
@@ -287,9 +318,8 @@ def cost_model_from_table(table: dict[str, Any], source: str) -> CostModel:
     """A ``[cost_model]`` table: ``name`` of a built-in model, or every coefficient."""
     unknown = sorted(set(table) - set(COEFFICIENTS) - {"name", "source"})
     if unknown:
-        raise ConfigError(
-            source, f"cost_model.{_named(unknown[0])}", f"unknown key; expected name, source or {list(COEFFICIENTS)}"
-        )
+        known = ["name", "source", *COEFFICIENTS]
+        raise ConfigError(source, f"cost_model.{_named(unknown[0])}", _unknown_key(unknown[0], known, "cost_model"))
     name = table.get("name")
     if not isinstance(name, str) or not name:
         raise ConfigError(source, "cost_model.name", "expected the model's name (a string)")

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from kvtrace.engine.clock import CostModel, prefill_pairs
+from kvtrace.errors import ConfigError
 from kvtrace.replay.calibrate import calibrate
+from kvtrace.replay.config_file import load_config_file
 
 KNOWN = CostModel("known", 4_000_000, 15_000, 900, 30_000, 2_000)
 
@@ -47,3 +51,40 @@ def test_a_bench_result_with_a_gap_more_than_its_tokens_still_fits_exactly(tmp_p
     assert fit.max_error < 1e-3, fit.max_error  # (the empty chunks' few microseconds, in their requests' decodes)
     for c in ("step_overhead_ns", "token_ns", "attn_pair_ps", "kv_read_ps", "decode_seq_ns"):
         assert abs(getattr(fit.model, c) - getattr(KNOWN, c)) <= max(100, 0.01 * getattr(KNOWN, c)), (c, fit.model)
+
+
+@pytest.mark.parametrize("text, key, hint", [
+    ("[cache]\nnum_gpu_block = 100\n", "cache.num_gpu_block", "(did you mean num_gpu_blocks?)"),
+    ("[scheduler]\nmax_num_batched_token = 100\n", "scheduler.max_num_batched_token",
+     "(did you mean max_num_batched_tokens?)"),
+    ("presett = 'kimi-hybrid'\n", "presett", "(did you mean preset?)"),
+    ("num_gpu_blocks = 100\n", "num_gpu_blocks", "here (it belongs in [cache])"),
+    ("[cache]\nmax_num_seqs = 4\n", "cache.max_num_seqs", "here (it belongs in [scheduler])"),
+    ("[scheduler]\ntoken_ns = 4\n", "scheduler.token_ns", "here (it belongs in [cost_model])"),
+    ("[cost_model]\nname = 'x'\nexperts_per_tokn = 1\n", "cost_model.experts_per_tokn",
+     "(did you mean experts_per_token?)"),
+    ("[cache]\ngroups = [{type = 'full_attention', block_sise = 16}]\n", "cache.groups[0].block_sise",
+     "(did you mean block_size?)"),
+    ("[cache]\ngroups = [{type = 'full_atention', block_size = 16}]\n", "cache.groups[0].type",
+     "(did you mean full_attention?)"),
+])
+def test_an_unknown_key_is_told_the_key_it_is_likely_a_typo_of(tmp_path, text, key, hint):
+    """A typo'd key was refused with the list of every key its section knows (eleven in
+    [cache]) and no word of which was meant; a key of another section, or of a section given
+    at the top, was 'unknown' where it is only misplaced."""
+    path = tmp_path / "run.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config_file(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: {key}: "), message
+    assert hint in message, message
+    assert "\n" not in message
+
+
+def test_a_key_like_none_the_section_knows_is_given_no_guess(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text("[cache]\nzzz = 1\n")
+    with pytest.raises(ConfigError, match=r"cache\.zzz: unknown key; expected one of \[") as info:
+        load_config_file(path)
+    assert "did you mean" not in str(info.value) and "belongs in" not in str(info.value)
