@@ -35,7 +35,7 @@ def calibrate(
     run: Annotated[str | None, typer.Option(
         metavar="RUN", help="The collected run of a store (default: its only one).")] = None,
 ) -> None:
-    """Fit a cost model to a real engine's measurements and print its error per term."""
+    """Fit a cost model to a real engine's measurements; print its error per kind of measurement and each term."""
     from kvtrace.engine.clock import CostModel
     from kvtrace.replay.calibrate import calibrate as fit
     from kvtrace.replay.calibrate import cost_model_toml, fit_report

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -88,3 +89,30 @@ def test_a_key_like_none_the_section_knows_is_given_no_guess(tmp_path):
     with pytest.raises(ConfigError, match=r"cache\.zzz: unknown key; expected one of \[") as info:
         load_config_file(path)
     assert "did you mean" not in str(info.value) and "belongs in" not in str(info.value)
+
+
+def test_calibrate_says_it_prints_the_error_per_kind_of_measurement_as_it_does(tmp_path, capsys):
+    """The help and the README said 'its error per term': the report gives the error per kind
+    of measurement (prefill, decode) and a value, not an error, per term."""
+    from tests.cli.support import run
+
+    data = tmp_path / "steps.csv"
+    rows = ["num_tokens,prefill_pairs,num_decode_seqs,decode_context_tokens,step_ns"]
+    for n in (128, 512, 2048, 8192):
+        rows.append(f"{n},{prefill_pairs(0, n)},0,0,{KNOWN.step_ns(n, prefill_pairs(0, n), 0, 0, 0, 0)}")
+    for seqs, ctx in ((1, 512), (8, 4096), (64, 65536), (256, 1 << 20), (16, 2048)):
+        rows.append(f"{seqs},0,{seqs},{ctx},{KNOWN.step_ns(seqs, 0, ctx, seqs, 0, 0)}")
+    data.write_text("\n".join(rows) + "\n")
+    code, out, err = run(["calibrate", "--from", str(data), "--knee", "0"], capsys)
+    assert code == 0, err
+    report = out.splitlines()
+    kinds = [line.split(":")[0].strip() for line in report if "median |error|" in line]
+    assert kinds == ["decode", "prefill"], report
+    assert not any("error" in line for line in report if " = " in line), report  # a term has a value
+    code, out, _ = run(["calibrate", "--help"], capsys)
+    assert code == 0
+    said = " ".join(out.split())
+    assert "error per kind of measurement" in said and "error per term" not in said, said
+    readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
+    assert "fit error per term" not in readme
+    assert "per kind (prefill, decode)" in readme
