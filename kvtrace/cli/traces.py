@@ -86,5 +86,8 @@ def convert(
             kept["converted_from_limit"] = min(limits)
     if source.holds_more():  # the header's source names the whole file; these are its first N requests
         kept = {**(kept or {}), "source_limit": limit}
+        if limit is not None and "converted_from" in kept:  # a prefix of the first source too: at most N of
+            # its requests (it said the earlier cut's count, or none, of a file that holds fewer)
+            kept["converted_from_limit"] = min(kept.get("converted_from_limit", limit), limit)
     n = write_native(source, out, header=kept, sources=inputs)
     status(f"wrote {n} request{'' if n == 1 else 's'} to {out}")  # stderr: `-o /dev/stdout` gets the trace alone
