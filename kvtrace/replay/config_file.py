@@ -1,7 +1,7 @@
 """TOML run configuration (``kvtrace replay --config FILE.toml``).
 
 ```toml
-preset = "kimi-hybrid"            # optional; a --preset flag overrides it (as flags do every key)
+preset = "kimi-hybrid"            # optional; a --preset flag overrides it, as a flag does the key it sets
 
 [cache]
 num_gpu_blocks = 10240            # the block pool shared by every group, null block included
@@ -18,7 +18,7 @@ prefill_checkpoint_alignment = 16 # FlashKDA; 1 (Mamba2, GDN) when unset
 num_speculative_blocks = 0
 hash_fn = "sha256_cbor"           # or "xxhash"
 external_capacity_blocks = 4096   # second-level tier; omit for none
-without = ["shared-prefix-pinning"]
+without = ["shared-prefix-pinning"]  # --without adds to these (both switched off)
 
 [scheduler]
 max_num_batched_tokens = 8192

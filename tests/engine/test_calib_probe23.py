@@ -116,3 +116,23 @@ def test_calibrate_says_it_prints_the_error_per_kind_of_measurement_as_it_does(t
     readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
     assert "fit error per term" not in readme
     assert "per kind (prefill, decode)" in readme
+
+
+def test_flags_beside_a_config_file_do_what_its_schema_says(tmp_path):
+    """The schema said flags override every key; --without adds to the file's without (both
+    behaviours go off), as the schema now says, and the other flags take their key's place."""
+    from kvtrace.replay.run import RunSpec, engine_preset
+
+    path = tmp_path / "run.toml"
+    path.write_text('preset = "dense-attention"\n[cache]\nnum_gpu_blocks = 300\nwithout = ["shared-prefix-pinning"]\n'
+                    "[scheduler]\nmax_num_seqs = 7\n")
+    from kvtrace.replay import config_file
+
+    schema = " ".join((config_file.__doc__ or "").split())
+    assert "--without adds to these" in schema and "as flags do every key" not in schema
+    preset = engine_preset(RunSpec("gen:mixed", config_file=str(path), without=("transient-checkpoint-retention",)))
+    assert preset.name == "dense-attention" and preset.cache_config.num_gpu_blocks == 300
+    assert not {"shared-prefix-pinning", "transient-checkpoint-retention"} & preset.cache_config.behaviours
+    assert preset.scheduler_config.max_num_seqs == 7
+    preset = engine_preset(RunSpec("gen:mixed", preset="kimi-hybrid", capacity_blocks=500, config_file=str(path)))
+    assert preset.name == "kimi-hybrid" and preset.cache_config.num_gpu_blocks == 500
