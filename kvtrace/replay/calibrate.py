@@ -35,6 +35,11 @@ measurements come in three forms, each read into observations (``engine.costfit`
   add their tokens and causal pairs, packed into chunks of the budget, to its steps.
   Requests served one at a time fit exactly.
 
+Neither a bench result nor vLLM's spans say how many prompt tokens hit the prefix cache: each
+TTFT is read as its whole prompt prefilled, so the server measured should run without prefix
+caching (``vllm serve --no-enable-prefix-caching``) or be sent distinct prompts (the report
+says so under such measurements).
+
 The fit and its error per kind of observation are printed (with the terms no measurement
 exercised, which keep their given value); the model is written as a TOML ``[cost_model]``
 table that ``kvtrace replay --config`` accepts. Measurements that cannot tell fitted terms
@@ -656,6 +661,12 @@ def fit_report(fit: Fit) -> list[str]:
            f"max {fit.max_error:.1%}"]
     for group, (n, med, mx) in fit.error_by_group().items():
         out.append(f"  {group}: {n} observations, median |error| {med:.1%}, max {mx:.1%}")
+    if any(o.group.startswith("prefill (") for o in fit.observations):
+        # (neither a bench result nor vLLM's span says how many prompt tokens hit the prefix cache:
+        # a 512-token system prompt cached in two thirds of the requests fitted 0 ns of step
+        # overhead, attn_pair_ps twice the truth and 4 ms a decoding sequence, at a median error of 0.0%)
+        out.append("  (each TTFT read as its whole prompt prefilled: prefix-cache hits, on by default in vLLM, "
+                   "shorten it unseen; measure with `vllm serve --no-enable-prefix-caching` or distinct prompts)")
     weak = fit.weakly_determined()
     for key in COEFFICIENTS:
         # a term no measurement exercised is the template's (0 unless --moe), not a finding
