@@ -48,3 +48,62 @@ def test_a_limit_that_cuts_nothing_leaves_the_first_sources_count_as_it_was(tmp_
     _convert(capsys, str(once), "-o", str(twice), "--limit", "5")  # (all 5: no cut, no source_limit)
     header = native_header(twice)
     assert "source_limit" not in header and header["converted_from_limit"] == 5, header
+
+
+LATER = '{"timestamp": 999999, "input_length": 10, "output_length": 1, "hash_ids": [77]}\n'
+
+
+def test_a_trace_appended_while_read_is_refused_not_read_under_its_old_digest(tmp_path):
+    """A request appended while a replay read the file was replayed, under the source_id
+    (the run's trace_digest) of the bytes before: one trace's run named another."""
+    from kvtrace.errors import TraceFormatError
+    from kvtrace.replay.readers import open_trace
+
+    path = _mooncake(tmp_path / "m.jsonl", 4)
+    source = open_trace(path)
+    assert len(source.source_id) == 64 and len(list(source)) == 4  # (read whole, unchanged: taken)
+    read = []
+    with pytest.raises(TraceFormatError, match=r"m\.jsonl: changed while kvtrace read it") as err:
+        for req in source:
+            read.append(req)
+            if len(read) == 2:
+                with open(path, "a") as f:
+                    f.write(LATER)
+    assert err.value.line is None and len(read) == 5  # (the appended request read, then refused)
+
+
+def test_a_trace_replaced_after_it_was_hashed_is_refused_when_read(tmp_path):
+    import os
+
+    from kvtrace.errors import TraceFormatError
+    from kvtrace.replay.readers import open_trace
+
+    path = _mooncake(tmp_path / "m.jsonl", 4)
+    source = open_trace(path)
+    digest = source.source_id
+    other = _mooncake(tmp_path / "other.jsonl", 3)
+    os.replace(other, path)  # (an editor's or a generator's atomic save)
+    with pytest.raises(TraceFormatError, match=r"m\.jsonl: changed while kvtrace read it"):
+        list(source)
+    assert open_trace(path).source_id != digest  # (read anew, it is the other trace, under its own digest)
+
+
+def test_a_replay_of_a_trace_appended_while_read_is_one_line_and_records_nothing(tmp_path, capsys, monkeypatch):
+    from kvtrace.replay import readers
+    from tests.cli.support import assert_one_line
+
+    path, db = _mooncake(tmp_path / "m.jsonl", 4), tmp_path / "s.duckdb"
+    real = readers.READERS["mooncake"]
+
+    def appending(file, **options):
+        for i, req in enumerate(real(file, **options)):
+            yield req
+            if i == 1:
+                with open(path, "a") as f:
+                    f.write(LATER)
+
+    monkeypatch.setitem(readers.READERS, "mooncake", appending)
+    code, out, err = run(["replay", str(path), "--no-content", "--db", str(db), "--json"], capsys)
+    assert_one_line(code, err, f"{path}: changed while kvtrace read it")
+    assert out == ""
+    assert not db.exists() or "r1" not in run(["runs", "--db", str(db), "--json"], capsys)[1]

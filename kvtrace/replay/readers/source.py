@@ -6,15 +6,17 @@ the line-level checks the readers share live in :mod:`kvtrace.workload.lines`.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from itertools import islice
 
-from kvtrace.errors import KVTraceError
+from kvtrace.errors import KVTraceError, TraceFormatError
 from kvtrace.workload import TraceRequest
 from kvtrace.workload.lines import source_sha256
 
 Reader = Callable[..., Iterator[TraceRequest]]
 CHECKED_BEFORE_DIGEST = 1000  # requests read before a trace's bytes are hashed (a few ms)
+Stamp = tuple[tuple[int, int, int, int] | None, ...]  # each file's (device, inode, size, mtime ns)
 
 
 class TraceSource:
@@ -25,18 +27,42 @@ class TraceSource:
     names and sha256s), for run records.
     """
 
-    __slots__ = ("_files", "_reader", "_source_id", "format", "limit", "more", "options", "path")
+    __slots__ = ("_files", "_reader", "_source_id", "_stamp", "format", "limit", "more", "options", "path")
 
     def __init__(self, path: str, fmt: str, reader: Reader, limit: int | None, options: dict,
                  files: list[str] | None = None):
         self.path, self.format, self.limit, self.options = path, fmt, limit, options
         self._reader, self._files = reader, files
         self._source_id: str | None = None
+        self._stamp: Stamp | None = None  # the files as they were when hashed (source_id)
         self.more: bool | None = None  # a request past ``limit``: known once an iteration got there
 
     def __iter__(self) -> Iterator[TraceRequest]:
-        it = self._reader(self.path, **self.options)
+        it = self._unchanged(self._reader(self.path, **self.options), self._stamp or self._stamps())
         return it if self.limit is None else self._limited(it)
+
+    def _stamps(self) -> Stamp:
+        """What says a file changed: its identity, size and modification time (None: not
+        there, which the reader names)."""
+        stamps: list[tuple[int, int, int, int] | None] = []
+        for file in self.files:
+            try:
+                st = os.stat(file)
+            except (OSError, ValueError):
+                stamps.append(None)
+                continue
+            stamps.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+        return tuple(stamps)
+
+    def _unchanged(self, it: Iterator[TraceRequest], stamp: Stamp) -> Iterator[TraceRequest]:
+        """``it``, then a refusal if the files read are not as they were when hashed (or when
+        this read began): requests appended or a file replaced while a replay read it were
+        replayed under the digest of the bytes before, the run of one trace named another."""
+        yield from it
+        if self._stamps() != stamp:
+            raise TraceFormatError(self.path, None, "changed while kvtrace read it (another size, modification time "
+                                                    "or file than when it was hashed or opened); the requests read are "
+                                                    "not the trace its digest names: replay a copy nothing writes to")
 
     def _limited(self, it: Iterator[TraceRequest]) -> Iterator[TraceRequest]:
         """The first ``limit`` requests, then one more read, never yielded, for ``more``: a
@@ -69,7 +95,12 @@ class TraceSource:
             # a WEKA file's name is in its requests (ids, local namespace): a renamed copy is
             # another trace, told apart as a directory's files are, by (name, sha256)
             files = [self.path] if self._files is None and self.format == "weka" else self._files
-            self._source_id = source_sha256(self.path, files)
+            stamp = self._stamps()
+            source_id = source_sha256(self.path, files)
+            if self._stamps() != stamp:  # (written while it was hashed)
+                raise TraceFormatError(self.path, None, "changed while kvtrace hashed it; replay a copy nothing "
+                                                        "writes to")
+            self._stamp, self._source_id = stamp, source_id
         return self._source_id
 
     @property
