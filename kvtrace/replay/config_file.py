@@ -351,6 +351,10 @@ def cost_model_from_table(table: dict[str, Any], source: str) -> CostModel:
         raise ConfigError(source, "cost_model.token_above_knee_ns",
                           f"{model.token_above_knee_ns:,} has no effect without token_knee (the tokens past which "
                           "it applies; 0 is no knee); give token_knee >= 1, or leave it 0")
+    if model.experts_per_token and not model.num_experts:  # (taken and never used: the MoE term needs E)
+        raise ConfigError(source, "cost_model.experts_per_token",
+                          f"{model.experts_per_token:,} has no effect without num_experts (the MoE term's E, with "
+                          "moe_expert_ns); give num_experts >= it, or leave it 0")
     if not any(getattr(model, k) for k in FITTED_TERMS):  # (every TTFT, ITL and E2EL printed 0 ms)
         raise ConfigError(source, "cost_model", f"{name}: every coefficient is 0: each step would take no time and "
                                                 "every modelled latency would be 0 (use --mode cache-only for hits "

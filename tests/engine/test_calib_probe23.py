@@ -161,3 +161,15 @@ def test_a_fit_of_ttfts_says_they_are_read_as_whole_prompts_prefilled(tmp_path):
     assert not any("prefilled" in line for line in fit_report(calibrate([steps], name="fitted", knee=0)))
     readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
     assert "`vllm serve --no-enable-prefix-caching`" in readme
+
+
+def test_experts_per_token_without_experts_is_refused_at_its_key(tmp_path):
+    """A [cost_model] with experts_per_token and no num_experts was taken, and the value never
+    used (the MoE term needs E), as token_above_knee_ns without token_knee is refused."""
+    path = tmp_path / "cm.toml"
+    five = "step_overhead_ns = 1\ntoken_ns = 1\nattn_pair_ps = 1\nkv_read_ps = 1\ndecode_seq_ns = 1\n"
+    path.write_text(f'[cost_model]\nname = "x"\n{five}experts_per_token = 8\n')
+    with pytest.raises(ConfigError, match=r"cm\.toml: cost_model\.experts_per_token: 8 has no effect without num_"):
+        load_config_file(path)
+    path.write_text(f'[cost_model]\nname = "x"\n{five}experts_per_token = 8\nnum_experts = 64\n')
+    assert load_config_file(path).cost_model.experts_per_token == 8  # with E it is the routing
