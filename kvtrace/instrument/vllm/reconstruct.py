@@ -25,6 +25,7 @@ class ChainRequest:
     tail: str
     last_ns: int  # when the chain was last extended
     block_size: int  # 0: not reported
+    group: int | None = None  # the KV cache group that last extended it
 
 
 class ChainTracer:
@@ -37,6 +38,13 @@ class ChainTracer:
     fresh root. Limits: output lengths are unknown (written as 0), a prompt's partial
     last block is never published, and decode-time blocks stored within the window are
     counted as prompt.
+
+    A hybrid model's server publishes a request's blocks once per KV cache group
+    (``group_idx``), every group with the same hashes (at its own block size): a run of
+    blocks whose last block ends a request that another group extended in the same batch
+    is that group's copy, not a request of its own. (Each request was written once per
+    group, and a coarser group's chain ran on through a finer group's parents: a 64-token
+    prompt said 192.)
     """
 
     def __init__(self, merge_window_ns: int = 1_000_000_000):
@@ -51,18 +59,21 @@ class ChainTracer:
             return
         if ev.kind != BLOCK_STORED or not ev.block_hashes:
             return
+        tail = ev.block_hashes[-1]
+        same = self._open.get(tail)
+        if same is not None and self.requests[same].last_ns == t_ns and self.requests[same].group != ev.group_idx:
+            return  # another KV cache group's copy of blocks stored in this batch
         prev = ev.parent_block_hash
         for h in ev.block_hashes:
             self.parent.setdefault(h, prev)
             prev = h
-        tail = ev.block_hashes[-1]
         idx = self._open.pop(ev.parent_block_hash, None) if ev.parent_block_hash is not None else None
         if idx is not None and t_ns - self.requests[idx].last_ns <= self.merge_window_ns:
             req = self.requests[idx]
-            req.tail, req.last_ns = tail, t_ns
+            req.tail, req.last_ns, req.group = tail, t_ns, ev.group_idx
         else:
             idx = len(self.requests)
-            self.requests.append(ChainRequest(t_ns, tail, t_ns, ev.block_size or 0))
+            self.requests.append(ChainRequest(t_ns, tail, t_ns, ev.block_size or 0, ev.group_idx))
         self._open[tail] = idx
 
     def chain(self, tail: str) -> list[str]:

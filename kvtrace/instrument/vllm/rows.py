@@ -68,6 +68,14 @@ class VllmSpanRows:
     ``dp_rank``: the endpoint's rank, for payloads that do not carry one. ``num_tokens``
     of a publish is its chain depth (blocks from a root this capture saw) x block size;
     a chain whose root was never seen has none.
+
+    A hybrid model's server publishes the same hash for a prefix in each KV cache group
+    (``group_idx``), every group at its own block size, and removes it from one group
+    while another still holds it. So a hash's depth is kept with the block size it is
+    counted in (``units``: a prefix's tokens are the same in every group), and it is
+    forgotten only when no group holds it any more. (Kept in blocks alone, a 32-token
+    group's depth of 2 stood for 2 of a 16-token group's blocks: a 96-token prefix said
+    64; and one group's BlockRemoved cost the other groups' children their num_tokens.)
     """
 
     def __init__(self, ids: SeededIdGenerator, resource: dict[str, str], dp_rank: int | None = None):
@@ -77,6 +85,9 @@ class VllmSpanRows:
         self.rows = SpanRowsBuilder()
         self.spans = 0
         self.depth: dict[str, int] = {}  # hash -> blocks from the root (for num_tokens)
+        # hash -> (the block size its depth counts, the groups holding it as bits)
+        self.units: dict[str, tuple[int, int]] = {}
+        self._group_bits: dict[int | None, int] = {}
         self._tables: list[pa.Table] = []
 
     def _row(self, **kwargs: Any) -> None:
@@ -85,13 +96,14 @@ class VllmSpanRows:
     def add(self, step: int, batch: KVEventBatch) -> None:
         """The batch's spans, as one table kept for ``take``. UnstorableValue (nothing of
         the batch kept, the chain depths unchanged) when a value cannot be stored."""
-        depth = _Undoable(self.depth)
+        depth, units = _Undoable(self.depth), _Undoable(self.units)
         try:
-            self._add(step, batch, depth)
+            self._add(step, batch, depth, units)
             table = self.rows.to_table(full=False)
         except BaseException:
             self.rows.truncate(0)
             depth.undo()
+            units.undo()
             raise
         self.spans += table.num_rows
         self._tables.append(table)
@@ -99,8 +111,17 @@ class VllmSpanRows:
         if excess > 0:
             for h in list(itertools.islice(self.depth, excess)):  # (insertion order: the oldest first)
                 del self.depth[h]
+                self.units.pop(h, None)
 
-    def _add(self, step: int, batch: KVEventBatch, depth: _Undoable) -> None:
+    def _group_bit(self, group_idx: int | None) -> int:
+        """The bit standing for a KV cache group in ``units`` (the 64th and later groups share
+        the last bit: a hash one of them removes may be forgotten early, never misstated)."""
+        bit = self._group_bits.get(group_idx)
+        if bit is None:
+            bit = self._group_bits[group_idx] = 1 << min(len(self._group_bits), 63)
+        return bit
+
+    def _add(self, step: int, batch: KVEventBatch, depth: _Undoable, units: _Undoable) -> None:
         t = round(batch.ts * 1e9)
         trace_id, step_span = self.ids.generate_trace_id(), self.ids.generate_span_id()
         common: dict[str, Any] = {SOURCE: SOURCE_VLLM, STEP: step}
@@ -124,22 +145,37 @@ class VllmSpanRows:
                                    (SPEC_KIND, ev.kv_cache_spec_kind)):
                     if value is not None:
                         attrs[key] = value
+                bs, bit = ev.block_size, self._group_bit(ev.group_idx)
                 base = 0 if ev.parent_block_hash is None else depth.get(ev.parent_block_hash)
+                if base is not None and bs and ev.parent_block_hash is not None:
+                    unit = units.get(ev.parent_block_hash)
+                    if unit is not None and unit[0] and unit[0] != bs:  # (counted in another group's blocks)
+                        tokens = base * unit[0]
+                        base = tokens // bs if tokens % bs == 0 else None
                 if base is not None:
                     for i, h in enumerate(ev.block_hashes):
                         depth.set(h, base + i + 1)
-                    if ev.block_size and ev.block_hashes:
-                        attrs[NUM_TOKENS] = (base + len(ev.block_hashes)) * ev.block_size
+                        held = units.get(h)
+                        units.set(h, (bs or 0, (0 if held is None else held[1]) | bit))
+                    if bs and ev.block_hashes:
+                        attrs[NUM_TOKENS] = (base + len(ev.block_hashes)) * bs
             elif ev.kind == BLOCK_REMOVED:
                 name = SPAN_EVICT
                 attrs[EVICT_REASON] = EVICT_REASON_VLLM
                 attrs[BLOCK_HASHES] = ev.block_hashes
+                bit = self._group_bit(ev.group_idx)
                 for h in ev.block_hashes:
-                    depth.pop(h)
+                    held = units.get(h)
+                    if held is not None and held[1] & ~bit:  # (another group still holds it)
+                        units.set(h, (held[0], held[1] & ~bit))
+                    else:
+                        depth.pop(h)
+                        units.pop(h)
             else:
                 name = SPAN_EVICT
                 attrs[EVICT_REASON] = EVICT_REASON_RESET
                 depth.clear()
+                units.clear()
             self._row(name=name, trace_id=trace_id, span_id=self.ids.generate_span_id(), parent_span_id=step_span,
                       start_ns=t, end_ns=t, attributes=attrs)
 
@@ -160,14 +196,14 @@ class _Undoable:
 
     __slots__ = ("d", "log")
 
-    def __init__(self, d: dict[str, int]):
-        self.d: dict[str, int] = d
+    def __init__(self, d: dict[str, Any]):
+        self.d: dict[str, Any] = d
         self.log: list[tuple[Any, Any]] = []
 
-    def get(self, key: str) -> int | None:
+    def get(self, key: str) -> Any:
         return self.d.get(key)
 
-    def set(self, key: str, value: int) -> None:
+    def set(self, key: str, value: Any) -> None:
         self.log.append((key, self.d.get(key, _MISSING)))
         self.d[key] = value
 

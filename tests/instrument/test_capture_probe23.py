@@ -1,0 +1,180 @@
+"""The twenty-third session's probe of ``kvtrace capture vllm``: what a hybrid model's
+server publishes (one BlockStored per KV cache group, every group with the same hashes at
+its own block size, a BlockRemoved in one group while another still holds the block) is
+stored and reconstructed as vLLM means it.
+
+The expected numbers are computed independently of the capture: the events' hashes are
+made from the prefix length they stand for (``_h``), so a publish's ``num_tokens`` must be
+the prefix length of its last hash, and a request's prompt the prefix of its last block.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import warnings
+
+from kvtrace.instrument.arrow_columns import hash_hex
+from kvtrace.instrument.ids import SeededIdGenerator
+from kvtrace.instrument.vllm import ChainTracer, KVEvent, capture_vllm
+from kvtrace.instrument.vllm.rows import VllmSpanRows
+from kvtrace.instrument.vllm.wire import BLOCK_REMOVED, BLOCK_STORED, KVEventBatch
+from tests.instrument.helpers import store_rows
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # requests' charset warning on import
+    from vllm.distributed.kv_events import BlockRemoved, BlockStored, ZmqEventPublisher
+    from vllm.distributed.kv_events import KVEventBatch as VllmBatch
+
+TOPIC = "kv"
+T0 = 1_700_000_000.0
+
+
+def _h(prefix_tokens: int, request: int = 0) -> int:
+    """vLLM's hash of a prompt's first ``prefix_tokens`` tokens (request ``request``'s own
+    tokens past its shared prefix: a distinct hash)."""
+    return 10_000_000 * request + prefix_tokens
+
+
+def _prefix_of(hash_text: str) -> int:
+    return int(hash_text, 16) % 10_000_000
+
+
+def _stored(ends: list[int], parent: int | None, block_size: int, group: int, kind: str,
+            request: int = 0) -> BlockStored:
+    """vLLM's BlockStored for the blocks ending at ``ends`` (prefix tokens), under ``parent``."""
+    return BlockStored(block_hashes=[_h(p, request if p > 64 else 0) for p in ends],
+                       parent_block_hash=None if parent is None else _h(parent, request if parent > 64 else 0),
+                       token_ids=list(range(len(ends) * block_size)), block_size=block_size, lora_id=None,
+                       medium="GPU", lora_name=None, group_idx=group, kv_cache_spec_kind=kind)
+
+
+def _hybrid_batches() -> list[VllmBatch]:
+    """A hybrid model: group 0 full attention in 16-token blocks, group 1 Mamba in 32-token
+    blocks (both hashed every 16 tokens: group 1's hashes are every other one of group 0's).
+    Request 0: a 64-token prompt, then 32 more (chunked prefill); group 1 then evicts the
+    64-token block group 0 still holds; request 1 shares the 64-token prefix, 5 s later."""
+    fa, mamba = "full_attention", "mamba"
+    return [
+        VllmBatch(ts=T0, events=[_stored([16, 32, 48, 64], None, 16, 0, fa), _stored([32, 64], None, 32, 1, mamba)]),
+        VllmBatch(ts=T0 + 0.1, events=[_stored([80, 96], 64, 16, 0, fa), _stored([96], 64, 32, 1, mamba)]),
+        VllmBatch(ts=T0 + 0.2, events=[BlockRemoved(block_hashes=[_h(64)], medium="GPU", group_idx=1)]),
+        VllmBatch(ts=T0 + 5.0, events=[_stored([80], 64, 16, 0, fa, request=1)]),
+    ]
+
+
+def _as_kvtrace(batch: VllmBatch) -> KVEventBatch:
+    """vLLM's batch as the capture decodes it (for the unit tests below)."""
+    import msgspec
+
+    from kvtrace.instrument.vllm import decode_kv_batch
+
+    return decode_kv_batch(msgspec.msgpack.encode(batch))[0]
+
+
+def test_a_hybrid_models_publishes_say_their_prefix_in_tokens_whatever_the_groups_block_size():
+    rows = VllmSpanRows(SeededIdGenerator(0), {})
+    for step, batch in enumerate(_hybrid_batches()):
+        rows.add(step, _as_kvtrace(batch))
+    table = rows.take()
+    assert table is not None
+    got = [(h[-1], n) for name, h, n in zip(table.column("name").to_pylist(), table.column("block_hashes").to_pylist(),
+                                             table.column("num_tokens").to_pylist())
+           if name == "kvtrace.cache.publish"]
+    assert len(got) == 5
+    for last_hash, num_tokens in got:  # the prefix the last block's hash stands for
+        assert num_tokens == _prefix_of(last_hash), (last_hash, num_tokens)
+
+
+def test_one_groups_block_removed_leaves_the_block_another_group_holds_a_parent():
+    rows = VllmSpanRows(SeededIdGenerator(0), {})
+    ev = lambda hashes, parent, group: KVEvent(BLOCK_STORED, hashes, parent, block_size=16, group_idx=group)
+    rows.add(0, KVEventBatch(1.0, [ev(["a", "b"], None, 0), ev(["a", "b"], None, 1)]))
+    rows.add(1, KVEventBatch(2.0, [KVEvent(BLOCK_REMOVED, ["b"], group_idx=1)]))
+    rows.add(2, KVEventBatch(3.0, [ev(["c"], "b", 0)]))  # group 0 still holds b
+    rows.add(3, KVEventBatch(4.0, [KVEvent(BLOCK_REMOVED, ["b"], group_idx=0)]))
+    rows.add(4, KVEventBatch(5.0, [ev(["d"], "b", 0)]))  # nobody holds b now: its depth is forgotten
+    table = rows.take()
+    assert table is not None
+    tokens = [n for name, n in zip(table.column("name").to_pylist(), table.column("num_tokens").to_pylist())
+              if name == "kvtrace.cache.publish"]
+    assert tokens == [32, 32, 48, None]
+
+
+def test_a_hybrid_models_reconstructed_trace_has_each_request_once_with_its_prompt():
+    tracer = ChainTracer()
+    for batch in _hybrid_batches():
+        for ev in _as_kvtrace(batch).events:
+            tracer.add(round(batch.ts * 1e9), ev)
+    chains = [tracer.chain(r.tail) for r in tracer.requests]
+    assert [[_prefix_of(h) for h in c] for c in chains] == [[16, 32, 48, 64, 80, 96], [16, 32, 48, 64, 80]]
+    assert [r.block_size for r in tracer.requests] == [16, 16]
+
+
+def test_a_hybrid_model_captured_from_vllms_own_publisher_is_stored_and_rebuilt_as_it_was_sent(tmp_path):
+    """End to end: vLLM 0.33's ZmqEventPublisher, kvtrace's capture, the store and the
+    native trace, each checked against what was sent."""
+    import logging
+
+    logging.getLogger("vllm").setLevel(logging.ERROR)
+    pub_ep, replay_ep = f"ipc://{tmp_path}/pub", f"ipc://{tmp_path}/replay"
+    pub = ZmqEventPublisher(0, endpoint=pub_ep, replay_endpoint=replay_ep, topic=TOPIC)
+    sent = _hybrid_batches()
+    caps: list = []
+    done = threading.Event()
+    result: dict = {}
+
+    def capture() -> None:
+        result["stats"] = capture_vllm(pub_ep, replay_ep, store_path=tmp_path / "s.duckdb", topic=TOPIC,
+                                       trace_out=tmp_path / "t.jsonl", should_stop=done.is_set, on_ready=caps.append)
+
+    thread = threading.Thread(target=capture)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not caps or not caps[0].stats.connected:
+            assert time.monotonic() < deadline, "the capture never reached the publisher"
+            time.sleep(0.02)
+        for batch in sent:  # (a batch the slow joiner drops comes back through the replay socket)
+            pub.publish(batch)
+        while caps[0].stats.batches < len(sent):
+            assert time.monotonic() < deadline, caps[0].stats
+            if caps[0].stats.batches == 0:
+                time.sleep(0.05)
+                continue
+            time.sleep(0.02)
+    finally:
+        done.set()
+        thread.join(60)
+        pub.shutdown()
+    stats = result["stats"]
+    assert (stats.batches, stats.events, stats.lost, stats.bad_messages, stats.requests) == (4, 6, 0, 0, 2)
+    rows = store_rows(tmp_path / "s.duckdb", stats.run_id, "name, step, block_hashes, parent_block_hash, num_tokens, "
+                                                          "block_size, group_id, kv_cache_spec_kind, evict_reason")
+    publishes = [r for r in rows if r["name"] == "kvtrace.cache.publish"]
+    sent_stored = [(k, ev) for k, b in enumerate(sent) for ev in b.events if isinstance(ev, BlockStored)]
+    assert len(publishes) == len(sent_stored)
+    for r, (k, ev) in zip(publishes, sent_stored):
+        assert r["step"] == k and r["block_hashes"] == [hash_hex(h) for h in ev.block_hashes]
+        assert r["parent_block_hash"] == (None if ev.parent_block_hash is None else hash_hex(ev.parent_block_hash))
+        assert (r["group_id"], r["block_size"], r["kv_cache_spec_kind"]) == (ev.group_idx, ev.block_size,
+                                                                             ev.kv_cache_spec_kind)
+        assert r["num_tokens"] == ev.block_hashes[-1] % 10_000_000  # the prefix its last hash stands for
+    # the cache's contents, folded from the stored spans and from what was sent: the same
+    held: set = set()
+    for r in rows:
+        if r["name"] == "kvtrace.cache.publish":
+            held |= {(r["group_id"], h) for h in r["block_hashes"]}
+        elif r["name"] == "kvtrace.cache.evict":
+            held -= {(r["group_id"], h) for h in r["block_hashes"]}
+    want: set = set()
+    for b in sent:
+        for ev in b.events:
+            keys = {(ev.group_idx, hash_hex(h)) for h in ev.block_hashes}
+            want = want | keys if isinstance(ev, BlockStored) else want - keys
+    assert held == want
+    lines = (tmp_path / "t.jsonl").read_text().splitlines()
+    reqs = [json.loads(x) for x in lines[1:]]
+    assert [(r["input_length"], r["block_size"], r["arrival_ns"]) for r in reqs] == [(96, 16, 0), (80, 16, 5 * 10**9)]
+    assert reqs[0]["hash_ids"][:4] == reqs[1]["hash_ids"][:4]  # the shared 64-token prefix
