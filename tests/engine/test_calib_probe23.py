@@ -138,6 +138,16 @@ def test_flags_beside_a_config_file_do_what_its_schema_says(tmp_path):
     assert preset.name == "kimi-hybrid" and preset.cache_config.num_gpu_blocks == 500
 
 
+def test_the_config_flags_help_says_a_flag_beside_it_wins():
+    """--config's help said "TOML settings overriding the preset" and nothing of the flags beside it."""
+    from typer.testing import CliRunner
+
+    from kvtrace.cli import app
+
+    shown = " ".join(CliRunner().invoke(app, ["replay", "--help"], env={"COLUMNS": "200"}).output.split())
+    assert "a flag beside it overrides the key it sets (--without adds to the file's without)" in shown
+
+
 def test_a_fit_of_ttfts_says_they_are_read_as_whole_prompts_prefilled(tmp_path):
     """Neither a bench result nor vLLM's spans say how many prompt tokens hit the prefix cache
     (on by default in vLLM): a cached 512-token system prompt in two thirds of the requests
