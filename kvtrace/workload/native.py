@@ -234,16 +234,28 @@ def write_native(requests: Iterable[TraceRequest], path: str | os.PathLike, *, h
     out = AtomicText(path, sources)
     with out as f:
         f.write(_encode(head) + b"\n")
-        for req in requests:
-            line = _encode(native_record(req))
-            if len(line) >= MAX_LINE_BYTES:  # (with its newline, past what every reader takes)
-                # (a file is replaced whole or not at all; a pipe or terminal has what went before)
-                kept = ("nothing written" if out.tmp is not None
-                        else f"the header and {n:,} request{'s' * (n != 1)} written before it")
-                raise KVTraceError(
-                    f"{printable(os.fspath(path))}: request {printable(req.request_id)[:80]} would be a line of "
-                    f"{len(line) + 1:,} bytes, past the {MAX_LINE_BYTES >> 20} MiB a trace line may hold (no reader "
-                    f"would take it back); {kept} (a larger block size gives fewer hash ids)")
-            f.write(line + b"\n")
-            n += 1
+        try:
+            for req in requests:
+                line = _encode(native_record(req))
+                if len(line) >= MAX_LINE_BYTES:  # (with its newline, past what every reader takes)
+                    # (a file is replaced whole or not at all; a pipe or terminal has what went before)
+                    kept = ("nothing written" if out.tmp is not None
+                            else f"the header and {_requests(n)} written before it")
+                    raise KVTraceError(
+                        f"{printable(os.fspath(path))}: request {printable(req.request_id)[:80]} would be a line of "
+                        f"{len(line) + 1:,} bytes, past the {MAX_LINE_BYTES >> 20} MiB a trace line may hold (no "
+                        f"reader would take it back); {kept} (a larger block size gives fewer hash ids)")
+                f.write(line + b"\n")
+                n += 1
+        except TraceFormatError as err:
+            if out.tmp is not None:  # (the file is left as it was: nothing to say of it)
+                raise
+            # a pipe or a terminal, written in place, has what went before the bad request: a
+            # reader of it took a trace cut short for the whole one, the error naming the input alone
+            raise type(err)(err.path, err.line, f"{err.what} ({printable(os.fspath(path))}: the header and "
+                                            f"{_requests(n)} written before it)") from None
     return n
+
+
+def _requests(n: int) -> str:
+    return f"{n:,} request{'s' * (n != 1)}"

@@ -107,3 +107,28 @@ def test_a_replay_of_a_trace_appended_while_read_is_one_line_and_records_nothing
     assert_one_line(code, err, f"{path}: changed while kvtrace read it")
     assert out == ""
     assert not db.exists() or "r1" not in run(["runs", "--db", str(db), "--json"], capsys)[1]
+
+
+def test_convert_to_a_pipe_says_what_it_wrote_before_a_bad_request(tmp_path):
+    """Written in place (stdout, a FIFO), the requests before a bad line are out already: the
+    error named the input's line alone, and a reader of the pipe took a trace cut short for
+    the whole one (a line too long for the writer said so; a line the reader refused did not)."""
+    import subprocess
+    import sys
+
+    from kvtrace.replay.readers.source import CHECKED_BEFORE_DIGEST
+
+    n = CHECKED_BEFORE_DIGEST + 1  # (a bad line among the first ones is told before any is written)
+    trace = _mooncake(tmp_path / "m.jsonl", n)
+    with open(trace, "a") as f:
+        f.write('{"timestamp": 9}\n')
+    command = [sys.executable, "-m", "kvtrace.cli", "convert", str(trace), "-o"]
+    proc = subprocess.run([*command, "/dev/stdout"], capture_output=True, text=True, check=False, timeout=120)
+    assert proc.returncode == 2 and len(proc.stdout.splitlines()) == 1 + n, proc.stderr  # (the header, then n)
+    [line] = proc.stderr.splitlines()
+    assert line.startswith(f"kvtrace: error: {trace}:{n + 1}: Object missing required field `input_length`"), line
+    assert line.endswith(f"(/dev/stdout: the header and {n:,} requests written before it)"), line
+    out = tmp_path / "out.jsonl"  # a file is replaced whole or not at all: nothing to say of it
+    out.write_text("kept\n")
+    proc = subprocess.run([*command, str(out)], capture_output=True, text=True, check=False, timeout=120)
+    assert proc.returncode == 2 and "written before it" not in proc.stderr and out.read_text() == "kept\n"
