@@ -178,3 +178,34 @@ def test_a_hybrid_model_captured_from_vllms_own_publisher_is_stored_and_rebuilt_
     reqs = [json.loads(x) for x in lines[1:]]
     assert [(r["input_length"], r["block_size"], r["arrival_ns"]) for r in reqs] == [(96, 16, 0), (80, 16, 5 * 10**9)]
     assert reqs[0]["hash_ids"][:4] == reqs[1]["hash_ids"][:4]  # the shared 64-token prefix
+
+
+def test_each_dp_ranks_summary_counts_its_own_reconstructed_requests(tmp_path):
+    """The run's summary said ``requests: 3`` and, for each rank, ``requests: 0``."""
+    import duckdb
+
+    from tests.instrument.vllm_publisher import CURRENT, dp_publishers
+
+    EventBatch, Stored, _, _ = CURRENT
+    pubs = dp_publishers(2)
+    roots = [[1, 2], [3]]  # rank 0 stores two unrelated chains (two requests), rank 1 one
+    try:
+        for rank, pub in enumerate(pubs):
+            for k, root in enumerate(roots[rank]):  # sent before the capture joins: asked of the replay socket
+                pub.publish(EventBatch(T0 + 10 * k, [Stored([root * 100], None, [0] * 4, 4, None, "GPU", None)], rank),
+                            send=False)
+        caps: list = []
+        stats = capture_vllm(pubs[0].endpoint, pubs[0].replay_endpoint, dp_size=2, store_path=tmp_path / "s.duckdb",
+                             topic="kv-events", trace_out=tmp_path / "t.jsonl", on_ready=caps.append,
+                             should_stop=lambda: len(caps) == 2 and all(c.stats.connected for c in caps))
+    finally:
+        for pub in pubs:
+            pub.close()
+    assert (stats.batches, stats.requests) == (3, 3)
+    con = duckdb.connect(str(tmp_path / "s.duckdb"), read_only=True)
+    try:
+        summary = json.loads(con.execute("SELECT summary FROM runs WHERE run_id = ?", [stats.run_id]).fetchone()[0])
+    finally:
+        con.close()
+    assert [r["requests"] for r in summary["ranks"]] == [2, 1]
+    assert summary["requests"] == sum(r["requests"] for r in summary["ranks"])

@@ -558,11 +558,12 @@ def capture_vllm(endpoint: str, replay_endpoint: str | None = None, *, store_pat
             raise
         for cap in caps:
             cap.close()
+        trace = native_requests(tracers) if trace_out is not None and tracers else None
+        if trace is not None and tracers:  # each rank's own (the summary's ranks said 0, their total N)
+            for cap, tracer in zip(caps, tracers):
+                cap.stats.requests = len(tracer.requests)
         stats = CaptureStats.total([c.stats for c in caps], run_id)
         unreached = [c.endpoint for c in caps if not c.stats.connected and c.stats.nothing_received]
-        trace = native_requests(tracers) if trace_out is not None and tracers else None
-        if trace is not None:
-            stats.requests = len(trace[0])
         summary: dict[str, Any] = stats.counts()
         summary[SUMMARY_NOTHING_RECEIVED] = stats.nothing_received
         if dp_size > 1:
