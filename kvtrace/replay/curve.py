@@ -12,7 +12,10 @@ This is exact, not an estimate, when the stream of touches does not depend on th
 capacity: cache-only replay, every request's blocks fitting the cache. A request with
 more blocks than C is served uncached at C and touches nothing there, so the one pass is
 exact for every C at or above the largest request; below that, and for Belady (not a
-recency order), the points come from a replay at each capacity. Engine mode (admission,
+recency order), the points come from a replay at each capacity. Below the largest request
+LRU is no stack algorithm (a cache of C blocks need not hold what one of C - 1 holds: a
+request that fits the larger one evicts for it, and passes the smaller one by), so the
+curve there can fall as the capacity grows; the note under the table says so. Engine mode (admission,
 preemption and timing all depend on capacity) runs one engine replay per capacity, on the
 sweep's workers; its Belady bound is not drawn, because the engine's pool counts blocks
 of every KV cache group, a unit the cache-only bound does not have.
@@ -244,8 +247,13 @@ class CurveResult:
         if self.mode == "engine":
             return ("engine mode: one engine replay per capacity (capacity: the full-attention group's usable blocks, "
                     "its pool less vLLM's null block, as `kvtrace runs` shows them)")
-        return ("cache-only: LRU from one exact pass (Mattson's stack algorithm) at every capacity that holds the "
+        note = ("cache-only: LRU from one exact pass (Mattson's stack algorithm) at every capacity that holds the "
                 "largest request, a replay below that; Belady from a replay at each capacity")
+        if any(p.policy == "lru" and p.method == "replay" for p in self.points):
+            # (no stack algorithm there: a curve that fell with more room read as a wrong one)
+            note += ("; below the largest request the LRU curve can fall as the capacity grows (a request larger "
+                     "than the cache is served uncached and evicts nothing, one that fits evicts what it needs)")
+        return note
 
 
 def run_curve(spec, capacities: str, *, policies: Sequence[str] | None = None, db: str | Path | None = None,
@@ -272,8 +280,10 @@ def run_curve(spec, capacities: str, *, policies: Sequence[str] | None = None, d
     from kvtrace.replay.sweep import check_workers
 
     check_workers(workers, ray_address)
-    if ray_address is not None and spec.mode != "engine":
-        raise ConfigError("--ray", ray_address, "engine mode only (a cache-only curve is one pass in this process)")
+    # (each refused outside engine mode: --workers was taken and did nothing, where --ray was refused)
+    for flag, given in (("--ray", ray_address), ("--workers", workers)):
+        if given is not None and spec.mode != "engine":
+            raise ConfigError(flag, str(given), "engine mode only (a cache-only curve is one pass in this process)")
     if spec.mode == "engine":
         if "belady" in policies:
             raise ConfigError("--policy", "belady", "the Belady bound is a cache-only bound; in engine mode use "

@@ -323,13 +323,21 @@ def _deaths_named(results: Iterator[tuple[RunResult, list]], combos: list[dict[s
         except KVTraceError as err:
             if type(err) is not KVTraceError:  # (a file's, a flag's: named where it is)
                 raise
-            shown = label(combo) if values_flag in ("--param", "--sweep") else label(combo).partition("=")[2]
-            text = str(err)
-            if values_flag == "--capacities":  # (the engine's advice names the flags a curve refuses)
-                from kvtrace.engine.engine import POOL_ADVICE
+            shown = label(combo) if swept else label(combo).partition("=")[2]
+            from kvtrace.engine.engine import POOL_ADVICE
 
-                text = text.replace(POOL_ADVICE, "raise the --capacities")
-            raise KVTraceError(f"{values_flag} {shown}: {text}") from None
+            # (the engine's advice named --capacity-blocks, which a sweep of the capacity refuses)
+            capacity = next((n for n in ("capacity_blocks", "capacity_tokens") if n in combo), None)
+            text = str(err)
+            if not swept:
+                text = text.replace(POOL_ADVICE, f"raise the {values_flag}")
+            elif capacity is not None:
+                text = text.replace(POOL_ADVICE, f"raise the {capacity} values of {values_flag}")
+            # where the sweep stopped and what it kept, as a worker's death says it: the runs
+            # after a failed one were never run, and the line said nothing of them
+            raise KVTraceError(f"{values_flag} {shown}: {text}; {stopped}, "
+                               f"{_kept(done(), len(combos), stored, swept)}"
+                               + ("" if swept or not stored else " (the curve itself is not recorded)")) from None
         yield item
 
 

@@ -1,0 +1,66 @@
+"""Sweep and curve, re-probed (session 23): what a failed replay leaves said, a flag that
+did nothing, and a capacity curve that falls where LRU is no stack algorithm."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvtrace.errors import ConfigError, KVTraceError
+from kvtrace.replay.curve import CurveResult, capacity_curve, run_curve
+from kvtrace.replay.run import RunSpec
+from kvtrace.replay.sweep import run_sweep
+from kvtrace.store import read
+from kvtrace.workload import TraceRequest
+from tests.conftest import MOONCAKE
+
+
+def test_a_replay_failed_midway_says_where_the_sweep_stopped_and_what_it_kept(tmp_path):
+    """A worker's death said where the sweep stopped and how many runs it stored; a replay's
+    own failure said neither (the combinations after it never ran, unsaid), and its advice
+    named --capacity-blocks, which a sweep of the capacity refuses beside --param."""
+    db = tmp_path / "s.duckdb"
+    with pytest.raises(KVTraceError) as caught:
+        run_sweep(RunSpec("gen:chat", limit=3, content=False), [("capacity_blocks", [2000, 4, 3000])], db=db,
+                  workers=1)
+    line = str(caught.value)
+    assert line.startswith("--param capacity_blocks=4: engine: ")
+    assert line.endswith("; the sweep stopped at capacity_blocks=4, 1 of 3 combinations stored")
+    assert "raise the capacity_blocks values of --param" in line and "--capacity-blocks" not in line
+    assert read.runs(db)["status"].to_list() == ["complete"]
+
+
+def test_a_curves_failed_capacity_says_the_curve_is_not_recorded(tmp_path):
+    db = tmp_path / "c.duckdb"
+    with pytest.raises(KVTraceError) as caught:
+        run_curve(RunSpec("gen:chat", limit=3, content=False), "2000,4", policies=("lru",), db=db, workers=1)
+    line = str(caught.value)
+    assert line.startswith("--capacities 4: engine: ") and "raise the --capacities" in line
+    assert line.endswith("; the curve stopped at --capacities 4, 0 of 2 capacities stored "
+                         "(the curve itself is not recorded)")
+
+
+def test_a_cache_only_curve_refuses_workers_as_it_refuses_ray():
+    """--workers was taken in cache-only mode and did nothing (the curve is one pass in this
+    process), where --ray beside it was refused."""
+    spec = RunSpec(str(MOONCAKE), mode="cache-only", limit=20)
+    with pytest.raises(ConfigError, match=r"^--workers: 2: engine mode only"):
+        run_curve(spec, "10", workers=2)
+    assert run_curve(spec, "10").points  # (without it, as before)
+
+
+def _falling_trace() -> list[TraceRequest]:
+    """A, then B C, then A again, one token a block: one block of cache keeps A (B C does not
+    fit it and passes by), two blocks give it to B C."""
+    paths = [(0,), (1, 2), (0,)]
+    return [TraceRequest(f"r{i}", i, len(p), 1, hash_ids=p, hash_block_size=1) for i, p in enumerate(paths)]
+
+
+def test_a_curve_that_falls_below_the_largest_request_says_why():
+    """Below the largest request LRU is no stack algorithm: the curve fell as the capacity
+    grew, and nothing said that it could."""
+    points = capacity_curve(_falling_trace(), [1, 2], policies=("lru",))
+    assert [(p.capacity_blocks, p.hit_tokens, p.method) for p in points] == [(1, 1, "replay"), (2, 0, "one-pass")]
+    note = CurveResult("c", "t", "cache-only", 1, points).method_note()
+    assert "the LRU curve can fall as the capacity grows" in note
+    above = capacity_curve(_falling_trace(), [2, 3], policies=("lru",))
+    assert "can fall" not in CurveResult("c", "t", "cache-only", 1, above).method_note()
