@@ -498,11 +498,13 @@ class AtomicText:
             raise KVTraceError(f"{self.name}: cannot write: {e.strerror}") from None
         if stat.S_ISDIR(st.st_mode):
             raise KVTraceError(f"{self.name}: is a directory; expected a file path to write")
+        if stat.S_ISREG(st.st_mode):  # (also one an open descriptor names: `-o /dev/stdout >> INPUT`
+            # appended the output to the input it was reading, exit 0, and `>> STORE` to a database)
+            self._refuse_to_replace(st)
         # /dev/stdout and the like stand for an open file: written in place, as a redirection
         # is (a rename would drop what the file held, and what the shell writes after)
         if not stat.S_ISREG(st.st_mode) or _open_descriptor(self.name) is not None:
             return True
-        self._refuse_to_replace(st)
         problem = read_only_problem(self.name)
         if problem is not None:  # (a rename would replace it all the same)
             raise KVTraceError(f"{self.name}: {problem}")

@@ -132,3 +132,35 @@ def test_convert_to_a_pipe_says_what_it_wrote_before_a_bad_request(tmp_path):
     out.write_text("kept\n")
     proc = subprocess.run([*command, str(out)], capture_output=True, text=True, check=False, timeout=120)
     assert proc.returncode == 2 and "written before it" not in proc.stderr and out.read_text() == "kept\n"
+
+
+def test_an_output_through_stdout_onto_the_input_is_refused_not_appended_to_it(tmp_path):
+    """`kvtrace convert t.jsonl -o /dev/stdout >> t.jsonl` appended the native trace to the
+    Mooncake trace it read (exit 0, a file of two formats), where `-o t.jsonl` is refused: no
+    command writes a trace over its own input. A DuckDB store appended to is refused too."""
+    import subprocess
+    import sys
+
+    import duckdb
+
+    trace = _mooncake(tmp_path / "m.jsonl", 3)
+    before = trace.read_bytes()
+    command = [sys.executable, "-m", "kvtrace.cli"]
+    for out in ("/dev/stdout", "/dev/fd/1"):
+        with open(trace, "ab") as stdout:
+            proc = subprocess.run([*command, "convert", str(trace), "-o", out], stdout=stdout, stderr=subprocess.PIPE,
+                                  text=True, check=False, timeout=120)
+        assert proc.returncode == 2 and proc.stderr.splitlines() == [
+            f"kvtrace: error: {out}: is also {trace}; write the output elsewhere"], proc.stderr
+        assert trace.read_bytes() == before
+    store = tmp_path / "s.duckdb"
+    duckdb.connect(str(store)).close()
+    kept = store.read_bytes()
+    with open(store, "ab") as stdout:
+        proc = subprocess.run([*command, "generate", "chat", "--requests", "1", "-o", "/dev/stdout"], stdout=stdout,
+                              stderr=subprocess.PIPE, text=True, check=False, timeout=120)
+    assert proc.returncode == 2 and "/dev/stdout: is a DuckDB database" in proc.stderr and store.read_bytes() == kept
+    with open(tmp_path / "other.jsonl", "ab") as stdout:  # (any other file: appended to, as a redirection does)
+        proc = subprocess.run([*command, "convert", str(trace), "-o", "/dev/stdout"], stdout=stdout,
+                              stderr=subprocess.PIPE, text=True, check=False, timeout=120)
+    assert proc.returncode == 0 and len(read_trace(tmp_path / "other.jsonl")) == 3, proc.stderr
