@@ -209,3 +209,23 @@ def test_each_dp_ranks_summary_counts_its_own_reconstructed_requests(tmp_path):
         con.close()
     assert [r["requests"] for r in summary["ranks"]] == [2, 1]
     assert summary["requests"] == sum(r["requests"] for r in summary["ranks"])
+
+
+def test_a_bytes_hash_longer_than_any_vllm_hash_is_a_bad_message():
+    """A 1 MiB hash was stored whole and kept as a chain-depth key: fifteen a batch grew the
+    capture by 30 MB a batch, to 1.5 GB after 40 (up to 2^21 keys)."""
+    import msgspec
+    import pytest
+
+    from kvtrace.instrument.vllm import VllmWireError, decode_kv_batch
+    from kvtrace.instrument.vllm.wire import MAX_HASH_BYTES
+
+    def payload(block_hash: bytes, parent: bytes | None = None) -> bytes:
+        return msgspec.msgpack.encode([T0, [["BlockStored", [block_hash], parent, [1], 16, None, "GPU", None]], 0])
+
+    longest = b"\x07" * MAX_HASH_BYTES  # (vLLM's own are 32 bytes or 16)
+    assert decode_kv_batch(payload(longest, longest))[0].events[0].block_hashes == [longest.hex()]
+    with pytest.raises(VllmWireError, match=r"^vLLM KV event: block hash of 1,048,576 bytes"):
+        decode_kv_batch(payload(b"\x07" * (1 << 20)))
+    with pytest.raises(VllmWireError, match=rf"^vLLM KV event: parent_block_hash of {MAX_HASH_BYTES + 1} bytes"):
+        decode_kv_batch(payload(longest, longest + b"\x00"))

@@ -8,7 +8,8 @@
   or a map ``{"type": "BlockStored", ...}``. Field order: ``STORED_FIELDS`` for
   ``BlockStored``, ``REMOVED_FIELDS`` for ``BlockRemoved``; ``AllBlocksCleared`` has
   none. Older versions stop earlier; decoding takes what is there. Hashes are ints
-  (64-bit, possibly negative) or bytes, and are decoded to ``hash_hex`` strings.
+  (64-bit, possibly negative) or bytes (at most ``MAX_HASH_BYTES``), and are decoded to
+  ``hash_hex`` strings.
   Every field is checked against what the store holds (a finite ``ts`` within 2^63 ns,
   ``block_size`` and ``group_idx`` within int32, token ids within int64, strings where
   strings belong): a batch with one bad value is a ``VllmWireError``, whole.
@@ -115,8 +116,17 @@ _READ = {BLOCK_STORED: frozenset(("block_hashes", "parent_block_hash", "token_id
 _ORDER = {BLOCK_STORED: STORED_FIELDS, BLOCK_REMOVED: REMOVED_FIELDS}
 
 
+# The longest bytes hash taken: vLLM's are 32 bytes (sha256, sha256_cbor) or 16 (xxhash's
+# xxh3_128). Longer ones were stored whole, and each kept as a chain-depth key until 2^21
+# of them: 40 batches of fifteen 1 MiB hashes held 1.5 GB, growing by 30 MB a batch.
+MAX_HASH_BYTES = 64
+
+
 def _hash(h: Any, what: str = "block hash") -> str:
     """A vLLM block hash (int or bytes) as ``hash_hex``; anything else is a wire error."""
+    if isinstance(h, (bytes, bytearray)) and len(h) > MAX_HASH_BYTES:
+        raise VllmWireError(f"vLLM KV event: {what} of {len(h):,} bytes (vLLM's are at most 32; more than "
+                            f"{MAX_HASH_BYTES} is refused)")
     if isinstance(h, (bytes, bytearray)) or (isinstance(h, int) and not isinstance(h, bool)):
         return hash_hex(h)
     raise VllmWireError(f"vLLM KV event: {what} must be int or bytes, got {type(h).__name__}")
