@@ -81,7 +81,15 @@ def compressed_problem(path: str, head: bytes | None = None) -> str | None:
         return "a DuckDB database (a kvtrace store?), not a trace; a store is given as --db STORE"
     if head.startswith(b"PAR1"):  # (kvtrace export's output given back was 'not UTF-8 text (byte 0xb5 ...)')
         return "a Parquet file (a kvtrace export?), not a trace; kvtrace replays trace files, not recorded spans"
+    for bom, encoding in _WIDE_BOMS:  # (a Windows tool's export was 'not UTF-8 text (byte 0xff at column 1)')
+        if head.startswith(bom):
+            return f"{encoding} text; kvtrace reads traces as UTF-8: convert it first (iconv -f {encoding} -t UTF-8)"
     return None
+
+
+# The byte-order marks of the wide Unicode encodings, UTF-32's first (its little-endian one starts as UTF-16's)
+_WIDE_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"),
+              (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16"))
 
 
 # The longest line a trace may have: a request of two million token ids written out fits

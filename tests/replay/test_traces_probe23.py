@@ -164,3 +164,20 @@ def test_an_output_through_stdout_onto_the_input_is_refused_not_appended_to_it(t
         proc = subprocess.run([*command, "convert", str(trace), "-o", "/dev/stdout"], stdout=stdout,
                               stderr=subprocess.PIPE, text=True, check=False, timeout=120)
     assert proc.returncode == 0 and len(read_trace(tmp_path / "other.jsonl")) == 3, proc.stderr
+
+
+@pytest.mark.parametrize(("encoding", "named"), [("utf-16", "UTF-16"), ("utf-32", "UTF-32")])
+def test_a_wide_unicode_trace_is_named_as_such_with_how_to_convert_it(tmp_path, capsys, encoding, named):
+    """A trace saved as UTF-16 (a Windows tool's export) was 'not UTF-8 text (byte 0xff at
+    column 1)': true, but not what it is or how to read it."""
+    text = _mooncake(tmp_path / "m.jsonl", 2).read_text(encoding="utf-8")
+    wide = tmp_path / "w.jsonl"
+    wide.write_bytes(text.encode(encoding))  # (Python's utf-16/utf-32 write the byte-order mark)
+    folder = tmp_path / "weka"
+    folder.mkdir()
+    (folder / "c.json").write_bytes(json.dumps({"requests": []}).encode(encoding))
+    for path in (wide, folder / "c.json"):
+        code, _, err = run(["replay", str(path), "--mode", "cache-only"], capsys)
+        assert code == 2 and err.splitlines() == [
+            f"kvtrace: error: {path}: {named} text; kvtrace reads traces as UTF-8: convert it first "
+            f"(iconv -f {named} -t UTF-8)"], err
