@@ -229,3 +229,27 @@ def test_a_bytes_hash_longer_than_any_vllm_hash_is_a_bad_message():
         decode_kv_batch(payload(b"\x07" * (1 << 20)))
     with pytest.raises(VllmWireError, match=rf"^vLLM KV event: parent_block_hash of {MAX_HASH_BYTES + 1} bytes"):
         decode_kv_batch(payload(longest, longest + b"\x00"))
+
+
+def test_a_capture_without_a_trace_leaves_requests_unsaid_in_its_run(tmp_path):
+    """``kvtrace runs`` listed a capture without --trace-out as 0 requests: the summary's
+    ``requests`` counts the requests rebuilt for the trace, and none was rebuilt."""
+    from typer.testing import CliRunner
+
+    from kvtrace.cli import app
+    from tests.instrument.vllm_publisher import CURRENT, VllmPublisher
+
+    EventBatch, Stored, _, _ = CURRENT
+    pub = VllmPublisher()
+    try:
+        pub.publish(EventBatch(T0, [Stored([1], None, [0] * 4, 4, None, "GPU", None)], 0), send=False)
+        caps: list = []
+        stats = capture_vllm(pub.endpoint, pub.replay_endpoint, store_path=tmp_path / "s.duckdb", topic="kv-events",
+                             on_ready=caps.append, should_stop=lambda: bool(caps) and caps[0].stats.connected == 1)
+    finally:
+        pub.close()
+    assert stats.batches == 1
+    result = CliRunner().invoke(app, ["runs", "--db", str(tmp_path / "s.duckdb"), "--json"])
+    assert result.exit_code == 0, result.output
+    (run,) = json.loads(result.output)["runs"]
+    assert run["requests"] is None

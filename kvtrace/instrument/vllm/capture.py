@@ -553,7 +553,7 @@ def capture_vllm(endpoint: str, replay_endpoint: str | None = None, *, store_pat
             with contextlib.suppress(Exception):
                 for cap in caps:
                     cap.close()
-                counts: dict[str, Any] = CaptureStats.total([c.stats for c in caps], run_id).counts()
+                counts = _summary_counts(CaptureStats.total([c.stats for c in caps], run_id), traced=False)
                 store.finish_run(run_id, status="failed", summary={**counts, "error": f"{type(exc).__name__}: {exc}"})
             raise
         for cap in caps:
@@ -564,10 +564,11 @@ def capture_vllm(endpoint: str, replay_endpoint: str | None = None, *, store_pat
                 cap.stats.requests = len(tracer.requests)
         stats = CaptureStats.total([c.stats for c in caps], run_id)
         unreached = [c.endpoint for c in caps if not c.stats.connected and c.stats.nothing_received]
-        summary: dict[str, Any] = stats.counts()
+        summary = _summary_counts(stats, traced=trace is not None)
         summary[SUMMARY_NOTHING_RECEIVED] = stats.nothing_received
         if dp_size > 1:
-            summary["ranks"] = [{"endpoint": c.endpoint, **c.stats.counts()} for c in caps]
+            summary["ranks"] = [{"endpoint": c.endpoint, **_summary_counts(c.stats, traced=trace is not None)}
+                                for c in caps]
         store.finish_run(run_id, status="complete", summary=summary)
     if trace is not None and trace_out is not None:
         # after the run is finished: a trace that cannot be written (a full disk) is its own
@@ -587,6 +588,15 @@ def capture_vllm(endpoint: str, replay_endpoint: str | None = None, *, store_pat
                      "--dp-size %d the server's --data-parallel-size, and is every rank up?", len(unreached), dp_size,
                      ", ".join(unreached), dp_size)
     return stats
+
+
+def _summary_counts(stats: CaptureStats, traced: bool) -> dict[str, Any]:
+    """A capture's counts as its run's summary keeps them: ``requests`` only when a trace was
+    rebuilt (the runs table read the 0 of a capture without --trace-out as requests served: 0)."""
+    counts: dict[str, Any] = stats.counts()
+    if not traced:
+        del counts["requests"]
+    return counts
 
 
 def capture_report(stats: CaptureStats) -> str:
