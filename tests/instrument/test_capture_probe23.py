@@ -253,3 +253,13 @@ def test_a_capture_without_a_trace_leaves_requests_unsaid_in_its_run(tmp_path):
     assert result.exit_code == 0, result.output
     (run,) = json.loads(result.output)["runs"]
     assert run["requests"] is None
+
+
+def test_distinct_group_indexes_past_64_share_one_bit_and_grow_nothing():
+    rows = VllmSpanRows(SeededIdGenerator(0), {})
+    events = [KVEvent(BLOCK_STORED, [f"h{g}"], None, block_size=16, group_idx=g) for g in range(10_000)]
+    rows.add(0, KVEventBatch(1.0, events))
+    assert len(rows._group_bits) == 63
+    rows.add(1, KVEventBatch(2.0, [KVEvent(BLOCK_STORED, ["x"], "h9999", block_size=16, group_idx=9_999)]))
+    table = rows.take()
+    assert table is not None and table.column("num_tokens").to_pylist()[-1] == 32

@@ -115,10 +115,13 @@ class VllmSpanRows:
 
     def _group_bit(self, group_idx: int | None) -> int:
         """The bit standing for a KV cache group in ``units`` (the 64th and later groups share
-        the last bit: a hash one of them removes may be forgotten early, never misstated)."""
+        the last bit, unrecorded: a hash one of them removes may be forgotten early, never
+        misstated, and a stream of distinct group_idx values grows nothing)."""
         bit = self._group_bits.get(group_idx)
         if bit is None:
-            bit = self._group_bits[group_idx] = 1 << min(len(self._group_bits), 63)
+            if len(self._group_bits) >= 63:
+                return 1 << 63
+            bit = self._group_bits[group_idx] = 1 << len(self._group_bits)
         return bit
 
     def _add(self, step: int, batch: KVEventBatch, depth: _Undoable, units: _Undoable) -> None:
