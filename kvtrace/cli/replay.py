@@ -100,7 +100,8 @@ def curve(
     capacities: Annotated[str, typer.Option(
         metavar="auto|C1,C2,...",
         help="Capacities in blocks, inf for the unbounded cache (auto: from the largest request up to the "
-             "trace's distinct blocks, and inf).")] = "auto",
+             "trace's distinct blocks, and inf). Engine mode: each a --capacity-blocks, vLLM's num_gpu_blocks "
+             "with its null block, drawn at the usable blocks (one fewer) as its run states them.")] = "auto",
     policy: Annotated[str | None, typer.Option(
         metavar="lru,belady", help="The curves to draw: lru, belady (the offline bound, MIN), or both (default: both; "
                                    "lru in engine mode, where the Belady bound has no unit).")] = None,

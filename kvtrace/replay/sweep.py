@@ -47,6 +47,9 @@ ENGINE_METRICS = ("median_ttft_ms", "median_itl_ms", "divergent_outputs")  # not
 # few long --param lists cannot fill the memory with their product.
 MAX_COMBINATIONS = 10_000
 IN_FLIGHT_PER_WORKER = 2  # local replays queued or held unstored, per worker process
+# What a worker sends back of one replay: its result, its span tables (when kept) and the
+# sha256 of the --config file as it read it (None: no file)
+Replayed = tuple[RunResult, list, str | None]
 
 
 def parse_param(text: str, flag: str = "--param", names: Sequence[str] = PARAMETERS) -> tuple[str, list[Any]]:
@@ -213,10 +216,12 @@ def check_workers(workers: int | None, ray_address: str | None = None) -> None:
         raise ConfigError("--workers", str(workers), f"expected a number of {what} >= 1")
 
 
-def _replay_one(spec: RunSpec, keep_spans: bool) -> tuple[RunResult, list]:
-    """One replay in a worker: its result and, when kept, its span tables."""
+def _replay_one(spec: RunSpec, keep_spans: bool) -> Replayed:
+    """One replay in a worker: its result, its span tables when kept, and the sha256 of the
+    --config file as the replay found it (it reads the file first thing)."""
+    config = _config_digest(spec.config_file)
     sink = _CollectedSpans() if keep_spans else None
-    return run_replay(spec, spans_to=sink, export=False), (sink.tables if sink is not None else [])
+    return run_replay(spec, spans_to=sink, export=False), (sink.tables if sink is not None else []), config
 
 
 def run_sweep(
@@ -258,6 +263,11 @@ def run_sweep(
             validate(spec)
         except ConfigError as err:
             raise at_swept_value(err, combo, values_flag) from None
+    # Each replay reads the --config file itself, as it reads the trace: one rewritten midway
+    # gave runs of two configurations under one id. Its content as the sweep began (checked
+    # as a file above: no FIFO to block on) is the id's, and a run is stored only if its
+    # replay read that content.
+    config_digest = _config_digest(base.config_file)
     out: SweepResult | None = None
     with contextlib.ExitStack() as stack:
         # Each result is stored as soon as it and every earlier one are back: in spec order
@@ -269,10 +279,15 @@ def run_sweep(
         trace_digest = None  # (the first replay's: every later one read the same trace)
         named = _deaths_named(results, combos, lambda: len(out.runs) if out is not None else 0, db is not None,
                               values_flag)
-        for spec, combo, (res, tables) in zip(specs, combos, named):
+        for spec, combo, (res, tables, config_read) in zip(specs, combos, named):
+            if config_read != config_digest:
+                raise ConfigError(str(base.config_file), None, f"changed while the sweep ran: the replay of "
+                                                               f"{label(combo)} may have read other settings than "
+                                                               "the sweep began with; the runs stored before it are "
+                                                               "kept, the rest were not recorded")
             if out is None:
                 trace_digest = res.record.get("trace_digest")
-                out = SweepResult(_sweep_id(base, combos, trace_digest))
+                out = SweepResult(_sweep_id(base, combos, trace_digest, config_digest))
                 if db is not None:
                     from kvtrace.store import Store
 
@@ -292,8 +307,8 @@ def run_sweep(
     return out
 
 
-def _deaths_named(results: Iterator[tuple[RunResult, list]], combos: list[dict[str, Any]], done: Callable[[], int],
-                  stored: bool, values_flag: str = "--param") -> Iterator[tuple[RunResult, list]]:
+def _deaths_named(results: Iterator[Replayed], combos: list[dict[str, Any]], done: Callable[[], int],
+                  stored: bool, values_flag: str = "--param") -> Iterator[Replayed]:
     """``results``, with a worker's death (a local one: the pool broken; a Ray task's)
     restated at the combination it stopped the sweep at, and how many were kept before it:
     the one line said only that 'a worker' died, of a sweep of many. A replay's own error
@@ -347,7 +362,7 @@ def _kept(done: int, total: int, stored: bool, swept: bool = True) -> str:
 
 @contextlib.contextmanager
 def _results_in_order(specs: list[RunSpec], keep: bool, workers: int | None,
-                      ray_address: str | None) -> Iterator[Iterator[tuple[RunResult, list]]]:
+                      ray_address: str | None) -> Iterator[Iterator[Replayed]]:
     """Every spec's (result, span tables), in spec order, as each comes back: on Ray, in
     this process, or on forked local workers, which end with the block however it ends."""
     if ray_address is not None:
@@ -378,7 +393,7 @@ def _results_in_order(specs: list[RunSpec], keep: bool, workers: int | None,
             except OSError as err:  # a fork or its pipes refused (a process or open-file limit)
                 raise _cannot_start(workers, err) from None
 
-        def in_order() -> Iterator[tuple[RunResult, list]]:
+        def in_order() -> Iterator[Replayed]:
             for later in [*specs[ahead:], *[None] * min(ahead, len(specs))]:
                 head = futures.popleft()
                 if later is not None:  # (queued before waiting: the workers never run dry)
@@ -479,17 +494,27 @@ def id_settings(spec: RunSpec) -> dict[str, Any]:
     return settings
 
 
-def _sweep_id(base: RunSpec, combos: list[dict[str, Any]], trace_digest: str | None) -> str:
+def _config_digest(path: str | None) -> str | None:
+    """sha256 of a --config file's content (None: no file, or one that is gone)."""
+    if not path:
+        return None
+    from kvtrace.workload.lines import file_sha256
+
+    try:
+        return file_sha256(path)
+    except KVTraceError:  # (deleted or unreadable since: no longer the content it was)
+        return None
+
+
+def _sweep_id(base: RunSpec, combos: list[dict[str, Any]], trace_digest: str | None,
+              config: str | None) -> str:
     """A content id: the same sweep (every setting but the run name and the percentiles
-    reported; the trace's content, the config file's) gets the same id, and a sweep that
-    differs in any of them another."""
+    reported; the trace's content, the config file's: ``config``, its sha256) gets the same
+    id, and a sweep that differs in any of them another."""
     import hashlib
     import json
 
-    from kvtrace.workload.lines import file_sha256
-
     settings = id_settings(base)
-    config = file_sha256(base.config_file) if base.config_file else None
     # the combinations as a set: the same runs however the values and --params were ordered
     runs = sorted(json.dumps({k: sorted(set(v)) if isinstance(v, tuple) else _canonical(k, v) for k, v in c.items()},
                              sort_keys=True, default=str) for c in combos)
@@ -505,7 +530,7 @@ class WorkerDied(RuntimeError):
 
 @contextlib.contextmanager
 def _on_ray(specs: list[RunSpec], keep: bool, address: str,
-            in_flight: int | None = None) -> Iterator[Iterator[tuple[RunResult, list]]]:
+            in_flight: int | None = None) -> Iterator[Iterator[Replayed]]:
     """Every spec's (result, span tables) from its Ray task, in spec order, each as it comes
     back (all at once, a sweep failed or stopped at its last replay stored none); the tasks
     not yet back are cancelled when the block ends early. ``in_flight``: the most tasks
@@ -524,7 +549,7 @@ def _on_ray(specs: list[RunSpec], keep: bool, address: str,
 
 @contextlib.contextmanager
 def _on_ray_driver(ray, specs: list[RunSpec], keep: bool, address: str,
-                   in_flight: int | None) -> Iterator[Iterator[tuple[RunResult, list]]]:
+                   in_flight: int | None) -> Iterator[Iterator[Replayed]]:
     started = False
     if not ray.is_initialized():
         kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}
@@ -549,7 +574,7 @@ def _on_ray_driver(ray, specs: list[RunSpec], keep: bool, address: str,
         def submit(upto: int) -> None:
             refs.extend(task.remote(s, keep) for s in specs[len(refs):upto])
 
-        def results() -> Iterator[tuple[RunResult, list]]:
+        def results() -> Iterator[Replayed]:
             window = len(specs) if in_flight is None else in_flight
             for i in range(len(specs)):
                 submit(i + window)  # (the one taken back next, and window - 1 after it, on the cluster)
@@ -567,7 +592,7 @@ def _on_ray_driver(ray, specs: list[RunSpec], keep: bool, address: str,
             ray.shutdown()
 
 
-def _ray_result(ray, ref, address: str) -> tuple[RunResult, list]:
+def _ray_result(ray, ref, address: str) -> Replayed:
     try:
         return ray.get(ref)
     except ray.exceptions.RayTaskError as err:  # a replay's own error, not Ray's remote traceback

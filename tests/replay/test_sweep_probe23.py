@@ -64,3 +64,45 @@ def test_a_curve_that_falls_below_the_largest_request_says_why():
     assert "the LRU curve can fall as the capacity grows" in note
     above = capacity_curve(_falling_trace(), [2, 3], policies=("lru",))
     assert "can fall" not in CurveResult("c", "t", "cache-only", 1, above).method_note()
+
+
+def test_a_config_file_changed_while_the_sweep_ran_is_refused_not_mixed_in(tmp_path, monkeypatch):
+    """Each replay reads the --config file itself, as it reads the trace: one rewritten midway
+    gave runs of two configurations under one sweep id (the id hashing the file as it was
+    when the first replay came back), exit 0; a rewritten trace was refused already."""
+    from kvtrace.replay import sweep
+
+    config = tmp_path / "c.toml"
+    config.write_text("[scheduler]\nmax_num_seqs = 256\n")
+    real, done = sweep._replay_one, []
+
+    def rewritten_after_the_first(spec, keep):
+        res = real(spec, keep)
+        if not done:  # as an editor saving it would
+            config.write_text("[scheduler]\nmax_num_seqs = 1\n")
+        done.append(spec.capacity_blocks)
+        return res
+
+    monkeypatch.setattr(sweep, "_replay_one", rewritten_after_the_first)
+    db = tmp_path / "s.duckdb"
+    base = RunSpec("gen:chat", limit=3, content=False, config_file=str(config))
+    with pytest.raises(ConfigError) as caught:
+        run_sweep(base, [("capacity_blocks", [2000, 3000, 4000])], db=db, workers=1)
+    assert str(caught.value).startswith(f"{config}: changed while the sweep ran: the replay of "
+                                        "capacity_blocks=3000 ")
+    runs = read.runs(db)
+    assert runs["name"].to_list() == ["sweep capacity_blocks=2000"] and runs["status"].to_list() == ["complete"]
+
+
+def test_an_engine_curves_capacities_are_drawn_one_fewer_as_its_help_says(capsys):
+    """`--capacities 30` drew its point at 29 (the run's usable blocks, vLLM's null block
+    left out), and the help said only 'capacities in blocks'."""
+    import json
+
+    from tests.cli.support import run
+
+    code, out, _ = run(["curve", "--help"], capsys)
+    assert code == 0 and "num_gpu_blocks" in " ".join(out.split()) and "one fewer" in " ".join(out.split())
+    code, out, _ = run(["curve", "gen:chat", "--limit", "3", "--mode", "engine", "--no-content", "--capacities",
+                        "2000", "--workers", "1", "--json"], capsys)
+    assert code == 0 and [p["capacity_blocks"] for p in json.loads(out)["points"]] == [1999]
