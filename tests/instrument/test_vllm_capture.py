@@ -40,7 +40,9 @@ def stats_of(capture_ref) -> int:
     return capture_ref[0].stats.batches if capture_ref else 0
 
 
-def _run_capture(tmp_path, layout, bytes_hashes, drop: set[int], duplicate: int | None = None, replay: bool = True):
+def _run_capture(tmp_path, layout, bytes_hashes, drop: set[int], duplicate: int | None = None, replay: bool = True,
+                 arrive: int | None = None):
+    """``arrive``: the batches to await before the stop (by default all, or those sent without a replay socket)."""
     pub = VllmPublisher()
     batches = _batches(layout, 20, bytes_hashes)
     received = threading.Event()
@@ -73,7 +75,9 @@ def _run_capture(tmp_path, layout, bytes_hashes, drop: set[int], duplicate: int 
             if duplicate == k:
                 pub.resend(k)
         deadline = time.monotonic() + 20
-        while stats_of(capture_ref) < len(batches) - (0 if replay else len(drop)) and time.monotonic() < deadline:
+        if arrive is None:
+            arrive = len(batches) - (0 if replay else len(drop))
+        while stats_of(capture_ref) < arrive and time.monotonic() < deadline:
             time.sleep(0.05)
     finally:
         done.set()
@@ -82,12 +86,24 @@ def _run_capture(tmp_path, layout, bytes_hashes, drop: set[int], duplicate: int 
     return result["stats"], pub
 
 
+def test_a_last_batch_dropped_is_recovered_at_the_stop_not_lost_unsaid(tmp_path):
+    """PUB dropped the last batch (its high-water mark) and nothing came after to show the gap:
+    the capture stored 19 of 20 batches and said nothing was lost, while the publisher's replay
+    buffer held it. The stop asks the replay socket for what follows the last batch received."""
+    stats, pub = _run_capture(tmp_path, LEGACY, False, drop={19}, arrive=19)
+    assert pub.replay_requests == [18]  # (from the last one received, to see the publisher is the same)
+    assert stats.batches == 20 and stats.recovered == 1 and stats.lost == 0 and stats.restarts == 0
+    rows = store_rows(tmp_path / "live.duckdb", stats.run_id)
+    assert sorted(r["step"] for r in rows if r["name"] == "kvtrace.engine.step") == list(range(20))
+
+
 @pytest.mark.parametrize("layout, bytes_hashes", [(LEGACY, False), (CURRENT, True)],
                          ids=["legacy-int", "current-bytes"])
 def test_capture_recovers_a_gap_through_replay(tmp_path, layout, bytes_hashes):
     stats, pub = _run_capture(tmp_path, layout, bytes_hashes, drop={5, 6, 7, 12}, duplicate=9)
     assert stats.gaps == 2 and stats.recovered == 4 and stats.lost == 0
-    assert pub.replay_requests == [4, 11]  # (from the last seq held: did the publisher restart?)
+    # (from the last seq held: did the publisher restart?), and at the stop from the last one received
+    assert pub.replay_requests == [4, 11, 19]
     assert stats.batches == 20
     assert stats.duplicates >= 1
     rows = store_rows(tmp_path / "live.duckdb", stats.run_id)
@@ -277,7 +293,8 @@ def test_capture_follows_every_dp_rank_with_its_own_sequence(tmp_path):
             pub.close()
     stats = result["stats"]
     assert (stats.batches, stats.gaps, stats.recovered, stats.lost) == (2 * n, 1, 2, 0)
-    assert (pubs[0].replay_requests, pubs[1].replay_requests) == ([], [3])
+    # (rank 1's gap; at the stop, each rank's tail from the last batch it received)
+    assert (pubs[0].replay_requests, pubs[1].replay_requests) == ([9], [3, 9])
     rows = store_rows(tmp_path / "dp.duckdb", stats.run_id, "name, step, block_hashes, extra_attributes, "
                                                              "resource_attributes")
     for rank, pub in enumerate(pubs):
@@ -355,7 +372,7 @@ def test_bad_batches_are_counted_once_logged_and_cost_no_other_batch(tmp_path, c
     with caplog.at_level("WARNING", logger="kvtrace.instrument.vllm.capture"):
         stats = _capture_during(tmp_path, pub := VllmPublisher(), body,
                                 lambda cap: cap.stats.batches + cap.stats.bad_messages >= 10)
-    assert pub.replay_requests == []
+    assert pub.replay_requests == [8]  # (no gap asked for: only the stop's tail, from the last batch received)
     assert (stats.batches, stats.bad_messages, stats.lost, stats.gaps, stats.unknown_events) == (3, 7, 0, 0, 1)
     assert len([r for r in caplog.records if "bad message" in r.getMessage()]) == 1
     rows = store_rows(tmp_path / "hostile.duckdb", stats.run_id, "name, step, start_ns")
@@ -375,7 +392,7 @@ def test_a_replay_answer_that_does_not_decode_counts_as_lost(tmp_path):
         pub.publish(EventBatch(1_700_000_003.0, [BlockStored([3], 2, [2] * 4, 4, None, "GPU", None)], 0))
 
     stats = _capture_during(tmp_path, pub := VllmPublisher(), body, lambda cap: cap.stats.batches >= 3)
-    assert pub.replay_requests == [0]
+    assert pub.replay_requests == [0, 3]  # (the gap; the stop's tail, from the last batch received)
     assert (stats.gaps, stats.recovered, stats.lost, stats.bad_messages, stats.batches) == (1, 1, 1, 1, 3)
 
 

@@ -284,13 +284,26 @@ class VllmKVCapture:
             self._recover(0, seq, lost_if_missing=True)
         self._accept(seq, payload)
 
-    def recover_unseen(self) -> None:
-        """At the stop, when no batch came although the SUB socket reached its publisher: the
-        publisher's buffer asked of the replay socket. A burst sent while the subscription was
-        not yet live (ZMQ's slow joiner) is dropped by PUB, and no later message told of it:
-        the capture said "the server published no KV events" of a server that had sent 50."""
+    def recover_unseen(self, tail: bool = True) -> None:
+        """At the stop: what the publisher's buffer holds past the last batch received,
+        asked of the replay socket. A burst sent while the subscription was not yet live
+        (ZMQ's slow joiner) is dropped by PUB, and no later message told of it: the capture
+        said "the server published no KV events" of a server that had sent 50. So is a last
+        batch that PUB dropped (its high-water mark) with none after it: the summary said
+        nothing lost of a batch the replay socket held. ``tail``: also ask past the last
+        batch received (False when batches queued at the stop were taken off undecoded,
+        for time: they are counted lost, and asked for again they were decoded after all).
+        When the answer holds the last seq received with other contents, the publisher
+        restarted unseen: a restart, its new lifetime's batches asked for from 0."""
         self.on_monitor()
-        if self._replay is not None and self.stats.connected and self.last_seq is None and self._pending is None:
+        if self._replay is None or not self.stats.connected or self._pending is not None:
+            return
+        if self.last_seq is None:
+            self._recover(0, None, lost_if_missing=False)
+        elif tail and self._recover(self.last_seq + 1, None, lost_if_missing=False, check=self.last_seq):
+            self.stats.restarts += 1
+            self._step_base, self.last_seq = self._next_step, None
+            self._recent.clear()
             self._recover(0, None, lost_if_missing=False)
 
     @property
@@ -490,6 +503,7 @@ def run_captures(caps: list[VllmKVCapture], duration: float | None = None,
             while time.monotonic() < drain_until and cap.socket.poll(0):
                 cap.receive(cap.socket.recv_multipart())
         discard_until = time.monotonic() + DISCARD_S
+        discarded = set()
         for cap in caps:
             undrained, newest = 0, None
             while time.monotonic() < discard_until and cap.socket.poll(0):
@@ -500,12 +514,13 @@ def run_captures(caps: list[VllmKVCapture], duration: float | None = None,
                         seq = int.from_bytes(frames[1], "big")
                         newest = seq if newest is None else max(newest, seq)
             if undrained:
+                discarded.add(cap)
                 lost = cap.lost_with_discarded(undrained, newest)
                 cap.stats.lost += lost
                 _log.warning("%s: %d batches still queued %.0f s after the stop were not decoded: %d counted lost "
                              "(with the seqs between them)", cap.endpoint, undrained, DRAIN_S, lost)
         for cap in caps:
-            cap.recover_unseen()
+            cap.recover_unseen(tail=cap not in discarded)
     for cap in caps:
         cap.flush()
 
