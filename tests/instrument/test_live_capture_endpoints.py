@@ -15,7 +15,7 @@ from tests.cli.support import assert_one_line, run
 
 @pytest.mark.parametrize("endpoint, replay, dp_size, needle", [
     ("tcp://127.0.0.1:5557", "tcp://127.0.0.1:5557", 1, "is --endpoint too"),
-    ("ipc:///tmp/kv", "ipc:///tmp/kv", 3, "is --endpoint too"),
+    ("ipc:///tmp/kv", "ipc:///tmp/kv", 1, "is --endpoint too"),
     # two names of the loopback interface, or of one host in two cases: one socket
     ("tcp://localhost:5557", "tcp://127.0.0.1:5557", 1, "is --endpoint too"),
     ("tcp://[::1]:5557", "tcp://LocalHost:5557", 1, "is --endpoint too"),
@@ -60,3 +60,23 @@ def test_a_port_of_other_digits_is_one_line(tmp_path, capsys, endpoint):
     code, _, err = run(["capture", "vllm", "--endpoint", endpoint, "--db", str(tmp_path / "c.duckdb"),
                         "--duration", "0.5"], capsys)
     assert_one_line(code, err, "--endpoint: ", "expected tcp://HOST:PORT")
+
+
+def test_an_ipc_endpoint_with_more_than_one_dp_rank_is_refused(tmp_path, capsys):
+    """vLLM 0.33's publisher offsets only tcp ports and inproc names by the DP rank: an ipc
+    path on a rank above 0 raised ValueError there, while the capture waited at PATH_dp1 for
+    a rank that could not start, and said only that it was never reached."""
+    from vllm.distributed.kv_events import ZmqEventPublisher
+
+    with pytest.raises(ValueError, match="Invalid endpoint"):  # (vLLM's own rule, as this check reads it)
+        ZmqEventPublisher.offset_endpoint_port(f"ipc://{tmp_path}/kv", 1)
+    assert ZmqEventPublisher.offset_endpoint_port("tcp://127.0.0.1:5557", 1) == "tcp://127.0.0.1:5558"
+    db = tmp_path / "s.duckdb"
+    for args, option in ((["--endpoint", f"ipc://{tmp_path}/kv", "--dp-size", "2"], "--endpoint"),
+                         (["--endpoint", "tcp://127.0.0.1:5557", "--replay-endpoint", f"ipc://{tmp_path}/r",
+                           "--dp-size", "3"], "--replay-endpoint")):
+        code, _, err = run(["capture", "vllm", "--db", str(db), *args, "--duration", "0"], capsys)
+        line = assert_one_line(code, err, "vLLM publishes an ipc endpoint for DP rank 0 only")
+        assert line.startswith(f"kvtrace: error: {option}: ipc://{tmp_path}/"), line
+    assert not db.exists()
+    assert capture_endpoints(f"ipc://{tmp_path}/kv", None, None, 1) == [(f"ipc://{tmp_path}/kv", None)]

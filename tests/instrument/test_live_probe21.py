@@ -220,11 +220,11 @@ def test_a_dp_rank_never_reached_is_told(tmp_path, caplog):
     ctx = zmq.Context()
     pub = ctx.socket(zmq.PUB)
     pub.setsockopt(zmq.LINGER, 0)
-    pub.bind(f"ipc://{tmp_path}/pub")  # rank 0 only; rank 1 would publish at .../pub_dp1
+    port = pub.bind_to_random_port("tcp://127.0.0.1", min_port=20_000, max_port=60_000)  # rank 0 only
     got = threading.Event()
 
     def on_ready(cap) -> None:
-        if cap.endpoint.endswith("/pub"):
+        if cap.endpoint == f"tcp://127.0.0.1:{port}":
             cap.on_batch = lambda seq, batch: got.set()
 
     def publish() -> None:
@@ -237,7 +237,7 @@ def test_a_dp_rank_never_reached_is_told(tmp_path, caplog):
     sender.start()
     try:
         with caplog.at_level(logging.WARNING, logger="kvtrace.instrument.vllm.capture"):
-            stats = capture_vllm(f"ipc://{tmp_path}/pub", store_path=tmp_path / "s.duckdb", dp_size=2,
+            stats = capture_vllm(f"tcp://127.0.0.1:{port}", store_path=tmp_path / "s.duckdb", dp_size=2,
                                  on_ready=on_ready, should_stop=got.is_set)
     finally:
         sender.join()
@@ -246,7 +246,7 @@ def test_a_dp_rank_never_reached_is_told(tmp_path, caplog):
     assert stats.batches >= 1 and stats.connected == 1
     told = [r.getMessage() for r in caplog.records if "DP ranks never reached" in r.getMessage()]
     assert told == [f"kvtrace capture vllm: 1 of 2 DP ranks never reached, nothing received from them "
-                    f"(ipc://{tmp_path}/pub_dp1): is --dp-size 2 the server's --data-parallel-size, and is every "
+                    f"(tcp://127.0.0.1:{port + 1}): is --dp-size 2 the server's --data-parallel-size, and is every "
                     f"rank up?"]
 
 

@@ -213,7 +213,7 @@ def test_dp_endpoint_follows_vllm_offset_convention():
     assert dp_endpoint("tcp://10.0.0.5:5557", 0) == "tcp://10.0.0.5:5557"
     assert dp_endpoint("tcp://10.0.0.5:5557", 3) == "tcp://10.0.0.5:5560"
     assert dp_endpoint("tcp://[::1]:5557", 1) == "tcp://[::1]:5558"
-    assert dp_endpoint("ipc:///tmp/kv", 2) == "ipc:///tmp/kv_dp2"
+    assert dp_endpoint("ipc:///tmp/kv", 0) == "ipc:///tmp/kv"
     assert dp_endpoint("inproc://cache", 1) == "inproc://cache_dp1"
     assert dp_endpoint(None, 4) is None
     with pytest.raises(ConfigError, match=r"^--endpoint: tcp://host: expected tcp://HOST:PORT"):

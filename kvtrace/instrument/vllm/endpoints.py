@@ -17,12 +17,20 @@ MAX_DURATION_S = 366 * 86_400  # --duration: a year at most (a bound that keeps 
 
 def dp_endpoint(endpoint: str | None, rank: int, option: str = "--endpoint") -> str | None:
     """Where vLLM's DP rank ``rank`` publishes when configured with ``endpoint`` (its
-    ``ZmqEventPublisher.offset_endpoint_port``): a tcp port plus the rank; an ipc or
-    inproc name with ``_dp{rank}`` appended. Rank 0 and None are unchanged."""
+    ``ZmqEventPublisher.offset_endpoint_port``): a tcp port plus the rank; an inproc name
+    with ``_dp{rank}`` appended. Rank 0 and None are unchanged. An ipc endpoint is rank 0's
+    only: vLLM 0.33 offsets no ipc path, and a rank above 0 raised ValueError in its publisher
+    (the capture waited at ``PATH_dp1``, where no server could publish)."""
     if not endpoint:
         return endpoint
-    if endpoint.startswith(("ipc://", "inproc://")):
+    if endpoint.startswith("inproc://"):
         return f"{endpoint}_dp{rank}" if rank else endpoint
+    if endpoint.startswith("ipc://"):
+        if rank:
+            raise ConfigError(option, endpoint, f"vLLM publishes an ipc endpoint for DP rank 0 only (it offsets tcp "
+                                                f"ports by the rank, and rank {rank}'s publisher refuses an ipc "
+                                                f"path); give tcp://HOST:PORT with --dp-size above 1")
+        return endpoint
     base, sep, port = endpoint.rpartition(":")
     host = base[len("tcp://"):]
     # (ASCII digits: "²" is a digit to str.isdigit and a ValueError to int(), a traceback)
