@@ -125,7 +125,7 @@ def load_vllm() -> VllmAPI:
             try:
                 module = importlib.import_module(module_name)
             except Exception as exc:  # a missing dependency surfaces here, deep in vLLM's imports
-                where = _location(exc, _package_root())
+                where = _import_location(exc, _package_root())
                 raise KVTraceError(f"vLLM {version} does not import ({module_name}: {type(exc).__name__}: {exc}"
                                    f"{f', at {where}' if where else ''}); fix it there, or reinstall with "
                                    f"`{INSTALL_HINT}`") from None
@@ -160,6 +160,18 @@ def _location(exc: BaseException, root: str) -> str | None:
     inside = root + os.sep
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if root and f.filename.startswith(inside)]
     return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else None
+
+
+def _import_location(exc: BaseException, root: str) -> str | None:
+    """Where an import of vLLM failed: ``_location``, and before it the file and line the
+    exception rose at when that is outside vLLM's package (a broken dependency: torch or
+    a module shadowing it on PYTHONPATH), since the fix is there, not at vLLM's import line."""
+    where = _location(exc, root)
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<")]
+    if where is None or isinstance(exc, SyntaxError) or not frames:
+        return where  # (no vLLM frame: the import machinery's own error, nowhere to point)
+    origin = f"{frames[-1].filename}:{frames[-1].lineno}"
+    return where if origin == where else f"{origin}, imported from {where}"
 
 
 def vllm_location(api: VllmAPI, exc: BaseException) -> str | None:
