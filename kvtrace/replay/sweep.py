@@ -21,6 +21,7 @@ import itertools
 import math
 import multiprocessing
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -551,15 +552,25 @@ def _on_ray(specs: list[RunSpec], keep: bool, address: str,
 def _on_ray_driver(ray, specs: list[RunSpec], keep: bool, address: str,
                    in_flight: int | None) -> Iterator[Iterator[Replayed]]:
     started = False
+    held: list[int] = []  # a SIGTERM or Ctrl-C that came while ray.init ran
+    # (the command's handlers, acted on once ray.init is done)
+    stops = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     if not ray.is_initialized():
         kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}
         if address != "local":
             kwargs["address"] = address
             _check_reachable(address)
         try:
-            with stop_handlers_kept():  # (Ray's SIGTERM handler would exit without the run's stop path)
+            # (Ray's SIGTERM handler would exit without the run's stop path: status 15, no word; and
+            # a stop midway left a local cluster half started, its agents running with no parent)
+            with stop_handlers_kept(), _stops_held(ray, held):
                 ray.init(**kwargs)
-        except (ConnectionError, RuntimeError, ValueError) as err:
+        except BaseException as err:
+            with contextlib.suppress(Exception):  # (whatever it started goes too)
+                ray.shutdown()
+            _held_stop(held, stops)  # (Ctrl-C to the process group: Ray's processes died of it too)
+            if not isinstance(err, (ConnectionError, RuntimeError, ValueError)):
+                raise
             if address == "auto" and "Could not find any running Ray instance" in str(err):
                 # (Ray's own text points at flags of its CLI, `--address`, that kvtrace has not)
                 raise KVTraceError("--ray auto: no running Ray cluster found on this machine; start one with "
@@ -568,6 +579,7 @@ def _on_ray_driver(ray, specs: list[RunSpec], keep: bool, address: str,
             raise KVTraceError(f"--ray {address}: cannot connect to a Ray cluster ({err})".splitlines()[0]) from None
         started = True
     try:
+        _held_stop(held, stops)  # (a stop while Ray started: the command's, now that shutdown ends it all)
         task = ray.remote(_replay_one)
         refs: list = []  # every task submitted so far, in spec order
 
@@ -590,6 +602,54 @@ def _on_ray_driver(ray, specs: list[RunSpec], keep: bool, address: str,
     finally:
         if started:
             ray.shutdown()
+
+
+def _held_stop(held: list[int], handlers: dict) -> None:
+    """The first stop ``_stops_held`` held, as the command's handler for it takes it
+    (Terminated, KeyboardInterrupt); nothing when none came."""
+    if not held:
+        return
+    which = signal.Signals(held[0])
+    stop = handlers.get(which)
+    if callable(stop):
+        stop(which, None)
+    elif stop != signal.SIG_IGN:
+        from kvtrace.process import Terminated
+
+        raise Terminated("SIGTERM") if which == signal.SIGTERM else KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _stops_held(ray, came: list[int]) -> Iterator[None]:
+    """SIGTERM and SIGINT remembered in ``came``, not acted on, while ``ray.init`` runs (a
+    few seconds; a second one is acted on at once): raised midway, they left a local
+    cluster half started, its processes beyond reach of ``ray.shutdown``; and Ray's own
+    SIGTERM handler, put in place as it starts (kept out here), exited with status 15
+    without a word."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    utils = getattr(getattr(ray, "_private", None), "utils", None)
+    install = getattr(utils, "set_sigterm_handler", None)
+    if install is not None:
+        utils.set_sigterm_handler = lambda handler: None  # type: ignore[union-attr]
+    def hold(signum, frame) -> None:
+        came.append(signum)
+        if len(came) > 1:  # a second one forces it, as a stop that takes too long can be forced
+            from kvtrace.process import Terminated
+
+            raise Terminated("SIGTERM") if signum == signal.SIGTERM else KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, hold) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if install is not None:
+            utils.set_sigterm_handler = install  # type: ignore[union-attr]
 
 
 def _ray_result(ray, ref, address: str) -> Replayed:

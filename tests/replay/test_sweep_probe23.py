@@ -106,3 +106,50 @@ def test_an_engine_curves_capacities_are_drawn_one_fewer_as_its_help_says(capsys
     code, out, _ = run(["curve", "gen:chat", "--limit", "3", "--mode", "engine", "--no-content", "--capacities",
                         "2000", "--workers", "1", "--json"], capsys)
     assert code == 0 and [p["capacity_blocks"] for p in json.loads(out)["points"]] == [1999]
+
+
+def _fake_ray(calls: list[str], stops: list[int]):
+    """A stand-in for Ray whose init installs Ray's SIGTERM handler (sys.exit(signum)) and
+    meets ``stops`` midway: the handler in place is called as the signal would call it."""
+    import signal
+    import sys
+    import types
+
+    def set_sigterm_handler(handler):  # as Ray's
+        signal.signal(signal.SIGTERM, handler)
+
+    def init(**kwargs):
+        fake._private.utils.set_sigterm_handler(lambda signum, frame: sys.exit(signum))
+        for sig in stops:
+            signal.getsignal(sig)(sig, None)
+        calls.append("started")
+
+    fake = types.SimpleNamespace(is_initialized=lambda: False, init=init, shutdown=lambda: calls.append("shut down"),
+                                 _private=types.SimpleNamespace(utils=types.SimpleNamespace(
+                                     set_sigterm_handler=set_sigterm_handler)))
+    return fake
+
+
+@pytest.mark.parametrize(("stops", "calls"), [
+    (["SIGTERM"], ["started", "shut down"]), (["SIGINT"], ["started", "shut down"]),
+    (["SIGTERM", "SIGTERM"], ["shut down"])])  # (a second one forces the stop midway)
+def test_a_stop_while_ray_starts_is_the_commands_and_ray_is_shut_down(monkeypatch, stops, calls):
+    """A SIGTERM while `--ray local` started its cluster met Ray's own handler (put in place
+    by ray.init: sys.exit(15)): the command exited with status 15 without a word; and a stop
+    midway left the cluster half started, its agents running on with no parent. A stop is
+    held until ray.init is done, then taken as the command's, the cluster shut down."""
+    import signal
+    import sys
+
+    from kvtrace.process import Terminated, sigterm_as_interrupt
+
+    done: list[str] = []
+    fake = _fake_ray(done, [getattr(signal, s) for s in stops])
+    installer = fake._private.utils.set_sigterm_handler
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    with sigterm_as_interrupt(), pytest.raises(Terminated if stops[0] == "SIGTERM" else KeyboardInterrupt) as caught:
+        run_sweep(RunSpec("gen:chat", limit=2, content=False), [("capacity_blocks", [2000, 3000])],
+                  ray_address="local")
+    assert (stops[0] == "SIGTERM") == isinstance(caught.value, Terminated)
+    assert done == calls
+    assert fake._private.utils.set_sigterm_handler is installer  # (put back)
