@@ -737,9 +737,16 @@ def sweep_table(result: SweepResult, baseline: dict[str, Any] | None = None) -> 
     cache_only = all(str(r.summary.get("mode", "")).startswith("cache-only") for r in runs)
     metrics = [m for m in TABLE_METRICS
                if any(r.summary.get(m) is not None for r in runs) and not (cache_only and m in ENGINE_METRICS)]
-    rows = [[*runs[0].combo, *metrics]]
+    # Runs of other block sizes (a sweep of mode: engine mode's blocks are the preset's, cache-only's
+    # the trace's; of block_size) hold other caches at one capacity_blocks: each run's own is shown
+    sizes = len({r.summary.get("block_size") for r in runs}) > 1 and any(
+        r.summary.get("block_size") != r.combo.get("block_size") for r in runs)  # (not told by a swept block_size)
+    rows = [[*runs[0].combo, *(["cache (blocks x tokens)"] if sizes else []), *metrics]]
     for r in runs:
         cells = ["+".join(v) or "none" if isinstance(v, tuple) else str(v) for v in r.combo.values()]
+        if sizes:
+            blocks = r.summary.get("capacity_blocks")
+            cells.append(f"{'unbounded' if blocks is None else f'{blocks:,}'} x {r.summary.get('block_size')}")
         for m in metrics:
             a, b = base.summary.get(m), r.summary.get(m)
             text = format_value(m, b)

@@ -153,3 +153,20 @@ def test_a_stop_while_ray_starts_is_the_commands_and_ray_is_shut_down(monkeypatc
     assert (stops[0] == "SIGTERM") == isinstance(caught.value, Terminated)
     assert done == calls
     assert fake._private.utils.set_sigterm_handler is installer  # (put back)
+
+
+def test_a_sweep_of_mode_shows_each_runs_own_cache():
+    """capacity_blocks=30 was one cell for an engine run (the preset's 512-token blocks, 29
+    usable) and a cache-only one (the trace's 16-token blocks, 30): 53% against 0% read as
+    the same cache. The table shows each run's blocks and their size where they differ."""
+    from kvtrace.replay.sweep import sweep_table
+
+    result = run_sweep(RunSpec("gen:chat", limit=3), [("mode", ["engine", "cache-only"]), ("capacity_blocks", [30])],
+                       workers=1)
+    rows = sweep_table(result)
+    column = rows[0].index("cache (blocks x tokens)")
+    shown = [row[column] for row in rows[1:]]
+    assert shown == [f"{r.summary['capacity_blocks']:,} x {r.summary['block_size']}" for r in result.runs]
+    assert shown[0] != shown[1]
+    same = run_sweep(RunSpec("gen:chat", limit=3, content=False), [("capacity_blocks", [30, 60])], workers=1)
+    assert "cache (blocks x tokens)" not in sweep_table(same)[0]  # (one block size: the params say it)
