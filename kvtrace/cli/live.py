@@ -53,7 +53,10 @@ def collect(
                                 grpc_port=grpc_port if grpc else None, on_ready=ready)
     again = f"{count(collector.duplicate_spans, 'span')} sent again not stored twice, " \
         if collector.duplicate_spans else ""
-    status(f"kvtrace collect: {count(collector.spans_received, 'span')} stored, {again}"
+    # (a kvtrace.run record is no span: it was counted as one, a span more than `runs` listed)
+    n = collector.runs_recorded
+    recorded_runs = f"{count(n, 'run')} finished by {'its record' if n == 1 else 'their records'}, " if n else ""
+    status(f"kvtrace collect: {count(collector.spans_received, 'span')} stored, {again}{recorded_runs}"
            f"{count(collector.requests_rejected, 'request')} rejected")
 
 

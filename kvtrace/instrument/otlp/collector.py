@@ -31,6 +31,7 @@ import logging
 import socket
 import sys
 import threading
+import time
 import zlib
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -53,6 +54,7 @@ from kvtrace.instrument.otlp.limits import (
     DECODE_SLOTS,
     DEFAULT_MAX_BODY_BYTES,
     GRPC_GRACE_S,
+    LATE_REFRESH_S,
     MAX_CONNECTIONS,
     MAX_GZIP_MEMBERS,
     MAX_SPANS_PER_REQUEST,
@@ -204,11 +206,12 @@ class OTLPCollector:
     def __init__(self, store_path: str | Path, host: str = "127.0.0.1", port: int = 4318,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, run_name: str | None = None,
                  grpc_port: int | None = None, read_timeout_s: float = READ_TIMEOUT_S,
-                 max_connections: int = MAX_CONNECTIONS):
+                 max_connections: int = MAX_CONNECTIONS, late_refresh_s: float = LATE_REFRESH_S):
         """``port``/``grpc_port`` 0: any free port; ``grpc_port`` None: no gRPC;
         ``read_timeout_s``: how long a client may take to send a request's head (and its
-        body, plus its length at MIN_BODY_BYTES_PER_S). Raises KVTraceError when an address
-        cannot be bound or an option is out of range."""
+        body, plus its length at MIN_BODY_BYTES_PER_S); ``late_refresh_s``: how soon a
+        finished run's derived tables take spans that came after its record. Raises
+        KVTraceError when an address cannot be bound or an option is out of range."""
         check_collector_options(port, grpc_port, max_body_bytes, host)
         host = unbracketed(host)
         self.store_path = str(store_path)
@@ -228,12 +231,19 @@ class OTLPCollector:
         # runs an earlier collector on this store made and left without a record (stopped, or
         # killed: incomplete), which their producer's record still finishes
         self._unrecorded_runs: set[str] = set()
-        self._late_runs: set[str] = set()  # runs given spans once finished: derived tables rebuilt at close
+        # runs given spans once finished: their derived tables rebuilt by a timer (_refresh_late)
+        # soon after, and at close
+        self._late_runs: set[str] = set()
+        self._late_done = threading.Condition(self._lock)  # (notified when _late_runs empties)
+        self._late_timer: threading.Timer | None = None
+        self.late_refresh_s = late_refresh_s
+        self._late_cost_s = 0.0  # how long the last rebuild of late runs took
         self._recent = _RecentSpans(RECENT_SPANS)
         self._looked_up: set[str] = set()  # named runs whose store state was read (see _look_up)
         self._not_collected: dict[str, str] = {}  # named runs the store holds of another mode: run id -> mode
-        self.spans_received = 0
+        self.spans_received = 0  # spans stored (a kvtrace.run record is no span: runs_recorded)
         self.duplicate_spans = 0  # spans already stored in their run, sent again: not stored twice
+        self.runs_recorded = 0  # runs finished by their sender's kvtrace.run record
         self.requests_rejected = 0
         self.decode_slots = threading.BoundedSemaphore(DECODE_SLOTS)  # (both transports)
         self._replying = 0  # HTTP requests between their store and their reply (under _replies)
@@ -333,16 +343,19 @@ class OTLPCollector:
         its record: incomplete), and close the store."""
         with self._lock:
             self._closed = True
+            timer, self._late_timer = self._late_timer, None
+            if timer is not None:
+                timer.cancel()
             try:
                 for run_id in self._created_runs:
                     # (a killed replay's export was marked complete, its spans a part of the run)
                     self._finish(run_id, status="incomplete" if run_id in self._awaiting_record else "complete")
                 self._created_runs = []
-                for run_id in sorted(self._late_runs):
-                    self._refresh(run_id)
-                self._late_runs = set()
+                self._refresh_late_runs()
             finally:
                 self.store.close()
+        if timer is not None:  # (ended: cancelled, or it found the collector closed; no thread left behind)
+            timer.join()
         # requests stored before: answered (those after it find the store closed: a quick 503)
         with self._replies:
             self._replies.wait_for(lambda: self._replying == 0, timeout=REPLY_GRACE_S)
@@ -422,29 +435,57 @@ class OTLPCollector:
             except BaseException:
                 self.store.discard_buffer()
                 raise
-            stored = len(fresh) + len(records)
-            self.spans_received += stored
-            self.duplicate_spans += len(spans) - stored
+            # (a run record is no span: counted apart, where "2,432 spans stored" stood beside a run of 2,431)
+            self.spans_received += len(fresh)
+            self.duplicate_spans += len(spans) - len(records) - len(fresh)
             for key, span_key in fresh:
                 self._recent.add(key, span_key)
             self._late_runs.update(late)
+            if self._late_runs and self._late_timer is None:
+                self._late_timer = threading.Timer(max(self.late_refresh_s, 4 * self._late_cost_s),
+                                                   self._refresh_late)
+                self._late_timer.daemon = True
+                self._late_timer.start()
             self._awaiting_record.update(exports)
             for key, record in records:  # (after the commit: a failure here is logged, the spans stay)
-                self._finish_recorded(self._run_for(key), record)
-        return stored
+                self.runs_recorded += self._finish_recorded(self._run_for(key), record)
+        return len(fresh)
 
-    def _finish_recorded(self, run_id: str, record: dict) -> None:
+    def _refresh_late(self) -> None:
+        """(the timer's thread) Rebuild the derived tables of the finished runs given spans
+        since (``_late_runs``): ``runs``, ``diff`` and the dashboard read a run whose record came
+        before some of its spans with them while the collector serves, not only once it stops."""
+        with self._lock:
+            self._late_timer = None
+            if not self._closed:
+                started = time.monotonic()
+                self._refresh_late_runs()
+                self._late_cost_s = time.monotonic() - started
+
+    def _refresh_late_runs(self) -> None:
+        """(under _lock) ``_refresh`` each of ``_late_runs``; one that failed stays there, for
+        the next try (at the latest, the collector's close)."""
+        self._late_runs = {run_id for run_id in sorted(self._late_runs) if not self._refresh(run_id)}
+        self._late_done.notify_all()
+
+    def wait_late_refreshed(self, timeout: float | None = None) -> bool:
+        """Wait until no finished run holds spans its derived tables lack; False on timeout."""
+        with self._late_done:
+            return self._late_done.wait_for(lambda: not self._late_runs, timeout)
+
+    def _finish_recorded(self, run_id: str, record: dict) -> bool:
         """A run this collector created, finished with the status, digest and summary its
         producer sent (``kvtrace.run`` span), or one an earlier collector on this store made
         and left without one (its producer's record came after a restart: the status, digest
-        and summary were dropped with a 200); other runs keep what the store says."""
+        and summary were dropped with a 200); other runs keep what the store says (False)."""
         if run_id in self._created_runs:
             self._created_runs.remove(run_id)
         elif run_id in self._unrecorded_runs:
             self._unrecorded_runs.discard(run_id)
         else:
-            return
+            return False
         self._finish(run_id, **record)
+        return True
 
     def _finish(self, run_id: str, **record) -> None:
         """Finish a run; a failure (its derived tables, the store) is one log line, and the
@@ -454,14 +495,16 @@ class OTLPCollector:
         except Exception as err:
             _log.warning("run %s: not finished (%s: %s); its spans are stored", run_id, type(err).__name__, err)
 
-    def _refresh(self, run_id: str) -> None:
+    def _refresh(self, run_id: str) -> bool:
         """A finished run given spans since: its derived tables (what ``runs`` counts)
-        rebuilt; a failure is one log line, as for ``_finish``."""
+        rebuilt; a failure is one log line, as for ``_finish`` (False)."""
         try:
             self.store.refresh_run(run_id)
         except Exception as err:
             _log.warning("run %s: derived tables not rebuilt (%s: %s); its spans are stored", run_id,
                          type(err).__name__, err)
+            return False
+        return True
 
     def _check_collected(self, run_id: str, where: str) -> None:
         """A named run is one this store's collectors made (mode ``otlp``), or new: spans naming

@@ -192,18 +192,25 @@ def _json_time(v: Any, what: str) -> int:
 
 
 _SPECIAL_DOUBLES = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+# A double written as a string, as proto3 JSON allows ("1.5", "-2e3"): a JSON number's
+# spelling only (Python's float() would also take spaces, underscores and "inf").
+_JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 
 
 def _json_double(v: Any, what: str) -> float:
-    """A doubleValue: a JSON number, or one of proto3 JSON's "NaN" / "Infinity" / "-Infinity"."""
+    """A doubleValue: a JSON number, one of proto3 JSON's "NaN" / "Infinity" / "-Infinity", or
+    a number as a string, which proto3 JSON also allows (the OTel Collector takes "1.5"; it
+    was a 400, and the exporter's whole request lost)."""
+    if isinstance(v, str) and v in _SPECIAL_DOUBLES:
+        return _SPECIAL_DOUBLES[v]
+    if isinstance(v, str) and len(v) <= 400 and _JSON_NUMBER.fullmatch(v):
+        v = float(v)  # (beyond a double's range: inf, as a JSON number that large is read)
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         try:
             return float(v)
         except OverflowError:  # an integer literal beyond any double
             pass
-    elif isinstance(v, str) and v in _SPECIAL_DOUBLES:
-        return _SPECIAL_DOUBLES[v]
-    raise PayloadError(f"{what}: expected a number, got {v!r}")
+    raise PayloadError(f"{what}: expected a number, got {_shown(v)}")
 
 
 def _json_str(v: Any, what: str, default: str | None = None) -> str | None:

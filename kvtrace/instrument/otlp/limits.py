@@ -16,6 +16,12 @@ GRPC_GRACE_S = 10.0
 # How long the collector, closing, waits for HTTP requests it stored to be answered (a
 # client that does not read its reply is not waited for longer).
 REPLY_GRACE_S = 10.0
+# How soon a finished run given spans after its record (they came out of order, through a
+# forwarding collector's parallel senders) has its derived tables rebuilt while the collector
+# serves; at least 4x the last rebuild's time, so a long run's rebuilds hold the store at
+# most a fifth of the time. (Until the collector stopped, its readers saw the counts of the
+# record's moment: 0 spans, 0 evictions for a record that came first.)
+LATE_REFRESH_S = 1.0
 READ_TIMEOUT_S = 30.0  # a client that stops sending mid-request is dropped after this long
 # ... and one that keeps sending a byte now and then (slowloris) is held to deadlines: its
 # request line and headers within READ_TIMEOUT_S, its body within READ_TIMEOUT_S plus its

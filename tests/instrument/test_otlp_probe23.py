@@ -1,0 +1,114 @@
+"""The twenty-third session's probe of ``kvtrace collect``: what a collected run's readers are told."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import pytest
+
+from kvtrace.instrument.otlp import OTLPCollector
+from kvtrace.store.read import run, runs
+from tests.instrument.helpers import count_spans
+
+TRACE = "6c9a0b1d2e3f405162738495a6b7c8d9"
+
+
+def _body(spans: list[dict], run_id: str = "late-run") -> bytes:
+    resource = [{"key": "service.name", "value": {"stringValue": "probe"}},
+                {"key": "kvtrace.run.id", "value": {"stringValue": run_id}}]
+    return json.dumps({"resourceSpans": [{"resource": {"attributes": resource},
+                                          "scopeSpans": [{"spans": spans}]}]}).encode()
+
+
+def _span(i: int, attributes: list[dict] | None = None) -> dict:
+    return {"traceId": TRACE, "spanId": f"{i:016x}", "name": "kvtrace.cache.free",
+            "startTimeUnixNano": str(1000 + i), "endTimeUnixNano": str(1000 + i),
+            "attributes": attributes or [{"key": "kvtrace.step", "value": {"intValue": str(i)}}]}
+
+
+def _record(i: int) -> dict:
+    attrs = [{"key": "kvtrace.run.status", "value": {"stringValue": "complete"}},
+             {"key": "kvtrace.run.summary", "value": {"stringValue": '{"requests": 1}'}}]
+    return {"traceId": TRACE, "spanId": f"{i:016x}", "name": "kvtrace.run",
+            "startTimeUnixNano": "0", "endTimeUnixNano": "10", "attributes": attrs}
+
+
+def _post(url: str, body: bytes) -> tuple[int, str]:
+    req = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def _listed_spans(db, run_id: str) -> int:
+    """The span count ``kvtrace runs`` shows for the run (its derived tables once finished)."""
+    listed = runs(db)
+    return int(listed.filter(listed["run_id"] == run_id)["num_spans"][0])
+
+
+def test_spans_after_a_runs_record_are_counted_while_the_collector_serves(tmp_path):
+    """Spans that came after their run's record (a forwarding collector's parallel senders
+    reorder requests) were stored with a 200, but the run's derived tables stayed as the
+    record's moment built them until the collector stopped: a dashboard or ``runs`` reading
+    the live store saw 0 spans (and 0 evictions) for a complete run holding 3."""
+    db = tmp_path / "late.duckdb"
+    collector = OTLPCollector(db, port=0, late_refresh_s=0.05).start()
+    try:
+        assert _post(collector.url, _body([_record(99)]))[0] == 200  # the record first: finished, empty
+        assert _listed_spans(db, "late-run") == 0
+        assert _post(collector.url, _body([_span(i) for i in (1, 2, 3)]))[0] == 200  # then its spans
+        assert collector.wait_late_refreshed(timeout=30)
+        assert _listed_spans(db, "late-run") == count_spans(db, "late-run") == 3  # read while it serves
+        assert run(db, "late-run")["status"] == "complete"
+    finally:
+        collector.stop()
+    assert _listed_spans(db, "late-run") == 3 and run(db, "late-run")["summary"] == {"requests": 1}
+
+
+def test_the_count_of_spans_stored_leaves_out_run_records(tmp_path):
+    """A ``kvtrace.run`` record was counted as a stored span: a replay of 2,431 spans was
+    "2,432 spans stored" by collect beside 2,431 in ``runs``, and a retried record one more."""
+    db = tmp_path / "count.duckdb"
+    collector = OTLPCollector(db, port=0).start()
+    body = _body([_span(1), _span(2), _span(3), _record(99)])
+    try:
+        assert _post(collector.url, body)[0] == 200
+        assert _post(collector.url, body)[0] == 200  # retried whole: nothing stored again
+    finally:
+        collector.stop()
+    assert collector.spans_received == count_spans(db, "late-run") == _listed_spans(db, "late-run") == 3
+    assert collector.duplicate_spans == 3 and collector.runs_recorded == 1
+
+
+@pytest.mark.parametrize("text", ["1.5", "-2e3", "1E+2", "0", "-0.5e-3"])
+def test_a_double_written_as_a_string_is_read_as_its_number(tmp_path, text):
+    """proto3 JSON lets a double be a string ("1.5"), as the OTel Collector reads it: it was a
+    400, and the exporter's whole request was lost."""
+    db = tmp_path / "double.duckdb"
+    collector = OTLPCollector(db, port=0).start()
+    try:
+        as_text = [{"key": "x.ratio", "value": {"doubleValue": text}}]
+        as_number = [{"key": "x.ratio", "value": {"doubleValue": float(text)}}]
+        assert _post(collector.url, _body([_span(1, as_text)], "as-text")) == (200, "{}")
+        assert _post(collector.url, _body([_span(1, as_number)], "as-number")) == (200, "{}")
+    finally:
+        collector.stop()
+    from tests.instrument.helpers import store_rows
+
+    got, want = store_rows(db, "as-text"), store_rows(db, "as-number")
+    assert got[0]["extra_attributes"] == want[0]["extra_attributes"] == {"x.ratio": str(float(text))}
+
+
+@pytest.mark.parametrize("text", ["1_0", " 1.5", "inf", "nan", "0x10", "", "01", ".5"])
+def test_a_string_that_is_no_json_number_is_still_refused_as_a_double(tmp_path, text):
+    db = tmp_path / "bad-double.duckdb"
+    collector = OTLPCollector(db, port=0).start()
+    try:
+        status, reply = _post(collector.url, _body([_span(1, [{"key": "x", "value": {"doubleValue": text}}])]))
+    finally:
+        collector.stop()
+    assert status == 400 and "x.doubleValue: expected a number" in json.loads(reply)["message"]
+    assert count_spans(db, "late-run") == 0
