@@ -514,10 +514,13 @@ def format_report(result: ConformanceResult) -> list[str]:
                 f"{run.preemptions} preemptions, {run.refusals} refused allocations, {run.evictions} evictions, "
                 f"{run.copies} copies")
         if run.unschedulable:
-            head += f", {run.unschedulable} requests larger than the pool skipped"
+            head += f", {run.unschedulable} request{'' if run.unschedulable == 1 else 's'} larger than the pool skipped"
         if off:
             head += f"  (switched off: {', '.join(off)})"
         lines.append(head)
+        if run.unschedulable and not run.requests and run.stopped is None:  # an agreement on lookups alone
+            lines.append("  no request ran: each was larger than the pool, so only their lookups and refusals were "
+                         "compared (raise --capacity-blocks)")
         if run.never_acted:  # an agreement says nothing of these switches
             lines.append(f"  never acted here (switched off, but the old code took no other path): "
                          f"{', '.join(run.never_acted)}")

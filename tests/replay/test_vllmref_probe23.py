@@ -45,3 +45,22 @@ def test_a_torch_shadowed_on_pythonpath_is_one_line_naming_it(tmp_path):
                           text=True, timeout=300, check=False)
     assert_one_line(done.returncode, done.stderr, "RuntimeError: torch broken, at "
                     f"{shadow}/__init__.py:1, imported from ", "reinstall with `make vllm`")
+
+
+def test_a_run_where_no_request_fit_the_pool_says_so(vllm_api):
+    """Every request larger than the pool: both refused each, the run compared their lookups
+    alone, and the report said "agree" with nothing else but "2 requests ... skipped" (and
+    "1 requests" for one)."""
+    from kvtrace.replay.conformance import ConformanceSpec, format_report, run_conformance
+
+    spec = ConformanceSpec("gen:chat", preset="dense-attention", limit=6, capacity_blocks=(2, 70))
+    result = run_conformance(spec, api=vllm_api)
+    none_ran, one_skipped = result.runs
+    assert result.agree and (none_ran.requests, none_ran.unschedulable) == (0, 6)
+    assert (one_skipped.requests, one_skipped.unschedulable) == (5, 1)
+    report = format_report(result)
+    told = [i for i, line in enumerate(report) if line.startswith("  no request ran: each was larger than the pool")]
+    assert told == [2], report  # under the first run's head line only
+    assert report[1].endswith(", 6 requests larger than the pool skipped"), report[1]
+    heads = [line for line in report if line.startswith("num_gpu_blocks 70:")]
+    assert heads and heads[0].endswith(", 1 request larger than the pool skipped"), heads
