@@ -112,3 +112,42 @@ def test_a_string_that_is_no_json_number_is_still_refused_as_a_double(tmp_path, 
         collector.stop()
     assert status == 400 and "x.doubleValue: expected a number" in json.loads(reply)["message"]
     assert count_spans(db, "late-run") == 0
+
+
+def test_a_collected_run_is_paired_with_the_stored_replay_of_its_trace(tmp_path, replayed_store):
+    """The record's trace digest was dropped: ``diff`` of a replay and its collected twin (the
+    same replay sent over OTLP) said they "replay different traces ('gen:…' vs None)" and
+    needed --force, where the ClickHouse collector path keeps it."""
+    import shutil
+
+    from kvtrace.compare.source import diff_runs
+
+    db = tmp_path / "pair.duckdb"
+    shutil.copy(replayed_store.path, db)
+    stored = run(db, replayed_store.run_on)
+    attrs = [{"key": f"kvtrace.run.{k}", "value": {"stringValue": v}}
+             for k, v in (("status", "complete"), ("trace_digest", stored["trace_digest"]),
+                          ("summary", json.dumps(stored["summary"])))]
+    collector = OTLPCollector(db, port=0).start()
+    try:
+        record = _record(99) | {"attributes": attrs}
+        assert _post(collector.url, _body([_span(1), record], "twin-1"))[0] == 200
+    finally:
+        collector.stop()
+    assert run(db, "twin-1")["trace_digest"] == stored["trace_digest"]
+    got = diff_runs(str(db), replayed_store.run_on, "twin-1", resamples=100)  # no --force needed
+    assert got.same_trace and not got.forced
+
+
+@pytest.mark.parametrize("value", [{"stringValue": ""}, {"stringValue": "a b"}, {"intValue": "7"},
+                                   {"stringValue": "x" * 129}])
+def test_a_trace_digest_no_run_could_hold_refuses_the_record_whole(tmp_path, value):
+    db = tmp_path / "bad-digest.duckdb"
+    collector = OTLPCollector(db, port=0).start()
+    try:
+        record = _record(99) | {"attributes": [{"key": "kvtrace.run.trace_digest", "value": value}]}
+        status, reply = _post(collector.url, _body([_span(1), record], "bad-digest"))
+    finally:
+        collector.stop()
+    assert status == 400 and "kvtrace.run.trace_digest: expected 1 to 128 printable" in json.loads(reply)["message"]
+    assert count_spans(db, "bad-digest") == 0

@@ -16,8 +16,8 @@ Runs: spans whose resource carries ``kvtrace.run.id`` go to that run (created wi
 ``otlp`` if the store lacks it); all other spans go to one run created on first use.
 A kvtrace export's times are shifted by the offset its resource names
 (``kvtrace.run.time_offset_ns``): they are stored unshifted, virtual again; its
-``kvtrace.run`` span finishes a run created here with the producer's status, digest
-and summary.
+``kvtrace.run`` span finishes a run created here with the producer's status, digest,
+summary and trace digest (what it replayed: ``diff`` pairs it with that trace's other runs).
 Attributes with a typed column (``kvtrace.*``, ``gen_ai.usage.*_tokens``) land there;
 everything else is kept in ``extra_attributes``.
 """
@@ -474,8 +474,8 @@ class OTLPCollector:
             return self._late_done.wait_for(lambda: not self._late_runs, timeout)
 
     def _finish_recorded(self, run_id: str, record: dict) -> bool:
-        """A run this collector created, finished with the status, digest and summary its
-        producer sent (``kvtrace.run`` span), or one an earlier collector on this store made
+        """A run this collector created, finished with the status, digest, summary and trace
+        digest its producer sent (``kvtrace.run`` span), or one an earlier collector on this store made
         and left without one (its producer's record came after a restart: the status, digest
         and summary were dropped with a 200); other runs keep what the store says (False)."""
         if run_id in self._created_runs:
@@ -577,14 +577,20 @@ def _named_run(resource: dict, where: str) -> str:
 
 
 def _run_record(attributes: dict, where: str) -> dict:
-    """The status, digest and summary of a ``kvtrace.run`` span, checked before anything of
-    its request is committed (a PayloadError naming the attribute: the request is refused
-    whole, where a bad summary once failed after the request's spans were stored)."""
+    """The status, digest, summary and trace digest of a ``kvtrace.run`` span, checked before
+    anything of its request is committed (a PayloadError naming the attribute: the request is
+    refused whole, where a bad summary once failed after the request's spans were stored)."""
     get = lambda key: attributes.get(f"{RUN_RECORD_PREFIX}{key}")
     status = get("status")
-    digest, summary = get("digest"), get("summary")
+    digest, summary, trace_digest = get("digest"), get("summary"), get("trace_digest")
     if digest is not None and not isinstance(digest, str):
         raise PayloadError(f"{where}: {RUN_RECORD_PREFIX}digest: expected a string, got {type(digest).__name__}")
+    # what the run replayed, as its content: a diff pairs runs by it (the collected twin of a
+    # stored replay was "a different trace", 'gen:mixed' vs None, without --force)
+    if trace_digest is not None and (not isinstance(trace_digest, str) or run_id_problem(trace_digest) is not None):
+        shown = trace_digest if isinstance(trace_digest, str) else type(trace_digest).__name__
+        raise PayloadError(f"{where}: {RUN_RECORD_PREFIX}trace_digest: expected 1 to 128 printable characters "
+                           f"without spaces, got {shown!r}"[:300])
     if summary is not None:
         try:
             decoded = json.loads(summary) if isinstance(summary, str) else None
@@ -596,7 +602,7 @@ def _run_record(attributes: dict, where: str) -> dict:
         if problem is not None:
             raise PayloadError(f"{where}: {RUN_RECORD_PREFIX}summary: {problem}")
     return {"status": status if status in ("complete", "failed", "incomplete") else "complete",
-            "digest": digest, "summary": summary}
+            "digest": digest, "summary": summary, "trace_digest": trace_digest}
 
 
 class CollectorClosed(KVTraceError):
