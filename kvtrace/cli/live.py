@@ -23,7 +23,8 @@ def collect(
     host: Annotated[str, typer.Option(
         metavar="ADDRESS", help="Bind address (IPv6 as ::1; 0.0.0.0 or :: for every interface).")] = "127.0.0.1",
     max_body_bytes: Annotated[int, typer.Option(
-        metavar="BYTES", help="Largest request body accepted, 1 to 2,147,483,648.")]
+        metavar="BYTES", help="Largest request body accepted, 1 to 2,147,483,648 (over gRPC at most "
+                              "2,147,483,647, gRPC's own limit).")]
         = 16 * 1024 * 1024,
 ) -> None:
     """Receive OTLP traces (HTTP: protobuf or JSON on /v1/traces; gRPC) into the store."""

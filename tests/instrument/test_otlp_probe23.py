@@ -151,3 +151,25 @@ def test_a_trace_digest_no_run_could_hold_refuses_the_record_whole(tmp_path, val
         collector.stop()
     assert status == 400 and "kvtrace.run.trace_digest: expected 1 to 128 printable" in json.loads(reply)["message"]
     assert count_spans(db, "bad-digest") == 0
+
+
+def test_the_largest_body_limit_the_help_gives_serves_grpc_too(tmp_path):
+    """``--max-body-bytes 2147483648`` (the help's "1 to 2,147,483,648") was a traceback at
+    start: gRPC's receive limit is a C int (2^31 - 1 at most)."""
+    import grpc
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+    from kvtrace.instrument.otlp.grpc import EXPORT_METHOD
+    from kvtrace.instrument.otlp.limits import MAX_BODY_BYTES
+
+    db = tmp_path / "largest.duckdb"
+    collector = OTLPCollector(db, port=0, grpc_port=0, max_body_bytes=MAX_BODY_BYTES).start()
+    try:
+        req = trace_service_pb2.ExportTraceServiceRequest()
+        span = req.resource_spans.add().scope_spans.add().spans.add()
+        span.name, span.trace_id, span.span_id, span.end_time_unix_nano = "x", b"\x01" * 16, b"\x02" * 8, 5
+        with grpc.insecure_channel(collector.grpc_target) as channel:
+            channel.unary_unary(EXPORT_METHOD)(req.SerializeToString(), timeout=30)
+    finally:
+        collector.stop()
+    assert collector.spans_received == 1

@@ -44,6 +44,7 @@ from kvtrace.process import bracketed, probe_address
 
 SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 EXPORT_METHOD = f"/{SERVICE}/Export"
+GRPC_MAX_MESSAGE_BYTES = (1 << 31) - 1  # grpc.max_receive_message_length, an int32
 _OK = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
 _log = logging.getLogger(__name__)
 
@@ -143,7 +144,10 @@ def grpc_server(ingest: Callable[..., object], host: str, port: int, max_body_by
     server = grpc.server(
         pool,
         handlers=[handler],
-        options=[("grpc.max_receive_message_length", max_body_bytes), ("grpc.so_reuseport", 0)],
+        # (gRPC's limit is a C int: --max-body-bytes' largest value, 2^31, was an OverflowError
+        # and a traceback at start; a message is 1 byte short of it at most)
+        options=[("grpc.max_receive_message_length", min(max_body_bytes, GRPC_MAX_MESSAGE_BYTES)),
+                 ("grpc.so_reuseport", 0)],
         maximum_concurrent_rpcs=MAX_CONNECTIONS,
     )
     try:
