@@ -136,7 +136,8 @@ _RUN_OPTIONS: dict[str, tuple[Any, Any, str]] = {
         rich_help_panel=RUN_PANEL)], None, "capacity_blocks"),
     "capacity_tokens": (Annotated[int | None, typer.Option(
         metavar="TOKENS", help="Capacity in tokens, at least 1, converted to blocks (instead of --capacity-blocks; "
-        "cache-only mode needs --block-size with it).", rich_help_panel=RUN_PANEL)],
+        "engine mode: the shared pool, that many tokens' blocks for each attention group and the null block, "
+        "Mamba states included; cache-only mode needs --block-size with it).", rich_help_panel=RUN_PANEL)],
         None, "capacity_tokens"),
     "retention": (Annotated[str | None, typer.Option(
         metavar="none|0|K", help="Retention interval of sliding-window and Mamba groups (engine mode): none (dense), 0 "

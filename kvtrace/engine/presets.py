@@ -10,9 +10,9 @@
 The pool counts blocks as vLLM's ``num_gpu_blocks`` does (the null block included) and
 is shared by every KV cache group, as in vLLM: attention blocks and Mamba states take
 what they need from it. Capacity is overridable (``capacity_blocks``: the pool; a tuple
-gives each group a pool of its own instead, SGLang's layout; ``capacity_tokens``: a
-pool holding that many tokens in each attention group plus the preset's state budget),
-as are retention and the behaviours.
+gives each group a pool of its own instead, SGLang's layout; ``capacity_tokens``: the
+same pool spelt in tokens, that many tokens' blocks for each attention group and the null
+block, which Mamba states share as they share any pool), as are retention and the behaviours.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ class EnginePreset:
     cache_config: CacheConfig
     scheduler_config: SchedulerConfig
     cost_model: CostModel
-    # blocks of the pool budgeted for Mamba states when the pool is sized in attention
-    # tokens (capacity_tokens) or re-blocked (block_size): the rest is for attention
+    # blocks of the pool budgeted for Mamba states when the preset's pool is re-blocked
+    # (block_size): the rest keeps the attention groups' token capacity
     state_blocks: int = 0
 
 
@@ -113,8 +113,10 @@ def get_preset(
 
     ``capacity_blocks``: the block pool shared by every group (an int, vLLM's
     ``num_gpu_blocks``, the null block included), or one pool per group (a tuple);
-    ``capacity_tokens``: a pool holding this many tokens in each attention group, plus
-    the preset's ``state_blocks`` where a Mamba group is among the groups;
+    ``capacity_tokens``: the pool in tokens, cdiv(tokens, block size) blocks for each
+    attention group plus the null block, shared with Mamba states as any pool is (one
+    setting with ``capacity_blocks``: a state budget added to it let attention take it
+    too, and 2,000 tokens on kimi-hybrid ran a pool of ~1M);
     ``retention_interval``: None | 0 | k; ``without``: behaviour names to switch off;
     ``external_capacity_blocks``: add an external tier; ``groups``: KV cache group specs
     replacing the preset's; ``block_size``: every group's block size (one group is hashed
@@ -160,7 +162,7 @@ def get_preset(
         # in the final groups' block sizes: a --block-size given with it changes them
         per_group = [cdiv(capacity_tokens, groups[g].block_size) for g in attention]
         if isinstance(blocks, int):
-            blocks = 1 + sum(per_group) + state_blocks
+            blocks = 1 + sum(per_group)
         else:
             sized = list(blocks)
             for g, n in zip(attention, per_group):

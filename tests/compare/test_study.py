@@ -315,8 +315,8 @@ def test_a_sweep_given_twice_is_refused(capsys):
 
 
 def test_a_capacity_tokens_sweep_replaces_the_studys_capacity_blocks():
-    res = S.run_study("external-hit-running-cow", sweep="capacity_tokens=4000,8000", limit=4)
-    assert [p.value for p in res.points] == [4000, 8000]
+    res = S.run_study("external-hit-running-cow", sweep="capacity_tokens=400000,800000", limit=4)
+    assert [p.value for p in res.points] == [400_000, 800_000]
 
 
 @pytest.mark.parametrize(("flags", "sweep", "needle"), [

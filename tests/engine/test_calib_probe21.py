@@ -175,8 +175,10 @@ def test_groups_of_attention_alone_get_no_state_budget_of_the_preset():
     assert as_given == PRESETS["kimi-hybrid"]().cache_config.num_gpu_blocks
     halved = get_preset("kimi-hybrid", groups=attention, block_size=32, retention_interval=None)
     assert (halved.cache_config.num_gpu_blocks - 1) * 32 == (as_given - 1) * 64  # (the same tokens)
-    hybrid = get_preset("kimi-hybrid", capacity_tokens=100_000)  # (its own groups: the budget is kept)
-    assert hybrid.cache_config.num_gpu_blocks == 1 + cdiv(100_000, 512) + 2_048 and hybrid.state_blocks == 2_048
+    # (its own groups: the budget is kept where the pool is re-blocked; a pool in tokens is the pool, which
+    # the states share, as --capacity-blocks's is)
+    hybrid = get_preset("kimi-hybrid", capacity_tokens=100_000)
+    assert hybrid.cache_config.num_gpu_blocks == 1 + cdiv(100_000, 512) and hybrid.state_blocks == 2_048
 
 
 def test_the_readme_figures_of_an_external_hit_are_the_8b_models():

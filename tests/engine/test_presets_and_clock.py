@@ -27,8 +27,8 @@ def test_named_presets_have_the_documented_shape():
 def test_overrides_capacity_retention_behaviours_and_block_size():
     p = get_preset("kimi-hybrid", capacity_tokens=1 << 20, retention_interval=None, without=(SHARED_PREFIX_PINNING,))
     cc = p.cache_config
-    # a pool holding 2^20 attention tokens, the preset's 2,048 state blocks and the null block
-    assert cc.num_gpu_blocks == (1 << 20) // 512 + 2048 + 1
+    # the pool in tokens: 2^20 tokens' blocks and the null block, which the Mamba states share
+    assert cc.num_gpu_blocks == (1 << 20) // 512 + 1
     assert cc.retention_interval is None and SHARED_PREFIX_PINNING not in cc.behaviours
     assert get_preset("kimi-hybrid", capacity_blocks=600).cache_config.num_gpu_blocks == 600
     separate = get_preset("kimi-hybrid", capacity_blocks=(100, 20)).cache_config  # SGLang-style pools
@@ -84,8 +84,8 @@ def test_block_size_and_capacity_tokens_combine():
     # the capacity is converted with the block size the groups end up with
     cc = get_preset("kimi-hybrid", block_size=64, capacity_tokens=1_000_000).cache_config
     assert cc.groups[0].block_size == 64 and cc.hash_block_size == 64
-    attention = cc.num_gpu_blocks - 1 - 2048  # the null block holds nothing; 2,048 blocks for states
-    assert attention * 64 >= 1_000_000 > (attention - 1) * 64
+    pool = cc.num_gpu_blocks - 1  # the null block holds nothing; the states share the rest
+    assert pool * 64 >= 1_000_000 > (pool - 1) * 64
     # a block size alone keeps the preset's token capacity; capacity_blocks alone is taken as given
     base = get_preset("kimi-hybrid").cache_config
     resized = get_preset("kimi-hybrid", block_size=64).cache_config
@@ -144,3 +144,19 @@ def test_a_run_makes_no_garbage_cycles_per_request(preset, content):
         finally:
             gc.enable()
     assert left[1] - left[0] < 100, left  # 100 more requests: not even one cycle each
+
+
+def test_capacity_tokens_is_the_pool_capacity_blocks_spells_in_blocks():
+    """kimi-hybrid's --capacity-tokens added the preset's 2,048-block state budget to the
+    attention tokens asked for, in the one pool attention shares: attention took the budget
+    too, so 20,000 tokens ran a pool of ~1M tokens, at the unbounded pool's hit rate, and
+    a sweep over capacity_tokens was flat. It is now the pool in tokens, as the study takes
+    its two spellings for one setting."""
+    from kvtrace.numeric import cdiv
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    tokens = run_replay(RunSpec("gen:chat", limit=40, content=False, capacity_tokens=20_000))
+    blocks = run_replay(RunSpec("gen:chat", limit=40, content=False, capacity_blocks=1 + cdiv(20_000, 512)))
+    unbounded = run_replay(RunSpec("gen:chat", limit=40, content=False))
+    assert tokens.summary["digest"] == blocks.summary["digest"]
+    assert tokens.summary["prefix_cache_hit_rate"] < unbounded.summary["prefix_cache_hit_rate"]
