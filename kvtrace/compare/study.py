@@ -416,7 +416,12 @@ def run_study(
         except KVTraceError as err:  # the engine's own (a swept capacity too small): named at its value, as sweep
             if parameter is None or type(err) is not KVTraceError:
                 raise
-            raise KVTraceError(f"--sweep {parameter}={value}: {err}") from None
+            text = str(err)
+            if parameter in _CAPACITY_FORMS:  # (the engine's advice named --capacity-blocks, which the sweep replaces)
+                from kvtrace.engine.engine import POOL_ADVICE
+
+                text = text.replace(POOL_ADVICE, f"raise the {parameter} values of --sweep")
+            raise KVTraceError(f"--sweep {parameter}={value}: {text}") from None
         if db is not None and on.run_id and off.run_id:
             diff = diff_runs(db, off.run_id, on.run_id, seed=seed, percentiles=on_spec.percentiles)
         else:

@@ -437,8 +437,10 @@ def test_a_swept_capacity_too_small_for_a_request_is_named_at_its_sweep_value():
     """The engine's 'cannot be scheduled' of a swept capacity named the pool's size and a
     --capacity-blocks the user never typed, not the --sweep value that made it."""
     base = RunSpec(trace="", **S.study_defaults("external-hit-running-cow"), content=False)
-    with pytest.raises(KVTraceError, match=r"^--sweep capacity_blocks=2: engine: request \S+ .* cannot be scheduled"):
+    with pytest.raises(KVTraceError, match=r"^--sweep capacity_blocks=2: engine: request \S+ .* cannot be scheduled"
+                                           r".*; raise the capacity_blocks values of --sweep$") as err:
         S.run_study("external-hit-running-cow", base=base, sweep="capacity_blocks=2", limit=2)
+    assert "--capacity-blocks" not in str(err.value)  # (advice the study's own sweep replaces)
 
 
 def test_a_studys_name_names_its_runs(tmp_path):
