@@ -21,10 +21,14 @@ _HIT_TOKENS_PER_GROUP = next(c.attr for c in SPAN_COLUMN_DEFS if c.name == "hit_
 # lookup per request, which is that request. An engine run killed before any request
 # finished has none either, but its lookups include the retries of requests that waited
 # for blocks (and never-admitted ones): it counts no request, as a killed run counts only
-# its finished ones. Columns: t (the first schedule), then the kvtrace.metrics.PER_REQUEST
-# fields.
+# its finished ones. An engine run is known by its mode, or where its record names none (a
+# collected run's: 306 "requests" of a 60-request trace, its retries) by step spans with a
+# scheduler's state (a cache-only run's steps, one a request, have no running count).
+# Columns: t (the first schedule), then the kvtrace.metrics.PER_REQUEST fields.
 _LOOKUPS_ARE_REQUESTS = ("NOT EXISTS (SELECT 1 FROM req) AND "
-                         "NOT EXISTS (SELECT 1 FROM runs WHERE run_id = $run_id AND mode = 'engine')")
+                         "NOT EXISTS (SELECT 1 FROM runs WHERE run_id = $run_id AND mode = 'engine') AND "
+                         f"NOT EXISTS (SELECT 1 FROM step_spans WHERE run_id = $run_id AND name = '{SPAN_STEP}' "
+                         "AND num_running IS NOT NULL)")
 _ADMISSIONS = f"""
     req AS (
         SELECT request_id, coalesce(first_scheduled_ns, arrival_ns, start_ns) AS t,
