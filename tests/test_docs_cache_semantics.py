@@ -44,3 +44,27 @@ def test_a_mamba_state_published_in_a_step_ends_a_hit_only_from_the_next_step():
     m.new_step_starts()
     hit, allocated = _admit(m, "b2", b)
     assert hit == 32 and allocated is not None
+
+
+
+def test_trace_ids_are_kvtraces_keys_where_their_synthesised_tokens_coincide():
+    """The page said only cache-only replay keys on a trace's ids: engine mode does too, and
+    vLLM's manager, hashing the synthesised tokens, sees a hit at block size 1 that the
+    trace's distinct ids do not hold (490 and 601 are both token 111597)."""
+    from kvtrace.engine import Engine, get_preset
+    from kvtrace.workload.request import TraceRequest
+    from kvtrace.workload.tokens import block_tokens
+
+    assert "kvtrace's manager (cache-only and engine mode) keys its units on the ids" in DOC
+    assert list(block_tokens(490, 1)) == list(block_tokens(601, 1))
+    assert list(block_tokens(490, 4)) != list(block_tokens(601, 4))
+
+    def hits(by_ids: bool) -> int:
+        reqs = [TraceRequest(f"r{i}", i * 10**9, 2, 1, **({"hash_ids": (b, 7), "hash_block_size": 1} if by_ids else
+                                                       {"token_ids": [*block_tokens(b, 1), *block_tokens(7, 1)]}))
+                for i, b in enumerate((490, 601))]
+        engine = Engine(get_preset("dense-attention", block_size=1, capacity_blocks=64), content=False)
+        return engine.run(reqs).summary["prefix_cache_hits"]
+
+    assert hits(by_ids=True) == 0  # (distinct ids: no hit, whatever their tokens)
+    assert hits(by_ids=False) == 1  # (the same tokens, as vLLM's hashes see them: the first block hits)
