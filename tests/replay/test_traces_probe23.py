@@ -181,3 +181,64 @@ def test_a_wide_unicode_trace_is_named_as_such_with_how_to_convert_it(tmp_path, 
         assert code == 2 and err.splitlines() == [
             f"kvtrace: error: {path}: {named} text; kvtrace reads traces as UTF-8: convert it first "
             f"(iconv -f {named} -t UTF-8)"], err
+
+
+def test_a_trace_rewritten_under_a_limited_read_is_refused(tmp_path):
+    """A --limit read stopped before the end that checked the file: a trace rewritten (the
+    same size, other bytes) while its first requests were read was replayed under the
+    digest of the bytes before, exit 0."""
+    import os
+
+    from kvtrace.errors import TraceFormatError
+    from kvtrace.replay.readers import open_trace
+
+    path = _mooncake(tmp_path / "m.jsonl", 6)
+    source = open_trace(path, limit=4)
+    assert len(source.source_id) == 64
+    text = path.read_text()
+    with pytest.raises(TraceFormatError, match=r"m\.jsonl: changed while kvtrace read it"):
+        for i, _ in enumerate(source):
+            if i == 1:
+                path.write_text(text.replace('"output_length": 1', '"output_length": 2'))  # (same size)
+                os.utime(path, ns=(1, 1))  # (another time, as any write gives it on a coarse clock)
+
+
+def test_a_trace_touched_or_rewritten_with_its_own_bytes_is_read_on(tmp_path):
+    """A touch (a backup tool's, a sync's) or a copy of the same bytes over the trace made it
+    'changed while kvtrace read it', exit 2 and the run failed: the bytes are hashed again and
+    the read goes on where they are the same."""
+    import os
+
+    from kvtrace.replay.readers import open_trace
+
+    for limit in (None, 3):
+        path = _mooncake(tmp_path / f"m{limit}.jsonl", 5)
+        source = open_trace(path, limit=limit)
+        digest, text = source.source_id, path.read_bytes()
+        read = 0
+        for read, _ in enumerate(source, 1):
+            if read == 1:
+                os.utime(path, ns=(10**9, 10**9))
+            if read == 2:
+                path.write_bytes(text)
+        assert read == (5 if limit is None else 3) and source.source_id == digest
+        assert len(list(source)) == read  # (and again, the new time taken as the file's)
+
+
+def test_a_conversation_added_to_a_weka_folder_while_read_is_refused(tmp_path):
+    """The folder was listed again as it was read: a file added meanwhile was replayed under
+    the digest of the files listed before (7 requests under the digest of 6)."""
+    import shutil
+
+    from kvtrace.errors import TraceFormatError
+    from kvtrace.replay.readers import open_trace
+
+    conversation = Path(__file__).resolve().parents[1] / "data" / "weka_sample" / "trace_0211.json"
+    folder = tmp_path / "wk"
+    folder.mkdir()
+    shutil.copy(conversation, folder / "a.json")
+    source = open_trace(str(folder))
+    assert len(source.source_id) == 64 and len(list(source)) > 0  # (read whole, unchanged: taken)
+    with pytest.raises(TraceFormatError, match=r"wk: changed while kvtrace read it"):
+        shutil.copy(conversation, folder / "b.json")
+        list(source)

@@ -6,9 +6,11 @@ the line-level checks the readers share live in :mod:`kvtrace.workload.lines`.
 
 from __future__ import annotations
 
+import glob
 import os
 from collections.abc import Callable, Iterator
 from itertools import islice
+from typing import Any
 
 from kvtrace.errors import KVTraceError, TraceFormatError
 from kvtrace.workload import TraceRequest
@@ -16,7 +18,7 @@ from kvtrace.workload.lines import source_sha256
 
 Reader = Callable[..., Iterator[TraceRequest]]
 CHECKED_BEFORE_DIGEST = 1000  # requests read before a trace's bytes are hashed (a few ms)
-Stamp = tuple[tuple[int, int, int, int] | None, ...]  # each file's (device, inode, size, mtime ns)
+Stamp = tuple[Any, ...]  # each file's (device, inode, size, mtime ns) or None; a WEKA listing or None last
 
 
 class TraceSource:
@@ -38,12 +40,14 @@ class TraceSource:
         self.more: bool | None = None  # a request past ``limit``: known once an iteration got there
 
     def __iter__(self) -> Iterator[TraceRequest]:
-        it = self._unchanged(self._reader(self.path, **self.options), self._stamp or self._stamps())
-        return it if self.limit is None else self._limited(it)
+        stamp = self._stamp or self._stamps()
+        it = self._reader(self.path, **self.options)
+        return self._unchanged(it, stamp) if self.limit is None else self._limited(it, stamp)
 
     def _stamps(self) -> Stamp:
         """What says a file changed: its identity, size and modification time (None: not
-        there, which the reader names)."""
+        there, which the reader names); a WEKA directory's listing last (a conversation
+        added while it was read was replayed under the digest of the files before)."""
         stamps: list[tuple[int, int, int, int] | None] = []
         for file in self.files:
             try:
@@ -52,28 +56,50 @@ class TraceSource:
                 stamps.append(None)
                 continue
             stamps.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
-        return tuple(stamps)
+        listing = None if self._files is None else tuple(sorted(glob.glob(os.path.join(glob.escape(self.path),
+                                                                                        "*.json"))))
+        return (*stamps, listing)
+
+    def _check_unchanged(self, stamp: Stamp) -> None:
+        """A refusal if the files read are not as they were when hashed (or when this read
+        began): requests appended or a file replaced while a replay read it were replayed
+        under the digest of the bytes before, the run of one trace named another. A file
+        only touched, or rewritten with the same bytes, is hashed again and goes on (it was
+        refused); without a digest to hold it to, a new time alone says nothing."""
+        now = self._stamps()
+        if now == stamp:
+            return
+        same_files = now[-1] == stamp[-1] and all(
+            a is not None and b is not None and a[:3] == b[:3] for a, b in zip(now[:-1], stamp[:-1]))
+        if same_files:
+            if self._source_id is None:
+                return
+            files = [self.path] if self._files is None and self.format == "weka" else self._files
+            if source_sha256(self.path, files) == self._source_id:
+                self._stamp = now  # (hashed again: the next read need not)
+                return
+        raise TraceFormatError(self.path, None, "changed while kvtrace read it (other bytes, another size or file "
+                                                "than when it was hashed or opened); the requests read are not the "
+                                                "trace its digest names: replay a copy nothing writes to")
 
     def _unchanged(self, it: Iterator[TraceRequest], stamp: Stamp) -> Iterator[TraceRequest]:
-        """``it``, then a refusal if the files read are not as they were when hashed (or when
-        this read began): requests appended or a file replaced while a replay read it were
-        replayed under the digest of the bytes before, the run of one trace named another."""
+        """``it``, then ``_check_unchanged``."""
         yield from it
-        if self._stamps() != stamp:
-            raise TraceFormatError(self.path, None, "changed while kvtrace read it (another size, modification time "
-                                                    "or file than when it was hashed or opened); the requests read are "
-                                                    "not the trace its digest names: replay a copy nothing writes to")
+        self._check_unchanged(stamp)
 
-    def _limited(self, it: Iterator[TraceRequest]) -> Iterator[TraceRequest]:
+    def _limited(self, it: Iterator[TraceRequest], stamp: Stamp) -> Iterator[TraceRequest]:
         """The first ``limit`` requests, then one more read, never yielded, for ``more``: a
         --limit equal to the trace's length cuts nothing. A bad request there is one more
-        all the same (the requests asked for come before it, and were read)."""
+        all the same (the requests asked for come before it, and were read). Then
+        ``_check_unchanged``, as a whole read has it (a trace rewritten under a --limit
+        read went unseen: the read never reached the end that checked it)."""
         assert self.limit is not None
         yield from islice(it, self.limit)
         try:
             self.more = next(it, None) is not None
         except KVTraceError:
             self.more = True
+        self._check_unchanged(stamp)
 
     def holds_more(self) -> bool:
         """Whether the file holds a request past ``limit`` (False without a limit); read once
