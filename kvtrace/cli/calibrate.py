@@ -8,7 +8,7 @@ import typer
 
 from kvtrace.cli.application import app
 from kvtrace.cli.options import output_file, typed_paths
-from kvtrace.cli.output import status
+from kvtrace.cli.output import is_stdout, status
 from kvtrace.errors import KVTraceError, check_option
 
 
@@ -67,12 +67,15 @@ def calibrate(
         _refuse_a_run_config(out)
     result = fit([str(p) for p in sources], name=name, template=template, knee=knee,
                  max_num_batched_tokens=max_num_batched_tokens, run_id=run)
+    # (-o /dev/stdout: the report went into the TOML beside the model, which --config then refused)
+    to_stdout = out is not None and is_stdout(out)
     for line in fit_report(result):
-        typer.echo(line)
+        status(line) if to_stdout else typer.echo(line)
     if out is not None:
         with AtomicText(out, sources) as f:
             f.write(cost_model_toml(result.model).encode())
-        status(f"wrote {out} (use it with: kvtrace replay TRACE --config {out})")
+        status("wrote the cost model to stdout (save it as a file and use it with: kvtrace replay TRACE --config "
+               "FILE.toml)" if to_stdout else f"wrote {out} (use it with: kvtrace replay TRACE --config {out})")
 
 
 def _refuse_a_run_config(out: str) -> None:

@@ -214,3 +214,14 @@ def unreadable_argument(argv: list[str]) -> str | None:
             where = argv[i - 2] if i > 1 and argv[i - 2].startswith("-") else f"argument {i}"
             return f"{where}: {shown}: not valid UTF-8 text; rename the file or retype the value"
     return None
+
+
+def is_stdout(path: str) -> bool:
+    """Whether ``path`` is the file this process's stdout writes to (``/dev/stdout``,
+    ``/dev/fd/1``, or the file stdout is redirected to): a command that writes its result
+    there keeps its report off it."""
+    try:
+        target, out = os.stat(path), os.fstat(sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return False
+    return (target.st_dev, target.st_ino) == (out.st_dev, out.st_ino)

@@ -183,3 +183,24 @@ def test_experts_per_token_without_experts_is_refused_at_its_key(tmp_path):
         load_config_file(path)
     path.write_text(f'[cost_model]\nname = "x"\n{five}experts_per_token = 8\nnum_experts = 64\n')
     assert load_config_file(path).cost_model.experts_per_token == 8  # with E it is the routing
+
+
+def test_calibrate_to_stdout_writes_the_model_alone_there(tmp_path):
+    """`calibrate -o /dev/stdout > fit.toml` wrote the report into the TOML beside the model
+    (exit 0; --config fit.toml then said "invalid TOML"), and advised --config /dev/stdout."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from kvtrace.replay.run import RunSpec, engine_preset
+
+    data = Path(__file__).resolve().parents[1] / "data" / "calibration" / "aic-h200-llama-3.1-8b-tp1.csv"
+    saved = tmp_path / "fit.toml"
+    with open(saved, "wb") as stdout:
+        proc = subprocess.run([sys.executable, "-m", "kvtrace.cli", "calibrate", "--from", str(data), "-o",
+                               "/dev/stdout"], stdout=stdout, stderr=subprocess.PIPE, text=True, check=False,
+                              timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert saved.read_text().startswith("[cost_model]\n") and "median error" in proc.stderr
+    assert "--config /dev/stdout" not in proc.stderr and "wrote the cost model to stdout" in proc.stderr
+    assert engine_preset(RunSpec("gen:chat", config_file=str(saved))).cost_model.name == "calibrated"
