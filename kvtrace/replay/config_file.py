@@ -108,6 +108,16 @@ def _named(key: str) -> str:
     return key if _BARE_KEY.fullmatch(key) else repr(key)
 
 
+# the run flags' own names, written as keys: what each is in a file (its key is vLLM's name)
+_FLAG_NAMES = {
+    "capacity_blocks": "--capacity-blocks is [cache] num_gpu_blocks here",
+    "capacity_tokens": "--capacity-tokens has no key; give [cache] num_gpu_blocks, the pool in blocks",
+    "block_size": "--block-size is each [cache] groups entry's block_size here",
+    "external_blocks": "--external-blocks is [cache] external_capacity_blocks here",
+    "retention": "--retention is [cache] retention_interval here",
+}
+
+
 def _unknown_key(key: str, known: list[str], section: str | None = None) -> str:
     """What an unknown ``key`` of ``section`` (None: the top level) is told: the known key it
     is likely a typo of, or the section it belongs in, before every key that section knows
@@ -116,7 +126,9 @@ def _unknown_key(key: str, known: list[str], section: str | None = None) -> str:
 
     hint = ""
     home = _SECTION_OF.get(key)
-    if home is not None and home != section:
+    if key in _FLAG_NAMES:  # (a flag's name is no typo: "did you mean external_capacity_blocks?" it was)
+        hint = f" ({_FLAG_NAMES[key]})"
+    elif home is not None and home != section:
         hint = f" here (it belongs in [{home}])"
     else:
         close = difflib.get_close_matches(key, known, n=1, cutoff=0.75) if isinstance(key, str) else []

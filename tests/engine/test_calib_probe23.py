@@ -204,3 +204,23 @@ def test_calibrate_to_stdout_writes_the_model_alone_there(tmp_path):
     assert saved.read_text().startswith("[cost_model]\n") and "median error" in proc.stderr
     assert "--config /dev/stdout" not in proc.stderr and "wrote the cost model to stdout" in proc.stderr
     assert engine_preset(RunSpec("gen:chat", config_file=str(saved))).cost_model.name == "calibrated"
+
+
+@pytest.mark.parametrize(("text", "key", "told"), [
+    ("[cache]\ncapacity_blocks = 100\n", "cache.capacity_blocks", "(--capacity-blocks is [cache] num_gpu_blocks here)"),
+    ("capacity_blocks = 100\n", "capacity_blocks", "(--capacity-blocks is [cache] num_gpu_blocks here)"),
+    ("[cache]\nblock_size = 16\n", "cache.block_size", "(--block-size is each [cache] groups entry's block_size here)"),
+    ("[cache]\nretention = 0\n", "cache.retention", "(--retention is [cache] retention_interval here)"),
+])
+def test_a_flags_name_written_as_a_key_is_told_its_key(tmp_path, text, key, told):
+    """A flag's name written as a key was told the known key nearest in spelling:
+    capacity_blocks "did you mean external_capacity_blocks?", block_size "hash_block_size?"."""
+    from kvtrace.errors import ConfigError
+    from kvtrace.replay.run import RunSpec, engine_preset
+
+    path = tmp_path / "run.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        engine_preset(RunSpec("gen:chat", config_file=str(path)))
+    assert str(err.value).startswith(f"{path}: {key}: unknown key {told}; expected one of ")
+    assert "did you mean" not in str(err.value)
