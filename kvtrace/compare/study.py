@@ -28,7 +28,7 @@ from kvtrace.cache.config import (
 )
 from kvtrace.errors import ConfigError, KVTraceError, TraceFormatError
 from kvtrace.replay.run import GENERATED_PREFIX, RunSpec, run_replay, validate
-from kvtrace.replay.sweep import at_swept_value, combinations, parse_param
+from kvtrace.replay.sweep import CAPACITY_FORMS, at_swept_value, combinations, parse_param
 
 if TYPE_CHECKING:  # (the comparison's polars is loaded once the runs are to be diffed: a bad
     # setting is told before it, and before any replay)
@@ -56,7 +56,6 @@ def study_defaults(behaviour: str) -> dict[str, Any]:
 
 
 SWEEP_PARAMETERS = ("capacity_blocks", "capacity_tokens", "external_capacity_blocks", "retention")
-_CAPACITY_FORMS = ("capacity_blocks", "capacity_tokens")  # two spellings of one setting
 # The deltas the closing table of a swept study shows (summary keys).
 SWEEP_TABLE_METRICS = ("prefix_cache_hit_rate", "prefix_cache_hits", "evictions", "median_ttft_ms",
                        "stale_hashes", "divergent_outputs")
@@ -287,7 +286,7 @@ def check_sweep_given_once(given: RunSpec, sweep: Any) -> None:
         return
     name = parsed[0]
     bare = RunSpec(trace="")
-    for other in _CAPACITY_FORMS if name in _CAPACITY_FORMS else (name,):
+    for other in CAPACITY_FORMS if name in CAPACITY_FORMS else (name,):
         if getattr(given, other) != getattr(bare, other):
             raise ConfigError("--sweep", name, f"is also set for the whole study ({other} = "
                                                f"{getattr(given, other)!r}); give it one way")
@@ -309,7 +308,7 @@ def study_base(behaviour: str, given: RunSpec, swept: str | None = None) -> RunS
                if f.name != "trace" and getattr(given, f.name) != getattr(bare, f.name)}
     defaults = study_defaults(check_behaviour(behaviour)) if not given.trace else {}
     if swept is not None:  # (the sweep's values replace the workload's own: a backend refused the default)
-        dropped = _CAPACITY_FORMS if swept in _CAPACITY_FORMS else (swept,)
+        dropped = CAPACITY_FORMS if swept in CAPACITY_FORMS else (swept,)
         defaults = {k: v for k, v in defaults.items() if k not in dropped}
     spec = RunSpec(trace="", **{**defaults, **changed})
     # The workload's own settings the user left alone: a preset or backend that cannot take
@@ -384,8 +383,8 @@ def run_study(
     pairs: list[tuple[str | None, Any, RunSpec, RunSpec]] = []
     for parameter, value in grid:
         swept = {} if parameter is None else {parameter: value}
-        if parameter in _CAPACITY_FORMS:  # the swept capacity is the capacity (the study's default is dropped)
-            swept.update({other: None for other in _CAPACITY_FORMS if other != parameter})
+        if parameter in CAPACITY_FORMS:  # the swept capacity is the capacity (the study's default is dropped)
+            swept.update({other: None for other in CAPACITY_FORMS if other != parameter})
         spec = replace(spec0, **swept) if swept else spec0
         suffix = "" if parameter is None else f" {parameter}={value}"
         on_without = tuple(b for b in spec.without if b != behaviour)
@@ -417,7 +416,7 @@ def run_study(
             if parameter is None or type(err) is not KVTraceError:
                 raise
             text = str(err)
-            if parameter in _CAPACITY_FORMS:  # (the engine's advice named --capacity-blocks, which the sweep replaces)
+            if parameter in CAPACITY_FORMS:  # (the engine's advice named --capacity-blocks, which the sweep replaces)
                 from kvtrace.engine.engine import POOL_ADVICE
 
                 text = text.replace(POOL_ADVICE, f"raise the {parameter} values of --sweep")

@@ -147,6 +147,9 @@ def combinations(params: Sequence[tuple[str, list[Any]]], flag: str = "--param")
     return [dict(zip(names, values)) for values in itertools.product(*(v for _, v in params))]
 
 
+CAPACITY_FORMS = ("capacity_blocks", "capacity_tokens")  # one setting in blocks or in tokens
+
+
 def at_swept_value(err: ConfigError, combo: dict[str, Any], values_flag: str) -> ConfigError:
     """A combination's refusal, restated at the swept value that made it when it names that
     setting's flag (``--capacity-blocks: 0: ...`` of ``--param capacity_blocks=0``)."""
@@ -245,10 +248,17 @@ def run_sweep(
         raise KVTraceError("sweep: no parameter values to sweep")
     check_workers(workers, ray_address)
     bare = RunSpec(trace=base.trace)
-    for name, _ in params:  # a swept setting also set for the whole sweep: one of them would be dropped
-        if getattr(base, name) != getattr(bare, name):
-            raise ConfigError("--param", name, f"is also set for the whole sweep ({getattr(base, name)!r}); "
-                                               "give it one way")
+    swept = [name for name, _ in params]
+    for name in swept:  # a swept setting also set for the whole sweep: one of them would be dropped
+        # (the capacity in blocks and in tokens are one setting: "give either it or --capacity-blocks (30)"
+        # named a flag never typed)
+        for other in CAPACITY_FORMS if name in CAPACITY_FORMS else (name,):
+            if other != name and other in swept:
+                raise ConfigError("--param", name, f"is swept with {other}, the same capacity in other units; "
+                                                   "sweep one of them")
+            if getattr(base, other) != getattr(bare, other):
+                raise ConfigError("--param", name, f"is also set for the whole sweep ({other} = "
+                                                   f"{getattr(base, other)!r}); give it one way")
     if base.config_file and any(name == "without" for name, _ in params):
         # (a file's switches add to every run's: a run labelled without=none would run without them)
         from kvtrace.replay.config_file import load_config_file

@@ -170,3 +170,20 @@ def test_a_sweep_of_mode_shows_each_runs_own_cache():
     assert shown[0] != shown[1]
     same = run_sweep(RunSpec("gen:chat", limit=3, content=False), [("capacity_blocks", [30, 60])], workers=1)
     assert "cache (blocks x tokens)" not in sweep_table(same)[0]  # (one block size: the params say it)
+
+
+@pytest.mark.parametrize(("params", "given", "what"), [
+    ([("capacity_blocks", [30, 60]), ("capacity_tokens", [20_000])], {},
+     "--param: capacity_blocks: is swept with capacity_tokens, the same capacity in other units; sweep one of them"),
+    ([("capacity_blocks", [30, 60])], {"capacity_tokens": 20_000},
+     "--param: capacity_blocks: is also set for the whole sweep (capacity_tokens = 20000); give it one way"),
+    ([("capacity_tokens", [20_000])], {"capacity_blocks": 30},
+     "--param: capacity_tokens: is also set for the whole sweep (capacity_blocks = 30); give it one way"),
+])
+def test_a_capacity_swept_in_one_unit_and_given_in_the_other_is_refused_by_the_sweep(params, given, what):
+    """The capacity in blocks and in tokens are one setting (as study takes them): swept in
+    one and given in the other, each combination was refused as "give either it or
+    --capacity-blocks (30)", naming a flag never typed."""
+    with pytest.raises(ConfigError) as err:
+        run_sweep(RunSpec("gen:mixed", limit=2, content=False, **given), params)
+    assert str(err.value) == what
