@@ -257,7 +257,8 @@ def run_sweep(
                 raise ConfigError("--param", name, f"is swept with {other}, the same capacity in other units; "
                                                    "sweep one of them")
             if getattr(base, other) != getattr(bare, other):
-                raise ConfigError("--param", name, f"is also set for the whole sweep ({other} = "
+                given = f"{other} = " if other != name else ""
+                raise ConfigError("--param", name, f"is also set for the whole sweep ({given}"
                                                    f"{getattr(base, other)!r}); give it one way")
     if base.config_file and any(name == "without" for name, _ in params):
         # (a file's switches add to every run's: a run labelled without=none would run without them)
