@@ -13,7 +13,7 @@ import contextlib
 import hashlib
 import math
 import numbers
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -446,7 +446,9 @@ def run_replay(
                 exported_as = unique_export_run_id(run_id)
             try:
                 with _recording(sink, run_id or "unrecorded", otlp_endpoint, otlp, spec.seed, offset,
-                                resource, exported_as) as instrumentor:
+                                resource, exported_as) as instrumentor, \
+                        _failed_record(instrumentor, {"name": spec.name or _default_name(spec, behaviours, preset),
+                                                      **record}) as sent:
                     bar = _Progress(progress, workload.total, f"{spec.mode} {Path(workload.source).name}")
                     try:
                         if preset is not None:
@@ -471,6 +473,7 @@ def run_replay(
                         instrumentor.record_run({"name": spec.name or _default_name(spec, behaviours, preset), **record,
                                                  "digest": summary["digest"], "status": "complete",
                                                  "summary": summary})
+                        sent.append(True)
                         if store is not None:
                             instrumentor.flush_stores()  # (before the OTLP drain the exit waits for)
                             stored_whole = not stop_pending()
@@ -502,6 +505,22 @@ def run_replay(
                     else:
                         store.finish_run(run_id, status="failed", summary={"error": f"{type(exc).__name__}: {exc}"})
             raise
+
+
+@contextlib.contextmanager
+def _failed_record(instrumentor, record: dict[str, Any]) -> Iterator[list[bool]]:
+    """Around a recorded run: when it raises before its record was sent (``sent`` holds
+    True once it was), its OTLP exports get a ``failed`` record, as its store marks it (a
+    collected copy of a stopped or failed replay read ``incomplete``, with no error)."""
+    sent: list[bool] = []
+    try:
+        yield sent
+    except BaseException as exc:
+        if instrumentor is not None and not sent:
+            with contextlib.suppress(Exception):  # (the run's own error matters more)
+                instrumentor.record_run({**record, "status": "failed",
+                                         "summary": {"error": f"{type(exc).__name__}: {exc}"}})
+        raise
 
 
 def _recording(store, run_id: str, otlp_endpoint: str | None, otlp: bool, seed: int, time_offset_ns: int | None,

@@ -93,3 +93,32 @@ def test_the_commands_of_many_runs_send_nothing_whatever_the_variables_say(tmp_p
         collector.stop()
     assert read.runs(tmp_path / "s.duckdb").height == 2 and read.runs(tmp_path / "w.duckdb").height == 2
     assert read.runs(tmp_path / "collected.duckdb")["run_id"].to_list() == [replayed.otlp_run_id]
+
+
+def test_a_replay_that_fails_sends_its_collector_a_failed_record(tmp_path):
+    """A replay failing midway (here at a bad line past the requests checked before the run)
+    marked its store's run failed with the error, while its collected copy had no record and
+    read `incomplete`, the error unsaid."""
+    import json
+
+    import pytest
+
+    from kvtrace.errors import TraceFormatError
+
+    trace = tmp_path / "t.jsonl"
+    good = [json.dumps({"timestamp": i, "input_length": 600, "output_length": 2, "hash_ids": [i, 50 + i]})
+            for i in range(1_100)]
+    trace.write_text("\n".join([*good, '{"timestamp": 1100, "input_length": -1}']) + "\n")
+    collector = OTLPCollector(tmp_path / "collected.duckdb", port=0, grpc_port=None).start()
+    try:
+        with pytest.raises(TraceFormatError):
+            run_replay(RunSpec(str(trace), mode="cache-only"), db=str(tmp_path / "local.duckdb"),
+                       otlp_endpoint=collector.url)
+    finally:
+        collector.stop()
+    local = read.run(tmp_path / "local.duckdb", "r1")
+    (sent,) = read.runs(tmp_path / "collected.duckdb")["run_id"].to_list()
+    collected = read.run(tmp_path / "collected.duckdb", sent)
+    assert local["status"] == collected["status"] == "failed"
+    assert collected["summary"]["error"] == local["summary"]["error"]
+    assert collected["summary"]["error"].startswith("TraceFormatError: ")
