@@ -1057,3 +1057,61 @@ def test_a_batch_nesting_millions_of_arrays_is_never_built(where):
     finally:
         tracemalloc.stop()
     assert peak < 8 << 20, peak  # (decoded whole: hundreds of MB)
+
+
+def test_the_stops_tail_is_not_asked_of_a_publisher_gone(tmp_path):
+    """The stop's request for what followed the last batch (5b70a87) waited out a replay
+    timeout for each DP rank whose server was gone: it is asked only of a publisher the SUB
+    socket is still connected to."""
+
+    def body(pub):
+        pub.pub.close(0)  # the server's PUB socket gone; its replay socket still answers
+
+    stats = _capture_during(tmp_path, pub := VllmPublisher(), body, lambda cap: not cap._linked, name="gone.duckdb")
+    assert stats.batches == 1 and pub.replay_requests == []  # (no gap, and no tail asked of a server gone)
+
+
+def test_every_ranks_tail_shares_one_replay_timeout(tmp_path):
+    """Each rank's tail waited up to its own replay timeout: a replay socket that never
+    answers held a stop of 8 ranks 16 s. The stop leaves every rank one timeout in all."""
+    from kvtrace.instrument.vllm.capture import VllmKVCapture, run_captures
+
+    ctx = zmq.Context()
+    pubs, deaf = [], []
+    try:
+        for _ in range(2):
+            pub = ctx.socket(zmq.PUB)
+            pub.setsockopt(zmq.LINGER, 0)
+            port = pub.bind_to_random_port("tcp://127.0.0.1")
+            router = ctx.socket(zmq.ROUTER)  # (takes requests, answers none)
+            router.setsockopt(zmq.LINGER, 0)
+            rport = router.bind_to_random_port("tcp://127.0.0.1")
+            pubs.append((pub, port))
+            deaf.append((router, rport))
+        caps = [VllmKVCapture(f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{rport}", replay_timeout_s=0.5,
+                              dp_rank=rank) for rank, ((_, port), (_, rport)) in enumerate(zip(pubs, deaf))]
+        batch = _raw_batch(1.0)
+        sent = threading.Event()
+
+        def publish():
+            while not sent.is_set():
+                for pub, _ in pubs:
+                    pub.send_multipart([b"", (0).to_bytes(8, "big"), batch])
+                time.sleep(0.02)
+
+        sender = threading.Thread(target=publish)
+        sender.start()
+        try:
+            run_captures(caps, should_stop=lambda: all(c.stats.batches for c in caps))
+        finally:
+            sent.set()
+            sender.join()
+        asked = [bool(router.poll(0)) for router, _ in deaf]
+        assert [c.stats.batches > 0 for c in caps] == [True, True]
+        assert asked == [True, False]  # (the first rank's tail took the whole timeout; the second not asked)
+    finally:
+        for cap in locals().get("caps", []):
+            cap.close()
+        for sock, _ in (*pubs, *deaf):
+            sock.close(0)
+        ctx.term()

@@ -109,6 +109,10 @@ class CaptureStats:
         return self.batches == 0 and self.bad_messages == 0 and self.duplicates == 0
 
 
+# The least of the stop's replay timeout worth asking a rank's tail in (an answer takes a round trip)
+_MIN_TAIL_WAIT_S = 0.05
+
+
 class VllmKVCapture:
     """Subscribes to one vLLM KV event publisher and records what it sends.
 
@@ -145,13 +149,14 @@ class VllmKVCapture:
         # restarted, and the next seq may be last + 1 by chance (its first batches dropped
         # before the reconnect), which only the replay socket can tell from the old sequence
         self._reconnected = False
+        self._linked = False  # the SUB socket is connected to its publisher now (not since lost)
         self._rows = VllmSpanRows(SeededIdGenerator(seed), {"service.name": "vllm", ENDPOINT_KEY: endpoint}, dp_rank)
         self._ctx = zmq.Context()
         self.socket = self._ctx.socket(zmq.SUB)
         self.socket.setsockopt(zmq.RCVHWM, rcvhwm)
         self.socket.setsockopt(zmq.SUBSCRIBE, topic.encode())
         self.socket.setsockopt(zmq.LINGER, 0)
-        self.monitor = self.socket.get_monitor_socket(zmq.EVENT_CONNECTED)
+        self.monitor = self.socket.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         self._replay: zmq.Socket | None = None
         self._connect(self.socket, endpoint, "--endpoint")
         if replay_endpoint:
@@ -192,10 +197,12 @@ class VllmKVCapture:
         left (a blocking read there held the capture for good)."""
         while self.monitor.poll(0):
             event = recv_monitor_message(self.monitor)
-            if event["event"] == zmq.EVENT_CONNECTED:
+            if event["event"] == zmq.EVENT_DISCONNECTED:
+                self._linked = False
+            elif event["event"] == zmq.EVENT_CONNECTED:
                 if self.stats.connected and self.last_seq is not None:
                     self._reconnected = True
-                self.stats.connected = 1
+                self.stats.connected, self._linked = 1, True
 
     def receive(self, frames: list[bytes]) -> None:
         """One multipart message from ``socket``: duplicates are dropped, and a seq that
@@ -284,7 +291,7 @@ class VllmKVCapture:
             self._recover(0, seq, lost_if_missing=True)
         self._accept(seq, payload)
 
-    def recover_unseen(self, tail: bool = True) -> None:
+    def recover_unseen(self, tail: bool = True, budget_s: float | None = None) -> None:
         """At the stop: what the publisher's buffer holds past the last batch received,
         asked of the replay socket. A burst sent while the subscription was not yet live
         (ZMQ's slow joiner) is dropped by PUB, and no later message told of it: the capture
@@ -294,13 +301,17 @@ class VllmKVCapture:
         batch received (False when batches queued at the stop were taken off undecoded,
         for time: they are counted lost, and asked for again they were decoded after all).
         When the answer holds the last seq received with other contents, the publisher
-        restarted unseen: a restart, its new lifetime's batches asked for from 0."""
+        restarted unseen: a restart, its new lifetime's batches asked for from 0. The tail is
+        asked only of a publisher still connected, and within ``budget_s`` (what the stop
+        leaves it of one replay timeout for every rank: a server gone, or a replay socket that
+        never answers, held the stop 2 s a DP rank)."""
         self.on_monitor()
         if self._replay is None or not self.stats.connected or self._pending is not None:
             return
         if self.last_seq is None:
             self._recover(0, None, lost_if_missing=False)
-        elif tail and self._recover(self.last_seq + 1, None, lost_if_missing=False, check=self.last_seq):
+        elif tail and self._linked and (budget_s is None or budget_s >= _MIN_TAIL_WAIT_S) and \
+                self._recover(self.last_seq + 1, None, lost_if_missing=False, check=self.last_seq, wait_s=budget_s):
             self.stats.restarts += 1
             self._step_base, self.last_seq = self._next_step, None
             self._recent.clear()
@@ -364,7 +375,8 @@ class VllmKVCapture:
             self.on_batch(seq, batch)
         return True
 
-    def _recover(self, first: int, upto: int | None, lost_if_missing: bool, check: int | None = None) -> bool:
+    def _recover(self, first: int, upto: int | None, lost_if_missing: bool, check: int | None = None,
+                 wait_s: float | None = None) -> bool:
         """Fetch batches [first, upto) from the replay socket. One that is not returned, or
         does not decode, is lost when ``lost_if_missing`` (a gap after first contact).
         ``upto`` None: whatever the publisher holds from ``first`` (up to MAX_FIRST_SEQ and
@@ -380,7 +392,7 @@ class VllmKVCapture:
         batches, seconds to read), which a kill lost whole when it was stored only at its end.
         One that comes out of order is accepted after the rest. The answer has four replay
         timeouts of the capture's waiting and receiving, not counting its own decoding and
-        storing of the batches."""
+        storing of the batches; ``wait_s``, when given, bounds the whole answer instead."""
         known = upto is not None
         upto = MAX_FIRST_SEQ + 1 if upto is None else upto
         late: dict[int, bytes] = {}
@@ -399,8 +411,9 @@ class VllmKVCapture:
                 frames_left = (upto - start) + _REPLAY_SLACK_FRAMES
             except zmq.Again:
                 frames_left = 0
-            timeout_ms = max(1, int(self.replay_timeout_s * 1000))
-            deadline = time.monotonic() + self.replay_timeout_s * 4
+            quiet_s = self.replay_timeout_s if wait_s is None else min(self.replay_timeout_s, wait_s)
+            timeout_ms = max(1, int(quiet_s * 1000))
+            deadline = time.monotonic() + (self.replay_timeout_s * 4 if wait_s is None else wait_s)
             # until the end marker, quiet for the timeout, too many frames or too long
             while frames_left > 0 and time.monotonic() < deadline and self._replay.poll(timeout_ms):
                 frames_left -= 1
@@ -519,8 +532,10 @@ def run_captures(caps: list[VllmKVCapture], duration: float | None = None,
                 cap.stats.lost += lost
                 _log.warning("%s: %d batches still queued %.0f s after the stop were not decoded: %d counted lost "
                              "(with the seqs between them)", cap.endpoint, undrained, DRAIN_S, lost)
+        # one replay timeout for every rank's tail (the largest a capture was given), not one each
+        tail_until = time.monotonic() + max(cap.replay_timeout_s for cap in caps)
         for cap in caps:
-            cap.recover_unseen(tail=cap not in discarded)
+            cap.recover_unseen(tail=cap not in discarded, budget_s=tail_until - time.monotonic())
     for cap in caps:
         cap.flush()
 
