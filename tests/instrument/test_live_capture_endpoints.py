@@ -80,3 +80,7 @@ def test_an_ipc_endpoint_with_more_than_one_dp_rank_is_refused(tmp_path, capsys)
         assert line.startswith(f"kvtrace: error: {option}: ipc://{tmp_path}/"), line
     assert not db.exists()
     assert capture_endpoints(f"ipc://{tmp_path}/kv", None, None, 1) == [(f"ipc://{tmp_path}/kv", None)]
+    # (vLLM offsets any endpoint holding "inproc" as a name: an ipc path with it is every rank's)
+    odd = f"ipc://{tmp_path}/inproc.sock"
+    assert ZmqEventPublisher.offset_endpoint_port(odd, 1) == f"{odd}_dp1"
+    assert capture_endpoints(odd, None, None, 2) == [(odd, None), (f"{odd}_dp1", None)]

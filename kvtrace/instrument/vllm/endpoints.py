@@ -23,7 +23,8 @@ def dp_endpoint(endpoint: str | None, rank: int, option: str = "--endpoint") -> 
     (the capture waited at ``PATH_dp1``, where no server could publish)."""
     if not endpoint:
         return endpoint
-    if endpoint.startswith("inproc://"):
+    # (vLLM tests for "inproc" anywhere in the endpoint: an ipc path holding it is offset as a name)
+    if endpoint.startswith("inproc://") or (endpoint.startswith("ipc://") and "inproc" in endpoint):
         return f"{endpoint}_dp{rank}" if rank else endpoint
     if endpoint.startswith("ipc://"):
         if rank:
