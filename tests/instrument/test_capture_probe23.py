@@ -15,6 +15,8 @@ import threading
 import time
 import warnings
 
+import pytest
+
 from kvtrace.instrument.arrow_columns import hash_hex
 from kvtrace.instrument.ids import SeededIdGenerator
 from kvtrace.instrument.vllm import ChainTracer, KVEvent, capture_vllm
@@ -263,3 +265,26 @@ def test_distinct_group_indexes_past_64_share_one_bit_and_grow_nothing():
     rows.add(1, KVEventBatch(2.0, [KVEvent(BLOCK_STORED, ["x"], "h9999", block_size=16, group_idx=9_999)]))
     table = rows.take()
     assert table is not None and table.column("num_tokens").to_pylist()[-1] == 32
+
+
+@pytest.mark.parametrize("coarse_first", [False, True])
+def test_a_hybrid_prompt_over_groups_of_other_block_sizes_is_one_request_of_its_length(coarse_first):
+    """Groups of 16- and 32-token blocks: a coarse block's hash is the fine block's ending
+    where it ends, so one chain of both ran on through the other's parents: a 48-token
+    prompt came out as 48 and 64 tokens, or (the coarse group's event first) 32 and 32."""
+    from kvtrace.instrument.vllm.reconstruct import native_requests
+
+
+    def stored(ends, parent, size, group):
+        return KVEvent(BLOCK_STORED, [f"h{e}" for e in ends], None if parent is None else f"h{parent}",
+                       block_size=size, group_idx=group, kv_cache_spec_kind="full_attention")
+
+    first = [stored([16, 32, 48], None, 16, 0), stored([32], None, 32, 1)]
+    later = [stored([64, 80], 48, 16, 0), stored([64], 32, 32, 1)]  # (the next chunk, 2 s on: another request)
+    tracer = ChainTracer()
+    for t_ns, events in ((0, first), (2_000_000_000, later)):
+        for ev in reversed(events) if coarse_first else events:
+            tracer.add(t_ns, ev)
+    requests, block_size = native_requests([tracer])
+    assert block_size == 16
+    assert [(r.input_length, r.hash_block_size, len(r.hash_ids)) for r in requests] == [(48, 16, 3), (80, 16, 5)]

@@ -21,15 +21,16 @@ def _bytes_hash(i: int) -> bytes:
 
 
 def _batches(layout, n: int, bytes_hashes: bool):
-    """Batch k stores block k (child of k-1) and, from k=3 on, removes block k-3."""
+    """Batch k stores block k (child of k-1) and, from k=3 on, removes block k-3, in KV cache group 0
+    (a chain runs within one group: vLLM chains each group's blocks apart)."""
     EventBatch, BlockStored, BlockRemoved, AllBlocksCleared = layout
     mk = _bytes_hash if bytes_hashes else (lambda i: -i if i % 2 else i * 1_000_003)
     out = []
     for k in range(n):
         events = [BlockStored([mk(k + 1)], mk(k) if k else None, [k] * 4, 4, None, "GPU", None,
-                              group_idx=k % 2, kv_cache_spec_kind="full_attention")]
+                              group_idx=0, kv_cache_spec_kind="full_attention")]
         if k >= 3:
-            events.append(BlockRemoved([mk(k - 2)], "GPU", group_idx=k % 2))
+            events.append(BlockRemoved([mk(k - 2)], "GPU", group_idx=0))
         if k == n - 1:
             events.append(AllBlocksCleared())
         out.append(EventBatch(1_700_000_000.0 + k * 0.01, events, 0))
@@ -120,7 +121,7 @@ def test_capture_recovers_a_gap_through_replay(tmp_path, layout, bytes_hashes):
         assert r["block_hashes"] == [hash_hex(mk(k + 1))]
         assert r["parent_block_hash"] == (hash_hex(mk(k)) if k else None)
         assert (r["token_ids"], r["block_size"], r["medium"]) == ([k] * 4, 4, "GPU")
-        assert r["group_id"] == k % 2 and r["kv_cache_spec_kind"] == "full_attention"
+        assert r["group_id"] == 0 and r["kv_cache_spec_kind"] == "full_attention"
         assert r["publish_kind"] == "vllm_stored"
         assert r["num_tokens"] == (k + 1) * 4  # chain depth x block size
         assert r["start_ns"] == round((1_700_000_000.0 + k * 0.01) * 1e9)

@@ -28,41 +28,21 @@ class ChainRequest:
     group: int | None = None  # the KV cache group that last extended it
 
 
-class ChainTracer:
-    """Rebuilds per-request prompts from BlockStored chains.
+class _GroupChains:
+    """One KV cache group's stored chains, grouped into requests (``ChainTracer``'s rule)."""
 
-    vLLM does not say which request stored a block. A stored run of blocks starts a new
-    request unless its parent is the tail of a chain extended less than
-    ``merge_window_ns`` earlier (chunked prefill continuing). A request's prompt is the
-    chain from the root to its last block; blocks whose parents were never seen start a
-    fresh root. Limits: output lengths are unknown (written as 0), a prompt's partial
-    last block is never published, and decode-time blocks stored within the window are
-    counted as prompt.
+    __slots__ = ("_open", "block_size", "kind", "merge_window_ns", "parent", "requests")
 
-    A hybrid model's server publishes a request's blocks once per KV cache group
-    (``group_idx``), every group with the same hashes (at its own block size): a run of
-    blocks whose last block ends a request that another group extended in the same batch
-    is that group's copy, not a request of its own. (Each request was written once per
-    group, and a coarser group's chain ran on through a finer group's parents: a 64-token
-    prompt said 192.)
-    """
-
-    def __init__(self, merge_window_ns: int = 1_000_000_000):
+    def __init__(self, merge_window_ns: int):
         self.merge_window_ns = merge_window_ns
         self.parent: dict[str, str | None] = {}
         self.requests: list[ChainRequest] = []
         self._open: dict[str, int] = {}  # tail hash -> index of the request it ends
+        self.block_size = 0  # the block size its events report (0: none does)
+        self.kind: str | None = None  # its kv_cache_spec_kind, where vLLM says it
 
     def add(self, t_ns: int, ev: KVEvent) -> None:
-        if ev.kind == ALL_BLOCKS_CLEARED:
-            self._open.clear()
-            return
-        if ev.kind != BLOCK_STORED or not ev.block_hashes:
-            return
         tail = ev.block_hashes[-1]
-        same = self._open.get(tail)
-        if same is not None and self.requests[same].last_ns == t_ns and self.requests[same].group != ev.group_idx:
-            return  # another KV cache group's copy of blocks stored in this batch
         prev = ev.parent_block_hash
         for h in ev.block_hashes:
             self.parent.setdefault(h, prev)
@@ -76,14 +56,77 @@ class ChainTracer:
             self.requests.append(ChainRequest(t_ns, tail, t_ns, ev.block_size or 0, ev.group_idx))
         self._open[tail] = idx
 
+
+class ChainTracer:
+    """Rebuilds per-request prompts from BlockStored chains.
+
+    vLLM does not say which request stored a block. A stored run of blocks starts a new
+    request unless its parent is the tail of a chain extended less than
+    ``merge_window_ns`` earlier (chunked prefill continuing). A request's prompt is the
+    chain from the root to its last block; blocks whose parents were never seen start a
+    fresh root. Limits: output lengths are unknown (written as 0), a prompt's partial
+    last block is never published, and decode-time blocks stored within the window are
+    counted as prompt.
+
+    A hybrid model's server publishes a request's blocks once per KV cache group
+    (``group_idx``), each at its own block size, a coarse group's blocks under the hashes
+    of the finest group's blocks that end where they end. So each group is chained apart,
+    and the trace is read from one: a full-attention group where vLLM names the kinds,
+    then the finest block size (the most of each prompt), then the lowest index. (Chained
+    together, each request was written once per group, and a coarse group's chain ran on
+    through a finer group's parents: a 48-token prompt came out as 48 and 64 tokens.)
+    At most ``MAX_GROUPS`` groups are chained; the events of others are left out.
+    """
+
+    MAX_GROUPS = 64
+
+    def __init__(self, merge_window_ns: int = 1_000_000_000):
+        self.merge_window_ns = merge_window_ns
+        self._groups: dict[int | None, _GroupChains] = {}
+
+    def add(self, t_ns: int, ev: KVEvent) -> None:
+        if ev.kind == ALL_BLOCKS_CLEARED:
+            for chains in self._groups.values():
+                chains._open.clear()
+            return
+        if ev.kind != BLOCK_STORED or not ev.block_hashes:
+            return
+        group = self._groups.get(ev.group_idx)
+        if group is None:
+            if len(self._groups) >= self.MAX_GROUPS:  # (a stream of distinct indexes grows nothing)
+                return
+            group = self._groups[ev.group_idx] = _GroupChains(self.merge_window_ns)
+        if ev.block_size and (not group.block_size or ev.block_size < group.block_size):
+            group.block_size = ev.block_size
+        if ev.kv_cache_spec_kind is not None:
+            group.kind = ev.kv_cache_spec_kind
+        group.add(t_ns, ev)
+
+    def _read(self) -> _GroupChains | None:
+        """The group the trace is read from (None: no block stored yet)."""
+        if not self._groups:
+            return None
+        named = any(g.kind is not None for g in self._groups.values())
+        return min(self._groups.items(), key=lambda item: (
+            named and item[1].kind != "full_attention", item[1].block_size or 1 << 62,
+            -1 if item[0] is None else item[0]))[1]
+
+    @property
+    def requests(self) -> list[ChainRequest]:
+        group = self._read()
+        return [] if group is None else group.requests
+
     def chain(self, tail: str) -> list[str]:
-        """The hashes from the root to ``tail`` (a cycle, which vLLM never sends, stops it)."""
+        """The hashes from the root to ``tail`` in the group read (a cycle, which vLLM never
+        sends, stops it)."""
+        group = self._read()
+        parent = {} if group is None else group.parent
         out, seen = [], set()
         h: str | None = tail
         while h is not None and h not in seen:
             seen.add(h)
             out.append(h)
-            h = self.parent.get(h)
+            h = parent.get(h)
         out.reverse()
         return out
 
