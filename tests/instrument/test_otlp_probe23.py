@@ -173,3 +173,39 @@ def test_the_largest_body_limit_the_help_gives_serves_grpc_too(tmp_path):
     finally:
         collector.stop()
     assert collector.spans_received == 1
+
+
+def test_late_runs_are_rebuilt_one_a_turn_so_no_export_waits_behind_them_all(tmp_path):
+    """The late rebuild rebuilt every late run at once under the lock each request takes
+    (0.15 s a run): 120 runs held every export 16 s, past an SDK's 10 s timeout. One run a
+    turn, in the order they became late; a failed rebuild waits for the close."""
+    db = tmp_path / "turns.duckdb"
+    collector = OTLPCollector(db, port=0, late_refresh_s=1.0)
+    turns: list[list[str]] = []
+    real_turn, real_refresh = collector._refresh_late, collector._refresh
+
+    def turn() -> None:
+        turns.append([])
+        real_turn()
+
+    def refresh(run_id: str) -> bool:
+        turns[-1].append(run_id) if turns else None
+        return run_id != "run-b" and real_refresh(run_id)  # (run-b's rebuild fails)
+
+    collector._refresh_late, collector._refresh = turn, refresh
+    collector.start()
+    names = ["run-c", "run-a", "run-b"]
+    try:
+        for name in names:
+            assert _post(collector.url, _body([_record(99)], name))[0] == 200
+        for name in names:  # (all three late before the first turn, a second away)
+            assert _post(collector.url, _body([_span(1)], name))[0] == 200
+        assert collector.wait_late_refreshed(timeout=30)
+        done = [t for t in turns if t]
+        assert all(len(t) == 1 for t in done) and [t[0] for t in done][:3] == names  # (one a turn, in order)
+        assert _listed_spans(db, "run-a") == _listed_spans(db, "run-c") == 1  # (rebuilt while it serves)
+        assert _listed_spans(db, "run-b") == 0  # (its rebuild failed: tried again at the close)
+        collector._refresh = real_refresh
+    finally:
+        collector.stop()
+    assert [_listed_spans(db, name) for name in names] == [1, 1, 1]

@@ -233,11 +233,12 @@ class OTLPCollector:
         self._unrecorded_runs: set[str] = set()
         # runs given spans once finished: their derived tables rebuilt by a timer (_refresh_late)
         # soon after, and at close
-        self._late_runs: set[str] = set()
+        self._late_runs: dict[str, None] = {}  # (in the order they became late: one a turn, none starved)
+        self._late_failed: set[str] = set()  # late runs whose rebuild failed: tried again at close only
         self._late_done = threading.Condition(self._lock)  # (notified when _late_runs empties)
         self._late_timer: threading.Timer | None = None
         self.late_refresh_s = late_refresh_s
-        self._late_cost_s = 0.0  # how long the last rebuild of late runs took
+        self._late_cost_s = 0.0  # how long the last rebuild of one late run took
         self._recent = _RecentSpans(RECENT_SPANS)
         self._looked_up: set[str] = set()  # named runs whose store state was read (see _look_up)
         self._not_collected: dict[str, str] = {}  # named runs the store holds of another mode: run id -> mode
@@ -351,7 +352,9 @@ class OTLPCollector:
                     # (a killed replay's export was marked complete, its spans a part of the run)
                     self._finish(run_id, status="incomplete" if run_id in self._awaiting_record else "complete")
                 self._created_runs = []
-                self._refresh_late_runs()
+                self._late_runs.update(dict.fromkeys(sorted(self._late_failed)))
+                self._late_runs = {run_id: None for run_id in self._late_runs if not self._refresh(run_id)}
+                self._late_done.notify_all()
             finally:
                 self.store.close()
         if timer is not None:  # (ended: cancelled, or it found the collector closed; no thread left behind)
@@ -440,36 +443,48 @@ class OTLPCollector:
             self.duplicate_spans += len(spans) - len(records) - len(fresh)
             for key, span_key in fresh:
                 self._recent.add(key, span_key)
-            self._late_runs.update(late)
-            if self._late_runs and self._late_timer is None:
-                self._late_timer = threading.Timer(max(self.late_refresh_s, 4 * self._late_cost_s),
-                                                   self._refresh_late)
-                self._late_timer.daemon = True
-                self._late_timer.start()
+            self._late_runs.update(dict.fromkeys(sorted(late)))
+            self._late_failed.difference_update(late)  # (spans again: worth another try)
+            if self._late_runs:
+                self._schedule_late(self.late_refresh_s)
             self._awaiting_record.update(exports)
             for key, record in records:  # (after the commit: a failure here is logged, the spans stay)
                 self.runs_recorded += self._finish_recorded(self._run_for(key), record)
         return len(fresh)
 
+    def _schedule_late(self, delay_s: float) -> None:
+        """(under _lock) The timer of ``_refresh_late``, unless one is set: at least 4x the
+        last rebuild's time away, so rebuilds hold the store at most a fifth of the time."""
+        if self._late_timer is None and not self._closed:
+            self._late_timer = threading.Timer(max(delay_s, 4 * self._late_cost_s), self._refresh_late)
+            self._late_timer.daemon = True
+            self._late_timer.start()
+
     def _refresh_late(self) -> None:
-        """(the timer's thread) Rebuild the derived tables of the finished runs given spans
-        since (``_late_runs``): ``runs``, ``diff`` and the dashboard read a run whose record came
-        before some of its spans with them while the collector serves, not only once it stops."""
+        """(the timer's thread) Rebuild the derived tables of one finished run given spans
+        since (``_late_runs``), then set the timer for the next: ``runs``, ``diff`` and the
+        dashboard read a run whose record came before some of its spans with them while the
+        collector serves, not only once it stops. One run a turn, under the lock every
+        request takes: all of them at once (0.15 s a run) held every export 16 s behind 120
+        runs, past an SDK's 10 s timeout. A run whose rebuild fails waits for the close (or
+        for spans of its own), so a store that fails is not retried, and logged, every turn."""
         with self._lock:
             self._late_timer = None
-            if not self._closed:
-                started = time.monotonic()
-                self._refresh_late_runs()
-                self._late_cost_s = time.monotonic() - started
-
-    def _refresh_late_runs(self) -> None:
-        """(under _lock) ``_refresh`` each of ``_late_runs``; one that failed stays there, for
-        the next try (at the latest, the collector's close)."""
-        self._late_runs = {run_id for run_id in sorted(self._late_runs) if not self._refresh(run_id)}
-        self._late_done.notify_all()
+            if self._closed or not self._late_runs:
+                return
+            run_id = next(iter(self._late_runs))
+            del self._late_runs[run_id]
+            started = time.monotonic()
+            if not self._refresh(run_id):
+                self._late_failed.add(run_id)
+            self._late_cost_s = time.monotonic() - started
+            if self._late_runs:
+                self._schedule_late(0.0)
+            self._late_done.notify_all()
 
     def wait_late_refreshed(self, timeout: float | None = None) -> bool:
-        """Wait until no finished run holds spans its derived tables lack; False on timeout."""
+        """Wait until no finished run holds spans its derived tables lack (but those whose
+        rebuild failed, tried again at the close); False on timeout."""
         with self._late_done:
             return self._late_done.wait_for(lambda: not self._late_runs, timeout)
 
