@@ -28,7 +28,13 @@ from kvtrace.cache.config import (
 )
 from kvtrace.errors import ConfigError, KVTraceError, TraceFormatError
 from kvtrace.replay.run import GENERATED_PREFIX, RunSpec, run_replay, validate
-from kvtrace.replay.sweep import CAPACITY_FORMS, at_swept_value, combinations, parse_param
+from kvtrace.replay.sweep import (
+    CAPACITY_FORMS,
+    at_swept_value,
+    combinations,
+    parse_param,
+    swept_capacity_advice,
+)
 
 if TYPE_CHECKING:  # (the comparison's polars is loaded once the runs are to be diffed: a bad
     # setting is told before it, and before any replay)
@@ -417,9 +423,7 @@ def run_study(
                 raise
             text = str(err)
             if parameter in CAPACITY_FORMS:  # (the engine's advice named --capacity-blocks, which the sweep replaces)
-                from kvtrace.engine.engine import POOL_ADVICE
-
-                text = text.replace(POOL_ADVICE, f"raise the {parameter} values of --sweep")
+                text = swept_capacity_advice(text, f"{parameter} values of --sweep")
             raise KVTraceError(f"--sweep {parameter}={value}: {text}") from None
         if db is not None and on.run_id and off.run_id:
             diff = diff_runs(db, off.run_id, on.run_id, seed=seed, percentiles=on_spec.percentiles)

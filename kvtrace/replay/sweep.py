@@ -150,6 +150,14 @@ def combinations(params: Sequence[tuple[str, list[Any]]], flag: str = "--param")
 CAPACITY_FORMS = ("capacity_blocks", "capacity_tokens")  # one setting in blocks or in tokens
 
 
+def swept_capacity_advice(text: str, swept: str) -> str:
+    """An engine error's advice to raise --capacity-blocks, which a sweep of the capacity
+    replaces, told as raising the ``swept`` values instead (sweep, curve and study)."""
+    from kvtrace.engine.engine import POOL_ADVICE
+
+    return text.replace(POOL_ADVICE, f"raise the {swept}")
+
+
 def at_swept_value(err: ConfigError, combo: dict[str, Any], values_flag: str) -> ConfigError:
     """A combination's refusal, restated at the swept value that made it when it names that
     setting's flag (``--capacity-blocks: 0: ...`` of ``--param capacity_blocks=0``)."""
@@ -351,15 +359,12 @@ def _deaths_named(results: Iterator[Replayed], combos: list[dict[str, Any]], don
             if type(err) is not KVTraceError:  # (a file's, a flag's: named where it is)
                 raise
             shown = label(combo) if swept else label(combo).partition("=")[2]
-            from kvtrace.engine.engine import POOL_ADVICE
-
-            # (the engine's advice named --capacity-blocks, which a sweep of the capacity refuses)
-            capacity = next((n for n in ("capacity_blocks", "capacity_tokens") if n in combo), None)
+            capacity = next((n for n in CAPACITY_FORMS if n in combo), None)
             text = str(err)
             if not swept:
-                text = text.replace(POOL_ADVICE, f"raise the {values_flag}")
+                text = swept_capacity_advice(text, values_flag)
             elif capacity is not None:
-                text = text.replace(POOL_ADVICE, f"raise the {capacity} values of {values_flag}")
+                text = swept_capacity_advice(text, f"{capacity} values of {values_flag}")
             # where the sweep stopped and what it kept, as a worker's death says it: the runs
             # after a failed one were never run, and the line said nothing of them
             raise KVTraceError(f"{values_flag} {shown}: {text}; {stopped}, "
