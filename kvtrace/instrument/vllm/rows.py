@@ -72,7 +72,7 @@ class VllmSpanRows:
     A hybrid model's server publishes the same hash for a prefix in each KV cache group
     (``group_idx``), every group at its own block size, and removes it from one group
     while another still holds it. So a hash's depth is kept with the block size it is
-    counted in (``units``: a prefix's tokens are the same in every group), and it is
+    counted in (a prefix's tokens are the same in every group), and it is
     forgotten only when no group holds it any more. (Kept in blocks alone, a 32-token
     group's depth of 2 stood for 2 of a 16-token group's blocks: a 96-token prefix said
     64; and one group's BlockRemoved cost the other groups' children their num_tokens.)
@@ -84,9 +84,8 @@ class VllmSpanRows:
         self.dp_rank = dp_rank
         self.rows = SpanRowsBuilder()
         self.spans = 0
-        self.depth: dict[str, int] = {}  # hash -> blocks from the root (for num_tokens)
-        # hash -> (the block size its depth counts, the groups holding it as bits)
-        self.units: dict[str, tuple[int, int]] = {}
+        # hash -> (blocks from the root, the block size they count, the groups holding it as bits)
+        self.depth: dict[str, tuple[int, int, int]] = {}
         self._group_bits: dict[int | None, int] = {}
         self._tables: list[pa.Table] = []
 
@@ -96,14 +95,13 @@ class VllmSpanRows:
     def add(self, step: int, batch: KVEventBatch) -> None:
         """The batch's spans, as one table kept for ``take``. UnstorableValue (nothing of
         the batch kept, the chain depths unchanged) when a value cannot be stored."""
-        depth, units = _Undoable(self.depth), _Undoable(self.units)
+        depth = _Undoable(self.depth)
         try:
-            self._add(step, batch, depth, units)
+            self._add(step, batch, depth)
             table = self.rows.to_table(full=False)
         except BaseException:
             self.rows.truncate(0)
             depth.undo()
-            units.undo()
             raise
         self.spans += table.num_rows
         self._tables.append(table)
@@ -111,10 +109,9 @@ class VllmSpanRows:
         if excess > 0:
             for h in list(itertools.islice(self.depth, excess)):  # (insertion order: the oldest first)
                 del self.depth[h]
-                self.units.pop(h, None)
 
     def _group_bit(self, group_idx: int | None) -> int:
-        """The bit standing for a KV cache group in ``units`` (the 64th and later groups share
+        """The bit standing for a KV cache group in ``depth`` (the 64th and later groups share
         the last bit, unrecorded: a hash one of them removes may be forgotten early, never
         misstated, and a stream of distinct group_idx values grows nothing)."""
         bit = self._group_bits.get(group_idx)
@@ -124,7 +121,7 @@ class VllmSpanRows:
             bit = self._group_bits[group_idx] = 1 << len(self._group_bits)
         return bit
 
-    def _add(self, step: int, batch: KVEventBatch, depth: _Undoable, units: _Undoable) -> None:
+    def _add(self, step: int, batch: KVEventBatch, depth: _Undoable) -> None:
         t = round(batch.ts * 1e9)
         trace_id, step_span = self.ids.generate_trace_id(), self.ids.generate_span_id()
         common: dict[str, Any] = {SOURCE: SOURCE_VLLM, STEP: step}
@@ -148,18 +145,16 @@ class VllmSpanRows:
                                    (SPEC_KIND, ev.kv_cache_spec_kind)):
                     if value is not None:
                         attrs[key] = value
-                bs, bit = ev.block_size, self._group_bit(ev.group_idx)
-                base = 0 if ev.parent_block_hash is None else depth.get(ev.parent_block_hash)
-                if base is not None and bs and ev.parent_block_hash is not None:
-                    unit = units.get(ev.parent_block_hash)
-                    if unit is not None and unit[0] and unit[0] != bs:  # (counted in another group's blocks)
-                        tokens = base * unit[0]
-                        base = tokens // bs if tokens % bs == 0 else None
+                bs, bit = ev.block_size or 0, self._group_bit(ev.group_idx)
+                parent = None if ev.parent_block_hash is None else depth.get(ev.parent_block_hash)
+                base = 0 if ev.parent_block_hash is None else None if parent is None else parent[0]
+                if parent is not None and bs and parent[1] and parent[1] != bs:  # (counted in another group's blocks)
+                    tokens = parent[0] * parent[1]
+                    base = tokens // bs if tokens % bs == 0 else None
                 if base is not None:
                     for i, h in enumerate(ev.block_hashes):
-                        depth.set(h, base + i + 1)
-                        held = units.get(h)
-                        units.set(h, (bs or 0, (0 if held is None else held[1]) | bit))
+                        held = depth.get(h)
+                        depth.set(h, (base + i + 1, bs, (0 if held is None else held[2]) | bit))
                     if bs and ev.block_hashes:
                         attrs[NUM_TOKENS] = (base + len(ev.block_hashes)) * bs
             elif ev.kind == BLOCK_REMOVED:
@@ -168,17 +163,15 @@ class VllmSpanRows:
                 attrs[BLOCK_HASHES] = ev.block_hashes
                 bit = self._group_bit(ev.group_idx)
                 for h in ev.block_hashes:
-                    held = units.get(h)
-                    if held is not None and held[1] & ~bit:  # (another group still holds it)
-                        units.set(h, (held[0], held[1] & ~bit))
+                    held = depth.get(h)
+                    if held is not None and held[2] & ~bit:  # (another group still holds it)
+                        depth.set(h, (held[0], held[1], held[2] & ~bit))
                     else:
                         depth.pop(h)
-                        units.pop(h)
             else:
                 name = SPAN_EVICT
                 attrs[EVICT_REASON] = EVICT_REASON_RESET
                 depth.clear()
-                units.clear()
             self._row(name=name, trace_id=trace_id, span_id=self.ids.generate_span_id(), parent_span_id=step_span,
                       start_ns=t, end_ns=t, attributes=attrs)
 
