@@ -6,13 +6,13 @@ the line-level checks the readers share live in :mod:`kvtrace.workload.lines`.
 
 from __future__ import annotations
 
-import glob
 import os
 from collections.abc import Callable, Iterator
 from itertools import islice
 from typing import Any
 
 from kvtrace.errors import KVTraceError, TraceFormatError
+from kvtrace.replay.readers.weka import conversation_paths
 from kvtrace.workload import TraceRequest
 from kvtrace.workload.lines import source_sha256
 
@@ -56,8 +56,7 @@ class TraceSource:
                 stamps.append(None)
                 continue
             stamps.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
-        listing = None if self._files is None else tuple(sorted(glob.glob(os.path.join(glob.escape(self.path),
-                                                                                        "*.json"))))
+        listing = None if self._files is None else tuple(conversation_paths(self.path))
         return (*stamps, listing)
 
     def _check_unchanged(self, stamp: Stamp) -> None:

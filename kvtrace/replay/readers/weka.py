@@ -88,6 +88,12 @@ def namespace_for(file_name: str) -> int:
     return int.from_bytes(digest[:8], "big") >> 1
 
 
+def conversation_paths(folder: str) -> list[str]:
+    """A WEKA folder's ``*.json`` files, sorted: the conversations it is read from (as listed
+    now: ``TraceSource`` lists them again to tell one added while it read them)."""
+    return sorted(glob.glob(os.path.join(glob.escape(folder), "*.json")))  # (a [ or * in the folder's name)
+
+
 def weka_files(path: str) -> list[str] | None:
     """The sorted .json files of a directory source, or None for a single file."""
     if not os.path.isdir(path):
@@ -96,7 +102,7 @@ def weka_files(path: str) -> list[str] | None:
         names = os.listdir(path)
     except OSError as e:
         raise TraceFormatError(path, None, f"cannot list the directory ({e.strerror or e})") from None
-    files = sorted(glob.glob(os.path.join(glob.escape(path), "*.json")))  # (a [ or * in the folder's name)
+    files = conversation_paths(path)
     packed = sorted(n for n in names if n.endswith(tuple(".json" + s for s in COMPRESSED_SUFFIXES)))
     if packed:  # (they were skipped without a word: 2 of 3 files replayed)
         raise TraceFormatError(os.path.join(path, packed[0]), None, f"compressed ({len(packed)} such in {path}); "
