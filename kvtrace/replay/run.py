@@ -423,6 +423,7 @@ def run_replay(
     resource = backend_resource(config)
     record = {"trace_source": workload.source, "trace_digest": workload.source_id, "config": config,
               "behaviours": behaviours, "mode": spec.mode if spec.mode == "engine" else f"cache-only/{spec.policy}"}
+    name = spec.name or _default_name(spec, behaviours, preset)
     with contextlib.ExitStack() as stack:
         if store is None and db is not None:
             from kvtrace.store import Store
@@ -432,7 +433,7 @@ def run_replay(
             store = stack.enter_context(Store.open(db, hold=True))
         run_id = None
         if store is not None:
-            run_id = store.create_run(spec.name or _default_name(spec, behaviours, preset), **record)
+            run_id = store.create_run(name, **record)
         try:
             digest = Digest()
             sink = store if store is not None else spans_to
@@ -447,8 +448,7 @@ def run_replay(
             try:
                 with _recording(sink, run_id or "unrecorded", otlp_endpoint, otlp, spec.seed, offset,
                                 resource, exported_as) as instrumentor, \
-                        _failed_record(instrumentor, {"name": spec.name or _default_name(spec, behaviours, preset),
-                                                      **record}) as sent:
+                        _failed_record(instrumentor, {"name": name, **record}) as sent:
                     bar = _Progress(progress, workload.total, f"{spec.mode} {Path(workload.source).name}")
                     try:
                         if preset is not None:
@@ -470,9 +470,8 @@ def run_replay(
                         instrumentor.flush()  # the last spans: nothing is emitted after this
                         summary["spans"] = instrumentor.spans_emitted
                         # OTLP receivers have no runs table: the record travels as one span
-                        instrumentor.record_run({"name": spec.name or _default_name(spec, behaviours, preset), **record,
-                                                 "digest": summary["digest"], "status": "complete",
-                                                 "summary": summary})
+                        instrumentor.record_run({"name": name, **record, "digest": summary["digest"],
+                                                 "status": "complete", "summary": summary})
                         sent.append(True)
                         if store is not None:
                             instrumentor.flush_stores()  # (before the OTLP drain the exit waits for)
