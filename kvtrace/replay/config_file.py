@@ -122,19 +122,22 @@ def _unknown_key(key: str, known: list[str], section: str | None = None) -> str:
     """What an unknown ``key`` of ``section`` (None: the top level) is told: the known key it
     is likely a typo of, or the section it belongs in, before every key that section knows
     (the list alone left a user to spot ``num_gpu_block`` among eleven)."""
-    import difflib
-
-    hint = ""
     home = _SECTION_OF.get(key)
     if key in _FLAG_NAMES:  # (a flag's name is no typo: "did you mean external_capacity_blocks?" it was)
         hint = f" ({_FLAG_NAMES[key]})"
     elif home is not None and home != section:
         hint = f" here (it belongs in [{home}])"
     else:
-        close = difflib.get_close_matches(key, known, n=1, cutoff=0.75) if isinstance(key, str) else []
-        if close:
-            hint = f" (did you mean {close[0]}?)"
+        hint = _typo_hint(key, known)
     return f"unknown key{hint}; expected one of {known}"
+
+
+def _typo_hint(word: object, known: list[str]) -> str:
+    """`` (did you mean K?)`` for the known word ``word`` is likely a typo of, else ""."""
+    import difflib
+
+    close = difflib.get_close_matches(word, known, n=1, cutoff=0.75) if isinstance(word, str) else []
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def _check(section: dict, allowed: dict, path: str, prefix: str) -> dict:
@@ -299,21 +302,13 @@ def parse_groups(value: list, source: str) -> tuple:
                                              f"got {g!r}")
         kind = g.get("type")
         if not isinstance(kind, str) or kind not in _GROUP_TYPES:  # (a list or table is no name, nor hashable)
-            import difflib
-
-            close = difflib.get_close_matches(kind, list(_GROUP_TYPES), n=1, cutoff=0.75) if isinstance(kind, str) \
-                else []
-            hint = f" (did you mean {close[0]}?)" if close else ""
-            raise ConfigError(source, f"{where}.type", f"expected one of {sorted(_GROUP_TYPES)}, got {kind!r}{hint}")
+            raise ConfigError(source, f"{where}.type", f"expected one of {sorted(_GROUP_TYPES)}, got {kind!r}"
+                                                       f"{_typo_hint(kind, list(_GROUP_TYPES))}")
         cls, keys = _GROUP_TYPES[kind]
         unknown = sorted(set(g) - {"type", *keys})
         if unknown:
-            import difflib
-
-            close = difflib.get_close_matches(unknown[0], keys, n=1, cutoff=0.75)
-            hint = f" (did you mean {close[0]}?)" if close else ""
             raise ConfigError(source, f"{where}.{_named(unknown[0])}",
-                              f"unknown key for {kind}{hint}; expected {list(keys)}")
+                              f"unknown key for {kind}{_typo_hint(unknown[0], list(keys))}; expected {list(keys)}")
         args = {}
         for k in keys:
             v = g.get(k)
