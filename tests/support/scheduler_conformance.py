@@ -161,6 +161,24 @@ def _register_architecture() -> None:
     ModelRegistry.register_model(ARCH, KvtraceSchedulerProbeForCausalLM)
 
 
+@functools.cache
+def _model_root() -> tempfile.TemporaryDirectory[str]:
+    return tempfile.TemporaryDirectory(prefix="kvtrace-sched-")  # (removed at exit)
+
+
+@functools.cache
+def _model_dir(max_model_len: int) -> str:
+    """The probe model's config.json for ``max_model_len``: one folder per length, all in one
+    temporary folder that goes at exit (a folder per case left thousands in /tmp)."""
+    model_dir = os.path.join(_model_root().name, str(max_model_len))
+    os.makedirs(model_dir)
+    with open(os.path.join(model_dir, "config.json"), "w", encoding="utf-8") as f:
+        json.dump({"architectures": [ARCH], "model_type": "llama", "hidden_size": 64, "num_attention_heads": 1,
+                   "num_key_value_heads": 1, "num_hidden_layers": 1, "intermediate_size": 128, "vocab_size": 65536,
+                   "max_position_embeddings": max_model_len, "torch_dtype": "float16"}, f)
+    return model_dir
+
+
 def vllm_scheduler(api: VllmAPI, cc: CacheConfig, sc: SchedulerConfig) -> Any:
     """vLLM 0.33's ``Scheduler`` for kvtrace's configuration (stats on, synchronous)."""
     from vllm.config import CacheConfig as VCacheConfig
@@ -170,11 +188,7 @@ def vllm_scheduler(api: VllmAPI, cc: CacheConfig, sc: SchedulerConfig) -> Any:
 
     _register_architecture()
     setup = vllm_cache_setup(api, cc)
-    model_dir = tempfile.mkdtemp(prefix="kvtrace-sched-")
-    with open(os.path.join(model_dir, "config.json"), "w", encoding="utf-8") as f:
-        json.dump({"architectures": [ARCH], "model_type": "llama", "hidden_size": 64, "num_attention_heads": 1,
-                   "num_key_value_heads": 1, "num_hidden_layers": 1, "intermediate_size": 128, "vocab_size": 65536,
-                   "max_position_embeddings": sc.max_model_len, "torch_dtype": "float16"}, f)
+    model_dir = _model_dir(sc.max_model_len)
     mc = ModelConfig(model=model_dir, tokenizer=model_dir, skip_tokenizer_init=True, max_model_len=sc.max_model_len,
                      dtype="float16", seed=0)
     vsc = VSchedulerConfig(max_num_seqs=sc.max_num_seqs, max_num_batched_tokens=sc.max_num_batched_tokens,
