@@ -51,8 +51,11 @@ def result_of(nb) -> dict:
 
 
 @pytest.fixture
-def run_notebook(tmp_path, kernel_name):
+def run_notebook(tmp_path, kernel_name, monkeypatch):
     import papermill as pm
+
+    # The kernel inherits TMPDIR: a notebook's own temporary store or trace goes with the test's folder.
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
 
     def run(name: str, **parameters):
         out = tmp_path / f"executed-{name}.ipynb"
