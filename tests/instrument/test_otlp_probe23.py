@@ -209,3 +209,24 @@ def test_late_runs_are_rebuilt_one_a_turn_so_no_export_waits_behind_them_all(tmp
     finally:
         collector.stop()
     assert [_listed_spans(db, name) for name in names] == [1, 1, 1]
+
+
+def test_an_opening_collector_rebuilds_a_finished_run_an_earlier_one_left_short(tmp_path):
+    """A collector killed after storing a finished run's late spans but before rebuilding
+    its derived tables left the run's counts short for good: ``runs`` said 0 spans of a
+    complete run holding 3, whatever collector opened the store next."""
+    db = tmp_path / "killed.duckdb"
+    first = OTLPCollector(db, port=0, late_refresh_s=3600).start()
+    assert _post(first.url, _body([_record(99)]))[0] == 200
+    assert _post(first.url, _body([_span(i) for i in (1, 2, 3)]))[0] == 200
+    first._close_servers()  # (a kill -9 now: the spans committed, the rebuild an hour away, never run)
+    first.store.close()
+    first.guard.close()
+    assert _listed_spans(db, "late-run") == 0 and count_spans(db, "late-run") == 3
+    second = OTLPCollector(db, port=0, late_refresh_s=0.05).start()
+    try:
+        assert second.wait_late_refreshed(timeout=30)
+        assert _listed_spans(db, "late-run") == 3
+    finally:
+        second.stop()
+    assert run(db, "late-run")["status"] == "complete" and run(db, "late-run")["summary"] == {"requests": 1}

@@ -272,6 +272,7 @@ class OTLPCollector:
                 except OSError as err:
                     raise KVTraceError(str(err)) from None
             self.store = Store.open(self.store_path)  # (a store it could not make or open: none left behind)
+            self._queue_unrebuilt_runs()
         except BaseException:
             if self._grpc is not None:
                 self._closed = True  # (a call in the moment it serves is refused, never stored)
@@ -451,6 +452,27 @@ class OTLPCollector:
             for key, record in records:  # (after the commit: a failure here is logged, the spans stay)
                 self.runs_recorded += self._finish_recorded(self._run_for(key), record)
         return len(fresh)
+
+    def _queue_unrebuilt_runs(self) -> None:
+        """Queue for the late rebuild the finished collected runs of this store whose derived
+        tables count fewer spans than they hold: a collector killed between storing a finished
+        run's late spans and rebuilding its tables left its counts short for good (``runs``
+        said 0 spans of a complete run holding 3)."""
+        from kvtrace.store.read._sql import connect, query  # (polars: loaded only here and in _look_up)
+
+        finished = "SELECT run_id FROM runs WHERE mode = 'otlp' AND status <> 'running'"
+        self.store.release()
+        with connect(self.store_path) as con:
+            held = query(con, f"SELECT run_id, count(*) AS n FROM spans WHERE run_id IN ({finished}) GROUP BY run_id")
+            counted = query(con, "SELECT run_id, CAST(sum(spans) AS BIGINT) AS n FROM span_stats "
+                                 f"WHERE run_id IN ({finished}) GROUP BY run_id")
+        derived = dict(counted.rows())
+        short = sorted(run_id for run_id, n in held.rows() if derived.get(run_id, 0) != n)
+        if short:
+            _log.info("rebuilding the derived tables of %d collected run(s) left short by an earlier collector",
+                      len(short))
+            self._late_runs.update(dict.fromkeys(short))
+            self._schedule_late(self.late_refresh_s)
 
     def _schedule_late(self, delay_s: float) -> None:
         """(under _lock) The timer of ``_refresh_late``, unless one is set: at least 4x the
