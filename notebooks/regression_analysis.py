@@ -25,7 +25,9 @@
 #
 # Give a store and two run ids (A = baseline, B = candidate), or leave them empty and give
 # a behaviour: the notebook then runs `kvtrace study` into a temporary store, with
-# A = the behaviour switched off (old vLLM) and B = on (current vLLM).
+# A = the behaviour switched off (old vLLM) and B = on (current vLLM). That store is removed
+# when the kernel stops; to keep the runs, make them with `kvtrace study BEHAVIOUR --db FILE`
+# and give that store and its two run ids here.
 #
 # Every metric is defined once, in `kvtrace.metrics`, in vLLM's words: the hit rate is
 # vLLM's prefix cache hit rate (each request once, when first scheduled); latencies are
@@ -45,9 +47,11 @@ force = False  # compare runs of different traces anyway
 result_path = None  # also write the RESULT json here
 
 # %%
+import atexit
 import json
 import math
 import os
+import shutil
 import tempfile
 
 import plotly.express as px
@@ -58,7 +62,7 @@ from kvtrace.compare.render import backend_note, fmt, times_note
 from kvtrace.compare.source import diff_runs
 from kvtrace.errors import KVTraceError
 from kvtrace.metrics import is_latency_key, times_word
-from kvtrace.names import printable
+from kvtrace.names import BEHAVIOURS, printable
 from kvtrace.store import read as store
 from kvtrace.workload.lines import AtomicText
 
@@ -110,16 +114,23 @@ if (db_path is None) != (run_a is None and run_b is None) or (run_a is None) != 
 result_sources = [p for p in (db_path, trace) if p]
 if result_path:
     AtomicText(result_path, result_sources).check()
+if db_path is None and behaviour not in BEHAVIOURS:  # (the study's error named itself: "study: unknown behaviour")
+    raise KVTraceError(f"behaviour: unknown {behaviour!r:.80}; expected one of {', '.join(BEHAVIOURS)}")
 if db_path is None:
     from kvtrace.compare.study import run_study, study_base
     from kvtrace.replay.run import RunSpec
 
-    db_path = os.path.join(tempfile.mkdtemp(prefix="kvtrace-nb-"), "study.duckdb")
+    # A temporary store, removed with its folder when the kernel stops (a failed cell too): every study
+    # left its 5 MB store in the temp folder. `kvtrace study BEHAVIOUR --db FILE` makes one to keep.
+    study_dir = tempfile.mkdtemp(prefix="kvtrace-nb-")
+    atexit.register(shutil.rmtree, study_dir, ignore_errors=True)
+    db_path = os.path.join(study_dir, "study.duckdb")
     # (as `kvtrace study --trace-block-size`: a Mooncake trace of 64-token ids was refused at 512 an id)
     base = study_base(behaviour, RunSpec(trace=trace or "", trace_block_size=trace_block_size))
     study = run_study(behaviour, trace=trace, db=db_path, seed=seed, limit=limit, base=base)
     run_a, run_b = study.first.run_off, study.first.run_on
-    print(f"study {behaviour} on {study.trace}: A = off ({run_a}), B = on ({run_b}) in {db_path}")
+    print(f"study {behaviour} on {study.trace}: A = off ({run_a}), B = on ({run_b}) in {db_path} (a temporary "
+          "store, removed when this kernel stops)")
 
 runs = store.runs(db_path).filter(pl.col("run_id").is_in([run_a, run_b]))
 label = {r["run_id"]: f"{'A' if r['run_id'] == run_a else 'B'}: {r['name'] or r['run_id']}"

@@ -21,7 +21,8 @@
 # LRU sweep with the Belady (MIN) bound), and how bursty arrivals are.
 #
 # Works on any trace kvtrace reads (Mooncake, Bailian, WEKA, Azure, native). By default it
-# writes the built-in `mixed` workload to a temporary file and reads it back.
+# writes the built-in `mixed` workload to a temporary file and reads it back; the file is
+# removed when the kernel stops (`kvtrace generate mixed -o FILE` writes one to keep).
 #
 # Units: one *block* is one trace hash id (for token-id traces: `block_size` tokens, keys
 # chained over the prefix), the same unit the cache-only sweep counts in.
@@ -39,8 +40,10 @@ capacities = None  # cache-only capacities in blocks; None: a ladder up to the u
 result_path = None  # also write the RESULT json here
 
 # %%
+import atexit
 import json
 import os
+import shutil
 import tempfile
 
 import numpy as np
@@ -93,10 +96,15 @@ if trace_block_size is not None:
     if own in ("generated", "native", "weka"):
         raise ConfigError("trace_characterisation", "trace_block_size",
                           f"{trace_block_size}: a {own} trace carries its own block size; leave trace_block_size None")
+generated_dir = None  # the temporary folder of a generated trace
 if trace_path is None:
     from kvtrace.replay.generate import write_generated
 
-    trace_path = os.path.join(tempfile.mkdtemp(prefix="kvtrace-nb-"), f"{generator}.jsonl")
+    # A temporary file, removed with its folder when the kernel stops (a failed cell too): every run
+    # without a trace_path left one (and an empty folder behind an unknown generator).
+    generated_dir = tempfile.mkdtemp(prefix="kvtrace-nb-")
+    atexit.register(shutil.rmtree, generated_dir, ignore_errors=True)
+    trace_path = os.path.join(generated_dir, f"{generator}.jsonl")
     try:
         write_generated(generator, trace_path, fmt="native", seed=seed, num_requests=num_requests)
     except ConfigError as err:
@@ -110,7 +118,8 @@ source = open_trace(trace_path, format=trace_format, limit=limit, block_size=tra
 requests = list(source)
 if not requests:  # (every chart below needs one; max() of nothing was a raw ValueError)
     raise KVTraceError(f"{trace_path}: no requests to characterise (limit {limit!r})")
-print(f"{len(requests)} requests from {trace_path} ({source.format})")
+print(f"{len(requests)} requests from {trace_path} ({source.format})"
+      + (" (a temporary file, removed when this kernel stops)" if generated_dir else ""))
 
 # %% [markdown]
 # ## Blocks
