@@ -26,7 +26,7 @@ import duckdb
 from kvtrace.store.backend import duckdb_path_problem
 from kvtrace.store.errors import DAMAGED, StoreBusyError, StoreError
 from kvtrace.store.layout import check_layout
-from kvtrace.store.schema import META_TABLE, meta_rows, meta_version
+from kvtrace.store.schema import META_TABLE, SCHEMA_VERSION, meta_rows, meta_version
 
 DEFAULT_TIMEOUT_S = 30.0
 _FIRST_BACKOFF_S = 0.005
@@ -231,10 +231,27 @@ def read_connection(path: str | Path, timeout_s: float = DEFAULT_TIMEOUT_S) -> I
     con = _open(path, read_only=True, timeout_s=timeout_s)
     try:
         with _named_damage(path):
-            check_store(con, path)
-            yield con
+            version = check_store(con, path)
+            with _older_schema(path, version):
+                yield con
     finally:
         con.close()
+
+
+@contextlib.contextmanager
+def _older_schema(path: str, version: int) -> Iterator[None]:
+    """A read that names a table or column an older store never had (a version 2 store
+    has latency_quantiles, not latency_cdf, and no external query column) is that store's
+    version, in one line: ``diff`` and ``export`` of one called it a damaged store."""
+    try:
+        yield
+    except _MISSING_OBJECT as err:
+        if version >= SCHEMA_VERSION:
+            raise
+        text = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise StoreError(path, f"store schema version {version} predates this kvtrace's ({SCHEMA_VERSION}) and "
+                               f"lacks what this read needs ({text}); read it with the kvtrace that wrote it, or "
+                               "replay its trace into a new store file") from None
 
 
 @contextlib.contextmanager

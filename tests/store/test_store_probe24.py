@@ -1,0 +1,57 @@
+"""Probe 24 (store): what the store's readers say of stores kvtrace itself wrote, older
+schema versions and hard stops included, checked against the raw span tables."""
+
+from __future__ import annotations
+
+import duckdb
+import pytest
+
+from kvtrace.store import StoreError, read
+from tests.cli.support import assert_one_line
+from tests.cli.support import run as kvtrace
+
+
+@pytest.fixture(scope="module")
+def engine_store(tmp_path_factory) -> bytes:
+    """The bytes of a store holding one engine run of 8 requests, r1."""
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = tmp_path_factory.mktemp("engine") / "e.duckdb"
+    run_replay(RunSpec("gen:mixed", limit=8, content=False), db=db)
+    return db.read_bytes()
+
+
+def _as_version_2(tmp_path, data: bytes):
+    """The store as kvtrace's schema version 2 left it where a read of today's differs: its
+    version row says 2, and it has no latency_cdf (v2 kept latency_quantiles instead)."""
+    db = tmp_path / "v2.duckdb"
+    db.write_bytes(data)
+    con = duckdb.connect(str(db))
+    con.execute("UPDATE kvtrace_meta SET value = '2' WHERE key = 'schema_version'")
+    con.execute("DROP TABLE latency_cdf")
+    con.execute("CREATE TABLE latency_quantiles (run_id VARCHAR, metric VARCHAR, q DOUBLE, value_ns DOUBLE)")
+    con.close()
+    return db
+
+
+def test_a_read_an_older_store_cannot_answer_names_its_version_not_damage(tmp_path, engine_store, capsys):
+    """A version 2 store is readable (``runs`` lists it) and refused for appending; a read that
+    needs a table or column version 3 added (the latency CDF of ``diff`` and ``export``, the
+    external query column of the hit counters) called it a "damaged kvtrace store (Catalog
+    Error: ...)", where nothing in it is damaged: it is older."""
+    db = _as_version_2(tmp_path, engine_store)
+    assert read.runs(db)["run_id"].to_list() == ["r1"]  # (what it can read, it reads)
+    with pytest.raises(StoreError, match=r"schema version 2 predates this kvtrace's \(3\)") as err:
+        read.latency_cdf(db, "r1")
+    assert "damaged" not in str(err.value) and "latency_cdf" in str(err.value)
+    code, _, stderr = kvtrace(["diff", "r1", "r1", "--db", str(db)], capsys)
+    line = assert_one_line(code, stderr, str(db), "schema version 2 predates")
+    assert "damaged" not in line
+    # a store of today's version missing the same table is damaged, as before
+    current = tmp_path / "v3.duckdb"
+    current.write_bytes(engine_store)
+    con = duckdb.connect(str(current))
+    con.execute("DROP TABLE latency_cdf")
+    con.close()
+    with pytest.raises(StoreError, match="damaged kvtrace store"):
+        read.latency_cdf(current, "r1")
