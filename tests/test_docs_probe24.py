@@ -69,3 +69,27 @@ def test_an_unknown_behaviour_is_one_error_naming_the_parameter(run_notebook, te
 def test_the_readme_says_the_notebooks_temporary_files_go():
     paragraph = README[README.index("## Notebooks"):README.index("## Benchmarks")]
     assert "removed when the kernel stops" in " ".join(paragraph.split())
+
+
+def test_the_spans_table_says_the_final_audits_step_span(tmp_path):
+    """A run whose final audit finds stale hashes has one step span more than its `steps`: a
+    zero-length one in the last step's number, parenting them. The table said one span a step."""
+    import duckdb
+
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = tmp_path / "audit.duckdb"
+    spec = RunSpec("gen:mixed", capacity_blocks=40, external_capacity_blocks=4096,
+                   without=("external-hit-running-cow",), limit=30)
+    summary = run_replay(spec, db=db).summary
+    with duckdb.connect(str(db), read_only=True) as con:
+        spans = con.execute("SELECT step, start_ns, end_ns FROM step_spans ORDER BY seq").fetchall()
+        audit_parents = con.execute(
+            "SELECT DISTINCT s.step, s.start_ns = s.end_ns FROM verify_spans v JOIN step_spans s "
+            "ON v.parent_span_id = s.span_id WHERE v.name = 'kvtrace.verify.stale_hash'").fetchall()
+    assert summary["stale_hashes"] and len(spans) == summary["steps"] + 1, (summary["stale_hashes"], len(spans))
+    last, extra = spans[-2], spans[-1]
+    assert extra[0] == last[0] == summary["steps"] - 1 and extra[1] == extra[2] == last[2]
+    assert audit_parents == [(summary["steps"] - 1, True)]
+    (row,) = [line for line in README.splitlines() if line.startswith("| `kvtrace.engine.step` |")]
+    assert "zero-length at the run's end" in row and "`steps` + 1 step spans" in row
