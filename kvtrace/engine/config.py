@@ -40,6 +40,17 @@ class SchedulerConfig:
             raise ConfigError("SchedulerConfig", "max_num_batched_tokens",
                               f"{self.max_num_batched_tokens} is below max_num_seqs {self.max_num_seqs}; vLLM "
                               "requires max_num_batched_tokens >= max_num_seqs")
+        thr = self.long_prefill_token_threshold
+        if not self.enable_chunked_prefill and thr and self.max_num_batched_tokens < self.max_model_len:
+            # kvtrace lets a prompt wait for a budget that takes it whole where vLLM refuses a budget
+            # under max_model_len; with a threshold too, vLLM's lone-request rule made a prompt over
+            # the budget wait, idle, until another request arrived, then cut it at the threshold
+            raise ConfigError("SchedulerConfig", "long_prefill_token_threshold",
+                              f"{thr} with enable_chunked_prefill = false and max_num_batched_tokens "
+                              f"{self.max_num_batched_tokens} below max_model_len {self.max_model_len}: a prompt "
+                              "over the budget would be cut at the threshold while another request waits, and "
+                              "never scheduled alone; vLLM requires max_num_batched_tokens >= max_model_len "
+                              "without chunked prefill (set the threshold to 0, or raise the budget)")
         if self.long_prefill_token_threshold > self.max_model_len:
             raise ConfigError("SchedulerConfig", "long_prefill_token_threshold",
                               f"{self.long_prefill_token_threshold} exceeds max_model_len {self.max_model_len}; "
