@@ -21,6 +21,13 @@ from kvtrace.names import markdown_code, markdown_literal, markup_literal, print
 from kvtrace.store.schema import SUMMARY_FIELDS
 
 CORRECTNESS_METRICS = ("stale_hashes", "divergent_outputs")
+# What the evictions table counts. Its "publish kind" rows are the store's evicted blocks
+# by the kind of the publish that next took each block's place (``read.evictions_by_publish_kind``;
+# "none": no publish did), not the kind the evicted entry was published as: read as the
+# latter, a cache-only run's "none 1" beside "full 731" (every cache-only publish is full) was
+# no kind at all, and an engine run's "checkpoint" rows were said to be checkpoints evicted.
+EVICTIONS_CAPTION = ("evicted blocks, by eviction reason and by the kind of the publish that next took the block's "
+                     "place (none: no publish did)")
 
 
 def to_json(diff: RunDiff) -> dict[str, Any]:
@@ -120,7 +127,8 @@ def to_markdown(diff: RunDiff) -> str:
                 f"[{fmt(s.ci_low, signed=True)}, {fmt(s.ci_high, signed=True)}] | {_mark(verdict)} |"
             )
     if diff.evictions_by_reason or diff.evictions_by_publish_kind:
-        lines += ["", "**Evictions**", "", "| by | key | A | B | Δ |", "|---|---|---:|---:|---:|"]
+        lines += ["", f"**Evictions**: {EVICTIONS_CAPTION}.", "", "| by | key | A | B | Δ |",
+                  "|---|---|---:|---:|---:|"]
         for dim, shifts in (("reason", diff.evictions_by_reason), ("publish kind", diff.evictions_by_publish_kind)):
             for c in shifts:
                 lines.append(f"| {dim} | {_md_name(c.key)} | {c.a} | {c.b} | {_count_delta(c)} |")
@@ -204,12 +212,14 @@ def _correctness_markdown(diff: RunDiff) -> list[str]:
 
 def tables(diff: RunDiff, metrics: Iterable[str] | None = None, *, detail: bool = True) -> list[Any]:
     """rich Tables for a terminal, in this order: summary metrics, latency percentiles,
-    evictions, top requests (each only when it has rows, the first always).
+    evictions (and the line saying what its publish-kind rows count), top requests (each
+    only when it has rows, the first always).
     ``metrics`` limits the first table to those names; ``detail`` False leaves out the
     evictions and top requests (the first two alone, as kvtrace demo shows each diff)."""
     from rich.table import Table
+    from rich.text import Text
 
-    out = []
+    out: list[Any] = []
     keep = None if metrics is None else set(metrics)
     t = Table(title=markup_literal(f"{_label(diff.run_a)} → {_label(diff.run_b)}"), title_justify="left")
     for col in ("metric", "A", "B", "Δ", "Δ%"):
@@ -243,6 +253,8 @@ def tables(diff: RunDiff, metrics: Iterable[str] | None = None, *, detail: bool 
             for c in shifts:
                 t.add_row(dim, markup_literal(c.key), str(c.a), str(c.b), _count_delta(c))
         out.append(t)
+        if diff.evictions_by_publish_kind:  # (the rows' meaning, under the table, at the console's width)
+            out.append(Text(EVICTIONS_CAPTION))
     r = diff.requests
     if r is not None and (r.top_gained or r.top_lost):
         t = Table(title=requests_line(r), title_justify="left")

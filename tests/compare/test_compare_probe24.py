@@ -1,0 +1,138 @@
+"""kvtrace diff's numbers against an independent reading of the store (raw SQL over its spans):
+what the evictions table's publish-kind rows count, and the latency CIs recomputed from the
+documented resampling (the request, PCG64 seeded with --seed, numpy's linear percentiles)."""
+
+from __future__ import annotations
+
+import collections
+import json
+
+import duckdb
+import numpy as np
+import pytest
+
+from tests.cli.support import run
+
+
+@pytest.fixture(scope="module")
+def cache_only_pair(tmp_path_factory):
+    """Two cache-only runs of one trace at two capacities: evictions, all of them of full blocks."""
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = tmp_path_factory.mktemp("probe24") / "c.duckdb"
+    a = run_replay(RunSpec("gen:chat", limit=60, mode="cache-only", capacity_blocks=60), db=db)
+    b = run_replay(RunSpec("gen:chat", limit=60, mode="cache-only", capacity_blocks=90), db=db)
+    return str(db), a.run_id, b.run_id
+
+
+def _next_publish_kinds(db: str, run_id: str) -> dict[str, int]:
+    """Evicted blocks by the kind of the publish that next took the same block id (same group)
+    before it was evicted again; 'none' where no publish did. From the evict and publish spans."""
+    con = duckdb.connect(db, read_only=True)
+    try:
+        evicted = con.execute("SELECT start_ns, group_id, unnest(block_ids) FROM spans WHERE run_id = ? AND "
+                              "name = 'kvtrace.cache.evict'", [run_id]).fetchall()
+        published = con.execute("SELECT start_ns, group_id, unnest(block_ids), publish_kind FROM spans WHERE "
+                                "run_id = ? AND name = 'kvtrace.cache.publish'", [run_id]).fetchall()
+    finally:
+        con.close()
+    events = collections.defaultdict(list)
+    for t, group, block in evicted:
+        events[(group, block)].append((t, 0, None))
+    for t, group, block, kind in published:
+        events[(group, block)].append((t, 1, kind))
+    counts: collections.Counter[str] = collections.Counter()
+    for history in events.values():
+        history.sort(key=lambda e: (e[0], e[1]))
+        for i, (_, what, _) in enumerate(history):
+            if what == 0:
+                after = history[i + 1] if i + 1 < len(history) else None
+                counts[after[2] if after is not None and after[1] == 1 else "none"] += 1
+    return dict(counts)
+
+
+def test_the_evictions_table_says_its_publish_kinds_are_of_the_publish_that_took_the_block(cache_only_pair, capsys):
+    """The diff's evictions table listed 'publish kind | full | 731' and 'publish kind | none | 1'
+    of a cache-only run, every one of whose publishes is full: the rows count evicted blocks by
+    the publish that next took each block's place (the dashboard's "Evicted blocks by the
+    publish that took their place"), which no view of the diff said; read as the evicted
+    entries' own kinds, 'none' is no kind at all. Each view now says what the rows count."""
+    db, a, b = cache_only_pair
+    con = duckdb.connect(db, read_only=True)
+    try:
+        kinds = {k for (k,) in con.execute("SELECT DISTINCT publish_kind FROM spans WHERE run_id IN (?, ?) AND "
+                                           "name = 'kvtrace.cache.publish'", [a, b]).fetchall()}
+    finally:
+        con.close()
+    assert kinds == {"full"}  # (what a cache-only run publishes)
+    code, out, err = run(["diff", a, b, "--db", db, "--json"], capsys)
+    assert code == 0, err
+    by_kind = json.loads(out)["evictions"]["by_publish_kind"]
+    for side, run_id in (("a", a), ("b", b)):
+        got = {k: v[side] for k, v in by_kind.items() if v[side]}
+        assert got == _next_publish_kinds(db, run_id), (side, got)
+    code, out, err = run(["diff", a, b, "--db", db, "--markdown"], capsys)
+    assert code == 0, err
+    head = next(line for line in out.splitlines() if line.startswith("**Evictions**"))
+    assert "publish that next took the block's place" in head and "none: no publish did" in head, head
+    code, out, err = run(["diff", a, b, "--db", db], capsys)
+    assert code == 0, err
+    text = " ".join(out.split())
+    assert "│ publish kind " in out
+    assert "by the kind of the publish that next took the block's place (none: no publish did)" in text, out
+
+
+@pytest.fixture(scope="module")
+def engine_pair(tmp_path_factory):
+    """Two engine runs of one trace at two capacities (paired requests)."""
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = tmp_path_factory.mktemp("probe24e") / "e.duckdb"
+    a = run_replay(RunSpec("gen:chat", limit=60, capacity_blocks=30), db=db)
+    b = run_replay(RunSpec("gen:chat", limit=60, capacity_blocks=60), db=db)
+    return str(db), a.run_id, b.run_id
+
+
+def test_the_latency_cis_are_the_documented_request_bootstrap_recomputed_from_the_spans(engine_pair, capsys):
+    """Every latency figure `diff --json` prints, recomputed from the request spans alone as
+    the bootstrap's docstring and the README define it: the request is the unit (a replicate
+    draws n of the sorted request ids with replacement, PCG64(--seed), one draw for both runs
+    when they hold the same requests), each replicate's percentile numpy's linear one of its
+    expanded multiset, the 95% CI the 2.5% and 97.5% quantiles of the replicate deltas B - A."""
+    db, a, b = engine_pair
+    seed, resamples, qs = 11, 200, (25.0, 50.0, 90.0)
+    code, out, err = run(["diff", a, b, "--db", db, "--json", "--seed", str(seed), "--resamples", str(resamples),
+                          "--percentiles", ",".join(f"{q:g}" for q in qs)], capsys)
+    assert code == 0, err
+    got = json.loads(out)
+    con = duckdb.connect(db, read_only=True)
+    try:
+        rows = {r: con.execute("SELECT request_id, ttft_ns, itl_ns FROM spans WHERE run_id = ? AND "
+                               "name = 'kvtrace.request' ORDER BY request_id", [r]).fetchall() for r in (a, b)}
+    finally:
+        con.close()
+    ids = [x[0] for x in rows[a]]
+    assert ids == [x[0] for x in rows[b]] and got["bootstrap"]["paired"] is True
+    draws = np.random.Generator(np.random.PCG64(seed)).integers(0, len(ids), size=(resamples, len(ids)))
+    counts = np.stack([np.bincount(d, minlength=len(ids)) for d in draws])
+
+    def observations(run_id: str, metric: str) -> tuple[np.ndarray, np.ndarray]:
+        pairs = [(i, t) for i, (_, t, _) in enumerate(rows[run_id])] if metric == "ttft" else \
+            [(i, g) for i, (_, _, gaps) in enumerate(rows[run_id]) for g in gaps or []]
+        return np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs], dtype=np.float64)
+
+    checked = 0
+    for metric in ("ttft", "itl"):
+        (own_a, val_a), (own_b, val_b) = observations(a, metric), observations(b, metric)
+        for q in qs:
+            shift = got["latency"][f"p{q:g}_{metric}_ms"]
+            assert shift["a"] == pytest.approx(np.percentile(val_a, q) / 1e6, rel=1e-12)
+            assert shift["b"] == pytest.approx(np.percentile(val_b, q) / 1e6, rel=1e-12)
+            if shift["ci"][0] is None:
+                continue
+            deltas = [np.percentile(np.repeat(val_b, c[own_b]), q) / 1e6 - np.percentile(np.repeat(val_a, c[own_a]), q)
+                      / 1e6 for c in counts]
+            low, high = np.quantile(deltas, [0.025, 0.975])
+            assert shift["ci"] == pytest.approx([low, high], rel=1e-9, abs=1e-12), (metric, q)
+            checked += 1
+    assert checked >= 4  # (the medians and the 25th percentiles of both metrics at least)
