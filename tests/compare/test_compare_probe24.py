@@ -26,8 +26,9 @@ def cache_only_pair(tmp_path_factory):
 
 
 def _next_publish_kinds(db: str, run_id: str) -> dict[str, int]:
-    """Evicted blocks by the kind of the publish that next took the same block id (same group)
-    before it was evicted again; 'none' where no publish did. From the evict and publish spans."""
+    """Evicted blocks by the kind of the first publish that took the same block id (same group)
+    after the eviction and before that block id's next eviction; 'none' where no publish did.
+    From the evict and publish spans (one span may evict a block's two keys at one time)."""
     con = duckdb.connect(db, read_only=True)
     try:
         evicted = con.execute("SELECT start_ns, group_id, unnest(block_ids) FROM spans WHERE run_id = ? AND "
@@ -36,18 +37,17 @@ def _next_publish_kinds(db: str, run_id: str) -> dict[str, int]:
                                 "run_id = ? AND name = 'kvtrace.cache.publish'", [run_id]).fetchall()
     finally:
         con.close()
-    events = collections.defaultdict(list)
+    evictions, publishes = collections.defaultdict(list), collections.defaultdict(list)
     for t, group, block in evicted:
-        events[(group, block)].append((t, 0, None))
+        evictions[(group, block)].append(t)
     for t, group, block, kind in published:
-        events[(group, block)].append((t, 1, kind))
+        publishes[(group, block)].append((t, kind))
     counts: collections.Counter[str] = collections.Counter()
-    for history in events.values():
-        history.sort(key=lambda e: (e[0], e[1]))
-        for i, (_, what, _) in enumerate(history):
-            if what == 0:
-                after = history[i + 1] if i + 1 < len(history) else None
-                counts[after[2] if after is not None and after[1] == 1 else "none"] += 1
+    for block, times in evictions.items():
+        for t in times:
+            again = min((x for x in times if x > t), default=None)
+            taken = min((p for p in publishes[block] if p[0] > t), default=None)
+            counts[taken[1] if taken is not None and (again is None or taken[0] < again) else "none"] += 1
     return dict(counts)
 
 
