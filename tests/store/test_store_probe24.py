@@ -55,3 +55,35 @@ def test_a_read_an_older_store_cannot_answer_names_its_version_not_damage(tmp_pa
     con.close()
     with pytest.raises(StoreError, match="damaged kvtrace store"):
         read.latency_cdf(current, "r1")
+
+
+def test_a_summary_from_spans_reads_one_committed_state_of_the_store(tmp_path, engine_store, monkeypatch):
+    """A running run's summary (``runs``, ``diff`` and the dashboard's tiles) is several
+    queries; each opened the store anew, so a writer's commit between them gave a summary of
+    two states: polled during a replay, ``requests`` 93 and ``prefix_cache_queries`` 1,502,637
+    beside ``prompt_tokens`` 5,745,269 (every engine run's prompt tokens are its queries)."""
+    from kvtrace.store.read import summary as summary_module
+
+    db = tmp_path / "e.duckdb"
+    db.write_bytes(engine_store)
+    real = summary_module.hit_counters
+    wrote: list[bool] = []
+
+    def then_a_writer_commits(*args, **kwargs):
+        counters = real(*args, **kwargs)
+        try:  # another request span committed right after the hit counters were read
+            con = duckdb.connect(str(db))
+        except duckdb.Error:  # the store is held for the summary's reads: the writer waits for them
+            wrote.append(False)
+            return counters
+        con.execute("INSERT INTO spans_request BY NAME SELECT 'r1' AS run_id, 'kvtrace.request' AS name, "
+                    "'late' AS request_id, 1000 AS num_prompt_tokens, 0 AS num_output_tokens, "
+                    "(SELECT max(seq) + 1 FROM spans WHERE run_id = 'r1') AS seq")
+        con.close()
+        wrote.append(True)
+        return counters
+
+    monkeypatch.setattr(summary_module, "hit_counters", then_a_writer_commits)
+    summary = read.summary_from_spans(db, "r1")
+    assert summary["prompt_tokens"] == summary["prefix_cache_queries"]
+    assert wrote == [False]

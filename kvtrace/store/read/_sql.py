@@ -19,6 +19,7 @@ and column names, and the counter expressions of ``kvtrace.metrics``.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import enum
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -149,15 +150,44 @@ def check_derived(con: Connection, db: DB, run_id: str, status: str, collected: 
 _VALUE_ERRORS = (duckdb.OutOfRangeException, duckdb.ConversionException, pl.exceptions.InvalidOperationError)
 
 
+# The connection every read of one store shares inside ``one_snapshot``: (db, connection).
+_SNAPSHOT: contextvars.ContextVar[tuple[str, Connection] | None] = contextvars.ContextVar("kvtrace_snapshot",
+                                                                                          default=None)
+
+
+@contextlib.contextmanager
+def one_snapshot(db: DB) -> Iterator[None]:
+    """Every read of ``db`` inside shares one connection, so a figure made of several
+    queries reads one committed state of the store: a summary of a running run read its
+    requests and hit counters before a writer's commit and its prompt tokens after it
+    (``requests`` 93 beside the ``prompt_tokens`` of some 300, where every engine run's
+    equal its ``prefix_cache_queries``). A DuckDB writer waits while the connection is open,
+    as it waits for any reader. Nested uses share the outer one's connection."""
+    pinned = _SNAPSHOT.get()
+    if pinned is not None and pinned[0] == str(db):
+        yield
+        return
+    with connect(db) as con:
+        token = _SNAPSHOT.set((str(db), con))
+        try:
+            yield
+        finally:
+            _SNAPSHOT.reset(token)
+
+
 @contextlib.contextmanager
 def connect(db: DB, run_id: str | None = None) -> Iterator[Connection]:
     """A read-only connection to ``db``: retries while a writer commits, refuses a file
-    that is not a kvtrace store, and closes on exit. A query that cannot compute what the
-    store holds (an overflow) is a StoreError naming ``db`` (and ``run_id``, when given)."""
-    if is_clickhouse(db):
+    that is not a kvtrace store, and closes on exit (inside ``one_snapshot``: the one it
+    holds, left open). A query that cannot compute what the store holds (an overflow) is a
+    StoreError naming ``db`` (and ``run_id``, when given)."""
+    pinned = _SNAPSHOT.get()
+    if pinned is not None and pinned[0] == str(db):
+        opened: contextlib.AbstractContextManager[Connection] = contextlib.nullcontext(pinned[1])
+    elif is_clickhouse(db):
         from kvtrace.store.clickhouse.reader import read_connection as clickhouse_read
 
-        opened: contextlib.AbstractContextManager[Connection] = clickhouse_read(db)
+        opened = clickhouse_read(db)
     else:
         opened = read_connection(db)
     with opened as con:

@@ -9,7 +9,7 @@ from typing import Any, TypeGuard
 from kvtrace import metrics
 from kvtrace.store.errors import DAMAGED, StoreError
 from kvtrace.store.read._api import checked
-from kvtrace.store.read._sql import DB, with_run
+from kvtrace.store.read._sql import DB, one_snapshot, with_run
 from kvtrace.store.read.evictions import evictions_by_reason
 from kvtrace.store.read.hits import hit_counters
 from kvtrace.store.read.latency import latency_summary
@@ -30,7 +30,8 @@ def run_summary(db: DB, run_id: str) -> dict[str, Any]:
     """The run's summary as ``summary_with_spans`` completes it. So ``runs``, ``diff`` and the
     dashboard give a run without one one number each (``runs`` said null where ``diff``
     said 87%)."""
-    return summary_with_spans(db, run_id, run(db, run_id).get("summary"))
+    with one_snapshot(db):  # (the record and its spans as one commit left them)
+        return summary_with_spans(db, run_id, run(db, run_id).get("summary"))
 
 
 def finished_summary(stored: object) -> TypeGuard[Mapping[str, Any]]:
@@ -58,7 +59,13 @@ def summary_from_spans(db: DB, run_id: str) -> dict[str, Any]:
     null for a Belady bound, which records neither) and ``evictions_by_reason``,
     ``cow_copies`` (null in cache-only runs, which copy nothing), ``stale_hashes_left``
     (engine runs), ``divergent_outputs`` (null where the engine checked no content), ``steps``
-    (engine runs) and ``spans``, each as a complete run's stored summary defines it ({} without requests)."""
+    (engine runs) and ``spans``, each as a complete run's stored summary defines it ({} without requests),
+    all from one committed state of the store (``one_snapshot``)."""
+    with one_snapshot(db):
+        return _summary_from_spans(db, run_id)
+
+
+def _summary_from_spans(db: DB, run_id: str) -> dict[str, Any]:
     hits = hit_counters(db, run_id)
     if not hits.get("requests"):
         return {}
