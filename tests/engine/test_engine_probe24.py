@@ -163,3 +163,29 @@ def test_the_same_threshold_is_taken_where_vllm_takes_it():
     work = [TraceRequest("long", 0, 745, 1, token_ids=np.arange(745, dtype=np.int64))]
     with pytest.raises(KVTraceError, match="without chunked prefill a prompt must fit one step's max_num_batched"):
         Engine(preset, content=False).run(work)
+
+
+@pytest.mark.xfail(strict=True, reason="kvtrace/cache (compiled): a mid-block hit on an attention block published in "
+                   "the same step is copied before that step writes it; fix in the cache, then drop this mark")
+def test_a_partial_hit_on_a_block_written_in_the_same_step_reads_what_was_written():
+    """Full attention hashed finer than its blocks (partial hits, a kvtrace-only layout): b
+    resends a's 13-token prompt and is admitted in the step that writes a's last 5 tokens. Its
+    12-token hit ends mid-block, so the cache plans a copy of that block, which the worker runs
+    before the step's writes (as a GPU runs a step's copies before its forward pass): b's copy
+    holds nothing of a's tokens 8-11, its output diverges, and the copy's key is stale. Admitted
+    one step later (b arriving after a finished), the same hit is right. Mamba groups have a
+    same-step rule for this (a hit ending on a state published in the step waits a step)."""
+    from dataclasses import replace
+
+    from kvtrace.cache import FullAttentionSpec
+
+    preset = get_preset("dense-attention", groups=(FullAttentionSpec(8),), hash_block_size=4, capacity_blocks=100,
+                        scheduler={"max_num_batched_tokens": 8, "max_num_seqs": 2})
+    preset = replace(preset, cache_config=replace(preset.cache_config, enable_partial_hits=True))
+    prompt = np.arange(100, 113, dtype=np.int64)
+    for b_arrives in (10**9, 1):  # after a finished (right), then while a is prefilling
+        work = [TraceRequest("a", 0, 13, 1, token_ids=prompt), TraceRequest("b", b_arrives, 13, 1, token_ids=prompt)]
+        result = Engine(preset).run(work)
+        hits = {r.request_id: r.num_local_hit_tokens for r in result.requests}
+        assert hits == {"a": 0, "b": 12} and result.summary["cow_copies"] == 1
+        assert (result.summary["divergent_outputs"], result.summary["stale_hashes"]) == (0, 0), b_arrives
