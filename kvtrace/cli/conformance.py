@@ -13,7 +13,10 @@ from kvtrace.cli.output import echo_json
 
 @app.command()
 @replay_options(exclude=("mode", "policy", "capacity_blocks", "capacity_tokens", "name", "no_content", "percentiles",
-                         "backend"))
+                         "backend"),
+                # (replay's texts spoke of cache-only mode and span ids: conformance has neither)
+                helps={"block_size": "Tokens per KV block, at least 1 (default: the preset's).",
+                       "seed": "Seed of a generated workload (0 to 2^64-1)."})
 def conformance(
     spec,
     capacity_blocks: Annotated[list[int], typer.Option(

@@ -8,10 +8,11 @@ same help and the same checks.
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args
 
 import typer
 
@@ -197,10 +198,12 @@ def _trace_named(trace: str | None) -> str | None:
 
 
 def replay_options(fn: Callable[..., Any] | None = None, *, trace_option: bool = False,
-                   exclude: tuple[str, ...] = (), defaults: dict[str, Any] | None = None) -> Any:
+                   exclude: tuple[str, ...] = (), defaults: dict[str, Any] | None = None,
+                   helps: dict[str, str] | None = None) -> Any:
     """Add the run settings and TRACE to ``fn``'s options; call it with ``spec=RunSpec(...)``
     in their place. ``trace_option``: TRACE is an optional ``--trace`` (None when not
-    given); ``exclude``: settings the command does not take; ``defaults``: other defaults."""
+    given); ``exclude``: settings the command does not take; ``defaults``: other defaults;
+    ``helps``: another help text for a setting (one that means less in this command)."""
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         own = [p for name, p in inspect.signature(fn, eval_str=True).parameters.items() if name != "spec"]
         if trace_option:
@@ -212,7 +215,8 @@ def replay_options(fn: Callable[..., Any] | None = None, *, trace_option: bool =
                                       annotation=Annotated[str, typer.Argument(
                                           metavar="TRACE", help=TRACE_HELP, callback=_trace_named)])
         taken = {k: v for k, v in _RUN_OPTIONS.items() if k not in exclude}
-        added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=ann,
+        added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY,
+                                   annotation=_helped(ann, (helps or {}).get(name)),
                                    default=(defaults or {}).get(name, default))
                  for name, (ann, default, _) in taken.items()]
         positional = [p for p in own if p.default is inspect.Parameter.empty]
@@ -230,6 +234,16 @@ def replay_options(fn: Callable[..., Any] | None = None, *, trace_option: bool =
         return command
 
     return decorate(fn) if fn is not None else decorate
+
+
+def _helped(annotation: Any, help_text: str | None) -> Any:
+    """``Annotated[T, typer.Option(...)]`` with another help text (None: as it is)."""
+    if help_text is None:
+        return annotation
+    kind, info = get_args(annotation)
+    info = copy.copy(info)
+    info.help = help_text
+    return Annotated[kind, info]
 
 
 def run_spec(trace: str, options: dict[str, Any]):

@@ -460,3 +460,17 @@ def test_a_status_lines_count_agrees_with_its_noun():
 
     assert count(1, "request") == "1 request" and count(0, "request") == "0 requests"
     assert count(2048, "span") == "2,048 spans"
+
+
+def test_conformances_help_speaks_of_no_mode_and_no_span_ids():
+    """conformance took replay's help texts whole: --block-size spoke of cache-only mode and
+    --seed of span ids, a command with no mode and no spans; replay keeps its own."""
+    from typer.testing import CliRunner
+
+    from kvtrace.cli import app
+
+    own, replay = (" ".join(CliRunner().invoke(app, [command, "--help"]).output.split())
+                   for command in ("conformance", "replay"))
+    assert "cache-only" not in own and "span ids" not in own
+    assert "Seed of a generated workload" in own and "Tokens per KV block, at least 1 (default: the preset's)." in own
+    assert "span ids" in replay and "cache-only: the trace's" in replay
