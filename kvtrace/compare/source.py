@@ -61,8 +61,9 @@ def diff_runs(
             which = f"{a!r} vs {b!r}"
         elif str(a).startswith("gen:"):  # (a generated workload: another seed generates other requests)
             which = f"{a!r}, generated differently (another --limit or --seed)"
-        else:
-            which = f"{a!r}, read differently (another --limit, --trace-block-size or --format)"
+        else:  # (or the file itself changed between the runs: their configs keep no --limit or --format to tell)
+            which = (f"{a!r}, read differently (another --limit, --trace-block-size or --format) or changed between "
+                     "the runs")
         raise KVTraceError(f"{db}: runs {run_a} and {run_b} replay different traces ({which}); pass --force to "
                            "compare anyway")
     try:

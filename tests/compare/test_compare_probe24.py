@@ -136,3 +136,19 @@ def test_the_latency_cis_are_the_documented_request_bootstrap_recomputed_from_th
             assert shift["ci"] == pytest.approx([low, high], rel=1e-9, abs=1e-12), (metric, q)
             checked += 1
     assert checked >= 4  # (the medians and the 25th percentiles of both metrics at least)
+
+
+def test_a_trace_file_changed_between_two_runs_is_not_blamed_on_flags_never_given(tmp_path, capsys):
+    """Two runs of one file with the same flags, the file edited between them: diff refused them
+    as the file 'read differently (another --limit, --trace-block-size or --format)', flags
+    neither run was given. The refusal names the change of the file too."""
+    from tests.cli.support import assert_one_line
+
+    line = {"timestamp": 0, "input_length": 600, "output_length": 2, "hash_ids": [1, 2]}
+    trace, db = tmp_path / "t.jsonl", str(tmp_path / "s.duckdb")
+    for last in (3, 4):  # (the same path, other content)
+        trace.write_text("\n".join(json.dumps({**line, "timestamp": i, "hash_ids": [1, last + i]}) for i in range(3)))
+        code, _, err = run(["replay", str(trace), "--mode", "cache-only", "--db", db], capsys)
+        assert code == 0, err
+    code, _, err = run(["diff", "r1", "r2", "--db", db], capsys)
+    assert_one_line(code, err, "replay different traces", "changed between the runs", "--force")
