@@ -67,7 +67,9 @@ def writer_alive(pid: int | None, host: str | None, start_token: str | None, *, 
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        # a process of another user holds the pid: the writer's own, or its pid reused (its
+        # start time, readable by anyone, tells which; a reused one left the run running forever)
+        pass
     if start_token is not None:
         current = process_start_token(pid)
         if current is not None and current != start_token:

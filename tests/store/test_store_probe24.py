@@ -87,3 +87,25 @@ def test_a_summary_from_spans_reads_one_committed_state_of_the_store(tmp_path, e
     summary = read.summary_from_spans(db, "r1")
     assert summary["prompt_tokens"] == summary["prefix_cache_queries"]
     assert wrote == [False]
+
+
+def test_a_writer_pid_reused_by_another_users_process_is_no_writer(monkeypatch):
+    """A killed replay's pid taken by another user's process: signalling it is not permitted,
+    and that alone counted as the writer alive, so the run read ``running`` for good (and no
+    writer recovered it), where its start time, which /proc shows anyone, says it is another
+    process."""
+    import os
+
+    from kvtrace.store import liveness
+
+    def not_permitted(pid: int, sig: int) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(liveness.os, "kill", not_permitted)
+    me, host = os.getpid(), liveness.host_name()
+    mine = liveness.process_start_token(me)
+    assert mine is not None
+    assert not liveness.writer_alive(me, host, f"{mine}0", db="s.duckdb", run_id="r1")  # reused
+    assert liveness.writer_alive(me, host, mine, db="s.duckdb", run_id="r1")  # its own writer
+    assert liveness.writer_alive(me, host, None, db="s.duckdb", run_id="r1")  # no token kept: as before
+    assert liveness.shown_status("running", me, host, f"{mine}0", db="s.duckdb", run_id="r1") == "incomplete"
