@@ -82,9 +82,19 @@ class TraceSource:
                                                 "trace its digest names: replay a copy nothing writes to")
 
     def _unchanged(self, it: Iterator[TraceRequest], stamp: Stamp) -> Iterator[TraceRequest]:
-        """``it``, then ``_check_unchanged``."""
-        yield from it
+        """``it``, then ``_check_unchanged``; a trace of no request is refused (``_none_read``)."""
+        read = False
+        for request in it:
+            read = True
+            yield request
         self._check_unchanged(stamp)
+        if not read:
+            self._none_read()
+
+    def _none_read(self) -> None:
+        """A trace that parsed but held no request (a CSV of its header alone) replayed
+        nothing and exited 0 with a digest, where an empty file was an error."""
+        raise TraceFormatError(self.path, None, "holds no request (a header or blank lines only?)")
 
     def _limited(self, it: Iterator[TraceRequest], stamp: Stamp) -> Iterator[TraceRequest]:
         """The first ``limit`` requests, then one more read, never yielded, for ``more``: a
@@ -93,12 +103,17 @@ class TraceSource:
         ``_check_unchanged``, as a whole read has it (a trace rewritten under a --limit
         read went unseen: the read never reached the end that checked it)."""
         assert self.limit is not None
-        yield from islice(it, self.limit)
+        read = False
+        for request in islice(it, self.limit):
+            read = True
+            yield request
         try:
             self.more = next(it, None) is not None
         except KVTraceError:
             self.more = True
         self._check_unchanged(stamp)
+        if not read:
+            self._none_read()
 
     def holds_more(self) -> bool:
         """Whether the file holds a request past ``limit`` (False without a limit); read once
