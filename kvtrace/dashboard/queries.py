@@ -199,8 +199,16 @@ def config(run_id: str) -> dict[str, Any]:
 def checks_content(run_id: str) -> bool:
     """Whether the run checked block content (an engine replay, without ``--no-content``):
     only such a run finds stale hashes and divergent outputs, so only its zero means a
-    correct cache (cache-only, ``--no-content``, live and collected runs measure neither)."""
-    return run_row(run_id).get("mode") == "engine" and config(run_id).get("content") is not False
+    correct cache (cache-only, ``--no-content`` and live runs measure neither; a collected
+    run did where its sender's summary counts its stale hashes)."""
+    row = run_row(run_id)
+    if row.get("mode") == "otlp":
+        # a collected run's summary is its sender's: a kvtrace engine replay with content counts
+        # its stale hashes (Overview showed that 0 while this said no content was checked); one
+        # without content, or any other sender, says null or nothing
+        counted = summary(run_id).get("stale_hashes")
+        return isinstance(counted, int) and not isinstance(counted, bool)
+    return row.get("mode") == "engine" and config(run_id).get("content") is not False
 
 
 # --- compositions of the read API --------------------------------------------------------
@@ -221,6 +229,21 @@ def latency(run_id: str) -> dict[str, Any]:
     """Every latency statistic of the run (modelled), from the store's samples, at the run's
     own percentiles (a run replayed with --percentiles 25,75 showed p50, p90, p99)."""
     return call("latency_summary", run_id, percentiles(run_id))
+
+
+def no_requests_why(run_id: str) -> str:
+    """Why a run has no per-request numbers (no latency, no per-request hits), in its own
+    words: a cache-only replay has no clock and writes no request spans, a live capture
+    receives cache events alone, and any other run (an engine replay that failed before a
+    request finished, a sender's spans) finished none (Compare called such an engine run
+    cache-only)."""
+    mode = replay_mode(run_row(run_id).get("mode"))
+    if mode == "cache-only":
+        return "is cache-only (no clock, no request spans)"
+    if run_row(run_id).get("mode") == "live":
+        return "is a live capture (cache events, no request times)"
+    status = run_row(run_id).get("status")
+    return "recorded no finished request" + (f" (it is {status})" if status and status != "complete" else "")
 
 
 def cost_model(run_id: str) -> str | None:

@@ -12,6 +12,7 @@ from kvtrace.compare import pairing
 from kvtrace.compare.model import MetricDelta
 from kvtrace.compare.render import fmt, shows_no_change, to_markdown
 from kvtrace.dashboard import charts, queries, state, ui
+from kvtrace.names import replay_mode
 
 # (label, summary metric, kind); which way is better is the diff's (MetricDelta.verdict)
 TILES = [
@@ -151,9 +152,11 @@ def main() -> None:
                          f"({diff.bootstrap.get('resamples')} resamples, seed {diff.bootstrap.get('seed')}"
                          + (", paired" if diff.bootstrap.get("paired") else "") + "), as `kvtrace diff` reports them.",
                  empty_what="")
-    else:
-        st.info("No latency to compare: at least one run has no clock (cache-only), so no TTFT or ITL is set "
-                "against another.", icon=":material/info:")
+    else:  # (an engine run that finished no request was said to be cache-only)
+        why = [f"{side} {ui.code(r)} {queries.no_requests_why(r)}" for side, r in (("A", run_a), ("B", run_b))
+               if queries.call("latency_summary", r, (99,)).get("median_ttft_ms") is None]
+        st.info(f"No latency to compare: {'; '.join(why) if why else 'no TTFT or ITL in both runs'}, so no TTFT or "
+                "ITL is set against another.", icon=":material/info:")
 
     with st.expander("Copy as Markdown (the same text as `kvtrace diff --markdown`)"):
         st.code(to_markdown(diff), language="markdown")
@@ -179,14 +182,20 @@ def main() -> None:
         return
     # A run without request spans (cache-only) has no per-request tokens: not a question of ids.
     silent = [r for r in (run_a, run_b) if queries.call("per_request_hits", r).height == 0]
+    # (an engine run that finished no request, a failed one, was said to be cache-only)
+    cache_only = all(replay_mode(queries.run_row(r).get("mode")) == "cache-only" for r in silent)
     ui.chart(charts.request_delta(req),
              "Cached tokens (local + external hits at first schedule) of each request in B minus in A: green bars "
              "gained cache hits, red bars lost them.",
              empty_what=(f"No per-request cached tokens in {' and '.join(map(ui.code, silent))}: "
                          f"{'they record' if len(silent) > 1 else 'it records'} no request spans (cache-only runs have "
-                         "none)." if silent else "The two runs share no request ids."),
+                         "none)." if silent and cache_only else
+                         "No per-request cached tokens: " + "; ".join(f"{ui.code(r)} {queries.no_requests_why(r)}"
+                                                                      for r in silent) + "."
+                         if silent else "The two runs share no request ids."),
              command="two engine runs of the same trace, e.g. `kvtrace replay TRACE --db PATH` and `kvtrace replay "
-                     "TRACE --db PATH --without shared-prefix-pinning`" if silent else
+                     "TRACE --db PATH --without shared-prefix-pinning`" if silent and cache_only else
+                     "the same replay run to its end" if silent else
                      "the same trace with the same request ids, e.g. "
                      "`kvtrace replay TRACE --db PATH --without shared-prefix-pinning`",
              key="cmp_req")

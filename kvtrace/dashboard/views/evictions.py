@@ -18,10 +18,15 @@ counted = queries.summary(run_id).get("evictions")
 # A run can count evictions it recorded no spans of (a Belady run records lookups only):
 # its empty charts must not say the cache never filled.
 spanless = every.height == 0 and bool(counted)
+status = queries.run_row(run_id).get("status")
 no_evictions = (f"This run recorded no eviction spans, though its summary counts {ui.count(counted)} evicted blocks "
                 "(a Belady run records lookups only)." if spanless else
+                # (a run that failed before its cache filled, or is still filling it, was said to never fill it)
+                f"No evictions recorded so far: this run is {ui.strong(status or 'unfinished')}, and its spans hold "
+                "none." if status != "complete" else
                 "No evictions in this run: the cache never filled.")
-fill = "an LRU run of the same trace and capacity (`--policy lru`)" if spanless else ui.FILL_SMALL_CACHE
+fill = ("an LRU run of the same trace and capacity (`--policy lru`)" if spanless else
+        "the same replay run to its end" if status != "complete" else ui.FILL_SMALL_CACHE)
 by_reason = state.in_window(every, "window_start_ns", window, origin)
 outside = state.outside_window(every, by_reason, window, "evictions")
 ui.chart(charts.stacked_counts(by_reason, "Evicted blocks by reason", "blocks per window", charts.REASON_NAMES),

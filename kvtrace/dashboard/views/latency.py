@@ -30,6 +30,14 @@ def main() -> None:
         ui.empty("This run is cache-only: it has no clock, so no latency.",
                  "`kvtrace replay TRACE --db PATH` in engine mode")
         return
+    if queries.run_row(run_id).get("mode") == "live":  # (an empty table and six "fill it with kvtrace demo")
+        state.warn_unknown("request", [], "Request", "a live capture has no request times.",
+                           where="this run's latencies")
+        st.query_params.pop("request", None)
+        ui.empty("This run is a live capture: vLLM's KV events carry cache events and no request times, so no "
+                 "latency.", "`kvtrace replay TRACE --db PATH` in engine mode (`kvtrace capture vllm --trace-out "
+                 "TRACE` writes the trace a capture saw)")
+        return
     log = state.bound_toggle("Log scale", "log", help="Latency axes (and histogram counts) on a log scale")
 
     lat, qs = queries.latency(run_id), queries.percentiles(run_id)

@@ -29,8 +29,12 @@ if row.get("status") == "running":
     st.warning("This run is still being written by a replay: press **Refresh** in the sidebar for newer data.",
                icon=":material/sync:")
 elif row.get("status") in ("failed", "incomplete"):
-    st.warning(f"This run is {ui.strong(row.get('status'))}: it stopped early, and only the spans flushed before "
-               "that are shown.")
+    # (the error its replay stored: the page said it stopped early, never why)
+    error = s.get("error") if isinstance(s.get("error"), str) and s.get("error") else None
+    if error and len(error) > 500:  # (a foreign store's can be anything)
+        error = error[:500] + "…"
+    st.warning(f"This run is {ui.strong(row.get('status'))}: it stopped early"
+               + (f" ({ui.literal(error)})" if error else "") + ", and only the spans flushed before that are shown.")
 if row.get(SUMMARY_NOTHING_RECEIVED):
     st.warning("Nothing received: this live capture recorded no events (no publisher reached, or an idle server).",
                icon=":material/signal_disconnected:")

@@ -1,0 +1,103 @@
+"""Probe 24 of the dashboard (truth): a failed engine run is not called cache-only on Compare,
+says why it failed on Overview and is not said to have a cache that never filled; a live
+capture's Latency page is one line; a collected run's stale-hash page agrees with the
+sender's summary that Overview shows."""
+
+from __future__ import annotations
+
+import json
+
+import duckdb
+import pytest
+from apptest import render
+
+from kvtrace.errors import KVTraceError
+
+
+@pytest.fixture(scope="module")
+def failed_pair(tmp_path_factory) -> tuple[str, str, str]:
+    """(store, A, B): A replays gen:mixed to its end; B replays the same trace with a pool too
+    small for its first request, so it fails before any request finishes (status failed, no
+    spans, its error stored in its summary)."""
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = str(tmp_path_factory.mktemp("failed") / "f.duckdb")
+    a = run_replay(RunSpec("gen:mixed", limit=8, name="whole"), db=db).run_id
+    with pytest.raises(KVTraceError, match="cannot be scheduled"):
+        run_replay(RunSpec("gen:mixed", limit=8, name="too small", preset="dense-attention", capacity_blocks=4),
+                   db=db)
+    with duckdb.connect(db) as con:
+        ((b, status, summary),) = con.execute("SELECT run_id, status, summary FROM runs WHERE run_id != ?",
+                                              [a]).fetchall()
+    assert a is not None and status == "failed" and "cannot be scheduled" in json.loads(summary)["error"]
+    return db, a, b
+
+
+def test_compare_does_not_call_a_failed_engine_run_cache_only(failed_pair, monkeypatch):
+    """Compare of an engine run with an engine run that failed before a request finished said
+    'at least one run has no clock (cache-only)' and 'it records no request spans (cache-only
+    runs have none)': both runs are engine replays, with a clock; B finished no request."""
+    db, a, b = failed_pair
+    at = render(db, monkeypatch, "compare", run=a, b=b)
+    infos = [i.value for i in at.info]
+    latency = [i for i in infos if i.startswith("No latency to compare")]
+    assert latency and f"B `{b}` recorded no finished request (it is failed)" in latency[0], infos
+    per_request = [i for i in infos if "per-request cached tokens" in i]
+    assert per_request and f"`{b}` recorded no finished request" in per_request[0], infos
+    assert not any("cache-only" in i for i in latency + per_request), infos
+
+
+def test_a_failed_runs_overview_says_why_it_failed(failed_pair, monkeypatch):
+    """A failed run's Overview said it 'stopped early' and never why, though its replay
+    stored the error (the one line `kvtrace replay` printed)."""
+    db, _, b = failed_pair
+    at = render(db, monkeypatch, run=b)
+    said = [w.value for w in at.warning if "stopped early" in w.value]
+    assert said and "cannot be scheduled" in said[0], [w.value for w in at.warning]
+
+
+def test_a_failed_runs_evictions_page_does_not_say_its_cache_never_filled(failed_pair, monkeypatch):
+    """A run that failed before it recorded anything: 'No evictions in this run: the cache
+    never filled', which nothing measured."""
+    db, _, b = failed_pair
+    at = render(db, monkeypatch, "evictions", run=b)
+    infos = [i.value for i in at.info]
+    assert not any("never filled" in i for i in infos), infos
+    assert any("No evictions recorded so far: this run is **failed**" in i for i in infos), infos
+
+
+def test_a_live_captures_latency_page_is_one_line_not_an_empty_table(tmp_path, monkeypatch):
+    """A live capture has no request times: its Latency page showed a table of blanks headed
+    '(modelled)' and six empty charts each saying 'Fill it with `kvtrace demo`'."""
+    from kvtrace.store.writer import Store
+
+    db = str(tmp_path / "live.duckdb")
+    with Store.open(db) as store:
+        run = store.create_run("captured", trace_source="tcp://h:1", mode="live", config={"endpoint": "tcp://h:1"})
+        store.finish_run(run, summary={"batches": 0, "events": 0, "nothing_received": False})
+    at = render(db, monkeypatch, "latency", run=run)
+    assert not at.dataframe and not at.get("plotly_chart")
+    infos = [i.value for i in at.info]
+    assert len(infos) == 1 and "live capture" in infos[0], infos
+
+
+@pytest.mark.parametrize(("stale", "correct"), [(0, True), (None, False)])
+def test_a_collected_runs_stale_page_agrees_with_its_senders_summary(tmp_path, monkeypatch, stale, correct):
+    """A collected run whose sender (a kvtrace engine replay with content) counted 0 stale
+    hashes: Overview shows that 0, and the Stale page said the run 'checked no block
+    content'. A sender that checked none (null) is still not called correct."""
+    import synthetic_run
+
+    db = str(tmp_path / "collected.duckdb")
+    run = synthetic_run.write_collected_run(db)
+    sender = {"mode": "engine", "requests": 6, "stale_hashes": stale, "divergent_outputs": stale}
+    with duckdb.connect(db) as con:
+        con.execute("UPDATE runs SET status = 'complete', summary = ? WHERE run_id = ?", [json.dumps(sender), run])
+    overview = render(db, monkeypatch, run=run)
+    tile = next(m.value for m in overview.metric if m.label == "Stale hashes")
+    assert tile == ("0" if correct else "–")
+    at = render(db, monkeypatch, "stale", run=run)
+    assert not at.get("plotly_chart")  # (the collected story's spans hold no stale hash)
+    first = at.info[0].value
+    assert ("checked no block content" in first) is (not correct), first
+    assert ("the cache stayed correct" in first) is correct, first
