@@ -110,7 +110,8 @@ class Rate:
 
 RATES: tuple[Rate, ...] = (
     Rate("prefix_cache_hit_rate", "Prefix cache hit rate", "prefix_cache_hits", "prefix_cache_queries",
-         "vLLM's logged 'Prefix cache hit rate': prefix_cache_hits / prefix_cache_queries. The request hit rate."),
+         "vLLM's vllm:prefix_cache_hits / vllm:prefix_cache_queries over the whole run (its log line's 'Prefix "
+         "cache hit rate' is the last 1,000 requests'). The request hit rate."),
     Rate("external_prefix_cache_hit_rate", "External prefix cache hit rate", "external_prefix_cache_hits",
          "external_prefix_cache_queries",
          "vLLM's 'External prefix cache hit rate': external hits / external queries (None without a tier)."),
