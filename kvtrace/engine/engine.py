@@ -240,9 +240,12 @@ class Engine:
                 continue
             out = scheduler.schedule()
             if out.total_num_scheduled_tokens == 0:
-                if pending is not None and not scheduler.running:
-                    clock.advance_to(pending.arrival_ns)
-                    continue
+                if out.preempted_req_ids:  # every running request preempted: the next schedule, at this
+                    continue  # time, takes the waiting ones (a step with a preemption admits none)
+                # Nothing can run, and nothing a later arrival brings changes that: it queues behind
+                # the waiting head (FCFS) and the cache is idle. The run is refused now: it waited,
+                # idle, for the rest of the trace first, holding every request (a generated workload
+                # without end never finished)
                 stuck = scheduler.waiting[0] if scheduler.waiting else None
                 what = (f"request {stuck.request_id} ({stuck.num_prompt_tokens:,} prompt tokens)" if stuck
                         else "no request")

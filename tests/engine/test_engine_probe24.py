@@ -18,6 +18,7 @@ request was an error, and with it a 100 ms queue and a chunked prompt.
 from __future__ import annotations
 
 import random
+import re
 from collections import deque
 from itertools import pairwise
 
@@ -189,3 +190,31 @@ def test_a_partial_hit_on_a_block_written_in_the_same_step_reads_what_was_writte
         hits = {r.request_id: r.num_local_hit_tokens for r in result.requests}
         assert hits == {"a": 0, "b": 12} and result.summary["cow_copies"] == 1
         assert (result.summary["divergent_outputs"], result.summary["stale_hashes"]) == (0, 0), b_arrives
+
+
+@pytest.mark.parametrize("content", [True, False], ids=["content", "no-content"])
+def test_a_waiting_head_nothing_can_run_is_refused_before_the_rest_of_the_workload_is_read(content):
+    """Nothing running and a waiting head that cannot start (a prompt over the step's budget
+    without chunked prefill, or over the pool): a later arrival only queues behind it, so the run
+    can never go on. The engine jumped its clock to each later arrival first, reading and holding
+    the whole workload (20,000 requests: 138 MB and twice the time before the same one line), and a
+    generated workload without end never ended."""
+    pulled = 0
+
+    def workload(head: int):
+        nonlocal pulled
+        for i in range(10_000):
+            pulled += 1
+            n = head if i == 0 else 20
+            yield TraceRequest(f"r{i}", i * MS, n, 1, token_ids=np.arange(i * 1000, i * 1000 + n, dtype=np.int64))
+
+    no_chunks = get_preset("dense-attention", scheduler={"enable_chunked_prefill": False,
+                                                         "max_num_batched_tokens": 512})
+    small = get_preset("dense-attention", capacity_blocks=10)
+    for preset, head, what in ((no_chunks, 700, "without chunked prefill a prompt must fit one step's"),
+                               (small, 200, "it needs more KV blocks than the pool holds (num_gpu_blocks 10)")):
+        pulled = 0
+        with pytest.raises(KVTraceError, match=rf"^engine: request r0 \({head} prompt tokens\) cannot be scheduled: "
+                                               f"{re.escape(what)}"):
+            Engine(preset, content=content).run(workload(head))
+        assert pulled <= 2  # (the head, and the next request read ahead)
