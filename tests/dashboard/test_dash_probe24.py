@@ -101,3 +101,22 @@ def test_a_collected_runs_stale_page_agrees_with_its_senders_summary(tmp_path, m
     first = at.info[0].value
     assert ("checked no block content" in first) is (not correct), first
     assert ("the cache stayed correct" in first) is correct, first
+
+
+def test_a_collected_cache_only_runs_latency_page_does_not_say_it_finished_no_request(tmp_path, monkeypatch):
+    """A collected run whose sender replayed cache-only (lookups, no request spans, its
+    summary's mode cache-only): Overview counts its requests, and Latency said 'No finished
+    requests in this run' over a table of blanks and six empty charts."""
+    import synthetic_run
+
+    db = str(tmp_path / "collected.duckdb")
+    run = synthetic_run.write_collected_run(db)
+    sender = {"mode": "cache-only", "policy": "lru", "requests": 6, "prefix_cache_queries": 100,
+              "prefix_cache_hits": 10, "median_ttft_ms": None}
+    with duckdb.connect(db) as con:
+        con.execute("DELETE FROM spans_request WHERE run_id = ?", [run])  # (a cache-only sender sends none)
+        con.execute("UPDATE runs SET status = 'complete', summary = ? WHERE run_id = ?", [json.dumps(sender), run])
+    at = render(db, monkeypatch, "latency", run=run)
+    infos = [i.value for i in at.info]
+    assert not at.dataframe and not at.get("plotly_chart"), infos
+    assert len(infos) == 1 and "cache-only" in infos[0] and "No finished requests" not in infos[0], infos

@@ -23,12 +23,16 @@ def main() -> None:
 
     st.title("Latency")
     st.caption(f"Times: {queries.times_caption(run_id)}.")
-    if queries.config(run_id).get("mode") == "cache-only":  # its requests finished, but on no clock
+    # a collected run's summary is its sender's: a cache-only replay's said 200 requests on
+    # Overview, and 'No finished requests in this run' here
+    sent = (queries.run_row(run_id).get("mode") == "otlp" and queries.summary(run_id).get("mode") == "cache-only"
+            and queries.call("latency_summary", run_id, (99,)).get("median_ttft_ms") is None)  # (and no times came)
+    if queries.config(run_id).get("mode") == "cache-only" or sent:  # its requests finished, but on no clock
         state.warn_unknown("request", [], "Request", "a cache-only run has no clock.",  # (named once)
                            where="this run's latencies")
         st.query_params.pop("request", None)
-        ui.empty("This run is cache-only: it has no clock, so no latency.",
-                 "`kvtrace replay TRACE --db PATH` in engine mode")
+        ui.empty("This run is cache-only" + (" (its sender's summary says so)" if sent else "")
+                 + ": it has no clock, so no latency.", "`kvtrace replay TRACE --db PATH` in engine mode")
         return
     if queries.run_row(run_id).get("mode") == "live":  # (an empty table and six "fill it with kvtrace demo")
         state.warn_unknown("request", [], "Request", "a live capture has no request times.",
