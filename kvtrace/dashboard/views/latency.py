@@ -35,8 +35,7 @@ def main() -> None:
                  + ": it has no clock, so no latency.", "`kvtrace replay TRACE --db PATH` in engine mode")
         return
     if queries.run_row(run_id).get("mode") == "live":  # (an empty table and six "fill it with kvtrace demo")
-        state.warn_unknown("request", [], "Request", "a live capture has no request times.",
-                           where="this run's latencies")
+        state.warn_unknown("request", [], "Request", "it has no finished request to show.")  # (named once)
         st.query_params.pop("request", None)
         ui.empty("This run is a live capture: vLLM's KV events carry cache events and no request times, so no "
                  "latency.", "`kvtrace replay TRACE --db PATH` in engine mode (`kvtrace capture vllm --trace-out "
