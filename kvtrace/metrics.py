@@ -175,8 +175,9 @@ def counter_sql(column: Mapping[str, str]) -> dict[str, str]:
 
 
 # --- block hit rate (kvtrace's own, not a vLLM metric) ------------------------------------
-BLOCK_HIT_RATE_DOC = ("kvtrace's own: prompt blocks (of the first KV group's block size) entirely served from cache, "
-                      "local or external, at first schedule, over prompt blocks.")
+BLOCK_HIT_RATE_DOC = ("kvtrace's own: prompt blocks (of the first full-attention group's block size, the summary's "
+                      "block_size; else the first group's) entirely served from cache, local or external, at first "
+                      "schedule, over prompt blocks.")
 
 
 def block_hits(hit_blocks: int, total_blocks: int) -> dict[str, int | float | None]:

@@ -189,6 +189,13 @@ class CacheConfig:
         return self.enable_partial_hits and self.enable_caching
 
     @property
+    def unit_group(self) -> int | None:
+        """The group whose blocks a run's block counts are in (``block_size``,
+        ``capacity_blocks``, ``hit_blocks``, ``total_blocks``): the first full-attention
+        group; None without one."""
+        return next((g for g, s in enumerate(self.groups) if isinstance(s, FullAttentionSpec)), None)
+
+    @property
     def shared_pool(self) -> bool:
         """One block pool for every group (vLLM), rather than one per group (SGLang)."""
         return isinstance(self.num_gpu_blocks, int)

@@ -406,7 +406,10 @@ class Engine:
             "preset": self.preset_name,
             "backend": self.backend,
             "cost_model": self.cost_model.name,  # every time below is modelled by it
-            **request_metrics(records, self.cache_config.groups[0].block_size, self.percentiles),
+            # (in the unit group's blocks, as block_size and capacity_blocks are: group 0's were
+            # 64-token blocks beside a block_size of 16 where a Mamba group came first)
+            **request_metrics(records, self.cache_config.groups[self.cache_config.unit_group or 0].block_size,
+                              self.percentiles),
             "output_tokens": outputs,
             "computed_prompt_tokens": sum(r.num_computed_prompt_tokens for r in records),
             "output_tok_per_s": round(outputs / span_s, 3),

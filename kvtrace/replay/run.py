@@ -786,12 +786,8 @@ def engine_capacity(cache) -> tuple[int | None, int | None]:
     ``runs`` and the capacity curve read a stored config: the pool the first full-attention
     group allocates from, less vLLM's null block, and that group's block size. (The summary
     had neither: ``diff`` showed null where ``runs`` showed 11×512.)"""
-    from kvtrace.cache.config import FullAttentionSpec
-
-    for spec, blocks in zip(cache.groups, cache.pool_sizes):
-        if isinstance(spec, FullAttentionSpec):
-            return blocks - 1, spec.block_size
-    return None, None
+    g = cache.unit_group
+    return (None, None) if g is None else (cache.pool_sizes[g] - 1, cache.groups[g].block_size)
 
 
 def _run_cache_only(spec: RunSpec, workload: _Workload, digest: Digest, instrumentor, bar: _Progress):

@@ -218,3 +218,22 @@ def test_a_waiting_head_nothing_can_run_is_refused_before_the_rest_of_the_worklo
                                                f"{re.escape(what)}"):
             Engine(preset, content=content).run(workload(head))
         assert pulled <= 2  # (the head, and the next request read ahead)
+
+
+def test_block_counts_are_in_the_unit_groups_blocks_whatever_the_group_order():
+    """A Mamba group of 64-token blocks before full attention of 16: the summary said
+    block_size 16 (the first full-attention group's, as capacity_blocks) beside hit_blocks and
+    total_blocks counted in the first group's 64-token blocks. Both orders now count alike."""
+    from kvtrace.cache import FullAttentionSpec, MambaSpec
+
+    prompt = np.arange(100, dtype=np.int64)
+    work = [TraceRequest("a", 0, 100, 1, token_ids=prompt), TraceRequest("b", 10**9, 100, 1, token_ids=prompt)]
+    summaries = []
+    for groups in ((FullAttentionSpec(16), MambaSpec(64)), (MambaSpec(64), FullAttentionSpec(16))):
+        preset = get_preset("kimi-hybrid", groups=groups, hash_block_size=16, capacity_blocks=400)
+        summaries.append(Engine(preset, content=False).run(work).summary)
+    for s in summaries:
+        assert s["total_blocks"] == 2 * -(-100 // 16)  # two prompts of 100 tokens in 16-token blocks
+        assert s["hit_blocks"] == s["prefix_cache_hits"] // 16 > 0  # (b's hit alone, in 16-token blocks)
+    assert summaries[0]["total_blocks"] == summaries[1]["total_blocks"]
+    assert summaries[0]["hit_blocks"] == summaries[1]["hit_blocks"] > 0
