@@ -25,7 +25,8 @@ max_num_batched_tokens = 8192
 max_num_seqs = 256
 long_prefill_token_threshold = 0
 max_model_len = 1048576           # a request longer than this is refused
-enable_chunked_prefill = true     # false: a prompt waits for a step whose budget takes it whole
+enable_chunked_prefill = true     # false: a prompt waits for a step whose budget takes it whole (or, with
+                                  # a threshold, cut at it while others wait, as vLLM does)
 scheduler_reserve_full_isl = true # vLLM's admission gate: a whole sequence must fit to start
 
 [cost_model]                      # a built-in model by name, or one `kvtrace calibrate` wrote
