@@ -26,7 +26,7 @@ from kvtrace.cache.config import (
     SHARED_PREFIX_PINNING,
     TRANSIENT_CHECKPOINT_RETENTION,
 )
-from kvtrace.errors import ConfigError, KVTraceError, TraceFormatError
+from kvtrace.errors import ConfigError, KVTraceError
 from kvtrace.replay.run import GENERATED_PREFIX, RunSpec, run_replay, validate
 from kvtrace.replay.sweep import (
     CAPACITY_FORMS,
@@ -407,9 +407,9 @@ def run_study(
         except ConfigError as err:  # (named at the --sweep value that made it, not at its flag)
             raise err if parameter is None else at_swept_value(err, {parameter: value}, "--sweep") from None
         pairs.append((parameter, value, off_spec, on_spec))
-    if not trace.startswith(GENERATED_PREFIX) and _no_requests(spec0):  # (a generated workload has some)
+    if not trace.startswith(GENERATED_PREFIX):  # (a generated workload has some)
         # as --limit 0: two empty runs said the behaviour's effect was NOT shown, from nothing
-        raise TraceFormatError(trace, None, "no requests: a study of no requests compares nothing")
+        _first_request(spec0)
     from kvtrace.compare.model import diff_summaries
     from kvtrace.compare.source import diff_runs
 
@@ -437,11 +437,12 @@ def run_study(
     return result
 
 
-def _no_requests(spec: RunSpec) -> bool:
-    """Whether the trace (as far as --limit reads it) holds no request: its first is read."""
+def _first_request(spec: RunSpec) -> None:
+    """Read the trace's first request, before any replay: a trace of none is refused by its
+    reader (TraceFormatError, "holds no request")."""
     from kvtrace.replay.run import open_workload
 
-    return next(iter(open_workload(spec).requests), None) is None
+    next(iter(open_workload(spec).requests), None)
 
 
 def _run_info(spec: RunSpec, result: Any, trace: str) -> dict[str, Any]:

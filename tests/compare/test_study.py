@@ -463,9 +463,9 @@ def test_a_trace_of_no_requests_is_refused_before_any_replay(tmp_path, capsys):
 
     trace, db = tmp_path / "header.jsonl", tmp_path / "s.duckdb"
     trace.write_text('{"kvtrace_trace": 1}\n')
-    with pytest.raises(KVTraceError, match=r": no requests: a study of no requests compares nothing$"):
+    with pytest.raises(KVTraceError, match=r": holds no request \(a header or blank lines only\?\)$"):
         S.run_study("external-hit-running-cow", trace=str(trace), db=db)
     assert not db.exists()
     code, out, err = run(["study", "external-hit-running-cow", "--trace", str(trace)], capsys)
-    assert_one_line(code, err, f"{trace}: no requests")
+    assert_one_line(code, err, f"{trace}: holds no request")
     assert out == ""
