@@ -27,10 +27,11 @@ from kvtrace.store.schema import SUMMARY_FIELDS
 METRIC_DIRECTION: dict[str, int] = {
     "prefix_cache_hits": 1,
     "prefix_cache_hit_rate": 1,
-    "external_prefix_cache_hits": 1,
-    "external_prefix_cache_hit_rate": 1,
+    # Not the external tier's hits, their rate or the tokens it served: fewer of them is a loss
+    # only where the prompt was computed instead, which local_compute says, and a gain where
+    # the local cache kept them (a change that moved hits from the tier to the GPU, the same
+    # prompts computed, read as worse on all three).
     "prompt_tokens_by_source.local_cache_hit": 1,
-    "prompt_tokens_by_source.external_kv_transfer": 1,
     "prompt_tokens_by_source.local_compute": -1,  # prefill work the cache did not save
     "block_hit_rate": 1,
     "output_tok_per_s": 1,

@@ -152,3 +152,28 @@ def test_a_trace_file_changed_between_two_runs_is_not_blamed_on_flags_never_give
         assert code == 0, err
     code, _, err = run(["diff", "r1", "r2", "--db", db], capsys)
     assert_one_line(code, err, "replay different traces", "changed between the runs", "--force")
+
+
+def test_hits_moved_from_the_external_tier_to_the_gpu_are_not_called_worse():
+    """The demo's shared-prefix-pinning pair: 9,216 prompt tokens the external tier served came
+    from the GPU cache instead, the same prompts computed. diff called B worse on the tier's hits
+    and on its transferred tokens (and its hit rate fell with its queries), and the notebook said
+    B traded off against A, for a plain gain. The tier's figures have no direction: local_compute
+    says whether prompts were lost to compute."""
+    from kvtrace.compare.model import diff_summaries
+
+    a = {"prefix_cache_queries": 462_513, "prefix_cache_hits": 32_384, "external_prefix_cache_queries": 430_129,
+         "external_prefix_cache_hits": 350_976, "external_prefix_cache_hit_rate": 350_976 / 430_129,
+         "prompt_tokens_by_source.local_cache_hit": 32_384,
+         "prompt_tokens_by_source.external_kv_transfer": 350_976, "prompt_tokens_by_source.local_compute": 79_153}
+    moved = 9_216
+    b = {**a, "prefix_cache_hits": a["prefix_cache_hits"] + moved,
+         "external_prefix_cache_queries": a["external_prefix_cache_queries"] - moved,
+         "external_prefix_cache_hits": a["external_prefix_cache_hits"] - moved,
+         "external_prefix_cache_hit_rate": (350_976 - moved) / (430_129 - moved),
+         "prompt_tokens_by_source.local_cache_hit": 32_384 + moved,
+         "prompt_tokens_by_source.external_kv_transfer": 350_976 - moved}
+    verdicts = {m.name: m.verdict for m in diff_summaries(a, b).metrics}
+    assert verdicts["prefix_cache_hits"] == verdicts["prompt_tokens_by_source.local_cache_hit"] == "better"
+    assert verdicts["prompt_tokens_by_source.local_compute"] == "same"
+    assert "worse" not in verdicts.values(), {k: v for k, v in verdicts.items() if v == "worse"}
