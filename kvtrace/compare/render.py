@@ -300,7 +300,8 @@ def requests_line(r: RequestHitDiff) -> str:
     """The per-request comparison in one line: the per-request table's title, or the line
     in its place when no request gained or lost (the requests only one run holds too)."""
     only = f"; only in A: {r.only_a:,}, only in B: {r.only_b:,}" if r.only_a or r.only_b else ""
-    return f"cached tokens per request: {r.gained:,} gained, {r.lost:,} lost of {r.requests:,}{only}"
+    return (f"cached tokens per request (local + external hits): {r.gained:,} gained, {r.lost:,} lost of "
+            f"{r.requests:,}{only}")
 
 
 def to_text(diff: RunDiff, width: int = 120) -> str:

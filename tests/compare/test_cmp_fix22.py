@@ -92,8 +92,9 @@ def test_the_demos_summary_table_says_whose_manager_made_each_run():
 
 
 def test_the_demos_diffs_print_what_kvtrace_diff_prints_of_the_same_runs(tmp_path):
-    """The demo's diffs left out the `cached tokens per request: ...` line kvtrace diff prints of
-    the same runs (f72899e): one renderer for both, the demo's without evictions and top requests."""
+    """The demo's diffs left out the `cached tokens per request (local + external hits): ...` line
+    kvtrace diff prints of the same runs (f72899e): one renderer for both, the demo's without
+    evictions and top requests."""
     from kvtrace.compare.demo import run_demo
     from kvtrace.compare.render import requests_line, to_text
 
@@ -106,7 +107,7 @@ def test_the_demos_diffs_print_what_kvtrace_diff_prints_of_the_same_runs(tmp_pat
         line = requests_line(d.requests)
         assert any(x.strip() == line for x in lines)  # (a table's title or a line of its own)
         assert line in to_text(d, width=250)
-    assert sum(x.strip().startswith("cached tokens per request:") for x in lines) == 3
+    assert sum(x.strip().startswith("cached tokens per request (local + external hits):") for x in lines) == 3
 
 
 def test_a_study_swept_over_one_value_has_its_sweep_table_in_every_view():
@@ -147,7 +148,7 @@ def test_the_per_request_line_writes_counts_with_separators():
     from kvtrace.compare.render import requests_line, to_markdown, to_text
 
     r = RequestHitDiff(requests=1626, gained=0, lost=1200, only_a=1374, only_b=0, cached_tokens_delta=-322560)
-    assert requests_line(r) == ("cached tokens per request: 0 gained, 1,200 lost of 1,626; "
+    assert requests_line(r) == ("cached tokens per request (local + external hits): 0 gained, 1,200 lost of 1,626; "
                                 "only in A: 1,374, only in B: 0")
     diff = RunDiff({"run_id": "r1"}, {"run_id": "r2"}, [], requests=r)
     md = to_markdown(diff)

@@ -62,16 +62,19 @@ def test_the_diff_table_says_how_many_requests_one_run_alone_holds():
     same = RunDiff(run_a, run_b, metrics, requests=RequestHitDiff(requests=385, only_a=698))
     assert to_json(same)["requests"]["only_a"] == 698 and "Only in A: 698, only in B: 0." in to_markdown(same)
     lines = to_text(same, width=200).splitlines()
-    assert "cached tokens per request: 0 gained, 0 lost of 385; only in A: 698, only in B: 0" in lines
+    assert ("cached tokens per request (local + external hits): 0 gained, 0 lost of 385; only in A: 698, only in B: 0"
+            in lines)
     # with a request that lost: the table's title says it
     lost = RequestChange("q1", 100, 64, 0)
     changed = RunDiff(run_a, run_b, metrics, requests=RequestHitDiff(requests=385, lost=1, only_b=3, top_lost=[lost]))
     text = " ".join(to_text(changed, width=200).split())  # (a title wraps at its table's width)
-    assert "cached tokens per request: 0 gained, 1 lost of 385; only in A: 0, only in B: 3" in text
+    assert "cached tokens per request (local + external hits): 0 gained, 1 lost of 385; only in A: 0, only in B: 3" \
+        in text
     assert text.count("cached tokens per request") == 1
     # nothing held by one run alone, nothing gained or lost: the line says the requests were compared
     none = RunDiff(run_a, run_b, metrics, requests=RequestHitDiff(requests=40))
-    assert "cached tokens per request: 0 gained, 0 lost of 40" in to_text(none, width=200).splitlines()
+    assert "cached tokens per request (local + external hits): 0 gained, 0 lost of 40" in to_text(
+        none, width=200).splitlines()
 
 
 def test_a_study_through_vllm_without_a_store_says_whose_manager_made_each_run(vllm_api):
