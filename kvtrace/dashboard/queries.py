@@ -11,6 +11,7 @@ cannot tell (a ClickHouse server).
 
 from __future__ import annotations
 
+import itertools
 import json
 import shlex
 from dataclasses import dataclass
@@ -383,9 +384,24 @@ def _extent(db: str, key: tuple, run_id: str) -> tuple[int, int, int]:
         evicted = read.evictions_over_time(db, run_id)
         frames.append(evicted.select(pl.col("window_start_ns").min().alias("lo"),
                                      pl.col("window_start_ns").max().alias("hi")))
+    if virtual and reqs.height == 0:
+        # A cache-only replay writes no request spans: its lookups (a step each) are its time
+        # axis. Read from nothing, its length was 0 and every window 0 to 1 s: the Hit rate
+        # and Evictions pages of a run of 3,993 requests showed its first 1,000 alone.
+        starts: list[int] = hit_counters_over_time_starts(db, run_id).to_list()
+        if starts:
+            gaps = [b - a for a, b in itertools.pairwise(starts) if b > a]
+            # (the last window's end: its start and one window, the least gap between starts)
+            frames.append(pl.DataFrame({"lo": [min(starts)], "hi": [max(starts) + (min(gaps) if gaps else 1)]}))
     lo, end = pl.concat([f.cast(pl.Int64) for f in frames]).select(
         pl.col("lo").min().fill_null(0), pl.col("hi").max().fill_null(0)).row(0)
     return (0 if virtual else lo), end, reqs.height
+
+
+def hit_counters_over_time_starts(db: str, run_id: str) -> pl.Series:
+    """The window starts (ns) of the run's admissions at the store's own window length: where
+    its lookups lie in time when no request span says so (a cache-only replay's)."""
+    return read.hit_counters_over_time(db, run_id)["window_start_ns"].cast(pl.Int64)
 
 
 def extent(run_id: str) -> tuple[int, int]:
@@ -477,6 +493,8 @@ def window_ns(run_id: str) -> int | None:
     duration is unknown."""
     ctx = context()
     lo, end, n = _extent(ctx["db"], ctx["key"], run_id)
+    if not n and replay_mode(run_row(run_id).get("mode")) is not None:
+        return None  # (a replay without request spans, cache-only: the store's window over its spans, as always)
     return read.nice_window(end - lo, windows_for(n)) if end > lo else None
 
 

@@ -120,3 +120,29 @@ def test_a_collected_cache_only_runs_latency_page_does_not_say_it_finished_no_re
     infos = [i.value for i in at.info]
     assert not at.dataframe and not at.get("plotly_chart"), infos
     assert len(infos) == 1 and "cache-only" in infos[0] and "No finished requests" not in infos[0], infos
+
+
+def test_a_cache_only_run_of_over_a_thousand_requests_is_charted_whole(tmp_path, monkeypatch):
+    """A cache-only replay writes no request spans, and its lookups are a millisecond of
+    virtual time apart: the dashboard read its length as 0, its time window as 0 to 1 s, and
+    the Hit rate and Evictions pages of a run of 1,200 requests charted the first 1,000 alone
+    (a cumulative hit rate that never reached the run's, evictions short of its count)."""
+    from pathlib import Path
+
+    from apptest import traces
+
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    trace = str(Path(__file__).resolve().parents[1] / "data" / "mooncake_synthetic_trace.jsonl")
+    db = str(tmp_path / "co.duckdb")
+    done = run_replay(RunSpec(trace, mode="cache-only", capacity_blocks=300, limit=1200), db=db)
+    summary = done.summary
+    assert summary["requests"] == 1200 and summary["evictions"] > 0
+    at = render(db, monkeypatch, "hit_rate", run=done.run_id)
+    (cumulative,) = [t for t in traces(at) if t.get("name") == "prefix cache hit rate (cumulative)"]
+    assert cumulative["y"][-1] == pytest.approx(summary["prefix_cache_hit_rate"])
+    sources = [t for t in traces(at) if t.get("name") in ("local cache hit", "local compute")]
+    assert sum(sum(t["y"]) for t in sources) == summary["prefix_cache_queries"]
+    at = render(db, monkeypatch, "evictions", run=done.run_id)
+    charted = [t for t in traces(at) if t.get("name") == "LRU eviction"]
+    assert charted and sum(charted[0]["y"]) == summary["evictions"]
