@@ -384,10 +384,11 @@ def _extent(db: str, key: tuple, run_id: str) -> tuple[int, int, int]:
         evicted = read.evictions_over_time(db, run_id)
         frames.append(evicted.select(pl.col("window_start_ns").min().alias("lo"),
                                      pl.col("window_start_ns").max().alias("hi")))
-    if virtual and reqs.height == 0:
+    if reqs.height == 0:
         # A cache-only replay writes no request spans: its lookups (a step each) are its time
         # axis. Read from nothing, its length was 0 and every window 0 to 1 s: the Hit rate
-        # and Evictions pages of a run of 3,993 requests showed its first 1,000 alone.
+        # and Evictions pages of a run of 3,993 requests showed its first 1,000 alone; one
+        # collected from its sender started at its first eviction, its lookups before it unshown.
         starts: list[int] = hit_counters_over_time_starts(db, run_id).to_list()
         if starts:
             gaps = [b - a for a, b in itertools.pairwise(starts) if b > a]

@@ -146,3 +146,24 @@ def test_a_cache_only_run_of_over_a_thousand_requests_is_charted_whole(tmp_path,
     at = render(db, monkeypatch, "evictions", run=done.run_id)
     charted = [t for t in traces(at) if t.get("name") == "LRU eviction"]
     assert charted and sum(charted[0]["y"]) == summary["evictions"]
+
+
+def test_a_collected_cache_only_runs_lookups_before_its_first_eviction_are_charted(tmp_path, monkeypatch):
+    """A collected run on its sender's clock, of a cache-only replay (lookups, no request
+    spans): its time axis started at its first eviction, and the Hit rate page's prompt
+    tokens by source left out every lookup before it (1.3M of 17.5M tokens, unsaid)."""
+    from pathlib import Path
+
+    from apptest import traces
+
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    trace = str(Path(__file__).resolve().parents[1] / "data" / "mooncake_synthetic_trace.jsonl")
+    db = str(tmp_path / "co.duckdb")
+    done = run_replay(RunSpec(trace, mode="cache-only", capacity_blocks=2000, limit=300), db=db)
+    with duckdb.connect(db) as con:  # (as `kvtrace collect` records a sender's run: mode otlp, no config)
+        con.execute("UPDATE runs SET mode = 'otlp', config = NULL WHERE run_id = ?", [done.run_id])
+    at = render(db, monkeypatch, "hit_rate", run=done.run_id)
+    sources = [t for t in traces(at) if t.get("name") in ("local cache hit", "local compute")]
+    assert len(sources) == 2
+    assert sum(sum(t["y"]) for t in sources) == done.summary["prefix_cache_queries"]
