@@ -26,7 +26,7 @@ from operator import sub
 from typing import Any
 
 from kvtrace.cache import CacheConfig, KVCacheManager, MambaSpec
-from kvtrace.cache.events import BlockCopied, BlockEvicted, BlockPublished
+from kvtrace.cache.events import COPY_EXTERNAL, BlockCopied, BlockEvicted, BlockPublished
 from kvtrace.engine.arrays import TORCH_CPU
 from kvtrace.engine.backends import BACKENDS, DEFAULT_BACKEND, VLLM
 from kvtrace.engine.clock import Clock, CostModel
@@ -309,8 +309,8 @@ class Engine:
                 elif isinstance(ev, BlockEvicted):
                     stats["evictions"] += len(ev.block_ids)
                     by_reason[ev.reason] = by_reason.get(ev.reason, 0) + len(ev.block_ids)
-                elif isinstance(ev, BlockCopied):
-                    stats["cow_copies"] += 1
+                elif isinstance(ev, BlockCopied) and ev.why != COPY_EXTERNAL:
+                    stats["cow_copies"] += 1  # (an external-tier load is a copy event, not a CoW: 852 of 975)
             if auditor is not None:
                 auditor.on_published(batch_events, live)
                 if self.audit_interval and (step + 1) % self.audit_interval == 0:

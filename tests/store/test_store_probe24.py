@@ -109,3 +109,24 @@ def test_a_writer_pid_reused_by_another_users_process_is_no_writer(monkeypatch):
     assert liveness.writer_alive(me, host, mine, db="s.duckdb", run_id="r1")  # its own writer
     assert liveness.writer_alive(me, host, None, db="s.duckdb", run_id="r1")  # no token kept: as before
     assert liveness.shown_status("running", me, host, f"{mine}0", db="s.duckdb", run_id="r1") == "incomplete"
+
+
+def test_cow_copies_leave_out_the_external_tiers_loads_in_the_summary_and_from_the_spans(tmp_path):
+    """An external-tier load into a local block is a copy event (``external``), not a
+    copy-on-write: cow_copies said 975 where 123 were copies and 852 loads, and the README
+    calls it copy-on-write block copies. The engine's summary and the one from the spans agree."""
+    from kvtrace.cache.events import COPY_EXTERNAL
+    from kvtrace.replay.run import RunSpec, run_replay
+    from kvtrace.store.read.summary import EXTERNAL_LOAD
+
+    assert EXTERNAL_LOAD == COPY_EXTERNAL
+    db = tmp_path / "ext.duckdb"
+    result = run_replay(RunSpec("gen:mixed", limit=120, capacity_blocks=40, external_capacity_blocks=4096,
+                                content=False), db=str(db))
+    with duckdb.connect(str(db), read_only=True) as con:
+        reasons = dict(con.sql("SELECT copy_reason, count(*) FROM spans WHERE name = 'kvtrace.cache.cow' "
+                               "GROUP BY ALL").fetchall())
+    assert reasons.get(COPY_EXTERNAL, 0) > 0 and sum(reasons.values()) > reasons[COPY_EXTERNAL]  # both kinds
+    copies = sum(n for why, n in reasons.items() if why != COPY_EXTERNAL)
+    assert result.summary["cow_copies"] == copies
+    assert read.summary_from_spans(db, result.run_id)["cow_copies"] == copies

@@ -92,7 +92,7 @@ def _summary_from_spans(db: DB, run_id: str) -> dict[str, Any]:
         "publishes": (int(counts[SPAN_PUBLISH]["blocks"]) if SPAN_PUBLISH in counts else 0) if cached else None,
         "evictions": (int(counts[SPAN_EVICT]["blocks"]) if SPAN_EVICT in counts else 0) if cached else None,
         **({"evictions_by_reason": by_reason} if cached else {}),
-        "cow_copies": spans_of(SPAN_COW) if totals else None,
+        "cow_copies": _cow_copies(db, run_id) if totals and SPAN_COW in counts else 0 if totals else None,
         **({"stale_hashes_left": spans_of(SPAN_STALE_LEFT),
             "divergent_outputs": spans_of(SPAN_DIVERGENT) if checked else None} if totals else {}),
         # an engine run's steps, one span each (numbered 0..n-1): a stopped run makes no final audit,
@@ -136,6 +136,19 @@ def _recorded_percentiles(config: Mapping[str, Any]) -> tuple[float, ...]:
 # without request spans (cache-only) has none: its prompt tokens are its queries.
 _TOTALS = {"prompt_tokens": "num_prompt_tokens", "output_tokens": "num_output_tokens",
            "preemptions": "num_preemptions"}
+
+
+# the copy_reason of an external-tier load: the cache's COPY_EXTERNAL (a store imports no cache)
+EXTERNAL_LOAD = "external"
+
+
+def _cow_copies(db: DB, run_id: str) -> int:
+    """Copy-on-write copies, as the engine's summary counts them: its copy spans but the
+    external tier's loads into local blocks (a copy event each, no CoW: 852 of 975)."""
+    frame = with_run(db, run_id, f"""
+        SELECT count(*) AS n FROM spans WHERE run_id = $run_id AND name = '{SPAN_COW}'
+        AND coalesce(copy_reason, '') <> '{EXTERNAL_LOAD}'""")
+    return int(frame["n"][0])
 
 
 def _request_totals(db: DB, run_id: str) -> dict[str, int]:
