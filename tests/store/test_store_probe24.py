@@ -130,3 +130,19 @@ def test_cow_copies_leave_out_the_external_tiers_loads_in_the_summary_and_from_t
     copies = sum(n for why, n in reasons.items() if why != COPY_EXTERNAL)
     assert result.summary["cow_copies"] == copies
     assert read.summary_from_spans(db, result.run_id)["cow_copies"] == copies
+
+
+def test_steps_from_the_spans_count_each_step_once_with_a_final_audits_span(tmp_path):
+    """A final audit that finds stale hashes adds a zero-length step span under the last step's
+    number: the summary from spans (a stopped run's, the one `runs` and `diff` read) said 827
+    steps where the run's own summary said 826."""
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = tmp_path / "stale.duckdb"
+    result = run_replay(RunSpec("gen:mixed", limit=30, capacity_blocks=40, external_capacity_blocks=4096,
+                                without=("external-hit-running-cow",)), db=str(db))
+    with duckdb.connect(str(db), read_only=True) as con:
+        spans, numbers = con.execute("SELECT count(*), count(DISTINCT step) FROM spans "
+                                     "WHERE name = 'kvtrace.engine.step'").fetchall()[0]
+    assert spans == numbers + 1  # (the audit's span: the case at hand)
+    assert read.summary_from_spans(db, result.run_id)["steps"] == result.summary["steps"] == numbers
