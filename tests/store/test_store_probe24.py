@@ -146,3 +146,35 @@ def test_steps_from_the_spans_count_each_step_once_with_a_final_audits_span(tmp_
                                      "WHERE name = 'kvtrace.engine.step'").fetchall()[0]
     assert spans == numbers + 1  # (the audit's span: the case at hand)
     assert read.summary_from_spans(db, result.run_id)["steps"] == result.summary["steps"] == numbers
+
+
+def test_the_prefix_reuse_gap_is_between_requests_not_a_waiting_requests_own_lookups(tmp_path):
+    """A request waiting for room looks its prompt up again every step: each retry counted as a
+    reuse of the prefix one step after the last (51 of 79 gaps of one external-tier run). A gap
+    is now between consecutive requests' first lookups of a root hash, at the requests that hit."""
+    import collections
+
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = tmp_path / "wait.duckdb"
+    result = run_replay(RunSpec("gen:mixed", limit=80, capacity_blocks=40, external_capacity_blocks=30,
+                                content=False), db=str(db))
+    with duckdb.connect(str(db), read_only=True) as con:
+        rows = con.execute("SELECT root_hash, request_id, step, num_hit_tokens FROM spans WHERE run_id = ? AND "
+                           "name = 'kvtrace.cache.lookup' AND root_hash IS NOT NULL ORDER BY seq",
+                           [result.run_id]).fetchall()
+        stored = dict(con.execute("SELECT x, n FROM block_values WHERE run_id = ? AND metric = 'reuse_gap'",
+                                  [result.run_id]).fetchall())
+    per_request = collections.Counter((root, rid) for root, rid, _, _ in rows)
+    assert max(per_request.values()) > 1  # (requests looked a prefix up more than once: the case at hand)
+    first: dict[tuple, list] = {}
+    for root, rid, step, hit in rows:
+        entry = first.setdefault((root, rid), [step, False])
+        entry[1] = entry[1] or bool(hit)
+    expected: collections.Counter = collections.Counter()
+    last: dict = {}
+    for (root, _), (step, hit) in first.items():  # (insertion order: first lookups in seq order)
+        if root in last and hit:
+            expected[step - last[root]] += 1
+        last[root] = step
+    assert stored == dict(expected) and sum(expected.values()) > 0

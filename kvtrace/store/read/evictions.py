@@ -82,8 +82,8 @@ def eviction_attribution_flows(db: DB, run_id: str, top_prefixes: int = 10) -> p
 @checked
 def block_histograms(db: DB, run_id: str, bins: int = 40) -> pl.DataFrame:
     """Histograms (in scheduler steps) of block lifetime at eviction, idle time before
-    eviction, and prefix reuse gap (steps between consecutive lookups of a root hash,
-    counted at lookups that hit). Integer bins [bin_lo, bin_hi), at most ``bins`` per
+    eviction, and prefix reuse gap (steps between consecutive requests' first lookups of a
+    root hash, counted at the requests whose lookup of it hit). Integer bins [bin_lo, bin_hi), at most ``bins`` per
     metric. Columns: metric, bin_lo, bin_hi, count."""
     return with_run(db, run_id, lambda status: f"""
         WITH v AS (SELECT metric, x, n FROM {derived_relation("block_values", status)}),
