@@ -258,10 +258,6 @@ class BlockPool:
                 b.published_step = b.last_used_step = step
                 if cached.setdefault(h, b) is not b:  # already keyed elsewhere: a duplicate
                     self._insert_key(h, b)
-            external = self.external
-            if external is not None:
-                for b, h in zip(out, pub_hashes):
-                    external.store(group_id, h, b.hash_num_tokens)
         if evicted:
             sink.events.extend(evicted)
         if num_pub:
@@ -270,6 +266,10 @@ class BlockPool:
                 sink.events.append(BlockPublished(
                     step, request_id, group_id, "full", tuple([b.block_id for b in out[:num_pub]]),
                     tuple(pub_hashes), num_tokens))
+            external = self.external
+            if external is not None:  # (after the publish: what the tier drops for room follows it)
+                for b, h in zip(out, pub_hashes):
+                    external.store(group_id, h, b.hash_num_tokens)
         return out
 
     def touch(self, blocks: Iterable[KVCacheBlock], group_id: int) -> None:
@@ -432,8 +432,6 @@ class BlockPool:
                 self._insert_key(h, b)
             else:
                 cached[h] = b
-            if external is not None:
-                external.store(group_id, h, b.hash_num_tokens)
             append(b)
         if pub:
             sink = self.sink
@@ -449,6 +447,9 @@ class BlockPool:
                         BlockPublished(step, request_id, group_id, kind, tuple(ids), tuple(hashes),
                                        pub[-1].hash_num_tokens)
                     )
+            if external is not None:  # (after the publish: what the tier drops for room follows it)
+                for b in pub:
+                    external.store(group_id, cast("BlockHash", b.block_hash), b.hash_num_tokens)
         return len(pub)
 
     def _emit_publish(self, group_id, request_id, ids, hashes, kinds) -> None:
@@ -504,13 +505,13 @@ class BlockPool:
         b.last_used_step = step
         self._insert_key(block_hash, b)
         b.published_step = step
-        if self.external is not None:
-            self.external.store(group_id, block_hash, num_tokens)
         self.sink.publishes += 1
         if self.sink.enabled:
             self.sink.events.append(
                 BlockPublished(step, request_id, group_id, kind, (b.block_id,), (block_hash,), num_tokens)
             )
+        if self.external is not None:  # (after the publish: what the tier drops for room follows it)
+            self.external.store(group_id, block_hash, num_tokens)
         return block_hash
 
     def move_block_hashes(self, src: KVCacheBlock, dst: KVCacheBlock, request_id: str) -> list[tuple[BlockHash, int]]:

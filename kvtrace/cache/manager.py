@@ -52,6 +52,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Final, cast
 
+import msgspec
+
 from kvtrace.cache.block_pool import BlockPool
 from kvtrace.cache.blocks import KVCacheBlock
 from kvtrace.cache.config import SHARED_PREFIX_PINNING, CacheConfig, FullAttentionSpec
@@ -129,6 +131,7 @@ class KVCacheManager:
             and config.groups[0].block_size == config.hash_block_size
         )
         self._listeners: list[CacheListener] = []
+        self._lookup_at = -1  # sink.events index of the last PrefixLookup (its external hit filled in later)
         # The decode fast path (``_allocate_decode_slot``) knows these managers' rules only.
         kinds = {FullAttentionManager: _FULL, SlidingWindowManager: _SLIDING, MambaManager: _MAMBA}
         # Typed lists, not a tuple of fields: compiled, every access below is native.
@@ -233,7 +236,11 @@ class KVCacheManager:
         if sink.enabled:
             coarse0 = fine if self._unitary else m0.coarse(fine)
             miss_idx = hit // m0.block_size
-            miss = coarse0[miss_idx] if miss_idx < len(coarse0) else None
+            # (a block past the prompt's last token but one, which is always recomputed, was
+            # never looked up: no miss, where a resend's lookup blamed an old eviction of it)
+            eligible = (miss_idx + 1) * m0.block_size <= num_tokens - 1
+            miss = coarse0[miss_idx] if miss_idx < len(coarse0) and eligible else None
+            self._lookup_at = len(sink.events)
             sink.events.append(
                 PrefixLookup(
                     sink.step, request.request_id, num_tokens, hit, first, boundary, 0,
@@ -248,7 +255,14 @@ class KVCacheManager:
         if self.external is None or not self.enable_caching:
             return 0
         request.bind_hasher(self.hasher)
-        return self.coordinator.external_hit_tokens(request.block_hashes, num_local_hit_tokens, request.num_tokens - 1)
+        n = self.coordinator.external_hit_tokens(request.block_hashes, num_local_hit_tokens, request.num_tokens - 1)
+        events = self.sink.events
+        at = self._lookup_at
+        if n and 0 <= at < len(events):  # the request's lookup, made just before: it says 0 until now
+            ev = events[at]
+            if isinstance(ev, PrefixLookup) and ev.request_id == request.request_id:
+                events[at] = msgspec.structs.replace(ev, num_external_hit_tokens=n)
+        return n
 
     # -- allocation ---------------------------------------------------------------
     def allocate_slots(

@@ -39,3 +39,69 @@ def test_a_connector_eviction_counts_idle_from_the_entrys_last_load():
     assert out[0].step == evicted_at
     assert out[0].ages == (evicted_at - 0,)  # since its first store
     assert out[0].idle == (evicted_at - loaded_at,)  # since the load that used it
+
+
+def test_the_tiers_evictions_for_room_follow_the_publish_of_the_keys_it_stored():
+    """A call that published more keys than the external tier holds reported the tier's
+    eviction of the first before the publish that stored it: replaying the events (a publish
+    stores its keys in the tier, a connector eviction drops one) left keys the tier had
+    dropped. Both backends' adapters order them alike (see the vLLM adapter)."""
+    from kvtrace.cache.events import BlockPublished
+
+    m = KVCacheManager(CacheConfig(groups=(FullAttentionSpec(4),), num_gpu_blocks=20, hash_block_size=4,
+                                   external=ExternalTierConfig(capacity_blocks=2)))
+    events: list = []
+    m.subscribe(events.extend)
+    for rid, first in (("a", 0), ("b", 100)):
+        r = make_request(rid, range(first, first + 13))
+        blocks, hit, _ = m.get_computed_blocks(r)
+        run_chunk(m, r, 13 - hit, num_new_computed_tokens=hit, new_computed_blocks=blocks)
+    tier: set = set()
+    for ev in events:
+        if isinstance(ev, BlockPublished):
+            tier.update((ev.group_id, h) for h in ev.block_hashes)
+        elif isinstance(ev, BlockEvicted) and ev.reason == "connector":
+            for h in ev.block_hashes:
+                assert (ev.group_id, h) in tier, "a connector eviction of a key the tier was never given"
+                tier.discard((ev.group_id, h))
+    assert len(tier) == 2 and tier == set(m.external.entries)  # what the tier holds, exactly
+
+
+def test_a_lookup_says_the_external_tokens_it_hit():
+    """The lookup's span held 0 external hit tokens for every lookup (the manager learns them
+    after the lookup event): a run's lookups summed to 0 where its requests loaded 15,424."""
+    from kvtrace.cache.events import PrefixLookup
+
+    m = KVCacheManager(CacheConfig(groups=(FullAttentionSpec(4),), num_gpu_blocks=5, hash_block_size=4,
+                                   external=ExternalTierConfig(capacity_blocks=16)))
+    events: list = []
+    m.subscribe(events.extend)
+    for rid, tokens in (("a", range(13)), ("x", range(100, 113)), ("a2", range(13))):
+        r = make_request(rid, tokens)
+        blocks, hit, _ = m.get_computed_blocks(r)
+        ext = m.get_num_external_hit_tokens(r, hit)
+        run_chunk(m, r, 13 - hit - ext, num_new_computed_tokens=hit, new_computed_blocks=blocks,
+                  num_external_computed_tokens=ext)
+        m.free(r)
+    lookups = {ev.request_id: ev for ev in events if isinstance(ev, PrefixLookup)}
+    assert lookups["a2"].num_external_hit_tokens == 12 - lookups["a2"].num_hit_tokens > 0
+    assert lookups["a"].num_external_hit_tokens == 0
+
+
+def test_a_resends_lookup_names_no_miss_past_the_last_token_it_could_hit():
+    """An identical resend hits every block but the one holding its last token, which is
+    always recomputed: its lookup named that cached block as its first miss, and the miss
+    attribution blamed an old eviction of it."""
+    from kvtrace.cache.events import PrefixLookup
+
+    m = KVCacheManager(CacheConfig(groups=(FullAttentionSpec(16),), num_gpu_blocks=10, hash_block_size=16))
+    events: list = []
+    m.subscribe(events.extend)
+    for rid in ("a", "again"):
+        r = make_request(rid, range(32))
+        blocks, hit, _ = m.get_computed_blocks(r)
+        run_chunk(m, r, 32 - hit, num_new_computed_tokens=hit, new_computed_blocks=blocks)
+        m.free(r)
+    first, again = (ev for ev in events if isinstance(ev, PrefixLookup))
+    assert (first.first_miss_index, again.num_hit_tokens) == (0, 16)
+    assert again.first_miss_index == -1 and again.first_miss_hash is None

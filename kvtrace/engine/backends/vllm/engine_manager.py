@@ -60,6 +60,8 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, cast
 
+import msgspec
+
 from kvtrace.cache.config import CacheConfig, FullAttentionSpec, MambaSpec
 from kvtrace.cache.events import (
     COPY_EXTERNAL,
@@ -118,6 +120,7 @@ class VllmEngineManager(VllmKVCacheManager):
         self.step = 0
         self._listeners: list[CacheListener] = []
         self._events: list[Any] = []
+        self._lookup_at = -1  # _events index of the last PrefixLookup (its external hit filled in later)
         self._writes: list[StateWrite] = []
         self._copy_owner: dict[tuple[int, int, int], tuple[str, str]] = {}  # (group, src, dst) -> (request, why)
         self._managers = list(self.coordinator.single_type_managers)
@@ -235,9 +238,6 @@ class VllmEngineManager(VllmKVCacheManager):
                     self._num_tokens[(g, h)] = ntok
                     if tier is not None:
                         tier.store(g, h, ntok)  # write-through, as kvtrace's pool does
-                if tier is not None and tier.sink.events:  # what the store dropped for room: connector evictions
-                    out.extend(tier.sink.events)
-                    tier.sink.events.clear()
                 if ids:
                     if (g, ids[-1], ntok) in checkpoints:
                         kind = PUBLISH_CHECKPOINT
@@ -246,6 +246,10 @@ class VllmEngineManager(VllmKVCacheManager):
                     else:
                         kind = PUBLISH_PARTIAL_TAIL
                     out.append(BlockPublished(step, request.request_id, g, kind, tuple(ids), tuple(full), ntok))
+                # what the store dropped for room (connector evictions), after the publish, as kvtrace's pool
+                if tier is not None and tier.sink.events:
+                    out.extend(tier.sink.events)
+                    tier.sink.events.clear()
             elif name == "BlockRemoved":  # one per block: runs of one group and reason become one event
                 g = ev.group_idx if ev.group_idx is not None else 0
                 if fresh is None and allocated is not None:
@@ -369,7 +373,9 @@ class VllmEngineManager(VllmKVCacheManager):
             per = bs0 // self.hash_block_size
             coarse = fine[per - 1::per]
             miss_idx = hit // bs0
-            miss = coarse[miss_idx] if miss_idx < len(coarse) else None
+            eligible = (miss_idx + 1) * bs0 <= request.num_tokens - 1  # (as kvtrace's manager: never looked up)
+            miss = coarse[miss_idx] if miss_idx < len(coarse) and eligible else None
+            self._lookup_at = len(self._events)
             self._events.append(PrefixLookup(
                 self.step, request.request_id, request.num_tokens, hit, (hit,) * self.num_groups, boundary, 0,
                 coarse[0] if coarse else None, miss, miss_idx if miss is not None else -1))
@@ -379,8 +385,14 @@ class VllmEngineManager(VllmKVCacheManager):
         """Tokens beyond the local hit kvtrace's external tier holds (kvtrace's coordinator rule)."""
         if self._shadow is None or not self.config.enable_caching:
             return 0
-        return self._shadow.coordinator.external_hit_tokens(request.block_hashes, num_local_hit_tokens,
-                                                            request.num_tokens - 1)
+        n = self._shadow.coordinator.external_hit_tokens(request.block_hashes, num_local_hit_tokens,
+                                                         request.num_tokens - 1)
+        at = self._lookup_at
+        if n and 0 <= at < len(self._events):  # the request's lookup, made just before (as kvtrace's manager)
+            ev = self._events[at]
+            if isinstance(ev, PrefixLookup) and ev.request_id == request.request_id:
+                self._events[at] = msgspec.structs.replace(ev, num_external_hit_tokens=n)
+        return n
 
     @vllm_call("KVCacheManager.allocate_slots")
     def allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
