@@ -62,6 +62,9 @@ class KVCacheCoordinator:
         # full attention plus one other group: one pass of the fixed point suffices
         self.simple_hybrid = self.num_groups == 2 and isinstance(config.groups[self.lookup_order[0]], FullAttentionSpec)
         self.mamba = [m for m in self.managers if isinstance(m, MambaManager)]
+        if not self.mamba:  # (see SingleTypeManager.copy_waits_for_writes)
+            for m in self.managers:
+                m.copy_waits_for_writes = True
         self.skipping = [m for m in self.managers if not isinstance(m, FullAttentionManager)]
         self.hit_alignment = ctx.cache_hit_alignment
 

@@ -166,8 +166,6 @@ def test_the_same_threshold_is_taken_where_vllm_takes_it():
         Engine(preset, content=False).run(work)
 
 
-@pytest.mark.xfail(strict=True, reason="kvtrace/cache (compiled): a mid-block hit on an attention block published in "
-                   "the same step is copied before that step writes it; fix in the cache, then drop this mark")
 def test_a_partial_hit_on_a_block_written_in_the_same_step_reads_what_was_written():
     """Full attention hashed finer than its blocks (partial hits, a kvtrace-only layout): b
     resends a's 13-token prompt and is admitted in the step that writes a's last 5 tokens. Its

@@ -64,6 +64,10 @@ class SingleTypeManager:
         # gate reserves per request. None (no cap) unless the group recycles blocks and the
         # coordinator was given the scheduler's limits (set_admission_limits).
         self.max_admission_blocks: int | None = None
+        # A mid-block hit on a block keyed this step waits a step. The coordinator sets it
+        # where no Mamba group is (a kvtrace-only layout): with one, vLLM 0.33 allocates such a
+        # hit (conformance), its Mamba groups keeping their own same-step rule.
+        self.copy_waits_for_writes = False
 
     # -- hashes -------------------------------------------------------------------
     def coarse(self, fine: Sequence[BlockHash]) -> Sequence[BlockHash]:
@@ -113,6 +117,11 @@ class SingleTypeManager:
             skipped_hits = max(0, num_skipped - len(table))  # hit blocks in skipped slots are not taken
             n += sum([b.ref_cnt == 0 and not b.is_null for b in new_computed[skipped_hits:]])
             if num_local_computed % bs:
+                if self.copy_waits_for_writes and new_computed[-1].published_step == self.pool.sink.step:
+                    # The same-step rule (Mamba's): the copy would run before this step writes
+                    # the block it copies (a GPU runs a step's copies before its forward pass),
+                    # so the hit waits a step, refused as a pool too small would be.
+                    return self.pool.num_blocks + 1
                 n += 1  # copy-on-write block for a hit ending mid-block
         return n
 
