@@ -20,8 +20,10 @@ def test_hybrid_replay_with_all_behaviours_has_no_divergence_and_no_stale_hash()
     s = res.summary
     assert s["requests"] == len(work)
     # the run exercised what can go wrong ...
+    # (its copies are the external tier's loads, which cow_copies no longer counts: the
+    # external hits stand for them)
     assert s["prefix_cache_hits"] > 0 and s["external_prefix_cache_hits"] > 0
-    assert s["cow_copies"] > 0 and s["evictions"] > 0 and s["preemptions"] > 0
+    assert s["evictions"] > 0 and s["preemptions"] > 0
     # ... and nothing did
     assert s["divergent_outputs"] == 0
     assert s["stale_hashes"] == 0
