@@ -75,6 +75,19 @@ DEFAULT_FLUSH_INTERVAL_S = 1.0
 _ARROW_TYPES = {f.name: f.type for f in SPAN_ARROW_SCHEMA}
 
 
+# the runs columns a producer describes its run by (``describe_run``), beside its status and results
+DESCRIBED_FIELDS = ("name", "created", "trace_source", "config", "behaviours")
+
+
+def described(fields: dict[str, Any]) -> dict[str, str]:
+    """``describe_run``'s fields as stored (JSON fields as text), those given (not None)."""
+    unknown = sorted(set(fields) - set(DESCRIBED_FIELDS))
+    if unknown:
+        raise ValueError(f"describe_run: not a descriptive field: {unknown}")
+    return {k: str(_json_or_none(v) if k in ("config", "behaviours") else v)
+            for k, v in fields.items() if v is not None}
+
+
 def _json_or_none(value: Any) -> str | None:
     if value is None:
         return None
@@ -472,6 +485,18 @@ class Store:
             self._open_runs.add(run_id)
         self._next_seq[run_id] = 0
         return run_id
+
+    def describe_run(self, run_id: str, **fields: Any) -> None:
+        """Set a run's descriptive fields its producer sent later (a collector's run, from the
+        ``kvtrace.run`` record: any of DESCRIBED_FIELDS; None keeps the stored value)."""
+        given = described(fields)
+        if not given:
+            return
+        with self._connect() as con:
+            if not fetch_one(con, "SELECT 1 FROM runs WHERE run_id = ?", [run_id]):
+                raise UnknownRunError(self.path, run_id)
+            con.execute(f"UPDATE runs SET {', '.join(f'{k} = ?' for k in given)} WHERE run_id = ?",
+                        [*given.values(), run_id])
 
     def record_curve(self, curve_id: str, points: list[dict[str, Any]]) -> None:
         """Store a capacity curve's points (``CURVE_COLUMNS`` keys), replacing any earlier

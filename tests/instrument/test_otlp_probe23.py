@@ -230,3 +230,46 @@ def test_an_opening_collector_rebuilds_a_finished_run_an_earlier_one_left_short(
     finally:
         second.stop()
     assert run(db, "late-run")["status"] == "complete" and run(db, "late-run")["summary"] == {"requests": 1}
+
+
+def test_a_collected_replay_keeps_its_records_name_trace_config_and_behaviours(tmp_path):
+    """kvtrace collect kept a record's status, digest, summary and trace digest alone: a
+    collected replay read "trace None" in runs (diff of two refused as "None, read
+    differently"), its Times as "as received" where a cost model made them, and no config,
+    where the ClickHouse collector's run carries the whole record. Its mode stays otlp."""
+    from kvtrace.metrics import times_source
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    spec = RunSpec("gen:chat", limit=12, capacity_blocks=80, content=False, without=("shared-prefix-pinning",))
+    direct = run_replay(spec, db=str(tmp_path / "direct.duckdb"))
+    db = tmp_path / "collected.duckdb"
+    collector = OTLPCollector(db, port=0).start()
+    try:
+        sent = run_replay(spec, otlp_endpoint=collector.url)
+    finally:
+        collector.stop()
+    (collected,) = runs(db)["run_id"].to_list()
+    assert sent.summary["requests"] == 12
+    ours, theirs = run(db, collected), run(tmp_path / "direct.duckdb", direct.run_id)
+    for key in ("name", "trace_source", "trace_digest", "config", "behaviours", "digest"):
+        assert ours[key] == theirs[key] and theirs[key], key
+    assert ours["mode"] == "otlp" and ours["status"] == "complete"
+    assert times_source(ours["mode"], ours["config"]["cost_model"]["name"]).startswith("modelled by cost model")
+    assert ours["trace_source"] == "gen:chat"
+
+
+@pytest.mark.parametrize(("key", "value", "said"), [
+    ("config", "[1, 2]", "a JSON object"), ("behaviours", '{"a": 1}', "a JSON list of names"),
+    ("behaviours", "[1]", "a JSON list of names"), ("name", "x" * (1 << 20 + 1), "at most"),
+])
+def test_a_records_bad_descriptive_field_refuses_the_request_naming_it(tmp_path, key, value, said):
+    db = tmp_path / "bad.duckdb"
+    collector = OTLPCollector(db, port=0).start()
+    try:
+        record = _record(99)
+        record["attributes"].append({"key": f"kvtrace.run.{key}", "value": {"stringValue": value}})
+        code, body = _post(collector.url, _body([record]))
+    finally:
+        collector.stop()
+    assert code == 400 and f"kvtrace.run.{key}: expected" in body and said in body
+    assert not runs(db).height

@@ -68,7 +68,7 @@ from kvtrace.instrument.otlp.limits import (
 from kvtrace.metrics import summary_problem
 from kvtrace.process import bracketed, is_ipv6, port_in_use, sigterm_as_interrupt, unbracketed
 from kvtrace.store.schema import RUN_RECORD_PREFIX, SOURCE_OTLP, SPAN_RUN, TIME_OFFSET_RESOURCE_KEY, run_id_problem
-from kvtrace.store.writer import Store
+from kvtrace.store.writer import DESCRIBED_FIELDS, Store
 
 TRACES_PATH = "/v1/traces"
 _log = logging.getLogger(__name__)
@@ -521,6 +521,12 @@ class OTLPCollector:
             self._unrecorded_runs.discard(run_id)
         else:
             return False
+        record = dict(record)
+        described = record.pop("described")
+        try:  # (its name, trace, config and behaviours, as a ClickHouse collector's runs keep them)
+            self.store.describe_run(run_id, **described)
+        except Exception as err:
+            _log.warning("run %s: record fields not kept (%s: %s)", run_id, type(err).__name__, err)
         self._finish(run_id, **record)
         return True
 
@@ -613,8 +619,12 @@ def _named_run(resource: dict, where: str) -> str:
     return run_id
 
 
+MAX_RECORD_FIELD_CHARS = 1 << 20  # a run record's text field (a config is a few KB)
+
+
 def _run_record(attributes: dict, where: str) -> dict:
-    """The status, digest, summary and trace digest of a ``kvtrace.run`` span, checked before
+    """The status, digest, summary, trace digest and descriptive fields (``described``: name, created,
+    trace source, config, behaviours) of a ``kvtrace.run`` span, checked before
     anything of its request is committed (a PayloadError naming the attribute: the request is
     refused whole, where a bad summary once failed after the request's spans were stored)."""
     get = lambda key: attributes.get(f"{RUN_RECORD_PREFIX}{key}")
@@ -638,8 +648,26 @@ def _run_record(attributes: dict, where: str) -> dict:
         problem = summary_problem(decoded)  # (a rate of 7.5 showed as 750%, a count of "many" as text)
         if problem is not None:
             raise PayloadError(f"{where}: {RUN_RECORD_PREFIX}summary: {problem}")
+    described: dict[str, str] = {}
+    for key in DESCRIBED_FIELDS:  # what the run was: the producer's name, trace, config and behaviours
+        value = get(key)
+        if value is None:
+            continue
+        if not isinstance(value, str) or len(value) > MAX_RECORD_FIELD_CHARS:
+            raise PayloadError(f"{where}: {RUN_RECORD_PREFIX}{key}: expected a string of at most "
+                               f"{MAX_RECORD_FIELD_CHARS:,} characters")
+        if key in ("config", "behaviours"):
+            try:
+                decoded = json.loads(value)
+            except ValueError:
+                decoded = None
+            kind = dict if key == "config" else list
+            if not isinstance(decoded, kind) or (key == "behaviours" and not all(isinstance(b, str) for b in decoded)):
+                what = "a JSON object" if key == "config" else "a JSON list of names"
+                raise PayloadError(f"{where}: {RUN_RECORD_PREFIX}{key}: expected {what} as a string")
+        described[key] = value
     return {"status": status if status in ("complete", "failed", "incomplete") else "complete",
-            "digest": digest, "summary": summary, "trace_digest": trace_digest}
+            "digest": digest, "summary": summary, "trace_digest": trace_digest, "described": described}
 
 
 class CollectorClosed(KVTraceError):

@@ -42,7 +42,7 @@ from kvtrace.store.schema import (
     TIME_OFFSET_COLUMN,
     next_run_id,
 )
-from kvtrace.store.writer import Store, _file_identity, _json_or_none, writer_alive_or_damaged
+from kvtrace.store.writer import Store, _file_identity, _json_or_none, described, writer_alive_or_damaged
 
 _RUN_TYPES = {"INTEGER": pa.int32(), "BIGINT": pa.int64()}
 
@@ -192,6 +192,17 @@ class ClickHouseStore(Store):
         self._next_seq[run_id] = 0
         self._offsets[run_id] = int(time_offset_ns)
         return run_id
+
+    def describe_run(self, run_id: str, **fields: Any) -> None:
+        given = described(fields)
+        if not given:
+            return
+        with self._connect() as con:
+            if not self._exists(con, run_id):
+                raise UnknownRunError(self.path, run_id)
+            sets = ", ".join(f"{k} = {{{k}:String}}" for k in given)
+            con.command(f"ALTER TABLE runs UPDATE {sets} WHERE run_id = {{run_id:String}} SETTINGS mutations_sync = 2",
+                        {**given, "run_id": run_id})
 
     def record_curve(self, curve_id: str, points: list[dict[str, Any]]) -> None:
         arrow = {"VARCHAR": pa.string(), "BIGINT": pa.int64()}
