@@ -25,6 +25,16 @@ def replay_mode(stored: object) -> str | None:
     return base if base in MODES else None
 
 
+# what a view calls a run that no replay made, by its stored mode
+RUN_KINDS = {"otlp": "collected", "live": "live capture"}
+
+
+def run_kind(stored: object) -> str:
+    """What a view calls a run of this stored mode: its replay mode, ``collected``, ``live
+    capture``, or ``?`` (damaged text: never the stored text itself)."""
+    return replay_mode(stored) or RUN_KINDS.get(stored if isinstance(stored, str) else "", "?")
+
+
 # cache-only --policy (kvtrace.replay.cache_only)
 POLICIES = ("lru", "belady")
 # trace formats (kvtrace.replay.readers); convert writes the last two

@@ -26,7 +26,7 @@ from kvtrace.compare.options import DEFAULT_RESAMPLES, check_diff_options
 from kvtrace.compare.pairing import behaviours_on, same_trace
 from kvtrace.errors import KVTraceError
 from kvtrace.metrics import DEFAULT_PERCENTILES, NS_PER_MS, is_latency_key, run_backend
-from kvtrace.names import replay_mode
+from kvtrace.names import run_kind
 from kvtrace.store import read
 from kvtrace.store.errors import StoreError
 
@@ -55,7 +55,7 @@ def diff_runs(
     info_a, info_b = view.run_info(run_a), view.run_info(run_b)
     same = same_trace(view.run_row(run_a), view.run_row(run_b))  # (pairing's rule: one rule of a same trace)
     if not same and not force:
-        a, b = info_a.get("trace"), info_b.get("trace")
+        a, b = _trace_label(info_a), _trace_label(info_b)
         # one file read two ways (another --limit, --trace-block-size or --format) is different requests too
         if a != b:
             which = f"{a!r} vs {b!r}"
@@ -74,6 +74,13 @@ def diff_runs(
                                   f"comparison cannot compute ({type(err).__name__}: {text})") from None
 
 
+def _trace_label(info: dict[str, Any]) -> str | None:
+    """How a refusal names a run's trace: its source, else (a run collected without its
+    trace's name: "None, read differently (another --limit ...)") its trace digest."""
+    digest = info.get("trace_id")
+    return info.get("trace") or (f"trace digest {str(digest)[:16]}" if digest else None)
+
+
 def _diff(view: StoreView, run_a: str, run_b: str, info_a: dict[str, Any], info_b: dict[str, Any], same: bool,
           seed: int, top: int, resamples: int, percentiles: Sequence[float]) -> RunDiff:
     summary_a, summary_b = view.summary(run_a), view.summary(run_b)
@@ -83,7 +90,7 @@ def _diff(view: StoreView, run_a: str, run_b: str, info_a: dict[str, Any], info_
     diff.same_trace, diff.forced = same, not same
     hits_a, hits_b = view.per_request_hits(run_a), view.per_request_hits(run_b)
     # (its mode as kvtrace names it, never the stored text: a note is rendered as kvtrace's own markdown)
-    silent = [f"{side} ({replay_mode(info.get('mode')) or '?'})" for side, info, hits, summary in
+    silent = [f"{side} ({run_kind(info.get('mode'))})" for side, info, hits, summary in
               (("A", info_a, hits_a, summary_a), ("B", info_b, hits_b, summary_b))
               if hits.height == 0 and (summary.get("requests") or 0) > 0]
     other, common = _other_prompts(hits_a, hits_b)

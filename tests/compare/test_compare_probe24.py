@@ -177,3 +177,27 @@ def test_hits_moved_from_the_external_tier_to_the_gpu_are_not_called_worse():
     assert verdicts["prefix_cache_hits"] == verdicts["prompt_tokens_by_source.local_cache_hit"] == "better"
     assert verdicts["prompt_tokens_by_source.local_compute"] == "same"
     assert "worse" not in verdicts.values(), {k: v for k, v in verdicts.items() if v == "worse"}
+
+
+def test_runs_that_record_no_trace_name_are_refused_by_their_digests_not_for_flags(tmp_path):
+    """Two collected runs of other traces that kept their digests but not their traces' names
+    were refused as "replay different traces (None, read differently (another --limit,
+    --trace-block-size or --format) ...)": flags a collector never saw. A run kind is named as
+    views name it."""
+    from kvtrace.compare.source import diff_runs
+    from kvtrace.errors import KVTraceError
+    from kvtrace.names import run_kind
+    from kvtrace.store.writer import Store
+
+    db = tmp_path / "collected.duckdb"
+    with Store.open(db) as store:
+        for run_id, digest in (("c1", "a" * 64), ("c2", "b" * 64)):
+            store.create_run(f"otlp {run_id}", run_id=run_id, mode="otlp", trace_digest=digest)
+            store.finish_run(run_id, summary={"requests": 1, "prefix_cache_queries": 10, "prefix_cache_hits": 5})
+    with pytest.raises(KVTraceError) as err:
+        diff_runs(str(db), "c1", "c2")
+    text = str(err.value)
+    assert f"('trace digest {'a' * 16}' vs 'trace digest {'b' * 16}')" in text and "--limit" not in text
+    assert text.endswith("pass --force to compare anyway")
+    assert [run_kind(m) for m in ("otlp", "live", "cache-only/lru", "engine", "nope", None)] == [
+        "collected", "live capture", "cache-only", "engine", "?", "?"]
