@@ -284,7 +284,8 @@ def percentile_bars(rows: Sequence[tuple[str, float | None, float | None]], titl
 
 
 _SEGMENT_COLORS = {"queue": "#BAB0AC", "prefill": "#4C78A8", "decode": "#54A24B"}
-_MARKS = {"cache_hit": ("star", "#F58518"), "cow": ("diamond", "#B279A2"), "evict": ("x", "#E45756")}
+_MARKS = {"cache_hit": ("star", "#F58518"), "load": ("triangle-up", "#72B7B2"), "cow": ("diamond", "#B279A2"),
+          "evict": ("x", "#E45756")}
 
 
 def waterfall(frame: pl.DataFrame, request_id: str) -> go.Figure | None:

@@ -24,6 +24,9 @@ SCHEMA_VERSION = 3
 SPAN_PUBLISH = "kvtrace.cache.publish"
 SPAN_EVICT = "kvtrace.cache.evict"
 SPAN_COW = "kvtrace.cache.cow"
+# the copy_reason of an external-tier load into a local block, a copy span but no copy-on-write
+# (the cache's COPY_EXTERNAL: a store imports no cache)
+COPY_REASON_EXTERNAL = "external"
 SPAN_LOOKUP = "kvtrace.cache.lookup"
 SPAN_FREE = "kvtrace.cache.free"
 SPAN_STALE_LEFT = "kvtrace.cache.stale_left"

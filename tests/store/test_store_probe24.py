@@ -117,9 +117,9 @@ def test_cow_copies_leave_out_the_external_tiers_loads_in_the_summary_and_from_t
     calls it copy-on-write block copies. The engine's summary and the one from the spans agree."""
     from kvtrace.cache.events import COPY_EXTERNAL
     from kvtrace.replay.run import RunSpec, run_replay
-    from kvtrace.store.read.summary import EXTERNAL_LOAD
+    from kvtrace.store.schema import COPY_REASON_EXTERNAL
 
-    assert EXTERNAL_LOAD == COPY_EXTERNAL
+    assert COPY_REASON_EXTERNAL == COPY_EXTERNAL
     db = tmp_path / "ext.duckdb"
     result = run_replay(RunSpec("gen:mixed", limit=120, capacity_blocks=40, external_capacity_blocks=4096,
                                 content=False), db=str(db))
@@ -130,6 +130,14 @@ def test_cow_copies_leave_out_the_external_tiers_loads_in_the_summary_and_from_t
     copies = sum(n for why, n in reasons.items() if why != COPY_EXTERNAL)
     assert result.summary["cow_copies"] == copies
     assert read.summary_from_spans(db, result.run_id)["cow_copies"] == copies
+    # the request waterfall marks a load as a load, not as a CoW copy
+    with duckdb.connect(str(db), read_only=True) as con:
+        rid, loads, cows = con.execute(
+            "SELECT request_id, count(*) FILTER (WHERE copy_reason = 'external'), "
+            "count(*) FILTER (WHERE copy_reason <> 'external') FROM spans WHERE name = 'kvtrace.cache.cow' "
+            "GROUP BY request_id ORDER BY 2 DESC, 1 LIMIT 1").fetchall()[0]
+    marks = read.request_waterfall(db, result.run_id, rid)["segment"].to_list()
+    assert loads > 0 and (marks.count("load"), marks.count("cow")) == (loads, cows)
 
 
 def test_steps_from_the_spans_count_each_step_once_with_a_final_audits_span(tmp_path):

@@ -116,7 +116,8 @@ def main() -> None:
             format_func=lambda x: _request_label(info[x])))
         ui.chart(charts.waterfall(queries.call("request_waterfall", run_id, rid), rid),
                  "One request on virtual time: queue, prefill chunks and decode as bars; the cache lookup that "
-                 "admitted it (one mark per cache hit), CoW copies and the evictions it caused as marks.",
+                 "admitted it (one mark per cache hit), external-tier loads, CoW copies and the evictions it caused as "
+                 "marks.",
                  empty_what=f"No spans for request {ui.code(rid)}.", key="waterfall")
         ui.table(reqs.filter(pl.col("request_id") == rid),
                  "This request's tokens (prompt, local and external hits at first schedule, cached = both, computed) "

@@ -16,7 +16,7 @@ from kvtrace.numeric import percentiles
 from kvtrace.store import derived
 from kvtrace.store.read._api import BadArgument, checked
 from kvtrace.store.read._sql import DB, Connection, open_run, query, with_run
-from kvtrace.store.schema import SPAN_COW, SPAN_EVICT, SPAN_LOOKUP, SPAN_REQUEST
+from kvtrace.store.schema import COPY_REASON_EXTERNAL, SPAN_COW, SPAN_EVICT, SPAN_LOOKUP, SPAN_REQUEST
 
 _REQUEST_COLUMNS = """
     request_id, session_id, coalesce(arrival_ns, start_ns) AS arrival_ns, first_scheduled_ns,
@@ -197,8 +197,9 @@ def request_span_count(db: DB, run_id: str, request_id: str) -> int:
 @checked
 def request_waterfall(db: DB, run_id: str, request_id: str) -> pl.DataFrame:
     """Segments of one request in time order: queue, prefill chunks, decode, and point
-    marks for the cache lookup that admitted it (cache_hit, one per request), CoW copies
-    (cow) and the evictions it caused (evict). Columns: segment, start_ns, end_ns, num_tokens, detail."""
+    marks for the cache lookup that admitted it (cache_hit, one per request), external-tier
+    loads (load), CoW copies (cow) and the evictions it caused (evict). Columns: segment,
+    start_ns, end_ns, num_tokens, detail."""
     return with_run(db, run_id, f"""
         WITH r AS (
             SELECT * FROM spans WHERE run_id = $run_id AND request_id = $rid
@@ -228,7 +229,9 @@ def request_waterfall(db: DB, run_id: str, request_id: str) -> pl.DataFrame:
             WHERE l.start_ns >= coalesce(req.first_scheduled_ns, req.start_ns)
             QUALIFY row_number() OVER (ORDER BY l.start_ns, l.seq) = 1
             UNION ALL
-            SELECT 'cow', start_ns, end_ns, NULL, printf('%s: %d -> %d', copy_reason, copy_src, copy_dst)
+            -- (an external-tier load is a copy span, no copy-on-write: cow_copies leaves it out too)
+            SELECT CASE WHEN copy_reason = '{COPY_REASON_EXTERNAL}' THEN 'load' ELSE 'cow' END, start_ns, end_ns, NULL,
+                   printf('%s: %d -> %d', copy_reason, copy_src, copy_dst)
             FROM r WHERE name = '{SPAN_COW}'
             UNION ALL
             SELECT 'evict', start_ns, end_ns, len(block_ids), printf('%s: %d blocks', evict_reason, len(block_ids))
@@ -236,6 +239,7 @@ def request_waterfall(db: DB, run_id: str, request_id: str) -> pl.DataFrame:
         )
         -- (a collected request span may lack a time: its segment has no extent to show)
         SELECT * FROM segs
-        WHERE start_ns IS NOT NULL AND (end_ns IS NOT NULL OR segment IN ('cache_hit', 'cow', 'evict'))
-        ORDER BY start_ns, list_position(['queue', 'cache_hit', 'prefill', 'cow', 'evict', 'decode'], segment)""",
+        WHERE start_ns IS NOT NULL AND (end_ns IS NOT NULL OR segment IN ('cache_hit', 'load', 'cow', 'evict'))
+        ORDER BY start_ns, list_position(['queue', 'cache_hit', 'load', 'prefill', 'cow', 'evict', 'decode'],
+                                         segment)""",
                     params={"rid": request_id})

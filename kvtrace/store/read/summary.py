@@ -15,6 +15,7 @@ from kvtrace.store.read.hits import hit_counters
 from kvtrace.store.read.latency import latency_summary
 from kvtrace.store.read.runs import run, span_counts
 from kvtrace.store.schema import (
+    COPY_REASON_EXTERNAL,
     SPAN_COW,
     SPAN_DIVERGENT,
     SPAN_EVICT,
@@ -138,10 +139,6 @@ _TOTALS = {"prompt_tokens": "num_prompt_tokens", "output_tokens": "num_output_to
            "preemptions": "num_preemptions"}
 
 
-# the copy_reason of an external-tier load: the cache's COPY_EXTERNAL (a store imports no cache)
-EXTERNAL_LOAD = "external"
-
-
 def _steps(db: DB, run_id: str) -> int:
     """An engine run's steps: its step spans' numbers, each once (a final audit that finds
     stale hashes adds a zero-length step span under the last step's number: 827 said for 826)."""
@@ -155,7 +152,7 @@ def _cow_copies(db: DB, run_id: str) -> int:
     external tier's loads into local blocks (a copy event each, no CoW: 852 of 975)."""
     frame = with_run(db, run_id, f"""
         SELECT count(*) AS n FROM spans WHERE run_id = $run_id AND name = '{SPAN_COW}'
-        AND coalesce(copy_reason, '') <> '{EXTERNAL_LOAD}'""")
+        AND coalesce(copy_reason, '') <> '{COPY_REASON_EXTERNAL}'""")
     return int(frame["n"][0])
 
 
