@@ -131,7 +131,7 @@ def to_markdown(diff: RunDiff) -> str:
                   "|---|---|---:|---:|---:|"]
         for dim, shifts in (("reason", diff.evictions_by_reason), ("publish kind", diff.evictions_by_publish_kind)):
             for c in shifts:
-                lines.append(f"| {dim} | {_md_name(c.key)} | {c.a} | {c.b} | {_count_delta(c)} |")
+                lines.append(f"| {dim} | {_md_name(c.key)} | {c.a:,} | {c.b:,} | {_count_delta(c)} |")
     lines += _correctness_markdown(diff)
     r = diff.requests
     if r is not None and (r.requests or r.only_a or r.only_b):
@@ -251,7 +251,7 @@ def tables(diff: RunDiff, metrics: Iterable[str] | None = None, *, detail: bool 
             t.add_column(col, justify="left" if col in ("by", "key") else "right")
         for dim, shifts in (("reason", diff.evictions_by_reason), ("publish kind", diff.evictions_by_publish_kind)):
             for c in shifts:
-                t.add_row(dim, markup_literal(c.key), str(c.a), str(c.b), _count_delta(c))
+                t.add_row(dim, markup_literal(c.key), f"{c.a:,}", f"{c.b:,}", _count_delta(c))
         out.append(t)
         if diff.evictions_by_publish_kind:  # (the rows' meaning, under the table, at the console's width)
             out.append(Text(EVICTIONS_CAPTION))
@@ -406,9 +406,9 @@ def _fmt_behaviours(run: dict[str, Any]) -> str:
 
 
 def _count_delta(c: CountShift) -> str:
-    """An eviction count's change as its counts are written (no separators); '–' for counts of
-    two block sizes, which have none."""
-    return "–" if c.delta is None else f"{c.delta:+d}"
+    """An eviction count's change, with separators as the summary's counts (the table wrote
+    302969 below a summary's 302,969); '–' for counts of two block sizes, which have none."""
+    return "–" if c.delta is None else f"{c.delta:+,d}"
 
 
 def _mark(verdict: str) -> str:

@@ -201,3 +201,15 @@ def test_runs_that_record_no_trace_name_are_refused_by_their_digests_not_for_fla
     assert text.endswith("pass --force to compare anyway")
     assert [run_kind(m) for m in ("otlp", "live", "cache-only/lru", "engine", "nope", None)] == [
         "collected", "live capture", "cache-only", "engine", "?", "?"]
+
+
+def test_the_evictions_table_writes_its_counts_as_the_summary_table_does():
+    """The evictions table wrote 302969 below a summary table's 302,969 (terminal and Markdown)."""
+    from kvtrace.compare.model import CountShift, MetricDelta, RunDiff
+    from kvtrace.compare.render import to_markdown, to_text
+
+    diff = RunDiff({"run_id": "r1"}, {"run_id": "r2"}, [MetricDelta("evictions", 302_969, 301_000, -1_969, None)])
+    diff.evictions_by_reason = [CountShift("lru", 302_969, 301_000)]
+    text, markdown = " ".join(to_text(diff, width=200).split()), to_markdown(diff)
+    assert "│ lru │ 302,969 │ 301,000 │ -1,969 │" in text
+    assert "| reason | lru | 302,969 | 301,000 | -1,969 |" in markdown and "302969" not in markdown + text
