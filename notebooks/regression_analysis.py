@@ -272,7 +272,8 @@ if per_req.height:
     px.scatter(per_req, x="cached_A", y="cached_B", hover_name="request_id",
                labels={"cached_A": "cached tokens in A", "cached_B": "cached tokens in B"},
                title="Cached tokens per request, A against B").show()
-    print(f"{r.gained} requests gained cached tokens, {r.lost} lost, {r.requests - r.gained - r.lost} unchanged "
+    print(f"{r.gained} requests gained cached tokens (local + external hits, as diff counts them), {r.lost} lost, "
+          f"{r.requests - r.gained - r.lost} unchanged "
           f"of {r.requests} common requests (net {r.cached_tokens_delta:+d} tokens)")
 else:  # (0 gained, 0 lost, 0 unchanged read as a comparison that found no change)
     print("no request is in both runs with its cached tokens (cache-only runs and live captures record no "
@@ -349,7 +350,8 @@ if kind_shifts:
     k = kind_shifts[0]  # the largest shift (sorted by size of change)
     lines.append(f"Blocks evicted to make room for {k.key} publishes: A {k.a}, B {k.b}.")
 if diff.requests and (diff.requests.gained or diff.requests.lost):
-    lines.append(f"{diff.requests.gained} requests gained cached tokens and {diff.requests.lost} lost.")
+    lines.append(f"{diff.requests.gained} requests gained cached tokens (local + external hits) and "
+                 f"{diff.requests.lost} lost.")
 worse_names = {m.name for m in worse} | {s.name for s in sig if s.delta * metric_direction(s.name) < 0}
 better_names = {m.name for m in better} | {s.name for s in sig if s.delta * metric_direction(s.name) > 0}
 if not worse_names and better_names:

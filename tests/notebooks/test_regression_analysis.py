@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from kvtrace.compare.render import to_json
+from kvtrace.compare.render import to_json, to_text
 from kvtrace.compare.source import diff_runs
 from kvtrace.compare.study import SHARED_PREFIX_PINNING, run_study
 from kvtrace.store import read
@@ -34,6 +34,8 @@ def test_notebook_on_given_runs_matches_diff_runs(run_notebook, study_db, tmp_pa
     for name, s in to_json(d)["latency"].items():
         assert out["latency"][name]["ci"] == [None if v is None else pytest.approx(v) for v in s["ci"]]
     assert (out["requests_gained"], out["requests_lost"]) == (d.requests.gained, d.requests.lost)
+    printed = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
+    assert d.requests.gained and f"{d.requests.gained} requests gained cached tokens (local + external hits" in printed
     # The per-request table sums to the diff's net change (both read per_request_hits).
     assert out["per_request_delta_sum"] == d.requests.cached_tokens_delta
     # The per-request table leads with the requests that changed most.
@@ -159,9 +161,10 @@ def test_force_that_is_not_a_bool_is_refused(run_notebook, cache_only_db):
         run_notebook("regression_analysis", db_path=str(cache_only_db), run_a="r1", run_b="r2", force="no")
 
 
-def test_collected_runs_times_are_called_recorded_not_modelled(run_notebook, tmp_path):
-    """Runs a collector received keep no cost model: the notebook called their latencies
-    'modelled' times, which `kvtrace diff` says are the sender's own."""
+def test_collected_replays_times_are_called_what_diff_calls_them(run_notebook, tmp_path):
+    """The notebook called a collected run's latencies 'modelled' where `kvtrace diff` said
+    they were the sender's own. A collected kvtrace replay now keeps its record's config, and
+    both say its times were modelled by the cost model that made them."""
     from kvtrace.instrument.otlp.collector import OTLPCollector
     from kvtrace.replay.run import RunSpec, run_replay
 
@@ -173,8 +176,10 @@ def test_collected_runs_times_are_called_recorded_not_modelled(run_notebook, tmp
         collector.stop()
     out, nb = run_notebook("regression_analysis", db_path=str(db), run_a=sent[0], run_b=sent[1])
     printed = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
-    assert "Times: as received over OTLP" in printed and "latency percentiles: recorded times" in printed
-    assert "modelled" not in printed.replace("not modelled here", "")
+    said = to_text(diff_runs(str(db), sent[0], sent[1]), width=200)
+    times = next(line for line in said.splitlines() if line.startswith("Times: "))
+    assert times.startswith("Times: modelled by cost model") and times in printed
+    assert "as received" not in printed and "recorded times" not in printed
 
 
 def test_study_mode_reads_a_trace_at_its_trace_block_size(run_notebook, tmp_path):
