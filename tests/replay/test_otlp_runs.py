@@ -48,9 +48,11 @@ def test_the_command_says_which_run_the_collector_holds(tmp_path, capsys):
 
 
 def test_collected_engine_runs_say_whose_times_and_backend_they_are(tmp_path, capsys):
-    """A collected run keeps no config, hence no cost model: diff said its times were
-    "none (no clock: cache-only or foreign run)" above the latency shifts it then printed,
-    and `runs` named kvtrace's manager as its backend, which the collector cannot know."""
+    """diff said a collected run's times were "none (no clock: cache-only or foreign run)"
+    above the latency shifts it then printed, and `runs` named kvtrace's manager as its
+    backend, which the collector cannot know. A collected replay now keeps its record's trace
+    and config: its times were modelled by the cost model that config names, and its backend
+    is the one the sender's record states."""
     import json
 
     from tests.cli.support import run
@@ -65,12 +67,11 @@ def test_collected_engine_runs_say_whose_times_and_backend_they_are(tmp_path, ca
     assert all(sent)
     code, out, err = run(["diff", *sent, "--db", str(db), "--markdown"], capsys)
     assert code == 0, err
-    assert "Times: as received over OTLP" in out and "no clock" not in out
-    assert "median_ttft_ms" in out and "Trace: `?`" in out
-    assert "recorded time" in out and "modelled" not in out.replace("not modelled here", "")
+    assert "Times: modelled by cost model `h200-kimi-hybrid`" in out and "no clock" not in out
+    assert "median_ttft_ms" in out and "Trace: `gen:chat`" in out and "recorded time" not in out
     code, out, err = run(["runs", "--db", str(db), "--json"], capsys)
     assert code == 0, err
-    assert [r["backend"] for r in json.loads(out)["runs"]] == [None, None]
+    assert [r["backend"] for r in json.loads(out)["runs"]] == ["kvtrace", "kvtrace"]
 
 
 def test_the_commands_of_many_runs_send_nothing_whatever_the_variables_say(tmp_path, monkeypatch, capsys):
