@@ -241,11 +241,17 @@ def backend_label(mode: str | None, config: Mapping[str, Any] | None) -> str | N
     return backend
 
 
+NO_TIMES = "no times"  # the label of runs none of which has latencies (live captures, cache-only runs)
+
+
 def times_word(*runs: tuple[str | None, str | None]) -> str:
     """How every view labels the latencies of ``runs`` ((mode, cost model) each): "recorded"
     where a run's came from a collector's sender (no cost model of kvtrace's made them),
-    else "modelled" (a run without a clock, cache-only, has no latency to label)."""
-    return "recorded" if any(mode == "otlp" and not model for mode, model in runs) else MODELLED
+    "no times" where no run has any (a live capture, a cache-only run: no clock; a live
+    capture's tiles said "modelled" beside its "none" times), else "modelled"."""
+    if any(mode == "otlp" and not model for mode, model in runs):
+        return "recorded"
+    return MODELLED if any(model for _, model in runs) else NO_TIMES
 
 
 def times_source(mode: str | None, cost_model: str | None, code: Callable[[str], str] = str) -> str:

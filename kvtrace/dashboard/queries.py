@@ -254,7 +254,7 @@ def cost_model(run_id: str) -> str | None:
 
 
 def times_word(*run_ids: str) -> str:
-    """'modelled' or 'recorded' (``metrics.times_word``): how the runs' latencies are labelled."""
+    """'modelled', 'recorded' or 'no times' (``metrics.times_word``): how the runs' latencies are labelled."""
     return metrics.times_word(*((run_row(r).get("mode"), cost_model(r)) for r in run_ids))
 
 

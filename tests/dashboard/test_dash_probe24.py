@@ -167,3 +167,20 @@ def test_a_collected_cache_only_runs_lookups_before_its_first_eviction_are_chart
     sources = [t for t in traces(at) if t.get("name") in ("local cache hit", "local compute")]
     assert len(sources) == 2
     assert sum(sum(t["y"]) for t in sources) == done.summary["prefix_cache_queries"]
+
+
+def test_a_live_captures_latency_tiles_do_not_say_modelled(tmp_path, monkeypatch):
+    """A live capture has no request times (its caption says so), and its Overview tiles
+    read "TTFT median (modelled)". Runs without times are labelled so in every view."""
+    from kvtrace.metrics import NO_TIMES, times_word
+    from kvtrace.store.writer import Store
+
+    db = str(tmp_path / "live.duckdb")
+    with Store.open(db) as store:
+        run = store.create_run("captured", trace_source="tcp://h:1", mode="live", config={"endpoint": "tcp://h:1"})
+        store.finish_run(run, summary={"batches": 0, "events": 0, "nothing_received": False})
+    at = render(db, monkeypatch, "overview", run=run)
+    labels = [m.label for m in at.metric if m.label.startswith(("TTFT", "TPOT", "ITL"))]
+    assert len(labels) == 5 and all(label.endswith(f"({NO_TIMES})") for label in labels), labels
+    assert times_word(("live", None)) == times_word(("cache-only/lru", None)) == NO_TIMES
+    assert times_word(("engine", "h200"), ("live", None)) == "modelled" and times_word(("otlp", None)) == "recorded"
