@@ -1116,3 +1116,21 @@ def test_every_ranks_tail_shares_one_replay_timeout(tmp_path):
         for sock, _ in (*pubs, *deaf):
             sock.close(0)
         ctx.term()
+
+
+def test_a_captures_summary_counts_its_published_and_evicted_blocks_as_every_view_does(tmp_path):
+    """A live capture's summary counts messages and events, not blocks: the dashboard's Overview
+    (and runs, diff) said evictions "–" beside an Evictions page charting the removals."""
+    from kvtrace.store import read
+    from kvtrace.store.read.summary import summary_with_spans
+
+    stats, _ = _run_capture(tmp_path, CURRENT, True, drop=set())
+    db = tmp_path / "live.duckdb"
+    record = read.run(db, stats.run_id)
+    assert "evictions" not in record["summary"]  # (what the capture stores: the case at hand)
+    summary = summary_with_spans(db, stats.run_id, record["summary"])
+    rows = store_rows(db, stats.run_id)
+    evicted = sum(len(r["block_hashes"] or ()) for r in rows if r["name"] == "kvtrace.cache.evict")
+    published = sum(len(r["block_hashes"] or ()) for r in rows if r["name"] == "kvtrace.cache.publish")
+    assert (summary["publishes"], summary["evictions"]) == (published, evicted) and evicted >= 17
+    assert summary["batches"] == 20 and sum(summary["evictions_by_reason"].values()) == evicted

@@ -48,8 +48,21 @@ def summary_with_spans(db: DB, run_id: str, stored: Mapping[str, Any] | None) ->
     view follows (a SIGTERM'd run showed its spans' numbers on the dashboard's tiles and
     blanks in ``runs`` and ``diff``)."""
     if finished_summary(stored):
-        return dict(stored)
+        if "evictions" in stored:
+            return dict(stored)
+        # a live capture's summary counts messages and events, not blocks: its publishes and
+        # evictions from its spans (Overview said evictions "–" beside an Evictions page of 30)
+        return {**_cache_event_counts(db, run_id), **stored}
     return {**summary_from_spans(db, run_id), **(stored if isinstance(stored, Mapping) else {})}
+
+
+def _cache_event_counts(db: DB, run_id: str) -> dict[str, Any]:
+    """Blocks published and evicted, and evicted by reason, from the run's spans."""
+    with one_snapshot(db):
+        counts = {r["name"]: r for r in span_counts(db, run_id).iter_rows(named=True)}
+        by_reason = {r["reason"]: int(r["blocks"]) for r in evictions_by_reason(db, run_id).iter_rows(named=True)}
+    blocks = {name: int(counts[name]["blocks"] or 0) if name in counts else 0 for name in (SPAN_PUBLISH, SPAN_EVICT)}
+    return {"publishes": blocks[SPAN_PUBLISH], "evictions": blocks[SPAN_EVICT], "evictions_by_reason": by_reason}
 
 
 @checked
