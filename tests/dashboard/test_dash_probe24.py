@@ -184,3 +184,18 @@ def test_a_live_captures_latency_tiles_do_not_say_modelled(tmp_path, monkeypatch
     assert len(labels) == 5 and all(label.endswith(f"({NO_TIMES})") for label in labels), labels
     assert times_word(("live", None)) == times_word(("cache-only/lru", None)) == NO_TIMES
     assert times_word(("engine", "h200"), ("live", None)) == "modelled" and times_word(("otlp", None)) == "recorded"
+
+
+def test_a_failed_runs_pages_do_not_advise_the_replay_that_failed(failed_pair, monkeypatch):
+    """A failed run's Evictions, Stale and Compare pages said "Fill it with the same replay run
+    to its end" and suggested a study at its own settings: the failure is deterministic, so
+    both fail again (a pool too small for the first request)."""
+    db, a, b = failed_pair
+    said = []
+    for page, params in (("evictions", {"run": b}), ("stale", {"run": b}), ("compare", {"run": b})):
+        at = render(db, monkeypatch, page, **params)
+        texts = [x.value for x in (*at.info, *at.caption, *at.markdown, *at.warning)]
+        said += texts
+        assert not any("the same replay run to its end" in t for t in texts), (page, texts)
+    assert any("settings it can finish" in t for t in said), said
+    assert not any("--capacity-blocks 4" in t for t in said), said

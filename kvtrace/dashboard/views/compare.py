@@ -63,15 +63,17 @@ def main() -> None:
                    + ("A itself" if missing == run_a else "not a run of the same trace as A" if known
                       else f"not in {ui.code(db)}")
                    + ": nothing is shown in its place. Pick B below.", icon=":material/link_off:")
+    # (a failed run's settings fail again: a pair made from them was suggested, with a capacity too small)
+    failed = queries.run_row(run_a).get("status") == "failed"
+    pair = ("a replay of the same trace with settings it can finish (A failed: Overview says why)" if failed else
+            ui.code(pairing.study_command(queries.run_row(run_a), db)))
     if not ids:
-        ui.empty(f"No other run of the same trace as {ui.code(run_a)} to compare with.",
-                 ui.code(pairing.study_command(queries.run_row(run_a), db)))
+        ui.empty(f"No other run of the same trace as {ui.code(run_a)} to compare with.", pair)
         return
     default = None if missing is not None else queries.default_partner(run_a)
     if default is None and missing is None:
         st.info("No run of the same trace, mode and capacity differs from A in exactly one setting. Make a pair "
-                f"with {ui.code(pairing.study_command(queries.run_row(run_a), db))}, or pick a B below (its "
-                "differences are listed).", icon=":material/info:")
+                f"with {pair}, or pick a B below (its differences are listed).", icon=":material/info:")
     labels = dict(zip(queries.runs()["run_id"], queries.runs()["label"]))
     label = lambda r: str(labels.get(r, r))  # pure: AppTest calls it outside the script
     c = st.columns(2)
@@ -195,7 +197,8 @@ def main() -> None:
                          if silent else "The two runs share no request ids."),
              command="two engine runs of the same trace, e.g. `kvtrace replay TRACE --db PATH` and `kvtrace replay "
                      "TRACE --db PATH --without shared-prefix-pinning`" if silent and cache_only else
-                     "the same replay run to its end" if silent else
+                     ui.fill_to_its_end("failed" if any(queries.run_row(r).get("status") == "failed"
+                                                        for r in silent) else None) if silent else
                      "the same trace with the same request ids, e.g. "
                      "`kvtrace replay TRACE --db PATH --without shared-prefix-pinning`",
              key="cmp_req")

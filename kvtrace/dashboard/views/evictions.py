@@ -26,7 +26,7 @@ no_evictions = (f"This run recorded no eviction spans, though its summary counts
                 "none." if status != "complete" else
                 "No evictions in this run: the cache never filled.")
 fill = ("an LRU run of the same trace and capacity (`--policy lru`)" if spanless else
-        "the same replay run to its end" if status != "complete" else ui.FILL_SMALL_CACHE)
+        ui.fill_to_its_end(status) if status != "complete" else ui.FILL_SMALL_CACHE)
 by_reason = state.in_window(every, "window_start_ns", window, origin)
 outside = state.outside_window(every, by_reason, window, "evictions")
 ui.chart(charts.stacked_counts(by_reason, "Evicted blocks by reason", "blocks per window", charts.REASON_NAMES),

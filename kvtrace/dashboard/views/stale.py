@@ -41,7 +41,7 @@ if not checked:
 elif not audited:
     nothing = (f"No stale hashes or divergent outputs recorded so far: this run is {ui.literal(row_status)}, so the "
                "worker's audit of every cached key at the end of a run never ran, and the cache is not known correct.")
-    fill_correct = "the same replay run to its end"
+    fill_correct = ui.fill_to_its_end(row_status)
 else:
     nothing = "No stale hashes or divergent outputs in this run: the cache stayed correct."
     fill_correct = FILL_STALE
