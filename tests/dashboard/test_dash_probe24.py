@@ -199,3 +199,23 @@ def test_a_failed_runs_pages_do_not_advise_the_replay_that_failed(failed_pair, m
         assert not any("the same replay run to its end" in t for t in texts), (page, texts)
     assert any("settings it can finish" in t for t in said), said
     assert not any("--capacity-blocks 4" in t for t in said), said
+
+
+def test_a_collected_run_of_lookups_whose_sender_sent_no_record_has_no_latency_page_of_blanks(tmp_path, monkeypatch):
+    """The collected cache-only run above, its sender killed before its record: Overview
+    counted 71 requests (from its lookups) and Latency said 'No finished requests' six times."""
+    import synthetic_run
+
+    db = str(tmp_path / "collected.duckdb")
+    run = synthetic_run.write_collected_run(db)
+    with duckdb.connect(db) as con:
+        con.execute("DELETE FROM spans_request WHERE run_id = ?", [run])
+        con.execute("DELETE FROM spans_step WHERE run_id = ?", [run])  # (a cache-only sender has no steps)
+        con.execute("UPDATE runs SET status = 'incomplete', summary = NULL WHERE run_id = ?", [run])
+    overview = render(db, monkeypatch, "overview", run=run)
+    requests = next(m.value for m in overview.metric if m.label == "Requests")
+    assert requests not in ("–", "0"), requests
+    at = render(db, monkeypatch, "latency", run=run)
+    infos = [i.value for i in at.info]
+    assert not at.dataframe and not at.get("plotly_chart"), infos
+    assert len(infos) == 1 and "no request times" in infos[0] and "No finished requests" not in infos[0], infos

@@ -25,13 +25,18 @@ def main() -> None:
     st.caption(f"Times: {queries.times_caption(run_id)}.")
     # a collected run's summary is its sender's: a cache-only replay's said 200 requests on
     # Overview, and 'No finished requests in this run' here
-    sent = (queries.run_row(run_id).get("mode") == "otlp" and queries.summary(run_id).get("mode") == "cache-only"
-            and queries.call("latency_summary", run_id, (99,)).get("median_ttft_ms") is None)  # (and no times came)
-    if queries.config(run_id).get("mode") == "cache-only" or sent:  # its requests finished, but on no clock
+    # (and one whose sender was killed before its record: requests counted from its lookups, no times)
+    collected = queries.run_row(run_id).get("mode") == "otlp"
+    timeless = collected and queries.call("latency_summary", run_id, (99,)).get("median_ttft_ms") is None
+    sent = timeless and queries.summary(run_id).get("mode") == "cache-only"
+    lookups_only = timeless and not sent and bool(queries.summary(run_id).get("requests"))
+    if queries.config(run_id).get("mode") == "cache-only" or sent or lookups_only:  # requests, on no clock
         state.warn_unknown("request", [], "Request", "a cache-only run has no clock.",  # (named once)
                            where="this run's latencies")
         st.query_params.pop("request", None)
-        ui.empty("This run is cache-only" + (" (its sender's summary says so)" if sent else "")
+        ui.empty("This run's sender sent lookups and no request times (a cache-only replay's, or one cut short "
+                 "before its record): no latency." if lookups_only else
+                 "This run is cache-only" + (" (its sender's summary says so)" if sent else "")
                  + ": it has no clock, so no latency.", "`kvtrace replay TRACE --db PATH` in engine mode")
         return
     if queries.run_row(run_id).get("mode") == "live":  # (an empty table and six "fill it with kvtrace demo")
