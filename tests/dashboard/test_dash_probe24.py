@@ -219,3 +219,17 @@ def test_a_collected_run_of_lookups_whose_sender_sent_no_record_has_no_latency_p
     infos = [i.value for i in at.info]
     assert not at.dataframe and not at.get("plotly_chart"), infos
     assert len(infos) == 1 and "no request times" in infos[0] and "No finished requests" not in infos[0], infos
+
+
+def test_overview_shows_a_runs_table_disagreements(tmp_path, monkeypatch):
+    """A run whose worker and cache disagreed on block tables (the external-hit-running-cow
+    study's off run: 190) said so on no dashboard page."""
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = str(tmp_path / "t.duckdb")
+    res = run_replay(RunSpec("gen:study-external-hit-running-cow", limit=20, without=("external-hit-running-cow",),
+                             preset="kimi-hybrid", capacity_blocks=20, external_capacity_blocks=4096), db=db)
+    assert res.summary["table_disagreements"] > 0  # (the case at hand)
+    at = render(db, monkeypatch, "overview", run=res.run_id)
+    tile = next(m.value for m in at.metric if m.label == "Table disagreements")
+    assert tile == f"{res.summary['table_disagreements']:,}"
