@@ -11,7 +11,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from kvtrace.dashboard import queries, state, ui
+from kvtrace.dashboard import charts, queries, state, ui
 from kvtrace.errors import KVTraceError
 
 HERE = Path(__file__).parent
@@ -78,6 +78,7 @@ if queries.open_store(db):
     else:
         state.forget_other_runs_filters(run_id)
         queries.context()["run_id"] = run_id
+        charts.set_time_axis(queries.time_axis(run_id))
         damage = queries.run_row(run_id).get("damage")
         if damage:  # (listed as damaged in the picker; every page says why, as `kvtrace runs` does)
             st.warning(ui.literal(damage) + ". Its stored settings and summary are not read: a page shows what its "

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Sequence
 
 import plotly.graph_objects as go
@@ -14,6 +15,21 @@ from kvtrace.metrics import MODELLED
 NS = 1e9  # virtual ns -> s on time axes
 MS = 1e6  # ns -> ms for latencies
 COLORS = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#FF9DA6", "#9D755D"]
+
+
+VIRTUAL_TIME = "virtual time (s)"
+# The time axis's title for the run the page shows (``set_time_axis``, each script run): an
+# engine replay's modelled clock, else what its times are (a cache-only run has none: its
+# spans are 1 ms a request apart, which every chart called virtual time).
+_TIME_AXIS: contextvars.ContextVar[str] = contextvars.ContextVar("kvtrace_time_axis", default=VIRTUAL_TIME)
+
+
+def set_time_axis(title: str) -> None:
+    _TIME_AXIS.set(title)
+
+
+def time_axis() -> str:
+    return _TIME_AXIS.get()
 
 
 def _fig(title: str, x: str, y: str, **layout) -> go.Figure:
@@ -42,7 +58,7 @@ def hit_rate(frame: pl.DataFrame, belady: tuple[str, float] | None = None) -> go
     frame = frame.filter(pl.col("prefix_cache_queries") > 0).sort("window_start_ns")
     if frame.height == 0:
         return None
-    fig = _fig("Prefix cache hit rate over virtual time", "virtual time (s)", "prefix cache hit rate")
+    fig = _fig("Prefix cache hit rate over time", time_axis(), "prefix cache hit rate")
     t = (frame["window_start_ns"] / NS).to_list()
     per, cum = frame["prefix_cache_hit_rate"].to_list(), frame["cum_prefix_cache_hit_rate"].to_list()
     fig.add_scatter(x=t, y=per, name="prefix cache hit rate (per window)", mode="lines", line=dict(color=_color(0)))
@@ -63,7 +79,7 @@ def group_hit_rate(frame: pl.DataFrame, labels: dict[int, str]) -> go.Figure | N
     frame = frame.filter(pl.col("prefix_cache_queries") > 0)
     if frame.height == 0:
         return None
-    fig = _fig("Group hit rates (each KV group alone; not the request hit rate)", "virtual time (s)",
+    fig = _fig("Group hit rates (each KV group alone; not the request hit rate)", time_axis(),
                "group hit rate")
     for i, (gid,) in enumerate(frame.select("group_id").unique().sort("group_id").iter_rows()):
         part = frame.filter(pl.col("group_id") == gid).sort("window_start_ns")
@@ -87,7 +103,7 @@ def hit_sources(frame: pl.DataFrame) -> go.Figure | None:
     each request once, at its first schedule; stacked."""
     if frame.height == 0:
         return None
-    fig = _fig("Prompt tokens by source", "virtual time (s)", "prompt tokens per window")
+    fig = _fig("Prompt tokens by source", time_axis(), "prompt tokens per window")
     t = (frame["window_start_ns"] / NS).to_list()
     for i, (source, name) in enumerate(SOURCE_NAMES.items()):
         fig.add_scatter(x=t, y=frame[f"prompt_tokens_by_source.{source}"].to_list(), name=name, mode="lines",
@@ -101,7 +117,7 @@ def usage(frame: pl.DataFrame, group_names: dict[int, str], shared_pool: bool = 
     mean shares also add up to the pool's mean usage, drawn as one more line."""
     if frame.height == 0:
         return None
-    fig = _fig("Block-pool usage", "virtual time (s)", "usage")
+    fig = _fig("Block-pool usage", time_axis(), "usage")
     groups = frame.select("group_id").unique().sort("group_id")
     if shared_pool and groups.height > 1:
         pool = frame.group_by("window_start_ns").agg(pl.col("mean_usage").sum()).sort("window_start_ns")
@@ -154,7 +170,7 @@ def stacked_counts(frame: pl.DataFrame, title: str, y: str, names: dict[str, str
     (evictions by reason or by publish kind), each key in its one colour."""
     if frame.height == 0:
         return None
-    fig = _fig(title, "virtual time (s)", y, barmode="stack", showlegend=True)
+    fig = _fig(title, time_axis(), y, barmode="stack", showlegend=True)
     for (k,) in frame.select("key").unique().sort("key").iter_rows():
         part = frame.filter(pl.col("key") == k).sort("window_start_ns")
         fig.add_bar(x=(part["window_start_ns"] / NS).to_list(), y=part["blocks"].to_list(),
@@ -219,7 +235,7 @@ def correctness(frame: pl.DataFrame) -> go.Figure | None:
     """Stale hashes found, stale entries left, divergent outputs per window."""
     if frame.height == 0:
         return None
-    fig = _fig("Stale hashes and divergent outputs", "virtual time (s)", "count per window", barmode="group")
+    fig = _fig("Stale hashes and divergent outputs", time_axis(), "count per window", barmode="group")
     t = (frame["window_start_ns"] / NS).to_list()
     series = (("stale_found", "stale hash found"), ("stale_left", "stale entry left"),
               ("divergent_outputs", "divergent output"))
@@ -260,7 +276,7 @@ def itl_over_time(frame: pl.DataFrame, log: bool = False, times: str = MODELLED)
     """ITL per window of token time (read.itl_over_time): mean, p50, p99 of the window's gaps."""
     if frame.height == 0:
         return None
-    fig = _fig("ITL over virtual time", "virtual time (s)", f"ms ({times})")
+    fig = _fig("ITL over time", time_axis(), f"ms ({times})")
     t = (frame["window_start_ns"] / NS).to_list()
     series = (("mean_itl_ns", "mean ITL"), ("p50_itl_ns", "p50 ITL"), ("p99_itl_ns", "p99 ITL"))
     for i, (col, name) in enumerate(series):
@@ -320,7 +336,7 @@ def waterfall(frame: pl.DataFrame, request_id: str) -> go.Figure | None:
 def overlay(curves: Sequence[tuple[str, pl.DataFrame]], x: str, y: str, title: str, ytitle: str, yscale: float = 1.0,
             percent: bool = False) -> go.Figure | None:
     """One line per run (compare page): A solid, B dashed."""
-    fig = _fig(title, "virtual time (s)", ytitle)
+    fig = _fig(title, time_axis(), ytitle)
     for i, (name, frame) in enumerate(curves):
         if frame.height:
             frame = frame.sort(x)

@@ -25,7 +25,7 @@ from kvtrace import metrics
 from kvtrace.compare import pairing
 from kvtrace.compare.model import RunDiff
 from kvtrace.compare.source import diff_runs
-from kvtrace.dashboard import DB_ENV, run_config, state, ui
+from kvtrace.dashboard import DB_ENV, charts, run_config, state, ui
 from kvtrace.errors import KVTraceError
 from kvtrace.names import replay_mode
 from kvtrace.store import read
@@ -256,6 +256,19 @@ def cost_model(run_id: str) -> str | None:
 def times_word(*run_ids: str) -> str:
     """'modelled', 'recorded' or 'no times' (``metrics.times_word``): how the runs' latencies are labelled."""
     return metrics.times_word(*((run_row(r).get("mode"), cost_model(r)) for r in run_ids))
+
+
+def time_axis(run_id: str) -> str:
+    """The title of the run's time axes: the engine's modelled clock (a collected run's too,
+    where its record names the cost model), else what its span times are."""
+    mode = str(run_row(run_id).get("mode") or "")
+    if cost_model(run_id) or mode == "engine":
+        return charts.VIRTUAL_TIME
+    if mode.startswith("cache-only"):
+        return "request order (no clock: 1 ms a request)"
+    if mode == "live":
+        return "time (s, vLLM's event timestamps)"
+    return "time (s, as the sender sent them)"
 
 
 def times_caption(run_id: str) -> str:

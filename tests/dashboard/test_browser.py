@@ -192,10 +192,10 @@ def test_hit_rate_page_draws_the_request_hit_rate_on_its_own_chart_fitted_to_it(
     page = browser.new_page(viewport={"width": 1440, "height": 1000})
     page.goto(f"{server}/hit-rate?run={run_on}")
     wait_rendered(page, "prefix cache hit rate (prefix_cache_hits")
-    wait_plot(page, "Prefix cache hit rate over virtual time")
+    wait_plot(page, "Prefix cache hit rate over time")
     wait_plot(page, "Group hit rates (each KV group alone; not the request hit rate)")
     figs = plots(page)
-    main = next(f for f in figs if f["title"] == "Prefix cache hit rate over virtual time")
+    main = next(f for f in figs if f["title"] == "Prefix cache hit rate over time")
     names = {t["name"] for t in main["traces"] if t["visible"] is True}
     assert {"prefix cache hit rate (per window)", "prefix cache hit rate (cumulative)"} <= names
     assert not any("group" in n for n in names)  # no group line drawn over it

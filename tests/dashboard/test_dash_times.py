@@ -30,3 +30,32 @@ def test_a_collected_runs_latency_charts_label_their_times_recorded(tmp_path, mo
     ms_axes = [t for t in _axis_titles(at) if t.startswith("ms (")]
     assert len(ms_axes) >= 5, ms_axes  # two CDFs, two histograms, ITL over time
     assert set(ms_axes) == {f"ms ({word})"}, ms_axes
+
+
+def _x_titles(at) -> set[str]:
+    return {json.loads(el.proto.spec)["layout"].get("xaxis", {}).get("title", {}).get("text")
+            for el in at.get("plotly_chart")} - {None}
+
+
+def test_time_axes_say_what_a_runs_times_are(tmp_path, monkeypatch):
+    """Every time axis said "virtual time (s)": a cache-only run's (no clock: its spans are 1 ms
+    a request apart, as the README says it has none) and a collected run's (its sender's
+    times) too. An engine replay keeps its modelled clock's title."""
+    import synthetic_run
+
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = str(tmp_path / "runs.duckdb")
+    engine = run_replay(RunSpec("gen:chat", limit=12, capacity_blocks=40, content=False), db=db).run_id
+    cache_only = run_replay(RunSpec("gen:chat", limit=12, mode="cache-only", capacity_blocks=8), db=db).run_id
+    collected = synthetic_run.write_collected_run(str(tmp_path / "collected.duckdb"))
+    seen = {}
+    for name, store, run in (("engine", db, engine), ("cache-only", db, cache_only),
+                             ("collected", str(tmp_path / "collected.duckdb"), collected)):
+        titles = set()
+        for page in ("hit_rate", "evictions"):
+            titles |= _x_titles(render(store, monkeypatch, page, run=run))
+        seen[name] = titles - {"scheduler steps"}  # (the block histograms' axis)
+    assert seen["engine"] == {"virtual time (s)"}, seen
+    assert seen["cache-only"] == {"request order (no clock: 1 ms a request)"}, seen
+    assert seen["collected"] and "virtual time (s)" not in seen["collected"], seen
