@@ -80,13 +80,13 @@ for col, (label, key) in zip(st.columns(5), (("TTFT median", "median_ttft_ms"), 
 st.caption(f"Times: {queries.times_caption(run_id)}. Definitions as vllm bench serve's (README, 'Metrics').")
 
 st.subheader("Cache events")
-c = st.columns(5)
-c[0].metric("Evictions", ui.count(s.get("evictions")))
-c[1].metric("CoW copies", ui.count(s.get("cow_copies")))
-c[2].metric("Stale hashes", ui.count(s.get("stale_hashes")))
-c[3].metric("Divergent outputs", ui.count(s.get("divergent_outputs")))
+events = st.columns(5)
+events[0].metric("Evictions", ui.count(s.get("evictions")))
+events[1].metric("CoW copies", ui.count(s.get("cow_copies")))
+events[2].metric("Stale hashes", ui.count(s.get("stale_hashes")))
+events[3].metric("Divergent outputs", ui.count(s.get("divergent_outputs")))
 # (a study's run of 190 was shown on no page: the worker's and the cache's block tables disagreed)
-c[4].metric("Table disagreements", ui.count(s.get("table_disagreements")))
+events[4].metric("Table disagreements", ui.count(s.get("table_disagreements")))
 st.caption("Cache event counts from the run summary written when the replay finished, or for a run that wrote none "
            "(running, stopped early) from its spans so far, as `kvtrace runs` and `kvtrace diff` read them "
            "(– : not measured).")
