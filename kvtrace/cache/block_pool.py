@@ -268,8 +268,7 @@ class BlockPool:
                     tuple(pub_hashes), num_tokens))
             external = self.external
             if external is not None:  # (after the publish: what the tier drops for room follows it)
-                for b, h in zip(out, pub_hashes):
-                    external.store(group_id, h, b.hash_num_tokens)
+                external.store_all(group_id, [(h, b.hash_num_tokens) for b, h in zip(out, pub_hashes)])
         return out
 
     def touch(self, blocks: Iterable[KVCacheBlock], group_id: int) -> None:
@@ -448,8 +447,7 @@ class BlockPool:
                                        pub[-1].hash_num_tokens)
                     )
             if external is not None:  # (after the publish: what the tier drops for room follows it)
-                for b in pub:
-                    external.store(group_id, cast("BlockHash", b.block_hash), b.hash_num_tokens)
+                external.store_all(group_id, [(cast("BlockHash", b.block_hash), b.hash_num_tokens) for b in pub])
         return len(pub)
 
     def _emit_publish(self, group_id, request_id, ids, hashes, kinds) -> None:

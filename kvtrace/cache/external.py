@@ -10,6 +10,7 @@ the entry's first store).
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable
 
 from kvtrace.cache.events import EVICT_CONNECTOR, BlockEvicted
 from kvtrace.cache.hashing import BlockHash
@@ -33,24 +34,38 @@ class ExternalTier:
         return len(self.entries)
 
     def store(self, group_id: int, block_hash: BlockHash, num_tokens: int) -> None:
-        key = (group_id, block_hash)
+        self.store_all(group_id, ((block_hash, num_tokens),))
+
+    def store_all(self, group_id: int, keys: Iterable[tuple[BlockHash, int]]) -> None:
+        """Store one publish's keys (hash, num_tokens), in order; then report, after that
+        publish's event, the entries the stores dropped for room (``connector`` evictions).
+        Only entries gone at the end are reported: storing the publish's earlier keys could
+        drop one of its later keys the tier held, which its own store then put back, and
+        "publish X, evict X" read as X gone while the tier held it."""
         step = self.sink.step
-        self.used_step[key] = step
-        if key in self.entries:
-            self.entries.move_to_end(key)
-            return
-        self.entries[key] = num_tokens
-        self.stored_step[key] = step
-        while len(self.entries) > self.capacity:
-            (gid, h), _ = self.entries.popitem(last=False)
-            born = self.stored_step.pop((gid, h), step)
-            used = self.used_step.pop((gid, h), born)
-            self.sink.evictions += 1
-            self.sink.evictions_by_reason[EVICT_CONNECTOR] += 1
-            if self.sink.enabled:
-                self.sink.events.append(
-                    BlockEvicted(step, gid, EVICT_CONNECTOR, (-1,), (h,), (step - born,), (step - used,), None)
-                )
+        entries = self.entries
+        dropped: list[tuple[int, BlockHash, int, int]] = []  # (group, hash, age, idle), in drop order
+        for block_hash, num_tokens in keys:
+            key = (group_id, block_hash)
+            self.used_step[key] = step
+            if key in entries:
+                entries.move_to_end(key)
+                continue
+            entries[key] = num_tokens
+            self.stored_step[key] = step
+            while len(entries) > self.capacity:
+                (gid, h), _ = entries.popitem(last=False)
+                born = self.stored_step.pop((gid, h), step)
+                used = self.used_step.pop((gid, h), born)
+                dropped.append((gid, h, step - born, step - used))
+        sink = self.sink
+        for gid, h, age, idle in dropped:
+            if (gid, h) in entries:  # (dropped, then stored again by this publish)
+                continue
+            sink.evictions += 1
+            sink.evictions_by_reason[EVICT_CONNECTOR] += 1
+            if sink.enabled:
+                sink.events.append(BlockEvicted(step, gid, EVICT_CONNECTOR, (-1,), (h,), (age,), (idle,), None))
 
     def touch(self, group_id: int, block_hash: BlockHash) -> None:
         key = (group_id, block_hash)

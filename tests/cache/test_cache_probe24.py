@@ -105,3 +105,35 @@ def test_a_resends_lookup_names_no_miss_past_the_last_token_it_could_hit():
     first, again = (ev for ev in events if isinstance(ev, PrefixLookup))
     assert (first.first_miss_index, again.num_hit_tokens) == (0, 16)
     assert again.first_miss_index == -1 and again.first_miss_hash is None
+
+
+def test_a_publish_that_stores_again_a_key_the_tier_held_is_not_reported_evicting_it():
+    """One publish re-stores a key the tier still holds: storing the publish's earlier keys
+    dropped it for room, then its own store put it back, and the events said "publish X, evict
+    X": replaying them left X out of a tier that held it (and a later eviction of X named a key
+    the events said was gone). Only the entries gone at the end are reported."""
+    from kvtrace.cache.events import BlockPublished
+
+    m = KVCacheManager(CacheConfig(groups=(FullAttentionSpec(4),), num_gpu_blocks=5, hash_block_size=4,
+                                   external=ExternalTierConfig(capacity_blocks=3)))
+    events: list = []
+    m.subscribe(events.extend)
+    for rid, tokens in (("a", range(13)), ("d", range(100, 105)), ("e", range(200, 205)), ("a2", range(13))):
+        r = make_request(rid, tokens)
+        blocks, hit, _ = m.get_computed_blocks(r)
+        ext = m.get_num_external_hit_tokens(r, hit)
+        run_chunk(m, r, len(tokens) - hit - ext, num_new_computed_tokens=hit, new_computed_blocks=blocks,
+                  num_external_computed_tokens=ext)
+        m.take_block_copies()
+        m.take_state_writes()
+        m.free(r)
+    tier: set = set()
+    for ev in events:
+        if isinstance(ev, BlockPublished):
+            tier.update((ev.group_id, h) for h in ev.block_hashes)
+        elif isinstance(ev, BlockEvicted) and ev.reason == "connector":
+            assert all((ev.group_id, h) in tier for h in ev.block_hashes)
+            tier.difference_update((ev.group_id, h) for h in ev.block_hashes)
+    assert tier == set(m.external.entries)
+    assert m.sink.evictions_by_reason["connector"] == sum(
+        len(ev.block_hashes) for ev in events if isinstance(ev, BlockEvicted) and ev.reason == "connector")

@@ -221,6 +221,7 @@ class VllmEngineManager(VllmKVCacheManager):
                 tier = self._shadow.external if self._shadow is not None else None
                 table = self._managers[g].req_to_blocks.get(request.request_id, ())
                 ids, full, ntok = [], [], 0
+                stores: list[tuple[Any, int]] = []  # (hash, num_tokens) the tier stores
                 for eh in ev.block_hashes:
                     i = index.get(eh)
                     if i is None:
@@ -236,8 +237,7 @@ class VllmEngineManager(VllmKVCacheManager):
                     recs.append([h, bid, step])
                     stored.add((g, eh))
                     self._num_tokens[(g, h)] = ntok
-                    if tier is not None:
-                        tier.store(g, h, ntok)  # write-through, as kvtrace's pool does
+                    stores.append((h, ntok))
                 if ids:
                     if (g, ids[-1], ntok) in checkpoints:
                         kind = PUBLISH_CHECKPOINT
@@ -246,8 +246,10 @@ class VllmEngineManager(VllmKVCacheManager):
                     else:
                         kind = PUBLISH_PARTIAL_TAIL
                     out.append(BlockPublished(step, request.request_id, g, kind, tuple(ids), tuple(full), ntok))
-                # what the store dropped for room (connector evictions), after the publish, as kvtrace's pool
-                if tier is not None and tier.sink.events:
+                # write-through, as kvtrace's pool does: what the store dropped for room (connector
+                # evictions) after the publish
+                if tier is not None:
+                    tier.store_all(g, stores)
                     out.extend(tier.sink.events)
                     tier.sink.events.clear()
             elif name == "BlockRemoved":  # one per block: runs of one group and reason become one event
