@@ -147,7 +147,9 @@ WITH v AS (
     -- again every step, which counted as reuse (51 of 79 gaps of one external-tier run)
     SELECT 'reuse_gap', gap FROM (
         SELECT step - lag(step) OVER (PARTITION BY root_hash ORDER BY seq) AS gap, hit
-        FROM (SELECT root_hash, request_id, min(seq) AS seq, min(step) AS step, max(num_hit_tokens) > 0 AS hit
+        -- (a hit of the external tier's is a reuse too: diff counts local + external cached tokens)
+        FROM (SELECT root_hash, request_id, min(seq) AS seq, min(step) AS step,
+                     max(coalesce(num_hit_tokens, 0) + coalesce(num_external_hit_tokens, 0)) > 0 AS hit
               FROM lookup_spans
               WHERE run_id = $run_id AND name = '{SPAN_LOOKUP}' AND root_hash IS NOT NULL
               GROUP BY root_hash, request_id) AS first_lookups

@@ -168,7 +168,8 @@ def test_the_prefix_reuse_gap_is_between_requests_not_a_waiting_requests_own_loo
     result = run_replay(RunSpec("gen:mixed", limit=80, capacity_blocks=40, external_capacity_blocks=30,
                                 content=False), db=str(db))
     with duckdb.connect(str(db), read_only=True) as con:
-        rows = con.execute("SELECT root_hash, request_id, step, num_hit_tokens FROM spans WHERE run_id = ? AND "
+        rows = con.execute("SELECT root_hash, request_id, step, num_hit_tokens + coalesce(num_external_hit_tokens, 0) "
+                           "FROM spans WHERE run_id = ? AND "
                            "name = 'kvtrace.cache.lookup' AND root_hash IS NOT NULL ORDER BY seq",
                            [result.run_id]).fetchall()
         stored = dict(con.execute("SELECT x, n FROM block_values WHERE run_id = ? AND metric = 'reuse_gap'",
@@ -186,3 +187,8 @@ def test_the_prefix_reuse_gap_is_between_requests_not_a_waiting_requests_own_loo
             expected[step - last[root]] += 1
         last[root] = step
     assert stored == dict(expected) and sum(expected.values()) > 0
+    with duckdb.connect(str(db), read_only=True) as con:  # (a tier hit alone is a reuse too: the case at hand)
+        (tier_only,) = con.execute("SELECT count(*) FROM spans WHERE run_id = ? AND name = 'kvtrace.cache.lookup' "
+                                   "AND num_hit_tokens = 0 AND num_external_hit_tokens > 0",
+                                   [result.run_id]).fetchall()[0]
+    assert tier_only > 0
