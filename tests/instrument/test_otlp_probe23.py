@@ -261,6 +261,7 @@ def test_a_collected_replay_keeps_its_records_name_trace_config_and_behaviours(t
 @pytest.mark.parametrize(("key", "value", "said"), [
     ("config", "[1, 2]", "a JSON object"), ("behaviours", '{"a": 1}', "a JSON list of names"),
     ("behaviours", "[1]", "a JSON list of names"), ("name", "x" * (1 << 20 + 1), "at most"),
+    ("created", "not a time", "an ISO 8601 time"),
 ])
 def test_a_records_bad_descriptive_field_refuses_the_request_naming_it(tmp_path, key, value, said):
     db = tmp_path / "bad.duckdb"

@@ -25,6 +25,7 @@ everything else is kept in ``extra_attributes``.
 from __future__ import annotations
 
 import contextlib
+import datetime as _dt
 import errno
 import json
 import logging
@@ -656,6 +657,12 @@ def _run_record(attributes: dict, where: str) -> dict:
         if not isinstance(value, str) or len(value) > MAX_RECORD_FIELD_CHARS:
             raise PayloadError(f"{where}: {RUN_RECORD_PREFIX}{key}: expected a string of at most "
                                f"{MAX_RECORD_FIELD_CHARS:,} characters")
+        if key == "created":  # (sorted as text by every listing: "not a time" sorted among the times)
+            try:
+                _dt.datetime.fromisoformat(value)
+            except ValueError:
+                raise PayloadError(f"{where}: {RUN_RECORD_PREFIX}created: expected an ISO 8601 time, got "
+                                   f"{value[:80]!r}") from None
         if key in ("config", "behaviours"):
             try:
                 decoded = json.loads(value)
