@@ -39,12 +39,15 @@ class ExternalTier:
     def store_all(self, group_id: int, keys: Iterable[tuple[BlockHash, int]]) -> None:
         """Store one publish's keys (hash, num_tokens), in order; then report, after that
         publish's event, the entries the stores dropped for room (``connector`` evictions).
-        Only entries gone at the end are reported: storing the publish's earlier keys could
-        drop one of its later keys the tier held, which its own store then put back, and
-        "publish X, evict X" read as X gone while the tier held it."""
+        Only entries gone at the end are reported, each once: storing the publish's earlier
+        keys could drop one of its later keys the tier held, which its own store then put back
+        (keeping its first store's step, its age), and "publish X, evict X" read as X gone while
+        the tier held it."""
         step = self.sink.step
         entries = self.entries
-        dropped: list[tuple[int, BlockHash, int, int]] = []  # (group, hash, age, idle), in drop order
+        # entries dropped for room -> (first stored, last used); one stored again by this publish
+        # is no drop, and keeps its first store (its age)
+        dropped: dict[tuple[int, BlockHash], tuple[int, int]] = {}
         for block_hash, num_tokens in keys:
             key = (group_id, block_hash)
             self.used_step[key] = step
@@ -52,20 +55,19 @@ class ExternalTier:
                 entries.move_to_end(key)
                 continue
             entries[key] = num_tokens
-            self.stored_step[key] = step
+            undone = dropped.pop(key, None)
+            self.stored_step[key] = step if undone is None else undone[0]
             while len(entries) > self.capacity:
-                (gid, h), _ = entries.popitem(last=False)
-                born = self.stored_step.pop((gid, h), step)
-                used = self.used_step.pop((gid, h), born)
-                dropped.append((gid, h, step - born, step - used))
+                gone, _ = entries.popitem(last=False)
+                born = self.stored_step.pop(gone, step)
+                dropped[gone] = (born, self.used_step.pop(gone, born))
         sink = self.sink
-        for gid, h, age, idle in dropped:
-            if (gid, h) in entries:  # (dropped, then stored again by this publish)
-                continue
+        for (gid, h), (born, used) in dropped.items():
             sink.evictions += 1
             sink.evictions_by_reason[EVICT_CONNECTOR] += 1
             if sink.enabled:
-                sink.events.append(BlockEvicted(step, gid, EVICT_CONNECTOR, (-1,), (h,), (age,), (idle,), None))
+                sink.events.append(
+                    BlockEvicted(step, gid, EVICT_CONNECTOR, (-1,), (h,), (step - born,), (step - used,), None))
 
     def touch(self, group_id: int, block_hash: BlockHash) -> None:
         key = (group_id, block_hash)

@@ -137,3 +137,21 @@ def test_a_publish_that_stores_again_a_key_the_tier_held_is_not_reported_evictin
     assert tier == set(m.external.entries)
     assert m.sink.evictions_by_reason["connector"] == sum(
         len(ev.block_hashes) for ev in events if isinstance(ev, BlockEvicted) and ev.reason == "connector")
+
+
+def test_a_key_dropped_twice_in_one_publish_is_reported_once_with_its_first_stores_age():
+    """One publish dropped a key the tier held, stored it again, and dropped it again: its
+    eviction was reported twice (the counter 7 where 6 entries left) with a fresh age, as if
+    first stored by this publish."""
+    from kvtrace.cache.external import ExternalTier
+    from kvtrace.cache.sink import EventSink
+
+    sink = EventSink(enabled=True)
+    tier = ExternalTier(3, sink)
+    tier.store_all(0, [(b"X", 4), (b"A", 8), (b"B", 12)])
+    sink.step = 5
+    tier.store_all(0, [(b"k1", 4), (b"k2", 8), (b"X", 12), (b"k3", 16), (b"k4", 20), (b"k5", 24)])
+    evicted = {ev.block_hashes[0]: (ev.ages[0], ev.idle[0]) for ev in sink.events if isinstance(ev, BlockEvicted)}
+    assert len([ev for ev in sink.events if isinstance(ev, BlockEvicted)]) == len(evicted) == sink.evictions == 5
+    assert evicted == {b"A": (5, 5), b"B": (5, 5), b"k1": (0, 0), b"k2": (0, 0), b"X": (5, 0)}
+    assert set(tier.entries) == {(0, b"k3"), (0, b"k4"), (0, b"k5")}
