@@ -139,9 +139,10 @@ FROM m ASOF JOIN eb ON m.missed_hash = eb.block_hash AND m.miss_ns > eb.evict_at
 # {evicted_blocks}: as above. Values in scheduler steps; see read.block_histograms.
 BLOCK_VALUES_TEMPLATE = f"""
 WITH v AS (
-    SELECT 'lifetime' AS metric, age AS x FROM {{evicted_blocks}} WHERE age IS NOT NULL
+    -- (-1: unknown, as vLLM's backend reports an entry it never saw used: no bin of its own)
+    SELECT 'lifetime' AS metric, age AS x FROM {{evicted_blocks}} WHERE age >= 0
     UNION ALL
-    SELECT 'idle_before_evict', idle FROM {{evicted_blocks}} WHERE idle IS NOT NULL
+    SELECT 'idle_before_evict', idle FROM {{evicted_blocks}} WHERE idle >= 0
     UNION ALL
     -- one row a request and prefix, at its first lookup: a request waiting for room looks up
     -- again every step, which counted as reuse (51 of 79 gaps of one external-tier run)

@@ -192,3 +192,19 @@ def test_the_prefix_reuse_gap_is_between_requests_not_a_waiting_requests_own_loo
                                    "AND num_hit_tokens = 0 AND num_external_hit_tokens > 0",
                                    [result.run_id]).fetchall()[0]
     assert tier_only > 0
+
+
+def test_block_histograms_leave_out_an_unknown_idle(tmp_path, vllm_api):
+    """vLLM's backend reports idle -1 (vLLM does not say when a block was last used): the
+    idle-before-eviction histogram binned those as values, a bin [-1, 3) of 294 blocks."""
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = tmp_path / "vllm.duckdb"
+    run_id = run_replay(RunSpec("gen:mixed", limit=30, capacity_blocks=30, backend="vllm", content=False),
+                        db=str(db)).run_id
+    with duckdb.connect(str(db), read_only=True) as con:
+        (unknown,) = con.execute("SELECT count(*) FROM evicted_blocks WHERE run_id = ? AND idle < 0",
+                                 [run_id]).fetchall()[0]
+    assert unknown > 0  # (the case at hand)
+    hist = read.block_histograms(db, run_id)
+    assert hist.filter(hist["bin_lo"] < 0).height == 0 and hist.height > 0
