@@ -261,7 +261,8 @@ def test_a_collected_replay_keeps_its_records_name_trace_config_and_behaviours(t
 @pytest.mark.parametrize(("key", "value", "said"), [
     ("config", "[1, 2]", "a JSON object"), ("behaviours", '{"a": 1}', "a JSON list of names"),
     ("behaviours", "[1]", "a JSON list of names"), ("name", "x" * (1 << 20 + 1), "at most"),
-    ("created", "not a time", "an ISO 8601 time"),
+    ("created", "not a time", "an ISO 8601 time"), ("created", "2026-12-06T07:00:00", "UTC offset"),
+    ("config", '{"backend": 7}', "backend: expected a string"),
 ])
 def test_a_records_bad_descriptive_field_refuses_the_request_naming_it(tmp_path, key, value, said):
     db = tmp_path / "bad.duckdb"
@@ -272,5 +273,20 @@ def test_a_records_bad_descriptive_field_refuses_the_request_naming_it(tmp_path,
         code, body = _post(collector.url, _body([record]))
     finally:
         collector.stop()
-    assert code == 400 and f"kvtrace.run.{key}: expected" in body and said in body
+    assert code == 400 and f"kvtrace.run.{key}: " in body and said in body
     assert not runs(db).height
+
+
+def test_a_records_created_is_kept_in_utc(tmp_path):
+    """created times sort as text in every listing: 2026-12-06T23:00:00-12:00 sorted before
+    times hours earlier. They are kept in UTC, as kvtrace writes its own."""
+    db = tmp_path / "created.duckdb"
+    collector = OTLPCollector(db, port=0).start()
+    try:
+        record = _record(99)
+        created = {"stringValue": "2026-12-06T23:00:00-12:00"}
+        record["attributes"].append({"key": "kvtrace.run.created", "value": created})
+        assert _post(collector.url, _body([record]))[0] == 200
+    finally:
+        collector.stop()
+    assert run(db, "late-run")["created"] == "2026-12-07T11:00:00+00:00"

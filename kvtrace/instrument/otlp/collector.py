@@ -621,6 +621,7 @@ def _named_run(resource: dict, where: str) -> str:
 
 
 MAX_RECORD_FIELD_CHARS = 1 << 20  # a run record's text field (a config is a few KB)
+CONFIG_TEXT_KEYS = ("backend", "vllm_version", "vllm_commit")  # a record's config keys the views show as text
 
 
 def _run_record(attributes: dict, where: str) -> dict:
@@ -657,12 +658,15 @@ def _run_record(attributes: dict, where: str) -> dict:
         if not isinstance(value, str) or len(value) > MAX_RECORD_FIELD_CHARS:
             raise PayloadError(f"{where}: {RUN_RECORD_PREFIX}{key}: expected a string of at most "
                                f"{MAX_RECORD_FIELD_CHARS:,} characters")
-        if key == "created":  # (sorted as text by every listing: "not a time" sorted among the times)
+        if key == "created":  # (sorted as text by every listing: stored in UTC, as kvtrace writes its own)
             try:
-                _dt.datetime.fromisoformat(value)
+                when = _dt.datetime.fromisoformat(value)
             except ValueError:
-                raise PayloadError(f"{where}: {RUN_RECORD_PREFIX}created: expected an ISO 8601 time, got "
-                                   f"{value[:80]!r}") from None
+                when = None
+            if when is None or when.tzinfo is None:
+                raise PayloadError(f"{where}: {RUN_RECORD_PREFIX}created: expected an ISO 8601 time with its UTC "
+                                   f"offset, got {value[:80]!r}")
+            value = when.astimezone(_dt.UTC).isoformat()
         if key in ("config", "behaviours"):
             try:
                 decoded = json.loads(value)
@@ -672,6 +676,11 @@ def _run_record(attributes: dict, where: str) -> dict:
             if not isinstance(decoded, kind) or (key == "behaviours" and not all(isinstance(b, str) for b in decoded)):
                 what = "a JSON object" if key == "config" else "a JSON list of names"
                 raise PayloadError(f"{where}: {RUN_RECORD_PREFIX}{key}: expected {what} as a string")
+            if key == "config":  # (what every listing names a run's backend by: `runs` showed "7 ['x'] @ 5")
+                bad = next((k for k in CONFIG_TEXT_KEYS if k in decoded and not isinstance(decoded[k], str)), None)
+                if bad is not None:
+                    raise PayloadError(f"{where}: {RUN_RECORD_PREFIX}config: {bad}: expected a string, got "
+                                       f"{type(decoded[bad]).__name__}")
         described[key] = value
     return {"status": status if status in ("complete", "failed", "incomplete") else "complete",
             "digest": digest, "summary": summary, "trace_digest": trace_digest, "described": described}
