@@ -59,3 +59,20 @@ def test_time_axes_say_what_a_runs_times_are(tmp_path, monkeypatch):
     assert seen["engine"] == {"virtual time (s)"}, seen
     assert seen["cache-only"] == {"request order (no clock: 1 ms a request)"}, seen
     assert seen["collected"] and "virtual time (s)" not in seen["collected"], seen
+
+
+def test_compares_time_axis_is_both_runs_or_says_they_differ(tmp_path, monkeypatch):
+    """Compare plotted a cache-only A and an engine B on one axis titled by A's clock (request
+    order), and its caption said "the same virtual time axis" whatever the runs."""
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = str(tmp_path / "runs.duckdb")
+    engine = [run_replay(RunSpec("gen:chat", limit=12, capacity_blocks=c, content=False), db=db).run_id
+              for c in (40, 60)]
+    cache_only = run_replay(RunSpec("gen:chat", limit=12, mode="cache-only", capacity_blocks=8), db=db).run_id
+    same = render(db, monkeypatch, "compare", run=engine[0], b=engine[1])
+    assert _x_titles(same) >= {"virtual time (s)"} and "request order" not in str(_x_titles(same))
+    mixed = render(db, monkeypatch, "compare", run=cache_only, b=engine[0])
+    titles = _x_titles(mixed)
+    assert "time (s): each run's own (see its pages)" in titles and not any("request order" in t for t in titles)
+    assert any("not of one kind" in c.value for c in mixed.caption), [c.value for c in mixed.caption]

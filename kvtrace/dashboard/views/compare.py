@@ -129,10 +129,15 @@ def main() -> None:
 
     w = queries.window_ns(run_a)  # both runs on A's windows
     ha, hb = (queries.call("hit_counters_over_time", r, window_ns=w) for r in (run_a, run_b))
+    axis_a, axis_b = queries.time_axis(run_a), queries.time_axis(run_b)
+    # (one axis titled by A's clock carried a cache-only A's request order and an engine B's time)
+    charts.set_time_axis(axis_a if axis_a == axis_b else "time (s): each run's own (see its pages)")
     ui.chart(charts.overlay([(name_a, ha), (name_b, hb)], "window_start_ns",
                             "cum_prefix_cache_hit_rate", "Cumulative prefix cache hit rate, A vs B",
                             "prefix cache hit rate", percent=True),
-             "vLLM's prefix cache hit rate, cumulative, of both runs on the same virtual time axis.",
+             "vLLM's prefix cache hit rate, cumulative, of both runs on one time axis"
+             + (f" ({axis_a})." if axis_a == axis_b else ": their times are not of one kind, so read its "
+                                                          "shape, not its moments."),
              empty_what="Neither run scheduled a request.", key="cmp_hit")
 
     if diff.latency:
