@@ -15,16 +15,16 @@ import streamlit as st
 from kvtrace.names import markdown_code, markdown_literal, plotly_literal, printable
 
 FILL_RUN = "`kvtrace demo`, or `kvtrace replay TRACE --db PATH`"
+FILL_SMALL_CACHE = ("a run whose cache is smaller than its working set, e.g. "
+                    "`kvtrace replay TRACE --db PATH --capacity-blocks 256`")
+
+
 def fill_to_its_end(status: object) -> str:
     """What fills a page an unfinished run leaves empty: the same replay run to its end, or,
     where it failed (deterministic, so the same replay fails again), one it can finish."""
     if status == "failed":
         return "a replay of the same trace with settings it can finish (this one failed: Overview says why)"
     return "the same replay run to its end"
-
-
-FILL_SMALL_CACHE = ("a run whose cache is smaller than its working set, e.g. "
-                    "`kvtrace replay TRACE --db PATH --capacity-blocks 256`")
 
 
 def fill_belady(blocks: int, block_size: int) -> str:
