@@ -676,7 +676,7 @@ def _run_record(attributes: dict, where: str) -> dict:
             if not isinstance(decoded, kind) or (key == "behaviours" and not all(isinstance(b, str) for b in decoded)):
                 what = "a JSON object" if key == "config" else "a JSON list of names"
                 raise PayloadError(f"{where}: {RUN_RECORD_PREFIX}{key}: expected {what} as a string")
-            if key == "config":  # (what every listing names a run's backend by: `runs` showed "7 ['x'] @ 5")
+            if isinstance(decoded, dict):  # (what every listing names a run's backend by: `runs` showed "7 ['x'] @ 5")
                 bad = next((k for k in CONFIG_TEXT_KEYS if k in decoded and not isinstance(decoded[k], str)), None)
                 if bad is not None:
                     raise PayloadError(f"{where}: {RUN_RECORD_PREFIX}config: {bad}: expected a string, got "
