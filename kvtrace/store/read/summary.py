@@ -56,13 +56,19 @@ def summary_with_spans(db: DB, run_id: str, stored: Mapping[str, Any] | None) ->
     return {**summary_from_spans(db, run_id), **(stored if isinstance(stored, Mapping) else {})}
 
 
-def _cache_event_counts(db: DB, run_id: str) -> dict[str, Any]:
-    """Blocks published and evicted, and evicted by reason, from the run's spans."""
+def _cache_event_counts(db: DB, run_id: str, counts: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Blocks published and evicted, and evicted by reason, from the run's spans (``counts``:
+    its ``span_counts`` rows by name, where read already)."""
     with one_snapshot(db):
-        counts = {r["name"]: r for r in span_counts(db, run_id).iter_rows(named=True)}
+        if counts is None:
+            counts = _span_counts(db, run_id)
         by_reason = {r["reason"]: int(r["blocks"]) for r in evictions_by_reason(db, run_id).iter_rows(named=True)}
     blocks = {name: int(counts[name]["blocks"] or 0) if name in counts else 0 for name in (SPAN_PUBLISH, SPAN_EVICT)}
     return {"publishes": blocks[SPAN_PUBLISH], "evictions": blocks[SPAN_EVICT], "evictions_by_reason": by_reason}
+
+
+def _span_counts(db: DB, run_id: str) -> dict[str, Any]:
+    return {r["name"]: r for r in span_counts(db, run_id).iter_rows(named=True)}
 
 
 @checked
@@ -83,8 +89,7 @@ def _summary_from_spans(db: DB, run_id: str) -> dict[str, Any]:
     hits = hit_counters(db, run_id)
     if not hits.get("requests"):
         return {}
-    counts = {r["name"]: r for r in span_counts(db, run_id).iter_rows(named=True)}
-    by_reason = {r["reason"]: int(r["blocks"]) for r in evictions_by_reason(db, run_id).iter_rows(named=True)}
+    counts = _span_counts(db, run_id)
     totals = _request_totals(db, run_id)
     mode, config = _record(db, run_id)
 
@@ -103,9 +108,7 @@ def _summary_from_spans(db: DB, run_id: str) -> dict[str, Any]:
     cached = config.get("policy") != "belady"
     summary = {
         **hits, **totals, **latency_summary(db, run_id, _recorded_percentiles(config)),
-        "publishes": (int(counts[SPAN_PUBLISH]["blocks"]) if SPAN_PUBLISH in counts else 0) if cached else None,
-        "evictions": (int(counts[SPAN_EVICT]["blocks"]) if SPAN_EVICT in counts else 0) if cached else None,
-        **({"evictions_by_reason": by_reason} if cached else {}),
+        **(_cache_event_counts(db, run_id, counts) if cached else {"publishes": None, "evictions": None}),
         "cow_copies": _cow_copies(db, run_id) if totals and SPAN_COW in counts else 0 if totals else None,
         **({"stale_hashes_left": spans_of(SPAN_STALE_LEFT),
             "divergent_outputs": spans_of(SPAN_DIVERGENT) if checked else None} if totals else {}),
