@@ -19,7 +19,7 @@ the run digest hashes. Positional arguments follow the field order.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import msgspec
 
@@ -92,6 +92,28 @@ class PrefixLookup(Event, frozen=True):
     root_hash: bytes | int | None  # hash of the first full block: identifies the prefix family
     first_miss_hash: bytes | int | None  # hash of the first full block that missed (group 0)
     first_miss_index: int  # its block index, -1 when everything hit
+
+
+def first_miss(coarse: Sequence[bytes | int], hit: int, block_size: int,
+               num_tokens: int) -> tuple[bytes | int | None, int]:
+    """A lookup's ``first_miss_hash`` and ``first_miss_index`` (both backends): the first full
+    block of ``coarse`` (group 0's hashes) past a ``hit`` of ``num_tokens``, or (None, -1).
+    A block past the prompt's last token but one, which is always recomputed, was never
+    looked up: no miss (a resend's lookup named a block it found cached, and the miss
+    attribution blamed an old eviction of it)."""
+    i = hit // block_size
+    if i < len(coarse) and (i + 1) * block_size <= num_tokens - 1:
+        return coarse[i], i
+    return None, -1
+
+
+def note_external_hits(events: list, at: int, request_id: str, num_external_hit_tokens: int) -> None:
+    """Give the lookup of ``request_id`` at ``events[at]`` its external hit tokens, which a
+    manager learns after the lookup event (both backends; it said 0 for every lookup)."""
+    if num_external_hit_tokens and 0 <= at < len(events):
+        ev = events[at]
+        if isinstance(ev, PrefixLookup) and ev.request_id == request_id:
+            events[at] = msgspec.structs.replace(ev, num_external_hit_tokens=num_external_hit_tokens)
 
 
 class BlocksFreed(Event, frozen=True):

@@ -52,14 +52,19 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Final, cast
 
-import msgspec
-
 from kvtrace.cache.block_pool import BlockPool
 from kvtrace.cache.blocks import KVCacheBlock
 from kvtrace.cache.config import SHARED_PREFIX_PINNING, CacheConfig, FullAttentionSpec
 from kvtrace.cache.context import CacheContext, CacheStats
 from kvtrace.cache.coordinator import KVCacheCoordinator
-from kvtrace.cache.events import PUBLISH_FULL, BlocksFreed, CacheListener, PrefixLookup
+from kvtrace.cache.events import (
+    PUBLISH_FULL,
+    BlocksFreed,
+    CacheListener,
+    PrefixLookup,
+    first_miss,
+    note_external_hits,
+)
 from kvtrace.cache.external import ExternalTier
 from kvtrace.cache.hashing import BlockHash, BlockHasher
 from kvtrace.cache.managers import FullAttentionManager, MambaManager, SlidingWindowManager
@@ -235,16 +240,12 @@ class KVCacheManager:
         sink = self.sink
         if sink.enabled:
             coarse0 = fine if self._unitary else m0.coarse(fine)
-            miss_idx = hit // m0.block_size
-            # (a block past the prompt's last token but one, which is always recomputed, was
-            # never looked up: no miss, where a resend's lookup blamed an old eviction of it)
-            eligible = (miss_idx + 1) * m0.block_size <= num_tokens - 1
-            miss = coarse0[miss_idx] if miss_idx < len(coarse0) and eligible else None
+            miss, miss_idx = first_miss(coarse0, hit, m0.block_size, num_tokens)
             self._lookup_at = len(sink.events)
             sink.events.append(
                 PrefixLookup(
                     sink.step, request.request_id, num_tokens, hit, first, boundary, 0,
-                    coarse0[0] if coarse0 else None, miss, miss_idx if miss is not None else -1,
+                    coarse0[0] if coarse0 else None, miss, miss_idx,
                 )
             )
         return KVCacheBlocks(blocks), hit, boundary
@@ -256,12 +257,7 @@ class KVCacheManager:
             return 0
         request.bind_hasher(self.hasher)
         n = self.coordinator.external_hit_tokens(request.block_hashes, num_local_hit_tokens, request.num_tokens - 1)
-        events = self.sink.events
-        at = self._lookup_at
-        if n and 0 <= at < len(events):  # the request's lookup, made just before: it says 0 until now
-            ev = events[at]
-            if isinstance(ev, PrefixLookup) and ev.request_id == request.request_id:
-                events[at] = msgspec.structs.replace(ev, num_external_hit_tokens=n)
+        note_external_hits(self.sink.events, self._lookup_at, request.request_id, n)  # (its lookup, just made)
         return n
 
     # -- allocation ---------------------------------------------------------------

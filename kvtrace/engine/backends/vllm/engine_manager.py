@@ -60,8 +60,6 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, cast
 
-import msgspec
-
 from kvtrace.cache.config import CacheConfig, FullAttentionSpec, MambaSpec
 from kvtrace.cache.events import (
     COPY_EXTERNAL,
@@ -82,6 +80,8 @@ from kvtrace.cache.events import (
     BlocksFreed,
     CacheListener,
     PrefixLookup,
+    first_miss,
+    note_external_hits,
 )
 from kvtrace.cache.plans import STATE_CHECKPOINT, STATE_EXTERNAL, STATE_RUNNING, BlockCopy, StateWrite
 from kvtrace.cache.request import Request
@@ -374,13 +374,11 @@ class VllmEngineManager(VllmKVCacheManager):
             fine = request.block_hashes
             per = bs0 // self.hash_block_size
             coarse = fine[per - 1::per]
-            miss_idx = hit // bs0
-            eligible = (miss_idx + 1) * bs0 <= request.num_tokens - 1  # (as kvtrace's manager: never looked up)
-            miss = coarse[miss_idx] if miss_idx < len(coarse) and eligible else None
+            miss, miss_idx = first_miss(coarse, hit, bs0, request.num_tokens)
             self._lookup_at = len(self._events)
             self._events.append(PrefixLookup(
                 self.step, request.request_id, request.num_tokens, hit, (hit,) * self.num_groups, boundary, 0,
-                coarse[0] if coarse else None, miss, miss_idx if miss is not None else -1))
+                coarse[0] if coarse else None, miss, miss_idx))
         return blocks, hit, boundary
 
     def get_num_external_hit_tokens(self, request: Request, num_local_hit_tokens: int) -> int:
@@ -389,11 +387,7 @@ class VllmEngineManager(VllmKVCacheManager):
             return 0
         n = self._shadow.coordinator.external_hit_tokens(request.block_hashes, num_local_hit_tokens,
                                                          request.num_tokens - 1)
-        at = self._lookup_at
-        if n and 0 <= at < len(self._events):  # the request's lookup, made just before (as kvtrace's manager)
-            ev = self._events[at]
-            if isinstance(ev, PrefixLookup) and ev.request_id == request.request_id:
-                self._events[at] = msgspec.structs.replace(ev, num_external_hit_tokens=n)
+        note_external_hits(self._events, self._lookup_at, request.request_id, n)  # (its lookup, just made)
         return n
 
     @vllm_call("KVCacheManager.allocate_slots")
