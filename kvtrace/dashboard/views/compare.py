@@ -65,8 +65,7 @@ def main() -> None:
                    + ": nothing is shown in its place. Pick B below.", icon=":material/link_off:")
     # (a failed run's settings fail again: a pair made from them was suggested, with a capacity too small)
     failed = queries.run_row(run_a).get("status") == "failed"
-    pair = ("a replay of the same trace with settings it can finish (A failed: Overview says why)" if failed else
-            ui.code(pairing.study_command(queries.run_row(run_a), db)))
+    pair = ui.fill_to_its_end("failed") if failed else ui.code(pairing.study_command(queries.run_row(run_a), db))
     if not ids:
         ui.empty(f"No other run of the same trace as {ui.code(run_a)} to compare with.", pair)
         return
