@@ -78,7 +78,8 @@ class Fit:
 
     def weakly_determined(self) -> dict[str, float]:
         """The fitted terms whose value is within two standard errors of 0, or whose
-        standard error is over a quarter of their value: term -> standard error."""
+        standard error is over a quarter of their value: term -> standard error (inf: no
+        more observations than fitted terms, which any values fit exactly)."""
         return {t: se for t, se in self.standard_errors.items()
                 if se > 0 and (2 * se >= abs(getattr(self.model, t)) or se > 0.25 * abs(getattr(self.model, t)))}
 
@@ -145,11 +146,13 @@ def _confounded(a: np.ndarray, terms: Sequence[str]) -> tuple[list[str], int]:
 
 def _standard_errors(a: np.ndarray, b: np.ndarray, coef: np.ndarray) -> np.ndarray:
     """Each coefficient's standard error in the least-squares fit of ``a @ coef ~ b``: the
-    residuals' variance times the diagonal of (a^T a)^-1 (0 without residual degrees of
-    freedom, or where the fit is exact)."""
+    residuals' variance times the diagonal of (a^T a)^-1 (0 where the fit is exact). Without
+    residual degrees of freedom (no more observations than coefficients) it is unknown: inf.
+    (It was 0: five steps for five terms fitted attn_pair_ps 12x the truth and kv_read_ps 0,
+    and the report marked no term, the one fit that checks none of them.)"""
     n, k = a.shape
     if n <= k:
-        return np.zeros(k)
+        return np.full(k, np.inf)
     resid = a @ coef - b
     variance = float(resid @ resid) / (n - k)
     return np.sqrt(np.clip(np.diag(np.linalg.pinv(a.T @ a)) * variance, 0.0, None))

@@ -673,7 +673,10 @@ def fit_report(fit: Fit) -> list[str]:
         unused = (key == "token_above_knee_ns" and not m.token_knee) or (key == "moe_expert_ns" and not m.num_experts)
         given = key in FITTED_TERMS and key not in fit.fitted and not unused
         note = "  (not fitted: no measurement exercises it)" if given else ""
-        if key in weak:
+        if key in weak and math.isinf(weak[key]):  # (no residual left to estimate any term's error by)
+            note = (f"  (unchecked: {len(fit.observations):,} measurements for {len(fit.fitted)} fitted terms, "
+                    "which values far from the truth fit as exactly; add measurements)")
+        elif key in weak:
             se = weak[key]
             shown = f"{se:,.0f}" if se >= 1 else f"{se:.2g}"  # (under 1 it read "token_ns = 0 (± 0: ...)")
             note = (f"  (± {shown}: weakly determined, these measurements hardly tell it from the other "
