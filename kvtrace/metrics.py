@@ -212,6 +212,52 @@ DEFAULT_PERCENTILES: tuple[float, ...] = (50, 90, 99)
 PERCENTILES_CONFIG_KEY = "percentiles"
 MODELLED = "modelled"  # the word every latency view carries
 
+# --- the definitions a run was recorded under ---------------------------------------------
+# A run's numbers are what this module (and the spans it describes) said when it was recorded.
+# Each change of a stored number's meaning bumps the version, with one line here; a replay
+# records the version in its config (DEFINITIONS_CONFIG_KEY), and ``kvtrace diff`` and the
+# dashboard's Compare say when two runs were recorded under different ones, since their
+# numbers then differ for a reason no setting explains. Runs that record none predate version 1.
+DEFINITIONS_CONFIG_KEY = "definitions"
+DEFINITION_CHANGES: tuple[tuple[int, str, str], ...] = (  # (version, date, what changed)
+    (1, "2026-12-06", "cow_copies counts copy-on-write copies only (no external-tier loads); hit_blocks and "
+                      "total_blocks count the first full-attention group's blocks; the prefix reuse gap runs between "
+                      "requests' first lookups and counts hits the external tier alone served; lookups record their "
+                      "external hit tokens and no first miss past the last token they could hit"),
+)
+DEFINITIONS: int = DEFINITION_CHANGES[-1][0]
+
+
+def recorded_definitions(mode: str | None, config: Mapping[str, Any] | None) -> int | None:
+    """The definitions version a run was recorded under: its config's, 0 for a replay of
+    kvtrace's that records none (it predates version 1), None where unknown (a live capture
+    or a collected run that says nothing; a value that is no version)."""
+    value = config.get(DEFINITIONS_CONFIG_KEY) if isinstance(config, Mapping) else None
+    if value is None:
+        return 0 if mode == "engine" or str(mode or "").startswith("cache-only") else None
+    return value if type(value) is int and value >= 0 else None
+
+
+def definitions_note(a: int | None, b: int | None) -> str | None:
+    """What a reader of a comparison must know when runs A and B were recorded under other
+    definitions (``recorded_definitions``): which numbers changed meaning between them. None
+    when they agree or either is unknown."""
+    if a is None or b is None or a == b:
+        return None
+    low, high = min(a, b), max(a, b)
+    older, newer = ("A", "B") if a < b else ("B", "A")
+    label = lambda v: f"version {v}" if v else "none recorded: before version 1"
+    changes = [f"version {version} ({date}): {text}" for version, date, text in DEFINITION_CHANGES
+               if low < version <= high]
+    again = older
+    if high > DEFINITIONS:  # (recorded by a newer kvtrace: what it changed, this one cannot say)
+        unknown = f" {DEFINITIONS + 1}" if high == DEFINITIONS + 1 else f"s {DEFINITIONS + 1} to {high}"
+        changes.append(f"version{unknown}: unknown to this kvtrace (version {DEFINITIONS})")
+        again = newer  # (replayed here, it is recorded under this kvtrace's definitions, the older run's)
+    return (f"runs A and B were recorded under different metric definitions (A {label(a)}; B {label(b)}): their "
+            f"numbers may differ for no setting's sake. Changed since run {older}'s: {' | '.join(changes)}. Replay run "
+            f"{again} with this kvtrace to compare like with like")
+
 
 def run_backend(mode: str | None, config: Mapping[str, Any] | None) -> str | None:
     """Whose cache produced a run's events, in every view: a replay's backend (kvtrace's

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvtrace.metrics import PERCENTILES_CONFIG_KEY, backend_label
+from kvtrace.metrics import DEFINITIONS_CONFIG_KEY, PERCENTILES_CONFIG_KEY, backend_label, recorded_definitions
 from kvtrace.names import BEHAVIOURS
 
 # Flattened config keys that make up a run's capacity (engine: KV blocks per group and the
@@ -33,7 +33,7 @@ class Difference:
     setting: str  # "mode", "behaviour shared-prefix-pinning", "cache.retention_interval", ...
     a: Any
     b: Any
-    kind: str  # mode | capacity | behaviour | setting
+    kind: str  # definitions | mode | capacity | behaviour | setting
 
     def __str__(self) -> str:
         return f"{self.setting}: A {_show(self.a)} → B {_show(self.b)}"
@@ -95,6 +95,7 @@ def settings(run: Mapping[str, Any]) -> dict[str, Any]:
         _flatten(cfg, "", flat)
         flat.pop("mode", None)
         flat.pop(PERCENTILES_CONFIG_KEY, None)  # (how its latencies are summarised, not how it ran)
+        flat.pop(DEFINITIONS_CONFIG_KEY, None)  # (what its numbers mean, not how it ran: ``differences`` says)
         for key in [k for k in flat if k.startswith("sweep.")]:  # which sweep, which point: bookkeeping
             del flat[key]  # (a point's settings are its own keys: two points differed twice, never paired)
         for key in _BACKEND_KEYS:  # one setting: whose cache manager, at which vLLM (they counted three times)
@@ -120,10 +121,14 @@ def _kind(setting: str) -> str:
 
 
 def differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[Difference]:
-    """Every setting runs ``a`` and ``b`` differ in: mode, capacity, each behaviour switched
-    on in one only, every other config field; sorted by kind, then name."""
+    """Every setting runs ``a`` and ``b`` differ in: the metric definitions they were recorded
+    under (where both are known), mode, capacity, each behaviour switched on in one only, every
+    other config field; sorted by kind, then name."""
     sa, sb = settings(a), settings(b)
     out = []
+    da, db = (recorded_definitions(r.get("mode"), _parsed(r.get("config"))) for r in (a, b))
+    if da is not None and db is not None and da != db:
+        out.append(Difference("metric definitions", da, db, "definitions"))
     for key in sorted(set(sa) | set(sb)):
         if sa.get(key) != sb.get(key):
             va, vb = sa.get(key), sb.get(key)
@@ -136,16 +141,16 @@ def differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[Difference]:
     for name in sorted(ba ^ bb):
         out.append(Difference(f"behaviour {name}", "on" if name in ba else "off", "on" if name in bb else "off",
                               "behaviour"))
-    order = {"mode": 0, "capacity": 1, "behaviour": 2, "setting": 3}
+    order = {"definitions": -1, "mode": 0, "capacity": 1, "behaviour": 2, "setting": 3}
     return sorted(out, key=lambda d: (order[d.kind], d.setting))
 
 
 def mismatches(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[Difference]:
-    """What keeps ``a`` and ``b`` from being one isolated change: a different mode or
-    capacity, or more than one setting changed (then every difference). Empty for a
-    clean pair (exactly one setting differs, none of them mode or capacity)."""
+    """What keeps ``a`` and ``b`` from being one isolated change: a different mode, capacity
+    or metric definitions, or more than one setting changed (then every difference). Empty
+    for a clean pair (exactly one setting differs, none of them those)."""
     diffs = differences(a, b)
-    if len(diffs) == 1 and diffs[0].kind not in ("mode", "capacity"):
+    if len(diffs) == 1 and diffs[0].kind not in ("definitions", "mode", "capacity"):
         return []
     return diffs
 

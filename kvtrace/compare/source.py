@@ -25,7 +25,14 @@ from kvtrace.compare.model import (
 from kvtrace.compare.options import DEFAULT_RESAMPLES, check_diff_options
 from kvtrace.compare.pairing import behaviours_on, same_trace
 from kvtrace.errors import KVTraceError
-from kvtrace.metrics import DEFAULT_PERCENTILES, NS_PER_MS, is_latency_key, run_backend
+from kvtrace.metrics import (
+    DEFAULT_PERCENTILES,
+    NS_PER_MS,
+    definitions_note,
+    is_latency_key,
+    recorded_definitions,
+    run_backend,
+)
 from kvtrace.names import run_kind
 from kvtrace.store import read
 from kvtrace.store.errors import StoreError
@@ -123,6 +130,8 @@ def _diff(view: StoreView, run_a: str, run_b: str, info_a: dict[str, Any], info_
     )
     if note := ci_note(diff.bootstrap.get("no_ci", [])):
         diff.notes.append(note)
+    if note := definitions_note(info_a["definitions"], info_b["definitions"]):
+        diff.notes.insert(0, note)  # (first: every number below may differ for it)
     diff.divergent_requests = {"a": view.divergent_requests(run_a), "b": view.divergent_requests(run_b)}
     if not diff.metrics and not diff.latency:  # (an empty table, exit 0, said nothing was compared)
         raise KVTraceError(f"{view.db}: runs {run_a} (mode {info_a.get('mode')}) and {run_b} (mode "
@@ -156,8 +165,9 @@ class StoreView:
 
     def run_info(self, run_id: str) -> dict[str, Any]:
         """run_id, name, trace (source), trace_id (digest), mode, behaviours, status, digest,
-        cost_model (the name of the model that produced its times; None: no times) and its
-        cost_model_coefficients."""
+        cost_model (the name of the model that produced its times; None: no times), its
+        cost_model_coefficients, backend, vllm_version, vllm_commit and the metric definitions
+        it was recorded under."""
         r = self.run_row(run_id)
         stored = r.get("config")
         config: dict[str, Any] = stored if isinstance(stored, dict) else {}
@@ -176,6 +186,8 @@ class StoreView:
             "backend": run_backend(r.get("mode"), config),
             "vllm_version": config.get("vllm_version"),
             "vllm_commit": config.get("vllm_commit"),
+            # the metric definitions its numbers follow (``metrics.recorded_definitions``)
+            "definitions": recorded_definitions(r.get("mode"), config),
         }
 
     def summary(self, run_id: str) -> dict[str, Any]:

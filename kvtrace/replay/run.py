@@ -19,7 +19,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvtrace.errors import ConfigError, KVTraceError, check_limit, check_option, check_seed
-from kvtrace.metrics import DEFAULT_PERCENTILES, PERCENTILES_CONFIG_KEY, parse_percentiles
+from kvtrace.metrics import (
+    DEFAULT_PERCENTILES,
+    DEFINITIONS,
+    DEFINITIONS_CONFIG_KEY,
+    PERCENTILES_CONFIG_KEY,
+    parse_percentiles,
+)
 from kvtrace.names import MODES, otlp_requested
 from kvtrace.numeric import cdiv
 from kvtrace.process import raise_stop, stop_pending
@@ -416,6 +422,7 @@ def run_replay(
         from kvtrace.instrument.pipeline import check_otlp_settings
 
         check_otlp_settings(otlp_endpoint)
+    config[DEFINITIONS_CONFIG_KEY] = DEFINITIONS  # (diff tells runs recorded under other definitions apart)
     if workload is None:
         workload = open_workload(spec)
         if spec.seed:  # (what was generated: the Compare page's study of the run regenerates it)
