@@ -59,6 +59,8 @@ def convert(
                                             f"`kvtrace generate {trace[4:] or 'NAME'} -o FILE`")
     source = open_trace(trace, format=value(fmt), limit=limit, block_size=trace_block_size)
     inputs = [trace, *source.files]  # (a directory trace: each of its files is an input too)
+    if source.format == "weka" and os.path.isdir(trace):
+        _refuse_an_output_in_the_folder(trace, out)
     kept = None
     if source.format == "native":  # its header's metadata (generator, seed, block sizes) was dropped
         from kvtrace.replay.readers import native_header
@@ -91,3 +93,19 @@ def convert(
             kept["converted_from_limit"] = min(kept.get("converted_from_limit", limit), limit)
     n = write_native(source, out, header=kept, sources=inputs)
     status(f"wrote {n} request{'' if n == 1 else 's'} to {out}")  # stderr: `-o /dev/stdout` gets the trace alone
+
+
+def _refuse_an_output_in_the_folder(folder: str, out: str) -> None:
+    """An output that would be one of the WEKA folder's own files (``-o DIR/all.json``): it
+    was written, exit 0, and every later read of the folder refused it (a native JSONL is no
+    conversation), the input trace broken by its own conversion."""
+    from kvtrace.errors import KVTraceError
+    from kvtrace.names import printable
+    from kvtrace.replay.readers.weka import read_in_folder
+
+    real = os.path.realpath(out)  # (one there already is an input, which the writer refuses as such)
+    if (not os.path.lexists(real) and os.path.dirname(real) == os.path.realpath(folder)
+            and read_in_folder(os.path.basename(real))):
+        raise KVTraceError(f"{printable(out)}: would be a file of the WEKA folder {printable(folder)} it is converted "
+                           "from, read with its conversations from then on; write the output elsewhere (or name it "
+                           "*.jsonl)")

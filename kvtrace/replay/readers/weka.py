@@ -94,6 +94,23 @@ def conversation_paths(folder: str) -> list[str]:
     return sorted(glob.glob(os.path.join(glob.escape(folder), "*.json")))  # (a [ or * in the folder's name)
 
 
+def _packed(name: str) -> bool:
+    """A compressed conversation (``*.json.gz``...), which a folder's read refuses."""
+    return name.endswith(tuple(".json" + s for s in COMPRESSED_SUFFIXES))
+
+
+def _odd_case(name: str) -> bool:
+    """A conversation named ``.JSON`` or the like, which a folder's read refuses."""
+    return name.lower().endswith(".json") and not name.endswith(".json") and not name.startswith(".")
+
+
+def read_in_folder(name: str) -> bool:
+    """Whether a file of this name in a WEKA folder is read with it: a conversation (what
+    ``conversation_paths``' glob lists: ``*.json``, not hidden), or a name the read refuses
+    (compressed, another case). An output written there changes the folder's trace."""
+    return (name.endswith(".json") and not name.startswith(".")) or _packed(name) or _odd_case(name)
+
+
 def weka_files(path: str) -> list[str] | None:
     """The sorted .json files of a directory source, or None for a single file."""
     if not os.path.isdir(path):
@@ -103,11 +120,11 @@ def weka_files(path: str) -> list[str] | None:
     except OSError as e:
         raise TraceFormatError(path, None, f"cannot list the directory ({e.strerror or e})") from None
     files = conversation_paths(path)
-    packed = sorted(n for n in names if n.endswith(tuple(".json" + s for s in COMPRESSED_SUFFIXES)))
+    packed = sorted(n for n in names if _packed(n))
     if packed:  # (they were skipped without a word: 2 of 3 files replayed)
         raise TraceFormatError(os.path.join(path, packed[0]), None, f"compressed ({len(packed)} such in {path}); "
                                "kvtrace reads conversations as plain JSON: decompress them first")
-    odd = sorted(n for n in names if n.lower().endswith(".json") and not n.endswith(".json") and not n.startswith("."))
+    odd = sorted(n for n in names if _odd_case(n))
     if odd:  # (skipped without a word too, as on a file system whose names keep their case)
         raise TraceFormatError(os.path.join(path, odd[0]), None, f"named {odd[0][-5:]}, not .json ({len(odd)} such in "
                                f"{path}); kvtrace reads a directory's *.json conversations: rename them")
