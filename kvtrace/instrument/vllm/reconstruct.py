@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvtrace.instrument.vllm.wire import ALL_BLOCKS_CLEARED, BLOCK_STORED, KVEvent
+from kvtrace.instrument.vllm.wire import ALL_BLOCKS_CLEARED, BLOCK_STORED, MEDIUM_GPU, KVEvent
 from kvtrace.workload import TraceRequest
 from kvtrace.workload.native import write_native
 
@@ -76,13 +76,19 @@ class ChainTracer:
     together, each request was written once per group, and a coarse group's chain ran on
     through a finer group's parents: a 48-token prompt came out as 48 and 64 tokens.)
     At most ``MAX_GROUPS`` groups are chained; the events of others are left out.
+
+    A server that offloads blocks to a second tier publishes that tier's stores in the
+    same stream, ``medium`` naming it ("CPU", "STORAGE"): copies of blocks the GPU stored
+    for a request, no request's prompt. So each tier's groups are chained apart too, and the
+    trace is read from the GPU's (``medium`` "GPU", or none said) where it stored any.
+    (Chained together, each offload was a request more: a 32-token prompt where none came.)
     """
 
     MAX_GROUPS = 64
 
     def __init__(self, merge_window_ns: int = 1_000_000_000):
         self.merge_window_ns = merge_window_ns
-        self._groups: dict[int | None, _GroupChains] = {}
+        self._groups: dict[tuple[bool, str | None, int | None], _GroupChains] = {}  # (offloaded, medium, group)
 
     def add(self, t_ns: int, ev: KVEvent) -> None:
         if ev.kind == ALL_BLOCKS_CLEARED:
@@ -91,11 +97,13 @@ class ChainTracer:
             return
         if ev.kind != BLOCK_STORED or not ev.block_hashes:
             return
-        group = self._groups.get(ev.group_idx)
+        offloaded = ev.medium not in (None, MEDIUM_GPU)
+        key = (offloaded, ev.medium if offloaded else None, ev.group_idx)
+        group = self._groups.get(key)
         if group is None:
             if len(self._groups) >= self.MAX_GROUPS:  # (a stream of distinct indexes grows nothing)
                 return
-            group = self._groups[ev.group_idx] = _GroupChains(self.merge_window_ns)
+            group = self._groups[key] = _GroupChains(self.merge_window_ns)
         if ev.block_size and (not group.block_size or ev.block_size < group.block_size):
             group.block_size = ev.block_size
         if ev.kv_cache_spec_kind is not None:
@@ -103,11 +111,13 @@ class ChainTracer:
         group.add(t_ns, ev)
 
     def _read(self) -> _GroupChains | None:
-        """The group the trace is read from (None: no block stored yet)."""
+        """The group the trace is read from (None: no block stored yet): the GPU's first."""
         if not self._groups:
             return None
-        named = any(g.kind is not None for g in self._groups.values())
-        return min(self._groups.items(), key=lambda item: (
+        tier = min(key[:2] for key in self._groups)  # ((False, None): the GPU's)
+        groups = {key[2]: g for key, g in self._groups.items() if key[:2] == tier}
+        named = any(g.kind is not None for g in groups.values())
+        return min(groups.items(), key=lambda item: (
             named and item[1].kind != "full_attention", item[1].block_size or 1 << 62,
             -1 if item[0] is None else item[0]))[1]
 

@@ -76,6 +76,13 @@ class VllmSpanRows:
     forgotten only when no group holds it any more. (Kept in blocks alone, a 32-token
     group's depth of 2 stood for 2 of a 16-token group's blocks: a 96-token prefix said
     64; and one group's BlockRemoved cost the other groups' children their num_tokens.)
+
+    A server that offloads blocks to a second tier publishes that tier's stores and removals
+    in the same stream, ``medium`` naming it ("CPU", "STORAGE"): a group in a tier is held
+    apart from the same group on the GPU (the CPU dropping its copy cost the GPU's children
+    their num_tokens), and a store with no parent and no tokens (the OffloadingConnector's
+    placeholder for a block whose metadata it lacks) says nothing of its depth (taken as a
+    root, it set the block's depth to one: a child's 64-token prefix said 32).
     """
 
     def __init__(self, ids: SeededIdGenerator, resource: dict[str, str], dp_rank: int | None = None):
@@ -86,7 +93,7 @@ class VllmSpanRows:
         self.spans = 0
         # hash -> (blocks from the root, the block size they count, the groups holding it as bits)
         self.depth: dict[str, tuple[int, int, int]] = {}
-        self._group_bits: dict[int | None, int] = {}
+        self._group_bits: dict[tuple[str | None, int | None], int] = {}
         self._tables: list[pa.Table] = []
 
     def _row(self, **kwargs: Any) -> None:
@@ -110,15 +117,16 @@ class VllmSpanRows:
             for h in list(itertools.islice(self.depth, excess)):  # (insertion order: the oldest first)
                 del self.depth[h]
 
-    def _group_bit(self, group_idx: int | None) -> int:
-        """The bit standing for a KV cache group in ``depth`` (the 64th and later groups share
-        the last bit, unrecorded: a hash one of them removes may be forgotten early, never
-        misstated, and a stream of distinct group_idx values grows nothing)."""
-        bit = self._group_bits.get(group_idx)
+    def _group_bit(self, medium: str | None, group_idx: int | None) -> int:
+        """The bit standing for a KV cache group in one tier (``medium``) in ``depth`` (the
+        64th and later share the last bit, unrecorded: a hash one of them removes may be
+        forgotten early, never misstated, and a stream of distinct values grows nothing)."""
+        key = (medium, group_idx)
+        bit = self._group_bits.get(key)
         if bit is None:
             if len(self._group_bits) >= 63:
                 return 1 << 63
-            bit = self._group_bits[group_idx] = 1 << len(self._group_bits)
+            bit = self._group_bits[key] = 1 << len(self._group_bits)
         return bit
 
     def _add(self, step: int, batch: KVEventBatch, depth: _Undoable) -> None:
@@ -145,9 +153,10 @@ class VllmSpanRows:
                                    (SPEC_KIND, ev.kv_cache_spec_kind)):
                     if value is not None:
                         attrs[key] = value
-                bs, bit = ev.block_size or 0, self._group_bit(ev.group_idx)
+                bs, bit = ev.block_size or 0, self._group_bit(ev.medium, ev.group_idx)
                 parent = None if ev.parent_block_hash is None else depth.get(ev.parent_block_hash)
-                base = 0 if ev.parent_block_hash is None else None if parent is None else parent[0]
+                root = ev.parent_block_hash is None and ev.token_ids != []  # (a placeholder's depth is unknown)
+                base = 0 if root else None if parent is None else parent[0]
                 if parent is not None and bs and parent[1] and parent[1] != bs:  # (counted in another group's blocks)
                     tokens = parent[0] * parent[1]
                     base = tokens // bs if tokens % bs == 0 else None
@@ -161,7 +170,7 @@ class VllmSpanRows:
                 name = SPAN_EVICT
                 attrs[EVICT_REASON] = EVICT_REASON_VLLM
                 attrs[BLOCK_HASHES] = ev.block_hashes
-                bit = self._group_bit(ev.group_idx)
+                bit = self._group_bit(ev.medium, ev.group_idx)
                 for h in ev.block_hashes:
                     held = depth.get(h)
                     if held is not None and held[2] & ~bit:  # (another group still holds it)

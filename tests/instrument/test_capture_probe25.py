@@ -1,0 +1,144 @@
+"""The twenty-fifth session's probe of ``kvtrace capture vllm``: a server that offloads KV
+blocks to a second tier (vLLM 0.33's OffloadingConnector, SimpleCPUOffload, Mooncake's store)
+publishes that tier's ``BlockStored`` / ``BlockRemoved`` in the same stream as the GPU's,
+``medium`` naming the tier ("CPU", "STORAGE"). A block copied to the CPU is no new request's
+prompt, and the CPU dropping its copy does not take the block off the GPU.
+
+The expected numbers are computed independently of the capture: each hash is the prefix
+length, in tokens, that its block ends (``_h``), so a publish's ``num_tokens`` must be the
+prefix of its last hash and a rebuilt request's prompt the prefix of its last block.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import warnings
+
+import msgspec
+
+from kvtrace.instrument.ids import SeededIdGenerator
+from kvtrace.instrument.vllm import ChainTracer, capture_vllm, decode_kv_batch
+from kvtrace.instrument.vllm.reconstruct import native_requests
+from kvtrace.instrument.vllm.rows import VllmSpanRows
+from kvtrace.workload.native import read_header, read_native
+from tests.instrument.helpers import store_rows
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # requests' charset warning on import
+    from vllm.distributed.kv_events import BlockRemoved, BlockStored, ZmqEventPublisher
+    from vllm.distributed.kv_events import KVEventBatch as VllmBatch
+
+T0 = 1_700_000_000.0
+BS = 16
+
+
+def _h(prefix_tokens: int) -> int:
+    return prefix_tokens  # (the hash of the prompt's first ``prefix_tokens`` tokens)
+
+
+def _stored(ends: list[int], parent: int | None, medium: str = "GPU", placeholder: bool = False) -> BlockStored:
+    """The BlockStored of the blocks ending at ``ends`` under ``parent``; ``placeholder``: the
+    OffloadingConnector's for a block whose metadata it lacks (no parent, tokens or size)."""
+    if placeholder:
+        return BlockStored(block_hashes=[_h(e) for e in ends], parent_block_hash=None, token_ids=[], block_size=0,
+                           lora_id=None, medium=medium, lora_name=None, group_idx=0)
+    return BlockStored(block_hashes=[_h(e) for e in ends], parent_block_hash=None if parent is None else _h(parent),
+                       token_ids=list(range(len(ends) * BS)), block_size=BS, lora_id=None, medium=medium,
+                       lora_name=None, group_idx=0, kv_cache_spec_kind="full_attention")
+
+
+def _offloading_batches() -> list[VllmBatch]:
+    """Request A: a 64-token prompt on the GPU; 2 s on its first three blocks are offloaded to
+    the CPU (in two stores, the second a placeholder), and the CPU drops its copy of the
+    48-token block; 2 s on again request B extends A's prompt on the GPU by two blocks; the
+    GPU evicts B's last three blocks, and C stores A's last block again."""
+    return [
+        VllmBatch(ts=T0, events=[_stored([16, 32, 48, 64], None)]),
+        VllmBatch(ts=T0 + 2.0, events=[_stored([16, 32], None, "CPU"), _stored([48], None, "CPU", placeholder=True)]),
+        VllmBatch(ts=T0 + 2.1, events=[BlockRemoved(block_hashes=[_h(48)], medium="CPU", group_idx=0)]),
+        VllmBatch(ts=T0 + 4.0, events=[_stored([80], 64), _stored([96], 80)]),
+        VllmBatch(ts=T0 + 5.0, events=[BlockRemoved(block_hashes=[_h(96), _h(80), _h(64)], medium="GPU", group_idx=0)]),
+        VllmBatch(ts=T0 + 6.0, events=[_stored([64], 48)]),  # (C: A's prompt again, under the block the GPU holds)
+    ]
+
+
+def _decoded(batch: VllmBatch):
+    return decode_kv_batch(msgspec.msgpack.encode(batch))[0]
+
+
+def _publish_tokens(table) -> list[tuple[int, int | None]]:
+    return [(int(h[-1], 16), n) for name, h, n in zip(table.column("name").to_pylist(),
+                                                      table.column("block_hashes").to_pylist(),
+                                                      table.column("num_tokens").to_pylist())
+            if name == "kvtrace.cache.publish" and n is not None]
+
+
+def test_a_cpu_tiers_copies_leave_every_gpu_publish_its_prefix_in_tokens():
+    """The CPU's placeholder store (no parent) set the 48-token block's depth to one block, and
+    the CPU's BlockRemoved forgot the block the GPU still held: C's publish said 32 tokens, or none."""
+    rows = VllmSpanRows(SeededIdGenerator(0), {})
+    for step, batch in enumerate(_offloading_batches()):
+        rows.add(step, _decoded(batch))
+    table = rows.take()
+    assert table is not None
+    got = _publish_tokens(table)
+    assert [h for h, _ in got] == [64, 32, 80, 96, 64]  # (every publish with a prefix, the placeholder's none)
+    for last_hash, num_tokens in got:
+        assert num_tokens == last_hash, (last_hash, num_tokens)
+
+
+def test_a_block_copied_to_the_cpu_is_no_request_of_the_rebuilt_trace():
+    """The CPU's copies were chained with the GPU's stores: two requests more than were
+    served (a 32-token and a 16-token prompt, 2 s after A)."""
+    tracer = ChainTracer()
+    for batch in _offloading_batches():
+        for ev in _decoded(batch).events:
+            tracer.add(round(batch.ts * 1e9), ev)
+    requests, block_size = native_requests([tracer])
+    assert block_size == BS
+    assert [(r.arrival_ns, r.input_length) for r in requests] == [(0, 64), (4_000_000_000, 96), (6_000_000_000, 64)]
+
+
+def test_an_offloading_servers_capture_is_stored_and_rebuilt_from_its_gpu_tier(tmp_path):
+    """End to end through vLLM 0.33's own ZmqEventPublisher: the store's num_tokens and the
+    written trace, each against the prefixes the hashes stand for."""
+    logging.getLogger("vllm").setLevel(logging.ERROR)
+    pub = ZmqEventPublisher(0, endpoint=f"ipc://{tmp_path}/pub", replay_endpoint=f"ipc://{tmp_path}/replay",
+                            topic="kv")
+    sent = _offloading_batches()
+    caps: list = []
+    done = threading.Event()
+    result: dict = {}
+
+    def capture() -> None:
+        result["stats"] = capture_vllm(f"ipc://{tmp_path}/pub", f"ipc://{tmp_path}/replay",
+                                       store_path=tmp_path / "s.duckdb", trace_out=tmp_path / "t.jsonl",
+                                       should_stop=done.is_set, on_ready=caps.append)
+
+    thread = threading.Thread(target=capture)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not caps or not caps[0].stats.connected:
+            assert time.monotonic() < deadline, "the capture never reached the publisher"
+            time.sleep(0.02)
+        for batch in sent:  # (a batch the slow joiner drops comes back through the replay socket)
+            pub.publish(batch)
+        while caps[0].stats.batches < len(sent):
+            assert time.monotonic() < deadline, caps[0].stats if caps else "no capture"
+            time.sleep(0.05)
+    finally:
+        done.set()
+        thread.join(60)
+        pub.shutdown()
+    stats = result["stats"]
+    assert (stats.batches, stats.lost, stats.bad_messages) == (len(sent), 0, 0)
+    rows = store_rows(tmp_path / "s.duckdb", stats.run_id, "name, block_hashes, num_tokens, medium")
+    gpu = [(int(r["block_hashes"][-1], 16), r["num_tokens"]) for r in rows
+           if r["name"] == "kvtrace.cache.publish" and r["medium"] == "GPU"]
+    assert [n for _, n in gpu] == [h for h, _ in gpu] == [64, 80, 96, 64]
+    assert read_header(str(tmp_path / "t.jsonl"))["block_size"] == BS
+    requests = list(read_native(str(tmp_path / "t.jsonl")))
+    assert [r.input_length for r in requests] == [64, 96, 64]
