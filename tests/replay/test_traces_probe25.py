@@ -41,3 +41,21 @@ def test_a_conversion_of_a_weka_folder_may_go_beside_its_conversations(tmp_path,
         assert code == 0, err
         assert read_trace(folder / name) == requests
     assert read_trace(folder) == requests
+
+
+def test_an_azure_prompt_of_the_largest_context_fits_its_ids_at_one_token_a_block(tmp_path, monkeypatch):
+    """ContextTokens runs from 1 to MAX_CONTEXT_TOKENS (2^24, the page says), and request i's
+    ids are (i << 24) + j: 2^24 of them fit. At --trace-block-size 1 a row of 2^24 tokens was
+    refused as 'too long for block_size 1' (the bound was >=). Shrunk here (a 2^24-id request
+    is half a GB of ints): the bound and the ids' room alike, to 16."""
+    from kvtrace.replay.readers import azure
+
+    monkeypatch.setattr(azure, "MAX_CONTEXT_TOKENS", 16)
+    monkeypatch.setattr(azure, "_BLOCKS_PER_REQUEST", 16)
+    trace = tmp_path / "az.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,16,1\n"
+                     "2023-11-16 18:15:47.0000000,16,1\n")
+    first, second = read_trace(trace, block_size=1)
+    assert first.hash_ids is not None and second.hash_ids is not None
+    assert len(first.hash_ids) == second.input_length == 16
+    assert not set(first.hash_ids) & set(second.hash_ids)

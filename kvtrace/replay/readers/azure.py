@@ -143,7 +143,8 @@ def read_azure(path: str, block_size: int = DEFAULT_BLOCK_SIZE) -> Iterator[Trac
             n = _int(path, line, "ContextTokens", row[ictx], 1, MAX_CONTEXT_TOKENS)
             out = _int(path, line, "GeneratedTokens", row[igen], 0)
             nblocks = cdiv(n, block_size)
-            if nblocks >= _BLOCKS_PER_REQUEST:
+            if nblocks > _BLOCKS_PER_REQUEST:  # (2^24 blocks fit: j < 2^24; at one token a block, 2^24 tokens
+                # of ContextTokens' own bound were refused as too long)
                 raise TraceFormatError(path, line, f"ContextTokens: {n} is too long for block_size {block_size}")
             base = index << 24
             yield TraceRequest(
