@@ -356,8 +356,14 @@ def _deaths_named(results: Iterator[Replayed], combos: list[dict[str, Any]], don
         except WorkerDied as err:
             raise WorkerDied(f"{err}; {stopped}, {_kept(done(), len(combos), stored, swept)}") from None
         except KVTraceError as err:
+            kept = (f"{stopped}, {_kept(done(), len(combos), stored, swept)}"
+                    + ("" if swept or not stored else " (the curve itself is not recorded)"))
             if type(err) is not KVTraceError:  # (a file's, a flag's: named where it is)
-                raise
+                if not done():
+                    raise
+                # ... and, once runs were kept, what of the sweep they are: a trace deleted or cut
+                # midway was one line naming the file, the runs stored before it unsaid
+                raise _with_tail(err, kept) from None
             shown = label(combo) if swept else label(combo).partition("=")[2]
             capacity = next((n for n in CAPACITY_FORMS if n in combo), None)
             text = str(err)
@@ -367,10 +373,20 @@ def _deaths_named(results: Iterator[Replayed], combos: list[dict[str, Any]], don
                 text = swept_capacity_advice(text, f"{capacity} values of {values_flag}")
             # where the sweep stopped and what it kept, as a worker's death says it: the runs
             # after a failed one were never run, and the line said nothing of them
-            raise KVTraceError(f"{values_flag} {shown}: {text}; {stopped}, "
-                               f"{_kept(done(), len(combos), stored, swept)}"
-                               + ("" if swept or not stored else " (the curve itself is not recorded)")) from None
+            raise KVTraceError(f"{values_flag} {shown}: {text}; {kept}") from None
         yield item
+
+
+def _with_tail(err: KVTraceError, tail: str) -> KVTraceError:
+    """``err`` (its class and fields kept: a TraceFormatError's path and line) with ``tail``
+    added to its one line."""
+    import copy
+
+    out = copy.copy(err)  # (KVTraceError.__reduce__: rebuilt from its message and fields)
+    out.args = (f"{err}; {tail}", *err.args[1:])
+    if isinstance(getattr(out, "what", None), str):
+        out.what = f"{out.what}; {tail}"  # type: ignore[attr-defined]
+    return out
 
 
 def _kept(done: int, total: int, stored: bool, swept: bool = True) -> str:
