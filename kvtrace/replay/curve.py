@@ -247,8 +247,15 @@ class CurveResult:
         if self.mode == "engine":
             return ("engine mode: one engine replay per capacity (capacity: the full-attention group's usable blocks, "
                     "its pool less vLLM's null block, as `kvtrace runs` shows them)")
-        note = ("cache-only: LRU from one exact pass (Mattson's stack algorithm) at every capacity that holds the "
-                "largest request, a replay below that; Belady from a replay at each capacity")
+        # (each curve drawn, only: `--policy lru` was told how a Belady bound it did not draw was made)
+        drawn = {p.policy for p in self.points}
+        # (its unbounded point is the one pass's: there MIN and LRU agree, and the table said one-pass)
+        unbounded = (" (the unbounded cache's from the one pass: nothing is evicted there)"
+                     if any(p.policy == "belady" and p.capacity_blocks is None for p in self.points) else "")
+        told = [*(["LRU from one exact pass (Mattson's stack algorithm) at every capacity that holds the largest "
+                   "request, a replay below that"] if "lru" in drawn else []),
+                *([f"Belady from a replay at each capacity{unbounded}"] if "belady" in drawn else [])]
+        note = "cache-only: " + "; ".join(told)
         if any(p.policy == "lru" and p.method == "replay" for p in self.points):
             # (no stack algorithm there: a curve that fell with more room read as a wrong one)
             note += ("; below the largest request the LRU curve can fall as the capacity grows (a request larger "

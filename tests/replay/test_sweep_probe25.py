@@ -8,9 +8,11 @@ import os
 import pytest
 
 from kvtrace.errors import TraceFormatError
+from kvtrace.replay.curve import CurveResult, capacity_curve
 from kvtrace.replay.run import RunSpec
 from kvtrace.replay.sweep import run_sweep
 from kvtrace.store import read
+from kvtrace.workload import TraceRequest
 from tests.conftest import MOONCAKE
 
 
@@ -38,3 +40,21 @@ def test_a_trace_lost_midway_says_where_the_sweep_stopped_and_what_it_kept(tmp_p
     assert line.endswith("; the sweep stopped at capacity_blocks=600, 1 of 3 combinations stored")
     assert "\n" not in line and caught.value.what.endswith("1 of 3 combinations stored")
     assert read.runs(db)["status"].to_list() == ["complete"]
+
+
+def _tiny_trace() -> list[TraceRequest]:
+    paths = [(0, 1), (0, 2), (0, 1)]
+    return [TraceRequest(f"r{i}", i, 2 * 16, 1, hash_ids=p, hash_block_size=16) for i, p in enumerate(paths)]
+
+
+@pytest.mark.parametrize("policies", [("lru",), ("belady",), ("lru", "belady")])
+def test_a_curves_note_tells_how_the_curves_it_drew_were_made_and_no_other(policies):
+    """`kvtrace curve --policy lru` closed with how its Belady bound was made (a replay at each
+    capacity), a curve it never drew; `--policy belady`, with how its LRU curve was."""
+    points = capacity_curve(_tiny_trace(), [2, 3, None], policies=policies)
+    note = CurveResult("c", "t", "cache-only", 16, points).method_note()
+    assert ("Belady" in note) == ("belady" in policies)
+    assert ("LRU from one exact pass" in note) == ("lru" in policies)
+    # the unbounded Belady point is the one pass's (its table row says one-pass), not a replay
+    assert [p.method for p in points if p.capacity_blocks is None] == ["one-pass"] * len(policies)
+    assert ("the unbounded cache's from the one pass" in note) == ("belady" in policies)
