@@ -461,6 +461,14 @@ def unshift(span: dict[str, Any], offset: int) -> dict[str, Any]:
     offset taken off its start, end and event times: virtual times again."""
     if not offset:
         return span
+    # a time before the offset, named as sent (it was "start time -3999 is not a time the store
+    # holds": a time nobody sent, the offset unnamed)
+    times = [("startTimeUnixNano", span["start_ns"]), ("endTimeUnixNano", span["end_ns"]),
+             *((f"events[{i}].timeUnixNano", t) for i, (t, _, _) in enumerate(span.get("events") or ()))]
+    early = next(((what, t) for what, t in times if _is_int(t) and t < offset), None)
+    if early is not None:
+        raise UnstorableValue(f"{early[0]}: {early[1]} is before the resource's {TIME_OFFSET_RESOURCE_KEY} {offset}, "
+                              "the time the export shifted its spans by (stored less it, it would be negative)")
     out = dict(span, start_ns=span["start_ns"] - offset, end_ns=span["end_ns"] - offset)
     if span.get("events"):
         out["events"] = [(t - offset, n, a) for t, n, a in span["events"]]

@@ -622,6 +622,7 @@ def _named_run(resource: dict, where: str) -> str:
 
 MAX_RECORD_FIELD_CHARS = 1 << 20  # a run record's text field (a config is a few KB)
 CONFIG_TEXT_KEYS = ("backend", "vllm_version", "vllm_commit")  # a record's config keys the views show as text
+RECORD_STATUSES = ("complete", "failed", "incomplete")  # what a run record may finish a run as (absent: complete)
 
 
 def _run_record(attributes: dict, where: str) -> dict:
@@ -632,8 +633,15 @@ def _run_record(attributes: dict, where: str) -> dict:
     get = lambda key: attributes.get(f"{RUN_RECORD_PREFIX}{key}")
     status = get("status")
     digest, summary, trace_digest = get("digest"), get("summary"), get("trace_digest")
+    # (another status, "bogus" or 2, finished the run as complete without a word: a failed run read as a good one)
+    if status is not None and status not in RECORD_STATUSES:
+        raise PayloadError(f"{where}: {RUN_RECORD_PREFIX}status: expected {', '.join(RECORD_STATUSES[:-1])} or "
+                           f"{RECORD_STATUSES[-1]}, got {status!r}"[:300])
     if digest is not None and not isinstance(digest, str):
         raise PayloadError(f"{where}: {RUN_RECORD_PREFIX}digest: expected a string, got {type(digest).__name__}")
+    if digest is not None and run_id_problem(digest) is not None:  # (what diff compares and prints: one word)
+        raise PayloadError(f"{where}: {RUN_RECORD_PREFIX}digest: expected 1 to 128 printable characters without "
+                           f"spaces, got {digest!r}"[:300])
     # what the run replayed, as its content: a diff pairs runs by it (the collected twin of a
     # stored replay was "a different trace", 'gen:mixed' vs None, without --force)
     if trace_digest is not None and (not isinstance(trace_digest, str) or run_id_problem(trace_digest) is not None):
@@ -682,7 +690,7 @@ def _run_record(attributes: dict, where: str) -> dict:
                     raise PayloadError(f"{where}: {RUN_RECORD_PREFIX}config: {bad}: expected a string, got "
                                        f"{type(decoded[bad]).__name__}")
         described[key] = value
-    return {"status": status if status in ("complete", "failed", "incomplete") else "complete",
+    return {"status": status or "complete",
             "digest": digest, "summary": summary, "trace_digest": trace_digest, "described": described}
 
 

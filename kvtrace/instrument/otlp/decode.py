@@ -29,7 +29,7 @@ from kvtrace.names import cut_middle
 _KINDS = {0: None, 1: None, 2: "Server", 3: "Client", 4: "Producer", 5: "Consumer"}
 _KIND_NAMES = {"SPAN_KIND_UNSPECIFIED": 0, "SPAN_KIND_INTERNAL": 1, "SPAN_KIND_SERVER": 2,
                "SPAN_KIND_CLIENT": 3, "SPAN_KIND_PRODUCER": 4, "SPAN_KIND_CONSUMER": 5}
-_STATUS = {1: "Ok", 2: "Error"}  # Unset (0) is stored as NULL, as the schema says
+_STATUS = {0: None, 1: "Ok", 2: "Error"}  # Unset (0) is stored as NULL, as the schema says
 _STATUS_NAMES = {"STATUS_CODE_UNSET": 0, "STATUS_CODE_OK": 1, "STATUS_CODE_ERROR": 2}
 
 
@@ -47,6 +47,14 @@ class PayloadError(KVTraceError, ValueError):
     def __init__(self, message: str):
         # (cut in the middle: the end says what is wrong, where a long attribute key in the path took it all)
         super().__init__(cut_middle(message, _MESSAGE_CHARS))
+
+
+def _enum(v: int, names: dict[int, str | None], what: str) -> str | None:
+    """A span kind or status code OTLP defines, as its stored name (None: NULL); another
+    value is refused naming the field (kind 99 was stored as Internal, status 7 as Unset)."""
+    if v not in names:
+        raise PayloadError(f"{what}: {v} is no value OTLP defines ({min(names)} to {max(names)})")
+    return names[v]
 
 
 def _time(v: int, what: str) -> int:
@@ -120,14 +128,14 @@ def decode_protobuf(body: bytes) -> DecodedSpans:
                     span_id=_bytes_id(sp.span_id, 8, "spanId", where),
                     parent_span_id=_bytes_id(sp.parent_span_id, 8, "parentSpanId", where, optional=True),
                     trace_state=sp.trace_state or None,
-                    span_kind=_KINDS.get(sp.kind),
+                    span_kind=_enum(sp.kind, _KINDS, f"{where}.kind"),
                     start_ns=_time(sp.start_time_unix_nano, f"{where}.startTimeUnixNano"),
                     end_ns=_time(sp.end_time_unix_nano, f"{where}.endTimeUnixNano"),
                     attributes=_kv(sp.attributes),
                     resource=resource,
                     scope_name=ss.scope.name or None,
                     scope_version=ss.scope.version or None,
-                    status_code=_STATUS.get(sp.status.code),
+                    status_code=_enum(sp.status.code, _STATUS, f"{where}.status.code"),
                     status_message=sp.status.message or None,
                     events=[(_time(e.time_unix_nano, f"{where}.events[{ei}].timeUnixNano"), e.name, _kv(e.attributes))
                             for ei, e in enumerate(sp.events)],
@@ -350,7 +358,8 @@ def decode_json(body: bytes) -> DecodedSpans:
                         parent_span_id=_json_id(_get(sp, "parentSpanId", "parent_span_id"), 8, "parentSpanId", where,
                                                 optional=True),
                         trace_state=_json_str(_get(sp, "traceState", "trace_state"), f"{where}.traceState") or None,
-                        span_kind=_KINDS.get(_json_enum(_get(sp, "kind"), _KIND_NAMES, f"{where}.kind")),
+                        span_kind=_enum(_json_enum(_get(sp, "kind"), _KIND_NAMES, f"{where}.kind"), _KINDS,
+                                        f"{where}.kind"),
                         start_ns=_json_time(_get(sp, "startTimeUnixNano", "start_time_unix_nano", 0),
                                             f"{where}.startTimeUnixNano"),
                         end_ns=_json_time(_get(sp, "endTimeUnixNano", "end_time_unix_nano", 0),
@@ -359,7 +368,8 @@ def decode_json(body: bytes) -> DecodedSpans:
                         resource=resource,
                         scope_name=_json_str(scope.get("name"), f"{where}.scope.name") or None,
                         scope_version=_json_str(scope.get("version"), f"{where}.scope.version") or None,
-                        status_code=_STATUS.get(_json_enum(_get(status, "code"), _STATUS_NAMES, f"{where}.status")),
+                        status_code=_enum(_json_enum(_get(status, "code"), _STATUS_NAMES, f"{where}.status.code"),
+                                          _STATUS, f"{where}.status.code"),
                         status_message=_json_str(status.get("message"), f"{where}.status.message") or None,
                         events=[(_json_time(_get(e, "timeUnixNano", "time_unix_nano", 0),
                                             f"{where}.events[{ei}].timeUnixNano"),

@@ -1,0 +1,157 @@
+"""The twenty-fifth session's probe of ``kvtrace collect``: values out of OTLP's or kvtrace's
+range are refused naming the field, where they were stored as something else with a 200."""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.error
+import urllib.request
+
+import pytest
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+from kvtrace.errors import KVTraceError
+from kvtrace.instrument.otlp import OTLPCollector, decode_json, decode_protobuf
+from kvtrace.store.read import run
+from tests.instrument.helpers import count_spans
+
+TRACE = "5d1e0a3b7c9f41d2a8b6c4e2f0a1b3c5"
+OFFSET_KEY = "kvtrace.run.time_offset_ns"
+
+
+def _kv(key: str, value: dict) -> dict:
+    return {"key": key, "value": value}
+
+
+def _span(i: int, **fields) -> dict:
+    span = {"traceId": TRACE, "spanId": f"{i:016x}", "name": "op",
+            "startTimeUnixNano": str(5_000 + i), "endTimeUnixNano": str(6_000 + i)}
+    span.update(fields)
+    return span
+
+
+def _doc(spans: list[dict], run_id: str = "probe25", resource: list[dict] | None = None) -> dict:
+    attrs = [_kv("kvtrace.run.id", {"stringValue": run_id}), *(resource or [])]
+    return {"resourceSpans": [{"resource": {"attributes": attrs}, "scopeSpans": [{"spans": spans}]}]}
+
+
+def _record(i: int, **attrs: dict) -> dict:
+    return _span(i, name="kvtrace.run", attributes=[_kv(f"kvtrace.run.{k}", v) for k, v in attrs.items()])
+
+
+def _post(url: str, doc: dict) -> tuple[int, str]:
+    req = urllib.request.Request(url, data=json.dumps(doc).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())["message"]
+
+
+@pytest.fixture()
+def collector(tmp_path):
+    c = OTLPCollector(tmp_path / "probe25.duckdb", port=0).start()
+    yield c
+    c.stop()
+
+
+def _as_protobuf(doc: dict) -> bytes:
+    """The protobuf of an OTLP/JSON document (ids hex, as OTLP writes them)."""
+    req = trace_service_pb2.ExportTraceServiceRequest()
+    for rs in doc["resourceSpans"]:
+        out = req.resource_spans.add()
+        for ss in rs["scopeSpans"]:
+            scope = out.scope_spans.add()
+            for sp in ss["spans"]:
+                span = scope.spans.add(name=sp["name"], trace_id=bytes.fromhex(sp["traceId"]),
+                                       span_id=bytes.fromhex(sp["spanId"]),
+                                       start_time_unix_nano=int(sp["startTimeUnixNano"]),
+                                       end_time_unix_nano=int(sp["endTimeUnixNano"]), kind=sp.get("kind", 0))
+                span.status.code = sp.get("status", {}).get("code", 0)
+    return req.SerializeToString()
+
+
+@pytest.mark.parametrize("fields, field, value", [
+    ({"kind": 99}, "kind", "99 is no value OTLP defines (0 to 5)"),
+    ({"kind": 6}, "kind", "6 is no value OTLP defines (0 to 5)"),
+    ({"status": {"code": 7}}, "status.code", "7 is no value OTLP defines (0 to 2)"),
+    ({"status": {"code": 3}}, "status.code", "3 is no value OTLP defines (0 to 2)"),
+])
+def test_a_span_kind_or_status_code_otlp_does_not_define_is_refused_naming_it(fields, field, value):
+    """A kind of 99 was stored as Internal and a status code of 7 as Unset, with a 200: a
+    value no OTLP sender writes, read as another one. Both decoders refuse it, naming the field."""
+    doc = _doc([_span(1), _span(2, **fields)])
+    want = re.escape(f"resourceSpans[0].scopeSpans[0].spans[1].{field}: {value}")
+    with pytest.raises(KVTraceError, match=want):
+        decode_json(json.dumps(doc).encode())
+    with pytest.raises(KVTraceError, match=want):
+        decode_protobuf(_as_protobuf(doc))
+    # the values OTLP defines are read, by number and (JSON) by name
+    spans = decode_protobuf(_as_protobuf(_doc([_span(1, kind=5, status={"code": 2}), _span(2)])))
+    assert [(s["span_kind"], s["status_code"]) for _, s, _ in spans] == [("Consumer", "Error"), (None, None)]
+    spans = decode_json(json.dumps(_doc([_span(1, kind="SPAN_KIND_SERVER", status={"code": "STATUS_CODE_OK"})]))
+                        .encode())
+    assert [(s["span_kind"], s["status_code"]) for _, s, _ in spans] == [("Server", "Ok")]
+
+
+def test_an_undefined_kind_stores_nothing_of_its_request_and_keeps_what_was_stored(collector, tmp_path):
+    assert _post(collector.url, _doc([_span(1)]))[0] == 200
+    code, message = _post(collector.url, _doc([_span(2), _span(3, kind=42)]))
+    assert code == 400 and message.endswith("spans[1].kind: 42 is no value OTLP defines (0 to 5)")
+    collector.stop()
+    assert count_spans(tmp_path / "probe25.duckdb", "probe25") == 1
+
+
+@pytest.mark.parametrize("status, shown", [({"stringValue": "bogus"}, "'bogus'"), ({"stringValue": "running"},
+                                           "'running'"), ({"intValue": "2"}, "2"), ({"stringValue": ""}, "''")])
+def test_a_run_records_status_other_than_a_finished_runs_is_refused_whole(collector, tmp_path, status, shown):
+    """A record's status other than complete, failed or incomplete finished the run as
+    ``complete`` with a 200: a ``FAILED`` or ``error`` run read as a good one."""
+    code, message = _post(collector.url, _doc([_span(1), _record(9, status=status)]))
+    assert code == 400
+    assert message == f"resourceSpans[0].scopeSpans[0].spans[1]: kvtrace.run.status: expected complete, failed " \
+                      f"or incomplete, got {shown}"
+    # the request is refused whole, and the run's own record still finishes it
+    assert _post(collector.url, _doc([_span(1), _record(9, status={"stringValue": "failed"})]))[0] == 200
+    collector.stop()
+    db = tmp_path / "probe25.duckdb"
+    assert count_spans(db, "probe25") == 1 and run(db, "probe25")["status"] == "failed"
+
+
+def test_a_run_record_without_a_status_still_finishes_its_run_complete(collector, tmp_path):
+    assert _post(collector.url, _doc([_span(1), _record(9, digest={"stringValue": "ab12"})]))[0] == 200
+    collector.stop()
+    got = run(tmp_path / "probe25.duckdb", "probe25")
+    assert (got["status"], got["digest"]) == ("complete", "ab12")
+
+
+@pytest.mark.parametrize("digest", ["a b", "ab\ncd", "x" * 129])
+def test_a_record_digest_no_listing_can_show_as_one_word_is_refused(collector, tmp_path, digest):
+    """The record's digest (what ``diff`` compares and prints) is held to the trace digest's
+    rule: it was stored with a line break or a space in it."""
+    code, message = _post(collector.url, _doc([_span(1), _record(9, digest={"stringValue": digest})]))
+    assert code == 400 and "kvtrace.run.digest: expected 1 to 128 printable characters without spaces" in message
+    collector.stop()
+    assert count_spans(tmp_path / "probe25.duckdb", "probe25") == 0
+
+
+@pytest.mark.parametrize("span, field, value", [
+    (_span(1, startTimeUnixNano="900", endTimeUnixNano="20000"), "startTimeUnixNano", 900),
+    (_span(1, events=[{"timeUnixNano": "999", "name": "e"}]), "events[0].timeUnixNano", 999),
+])
+def test_a_time_before_the_exports_offset_is_refused_naming_the_field_and_the_offset(collector, tmp_path, span,
+                                                                                     field, value):
+    """A kvtrace export's times are shifted by its resource's offset; one before it was
+    refused as "start time -100 is not a time the store holds": a time the sender never
+    sent, and neither the field nor the offset named."""
+    offset = [_kv(OFFSET_KEY, {"intValue": "1000"})]
+    assert _post(collector.url, _doc([_span(7, startTimeUnixNano="1500", endTimeUnixNano="1600")],
+                                     resource=offset))[0] == 200
+    code, message = _post(collector.url, _doc([span], resource=offset))
+    assert code == 400
+    assert message.startswith(f"resourceSpans[0].scopeSpans[0].spans[0]: {field}: {value} is before the resource's "
+                              f"{OFFSET_KEY} 1000")
+    collector.stop()
+    assert count_spans(tmp_path / "probe25.duckdb", "probe25") == 1  # the earlier span, unshifted
