@@ -19,9 +19,10 @@ import warnings
 import msgspec
 
 from kvtrace.instrument.ids import SeededIdGenerator
-from kvtrace.instrument.vllm import ChainTracer, capture_vllm, decode_kv_batch
+from kvtrace.instrument.vllm import ChainTracer, KVEvent, capture_vllm, decode_kv_batch
 from kvtrace.instrument.vllm.reconstruct import native_requests
 from kvtrace.instrument.vllm.rows import VllmSpanRows
+from kvtrace.instrument.vllm.wire import BLOCK_STORED, MEDIUM_KEY_CHARS, KVEventBatch
 from kvtrace.workload.native import read_header, read_native
 from tests.instrument.helpers import store_rows
 
@@ -142,3 +143,18 @@ def test_an_offloading_servers_capture_is_stored_and_rebuilt_from_its_gpu_tier(t
     assert read_header(str(tmp_path / "t.jsonl"))["block_size"] == BS
     requests = list(read_native(str(tmp_path / "t.jsonl")))
     assert [r.input_length for r in requests] == [64, 96, 64]
+
+
+
+def test_a_stream_of_long_distinct_media_keeps_no_more_than_their_first_characters():
+    """Tiers are told apart by ``medium``: each distinct one, up to a message's 16 MiB, was kept
+    whole once per tier and group (63 of them in the rows, 64 in the tracer: a gigabyte)."""
+    events = [KVEvent(BLOCK_STORED, [f"h{i}"], None, [0] * BS, BS, medium=f"{i:03}" + "x" * 100_000, group_idx=0)
+              for i in range(100)]
+    rows = VllmSpanRows(SeededIdGenerator(0), {})
+    rows.add(0, KVEventBatch(T0, events))
+    tracer = ChainTracer()
+    for ev in events:
+        tracer.add(0, ev)
+    kept = [medium for medium, _ in rows._group_bits] + [medium for _, medium, _ in tracer._groups]
+    assert len(kept) == 63 + 64 and max(len(m or "") for m in kept) == MEDIUM_KEY_CHARS

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvtrace.instrument.vllm.wire import ALL_BLOCKS_CLEARED, BLOCK_STORED, MEDIUM_GPU, KVEvent
+from kvtrace.instrument.vllm.wire import ALL_BLOCKS_CLEARED, BLOCK_STORED, MEDIUM_GPU, MEDIUM_KEY_CHARS, KVEvent
 from kvtrace.workload import TraceRequest
 from kvtrace.workload.native import write_native
 
@@ -98,7 +98,7 @@ class ChainTracer:
         if ev.kind != BLOCK_STORED or not ev.block_hashes:
             return
         offloaded = ev.medium not in (None, MEDIUM_GPU)
-        key = (offloaded, ev.medium if offloaded else None, ev.group_idx)
+        key = (offloaded, ev.medium[:MEDIUM_KEY_CHARS] if ev.medium and offloaded else None, ev.group_idx)
         group = self._groups.get(key)
         if group is None:
             if len(self._groups) >= self.MAX_GROUPS:  # (a stream of distinct indexes grows nothing)

@@ -28,7 +28,7 @@ from kvtrace.cache.events import EVICT_RESET
 from kvtrace.instrument.batch import conform
 from kvtrace.instrument.convert import SpanRowsBuilder
 from kvtrace.instrument.ids import SeededIdGenerator
-from kvtrace.instrument.vllm.wire import BLOCK_REMOVED, BLOCK_STORED, KVEventBatch
+from kvtrace.instrument.vllm.wire import BLOCK_REMOVED, BLOCK_STORED, MEDIUM_KEY_CHARS, KVEventBatch
 from kvtrace.store.schema import ATTRIBUTE_COLUMNS, SOURCE_VLLM, SPAN_EVICT, SPAN_PUBLISH, SPAN_STEP
 
 SCOPE_NAME = "kvtrace.instrument.vllm"
@@ -121,7 +121,7 @@ class VllmSpanRows:
         """The bit standing for a KV cache group in one tier (``medium``) in ``depth`` (the
         64th and later share the last bit, unrecorded: a hash one of them removes may be
         forgotten early, never misstated, and a stream of distinct values grows nothing)."""
-        key = (medium, group_idx)
+        key = (medium if medium is None else medium[:MEDIUM_KEY_CHARS], group_idx)  # (a 16 MiB medium kept 63 times)
         bit = self._group_bits.get(key)
         if bit is None:
             if len(self._group_bits) >= 63:

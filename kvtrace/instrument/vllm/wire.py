@@ -36,6 +36,9 @@ from kvtrace.instrument.arrow_columns import hash_hex
 END_SEQ = (-1).to_bytes(8, "big", signed=True)  # the replay socket's end-of-batches marker
 BLOCK_STORED, BLOCK_REMOVED, ALL_BLOCKS_CLEARED = "BlockStored", "BlockRemoved", "AllBlocksCleared"
 MEDIUM_GPU = "GPU"  # vLLM's medium of the GPU's own block pool (MEDIUM_CPU, MEDIUM_STORAGE: offloading tiers)
+# A medium's first characters tell its tier apart where tiers are kept (vLLM's are "GPU", "CPU", "STORAGE"):
+# the whole string, up to a message's 16 MiB, was kept once per tier and group
+MEDIUM_KEY_CHARS = 32
 STORED_FIELDS = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
                  "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window")
 REMOVED_FIELDS = ("block_hashes", "medium", "group_idx")
