@@ -316,7 +316,10 @@ def _engine_curve(spec, capacities: list[int], db, workers: int | None, ray_addr
     from kvtrace.replay.run import open_workload
     from kvtrace.replay.sweep import run_sweep
 
-    sweep = run_sweep(spec, [("capacity_blocks", capacities)], db=db, workers=workers, ray_address=ray_address,
+    # (its runs named as the curve's, "curve capacity_blocks=4096": they were stored as "sweep ...", runs
+    # of a `kvtrace sweep` never typed, as `kvtrace runs` and the dashboard listed them)
+    sweep = run_sweep(replace(spec, name=spec.name or "curve"), [("capacity_blocks", capacities)], db=db,
+                      workers=workers, ray_address=ray_address,
                       values_flag="--capacities")
     # each point at its run's capacity_blocks and block_size (the full-attention pool less vLLM's
     # null block), the numbers `kvtrace runs` and `diff` show and the dashboard marks runs at

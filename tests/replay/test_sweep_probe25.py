@@ -4,11 +4,12 @@ sweep kept before it, and what a curve's note says of the curves it drew."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import pytest
 
 from kvtrace.errors import TraceFormatError
-from kvtrace.replay.curve import CurveResult, capacity_curve
+from kvtrace.replay.curve import CurveResult, capacity_curve, run_curve
 from kvtrace.replay.run import RunSpec
 from kvtrace.replay.sweep import run_sweep
 from kvtrace.store import read
@@ -58,3 +59,19 @@ def test_a_curves_note_tells_how_the_curves_it_drew_were_made_and_no_other(polic
     # the unbounded Belady point is the one pass's (its table row says one-pass), not a replay
     assert [p.method for p in points if p.capacity_blocks is None] == ["one-pass"] * len(policies)
     assert ("the unbounded cache's from the one pass" in note) == ("belady" in policies)
+
+
+def test_an_engine_curves_runs_are_named_as_the_curves_not_a_sweeps(tmp_path):
+    """An engine curve's runs were stored as "sweep capacity_blocks=300", the runs of a
+    `kvtrace sweep` never typed, as `kvtrace runs` listed them; their events are a sweep's."""
+    db = tmp_path / "c.duckdb"
+    spec = RunSpec("gen:chat", limit=3, content=False)
+    curve = run_curve(spec, "300,3000", db=db, workers=1)
+    runs = read.runs(db).sort("run_id")
+    assert runs["name"].to_list() == ["curve capacity_blocks=300", "curve capacity_blocks=3000"]
+    assert [p.run_id for p in curve.points] == runs["run_id"].to_list()
+    named = run_curve(replace(spec, name="mine"), "300", db=tmp_path / "n.duckdb", workers=1)
+    assert read.runs(tmp_path / "n.duckdb")["name"].to_list() == ["mine capacity_blocks=300"]
+    swept = run_sweep(spec, [("capacity_blocks", [300, 3000])], workers=1)
+    assert runs["digest"].to_list() == [r.summary["digest"] for r in swept.runs]
+    assert named.points[0].hit_tokens == curve.points[0].hit_tokens
