@@ -158,3 +158,21 @@ def test_a_stream_of_long_distinct_media_keeps_no_more_than_their_first_characte
         tracer.add(0, ev)
     kept = [medium for medium, _ in rows._group_bits] + [medium for _, medium, _ in tracer._groups]
     assert len(kept) == 63 + 64 and max(len(m or "") for m in kept) == MEDIUM_KEY_CHARS
+
+
+def test_a_coarse_groups_partial_tail_entries_do_not_make_it_the_group_the_trace_is_read_from():
+    """vLLM 0.33 keys a prompt's tail inside a coarse group's block (``cache_partial_block``):
+    a BlockStored of one hash-block (16 tokens) under the hash 16 tokens before it. The
+    group's smallest block size then tied with the fine group's, the lower index won, and a
+    100-token prompt came out as two requests, of 64 and of 32 tokens (two block sizes)."""
+    coarse = [KVEvent(BLOCK_STORED, ["h64"], None, list(range(64)), 64, medium="GPU", group_idx=0),
+              KVEvent(BLOCK_STORED, ["h96"], "h80", list(range(16)), BS, medium="GPU", group_idx=0)]
+    fine = [KVEvent(BLOCK_STORED, [f"h{e}" for e in range(16, 97, 16)], None, list(range(96)), BS, medium="GPU",
+                    group_idx=1)]
+    for events in (coarse + fine, fine + coarse):
+        tracer = ChainTracer()
+        for ev in events:
+            tracer.add(0, ev)
+        requests, block_size = native_requests([tracer])
+        assert block_size == BS
+        assert [(r.input_length, r.hash_block_size) for r in requests] == [(96, BS)]

@@ -38,7 +38,7 @@ class _GroupChains:
         self.parent: dict[str, str | None] = {}
         self.requests: list[ChainRequest] = []
         self._open: dict[str, int] = {}  # tail hash -> index of the request it ends
-        self.block_size = 0  # the block size its events report (0: none does)
+        self.block_size = 0  # the largest block size its events report (0: none does)
         self.kind: str | None = None  # its kv_cache_spec_kind, where vLLM says it
 
     def add(self, t_ns: int, ev: KVEvent) -> None:
@@ -76,6 +76,11 @@ class ChainTracer:
     together, each request was written once per group, and a coarse group's chain ran on
     through a finer group's parents: a 48-token prompt came out as 48 and 64 tokens.)
     At most ``MAX_GROUPS`` groups are chained; the events of others are left out.
+    A group's block size is the largest its events report: vLLM 0.33 keys a prompt's tail
+    inside a coarse group's block (``cache_partial_block``) with a BlockStored of one hash
+    block, whose size the finest group has too. (Taken as the coarse group's, it tied the
+    two, the lower index was read, and each such tail was a request of its own: a 100-token
+    prompt came out as one of 64 tokens and one of 32.)
 
     A server that offloads blocks to a second tier publishes that tier's stores in the
     same stream, ``medium`` naming it ("CPU", "STORAGE"): copies of blocks the GPU stored
@@ -104,7 +109,7 @@ class ChainTracer:
             if len(self._groups) >= self.MAX_GROUPS:  # (a stream of distinct indexes grows nothing)
                 return
             group = self._groups[key] = _GroupChains(self.merge_window_ns)
-        if ev.block_size and (not group.block_size or ev.block_size < group.block_size):
+        if ev.block_size and ev.block_size > group.block_size:  # (a partial tail entry's is smaller)
             group.block_size = ev.block_size
         if ev.kv_cache_spec_kind is not None:
             group.kind = ev.kv_cache_spec_kind
