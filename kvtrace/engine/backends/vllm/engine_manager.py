@@ -14,10 +14,11 @@ Events (kvtrace's ``kvtrace.cache.events``, from vLLM's ``take_events`` after ea
 * ``BlockPublished``: one per vLLM ``BlockStored``, attributed to the request whose
   ``allocate_slots`` emitted it; hashes mapped back to the request's own block hashes
   (vLLM's events carry their low 64 bits), block ids read from vLLM's prefix-cache map.
-  ``kind`` is inferred: ``checkpoint`` when the key names the block and position of this
-  allocation's prefill checkpoint write, else ``full`` when it ends on a block boundary
-  of its group, else ``partial_tail`` (kvtrace's ``boundary``, a full block kept for a
-  reachable boundary under sparse retention, shows as ``full``).
+  ``kind`` is inferred: ``full`` when it ends on a block boundary of its group (a
+  checkpoint there too, as kvtrace's pool keys it), else ``checkpoint`` when the key names
+  the block and position of this allocation's prefill checkpoint write, else
+  ``partial_tail`` (kvtrace's ``boundary``, a full block kept for a reachable boundary
+  under sparse retention, shows as ``full``).
 * ``BlockEvicted``: the removed keys of vLLM's ``BlockRemoved`` events (one per block),
   one event per run of removals of one group and reason within a call (kvtrace's pool
   emits one per allocation and group). ``reason`` is inferred: ``lru`` when the
@@ -239,10 +240,10 @@ class VllmEngineManager(VllmKVCacheManager):
                     self._num_tokens[(g, h)] = ntok
                     stores.append((h, ntok))
                 if ids:
-                    if (g, ids[-1], ntok) in checkpoints:
+                    if ntok % self._block_size[g] == 0:  # (also a checkpoint at a block end: kvtrace's
+                        kind = PUBLISH_FULL  # pool keys the full block there, as full or boundary)
+                    elif (g, ids[-1], ntok) in checkpoints:
                         kind = PUBLISH_CHECKPOINT
-                    elif ntok % self._block_size[g] == 0:
-                        kind = PUBLISH_FULL
                     else:
                         kind = PUBLISH_PARTIAL_TAIL
                     out.append(BlockPublished(step, request.request_id, g, kind, tuple(ids), tuple(full), ntok))
@@ -550,17 +551,23 @@ class VllmEngineManager(VllmKVCacheManager):
         keys = ([dst.block_hash] if dst.block_hash is not None else []) + sorted(
             self.block_pool.cached_block_hashes_by_block.get(copy.dst, ()))
         hashes = []
+        step = self.step
+        born = -1  # the latest publish on the source block (kvtrace's pool keeps one a block)
         for key in keys:
             h = bytes(self.api.get_block_hash(key))
             for rec in self._published.get((copy.group_id, self._convert(h)), ()):
                 if rec[1] == copy.src:
-                    rec[1] = copy.dst
+                    # the entry is published on the copy now, as kvtrace's pool re-stamps it: a later
+                    # eviction's age counts from the move (it counted from the first publish, one more)
+                    rec[1], born, rec[2] = copy.dst, max(born, rec[2]), step
             hashes.append(h)
         if hashes and self._listeners:
             n = len(hashes)
             ntok = self._num_tokens.get((copy.group_id, hashes[-1]), 0)
-            self._events.append(BlockEvicted(self.step, copy.group_id, EVICT_MOVED, (copy.src,) * n, tuple(hashes),
-                                             (0,) * n, (IDLE_UNKNOWN,) * n, request_id))
+            # ages: steps since the source's publish (0 where the adapter saw none), as kvtrace's pool
+            self._events.append(BlockEvicted(step, copy.group_id, EVICT_MOVED, (copy.src,) * n, tuple(hashes),
+                                             (step - born if born >= 0 else 0,) * n, (IDLE_UNKNOWN,) * n,
+                                             request_id))
             self._events.append(BlockPublished(self.step, request_id, copy.group_id, PUBLISH_MOVED,
                                                (copy.dst,) * n, tuple(hashes), ntok))
 

@@ -1,0 +1,59 @@
+"""Probe 25 of ``--backend vllm`` and ``kvtrace conformance``: what the adapter infers of
+vLLM's events, span by span against kvtrace's manager where both make the same decisions."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+
+import duckdb
+import pytest
+
+from kvtrace.replay.run import RunSpec, run_replay
+
+# running-tail copies (moved keys) and prefill checkpoints that land on a Mamba block's end
+MOVES_AND_CHECKPOINTS = RunSpec("gen:mixed", limit=60, capacity_blocks=100, external_capacity_blocks=300,
+                                content=False)
+
+
+@pytest.fixture(scope="module")
+def both_backends(vllm_api, tmp_path_factory):
+    db = tmp_path_factory.mktemp("probe25") / "both.duckdb"
+    ours = run_replay(MOVES_AND_CHECKPOINTS, db=db)
+    theirs = run_replay(replace(MOVES_AND_CHECKPOINTS, backend="vllm"), db=db)
+    return str(db), ours.run_id, theirs.run_id
+
+
+def _rows(db: str, run_id: str, sql: str) -> Counter:
+    with duckdb.connect(db, read_only=True) as con:
+        return Counter(con.execute(sql, [run_id]).fetchall())
+
+
+def test_an_evicted_blocks_age_counts_from_its_move_as_kvtraces_pool_does(both_backends):
+    # A key moved to a running-tail copy is published there (the `moved` publish): kvtrace's
+    # pool counts a later eviction's age from the move, and the `moved` eviction's own age
+    # from the source's publish. The adapter gave every `moved` eviction age 0 and counted
+    # later ones from the first publish (39 moved and several LRU ages off by one here).
+    db, ours, theirs = both_backends
+    sql = ("SELECT step, group_id, evict_reason, unnest(block_ids), unnest(ages) FROM spans "
+           "WHERE run_id = ? AND name = 'kvtrace.cache.evict'")
+    kv, vl = _rows(db, ours, sql), _rows(db, theirs, sql)
+    moved = [row for row in kv.elements() if row[2] == "moved"]
+    assert moved and all(row[4] > 0 for row in moved)  # (published a step or more before the copy)
+    assert vl == kv
+
+
+def test_a_checkpoint_at_a_block_end_is_published_as_kvtraces_pool_keys_it(both_backends):
+    # A prefill checkpoint whose position is its Mamba block's end: kvtrace's pool keys the
+    # full block there (`boundary`, which the adapter shows as `full`, as documented); the
+    # adapter called it `checkpoint` (1 of 18 here, 6 on the whole gen:mixed at 200 blocks).
+    db, ours, theirs = both_backends
+    sql = ("SELECT step, group_id, publish_kind, unnest(block_ids), num_tokens % 512 = 0 FROM spans "
+           "WHERE run_id = ? AND name = 'kvtrace.cache.publish'")
+    kv: Counter = Counter()
+    for (s, g, kind, b, end), n in _rows(db, ours, sql).items():
+        kv[(s, g, "full" if kind == "boundary" else kind, b, end)] += n
+    vl = _rows(db, theirs, sql)
+    assert not [row for row in vl.elements() if row[2] == "checkpoint" and row[4]]
+    assert any(row[2] == "checkpoint" for row in vl.elements())  # (off the block ends, still inferred)
+    assert vl == kv
