@@ -39,6 +39,7 @@ from kvtrace.store.schema import (
     SEQ_ATTRIBUTE,
     SOURCES,
     SPAN_COLUMN_DEFS,
+    SPAN_LOOKUP,
     SPAN_REQUEST,
     TIME_OFFSET_RESOURCE_KEY,
 )
@@ -49,6 +50,14 @@ RUN_ID_RESOURCE_KEY = "kvtrace.run.id"  # the otel_traces view adds it from run_
 # and service.instance.id is a random UUID per process, which would break determinism.
 _UNSTORED_RESOURCE_PREFIXES = ("telemetry.sdk.", "service.instance.id", "service.name", RUN_ID_RESOURCE_KEY,
                                TIME_OFFSET_RESOURCE_KEY)
+# A lookup's hit tokens (local and external) within the tokens it looked up, as kvtrace's own
+# lookups always are (REQUEST_WITHIN's rule for a lookup span): a run's lookups are its requests
+# where it has no request span, and every reader called a sender's run damaged ("local_compute
+# -260") whose lookup hit more than it asked, after the collector had stored it with a 200.
+LOOKUP_WITHIN: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("num_hit_tokens", "num_external_hit_tokens"), "num_query_tokens"),
+)
+LOOKUP_WITHIN_NEEDED = frozenset({"num_query_tokens"})
 # the key of the local hit column: a span carrying it gets GENAI_CACHE_READ derived, not stored
 HIT_TOKENS_KEY = next(key for key, column in ATTRIBUTE_COLUMNS.items() if column == "num_hit_tokens")
 
@@ -288,10 +297,15 @@ class SpanRowsBuilder:
         if None not in (ttft, first, arrival) and ttft != first - arrival:
             raise UnstorableValue(f"{_ATTRIBUTE_OF[REQUEST_TTFT[0]]} {ttft} is not {_ATTRIBUTE_OF[REQUEST_TTFT[1]]} "
                                   f"- {_ATTRIBUTE_OF[REQUEST_TTFT[2]]} = {first - arrival}")
-        for parts, whole_column in REQUEST_WITHIN:
+        self._check_within(REQUEST_WITHIN, REQUEST_WHOLE_NEEDED)
+
+    def _check_within(self, within: tuple[tuple[tuple[str, ...], str], ...], whole_needed: Iterable[str]) -> None:
+        """UnstorableValue for hit tokens beyond what was asked: (parts, whole) as REQUEST_WITHIN."""
+        value = self._value
+        for parts, whole_column in within:
             part = sum(v for c in parts if (v := value(c)) is not None)
             whole = value(whole_column)
-            if whole is None and part and whole_column in REQUEST_WHOLE_NEEDED:
+            if whole is None and part and whole_column in whole_needed:
                 raise UnstorableValue(f"{' + '.join(_ATTRIBUTE_OF[c] for c in parts)} {part} given without "
                                       f"{_ATTRIBUTE_OF[whole_column]}; hits are counted within it")
             if whole is not None and part > whole:
@@ -372,6 +386,8 @@ class SpanRowsBuilder:
             put("extra_attributes", extras)
         if name == SPAN_REQUEST:
             self._check_request()
+        elif name == SPAN_LOOKUP:
+            self._check_within(LOOKUP_WITHIN, LOOKUP_WITHIN_NEEDED)
         if events:
             put("events", [{"time_ns": t, "name": n, "attributes": _string_map(a)} for t, n, a in events])
         if links:

@@ -155,3 +155,35 @@ def test_a_time_before_the_exports_offset_is_refused_naming_the_field_and_the_of
                               f"{OFFSET_KEY} 1000")
     collector.stop()
     assert count_spans(tmp_path / "probe25.duckdb", "probe25") == 1  # the earlier span, unshifted
+
+
+def _lookup(i: int, **tokens: int) -> dict:
+    keys = {"query": "kvtrace.lookup.query_tokens", "hit": "kvtrace.hit_tokens",
+            "external": "kvtrace.external_hit_tokens"}
+    attrs = [_kv(keys[k], {"intValue": str(v)}) for k, v in tokens.items()]
+    attrs += [_kv("kvtrace.request.id", {"stringValue": f"q{i}"}), _kv("kvtrace.step", {"intValue": str(i)})]
+    return _span(i, name="kvtrace.cache.lookup", attributes=attrs)
+
+
+@pytest.mark.parametrize("tokens, why", [
+    ({"query": 10, "hit": 75}, "kvtrace.hit_tokens + kvtrace.external_hit_tokens 75 exceeds "
+                               "kvtrace.lookup.query_tokens 10; hits are counted within it"),
+    ({"query": 10, "hit": 6, "external": 5}, "kvtrace.hit_tokens + kvtrace.external_hit_tokens 11 exceeds "
+                                             "kvtrace.lookup.query_tokens 10"),
+    ({"hit": 4}, "kvtrace.hit_tokens + kvtrace.external_hit_tokens 4 given without kvtrace.lookup.query_tokens"),
+])
+def test_a_lookup_that_hits_more_than_it_asked_is_refused_not_stored_as_a_damaged_run(collector, tmp_path, tokens,
+                                                                                      why):
+    """A lookup span whose hit tokens passed its query tokens was stored with a 200, and then
+    every reader (``runs``, ``diff``, the dashboard) called the run damaged: a run without
+    request spans counts its lookups as its requests ("local_compute -260")."""
+    from kvtrace.store.read import summary_from_spans
+
+    assert _post(collector.url, _doc([_lookup(1, query=10, hit=6, external=4), _lookup(2, query=8)]))[0] == 200
+    code, message = _post(collector.url, _doc([_lookup(3, query=10, hit=2), _lookup(4, **tokens)]))
+    assert code == 400 and message.startswith("resourceSpans[0].scopeSpans[0].spans[1]: ") and why in message
+    collector.stop()
+    db = tmp_path / "probe25.duckdb"
+    assert count_spans(db, "probe25") == 2
+    got = summary_from_spans(db, "probe25")  # readable, not damaged: what kvtrace's own lookups always are
+    assert (got["prefix_cache_queries"], got["prefix_cache_hits"], got["external_prefix_cache_hits"]) == (18, 6, 4)
