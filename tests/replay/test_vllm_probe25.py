@@ -57,3 +57,26 @@ def test_a_checkpoint_at_a_block_end_is_published_as_kvtraces_pool_keys_it(both_
     assert not [row for row in vl.elements() if row[2] == "checkpoint" and row[4]]
     assert any(row[2] == "checkpoint" for row in vl.elements())  # (off the block ends, still inferred)
     assert vl == kv
+
+
+def test_a_vllm_folder_shadowing_the_install_is_named(tmp_path):
+    """A ``vllm`` package earlier on the path than the install (a checkout's folder, a stray
+    copy): the error named no file ("fix it there" pointing at nothing) and said vLLM 0.33.0,
+    the install's version, with nothing to tell that another vllm was imported."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.cli.support import assert_one_line
+
+    shadow = tmp_path / "shadow" / "vllm"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "shadow")}
+    done = subprocess.run([sys.executable, "-m", "kvtrace.cli", "conformance", "gen:chat", "--limit", "2"],
+                          cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+    line = assert_one_line(done.returncode, done.stderr, "No module named 'vllm.v1'",
+                           f"the vllm package imported from {shadow});", "reinstall with `make vllm`")
+    assert "fix it there" not in line and done.stdout == ""

@@ -125,9 +125,14 @@ def load_vllm() -> VllmAPI:
             try:
                 module = importlib.import_module(module_name)
             except Exception as exc:  # a missing dependency surfaces here, deep in vLLM's imports
-                where = _import_location(exc, _package_root())
+                root = _package_root()
+                where = _import_location(exc, root)
+                # no file and line to name (a module missing from the package imported): name the
+                # package, which may not be the install's (a vllm folder earlier on sys.path);
+                # "fix it there" pointed at nothing
+                at = f", at {where}" if where else f", the vllm package imported from {root}" if root else ""
                 raise KVTraceError(f"vLLM {version} does not import ({module_name}: {type(exc).__name__}: {exc}"
-                                   f"{f', at {where}' if where else ''}); fix it there, or reinstall with "
+                                   f"{at}); {'fix it there, or ' if where else ''}reinstall with "
                                    f"`{INSTALL_HINT}`") from None
             if not attr:
                 names[key] = module
