@@ -325,9 +325,12 @@ def sigterm_default() -> None:
     """In a child forked inside ``sigterm_blocked``: SIGTERM and SIGINT kill it again (the
     parent's ``sigterm_as_interrupt`` handlers are dropped), then unheld. A Ctrl-C to the
     process group raised the parent's KeyboardInterrupt in an idle pool worker, which
-    printed its traceback ("Process ForkProcess-1: ..."); the parent stops for it alone."""
+    printed its traceback ("Process ForkProcess-1: ..."); the parent stops for it alone.
+    A signal the command ignores (SIGINT of ``kvtrace ... &`` in a script) stays ignored: a
+    Ctrl-C to the group killed every worker of a command that went on, which then failed."""
     for sig in _WORKER_DEFAULTS:
-        signal.signal(sig, signal.SIG_DFL)
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _WORKER_DEFAULTS)
 
 
