@@ -76,6 +76,8 @@ def runs(db: DbToRead, as_json: Json = False, limit: Annotated[int | None, typer
             "behaviours": behaviours_on(row["behaviours"]) or [],
             # (an unbounded cache-only run has no capacity, but a block size all the same)
             "capacity_blocks": cap.blocks if cap else None,
+            "unbounded": config.get("mode") == "cache-only" and "capacity_blocks" in config
+                         and config["capacity_blocks"] is None,
             "block_size": cap.block_size if cap else summary.get("block_size"),
             "status": status_shown, "created": row["created"], "spans": row["num_spans"],
             "damage": damage,  # (status damaged: what its record holds that kvtrace never writes)
@@ -89,6 +91,8 @@ def runs(db: DbToRead, as_json: Json = False, limit: Annotated[int | None, typer
     rows = [header]
     for r in listed:
         size = f"{r['capacity_blocks']:,}×{r['block_size']}" if r["capacity_blocks"] else "-"
+        if r["unbounded"]:  # (as curve and sweep tables say it: "-" read as a capacity not recorded)
+            size = f"unbounded×{r['block_size']}" if r["block_size"] else "unbounded"
         trace = Path(r["trace"]).name if r["trace"] else "-"  # (a collected run names none: not "None")
         backend = backend_label(r["mode"], r) or "-"  # (r holds backend, vllm_version and vllm_commit)
         rows.append([r["run_id"], r["name"] or "", trace, r["mode"] or "", backend,
