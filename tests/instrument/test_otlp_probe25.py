@@ -187,3 +187,26 @@ def test_a_lookup_that_hits_more_than_it_asked_is_refused_not_stored_as_a_damage
     assert count_spans(db, "probe25") == 2
     got = summary_from_spans(db, "probe25")  # readable, not damaged: what kvtrace's own lookups always are
     assert (got["prefix_cache_queries"], got["prefix_cache_hits"], got["external_prefix_cache_hits"]) == (18, 6, 4)
+
+
+def test_an_http_request_whose_client_goes_quiet_mid_body_is_counted_as_refused(tmp_path, caplog):
+    """An OTLP/HTTP request whose client stopped sending half-way was logged as dropped but not
+    counted: the collector's closing line said "0 requests rejected" of a request it had refused,
+    where a gRPC call not sent by its deadline is counted. The count now says so too."""
+    import socket
+
+    collector = OTLPCollector(tmp_path / "quiet.duckdb", port=0, read_timeout_s=0.5).start()
+    try:
+        body = json.dumps(_doc([_span(1)])).encode()
+        # declared 4 MiB: the body's deadline (16 s more) is far behind the socket's 0.5 s of silence
+        head = (f"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {4 << 20}\r\n\r\n").encode()
+        with socket.create_connection(collector.address, timeout=30) as s:
+            s.sendall(head + body)  # then nothing: the client keeps the connection open, silent
+            assert s.recv(65536) == b""  # the receiver gave up on it and closed it, no reply
+        assert _post(collector.url, _doc([_span(2)]))[0] == 200  # a whole request: stored, not counted
+    finally:
+        collector.stop()
+    assert collector.requests_rejected == 1 and collector.spans_received == 1
+    assert "dropped, nothing stored" in caplog.text
+    assert count_spans(tmp_path / "quiet.duckdb", "probe25") == 1

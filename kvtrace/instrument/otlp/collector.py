@@ -744,6 +744,7 @@ def _make_handler(collector: OTLPCollector) -> type[BaseHTTPRequestHandler]:
         protocol_version = "HTTP/1.1"
         server_version = f"kvtrace-otlp/{__version__}"
         timeout = collector.read_timeout_s  # socket timeout: a stalled read ends, it does not hold a thread
+        _outcome: str | None = None  # of the POST being handled: "stored", or "refused" (counted), once it is either
 
         def handle_one_request(self):
             # the request line and headers, however slowly they trickle, within the timeout
@@ -765,6 +766,7 @@ def _make_handler(collector: OTLPCollector) -> type[BaseHTTPRequestHandler]:
 
         def _error(self, code: int, message: str, as_json: bool, close: bool = False) -> None:
             collector.count_rejected()
+            self._outcome = "refused"
             # the Status's gRPC code: a 503 is UNAVAILABLE, as the gRPC transport and the
             # connection cap's 503 say it (it said UNKNOWN)
             grpc_code = {400: 3, 413: 8, 503: 14}.get(code, 2)
@@ -799,11 +801,19 @@ def _make_handler(collector: OTLPCollector) -> type[BaseHTTPRequestHandler]:
             self._error(code, message or HTTPStatus(code).phrase, True, close=True)
 
         def do_POST(self):
+            self._outcome = None
             try:
                 self._post()
-            except (TimeoutError, ConnectionError) as err:  # the client went quiet or away: nothing stored
+            except (TimeoutError, ConnectionError) as err:  # the client went quiet or away
                 self.close_connection = True
-                _log.warning("OTLP/HTTP request from %s dropped: %s", self.client_address[0], err)
+                peer = self.client_address[0]
+                if self._outcome == "stored":  # (it said "dropped" of spans it had stored)
+                    _log.warning("OTLP/HTTP request from %s stored, but its reply was not delivered: %s", peer, err)
+                elif self._outcome == "refused":
+                    _log.warning("OTLP/HTTP request from %s refused, and its reply was not delivered: %s", peer, err)
+                else:  # nothing stored: counted as refused, as a gRPC call not sent by its deadline is
+                    collector.count_rejected()
+                    _log.warning("OTLP/HTTP request from %s dropped, nothing stored: %s", peer, err)
             except Exception as err:  # never a traceback; the client learns it was not stored
                 _log.exception("OTLP/HTTP request failed")
                 self._error(HTTPStatus.INTERNAL_SERVER_ERROR, f"not stored: {type(err).__name__}: {err}"[:300],
@@ -906,6 +916,7 @@ def _make_handler(collector: OTLPCollector) -> type[BaseHTTPRequestHandler]:
                     return self._error(HTTPStatus.BAD_REQUEST, str(err), as_json)
                 except KVTraceError as err:  # store busy or unusable: the client may retry
                     return self._error(HTTPStatus.SERVICE_UNAVAILABLE, str(err), as_json)
+                self._outcome = "stored"
                 if as_json:
                     self._reply(HTTPStatus.OK, b"{}", "application/json")
                 else:
