@@ -121,15 +121,19 @@ def curve(
     policies = None if policy is None else tuple(p.strip() for p in policy.split(","))  # (run_curve refuses '')
     if db is not None:
         pyarrow_without_pandas()
+
+    def show(result) -> None:  # (before it is recorded: a store that cannot take it loses nothing computed)
+        if as_json:
+            echo_json(result.to_json())
+        else:
+            print_rows(result.table(), title=f"kvtrace curve {spec.trace}")
+            status(result.method_note())
+
     with _worker_deaths_told(db, curve=True):
-        result = run_curve(spec, capacities, policies=policies, db=db, workers=workers, ray_address=ray)
+        result = run_curve(spec, capacities, policies=policies, db=db, workers=workers, ray_address=ray,
+                           computed=show)
     if db is not None:
         status(f"kvtrace: curve {result.curve_id} recorded in {db}")
-    if as_json:
-        echo_json(result.to_json())
-    else:
-        print_rows(result.table(), title=f"kvtrace curve {spec.trace}")
-        status(result.method_note())
 
 
 @contextlib.contextmanager

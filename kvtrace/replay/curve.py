@@ -32,7 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 import numbers
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -264,11 +264,13 @@ class CurveResult:
 
 
 def run_curve(spec, capacities: str, *, policies: Sequence[str] | None = None, db: str | Path | None = None,
-              workers: int | None = None, ray_address: str | None = None) -> CurveResult:
+              workers: int | None = None, ray_address: str | None = None,
+              computed: Callable[[CurveResult], None] | None = None) -> CurveResult:
     """The curve of ``spec``'s trace (its mode and settings, capacity swept), recorded in
     ``db`` when given. Engine mode replays each capacity on the sweep's workers (local
     processes, or Ray tasks with ``ray_address``). ``policies``: default both, LRU alone
-    in engine mode (asked for there, Belady is refused)."""
+    in engine mode (asked for there, Belady is refused). ``computed`` is called with the
+    curve before it is recorded (a store that cannot take it then loses no computed curve)."""
     from kvtrace.replay.run import open_workload, validate
 
     if policies is None:  # (`curve --mode engine` was refused for a --policy belady never typed)
@@ -298,21 +300,29 @@ def run_curve(spec, capacities: str, *, policies: Sequence[str] | None = None, d
         if wanted is None or None in wanted:
             raise ConfigError("--capacities", capacities, "engine mode needs explicit block counts (the engine pool "
                                                           "is preallocated): e.g. --capacities 4096,8192,16384")
-        return _engine_curve(spec, [c for c in wanted if c is not None], db, workers, ray_address)
+        return _engine_curve(spec, [c for c in wanted if c is not None], db, workers, ray_address, computed)
     validate(replace(spec, capacity_blocks=1))
     workload = open_workload(spec)
+    if db is not None:  # a store that cannot be written fails now, not after the whole pass
+        from kvtrace.store import Store
+
+        with Store.open(db):
+            pass
     requests = list(workload.requests)
     caps = wanted if wanted is not None else [*auto_capacities(requests, spec.block_size), None]
     points = capacity_curve(requests, caps, policies=policies, block_size=spec.block_size)
     _, bs = as_block_requests(requests[:1], spec.block_size)  # (an empty trace: the replay's default, not None)
     trace_id = workload.identity(len(requests))  # (a --limit past the trace's end: the whole trace)
     result = CurveResult(_curve_id(trace_id, spec, caps, policies), spec.trace, spec.mode, bs, points)
+    if computed is not None:
+        computed(result)
     if db is not None:
         _record(db, result, workload.source, trace_id)
     return result
 
 
-def _engine_curve(spec, capacities: list[int], db, workers: int | None, ray_address: str | None) -> CurveResult:
+def _engine_curve(spec, capacities: list[int], db, workers: int | None, ray_address: str | None,
+                  computed: Callable[[CurveResult], None] | None) -> CurveResult:
     from kvtrace.replay.run import open_workload
     from kvtrace.replay.sweep import run_sweep
 
@@ -331,6 +341,8 @@ def _engine_curve(spec, capacities: list[int], db, workers: int | None, ray_addr
     trace_id = workload.identity(int(sweep.runs[0].summary.get("requests") or 0))  # (as its runs name it)
     result = CurveResult(_curve_id(trace_id, spec, capacities, ("lru",)), spec.trace, "engine",
                          sweep.runs[0].summary.get("block_size") or spec.block_size, points)
+    if computed is not None:
+        computed(result)
     if db is not None:
         _record(db, result, workload.source, trace_id)
     return result

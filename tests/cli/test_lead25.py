@@ -25,3 +25,19 @@ def test_runs_lists_an_unbounded_cache_only_run_as_unbounded(tmp_path, capsys):
     assert listed[None]["unbounded"] is True and listed[50]["unbounded"] is False
     table = _ok(["runs", "--db", db], capsys)
     assert "unbounded×512" in table and "50×512" in table
+
+
+def test_a_curve_the_store_cannot_take_is_printed_before_the_error(tmp_path, capsys, monkeypatch):
+    """`kvtrace curve --db` on a store another process held waited, then exited 2 without the
+    curve it had computed (sweep probe): the curve is shown first, then the store's one line."""
+    from kvtrace.replay import curve
+    from kvtrace.store.errors import StoreError
+
+    def busy(db, *args):
+        raise StoreError(str(db), "held by another process (timed out after 30 s)")
+
+    monkeypatch.setattr(curve, "_record", busy)
+    db = str(tmp_path / "s.duckdb")
+    code, out, err = run(["curve", TRACE, "--limit", "40", "--capacities", "100,inf", "--db", db], capsys)
+    assert code == 2 and "held by another process" in err
+    assert "unbounded" in out and "lru hit rate" in out  # (the table, before the error)
