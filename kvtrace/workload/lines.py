@@ -583,6 +583,9 @@ class AtomicText:
     def __exit__(self, exc_type, exc, tb):
         try:
             if exc_type is not None:  # the body's error is the one to report
+                if self.tmp is None and issubclass(exc_type, KeyboardInterrupt):
+                    self.f.discard()  # (a stop: a stalled reader's full pipe blocked the flush, and the stop)
+                    return False
                 with contextlib.suppress(KVTraceError):
                     self.f.close()
                 return False
@@ -620,6 +623,31 @@ class _Sink:
             self._f.close()
         except OSError as e:
             raise self._error(e) from None
+
+    def discard(self) -> None:
+        """Close after a stop (Ctrl-C, SIGTERM): what is still buffered is written where that
+        needs no wait (a file, a pipe with room), else dropped. Into a pipe or FIFO whose
+        reader stalled, the close's flush blocked on the full pipe, and the command with it,
+        until a second signal (``timeout`` waited on it for ever). The flush is tried without
+        blocking; where it would block, the descriptor is pointed at /dev/null (dup2: atomic,
+        no descriptor number freed for another thread to take) before the close."""
+        try:
+            fd = self._f.fileno()
+            blocking = os.get_blocking(fd)
+            os.set_blocking(fd, False)  # (the open file's flag, shared with a shell's stdout: put back below)
+            try:
+                self._f.flush()
+            finally:
+                os.set_blocking(fd, blocking)
+        except (OSError, ValueError):  # (BlockingIOError: a full pipe; a closed one: nothing to keep)
+            with contextlib.suppress(OSError, ValueError):
+                null = os.open(os.devnull, os.O_WRONLY)
+                try:
+                    os.dup2(null, self._f.fileno())
+                finally:
+                    os.close(null)
+        with contextlib.suppress(OSError, ValueError):
+            self._f.close()
 
     def _error(self, e: OSError) -> KVTraceError:
         error = OutputClosed if e.errno == errno.EPIPE else KVTraceError

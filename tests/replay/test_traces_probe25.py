@@ -3,7 +3,13 @@ its input, and what the numbers read say, against an independent reading of the 
 
 from __future__ import annotations
 
+import fcntl
+import os
+import select
 import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,7 +17,9 @@ import pytest
 from kvtrace.replay.readers import read_trace
 from tests.cli.support import assert_one_line, run
 
-WEKA = Path(__file__).resolve().parents[1] / "data" / "formats" / "weka"
+DATA = Path(__file__).resolve().parents[1] / "data"
+WEKA = DATA / "formats" / "weka"
+MOONCAKE = DATA / "mooncake_synthetic_trace.jsonl"
 
 
 @pytest.mark.parametrize("name", ["all.json", "ALL.JSON", "all.json.gz"])
@@ -59,3 +67,36 @@ def test_an_azure_prompt_of_the_largest_context_fits_its_ids_at_one_token_a_bloc
     assert first.hash_ids is not None and second.hash_ids is not None
     assert len(first.hash_ids) == second.input_length == 16
     assert not set(first.hash_ids) & set(second.hash_ids)
+
+
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_stop_while_a_fifos_reader_stalls_ends_the_conversion(tmp_path, signum, status):
+    """`kvtrace convert TRACE -o FIFO` whose reader stopped reading (a pipe full), then
+    SIGTERM (`kill`, `timeout`) or Ctrl-C: the stop raised out of the blocked write, and the
+    output's close then flushed the rest of its buffer into the same full pipe, blocked again:
+    the command never ended (`timeout` waited on it) until a second signal. It ends at once,
+    with the stop's status, what was buffered unwritten."""
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # (a reader there first: the writer's open returns)
+    proc = None
+    try:
+        fcntl.fcntl(reader, fcntl.F_SETPIPE_SZ, 4096)  # one page: the first 8 KiB flush fills it and blocks
+        proc = subprocess.Popen([sys.executable, "-m", "kvtrace.cli", "convert", str(MOONCAKE), "-o", str(fifo)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # (a FIFO no writer opened yet reads as at its end: select waits for the first bytes)
+        assert select.select([reader], [], [], 60)[0], "the conversion wrote nothing"
+        assert os.read(reader, 200)  # it writes: inside the command's stop handling, blocked on the rest
+        proc.send_signal(signum)
+        try:
+            code = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the conversion did not end after one stop signal (blocked flushing into the full pipe)")
+        assert code == status, proc.stderr.read() if proc.stderr else ""
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc is not None and proc.stderr is not None:
+            proc.stderr.close()
+        os.close(reader)
