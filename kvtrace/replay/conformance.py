@@ -519,8 +519,13 @@ def format_report(result: ConformanceResult) -> list[str]:
             head += f"  (switched off: {', '.join(off)})"
         lines.append(head)
         if run.unschedulable and not run.requests and run.stopped is None:  # an agreement on lookups alone
-            lines.append("  no request ran: each was larger than the pool, so only their lookups and refusals were "
-                         "compared (raise --capacity-blocks)")
+            if run.compared["block_table"]:  # (an allocation went through: a request ran until it preempted itself)
+                lines.append("  no request finished: each needed more blocks than the pool holds, so only their "
+                             "lookups, refusals and the chunks before a preemption were compared (raise "
+                             "--capacity-blocks)")
+            else:
+                lines.append("  no request ran: each was larger than the pool, so only their lookups and refusals "
+                             "were compared (raise --capacity-blocks)")
         if run.never_acted:  # an agreement says nothing of these switches
             lines.append(f"  never acted here (switched off, but the old code took no other path): "
                          f"{', '.join(run.never_acted)}")

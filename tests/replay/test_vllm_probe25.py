@@ -80,3 +80,25 @@ def test_a_vllm_folder_shadowing_the_install_is_named(tmp_path):
     line = assert_one_line(done.returncode, done.stderr, "No module named 'vllm.v1'",
                            f"the vllm package imported from {shadow});", "reinstall with `make vllm`")
     assert "fix it there" not in line and done.stdout == ""
+
+
+def test_a_request_that_ran_until_it_preempted_itself_is_not_told_as_never_run(vllm_api, tmp_path):
+    # 64 prompt tokens in 4 usable 16-token blocks: the prefill runs (its allocation and table
+    # compared), the first decode token needs a fifth block and the request preempts itself.
+    # The report said "no request ran" of it.
+    import json
+
+    from kvtrace.replay.conformance import ConformanceSpec, format_report, run_conformance
+
+    trace = tmp_path / "fit.jsonl"
+    rows = [{"kvtrace_trace": 1}, {"request_id": "a", "arrival_ns": 0, "input_length": 64, "output_length": 4,
+                                   "token_ids": list(range(1, 65))}]
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = run_conformance(ConformanceSpec(str(trace), preset="dense-attention", capacity_blocks=(5, 4)),
+                             api=vllm_api)
+    ran, never = result.runs
+    assert result.agree and (ran.requests, ran.unschedulable, ran.preemptions) == (0, 1, 1)
+    assert ran.compared["block_table"] > 0 and never.compared["block_table"] == 0
+    report = format_report(result)
+    notes = [line.split(":")[0].strip() for line in report if line.startswith("  no request")]
+    assert notes == ["no request finished", "no request ran"], report
