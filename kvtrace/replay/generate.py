@@ -10,7 +10,7 @@ General workloads
   is the system prompt, all earlier user messages and assistant answers, and a new user
   message, so later turns extend the conversation (prefix reuse within a session).
 - ``agent``: tool-using agent sessions: a long shared tool/system preamble, then steps
-  that append the model's tool call and a tool output, so contexts grow to ~10k tokens
+  that append the model's tool call and a tool output, so contexts grow to ~15k tokens
   with short gaps between steps.
 - ``mixed``: chat and agent sessions interleaved (the demo workload; sized so an
   engine replay takes seconds).
