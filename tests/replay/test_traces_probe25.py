@@ -112,3 +112,8 @@ def test_the_agent_workloads_contexts_grow_as_its_descriptions_say():
     page = (DATA.parents[1] / "docs" / "trace-format.md").read_text()
     assert "up to ~15k tokens" in page
     assert gen.__doc__ is not None and "contexts grow to ~15k tokens" in gen.__doc__
+
+
+def test_the_trace_format_page_says_where_a_weka_folders_conversion_may_not_go():
+    page = (DATA.parents[1] / "docs" / "trace-format.md").read_text()
+    assert "`-o DIR/all.json` would make it one of the conversations, and is refused" in page
