@@ -262,12 +262,15 @@ def definitions_note(a: int | None, b: int | None) -> str | None:
 def run_backend(mode: str | None, config: Mapping[str, Any] | None) -> str | None:
     """Whose cache produced a run's events, in every view: a replay's backend (kvtrace's
     manager unless its config names another), vLLM itself for a live capture, unknown (None)
-    for spans a collector received (its sender is not recorded)."""
+    for spans a collector received whose record names no backend (its sender is not recorded;
+    a cache-only replay's is kvtrace's own LRU)."""
     named = config.get("backend") if isinstance(config, Mapping) else None
     if mode == "live":
         return "vllm"
     if named:
         return str(named)
+    if isinstance(config, Mapping) and config.get("mode") == "cache-only":
+        return "kvtrace"  # (a collected cache-only replay's record names none: its own LRU, as the direct run's)
     return None if mode == "otlp" else "kvtrace"
 
 

@@ -41,3 +41,14 @@ def test_a_curve_the_store_cannot_take_is_printed_before_the_error(tmp_path, cap
     code, out, err = run(["curve", TRACE, "--limit", "40", "--capacities", "100,inf", "--db", db], capsys)
     assert code == 2 and "held by another process" in err
     assert "unbounded" in out and "lru hit rate" in out  # (the table, before the error)
+
+
+def test_a_collected_cache_only_replays_backend_is_kvtraces_as_the_direct_runs():
+    """A cache-only replay's config names no backend (it replays kvtrace's own LRU): collected,
+    its run read backend None beside the direct run's kvtrace (collect probe)."""
+    from kvtrace.metrics import backend_label, run_backend
+
+    config = {"mode": "cache-only", "policy": "lru", "block_size": None, "capacity_blocks": 100}
+    assert run_backend("otlp", config) == run_backend("cache-only/lru", config) == "kvtrace"
+    assert backend_label("otlp", config) == "kvtrace"
+    assert run_backend("otlp", {}) is None  # (a foreign sender's: unknown)
