@@ -117,3 +117,83 @@ def test_the_agent_workloads_contexts_grow_as_its_descriptions_say():
 def test_the_trace_format_page_says_where_a_weka_folders_conversion_may_not_go():
     page = (DATA.parents[1] / "docs" / "trace-format.md").read_text()
     assert "`-o DIR/all.json` would make it one of the conversations, and is refused" in page
+
+
+# --- every format's hits against the raw file, read without kvtrace ---------------------------
+
+def _raw_requests(path: Path) -> list[tuple[int, int, list]]:
+    """(block size, prompt tokens, block keys) of each request, from the file with json/csv
+    alone, by each format's published definition: a key is the block's whole id chain in its
+    scope (a WEKA local file's, an Azure request's own), so sharing needs an equal prefix."""
+    import csv
+    import json
+
+    if path.is_dir():  # WEKA: files merged by arrival, ties by name then place; a full-block list's tail private
+        rows = []
+        for rank, file in enumerate(sorted(path.glob("*.json"))):
+            doc = json.loads(file.read_text())
+            bs, scope = doc["block_size"], file.name if doc.get("hash_id_scope", "local") == "local" else ""
+            flat = [(e["t"] + r["t"], r) for e in doc["requests"]  # (in file order: a sub-agent's where it stands)
+                    for r in (e["requests"] if e.get("type") == "subagent" else [{**e, "t": 0}])]
+            for place, (t, r) in enumerate(flat):
+                ids = list(r["hash_ids"]) + ([("tail", file.name, place)] if len(r["hash_ids"]) * bs < r["in"] else [])
+                rows.append((t, rank, place, bs, r["in"], scope, ids))
+        return [(bs, n, _chain(scope, ids)) for *_, bs, n, scope, ids in sorted(rows, key=lambda x: x[:3])]
+    if path.suffix == ".csv":  # Azure: nothing shared, 16 tokens a block
+        rows = list(csv.DictReader(path.open()))
+        return [(16, int(r["ContextTokens"]), _chain(i, range(-(-int(r["ContextTokens"]) // 16))))
+                for i, r in enumerate(rows)]
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    bs = 16 if "chat_id" in lines[0] else 512  # Bailian's 16-token blocks, Mooncake's 512
+    return [(bs, o["input_length"], _chain("", o["hash_ids"])) for o in lines]
+
+
+def _chain(scope, ids) -> list:
+    keys, prefix = [], (scope,)
+    for h in ids:
+        prefix = (*prefix, h)
+        keys.append(prefix)
+    return keys
+
+
+def _lru_hit_tokens(requests: list[tuple[int, int, list]], capacity: int | None) -> int:
+    """Cache-only mode's rule: one request at a time, its cached prefix blocks hit (the partial
+    last one included), then all its blocks go back, tail first (evicted first), into an LRU of
+    ``capacity`` blocks; a request larger than the cache hits, and keeps nothing."""
+    from collections import OrderedDict
+
+    cache: OrderedDict = OrderedDict()
+    hits = 0
+    for bs, n, keys in requests:
+        hit = 0
+        while hit < len(keys) and keys[hit] in cache:
+            hit += 1
+        hits += min(hit * bs, n)
+        if capacity is not None and len(keys) > capacity:
+            continue
+        for key in reversed(keys):
+            cache.pop(key, None)
+            cache[key] = None
+        while capacity is not None and len(cache) > capacity:
+            cache.popitem(last=False)
+    return hits
+
+
+@pytest.mark.parametrize("name", ["mooncake_fast25.jsonl", "mooncake_datagen.jsonl", "bailian_qwen.jsonl",
+                                  "azure_2023.csv", "azure_2024.csv", "weka", "weka_subagent"])
+@pytest.mark.parametrize("capacity", [None, 3, 6])
+def test_each_formats_cache_only_hits_are_an_lru_over_the_files_own_ids(capsys, name, capacity):
+    """The hit count a user reads (`kvtrace replay --mode cache-only --json`) against an LRU
+    written here over the file itself, parsed without kvtrace's readers: requests, prompt
+    tokens and hit tokens agree, unbounded and at a few blocks."""
+    import json
+
+    trace = WEKA.parent / name
+    raw = _raw_requests(trace)
+    argv = ["replay", str(trace), "--mode", "cache-only", "--json"]
+    code, out, err = run(argv + ([] if capacity is None else ["--capacity-blocks", str(capacity)]), capsys)
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["requests"] == len(raw)
+    assert summary["prompt_tokens"] == sum(n for _, n, _ in raw)
+    assert summary["prefix_cache_hits"] == _lru_hit_tokens(raw, capacity)
