@@ -102,3 +102,24 @@ def test_a_request_that_ran_until_it_preempted_itself_is_not_told_as_never_run(v
     report = format_report(result)
     notes = [line.split(":")[0].strip() for line in report if line.startswith("  no request")]
     assert notes == ["no request finished", "no request ran"], report
+
+
+@pytest.mark.parametrize("text", ["[]", '"x"', '{"vcs_info": "abc"}', '{"dir_info": "x", "url": "file:///tmp"}',
+                                  '{"vcs_info": {"commit_id": 7}}'])
+def test_a_damaged_direct_url_json_says_nothing_of_the_commit(monkeypatch, text):
+    # PEP 610's direct_url.json holds objects; a list or string in it (hand-edited, damaged)
+    # raised AttributeError out of vllm_commit, a traceback from `replay --backend vllm`
+    import sys
+    import types
+    from importlib import metadata
+
+    from kvtrace.engine.backends.vllm import _load
+
+    class Distribution:
+        def read_text(self, name: str) -> str | None:
+            return text if name == "direct_url.json" else None
+
+    monkeypatch.setattr(metadata, "distribution", lambda name: Distribution())
+    # (and no build-recorded commit either)
+    monkeypatch.setitem(sys.modules, "vllm._version", types.SimpleNamespace())
+    assert _load.vllm_commit() is None

@@ -239,11 +239,15 @@ def vllm_commit() -> str | None:
         direct = json.loads(metadata.distribution("vllm").read_text("direct_url.json") or "{}")
     except (metadata.PackageNotFoundError, ValueError):
         direct = {}
-    commit = (direct.get("vcs_info") or {}).get("commit_id")
-    if commit:
-        return str(commit)
+    # (PEP 610's objects; a file that holds something else, hand-edited or damaged, says nothing:
+    # its list or string raised AttributeError, a traceback from every --backend vllm replay)
+    direct = direct if isinstance(direct, dict) else {}
+    vcs, local = direct.get("vcs_info"), direct.get("dir_info")
+    commit = vcs.get("commit_id") if isinstance(vcs, dict) else None
+    if commit and isinstance(commit, str):
+        return commit
     url = str(direct.get("url", ""))
-    if (direct.get("dir_info") or {}).get("editable") and url.startswith("file://"):
+    if isinstance(local, dict) and local.get("editable") and url.startswith("file://"):
         checkout = unquote(urlparse(url).path)  # (pip percent-encodes it: a space is %20)
         head = _git(checkout, "rev-parse", "HEAD")
         if head:
