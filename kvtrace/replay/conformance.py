@@ -511,7 +511,8 @@ def format_report(result: ConformanceResult) -> list[str]:
     for run in result.runs:
         off = sorted(ALL_BEHAVIOURS - run.config.behaviours)
         head = (f"num_gpu_blocks {run.num_gpu_blocks:,}: {run.requests} requests, {run.steps} steps, "
-                f"{run.preemptions} preemptions, {run.refusals} refused allocations, {run.evictions} evictions, "
+                f"{run.preemptions} preemptions, {run.refusals} refused allocations, {run.evictions} keys removed "
+                f"(vLLM's BlockRemoved entries; a replay's evictions count moved keys and the external tier's too), "
                 f"{run.copies} copies")
         if run.unschedulable:
             head += f", {run.unschedulable} request{'' if run.unschedulable == 1 else 's'} larger than the pool skipped"

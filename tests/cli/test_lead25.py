@@ -52,3 +52,12 @@ def test_a_collected_cache_only_replays_backend_is_kvtraces_as_the_direct_runs()
     assert run_backend("otlp", config) == run_backend("cache-only/lru", config) == "kvtrace"
     assert backend_label("otlp", config) == "kvtrace"
     assert run_backend("otlp", {}) is None  # (a foreign sender's: unknown)
+
+
+def test_conformance_names_its_eviction_count_as_vllms_removed_keys(capsys):
+    """Conformance's "evictions" were vLLM's BlockRemoved entries, which leave out the moved keys
+    and the external tier's evictions a replay's `evictions` counts: one word, two counts (vllm probe)."""
+    code, out, err = run(["conformance", TRACE, "--limit", "12", "--capacity-blocks", "40"], capsys)
+    assert code == 0, err
+    assert "keys removed (vLLM's BlockRemoved entries;" in " ".join(out.split())
+    assert " evictions, " not in out.split("keys removed")[0]
