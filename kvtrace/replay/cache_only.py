@@ -120,6 +120,11 @@ class CacheOnlyResult:
         self.per_request_hit_blocks.extend(hit_blocks)
 
 
+# Blocks one replay re-blocks a trace into (each interned with its tokens' hash): about 85
+# bytes a block, so this bound keeps the interner under 3 GB.
+MAX_REBLOCKED_BLOCKS = 1 << 25
+
+
 def as_block_requests(requests: Iterable[TraceRequest], block_size: int | None) -> tuple[list[TraceRequest], int]:
     """Materialise the stream with hash ids of one block size.
 
@@ -136,18 +141,27 @@ def as_block_requests(requests: Iterable[TraceRequest], block_size: int | None) 
         block_size = sizes.pop() if sizes else 16
     if not 1 <= block_size <= MAX_TOKENS:
         raise ConfigError("cache-only", "block_size", f"expected 1 to {MAX_TOKENS:,} tokens, got {block_size}")
+    reblocked = 0  # before any is made: the Mooncake trace at --block-size 1 is 61M blocks, 5 GB, no end
+    for r in reqs:
+        if r.hash_ids is None or r.hash_block_size != block_size:
+            blocks = -(-r.input_length // block_size)
+            if blocks > MAX_BLOCKS:  # (a 100-byte trace took 62 s and 4 GB)
+                raise ConfigError("cache-only", "block_size",
+                                  f"request {r.request_id} ({r.input_length:,} tokens) is {blocks:,} blocks of "
+                                  f"{block_size} tokens, more than a pool holds ({MAX_BLOCKS:,}); pass a larger "
+                                  "--block-size")
+            reblocked += blocks
+            if reblocked > MAX_REBLOCKED_BLOCKS:
+                raise ConfigError("cache-only", "block_size",
+                                  f"the trace's prompts make more than {MAX_REBLOCKED_BLOCKS:,} blocks of {block_size} "
+                                  f"token{'' if block_size == 1 else 's'} (passed at request {r.request_id}), more "
+                                  "than a replay re-blocks in memory; pass a larger --block-size")
     interner: BlockInterner | None = None
     out = []
     for r in reqs:
         if r.hash_ids is not None and r.hash_block_size == block_size:
             out.append(r)
             continue
-        blocks = -(-r.input_length // block_size)
-        if blocks > MAX_BLOCKS:  # before its tokens are made: a 100-byte trace took 62 s and 4 GB
-            raise ConfigError("cache-only", "block_size",
-                              f"request {r.request_id} ({r.input_length:,} tokens) is {blocks:,} blocks of "
-                              f"{block_size} tokens, more than a pool holds ({MAX_BLOCKS:,}); pass a larger "
-                              "--block-size")
         interner = interner or BlockInterner(block_size)
         out.append(TraceRequest(
             r.request_id, r.arrival_ns, r.input_length, r.output_length,

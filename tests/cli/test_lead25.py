@@ -61,3 +61,15 @@ def test_conformance_names_its_eviction_count_as_vllms_removed_keys(capsys):
     assert code == 0, err
     assert "keys removed (vLLM's BlockRemoved entries;" in " ".join(out.split())
     assert " evictions, " not in out.split("keys removed")[0]
+
+
+def test_a_block_size_that_re_blocks_the_trace_past_memory_is_refused_up_front(capsys):
+    """The Mooncake trace at --block-size 1 is 61M one-token blocks: the replay ran past 120 s
+    and 5 GB (traces probe). It is refused before a block is made, naming the flag."""
+    for argv in (["replay", TRACE, "--mode", "cache-only", "--block-size", "1", "--capacity-blocks", "1000"],
+                 ["curve", TRACE, "--block-size", "1"]):
+        code, out, err = run(argv, capsys)
+        assert code == 2 and err.count("\n") == 1, err
+        assert "blocks of 1 token" in err and "pass a larger --block-size" in err
+    code, _, err = run(["replay", TRACE, "--mode", "cache-only", "--block-size", "64", "--limit", "50"], capsys)
+    assert code == 0, err  # (a size the bound allows still replays)
