@@ -85,6 +85,14 @@ def settings(run: Mapping[str, Any]) -> dict[str, Any]:
     # an LRU run and a Belady run at one capacity differed in mode and policy, never paired)
     mode = run.get("mode")
     out: dict[str, Any] = {"mode": mode.partition("/")[0] if isinstance(mode, str) else mode}
+    if mode == "otlp" and isinstance(cfg, dict):
+        # a replay a collector received: the mode its sender replayed in, as its config says (a
+        # cache-only config names it, an engine config holds the engine's cache): its spans are
+        # the direct run's, column by column, and "otlp" (how they reached the store) never paired
+        if cfg.get("mode") == "cache-only":
+            out["mode"] = "cache-only"
+        elif isinstance(cfg.get("cache"), dict) and "groups" in cfg["cache"]:
+            out["mode"] = "engine"
     if isinstance(cfg, dict):
         cfg = dict(cfg)
         model = cfg.pop("cost_model", None)

@@ -149,3 +149,22 @@ def test_the_backend_and_its_vllm_are_one_setting():
     (d,) = pairing.differences(a, b)
     assert (d.setting, d.a, d.b) == ("backend", "kvtrace", "vllm 0.33.0 @ abcdef012345")
     assert pairing.differences(a, _engine("r3", 0)) == []  # (a record from before the key: kvtrace's)
+
+
+def test_a_collected_replay_pairs_with_the_direct_runs_of_its_mode():
+    """A replay a collector received is stored as mode otlp, and differed from its own direct
+    twin in "mode: otlp → engine" alone: never an isolated pair, never a partner. Its config
+    says how its sender replayed (collect probe, session 25)."""
+    engine_cfg = {"backend": "kvtrace", "cache": {"groups": [{"type": "FullAttentionSpec", "block_size": 16}],
+                                                  "retention_interval": 0}, "preset": "dense-attention"}
+    direct = {"run_id": "r1", "mode": "engine", "trace_source": "t.jsonl", "config": json.dumps(engine_cfg),
+              "behaviours": json.dumps(["shared-prefix-pinning"])}
+    collected = {**direct, "run_id": "r2", "mode": "otlp"}
+    assert pairing.differences(collected, direct) == []
+    other = {**direct, "run_id": "r3", "behaviours": json.dumps([])}
+    assert pairing.partner(collected, [other]) is other
+    lru = _cache_only(16, None, capacity=100)
+    assert pairing.differences({**lru, "mode": "otlp"}, lru) == []
+    # a foreign sender's run (no kvtrace config) stays mode otlp
+    foreign = {"run_id": "r4", "mode": "otlp", "trace_source": None, "config": json.dumps({})}
+    assert [d.setting for d in pairing.differences(foreign, direct)][:1] == ["mode"]
