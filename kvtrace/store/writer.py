@@ -75,6 +75,10 @@ DEFAULT_FLUSH_INTERVAL_S = 1.0
 _ARROW_TYPES = {f.name: f.type for f in SPAN_ARROW_SCHEMA}
 
 
+# the schema metadata of a buffered table whose seq its caller gave (append_spans(seq=...))
+_CALLER_NUMBERED = {b"kvtrace.seq": b"caller"}
+
+
 # the runs columns a producer describes its run by (``describe_run``), beside its status and results
 DESCRIBED_FIELDS = ("name", "created", "trace_source", "config", "behaviours")
 
@@ -578,12 +582,17 @@ class Store:
         run_id: str | None = None,
         *,
         flush_when_due: bool = True,
+        seq: pa.Array | None = None,
     ) -> int:
         """Buffer spans (Arrow, columns from SPAN_ARROW_SCHEMA) for one run; flush when due.
 
         ``run_id`` may be omitted when the table has a single-valued ``run_id`` column.
         ``flush_when_due=False`` only buffers (a caller appending several parts of one batch
-        then calls ``flush_if_due``). Returns the number of rows accepted.
+        then calls ``flush_if_due``). ``seq``: the rows' seq numbers, one per row, none null,
+        given by the caller (a collector keeping its sender's numbering, ``kvtrace.seq``);
+        else they are numbered on from the run's last. A caller that numbers a run's rows
+        numbers every append of that run: the store's own count is neither read nor moved
+        (nor restored by ``discard_buffer``). Returns the number of rows accepted.
         """
         if isinstance(spans, pa.RecordBatch):
             table = pa.Table.from_batches([spans])
@@ -604,13 +613,25 @@ class Store:
         # one chunk: pyarrow's kernels and DuckDB's Arrow scan pay per chunk (a table of 2,000
         # one-row chunks took 1.3 s to split and commit, 0.1 s as one)
         table = _conform(table).combine_chunks()
+        n = table.num_rows
+        if seq is not None:
+            seq = seq.cast(pa.int64())
+            if len(seq) != n or seq.null_count:
+                raise ValueError(f"append_spans: seq must give each of the {n} rows a number, got {len(seq)} "
+                                 f"({seq.null_count} null)")
+            table = table.append_column(SEQ_COLUMN, seq).replace_schema_metadata(_CALLER_NUMBERED)
+            self._buffer.append((run_id, table))
+            self._buffered_rows += n
+            if flush_when_due:
+                self.flush_if_due()
+            return n
         start = self._next_seq.get(run_id)
         if start is None:
             start = self._resume_seq(run_id)
-        n = table.num_rows
         # (the buffer of a numpy range: no polars import on the write path, 0.2 s a process)
-        seq = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(np.arange(start, start + n, dtype=np.int64))])
-        table = table.append_column(SEQ_COLUMN, seq)
+        numbers = pa.Array.from_buffers(pa.int64(), n,
+                                        [None, pa.py_buffer(np.arange(start, start + n, dtype=np.int64))])
+        table = table.append_column(SEQ_COLUMN, numbers)
         self._next_seq[run_id] = start + n
         self._buffer.append((run_id, table))
         self._buffered_rows += n
@@ -636,7 +657,8 @@ class Store:
         that told its client so); their seq numbers are given out again, so the run's seq
         stays contiguous. Returns the rows dropped."""
         for run_id, table in self._buffer:
-            self._next_seq[run_id] -= table.num_rows
+            if table.schema.metadata != _CALLER_NUMBERED:  # (numbered by its caller: no count of ours to restore)
+                self._next_seq[run_id] -= table.num_rows
         dropped, self._buffer, self._buffered_rows = self._buffered_rows, [], 0
         return dropped
 

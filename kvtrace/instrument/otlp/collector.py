@@ -24,6 +24,7 @@ everything else is kept in ``extra_attributes``.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import datetime as _dt
 import errno
@@ -68,7 +69,14 @@ from kvtrace.instrument.otlp.limits import (
 )
 from kvtrace.metrics import summary_problem
 from kvtrace.process import bracketed, is_ipv6, port_in_use, sigterm_as_interrupt, unbracketed
-from kvtrace.store.schema import RUN_RECORD_PREFIX, SOURCE_OTLP, SPAN_RUN, TIME_OFFSET_RESOURCE_KEY, run_id_problem
+from kvtrace.store.schema import (
+    RUN_RECORD_PREFIX,
+    SEQ_ATTRIBUTE,
+    SOURCE_OTLP,
+    SPAN_RUN,
+    TIME_OFFSET_RESOURCE_KEY,
+    run_id_problem,
+)
 from kvtrace.store.writer import DESCRIBED_FIELDS, Store
 
 TRACES_PATH = "/v1/traces"
@@ -150,6 +158,59 @@ class _RecentSpans:
             old_keys.discard(old)
             if not old_keys:
                 del self._by_run[old_run]
+
+
+class _HeldSeqs:
+    """The seq numbers a named run holds, as sorted disjoint [start, end) ranges: a kvtrace
+    sender's spans are numbered from 0 in its run (``kvtrace.seq``) and exported in
+    contiguous chunks, so a run's numbers are a few ranges however many spans it holds."""
+
+    def __init__(self, ranges: list[tuple[int, int]] | None = None):
+        self._starts: list[int] = []
+        self._ends: list[int] = []
+        for start, end in sorted(ranges or ()):
+            self.add_range(start, end)
+
+    @property
+    def end(self) -> int:
+        """One past the largest number held (0 when none)."""
+        return self._ends[-1] if self._ends else 0
+
+    def holds(self, seq: int) -> bool:
+        i = bisect.bisect_right(self._starts, seq) - 1
+        return i >= 0 and seq < self._ends[i]
+
+    def add_range(self, start: int, end: int) -> None:
+        i = bisect.bisect_left(self._ends, start)  # the first range that ends at or after start
+        j = bisect.bisect_right(self._starts, end)  # past the last range that starts at or before end
+        if i < j:
+            start, end = min(start, self._starts[i]), max(end, self._ends[j - 1])
+        self._starts[i:j], self._ends[i:j] = [start], [end]
+
+    def add(self, numbers: list[int]) -> None:
+        numbers = sorted(numbers)
+        k = 0
+        while k < len(numbers):  # (each run of consecutive numbers as one range)
+            start = end = numbers[k]
+            while k + 1 < len(numbers) and numbers[k + 1] <= end + 1:
+                k += 1
+                end = numbers[k]
+            self.add_range(start, end + 1)
+            k += 1
+
+
+MAX_SEQ = (1 << 62) - 1  # a sender's kvtrace.seq at most: the store numbers on past it in int64
+
+
+def _sent_seq(attributes: dict | None, where: str) -> int | None:
+    """A span's ``kvtrace.seq`` (its place in its kvtrace run), None when it has none."""
+    value = (attributes or {}).get(SEQ_ATTRIBUTE)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEQ:
+        raise PayloadError(f"{where}: {SEQ_ATTRIBUTE}: expected an integer from 0 to 2^62 - 1 (the span's place "
+                           f"in its run), got {value!r}"[:300])
+    return value
 
 
 _BUSY = json.dumps({"code": 14, "message": "busy: as many connections open as it serves; retry"}).encode()
@@ -242,6 +303,7 @@ class OTLPCollector:
         self._late_cost_s = 0.0  # how long the last rebuild of one late run took
         self._recent = _RecentSpans(RECENT_SPANS)
         self._looked_up: set[str] = set()  # named runs whose store state was read (see _look_up)
+        self._held_seqs: dict[str, _HeldSeqs] = {}  # named runs: the seq numbers each holds (see _numbers)
         self._not_collected: dict[str, str] = {}  # named runs the store holds of another mode: run id -> mode
         self.spans_received = 0  # spans stored (a kvtrace.run record is no span: runs_recorded)
         self.duplicate_spans = 0  # spans already stored in their run, sent again: not stored twice
@@ -386,6 +448,8 @@ class OTLPCollector:
         # by the run id its resource names ("": the collector's own run), made only once the
         # whole request is found storable: a refused request leaves no run behind either
         by_run: dict[str, SpanRowsBuilder] = {}
+        sent: dict[str, list[int | None]] = {}  # named runs: each stored span's kvtrace.seq (None: it sent none)
+        numbered: dict[tuple[str, int], str] = {}  # (run key, kvtrace.seq) -> where in the request
         records: list[tuple[str, dict]] = []
         fresh: list[tuple[str, int]] = []  # (run key, span key) of the spans to store
         taken: set[tuple[str, int]] = set()
@@ -395,6 +459,7 @@ class OTLPCollector:
                 raise CollectorClosed("kvtrace collect is shutting down: not stored (send it again to a running "
                                       "collector)")
             try:
+                stored_at = self._stored_at_held_seqs(spans)
                 for resource, kwargs, where in spans:
                     key = _named_run(resource, where)
                     if kwargs["name"] == SPAN_RUN:  # a kvtrace export's run record, not a span
@@ -404,23 +469,41 @@ class OTLPCollector:
                         self._check_collected(key, where)
                         records.append((key, _run_record(kwargs["attributes"], where)))
                         continue
+                    seq = None
                     if key:
                         self._check_collected(key, where)
                         if TIME_OFFSET_RESOURCE_KEY in resource:
                             exports.add(key)
+                        seq = _sent_seq(kwargs["attributes"], where)
                     span_key = _RecentSpans.key(kwargs["trace_id"], kwargs["span_id"])
                     if self._recent.seen(key, span_key) or (key, span_key) in taken:
                         continue
+                    if seq is not None:
+                        if self._held(key).holds(seq):
+                            if stored_at.get((key, seq)) == span_key:  # sent again, past the recent window
+                                continue
+                            raise PayloadError(f"{where}: {SEQ_ATTRIBUTE}: run {key} holds another span numbered "
+                                               f"{seq} already (a span sent again keeps its trace and span ids)")
+                        if (key, seq) in numbered:
+                            raise PayloadError(f"{where}: {SEQ_ATTRIBUTE}: {seq} is {numbered[key, seq]}'s too; "
+                                               "a run numbers each span once")
+                        numbered[key, seq] = where
                     taken.add((key, span_key))
                     fresh.append((key, span_key))
                     rows = by_run.get(key)
                     if rows is None:
-                        rows = by_run[key] = SpanRowsBuilder()
+                        # a kvtrace run (named) keeps the resource its direct write keeps, not the SDK's
+                        # self-description or its random service.instance.id: two collections of one
+                        # replay differed there, as the ClickHouse path's did not
+                        rows = by_run[key] = SpanRowsBuilder(full_resource=not key)
                     try:
                         rows.add(default_source=SOURCE_OTLP, **unshift(kwargs, time_offset(resource)))
                     except UnstorableValue as err:
                         raise PayloadError(f"{where}: {err}") from None
-                tables: list[tuple[str, pa.Table]] = [(r, b.to_table()) for r, b in by_run.items()]
+                    if key:
+                        sent.setdefault(key, []).append(seq)
+                tables: list[tuple[str, pa.Table, list[int] | None]] = [
+                    (r, b.to_table(), self._numbers(r, sent[r]) if r else None) for r, b in by_run.items()]
             except UnstorableValue as err:
                 raise PayloadError(str(err)) from None
             for key, _ in records:  # (before anything is stored: the request is refused whole)
@@ -431,9 +514,13 @@ class OTLPCollector:
                 raise ExportAbandoned("the client cancelled the export or its deadline passed: not stored")
             try:
                 late = []
-                for key, table in tables:
+                for key, table, numbers in tables:
                     run_id = self._run_for(key)
-                    self.store.append_spans(table, run_id=run_id)
+                    # a named run's spans at the seq its sender gave them (kvtrace.seq), so requests a
+                    # forwarding collector reordered store the run its direct write stores; others
+                    # numbered on from its last (the collector's own run: by arrival)
+                    self.store.append_spans(table, run_id=run_id,
+                                            seq=None if numbers is None else pa.array(numbers, pa.int64()))
                     if run_id not in self._created_runs:  # finished, by a record or before this collector
                         late.append(run_id)
                 self.store.flush()
@@ -445,6 +532,9 @@ class OTLPCollector:
             self.duplicate_spans += len(spans) - len(records) - len(fresh)
             for key, span_key in fresh:
                 self._recent.add(key, span_key)
+            for key, _, numbers in tables:
+                if numbers is not None:
+                    self._held(key).add(numbers)
             self._late_runs.update(dict.fromkeys(sorted(late)))
             self._late_failed.difference_update(late)  # (spans again: worth another try)
             if self._late_runs:
@@ -453,6 +543,56 @@ class OTLPCollector:
             for key, record in records:  # (after the commit: a failure here is logged, the spans stay)
                 self.runs_recorded += self._finish_recorded(self._run_for(key), record)
         return len(fresh)
+
+    def _held(self, run_key: str) -> _HeldSeqs:
+        """(under _lock) The seq numbers a named run holds (read from the store by ``_look_up``)."""
+        held = self._held_seqs.get(run_key)
+        if held is None:
+            held = self._held_seqs[run_key] = _HeldSeqs()
+        return held
+
+    def _numbers(self, run_key: str, sent: list[int | None]) -> list[int]:
+        """(under _lock) The seq of each span of a named run in a request: the one its sender
+        gave (kvtrace.seq), else the next past every number the run holds or this request gives."""
+        given = [s for s in sent if s is not None]
+        following = max(self._held(run_key).end, max(given, default=-1) + 1)
+        out = []
+        for s in sent:
+            if s is None:
+                s, following = following, following + 1
+            out.append(s)
+        return out
+
+    def _stored_at_held_seqs(self, spans: DecodedSpans) -> dict[tuple[str, int], int]:
+        """(under _lock) (run key, seq) -> the span key (trace and span id) stored at that seq,
+        for each span of the request whose kvtrace.seq its named run holds already: a span
+        sent again past the RECENT_SPANS window (skipped as a duplicate), or another span
+        given a number that is taken (refused). Errors are left to ``ingest``'s own pass."""
+        clashes: dict[str, set[int]] = {}
+        for resource, kwargs, where in spans:
+            try:
+                key = _named_run(resource, where) if kwargs["name"] != SPAN_RUN else ""
+                if not key:
+                    continue
+                self._check_collected(key, where)
+                seq = _sent_seq(kwargs["attributes"], where)
+            except PayloadError:
+                continue
+            if seq is not None and self._held(key).holds(seq):
+                clashes.setdefault(key, set()).add(seq)
+        if not clashes:
+            return {}
+        from kvtrace.store.read._sql import connect, query
+
+        found: dict[tuple[str, int], int] = {}
+        self.store.release()
+        with connect(self.store_path) as con:
+            for key, seqs in clashes.items():
+                rows = query(con, "SELECT seq, trace_id, span_id FROM spans WHERE run_id = $run_id "
+                                  "AND seq BETWEEN $lo AND $hi", {"run_id": key, "lo": min(seqs), "hi": max(seqs)})
+                found.update(((key, seq), _RecentSpans.key(int(t, 16), int(sp, 16)))
+                             for seq, t, sp in rows.rows() if seq in seqs and t and sp)
+        return found
 
     def _queue_unrebuilt_runs(self) -> None:
         """Queue for the late rebuild the finished collected runs of this store whose derived
@@ -575,10 +715,16 @@ class OTLPCollector:
                           {"run_id": run_id})
             last = query(con, "SELECT trace_id, span_id FROM spans WHERE run_id = $run_id ORDER BY seq DESC "
                               f"LIMIT {MAX_SPANS_PER_REQUEST}", {"run_id": run_id}) if found.height else None
+            # the numbers it holds, as ranges of consecutive seq (a few: its sender's export chunks)
+            ranges = query(con, "SELECT min(seq) AS lo, max(seq) + 1 AS hi FROM (SELECT seq, seq - CAST(row_number() "
+                                "OVER (ORDER BY seq) AS BIGINT) AS g FROM spans WHERE run_id = $run_id) GROUP BY g",
+                           {"run_id": run_id}) if found.height else None
         self._looked_up.add(run_id)
         if found.height == 0:
             return
         mode, status, digest, summary = found.row(0)
+        if ranges is not None:
+            self._held_seqs[run_id] = _HeldSeqs([(int(lo), int(hi)) for lo, hi in ranges.rows()])
         if mode != "otlp":
             self._not_collected[run_id] = str(mode)
             return

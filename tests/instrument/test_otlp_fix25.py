@@ -1,0 +1,208 @@
+"""The twenty-fifth session's fixes to ``kvtrace collect``: a kvtrace run collected equals its
+direct write whatever order its export requests came in (``kvtrace.seq`` kept as seq, the
+resource stored as a direct write stores it), gRPC's own refusals counted, run summaries
+whose counters disagree refused, token counts bounded."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import duckdb
+import pytest
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from kvtrace.instrument import KVCacheInstrumentor, build_tracer_provider
+from kvtrace.instrument.ids import SeededIdGenerator
+from kvtrace.instrument.otlp import OTLPCollector
+from kvtrace.instrument.otlp.collector import _HeldSeqs
+from kvtrace.instrument.pipeline import make_resource
+from kvtrace.instrument.processor import BulkSpanProcessor
+from kvtrace.store.writer import Store
+from tests.instrument.helpers import one_of_each_step
+from tests.support.synthetic_spans import synthetic_steps
+
+TRACE = "5d1e0a3b7c9f41d2a8b6c4e2f0a1b3c5"
+
+
+class _Held(SpanExporter):
+    """Keeps each export request's spans, sent later in any order."""
+
+    def __init__(self):
+        self.requests: list[list] = []
+
+    def export(self, spans):
+        self.requests.append(list(spans))
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self):
+        pass
+
+
+def _replay(provider, run_id, steps) -> None:
+    inst = KVCacheInstrumentor(provider, run_id=run_id, flush_spans=1000)
+    for batch in steps:
+        inst(batch)
+    inst.force_flush()
+    provider.shutdown()
+
+
+def _exported_requests(run_id: str, steps) -> list[list]:
+    """The export requests kvtrace's OTLP path makes of a replay (numbered, shifted, 100 spans each)."""
+    held = _Held()
+    resource = make_resource(run_id, time_offset_ns=7_000_000_000)
+    provider = TracerProvider(resource=resource, id_generator=SeededIdGenerator(3))  # (build_tracer_provider's)
+    provider.add_span_processor(BulkSpanProcessor(held, max_export_batch_size=100, resource=resource, run_id=run_id,
+                                                  time_offset_ns=7_000_000_000, number_spans=True))
+    _replay(provider, run_id, steps)
+    return held.requests
+
+
+def _rows(path, run_id: str) -> list[tuple]:
+    """Every span row of a run (seq and resource included), in seq order."""
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        cur = con.execute("SELECT * FROM spans WHERE run_id = ? ORDER BY seq", [run_id])
+        names = [d[0] for d in cur.description]
+        return [tuple(v for n, v in zip(names, r) if n != "run_id") for r in cur.fetchall()]
+    finally:
+        con.close()
+
+
+def _derived(path, run_id: str) -> list[tuple]:
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        return con.execute("SELECT * EXCLUDE (run_id) FROM evicted_blocks WHERE run_id = ? ORDER BY ALL",
+                           [run_id]).fetchall()
+    finally:
+        con.close()
+
+
+@pytest.fixture()
+def collector(tmp_path):
+    c = OTLPCollector(tmp_path / "collected.duckdb", port=0).start()
+    yield c
+    c.stop()
+
+
+def test_export_requests_arriving_out_of_order_store_the_direct_run(tmp_path, collector):
+    """A forwarding collector reorders requests: the collected run kept arrival order as seq
+    (and so other derived tables, evictions among them), where its sender numbered its spans."""
+    steps = [one_of_each_step(0), *synthetic_steps(60, seed=8)]
+    with Store.open(tmp_path / "direct.duckdb") as store:
+        store.create_run("direct", run_id="replay-1")
+        _replay(build_tracer_provider(store=store, run_id="replay-1", seed=3), "replay-1", steps)
+        store.finish_run("replay-1")
+    requests = _exported_requests("replay-1", steps)
+    assert len(requests) > 5
+    exporter = OTLPSpanExporter(endpoint=collector.url)
+    for spans in reversed(requests):  # the last request first
+        assert exporter.export(spans) is SpanExportResult.SUCCESS
+    collector.stop()
+    got, want = _rows(tmp_path / "collected.duckdb", "replay-1"), _rows(tmp_path / "direct.duckdb", "replay-1")
+    assert len(got) == len(want) > 700
+    assert got == want  # seq, times and the resource (none stored: the SDK's self-description is not)
+    assert _derived(tmp_path / "collected.duckdb", "replay-1") == _derived(tmp_path / "direct.duckdb", "replay-1")
+
+
+def _kv(key: str, value) -> dict:
+    kind = "intValue" if isinstance(value, int) else "stringValue"
+    return {"key": key, "value": {kind: str(value) if kind == "intValue" else value}}
+
+
+def _span(i: int, seq: int | None = None, **extra) -> dict:
+    attrs = [] if seq is None else [_kv("kvtrace.seq", seq)]
+    return {"traceId": TRACE, "spanId": f"{i:016x}", "name": "op", "startTimeUnixNano": str(5_000 + i),
+            "endTimeUnixNano": str(6_000 + i), "attributes": attrs, **extra}
+
+
+def _post(url: str, spans: list[dict], run_id: str | None = "fix25", resource: list[dict] | None = None):
+    attrs = ([] if run_id is None else [_kv("kvtrace.run.id", run_id)]) + (resource or [])
+    doc = {"resourceSpans": [{"resource": {"attributes": attrs}, "scopeSpans": [{"spans": spans}]}]}
+    req = urllib.request.Request(url, data=json.dumps(doc).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())["message"]
+
+
+def _seqs(path, run_id: str) -> dict[int, int]:
+    """span id -> seq of a run's spans."""
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        return {int(s, 16): q for s, q in con.execute("SELECT span_id, seq FROM spans WHERE run_id = ?",
+                                                      [run_id]).fetchall()}
+    finally:
+        con.close()
+
+
+def test_spans_without_kvtrace_seq_are_numbered_past_the_runs_numbers(tmp_path, collector):
+    assert _post(collector.url, [_span(1, 4), _span(2, 5)])[0] == 200
+    assert _post(collector.url, [_span(3), _span(4, 0), _span(5)])[0] == 200  # two without: after 5
+    assert _post(collector.url, [_span(6)], run_id=None)[0] == 200  # the collector's own run: by arrival
+    assert _post(collector.url, [_span(7, 9)], run_id=None)[0] == 200  # (no sender's run: kvtrace.seq not kept)
+    collector.stop()
+    assert _seqs(tmp_path / "collected.duckdb", "fix25") == {1: 4, 2: 5, 3: 6, 4: 0, 5: 7}
+    con = duckdb.connect(str(tmp_path / "collected.duckdb"), read_only=True)
+    own = con.execute("SELECT span_id, seq FROM spans WHERE run_id <> 'fix25' ORDER BY seq").fetchall()
+    con.close()
+    assert [(int(s, 16), q) for s, q in own] == [(6, 0), (7, 1)]
+
+
+def test_a_kvtrace_seq_taken_by_another_span_is_refused_and_one_sent_again_is_not_stored_twice(tmp_path):
+    db = tmp_path / "seq.duckdb"
+    c = OTLPCollector(db, port=0).start()
+    try:
+        assert _post(c.url, [_span(1, 0), _span(2, 1)])[0] == 200
+        code, message = _post(c.url, [_span(3, 1)])
+        assert code == 400
+        assert "kvtrace.seq: run fix25 holds another span numbered 1 already" in message
+        code, message = _post(c.url, [_span(4, 7), _span(5, 7)])
+        assert code == 400 and "spans[1]: kvtrace.seq: 7 is resourceSpans[0].scopeSpans[0].spans[0]'s too" in message
+        for bad in ("x", -1, 1 << 62):
+            code, message = _post(c.url, [_span(6, bad)])
+            assert code == 400 and "kvtrace.seq: expected an integer from 0 to 2^62 - 1" in message, message
+    finally:
+        c.stop()
+    # a restarted collector reads what the run holds: a span sent again (its ids) is a duplicate,
+    # another span at a held number is refused
+    c = OTLPCollector(db, port=0).start()
+    try:
+        assert _post(c.url, [_span(2, 1), _span(8, 2)])[0] == 200
+        assert c.duplicate_spans == 1 and c.spans_received == 1
+        assert _post(c.url, [_span(9, 0)])[0] == 400
+    finally:
+        c.stop()
+    assert _seqs(db, "fix25") == {1: 0, 2: 1, 8: 2}
+
+
+def test_held_seq_ranges_merge():
+    held = _HeldSeqs([(10, 12), (0, 3)])
+    held.add([3, 4, 8, 9])
+    assert [held.holds(s) for s in range(14)] == [True] * 5 + [False] * 3 + [True] * 4 + [False] * 2
+    assert held.end == 12
+    held.add_range(5, 8)
+    assert held._starts == [0] and held._ends == [12]
+
+
+def test_a_kvtrace_runs_resource_is_stored_as_its_direct_write_stores_it(tmp_path, collector):
+    """Two collections of one replay differed: the SDK's telemetry.sdk.* and a random
+    service.instance.id were kept (the direct write and the ClickHouse path drop them)."""
+    sdk = [_kv("telemetry.sdk.language", "python"), _kv("service.instance.id", "0f3c"), _kv("service.name", "kv"),
+           _kv("deployment", "a")]
+    assert _post(collector.url, [_span(1, 0)], resource=sdk)[0] == 200
+    assert _post(collector.url, [_span(2)], run_id=None, resource=sdk)[0] == 200  # another producer's: whole
+    collector.stop()
+    con = duckdb.connect(str(tmp_path / "collected.duckdb"), read_only=True)
+    rows = dict(con.execute("SELECT run_id = 'fix25', resource_attributes FROM spans").fetchall())
+    services = {r[0] for r in con.execute("SELECT service_name FROM spans").fetchall()}
+    con.close()
+    assert rows[True] == {"deployment": "a"}
+    assert rows[False] == {"telemetry.sdk.language": "python", "service.instance.id": "0f3c", "service.name": "kv",
+                           "deployment": "a"}
+    assert services == {"kv"}
