@@ -206,3 +206,43 @@ def test_a_kvtrace_runs_resource_is_stored_as_its_direct_write_stores_it(tmp_pat
     assert rows[False] == {"telemetry.sdk.language": "python", "service.instance.id": "0f3c", "service.name": "kv",
                            "deployment": "a"}
     assert services == {"kv"}
+
+
+def _grpc_request(size: int) -> bytes:
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+    from opentelemetry.proto.common.v1 import common_pb2
+
+    req = trace_service_pb2.ExportTraceServiceRequest()
+    span = req.resource_spans.add().scope_spans.add().spans.add()
+    span.name, span.trace_id, span.span_id = "s", b"\x01" * 16, b"\x02" * 8
+    span.start_time_unix_nano, span.end_time_unix_nano = 1, 2
+    span.attributes.append(common_pb2.KeyValue(key="k", value=common_pb2.AnyValue(string_value="a" * size)))
+    return req.SerializeToString()
+
+
+def test_requests_grpc_itself_refuses_are_counted_and_logged(tmp_path, caplog):
+    """A gzip bomb, a message past the limit and an unknown grpc-encoding are refused by gRPC
+    before the handler reads them: they were neither counted nor logged ("0 requests rejected")."""
+    import grpc
+
+    from kvtrace.instrument.otlp.grpc import EXPORT_METHOD
+    from tests.instrument.raw_h2 import export_with_headers
+
+    c = OTLPCollector(tmp_path / "g.duckdb", port=0, grpc_port=0, max_body_bytes=1 << 20).start()
+    codes = []
+    try:
+        with grpc.insecure_channel(c.grpc_target, options=[("grpc.max_send_message_length", -1)]) as channel:
+            call = channel.unary_unary(EXPORT_METHOD, request_serializer=lambda b: b,
+                                       response_deserializer=lambda b: b)
+            for body, compression in ((_grpc_request(8 << 20), grpc.Compression.Gzip), (_grpc_request(2 << 20), None)):
+                with pytest.raises(grpc.RpcError) as err:
+                    call(body, timeout=30, compression=compression)
+                codes.append(err.value.code())
+            export_with_headers(int(c.grpc_target.rsplit(":", 1)[1]), [("grpc-encoding", "br")], b"xx")
+            call(_grpc_request(10), timeout=30)  # still served
+    finally:
+        c.stop()  # (its handlers done: the counts final)
+    assert codes == [grpc.StatusCode.RESOURCE_EXHAUSTED] * 2
+    assert c.requests_rejected == 3 and c.spans_received == 1
+    refused = [r for r in caplog.records if "refused, nothing stored" in r.getMessage()]
+    assert len(refused) == 3

@@ -79,7 +79,8 @@ def grpc_server(ingest: Callable[..., object], host: str, port: int, max_body_by
     whose ``Export`` decodes a request and calls ``ingest(spans, wanted=context.is_active)``
     (a call cancelled, or past its deadline, is not stored); returns it and its port.
     ``on_reject`` is called once per request refused (malformed, not sent by its
-    deadline, or ``ingest`` raised ``KVTraceError``).
+    deadline, refused by gRPC itself: too large, a bomb, an unknown grpc-encoding; cancelled
+    by its client before it was read; or ``ingest`` raised ``KVTraceError``).
     ``decode_slots``: held while a request is decoded and stored (the collector's, shared
     with OTLP/HTTP). ``deadlines``: the watchdog that cancels a call not sent in time (the
     collector's, closed with it; None: one of its own).
@@ -106,7 +107,15 @@ def grpc_server(ingest: Callable[..., object], host: str, port: int, max_body_by
         try:
             first = next(requests, None)
             extra = None if first is None else next(requests, None)
-        except grpc.RpcError:  # cancelled: by the watchdog, or by the client
+        except grpc.RpcError:  # cancelled: by the watchdog (counted), by the client, or by gRPC itself
+            if not late.is_set():
+                # gRPC refuses a message past the receive limit (or past it decompressed: a gzip bomb)
+                # or a grpc-encoding it does not know before the handler sees a byte: counted as
+                # refused and logged, as HTTP's 413s are (it said "0 requests rejected")
+                on_reject()
+                _log.warning("OTLP/gRPC export from %s refused, nothing stored: its request could not be read "
+                             "(larger than %d bytes, whole or decompressed; a compression gRPC does not know; or "
+                             "cancelled by its client)", context.peer() or "a client", max_body_bytes)
             raise _NotSent from None
         finally:
             deadlines.clear(context)
