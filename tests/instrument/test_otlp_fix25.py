@@ -246,3 +246,4 @@ def test_requests_grpc_itself_refuses_are_counted_and_logged(tmp_path, caplog):
     assert c.requests_rejected == 3 and c.spans_received == 1
     refused = [r for r in caplog.records if "refused, nothing stored" in r.getMessage()]
     assert len(refused) == 3
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]  # (no handler failed on the way)

@@ -104,25 +104,28 @@ def grpc_server(ingest: Callable[..., object], host: str, port: int, max_body_by
             context.cancel()
 
         deadlines.set(context, read_s, cancel)
+        unread, first, extra = False, None, None
         try:
             first = next(requests, None)
             extra = None if first is None else next(requests, None)
         except grpc.RpcError:  # cancelled: by the watchdog (counted), by the client, or by gRPC itself
-            if not late.is_set():
-                # gRPC refuses a message past the receive limit (or past it decompressed: a gzip bomb)
-                # or a grpc-encoding it does not know before the handler sees a byte: counted as
-                # refused and logged, as HTTP's 413s are (it said "0 requests rejected")
-                on_reject()
-                _log.warning("OTLP/gRPC export from %s refused, nothing stored: its request could not be read "
-                             "(larger than %d bytes, whole or decompressed; a compression gRPC does not know; or "
-                             "cancelled by its client)", context.peer() or "a client", max_body_bytes)
-            raise _NotSent from None
+            unread = True
         finally:
             deadlines.clear(context)
         if late.is_set():  # (it came as the deadline passed: cancelled, counted)
             raise _NotSent
-        if first is None:
-            raise PayloadError("the call carried no ExportTraceServiceRequest")
+        if unread or first is None:
+            # gRPC refuses a message past the receive limit (or past it decompressed: a gzip bomb)
+            # or a grpc-encoding it does not know before the handler sees a byte, ending the call:
+            # the handler finds an error, or (as a call its client ended without a message) no
+            # message. Counted as refused and logged, as HTTP's 413s are (it said "0 requests rejected").
+            _log.warning("OTLP/gRPC export from %s refused, nothing stored: no request message could be read "
+                         "(larger than %d bytes, whole or decompressed; a compression gRPC does not know; or none "
+                         "sent: cancelled or ended by its client)", context.peer() or "a client", max_body_bytes)
+            if not unread:  # (no message: answered INVALID_ARGUMENT, and counted, by export)
+                raise PayloadError("the call carried no ExportTraceServiceRequest")
+            on_reject()
+            raise _NotSent
         if extra is not None:
             raise PayloadError("more than one ExportTraceServiceRequest in one call (Export is unary): none stored")
         return first
