@@ -247,3 +247,29 @@ def test_requests_grpc_itself_refuses_are_counted_and_logged(tmp_path, caplog):
     refused = [r for r in caplog.records if "refused, nothing stored" in r.getMessage()]
     assert len(refused) == 3
     assert not [r for r in caplog.records if r.levelname == "ERROR"]  # (no handler failed on the way)
+
+
+_GOOD = {"prefix_cache_hits": 3, "prefix_cache_queries": 4, "prefix_cache_hit_rate": 0.75, "hit_blocks": 1,
+         "total_blocks": 2, "block_hit_rate": 0.5, "evictions": 5, "evictions_by_reason": {"lru": 4, "moved": 1},
+         "p50_ttft_ms": 2.0, "p90_ttft_ms": 2.5, "p99_ttft_ms": 3.0, "external_prefix_cache_hits": 0,
+         "external_prefix_cache_queries": 0, "external_prefix_cache_hit_rate": None}
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"prefix_cache_hits": 5}, "prefix_cache_hits: 5 exceeds prefix_cache_queries 4"),
+    ({"prefix_cache_hits": 5, "prefix_cache_hit_rate": None}, "prefix_cache_hits: 5 exceeds prefix_cache_queries 4"),
+    ({"prefix_cache_hit_rate": 0.5}, "prefix_cache_hit_rate: 0.5 is not prefix_cache_hits / prefix_cache_queries"),
+    ({"block_hit_rate": 0.9}, "block_hit_rate: 0.9 is not hit_blocks / total_blocks = 1 / 2 (0.5)"),
+    ({"external_prefix_cache_hit_rate": 0.0}, "external_prefix_cache_hit_rate: 0.0 is not"),
+    ({"evictions": 7}, "evictions_by_reason: adds up to 5, not evictions 7"),
+    ({"p99_ttft_ms": 1.0}, "p99_ttft_ms: 1.0 is below p90_ttft_ms 2.5"),
+    ({"p99.9_ttft_ms": 2.9}, "p99.9_ttft_ms: 2.9 is below p99_ttft_ms 3.0"),
+])
+def test_a_run_summary_that_disagrees_with_itself_is_refused_naming_the_key(tmp_path, collector, change, message):
+    def record(summary: dict, i: int) -> dict:
+        return _span(i, name="kvtrace.run", attributes=[_kv("kvtrace.run.summary", json.dumps(summary)),
+                                                         _kv("kvtrace.run.status", "complete")])
+
+    code, said = _post(collector.url, [_span(1, 0), record({**_GOOD, **change}, 2)])
+    assert code == 400 and f"kvtrace.run.summary: {message}" in said, said
+    assert _post(collector.url, [_span(1, 0), record(_GOOD, 2)])[0] == 200  # (the same, consistent: stored)
