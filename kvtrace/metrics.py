@@ -234,6 +234,7 @@ def recorded_definitions(mode: str | None, config: Mapping[str, Any] | None) -> 
     or a collected run that says nothing; a value that is no version)."""
     value = config.get(DEFINITIONS_CONFIG_KEY) if isinstance(config, Mapping) else None
     if value is None:
+        mode = replayed_mode(mode, config)  # (a collected replay of a kvtrace that records none: 0 too)
         return 0 if mode == "engine" or str(mode or "").startswith("cache-only") else None
     return value if type(value) is int and value >= 0 else None
 
@@ -246,17 +247,43 @@ def definitions_note(a: int | None, b: int | None) -> str | None:
         return None
     low, high = min(a, b), max(a, b)
     older, newer = ("A", "B") if a < b else ("B", "A")
-    label = lambda v: f"version {v}" if v else "none recorded: before version 1"
     changes = [f"version {version} ({date}): {text}" for version, date, text in DEFINITION_CHANGES
                if low < version <= high]
-    again = older
     if high > DEFINITIONS:  # (recorded by a newer kvtrace: what it changed, this one cannot say)
-        unknown = f" {DEFINITIONS + 1}" if high == DEFINITIONS + 1 else f"s {DEFINITIONS + 1} to {high}"
-        changes.append(f"version{unknown}: unknown to this kvtrace (version {DEFINITIONS})")
-        again = newer  # (replayed here, it is recorded under this kvtrace's definitions, the older run's)
-    return (f"runs A and B were recorded under different metric definitions (A {label(a)}; B {label(b)}): their "
-            f"numbers may differ for no setting's sake. Changed since run {older}'s: {' | '.join(changes)}. Replay run "
-            f"{again} with this kvtrace to compare like with like")
+        first = max(low, DEFINITIONS) + 1
+        unknown = f"version {first}" if high == first else f"versions {first} to {high}"
+        changes.append(f"{unknown}: unknown to this kvtrace (version {DEFINITIONS})")
+    # what puts them under one version: replayed here, a run is recorded under DEFINITIONS
+    if high <= DEFINITIONS:
+        again = f"Replay run {older} with this kvtrace"
+    elif low == DEFINITIONS:
+        again = f"Replay run {newer} with this kvtrace"
+    else:
+        again = "Replay both runs with this kvtrace (or compare them with the kvtrace that recorded the newer one)"
+    return (f"runs A and B were recorded under different metric definitions (A {definitions_label(a)}; B "
+            f"{definitions_label(b)}): their numbers may differ for no setting's sake. Changed since run {older}'s: "
+            f"{' | '.join(changes)}. {again} to compare like with like")
+
+
+def definitions_label(version: int | None) -> str:
+    """How every view names a run's definitions version (``recorded_definitions``)."""
+    if version is None:
+        return "unknown"
+    return f"version {version}" if version else "none recorded: before version 1"
+
+
+def replayed_mode(mode: str | None, config: Mapping[str, Any] | None) -> str | None:
+    """The mode a run's events were made in: its stored mode, but for a kvtrace replay a
+    collector received (stored as ``otlp``, how it reached the store), the mode its sender
+    replayed in, as its config says (a cache-only config names it; an engine config holds the
+    engine's cache groups). Pairing, the times' words, the backend and the definitions read it."""
+    if mode == "otlp" and isinstance(config, Mapping):
+        if config.get("mode") == "cache-only":
+            return "cache-only"
+        cache = config.get("cache")
+        if isinstance(cache, Mapping) and "groups" in cache:
+            return "engine"
+    return mode
 
 
 def run_backend(mode: str | None, config: Mapping[str, Any] | None) -> str | None:
@@ -269,9 +296,8 @@ def run_backend(mode: str | None, config: Mapping[str, Any] | None) -> str | Non
         return "vllm"
     if named:
         return str(named)
-    if isinstance(config, Mapping) and config.get("mode") == "cache-only":
-        return "kvtrace"  # (a collected cache-only replay's record names none: its own LRU, as the direct run's)
-    return None if mode == "otlp" else "kvtrace"
+    # (a collected cache-only replay's record names none: its own LRU, as the direct run's)
+    return None if replayed_mode(mode, config) == "otlp" else "kvtrace"
 
 
 def backend_label(mode: str | None, config: Mapping[str, Any] | None) -> str | None:

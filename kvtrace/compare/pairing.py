@@ -20,7 +20,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvtrace.metrics import DEFINITIONS_CONFIG_KEY, PERCENTILES_CONFIG_KEY, backend_label, recorded_definitions
+from kvtrace.metrics import (
+    DEFINITIONS_CONFIG_KEY,
+    PERCENTILES_CONFIG_KEY,
+    backend_label,
+    definitions_label,
+    recorded_definitions,
+    replayed_mode,
+)
 from kvtrace.names import BEHAVIOURS
 
 # Flattened config keys that make up a run's capacity (engine: KV blocks per group and the
@@ -85,14 +92,8 @@ def settings(run: Mapping[str, Any]) -> dict[str, Any]:
     # an LRU run and a Belady run at one capacity differed in mode and policy, never paired)
     mode = run.get("mode")
     out: dict[str, Any] = {"mode": mode.partition("/")[0] if isinstance(mode, str) else mode}
-    if mode == "otlp" and isinstance(cfg, dict):
-        # a replay a collector received: the mode its sender replayed in, as its config says (a
-        # cache-only config names it, an engine config holds the engine's cache): its spans are
-        # the direct run's, column by column, and "otlp" (how they reached the store) never paired
-        if cfg.get("mode") == "cache-only":
-            out["mode"] = "cache-only"
-        elif isinstance(cfg.get("cache"), dict) and "groups" in cfg["cache"]:
-            out["mode"] = "engine"
+    if mode == "otlp":  # a replay a collector received: its sender's mode (its spans are the direct run's)
+        out["mode"] = replayed_mode(mode, cfg if isinstance(cfg, dict) else None)
     if isinstance(cfg, dict):
         cfg = dict(cfg)
         model = cfg.pop("cost_model", None)
@@ -136,7 +137,7 @@ def differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[Difference]:
     out = []
     da, db = (recorded_definitions(r.get("mode"), _parsed(r.get("config"))) for r in (a, b))
     if da is not None and db is not None and da != db:
-        out.append(Difference("metric definitions", da, db, "definitions"))
+        out.append(Difference("metric definitions", definitions_label(da), definitions_label(db), "definitions"))
     for key in sorted(set(sa) | set(sb)):
         if sa.get(key) != sb.get(key):
             va, vb = sa.get(key), sb.get(key)

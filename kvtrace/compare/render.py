@@ -152,7 +152,12 @@ def to_markdown(diff: RunDiff) -> str:
 
 
 def _times(diff: RunDiff) -> str:
-    return times_word(*((r.get("mode"), r.get("cost_model")) for r in (diff.run_a, diff.run_b)))
+    return times_word(*((_mode(r), r.get("cost_model")) for r in (diff.run_a, diff.run_b)))
+
+
+def _mode(run: dict[str, Any]) -> Any:
+    """The mode a run's events were made in (a collected replay's: its sender's)."""
+    return run.get("replayed_mode") or run.get("mode")
 
 
 def times_note(diff: RunDiff, code: Any = markdown_code, literal: Any = None) -> str:
@@ -161,7 +166,7 @@ def times_note(diff: RunDiff, code: Any = markdown_code, literal: Any = None) ->
     span; plain text for a terminal); ``literal``: how a stored coefficient's name and value
     are (default: as Markdown shows them, ``_md_name``)."""
     def source(run: dict[str, Any]) -> str:
-        return times_source(run.get("mode"), run.get("cost_model"), code)
+        return times_source(_mode(run), run.get("cost_model"), code)
 
     a, b = source(diff.run_a), source(diff.run_b)
     if a != b:

@@ -31,6 +31,7 @@ from kvtrace.metrics import (
     definitions_note,
     is_latency_key,
     recorded_definitions,
+    replayed_mode,
     run_backend,
 )
 from kvtrace.names import run_kind
@@ -177,6 +178,8 @@ class StoreView:
             "trace": r.get("trace_source"),
             "trace_id": r.get("trace_digest"),
             "mode": r.get("mode"),
+            # the mode its events were made in (a collected replay's: its sender's; ``metrics.replayed_mode``)
+            "replayed_mode": replayed_mode(r.get("mode"), config),
             "behaviours": behaviours_on(r.get("behaviours")),
             "status": r.get("status"),
             "digest": r.get("digest"),

@@ -253,15 +253,21 @@ def cost_model(run_id: str) -> str | None:
     return str(model["name"]) if isinstance(model, dict) and model.get("name") else None
 
 
+def replayed_mode(run_id: str) -> str | None:
+    """The mode the run's events were made in (``metrics.replayed_mode``: a collected replay's
+    is its sender's)."""
+    return metrics.replayed_mode(run_row(run_id).get("mode"), config(run_id))
+
+
 def times_word(*run_ids: str) -> str:
     """'modelled', 'recorded' or 'no times' (``metrics.times_word``): how the runs' latencies are labelled."""
-    return metrics.times_word(*((run_row(r).get("mode"), cost_model(r)) for r in run_ids))
+    return metrics.times_word(*((replayed_mode(r), cost_model(r)) for r in run_ids))
 
 
 def time_axis(run_id: str) -> str:
     """The title of the run's time axes: the engine's modelled clock (a collected run's too,
     where its record names the cost model), else what its span times are."""
-    mode = str(run_row(run_id).get("mode") or "")
+    mode = str(replayed_mode(run_id) or "")
     if cost_model(run_id) or mode == "engine":
         return charts.VIRTUAL_TIME
     if mode.startswith("cache-only"):
@@ -280,7 +286,7 @@ def times_caption(run_id: str) -> str:
         # "none (no clock: cache-only)" beside its "(modelled)" tables)
         return (f"{metrics.MODELLED} by a cost model not named here: this run's stored settings are damaged, so not "
                 "read (virtual time, not measured)")
-    source = metrics.times_source(row.get("mode"), model, ui.code)
+    source = metrics.times_source(replayed_mode(run_id), model, ui.code)
     return f"{source} (virtual time, not measured)" if model else source
 
 

@@ -73,3 +73,20 @@ def test_a_block_size_that_re_blocks_the_trace_past_memory_is_refused_up_front(c
         assert "blocks of 1 token" in err and "pass a larger --block-size" in err
     code, _, err = run(["replay", TRACE, "--mode", "cache-only", "--block-size", "64", "--limit", "50"], capsys)
     assert code == 0, err  # (a size the bound allows still replays)
+
+
+def test_a_collected_cache_only_replay_has_no_clock_as_its_direct_run():
+    """Two collected cache-only replays' diff said "Times: as received over OTLP (the sender's own
+    times ...)" where their direct runs say none (re-probe B): a collected replay's times are
+    told by the mode its sender replayed in (``metrics.replayed_mode``)."""
+    from kvtrace.compare.model import RunDiff
+    from kvtrace.compare.render import times_note
+    from kvtrace.metrics import replayed_mode
+
+    cfg = {"mode": "cache-only", "policy": "lru", "capacity_blocks": 10}
+    assert replayed_mode("otlp", cfg) == "cache-only"
+    assert replayed_mode("otlp", {"cache": {"groups": []}}) == "engine"
+    assert replayed_mode("otlp", {}) == "otlp" and replayed_mode("engine", cfg) == "engine"
+    run = {"run_id": "r1", "mode": "otlp", "replayed_mode": replayed_mode("otlp", cfg), "cost_model": None}
+    note = times_note(RunDiff(run_a=run, run_b={**run, "run_id": "r2"}, metrics=[]))
+    assert "no clock: cache-only" in note and "OTLP" not in note

@@ -78,7 +78,8 @@ def test_runs_recorded_under_other_definitions_are_no_isolated_change(two_runs):
     ra, rb = read.run(db, a), read.run(db, b)
     diffs = pairing.differences(ra, rb)
     assert diffs[0].setting == "metric definitions"
-    assert (diffs[0].a, diffs[0].b) == (0, metrics.DEFINITIONS)
+    # (in the words diff's note uses)
+    assert (diffs[0].a, diffs[0].b) == ("none recorded: before version 1", f"version {metrics.DEFINITIONS}")
     assert pairing.mismatches(ra, rb)  # (capacity differs too; alone it would still be one)
     # one setting apart, but under other definitions: never a Compare partner
     rc = {**rb, "config": {**rb["config"], "capacity_blocks": ra["config"]["capacity_blocks"]}}
@@ -95,6 +96,7 @@ def test_runs_recorded_under_other_definitions_are_no_isolated_change(two_runs):
     ("live", {}, None),  # a live capture records no summary of kvtrace's definitions
     ("otlp", {}, None),  # a sender that said nothing
     ("otlp", {"definitions": 1}, 1),  # a kvtrace sender's record
+    ("otlp", {"mode": "cache-only"}, 0),  # a collected replay of a kvtrace that recorded none
     ("engine", {"definitions": "1"}, None),  # not a version: unknown, never a false note
     ("engine", {"definitions": True}, None),
     ("engine", {"definitions": -1}, None),
@@ -109,5 +111,12 @@ def test_the_note_names_a_newer_kvtraces_version_it_cannot_explain():
     # (replayed here, the newer run is recorded under the older one's definitions)
     assert note is not None and note.endswith("Replay run A with this kvtrace to compare like with like")
     assert f"version {metrics.DEFINITIONS + 1}: unknown to this kvtrace (version {metrics.DEFINITIONS})" in note
+    # one before this kvtrace's and one after it: replaying either alone leaves them apart
+    both = metrics.definitions_note(metrics.DEFINITIONS - 1, metrics.DEFINITIONS + 1)
+    assert both is not None and "Replay both runs with this kvtrace" in both
+    # two after it: only the versions past the older of them are named, as unknown
+    later = metrics.definitions_note(metrics.DEFINITIONS + 1, metrics.DEFINITIONS + 2)
+    assert later is not None and f"Changed since run A's: version {metrics.DEFINITIONS + 2}: unknown" in later
+    assert "Replay both runs" in later
     assert metrics.definitions_note(None, 0) is None
     assert metrics.definitions_note(1, 1) is None
