@@ -29,3 +29,28 @@ def test_a_pair_that_moved_hits_between_tiers_is_not_said_to_leave_the_prefix_ca
     assert not any("does not move the prefix cache" in i for i in infos), infos
     said = [i for i in infos if i.startswith(f"All {joined.height:,} requests got the same cached tokens")]
     assert said and f"but {shifted:,} of them took a different share from the local cache" in said[0], infos
+
+
+def test_compare_tells_a_run_of_older_definitions_to_be_replayed_before_its_pair(tmp_path, monkeypatch):
+    """A run recorded before metric definitions were recorded pairs with no run of this kvtrace:
+    Compare suggested the command of a partner that, once run, still did not pair (re-probe B)."""
+    import json
+
+    import duckdb
+
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = str(tmp_path / "old.duckdb")
+    old = run_replay(RunSpec("tests/data/mooncake_synthetic_trace.jsonl", mode="cache-only", capacity_blocks=200,
+                             limit=30), db=db)
+    con = duckdb.connect(db)
+    (config,) = con.execute("SELECT config FROM runs WHERE run_id = ?", [old.run_id]).fetchone()
+    config = json.loads(config)
+    del config["definitions"]
+    con.execute("UPDATE runs SET config = ? WHERE run_id = ?", [json.dumps(config), old.run_id])
+    con.close()
+    run_replay(RunSpec("tests/data/mooncake_synthetic_trace.jsonl", mode="cache-only", capacity_blocks=200,
+                       limit=30, policy="belady"), db=db)  # (the partner the page's command records)
+    at = render(db, monkeypatch, "compare", run=old.run_id)
+    infos = " ".join(i.value for i in at.info)
+    assert "a replay of A with this kvtrace first" in infos and "none recorded: before version 1" in infos, infos

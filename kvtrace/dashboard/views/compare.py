@@ -8,6 +8,7 @@ from typing import Literal
 import polars as pl
 import streamlit as st
 
+from kvtrace import metrics
 from kvtrace.compare import pairing
 from kvtrace.compare.model import MetricDelta
 from kvtrace.compare.render import fmt, shows_no_change, to_markdown
@@ -66,6 +67,13 @@ def main() -> None:
     # (a failed run's settings fail again: a pair made from them was suggested, with a capacity too small)
     failed = queries.run_row(run_a).get("status") == "failed"
     pair = ui.fill_to_its_end("failed") if failed else ui.code(pairing.study_command(queries.run_row(run_a), db))
+    defs = metrics.recorded_definitions(queries.run_row(run_a).get("mode"), queries.config(run_a))
+    if not failed and defs is not None and defs != metrics.DEFINITIONS:
+        # (a run recorded under other definitions pairs with none of this kvtrace's: the command
+        # alone made a run that never became A's partner)
+        pair = (f"a replay of A with this kvtrace first (A was recorded under metric definitions "
+                f"{metrics.definitions_label(defs)}, this kvtrace's are version {metrics.DEFINITIONS}: none of "
+                f"its runs pairs with A), then {pair}")
     if not ids:
         ui.empty(f"No other run of the same trace as {ui.code(run_a)} to compare with.", pair)
         return
@@ -91,8 +99,8 @@ def main() -> None:
     if bad:
         st.warning("Not an isolated measurement: A and B differ in "
                    + ("nothing the store records" if not bad else "; ".join(map(ui.literal, bad)))
-                   + ". A comparison isolates one change when the runs share trace, mode and capacity and differ "
-                     "in exactly one setting.", icon=":material/warning:")
+                   + ". A comparison isolates one change when the runs share trace, mode, capacity and metric "
+                     "definitions and differ in exactly one setting.", icon=":material/warning:")
 
     diff = queries.run_diff(run_a, run_b)
     for side, run in (("A", diff.run_a), ("B", diff.run_b)):  # (kvtrace diff's words, first as there)
