@@ -74,6 +74,15 @@ _SIGN64 = 1 << 63
 _INT_RANGE = {pa.int64(): (-_SIGN64, _SIGN64 - 1), pa.int32(): (-(1 << 31), (1 << 31) - 1),
               pa.uint64(): (-_SIGN64, _MASK64)}
 _MIN_VALUE = {c.name: c.min_value for c in SPAN_COLUMN_DEFS if c.min_value is not None}
+# The most tokens one span's count may say (a prompt, a lookup, a step's prefill, a chunk): far
+# above any real prompt, and small enough that every sum the store makes of such a count over
+# 2^31 spans, and two such sums added, fit its int64 (2^62 of gen_ai.usage.input_tokens in three
+# spans were stored, then every reader called the run damaged: its sums overflowed).
+MAX_TOKEN_COUNT = (1 << 31) - 1
+TOKEN_COUNT_COLUMNS = frozenset({
+    "num_tokens", "num_query_tokens", "num_hit_tokens", "hit_tokens_per_group", "num_external_hit_tokens",
+    "num_prefill_tokens", "num_prompt_tokens", "num_output_tokens", "num_computed_tokens", "num_divergent_tokens",
+    "num_external_query_tokens", "num_preempted_query_tokens", "num_preempted_hit_tokens", "prefill_chunks"})
 _ATTRIBUTE_OF = {c.name: c.attr for c in SPAN_COLUMN_DEFS if c.attr} | {"end_ns": "the span's end"}
 
 
@@ -131,6 +140,11 @@ def _fits(key: str, column: str, values: Sequence[int]) -> None:
     if values and not (lo <= min(values) and max(values) <= hi):
         bad = next(v for v in values if not lo <= v <= hi)
         raise UnstorableValue(f"{key}: {bad} does not fit the store's {column} column ({lo} to {hi})"[:300])
+    if column in TOKEN_COUNT_COLUMNS:
+        counts = values[2::3] if column == "prefill_chunks" else values  # (a chunk's third value: its tokens)
+        if counts and max(counts) > MAX_TOKEN_COUNT:
+            raise UnstorableValue(f"{key}: {max(counts)} tokens is more than a span may count (at most "
+                                  f"{MAX_TOKEN_COUNT:,}, so the store's sums over a run fit int64)"[:300])
 
 
 def _floats(key: str, values: Sequence[int | float]) -> list[float]:

@@ -273,3 +273,25 @@ def test_a_run_summary_that_disagrees_with_itself_is_refused_naming_the_key(tmp_
     code, said = _post(collector.url, [_span(1, 0), record({**_GOOD, **change}, 2)])
     assert code == 400 and f"kvtrace.run.summary: {message}" in said, said
     assert _post(collector.url, [_span(1, 0), record(_GOOD, 2)])[0] == 200  # (the same, consistent: stored)
+
+
+@pytest.mark.parametrize("key, value, told", [
+    ("gen_ai.usage.input_tokens", 1 << 62, str(1 << 62)),
+    ("kvtrace.hit_tokens", (1 << 31), str(1 << 31)),
+    ("kvtrace.request.prefill_chunks", [0, 1, 1 << 40], str(1 << 40)),
+])
+def test_token_counts_past_the_documented_maximum_are_refused_naming_the_field(tmp_path, collector, key, value, told):
+    """Three request spans of 2^62 input tokens were stored with a 200, then every reader said
+    the run was damaged (its token sums overflowed int64)."""
+    from kvtrace.instrument.convert import MAX_TOKEN_COUNT
+
+    attr = ({"key": key, "value": {"arrayValue": {"values": [{"intValue": str(v)} for v in value]}}}
+            if isinstance(value, list) else _kv(key, value))
+    spans = [_span(i + 1, name="kvtrace.request", attributes=[attr, _kv("kvtrace.seq", i)]) for i in range(3)]
+    code, message = _post(collector.url, spans)
+    assert code == 400, message
+    assert f"spans[0]: {key}: {told} tokens is more than a span may count (at most {MAX_TOKEN_COUNT:,}" in message
+    at_most = [MAX_TOKEN_COUNT * (v > 1) for v in value] if isinstance(value, list) else MAX_TOKEN_COUNT
+    attr = ({"key": key, "value": {"arrayValue": {"values": [{"intValue": str(v)} for v in at_most]}}}
+            if isinstance(value, list) else _kv(key, at_most))
+    assert _post(collector.url, [_span(9, attributes=[attr])])[0] == 200  # (at the maximum: stored)
