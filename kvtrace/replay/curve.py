@@ -300,14 +300,12 @@ def run_curve(spec, capacities: str, *, policies: Sequence[str] | None = None, d
         if wanted is None or None in wanted:
             raise ConfigError("--capacities", capacities, "engine mode needs explicit block counts (the engine pool "
                                                           "is preallocated): e.g. --capacities 4096,8192,16384")
+        validate(replace(spec, capacity_blocks=wanted[0]))  # (a refused setting creates no store)
+        _check_store(db)
         return _engine_curve(spec, [c for c in wanted if c is not None], db, workers, ray_address, computed)
     validate(replace(spec, capacity_blocks=1))
     workload = open_workload(spec)
-    if db is not None:  # a store that cannot be written fails now, not after the whole pass
-        from kvtrace.store import Store
-
-        with Store.open(db):
-            pass
+    _check_store(db)
     requests = list(workload.requests)
     caps = wanted if wanted is not None else [*auto_capacities(requests, spec.block_size), None]
     points = capacity_curve(requests, caps, policies=policies, block_size=spec.block_size)
@@ -319,6 +317,16 @@ def run_curve(spec, capacities: str, *, policies: Sequence[str] | None = None, d
     if db is not None:
         _record(db, result, workload.source, trace_id)
     return result
+
+
+def _check_store(db) -> None:
+    """A store that cannot be written (held by another process, read-only) fails now, not
+    after the whole pass or every replay."""
+    if db is not None:
+        from kvtrace.store import Store
+
+        with Store.open(db):
+            pass
 
 
 def _engine_curve(spec, capacities: list[int], db, workers: int | None, ray_address: str | None,

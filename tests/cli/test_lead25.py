@@ -90,3 +90,25 @@ def test_a_collected_cache_only_replay_has_no_clock_as_its_direct_run():
     run = {"run_id": "r1", "mode": "otlp", "replayed_mode": replayed_mode("otlp", cfg), "cost_model": None}
     note = times_note(RunDiff(run_a=run, run_b={**run, "run_id": "r2"}, metrics=[]))
     assert "no clock: cache-only" in note and "OTLP" not in note
+
+
+def test_an_engine_curve_checks_its_store_before_any_replay(tmp_path, capsys, monkeypatch):
+    """An engine curve on a store another process held ran every replay, then waited and
+    failed, its curve neither shown nor recorded (re-probe A): the store is tried first."""
+    from kvtrace.replay import sweep
+
+    def never(*args, **kwargs):
+        raise AssertionError("replayed before the store was tried")
+
+    monkeypatch.setattr(sweep, "run_sweep", never)
+    from kvtrace.store import Store
+    from kvtrace.store.errors import StoreBusyError
+
+    def held(cls, path, **kwargs):  # (as another process's hold ends after the lock timeout)
+        raise StoreBusyError(str(path), "held by another process for more than 30 s")
+
+    monkeypatch.setattr(Store, "open", classmethod(held))
+    store = str(tmp_path / "held.duckdb")
+    code, _, err = run(["curve", TRACE, "--mode", "engine", "--capacities", "500,600", "--no-content", "--limit", "5",
+                        "--workers", "1", "--db", store], capsys)
+    assert code == 2 and err.count("\n") == 1 and "held by another process" in err, err
