@@ -300,7 +300,8 @@ def run_curve(spec, capacities: str, *, policies: Sequence[str] | None = None, d
         if wanted is None or None in wanted:
             raise ConfigError("--capacities", capacities, "engine mode needs explicit block counts (the engine pool "
                                                           "is preallocated): e.g. --capacities 4096,8192,16384")
-        validate(replace(spec, capacity_blocks=wanted[0]))  # (a refused setting creates no store)
+        validate(replace(spec, capacity_blocks=None))  # (a refused setting creates no store; the sweep names a
+        # refused capacity at --capacities)
         _check_store(db)
         return _engine_curve(spec, [c for c in wanted if c is not None], db, workers, ray_address, computed)
     validate(replace(spec, capacity_blocks=1))
