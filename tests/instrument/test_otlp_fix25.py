@@ -295,3 +295,16 @@ def test_token_counts_past_the_documented_maximum_are_refused_naming_the_field(t
     attr = ({"key": key, "value": {"arrayValue": {"values": [{"intValue": str(v)} for v in at_most]}}}
             if isinstance(value, list) else _kv(key, at_most))
     assert _post(collector.url, [_span(9, attributes=[attr])])[0] == 200  # (at the maximum: stored)
+
+
+def test_a_request_sent_again_within_the_recent_window_reads_nothing_back(tmp_path, collector, monkeypatch):
+    """A retried export (a lost 200) is told by the ids remembered: its numbers, all held, are no
+    reason to read the store back (it did, once per retry)."""
+    import kvtrace.store.read._sql as sql
+
+    assert _post(collector.url, [_span(1, 0), _span(2, 1)])[0] == 200
+    reads = []
+    real = sql.connect
+    monkeypatch.setattr(sql, "connect", lambda *a, **k: reads.append(a) or real(*a, **k))
+    assert _post(collector.url, [_span(1, 0), _span(2, 1)])[0] == 200
+    assert collector.duplicate_spans == 2 and reads == []

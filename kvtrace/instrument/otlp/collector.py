@@ -581,6 +581,8 @@ class OTLPCollector:
                 seq = _sent_seq(kwargs["attributes"], where)
             except PayloadError:
                 continue
+            if self._recent.seen(key, _RecentSpans.key(kwargs["trace_id"], kwargs["span_id"])):
+                continue  # (a duplicate the recent window tells: no look-up)
             if seq is not None and self._held(key).holds(seq):
                 clashes.setdefault(key, set()).add(seq)
         if not clashes:
