@@ -364,6 +364,11 @@ else:
     overall = "B and A are indistinguishable"
 verdict = f"{overall}: better on {', '.join(sorted(better_names)) or 'nothing'}; " \
           f"worse on {', '.join(sorted(worse_names)) or 'nothing'}. " + " ".join(lines)
+definitions = {"a": diff.run_a.get("definitions"), "b": diff.run_b.get("definitions")}
+if None not in definitions.values() and definitions["a"] != definitions["b"]:
+    # (the verdict judged numbers whose meaning changed between the runs: diff's first note says which)
+    verdict += (" Caution: A and B were recorded under different metric definitions, so some of this may be that "
+                "alone (the first note above says which numbers changed).")
 print(verdict)
 
 # %%
@@ -391,6 +396,8 @@ result = {
     "worse": sorted(worse_names),
     "overall": overall,
     "verdict": verdict,
+    "notes": list(diff.notes),
+    "definitions": definitions,
 }
 if result_path:
     with AtomicText(result_path, result_sources) as fh:

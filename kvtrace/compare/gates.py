@@ -112,6 +112,11 @@ def check_fail_if(diff: RunDiff, gates: Iterable[str]) -> list[str]:
             failures.append(
                 f"{gate.metric} rose by {by}{unit} (A={m.a:.6g}, B={m.b:.6g}); allowed rise {allowed}{unit}"
             )
+    da, db = diff.run_a.get("definitions"), diff.run_b.get("definitions")
+    if failures and da is not None and db is not None and da != db:
+        # (a gate judged numbers whose meaning changed between the runs, and its line said nothing of it)
+        failures = [f"{f} (A and B were recorded under different metric definitions: see the diff's first note)"
+                    for f in failures]
     return failures
 
 

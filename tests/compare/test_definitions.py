@@ -32,8 +32,8 @@ def _cli(argv, capsys):
 def two_runs(tmp_path, capsys):
     """Two cache-only runs of one trace, one capacity apart, in a real DuckDB store."""
     db = str(tmp_path / "s.duckdb")
-    for blocks in ("200", "400"):
-        _cli(["replay", TRACE, "--mode", "cache-only", "--capacity-blocks", blocks, "--limit", "40", "--db", db],
+    for blocks in ("30", "400"):  # (their hit rates differ: 0.68% and 2.26%)
+        _cli(["replay", TRACE, "--mode", "cache-only", "--capacity-blocks", blocks, "--limit", "150", "--db", db],
              capsys)
     ids = [r["run_id"] for r in read.runs(db).iter_rows(named=True)]
     return db, sorted(ids)
@@ -120,3 +120,15 @@ def test_the_note_names_a_newer_kvtraces_version_it_cannot_explain():
     assert "Replay both runs" in later
     assert metrics.definitions_note(None, 0) is None
     assert metrics.definitions_note(1, 1) is None
+
+
+def test_a_gate_that_fails_across_definitions_says_so(two_runs, capsys):
+    """A --fail-if gate failed on a pair recorded under different definitions, its line silent
+    on them (re-probe B)."""
+    from tests.cli.support import run
+
+    db, (a, b) = two_runs
+    _forget_definitions(db, a)
+    code, _, err = run(["diff", a, b, "--db", db, "--fail-if", "prefix_cache_hit_rate:+0.0"], capsys)
+    assert code == 1 and "gate failed: prefix_cache_hit_rate rose" in err, err
+    assert "recorded under different metric definitions" in err

@@ -229,3 +229,28 @@ def test_a_block_size_for_a_native_trace_names_the_parameter(run_notebook, tmp_p
     with pytest.raises(PapermillExecutionError, match=re.escape(f"KVTraceError: trace_block_size: 64: {trace} is a "
                                                                 "native trace")):
         run_notebook("regression_analysis", trace=str(trace), trace_block_size=64)
+
+
+def test_notebook_verdict_cautions_a_pair_recorded_under_other_definitions(run_notebook, tmp_path):
+    """The notebook called B worse on a number whose meaning changed between the runs, its
+    RESULT without a word of it (re-probe B): the verdict cautions, RESULT carries the notes."""
+    import json
+    import shutil
+
+    import duckdb
+
+    res = run_study(SHARED_PREFIX_PINNING, db=tmp_path / "s.duckdb", seed=0, limit=20)
+    db = tmp_path / "old.duckdb"
+    shutil.copy(tmp_path / "s.duckdb", db)
+    con = duckdb.connect(str(db))
+    (config,) = con.execute("SELECT config FROM runs WHERE run_id = ?", [res.first.run_off]).fetchone()
+    config = json.loads(config)
+    del config["definitions"]
+    con.execute("UPDATE runs SET config = ? WHERE run_id = ?", [json.dumps(config), res.first.run_off])
+    con.close()
+    out, _ = run_notebook("regression_analysis", db_path=str(db), run_a=res.first.run_off, run_b=res.first.run_on)
+    assert "recorded under different metric definitions" in out["verdict"]
+    from kvtrace.metrics import DEFINITIONS
+
+    assert out["definitions"] == {"a": 0, "b": DEFINITIONS}
+    assert any(n.startswith("runs A and B were recorded under different metric definitions") for n in out["notes"])
