@@ -698,8 +698,9 @@ def fit_report(fit: Fit) -> list[str]:
         given = key in FITTED_TERMS and key not in fit.fitted and not unused
         note = "  (not fitted: no measurement exercises it)" if given else ""
         if key in weak and math.isinf(weak[key]):  # (no residual left to estimate any term's error by)
-            note = (f"  (unchecked: {len(fit.observations):,} measurements for {len(fit.fitted)} fitted terms, "
-                    "which values far from the truth fit as exactly; add measurements)")
+            note = (f"  (unchecked: {len(fit.observations):,} measurements for {len(fit.fitted)} fitted terms leave "
+                    "no residual to estimate its error by, so values far from the truth fit about as well; add "
+                    "measurements)")
         elif key in weak:
             se = weak[key]
             shown = f"{se:,.0f}" if se >= 1 else f"{se:.2g}"  # (under 1 it read "token_ns = 0 (± 0: ...)")
