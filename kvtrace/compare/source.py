@@ -131,6 +131,13 @@ def _diff(view: StoreView, run_a: str, run_b: str, info_a: dict[str, Any], info_
     )
     if note := ci_note(diff.bootstrap.get("no_ci", [])):
         diff.notes.append(note)
+    backends = {info_a.get("backend"), info_b.get("backend")}
+    if backends == {"kvtrace", "vllm"} and diff.evictions_by_publish_kind:
+        # (diff printed "boundary -15 / full +15" between backends as a change: it is the labelling)
+        diff.notes.append("A and B ran on different backends (kvtrace's and vLLM's own manager): the vllm backend "
+                          "infers publish kinds and eviction reasons, and shows kvtrace's `boundary` publishes as "
+                          "`full`, so a shift between those kinds is that labelling, not a change "
+                          "(docs/cache_semantics.md)")
     if note := definitions_note(info_a["definitions"], info_b["definitions"]):
         diff.notes.insert(0, note)  # (first: every number below may differ for it)
     diff.divergent_requests = {"a": view.divergent_requests(run_a), "b": view.divergent_requests(run_b)}

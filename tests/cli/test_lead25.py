@@ -112,3 +112,14 @@ def test_an_engine_curve_checks_its_store_before_any_replay(tmp_path, capsys, mo
     code, _, err = run(["curve", TRACE, "--mode", "engine", "--capacities", "500,600", "--no-content", "--limit", "5",
                         "--workers", "1", "--db", store], capsys)
     assert code == 2 and err.count("\n") == 1 and "held by another process" in err, err
+
+
+def test_a_diff_across_backends_says_publish_kinds_are_labelled_differently(tmp_path, capsys):
+    """kvtrace's `boundary` publishes show as `full` under the vllm backend: a diff between the
+    backends showed "boundary -15 / full +15" as a change, with no note (re-probe B)."""
+    db = str(tmp_path / "s.duckdb")
+    base = ["replay", "gen:mixed", "--limit", "30", "--capacity-blocks", "100", "--no-content", "--db", db]
+    _ok(base, capsys)
+    _ok([*base, "--backend", "vllm"], capsys)
+    notes = json.loads(_ok(["diff", "r1", "r2", "--db", db, "--json"], capsys))["notes"]
+    assert any("shows kvtrace's `boundary` publishes as `full`" in n for n in notes), notes
