@@ -590,9 +590,9 @@ class Store:
         ``flush_when_due=False`` only buffers (a caller appending several parts of one batch
         then calls ``flush_if_due``). ``seq``: the rows' seq numbers, one per row, none null,
         given by the caller (a collector keeping its sender's numbering, ``kvtrace.seq``);
-        else they are numbered on from the run's last. A caller that numbers a run's rows
-        numbers every append of that run: the store's own count is neither read nor moved
-        (nor restored by ``discard_buffer``). Returns the number of rows accepted.
+        else they are numbered on from the run's last, past every number given before (a
+        number given is not taken back by ``discard_buffer``: a gap, never a number twice).
+        Returns the number of rows accepted.
         """
         if isinstance(spans, pa.RecordBatch):
             table = pa.Table.from_batches([spans])
@@ -619,6 +619,8 @@ class Store:
             if len(seq) != n or seq.null_count:
                 raise ValueError(f"append_spans: seq must give each of the {n} rows a number, got {len(seq)} "
                                  f"({seq.null_count} null)")
+            start = self._next_seq.get(run_id)  # (an append the store numbers goes on past every number given)
+            self._next_seq[run_id] = max(self._resume_seq(run_id) if start is None else start, pc.max(seq).as_py() + 1)
             table = table.append_column(SEQ_COLUMN, seq).replace_schema_metadata(_CALLER_NUMBERED)
             self._buffer.append((run_id, table))
             self._buffered_rows += n

@@ -308,3 +308,24 @@ def test_a_request_sent_again_within_the_recent_window_reads_nothing_back(tmp_pa
     monkeypatch.setattr(sql, "connect", lambda *a, **k: reads.append(a) or real(*a, **k))
     assert _post(collector.url, [_span(1, 0), _span(2, 1)])[0] == 200
     assert collector.duplicate_spans == 2 and reads == []
+
+
+def test_spans_numbered_by_their_caller_are_discarded_without_touching_the_stores_count(tmp_path):
+    """A collector's commit that failed discards its buffer: a run it numbered (a restart's run,
+    never counted here) has no count of the store's to give back."""
+    import pyarrow as pa
+
+    db = tmp_path / "d.duckdb"
+    with Store.open(db) as store:
+        store.create_run("r", run_id="r")
+        store.append_spans(pa.table({"name": ["a"], "span_id": pa.array([1], pa.uint64())}), run_id="r")
+    with Store.open(db) as store:
+        table = pa.table({"name": ["b", "c"], "span_id": pa.array([2, 3], pa.uint64())})
+        assert store.append_spans(table, run_id="r", seq=pa.array([7, 5])) == 2
+        assert store.discard_buffer() == 2
+        store.append_spans(table, run_id="r", seq=pa.array([7, 5]))
+        store.append_spans(table.slice(0, 1), run_id="r")  # numbered on by the store: past its largest
+    con = duckdb.connect(str(db), read_only=True)
+    got = con.execute("SELECT name, seq FROM spans WHERE run_id = 'r' ORDER BY seq").fetchall()
+    con.close()
+    assert got == [("a", 0), ("c", 5), ("b", 7), ("b", 8)]
