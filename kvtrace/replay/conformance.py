@@ -144,7 +144,8 @@ class ConformanceRun:
             "stopped": self.stopped,
             "explained_by": self.explained_by, "never_acted": self.never_acted,
             "preemptions": self.preemptions, "refusals": self.refusals, "copies": self.copies,
-            "evictions": self.evictions, "unschedulable": self.unschedulable,
+            # (vLLM's BlockRemoved entries: a replay's "evictions" also count moved keys and the tier's)
+            "keys_removed": self.evictions, "unschedulable": self.unschedulable,
         }
 
 

@@ -61,6 +61,10 @@ def test_conformance_names_its_eviction_count_as_vllms_removed_keys(capsys):
     assert code == 0, err
     assert "keys removed (vLLM's BlockRemoved entries;" in " ".join(out.split())
     assert " evictions, " not in out.split("keys removed")[0]
+    code, out, err = run(["conformance", TRACE, "--limit", "12", "--capacity-blocks", "40", "--json"], capsys)
+    assert code == 0, err
+    (row,) = json.loads(out)["runs"]
+    assert "keys_removed" in row and "evictions" not in row
 
 
 def test_a_block_size_that_re_blocks_the_trace_past_memory_is_refused_up_front(capsys):
