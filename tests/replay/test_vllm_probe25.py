@@ -73,13 +73,18 @@ def test_a_vllm_folder_shadowing_the_install_is_named(tmp_path):
     shadow = tmp_path / "shadow" / "vllm"
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("")
-    env = {**os.environ, "PYTHONPATH": str(tmp_path / "shadow")}
-    done = subprocess.run([sys.executable, "-m", "kvtrace.cli", "conformance", "gen:chat", "--limit", "2"],
-                          cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True,
-                          timeout=300, check=False)
-    line = assert_one_line(done.returncode, done.stderr, "No module named 'vllm.v1'",
-                           f"the vllm package imported from {shadow});", "reinstall with `make vllm`")
-    assert "fix it there" not in line and done.stdout == ""
+    module = tmp_path / "module"  # (a vllm.py: named as the file, not its folder)
+    module.mkdir()
+    (module / "vllm.py").write_text("")
+    for path, imported in ((tmp_path / "shadow", shadow), (module, module / "vllm.py")):
+        env = {**os.environ, "PYTHONPATH": str(path)}
+        done = subprocess.run([sys.executable, "-m", "kvtrace.cli", "conformance", "gen:chat", "--limit", "2"],
+                              cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True,
+                              timeout=300, check=False)
+        # (reinstalling changes nothing here: the line says what shadows the install, re-probe B)
+        line = assert_one_line(done.returncode, done.stderr, "No module named 'vllm.v1'",
+                               f"the vllm imported is {imported}, not the installed one at", "shadows it")
+        assert "fix it there" not in line and "make vllm" not in line and done.stdout == ""
 
 
 def test_a_request_that_ran_until_it_preempted_itself_is_not_told_as_never_run(vllm_api, tmp_path):

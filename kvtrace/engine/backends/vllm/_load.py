@@ -130,6 +130,14 @@ def load_vllm() -> VllmAPI:
                 # no file and line to name (a module missing from the package imported): name the
                 # package, which may not be the install's (a vllm folder earlier on sys.path);
                 # "fix it there" pointed at nothing
+                imported, installed = _imported_vllm(), _installed_vllm()
+                if not where and imported and installed and not _same_path(imported, installed):
+                    # (a vllm folder or vllm.py earlier on sys.path: reinstalling changes nothing)
+                    raise KVTraceError(f"vLLM {version} does not import ({module_name}: {type(exc).__name__}: "
+                                       f"{exc}): the vllm imported is {imported}, not the installed one at "
+                                       f"{installed}; a folder or file named vllm earlier on the path (PYTHONPATH, "
+                                       "the working directory) shadows it: rename it or take it off the path") \
+                        from None
                 at = f", at {where}" if where else f", the vllm package imported from {root}" if root else ""
                 raise KVTraceError(f"vLLM {version} does not import ({module_name}: {type(exc).__name__}: {exc}"
                                    f"{at}); {'fix it there, or ' if where else ''}reinstall with "
@@ -149,6 +157,29 @@ def load_vllm() -> VllmAPI:
                                    f"vLLM {EXPECTED_VERSION})")
     _loaded = VllmAPI(version, names, _package_root())
     return _loaded
+
+
+def _imported_vllm() -> str:
+    """What ``import vllm`` finds: the package's folder, or a module file (a ``vllm.py``)."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.origin:
+        return ""
+    return os.path.dirname(spec.origin) if os.path.basename(spec.origin) == "__init__.py" else spec.origin
+
+
+def _installed_vllm() -> str:
+    """The installed distribution's vllm package folder ("" when none is found)."""
+    try:
+        return str(metadata.distribution("vllm").locate_file("vllm"))
+    except Exception:  # (metadata without files, a damaged install: nothing to compare with)
+        return ""
+
+
+def _same_path(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
 
 
 def _package_root() -> str:
