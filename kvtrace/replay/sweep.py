@@ -299,12 +299,21 @@ def run_sweep(
         trace_digest = None  # (the first replay's: every later one read the same trace)
         named = _deaths_named(results, combos, lambda: len(out.runs) if out is not None else 0, db is not None,
                               values_flag)
+        is_sweep = values_flag in ("--param", "--sweep")
+
+        def stopped_at(combo: dict[str, Any]) -> str:
+            """Where a sweep or curve stopped and what it kept, in the words a worker's death uses."""
+            at = (f"the sweep stopped at {label(combo)}" if is_sweep else
+                  f"the curve stopped at {values_flag} {label(combo).partition('=')[2]}")
+            kept = _kept(len(out.runs) if out is not None else 0, len(combos), db is not None, is_sweep)
+            return f"{at}, {kept}" + ("" if is_sweep or db is None else " (the curve itself is not recorded)")
+
+        what = "sweep" if is_sweep else "curve"
         for spec, combo, (res, tables, config_read) in zip(specs, combos, named):
             if config_read != config_digest:
-                raise ConfigError(str(base.config_file), None, f"changed while the sweep ran: the replay of "
-                                                               f"{label(combo)} may have read other settings than "
-                                                               "the sweep began with; the runs stored before it are "
-                                                               "kept, the rest were not recorded")
+                raise ConfigError(str(base.config_file), None, f"changed while the {what} ran: its replay may have "
+                                                               f"read other settings than the {what} began with; "
+                                                               f"{stopped_at(combo)}")
             if out is None:
                 trace_digest = res.record.get("trace_digest")
                 out = SweepResult(_sweep_id(base, combos, trace_digest, config_digest))
@@ -313,9 +322,8 @@ def run_sweep(
 
                     store = stack.enter_context(Store.open(db))
             elif res.record.get("trace_digest") != trace_digest:  # (each replay reads the trace itself)
-                raise TraceFormatError(base.trace, None, f"changed while the sweep ran: the replay of {label(combo)} "
-                                                         "read other content than the first; the runs stored "
-                                                         "before it are kept, the rest were not recorded")
+                raise TraceFormatError(base.trace, None, f"changed while the {what} ran: its replay read other "
+                                                         f"content than the first; {stopped_at(combo)}")
             run = SweepRun(combo, res.summary)
             if store is not None:
                 run.run_id = _record(store, spec, res, tables, out.sweep_id, combo)

@@ -655,7 +655,8 @@ def test_a_trace_changed_while_the_sweep_ran_is_refused_not_mixed_in(tmp_path, m
     with pytest.raises(TraceFormatError) as caught:
         run_sweep(replace(BASE, trace=str(trace), limit=None), [("capacity_blocks", [300, 900, 1200])], db=db,
                   workers=1)
-    assert str(caught.value).startswith(f"{trace}: changed while the sweep ran: the replay of capacity_blocks=900 ")
+    assert str(caught.value) == (f"{trace}: changed while the sweep ran: its replay read other content than the "
+                                 "first; the sweep stopped at capacity_blocks=900, 1 of 3 combinations stored")
     runs = read.runs(db)
     assert runs["name"].to_list() == ["sweep capacity_blocks=300"] and runs["status"].to_list() == ["complete"]
 
