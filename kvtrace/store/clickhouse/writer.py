@@ -149,15 +149,20 @@ class ClickHouseStore(Store):
             self._file = _file_identity(self.target.path)
 
     def _recover(self, con: client.ClickHouseConnection) -> list[str]:
-        frame = con.ch_frame("SELECT run_id, writer_pid, writer_host, writer_start FROM runs "
+        frame = con.ch_frame("SELECT run_id, writer_pid, writer_host, writer_start, mode FROM runs "
                              "WHERE status = 'running' ORDER BY run_id")
-        dead = [r for r, pid, host, start in frame.rows()
-                if not writer_alive_or_damaged(pid, host, start, self.path, r)]
-        for run_id in dead:
-            _trim_partial_flush(con, run_id)
+        dead = {r: mode for r, pid, host, start, mode in frame.rows()
+                if not writer_alive_or_damaged(pid, host, start, self.path, r)}
+        for run_id, mode in dead.items():
+            # a collected run's spans keep their sender's seq, which has gaps for good reasons (a
+            # request still in flight, one a sender failed to deliver): a gap there is no partial
+            # flush, and trimming at it deleted spans the collector had acknowledged. A partial
+            # request was never acknowledged, and its retry is told apart by its ids and seq.
+            if mode != "otlp":  # (runs.mode of a collected run)
+                _trim_partial_flush(con, run_id)
             materialise(con, run_id)
             self._update_run(con, run_id, status="incomplete")
-        return dead
+        return list(dead)
 
     # -- runs --------------------------------------------------------------------------
     def create_run(self, name: str, *, created: str | None = None, trace_source: str | None = None,
