@@ -25,8 +25,10 @@ their latency fields are None (JSON null), never 0.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 from kvtrace.numeric import percentiles as _percentiles
@@ -516,4 +518,49 @@ def summary_problem(summary: Mapping[str, object]) -> str | None:
             continue
         if not ok:
             return f"{key}: expected {want}, got {value!r}"[:200]
+    return None
+
+
+# (part, whole, rate): a summary's counters within another and the rate they give
+_SUMMARY_RATIOS = (*((r.numerator, r.denominator, r.key) for r in RATES),
+                   ("hit_blocks", "total_blocks", "block_hit_rate"))
+_PERCENTILE_KEY = re.compile(r"p(\d+(?:\.\d+)?)_(.+)")
+
+
+def summary_disagreement(summary: Mapping[str, Any]) -> str | None:
+    """What in a run summary disagrees with itself (``KEY: ...``), or None: more hits than
+    queries, a rate other than its counters' ratio (``ratio``), evictions other
+    than their reasons' sum, a latency percentile below a lower one (``summary_problem`` has
+    checked each value's range already). The collector refuses a received summary for it, and
+    a store that took a record it could not refuse (the OTel Collector's ClickHouse exporter)
+    keeps none that fails it."""
+    def count(key: str) -> int | None:
+        value = summary.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    for part_key, whole_key, rate_key in _SUMMARY_RATIOS:
+        part, whole = count(part_key), count(whole_key)
+        if part is not None and whole is not None and part > whole:
+            return f"{part_key}: {part} exceeds {whole_key} {whole} (counted within it)"
+        rate = summary.get(rate_key)
+        if part is None or whole is None or (rate_key not in summary):
+            continue
+        want = ratio(part, whole)
+        agree = rate is None if want is None else rate is not None and math.isclose(rate, want, rel_tol=1e-9,
+                                                                                      abs_tol=1e-12)
+        if not agree:
+            return f"{rate_key}: {rate!r} is not {part_key} / {whole_key} = {part} / {whole} ({want!r})"[:200]
+    by_reason, evictions = summary.get("evictions_by_reason"), count("evictions")
+    if isinstance(by_reason, dict) and evictions is not None and sum(by_reason.values()) != evictions:
+        return (f"evictions_by_reason: adds up to {sum(by_reason.values())}, not evictions {evictions}")[:200]
+    by_stem: dict[str, list[tuple[float, str, float]]] = {}  # latency -> (percentile, key, value)
+    for key, value in summary.items():
+        found = _PERCENTILE_KEY.fullmatch(key)
+        if found and is_latency_key(key) and isinstance(value, (int, float)) and not isinstance(value, bool):
+            by_stem.setdefault(found.group(2), []).append((float(found.group(1)), key, value))
+    for points in by_stem.values():
+        points.sort()
+        for (_, low_key, low), (_, key, value) in pairwise(points):
+            if value < low:
+                return f"{key}: {value!r} is below {low_key} {low!r} (a higher percentile is never lower)"[:200]
     return None

@@ -38,3 +38,27 @@ def test_a_store_opened_without_its_otel_table_option_names_the_option_not_damag
         con.ch_frame("CREATE TABLE aaa_copy AS spans_x")  # (two candidates: not the first one's name alone)
     with pytest.raises(StoreError, match="this store's OTel table is one of aaa_copy, spans_x; open it with "):
         read.runs(f"chdb:{path}")
+
+
+def test_a_record_the_exporter_took_keeps_nothing_kvtrace_collect_would_refuse(tmp_path):
+    """The OTel Collector's ClickHouse exporter takes any run record, and nothing can refuse it:
+    a status no run finishes as finished the run `complete`, and a summary of 9 hits in 5
+    queries and a digest of two words were stored as given (collect2's finding)."""
+    import json
+
+    db = f"chdb:{tmp_path / 'store'}"
+    Store.open(db).close()
+    record = {"kvtrace.run.status": "bogus", "kvtrace.run.digest": "two words",
+              "kvtrace.run.summary": json.dumps({"prefix_cache_hits": 9, "prefix_cache_queries": 5}),
+              "kvtrace.run.name": "sent"}
+    with client.connect(clickhouse_target(db)) as con:
+        con.insert_arrow("otel_traces", pa.table({
+            "Timestamp": pa.array([1_796_000_000_000_000_000] * 2, pa.timestamp("ns")),
+            "SpanName": ["vllm.request", "kvtrace.run"], "ServiceName": ["vllm", "vllm"],
+            "TraceId": ["ab" * 16] * 2, "SpanId": ["cd" * 8, "ef" * 8],
+            "ResourceAttributes": pa.array([[("kvtrace.run.id", "x1")]] * 2, pa.map_(pa.string(), pa.string())),
+            "SpanAttributes": pa.array([[], list(record.items())], pa.map_(pa.string(), pa.string()))}))
+    Store.open(db).close()  # registers the collected run, and finishes it from its record
+    (run,) = read.runs(db).iter_rows(named=True)
+    assert run["run_id"] == "x1" and run["name"] == "sent"  # (the rest of the record is kept)
+    assert run["status"] == "incomplete" and run["digest"] is None and run["summary"] is None

@@ -30,8 +30,6 @@ import datetime as _dt
 import errno
 import json
 import logging
-import math
-import re
 import socket
 import sys
 import threading
@@ -41,7 +39,6 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from itertools import pairwise
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -70,7 +67,7 @@ from kvtrace.instrument.otlp.limits import (
     REPLY_GRACE_S,
     check_collector_options,
 )
-from kvtrace.metrics import RATES, is_latency_key, ratio, summary_problem
+from kvtrace.metrics import summary_disagreement, summary_problem
 from kvtrace.process import bracketed, is_ipv6, port_in_use, sigterm_as_interrupt, unbracketed
 from kvtrace.store.schema import (
     RUN_RECORD_PREFIX,
@@ -808,7 +805,7 @@ def _run_record(attributes: dict, where: str) -> dict:
             raise PayloadError(f"{where}: {RUN_RECORD_PREFIX}summary: expected a JSON object as a string")
         # (a rate of 7.5 showed as 750%, a count of "many" as text; 9 hits of 5 queries, a rate its
         # counters do not give, evictions their reasons do not add up to, a p99 under its p50)
-        problem = summary_problem(decoded) or _summary_disagreement(decoded)
+        problem = summary_problem(decoded) or summary_disagreement(decoded)
         if problem is not None:
             raise PayloadError(f"{where}: {RUN_RECORD_PREFIX}summary: {problem}")
     described: dict[str, str] = {}
@@ -845,49 +842,6 @@ def _run_record(attributes: dict, where: str) -> dict:
         described[key] = value
     return {"status": status or "complete",
             "digest": digest, "summary": summary, "trace_digest": trace_digest, "described": described}
-
-
-# (part, whole, rate): a summary's counters within another and the rate they give (kvtrace.metrics)
-_SUMMARY_RATIOS = (*((r.numerator, r.denominator, r.key) for r in RATES),
-                   ("hit_blocks", "total_blocks", "block_hit_rate"))
-_PERCENTILE_KEY = re.compile(r"p(\d+(?:\.\d+)?)_(.+)")
-
-
-def _summary_disagreement(summary: dict) -> str | None:
-    """What in a run summary disagrees with itself (``KEY: ...``), or None: more hits than
-    queries, a rate other than its counters' ratio (``kvtrace.metrics.ratio``), evictions other
-    than their reasons' sum, a latency percentile below a lower one (``summary_problem`` has
-    checked each value's range already)."""
-    def count(key: str) -> int | None:
-        value = summary.get(key)
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-    for part_key, whole_key, rate_key in _SUMMARY_RATIOS:
-        part, whole = count(part_key), count(whole_key)
-        if part is not None and whole is not None and part > whole:
-            return f"{part_key}: {part} exceeds {whole_key} {whole} (counted within it)"
-        rate = summary.get(rate_key)
-        if part is None or whole is None or (rate_key not in summary):
-            continue
-        want = ratio(part, whole)
-        agree = rate is None if want is None else rate is not None and math.isclose(rate, want, rel_tol=1e-9,
-                                                                                      abs_tol=1e-12)
-        if not agree:
-            return f"{rate_key}: {rate!r} is not {part_key} / {whole_key} = {part} / {whole} ({want!r})"[:200]
-    by_reason, evictions = summary.get("evictions_by_reason"), count("evictions")
-    if isinstance(by_reason, dict) and evictions is not None and sum(by_reason.values()) != evictions:
-        return (f"evictions_by_reason: adds up to {sum(by_reason.values())}, not evictions {evictions}")[:200]
-    by_stem: dict[str, list[tuple[float, str, float]]] = {}  # latency -> (percentile, key, value)
-    for key, value in summary.items():
-        found = _PERCENTILE_KEY.fullmatch(key)
-        if found and is_latency_key(key) and isinstance(value, (int, float)) and not isinstance(value, bool):
-            by_stem.setdefault(found.group(2), []).append((float(found.group(1)), key, value))
-    for points in by_stem.values():
-        points.sort()
-        for (_, low_key, low), (_, key, value) in pairwise(points):
-            if value < low:
-                return f"{key}: {value!r} is below {low_key} {low!r} (a higher percentile is never lower)"[:200]
-    return None
 
 
 class CollectorClosed(KVTraceError):

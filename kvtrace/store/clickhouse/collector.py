@@ -27,6 +27,7 @@ then a collected run reads as ``running``: its derived tables are computed on th
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from kvtrace.store.backend import ClickHouseTarget
@@ -44,6 +45,7 @@ from kvtrace.store.schema import (
     SPAN_RUN,
     TIME_OFFSET_COLUMN,
     TIME_OFFSET_RESOURCE_KEY,
+    run_id_problem,
 )
 
 COLLECTOR_HOST = "otel-collector"  # runs.writer_host of a collected run
@@ -228,6 +230,17 @@ def attach(con, target: ClickHouseTarget) -> None:
         con.command(f"INSERT INTO {table} ({cols}) {select}")  # what the collector wrote before
 
 
+def _summary_refused(text: Any) -> bool:
+    """Whether a record's summary is one `kvtrace collect` would refuse (``metrics``' checks)."""
+    from kvtrace.metrics import summary_disagreement, summary_problem
+
+    try:
+        summary = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        return True
+    return not isinstance(summary, dict) or (summary_problem(summary) or summary_disagreement(summary)) is not None
+
+
 def register_collected_runs(con) -> list[str]:
     """A ``runs`` row for every collected run that lacks one, and, for each collected run
     still ``running`` whose record has arrived, its derived tables and the record's
@@ -261,9 +274,19 @@ def register_collected_runs(con) -> list[str]:
         rec = {k.removeprefix(RUN_RECORD_PREFIX): v for k, v in items if k.startswith(RUN_RECORD_PREFIX)}
         get = rec.get
         materialise(con, run_id)
-        status = get("status") if get("status") in ("complete", "failed", "incomplete") else "complete"
         fields = {c: get(c) for c in ("name", "created", "trace_source", "trace_digest", "config", "behaviours",
                                       "mode", "digest", "summary") if get(c) is not None}
+        # what `kvtrace collect` refuses, this path (which refuses nothing: the exporter took it)
+        # keeps none of: a status no run finishes as is told as incomplete, not complete; a summary
+        # that is no summary, or disagrees with itself, is left out (every view computes one from
+        # the run's spans); a digest that is no one word is left out
+        status = get("status") or "complete"
+        if status not in ("complete", "failed", "incomplete"):
+            status = "incomplete"
+        if "summary" in fields and _summary_refused(fields["summary"]):
+            del fields["summary"]
+        if "digest" in fields and run_id_problem(str(fields["digest"])) is not None:
+            del fields["digest"]
         sets = ", ".join(f"{c} = {{{c}:String}}" for c in fields)
         con.command(f"ALTER TABLE runs UPDATE {sets}{', ' if sets else ''}status = {{status:String}} "
                     "WHERE run_id = {run_id:String} SETTINGS mutations_sync = 2",
