@@ -219,6 +219,7 @@ ATTRIBUTE_COLUMNS: dict[str, str] = {c.attr: c.name for c in SPAN_COLUMN_DEFS if
 GENAI_CACHE_READ = "gen_ai.usage.cache_read.input_tokens"
 
 RUN_STATUSES = ("running", "complete", "failed", "incomplete")
+FINISHED_STATUSES = RUN_STATUSES[1:]  # what a finished run is (a collected run's record may name one)
 
 # The headline fields of a run summary (``runs.summary``), in display order: what the
 # replay prints first, what diff and the dashboard show before anything else. Every

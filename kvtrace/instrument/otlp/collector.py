@@ -70,6 +70,7 @@ from kvtrace.instrument.otlp.limits import (
 from kvtrace.metrics import summary_disagreement, summary_problem
 from kvtrace.process import bracketed, is_ipv6, port_in_use, sigterm_as_interrupt, unbracketed
 from kvtrace.store.schema import (
+    FINISHED_STATUSES,
     RUN_RECORD_PREFIX,
     SEQ_ATTRIBUTE,
     SOURCE_OTLP,
@@ -770,7 +771,6 @@ def _named_run(resource: dict, where: str) -> str:
 
 MAX_RECORD_FIELD_CHARS = 1 << 20  # a run record's text field (a config is a few KB)
 CONFIG_TEXT_KEYS = ("backend", "vllm_version", "vllm_commit")  # a record's config keys the views show as text
-RECORD_STATUSES = ("complete", "failed", "incomplete")  # what a run record may finish a run as (absent: complete)
 
 
 def _run_record(attributes: dict, where: str) -> dict:
@@ -782,9 +782,9 @@ def _run_record(attributes: dict, where: str) -> dict:
     status = get("status")
     digest, summary, trace_digest = get("digest"), get("summary"), get("trace_digest")
     # (another status, "bogus" or 2, finished the run as complete without a word: a failed run read as a good one)
-    if status is not None and status not in RECORD_STATUSES:
-        raise PayloadError(f"{where}: {RUN_RECORD_PREFIX}status: expected {', '.join(RECORD_STATUSES[:-1])} or "
-                           f"{RECORD_STATUSES[-1]}, got {status!r}"[:300])
+    if status is not None and status not in FINISHED_STATUSES:
+        raise PayloadError(f"{where}: {RUN_RECORD_PREFIX}status: expected {', '.join(FINISHED_STATUSES[:-1])} or "
+                           f"{FINISHED_STATUSES[-1]}, got {status!r}"[:300])
     if digest is not None and not isinstance(digest, str):
         raise PayloadError(f"{where}: {RUN_RECORD_PREFIX}digest: expected a string, got {type(digest).__name__}")
     if digest is not None and run_id_problem(digest) is not None:  # (what diff compares and prints: one word)

@@ -33,6 +33,7 @@ from typing import Any
 from kvtrace.store.backend import ClickHouseTarget
 from kvtrace.store.schema import (
     FAMILIES,
+    FINISHED_STATUSES,
     GENAI_CACHE_READ,
     NUM_BLOCKS_COLUMN,
     OTHER_TABLE,
@@ -281,7 +282,7 @@ def register_collected_runs(con) -> list[str]:
         # that is no summary, or disagrees with itself, is left out (every view computes one from
         # the run's spans); a digest that is no one word is left out
         status = get("status") or "complete"
-        if status not in ("complete", "failed", "incomplete"):
+        if status not in FINISHED_STATUSES:
             status = "incomplete"
         if "summary" in fields and _summary_refused(fields["summary"]):
             del fields["summary"]
