@@ -152,7 +152,7 @@ def as_block_requests(requests: Iterable[TraceRequest], block_size: int | None) 
                                   "--block-size")
             reblocked += blocks
             if reblocked > MAX_REBLOCKED_BLOCKS:
-                raise ConfigError("cache-only", "block_size",
+                raise ConfigError("--block-size", str(block_size),
                                   f"the trace's prompts make more than {MAX_REBLOCKED_BLOCKS:,} blocks of {block_size} "
                                   f"token{'' if block_size == 1 else 's'} (passed at request {r.request_id}), more "
                                   "than a replay re-blocks in memory; pass a larger --block-size")

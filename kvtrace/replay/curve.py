@@ -300,17 +300,22 @@ def run_curve(spec, capacities: str, *, policies: Sequence[str] | None = None, d
         if wanted is None or None in wanted:
             raise ConfigError("--capacities", capacities, "engine mode needs explicit block counts (the engine pool "
                                                           "is preallocated): e.g. --capacities 4096,8192,16384")
-        validate(replace(spec, capacity_blocks=None))  # (a refused setting creates no store; the sweep names a
-        # refused capacity at --capacities)
+        from kvtrace.replay.sweep import at_swept_value
+
+        for c in wanted:  # (a refused setting creates no store; a capacity named at --capacities, as the sweep does)
+            try:
+                validate(replace(spec, capacity_blocks=c))
+            except ConfigError as err:
+                raise at_swept_value(err, {"capacity_blocks": c}, "--capacities") from None
         _check_store(db)
         return _engine_curve(spec, [c for c in wanted if c is not None], db, workers, ray_address, computed)
     validate(replace(spec, capacity_blocks=1))
     workload = open_workload(spec)
+    # at one block size before the store is tried: a refused --block-size leaves no store
+    requests, bs = as_block_requests(workload.requests, spec.block_size)
     _check_store(db)
-    requests = list(workload.requests)
-    caps = wanted if wanted is not None else [*auto_capacities(requests, spec.block_size), None]
-    points = capacity_curve(requests, caps, policies=policies, block_size=spec.block_size)
-    _, bs = as_block_requests(requests[:1], spec.block_size)  # (an empty trace: the replay's default, not None)
+    caps = wanted if wanted is not None else [*auto_capacities(requests, bs), None]
+    points = capacity_curve(requests, caps, policies=policies, block_size=bs)
     trace_id = workload.identity(len(requests))  # (a --limit past the trace's end: the whole trace)
     result = CurveResult(_curve_id(trace_id, spec, caps, policies), spec.trace, spec.mode, bs, points)
     if computed is not None:

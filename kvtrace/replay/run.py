@@ -431,6 +431,14 @@ def run_replay(
     record = {"trace_source": workload.source, "trace_digest": workload.source_id, "config": config,
               "behaviours": behaviours, "mode": spec.mode if spec.mode == "engine" else f"cache-only/{spec.policy}"}
     name = spec.name or _default_name(spec, behaviours, preset)
+    blocked = None
+    if preset is None:
+        # cache-only: the trace read, at one block size, before a run is created (its replay
+        # reads it whole first all the same): a refused --block-size, or a bad line, records
+        # nothing, where it left a failed run of 0 spans
+        from kvtrace.replay.cache_only import as_block_requests
+
+        blocked = as_block_requests(workload.requests, spec.block_size)
     with contextlib.ExitStack() as stack:
         if store is None and db is not None:
             from kvtrace.store import Store
@@ -466,7 +474,8 @@ def run_replay(
                                 raise _cost_model_at_origin(err, spec, preset) from None
                             summary.update({k: v for k, v in config.items() if k.startswith("vllm_")})
                         else:
-                            summary, per_request = _run_cache_only(spec, workload, digest, instrumentor, bar)
+                            assert blocked is not None
+                            summary, per_request = _run_cache_only(spec, blocked, digest, instrumentor, bar)
                     finally:
                         bar.close()
                     summary["digest"] = digest.hexdigest()
@@ -797,7 +806,8 @@ def engine_capacity(cache) -> tuple[int | None, int | None]:
     return (None, None) if g is None else (cache.pool_sizes[g] - 1, cache.groups[g].block_size)
 
 
-def _run_cache_only(spec: RunSpec, workload: _Workload, digest: Digest, instrumentor, bar: _Progress):
+def _run_cache_only(spec: RunSpec, blocked: tuple[list[TraceRequest], int], digest: Digest, instrumentor,
+                    bar: _Progress):
     from kvtrace.replay.cache_only import replay_cache_only
 
     capacity = spec.capacity_blocks  # None or inf (and no --capacity-tokens): unbounded
@@ -816,8 +826,9 @@ def _run_cache_only(spec: RunSpec, workload: _Workload, digest: Digest, instrume
         bar.advance(n - done[0])
         done[0] = n
 
+    requests, block_size = blocked  # (at one block size already: replay_cache_only keeps them as they are)
     res = replay_cache_only(
-        workload.requests, capacity_blocks=capacity, block_size=spec.block_size,
+        requests, capacity_blocks=capacity, block_size=block_size,
         policy=spec.policy, listeners=listeners, progress=on_progress,
     )
     from kvtrace.store.schema import SUMMARY_FIELDS

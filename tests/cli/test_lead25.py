@@ -67,14 +67,17 @@ def test_conformance_names_its_eviction_count_as_vllms_removed_keys(capsys):
     assert "keys_removed" in row and "evictions" not in row
 
 
-def test_a_block_size_that_re_blocks_the_trace_past_memory_is_refused_up_front(capsys):
+def test_a_block_size_that_re_blocks_the_trace_past_memory_is_refused_up_front(capsys, tmp_path):
     """The Mooncake trace at --block-size 1 is 61M one-token blocks: the replay ran past 120 s
     and 5 GB (traces probe). It is refused before a block is made, naming the flag."""
-    for argv in (["replay", TRACE, "--mode", "cache-only", "--block-size", "1", "--capacity-blocks", "1000"],
-                 ["curve", TRACE, "--block-size", "1"]):
-        code, out, err = run(argv, capsys)
+    for i, argv in enumerate((["replay", TRACE, "--mode", "cache-only", "--block-size", "1", "--capacity-blocks",
+                               "1000"], ["curve", TRACE, "--block-size", "1"])):
+        db = tmp_path / f"s{i}.duckdb"
+        code, out, err = run([*argv, "--db", str(db)], capsys)
         assert code == 2 and err.count("\n") == 1, err
-        assert "blocks of 1 token" in err and "pass a larger --block-size" in err
+        assert err.startswith("kvtrace: error: --block-size: 1: ") and "blocks of 1 token" in err
+        # (refused before a run is created: a replay left a failed run of 0 spans, a curve an empty store)
+        assert not db.exists(), argv
     code, _, err = run(["replay", TRACE, "--mode", "cache-only", "--block-size", "64", "--limit", "50"], capsys)
     assert code == 0, err  # (a size the bound allows still replays)
 
@@ -127,3 +130,13 @@ def test_a_diff_across_backends_says_publish_kinds_are_labelled_differently(tmp_
     _ok([*base, "--backend", "vllm"], capsys)
     notes = json.loads(_ok(["diff", "r1", "r2", "--db", db, "--json"], capsys))["notes"]
     assert any("shows kvtrace's `boundary` publishes as `full`" in n for n in notes), notes
+
+
+def test_a_refused_engine_curve_capacity_creates_no_store(tmp_path, capsys):
+    """9625fe9 tried the store before the sweep checked each capacity: a refused --capacities 1
+    left an empty store behind (re-probe C2). Each capacity is checked first, named as typed."""
+    db = tmp_path / "e.duckdb"
+    code, _, err = run(["curve", TRACE, "--mode", "engine", "--preset", "dense-attention", "--limit", "5",
+                        "--capacities", "1", "--db", str(db)], capsys)
+    assert code == 2 and err.startswith("kvtrace: error: --capacities: 1: "), err
+    assert not db.exists()
