@@ -280,8 +280,9 @@ def replayed_mode(mode: str | None, config: Mapping[str, Any] | None) -> str | N
     replayed in, as its config says (a cache-only config names it; an engine config holds the
     engine's cache groups). Pairing, the times' words, the backend and the definitions read it."""
     if mode == "otlp" and isinstance(config, Mapping):
-        if config.get("mode") == "cache-only":
-            return "cache-only"
+        if config.get("mode") == "cache-only":  # (stored as a direct cache-only run's is: with its policy)
+            policy = config.get("policy")
+            return f"cache-only/{policy}" if isinstance(policy, str) and policy.isidentifier() else "cache-only"
         cache = config.get("cache")
         if isinstance(cache, Mapping) and "groups" in cache:
             return "engine"

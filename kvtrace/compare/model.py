@@ -257,7 +257,8 @@ def diff_summaries(
     metrics, notes = metric_deltas(summary_a, summary_b), []
     unmeasured = [k for k in dict.fromkeys([*summary_a, *summary_b])
                   if summary_a.get(k) is None and summary_b.get(k) is None]
-    modes = [replay_mode(r.get("mode")) for r in (ra, rb)]
+    # (a collected replay's: its sender's mode, ``metrics.replayed_mode``; "collected" hid a mode that differed)
+    modes = [replay_mode(r.get("replayed_mode") or r.get("mode")) for r in (ra, rb)]
     if set(modes) == {"cache-only", "engine"}:  # (README, Metrics: the two modes' hit rules)
         # (the modes kvtrace names, not the stored text: a note is rendered as kvtrace's own markdown)
         notes.append(f"modes differ ({modes[0]} vs {modes[1]}): cache-only counts a prompt cached "

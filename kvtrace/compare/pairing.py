@@ -93,7 +93,8 @@ def settings(run: Mapping[str, Any]) -> dict[str, Any]:
     mode = run.get("mode")
     out: dict[str, Any] = {"mode": mode.partition("/")[0] if isinstance(mode, str) else mode}
     if mode == "otlp":  # a replay a collector received: its sender's mode (its spans are the direct run's)
-        out["mode"] = replayed_mode(mode, cfg if isinstance(cfg, dict) else None)
+        mode = replayed_mode(mode, cfg if isinstance(cfg, dict) else None)
+        out["mode"] = mode.partition("/")[0] if isinstance(mode, str) else mode
     if isinstance(cfg, dict):
         cfg = dict(cfg)
         model = cfg.pop("cost_model", None)
@@ -213,7 +214,7 @@ def study_command(a: Mapping[str, Any], db: str) -> str:
     seed = cfg.get("seed")  # (a generated workload's: another seed generates other requests)
     if isinstance(seed, int) and not isinstance(seed, bool) and seed:
         workload_flags += f" --seed {seed}"
-    if str(a.get("mode") or "").startswith("cache-only"):
+    if str(replayed_mode(a.get("mode"), cfg) or "").startswith("cache-only"):  # (a collected one's: its sender's)
         size = f" --block-size {cfg['block_size']}" if cfg.get("block_size") else ""
         if cfg.get("capacity_blocks") is None:
             # an unbounded cache evicts nothing, so no policy differs from it: a bounded run of

@@ -91,7 +91,7 @@ def test_a_collected_cache_only_replay_has_no_clock_as_its_direct_run():
     from kvtrace.metrics import replayed_mode
 
     cfg = {"mode": "cache-only", "policy": "lru", "capacity_blocks": 10}
-    assert replayed_mode("otlp", cfg) == "cache-only"
+    assert replayed_mode("otlp", cfg) == "cache-only/lru"
     assert replayed_mode("otlp", {"cache": {"groups": []}}) == "engine"
     assert replayed_mode("otlp", {}) == "otlp" and replayed_mode("engine", cfg) == "engine"
     run = {"run_id": "r1", "mode": "otlp", "replayed_mode": replayed_mode("otlp", cfg), "cost_model": None}

@@ -168,3 +168,26 @@ def test_a_collected_replay_pairs_with_the_direct_runs_of_its_mode():
     # a foreign sender's run (no kvtrace config) stays mode otlp
     foreign = {"run_id": "r4", "mode": "otlp", "trace_source": None, "config": json.dumps({})}
     assert [d.setting for d in pairing.differences(foreign, direct)][:1] == ["mode"]
+
+
+def test_a_collected_cache_only_replays_partner_command_is_a_cache_only_one():
+    """Compare suggested an engine study for a collected cache-only replay, a run that could
+    never pair with it (re-probe C2): the command follows the sender's mode."""
+    lru = {**_cache_only(16, None, capacity=100), "mode": "otlp"}
+    command = pairing.study_command(lru, "s.duckdb")
+    assert command.startswith("kvtrace replay t.jsonl --mode cache-only --policy belady --capacity-blocks 100")
+
+
+def test_diff_notes_the_modes_of_a_collected_cache_only_replay_and_an_engine_run():
+    """diff's "modes differ" note read a collected cache-only replay as "collected" beside an
+    engine run, and said nothing of the two hit rules (re-probe C2)."""
+    from kvtrace.compare.model import diff_summaries
+    from kvtrace.metrics import replayed_mode
+
+    cfg = {"mode": "cache-only", "policy": "lru", "capacity_blocks": 10}
+    a = {"run_id": "r1", "mode": "otlp", "replayed_mode": replayed_mode("otlp", cfg)}
+    b = {"run_id": "r2", "mode": "engine", "replayed_mode": "engine"}
+    summary = {"requests": 3, "prefix_cache_hit_rate": 0.5}
+    diff = diff_summaries(summary, summary, run_a=a, run_b=b)
+    assert any(n.startswith("modes differ (cache-only vs engine)") for n in diff.notes), diff.notes
+    assert replayed_mode("otlp", cfg) == "cache-only/lru"  # (as its direct twin's mode is stored)

@@ -76,7 +76,10 @@ def test_a_vllm_folder_shadowing_the_install_is_named(tmp_path):
     module = tmp_path / "module"  # (a vllm.py: named as the file, not its folder)
     module.mkdir()
     (module / "vllm.py").write_text("")
-    for path, imported in ((tmp_path / "shadow", shadow), (module, module / "vllm.py")):
+    broken = tmp_path / "broken" / "vllm"  # (one that fails with a file and line: named as a shadow all the same)
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('No module named \\'vllm.v1\\'')\n")
+    for path, imported in ((tmp_path / "shadow", shadow), (module, module / "vllm.py"), (broken.parent, broken)):
         env = {**os.environ, "PYTHONPATH": str(path)}
         done = subprocess.run([sys.executable, "-m", "kvtrace.cli", "conformance", "gen:chat", "--limit", "2"],
                               cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True,

@@ -131,10 +131,11 @@ def load_vllm() -> VllmAPI:
                 # package, which may not be the install's (a vllm folder earlier on sys.path);
                 # "fix it there" pointed at nothing
                 imported, installed = _imported_vllm(), _installed_vllm()
-                if not where and imported and installed and not _same_path(imported, installed):
+                if imported and installed and not _same_path(imported, installed):
                     # (a vllm folder or vllm.py earlier on sys.path: reinstalling changes nothing)
+                    at = f", at {where}" if where else ""
                     raise KVTraceError(f"vLLM {version} does not import ({module_name}: {type(exc).__name__}: "
-                                       f"{exc}): the vllm imported is {imported}, not the installed one at "
+                                       f"{exc}{at}): the vllm imported is {imported}, not the installed one at "
                                        f"{installed}; a folder or file named vllm earlier on the path (PYTHONPATH, "
                                        "the working directory) shadows it: rename it or take it off the path") \
                         from None
