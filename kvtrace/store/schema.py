@@ -219,6 +219,13 @@ ATTRIBUTE_COLUMNS: dict[str, str] = {c.attr: c.name for c in SPAN_COLUMN_DEFS if
 GENAI_CACHE_READ = "gen_ai.usage.cache_read.input_tokens"
 
 RUN_STATUSES = ("running", "complete", "failed", "incomplete")
+def named_run_name(run_id: str) -> str:
+    """The name a collector gives a run its sender named (``kvtrace.run.id``) until the sender's
+    record names it: a store's recovery tells such a run, numbered by its sender (``kvtrace.seq``,
+    gaps and all), from a collector's own run, numbered by arrival."""
+    return f"otlp {run_id}"
+
+
 FINISHED_STATUSES = RUN_STATUSES[1:]  # what a finished run is (a collected run's record may name one)
 
 # The headline fields of a run summary (``runs.summary``), in display order: what the

@@ -143,11 +143,15 @@ def _seqs(path, run_id: str) -> dict[int, int]:
 
 def test_spans_without_kvtrace_seq_are_numbered_past_the_runs_numbers(tmp_path, collector):
     assert _post(collector.url, [_span(1, 4), _span(2, 5)])[0] == 200
-    assert _post(collector.url, [_span(3), _span(4, 0), _span(5)])[0] == 200  # two without: after 5
+    # two without: from 2^62, past every number a sender may give (re-probe C1: one numbered 6 here
+    # made the sender's own 6, sent next, a 400)
+    assert _post(collector.url, [_span(3), _span(4, 0), _span(5)])[0] == 200
+    assert _post(collector.url, [_span(8, 6), _span(9, 7)])[0] == 200  # the sender's next numbers: free
     assert _post(collector.url, [_span(6)], run_id=None)[0] == 200  # the collector's own run: by arrival
     assert _post(collector.url, [_span(7, 9)], run_id=None)[0] == 200  # (no sender's run: kvtrace.seq not kept)
     collector.stop()
-    assert _seqs(tmp_path / "collected.duckdb", "fix25") == {1: 4, 2: 5, 3: 6, 4: 0, 5: 7}
+    base = 1 << 62
+    assert _seqs(tmp_path / "collected.duckdb", "fix25") == {1: 4, 2: 5, 3: base, 4: 0, 5: base + 1, 8: 6, 9: 7}
     con = duckdb.connect(str(tmp_path / "collected.duckdb"), read_only=True)
     own = con.execute("SELECT span_id, seq FROM spans WHERE run_id <> 'fix25' ORDER BY seq").fetchall()
     con.close()

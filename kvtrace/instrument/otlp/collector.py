@@ -76,6 +76,7 @@ from kvtrace.store.schema import (
     SOURCE_OTLP,
     SPAN_RUN,
     TIME_OFFSET_RESOURCE_KEY,
+    named_run_name,
     run_id_problem,
 )
 from kvtrace.store.writer import DESCRIBED_FIELDS, Store
@@ -554,9 +555,10 @@ class OTLPCollector:
 
     def _numbers(self, run_key: str, sent: list[int | None]) -> list[int]:
         """(under _lock) The seq of each span of a named run in a request: the one its sender
-        gave (kvtrace.seq), else the next past every number the run holds or this request gives."""
-        given = [s for s in sent if s is not None]
-        following = max(self._held(run_key).end, max(given, default=-1) + 1)
+        gave (kvtrace.seq), else the next past every number the run holds, from 2^62 up: past
+        every number a sender may give (MAX_SEQ), so none it sends later is found taken (a
+        span without one took 2, and the sender's next chunk, 2 and 3, was refused)."""
+        following = max(self._held(run_key).end, MAX_SEQ + 1)
         out = []
         for s in sent:
             if s is None:
@@ -749,7 +751,7 @@ class OTLPCollector:
             return self._default_run
         if run_id not in self._known_runs:
             if not self.store.has_run(run_id):
-                self.store.create_run(f"otlp {run_id}", run_id=run_id, mode="otlp")
+                self.store.create_run(named_run_name(run_id), run_id=run_id, mode="otlp")
                 self._created_runs.append(run_id)
             self._known_runs.add(run_id)
         return run_id

@@ -46,6 +46,7 @@ from kvtrace.store.schema import (
     SPAN_RUN,
     TIME_OFFSET_COLUMN,
     TIME_OFFSET_RESOURCE_KEY,
+    named_run_name,
     run_id_problem,
 )
 
@@ -258,7 +259,7 @@ def register_collected_runs(con) -> list[str]:
     if new.height:
         rows: dict[str, list[Any]] = {c: [None] * new.height for c, _, _ in RUN_COLUMNS}
         rows["run_id"] = new["run_id"].to_list()
-        rows["name"] = [f"otlp {r}" for r in rows["run_id"]]
+        rows["name"] = [named_run_name(r) for r in rows["run_id"]]
         rows["mode"] = ["otlp"] * new.height
         rows["status"] = ["running"] * new.height
         rows["writer_host"] = [COLLECTOR_HOST] * new.height

@@ -40,6 +40,7 @@ from kvtrace.store.schema import (
     SPAN_TABLES,
     STORE_MAGIC,
     TIME_OFFSET_COLUMN,
+    named_run_name,
     next_run_id,
 )
 from kvtrace.store.writer import Store, _file_identity, _json_or_none, described, writer_alive_or_damaged
@@ -149,16 +150,17 @@ class ClickHouseStore(Store):
             self._file = _file_identity(self.target.path)
 
     def _recover(self, con: client.ClickHouseConnection) -> list[str]:
-        frame = con.ch_frame("SELECT run_id, writer_pid, writer_host, writer_start, mode FROM runs "
+        frame = con.ch_frame("SELECT run_id, writer_pid, writer_host, writer_start, mode, name FROM runs "
                              "WHERE status = 'running' ORDER BY run_id")
-        dead = {r: mode for r, pid, host, start, mode in frame.rows()
+        dead = {r: (mode, name) for r, pid, host, start, mode, name in frame.rows()
                 if not writer_alive_or_damaged(pid, host, start, self.path, r)}
-        for run_id, mode in dead.items():
-            # a collected run's spans keep their sender's seq, which has gaps for good reasons (a
+        for run_id, (mode, name) in dead.items():
+            # a run its sender named keeps its sender's seq, which has gaps for good reasons (a
             # request still in flight, one a sender failed to deliver): a gap there is no partial
-            # flush, and trimming at it deleted spans the collector had acknowledged. A partial
-            # request was never acknowledged, and its retry is told apart by its ids and seq.
-            if mode != "otlp":  # (runs.mode of a collected run)
+            # flush, and trimming at it deleted spans the collector had acknowledged (a partial
+            # request was never acknowledged, and its retry is told apart by its ids and seq). A
+            # collector's own run is numbered by arrival, as a replay's: trimmed as one.
+            if not (mode == "otlp" and name == named_run_name(run_id)):
                 _trim_partial_flush(con, run_id)
             materialise(con, run_id)
             self._update_run(con, run_id, status="incomplete")
