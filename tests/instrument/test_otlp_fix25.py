@@ -333,3 +333,25 @@ def test_spans_numbered_by_their_caller_are_discarded_without_touching_the_store
     got = con.execute("SELECT name, seq FROM spans WHERE run_id = 'r' ORDER BY seq").fetchall()
     con.close()
     assert got == [("a", 0), ("c", 5), ("b", 7), ("b", 8)]
+
+
+def test_other_counts_and_impossible_gaps_are_refused_naming_the_field(tmp_path, collector):
+    """908c9a5 bounded token counts alone: three request spans of 2^62 preemptions were stored
+    with a 200, then every reader called the run damaged, and inter-token gaps of 2^62 ns in a
+    request of 1 µs made diff's median ITL 4.6e12 ms (re-probe C1)."""
+    from kvtrace.instrument.convert import MAX_TOKEN_COUNT
+
+    spans = [_span(i + 1, name="kvtrace.request", attributes=[_kv("kvtrace.request.preemptions", 1 << 62),
+                                                              _kv("kvtrace.seq", i)]) for i in range(3)]
+    code, message = _post(collector.url, spans)
+    assert code == 400 and f"kvtrace.request.preemptions: {1 << 62} counted is more than a span may count (at most " \
+                           f"{MAX_TOKEN_COUNT:,}" in message, message
+    gaps = {"key": "kvtrace.request.itl_ns", "value": {"arrayValue": {"values": [{"intValue": str(1 << 62)}]}}}
+    timed = [_kv("kvtrace.request.first_token_ns", 5_100)]  # (the span ends at 6,007: 907 ns after)
+    code, message = _post(collector.url, [_span(7, name="kvtrace.request", attributes=[gaps, *timed,
+                                                                                         _kv("kvtrace.seq", 7)])])
+    assert code == 400 and "kvtrace.request.itl_ns: its gaps add up to" in message and "= 907 ns" in message, message
+    fine = {"key": "kvtrace.request.itl_ns", "value": {"arrayValue": {"values": [{"intValue": "400"},
+                                                                                 {"intValue": "500"}]}}}
+    assert _post(collector.url, [_span(8, name="kvtrace.request", attributes=[fine, *timed,
+                                                                              _kv("kvtrace.seq", 8)])])[0] == 200
