@@ -226,6 +226,7 @@ def named_run_name(run_id: str) -> str:
     return f"otlp {run_id}"
 
 
+CONFIG_TEXT_KEYS = ("backend", "vllm_version", "vllm_commit")  # a run config's keys the views show as text
 FINISHED_STATUSES = RUN_STATUSES[1:]  # what a finished run is (a collected run's record may name one)
 
 # The headline fields of a run summary (``runs.summary``), in display order: what the

@@ -50,7 +50,9 @@ def test_a_record_the_exporter_took_keeps_nothing_kvtrace_collect_would_refuse(t
     Store.open(db).close()
     record = {"kvtrace.run.status": "bogus", "kvtrace.run.digest": "two words",
               "kvtrace.run.summary": json.dumps({"prefix_cache_hits": 9, "prefix_cache_queries": 5}),
-              "kvtrace.run.name": "sent"}
+              "kvtrace.run.name": "sent", "kvtrace.run.trace_digest": "two words", "kvtrace.run.created": "yesterday",
+              "kvtrace.run.config": "not json", "kvtrace.run.behaviours": json.dumps({"a": 1}),
+              "kvtrace.run.mode": "engine"}
     with client.connect(clickhouse_target(db)) as con:
         con.insert_arrow("otel_traces", pa.table({
             "Timestamp": pa.array([1_796_000_000_000_000_000] * 2, pa.timestamp("ns")),
@@ -62,3 +64,6 @@ def test_a_record_the_exporter_took_keeps_nothing_kvtrace_collect_would_refuse(t
     (run,) = read.runs(db).iter_rows(named=True)
     assert run["run_id"] == "x1" and run["name"] == "sent"  # (the rest of the record is kept)
     assert run["status"] == "incomplete" and run["digest"] is None and run["summary"] is None
+    # (re-probe C1: these were kept too, and a config that was no JSON made the run read damaged)
+    assert run["trace_digest"] is None and run["created"] != "yesterday" and run["mode"] == "otlp"
+    assert read.run(db, "x1")["config"] is None and run["status"] != "damaged"

@@ -70,6 +70,7 @@ from kvtrace.instrument.otlp.limits import (
 from kvtrace.metrics import summary_disagreement, summary_problem
 from kvtrace.process import bracketed, is_ipv6, port_in_use, sigterm_as_interrupt, unbracketed
 from kvtrace.store.schema import (
+    CONFIG_TEXT_KEYS,
     FINISHED_STATUSES,
     RUN_RECORD_PREFIX,
     SEQ_ATTRIBUTE,
@@ -772,7 +773,6 @@ def _named_run(resource: dict, where: str) -> str:
 
 
 MAX_RECORD_FIELD_CHARS = 1 << 20  # a run record's text field (a config is a few KB)
-CONFIG_TEXT_KEYS = ("backend", "vllm_version", "vllm_commit")  # a record's config keys the views show as text
 
 
 def _run_record(attributes: dict, where: str) -> dict:

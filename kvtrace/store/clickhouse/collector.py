@@ -32,6 +32,7 @@ from typing import Any
 
 from kvtrace.store.backend import ClickHouseTarget
 from kvtrace.store.schema import (
+    CONFIG_TEXT_KEYS,
     FAMILIES,
     FINISHED_STATUSES,
     GENAI_CACHE_READ,
@@ -232,6 +233,31 @@ def attach(con, target: ClickHouseTarget) -> None:
         con.command(f"INSERT INTO {table} ({cols}) {select}")  # what the collector wrote before
 
 
+def _described(key: str, text: Any) -> str | None:
+    """A record's ``created`` (ISO 8601 with its UTC offset, stored in UTC), ``config`` (a JSON
+    object whose backend and vLLM fields are text) or ``behaviours`` (a JSON list of names) as
+    `kvtrace collect` takes it, or None where it would refuse it."""
+    import datetime as dt
+
+    if not isinstance(text, str):
+        return None
+    if key == "created":
+        try:
+            when = dt.datetime.fromisoformat(text)
+        except ValueError:
+            return None
+        return when.astimezone(dt.UTC).isoformat() if when.tzinfo is not None else None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    if key == "config":
+        ok = isinstance(value, dict) and all(isinstance(value[k], str) for k in CONFIG_TEXT_KEYS if k in value)
+    else:
+        ok = isinstance(value, list) and all(isinstance(b, str) for b in value)
+    return text if ok else None
+
+
 def _summary_refused(text: Any) -> bool:
     """Whether a record's summary is one `kvtrace collect` would refuse (``metrics``' checks)."""
     from kvtrace.metrics import summary_disagreement, summary_problem
@@ -276,8 +302,10 @@ def register_collected_runs(con) -> list[str]:
         rec = {k.removeprefix(RUN_RECORD_PREFIX): v for k, v in items if k.startswith(RUN_RECORD_PREFIX)}
         get = rec.get
         materialise(con, run_id)
+        # (its mode stays otlp, as `kvtrace collect` keeps it: a kvtrace replay's is read from its
+        # config, ``metrics.replayed_mode``)
         fields = {c: get(c) for c in ("name", "created", "trace_source", "trace_digest", "config", "behaviours",
-                                      "mode", "digest", "summary") if get(c) is not None}
+                                      "digest", "summary") if get(c) is not None}
         # what `kvtrace collect` refuses, this path (which refuses nothing: the exporter took it)
         # keeps none of: a status no run finishes as is told as incomplete, not complete; a summary
         # that is no summary, or disagrees with itself, is left out (every view computes one from
@@ -287,8 +315,16 @@ def register_collected_runs(con) -> list[str]:
             status = "incomplete"
         if "summary" in fields and _summary_refused(fields["summary"]):
             del fields["summary"]
-        if "digest" in fields and run_id_problem(str(fields["digest"])) is not None:
-            del fields["digest"]
+        for key in ("digest", "trace_digest"):
+            if key in fields and run_id_problem(str(fields[key])) is not None:
+                del fields[key]
+        for key in ("created", "config", "behaviours"):
+            if key in fields:
+                kept = _described(key, fields[key])
+                if kept is None:
+                    del fields[key]
+                else:
+                    fields[key] = kept
         sets = ", ".join(f"{c} = {{{c}:String}}" for c in fields)
         con.command(f"ALTER TABLE runs UPDATE {sets}{', ' if sets else ''}status = {{status:String}} "
                     "WHERE run_id = {run_id:String} SETTINGS mutations_sync = 2",
