@@ -74,3 +74,56 @@ def count_spans(path: str | Path, run_id: str) -> int:
         return count
     finally:
         con.close()
+
+
+def post_otlp_json(url: str, doc: dict) -> tuple[int, str]:
+    """POST an OTLP/JSON request: (200, body), or (the error status, the Status message)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url, data=json.dumps(doc).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())["message"]
+
+
+def capture_batches(pub, pub_ep: str, replay_ep: str, sent: list, tmp_path: Path, **kwargs):
+    """``capture_vllm`` of ``pub_ep`` (a thread; store ``s.duckdb`` and trace ``t.jsonl`` in
+    ``tmp_path``; ``kwargs`` its other settings) while vLLM's own publisher ``pub`` sends the
+    batches ``sent`` once the capture reached it; stopped once every batch is in (a batch the
+    slow joiner drops comes back through the replay socket). Its stats; ``pub`` shut down."""
+    import threading
+    import time
+
+    from kvtrace.instrument.vllm import capture_vllm
+
+    caps: list = []
+    done = threading.Event()
+    result: dict = {}
+
+    def capture() -> None:
+        result["stats"] = capture_vllm(pub_ep, replay_ep, store_path=tmp_path / "s.duckdb",
+                                       trace_out=tmp_path / "t.jsonl", should_stop=done.is_set,
+                                       on_ready=caps.append, **kwargs)
+
+    thread = threading.Thread(target=capture)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not caps or not caps[0].stats.connected:
+            assert time.monotonic() < deadline, "the capture never reached the publisher"
+            time.sleep(0.02)
+        for batch in sent:
+            pub.publish(batch)
+        while caps[0].stats.batches < len(sent):
+            assert time.monotonic() < deadline, caps[0].stats
+            time.sleep(0.02)
+    finally:
+        done.set()
+        thread.join(60)
+        pub.shutdown()
+    return result["stats"]

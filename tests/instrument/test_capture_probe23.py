@@ -11,8 +11,6 @@ the prefix length of its last hash, and a request's prompt the prefix of its las
 from __future__ import annotations
 
 import json
-import threading
-import time
 import warnings
 
 import pytest
@@ -22,7 +20,7 @@ from kvtrace.instrument.ids import SeededIdGenerator
 from kvtrace.instrument.vllm import ChainTracer, KVEvent, capture_vllm
 from kvtrace.instrument.vllm.rows import VllmSpanRows
 from kvtrace.instrument.vllm.wire import BLOCK_REMOVED, BLOCK_STORED, KVEventBatch
-from tests.instrument.helpers import store_rows
+from tests.instrument.helpers import capture_batches, store_rows
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # requests' charset warning on import
@@ -123,34 +121,7 @@ def test_a_hybrid_model_captured_from_vllms_own_publisher_is_stored_and_rebuilt_
     pub_ep, replay_ep = f"ipc://{tmp_path}/pub", f"ipc://{tmp_path}/replay"
     pub = ZmqEventPublisher(0, endpoint=pub_ep, replay_endpoint=replay_ep, topic=TOPIC)
     sent = _hybrid_batches()
-    caps: list = []
-    done = threading.Event()
-    result: dict = {}
-
-    def capture() -> None:
-        result["stats"] = capture_vllm(pub_ep, replay_ep, store_path=tmp_path / "s.duckdb", topic=TOPIC,
-                                       trace_out=tmp_path / "t.jsonl", should_stop=done.is_set, on_ready=caps.append)
-
-    thread = threading.Thread(target=capture)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 60
-        while not caps or not caps[0].stats.connected:
-            assert time.monotonic() < deadline, "the capture never reached the publisher"
-            time.sleep(0.02)
-        for batch in sent:  # (a batch the slow joiner drops comes back through the replay socket)
-            pub.publish(batch)
-        while caps[0].stats.batches < len(sent):
-            assert time.monotonic() < deadline, caps[0].stats
-            if caps[0].stats.batches == 0:
-                time.sleep(0.05)
-                continue
-            time.sleep(0.02)
-    finally:
-        done.set()
-        thread.join(60)
-        pub.shutdown()
-    stats = result["stats"]
+    stats = capture_batches(pub, pub_ep, replay_ep, sent, tmp_path, topic=TOPIC)
     assert (stats.batches, stats.events, stats.lost, stats.bad_messages, stats.requests) == (4, 6, 0, 0, 2)
     rows = store_rows(tmp_path / "s.duckdb", stats.run_id, "name, step, block_hashes, parent_block_hash, num_tokens, "
                                                           "block_size, group_id, kv_cache_spec_kind, evict_reason")

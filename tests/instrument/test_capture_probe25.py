@@ -12,19 +12,17 @@ prefix of its last hash and a rebuilt request's prompt the prefix of its last bl
 from __future__ import annotations
 
 import logging
-import threading
-import time
 import warnings
 
 import msgspec
 
 from kvtrace.instrument.ids import SeededIdGenerator
-from kvtrace.instrument.vllm import ChainTracer, KVEvent, capture_vllm, decode_kv_batch
+from kvtrace.instrument.vllm import ChainTracer, KVEvent, decode_kv_batch
 from kvtrace.instrument.vllm.reconstruct import native_requests
 from kvtrace.instrument.vllm.rows import VllmSpanRows
 from kvtrace.instrument.vllm.wire import BLOCK_STORED, MEDIUM_KEY_CHARS, KVEventBatch
 from kvtrace.workload.native import read_header, read_native
-from tests.instrument.helpers import store_rows
+from tests.instrument.helpers import capture_batches, store_rows
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # requests' charset warning on import
@@ -109,32 +107,7 @@ def test_an_offloading_servers_capture_is_stored_and_rebuilt_from_its_gpu_tier(t
     pub = ZmqEventPublisher(0, endpoint=f"ipc://{tmp_path}/pub", replay_endpoint=f"ipc://{tmp_path}/replay",
                             topic="kv")
     sent = _offloading_batches()
-    caps: list = []
-    done = threading.Event()
-    result: dict = {}
-
-    def capture() -> None:
-        result["stats"] = capture_vllm(f"ipc://{tmp_path}/pub", f"ipc://{tmp_path}/replay",
-                                       store_path=tmp_path / "s.duckdb", trace_out=tmp_path / "t.jsonl",
-                                       should_stop=done.is_set, on_ready=caps.append)
-
-    thread = threading.Thread(target=capture)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 60
-        while not caps or not caps[0].stats.connected:
-            assert time.monotonic() < deadline, "the capture never reached the publisher"
-            time.sleep(0.02)
-        for batch in sent:  # (a batch the slow joiner drops comes back through the replay socket)
-            pub.publish(batch)
-        while caps[0].stats.batches < len(sent):
-            assert time.monotonic() < deadline, caps[0].stats if caps else "no capture"
-            time.sleep(0.05)
-    finally:
-        done.set()
-        thread.join(60)
-        pub.shutdown()
-    stats = result["stats"]
+    stats = capture_batches(pub, f"ipc://{tmp_path}/pub", f"ipc://{tmp_path}/replay", sent, tmp_path)
     assert (stats.batches, stats.lost, stats.bad_messages) == (len(sent), 0, 0)
     rows = store_rows(tmp_path / "s.duckdb", stats.run_id, "name, block_hashes, num_tokens, medium")
     gpu = [(int(r["block_hashes"][-1], 16), r["num_tokens"]) for r in rows

@@ -6,8 +6,6 @@ whose counters disagree refused, token counts bounded."""
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 
 import duckdb
 import pytest
@@ -22,7 +20,7 @@ from kvtrace.instrument.otlp.collector import _HeldSeqs
 from kvtrace.instrument.pipeline import make_resource
 from kvtrace.instrument.processor import BulkSpanProcessor
 from kvtrace.store.writer import Store
-from tests.instrument.helpers import one_of_each_step
+from tests.instrument.helpers import one_of_each_step, post_otlp_json
 from tests.support.synthetic_spans import synthetic_steps
 
 TRACE = "5d1e0a3b7c9f41d2a8b6c4e2f0a1b3c5"
@@ -122,13 +120,7 @@ def _span(i: int, seq: int | None = None, **extra) -> dict:
 def _post(url: str, spans: list[dict], run_id: str | None = "fix25", resource: list[dict] | None = None):
     attrs = ([] if run_id is None else [_kv("kvtrace.run.id", run_id)]) + (resource or [])
     doc = {"resourceSpans": [{"resource": {"attributes": attrs}, "scopeSpans": [{"spans": spans}]}]}
-    req = urllib.request.Request(url, data=json.dumps(doc).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())["message"]
+    return post_otlp_json(url, doc)
 
 
 def _seqs(path, run_id: str) -> dict[int, int]:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import urllib.error
-import urllib.request
 
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
@@ -14,7 +12,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from kvtrace.errors import KVTraceError
 from kvtrace.instrument.otlp import OTLPCollector, decode_json, decode_protobuf
 from kvtrace.store.read import run
-from tests.instrument.helpers import count_spans
+from tests.instrument.helpers import count_spans, post_otlp_json
 
 TRACE = "5d1e0a3b7c9f41d2a8b6c4e2f0a1b3c5"
 OFFSET_KEY = "kvtrace.run.time_offset_ns"
@@ -40,14 +38,7 @@ def _record(i: int, **attrs: dict) -> dict:
     return _span(i, name="kvtrace.run", attributes=[_kv(f"kvtrace.run.{k}", v) for k, v in attrs.items()])
 
 
-def _post(url: str, doc: dict) -> tuple[int, str]:
-    req = urllib.request.Request(url, data=json.dumps(doc).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())["message"]
+_post = post_otlp_json
 
 
 @pytest.fixture()
