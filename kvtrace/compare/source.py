@@ -98,7 +98,8 @@ def _diff(view: StoreView, run_a: str, run_b: str, info_a: dict[str, Any], info_
     diff.same_trace, diff.forced = same, not same
     hits_a, hits_b = view.per_request_hits(run_a), view.per_request_hits(run_b)
     # (its mode as kvtrace names it, never the stored text: a note is rendered as kvtrace's own markdown)
-    silent = [f"{side} ({run_kind(info.get('mode'))})" for side, info, hits, summary in
+    # (a collected replay's as its sender's mode: "A (collected)" hid why it holds none)
+    silent = [f"{side} ({run_kind(info.get('replayed_mode') or info.get('mode'))})" for side, info, hits, summary in
               (("A", info_a, hits_a, summary_a), ("B", info_b, hits_b, summary_b))
               if hits.height == 0 and (summary.get("requests") or 0) > 0]
     other, common = _other_prompts(hits_a, hits_b)

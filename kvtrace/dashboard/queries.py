@@ -238,7 +238,7 @@ def no_requests_why(run_id: str) -> str:
     receives cache events alone, and any other run (an engine replay that failed before a
     request finished, a sender's spans) finished none (Compare called such an engine run
     cache-only)."""
-    mode = replay_mode(run_row(run_id).get("mode"))
+    mode = replay_mode(replayed_mode(run_id))  # (a collected replay's: its sender's)
     if mode == "cache-only":
         return "is cache-only (no clock, no request spans)"
     if run_row(run_id).get("mode") == "live":

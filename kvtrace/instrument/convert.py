@@ -87,7 +87,8 @@ TOKEN_COUNT_COLUMNS = frozenset({
 # request spans were stored, then every reader called the run damaged: its sum overflowed).
 OTHER_COUNT_COLUMNS = frozenset({"num_preemptions", "num_decode_seqs", "num_running", "num_waiting", "num_copies",
                                  "num_preempted"})
-_ATTRIBUTE_OF = {c.name: c.attr for c in SPAN_COLUMN_DEFS if c.attr} | {"end_ns": "the span's end"}
+_ATTRIBUTE_OF = ({c.name: c.attr for c in SPAN_COLUMN_DEFS if c.attr}
+                 | {"end_ns": "the span's end", "start_ns": "its start"})
 
 
 def _first(*values: Any) -> Any:
@@ -318,10 +319,14 @@ class SpanRowsBuilder:
                                   f"- {_ATTRIBUTE_OF[REQUEST_TTFT[2]]} = {first - arrival}")
         # its inter-token gaps lie between its first token and its end (gaps of 2^62 ns in a
         # request of 1 µs were stored, and diff showed a median ITL of 4.6e12 ms)
+        # (without a first token, between its start and its end: two gaps of 2^62 ns were stored)
         gaps, end = value("itl_ns"), value("end_ns")
-        if gaps and first is not None and end is not None and sum(gaps) > end - first:
+        since = "first_token_ns" if first is not None else "start_ns"
+        begin = first if first is not None else value("start_ns")
+        if gaps and begin is not None and end is not None and sum(gaps) > end - begin:
             raise UnstorableValue(f"{_ATTRIBUTE_OF['itl_ns']}: its gaps add up to {sum(gaps)} ns, more than "
-                                  f"{_ATTRIBUTE_OF['end_ns']} - {_ATTRIBUTE_OF['first_token_ns']} = {end - first} ns")
+                                  f"{_ATTRIBUTE_OF['end_ns']} - {_ATTRIBUTE_OF[since]} = "
+                                  f"{end - begin} ns")
         self._check_within(REQUEST_WITHIN, REQUEST_WHOLE_NEEDED)
 
     def _check_within(self, within: tuple[tuple[tuple[str, ...], str], ...], whole_needed: Iterable[str]) -> None:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 import numbers
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -326,11 +327,16 @@ def run_curve(spec, capacities: str, *, policies: Sequence[str] | None = None, d
 
 
 def _check_store(db) -> None:
-    """A store that cannot be written (held by another process, read-only) fails now, not
-    after the whole pass or every replay."""
-    if db is not None:
-        from kvtrace.store import Store
+    """A store there already that cannot be written (held by another process, read-only)
+    fails now, not after the whole pass or every replay. One not there yet is made when the
+    curve is recorded (made here, an error after, a bad line, left it empty behind)."""
+    if db is None:
+        return
+    from kvtrace.store import Store
+    from kvtrace.store.backend import clickhouse_target, is_clickhouse
 
+    where = clickhouse_target(db).path if is_clickhouse(db) else str(db)  # (None: a server, there already)
+    if where is None or os.path.exists(where):
         with Store.open(db):
             pass
 

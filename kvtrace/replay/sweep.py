@@ -367,8 +367,10 @@ def _deaths_named(results: Iterator[Replayed], combos: list[dict[str, Any]], don
             kept = (f"{stopped}, {_kept(done(), len(combos), stored, swept)}"
                     + ("" if swept or not stored else " (the curve itself is not recorded)"))
             if type(err) is not KVTraceError:  # (a file's, a flag's: named where it is)
+                if isinstance(err, ConfigError):  # (a swept setting's flag, as the user typed its values)
+                    err = at_swept_value(err, combo, values_flag)
                 if not done():
-                    raise
+                    raise err from None
                 # ... and, once runs were kept, what of the sweep they are: a trace deleted or cut
                 # midway was one line naming the file, the runs stored before it unsaid
                 raise _with_tail(err, kept) from None

@@ -114,8 +114,9 @@ def test_an_engine_curve_checks_its_store_before_any_replay(tmp_path, capsys, mo
     def held(cls, path, **kwargs):  # (as another process's hold ends after the lock timeout)
         raise StoreBusyError(str(path), "held by another process for more than 30 s")
 
-    monkeypatch.setattr(Store, "open", classmethod(held))
     store = str(tmp_path / "held.duckdb")
+    Store.open(store).close()  # (a store there already: one not there yet is made when the curve is recorded)
+    monkeypatch.setattr(Store, "open", classmethod(held))
     code, _, err = run(["curve", TRACE, "--mode", "engine", "--capacities", "500,600", "--no-content", "--limit", "5",
                         "--workers", "1", "--db", store], capsys)
     assert code == 2 and err.count("\n") == 1 and "held by another process" in err, err
@@ -140,3 +141,48 @@ def test_a_refused_engine_curve_capacity_creates_no_store(tmp_path, capsys):
                         "--capacities", "1", "--db", str(db)], capsys)
     assert code == 2 and err.startswith("kvtrace: error: --capacities: 1: "), err
     assert not db.exists()
+
+
+def test_a_sweeps_block_size_past_the_re_blocking_bound_is_named_as_swept(tmp_path, capsys):
+    """The bound named --block-size, a flag the sweep's user never typed (re-probe D)."""
+    db = str(tmp_path / "s.duckdb")
+    code, _, err = run(["sweep", TRACE, "--mode", "cache-only", "--param", "block_size=512,1", "--workers", "1",
+                        "--db", db], capsys)
+    assert code == 2 and "\nkvtrace: error: --param: block_size=1: the trace's prompts make more" in err, err
+    assert "the sweep stopped at block_size=1, 1 of 2 combinations stored" in err
+
+
+def test_an_engine_curve_over_a_bad_trace_leaves_no_store(tmp_path, capsys):
+    """The store was tried, so made, before the replays read the trace: a bad line left an empty
+    store behind (re-probe D). A store not there yet is made when the curve is recorded."""
+    trace = tmp_path / "bad.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 600, "output_length": 2, "hash_ids": [1, 2]}\n'
+                     '{"timestamp": 1, "input_length": -1}\n')
+    db = tmp_path / "c.duckdb"
+    code, _, err = run(["curve", str(trace), "--mode", "engine", "--capacities", "4096", "--no-content", "--workers",
+                        "1", "--db", str(db)], capsys)
+    assert code == 2 and "bad.jsonl:2" in err, err
+    assert not db.exists()
+
+
+def test_a_collected_cache_only_replay_is_named_by_its_senders_mode_where_it_holds_no_requests(tmp_path, capsys):
+    """diff said "run A (collected) records no per-request hits" of a collected cache-only replay,
+    and Compare that it "recorded no finished request", where its direct twin is "cache-only"
+    (re-probe D): both name it by its sender's mode."""
+    from kvtrace.instrument.otlp import OTLPCollector
+
+    collected = tmp_path / "c.duckdb"
+    collector = OTLPCollector(collected, port=0, grpc_port=None).start()
+    try:
+        _ok(["replay", TRACE, "--mode", "cache-only", "--capacity-blocks", "100", "--limit", "30",
+             "--otlp-endpoint", collector.url], capsys)
+    finally:
+        collector.stop()
+    from kvtrace.store import read
+
+    (sent,) = read.runs(collected)["run_id"].to_list()
+    _ok(["replay", TRACE, "--preset", "dense-attention", "--no-content", "--limit", "30", "--db", str(collected)],
+        capsys)
+    out = _ok(["diff", sent, "r1", "--db", str(collected), "--force", "--json"], capsys)
+    notes = json.loads(out)["notes"]
+    assert any(n.startswith("run A (cache-only) records no per-request hits") for n in notes), notes

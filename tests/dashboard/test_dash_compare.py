@@ -53,5 +53,5 @@ def test_compare_tells_a_run_of_older_definitions_to_be_replayed_before_its_pair
                        limit=30, policy="belady"), db=db)  # (the partner the page's command records)
     at = render(db, monkeypatch, "compare", run=old.run_id)
     infos = " ".join(i.value for i in at.info)
-    assert "a replay of A with this kvtrace first (A's metric definitions: none (it predates version 1); " in infos
+    assert "a replay of A with this kvtrace first (A's metric definitions: none recorded: before version 1; " in infos
     assert "no run of this kvtrace pairs with A), then" in infos, infos

@@ -343,6 +343,9 @@ def test_other_counts_and_impossible_gaps_are_refused_naming_the_field(tmp_path,
     code, message = _post(collector.url, [_span(7, name="kvtrace.request", attributes=[gaps, *timed,
                                                                                          _kv("kvtrace.seq", 7)])])
     assert code == 400 and "kvtrace.request.itl_ns: its gaps add up to" in message and "= 907 ns" in message, message
+    # without a first token: within the span, its start to its end (re-probe D: two gaps of 2^62 were stored)
+    code, message = _post(collector.url, [_span(9, name="kvtrace.request", attributes=[gaps, _kv("kvtrace.seq", 9)])])
+    assert code == 400 and "kvtrace.request.itl_ns: its gaps add up to" in message and "its start = 1000 ns" in message
     fine = {"key": "kvtrace.request.itl_ns", "value": {"arrayValue": {"values": [{"intValue": "400"},
                                                                                  {"intValue": "500"}]}}}
     assert _post(collector.url, [_span(8, name="kvtrace.request", attributes=[fine, *timed,

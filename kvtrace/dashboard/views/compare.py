@@ -71,9 +71,9 @@ def main() -> None:
     if not failed and defs is not None and defs != metrics.DEFINITIONS:
         # (a run recorded under other definitions pairs with none of this kvtrace's: the command
         # alone made a run that never became A's partner)
-        recorded = f"version {defs}" if defs else "none (it predates version 1)"
-        pair = (f"a replay of A with this kvtrace first (A's metric definitions: {recorded}; this kvtrace's: version "
-                f"{metrics.DEFINITIONS}; no run of this kvtrace pairs with A), then {pair}")
+        pair = (f"a replay of A with this kvtrace first (A's metric definitions: {metrics.definitions_label(defs)}; "
+                f"this kvtrace's: {metrics.definitions_label(metrics.DEFINITIONS)}; no run of this kvtrace pairs with "
+                f"A), then {pair}")
     if not ids:
         ui.empty(f"No other run of the same trace as {ui.code(run_a)} to compare with.", pair)
         return
