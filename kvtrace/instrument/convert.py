@@ -32,6 +32,7 @@ from kvtrace.instrument.batch import BATCH_SCHEMA, conform
 from kvtrace.store.schema import (
     ATTRIBUTE_COLUMNS,
     GENAI_CACHE_READ,
+    MAX_SPAN_COUNT,
     REQUEST_TIME_ORDER,
     REQUEST_TTFT,
     REQUEST_WHOLE_NEEDED,
@@ -41,6 +42,7 @@ from kvtrace.store.schema import (
     SPAN_COLUMN_DEFS,
     SPAN_LOOKUP,
     SPAN_REQUEST,
+    SUMMED_COUNTS,
     TIME_OFFSET_RESOURCE_KEY,
 )
 
@@ -74,19 +76,6 @@ _SIGN64 = 1 << 63
 _INT_RANGE = {pa.int64(): (-_SIGN64, _SIGN64 - 1), pa.int32(): (-(1 << 31), (1 << 31) - 1),
               pa.uint64(): (-_SIGN64, _MASK64)}
 _MIN_VALUE = {c.name: c.min_value for c in SPAN_COLUMN_DEFS if c.min_value is not None}
-# The most tokens one span's count may say (a prompt, a lookup, a step's prefill, a chunk): far
-# above any real prompt, and small enough that every sum the store makes of such a count over
-# 2^31 spans, and two such sums added, fit its int64 (2^62 of gen_ai.usage.input_tokens in three
-# spans were stored, then every reader called the run damaged: its sums overflowed).
-MAX_TOKEN_COUNT = (1 << 31) - 1
-TOKEN_COUNT_COLUMNS = frozenset({
-    "num_tokens", "num_query_tokens", "num_hit_tokens", "hit_tokens_per_group", "num_external_hit_tokens",
-    "num_prefill_tokens", "num_prompt_tokens", "num_output_tokens", "num_computed_tokens", "num_divergent_tokens",
-    "num_external_query_tokens", "num_preempted_query_tokens", "num_preempted_hit_tokens", "prefill_chunks"})
-# The other counts a view sums over a run's spans, bounded alike (2^62 preemptions in three
-# request spans were stored, then every reader called the run damaged: its sum overflowed).
-OTHER_COUNT_COLUMNS = frozenset({"num_preemptions", "num_decode_seqs", "num_running", "num_waiting", "num_copies",
-                                 "num_preempted"})
 _ATTRIBUTE_OF = ({c.name: c.attr for c in SPAN_COLUMN_DEFS if c.attr}
                  | {"end_ns": "the span's end", "start_ns": "its start"})
 
@@ -145,12 +134,11 @@ def _fits(key: str, column: str, values: Sequence[int]) -> None:
     if values and not (lo <= min(values) and max(values) <= hi):
         bad = next(v for v in values if not lo <= v <= hi)
         raise UnstorableValue(f"{key}: {bad} does not fit the store's {column} column ({lo} to {hi})"[:300])
-    if column in TOKEN_COUNT_COLUMNS or column in OTHER_COUNT_COLUMNS:
+    if column in SUMMED_COUNTS:  # (2^62 input tokens or preemptions in three spans: every reader said damaged)
         counts = values[2::3] if column == "prefill_chunks" else values  # (a chunk's third value: its tokens)
-        if counts and max(counts) > MAX_TOKEN_COUNT:
-            what = "tokens" if column in TOKEN_COUNT_COLUMNS else "counted"
-            raise UnstorableValue(f"{key}: {max(counts)} {what} is more than a span may count (at most "
-                                  f"{MAX_TOKEN_COUNT:,}, so the store's sums over a run fit int64)"[:300])
+        if counts and max(counts) > MAX_SPAN_COUNT:
+            raise UnstorableValue(f"{key}: {max(counts)} is more than a span may count (at most "
+                                  f"{MAX_SPAN_COUNT:,}, so the store's sums over a run fit int64)"[:300])
 
 
 def _floats(key: str, values: Sequence[int | float]) -> list[float]:

@@ -215,6 +215,19 @@ SPAN_COLUMNS: tuple[str, ...] = tuple(c.name for c in SPAN_COLUMN_DEFS)
 SPAN_ARROW_SCHEMA: pa.Schema = pa.schema([pa.field(c.name, c.arrow) for c in SPAN_COLUMN_DEFS])
 # OTel attribute key -> column name, for the OTLP receiver and the OTel exporter.
 ATTRIBUTE_COLUMNS: dict[str, str] = {c.attr: c.name for c in SPAN_COLUMN_DEFS if c.attr}
+# The most one span may count of anything a view sums over a run (tokens: a prompt, a lookup,
+# a step's prefill, a chunk's; preemptions, sequences, copies): far above any real prompt or
+# batch, and small enough that every such sum over 2^31 spans, and two sums added, fit the
+# store's int64 (2^62 input tokens, or preemptions, in three spans were stored with a 200, then
+# every reader called the run damaged: its sums overflowed). The receiver refuses more.
+MAX_SPAN_COUNT = (1 << 31) - 1
+SUMMED_COUNTS = frozenset({  # (prefill_chunks: each chunk's tokens)
+    "num_tokens", "num_query_tokens", "num_hit_tokens", "hit_tokens_per_group", "num_external_hit_tokens",
+    "num_prefill_tokens", "num_prompt_tokens", "num_output_tokens", "num_computed_tokens", "num_divergent_tokens",
+    "num_external_query_tokens", "num_preempted_query_tokens", "num_preempted_hit_tokens", "prefill_chunks",
+    "num_preemptions", "num_decode_seqs", "num_running", "num_waiting", "num_copies", "num_preempted",
+})
+
 # Derived GenAI attribute shown in otel_traces, not stored: local + external hit tokens.
 GENAI_CACHE_READ = "gen_ai.usage.cache_read.input_tokens"
 

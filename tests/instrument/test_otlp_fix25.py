@@ -279,15 +279,15 @@ def test_a_run_summary_that_disagrees_with_itself_is_refused_naming_the_key(tmp_
 def test_token_counts_past_the_documented_maximum_are_refused_naming_the_field(tmp_path, collector, key, value, told):
     """Three request spans of 2^62 input tokens were stored with a 200, then every reader said
     the run was damaged (its token sums overflowed int64)."""
-    from kvtrace.instrument.convert import MAX_TOKEN_COUNT
+    from kvtrace.store.schema import MAX_SPAN_COUNT
 
     attr = ({"key": key, "value": {"arrayValue": {"values": [{"intValue": str(v)} for v in value]}}}
             if isinstance(value, list) else _kv(key, value))
     spans = [_span(i + 1, name="kvtrace.request", attributes=[attr, _kv("kvtrace.seq", i)]) for i in range(3)]
     code, message = _post(collector.url, spans)
     assert code == 400, message
-    assert f"spans[0]: {key}: {told} tokens is more than a span may count (at most {MAX_TOKEN_COUNT:,}" in message
-    at_most = [MAX_TOKEN_COUNT * (v > 1) for v in value] if isinstance(value, list) else MAX_TOKEN_COUNT
+    assert f"spans[0]: {key}: {told} is more than a span may count (at most {MAX_SPAN_COUNT:,}" in message
+    at_most = [MAX_SPAN_COUNT * (v > 1) for v in value] if isinstance(value, list) else MAX_SPAN_COUNT
     attr = ({"key": key, "value": {"arrayValue": {"values": [{"intValue": str(v)} for v in at_most]}}}
             if isinstance(value, list) else _kv(key, at_most))
     assert _post(collector.url, [_span(9, attributes=[attr])])[0] == 200  # (at the maximum: stored)
@@ -331,13 +331,13 @@ def test_other_counts_and_impossible_gaps_are_refused_naming_the_field(tmp_path,
     """908c9a5 bounded token counts alone: three request spans of 2^62 preemptions were stored
     with a 200, then every reader called the run damaged, and inter-token gaps of 2^62 ns in a
     request of 1 µs made diff's median ITL 4.6e12 ms (re-probe C1)."""
-    from kvtrace.instrument.convert import MAX_TOKEN_COUNT
+    from kvtrace.store.schema import MAX_SPAN_COUNT
 
     spans = [_span(i + 1, name="kvtrace.request", attributes=[_kv("kvtrace.request.preemptions", 1 << 62),
                                                               _kv("kvtrace.seq", i)]) for i in range(3)]
     code, message = _post(collector.url, spans)
-    assert code == 400 and f"kvtrace.request.preemptions: {1 << 62} counted is more than a span may count (at most " \
-                           f"{MAX_TOKEN_COUNT:,}" in message, message
+    assert code == 400 and f"kvtrace.request.preemptions: {1 << 62} is more than a span may count (at most " \
+                           f"{MAX_SPAN_COUNT:,}" in message, message
     gaps = {"key": "kvtrace.request.itl_ns", "value": {"arrayValue": {"values": [{"intValue": str(1 << 62)}]}}}
     timed = [_kv("kvtrace.request.first_token_ns", 5_100)]  # (the span ends at 6,007: 907 ns after)
     code, message = _post(collector.url, [_span(7, name="kvtrace.request", attributes=[gaps, *timed,
