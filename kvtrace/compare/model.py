@@ -14,6 +14,7 @@ and tests can diff anything; ``kvtrace.compare.source`` feeds them from the stor
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -206,6 +207,12 @@ class RunDiff:
 # ------------------------------------------------------------------------- builders
 
 
+def events_mode(run: Mapping[str, Any]) -> Any:
+    """The mode a compared run's events were made in (``StoreView.run_info``'s
+    ``replayed_mode``: a collected replay's is its sender's), else its stored mode."""
+    return run.get("replayed_mode") or run.get("mode")
+
+
 def finite_number(v: Any) -> float | None:
     """A summary value as a metric, in every view: None for what is no finite number (JSON output said null of
     an Infinity that --markdown showed as '+inf ✅ better', and a gate on it passed)."""
@@ -258,7 +265,7 @@ def diff_summaries(
     unmeasured = [k for k in dict.fromkeys([*summary_a, *summary_b])
                   if summary_a.get(k) is None and summary_b.get(k) is None]
     # (a collected replay's: its sender's mode, ``metrics.replayed_mode``; "collected" hid a mode that differed)
-    modes = [replay_mode(r.get("replayed_mode") or r.get("mode")) for r in (ra, rb)]
+    modes = [replay_mode(events_mode(r)) for r in (ra, rb)]
     if set(modes) == {"cache-only", "engine"}:  # (README, Metrics: the two modes' hit rules)
         # (the modes kvtrace names, not the stored text: a note is rendered as kvtrace's own markdown)
         notes.append(f"modes differ ({modes[0]} vs {modes[1]}): cache-only counts a prompt cached "

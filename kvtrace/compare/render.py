@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from kvtrace.compare.bootstrap import CI_LEVEL
-from kvtrace.compare.model import CountShift, MetricDelta, RequestChange, RequestHitDiff, RunDiff
+from kvtrace.compare.model import CountShift, MetricDelta, RequestChange, RequestHitDiff, RunDiff, events_mode
 from kvtrace.metrics import backend_label, times_source, times_word
 from kvtrace.names import markdown_code, markdown_literal, markup_literal, printable, stdout_console
 from kvtrace.store.schema import SUMMARY_FIELDS
@@ -152,12 +152,7 @@ def to_markdown(diff: RunDiff) -> str:
 
 
 def _times(diff: RunDiff) -> str:
-    return times_word(*((_mode(r), r.get("cost_model")) for r in (diff.run_a, diff.run_b)))
-
-
-def _mode(run: dict[str, Any]) -> Any:
-    """The mode a run's events were made in (a collected replay's: its sender's)."""
-    return run.get("replayed_mode") or run.get("mode")
+    return times_word(*((events_mode(r), r.get("cost_model")) for r in (diff.run_a, diff.run_b)))
 
 
 def times_note(diff: RunDiff, code: Any = markdown_code, literal: Any = None) -> str:
@@ -166,7 +161,7 @@ def times_note(diff: RunDiff, code: Any = markdown_code, literal: Any = None) ->
     span; plain text for a terminal); ``literal``: how a stored coefficient's name and value
     are (default: as Markdown shows them, ``_md_name``)."""
     def source(run: dict[str, Any]) -> str:
-        return times_source(_mode(run), run.get("cost_model"), code)
+        return times_source(events_mode(run), run.get("cost_model"), code)
 
     a, b = source(diff.run_a), source(diff.run_b)
     if a != b:

@@ -20,6 +20,7 @@ from kvtrace.compare.model import (
     block_sizes_differ,
     count_shifts,
     diff_summaries,
+    events_mode,
     request_hit_diff,
 )
 from kvtrace.compare.options import DEFAULT_RESAMPLES, check_diff_options
@@ -99,7 +100,7 @@ def _diff(view: StoreView, run_a: str, run_b: str, info_a: dict[str, Any], info_
     hits_a, hits_b = view.per_request_hits(run_a), view.per_request_hits(run_b)
     # (its mode as kvtrace names it, never the stored text: a note is rendered as kvtrace's own markdown)
     # (a collected replay's as its sender's mode: "A (collected)" hid why it holds none)
-    silent = [f"{side} ({run_kind(info.get('replayed_mode') or info.get('mode'))})" for side, info, hits, summary in
+    silent = [f"{side} ({run_kind(events_mode(info))})" for side, info, hits, summary in
               (("A", info_a, hits_a, summary_a), ("B", info_b, hits_b, summary_b))
               if hits.height == 0 and (summary.get("requests") or 0) > 0]
     other, common = _other_prompts(hits_a, hits_b)
