@@ -90,11 +90,9 @@ def settings(run: Mapping[str, Any]) -> dict[str, Any]:
     cfg = _parsed(run.get("config"))
     # (a cache-only run's mode names its policy, "cache-only/lru", which its config holds:
     # an LRU run and a Belady run at one capacity differed in mode and policy, never paired)
-    mode = run.get("mode")
+    # (a replay a collector received: its sender's mode, its spans being the direct run's)
+    mode = replayed_mode(run.get("mode"), cfg if isinstance(cfg, dict) else None)
     out: dict[str, Any] = {"mode": mode.partition("/")[0] if isinstance(mode, str) else mode}
-    if mode == "otlp":  # a replay a collector received: its sender's mode (its spans are the direct run's)
-        mode = replayed_mode(mode, cfg if isinstance(cfg, dict) else None)
-        out["mode"] = mode.partition("/")[0] if isinstance(mode, str) else mode
     if isinstance(cfg, dict):
         cfg = dict(cfg)
         model = cfg.pop("cost_model", None)
