@@ -179,6 +179,10 @@ class _HeldSeqs:
         """One past the largest number held (0 when none)."""
         return self._ends[-1] if self._ends else 0
 
+    def covers(self, count: int) -> bool:
+        """Whether every number from 0 to ``count`` - 1 is held (a sender's whole run)."""
+        return count <= 0 or (bool(self._starts) and self._starts[0] == 0 and self._ends[0] >= count)
+
     def holds(self, seq: int) -> bool:
         i = bisect.bisect_right(self._starts, seq) - 1
         return i >= 0 and seq < self._ends[i]
@@ -296,6 +300,10 @@ class OTLPCollector:
         # runs an earlier collector on this store made and left without a record (stopped, or
         # killed: incomplete), which their producer's record still finishes
         self._unrecorded_runs: set[str] = set()
+        # runs whose record said complete while some of the spans its sender numbered (its summary's
+        # ``spans``) had not come: finished incomplete, and complete once the rest come (a lost
+        # export request read complete, its summary's counts beside a store short of them)
+        self._short_runs: dict[str, int] = {}
         # runs given spans once finished: their derived tables rebuilt by a timer (_refresh_late)
         # soon after, and at close
         self._late_runs: dict[str, None] = {}  # (in the order they became late: one a turn, none starved)
@@ -670,6 +678,12 @@ class OTLPCollector:
             return False
         record = dict(record)
         described = record.pop("described")
+        sent = _sent_span_count(record["summary"])
+        if record["status"] == "complete" and sent is not None and not self._held(run_id).covers(sent):
+            self._short_runs[run_id] = sent
+            record["status"] = "incomplete"
+            _log.warning("run %s: its sender numbered %d spans, not all of them come yet: incomplete until they do",
+                         run_id, sent)
         try:  # (its name, trace, config and behaviours, as a ClickHouse collector's runs keep them)
             self.store.describe_run(run_id, **described)
         except Exception as err:
@@ -687,9 +701,15 @@ class OTLPCollector:
 
     def _refresh(self, run_id: str) -> bool:
         """A finished run given spans since: its derived tables (what ``runs`` counts)
-        rebuilt; a failure is one log line, as for ``_finish`` (False)."""
+        rebuilt, and, once it holds every span its sender numbered, complete where its record
+        found it short (``_short_runs``); a failure is one log line, as for ``_finish`` (False)."""
+        sent = self._short_runs.get(run_id)
         try:
-            self.store.refresh_run(run_id)
+            if sent is not None and self._held(run_id).covers(sent):  # (the rest of its spans came)
+                self.store.finish_run(run_id, status="complete")
+                del self._short_runs[run_id]
+            else:
+                self.store.refresh_run(run_id)
         except Exception as err:
             _log.warning("run %s: derived tables not rebuilt (%s: %s); its spans are stored", run_id,
                          type(err).__name__, err)
@@ -770,6 +790,15 @@ def _named_run(resource: dict, where: str) -> str:
     if problem is not None:
         raise PayloadError(f"{where}: resource {RUN_ID_RESOURCE_KEY}: {problem}")
     return run_id
+
+
+def _sent_span_count(summary: str | None) -> int | None:
+    """The spans a kvtrace sender numbered in its run (its summary's ``spans``, checked by
+    ``_run_record``), or None where the summary gives none."""
+    if summary is None:
+        return None
+    count = json.loads(summary).get("spans")
+    return count if isinstance(count, int) and not isinstance(count, bool) else None
 
 
 MAX_RECORD_FIELD_CHARS = 1 << 20  # a run record's text field (a config is a few KB)

@@ -1,0 +1,96 @@
+"""A collected kvtrace run that misses some of the spans its sender numbered reads
+``incomplete``, not ``complete`` with its sender's summary, until the rest come."""
+
+from __future__ import annotations
+
+import duckdb
+import pytest
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SpanExportResult
+
+from kvtrace.instrument import KVCacheInstrumentor
+from kvtrace.instrument.ids import SeededIdGenerator
+from kvtrace.instrument.otlp import OTLPCollector
+from kvtrace.instrument.pipeline import make_resource
+from kvtrace.instrument.processor import BulkSpanProcessor
+from tests.instrument.helpers import one_of_each_step
+from tests.instrument.test_otlp_fix25 import _Held
+from tests.support.synthetic_spans import synthetic_steps
+
+RUN = "lead26"
+
+
+def _requests() -> tuple[list[list], list]:
+    """The export requests of a replay's spans (100 a request) and its run record's, whose
+    summary gives the spans numbered."""
+    held = _Held()
+    resource = make_resource(RUN, time_offset_ns=7_000_000_000)
+    provider = TracerProvider(resource=resource, id_generator=SeededIdGenerator(3))
+    provider.add_span_processor(BulkSpanProcessor(held, max_export_batch_size=100, resource=resource, run_id=RUN,
+                                                  time_offset_ns=7_000_000_000, number_spans=True))
+    inst = KVCacheInstrumentor(provider, run_id=RUN, flush_spans=1000)
+    for batch in [one_of_each_step(0), *synthetic_steps(30, seed=5)]:
+        inst(batch)
+    inst.flush()
+    inst.record_run({"name": "lead26", "status": "complete", "digest": "d1",
+                     "summary": {"spans": inst.spans_emitted, "requests": 1}})
+    inst.force_flush()
+    provider.shutdown()
+    *spans, record = held.requests
+    return spans, record
+
+
+def _status(path) -> str:
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        return con.execute("SELECT status FROM runs WHERE run_id = ?", [RUN]).fetchone()[0]
+    finally:
+        con.close()
+
+
+@pytest.mark.parametrize("lost", [0, 2, -1])
+def test_a_run_missing_an_export_request_reads_incomplete_until_it_comes(tmp_path, lost):
+    spans, record = _requests()
+    assert len(spans) > 3
+    path = tmp_path / "c.duckdb"
+    collector = OTLPCollector(path, port=0, late_refresh_s=0.0).start()
+    try:
+        exporter = OTLPSpanExporter(endpoint=collector.url)
+        for i, request in enumerate(spans):
+            if i != lost % len(spans):
+                assert exporter.export(request) is SpanExportResult.SUCCESS
+        assert exporter.export(record) is SpanExportResult.SUCCESS
+        assert _status(path) == "incomplete"  # (it read complete, its summary counting spans the store lacks)
+        assert exporter.export(spans[lost]) is SpanExportResult.SUCCESS
+        assert collector.wait_late_refreshed(timeout=30)
+        assert _status(path) == "complete"
+    finally:
+        collector.stop()
+    assert _status(path) == "complete"
+
+
+def test_a_run_whose_spans_all_came_reads_complete_at_its_record(tmp_path):
+    spans, record = _requests()
+    path = tmp_path / "c.duckdb"
+    collector = OTLPCollector(path, port=0).start()
+    try:
+        exporter = OTLPSpanExporter(endpoint=collector.url)
+        for request in [*spans, record]:
+            assert exporter.export(request) is SpanExportResult.SUCCESS
+        assert _status(path) == "complete"
+    finally:
+        collector.stop()
+
+
+def test_a_run_still_short_at_the_close_stays_incomplete(tmp_path):
+    spans, record = _requests()
+    path = tmp_path / "c.duckdb"
+    collector = OTLPCollector(path, port=0).start()
+    try:
+        exporter = OTLPSpanExporter(endpoint=collector.url)
+        for request in [*spans[1:], record]:
+            assert exporter.export(request) is SpanExportResult.SUCCESS
+    finally:
+        collector.stop()
+    assert _status(path) == "incomplete"
