@@ -47,7 +47,7 @@ _READS = {
         "stale_hashes_over_time", "stale_hashes", "stale_hash_chain", "divergent_outputs", "per_request_hits",
         "latency_cdf", "latency_histogram", "latency_summary", "itl_over_time", "request_waterfall",
         "request_span_count", "curves",
-        "capacity_marks",
+        "capacity_marks", "span_counts",
     )
 }
 
@@ -477,6 +477,12 @@ def request_has_spans(run_id: str, request_id: str) -> bool:
     """Whether any span of ``run_id`` names ``request_id``: a request without a finished
     request span (still in flight when the run stopped) has its lookups and cache spans."""
     return call("request_span_count", run_id, request_id) > 0
+
+
+def span_count(run_id: str, name: str) -> int:
+    """How many spans named ``name`` the run holds (``read.span_counts``)."""
+    counts = call("span_counts", run_id)
+    return int(counts.filter(pl.col("name") == name)["spans"].sum()) if counts.height else 0
 
 
 def shared_pool(run_id: str) -> bool:

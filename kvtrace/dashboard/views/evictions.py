@@ -42,17 +42,24 @@ ui.chart(charts.stacked_counts(by_kind, "Evicted blocks by the publish that took
          empty_what=outside or no_evictions, command=None if outside else fill, key="ev_kind")
 
 st.subheader("Eviction attribution")
+# The store traces a miss to an eviction of KV group 0 alone: with more groups (a hybrid model's
+# state group), a miss on a state another group evicted is not traced, and "no miss hit a block
+# that had been evicted" was said of a run whose two misses did
+groups = queries.group_names(run_id)
+traced = f" of {groups[0]}" if len(groups) > 1 else ""
+apart = (f" Misses are traced to {groups[0]}'s evictions alone: a miss on a block or state another KV group evicted "
+         "is not counted here." if len(groups) > 1 else "")
 whole = queries.call("eviction_attribution", run_id)
 att = state.in_window(whole, "miss_ns", window, origin)  # (the table below is the window's too)
 flows = queries.attribution_flows(run_id, att)
 prefixes = queries.prefix_labels(run_id, flows["prefix"].to_list())
 outside = state.outside_window(whole, att, window, "attributed misses")
 ui.chart(charts.attribution_sankey(flows, prefixes),
-         "Later misses on blocks that were cached before, traced back: the kind of publish that took the block, the "
-         "eviction reason, and the hot prefix that lost it (short hash · the request that first looked it up and "
-         "its prompt length · the longest hit it got).",
-         empty_what=outside or ("No miss in this run hit a block that had been evicted, so there is nothing to "
-                                "attribute." if not spanless else no_evictions),
+         f"Later misses on blocks{traced} that were cached before, traced back: the kind of publish that took the "
+         "block, the eviction reason, and the hot prefix that lost it (short hash · the request that first looked it "
+         f"up and its prompt length · the longest hit it got).{apart}",
+         empty_what=outside or (f"No miss in this run hit a block{traced} that had been evicted, so there is nothing "
+                                f"to attribute.{apart}" if not spanless else no_evictions),
          command=None if outside else fill, key="sankey")
 if whole.height:
     top = (att.group_by("publish_kind", "publish_request_id", "root_hash")

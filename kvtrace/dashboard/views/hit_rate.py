@@ -5,6 +5,7 @@ import streamlit as st
 
 from kvtrace import metrics
 from kvtrace.dashboard import charts, queries, state, ui
+from kvtrace.store.schema import SPAN_LOOKUP, SPAN_STEP
 
 ctx = queries.context()
 run_id = ctx["run_id"]
@@ -95,12 +96,19 @@ ui.chart(
     charts.usage(in_window, names, queries.shared_pool(run_id)),
     "Block-pool usage: each KV group's share of the pool, mean (solid) and max (dotted) per window of scheduler "
     "steps; with one pool shared by the groups, also the pool's mean usage (their sum).",
-    empty_what=outside or "No engine step spans in this run (cache-only runs have none), so no pool usage.",
+    # (a cache-only replay writes a step span per lookup, with no pool usage: "no step spans" was not so)
+    empty_what=outside or ("No pool usage in this run: its step spans carry none (a cache-only replay's steps are its "
+                           "lookups, with no block pool usage recorded)." if queries.span_count(run_id, SPAN_STEP)
+                           else "No engine step spans in this run, so no pool usage."),
     command=None if outside else "`kvtrace replay TRACE --db PATH` in engine mode", key="usage",
 )
 
 st.subheader("Hottest prefixes")
+lookups = queries.span_count(run_id, SPAN_LOOKUP)
 ui.table(queries.call("per_prefix_reuse", run_id, top=20),
          "The 20 most looked-up prefix families (root hash of the first full block): every lookup, including "
          "the repeated ones of requests still waiting for blocks; lookups that hit or missed, hit tokens and rate.",
-         empty_what="No lookup spans in this run, so no prefix reuse.")
+         # (a Belady run's lookups name no prefix: it said "no lookup spans" beside its 60 lookups)
+         empty_what=(f"This run's {ui.count(lookups)} lookup spans name no prefix (no root hash: a Belady run records "
+                     "none), so no prefix reuse." if lookups else "No lookup spans in this run, so no prefix reuse."),
+         command=None if lookups else ui.FILL_RUN)

@@ -1,0 +1,70 @@
+"""Probe 26 of the dashboard (truth): what the pages say a run lacks is checked against the
+store's own spans (raw SQL): a Belady run's lookups, a cache-only run's steps, and misses a
+hybrid run's state group evicted."""
+
+from __future__ import annotations
+
+import duckdb
+import pytest
+from apptest import render
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> tuple[str, str, str, str]:
+    """(store, engine, lru, belady): gen:mixed replayed in engine mode (kimi-hybrid: an
+    attention and a state group, 200 blocks) and cache-only with LRU and Belady at 50 blocks."""
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = str(tmp_path_factory.mktemp("probe26") / "p.duckdb")
+    engine = run_replay(RunSpec("gen:mixed", limit=60, capacity_blocks=200), db=db).run_id
+    lru = run_replay(RunSpec("gen:mixed", limit=60, mode="cache-only", capacity_blocks=50), db=db).run_id
+    belady = run_replay(RunSpec("gen:mixed", limit=60, mode="cache-only", policy="belady", capacity_blocks=50),
+                        db=db).run_id
+    assert engine and lru and belady
+    return db, engine, lru, belady
+
+
+def _count(db: str, sql: str, run_id: str) -> int:
+    with duckdb.connect(db, read_only=True) as con:
+        return con.execute(sql, [run_id]).fetchone()[0]
+
+
+def test_a_belady_runs_hit_rate_page_does_not_say_it_has_no_lookup_spans(runs, monkeypatch):
+    """A Belady run records a lookup span per request, naming no prefix (root hash): its Hit
+    rate page said 'No lookup spans in this run' beside them."""
+    db, _, _, belady = runs
+    lookups = _count(db, "SELECT count(*) FROM spans WHERE run_id = ? AND name = 'kvtrace.cache.lookup'", belady)
+    named = _count(db, "SELECT count(root_hash) FROM spans WHERE run_id = ? AND name = 'kvtrace.cache.lookup'", belady)
+    assert lookups > 0 and named == 0  # (the case: lookups that name no prefix)
+    infos = [i.value for i in render(db, monkeypatch, "hit_rate", run=belady).info]
+    assert not any("No lookup spans" in i for i in infos), infos
+    assert any(f"This run's {lookups:,} lookup spans name no prefix" in i for i in infos), infos
+
+
+def test_a_cache_only_runs_usage_chart_does_not_say_it_has_no_step_spans(runs, monkeypatch):
+    """A cache-only replay writes a step span per lookup, with no pool usage: its Hit rate page
+    said 'No engine step spans in this run (cache-only runs have none)'."""
+    db, _, lru, _ = runs
+    steps = _count(db, "SELECT count(*) FROM spans WHERE run_id = ? AND name = 'kvtrace.engine.step'", lru)
+    usage = _count(db, "SELECT count(usage) FROM spans WHERE run_id = ? AND name = 'kvtrace.engine.step'", lru)
+    assert steps > 0 and usage == 0
+    infos = [i.value for i in render(db, monkeypatch, "hit_rate", run=lru).info]
+    assert not any("No engine step spans" in i for i in infos), infos
+    assert any(i.startswith("No pool usage in this run: its step spans carry none") for i in infos), infos
+
+
+def test_attribution_of_a_hybrid_run_says_it_traces_group_0_alone(runs, monkeypatch):
+    """The store traces misses to group 0's evictions alone. A hybrid run whose lookups missed
+    on states its group 1 had evicted was said to have no miss on an evicted block."""
+    db, engine, _, _ = runs
+    other_group = _count(db, """
+        SELECT count(*) FROM spans l WHERE l.run_id = ? AND l.name = 'kvtrace.cache.lookup' AND EXISTS (
+            SELECT 1 FROM evicted_blocks e WHERE e.run_id = l.run_id AND e.group_id != 0
+            AND e.block_hash = l.first_miss_hash AND e.evict_ns < l.start_ns)""", engine)
+    assert other_group > 0  # (the case: misses on another group's evictions)
+    at = render(db, monkeypatch, "evictions", run=engine)
+    said = [i.value for i in at.info] + [c.value for c in at.caption]
+    attribution = [t for t in said if "that had been evicted" in t or "cached before, traced back" in t]
+    assert attribution, said
+    assert all("of group 0 (attention)" in t and "another KV group evicted is not counted" in t
+               for t in attribution), attribution
