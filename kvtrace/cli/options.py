@@ -108,7 +108,7 @@ _RUN_OPTIONS: dict[str, tuple[Any, Any, str]] = {
         None, "preset"),
     "config": (Annotated[str | None, typer.Option(
         "--config", metavar="FILE.toml", callback=typed_path, help="TOML settings overriding the "
-        "preset; a flag beside it overrides the key it sets (--without adds to the file's without).",
+        "preset (engine mode); a flag beside it overrides the key it sets (--without adds to the file's without).",
         rich_help_panel=RUN_PANEL)], None, "config_file"),
     "mode": (Annotated[Mode, typer.Option(
         help="engine: scheduler, worker and modelled time; cache-only: the cache alone.",

@@ -1,0 +1,68 @@
+"""What the docs probe (session 26) found: help and README that left out where an option or a
+default applies (--config and a curve's --capacities are refused outside engine or cache-only
+mode without a word of it), and a conformance paragraph that said every step's chunk is compared."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import typer.main
+
+from kvtrace.cli.commands import app
+from tests.cli.support import assert_one_line, run
+
+README = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _option_help(command: str, flag: str) -> str:
+    cmd = typer.main.get_command(app).commands[command]  # type: ignore[attr-defined]
+    (param,) = [p for p in cmd.params if flag in getattr(p, "opts", ())]
+    return _flat(param.help or "")
+
+
+def _run_settings() -> str:
+    section = README[README.index("## CLI reference"):]
+    return _flat(section[:section.index("| command |")])
+
+
+@pytest.mark.parametrize("command", ["replay", "sweep", "curve", "study"])
+def test_config_is_said_to_be_engine_modes_as_a_cache_only_replay_refuses_it(tmp_path, capsys, command):
+    """--config's help ("TOML settings overriding the preset") and the README's run settings ("any
+    cache, scheduler or cost-model field") did not say engine mode, where --preset, --retention and
+    --external-blocks each do; a cache-only replay refuses it."""
+    config = tmp_path / "run.toml"
+    config.write_text("[scheduler]\nmax_num_seqs = 4\n", encoding="utf-8")
+    code, _, err = run(["replay", "gen:chat", "--mode", "cache-only", "--limit", "2", "--config", str(config)], capsys)
+    assert_one_line(code, err, "--config", "engine mode only")
+    assert "preset (engine mode)" in _option_help(command, "--config")
+    said = _run_settings()
+    assert "`--config FILE.toml` (engine mode:" in said
+
+
+def test_the_curve_row_says_engine_mode_needs_block_counts(capsys):
+    """The README's curve paragraph said an engine curve is one replay per capacity and nothing of
+    `auto`, --capacities' default, being refused there (as `inf` is): `kvtrace curve T --mode engine`
+    as written fails."""
+    code, _, err = run(["curve", "gen:chat", "--mode", "engine", "--limit", "2", "--no-content"], capsys)
+    assert_one_line(code, err, "--capacities", "auto", "engine mode needs explicit block counts")
+    curves = _flat(README[README.index("`kvtrace curve TRACE [--capacities"):README.index("## Spans and attributes")])
+    assert "`auto` and `inf`, the default and the unbounded cache, are cache-only's" in curves
+
+
+def test_conformance_compares_chunks_only_where_a_mamba_group_splits_them(capsys):
+    """The README said conformance compares "the chunk" per request and step; it compares vLLM's
+    Mamba block-aligned split with kvtrace's, so a full-attention configuration compares none."""
+    pytest.importorskip("vllm.v1.core.kv_cache_manager")
+    code, out, err = run(["conformance", "gen:mixed", "--preset", "dense-attention", "--limit", "3", "--json"], capsys)
+    assert code == 0, err
+    (result,) = json.loads(out)["runs"]
+    assert result["fields"]["chunk"]["compared"] == 0 and result["fields"]["hit_tokens"]["compared"] > 0
+    section = _flat(README[README.index("## Conformance with vLLM"):README.index("## Dashboard")])
+    assert "compares the chunk (vLLM's Mamba block-aligned split against kvtrace's, where a Mamba group" in section
+    assert "`chunk` in `--json` compares none without" in section
