@@ -66,3 +66,21 @@ def test_conformance_compares_chunks_only_where_a_mamba_group_splits_them(capsys
     section = _flat(README[README.index("## Conformance with vLLM"):README.index("## Dashboard")])
     assert "compares the chunk (vLLM's Mamba block-aligned split against kvtrace's, where a Mamba group" in section
     assert "`chunk` in `--json` compares none without" in section
+
+
+def test_the_sweep_row_says_what_its_json_holds(capsys):
+    """The sweep row said "a table of deltas against the baseline" and nothing of --json, which
+    prints each combination's summary and no deltas: --baseline is checked there, then unused."""
+    argv = ["sweep", "gen:chat", "--mode", "cache-only", "--limit", "4", "--param", "capacity_blocks=20,40",
+            "--workers", "1", "--json"]
+    code, _, err = run([*argv, "--baseline", "capacity_blocks=30"], capsys)
+    assert_one_line(code, err, "--baseline", "capacity_blocks=30")
+    code, out, err = run([*argv, "--baseline", "capacity_blocks=40"], capsys)
+    assert code == 0, err
+    printed = json.loads(out)
+    assert set(printed) == {"sweep_id", "runs"}
+    assert [r["params"] for r in printed["runs"]] == [{"capacity_blocks": 20}, {"capacity_blocks": 40}]
+    assert all(r["run_id"] is None and not any("delta" in k for k in r) for r in printed["runs"])
+    row = _flat(next(line for line in README.splitlines() if line.startswith("| `kvtrace sweep ")))
+    assert "with `--json` one object, `{\"sweep_id\", \"runs\"}`: each combination's summary with its `params` and " \
+           "`run_id`, and no deltas (`--baseline` is checked, and shapes the table alone)" in row
