@@ -22,6 +22,8 @@ def format_value(key: str, value: Any) -> str:
     if key in _PERCENT and isinstance(value, (int, float)):
         return f"{100 * value:.2f}%"
     if isinstance(value, float):
+        if 0 < abs(value) < 0.001:  # (3 decimals showed 0.0003 tokens/s, a run that generated some, as 0.000)
+            return f"{value:.3g}"
         return f"{value:,.3f}"
     if isinstance(value, int):
         return f"{value:,}"
