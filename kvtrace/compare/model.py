@@ -79,16 +79,21 @@ class MetricDelta:
     b: float | None
     delta: float | None
     rel: float | None  # None when A is 0 or missing
+    # A latency percentile the diff's bootstrap gave a CI: whether that CI makes the change a
+    # finding (``PercentileShift.significant``); None where there is no CI to read.
+    significant: bool | None = None
 
     @property
     def verdict(self) -> str:
-        """'better' / 'worse' / 'same' / '' (no preferred direction or missing)."""
+        """'better' / 'worse' / 'same' / '' (no preferred direction, missing, or a latency
+        percentile whose CI holds no change: the summary table called p99_itl_ms "better"
+        beside the percentile table's interval [-0.56, +0.75] that finds nothing)."""
         if self.delta is None:
             return ""
         if self.delta == 0 or (is_latency_key(self.name) and below_latency_resolution(self.delta)):
             return "same"
         d = metric_direction(self.name)
-        if d == 0:
+        if d == 0 or self.significant is False:
             return ""
         return "better" if self.delta * d > 0 else "worse"
 
@@ -277,6 +282,21 @@ def diff_summaries(
         notes.append(f"block sizes differ ({size_a:g} vs {size_b:g} tokens): "
                      f"{', '.join(BLOCK_UNIT_KEYS)} count other units, so they have no delta")
     return RunDiff(run_a=ra, run_b=rb, metrics=metrics, same_trace=same, notes=notes, unmeasured=unmeasured)
+
+
+def with_latency_findings(metrics: list[MetricDelta], latency: list[PercentileShift]) -> list[MetricDelta]:
+    """``metrics`` with each latency percentile that ``latency`` gives a CI (``median_X`` is
+    its ``p50_X``, of the same values) marked with that CI's finding, so that the summary
+    row and the percentile row of one number say one thing."""
+    shifts = {s.name: s for s in latency if not math.isnan(s.ci_low)}
+    out = []
+    for m in metrics:
+        s = shifts.get(m.name) or shifts.get(m.name.replace("median_", "p50_", 1) if m.name.startswith("median_")
+                                             else m.name)
+        if s is not None and m.delta is not None and (m.a, m.b) == (s.a, s.b):
+            m = MetricDelta(m.name, m.a, m.b, m.delta, m.rel, significant=s.significant)
+        out.append(m)
+    return out
 
 
 def block_sizes_differ(summary_a: dict[str, Any], summary_b: dict[str, Any]) -> bool:

@@ -22,6 +22,7 @@ from kvtrace.compare.model import (
     diff_summaries,
     events_mode,
     request_hit_diff,
+    with_latency_findings,
 )
 from kvtrace.compare.options import DEFAULT_RESAMPLES, check_diff_options
 from kvtrace.compare.pairing import behaviours_on, same_trace
@@ -131,6 +132,7 @@ def _diff(view: StoreView, run_a: str, run_b: str, info_a: dict[str, Any], info_
         view.latency(run_a), view.latency(run_b), seed=seed, resamples=resamples, percentiles=percentiles,
         per_unit=NS_PER_MS, pair=not other,
     )
+    diff.metrics = with_latency_findings(diff.metrics, diff.latency)
     if note := ci_note(diff.bootstrap.get("no_ci", [])):
         diff.notes.append(note)
     backends = {info_a.get("backend"), info_b.get("backend")}

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -39,3 +40,57 @@ def test_a_failed_runs_evictions_of_other_sized_blocks_get_no_delta(failed_other
     assert d["metrics"]["evictions"]["delta"] is None
     assert d["evictions"]["by_reason"] and all(v["delta"] is None for v in d["evictions"]["by_reason"].values())
     assert any(n.startswith("block sizes differ (512 vs 256 tokens)") for n in d["notes"])
+
+
+@pytest.fixture(scope="module")
+def chat_pairs(tmp_path_factory):
+    """All behaviours on (r1), then without shared-prefix-pinning (r2, latency shifts its CIs
+    find) and without transient-checkpoint-retention (r3, shifts its CIs do not find)."""
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = tmp_path_factory.mktemp("probe26v") / "v.duckdb"
+    ids = [run_replay(RunSpec("gen:chat", preset="kimi-hybrid", capacity_blocks=40, limit=80, without=w), db=db).run_id
+           for w in ((), ("shared-prefix-pinning",), ("transient-checkpoint-retention",))]
+    return str(db), ids
+
+
+def _marks(markdown: str) -> tuple[dict[str, str], dict[str, str]]:
+    """The verdict cell of each summary row and each percentile row of a diff's markdown."""
+    summary: dict[str, str] = {}
+    latency: dict[str, str] = {}
+    table = summary
+    for line in markdown.splitlines():
+        if line.startswith("| percentile |"):
+            table = latency
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 6 and cells[0].endswith("_ms"):
+            table[cells[0]] = cells[5]
+    return summary, latency
+
+
+def test_a_latency_row_says_what_its_bootstrap_ci_says(chat_pairs, capsys):
+    """The summary table called median_ttft_ms "✅ better" (-0.24 ms) beside the percentile table's
+    p50_ttft_ms of the same number with a CI across zero and no verdict: one number, two readings."""
+    from kvtrace.compare.source import diff_runs
+
+    db, (on, no_pinning, no_retention) = chat_pairs
+    for b in (no_pinning, no_retention):
+        d = diff_runs(db, on, b)
+        code, out, err = run(["diff", on, b, "--db", db, "--markdown"], capsys)
+        assert code == 0, err
+        summary, latency = _marks(out)
+        checked = 0
+        for s in d.latency:
+            if math.isnan(s.ci_low):
+                continue
+            mark = latency[s.name]
+            assert mark == ("" if not s.significant else "❌ worse" if s.delta > 0 else "✅ better")
+            for name in (s.name, s.name.replace("p50_", "median_")):
+                if name in summary:
+                    assert summary[name] == mark, (name, s)
+                    checked += 1
+        assert checked >= 4
+    # the pair without retention holds a change its CI does not find; the one without pinning, findings
+    quiet = [s for s in diff_runs(db, on, no_retention).latency if s.delta != 0 and not s.significant
+             and not math.isnan(s.ci_low)]
+    assert quiet and any(s.significant for s in diff_runs(db, on, no_pinning).latency)
