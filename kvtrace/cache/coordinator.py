@@ -88,6 +88,7 @@ class KVCacheCoordinator:
         results: list[list[KVCacheBlock] | None] = [None] * self.num_groups
         hit_by_group = [0] * self.num_groups
         first: list[int | None] = [None] * self.num_groups
+        first_cap = [0] * self.num_groups  # the cap each group's first lookup had
         while True:
             curr = hit_length
             for g in self.lookup_order:
@@ -95,11 +96,13 @@ class KVCacheCoordinator:
                 if results[g] is not None and isinstance(m, FullAttentionManager):
                     curr = min(curr, hit_by_group[g])  # downward closed: trim, don't look again
                     continue
+                cap = curr
                 blocks, curr = m.find_longest_cache_hit(fine, curr, align)
                 results[g] = blocks
                 hit_by_group[g] = curr
                 if first[g] is None:
                     first[g] = curr
+                    first_cap[g] = cap
                 longest = max(longest, curr)
             if curr >= hit_length:
                 break
@@ -109,6 +112,16 @@ class KVCacheCoordinator:
         out: BlocksPerGroup = [r if r is not None else [] for r in results]
         for g in self.attention_groups:
             del out[g][cdiv(hit_length, mgrs[g].block_size):]
+        if self.ctx.sink.enabled:
+            # Each group's hit alone (the PrefixLookup's hit_tokens_per_group, the group hit
+            # rate): a group looked up after another was capped by that one's hit; it is asked
+            # again without the cap (lookups change nothing). Only the events read it.
+            # (full attention is downward closed: a capped hit short of its cap is its hit alone)
+            for g in self.lookup_order[1:]:
+                hit_g = first[g]
+                if hit_g is not None and first_cap[g] < max_length and not (
+                        hit_g < first_cap[g] and isinstance(mgrs[g], FullAttentionManager)):
+                    first[g] = mgrs[g].find_longest_cache_hit(fine, max_length, align)[1]
         firsts = tuple(h or 0 for h in first)
         return out, hit_length, longest - hit_length, firsts
 
