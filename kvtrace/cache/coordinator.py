@@ -83,6 +83,8 @@ class KVCacheCoordinator:
         if self.num_groups == 1:
             blocks, hit = mgrs[0].find_longest_cache_hit(fine, max_length, align)
             return [blocks], hit, 0, (hit,)
+        if max_length < 0:  # an empty request (num_tokens - 1): no hit, not a hit of -1 tokens
+            max_length = 0
         hit_length = max_length
         longest = 0
         results: list[list[KVCacheBlock] | None] = [None] * self.num_groups

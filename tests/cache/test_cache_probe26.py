@@ -37,3 +37,13 @@ def test_a_groups_hit_per_group_is_what_it_alone_found_not_capped_by_the_attenti
     (lookup,) = [e for e in events if isinstance(e, PrefixLookup) and e.request_id == "b"]
     assert hit == lookup.num_hit_tokens == 8  # the request hits what both groups hold
     assert lookup.hit_tokens_per_group == (8, 24)
+
+
+def test_an_empty_request_hits_nothing_in_a_hybrid_lookup():
+    """The hybrid fixed point started from num_tokens - 1 = -1 and kept it: an empty request's
+    lookup answered a hit of -1 tokens and counted it as a hit request (one group: 0)."""
+    m = KVCacheManager(CacheConfig(groups=(FullAttentionSpec(4), MambaSpec(4)), num_gpu_blocks=10,
+                                   hash_block_size=4))
+    _blocks, hit, boundary = m.get_computed_blocks(make_request("z", []))
+    assert (hit, boundary) == (0, 0)
+    assert (m.stats.hit_tokens, m.stats.hit_requests) == (0, 0)
