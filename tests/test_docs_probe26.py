@@ -98,3 +98,20 @@ def test_the_demo_benchmark_row_says_its_figure_is_the_best_run():
     shown = re.search(r"\*\*(\d+\.\d) s\*\*, the best of three \(([\d., ]+)\)", row)
     assert shown is not None, row
     assert float(shown.group(1)) == min(float(t) for t in shown.group(2).split(", "))
+
+
+def test_a_cache_only_step_span_is_the_millisecond_the_spans_table_says(tmp_path, capsys):
+    """The spans table gave a cache-only step's window as `[step × step_ns, (step+1) × step_ns]`,
+    the cost model's name for a step's modelled time, where no clock runs: each step (one a
+    request) is 1 ms of virtual time."""
+    import duckdb
+
+    db = tmp_path / "c.duckdb"
+    code, _, err = run(["replay", "gen:chat", "--mode", "cache-only", "--limit", "5", "--db", str(db)], capsys)
+    assert code == 0, err
+    with duckdb.connect(str(db), read_only=True) as con:
+        rows = con.execute("select step, start_ns, end_ns from step_spans order by step").fetchall()
+    assert [r[0] for r in rows] == list(range(5))
+    assert all((start, end) == (step * 1_000_000, (step + 1) * 1_000_000) for step, start, end in rows)
+    row = next(line for line in README.splitlines() if line.startswith("| `kvtrace.engine.step` |"))
+    assert "cache-only mode (one step a request, 1 ms each" in row and "`[step × 1 ms, (step + 1) × 1 ms]`" in row
