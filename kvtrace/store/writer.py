@@ -325,6 +325,11 @@ class Store:
         # and the run's finish mark another store's run of the same id complete (see _same_file)
         self._file: tuple[int, int] | None = None
         self._file_path = self.path  # (what _file identifies: a chdb store's directory)
+        # the writer record (pid, host, start token) each run created here was given: a file
+        # overwritten in place (``cp other.duckdb`` onto it, or a second writer creating the
+        # store anew over it) keeps its inode, so _same_file sees nothing, and this process's
+        # spans and finish went into that store's run of the same id (see _check_owned)
+        self._owners: dict[str, tuple[int, str, str | None]] = {}
 
     # -- lifecycle -------------------------------------------------------------------
     @classmethod
@@ -487,8 +492,22 @@ class Store:
             # found a committed run nobody marked: incomplete at the next open); marking a run
             # whose row an interrupt kept from committing updates nothing
             self._open_runs.add(run_id)
+            self._owners[run_id] = (pid, host_name(), process_start_token(pid))
         self._next_seq[run_id] = 0
         return run_id
+
+    def _check_owned(self, con: duckdb.DuckDBPyConnection, run_ids: Iterable[str]) -> None:
+        """Raise StoreError unless each run this process created and writes still has its
+        writer record here: in a file overwritten in place (same inode) the run of that id is
+        another writer's, or gone, and is never written into."""
+        for run_id in sorted(set(run_ids) & self._open_runs):
+            row = fetch_one(con, "SELECT writer_pid, writer_host, writer_start FROM runs WHERE run_id = ?", [run_id])
+            if row is not None and tuple(row) == self._owners.get(run_id, tuple(row)):
+                continue
+            whose = "is gone from it" if row is None else f"is another writer's (pid {row[0]})"
+            raise StoreError(self.path, f"was overwritten while this process wrote to it (run {run_id} {whose}: "
+                                        "the file copied over, or created anew by another writer); nothing more is "
+                                        "written to it, and the spans written since it was opened are not in it")
 
     def describe_run(self, run_id: str, **fields: Any) -> None:
         """Set a run's descriptive fields its producer sent later (a collector's run, from the
@@ -557,6 +576,7 @@ class Store:
             tables = derived.compute(con, run_id)
         with self._connect() as con:
             con.execute("BEGIN")
+            self._check_owned(con, [run_id])
             derived.store(con, run_id, tables)
             con.execute(
                 "UPDATE runs SET status = coalesce(?, status), digest = coalesce(?, digest), "
@@ -687,6 +707,7 @@ class Store:
             # insert then merges (a second copy of every row), and the producer loses its core.
             con.execute("SET threads = 1")
             con.execute("BEGIN")
+            self._check_owned(con, (run_id for _, run_id, _ in inserts))
             for family, run_id, table in inserts:
                 con.register("kvtrace_append", table)
                 con.execute(

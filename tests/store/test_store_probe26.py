@@ -1,0 +1,90 @@
+"""Twenty-sixth session's store probe: kills, concurrency and the read API."""
+
+from __future__ import annotations
+
+import shutil
+
+import duckdb
+import pyarrow as pa
+import pytest
+
+from kvtrace.store import Store, read
+from kvtrace.store.errors import StoreError
+
+
+def _step_spans(start: int, n: int) -> pa.Table:
+    return pa.table({"name": ["kvtrace.engine.step"] * n, "start_ns": list(range(start, start + n))})
+
+
+def _other_writers_store(path) -> None:
+    """A finished store whose run r1 another process wrote (its writer record is not ours)."""
+    store = Store.open(path)
+    run_id = store.create_run("someone else's")
+    store.append_spans(_step_spans(0, 1), run_id=run_id)
+    store.finish_run(run_id, digest="theirs")
+    store.close()
+    con = duckdb.connect(str(path))
+    try:
+        con.execute("UPDATE runs SET writer_pid = writer_pid + 1")
+    finally:
+        con.close()
+
+
+@pytest.mark.parametrize("hold", [False, True], ids=["connection-per-flush", "held-connection"])
+def test_a_store_overwritten_in_place_while_a_run_is_written_is_refused_and_its_run_left_alone(tmp_path, hold):
+    """``cp other.duckdb s.duckdb`` (the same inode, so no rename the file identity sees), or a
+    second replay creating the store anew over the first's: the writer went on appending its
+    spans to the other store's r1 and its finish marked that run with its digest (two replays
+    racing to create one store both said "run r1 recorded", one r1 holding every seq twice)."""
+    db, theirs = tmp_path / "s.duckdb", tmp_path / "theirs.duckdb"
+    _other_writers_store(theirs)
+    store = Store.open(db, hold=hold)
+    run_id = store.create_run("ours")
+    assert run_id == "r1"  # (the id the other store's run has too)
+    store.append_spans(_step_spans(0, 10), run_id=run_id)
+    store.flush()
+    store.release()
+    with open(theirs, "rb") as src, open(db, "r+b") as dst:  # in place: the inode stays
+        dst.truncate(0)
+        shutil.copyfileobj(src, dst)
+    store.append_spans(_step_spans(10, 10), run_id=run_id)
+    with pytest.raises(StoreError, match=r"was overwritten while this process wrote to it \(run r1 is another "):
+        store.flush()
+    with pytest.raises(StoreError, match="was overwritten while this process wrote to it"):
+        store.finish_run(run_id, digest="ours", summary={"requests": 99})
+    (row,) = read.runs(db).select("run_id", "name", "status", "num_spans").rows()
+    assert row == ("r1", "someone else's", "complete", 1)
+    assert read.run(db, "r1")["digest"] == "theirs"
+
+
+def test_a_run_removed_from_its_store_mid_run_is_not_written_again(tmp_path):
+    """The run's record gone (a store created anew over it, empty): nothing is written for it."""
+    db = tmp_path / "s.duckdb"
+    store = Store.open(db)
+    run_id = store.create_run("ours")
+    store.append_spans(_step_spans(0, 5), run_id=run_id)
+    store.flush()
+    con = duckdb.connect(str(db))
+    try:
+        con.execute("DELETE FROM spans_step")
+        con.execute("DELETE FROM runs")
+    finally:
+        con.close()
+    store.append_spans(_step_spans(5, 5), run_id=run_id)
+    with pytest.raises(StoreError, match=r"\(run r1 is gone from it: "):
+        store.flush()
+    assert read.runs(db).height == 0
+
+
+def test_the_writer_of_its_own_run_writes_and_finishes_as_before(tmp_path):
+    db = tmp_path / "s.duckdb"
+    store = Store.open(db, hold=True)
+    run_id = store.create_run("ours")
+    for start in (0, 10):
+        store.append_spans(_step_spans(start, 10), run_id=run_id)
+        store.flush()
+        store.release()
+    store.finish_run(run_id, digest="ours")
+    store.close()
+    (row,) = read.runs(db).select("run_id", "status", "num_spans", "digest").rows()
+    assert row == ("r1", "complete", 20, "ours")
