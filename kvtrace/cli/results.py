@@ -86,6 +86,8 @@ def runs(db: DbToRead, as_json: Json = False, limit: Annotated[int | None, typer
         })
     if as_json:
         echo_json({"db": str(db), "runs": listed})
+        if shown < stored.height:  # (stderr, as the table says it: --limit 2 left six runs out unsaid)
+            status(f"{stored.height - shown:,} older runs not listed (--limit 0 lists all {stored.height:,})")
         return
     header = ["run", "name", "trace", "mode", "backend", "behaviours", "capacity", "status", "created", *RUNS_METRICS]
     rows = [header]

@@ -94,3 +94,12 @@ def test_a_latency_row_says_what_its_bootstrap_ci_says(chat_pairs, capsys):
     quiet = [s for s in diff_runs(db, on, no_retention).latency if s.delta != 0 and not s.significant
              and not math.isnan(s.ci_low)]
     assert quiet and any(s.significant for s in diff_runs(db, on, no_pinning).latency)
+
+
+def test_runs_json_cut_by_limit_says_how_many_it_left_out(chat_pairs, capsys):
+    db, ids = chat_pairs
+    code, out, err = run(["runs", "--db", db, "--json", "--limit", "1"], capsys)
+    assert code == 0 and [r["run_id"] for r in json.loads(out)["runs"]] == [ids[-1]]
+    assert err.strip() == f"{len(ids) - 1} older runs not listed (--limit 0 lists all {len(ids)})"
+    code, out, err = run(["runs", "--db", db, "--json", "--limit", str(len(ids))], capsys)
+    assert code == 0 and len(json.loads(out)["runs"]) == len(ids) and err == ""
