@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import math
 import numbers
+import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -63,6 +64,11 @@ class RunSpec:
     content: bool = True  # engine mode: False runs without device content (hits and timings only)
     percentiles: tuple[float, ...] = DEFAULT_PERCENTILES  # of the summary's latencies (vllm bench serve's)
     backend: str = "kvtrace"  # engine mode: whose cache manager (kvtrace.engine.backends.BACKENDS)
+
+    def __post_init__(self) -> None:
+        # a notebook's pathlib.Path, as config_file takes one (the trace's was an AttributeError)
+        if isinstance(self.trace, os.PathLike):
+            self.trace = os.fspath(self.trace)
 
 
 @dataclass(slots=True)
@@ -411,6 +417,7 @@ def run_replay(
     a refused spec records nothing. The run then goes ``running`` -> ``complete``, or
     ``failed`` with every span emitted before the error kept.
     """
+    _check_types(spec)
     # A trace file is opened (lazily) first: a missing or unreadable one is reported before
     # the engine's configuration loads the cache; a generated workload is built after it.
     workload = None if spec.trace.startswith(GENERATED_PREFIX) else open_workload(spec)
@@ -575,6 +582,18 @@ def _whole(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _check_types(spec: RunSpec) -> None:
+    """A ConfigError at its flag for an API caller's setting of another type than the CLI
+    gives: content="no" ran with content (a non-empty string is true) and was recorded as
+    "no"; a name of 123 or ["x"] was stored as the text "123" or "[x]"."""
+    if not isinstance(spec.trace, str):
+        raise ConfigError("TRACE", repr(spec.trace)[:80], "expected a trace file's path or gen:NAME, a string")
+    if not isinstance(spec.content, bool):
+        raise ConfigError("--no-content", repr(spec.content)[:80], "expected content True or False")
+    if spec.name is not None and not isinstance(spec.name, str):
+        raise ConfigError("--name", repr(spec.name)[:80], "expected a string")
+
+
 def _check_whole_numbers(spec: RunSpec) -> None:
     """A ConfigError at its flag for a count of the spec that is no whole number: the CLI's
     are ints, an API caller's 1.5 reached the cache's config (a TypeError) or was truncated
@@ -627,6 +646,7 @@ def validate(spec: RunSpec) -> tuple[dict[str, Any], list[str], Any]:
         raise ConfigError("--mode", spec.mode, f"expected one of {', '.join(MODES)}")
     # (as a file's reader holds it: a generated workload took 0, an empty run recorded, and True, 1 request)
     check_limit(spec.limit)
+    _check_types(spec)
     _check_whole_numbers(spec)
     check_seed(spec.seed)
     check_percentiles(spec.percentiles)

@@ -115,3 +115,35 @@ def test_hits_and_times_of_shared_prefixes_agree_with_a_hand_computation(content
         s = result.summary
         assert s["prefix_cache_hits"] == sum(e[0] for e in expected.values()), seed
         assert s["prompt_tokens"] == s["prefix_cache_hits"] + s["computed_prompt_tokens"], seed
+
+
+def _trace(tmp_path):
+    from kvtrace.workload.native import write_native
+
+    path = tmp_path / "t.jsonl"
+    write_native([TraceRequest("a", 0, 5, 2, token_ids=np.arange(1, 6, dtype=np.int64))], path)
+    return path
+
+
+def test_a_trace_given_as_a_path_object_replays_as_its_string_does(tmp_path):
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    path = _trace(tmp_path)
+    by_path = run_replay(RunSpec(path, preset="dense-attention")).summary
+    by_text = run_replay(RunSpec(str(path), preset="dense-attention")).summary
+    assert by_path["digest"] == by_text["digest"] and by_path["trace"] == str(path)
+
+
+@pytest.mark.parametrize(("setting", "flag"), [({"content": "no"}, "--no-content"), ({"content": None}, "--no-content"),
+                                               ({"name": 123}, "--name"), ({"name": ["x"]}, "--name"),
+                                               ({"trace": 7}, "TRACE")])
+def test_an_api_setting_of_another_type_is_refused_at_its_flag_before_a_run_is_recorded(tmp_path, setting, flag):
+    from kvtrace.errors import ConfigError
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    spec = RunSpec(**{"trace": str(_trace(tmp_path)), "preset": "dense-attention", **setting})
+    db = tmp_path / "s.duckdb"
+    with pytest.raises(ConfigError, match=f"^{flag}: ") as raised:
+        run_replay(spec, db=db)
+    assert "expected" in str(raised.value)
+    assert not db.exists()  # (refused before the store is opened: no run recorded)
