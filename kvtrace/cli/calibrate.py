@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -74,8 +75,13 @@ def calibrate(
     if out is not None:
         with AtomicText(out, sources) as f:
             f.write(cost_model_toml(result.model).encode())
-        status("wrote the cost model to stdout (save it as a file and use it with: kvtrace replay TRACE --config "
-               "FILE.toml)" if to_stdout else f"wrote {out} (use it with: kvtrace replay TRACE --config {out})")
+        if to_stdout:
+            status("wrote the cost model to stdout (save it as a file and use it with: kvtrace replay TRACE --config "
+                   "FILE.toml)")
+        elif not Path(out).is_file():  # (-o /dev/null or a FIFO: "--config /dev/null" read nothing back)
+            status(f"wrote the cost model to {out} (not a file: save it to one to use it with --config)")
+        else:
+            status(f"wrote {out} (use it with: kvtrace replay TRACE --config {out})")
 
 
 def _refuse_a_run_config(out: str) -> None:

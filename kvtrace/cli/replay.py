@@ -99,9 +99,10 @@ def curve(
     spec,
     capacities: Annotated[str, typer.Option(
         metavar="auto|C1,C2,...",
-        help="Capacities in blocks, inf for the unbounded cache (auto: from the largest request up to the "
-             "trace's distinct blocks, and inf). Engine mode: each a --capacity-blocks, vLLM's num_gpu_blocks "
-             "with its null block, drawn at the usable blocks (one fewer) as its run states them.")] = "auto",
+        help="Capacities in blocks, inf for the unbounded cache (auto, cache-only mode: from the largest request up "
+             "to the trace's distinct blocks, and inf). Engine mode: explicit block counts (no auto, no inf), each a "
+             "--capacity-blocks, vLLM's num_gpu_blocks with its null block, drawn at the usable blocks (one fewer) "
+             "as its run states them.")] = "auto",
     policy: Annotated[str | None, typer.Option(
         metavar="lru,belady", help="The curves to draw: lru, belady (the offline bound, MIN), or both (default: both; "
                                    "lru in engine mode, where the Belady bound has no unit).")] = None,
