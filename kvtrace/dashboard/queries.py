@@ -383,19 +383,18 @@ def _per_request(run_id: str) -> pl.DataFrame:
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
-def _extent(db: str, key: tuple, run_id: str) -> tuple[int, int, int]:
-    """(time origin ns, end ns, requests). A finished replay's summary has its virtual
-    duration and requests, from 0; otherwise (a running or foreign run) the requests'
-    arrivals and finishes, and for a run on its sender's clock also its evictions (a live
-    capture has no requests), read once and reduced to three numbers. The origin is 0 on
-    kvtrace's virtual clock, else the first time read: a live capture's windows start at
-    its wall clock's ns since 1970, which a window from 0 s never reached."""
+def _extent(db: str, key: tuple, run_id: str) -> tuple[int, int, int, int]:
+    """(time origin ns, first time ns, end ns, requests), read once from the spans and reduced
+    to four numbers: the requests' arrivals and finishes, and for a run on its sender's clock
+    also its evictions (a live capture has no requests). The origin is 0 on kvtrace's virtual
+    clock (a replay's: its trace's own times), else the first time read: a live capture's
+    windows start at its wall clock's ns since 1970, which a window from 0 s never reached.
+
+    A finished replay's summary is not read for it: its ``virtual_duration_s`` runs from its
+    first arrival, not from 0, and a replay of a trace whose first request arrives late (a
+    slice of a Mooncake trace from 532 s) got a time window of 0 to 14 s, every windowed chart
+    'outside it: widen the window', and a slider that could not reach it."""
     record = read.run(db, run_id)
-    summary = _json(record.get("summary")) or {}
-    duration, n = summary.get("virtual_duration_s"), summary.get("requests")
-    # (a damaged one, 1e300 s, past int64 nanoseconds, is read from the spans instead)
-    if isinstance(duration, (int, float)) and isinstance(n, int) and 0 < duration * 1e9 < 2**63:
-        return 0, int(duration * 1e9), n
     reqs = read.requests(db, run_id)
     frames = [reqs.select(pl.col("arrival_ns").min().alias("lo"), pl.col("finish_ns").max().alias("hi"))]
     virtual = replay_mode(record.get("mode")) is not None  # (cache-only's is cache-only/POLICY)
@@ -415,7 +414,7 @@ def _extent(db: str, key: tuple, run_id: str) -> tuple[int, int, int]:
             frames.append(pl.DataFrame({"lo": [min(starts)], "hi": [max(starts) + (min(gaps) if gaps else 1)]}))
     lo, end = pl.concat([f.cast(pl.Int64) for f in frames]).select(
         pl.col("lo").min().fill_null(0), pl.col("hi").max().fill_null(0)).row(0)
-    return (0 if virtual else lo), end, reqs.height
+    return (0 if virtual else lo), lo, end, reqs.height
 
 
 def hit_counters_over_time_starts(db: str, run_id: str) -> pl.Series:
@@ -427,7 +426,7 @@ def hit_counters_over_time_starts(db: str, run_id: str) -> pl.Series:
 def extent(run_id: str) -> tuple[int, int]:
     """(length ns from the run's time origin, requests)."""
     ctx = context()
-    _, end, n = _extent(ctx["db"], ctx["key"], run_id)
+    _, _, end, n = _extent(ctx["db"], ctx["key"], run_id)
     return max(end - time_origin(run_id), 0), n
 
 
@@ -436,7 +435,7 @@ def time_origin(run_id: str) -> int:
     time (``_extent``) floored to the run's window (``window_ns``), where the first
     window starts."""
     ctx = context()
-    lo = _extent(ctx["db"], ctx["key"], run_id)[0]
+    lo = _extent(ctx["db"], ctx["key"], run_id)[0]  # (0 for a replay)
     w = window_ns(run_id)
     return lo // w * w if w else lo
 
@@ -518,7 +517,7 @@ def window_ns(run_id: str) -> int | None:
     its virtual duration with ``windows_for`` its requests; None (the store picks) when the
     duration is unknown."""
     ctx = context()
-    lo, end, n = _extent(ctx["db"], ctx["key"], run_id)
+    _, lo, end, n = _extent(ctx["db"], ctx["key"], run_id)  # (lo: the first time, a late-starting replay's too)
     if not n and replay_mode(run_row(run_id).get("mode")) is not None:
         return None  # (a replay without request spans, cache-only: the store's window over its spans, as always)
     return read.nice_window(end - lo, windows_for(n)) if end > lo else None

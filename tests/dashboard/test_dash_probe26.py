@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import duckdb
 import pytest
-from apptest import render
+from apptest import render, traces
 
 
 @pytest.fixture(scope="module")
@@ -68,3 +68,36 @@ def test_attribution_of_a_hybrid_run_says_it_traces_group_0_alone(runs, monkeypa
     assert attribution, said
     assert all("of group 0 (attention)" in t and "another KV group evicted is not counted" in t
                for t in attribution), attribution
+
+
+def test_a_replay_of_a_trace_that_starts_late_shows_its_data_in_the_time_window(tmp_path, monkeypatch):
+    """A finished replay's time window ran from 0 to its summary's virtual_duration_s, which
+    runs from its first arrival: a trace whose first request arrives at 40 s (a slice of a
+    longer trace) had every windowed chart 'outside the time window 0 to 0.x s' and a slider
+    that could not reach its data."""
+    import json
+
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    trace = tmp_path / "late.jsonl"
+    lines = [{"kvtrace_trace": 1, "hash_block_size": 16, "block_size": 16}]
+    lines += [{"request_id": f"q{i}", "arrival_ns": 40_000_000_000 + i * 10_000_000, "input_length": 64,
+               "output_length": 4, "hash_ids": [0, 1, 2, i + 3]} for i in range(6)]
+    trace.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    db = str(tmp_path / "late.duckdb")
+    run = run_replay(RunSpec(str(trace), preset="dense-attention"), db=db).run_id
+    with duckdb.connect(db, read_only=True) as con:
+        first, last, n = con.execute("SELECT min(arrival_ns), max(end_ns), count(*) FROM spans WHERE run_id = ? "
+                                     "AND name = 'kvtrace.request'", [run]).fetchone()
+        duration = json.loads(con.execute("SELECT summary FROM runs WHERE run_id = ?", [run]).fetchone()[0])[
+            "virtual_duration_s"]
+    assert n == 6 and first >= 40e9 and duration * 1e9 < first  # (the case: data past the duration from 0)
+    for page, what in (("hit_rate", "prefix cache hit rate (per window)"), ("latency", "mean ITL")):
+        at = render(db, monkeypatch, page, run=run)
+        assert not [i.value for i in at.info if "widen the window" in i.value], [i.value for i in at.info]
+        xs = [x for t in traces(at) if t["name"] == what for x in t["x"]]
+        assert xs and all(first / 1e9 - 1 <= x <= last / 1e9 for x in xs), xs
+    hit = traces(render(db, monkeypatch, "hit_rate", run=run))
+    scheduled = sum(y for t in hit if t["name"] == "local compute" for y in t["y"])
+    scheduled += sum(y for t in hit if t["name"] == "local cache hit" for y in t["y"])
+    assert scheduled == 6 * 64  # every prompt token of the run in the chart, none windowed away
