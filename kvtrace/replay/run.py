@@ -592,6 +592,10 @@ def _check_types(spec: RunSpec) -> None:
         raise ConfigError("--no-content", repr(spec.content)[:80], "expected content True or False")
     if spec.name is not None and not isinstance(spec.name, str):
         raise ConfigError("--name", repr(spec.name)[:80], "expected a string")
+    without = spec.without
+    if not isinstance(without, str) and (not isinstance(without, (tuple, list)) or not all(
+            isinstance(b, str) for b in without)):  # (None, or (5,): a TypeError where the flags were named)
+        raise ConfigError("--without", repr(without)[:80], "expected a sequence of behaviour names")
 
 
 def _check_whole_numbers(spec: RunSpec) -> None:

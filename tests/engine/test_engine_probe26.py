@@ -136,7 +136,8 @@ def test_a_trace_given_as_a_path_object_replays_as_its_string_does(tmp_path):
 
 @pytest.mark.parametrize(("setting", "flag"), [({"content": "no"}, "--no-content"), ({"content": None}, "--no-content"),
                                                ({"name": 123}, "--name"), ({"name": ["x"]}, "--name"),
-                                               ({"trace": 7}, "TRACE")])
+                                               ({"trace": 7}, "TRACE"), ({"without": None}, "--without"),
+                                               ({"without": (5,)}, "--without")])
 def test_an_api_setting_of_another_type_is_refused_at_its_flag_before_a_run_is_recorded(tmp_path, setting, flag):
     from kvtrace.errors import ConfigError
     from kvtrace.replay.run import RunSpec, run_replay
