@@ -21,6 +21,7 @@ from kvtrace.compare.model import (
     count_shifts,
     diff_summaries,
     events_mode,
+    finite_number,
     request_hit_diff,
     with_latency_findings,
 )
@@ -122,12 +123,21 @@ def _diff(view: StoreView, run_a: str, run_b: str, info_a: dict[str, Any], info_
         diff.requests = request_hit_diff(hits_a, hits_b, top=top)
     # (evicted blocks: of two block sizes, no delta, as the summary's evictions; the table said +609)
     same_units = not block_sizes_differ(summary_a, summary_b)
-    diff.evictions_by_reason = count_shifts(view.evictions_by_reason(run_a), view.evictions_by_reason(run_b), "reason",
-                                            comparable=same_units)
-    diff.evictions_by_publish_kind = count_shifts(
-        view.evictions_by_publish_kind(run_a), view.evictions_by_publish_kind(run_b), "publish_kind",
-        comparable=same_units,
-    )
+    by_reason = view.evictions_by_reason(run_a), view.evictions_by_reason(run_b)
+    # a run that counts evictions but records no evicted block (a Belady bound): its split is
+    # unknown, not zero (the table said "lru 457 -> 0, -457" beside the summary's 457 -> 457)
+    unsplit = [f"{side} ({run_kind(events_mode(info))})" for side, info, frame, summary in
+               (("A", info_a, by_reason[0], summary_a), ("B", info_b, by_reason[1], summary_b))
+               if (finite_number(summary.get("evictions")) or 0) > 0 and int(frame["count"].sum() or 0) == 0]
+    if unsplit:
+        diff.notes.append(f"run {' and '.join(unsplit)} counts evictions but records no evicted blocks (a Belady "
+                          "bound records none): evictions are not broken down by reason or publish kind")
+    else:
+        diff.evictions_by_reason = count_shifts(*by_reason, "reason", comparable=same_units)
+        diff.evictions_by_publish_kind = count_shifts(
+            view.evictions_by_publish_kind(run_a), view.evictions_by_publish_kind(run_b), "publish_kind",
+            comparable=same_units,
+        )
     diff.latency, diff.bootstrap = latency_shifts(
         view.latency(run_a), view.latency(run_b), seed=seed, resamples=resamples, percentiles=percentiles,
         per_unit=NS_PER_MS, pair=not other,

@@ -103,3 +103,27 @@ def test_runs_json_cut_by_limit_says_how_many_it_left_out(chat_pairs, capsys):
     assert err.strip() == f"{len(ids) - 1} older runs not listed (--limit 0 lists all {len(ids)})"
     code, out, err = run(["runs", "--db", db, "--json", "--limit", str(len(ids))], capsys)
     assert code == 0 and len(json.loads(out)["runs"]) == len(ids) and err == ""
+
+
+def test_a_belady_bounds_evictions_are_not_set_against_lru_ones_as_zero(tmp_path, capsys):
+    """A Belady bound counts its evictions (457) but records no evicted block: the evictions
+    table said "lru 457 -> 0, -457" beside the summary's "evictions 457 -> 457, +0"."""
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = tmp_path / "b.duckdb"
+    lru = run_replay(RunSpec("gen:chat", limit=40, mode="cache-only", capacity_blocks=50), db=db)
+    bel = run_replay(RunSpec("gen:chat", limit=40, mode="cache-only", policy="belady", capacity_blocks=50), db=db)
+    assert lru.summary["evictions"] > 0 and bel.summary["evictions"] > 0
+    code, out, err = run(["diff", lru.run_id, bel.run_id, "--db", str(db), "--json"], capsys)
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["metrics"]["evictions"]["b"] == bel.summary["evictions"]
+    assert "evictions" not in d  # no split of B's evictions to set A's against
+    assert any("run B (cache-only) counts evictions but records no evicted blocks" in n for n in d["notes"])
+    # two LRU runs keep their split, and it adds up to the summary's evictions
+    lru2 = run_replay(RunSpec("gen:chat", limit=40, mode="cache-only", capacity_blocks=60), db=db)
+    code, out, err = run(["diff", lru.run_id, lru2.run_id, "--db", str(db), "--json"], capsys)
+    d = json.loads(out)
+    split = d["evictions"]["by_reason"]
+    assert sum(v["a"] for v in split.values()) == d["metrics"]["evictions"]["a"]
+    assert sum(v["b"] for v in split.values()) == d["metrics"]["evictions"]["b"]
