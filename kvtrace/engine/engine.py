@@ -36,12 +36,13 @@ from kvtrace.engine.presets import EnginePreset, get_preset
 from kvtrace.engine.request import EngineRequest
 from kvtrace.engine.scheduler import Scheduler
 from kvtrace.engine.step import NoContentWorker
-from kvtrace.errors import KVTraceError
+from kvtrace.errors import ConfigError, KVTraceError
 from kvtrace.metrics import (
     DEFAULT_PERCENTILES,
     block_hits,
     hit_summary,
     latency_summary,
+    parse_percentiles,
     request_latency_samples,
 )
 from kvtrace.numeric import cdiv
@@ -121,6 +122,10 @@ class Engine:
         if backend not in BACKENDS:
             raise KVTraceError(f"engine: unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
         self.backend = backend
+        if not isinstance(preset, (str, EnginePreset)):  # (an AttributeError at .name)
+            raise KVTraceError(f"engine: preset {preset!r}; expected a preset's name or an EnginePreset")
+        if not isinstance(content, bool):  # (content="no" ran with content)
+            raise KVTraceError(f"engine: content {content!r}; expected True or False")
         p = get_preset(preset) if isinstance(preset, str) else preset
         self.preset_name = p.name
         self.cache_config = cache_config or p.cache_config
@@ -136,7 +141,16 @@ class Engine:
         # intra-op threads only add spin-waits (measured 5x slower on the shared 2-core box).
         # None leaves torch's setting alone. (numpy, the CPU's default path, runs one thread.)
         self.cpu_threads = cpu_threads
-        self.percentiles = tuple(percentiles)  # of every latency in the summary (vllm bench serve's)
+        # of every latency in the summary (vllm bench serve's), held to what --percentiles takes
+        # before the run: 101 or a string was numpy's ValueError or TypeError after the whole run
+        self.percentiles = () if isinstance(percentiles, (str, bytes)) else tuple(percentiles)
+        odd = next((q for q in self.percentiles if isinstance(q, bool) or not isinstance(q, numbers.Real)), None)
+        if not self.percentiles or odd is not None:
+            raise ConfigError("engine", "percentiles", f"{percentiles!r}: expected a sequence of numbers from 0 to 100")
+        try:
+            parse_percentiles(self.percentiles)
+        except ValueError as err:
+            raise ConfigError("engine", "percentiles", str(err)) from None
 
     def run(self, workload: Iterable[TraceRequest], listeners: Sequence[StepListener] = ()) -> EngineResult:
         # No cyclic collection during the run (0.92x its wall): the engine and its backends make
@@ -149,9 +163,11 @@ class Engine:
             return self._run_with_content(workload, listeners)
 
     def _run_with_content(self, workload: Iterable[TraceRequest], listeners: Sequence[StepListener]) -> EngineResult:
+        from kvtrace.engine.memory import check_device
         from kvtrace.engine.storage import default_device
 
-        device = str(self.device) if self.device is not None else default_device()
+        # (a device torch cannot use was its RuntimeError or CUDA assertion at the first allocation)
+        device = check_device(str(self.device), "engine device") if self.device is not None else default_device()
         if device == "cpu":  # numpy arrays (kvtrace.engine.arrays): no torch at all
             return self._run(workload, listeners, device)
         import torch

@@ -40,25 +40,29 @@ def default_device_type() -> str:
     cuda, with equal digests (bench/gpu_check.sh; README, GPU). ``cuda`` stays for
     whoever names it. (Content is bit-identical on every device.)"""
     chosen = os.environ.get(DEVICE_ENV, "").strip()
-    if chosen:
-        if chosen not in ("cpu", "cuda", "torch:cpu") and re.fullmatch(r"cuda:[0-9]+", chosen) is None:
-            raise ConfigError(DEVICE_ENV, chosen, "expected cpu, cuda, cuda:N or torch:cpu")
-        if chosen.startswith("cuda"):
-            _check_cuda(chosen)
-        return chosen
-    return "cpu"
+    return check_device(chosen) if chosen else "cpu"
 
 
-def _check_cuda(chosen: str) -> None:
+def check_device(chosen: str, source: str = DEVICE_ENV) -> str:
+    """``chosen`` if it names a device the engine can use, else a ConfigError from ``source``
+    (an Engine's own ``device`` argument too: torch's RuntimeError or CUDA assertion otherwise)."""
+    if chosen not in ("cpu", "cuda", "torch:cpu") and re.fullmatch(r"cuda:[0-9]+", chosen) is None:
+        raise ConfigError(source, chosen, "expected cpu, cuda, cuda:N or torch:cpu")
+    if chosen.startswith("cuda"):
+        _check_cuda(chosen, source)
+    return chosen
+
+
+def _check_cuda(chosen: str, source: str = DEVICE_ENV) -> None:
     """A ConfigError unless this torch can use the CUDA device ``chosen`` names (rather
     than torch's assertion at the first allocation)."""
     import torch
 
     if not torch.cuda.is_available():
-        raise ConfigError(DEVICE_ENV, chosen, "this torch sees no CUDA device (a CPU build or no GPU); use cpu")
+        raise ConfigError(source, chosen, "this torch sees no CUDA device (a CPU build or no GPU); use cpu")
     index = chosen.partition(":")[2]
     if index and (not (index.isascii() and index.isdigit()) or int(index) >= torch.cuda.device_count()):
-        raise ConfigError(DEVICE_ENV, chosen, f"expected cuda:N with N below {torch.cuda.device_count()}, "
+        raise ConfigError(source, chosen, f"expected cuda:N with N below {torch.cuda.device_count()}, "
                                               "the number of CUDA devices torch sees")
 
 

@@ -148,3 +148,24 @@ def test_an_api_setting_of_another_type_is_refused_at_its_flag_before_a_run_is_r
         run_replay(spec, db=db)
     assert "expected" in str(raised.value)
     assert not db.exists()  # (refused before the store is opened: no run recorded)
+
+
+@pytest.mark.parametrize(("setting", "said"), [
+    ({"percentiles": (101,)}, "engine: percentiles: percentile 101 is outside 0..100"),
+    ({"percentiles": (float("nan"),)}, "engine: percentiles: percentile nan is outside 0..100"),
+    ({"percentiles": "50"}, "engine: percentiles: '50': expected a sequence of numbers"),
+    ({"percentiles": ()}, "engine: percentiles: (): expected a sequence of numbers"),
+    ({"content": "no"}, "engine: content 'no'; expected True or False"),
+    ({"preset": 5}, "engine: preset 5; expected a preset's name or an EnginePreset"),
+    ({"device": "bogus"}, "engine device: bogus: expected cpu, cuda, cuda:N or torch:cpu"),
+])
+def test_an_engine_argument_it_cannot_use_is_one_line_before_the_run(setting, said):
+    from kvtrace.errors import KVTraceError
+
+    seen: list = []
+    kw = {"preset": "dense-attention", **setting}
+    with pytest.raises(KVTraceError) as raised:
+        Engine(kw.pop("preset"), **kw).run([TraceRequest("a", 0, 5, 2, token_ids=np.arange(1, 6, dtype=np.int64))],
+                                           [seen.append])
+    assert str(raised.value).startswith(said)
+    assert seen == []  # (before any step ran)
