@@ -460,7 +460,9 @@ def _run_info(spec: RunSpec, result: Any, trace: str) -> dict[str, Any]:
 
 
 def _on_list(spec: RunSpec) -> list[str]:
-    return [b for b in BEHAVIOURS if b not in spec.without]
+    """The behaviours switched on, sorted, as ``diff_runs`` lists a stored run's (``behaviours_on``):
+    a study's --json named them in two orders with and without --db."""
+    return sorted(b for b in BEHAVIOURS if b not in spec.without)
 
 
 def _measured_delta(diff: Any, metric: str) -> float | None:

@@ -127,3 +127,16 @@ def test_a_belady_bounds_evictions_are_not_set_against_lru_ones_as_zero(tmp_path
     split = d["evictions"]["by_reason"]
     assert sum(v["a"] for v in split.values()) == d["metrics"]["evictions"]["a"]
     assert sum(v["b"] for v in split.values()) == d["metrics"]["evictions"]["b"]
+
+
+def test_a_study_names_its_runs_behaviours_alike_with_and_without_a_store(tmp_path, capsys):
+    code, out, err = run(["study", "shared-prefix-pinning", "--json", "--limit", "20"], capsys)
+    assert code == 0, err
+    alone = json.loads(out)["diff"]
+    code, out, err = run(["study", "shared-prefix-pinning", "--json", "--limit", "20", "--db",
+                          str(tmp_path / "s.duckdb")], capsys)
+    assert code == 0, err
+    stored = json.loads(out)["diff"]
+    for side in ("run_a", "run_b"):
+        assert alone[side]["behaviours"] == stored[side]["behaviours"]
+    assert "shared-prefix-pinning" in stored["run_b"]["behaviours"]
