@@ -420,7 +420,7 @@ class Engine:
         # Neither is rounded: 3 output tokens over 10,000 modelled seconds read 0.0 tokens/s (a run
         # that generated nothing), and the duration in whole microseconds was not what the
         # throughput divided by (the table shows a few significant digits of a small one)
-        span_s = max(end_ns - first_arrival, 1) / 1e9
+        span_s = max(end_ns - first_arrival, 0) / 1e9  # (0 for a run of no request, not 1 ns)
         return {
             "preset": self.preset_name,
             "backend": self.backend,
@@ -431,7 +431,7 @@ class Engine:
                               self.percentiles),
             "output_tokens": outputs,
             "computed_prompt_tokens": sum(r.num_computed_prompt_tokens for r in records),
-            "output_tok_per_s": outputs / span_s,
+            "output_tok_per_s": outputs / max(span_s, 1e-9),
             "virtual_duration_s": span_s,
             **stats,
         }

@@ -60,6 +60,11 @@ def test_the_duration_is_not_cut_to_whole_microseconds(content):
     assert s["output_tok_per_s"] == 2 / (2_000_000_802 / 1e9)
 
 
+def test_a_run_of_no_request_lasts_no_time():
+    s = Engine("dense-attention", content=False).run([]).summary
+    assert (s["requests"], s["virtual_duration_s"], s["output_tok_per_s"]) == (0, 0.0, 0.0)
+
+
 @pytest.mark.parametrize(("value", "shown"), [(0.0003, "0.0003"), (0.000123456, "0.000123"), (0.0, "0.000"),
                                               (204.2234, "204.223"), (1234.5, "1,234.500")])
 def test_the_table_shows_a_small_rate_as_a_number_not_zero(value, shown):
