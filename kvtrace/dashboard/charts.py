@@ -212,10 +212,11 @@ def attribution_sankey(flows: pl.DataFrame, prefix_names: dict[str, str] | None 
     return fig
 
 
-def histograms(frame: pl.DataFrame, metrics: Sequence[tuple[str, str]]) -> go.Figure | None:
+def histograms(frame: pl.DataFrame, metrics: Sequence[tuple[str, str]],
+               unit: str = "scheduler steps") -> go.Figure | None:
     """One panel per metric (their ranges differ by orders of magnitude) from
     (metric, bin_lo, bin_hi, count) rows; the panel titles are the only titles (a figure
-    title above them would overlap)."""
+    title above them would overlap). ``unit``: what the values count (the x axes' title)."""
     present = [(m, name) for m, name in metrics if frame.filter(pl.col("metric") == m).height]
     if not present:
         return None
@@ -225,7 +226,7 @@ def histograms(frame: pl.DataFrame, metrics: Sequence[tuple[str, str]]) -> go.Fi
         mid = ((part["bin_lo"] + part["bin_hi"]) / 2).to_list()
         width = (part["bin_hi"] - part["bin_lo"]).to_list()
         fig.add_bar(x=mid, y=part["count"].to_list(), width=width, name=name, marker_color=_color(i), row=1, col=i + 1)
-        fig.update_xaxes(title_text="scheduler steps", row=1, col=i + 1)
+        fig.update_xaxes(title_text=unit, row=1, col=i + 1)
     fig.update_yaxes(title_text="blocks", row=1, col=1)
     fig.update_layout(showlegend=False, margin=dict(t=60))
     return fig

@@ -101,3 +101,30 @@ def test_a_replay_of_a_trace_that_starts_late_shows_its_data_in_the_time_window(
     scheduled = sum(y for t in hit if t["name"] == "local compute" for y in t["y"])
     scheduled += sum(y for t in hit if t["name"] == "local cache hit" for y in t["y"])
     assert scheduled == 6 * 64  # every prompt token of the run in the chart, none windowed away
+
+
+def test_a_cache_only_runs_block_histograms_say_their_steps_are_requests(runs, monkeypatch):
+    """A cache-only replay steps once a request (its lookup): its lifetime, idle and reuse-gap
+    histograms were 'in scheduler steps', of a run that has no scheduler."""
+    import json
+
+    db, engine, lru, _ = runs
+    steps = _count(db, "SELECT count(DISTINCT step) FROM spans WHERE run_id = ? AND name = 'kvtrace.cache.lookup'",
+                   lru)
+    lookups = _count(db, "SELECT count(*) FROM spans WHERE run_id = ? AND name = 'kvtrace.cache.lookup'", lru)
+    assert steps == lookups == 60  # (the case: one step a request)
+
+    def axes(run: str) -> tuple[set[str], list[str]]:
+        at = render(db, monkeypatch, "evictions", run=run)
+        titles = set()
+        for el in at.get("plotly_chart"):
+            layout = json.loads(el.proto.spec)["layout"]
+            if any(a.get("text") == "lifetime at eviction" for a in layout.get("annotations", [])):
+                titles |= {v["title"]["text"] for k, v in layout.items() if k.startswith("xaxis") and "title" in v}
+        return titles, [c.value for c in at.caption if c.value.startswith("Exact distributions")]
+
+    titles, captions = axes(lru)
+    assert titles == {"requests (a cache-only run's steps: one lookup each)"}, titles
+    assert captions and "in requests" in captions[0] and "scheduler steps" not in captions[0], captions
+    titles, captions = axes(engine)  # (an engine run's are its scheduler's steps)
+    assert titles == {"scheduler steps"} and "in scheduler steps" in captions[0], (titles, captions)

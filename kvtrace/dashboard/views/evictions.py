@@ -85,8 +85,11 @@ st.subheader("Block lifetimes")
 hist = queries.call("block_histograms", run_id)
 panels = (("lifetime", "lifetime at eviction"), ("idle_before_evict", "idle before eviction"),
           ("reuse_gap", "prefix reuse gap"))
-ui.chart(charts.histograms(hist, panels),
-         "Exact distributions, in scheduler steps, of block lifetime at eviction, idle time before eviction, and the "
+# (a cache-only replay steps once a request, its lookup: its "scheduler steps" were requests)
+cache_only = str(queries.replayed_mode(run_id) or "").startswith("cache-only")
+unit = "requests (a cache-only run's steps: one lookup each)" if cache_only else "scheduler steps"
+ui.chart(charts.histograms(hist, panels, unit),
+         f"Exact distributions, in {unit}, of block lifetime at eviction, idle time before eviction, and the "
          "gap between reuses of a prefix (vLLM only samples these), over the whole run: the time window does not "
          "filter them.",
          empty_what=no_evictions if spanless else "No evictions or repeated prefixes in this run.", command=fill,
