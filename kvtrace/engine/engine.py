@@ -25,6 +25,8 @@ from itertools import islice
 from operator import sub
 from typing import Any
 
+import numpy as np
+
 from kvtrace.cache import CacheConfig, KVCacheManager, MambaSpec
 from kvtrace.cache.events import COPY_EXTERNAL, BlockCopied, BlockEvicted, BlockPublished
 from kvtrace.engine.arrays import TORCH_CPU
@@ -49,6 +51,7 @@ from kvtrace.numeric import cdiv
 from kvtrace.process import collector_paused, raise_stop, stop_pending
 from kvtrace.workload import TraceRequest
 from kvtrace.workload.lines import MAX_TIME_NS as MAX_TRACE_NS
+from kvtrace.workload.lines import VOCAB_SIZE
 
 # What a pool too small for a request says to do; a caller whose own flag sets the pool
 # (curve's --capacities) says it in its words instead (replay.sweep)
@@ -88,6 +91,16 @@ def _next_request(it) -> Any:
     if (r.token_ids is None) == (r.hash_ids is None):
         raise KVTraceError(f"workload: request {name!r} gives {'neither' if r.token_ids is None else 'both'} of "
                            "token_ids and hash_ids; expected exactly one")
+    # token ids as the readers give them: whole numbers in [0, VOCAB_SIZE) (a uint64 id past it
+    # made content mode report divergent outputs of a correct cache; an id of VOCAB_SIZE is
+    # --no-content's sampled token; 1.5 was cut to 1; a string was a ValueError traceback)
+    for field, ids in (("token_ids", r.token_ids), ("expected_output", r.expected_output)):
+        if ids is not None and not _token_ids_ok(ids):
+            raise KVTraceError(f"workload: request {name!r} has {field} that are not token ids; expected whole "
+                               f"numbers in [0, {VOCAB_SIZE:,}), one list of them")
+    if r.expected_output is not None and len(r.expected_output) != r.output_length:
+        raise KVTraceError(f"workload: request {name!r} has {len(r.expected_output):,} expected_output tokens for "
+                           f"output_length {r.output_length:,}; expected as many")
     if r.hash_ids is not None:
         size = r.hash_block_size
         if type(size) is not int or size < 1:
@@ -101,6 +114,19 @@ def _next_request(it) -> Any:
             raise KVTraceError(f"workload: request {name!r} has {len(r.hash_ids):,} hash_ids for input_length "
                                f"{r.input_length:,} at {size} tokens each; expected {-(-r.input_length // size):,}")
     return r
+
+
+def _token_ids_ok(ids: Any) -> bool:
+    """Whether ``ids`` is one sequence of whole numbers in [0, VOCAB_SIZE)."""
+    if isinstance(ids, (str, bytes)):
+        return False
+    try:
+        a = np.asarray(ids)
+    except (TypeError, ValueError, OverflowError):
+        return False
+    if a.ndim != 1 or (a.size and a.dtype.kind not in "iu"):
+        return False
+    return not a.size or (int(a.min()) >= 0 and int(a.max()) < VOCAB_SIZE)
 
 
 class Engine:

@@ -174,3 +174,30 @@ def test_an_engine_argument_it_cannot_use_is_one_line_before_the_run(setting, sa
                                            [seen.append])
     assert str(raised.value).startswith(said)
     assert seen == []  # (before any step ran)
+
+
+@pytest.mark.parametrize(("field", "value", "said"), [
+    ("token_ids", np.array([2**63 + 5, 2, 3], dtype=np.uint64), "token_ids that are not token ids"),
+    ("token_ids", np.array([-1, 2, 3]), "token_ids that are not token ids"),
+    ("token_ids", np.array([163_840, 2, 3]), "token_ids that are not token ids"),  # (--no-content's sampled id)
+    ("token_ids", np.array([1.5, 2.0, 3.0]), "token_ids that are not token ids"),
+    ("expected_output", ("a", "b"), "expected_output that are not token ids"),
+    ("expected_output", (1.5, 2), "expected_output that are not token ids"),
+    ("expected_output", (5, 6, 7, 8), "4 expected_output tokens for output_length 2; expected as many"),
+    ("expected_output", (5,), "1 expected_output tokens for output_length 2; expected as many"),
+])
+def test_an_api_requests_token_ids_are_held_to_what_the_readers_give(content, field, value, said):
+    from kvtrace.errors import KVTraceError
+
+    kw = {"token_ids": np.arange(1, 4, dtype=np.int64), field: value}
+    with pytest.raises(KVTraceError, match=f"^workload: request 'a' has {said}"):
+        Engine("dense-attention", content=content).run([TraceRequest("a", 0, 3, 2, **kw)])
+
+
+def test_token_ids_of_other_integer_containers_still_run_as_the_same_prompt(content):
+    ids = [5, 6, 7]
+    runs = [Engine("dense-attention", content=content).run(
+        [TraceRequest("a", 0, 3, 2, token_ids=t, expected_output=o)]).summary
+        for t, o in ((np.array(ids, dtype=np.int64), (9, 8)), (ids, [9, 8]), (np.array(ids, dtype=np.int32), None))]
+    assert runs[0]["mean_e2el_ms"] == runs[1]["mean_e2el_ms"] == runs[2]["mean_e2el_ms"]
+    assert runs[0]["output_tokens"] == runs[1]["output_tokens"] == 2
