@@ -222,14 +222,18 @@ class KVCacheCoordinator:
             while i < len(coarse) and (g, coarse[i]) in ext:
                 i += 1
             runs[g] = i
+        # sliding-window groups: per block index, the blocks held in a row ending there (built
+        # once per call: a window's blocks were looked up again at every candidate length)
+        held: dict[int, list[int]] = {}
         length = max_length // unit * unit
         while length > num_local_hit_tokens:
-            if all(self._external_has(g, fine, length, runs) for g in range(self.num_groups)):
+            if all(self._external_has(g, fine, length, runs, held) for g in range(self.num_groups)):
                 return length - num_local_hit_tokens
             length -= unit
         return 0
 
-    def _external_has(self, g: int, fine: Sequence[BlockHash], length: int, runs: dict[int, int]) -> bool:
+    def _external_has(self, g: int, fine: Sequence[BlockHash], length: int, runs: dict[int, int],
+                      held: dict[int, list[int]]) -> bool:
         m = self.managers[g]
         bs, hbs, ext = m.block_size, self.config.hash_block_size, self.external
         assert ext is not None
@@ -245,9 +249,19 @@ class KVCacheCoordinator:
         if length % bs:
             return False
         assert isinstance(m, SlidingWindowManager)
-        coarse = m.coarse(fine)
+        in_a_row = held.get(g)
+        if in_a_row is None:
+            in_a_row = []
+            n = 0
+            for h in m.coarse(fine):
+                n = n + 1 if (g, h) in ext else 0
+                in_a_row.append(n)
+            held[g] = in_a_row
         end = length // bs
-        return all((g, coarse[i]) in ext for i in range(max(0, end - m.need), end))
+        # the window's blocks ending at the hit, at least one (as the local lookup: a one-token
+        # window needs no earlier block, yet a hit ends on a block the tier holds)
+        need = max(m.need, 1)
+        return in_a_row[end - 1] >= min(need, end)
 
     def _touch_external(self, request: Request, start: int, end: int) -> None:
         ext = self.external

@@ -47,3 +47,39 @@ def test_an_empty_request_hits_nothing_in_a_hybrid_lookup():
     _blocks, hit, boundary = m.get_computed_blocks(make_request("z", []))
     assert (hit, boundary) == (0, 0)
     assert (m.stats.hit_tokens, m.stats.hit_requests) == (0, 0)
+
+
+def _tier_lookup(window: int, published: list[int], prompt: list[int]) -> int:
+    """The external hit of ``prompt`` on a sliding-window group (4-token blocks) whose tier
+    holds what a request of ``published`` tokens keyed (none of it local any more)."""
+    from kvtrace.cache import SlidingWindowSpec
+    from kvtrace.cache.config import ExternalTierConfig
+
+    m = KVCacheManager(CacheConfig(groups=(SlidingWindowSpec(4, window),), num_gpu_blocks=40, hash_block_size=4,
+                                   external=ExternalTierConfig(100)))
+    if published:
+        a = make_request("a", published)
+        run_chunk(m, a, len(published))
+        m.free(a)
+        assert m.reset_prefix_cache()  # the local keys go; the tier keeps its own
+    b = make_request("b", prompt)
+    _blocks, hit, _ = m.get_computed_blocks(b)
+    assert hit == 0
+    return m.get_num_external_hit_tokens(b, hit)
+
+
+def test_a_one_token_window_has_no_external_hit_on_an_empty_tier():
+    """The tier's sliding-window rule asked for cdiv(window - 1, bs) blocks: none for a
+    one-token window, so an empty tier answered with the whole prompt (16 of 20 tokens;
+    gen:mixed with one such group read 99% external hits, its tier holding nothing). The
+    local lookup's rule holds for the tier too: a hit ends on a block it holds."""
+    assert _tier_lookup(1, [], list(range(50, 70))) == 0
+
+
+def test_the_tiers_window_rule_counts_the_blocks_it_holds_in_a_row():
+    """(the rule, read once per lookup now: a 64k-token window over a 256k-token prompt took
+    9.4 s a lookup, every window's blocks looked up again at each candidate length)"""
+    shared = list(range(50, 63))  # 13 tokens: 3 blocks keyed and written through to the tier
+    assert _tier_lookup(9, shared, shared[:12] + list(range(900, 910))) == 12
+    assert _tier_lookup(9, shared, shared[:9] + list(range(900, 910))) == 8  # a window of 2 blocks ending at 8
+    assert _tier_lookup(9, shared, shared[:5] + list(range(900, 910))) == 4  # the window reaches the start
