@@ -172,8 +172,13 @@ def warn_unknown(param: str, options: Sequence[object], what: str, instead: str,
 
 
 def bound_toggle(label: str, param: str, *, help: str | None = None) -> bool:
-    """A checkbox bound to ``?param=1`` (absent: off)."""
-    on = st.checkbox(label, value=st.query_params.get(param) == "1", key=f"qp_{param}", help=help)
+    """A checkbox bound to ``?param=1`` (absent or 0: off); another value from a link is named
+    and ignored, as every other linked value is (``?log=true`` turned the log scale off unsaid)."""
+    text = st.query_params.get(param)
+    if text is not None and text not in ("0", "1"):
+        st.warning(f"{label} {param}={link_value(text)} from the link is not 1 (on) or 0 (off): ignored, it is off.",
+                   icon=":material/link_off:")
+    on = st.checkbox(label, value=text == "1", key=f"qp_{param}", help=help)
     if on:
         st.query_params[param] = "1"
     else:

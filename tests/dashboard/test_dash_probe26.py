@@ -128,3 +128,16 @@ def test_a_cache_only_runs_block_histograms_say_their_steps_are_requests(runs, m
     assert captions and "in requests" in captions[0] and "scheduler steps" not in captions[0], captions
     titles, captions = axes(engine)  # (an engine run's are its scheduler's steps)
     assert titles == {"scheduler steps"} and "in scheduler steps" in captions[0], (titles, captions)
+
+
+@pytest.mark.parametrize(("value", "on", "warned"), [("1", True, False), ("0", False, False), ("true", False, True),
+                                                     ("maybe", False, True)])
+def test_a_linked_log_scale_that_is_no_switch_is_named(runs, monkeypatch, value, on, warned):
+    """?log=true turned the Latency page's log scale off and said nothing, where every other
+    linked value that is not one is named and ignored."""
+    db, engine, _, _ = runs
+    at = render(db, monkeypatch, "latency", run=engine, log=value)
+    assert at.checkbox(key="qp_log").value is on
+    said = [w.value for w in at.warning if "from the link" in w.value]
+    assert said == ([f"Log scale log=`{value}` from the link is not 1 (on) or 0 (off): ignored, it is off."]
+                    if warned else []), said
