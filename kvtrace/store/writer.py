@@ -220,6 +220,39 @@ def _init_schema(con: duckdb.DuckDBPyConnection, path: str) -> None:
     con.execute("COMMIT")
 
 
+def creation_lock_path(path: str) -> str:
+    return f"{path}.creating"
+
+
+@contextlib.contextmanager
+def _creation_lock(path: str) -> Iterator[bool]:
+    """Held while this process creates the store at ``path``, so that writers starting on one
+    new store create it one at a time (the next finds it made). DuckDB creating a file it
+    found missing writes a new database's header over whatever another process made there
+    meanwhile: of two replays starting on one new store, the second wiped the first's store
+    and run r1, made its own r1, and the first wrote on into it (one r1, every seq twice); or
+    it found the first's file still empty and stopped: "not a DuckDB database". The lock
+    file (``<db>.creating``) is removed once the store is made; one a kill left, by the
+    next writer to open the store (a waiter holding it finds the store made all the same).
+    Yields whether the lock is held (False where the folder takes no lock file: a name at
+    the length limit; created unguarded, as before)."""
+    import fcntl
+
+    lock = creation_lock_path(path)
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError:
+        yield False
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield True
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(lock)  # (a writer waiting on it finds the store made, or makes it, when it gets the lock)
+        os.close(fd)
+
+
 def _remove_failed_creation(path: str) -> bool:
     """Remove the file (and WAL) a failed creation left, unless it holds a store after all
     (another process made one there meanwhile) or another process has it open; whether
@@ -364,6 +397,15 @@ class Store:
             raise StoreError(self.path or "''", problem)
         wal = f"{self.path}.wal"
         creating = not os.path.lexists(self.path) and not os.path.lexists(wal)
+        if not creating:  # (the lock file of a creation killed with -9, if any)
+            with contextlib.suppress(OSError):
+                os.unlink(creation_lock_path(self.path))
+        with _creation_lock(self.path) if creating else contextlib.nullcontext(True):
+            # (another writer may have made it while this one waited for the lock)
+            creating = creating and not os.path.lexists(self.path) and not os.path.lexists(wal)
+            self._create_or_open(creating)
+
+    def _create_or_open(self, creating: bool) -> None:
         try:
             with self._connect() as con:
                 _init_schema(con, self.path)

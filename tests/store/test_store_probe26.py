@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
 import shutil
 
 import duckdb
@@ -88,3 +90,73 @@ def test_the_writer_of_its_own_run_writes_and_finishes_as_before(tmp_path):
     store.close()
     (row,) = read.runs(db).select("run_id", "status", "num_spans", "digest").rows()
     assert row == ("r1", "complete", 20, "ours")
+
+
+def _lock_held(lock) -> bool:
+    """Whether another open file holds an exclusive flock on ``lock`` (False: no such file)."""
+    try:
+        fd = os.open(lock, os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def test_a_new_store_two_writers_start_on_is_created_once_and_holds_both_runs(tmp_path, monkeypatch):
+    """Two replays starting on one new store: DuckDB, having found the path missing, writes a
+    new database's header over the file another writer made there meanwhile (the first
+    replay's store and run r1 wiped; both printed "run r1 recorded", one r1 holding every seq
+    twice). Emulated as DuckDB does it: during this writer's first connect to the missing
+    path, another writer creates its store there, unless this one holds the creation lock
+    (then that writer waits for it, and opens the store made); the connect then writes a new
+    database over whatever is there."""
+    db = tmp_path / "s.duckdb"
+    real_connect = duckdb.connect
+    deferred = []
+
+    def connect(path, *args, **kwargs):
+        if deferred or str(path) != str(db):
+            return real_connect(path, *args, **kwargs)
+        missing = not os.path.exists(path)
+        if _lock_held(f"{db}.creating"):
+            deferred.append("waits for the lock")
+        else:
+            deferred.append("creates now")
+            monkeypatch.setattr(duckdb, "connect", real_connect)  # (the other writer's own connects)
+            try:
+                _other_writers_store(db)
+            finally:
+                monkeypatch.setattr(duckdb, "connect", connect)
+        if missing and os.path.exists(path):  # what DuckDB's creation of a new database does to it
+            fresh = tmp_path / "fresh.duckdb"
+            real_connect(str(fresh)).close()
+            with open(fresh, "rb") as src, open(path, "r+b") as dst:
+                dst.truncate(0)
+                shutil.copyfileobj(src, dst)
+        return real_connect(path, *args, **kwargs)
+
+    monkeypatch.setattr(duckdb, "connect", connect)
+    store = Store.open(db)
+    monkeypatch.setattr(duckdb, "connect", real_connect)
+    if deferred == ["waits for the lock"]:
+        _other_writers_store(db)  # (it had the lock once this writer let it go)
+    run_id = store.create_run("ours")
+    store.append_spans(_step_spans(0, 10), run_id=run_id)
+    store.finish_run(run_id, digest="ours")
+    store.close()
+    rows = read.runs(db).select("name", "num_spans", "digest").sort("name").rows()
+    assert rows == [("ours", 10, "ours"), ("someone else's", 1, "theirs")]
+    assert not os.path.exists(f"{db}.creating")
+
+
+def test_a_creation_lock_a_kill_left_is_removed_by_the_next_writer(tmp_path):
+    db = tmp_path / "s.duckdb"
+    Store.open(db).close()
+    (tmp_path / "s.duckdb.creating").write_text("")
+    Store.open(db).close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.duckdb"]
