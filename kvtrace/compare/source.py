@@ -7,7 +7,7 @@ are refused unless forced: a diff is an isolated measurement only on the same tr
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import duckdb
@@ -40,6 +40,7 @@ from kvtrace.metrics import (
 from kvtrace.names import run_kind
 from kvtrace.store import read
 from kvtrace.store.errors import StoreError
+from kvtrace.store.read._sql import one_snapshot  # (one committed state for the whole read, as summaries use it)
 
 
 def diff_runs(
@@ -63,6 +64,23 @@ def diff_runs(
     """
     check_diff_options(seed, top, resamples)
     view = StoreView(db)
+    # Everything both runs' comparison reads, from one committed state of the store (the
+    # bootstrap computed after, the store let go): a running run diffed with itself read
+    # requests 1,226 as A and 1,301 as B, its summary and its frames at other moments.
+    try:
+        with one_snapshot(db):
+            info_a, info_b, same = _read(view, db, run_a, run_b, force)
+        return _diff(view, run_a, run_b, info_a, info_b, same, seed, top, resamples, percentiles)
+    except (duckdb.Error, pl.exceptions.PolarsError) as err:  # values no run of kvtrace's holds
+        text = " ".join(str(err).split())[:200]
+        raise StoreError(str(db), f"damaged kvtrace store: runs {run_a} and {run_b} hold values their "
+                                  f"comparison cannot compute ({type(err).__name__}: {text})") from None
+
+
+def _read(view: StoreView, db: Any, run_a: str, run_b: str, force: bool) -> tuple[dict[str, Any], dict[str, Any],
+                                                                                  bool]:
+    """Both runs' records, the same-trace check (its refusal), and every frame ``_diff`` reads
+    (``StoreView.preload``): the runs' infos and whether they replay one trace."""
     info_a, info_b = view.run_info(run_a), view.run_info(run_b)
     same = same_trace(view.run_row(run_a), view.run_row(run_b))  # (pairing's rule: one rule of a same trace)
     if not same and not force:
@@ -77,12 +95,8 @@ def diff_runs(
                      "the runs")
         raise KVTraceError(f"{db}: runs {run_a} and {run_b} replay different traces ({which}); pass --force to "
                            "compare anyway")
-    try:
-        return _diff(view, run_a, run_b, info_a, info_b, same, seed, top, resamples, percentiles)
-    except (duckdb.Error, pl.exceptions.PolarsError) as err:  # values no run of kvtrace's holds
-        text = " ".join(str(err).split())[:200]
-        raise StoreError(str(db), f"damaged kvtrace store: runs {run_a} and {run_b} hold values their "
-                                  f"comparison cannot compute ({type(err).__name__}: {text})") from None
+    view.preload(run_a, run_b)
+    return info_a, info_b, same
 
 
 def _trace_label(info: dict[str, Any]) -> str | None:
@@ -178,6 +192,26 @@ class StoreView:
     def __init__(self, db: Any):
         self.db = db
         self._runs: dict[str, dict[str, Any]] = {}
+        self._read: dict[tuple[Any, ...], Any] = {}  # each frame of a run, read once (``_once``)
+
+    def _once(self, key: tuple[Any, ...], read_it: Callable[[], Any]) -> Any:
+        """``read_it()``, read the first time ``key`` is asked for: a run diffed with itself, or
+        read again after ``preload``, is read from one state of the store."""
+        if key not in self._read:
+            self._read[key] = read_it()
+        return self._read[key]
+
+    def preload(self, run_a: str, run_b: str) -> None:
+        """Read every frame a diff of the two runs reads (inside ``one_snapshot``: one state)."""
+        summaries = {run: self.summary(run) for run in (run_a, run_b)}
+        self.fill_percentiles(run_a, dict(summaries[run_a]), summaries[run_b])
+        self.fill_percentiles(run_b, dict(summaries[run_b]), summaries[run_a])
+        for run in (run_a, run_b):
+            self.per_request_hits(run)
+            self.evictions_by_reason(run)
+            self.evictions_by_publish_kind(run)
+            self.latency(run)
+            self.divergent_requests(run)
 
     def run_row(self, run_id: str) -> dict[str, Any]:
         """The run's stored row (``read.run``), read once."""
@@ -219,6 +253,9 @@ class StoreView:
         still running) but has request spans, vLLM's hit counters and the latency
         statistics of those spans, as every other view reads them (the dashboard's
         Overview showed a failed run's hit rate, its Compare tiles '–')."""
+        return dict(self._once(("summary", run_id), lambda: self._summary(run_id)))
+
+    def _summary(self, run_id: str) -> dict[str, Any]:
         row = self.run_row(run_id)
         summary = read.summary_with_spans(self.db, run_id, row.get("summary"))
         if summary and "block_size" not in summary:
@@ -243,14 +280,15 @@ class StoreView:
             qs = sorted({float(k.split("_", 1)[0][1:]) for k in wanted})
         except ValueError:
             return
-        computed = read.latency_summary(self.db, run_id, percentiles=qs)
+        computed = self._once(("latency_summary", run_id, tuple(qs)),
+                              lambda: read.latency_summary(self.db, run_id, percentiles=qs))
         for k in wanted:
             if computed.get(k) is not None:
                 summary[k] = computed[k]
 
     def per_request_hits(self, run_id: str) -> pl.DataFrame:
         """request_id, prompt_tokens, cached_tokens (local + external: the prefill avoided)."""
-        f = read.per_request_hits(self.db, run_id)
+        f = self._once(("per_request_hits", run_id), lambda: read.per_request_hits(self.db, run_id))
         return f.select(
             "request_id",
             pl.col("num_prompt_tokens").alias("prompt_tokens"),
@@ -258,15 +296,16 @@ class StoreView:
         )
 
     def evictions_by_reason(self, run_id: str) -> pl.DataFrame:
-        return read.evictions_by_reason(self.db, run_id).select("reason", pl.col("blocks").alias("count"))
+        f = self._once(("evictions_by_reason", run_id), lambda: read.evictions_by_reason(self.db, run_id))
+        return f.select("reason", pl.col("blocks").alias("count"))
 
     def evictions_by_publish_kind(self, run_id: str) -> pl.DataFrame:
-        f = read.evictions_by_publish_kind(self.db, run_id)
+        f = self._once(("evictions_by_publish_kind", run_id), lambda: read.evictions_by_publish_kind(self.db, run_id))
         return f.select("publish_kind", pl.col("blocks").alias("count"))
 
     def divergent_requests(self, run_id: str) -> list[tuple[str, int]]:
         """(request_id, divergent tokens), most first, ties by request id."""
-        f = read.divergent_outputs(self.db, run_id)
+        f = self._once(("divergent_outputs", run_id), lambda: read.divergent_outputs(self.db, run_id))
         if f.height == 0:
             return []
         per = f.group_by("request_id").agg(pl.len().alias("n")).sort(["n", "request_id"], descending=[True, False])
@@ -275,8 +314,8 @@ class StoreView:
     def latency(self, run_id: str) -> dict[str, pl.DataFrame]:
         """ttft_ms: one row per request that produced a token; itl_ms: one row per gap;
         both in ns (``NS_PER_MS`` to a reported ms, after the percentiles)."""
-        req = read.requests(self.db, run_id).drop_nulls("ttft_ns")
-        gaps = read.itl_gaps(self.db, run_id).drop_nulls("gap_ns")
+        req = self._once(("requests", run_id), lambda: read.requests(self.db, run_id)).drop_nulls("ttft_ns")
+        gaps = self._once(("itl_gaps", run_id), lambda: read.itl_gaps(self.db, run_id)).drop_nulls("gap_ns")
         return {
             "ttft_ms": req.select("request_id", pl.col("ttft_ns").alias("ttft_ms")),
             "itl_ms": gaps.select("request_id", pl.col("gap_ns").alias("itl_ms")),

@@ -140,3 +140,36 @@ def test_a_study_names_its_runs_behaviours_alike_with_and_without_a_store(tmp_pa
     for side in ("run_a", "run_b"):
         assert alone[side]["behaviours"] == stored[side]["behaviours"]
     assert "shared-prefix-pinning" in stored["run_b"]["behaviours"]
+
+
+def test_a_run_diffed_with_itself_while_it_is_written_is_read_once_from_one_state(chat_pairs, monkeypatch):
+    """A running run diffed with itself said requests 1,226 (A) vs 1,301 (B): each side's
+    summary and frames were read at another moment of the writer's progress. Here each read
+    of a summary sees a later state, as a writer's commits make it; every frame is read
+    inside one snapshot of the store."""
+    from kvtrace.compare.source import diff_runs
+    from kvtrace.store import read
+    from kvtrace.store.read import _sql
+
+    db, (run, *_) = chat_pairs
+    grown = iter(range(1, 100))
+    real_summary, real_requests = read.summary_with_spans, read.requests
+    outside: list[str] = []
+
+    def later_summary(db_, run_id, stored):
+        s = dict(real_summary(db_, run_id, stored))
+        s["requests"] += next(grown)  # (the writer's next commit)
+        return s
+
+    def requests_in_snapshot(db_, run_id, *args, **kwargs):
+        if _sql._SNAPSHOT.get() is None:
+            outside.append(run_id)
+        return real_requests(db_, run_id, *args, **kwargs)
+
+    monkeypatch.setattr(read, "summary_with_spans", later_summary)
+    monkeypatch.setattr(read, "requests", requests_in_snapshot)
+    d = diff_runs(db, run, run)
+    assert d.metric("requests").delta == 0
+    assert all(m.delta in (0, None) for m in d.metrics), [m for m in d.metrics if m.delta not in (0, None)]
+    assert all(s.delta == 0 for s in d.latency)
+    assert not outside
