@@ -73,6 +73,11 @@ def calibrate(
     for line in fit_report(result):
         status(line) if to_stdout else typer.echo(line)
     if out is not None:
+        from kvtrace.replay.config_file import free_tokens_problem
+
+        problem = free_tokens_problem(result.model)  # (what --config refuses: not written to be refused)
+        if problem is not None:
+            raise KVTraceError(f"-o {out}: not written: {problem}")
         with AtomicText(out, sources) as f:
             f.write(cost_model_toml(result.model).encode())
         if to_stdout:

@@ -102,6 +102,13 @@ def _model(**coefficients: int) -> str:
     ({"token_knee": 512}, "cost_model", "mine: every coefficient is 0"),  # (a knee alone is no time)
     ({"token_ns": 10, "token_above_knee_ns": 5}, "cost_model.token_above_knee_ns",
      "5 has no effect without token_knee"),
+    # (a step's tokens cost nothing: a prefill-only step took 0 ns, its TTFT 0 ms; twenty-sixth session)
+    ({"decode_seq_ns": 1_000_000}, "cost_model.step_overhead_ns", "mine: step_overhead_ns and token_ns are both 0"),
+    ({"kv_copy_ns": 5}, "cost_model.step_overhead_ns", "mine: step_overhead_ns and token_ns are both 0"),
+    ({"token_knee": 256, "token_above_knee_ns": 5}, "cost_model.step_overhead_ns", "mine: step_overhead_ns"),
+    ({"attn_pair_ps": 999, "kv_read_ps": 30_000}, "cost_model.step_overhead_ns", "mine: step_overhead_ns"),
+    ({"attn_pair_ps": 2_000}, "cost_model.step_overhead_ns", "mine: step_overhead_ns and token_ns are both 0 "
+                                                             "(and no moe_expert_ns): a decode of one sequence"),
 ])
 def test_a_cost_model_table_that_cannot_mean_what_it_says_names_file_and_key(tmp_path, coefficients, key, needle):
     path = tmp_path / "run.toml"
@@ -112,7 +119,10 @@ def test_a_cost_model_table_that_cannot_mean_what_it_says_names_file_and_key(tmp
 
 def test_a_cost_model_table_of_one_time_term_or_a_knee_term_with_its_knee_is_taken(tmp_path):
     path = tmp_path / "run.toml"
-    for coefficients in ({"step_overhead_ns": 1}, {"kv_copy_ns": 5}, {"token_knee": 256, "token_above_knee_ns": 5}):
+    for coefficients in ({"step_overhead_ns": 1}, {"token_ns": 1}, {"token_ns": 1, "kv_copy_ns": 5},
+                         {"step_overhead_ns": 1, "token_knee": 256, "token_above_knee_ns": 5},
+                         {"moe_expert_ns": 3, "num_experts": 8, "experts_per_token": 2},
+                         {"attn_pair_ps": 1_000, "kv_read_ps": 1_000}, {"attn_pair_ps": 1_000, "decode_seq_ns": 1}):
         path.write_text(_model(**coefficients))
         model = load_config_file(path).cost_model
         assert model is not None and all(getattr(model, k) == v for k, v in coefficients.items())
