@@ -83,4 +83,3 @@ def test_the_tiers_window_rule_counts_the_blocks_it_holds_in_a_row():
     assert _tier_lookup(9, shared, shared[:12] + list(range(900, 910))) == 12
     assert _tier_lookup(9, shared, shared[:9] + list(range(900, 910))) == 8  # a window of 2 blocks ending at 8
     assert _tier_lookup(9, shared, shared[:5] + list(range(900, 910))) == 4  # the window reaches the start
-
