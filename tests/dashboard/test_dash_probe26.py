@@ -141,3 +141,17 @@ def test_a_linked_log_scale_that_is_no_switch_is_named(runs, monkeypatch, value,
     said = [w.value for w in at.warning if "from the link" in w.value]
     assert said == ([f"Log scale log=`{value}` from the link is not 1 (on) or 0 (off): ignored, it is off."]
                     if warned else []), said
+
+
+def test_the_divergent_outputs_table_is_in_virtual_ms_as_the_stale_hashes_table(stale_db, monkeypatch):
+    """The Stale page's stale hashes table shows time_ms and its divergent outputs table showed
+    time_ns beside it: one page, two units, no word of which."""
+    with duckdb.connect(stale_db, read_only=True) as con:
+        run, first_ns = con.execute("SELECT run_id, min(start_ns) FROM spans WHERE name = "
+                                    "'kvtrace.verify.divergent_output' GROUP BY run_id ORDER BY run_id").fetchone()
+    at = render(stale_db, monkeypatch, "stale", run=run)
+    tables = [d.value for d in at.dataframe if "expected_token" in d.value.columns]
+    assert len(tables) == 1, [list(d.value.columns) for d in at.dataframe]
+    (table,) = tables
+    assert "time_ns" not in table.columns and table["time_ms"].min() == pytest.approx(first_ns / 1e6)
+    assert any("when (virtual ms)" in c.value for c in at.caption)

@@ -97,9 +97,12 @@ else:
              empty_what="No stale hashes.")
 
 st.subheader("Divergent outputs")
-ui.table(queries.call("divergent_outputs", run_id),
+divergent = queries.call("divergent_outputs", run_id)
+if "time_ns" in divergent.columns:  # (in virtual ms, as the stale hashes' table above: one page, one unit)
+    divergent = divergent.with_columns((pl.col("time_ns") / 1e6).alias("time_ms")).drop("time_ns")
+ui.table(divergent,
          "Every sampled token that differs from the no-cache reference: request, output position, expected and "
-         "actual token.",
+         "actual token, and when (virtual ms).",
          empty_what="No divergent outputs in this run.",
          command="a run with a behaviour switched off, e.g. "
                  "`kvtrace replay TRACE --db PATH --without external-hit-running-cow`")
