@@ -240,7 +240,10 @@ class KVCacheManager:
         sink = self.sink
         if sink.enabled:
             coarse0 = fine if self._unitary else m0.coarse(fine)
-            miss, miss_idx = first_miss(coarse0, hit, m0.block_size, num_tokens)
+            # group 0's first miss is past its own hit (first[0]), not the request's: a block
+            # group 0 holds, past a hit another group cut short, did not miss (and the miss
+            # attribution blamed an old eviction of it)
+            miss, miss_idx = first_miss(coarse0, first[0], m0.block_size, num_tokens)
             self._lookup_at = len(sink.events)
             sink.events.append(
                 PrefixLookup(

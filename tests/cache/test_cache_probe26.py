@@ -83,3 +83,29 @@ def test_the_tiers_window_rule_counts_the_blocks_it_holds_in_a_row():
     assert _tier_lookup(9, shared, shared[:12] + list(range(900, 910))) == 12
     assert _tier_lookup(9, shared, shared[:9] + list(range(900, 910))) == 8  # a window of 2 blocks ending at 8
     assert _tier_lookup(9, shared, shared[:5] + list(range(900, 910))) == 4  # the window reaches the start
+
+
+def test_a_lookups_first_miss_is_past_group_0s_own_hit():
+    """first_miss_hash is "the first full block that missed (group 0)" (README): it was read
+    past the request's hit, so where the state group cut the hit short it named a block
+    group 0 held, and the miss attribution blamed an old eviction of it (1,394 of 2,893
+    attributions of gen:agent on 40 blocks)."""
+    m = KVCacheManager(CacheConfig(groups=(FullAttentionSpec(8), MambaSpec(8)), num_gpu_blocks=40,
+                                   hash_block_size=8))
+    events = _lookup_events(m)
+    a = make_request("a", range(41))
+    for n in (8, 8, 8, 8, 8, 1):
+        run_chunk(m, a, n)
+    m.free(a)
+    m.new_step_starts()
+    pool = m.block_pool
+    assert pool is not None
+    for g, _h, bid, n in list(m.cached_entries()):
+        if (g == 1 and n > 8) or (g == 0 and n == 32):  # states past 8 go; attention keeps 0..24
+            pool.evict_block_keys(pool.blocks[bid], "stale_hash", None)
+    b = make_request("b", [*range(40), 99])
+    _blocks, hit, _ = m.get_computed_blocks(b)
+    m.new_step_starts()
+    (lookup,) = [e for e in events if isinstance(e, PrefixLookup) and e.request_id == "b"]
+    assert hit == 8 and lookup.hit_tokens_per_group == (24, 8)
+    assert (lookup.first_miss_index, lookup.first_miss_hash) == (3, b.block_hashes[3])  # [24, 32): gone
