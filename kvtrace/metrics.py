@@ -84,7 +84,7 @@ COUNTERS: tuple[Counter, ...] = (
             ((1, EXTERNAL_HIT),),
             "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of "
             "cached tokens."),
-    Counter("prompt_tokens_by_source.local_compute", "Prompt tokens computed",
+    Counter("prompt_tokens_by_source.local_compute", "Prompt tokens computed at first schedule",
             'vllm:prompt_tokens_by_source{source="local_compute"}', ((1, PROMPT), (-1, LOCAL_HIT), (-1, EXTERNAL_HIT)),
             "Tokens prefilled locally (actual compute work), at the first schedule."),
     Counter("prompt_tokens_by_source.local_cache_hit", "Prompt tokens from the local cache",
@@ -207,6 +207,9 @@ LATENCIES: tuple[Latency, ...] = (
 )
 LATENCY_KEYS: tuple[str, ...] = tuple(m.key for m in LATENCIES)
 LATENCY_LABEL = {m.key: m.label for m in LATENCIES}
+# What every view calls a counter or a rate (``computed_prompt_tokens``, the prefill work
+# with recompute after preemption, is another number than vLLM's local_compute: its label says when)
+HIT_LABEL = {c.key: c.label for c in COUNTERS} | {r.key: r.label for r in RATES}
 DEFAULT_PERCENTILES: tuple[float, ...] = (50, 90, 99)
 # The run config key holding a run's --percentiles where they are not the default: a killed
 # run keeps no summary, and its summary from spans is computed at these. A reporting choice,

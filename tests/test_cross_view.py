@@ -118,7 +118,9 @@ def test_the_whole_run_is_one_figure_in_every_view(runs, monkeypatch, run_notebo
         assert m["Prefix cache hit rate"] == ui.pct(store["prefix_cache_hit_rate"])
         assert m["External prefix cache hit rate"] == ui.pct(store["external_prefix_cache_hit_rate"])
         assert m["Prefix cache queries"] == ui.count(store["prefix_cache_queries"])
-        assert m["Prompt tokens computed"] == ui.count(store["prompt_tokens_by_source.local_compute"])
+        # (labelled when it counts: diff's computed_prompt_tokens adds the recompute after preemption)
+        computed = m["Prompt tokens computed at first schedule"]
+        assert computed == ui.count(store["prompt_tokens_by_source.local_compute"])
         assert m["TTFT p99 (modelled)"] == ui.ms(summary["p99_ttft_ms"])
         at = render(db, monkeypatch, "hit_rate", run=res.run_id)
         cum = next(t for t in traces(at) if t["name"] == "prefix cache hit rate (cumulative)")

@@ -17,10 +17,10 @@ from kvtrace.names import replay_mode
 
 # (label, summary metric, kind); which way is better is the diff's (MetricDelta.verdict)
 TILES = [
-    ("Prefix cache hit rate", "prefix_cache_hit_rate", "rate"),
-    ("External prefix cache hit rate", "external_prefix_cache_hit_rate", "rate"),
+    (metrics.HIT_LABEL["prefix_cache_hit_rate"], "prefix_cache_hit_rate", "rate"),
+    (metrics.HIT_LABEL["external_prefix_cache_hit_rate"], "external_prefix_cache_hit_rate", "rate"),
     ("Block hit rate", "block_hit_rate", "rate"),
-    ("Prompt tokens computed", "prompt_tokens_by_source.local_compute", "count"),
+    (metrics.HIT_LABEL["prompt_tokens_by_source.local_compute"], "prompt_tokens_by_source.local_compute", "count"),
     ("TTFT median", "median_ttft_ms", "ms"), ("TTFT p99", "p99_ttft_ms", "ms"),
     ("ITL median", "median_itl_ms", "ms"), ("ITL p99", "p99_itl_ms", "ms"),
     ("Evictions", "evictions", "count"), ("Stale hashes", "stale_hashes", "count"),

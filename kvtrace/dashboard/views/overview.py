@@ -50,7 +50,7 @@ def counted(key: str) -> str:
 
 # the headline tiles at fixed percentiles: a run replayed at --percentiles 25,75 has no p99 of its own
 lat = queries.call("latency_summary", run_id, (99,))
-LABEL = {c.key: c.label for c in metrics.COUNTERS} | {r.key: r.label for r in metrics.RATES}
+LABEL = metrics.HIT_LABEL
 
 st.subheader("Prefix cache (vLLM's counters)")
 c = st.columns(4)
