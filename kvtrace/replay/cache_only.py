@@ -302,13 +302,19 @@ def replay_cache_only(
         keys, _, _ = chain_keys(reqs)
         capacity = _unbounded_capacity(keys) if bounded is None else bounded
         hits, result.publishes, result.evictions, result.oversized = belady_hits(keys, capacity)
+        # the block hashes an LRU replay's lookups name (its root and first miss): the prefix
+        # families and reuse gaps of a Belady run are its LRU twin's (they were absent)
+        hashes = block_keys(reqs) if listeners else []
         for i, (r, ks, hit) in enumerate(zip(reqs, keys, hits)):
             result._add(r.request_id, r.input_length, len(ks), hit)
             if listeners:
                 # Belady has no cache manager; its per-request lookups are the event stream
                 tokens = result.per_request_hit_tokens[-1]
-                lookup = [PrefixLookup(i, r.request_id, r.input_length, tokens, (tokens,), 0, 0, None, None,
-                                       hit if hit < len(ks) else -1)]
+                hs = hashes[i]
+                missed = hit < len(ks)
+                lookup = [PrefixLookup(i, r.request_id, r.input_length, tokens, (tokens,), 0, 0,
+                                       int(hs[0]) if len(hs) else None, int(hs[hit]) if missed else None,
+                                       hit if missed else -1)]
                 for listener in listeners:
                     listener(lookup)
             if progress is not None:

@@ -56,3 +56,26 @@ def test_calibrate_does_not_write_a_model_replay_would_refuse(tmp_path, capsys):
     _steps_csv(csv, attn_pair_ps=2_000)  # (each pair 2 ns: every step takes time)
     code, _, err = run(["calibrate", "--from", str(csv), "-o", str(out)], capsys)
     assert code == 0 and out.is_file(), err
+
+
+def test_a_belady_runs_lookups_name_their_prefix_and_first_miss_as_its_lru_twins_do(tmp_path, capsys):
+    """A Belady run's lookup spans had no root hash and no first-miss hash: its dashboard had no
+    prefix-reuse table and no reuse-gap histogram (dashboard probe). They name the blocks an LRU
+    replay of the trace names."""
+    import duckdb
+
+    db = str(tmp_path / "s.duckdb")
+    for policy in ("lru", "belady"):
+        code, _, err = run(["replay", "gen:mixed", "--limit", "60", "--mode", "cache-only", "--policy", policy,
+                            "--capacity-blocks", "50", "--db", db], capsys)
+        assert code == 0, err
+    with duckdb.connect(db, read_only=True) as con:
+        rows = con.execute(
+            "SELECT a.root_hash, b.root_hash, a.first_miss_index, b.first_miss_index, a.first_miss_hash, "
+            "b.first_miss_hash FROM spans a JOIN spans b USING (request_id) WHERE a.run_id = 'r1' AND "
+            "b.run_id = 'r2' AND a.name = 'kvtrace.cache.lookup' AND b.name = a.name").fetchall()
+    assert len(rows) == 60
+    assert all(lru_root is not None and lru_root == belady_root for lru_root, belady_root, *_ in rows)
+    same_miss = [r for r in rows if r[2] == r[3] and r[2] >= 0]
+    assert same_miss and all(r[4] == r[5] is not None for r in same_miss)
+    assert all((r[5] is None) == (r[3] == -1) for r in rows)
