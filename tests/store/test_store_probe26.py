@@ -160,3 +160,33 @@ def test_a_creation_lock_a_kill_left_is_removed_by_the_next_writer(tmp_path):
     (tmp_path / "s.duckdb.creating").write_text("")
     Store.open(db).close()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.duckdb"]
+
+
+@pytest.mark.parametrize("blocks", [[], [7]], ids=["reset-alone", "with-an-lru-eviction"])
+def test_a_run_whose_evictions_name_no_blocks_reads_as_whole(tmp_path, blocks):
+    """A captured AllBlocksCleared is one ``reset`` evict span naming no blocks, which gives
+    evicted_blocks and evict_counts no row: a capture whose only evictions were resets was
+    called a damaged store ("evict_counts holds none of its rows") by diff, the dashboard and
+    every reader of its evictions. Rows deleted beside evicted blocks are still damage."""
+    db = tmp_path / "s.duckdb"
+    store = Store.open(db)
+    run_id = store.create_run("capture", mode="vllm")
+    ids = pa.array([[], blocks] if blocks else [[]], pa.list_(pa.int64()))
+    hashes = pa.array([[], [f"h{b}" for b in blocks]] if blocks else [[]], pa.list_(pa.string()))
+    reasons = ["reset", "lru"] if blocks else ["reset"]
+    store.append_spans(pa.table({"name": ["kvtrace.cache.evict"] * len(reasons), "start_ns": [5] * len(reasons),
+                                 "end_ns": [5] * len(reasons), "evict_reason": reasons, "block_ids": ids,
+                                 "block_hashes": hashes}), run_id=run_id)
+    store.finish_run(run_id)
+    store.close()
+    by_reason = dict(read.evictions_by_reason(db, run_id).select("reason", "blocks").iter_rows())
+    assert by_reason == {"reset": 0, **({"lru": 1} if blocks else {})}
+    assert int(read.evictions_over_time(db, run_id)["blocks"].sum() or 0) == len(blocks)
+    if blocks:
+        con = duckdb.connect(str(db))
+        try:
+            con.execute("DELETE FROM evict_counts")
+        finally:
+            con.close()
+        with pytest.raises(StoreError, match="evict_counts holds none of its rows, beside its evict spans"):
+            read.evictions_over_time(db, run_id)

@@ -100,7 +100,9 @@ _DERIVED_CHECK = f"""
     SELECT count(*) AS names,
            count(*) FILTER (WHERE name IS NULL OR spans IS NULL OR blocks IS NULL OR spans < 1 OR blocks < 0) AS bad,
            coalesce(sum(spans) FILTER (WHERE name = '{SPAN_REQUEST}'), 0) AS requests,
-           coalesce(sum(spans) FILTER (WHERE name = '{SPAN_EVICT}'), 0) AS evictions,
+           -- (evicted blocks, not spans: a captured AllBlocksCleared is an evict span naming
+           -- none, which gives evicted_blocks and evict_counts no row)
+           coalesce(sum(blocks) FILTER (WHERE name = '{SPAN_EVICT}'), 0) AS evictions,
            {", ".join(f"(SELECT count(*) FROM {t} WHERE run_id = $run_id AND ({c})) AS {t}" for t, c in _NULLS.items())}
     FROM span_stats WHERE run_id = $run_id"""
 
