@@ -65,7 +65,8 @@ def calibrate(
         template = CostModel(name, 0, 0, 0, 0, 0, num_experts=int(e), experts_per_token=int(k))
     if out is not None:  # before the fit: a store or an input there is refused at once
         AtomicText(out, sources).check()
-        _refuse_a_run_config(out)
+        if not _a_stream(out):  # (-o /dev/stdout >> log: appended through the descriptor, nothing replaced)
+            _refuse_a_run_config(out)
     result = fit([str(p) for p in sources], name=name, template=template, knee=knee,
                  max_num_batched_tokens=max_num_batched_tokens, run_id=run)
     # (-o /dev/stdout: the report went into the TOML beside the model, which --config then refused)
@@ -73,20 +74,28 @@ def calibrate(
     for line in fit_report(result):
         status(line) if to_stdout else typer.echo(line)
     if out is not None:
-        from kvtrace.replay.config_file import free_tokens_problem
+        from kvtrace.engine.clock import free_step_problem
 
-        problem = free_tokens_problem(result.model)  # (what --config refuses: not written to be refused)
+        problem = free_step_problem(result.model)  # (what --config refuses: not written to be refused)
         if problem is not None:
-            raise KVTraceError(f"-o {out}: not written: {problem}")
+            raise KVTraceError(f"-o {out}: not written: {problem}; these measurements priced no step overhead and "
+                               "no token (--config would refuse the model)")
         with AtomicText(out, sources) as f:
             f.write(cost_model_toml(result.model).encode())
         if to_stdout:
             status("wrote the cost model to stdout (save it as a file and use it with: kvtrace replay TRACE --config "
                    "FILE.toml)")
-        elif not Path(out).is_file():  # (-o /dev/null or a FIFO: "--config /dev/null" read nothing back)
+        elif _a_stream(out) or not Path(out).is_file():  # (-o /dev/null, /dev/stderr or a FIFO: "--config
+            # /dev/null" read nothing back)
             status(f"wrote the cost model to {out} (not a file: save it to one to use it with --config)")
         else:
             status(f"wrote {out} (use it with: kvtrace replay TRACE --config {out})")
+
+
+def _a_stream(out: str) -> bool:
+    """Whether ``out`` names a stream (stdout, stderr, a device or a descriptor), not a file
+    kept: whatever it is redirected to, a write goes through, never replacing a file."""
+    return is_stdout(out) or str(out).startswith(("/dev/", "/proc/self/fd/"))
 
 
 def _refuse_a_run_config(out: str) -> None:

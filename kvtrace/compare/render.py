@@ -16,7 +16,7 @@ from typing import Any
 
 from kvtrace.compare.bootstrap import CI_LEVEL
 from kvtrace.compare.model import CountShift, MetricDelta, RequestChange, RequestHitDiff, RunDiff, events_mode
-from kvtrace.metrics import backend_label, times_source, times_word
+from kvtrace.metrics import backend_label, is_latency_key, times_source, times_word
 from kvtrace.names import markdown_code, markdown_literal, markup_literal, printable, stdout_console
 from kvtrace.store.schema import SUMMARY_FIELDS
 
@@ -98,7 +98,7 @@ def to_markdown(diff: RunDiff) -> str:
 
     def row(m: MetricDelta) -> str:
         return (
-            f"| {_md_name(m.name)} | {fmt(m.a)} | {fmt(m.b)} | {fmt(m.delta, signed=True)} | "
+            f"| {_md_name(m.name)} | {fmt(m.a)} | {fmt(m.b)} | {_change(m)} | "
             f"{fmt_rel(m.rel, m.delta)} | {_mark(m.verdict)} |"
         )
 
@@ -228,7 +228,7 @@ def tables(diff: RunDiff, metrics: Iterable[str] | None = None, *, detail: bool 
         if keep is not None and m.name not in keep:
             continue
         style = {"better": "green", "worse": "red"}.get(m.verdict)
-        t.add_row(markup_literal(m.name), fmt(m.a), fmt(m.b), fmt(m.delta, signed=True), fmt_rel(m.rel, m.delta),
+        t.add_row(markup_literal(m.name), fmt(m.a), fmt(m.b), _change(m), fmt_rel(m.rel, m.delta),
                   style=style)
     out.append(t)
     if diff.latency:
@@ -316,15 +316,19 @@ def to_text(diff: RunDiff, width: int = 120) -> str:
 # --------------------------------------------------------------------------- formatting
 
 
-def fmt(v: float | None, signed: bool = False) -> str:
+def fmt(v: float | None, signed: bool = False, fine: bool | None = None) -> str:
     """A number for a table cell: '–' when missing or NaN, thousands separators for ints
     (and integral floats from 1000 on), 1, 3 or 4 decimals by magnitude; ``signed`` adds
     '+' to positive values. |v| < 1e-9 shows as 0 (float noise, not a change), and so
-    does a value that rounds to 0 at its decimals (a CI bound of -3e-6 ms read "-0.0000")."""
+    does a change (``signed``) that rounds to 0 at its decimals (a CI bound of -3e-6 ms read
+    "-0.0000"). ``fine`` (default: for a value, not a change) shows a nonzero number that
+    small in 3 significant digits: a run's 3e-05 output tokens/s read 0.0000, as none."""
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "–"
     if isinstance(v, float) and abs(v) < 1e-9:
         v = 0.0
+    if (not signed if fine is None else fine) and isinstance(v, float) and 0 < abs(v) < 0.00005:
+        return f"{v:+.3g}" if signed else f"{v:.3g}"
     if abs(v) >= _HUGE:  # (a damaged record's 1e308 filled a cell with 309 digits)
         return f"{v:+.6g}" if signed else f"{v:.6g}"
     if isinstance(v, int) or (isinstance(v, float) and v.is_integer() and abs(v) >= 1000):
@@ -340,6 +344,12 @@ def fmt(v: float | None, signed: bool = False) -> str:
     return ("+" if signed and v > 0 else "") + s
 
 
+def _change(m: MetricDelta) -> str:
+    """A summary row's Δ: a latency's at the diff's resolution (a sub-µs change is none), any
+    other small one in its digits (3e-05 output tokens/s more read 0.0000 beside +50%)."""
+    return fmt(m.delta, signed=True, fine=not is_latency_key(m.name))
+
+
 # Beyond any count or time kvtrace records (int64 nanoseconds end near 9.2e18): shown in
 # 6 significant digits, not digit by digit.
 _HUGE = 1e18
@@ -349,7 +359,7 @@ def shows_no_change(v: float | None) -> bool:
     """Whether ``fmt`` shows the change ``v`` as none: no digit but 0 at its decimals (a
     change of -3e-6 ms is its 0.0000), or no number at all (–). Every view that says "no
     change" of a delta (Δ%, the dashboard's tiles) asks here."""
-    return not any(c in "123456789" for c in fmt(v))
+    return not any(c in "123456789" for c in fmt(v, signed=True))
 
 
 def fmt_rel(rel: float | None, delta: float | None = None) -> str:

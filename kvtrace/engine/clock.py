@@ -135,6 +135,25 @@ class CostModel:
         return self.step_ns(*work)
 
 
+def free_step_problem(model: CostModel) -> str | None:
+    """Why ``model`` cannot time a run, or None: some step would take 0 ns (its tokens cost
+    nothing: a prefill-only step's TTFT read 0 ms). Every step costs something with a step
+    overhead, a per-token or a MoE term; without them, a prefill needs attn_pair_ps >= 1000
+    (a step's pairs are at least its tokens; the term is in ps, summed, then cut to ns) and a
+    decode decode_seq_ns or kv_read_ps >= 1000. ``--config``, ``calibrate -o`` and ``Engine``
+    refuse such a model."""
+    if model.step_overhead_ns or model.token_ns or model.moe_expert_ns:
+        return None
+    if model.attn_pair_ps < 1000:
+        free = "a prefill of a few tokens"
+    elif not model.decode_seq_ns and model.kv_read_ps < 1000:
+        free = "a decode of one sequence"
+    else:
+        return None
+    return (f"{model.name}: step_overhead_ns and token_ns are both 0 (and no moe_expert_ns): {free} would take 0 ns "
+            "(a TTFT or an inter-token gap of 0 ms)")
+
+
 # The coefficients, in the order the fit and the TOML list them.
 COEFFICIENTS = (
     "step_overhead_ns", "token_ns", "token_above_knee_ns", "attn_pair_ps", "kv_read_ps", "decode_seq_ns",

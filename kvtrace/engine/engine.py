@@ -31,7 +31,7 @@ from kvtrace.cache import CacheConfig, KVCacheManager, MambaSpec
 from kvtrace.cache.events import COPY_EXTERNAL, BlockCopied, BlockEvicted, BlockPublished
 from kvtrace.engine.arrays import TORCH_CPU
 from kvtrace.engine.backends import BACKENDS, DEFAULT_BACKEND, VLLM
-from kvtrace.engine.clock import Clock, CostModel
+from kvtrace.engine.clock import Clock, CostModel, free_step_problem
 from kvtrace.engine.config import SchedulerConfig
 from kvtrace.engine.events import DivergentOutput, RequestFinished, StepBatch, StepExecuted, StepListener
 from kvtrace.engine.presets import EnginePreset, get_preset
@@ -120,6 +120,8 @@ def _token_ids_ok(ids: Any) -> bool:
     """Whether ``ids`` is one sequence of whole numbers in [0, VOCAB_SIZE)."""
     if isinstance(ids, (str, bytes)):
         return False
+    if isinstance(ids, (list, tuple)) and any(isinstance(x, (bool, np.bool_)) for x in ids):
+        return False  # (numpy makes [1, True, 3] ints: True ran as token 1, where a reader refuses true)
     try:
         a = np.asarray(ids)
     except (TypeError, ValueError, OverflowError):
@@ -157,6 +159,11 @@ class Engine:
         self.cache_config = cache_config or p.cache_config
         self.scheduler_config = scheduler_config or p.scheduler_config
         self.cost_model = cost_model or p.cost_model
+        if not isinstance(self.cost_model, CostModel):
+            raise KVTraceError(f"engine: cost_model {self.cost_model!r}; expected a CostModel")
+        problem = free_step_problem(self.cost_model)  # (what --config refuses: 0-ns steps)
+        if problem is not None:
+            raise ConfigError("engine", "cost_model", problem)
         self.device = device
         self.verify = verify
         # content=False: no device storage, content model or checks (hits and timings only;
@@ -169,10 +176,15 @@ class Engine:
         self.cpu_threads = cpu_threads
         # of every latency in the summary (vllm bench serve's), held to what --percentiles takes
         # before the run: 101 or a string was numpy's ValueError or TypeError after the whole run
-        self.percentiles = () if isinstance(percentiles, (str, bytes)) else tuple(percentiles)
+        try:  # (None, 50: tuple()'s TypeError)
+            self.percentiles = () if isinstance(percentiles, (str, bytes)) else tuple(percentiles)
+        except TypeError:
+            self.percentiles = ()
         odd = next((q for q in self.percentiles if isinstance(q, bool) or not isinstance(q, numbers.Real)), None)
         if not self.percentiles or odd is not None:
             raise ConfigError("engine", "percentiles", f"{percentiles!r}: expected a sequence of numbers from 0 to 100")
+        # (a Fraction or a Decimal: numpy's TypeError after the run) as floats, ints and floats kept
+        self.percentiles = tuple(q if isinstance(q, (int, float)) else float(q) for q in self.percentiles)
         try:
             parse_percentiles(self.percentiles)
         except ValueError as err:

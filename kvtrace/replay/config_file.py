@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtrace.cache.config import FullAttentionSpec, MambaSpec, SlidingWindowSpec
-from kvtrace.engine.clock import COEFFICIENTS, COST_MODELS, FITTED_TERMS, CostModel
+from kvtrace.engine.clock import COEFFICIENTS, COST_MODELS, FITTED_TERMS, CostModel, free_step_problem
 from kvtrace.errors import ConfigError, file_problem
 from kvtrace.names import BEHAVIOURS, cut_middle, printable
 from kvtrace.workload.lines import parse_decimal, without_bom
@@ -322,24 +322,6 @@ def parse_groups(value: list, source: str) -> tuple:
     return tuple(out)
 
 
-def free_tokens_problem(model: CostModel) -> str | None:
-    """Why ``model`` cannot time a run, or None: some step would take 0 ns (its tokens cost
-    nothing: a prefill-only step's TTFT read 0 ms). Every step costs something with a step
-    overhead, a per-token or a MoE term; without them, a prefill needs attn_pair_ps >= 1000
-    (a step's pairs are at least its tokens; the term is in ps, summed, then cut to ns) and a
-    decode decode_seq_ns or kv_read_ps >= 1000."""
-    if model.step_overhead_ns or model.token_ns or model.moe_expert_ns:
-        return None
-    if model.attn_pair_ps < 1000:
-        free = "a prefill of a few tokens"
-    elif not model.decode_seq_ns and model.kv_read_ps < 1000:
-        free = "a decode of one sequence"
-    else:
-        return None
-    return (f"{model.name}: step_overhead_ns and token_ns are both 0 (and no moe_expert_ns): {free} would take 0 ns "
-            "(a TTFT or an inter-token gap of 0 ms); give either >= 1")
-
-
 def cost_model_from_table(table: dict[str, Any], source: str) -> CostModel:
     """A ``[cost_model]`` table: ``name`` of a built-in model, or every coefficient."""
     unknown = sorted(set(table) - set(COEFFICIENTS) - {"name", "source"})
@@ -385,9 +367,9 @@ def cost_model_from_table(table: dict[str, Any], source: str) -> CostModel:
         raise ConfigError(source, "cost_model", f"{name}: every coefficient is 0: each step would take no time and "
                                                 "every modelled latency would be 0 (use --mode cache-only for hits "
                                                 "alone)")
-    problem = free_tokens_problem(model)
+    problem = free_step_problem(model)
     if problem is not None:
-        raise ConfigError(source, "cost_model.step_overhead_ns", problem)
+        raise ConfigError(source, "cost_model.step_overhead_ns", f"{problem}; give either >= 1")
     builtin = COST_MODELS.get(name)
     if builtin is not None:  # (a run says which model made its times: one name, one set of coefficients)
         other = next((k for k in COEFFICIENTS if getattr(model, k) != getattr(builtin, k)), None)

