@@ -94,3 +94,34 @@ def test_a_run_still_short_at_the_close_stays_incomplete(tmp_path):
     finally:
         collector.stop()
     assert _status(path) == "incomplete"
+
+
+@pytest.mark.parametrize("store", ["c.duckdb", "chdb:c"])
+def test_a_short_run_is_completed_by_the_rest_sent_to_a_restarted_collector(tmp_path, store):
+    """The list of short runs lived in the collector's memory: the rest of a run's spans, sent
+    again to the collector started after it, left it incomplete for good (re-probe D)."""
+    from kvtrace.store.read._sql import connect, query
+
+    spans, record = _requests()
+    path = str(tmp_path / store) if not store.startswith("chdb:") else f"chdb:{tmp_path / 'c'}"
+
+    def status() -> str:
+        with connect(path) as con:
+            return query(con, "SELECT status FROM runs WHERE run_id = $r", {"r": RUN}).item()
+
+    first = OTLPCollector(path, port=0).start()
+    try:
+        exporter = OTLPSpanExporter(endpoint=first.url)
+        for request in [*spans[1:], record]:
+            assert exporter.export(request) is SpanExportResult.SUCCESS
+    finally:
+        first.stop()
+    assert status() == "incomplete"
+    second = OTLPCollector(path, port=0, late_refresh_s=0.0).start()
+    try:
+        assert OTLPSpanExporter(endpoint=second.url).export(spans[0]) is SpanExportResult.SUCCESS
+        assert second.wait_late_refreshed(timeout=60)
+        assert status() == "complete"
+    finally:
+        second.stop()
+    assert status() == "complete"

@@ -756,6 +756,12 @@ class OTLPCollector:
             return
         if mode == "otlp" and status != "running" and digest is None and summary is None:
             self._unrecorded_runs.add(run_id)
+        sent = _sent_span_count(summary) if status == "incomplete" else None
+        if sent is not None and not self._held(run_id).covers(sent):
+            # (finished short by an earlier collector: the rest of its spans, sent again to this one,
+            # complete it; it stayed incomplete for good, its list of short runs gone with that process;
+            # a kvtrace sender's own record never says incomplete)
+            self._short_runs[run_id] = sent
         if last is not None:
             for trace_hex, span_hex in reversed(last.rows()):  # (oldest first: the newest are forgotten last)
                 if trace_hex and span_hex:
@@ -792,12 +798,14 @@ def _named_run(resource: dict, where: str) -> str:
     return run_id
 
 
-def _sent_span_count(summary: str | None) -> int | None:
+def _sent_span_count(summary: object) -> int | None:
     """The spans a kvtrace sender numbered in its run (its summary's ``spans``, checked by
     ``_run_record``), or None where the summary gives none."""
-    if summary is None:
+    try:  # (a store's summary, read back at a restart, may be damaged)
+        decoded = json.loads(summary) if isinstance(summary, str) else None
+    except ValueError:
         return None
-    count = json.loads(summary).get("spans")
+    count = decoded.get("spans") if isinstance(decoded, dict) else None
     return count if isinstance(count, int) and not isinstance(count, bool) else None
 
 
