@@ -124,8 +124,8 @@ RATE_KEYS: tuple[str, ...] = tuple(r.key for r in RATES)
 HEADLINE_RATE = "prefix_cache_hit_rate"
 
 # The per-group rate is its own metric, never the request hit rate: the tokens one KV
-# cache group alone would hit (its first pass of the hybrid coordinator's fixed point,
-# before the groups agree), over the same prefix_cache_queries.
+# cache group alone would hit (its own lookup, capped by no other group's hit, before the
+# groups agree), over the same prefix_cache_queries.
 GROUP_HIT_RATE_DOC = ("Attention/state group hit rate: hit tokens KV group g alone found at each request's first "
                       "schedule (before the groups agree on one hit), over prefix_cache_queries. Not the request "
                       "hit rate: the request hits only what every group hits.")
