@@ -12,6 +12,8 @@ Sign convention: the threshold's sign names the bad direction.
   ``stale_hashes`` of ``--no-content`` runs) fails: a gate that cannot be checked must not
   pass. A relative gate on a zero baseline can: no change passes it, any change in its
   direction is beyond it.
+- A gate reads the raw delta, also of a latency statistic whose bootstrap CI finds no change
+  (the diff's verdict): its message says so.
 - A change equal to the threshold passes, also where float rounding of the two values puts
   it a few ulps beyond (0.50 -> 0.49 is a drop of exactly 0.01, computed as 0.010000000000000009).
 
@@ -25,7 +27,8 @@ import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from kvtrace.compare.model import RunDiff
+from kvtrace.compare.bootstrap import CI_LEVEL
+from kvtrace.compare.model import MetricDelta, RunDiff
 from kvtrace.compare.render import fmt
 from kvtrace.errors import KVTraceError
 from kvtrace.metrics import SUMMARY_RATES
@@ -96,7 +99,7 @@ def check_fail_if(diff: RunDiff, gates: Iterable[str]) -> list[str]:
             continue
         if change is None or (isinstance(change, float) and math.isnan(change)) or m.a is None or m.b is None:
             # (why, where both values are there: "cannot evaluate (A=0.1583, B=0.3615)" read as a bug)
-            why = "" if m.a is None or m.b is None else ": A and B count blocks of two sizes" if m.delta is None else ""
+            why = "" if m.a is None or m.b is None or m.delta is not None else f": {diff.block_units or 'no delta'}"
             failures.append(f"{gate.text}: cannot evaluate{why} (A={fmt(m.a)}, B={fmt(m.b)})")
             continue
         shown = change * 100 if gate.relative else change
@@ -106,11 +109,13 @@ def check_fail_if(diff: RunDiff, gates: Iterable[str]) -> list[str]:
             by, allowed = _distinct(-shown, abs(limit))
             failures.append(
                 f"{gate.metric} dropped by {by}{unit} (A={m.a:.6g}, B={m.b:.6g}); allowed drop {allowed}{unit}"
+                + _ci_caveat(diff, m)
             )
         elif gate.bad_direction > 0 and change > gate.threshold + slack:
             by, allowed = _distinct(shown, limit)
             failures.append(
                 f"{gate.metric} rose by {by}{unit} (A={m.a:.6g}, B={m.b:.6g}); allowed rise {allowed}{unit}"
+                + _ci_caveat(diff, m)
             )
     da, db = diff.run_a.get("definitions"), diff.run_b.get("definitions")
     if failures and da is not None and db is not None and da != db:
@@ -118,6 +123,19 @@ def check_fail_if(diff: RunDiff, gates: Iterable[str]) -> list[str]:
         failures = [f"{f} (A and B were recorded under different metric definitions: see the diff's first note)"
                     for f in failures]
     return failures
+
+
+def _ci_caveat(diff: RunDiff, m: MetricDelta) -> str:
+    """What a failed gate on a latency statistic says of its bootstrap CI, where that finds no
+    change or there is none: a gate reads the raw delta (a threshold the user chose), and the
+    diff's tables gave the same change no verdict."""
+    if not m.needs_ci or m.significant:
+        return ""
+    s = diff.shift(m.name)
+    if s is not None:
+        return (f"; a raw change: its {round(CI_LEVEL * 100)}% bootstrap CI [{fmt(s.ci_low, signed=True)}, "
+                f"{fmt(s.ci_high, signed=True)}] finds no change")
+    return "; a raw change: no bootstrap CI judged it (the diff gives it no verdict)"
 
 
 def _rounding(a: float, b: float, gate: Gate) -> float:

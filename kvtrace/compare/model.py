@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import polars as pl
@@ -82,18 +82,24 @@ class MetricDelta:
     # A latency percentile the diff's bootstrap gave a CI: whether that CI makes the change a
     # finding (``PercentileShift.significant``); None where there is no CI to read.
     significant: bool | None = None
+    # A latency statistic of a diff (``diff_summaries(ci_verdicts=True)`` marks every one): its verdict is a
+    # bootstrap CI's (``significant``), none where it has no CI. (A raw "better" of
+    # median_ttft_ms came and went with --percentiles, mean/tpot/e2el rows kept raw ones
+    # beside README's "no verdict where the CI finds no change".)
+    needs_ci: bool = False
 
     @property
     def verdict(self) -> str:
         """'better' / 'worse' / 'same' / '' (no preferred direction, missing, or a latency
         percentile whose CI holds no change: the summary table called p99_itl_ms "better"
-        beside the percentile table's interval [-0.56, +0.75] that finds nothing)."""
+        beside the percentile table's interval [-0.56, +0.75] that finds nothing; or a
+        latency statistic of a diff that has no CI at all, ``needs_ci``)."""
         if self.delta is None:
             return ""
         if self.delta == 0 or (is_latency_key(self.name) and below_latency_resolution(self.delta)):
             return "same"
         d = metric_direction(self.name)
-        if d == 0 or self.significant is False:
+        if d == 0 or self.significant is False or (self.needs_ci and self.significant is None):
             return ""
         return "better" if self.delta * d > 0 else "worse"
 
@@ -189,6 +195,9 @@ class RunDiff:
     # Summary keys null (not measured) in both runs, e.g. stale_hashes of --no-content runs:
     # no delta and no row, but a gate on one cannot be checked, which is no unknown name.
     unmeasured: list[str] = field(default_factory=list)
+    # Why the block-unit metrics (``BLOCK_UNIT_KEYS``) and eviction counts have no delta (blocks
+    # of two sizes, or of a size unknown): what a gate on one says. None where they have one.
+    block_units: str | None = None
 
     def metric(self, name: str) -> MetricDelta:
         """The summary metric ``name``, else the bootstrap percentile of that name (as a
@@ -197,11 +206,22 @@ class RunDiff:
             if m.name == name:
                 return m
         for s in self.latency:
-            if s.name == name:
-                return MetricDelta(name, s.a, s.b, s.delta, _rel(s.a, s.b))
+            if s.name == name:  # (its CI's finding too: a gate's or a tile's verdict read the raw delta)
+                return MetricDelta(name, s.a, s.b, s.delta, _rel(s.a, s.b), significant=shift_finding(s),
+                                   needs_ci=True)
         runs = " and ".join(f"{r.get('run_id', '?')} (mode {r.get('mode') or '?'})" for r in (self.run_a, self.run_b))
         raise UnknownMetric(f"runs {runs}: no metric {name!r} to compare; they have "
                             f"{', '.join(self.metric_names()) or 'none (no replay summary, no request latencies)'}")
+
+    def shift(self, name: str) -> PercentileShift | None:
+        """The bootstrap shift with a CI that summary metric ``name`` is (``median_X`` is its
+        ``p50_X``, of the same values); None where the latency table gives it none."""
+        for s in self.latency:
+            if not math.isnan(s.ci_low) and s.name in (name, _p50_name(name)):
+                m = next((m for m in self.metrics if m.name == name), None)
+                if m is None or (m.a, m.b) == (s.a, s.b):
+                    return s
+        return None
 
     def metric_names(self) -> list[str]:
         """Every name ``metric`` answers with a delta: summary metrics, then percentiles."""
@@ -254,8 +274,12 @@ def diff_summaries(
     *,
     run_a: dict[str, Any] | None = None,
     run_b: dict[str, Any] | None = None,
+    ci_verdicts: bool = False,
 ) -> RunDiff:
-    """A RunDiff from two plain run summaries (no store needed): metric deltas only."""
+    """A RunDiff from two plain run summaries (no store needed): metric deltas only.
+    ``ci_verdicts``: every latency statistic's verdict is a bootstrap CI's (``needs_ci``), none
+    until ``with_latency_findings`` gives it one, as ``kvtrace diff`` and ``study`` judge them;
+    else (two bare summaries, no bootstrap to come) each reads its raw delta."""
     ra = dict(run_a or {})
     rb = dict(run_b or {})
     if "digest" in summary_a:
@@ -266,7 +290,10 @@ def diff_summaries(
         if summary.get("cost_model"):  # what modelled the run's times (none: no clock)
             run.setdefault("cost_model", summary["cost_model"])
     same = ra.get("trace") == rb.get("trace")
-    metrics, notes = metric_deltas(summary_a, summary_b), []
+    # every latency statistic's verdict is a bootstrap CI's, none where it has none (``with_latency_findings``)
+    metrics = [replace(m, needs_ci=True) if ci_verdicts and is_latency_key(m.name) else m
+               for m in metric_deltas(summary_a, summary_b)]
+    notes: list[str] = []
     unmeasured = [k for k in dict.fromkeys([*summary_a, *summary_b])
                   if summary_a.get(k) is None and summary_b.get(k) is None]
     # (a collected replay's: its sender's mode, ``metrics.replayed_mode``; "collected" hid a mode that differed)
@@ -278,10 +305,20 @@ def diff_summaries(
                      "deltas mix the rule with the cache")
     if block_sizes_differ(summary_a, summary_b):
         size_a, size_b = summary_a["block_size"], summary_b["block_size"]
-        metrics = [MetricDelta(m.name, m.a, m.b, None, None) if m.name in BLOCK_UNIT_KEYS else m for m in metrics]
+        metrics = [replace(m, delta=None, rel=None) if m.name in BLOCK_UNIT_KEYS else m for m in metrics]
         notes.append(f"block sizes differ ({size_a:g} vs {size_b:g} tokens): "
                      f"{', '.join(BLOCK_UNIT_KEYS)} count other units, so they have no delta")
-    return RunDiff(run_a=ra, run_b=rb, metrics=metrics, same_trace=same, notes=notes, unmeasured=unmeasured)
+    return RunDiff(run_a=ra, run_b=rb, metrics=metrics, same_trace=same, notes=notes, unmeasured=unmeasured,
+                   block_units="A and B count blocks of two sizes" if block_sizes_differ(summary_a, summary_b)
+                   else None)
+
+
+def without_block_deltas(diff: RunDiff, why: str, note: str) -> None:
+    """Take the delta of every block-unit metric (``BLOCK_UNIT_KEYS``) away, saying ``why`` (a
+    gate's words) and ``note`` (the diff's)."""
+    diff.metrics = [replace(m, delta=None, rel=None) if m.name in BLOCK_UNIT_KEYS else m for m in diff.metrics]
+    diff.block_units = why
+    diff.notes.append(note)
 
 
 def with_latency_findings(metrics: list[MetricDelta], latency: list[PercentileShift]) -> list[MetricDelta]:
@@ -291,12 +328,21 @@ def with_latency_findings(metrics: list[MetricDelta], latency: list[PercentileSh
     shifts = {s.name: s for s in latency if not math.isnan(s.ci_low)}
     out = []
     for m in metrics:
-        s = shifts.get(m.name) or shifts.get(m.name.replace("median_", "p50_", 1) if m.name.startswith("median_")
-                                             else m.name)
+        s = shifts.get(m.name) or shifts.get(_p50_name(m.name))
         if s is not None and m.delta is not None and (m.a, m.b) == (s.a, s.b):
-            m = MetricDelta(m.name, m.a, m.b, m.delta, m.rel, significant=s.significant)
+            m = replace(m, significant=s.significant, needs_ci=True)
         out.append(m)
     return out
+
+
+def _p50_name(name: str) -> str:
+    """The percentile a summary statistic is: median_ttft_ms is p50_ttft_ms (else ``name``)."""
+    return name.replace("median_", "p50_", 1) if name.startswith("median_") else name
+
+
+def shift_finding(s: PercentileShift) -> bool | None:
+    """Whether a shift's CI finds its change; None where it has no CI."""
+    return None if math.isnan(s.ci_low) else s.significant
 
 
 def block_sizes_differ(summary_a: dict[str, Any], summary_b: dict[str, Any]) -> bool:

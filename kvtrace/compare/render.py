@@ -15,7 +15,15 @@ from collections.abc import Iterable
 from typing import Any
 
 from kvtrace.compare.bootstrap import CI_LEVEL
-from kvtrace.compare.model import CountShift, MetricDelta, RequestChange, RequestHitDiff, RunDiff, events_mode
+from kvtrace.compare.model import (
+    CountShift,
+    MetricDelta,
+    PercentileShift,
+    RequestChange,
+    RequestHitDiff,
+    RunDiff,
+    events_mode,
+)
 from kvtrace.metrics import backend_label, is_latency_key, times_source, times_word
 from kvtrace.names import markdown_code, markdown_literal, markup_literal, printable, stdout_console
 from kvtrace.store.schema import SUMMARY_FIELDS
@@ -33,7 +41,7 @@ EVICTIONS_CAPTION = ("evicted blocks, by eviction reason and by the kind of the 
 def to_json(diff: RunDiff) -> dict[str, Any]:
     """A JSON-ready dict: run_a, run_b, same_trace, forced, metrics, correctness, and when
     present requests, evictions, latency (with "ci": [low, high], null when unknown) and
-    bootstrap."""
+    bootstrap; then verdicts (each metric's and percentile's, as --markdown marks them)."""
     out: dict[str, Any] = {
         "run_a": diff.run_a,
         "run_b": diff.run_b,
@@ -71,7 +79,18 @@ def to_json(diff: RunDiff) -> dict[str, Any]:
             for s in diff.latency
         }
         out["bootstrap"] = diff.bootstrap
+    # each row's verdict, as --markdown marks it (better, worse, same; null: none): a latency
+    # statistic's is its bootstrap CI's, none where it has no CI
+    out["verdicts"] = {
+        "metrics": {m.name: m.verdict or None for m in diff.metrics},
+        "latency": {s.name: _shift_verdict(s) or None for s in diff.latency},
+    }
     return out
+
+
+def _shift_verdict(s: PercentileShift) -> str:
+    """A percentile row's verdict (its CI's): 'better', 'worse' or '' (no finding)."""
+    return "" if not s.significant else ("worse" if s.delta > 0 else "better")
 
 
 def to_markdown(diff: RunDiff) -> str:
@@ -121,7 +140,7 @@ def to_markdown(diff: RunDiff) -> str:
             "|---|---:|---:|---:|---|---|",
         ]
         for s in diff.latency:
-            verdict = "" if not s.significant else ("worse" if s.delta > 0 else "better")
+            verdict = _shift_verdict(s)
             lines.append(
                 f"| {_md_name(s.name)} | {fmt(s.a)} | {fmt(s.b)} | {fmt(s.delta, signed=True)} | "
                 f"[{fmt(s.ci_low, signed=True)}, {fmt(s.ci_high, signed=True)}] | {_mark(verdict)} |"

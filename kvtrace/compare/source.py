@@ -24,11 +24,13 @@ from kvtrace.compare.model import (
     finite_number,
     request_hit_diff,
     with_latency_findings,
+    without_block_deltas,
 )
 from kvtrace.compare.options import DEFAULT_RESAMPLES, check_diff_options
 from kvtrace.compare.pairing import behaviours_on, same_trace
 from kvtrace.errors import KVTraceError
 from kvtrace.metrics import (
+    BLOCK_UNIT_KEYS,
     DEFAULT_PERCENTILES,
     NS_PER_MS,
     definitions_note,
@@ -37,7 +39,7 @@ from kvtrace.metrics import (
     replayed_mode,
     run_backend,
 )
-from kvtrace.names import run_kind
+from kvtrace.names import printable, run_kind
 from kvtrace.store import read
 from kvtrace.store.errors import StoreError
 from kvtrace.store.read._sql import one_snapshot  # (one committed state for the whole read, as summaries use it)
@@ -111,8 +113,17 @@ def _diff(view: StoreView, run_a: str, run_b: str, info_a: dict[str, Any], info_
     summary_a, summary_b = view.summary(run_a), view.summary(run_b)
     view.fill_percentiles(run_a, summary_a, summary_b)
     view.fill_percentiles(run_b, summary_b, summary_a)
-    diff = diff_summaries(summary_a, summary_b, run_a=info_a, run_b=info_b)
+    unknown = _trace_block_sizes(view, (run_a, summary_a), (run_b, summary_b), same)
+    diff = diff_summaries(summary_a, summary_b, run_a=info_a, run_b=info_b, ci_verdicts=True)
     diff.same_trace, diff.forced = same, not same
+    if unknown:
+        # (a failed cache-only run at the trace's block size: its evictions were set against another
+        # run's 32-token blocks, +21.7%, and a gate on them failed)
+        which = " and ".join(unknown)
+        without_block_deltas(diff, f"the block size of {which} is unknown",
+                             f"the block size of run {which} is unknown (it replayed at the trace's and kept no "
+                             f"summary to say it): {', '.join(BLOCK_UNIT_KEYS)} and the evicted blocks may count "
+                             "other units, so they have no delta")
     hits_a, hits_b = view.per_request_hits(run_a), view.per_request_hits(run_b)
     # (its mode as kvtrace names it, never the stored text: a note is rendered as kvtrace's own markdown)
     # (a collected replay's as its sender's mode: "A (collected)" hid why it holds none)
@@ -136,7 +147,7 @@ def _diff(view: StoreView, run_a: str, run_b: str, info_a: dict[str, Any], info_
     else:
         diff.requests = request_hit_diff(hits_a, hits_b, top=top)
     # (evicted blocks: of two block sizes, no delta, as the summary's evictions; the table said +609)
-    same_units = not block_sizes_differ(summary_a, summary_b)
+    same_units = not block_sizes_differ(summary_a, summary_b) and not unknown
     by_reason = view.evictions_by_reason(run_a), view.evictions_by_reason(run_b)
     # a run that counts evictions but records no evicted block (a Belady bound): its split is
     # unknown, not zero (the table said "lru 457 -> 0, -457" beside the summary's 457 -> 457)
@@ -144,8 +155,15 @@ def _diff(view: StoreView, run_a: str, run_b: str, info_a: dict[str, Any], info_
                (("A", info_a, by_reason[0], summary_a), ("B", info_b, by_reason[1], summary_b))
                if (finite_number(summary.get("evictions")) or 0) > 0 and int(frame["count"].sum() or 0) == 0]
     if unsplit:
-        diff.notes.append(f"run {' and '.join(unsplit)} counts evictions but records no evicted blocks (a Belady "
-                          "bound records none): evictions are not broken down by reason or publish kind")
+        # (each run's policy named: "run A (cache-only) and B (cache-only) counts" said neither which was
+        # the bound nor, in the plural, a sentence)
+        policies = [f"{side} {p}" for side, run in (("A", run_a), ("B", run_b))
+                    if (p := _policy(view.run_row(run).get("config")))]
+        whose = f"; policies: {', '.join(policies)}" if policies else ""
+        subject = (f"runs {unsplit[0]} and {unsplit[1]} count evictions but record" if len(unsplit) > 1
+                   else f"run {unsplit[0]} counts evictions but records")
+        diff.notes.append(f"{subject} no evicted blocks (a Belady bound records none{whose}): evictions are not "
+                          "broken down by reason or publish kind")
     else:
         diff.evictions_by_reason = count_shifts(*by_reason, "reason", comparable=same_units)
         diff.evictions_by_publish_kind = count_shifts(
@@ -335,6 +353,37 @@ def _cost_model(config: Any) -> str | None:
     model = config.get("cost_model") if isinstance(config, dict) else None
     name = model.get("name") if isinstance(model, dict) else None
     return str(name) if name else None
+
+
+def _policy(config: Any) -> str | None:
+    """A cache-only run's eviction policy (lru, belady), as its config records it."""
+    policy = config.get("policy") if isinstance(config, dict) and config.get("mode") == "cache-only" else None
+    return printable(policy) if isinstance(policy, str) and policy else None
+
+
+def _uses_trace_block_size(config: Any) -> bool:
+    """Whether a run's config says it replayed at its trace's block size (cache-only, no
+    ``block_size``: the trace's, which only a summary records)."""
+    return isinstance(config, dict) and config.get("mode") == "cache-only" and config.get("block_size") is None
+
+
+def _trace_block_sizes(view: StoreView, a: tuple[str, dict[str, Any]], b: tuple[str, dict[str, Any]],
+                       same: bool) -> list[str]:
+    """Fill the block size of a run that kept no summary and replayed at its trace's (a failed
+    cache-only run's config says None) where it is sure: the other run replayed the same trace
+    at the trace's block size too, and its summary says which. The sides ("A", "B") whose size
+    stays unknown."""
+    unknown = []
+    for side, (run, summary), (other_run, other) in (("A", a, b), ("B", b, a)):
+        if not summary or "block_size" in summary or not _uses_trace_block_size(view.run_row(run).get("config")):
+            continue
+        if same and _uses_trace_block_size(view.run_row(other_run).get("config")):
+            size = finite_number(other.get("block_size"))
+            if size is not None:
+                summary["block_size"] = size
+            continue  # (both at the one trace's block size: the same units, whatever it is)
+        unknown.append(side)
+    return unknown
 
 
 def _recorded_block_size(config: Any) -> int | None:

@@ -91,7 +91,8 @@ class StudyPoint:
     value: Any = None
 
     def effect(self, behaviour: str) -> dict[str, Any]:
-        return expected_effect(behaviour, self.on, self.off)
+        """``expected_effect``, judged as this point's diff judges each metric (a latency by its CI)."""
+        return expected_effect(behaviour, self.on, self.off, diff=self.diff)
 
     def to_json(self, behaviour: str) -> dict[str, Any]:
         from kvtrace.compare.render import to_json
@@ -244,10 +245,14 @@ def expectation_failures(behaviour: str, on: Mapping[str, Any], off: Mapping[str
     return failures
 
 
-def expected_effect(behaviour: str, on: Mapping[str, Any], off: Mapping[str, Any]) -> dict[str, Any]:
+def expected_effect(behaviour: str, on: Mapping[str, Any], off: Mapping[str, Any],
+                    diff: RunDiff | None = None) -> dict[str, Any]:
     """The study's verdict: whether the behaviour's expected effect showed (``shown``: None
     where the runs did not measure it), in words (``expected``), and which checks did not
-    hold (``unmet``, ``expectation_failures``)."""
+    hold (``unmet``, ``expectation_failures``). ``diff``: the study's diff of the pair, whose
+    verdict a latency's check takes (its bootstrap CI's: "shown" beside a table that found no
+    change was a claim the table did not make); a latency without a CI (a study without
+    --db keeps no request latencies) is not judged, so the effect is not measured."""
     if behaviour == EXTERNAL_HIT_RUNNING_COW:
         expected = "divergent outputs or stale hashes with it off, none with it on"
     else:
@@ -255,8 +260,37 @@ def expected_effect(behaviour: str, on: Mapping[str, Any], off: Mapping[str, Any
                              for m, sign in EXPECTED_OFF_DIRECTION[behaviour].items())
     unmet = expectation_failures(behaviour, on, off)
     measured = all(run.get(m) is not None for run in (on, off) for m in EXPECTED_OFF_DIRECTION[behaviour])
+    if diff is not None and behaviour != EXTERNAL_HIT_RUNNING_COW:
+        for metric in EXPECTED_OFF_DIRECTION[behaviour]:
+            if any(u.startswith(f"{metric}:") for u in unmet):
+                continue
+            problem, judged = _ci_judgement(diff, metric, off.get(metric), on.get(metric))
+            if problem:
+                unmet.append(problem)
+                measured = measured and judged
     # (shown: None where the runs did not measure it, e.g. --no-content: no verdict, not a refutation)
     return {"shown": (not unmet) if measured else None, "expected": expected, "unmet": unmet}
+
+
+def _ci_judgement(diff: RunDiff, metric: str, off: Any, on: Any) -> tuple[str | None, bool]:
+    """Whether the diff finds the change of a latency ``metric`` that the raw check saw:
+    (None, True) where it does or ``metric`` needs no CI; else the unmet check's words, and
+    whether the CI judged it (False: there is no CI)."""
+    from kvtrace.compare.model import UnknownMetric
+    from kvtrace.compare.render import fmt
+
+    try:
+        m = diff.metric(metric)
+    except UnknownMetric:
+        return None, True
+    if not m.needs_ci or m.verdict in ("better", "worse"):
+        return None, True
+    s = diff.shift(metric)
+    if s is not None:
+        return (f"{metric}: off={off} on={on}, a change its bootstrap CI [{fmt(s.ci_low, signed=True)}, "
+                f"{fmt(s.ci_high, signed=True)}] does not find (the diff's table gives it no verdict)"), True
+    return (f"{metric}: off={off} on={on}, not judged: no bootstrap CI of it (a study with --db resamples its "
+            "requests)"), False
 
 
 def verdict_line(effect: Mapping[str, Any]) -> str:
@@ -429,7 +463,7 @@ def run_study(
             diff = diff_runs(db, off.run_id, on.run_id, seed=seed, percentiles=on_spec.percentiles)
         else:
             diff = diff_summaries(off.summary, on.summary, run_a=_run_info(off_spec, off, trace),
-                                  run_b=_run_info(on_spec, on, trace))
+                                  run_b=_run_info(on_spec, on, trace), ci_verdicts=True)
         result.points.append(
             StudyPoint(on=on.summary, off=off.summary, diff=diff, run_on=on.run_id, run_off=off.run_id,
                        parameter=parameter, value=value)
