@@ -118,12 +118,18 @@ class KVCacheCoordinator:
             # Each group's hit alone (the PrefixLookup's hit_tokens_per_group, the group hit
             # rate): a group looked up after another was capped by that one's hit; it is asked
             # again without the cap (lookups change nothing). Only the events read it.
-            # (full attention is downward closed: a capped hit short of its cap is its hit alone)
+            # (full attention is downward closed in full blocks: a capped hit whose next block
+            # lies wholly under the cap missed that block, and is its hit alone; a partial hit
+            # probes inside the block at the cap only up to the cap, and is asked again)
             for g in self.lookup_order[1:]:
                 hit_g = first[g]
-                if hit_g is not None and first_cap[g] < max_length and not (
-                        hit_g < first_cap[g] and isinstance(mgrs[g], FullAttentionManager)):
-                    first[g] = mgrs[g].find_longest_cache_hit(fine, max_length, align)[1]
+                if hit_g is None or first_cap[g] >= max_length:
+                    continue
+                m = mgrs[g]
+                if isinstance(m, FullAttentionManager) and hit_g // m.block_size * m.block_size + m.block_size <= \
+                        first_cap[g]:
+                    continue
+                first[g] = m.find_longest_cache_hit(fine, max_length, align)[1]
         firsts = tuple(h or 0 for h in first)
         return out, hit_length, longest - hit_length, firsts
 

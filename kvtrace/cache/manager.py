@@ -242,8 +242,13 @@ class KVCacheManager:
             coarse0 = fine if self._unitary else m0.coarse(fine)
             # group 0's first miss is past its own hit (first[0]), not the request's: a block
             # group 0 holds, past a hit another group cut short, did not miss (and the miss
-            # attribution blamed an old eviction of it)
-            miss, miss_idx = first_miss(coarse0, first[0], m0.block_size, num_tokens)
+            # attribution blamed an old eviction of it). Its own hit before the hit alignment's
+            # cut: where the alignment is coarser than group 0's blocks (groups of different block
+            # sizes, no partial hits), the blocks group 0 holds past the cut did not miss either.
+            hit0 = first[0]
+            if self.hit_alignment > m0.block_size:
+                hit0 = m0.find_longest_cache_hit(fine, max(num_tokens - 1, 0), m0.block_size)[1]
+            miss, miss_idx = first_miss(coarse0, hit0, m0.block_size, num_tokens)
             self._lookup_at = len(sink.events)
             sink.events.append(
                 PrefixLookup(

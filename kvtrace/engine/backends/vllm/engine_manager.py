@@ -35,7 +35,8 @@ Events (kvtrace's ``kvtrace.cache.events``, from vLLM's ``take_events`` after ea
   (the key moved to the copy, which vLLM's ``move_block_hashes`` does silently; the
   adapter then emits the ``moved`` publish/evict pair kvtrace's manager emits).
 * ``PrefixLookup``: per lookup; ``hit_tokens_per_group`` is the common hit in every
-  group (vLLM returns only the fixed point).
+  group (vLLM returns only the fixed point); the first miss is past group 0's own hit, as
+  kvtrace's (``_group0_hit``: read from vLLM's prefix map, or vLLM's lookup of group 0 alone).
 * ``BlocksFreed``: the request's non-null blocks per group, tail first, read before
   vLLM frees them. External-tier (connector) evictions: the tier's own events (the tier
   is kvtrace's, written through as kvtrace's pool writes it); loads emit nothing.
@@ -375,12 +376,32 @@ class VllmEngineManager(VllmKVCacheManager):
             fine = request.block_hashes
             per = bs0 // self.hash_block_size
             coarse = fine[per - 1::per]
-            miss, miss_idx = first_miss(coarse, hit, bs0, request.num_tokens)
+            miss, miss_idx = first_miss(coarse, self._group0_hit(request, coarse, hit), bs0, request.num_tokens)
             self._lookup_at = len(self._events)
             self._events.append(PrefixLookup(
                 self.step, request.request_id, request.num_tokens, hit, (hit,) * self.num_groups, boundary, 0,
                 coarse[0] if coarse else None, miss, miss_idx))
         return blocks, hit, boundary
+
+    def _group0_hit(self, request: Request, coarse: Sequence[Any], hit: int) -> int:
+        """Group 0's own hit (its first miss lies past it, as kvtrace's manager reads it: a block
+        group 0 holds past a request's hit that another group or the hit alignment cut short did
+        not miss), before an alignment coarser than its blocks. Full attention, downward closed:
+        the request's hit, then the full blocks vLLM holds for group 0 in a row past it (its prefix
+        map, as its lookup reads it); another kind: vLLM's own lookup for group 0 alone."""
+        bs0 = self._block_size[0]
+        last = min(len(coarse), max(request.num_tokens - 1, 0) // bs0)  # the blocks a lookup reads
+        if not self._padded[0]:
+            i = hit // bs0
+            while i < last and self._held_ids(0, coarse[i]):
+                i += 1
+            return max(hit, i * bs0)
+        m = self._managers[0]
+        align = min(getattr(self.coordinator, "_cache_hit_alignment_tokens", bs0), bs0)
+        return int(type(m).find_longest_cache_hit(
+            block_hashes=request.block_hashes, max_length=max(request.num_tokens - 1, 0), kv_cache_group_ids=[0],
+            block_pool=m.block_pool, kv_cache_spec=m.kv_cache_spec, drop_eagle_block=False, alignment_tokens=align,
+            dcp_world_size=m.dcp_world_size, pcp_world_size=m.pcp_world_size)[1])
 
     def get_num_external_hit_tokens(self, request: Request, num_local_hit_tokens: int) -> int:
         """Tokens beyond the local hit kvtrace's external tier holds (kvtrace's coordinator rule)."""
