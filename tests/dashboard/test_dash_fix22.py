@@ -100,7 +100,8 @@ def test_a_compare_tile_below_diffs_resolution_shows_no_change(dashboard_db, tmp
     assert tiny.proto.color == Metric.MetricColor.GRAY and tiny.proto.direction == Metric.MetricDirection.NONE
     moved = next(t for label, t in tiles.items() if label.startswith("ITL p99"))
     assert moved.proto.delta == f"{fmt(-2.5, signed=True)} ms", moved.proto.delta
-    assert moved.proto.color == Metric.MetricColor.GREEN and moved.proto.direction == Metric.MetricDirection.DOWN
+    # (no bootstrap CI judged the hand-made p99: no verdict, gray, since c055005)
+    assert moved.proto.color == Metric.MetricColor.GRAY
 
 
 def test_the_requests_tile_of_a_run_without_spans_is_unknown_not_zero(tmp_path, monkeypatch):
