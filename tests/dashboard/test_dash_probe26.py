@@ -29,16 +29,25 @@ def _count(db: str, sql: str, run_id: str) -> int:
         return con.execute(sql, [run_id]).fetchone()[0]
 
 
-def test_a_belady_runs_hit_rate_page_does_not_say_it_has_no_lookup_spans(runs, monkeypatch):
-    """A Belady run records a lookup span per request, naming no prefix (root hash): its Hit
-    rate page said 'No lookup spans in this run' beside them."""
-    db, _, _, belady = runs
-    lookups = _count(db, "SELECT count(*) FROM spans WHERE run_id = ? AND name = 'kvtrace.cache.lookup'", belady)
-    named = _count(db, "SELECT count(root_hash) FROM spans WHERE run_id = ? AND name = 'kvtrace.cache.lookup'", belady)
-    assert lookups > 0 and named == 0  # (the case: lookups that name no prefix)
-    infos = [i.value for i in render(db, monkeypatch, "hit_rate", run=belady).info]
-    assert not any("No lookup spans" in i for i in infos), infos
-    assert any(f"This run's {lookups:,} lookup spans name no prefix" in i for i in infos), infos
+def test_a_belady_runs_hit_rate_page_shows_its_prefixes_as_its_lru_twin(runs, monkeypatch):
+    """A Belady run's lookups name their prefix (root hash) as its LRU twin's do (30ad1b5): its
+    Hit rate page said 'No lookup spans in this run' beside them, then that they named none.
+    Its hottest prefixes are its twin's, lookup for lookup (their hits are the policies')."""
+    db, _, lru, belady = runs
+    sql = ("SELECT count(*), count(root_hash) FROM spans WHERE run_id = ? AND name = 'kvtrace.cache.lookup'")
+    with duckdb.connect(db, read_only=True) as con:
+        lookups, named = con.execute(sql, [belady]).fetchone()
+        assert (lookups, named) == tuple(con.execute(sql, [lru]).fetchone()) and 0 < named <= lookups
+
+    def prefixes(run: str) -> list[tuple]:
+        at = render(db, monkeypatch, "hit_rate", run=run)
+        infos = [i.value for i in at.info]
+        assert not any("No lookup spans" in i or "name no prefix" in i for i in infos), infos
+        (table,) = [d.value for d in at.dataframe if "root_hash" in d.value.columns]
+        return sorted(zip(table["root_hash"], table["lookups"], strict=True))
+
+    belady_rows = prefixes(belady)
+    assert belady_rows and belady_rows == prefixes(lru)
 
 
 def test_a_cache_only_runs_usage_chart_does_not_say_it_has_no_step_spans(runs, monkeypatch):
