@@ -382,6 +382,11 @@ def _per_request(run_id: str) -> pl.DataFrame:
         pl.col("num_prompt_tokens", "num_cached_tokens", "num_local_hit_tokens").sum(), pl.col("ttft_ns").max())
 
 
+# A cache-only replay's step: one lookup, 1 ms of virtual time (the instrumentor's DEFAULT_STEP_NS,
+# which the dashboard may not import; the time axis says "1 ms a request").
+CACHE_ONLY_STEP_NS = 1_000_000
+
+
 @st.cache_data(show_spinner=False, max_entries=64)
 def _extent(db: str, key: tuple, run_id: str) -> tuple[int, int, int, int]:
     """(time origin ns, first time ns, end ns, requests), read once from the spans and reduced
@@ -397,7 +402,10 @@ def _extent(db: str, key: tuple, run_id: str) -> tuple[int, int, int, int]:
     record = read.run(db, run_id)
     reqs = read.requests(db, run_id)
     frames = [reqs.select(pl.col("arrival_ns").min().alias("lo"), pl.col("finish_ns").max().alias("hi"))]
-    virtual = replay_mode(record.get("mode")) is not None  # (cache-only's is cache-only/POLICY)
+    # (the mode its events were made in: a collected replay, stored as "otlp", is on its sender's
+    # virtual clock, where its first time was taken for its origin: 0-44 s beside its direct twin's 0-650 s)
+    made = replay_mode(metrics.replayed_mode(record.get("mode"), record.get("config")))
+    virtual = made is not None  # (cache-only's is cache-only/POLICY)
     if not virtual:  # (the windows' starts: within one window of the first and last eviction)
         evicted = read.evictions_over_time(db, run_id)
         frames.append(evicted.select(pl.col("window_start_ns").min().alias("lo"),
@@ -410,8 +418,10 @@ def _extent(db: str, key: tuple, run_id: str) -> tuple[int, int, int, int]:
         starts: list[int] = hit_counters_over_time_starts(db, run_id).to_list()
         if starts:
             gaps = [b - a for a, b in itertools.pairwise(starts) if b > a]
-            # (the last window's end: its start and one window, the least gap between starts)
-            frames.append(pl.DataFrame({"lo": [min(starts)], "hi": [max(starts) + (min(gaps) if gaps else 1)]}))
+            # (the last window's end: its start and one window, the least gap between starts; of
+            # one window, a cache-only step: a one-lookup run's slider spanned 1 ns)
+            last = min(gaps) if gaps else CACHE_ONLY_STEP_NS if made == "cache-only" else 1
+            frames.append(pl.DataFrame({"lo": [min(starts)], "hi": [max(starts) + last]}))
     lo, end = pl.concat([f.cast(pl.Int64) for f in frames]).select(
         pl.col("lo").min().fill_null(0), pl.col("hi").max().fill_null(0)).row(0)
     return (0 if virtual else lo), lo, end, reqs.height
@@ -518,7 +528,7 @@ def window_ns(run_id: str) -> int | None:
     duration is unknown."""
     ctx = context()
     _, lo, end, n = _extent(ctx["db"], ctx["key"], run_id)  # (lo: the first time, a late-starting replay's too)
-    if not n and replay_mode(run_row(run_id).get("mode")) is not None:
+    if not n and replay_mode(replayed_mode(run_id)) is not None:  # (a collected one's: its sender's)
         return None  # (a replay without request spans, cache-only: the store's window over its spans, as always)
     return read.nice_window(end - lo, windows_for(n)) if end > lo else None
 

@@ -192,6 +192,7 @@ def bound_window(label: str, t_max_s: float) -> tuple[float, float]:
     hi = _round_up(t_max_s)
 
     ignored: list[str] = []  # the link's values that are no number of seconds
+    clamped: list[str] = []  # and those outside the run's 0 to hi s (a one-lookup run's t1=0.5 read 0.001 unsaid)
 
     def read(name: str, fallback: float) -> float:
         text = st.query_params.get(name)
@@ -204,12 +205,18 @@ def bound_window(label: str, t_max_s: float) -> tuple[float, float]:
         if not math.isfinite(v):
             ignored.append(f"{name}={link_value(text)}")
             return fallback
-        return min(max(v, 0.0), hi)
+        kept = min(max(v, 0.0), hi)
+        if kept != v:
+            clamped.append(f"{name}={link_value(text)}")
+        return kept
 
     t0, t1 = read("t0", 0.0), read("t1", hi)
     if ignored:
         st.warning(f"Time window {', '.join(ignored)} from the link is not a number of seconds: ignored.",
                    icon=":material/link_off:")
+    if clamped and t1 > t0:  # (a window left empty by it: said below)
+        st.warning(f"Time window {', '.join(clamped)} from the link is outside this run (0 to {hi:g} s): "
+                   f"{t0:g} to {t1:g} s is shown.", icon=":material/link_off:")
     if t1 <= t0:
         if "t0" in st.query_params or "t1" in st.query_params:
             st.warning(f"The time window from the link holds nothing of this run (0 to {hi:g} s): the whole run is "

@@ -5,6 +5,7 @@ import streamlit as st
 
 from kvtrace import metrics
 from kvtrace.dashboard import charts, queries, state, ui
+from kvtrace.names import replay_mode
 from kvtrace.store.schema import SPAN_LOOKUP, SPAN_STEP
 
 ctx = queries.context()
@@ -108,7 +109,10 @@ lookups = queries.span_count(run_id, SPAN_LOOKUP)
 ui.table(queries.call("per_prefix_reuse", run_id, top=20),
          "The 20 most looked-up prefix families (root hash of the first full block): every lookup, including "
          "the repeated ones of requests still waiting for blocks; lookups that hit or missed, hit tokens and rate.",
-         # (a Belady run's lookups name no prefix: it said "no lookup spans" beside its 60 lookups)
-         empty_what=(f"This run's {ui.count(lookups)} lookup spans name no prefix (no root hash: a Belady run records "
-                     "none), so no prefix reuse." if lookups else "No lookup spans in this run, so no prefix reuse."),
+         # (lookups that name no prefix: it said "no lookup spans" beside them; a kvtrace replay's
+         # name one wherever the prompt fills a block, a Belady run's too since 30ad1b5)
+         empty_what=(f"This run's {ui.count(lookups)} lookup spans name no prefix (no root hash: "
+                     + ("no prompt fills a block, the prefix's first" if replay_mode(queries.replayed_mode(run_id)) else
+                        "its sender recorded none")
+                     + "), so no prefix reuse." if lookups else "No lookup spans in this run, so no prefix reuse."),
          command=None if lookups else ui.FILL_RUN)

@@ -21,7 +21,13 @@ def _text(value: object) -> str:
 
 
 def _ms(ns: object) -> str:
-    return "–" if not isinstance(ns, (int, float)) else f"{ns / 1e6:,.3f} ms"
+    return "–" if not isinstance(ns, (int, float)) else f"{(ns - origin) / 1e6:,.3f} ms"
+
+
+def _since_origin_ms() -> pl.Expr:
+    """A table's time_ms: its span's time_ns on the chart's axis, from the run's time origin
+    (the tables read raw ns where the chart counted from it)."""
+    return ((pl.col("time_ns") - origin) / 1e6).alias("time_ms")
 
 FILL_STALE = ("a run with a behaviour switched off, e.g. "
               "`kvtrace replay TRACE --db PATH --without transient-checkpoint-retention`")
@@ -84,7 +90,7 @@ else:
     chain = (queries.call("stale_hash_chain", run_id, r["block_hash"], group_id=r["group_id"])
              if r["block_hash"] is not None else None)  # (no hash recorded: no chain to follow)
     fp = [pl.col(c).map_elements(ui.fingerprint, return_dtype=pl.String) for c in FINGERPRINTS]
-    ui.table(None if chain is None else chain.with_columns((pl.col("time_ns") / 1e6).alias("time_ms"), *fp)
+    ui.table(None if chain is None else chain.with_columns(_since_origin_ms(), *fp)
              .select("time_ms", "step", "role", "request_id", "group_id", "block_ids", "publish_kind",
                      "evict_reason", "copy_reason", "num_tokens", *FINGERPRINTS, "span_id"),
              "The span chain behind this hash in time order (virtual ms): the publish that keyed the block, the "
@@ -92,14 +98,14 @@ else:
              empty_what="No spans reference this hash." if chain is not None else
              "This stale hash's span records no block hash, so no chain of spans can be followed to it.")
     st.subheader("Stale hashes")
-    ui.table(stale.drop("key").with_columns((pl.col("time_ns") / 1e6).alias("time_ms"), *fp).drop("time_ns"),
+    ui.table(stale.drop("key").with_columns(_since_origin_ms(), *fp).drop("time_ns"),
              "Every stale hash the worker found in this run (virtual ms; fingerprints as 16 hex digits).",
              empty_what="No stale hashes.")
 
 st.subheader("Divergent outputs")
 divergent = queries.call("divergent_outputs", run_id)
 if "time_ns" in divergent.columns:  # (in virtual ms, as the stale hashes' table above: one page, one unit)
-    divergent = divergent.with_columns((pl.col("time_ns") / 1e6).alias("time_ms")).drop("time_ns")
+    divergent = divergent.with_columns(_since_origin_ms()).drop("time_ns")
 ui.table(divergent,
          "Every sampled token that differs from the no-cache reference: request, output position, expected and "
          "actual token, and when (virtual ms).",
