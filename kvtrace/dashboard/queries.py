@@ -382,9 +382,6 @@ def _per_request(run_id: str) -> pl.DataFrame:
         pl.col("num_prompt_tokens", "num_cached_tokens", "num_local_hit_tokens").sum(), pl.col("ttft_ns").max())
 
 
-# A cache-only replay's step: one lookup, 1 ms of virtual time (the instrumentor's DEFAULT_STEP_NS,
-# which the dashboard may not import; the time axis says "1 ms a request").
-CACHE_ONLY_STEP_NS = 1_000_000
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
@@ -400,8 +397,8 @@ def _extent(db: str, key: tuple, run_id: str) -> tuple[int, int, int, int]:
     slice of a Mooncake trace from 532 s) got a time window of 0 to 14 s, every windowed chart
     'outside it: widen the window', and a slider that could not reach it."""
     record = read.run(db, run_id)
-    reqs = read.requests(db, run_id)
-    frames = [reqs.select(pl.col("arrival_ns").min().alias("lo"), pl.col("finish_ns").max().alias("hi"))]
+    first, last, num_requests = read.request_extent(db, run_id)
+    frames = [pl.DataFrame({"lo": [first], "hi": [last]}, schema={"lo": pl.Int64, "hi": pl.Int64})]
     # (the mode its events were made in: a collected replay, stored as "otlp", is on its sender's
     # virtual clock, where its first time was taken for its origin: 0-44 s beside its direct twin's 0-650 s)
     made = replay_mode(metrics.replayed_mode(record.get("mode"), record.get("config")))
@@ -410,7 +407,7 @@ def _extent(db: str, key: tuple, run_id: str) -> tuple[int, int, int, int]:
         evicted = read.evictions_over_time(db, run_id)
         frames.append(evicted.select(pl.col("window_start_ns").min().alias("lo"),
                                      pl.col("window_start_ns").max().alias("hi")))
-    if reqs.height == 0:
+    if num_requests == 0:
         # A cache-only replay writes no request spans: its lookups (a step each) are its time
         # axis. Read from nothing, its length was 0 and every window 0 to 1 s: the Hit rate
         # and Evictions pages of a run of 3,993 requests showed its first 1,000 alone; one
@@ -420,11 +417,11 @@ def _extent(db: str, key: tuple, run_id: str) -> tuple[int, int, int, int]:
             gaps = [b - a for a, b in itertools.pairwise(starts) if b > a]
             # (the last window's end: its start and one window, the least gap between starts; of
             # one window, a cache-only step: a one-lookup run's slider spanned 1 ns)
-            last = min(gaps) if gaps else CACHE_ONLY_STEP_NS if made == "cache-only" else 1
+            last = min(gaps) if gaps else metrics.CACHE_ONLY_STEP_NS if made == "cache-only" else 1
             frames.append(pl.DataFrame({"lo": [min(starts)], "hi": [max(starts) + last]}))
     lo, end = pl.concat([f.cast(pl.Int64) for f in frames]).select(
         pl.col("lo").min().fill_null(0), pl.col("hi").max().fill_null(0)).row(0)
-    return (0 if virtual else lo), lo, end, reqs.height
+    return (0 if virtual else lo), lo, end, num_requests
 
 
 def hit_counters_over_time_starts(db: str, run_id: str) -> pl.Series:

@@ -42,6 +42,7 @@ Correctness (``chain.py``)
     stale_hash_chain(db, run_id, block_hash, group_id)  the spans that explain one stale hash
 Requests and latency (``latency.py``)
     requests(db, run_id)                        one row per finished request
+    request_extent(db, run_id)                  first arrival, last finish and count of the finished requests
     per_request_hits(db, run_id)                prompt, hit and computed tokens and TTFT per request
     itl_gaps(db, run_id, request_id)            every inter-token gap
     latency_samples(db, run_id, metric)         samples of ttft | tpot | itl | e2el | queue (ns)
@@ -92,6 +93,7 @@ from kvtrace.store.read.latency import (
     latency_stats,
     latency_summary,
     per_request_hits,
+    request_extent,
     request_span_count,
     request_waterfall,
     requests,
@@ -108,7 +110,8 @@ __all__ = [
     "group_hit_rate_over_time", "group_hit_rates", "hit_counters", "hit_counters_over_time", "itl_gaps",
     "itl_over_time", "latency_cdf", "latency_histogram", "latency_percentiles", "latency_samples", "latency_stats",
     "latency_summary",
-    "nice_window", "per_prefix_reuse", "per_request_hits", "prefix_families", "request_span_count", "request_waterfall",
+    "nice_window", "per_prefix_reuse", "per_request_hits", "prefix_families", "request_extent", "request_span_count",
+    "request_waterfall",
     "requests",
     "run", "run_summary", "runs",
     "served_requests",

@@ -42,6 +42,18 @@ def requests(db: DB, run_id: str) -> pl.DataFrame:
 
 
 @checked
+def request_extent(db: DB, run_id: str) -> tuple[int | None, int | None, int]:
+    """(first arrival ns, last finish ns, finished requests) of a run, as ``requests`` reads
+    them (None, None, 0 without any): the time a run's requests span, in one aggregate (the
+    dashboard read the whole frame, 0.5 s at 424k requests, for these three numbers)."""
+    frame = with_run(db, run_id, f"""
+        SELECT min(coalesce(arrival_ns, start_ns)) AS lo, max(end_ns) AS hi, count(*) AS n FROM request_spans
+        WHERE run_id = $run_id AND name = '{SPAN_REQUEST}'""")
+    lo, hi, n = frame.row(0)
+    return lo, hi, int(n)
+
+
+@checked
 def per_request_hits(db: DB, run_id: str) -> pl.DataFrame:
     """Per request (for diffs): columns request_id, num_prompt_tokens,
     num_local_hit_tokens, num_external_hit_tokens, num_cached_tokens (local + external at
