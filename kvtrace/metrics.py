@@ -322,6 +322,10 @@ def backend_label(mode: str | None, config: Mapping[str, Any] | None) -> str | N
     return backend
 
 
+# Where a cache-only replay's spans are placed: one step (one request's lookup) a ms of
+# virtual time; no clock, only an order the time axis shows (the instrumentor's default step).
+CACHE_ONLY_STEP_NS = 1_000_000
+
 NO_TIMES = "no times"  # the label of runs none of which has latencies (live captures, cache-only runs)
 
 

@@ -67,6 +67,7 @@ from kvtrace.instrument.convert import (
 from kvtrace.instrument.ids import SeededIdGenerator
 from kvtrace.instrument.processor import BulkSpanProcessor
 from kvtrace.instrument.spans import SpanBatchBuilder
+from kvtrace.metrics import CACHE_ONLY_STEP_NS
 from kvtrace.store.schema import BACKEND_RESOURCE_KEY, RUN_RECORD_PREFIX, SPAN_RUN
 
 DEFAULT_FLUSH_SPANS = 32_768
@@ -78,7 +79,7 @@ DEFAULT_FLUSH_SPANS = 32_768
 # commits what it was handed once a second, so a kill -9 loses about that.
 DEFAULT_FLUSH_STEPS = 256  # engine steps
 DEFAULT_FLUSH_CACHE_STEPS = 2_048  # cache-only steps (one per request)
-DEFAULT_STEP_NS = 1_000_000  # cache-only mode: one step = 1 ms of virtual time
+DEFAULT_STEP_NS = CACHE_ONLY_STEP_NS  # cache-only mode: one step = 1 ms of virtual time
 
 
 def provider_span_processors(provider: Any) -> tuple[SpanProcessor, ...]:

@@ -132,3 +132,26 @@ def test_a_one_lookup_cache_only_run_spans_one_step_and_a_clamped_link_is_said(t
     assert at.slider[0].value == pytest.approx((0, 1e-3))
     assert [w.value for w in at.warning] == [
         "Time window t1=`0.5` from the link is outside this run (0 to 0.001 s): 0 to 0.001 s is shown."]
+
+
+def test_collected_cache_only_runs_are_told_as_cache_only_on_the_compare_page(tmp_path, monkeypatch):
+    """The Compare page read "cache-only" from the stored mode: two collected cache-only replays
+    (mode otlp) got the generic "records no request spans" wording and a fill-to-its-end hint,
+    not the cache-only one their direct twins get (fix-dash probe)."""
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    trace = _trace(tmp_path / "t.jsonl", [
+        {"request_id": f"q{i}", "arrival_ns": i * 10_000_000, "input_length": 64, "output_length": 4,
+         "hash_ids": [0, 1, 2, i % 9 + 3]} for i in range(20)])
+    db = str(tmp_path / "direct.duckdb")
+    a = run_replay(RunSpec(trace, mode="cache-only", capacity_blocks=8), db=db).run_id
+    b = run_replay(RunSpec(trace, mode="cache-only", capacity_blocks=6), db=db).run_id
+    collected = _collected_copy(db, str(tmp_path / "collected.duckdb"), a)
+    with duckdb.connect(collected) as con:
+        con.execute("UPDATE runs SET mode = 'otlp' WHERE run_id = ?", [b])
+
+    def said(path: str) -> list[str]:
+        at = render(path, monkeypatch, "compare", run=a, b=b)
+        return [x.value for x in [*at.info, *at.caption, *at.markdown] if "cache-only runs have none" in x.value]
+
+    assert said(db) and said(collected)

@@ -197,7 +197,8 @@ def main() -> None:
     # A run without request spans (cache-only) has no per-request tokens: not a question of ids.
     silent = [r for r in (run_a, run_b) if queries.call("per_request_hits", r).height == 0]
     # (an engine run that finished no request, a failed one, was said to be cache-only)
-    cache_only = all(replay_mode(queries.run_row(r).get("mode")) == "cache-only" for r in silent)
+    # (in the mode its events were made in: a collected cache-only replay's is its sender's)
+    cache_only = all(replay_mode(queries.replayed_mode(r)) == "cache-only" for r in silent)
     ui.chart(charts.request_delta(req),
              "Cached tokens (local + external hits at first schedule) of each request in B minus in A: green bars "
              "gained cache hits, red bars lost them.",
