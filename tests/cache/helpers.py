@@ -36,3 +36,25 @@ def run_chunk(manager: KVCacheManager, request: Request, num_new_tokens: int, **
     manager.take_state_writes()
     manager.new_step_starts()
     return out
+
+
+def cache_and_free(manager: KVCacheManager, request_id: str, tokens, chunks) -> Request:
+    """A request run in ``chunks`` (token counts), then freed and its step ended: its blocks
+    cached and free."""
+    request = make_request(request_id, tokens)
+    for n in chunks:
+        run_chunk(manager, request, n)
+    manager.free(request)
+    manager.new_step_starts()
+    return request
+
+
+def drop_keys(manager: KVCacheManager, dropped) -> int:
+    """Evict the cached keys for which ``dropped(group, num_tokens)`` holds (as a stale hash);
+    how many."""
+    pool = manager.block_pool
+    assert pool is not None
+    gone = [bid for g, _h, bid, n in list(manager.cached_entries()) if dropped(g, n)]
+    for bid in gone:
+        pool.evict_block_keys(pool.blocks[bid], "stale_hash", None)
+    return len(gone)

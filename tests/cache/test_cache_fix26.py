@@ -8,7 +8,7 @@ import pytest
 from kvtrace.cache import CacheConfig, FullAttentionSpec, KVCacheManager, MambaSpec, SlidingWindowSpec
 from kvtrace.cache.events import PrefixLookup
 
-from .helpers import cached_block, make_request, run_chunk
+from .helpers import cache_and_free, cached_block, drop_keys, make_request
 
 
 def _lookup(events: list, request_id: str) -> PrefixLookup:
@@ -25,11 +25,7 @@ def test_the_first_miss_is_past_group_0s_hit_before_the_alignment_cut(other):
     m = KVCacheManager(CacheConfig(groups=(FullAttentionSpec(8), other), num_gpu_blocks=60, hash_block_size=8))
     events: list = []
     m.subscribe(events.extend)
-    a = make_request("a", range(33))
-    for n in (8, 8, 8, 8, 1):
-        run_chunk(m, a, n)
-    m.free(a)
-    m.new_step_starts()
+    cache_and_free(m, "a", range(33), (8, 8, 8, 8, 1))
     assert m.coordinator.hit_alignment == 16
     b = make_request("b", [*range(24), *[99] * 16])
     _blocks, hit, _ = m.get_computed_blocks(b)
@@ -51,16 +47,8 @@ def test_a_second_full_attention_groups_hit_with_partial_hits_is_its_own():
                                    hash_block_size=16, enable_partial_hits=True))
     events: list = []
     m.subscribe(events.extend)
-    a = make_request("a", range(97))
-    for n in (32, 32, 32, 1):
-        run_chunk(m, a, n)
-    m.free(a)
-    m.new_step_starts()
-    pool = m.block_pool
-    assert pool is not None
-    for g, _h, bid, n in list(m.cached_entries()):
-        if g == 0 and n == 64:
-            pool.evict_block_keys(pool.blocks[bid], "stale_hash", None)
+    cache_and_free(m, "a", range(97), (32, 32, 32, 1))
+    drop_keys(m, lambda g, n: g == 0 and n == 64)
     b = make_request("b", [*range(96), 99])
     _blocks, hit, _ = m.get_computed_blocks(b)
     m.new_step_starts()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from kvtrace.cache import CacheConfig, FullAttentionSpec, KVCacheManager, MambaSpec
 from kvtrace.cache.events import PrefixLookup
 
-from .helpers import make_request, run_chunk
+from .helpers import cache_and_free, drop_keys, make_request, run_chunk
 
 
 def _lookup_events(manager: KVCacheManager) -> list[PrefixLookup]:
@@ -22,15 +22,8 @@ def test_a_groups_hit_per_group_is_what_it_alone_found_not_capped_by_the_attenti
     m = KVCacheManager(CacheConfig(groups=(FullAttentionSpec(8), MambaSpec(8)), num_gpu_blocks=40,
                                    hash_block_size=8))
     events = _lookup_events(m)
-    a = make_request("a", range(25))
-    for n in (8, 8, 8, 1):
-        run_chunk(m, a, n)
-    m.free(a)
-    m.new_step_starts()
-    pool = m.block_pool
-    assert pool is not None
-    (attention_16,) = [bid for g, _h, bid, n in m.cached_entries() if g == 0 and n == 16]
-    pool.evict_block_keys(pool.blocks[attention_16], "stale_hash", None)
+    cache_and_free(m, "a", range(25), (8, 8, 8, 1))
+    assert drop_keys(m, lambda g, n: g == 0 and n == 16) == 1  # (attention's key of block 1)
     b = make_request("b", [*range(24), 99, 99, 99, 99])
     _blocks, hit, _boundary = m.get_computed_blocks(b)
     m.new_step_starts()
@@ -93,16 +86,8 @@ def test_a_lookups_first_miss_is_past_group_0s_own_hit():
     m = KVCacheManager(CacheConfig(groups=(FullAttentionSpec(8), MambaSpec(8)), num_gpu_blocks=40,
                                    hash_block_size=8))
     events = _lookup_events(m)
-    a = make_request("a", range(41))
-    for n in (8, 8, 8, 8, 8, 1):
-        run_chunk(m, a, n)
-    m.free(a)
-    m.new_step_starts()
-    pool = m.block_pool
-    assert pool is not None
-    for g, _h, bid, n in list(m.cached_entries()):
-        if (g == 1 and n > 8) or (g == 0 and n == 32):  # states past 8 go; attention keeps 0..24
-            pool.evict_block_keys(pool.blocks[bid], "stale_hash", None)
+    cache_and_free(m, "a", range(41), (8, 8, 8, 8, 8, 1))
+    drop_keys(m, lambda g, n: (g == 1 and n > 8) or (g == 0 and n == 32))  # states past 8 go; attention keeps 0..24
     b = make_request("b", [*range(40), 99])
     _blocks, hit, _ = m.get_computed_blocks(b)
     m.new_step_starts()

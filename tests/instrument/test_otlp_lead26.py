@@ -41,6 +41,17 @@ def _requests() -> tuple[list[list], list]:
     return spans, record
 
 
+def _collect(path, requests: list) -> None:
+    """Send ``requests`` to a collector on ``path``, each answered 200, then stop it."""
+    collector = OTLPCollector(path, port=0).start()
+    try:
+        exporter = OTLPSpanExporter(endpoint=collector.url)
+        for request in requests:
+            assert exporter.export(request) is SpanExportResult.SUCCESS
+    finally:
+        collector.stop()
+
+
 def _status(path) -> str:
     con = duckdb.connect(str(path), read_only=True)
     try:
@@ -86,13 +97,7 @@ def test_a_run_whose_spans_all_came_reads_complete_at_its_record(tmp_path):
 def test_a_run_still_short_at_the_close_stays_incomplete(tmp_path):
     spans, record = _requests()
     path = tmp_path / "c.duckdb"
-    collector = OTLPCollector(path, port=0).start()
-    try:
-        exporter = OTLPSpanExporter(endpoint=collector.url)
-        for request in [*spans[1:], record]:
-            assert exporter.export(request) is SpanExportResult.SUCCESS
-    finally:
-        collector.stop()
+    _collect(path, [*spans[1:], record])
     assert _status(path) == "incomplete"
 
 
@@ -109,13 +114,7 @@ def test_a_short_run_is_completed_by_the_rest_sent_to_a_restarted_collector(tmp_
         with connect(path) as con:
             return query(con, "SELECT status FROM runs WHERE run_id = $r", {"r": RUN}).item()
 
-    first = OTLPCollector(path, port=0).start()
-    try:
-        exporter = OTLPSpanExporter(endpoint=first.url)
-        for request in [*spans[1:], record]:
-            assert exporter.export(request) is SpanExportResult.SUCCESS
-    finally:
-        first.stop()
+    _collect(path, [*spans[1:], record])
     assert status() == "incomplete"
     second = OTLPCollector(path, port=0, late_refresh_s=0.0).start()
     try:
