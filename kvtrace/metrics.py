@@ -483,8 +483,11 @@ SUMMARY_COUNTS: tuple[str, ...] = (
     "output_tokens", "publishes", "evictions", "cow_copies", "stale_hashes", "divergent_outputs", "preemptions",
     "steps", "table_disagreements", "stale_hashes_left", "oversized_requests",
     # (spans: diff showed a summary's -5 or "many" beside the 1,593 runs counted in the store)
-    "spans", "otlp_spans_undelivered",
+    "spans", "otlp_spans_undelivered", "otlp_spans_missing",
 )
+# A collected run's summary key: the spans its sender numbered that the collector has not
+# received (the run is incomplete until they come; its sender's own summary is kept beside it)
+SPANS_MISSING = "otlp_spans_missing"
 SUMMARY_RATES: tuple[str, ...] = (*(r.key for r in RATES), "block_hit_rate")
 SUMMARY_SIZES: tuple[str, ...] = ("capacity_blocks", "block_size")  # ints >= 1 (capacity: one a pool)
 SUMMARY_AMOUNTS: tuple[str, ...] = ("output_tok_per_s", "virtual_duration_s")  # finite numbers >= 0

@@ -21,7 +21,7 @@ from tests.support.synthetic_spans import synthetic_steps
 RUN = "lead26"
 
 
-def _requests() -> tuple[list[list], list]:
+def _requests(status: str = "complete") -> tuple[list[list], list]:
     """The export requests of a replay's spans (100 a request) and its run record's, whose
     summary gives the spans numbered."""
     held = _Held()
@@ -33,7 +33,7 @@ def _requests() -> tuple[list[list], list]:
     for batch in [one_of_each_step(0), *synthetic_steps(30, seed=5)]:
         inst(batch)
     inst.flush()
-    inst.record_run({"name": "lead26", "status": "complete", "digest": "d1",
+    inst.record_run({"name": "lead26", "status": status, "digest": "d1",
                      "summary": {"spans": inst.spans_emitted, "requests": 1}})
     inst.force_flush()
     provider.shutdown()
@@ -124,3 +124,44 @@ def test_a_short_run_is_completed_by_the_rest_sent_to_a_restarted_collector(tmp_
     finally:
         second.stop()
     assert status() == "complete"
+
+
+def _summary(path) -> dict:
+    import json
+
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        return json.loads(con.execute("SELECT summary FROM runs WHERE run_id = ?", [RUN]).fetchone()[0])
+    finally:
+        con.close()
+
+
+def test_a_short_run_says_how_many_spans_it_lacks_and_ends_with_its_senders_summary(tmp_path):
+    spans, record = _requests()
+    path = tmp_path / "c.duckdb"
+    _collect(path, [*spans[1:], record])
+    summary = _summary(path)
+    assert summary["otlp_spans_missing"] == len(spans[0]) and summary["spans"] > len(spans[0])
+    collector = OTLPCollector(path, port=0, late_refresh_s=0.0).start()
+    try:
+        assert OTLPSpanExporter(endpoint=collector.url).export(spans[0]) is SpanExportResult.SUCCESS
+        assert collector.wait_late_refreshed(timeout=60)
+    finally:
+        collector.stop()
+    assert _status(path) == "complete" and "otlp_spans_missing" not in _summary(path)
+
+
+def test_a_run_its_sender_called_incomplete_stays_so_when_the_rest_comes_after_a_restart(tmp_path):
+    """A restarted collector took every stored incomplete run short of its spans for one it had
+    finished short itself: a sender's own `incomplete` read `complete` once the rest came (re-probe G)."""
+    spans, record = _requests("incomplete")
+    path = tmp_path / "c.duckdb"
+    _collect(path, [*spans[1:], record])
+    assert _status(path) == "incomplete" and "otlp_spans_missing" not in _summary(path)
+    collector = OTLPCollector(path, port=0, late_refresh_s=0.0).start()
+    try:
+        assert OTLPSpanExporter(endpoint=collector.url).export(spans[0]) is SpanExportResult.SUCCESS
+        assert collector.wait_late_refreshed(timeout=60)
+    finally:
+        collector.stop()
+    assert _status(path) == "incomplete"

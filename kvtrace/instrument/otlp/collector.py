@@ -67,7 +67,7 @@ from kvtrace.instrument.otlp.limits import (
     REPLY_GRACE_S,
     check_collector_options,
 )
-from kvtrace.metrics import summary_disagreement, summary_problem
+from kvtrace.metrics import SPANS_MISSING, summary_disagreement, summary_problem
 from kvtrace.process import bracketed, is_ipv6, port_in_use, sigterm_as_interrupt, unbracketed
 from kvtrace.store.schema import (
     CONFIG_TEXT_KEYS,
@@ -178,6 +178,10 @@ class _HeldSeqs:
     def end(self) -> int:
         """One past the largest number held (0 when none)."""
         return self._ends[-1] if self._ends else 0
+
+    def count_below(self, count: int) -> int:
+        """How many numbers from 0 to ``count`` - 1 are held."""
+        return sum(min(end, count) - start for start, end in zip(self._starts, self._ends) if start < count)
 
     def covers(self, count: int) -> bool:
         """Whether every number from 0 to ``count`` - 1 is held (a sender's whole run)."""
@@ -303,7 +307,8 @@ class OTLPCollector:
         # runs whose record said complete while some of the spans its sender numbered (its summary's
         # ``spans``) had not come: finished incomplete, and complete once the rest come (a lost
         # export request read complete, its summary's counts beside a store short of them)
-        self._short_runs: dict[str, int] = {}
+        # run id -> (spans its sender numbered, its sender's summary: what the run is finished with)
+        self._short_runs: dict[str, tuple[int, dict]] = {}
         # runs given spans once finished: their derived tables rebuilt by a timer (_refresh_late)
         # soon after, and at close
         self._late_runs: dict[str, None] = {}  # (in the order they became late: one a turn, none starved)
@@ -679,8 +684,13 @@ class OTLPCollector:
         record = dict(record)
         described = record.pop("described")
         sent = _sent_span_count(record["summary"])
-        if record["status"] == "complete" and sent is not None and not self._held(run_id).covers(sent):
-            self._short_runs[run_id] = sent
+        held = self._held(run_id)
+        if record["status"] == "complete" and sent is not None and not held.covers(sent):
+            sender = json.loads(record["summary"])
+            self._short_runs[run_id] = (sent, sender)
+            # the collector's finding, kept in the summary beside its sender's numbers: what tells the
+            # run it finished short from one its sender called incomplete, after a restart too
+            record["summary"] = json.dumps({**sender, SPANS_MISSING: sent - held.count_below(sent)}, sort_keys=True)
             record["status"] = "incomplete"
             _log.warning("run %s: its sender numbered %d spans, not all of them come yet: incomplete until they do",
                          run_id, sent)
@@ -703,10 +713,10 @@ class OTLPCollector:
         """A finished run given spans since: its derived tables (what ``runs`` counts)
         rebuilt, and, once it holds every span its sender numbered, complete where its record
         found it short (``_short_runs``); a failure is one log line, as for ``_finish`` (False)."""
-        sent = self._short_runs.get(run_id)
+        short = self._short_runs.get(run_id)
         try:
-            if sent is not None and self._held(run_id).covers(sent):  # (the rest of its spans came)
-                self.store.finish_run(run_id, status="complete")
+            if short is not None and self._held(run_id).covers(short[0]):  # (the rest of its spans came)
+                self.store.finish_run(run_id, status="complete", summary=short[1])
                 del self._short_runs[run_id]
             else:
                 self.store.refresh_run(run_id)
@@ -756,12 +766,13 @@ class OTLPCollector:
             return
         if mode == "otlp" and status != "running" and digest is None and summary is None:
             self._unrecorded_runs.add(run_id)
-        sent = _sent_span_count(summary) if status == "incomplete" else None
-        if sent is not None and not self._held(run_id).covers(sent):
-            # (finished short by an earlier collector: the rest of its spans, sent again to this one,
-            # complete it; it stayed incomplete for good, its list of short runs gone with that process;
-            # a kvtrace sender's own record never says incomplete)
-            self._short_runs[run_id] = sent
+        stored = _summary_object(summary) if status == "incomplete" else None
+        sent = _sent_span_count(summary) if stored is not None and SPANS_MISSING in stored else None
+        if sent is not None and stored is not None and not self._held(run_id).covers(sent):
+            # (finished short by an earlier collector, which said so in its summary: the rest of its
+            # spans, sent again to this one, complete it; it stayed incomplete for good, its list of
+            # short runs gone with that process. A run its sender called incomplete stays so.)
+            self._short_runs[run_id] = (sent, {k: v for k, v in stored.items() if k != SPANS_MISSING})
         if last is not None:
             for trace_hex, span_hex in reversed(last.rows()):  # (oldest first: the newest are forgotten last)
                 if trace_hex and span_hex:
@@ -798,14 +809,21 @@ def _named_run(resource: dict, where: str) -> str:
     return run_id
 
 
-def _sent_span_count(summary: object) -> int | None:
-    """The spans a kvtrace sender numbered in its run (its summary's ``spans``, checked by
-    ``_run_record``), or None where the summary gives none."""
-    try:  # (a store's summary, read back at a restart, may be damaged)
+def _summary_object(summary: object) -> dict | None:
+    """A summary's JSON text as an object, None where it is none (a store's summary, read back
+    at a restart, may be damaged)."""
+    try:
         decoded = json.loads(summary) if isinstance(summary, str) else None
     except ValueError:
         return None
-    count = decoded.get("spans") if isinstance(decoded, dict) else None
+    return decoded if isinstance(decoded, dict) else None
+
+
+def _sent_span_count(summary: object) -> int | None:
+    """The spans a kvtrace sender numbered in its run (its summary's ``spans``, checked by
+    ``_run_record``), or None where the summary gives none."""
+    decoded = _summary_object(summary)
+    count = decoded.get("spans") if decoded is not None else None
     return count if isinstance(count, int) and not isinstance(count, bool) else None
 
 
