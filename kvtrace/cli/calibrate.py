@@ -93,9 +93,28 @@ def calibrate(
 
 
 def _a_stream(out: str) -> bool:
-    """Whether ``out`` names a stream (stdout, stderr, a device or a descriptor), not a file
-    kept: whatever it is redirected to, a write goes through, never replacing a file."""
-    return is_stdout(out) or str(out).startswith(("/dev/", "/proc/self/fd/"))
+    """Whether ``out`` is a stream, not a file kept: this process's stdin, stdout or stderr
+    (whatever file each is redirected to, a write goes through it), a character device, a
+    FIFO or a socket. What the path is, not how its name starts: a run config under
+    /dev/shm was replaced whole, its settings lost, as "not a file"."""
+    import os
+    import stat
+
+    try:
+        target = os.stat(out)
+    except (OSError, ValueError):
+        return False
+    if stat.S_ISCHR(target.st_mode) or stat.S_ISFIFO(target.st_mode) or stat.S_ISSOCK(target.st_mode):
+        return True
+    for fd in (0, 1, 2):
+        try:
+            own = os.fstat(fd)
+        except OSError:
+            continue
+        if (own.st_dev, own.st_ino) == (target.st_dev, target.st_ino) and os.path.realpath(out) != os.path.abspath(
+                out):  # (named through /dev/stdout, /dev/fd/N: the descriptor; its file named itself is a file)
+            return True
+    return is_stdout(out)
 
 
 def _refuse_a_run_config(out: str) -> None:

@@ -73,3 +73,25 @@ def test_calibrate_to_dev_stdout_appended_to_a_file_appends(tmp_path):
     assert done.returncode == 0, done.stderr
     text = log.read_text()
     assert text.startswith("x\n[cost_model]\n") and "token_ns = " in text
+
+
+def test_calibrate_refuses_to_replace_a_run_config_under_dev(tmp_path, capsys):
+    """`-o /dev/shm/x/run.toml` was taken for a stream by its name: the run config's preset and
+    [cache] were replaced by the model, "not a file" (re-probe G). What the path is decides."""
+    import shutil
+    import uuid
+
+    from tests.cli.support import run
+
+    shm = Path("/dev/shm")
+    assert shm.is_dir()  # (Linux: a tmpfs every machine here has)
+    folder = shm / f"kvtrace-test-{uuid.uuid4().hex}"
+    folder.mkdir()
+    try:
+        config = folder / "run.toml"
+        config.write_text('preset = "kimi-hybrid"\n[cache]\nblock_size = 32\n')
+        code, _, err = run(["calibrate", "--from", str(CALIBRATION), "-o", str(config)], capsys)
+        assert code == 2 and "a --config file with settings besides [cost_model]" in err
+        assert config.read_text().startswith('preset = "kimi-hybrid"')
+    finally:
+        shutil.rmtree(folder)
