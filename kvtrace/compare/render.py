@@ -118,7 +118,7 @@ def to_markdown(diff: RunDiff) -> str:
     def row(m: MetricDelta) -> str:
         return (
             f"| {_md_name(m.name)} | {fmt(m.a)} | {fmt(m.b)} | {_change(m)} | "
-            f"{fmt_rel(m.rel, m.delta)} | {_mark(m.verdict)} |"
+            f"{fmt_rel(m.rel, m.delta, _fine(m))} | {_mark(m.verdict)} |"
         )
 
     # The summary fields first; the run's further metrics folded away below them.
@@ -247,7 +247,7 @@ def tables(diff: RunDiff, metrics: Iterable[str] | None = None, *, detail: bool 
         if keep is not None and m.name not in keep:
             continue
         style = {"better": "green", "worse": "red"}.get(m.verdict)
-        t.add_row(markup_literal(m.name), fmt(m.a), fmt(m.b), _change(m), fmt_rel(m.rel, m.delta),
+        t.add_row(markup_literal(m.name), fmt(m.a), fmt(m.b), _change(m), fmt_rel(m.rel, m.delta, _fine(m)),
                   style=style)
     out.append(t)
     if diff.latency:
@@ -366,7 +366,12 @@ def fmt(v: float | None, signed: bool = False, fine: bool | None = None) -> str:
 def _change(m: MetricDelta) -> str:
     """A summary row's Δ: a latency's at the diff's resolution (a sub-µs change is none), any
     other small one in its digits (3e-05 output tokens/s more read 0.0000 beside +50%)."""
-    return fmt(m.delta, signed=True, fine=not is_latency_key(m.name))
+    return fmt(m.delta, signed=True, fine=_fine(m))
+
+
+def _fine(m: MetricDelta) -> bool:
+    """Whether a summary row's small change keeps its digits: any but a latency's."""
+    return not is_latency_key(m.name)
 
 
 # Beyond any count or time kvtrace records (int64 nanoseconds end near 9.2e18): shown in
@@ -374,14 +379,15 @@ def _change(m: MetricDelta) -> str:
 _HUGE = 1e18
 
 
-def shows_no_change(v: float | None) -> bool:
+def shows_no_change(v: float | None, fine: bool = False) -> bool:
     """Whether ``fmt`` shows the change ``v`` as none: no digit but 0 at its decimals (a
-    change of -3e-6 ms is its 0.0000), or no number at all (–). Every view that says "no
+    change of -3e-6 ms is its 0.0000), or no number at all (–). ``fine``: as a change that
+    keeps its digits shows it (a rate's -3.85e-05: a change). Every view that says "no
     change" of a delta (Δ%, the dashboard's tiles) asks here."""
-    return not any(c in "123456789" for c in fmt(v, signed=True))
+    return not any(c in "123456789" for c in fmt(v, signed=True, fine=fine))
 
 
-def fmt_rel(rel: float | None, delta: float | None = None) -> str:
+def fmt_rel(rel: float | None, delta: float | None = None, fine: bool = False) -> str:
     """A relative change as a signed percentage; '–' when undefined. ``delta``: the change
     it is relative to (None: none shown). One that rounds to -0.0% reads +0.0%, as no change
     does, only where ``delta`` too shows as zero ("-0.0%" sat beside a delta of 0.0000); a
@@ -392,7 +398,7 @@ def fmt_rel(rel: float | None, delta: float | None = None) -> str:
     if abs(rel) >= _HUGE / 100:
         return f"{rel * 100:+.3g}%"
     shown = f"{rel * 100:+.1f}%"
-    if shown == "-0.0%" and shows_no_change(delta):
+    if shown == "-0.0%" and shows_no_change(delta, fine):
         return "+0.0%"
     return shown
 

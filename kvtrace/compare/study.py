@@ -260,6 +260,7 @@ def expected_effect(behaviour: str, on: Mapping[str, Any], off: Mapping[str, Any
                              for m, sign in EXPECTED_OFF_DIRECTION[behaviour].items())
     unmet = expectation_failures(behaviour, on, off)
     measured = all(run.get(m) is not None for run in (on, off) for m in EXPECTED_OFF_DIRECTION[behaviour])
+    refuted = measured and bool(unmet)  # (a check that failed on the numbers: the effect is not shown)
     if diff is not None and behaviour != EXTERNAL_HIT_RUNNING_COW:
         for metric in EXPECTED_OFF_DIRECTION[behaviour]:
             if any(u.startswith(f"{metric}:") for u in unmet):
@@ -267,9 +268,13 @@ def expected_effect(behaviour: str, on: Mapping[str, Any], off: Mapping[str, Any
             problem, judged = _ci_judgement(diff, metric, off.get(metric), on.get(metric))
             if problem:
                 unmet.append(problem)
+                refuted = refuted or judged
                 measured = measured and judged
-    # (shown: None where the runs did not measure it, e.g. --no-content: no verdict, not a refutation)
-    return {"shown": (not unmet) if measured else None, "expected": expected, "unmet": unmet}
+    # (shown: None where the runs did not measure it, e.g. --no-content, or a CI could not judge it: no
+    # verdict, not a refutation; False where any check failed, a hit rate that fell was "not measured"
+    # beside a latency without a CI)
+    shown = False if refuted else (not unmet) if measured else None
+    return {"shown": shown, "expected": expected, "unmet": unmet}
 
 
 def _ci_judgement(diff: RunDiff, metric: str, off: Any, on: Any) -> tuple[str | None, bool]:
@@ -289,8 +294,8 @@ def _ci_judgement(diff: RunDiff, metric: str, off: Any, on: Any) -> tuple[str | 
     if s is not None:
         return (f"{metric}: off={off} on={on}, a change its bootstrap CI [{fmt(s.ci_low, signed=True)}, "
                 f"{fmt(s.ci_high, signed=True)}] does not find (the diff's table gives it no verdict)"), True
-    return (f"{metric}: off={off} on={on}, not judged: no bootstrap CI of it (a study with --db resamples its "
-            "requests)"), False
+    return (f"{metric}: off={off} on={on}, not judged: no bootstrap CI of it (a study resamples its requests "
+            "with --db, at the percentiles --percentiles names: a median needs 50)"), False
 
 
 def verdict_line(effect: Mapping[str, Any]) -> str:

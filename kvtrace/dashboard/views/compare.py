@@ -35,7 +35,7 @@ def _delta(kind: str, d: float) -> str:
     """The change as ``kvtrace diff`` resolves it: a time in diff's own digits (``fmt``), a
     rate in percentage points, none where diff shows none (no sign)."""
     if kind == "rate":
-        return "0.0 pp" if shows_no_change(d) else ui.pp(d)
+        return "0.0 pp" if shows_no_change(d, fine=True) else ui.pp(d)
     if kind == "ms":
         return f"{fmt(d, signed=True)} ms"
     return f"{int(d):+,}"
@@ -44,7 +44,8 @@ def _delta(kind: str, d: float) -> str:
 def _colour(m: MetricDelta, d: float) -> Literal["off", "normal", "inverse"]:
     """Green for diff's "better", red for its "worse" (Streamlit colours a positive change
     green under "normal"), none for a change diff calls the same or has no direction for."""
-    if m.verdict not in ("better", "worse") or shows_no_change(d):
+    # (a rate's or a count's small change is one, as diff prints it; a sub-µs time's is none)
+    if m.verdict not in ("better", "worse") or shows_no_change(d, fine=not metrics.is_latency_key(m.name)):
         return "off"
     return "normal" if (m.verdict == "better") == (d > 0) else "inverse"
 
@@ -126,7 +127,7 @@ def main() -> None:
             s = ci[key]
             helptext += f"; 95% bootstrap CI of B − A: [{fmt(s.ci_low, signed=True)}, {fmt(s.ci_high, signed=True)}] ms"
         d = m.delta
-        still = d is None or shows_no_change(d)  # (no arrow where diff shows no change)
+        still = d is None or shows_no_change(d, fine=kind != "ms")  # (no arrow where diff shows no change)
         cols[i % 5].metric(f"{name}{unit} (B)", _value(kind, m.b), delta=None if d is None else _delta(kind, d),
                            delta_color="off" if d is None else _colour(m, d), delta_arrow="off" if still else "auto",
                            help=helptext)
