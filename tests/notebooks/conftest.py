@@ -59,16 +59,25 @@ def run_notebook(tmp_path, kernel_name, monkeypatch):
 
     def run(name: str, **parameters):
         out = tmp_path / f"executed-{name}.ipynb"
-        nb = pm.execute_notebook(
-            str(NOTEBOOKS / f"{name}.ipynb"),
-            str(out),
-            parameters=parameters,
-            kernel_name=kernel_name,
-            cwd=str(tmp_path),
-            progress_bar=False,
-            log_output=False,
-            execution_timeout=300,
-        )
+        for attempt in range(2):
+            try:
+                nb = pm.execute_notebook(
+                    str(NOTEBOOKS / f"{name}.ipynb"),
+                    str(out),
+                    parameters=parameters,
+                    kernel_name=kernel_name,
+                    cwd=str(tmp_path),
+                    progress_bar=False,
+                    log_output=False,
+                    execution_timeout=300,
+                )
+                break
+            except RuntimeError as err:
+                # A kernel that never started: jupyter_client picks its five ports free, and another
+                # test's socket took one before the kernel bound it ("Address already in use", then
+                # "Kernel didn't respond in 60 seconds"). Started once more; nothing of the notebook ran.
+                if attempt or "Kernel didn't respond" not in str(err):
+                    raise
         return result_of(nb), nb
 
     return run
