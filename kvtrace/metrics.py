@@ -485,6 +485,23 @@ SUMMARY_COUNTS: tuple[str, ...] = (
     # (spans: diff showed a summary's -5 or "many" beside the 1,593 runs counted in the store)
     "spans", "otlp_spans_undelivered", "otlp_spans_missing",
 )
+def percent_text(rate: float, decimals: int = 2) -> str:
+    """A rate as a percentage at ``decimals``; a nonzero one too small for them in 2 significant
+    digits (1 hit in 30,002 queries read 0.00%, 16 hit tokens in 416,000 "0.00%" in a curve)."""
+    percent = 100 * rate
+    if 0 < abs(percent) < 0.5 * 10 ** -decimals:
+        return f"{percent:.2g}%"
+    return f"{percent:.{decimals}f}%"
+
+
+def points_text(delta: float, decimals: int = 2) -> str:
+    """A change of a rate in signed percentage points, as ``percent_text`` shows a rate."""
+    points = 100 * delta
+    if 0 < abs(points) < 0.5 * 10 ** -decimals:
+        return f"{points:+.2g} pp"
+    return f"{points:+.{decimals}f} pp"
+
+
 # A collected run's summary key: the spans its sender numbered that the collector has not
 # received (the run is incomplete until they come; its sender's own summary is kept beside it)
 SPANS_MISSING = "otlp_spans_missing"

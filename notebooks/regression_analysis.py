@@ -61,7 +61,7 @@ from kvtrace.compare.model import MetricDelta, metric_direction
 from kvtrace.compare.render import backend_note, fmt, times_note
 from kvtrace.compare.source import diff_runs
 from kvtrace.errors import KVTraceError
-from kvtrace.metrics import is_latency_key, times_word
+from kvtrace.metrics import is_latency_key, points_text, times_word
 from kvtrace.names import BEHAVIOURS, printable
 from kvtrace.store import read as store
 from kvtrace.workload.lines import AtomicText
@@ -330,7 +330,7 @@ if hr_m.delta is None:
 elif hr_m.delta:
     rel_txt = f", {hr_m.rel * 100:+.1f}%" if hr_m.rel is not None else ""
     lines.append(f"B {'raises' if hr_m.delta > 0 else 'lowers'} the prefix cache hit rate from {fmt(hr_m.a)} to "
-                 f"{fmt(hr_m.b)} ({hr_m.delta * 100:+.2f} pp{rel_txt}).")
+                 f"{fmt(hr_m.b)} ({points_text(hr_m.delta)}{rel_txt}).")
 else:
     lines.append(f"The prefix cache hit rate is unchanged at {fmt(hr_m.a)}.")
 for s in sig:

@@ -27,6 +27,7 @@ from kvtrace.cache.config import (
     TRANSIENT_CHECKPOINT_RETENTION,
 )
 from kvtrace.errors import ConfigError, KVTraceError
+from kvtrace.metrics import points_text
 from kvtrace.replay.run import GENERATED_PREFIX, RunSpec, run_replay, validate
 from kvtrace.replay.sweep import (
     CAPACITY_FORMS,
@@ -523,7 +524,7 @@ def _delta_cell(metric: str, delta: float | None) -> str:
     if delta is None:
         return "–"
     if metric.endswith("_rate"):
-        return f"{100 * delta:+.2f} pp"
+        return points_text(delta)
     return fmt(delta, signed=True)
 
 

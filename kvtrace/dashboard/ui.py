@@ -12,6 +12,7 @@ import plotly.graph_objects as go
 import polars as pl
 import streamlit as st
 
+from kvtrace import metrics
 from kvtrace.names import markdown_code, markdown_literal, plotly_literal, printable
 
 FILL_RUN = "`kvtrace demo`, or `kvtrace replay TRACE --db PATH`"
@@ -174,12 +175,8 @@ def pp(delta: Any) -> str:
 
 
 def pct(x: Any) -> str:
-    if not _finite(x) or not _finite(100.0 * float(x)):
-        return "–"
-    percent = 100.0 * float(x)
-    if 0 < abs(percent) < 0.05:  # (16 hit tokens in 416,000 read 0.0% beside them)
-        return f"{percent:.2g}%"
-    return f"{percent:.1f}%"
+    # (16 hit tokens in 416,000 read 0.0% beside them: metrics.percent_text keeps their digits)
+    return "–" if not _finite(x) or not _finite(100.0 * float(x)) else metrics.percent_text(float(x), 1)
 
 
 def ms(x: Any) -> str:

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from kvtrace.errors import ConfigError
+from kvtrace.metrics import percent_text
 from kvtrace.replay.belady import belady_hits, chain_keys
 from kvtrace.replay.cache_only import MAX_CAPACITY_BLOCKS, as_block_requests, block_keys
 from kvtrace.workload import TraceRequest
@@ -239,7 +240,7 @@ class CurveResult:
         rows = [["capacity (blocks)", *(f"{pol} hit rate" for pol in policies), "method"]]
         for c in caps:
             rates = [at[c, pol].prefix_cache_hit_rate if (c, pol) in at else None for pol in policies]
-            cells = [f"{100 * r:.2f}%" if r is not None else "-" for r in rates]
+            cells = [percent_text(r) if r is not None else "-" for r in rates]
             methods = sorted({at[c, pol].method for pol in policies if (c, pol) in at})
             rows.append(["unbounded" if c is None else f"{c:,}", *cells, "/".join(methods)])
         return rows

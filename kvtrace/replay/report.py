@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from kvtrace.metrics import SUMMARY_RATES
+from kvtrace.metrics import SUMMARY_RATES, percent_text
 
 if TYPE_CHECKING:  # rich loads when a table is printed, not when the CLI starts
     from rich.console import Console
@@ -20,9 +20,7 @@ def format_value(key: str, value: Any) -> str:
     if value is None:
         return "-"
     if key in _PERCENT and isinstance(value, (int, float)):
-        if 0 < abs(value) < 0.00005:  # (1 hit in 30,002 queries read 0.00% beside its hit)
-            return f"{100 * value:.2g}%"
-        return f"{100 * value:.2f}%"
+        return percent_text(value)  # (1 hit in 30,002 queries read 0.00% beside its hit)
     if isinstance(value, float):
         # (3 decimals showed 0.0003 tokens/s, a run that generated some, as 0.000; below 0.01,
         # 3 significant digits, so 0.0015 is not shown coarser than 0.00099)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtrace.errors import ConfigError, KVTraceError, TraceFormatError
+from kvtrace.metrics import points_text
 from kvtrace.names import BEHAVIOURS
 from kvtrace.process import sigterm_blocked, stop_handlers_kept, worker_start
 from kvtrace.replay.config_file import parse_retention
@@ -796,7 +797,7 @@ def sweep_table(result: SweepResult, baseline: dict[str, Any] | None = None) -> 
                 text += " (baseline)"
             elif isinstance(a, (int, float)) and isinstance(b, (int, float)):
                 delta = b - a
-                text += (f" ({100 * delta:+.2f} pp)" if m.endswith("_rate")
+                text += (f" ({points_text(delta)})" if m.endswith("_rate")
                          else f" ({delta:+,})" if isinstance(delta, int) else f" ({delta:+,.3f})")
             cells.append(text)
         rows.append(cells)

@@ -97,3 +97,33 @@ def test_small_values_keep_their_digits_in_the_summary_and_diff_tables():
     assert "| output_tok_per_s | 2e-05 | 3e-05 | +1e-05 | +50.0% |" in md
     assert "| median_itl_ms | 4.560 | 4.560 | 0.0000 |" in md  # (a sub-µs latency change is still none)
     assert fmt(-3e-6, signed=True) == "0.0000" and fmt(3e-5) == "3e-05"
+
+
+def test_a_tiny_hit_rate_keeps_its_digits_in_curve_sweep_study_and_dashboard_tables():
+    """16 hit tokens in 416,000 read 0.00% in a curve, (+0.00 pp) in a sweep and the notebook's
+    verdict, 0.0% on the Overview tile, beside the replay table's 0.0038% (re-probe F): one
+    rule, metrics.percent_text and points_text."""
+    from kvtrace.compare.study import _delta_cell
+    from kvtrace.dashboard import ui
+    from kvtrace.metrics import percent_text, points_text
+
+    rate = 16 / 416_000
+    assert percent_text(rate) == "0.0038%" and percent_text(0.2306) == "23.06%" and percent_text(0) == "0.00%"
+    assert points_text(-rate) == "-0.0038 pp" and points_text(0.0255) == "+2.55 pp"
+    assert ui.pct(rate) == "0.0038%" and ui.pct(0.2306) == "23.1%"
+    assert _delta_cell("prefix_cache_hit_rate", rate) == "+0.0038 pp"
+
+
+def test_a_curve_table_shows_a_tiny_hit_rate_in_its_digits(tmp_path, capsys):
+    import json
+
+    trace = tmp_path / "t.jsonl"
+    lines = [{"kvtrace_trace": 1, "hash_block_size": 16, "block_size": 16}]
+    # 1 block shared by two of 400 requests of 64 blocks each: a hit rate of 16 in 409,600 tokens
+    lines += [{"request_id": f"q{i}", "arrival_ns": i, "input_length": 1024, "output_length": 1,
+               "hash_ids": ([7] if i in (0, 1) else [10_000 + i * 64]) + [100_000 + i * 64 + j for j in range(63)]}
+              for i in range(400)]
+    trace.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    code, out, err = run(["curve", str(trace), "--capacities", "inf", "--policy", "lru"], capsys)
+    assert code == 0, err
+    assert "0.0039%" in out and "0.00%" not in out
