@@ -382,8 +382,6 @@ def _per_request(run_id: str) -> pl.DataFrame:
         pl.col("num_prompt_tokens", "num_cached_tokens", "num_local_hit_tokens").sum(), pl.col("ttft_ns").max())
 
 
-
-
 @st.cache_data(show_spinner=False, max_entries=64)
 def _extent(db: str, key: tuple, run_id: str) -> tuple[int, int, int, int]:
     """(time origin ns, first time ns, end ns, requests), read once from the spans and reduced
