@@ -93,28 +93,13 @@ def calibrate(
 
 
 def _a_stream(out: str) -> bool:
-    """Whether ``out`` is a stream, not a file kept: this process's stdin, stdout or stderr
-    (whatever file each is redirected to, a write goes through it), a character device, a
-    FIFO or a socket. What the path is, not how its name starts: a run config under
-    /dev/shm was replaced whole, its settings lost, as "not a file"."""
-    import os
-    import stat
+    """Whether ``out`` is written in place as a stream (``AtomicText``'s rule: a descriptor's
+    name, a device, a FIFO, a socket), so nothing there is replaced. What the path is, not how its
+    name starts: a run config under /dev/shm, or one named while stdout was redirected onto it,
+    was replaced whole as "not a file"; /dev/stdin, a file's link, renamed over it."""
+    from kvtrace.workload.lines import writes_in_place
 
-    try:
-        target = os.stat(out)
-    except (OSError, ValueError):
-        return False
-    if stat.S_ISCHR(target.st_mode) or stat.S_ISFIFO(target.st_mode) or stat.S_ISSOCK(target.st_mode):
-        return True
-    for fd in (0, 1, 2):
-        try:
-            own = os.fstat(fd)
-        except OSError:
-            continue
-        if (own.st_dev, own.st_ino) == (target.st_dev, target.st_ino) and os.path.realpath(out) != os.path.abspath(
-                out):  # (named through /dev/stdout, /dev/fd/N: the descriptor; its file named itself is a file)
-            return True
-    return is_stdout(out)
+    return writes_in_place(str(out))
 
 
 def _refuse_a_run_config(out: str) -> None:

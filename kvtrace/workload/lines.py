@@ -459,6 +459,18 @@ _FD_PATH = re.compile(r"/(?:dev/fd|proc/self/fd)/([0-9]+)")
 _STD_PATHS = {"/dev/stdout": 1, "/dev/stderr": 2}
 
 
+def writes_in_place(path: str) -> bool:
+    """Whether ``AtomicText`` writes ``path`` in place, not by a rename: a descriptor's name
+    (/dev/stdout, /dev/fd/N, /proc/self/fd/N) or something that is no regular file (a device,
+    a FIFO, a socket); False for a regular file, named through a link too, and for no file."""
+    if _open_descriptor(path) is not None:
+        return True
+    try:
+        return not stat.S_ISREG(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
 def _open_descriptor(path: str) -> int | None:
     """The descriptor ``path`` names (/dev/stdout, /dev/fd/N, /proc/self/fd/N), else None."""
     if path in _STD_PATHS:

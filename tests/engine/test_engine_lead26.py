@@ -95,3 +95,25 @@ def test_calibrate_refuses_to_replace_a_run_config_under_dev(tmp_path, capsys):
         assert config.read_text().startswith('preset = "kimi-hybrid"')
     finally:
         shutil.rmtree(folder)
+
+
+def _calibrate_redirected(tmp_path, out: str, stdin=None, stdout=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kvtrace.cli", "calibrate", "--from", str(CALIBRATION), "-o", out],
+                          stdin=stdin, stdout=stdout, stderr=subprocess.PIPE, text=True, check=False, cwd=tmp_path)
+
+
+RUN_CONFIG = 'preset = "kimi-hybrid"\n[cache]\nblock_size = 32\n'
+
+
+def test_calibrate_refuses_a_run_config_named_while_stdout_or_stdin_is_it(tmp_path):
+    """`-o run.toml >> run.toml` and `-o /dev/stdin < run.toml` replaced the run config whole,
+    exit 0 (re-probe H): a file is a file, whatever descriptor is open on it."""
+    config = tmp_path / "run.toml"
+    config.write_text(RUN_CONFIG)
+    with open(config, "a") as out:
+        done = _calibrate_redirected(tmp_path, str(config), stdout=out)
+    assert done.returncode == 2 and "settings besides [cost_model]" in done.stderr
+    assert config.read_text() == RUN_CONFIG
+    with open(config) as into:
+        done = _calibrate_redirected(tmp_path, "/dev/stdin", stdin=into)
+    assert done.returncode == 2 and config.read_text() == RUN_CONFIG
