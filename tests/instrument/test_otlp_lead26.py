@@ -159,3 +159,37 @@ def test_a_run_its_sender_called_incomplete_stays_so_when_the_rest_comes_after_a
     assert _status(path) == "incomplete" and "otlp_spans_missing" not in _summary(path)
     _send_to_a_restarted_collector(path, spans[0])
     assert _status(path) == "incomplete"
+
+
+def test_a_short_runs_missing_count_follows_the_spans_that_come(tmp_path):
+    """otlp_spans_missing said 200 after half of them came (re-probe H)."""
+    spans, record = _requests()
+    path = tmp_path / "c.duckdb"
+    _collect(path, [*spans[2:], record])
+    assert _summary(path)["otlp_spans_missing"] == len(spans[0]) + len(spans[1])
+    _send_to_a_restarted_collector(path, spans[1])
+    assert _status(path) == "incomplete" and _summary(path)["otlp_spans_missing"] == len(spans[0])
+
+
+def test_a_sender_may_not_send_the_collectors_own_key(tmp_path):
+    """A sender's summary holding otlp_spans_missing was stored as it came: an `incomplete` of its
+    own then read `complete` after a restart (re-probe H). It is a 400 naming the key."""
+    from opentelemetry.sdk.trace.export import SpanExportResult as R
+
+    spans, _ = _requests()
+    held = _Held()
+    resource = make_resource(RUN, time_offset_ns=7_000_000_000)
+    provider = TracerProvider(resource=resource, id_generator=SeededIdGenerator(4))
+    provider.add_span_processor(BulkSpanProcessor(held, max_export_batch_size=100, resource=resource, run_id=RUN,
+                                                  time_offset_ns=7_000_000_000, number_spans=True))
+    inst = KVCacheInstrumentor(provider, run_id=RUN, flush_spans=1000)
+    inst.record_run({"name": "x", "status": "incomplete", "summary": {"spans": 5, "otlp_spans_missing": 1}})
+    inst.force_flush()
+    provider.shutdown()
+    (record,) = held.requests
+    collector = OTLPCollector(tmp_path / "c.duckdb", port=0).start()
+    try:
+        assert OTLPSpanExporter(endpoint=collector.url).export(record) is R.FAILURE
+        assert collector.requests_rejected == 1
+    finally:
+        collector.stop()

@@ -718,6 +718,9 @@ class OTLPCollector:
             if short is not None and self._held(run_id).covers(short[0]):  # (the rest of its spans came)
                 self.store.finish_run(run_id, status="complete", summary=short[1])
                 del self._short_runs[run_id]
+            elif short is not None:  # (some of the rest: the count it lacks kept true, not the first one's)
+                missing = short[0] - self._held(run_id).count_below(short[0])
+                self.store.finish_run(run_id, status="incomplete", summary={**short[1], SPANS_MISSING: missing})
             else:
                 self.store.refresh_run(run_id)
         except Exception as err:
@@ -862,6 +865,9 @@ def _run_record(attributes: dict, where: str) -> dict:
             raise PayloadError(f"{where}: {RUN_RECORD_PREFIX}summary: expected a JSON object as a string")
         # (a rate of 7.5 showed as 750%, a count of "many" as text; 9 hits of 5 queries, a rate its
         # counters do not give, evictions their reasons do not add up to, a p99 under its p50)
+        if SPANS_MISSING in decoded:  # (a collector's own finding: sent, it made a sender's incomplete completable)
+            raise PayloadError(f"{where}: {RUN_RECORD_PREFIX}summary: {SPANS_MISSING}: a collector's own key (the "
+                               "spans it has not received), not a sender's")
         problem = summary_problem(decoded) or summary_disagreement(decoded)
         if problem is not None:
             raise PayloadError(f"{where}: {RUN_RECORD_PREFIX}summary: {problem}")
