@@ -488,15 +488,19 @@ SUMMARY_COUNTS: tuple[str, ...] = (
 def percent_text(rate: float, decimals: int = 2) -> str:
     """A rate as a percentage at ``decimals``; a nonzero one too small for them in 2 significant
     digits (1 hit in 30,002 queries read 0.00%, 16 hit tokens in 416,000 "0.00%" in a curve)."""
-    percent = 100 * rate
+    percent = 100 * rate if abs(rate) >= 1e-9 else 0.0  # (below: float noise, as compare's fmt has it)
     if 0 < abs(percent) < 0.5 * 10 ** -decimals:
         return f"{percent:.2g}%"
-    return f"{percent:.{decimals}f}%"
+    shown = f"{percent:.{decimals}f}"
+    while 0 < rate < 1 and float(shown) >= 100 and decimals < 9:  # (one miss in 416,000 read 100.00%)
+        decimals += 1
+        shown = f"{percent:.{decimals}f}"
+    return f"{shown}%"
 
 
 def points_text(delta: float, decimals: int = 2) -> str:
     """A change of a rate in signed percentage points, as ``percent_text`` shows a rate."""
-    points = 100 * delta
+    points = 100 * delta if abs(delta) >= 1e-9 else 0.0  # (below: float noise, as compare's fmt has it)
     if 0 < abs(points) < 0.5 * 10 ** -decimals:
         return f"{points:+.2g} pp"
     return f"{points:+.{decimals}f} pp"

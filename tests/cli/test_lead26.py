@@ -110,6 +110,9 @@ def test_a_tiny_hit_rate_keeps_its_digits_in_curve_sweep_study_and_dashboard_tab
     rate = 16 / 416_000
     assert percent_text(rate) == "0.0038%" and percent_text(0.2306) == "23.06%" and percent_text(0) == "0.00%"
     assert points_text(-rate) == "-0.0038 pp" and points_text(0.0255) == "+2.55 pp"
+    # (the top end too: one miss in 416,000 read 100.00%; float noise is no change)
+    assert percent_text(1 - 1 / 416_000) == "99.9998%" and percent_text(1.0) == "100.00%"
+    assert points_text(-1e-12) == "+0.00 pp"
     assert ui.pct(rate) == "0.0038%" and ui.pct(0.2306) == "23.1%"
     assert _delta_cell("prefix_cache_hit_rate", rate) == "+0.0038 pp"
 
