@@ -118,15 +118,9 @@ def test_a_tiny_hit_rate_keeps_its_digits_in_curve_sweep_study_and_dashboard_tab
 
 
 def test_a_curve_table_shows_a_tiny_hit_rate_in_its_digits(tmp_path, capsys):
-    import json
+    from tests.support.traces import tiny_hit_trace
 
-    trace = tmp_path / "t.jsonl"
-    lines = [{"kvtrace_trace": 1, "hash_block_size": 16, "block_size": 16}]
-    # 1 block shared by two of 400 requests of 64 blocks each: a hit rate of 16 in 409,600 tokens
-    lines += [{"request_id": f"q{i}", "arrival_ns": i, "input_length": 1024, "output_length": 1,
-               "hash_ids": ([7] if i in (0, 1) else [10_000 + i * 64]) + [100_000 + i * 64 + j for j in range(63)]}
-              for i in range(400)]
-    trace.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    trace = tiny_hit_trace(tmp_path / "t.jsonl")  # (16 hit tokens in 409,600)
     code, out, err = run(["curve", str(trace), "--capacities", "inf", "--policy", "lru"], capsys)
     assert code == 0, err
     assert "0.0039%" in out and "0.00%" not in out

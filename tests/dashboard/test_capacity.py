@@ -122,12 +122,9 @@ def test_a_store_of_curves_alone_shows_them_on_the_capacity_page(tmp_path, monke
 def test_the_curves_table_shows_a_tiny_hit_rate_in_its_digits(tmp_path, monkeypatch):
     """16 hit tokens in 409,600 read 0.0 in the table's rate column beside `kvtrace curve`'s
     0.0039% (re-probe H): the table shows a rate as every table does (metrics.percent_text)."""
-    trace = tmp_path / "t.jsonl"
-    lines = [{"kvtrace_trace": 1, "hash_block_size": 16, "block_size": 16}]
-    lines += [{"request_id": f"q{i}", "arrival_ns": i, "input_length": 1024, "output_length": 1,
-               "hash_ids": ([7] if i in (0, 1) else [10_000 + i * 64]) + [100_000 + i * 64 + j for j in range(63)]}
-              for i in range(400)]
-    trace.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    from tests.support.traces import tiny_hit_trace
+
+    trace = tiny_hit_trace(tmp_path / "t.jsonl")
     db = str(tmp_path / "c.duckdb")
     run_curve(RunSpec(str(trace), mode="cache-only"), "100,inf", db=db)
     run = run_replay(RunSpec(str(trace), mode="cache-only"), db=db)

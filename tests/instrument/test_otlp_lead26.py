@@ -21,20 +21,20 @@ from tests.support.synthetic_spans import synthetic_steps
 RUN = "lead26"
 
 
-def _requests(status: str = "complete") -> tuple[list[list], list]:
+def _requests(status: str = "complete", summary: dict | None = None, steps: int = 30) -> tuple[list[list], list]:
     """The export requests of a replay's spans (100 a request) and its run record's, whose
-    summary gives the spans numbered."""
+    summary gives the spans numbered (or ``summary``; ``steps`` 0: the record alone)."""
     held = _Held()
     resource = make_resource(RUN, time_offset_ns=7_000_000_000)
     provider = TracerProvider(resource=resource, id_generator=SeededIdGenerator(3))
     provider.add_span_processor(BulkSpanProcessor(held, max_export_batch_size=100, resource=resource, run_id=RUN,
                                                   time_offset_ns=7_000_000_000, number_spans=True))
     inst = KVCacheInstrumentor(provider, run_id=RUN, flush_spans=1000)
-    for batch in [one_of_each_step(0), *synthetic_steps(30, seed=5)]:
+    for batch in [one_of_each_step(0), *synthetic_steps(steps, seed=5)] if steps else []:
         inst(batch)
     inst.flush()
     inst.record_run({"name": "lead26", "status": status, "digest": "d1",
-                     "summary": {"spans": inst.spans_emitted, "requests": 1}})
+                     "summary": summary or {"spans": inst.spans_emitted, "requests": 1}})
     inst.force_flush()
     provider.shutdown()
     *spans, record = held.requests
@@ -176,17 +176,8 @@ def test_a_sender_may_not_send_the_collectors_own_key(tmp_path):
     own then read `complete` after a restart (re-probe H). It is a 400 naming the key."""
     from opentelemetry.sdk.trace.export import SpanExportResult as R
 
-    spans, _ = _requests()
-    held = _Held()
-    resource = make_resource(RUN, time_offset_ns=7_000_000_000)
-    provider = TracerProvider(resource=resource, id_generator=SeededIdGenerator(4))
-    provider.add_span_processor(BulkSpanProcessor(held, max_export_batch_size=100, resource=resource, run_id=RUN,
-                                                  time_offset_ns=7_000_000_000, number_spans=True))
-    inst = KVCacheInstrumentor(provider, run_id=RUN, flush_spans=1000)
-    inst.record_run({"name": "x", "status": "incomplete", "summary": {"spans": 5, "otlp_spans_missing": 1}})
-    inst.force_flush()
-    provider.shutdown()
-    (record,) = held.requests
+    no_spans, record = _requests("incomplete", summary={"spans": 5, "otlp_spans_missing": 1}, steps=0)
+    assert no_spans == []
     collector = OTLPCollector(tmp_path / "c.duckdb", port=0).start()
     try:
         assert OTLPSpanExporter(endpoint=collector.url).export(record) is R.FAILURE
