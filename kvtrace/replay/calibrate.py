@@ -37,8 +37,13 @@ measurements come in three forms, each read into observations (``engine.costfit`
 
 Neither a bench result nor vLLM's spans say how many prompt tokens hit the prefix cache: each
 TTFT is read as its whole prompt prefilled, so the server measured should run without prefix
-caching (``vllm serve --no-enable-prefix-caching``) or be sent distinct prompts (the report
-says so under such measurements).
+caching (``vllm serve --no-enable-prefix-caching``), or, for a model of attention alone, be sent
+distinct prompts (the report says so under such measurements). A hybrid model's server (Mamba,
+linear attention) with prefix caching on also cuts each prompt's prefill at its Mamba blocks
+(vLLM's ``mamba_cache_mode = "align"``, which prefix caching turns on, and kvtrace's
+``kimi-hybrid`` preset): more steps than the chunks of the budget read here, distinct prompts or
+not (a kvtrace kimi-hybrid replay, requests one at a time, fitted 32% off and decode_seq_ns 60x
+the truth).
 
 The fit and its error per kind of observation are printed (with the terms no measurement
 exercised, which keep their given value); the model is written as a TOML ``[cost_model]``
@@ -689,8 +694,12 @@ def fit_report(fit: Fit) -> list[str]:
         # (neither a bench result nor vLLM's span says how many prompt tokens hit the prefix cache:
         # a 512-token system prompt cached in two thirds of the requests fitted 0 ns of step
         # overhead, attn_pair_ps twice the truth and 4 ms a decoding sequence, at a median error of 0.0%)
-        out.append("  (each TTFT read as its whole prompt prefilled: prefix-cache hits, on by default in vLLM, "
-                   "shorten it unseen; measure with `vllm serve --no-enable-prefix-caching` or distinct prompts)")
+        # (and a hybrid model's server with prefix caching cuts every prefill at its Mamba blocks, vLLM's
+        # mamba_cache_mode "align": distinct prompts to it fitted decode_seq_ns 60x the truth, 32% off)
+        out.append("  (each TTFT read as its whole prompt prefilled in chunks of the budget: prefix-cache hits, on "
+                   "by default in vLLM, shorten it unseen, and on a hybrid model (Mamba, linear attention) prefix "
+                   "caching also cuts each prefill at its Mamba blocks, more steps than read here; measure with "
+                   "`vllm serve --no-enable-prefix-caching`, or distinct prompts to a model of attention alone)")
     weak = fit.weakly_determined()
     for key in COEFFICIENTS:
         # a term no measurement exercised is the template's (0 unless --moe), not a finding
