@@ -34,9 +34,11 @@ Events (kvtrace's ``kvtrace.cache.events``, from vLLM's ``take_events`` after ea
   the copy block took the source's place in the request's table, else ``running_tail``
   (the key moved to the copy, which vLLM's ``move_block_hashes`` does silently; the
   adapter then emits the ``moved`` publish/evict pair kvtrace's manager emits).
-* ``PrefixLookup``: per lookup; ``hit_tokens_per_group`` is the common hit in every
-  group (vLLM returns only the fixed point); the first miss is past group 0's own hit, as
-  kvtrace's (``_group0_hit``: read from vLLM's prefix map, or vLLM's lookup of group 0 alone).
+* ``PrefixLookup``: per lookup; ``hit_tokens_per_group`` is each group's hit alone, as
+  kvtrace's manager gives it (vLLM's own ``find_longest_cache_hit_per_group``, asked
+  besides the fixed point vLLM's lookup returns: ``_group_hits``); the first miss is past
+  group 0's own hit, as kvtrace's (``_group0_hit``: read from vLLM's prefix map, or vLLM's
+  lookup of group 0 alone).
 * ``BlocksFreed``: the request's non-null blocks per group, tail first, read before
   vLLM frees them. External-tier (connector) evictions: the tier's own events (the tier
   is kvtrace's, written through as kvtrace's pool writes it); loads emit nothing.
@@ -87,7 +89,7 @@ from kvtrace.cache.events import (
 )
 from kvtrace.cache.plans import STATE_CHECKPOINT, STATE_EXTERNAL, STATE_RUNNING, BlockCopy, StateWrite
 from kvtrace.cache.request import Request
-from kvtrace.engine.backends.vllm._load import VllmAPI, unknown_event, vllm_location
+from kvtrace.engine.backends.vllm._load import VllmAPI, unknown_event, vllm_location, wrong_return
 from kvtrace.engine.backends.vllm.manager import VllmKVCacheManager, vllm_call
 from kvtrace.errors import KVTraceError
 from kvtrace.names import cut_middle
@@ -379,9 +381,25 @@ class VllmEngineManager(VllmKVCacheManager):
             miss, miss_idx = first_miss(coarse, self._group0_hit(request, coarse, hit), bs0, request.num_tokens)
             self._lookup_at = len(self._events)
             self._events.append(PrefixLookup(
-                self.step, request.request_id, request.num_tokens, hit, (hit,) * self.num_groups, boundary, 0,
+                self.step, request.request_id, request.num_tokens, hit, self._group_hits(request, hit), boundary, 0,
                 coarse[0] if coarse else None, miss, miss_idx))
         return blocks, hit, boundary
+
+    def _group_hits(self, request: Request, hit: int) -> tuple[int, ...]:
+        """Each group's hit alone (kvtrace's ``hit_tokens_per_group``, the group hit rate's:
+        a group's own lookup up to the request's last token but one, at the coordinator's hit
+        alignment, before the groups agree on one hit): vLLM's own per-group lookups
+        (``find_longest_cache_hit_per_group``). One group, caching off, or a coordinator
+        without them (a patched vLLM): the request's hit in every group."""
+        per_group = getattr(self.coordinator, "find_longest_cache_hit_per_group", None)
+        if self.num_groups == 1 or per_group is None or not self.config.enable_caching:
+            return (hit,) * self.num_groups
+        out = per_group(request.block_hashes, max(request.num_tokens - 1, 0))
+        hits = out[1] if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], tuple) else ()
+        if len(hits) != self.num_groups or not all(type(h) is int and 0 <= h <= request.num_tokens for h in hits):
+            raise wrong_return(self.api, "KVCacheCoordinator.find_longest_cache_hit_per_group", per_group, out,
+                               f"(blocks per group, the hit tokens of each of the {self.num_groups} groups)")
+        return hits
 
     def _group0_hit(self, request: Request, coarse: Sequence[Any], hit: int) -> int:
         """Group 0's own hit (its first miss lies past it, as kvtrace's manager reads it: a block
