@@ -14,7 +14,9 @@ unique within the run. A seq past a gap is a gap to recover, unless the replay s
 returns the last seq accepted with another payload: then the publisher restarted and its
 new seq passed the old one unseen (a restart). A restart or a gap is taken
 only once the next message follows it: when the next one follows the old sequence
-instead, the message was a stray (a bad one), which must not re-store or lose batches.
+instead, the message was a stray (a bad one), which must not re-store or lose batches;
+unless it came at the last seq accepted, just after a reconnect or with the payload the
+replay socket now holds there (a server restarted after its first batch, met at seq 0).
 A batch that does not decode, is larger than MAX_MESSAGE_BYTES, or holds a value the
 store cannot hold, is a bad message: counted, logged once per capture, and never able to
 cost another batch. On first contact (and after a restart) the batches the publisher sent before the
@@ -143,8 +145,9 @@ class VllmKVCapture:
         self._recent: OrderedDict[int, int] = OrderedDict()  # seq -> hash of its payload
         # a message whose seq went backwards (a restart if the next one follows it) or jumped
         # ahead (a gap if the next one follows it): a stray message if the next one follows
-        # the old sequence instead. (seq, payload, monotonic time, jumped ahead)
-        self._pending: tuple[int, bytes, float, bool] | None = None
+        # the old sequence instead. (seq, payload, monotonic time, jumped ahead, the SUB socket
+        # connected again just before it)
+        self._pending: tuple[int, bytes, float, bool, bool] | None = None
         # the SUB socket connected again since the last message: the publisher may have
         # restarted, and the next seq may be last + 1 by chance (its first batches dropped
         # before the reconnect), which only the replay socket can tell from the old sequence
@@ -224,13 +227,16 @@ class VllmKVCapture:
             self._bad(seq, f"a batch of {len(payload):,} bytes (more than {MAX_MESSAGE_BYTES:,}): not decoded")
             return
         if self._pending is not None:  # the message after one whose seq went backwards or ahead
-            (held, held_payload, _, ahead), self._pending = self._pending, None
+            (held, held_payload, _, ahead, rejoined), self._pending = self._pending, None
             last = self.last_seq
             if ahead and last is not None and last < seq < held:  # the old sequence goes on
                 self._bad(held, f"seq {held} after {last}, then {seq}: a stray message, not a gap")
             elif ahead:
                 self._jump(held, held_payload)
-            elif last is not None and seq > last:  # the old sequence goes on
+            elif last is not None and seq > last and not (held == last and self._restarted_at(held, rejoined)):
+                # the old sequence goes on (a new lifetime whose first message came at the last seq
+                # accepted, then went past it, is told apart by the reconnect or the replay socket:
+                # taken as a stray, a server restarted after one batch lost its new first batch)
                 self._bad(held, f"seq {held} after {last}, then {seq}: a stray message, not a restart")
             else:
                 self._restart(held, held_payload)
@@ -239,7 +245,7 @@ class VllmKVCapture:
             if self._recent.get(seq) == hash(payload):
                 self.stats.duplicates += 1
             else:  # a restart, or a stray message: the next one tells
-                self._pending = (seq, payload, time.monotonic(), False)
+                self._pending = (seq, payload, time.monotonic(), False, reconnected)
             return
         if last is None and seq > 0:  # first contact: what the publisher sent before we joined
             if seq > MAX_FIRST_SEQ:  # (a stray there would leave no steps for a restart after it)
@@ -247,7 +253,7 @@ class VllmKVCapture:
                 return
             self._recover(0, seq, lost_if_missing=False)
         elif last is not None and seq > last + 1:  # a gap, or a stray message: the next one tells
-            self._pending = (seq, payload, time.monotonic(), True)
+            self._pending = (seq, payload, time.monotonic(), True, reconnected)
             return
         elif reconnected and last is not None and self._replay is not None and \
                 self._recover(seq, seq, lost_if_missing=True, check=last):
@@ -273,6 +279,15 @@ class VllmKVCapture:
             self._restart(seq, payload)
             return
         self._accept(seq, payload)
+
+    def _restarted_at(self, seq: int, rejoined: bool) -> bool:
+        """Whether another payload at ``seq``, the last seq accepted, came from a restarted
+        publisher: one the SUB socket connected to again just before it, or one whose replay
+        socket now holds another payload at ``seq`` than the one accepted (a stray message
+        leaves the publisher's buffer as it was)."""
+        if rejoined:
+            return True
+        return self._replay is not None and self._recover(seq, seq, lost_if_missing=True, check=seq)
 
     def _restart(self, seq: int, payload: bytes) -> None:
         """A new publisher lifetime, its counter started again at ``seq``'s run: its steps
@@ -337,7 +352,7 @@ class VllmKVCapture:
         """A held message that no other followed within a flush interval (or by the end):
         the publisher went quiet after a restart or a gap; the message is taken as such."""
         if self._pending is not None and (force or time.monotonic() - self._pending[2] >= self.flush_interval_s):
-            (seq, payload, _, ahead), self._pending = self._pending, None
+            (seq, payload, _, ahead, _), self._pending = self._pending, None
             if ahead:
                 self._jump(seq, payload)
             else:
