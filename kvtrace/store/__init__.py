@@ -50,7 +50,9 @@ Concurrency (``connection.py``)
     polling dashboard cannot starve a replay. A replay's store (``Store.open(p, hold=True)``)
     keeps its connection between its once-a-second flushes and lets go after the next
     commit once another process waits: a reader kept waiting touches ``<db>.reader-waiting``,
-    a writer the marker above. ``finish_run`` computes derived tables on a read-only
+    a writer the marker above. Writers take turns under a POSIX lock on ``<db>.write-lock``
+    held from each open to its close (DuckDB 2.0.1 now and then lost a commit when processes
+    took turns writing one file). ``finish_run`` computes derived tables on a read-only
     connection and writes them in one short transaction.
 
 Crash safety

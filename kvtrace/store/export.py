@@ -228,10 +228,10 @@ def _output_dir(directory: str | Path) -> Path:
 
 def _not_the_stores_own(db: str | Path, out_dir: Path) -> None:
     """StoreError when ``out_dir`` is the store or one of its own files (a DuckDB store's
-    write-ahead log or waiting markers, anything inside a chdb directory): an export there
+    write-ahead log, waiting markers or writer lock, anything inside a chdb directory): an export there
     made the store unopenable (a WAL that was a directory; parquet files in chdb's metadata)."""
     from kvtrace.store.backend import clickhouse_target
-    from kvtrace.store.connection import reader_marker, writer_marker
+    from kvtrace.store.connection import side_files
 
     out = os.path.realpath(out_dir)
     if is_clickhouse(db):
@@ -239,7 +239,7 @@ def _not_the_stores_own(db: str | Path, out_dir: Path) -> None:
         inside = home is not None and (out == home or out.startswith(home.rstrip(os.sep) + os.sep))
     else:
         store = os.path.realpath(db)
-        inside = out in (store, f"{store}.wal", writer_marker(store), reader_marker(store))
+        inside = out in (store, *side_files(store))
     if inside:
         raise StoreError(str(out_dir), f"is the store {db}'s own (its file, log or directory); "
                                        "export somewhere else")

@@ -58,7 +58,7 @@ def test_export_parquet_refuses_to_replace_a_read_only_file(scenario_db, tmp_pat
     assert kept.read_text() == "keep me\n" and sorted(p.name for p in out.iterdir()) == ["spans.parquet"]
 
 
-@pytest.mark.parametrize("side", [".wal", ".writer-waiting", ".reader-waiting"])  # (the file itself: no directory)
+@pytest.mark.parametrize("side", [".wal", ".writer-waiting", ".reader-waiting", ".write-lock"])
 def test_an_export_into_the_stores_own_files_is_refused(scenario_db, side):
     # an export into the store's write-ahead log made a directory there: the store no longer opened
     db, run_id = scenario_db
