@@ -84,6 +84,26 @@ def compressed_problem(path: str, head: bytes | None = None) -> str | None:
     for bom, encoding in _WIDE_BOMS:  # (a Windows tool's export was 'not UTF-8 text (byte 0xff at column 1)')
         if head.startswith(bom):
             return f"{encoding} text; kvtrace reads traces as UTF-8: convert it first (iconv -f {encoding} -t UTF-8)"
+    wide = _wide_without_bom(head)
+    if wide is not None:  # (was 'invalid JSON: object keys must be strings (byte 1)', or an Azure
+        # header's 'missing column(s)' of the three columns it names)
+        return (f"{wide} text without a byte-order mark; kvtrace reads traces as UTF-8: convert it first "
+                f"(iconv -f {wide} -t UTF-8)")
+    return None
+
+
+def _wide_without_bom(head: bytes) -> str | None:
+    """The encoding of UTF-16 or UTF-32 text that starts with no byte-order mark (``iconv -t
+    UTF-16LE`` writes none), told by its first characters: ASCII, each padded with NUL bytes
+    (no UTF-8 trace holds a NUL byte); None for anything else."""
+    for width, encoding in ((4, "UTF-32LE"), (4, "UTF-32BE"), (2, "UTF-16LE"), (2, "UTF-16BE")):
+        units = [head[i:i + width] for i in range(0, len(head) - width + 1, width)]
+        if len(units) < 2:  # (too short to tell)
+            continue
+        if encoding.endswith("BE"):
+            units = [unit[::-1] for unit in units]
+        if all(0 < unit[0] < 0x80 and not any(unit[1:]) for unit in units):
+            return encoding
     return None
 
 
@@ -160,6 +180,9 @@ _LONE_SURROGATE_AT_END = re.compile(r"\\u[dD][89abAB][0-9a-fA-F]{2}(?=[^\\]{0,5}
 
 def decode_error(path: str, line: int | None, err: Exception, text: str = "") -> TraceFormatError:
     """The one-line error of a JSON line ``text`` the decoder refused with ``err``."""
+    nul = nul_problem(text)
+    if nul is not None:  # (no JSON holds one: 'invalid character (byte 0)' of a file padded with zeros)
+        return TraceFormatError(path, line, nul)
     if isinstance(err, msgspec.ValidationError):
         return TraceFormatError(path, line, str(err))
     if isinstance(err, RecursionError):
@@ -177,6 +200,18 @@ def decode_error(path: str, line: int | None, err: Exception, text: str = "") ->
 
 
 _TRAILING_AT = re.compile(r"trailing characters \(byte (\d+)\)")
+
+
+def nul_problem(text: str, where: str | None = None) -> str | None:
+    """What a line holding a NUL byte is (no trace's text holds one: a file padded with zeros,
+    as a crash or a preallocating writer leaves one, or UTF-16 text), naming the column of
+    the first (or ``where`` it is); None for a line without one."""
+    at = text.find("\x00")
+    if at < 0:
+        return None
+    if where is None:  # (the column in bytes, as 'not UTF-8 text' counts it)
+        where = f"at column {len(text[:at].encode('utf-8', 'surrogatepass')) + 1}"
+    return f"a NUL byte (\\x00) {where}: not text (a file padded with zeros, as a crash can leave one, or UTF-16 text?)"
 
 
 # Floats up to 2^53 are exact integers; past it a double may be an id or a length that was

@@ -27,6 +27,7 @@ from kvtrace.workload.lines import (
     LineTooLong,
     compressed_problem,
     decode_error,
+    nul_problem,
     numbered_lines,
     without_bom,
 )
@@ -88,6 +89,9 @@ def detect_format(path: str) -> str:
             return "weka"
     elif "ContextTokens" in stripped and "TIMESTAMP" in stripped:
         return "azure"
+    else:
+        nul = nul_problem(stripped)  # (a file of zeros, as a crash can leave one)
+        why = f" ({nul})" if nul else ""
     raise TraceFormatError(
         path, lineno, f"cannot detect the trace format{why}; give --format, one of {', '.join(FORMATS)}"
     )

@@ -26,6 +26,7 @@ from kvtrace.workload.lines import (
     S,
     check_int,
     decoded_lines,
+    nul_problem,
     parse_integral,
 )
 
@@ -61,8 +62,18 @@ def parse_timestamp_ns(text: str) -> int | None:
 def _int(path: str, line: int, key: str, text: str | None, minimum: int, maximum: int = MAX_TOKENS) -> int:
     value = parse_integral(text) if isinstance(text, str) else None
     if value is None:
+        _refuse_nul(path, line, [text or ""])
         raise TraceFormatError(path, line, f"{key}: expected an integer, got {text!r}"[:200])
     return check_int(path, line, key, value, minimum, maximum)
+
+
+def _refuse_nul(path: str, line: int, row: list[str]) -> None:
+    """A row that could not be read, told as what it is where it holds a NUL byte (a file
+    padded with zeros: 'expected 3 columns, got 1'); nothing where it holds none."""
+    for field, cell in enumerate(row, start=1):
+        problem = nul_problem(cell, f"in field {field}")
+        if problem is not None:
+            raise TraceFormatError(path, line, problem)
 
 
 def _csv_problem(err: Exception) -> str:
@@ -99,6 +110,7 @@ def read_azure(path: str, block_size: int = DEFAULT_BLOCK_SIZE) -> Iterator[Trac
         header = [h.strip() for h in header]
         missing = [c for c in REQUIRED_COLUMNS if c not in header]
         if missing:
+            _refuse_nul(path, head, header)
             raise TraceFormatError(path, head, f"missing column(s) {missing}; expected {list(REQUIRED_COLUMNS)}")
         twice = [c for c in REQUIRED_COLUMNS if header.count(c) > 1]
         if twice:  # (which one would hold the value?)
@@ -127,9 +139,11 @@ def read_azure(path: str, block_size: int = DEFAULT_BLOCK_SIZE) -> Iterator[Trac
             if not row or not any(c.strip() for c in row):
                 continue
             if len(row) != width:
+                _refuse_nul(path, line, row)
                 raise TraceFormatError(path, line, f"expected {len(header)} columns, got {len(row)}")
             ts = parse_timestamp_ns(row[its])
             if ts is None:
+                _refuse_nul(path, line, row)
                 raise TraceFormatError(path, line, f"TIMESTAMP: expected 'YYYY-MM-DD HH:MM:SS.fff', got {row[its]!r}")
             if origin is None:
                 origin, first = ts, row[its].strip()

@@ -47,6 +47,7 @@ from kvtrace.workload.lines import (
     S,
     check_int,
     compressed_problem,
+    nul_problem,
     without_bom,
 )
 
@@ -240,7 +241,11 @@ def _load(path: str) -> tuple[str, WekaFile]:
         # a file cut short ends on its last line
         m = re.search(r"\(byte (\d+)\)", str(e))
         at = int(m.group(1)) if m else len(raw.rstrip())
-        raise TraceFormatError(path, raw.count(b"\n", 0, at) + 1, f"invalid JSON: {e}") from None
+        line = raw.count(b"\n", 0, at) + 1
+        nul = None
+        if raw[at:at + 1] == b"\x00":  # (a file padded with zeros was 'trailing characters (byte 56)')
+            nul = nul_problem(raw[raw.rfind(b"\n", 0, at) + 1:at + 1].decode("utf-8"))
+        raise TraceFormatError(path, line, nul or f"invalid JSON: {e}") from None
 
 
 def read_weka_file(path: str, rank: int = 0) -> Iterator[tuple[int, int, int, TraceRequest]]:
