@@ -137,8 +137,12 @@ def _design(observations: Sequence[Observation], model: CostModel) -> np.ndarray
 
 def _confounded(a: np.ndarray, terms: Sequence[str]) -> tuple[list[str], int]:
     """The terms that the columns of ``a`` (unit norm) cannot tell apart, and its rank:
-    those with a share in a direction no observation sees (a null vector of ``a``)."""
-    _, s, vt = np.linalg.svd(a, full_matrices=True)
+    those with a share in a direction no observation sees (a null vector of ``a``).
+    Only the right singular vectors are needed, all of them: from the thin SVD where the rows
+    are at least the columns (its vt is square then), from the full one where they are fewer
+    (the full SVD of 20,000 step rows built a 20,000 x 20,000 U: minutes, and 200,000 rows ran
+    out of memory)."""
+    _, s, vt = np.linalg.svd(a, full_matrices=a.shape[0] < a.shape[1])
     rank = int((s > _RANK_TOLERANCE * s.max()).sum()) if s.size and s.max() > 0 else 0
     null = vt[rank:]
     return [t for j, t in enumerate(terms) if null.size and np.abs(null[:, j]).max() > 1e-6], rank

@@ -6,9 +6,11 @@ import json
 from dataclasses import replace
 
 import numpy as np
+import pytest
 
 from kvtrace.engine import Engine, get_preset
 from kvtrace.engine.clock import CostModel, prefill_pairs
+from kvtrace.errors import KVTraceError
 from kvtrace.replay.calibrate import calibrate, fit_report
 from kvtrace.workload import VOCAB_SIZE, TraceRequest
 
@@ -47,3 +49,44 @@ def test_the_ttft_note_says_distinct_prompts_do_not_keep_a_hybrid_prefill_in_one
     assert len(note) == 1, note
     assert "hybrid model" in note[0] and "Mamba blocks" in note[0], note
     assert "distinct prompts to a model of attention alone" in note[0], note
+
+
+def test_a_day_of_step_rows_is_fitted_without_a_square_matrix_of_its_rows(tmp_path, monkeypatch):
+    """The fit's rank check took the full SVD of the design: a U of rows x rows. 20,000 step rows
+    (a few minutes of a busy server) ran past two minutes, 200,000 ran out of memory. The right
+    singular vectors it needs come from the thin SVD; with fewer rows than terms, from the full one."""
+    from kvtrace.engine import costfit
+
+    shapes: list[tuple[int, ...]] = []
+    svd = np.linalg.svd
+
+    def recording_svd(a, *args, **kwargs):
+        out = svd(a, *args, **kwargs)
+        shapes.append(out[0].shape)
+        return out
+
+    monkeypatch.setattr(costfit.np.linalg, "svd", recording_svd)
+    known = CostModel("known", 1_000_000, 10_000, 800, 30_000, 5_000)
+    rng = np.random.default_rng(27)
+    rows = []
+    for i in range(3_000):
+        if i % 2:
+            n, s = int(rng.integers(2, 8192)), int(rng.integers(0, 50_000))
+            work = (n, prefill_pairs(s, n), 0, 0)
+        else:
+            b = int(rng.integers(1, 256))
+            work = (b, 0, b * int(rng.integers(1, 30_000)), b)
+        rows.append(f"{work[0]},{work[1]},{work[3]},{work[2]},{known.step_ns(*work, 0, 0)}\n")
+    path = tmp_path / "steps.csv"
+    path.write_text("num_tokens,prefill_pairs,num_decode_seqs,decode_context_tokens,step_ns\n" + "".join(rows))
+    fit = calibrate([path], name="fitted", knee=0)
+    assert shapes and max(shape[0] * shape[-1] for shape in shapes) <= 3_000 * 6, shapes
+    assert fit.max_error < 1e-3
+    assert {t: getattr(fit.model, t) for t in ("step_overhead_ns", "token_ns", "attn_pair_ps", "kv_read_ps",
+                                               "decode_seq_ns")} == {
+        "step_overhead_ns": 1_000_000, "token_ns": 10_000, "attn_pair_ps": 800, "kv_read_ps": 30_000,
+        "decode_seq_ns": 5_000}
+    # fewer rows than terms: the full SVD still finds the terms they cannot tell apart
+    path.write_text("num_tokens,prefill_pairs,num_decode_seqs,decode_context_tokens,step_ns\n" + "".join(rows[:2]))
+    with pytest.raises(KVTraceError, match="cannot tell"):
+        calibrate([path], name="fitted", knee=0)
