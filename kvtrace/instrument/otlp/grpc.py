@@ -71,6 +71,27 @@ class GrpcReceiver:
         self._pool.shutdown(wait=True)
 
 
+class _Unserved(grpc.GenericRpcHandler):
+    """Every method but ``Export``: UNIMPLEMENTED naming the one served, and counted as a
+    refused request (``on_reject``), as OTLP/HTTP's 404 for ``/v1/metrics`` is. gRPC's own
+    UNIMPLEMENTED was counted nowhere: an SDK sending its metrics or logs to the traces port
+    over gRPC read "0 requests rejected", over HTTP each refusal counted. The request is
+    never read."""
+
+    def __init__(self, on_reject: Callable[[], None]):
+        self._on_reject = on_reject
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        method = ascii(handler_call_details.method)[1:-1][:200]  # (the client's text, quoted in its status)
+
+        def refuse(requests: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
+            self._on_reject()
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{method}: only {EXPORT_METHOD} is served here")
+            return b""  # not reached
+
+        return grpc.stream_unary_rpc_method_handler(refuse)
+
+
 def grpc_server(ingest: Callable[..., object], host: str, port: int, max_body_bytes: int,
                 on_reject: Callable[[], None] = lambda: None, read_timeout_s: float = READ_TIMEOUT_S,
                 decode_slots: contextlib.AbstractContextManager | None = None,
@@ -152,10 +173,11 @@ def grpc_server(ingest: Callable[..., object], host: str, port: int, max_body_by
     probe_address(host, port, "OTLP/gRPC", flag="--grpc-port")
     # No (de)serialisers: the method sees the request's bytes, as the HTTP handler does.
     handler = grpc.method_handlers_generic_handler(SERVICE, {"Export": grpc.stream_unary_rpc_method_handler(export)})
+    unserved = _Unserved(on_reject)
     pool = ThreadPoolExecutor(max_workers=MAX_CONNECTIONS, thread_name_prefix="kvtrace-otlp-grpc")
     server = grpc.server(
         pool,
-        handlers=[handler],
+        handlers=[handler, unserved],
         # (gRPC's limit is a C int: --max-body-bytes' largest value, 2^31, was an OverflowError
         # and a traceback at start; a message is 1 byte short of it at most)
         options=[("grpc.max_receive_message_length", min(max_body_bytes, GRPC_MAX_MESSAGE_BYTES)),
