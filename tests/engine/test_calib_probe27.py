@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +14,8 @@ from kvtrace.engine.clock import CostModel, prefill_pairs
 from kvtrace.errors import KVTraceError
 from kvtrace.replay.calibrate import calibrate, fit_report
 from kvtrace.workload import VOCAB_SIZE, TraceRequest
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "calibration"
 
 # one step costs 1 ms and nothing else: a request's TTFT counts its prefill steps
 _ONE_MS_A_STEP = CostModel("one-ms-a-step", step_overhead_ns=1_000_000, token_ns=0, attn_pair_ps=0, kv_read_ps=0,
@@ -90,3 +93,25 @@ def test_a_day_of_step_rows_is_fitted_without_a_square_matrix_of_its_rows(tmp_pa
     path.write_text("num_tokens,prefill_pairs,num_decode_seqs,decode_context_tokens,step_ns\n" + "".join(rows[:2]))
     with pytest.raises(KVTraceError, match="cannot tell"):
         calibrate([path], name="fitted", knee=0)
+
+
+def test_the_fit_reads_each_steps_terms_once_for_all_its_knee_candidates(monkeypatch):
+    """Each knee candidate summed every step's term values again, though only the column of
+    tokens past the knee depends on it: five passes over a million bench observations. The
+    design at each knee is the same matrix, bit for bit, from one pass."""
+    from kvtrace.engine import costfit
+    from kvtrace.replay.calibrate import observations_from_file
+
+    path = DATA / "aic-h200-llama-3.1-8b-tp1.csv"
+    observations = observations_from_file(path)
+    template = CostModel("t", 0, 0, 0, 0, 0)
+    for knee in (*costfit.KNEE_CANDIDATES, 1, 100_000):
+        want = costfit._design(observations, replace(template, token_knee=knee))
+        got = costfit._Designs(observations, template).at(knee)
+        assert want.tobytes() == got.tobytes(), knee
+    calls = []
+    term_values = costfit.term_values
+    monkeypatch.setattr(costfit, "term_values", lambda *args: calls.append(1) or term_values(*args))
+    fit = calibrate([path], name="fitted", template=template)
+    assert len(calls) == sum(len(o.work) for o in observations)
+    assert (fit.model.token_knee, fit.model.token_ns) == (512, 11_675)  # (h200-dense-8b's, as before)
