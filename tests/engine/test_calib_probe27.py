@@ -115,3 +115,22 @@ def test_the_fit_reads_each_steps_terms_once_for_all_its_knee_candidates(monkeyp
     fit = calibrate([path], name="fitted", template=template)
     assert len(calls) == sum(len(o.work) for o in observations)
     assert (fit.model.token_knee, fit.model.token_ns) == (512, 11_675)  # (h200-dense-8b's, as before)
+
+
+def test_the_schema_says_what_an_unset_checkpoint_alignment_is(tmp_path):
+    """The schema's example (a kimi-hybrid config) said the alignment is 1 (Mamba2, GDN) when
+    unset; under kimi-hybrid an unset alignment is the preset's 16, and 1 only where no preset
+    sets one (groups of a preset without Mamba given a Mamba group and a checkpoint)."""
+    from kvtrace.replay import config_file
+    from kvtrace.replay.run import RunSpec, engine_preset
+
+    line = next(line for line in (config_file.__doc__ or "").splitlines()
+                if line.startswith("prefill_checkpoint_alignment"))
+    assert "unset: the preset's (kimi-hybrid: 16), else 1 (Mamba2, GDN)" in line, line
+    hybrid = tmp_path / "hybrid.toml"
+    hybrid.write_text('preset = "kimi-hybrid"\n[cache]\nnum_prefill_checkpoint_blocks = 1\n')
+    assert engine_preset(RunSpec("gen:mixed", config_file=str(hybrid))).cache_config.prefill_checkpoint_alignment == 16
+    dense = tmp_path / "dense.toml"
+    dense.write_text('preset = "dense-attention"\n[cache]\ngroups = [{ type = "full_attention", block_size = 16 }, '
+                     '{ type = "mamba", block_size = 16 }]\nnum_prefill_checkpoint_blocks = 1\n')
+    assert engine_preset(RunSpec("gen:mixed", config_file=str(dense))).cache_config.prefill_checkpoint_alignment == 1
