@@ -42,3 +42,37 @@ def test_a_grpc_method_other_than_export_is_counted_as_refused_and_names_the_one
     assert refused.value.details() == f"{method}: only {EXPORT_METHOD} is served here"
     assert (collector.requests_rejected, collector.spans_received) == (1, 1)
     assert count_spans(db, "r1") == 1
+
+
+def test_a_clickhouse_collected_attribute_its_column_cannot_take_is_kept_as_kvtrace_collect_keeps_it(tmp_path):
+    """The OTel Collector's ClickHouse path dropped a typed attribute whose value was no such
+    number (a token count of ``12.5`` or ``true``: neither its column nor ``extra_attributes``
+    held it) and stored a ``kvtrace.source`` kvtrace does not know as the span's source, where
+    `kvtrace collect` keeps both as extra attributes and calls the span the receiver's."""
+    import pyarrow as pa
+
+    from kvtrace.store import Store
+    from kvtrace.store.backend import clickhouse_target
+    from kvtrace.store.clickhouse import client
+
+    pytest.importorskip("chdb")
+    db = f"chdb:{tmp_path / 'store'}"
+    Store.open(db).close()
+    attributes = [{"gen_ai.usage.input_tokens": "12.5", "gen_ai.usage.output_tokens": "3"},
+                  {"gen_ai.usage.input_tokens": "true", "kvtrace.source": "zzz"},
+                  {"gen_ai.usage.input_tokens": "7", "kvtrace.source": "vllm"}]
+    n = len(attributes)
+    with client.connect(clickhouse_target(db)) as con:
+        con.insert_arrow("otel_traces", pa.table({
+            "Timestamp": pa.array([1_796_000_000_000_000_000] * n, pa.timestamp("ns")),
+            "SpanName": ["llm_request"] * n, "ServiceName": ["vllm"] * n, "TraceId": ["ab" * 16] * n,
+            "SpanId": [f"{i + 1:016x}" for i in range(n)],
+            "SpanAttributes": pa.array([list(a.items()) for a in attributes], pa.map_(pa.string(), pa.string()))}))
+    Store.open(db).close()
+    with client.connect(clickhouse_target(db)) as con:
+        rows = con.ch_frame("SELECT source, num_prompt_tokens, num_output_tokens, extra_attributes FROM spans_other "
+                            "ORDER BY span_id").rows()
+    extras = [dict(e.items() if isinstance(e, dict) else e or ()) for *_, e in rows]
+    assert [r[:3] for r in rows] == [("otlp", None, 3), ("otlp", None, None), ("vllm", 7, None)]
+    assert extras == [{"gen_ai.usage.input_tokens": "12.5"},
+                      {"gen_ai.usage.input_tokens": "true", "kvtrace.source": "zzz"}, {}]

@@ -10,7 +10,9 @@ block into the typed columns the DuckDB store has, so the read API, the dashboar
 - the run is the resource's ``kvtrace.run.id``, else ``otlp:<ServiceName>`` (a vLLM or
   LMCache service's spans beside kvtrace's); names kvtrace does not know (vLLM's
   ``llm_request``, ...) go to ``spans_other`` with their attributes in
-  ``extra_attributes``;
+  ``extra_attributes``, as does a typed attribute whose column cannot take its value (a
+  token count of ``12.5``) and a ``kvtrace.source`` kvtrace does not know (the span's
+  source is then ``otlp``), as `kvtrace collect` keeps them;
 - ``seq`` is the span's ``kvtrace.seq`` (kvtrace exports number their spans: the table
   sorts rows by service, name and time), else its start time in ns;
 - times stay as stored, shifted by the resource's ``kvtrace.run.time_offset_ns`` (0 for
@@ -41,6 +43,7 @@ from kvtrace.store.schema import (
     RUN_RECORD_PREFIX,
     SEQ_ATTRIBUTE,
     SOURCE_OTLP,
+    SOURCES,
     SPAN_COLUMN_DEFS,
     SPAN_NAMES,
     SPAN_REQUEST,
@@ -156,20 +159,35 @@ def _attribute(column: str, key: str, duck: str) -> str:
     return scalar[duck]
 
 
+_PARSED = {"BIGINT": "toInt64OrNull(v)", "INTEGER": "toInt32OrNull(v)", "DOUBLE": "toFloat64OrNull(v)",
+           "UBIGINT": "toInt64OrNull(v)"}
+
+
+def _taken(key: str, duck: str) -> str:
+    """SQL over the lambda's ``k``, ``v``: whether the attribute is this typed key and its
+    column took its value (then it is no extra attribute). A number column's value that is
+    no such number (``12.5`` or ``true`` of a token count) is kept in ``extra_attributes``,
+    as `kvtrace collect` keeps a value of another type: it was in neither, lost."""
+    parsed = _PARSED.get(duck)
+    return f"(k = {_q(key)})" if parsed is None else f"(k = {_q(key)} AND {parsed} IS NOT NULL)"
+
+
 def _family_select(table: str, otel_table: str) -> tuple[str, str]:
     """(column list, SELECT over the exporter's table) filling one family table."""
     from kvtrace.store.clickhouse.schema import stored_columns
 
     typed = {c.name: c for c in SPAN_COLUMN_DEFS}
     columns = stored_columns(table)
-    exprs, keys = [], [SEQ_ATTRIBUTE]
+    exprs: list[str] = []
+    taken = [f"k = {_q(SEQ_ATTRIBUTE)}"]  # (the attributes that are no extra: the store's own seq, and below)
+    sources = f"({', '.join(map(_q, SOURCES))})"
     for col in columns:
         if col in _ENVELOPE:
             exprs.append(_ENVELOPE[col])
-        elif col == "source":
-            exprs.append(f"if(mapContains(SpanAttributes, 'kvtrace.source'), SpanAttributes['kvtrace.source'], "
+        elif col == "source":  # (a source kvtrace does not know is the receiver's, and kept as an extra)
+            exprs.append(f"if(SpanAttributes['kvtrace.source'] IN {sources}, SpanAttributes['kvtrace.source'], "
                          f"{_q(SOURCE_OTLP)})")
-            keys.append("kvtrace.source")
+            taken.append(f"(k = 'kvtrace.source' AND v IN {sources})")
         elif col == "extra_attributes":
             exprs.append("{extra}")
         elif col == NUM_BLOCKS_COLUMN:
@@ -179,10 +197,9 @@ def _family_select(table: str, otel_table: str) -> tuple[str, str]:
             c = typed[col]
             assert c.attr is not None, col
             exprs.append(_attribute(col, c.attr, c.sql))
-            keys.append(c.attr)
-    cache_read = f"(k = {_q(GENAI_CACHE_READ)} AND SpanName = {_q(SPAN_REQUEST)})"
-    extra = (f"CAST(mapFilter((k, v) -> NOT (k IN ({', '.join(map(_q, keys))}) OR {cache_read}), SpanAttributes) "
-             f"AS {_STR_MAP})")
+            taken.append(_taken(c.attr, c.sql))
+    taken.append(f"(k = {_q(GENAI_CACHE_READ)} AND SpanName = {_q(SPAN_REQUEST)})")
+    extra = f"CAST(mapFilter((k, v) -> NOT ({' OR '.join(taken)}), SpanAttributes) AS {_STR_MAP})"
     exprs = [e.replace("{extra}", extra) for e in exprs]
     if table == OTHER_TABLE:
         known = ", ".join(_q(n) for n in (*SPAN_NAMES, SPAN_RUN))
