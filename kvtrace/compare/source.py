@@ -130,22 +130,7 @@ def _diff(view: StoreView, run_a: str, run_b: str, info_a: dict[str, Any], info_
     silent = [f"{side} ({run_kind(events_mode(info))})" for side, info, hits, summary in
               (("A", info_a, hits_a, summary_a), ("B", info_b, hits_b, summary_b))
               if hits.height == 0 and (summary.get("requests") or 0) > 0]
-    other, common = _other_prompts(hits_a, hits_b)
-    if other:
-        # one id, two prompts (two seeds of a generated workload, two files, forced): pairing them
-        # counted "9 gained, 5 lost" between unrelated requests, and resampled them as one
-        diff.requests = RequestHitDiff()
-        diff.notes.append(f"{other:,} of the {common:,} request ids both runs hold have other prompt lengths in A "
-                          "and B: they name other requests, so none is paired (no per-request changes; each run's "
-                          "latencies resampled on its own)")
-    elif silent and (hits_a.height or hits_b.height):
-        # a cache-only run keeps no per-request hits: the other's requests were called "only in A"
-        # (an empty record, not None: callers read its counts)
-        diff.requests = RequestHitDiff()
-        diff.notes.append(f"run {' and '.join(silent)} records no per-request hits: per-request cached tokens "
-                          "are not compared")
-    else:
-        diff.requests = request_hit_diff(hits_a, hits_b, top=top)
+    other = _pair_requests(diff, hits_a, hits_b, silent, top)
     # (evicted blocks: of two block sizes, no delta, as the summary's evictions; the table said +609)
     same_units = not block_sizes_differ(summary_a, summary_b) and not unknown
     by_reason = view.evictions_by_reason(run_a), view.evictions_by_reason(run_b)
@@ -170,13 +155,7 @@ def _diff(view: StoreView, run_a: str, run_b: str, info_a: dict[str, Any], info_
             view.evictions_by_publish_kind(run_a), view.evictions_by_publish_kind(run_b), "publish_kind",
             comparable=same_units,
         )
-    diff.latency, diff.bootstrap = latency_shifts(
-        view.latency(run_a), view.latency(run_b), seed=seed, resamples=resamples, percentiles=percentiles,
-        per_unit=NS_PER_MS, pair=not other,
-    )
-    diff.metrics = with_latency_findings(diff.metrics, diff.latency)
-    if note := ci_note(diff.bootstrap.get("no_ci", [])):
-        diff.notes.append(note)
+    _add_latency(diff, view.latency(run_a), view.latency(run_b), seed, resamples, percentiles, pair=not other)
     backends = {info_a.get("backend"), info_b.get("backend")}
     if backends == {"kvtrace", "vllm"} and diff.evictions_by_publish_kind:
         # (diff printed "boundary -15 / full +15" between backends as a change: it is the labelling)
@@ -192,6 +171,85 @@ def _diff(view: StoreView, run_a: str, run_b: str, info_a: dict[str, Any], info_
                            f"{info_b.get('mode')}): nothing to compare: neither a replay summary nor request "
                            "latencies in both")
     return diff
+
+
+def _pair_requests(diff: RunDiff, hits_a: pl.DataFrame, hits_b: pl.DataFrame, silent: list[str], top: int) -> int:
+    """``diff.requests``, the per-request changes of cached tokens, where both runs hold them
+    and their ids name the same requests; how many shared ids name other prompts (then none
+    is paired, in the latency bootstrap either)."""
+    other, common = _other_prompts(hits_a, hits_b)
+    if other:
+        # one id, two prompts (two seeds of a generated workload, two files, forced): pairing them
+        # counted "9 gained, 5 lost" between unrelated requests, and resampled them as one
+        diff.requests = RequestHitDiff()
+        diff.notes.append(f"{other:,} of the {common:,} request ids both runs hold have other prompt lengths in A "
+                          "and B: they name other requests, so none is paired (no per-request changes; each run's "
+                          "latencies resampled on its own)")
+    elif silent and (hits_a.height or hits_b.height):
+        # a cache-only run keeps no per-request hits: the other's requests were called "only in A"
+        # (an empty record, not None: callers read its counts)
+        diff.requests = RequestHitDiff()
+        diff.notes.append(f"run {' and '.join(silent)} records no per-request hits: per-request cached tokens "
+                          "are not compared")
+    else:
+        diff.requests = request_hit_diff(hits_a, hits_b, top=top)
+    return other
+
+
+def _add_latency(diff: RunDiff, latency_a: dict[str, pl.DataFrame], latency_b: dict[str, pl.DataFrame], seed: int,
+                 resamples: int, percentiles: Sequence[float], *, pair: bool) -> None:
+    """The TTFT/ITL percentile shifts and their bootstrap CIs, and the summary rows' verdicts from them."""
+    diff.latency, diff.bootstrap = latency_shifts(
+        latency_a, latency_b, seed=seed, resamples=resamples, percentiles=percentiles, per_unit=NS_PER_MS, pair=pair,
+    )
+    diff.metrics = with_latency_findings(diff.metrics, diff.latency)
+    if note := ci_note(diff.bootstrap.get("no_ci", [])):
+        diff.notes.append(note)
+
+
+def diff_results(
+    summary_a: dict[str, Any],
+    per_request_a: Sequence[dict[str, Any]],
+    summary_b: dict[str, Any],
+    per_request_b: Sequence[dict[str, Any]],
+    *,
+    run_a: dict[str, Any],
+    run_b: dict[str, Any],
+    seed: int = 0,
+    top: int = 10,
+    resamples: int = DEFAULT_RESAMPLES,
+    percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+) -> RunDiff:
+    """Compare two replays kept in memory (``RunResult.summary`` and ``.per_request``: a study
+    without a store) as ``diff_runs`` compares them stored, from what they keep: the summaries,
+    and for engine runs the per-request cached tokens and the TTFT/ITL bootstrap, so a study's
+    verdicts are the same with and without ``--db``. Evictions by reason and divergent requests
+    come from spans: a store's alone."""
+    check_diff_options(seed, top, resamples)
+    diff = diff_summaries(summary_a, summary_b, run_a=run_a, run_b=run_b, ci_verdicts=True)
+    kept_a, kept_b = _kept_requests(per_request_a), _kept_requests(per_request_b)
+    if kept_a is None or kept_b is None:  # (a cache-only run: no latencies, and none of its hits per request stored)
+        return diff
+    (hits_a, latency_a), (hits_b, latency_b) = kept_a, kept_b
+    other = _pair_requests(diff, hits_a, hits_b, [], top)
+    _add_latency(diff, latency_a, latency_b, seed, resamples, percentiles, pair=not other)
+    return diff
+
+
+def _kept_requests(per_request: Sequence[dict[str, Any]]) -> tuple[pl.DataFrame, dict[str, pl.DataFrame]] | None:
+    """An engine run's per-request hits and latency frames, as ``StoreView`` reads them stored
+    (None: a run that keeps no latencies, cache-only)."""
+    if not per_request or "ttft_ns" not in per_request[0]:
+        return None
+    ids = [str(r["request_id"]) for r in per_request]
+    hits = pl.DataFrame({"request_id": ids, "prompt_tokens": [r["prompt_tokens"] for r in per_request],
+                         "cached_tokens": [r["hit_tokens"] for r in per_request]},
+                        schema={"request_id": pl.Utf8, "prompt_tokens": pl.Int64, "cached_tokens": pl.Int64})
+    ttft = pl.DataFrame({"request_id": ids, "ttft_ms": [r["ttft_ns"] for r in per_request]},
+                        schema={"request_id": pl.Utf8, "ttft_ms": pl.Int64}).drop_nulls("ttft_ms")
+    gaps = pl.DataFrame({"request_id": ids, "itl_ms": [list(r["itl_ns"]) for r in per_request]},
+                        schema={"request_id": pl.Utf8, "itl_ms": pl.List(pl.Int64)}).explode("itl_ms")
+    return hits, {"ttft_ms": ttft, "itl_ms": gaps.drop_nulls("itl_ms")}
 
 
 def _other_prompts(hits_a: pl.DataFrame, hits_b: pl.DataFrame) -> tuple[int, int]:

@@ -408,8 +408,9 @@ def run_study(
     pair (A = off, B = on). ``base``: a RunSpec whose settings (preset, capacity, ...)
     both runs share instead; its trace, seed and behaviours are set here.
 
-    Without ``db`` the diff covers the summaries only; with ``db`` both runs are recorded
-    and diffed through the store (per-request changes, evictions, latency CIs).
+    Without ``db`` the runs are diffed as kept in memory (``source.diff_results``: summaries,
+    per-request changes, latency CIs, so the same verdicts); with ``db`` both runs are
+    recorded and diffed through the store (evictions by reason and divergent requests too).
     """
     check_behaviour(behaviour)
     if base is None:
@@ -450,8 +451,7 @@ def run_study(
     if not trace.startswith(GENERATED_PREFIX):  # (a generated workload has some)
         # as --limit 0: two empty runs said the behaviour's effect was NOT shown, from nothing
         _first_request(spec0)
-    from kvtrace.compare.model import diff_summaries
-    from kvtrace.compare.source import diff_runs
+    from kvtrace.compare.source import diff_results, diff_runs
 
     result = StudyResult(behaviour=behaviour, trace=trace, db=str(db) if db is not None else None)
     for parameter, value, off_spec, on_spec in pairs:
@@ -468,8 +468,9 @@ def run_study(
         if db is not None and on.run_id and off.run_id:
             diff = diff_runs(db, off.run_id, on.run_id, seed=seed, percentiles=on_spec.percentiles)
         else:
-            diff = diff_summaries(off.summary, on.summary, run_a=_run_info(off_spec, off, trace),
-                                  run_b=_run_info(on_spec, on, trace), ci_verdicts=True)
+            diff = diff_results(off.summary, off.per_request, on.summary, on.per_request, seed=seed,
+                                run_a=_run_info(off_spec, off, trace), run_b=_run_info(on_spec, on, trace),
+                                percentiles=on_spec.percentiles)
         result.points.append(
             StudyPoint(on=on.summary, off=off.summary, diff=diff, run_on=on.run_id, run_off=off.run_id,
                        parameter=parameter, value=value)

@@ -817,6 +817,7 @@ def _run_engine(preset, workload: _Workload, digest: Digest, instrumentor, bar: 
             "prompt_tokens": r.num_prompt_tokens,
             "hit_tokens": r.num_local_hit_tokens + r.num_external_hit_tokens,
             "ttft_ns": r.first_token_ns - r.arrival_ns,
+            "itl_ns": r.itl_ns,  # (each gap between its tokens: a study's bootstrap without a store)
             "divergent_tokens": r.num_divergent_tokens,
         }
         for r in result.requests

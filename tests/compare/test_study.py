@@ -178,9 +178,11 @@ def test_study_json_carries_full_summaries_and_store_diff(studies):
     assert j["diff"]["run_b"]["behaviours"] is not None
 
 
-def test_study_without_db_diffs_summaries_only():
+def test_study_without_db_diffs_the_runs_kept_in_memory():
+    """Summaries, per-request changes and latency CIs (``source.diff_results``); no evictions split."""
     res = S.run_study(S.SHARED_PREFIX_PINNING, seed=0, limit=30)
-    assert res.diff.requests is None and res.diff.latency == []
+    assert res.diff.requests is not None and res.diff.requests.requests == 30 and res.diff.latency
+    assert res.diff.evictions_by_reason == []
     assert res.diff.metric("prefix_cache_hits").delta == res.on["prefix_cache_hits"] - res.off["prefix_cache_hits"]
 
 
