@@ -469,11 +469,21 @@ class ArrivalOrder:
 
 
 def file_sha256(path: str) -> str:
+    """sha256 of a file's bytes: of a regular file, of the bytes it held when opened (one a
+    writer extended faster than it was read, sparse gigabytes a second, was hashed for ever;
+    a caller's stamps tell it changed), of anything else, all it gives."""
     h = hashlib.sha256()
     try:
         with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
+            st = os.fstat(f.fileno())
+            left = st.st_size if stat.S_ISREG(st.st_mode) else None
+            while left is None or left > 0:
+                chunk = f.read(1 << 20 if left is None else min(1 << 20, left))
+                if not chunk:
+                    break
                 h.update(chunk)
+                if left is not None:
+                    left -= len(chunk)
     except OSError as e:  # (a file of a trace directory, which no check before opened)
         raise KVTraceError(f"{path}: cannot read: {e.strerror}") from None
     return h.hexdigest()

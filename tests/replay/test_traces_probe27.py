@@ -237,3 +237,66 @@ def test_azure_rows_read_as_the_csv_module_reads_them(capsys):
     assert summary["prompt_tokens"] == sum(int(r["ContextTokens"]) for r in rows)
     assert summary["total_blocks"] == sum(-(-int(r["ContextTokens"]) // 16) for r in rows)
     assert summary["prefix_cache_hits"] == 0
+
+
+# --- a trace that grows while it is read ------------------------------------------------------
+
+def test_a_file_growing_as_fast_as_it_is_hashed_is_hashed_as_it_was_when_opened(tmp_path, monkeypatch):
+    """A writer extending a trace faster than its sha256 read it (sparse gigabytes a second:
+    `truncate -s +10G` in a loop) kept the hash reading for ever, `kvtrace replay` with it,
+    where the change it then finds is refused. The hash is of the bytes the file held when
+    opened (the caller's stamps say it changed); here a writer appends a MiB at every read."""
+    import hashlib
+
+    from kvtrace.workload import lines
+
+    path = tmp_path / "m.jsonl"
+    path.write_text("\n".join(MOONCAKE_LINES) + "\n")
+    want = hashlib.sha256(path.read_bytes()).hexdigest()
+    real_open = open
+
+    class Growing:
+        def __init__(self, f):
+            self.f, self.reads = f, 0
+
+        def read(self, size: int = -1) -> bytes:
+            self.reads += 1
+            assert self.reads < 64, "the hash read on as long as the file grew"
+            with real_open(path, "ab") as writer:
+                writer.write(b" " * (1 << 20))
+            return self.f.read(size)
+
+        def fileno(self) -> int:
+            return self.f.fileno()
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            self.f.close()
+
+    monkeypatch.setattr(lines, "open", lambda p, mode="r": Growing(real_open(p, mode)), raising=False)
+    assert lines.file_sha256(str(path)) == want
+
+
+def test_a_trace_appended_to_faster_than_it_is_read_is_refused_while_read(tmp_path, monkeypatch):
+    """Requests appended while a trace was read were refused only at its end: a writer that
+    kept ahead of the read (a replay slower than the log it reads) kept it reading for ever.
+    The files are looked at every so many requests (here 4) as they are read."""
+    from kvtrace.errors import TraceFormatError
+    from kvtrace.replay.readers import open_trace, source
+
+    monkeypatch.setattr(source, "CHECKED_EVERY", 4, raising=False)
+    path = tmp_path / "m.jsonl"
+    line = MOONCAKE_LINES[0] + "\n"  # (one arrival time for all)
+    path.write_text(line * 10)
+    for limit in (None, 10_000):
+        read = 0
+        with pytest.raises(TraceFormatError, match=r"m\.jsonl: changed while kvtrace read it"):
+            for _ in open_trace(path, limit=limit):
+                read += 1
+                if read == 1:
+                    with path.open("a") as f:
+                        f.write(line * 1000)
+        assert read == 4, read
+        path.write_text(line * 10)

@@ -18,6 +18,7 @@ from kvtrace.workload.lines import source_sha256
 
 Reader = Callable[..., Iterator[TraceRequest]]
 CHECKED_BEFORE_DIGEST = 1000  # requests read before a trace's bytes are hashed (a few ms)
+CHECKED_EVERY = 1 << 14  # requests read between two looks at the files, while they are read
 Stamp = tuple[Any, ...]  # each file's (device, inode, size, mtime ns) or None; a WEKA listing or None last
 
 
@@ -59,7 +60,7 @@ class TraceSource:
         listing = None if self._files is None else tuple(conversation_paths(self.path))
         return (*stamps, listing)
 
-    def _check_unchanged(self, stamp: Stamp) -> None:
+    def _check_unchanged(self, stamp: Stamp) -> Stamp:
         """A refusal if the files read are not as they were when hashed (or when this read
         began): requests appended or a file replaced while a replay read it were replayed
         under the digest of the bytes before, the run of one trace named another. A file
@@ -67,26 +68,30 @@ class TraceSource:
         refused); without a digest to hold it to, a new time alone says nothing."""
         now = self._stamps()
         if now == stamp:
-            return
+            return stamp
         same_files = now[-1] == stamp[-1] and all(
             a is not None and b is not None and a[:3] == b[:3] for a, b in zip(now[:-1], stamp[:-1]))
         if same_files:
             if self._source_id is None:
-                return
+                return stamp
             files = [self.path] if self._files is None and self.format == "weka" else self._files
             if source_sha256(self.path, files) == self._source_id:
                 self._stamp = now  # (hashed again: the next read need not)
-                return
+                return now
         raise TraceFormatError(self.path, None, "changed while kvtrace read it (other bytes, another size or file "
                                                 "than when it was hashed or opened); the requests read are not the "
                                                 "trace its digest names: replay a copy nothing writes to")
 
     def _unchanged(self, it: Iterator[TraceRequest], stamp: Stamp) -> Iterator[TraceRequest]:
-        """``it``, then ``_check_unchanged``; a trace of no request is refused (``_none_read``)."""
-        read = False
+        """``it``, then ``_check_unchanged``; a trace of no request is refused (``_none_read``).
+        The files are looked at every ``CHECKED_EVERY`` requests too: a trace a writer appended
+        to faster than the read went on was read for ever, its refusal waiting for an end."""
+        read = 0
         for request in it:
-            read = True
+            read += 1
             yield request
+            if read % CHECKED_EVERY == 0:
+                stamp = self._check_unchanged(stamp)
         self._check_unchanged(stamp)
         if not read:
             self._none_read()
@@ -103,10 +108,12 @@ class TraceSource:
         ``_check_unchanged``, as a whole read has it (a trace rewritten under a --limit
         read went unseen: the read never reached the end that checked it)."""
         assert self.limit is not None
-        read = False
+        read = 0
         for request in islice(it, self.limit):
-            read = True
+            read += 1
             yield request
+            if read % CHECKED_EVERY == 0:  # (as a whole read looks: a --limit of millions)
+                stamp = self._check_unchanged(stamp)
         try:
             self.more = next(it, None) is not None
         except KVTraceError:
