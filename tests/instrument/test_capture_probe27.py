@@ -147,3 +147,56 @@ def test_a_stray_message_at_the_last_seq_is_still_a_stray(tmp_path):
     stats = run.cap.stats
     assert (stats.batches, stats.restarts, stats.bad_messages, stats.lost) == (4, 0, 1, 0)
     assert _published_steps(rows) == [(0, 1), (1, 2), (2, 3), (3, 4)]
+
+
+def test_a_stop_while_first_contact_is_answered_ends_the_answer_within_the_drain(tmp_path, monkeypatch):
+    """First contact with a vLLM that had published 3,000 batches: its replay answer is read a
+    batch at a time, and a stop that came meanwhile waited for all of it (vLLM's buffer of
+    10,000 batches held Ctrl-C, or --duration 2, for 35 s). Now the answer gets the drain's
+    time after the stop, and what it has not brought is counted missed before contact."""
+    from kvtrace.instrument.vllm import capture as capture_module
+    from kvtrace.instrument.vllm import capture_vllm
+
+    monkeypatch.setattr(capture_module, "DRAIN_S", 0.2)
+    pub_ep, replay_ep = f"ipc://{tmp_path}/pub", f"ipc://{tmp_path}/replay"
+    pub = ZmqEventPublisher(0, endpoint=pub_ep, replay_endpoint=replay_ep, topic="")
+    earlier = 3_000
+    for k in range(earlier):  # (nobody subscribed: PUB drops them, the replay buffer keeps them)
+        pub.publish(_vllm_batch(0, k))
+    accepted: list[int] = []
+    done, caps, result = threading.Event(), [], {}
+
+    def on_batch(seq, _batch) -> None:
+        accepted.append(seq)
+        if len(accepted) >= 50:  # (well into the answer: the stop)
+            done.set()
+
+    def on_ready(cap) -> None:
+        cap.on_batch = on_batch
+        caps.append(cap)
+
+    def capture() -> None:
+        result["stats"] = capture_vllm(pub_ep, replay_ep, store_path=tmp_path / "stop.duckdb",
+                                       should_stop=done.is_set, on_ready=on_ready)
+
+    thread = threading.Thread(target=capture)
+    thread.start()
+    try:
+        k = earlier
+        deadline = time.monotonic() + 60
+        while not done.is_set():  # live batches until one reaches the capture (first contact)
+            assert time.monotonic() < deadline, caps[0].stats if caps else "no capture"
+            pub.publish(_vllm_batch(0, k))
+            k += 1
+            done.wait(0.05)
+        thread.join(60)
+        assert not thread.is_alive()
+    finally:
+        done.set()
+        thread.join(60)
+        pub.shutdown()
+    stats = result["stats"]
+    contact = next(seq for seq in accepted if seq >= earlier)  # the live batch first received
+    before = sum(1 for seq in accepted if seq < contact)
+    assert 50 <= before < contact and stats.recovered >= before
+    assert before + stats.missed_before_contact == contact and stats.lost == 0

@@ -167,6 +167,9 @@ class VllmKVCapture:
             self._replay.setsockopt(zmq.LINGER, 0)
             self._connect(self._replay, replay_endpoint, "--replay-endpoint")
         self._last_flush = time.monotonic()
+        # when a replay answer must end, the stop being asked for (``run_captures`` sets it): None
+        # while no stop was asked
+        self._answer_until: Callable[[], float | None] = lambda: None
 
     def _connect(self, sock: zmq.Socket, address: str, option: str) -> None:
         if address.startswith("tcp://["):  # (ZMQ connects to an IPv6 address only when told: it waited forever)
@@ -429,8 +432,13 @@ class VllmKVCapture:
             quiet_s = self.replay_timeout_s if wait_s is None else min(self.replay_timeout_s, wait_s)
             timeout_ms = max(1, int(quiet_s * 1000))
             deadline = time.monotonic() + (self.replay_timeout_s * 4 if wait_s is None else wait_s)
-            # until the end marker, quiet for the timeout, too many frames or too long
+            # until the end marker, quiet for the timeout, too many frames or too long; or, once a
+            # stop is asked for, DRAIN_S after it (the stop's tail has its own ``wait_s``): read whole,
+            # first contact's answer of vLLM's 10,000 batches held Ctrl-C and --duration 2 for 35 s
             while frames_left > 0 and time.monotonic() < deadline and self._replay.poll(timeout_ms):
+                until = self._answer_until() if wait_s is None else None
+                if until is not None and time.monotonic() >= until:
+                    break
                 frames_left -= 1
                 try:
                     frame = replay_frame(self._replay.recv_multipart())
@@ -502,8 +510,21 @@ def run_captures(caps: list[VllmKVCapture], duration: float | None = None,
     is true, or Ctrl-C or SIGTERM (taken between batches, never halfway through one); then
     what is already queued on the sockets is received too (for up to ``DRAIN_S``; what is
     left then is counted lost), so the counts cover every batch that reached this process.
+    A replay answer still being read when the stop comes is read for up to ``DRAIN_S`` more
+    (what it has not brought then is counted lost, or missed before contact at first contact).
     Each capture flushes on its own interval and once at the end."""
     deadline = None if duration is None else time.monotonic() + duration
+    stop_seen: list[float] = []
+
+    def answer_until() -> float | None:
+        """DRAIN_S after the stop was first seen (a replay answer read then ends there), else None."""
+        if not stop_seen and (signalled.is_set() or (deadline is not None and time.monotonic() >= deadline)
+                              or (should_stop is not None and should_stop())):
+            stop_seen.append(time.monotonic())
+        return stop_seen[0] + DRAIN_S if stop_seen else None
+
+    for cap in caps:
+        cap._answer_until = answer_until
     poller = zmq.Poller()
     for cap in caps:
         poller.register(cap.socket, zmq.POLLIN)
@@ -552,6 +573,7 @@ def run_captures(caps: list[VllmKVCapture], duration: float | None = None,
         for cap in caps:
             cap.recover_unseen(tail=cap not in discarded, budget_s=tail_until - time.monotonic())
     for cap in caps:
+        cap._answer_until = lambda: None  # (a message still held is settled at the close, its answer whole)
         cap.flush()
 
 
