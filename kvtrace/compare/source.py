@@ -42,7 +42,6 @@ from kvtrace.metrics import (
 from kvtrace.names import printable, run_kind
 from kvtrace.store import read
 from kvtrace.store.errors import StoreError
-from kvtrace.store.read._sql import one_snapshot  # (one committed state for the whole read, as summaries use it)
 
 
 def diff_runs(
@@ -70,7 +69,7 @@ def diff_runs(
     # bootstrap computed after, the store let go): a running run diffed with itself read
     # requests 1,226 as A and 1,301 as B, its summary and its frames at other moments.
     try:
-        with one_snapshot(db):
+        with read.one_snapshot(db):  # (one committed state for the whole read, as summaries use it)
             info_a, info_b, same = _read(view, db, run_a, run_b, force)
         return _diff(view, run_a, run_b, info_a, info_b, same, seed, top, resamples, percentiles)
     except (duckdb.Error, pl.exceptions.PolarsError) as err:  # values no run of kvtrace's holds

@@ -61,9 +61,10 @@ Capacity (``capacity.py``)
     capacity_marks(db, trace_digest)            a trace's complete runs: capacity and hit rate
 Helpers
     nice_window(span_ns, windows)               the round window length every windowed view uses
+    one_snapshot(db)                            a context in which every read of db sees one committed state
 """
 
-from kvtrace.store.read._sql import DB, DEFAULT_WINDOWS, nice_window
+from kvtrace.store.read._sql import DB, DEFAULT_WINDOWS, nice_window, one_snapshot
 from kvtrace.store.read.capacity import capacity_marks, curves
 from kvtrace.store.read.chain import divergent_outputs, stale_hash_chain, stale_hashes, stale_hashes_over_time
 from kvtrace.store.read.evictions import (
@@ -110,7 +111,8 @@ __all__ = [
     "group_hit_rate_over_time", "group_hit_rates", "hit_counters", "hit_counters_over_time", "itl_gaps",
     "itl_over_time", "latency_cdf", "latency_histogram", "latency_percentiles", "latency_samples", "latency_stats",
     "latency_summary",
-    "nice_window", "per_prefix_reuse", "per_request_hits", "prefix_families", "request_extent", "request_span_count",
+    "nice_window", "one_snapshot", "per_prefix_reuse", "per_request_hits", "prefix_families", "request_extent",
+    "request_span_count",
     "request_waterfall",
     "requests",
     "run", "run_summary", "runs",
