@@ -200,3 +200,22 @@ def test_a_stop_while_first_contact_is_answered_ends_the_answer_within_the_drain
     before = sum(1 for seq in accepted if seq < contact)
     assert 50 <= before < contact and stats.recovered >= before
     assert before + stats.missed_before_contact == contact and stats.lost == 0
+
+
+def test_a_prefix_past_what_a_span_may_count_leaves_num_tokens_out_not_the_batch():
+    """``num_tokens`` is kvtrace's own figure (chain depth x block size), no value vLLM sent:
+    two blocks of 2^31 - 1 tokens made it 2^32 - 2, past what a span may count, and the valid
+    publish was refused whole as a bad message (and with it the chain below it)."""
+    from kvtrace.instrument.ids import SeededIdGenerator
+    from kvtrace.instrument.vllm import KVEvent, VllmSpanRows
+    from kvtrace.instrument.vllm.wire import BLOCK_STORED, KVEventBatch
+    from kvtrace.store.schema import MAX_SPAN_COUNT
+
+    rows = VllmSpanRows(SeededIdGenerator(0), {"service.name": "vllm"})
+    for step, (blocks, parent) in enumerate(((["01"], None), (["02"], "01"))):
+        rows.add(step, KVEventBatch(T0 + step, [KVEvent(BLOCK_STORED, blocks, parent, [1], MAX_SPAN_COUNT)]))
+    table = rows.take()
+    assert table is not None
+    columns = (table.column(c).to_pylist() for c in ("name", "block_hashes", "num_tokens"))
+    publishes = [(h, n) for name, h, n in zip(*columns) if name == "kvtrace.cache.publish"]
+    assert publishes == [(["01"], MAX_SPAN_COUNT), (["02"], None)]

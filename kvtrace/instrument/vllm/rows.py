@@ -29,7 +29,7 @@ from kvtrace.instrument.batch import conform
 from kvtrace.instrument.convert import SpanRowsBuilder
 from kvtrace.instrument.ids import SeededIdGenerator
 from kvtrace.instrument.vllm.wire import BLOCK_REMOVED, BLOCK_STORED, MEDIUM_KEY_CHARS, KVEventBatch
-from kvtrace.store.schema import ATTRIBUTE_COLUMNS, SOURCE_VLLM, SPAN_EVICT, SPAN_PUBLISH, SPAN_STEP
+from kvtrace.store.schema import ATTRIBUTE_COLUMNS, MAX_SPAN_COUNT, SOURCE_VLLM, SPAN_EVICT, SPAN_PUBLISH, SPAN_STEP
 
 SCOPE_NAME = "kvtrace.instrument.vllm"
 PUBLISH_KIND_VLLM = "vllm_stored"
@@ -164,8 +164,11 @@ class VllmSpanRows:
                     for i, h in enumerate(ev.block_hashes):
                         held = depth.get(h)
                         depth.set(h, (base + i + 1, bs, (0 if held is None else held[2]) | bit))
-                    if bs and ev.block_hashes:
-                        attrs[NUM_TOKENS] = (base + len(ev.block_hashes)) * bs
+                    tokens = (base + len(ev.block_hashes)) * bs
+                    # (kvtrace's own figure, no value vLLM sent: past what a span may count it is left
+                    # out, where it refused the batch whole, a valid publish stored nowhere)
+                    if bs and ev.block_hashes and tokens <= MAX_SPAN_COUNT:
+                        attrs[NUM_TOKENS] = tokens
             elif ev.kind == BLOCK_REMOVED:
                 name = SPAN_EVICT
                 attrs[EVICT_REASON] = EVICT_REASON_VLLM
