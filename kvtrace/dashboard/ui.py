@@ -163,15 +163,12 @@ def fingerprint(fp: Any) -> str:
 
 
 def pp(delta: Any) -> str:
-    """A change of a rate in percentage points, signed: '+3.9 pp'."""
+    """A change of a rate in signed percentage points, as every view shows one
+    (``metrics.points_text``): '+3.9 pp', '-3.9e-05 pp'; no change '0.0 pp'."""
     if not _finite(delta) or not _finite(100.0 * float(delta)):  # (a damaged 1e308 is no rate either)
         return "–"
-    points = 100.0 * float(delta)
-    if points == 0:
-        return "0.0 pp"
-    if abs(points) < 0.0005:  # (-3.85e-05 of a rate read "-0.000 pp")
-        return f"{points:+.2g} pp"
-    return f"{points:+.1f} pp" if abs(points) >= 0.05 else f"{points:+.3f} pp"  # never "+0.0" for a change
+    text = metrics.points_text(float(delta), 1)
+    return "0.0 pp" if text == "+0.0 pp" else text
 
 
 def pct(x: Any) -> str:
