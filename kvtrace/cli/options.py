@@ -127,7 +127,7 @@ _RUN_OPTIONS: dict[str, tuple[Any, Any, str]] = {
         "not say (default 512, 16, 16).", rich_help_panel=RUN_PANEL)], None, "trace_block_size"),
     "block_size": (Annotated[int | None, typer.Option(
         metavar="TOKENS", help="Tokens per KV block, at least 1 (default: the preset's; cache-only: the trace's "
-        "tokens per hash id).", rich_help_panel=RUN_PANEL)],
+        "tokens per hash id, 16 for a trace of token ids alone).", rich_help_panel=RUN_PANEL)],
         None, "block_size"),
     "capacity_blocks": (Annotated[str | None, typer.Option(
         metavar="BLOCKS|inf", help="GPU KV blocks as vLLM's num_gpu_blocks counts them: at least 2, the null "
