@@ -99,6 +99,9 @@ def capture_vllm(
     stats = capture(endpoint, replay_endpoint=replay_endpoint, store_path=db, duration=duration,
                     trace_out=trace_out, dp_size=dp_size)
     status(capture_report(stats))
+    if trace_out is not None:  # (the trace was written without a word: an empty one too, which replay refuses)
+        empty = "" if stats.requests else " (no stored block was received: the trace holds no request to replay)"
+        status(f"kvtrace capture vllm: {count(stats.requests, 'request')} rebuilt in {trace_out}{empty}")
     recorded(stats.run_id, db)
     if stats.nothing_received and not stats.connected:
         raise typer.Exit(1)

@@ -219,3 +219,36 @@ def test_a_prefix_past_what_a_span_may_count_leaves_num_tokens_out_not_the_batch
     columns = (table.column(c).to_pylist() for c in ("name", "block_hashes", "num_tokens"))
     publishes = [(h, n) for name, h, n in zip(*columns) if name == "kvtrace.cache.publish"]
     assert publishes == [(["01"], MAX_SPAN_COUNT), (["02"], None)]
+
+
+def test_the_closing_lines_say_how_many_requests_the_trace_holds_and_an_empty_one(tmp_path):
+    """``--trace-out`` was written without a word: the closing line counted batches, events and
+    spans, and a capture that stored no block wrote a trace of its header alone, which
+    ``kvtrace replay`` refuses (holds no request). The rebuilt requests are now told, as many
+    as the file holds."""
+    import subprocess
+    import sys
+
+    from kvtrace.workload.native import read_native
+
+    EventBatch, Stored, _, _ = LEGACY
+    pub = VllmPublisher(topic="kv")
+    for k in range(2):  # one request's two chunks, sent before the capture joined: replayed at its stop
+        stored = Stored([k + 1], k or None, [k] * 4, 4, None, "GPU", None)
+        pub.publish(EventBatch(T0 + k * 0.1, [stored], 0), send=False)
+    db = str(tmp_path / "t.duckdb")
+    cmd = [sys.executable, "-m", "kvtrace.cli", "capture", "vllm", "--db", db, "--duration", "1"]
+    try:
+        rebuilt = subprocess.run([*cmd, "--endpoint", pub.endpoint, "--replay-endpoint", pub.replay_endpoint,
+                                  "--trace-out", str(tmp_path / "one.jsonl")], capture_output=True, text=True,
+                                 timeout=120, check=False)
+        empty = subprocess.run([*cmd, "--endpoint", pub.endpoint, "--trace-out", str(tmp_path / "none.jsonl")],
+                               capture_output=True, text=True, timeout=120, check=False)
+    finally:
+        pub.close()
+    assert rebuilt.returncode == 0 and empty.returncode == 0, (rebuilt.stderr, empty.stderr)
+    requests = list(read_native(tmp_path / "one.jsonl"))
+    assert [r.hash_ids for r in requests] == [(0, 1)]
+    assert f"kvtrace capture vllm: 1 request rebuilt in {tmp_path / 'one.jsonl'}\n" in rebuilt.stderr
+    assert (f"kvtrace capture vllm: 0 requests rebuilt in {tmp_path / 'none.jsonl'} (no stored block was "
+            "received: the trace holds no request to replay)") in empty.stderr
