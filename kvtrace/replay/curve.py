@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from kvtrace.errors import ConfigError
+from kvtrace.errors import ConfigError, check_seed
 from kvtrace.metrics import percent_text
 from kvtrace.replay.belady import belady_hits, chain_keys
 from kvtrace.replay.cache_only import MAX_CAPACITY_BLOCKS, as_block_requests, block_keys
@@ -295,6 +295,8 @@ def run_curve(spec, capacities: str, *, policies: Sequence[str] | None = None, d
     for flag, given in (("--ray", ray_address), ("--workers", workers)):
         if given is not None and spec.mode != "engine":
             raise ConfigError(flag, str(given), "engine mode only (a cache-only curve is one pass in this process)")
+    if spec.mode != "engine":
+        _refuse_unused_settings(spec)
     if spec.mode == "engine":
         if "belady" in policies:
             raise ConfigError("--policy", "belady", "the Belady bound is a cache-only bound; in engine mode use "
@@ -325,6 +327,27 @@ def run_curve(spec, capacities: str, *, policies: Sequence[str] | None = None, d
     if db is not None:
         _record(db, result, workload.source, trace_id)
     return result
+
+
+def _refuse_unused_settings(spec) -> None:
+    """A run setting a cache-only curve has no use for, refused at its flag as --workers is:
+    the curve is one pass in this process, with no run stored, no span and no clock. Each was
+    taken and did nothing: --name named no run, --percentiles no latency, and --seed of a
+    trace file (it seeds generated workloads and span ids) gave the same points under
+    another curve id, a second recording of one curve in a store."""
+    from kvtrace.metrics import DEFAULT_PERCENTILES
+    from kvtrace.replay.run import GENERATED_PREFIX, check_percentiles
+
+    if spec.name is not None:
+        raise ConfigError("--name", spec.name or "''", "names the runs of an engine-mode curve; a cache-only curve "
+                                                       "stores no run, only its points")
+    percentiles = check_percentiles(spec.percentiles)
+    if percentiles != tuple(DEFAULT_PERCENTILES):
+        raise ConfigError("--percentiles", ",".join(f"{p:g}" for p in percentiles),
+                          "latency percentiles of engine-mode runs; a cache-only curve has no clock")
+    if check_seed(spec.seed) and not str(spec.trace).startswith(GENERATED_PREFIX):
+        raise ConfigError("--seed", str(spec.seed), "seeds generated workloads (gen:NAME) and span ids; a cache-only "
+                                                    "curve of a trace file has neither")
 
 
 def _check_store(db) -> None:

@@ -1,0 +1,40 @@
+"""Sweep and curve, re-probed (session 27): the settings a cache-only curve has no use for."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from kvtrace.errors import ConfigError
+from kvtrace.replay.curve import run_curve
+from kvtrace.replay.run import RunSpec
+from tests.conftest import MOONCAKE
+
+
+@pytest.mark.parametrize(("setting", "flag"), [({"name": "mine"}, "--name"), ({"name": ""}, "--name"),
+                                               ({"percentiles": (50.0,)}, "--percentiles"),
+                                               ({"seed": 3}, "--seed")])
+def test_a_cache_only_curve_refuses_a_setting_it_has_no_use_for(tmp_path, setting, flag):
+    """`kvtrace curve TRACE --name X`, `--percentiles 50` and `--seed 3` (a trace file) were taken
+    and did nothing: the curve stores no run and has no clock, and the seed only moved the
+    curve's id (the same points recorded twice in a store). Refused at the flag, as --workers
+    is, before a store is made."""
+    db = tmp_path / "c.duckdb"
+    spec = replace(RunSpec(str(MOONCAKE), mode="cache-only", limit=20), **setting)
+    with pytest.raises(ConfigError) as caught:
+        run_curve(spec, "100,inf", db=db)
+    assert caught.value.source == flag and "cache-only curve" in caught.value.what
+    assert not db.exists()
+
+
+def test_what_a_cache_only_curve_uses_is_still_taken():
+    """The defaults said again, and a generated workload's seed (it picks the requests), are
+    no refusal; an engine curve's runs still take a name and percentiles."""
+    base = RunSpec(str(MOONCAKE), mode="cache-only", limit=20)
+    assert run_curve(replace(base, percentiles=(50, 90, 99), seed=0), "100").points
+    gen = RunSpec("gen:chat", mode="cache-only", limit=3)
+    ids = {run_curve(replace(gen, seed=seed), "100").curve_id for seed in (3, 4)}
+    assert len(ids) == 2  # (other requests: other curves)
+    engine = RunSpec("gen:chat", limit=3, content=False, name="mine", percentiles=(50.0,))
+    assert run_curve(engine, "3000", workers=1).points
