@@ -222,6 +222,7 @@ class CurveResult:
     mode: str
     block_size: int | None
     points: list[CurvePoint] = field(default_factory=list)
+    external_tier: bool = False  # engine mode: its runs had an external (connector) tier
 
     def to_json(self) -> dict[str, Any]:
         return {"curve_id": self.curve_id, "trace": self.trace, "mode": self.mode, "block_size": self.block_size,
@@ -247,8 +248,11 @@ class CurveResult:
 
     def method_note(self) -> str:
         if self.mode == "engine":
+            # (with a tier, most hit tokens can be the tier's: a curve of the local hits alone read as all of them)
+            tier = ("; the hit rate is the local cache's (prefix_cache_hit_rate): the external tier's hits are not in "
+                    "it, see its runs' external_prefix_cache_hit_rate" if self.external_tier else "")
             return ("engine mode: one engine replay per capacity (capacity: the full-attention group's usable blocks, "
-                    "its pool less vLLM's null block, as `kvtrace runs` shows them)")
+                    f"its pool less vLLM's null block, as `kvtrace runs` shows them){tier}")
         # (each curve drawn, only: `--policy lru` was told how a Belady bound it did not draw was made)
         drawn = {p.policy for p in self.points}
         # (its unbounded point is the one pass's: there MIN and LRU agree, and the table said one-pass)
@@ -384,7 +388,9 @@ def _engine_curve(spec, capacities: list[int], db, workers: int | None, ray_addr
     workload = open_workload(spec)
     trace_id = workload.identity(int(sweep.runs[0].summary.get("requests") or 0))  # (as its runs name it)
     result = CurveResult(_curve_id(trace_id, spec, capacities, ("lru",)), spec.trace, "engine",
-                         sweep.runs[0].summary.get("block_size") or spec.block_size, points)
+                         sweep.runs[0].summary.get("block_size") or spec.block_size, points,
+                         external_tier=spec.external_capacity_blocks is not None
+                         or any(r.summary.get("external_prefix_cache_queries") for r in sweep.runs))
     if computed is not None:
         computed(result)
     if db is not None:

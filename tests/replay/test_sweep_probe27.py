@@ -38,3 +38,18 @@ def test_what_a_cache_only_curve_uses_is_still_taken():
     assert len(ids) == 2  # (other requests: other curves)
     engine = RunSpec("gen:chat", limit=3, content=False, name="mine", percentiles=(50.0,))
     assert run_curve(engine, "3000", workers=1).points
+
+
+def test_an_engine_curve_with_an_external_tier_says_its_hit_rate_is_the_local_caches():
+    """With `--external-blocks` the curve drew the local cache's hit rate (vLLM's
+    prefix_cache_hit_rate), its note silent on the tier: at 59 blocks 55.5% read as the hit
+    rate where the tier served another 10% of the tokens."""
+    from kvtrace.replay.curve import CurvePoint, CurveResult
+
+    spec = RunSpec("gen:mixed", limit=8, content=False, external_capacity_blocks=4096)
+    curve = run_curve(spec, "60", workers=1)
+    assert curve.external_tier and "the external tier's hits are not in it" in curve.method_note()
+    without = run_curve(replace(spec, external_capacity_blocks=None), "60", workers=1)
+    assert not without.external_tier and "external" not in without.method_note()
+    point = CurvePoint(10, "lru", 1, 2, 1, 2, "one-pass")  # (a cache-only curve has no tier to name)
+    assert "external" not in CurveResult("c", "t", "cache-only", 16, [point]).method_note()
