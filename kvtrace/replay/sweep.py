@@ -40,10 +40,12 @@ from kvtrace.workload.lines import parse_decimal
 _INT_PARAMS = ("capacity_blocks", "capacity_tokens", "external_capacity_blocks", "block_size")
 _TEXT_PARAMS = ("retention", "preset", "policy", "mode")
 PARAMETERS = (*_INT_PARAMS, *_TEXT_PARAMS, "without")
-# The metrics the closing table shows (summary keys; absent ones print as '-'): the medians
-# by the names every summary carries, whatever --percentiles the runs had.
-TABLE_METRICS = ("prefix_cache_hit_rate", "prefix_cache_hits", "evictions", "median_ttft_ms", "median_itl_ms",
-                 "divergent_outputs")
+# The metrics the closing table shows (summary keys; absent ones print as '-'; one no run has,
+# left out): the medians by the names every summary carries, whatever --percentiles the runs
+# had; the external tier's hit rate where a run had a tier (prefix_cache_hit_rate is the local
+# cache's: a sweep of external_capacity_blocks showed columns the tier could not move).
+TABLE_METRICS = ("prefix_cache_hit_rate", "prefix_cache_hits", "external_prefix_cache_hit_rate", "evictions",
+                 "median_ttft_ms", "median_itl_ms", "divergent_outputs")
 ENGINE_METRICS = ("median_ttft_ms", "median_itl_ms", "divergent_outputs")  # nothing to say in cache-only mode
 # Combinations of one sweep at most (each a replay): counted before any is built, so that a
 # few long --param lists cannot fill the memory with their product.

@@ -53,3 +53,20 @@ def test_an_engine_curve_with_an_external_tier_says_its_hit_rate_is_the_local_ca
     assert not without.external_tier and "external" not in without.method_note()
     point = CurvePoint(10, "lru", 1, 2, 1, 2, "one-pass")  # (a cache-only curve has no tier to name)
     assert "external" not in CurveResult("c", "t", "cache-only", 16, [point]).method_note()
+
+
+def test_a_sweeps_table_shows_the_external_tiers_hit_rate_where_a_run_had_a_tier():
+    """A sweep of external_capacity_blocks closed with prefix_cache_hit_rate and its hits, the
+    local cache's, equal in every row (+0.00 pp), the tier's own hit rate nowhere: a tier
+    of 10 blocks read as one of 4,096. A sweep without a tier shows no such column."""
+    from kvtrace.replay.sweep import run_sweep, sweep_table
+
+    spec = RunSpec("gen:mixed", limit=30, content=False, capacity_blocks=60)
+    result = run_sweep(spec, [("external_capacity_blocks", [10, 4096])], workers=1)
+    header, *body = sweep_table(result)
+    column = header.index("external_prefix_cache_hit_rate")
+    rates = [r.summary["external_prefix_cache_hit_rate"] for r in result.runs]
+    assert rates[0] < rates[1]  # (the tier is what moved)
+    assert body[1][column].startswith(f"{rates[1]:.2%}") and "pp)" in body[1][column]
+    plain = run_sweep(replace(spec, limit=5, capacity_blocks=None), [("capacity_blocks", [60, 100])], workers=1)
+    assert "external_prefix_cache_hit_rate" not in sweep_table(plain)[0]
