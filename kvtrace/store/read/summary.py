@@ -88,6 +88,9 @@ def summary_from_spans(db: DB, run_id: str) -> dict[str, Any]:
 def _summary_from_spans(db: DB, run_id: str) -> dict[str, Any]:
     hits = hit_counters(db, run_id)
     if not hits.get("requests"):
+        if _record(db, run_id)[0] == "live":  # a live capture counts no requests: its blocks, as when finished
+            counts = _span_counts(db, run_id)  # (a killed capture's summary read {} beside 200 publishes)
+            return {**_cache_event_counts(db, run_id, counts), "spans": sum(int(r["spans"]) for r in counts.values())}
         return {}
     counts = _span_counts(db, run_id)
     totals = _request_totals(db, run_id)

@@ -1,0 +1,56 @@
+"""A live capture killed before it finished keeps no summary: every view reads one from its
+spans (``summary_with_spans``), which gave ``{}`` for a run without request spans, so a
+killed capture's 200 publishes read as nothing in ``runs``, ``diff`` and the dashboard."""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+
+from kvtrace.instrument.vllm import VllmKVCapture
+from kvtrace.store import read
+from kvtrace.store.writer import Store
+from tests.instrument.test_vllm_real_publisher import TOPIC
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVEventBatch, ZmqEventPublisher
+
+
+def _wait(cond, what: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+def test_a_capture_that_never_finished_reads_its_publishes_and_evictions_from_its_spans(tmp_path):
+    pub_ep, replay_ep = f"ipc://{tmp_path}/pub", f"ipc://{tmp_path}/replay"
+    db = tmp_path / "c.duckdb"
+    store = Store.open(db)
+    run_id = store.create_run("vllm", mode="live")
+    cap = VllmKVCapture(pub_ep, replay_ep, store=store, run_id=run_id, topic=TOPIC)
+    done = threading.Event()
+    thread = threading.Thread(target=cap.run, kwargs={"should_stop": done.is_set})
+    thread.start()
+    pub = ZmqEventPublisher(0, endpoint=pub_ep, replay_endpoint=replay_ep, topic=TOPIC)
+    try:
+        _wait(lambda: cap.stats.connected == 1, "the SUB socket never reached the publisher")
+        for k in range(5):  # five blocks stored, two of them removed
+            events = [BlockStored(block_hashes=[100 + k], parent_block_hash=None if k == 0 else 99 + k,
+                                  token_ids=[k, k], block_size=2, lora_id=None, medium="GPU", lora_name=None)]
+            if k >= 3:
+                events.append(BlockRemoved(block_hashes=[100 + k - 3], medium="GPU"))
+            pub.publish(KVEventBatch(ts=1_700_000_000.0 + k, events=events))
+        _wait(lambda: cap.stats.batches + cap.stats.recovered >= 5, "the batches never arrived")
+    finally:
+        done.set()
+        thread.join(60)
+        pub.shutdown()
+    store.flush()  # (what a capture's once-a-second flushes had written when it was killed)
+    assert read.run(db, run_id).get("summary") is None  # never finished: no summary stored
+    summary = read.run_summary(db, run_id)
+    assert (summary.get("publishes"), summary.get("evictions")) == (5, 2), summary
+    assert summary["spans"] == sum(read.span_counts(db, run_id)["spans"])
+    store.close()
