@@ -511,12 +511,16 @@ def format_report(result: ConformanceResult) -> list[str]:
     lines = [f"kvtrace conformance {result.trace}  preset {result.preset}  vLLM {result.vllm_version}"]
     for run in result.runs:
         off = sorted(ALL_BEHAVIOURS - run.config.behaviours)
-        head = (f"num_gpu_blocks {run.num_gpu_blocks:,}: {run.requests} requests, {run.steps} steps, "
-                f"{run.preemptions} preemptions, {run.refusals} refused allocations, {run.evictions} keys removed "
-                f"(vLLM's BlockRemoved entries; a replay's evictions count moved keys and the external tier's too), "
-                f"{run.copies} copies")
+        # (every count with its thousands separated, as num_gpu_blocks and the field table: the
+        # README quotes "4,011 keys removed" where this line printed 4011)
+        head = (f"num_gpu_blocks {run.num_gpu_blocks:,}: {run.requests:,} requests, {run.steps:,} steps, "
+                f"{run.preemptions:,} preemptions, {run.refusals:,} refused allocations, "
+                f"{run.evictions:,} keys removed (vLLM's BlockRemoved entries; a replay's evictions count moved "
+                f"keys and the external tier's too), "
+                f"{run.copies:,} copies")
         if run.unschedulable:
-            head += f", {run.unschedulable} request{'' if run.unschedulable == 1 else 's'} larger than the pool skipped"
+            head += (f", {run.unschedulable:,} request{'' if run.unschedulable == 1 else 's'} larger than the pool "
+                     "skipped")
         if off:
             head += f"  (switched off: {', '.join(off)})"
         lines.append(head)

@@ -40,3 +40,18 @@ def test_a_lookups_per_group_hits_are_each_groups_own_on_both_backends(hybrid_ru
     apart = [row for row in mine if any(h != row[2] for h in row[3])]
     assert apart, "no lookup where a group alone hit other than the request: the case tests nothing"
     assert vllms == mine
+
+
+def test_the_reports_counts_read_as_the_readme_quotes_them():
+    # README (Conformance): "at 120 blocks it reports 4,011 keys removed"; the report printed
+    # "4011 keys removed" beside "num_gpu_blocks 1,500" and the field table's "1,500 / 1,500"
+    from kvtrace.cache import CacheConfig, FullAttentionSpec
+    from kvtrace.replay.conformance import ConformanceResult, ConformanceRun, format_report
+
+    run = ConformanceRun(120, CacheConfig(groups=(FullAttentionSpec(512),), num_gpu_blocks=120, hash_block_size=512),
+                         requests=1600, steps=3550, preemptions=1200, refusals=1100, copies=2000, evictions=4011,
+                         unschedulable=1001)
+    head = format_report(ConformanceResult("t.jsonl", "dense-attention", "0.33.0", [run]))[1]
+    assert head.startswith("num_gpu_blocks 120: 1,600 requests, 3,550 steps, 1,200 preemptions, 1,100 refused "
+                           "allocations, 4,011 keys removed ("), head
+    assert "2,000 copies, 1,001 requests larger than the pool skipped" in head
