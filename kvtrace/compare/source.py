@@ -156,7 +156,13 @@ def _diff(view: StoreView, run_a: str, run_b: str, info_a: dict[str, Any], info_
         )
     _add_latency(diff, view.latency(run_a), view.latency(run_b), seed, resamples, percentiles, pair=not other)
     backends = {info_a.get("backend"), info_b.get("backend")}
-    if backends == {"kvtrace", "vllm"} and diff.evictions_by_publish_kind:
+    live = [side for side, info in (("A", info_a), ("B", info_b)) if events_mode(info) == "live"]
+    if live and len(live) < 2 and diff.evictions_by_publish_kind:
+        # (a capture infers nothing: "the vllm backend infers publish kinds" was said of one)
+        diff.notes.append(f"{live[0]} is a live capture: vLLM's KV events name no publish kind or eviction reason "
+                          "(stored as `vllm_stored` and `vllm_removed`), so a shift between those and the replay's "
+                          "kinds and reasons is that labelling, not a change")
+    elif backends == {"kvtrace", "vllm"} and diff.evictions_by_publish_kind:
         # (diff printed "boundary -15 / full +15" between backends as a change: it is the labelling)
         diff.notes.append("A and B ran on different backends (kvtrace's and vLLM's own manager): the vllm backend "
                           "infers publish kinds and eviction reasons, and shows kvtrace's `boundary` publishes as "

@@ -32,3 +32,23 @@ def test_cache_only_results_kept_in_memory_are_diffed_without_latency_or_request
     only = diff_results({"requests": 1}, [{"request_id": "a", "hit_tokens": 3}],
                         {"requests": 1}, [{"request_id": "a", "hit_tokens": 5}], run_a={}, run_b={})
     assert only.latency == [] and only.requests is None
+
+
+def test_a_capture_diffed_with_a_replay_is_said_to_name_no_kinds_not_to_be_the_vllm_backend(tmp_path):
+    """A live capture's publishes are `vllm_stored`: the note said "the vllm backend infers publish
+    kinds" of a capture, which infers nothing."""
+    from kvtrace.compare.source import diff_runs
+    from kvtrace.replay.run import RunSpec, run_replay
+    from kvtrace.store.writer import Store
+    from tests.store.test_store_lead27 import capture_five_blocks
+
+    db = tmp_path / "c.duckdb"
+    with Store.open(db) as store:
+        live = store.create_run("vllm", mode="live")
+        capture_five_blocks(tmp_path, store, live)
+        store.finish_run(live, summary={"requests": 0, "events": 7})
+    replayed = run_replay(RunSpec("gen:mixed", preset="dense-attention", limit=20), db=str(db)).run_id
+    assert replayed is not None
+    notes = " ".join(diff_runs(db, live, replayed, force=True).notes)
+    assert "A is a live capture: vLLM's KV events name no publish kind" in notes
+    assert "the vllm backend infers" not in notes

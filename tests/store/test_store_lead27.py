@@ -25,11 +25,9 @@ def _wait(cond, what: str, timeout_s: float = 60) -> None:
         time.sleep(0.02)
 
 
-def test_a_capture_that_never_finished_reads_its_publishes_and_evictions_from_its_spans(tmp_path):
+def capture_five_blocks(tmp_path, store: Store, run_id: str) -> None:
+    """vLLM's own publisher sends five stored blocks, two of them removed, into a capture of ``run_id``."""
     pub_ep, replay_ep = f"ipc://{tmp_path}/pub", f"ipc://{tmp_path}/replay"
-    db = tmp_path / "c.duckdb"
-    store = Store.open(db)
-    run_id = store.create_run("vllm", mode="live")
     cap = VllmKVCapture(pub_ep, replay_ep, store=store, run_id=run_id, topic=TOPIC)
     done = threading.Event()
     thread = threading.Thread(target=cap.run, kwargs={"should_stop": done.is_set})
@@ -37,7 +35,7 @@ def test_a_capture_that_never_finished_reads_its_publishes_and_evictions_from_it
     pub = ZmqEventPublisher(0, endpoint=pub_ep, replay_endpoint=replay_ep, topic=TOPIC)
     try:
         _wait(lambda: cap.stats.connected == 1, "the SUB socket never reached the publisher")
-        for k in range(5):  # five blocks stored, two of them removed
+        for k in range(5):
             events = [BlockStored(block_hashes=[100 + k], parent_block_hash=None if k == 0 else 99 + k,
                                   token_ids=[k, k], block_size=2, lora_id=None, medium="GPU", lora_name=None)]
             if k >= 3:
@@ -48,7 +46,14 @@ def test_a_capture_that_never_finished_reads_its_publishes_and_evictions_from_it
         done.set()
         thread.join(60)
         pub.shutdown()
-    store.flush()  # (what a capture's once-a-second flushes had written when it was killed)
+    store.flush()
+
+
+def test_a_capture_that_never_finished_reads_its_publishes_and_evictions_from_its_spans(tmp_path):
+    db = tmp_path / "c.duckdb"
+    store = Store.open(db)
+    run_id = store.create_run("vllm", mode="live")
+    capture_five_blocks(tmp_path, store, run_id)  # (what its once-a-second flushes had written when killed)
     assert read.run(db, run_id).get("summary") is None  # never finished: no summary stored
     summary = read.run_summary(db, run_id)
     assert (summary.get("publishes"), summary.get("evictions")) == (5, 2), summary
