@@ -3,13 +3,16 @@ gRPC as over HTTP."""
 
 from __future__ import annotations
 
+import json
+import re
+
 import grpc
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
-from kvtrace.instrument.otlp import OTLPCollector
+from kvtrace.instrument.otlp import OTLPCollector, PayloadError, decode_json, decode_protobuf
 from kvtrace.instrument.otlp.grpc import EXPORT_METHOD
-from tests.instrument.helpers import count_spans
+from tests.instrument.helpers import count_spans, post_otlp_json
 
 
 def _request() -> bytes:
@@ -76,3 +79,65 @@ def test_a_clickhouse_collected_attribute_its_column_cannot_take_is_kept_as_kvtr
     assert [r[:3] for r in rows] == [("otlp", None, 3), ("otlp", None, None), ("vllm", 7, None)]
     assert extras == [{"gen_ai.usage.input_tokens": "12.5"},
                       {"gen_ai.usage.input_tokens": "true", "kvtrace.source": "zzz"}, {}]
+
+
+def _kv(key: str, value: dict) -> dict:
+    return {"key": key, "value": value}
+
+
+def _doc(span_attributes: list[dict], resource: list[dict] | None = None, **span) -> dict:
+    body = {"traceId": "ab" * 16, "spanId": "cd" * 8, "name": "llm_request", "startTimeUnixNano": "1000",
+            "endTimeUnixNano": "5000", "attributes": span_attributes, **span}
+    return {"resourceSpans": [{"resource": {"attributes": resource or []}, "scopeSpans": [{"spans": [body]}]}]}
+
+
+def _protobuf(doc: dict) -> bytes:
+    """The protobuf of an OTLP/JSON document (its hex ids as proto3 JSON's base64)."""
+    import base64
+    import copy
+
+    from google.protobuf import json_format
+
+    doc = copy.deepcopy(doc)
+    for span in doc["resourceSpans"][0]["scopeSpans"][0]["spans"]:
+        for key in ("traceId", "spanId"):
+            span[key] = base64.b64encode(bytes.fromhex(span[key])).decode()
+    return json_format.ParseDict(doc, trace_service_pb2.ExportTraceServiceRequest()).SerializeToString()
+
+
+_TWICE = [
+    (_doc([_kv("gen_ai.usage.input_tokens", {"intValue": "5"}), _kv("gen_ai.usage.input_tokens", {"intValue": "7"})]),
+     "resourceSpans[0].scopeSpans[0].spans[0]: attribute 'gen_ai.usage.input_tokens' given twice, as 5 and 7"),
+    (_doc([], resource=[_kv("kvtrace.run.id", {"stringValue": "a"}), _kv("kvtrace.run.id", {"stringValue": "b"})]),
+     "resourceSpans[0].resource: attribute 'kvtrace.run.id' given twice, as 'a' and 'b'"),
+    (_doc([_kv("n", {"intValue": "1"}), _kv("n", {"doubleValue": 1.0})]),  # (two types: two values)
+     "spans[0]: attribute 'n' given twice, as 1 and 1.0"),
+    (_doc([], events=[{"timeUnixNano": "2000", "name": "e", "attributes": [_kv("k", {"stringValue": "x"}),
+                                                                            _kv("k", {"stringValue": "y"})]}]),
+     "spans[0].events[0]: attribute 'k' given twice, as 'x' and 'y'"),
+    (_doc([_kv("m", {"kvlistValue": {"values": [_kv("k", {"boolValue": True}), _kv("k", {"boolValue": False})]}})]),
+     "attribute 'k' given twice, as True and False"),
+]
+
+
+@pytest.mark.parametrize(("doc", "said"), _TWICE)
+def test_an_attribute_key_given_twice_with_two_values_is_refused_naming_it(doc, said):
+    """OTLP's attribute keys are unique; one given twice kept its last value and dropped the
+    other without a word (5 prompt tokens, then 7: stored 7), in either encoding."""
+    for decode, body in ((decode_json, json.dumps(doc).encode()), (decode_protobuf, _protobuf(doc))):
+        with pytest.raises(PayloadError, match=re.escape(said)):
+            decode(body)
+
+
+def test_a_request_with_a_key_given_twice_stores_nothing_and_one_value_twice_is_one(tmp_path):
+    db = tmp_path / "c.duckdb"
+    collector = OTLPCollector(db, port=0).start()
+    try:
+        same = _kv("gen_ai.usage.input_tokens", {"intValue": "5"})
+        assert post_otlp_json(collector.url, _doc([same, same])) == (200, "{}")
+        status, said = post_otlp_json(collector.url, _TWICE[0][0] | {})
+        assert (status, said.endswith("(an attribute key is unique)")) == (400, True), said
+    finally:
+        collector.stop()
+    assert (collector.spans_received, collector.requests_rejected) == (1, 1)
+    assert count_spans(db, "r1") == 1

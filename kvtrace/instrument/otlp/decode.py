@@ -17,6 +17,7 @@ import binascii
 import json
 import math
 import re
+from collections.abc import Iterator
 from typing import Any
 
 from google.protobuf.message import DecodeError
@@ -64,20 +65,41 @@ def _time(v: int, what: str) -> int:
     return v
 
 
+def _unique(pairs: Iterator[tuple[str, Any]], where: str) -> dict[str, Any]:
+    """Attributes (key, value) as a dict, each put by ``_put_unique``."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        _put_unique(out, key, value, where)
+    return out
+
+
+def _put_unique(out: dict[str, Any], key: str, value: Any, where: str) -> None:
+    """``out[key] = value``; a key given twice with two values is a PayloadError naming it
+    (OTLP's attribute keys are unique: the last one was kept, the other dropped without a
+    word, where a ClickHouse exporter's map may keep the first). Twice one value is one."""
+    if key in out and repr(out[key]) != repr(value):
+        raise PayloadError(f"{where}: attribute {key!r} given twice, as {_shown(out[key])} and {_shown(value)} "
+                           "(an attribute key is unique)"[:300])
+    out[key] = value
+
+
 # --- protobuf ------------------------------------------------------------------------------
-def _any_value(v) -> Any:
+def _any_value(v, where: str = "") -> Any:
     which = v.WhichOneof("value")
     if which is None:
         return None
     if which == "array_value":
-        return [_any_value(x) for x in v.array_value.values]
+        return [_any_value(x, where) for x in v.array_value.values]
     if which == "kvlist_value":
-        return {kv.key: _any_value(kv.value) for kv in v.kvlist_value.values}
+        return _kv(v.kvlist_value.values, where)
     return getattr(v, which)
 
 
-def _kv(attrs) -> dict[str, Any]:
-    return {kv.key: _any_value(kv.value) for kv in attrs}
+def _kv(attrs, where: str = "") -> dict[str, Any]:
+    out = {kv.key: _any_value(kv.value, where) for kv in attrs}
+    if len(out) < len(attrs):  # a key given twice: the same value, or refused (``_put_unique``)
+        return _unique(((kv.key, _any_value(kv.value, where)) for kv in attrs), where)
+    return out
 
 
 def _bytes_id(raw: bytes, size: int, what: str, where: str, optional: bool = False) -> int | None:
@@ -118,7 +140,7 @@ def decode_protobuf(body: bytes) -> DecodedSpans:
     _check_count(sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans))
     out: DecodedSpans = []
     for ri, rs in enumerate(req.resource_spans):
-        resource = _kv(rs.resource.attributes)
+        resource = _kv(rs.resource.attributes, f"resourceSpans[{ri}].resource")
         for si, ss in enumerate(rs.scope_spans):
             for pi, sp in enumerate(ss.spans):
                 where = f"resourceSpans[{ri}].scopeSpans[{si}].spans[{pi}]"
@@ -131,17 +153,17 @@ def decode_protobuf(body: bytes) -> DecodedSpans:
                     span_kind=_enum(sp.kind, _KINDS, f"{where}.kind"),
                     start_ns=_time(sp.start_time_unix_nano, f"{where}.startTimeUnixNano"),
                     end_ns=_time(sp.end_time_unix_nano, f"{where}.endTimeUnixNano"),
-                    attributes=_kv(sp.attributes),
+                    attributes=_kv(sp.attributes, where),
                     resource=resource,
                     scope_name=ss.scope.name or None,
                     scope_version=ss.scope.version or None,
                     status_code=_enum(sp.status.code, _STATUS, f"{where}.status.code"),
                     status_message=sp.status.message or None,
-                    events=[(_time(e.time_unix_nano, f"{where}.events[{ei}].timeUnixNano"), e.name, _kv(e.attributes))
-                            for ei, e in enumerate(sp.events)],
+                    events=[(_time(e.time_unix_nano, f"{where}.events[{ei}].timeUnixNano"), e.name,
+                             _kv(e.attributes, f"{where}.events[{ei}]")) for ei, e in enumerate(sp.events)],
                     links=[(_bytes_id(lk.trace_id, 16, "links.traceId", where),
                             _bytes_id(lk.span_id, 8, "links.spanId", where),
-                            lk.trace_state or None, _kv(lk.attributes)) for lk in sp.links],
+                            lk.trace_state or None, _kv(lk.attributes, f"{where}.links")) for lk in sp.links],
                 ), where), where))
     return out
 
@@ -290,13 +312,13 @@ def _json_kv(items: Any, where: str) -> dict[str, Any]:
         return {}
     if not isinstance(items, list):
         raise PayloadError(f"{where}: attributes must be a list")
-    out = {}
+    out: dict[str, Any] = {}
     for kv in items:
         if not isinstance(kv, dict) or not isinstance(kv.get("key"), str):
             raise PayloadError(f"{where}: attribute without a string key")
         key: str = kv["key"]
         _json_str(key, f"{where}: attribute key")
-        out[key] = _json_any(kv.get("value", {}), f"{where}.{key}")
+        _put_unique(out, key, _json_any(kv.get("value", {}), f"{where}.{key}"), where)
     return out
 
 
