@@ -158,7 +158,8 @@ _RUN_OPTIONS: dict[str, tuple[Any, Any, str]] = {
         metavar="N", help="Seed for generated workloads and span ids (0 to 2^64-1).", rich_help_panel=RUN_PANEL)],
         0, "seed"),
     "name": (Annotated[str | None, typer.Option(
-        metavar="TEXT", help="Run name stored with the run.", rich_help_panel=RUN_PANEL)], None, "name"),
+        metavar="TEXT", help="Run name stored with the run (a cache-only curve stores none: refused there).",
+        rich_help_panel=RUN_PANEL)], None, "name"),
     "no_content": (Annotated[bool, typer.Option(
         "--no-content", help="Engine mode without device content, sampling checks or stale-hash audits: hits and "
         "timings only, several times faster.", rich_help_panel=RUN_PANEL)], False, "content"),

@@ -63,9 +63,12 @@ def study_defaults(behaviour: str) -> dict[str, Any]:
 
 
 SWEEP_PARAMETERS = ("capacity_blocks", "capacity_tokens", "external_capacity_blocks", "retention")
-# The deltas the closing table of a swept study shows (summary keys).
-SWEEP_TABLE_METRICS = ("prefix_cache_hit_rate", "prefix_cache_hits", "evictions", "median_ttft_ms",
-                       "stale_hashes", "divergent_outputs")
+# The deltas the closing table of a swept study shows (summary keys): the external tier's hit
+# rate where a run had a tier (prefix_cache_hit_rate is the local cache's: a sweep of
+# external_capacity_blocks showed no column the tier moved), as kvtrace sweep's table.
+SWEEP_TABLE_METRICS = ("prefix_cache_hit_rate", "prefix_cache_hits", "external_prefix_cache_hit_rate", "evictions",
+                       "median_ttft_ms", "stale_hashes", "divergent_outputs")
+_TIER_METRICS = ("external_prefix_cache_hit_rate",)  # (a column only where some run had a tier)
 
 
 def study_trace(behaviour: str) -> str:
@@ -204,6 +207,8 @@ class StudyResult:
 
         # (a latency percentile --percentiles left out is in neither run: no column, not an error)
         metrics = [m for m in metrics if all(m in p.on and m in p.off for p in self.points)]
+        metrics = [m for m in metrics if m not in _TIER_METRICS
+                   or any(p.on.get(m) is not None or p.off.get(m) is not None for p in self.points)]
         table = Table(title=f"{self.behaviour}: on - off, per {self.first.parameter}", header_style="bold")
         table.add_column(str(self.first.parameter))
         for m in metrics:

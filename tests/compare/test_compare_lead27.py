@@ -52,3 +52,13 @@ def test_a_capture_diffed_with_a_replay_is_said_to_name_no_kinds_not_to_be_the_v
     notes = " ".join(diff_runs(db, live, replayed, force=True).notes)
     assert "A is a live capture: vLLM's KV events name no publish kind" in notes
     assert "the vllm backend infers" not in notes
+
+
+@pytest.mark.timeout(300)
+def test_a_swept_studys_table_shows_the_external_tiers_hit_rate_where_a_run_had_a_tier():
+    """A sweep of external_capacity_blocks showed the local cache's columns alone (sweep probe)."""
+    tiered = run_study("shared-prefix-pinning", limit=20, sweep="external_capacity_blocks=10,4096")
+    headers = [str(c.header) for c in tiered.sweep_table().columns]
+    assert "Δ external_prefix_cache_hit_rate" in headers
+    plain = run_study("shared-prefix-pinning", limit=20, sweep="capacity_blocks=64,256")
+    assert "Δ external_prefix_cache_hit_rate" not in [str(c.header) for c in plain.sweep_table().columns]
