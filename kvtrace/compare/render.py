@@ -22,6 +22,7 @@ from kvtrace.compare.model import (
     RequestChange,
     RequestHitDiff,
     RunDiff,
+    below_latency_resolution,
     events_mode,
 )
 from kvtrace.metrics import backend_label, is_latency_key, times_source, times_word
@@ -89,7 +90,11 @@ def to_json(diff: RunDiff) -> dict[str, Any]:
 
 
 def _shift_verdict(s: PercentileShift) -> str:
-    """A percentile row's verdict (its CI's): 'better', 'worse' or '' (no finding)."""
+    """A percentile row's verdict (its CI's): 'better', 'worse', 'same' (no change at all, as
+    the summary row of the same percentile says: ``--json`` said "same" there and null here)
+    or '' (no finding)."""
+    if s.delta == 0 or below_latency_resolution(s.delta):
+        return "same"
     return "" if not s.significant else ("worse" if s.delta > 0 else "better")
 
 

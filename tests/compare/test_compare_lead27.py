@@ -62,3 +62,12 @@ def test_a_swept_studys_table_shows_the_external_tiers_hit_rate_where_a_run_had_
     assert "Δ external_prefix_cache_hit_rate" in headers
     plain = run_study("shared-prefix-pinning", limit=20, sweep="capacity_blocks=64,256")
     assert "Δ external_prefix_cache_hit_rate" not in [str(c.header) for c in plain.sweep_table().columns]
+
+
+@pytest.mark.timeout(300)
+def test_json_gives_each_percentile_one_verdict_in_both_of_its_rows():
+    """`--json` said "same" of p50_itl_ms (delta 0) in `verdicts.metrics` and null in `verdicts.latency`."""
+    verdicts = to_json(run_study("shared-prefix-pinning", limit=60).points[0].diff)["verdicts"]
+    shared = set(verdicts["latency"]) & set(verdicts["metrics"])
+    assert "p50_itl_ms" in shared and verdicts["latency"]["p50_itl_ms"] == "same"
+    assert {k: verdicts["latency"][k] for k in shared} == {k: verdicts["metrics"][k] for k in shared}
