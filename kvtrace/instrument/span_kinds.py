@@ -251,8 +251,7 @@ CACHE_KINDS: tuple[SpanKind, ...] = (
         Fill("root_hash", "root_hash", hash_or_null),
         Fill("first_miss_hash", "first_miss_hash", hash_or_null),
         Fill("first_miss_index", "first_miss_index"),
-    ), link_request=True, inferred=(  # vLLM returns the common hit only
-        Inferred(VLLM, ("hit_tokens_per_group",), lambda e: len(e.hit_tokens_per_group) > 1),)),
+    ), link_request=True),  # (the vllm backend's per-group hits are vLLM's own per-group lookups: none inferred)
     SpanKind(BlockEvicted, SPAN_EVICT, (
         _STEP, _REQUEST_ID, _GROUP,
         Fill("evict_reason", "reason"),

@@ -171,13 +171,22 @@ def test_a_nameless_belady_run_is_named_by_its_id_in_the_legend(tmp_path, monkey
 
 
 def test_a_vllm_backend_runs_empty_group_chart_says_why_and_names_no_command(tmp_path, monkeypatch, vllm_api):
-    """A --backend vllm run has no per-group hits (vLLM reports the groups' common hit; the
-    inferred ones are left out): its empty chart said 'Fill it with `kvtrace demo`...'."""
+    """A --backend vllm run recorded by an older kvtrace has no per-group hits (vLLM's common hit,
+    marked inferred, is left out): its empty chart said 'Fill it with `kvtrace demo`...'. A run of
+    this kvtrace has each group's own hit (vLLM's per-group lookup): its chart is drawn."""
+    import duckdb
+
     from kvtrace.replay.run import RunSpec, run_replay
 
     db = str(tmp_path / "vllm.duckdb")
     run = run_replay(RunSpec("gen:chat", limit=4, backend="vllm", capacity_blocks=100), db=db).run_id
     infos = [i.value for i in render(db, monkeypatch, "hit_rate", run=run).info]
+    assert not [i for i in infos if i.startswith("No per-group hits")], infos
+    con = duckdb.connect(db)  # (as an older kvtrace wrote it)
+    con.execute("""UPDATE spans_lookup SET extra_attributes = map_concat(extra_attributes,
+                   MAP {'kvtrace.inferred': '["kvtrace.lookup.hit_tokens_per_group"]'}) WHERE run_id = ?""", [run])
+    con.close()
+    infos = [i.value for i in render(db, monkeypatch, "hit_rate", run=run).info]
     (said,) = [i for i in infos if i.startswith("No per-group hits")]
-    assert "Fill it with" not in said and "its backend is vLLM's" in said, said
+    assert "Fill it with" not in said and "recorded by an older kvtrace" in said, said
 

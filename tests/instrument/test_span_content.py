@@ -204,7 +204,7 @@ def test_values_the_vllm_backend_infers_are_marked(spans):
     marks = {s.name: s.attributes.get("kvtrace.inferred")
              for s in _spans_of(one_of_each_step(), {"service.name": "t", "kvtrace.backend": "vllm"})}
     assert marks == {
-        "kvtrace.cache.lookup": '["kvtrace.lookup.hit_tokens_per_group"]',  # two groups: the common hit
+        "kvtrace.cache.lookup": None,  # (each group's own hit, from vLLM's per-group lookup)
         "kvtrace.cache.evict": '["kvtrace.evict.reason"]',
         "kvtrace.cache.publish": '["kvtrace.publish.kind"]',
         "kvtrace.cache.cow": '["kvtrace.cow.why"]',
@@ -231,6 +231,6 @@ def test_what_the_vllm_backend_observes_is_not_marked():
     assert sorted(got, key=str) == sorted([
         ("kvtrace.cache.evict", "lru", '["kvtrace.evict.reason"]'), ("kvtrace.cache.evict", "reset", None),
         ("kvtrace.cache.cow", "partial_hit", '["kvtrace.cow.why"]'), ("kvtrace.cache.cow", "external", None),
-        ("kvtrace.cache.lookup", "r1", '["kvtrace.lookup.hit_tokens_per_group"]'),
+        ("kvtrace.cache.lookup", "r1", None),
         ("kvtrace.cache.lookup", "r2", None), ("kvtrace.engine.step", None, None),
     ], key=str)

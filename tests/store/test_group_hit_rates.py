@@ -30,16 +30,35 @@ def test_kvtrace_backend_reports_each_groups_own_hits(runs):
     assert rates[0] > own.summary["prefix_cache_hit_rate"]  # the attention group alone hits more
 
 
-def test_vllm_backend_has_no_group_hit_rate_rather_than_the_request_hit_rate(runs):
-    """vLLM's manager returns only the groups' common hit; its lookup spans mark the
-    per-group hits as inferred. They read as the request hit rate labelled "attention group
-    hit rate" (16.3% where kvtrace's backend said 46.4%, same requests and hits)."""
+def test_vllm_backend_has_the_kvtrace_backends_group_hit_rates(runs):
+    """The vllm backend asks vLLM's coordinator for each group's own hit: its group hit rates are
+    kvtrace's on the same requests (they were left out, vLLM's common hit marked inferred)."""
     db, own, theirs = runs
     assert theirs.summary["prefix_cache_hits"] == own.summary["prefix_cache_hits"]  # the same run otherwise
-    assert read.group_hit_rates(db, theirs.run_id) == {}
-    assert read.group_hit_rate_over_time(db, theirs.run_id).height == 0
-    # the request counters still read every admission
-    assert read.hit_counters(db, theirs.run_id)["prefix_cache_hits"] == theirs.summary["prefix_cache_hits"]
+    assert read.group_hit_rates(db, theirs.run_id) == read.group_hit_rates(db, own.run_id) != {}
+    assert read.group_hit_rate_over_time(db, theirs.run_id).equals(read.group_hit_rate_over_time(db, own.run_id))
+
+
+def test_per_group_hits_marked_inferred_are_left_out_of_the_group_hit_rates(runs, tmp_path):
+    """A vllm-backend run recorded by an older kvtrace wrote vLLM's common hit into every group,
+    marked inferred: it read as the request hit rate labelled "attention group hit rate" (16.3%
+    where kvtrace's backend said 46.4%). Such lookups stay out of every per-group figure."""
+    import shutil
+
+    import duckdb
+
+    db, own, theirs = runs
+    old = str(tmp_path / "old.duckdb")
+    shutil.copy(db, old)
+    con = duckdb.connect(old)
+    con.execute("""UPDATE spans_lookup SET extra_attributes = map_concat(extra_attributes,
+                   MAP {'kvtrace.inferred': '["kvtrace.lookup.hit_tokens_per_group"]'})
+                   WHERE run_id = ? AND len(hit_tokens_per_group) > 1""", [theirs.run_id])
+    con.close()
+    assert read.group_hit_rates(old, theirs.run_id) == {}
+    assert read.group_hit_rate_over_time(old, theirs.run_id).height == 0
+    assert read.hit_counters(old, theirs.run_id)["prefix_cache_hits"] == theirs.summary["prefix_cache_hits"]
+    assert read.group_hit_rates(old, own.run_id) == read.group_hit_rates(db, own.run_id)
 
 
 def test_a_run_without_a_summary_reads_its_request_totals_from_its_spans(runs):

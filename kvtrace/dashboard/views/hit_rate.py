@@ -77,17 +77,16 @@ group = state.bound_select("KV group", ["each", *gids], "group", default="each",
 shown = groups if group == "each" else groups.filter(groups["group_id"] == group)
 in_window = state.in_window(shown, "window_start_ns", window, origin)
 outside = state.outside_window(shown, in_window, window, "per-group hits")
-# vLLM reports only the groups' common hit (the request's): the vllm backend writes it into every
-# group as an inferred value, which the per-group figures leave out, so no command fills this chart
+# (a vllm-backend run recorded before its adapter asked vLLM for each group's own hit marks
+# the common hit it wrote into every group as inferred, which the per-group figures leave out)
 vllm = cfg.get("backend") == "vllm"
 ui.chart(charts.group_hit_rate(in_window, labels),
          metrics.GROUP_HIT_RATE_DOC,
-         empty_what=outside or ("No per-group hits in this run: its backend is vLLM's, which reports only the groups' "
-                                "common hit (the request's). kvtrace infers each group's hit from it and leaves those "
-                                "inferred hits out, so no run of the vllm backend has per-group hits; a replay with "
-                                "kvtrace's own backend records them." if vllm else
-                                "No per-group hits in this run: no lookup spans, or a backend that reports only the "
-                                "groups' common hit (vLLM's), which is the request's."),
+         empty_what=outside or ("No per-group hits in this run: a vLLM-backend run recorded by an older kvtrace holds "
+                                "only the groups' common hit, inferred into each group, which is left out; a replay "
+                                "with this kvtrace records each group's own." if vllm
+                                else "No per-group hits in this run: no lookup spans, or a backend that reports only "
+                                "the groups' common hit, which is the request's."),
          command=None if outside or vllm else ui.FILL_RUN, key="group_hit_rate")
 
 usage = queries.call("usage_over_time", run_id, window_ns=w)

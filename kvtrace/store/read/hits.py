@@ -100,11 +100,11 @@ def hit_counters(db: DB, run_id: str, start_ns: int | None = None, end_ns: int |
 # The lookup that admitted each request (engine runs: its first lookup at or after its
 # first schedule, the one vLLM records; earlier ones failed to allocate), with its
 # per-group hits; cache-only runs: every lookup (as above). t is the first schedule.
-# A lookup whose per-group hits its backend inferred (``--backend vllm``: vLLM returns only
-# the groups' common hit, written into every group) says nothing of a group alone: it
-# still decides which lookup admitted a request, and ``inferred`` leaves it out of every
-# per-group figure (the vLLM backend's "attention group hit rate" was the request hit rate,
-# 16.3%, where kvtrace's backend on the same requests and hits said 46.4%).
+# A lookup whose per-group hits its backend inferred (a ``--backend vllm`` run recorded before
+# its adapter asked vLLM for each group's own hit wrote the groups' common hit into every
+# group) says nothing of a group alone: it still decides which lookup admitted a request, and
+# ``inferred`` leaves it out of every per-group figure (such a run's "attention group hit
+# rate" was the request hit rate, 16.3%, where kvtrace's backend on the same hits said 46.4%).
 _PER_GROUP_INFERRED = f"extra_attributes['{INFERRED_ATTRIBUTE}'] LIKE '%\"{_HIT_TOKENS_PER_GROUP}\"%'"
 _ADMISSION_LOOKUPS = f"""
     req AS (
