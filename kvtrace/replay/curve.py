@@ -412,11 +412,10 @@ def _curve_id(source_id: str, spec, caps, policies) -> str:
 
 
 def _record(db, result: CurveResult, source: str, source_id: str) -> None:
-    import datetime as dt
-
     from kvtrace.store import Store
+    from kvtrace.store.schema import created_now
 
-    created = dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat()  # metadata, never in a result
+    created = created_now()  # metadata, never in a result
     rows = [{"curve_id": result.curve_id, "created": created, "trace_source": source, "trace_digest": source_id,
              "mode": result.mode, "block_size": result.block_size, "policy": p.policy,
              "capacity_blocks": p.capacity_blocks, "hit_tokens": p.hit_tokens, "prompt_tokens": p.prompt_tokens,

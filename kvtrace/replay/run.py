@@ -435,8 +435,13 @@ def run_replay(
         if spec.seed:  # (what was generated: the Compare page's study of the run regenerates it)
             config["seed"] = spec.seed
     resource = backend_resource(config)
+    from kvtrace.store.schema import created_now
+
+    # (created: the store's record and the one an OTLP export sends at the end say one time; a
+    # collector gave its copy the time it first saw the run's spans, minutes late)
     record = {"trace_source": workload.source, "trace_digest": workload.source_id, "config": config,
-              "behaviours": behaviours, "mode": spec.mode if spec.mode == "engine" else f"cache-only/{spec.policy}"}
+              "behaviours": behaviours, "mode": spec.mode if spec.mode == "engine" else f"cache-only/{spec.policy}",
+              "created": created_now()}
     name = spec.name or _default_name(spec, behaviours, preset)
     blocked = None
     if preset is None:

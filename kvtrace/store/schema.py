@@ -324,11 +324,20 @@ def meta_version(meta: dict, label: str) -> int:
     return version
 
 
+def created_now() -> str:
+    """The ``created`` a run or curve is given when its caller gives none: the UTC time in whole
+    seconds, ISO 8601 (metadata: no digest or result sees it). A replay takes it once, before its
+    store's record, so the record its OTLP export sends at the end says the same time."""
+    import datetime as dt
+
+    return dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat()
+
+
 # (column, DuckDB type, meaning) of ``runs``; run_id is the primary key.
 RUN_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("run_id", "VARCHAR", ""),
     ("name", "VARCHAR", ""),
-    ("created", "VARCHAR", "caller-supplied (ISO 8601 recommended); never read from a clock here"),
+    ("created", "VARCHAR", "caller-supplied (ISO 8601 recommended), else created_now()"),
     ("trace_source", "VARCHAR", "path/URL/generator spec of the input trace"),
     ("trace_digest", "VARCHAR", "digest of the input trace: runs are comparable when equal"),
     ("config", "JSON", ""),

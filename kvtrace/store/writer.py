@@ -10,7 +10,6 @@ between flushes.
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import importlib
 import json
 import os
@@ -57,6 +56,7 @@ from kvtrace.store.schema import (
     SEQ_COLUMN,
     SPAN_ARROW_SCHEMA,
     STORE_MAGIC,
+    created_now,
     family_columns,
     has_block_lists,
     next_run_id,
@@ -542,7 +542,7 @@ class Store:
         current wall clock (whole seconds).
         """
         if created is None:
-            created = _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat()
+            created = created_now()
         if time_offset_ns is not None and time_offset_ns != 0:
             raise ValueError("create_run: a DuckDB store keeps virtual times as they are (time_offset_ns 0)")
         with self._connect() as con:

@@ -124,3 +124,17 @@ def test_a_replay_that_fails_sends_its_collector_a_failed_record(tmp_path):
     assert local["status"] == collected["status"] == "failed"
     assert collected["summary"]["error"] == local["summary"]["error"]
     assert collected["summary"]["error"].startswith("TraceFormatError: ")
+
+
+def test_a_collected_replay_was_created_when_its_stored_twin_was(tmp_path):
+    """The record a replay's OTLP export sends at its end named no `created`: the collector
+    gave the run the time it first saw its spans, minutes after the replay began (collect probe)."""
+    collector = OTLPCollector(tmp_path / "collected.duckdb", port=0, grpc_port=None).start()
+    try:
+        res = run_replay(RunSpec("gen:chat", limit=6, mode="cache-only", capacity_blocks=30),
+                         db=str(tmp_path / "local.duckdb"), otlp_endpoint=collector.url)
+    finally:
+        collector.stop()
+    stored = read.run(tmp_path / "local.duckdb", res.run_id)["created"]
+    assert res.record["created"] == stored
+    assert read.run(tmp_path / "collected.duckdb", res.otlp_run_id)["created"] == stored

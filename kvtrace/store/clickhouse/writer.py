@@ -170,10 +170,10 @@ class ClickHouseStore(Store):
     def create_run(self, name: str, *, created: str | None = None, trace_source: str | None = None,
                    trace_digest: str | None = None, config: Any = None, behaviours: Any = None,
                    mode: str | None = None, run_id: str | None = None, time_offset_ns: int | None = None) -> str:
-        import datetime as _dt
+        from kvtrace.store.schema import created_now
 
         if created is None:
-            created = _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat()
+            created = created_now()
         if time_offset_ns is None:  # the run's wall-clock start: metadata, no digest sees it
             time_offset_ns = time.time_ns() // 1_000_000_000 * 1_000_000_000
         # the read of the largest id (or of the id's absence) and the insert, uncut by another
