@@ -152,6 +152,7 @@ class KVCacheInstrumentor:
         self._bulk: tuple[BulkSpanProcessor, ...] = ()
         self._other: tuple[SpanProcessor, ...] = ()
         self.spans_emitted = 0
+        self.records_sent = 0  # run records handed to the OTLP exports (one kvtrace.run span each)
         self.batches_emitted = 0
 
     # -- instrument / uninstrument ----------------------------------------------------------------
@@ -269,6 +270,7 @@ class KVCacheInstrumentor:
         trace_id, span_id = self.ids.generate_trace_id(), self.ids.generate_span_id()
         ctx = trace_api.SpanContext(trace_id=trace_id, span_id=span_id, is_remote=False,
                                     trace_flags=trace_api.TraceFlags(trace_api.TraceFlags.SAMPLED))
+        self.records_sent += 1
         for proc in exports:
             proc.on_end(ReadableSpan(
                 name=SPAN_RUN, context=ctx, resource=proc.resource or self.resource, attributes=attrs,

@@ -38,7 +38,7 @@ from kvtrace.instrument.ids import SeededIdGenerator
 from kvtrace.instrument.instrumentor import DEFAULT_STEP_NS, KVCacheInstrumentor, provider_span_processors
 from kvtrace.instrument.processor import BulkSpanProcessor
 from kvtrace.names import OTLP_ENDPOINT_VARIABLES, errno_phrase, otlp_requested
-from kvtrace.store.schema import TIME_OFFSET_RESOURCE_KEY
+from kvtrace.store.schema import SPAN_RUN, TIME_OFFSET_RESOURCE_KEY
 
 _ENV_ENDPOINTS = OTLP_ENDPOINT_VARIABLES
 _ENV_PROTOCOLS = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
@@ -63,8 +63,11 @@ _EXPORT_LOGGERS = ("opentelemetry.exporter.otlp.proto.http.trace_exporter",
 class SpansNotDelivered(KVTraceError):
     """Spans an OTLP collector did not take (refused, or unreachable after the retries)."""
 
-    def __init__(self, endpoint: str, failed: int, total: int, reason: str | None):
-        why = f" ({reason})" if reason else ""
+    def __init__(self, endpoint: str, failed: int, total: int, reason: str | None, records: int = 0):
+        # (the run record travels as one more span: "1,337 of 1,337" beside a run of 1,336 spans)
+        said = [reason] if reason else []
+        said += [f"of the run's {total - records:,} and its {SPAN_RUN} record"] if records else []
+        why = f" ({'; '.join(said)})" if said else ""
         super().__init__(f"{endpoint}: {failed:,} of {total:,} spans were not delivered{why}"[:400])
         self.endpoint, self.failed, self.total = endpoint, failed, total
 
@@ -400,7 +403,7 @@ def recording(
     if failed:
         endpoint = otlp_endpoint or _env_endpoint()
         raise SpansNotDelivered(_masked(otlp_destination(otlp_endpoint), endpoint), failed, total,
-                                _plainer(quiet.first, endpoint))
+                                _plainer(quiet.first, endpoint), records=inst.records_sent * len(otlp))
 
 
 def _env_endpoint() -> str:
