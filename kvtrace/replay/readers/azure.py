@@ -62,7 +62,6 @@ def parse_timestamp_ns(text: str) -> int | None:
 def _int(path: str, line: int, key: str, text: str | None, minimum: int, maximum: int = MAX_TOKENS) -> int:
     value = parse_integral(text) if isinstance(text, str) else None
     if value is None:
-        _refuse_nul(path, line, [text or ""])
         raise TraceFormatError(path, line, f"{key}: expected an integer, got {text!r}"[:200])
     return check_int(path, line, key, value, minimum, maximum)
 
@@ -138,12 +137,12 @@ def read_azure(path: str, block_size: int = DEFAULT_BLOCK_SIZE) -> Iterator[Trac
                                                     "quote?); a row is one line")
             if not row or not any(c.strip() for c in row):
                 continue
-            if len(row) != width:
+            if any("\x00" in cell for cell in row):  # (in any column, read or not: the file is damaged there)
                 _refuse_nul(path, line, row)
+            if len(row) != width:
                 raise TraceFormatError(path, line, f"expected {len(header)} columns, got {len(row)}")
             ts = parse_timestamp_ns(row[its])
             if ts is None:
-                _refuse_nul(path, line, row)
                 raise TraceFormatError(path, line, f"TIMESTAMP: expected 'YYYY-MM-DD HH:MM:SS.fff', got {row[its]!r}")
             if origin is None:
                 origin, first = ts, row[its].strip()
