@@ -319,7 +319,9 @@ class VllmKVCapture:
         batch received (False when batches queued at the stop were taken off undecoded,
         for time: they are counted lost, and asked for again they were decoded after all).
         When the answer holds the last seq received with other contents, the publisher
-        restarted unseen: a restart, its new lifetime's batches asked for from 0. The tail is
+        restarted unseen: a restart, its new lifetime's batches asked for from 0. What an answer
+        held but did not bring in time (cut at the stop, its rest read off undecoded for its seqs)
+        is counted: lost of the tail, missed before contact of an answer from 0. The tail is
         asked only of a publisher still connected, and within ``budget_s`` (what the stop
         leaves it of one replay timeout for every rank: a server gone, or a replay socket that
         never answers, held the stop 2 s a DP rank)."""
@@ -329,7 +331,7 @@ class VllmKVCapture:
         if self.last_seq is None:
             self._recover(0, None, lost_if_missing=False)
         elif tail and self._linked and (budget_s is None or budget_s >= _MIN_TAIL_WAIT_S) and \
-                self._recover(self.last_seq + 1, None, lost_if_missing=False, check=self.last_seq, wait_s=budget_s):
+                self._recover(self.last_seq + 1, None, lost_if_missing=True, check=self.last_seq, wait_s=budget_s):
             self.stats.restarts += 1
             self._step_base, self.last_seq = self._next_step, None
             self._recent.clear()
@@ -417,6 +419,9 @@ class VllmKVCapture:
         accepted: set[int] = set()
         recovered, after = 0, first  # ``after``: the seq an in-order batch is at least
         restarted = False
+        # past the newest seq of [first, upto) the answer held (``upto`` unknown: what it brought,
+        # and what a cut answer still held, tell how many the publisher sent); whether it ended
+        reach, ended, cut = first, False, False
         if self._replay is not None:
             while self._replay.poll(0):  # late answers to an earlier, timed-out request
                 self._replay.recv_multipart()
@@ -438,6 +443,7 @@ class VllmKVCapture:
             while frames_left > 0 and time.monotonic() < deadline and self._replay.poll(timeout_ms):
                 until = self._answer_until() if wait_s is None else None
                 if until is not None and time.monotonic() >= until:
+                    cut = True
                     break
                 frames_left -= 1
                 try:
@@ -446,6 +452,7 @@ class VllmKVCapture:
                     self._bad(None, str(err))
                     continue
                 if frame is None:
+                    ended = True
                     break
                 s, payload = frame
                 if restarted:  # (the rest of the answer, read away)
@@ -453,6 +460,8 @@ class VllmKVCapture:
                 if s == check:
                     restarted = not accepted and not late and self._recent.get(s) != hash(payload)
                     continue
+                if first <= s < upto:
+                    reach = max(reach, s + 1)
                 if not (first <= s < upto and len(payload) <= MAX_MESSAGE_BYTES):  # (a larger one is lost)
                     continue
                 if s >= after:
@@ -470,14 +479,25 @@ class VllmKVCapture:
                     deadline += time.monotonic() - began
                 elif s not in accepted:
                     late[s] = payload
+            cut = cut or (not ended and time.monotonic() >= deadline)  # (not an answer gone quiet)
+            if not known and cut and not restarted and frames_left > 0:
+                # cut short (a stop, its time): the seqs of the rest, taken off undecoded, say how
+                # many it did not bring; counted nowhere, a stop at first contact left 5,790 of
+                # vLLM's 10,000 buffered batches out of every count
+                reach, restarted = self._read_rest(first, check, reach, not accepted and not late, timeout_ms)
         if restarted:
             return True
         for s in sorted(late):
             ok = self._accept(s, late[s])
             recovered += ok
             self.stats.recovered += ok
-        if not known:
-            pass
+        if not known:  # (whatever the answer held, up to its newest seq, that was not stored)
+            missing = (reach - first) - recovered
+            if lost_if_missing:
+                self.stats.gaps += missing > 0
+                self.stats.lost += missing
+            else:
+                self.stats.missed_before_contact += missing
         elif lost_if_missing:
             if upto > first:  # (an empty range only checked ``check``: no gap)
                 self.stats.gaps += 1
@@ -485,6 +505,38 @@ class VllmKVCapture:
         else:
             self.stats.missed_before_contact += (upto - first) - recovered
         return False
+
+    def _read_rest(self, first: int, check: int | None, reach: int, unjudged: bool,
+                   timeout_ms: int) -> tuple[int, bool]:
+        """The rest of a replay answer cut short, read off the replay socket undecoded for up to
+        DISCARD_S (or until quiet for ``timeout_ms``): (past the newest seq at least ``first`` it
+        held, whether it showed a restart: ``check`` with another payload, while ``unjudged``).
+        vLLM sends its whole answer at once, so the rest is queued already; an answer that has
+        not ended by then is logged (what it held past the newest seq read is in no count)."""
+        assert self._replay is not None
+        until = time.monotonic() + DISCARD_S
+        ended, taken = False, 0
+        while (left := until - time.monotonic()) > 0 and self._replay.poll(max(1, min(timeout_ms, int(left * 1000)))):
+            try:
+                frame = replay_frame(self._replay.recv_multipart())
+            except VllmWireError as err:
+                self._bad(None, str(err))
+                continue
+            if frame is None:
+                ended = True
+                break
+            s, payload = frame
+            taken += 1
+            if s == check:
+                if unjudged and self._recent.get(s) != hash(payload):
+                    return reach, True
+            elif first <= s <= MAX_FIRST_SEQ:
+                reach = max(reach, s + 1)
+        if not ended:
+            _log.warning("%s: a replay answer cut at the stop had not ended %.0f s later (%d more batches taken "
+                         "off undecoded): any it held past seq %d are in no count", self.endpoint, DISCARD_S, taken,
+                         reach - 1)
+        return reach, False
 
     def flush_due(self, now: float) -> bool:
         """True when ``flush_interval_s`` has passed since the last flush (``now``: monotonic)."""
