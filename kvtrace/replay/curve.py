@@ -108,6 +108,8 @@ class CurvePoint:
     total_blocks: int
     method: str  # one-pass | replay | run
     run_id: str | None = None
+    # an engine run's with an external tier: vLLM's external_prefix_cache_hit_rate, as its summary has it
+    external_prefix_cache_hit_rate: float | None = None
 
     @property
     def prefix_cache_hit_rate(self) -> float | None:
@@ -225,12 +227,15 @@ class CurveResult:
     external_tier: bool = False  # engine mode: its runs had an external (connector) tier
 
     def to_json(self) -> dict[str, Any]:
+        tier = ({"external_prefix_cache_hit_rate": p.external_prefix_cache_hit_rate} if self.external_tier else {}
+                for p in self.points)
         return {"curve_id": self.curve_id, "trace": self.trace, "mode": self.mode, "block_size": self.block_size,
+                "external_tier": self.external_tier,
                 "points": [{"capacity_blocks": p.capacity_blocks, "policy": p.policy, "method": p.method,
                             "prefix_cache_hit_rate": p.prefix_cache_hit_rate, "block_hit_rate": p.block_hit_rate,
                             "hit_tokens": p.hit_tokens, "prompt_tokens": p.prompt_tokens,
-                            "hit_blocks": p.hit_blocks, "total_blocks": p.total_blocks, "run_id": p.run_id}
-                           for p in self.points]}
+                            "hit_blocks": p.hit_blocks, "total_blocks": p.total_blocks, "run_id": p.run_id, **t}
+                           for p, t in zip(self.points, tier, strict=True)]}
 
     def table(self) -> list[list[str]]:
         """capacity x policy: the token hit rate (and how each point was obtained)."""
@@ -238,10 +243,14 @@ class CurveResult:
         caps = list(dict.fromkeys(p.capacity_blocks for p in self.points))
         caps.sort(key=lambda c: (c is None, c or 0))
         at = {(p.capacity_blocks, p.policy): p for p in self.points}
-        rows = [["capacity (blocks)", *(f"{pol} hit rate" for pol in policies), "method"]]
+        tier = ["external tier hit rate"] if self.external_tier else []  # (an engine curve's runs': their own)
+        rows = [["capacity (blocks)", *(f"{pol} hit rate" for pol in policies), *tier, "method"]]
         for c in caps:
             rates = [at[c, pol].prefix_cache_hit_rate if (c, pol) in at else None for pol in policies]
             cells = [percent_text(r) if r is not None else "-" for r in rates]
+            if tier:
+                ext = next((at[c, pol].external_prefix_cache_hit_rate for pol in policies if (c, pol) in at), None)
+                cells.append(percent_text(ext) if ext is not None else "-")
             methods = sorted({at[c, pol].method for pol in policies if (c, pol) in at})
             rows.append(["unbounded" if c is None else f"{c:,}", *cells, "/".join(methods)])
         return rows
@@ -250,7 +259,7 @@ class CurveResult:
         if self.mode == "engine":
             # (with a tier, most hit tokens can be the tier's: a curve of the local hits alone read as all of them)
             tier = ("; the hit rate is the local cache's (prefix_cache_hit_rate): the external tier's hits are not in "
-                    "it, see its runs' external_prefix_cache_hit_rate" if self.external_tier else "")
+                    "it, but in its own column (external_prefix_cache_hit_rate)" if self.external_tier else "")
             return ("engine mode: one engine replay per capacity (capacity: the full-attention group's usable blocks, "
                     f"its pool less vLLM's null block, as `kvtrace runs` shows them){tier}")
         # (each curve drawn, only: `--policy lru` was told how a Belady bound it did not draw was made)
@@ -346,7 +355,7 @@ def _refuse_unused_settings(spec) -> None:
         raise ConfigError("--name", spec.name or "''", "names the runs of an engine-mode curve; a cache-only curve "
                                                        "stores no run, only its points")
     percentiles = check_percentiles(spec.percentiles)
-    if percentiles != tuple(DEFAULT_PERCENTILES):
+    if sorted(set(percentiles)) != sorted(set(DEFAULT_PERCENTILES)):  # (the default in any order: no change asked)
         raise ConfigError("--percentiles", ",".join(f"{p:g}" for p in percentiles),
                           "latency percentiles of engine-mode runs; a cache-only curve has no clock")
     if check_seed(spec.seed) and not str(spec.trace).startswith(GENERATED_PREFIX):
@@ -384,7 +393,8 @@ def _engine_curve(spec, capacities: list[int], db, workers: int | None, ray_addr
     points = [CurvePoint(r.summary.get("capacity_blocks") or r.combo["capacity_blocks"], "lru",
                          int(r.summary.get("prefix_cache_hits") or 0),
                          int(r.summary.get("prompt_tokens") or 0), int(r.summary.get("hit_blocks") or 0),
-                         int(r.summary.get("total_blocks") or 0), "run", r.run_id) for r in sweep.runs]
+                         int(r.summary.get("total_blocks") or 0), "run", r.run_id,
+                         r.summary.get("external_prefix_cache_hit_rate")) for r in sweep.runs]
     workload = open_workload(spec)
     trace_id = workload.identity(int(sweep.runs[0].summary.get("requests") or 0))  # (as its runs name it)
     result = CurveResult(_curve_id(trace_id, spec, capacities, ("lru",)), spec.trace, "engine",

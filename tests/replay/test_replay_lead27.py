@@ -28,3 +28,32 @@ def test_a_nul_in_an_azure_column_kvtrace_does_not_read_is_refused_too(tmp_path)
     path.write_text(f"{_HEADER},Note\n2023-11-16 18:15:46.68,374,44,a\x00\n", encoding="utf-8")
     with pytest.raises(TraceFormatError, match=r"n\.csv:2: a NUL byte .* in field 4:"):
         list(open_trace(str(path)))
+
+
+@pytest.mark.timeout(600)
+def test_an_engine_curve_with_a_tier_gives_each_points_external_hit_rate_as_its_run_does():
+    """Its note sent the user to its runs' external_prefix_cache_hit_rate, without a store
+    (no run to look at) and not in --json at all (re-probe C)."""
+    from kvtrace.replay.curve import run_curve
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    spec = RunSpec("gen:mixed", mode="engine", limit=30, external_capacity_blocks=64, content=False)
+    curve = run_curve(spec, "100,200")
+    got = curve.to_json()
+    assert got["external_tier"] is True
+    single = run_replay(RunSpec("gen:mixed", mode="engine", limit=30, external_capacity_blocks=64, content=False,
+                                capacity_blocks=100)).summary
+    assert got["points"][0]["external_prefix_cache_hit_rate"] == single["external_prefix_cache_hit_rate"] > 0
+    header = curve.table()[0]
+    assert "external tier hit rate" in header and "see its runs" not in curve.method_note()
+
+
+def test_a_cache_only_curve_takes_the_default_percentiles_in_any_order_and_refuses_others():
+    from kvtrace.errors import ConfigError
+    from kvtrace.replay.curve import run_curve
+    from kvtrace.replay.run import RunSpec
+
+    for given in ((99.0, 50.0, 90.0), (50.0, 50.0, 90.0, 99.0)):
+        assert run_curve(RunSpec("gen:chat", mode="cache-only", limit=5, percentiles=given), "auto").points
+    with pytest.raises(ConfigError, match="--percentiles"):
+        run_curve(RunSpec("gen:chat", mode="cache-only", limit=5, percentiles=(50.0, 90.0)), "auto")

@@ -40,11 +40,16 @@ def main() -> None:
 
     marks = queries.capacity_marks(meta["trace_digest"], block_size, run_id) if block_size else []
 
+    # (an engine curve was captioned as a cache-only one: one engine run per capacity, the local cache's hits)
+    drawn = (f"Engine-mode token hit rate (the local cache's, prefix_cache_hit_rate) against capacity in "
+             f"{block_size}-token blocks: one engine replay per capacity, its full-attention pool's usable blocks."
+             if meta["mode"] == "engine" else
+             f"Cache-only token hit rate against capacity in {block_size}-token blocks: LRU (exact, one pass of "
+             "Mattson's stack algorithm where every request fits, a replay below that), the Belady bound (a replay "
+             "per capacity) and the unbounded cache.")
     ui.chart(
         charts.capacity_curve(curve, marks),
-        f"Cache-only token hit rate against capacity in {block_size}-token blocks: LRU (exact, one pass of Mattson's "
-        "stack algorithm where every request fits, a replay below that), the Belady bound (a replay per capacity) "
-        "and the unbounded cache. Markers: this store's runs of the same trace at their own capacity (an engine run's "
+        f"{drawn} Markers: this store's runs of the same trace at their own capacity (an engine run's "
         "full-attention capacity, converted to these blocks) and hit rate; the selected run is the diamond.",
         empty_what="This curve has no bounded capacity to plot.", command=FILL_CURVE, key="capacity",
     )
