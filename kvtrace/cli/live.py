@@ -100,8 +100,13 @@ def capture_vllm(
                     trace_out=trace_out, dp_size=dp_size)
     status(capture_report(stats))
     if trace_out is not None:  # (the trace was written without a word: an empty one too, which replay refuses)
+        from kvtrace.workload.lines import MAX_TOKENS
+
         empty = "" if stats.requests else " (no stored block was received: the trace holds no request to replay)"
-        status(f"kvtrace capture vllm: {count(stats.requests, 'request')} rebuilt in {trace_out}{empty}")
+        # (a chain past what replay takes was written whole, and the trace this line vouched for refused)
+        cut = (f" ({stats.requests_cut} cut to the longest prefix of blocks within the {MAX_TOKENS:,} tokens a "
+               "replayed prompt may hold)") if stats.requests_cut else ""
+        status(f"kvtrace capture vllm: {count(stats.requests, 'request')} rebuilt in {trace_out}{empty}{cut}")
     recorded(stats.run_id, db)
     if stats.nothing_received and not stats.connected:
         raise typer.Exit(1)

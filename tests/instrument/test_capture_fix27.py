@@ -42,3 +42,34 @@ def test_a_stop_before_any_live_batch_counts_the_backlog_its_answer_did_not_brin
     assert stats.batches == stats.recovered < sent
     assert stats.batches + stats.missed_before_contact == sent
 
+
+def test_trace_out_cuts_a_chain_past_what_replay_takes_and_says_so(tmp_path):
+    """Blocks of 2^31 - 1 tokens (a block size vLLM may report): a chain of two was written as a
+    request of 2^32 - 2 tokens, the closing line said "2 requests rebuilt", and ``replay`` refused
+    the trace. Now such a chain is cut to its longest prefix of blocks within what replay takes,
+    the closing line counts the requests cut, and the trace reads back."""
+    from typer.testing import CliRunner
+
+    from kvtrace.cli import app
+    from kvtrace.workload.lines import MAX_TOKENS
+    from kvtrace.workload.native import read_native
+
+    big = MAX_TOKENS - 1
+    pub_ep, replay_ep = f"ipc://{tmp_path}/pub", f"ipc://{tmp_path}/replay"
+    pub = ZmqEventPublisher(0, endpoint=pub_ep, replay_endpoint=replay_ep, topic="")
+    batches = [([1, 2], None), ([3], 2), ([9], None)]  # two chains past the limit, one block within it
+    try:
+        for k, (blocks, parent) in enumerate(batches):  # (2 s apart: each a request of its own)
+            pub.publish(VllmBatch(ts=T0 + 2 * k, events=[BlockStored(
+                block_hashes=blocks, parent_block_hash=parent, token_ids=[1] * 16, block_size=big, lora_id=None,
+                medium="GPU", lora_name=None)]))
+        trace = tmp_path / "t.jsonl"
+        result = CliRunner().invoke(app, ["capture", "vllm", "--endpoint", pub_ep, "--replay-endpoint", replay_ep,
+                                          "--db", str(tmp_path / "s.duckdb"), "--duration", "1",
+                                          "--trace-out", str(trace)])
+    finally:
+        pub.shutdown()
+    assert result.exit_code == 0, result.output
+    assert "3 batches" in result.output
+    assert f"3 requests rebuilt in {trace} (2 cut to the longest prefix" in result.output
+    assert [r.input_length for r in read_native(str(trace))] == [big, big, big]

@@ -42,7 +42,7 @@ from kvtrace.errors import ConfigError, KVTraceError
 from kvtrace.instrument.convert import UnstorableValue
 from kvtrace.instrument.ids import SeededIdGenerator
 from kvtrace.instrument.vllm.endpoints import capture_endpoints
-from kvtrace.instrument.vllm.reconstruct import ChainTracer, native_requests, write_requests
+from kvtrace.instrument.vllm.reconstruct import ChainTracer, native_trace, write_requests
 from kvtrace.instrument.vllm.rows import ENDPOINT_KEY, VllmSpanRows
 from kvtrace.instrument.vllm.wire import KVEventBatch, VllmWireError, decode_kv_batch, replay_frame
 from kvtrace.process import sigterm_as_interrupt, stop_requested
@@ -92,6 +92,7 @@ class CaptureStats:
     missed_before_contact: int = 0
     bad_messages: int = 0
     requests: int = 0  # reconstructed (when a trace is written)
+    requests_cut: int = 0  # of those, cut to the prompt length kvtrace replays (``native_trace``)
     connected: int = 0  # 1 once the SUB socket reached its publisher (summed: ranks reached)
 
     def counts(self) -> dict[str, int]:
@@ -677,10 +678,11 @@ def capture_vllm(endpoint: str, replay_endpoint: str | None = None, *, store_pat
             raise
         for cap in caps:
             cap.close()
-        trace = native_requests(tracers) if trace_out is not None and tracers else None
-        if trace is not None and tracers:  # each rank's own (the summary's ranks said 0, their total N)
-            for cap, tracer in zip(caps, tracers):
-                cap.stats.requests = len(tracer.requests)
+        rebuilt = native_trace(tracers) if trace_out is not None and tracers else None
+        trace = None if rebuilt is None else rebuilt[:2]
+        if rebuilt is not None and tracers:  # each rank's own (the summary's ranks said 0, their total N)
+            for cap, tracer, cut in zip(caps, tracers, rebuilt[2]):
+                cap.stats.requests, cap.stats.requests_cut = len(tracer.requests), cut
         stats = CaptureStats.total([c.stats for c in caps], run_id)
         unreached = [c.endpoint for c in caps if not c.stats.connected and c.stats.nothing_received]
         summary = _summary_counts(stats, traced=trace is not None)
@@ -710,11 +712,12 @@ def capture_vllm(endpoint: str, replay_endpoint: str | None = None, *, store_pat
 
 
 def _summary_counts(stats: CaptureStats, traced: bool) -> dict[str, Any]:
-    """A capture's counts as its run's summary keeps them: ``requests`` only when a trace was
-    rebuilt (the runs table read the 0 of a capture without --trace-out as requests served: 0)."""
+    """A capture's counts as its run's summary keeps them: ``requests`` (and ``requests_cut``) only
+    when a trace was rebuilt (the runs table read the 0 of a capture without --trace-out as requests
+    served: 0)."""
     counts: dict[str, Any] = stats.counts()
     if not traced:
-        del counts["requests"]
+        del counts["requests"], counts["requests_cut"]
     return counts
 
 

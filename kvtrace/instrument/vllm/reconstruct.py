@@ -14,6 +14,7 @@ from pathlib import Path
 
 from kvtrace.instrument.vllm.wire import ALL_BLOCKS_CLEARED, BLOCK_STORED, MEDIUM_GPU, MEDIUM_KEY_CHARS, KVEvent
 from kvtrace.workload import TraceRequest
+from kvtrace.workload.lines import MAX_TOKENS
 from kvtrace.workload.native import write_native
 
 
@@ -147,20 +148,34 @@ class ChainTracer:
 
 
 def native_requests(tracers: list[ChainTracer]) -> tuple[list[TraceRequest], int]:
+    """``native_trace``'s requests and block size."""
+    requests, block_size, _ = native_trace(tracers)
+    return requests, block_size
+
+
+def native_trace(tracers: list[ChainTracer]) -> tuple[list[TraceRequest], int, list[int]]:
     """The requests of every tracer (one per DP rank) in arrival order, arrivals relative
-    to the first, and the trace's block size. A hash stored on two ranks is one hash id:
-    the ranks share that prefix. A request whose block size was not reported takes the
-    first one that was (1 when none was)."""
-    reqs = sorted(((r, t) for t in tracers for r in t.requests), key=lambda rt: rt[0].arrival_ns)
+    to the first, the trace's block size, and how many of each tracer's requests were cut.
+    A hash stored on two ranks is one hash id: the ranks share that prefix. A request whose
+    block size was not reported takes the first one that was (1 when none was). A chain of
+    more tokens than kvtrace replays (``MAX_TOKENS``: vLLM's blocks may report up to 2^31 - 1
+    tokens each) is cut to its longest prefix of blocks within it (at least one block: a block
+    size is within int32), and counted: written whole, the trace was refused by ``replay``."""
+    reqs = sorted(((r, i) for i, t in enumerate(tracers) for r in t.requests), key=lambda rt: rt[0].arrival_ns)
     t0 = reqs[0][0].arrival_ns if reqs else 0
     block_size = next((r.block_size for r, _ in reqs if r.block_size), 0) or 1
     interned: dict[str, int] = {}
     out = []
-    for i, (r, tracer) in enumerate(reqs):
-        ids = tuple(interned.setdefault(h, len(interned)) for h in tracer.chain(r.tail))
+    cut = [0] * len(tracers)
+    for n, (r, i) in enumerate(reqs):
         bs = r.block_size or block_size
-        out.append(TraceRequest(f"vllm-{i}", r.arrival_ns - t0, len(ids) * bs, 0, hash_ids=ids, hash_block_size=bs))
-    return out, block_size
+        chain = tracers[i].chain(r.tail)
+        if len(chain) * bs > MAX_TOKENS:
+            chain = chain[:max(1, MAX_TOKENS // bs)]
+            cut[i] += 1
+        ids = tuple(interned.setdefault(h, len(interned)) for h in chain)
+        out.append(TraceRequest(f"vllm-{n}", r.arrival_ns - t0, len(ids) * bs, 0, hash_ids=ids, hash_block_size=bs))
+    return out, block_size, cut
 
 
 def write_native_trace(path: str | Path, tracers: list[ChainTracer], source: str = "vllm-kv-events") -> int:
