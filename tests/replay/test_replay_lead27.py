@@ -57,3 +57,18 @@ def test_a_cache_only_curve_takes_the_default_percentiles_in_any_order_and_refus
         assert run_curve(RunSpec("gen:chat", mode="cache-only", limit=5, percentiles=given), "auto").points
     with pytest.raises(ConfigError, match="--percentiles"):
         run_curve(RunSpec("gen:chat", mode="cache-only", limit=5, percentiles=(50.0, 90.0)), "auto")
+
+
+def test_a_vllm_coordinator_without_the_per_group_lookup_is_refused_for_several_groups(monkeypatch):
+    """Without it each group's hit is unknown: the request's was written into every group,
+    unmarked, and read as the groups' own hit rates (re-probe D)."""
+    import vllm.v1.core.kv_cache_coordinator as coordinators
+
+    from kvtrace.errors import KVTraceError
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    monkeypatch.delattr(coordinators.HybridKVCacheCoordinator, "find_longest_cache_hit_per_group")
+    with pytest.raises(KVTraceError, match="has no find_longest_cache_hit_per_group"):
+        run_replay(RunSpec("gen:mixed", backend="vllm", capacity_blocks=100, content=False, limit=5))
+    one_group = run_replay(RunSpec("gen:mixed", backend="vllm", preset="dense-attention", content=False, limit=5))
+    assert one_group.summary["requests"] == 5  # (one KV group: nothing to look up per group)

@@ -128,6 +128,13 @@ class VllmEngineManager(VllmKVCacheManager):
         self._writes: list[StateWrite] = []
         self._copy_owner: dict[tuple[int, int, int], tuple[str, str]] = {}  # (group, src, dst) -> (request, why)
         self._managers = list(self.coordinator.single_type_managers)
+        if self.num_groups > 1 and cache_config.enable_caching and not callable(
+                getattr(self.coordinator, "find_longest_cache_hit_per_group", None)):
+            # (without it, each group's hit is unknown: the request's written into every group read as the
+            # groups' own, a group hit rate that was the request's)
+            raise KVTraceError(f"vLLM {self.api.version}: its {type(self.coordinator).__name__} has no "
+                               "find_longest_cache_hit_per_group (vLLM 0.33's per-group lookup), which kvtrace reads "
+                               "each KV group's own hit from; a config of one KV group needs none")
         self._block_size = [s.block_size for s in cache_config.groups]
         self._mamba = [g for g, s in enumerate(cache_config.groups) if isinstance(s, MambaSpec)]
         # groups whose tables hold null blocks (Mamba, sliding window), which usage leaves out
@@ -389,11 +396,11 @@ class VllmEngineManager(VllmKVCacheManager):
         """Each group's hit alone (kvtrace's ``hit_tokens_per_group``, the group hit rate's:
         a group's own lookup up to the request's last token but one, at the coordinator's hit
         alignment, before the groups agree on one hit): vLLM's own per-group lookups
-        (``find_longest_cache_hit_per_group``). One group, caching off, or a coordinator
-        without them (a patched vLLM): the request's hit in every group."""
-        per_group = getattr(self.coordinator, "find_longest_cache_hit_per_group", None)
-        if self.num_groups == 1 or per_group is None or not self.config.enable_caching:
+        (``find_longest_cache_hit_per_group``; a coordinator without them is refused at the
+        start). One group, or caching off: the request's hit in every group."""
+        if self.num_groups == 1 or not self.config.enable_caching:
             return (hit,) * self.num_groups
+        per_group = self.coordinator.find_longest_cache_hit_per_group
         out = per_group(request.block_hashes, max(request.num_tokens - 1, 0))
         hits = out[1] if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], tuple) else ()
         if len(hits) != self.num_groups or not all(type(h) is int and 0 <= h <= request.num_tokens for h in hits):
