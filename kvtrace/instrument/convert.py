@@ -29,6 +29,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode, TraceFlags, TraceS
 
 from kvtrace.errors import KVTraceError
 from kvtrace.instrument.batch import BATCH_SCHEMA, conform
+from kvtrace.store.clickhouse.collector import CACHE_READ_OF
 from kvtrace.store.schema import (
     ATTRIBUTE_COLUMNS,
     GENAI_CACHE_READ,
@@ -60,8 +61,6 @@ LOOKUP_WITHIN: tuple[tuple[tuple[str, ...], str], ...] = (
     (("num_hit_tokens", "num_external_hit_tokens"), "num_query_tokens"),
 )
 LOOKUP_WITHIN_NEEDED = frozenset({"num_query_tokens"})
-# the key of the local hit column: a span carrying it gets GENAI_CACHE_READ derived, not stored
-HIT_TOKENS_KEY = next(key for key, column in ATTRIBUTE_COLUMNS.items() if column == "num_hit_tokens")
 
 
 def stored_resource_items(attrs: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -330,6 +329,13 @@ class SpanRowsBuilder:
                 raise UnstorableValue(f"{' + '.join(_ATTRIBUTE_OF[c] for c in parts)} {part} exceeds "
                                       f"{_ATTRIBUTE_OF[whole_column]} {whole}; hits are counted within it")
 
+    def _derived_cache_read(self, name: str, value: Any) -> bool:
+        """Whether a span's GENAI_CACHE_READ is what the store derives for it (README: a
+        request's hit + external hit tokens), so not stored (the DuckDB and ClickHouse paths
+        alike: ``store/clickhouse/collector.py``)."""
+        hits = [v for c in CACHE_READ_OF if (v := self._value(c)) is not None]
+        return name == SPAN_REQUEST and bool(hits) and _is_int(value) and value == sum(hits)
+
     def truncate(self, n: int) -> None:
         """Drop every span after the first ``n`` (a batch whose later span was refused)."""
         for values in self._cols.values():
@@ -380,7 +386,7 @@ class SpanRowsBuilder:
             put("resource_attributes", items)
         extras = []
         attributes = attributes or {}
-        derived_cache_read = HIT_TOKENS_KEY in attributes
+        cache_read: tuple[int, Any] | None = None  # (its place among the extras, the value sent)
         source = default_source
         for key, value in attributes.items():
             column = ATTRIBUTE_COLUMNS.get(key)
@@ -395,9 +401,14 @@ class SpanRowsBuilder:
                 if ok:
                     put(column, coerced)
                     continue
-            elif (key == GENAI_CACHE_READ and derived_cache_read) or key == SEQ_ATTRIBUTE:
-                continue  # derived from the hit columns / the store's own seq, not stored
+            elif key == SEQ_ATTRIBUTE:
+                continue  # the store's own seq, not stored
+            elif key == GENAI_CACHE_READ:
+                cache_read = (len(extras), value)
+                continue
             extras.append((key, attribute_text(value)))
+        if cache_read is not None and not self._derived_cache_read(name, cache_read[1]):
+            extras.insert(cache_read[0], (GENAI_CACHE_READ, attribute_text(cache_read[1])))
         if source is not None:
             put("source", source)
         if extras:

@@ -76,29 +76,74 @@ def _unique(pairs: Iterator[tuple[str, Any]], where: str) -> dict[str, Any]:
 def _put_unique(out: dict[str, Any], key: str, value: Any, where: str) -> None:
     """``out[key] = value``; a key given twice with two values is a PayloadError naming it
     (OTLP's attribute keys are unique: the last one was kept, the other dropped without a
-    word, where a ClickHouse exporter's map may keep the first). Twice one value is one."""
-    if key in out and repr(out[key]) != repr(value):
-        raise PayloadError(f"{where}: attribute {key!r} given twice, as {_shown(out[key])} and {_shown(value)} "
+    word, where a ClickHouse exporter's map may keep the first). Twice one value is one:
+    equal maps in another key order, 0.0 and -0.0 (not 1 and 1.0, nor true and 1: two types)."""
+    if key in out and not _same(out[key], value):
+        raise PayloadError(f"{where}: attribute {key!r} given twice, as {_wire(out[key])} and {_wire(value)} "
                            "(an attribute key is unique)"[:300])
     out[key] = value
 
 
+def _same(a: Any, b: Any) -> bool:
+    """Whether two decoded attribute values are one value: of one type and equal (a map's
+    keys in any order; a NaN is the NaN it was sent as)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(v, b[k]) for k, v in a.items())
+    if isinstance(a, list):
+        return len(a) == len(b) and all(map(_same, a, b))
+    if isinstance(a, float):
+        return a == b or (math.isnan(a) and math.isnan(b))
+    return bool(a == b)
+
+
+def _wire(v: Any) -> str:
+    """A decoded attribute value as a refusal quotes it, in OTLP's spellings (true, not
+    Python's True; an empty AnyValue as empty), at most some 40 characters."""
+    text = _spelled(v)
+    return text if len(text) <= 40 else f"{text[:24]}... ({len(text):,} characters)"
+
+
+def _spelled(v: Any) -> str:
+    if v is None:
+        return "empty"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float) and not math.isfinite(v):
+        return "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")
+    if isinstance(v, bytes):
+        return f"bytes {v.hex()}"
+    if isinstance(v, list):
+        return "[" + ", ".join(map(_spelled, v)) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k!r}: {_spelled(x)}" for k, x in v.items()) + "}"
+    return repr(v)
+
+
 # --- protobuf ------------------------------------------------------------------------------
-def _any_value(v, where: str = "") -> Any:
+def _any_value(v, where: str = "", key: str | int | None = None) -> Any:
+    """An AnyValue; ``where`` and ``key`` its path (built only for a kvlist or an array, whose
+    duplicate key is named from it: ``spans[0].m``, ``spans[0].a[1]``, as the JSON decoder names
+    them, where a kvlist's was named by its span alone)."""
     which = v.WhichOneof("value")
     if which is None:
         return None
-    if which == "array_value":
-        return [_any_value(x, where) for x in v.array_value.values]
-    if which == "kvlist_value":
-        return _kv(v.kvlist_value.values, where)
+    if which in _COMPOUND:
+        path = where if key is None else f"{where}[{key}]" if isinstance(key, int) else f"{where}.{key}"
+        if which == "array_value":
+            return [_any_value(x, path, i) for i, x in enumerate(v.array_value.values)]
+        return _kv(v.kvlist_value.values, path)
     return getattr(v, which)
 
 
+_COMPOUND = frozenset({"array_value", "kvlist_value"})
+
+
 def _kv(attrs, where: str = "") -> dict[str, Any]:
-    out = {kv.key: _any_value(kv.value, where) for kv in attrs}
+    out = {kv.key: _any_value(kv.value, where, kv.key) for kv in attrs}
     if len(out) < len(attrs):  # a key given twice: the same value, or refused (``_put_unique``)
-        return _unique(((kv.key, _any_value(kv.value, where)) for kv in attrs), where)
+        return _unique(((kv.key, _any_value(kv.value, where, kv.key)) for kv in attrs), where)
     return out
 
 
@@ -161,9 +206,10 @@ def decode_protobuf(body: bytes) -> DecodedSpans:
                     status_message=sp.status.message or None,
                     events=[(_time(e.time_unix_nano, f"{where}.events[{ei}].timeUnixNano"), e.name,
                              _kv(e.attributes, f"{where}.events[{ei}]")) for ei, e in enumerate(sp.events)],
-                    links=[(_bytes_id(lk.trace_id, 16, "links.traceId", where),
-                            _bytes_id(lk.span_id, 8, "links.spanId", where),
-                            lk.trace_state or None, _kv(lk.attributes, f"{where}.links")) for lk in sp.links],
+                    links=[(_bytes_id(lk.trace_id, 16, f"links[{li}].traceId", where),
+                            _bytes_id(lk.span_id, 8, f"links[{li}].spanId", where),
+                            lk.trace_state or None, _kv(lk.attributes, f"{where}.links[{li}]"))
+                           for li, lk in enumerate(sp.links)],
                 ), where), where))
     return out
 
@@ -297,7 +343,7 @@ def _json_any(v: Any, where: str) -> Any:
             values = _json_object(v[key], f"{where}.arrayValue").get("values") or []
             if not isinstance(values, list):
                 raise PayloadError(f"{where}.arrayValue: values must be a list")
-            return [_json_any(x, where) for x in values]
+            return [_json_any(x, f"{where}[{i}]") for i, x in enumerate(values)]
     for key in ("kvlistValue", "kvlist_value"):
         if key in v:
             return _json_kv(_json_object(v[key], f"{where}.kvlistValue").get("values", []), where)
@@ -398,11 +444,12 @@ def decode_json(body: bytes) -> DecodedSpans:
                                  _json_str(e.get("name"), f"{where}.events[{ei}].name", ""),
                                  _json_kv(e.get("attributes"), f"{where}.events[{ei}]"))
                                 for ei, e in enumerate(_json_objects(_get(sp, "events"), f"{where}.events"))],
-                        links=[(_json_id(_get(lk, "traceId", "trace_id"), 16, "links.traceId", where),
-                                _json_id(_get(lk, "spanId", "span_id"), 8, "links.spanId", where),
-                                _json_str(_get(lk, "traceState", "trace_state"), f"{where}.links.traceState") or None,
-                                _json_kv(lk.get("attributes"), f"{where}.links"))
-                               for lk in _json_objects(_get(sp, "links"), f"{where}.links")],
+                        links=[(_json_id(_get(lk, "traceId", "trace_id"), 16, f"links[{li}].traceId", where),
+                                _json_id(_get(lk, "spanId", "span_id"), 8, f"links[{li}].spanId", where),
+                                _json_str(_get(lk, "traceState", "trace_state"),
+                                          f"{where}.links[{li}].traceState") or None,
+                                _json_kv(lk.get("attributes"), f"{where}.links[{li}]"))
+                               for li, lk in enumerate(_json_objects(_get(sp, "links"), f"{where}.links"))],
                     ), where), where))
     except (AttributeError, TypeError) as err:  # a list where an object belongs, and the like
         raise PayloadError(f"malformed OTLP JSON: {err}") from None

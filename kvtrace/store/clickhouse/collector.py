@@ -38,6 +38,7 @@ from kvtrace.store.schema import (
     FAMILIES,
     FINISHED_STATUSES,
     GENAI_CACHE_READ,
+    MAX_SPAN_COUNT,
     NUM_BLOCKS_COLUMN,
     OTHER_TABLE,
     RUN_RECORD_PREFIX,
@@ -48,6 +49,7 @@ from kvtrace.store.schema import (
     SPAN_NAMES,
     SPAN_REQUEST,
     SPAN_RUN,
+    SUMMED_COUNTS,
     TIME_OFFSET_COLUMN,
     TIME_OFFSET_RESOURCE_KEY,
     named_run_name,
@@ -58,6 +60,11 @@ COLLECTOR_HOST = "otel-collector"  # runs.writer_host of a collected run
 RUN_RECORDS = "otel_run_records"
 COLLECTED_RUNS = "otel_collected_runs"
 _MV_PREFIX = "kvtrace_from_"
+# A request span's GENAI_CACHE_READ is derived from these columns (their sum), not stored
+# (README): a value equal to it is the alias kvtrace's export sends; any other (on another
+# span, on one with neither column, another number) is the sender's, kept in
+# extra_attributes. `kvtrace collect` reads this too (``instrument.convert``).
+CACHE_READ_OF = ("num_hit_tokens", "num_external_hit_tokens")
 
 # The exporter's traces table (exporter/clickhouseexporter/internal/sqltemplates/
 # traces_table.sql of opentelemetry-collector-contrib, the bloom-filter variant), with
@@ -142,34 +149,88 @@ _ENVELOPE = {
 _CHUNK = "Tuple(start_ns Nullable(Int64), end_ns Nullable(Int64), num_tokens Nullable(Int64))"
 
 
+_INT_RANGE = {"BIGINT": (-(1 << 63), (1 << 63) - 1), "UBIGINT": (-(1 << 63), (1 << 63) - 1),  # (its int64 form)
+              "INTEGER": (-(1 << 31), (1 << 31) - 1)}
+_DECIMAL = "^-?[0-9]{1,40}$"
+_NUMBER = "^-?[0-9]+([.][0-9]+)?([eE][+-]?[0-9]+)?$"  # (a JSON number's spelling: not "inf", " 7")
+
+
+def _bounds(column: str, duck: str) -> tuple[int, int, int]:
+    """(least, greatest, greatest count) an integer column takes, as `kvtrace collect` checks
+    it (``instrument.convert._fits``): the type's range, no less than its min_value, and a
+    summed count no more than MAX_SPAN_COUNT."""
+    col = next(c for c in SPAN_COLUMN_DEFS if c.name == column)
+    lo, hi = _INT_RANGE["BIGINT" if column == "prefill_chunks" else duck.removesuffix("[]")]
+    if col.min_value is not None:
+        lo = max(lo, col.min_value)
+    return lo, hi, (min(hi, MAX_SPAN_COUNT) if column in SUMMED_COUNTS else hi)
+
+
+def _int_ok(x: str, lo: int, hi: int) -> str:
+    return f"(match({x}, {_q(_DECIMAL)}) AND toInt128OrNull({x}) BETWEEN {lo} AND {hi})"
+
+
+def _value_ok(column: str, duck: str, x: str) -> str | None:
+    """SQL: whether the exporter's string ``x`` is a value `kvtrace collect` takes into this
+    column: of its type (an int array of ints, not of 1.5 or true; a number column's number,
+    not "12.5" nor " 7") and one it can hold (its range, min_value and MAX_SPAN_COUNT, where
+    collect refuses the span). None: any string (a text column)."""
+    if duck == "VARCHAR":
+        return None
+    if duck == "DOUBLE":
+        return f"(match({x}, {_q(_NUMBER)}) AND isFinite(toFloat64OrNull({x})))"
+    lo, hi, most = _bounds(column, duck) if "INT" in duck or column == "prefill_chunks" else (0, 0, 0)
+    if not (duck.endswith("[]") or column == "prefill_chunks"):
+        return _int_ok(x, lo, most)
+    raw = f"JSONExtractArrayRaw({x})"
+    if duck == "VARCHAR[]":
+        each = f"arrayAll(_r -> JSONType(_r) = 'String', {raw})"
+    elif duck == "DOUBLE[]":
+        each = f"arrayAll(_r -> JSONType(_r) IN ('Int64', 'UInt64', 'Double') AND isFinite(toFloat64OrNull(_r)), {raw})"
+    elif column == "prefill_chunks":  # a flat (start, end, tokens) int array: every third value a count
+        each = (f"length({raw}) % 3 = 0 AND arrayAll((_r, _i) -> {_int_ok('_r', lo, hi)} AND "
+                f"(_i % 3 != 0 OR toInt128OrNull(_r) <= {most}), {raw}, arrayEnumerate({raw}))")
+    else:
+        each = f"arrayAll(_r -> {_int_ok('_r', lo, most)}, {raw})"
+    return f"(isValidJSON({x}) AND JSONType({x}) = 'Array' AND {each})"
+
+
+def _single(key: str) -> str:
+    """SQL: whether the span gives ``key`` one value (the exporter's map keeps a key given
+    twice twice; `kvtrace collect` refuses two values, takes one value given twice)."""
+    k = _q(key)
+    return (f"(countEqual(mapKeys(SpanAttributes), {k}) <= 1 OR length(arrayDistinct(arrayFilter((_v, _k) -> "
+            f"_k = {k}, mapValues(SpanAttributes), mapKeys(SpanAttributes)))) = 1)")
+
+
 def _attribute(column: str, key: str, duck: str) -> str:
-    """SQL parsing one exporter attribute string into the column's type (NULL when absent)."""
+    """SQL: the column's value of the exporter's attribute string where `kvtrace collect`
+    would take it (``_value_ok``, given once), else NULL (an array column: empty)."""
     v = f"SpanAttributes[{_q(key)}]"
-    if column == "prefill_chunks":  # a flat (start, end, tokens) int array, see instrument.convert
-        flat = f"JSONExtract({v}, 'Array(Int64)')"
+    ok = _value_ok(column, duck, v)
+    cond = f"mapContains(SpanAttributes, {_q(key)}) AND {_single(key)}" + (f" AND {ok}" if ok else "")
+    if column == "prefill_chunks":
+        flat = f"if({cond}, JSONExtract({v}, 'Array(Int64)'), [])"
         return (f"arrayMap(i -> CAST(({flat}[3 * i + 1], {flat}[3 * i + 2], {flat}[3 * i + 3]), '{_CHUNK}'), "
                 f"range(intDiv(length({flat}), 3)))")
     if duck.endswith("[]"):
         inner = {"BIGINT": "Int64", "VARCHAR": "String", "DOUBLE": "Float64"}[duck[:-2]]
-        return f"JSONExtract({v}, 'Array({inner})')"
-    scalar = {"BIGINT": f"toInt64OrNull({v})", "INTEGER": f"toInt32OrNull({v})",
-              "DOUBLE": f"toFloat64OrNull({v})",
+        return f"if({cond}, JSONExtract({v}, 'Array({inner})'), [])"
+    parsed = {"BIGINT": f"toInt64OrNull({v})", "INTEGER": f"toInt32OrNull({v})", "DOUBLE": f"toFloat64OrNull({v})",
               "UBIGINT": f"CAST(toInt64OrNull({v}) AS Nullable(UInt64))",  # sent as the int64 of the same bits
-              "VARCHAR": f"if(mapContains(SpanAttributes, {_q(key)}), {v}, NULL)"}
-    return scalar[duck]
+              "VARCHAR": v}[duck]
+    return f"if({cond}, {parsed}, NULL)"
 
 
-_PARSED = {"BIGINT": "toInt64OrNull(v)", "INTEGER": "toInt32OrNull(v)", "DOUBLE": "toFloat64OrNull(v)",
-           "UBIGINT": "toInt64OrNull(v)"}
-
-
-def _taken(key: str, duck: str) -> str:
+def _taken(column: str, key: str, duck: str) -> str:
     """SQL over the lambda's ``k``, ``v``: whether the attribute is this typed key and its
-    column took its value (then it is no extra attribute). A number column's value that is
-    no such number (``12.5`` or ``true`` of a token count) is kept in ``extra_attributes``,
-    as `kvtrace collect` keeps a value of another type: it was in neither, lost."""
-    parsed = _PARSED.get(duck)
-    return f"(k = {_q(key)})" if parsed is None else f"(k = {_q(key)} AND {parsed} IS NOT NULL)"
+    column took its value (then it is no extra attribute). A value the column does not take
+    is kept in ``extra_attributes``: ``12.5`` or ``true`` of a token count, ``[1.5]`` or
+    ``zzz`` of block ids (`kvtrace collect` keeps a value of another type there), and ``-5``
+    tokens or a key given twice with two values (collect refuses the span; this path, whose
+    exporter took it, keeps the value where it is read as the sender's, not as a count)."""
+    ok = _value_ok(column, duck, "v")
+    return f"(k = {_q(key)} AND {_single(key)}" + (f" AND {ok})" if ok else ")")
 
 
 def _family_select(table: str, otel_table: str) -> tuple[str, str]:
@@ -185,9 +246,10 @@ def _family_select(table: str, otel_table: str) -> tuple[str, str]:
         if col in _ENVELOPE:
             exprs.append(_ENVELOPE[col])
         elif col == "source":  # (a source kvtrace does not know is the receiver's, and kept as an extra)
-            exprs.append(f"if(SpanAttributes['kvtrace.source'] IN {sources}, SpanAttributes['kvtrace.source'], "
-                         f"{_q(SOURCE_OTLP)})")
-            taken.append(f"(k = 'kvtrace.source' AND v IN {sources})")
+            one = _single("kvtrace.source")
+            exprs.append(f"if({one} AND SpanAttributes['kvtrace.source'] IN {sources}, "
+                         f"SpanAttributes['kvtrace.source'], {_q(SOURCE_OTLP)})")
+            taken.append(f"(k = 'kvtrace.source' AND {one} AND v IN {sources})")
         elif col == "extra_attributes":
             exprs.append("{extra}")
         elif col == NUM_BLOCKS_COLUMN:
@@ -197,8 +259,14 @@ def _family_select(table: str, otel_table: str) -> tuple[str, str]:
             c = typed[col]
             assert c.attr is not None, col
             exprs.append(_attribute(col, c.attr, c.sql))
-            taken.append(_taken(c.attr, c.sql))
-    taken.append(f"(k = {_q(GENAI_CACHE_READ)} AND SpanName = {_q(SPAN_REQUEST)})")
+            taken.append(_taken(col, c.attr, c.sql))
+    # a request's cache-read tokens equal to its hit + external hit tokens: the alias kvtrace's
+    # export sends of the columns kept (README), derived again by every reader; another value,
+    # or one on another span, is the sender's and kept (as `kvtrace collect`: CACHE_READ_OF)
+    hits = [_attribute(c, typed[c].attr or "", typed[c].sql) for c in CACHE_READ_OF]
+    taken.append(f"(k = {_q(GENAI_CACHE_READ)} AND SpanName = {_q(SPAN_REQUEST)} AND {_single(GENAI_CACHE_READ)} "
+                 f"AND ({' OR '.join(f'{h} IS NOT NULL' for h in hits)}) "
+                 f"AND v = toString({' + '.join(f'coalesce({h}, 0)' for h in hits)}))")
     extra = f"CAST(mapFilter((k, v) -> NOT ({' OR '.join(taken)}), SpanAttributes) AS {_STR_MAP})"
     exprs = [e.replace("{extra}", extra) for e in exprs]
     if table == OTHER_TABLE:
