@@ -90,6 +90,9 @@ _NOT_A_FILE = ((stat.S_ISDIR, "is a directory"), (stat.S_ISFIFO, "is a FIFO (a n
 
 
 DUCKDB_MAGIC = b"DUCK"  # bytes 8-11 of every DuckDB database file
+# the files DuckDB and kvtrace keep beside a store file, by suffix: its write-ahead log, the
+# writers' lock, the waiting markers and the creation lock (kvtrace.store.connection)
+STORE_SIDE_SUFFIXES = (".wal", ".write-lock", ".writer-waiting", ".reader-waiting", ".creating")
 
 
 def duckdb_magic(path: str | os.PathLike) -> bool | None:

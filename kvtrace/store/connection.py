@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 
 import duckdb
 
+from kvtrace.errors import STORE_SIDE_SUFFIXES
 from kvtrace.store.backend import duckdb_path_problem
 from kvtrace.store.errors import DAMAGED, StoreBusyError, StoreError
 from kvtrace.store.layout import check_layout
@@ -59,14 +60,28 @@ def write_lock_path(path: str) -> str:
     return f"{path}.write-lock"
 
 
+LOCK_FILE_TEXT = b"kvtrace: the writers' lock of this DuckDB store (removed by its last holder)\n"
+
+
+def _same_file(fd: int, path: str) -> bool:
+    """Whether ``path`` (never followed) is still the regular file open at ``fd``."""
+    try:
+        now, held = os.stat(path, follow_symlinks=False), os.fstat(fd)
+    except OSError:
+        return False
+    return stat.S_ISREG(now.st_mode) and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)
+
+
 def side_files(path: str) -> tuple[str, ...]:
-    """The files DuckDB and kvtrace keep beside a store file: its write-ahead log, markers and lock."""
-    return f"{path}.wal", writer_marker(path), reader_marker(path), write_lock_path(path)
+    """The files DuckDB and kvtrace keep beside a store file: its write-ahead log, markers and locks."""
+    return tuple(f"{path}{suffix}" for suffix in STORE_SIDE_SUFFIXES)
 
 
 def others_waiting(path: str) -> bool:
-    """Whether another process waits for the file (a fresh reader or writer marker)."""
-    return _marker_is_fresh(reader_marker(path)) or _marker_is_fresh(writer_marker(path))
+    """Whether another process waits for the file (a fresh reader or writer marker, named
+    after the file's real path, as every process names them whatever name it was given)."""
+    real = os.path.realpath(path)
+    return _marker_is_fresh(reader_marker(real)) or _marker_is_fresh(writer_marker(real))
 
 
 def _marker_is_fresh(marker: str) -> bool:
@@ -188,14 +203,16 @@ class _WriterLock:
     POSIX locks belong to a process: a forked child holds none of its parent's (a sweep's
     workers), and a second connection in one process takes none of its own. So the lock is
     counted per process (connections of one process share DuckDB's database instance) and
-    forgotten in a forked child. The last holder removes the file while it still holds it;
+    forgotten in a forked child. A writer that makes the file writes ``LOCK_FILE_TEXT`` in it;
+    the last holder removes it, while it still holds it, only where the path is still that
+    file and holds that text (a user's file of that name, or one put in its place, stays);
     whoever locked a file no longer at the path tries again on the new one. Where no lock
     file can be made (a read-only folder, a name at the length limit, something not a file
     there) writers go unguarded, as before.
     """
 
     _guard: ClassVar[threading.Lock] = threading.Lock()
-    _held: ClassVar[dict[str, list[int]]] = {}  # lock path -> [fd (-1: unguarded), connections, ours to remove]
+    _held: ClassVar[dict[str, list[int]]] = {}  # lock path -> [fd (-1: unguarded), connections]
 
     @classmethod
     def acquire(cls, path: str) -> bool:
@@ -203,6 +220,7 @@ class _WriterLock:
         import fcntl
 
         lock = write_lock_path(os.path.realpath(path))  # (one lock whatever name a writer opens the file by)
+        flags = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
         with cls._guard:
             held = cls._held.get(lock)
             if held is not None:
@@ -210,27 +228,27 @@ class _WriterLock:
                 return True
             while True:
                 try:
-                    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+                    try:
+                        fd = os.open(lock, flags | os.O_CREAT | os.O_EXCL, 0o644)
+                    except FileExistsError:
+                        fd = os.open(lock, flags)
+                    else:
+                        os.write(fd, LOCK_FILE_TEXT)
+                except FileNotFoundError:
+                    continue  # (removed by its last holder between the two opens)
                 except OSError:
-                    cls._held[lock] = [-1, 1, 0]
+                    cls._held[lock] = [-1, 1]
                     return True
-                info = os.fstat(fd)
                 try:
                     fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except OSError as err:
                     os.close(fd)
                     if err.errno in (errno.EACCES, errno.EAGAIN):
                         return False
-                    cls._held[lock] = [-1, 1, 0]  # (a file system without POSIX locks)
+                    cls._held[lock] = [-1, 1]  # (a file system without POSIX locks)
                     return True
-                try:
-                    now = os.stat(lock, follow_symlinks=False)
-                    same = (now.st_dev, now.st_ino) == (info.st_dev, info.st_ino)
-                except OSError:
-                    same = False
-                if same:
-                    ours = stat.S_ISREG(info.st_mode) and info.st_size == 0  # (anything else is the user's)
-                    cls._held[lock] = [fd, 1, int(ours)]
+                if _same_file(fd, lock):
+                    cls._held[lock] = [fd, 1]
                     return True
                 os.close(fd)  # removed by its last holder meanwhile: lock the new one
 
@@ -245,18 +263,21 @@ class _WriterLock:
             if held[1] > 0:
                 return
             del cls._held[lock]
-            fd, _, ours = held
+            fd = held[0]
             if fd < 0:
                 return
-            if ours:
-                with contextlib.suppress(OSError):
+            try:
+                if _same_file(fd, lock) and os.pread(fd, len(LOCK_FILE_TEXT) + 1, 0) == LOCK_FILE_TEXT:
                     os.unlink(lock)
-            os.close(fd)  # (lets the POSIX lock go)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)  # (lets the POSIX lock go)
 
     @classmethod
     def forget(cls) -> None:
         """In a forked child: the parent's locks are not the child's."""
-        for fd, _, _ in cls._held.values():
+        for fd, _ in cls._held.values():
             if fd >= 0:
                 with contextlib.suppress(OSError):
                     os.close(fd)
@@ -279,8 +300,9 @@ def _open(path: str, read_only: bool, timeout_s: float) -> duckdb.DuckDBPyConnec
     problem = duckdb_path_problem(path, missing=_NO_STORE if read_only else None)
     if problem is not None:
         raise StoreError(path or "''", problem)
+    real = os.path.realpath(path)  # (the markers and the lock of the file, whatever name it is reached by)
     if read_only:
-        _yield_to_writer(path)
+        _yield_to_writer(real)
     deadline = time.monotonic() + timeout_s
     backoff = _FIRST_BACKOFF_S
     marker = None
@@ -288,7 +310,7 @@ def _open(path: str, read_only: bool, timeout_s: float) -> duckdb.DuckDBPyConnec
         while True:
             try:
                 if not read_only and not _WriterLock.acquire(path):
-                    raise _TurnTaken(f"another process holds {write_lock_path(path)}")
+                    raise _TurnTaken(f"another process holds {write_lock_path(real)}")
                 try:
                     con = duckdb.connect(path, read_only=read_only)
                     _check_is_a_file(con, path)
@@ -305,7 +327,7 @@ def _open(path: str, read_only: bool, timeout_s: float) -> duckdb.DuckDBPyConnec
                     raise StoreBusyError(
                         path, f"locked by another process for over {timeout_s:g}s ({err})".splitlines()[0]
                     ) from None
-                wanted = reader_marker(path) if read_only else writer_marker(path)
+                wanted = reader_marker(real) if read_only else writer_marker(real)
                 if _touch(wanted):  # kept fresh while we wait (a held writer lets go at its next commit)
                     marker = wanted
                 time.sleep(backoff)

@@ -31,6 +31,7 @@ import msgspec
 from kvtrace.errors import (
     DUCKDB_MAGIC,
     READ_ONLY_MOUNT,
+    STORE_SIDE_SUFFIXES,
     KVTraceError,
     OutputClosed,
     TraceFormatError,
@@ -627,14 +628,17 @@ class AtomicText:
         self._refuse_a_write_ahead_log()  # (its commits not yet checkpointed)
 
     def _refuse_a_write_ahead_log(self) -> None:
-        """``DB.wal`` of a DuckDB database, or of a store the command writes (``sources``),
-        is DuckDB's own file, whether or not it exists yet."""
-        if not self.name.endswith(".wal"):
+        """``DB.wal`` of a DuckDB database, or of a store the command writes (``sources``), is
+        DuckDB's own file, whether or not it exists yet; so are kvtrace's lock and markers
+        beside it (``DB.write-lock``: a replay's writer removed what was written over its lock)."""
+        suffix = next((s for s in STORE_SIDE_SUFFIXES if self.name.endswith(s)), None)
+        if suffix is None:
             return
-        db = self.name[:-4]
+        db = self.name[:-len(suffix)]
         real = os.path.realpath(db)
         if duckdb_magic(db) or any(os.path.realpath(s) == real for s in self.sources):
-            raise KVTraceError(f"{self.name}: is the write-ahead log of the DuckDB database {db}, not "
+            what = "the write-ahead log" if suffix == ".wal" else "a lock or marker file"
+            raise KVTraceError(f"{self.name}: is {what} of the DuckDB database {db}, not "
                                "replaced by this output; write it elsewhere")
 
     def __exit__(self, exc_type, exc, tb):

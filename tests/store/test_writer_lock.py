@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -136,9 +137,60 @@ def test_a_users_file_or_link_at_the_locks_name_is_left_alone(tmp_path):
     kept.write_text("precious\n")
     _made(db)
     assert kept.read_text() == "precious\n"
+    kept.write_text("")  # (an empty one too: the lock files kvtrace makes say so in their text)
+    _made(db)
+    assert kept.exists()
     kept.unlink()
     victim = tmp_path / "victim"
     os.symlink(victim, kept)
     _made(db)
-    assert not victim.exists() and os.path.islink(kept) and read.runs(db).height == 2
+    assert not victim.exists() and os.path.islink(kept) and read.runs(db).height == 3
 
+
+
+def test_a_file_put_in_the_locks_place_while_it_is_held_is_not_removed_at_the_release(tmp_path):
+    """`kvtrace generate -o <db>.write-lock` during a replay wrote 75 KB there; the replay's
+    release removed it (re-probe A)."""
+    db = str(tmp_path / "s.duckdb")
+    _made(db)
+    lock = write_lock_path(db)
+    with write_connection(db):
+        replacement = tmp_path / "new"
+        replacement.write_text("the user's\n")
+        os.replace(replacement, lock)
+    assert Path(lock).read_text() == "the user's\n"
+
+
+def test_an_output_onto_a_stores_lock_or_marker_is_refused(tmp_path, capsys):
+    from tests.cli.support import run
+
+    db = str(tmp_path / "s.duckdb")
+    _made(db)
+    for suffix in (".write-lock", ".writer-waiting", ".creating"):
+        code, _, err = run(["generate", "chat", "-o", db + suffix, "--requests", "2"], capsys)
+        assert code == 2 and "is a lock or marker file of the DuckDB database" in err, err
+        assert not os.path.exists(db + suffix)
+
+
+def test_a_writer_through_a_link_gets_its_turn_from_a_held_writer(tmp_path):
+    """Its waiting marker was named after the link, which the held writer (a replay's) never
+    looked at: it waited 30 s and was refused, naming a lock under the link's name (re-probe A)."""
+    db = str(tmp_path / "s.duckdb")
+    _made(db)
+    link = tmp_path / "link.duckdb"
+    os.symlink(db, link)
+    code = ("import sys, time\nfrom kvtrace.store.connection import HeldConnection\n"
+            "held = HeldConnection(sys.argv[1])\nprint('held', flush=True)\n"
+            "for _ in range(400):\n    with held.use() as con:\n        con.execute('SELECT 1').fetchall()\n"
+            "    time.sleep(0.05)\nheld.release()\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, db], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        time.sleep(0.3)
+        started = time.monotonic()
+        with write_connection(str(link), timeout_s=15) as con:
+            assert con.execute("SELECT count(*) FROM runs").fetchall() == [(1,)]
+        assert time.monotonic() - started < 10
+    finally:
+        proc.kill()
+        proc.wait()
