@@ -29,9 +29,9 @@ from opentelemetry.trace import SpanKind, Status, StatusCode, TraceFlags, TraceS
 
 from kvtrace.errors import KVTraceError
 from kvtrace.instrument.batch import BATCH_SCHEMA, conform
-from kvtrace.store.clickhouse.collector import CACHE_READ_OF
 from kvtrace.store.schema import (
     ATTRIBUTE_COLUMNS,
+    CACHE_READ_OF,
     GENAI_CACHE_READ,
     MAX_SPAN_COUNT,
     REQUEST_TIME_ORDER,

@@ -230,6 +230,11 @@ SUMMED_COUNTS = frozenset({  # (prefill_chunks: each chunk's tokens)
 
 # Derived GenAI attribute shown in otel_traces, not stored: local + external hit tokens.
 GENAI_CACHE_READ = "gen_ai.usage.cache_read.input_tokens"
+# A request span's GENAI_CACHE_READ is derived from these columns (their sum), not stored
+# (README): a value equal to it is the alias kvtrace's export sends; any other (on another
+# span, on one with neither column, another number) is the sender's, kept in
+# extra_attributes, by `kvtrace collect` (``instrument.convert``) and ClickHouse's collector.
+CACHE_READ_OF = ("num_hit_tokens", "num_external_hit_tokens")
 
 RUN_STATUSES = ("running", "complete", "failed", "incomplete")
 def named_run_name(run_id: str) -> str:

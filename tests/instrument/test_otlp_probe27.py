@@ -116,7 +116,7 @@ _TWICE = [
                                                                             _kv("k", {"stringValue": "y"})]}]),
      "spans[0].events[0]: attribute 'k' given twice, as 'x' and 'y'"),
     (_doc([_kv("m", {"kvlistValue": {"values": [_kv("k", {"boolValue": True}), _kv("k", {"boolValue": False})]}})]),
-     "attribute 'k' given twice, as True and False"),
+     "attribute 'k' given twice, as true and false"),
 ]
 
 

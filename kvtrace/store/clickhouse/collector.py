@@ -34,6 +34,7 @@ from typing import Any
 
 from kvtrace.store.backend import ClickHouseTarget
 from kvtrace.store.schema import (
+    CACHE_READ_OF,
     CONFIG_TEXT_KEYS,
     FAMILIES,
     FINISHED_STATUSES,
@@ -60,11 +61,6 @@ COLLECTOR_HOST = "otel-collector"  # runs.writer_host of a collected run
 RUN_RECORDS = "otel_run_records"
 COLLECTED_RUNS = "otel_collected_runs"
 _MV_PREFIX = "kvtrace_from_"
-# A request span's GENAI_CACHE_READ is derived from these columns (their sum), not stored
-# (README): a value equal to it is the alias kvtrace's export sends; any other (on another
-# span, on one with neither column, another number) is the sender's, kept in
-# extra_attributes. `kvtrace collect` reads this too (``instrument.convert``).
-CACHE_READ_OF = ("num_hit_tokens", "num_external_hit_tokens")
 
 # The exporter's traces table (exporter/clickhouseexporter/internal/sqltemplates/
 # traces_table.sql of opentelemetry-collector-contrib, the bloom-filter variant), with
