@@ -218,7 +218,7 @@ class _Driver:
         if run.first is None:
             run.first = d
         if hard:
-            run.stopped = f"step {self.step}: the managers parted on {name} (request {request_id})"
+            run.stopped = f"step {self.step:,}: the managers parted on {name} (request {request_id})"
             raise _Stop
         return False
 
@@ -537,11 +537,11 @@ def format_report(result: ConformanceResult) -> list[str]:
                          f"{', '.join(run.never_acted)}")
         for f in FIELDS:
             c, a = run.compared[f], run.agreed[f]
-            mark = "" if a == c else f"   <- {c - a} disagree"
+            mark = "" if a == c else f"   <- {c - a:,} disagree"
             lines.append(f"  {f:24s} {a:>8,} / {c:<8,} agree{mark}")
         if run.first is not None:
             d = run.first
-            lines.append(f"  first disagreement: {d.field} at step {d.step}"
+            lines.append(f"  first disagreement: {d.field} at step {d.step:,}"
                          + (f", request {d.request_id}" if d.request_id else ""))
             if d.only is None:
                 lines.append(f"    vLLM:    {_jsonable(d.vllm)}")
@@ -555,7 +555,7 @@ def format_report(result: ConformanceResult) -> list[str]:
                 if run.explained_by:
                     for e in run.explained_by:
                         lines.append(f"    explained by switch {e['behaviour']} (its old behaviour acted at step "
-                                     f"{e['step']}, request {e['request_id']})")
+                                     f"{e['step']:,}, request {e['request_id']})")
                 else:
                     lines.append("    not explained by a switch: no switched-off behaviour acted before it")
         if run.stopped:

@@ -188,5 +188,5 @@ def test_a_vllm_backend_runs_empty_group_chart_says_why_and_names_no_command(tmp
     con.close()
     infos = [i.value for i in render(db, monkeypatch, "hit_rate", run=run).info]
     (said,) = [i for i in infos if i.startswith("No per-group hits")]
-    assert "Fill it with" not in said and "recorded by an older kvtrace" in said, said
+    assert "Fill it with" not in said and "a vLLM-backend run an older kvtrace recorded" in said, said
 

@@ -72,3 +72,20 @@ def test_a_vllm_coordinator_without_the_per_group_lookup_is_refused_for_several_
         run_replay(RunSpec("gen:mixed", backend="vllm", capacity_blocks=100, content=False, limit=5))
     one_group = run_replay(RunSpec("gen:mixed", backend="vllm", preset="dense-attention", content=False, limit=5))
     assert one_group.summary["requests"] == 5  # (one KV group: nothing to look up per group)
+
+
+def test_the_conformance_reports_disagreement_counts_and_steps_have_their_separators():
+    """'<- 1984 disagree' beside '2,002 / 4,069' on one row; 'at step 12345' (re-probe D)."""
+    from collections import Counter
+
+    from kvtrace.cache import CacheConfig, FullAttentionSpec
+    from kvtrace.replay.conformance import ConformanceResult, ConformanceRun, Disagreement, format_report
+
+    run = ConformanceRun(120, CacheConfig(groups=(FullAttentionSpec(512),), num_gpu_blocks=120, hash_block_size=512),
+                         compared=Counter({"hit_tokens": 4069}), agreed=Counter({"hit_tokens": 2085}),
+                         first=Disagreement("hit_tokens", 12345, "r1", 512, 0),
+                         stopped="step 12,345: the managers parted on allocation (request r1)")
+    lines = format_report(ConformanceResult("t.jsonl", "dense-attention", "0.33.0", [run]))
+    row = next(line for line in lines if line.lstrip().startswith("hit_tokens"))
+    assert row.endswith("<- 1,984 disagree"), row
+    assert any(line.strip() == "first disagreement: hit_tokens at step 12,345, request r1" for line in lines), lines

@@ -82,11 +82,10 @@ outside = state.outside_window(shown, in_window, window, "per-group hits")
 vllm = cfg.get("backend") == "vllm"
 ui.chart(charts.group_hit_rate(in_window, labels),
          metrics.GROUP_HIT_RATE_DOC,
-         empty_what=outside or ("No per-group hits in this run: a vLLM-backend run recorded by an older kvtrace holds "
-                                "only the groups' common hit, inferred into each group, which is left out; a replay "
-                                "with this kvtrace records each group's own." if vllm
-                                else "No per-group hits in this run: no lookup spans, or a backend that reports only "
-                                "the groups' common hit, which is the request's."),
+         empty_what=outside or ("No per-group hits in this run: no lookup spans, or (a vLLM-backend run an older "
+                                "kvtrace recorded) only the groups' common hit, inferred into each group, which is "
+                                "left out; a replay with this kvtrace records each group's own." if vllm
+                                else "No per-group hits in this run: no lookup span names a KV group's own hit."),
          command=None if outside or vllm else ui.FILL_RUN, key="group_hit_rate")
 
 usage = queries.call("usage_over_time", run_id, window_ns=w)
