@@ -69,7 +69,7 @@ import numpy as np
 from kvtrace.engine.clock import COEFFICIENTS, FITTED_TERMS, CostModel, StepWork, prefill_pairs
 from kvtrace.engine.costfit import Fit, Observation, Underdetermined, fit_cost_model
 from kvtrace.errors import ConfigError, KVTraceError, file_problem
-from kvtrace.workload.lines import MAX_TOKENS, check_int, decoded_lines
+from kvtrace.workload.lines import MAX_TOKENS, check_int, compressed_problem, csv_problem, decoded_lines, nul_problem
 
 DEFAULT_MAX_BATCHED_TOKENS = 8192
 _STEP_COLUMNS = ("num_tokens", "prefill_pairs", "num_decode_seqs", "decode_context_tokens")
@@ -161,11 +161,18 @@ def step_csv_observations(path: str) -> list[Observation]:
     except OSError as e:
         raise KVTraceError(f"{path}: cannot open: {e.strerror}") from None
     with f:
+        # (UTF-16 was 'unreadable CSV header (... open the file in universal-newline mode?)', a file
+        # padded with zeros '39: 1 fields; the header has 6': named as the trace readers name them)
+        problem = compressed_problem(path, f.read(12), what="step timings")
+        if problem is not None:
+            raise KVTraceError(f"{path}: {problem}")
+        f.seek(0)
         reader = csv.reader(decoded_lines(path, f))
         try:
             header = [h.strip() for h in next(reader, None) or ()]
         except csv.Error as e:
-            raise KVTraceError(f"{path}:1: unreadable CSV header ({e})") from None
+            raise KVTraceError(f"{path}:1: unreadable CSV header ({csv_problem(e)})") from None
+        _refuse_nul(path, 1, header)
         if not header:
             raise KVTraceError(f"{path}: no rows; expected a header and one row per step")
         twice = [c for c in header if header.count(c) > 1]
@@ -187,10 +194,11 @@ def step_csv_observations(path: str) -> list[Observation]:
             except StopIteration:
                 break
             except csv.Error as e:
-                raise KVTraceError(f"{path}:{reader.line_num}: unreadable CSV row ({e})") from None
+                raise KVTraceError(f"{path}:{reader.line_num}: unreadable CSV row ({csv_problem(e)})") from None
             line = reader.line_num
             if not any(c.strip() for c in row):
                 continue
+            _refuse_nul(path, line, row)
             if len(row) != len(header):
                 raise KVTraceError(f"{path}:{line}: {len(row)} fields; the header has {len(header)}")
             r = dict(zip(header, row))
@@ -210,6 +218,14 @@ def step_csv_observations(path: str) -> list[Observation]:
     if not out:
         raise KVTraceError(f"{path}: no rows; expected a header and one row per step")
     return out
+
+
+def _refuse_nul(path: str, line: int, row: list[str]) -> None:
+    """A NUL byte in a row, named at its line and field (a file padded with zeros)."""
+    for field, cell in enumerate(row, start=1):
+        problem = nul_problem(cell, f"in field {field}") if "\x00" in cell else None
+        if problem is not None:
+            raise KVTraceError(f"{path}:{line}: {problem}")
 
 
 def _impossible_step(w: StepWork) -> str | None:

@@ -50,7 +50,7 @@ from kvtrace.cache.config import FullAttentionSpec, MambaSpec, SlidingWindowSpec
 from kvtrace.engine.clock import COEFFICIENTS, COST_MODELS, FITTED_TERMS, CostModel, free_step_problem
 from kvtrace.errors import ConfigError, file_problem
 from kvtrace.names import BEHAVIOURS, cut_middle, printable
-from kvtrace.workload.lines import parse_decimal, without_bom
+from kvtrace.workload.lines import compressed_problem, parse_decimal, without_bom
 
 _CACHE_KEYS = {
     "num_gpu_blocks": (int, list),
@@ -239,6 +239,10 @@ def load_config_file(path: str | Path) -> FileConfig:
         raise ConfigError(p, None, f"cannot read: {e.strerror}") from None
     if len(data) > MAX_CONFIG_BYTES:
         raise ConfigError(p, None, f"larger than {MAX_CONFIG_BYTES:,} bytes; expected a small TOML file")
+    # (UTF-16 text was 'invalid TOML: Invalid initial character for a key part', gzip 'not UTF-8 text')
+    problem = compressed_problem(p, data[:12], what="TOML configs")
+    if problem is not None:
+        raise ConfigError(p, None, problem)
     data = without_bom(data)
     try:
         text = data.decode("utf-8")

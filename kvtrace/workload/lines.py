@@ -65,7 +65,7 @@ _COMPRESSED = ((b"\x1f\x8b", "gzip", "gunzip"), (b"\x28\xb5\x2f\xfd", "zstd", "u
 COMPRESSED_SUFFIXES = (".gz", ".zst", ".bz2", ".xz", ".zip")
 
 
-def compressed_problem(path: str, head: bytes | None = None) -> str | None:
+def compressed_problem(path: str, head: bytes | None = None, what: str = "traces") -> str | None:
     """What a compressed file is and how to open it (kvtrace reads traces as plain text:
     a gzip file was 'not UTF-8 text (byte 0x8b ...)'), or that it is a DuckDB store, or None. ``head``: the file's first
     bytes when they are read already."""
@@ -77,18 +77,18 @@ def compressed_problem(path: str, head: bytes | None = None) -> str | None:
             return None  # (file_problem names it)
     for magic, kind, tool in _COMPRESSED:
         if head.startswith(magic):
-            return f"{kind}-compressed; kvtrace reads traces as plain text: decompress it first ({tool})"
+            return f"{kind}-compressed; kvtrace reads {what} as plain text: decompress it first ({tool})"
     if head[8:12] == DUCKDB_MAGIC:  # (a store given as the trace was 'not UTF-8 text (byte 0xa6 ...)')
         return "a DuckDB database (a kvtrace store?), not a trace; a store is given as --db STORE"
     if head.startswith(b"PAR1"):  # (kvtrace export's output given back was 'not UTF-8 text (byte 0xb5 ...)')
         return "a Parquet file (a kvtrace export?), not a trace; kvtrace replays trace files, not recorded spans"
     for bom, encoding in _WIDE_BOMS:  # (a Windows tool's export was 'not UTF-8 text (byte 0xff at column 1)')
         if head.startswith(bom):
-            return f"{encoding} text; kvtrace reads traces as UTF-8: convert it first (iconv -f {encoding} -t UTF-8)"
+            return f"{encoding} text; kvtrace reads {what} as UTF-8: convert it first (iconv -f {encoding} -t UTF-8)"
     wide = _wide_without_bom(head)
     if wide is not None:  # (was 'invalid JSON: object keys must be strings (byte 1)', or an Azure
         # header's 'missing column(s)' of the three columns it names)
-        return (f"{wide} text without a byte-order mark; kvtrace reads traces as UTF-8: convert it first "
+        return (f"{wide} text without a byte-order mark; kvtrace reads {what} as UTF-8: convert it first "
                 f"(iconv -f {wide} -t UTF-8)")
     return None
 
@@ -142,6 +142,15 @@ def decoded_lines(path: str, f: BinaryIO) -> Iterator[str]:
             yield (without_bom(raw) if lineno == 1 else raw).decode("utf-8")
         except UnicodeDecodeError:
             raise TraceFormatError(path, lineno, "not UTF-8 text") from None
+
+
+def csv_problem(err: Exception) -> str:
+    """csv's reason, without its advice to a programmer ('do you need to open the file in
+    universal-newline mode?' of a CR that ends no line, as an old Mac file's lines end)."""
+    text = str(err)
+    if text.startswith("new-line character seen in unquoted field"):
+        return "a carriage return (\\r) in an unquoted field; expected lines that end in LF or CRLF"
+    return text
 
 
 def numbered_lines(path: str) -> Iterator[tuple[int, str]]:

@@ -89,3 +89,30 @@ def test_the_conformance_reports_disagreement_counts_and_steps_have_their_separa
     row = next(line for line in lines if line.lstrip().startswith("hit_tokens"))
     assert row.endswith("<- 1,984 disagree"), row
     assert any(line.strip() == "first disagreement: hit_tokens at step 12,345, request r1" for line in lines), lines
+
+
+def test_calibrates_csv_and_a_toml_config_name_their_encoding_and_nul_bytes_as_the_trace_readers_do(tmp_path):
+    """UTF-16 step timings read 'unreadable CSV header (... open the file in universal-newline
+    mode?)', a file padded with zeros '39: 1 fields; the header has 6', a UTF-16 TOML 'Invalid
+    initial character for a key part' (re-probe C)."""
+    from pathlib import Path
+
+    from kvtrace.errors import ConfigError, KVTraceError
+    from kvtrace.replay.calibrate import step_csv_observations
+    from kvtrace.replay.config_file import load_config_file
+
+    source = Path(__file__).parents[1] / "data" / "calibration" / "aic-h200-llama-3.1-8b-tp1.csv"
+    text = source.read_text(encoding="utf-8")
+    wide = tmp_path / "wide.csv"
+    wide.write_bytes(text.encode("utf-16-le"))
+    with pytest.raises(KVTraceError, match=r"wide\.csv: UTF-16LE text without a byte-order mark; .*iconv"):
+        step_csv_observations(str(wide))
+    padded = tmp_path / "padded.csv"
+    padded.write_bytes(text.encode() + b"\x00" * 300)
+    lines = text.count("\n")
+    with pytest.raises(KVTraceError, match=rf"padded\.csv:{lines + 1}: a NUL byte .* in field 1"):
+        step_csv_observations(str(padded))
+    toml = tmp_path / "c.toml"
+    toml.write_bytes('preset = "kimi-hybrid"\n'.encode("utf-16"))
+    with pytest.raises(ConfigError, match=r"c\.toml: UTF-16 text; kvtrace reads TOML configs as UTF-8"):
+        load_config_file(toml)

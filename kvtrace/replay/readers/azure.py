@@ -25,6 +25,7 @@ from kvtrace.workload.lines import (
     ArrivalOrder,
     S,
     check_int,
+    csv_problem,
     decoded_lines,
     nul_problem,
     parse_integral,
@@ -75,15 +76,6 @@ def _refuse_nul(path: str, line: int, row: list[str]) -> None:
             raise TraceFormatError(path, line, problem)
 
 
-def _csv_problem(err: Exception) -> str:
-    """csv's reason, without its advice to a programmer ('do you need to open the file in
-    universal-newline mode?' of a CR that ends no line, as an old Mac file's lines end)."""
-    text = str(err)
-    if text.startswith("new-line character seen in unquoted field"):
-        return "a carriage return (\\r) in an unquoted field; expected lines that end in LF or CRLF"
-    return text
-
-
 def read_azure(path: str, block_size: int = DEFAULT_BLOCK_SIZE) -> Iterator[TraceRequest]:
     try:
         f = open(path, "rb")  # noqa: SIM115  (closed by the with below; open errors named apart)
@@ -102,7 +94,7 @@ def read_azure(path: str, block_size: int = DEFAULT_BLOCK_SIZE) -> Iterator[Trac
                 header = next(reader, None)
             except (csv.Error, UnicodeDecodeError) as e:
                 raise TraceFormatError(path, reader.line_num or 1,
-                                       f"unreadable CSV header: {_csv_problem(e)}") from None
+                                       f"unreadable CSV header: {csv_problem(e)}") from None
         if header is None:
             raise TraceFormatError(path, 1, "empty file; expected a CSV header")
         head = reader.line_num  # (the header's line, which blank lines may have moved)
@@ -128,7 +120,7 @@ def read_azure(path: str, block_size: int = DEFAULT_BLOCK_SIZE) -> Iterator[Trac
             except StopIteration:
                 return
             except csv.Error as e:
-                raise TraceFormatError(path, start, f"unreadable CSV row: {_csv_problem(e)}"
+                raise TraceFormatError(path, start, f"unreadable CSV row: {csv_problem(e)}"
                                        + (f" (read on to line {reader.line_num})" if reader.line_num > start else "")
                                        ) from None
             line = reader.line_num
