@@ -155,7 +155,9 @@ def diff(
 @replay_options(trace_option=True)
 def study(
     spec,
-    behaviour: Annotated[Behaviour, typer.Argument(help="The behaviour switched on and off.")],
+    behaviour: Annotated[Behaviour, typer.Argument(
+        metavar="BEHAVIOUR", help="The behaviour switched on and off: "
+        + ", ".join(b.value for b in Behaviour) + ".", show_default=False)],
     sweeps: Annotated[list[str] | None, typer.Option(
         "--sweep", metavar="NAME=V1,V2,...", help="Repeat the pair for each value of one setting: capacity_blocks, "
                                                   "capacity_tokens, external_capacity_blocks or retention.")] = None,

@@ -18,7 +18,9 @@ Out = Annotated[str, typer.Option("--out", "-o", metavar="FILE", callback=output
 @app.command()
 def generate(
     out: Out,
-    workload: Annotated[Workload, typer.Argument(help="The generated workload.")] = "mixed",
+    workload: Annotated[Workload, typer.Argument(
+        metavar="[WORKLOAD]", help="The generated workload: " + ", ".join(w.value for w in Workload) + ".")]
+        = "mixed",
     fmt: Annotated[GeneratedFormat, typer.Option("--format", help="Output format.")]
         = "native",
     seed: Seed = 0,
