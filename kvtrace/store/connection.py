@@ -233,10 +233,15 @@ class _WriterLock:
                     except FileExistsError:
                         fd = os.open(lock, flags)
                     else:
-                        os.write(fd, LOCK_FILE_TEXT)
+                        with contextlib.suppress(OSError):  # (a full disk: an empty file, kept, locks as well)
+                            os.write(fd, LOCK_FILE_TEXT)
                 except FileNotFoundError:
                     continue  # (removed by its last holder between the two opens)
                 except OSError:
+                    cls._held[lock] = [-1, 1]
+                    return True
+                if not stat.S_ISREG(os.fstat(fd).st_mode):  # (a FIFO there locks too: never the store's lock)
+                    os.close(fd)
                     cls._held[lock] = [-1, 1]
                     return True
                 try:

@@ -194,3 +194,14 @@ def test_a_writer_through_a_link_gets_its_turn_from_a_held_writer(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_fifo_or_a_directory_at_the_locks_name_leaves_writers_unguarded_not_hung(tmp_path):
+    """A FIFO there took the POSIX lock, was no regular file, and the writer tried again for ever."""
+    for kind in ("fifo", "dir"):
+        db = str(tmp_path / f"{kind}.duckdb")
+        lock = write_lock_path(db)
+        os.mkfifo(lock) if kind == "fifo" else os.mkdir(lock)
+        _made(db)
+        _made(db)
+        assert read.runs(db).height == 2 and os.path.exists(lock)
