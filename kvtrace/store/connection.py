@@ -99,13 +99,22 @@ def _yield_to_writer(path: str) -> None:
 
 
 def _touch(marker: str) -> bool:
+    """Make or freshen a waiting marker; False where none can be (a read-only directory: no
+    priority, plain retry) or something not a regular file has its name (never followed, never
+    waited on: a FIFO there held a reader's open for good)."""
     try:
-        with open(marker, "a"):
-            pass
-        os.utime(marker)
+        fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        os.utime(fd)
         return True
     except OSError:
-        return False  # read-only directory: no priority, plain retry
+        return False
+    finally:
+        os.close(fd)
 
 
 def _is_lock_conflict(err: Exception) -> bool:

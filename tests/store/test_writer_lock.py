@@ -205,3 +205,25 @@ def test_a_fifo_or_a_directory_at_the_locks_name_leaves_writers_unguarded_not_hu
         _made(db)
         _made(db)
         assert read.runs(db).height == 2 and os.path.exists(lock)
+
+
+def test_a_fifo_at_a_waiting_markers_name_does_not_hold_a_reader(tmp_path):
+    """`_touch` opened `<db>.reader-waiting` with open(..., "a"): a FIFO there blocked the
+    reader for good, long after the writer let go (re-probe E)."""
+    from kvtrace.store.connection import read_connection, reader_marker
+
+    db = str(tmp_path / "s.duckdb")
+    _made(db)
+    os.mkfifo(reader_marker(db))
+    code = ("import sys, time\nfrom kvtrace.store.connection import write_connection\n"
+            "with write_connection(sys.argv[1]):\n    print('open', flush=True)\n    time.sleep(2)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, db], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "open"
+        started = time.monotonic()
+        with read_connection(db, timeout_s=20) as con:
+            assert con.execute("SELECT count(*) FROM runs").fetchall() == [(1,)]
+        assert time.monotonic() - started < 15
+    finally:
+        proc.kill()
+        proc.wait()
