@@ -237,32 +237,52 @@ def _creation_lock(path: str) -> Iterator[bool]:
     Yields whether the lock is held (False where the folder takes no lock file: a name at
     the length limit; created unguarded, as before)."""
     import fcntl
-    import stat
 
     lock = creation_lock_path(path)
-    try:  # (never through a link: a symlink there made a file at its target)
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    flags = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW  # (never a link: a symlink there made a file at its target)
+    try:
+        try:
+            fd = os.open(lock, flags | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            fd = os.open(lock, flags)
+        else:
+            with contextlib.suppress(OSError):
+                os.write(fd, CREATION_LOCK_TEXT)
     except OSError:
         yield False
         return
-    info = os.fstat(fd)
-    ours = stat.S_ISREG(info.st_mode) and info.st_size == 0  # (a lock file is empty: anything else is the user's)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield True
     finally:
-        if ours:
+        if _is_creation_lock(fd, lock):  # (the user's file of that name, or one put in its place, stays)
             with contextlib.suppress(OSError):
                 os.unlink(lock)  # (a writer waiting on it finds the store made, or makes it, when it gets the lock)
         os.close(fd)
 
 
+# What a creation lock file holds: a file of that name without it is the user's, never removed
+CREATION_LOCK_TEXT = b"kvtrace: the creation lock of this DuckDB store (removed when the store is made)\n"
+
+
+def _is_creation_lock(fd: int, lock: str) -> bool:
+    """Whether ``lock`` (never followed) is still the regular file open at ``fd``, holding
+    ``CREATION_LOCK_TEXT`` (a user's empty file of that name was removed as a lock)."""
+    import stat
+
+    try:
+        now, held = os.stat(lock, follow_symlinks=False), os.fstat(fd)
+        same = stat.S_ISREG(now.st_mode) and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)
+        return same and os.pread(fd, len(CREATION_LOCK_TEXT) + 1, 0) == CREATION_LOCK_TEXT
+    except OSError:
+        return False
+
+
 def _remove_stale_creation_lock(path: str) -> None:
-    """Remove the ``<db>.creating`` a creation killed with -9 left: an empty regular file no
+    """Remove the ``<db>.creating`` a creation killed with -9 left: a lock file (its text) no
     process holds. Another file of that name (the user's, a link) stays, and so does the lock
     of a creation still running (it removed a file the user kept there, whatever it held)."""
     import fcntl
-    import stat
 
     lock = creation_lock_path(path)
     try:
@@ -270,8 +290,7 @@ def _remove_stale_creation_lock(path: str) -> None:
     except OSError:
         return
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size:
+        if not _is_creation_lock(fd, lock):
             return
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

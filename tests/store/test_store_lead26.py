@@ -53,3 +53,12 @@ def test_request_extent_is_the_requests_frames_first_arrival_last_finish_and_cou
     frame = read.requests(db, engine)
     assert read.request_extent(db, engine) == (frame["arrival_ns"].min(), frame["finish_ns"].max(), 40)
     assert read.request_extent(db, cache_only) == (None, None, 0)
+
+
+def test_a_users_empty_file_at_the_creation_locks_name_is_kept_when_a_writer_creates_the_store(tmp_path):
+    """An empty file there was taken for a lock and removed (re-probe E, twenty-seventh session)."""
+    db = tmp_path / "e.duckdb"
+    kept = tmp_path / "e.duckdb.creating"
+    kept.write_text("")
+    _replay_into(db)
+    assert kept.exists() and db.exists()

@@ -157,9 +157,14 @@ def test_a_new_store_two_writers_start_on_is_created_once_and_holds_both_runs(tm
 def test_a_creation_lock_a_kill_left_is_removed_by_the_next_writer(tmp_path):
     db = tmp_path / "s.duckdb"
     Store.open(db).close()
-    (tmp_path / "s.duckdb.creating").write_text("")
+    from kvtrace.store.writer import CREATION_LOCK_TEXT
+
+    (tmp_path / "s.duckdb.creating").write_bytes(CREATION_LOCK_TEXT)  # (what a creation killed with -9 leaves)
     Store.open(db).close()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.duckdb"]
+    (tmp_path / "s.duckdb.creating").write_text("")  # (a user's empty file of that name: kept)
+    Store.open(db).close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.duckdb", "s.duckdb.creating"]
 
 
 @pytest.mark.parametrize("blocks", [[], [7]], ids=["reset-alone", "with-an-lru-eviction"])
