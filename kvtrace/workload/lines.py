@@ -79,8 +79,12 @@ def compressed_problem(path: str, head: bytes | None = None, what: str = "traces
         if head.startswith(magic):
             return f"{kind}-compressed; kvtrace reads {what} as plain text: decompress it first ({tool})"
     if head[8:12] == DUCKDB_MAGIC:  # (a store given as the trace was 'not UTF-8 text (byte 0xa6 ...)')
+        if what != "traces":  # (calibrate's --from takes a store: "given as --db" was wrong there)
+            return f"a DuckDB database (a kvtrace store?), not one of the {what} kvtrace reads here"
         return "a DuckDB database (a kvtrace store?), not a trace; a store is given as --db STORE"
     if head.startswith(b"PAR1"):  # (kvtrace export's output given back was 'not UTF-8 text (byte 0xb5 ...)')
+        if what != "traces":
+            return f"a Parquet file (a kvtrace export?), not one of the {what} kvtrace reads here"
         return "a Parquet file (a kvtrace export?), not a trace; kvtrace replays trace files, not recorded spans"
     for bom, encoding in _WIDE_BOMS:  # (a Windows tool's export was 'not UTF-8 text (byte 0xff at column 1)')
         if head.startswith(bom):

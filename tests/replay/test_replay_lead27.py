@@ -116,3 +116,19 @@ def test_calibrates_csv_and_a_toml_config_name_their_encoding_and_nul_bytes_as_t
     toml.write_bytes('preset = "kimi-hybrid"\n'.encode("utf-16"))
     with pytest.raises(ConfigError, match=r"c\.toml: UTF-16 text; kvtrace reads TOML configs as UTF-8"):
         load_config_file(toml)
+
+
+def test_a_parquet_or_duckdb_file_given_as_a_config_or_step_timings_is_named_as_not_what_was_expected(tmp_path):
+    """They were "not a trace; a store is given as --db STORE" (re-probe E)."""
+    from kvtrace.errors import ConfigError, KVTraceError
+    from kvtrace.replay.calibrate import step_csv_observations
+    from kvtrace.replay.config_file import load_config_file
+
+    parquet = tmp_path / "p.toml"
+    parquet.write_bytes(b"PAR1" + b"\x00" * 64)
+    with pytest.raises(ConfigError, match="a Parquet file .*not one of the TOML configs kvtrace reads here"):
+        load_config_file(parquet)
+    store = tmp_path / "s.csv"
+    store.write_bytes(b"\x00" * 8 + b"DUCK" + b"\x00" * 64)
+    with pytest.raises(KVTraceError, match="a DuckDB database .*not one of the step timings kvtrace reads here"):
+        step_csv_observations(str(store))
