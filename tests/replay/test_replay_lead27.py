@@ -126,9 +126,9 @@ def test_a_parquet_or_duckdb_file_given_as_a_config_or_step_timings_is_named_as_
 
     parquet = tmp_path / "p.toml"
     parquet.write_bytes(b"PAR1" + b"\x00" * 64)
-    with pytest.raises(ConfigError, match="a Parquet file .*not one of the TOML configs kvtrace reads here"):
+    with pytest.raises(ConfigError, match=r"a Parquet file .*not one of the TOML configs kvtrace reads here"):
         load_config_file(parquet)
     store = tmp_path / "s.csv"
     store.write_bytes(b"\x00" * 8 + b"DUCK" + b"\x00" * 64)
-    with pytest.raises(KVTraceError, match="a DuckDB database .*not one of the step timings kvtrace reads here"):
+    with pytest.raises(KVTraceError, match=r"a DuckDB database .*not one of the step timings kvtrace reads here"):
         step_csv_observations(str(store))
