@@ -221,7 +221,7 @@ class _WriterLock:
     """
 
     _guard: ClassVar[threading.Lock] = threading.Lock()
-    _held: ClassVar[dict[str, list[int]]] = {}  # lock path -> [fd (-1: unguarded), connections]
+    _held: ClassVar[dict[str, list[int]]] = {}  # lock path -> [fd (-1: unguarded), connections, made here]
 
     @classmethod
     def acquire(cls, path: str) -> bool:
@@ -236,22 +236,24 @@ class _WriterLock:
                 held[1] += 1
                 return True
             while True:
+                made = 0
                 try:
                     try:
                         fd = os.open(lock, flags | os.O_CREAT | os.O_EXCL, 0o644)
+                        made = 1
                     except FileExistsError:
                         fd = os.open(lock, flags)
                     else:
-                        with contextlib.suppress(OSError):  # (a full disk: an empty file, kept, locks as well)
+                        with contextlib.suppress(OSError):  # (a full disk: empty, it locks as well, and is ours)
                             os.write(fd, LOCK_FILE_TEXT)
                 except FileNotFoundError:
                     continue  # (removed by its last holder between the two opens)
                 except OSError:
-                    cls._held[lock] = [-1, 1]
+                    cls._held[lock] = [-1, 1, 0]
                     return True
                 if not stat.S_ISREG(os.fstat(fd).st_mode):  # (a FIFO there locks too: never the store's lock)
                     os.close(fd)
-                    cls._held[lock] = [-1, 1]
+                    cls._held[lock] = [-1, 1, 0]
                     return True
                 try:
                     fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -259,10 +261,10 @@ class _WriterLock:
                     os.close(fd)
                     if err.errno in (errno.EACCES, errno.EAGAIN):
                         return False
-                    cls._held[lock] = [-1, 1]  # (a file system without POSIX locks)
+                    cls._held[lock] = [-1, 1, 0]  # (a file system without POSIX locks)
                     return True
                 if _same_file(fd, lock):
-                    cls._held[lock] = [fd, 1]
+                    cls._held[lock] = [fd, 1, made]
                     return True
                 os.close(fd)  # removed by its last holder meanwhile: lock the new one
 
@@ -277,11 +279,13 @@ class _WriterLock:
             if held[1] > 0:
                 return
             del cls._held[lock]
-            fd = held[0]
+            fd, _, made = held
             if fd < 0:
                 return
             try:
-                if _same_file(fd, lock) and os.pread(fd, len(LOCK_FILE_TEXT) + 1, 0) == LOCK_FILE_TEXT:
+                text = os.pread(fd, len(LOCK_FILE_TEXT) + 1, 0)
+                # (ours: its text, or made here empty, its text refused by a full disk or a file-size limit)
+                if _same_file(fd, lock) and (text == LOCK_FILE_TEXT or (made and not text)):
                     os.unlink(lock)
             except OSError:
                 pass
@@ -291,7 +295,7 @@ class _WriterLock:
     @classmethod
     def forget(cls) -> None:
         """In a forked child: the parent's locks are not the child's."""
-        for fd, _ in cls._held.values():
+        for fd, _, _ in cls._held.values():
             if fd >= 0:
                 with contextlib.suppress(OSError):
                     os.close(fd)

@@ -240,13 +240,15 @@ def _creation_lock(path: str) -> Iterator[bool]:
 
     lock = creation_lock_path(path)
     flags = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW  # (never a link: a symlink there made a file at its target)
+    made = False
     try:
         try:
             fd = os.open(lock, flags | os.O_CREAT | os.O_EXCL, 0o644)
+            made = True
         except FileExistsError:
             fd = os.open(lock, flags)
         else:
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError):  # (a full disk: empty, it locks as well, and is ours)
                 os.write(fd, CREATION_LOCK_TEXT)
     except OSError:
         yield False
@@ -255,7 +257,8 @@ def _creation_lock(path: str) -> Iterator[bool]:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield True
     finally:
-        if _is_creation_lock(fd, lock):  # (the user's file of that name, or one put in its place, stays)
+        # (the user's file of that name, or one put in its place, stays)
+        if _is_creation_lock(fd, lock, made):
             with contextlib.suppress(OSError):
                 os.unlink(lock)  # (a writer waiting on it finds the store made, or makes it, when it gets the lock)
         os.close(fd)
@@ -265,15 +268,17 @@ def _creation_lock(path: str) -> Iterator[bool]:
 CREATION_LOCK_TEXT = b"kvtrace: the creation lock of this DuckDB store (removed when the store is made)\n"
 
 
-def _is_creation_lock(fd: int, lock: str) -> bool:
+def _is_creation_lock(fd: int, lock: str, made: bool = False) -> bool:
     """Whether ``lock`` (never followed) is still the regular file open at ``fd``, holding
-    ``CREATION_LOCK_TEXT`` (a user's empty file of that name was removed as a lock)."""
+    ``CREATION_LOCK_TEXT``, or ``made`` here and empty (its text refused by a full disk or a
+    file-size limit): a user's empty file of that name was removed as a lock."""
     import stat
 
     try:
         now, held = os.stat(lock, follow_symlinks=False), os.fstat(fd)
         same = stat.S_ISREG(now.st_mode) and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)
-        return same and os.pread(fd, len(CREATION_LOCK_TEXT) + 1, 0) == CREATION_LOCK_TEXT
+        text = os.pread(fd, len(CREATION_LOCK_TEXT) + 1, 0)
+        return same and (text == CREATION_LOCK_TEXT or (made and not text))
     except OSError:
         return False
 

@@ -63,12 +63,20 @@ def test_a_linked_curve_on_a_store_without_curves_is_named_once_and_dropped(tmp_
 
 
 def test_a_linked_kv_group_of_a_vllm_backend_run_is_not_said_to_be_missing(tmp_path, monkeypatch, vllm_api):
-    """A --backend vllm run has KV groups 0 and 1 but no per-group hits: a link to its group
-    0 said 'KV group 0 from the link is not in this run'."""
+    """A --backend vllm run an older kvtrace recorded has KV groups 0 and 1 but no per-group hits
+    (vLLM's common hit, marked inferred): a link to its group 0 said 'KV group 0 from the link is
+    not in this run'. A run of this kvtrace has each group's own hit: the link is taken."""
+    import duckdb
+
     from kvtrace.replay.run import RunSpec, run_replay
 
     db = str(tmp_path / "vllm.duckdb")
     run = run_replay(RunSpec("gen:chat", limit=4, backend="vllm", capacity_blocks=100), db=db).run_id
+    assert [w.value for w in render(db, monkeypatch, "hit_rate", run=run, group="0").warning] == []
+    con = duckdb.connect(db)  # (as an older kvtrace wrote it)
+    con.execute("""UPDATE spans_lookup SET extra_attributes = map_concat(extra_attributes,
+                   MAP {'kvtrace.inferred': '["kvtrace.lookup.hit_tokens_per_group"]'}) WHERE run_id = ?""", [run])
+    con.close()
     at = render(db, monkeypatch, "hit_rate", run=run, group="0")
     said = [w.value for w in at.warning]
     assert said == ["KV group `0` from the link has no per-group hits in this run (below): every group is shown "
