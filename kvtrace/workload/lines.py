@@ -67,8 +67,9 @@ COMPRESSED_SUFFIXES = (".gz", ".zst", ".bz2", ".xz", ".zip")
 
 def compressed_problem(path: str, head: bytes | None = None, what: str = "traces") -> str | None:
     """What a compressed file is and how to open it (kvtrace reads traces as plain text:
-    a gzip file was 'not UTF-8 text (byte 0x8b ...)'), or that it is a DuckDB store, or None. ``head``: the file's first
-    bytes when they are read already."""
+    a gzip file was 'not UTF-8 text (byte 0x8b ...)'), or that it is a DuckDB store, a Parquet
+    file or UTF-16/32 text, or None. ``head``: the file's first bytes when they are read
+    already; ``what``: what the file was expected to hold, as the message names it."""
     if head is None:
         try:
             with open(path, "rb") as f:
