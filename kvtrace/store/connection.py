@@ -72,6 +72,32 @@ def _same_file(fd: int, path: str) -> bool:
     return stat.S_ISREG(now.st_mode) and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)
 
 
+def open_lock_file(lock: str, flags: int, text: bytes) -> tuple[int, bool]:
+    """(fd, made here) of the lock file at ``lock`` (``flags``: never a link): made with ``text``
+    when missing (its text refused by a full disk or a file-size limit: empty, and still ours,
+    ``owns_lock_file``), else the one there. OSError as ``os.open`` raises it."""
+    try:
+        fd = os.open(lock, flags | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return os.open(lock, flags), False
+    with contextlib.suppress(OSError):
+        os.write(fd, text)
+    return fd, True
+
+
+def owns_lock_file(fd: int, lock: str, text: bytes, made: bool) -> bool:
+    """Whether ``lock`` (never followed) is still the regular file open at ``fd`` and kvtrace's:
+    holding ``text``, or ``made`` here and empty. Only such a file is removed (a user's file of
+    that name, even an empty one, or one put in its place, stays)."""
+    if not _same_file(fd, lock):
+        return False
+    try:
+        held = os.pread(fd, len(text) + 1, 0)
+    except OSError:
+        return False
+    return held == text or (made and not held)
+
+
 def side_files(path: str) -> tuple[str, ...]:
     """The files DuckDB and kvtrace keep beside a store file: its write-ahead log, markers and locks."""
     return tuple(f"{path}{suffix}" for suffix in STORE_SIDE_SUFFIXES)
@@ -236,16 +262,8 @@ class _WriterLock:
                 held[1] += 1
                 return True
             while True:
-                made = 0
                 try:
-                    try:
-                        fd = os.open(lock, flags | os.O_CREAT | os.O_EXCL, 0o644)
-                        made = 1
-                    except FileExistsError:
-                        fd = os.open(lock, flags)
-                    else:
-                        with contextlib.suppress(OSError):  # (a full disk: empty, it locks as well, and is ours)
-                            os.write(fd, LOCK_FILE_TEXT)
+                    fd, made = open_lock_file(lock, flags, LOCK_FILE_TEXT)
                 except FileNotFoundError:
                     continue  # (removed by its last holder between the two opens)
                 except OSError:
@@ -264,7 +282,7 @@ class _WriterLock:
                     cls._held[lock] = [-1, 1, 0]  # (a file system without POSIX locks)
                     return True
                 if _same_file(fd, lock):
-                    cls._held[lock] = [fd, 1, made]
+                    cls._held[lock] = [fd, 1, int(made)]
                     return True
                 os.close(fd)  # removed by its last holder meanwhile: lock the new one
 
@@ -283,9 +301,7 @@ class _WriterLock:
             if fd < 0:
                 return
             try:
-                text = os.pread(fd, len(LOCK_FILE_TEXT) + 1, 0)
-                # (ours: its text, or made here empty, its text refused by a full disk or a file-size limit)
-                if _same_file(fd, lock) and (text == LOCK_FILE_TEXT or (made and not text)):
+                if owns_lock_file(fd, lock, LOCK_FILE_TEXT, bool(made)):
                     os.unlink(lock)
             except OSError:
                 pass

@@ -36,6 +36,8 @@ from kvtrace.store.connection import (
     check_store,
     fetch_one,
     fetch_value,
+    open_lock_file,
+    owns_lock_file,
     read_connection,
     write_connection,
 )
@@ -240,16 +242,8 @@ def _creation_lock(path: str) -> Iterator[bool]:
 
     lock = creation_lock_path(path)
     flags = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW  # (never a link: a symlink there made a file at its target)
-    made = False
     try:
-        try:
-            fd = os.open(lock, flags | os.O_CREAT | os.O_EXCL, 0o644)
-            made = True
-        except FileExistsError:
-            fd = os.open(lock, flags)
-        else:
-            with contextlib.suppress(OSError):  # (a full disk: empty, it locks as well, and is ours)
-                os.write(fd, CREATION_LOCK_TEXT)
+        fd, made = open_lock_file(lock, flags, CREATION_LOCK_TEXT)
     except OSError:
         yield False
         return
@@ -257,30 +251,15 @@ def _creation_lock(path: str) -> Iterator[bool]:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield True
     finally:
-        # (the user's file of that name, or one put in its place, stays)
-        if _is_creation_lock(fd, lock, made):
+        if owns_lock_file(fd, lock, CREATION_LOCK_TEXT, made):
             with contextlib.suppress(OSError):
                 os.unlink(lock)  # (a writer waiting on it finds the store made, or makes it, when it gets the lock)
         os.close(fd)
 
 
 # What a creation lock file holds: a file of that name without it is the user's, never removed
+# (``connection.owns_lock_file``)
 CREATION_LOCK_TEXT = b"kvtrace: the creation lock of this DuckDB store (removed when the store is made)\n"
-
-
-def _is_creation_lock(fd: int, lock: str, made: bool = False) -> bool:
-    """Whether ``lock`` (never followed) is still the regular file open at ``fd``, holding
-    ``CREATION_LOCK_TEXT``, or ``made`` here and empty (its text refused by a full disk or a
-    file-size limit): a user's empty file of that name was removed as a lock."""
-    import stat
-
-    try:
-        now, held = os.stat(lock, follow_symlinks=False), os.fstat(fd)
-        same = stat.S_ISREG(now.st_mode) and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)
-        text = os.pread(fd, len(CREATION_LOCK_TEXT) + 1, 0)
-        return same and (text == CREATION_LOCK_TEXT or (made and not text))
-    except OSError:
-        return False
 
 
 def _remove_stale_creation_lock(path: str) -> None:
@@ -295,7 +274,7 @@ def _remove_stale_creation_lock(path: str) -> None:
     except OSError:
         return
     try:
-        if not _is_creation_lock(fd, lock):
+        if not owns_lock_file(fd, lock, CREATION_LOCK_TEXT, False):
             return
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
