@@ -447,10 +447,8 @@ class VllmKVCapture:
                     cut = True
                     break
                 frames_left -= 1
-                try:
-                    frame = replay_frame(self._replay.recv_multipart())
-                except VllmWireError as err:
-                    self._bad(None, str(err))
+                decoded, frame = self._replay_message()
+                if not decoded:
                     continue
                 if frame is None:
                     ended = True
@@ -507,6 +505,16 @@ class VllmKVCapture:
             self.stats.missed_before_contact += (upto - first) - recovered
         return False
 
+    def _replay_message(self) -> tuple[bool, tuple[int, bytes] | None]:
+        """(decoded, frame) of the replay socket's next message: (True, None) for an answer's end
+        marker; (False, None) for a message that does not decode, counted a bad one."""
+        assert self._replay is not None
+        try:
+            return True, replay_frame(self._replay.recv_multipart())
+        except VllmWireError as err:
+            self._bad(None, str(err))
+            return False, None
+
     def _read_rest(self, first: int, check: int | None, reach: int, unjudged: bool,
                    timeout_ms: int) -> tuple[int, bool]:
         """The rest of a replay answer cut short, read off the replay socket undecoded for up to
@@ -518,10 +526,8 @@ class VllmKVCapture:
         until = time.monotonic() + DISCARD_S
         ended, taken = False, 0
         while (left := until - time.monotonic()) > 0 and self._replay.poll(max(1, min(timeout_ms, int(left * 1000)))):
-            try:
-                frame = replay_frame(self._replay.recv_multipart())
-            except VllmWireError as err:
-                self._bad(None, str(err))
+            decoded, frame = self._replay_message()
+            if not decoded:
                 continue
             if frame is None:
                 ended = True
