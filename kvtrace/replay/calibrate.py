@@ -69,7 +69,14 @@ import numpy as np
 from kvtrace.engine.clock import COEFFICIENTS, FITTED_TERMS, CostModel, StepWork, prefill_pairs
 from kvtrace.engine.costfit import Fit, Observation, Underdetermined, fit_cost_model
 from kvtrace.errors import ConfigError, KVTraceError, file_problem
-from kvtrace.workload.lines import MAX_TOKENS, check_int, compressed_problem, csv_problem, decoded_lines, nul_problem
+from kvtrace.workload.lines import (
+    MAX_TOKENS,
+    check_int,
+    compressed_problem,
+    csv_problem,
+    decoded_lines,
+    row_nul_problem,
+)
 
 DEFAULT_MAX_BATCHED_TOKENS = 8192
 _STEP_COLUMNS = ("num_tokens", "prefill_pairs", "num_decode_seqs", "decode_context_tokens")
@@ -222,10 +229,9 @@ def step_csv_observations(path: str) -> list[Observation]:
 
 def _refuse_nul(path: str, line: int, row: list[str]) -> None:
     """A NUL byte in a row, named at its line and field (a file padded with zeros)."""
-    for field, cell in enumerate(row, start=1):
-        problem = nul_problem(cell, f"in field {field}") if "\x00" in cell else None
-        if problem is not None:
-            raise KVTraceError(f"{path}:{line}: {problem}")
+    problem = row_nul_problem(row)
+    if problem is not None:
+        raise KVTraceError(f"{path}:{line}: {problem}")
 
 
 def _impossible_step(w: StepWork) -> str | None:

@@ -217,6 +217,15 @@ def decode_error(path: str, line: int | None, err: Exception, text: str = "") ->
 _TRAILING_AT = re.compile(r"trailing characters \(byte (\d+)\)")
 
 
+def row_nul_problem(row: list[str]) -> str | None:
+    """``nul_problem`` of a CSV row, naming the field of its first NUL byte (1-based); None
+    for a row without one (the Azure reader's and calibrate's rows)."""
+    for field, cell in enumerate(row, start=1):
+        if "\x00" in cell:
+            return nul_problem(cell, f"in field {field}")
+    return None
+
+
 def nul_problem(text: str, where: str | None = None) -> str | None:
     """What a line holding a NUL byte is (no trace's text holds one: a file padded with zeros,
     as a crash or a preallocating writer leaves one, or UTF-16 text), naming the column of

@@ -27,8 +27,8 @@ from kvtrace.workload.lines import (
     check_int,
     csv_problem,
     decoded_lines,
-    nul_problem,
     parse_integral,
+    row_nul_problem,
 )
 
 DEFAULT_BLOCK_SIZE = 16
@@ -68,12 +68,11 @@ def _int(path: str, line: int, key: str, text: str | None, minimum: int, maximum
 
 
 def _refuse_nul(path: str, line: int, row: list[str]) -> None:
-    """A row that could not be read, told as what it is where it holds a NUL byte (a file
-    padded with zeros: 'expected 3 columns, got 1'); nothing where it holds none."""
-    for field, cell in enumerate(row, start=1):
-        problem = nul_problem(cell, f"in field {field}")
-        if problem is not None:
-            raise TraceFormatError(path, line, problem)
+    """A row holding a NUL byte told as what it is (a file padded with zeros: 'expected 3
+    columns, got 1'); nothing where it holds none."""
+    problem = row_nul_problem(row)
+    if problem is not None:
+        raise TraceFormatError(path, line, problem)
 
 
 def read_azure(path: str, block_size: int = DEFAULT_BLOCK_SIZE) -> Iterator[TraceRequest]:
