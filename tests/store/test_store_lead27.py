@@ -5,24 +5,17 @@ killed capture's 200 publishes read as nothing in ``runs``, ``diff`` and the das
 from __future__ import annotations
 
 import threading
-import time
 import warnings
 
 from kvtrace.instrument.vllm import VllmKVCapture
 from kvtrace.store import read
 from kvtrace.store.writer import Store
+from tests.instrument.test_live_capture_restart import _wait
 from tests.instrument.test_vllm_real_publisher import TOPIC
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVEventBatch, ZmqEventPublisher
-
-
-def _wait(cond, what: str, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.02)
 
 
 def capture_five_blocks(tmp_path, store: Store, run_id: str) -> None:
