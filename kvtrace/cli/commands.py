@@ -5,7 +5,7 @@ errors as one line each and its exit status as documented (2 a user's error, 130
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 import typer.main
@@ -36,8 +36,7 @@ def _run() -> None:
             if stop_swallowed():  # a finalizer dropped the stop's KeyboardInterrupt and no loop met it after
                 raise_stop()
     except OutputClosed:  # `| head`, `-o /dev/stdout | head`: the reader had what it wanted
-        stdout_discarded()
-        sys.exit(141)
+        _stdout_closed()
     except KVTraceError as e:
         error(str(e))
         sys.exit(2)
@@ -47,7 +46,13 @@ def _run() -> None:
     except typer.TyperException as e:  # a mistyped command line (typer's click errors): one line too
         ctx = getattr(e, "ctx", None)
         if type(e).__name__ == "NoArgsIsHelpError" and ctx is not None:  # (typer vendors click)
-            typer.echo(ctx.get_help())  # `kvtrace`, `kvtrace capture`: asking what there is, as --help does
+            try:  # `kvtrace`, `kvtrace capture`: asking what there is, as --help does, which a closed or
+                typer.echo(ctx.get_help())  # full stdout ends as --help's does (it ended in a traceback)
+            except OutputClosed:
+                _stdout_closed()
+            except StdoutError as failed:
+                error(stdout_failure(failed))
+                sys.exit(2)
             sys.exit(0)
         error(_usage_error(e))
         sys.exit(getattr(e, "exit_code", 2))
@@ -73,6 +78,12 @@ def _run() -> None:
             sys.exit(143)
         error(f"interrupted{kept}")
     sys.exit(rc if isinstance(rc, int) else 0)
+
+
+def _stdout_closed() -> NoReturn:
+    """stdout's reader went away: exit 141 silently, as a shell's command killed by SIGPIPE."""
+    stdout_discarded()
+    sys.exit(141)
 
 
 class _NonEmptyPath(TyperPath):
