@@ -2,10 +2,10 @@
 
 | preset | groups | hash block | retention | partial hits | checkpoints | block pool (shared by the groups) | batch tokens / seqs | cost model |
 |---|---|---|---|---|---|---|---|---|
-| dense-attention | FullAttention(16) | 16 | None (dense) | off | 0 | 53_760 (~860k tokens) | 8192 / 256 | h200-dense-8b |
-| kimi-hybrid | FullAttention(512) + Mamba/KDA(512, align, 4 lanes) | 64 | 0 (latest-only) | on | 1 (FlashKDA: alignment 16) | 10_240: ~8_192 for attention (~4.2M tokens) + ~2_048 for states, in one LRU | 8192 / 256 | h200-kimi-hybrid |
-| dense-70b-tp4 | FullAttention(16) | 16 | None (dense) | off | 0 | 70_000 (~1.1M tokens) | 8192 / 256 | h200-dense-70b-tp4 |
-| dense-70b-tp8 | FullAttention(16) | 16 | None (dense) | off | 0 | 168_000 (~2.7M tokens) | 8192 / 256 | h200-dense-70b-tp8 |
+| dense-attention | FullAttention(16) | 16 | None (dense) | off | 0 | 53_760 (~860k tokens) | 8192 / 1024 | h200-dense-8b |
+| kimi-hybrid | FullAttention(512) + Mamba/KDA(512, align, 4 lanes) | 64 | 0 (latest-only) | on | 1 (FlashKDA: alignment 16) | 10_240: ~8_192 for attention (~4.2M tokens) + ~2_048 for states, in one LRU | 8192 / 1024 | h200-kimi-hybrid |
+| dense-70b-tp4 | FullAttention(16) | 16 | None (dense) | off | 0 | 70_000 (~1.1M tokens) | 8192 / 1024 | h200-dense-70b-tp4 |
+| dense-70b-tp8 | FullAttention(16) | 16 | None (dense) | off | 0 | 168_000 (~2.7M tokens) | 8192 / 1024 | h200-dense-70b-tp8 |
 
 The pool counts blocks as vLLM's ``num_gpu_blocks`` does (the null block included) and
 is shared by every KV cache group, as in vLLM: attention blocks and Mamba states take
@@ -29,6 +29,11 @@ from kvtrace.numeric import cdiv
 
 KEEP = object()  # "leave this setting as the preset has it"
 
+# `vllm serve`'s own limits on a 70-160 GB GPU (H100, H200: vLLM's EngineArgs.get_batch_defaults for
+# the OpenAI server): 8,192 tokens and 1,024 running requests a step. The presets model H200s.
+SERVE_MAX_NUM_BATCHED_TOKENS = 8192
+SERVE_MAX_NUM_SEQS = 1024
+
 
 @dataclass(frozen=True)
 class EnginePreset:
@@ -45,7 +50,7 @@ def _dense_attention() -> EnginePreset:
     return EnginePreset(
         "dense-attention",
         CacheConfig(groups=(FullAttentionSpec(16),), num_gpu_blocks=53_760, hash_block_size=16, retention_interval=None),
-        SchedulerConfig(max_num_batched_tokens=8192, max_num_seqs=256),
+        SchedulerConfig(max_num_batched_tokens=SERVE_MAX_NUM_BATCHED_TOKENS, max_num_seqs=SERVE_MAX_NUM_SEQS),
         get_cost_model("h200-dense-8b"),
     )
 
@@ -62,7 +67,7 @@ def _kimi_hybrid() -> EnginePreset:
             num_prefill_checkpoint_blocks=1,
             prefill_checkpoint_alignment=16,  # FlashKDA's (vLLM's kda_prefill_checkpoint_alignment)
         ),
-        SchedulerConfig(max_num_batched_tokens=8192, max_num_seqs=256),
+        SchedulerConfig(max_num_batched_tokens=SERVE_MAX_NUM_BATCHED_TOKENS, max_num_seqs=SERVE_MAX_NUM_SEQS),
         get_cost_model("h200-kimi-hybrid"),
         state_blocks=2_048,
     )
@@ -74,7 +79,7 @@ def _dense_70b(tp: int, num_gpu_blocks: int) -> EnginePreset:
     return EnginePreset(
         f"dense-70b-tp{tp}",
         CacheConfig(groups=(FullAttentionSpec(16),), num_gpu_blocks=num_gpu_blocks, hash_block_size=16),
-        SchedulerConfig(max_num_batched_tokens=8192, max_num_seqs=256),
+        SchedulerConfig(max_num_batched_tokens=SERVE_MAX_NUM_BATCHED_TOKENS, max_num_seqs=SERVE_MAX_NUM_SEQS),
         get_cost_model(f"h200-dense-70b-tp{tp}"),
     )
 

@@ -22,7 +22,7 @@ without = ["shared-prefix-pinning"]  # --without adds to these (both switched of
 
 [scheduler]
 max_num_batched_tokens = 8192
-max_num_seqs = 256
+max_num_seqs = 1024
 long_prefill_token_threshold = 0
 max_model_len = 1048576           # a request longer than this is refused
 enable_chunked_prefill = true     # false: a prompt waits for a step whose budget takes it whole (or, with
