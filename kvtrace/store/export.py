@@ -23,6 +23,7 @@ from kvtrace.process import remove_dead_leftovers, signals_held
 from kvtrace.store.backend import is_clickhouse
 from kvtrace.store.connection import DEFAULT_TIMEOUT_S, fetch_one, read_connection
 from kvtrace.store.errors import StoreError, UnknownRunError
+from kvtrace.store.layout import added_columns_missing
 
 EXPORTED_TABLES = ("spans", "runs", "evicted_blocks")
 # (one span evicts many blocks, and may evict one block's two keys: a total order on every backend)
@@ -59,7 +60,10 @@ def export_parquet(db: str | Path, run_id: str, directory: str | Path) -> dict[s
         run_status(con, str(db), run_id, derived=True)
 
         def write(table: str, target: Path) -> None:
-            rel = con.sql(_table_sql(table, stored), params=_params(table, run_id, shown, summary))
+            # (a column a later kvtrace added, missing from a store written before it, is written
+            # as the upgraded store holds it: runs.parquet lacked time_offset_ns, another schema)
+            added = added_columns_missing(con, table)
+            rel = con.sql(_table_sql(table, stored, added), params=_params(table, run_id, shown, summary))
             reader = rel.to_arrow_reader(_BATCH_ROWS)  # (streamed: a 10M-span run is never whole in memory)
             _write_canonical(reader.schema, reader, target, _declared(table))
 
@@ -189,18 +193,24 @@ def _statuses(db: str | Path, run_id: str, row: tuple) -> tuple[str, str]:
     return str(stored), shown_status(str(stored), pid, host, start, db=str(db), run_id=run_id)
 
 
-def _table_sql(table: str, status: str) -> str:
+def _table_sql(table: str, status: str, added: tuple[str, ...] = ()) -> str:
     """The SELECT of one exported table's rows of ``$run_id``: the run row with the status
     and summary the readers show (``$status``; ``$summary``, unless NULL); a derived table's
     rows computed from the spans while the run was never finished (a running or killed one:
-    ``finish_run`` never materialised them), as every reader computes them."""
+    ``finish_run`` never materialised them), as every reader computes them. ``added``: the
+    columns a later kvtrace added that the store lacks, selected as their rows hold them once
+    the store is upgraded (``layout.ADDED_DEFAULTS``)."""
     from kvtrace.store import derived
+    from kvtrace.store.layout import ADDED_DEFAULTS
+    from kvtrace.store.schema import RUN_COLUMNS
 
+    types = {name: typ for name, typ, _ in RUN_COLUMNS} if table == "runs" else derived.COLUMNS.get(table, {})
+    more = "".join(f", CAST({ADDED_DEFAULTS.get((table, c), 'NULL')} AS {types[c]}) AS {c}" for c in added)
     if table == "runs":
-        return ("SELECT * REPLACE ($status AS status, coalesce($summary, summary) AS summary) "
+        return (f"SELECT * REPLACE ($status AS status, coalesce($summary, summary) AS summary){more} "
                 "FROM runs WHERE run_id = $run_id")
     source = (f"({derived.live_sql(table)})" if status == "running" and table in derived.TABLES else table)
-    return f"SELECT * FROM {source} WHERE run_id = $run_id {_ORDER.get(table, '')}"
+    return f"SELECT *{more} FROM {source} WHERE run_id = $run_id {_ORDER.get(table, '')}"
 
 
 def _output_dir(directory: str | Path) -> Path:

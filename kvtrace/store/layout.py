@@ -44,6 +44,22 @@ TABLE, VIEW = "table", "view"
 # EXISTS when it opens one): a store may lack these and still be whole.
 ADDED_TABLES = frozenset({"curves"})
 ADDED_COLUMNS: dict[str, tuple[str, ...]] = {"runs": ("time_offset_ns",), **derived.ADDED_COLUMNS}
+# The value such a column holds in the rows written before it (SQL; NULL where not named): what
+# the writer's ALTER gives them (runs.time_offset_ns DEFAULT 0: a DuckDB store keeps 0), and so
+# what a reader of a store not yet upgraded takes it for (``export``: the same files before and after).
+ADDED_DEFAULTS: dict[tuple[str, str], str] = {("runs", "time_offset_ns"): "0"}
+
+
+def added_columns_missing(con: duckdb.DuckDBPyConnection, table: str) -> tuple[str, ...]:
+    """The columns of ``ADDED_COLUMNS[table]`` the store open on ``con`` lacks (a store
+    written before them that no writer of this kvtrace has opened since)."""
+    added = ADDED_COLUMNS.get(table, ())
+    if not added:
+        return ()
+    have = {row[0] for row in con.execute(
+        "SELECT column_name FROM duckdb_columns() WHERE NOT internal AND schema_name = 'main' "
+        "AND database_name = current_database() AND table_name = ?", [table]).fetchall()}
+    return tuple(c for c in added if c not in have)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,56 @@
+"""Probe 28 (compat): stores written by older kvtraces, and one from a newer schema, as
+today's kvtrace reads, appends to, exports or refuses them."""
+
+from __future__ import annotations
+
+import duckdb
+import pyarrow.parquet as pq
+import pytest
+
+from tests.cli.support import run as kvtrace
+
+
+@pytest.fixture(scope="module")
+def engine_store(tmp_path_factory) -> bytes:
+    """The bytes of a store holding one engine run of 8 requests, r1."""
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = tmp_path_factory.mktemp("engine") / "e.duckdb"
+    run_replay(RunSpec("gen:mixed", limit=8, content=False), db=db)
+    return db.read_bytes()
+
+
+def _store(tmp_path, data: bytes, name: str, *sql: str):
+    db = tmp_path / name
+    db.write_bytes(data)
+    con = duckdb.connect(str(db))
+    for stmt in sql:
+        con.execute(stmt)
+    con.close()
+    return db
+
+
+def test_an_export_of_a_store_from_before_time_offset_ns_has_todays_columns(tmp_path, engine_store, capsys):
+    """A version 3 store a kvtrace of 2026-12-01 wrote has no runs.time_offset_ns (nor
+    span_stats' extent): the writer adds them (0 for the runs already there) when it opens
+    one, and every reader does without. Its export wrote runs.parquet without the column, a
+    file of another schema than every other store's, and than the same store's once a
+    replay had upgraded it."""
+    db = _store(tmp_path, engine_store, "old.duckdb", "ALTER TABLE runs DROP COLUMN time_offset_ns",
+                "ALTER TABLE span_stats DROP COLUMN start_ns", "ALTER TABLE span_stats DROP COLUMN end_ns")
+    code, _, err = kvtrace(["export", "--run", "r1", "--db", str(db), "--parquet", str(tmp_path / "before")], capsys)
+    assert code == 0, err
+    before = pq.read_table(tmp_path / "before" / "runs.parquet")
+    current = tmp_path / "current.duckdb"
+    current.write_bytes(engine_store)
+    code, _, err = kvtrace(["export", "--run", "r1", "--db", str(current), "--parquet", str(tmp_path / "now")], capsys)
+    assert code == 0, err
+    assert before.schema.equals(pq.read_schema(tmp_path / "now" / "runs.parquet"))
+    assert before.column("time_offset_ns").to_pylist() == [0]
+    # the same file once a writer of today has upgraded the store (its ALTER's DEFAULT 0)
+    from kvtrace.store import Store
+
+    Store.open(db).close()
+    code, _, err = kvtrace(["export", "--run", "r1", "--db", str(db), "--parquet", str(tmp_path / "after")], capsys)
+    assert code == 0, err
+    assert pq.read_table(tmp_path / "after" / "runs.parquet").equals(before)
