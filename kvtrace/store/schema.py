@@ -311,21 +311,29 @@ def meta_version(meta: dict, label: str) -> int:
     """The schema version a store's ``kvtrace_meta`` rows (key -> value) declare, on either
     backend; StoreError for a table that is another program's, damaged or too new."""
     from kvtrace.names import cut_middle
-    from kvtrace.store.errors import StoreError
+    from kvtrace.store.errors import DAMAGED, StoreError
 
     # (a value is quoted within 80 characters: a damaged one of 100,000 was quoted whole)
     if meta.get("magic") != STORE_MAGIC:
         magic = cut_middle(repr(meta.get("magic")), 80)
         raise StoreError(label, f"not a kvtrace store ({META_TABLE}.magic is {magic})")
-    raw = meta.get("schema_version", "0")
+    # every kvtrace (both backends, since the first) writes the version in the same insert as
+    # the magic: a store without it is damaged, not an old one (it was read as "version 0",
+    # which predates every kvtrace: refused for appending as old, its layout left unchecked)
+    if "schema_version" not in meta:
+        raise StoreError(label, f"{DAMAGED} ({META_TABLE} has no schema_version row: every kvtrace writes one beside "
+                                "its magic)")
+    raw = meta["schema_version"]
     # what kvtrace writes: its decimal digits alone (int() took ' 3' and a fullwidth '３', and
     # -1 was told as a version that "predates" this kvtrace)
     if not (isinstance(raw, str) and raw.isascii() and raw.isdigit() and len(raw) <= 9):
-        raise StoreError(label, f"damaged kvtrace store ({META_TABLE}.schema_version is {cut_middle(repr(raw), 80)}, "
+        raise StoreError(label, f"{DAMAGED} ({META_TABLE}.schema_version is {cut_middle(repr(raw), 80)}, "
                                 "not a version number)")
     version = int(raw)
-    if version > SCHEMA_VERSION:
-        raise StoreError(label, f"store schema version {version} is newer than this kvtrace ({SCHEMA_VERSION})")
+    if version > SCHEMA_VERSION:  # (what to do, as the refusal of an older store says it)
+        raise StoreError(label, f"store schema version {version} is newer than this kvtrace's ({SCHEMA_VERSION}); "
+                                "read or append to it with the kvtrace that wrote it, or upgrade this one; "
+                                "nothing in it was changed")
     return version
 
 

@@ -7,6 +7,8 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 
+from kvtrace.store.schema import META_TABLE, SCHEMA_VERSION
+from tests.cli.support import assert_one_line
 from tests.cli.support import run as kvtrace
 
 
@@ -54,3 +56,36 @@ def test_an_export_of_a_store_from_before_time_offset_ns_has_todays_columns(tmp_
     code, _, err = kvtrace(["export", "--run", "r1", "--db", str(db), "--parquet", str(tmp_path / "after")], capsys)
     assert code == 0, err
     assert pq.read_table(tmp_path / "after" / "runs.parquet").equals(before)
+
+
+@pytest.mark.parametrize("argv", [
+    ["runs"], ["diff", "r1", "r1"], ["replay", "gen:mixed", "--limit", "2", "--no-content"],
+    ["export", "--run", "r1", "--parquet", "{tmp}/out"],
+])
+def test_a_store_of_a_newer_schema_is_refused_saying_what_to_do_and_left_untouched(tmp_path, engine_store, capsys,
+                                                                                   argv):
+    """The refusal of an older store says what to do (read it with the kvtrace that wrote
+    it, write to a new file); a newer one's said only that it was newer."""
+    newer = SCHEMA_VERSION + 1
+    db = _store(tmp_path, engine_store, "new.duckdb",
+                f"UPDATE {META_TABLE} SET value = '{newer}' WHERE key = 'schema_version'")
+    data = db.read_bytes()
+    args = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    code, _, err = kvtrace([*args, "--db", str(db)], capsys)
+    assert_one_line(code, err, str(db), f"store schema version {newer} is newer than this kvtrace's ({SCHEMA_VERSION})",
+                    "upgrade")
+    assert db.read_bytes() == data
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new.duckdb"]  # (no WAL, lock or export left)
+
+
+@pytest.mark.parametrize("argv", [["runs"], ["replay", "gen:mixed", "--limit", "2", "--no-content"]])
+def test_a_store_without_its_schema_version_row_is_damaged_not_old(tmp_path, engine_store, capsys, argv):
+    """Every kvtrace writes the version row in the insert that writes the magic. A store
+    without it was taken for "version 0": listed as an old store with its layout unchecked,
+    and refused for appending as one that "predates this kvtrace's (3)"."""
+    db = _store(tmp_path, engine_store, "s.duckdb", f"DELETE FROM {META_TABLE} WHERE key = 'schema_version'")
+    data = db.read_bytes()
+    code, _, err = kvtrace([*argv, "--db", str(db)], capsys)
+    line = assert_one_line(code, err, str(db), "damaged kvtrace store", "no schema_version row")
+    assert "predates" not in line
+    assert db.read_bytes() == data
