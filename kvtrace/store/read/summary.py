@@ -75,7 +75,9 @@ def _span_counts(db: DB, run_id: str) -> dict[str, Any]:
 def summary_from_spans(db: DB, run_id: str) -> dict[str, Any]:
     """A summary's keys from the run's spans, when it has request spans: vLLM's hit counters
     and rates, ``prompt_tokens``, ``output_tokens`` and ``preemptions`` (sums over the
-    finished requests' spans), the latency statistics, ``publishes`` and ``evictions`` (blocks;
+    finished requests' spans), an engine run's block counts and block hit rate, its
+    ``computed_prompt_tokens``, ``block_size`` and ``capacity_blocks`` (``_block_counts``),
+    the latency statistics, ``publishes`` and ``evictions`` (blocks;
     null for a Belady bound, which records neither) and ``evictions_by_reason``,
     ``cow_copies`` (null in cache-only runs, which copy nothing), ``stale_hashes_left``
     (engine runs), ``divergent_outputs`` (null where the engine checked no content), ``steps``
@@ -110,7 +112,8 @@ def _summary_from_spans(db: DB, run_id: str) -> dict[str, Any]:
     # evictions its summary counts are in none (0 from them, where the finished run said 7,069).
     cached = config.get("policy") != "belady"
     summary = {
-        **hits, **totals, **latency_summary(db, run_id, _recorded_percentiles(config)),
+        **hits, **totals, **(_block_counts(db, run_id, config) if totals else {}),
+        **latency_summary(db, run_id, _recorded_percentiles(config)),
         **(_cache_event_counts(db, run_id, counts) if cached else {"publishes": None, "evictions": None}),
         "cow_copies": _cow_copies(db, run_id) if totals and SPAN_COW in counts else 0 if totals else None,
         **({"stale_hashes_left": spans_of(SPAN_STALE_LEFT),
@@ -173,6 +176,51 @@ def _cow_copies(db: DB, run_id: str) -> int:
         SELECT count(*) AS n FROM spans WHERE run_id = $run_id AND name = '{SPAN_COW}'
         AND coalesce(copy_reason, '') <> '{COPY_REASON_EXTERNAL}'""")
     return int(frame["n"][0])
+
+
+def _engine_blocks(config: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    """An engine config's (block size of its block counts, usable blocks): the first
+    full-attention group's block size (else the first group's, as the engine's summary counts
+    its block hits) and that group's pool less vLLM's null block (None without a
+    full-attention group), as ``replay.run.engine_capacity`` states them; (None, None) for a
+    config that stores no groups."""
+    cache = config.get("cache")
+    groups = cache.get("groups") if isinstance(cache, Mapping) else None
+    if not isinstance(groups, list) or not groups or not all(isinstance(g, Mapping) for g in groups):
+        return None, None
+    unit = next((g for g, spec in enumerate(groups) if spec.get("type") == "FullAttentionSpec"), None)
+    size = groups[unit or 0].get("block_size")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        return None, None
+    pools = cache.get("num_gpu_blocks") if isinstance(cache, Mapping) else None
+    pool = pools if isinstance(pools, int) else pools[unit] if (
+        isinstance(pools, list) and unit is not None and unit < len(pools)) else None
+    if unit is None or not isinstance(pool, int) or isinstance(pool, bool) or pool < 2:
+        return size, None
+    return size, pool - 1
+
+
+def _block_counts(db: DB, run_id: str, config: Mapping[str, Any]) -> dict[str, Any]:
+    """An engine run's block counts over its finished requests, as its finished summary
+    states them (``engine.request_metrics``, ``metrics.BLOCK_HIT_RATE_DOC``): ``block_size``,
+    ``capacity_blocks``, ``hit_blocks`` (each request's cached tokens, local and external, in
+    whole blocks), ``total_blocks`` (its prompt's blocks, the last one partial),
+    ``block_hit_rate``, and ``computed_prompt_tokens`` (every chunk prefilled). A stopped
+    run's dashboard showed its prefix cache hit rate and a block hit rate of –, from the same
+    requests, and ``diff`` took a delta of its evictions against a run of another block size."""
+    size, usable = _engine_blocks(config)
+    frame = with_run(db, run_id, f"""
+        SELECT CAST(sum(num_computed_tokens) AS BIGINT) AS computed,
+               CAST(sum((coalesce(num_hit_tokens, 0) + coalesce(num_external_hit_tokens, 0)) // $bs) AS BIGINT)
+                   AS hit_blocks,
+               CAST(sum((num_prompt_tokens + $bs - 1) // $bs) AS BIGINT) AS total_blocks
+        FROM request_spans WHERE run_id = $run_id AND name = '{SPAN_REQUEST}'""", params={"bs": size or 1})
+    row = frame.row(0, named=True)
+    out: dict[str, Any] = {"computed_prompt_tokens": None if row["computed"] is None else int(row["computed"])}
+    if size is not None and row["total_blocks"] is not None:
+        out |= {"block_size": size, "capacity_blocks": usable,
+                **metrics.block_hits(int(row["hit_blocks"] or 0), int(row["total_blocks"]))}
+    return out
 
 
 def _request_totals(db: DB, run_id: str) -> dict[str, int]:

@@ -1,0 +1,87 @@
+"""Probe 28 (views): the numbers a user reads of a run stopped early, against the same run's
+finished summary and an independent count over its raw OTel spans."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import duckdb
+import pytest
+
+from kvtrace.store import read
+
+# What a stopped run cannot know: its end-of-run audit never ran (stale_hashes,
+# table_disagreements), and its clock ran on past the requests that finished (duration and
+# throughput); the rest is its record's, not its spans'.
+UNKNOWN_WHEN_STOPPED = {"stale_hashes", "table_disagreements", "virtual_duration_s", "output_tok_per_s",
+                        "backend", "cost_model", "digest", "mode", "preset", "trace"}
+
+
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory):
+    """(store, run id, its finished summary): a kimi-hybrid engine run with an external tier
+    (hits in blocks of 512 tokens, local and external), then its record made a stopped run's
+    (no summary, ``incomplete``) with every span kept, as a replay killed after its last flush."""
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = str(tmp_path_factory.mktemp("views28") / "stopped.duckdb")
+    res = run_replay(RunSpec("gen:mixed", limit=40, name="stopped", capacity_blocks=40,
+                             external_capacity_blocks=400), db=db)
+    finished = res.summary
+    assert finished["external_prefix_cache_hits"] > 0 and finished["hit_blocks"] > 0
+    with duckdb.connect(db) as con:
+        con.execute("UPDATE runs SET summary = NULL, status = 'incomplete' WHERE run_id = ?", [res.run_id])
+    return db, res.run_id, finished
+
+
+def _blocks_from_otel(db: str, run_id: str, block_size: int) -> tuple[int, int, int]:
+    """(hit blocks, prompt blocks, computed prompt tokens) counted from the request spans' OTel
+    attributes: a request's cached tokens (local + external) in whole blocks, its prompt's blocks."""
+    with duckdb.connect(db, read_only=True) as con:
+        rows = con.execute("""SELECT "SpanAttributes" FROM otel_traces
+                              WHERE "RunId" = ? AND "SpanName" = 'kvtrace.request'""", [run_id]).fetchall()
+    hit = total = computed = 0
+    for (attrs,) in rows:
+        cached = int(attrs["kvtrace.hit_tokens"]) + int(attrs["kvtrace.external_hit_tokens"])
+        hit += cached // block_size
+        total += math.ceil(int(attrs["gen_ai.usage.input_tokens"]) / block_size)
+        computed += int(attrs["kvtrace.request.computed_prompt_tokens"])
+    return hit, total, computed
+
+
+def test_a_stopped_runs_summary_from_spans_is_its_finished_summary(stopped):
+    """Every key of the finished summary reads the same from the stopped run's spans, but what
+    a stopped run cannot know: its block hit rate, block counts, block size, capacity and
+    computed prompt tokens were missing (the dashboard's Block hit rate tile read – beside the
+    prefix cache hit rate of the same requests; diff took an eviction delta against a run of
+    another block size, having no block size to tell them apart)."""
+    db, run_id, finished = stopped
+    assert read.run(db, run_id)["summary"] is None
+    got = read.run_summary(db, run_id)
+    for key, want in finished.items():
+        if key in UNKNOWN_WHEN_STOPPED or key == "run_id":
+            continue
+        assert key in got, key
+        if isinstance(want, float):
+            assert got[key] == pytest.approx(want, rel=1e-12), key
+        else:
+            assert got[key] == want, key
+    hit, total, computed = _blocks_from_otel(db, run_id, got["block_size"])
+    assert (got["hit_blocks"], got["total_blocks"], got["computed_prompt_tokens"]) == (hit, total, computed)
+    assert got["block_hit_rate"] == hit / total
+
+
+def test_a_stopped_runs_block_hit_rate_in_runs_and_on_the_dashboard(stopped, monkeypatch, capsys):
+    from kvtrace.dashboard import ui
+    from tests.cli.support import run as cli
+    from tests.dashboard.apptest import render
+
+    db, run_id, finished = stopped
+    tiles = {m.label: m.value for m in render(db, monkeypatch, run=run_id).metric}
+    assert tiles["Block hit rate"] == ui.pct(finished["block_hit_rate"]) != "–"
+    code, out, err = cli(["diff", run_id, run_id, "--db", db, "--json"], capsys)
+    assert code in (0, 1), err
+    rows = json.loads(out)["metrics"]
+    assert rows["block_hit_rate"]["a"] == finished["block_hit_rate"]
+    assert rows["block_size"]["a"] == finished["block_size"]
