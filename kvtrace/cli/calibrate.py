@@ -58,7 +58,8 @@ def calibrate(
         e, sep, k = experts.partition(":")
         digits = lambda s: s.isascii() and s.isdigit() and len(s) <= 9  # ('²'.isdigit() holds)
         if not sep or not digits(e) or not digits(k) or not 1 <= int(k) <= int(e) <= MAX_EXPERTS:
-            raise KVTraceError(f"--moe: {experts}: expected E:K with 1 <= K < E <= {MAX_EXPERTS:,}, e.g. 256:8")
+            raise KVTraceError(f"--moe: {printable(experts)}: expected E:K with 1 <= K < E <= {MAX_EXPERTS:,}, "
+                               "e.g. 256:8")
         if int(k) == int(e):  # (the fit said only that it "cannot tell step_overhead_ns and moe_expert_ns apart")
             raise KVTraceError(f"--moe: {experts}: with K = E every step touches all {int(e):,} experts, a constant "
                                "the step overhead already holds; expected K < E")
@@ -78,8 +79,8 @@ def calibrate(
 
         problem = free_step_problem(result.model)  # (what --config refuses: not written to be refused)
         if problem is not None:
-            raise KVTraceError(f"-o {out}: not written: {problem}; these measurements priced no step overhead and "
-                               "no token (--config would refuse the model)")
+            raise KVTraceError(f"-o {printable(out)}: not written: {problem}; these measurements priced no step "
+                               "overhead and no token (--config would refuse the model)")
         with AtomicText(out, sources) as f:
             f.write(cost_model_toml(result.model).encode())
         if to_stdout:
@@ -125,10 +126,11 @@ def _refuse_a_run_config(out: str) -> None:
     except (UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError, ValueError) as err:
         # a run config with a typo, a trace, a measurements file: replaced without a word
         why = cut_middle(str(err).splitlines()[0] if str(err) else type(err).__name__, 80)
-        raise KVTraceError(f"{out}: exists and is no cost-model TOML ({why}), which the fitted model would replace "
-                           "whole; write it elsewhere, or remove it first") from None
+        raise KVTraceError(f"{printable(out)}: exists and is no cost-model TOML ({why}), which the fitted model "
+                           "would replace whole; write it elsewhere, or remove it first") from None
     other = sorted(set(doc) - {"cost_model"})
     if other:
         keys = cut_middle(", ".join(printable(k) for k in other), 120)
-        raise KVTraceError(f"{out}: a --config file with settings besides [cost_model] ({keys}), which the fitted "
-                           "model would replace whole; write it elsewhere (and copy its [cost_model] table in)")
+        raise KVTraceError(f"{printable(out)}: a --config file with settings besides [cost_model] ({keys}), which "
+                           "the fitted model would replace whole; write it elsewhere (and copy its [cost_model] "
+                           "table in)")

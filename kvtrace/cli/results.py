@@ -217,7 +217,7 @@ def demo(
 
         problem = read_only_problem(db)
         if problem is not None:  # (the new store's rename replaced it all the same)
-            raise KVTraceError(f"{db}: {problem}")
+            raise KVTraceError(f"{printable(db)}: {problem}")  # (a newline in it shown as \n, not a space)
         demo_target(db)  # (before the replay engine loads: a wrong --db is told at once)
     from kvtrace.compare.demo import run_demo
     from kvtrace.process import pyarrow_without_pandas

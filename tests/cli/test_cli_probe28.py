@@ -6,8 +6,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+from tests.cli.support import assert_one_line, run
+from tests.support.permissions import read_only
 
 KVTRACE = [sys.executable, "-m", "kvtrace.cli"]
 
@@ -31,3 +35,34 @@ def test_the_help_a_bare_command_prints_to_a_full_stdout_is_one_line(argv):
     err = proc.stderr.decode()
     assert proc.returncode == 2, err
     assert err.splitlines() == ["kvtrace: error: cannot write to stdout: No space left on device"], err
+
+
+CALIBRATION = str(Path(__file__).resolve().parents[1] / "data" / "calibration" / "aic-h200-llama-3.1-8b-tp1.csv")
+
+
+@pytest.mark.parametrize("existing,said", [
+    ("not = [toml\n", "exists and is no cost-model TOML"),
+    ('preset = "kimi-hybrid"\n', "a --config file with settings besides [cost_model]"),
+])
+def test_calibrate_names_an_output_with_a_newline_as_typed(tmp_path: Path, capsys, existing, said):
+    """calibrate's refusal of an -o it would replace joined the name's newline into a space,
+    naming another file ("a b.toml") than the one typed."""
+    out = tmp_path / "a\nb.toml"
+    out.write_text(existing)
+    code, stdout, err = run(["calibrate", "--from", CALIBRATION, "-o", str(out)], capsys)
+    assert_one_line(code, err, "a\\nb.toml", said)
+    assert out.read_text() == existing and stdout == ""
+
+
+def test_the_demo_names_a_read_only_store_with_a_newline_as_typed(tmp_path: Path, capsys, monkeypatch):
+    db = tmp_path / "d\nx.duckdb"
+    db.write_bytes(b"")
+    with read_only(monkeypatch, db):
+        code, _, err = run(["demo", "--db", str(db)], capsys)
+    assert_one_line(code, err, "d\\nx.duckdb", "read-only")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d\nx.duckdb"]
+
+
+def test_a_moe_value_with_a_newline_is_shown_as_typed(capsys):
+    code, _, err = run(["calibrate", "--from", CALIBRATION, "--moe", "8\n:2x"], capsys)
+    assert_one_line(code, err, "--moe: 8\\n:2x: expected E:K")
