@@ -32,7 +32,7 @@ from kvtrace.store import read
 from kvtrace.store.backend import is_clickhouse
 from kvtrace.store.errors import DAMAGED, StoreError
 from kvtrace.store.read.runs import DAMAGED_STATUS, JSON_FIELDS
-from kvtrace.store.schema import SUMMARY_FIELDS, SUMMARY_NOTHING_RECEIVED
+from kvtrace.store.schema import SPAN_LOOKUP, SUMMARY_FIELDS, SUMMARY_NOTHING_RECEIVED
 from kvtrace.store.state import content_state
 
 CTX_KEY = "kvtrace_ctx"
@@ -487,6 +487,21 @@ def span_count(run_id: str, name: str) -> int:
     """How many spans named ``name`` the run holds (``read.span_counts``)."""
     counts = call("span_counts", run_id)
     return int(counts.filter(pl.col("name") == name)["spans"].sum()) if counts.height else 0
+
+
+def none_finished(run_id: str) -> str | None:
+    """Why a run that looked requests up has no hit counters, where none of its requests has
+    finished (every request counted once, from the request span written as it finishes: a
+    run killed before its first, or still replaying toward it); None otherwise. Its pages said
+    "no request was scheduled" and "no lookups recorded" beside the lookups of the requests in
+    flight."""
+    lookups = span_count(run_id, SPAN_LOOKUP)
+    if not lookups or call("hit_counters", run_id).get("requests"):
+        return None
+    status = run_row(run_id).get("status")
+    when = "yet" if status == "running" else "before it stopped" if status != "complete" else ""
+    return (f"No request of this run finished {when}".rstrip() + f" ({lookups:,} lookup spans of requests in "
+            "flight): each request's hits are counted once, from the request span written when it finishes.")
 
 
 def shared_pool(run_id: str) -> bool:

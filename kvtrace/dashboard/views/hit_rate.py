@@ -19,6 +19,9 @@ origin = queries.time_origin(run_id)  # (0 for a replay; a live capture's first 
 every = queries.call("hit_counters_over_time", run_id, window_ns=w)
 counters = state.in_window(every, "window_start_ns", window, origin)
 scheduled = state.outside_window(every, counters, window, "scheduled requests")  # (then no command fills it)
+# (a run killed before its first request finished, or replaying toward it, has lookups and no counts)
+unfinished = queries.none_finished(run_id)
+fill = ui.fill_to_its_end(queries.run_row(run_id).get("status")) if unfinished else ui.FILL_RUN
 
 bound = queries.belady_bound(run_id)
 bel = bound.run
@@ -34,8 +37,8 @@ ui.chart(
     "schedule) per time window (solid) and cumulative since the start (dashed)"
     + ("; dotted: the Belady (offline-optimal) bound from the cache-only run of the same trace and capacity."
        if level is not None else "."),
-    empty_what=scheduled or "No request was scheduled in this run, so there is no hit rate to plot.",
-    command=None if scheduled else ui.FILL_RUN, key="hit_rate",
+    empty_what=scheduled or unfinished or "No request was scheduled in this run, so there is no hit rate to plot.",
+    command=None if scheduled else fill, key="hit_rate",
 )
 cfg = queries.config(run_id)
 if cfg.get("policy") == "belady":  # (only cache-only configs store a policy)
@@ -58,8 +61,8 @@ ui.chart(
     charts.hit_sources(counters),
     "Prompt tokens per window by source (vLLM's prompt_tokens_by_source: local cache hit, external KV transfer, "
     "local compute), each request once at its first schedule, stacked: the stack is the prompt tokens scheduled.",
-    empty_what=scheduled or "No request was scheduled in this run.", command=None if scheduled else ui.FILL_RUN,
-    key="hit_sources",
+    empty_what=scheduled or unfinished or "No request was scheduled in this run.",
+    command=None if scheduled else fill, key="hit_sources",
 )
 
 st.subheader("Group hit rates")
@@ -82,11 +85,12 @@ outside = state.outside_window(shown, in_window, window, "per-group hits")
 vllm = cfg.get("backend") == "vllm"
 ui.chart(charts.group_hit_rate(in_window, labels),
          metrics.GROUP_HIT_RATE_DOC,
-         empty_what=outside or ("No per-group hits in this run: no lookup spans, or (a vLLM-backend run an older "
-                                "kvtrace recorded) only the groups' common hit, inferred into each group, which is "
-                                "left out; a replay with this kvtrace records each group's own." if vllm
-                                else "No per-group hits in this run: no lookup span names a KV group's own hit."),
-         command=None if outside or vllm else ui.FILL_RUN, key="group_hit_rate")
+         empty_what=outside or unfinished or (
+             "No per-group hits in this run: no lookup spans, or (a vLLM-backend run an older kvtrace recorded) only "
+             "the groups' common hit, inferred into each group, which is left out; a replay with this kvtrace records "
+             "each group's own." if vllm else
+             "No per-group hits in this run: no lookup span names a KV group's own hit."),
+         command=None if outside or (vllm and not unfinished) else fill, key="group_hit_rate")
 
 usage = queries.call("usage_over_time", run_id, window_ns=w)
 in_window = state.in_window(usage, "window_start_ns", window, origin)

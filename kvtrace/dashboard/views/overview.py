@@ -68,7 +68,8 @@ for col, key in zip(c[1:], metrics.SOURCE_KEYS):
 preempted = counted("preempted_prefix_cache_queries")
 st.caption("Each request counted once, when it was first scheduled, as vLLM counts prefix_cache_queries and "
            "prefix_cache_hits; the prompt tokens split by source sum to the queries. "
-           + ("No lookups recorded (– : not measured)." if preempted == "–" else
+           + ((queries.none_finished(run_id) or "No lookups recorded") + " (– : not measured)."
+              if preempted == "–" else
               f"Preempted requests' re-lookups, counted apart: {counted('preempted_prefix_cache_hits')} of "
               f"{preempted} tokens hit." if hits["preempted_prefix_cache_queries"] else "No request was preempted."))
 

@@ -1,0 +1,47 @@
+"""Probe 28 (views): the dashboard on a run stopped before any of its requests finished,
+whose lookups are recorded and whose hit counters (one per finished request) are none yet."""
+
+from __future__ import annotations
+
+from apptest import render
+
+from kvtrace.engine.events import RequestFinished
+from kvtrace.store import read
+
+
+def _stopped_before_any_finished(db: str) -> str:
+    """A run closed unfinished (``incomplete``) whose spans hold the lookups, publishes and
+    steps of requests in flight, and no request span: no request had finished."""
+    import synthetic_run
+
+    from kvtrace.store.writer import Store
+
+    steps, _ = synthetic_run.simulate(True, n_requests=6)
+    steps = [type(s)(s.step, s.cache_events, [e for e in s.engine_events if not isinstance(e, RequestFinished)])
+             for s in steps]
+    store = Store.open(db)
+    run = store.create_run("stopped", trace_source="gen:stopped", mode="engine")
+    synthetic_run.write_steps(store, run, steps)
+    store.close()
+    return run
+
+
+def test_a_run_stopped_before_any_request_finished_is_not_said_to_have_scheduled_none(tmp_path, monkeypatch):
+    """Its Hit rate page said "No request was scheduled in this run" and "no lookup span names a
+    KV group's own hit", and Overview "No lookups recorded", beside the lookups of its
+    requests in flight (the page's own Hottest prefixes table listed them); each now says none
+    finished, and the fill is the same replay run to its end, not `kvtrace demo`."""
+    db = str(tmp_path / "stopped.duckdb")
+    run = _stopped_before_any_finished(db)
+    assert read.run(db, run)["status"] == "incomplete"
+    assert read.hit_counters(db, run)["requests"] == 0
+    lookups = read.span_counts(db, run).filter(name="kvtrace.cache.lookup")["spans"].sum()
+    assert lookups > 0
+    infos = [i.value for i in render(db, monkeypatch, "hit_rate", run=run).info]
+    said = [i for i in infos if "No request of this run finished before it stopped" in i]
+    assert len(said) == 3, infos  # the hit rate, the prompt tokens by source and the group hit rates
+    assert all(f"{lookups:,} lookup spans" in i and "the same replay run to its end" in i for i in said), said
+    assert not any("No request was scheduled" in i or "no lookup span names" in i for i in infos), infos
+    captions = [c.value for c in render(db, monkeypatch, run=run).caption]
+    assert not any("No lookups recorded" in c for c in captions), captions
+    assert any("No request of this run finished before it stopped" in c for c in captions), captions
