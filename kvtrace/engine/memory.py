@@ -14,16 +14,21 @@ from typing import Any
 from kvtrace.cache.config import CacheConfig, MambaSpec
 from kvtrace.errors import ConfigError
 
+# int64 values an attention block holds in ``DeviceStorage`` besides its slots: the block sum,
+# the write stamp, and the remembered prefix (the stamp it holds at, its slot count, its sum)
+ATTENTION_BLOCK_EXTRAS = 5
+
 
 def storage_bytes(cache_config: CacheConfig, *, state_only: bool = False) -> int:
     """Bytes of device tensors ``DeviceStorage`` allocates for ``cache_config`` (of its
-    Mamba groups' states alone with ``state_only``)."""
+    Mamba groups' states alone with ``state_only``). (Slots and block sums alone understated
+    a pool of 16-token blocks by a fifth: 17 values a block where it holds 21.)"""
     total = 0
     for spec, num_blocks in zip(cache_config.groups, cache_config.pool_sizes):
         state = isinstance(spec, MambaSpec)
         if state_only and not state:
             continue
-        per_block = spec.num_lanes if isinstance(spec, MambaSpec) else spec.block_size + 1  # slots + block sum
+        per_block = spec.num_lanes if isinstance(spec, MambaSpec) else spec.block_size + ATTENTION_BLOCK_EXTRAS
         total += num_blocks * per_block * 8
     return total
 

@@ -59,6 +59,8 @@ class DeviceStorage:
         self.num_copies = 0
         # Every write or copy into an attention block stamps it with a fresh number. A
         # remembered prefix sum of a block (``append_kv``) holds while its stamp does.
+        # (memory.ATTENTION_BLOCK_EXTRAS counts these arrays and the block sum: the size
+        # check before a run reads it)
         self._last_stamp = 0
         zeros = [None if st else xp.zeros(n) for st, n in zip(self.is_state, (t.shape[0] for t in self.data))]
         self.stamp: list[Array | None] = zeros

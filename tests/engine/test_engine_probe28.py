@@ -27,7 +27,7 @@ import duckdb
 import numpy as np
 import pytest
 
-from kvtrace.cache import MambaSpec
+from kvtrace.cache import FullAttentionSpec, MambaSpec, SlidingWindowSpec
 from kvtrace.engine import get_preset
 from kvtrace.replay.run import RunSpec, run_replay
 from tests.support.scheduler_conformance import SchedulerCase, run_scheduler_conformance
@@ -212,3 +212,33 @@ def test_hundreds_of_seats_schedule_as_vllms(vllm_api, tmp_path, seqs, budget, r
         assert run.preemptions > 100 and run.resumed == run.preemptions, run.report()
     else:
         assert run.max_running == seqs and run.waited_for_seqs > 0, run.report()
+
+
+def _allocated_bytes(value) -> int:
+    """Bytes of every numpy array ``value`` holds (in lists and tuples too)."""
+    if isinstance(value, np.ndarray):
+        return value.nbytes
+    if isinstance(value, (list, tuple)):
+        return sum(map(_allocated_bytes, value))
+    return 0
+
+
+@pytest.mark.parametrize("groups", [
+    (FullAttentionSpec(16),),
+    (FullAttentionSpec(16), SlidingWindowSpec(16, sliding_window=64)),
+    (FullAttentionSpec(64), MambaSpec(64, num_lanes=6)),
+])
+@pytest.mark.parametrize("pools", ["shared", "per-group"])
+def test_the_size_checked_before_a_run_is_what_the_storage_allocates(groups, pools):
+    """``storage_bytes`` (what the check before a run compares with the machine's memory, and
+    the GiB its refusal names) counted an attention block's slots and block sum, not its write
+    stamp and remembered prefix: 17 int64s a 16-token block where the storage holds 21, so a
+    pool it let through could need a quarter more memory than it said."""
+    from kvtrace.cache import CacheConfig
+    from kvtrace.engine.memory import storage_bytes
+    from kvtrace.engine.storage import DeviceStorage
+
+    blocks = 1000 if pools == "shared" else [1000 + 100 * i for i in range(len(groups))]
+    config = CacheConfig(groups=groups, num_gpu_blocks=blocks, hash_block_size=16)
+    storage = DeviceStorage(config, "cpu")
+    assert storage_bytes(config) == sum(_allocated_bytes(v) for v in vars(storage).values()) > 0
