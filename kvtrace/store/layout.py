@@ -44,6 +44,10 @@ TABLE, VIEW = "table", "view"
 # EXISTS when it opens one): a store may lack these and still be whole.
 ADDED_TABLES = frozenset({"curves"})
 ADDED_COLUMNS: dict[str, tuple[str, ...]] = {"runs": ("time_offset_ns",), **derived.ADDED_COLUMNS}
+# The tables of kvtrace's earlier schema versions that today's declares no more: an older
+# store's own, never a user's (version 1 and 2 stores kept latency percentiles in
+# latency_quantiles, which version 3 replaced by latency_cdf).
+RETIRED_TABLES = frozenset({"latency_quantiles"})
 # The value such a column holds in the rows written before it (SQL; NULL where not named): what
 # the writer's ALTER gives them (runs.time_offset_ns DEFAULT 0: a DuckDB store keeps 0), and so
 # what a reader of a store not yet upgraded takes it for (``export``: the same files before and after).
@@ -107,8 +111,11 @@ def foreign_relations(con: duckdb.DuckDBPyConnection, version: int) -> list[str]
     """The tables and views in the store open on ``con`` that kvtrace does not declare (a
     user's own, in any schema), as ``schema.name``: what replacing the file would drop.
     Kvtrace's own are the names of ``version``'s relations and of today's: an older store
-    holds derived tables and curves that ``expected`` does not list for its version."""
-    mine = set(expected(version)) | set(expected(SCHEMA_VERSION))
+    holds derived tables and curves that ``expected`` does not list for its version, and
+    tables today's declares no more (``RETIRED_TABLES``: a version 2 demo store's
+    latency_quantiles was called a user's own, and the demo refused to replace the store)."""
+    retired = RETIRED_TABLES if version < SCHEMA_VERSION else frozenset()  # (in today's store, a user's)
+    mine = set(expected(version)) | set(expected(SCHEMA_VERSION)) | retired
     rows = con.execute(
         "SELECT schema_name, table_name FROM duckdb_tables() WHERE NOT internal AND database_name = current_database() "
         "UNION ALL SELECT schema_name, view_name FROM duckdb_views() WHERE NOT internal "

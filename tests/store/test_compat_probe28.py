@@ -89,3 +89,26 @@ def test_a_store_without_its_schema_version_row_is_damaged_not_old(tmp_path, eng
     line = assert_one_line(code, err, str(db), "damaged kvtrace store", "no schema_version row")
     assert "predates" not in line
     assert db.read_bytes() == data
+
+
+def test_an_older_stores_retired_tables_are_kvtraces_own_not_a_users(tmp_path, engine_store):
+    """Version 1 and 2 stores kept latency percentiles in latency_quantiles (version 3:
+    latency_cdf). Every store those versions wrote holds it, and it was listed as a user's
+    own table: ``kvtrace demo`` refused to replace a real version 2 demo store ("holds 1
+    table(s) or view(s) that are not kvtrace's (e.g. 'main.latency_quantiles')"), which a
+    version number changed by hand, without the table, never showed."""
+    from kvtrace.compare.demo import DEMO_TRACE, _demo_target
+    from kvtrace.store.connection import check_store, read_connection
+    from kvtrace.store.layout import foreign_relations
+
+    quantiles = "CREATE TABLE latency_quantiles (run_id VARCHAR, metric VARCHAR, q DOUBLE, value_ns DOUBLE)"
+    db = _store(tmp_path, engine_store, "v2.duckdb",
+                f"UPDATE {META_TABLE} SET value = '2' WHERE key = 'schema_version'", "DROP TABLE latency_cdf",
+                quantiles, f"UPDATE runs SET name = 'demo: ' || run_id, trace_source = '{DEMO_TRACE}'")
+    with read_connection(db) as con:
+        assert foreign_relations(con, check_store(con, str(db))) == []
+    assert _demo_target(str(db)) == str(db)  # (an earlier demo store: replaced, not refused)
+    # in a store of today's version the table is no kvtrace's: a user's own, kept from the demo
+    current = _store(tmp_path, engine_store, "v3.duckdb", quantiles)
+    with read_connection(current) as con:
+        assert foreign_relations(con, check_store(con, str(current))) == ["main.latency_quantiles"]
