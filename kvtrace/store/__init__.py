@@ -26,7 +26,11 @@ Schema (``schema.py``)
     built from the typed columns plus extra_attributes, Duration ns, Events.*, Links.*),
     then RunId. ``runs``: run_id, name, created, trace_source, trace_digest, config JSON,
     behaviours JSON, mode, digest, status (running|complete|failed|incomplete), summary JSON,
-    writer pid/host/start token.
+    writer pid/host/start token, time_offset_ns (``RUN_COLUMNS``; 0 in a DuckDB store).
+    Versions: ``SCHEMA_VERSION`` in ``kvtrace_meta``; an older store is read where it holds
+    what a read needs and never appended to, a newer one refused. Columns and tables added
+    within a version (``layout.ADDED_COLUMNS``/``ADDED_TABLES``) are added by the next writer
+    to open the store, in the transaction that checks it, and read as that gives them before.
     Live vLLM KV events reuse the cache span names with ``source = 'vllm'`` (BlockStored ->
     publish 'vllm_stored', BlockRemoved -> evict 'vllm_removed', AllBlocksCleared -> evict
     'reset').
