@@ -304,7 +304,8 @@ def build_tracer_provider(
     (HTTP, or gRPC when the protocol variable says so), their times shifted by
     ``export_time_offset(time_offset_ns)`` and numbered (``kvtrace.seq``).
     ``background``: the DuckDB export runs on a worker thread behind a bounded blocking
-    queue (off by default: on 2 busy cores inline measured as fast); the OTLP export
+    queue (off by default: on 2 busy cores inline measured as fast), which commits the
+    store's once-a-second flush on time between hand-overs (``Store.flush_when_idle``); the OTLP export
     always does, so network waits overlap the replay. ``export_run_id``: the run id the
     OTLP export names (``kvtrace.run.id``; default ``run_id``), see ``unique_export_run_id``.
     Call ``provider.force_flush()`` before ``store.finish_run`` and ``shutdown()`` at the end.
@@ -316,8 +317,11 @@ def build_tracer_provider(
     if store is not None:
         if run_id is None:
             raise ValueError("build_tracer_provider: a store needs a run_id")
+        # background: the export thread also commits what waits once it is due, between
+        # hand-overs (a store not of kvtrace.store, a sweep worker's in memory, has no need)
         provider.add_span_processor(
-            BulkSpanProcessor(DuckDBSpanExporter(store, run_id), background=background, run_id=run_id)
+            BulkSpanProcessor(DuckDBSpanExporter(store, run_id), background=background, run_id=run_id,
+                              idle_flush=getattr(store, "flush_when_idle", None) if background else None)
         )
     if exporting:
         exported = resource if export_run_id is None else make_resource(export_run_id, service_name,

@@ -748,6 +748,15 @@ class Store:
             return self.flush()
         return 0
 
+    def flush_when_idle(self) -> bool:
+        """For a producer's quiet moments (a replay's export thread between two hand-overs):
+        commit what is buffered once ``flush_interval_s`` has passed, as an append would, so
+        the commit is not put off to the next append (seconds later where an engine's steps
+        are slow: a kill -9 lost them all). True while rows still wait, False once none do."""
+        if self._buffer:
+            self.flush_if_due()
+        return bool(self._buffer)
+
     def _resume_seq(self, run_id: str) -> int:
         with self._connect() as con:
             row = fetch_one(con, "SELECT status FROM runs WHERE run_id = ?", [run_id])
