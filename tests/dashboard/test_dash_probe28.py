@@ -45,3 +45,17 @@ def test_a_run_stopped_before_any_request_finished_is_not_said_to_have_scheduled
     captions = [c.value for c in render(db, monkeypatch, run=run).caption]
     assert not any("No lookups recorded" in c for c in captions), captions
     assert any("No request of this run finished before it stopped" in c for c in captions), captions
+
+
+def test_the_latency_page_of_a_run_stopped_before_any_request_finished_shows_no_blank_statistics(tmp_path,
+                                                                                                  monkeypatch):
+    """Its statistics table was five rows of blanks under "vllm bench serve's statistics", and
+    every empty chart was to be filled with `kvtrace demo`: the run's own replay, run to its end,
+    fills them."""
+    db = str(tmp_path / "stopped.duckdb")
+    run = _stopped_before_any_finished(db)
+    at = render(db, monkeypatch, "latency", run=run)
+    assert not at.dataframe, [d.value for d in at.dataframe]
+    infos = [i.value for i in at.info]
+    assert "No finished requests in this run, so no latency. Fill it with the same replay run to its end." in infos
+    assert infos and all(i.endswith("Fill it with the same replay run to its end.") for i in infos), infos

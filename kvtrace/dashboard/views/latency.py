@@ -55,11 +55,17 @@ def main() -> None:
         rows.append({"metric": m.label, **{k.removesuffix(f"_{m.key}_ms"): lat.get(k) for k in keys}})
     columns = [k.removesuffix("_ttft_ms") for k in metrics.latency_keys("ttft", qs)]
     stats = pl.DataFrame(rows, schema={"metric": pl.String, **{k: pl.Float64 for k in columns}})
+    if all(v is None for v in lat.values()):  # (no finished request: five rows of blanks were shown as statistics)
+        stats = stats.clear()
     times = queries.times_word(run_id)
+    # (a run stopped, or still replaying, before a request finished: its own replay run to its end fills it)
+    status = queries.run_row(run_id).get("status")
+    fill = ui.FILL_RUN if status == "complete" else ui.fill_to_its_end(status)
     ui.table(stats, f"vllm bench serve's statistics of each latency, in ms ({times}): TTFT, TPOT (excl. 1st "
                     "token), ITL (every gap), E2EL, and queueing; mean, median, population std and percentiles.",
              empty_what="No finished requests in this run, so no latency.",
-             command="`kvtrace replay TRACE --db PATH` in engine mode (cache-only runs have no clock)")
+             command=fill if status != "complete" else
+             "`kvtrace replay TRACE --db PATH` in engine mode (cache-only runs have no clock)")
 
     bins = queries.HIST_BINS
     c = st.columns(2)
@@ -69,20 +75,20 @@ def main() -> None:
                             times),
                  "Fraction of requests whose time to first token, and whose queueing delay, is at most x (the run's "
                  "percentiles 0, 0.1, ..., 100).",
-                 empty_what="No finished requests in this run.", key="ttft_cdf")
+                 empty_what="No finished requests in this run.", command=fill, key="ttft_cdf")
         ui.chart(charts.latency_hist(queries.call("latency_histogram", run_id, "ttft", bins=bins), "TTFT histogram",
                                      "TTFT", log, times),
                  "Requests per TTFT bin (exact counts).", empty_what="No finished requests in this run.",
-                 key="ttft_hist")
+                 command=fill, key="ttft_hist")
     with c[1]:
         ui.chart(charts.cdf([("ITL", queries.call("latency_cdf", run_id, "itl")),
                              ("TPOT", queries.call("latency_cdf", run_id, "tpot"))], "ITL and TPOT CDF", log, times),
                  "Fraction of inter-token gaps (all requests) and of requests' time per output token at most x.",
-                 empty_what="No decoded tokens in this run.", key="itl_cdf")
+                 empty_what="No decoded tokens in this run.", command=fill, key="itl_cdf")
         ui.chart(charts.latency_hist(queries.call("latency_histogram", run_id, "itl", bins=bins), "ITL histogram",
                                      "ITL", log, times),
                  "Inter-token gaps per bin (exact counts).", empty_what="No decoded tokens in this run.",
-                 key="itl_hist")
+                 command=fill, key="itl_hist")
 
     st.subheader("Over time")
     window = state.bound_window("Virtual time window (filters the chart below)", queries.time_extent_s(run_id))
@@ -92,7 +98,7 @@ def main() -> None:
     outside = state.outside_window(itl, shown, window, "decoded tokens")
     ui.chart(charts.itl_over_time(shown, log, times),
              "Inter-token gaps per window of the time their token came out: mean, p50 and p99 of the window's gaps.",
-             empty_what=outside or "No decoded tokens in this run.", command=None if outside else ui.FILL_RUN,
+             empty_what=outside or "No decoded tokens in this run.", command=None if outside else fill,
              key="itl_time")
 
     st.subheader("Request waterfall")
@@ -113,7 +119,7 @@ def main() -> None:
     if reqs.height == 0:
         # a link from another run: named once, then dropped from the URL (as a picker replaces one)
         st.query_params.pop("request", None)
-        ui.empty("No finished requests in this run.")
+        ui.empty("No finished requests in this run.", fill)
     else:
         info = {r["request_id"]: r for r in reqs.iter_rows(named=True)}
         rid = str(state.bound_select(  # options: not empty
