@@ -177,7 +177,8 @@ def pct(x: Any) -> str:
 
 
 def ms(x: Any) -> str:
-    return "–" if not _finite(x) else f"{float(x):.1f} ms"
+    # (with thousands separators, as every count beside it and diff's times: a tile read "3209.0 ms")
+    return "–" if not _finite(x) else f"{float(x):,.1f} ms"
 
 
 def count(x: Any) -> str:

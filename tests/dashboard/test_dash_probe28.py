@@ -59,3 +59,11 @@ def test_the_latency_page_of_a_run_stopped_before_any_request_finished_shows_no_
     infos = [i.value for i in at.info]
     assert "No finished requests in this run, so no latency. Fill it with the same replay run to its end." in infos
     assert infos and all(i.endswith("Fill it with the same replay run to its end.") for i in infos), infos
+
+
+def test_a_time_of_a_second_or_more_has_thousands_separators_as_the_counts_beside_it():
+    """Overview's TTFT p99 tile read "3209.0 ms" beside "1,227" evictions (and diff's "1,180.5")."""
+    from kvtrace.dashboard import ui
+
+    assert ui.ms(3209.04) == "3,209.0 ms" and ui.ms(999.96) == "1,000.0 ms" and ui.ms(12.345) == "12.3 ms"
+    assert ui.count(1227) == "1,227" and ui.ms(None) == "–"
