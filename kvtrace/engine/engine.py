@@ -154,6 +154,15 @@ class Engine:
             raise KVTraceError(f"engine: preset {preset!r}; expected a preset's name or an EnginePreset")
         if not isinstance(content, bool):  # (content="no" ran with content)
             raise KVTraceError(f"engine: content {content!r}; expected True or False")
+        if not isinstance(verify, bool):  # (verify="no" verified, and the summary counted what it found)
+            raise KVTraceError(f"engine: verify {verify!r}; expected True or False")
+        # (a string was a TypeError traceback at the first step; 1.5 audited at steps 3, 6, ...,
+        # -1 at every step)
+        if type(audit_interval) is not int or audit_interval < 0:
+            raise KVTraceError(f"engine: audit_interval {audit_interval!r}; expected a number of steps, an int >= 0 "
+                               "(0: once, at the end)")
+        if cpu_threads is not None and (type(cpu_threads) is not int or cpu_threads < 1):
+            raise KVTraceError(f"engine: cpu_threads {cpu_threads!r}; expected an int >= 1, or None for torch's own")
         p = get_preset(preset) if isinstance(preset, str) else preset
         self.preset_name = p.name
         self.cache_config = cache_config or p.cache_config

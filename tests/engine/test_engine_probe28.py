@@ -242,3 +242,39 @@ def test_the_size_checked_before_a_run_is_what_the_storage_allocates(groups, poo
     config = CacheConfig(groups=groups, num_gpu_blocks=blocks, hash_block_size=16)
     storage = DeviceStorage(config, "cpu")
     assert storage_bytes(config) == sum(_allocated_bytes(v) for v in vars(storage).values()) > 0
+
+
+@pytest.mark.parametrize(("setting", "said"), [
+    ({"verify": "no"}, "engine: verify 'no'; expected True or False"),
+    ({"verify": None}, "engine: verify None; expected True or False"),
+    ({"audit_interval": "5"}, "engine: audit_interval '5'; expected a number of steps"),
+    ({"audit_interval": 1.5}, "engine: audit_interval 1.5; expected a number of steps"),
+    ({"audit_interval": -1}, "engine: audit_interval -1; expected a number of steps"),
+    ({"audit_interval": True}, "engine: audit_interval True; expected a number of steps"),
+    ({"cpu_threads": 0}, "engine: cpu_threads 0; expected an int >= 1"),
+    ({"cpu_threads": "x"}, "engine: cpu_threads 'x'; expected an int >= 1"),
+])
+def test_an_engine_argument_of_the_audit_or_threads_it_cannot_use_is_one_line_before_the_run(setting, said):
+    """verify="no" ran with verification (and its summary counted what that found), an
+    audit interval of "5" was a TypeError traceback after the first step, 1.5 audited at
+    every third step and -1 at every step: each is refused before anything runs, as
+    content="no" is."""
+    from kvtrace.engine import Engine
+    from kvtrace.errors import KVTraceError
+    from kvtrace.workload import TraceRequest
+
+    seen: list = []
+    work = [TraceRequest("a", 0, 5, 2, token_ids=np.arange(1, 6, dtype=np.int64))]
+    with pytest.raises(KVTraceError) as raised:
+        Engine("dense-attention", **setting).run(work, [seen.append])
+    assert str(raised.value).startswith(said) and "\n" not in str(raised.value)
+    assert seen == []
+
+
+def test_an_audit_interval_of_0_audits_once_at_the_end():
+    from kvtrace.engine import Engine
+    from kvtrace.workload import TraceRequest
+
+    work = [TraceRequest(f"r{i}", 0, 40, 3, token_ids=np.arange(7, 47, dtype=np.int64)) for i in range(3)]
+    summary = Engine("dense-attention", audit_interval=0).run(work).summary
+    assert summary["stale_hashes"] == 0 and summary["prefix_cache_hits"] > 0
