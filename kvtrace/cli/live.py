@@ -83,6 +83,8 @@ def capture_vllm(
     from kvtrace.instrument.vllm.endpoints import capture_endpoints
 
     for option, address in (("--endpoint", endpoint), ("--replay-endpoint", replay_endpoint)):
+        if address is not None and not address.strip():  # (--replay-endpoint '' turned gap recovery off unsaid)
+            raise ConfigError(option, repr(address), "expected tcp://HOST:PORT or ipc://PATH, got an empty one")
         if address is not None and address.startswith("inproc://"):  # (it recorded a run of nothing, exit 1)
             raise ConfigError(option, address, "inproc:// reaches sockets of this process only, never a vLLM "
                                                "server's: give its tcp:// or ipc:// endpoint")

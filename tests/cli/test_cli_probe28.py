@@ -66,3 +66,16 @@ def test_the_demo_names_a_read_only_store_with_a_newline_as_typed(tmp_path: Path
 def test_a_moe_value_with_a_newline_is_shown_as_typed(capsys):
     code, _, err = run(["calibrate", "--from", CALIBRATION, "--moe", "8\n:2x"], capsys)
     assert_one_line(code, err, "--moe: 8\\n:2x: expected E:K")
+
+
+@pytest.mark.parametrize("option", ["--endpoint", "--replay-endpoint"])
+@pytest.mark.parametrize("given", ["", " "])
+def test_an_empty_capture_endpoint_is_refused_before_anything_is_recorded(tmp_path: Path, capsys, option, given):
+    """`--replay-endpoint ''` captured without gap recovery and said nothing of it (a blank one
+    was refused), and `--endpoint ''` was told as "--endpoint: : expected ..."."""
+    db = tmp_path / "live.duckdb"
+    argv = {"--endpoint": "tcp://127.0.0.1:1", "--replay-endpoint": None, option: given}
+    code, _, err = run(["capture", "vllm", *(a for k, v in argv.items() if v is not None for a in (k, v)),
+                        "--db", str(db), "--duration", "0"], capsys)
+    assert_one_line(code, err, f"{option}: {given!r}: expected tcp://HOST:PORT or ipc://PATH, got an empty one")
+    assert not db.exists()
