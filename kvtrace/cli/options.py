@@ -97,6 +97,13 @@ def output_file(path: str | None) -> str | None:
     return path
 
 
+def _run_name(name: str | None) -> str | None:
+    # '' ran under the default name as if no --name was given, and ' ' stored a name no table shows
+    if name is not None and not name.strip():
+        raise typer.BadParameter(f"{name!r}: expected a run name (without --name, one is made from the settings)")
+    return name
+
+
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")]
 Markdown = Annotated[bool, typer.Option("--markdown", help="Print Markdown (for a pull request).")]
 Seed = Annotated[int, typer.Option(metavar="N", help="Seed of the generated workload (0 to 2^64-1).")]
@@ -158,8 +165,8 @@ _RUN_OPTIONS: dict[str, tuple[Any, Any, str]] = {
         metavar="N", help="Seed for generated workloads and span ids (0 to 2^64-1).", rich_help_panel=RUN_PANEL)],
         0, "seed"),
     "name": (Annotated[str | None, typer.Option(
-        metavar="TEXT", help="Run name stored with the run (a cache-only curve stores none: refused there).",
-        rich_help_panel=RUN_PANEL)], None, "name"),
+        metavar="TEXT", callback=_run_name, help="Run name stored with the run (a cache-only curve stores none: "
+        "refused there).", rich_help_panel=RUN_PANEL)], None, "name"),
     "no_content": (Annotated[bool, typer.Option(
         "--no-content", help="Engine mode without device content, sampling checks or stale-hash audits: hits and "
         "timings only, several times faster.", rich_help_panel=RUN_PANEL)], False, "content"),

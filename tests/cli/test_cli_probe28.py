@@ -79,3 +79,18 @@ def test_an_empty_capture_endpoint_is_refused_before_anything_is_recorded(tmp_pa
                         "--db", str(db), "--duration", "0"], capsys)
     assert_one_line(code, err, f"{option}: {given!r}: expected tcp://HOST:PORT or ipc://PATH, got an empty one")
     assert not db.exists()
+
+
+@pytest.mark.parametrize("command", [
+    ["replay", "gen:chat", "--mode", "cache-only", "--limit", "2"],
+    ["sweep", "gen:chat", "--mode", "cache-only", "--limit", "2", "--param", "capacity_blocks=4"],
+    ["study", "shared-prefix-pinning", "--limit", "2"],
+])
+@pytest.mark.parametrize("name", ["", " "])
+def test_a_blank_run_name_is_refused(tmp_path: Path, capsys, command, name):
+    """`--name ''` ran under the default name as if none was given, and `--name ' '` stored a
+    name the runs table shows as nothing."""
+    db = tmp_path / "s.duckdb"
+    code, stdout, err = run([*command, "--name", name, "--db", str(db)], capsys)
+    assert_one_line(code, err, f"--name: {name!r}: expected a run name")
+    assert stdout == "" and not db.exists()
