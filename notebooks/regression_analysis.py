@@ -58,10 +58,10 @@ import plotly.express as px
 import polars as pl
 
 from kvtrace.compare.model import MetricDelta, metric_direction
-from kvtrace.compare.render import backend_note, fmt, times_note
+from kvtrace.compare.render import backend_note, times_note
 from kvtrace.compare.source import diff_runs
 from kvtrace.errors import KVTraceError
-from kvtrace.metrics import is_latency_key, points_text, times_word
+from kvtrace.metrics import is_latency_key, percent_text, points_text, times_word
 from kvtrace.names import BEHAVIOURS, printable
 from kvtrace.store import read as store
 from kvtrace.workload.lines import AtomicText
@@ -324,15 +324,16 @@ def summary_metric(name):
 
 
 hr_m = summary_metric("prefix_cache_hit_rate")
+# (a rate in %, its change in pp, as every view shows them: "from 0.1042 to 0.1186 (+1.44 pp" mixed two units)
 if hr_m.delta is None:
-    a, b = ("none" if v is None else fmt(v) for v in (hr_m.a, hr_m.b))
+    a, b = ("none" if v is None else percent_text(v) for v in (hr_m.a, hr_m.b))
     lines.append(f"The prefix cache hit rate is not in both runs (A {a}, B {b}): no hit rate comparison.")
 elif hr_m.delta:
     rel_txt = f", {hr_m.rel * 100:+.1f}%" if hr_m.rel is not None else ""
-    lines.append(f"B {'raises' if hr_m.delta > 0 else 'lowers'} the prefix cache hit rate from {fmt(hr_m.a)} to "
-                 f"{fmt(hr_m.b)} ({points_text(hr_m.delta)}{rel_txt}).")
+    lines.append(f"B {'raises' if hr_m.delta > 0 else 'lowers'} the prefix cache hit rate from {percent_text(hr_m.a)} "
+                 f"to {percent_text(hr_m.b)} ({points_text(hr_m.delta)}{rel_txt}).")
 else:
-    lines.append(f"The prefix cache hit rate is unchanged at {fmt(hr_m.a)}.")
+    lines.append(f"The prefix cache hit rate is unchanged at {percent_text(hr_m.a)}.")
 for s in sig:
     lines.append(f"{s.name} {'rises' if s.delta > 0 else 'falls'} by {abs(s.delta):.3f} ms ({TIMES}; "
                  f"95% CI [{s.ci_low:+.3f}, {s.ci_high:+.3f}]).")

@@ -107,3 +107,21 @@ def test_the_trace_notebooks_knee_names_the_best_of_the_capacities_swept(run_not
     assert "90% of its best" not in printed
     headroom = result["belady_prefix_cache_hit_rate"][0] - lru[0]
     assert f"Belady headroom at the smallest capacity (20 blocks): {metrics.points_text(headroom)}\n" in printed
+
+
+def test_the_regression_notebooks_verdict_gives_the_hit_rate_in_percent_beside_its_change_in_points(
+        run_notebook, tmp_path):  # noqa: F811
+    """"B raises the prefix cache hit rate from 0.1042 to 0.1186 (+1.44 pp, +13.8%)": a rate as a
+    fraction beside its change in percentage points, in one sentence; every other view shows the
+    rate in % (runs, replay, curve, the dashboard)."""
+    from kvtrace import metrics
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = str(tmp_path / "pair.duckdb")
+    a, b = (run_replay(RunSpec("gen:mixed", limit=60, mode="cache-only", capacity_blocks=100, policy=policy,
+                               name=policy), db=db) for policy in ("lru", "belady"))
+    ra, rb = a.summary["prefix_cache_hit_rate"], b.summary["prefix_cache_hit_rate"]
+    assert rb > ra
+    out, _ = run_notebook("regression_analysis", db_path=db, run_a=a.run_id, run_b=b.run_id)
+    assert (f"B raises the prefix cache hit rate from {metrics.percent_text(ra)} to {metrics.percent_text(rb)} "
+            f"({metrics.points_text(rb - ra)}, ") in out["verdict"], out["verdict"]
