@@ -67,3 +67,28 @@ def test_a_time_of_a_second_or_more_has_thousands_separators_as_the_counts_besid
 
     assert ui.ms(3209.04) == "3,209.0 ms" and ui.ms(999.96) == "1,000.0 ms" and ui.ms(12.345) == "12.3 ms"
     assert ui.count(1227) == "1,227" and ui.ms(None) == "–"
+
+
+def test_a_run_whose_stale_keys_showed_only_as_divergent_outputs_is_not_told_to_make_such_a_run(tmp_path,
+                                                                                                   monkeypatch):
+    """A replay with transient-checkpoint-retention off whose audits found no stale hash but whose
+    outputs diverged (README: a stale key read and evicted between two audits shows as those)
+    was told to fill the drill-down with a run with that very switch off."""
+    import synthetic_run
+
+    from kvtrace.engine.events import StaleHashFound
+    from kvtrace.store.writer import Store
+
+    db = str(tmp_path / "diverged.duckdb")
+    steps, _ = synthetic_run.simulate(False, n_requests=20)
+    steps = [type(s)(s.step, s.cache_events, [e for e in s.engine_events if not isinstance(e, StaleHashFound)])
+             for s in steps]
+    with Store.open(db) as store:
+        run = store.create_run("diverged", trace_source="gen:diverged", mode="engine")
+        synthetic_run.write_steps(store, run, steps)
+    diverged = read.run_summary(db, run)["divergent_outputs"]
+    assert diverged > 0 and read.stale_hashes(db, run).height == 0
+    infos = [i.value for i in render(db, monkeypatch, "stale", run=run).info]
+    said = [i for i in infos if i.startswith("No stale hash to drill into in this run")]
+    assert len(said) == 1 and f"{diverged:,} output tokens diverged" in said[0], infos
+    assert "--without transient-checkpoint-retention" not in said[0]

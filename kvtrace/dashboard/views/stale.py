@@ -62,7 +62,15 @@ if stale.height == 0:
     # a link from another run: named once, then dropped from the URL (as a picker replaces one)
     state.warn_unknown("stale", [], "Stale hash", "it has none to drill into.")
     st.query_params.pop("stale", None)
-    ui.empty("No stale hash to drill into in this run.", FILL_STALE)
+    # (a run whose stale keys caused divergent outputs was told to make such a run, with the very
+    # switch it was replayed with: a stale key read and evicted between two audits is never one)
+    diverged = queries.summary(run_id).get("divergent_outputs")
+    if isinstance(diverged, int) and not isinstance(diverged, bool) and diverged > 0:
+        ui.empty(f"No stale hash to drill into in this run: its audits found none, though {diverged:,} output tokens "
+                 "diverged (below). A stale key that is read and then evicted between two audits shows as the "
+                 "divergent outputs it caused, not as a stale hash.", None)
+    else:
+        ui.empty("No stale hash to drill into in this run.", FILL_STALE)
 else:
     # (a sender's span may leave its hash or group out: the key stays one per span, where a
     # NULL in it made every key None, 91 hashes one choice, and the chain a raw type error)
