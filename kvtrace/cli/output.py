@@ -79,12 +79,14 @@ def recorded(run_id: str | None, db) -> None:
 def print_rows(rows: list[list[str]], title: str | None = None, left: int = 1) -> None:
     """A table on stdout; the first row is the header, the first ``left`` columns are
     text (left-aligned). Piped output is not wrapped to 80 columns: it is for reading
-    whole, or for grep."""
+    whole, or for grep. On a terminal too narrow for it a cell folds onto more lines,
+    never cut: rich's default ellipsis showed a hit rate of 59.51% as "59…" and run r13 as
+    "r1…" in an 80-column `kvtrace runs`."""
     from rich.table import Table
 
     table = Table(title=None if title is None else markup_literal(title), header_style="bold")
     for i, name in enumerate(rows[0]):
-        table.add_column(name, justify="left" if i < left else "right")
+        table.add_column(name, justify="left" if i < left else "right", overflow="fold")
     for row in rows[1:]:  # a run's name is the user's text: shown, never read as markup or control codes
         table.add_row(*(markup_literal(cell) for cell in row))
     stdout_console().print(table)

@@ -94,3 +94,24 @@ def test_a_blank_run_name_is_refused(tmp_path: Path, capsys, command, name):
     code, stdout, err = run([*command, "--name", name, "--db", str(db)], capsys)
     assert_one_line(code, err, f"--name: {name!r}: expected a run name")
     assert stdout == "" and not db.exists()
+
+
+def test_a_table_too_wide_for_the_terminal_folds_its_cells_never_cuts_them(monkeypatch, capsys):
+    """On an 80-column terminal `kvtrace runs` showed a hit rate of 59.51% as "59…", a TTFT of
+    42.357 as "42…" and cut run ids the same way (rich's default overflow, an ellipsis)."""
+    import io
+
+    from rich.console import Console
+
+    from kvtrace.cli import output
+
+    screen = io.StringIO()
+    monkeypatch.setattr(output, "stdout_console", lambda: Console(file=screen, width=40, force_terminal=False))
+    cells = ["r13", "fx_moon.jsonl engine kimi-hybrid no-content", "59.51%", "42.357", "1,234,567"]
+    output.print_rows([["run", "name", "prefix_cache_hit_rate", "median_ttft_ms", "prompt_tokens"], cells], left=2)
+    text = screen.getvalue()
+    assert "…" not in text
+    body = text.split("┡", 1)[1].splitlines()[1:-1]  # the rows under the header, without the bottom border
+    columns = [[part.strip() for part in line.split("│")[1:-1]] for line in body]
+    for i, cell in enumerate(cells):
+        assert "".join(line[i] for line in columns).replace(" ", "") == cell.replace(" ", ""), text
