@@ -96,8 +96,37 @@ class _NonEmptyPath(TyperPath):
         return super().convert(value, param, ctx)
 
 
+class _AsciiNumber:
+    """A number parameter that takes ASCII digits alone: click converts with int() and
+    float(), which read `--limit ３` (a fullwidth digit) as 3, `--seed ١٢` as 12 and
+    `--requests 1_000` as 1000, where a trace's numbers, an endpoint's port and --moe are
+    refused unless ASCII decimal."""
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and (not value.isascii() or "_" in value):
+            self.fail(f"{value!r}: expected a number in ASCII digits", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+_ASCII_NUMBERS: dict[type, type] = {}
+
+
+def _ascii_number(kind: type) -> type:
+    """``kind`` (click's int, float or range type) taking ASCII digits alone."""
+    if kind not in _ASCII_NUMBERS:
+        _ASCII_NUMBERS[kind] = type(f"Ascii{kind.__name__}", (_AsciiNumber, kind), {})
+    return _ASCII_NUMBERS[kind]
+
+
+def _a_number(kind: type) -> bool:
+    # (typer vendors click: its classes told by name, as the errors are)
+    return not issubclass(kind, _AsciiNumber) and any(
+        k.__name__ in ("IntParamType", "FloatParamType") for k in kind.__mro__)
+
+
 def _command() -> typer.main.TyperGroup:
-    """``app``'s click command (what ``app(...)`` builds), its path parameters non-empty."""
+    """``app``'s click command (what ``app(...)`` builds), its path parameters non-empty and
+    its numbers ASCII digits."""
     command = typer.main.get_command(app)
     todo = [command]
     while todo:
@@ -105,6 +134,8 @@ def _command() -> typer.main.TyperGroup:
         for param in c.params:
             if type(param.type) is TyperPath:  # the class typer gives a Path annotation
                 param.type.__class__ = _NonEmptyPath
+            elif _a_number(type(param.type)):  # (click's INT is one instance for every int option: changed once)
+                param.type.__class__ = _ascii_number(type(param.type))
         subcommands = getattr(c, "commands", None)
         if subcommands is None:
             _refuse_repeats(c)

@@ -115,3 +115,28 @@ def test_a_table_too_wide_for_the_terminal_folds_its_cells_never_cuts_them(monke
     columns = [[part.strip() for part in line.split("│")[1:-1]] for line in body]
     for i, cell in enumerate(cells):
         assert "".join(line[i] for line in columns).replace(" ", "") == cell.replace(" ", ""), text
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (["replay", "gen:chat", "--mode", "cache-only", "--limit", "{v}"], "--limit"),
+    (["replay", "gen:chat", "--mode", "cache-only", "--limit", "2", "--seed", "{v}"], "--seed"),
+    (["generate", "chat", "-o", "{out}", "--requests", "{v}"], "--requests"),
+    (["capture", "vllm", "--endpoint", "tcp://127.0.0.1:1", "--db", "{db}", "--duration", "{v}"], "--duration"),
+    (["conformance", "gen:chat", "--concurrency", "{v}"], "--concurrency"),
+])
+@pytest.mark.parametrize("given", ["３", "١٢", "1_0"])
+def test_a_number_is_taken_in_ascii_digits_alone(tmp_path: Path, capsys, argv, flag, given):
+    """click converts with int() and float(): `--limit ３` (a fullwidth 3) replayed 3 requests,
+    `--seed ١٢` seeded 12 and `--requests 1_0` wrote 10, where a trace's numbers, an endpoint's
+    port and --moe take ASCII digits alone."""
+    out, db = tmp_path / "o.jsonl", tmp_path / "s.duckdb"
+    code, stdout, err = run([a.format(v=given, out=out, db=db) for a in argv], capsys)
+    assert_one_line(code, err, f"{flag}: {given!r}: expected a number in ASCII digits")
+    assert stdout == "" and not out.exists() and not db.exists()
+
+
+def test_ascii_numbers_in_every_form_click_reads_still_run(tmp_path: Path, capsys):
+    out = tmp_path / "o.jsonl"
+    code, _, err = run(["generate", "chat", "-o", str(out), "--requests", "+2", "--seed", " 7"], capsys)
+    assert code == 0, err
+    assert "wrote 2 requests" in err
