@@ -77,10 +77,12 @@ class BulkSpanProcessor(SpanProcessor):
         its ordinal among the batches' spans as ``kvtrace.seq``): an OTLP export's.
         ``idle_flush`` (with ``background``): called on the worker thread every
         ``IDLE_FLUSH_S`` that no batch comes, from a batch's export until it returns False
-        (nothing left to commit). A store commits once a second, but only when spans are
-        appended: the spans of one hand-over waited for the next one, seconds later where
-        an engine's steps are slow, and a kill -9 lost them (2.4 s behind on the Mooncake
-        trace, 5.9 s at ``dense-attention``). Its errors reach the producer as an export's."""
+        (nothing left to do: no rows to commit, no file held that a reader may wait for).
+        A store commits once a second, but only when spans are appended: the spans of one
+        hand-over waited for the next one, seconds later where an engine's steps are slow,
+        and a kill -9 lost them (2.4 s behind on the Mooncake trace, 5.9 s at
+        ``dense-attention``); a reader waited for it too. Its errors reach the producer as
+        an export's."""
         self.exporter = exporter
         self.max_export_batch_size = max_export_batch_size
         self.max_export_bytes = max_export_bytes
@@ -190,7 +192,7 @@ class BulkSpanProcessor(SpanProcessor):
 
     def _run(self) -> None:
         assert self._queue is not None  # the worker runs only with a queue
-        waiting = False  # rows the exporter holds that idle_flush is to commit
+        waiting = False  # rows (or a file) the exporter holds that idle_flush is to see to
         while True:
             try:
                 item = self._queue.get(timeout=IDLE_FLUSH_S) if waiting else self._queue.get()

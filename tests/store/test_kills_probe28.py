@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +16,8 @@ from kvtrace.store.errors import StoreError
 from kvtrace.store.writer import Store
 from tests.instrument.helpers import store_rows
 from tests.support.synthetic_spans import synthetic_steps
+
+ROOT = str(Path(__file__).resolve().parents[2])
 
 
 class _Watched(Store):
@@ -73,3 +79,36 @@ def test_an_idle_commits_error_reaches_the_producer_as_an_exports_does(tmp_path)
         with pytest.raises(StoreError, match="disk refused"):
             proc.force_flush()
         proc.shutdown()
+
+
+READER = """
+import sys
+from kvtrace.store.connection import fetch_value, read_connection
+with read_connection(sys.argv[1], timeout_s=10) as con:
+    print(fetch_value(con, "SELECT count(*) FROM spans"))
+"""
+
+
+def test_a_reader_gets_the_file_between_hand_overs(tmp_path):
+    """A replay holds its file between commits and lets it go after one when a reader waits:
+    with no hand-over coming (a slow engine step) the reader waited for the next one
+    (`kvtrace runs` took 7.6 s beside a dense-attention replay). Now it is let go at once,
+    and the reader sees what was committed."""
+    db = tmp_path / "s.duckdb"
+    with _Watched.open(db, hold=True, flush_interval_s=1.0) as store:
+        store.committed = threading.Event()
+        run_id = store.create_run("t")
+        provider = build_tracer_provider(store=store, run_id=run_id, background=True)
+        inst = KVCacheInstrumentor(provider, run_id=run_id)
+        for batch in synthetic_steps(20, seed=5):
+            inst(batch)
+        handed = inst.flush()
+        assert store.committed.wait(timeout=15)
+        # no further hand-over; a reader in another process asks for the file
+        reader = subprocess.run([sys.executable, "-c", READER, str(db)], capture_output=True, text=True,
+                                timeout=60, check=False, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
+        assert reader.returncode == 0, reader.stderr
+        assert int(reader.stdout) == handed
+        provider.force_flush()
+        provider.shutdown()
+        store.finish_run(run_id)
