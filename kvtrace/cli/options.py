@@ -24,6 +24,13 @@ RUN_PANEL = "Run settings"
 STORE_HELP = "a DuckDB file, chdb:DIR (embedded ClickHouse) or clickhouse://USER:PASS@HOST:8123/DB"
 
 
+def blank_name(path: str) -> None:
+    """A usage error for a file name of spaces alone (`--db "$DB"`, a variable holding a space):
+    the store or output was made under a name no line can show ("recorded in  ")."""
+    if path and not path.strip():
+        raise typer.BadParameter(f"{path!r}: expected a path, got a blank one")
+
+
 def _store_to_write(db: str | None) -> str | None:
     # checked while parsing, before the command imports duckdb or the receivers: a typo is
     # told at once (the open checks it again, and what it cannot see without opening)
@@ -33,6 +40,7 @@ def _store_to_write(db: str | None) -> str | None:
 
     if db is None:
         return None
+    blank_name(db)
     problem = store_to_write_problem(db)
     if problem is not None:  # (the path as typed: a newline in it shown as \n, not joined into a space)
         raise KVTraceError(f"{printable(db) if db else repr(db)}: {problem}")
@@ -94,6 +102,7 @@ def output_file(path: str | None) -> str | None:
         raise typer.BadParameter("expected a path, got an empty one")
     if path == "-":
         raise typer.BadParameter("-: not taken as stdout here; say /dev/stdout")
+    blank_name(path)
     return path
 
 

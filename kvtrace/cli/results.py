@@ -12,7 +12,7 @@ import typer
 
 from kvtrace.cli.application import app
 from kvtrace.cli.choices import BACKENDS, Backend, Behaviour, value
-from kvtrace.cli.options import STORE_HELP, Db, DbToRead, Json, Markdown, Percentiles, replay_options
+from kvtrace.cli.options import STORE_HELP, Db, DbToRead, Json, Markdown, Percentiles, blank_name, replay_options
 from kvtrace.cli.options import percentiles as parse_percentiles
 from kvtrace.cli.output import echo_json, error, one_format, print_rows, recorded, status
 from kvtrace.errors import ConfigError, KVTraceError
@@ -195,6 +195,7 @@ def _demo_store(db: str) -> str:
     # refused as a name DuckDB would read as a URL (and Path('') is the current directory)
     if db == "":
         raise typer.BadParameter("expected a path, got an empty one")
+    blank_name(db)
     return db
 
 

@@ -140,3 +140,24 @@ def test_ascii_numbers_in_every_form_click_reads_still_run(tmp_path: Path, capsy
     code, _, err = run(["generate", "chat", "-o", str(out), "--requests", "+2", "--seed", " 7"], capsys)
     assert code == 0, err
     assert "wrote 2 requests" in err
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (["replay", "gen:chat", "--mode", "cache-only", "--limit", "2", "--db", " "], "--db"),
+    (["sweep", "gen:chat", "--mode", "cache-only", "--limit", "2", "--param", "capacity_blocks=4", "--db", " "],
+     "--db"),
+    (["collect", "--db", " "], "--db"),
+    (["demo", "--db", " "], "--db"),
+    (["generate", "chat", "--requests", "2", "-o", " "], "--out"),
+    (["convert", "gen:chat", "-o", " "], "--out"),
+    (["calibrate", "--from", CALIBRATION, "-o", " "], "--out"),
+    (["capture", "vllm", "--endpoint", "tcp://127.0.0.1:1", "--db", "{db}", "--duration", "0", "--trace-out", " "],
+     "--trace-out"),
+])
+def test_a_store_or_output_named_by_spaces_alone_is_refused(tmp_path: Path, capsys, monkeypatch, argv, flag):
+    """`--db ' '` made a store named by a space ("kvtrace: run r1 recorded in  "), `-o ' '` a
+    trace no line could show."""
+    monkeypatch.chdir(tmp_path)
+    code, stdout, err = run([a.format(db=tmp_path / "s.duckdb") for a in argv], capsys)
+    assert_one_line(code, err, f"{flag}: ' ': expected a path, got a blank one")
+    assert stdout == "" and list(tmp_path.iterdir()) == []
