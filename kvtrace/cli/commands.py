@@ -146,7 +146,8 @@ def _command() -> typer.main.TyperGroup:
 def _refuse_repeats(command: Any) -> None:
     """A usage error for an option of one value given twice: click keeps the last, so
     `runs --db a.duckdb --db b.duckdb` read b alone without a word (a flag twice says the same
-    thing twice, and a repeatable option collects them all)."""
+    thing twice, and a repeatable option collects them all), and for an on/off flag given both
+    ways (`collect --grpc --no-grpc` served no gRPC, unsaid)."""
     parse_args = command.parse_args
 
     def checked(ctx: Any, args: list[str]) -> list[str]:
@@ -156,13 +157,39 @@ def _refuse_repeats(command: Any) -> None:
                 return parse_args(ctx, args)  # a run named --help, or one after --, is no help)
             seen: set[str] = set()
             for param in order:
-                if param.param_type_name == "option" and not (param.multiple or param.is_flag or param.count):
-                    if param.name in seen:
+                if param.param_type_name != "option" or param.multiple or param.count:
+                    continue
+                if param.name in seen:
+                    if not param.is_flag:
                         raise typer.BadParameter("given more than once (give it once)", ctx=ctx, param=param)
-                    seen.add(param.name)
+                    both = _both_ways(command, param, args)
+                    if both is not None:
+                        raise typer.BadParameter(f"given as both {both}; give one", ctx=ctx, param=param)
+                seen.add(param.name)
         return parse_args(ctx, args)
 
     command.parse_args = checked
+
+
+def _both_ways(command: Any, flag: Any, args: list[str]) -> str | None:
+    """``--grpc and --no-grpc`` when ``args`` give the on/off ``flag`` both ways, else None
+    (a value of another option spelled like it, as in `--name --no-grpc`, is no flag)."""
+    if not flag.secondary_opts:
+        return None
+    takes_value = {o for p in command.params if p.param_type_name == "option" and not (p.is_flag or p.count)
+                   for o in p.opts}
+    spelled: dict[bool, str] = {}
+    value_next = False
+    for token in args:
+        if value_next:
+            value_next = False
+        elif token == "--":
+            break
+        elif token in takes_value:
+            value_next = True
+        elif token in flag.opts or token in flag.secondary_opts:
+            spelled.setdefault(token in flag.opts, token)
+    return f"{spelled[True]} and {spelled[False]}" if len(spelled) == 2 else None
 
 
 # The commands that record into a store: stopped, they keep what they recorded (the run

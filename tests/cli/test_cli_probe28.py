@@ -161,3 +161,23 @@ def test_a_store_or_output_named_by_spaces_alone_is_refused(tmp_path: Path, caps
     code, stdout, err = run([a.format(db=tmp_path / "s.duckdb") for a in argv], capsys)
     assert_one_line(code, err, f"{flag}: ' ': expected a path, got a blank one")
     assert stdout == "" and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("argv,flag,both", [
+    (["collect", "--db", "{db}", "--grpc", "--port", "0", "--no-grpc"], "--grpc", "--grpc and --no-grpc"),
+    (["diff", "r1", "r2", "--db", "{db}", "--no-force", "--force"], "--force", "--force and --no-force"),
+])
+def test_an_on_off_flag_given_both_ways_is_refused(tmp_path: Path, capsys, argv, flag, both):
+    """click kept the last: `collect --grpc --no-grpc` served no gRPC without a word, as an
+    option of one value given twice did before it was refused."""
+    db = tmp_path / "s.duckdb"
+    code, stdout, err = run([a.format(db=db) for a in argv], capsys)
+    assert_one_line(code, err, f"{flag}: given as both {both}; give one")
+    assert stdout == "" and not db.exists()
+
+
+def test_a_flag_given_twice_one_way_or_spelled_as_a_value_still_runs(capsys):
+    code, stdout, err = run(["replay", "gen:chat", "--mode", "cache-only", "--limit", "2", "--json", "--json",
+                             "--name", "--no-content"], capsys)
+    assert code == 0, err
+    assert '"requests": 2' in stdout
