@@ -14,10 +14,11 @@ triples, and the uint64 fingerprints as the int64 with the same bits.
 
 from __future__ import annotations
 
+import decimal
 import json
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
-from itertools import pairwise
 from typing import Any
 
 import pyarrow as pa
@@ -29,19 +30,15 @@ from opentelemetry.trace import SpanKind, Status, StatusCode, TraceFlags, TraceS
 
 from kvtrace.errors import KVTraceError
 from kvtrace.instrument.batch import BATCH_SCHEMA, conform
+from kvtrace.store.clickhouse.span_rules import span_problem
 from kvtrace.store.schema import (
     ATTRIBUTE_COLUMNS,
     CACHE_READ_OF,
     GENAI_CACHE_READ,
     MAX_SPAN_COUNT,
-    REQUEST_TIME_ORDER,
-    REQUEST_TTFT,
-    REQUEST_WHOLE_NEEDED,
-    REQUEST_WITHIN,
     SEQ_ATTRIBUTE,
     SOURCES,
     SPAN_COLUMN_DEFS,
-    SPAN_LOOKUP,
     SPAN_REQUEST,
     SUMMED_COUNTS,
     TIME_OFFSET_RESOURCE_KEY,
@@ -53,14 +50,6 @@ RUN_ID_RESOURCE_KEY = "kvtrace.run.id"  # the otel_traces view adds it from run_
 # and service.instance.id is a random UUID per process, which would break determinism.
 _UNSTORED_RESOURCE_PREFIXES = ("telemetry.sdk.", "service.instance.id", "service.name", RUN_ID_RESOURCE_KEY,
                                TIME_OFFSET_RESOURCE_KEY)
-# A lookup's hit tokens (local and external) within the tokens it looked up, as kvtrace's own
-# lookups always are (REQUEST_WITHIN's rule for a lookup span): a run's lookups are its requests
-# where it has no request span, and every reader called a sender's run damaged ("local_compute
-# -260") whose lookup hit more than it asked, after the collector had stored it with a 200.
-LOOKUP_WITHIN: tuple[tuple[tuple[str, ...], str], ...] = (
-    (("num_hit_tokens", "num_external_hit_tokens"), "num_query_tokens"),
-)
-LOOKUP_WITHIN_NEEDED = frozenset({"num_query_tokens"})
 
 
 def stored_resource_items(attrs: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -75,13 +64,6 @@ _SIGN64 = 1 << 63
 _INT_RANGE = {pa.int64(): (-_SIGN64, _SIGN64 - 1), pa.int32(): (-(1 << 31), (1 << 31) - 1),
               pa.uint64(): (-_SIGN64, _MASK64)}
 _MIN_VALUE = {c.name: c.min_value for c in SPAN_COLUMN_DEFS if c.min_value is not None}
-_ATTRIBUTE_OF = ({c.name: c.attr for c in SPAN_COLUMN_DEFS if c.attr}
-                 | {"end_ns": "the span's end", "start_ns": "its start"})
-
-
-def _first(*values: Any) -> Any:
-    """The first of ``values`` that is not None (None when all are)."""
-    return next((v for v in values if v is not None), None)
 
 
 class UnstorableValue(KVTraceError):
@@ -150,25 +132,85 @@ def _floats(key: str, values: Sequence[int | float]) -> list[float]:
     return out
 
 
+# The OpenTelemetry Collector's ClickHouse exporter keeps every attribute as the text pdata's
+# ``AsString`` spells it: a value's type is lost there (the double 7.0 is "7", the int 7 and
+# the string "7" alike), and its views take into a typed column what that text spells
+# (``store/clickhouse/collector.py``, ``_value_ok``). `kvtrace collect` takes the same values
+# the same way (``_column_value``), so a sender's spans read the same numbers whichever path
+# stored them: an integral double or a decimal string in an integer column, a number's string in
+# a number column, any scalar's text in a text column. A value of another kind that does not fit
+# is kept as an extra attribute, as there.
+_DECIMAL_TEXT = re.compile(r"-?[0-9]{1,40}")
+_NUMBER_TEXT = re.compile(r"-?[0-9]+(?:[.][0-9]+)?(?:[eE][+-]?[0-9]+)?")
+
+
+def _go_float(f: float) -> str:
+    """A finite double as Go's encoding/json and pdata's AsString spell it (ES6: "7" for 7.0,
+    exponents below 1e-6 and from 1e21)."""
+    if f == 0:
+        return "0" if math.copysign(1.0, f) > 0 else "-0"
+    text = repr(f)
+    if 1e-6 <= abs(f) < 1e21:
+        if "e" in text:
+            text = format(decimal.Decimal(text), "f")
+        return text.removesuffix(".0")
+    mantissa, _, exp = text.partition("e")
+    power = int(exp) if exp else 0
+    if not exp:  # (repr spells 1e16 to 1e21 without one)
+        digits = mantissa.removesuffix(".0").lstrip("-")
+        power = len(digits) - 1
+        mantissa = ("-" if f < 0 else "") + (digits[0] + "." + digits[1:].rstrip("0")).rstrip(".")
+    return f"{mantissa.removesuffix('.0')}e{'+' if power >= 0 else '-'}{abs(power)}"
+
+
+def exporter_text(v: Any) -> str | None:
+    """A scalar attribute value as the ClickHouse exporter stores it (pdata's AsString); None
+    for an array, a map or bytes (JSON and base64 there) and a NaN or infinity."""
+    if isinstance(v, str):
+        return v
+    if v is None:
+        return ""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return _go_float(v) if math.isfinite(v) else None
+    return None
+
+
+def _int_of(v: Any) -> int | None:
+    """The integer a non-int scalar's exporter text spells (7.0, "7"), else None."""
+    text = exporter_text(v) if isinstance(v, (float, str)) else None
+    return int(text) if text is not None and _DECIMAL_TEXT.fullmatch(text) else None
+
+
+def _fit(column: str, values: Sequence[int]) -> bool:
+    """Whether ``_fits`` takes these values (without raising)."""
+    try:
+        _fits("", column, values)
+    except UnstorableValue:
+        return False
+    return True
+
+
 def _column_value(column: str, v: Any, key: str = "") -> tuple[bool, Any]:
     """Coerce an attribute value to its column's type; (False, None) when it is not of
     that type (it is then kept as text); UnstorableValue when it is but cannot be held."""
     t = _TYPES[column]
     key = key or column
     if column == "prefill_chunks":
-        if isinstance(v, (list, tuple)) and len(v) % 3 == 0 and all(map(_is_int, v)):
-            _fits(key, column, v)
-            return True, [{"start_ns": v[i], "end_ns": v[i + 1], "num_tokens": v[i + 2]} for i in range(0, len(v), 3)]
+        if isinstance(v, (list, tuple)) and len(v) % 3 == 0 and (flat := _ints(column, v, key)) is not None:
+            return True, [{"start_ns": flat[i], "end_ns": flat[i + 1], "num_tokens": flat[i + 2]}
+                          for i in range(0, len(flat), 3)]
         return False, None
     if pa.types.is_list(t):
         if not isinstance(v, (list, tuple)):
             return False, None
         item = t.value_type
         if pa.types.is_integer(item):
-            if not all(map(_is_int, v)):
-                return False, None
-            _fits(key, column, v)
-            return True, list(v)
+            ints = _ints(column, v, key)
+            return (False, None) if ints is None else (True, ints)
         if pa.types.is_floating(item):
             if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
                 return True, _floats(key, v)
@@ -177,17 +219,36 @@ def _column_value(column: str, v: Any, key: str = "") -> tuple[bool, Any]:
             return (all(isinstance(x, str) for x in v), list(v))
         return False, None
     if pa.types.is_integer(t):
-        if not _is_int(v):
+        if _is_int(v):
+            _fits(key, column, (v,))
+        elif (n := _int_of(v)) is not None and _fit(column, (n,)):  # (7.0, "7": the exporter's "7")
+            v = n
+        else:
             return False, None
-        _fits(key, column, (v,))
         return True, (v & _MASK64 if t == pa.uint64() else v)
     if pa.types.is_floating(t):
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             return True, _floats(key, (v,))[0]
+        if isinstance(v, str) and _NUMBER_TEXT.fullmatch(v) and math.isfinite(x := float(v)):
+            return True, x
         return False, None
     if pa.types.is_string(t):
-        return (True, v) if isinstance(v, str) else (False, None)
+        text = exporter_text(v)  # (any scalar: the exporter's text of it)
+        return (True, text) if text is not None else (False, None)
     return False, None
+
+
+def _ints(column: str, values: Sequence[Any], key: str) -> list[int] | None:
+    """An integer array column's values: ints (refused as UnstorableValue where they do not
+    fit), or integral doubles Go's JSON spells as integers ([1.0] is "[1]" in the exporter's
+    text) where they all fit; None otherwise (kept as text)."""
+    if all(map(_is_int, values)):
+        _fits(key, column, values)
+        return list(values)
+    ints = [v if _is_int(v) else _int_of(v) if isinstance(v, float) else None for v in values]
+    if any(n is None for n in ints) or not _fit(column, ints):  # type: ignore[arg-type]
+        return None
+    return ints  # type: ignore[return-value]
 
 
 def _check_ns(what: str, ns: Any) -> None:
@@ -214,6 +275,8 @@ def attribute_text(v: Any) -> str:
         return v.hex()
     if isinstance(v, (list, tuple, dict)):
         return json.dumps(v, separators=(",", ":"), default=_json_default)
+    if isinstance(v, float) and math.isfinite(v):  # (as the ClickHouse exporter spells it: "7", not "7.0")
+        return _go_float(v)
     return str(v)
 
 
@@ -288,53 +351,21 @@ class SpanRowsBuilder:
         values = self._cols.get(column)
         return values[self.n] if values is not None and len(values) > self.n else None
 
-    def _check_request(self) -> None:
-        """UnstorableValue for a request span no kvtrace run holds (``store/schema.py``): its
-        times out of REQUEST_TIME_ORDER, a ttft_ns other than its times say (REQUEST_TTFT), or
-        more hit tokens than were asked (REQUEST_WITHIN)."""
-        value = self._value
-        times = [(c, v) for c in REQUEST_TIME_ORDER
-                 if (v := value(c) if c != "arrival_ns" else _first(value(c), value("start_ns"))) is not None]
-        for (a, earlier), (b, later) in pairwise(times):
-            if later < earlier:
-                raise UnstorableValue(f"{_ATTRIBUTE_OF.get(b, b)} {later} is before {_ATTRIBUTE_OF.get(a, a)} "
-                                      f"{earlier}; a request's times run arrival <= first scheduled <= first token "
-                                      "<= end")
-        ttft, first, arrival = (value(c) for c in REQUEST_TTFT)
-        if None not in (ttft, first, arrival) and ttft != first - arrival:
-            raise UnstorableValue(f"{_ATTRIBUTE_OF[REQUEST_TTFT[0]]} {ttft} is not {_ATTRIBUTE_OF[REQUEST_TTFT[1]]} "
-                                  f"- {_ATTRIBUTE_OF[REQUEST_TTFT[2]]} = {first - arrival}")
-        # its inter-token gaps lie between its first token and its end (gaps of 2^62 ns in a
-        # request of 1 µs were stored, and diff showed a median ITL of 4.6e12 ms)
-        # (without a first token, between its start and its end: two gaps of 2^62 ns were stored)
-        gaps, end = value("itl_ns"), value("end_ns")
-        since = "first_token_ns" if first is not None else "start_ns"
-        begin = first if first is not None else value("start_ns")
-        if gaps and begin is not None and end is not None and sum(gaps) > end - begin:
-            raise UnstorableValue(f"{_ATTRIBUTE_OF['itl_ns']}: its gaps add up to {sum(gaps)} ns, more than "
-                                  f"{_ATTRIBUTE_OF['end_ns']} - {_ATTRIBUTE_OF[since]} = "
-                                  f"{end - begin} ns")
-        self._check_within(REQUEST_WITHIN, REQUEST_WHOLE_NEEDED)
-
-    def _check_within(self, within: tuple[tuple[tuple[str, ...], str], ...], whole_needed: Iterable[str]) -> None:
-        """UnstorableValue for hit tokens beyond what was asked: (parts, whole) as REQUEST_WITHIN."""
-        value = self._value
-        for parts, whole_column in within:
-            part = sum(v for c in parts if (v := value(c)) is not None)
-            whole = value(whole_column)
-            if whole is None and part and whole_column in whole_needed:
-                raise UnstorableValue(f"{' + '.join(_ATTRIBUTE_OF[c] for c in parts)} {part} given without "
-                                      f"{_ATTRIBUTE_OF[whole_column]}; hits are counted within it")
-            if whole is not None and part > whole:
-                raise UnstorableValue(f"{' + '.join(_ATTRIBUTE_OF[c] for c in parts)} {part} exceeds "
-                                      f"{_ATTRIBUTE_OF[whole_column]} {whole}; hits are counted within it")
+    def _check_rules(self, name: str) -> None:
+        """UnstorableValue for a span that breaks a rule across its fields (``span_rules``, the
+        one home both collector paths read): a request's times out of order, a ttft_ns other
+        than its times say, gaps beyond its time, more hit tokens than were asked."""
+        problem = span_problem(name, self._value)
+        if problem is not None:
+            raise UnstorableValue(problem)
 
     def _derived_cache_read(self, name: str, value: Any) -> bool:
         """Whether a span's GENAI_CACHE_READ is what the store derives for it (README: a
         request's hit + external hit tokens), so not stored (the DuckDB and ClickHouse paths
         alike: ``store/clickhouse/collector.py``)."""
         hits = [v for c in CACHE_READ_OF if (v := self._value(c)) is not None]
-        return name == SPAN_REQUEST and bool(hits) and _is_int(value) and value == sum(hits)
+        # (as its text: the exporter's "7" of 7.0 or "7" is the alias there, and so here)
+        return name == SPAN_REQUEST and bool(hits) and exporter_text(value) == str(sum(hits))
 
     def truncate(self, n: int) -> None:
         """Drop every span after the first ``n`` (a batch whose later span was refused)."""
@@ -413,10 +444,7 @@ class SpanRowsBuilder:
             put("source", source)
         if extras:
             put("extra_attributes", extras)
-        if name == SPAN_REQUEST:
-            self._check_request()
-        elif name == SPAN_LOOKUP:
-            self._check_within(LOOKUP_WITHIN, LOOKUP_WITHIN_NEEDED)
+        self._check_rules(name)
         if events:
             put("events", [{"time_ns": t, "name": n, "attributes": _string_map(a)} for t, n, a in events])
         if links:

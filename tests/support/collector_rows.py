@@ -6,17 +6,19 @@ payloads a real SDK OTLP exporter sent, and each span becomes the row the export
 ``pushTraceData`` writes: ids as lowercase hex ('' for no parent), kind and status as
 ``traceutil``'s names, ``Duration`` = end - start, service name from the resource, and
 every attribute as pdata's ``AsString``: strings as they are, ints in decimal, bools
-true/false, floats in shortest round-trip form, arrays and maps as JSON.
+true/false, floats in Go's shortest form ("7" for 7.0), arrays and maps as Go's JSON.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Iterable
 from typing import Any
 
 import pyarrow as pa
 
+from kvtrace.instrument.convert import exporter_text
 from kvtrace.instrument.otlp.decode import decode_protobuf
 
 _MAP = pa.map_(pa.string(), pa.string())
@@ -24,18 +26,40 @@ _TS = pa.timestamp("ns")
 _KIND = {None: "Internal", "Server": "Server", "Client": "Client", "Producer": "Producer", "Consumer": "Consumer"}
 
 
-def as_string(v: Any) -> str:
+def _go_json(v: Any) -> str:
+    """Go's ``json.Marshal`` of an attribute's raw value: floats as the exporter spells them
+    ("7" for 7.0), a map's keys sorted, <, > and & escaped as \\u003c, \\u003e, \\u0026."""
+    if isinstance(v, bool) or v is None:
+        return "null" if v is None else ("true" if v else "false")
+    if isinstance(v, (int, float)):
+        text = exporter_text(v)
+        if text is None:
+            raise ValueError("NaN or infinity")  # (json.Marshal fails: AsString gives "")
+        return text
     if isinstance(v, str):
-        return v
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (list, tuple, dict)):
-        return json.dumps(v, separators=(",", ":"))
-    if isinstance(v, float):
-        return repr(v)
-    if v is None:
+        quoted = json.dumps(v, ensure_ascii=False)
+        return quoted.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    if isinstance(v, bytes):
+        return json.dumps(base64.b64encode(v).decode())
+    if isinstance(v, dict):
+        return "{" + ",".join(f"{_go_json(k)}:{_go_json(v[k])}" for k in sorted(v)) + "}"
+    return "[" + ",".join(_go_json(x) for x in v) + "]"
+
+
+def as_string(v: Any) -> str:
+    """pdata's ``Value.AsString``, as the Go exporter stores every attribute (a double's
+    shortest form in ES6 style: "7" for 7.0, not Python's "7.0"; bytes in base64)."""
+    text = exporter_text(v)
+    if text is not None:
+        return text
+    if isinstance(v, bytes):
+        return base64.b64encode(v).decode()
+    if isinstance(v, float):  # NaN, infinity: encoding/json's error text
+        return f"json: unsupported value: {'NaN' if v != v else ('+Inf' if v > 0 else '-Inf')}"
+    try:
+        return _go_json(v)
+    except ValueError:
         return ""
-    return str(v)
 
 
 def _smap(attrs: dict | None) -> list[tuple[str, str]]:

@@ -60,6 +60,7 @@ from kvtrace.store.schema import (
 COLLECTOR_HOST = "otel-collector"  # runs.writer_host of a collected run
 RUN_RECORDS = "otel_run_records"
 COLLECTED_RUNS = "otel_collected_runs"
+REFUSED_SPANS = "otel_refused_spans"  # spans left out of the typed tables: they break a rule `kvtrace collect` holds
 _MV_PREFIX = "kvtrace_from_"
 
 # The exporter's traces table (exporter/clickhouseexporter/internal/sqltemplates/
@@ -270,9 +271,25 @@ def _family_select(table: str, otel_table: str) -> tuple[str, str]:
         where = f"SpanName NOT IN ({known})"
     else:
         where = f"SpanName IN ({', '.join(_q(n) for n in FAMILIES[table][1])})"
+        # a span that breaks a rule across its fields (span_rules: `kvtrace collect` refuses it) is
+        # left out, kept in the exporter's table, its reason in otel_refused_spans
+        where += "".join(f" AND (SpanName != {_q(n)} OR {p} = '')" for n, p in _problems() if n in FAMILIES[table][1])
     cols = ", ".join(f"`{c}`" for c in columns)
     select = ", ".join(f"{e} AS `{c}`" for e, c in zip(exprs, columns))
     return cols, f"SELECT {select} FROM {otel_table} WHERE {where}"
+
+
+def _problems() -> list[tuple[str, str]]:
+    """(span name, SQL of why its span breaks a rule across its fields, '' where none) per
+    ruled span name (``span_rules``, the rules `kvtrace collect` refuses spans by), over the
+    typed values the views derive and the span's times less the run's offset."""
+    from kvtrace.store.clickhouse.span_rules import RULED_SPANS, span_problem_sql
+
+    typed = {c.name: c for c in SPAN_COLUMN_DEFS}
+    start = f"(toUnixTimestamp64Nano(Timestamp) - {_OFFSET})"
+    times = {"start_ns": start, "end_ns": f"({start} + toInt64(Duration))"}
+    column = lambda c: times.get(c) or _attribute(c, typed[c].attr or "", typed[c].sql)
+    return [(n, sql) for n in RULED_SPANS if (sql := span_problem_sql(n, column)) is not None]
 
 
 def _side_tables(otel_table: str) -> list[tuple[str, str, str, str]]:
@@ -285,6 +302,15 @@ def _side_tables(otel_table: str) -> list[tuple[str, str, str, str]]:
          f"SELECT {_RUN_ID} AS run_id, CAST(SpanAttributes AS {_STR_MAP}) AS record, {_OFFSET} AS "
          f"{TIME_OFFSET_COLUMN}, ServiceName AS service_name FROM {otel_table} "
          f"WHERE SpanName = {_q(SPAN_RUN)}"),
+        (REFUSED_SPANS,
+         f"CREATE TABLE IF NOT EXISTS {REFUSED_SPANS} (run_id String, name String, trace_id String, span_id String, "
+         "start_ns Int64, reason String) ENGINE = MergeTree ORDER BY (run_id, start_ns)",
+         "run_id, name, trace_id, span_id, start_ns, reason",
+         "SELECT run_id, name, trace_id, span_id, start_ns, reason FROM ("
+         f"SELECT {_RUN_ID} AS run_id, SpanName AS name, TraceId AS trace_id, SpanId AS span_id, "
+         f"toUnixTimestamp64Nano(Timestamp) - {_OFFSET} AS start_ns, "
+         f"multiIf({', '.join(f'SpanName = {_q(n)}, {p}' for n, p in _problems())}, '') AS reason "
+         f"FROM {otel_table} WHERE SpanName IN ({', '.join(_q(n) for n, _ in _problems())})) WHERE reason != ''"),
         (COLLECTED_RUNS,
          f"CREATE TABLE IF NOT EXISTS {COLLECTED_RUNS} (run_id String, service_name String, "
          f"{TIME_OFFSET_COLUMN} Int64) ENGINE = ReplacingMergeTree ORDER BY run_id",
