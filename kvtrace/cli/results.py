@@ -281,9 +281,9 @@ def dashboard(
         rows = {r["run_id"]: r for r in read.runs(db).iter_rows(named=True)}
         shown = printable(db)  # (a newline in the path: \n, not a space naming another)
         for flag, value in (("--run", run), ("--compare", compare)):
-            if value is not None and value not in rows:
-                raise KVTraceError(f"{flag}: {printable(value) or '(empty)'}: no such run in {shown} "
-                                   f"(`kvtrace runs --db {shown}` lists them)")
+            if value is not None and value not in rows:  # (a blank one quoted: ' ' read as no value at all)
+                named = printable(value) if value.strip() else repr(value) if value else "(empty)"
+                raise KVTraceError(f"{flag}: {named}: no such run in {shown} (`kvtrace runs --db {shown}` lists them)")
         # (the page offers runs of --run's trace only, and none to a run that names no trace:
         # either was a page of one warning)
         if compare is not None and run is not None:

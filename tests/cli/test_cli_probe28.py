@@ -181,3 +181,16 @@ def test_a_flag_given_twice_one_way_or_spelled_as_a_value_still_runs(capsys):
                              "--name", "--no-content"], capsys)
     assert code == 0, err
     assert '"requests": 2' in stdout
+
+
+@pytest.mark.parametrize("flags,flag", [(["--run", " "], "--run"), (["--run", "r1", "--compare", "  "], "--compare")])
+def test_the_dashboard_quotes_a_blank_run_it_lacks(tmp_path: Path, capsys, monkeypatch, flags, flag):
+    """`dashboard --run ' '` was told as "--run:  : no such run": the value read as none at all."""
+    import kvtrace.dashboard
+
+    db = tmp_path / "s.duckdb"
+    code, _, err = run(["replay", "gen:chat", "--mode", "cache-only", "--limit", "2", "--db", str(db)], capsys)
+    assert code == 0, err
+    monkeypatch.setattr(kvtrace.dashboard, "launch", lambda *a, **k: pytest.fail("served"))
+    code, _, err = run(["dashboard", "--db", str(db), *flags], capsys)
+    assert_one_line(code, err, f"{flag}: {flags[-1]!r}: no such run in")
