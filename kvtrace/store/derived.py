@@ -216,6 +216,23 @@ COLUMNS: dict[str, dict[str, str]] = {
     "evict_counts": {"run_id": "VARCHAR", "evict_ns": "BIGINT", "reason": "VARCHAR", "publish_kind": "VARCHAR",
                      "blocks": "BIGINT"},
 }
+# The definitions a store's derived rows were built by: ``kvtrace_meta.derived_version`` (a
+# store without that row: 1). Bump it when the same spans give other rows; readers compute an
+# older store's rows from its spans, as a running run's, until a writer rebuilds them.
+# 2 (2026-12-05, 6efd6bc): evictions paired with the next publish, and misses with their
+#   eviction, by virtual time, not seq (a batch's seq runs kind by kind).
+DERIVED_VERSION = 2
+DERIVED_VERSION_KEY = "derived_version"
+
+
+def built_version(meta: dict) -> int:
+    """The derived version a store's ``kvtrace_meta`` rows (key -> value) declare: 1 without
+    the row, and 1 for a value that is no version (rows then read as an old store's are:
+    computed from the spans, never trusted)."""
+    raw = meta.get(DERIVED_VERSION_KEY)
+    return int(raw) if isinstance(raw, str) and raw.isascii() and raw.isdigit() and len(raw) < 10 else 1
+
+
 # span_stats columns a store written before them lacks (the writer adds them when it opens one)
 ADDED_COLUMNS: dict[str, tuple[str, ...]] = {"span_stats": ("start_ns", "end_ns")}
 TABLES = tuple(COLUMNS)

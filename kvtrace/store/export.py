@@ -55,15 +55,16 @@ def export_parquet(db: str | Path, run_id: str, directory: str | Path) -> dict[s
         stored, shown = _statuses(db, run_id, row)
         # a finished run's derived rows as the read API checks them (an evicted_blocks deleted by
         # hand was exported as an empty file, exit 0, beside its evict spans)
-        from kvtrace.store.read._sql import run_status
+        from kvtrace.store.read._sql import derived_status, run_status
 
         run_status(con, str(db), run_id, derived=True)
+        rows_as = derived_status(con, stored)  # (an older store's derived rows: from its spans)
 
         def write(table: str, target: Path) -> None:
             # (a column a later kvtrace added, missing from a store written before it, is written
             # as the upgraded store holds it: runs.parquet lacked time_offset_ns, another schema)
             added = added_columns_missing(con, table)
-            rel = con.sql(_table_sql(table, stored, added), params=_params(table, run_id, shown, summary))
+            rel = con.sql(_table_sql(table, rows_as, added), params=_params(table, run_id, shown, summary))
             reader = rel.to_arrow_reader(_BATCH_ROWS)  # (streamed: a 10M-span run is never whole in memory)
             _write_canonical(reader.schema, reader, target, _declared(table))
 
@@ -197,7 +198,8 @@ def _table_sql(table: str, status: str, added: tuple[str, ...] = ()) -> str:
     """The SELECT of one exported table's rows of ``$run_id``: the run row with the status
     and summary the readers show (``$status``; ``$summary``, unless NULL); a derived table's
     rows computed from the spans while the run was never finished (a running or killed one:
-    ``finish_run`` never materialised them), as every reader computes them. ``added``: the
+    ``finish_run`` never materialised them) or older definitions built them
+    (``read._sql.derived_status``), as every reader computes them. ``added``: the
     columns a later kvtrace added that the store lacks, selected as their rows hold them once
     the store is upgraded (``layout.ADDED_DEFAULTS``)."""
     from kvtrace.store import derived

@@ -35,7 +35,7 @@ from kvtrace.store.connection import read_connection
 from kvtrace.store.errors import DAMAGED, StoreError, UnknownRunError
 from kvtrace.store.liveness import checked_status
 from kvtrace.store.read._api import BadArgument, checked
-from kvtrace.store.schema import SPAN_EVICT, SPAN_REQUEST
+from kvtrace.store.schema import META_TABLE, SPAN_EVICT, SPAN_REQUEST
 
 DB = str | Path
 if TYPE_CHECKING:
@@ -243,6 +243,18 @@ def resolve_window(con: Connection, run_id: str, window_ns: int | None, status: 
     return nice_window(0 if lo is None or hi is None else hi - lo)
 
 
+def derived_status(con: Connection, status: str) -> str:
+    """The status a run's derived rows are read as: its own, or "running" (the rows computed
+    from its spans, as a running run's are) where the store's rows were built by older
+    definitions (``derived.DERIVED_VERSION``): a store of 2026-12-04 kept evictions paired
+    with publishes by seq, and ``diff`` showed 12 evictions before a partial tail where its
+    spans have 1. ClickHouse stores rebuild theirs as DuckDB ones do (their rows trusted)."""
+    if status == "running" or not isinstance(con, duckdb.DuckDBPyConnection):
+        return status
+    rows = con.execute(f"SELECT key, value FROM {META_TABLE} WHERE key = ?", [derived.DERIVED_VERSION_KEY]).fetchall()
+    return status if derived.built_version(dict(rows)) >= derived.DERIVED_VERSION else "running"
+
+
 def derived_relation(table: str, status: str) -> str:
     """A parenthesised relation holding a derived table's rows of ``$run_id``: the rows
     ``finish_run`` materialised, or, for a running run, the same rows computed from its
@@ -269,4 +281,4 @@ def with_run(
         bound = {"run_id": run_id, **(params or {})}
         if window_ns is not NO_WINDOW:
             bound["w"] = resolve_window(con, run_id, window_ns, status)
-        return query(con, build if isinstance(build, str) else build(status), bound)
+        return query(con, build if isinstance(build, str) else build(derived_status(con, status)), bound)
