@@ -23,7 +23,7 @@ def server_command(db: str | os.PathLike, host: str = "127.0.0.1", port: int = 8
     """The argv that serves the dashboard for ``db`` (``streamlit run app.py -- --db PATH``),
     headless: the server opens no browser."""
     return [
-        sys.executable, "-m", "streamlit", "run", str(APP_PATH),
+        sys.executable, "-P", "-m", "streamlit", "run", str(APP_PATH),  # (-P: never a module of the cwd)
         "--server.address", host,
         "--server.port", str(int(port)),
         "--server.headless", "true",
@@ -129,7 +129,7 @@ def _start(command: list[str], env: dict[str, str]) -> subprocess.Popen:
     if os.name != "posix":
         return subprocess.Popen(command, env=env)
     if sys.platform.startswith("linux"):
-        command = [sys.executable, "-S", "-c", _WITH_PARENT, str(os.getpid()), *command]
+        command = [sys.executable, "-S", "-P", "-c", _WITH_PARENT, str(os.getpid()), *command]
     return subprocess.Popen(command, env=env, process_group=0)
 
 

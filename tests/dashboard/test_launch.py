@@ -91,3 +91,25 @@ def test_port_0_serves_on_a_free_port_it_prints(tmp_path):
 
     port = _serve_then_stop(_dashboard(db, 0), printed)
     assert port > 0 and not serving(port)
+
+
+def test_modules_in_the_working_directory_never_shadow_the_servers(tmp_path):
+    """The server and its launcher ran ``python -m streamlit`` and ``python -c`` in the user's
+    folder, whose path Python puts first: an ``enum.py``, ``signal.py`` or ``streamlit.py``
+    there was imported instead (the dashboard printed its address, then exited 1 with that
+    file's output). They run with ``-P``, as the ``kvtrace`` script itself does."""
+    import os
+    from pathlib import Path
+
+    db = tmp_path / "d.duckdb"
+    Store.open(db).close()
+    folder = tmp_path / "work"
+    folder.mkdir()
+    for name in ("enum", "signal", "streamlit", "ctypes"):
+        (folder / f"{name}.py").write_text("raise SystemExit(7)\n")
+    port = free_port()
+    script = Path(sys.executable).with_name("kvtrace")  # (the console script: not run from its folder)
+    proc = subprocess.Popen([str(script), "dashboard", "--db", str(db), "--port", str(port)], cwd=folder,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert _serve_then_stop(proc, lambda _: port) == port and proc.returncode == 0
