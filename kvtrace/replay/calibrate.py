@@ -69,6 +69,7 @@ import numpy as np
 from kvtrace.engine.clock import COEFFICIENTS, FITTED_TERMS, CostModel, StepWork, prefill_pairs
 from kvtrace.engine.costfit import Fit, Observation, Underdetermined, fit_cost_model
 from kvtrace.errors import ConfigError, KVTraceError, file_problem
+from kvtrace.names import printable
 from kvtrace.workload.lines import (
     MAX_TOKENS,
     check_int,
@@ -111,7 +112,7 @@ def observations_from_file(path: str | Path, *, max_num_batched_tokens: int = DE
             raise ConfigError("--from", err.key, err.what) from None
     problem = file_problem(p)
     if problem is not None:
-        raise KVTraceError(f"{p}: {problem} (expected {_KINDS})")
+        raise KVTraceError(f"{printable(p)}: {problem} (expected {_KINDS})")
     suffix = _suffix(p)
     if suffix == ".csv":
         return step_csv_observations(p)
@@ -119,7 +120,7 @@ def observations_from_file(path: str | Path, *, max_num_batched_tokens: int = DE
         return bench_serve_observations(p, max_num_batched_tokens)
     if suffix == ".duckdb":
         return served_span_observations(p, run_id, max_num_batched_tokens)
-    raise KVTraceError(f"{p}: expected {_KINDS}")
+    raise KVTraceError(f"{printable(p)}: expected {_KINDS}")
 
 
 def _suffix(path: str | Path) -> str:
@@ -142,10 +143,11 @@ _NUMBER_TEXT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]{1
 
 def _number(path: str, line: int, key: str, text: str | None, integer: bool = True,
             maximum: float = _MAX_COUNT, lowest: float = 0.0) -> float:
+    shown = printable(path)  # (a newline in a file's name shown as typed, not as a space)
     v = float(text) if text is not None and _NUMBER_TEXT.fullmatch(text.strip()) else math.nan
     if not math.isfinite(v) or v < lowest or v > maximum or (integer and v != int(v)):
         what = "an integer" if integer else "a number"
-        raise KVTraceError(f"{path}:{line}: {key}: expected {what} in [{lowest:g}, {maximum:,.0f}], got "
+        raise KVTraceError(f"{shown}:{line}: {key}: expected {what} in [{lowest:g}, {maximum:,.0f}], got "
                            f"{text!r}"[:200])
     return v
 
@@ -163,36 +165,37 @@ def _seconds(where: str, key: str, value: object) -> float:
 def step_csv_observations(path: str) -> list[Observation]:
     """One observation a row, read as a trace is (streamed, lines bounded, the byte-order
     mark dropped): the first bad row is named before the rest is read."""
+    shown = printable(path)
     try:
         f = open(path, "rb")  # noqa: SIM115  (closed by the with below)
     except OSError as e:
-        raise KVTraceError(f"{path}: cannot open: {e.strerror}") from None
+        raise KVTraceError(f"{shown}: cannot open: {e.strerror}") from None
     with f:
         # (UTF-16 was 'unreadable CSV header (... open the file in universal-newline mode?)', a file
         # padded with zeros '39: 1 fields; the header has 6': named as the trace readers name them)
         problem = compressed_problem(path, f.read(12), what="step timings")
         if problem is not None:
-            raise KVTraceError(f"{path}: {problem}")
+            raise KVTraceError(f"{shown}: {problem}")
         f.seek(0)
         reader = csv.reader(decoded_lines(path, f))
         try:
             header = [h.strip() for h in next(reader, None) or ()]
         except csv.Error as e:
-            raise KVTraceError(f"{path}:1: unreadable CSV header ({csv_problem(e)})") from None
+            raise KVTraceError(f"{shown}:1: unreadable CSV header ({csv_problem(e)})") from None
         _refuse_nul(path, 1, header)
         if not header:
-            raise KVTraceError(f"{path}: no rows; expected a header and one row per step")
+            raise KVTraceError(f"{shown}: no rows; expected a header and one row per step")
         twice = [c for c in header if header.count(c) > 1]
         if twice:  # (which one would hold the value?)
-            raise KVTraceError(f"{path}:1: column {twice[0]} appears {header.count(twice[0])} times")
+            raise KVTraceError(f"{shown}:1: column {twice[0]} appears {header.count(twice[0])} times")
         missing = [c for c in _STEP_COLUMNS if c not in header]
         if "step_ns" in header and "step_ms" in header:  # (step_ns was read, step_ms ignored without a word)
-            raise KVTraceError(f"{path}:1: columns step_ms and step_ns both given; expected one of them (the "
+            raise KVTraceError(f"{shown}:1: columns step_ms and step_ns both given; expected one of them (the "
                                "step's duration in milliseconds or in nanoseconds)")
         time_col = "step_ns" if "step_ns" in header else "step_ms" if "step_ms" in header else None
         if missing or time_col is None:
             need = missing + ([] if time_col else ["step_ms or step_ns"])
-            raise KVTraceError(f"{path}:1: missing column(s) {need}; expected {list(_STEP_COLUMNS)} and step_ms")
+            raise KVTraceError(f"{shown}:1: missing column(s) {need}; expected {list(_STEP_COLUMNS)} and step_ms")
         to_ns = 1e6 if time_col == "step_ms" else 1.0
         out = []
         while True:
@@ -201,13 +204,13 @@ def step_csv_observations(path: str) -> list[Observation]:
             except StopIteration:
                 break
             except csv.Error as e:
-                raise KVTraceError(f"{path}:{reader.line_num}: unreadable CSV row ({csv_problem(e)})") from None
+                raise KVTraceError(f"{shown}:{reader.line_num}: unreadable CSV row ({csv_problem(e)})") from None
             line = reader.line_num
             if not any(c.strip() for c in row):
                 continue
             _refuse_nul(path, line, row)
             if len(row) != len(header):
-                raise KVTraceError(f"{path}:{line}: {len(row)} fields; the header has {len(header)}")
+                raise KVTraceError(f"{shown}:{line}: {len(row)} fields; the header has {len(header)}")
             r = dict(zip(header, row))
             vals = {c: int(_number(path, line, c, r.get(c))) for c in _STEP_COLUMNS}
             copies = {c: int(_number(path, line, c, r.get(c) or "0")) for c in _OPTIONAL_STEP_COLUMNS}
@@ -219,19 +222,20 @@ def step_csv_observations(path: str) -> list[Observation]:
                             vals["num_decode_seqs"], *(copies[c] for c in _OPTIONAL_STEP_COLUMNS))
             problem = _impossible_step(work)
             if problem is not None:
-                raise KVTraceError(f"{path}:{line}: {problem}; are the columns as the header names them?")
+                raise KVTraceError(f"{shown}:{line}: {problem}; are the columns as the header names them?")
             group = "prefill" if work.prefill_pairs else "decode"
             out.append(Observation([work], t * to_ns, group, r.get("label") or ""))
     if not out:
-        raise KVTraceError(f"{path}: no rows; expected a header and one row per step")
+        raise KVTraceError(f"{shown}: no rows; expected a header and one row per step")
     return out
 
 
 def _refuse_nul(path: str, line: int, row: list[str]) -> None:
     """A NUL byte in a row, named at its line and field (a file padded with zeros)."""
+    shown = printable(path)
     problem = row_nul_problem(row)
     if problem is not None:
-        raise KVTraceError(f"{path}:{line}: {problem}")
+        raise KVTraceError(f"{shown}:{line}: {problem}")
 
 
 def _impossible_step(w: StepWork) -> str | None:
@@ -355,39 +359,40 @@ class _Rates:
 
 
 def bench_serve_observations(path: str, max_num_batched_tokens: int) -> list[Observation]:
+    shown = printable(path)
     try:
         with open(path, "rb") as f:
             doc = json.loads(f.read())
     except OSError as e:
-        raise KVTraceError(f"{path}: cannot read: {e.strerror}") from None
+        raise KVTraceError(f"{shown}: cannot read: {e.strerror}") from None
     except (UnicodeDecodeError, ValueError, RecursionError) as e:  # (too deep; an int of 5,000 digits)
-        raise KVTraceError(f"{path}: not a vllm bench serve result JSON ({type(e).__name__}: {e})"[:200]) from None
+        raise KVTraceError(f"{shown}: not a vllm bench serve result JSON ({type(e).__name__}: {e})"[:200]) from None
     if not isinstance(doc, dict):
-        raise KVTraceError(f"{path}: expected a JSON object (a vllm bench serve result)")
+        raise KVTraceError(f"{shown}: expected a JSON object (a vllm bench serve result)")
     needed = ("input_lens", "output_lens", "ttfts", "itls")
     missing = [k for k in needed if not isinstance(doc.get(k), list)]
     if missing:
-        raise KVTraceError(f"{path}: {', '.join(missing)}: missing; save the bench with --save-result --save-detailed")
+        raise KVTraceError(f"{shown}: {', '.join(missing)}: missing; save the bench with --save-result --save-detailed")
     ins, outs, ttfts, itls = (doc[k] for k in needed)
     if not len(ins) == len(outs) == len(ttfts) == len(itls):
-        raise KVTraceError(f"{path}: input_lens, output_lens, ttfts and itls differ in length")
+        raise KVTraceError(f"{shown}: input_lens, output_lens, ttfts and itls differ in length")
     # every value checked before any is used
     ins = [check_int(path, None, f"input_lens[{i}]", n, 0) for i, n in enumerate(ins)]
     outs = [check_int(path, None, f"output_lens[{i}]", n, 0) for i, n in enumerate(outs)]
     errors = doc.get("errors")
     if errors is not None and (not isinstance(errors, list) or len(errors) != len(ins)):
-        raise KVTraceError(f"{path}: errors: expected a list with an entry per request (vllm bench serve's), got "
+        raise KVTraceError(f"{shown}: errors: expected a list with an entry per request (vllm bench serve's), got "
                            f"{errors!r}"[:200])
     for i, text in enumerate(errors or ()):
         if text is not None and not isinstance(text, str):
-            raise KVTraceError(f"{path}: errors[{i}]: expected the request's error text, got {text!r}"[:200])
+            raise KVTraceError(f"{shown}: errors[{i}]: expected the request's error text, got {text!r}"[:200])
     # A request that failed: vllm bench serve leaves its TTFT at 0.0 (no first token) and writes its
     # error, also when it failed after a first token; null is a TTFT no version measured.
     failed = {i for i, t in enumerate(ttfts)
               if t is None or (type(t) in (int, float) and t == 0) or (errors and errors[i])}
     done = [i for i in range(len(ttfts)) if i not in failed and ins[i] >= 1]
     for i in done:
-        where = f"{path}: request {i}"
+        where = f"{shown}: request {i}"
         _seconds(where, "ttfts", ttfts[i])
         if not isinstance(itls[i], list):
             raise KVTraceError(f"{where}: itls: expected a list of seconds, got {itls[i]!r}"[:200])
@@ -396,12 +401,12 @@ def bench_serve_observations(path: str, max_num_batched_tokens: int) -> list[Obs
     starts = doc.get("start_times")
     if starts is not None:  # (vllm bench serve writes them since 0.11: each request's send time)
         if not isinstance(starts, list) or len(starts) != len(ins):
-            raise KVTraceError(f"{path}: start_times: expected a list with an entry per request (vllm bench "
+            raise KVTraceError(f"{shown}: start_times: expected a list with an entry per request (vllm bench "
                                f"serve's), got {starts!r}"[:200])
         for i in done:
             t = starts[i]
             if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= _MAX_CLOCK_S:
-                raise KVTraceError(f"{path}: request {i}: start_times: expected seconds from 0 to "
+                raise KVTraceError(f"{shown}: request {i}: start_times: expected seconds from 0 to "
                                    f"{_MAX_CLOCK_S:,.0f} (a monotonic clock's), got {t!r}"[:200])
         return _timeline_observations([_Timeline(
             f"request {i}", ins[i], outs[i], round(starts[i] * 1e9), round(starts[i] * 1e9) + round(ttfts[i] * 1e9),
@@ -409,11 +414,11 @@ def bench_serve_observations(path: str, max_num_batched_tokens: int) -> list[Obs
     concurrency = doc.get("max_concurrency")
     if concurrency is not None and (isinstance(concurrency, bool) or not isinstance(concurrency, int)
                                     or concurrency < 1):  # (null: vllm bench serve's unlimited)
-        raise KVTraceError(f"{path}: max_concurrency: expected null or an integer >= 1, got {concurrency!r}"[:200])
+        raise KVTraceError(f"{shown}: max_concurrency: expected null or an integer >= 1, got {concurrency!r}"[:200])
     duration = doc.get("duration")
     if duration is not None and (isinstance(duration, bool) or not isinstance(duration, (int, float))
                                  or not math.isfinite(duration) or duration <= 0):
-        raise KVTraceError(f"{path}: duration: expected a positive number of seconds, got {duration!r}"[:200])
+        raise KVTraceError(f"{shown}: duration: expected a positive number of seconds, got {duration!r}"[:200])
     if concurrency is None:
         # Little's law: mean requests in flight = their total latency / the run's length
         busy = sum(ttfts[i] + sum(itls[i]) for i in done)
@@ -421,11 +426,11 @@ def bench_serve_observations(path: str, max_num_batched_tokens: int) -> list[Obs
         if duration is not None:
             in_flight = busy / duration
             if not in_flight <= MAX_TOKENS:  # (a 1e-310 s run: infinitely many)
-                raise KVTraceError(f"{path}: duration: {duration!r} s for {busy:.6g} s of requests' latency is more "
+                raise KVTraceError(f"{shown}: duration: {duration!r} s for {busy:.6g} s of requests' latency is more "
                                    f"requests in flight than any server holds (at most {MAX_TOKENS:,})")
             concurrency = max(1, round(in_flight))
     if concurrency > MAX_TOKENS:
-        raise KVTraceError(f"{path}: max_concurrency: more than {MAX_TOKENS:,} requests in flight is beyond any "
+        raise KVTraceError(f"{shown}: max_concurrency: more than {MAX_TOKENS:,} requests in flight is beyond any "
                            "server")
     others = concurrency - 1
     mean_ctx = sum(ins[i] + outs[i] / 2 for i in done) / max(len(done), 1)  # (a failed request decoded nothing)
@@ -458,7 +463,7 @@ def bench_serve_observations(path: str, max_num_batched_tokens: int) -> list[Obs
             obs.append(Observation([StepWork(1 + others, 0, ctx, 1 + others)], gap * 1e9, decode,
                                    f"request {i} gap {j}"))
     if not obs:
-        raise KVTraceError(f"{path}: no completed request to fit")
+        raise KVTraceError(f"{shown}: no completed request to fit")
     return obs
 
 

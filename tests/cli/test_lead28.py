@@ -1,0 +1,25 @@
+"""The lead's fixes of the twenty-eighth session's CLI findings."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.cli.support import run
+
+
+@pytest.mark.parametrize(("name", "text", "said"), [
+    ("a\nb.csv", None, "no such file"),
+    ("c\nd.csv", "x,y\n1,2\n", "missing column(s)"),
+    ("e\nf.csv", "num_tokens,prefill_pairs,num_decode_seqs,decode_context_tokens,step_ms\n1,1,0,0,abc\n",
+     "step_ms: expected"),
+    ("g\nh.json", "{}", "input_lens, output_lens, ttfts, itls: missing"),
+])
+def test_calibrate_names_a_file_with_a_newline_as_typed(tmp_path, capsys, name, text, said):
+    """Each --from file with a newline in its name was named with a space there instead:
+    another file's name (the cli probe of the twenty-eighth session)."""
+    path = tmp_path / name
+    if text is not None:
+        path.write_text(text)
+    code, _, err = run(["calibrate", "--from", str(path)], capsys)
+    shown = str(path).replace("\n", "\\n")
+    assert code == 2 and err.count("\n") == 1 and err.startswith(f"kvtrace: error: {shown}") and said in err
