@@ -25,6 +25,7 @@ from kvtrace.metrics import (
     DEFINITIONS,
     DEFINITIONS_CONFIG_KEY,
     PERCENTILES_CONFIG_KEY,
+    is_latency_key,
     parse_percentiles,
 )
 from kvtrace.names import MODES, otlp_requested
@@ -869,8 +870,9 @@ def _run_cache_only(spec: RunSpec, blocked: tuple[list[TraceRequest], int], dige
     from kvtrace.store.schema import SUMMARY_FIELDS
 
     summary = res.summary(spec.percentiles)
-    for key in SUMMARY_FIELDS:
-        summary.setdefault(key, None)  # engine-only fields (no CoW, no audit, no preemption): not measured
+    for key in SUMMARY_FIELDS:  # engine-only fields (no CoW, no audit, no preemption): not measured
+        if not is_latency_key(key):  # (its latency keys are the --percentiles' as an engine run's: p99 at 10 was null)
+            summary.setdefault(key, None)
     per_request = [
         {"request_id": rid, "hit_tokens": hit}
         for rid, hit in zip(res.request_ids, res.per_request_hit_tokens)

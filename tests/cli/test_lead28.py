@@ -23,3 +23,15 @@ def test_calibrate_names_a_file_with_a_newline_as_typed(tmp_path, capsys, name, 
     code, _, err = run(["calibrate", "--from", str(path)], capsys)
     shown = str(path).replace("\n", "\\n")
     assert code == 2 and err.count("\n") == 1 and err.startswith(f"kvtrace: error: {shown}") and said in err
+
+
+@pytest.mark.parametrize("mode", ["cache-only", "engine"])
+def test_a_runs_latency_keys_are_its_percentiles_whatever_the_mode(mode):
+    """A cache-only replay at --percentiles 10 also held p99_ttft_ms and p99_itl_ms (null), keys
+    an engine run at the same percentiles has not: one summary, one set of keys."""
+    from kvtrace.metrics import LATENCY_KEYS, is_latency_key, latency_keys
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    content = {"content": False} if mode == "engine" else {}
+    summary = run_replay(RunSpec("gen:chat", mode=mode, limit=3, percentiles=(10.0,), **content)).summary
+    assert {k for k in summary if is_latency_key(k)} == {k for m in LATENCY_KEYS for k in latency_keys(m, (10.0,))}
