@@ -39,8 +39,8 @@ def summary_table(summary: Mapping[str, Any], title: str = "summary") -> Table:
 
     # the title names the user's trace: shown as typed, never read as markup
     table = Table(title=markup_literal(title), show_header=True, header_style="bold")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
+    table.add_column("metric", overflow="fold")  # (never cut: a digest, a trace path)
+    table.add_column("value", justify="right", overflow="fold")
     for key, value in summary.items():
         if isinstance(value, dict):  # (evictions_by_reason: the table left it out, which only --json showed)
             for sub, count in value.items():

@@ -35,3 +35,22 @@ def test_a_runs_latency_keys_are_its_percentiles_whatever_the_mode(mode):
     content = {"content": False} if mode == "engine" else {}
     summary = run_replay(RunSpec("gen:chat", mode=mode, limit=3, percentiles=(10.0,), **content)).summary
     assert {k for k in summary if is_latency_key(k)} == {k for m in LATENCY_KEYS for k in latency_keys(m, (10.0,))}
+
+
+def test_the_replay_summary_folds_a_digest_too_wide_for_the_terminal():
+    """On an 80-column terminal the summary table cut the digest with an ellipsis: the one
+    value a user copies to compare two runs (the cli probe)."""
+    import io
+
+    from rich.console import Console
+
+    from kvtrace.replay.report import print_summary
+
+    digest = "d2650e63a5ff3b15e6b62fdfdcde7176f580033741a1f70bbedd6e839882c2fe"
+    screen = io.StringIO()
+    print_summary({"requests": 5, "digest": digest}, console=Console(file=screen, width=40, force_terminal=False))
+    text = screen.getvalue()
+    assert "…" not in text
+    folded = "".join(line.split("│")[2].strip() for line in text.splitlines()
+                     if line.count("│") == 3 and "requests" not in line and "metric" not in line)
+    assert folded == digest, text
