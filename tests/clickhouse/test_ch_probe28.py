@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 
+import pyarrow as pa
 import pytest
 
 from kvtrace.instrument.otlp import OTLPCollector
@@ -181,3 +182,41 @@ def test_a_value_whose_type_the_exporter_loses_reads_the_same_on_both_paths(tmp_
 def test_the_stand_in_spells_each_value_as_the_go_exporter_does(value, text):
     """pdata's AsString: the Go exporter wrote "7" where the stand-in wrote Python's "7.0"."""
     assert as_string(value) == text
+
+
+_ENVELOPES = {  # an exporter row `kvtrace collect` refuses whatever its attributes, and why
+    "a trace id of zeros": ({"TraceId": "0" * 32}, "TraceId"),
+    "a trace id that is no hex": ({"TraceId": "zz" * 16}, "TraceId"),
+    "an empty span id": ({"SpanId": ""}, "SpanId"),
+    "a parent id that is no hex": ({"ParentSpanId": "xyz"}, "ParentSpanId"),
+    "an end before its start (a wrapped Duration)": ({"Duration": (1 << 64) - 500}, "ends before it starts"),
+    "an offset that is no integer": ({"offset": " 1_000 "}, "kvtrace.run.time_offset_ns"),
+    "a negative offset": ({"offset": "-5"}, "kvtrace.run.time_offset_ns"),
+    "an offset after the span's start": ({"offset": str(1_796_000_000_000_000_001)}, "starts before"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_ENVELOPES))
+def test_an_exporter_row_collect_refuses_whatever_its_attributes_is_left_out(tmp_path, case):
+    """Zero or non-hex ids were stored as span 0 (and counted as a request), a wrapped Duration
+    as an end before the start, an offset of " 1_000 " read as 0 and one after the span's start
+    as negative times, where `kvtrace collect` refuses each span."""
+    row, named = _ENVELOPES[case]
+    m = pa.map_(pa.string(), pa.string())
+    table = {"Timestamp": pa.array([1_796_000_000_000_000_000] * 2, pa.timestamp("ns")),
+             "SpanName": [REQUEST] * 2, "ServiceName": ["vllm"] * 2,
+             "TraceId": [row.get("TraceId", "ab" * 16), "ab" * 16],
+             "SpanId": [row.get("SpanId", "cd" * 8), "ef" * 8], "ParentSpanId": [row.get("ParentSpanId", ""), ""],
+             "Duration": pa.array([row.get("Duration", 1000), 1000], pa.uint64()),
+             "ResourceAttributes": pa.array([[("kvtrace.run.time_offset_ns", row["offset"])] if "offset" in row
+                                             else [], []], m),
+             "SpanAttributes": pa.array([[("kvtrace.request.id", "bad"), (PROMPT, "4")],
+                                         [("kvtrace.request.id", "ok"), (PROMPT, "4")]], m)}
+    db = f"chdb:{tmp_path / 'ch'}"
+    Store.open(db).close()
+    with client.connect(clickhouse_target(db)) as con:
+        con.insert_arrow("otel_traces", pa.table(table))
+    Store.open(db).close()
+    assert _ch(db, "SELECT request_id FROM spans_request") == [("ok",)]
+    ((reason,),) = _ch(db, "SELECT reason FROM otel_refused_spans")
+    assert named in reason

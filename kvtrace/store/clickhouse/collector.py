@@ -115,7 +115,7 @@ _ENVELOPE = {
     "trace_id_hi": _HEX64.format("substring(TraceId, 1, 16)"),
     "trace_id_lo": _HEX64.format("substring(TraceId, 17, 16)"),
     "span_id": _HEX64.format("SpanId"),
-    "parent_span_id": f"if(ParentSpanId = '', NULL, {_HEX64.format('ParentSpanId')})",
+    "parent_span_id": f"if(ParentSpanId IN ('', repeat('0', 16)), NULL, {_HEX64.format('ParentSpanId')})",
     "trace_state": "nullIf(TraceState, '')",
     "name": "SpanName",
     "span_kind": "if(SpanKind IN ('Internal', 'Unspecified', ''), NULL, SpanKind)",
@@ -143,6 +143,26 @@ _ENVELOPE = {
     "seq": f"coalesce(toInt64OrNull(SpanAttributes[{_q(SEQ_ATTRIBUTE)}]), toUnixTimestamp64Nano(Timestamp))",
     TIME_OFFSET_COLUMN: _OFFSET,
 }
+# Why `kvtrace collect` would refuse the span whatever its attributes ('' where it would not:
+# ``otlp/decode.py``, ``convert._check_ids``, ``time_offset``, ``unshift``): ids that are no
+# ids (all zeros, or not hex: they were stored as span 0), an end before its start (a Duration
+# the exporter wrapped past 2^63), a resource offset that is no integer of ns (" 1_000 " was read
+# as 0) or one after the span's start (its times would be negative)
+_HEX = "^[0-9a-fA-F]{{{0}}}$"
+_OFFSET_TEXT = f"ResourceAttributes[{_q(TIME_OFFSET_RESOURCE_KEY)}]"
+_ENVELOPE_PROBLEM = (
+    f"multiIf(NOT match(TraceId, {_q(_HEX.format(32))}) OR TraceId = repeat('0', 32), "
+    "'TraceId: not a trace id (32 hex digits, not all zeros)', "
+    f"NOT match(SpanId, {_q(_HEX.format(16))}) OR SpanId = repeat('0', 16), "
+    "'SpanId: not a span id (16 hex digits, not all zeros)', "
+    f"ParentSpanId != '' AND NOT match(ParentSpanId, {_q(_HEX.format(16))}), "
+    "'ParentSpanId: not a span id (16 hex digits)', "
+    "Duration >= 9223372036854775808, 'the span ends before it starts', "
+    f"mapContains(ResourceAttributes, {_q(TIME_OFFSET_RESOURCE_KEY)}) "
+    f"AND NOT (match({_OFFSET_TEXT}, '^[0-9]{{1,19}}$') AND toInt128OrNull({_OFFSET_TEXT}) < 9223372036854775808), "
+    f"'resource {TIME_OFFSET_RESOURCE_KEY}: not an integer of ns from 0 to 2^63', "
+    f"toUnixTimestamp64Nano(Timestamp) < {_OFFSET}, 'the span starts before the resource''s "
+    f"{TIME_OFFSET_RESOURCE_KEY}', '')")
 _CHUNK = "Tuple(start_ns Nullable(Int64), end_ns Nullable(Int64), num_tokens Nullable(Int64))"
 
 
@@ -268,9 +288,9 @@ def _family_select(table: str, otel_table: str) -> tuple[str, str]:
     exprs = [e.replace("{extra}", extra) for e in exprs]
     if table == OTHER_TABLE:
         known = ", ".join(_q(n) for n in (*SPAN_NAMES, SPAN_RUN))
-        where = f"SpanName NOT IN ({known})"
+        where = f"SpanName NOT IN ({known}) AND {_ENVELOPE_PROBLEM} = ''"
     else:
-        where = f"SpanName IN ({', '.join(_q(n) for n in FAMILIES[table][1])})"
+        where = f"SpanName IN ({', '.join(_q(n) for n in FAMILIES[table][1])}) AND {_ENVELOPE_PROBLEM} = ''"
         # a span that breaks a rule across its fields (span_rules: `kvtrace collect` refuses it) is
         # left out, kept in the exporter's table, its reason in otel_refused_spans
         where += "".join(f" AND (SpanName != {_q(n)} OR {p} = '')" for n, p in _problems() if n in FAMILIES[table][1])
@@ -309,8 +329,9 @@ def _side_tables(otel_table: str) -> list[tuple[str, str, str, str]]:
          "SELECT run_id, name, trace_id, span_id, start_ns, reason FROM ("
          f"SELECT {_RUN_ID} AS run_id, SpanName AS name, TraceId AS trace_id, SpanId AS span_id, "
          f"toUnixTimestamp64Nano(Timestamp) - {_OFFSET} AS start_ns, "
-         f"multiIf({', '.join(f'SpanName = {_q(n)}, {p}' for n, p in _problems())}, '') AS reason "
-         f"FROM {otel_table} WHERE SpanName IN ({', '.join(_q(n) for n, _ in _problems())})) WHERE reason != ''"),
+         f"multiIf({_ENVELOPE_PROBLEM} != '', {_ENVELOPE_PROBLEM}, "
+         f"{', '.join(f'SpanName = {_q(n)}, {p}' for n, p in _problems())}, '') AS reason "
+         f"FROM {otel_table} WHERE SpanName != {_q(SPAN_RUN)}) WHERE reason != ''"),
         (COLLECTED_RUNS,
          f"CREATE TABLE IF NOT EXISTS {COLLECTED_RUNS} (run_id String, service_name String, "
          f"{TIME_OFFSET_COLUMN} Int64) ENGINE = ReplacingMergeTree ORDER BY run_id",
