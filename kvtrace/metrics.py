@@ -399,10 +399,12 @@ def parse_percentiles(text: str | Sequence[float] | None) -> tuple[float, ...]:
     for item in items:
         if item == "":  # "50,,90" or a trailing comma: a typo, not a shorter list
             raise ValueError("an empty percentile in the list")
-        try:
+        try:  # (in ASCII digits, as every number a user types: float() read '５０' and '5_0' as 50)
             p = float(item)
+            if isinstance(item, str) and not (item.isascii() and "_" not in item):
+                raise ValueError
         except (TypeError, ValueError):
-            raise ValueError(f"percentile {item!r} is not a number") from None
+            raise ValueError(f"percentile {item!r} is not a number in ASCII digits") from None
         if not 0 <= p <= 100 or math.isnan(p):
             raise ValueError(f"percentile {item!r} is outside 0..100")
         out.append(p)

@@ -137,7 +137,7 @@ def markdown_code(text: object) -> str:
     return f"{fence}{pad}{text}{pad}{fence}" if text else "` `"
 
 
-PIPED_WIDTH = 250  # columns rich lays out for a stdout that is not a terminal
+PIPED_WIDTH = 100_000  # columns rich lays out for a stdout that is not a terminal: no row is folded for grep
 
 
 def stdout_console() -> Any:

@@ -136,9 +136,10 @@ def summary_table(result: DemoResult) -> Any:
     shown = demo_settings(first.backend if first is not None else "kvtrace")
     settings = ", ".join(f"{k}={v}" for k, v in shown.items())
     table = Table(title=f"kvtrace demo: {DEMO_TRACE} on {DEMO_PRESET} ({settings})", title_justify="left")
-    table.add_column("metric")
+    table.add_column("metric", overflow="fold")
     for spec, _ in result.runs:
-        table.add_column(ALL_ON if not spec.without else f"without\n{spec.without[0]}", justify="right")
+        table.add_column(ALL_ON if not spec.without else f"without\n{spec.without[0]}", justify="right",
+                         overflow="fold")
     for key in SUMMARY_FIELDS:
         if key == "digest":
             continue

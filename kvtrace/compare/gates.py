@@ -52,8 +52,10 @@ def parse_gate(text: str) -> Gate:
         raise KVTraceError(f"--fail-if {text!r}: expected METRIC:THRESHOLD, e.g. prefix_cache_hit_rate:-0.01")
     relative = raw.endswith("%")
     num = raw[:-1] if relative else raw
-    try:
+    try:  # (in ASCII digits, as every number a user types: float() read '１０' and '1_0' as 10)
         value = float(num)
+        if not (num.isascii() and "_" not in num):
+            raise ValueError
     except ValueError:
         raise KVTraceError(f"--fail-if {text!r}: threshold {raw!r} is not a number (e.g. -0.01, +5, +10%)") from None
     if math.isnan(value) or math.isinf(value):

@@ -247,7 +247,7 @@ def tables(diff: RunDiff, metrics: Iterable[str] | None = None, *, detail: bool 
     keep = None if metrics is None else set(metrics)
     t = Table(title=markup_literal(f"{_label(diff.run_a)} → {_label(diff.run_b)}"), title_justify="left")
     for col in ("metric", "A", "B", "Δ", "Δ%"):
-        t.add_column(col, justify="left" if col == "metric" else "right")
+        t.add_column(col, justify="left" if col == "metric" else "right", overflow="fold")
     for m in diff.metrics:
         if keep is not None and m.name not in keep:
             continue
@@ -259,7 +259,7 @@ def tables(diff: RunDiff, metrics: Iterable[str] | None = None, *, detail: bool 
         t = Table(title=f"latency percentiles, {_times(diff)} time ({round(CI_LEVEL * 100)}% bootstrap CI)",
                   title_justify="left")
         for col in ("percentile", "A", "B", "Δ", "CI"):
-            t.add_column(col, justify="left" if col == "percentile" else "right")
+            t.add_column(col, justify="left" if col == "percentile" else "right", overflow="fold")
         for s in diff.latency:
             style = None if not s.significant else ("red" if s.delta > 0 else "green")
             t.add_row(
@@ -272,7 +272,7 @@ def tables(diff: RunDiff, metrics: Iterable[str] | None = None, *, detail: bool 
     if diff.evictions_by_reason or diff.evictions_by_publish_kind:
         t = Table(title="evictions", title_justify="left")
         for col in ("by", "key", "A", "B", "Δ"):
-            t.add_column(col, justify="left" if col in ("by", "key") else "right")
+            t.add_column(col, justify="left" if col in ("by", "key") else "right", overflow="fold")
         for dim, shifts in (("reason", diff.evictions_by_reason), ("publish kind", diff.evictions_by_publish_kind)):
             for c in shifts:
                 t.add_row(dim, markup_literal(c.key), f"{c.a:,}", f"{c.b:,}", _count_delta(c))
@@ -283,7 +283,7 @@ def tables(diff: RunDiff, metrics: Iterable[str] | None = None, *, detail: bool 
     if r is not None and (r.top_gained or r.top_lost):
         t = Table(title=requests_line(r), title_justify="left")
         for col in ("request", "prompt", "cached A", "cached B", "Δ"):
-            t.add_column(col, justify="left" if col == "request" else "right")
+            t.add_column(col, justify="left" if col == "request" else "right", overflow="fold")
         for ch in r.top_gained + r.top_lost:
             t.add_row(markup_literal(ch.request_id), str(ch.prompt_tokens), str(ch.hit_a), str(ch.hit_b),
                       f"{ch.delta:+d}",

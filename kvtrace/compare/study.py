@@ -210,9 +210,9 @@ class StudyResult:
         metrics = [m for m in metrics if m not in _TIER_METRICS
                    or any(p.on.get(m) is not None or p.off.get(m) is not None for p in self.points)]
         table = Table(title=f"{self.behaviour}: on - off, per {self.first.parameter}", header_style="bold")
-        table.add_column(str(self.first.parameter))
+        table.add_column(str(self.first.parameter), overflow="fold")
         for m in metrics:
-            table.add_column(f"Δ {m}", justify="right")
+            table.add_column(f"Δ {m}", justify="right", overflow="fold")
         for p in self.points:
             table.add_row(str(p.value), *(_delta_cell(m, _measured_delta(p.diff, m)) for m in metrics))
         return table

@@ -54,3 +54,48 @@ def test_the_replay_summary_folds_a_digest_too_wide_for_the_terminal():
     folded = "".join(line.split("│")[2].strip() for line in text.splitlines()
                      if line.count("│") == 3 and "requests" not in line and "metric" not in line)
     assert folded == digest, text
+
+
+def test_a_piped_table_keeps_every_row_on_one_line_for_grep(capsys):
+    """Piped, a table was laid out at 250 columns: a runs table wider than that folded its
+    cells mid-word (`grep transient-checkpoint-retention` found none; before the fold, an
+    ellipsis cut them). The README says piped output is for grep."""
+    from kvtrace.cli.output import print_rows
+
+    name = "transient-checkpoint-retention+shared-prefix-pinning+external-hit-running-cow"  # (no space to wrap at)
+    names = [name] * 5
+    print_rows([["run", *(f"behaviours{i}" for i in range(5))], ["r1", *names]])
+    out = capsys.readouterr().out
+    (row,) = [line for line in out.splitlines() if line.startswith("│ r1")]
+    assert row.count(name) == 5 and "…" not in out
+
+
+def test_diff_tables_fold_on_a_narrow_terminal_never_cut(replayed_store):
+    """An 80-column `kvtrace diff` cut prompt_tokens_by_source.external_kv_t… and, at 60 columns,
+    its values (29,0…, +287…): only `kvtrace runs`' table folded (the re-probe of the cli fixes)."""
+    import io
+
+    from rich.console import Console
+
+    from kvtrace.compare.render import render
+    from kvtrace.compare.source import diff_runs
+
+    diff = diff_runs(replayed_store.path, replayed_store.run_off, replayed_store.run_on)
+    screen = io.StringIO()
+    render(diff, Console(file=screen, width=60, force_terminal=False))
+    assert "…" not in screen.getvalue()
+
+
+@pytest.mark.parametrize("typed", ["５０", "5_0", "٥٠"])
+def test_percentiles_and_gate_thresholds_are_ascii_numbers(typed):
+    """--percentiles ５０ stored p50 keys and --fail-if evictions:１０ read 10: float() takes any
+    script's digits and underscores, where README says numbers are ASCII digits alone."""
+    from kvtrace.compare.gates import parse_gate
+    from kvtrace.errors import KVTraceError
+    from kvtrace.metrics import parse_percentiles
+
+    with pytest.raises(ValueError, match="ASCII digits"):
+        parse_percentiles(f"90,{typed}")
+    with pytest.raises(KVTraceError, match="is not a number"):
+        parse_gate(f"evictions:{typed}")
+    assert parse_percentiles("50, 99.9") == (50.0, 99.9) and parse_gate("evictions:+10%") is not None
