@@ -6,7 +6,8 @@ first time this runs, never imported by kvtrace and never used by the tests.
 
 Both replay the same Mooncake-format trace with the same block size and capacity
 (``--blocks`` blocks of 512 tokens; kvtrace's null block is added on top, as vLLM's
-``num_gpu_blocks`` counts it). Timing:
+``num_gpu_blocks`` counts it) and the same batch limits (the preset's ``max_num_seqs``
+and ``max_num_batched_tokens``, given to the mocker, whose own default is 256 seqs). Timing:
 
 * ``--mocker-timing default``: the mocker's own generic polynomial;
 * ``--mocker-timing kvtrace``: the mocker is given kvtrace's cost model as an
@@ -49,8 +50,9 @@ from dynamo.mocker import config as C
 from dynamo.mocker.args import parse_args
 from dynamo.replay import run_trace_replay
 
-trace, block_size, blocks, npz = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
-margs = ["--block-size", block_size, "--num-gpu-blocks-override", blocks]
+trace, block_size, blocks, npz, seqs, tokens = sys.argv[1:7]
+margs = ["--block-size", block_size, "--num-gpu-blocks-override", blocks,
+         "--max-num-seqs", seqs, "--max-num-batched-tokens", tokens]
 if npz != "-":
     margs += ["--planner-profile-data", npz]
 t0 = time.perf_counter()
@@ -129,7 +131,9 @@ def main() -> None:
             npz = str(Path(tmp) / "cost.npz")
             mocker_npz(get_preset(args.preset).cost_model, Path(npz))
         t0 = time.perf_counter()
-        out = subprocess.run([str(python), "-c", MOCKER_RUN, args.trace, "512", str(args.blocks), npz],
+        limits = get_preset(args.preset).scheduler_config  # (the mocker's own default is 256 seqs)
+        out = subprocess.run([str(python), "-c", MOCKER_RUN, args.trace, "512", str(args.blocks), npz,
+                              str(limits.max_num_seqs), str(limits.max_num_batched_tokens)],
                              capture_output=True, text=True, check=True)
         mocker = json.loads(out.stdout.strip().splitlines()[-1]) | {"process_s": time.perf_counter() - t0}
     kv = run_kvtrace(args.trace, args.preset, args.blocks, args.limit, content=not args.no_content)
