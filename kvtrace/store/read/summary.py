@@ -96,7 +96,11 @@ def _summary_from_spans(db: DB, run_id: str) -> dict[str, Any]:
         return {}
     counts = _span_counts(db, run_id)
     totals = _request_totals(db, run_id)
-    mode, config = _record(db, run_id)
+    stored_mode, config = _record(db, run_id)
+    # the mode its events were made in: a collected replay's is stored as ``otlp``, its
+    # sender's in its config (a stopped run collected read divergent outputs null and no
+    # steps beside the same run's direct store)
+    mode = metrics.replayed_mode(stored_mode, config)
 
     def spans_of(name: str) -> int:
         return int(counts[name]["spans"]) if name in counts else 0
