@@ -32,7 +32,7 @@ Schema (``schema.py``)
     within a version (``layout.ADDED_COLUMNS``/``ADDED_TABLES``) are added by the next writer
     to open the store, in the transaction that checks it, and read as that gives them before.
     ``derived_version`` in ``kvtrace_meta``: the definitions the derived rows were built by
-    (``derived.DERIVED_VERSION``); older ones are read from the spans and rebuilt by the next writer.
+    (``derived.DERIVED_VERSION``), set when the store is made; an older store's are read from its spans.
     Live vLLM KV events reuse the cache span names with ``source = 'vllm'`` (BlockStored ->
     publish 'vllm_stored', BlockRemoved -> evict 'vllm_removed', AllBlocksCleared -> evict
     'reset').

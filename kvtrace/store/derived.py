@@ -217,8 +217,8 @@ COLUMNS: dict[str, dict[str, str]] = {
                      "blocks": "BIGINT"},
 }
 # The definitions a store's derived rows were built by: ``kvtrace_meta.derived_version`` (a
-# store without that row: 1). Bump it when the same spans give other rows; readers compute an
-# older store's rows from its spans, as a running run's, until a writer rebuilds them.
+# store without that row: 1), set when the store is made. Bump it when the same spans give other
+# rows; readers compute an older store's rows from its spans, as a running run's (read._sql.derived_status).
 # 2 (2026-12-05, 6efd6bc): evictions paired with the next publish, and misses with their
 #   eviction, by virtual time, not seq (a batch's seq runs kind by kind).
 DERIVED_VERSION = 2

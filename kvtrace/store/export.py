@@ -80,9 +80,12 @@ def _export_clickhouse(db: str | Path, run_id: str, out_dir: Path, summary: str 
         if found.num_rows == 0:
             raise UnknownRunError(str(db), run_id)
         stored, shown = _statuses(db, run_id, tuple(found.to_pylist()[0].values()))
+        from kvtrace.store.read._sql import derived_status
+
+        rows_as = derived_status(con, stored)  # (an older store's derived rows: from its spans)
 
         def write(table: str, target: Path) -> None:
-            rows = con.query_arrow(_table_sql(table, stored), _params(table, run_id, shown, summary))
+            rows = con.query_arrow(_table_sql(table, rows_as), _params(table, run_id, shown, summary))
             _write_canonical(rows.schema, rows.to_batches(_BATCH_ROWS), target, _declared(table))
 
         return _write_all(out_dir, write)

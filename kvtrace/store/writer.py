@@ -62,7 +62,6 @@ from kvtrace.store.schema import (
     created_now,
     family_columns,
     has_block_lists,
-    meta_rows,
     next_run_id,
     otel_traces_view_ddl,
     span_tables_ddl,
@@ -221,26 +220,10 @@ def _init_schema(con: duckdb.DuckDBPyConnection, path: str) -> None:
         for col in columns:
             con.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {col} {derived.COLUMNS[table][col]}")
     con.execute(otel_traces_view_ddl())
-    if tables:
-        _rebuild_older_derived_rows(con, path)
-    else:  # (a new store: every run's rows built by today's definitions)
+    if not tables:  # (a new store: every run's rows built by today's definitions; see read._sql.derived_status)
         con.execute(f"INSERT OR IGNORE INTO {META_TABLE} VALUES (?, ?)",
                     [derived.DERIVED_VERSION_KEY, str(derived.DERIVED_VERSION)])
     con.execute("COMMIT")
-
-
-def _rebuild_older_derived_rows(con: duckdb.DuckDBPyConnection, path: str) -> None:
-    """Rebuild every finished run's derived rows where older definitions built them
-    (``derived.DERIVED_VERSION``; readers compute such rows from the spans meanwhile), in
-    the caller's transaction: a store is upgraded whole or not at all. A running run's rows
-    are computed from its spans whatever the version (its writer's ``finish_run`` builds them)."""
-    meta = meta_rows(con.execute(f"SELECT key, value FROM {META_TABLE}").fetchall(), path)
-    if derived.built_version(meta) >= derived.DERIVED_VERSION:
-        return
-    for (run_id,) in con.execute("SELECT run_id FROM runs WHERE status <> 'running' ORDER BY run_id").fetchall():
-        derived.materialise(con, run_id)
-    con.execute(f"INSERT OR REPLACE INTO {META_TABLE} VALUES (?, ?)",
-                [derived.DERIVED_VERSION_KEY, str(derived.DERIVED_VERSION)])
 
 
 def creation_lock_path(path: str) -> str:

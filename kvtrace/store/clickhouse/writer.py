@@ -94,8 +94,9 @@ def init_schema(con: client.ClickHouseConnection, target: ClickHouseTarget) -> N
         for col, duck in derived_columns(table):
             con.command(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS `{col}` {column_type(col, duck)}")
     if version is None:  # the meta rows last: what a kill before them leaves, the next writer finishes
-        con.insert_arrow(META_TABLE, pa.table({"key": ["magic", "schema_version"],
-                                               "value": [STORE_MAGIC, str(SCHEMA_VERSION)]}))
+        con.insert_arrow(META_TABLE, pa.table({"key": ["magic", "schema_version", derived.DERIVED_VERSION_KEY],
+                                               "value": [STORE_MAGIC, str(SCHEMA_VERSION),
+                                                         str(derived.DERIVED_VERSION)]}))
     collector.attach(con, target)
 
 

@@ -248,11 +248,13 @@ def derived_status(con: Connection, status: str) -> str:
     from its spans, as a running run's are) where the store's rows were built by older
     definitions (``derived.DERIVED_VERSION``): a store of 2026-12-04 kept evictions paired
     with publishes by seq, and ``diff`` showed 12 evictions before a partial tail where its
-    spans have 1. ClickHouse stores rebuild theirs as DuckDB ones do (their rows trusted)."""
-    if status == "running" or not isinstance(con, duckdb.DuckDBPyConnection):
+    spans have 1. DuckDB and ClickHouse alike. A store records the version when it is made:
+    an older one is never rebuilt in place (a rebuild held a big store from every reader for
+    half a minute), so its runs, and the runs appended to it since, are read from their spans."""
+    if status == "running":
         return status
-    rows = con.execute(f"SELECT key, value FROM {META_TABLE} WHERE key = ?", [derived.DERIVED_VERSION_KEY]).fetchall()
-    return status if derived.built_version(dict(rows)) >= derived.DERIVED_VERSION else "running"
+    meta = query(con, f"SELECT key, value FROM {META_TABLE} WHERE key = $key", {"key": derived.DERIVED_VERSION_KEY})
+    return status if derived.built_version(dict(meta.rows())) >= derived.DERIVED_VERSION else "running"
 
 
 def derived_relation(table: str, status: str) -> str:
