@@ -10,6 +10,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+from collections.abc import Iterable
 from pathlib import Path
 
 from kvtrace.errors import ConfigError, KVTraceError
@@ -30,6 +32,7 @@ def server_command(db: str | os.PathLike, host: str = "127.0.0.1", port: int = 8
         "--browser.gatherUsageStats", "false",
         "--server.fileWatcherType", "none",
         "--client.toolbarMode", "viewer",
+        "--server.baseUrlPath", "",  # (the address printed is served at /, whatever a config.toml says)
         "--", "--db", _resolved(db),
     ]
 
@@ -74,7 +77,10 @@ def launch(db: str | os.PathLike, host: str = "127.0.0.1", port: int = 8501, run
     (``check_address``, first) are one-line errors here, before a server starts that could
     only show an error (or Streamlit's own text).
 
-    The server is a child process, waited for: its exit status is returned. Ctrl-C or
+    The server is a child process, run in kvtrace's folder (a ``.streamlit`` config of the
+    user's folder is not read), waited for: 0 is returned when it ends well; one that ends
+    otherwise (a start that failed: a module on PYTHONPATH that breaks its imports) is a
+    KVTraceError naming its status and its last exception, its traceback not shown. Ctrl-C or
     SIGTERM (as ``kvtrace.process.Terminated``, inside ``sigterm_as_interrupt``) is how a
     server is stopped, as ``kvtrace collect`` is: it is passed on (then a kill if the server
     is not gone within ``STOP_TIMEOUT_S``), a ``stopped`` line is printed and 0 returned. The
@@ -101,18 +107,29 @@ def launch(db: str | os.PathLike, host: str = "127.0.0.1", port: int = 8501, run
         with read_connection(path):  # the check every reader makes (`kvtrace runs`): a kvtrace store
             pass
     env = dict(os.environ, **{DB_ENV: _resolved(db)})
+    if env.get("PYTHONPATH"):  # (the server runs in kvtrace's folder: a relative entry read from the user's)
+        env["PYTHONPATH"] = os.pathsep.join(str(Path(p).resolve()) if p else p
+                                            for p in env["PYTHONPATH"].split(os.pathsep))
     server: subprocess.Popen | None = None
+    relay: _Relay | None = None
     try:
         with signals_held():  # (a stop between the start and here would leave the server unknown)
             print(f"kvtrace dashboard: open {page_url(host, port, run, compare)}", file=sys.stderr, flush=True)
             sys.stdout.flush()
             server = _start(server_command(db, host, port), env)
-        return server.wait()
+            relay = _Relay(server)
+        code = server.wait()
+        relay.join()
+        if code:  # (a server that died: one line, not its traceback)
+            raise KVTraceError(_died(code, relay.failure))
+        return code
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM raised as Terminated: a server's way to stop
         # SIGTERM either way: a SIGINT passed on while the server still imports printed its
         # KeyboardInterrupt traceback (Streamlit stops as cleanly for SIGTERM once it runs)
         if server is not None:
             _stop(server, signal.SIGTERM)
+        if relay is not None:  # (the server's last words before this line)
+            relay.join()
         print("kvtrace dashboard: stopped", file=sys.stderr, flush=True)
         return 0
 
@@ -126,11 +143,68 @@ _WITH_PARENT = ("import ctypes, os, signal, sys; ctypes.CDLL(None, use_errno=Tru
 
 
 def _start(command: list[str], env: dict[str, str]) -> subprocess.Popen:
+    # run in kvtrace's own folder, not the user's: Streamlit reads ``.streamlit/config.toml``
+    # (and secrets) from its working directory, and a user's (baseUrlPath "foo") served the
+    # dashboard where the address printed 404s. The --db path is absolute already.
+    where = str(APP_PATH.parent)
     if os.name != "posix":
-        return subprocess.Popen(command, env=env)
+        return subprocess.Popen(command, env=env, cwd=where, stderr=subprocess.PIPE)
     if sys.platform.startswith("linux"):
         command = [sys.executable, "-S", "-P", "-c", _WITH_PARENT, str(os.getpid()), *command]
-    return subprocess.Popen(command, env=env, process_group=0)
+    return subprocess.Popen(command, env=env, cwd=where, stderr=subprocess.PIPE, process_group=0)
+
+
+def _died(code: int, failure: str | None) -> str:
+    """The one line a server that ended by itself leaves: its status and what failed."""
+    how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+    return f"the dashboard server (streamlit) {how}" + (f": {failure}" if failure else "")
+
+
+# Lines between a traceback's exception and the next traceback of a chain.
+_CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
+
+
+class _Relay:
+    """The server's stderr, passed on line by line, but for a traceback: held back until the
+    server says more (a logged error it lives on, then shown) or ends (a start that failed:
+    its last exception line becomes ``failure``, for the one error line ``launch`` gives)."""
+
+    def __init__(self, server: subprocess.Popen):
+        self.failure: str | None = None
+        self._last: str | None = None
+        self._thread = threading.Thread(target=self._run, args=(server.stderr,), daemon=True)
+        self._thread.start()
+
+    def join(self) -> None:
+        self._thread.join(STOP_TIMEOUT_S)
+
+    def _run(self, stream: Iterable[bytes] | None) -> None:
+        held: list[str] = []
+        try:
+            for raw in stream or ():
+                line = raw.decode("utf-8", "replace")
+                if line.startswith("Traceback (most recent call last):") or (held and (
+                        line[:1] in (" ", "\t") or not line.strip() or line.startswith(_CHAINED))):
+                    held.append(line)
+                    continue
+                if held and held[-1][:1] in (" ", "\t"):  # the exception line that ends a traceback
+                    held.append(line)
+                    continue
+                self._emit(held)
+                held = []
+                self._emit([line])
+        except (OSError, ValueError):  # (our stderr gone: nothing to tell)
+            return
+        ending = [line.strip() for line in held if line.strip()]
+        where = [line for line in ending if line.startswith('File "')]  # (the frame that raised it)
+        self.failure = (ending[-1] + (f" ({where[-1]})" if where else "")) if ending else self._last
+
+    def _emit(self, lines: list[str]) -> None:
+        for line in lines:
+            if line.strip():
+                self._last = line.strip()
+            sys.stderr.write(line)
+        sys.stderr.flush()
 
 
 def _stop(server: subprocess.Popen, sig: int) -> None:

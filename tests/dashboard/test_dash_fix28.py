@@ -1,0 +1,66 @@
+"""Dashboard fixes of session 28 (fixdash): the server the command starts, and what its pages
+say, against what the run's own counts support."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+from kvtrace.store.writer import Store
+from tests.dashboard.support import free_port, serving
+from tests.support.processes import reaped, wait_until
+
+KVTRACE = str(Path(sys.executable).with_name("kvtrace"))  # (the console script)
+
+
+def _answers(port: int, path: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def test_a_streamlit_config_in_the_users_folder_does_not_move_the_address(tmp_path):
+    """Streamlit reads ``.streamlit/config.toml`` from its working directory: a user's folder
+    holding one with baseUrlPath "foo" served the dashboard under /foo, and the address the
+    command printed answered 404."""
+    db = tmp_path / "d.duckdb"
+    Store.open(db).close()
+    folder = tmp_path / "work"
+    (folder / ".streamlit").mkdir(parents=True)
+    (folder / ".streamlit" / "config.toml").write_text('[server]\nbaseUrlPath = "foo"\n')
+    port = free_port()
+    proc = subprocess.Popen([KVTRACE, "dashboard", "--db", str(db), "--port", str(port)], cwd=folder,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    with reaped(proc):
+        wait_until(proc, lambda: serving(port) or _answers(port, "/foo/_stcore/health"), "the dashboard never served")
+        assert serving(port), "the address printed does not answer (served under the folder's baseUrlPath)"
+        assert _answers(port, "/")
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    assert proc.returncode == 0
+
+
+def test_a_server_that_dies_at_start_is_one_error_line(tmp_path):
+    """A module on PYTHONPATH that breaks the server's imports (a uvicorn.py raising): the command
+    printed the address, then the server's 44-line traceback, and exited 1."""
+    db = tmp_path / "d.duckdb"
+    Store.open(db).close()
+    shadow = tmp_path / "pp"
+    shadow.mkdir()
+    for name in ("uvicorn", "tornado"):  # (the server Streamlit starts, whichever it is)
+        (shadow / f"{name}.py").write_text('raise ImportError("shadowed by a test")\n')
+    env = dict(os.environ, PYTHONPATH=str(shadow))
+    proc = subprocess.run([KVTRACE, "dashboard", "--db", str(db), "--port", str(free_port())], env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if not line.startswith("kvtrace dashboard: open ")]
+    assert len(errors) == 1, proc.stderr
+    assert errors[0].startswith("kvtrace: error: the dashboard server"), errors
+    assert "ImportError: shadowed by a test" in errors[0] and str(shadow) in errors[0], errors
