@@ -48,3 +48,21 @@ def test_a_collected_stopped_replay_reads_as_its_direct_run(tmp_path, engine_sto
     assert collected["divergent_outputs"] == direct["divergent_outputs"] == finished["divergent_outputs"]
     assert collected["steps"] == direct["steps"] == finished["steps"]
     assert collected == direct
+
+
+def test_a_stopped_sliding_window_only_run_states_the_block_size_its_finished_run_does(tmp_path):
+    """A config of sliding-window groups alone has no full-attention group, whose block size
+    and pool a summary's ``block_size`` and ``capacity_blocks`` are (``replay.run.engine_capacity``):
+    its finished summary says null, and its summary from spans (a stopped run's) said 16."""
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    config = tmp_path / "swa.toml"
+    config.write_text('[cache]\nhash_block_size = 16\nnum_gpu_blocks = 4000\n'
+                      'groups = [{ type = "sliding_window", block_size = 16, sliding_window = 1024 }]\n')
+    db = tmp_path / "swa.duckdb"
+    finished = run_replay(RunSpec("gen:mixed", preset="dense-attention", config_file=str(config), limit=12),
+                          db=db).summary
+    assert finished["total_blocks"] > 0  # block counts it has (in the first group's blocks)
+    from_spans = read.summary_from_spans(db, "r1")
+    for key in ("block_size", "capacity_blocks", "hit_blocks", "total_blocks", "block_hit_rate"):
+        assert from_spans[key] == finished[key], key

@@ -182,26 +182,29 @@ def _cow_copies(db: DB, run_id: str) -> int:
     return int(frame["n"][0])
 
 
-def _engine_blocks(config: Mapping[str, Any]) -> tuple[int | None, int | None]:
-    """An engine config's (block size of its block counts, usable blocks): the first
-    full-attention group's block size (else the first group's, as the engine's summary counts
-    its block hits) and that group's pool less vLLM's null block (None without a
-    full-attention group), as ``replay.run.engine_capacity`` states them; (None, None) for a
-    config that stores no groups."""
+def _engine_blocks(config: Mapping[str, Any]) -> tuple[int | None, int | None, int | None]:
+    """An engine config's (block size of its block counts, its ``block_size``, usable blocks):
+    the first full-attention group's block size (else the first group's, as the engine's
+    summary counts its block hits), the summary's ``block_size`` and ``capacity_blocks``
+    (that group's block size and pool less vLLM's null block; None without a full-attention
+    group, as ``replay.run.engine_capacity`` states them: a stopped sliding-window-only run
+    said 16 where its finished summary says null); all None for a config that stores no groups."""
     cache = config.get("cache")
     groups = cache.get("groups") if isinstance(cache, Mapping) else None
     if not isinstance(groups, list) or not groups or not all(isinstance(g, Mapping) for g in groups):
-        return None, None
+        return None, None, None
     unit = next((g for g, spec in enumerate(groups) if spec.get("type") == "FullAttentionSpec"), None)
     size = groups[unit or 0].get("block_size")
     if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-        return None, None
+        return None, None, None
+    if unit is None:
+        return size, None, None
     pools = cache.get("num_gpu_blocks") if isinstance(cache, Mapping) else None
     pool = pools if isinstance(pools, int) else pools[unit] if (
-        isinstance(pools, list) and unit is not None and unit < len(pools)) else None
-    if unit is None or not isinstance(pool, int) or isinstance(pool, bool) or pool < 2:
-        return size, None
-    return size, pool - 1
+        isinstance(pools, list) and unit < len(pools)) else None
+    if not isinstance(pool, int) or isinstance(pool, bool) or pool < 2:
+        return size, size, None
+    return size, size, pool - 1
 
 
 def _block_counts(db: DB, run_id: str, config: Mapping[str, Any]) -> dict[str, Any]:
@@ -212,7 +215,7 @@ def _block_counts(db: DB, run_id: str, config: Mapping[str, Any]) -> dict[str, A
     ``block_hit_rate``, and ``computed_prompt_tokens`` (every chunk prefilled). A stopped
     run's dashboard showed its prefix cache hit rate and a block hit rate of –, from the same
     requests, and ``diff`` took a delta of its evictions against a run of another block size."""
-    size, usable = _engine_blocks(config)
+    size, unit_size, usable = _engine_blocks(config)
     frame = with_run(db, run_id, f"""
         SELECT CAST(sum(num_computed_tokens) AS BIGINT) AS computed,
                CAST(sum((coalesce(num_hit_tokens, 0) + coalesce(num_external_hit_tokens, 0)) // $bs) AS BIGINT)
@@ -222,7 +225,7 @@ def _block_counts(db: DB, run_id: str, config: Mapping[str, Any]) -> dict[str, A
     row = frame.row(0, named=True)
     out: dict[str, Any] = {"computed_prompt_tokens": None if row["computed"] is None else int(row["computed"])}
     if size is not None and row["total_blocks"] is not None:
-        out |= {"block_size": size, "capacity_blocks": usable,
+        out |= {"block_size": unit_size, "capacity_blocks": usable,
                 **metrics.block_hits(int(row["hit_blocks"] or 0), int(row["total_blocks"]))}
     return out
 
