@@ -64,3 +64,26 @@ def test_a_server_that_dies_at_start_is_one_error_line(tmp_path):
     assert len(errors) == 1, proc.stderr
     assert errors[0].startswith("kvtrace: error: the dashboard server"), errors
     assert "ImportError: shadowed by a test" in errors[0] and str(shadow) in errors[0], errors
+
+
+def test_a_live_captures_evictions_page_says_what_a_capture_cannot_show(tmp_path, monkeypatch):
+    """A live capture records vLLM's stores and removals, no lookups and no scheduler steps:
+    its Evictions page said "No evictions or repeated prefixes in this run" beside the evictions
+    Overview counts (and charted above), and a killed capture was told to fill the page with
+    "the same replay run to its end" (a capture is no replay)."""
+    import duckdb
+    from apptest import render
+
+    from kvtrace.store import read
+    from tests.dashboard.test_dash_live_clock import _live_capture
+
+    db = str(tmp_path / "live.duckdb")
+    run = _live_capture(db)
+    assert read.run_summary(db, run)["evictions"] > 0  # what the page is about
+    for status in ("complete", "incomplete"):
+        with duckdb.connect(db) as con:
+            con.execute("UPDATE runs SET status = ? WHERE run_id = ?", [status, run])
+        infos = [i.value for i in render(db, monkeypatch, "evictions", run=run).info]
+        assert not any("No evictions" in i or "No miss in this run" in i for i in infos), infos
+        assert not any("replay run to its end" in i for i in infos), infos
+        assert sum("This run is a live capture" in i for i in infos) == 2, infos

@@ -19,13 +19,19 @@ counted = queries.summary(run_id).get("evictions")
 # its empty charts must not say the cache never filled.
 spanless = every.height == 0 and bool(counted)
 status = queries.run_row(run_id).get("status")
+# A live capture is no replay: vLLM's KV events carry stores and removals, no lookups and no
+# scheduler steps (its page said "No evictions or repeated prefixes in this run" beside
+# Overview's 177 evictions, and a killed one was told to run "the same replay" to its end)
+live = queries.run_row(run_id).get("mode") == "live"
+LIVE_FILL = ("`kvtrace replay TRACE --db PATH --capacity-blocks 256` in engine mode (`kvtrace capture vllm "
+             "--trace-out TRACE` writes the trace a capture saw)")
 no_evictions = (f"This run recorded no eviction spans, though its summary counts {ui.count(counted)} evicted blocks "
                 "(a Belady run records lookups only)." if spanless else
                 # (a run that failed before its cache filled, or is still filling it, was said to never fill it)
                 f"No evictions recorded so far: this run is {ui.strong(status or 'unfinished')}, and its spans hold "
                 "none." if status != "complete" else
                 "No evictions in this run: the cache never filled.")
-fill = ("an LRU run of the same trace and capacity (`--policy lru`)" if spanless else
+fill = ("an LRU run of the same trace and capacity (`--policy lru`)" if spanless else LIVE_FILL if live else
         ui.fill_to_its_end(status) if status != "complete" else ui.FILL_SMALL_CACHE)
 by_reason = state.in_window(every, "window_start_ns", window, origin)
 outside = state.outside_window(every, by_reason, window, "evictions")
@@ -58,7 +64,9 @@ ui.chart(charts.attribution_sankey(flows, prefixes),
          f"Later misses on blocks{traced} that were cached before, traced back: the kind of publish that took the "
          "block, the eviction reason, and the hot prefix that lost it (short hash · the request that first looked it "
          f"up and its prompt length · the longest hit it got).{apart}",
-         empty_what=outside or (f"No miss in this run hit a block{traced} that had been evicted, so there is nothing "
+         empty_what=outside or ("This run is a live capture: vLLM's KV events carry no lookups, so no miss can be "
+                                "traced to the eviction before it." if live else
+                                f"No miss in this run hit a block{traced} that had been evicted, so there is nothing "
                                 f"to attribute.{apart}" if not spanless else no_evictions),
          command=None if outside else fill, key="sankey")
 if whole.height:
@@ -92,5 +100,9 @@ ui.chart(charts.histograms(hist, panels, unit),
          f"Exact distributions, in {unit}, of block lifetime at eviction, idle time before eviction, and the "
          "gap between reuses of a prefix (vLLM only samples these), over the whole run: the time window does not "
          "filter them.",
-         empty_what=no_evictions if spanless else "No evictions or repeated prefixes in this run.", command=fill,
+         empty_what=no_evictions if spanless else (
+             "This run is a live capture: vLLM's KV events carry no scheduler steps and no lookups, so no lifetimes, "
+             "idle times or reuse gaps in steps" + (" (its evictions are charted above)." if every.height else ".")
+             if live else
+             "No evictions or repeated prefixes in this run."), command=fill,
          key="hist")
