@@ -87,3 +87,25 @@ def test_a_live_captures_evictions_page_says_what_a_capture_cannot_show(tmp_path
         assert not any("No evictions" in i or "No miss in this run" in i for i in infos), infos
         assert not any("replay run to its end" in i for i in infos), infos
         assert sum("This run is a live capture" in i for i in infos) == 2, infos
+
+
+def test_the_stale_drill_down_says_what_the_runs_own_counts_show_beside_its_divergence(tmp_path, monkeypatch):
+    """A run with divergent outputs, no stale hash found, stale entries left and table
+    disagreements: the drill-down blamed stale keys read and evicted between two audits, which
+    none of its counts shows, and left out the counts that it has."""
+    from apptest import render
+
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = str(tmp_path / "st.duckdb")
+    summary = run_replay(RunSpec("gen:study-external-hit-running-cow", capacity_blocks=20,
+                                 external_capacity_blocks=4096, without=("external-hit-running-cow",)), db=db).summary
+    assert summary["stale_hashes"] == 0 and summary["divergent_outputs"] > 0  # what the test is about
+    assert summary["stale_hashes_left"] > 0 and summary["table_disagreements"] > 0
+    infos = [i.value for i in render(db, monkeypatch, "stale", run="r1").info]
+    said = [i for i in infos if i.startswith("No stale hash to drill into")]
+    assert len(said) == 1, infos
+    assert "evicted between two audits" not in said[0], said
+    assert f"{summary['divergent_outputs']:,} output tokens diverged" in said[0]
+    assert f"{summary['stale_hashes_left']:,} stale entries" in said[0], said
+    assert f"{summary['table_disagreements']:,} table disagreements" in said[0], said

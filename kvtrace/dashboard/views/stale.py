@@ -64,11 +64,28 @@ if stale.height == 0:
     st.query_params.pop("stale", None)
     # (a run whose stale keys caused divergent outputs was told to make such a run, with the very
     # switch it was replayed with: a stale key read and evicted between two audits is never one)
-    diverged = queries.summary(run_id).get("divergent_outputs")
-    if isinstance(diverged, int) and not isinstance(diverged, bool) and diverged > 0:
-        ui.empty(f"No stale hash to drill into in this run: its audits found none, though {diverged:,} output tokens "
-                 "diverged (below). A stale key that is read and then evicted between two audits shows as the "
-                 "divergent outputs it caused, not as a stale hash.", None)
+    summary = queries.summary(run_id)
+
+    def _count(key: str) -> int:
+        value = summary.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+    diverged = _count("divergent_outputs")
+    if diverged > 0:
+        # what the run's own counts show beside the divergence (a run with 16 stale entries left and
+        # 190 table disagreements was told its divergence came from stale keys read and evicted
+        # between audits, which no count of it shows)
+        seen = [f"{ui.count(n)} {what}" for n, what in (
+            (_count("stale_hashes_left"), "stale entries the cache left (keys kept on a block whose state was "
+                                          "overwritten: `stale_hashes_left`)"),
+            (_count("table_disagreements"), "table disagreements (state blocks the Core named that the Worker's "
+                                            "table did not hold: `table_disagreements`)")) if n > 0]
+        beside = (f" Its counts beside them: {' and '.join(seen)}; the worker's audit found no key whose block "
+                  "content is not what its prefix defines." if seen else
+                  " It counts no stale entries left and no table disagreements either: a stale key read and then "
+                  "evicted between two audits would show only as the divergent outputs it caused.")
+        ui.empty(f"No stale hash to drill into in this run: its audits found none, though {ui.count(diverged)} "
+                 f"output tokens diverged (below).{beside}", None)
     else:
         ui.empty("No stale hash to drill into in this run.", FILL_STALE)
 else:
