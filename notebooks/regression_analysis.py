@@ -311,8 +311,6 @@ for metric, what in (("ttft", "requests"), ("itl", "inter-token gaps")):
 # fix, not a loss.
 
 # %%
-better = [m for m in diff.metrics if m.verdict == "better" and not is_latency_key(m.name)]
-worse = [m for m in diff.metrics if m.verdict == "worse" and not is_latency_key(m.name)]
 sig = [s for s in diff.latency if s.significant]
 lines = []
 
@@ -322,6 +320,31 @@ def summary_metric(name):
     raised: a cache-only run has no stale_hashes, a live capture no hit rate)."""
     return next((m for m in diff.metrics if m.name == name), None) or MetricDelta(name, None, None, None, None)
 
+
+def count_text(v):
+    """A count as every view shows one: with thousands separators (``:g`` printed 1.23457e+06)."""
+    return "not measured" if v is None else f"{int(v):,}" if float(v).is_integer() else f"{v:,}"
+
+
+# A stopped run against a finished one (or runs of other request counts): a count is a sum over
+# other requests, and "worse on computed_prompt_tokens" was said of one over fewer. Rates and
+# latencies stay comparable; counts are called neither better nor worse.
+requests_m = summary_metric("requests")
+unfinished = [f"{side} is {r['status']}" for side, r in (("A", diff.run_a), ("B", diff.run_b))
+              if r.get("status") not in (None, "complete")]
+partial = bool(unfinished) or requests_m.delta not in (None, 0)
+
+
+def judged(m):
+    return not partial or m.name.endswith("_rate") or is_latency_key(m.name)
+
+
+better = [m for m in diff.metrics if m.verdict == "better" and not is_latency_key(m.name) and judged(m)]
+worse = [m for m in diff.metrics if m.verdict == "worse" and not is_latency_key(m.name) and judged(m)]
+if partial:
+    lines.append(f"A and B did not replay the same requests ({'; '.join(unfinished) or 'other request counts'}: "
+                 f"A {count_text(requests_m.a)} requests, B {count_text(requests_m.b)}): their counts, sums over "
+                 "other requests, are called neither better nor worse; rates and latencies are.")
 
 hr_m = summary_metric("prefix_cache_hit_rate")
 # (a rate in %, its change in pp, as every view shows them: "from 0.1042 to 0.1186 (+1.44 pp" mixed two units)
@@ -340,19 +363,20 @@ for s in sig:
 for name in ("stale_hashes", "divergent_outputs"):
     m = summary_metric(name)
     if (m.a or 0) or (m.b or 0):  # (None: a run that checked no content)
-        a, b = ("not measured" if v is None else f"{v:g}" for v in (m.a, m.b))
+        a, b = (count_text(v) for v in (m.a, m.b))
         lines.append(f"{name}: A {a}, B {b}.")
 stale_evictions = next((k for k in diff.evictions_by_reason if k.key == "stale_hash" and k.delta), None)
 if stale_evictions is not None:
-    lines.append(f"Stale entries evicted: A {stale_evictions.a}, B {stale_evictions.b} (evicting a stale entry keeps "
+    lines.append(f"Stale entries evicted: A {count_text(stale_evictions.a)}, "
+                 f"B {count_text(stale_evictions.b)} (evicting a stale entry keeps "
                  "the cache correct; it is not a loss).")
 kind_shifts = [k for k in diff.evictions_by_publish_kind if k.key != "none" and k.delta]
 if kind_shifts:
     k = kind_shifts[0]  # the largest shift (sorted by size of change)
-    lines.append(f"Blocks evicted to make room for {k.key} publishes: A {k.a}, B {k.b}.")
+    lines.append(f"Blocks evicted to make room for {k.key} publishes: A {count_text(k.a)}, B {count_text(k.b)}.")
 if diff.requests and (diff.requests.gained or diff.requests.lost):
-    lines.append(f"{diff.requests.gained} requests gained cached tokens (local + external hits) and "
-                 f"{diff.requests.lost} lost.")
+    lines.append(f"{count_text(diff.requests.gained)} requests gained cached tokens (local + external hits) and "
+                 f"{count_text(diff.requests.lost)} lost.")
 worse_names = {m.name for m in worse} | {s.name for s in sig if s.delta * metric_direction(s.name) < 0}
 better_names = {m.name for m in better} | {s.name for s in sig if s.delta * metric_direction(s.name) > 0}
 if not worse_names and better_names:

@@ -290,21 +290,31 @@ result = {
     ),
 }
 best_lru = max(result["lru_prefix_cache_hit_rate"])
+
+
+def blocks_text(n):
+    return f"{n:,} block" + ("" if n == 1 else "s")  # ("(1 blocks)")
+
+
+swept = blocks_text(capacities[0]) if len(capacities) == 1 else f"{capacities[0]:,} to {blocks_text(capacities[-1])}"
 if best_lru > 0:
     knee = next(c for c, h in zip(capacities, result["lru_prefix_cache_hit_rate"]) if h >= 0.9 * best_lru)
     best_at = capacities[result["lru_prefix_cache_hit_rate"].index(best_lru)]
     # (the best of the capacities swept, which a user's list may stop short of the unbounded cache's:
-    # "90% of its best hit rate at 100 blocks" was said of 10.4% where the trace reaches 79.3%)
-    fits = unique_blocks + max(map(len, request_keys))
-    print(f"LRU reaches 90% of the highest hit rate swept ({percent_text(best_lru)}, at {best_at:,} blocks) at "
-          f"{knee:,} blocks" + ("" if capacities[-1] >= fits else
-                                f"; the capacities swept stop short of {fits:,} blocks, where every block fits "
-                                "and LRU may hit more"))
+    # "90% of its best hit rate at 100 blocks" was said of 10.4% where the trace reaches 79.3%).
+    # A cache of the trace's unique blocks holds every one: no eviction, the reuse bound reached
+    # (it said "stop short of 5,228 blocks ... LRU may hit more" at 5,000, above the 4,462 unique).
+    print(f"LRU reaches 90% of the highest hit rate swept ({percent_text(best_lru)}, at {blocks_text(best_at)}) at "
+          f"{blocks_text(knee)}" + ("; every unique block fits there: no capacity hits more"
+                                    if best_at >= unique_blocks else
+                                    "" if capacities[-1] >= unique_blocks else
+                                    f"; the capacities swept stop short of {unique_blocks:,} blocks (the trace's "
+                                    "unique blocks), where every block fits and LRU may hit more"))
 else:  # (90% of a best of 0 was reached at the smallest capacity: a knee where nothing hits)
     why = "no block is referenced twice" if reuse_fraction == 0 else "no reused block stays cached that long"
-    print(f"LRU hits nothing at any capacity swept ({capacities[0]} to {capacities[-1]} blocks): {why}")
+    print(f"LRU hits nothing at any capacity swept ({swept}): {why}")
 # (a change of a rate, in percentage points as every view shows one: it printed the fractions' difference, +0.0000)
-print(f"Belady headroom at the smallest capacity ({capacities[0]:,} blocks): "
+print(f"Belady headroom at the smallest capacity ({blocks_text(capacities[0])}): "
       f"{points_text(result['belady_prefix_cache_hit_rate'][0] - result['lru_prefix_cache_hit_rate'][0])}")
 if result_path:
     with AtomicText(result_path, [trace_path]) as fh:
