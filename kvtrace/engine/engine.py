@@ -168,6 +168,11 @@ class Engine:
         self.cache_config = cache_config or p.cache_config
         self.scheduler_config = scheduler_config or p.scheduler_config
         self.cost_model = cost_model or p.cost_model
+        # (a dict was taken, and the run failed at its first step with an AttributeError)
+        for name, given, kind in (("cache_config", self.cache_config, CacheConfig),
+                                  ("scheduler_config", self.scheduler_config, SchedulerConfig)):
+            if not isinstance(given, kind):
+                raise KVTraceError(f"engine: {name} {given!r}; expected a {kind.__name__} (or None for the preset's)")
         if not isinstance(self.cost_model, CostModel):
             raise KVTraceError(f"engine: cost_model {self.cost_model!r}; expected a CostModel")
         problem = free_step_problem(self.cost_model)  # (what --config refuses: 0-ns steps)

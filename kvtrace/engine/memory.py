@@ -97,6 +97,11 @@ def state_lanes(cache_config: CacheConfig) -> int:
     return lanes[0] if lanes else 4
 
 
+# The share of the device's memory the KV storage may take: the rest is the process's own,
+# torch's workspace and the content model's per-step tensors.
+STORAGE_SHARE = 0.8
+
+
 def check_storage_fits(cache_config: CacheConfig, device: Any = None) -> None:
     """A ConfigError naming the flags to lower when the storage would not fit in memory
     (rather than letting torch try to allocate terabytes), or the Mamba groups' lanes
@@ -105,10 +110,11 @@ def check_storage_fits(cache_config: CacheConfig, device: Any = None) -> None:
     dev = device if device is not None else default_device_type()
     kind = (dev if isinstance(dev, str) else dev.type).split(":")[0]
     need, have = storage_bytes(cache_config), device_memory_bytes(dev)
-    if need > have * 0.8:
+    if need > have * STORAGE_SHARE:
         # the Mamba groups' num_lanes alone can make it (no flag sets them): name what to lower
         states = storage_bytes(cache_config, state_only=True)
         lower = ("num_lanes of the Mamba groups in --config" if states > have * 0.4 else
                  "--block-size or --capacity-blocks / --capacity-tokens (or num_gpu_blocks in --config)")
         raise ConfigError("KV storage", f"{need / 2**30:,.1f} GiB",
-                          f"more than {kind} memory ({have / 2**30:,.1f} GiB) can hold; lower {lower}")
+                          f"more than the {STORAGE_SHARE:.0%} of {kind} memory a run may take "
+                          f"({have * STORAGE_SHARE / 2**30:,.1f} of {have / 2**30:,.1f} GiB); lower {lower}")

@@ -59,3 +59,30 @@ def test_600_requests_arriving_together_all_start_in_the_first_step(tmp_path):
     result = run_replay(RunSpec(str(trace), preset="dense-attention", content=False))
     ttfts = {r["ttft_ns"] for r in result.per_request}
     assert len(result.per_request) == 600 and len(ttfts) == 1
+
+
+def test_the_memory_refusal_says_the_share_a_run_may_take(monkeypatch):
+    """19.2 GiB was refused as 'more than cpu memory (23.5 GiB) can hold': the check stops at
+    80% of it (the re-probe of the engine's fixes)."""
+    from kvtrace.cache import CacheConfig, FullAttentionSpec
+    from kvtrace.engine import memory
+    from kvtrace.errors import ConfigError
+
+    config = CacheConfig(groups=(FullAttentionSpec(16),), num_gpu_blocks=1_000, hash_block_size=16)
+    monkeypatch.setattr(memory, "device_memory_bytes", lambda dev: 10 * 2**30)
+    monkeypatch.setattr(memory, "storage_bytes", lambda cfg, state_only=False: 9 * 2**30 if not state_only else 0)
+    with pytest.raises(ConfigError) as caught:
+        memory.check_storage_fits(config, "cpu")
+    assert "9.0 GiB: more than the 80% of cpu memory a run may take (8.0 of 10.0 GiB)" in str(caught.value)
+
+
+@pytest.mark.parametrize("given", [{"cache_config": {"num_gpu_blocks": 8}}, {"scheduler_config": {"max_num_seqs": 4}}])
+def test_an_engine_config_that_is_not_one_is_refused_before_the_run(given):
+    """Engine(scheduler_config={"max_num_seqs": 4}) was taken, and the run failed at its first step
+    with an AttributeError (the re-probe of the engine's argument checks)."""
+    from kvtrace.engine.engine import Engine
+    from kvtrace.errors import KVTraceError
+
+    (name,) = given
+    with pytest.raises(KVTraceError, match=f"engine: {name} .*; expected a"):
+        Engine(preset="dense-attention", content=False, **given)
