@@ -30,7 +30,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode, TraceFlags, TraceS
 
 from kvtrace.errors import KVTraceError
 from kvtrace.instrument.batch import BATCH_SCHEMA, conform
-from kvtrace.store.clickhouse.span_rules import span_problem
+from kvtrace.store.clickhouse.span_rules import ATTRIBUTE_OF, span_problem
 from kvtrace.store.schema import (
     ATTRIBUTE_COLUMNS,
     CACHE_READ_OF,
@@ -179,6 +179,15 @@ def exporter_text(v: Any) -> str | None:
     return None
 
 
+def unsupported_text(f: float) -> str:
+    """A NaN or infinity as pdata's AsString spells it (Go's encoding/json error: the
+    exporter stores "json: unsupported value: NaN" in the attribute's place)."""
+    return f"json: unsupported value: {'NaN' if f != f else ('+Inf' if f > 0 else '-Inf')}"
+
+
+_UNSUPPORTED_TEXTS = frozenset(map(unsupported_text, (math.nan, math.inf, -math.inf)))
+
+
 def _int_of(v: Any) -> int | None:
     """The integer a non-int scalar's exporter text spells (7.0, "7"), else None."""
     text = exporter_text(v) if isinstance(v, (float, str)) else None
@@ -231,9 +240,13 @@ def _column_value(column: str, v: Any, key: str = "") -> tuple[bool, Any]:
             return True, _floats(key, (v,))[0]
         if isinstance(v, str) and _NUMBER_TEXT.fullmatch(v) and math.isfinite(x := float(v)):
             return True, x
+        if isinstance(v, str) and v in _UNSUPPORTED_TEXTS:  # (a NaN's text, as a Go forwarder sends it: the
+            _floats(key, (math.nan,))  # ClickHouse path reads it as the NaN, and leaves the span out as this refuses)
         return False, None
     if pa.types.is_string(t):
-        text = exporter_text(v)  # (any scalar: the exporter's text of it)
+        text = exporter_text(v)  # (any scalar: the exporter's text of it; a NaN's is Go's error text)
+        if text is None and isinstance(v, float):
+            text = unsupported_text(v)
         return (True, text) if text is not None else (False, None)
     return False, None
 
@@ -275,8 +288,8 @@ def attribute_text(v: Any) -> str:
         return v.hex()
     if isinstance(v, (list, tuple, dict)):
         return json.dumps(v, separators=(",", ":"), default=_json_default)
-    if isinstance(v, float) and math.isfinite(v):  # (as the ClickHouse exporter spells it: "7", not "7.0")
-        return _go_float(v)
+    if isinstance(v, float):  # (as the ClickHouse exporter spells it: "7", not "7.0"; "json: unsupported
+        return _go_float(v) if math.isfinite(v) else unsupported_text(v)  # value: NaN", not "nan")
     return str(v)
 
 
@@ -351,11 +364,12 @@ class SpanRowsBuilder:
         values = self._cols.get(column)
         return values[self.n] if values is not None and len(values) > self.n else None
 
-    def _check_rules(self, name: str) -> None:
+    def _check_rules(self, name: str, extras: Sequence[tuple[str, str]] = ()) -> None:
         """UnstorableValue for a span that breaks a rule across its fields (``span_rules``, the
         one home both collector paths read): a request's times out of order, a ttft_ns other
         than its times say, gaps beyond its time, more hit tokens than were asked."""
-        problem = span_problem(name, self._value)
+        given = dict(extras)  # (a rule's attribute given as a value its column did not take: named so)
+        problem = span_problem(name, self._value, lambda c: given.get(ATTRIBUTE_OF.get(c, "")))
         if problem is not None:
             raise UnstorableValue(problem)
 
@@ -444,7 +458,7 @@ class SpanRowsBuilder:
             put("source", source)
         if extras:
             put("extra_attributes", extras)
-        self._check_rules(name)
+        self._check_rules(name, extras)
         if events:
             put("events", [{"time_ns": t, "name": n, "attributes": _string_map(a)} for t, n, a in events])
         if links:
@@ -516,17 +530,23 @@ def _context(hi: int, lo: int, span_id: int, state: str | None = None) -> trace_
     )
 
 
+_OFFSET_TEXT = re.compile(r"[0-9]{1,19}")  # (as the ClickHouse path's views take it: collector._ENVELOPE_PROBLEM)
+
+
 def time_offset(resource: Mapping[str, Any]) -> int:
     """The offset a kvtrace OTLP export added to its span times (0 for other producers):
-    the integer attribute kvtrace sends, anything else an UnstorableValue (a string
-    " 1_000 ", a bool or a double were read with ``int()``: the times shifted by it)."""
+    an integer of ns as the exporter's text spells it (the int 500, and so the double 500.0
+    and the string "500", all "500" in the ClickHouse exporter's table, whose views take it
+    alike), anything else an UnstorableValue (a string " 1_000 ", a bool, 500.5 or "5e2":
+    ``int()`` once read some of them, and shifted every time by it)."""
     value = resource.get(TIME_OFFSET_RESOURCE_KEY)
     if value is None:
         return 0
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 63:
+    text = exporter_text(value) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else None
+    if text is None or not _OFFSET_TEXT.fullmatch(text) or int(text) >= 1 << 63:
         raise UnstorableValue(f"resource {TIME_OFFSET_RESOURCE_KEY}: expected an integer of ns from 0 to 2^63, "
                               f"got {value!r}"[:200])
-    return value
+    return int(text)
 
 
 def unshift(span: dict[str, Any], offset: int) -> dict[str, Any]:

@@ -149,6 +149,7 @@ _ENVELOPE = {
 # the exporter wrapped past 2^63), a resource offset that is no integer of ns (" 1_000 " was read
 # as 0) or one after the span's start (its times would be negative)
 _HEX = "^[0-9a-fA-F]{{{0}}}$"
+_UNSUPPORTED = tuple(f"json: unsupported value: {v}" for v in ("NaN", "+Inf", "-Inf"))  # (convert.unsupported_text)
 _OFFSET_TEXT = f"ResourceAttributes[{_q(TIME_OFFSET_RESOURCE_KEY)}]"
 _ENVELOPE_PROBLEM = (
     f"multiIf(NOT match(TraceId, {_q(_HEX.format(32))}) OR TraceId = repeat('0', 32), "
@@ -162,7 +163,13 @@ _ENVELOPE_PROBLEM = (
     f"AND NOT (match({_OFFSET_TEXT}, '^[0-9]{{1,19}}$') AND toInt128OrNull({_OFFSET_TEXT}) < 9223372036854775808), "
     f"'resource {TIME_OFFSET_RESOURCE_KEY}: not an integer of ns from 0 to 2^63', "
     f"toUnixTimestamp64Nano(Timestamp) < {_OFFSET}, 'the span starts before the resource''s "
-    f"{TIME_OFFSET_RESOURCE_KEY}', '')")
+    f"{TIME_OFFSET_RESOURCE_KEY}', "
+    # a NaN or infinity in a number column (the exporter's text of it: Go's encoding/json error),
+    # which collect refuses (``convert._floats``) whatever the span's name: it was kept as an extra
+    + "".join(f"SpanAttributes[{_q(c.attr)}] IN ({', '.join(map(_q, _UNSUPPORTED))}), "
+              f"{_q(f'{c.attr}: NaN, infinity and numbers beyond a double cannot be stored as numbers')}, "
+              for c in SPAN_COLUMN_DEFS if c.attr and c.sql == "DOUBLE")
+    + "'')")
 _CHUNK = "Tuple(start_ns Nullable(Int64), end_ns Nullable(Int64), num_tokens Nullable(Int64))"
 
 
@@ -309,7 +316,8 @@ def _problems() -> list[tuple[str, str]]:
     start = f"(toUnixTimestamp64Nano(Timestamp) - {_OFFSET})"
     times = {"start_ns": start, "end_ns": f"({start} + toInt64(Duration))"}
     column = lambda c: times.get(c) or _attribute(c, typed[c].attr or "", typed[c].sql)
-    return [(n, sql) for n in RULED_SPANS if (sql := span_problem_sql(n, column)) is not None]
+    sent = lambda c: f"mapContains(SpanAttributes, {_q(typed[c].attr or '')})"
+    return [(n, sql) for n in RULED_SPANS if (sql := span_problem_sql(n, column, sent)) is not None]
 
 
 def _side_tables(otel_table: str) -> list[tuple[str, str, str, str]]:

@@ -26,6 +26,7 @@ from itertools import combinations, pairwise
 from typing import Any
 
 from kvtrace.store.schema import (
+    MAX_SPAN_COUNT,
     REQUEST_TIME_ORDER,
     REQUEST_TTFT,
     REQUEST_WHOLE_NEEDED,
@@ -58,9 +59,17 @@ def _first(*values: Any) -> Any:
     return next((v for v in values if v is not None), None)
 
 
-def span_problem(name: str, value: Callable[[str], Any]) -> str | None:
+def _no_count(whole_column: str, text: str | None = None) -> str:
+    given = "" if text is None else f" {text[:40]!r}{'...' if len(text) > 40 else ''}"  # (the sender's text)
+    return (f"{ATTRIBUTE_OF[whole_column]}{given} is no token count the store holds (an integer from 0 to "
+            f"{MAX_SPAN_COUNT:,})")
+
+
+def span_problem(name: str, value: Callable[[str], Any], sent: Callable[[str], Any] | None = None) -> str | None:
     """Why a span of this name whose column values are ``value(column)`` (None: not given;
-    ``start_ns``/``end_ns`` its times as stored) breaks a rule; None when it holds them all."""
+    ``start_ns``/``end_ns`` its times as stored) breaks a rule; None when it holds them all.
+    ``sent(column)``: the text of the column's attribute where it was given as a value the column
+    did not take (None otherwise), so a refusal names it rather than say it was not given."""
     if name not in WITHIN:
         return None
     if name == SPAN_REQUEST:
@@ -88,6 +97,8 @@ def span_problem(name: str, value: Callable[[str], Any]) -> str | None:
         whole = value(whole_column)
         named = " + ".join(ATTRIBUTE_OF[c] for c in parts)
         if whole is None and part and whole_column in needed:
+            if sent is not None and (text := sent(whole_column)) is not None:  # (1e21 prompt tokens: "1e+21")
+                return f"{named} {part} given, but {_no_count(whole_column, text)}; hits are counted within it"
             return f"{named} {part} given without {ATTRIBUTE_OF[whole_column]}; hits are counted within it"
         if whole is not None and part > whole:
             return f"{named} {part} exceeds {ATTRIBUTE_OF[whole_column]} {whole}; hits are counted within it"
@@ -98,11 +109,12 @@ def _lit(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def span_problem_sql(name: str, column: Callable[[str], str]) -> str | None:
+def span_problem_sql(name: str, column: Callable[[str], str], sent: Callable[[str], str] | None = None) -> str | None:
     """SQL (ClickHouse) of ``span_problem``'s rules for spans of this name: a String, '' where
     the span holds them all, else which rule it breaks (without the values). ``column(c)``:
     the SQL of column ``c``'s typed value (NULL where not given; ``start_ns``/``end_ns`` as
-    stored, less any time offset). None for a name no rule reads. Sums are taken in Int128,
+    stored, less any time offset); ``sent(c)``: SQL of whether the span gave column ``c``'s
+    attribute at all (a value the column did not take). None for a name no rule reads. Sums are taken in Int128,
     as Python's are exact."""
     if name not in WITHIN:
         return None
@@ -126,6 +138,9 @@ def span_problem_sql(name: str, column: Callable[[str], str]) -> str | None:
     for parts, whole_column in within:
         part = " + ".join(f"coalesce({wide(c)}, 0)" for c in parts)
         named = " + ".join(ATTRIBUTE_OF[c] for c in parts)
+        if whole_column in needed and sent is not None:
+            cases.append((f"{column(whole_column)} IS NULL AND {sent(whole_column)} AND ({part}) != 0",
+                          f"{named} given, but {_no_count(whole_column)}; hits are counted within it"))
         if whole_column in needed:
             cases.append((f"{column(whole_column)} IS NULL AND ({part}) != 0",
                           f"{named} given without {ATTRIBUTE_OF[whole_column]}; hits are counted within it"))
