@@ -2,20 +2,29 @@
 
 import math
 import os
+import re
 import stat
 
 from kvtrace.names import printable
+
+# What str.splitlines splits at: each shown as its escape in an error's one line
+_LINE_BREAKS = re.compile("[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
+
+
+def _escaped(found: re.Match) -> str:
+    return found.group().encode("unicode_escape").decode("ascii")
 
 
 class KVTraceError(Exception):
     """A user error (bad trace line, config key, database). Never shown with a traceback.
 
-    The message is one line whatever it quotes: line breaks in it (a key or value from a
-    hostile file, a library's multi-line text) become spaces."""
+    The message is one line whatever it quotes: a line break in it (in a path or a key from
+    a hostile file, in a library's multi-line text) is shown as its escape, ``\\n``, as typed
+    (a space there named another file: ``no dir/x.toml`` for ``no\\ndir/x.toml``)."""
 
     def __init__(self, message: object = "", *args: object):
         text = str(message)
-        super().__init__(" ".join(text.splitlines()) if text else text, *args)
+        super().__init__(_LINE_BREAKS.sub(_escaped, text) if text else text, *args)
 
     def __reduce__(self):
         # Rebuilt from its message and fields, not by calling __init__ again (a subclass's

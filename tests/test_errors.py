@@ -80,4 +80,7 @@ def test_a_path_with_a_control_character_is_shown_escaped_not_joined():
     assert str(TraceFormatError("new\nline.jsonl", 3, "bad")) == "new\\nline.jsonl:3: bad"
     assert str(ConfigError("run\x1b.toml", "cache.num_gpu_blocks", "expected >= 2")) == \
         "run\\x1b.toml: cache.num_gpu_blocks: expected >= 2"
-    assert str(KVTraceError("a library's\ntwo lines")) == "a library's two lines"  # (text: still one line)
+    # any message: its line breaks escaped, never joined into a space naming another file
+    assert str(KVTraceError("no\ndir/x.toml: directory no\ndir does not exist")) == \
+        "no\\ndir/x.toml: directory no\\ndir does not exist"
+    assert str(KVTraceError("a library's\r\ntwo lines\u2028")) == "a library's\\r\\ntwo lines\\u2028"

@@ -99,3 +99,17 @@ def test_percentiles_and_gate_thresholds_are_ascii_numbers(typed):
     with pytest.raises(KVTraceError, match="is not a number"):
         parse_gate(f"evictions:{typed}")
     assert parse_percentiles("50, 99.9") == (50.0, 99.9) and parse_gate("evictions:+10%") is not None
+
+
+@pytest.mark.parametrize("argv", [
+    ["calibrate", "--from", "tests/data/calibration/aic-h200-llama-3.1-8b-tp1.csv", "-o", "{dir}/x.toml"],
+    ["replay", "gen:chat", "--limit", "2", "--db", "{dir}/x.duckdb"],
+    ["generate", "chat", "-o", "{dir}/x.jsonl"],
+])
+def test_a_path_with_a_newline_is_named_as_typed_in_every_error(tmp_path, capsys, argv):
+    """A KVTraceError joined its lines with spaces: `-o $'no\\ndir/x.toml'` was told as
+    'no dir/x.toml', another file's name, wherever a message quoted a path without
+    printable() (the re-probe of the cli fixes found five commands doing it)."""
+    missing = tmp_path / "no\ndir"
+    code, _, err = run([a.replace("{dir}", str(missing)) for a in argv], capsys)
+    assert code == 2 and err.count("\n") == 1 and "no\\ndir" in err and "no dir" not in err, err
