@@ -14,6 +14,7 @@ triples, and the uint64 fingerprints as the int64 with the same bits.
 
 from __future__ import annotations
 
+import base64
 import decimal
 import json
 import math
@@ -275,27 +276,51 @@ def _check_ids(trace_id: Any, span_id: Any, parent: Any, what: str = "") -> None
         raise UnstorableValue(f"{what}ids must be a 128-bit trace id and 64-bit span ids")
 
 
+_GO_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028",
+                             "\u2029": "\\u2029"})
+
+
+def _go_json(v: Any) -> str:
+    """Go's ``json.Marshal`` of an attribute's raw value, as pdata's AsString writes an array or
+    a map: doubles as ``_go_float`` ("7" for 7.0), a map's keys sorted, bytes in base64, <, >, &
+    escaped (\\u003c ...); ValueError for a NaN or infinity (Marshal fails: the text is "")."""
+    if v is None or isinstance(v, bool):
+        return "null" if v is None else ("true" if v else "false")
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            raise ValueError("NaN or infinity")
+        return _go_float(v)
+    if isinstance(v, str):
+        return json.dumps(v, ensure_ascii=False).translate(_GO_ESCAPES)
+    if isinstance(v, bytes):
+        return json.dumps(base64.b64encode(v).decode())
+    if isinstance(v, Mapping):
+        return "{" + ",".join(f"{_go_json(str(k))}:{_go_json(v[k])}" for k in sorted(v)) + "}"
+    return "[" + ",".join(_go_json(x) for x in v) + "]"
+
+
 def attribute_text(v: Any) -> str:
-    """How an attribute without a typed column is kept: a string (arrays as JSON; an empty
-    OTLP AnyValue, None here, as "", which the OTel Collector's ClickHouse exporter writes)."""
+    """How an attribute without a typed column is kept: a string, as the OTel Collector's
+    ClickHouse exporter writes it (pdata's AsString), so both collector paths keep the same
+    text: arrays and maps as Go's JSON ("" where it fails, on a NaN; bytes in them in base64),
+    an empty OTLP AnyValue (None here) as "". (Bytes alone are kept in hex.)"""
     if isinstance(v, str):
         return v
     if v is None:
         return ""
     if isinstance(v, bool):
         return "true" if v else "false"
-    if isinstance(v, bytes):
+    if isinstance(v, bytes):  # (the exporter's is base64: tests/instrument/test_receiver.py holds hex here)
         return v.hex()
-    if isinstance(v, (list, tuple, dict)):
-        return json.dumps(v, separators=(",", ":"), default=_json_default)
+    if isinstance(v, (list, tuple, Mapping)):
+        try:
+            return _go_json(v)
+        except ValueError:
+            return ""
     if isinstance(v, float):  # (as the ClickHouse exporter spells it: "7", not "7.0"; "json: unsupported
         return _go_float(v) if math.isfinite(v) else unsupported_text(v)  # value: NaN", not "nan")
-    return str(v)
-
-
-def _json_default(v: Any) -> Any:
-    if isinstance(v, bytes):
-        return v.hex()
     return str(v)
 
 

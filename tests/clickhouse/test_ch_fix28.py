@@ -148,3 +148,13 @@ def test_hits_beside_a_prompt_no_count_holds_name_the_prompt(tmp_path, prompt):
     assert "is no token count" in reasons[0]
     if not isinstance(prompt, int):  # (an int beyond a count is refused at its column, by collect)
         assert f"{PROMPT} '{'1e+21' if isinstance(prompt, float) else prompt}' is no token count" in message
+
+
+@pytest.mark.parametrize("value", [[1.0, 2.5], [7.0], ["a<b & c>d", 1.0], {"z": 1, "a": 2.5}, [1, math.nan],
+                                   ["é\n\t"], {"k": [True, None, -0.0]}])
+def test_an_array_or_map_extra_is_kept_as_the_exporter_spells_it(tmp_path, value):
+    """An array or map extra was Python's JSON in collect ('[1.0,2.5]', keys as sent, '<' as
+    is, NaN) and Go's on the ClickHouse path ('[1,2.5]', keys sorted, '\\u003c', "" where
+    Marshal fails): both keep Go's now."""
+    status, message, _ = _alike(tmp_path, _body([(REQUEST, {"kvtrace.request.id": "r", "x.custom": value})]))
+    assert status == 200, message
