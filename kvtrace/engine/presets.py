@@ -205,5 +205,12 @@ def get_preset(
     sc = preset.scheduler_config
     if scheduler:
         sc = replace(sc, **scheduler)
-        sc.check_vllm_accepts()
+        try:
+            sc.check_vllm_accepts()
+        except ConfigError as err:
+            if "max_num_seqs" in scheduler or sc.max_num_batched_tokens >= sc.max_num_seqs:
+                raise
+            # (a budget below 1,024 alone: vLLM refuses it beside its own default too)
+            raise ConfigError(err.source, err.key, f"{err.what} (max_num_seqs {sc.max_num_seqs:,} is the preset's, "
+                                                   "vllm serve's on an H100 or H200: set max_num_seqs too)") from None
     return replace(preset, cache_config=replace(cc, **changes), scheduler_config=sc, state_blocks=state_blocks)

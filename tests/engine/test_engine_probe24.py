@@ -152,15 +152,17 @@ def test_a_threshold_without_chunked_prefill_under_max_model_len_is_refused_at_i
 def test_the_same_threshold_is_taken_where_vllm_takes_it():
     with pytest.raises(ConfigError, match=r"^SchedulerConfig: long_prefill_token_threshold: 38 with "):
         get_preset("dense-attention", scheduler={"enable_chunked_prefill": False, "max_num_batched_tokens": 626,
-                                                 "long_prefill_token_threshold": 38})
+                                                 "long_prefill_token_threshold": 38, "max_num_seqs": 256})
     # a budget that covers max_model_len (vLLM's own rule), or chunked prefill on: both run
-    for scheduler in ({"enable_chunked_prefill": False, "max_num_batched_tokens": 1000, "max_model_len": 1000},
-                      {"max_num_batched_tokens": 626}):
+    for scheduler in ({"enable_chunked_prefill": False, "max_num_batched_tokens": 1000, "max_model_len": 1000,
+                       "max_num_seqs": 256},
+                      {"max_num_batched_tokens": 626, "max_num_seqs": 256}):
         preset = get_preset("dense-attention", scheduler={**scheduler, "long_prefill_token_threshold": 38})
         work = [TraceRequest("long", 0, 745, 1, token_ids=np.arange(745, dtype=np.int64))]
         assert Engine(preset, content=False).run(work).summary["requests"] == 1
     # without a threshold a prompt over the budget stays what it was: one line at the engine
-    preset = get_preset("dense-attention", scheduler={"enable_chunked_prefill": False, "max_num_batched_tokens": 626})
+    preset = get_preset("dense-attention", scheduler={"enable_chunked_prefill": False, "max_num_batched_tokens": 626,
+                                                      "max_num_seqs": 256})
     work = [TraceRequest("long", 0, 745, 1, token_ids=np.arange(745, dtype=np.int64))]
     with pytest.raises(KVTraceError, match="without chunked prefill a prompt must fit one step's max_num_batched"):
         Engine(preset, content=False).run(work)
@@ -207,7 +209,7 @@ def test_a_waiting_head_nothing_can_run_is_refused_before_the_rest_of_the_worklo
             yield TraceRequest(f"r{i}", i * MS, n, 1, token_ids=np.arange(i * 1000, i * 1000 + n, dtype=np.int64))
 
     no_chunks = get_preset("dense-attention", scheduler={"enable_chunked_prefill": False,
-                                                         "max_num_batched_tokens": 512})
+                                                         "max_num_batched_tokens": 512, "max_num_seqs": 256})
     small = get_preset("dense-attention", capacity_blocks=10)
     for preset, head, what in ((no_chunks, 700, "without chunked prefill a prompt must fit one step's"),
                                (small, 200, "it needs more KV blocks than the pool holds (num_gpu_blocks 10)")):

@@ -86,3 +86,18 @@ def test_an_engine_config_that_is_not_one_is_refused_before_the_run(given):
     (name,) = given
     with pytest.raises(KVTraceError, match=f"engine: {name} .*; expected a"):
         Engine(preset="dense-attention", content=False, **given)
+
+
+def test_a_budget_below_the_presets_seats_says_where_they_come_from():
+    """Since the presets run 1,024 seats, a config setting only max_num_batched_tokens = 512 is
+    refused, as vLLM refuses it beside its own default; the refusal said 'below max_num_seqs
+    1024' with no word of where 1,024 came from (the re-probe of the preset change)."""
+    from kvtrace.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="max_num_seqs 1,024 is the preset's, vllm serve's on an H100 or H200: "
+                                          "set max_num_seqs too"):
+        get_preset("dense-attention", scheduler={"max_num_batched_tokens": 512})
+    with pytest.raises(ConfigError) as given:  # (the user's own max_num_seqs: their numbers alone)
+        get_preset("dense-attention", scheduler={"max_num_batched_tokens": 512, "max_num_seqs": 600})
+    assert "preset's" not in str(given.value)
+    assert get_preset("dense-attention", scheduler={"max_num_batched_tokens": 512, "max_num_seqs": 256})
