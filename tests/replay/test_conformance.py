@@ -163,7 +163,7 @@ def test_the_trace_block_size_is_the_replays(tmp_path):
     # vLLM's manager raised IndexError (a traceback) past max_model_len
     ("max_model_len = 100", r"^request agent0-s0: 2,741 prompt \+ 4 output tokens exceed max_model_len 100 "),
     # the driver chunked the prompt anyway (and agreed): kvtrace's engine refuses it
-    ("enable_chunked_prefill = false\nmax_num_batched_tokens = 1000",
+    ("enable_chunked_prefill = false\nmax_num_batched_tokens = 1000\nmax_num_seqs = 256",
      r"^request agent0-s0 \(2,741 tokens\) cannot be scheduled: without chunked prefill"),
 ])
 def test_the_schedulers_limits_are_kept(vllm_api, tmp_path, scheduler, message):

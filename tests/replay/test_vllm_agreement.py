@@ -87,7 +87,7 @@ def test_a_sliding_windows_admission_is_capped_alike_on_both_backends(vllm_api, 
     cfg = tmp_path / "swa.toml"
     cfg.write_text('preset = "dense-attention"\n[cache]\ngroups = [{ type = "full_attention", block_size = 16 }, '
                    '{ type = "sliding_window", block_size = 16, sliding_window = 64 }]\nhash_block_size = 16\n'
-                   "[scheduler]\nmax_num_batched_tokens = 256\n")
+                   "[scheduler]\nmax_num_batched_tokens = 256\nmax_num_seqs = 256\n")
     spec = RunSpec("gen:mixed", limit=60, capacity_blocks=700, config_file=str(cfg), content=False)
     ours, theirs = run_replay(spec), run_replay(replace(spec, backend="vllm"))
     for key in ("requests", "prefix_cache_hits", "preemptions", "mean_ttft_ms"):
