@@ -306,12 +306,6 @@ def attribute_text(v: Any) -> str:
     ClickHouse exporter writes it (pdata's AsString), so both collector paths keep the same
     text: arrays and maps as Go's JSON ("" where it fails, on a NaN; bytes in them in base64),
     an empty OTLP AnyValue (None here) as "". (Bytes alone are kept in hex.)"""
-    if isinstance(v, str):
-        return v
-    if v is None:
-        return ""
-    if isinstance(v, bool):
-        return "true" if v else "false"
     if isinstance(v, bytes):  # (the exporter's is base64: tests/instrument/test_receiver.py holds hex here)
         return v.hex()
     if isinstance(v, (list, tuple, Mapping)):
@@ -319,9 +313,11 @@ def attribute_text(v: Any) -> str:
             return _go_json(v)
         except ValueError:
             return ""
-    if isinstance(v, float):  # (as the ClickHouse exporter spells it: "7", not "7.0"; "json: unsupported
-        return _go_float(v) if math.isfinite(v) else unsupported_text(v)  # value: NaN", not "nan")
-    return str(v)
+    text = exporter_text(v)  # a scalar as the exporter spells it: "7", not "7.0"
+    if text is not None:
+        return text
+    # ("json: unsupported value: NaN", not "nan")
+    return unsupported_text(v) if isinstance(v, float) else str(v)
 
 
 def _string_map(attrs: Mapping[str, Any] | None, drop: str | None = None) -> list[tuple[str, str]] | None:
