@@ -11,11 +11,15 @@
 
 chdb opens one directory per process at a time; kvtrace opens per use, so the stores
 are used one after another.
+
+``chdb_store``: an empty chdb store for a case, in one directory per module whose session
+stays open through the module (see ``_held_chdb``).
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -60,6 +64,40 @@ def otlp_capture():
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, f"http://127.0.0.1:{server.server_address[1]}/v1/traces", bodies
+
+
+@pytest.fixture(scope="module")
+def _held_chdb(tmp_path_factory) -> Iterator[str]:
+    """One chdb directory for a module's cases, its session held open until the module ends.
+
+    chdb 4.4 leaves a closed session's MergeTree threads behind (five a session, with about a
+    dozen open /proc files once they have run queries), however its directory was opened:
+    a new store for each of a module's cases ran a test worker past 1,024 descriptors, where
+    ``select`` refuses one. A store emptied between cases opens no new session."""
+    from kvtrace.store import Store
+    from kvtrace.store.backend import clickhouse_target
+    from kvtrace.store.clickhouse import client
+
+    db = f"chdb:{tmp_path_factory.mktemp('held') / 'ch'}"
+    Store.open(db).close()
+    with client.connect(clickhouse_target(db)):
+        yield db
+
+
+@pytest.fixture
+def chdb_store(_held_chdb) -> str:
+    """An empty chdb store (``chdb:DIR``): every table and view of the module's last case dropped."""
+    from kvtrace.store import Store
+    from kvtrace.store.backend import clickhouse_target
+    from kvtrace.store.clickhouse import client
+
+    with client.connect(clickhouse_target(_held_chdb)) as con:
+        for (name,) in con.ch_frame("SELECT name FROM system.tables WHERE database = currentDatabase() "
+                                    "ORDER BY engine LIKE '%View' DESC").rows():
+            con.command(f"DROP TABLE IF EXISTS `{name}` SYNC")
+        assert con.ch_frame("SELECT count() FROM system.tables WHERE database = currentDatabase()").rows() == [(0,)]
+    Store.open(_held_chdb).close()
+    return _held_chdb
 
 
 @pytest.fixture(scope="session")

@@ -48,9 +48,9 @@ def _body(spans: list[tuple[str, dict]], offset=None) -> bytes:
     return _protobuf(_json_safe(doc))
 
 
-def _both(tmp_path, body: bytes) -> tuple[int, str, list | None, list, list]:
-    """(collect's status, its message, its rows (None when refused), the ClickHouse path's rows,
-    its otel_refused_spans reasons) of one protobuf request."""
+def _both(tmp_path, ch: str, body: bytes) -> tuple[int, str, list | None, list, list]:
+    """(collect's status, its message, its rows (None when refused), the ClickHouse path's rows
+    in the empty chdb store ``ch``, its otel_refused_spans reasons) of one protobuf request."""
     db = tmp_path / "c.duckdb"
     collector = OTLPCollector(db, port=0).start()
     req = urllib.request.Request(collector.url, data=body, method="POST",
@@ -67,8 +67,6 @@ def _both(tmp_path, body: bytes) -> tuple[int, str, list | None, list, list]:
     if status == 200:
         with duckdb.connect(str(db), read_only=True) as con:
             duck = norm(con.execute(f"SELECT {_READ} FROM spans").fetchall())
-    ch = f"chdb:{tmp_path / 'ch'}"
-    Store.open(ch).close()
     with client.connect(clickhouse_target(ch)) as con:
         con.insert_arrow("otel_traces", collector_rows([body]))
     Store.open(ch).close()
@@ -76,24 +74,24 @@ def _both(tmp_path, body: bytes) -> tuple[int, str, list | None, list, list]:
     return status, message, duck, norm(_ch(ch, f"SELECT {_READ} FROM spans")), reasons
 
 
-def _alike(tmp_path, body: bytes) -> tuple[int, str, list]:
-    status, message, duck, ch, reasons = _both(tmp_path, body)
+def _alike(tmp_path, ch: str, body: bytes) -> tuple[int, str, list]:
+    status, message, duck, ch_rows, reasons = _both(tmp_path, ch, body)
     assert status in (200, 400), message
     if status == 200:
-        assert duck == ch and reasons == []
+        assert duck == ch_rows and reasons == []
     else:
-        assert ch == [] and len(reasons) == 1, (message, ch)
+        assert ch_rows == [] and len(reasons) == 1, (message, ch_rows)
     return status, message, reasons
 
 
 @pytest.mark.parametrize(("offset", "taken"), [
     (500, True), ("500", True), (500.0, True), ("0500", True), (500.5, False), (" 500", False),
 ])
-def test_a_time_offset_is_read_as_the_exporter_spells_it_on_both_paths(tmp_path, offset, taken):
+def test_a_time_offset_is_read_as_the_exporter_spells_it_on_both_paths(tmp_path, chdb_store, offset, taken):
     """A resource offset of "500" or 500.0 (the exporter's "500", as the int 500's) was refused by
     collect (400, "expected an integer of ns") while the ClickHouse path stored the span shifted
     by 500: both take what spells an integer of ns, and refuse the rest."""
-    status, message, reasons = _alike(tmp_path, _body([(REQUEST, {"kvtrace.request.id": "r"})], offset))
+    status, message, reasons = _alike(tmp_path, chdb_store, _body([(REQUEST, {"kvtrace.request.id": "r"})], offset))
     assert (status == 200) is taken
     if taken:
         assert "expected an integer" not in message
@@ -123,13 +121,13 @@ _NONFINITE = {
 
 
 @pytest.mark.parametrize("case", sorted(_NONFINITE))
-def test_a_nan_or_infinity_is_refused_or_kept_alike_on_both_paths(tmp_path, case):
+def test_a_nan_or_infinity_is_refused_or_kept_alike_on_both_paths(tmp_path, chdb_store, case):
     """A NaN in a number column was a 400 from collect but kept as an extra on the ClickHouse
     path; one in a count or an extra was "nan" there but "json: unsupported value: NaN" (the
     exporter's text) here; one as a request id no id there, the id "json: unsupported value:
     NaN" here. Now each is refused on both, or kept with the exporter's text on both."""
     name, attrs = _NONFINITE[case]
-    status, message, reasons = _alike(tmp_path, _body([(name, {"kvtrace.request.id": "r", **attrs})]))
+    status, message, reasons = _alike(tmp_path, chdb_store, _body([(name, {"kvtrace.request.id": "r", **attrs})]))
     number = any(k.startswith("kvtrace.request.itl_") for k in attrs)
     assert (status == 400) is number
     if number:
@@ -137,11 +135,11 @@ def test_a_nan_or_infinity_is_refused_or_kept_alike_on_both_paths(tmp_path, case
 
 
 @pytest.mark.parametrize("prompt", [1e21, "-5", 2**31])
-def test_hits_beside_a_prompt_no_count_holds_name_the_prompt(tmp_path, prompt):
+def test_hits_beside_a_prompt_no_count_holds_name_the_prompt(tmp_path, chdb_store, prompt):
     """Prompt 1e21 with 5 hits was refused as "given without gen_ai.usage.input_tokens" though
     it was given: both paths name the prompt as a value no token count holds."""
     body = _body([(REQUEST, {"kvtrace.request.id": "r", PROMPT: prompt, HITS: 5, EXT: 0})])
-    status, message, reasons = _alike(tmp_path, body)
+    status, message, reasons = _alike(tmp_path, chdb_store, body)
     assert status == 400
     for said in (message, reasons[0]):
         assert "given without" not in said and PROMPT in said
@@ -152,9 +150,10 @@ def test_hits_beside_a_prompt_no_count_holds_name_the_prompt(tmp_path, prompt):
 
 @pytest.mark.parametrize("value", [[1.0, 2.5], [7.0], ["a<b & c>d", 1.0], {"z": 1, "a": 2.5}, [1, math.nan],
                                    ["é\n\t"], {"k": [True, None, -0.0]}])
-def test_an_array_or_map_extra_is_kept_as_the_exporter_spells_it(tmp_path, value):
+def test_an_array_or_map_extra_is_kept_as_the_exporter_spells_it(tmp_path, chdb_store, value):
     """An array or map extra was Python's JSON in collect ('[1.0,2.5]', keys as sent, '<' as
     is, NaN) and Go's on the ClickHouse path ('[1,2.5]', keys sorted, '\\u003c', "" where
     Marshal fails): both keep Go's now."""
-    status, message, _ = _alike(tmp_path, _body([(REQUEST, {"kvtrace.request.id": "r", "x.custom": value})]))
+    body = _body([(REQUEST, {"kvtrace.request.id": "r", "x.custom": value})])
+    status, message, _ = _alike(tmp_path, chdb_store, body)
     assert status == 200, message

@@ -43,9 +43,8 @@ def _collected(tmp_path, doc: dict, name: str = "c") -> tuple[str, int]:
     return str(db), status
 
 
-def _exported(tmp_path, doc: dict) -> str:
-    """A chdb store fed by the ClickHouse exporter's rows of these spans (Go's spelling)."""
-    db = f"chdb:{tmp_path / 'ch'}"
+def _exported(db: str, doc: dict) -> str:
+    """The chdb store ``db`` (empty) fed by the ClickHouse exporter's rows of these spans (Go's spelling)."""
     Store.open(db).close()
     with client.connect(clickhouse_target(db)) as con:
         con.insert_arrow("otel_traces", collector_rows([_protobuf(doc)]))
@@ -78,7 +77,7 @@ _BROKEN = {  # each breaks one rule `kvtrace collect` refuses a span by
 
 
 @pytest.mark.parametrize("case", sorted(_BROKEN))
-def test_a_span_collect_refuses_by_a_rule_is_left_out_of_the_clickhouse_tables(tmp_path, case):
+def test_a_span_collect_refuses_by_a_rule_is_left_out_of_the_clickhouse_tables(tmp_path, chdb_store, case):
     """Hits beyond the prompt, times out of order, gaps beyond the request: `kvtrace collect`
     refuses the span (400), while the ClickHouse path stored it, and every read of the run then
     said "damaged kvtrace store ... local_compute -10", or gave an external hit rate of 4."""
@@ -88,7 +87,7 @@ def test_a_span_collect_refuses_by_a_rule_is_left_out_of_the_clickhouse_tables(t
     assert _collected(tmp_path, _doc([_BROKEN[case]]), "refused")[1] == 400
     duck, status = _collected(tmp_path, _doc([good]))
     assert status == 200
-    ch = _exported(tmp_path, doc)
+    ch = _exported(chdb_store, doc)
     assert _ch(ch, "SELECT count() FROM spans_request") == [(1,)]
     assert _ch(ch, "SELECT count() FROM spans_lookup") == _ch(ch, "SELECT count() FROM spans_other") == [(0,)]
     assert _ch(ch, "SELECT name, span_id, reason != '' FROM otel_refused_spans") == [(name, f"{2:016x}", True)]
@@ -119,7 +118,7 @@ def _grid() -> list[dict]:
     return out
 
 
-def test_the_rules_in_python_and_in_sql_agree_on_every_span(tmp_path):
+def test_the_rules_in_python_and_in_sql_agree_on_every_span(chdb_store):
     """One home, two spellings: `kvtrace collect` refuses exactly the spans the ClickHouse
     views leave out (``span_problem`` and ``span_problem_sql``)."""
     import json
@@ -132,8 +131,7 @@ def test_the_rules_in_python_and_in_sql_agree_on_every_span(tmp_path):
     structure = ", ".join(["i Int64", *(f"{c} Nullable(Int64)" for c in _GRID_COLUMNS), "itl_ns Array(Int64)"])
     request, lookup = (span_problem_sql(n, lambda c: c) for n in (REQUEST, LOOKUP))
     names = "[" + ", ".join(f"'{s['name']}'" for s in spans) + "]"
-    db = f"chdb:{tmp_path / 'ch'}"
-    Store.open(db).close()  # (a store's server: this process's chdb is the stores')
+    db = chdb_store  # (a store's server: this process's chdb is the stores')
     whys = [why for _, why in _ch(db, f"SELECT i, if({names}[i + 1] = '{REQUEST}', {request}, {lookup}) AS why "
                                       f"FROM format(JSONEachRow, '{structure}', $${rows}$$) ORDER BY i")]
     python = [span_problem(s["name"], lambda c, s=s: s.get(c) or None if c == "itl_ns" else s.get(c)) for s in spans]
@@ -160,7 +158,7 @@ _READ = ("request_id, num_output_tokens, itl_ns, itl_mean_ns, block_size, num_pr
 
 
 @pytest.mark.parametrize("case", sorted(_LOST_TYPES))
-def test_a_value_whose_type_the_exporter_loses_reads_the_same_on_both_paths(tmp_path, case):
+def test_a_value_whose_type_the_exporter_loses_reads_the_same_on_both_paths(tmp_path, chdb_store, case):
     import duckdb
 
     doc = _doc([_LOST_TYPES[case]])
@@ -168,7 +166,7 @@ def test_a_value_whose_type_the_exporter_loses_reads_the_same_on_both_paths(tmp_
     assert status == 200
     with duckdb.connect(duck, read_only=True) as con:
         a = con.execute(f"SELECT {_READ} FROM spans").fetchall()
-    b = _ch(_exported(tmp_path, doc), f"SELECT {_READ} FROM spans")
+    b = _ch(_exported(chdb_store, doc), f"SELECT {_READ} FROM spans")
     norm = lambda rows: [(*r[:2], r[2] or None, *r[3:7], dict(r[7].items() if isinstance(r[7], dict) else r[7] or ()))
                          for r in rows]
     assert norm(a) == norm(b)
@@ -197,7 +195,7 @@ _ENVELOPES = {  # an exporter row `kvtrace collect` refuses whatever its attribu
 
 
 @pytest.mark.parametrize("case", sorted(_ENVELOPES))
-def test_an_exporter_row_collect_refuses_whatever_its_attributes_is_left_out(tmp_path, case):
+def test_an_exporter_row_collect_refuses_whatever_its_attributes_is_left_out(chdb_store, case):
     """Zero or non-hex ids were stored as span 0 (and counted as a request), a wrapped Duration
     as an end before the start, an offset of " 1_000 " read as 0 and one after the span's start
     as negative times, where `kvtrace collect` refuses each span."""
@@ -212,8 +210,7 @@ def test_an_exporter_row_collect_refuses_whatever_its_attributes_is_left_out(tmp
                                              else [], []], m),
              "SpanAttributes": pa.array([[("kvtrace.request.id", "bad"), (PROMPT, "4")],
                                          [("kvtrace.request.id", "ok"), (PROMPT, "4")]], m)}
-    db = f"chdb:{tmp_path / 'ch'}"
-    Store.open(db).close()
+    db = chdb_store
     with client.connect(clickhouse_target(db)) as con:
         con.insert_arrow("otel_traces", pa.table(table))
     Store.open(db).close()
