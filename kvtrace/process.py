@@ -3,8 +3,9 @@
 - ``is_ipv6``, ``bracketed``, ``unbracketed``: a host as a socket takes it and as a URL shows it
 - ``probe_address``: can this process listen on ``host:port``? Asked before a server
   library tries, so a busy port is one ``kvtrace: error:`` line, not the library's text;
-- ``sigterm_as_interrupt``: SIGTERM (``kill``, ``timeout``, a container stop, systemd)
-  stops a command the way Ctrl-C does, so it flushes, prints its summary and marks its run;
+- ``sigterm_as_interrupt``: SIGTERM (``kill``, ``timeout``, a container stop, systemd) and
+  SIGHUP (the terminal or the ssh session gone; left ignored under ``nohup``) stop a
+  command the way Ctrl-C does, so it flushes, prints its summary and marks its run;
   ``stop_signalled`` says one of them came (whatever a library raised instead), and
   ``stop_handlers_kept`` puts them back after a library that replaces them;
   ``stop_pending``/``raise_stop``: a loop's check, once a step, for a stop whose
@@ -97,11 +98,18 @@ def free_port(host: str) -> int:
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where Ctrl-C would be: every Ctrl-C path (flush, summary, the run
-    marked) runs for it too; the CLI exits 143 for it, as a process killed by it would."""
+    """SIGTERM or SIGHUP (its name the exception's text), raised where Ctrl-C would be: every
+    Ctrl-C path (flush, summary, the run marked) runs for it too; the CLI exits 128 + the
+    signal's number for it (143, 129), as a process killed by it would."""
 
+
+# What stops a command as Ctrl-C does, raised as Terminated: `kill`, `timeout`, a container
+# stop; and the terminal or ssh session closing, which killed a replay mid-second before
+TERMINATING = (signal.SIGTERM, signal.SIGHUP)
+STOP_SIGNALS = (signal.SIGINT, *TERMINATING)
 
 _terminated = threading.Event()
+_terminated_by = [signal.SIGTERM]  # the latest of TERMINATING that set _terminated
 _stopped = threading.Event()  # SIGINT or SIGTERM arrived in a sigterm_as_interrupt block
 # The same, cleared when the outermost block ends (a later replay in this process, a test's,
 # does not stop for an earlier command's Ctrl-C)
@@ -111,10 +119,23 @@ _pending = threading.Event()
 _swallowed = threading.Event()
 
 
-def terminated() -> bool:
-    """Whether SIGTERM arrived in a ``sigterm_as_interrupt`` block (a library between the
-    raise and the caller, typer for one, may have turned the exception into an exit code)."""
-    return _terminated.is_set()
+def terminated() -> signal.Signals | None:
+    """Which of SIGTERM and SIGHUP arrived in a ``sigterm_as_interrupt`` block, if one did
+    (a library between the raise and the caller, typer for one, may have turned the
+    exception into an exit code)."""
+    return _terminated_by[0] if _terminated.is_set() else None
+
+
+def stop_exception() -> KeyboardInterrupt:
+    """What the latest stop raised, to raise again where a library turned it into its own
+    error: ``Terminated`` for SIGTERM or SIGHUP, else KeyboardInterrupt."""
+    by = terminated()
+    return Terminated(by.name) if by is not None else KeyboardInterrupt()
+
+
+def _terminate(signum: int) -> None:
+    _terminated_by[0] = signal.Signals(signum)
+    _terminated.set()
 
 
 def stop_signalled() -> bool:
@@ -130,12 +151,12 @@ stop_pending: Callable[[], bool] = _pending.is_set
 
 
 def raise_stop() -> None:
-    """Raise what the handler raised: ``Terminated`` for SIGTERM, else KeyboardInterrupt.
+    """Raise what the handler raised: ``Terminated`` for SIGTERM or SIGHUP, else KeyboardInterrupt.
 
     Where the handler ran inside a finalizer, Python dropped its exception ("Exception
     ignored in ...") and the command went on, finishing with exit 0; a loop that finds
     ``stop_pending`` calls this, and stops as if the interrupt had reached it."""
-    raise Terminated("SIGTERM") if _terminated.is_set() else KeyboardInterrupt
+    raise stop_exception()
 
 
 def stop_swallowed() -> bool:
@@ -144,10 +165,21 @@ def stop_swallowed() -> bool:
     return _swallowed.is_set()
 
 
+def _hangup_ignored(sig: int) -> bool:
+    """Whether ``sig`` is a SIGHUP this process ignores (started by ``nohup``, or after
+    ``trap '' HUP``): the user asked to outlive the terminal, so it stays ignored."""
+    return sig == signal.SIGHUP and signal.getsignal(sig) is signal.SIG_IGN
+
+
+def handled_stop_signals() -> tuple[signal.Signals, ...]:
+    """The stop signals a handler is installed for: ``STOP_SIGNALS`` but an ignored SIGHUP."""
+    return tuple(sig for sig in STOP_SIGNALS if not _hangup_ignored(sig))
+
+
 def _interrupt(signum, frame) -> None:
-    _terminated.set()
+    _terminate(signum)
     _stop()
-    raise Terminated("SIGTERM")
+    raise Terminated(signal.Signals(signum).name)
 
 
 def _keyboard_interrupt(signum, frame) -> None:
@@ -178,13 +210,17 @@ def _unraisable(previous: Callable[[Any], Any]) -> Callable[[Any], None]:
 
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
-    """Within the block, SIGTERM raises ``Terminated`` (a KeyboardInterrupt) in the main
-    thread, as SIGINT does; the previous handler is restored after. Off the main thread
-    (where Python cannot install handlers) it does nothing."""
+    """Within the block, SIGTERM and SIGHUP raise ``Terminated`` (a KeyboardInterrupt) in
+    the main thread, as SIGINT does; the previous handlers are restored after. A SIGHUP the
+    process was started ignoring (``nohup``) stays ignored. Off the main thread (where
+    Python cannot install handlers) it does nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = signal.signal(signal.SIGTERM, _interrupt)
+    previous_hup = signal.getsignal(signal.SIGHUP)
+    if not _hangup_ignored(signal.SIGHUP):
+        signal.signal(signal.SIGHUP, _interrupt)
     outermost = previous is not _interrupt  # a new command, no SIGTERM seen yet
     previous_hook = sys.unraisablehook
     if outermost:
@@ -201,6 +237,8 @@ def sigterm_as_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if previous_hup is not signal.SIG_IGN:
+            signal.signal(signal.SIGHUP, signal.SIG_DFL if previous_hup is None else previous_hup)
         if previous_int is signal.default_int_handler:
             signal.signal(signal.SIGINT, previous_int)
         if outermost:
@@ -210,10 +248,10 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 @contextlib.contextmanager
 def stop_handlers_kept() -> Iterator[None]:
-    """SIGINT's and SIGTERM's handlers as they were before the block, put back after it: a
-    library whose set-up installs its own (``ray.init``: a ``sys.exit`` for SIGTERM, and a C
-    handler that prints a crash dump) leaves the command's stop paths as they were."""
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    """The stop signals' handlers (SIGINT, SIGTERM, SIGHUP) as they were before the block, put
+    back after it: a library whose set-up installs its own (``ray.init``: a ``sys.exit`` for
+    SIGTERM, and a C handler that prints a crash dump) leaves the command's stop paths as they were."""
+    handlers = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     try:
         yield
     finally:
@@ -225,11 +263,12 @@ def stop_handlers_kept() -> Iterator[None]:
 
 @contextlib.contextmanager
 def stop_requested() -> Iterator[threading.Event]:
-    """An event set by Ctrl-C or SIGTERM within the block, instead of an exception raised
-    wherever the main thread happens to be: a loop that must not stop mid-item (a capture
-    halfway through a batch) checks it between items. A second signal while stopping raises
-    as usual (a stop that takes too long can still be forced). SIGTERM is remembered for
-    ``terminated``. Off the main thread the event is never set."""
+    """An event set by Ctrl-C, SIGTERM or SIGHUP within the block, instead of an exception
+    raised wherever the main thread happens to be: a loop that must not stop mid-item (a
+    capture halfway through a batch) checks it between items. A second signal while stopping
+    raises as usual (a stop that takes too long can still be forced). SIGTERM and SIGHUP are
+    remembered for ``terminated``; an ignored SIGHUP (``nohup``) stays ignored. Off the main
+    thread the event is never set."""
     stop = threading.Event()
     if threading.current_thread() is not threading.main_thread():
         yield stop
@@ -237,13 +276,13 @@ def stop_requested() -> Iterator[threading.Event]:
 
     def request(signum, frame) -> None:
         _stopped.set()
-        if signum == signal.SIGTERM:
-            _terminated.set()
+        if signum in TERMINATING:
+            _terminate(signum)
         if stop.is_set():  # the second one: forced
-            raise Terminated("SIGTERM") if signum == signal.SIGTERM else KeyboardInterrupt
+            raise stop_exception() if signum in TERMINATING else KeyboardInterrupt
         stop.set()
 
-    previous = {sig: signal.signal(sig, request) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, request) for sig in handled_stop_signals()}
     try:
         yield stop
     finally:
@@ -251,13 +290,13 @@ def stop_requested() -> Iterator[threading.Event]:
             signal.signal(sig, handler)
 
 
-_WORKER_DEFAULTS = {signal.SIGTERM, signal.SIGINT}  # what kills a forked worker as it would kill any process
+_WORKER_DEFAULTS = set(STOP_SIGNALS)  # what kills a forked worker as it would kill any process
 
 
 @contextlib.contextmanager
 def sigterm_blocked() -> Iterator[None]:
-    """SIGTERM and SIGINT held (not lost) within the block: a child forked in it starts
-    with them held; one that arrives meanwhile is delivered when the block ends."""
+    """SIGTERM, SIGINT and SIGHUP held (not lost) within the block: a child forked in it
+    starts with them held; one that arrives meanwhile is delivered when the block ends."""
     signal.pthread_sigmask(signal.SIG_BLOCK, _WORKER_DEFAULTS)
     try:
         yield
@@ -267,7 +306,7 @@ def sigterm_blocked() -> Iterator[None]:
 
 @contextlib.contextmanager
 def signals_held() -> Iterator[None]:
-    """SIGINT and SIGTERM held within the block, delivered when it ends: the steps inside
+    """SIGINT, SIGTERM and SIGHUP held within the block, delivered when it ends: the steps inside
     (renames that make a result appear whole, the removal of a half-written one, a commit
     and the buffer it empties) are not cut in half by an interrupt.
 
@@ -280,7 +319,7 @@ def signals_held() -> Iterator[None]:
         return
     arrived: list[int] = []
     previous = {sig: signal.signal(sig, lambda signum, frame: arrived.append(signum))
-                for sig in (signal.SIGINT, signal.SIGTERM)
+                for sig in STOP_SIGNALS
                 if signal.getsignal(sig) is not None}  # (a C handler, which could not be put back, left as it is)
     try:
         yield
@@ -322,7 +361,7 @@ def pid_after(prefix: str, name: str, end: str = "") -> int | None:
 
 
 def sigterm_default() -> None:
-    """In a child forked inside ``sigterm_blocked``: SIGTERM and SIGINT kill it again (the
+    """In a child forked inside ``sigterm_blocked``: SIGTERM, SIGINT and SIGHUP kill it again (the
     parent's ``sigterm_as_interrupt`` handlers are dropped), then unheld. A Ctrl-C to the
     process group raised the parent's KeyboardInterrupt in an idle pool worker, which
     printed its traceback ("Process ForkProcess-1: ..."); the parent stops for it alone.

@@ -1,6 +1,6 @@
 """The application with every command registered, and ``run``: one command line, its
 errors as one line each and its exit status as documented (2 a user's error, 130 Ctrl-C,
-143 SIGTERM)."""
+143 SIGTERM, 129 SIGHUP)."""
 
 from __future__ import annotations
 
@@ -71,11 +71,12 @@ def _run() -> None:
         # (DuckDB: "Query interrupted", an aborted transaction), or a second one stopped
         # the first one's flush: what was committed before is kept
         rc = 130
-    if rc == 130:  # (typer returns 130 for a KeyboardInterrupt, SIGTERM's Terminated included)
+    if rc == 130:  # (typer returns 130 for a KeyboardInterrupt, SIGTERM's and SIGHUP's Terminated included)
         kept = "; what was recorded is kept" if _recording(sys.argv[1:]) else ""
-        if terminated():
-            error(f"terminated (SIGTERM){kept}")
-            sys.exit(143)
+        by = terminated()
+        if by is not None:
+            error(f"terminated ({by.name}){kept}")  # (after a hang-up, stderr may be gone: nothing else is lost)
+            sys.exit(128 + by)
         error(f"interrupted{kept}")
     sys.exit(rc if isinstance(rc, int) else 0)
 

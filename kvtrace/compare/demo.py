@@ -26,7 +26,7 @@ from kvtrace.compare.study import BEHAVIOURS
 from kvtrace.errors import KVTraceError
 from kvtrace.metrics import backend_label, times_source
 from kvtrace.names import printable, stdout_console
-from kvtrace.process import Terminated, pid_after, remove_dead_leftovers, signals_held, terminated
+from kvtrace.process import pid_after, remove_dead_leftovers, signals_held, stop_exception
 from kvtrace.replay.report import format_value
 from kvtrace.replay.run import RunResult, RunSpec, run_replay
 from kvtrace.store import read
@@ -243,7 +243,7 @@ def _beside(target: str) -> Iterator[str]:
     on the way out, whether the demo finished, failed or was interrupted.
 
     DuckDB's own interrupt (a signal landing in a query) can surface as ``RuntimeError: Query
-    interrupted``; it is raised again as the interrupt it was, so SIGTERM exits 143, Ctrl-C 130."""
+    interrupted``; it is raised again as the interrupt it was, so SIGTERM exits 143, SIGHUP 129, Ctrl-C 130."""
     folder = os.path.dirname(os.path.abspath(target))
     _remove_dead_scratch(folder)
     try:
@@ -255,7 +255,7 @@ def _beside(target: str) -> Iterator[str]:
         yield os.path.join(scratch, os.path.basename(target))
     except Exception as err:
         if _interrupted_query(err):
-            raise (Terminated("SIGTERM") if terminated() else KeyboardInterrupt()) from None
+            raise stop_exception() from None
         raise
     finally:
         with signals_held():

@@ -18,15 +18,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     args = parser.parse_args(argv)
     try:
-        with sigterm_as_interrupt():  # SIGTERM stops the server as Ctrl-C does, then exits 143
+        with sigterm_as_interrupt():  # SIGTERM or SIGHUP stops the server as Ctrl-C does, then exits 143 or 129
             return launch(args.db, host=args.host, port=args.port)
     except KVTraceError as err:
         print(f"kvtrace: error: {printable(err)}", file=sys.stderr)  # (the path as typed, never terminal codes)
         return 2
     except KeyboardInterrupt:
-        if terminated():
-            print("kvtrace: error: terminated (SIGTERM)", file=sys.stderr)
-            return 143
+        by = terminated()
+        if by is not None:
+            print(f"kvtrace: error: terminated ({by.name})", file=sys.stderr)
+            return 128 + by
         print("kvtrace: error: interrupted", file=sys.stderr)
         return 130
 

@@ -32,7 +32,15 @@ from typing import Any
 from kvtrace.errors import ConfigError, KVTraceError, TraceFormatError
 from kvtrace.metrics import points_text
 from kvtrace.names import BEHAVIOURS
-from kvtrace.process import sigterm_blocked, stop_handlers_kept, worker_start
+from kvtrace.process import (
+    STOP_SIGNALS,
+    TERMINATING,
+    Terminated,
+    handled_stop_signals,
+    sigterm_blocked,
+    stop_handlers_kept,
+    worker_start,
+)
 from kvtrace.replay.config_file import parse_retention
 from kvtrace.replay.run import FLAG_OF_FIELD, RunResult, RunSpec, is_unbounded, run_replay
 from kvtrace.workload.lines import parse_decimal
@@ -599,7 +607,7 @@ def _on_ray_driver(ray, specs: list[RunSpec], keep: bool, address: str,
     started = False
     held: list[int] = []  # a SIGTERM or Ctrl-C that came while ray.init ran
     # (the command's handlers, acted on once ray.init is done)
-    stops = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    stops = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     if not ray.is_initialized():
         kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}
         if address != "local":
@@ -659,14 +667,12 @@ def _held_stop(held: list[int], handlers: dict) -> None:
     if callable(stop):
         stop(which, None)
     elif stop != signal.SIG_IGN:
-        from kvtrace.process import Terminated
-
-        raise Terminated("SIGTERM") if which == signal.SIGTERM else KeyboardInterrupt
+        raise Terminated(which.name) if which in TERMINATING else KeyboardInterrupt
 
 
 @contextlib.contextmanager
 def _stops_held(ray, came: list[int]) -> Iterator[None]:
-    """SIGTERM and SIGINT remembered in ``came``, not acted on, while ``ray.init`` runs (a
+    """SIGTERM, SIGINT and SIGHUP remembered in ``came``, not acted on, while ``ray.init`` runs (a
     few seconds; a second one is acted on at once): raised midway, they left a local
     cluster half started, its processes beyond reach of ``ray.shutdown``; and Ray's own
     SIGTERM handler, put in place as it starts (kept out here), exited with status 15
@@ -683,11 +689,9 @@ def _stops_held(ray, came: list[int]) -> Iterator[None]:
     def hold(signum, frame) -> None:
         came.append(signum)
         if len(came) > 1:  # a second one forces it, as a stop that takes too long can be forced
-            from kvtrace.process import Terminated
+            raise Terminated(signal.Signals(signum).name) if signum in TERMINATING else KeyboardInterrupt
 
-            raise Terminated("SIGTERM") if signum == signal.SIGTERM else KeyboardInterrupt
-
-    previous = {sig: signal.signal(sig, hold) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous = {sig: signal.signal(sig, hold) for sig in handled_stop_signals()}
     try:
         yield
     finally:

@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from kvtrace.process import Terminated, signals_held, stop_pending, terminated
+from kvtrace.process import signals_held, stop_exception, stop_pending
 from kvtrace.store import derived
 from kvtrace.store.backend import is_clickhouse, store_to_write_problem
 from kvtrace.store.connection import (
@@ -329,7 +329,7 @@ def _stops_as_stops() -> Iterator[None]:
         yield
     except Exception as err:
         if _interrupted(err) and stop_pending():
-            raise (Terminated("SIGTERM") if terminated() else KeyboardInterrupt()) from None
+            raise stop_exception() from None
         raise
 
 

@@ -1,4 +1,4 @@
-"""Ctrl-C and SIGTERM end a command with its one line and exit status, whatever a library
+"""Ctrl-C, SIGTERM and SIGHUP end a command with its one line and exit status, whatever a library
 raised instead of the KeyboardInterrupt; a library that installs its own handlers does
 not keep them."""
 
@@ -17,6 +17,7 @@ from kvtrace.process import sigterm_as_interrupt, stop_handlers_kept, stop_signa
     # (a recording command says so of either signal: SIGINT's line did not)
     ("SIGINT", 130, "kvtrace: error: interrupted; what was recorded is kept"),
     ("SIGTERM", 143, "kvtrace: error: terminated (SIGTERM); what was recorded is kept"),
+    ("SIGHUP", 129, "kvtrace: error: terminated (SIGHUP); what was recorded is kept"),  # (the terminal closed)
 ])
 def test_a_signal_a_library_swallowed_is_still_the_signal(tmp_path, signame, code, line):
     """A sweep stopped while its store wrote (DuckDB turned the interrupt into "Query
@@ -92,3 +93,21 @@ def test_only_a_command_given_a_store_says_what_it_recorded_is_kept(tmp_path):
     assert _recording(["replay", "gen:chat", "--db", str(db)]) and _recording(["sweep", "t", "--db=chdb:d"])
     assert _recording(["replay", "gen:chat", f"--db={db}"])
     assert not _recording(["dashboard", "--db", str(db)])  # (it records nothing: nothing to keep)
+
+
+def test_a_hangup_is_a_stop_unless_ignored():
+    """SIGHUP raises Terminated as SIGTERM does, named; a SIGHUP the process ignores (nohup)
+    stays ignored inside the block, and both handlers are put back after it."""
+    from kvtrace.process import Terminated, terminated
+
+    before = signal.getsignal(signal.SIGHUP)
+    with pytest.raises(Terminated, match="SIGHUP"), sigterm_as_interrupt():
+        signal.raise_signal(signal.SIGHUP)
+    assert terminated() == signal.SIGHUP and signal.getsignal(signal.SIGHUP) is before
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with sigterm_as_interrupt():
+            signal.raise_signal(signal.SIGHUP)
+            assert not stop_signalled() and signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, before)

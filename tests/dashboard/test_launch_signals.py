@@ -103,10 +103,11 @@ def _gone(pid: int, timeout: float = 30.0) -> bool:
     return False
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_a_signal_stops_the_server_as_collect_is_stopped(tmp_path, sig):
     """Ctrl-C is how a server is stopped: it said "kvtrace: error: interrupted" and exited
-    130, where kvtrace collect prints its summary and exits 0."""
+    130, where kvtrace collect prints its summary and exits 0. SIGHUP (the terminal closed)
+    killed the command at once, its server left to die with it."""
     db = tmp_path / "d.duckdb"
     Store.open(db).close()
     port = free_port()

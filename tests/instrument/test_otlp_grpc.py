@@ -216,7 +216,8 @@ def test_grpc_values_the_store_cannot_hold_are_invalid_argument_naming_the_field
     assert "Traceback" not in capfd.readouterr().err
 
 
-def test_kvtrace_collect_stopped_by_sigterm_summarises_and_finishes_its_run(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])  # (`kill`; the terminal closed)
+def test_kvtrace_collect_stopped_by_sigterm_summarises_and_finishes_its_run(tmp_path, sig):
     db = tmp_path / "term.duckdb"
     proc = _collect("--db", str(db), "--port", "0", "--grpc-port", "0")
     try:
@@ -225,7 +226,7 @@ def test_kvtrace_collect_stopped_by_sigterm_summarises_and_finishes_its_run(tmp_
         assert m, ready
         _send_request_and_child(m.group(1), {"service.name": "vllm"})
     finally:
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert "2 spans stored, 0 requests rejected" in err and "Traceback" not in err

@@ -1,10 +1,12 @@
 """``kvtrace replay`` (the CLI's own main) that sends itself SIGTERM at a fixed virtual point.
 
-    python -m tests.replay.sigterm_driver MARKER N -- REPLAY ARGS...
+    python -m tests.replay.sigterm_driver MARKER N[:SIGNAL] -- REPLAY ARGS...
 
 The store commits every hand-over; after its N-th commit of spans it writes the rows committed so far to MARKER and
-signals its own process, as `kill` or `timeout` would; the replay goes on until the signal
-lands in the main thread. Only the store's flush is extended, to signal.
+signals its own process (SIGTERM, or the SIGNAL named: SIGHUP), as `kill` or `timeout` would;
+the replay goes on until the signal lands in the main thread. SIGNAL ``wait``: no signal of
+its own; the commit waits (up to a minute) for one from outside (a terminal's hang-up).
+Only the store's flush is extended, to signal.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 
 from kvtrace import cli
 from kvtrace.store.writer import Store
@@ -20,7 +23,11 @@ _flush = Store.flush
 _state = {"commits": 0, "rows": 0}
 
 
-def main(marker: str, after: str, *argv: str) -> None:
+def main(marker: str, after_signal: str, *argv: str) -> None:
+    from kvtrace.process import stop_signalled
+
+    after, _, signame = after_signal.partition(":")
+
     def flush(self: Store) -> int:
         rows = _flush(self)
         if rows:
@@ -29,7 +36,11 @@ def main(marker: str, after: str, *argv: str) -> None:
             if _state["commits"] == int(after):
                 with open(marker, "w") as f:
                     f.write(str(_state["rows"]))
-                os.kill(os.getpid(), signal.SIGTERM)
+                if signame != "wait":
+                    os.kill(os.getpid(), getattr(signal, signame or "SIGTERM"))
+                deadline = time.monotonic() + 60
+                while signame == "wait" and not stop_signalled() and time.monotonic() < deadline:
+                    time.sleep(0.01)
         return rows
 
     Store.flush = flush  # type: ignore[method-assign]

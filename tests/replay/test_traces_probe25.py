@@ -69,7 +69,7 @@ def test_an_azure_prompt_of_the_largest_context_fits_its_ids_at_one_token_a_bloc
     assert not set(first.hash_ids) & set(second.hash_ids)
 
 
-@pytest.mark.parametrize(("signum", "status"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129)])
 def test_a_stop_while_a_fifos_reader_stalls_ends_the_conversion(tmp_path, signum, status):
     """`kvtrace convert TRACE -o FIFO` whose reader stopped reading (a pipe full), then
     SIGTERM (`kill`, `timeout`) or Ctrl-C: the stop raised out of the blocked write, and the
