@@ -37,6 +37,7 @@ from kvtrace.store.schema import (
     CACHE_READ_OF,
     GENAI_CACHE_READ,
     MAX_SPAN_COUNT,
+    RUN_ID_RESOURCE_KEY,
     SEQ_ATTRIBUTE,
     SOURCES,
     SPAN_COLUMN_DEFS,
@@ -45,7 +46,6 @@ from kvtrace.store.schema import (
     TIME_OFFSET_RESOURCE_KEY,
 )
 
-RUN_ID_RESOURCE_KEY = "kvtrace.run.id"  # the otel_traces view adds it from run_id
 # Resource keys kvtrace's own spans do not store per row: the run id and service name have
 # columns; the SDK's self-description repeats on every row (a third of the append cost)
 # and service.instance.id is a random UUID per process, which would break determinism.

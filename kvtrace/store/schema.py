@@ -276,6 +276,9 @@ SHIFTED_COLUMNS = ("start_ns", "end_ns")  # and events[].time_ns
 # (a collector reorders rows; ClickHouse's otel_traces sorts them), and one span named
 # SPAN_RUN at the end carries the run record (``kvtrace.run.<column>`` attributes).
 TIME_OFFSET_RESOURCE_KEY = "kvtrace.run.time_offset_ns"
+# The resource attribute naming a sender's run (``run_id_problem`` says which can); the
+# otel_traces view adds it from run_id.
+RUN_ID_RESOURCE_KEY = "kvtrace.run.id"
 # The resource attribute naming a replay's cache backend (absent: kvtrace's own).
 BACKEND_RESOURCE_KEY = "kvtrace.backend"
 # An extra attribute (``extra_attributes``) of a span whose backend inferred some of its

@@ -54,7 +54,8 @@ def _protobuf(doc: dict) -> bytes:
 
     doc = copy.deepcopy(doc)
     b64 = lambda h: base64.b64encode(bytes.fromhex(h)).decode()
-    for span in doc["resourceSpans"][0]["scopeSpans"][0]["spans"]:
+    spans = [s for rs in doc["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]]
+    for span in spans:
         for item in (span, *span.get("links", ())):
             for key in ("traceId", "spanId"):
                 item[key] = b64(item[key])

@@ -39,9 +39,11 @@ from kvtrace.store.schema import (
     FAMILIES,
     FINISHED_STATUSES,
     GENAI_CACHE_READ,
+    MAX_RUN_ID_CHARS,
     MAX_SPAN_COUNT,
     NUM_BLOCKS_COLUMN,
     OTHER_TABLE,
+    RUN_ID_RESOURCE_KEY,
     RUN_RECORD_PREFIX,
     SEQ_ATTRIBUTE,
     SOURCE_OTLP,
@@ -147,8 +149,22 @@ _ENVELOPE = {
 # ``otlp/decode.py``, ``convert._check_ids``, ``time_offset``, ``unshift``): ids that are no
 # ids (all zeros, or not hex: they were stored as span 0), an end before its start (a Duration
 # the exporter wrapped past 2^63), a resource offset that is no integer of ns (" 1_000 " was read
-# as 0) or one after the span's start (its times would be negative)
+# as 0) or one after the span's start (its times would be negative), a resource run id that cannot
+# name a run (``schema.run_id_problem``: it was stored, and listed by ``runs`` as a line break or
+# a blank no one could type back)
 _HEX = "^[0-9a-fA-F]{{{0}}}$"
+_RUN_ID_TEXT = f"ResourceAttributes[{_q(RUN_ID_RESOURCE_KEY)}]"
+# ``run_id_problem``'s characters in re2's classes: Unicode's C (control, format, private use) and Z
+# (separators) and \s are what str.isprintable and str.isspace refuse, but for code points Python's
+# Unicode tables leave unassigned (Cn), which re2 has no class for: those are taken here
+_RUN_ID_REFUSED_CHARS = r"[\\p{C}\\p{Z}\\s]"
+
+
+def run_id_refused_sql(text: str) -> str:
+    """SQL, true where the String ``text`` cannot name a run (``schema.run_id_problem``)."""
+    return f"(lengthUTF8({text}) NOT BETWEEN 1 AND {MAX_RUN_ID_CHARS} OR match({text}, '{_RUN_ID_REFUSED_CHARS}'))"
+
+
 _UNSUPPORTED = tuple(f"json: unsupported value: {v}" for v in ("NaN", "+Inf", "-Inf"))  # (convert.unsupported_text)
 _OFFSET_TEXT = f"ResourceAttributes[{_q(TIME_OFFSET_RESOURCE_KEY)}]"
 _ENVELOPE_PROBLEM = (
@@ -164,6 +180,8 @@ _ENVELOPE_PROBLEM = (
     f"'resource {TIME_OFFSET_RESOURCE_KEY}: not an integer of ns from 0 to 2^63', "
     f"toUnixTimestamp64Nano(Timestamp) < {_OFFSET}, 'the span starts before the resource''s "
     f"{TIME_OFFSET_RESOURCE_KEY}', "
+    f"mapContains(ResourceAttributes, {_q(RUN_ID_RESOURCE_KEY)}) AND {run_id_refused_sql(_RUN_ID_TEXT)}, "
+    f"'resource {RUN_ID_RESOURCE_KEY}: expected 1 to {MAX_RUN_ID_CHARS} printable characters without spaces', "
     # a NaN or infinity in a number column (the exporter's text of it: Go's encoding/json error),
     # which collect refuses (``convert._floats``) whatever the span's name: it was kept as an extra
     + "".join(f"SpanAttributes[{_q(c.attr)}] IN ({', '.join(map(_q, _UNSUPPORTED))}), "
@@ -344,8 +362,10 @@ def _side_tables(otel_table: str) -> list[tuple[str, str, str, str]]:
          f"CREATE TABLE IF NOT EXISTS {COLLECTED_RUNS} (run_id String, service_name String, "
          f"{TIME_OFFSET_COLUMN} Int64) ENGINE = ReplacingMergeTree ORDER BY run_id",
          f"run_id, service_name, {TIME_OFFSET_COLUMN}",
+         # (a span refused whatever its attributes names no run: `kvtrace collect` stores no run of a
+         # refused request, and a run id that cannot name one was listed by `runs` as typed)
          f"SELECT DISTINCT {_RUN_ID} AS run_id, ServiceName AS service_name, {_OFFSET} AS {TIME_OFFSET_COLUMN} "
-         f"FROM {otel_table} WHERE SpanName != {_q(SPAN_RUN)}"),
+         f"FROM {otel_table} WHERE SpanName != {_q(SPAN_RUN)} AND {_ENVELOPE_PROBLEM} = ''"),
     ]
 
 
