@@ -163,6 +163,9 @@ def open_store(db: str | None) -> bool:
         return False
     st.session_state[CTX_KEY] = {"db": db, "runs": frame, "key": key}
     if frame.height == 0:
+        # a link's run (from another store, or not written yet): named, as a store with runs names
+        # it (a store of curves alone showed its Capacity page as if the run were there)
+        state.warn_unknown("run", [], "Run", "it holds no runs yet.", ui.code(state.shown_db(db)))
         if not curves_only():
             ui.empty("This store has no runs yet.")
         return False

@@ -21,7 +21,9 @@ counters = state.in_window(every, "window_start_ns", window, origin)
 scheduled = state.outside_window(every, counters, window, "scheduled requests")  # (then no command fills it)
 # (a run killed before its first request finished, or replaying toward it, has lookups and no counts)
 unfinished = queries.none_finished(run_id)
-fill = ui.fill_to_its_end(queries.run_row(run_id).get("status")) if unfinished else ui.FILL_RUN
+# (and one still starting, or failed before its first lookup, as its Evictions and Latency pages say: not the demo)
+status = queries.run_row(run_id).get("status")
+fill = ui.fill_to_its_end(status) if unfinished or status in ("running", "failed", "incomplete") else ui.FILL_RUN
 
 bound = queries.belady_bound(run_id)
 bel = bound.run
