@@ -62,7 +62,7 @@ from kvtrace.compare.render import backend_note, times_note
 from kvtrace.compare.source import diff_runs
 from kvtrace.errors import KVTraceError
 from kvtrace.metrics import is_latency_key, percent_text, points_text, times_word
-from kvtrace.names import BEHAVIOURS, printable
+from kvtrace.names import BEHAVIOURS, plotly_literal, printable
 from kvtrace.store import read as store
 from kvtrace.workload.lines import AtomicText
 
@@ -74,6 +74,13 @@ def run_id_parameter(name, value):
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
     raise KVTraceError(f"{name}: expected a run id (text, see `kvtrace runs`), got {value!r:.80}")
+
+
+def drawn(frame, *columns):
+    """``frame`` with its text ``columns`` (run names, request ids, a sender's reasons) as plotly
+    shows text as typed (``names.plotly_literal``): plotly reads a subset of HTML in legends and
+    hover labels, and a run named '<b>A</b>' was drawn in bold, '<br>' broke its line."""
+    return frame.with_columns(pl.col(c).map_elements(plotly_literal, return_dtype=pl.Utf8) for c in columns)
 
 
 def int_parameter(name, value, least, most=2**64 - 1):
@@ -89,6 +96,11 @@ if not isinstance(force, bool):  # (papermill's -p force no is the text "no": tr
 seed = int_parameter("seed", seed, 0)
 limit = None if limit is None else int_parameter("limit", limit, 1)
 trace_block_size = None if trace_block_size is None else int_parameter("trace_block_size", trace_block_size, 1)
+if isinstance(trace, int) and not isinstance(trace, bool):
+    trace = str(trace)  # (papermill's -p reads a file named 5 as the int 5)
+if trace is not None and (not isinstance(trace, (str, os.PathLike)) or not os.fspath(trace)):
+    # (an empty one ran the study on the behaviour's generated workload, as if none were given)
+    raise KVTraceError(f"trace: expected a trace file, a directory of WEKA files or gen:NAME, got {trace!r:.80}")
 if db_path is not None and (trace is not None or limit is not None or trace_block_size is not None):
     # (a store's runs are compared as they are: these study settings were ignored unsaid)
     given = ", ".join(k for k, v in (("trace", trace), ("limit", limit), ("trace_block_size", trace_block_size))
@@ -210,7 +222,7 @@ hr_long = (hr.rename({"prefix_cache_hit_rate": "per window", "cum_prefix_cache_h
            .unpivot(index=["t_s", "run"], on=["per window", "cumulative"], variable_name="series",
                     value_name="rate"))
 if hr.height:
-    px.line(hr_long, x="t_s", y="rate", color="run", line_dash="series",
+    px.line(drawn(hr_long, "run"), x="t_s", y="rate", color="run", line_dash="series",
             labels={"t_s": "virtual time (s)", "rate": "prefix cache hit rate", "run": "run", "series": "series"},
             title="Prefix cache hit rate per window and cumulative").show()
 cum_hit_rate_end = {
@@ -238,7 +250,8 @@ attribution = (attr.group_by(group_cols).agg(pl.len().alias("misses")).sort(grou
                else pl.DataFrame(schema={"run": pl.Utf8, "evict_reason": pl.Utf8, "publish_kind": pl.Utf8,
                                          "misses": pl.UInt32}))
 if attribution.height:
-    px.bar(attribution, x="publish_kind", y="misses", color="run", barmode="group", hover_data=["evict_reason"],
+    px.bar(drawn(attribution, "run", "publish_kind", "evict_reason"), x="publish_kind", y="misses", color="run",
+           barmode="group", hover_data=["evict_reason"],
            labels={"publish_kind": "kind of the publish that took the evicted block (none: no publish)",
                    "misses": "later misses on evicted blocks", "run": "run", "evict_reason": "eviction reason"},
            title="Misses on previously cached blocks, by the kind of publish that took the evicted block").show()
@@ -269,7 +282,7 @@ per_req = (
 )
 r = diff.requests
 if per_req.height:
-    px.scatter(per_req, x="cached_A", y="cached_B", hover_name="request_id",
+    px.scatter(drawn(per_req, "request_id"), x="cached_A", y="cached_B", hover_name="request_id",
                labels={"cached_A": "cached tokens in A", "cached_B": "cached tokens in B"},
                title="Cached tokens per request, A against B").show()
     print(f"{r.gained} requests gained cached tokens (local + external hits, as diff counts them), {r.lost} lost, "
@@ -297,7 +310,7 @@ for metric, what in (("ttft", "requests"), ("itl", "inter-token gaps")):
         if not cdf.filter(pl.col("run") == lbl).height:
             print(f"{printable(lbl)}: no {metric.upper()} values (no request latencies), no {metric.upper()} CDF")
     if cdf.height:
-        px.line(cdf, x="value_ms", y="fraction", color="run", log_x=True,
+        px.line(drawn(cdf, "run"), x="value_ms", y="fraction", color="run", log_x=True,
                 labels={"value_ms": f"{metric.upper()} (ms, {TIMES})", "fraction": f"fraction of {what} ≤ x",
                         "run": "run"},
                 title=f"{metric.upper()} CDF ({TIMES})").show()

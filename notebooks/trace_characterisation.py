@@ -53,16 +53,18 @@ import polars as pl
 
 from kvtrace.errors import ConfigError, KVTraceError
 from kvtrace.metrics import percent_text, points_text
-from kvtrace.replay.cache_only import as_block_requests, block_keys
+from kvtrace.replay.cache_only import MAX_CAPACITY_BLOCKS, as_block_requests, block_keys
 from kvtrace.replay.readers import open_trace
 from kvtrace.replay.run import RunSpec, run_replay
 from kvtrace.workload.lines import AtomicText
 
 
-def count_parameter(name, value):
+def count_parameter(name, value, most=None):
     # (papermill passes what -p parsed: a block_size of 0 was range()'s ValueError, a capacity "x" int()'s)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError("trace_characterisation", name, f"expected an int >= 1, got {value!r:.80}")
+    if most is not None and value > most:  # (a capacity past any pool was refused as the CLI's --capacity-blocks)
+        raise ConfigError("trace_characterisation", name, f"expected an int from 1 to {most:,}, got {value!r:.80}")
     return value
 
 
@@ -83,7 +85,7 @@ if capacities is not None:
         raise ConfigError("trace_characterisation", "capacities",
                           f"expected a non-empty list of capacities in blocks, got {capacities!r:.80}")
     # ascending and distinct: the summary reads the first as the smallest
-    capacities = sorted({count_parameter("capacities", c) for c in capacities})
+    capacities = sorted({count_parameter("capacities", c, MAX_CAPACITY_BLOCKS) for c in capacities})
 
 # The RESULT file is checked before any work and written whole or not at all: a plain open() truncated
 # a result_path that was the trace itself.
