@@ -60,7 +60,7 @@ import polars as pl
 from kvtrace.compare.model import MetricDelta, metric_direction
 from kvtrace.compare.render import backend_note, times_note
 from kvtrace.compare.source import diff_runs
-from kvtrace.errors import KVTraceError
+from kvtrace.errors import KVTraceError, TraceFormatError
 from kvtrace.metrics import is_latency_key, percent_text, points_text, times_word
 from kvtrace.names import BEHAVIOURS, plotly_literal, printable
 from kvtrace.store import read as store
@@ -138,8 +138,14 @@ if db_path is None:
     atexit.register(shutil.rmtree, study_dir, ignore_errors=True)
     db_path = os.path.join(study_dir, "study.duckdb")
     # (as `kvtrace study --trace-block-size`: a Mooncake trace of 64-token ids was refused at 512 an id)
-    base = study_base(behaviour, RunSpec(trace=trace or "", trace_block_size=trace_block_size))
-    study = run_study(behaviour, trace=trace, db=db_path, seed=seed, limit=limit, base=base)
+    try:
+        base = study_base(behaviour, RunSpec(trace=trace or "", trace_block_size=trace_block_size))
+        study = run_study(behaviour, trace=trace, db=db_path, seed=seed, limit=limit, base=base)
+    except TraceFormatError as err:
+        # (the reader names the CLI's --trace-block-size, "give it with --trace-block-size": here it is a parameter)
+        if "--trace-block-size" not in err.what:
+            raise
+        raise TraceFormatError(err.path, err.line, err.what.replace("--trace-block-size", "trace_block_size")) from None
     run_a, run_b = study.first.run_off, study.first.run_on
     print(f"study {behaviour} on {study.trace}: A = off ({run_a}), B = on ({run_b}) in {db_path} (a temporary "
           "store, removed when this kernel stops)")

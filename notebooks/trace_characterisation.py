@@ -51,7 +51,7 @@ import plotly.express as px
 import plotly.graph_objects as go
 import polars as pl
 
-from kvtrace.errors import ConfigError, KVTraceError
+from kvtrace.errors import ConfigError, KVTraceError, TraceFormatError
 from kvtrace.metrics import percent_text, points_text
 from kvtrace.replay.cache_only import MAX_CAPACITY_BLOCKS, as_block_requests, block_keys
 from kvtrace.replay.readers import open_trace
@@ -117,8 +117,14 @@ if trace_path is None:
         if err.source == "--requests":
             raise ConfigError("trace_characterisation", "num_requests", f"{err.key}: {err.what}") from None
         raise
-source = open_trace(trace_path, format=trace_format, limit=limit, block_size=trace_block_size)
-requests = list(source)
+try:
+    source = open_trace(trace_path, format=trace_format, limit=limit, block_size=trace_block_size)
+    requests = list(source)
+except TraceFormatError as err:
+    # (the reader names the CLI's --trace-block-size, "give it with --trace-block-size": here it is a parameter)
+    if "--trace-block-size" not in err.what:
+        raise
+    raise TraceFormatError(err.path, err.line, err.what.replace("--trace-block-size", "trace_block_size")) from None
 if not requests:  # (every chart below needs one; max() of nothing was a raw ValueError)
     raise KVTraceError(f"{trace_path}: no requests to characterise (limit {limit!r})")
 print(f"{len(requests)} requests from {trace_path} ({source.format})"

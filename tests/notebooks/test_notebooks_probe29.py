@@ -92,3 +92,20 @@ def test_an_empty_trace_is_refused_not_replaced_by_the_generated_workload(run_no
     with pytest.raises(PapermillExecutionError, match=r"KVTraceError: trace: expected a trace file"):
         run_notebook("regression_analysis", trace="", limit=4)
 
+
+@pytest.mark.parametrize(("notebook", "parameter"), [("trace_characterisation", "trace_path"),
+                                                     ("regression_analysis", "trace")])
+def test_a_trace_of_other_sized_ids_names_the_trace_block_size_parameter(run_notebook, tmp_path, notebook,
+                                                                        parameter):
+    """A Mooncake trace of 64-token ids read at 512 was refused with the CLI's hint, "give it with
+    --trace-block-size", a flag the notebooks have not: their parameter is trace_block_size."""
+    from papermill.exceptions import PapermillExecutionError
+
+    path = tmp_path / "mooncake64.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 100, "output_length": 1, "hash_ids": [1, 2]}\n'
+                    '{"timestamp": 5, "input_length": 100, "output_length": 1, "hash_ids": [1, 2]}\n')
+    with pytest.raises(PapermillExecutionError) as caught:
+        run_notebook(notebook, **{parameter: str(path), "limit": 2})
+    said = f"{caught.value.ename}: {caught.value.evalue}"
+    assert said.startswith("TraceFormatError: ") and "are the trace's ids of another block size?" in said, said
+    assert "--trace-block-size" not in said and "trace_block_size" in said, said
