@@ -85,10 +85,53 @@ def _export_clickhouse(db: str | Path, run_id: str, out_dir: Path, summary: str 
         rows_as = derived_status(con, stored)  # (an older store's derived rows: from its spans)
 
         def write(table: str, target: Path) -> None:
-            rows = con.query_arrow(_table_sql(table, rows_as), _params(table, run_id, shown, summary))
-            _write_canonical(rows.schema, rows.to_batches(_BATCH_ROWS), target, _declared(table))
+            params = _params(table, run_id, shown, summary)
+            pages = _page_bounds(con, table, run_id, rows_as)
+            if pages is None:  # (the run row; a derived table computed on the fly: one query)
+                rows = con.query_arrow(_table_sql(table, rows_as), params)
+                _write_canonical(rows.schema, rows.to_batches(_BATCH_ROWS), target, _declared(table))
+                return
+            key = _PAGE_KEY[table]
+            first = con.query_arrow(_table_sql(table, rows_as, page=key), {**params, "lo": pages[0][0],
+                                                                          "hi": pages[0][1]})
+
+            def batches() -> Iterator[Any]:
+                yield from first.to_batches(_BATCH_ROWS)
+                for lo, hi in pages[1:]:
+                    yield from con.query_arrow(_table_sql(table, rows_as, page=key),
+                                               {**params, "lo": lo, "hi": hi}).to_batches(_BATCH_ROWS)
+
+            _write_canonical(first.schema, batches(), target, _declared(table))
 
         return _write_all(out_dir, write)
+
+
+# A ClickHouse result is whole in memory (no streaming read): a run's spans and evicted blocks
+# are fetched a page of about _BATCH_ROWS rows at a time, in ranges of their ordering key
+# (spans: seq, the family tables' sort key after run_id). One query of the whole run held a
+# 40,000-request cache-only run's 198,152 spans as 195 MB of Arrow and 805 MB of the process.
+_PAGE_KEY = {"spans": "seq", "evicted_blocks": "evict_seq"}
+
+
+def _page_bounds(con: Any, table: str, run_id: str, rows_as: str) -> list[tuple[int, int]] | None:
+    """The ``(lo, hi)`` ranges (inclusive) of ``table``'s key that cut the run's rows into
+    pages of about ``_BATCH_ROWS`` rows each (a page ends where its key changes, so a key's
+    rows stay together): one query of the key column alone. None where the table is not
+    paged (the run row; a derived table computed from the spans: its SQL would run once a
+    page); ``[(0, -1)]`` (no row) for a run without rows."""
+    from kvtrace.store import derived
+
+    key = _PAGE_KEY.get(table)
+    if key is None or (rows_as == "running" and table in derived.TABLES):
+        return None
+    # (computed where the rows are: the keys of a 10M-span run, one a span, never reach Python)
+    found = con.query_arrow(f"""
+        SELECT min(k) AS lo, max(k) AS hi FROM (
+            SELECT k, (sum(n) OVER (ORDER BY k ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) - n) // $rows AS page
+            FROM (SELECT {key} AS k, count(*) AS n FROM {table} WHERE run_id = $run_id GROUP BY {key}) AS keyed
+        ) AS paged GROUP BY page ORDER BY lo""", {"run_id": run_id, "rows": _BATCH_ROWS})
+    pages = list(zip(found.column("lo").to_pylist(), found.column("hi").to_pylist(), strict=True))
+    return pages or [(0, -1)]
 
 
 def _unfinished_summary(db: str | Path, run_id: str) -> str | None:
@@ -144,6 +187,10 @@ def _emptied(column: Any) -> Any:
     t = column.type
     if isinstance(t, pa.ExtensionType):
         return _emptied(column.storage)
+    if column.offset and (pa.types.is_struct(t) or pa.types.is_list(t) or pa.types.is_map(t)):
+        # a slice (a batch past a table's first): rebuilt from its offsets and values below, which
+        # Arrow refuses for a sliced list with nulls (a chdb run's links past its 65,536th span)
+        column = pa.concat_arrays([column])
     if pa.types.is_struct(t):
         return pa.StructArray.from_arrays([_emptied(column.field(i)) for i in range(t.num_fields)],
                                           fields=list(t), mask=column.is_null())
@@ -197,7 +244,7 @@ def _statuses(db: str | Path, run_id: str, row: tuple) -> tuple[str, str]:
     return str(stored), shown_status(str(stored), pid, host, start, db=str(db), run_id=run_id)
 
 
-def _table_sql(table: str, status: str, added: tuple[str, ...] = ()) -> str:
+def _table_sql(table: str, status: str, added: tuple[str, ...] = (), page: str | None = None) -> str:
     """The SELECT of one exported table's rows of ``$run_id``: the run row with the status
     and summary the readers show (``$status``; ``$summary``, unless NULL); a derived table's
     rows computed from the spans while the run was never finished (a running or killed one:
@@ -215,7 +262,8 @@ def _table_sql(table: str, status: str, added: tuple[str, ...] = ()) -> str:
         return (f"SELECT * REPLACE ($status AS status, coalesce($summary, summary) AS summary){more} "
                 "FROM runs WHERE run_id = $run_id")
     source = (f"({derived.live_sql(table)})" if status == "running" and table in derived.TABLES else table)
-    return f"SELECT *{more} FROM {source} WHERE run_id = $run_id {_ORDER.get(table, '')}"
+    within = "" if page is None else f" AND {page} BETWEEN $lo AND $hi"
+    return f"SELECT *{more} FROM {source} WHERE run_id = $run_id{within} {_ORDER.get(table, '')}"
 
 
 def _output_dir(directory: str | Path) -> Path:
