@@ -109,3 +109,25 @@ def test_a_trace_of_other_sized_ids_names_the_trace_block_size_parameter(run_not
     said = f"{caught.value.ename}: {caught.value.evalue}"
     assert said.startswith("TraceFormatError: ") and "are the trace's ids of another block size?" in said, said
     assert "--trace-block-size" not in said and "trace_block_size" in said, said
+
+
+def test_arrivals_far_apart_are_characterised_without_a_window_per_tenth_of_a_second(run_notebook, tmp_path):
+    """Two requests 4e18 ns apart (a trace's valid times): the index of dispersion counted arrivals in
+    every 0.1 s window of the span, 4e10 windows: "MemoryError: Unable to allocate 298. GiB" (or the
+    kernel killed). Only the windows that hold arrivals are counted now; the empty ones add zeros."""
+    path = tmp_path / "far.jsonl"
+    path.write_text('{"kvtrace_trace":1,"block_size":16}\n'
+                    '{"request_id":"a","arrival_ns":0,"input_length":64,"hash_ids":[1,2,3,4],"output_length":2}\n'
+                    '{"request_id":"b","arrival_ns":1000000000,"input_length":64,"hash_ids":[1,2,5,6],"output_length":2}\n'
+                    '{"request_id":"c","arrival_ns":4000000000000000000,"input_length":64,"hash_ids":[1,2,7,8],'
+                    '"output_length":2}\n')
+    result, _ = run_notebook("trace_characterisation", trace_path=str(path), capacities=[4, 8])
+    dispersion = result["index_of_dispersion"]
+    assert set(dispersion) == {"0.1", "1.0", "10.0", "60.0"}
+    # three arrivals in n windows of w seconds: mean 3/n; two windows hold one or two (0 and 1 s apart)
+    for w, d in dispersion.items():
+        n = int(4e9 // float(w)) + 1
+        counts = [2, 1] if float(w) > 1 else [1, 1, 1]
+        mean = 3 / n
+        var = (sum((c - mean) ** 2 for c in counts) + (n - len(counts)) * mean ** 2) / n
+        assert d == pytest.approx(var / mean), (w, d)
