@@ -362,10 +362,12 @@ def _side_tables(otel_table: str) -> list[tuple[str, str, str, str]]:
          f"CREATE TABLE IF NOT EXISTS {COLLECTED_RUNS} (run_id String, service_name String, "
          f"{TIME_OFFSET_COLUMN} Int64) ENGINE = ReplacingMergeTree ORDER BY run_id",
          f"run_id, service_name, {TIME_OFFSET_COLUMN}",
-         # (a span refused whatever its attributes names no run: `kvtrace collect` stores no run of a
-         # refused request, and a run id that cannot name one was listed by `runs` as typed)
+         # (a refused span names no run: `kvtrace collect` stores no run of a refused request, and a
+         # run id that cannot name one was listed by `runs` as typed; a run of spans refused by a rule
+         # across their fields, hits beyond the prompt, was listed 'running' with no span)
          f"SELECT DISTINCT {_RUN_ID} AS run_id, ServiceName AS service_name, {_OFFSET} AS {TIME_OFFSET_COLUMN} "
-         f"FROM {otel_table} WHERE SpanName != {_q(SPAN_RUN)} AND {_ENVELOPE_PROBLEM} = ''"),
+         f"FROM {otel_table} WHERE SpanName != {_q(SPAN_RUN)} AND {_ENVELOPE_PROBLEM} = ''"
+         + "".join(f" AND (SpanName != {_q(n)} OR {p} = '')" for n, p in _problems())),
     ]
 
 
