@@ -101,10 +101,12 @@ if isinstance(trace, int) and not isinstance(trace, bool):
 if trace is not None and (not isinstance(trace, (str, os.PathLike)) or not os.fspath(trace)):
     # (an empty one ran the study on the behaviour's generated workload, as if none were given)
     raise KVTraceError(f"trace: expected a trace file, a directory of WEKA files or gen:NAME, got {trace!r:.80}")
-if db_path is not None and (trace is not None or limit is not None or trace_block_size is not None):
+# the study settings given (behaviour: other than the parameters cell's default, which a store's runs leave alone)
+studied = {"trace": trace, "limit": limit, "trace_block_size": trace_block_size,
+           "behaviour": None if behaviour == "shared-prefix-pinning" else behaviour}
+if db_path is not None and any(v is not None for v in studied.values()):
     # (a store's runs are compared as they are: these study settings were ignored unsaid)
-    given = ", ".join(k for k, v in (("trace", trace), ("limit", limit), ("trace_block_size", trace_block_size))
-                      if v is not None)
+    given = ", ".join(k for k, v in studied.items() if v is not None)
     raise KVTraceError(f"{given}: study settings, for a study without db_path; a store's runs are compared as "
                        "they are")
 if trace_block_size is not None and (trace is None or str(trace).startswith("gen:")):

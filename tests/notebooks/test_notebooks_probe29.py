@@ -131,3 +131,16 @@ def test_arrivals_far_apart_are_characterised_without_a_window_per_tenth_of_a_se
         mean = 3 / n
         var = (sum((c - mean) ** 2 for c in counts) + (n - len(counts)) * mean ** 2) / n
         assert d == pytest.approx(var / mean), (w, d)
+
+
+def test_a_behaviour_beside_a_stores_runs_is_refused_not_ignored(run_notebook, tmp_path):
+    """``-p behaviour external-hit-running-cow`` beside a store and its two run ids was ignored unsaid
+    (the runs are compared as they are), as trace and limit were before they were refused."""
+    from papermill.exceptions import PapermillExecutionError
+
+    with pytest.raises(PapermillExecutionError) as caught:
+        run_notebook("regression_analysis", db_path=str(tmp_path / "x.duckdb"), run_a="r1", run_b="r2",
+                     behaviour="external-hit-running-cow")
+    said = f"{caught.value.ename}: {caught.value.evalue}"
+    assert said == ("KVTraceError: behaviour: study settings, for a study without db_path; a store's runs are "
+                    "compared as they are"), said
