@@ -165,9 +165,10 @@ class Engine:
             raise KVTraceError(f"engine: cpu_threads {cpu_threads!r}; expected an int >= 1, or None for torch's own")
         p = get_preset(preset) if isinstance(preset, str) else preset
         self.preset_name = p.name
-        self.cache_config = cache_config or p.cache_config
-        self.scheduler_config = scheduler_config or p.scheduler_config
-        self.cost_model = cost_model or p.cost_model
+        # (None alone is the preset's: `or` gave {}, 0 or "" the preset's too, unsaid)
+        self.cache_config = p.cache_config if cache_config is None else cache_config
+        self.scheduler_config = p.scheduler_config if scheduler_config is None else scheduler_config
+        self.cost_model = p.cost_model if cost_model is None else cost_model
         # (a dict was taken, and the run failed at its first step with an AttributeError)
         for name, given, kind in (("cache_config", self.cache_config, CacheConfig),
                                   ("scheduler_config", self.scheduler_config, SchedulerConfig)):
