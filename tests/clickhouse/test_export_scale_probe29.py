@@ -42,6 +42,7 @@ def test_a_chdb_export_fetches_its_rows_a_page_at_a_time(ch_stores, tmp_path, mo
     widest = int(evicted.group_by("evict_seq").len()["len"].max())
 
     monkeypatch.setattr(export_module, "_BATCH_ROWS", BATCH)
+    monkeypatch.setattr(export_module, "_PAGE_BATCHES", {"spans": 1, "evicted_blocks": 2})
     fetched = _fetched(monkeypatch)
     ch = export_parquet(ch_stores.direct, ch_stores.run_on, tmp_path / "ch")
     monkeypatch.undo()
@@ -49,10 +50,11 @@ def test_a_chdb_export_fetches_its_rows_a_page_at_a_time(ch_stores, tmp_path, mo
     span_queries = [n for sql, n in fetched if "FROM spans" in sql and "BETWEEN $lo" in sql]
     evict_queries = [n for sql, n in fetched if "FROM evicted_blocks" in sql and "BETWEEN $lo" in sql]
     assert sum(span_queries) == spans and len(span_queries) >= spans // BATCH
-    assert sum(evict_queries) == evicted.height
+    assert sum(evict_queries) == evicted.height and len(evict_queries) >= evicted.height // (2 * BATCH)
     bounds = [n for sql, n in fetched if "OVER (ORDER BY k" in sql]  # (one row a page)
     assert len(bounds) == 2 and bounds[0] <= spans // BATCH + 1
-    assert max(n for sql, n in fetched if "OVER (ORDER BY k" not in sql) <= max(BATCH, widest)
+    assert max(span_queries) <= BATCH and max(evict_queries) <= max(2 * BATCH, widest)
+    assert max(n for sql, n in fetched if "OVER (ORDER BY k" not in sql) <= max(2 * BATCH, widest)
     for table in ("spans", "evicted_blocks"):  # the same files as one query wrote, and as DuckDB's
         a, b = pq.read_table(duck[table]), pq.read_table(ch[table])
         assert a.schema.equals(b.schema)
