@@ -280,6 +280,13 @@ def time_axis(run_id: str) -> str:
     return "time (s, as the sender sent them)"
 
 
+def window_label(run_id: str) -> str:
+    """The time-window slider's label: a virtual time window on a replay's modelled clock
+    (``time_axis``), else a time window (a live capture's times are vLLM's event timestamps, a
+    sender's its own, a cache-only run's its request order: it was "Virtual time window" on all)."""
+    return "Virtual time window" if time_axis(run_id) == charts.VIRTUAL_TIME else "Time window"
+
+
 def times_caption(run_id: str) -> str:
     """Where the run's times come from, in diff's words (``metrics.times_source``): every
     latency view says so (issue 18)."""

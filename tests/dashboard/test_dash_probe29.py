@@ -65,3 +65,15 @@ def test_an_unfinished_run_that_scheduled_nothing_is_not_told_to_run_the_demo(tm
     assert not any("kvtrace demo" in i for i in said), said
     fills = {"running": "the same replay run to its end", "failed": "with settings it can finish"}
     assert all(fills[status] in i for i in said), said
+
+
+def test_a_live_captures_time_window_is_not_called_virtual(tmp_path, monkeypatch):
+    """A live capture's times are vLLM's event timestamps (its charts' axis says so), where its time
+    window slider was labelled "Virtual time window" on every page, as a replay's modelled clock."""
+    from test_dash_live_clock import _live_capture
+
+    db = str(tmp_path / "live.duckdb")
+    run = _live_capture(db)
+    for page in ("hit_rate", "evictions", "stale"):
+        at = render(db, monkeypatch, page, run=run)
+        assert [s.label for s in at.slider] == ["Time window"], page

@@ -9,7 +9,7 @@ ctx = queries.context()
 run_id = ctx["run_id"]
 
 st.title("Evictions")
-window = state.bound_window("Virtual time window", queries.time_extent_s(run_id))
+window = state.bound_window(queries.window_label(run_id), queries.time_extent_s(run_id))
 origin = queries.time_origin(run_id)  # (0 for a replay; a live capture's first time)
 w = queries.window_ns(run_id)
 

@@ -14,7 +14,7 @@ names = queries.group_names(run_id)
 w = queries.window_ns(run_id)
 
 st.title("Hit rate")
-window = state.bound_window("Virtual time window", queries.time_extent_s(run_id))
+window = state.bound_window(queries.window_label(run_id), queries.time_extent_s(run_id))
 origin = queries.time_origin(run_id)  # (0 for a replay; a live capture's first time)
 every = queries.call("hit_counters_over_time", run_id, window_ns=w)
 counters = state.in_window(every, "window_start_ns", window, origin)

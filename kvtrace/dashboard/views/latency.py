@@ -91,7 +91,8 @@ def main() -> None:
                  command=fill, key="itl_hist")
 
     st.subheader("Over time")
-    window = state.bound_window("Virtual time window (filters the chart below)", queries.time_extent_s(run_id))
+    window = state.bound_window(f"{queries.window_label(run_id)} (filters the chart below)",
+                                queries.time_extent_s(run_id))
     origin = queries.time_origin(run_id)  # (0 for a replay; a live capture's first time)
     itl = queries.call("itl_over_time", run_id, window_ns=queries.window_ns(run_id))
     shown = state.in_window(itl, "window_start_ns", window, origin)

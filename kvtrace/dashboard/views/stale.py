@@ -10,7 +10,7 @@ run_id = ctx["run_id"]
 row_status = queries.run_row(run_id).get("status") or "unfinished"
 
 st.title("Stale hashes & correctness")
-window = state.bound_window("Virtual time window", queries.time_extent_s(run_id))
+window = state.bound_window(queries.window_label(run_id), queries.time_extent_s(run_id))
 origin = queries.time_origin(run_id)  # (0 for a replay; a live capture's first time)
 FINGERPRINTS = ("expected_fingerprint", "actual_fingerprint")
 
