@@ -75,9 +75,10 @@ def test_a_chdb_run_without_spans_exports_empty_files(chdb_store, tmp_path):
 
 
 def test_a_slice_of_nested_lists_is_made_canonical():
-    """A batch past a table's first is a slice: its list of structs (a span's links) with a
-    NULL among them was refused by Arrow ("Null bitmap with offsets slice not supported"),
-    which ended a chdb export of a run past 65,536 spans with a traceback."""
+    """A batch cut from a bigger result chunk is a slice: its list of structs (a span's links)
+    with a NULL among them was refused by Arrow ("Null bitmap with offsets slice not
+    supported"). chdb's result chunks (65,409 rows) are below the export's 65,536-row batch,
+    so only a smaller batch (this file's first test, before the paging) reached it."""
     import pyarrow as pa
 
     from kvtrace.store.export import _canonical_column, _canonical_type
