@@ -320,6 +320,16 @@ def attribute_text(v: Any) -> str:
     return unsupported_text(v) if isinstance(v, float) else str(v)
 
 
+def run_id_text(v: Any) -> str:
+    """A resource ``kvtrace.run.id`` as the ClickHouse exporter stores it (pdata's AsString), so
+    both collector paths name the same run or refuse it alike: a string as sent; another value
+    as its text ("7" for 7, bytes in base64, an array or map as Go's JSON, "" for an AnyValue
+    with no value, which names no run)."""
+    if isinstance(v, bytes):
+        return base64.b64encode(v).decode("ascii")
+    return attribute_text(v)
+
+
 def _string_map(attrs: Mapping[str, Any] | None, drop: str | None = None) -> list[tuple[str, str]] | None:
     if not attrs:
         return None

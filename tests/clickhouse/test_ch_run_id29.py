@@ -76,3 +76,41 @@ def test_the_sql_rule_refuses_the_characters_python_refuses(tmp_path, chdb_store
     python = {i for i, c in enumerate(chars) if run_id_problem(c) is not None}
     assert refused == python, sorted(f"U+{ord(chars[i]):04X}" for i in refused ^ python)[:20]
     assert 100 < len(python) < len(chars)  # (both sides of the rule)
+
+
+_TYPED = {  # a run id of another type than string, as OTLP/JSON AnyValues
+    "an int": {"intValue": "7"},
+    "a bool": {"boolValue": True},
+    "a double": {"doubleValue": 7.5},
+    "an integral double": {"doubleValue": 70.0},
+    "bytes": {"bytesValue": "AAE="},
+    "an array": {"arrayValue": {"values": [{"stringValue": "a"}]}},
+    "a map": {"kvlistValue": {"values": [{"key": "k", "value": {"stringValue": "v"}}]}},
+    "an empty AnyValue": {},
+}
+
+
+def test_a_run_id_of_another_type_names_the_same_run_on_both_paths(tmp_path, chdb_store):
+    """collect refused an int, bool, double, bytes, array or map run id ("expected a string"),
+    which the exporter stores as its text and the ClickHouse path listed as a run ("7",
+    "true", "AAE="); an empty AnyValue went to collect's own run, where the exporter's ""
+    is refused. Both read the exporter's text now: the same run, or refused alike."""
+    from kvtrace.store import read
+
+    def doc(i: int, value: dict) -> dict:
+        d = _doc([(REQUEST, {"kvtrace.request.id": f"q{i}"})], first=i + 1)
+        d["resourceSpans"][0]["resource"]["attributes"].append({"key": RUN_KEY, "value": value})
+        return d
+
+    collected = {}
+    for i, (case, value) in enumerate(_TYPED.items()):
+        db, status = _collected(tmp_path, doc(i, value), f"t{i}")
+        collected[case] = read.runs(db)["run_id"].to_list() if status == 200 else None
+    resources = [doc(i, v)["resourceSpans"][0] for i, v in enumerate(_TYPED.values())]
+    ch = _exported(chdb_store, {"resourceSpans": resources})
+    listed = {r for (r,) in _ch(ch, "SELECT run_id FROM runs")}
+    refused = {r for (r,) in _ch(ch, "SELECT run_id FROM otel_refused_spans")}
+    assert {r for runs in collected.values() if runs for r in runs} == listed
+    assert collected["an int"] == ["7"] and collected["an integral double"] == ["70"]
+    assert collected["bytes"] == ["AAE="] and collected["an empty AnyValue"] is None
+    assert len(refused) == sum(runs is None for runs in collected.values()) == 1

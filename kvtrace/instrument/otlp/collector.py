@@ -48,7 +48,14 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from kvtrace import __version__
 from kvtrace.errors import KVTraceError
-from kvtrace.instrument.convert import RUN_ID_RESOURCE_KEY, SpanRowsBuilder, UnstorableValue, time_offset, unshift
+from kvtrace.instrument.convert import (
+    RUN_ID_RESOURCE_KEY,
+    SpanRowsBuilder,
+    UnstorableValue,
+    run_id_text,
+    time_offset,
+    unshift,
+)
 from kvtrace.instrument.otlp.decode import DecodedSpans, PayloadError, decode_json, decode_protobuf
 from kvtrace.instrument.otlp.guard import ConnectionGuard
 from kvtrace.instrument.otlp.limits import (
@@ -800,12 +807,14 @@ class OTLPCollector:
 
 def _named_run(resource: dict, where: str) -> str:
     """The run id a span's resource names (``kvtrace.run.id``), or "" for the collector's own
-    run; one that cannot name a run (``run_id_problem``) refuses the request."""
-    run_id = resource.get(RUN_ID_RESOURCE_KEY)
-    if run_id is None:  # (absent, or an AnyValue with no value)
+    run (no such key); one that cannot name a run (``run_id_problem``) refuses the request.
+
+    A value of another type is read as the ClickHouse exporter's text of it (``run_id_text``):
+    an int 7 names run "7" on both collector paths, and an empty one is refused on both (the
+    exporter stores it as "", which cannot be told from a string sent empty)."""
+    if RUN_ID_RESOURCE_KEY not in resource:
         return ""
-    if not isinstance(run_id, str):  # (an int or "" went to the collector's own run without a word)
-        raise PayloadError(f"{where}: resource {RUN_ID_RESOURCE_KEY}: expected a string, got {type(run_id).__name__}")
+    run_id = run_id_text(resource[RUN_ID_RESOURCE_KEY])
     problem = run_id_problem(run_id)
     if problem is not None:
         raise PayloadError(f"{where}: resource {RUN_ID_RESOURCE_KEY}: {problem}")
