@@ -298,6 +298,7 @@ class Engine:
                 scheduler.add_request(req)
                 pending = _next_request(it)
 
+        lone_preempted: dict[str, int] = {}  # request id -> tokens it had when it last preempted itself alone
         while True:
             if stopped():  # Ctrl-C or SIGTERM whose KeyboardInterrupt a finalizer swallowed: stop here
                 raise_stop()
@@ -309,8 +310,14 @@ class Engine:
                 continue
             out = scheduler.schedule()
             if out.total_num_scheduled_tokens == 0:
-                if out.preempted_req_ids:  # every running request preempted: the next schedule, at this
-                    continue  # time, takes the waiting ones (a step with a preemption admits none)
+                lone = scheduler.lone_preemption
+                if out.preempted_req_ids and (lone is None or lone_preempted.get(lone[0], -1) < lone[1]):
+                    # every running request preempted: the next schedule, at this time, takes the
+                    # waiting ones (a step with a preemption admits none). One that preempted itself
+                    # alone where it did before cannot fit: refused below, not replayed for ever
+                    if lone is not None:
+                        lone_preempted[lone[0]] = lone[1]
+                    continue
                 # Nothing can run, and nothing a later arrival brings changes that: it queues behind
                 # the waiting head (FCFS) and the cache is idle. The run is refused now: it waited,
                 # idle, for the rest of the trace first, holding every request (a generated workload

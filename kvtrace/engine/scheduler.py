@@ -98,6 +98,10 @@ class Scheduler:
         self.mamba_prefill_checkpoint_alignment = cache_config.prefill_checkpoint_alignment
         self.use_external = cache_config.external is not None
         self.num_preemptions = 0
+        # (request id, tokens it had computed) of a request that preempted itself this step with
+        # nothing else running: the engine refuses one that does so twice at the same point, which
+        # the pool can never hold (caching off, it was admitted and preempted again for ever)
+        self.lone_preemption: tuple[str, int] | None = None
         # tokens the waiting head must prefill in one step when chunked prefill is off and
         # they exceed the step's budget (0: it waited for blocks, or not at all): the engine
         # names this, not the pool, when nothing can run
@@ -198,6 +202,7 @@ class Scheduler:
         num_scheduled: dict[str, int] = {}
         preempted: list[EngineRequest] = []
         self.unchunked_wait = 0
+        self.lone_preemption = None
         # vLLM 0.33 cuts long prefills only when someone else could be starved: a lone request
         # (running + waiting) gets the whole budget. (The Mamba split reads the configured value.)
         long_prefill = self.config.long_prefill_token_threshold if len(self.running) + len(self.waiting) > 1 else 0
@@ -234,6 +239,8 @@ class Scheduler:
                 if new_blocks is not None:
                     break
                 victim = running.pop()  # FCFS: the latest admitted goes first
+                if victim is request and not running:
+                    self.lone_preemption = (request.request_id, request.num_computed_tokens)
                 self._preempt(victim)
                 preempted.append(victim)
                 if victim is request:
