@@ -250,23 +250,28 @@ def test_a_dp_rank_never_reached_is_told(tmp_path, caplog):
                     f"rank up?"]
 
 
-def test_a_run_id_that_is_no_text_or_empty_is_refused_not_filed_in_the_collectors_own_run(tmp_path):
+def test_a_run_id_that_is_no_text_or_empty_is_not_filed_in_the_collectors_own_run(tmp_path):
     """``kvtrace.run.id`` as an intValue, or "", went to the collector's own run with a 200,
-    where the README says a run id must be 1-128 printable characters."""
+    where the README says a run id must be 1-128 printable characters. An empty one is refused;
+    one of another type names the run the ClickHouse exporter's text of it names there (7 is
+    run "7", True run "true": the twenty-ninth session, as the exporter path reads it)."""
     import json
 
     from kvtrace.instrument.otlp.collector import OTLPCollector
+    from kvtrace.store import read
 
     db = tmp_path / "c.duckdb"
     collector = OTLPCollector(db, port=0).start()
     try:
-        for i, value in enumerate(({"intValue": 7}, {"stringValue": ""}, {"boolValue": True})):
+        for i, (value, status) in enumerate((({"intValue": 7}, 200), ({"stringValue": ""}, 400),
+                                             ({"boolValue": True}, 200))):
             doc = _spans_doc([_span(i + 1)])
             doc["resourceSpans"][0]["resource"]["attributes"].append({"key": "kvtrace.run.id", "value": value})
-            assert _post_json(collector.url, doc) == 400, json.dumps(value)
-        assert collector.spans_received == 0 and collector._default_run is None
+            assert _post_json(collector.url, doc) == status, json.dumps(value)
+        assert collector.spans_received == 2 and collector._default_run is None
     finally:
         collector.stop()
+    assert sorted(read.runs(db)["run_id"].to_list()) == ["7", "true"]
 
 
 def test_a_stop_whose_failed_record_cannot_be_written_is_still_the_stop(tmp_path, monkeypatch):
