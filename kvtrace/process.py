@@ -110,7 +110,7 @@ STOP_SIGNALS = (signal.SIGINT, *TERMINATING)
 
 _terminated = threading.Event()
 _terminated_by = [signal.SIGTERM]  # the latest of TERMINATING that set _terminated
-_stopped = threading.Event()  # SIGINT or SIGTERM arrived in a sigterm_as_interrupt block
+_stopped = threading.Event()  # SIGINT, SIGTERM or SIGHUP arrived in a sigterm_as_interrupt block
 # The same, cleared when the outermost block ends (a later replay in this process, a test's,
 # does not stop for an earlier command's Ctrl-C)
 _pending = threading.Event()
