@@ -130,7 +130,12 @@ def stop_exception() -> KeyboardInterrupt:
     """What the latest stop raised, to raise again where a library turned it into its own
     error: ``Terminated`` for SIGTERM or SIGHUP, else KeyboardInterrupt."""
     by = terminated()
-    return Terminated(by.name) if by is not None else KeyboardInterrupt()
+    return stop_for(by) if by is not None else KeyboardInterrupt()
+
+
+def stop_for(signum: int) -> KeyboardInterrupt:
+    """What a stop signal raises: ``Terminated`` (named) for SIGTERM or SIGHUP, else KeyboardInterrupt."""
+    return Terminated(signal.Signals(signum).name) if signum in TERMINATING else KeyboardInterrupt()
 
 
 def _terminate(signum: int) -> None:
@@ -179,7 +184,7 @@ def handled_stop_signals() -> tuple[signal.Signals, ...]:
 def _interrupt(signum, frame) -> None:
     _terminate(signum)
     _stop()
-    raise Terminated(signal.Signals(signum).name)
+    raise stop_for(signum)
 
 
 def _keyboard_interrupt(signum, frame) -> None:
@@ -279,7 +284,7 @@ def stop_requested() -> Iterator[threading.Event]:
         if signum in TERMINATING:
             _terminate(signum)
         if stop.is_set():  # the second one: forced
-            raise stop_exception() if signum in TERMINATING else KeyboardInterrupt
+            raise stop_for(signum)
         stop.set()
 
     previous = {sig: signal.signal(sig, request) for sig in handled_stop_signals()}

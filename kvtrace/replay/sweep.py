@@ -34,10 +34,9 @@ from kvtrace.metrics import points_text
 from kvtrace.names import BEHAVIOURS
 from kvtrace.process import (
     STOP_SIGNALS,
-    TERMINATING,
-    Terminated,
     handled_stop_signals,
     sigterm_blocked,
+    stop_for,
     stop_handlers_kept,
     worker_start,
 )
@@ -667,7 +666,7 @@ def _held_stop(held: list[int], handlers: dict) -> None:
     if callable(stop):
         stop(which, None)
     elif stop != signal.SIG_IGN:
-        raise Terminated(which.name) if which in TERMINATING else KeyboardInterrupt
+        raise stop_for(which)
 
 
 @contextlib.contextmanager
@@ -689,7 +688,7 @@ def _stops_held(ray, came: list[int]) -> Iterator[None]:
     def hold(signum, frame) -> None:
         came.append(signum)
         if len(came) > 1:  # a second one forces it, as a stop that takes too long can be forced
-            raise Terminated(signal.Signals(signum).name) if signum in TERMINATING else KeyboardInterrupt
+            raise stop_for(signum)
 
     previous = {sig: signal.signal(sig, hold) for sig in handled_stop_signals()}
     try:

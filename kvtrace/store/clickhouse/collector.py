@@ -30,6 +30,7 @@ then a collected run reads as ``running``: its derived tables are computed on th
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any
 
 from kvtrace.store.backend import ClickHouseTarget
@@ -313,15 +314,22 @@ def _family_select(table: str, otel_table: str) -> tuple[str, str]:
     exprs = [e.replace("{extra}", extra) for e in exprs]
     if table == OTHER_TABLE:
         known = ", ".join(_q(n) for n in (*SPAN_NAMES, SPAN_RUN))
-        where = f"SpanName NOT IN ({known}) AND {_ENVELOPE_PROBLEM} = ''"
+        where = f"SpanName NOT IN ({known}) AND {_stored(())}"
     else:
-        where = f"SpanName IN ({', '.join(_q(n) for n in FAMILIES[table][1])}) AND {_ENVELOPE_PROBLEM} = ''"
-        # a span that breaks a rule across its fields (span_rules: `kvtrace collect` refuses it) is
-        # left out, kept in the exporter's table, its reason in otel_refused_spans
-        where += "".join(f" AND (SpanName != {_q(n)} OR {p} = '')" for n, p in _problems() if n in FAMILIES[table][1])
+        names = FAMILIES[table][1]
+        where = f"SpanName IN ({', '.join(_q(n) for n in names)}) AND {_stored(names)}"
     cols = ", ".join(f"`{c}`" for c in columns)
     select = ", ".join(f"{e} AS `{c}`" for e, c in zip(exprs, columns))
     return cols, f"SELECT {select} FROM {otel_table} WHERE {where}"
+
+
+def _stored(names: Iterable[str] | None = None) -> str:
+    """SQL, true where a span is stored in kvtrace's tables: none of the envelope's problems, and
+    none of the rules across its fields (``span_rules``: `kvtrace collect` refuses such a span) of
+    the ruled span names among ``names`` (None: all). A span left out stays in the exporter's
+    table, its reason in otel_refused_spans."""
+    ruled = [(n, p) for n, p in _problems() if names is None or n in names]
+    return f"{_ENVELOPE_PROBLEM} = ''" + "".join(f" AND (SpanName != {_q(n)} OR {p} = '')" for n, p in ruled)
 
 
 def _problems() -> list[tuple[str, str]]:
@@ -366,8 +374,7 @@ def _side_tables(otel_table: str) -> list[tuple[str, str, str, str]]:
          # run id that cannot name one was listed by `runs` as typed; a run of spans refused by a rule
          # across their fields, hits beyond the prompt, was listed 'running' with no span)
          f"SELECT DISTINCT {_RUN_ID} AS run_id, ServiceName AS service_name, {_OFFSET} AS {TIME_OFFSET_COLUMN} "
-         f"FROM {otel_table} WHERE SpanName != {_q(SPAN_RUN)} AND {_ENVELOPE_PROBLEM} = ''"
-         + "".join(f" AND (SpanName != {_q(n)} OR {p} = '')" for n, p in _problems())),
+         f"FROM {otel_table} WHERE SpanName != {_q(SPAN_RUN)} AND {_stored()}"),
     ]
 
 
