@@ -65,18 +65,29 @@ class EngineResult:
 
 
 
+_END = object()  # (the end of a workload: a None in it is no request, and no end either)
+
+
+def _shown(value: Any) -> str:
+    """An API caller's value in an error line: its repr, on one line and cut short."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
 def _next_request(it) -> Any:
     """The workload's next request (None at its end), held to what the readers guarantee of
     one before the engine reads it: an API caller's NaN arrival hung the loop (no time is
     before or after it), a hash_ids list shorter than its prompt broke the worker, and a value
     of another type than the readers' (a numpy int, a list) was a traceback inside it."""
-    r = next(it, None)
-    if r is None:
+    r = next(it, _END)
+    if r is _END:
         return None
+    if not isinstance(r, TraceRequest):  # (a None ended the run there, unsaid; another object was an AttributeError)
+        raise KVTraceError(f"workload: an item {_shown(r)} of type {type(r).__name__}; expected a TraceRequest")
     name = r.request_id
     if not isinstance(name, str):
         raise KVTraceError(f"workload: a request id {name!r}; expected a string")
-    a = r.arrival_ns
+    a: Any = r.arrival_ns  # (an API caller's, of any type)
     if isinstance(a, bool) or (not isinstance(a, numbers.Integral) and not (
             isinstance(a, float) and math.isfinite(a) and a.is_integer())):
         raise KVTraceError(f"workload: request {name!r} arrives at {a!r} ns; expected a whole number of ns")
@@ -147,7 +158,7 @@ class Engine:
         percentiles: Sequence[float] = DEFAULT_PERCENTILES,
         backend: str = DEFAULT_BACKEND,
     ):
-        if backend not in BACKENDS:
+        if not isinstance(backend, str) or backend not in BACKENDS:
             raise KVTraceError(f"engine: unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
         self.backend = backend
         if not isinstance(preset, (str, EnginePreset)):  # (an AttributeError at .name)
@@ -210,6 +221,18 @@ class Engine:
         # no garbage cycles per request (tests/engine/test_presets_and_clock.py counts them),
         # so the collector's passes would only walk live objects; what cycles a listener makes
         # are collected after the run.
+        # (an API caller's workload that is no iterable, or listeners that are not callables, were
+        # a TypeError traceback, the latter after the first step; a numpy array of them, a ValueError)
+        if isinstance(workload, (str, bytes)) or not isinstance(workload, Iterable):
+            raise KVTraceError(f"engine: workload {_shown(workload)}; expected an iterable of TraceRequests")
+        if isinstance(listeners, (str, bytes)) or not isinstance(listeners, Iterable):
+            raise KVTraceError(f"engine: listeners {_shown(listeners)}; expected a sequence of callables taking "
+                               "a StepBatch")
+        listeners = tuple(listeners)
+        odd = [x for x in listeners if not callable(x)]
+        if odd:
+            raise KVTraceError(f"engine: listener {_shown(odd[0])} is not callable; expected callables taking a "
+                               "StepBatch")
         with collector_paused():
             if not self.content:
                 return self._run(workload, listeners, None)
