@@ -419,6 +419,7 @@ def run_replay(
     ``failed`` with every span emitted before the error kept.
     """
     _check_types(spec)
+    _check_destinations(db, otlp_endpoint, store, spans_to, progress=progress, export=export)
     # A trace file is opened (lazily) first: a missing or unreadable one is reported before
     # the engine's configuration loads the cache; a generated workload is built after it.
     workload = None if spec.trace.startswith(GENERATED_PREFIX) else open_workload(spec)
@@ -598,10 +599,43 @@ def _check_types(spec: RunSpec) -> None:
         raise ConfigError("--no-content", repr(spec.content)[:80], "expected content True or False")
     if spec.name is not None and not isinstance(spec.name, str):
         raise ConfigError("--name", repr(spec.name)[:80], "expected a string")
+    # (a list or a dict as the preset was an unhashable TypeError; a numpy array in any of them
+    # its truth ValueError)
+    for flag, value, optional in (("--preset", spec.preset, True), ("--mode", spec.mode, False),
+                                  ("--policy", spec.policy, False), ("--format", spec.trace_format, True),
+                                  ("--backend", spec.backend, False)):
+        if not (isinstance(value, str) or (optional and value is None)):
+            raise ConfigError(flag, repr(value)[:80], "expected a string" + (", or None" if optional else ""))
+    if spec.config_file is not None and not isinstance(spec.config_file, (str, os.PathLike)):
+        raise ConfigError("--config", repr(spec.config_file)[:80], "expected a TOML file's path, or None")
     without = spec.without
     if not isinstance(without, str) and (not isinstance(without, (tuple, list)) or not all(
             isinstance(b, str) for b in without)):  # (None, or (5,): a TypeError where the flags were named)
         raise ConfigError("--without", repr(without)[:80], "expected a sequence of behaviour names")
+
+
+_SINK_METHODS = ("append_spans", "flush_if_due", "flush", "release")
+
+
+def _check_destinations(db: Any, otlp_endpoint: Any, store: Any, spans_to: Any, **flags: Any) -> None:
+    """A ConfigError for an API caller's destination of another type than the CLI gives: a db
+    of 0 or True was a DuckDB file named "0" or "True" in the current directory, an endpoint
+    of 5 an AttributeError inside urllib, a store or spans_to that is none an AttributeError
+    (spans_to's after the whole run), a numpy array for a flag its truth ValueError."""
+    if db is not None and (isinstance(db, bool) or not isinstance(db, (str, os.PathLike))):
+        raise ConfigError("--db", repr(db)[:80], "expected a store's path or URL, a string")
+    if otlp_endpoint is not None and not isinstance(otlp_endpoint, str):
+        raise ConfigError("--otlp-endpoint", repr(otlp_endpoint)[:80], "expected a collector's URL, a string")
+    if store is not None:
+        from kvtrace.store import Store  # (only then: a run without one imports no store)
+
+        if not isinstance(store, Store):
+            raise ConfigError("store", repr(store)[:80], "expected an open kvtrace Store (Store.open(db)), or None")
+    if spans_to is not None and not all(callable(getattr(spans_to, m, None)) for m in _SINK_METHODS):
+        raise ConfigError("spans_to", repr(spans_to)[:80], f"expected an object with {', '.join(_SINK_METHODS)}")
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise ConfigError(name, repr(value)[:80], "expected True or False")
 
 
 def _check_whole_numbers(spec: RunSpec) -> None:
@@ -619,6 +653,9 @@ def _check_whole_numbers(spec: RunSpec) -> None:
                    else "expected a whole number")
             raise ConfigError(flag, str(value), why)
     blocks = spec.capacity_blocks  # (also inf, cache-only's unbounded cache, or one int per group: a tuple)
+    if blocks is not None and not isinstance(blocks, (numbers.Number, tuple)):  # (an array: its truth ValueError)
+        raise ConfigError("--capacity-blocks", repr(blocks)[:80],
+                          "expected a number of blocks, or inf (cache-only mode)")
     if blocks is not None and blocks != math.inf and not _whole(blocks) and not (
             isinstance(blocks, tuple) and all(map(_whole, blocks))):
         raise ConfigError("--capacity-blocks", str(blocks), "expected a number of blocks, or inf (cache-only mode)")
