@@ -333,13 +333,26 @@ class Engine:
                 continue
             out = scheduler.schedule()
             if out.total_num_scheduled_tokens == 0:
+                sc = self.scheduler_config
+                # A request alone takes the whole budget a step: vLLM cuts a long prefill at
+                # long_prefill_token_threshold only while another request waits, so the next arrival
+                # may let it fit (a sliding window's blocks, an unchunked prompt). Until then it is
+                # replayed as vLLM does, preempted and admitted again, or it waits idle (it was refused
+                # as a request the pool cannot hold, which it finished once a request arrived first)
+                may_fit_later = (pending is not None and sc.long_prefill_token_threshold > 0
+                                 and len(scheduler.running) + len(scheduler.waiting) == 1)
                 lone = scheduler.lone_preemption
-                if out.preempted_req_ids and (lone is None or lone_preempted.get(lone[0], -1) < lone[1]):
+                if out.preempted_req_ids and (lone is None or may_fit_later
+                                              or lone_preempted.get(lone[0], -1) < lone[1]):
                     # every running request preempted: the next schedule, at this time, takes the
                     # waiting ones (a step with a preemption admits none). One that preempted itself
                     # alone where it did before cannot fit: refused below, not replayed for ever
+                    # (each replay of it takes a step at least: the clock reaches the next arrival)
                     if lone is not None:
                         lone_preempted[lone[0]] = lone[1]
+                    continue
+                if may_fit_later and pending is not None:
+                    clock.advance_to(pending.arrival_ns)
                     continue
                 # Nothing can run, and nothing a later arrival brings changes that: it queues behind
                 # the waiting head (FCFS) and the cache is idle. The run is refused now: it waited,
@@ -348,7 +361,6 @@ class Engine:
                 stuck = scheduler.waiting[0] if scheduler.waiting else None
                 what = (f"request {stuck.request_id} ({stuck.num_prompt_tokens:,} prompt tokens)" if stuck
                         else "no request")
-                sc = self.scheduler_config
                 if stuck and scheduler.unchunked_wait > sc.max_num_batched_tokens:
                     # a whole prefill per step (vLLM refuses such a config up front). What it must
                     # prefill, not its prompt: a preempted request recomputes its output too
