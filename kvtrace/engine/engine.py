@@ -33,7 +33,14 @@ from kvtrace.engine.arrays import TORCH_CPU
 from kvtrace.engine.backends import BACKENDS, DEFAULT_BACKEND, VLLM
 from kvtrace.engine.clock import Clock, CostModel, free_step_problem
 from kvtrace.engine.config import SchedulerConfig
-from kvtrace.engine.events import DivergentOutput, RequestFinished, StepBatch, StepExecuted, StepListener
+from kvtrace.engine.events import (
+    DivergentOutput,
+    FinishedRequests,
+    RequestFinished,
+    StepBatch,
+    StepExecuted,
+    StepListener,
+)
 from kvtrace.engine.presets import EnginePreset, get_preset
 from kvtrace.engine.request import EngineRequest
 from kvtrace.engine.scheduler import Scheduler
@@ -61,7 +68,8 @@ POOL_ADVICE = "raise --capacity-blocks or --capacity-tokens (or cache.num_gpu_bl
 @dataclass
 class EngineResult:
     summary: dict
-    requests: list[RequestFinished]
+    # (kept compactly: a finished request's gaps one array's 8 bytes each, not a tuple's ints)
+    requests: FinishedRequests
 
 
 
@@ -270,7 +278,7 @@ class Engine:
         # a request loading from the external tier loads each state group's recurrent state
         state_groups = sum(isinstance(g, MambaSpec) for g in cc.groups)
         live: dict[str, EngineRequest] = {}
-        records: list[RequestFinished] = []
+        records = FinishedRequests()
         stats: dict[str, Any] = {"publishes": 0, "evictions": 0, "cow_copies": 0, "divergent_outputs": 0,
                                  "stale_hashes": 0, "table_disagreements": 0, "steps": 0}
         by_reason: dict[str, int] = {}
@@ -428,8 +436,9 @@ class Engine:
                     found = auditor.audit(manager.cached_entries(), step, end_ns)
                     engine_events.extend(found)
             for req in finished:
-                records.append(self._record(req))
-                engine_events.append(records[-1])
+                record = self._record(req)
+                records.append(record)  # (kept without its tuple: the event alone carries it)
+                engine_events.append(record)
                 del live[req.request_id]
                 worker.forget(req.request_id)
                 if auditor is not None:
@@ -509,7 +518,8 @@ class Engine:
             num_preempted_hit_tokens=req.num_preempted_hit_tokens,
         )
 
-    def _summary(self, records: list[RequestFinished], stats: dict, end_ns: int) -> dict:
+    def _summary(self, finished: FinishedRequests, stats: dict, end_ns: int) -> dict:
+        records = finished.without_gaps()  # (every field but the gaps: no tuple made again)
         outputs = sum(r.num_output_tokens for r in records)
         first_arrival = min((r.arrival_ns for r in records), default=0)
         # Neither is rounded: 3 output tokens over 10,000 modelled seconds read 0.0 tokens/s (a run
@@ -522,7 +532,7 @@ class Engine:
             "cost_model": self.cost_model.name,  # every time below is modelled by it
             # (in the unit group's blocks, as block_size and capacity_blocks are: group 0's were
             # 64-token blocks beside a block_size of 16 where a Mamba group came first)
-            **request_metrics(records, self.cache_config.groups[self.cache_config.unit_group or 0].block_size,
+            **request_metrics(finished, self.cache_config.groups[self.cache_config.unit_group or 0].block_size,
                               self.percentiles),
             "output_tokens": outputs,
             "computed_prompt_tokens": sum(r.num_computed_prompt_tokens for r in records),
@@ -536,7 +546,15 @@ def request_metrics(records: Sequence[RequestFinished], block_size: int,
                     percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> dict:
     """The per-request metrics of a run summary, all from ``kvtrace.metrics``: requests,
     prompt tokens, vLLM's hit counters and rates, the block hit rate, and every latency
-    statistic (modelled time) at ``percentiles``."""
+    statistic (modelled time) at ``percentiles``. (A ``FinishedRequests`` is read as it is
+    kept: its ITL samples the one array of gaps, no int object made a gap.)"""
+    gaps = None
+    if isinstance(records, FinishedRequests):
+        gaps = records.all_gaps
+        records = records.without_gaps()
+    samples: dict[str, Sequence[float]] = dict(request_latency_samples(records))
+    if gaps is not None:  # (the same gaps, request after request: the samples are sorted first)
+        samples["itl"] = gaps
     hit_blocks = sum((r.num_local_hit_tokens + r.num_external_hit_tokens) // block_size for r in records)
     blocks = sum(cdiv(r.num_prompt_tokens, block_size) for r in records)
     return {
@@ -544,5 +562,5 @@ def request_metrics(records: Sequence[RequestFinished], block_size: int,
         "prompt_tokens": sum(r.num_prompt_tokens for r in records),
         **hit_summary(records),
         **block_hits(hit_blocks, blocks),
-        **latency_summary(request_latency_samples(records), percentiles),
+        **latency_summary(samples, percentiles),
     }

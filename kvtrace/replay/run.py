@@ -854,16 +854,18 @@ def _run_engine(preset, workload: _Workload, digest: Digest, instrumentor, bar: 
     listeners.append(progress_listener)
     engine = Engine(preset, content=content, percentiles=percentiles, backend=backend)
     result = engine.run(workload.requests, listeners=listeners)
+    done = result.requests  # (a FinishedRequests: each request's gaps read as an array, no int object a gap)
     per_request = [
         {
             "request_id": r.request_id,
             "prompt_tokens": r.num_prompt_tokens,
             "hit_tokens": r.num_local_hit_tokens + r.num_external_hit_tokens,
             "ttft_ns": r.first_token_ns - r.arrival_ns,
-            "itl_ns": r.itl_ns,  # (each gap between its tokens: a study's bootstrap without a store)
+            # (each gap between its tokens, an array('q'): a study's bootstrap without a store)
+            "itl_ns": done.gaps(i),
             "divergent_tokens": r.num_divergent_tokens,
         }
-        for r in result.requests
+        for i, r in enumerate(done.without_gaps())
     ]
     summary = dict(result.summary)
     summary["capacity_blocks"], summary["block_size"] = engine_capacity(preset.cache_config)
