@@ -347,9 +347,14 @@ class Engine:
                 # may let it fit (a sliding window's blocks, an unchunked prompt). Until then it is
                 # replayed as vLLM does, preempted and admitted again, or it waits idle (it was refused
                 # as a request the pool cannot hold, which it finished once a request arrived first)
-                may_fit_later = (pending is not None and sc.long_prefill_token_threshold > 0
-                                 and len(scheduler.running) + len(scheduler.waiting) == 1)
                 lone = scheduler.lone_preemption
+                head = scheduler.waiting[0] if len(scheduler.waiting) == 1 and not scheduler.running else None
+                thr = sc.long_prefill_token_threshold
+                # (what it must still compute, from where it preempted itself: a decode, or a rest the
+                # threshold would not cut, fits no better beside another request)
+                rest = head.num_tokens - (lone[1] if lone is not None and lone[0] == head.request_id else 0) \
+                    if head is not None else 0
+                may_fit_later = pending is not None and 0 < thr < rest and thr <= sc.max_num_batched_tokens
                 if out.preempted_req_ids and (lone is None or may_fit_later
                                               or lone_preempted.get(lone[0], -1) < lone[1]):
                     # every running request preempted: the next schedule, at this time, takes the

@@ -46,3 +46,26 @@ def test_a_request_a_later_arrival_lets_fit_is_not_refused(caching, later):
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
     assert result.summary["requests"] == 2
+
+
+def test_a_request_no_arrival_can_help_is_still_refused_at_once():
+    """Preempted alone at a decode (its prompt and first outputs fill the pool): another request
+    beside it cuts nothing, so it is refused at its second preemption there, not replayed until a
+    request a simulated day later arrives."""
+    from kvtrace.cache import FullAttentionSpec
+    from kvtrace.errors import KVTraceError
+
+    cc = CacheConfig(groups=(FullAttentionSpec(16),), num_gpu_blocks=5, hash_block_size=16, enable_caching=False)
+    sc = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=4, scheduler_reserve_full_isl=False,
+                         long_prefill_token_threshold=16)
+    preset = replace(get_preset("dense-attention"), cache_config=cc, scheduler_config=sc)
+    requests = [TraceRequest("A", 0, 48, 40, token_ids=np.arange(1, 49, dtype=np.int64)),
+                TraceRequest("B", 86_400 * 10**9, 16, 2, token_ids=np.arange(1000, 1016, dtype=np.int64))]
+    previous = signal.signal(signal.SIGALRM, _hung)
+    signal.alarm(60)
+    try:
+        with pytest.raises(KVTraceError, match=r"request A \(48 prompt tokens and \d+ generated before a preemption"):
+            Engine(preset, content=False).run(requests)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
