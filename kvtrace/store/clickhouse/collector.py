@@ -372,9 +372,11 @@ def _side_tables(otel_table: str) -> list[tuple[str, str, str, str]]:
          f"run_id, service_name, {TIME_OFFSET_COLUMN}",
          # (a refused span names no run: `kvtrace collect` stores no run of a refused request, and a
          # run id that cannot name one was listed by `runs` as typed; a run of spans refused by a rule
-         # across their fields, hits beyond the prompt, was listed 'running' with no span)
+         # across their fields, hits beyond the prompt, was listed 'running' with no span. A run's
+         # record names it, as `kvtrace collect` makes the run of a record alone: a replay stopped
+         # before its first span sends its 'failed' record alone, which collect listed and this path not)
          f"SELECT DISTINCT {_RUN_ID} AS run_id, ServiceName AS service_name, {_OFFSET} AS {TIME_OFFSET_COLUMN} "
-         f"FROM {otel_table} WHERE SpanName != {_q(SPAN_RUN)} AND {_stored()}"),
+         f"FROM {otel_table} WHERE {_stored()}"),
     ]
 
 
