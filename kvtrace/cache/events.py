@@ -85,7 +85,9 @@ class PrefixLookup(Event, frozen=True):
     step: int
     request_id: str
     num_query_tokens: int
-    num_hit_tokens: int  # local hit after the coordinator's fixed point
+    # local hit after the coordinator's fixed point, less a sub-block tail an external load
+    # replaced (external.connector_hit)
+    num_hit_tokens: int
     hit_tokens_per_group: tuple[int, ...]
     shared_prefix_boundary: int
     num_external_hit_tokens: int
@@ -107,13 +109,17 @@ def first_miss(coarse: Sequence[bytes | int], hit: int, block_size: int,
     return None, -1
 
 
-def note_external_hits(events: list, at: int, request_id: str, num_external_hit_tokens: int) -> None:
+def note_external_hits(events: list, at: int, request_id: str, num_external_hit_tokens: int,
+                       num_hit_tokens: int = -1) -> None:
     """Give the lookup of ``request_id`` at ``events[at]`` its external hit tokens, which a
-    manager learns after the lookup event (both backends; it said 0 for every lookup)."""
+    manager learns after the lookup event (both backends; it said 0 for every lookup), and
+    its local hit when the connector rule cut it (``num_hit_tokens`` >= 0)."""
     if num_external_hit_tokens and 0 <= at < len(events):
         ev = events[at]
         if isinstance(ev, PrefixLookup) and ev.request_id == request_id:
-            events[at] = msgspec.structs.replace(ev, num_external_hit_tokens=num_external_hit_tokens)
+            hit = ev.num_hit_tokens if num_hit_tokens < 0 else num_hit_tokens
+            events[at] = msgspec.structs.replace(ev, num_hit_tokens=hit,
+                                                 num_external_hit_tokens=num_external_hit_tokens)
 
 
 class BlocksFreed(Event, frozen=True):

@@ -10,7 +10,7 @@ the entry's first store).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from kvtrace.cache.events import EVICT_CONNECTOR, BlockEvicted
 from kvtrace.cache.hashing import BlockHash
@@ -74,3 +74,22 @@ class ExternalTier:
         if key in self.entries:
             self.entries.move_to_end(key)
             self.used_step[key] = self.sink.step
+
+
+def connector_hit(num_local: int, block_size: int, ask: Callable[[int], int]) -> tuple[int, int]:
+    """vLLM 0.33's connector rule (``Scheduler.schedule``'s waiting loop): the (local, external)
+    hit tokens a new request is admitted with, from its local hit ``num_local``.
+
+    The connector is asked from the local hit cut down to a scheduler block of ``block_size``
+    tokens (``ask(start)``: the tokens past ``start`` it can load). A local hit ending mid-block
+    keeps its sub-block tail and loads nothing, unless the load is longer than that tail: then
+    the tail is dropped (no copy-on-write of it races the load) and the load covers it.
+    """
+    tail = num_local % block_size
+    aligned = num_local - tail
+    external = ask(aligned)
+    if not tail:
+        return num_local, external
+    if external > tail:
+        return aligned, external
+    return num_local, 0

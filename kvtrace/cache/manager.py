@@ -8,7 +8,8 @@ Call order per scheduler step (mirrors vLLM's ``Scheduler.schedule``):
 2. Waiting requests (``num_computed_tokens == 0``):
    ``blocks, num_hit, boundary = get_computed_blocks(req)``; set
    ``req.shared_prefix_boundary = boundary``; optionally
-   ``num_ext = get_num_external_hit_tokens(req, num_hit)``; choose the chunk
+   ``blocks, num_hit, num_ext = get_connector_hit(req, blocks, num_hit)`` (vLLM's
+   connector rule over ``get_num_external_hit_tokens``); choose the chunk
    (block-aligned split for Mamba, stopping at ``boundary``), then
    ``allocate_slots(req, num_new_tokens, num_new_computed_tokens=num_hit,
    new_computed_blocks=blocks, num_external_computed_tokens=num_ext,
@@ -65,7 +66,7 @@ from kvtrace.cache.events import (
     first_miss,
     note_external_hits,
 )
-from kvtrace.cache.external import ExternalTier
+from kvtrace.cache.external import ExternalTier, connector_hit
 from kvtrace.cache.hashing import BlockHash, BlockHasher
 from kvtrace.cache.managers import FullAttentionManager, MambaManager, SlidingWindowManager
 from kvtrace.cache.managers.base import SingleTypeManager
@@ -267,6 +268,38 @@ class KVCacheManager:
         n = self.coordinator.external_hit_tokens(request.block_hashes, num_local_hit_tokens, request.num_tokens - 1)
         note_external_hits(self.sink.events, self._lookup_at, request.request_id, n)  # (its lookup, just made)
         return n
+
+    def get_connector_hit(
+        self, request: Request, blocks: KVCacheBlocks, num_local_hit_tokens: int
+    ) -> tuple[KVCacheBlocks, int, int]:
+        """The hit a new request is admitted with beside the external tier: vLLM 0.33's
+        connector rule (``external.connector_hit``) over this manager's tier, from the local
+        hit ``get_computed_blocks`` gave. Returns (local blocks, local hit tokens, external
+        hit tokens): the blocks cut with the hit where an external load replaces its sub-block
+        tail. The lookup's event and the stats say the same. Changes nothing else."""
+        if self.external is None or not self.enable_caching:
+            return blocks, num_local_hit_tokens, 0
+        request.bind_hasher(self.hasher)
+        hashes = request.block_hashes
+        last = request.num_tokens - 1
+        coordinator = self.coordinator
+        local, external = connector_hit(num_local_hit_tokens, self.scheduler_block_size,
+                                        lambda start: coordinator.external_hit_tokens(hashes, start, last))
+        if local < num_local_hit_tokens:
+            blocks = self.truncate_computed_blocks(blocks, local)
+            self.stats.hit_tokens -= num_local_hit_tokens - local
+            if not local:
+                self.stats.hit_requests -= 1
+        note_external_hits(self.sink.events, self._lookup_at, request.request_id, external, local)
+        return blocks, local, external
+
+    def truncate_computed_blocks(self, blocks: KVCacheBlocks, num_computed_tokens: int) -> KVCacheBlocks:
+        """vLLM's: a lookup's ``blocks`` cut at ``num_computed_tokens`` (a multiple of every
+        group's block size; a Mamba group's list may end before it). Pure slicing: no
+        reference count changes and ``blocks`` is not mutated."""
+        return KVCacheBlocks(tuple(
+            group[:num_computed_tokens // m.block_size] for group, m in zip(blocks.blocks, self.managers)
+        ))
 
     # -- allocation ---------------------------------------------------------------
     def allocate_slots(

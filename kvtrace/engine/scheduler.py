@@ -3,8 +3,10 @@
 One step: the RUNNING requests first (in order), each getting up to its remaining
 tokens within the token budget; then, if nobody was preempted, WAITING requests in
 arrival order (preempted ones at the front), each after a prefix-cache lookup and an
-external-tier lookup, and admitted only if the free blocks hold its whole sequence
-(``scheduler_reserve_full_isl``, vLLM's default gate). A chunk is cut by
+external-tier lookup (vLLM's connector rule: the tier asked from the local hit cut to a
+scheduler block, its load replacing a local sub-block tail only when longer), and
+admitted only if the free blocks hold its whole sequence (``scheduler_reserve_full_isl``,
+vLLM's default gate). A chunk is cut by
 ``long_prefill_token_threshold`` (unless one request is alone in the system), the
 budget, and for Mamba-align models by the block-aligned split. When ``allocate_slots``
 returns None, the last running request is preempted (recompute) and the allocation
@@ -12,7 +14,7 @@ retried. Finished requests are freed in the schedule's order, as vLLM's
 ``update_from_output`` frees them.
 
 It calls the cache manager where vLLM does: ``get_computed_blocks`` and
-``get_num_external_hit_tokens`` for a new request, ``allocate_slots`` for everyone
+``get_connector_hit`` for a new request, ``allocate_slots`` for everyone
 scheduled, ``free`` on preemption and finish, ``take_block_copies`` and
 ``take_state_writes`` when the step's output is built. ``new_step_starts`` is called by
 the engine between steps (vLLM calls it at the top of ``schedule``; nothing happens in
@@ -263,7 +265,7 @@ class Scheduler:
                 blocks, num_local, request.shared_prefix_boundary = kv.get_computed_blocks(request)
                 num_external = 0
                 if self.use_external:
-                    num_external = kv.get_num_external_hit_tokens(request, num_local)
+                    blocks, num_local, num_external = kv.get_connector_hit(request, blocks, num_local)
                 num_computed = num_local + num_external
                 n = request.num_tokens - num_computed
                 if 0 < long_prefill < n:

@@ -25,7 +25,9 @@ sequence of calls, which mirrors vLLM's ``Scheduler.schedule`` in synchronous mo
   ``concurrency`` requests in the system (decode steps and concurrency, so eviction
   under pressure, copy-on-write and the Mamba same-step rule are exercised);
 * with an external tier (``external_capacity_blocks``), kvtrace's tier plays the KV
-  connector: the tokens it holds beyond a new request's local hit go to both managers as
+  connector under vLLM's Scheduler rule (asked from the local hit cut to a scheduler
+  block; a longer load replaces a local sub-block tail, both managers' hit blocks cut by
+  their own ``truncate_computed_blocks``): its tokens go to both managers as
   ``num_external_computed_tokens`` (vLLM's manager takes a connector's word for them).
 
 Compared fields, counted per comparison: ``chunk``, ``hit_tokens``, ``hit_blocks`` (block
@@ -269,9 +271,18 @@ class _Driver:
         self.compare("chunk", request.request_id, theirs, ours, hard=True)
         return theirs
 
-    def _external(self, request, local: int) -> int:
-        """Tokens the connector (kvtrace's external tier) adds to a local hit."""
-        return self.kv.get_num_external_hit_tokens(request, local) if self.cc.external is not None else 0
+    def _connector(self, request, local: int, kv_hit, vllm_hit) -> tuple[int, int, Any, Any]:
+        """vLLM's connector rule with kvtrace's tier as the connector: (local hit, external
+        hit, kvtrace's hit blocks, vLLM's). kvtrace's manager applies it
+        (``get_connector_hit``); vLLM's blocks are cut where kvtrace's were, by vLLM's own
+        ``truncate_computed_blocks``, and the cut blocks compared."""
+        if self.cc.external is None:
+            return local, 0, kv_hit, vllm_hit
+        kv_hit, cut, external = self.kv.get_connector_hit(request, kv_hit, local)
+        if cut < local:
+            vllm_hit = self.vm.manager.truncate_computed_blocks(vllm_hit, cut)
+            self.compare("hit_blocks", request.request_id, vllm_hit.get_block_ids(), kv_hit.get_block_ids())
+        return cut, external, kv_hit, vllm_hit
 
     def _allocate(self, request, n: int, local: int = 0, kv_hit=None, vllm_hit=None, external: int = 0,
                   gate: bool = False) -> bool:
@@ -351,7 +362,7 @@ class _Driver:
                 self.compare("shared_prefix_boundary", rid, vm_boundary, kv_boundary)
                 self.compare("hit_blocks", rid, vm_blocks.get_block_ids(), kv_blocks.get_block_ids())
                 self.compare("hit_tokens", rid, vm_hit, kv_hit, hard=True)
-                ext = self._external(req, vm_hit)
+                vm_hit, ext, kv_blocks, vm_blocks = self._connector(req, vm_hit, kv_blocks, vm_blocks)
                 n = self._cap(req, req.num_tokens - vm_hit - ext, None, thr)
                 if not self.sc.enable_chunked_prefill and n > budget:  # a whole prompt or nothing, as vLLM's
                     whole_prompt_waits = True

@@ -87,6 +87,7 @@ from kvtrace.cache.events import (
     first_miss,
     note_external_hits,
 )
+from kvtrace.cache.external import connector_hit
 from kvtrace.cache.plans import STATE_CHECKPOINT, STATE_EXTERNAL, STATE_RUNNING, BlockCopy, StateWrite
 from kvtrace.cache.request import Request
 from kvtrace.engine.backends.vllm._load import VllmAPI, unknown_event, vllm_location, wrong_return
@@ -436,6 +437,20 @@ class VllmEngineManager(VllmKVCacheManager):
                                                          request.num_tokens - 1)
         note_external_hits(self._events, self._lookup_at, request.request_id, n)  # (its lookup, just made)
         return n
+
+    @vllm_call("KVCacheManager.truncate_computed_blocks")
+    def get_connector_hit(self, request: Request, blocks: Any, num_local_hit_tokens: int) -> tuple[Any, int, int]:
+        """vLLM's connector rule (``external.connector_hit``) over kvtrace's tier, a lookup's
+        blocks cut by vLLM's own ``truncate_computed_blocks`` (kvtrace's manager's twin)."""
+        if self._shadow is None or not self.config.enable_caching:
+            return blocks, num_local_hit_tokens, 0
+        coordinator, hashes, last = self._shadow.coordinator, request.block_hashes, request.num_tokens - 1
+        local, external = connector_hit(num_local_hit_tokens, self.scheduler_block_size,
+                                        lambda start: coordinator.external_hit_tokens(hashes, start, last))
+        if local < num_local_hit_tokens:
+            blocks = self.manager.truncate_computed_blocks(blocks, local)
+        note_external_hits(self._events, self._lookup_at, request.request_id, external, local)
+        return blocks, local, external
 
     @vllm_call("KVCacheManager.allocate_slots")
     def allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
