@@ -345,11 +345,15 @@ def _open(path: str, read_only: bool, timeout_s: float) -> duckdb.DuckDBPyConnec
             try:
                 if not read_only and not _WriterLock.acquire(path):
                     raise _TurnTaken(f"another process holds {write_lock_path(real)}")
+                con = None
                 try:
                     con = duckdb.connect(path, read_only=read_only)
                     _check_is_a_file(con, path)
                     _quiet(con)
                 except BaseException:
+                    if con is not None:  # (a stop signal here left it open: the stop path's own open of
+                        with contextlib.suppress(Exception):  # the file, to mark the run failed, was refused)
+                            con.close()
                     if not read_only:
                         _WriterLock.release(path)
                     raise
