@@ -45,6 +45,9 @@ class HashedRequest(Protocol):
     def get_token_ids(self, start: int, end: int) -> np.ndarray: ...
 
 _NONE_HASH_SEED = "kvtrace/NONE_HASH/v1"
+# The trace-block memo is emptied past this many unit hashes (32-byte digests: about 75 MB with
+# its keys), a day's replay kept every (parent, trace block) it met: 4-5 KB a request.
+MAX_TRACE_MEMO_UNITS = 1 << 20
 
 
 def sha256_cbor(obj: object) -> bytes:
@@ -157,7 +160,8 @@ class BlockHasher:
     therefore do not share keys (a trace is replayed in one mode).
     """
 
-    __slots__ = ("_trace_memo", "hash_block_size", "hash_fn", "hash_raw", "memo_hits", "memo_misses", "none_hash")
+    __slots__ = ("_memo_units", "_trace_memo", "hash_block_size", "hash_fn", "hash_raw", "memo_hits", "memo_misses",
+                 "none_hash")
 
     def __init__(self, hash_fn_name: str, hash_block_size: int):
         self.hash_fn = HASH_FNS[hash_fn_name]
@@ -167,6 +171,7 @@ class BlockHasher:
         # (namespace, lora, salt, trace block size) -> {(parent, id): unit hashes of that block}
         # (the hash itself, not a 1-tuple, when a trace block is one unit: _update_trace)
         self._trace_memo: dict[tuple, dict[tuple[bytes, int], bytes | tuple[bytes, ...]]] = {}
+        self._memo_units = 0  # unit hashes the memo holds, held to MAX_TRACE_MEMO_UNITS
         self.memo_hits = 0
         self.memo_misses = 0
 
@@ -231,6 +236,9 @@ class BlockHasher:
         return self.hash_fn((parent, ("trace", namespace, block_id, unit), extra))
 
     def _update_trace(self, request, hashes, tids, tbs, per_block, n, prompt_units) -> int:
+        if self._memo_units > MAX_TRACE_MEMO_UNITS:  # (a cache of a pure function: no key changes)
+            self._trace_memo.clear()
+            self._memo_units = 0
         ctx = (request.namespace, request.lora_name, request.cache_salt, tbs)
         memo = self._trace_memo.get(ctx)
         if memo is None:
@@ -263,11 +271,15 @@ class BlockHasher:
                 units = cast("tuple[bytes, ...] | None", memo.get((parent, tid)))  # (tuples: per_block > 1)
                 if units is None or len(units) < take:
                     misses += units is None  # (a block's further units, hashed later, extend its entry)
+                    self._memo_units -= len(units) if units else 0
                     units = self._trace_block_units(request, parent, tid, j, units, take)
                     memo[(parent, tid)] = units
+                    self._memo_units += len(units)
                 hashes.extend(units if take == len(units) else units[:take])
                 parent = units[-1]  # (the next block's parent: this block was whole unless it is the last)
                 j += 1
+        if per_block == 1:
+            self._memo_units += misses
         self.memo_misses += misses
         self.memo_hits += (last_j - n // per_block) - misses
         return len(hashes)
