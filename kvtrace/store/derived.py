@@ -19,15 +19,19 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import tempfile
 import weakref
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 
+from kvtrace.names import printable
 from kvtrace.numeric import percentiles
 from kvtrace.process import pid_after, remove_dead_leftovers
+from kvtrace.store.errors import StoreError
 from kvtrace.store.schema import (
     SPAN_EVICT,
     SPAN_LOOKUP,
@@ -313,14 +317,45 @@ def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def _scratch_folder(con) -> str:
-    """A new scratch folder beside the database ``con`` reads (the system's temporary folder
-    for one in memory), after removing those of finishes killed there."""
+def _scratch_folder(con) -> tuple[str, str]:
+    """The database ``con`` reads (its path, or ``:memory:``) and a new scratch folder beside it
+    (the system's temporary folder for one in memory), after removing those of finishes killed
+    there. A folder that cannot be made is a StoreError naming where."""
     row = con.execute("SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchone()
-    parent = os.path.dirname(os.path.abspath(row[0])) if row and row[0] else tempfile.gettempdir()
+    db = os.path.abspath(row[0]) if row and row[0] else ":memory:"
+    parent = os.path.dirname(db) if row and row[0] else tempfile.gettempdir()
     remove_dead_leftovers(parent, lambda name: pid_after(SCRATCH_PREFIX, name, "-"),
                           lambda path: shutil.rmtree(path, ignore_errors=True))
-    return tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-", dir=parent)
+    try:
+        return db, tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-", dir=parent)
+    except OSError as err:
+        raise StoreError(db, f"cannot make the finish's scratch folder in {printable(parent)}: "
+                             f"{err.strerror or err} {_COMMITTED_STAYS}") from None
+
+
+_COMMITTED_STAYS = "(what was committed before stays)"  # (connection.COMMITTED_STAYS' words)
+# DuckDB's words for a file it could not write: its async writer's JSON (a full disk while a
+# Parquet file grows: ..."Could not write file \"...\": No space left on device","errno":"28"}),
+# or a file it could not open (no inode left)
+_JSON_ERRNO = re.compile(r'"errno":"(?P<errno>\d+)"')
+_CANNOT_OPEN_FILE = re.compile(r'(?:Cannot open|Could not write) file "[^"]*": (?P<reason>[^"]+)$')
+
+
+def _scratch_failure(err: Exception, db: str, folder: str) -> StoreError | None:
+    """A DuckDB error writing the scratch ``folder`` (a full disk or quota, a file size
+    limit) as one line naming the store and the folder, its reason as the system says it
+    (DuckDB's text wraps it in JSON); None for any other error (a damaged store, read)."""
+    text = str(err).splitlines()[0] if str(err) else ""
+    if os.path.basename(folder) not in text:
+        return None
+    found = _JSON_ERRNO.search(text)
+    if found is not None:
+        reason = os.strerror(int(found["errno"]))
+    else:
+        opened = _CANNOT_OPEN_FILE.search(text)
+        reason = opened["reason"] if opened is not None else text
+    return StoreError(db, f"cannot write the finish's scratch files in {printable(os.path.dirname(folder))}: "
+                          f"{reason} {_COMMITTED_STAYS}")
 
 
 @contextlib.contextmanager
@@ -339,13 +374,20 @@ def compute(con, run_id: str) -> DerivedRows:
     inside DuckDB within ``FINISH_MEMORY_LIMIT``. Needs only read access, so ``finish_run``
     runs it on a read-only connection while dashboards keep reading."""
     params = {"run_id": run_id}
-    out = DerivedRows(_scratch_folder(con))
+    db, folder = _scratch_folder(con)
+    out = DerivedRows(folder)
     try:
         with _bounded_memory(con):
             eb = f"read_parquet({_literal(os.path.join(out.folder, 'evicted_blocks.parquet'))})"
             for name, sql in _computed(eb):
                 path = out[name] = os.path.join(out.folder, f"{name}.parquet")
-                con.execute(f"COPY ({sql}) TO {_literal(path)} (FORMAT parquet)", params)
+                try:
+                    con.execute(f"COPY ({sql}) TO {_literal(path)} (FORMAT parquet)", params)
+                except duckdb.Error as err:
+                    failure = _scratch_failure(err, db, out.folder)
+                    if failure is None:
+                        raise
+                    raise failure from None
             samples = {m: con.sql(latency_samples_sql(m), params=params).to_arrow_table().column("v").to_numpy()
                        for m in LATENCY_VALUES}
         out["latency_cdf"] = latency_cdf_table(run_id, samples)
