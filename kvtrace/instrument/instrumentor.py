@@ -46,7 +46,7 @@ engine's own manager: the engine already forwards the cache events. ``uninstrume
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from opentelemetry import trace as trace_api
@@ -196,6 +196,8 @@ class KVCacheInstrumentor:
         original = engine.run
 
         def run(workload, listeners=(), *args, **kwargs):
+            if isinstance(listeners, (str, bytes)) or not isinstance(listeners, Iterable):
+                return original(workload, listeners, *args, **kwargs)  # (the engine's one-line refusal)
             return original(workload, (*listeners, self), *args, **kwargs)
 
         run._kvtrace_instrumentor = self  # type: ignore[attr-defined]  # how uninstrument finds its own wrapper
