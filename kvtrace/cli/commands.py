@@ -38,8 +38,10 @@ def _run() -> None:
     except OutputClosed:  # `| head`, `-o /dev/stdout | head`: the reader had what it wanted
         _stdout_closed()
     except KVTraceError as e:
-        error(str(e))
-        sys.exit(2)
+        if not (_while_interrupted(e) or stop_signalled()):
+            error(str(e))
+            sys.exit(2)
+        rc = 130  # (raised by the stop's own unwinding, a store it closed: the stop is what happened)
     except typer.Abort:
         error("interrupted")
         sys.exit(130)
