@@ -16,7 +16,10 @@ from kvtrace.store import export as export_module
 from kvtrace.store import export_parquet
 from kvtrace.store.clickhouse import client
 
-BATCH = 16
+BATCH = 8
+# pages of spans, of evicted blocks: in batches (a span page of one batch made 110 queries of the run's 1,771
+# spans, half a minute)
+PAGES = {"spans": 16, "evicted_blocks": 2}
 
 
 def _fetched(monkeypatch) -> list[tuple[str, int]]:
@@ -37,24 +40,25 @@ def test_a_chdb_export_fetches_its_rows_a_page_at_a_time(ch_stores, tmp_path, mo
     duck = export_parquet(ch_stores.duck, ch_stores.run_on, tmp_path / "duck")
     evicted = pl.from_arrow(pq.read_table(duck["evicted_blocks"]))
     spans = pq.read_table(duck["spans"]).num_rows
-    assert spans > 4 * BATCH and evicted.height > 2 * BATCH  # (pages to cut)
+    span_page, evict_page = PAGES["spans"] * BATCH, PAGES["evicted_blocks"] * BATCH
+    assert spans > 4 * span_page and evicted.height > 2 * evict_page  # (pages to cut)
     # one evict span's blocks stay on one page: a page holds at most BATCH rows, or one span's
     widest = int(evicted.group_by("evict_seq").len()["len"].max())
 
     monkeypatch.setattr(export_module, "_BATCH_ROWS", BATCH)
-    monkeypatch.setattr(export_module, "_PAGE_BATCHES", {"spans": 1, "evicted_blocks": 2})
+    monkeypatch.setattr(export_module, "_PAGE_BATCHES", PAGES)
     fetched = _fetched(monkeypatch)
     ch = export_parquet(ch_stores.direct, ch_stores.run_on, tmp_path / "ch")
     monkeypatch.undo()
 
     span_queries = [n for sql, n in fetched if "FROM spans" in sql and "BETWEEN $lo" in sql]
     evict_queries = [n for sql, n in fetched if "FROM evicted_blocks" in sql and "BETWEEN $lo" in sql]
-    assert sum(span_queries) == spans and len(span_queries) >= spans // BATCH
-    assert sum(evict_queries) == evicted.height and len(evict_queries) >= evicted.height // (2 * BATCH)
+    assert sum(span_queries) == spans and len(span_queries) >= spans // span_page
+    assert sum(evict_queries) == evicted.height and len(evict_queries) >= evicted.height // evict_page
     bounds = [n for sql, n in fetched if "OVER (ORDER BY k" in sql]  # (one row a page)
-    assert len(bounds) == 2 and bounds[0] <= spans // BATCH + 1
-    assert max(span_queries) <= BATCH and max(evict_queries) <= max(2 * BATCH, widest)
-    assert max(n for sql, n in fetched if "OVER (ORDER BY k" not in sql) <= max(2 * BATCH, widest)
+    assert len(bounds) == 2 and bounds[0] <= spans // span_page + 1
+    assert max(span_queries) <= span_page and max(evict_queries) <= max(evict_page, widest)
+    assert max(n for sql, n in fetched if "OVER (ORDER BY k" not in sql) <= max(span_page, evict_page, widest)
     for table in ("spans", "evicted_blocks"):  # the same files as one query wrote, and as DuckDB's
         a, b = pq.read_table(duck[table]), pq.read_table(ch[table])
         assert a.schema.equals(b.schema)
