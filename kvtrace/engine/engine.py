@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from kvtrace.cache import CacheConfig, KVCacheManager, MambaSpec
+from kvtrace.cache import CacheConfig, FullAttentionSpec, KVCacheManager, MambaSpec
 from kvtrace.cache.events import COPY_EXTERNAL, BlockCopied, BlockEvicted, BlockPublished
 from kvtrace.engine.arrays import TORCH_CPU
 from kvtrace.engine.backends import BACKENDS, DEFAULT_BACKEND, VLLM
@@ -74,6 +74,18 @@ class EngineResult:
 
 
 _END = object()  # (the end of a workload: a None in it is no request, and no end either)
+
+
+def _never_fits(cc: CacheConfig, num_tokens: int) -> bool:
+    """Whether a request of ``num_tokens`` tokens needs more blocks than its pool holds however
+    its prefill is chunked: each full-attention group keeps a block per ``block_size`` tokens to
+    its end (a lower bound: sliding-window, Mamba and speculative blocks are left out). No
+    later arrival lets such a request fit, so none is waited for (caching off, it was preempted
+    and admitted again until the next arrival, a simulated day later for ever, then refused)."""
+    need = [-(-num_tokens // s.block_size) if isinstance(s, FullAttentionSpec) else 0 for s in cc.groups]
+    if cc.shared_pool:
+        return sum(need) > cc.total_blocks
+    return any(n > size for n, size in zip(need, cc.pool_sizes))
 
 
 def _shown(value: Any) -> str:
@@ -354,7 +366,8 @@ class Engine:
                 # threshold would not cut, fits no better beside another request)
                 rest = head.num_tokens - (lone[1] if lone is not None and lone[0] == head.request_id else 0) \
                     if head is not None else 0
-                may_fit_later = pending is not None and 0 < thr < rest and thr <= sc.max_num_batched_tokens
+                may_fit_later = (pending is not None and 0 < thr < rest and thr <= sc.max_num_batched_tokens
+                                 and head is not None and not _never_fits(cc, head.num_tokens))
                 if out.preempted_req_ids and (lone is None or may_fit_later
                                               or lone_preempted.get(lone[0], -1) < lone[1]):
                     # every running request preempted: the next schedule, at this time, takes the
