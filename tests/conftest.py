@@ -74,15 +74,23 @@ def _source_module_results(session, tmp: Path) -> dict[str, str | None]:
 
 
 SOURCE_GROUP = "source_modules"
+# Session fixtures that replay into ClickHouse stores (15-30 s each): their tests go to one
+# worker, which builds them once (each worker built its own).
+SHARED_BUILDS = {"ch_stores": "clickhouse_replays", "story_stores": "clickhouse_replays"}
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
     """Under ``pytest -n N --dist loadgroup`` (``make test``) the ``source_modules`` tests go to
-    one worker, which runs them in its one subprocess (before xdist names the group)."""
+    one worker, which runs them in its one subprocess (before xdist names the group), and the
+    tests of a ``SHARED_BUILDS`` fixture to one worker."""
     for item in items:
         if item.get_closest_marker("source_modules") is not None:
             item.add_marker(pytest.mark.xdist_group(SOURCE_GROUP))
+            continue
+        group = next((SHARED_BUILDS[f] for f in getattr(item, "fixturenames", ()) if f in SHARED_BUILDS), None)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 def _plain_nodeid(nodeid: str) -> str:
