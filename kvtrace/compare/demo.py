@@ -30,7 +30,7 @@ from kvtrace.process import pid_after, remove_dead_leftovers, signals_held, stop
 from kvtrace.replay.report import format_value
 from kvtrace.replay.run import RunResult, RunSpec, run_replay
 from kvtrace.store import read
-from kvtrace.store.backend import is_clickhouse
+from kvtrace.store.backend import check_db_type, is_clickhouse
 from kvtrace.store.connection import check_store, read_connection, write_connection
 from kvtrace.store.layout import foreign_relations
 from kvtrace.store.schema import SUMMARY_FIELDS
@@ -92,6 +92,7 @@ def run_demo(
     one is complete (built beside it, then renamed over it: an interrupted or failed demo
     leaves the old store as it was, and nothing of its own). A symbolic link is written
     through; anything else that is not an earlier demo store is refused before any replay."""
+    check_db_type(db_path)  # (str() of 0 or None named a store in the current directory)
     console = console or stdout_console()
     db = str(db_path)
     specs = demo_specs(trace, seed=seed, limit=limit, backend=backend)

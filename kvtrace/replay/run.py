@@ -622,8 +622,10 @@ def _check_destinations(db: Any, otlp_endpoint: Any, store: Any, spans_to: Any, 
     of 0 or True was a DuckDB file named "0" or "True" in the current directory, an endpoint
     of 5 an AttributeError inside urllib, a store or spans_to that is none an AttributeError
     (spans_to's after the whole run), a numpy array for a flag its truth ValueError."""
-    if db is not None and (isinstance(db, bool) or not isinstance(db, (str, os.PathLike))):
-        raise ConfigError("--db", repr(db)[:80], "expected a store's path or URL, a string")
+    if db is not None:
+        from kvtrace.store.backend import check_db_type
+
+        check_db_type(db)
     if otlp_endpoint is not None and not isinstance(otlp_endpoint, str):
         raise ConfigError("--otlp-endpoint", repr(otlp_endpoint)[:80], "expected a collector's URL, a string")
     if store is not None:

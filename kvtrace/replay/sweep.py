@@ -261,6 +261,10 @@ def run_sweep(
     tasks in flight at once (None: every replay submitted at once).
     ``values_flag``: the option the swept values were typed in (a refused one is named there:
     ``--param NAME=V``, or the values of one named option, as curve's ``--capacities``)."""
+    if db is not None:
+        from kvtrace.store.backend import check_db_type
+
+        check_db_type(db)  # (before any replay: Store.open meets it after every one)
     combos = combinations(params)
     if not combos:
         raise KVTraceError("sweep: no parameter values to sweep")

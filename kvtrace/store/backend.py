@@ -84,7 +84,15 @@ _CHDB_ENTRIES = frozenset({"tmp", "status", "uuid", "data", "store", "metadata_d
                            "format_schemas", "user_scripts", "user_defined", "preprocessed_configs", "access"})
 
 
+def check_db_type(db: object) -> None:
+    """A ConfigError at ``--db`` for an API caller's store of another type than a path or URL:
+    ``str()`` of 0, True, None or a list named a DuckDB file in the current directory."""
+    if isinstance(db, bool) or not isinstance(db, (str, os.PathLike)):
+        raise ConfigError("--db", repr(db)[:80], "expected a store's path or URL, a string")
+
+
 def is_clickhouse(db: str | os.PathLike) -> bool:
+    check_db_type(db)  # (every store's first question: the one place a db's type is read)
     text = str(db)  # (schemes are case-insensitive, RFC 3986: CLICKHOUSE:// is a server too)
     return _is_chdb(text) or text.split("://", 1)[0].lower() in SERVER_SCHEMES
 
