@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from kvtrace.errors import KVTraceError, check_option, check_seed
+from kvtrace.errors import ConfigError, KVTraceError, check_option, check_seed
 from kvtrace.store.backend import duckdb_path_problem
 
 DEFAULT_RESAMPLES = 1_000
@@ -22,6 +22,16 @@ def check_diff_options(seed: int, top: int, resamples: int) -> None:
     check_seed(seed)
     check_option("--top", top, 0, MAX_TOP)
     check_option("--resamples", resamples, MIN_RESAMPLES, MAX_RESAMPLES)
+
+
+def check_diff_runs(run_a: object, run_b: object, force: object) -> None:
+    """ConfigError for an API caller's run id that is no string (a list's unhashable TypeError)
+    or ``force`` that is no bool (``force="no"`` forced the diff)."""
+    for run in (run_a, run_b):
+        if not isinstance(run, str):
+            raise ConfigError("RUN", repr(run)[:80], "expected a run id, a string")
+    if not isinstance(force, bool):
+        raise ConfigError("--force", repr(force)[:80], "expected True or False")
 
 
 def demo_target(db: str) -> tuple[str, bool]:

@@ -26,7 +26,7 @@ from kvtrace.compare.model import (
     with_latency_findings,
     without_block_deltas,
 )
-from kvtrace.compare.options import DEFAULT_RESAMPLES, check_diff_options
+from kvtrace.compare.options import DEFAULT_RESAMPLES, check_diff_options, check_diff_runs
 from kvtrace.compare.pairing import behaviours_on, same_trace
 from kvtrace.errors import KVTraceError
 from kvtrace.metrics import (
@@ -64,6 +64,8 @@ def diff_runs(
     checked first (ConfigError naming its option).
     """
     check_diff_options(seed, top, resamples)
+    check_diff_runs(run_a, run_b, force)
+    percentiles = _checked_percentiles(percentiles)
     view = StoreView(db)
     # Everything both runs' comparison reads, from one committed state of the store (the
     # bootstrap computed after, the store let go): a running run diffed with itself read
@@ -231,6 +233,7 @@ def diff_results(
     verdicts are the same with and without ``--db``. Evictions by reason and divergent requests
     come from spans: a store's alone."""
     check_diff_options(seed, top, resamples)
+    percentiles = _checked_percentiles(percentiles)
     diff = diff_summaries(summary_a, summary_b, run_a=run_a, run_b=run_b, ci_verdicts=True)
     kept_a, kept_b = _kept_requests(per_request_a), _kept_requests(per_request_b)
     if kept_a is None or kept_b is None:  # (a cache-only run: no latencies, and none of its hits per request stored)
@@ -464,3 +467,11 @@ def _recorded_block_size(config: Any) -> int | None:
             if isinstance(groups, list) else []
         size = full[0].get("block_size") if full else None
     return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
+
+
+def _checked_percentiles(percentiles: Any) -> tuple[float, ...]:
+    """An API caller's percentiles as the CLI's --percentiles reads them (a string, a number or
+    None was a TypeError in the bootstrap)."""
+    from kvtrace.replay.run import check_percentiles
+
+    return check_percentiles(percentiles)

@@ -77,7 +77,7 @@ def study_trace(behaviour: str) -> str:
 
 
 def check_behaviour(behaviour: str) -> str:
-    if behaviour not in BEHAVIOURS:
+    if not isinstance(behaviour, str) or behaviour not in BEHAVIOURS:  # (an array: its truth ValueError)
         raise KVTraceError(f"study: unknown behaviour {behaviour!r}; expected one of {', '.join(BEHAVIOURS)}")
     return behaviour
 
@@ -418,6 +418,12 @@ def run_study(
     recorded and diffed through the store (evictions by reason and divergent requests too).
     """
     check_behaviour(behaviour)
+    if base is not None:
+        from kvtrace.replay.run import check_spec
+
+        check_spec(base, "base")
+    if trace is not None and not isinstance(trace, str):  # (a numpy array: its truth ValueError)
+        raise ConfigError("TRACE", repr(trace)[:80], "expected a trace file's path or gen:NAME, a string")
     if base is None:
         base = RunSpec(trace="", **(study_defaults(behaviour) if trace is None else {}))
     trace = trace or study_trace(behaviour)

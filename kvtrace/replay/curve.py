@@ -195,6 +195,8 @@ def parse_capacities(text: str) -> list[int | None] | None:
     """``auto`` -> None; ``C1,C2,...`` (``inf`` for the unbounded cache) -> the list."""
     from kvtrace.replay.run import is_unbounded
 
+    if not isinstance(text, str):  # (None, 5 or a list: an AttributeError)
+        raise ConfigError("--capacities", repr(text)[:80], "expected auto or C1,C2,..., a string")
     if text.strip().lower() == "auto":
         return None
     out: list[int | None] = []
@@ -286,8 +288,9 @@ def run_curve(spec, capacities: str, *, policies: Sequence[str] | None = None, d
     processes, or Ray tasks with ``ray_address``). ``policies``: default both, LRU alone
     in engine mode (asked for there, Belady is refused). ``computed`` is called with the
     curve before it is recorded (a store that cannot take it then loses no computed curve)."""
-    from kvtrace.replay.run import open_workload, validate
+    from kvtrace.replay.run import check_spec, open_workload, validate
 
+    check_spec(spec)
     if policies is None:  # (`curve --mode engine` was refused for a --policy belady never typed)
         policies = ("lru",) if spec.mode == "engine" else CURVE_POLICIES
     if not policies or "" in policies:  # (an empty item, as in lru,,belady, is a typo: refused as --capacities does)

@@ -589,10 +589,18 @@ def _whole(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def check_spec(spec: object, name: str = "spec") -> None:
+    """A ConfigError for an API caller's spec that is no RunSpec (a sweep's, a curve's or a
+    study's base of 5 was an AttributeError)."""
+    if not isinstance(spec, RunSpec):
+        raise ConfigError(name, repr(spec)[:80], "expected a RunSpec")
+
+
 def _check_types(spec: RunSpec) -> None:
     """A ConfigError at its flag for an API caller's setting of another type than the CLI
     gives: content="no" ran with content (a non-empty string is true) and was recorded as
     "no"; a name of 123 or ["x"] was stored as the text "123" or "[x]"."""
+    check_spec(spec)
     if not isinstance(spec.trace, str):
         raise ConfigError("TRACE", repr(spec.trace)[:80], "expected a trace file's path or gen:NAME, a string")
     if not isinstance(spec.content, bool):

@@ -246,6 +246,17 @@ def _replay_one(spec: RunSpec, keep_spans: bool) -> Replayed:
     return run_replay(spec, spans_to=sink, export=False), (sink.tables if sink is not None else []), config
 
 
+def _check_params(params: object) -> None:
+    """A ConfigError for an API caller's params that are no sequence of (setting name, values)
+    pairs (None, 5, "x", a pair's values of 5: TypeErrors and ValueErrors inside the sweep)."""
+    pairs = params if isinstance(params, (list, tuple)) else None
+    bad = repr(params)[:80] if pairs is None else next(
+        (repr(p)[:80] for p in pairs if not (isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[0], str)
+                                              and isinstance(p[1], (list, tuple)))), None)
+    if bad is not None:
+        raise ConfigError("--param", bad, "expected a sequence of (setting name, list of values) pairs")
+
+
 def run_sweep(
     base: RunSpec,
     params: Sequence[tuple[str, list[Any]]],
@@ -261,10 +272,14 @@ def run_sweep(
     tasks in flight at once (None: every replay submitted at once).
     ``values_flag``: the option the swept values were typed in (a refused one is named there:
     ``--param NAME=V``, or the values of one named option, as curve's ``--capacities``)."""
+    from kvtrace.replay.run import check_spec
+
+    check_spec(base, "base")
     if db is not None:
         from kvtrace.store.backend import check_db_type
 
         check_db_type(db)  # (before any replay: Store.open meets it after every one)
+    _check_params(params)
     combos = combinations(params)
     if not combos:
         raise KVTraceError("sweep: no parameter values to sweep")
