@@ -24,28 +24,37 @@ from kvtrace.engine.presets import get_preset
 from kvtrace.workload.request import TraceRequest
 
 
+def lone_preset(spec, caching: bool):
+    """One group on a 5-block pool, a 64-token budget, chunks cut at 16 tokens while another
+    request waits, no admission gate."""
+    cc = CacheConfig(groups=(spec,), num_gpu_blocks=5, hash_block_size=16, enable_caching=caching)
+    sc = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=4, scheduler_reserve_full_isl=False,
+                         long_prefill_token_threshold=16)
+    return replace(get_preset("dense-attention"), cache_config=cc, scheduler_config=sc)
+
+
 def _hung(*_):
     raise AssertionError("Engine.run did not return in 60 s")
+
+
+def run_within_60s(preset, requests):
+    """The engine's run of ``requests``, failed as a hang past 60 s."""
+    previous = signal.signal(signal.SIGALRM, _hung)
+    signal.alarm(60)
+    try:
+        return Engine(preset, content=False).run(requests)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 @pytest.mark.parametrize("caching", [False, True])
 @pytest.mark.parametrize("later", [10**6, 10**8])
 def test_a_request_a_later_arrival_lets_fit_is_not_refused(caching, later):
-    cc = CacheConfig(groups=(SlidingWindowSpec(16, 32),), num_gpu_blocks=5, hash_block_size=16,
-                     enable_caching=caching)
-    sc = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=4, scheduler_reserve_full_isl=False,
-                         long_prefill_token_threshold=16)
-    preset = replace(get_preset("dense-attention"), cache_config=cc, scheduler_config=sc)
+    preset = lone_preset(SlidingWindowSpec(16, 32), caching)
     requests = [TraceRequest("A", 0, 512, 2, token_ids=np.arange(1, 513, dtype=np.int64)),
                 TraceRequest("B", later, 16, 2, token_ids=np.arange(1000, 1016, dtype=np.int64))]
-    previous = signal.signal(signal.SIGALRM, _hung)
-    signal.alarm(60)
-    try:
-        result = Engine(preset, content=False).run(requests)
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-    assert result.summary["requests"] == 2
+    assert run_within_60s(preset, requests).summary["requests"] == 2
 
 
 def test_a_request_no_arrival_can_help_is_still_refused_at_once():
@@ -55,17 +64,8 @@ def test_a_request_no_arrival_can_help_is_still_refused_at_once():
     from kvtrace.cache import FullAttentionSpec
     from kvtrace.errors import KVTraceError
 
-    cc = CacheConfig(groups=(FullAttentionSpec(16),), num_gpu_blocks=5, hash_block_size=16, enable_caching=False)
-    sc = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=4, scheduler_reserve_full_isl=False,
-                         long_prefill_token_threshold=16)
-    preset = replace(get_preset("dense-attention"), cache_config=cc, scheduler_config=sc)
+    preset = lone_preset(FullAttentionSpec(16), caching=False)
     requests = [TraceRequest("A", 0, 48, 40, token_ids=np.arange(1, 49, dtype=np.int64)),
                 TraceRequest("B", 86_400 * 10**9, 16, 2, token_ids=np.arange(1000, 1016, dtype=np.int64))]
-    previous = signal.signal(signal.SIGALRM, _hung)
-    signal.alarm(60)
-    try:
-        with pytest.raises(KVTraceError, match=r"request A \(48 prompt tokens and \d+ generated before a preemption"):
-            Engine(preset, content=False).run(requests)
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
+    with pytest.raises(KVTraceError, match=r"request A \(48 prompt tokens and \d+ generated before a preemption"):
+        run_within_60s(preset, requests)
