@@ -33,7 +33,7 @@ import duckdb
 
 from kvtrace.errors import STORE_SIDE_SUFFIXES
 from kvtrace.store.backend import duckdb_path_problem
-from kvtrace.store.errors import DAMAGED, StoreBusyError, StoreError
+from kvtrace.store.errors import COMMITTED_STAYS, DAMAGED, StoreBusyError, StoreError, write_failure_reason
 from kvtrace.store.layout import check_layout
 from kvtrace.store.schema import META_TABLE, SCHEMA_VERSION, meta_rows, meta_version
 
@@ -178,7 +178,7 @@ def _write_failure(err: Exception) -> str | None:
     quota, an I/O error at commit, a WAL the directory refuses to hold), else None."""
     text = str(err).splitlines()[0] if str(err) else ""
     if "Could not write" in text or "No space left" in text:  # (a file size limit: "File too large")
-        return text.rsplit(": ", 1)[-1]
+        return write_failure_reason(text)
     found = _CANNOT_OPEN.search(text)  # the WAL (or a temp file) in a read-only directory, at commit
     if found is not None and isinstance(err, (duckdb.TransactionException, duckdb.IOException)):
         return f"{found['file']}: {found['reason']}"
@@ -189,9 +189,6 @@ def _write_failure(err: Exception) -> str | None:
 # safety net behind check_layout (a store damaged after it was opened, a relation or column
 # it does not know to check).
 _MISSING_OBJECT = (duckdb.CatalogException, duckdb.BinderException)
-
-
-COMMITTED_STAYS = "(what was committed before stays)"
 
 
 @contextlib.contextmanager

@@ -31,7 +31,7 @@ import pyarrow as pa
 from kvtrace.names import printable
 from kvtrace.numeric import percentiles
 from kvtrace.process import pid_after, remove_dead_leftovers
-from kvtrace.store.errors import StoreError
+from kvtrace.store.errors import COMMITTED_STAYS, StoreError, write_failure_reason
 from kvtrace.store.schema import (
     SPAN_EVICT,
     SPAN_LOOKUP,
@@ -330,14 +330,10 @@ def _scratch_folder(con) -> tuple[str, str]:
         return db, tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-", dir=parent)
     except OSError as err:
         raise StoreError(db, f"cannot make the finish's scratch folder in {printable(parent)}: "
-                             f"{err.strerror or err} {_COMMITTED_STAYS}") from None
+                             f"{err.strerror or err} {COMMITTED_STAYS}") from None
 
 
-_COMMITTED_STAYS = "(what was committed before stays)"  # (connection.COMMITTED_STAYS' words)
-# DuckDB's words for a file it could not write: its async writer's JSON (a full disk while a
-# Parquet file grows: ..."Could not write file \"...\": No space left on device","errno":"28"}),
-# or a file it could not open (no inode left)
-_JSON_ERRNO = re.compile(r'"errno":"(?P<errno>\d+)"')
+# DuckDB's words for a file it could not open (no inode left)
 _CANNOT_OPEN_FILE = re.compile(r'(?:Cannot open|Could not write) file "[^"]*": (?P<reason>[^"]+)$')
 
 
@@ -348,14 +344,10 @@ def _scratch_failure(err: Exception, db: str, folder: str) -> StoreError | None:
     text = str(err).splitlines()[0] if str(err) else ""
     if os.path.basename(folder) not in text:
         return None
-    found = _JSON_ERRNO.search(text)
-    if found is not None:
-        reason = os.strerror(int(found["errno"]))
-    else:
-        opened = _CANNOT_OPEN_FILE.search(text)
-        reason = opened["reason"] if opened is not None else text
+    opened = _CANNOT_OPEN_FILE.search(text) if '"errno":' not in text else None
+    reason = opened["reason"] if opened is not None else write_failure_reason(text)
     return StoreError(db, f"cannot write the finish's scratch files in {printable(os.path.dirname(folder))}: "
-                          f"{reason} {_COMMITTED_STAYS}")
+                          f"{reason} {COMMITTED_STAYS}")
 
 
 @contextlib.contextmanager

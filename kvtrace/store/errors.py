@@ -2,10 +2,26 @@
 
 from __future__ import annotations
 
+import os
+import re
+
 from kvtrace.errors import KVTraceError
 from kvtrace.names import printable
 
 DAMAGED = "damaged kvtrace store"  # how every error about a store's broken insides begins
+COMMITTED_STAYS = "(what was committed before stays)"  # how a write the disk refused ends
+# DuckDB's async writer wraps the system's reason in JSON (a full disk while a file grows:
+# ..."Could not write file \"...\": No space left on device","errno":"28"})
+_JSON_ERRNO = re.compile(r'"errno":"(?P<errno>\d+)"')
+
+
+def write_failure_reason(text: str) -> str:
+    """The system's reason in DuckDB's text for a file it could not write: its errno's words
+    where DuckDB's JSON gives one, else what follows its last colon."""
+    found = _JSON_ERRNO.search(text)
+    if found is not None:
+        return os.strerror(int(found["errno"]))
+    return text.rsplit(": ", 1)[-1]
 
 
 class StoreError(KVTraceError):

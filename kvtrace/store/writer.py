@@ -29,7 +29,6 @@ from kvtrace.process import signals_held, stop_exception, stop_pending
 from kvtrace.store import derived
 from kvtrace.store.backend import is_clickhouse, store_to_write_problem
 from kvtrace.store.connection import (
-    COMMITTED_STAYS,
     DEFAULT_TIMEOUT_S,
     HeldConnection,
     _is_lock_conflict,
@@ -42,7 +41,7 @@ from kvtrace.store.connection import (
     read_connection,
     write_connection,
 )
-from kvtrace.store.errors import StoreBusyError, StoreError, UnknownRunError
+from kvtrace.store.errors import COMMITTED_STAYS, StoreBusyError, StoreError, UnknownRunError
 from kvtrace.store.liveness import host_name, process_start_token, writer_alive
 from kvtrace.store.schema import (
     CURVE_COLUMNS,
