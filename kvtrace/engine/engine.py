@@ -82,7 +82,7 @@ def _never_fits(cc: CacheConfig, num_tokens: int) -> bool:
     its end (a lower bound: sliding-window, Mamba and speculative blocks are left out). No
     later arrival lets such a request fit, so none is waited for (caching off, it was preempted
     and admitted again until the next arrival, a simulated day later for ever, then refused)."""
-    need = [-(-num_tokens // s.block_size) if isinstance(s, FullAttentionSpec) else 0 for s in cc.groups]
+    need = [cdiv(num_tokens, s.block_size) if isinstance(s, FullAttentionSpec) else 0 for s in cc.groups]
     if cc.shared_pool:
         return sum(need) > cc.total_blocks
     return any(n > size for n, size in zip(need, cc.pool_sizes))
