@@ -85,6 +85,12 @@ def errno_phrase(text: str) -> str | None:
     return found.group(0).strip() if found else None
 
 
+def shown_value(value: object, limit: int = 80) -> str:
+    """An API caller's value as an error line quotes it: its repr, cut in the middle past
+    ``limit`` characters (a list of a million items, an array's whole text)."""
+    return cut_middle(repr(value), limit)
+
+
 def cut_middle(text: str, limit: int) -> str:
     """``text`` within ``limit`` characters, cut in the middle where longer: its end (what is
     wrong, in an error quoting a huge path or key) and its start both kept, and how much

@@ -72,3 +72,12 @@ def test_cut_middle_keeps_both_ends_within_the_limit():
         left = int(cut.split("... (")[1].split(" characters")[0].replace(",", ""))
         assert len(cut) - len(f"... ({left:,} characters left out) ...") + left == len(text)
     assert names.cut_middle("short", 10) == "short"
+
+
+def test_shown_value_quotes_a_value_whole_or_cut_in_its_middle():
+    from kvtrace.names import shown_value
+
+    assert shown_value(5) == "5" and shown_value("x") == "'x'"
+    long = shown_value(list(range(1000)))
+    assert len(long) <= 80 and long.startswith("[0, 1,") and long.endswith("998, 999]")
+    assert "characters left out" in long

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 from kvtrace.errors import ConfigError, KVTraceError, check_option, check_seed
+from kvtrace.names import shown_value
 from kvtrace.store.backend import duckdb_path_problem
 
 DEFAULT_RESAMPLES = 1_000
@@ -29,9 +30,9 @@ def check_diff_runs(run_a: object, run_b: object, force: object) -> None:
     or ``force`` that is no bool (``force="no"`` forced the diff)."""
     for run in (run_a, run_b):
         if not isinstance(run, str):
-            raise ConfigError("RUN", repr(run)[:80], "expected a run id, a string")
+            raise ConfigError("RUN", shown_value(run), "expected a run id, a string")
     if not isinstance(force, bool):
-        raise ConfigError("--force", repr(force)[:80], "expected True or False")
+        raise ConfigError("--force", shown_value(force), "expected True or False")
 
 
 def demo_target(db: str) -> tuple[str, bool]:

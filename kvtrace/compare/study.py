@@ -28,6 +28,7 @@ from kvtrace.cache.config import (
 )
 from kvtrace.errors import ConfigError, KVTraceError
 from kvtrace.metrics import points_text
+from kvtrace.names import shown_value
 from kvtrace.replay.run import GENERATED_PREFIX, RunSpec, run_replay, validate
 from kvtrace.replay.sweep import (
     CAPACITY_FORMS,
@@ -423,7 +424,7 @@ def run_study(
 
         check_spec(base, "base")
     if trace is not None and not isinstance(trace, str):  # (a numpy array: its truth ValueError)
-        raise ConfigError("TRACE", repr(trace)[:80], "expected a trace file's path or gen:NAME, a string")
+        raise ConfigError("TRACE", shown_value(trace), "expected a trace file's path or gen:NAME, a string")
     if base is None:
         base = RunSpec(trace="", **(study_defaults(behaviour) if trace is None else {}))
     trace = trace or study_trace(behaviour)

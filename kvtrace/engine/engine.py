@@ -54,6 +54,7 @@ from kvtrace.metrics import (
     parse_percentiles,
     request_latency_samples,
 )
+from kvtrace.names import shown_value
 from kvtrace.numeric import cdiv
 from kvtrace.process import collector_paused, raise_stop, stop_pending
 from kvtrace.workload import TraceRequest
@@ -72,7 +73,6 @@ class EngineResult:
     requests: FinishedRequests
 
 
-
 _END = object()  # (the end of a workload: a None in it is no request, and no end either)
 
 
@@ -88,12 +88,6 @@ def _never_fits(cc: CacheConfig, num_tokens: int) -> bool:
     return any(n > size for n, size in zip(need, cc.pool_sizes))
 
 
-def _shown(value: Any) -> str:
-    """An API caller's value in an error line: its repr, on one line and cut short."""
-    text = repr(value)
-    return text if len(text) <= 60 else f"{text[:57]}..."
-
-
 def _next_request(it) -> Any:
     """The workload's next request (None at its end), held to what the readers guarantee of
     one before the engine reads it: an API caller's NaN arrival hung the loop (no time is
@@ -103,7 +97,7 @@ def _next_request(it) -> Any:
     if r is _END:
         return None
     if not isinstance(r, TraceRequest):  # (a None ended the run there, unsaid; another object was an AttributeError)
-        raise KVTraceError(f"workload: an item {_shown(r)} of type {type(r).__name__}; expected a TraceRequest")
+        raise KVTraceError(f"workload: an item {shown_value(r)} of type {type(r).__name__}; expected a TraceRequest")
     name = r.request_id
     if not isinstance(name, str):
         raise KVTraceError(f"workload: a request id {name!r}; expected a string")
@@ -244,14 +238,14 @@ class Engine:
         # (an API caller's workload that is no iterable, or listeners that are not callables, were
         # a TypeError traceback, the latter after the first step; a numpy array of them, a ValueError)
         if isinstance(workload, (str, bytes)) or not isinstance(workload, Iterable):
-            raise KVTraceError(f"engine: workload {_shown(workload)}; expected an iterable of TraceRequests")
+            raise KVTraceError(f"engine: workload {shown_value(workload)}; expected an iterable of TraceRequests")
         if isinstance(listeners, (str, bytes)) or not isinstance(listeners, Iterable):
-            raise KVTraceError(f"engine: listeners {_shown(listeners)}; expected a sequence of callables taking "
+            raise KVTraceError(f"engine: listeners {shown_value(listeners)}; expected a sequence of callables taking "
                                "a StepBatch")
         listeners = tuple(listeners)
         odd = [x for x in listeners if not callable(x)]
         if odd:
-            raise KVTraceError(f"engine: listener {_shown(odd[0])} is not callable; expected callables taking a "
+            raise KVTraceError(f"engine: listener {shown_value(odd[0])} is not callable; expected callables taking a "
                                "StepBatch")
         with collector_paused():
             if not self.content:
@@ -360,14 +354,15 @@ class Engine:
                 # replayed as vLLM does, preempted and admitted again, or it waits idle (it was refused
                 # as a request the pool cannot hold, which it finished once a request arrived first)
                 lone = scheduler.lone_preemption
-                head = scheduler.waiting[0] if len(scheduler.waiting) == 1 and not scheduler.running else None
-                thr = sc.long_prefill_token_threshold
-                # (what it must still compute, from where it preempted itself: a decode, or a rest the
-                # threshold would not cut, fits no better beside another request)
-                rest = head.num_tokens - (lone[1] if lone is not None and lone[0] == head.request_id else 0) \
-                    if head is not None else 0
-                may_fit_later = (pending is not None and 0 < thr < rest and thr <= sc.max_num_batched_tokens
-                                 and head is not None and not _never_fits(cc, head.num_tokens))
+                may_fit_later = False
+                if pending is not None and len(scheduler.waiting) == 1 and not scheduler.running:
+                    head = scheduler.waiting[0]
+                    thr = sc.long_prefill_token_threshold
+                    # (what it must still compute, from where it preempted itself: a decode, or a rest
+                    # the threshold would not cut, fits no better beside another request)
+                    rest = head.num_tokens - (lone[1] if lone is not None and lone[0] == head.request_id else 0)
+                    may_fit_later = (0 < thr < rest and thr <= sc.max_num_batched_tokens
+                                     and not _never_fits(cc, head.num_tokens))
                 if out.preempted_req_ids and (lone is None or may_fit_later
                                               or lone_preempted.get(lone[0], -1) < lone[1]):
                     # every running request preempted: the next schedule, at this time, takes the

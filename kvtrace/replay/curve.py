@@ -42,6 +42,7 @@ import numpy as np
 
 from kvtrace.errors import ConfigError, check_seed
 from kvtrace.metrics import percent_text
+from kvtrace.names import shown_value
 from kvtrace.replay.belady import belady_hits, chain_keys
 from kvtrace.replay.cache_only import MAX_CAPACITY_BLOCKS, as_block_requests, block_keys
 from kvtrace.workload import TraceRequest
@@ -196,7 +197,7 @@ def parse_capacities(text: str) -> list[int | None] | None:
     from kvtrace.replay.run import is_unbounded
 
     if not isinstance(text, str):  # (None, 5 or a list: an AttributeError)
-        raise ConfigError("--capacities", repr(text)[:80], "expected auto or C1,C2,..., a string")
+        raise ConfigError("--capacities", shown_value(text), "expected auto or C1,C2,..., a string")
     if text.strip().lower() == "auto":
         return None
     out: list[int | None] = []

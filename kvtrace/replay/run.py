@@ -28,7 +28,7 @@ from kvtrace.metrics import (
     is_latency_key,
     parse_percentiles,
 )
-from kvtrace.names import MODES, otlp_requested
+from kvtrace.names import MODES, otlp_requested, shown_value
 from kvtrace.numeric import cdiv
 from kvtrace.process import raise_stop, stop_pending
 from kvtrace.replay.config_file import load_config_file, parse_retention
@@ -593,7 +593,7 @@ def check_spec(spec: object, name: str = "spec") -> None:
     """A ConfigError for an API caller's spec that is no RunSpec (a sweep's, a curve's or a
     study's base of 5 was an AttributeError)."""
     if not isinstance(spec, RunSpec):
-        raise ConfigError(name, repr(spec)[:80], "expected a RunSpec")
+        raise ConfigError(name, shown_value(spec), "expected a RunSpec")
 
 
 def _check_types(spec: RunSpec) -> None:
@@ -602,24 +602,24 @@ def _check_types(spec: RunSpec) -> None:
     "no"; a name of 123 or ["x"] was stored as the text "123" or "[x]"."""
     check_spec(spec)
     if not isinstance(spec.trace, str):
-        raise ConfigError("TRACE", repr(spec.trace)[:80], "expected a trace file's path or gen:NAME, a string")
+        raise ConfigError("TRACE", shown_value(spec.trace), "expected a trace file's path or gen:NAME, a string")
     if not isinstance(spec.content, bool):
-        raise ConfigError("--no-content", repr(spec.content)[:80], "expected content True or False")
+        raise ConfigError("--no-content", shown_value(spec.content), "expected content True or False")
     if spec.name is not None and not isinstance(spec.name, str):
-        raise ConfigError("--name", repr(spec.name)[:80], "expected a string")
+        raise ConfigError("--name", shown_value(spec.name), "expected a string")
     # (a list or a dict as the preset was an unhashable TypeError; a numpy array in any of them
     # its truth ValueError)
     for flag, value, optional in (("--preset", spec.preset, True), ("--mode", spec.mode, False),
                                   ("--policy", spec.policy, False), ("--format", spec.trace_format, True),
                                   ("--backend", spec.backend, False)):
         if not (isinstance(value, str) or (optional and value is None)):
-            raise ConfigError(flag, repr(value)[:80], "expected a string" + (", or None" if optional else ""))
+            raise ConfigError(flag, shown_value(value), "expected a string" + (", or None" if optional else ""))
     if spec.config_file is not None and not isinstance(spec.config_file, (str, os.PathLike)):
-        raise ConfigError("--config", repr(spec.config_file)[:80], "expected a TOML file's path, or None")
+        raise ConfigError("--config", shown_value(spec.config_file), "expected a TOML file's path, or None")
     without = spec.without
     if not isinstance(without, str) and (not isinstance(without, (tuple, list)) or not all(
             isinstance(b, str) for b in without)):  # (None, or (5,): a TypeError where the flags were named)
-        raise ConfigError("--without", repr(without)[:80], "expected a sequence of behaviour names")
+        raise ConfigError("--without", shown_value(without), "expected a sequence of behaviour names")
 
 
 _SINK_METHODS = ("append_spans", "flush_if_due", "flush", "release")
@@ -635,17 +635,17 @@ def _check_destinations(db: Any, otlp_endpoint: Any, store: Any, spans_to: Any, 
 
         check_db_type(db)
     if otlp_endpoint is not None and not isinstance(otlp_endpoint, str):
-        raise ConfigError("--otlp-endpoint", repr(otlp_endpoint)[:80], "expected a collector's URL, a string")
+        raise ConfigError("--otlp-endpoint", shown_value(otlp_endpoint), "expected a collector's URL, a string")
     if store is not None:
         from kvtrace.store import Store  # (only then: a run without one imports no store)
 
         if not isinstance(store, Store):
-            raise ConfigError("store", repr(store)[:80], "expected an open kvtrace Store (Store.open(db)), or None")
+            raise ConfigError("store", shown_value(store), "expected an open kvtrace Store (Store.open(db)), or None")
     if spans_to is not None and not all(callable(getattr(spans_to, m, None)) for m in _SINK_METHODS):
-        raise ConfigError("spans_to", repr(spans_to)[:80], f"expected an object with {', '.join(_SINK_METHODS)}")
+        raise ConfigError("spans_to", shown_value(spans_to), f"expected an object with {', '.join(_SINK_METHODS)}")
     for name, value in flags.items():
         if not isinstance(value, bool):
-            raise ConfigError(name, repr(value)[:80], "expected True or False")
+            raise ConfigError(name, shown_value(value), "expected True or False")
 
 
 def _check_whole_numbers(spec: RunSpec) -> None:
@@ -664,7 +664,7 @@ def _check_whole_numbers(spec: RunSpec) -> None:
             raise ConfigError(flag, str(value), why)
     blocks = spec.capacity_blocks  # (also inf, cache-only's unbounded cache, or one int per group: a tuple)
     if blocks is not None and not isinstance(blocks, (numbers.Number, tuple)):  # (an array: its truth ValueError)
-        raise ConfigError("--capacity-blocks", repr(blocks)[:80],
+        raise ConfigError("--capacity-blocks", shown_value(blocks),
                           "expected a number of blocks, or inf (cache-only mode)")
     if blocks is not None and blocks != math.inf and not _whole(blocks) and not (
             isinstance(blocks, tuple) and all(map(_whole, blocks))):
@@ -684,15 +684,15 @@ def check_percentiles(percentiles: Any) -> tuple[float, ...]:
         percentiles = [float(str(p)) if _narrow_float(p) else p for p in percentiles]
     if isinstance(percentiles, (str, bytes)) or not isinstance(percentiles, (tuple, list)):
         # (a string's characters were taken one by one; a generator was used up by the check)
-        raise ConfigError("--percentiles", repr(percentiles)[:80], "expected a tuple of numbers, e.g. (50, 90, 99)")
-    shown = ",".join(map(str, percentiles))
+        raise ConfigError("--percentiles", shown_value(percentiles), "expected a tuple of numbers, e.g. (50, 90, 99)")
+    listed = ",".join(map(str, percentiles))
     odd = next((p for p in percentiles if isinstance(p, bool) or not isinstance(p, numbers.Real)), None)
     if odd is not None:  # ('50' passed float() below, and broke the summary's numpy)
-        raise ConfigError("--percentiles", shown, f"percentile {odd!r} is not a number")
+        raise ConfigError("--percentiles", listed, f"percentile {odd!r} is not a number")
     try:
         return parse_percentiles(list(percentiles))
     except ValueError as err:
-        raise ConfigError("--percentiles", shown, str(err)) from None
+        raise ConfigError("--percentiles", listed, str(err)) from None
 
 
 def _narrow_float(value: Any) -> bool:

@@ -31,7 +31,7 @@ from typing import Any
 
 from kvtrace.errors import ConfigError, KVTraceError, TraceFormatError
 from kvtrace.metrics import points_text
-from kvtrace.names import BEHAVIOURS
+from kvtrace.names import BEHAVIOURS, shown_value
 from kvtrace.process import (
     STOP_SIGNALS,
     handled_stop_signals,
@@ -250,8 +250,8 @@ def _check_params(params: object) -> None:
     """A ConfigError for an API caller's params that are no sequence of (setting name, values)
     pairs (None, 5, "x", a pair's values of 5: TypeErrors and ValueErrors inside the sweep)."""
     pairs = params if isinstance(params, (list, tuple)) else None
-    bad = repr(params)[:80] if pairs is None else next(
-        (repr(p)[:80] for p in pairs if not (isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[0], str)
+    bad = shown_value(params) if pairs is None else next(
+        (shown_value(p) for p in pairs if not (isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[0], str)
                                               and isinstance(p[1], (list, tuple)))), None)
     if bad is not None:
         raise ConfigError("--param", bad, "expected a sequence of (setting name, list of values) pairs")

@@ -26,7 +26,7 @@ from kvtrace.errors import (
     on_read_only_mount,
     read_only_file,
 )
-from kvtrace.names import printable
+from kvtrace.names import printable, shown_value
 
 CHDB_PREFIX = "chdb:"
 SERVER_SCHEMES = ("clickhouse", "clickhouses")
@@ -88,7 +88,7 @@ def check_db_type(db: object) -> None:
     """A ConfigError at ``--db`` for an API caller's store of another type than a path or URL:
     ``str()`` of 0, True, None or a list named a DuckDB file in the current directory."""
     if isinstance(db, bool) or not isinstance(db, (str, os.PathLike)):
-        raise ConfigError("--db", repr(db)[:80], "expected a store's path or URL, a string")
+        raise ConfigError("--db", shown_value(db), "expected a store's path or URL, a string")
 
 
 def is_clickhouse(db: str | os.PathLike) -> bool:

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from kvtrace.errors import KVTraceError
 from kvtrace.metrics import MAX_PERCENTILES
+from kvtrace.names import shown_value
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -47,7 +48,8 @@ def _check_range(function: str, parameter: str, value: Any) -> None:
         try:
             qs = list(value)
         except TypeError:
-            raise BadArgument(function, parameter, f"expected a list of percentiles, got {repr(value)[:80]}") from None
+            raise BadArgument(function, parameter,
+                              f"expected a list of percentiles, got {shown_value(value)}") from None
         if not 1 <= len(qs) <= MAX_PERCENTILES:
             raise BadArgument(function, parameter, f"expected 1 to {MAX_PERCENTILES:,} percentiles, got {len(qs):,}")
         for q in qs:
@@ -71,7 +73,7 @@ def _accepts(hint: Any) -> tuple[type, ...] | None:
 
 
 def _check(function: str, parameter: str, value: Any, allowed: tuple[type, ...]) -> None:
-    shown = repr(value)[:80]
+    quoted = shown_value(value)
     # (numpy's and polars' integers are ints to a caller: numbers.Integral, not bool)
     ok = isinstance(value, allowed) or (int in allowed and isinstance(value, numbers.Integral)) or (
         float in allowed and isinstance(value, numbers.Real))
@@ -84,7 +86,7 @@ def _check(function: str, parameter: str, value: Any, allowed: tuple[type, ...])
         want = " or ".join("None" if t is type(None) else t.__name__ for t in allowed)
         if allowed == (list,):
             want = "a list of str"
-        raise BadArgument(function, parameter, f"expected {want}, got {shown}")
+        raise BadArgument(function, parameter, f"expected {want}, got {quoted}")
 
 
 def checked(func: F) -> F:
