@@ -87,8 +87,21 @@ def errno_phrase(text: str) -> str | None:
 
 def shown_value(value: object, limit: int = 80) -> str:
     """An API caller's value as an error line quotes it: its repr, cut in the middle past
-    ``limit`` characters (a list of a million items, an array's whole text)."""
-    return cut_middle(repr(value), limit)
+    ``limit`` characters (a list of a million items, an array's whole text), as one printable
+    line (a repr's newline or terminal escape shown as its escape). A value that has no repr
+    (its ``__repr__`` raises; an int past Python's 4,300 digits) is named by its type."""
+    try:
+        text = printable(str.__str__(repr(value)))  # (a plain str of a repr that is a str subclass)
+    except Exception:  # (whatever a caller's __repr__ raises, the error line is still written)
+        text = _without_repr(value)
+    return cut_middle(text, limit)
+
+
+def _without_repr(value: object) -> str:
+    kind = printable(type(value).__name__)
+    if isinstance(value, int):  # (repr refuses an int past sys.get_int_max_str_digits())
+        return f"<{kind} of about {int(value.bit_length() * 0.30103) + 1:,} digits>"
+    return f"<{kind} whose repr raised>"
 
 
 def cut_middle(text: str, limit: int) -> str:
