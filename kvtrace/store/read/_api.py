@@ -37,24 +37,27 @@ COUNT_RANGES: dict[str, tuple[int, int]] = {
     "windows": (1, 100_000), "span_ns": (0, 2**63 - 1),
 }
 PERCENTILE_LISTS = ("qs", "percentiles")  # each a list of distinct percentiles in 0..100
+INT64 = (-(2**63), 2**63 - 1)  # what an int argument may be (the store's times, ids and counts)
 
 
 def _check_range(function: str, parameter: str, value: Any) -> None:
     if parameter in COUNT_RANGES and isinstance(value, numbers.Integral):
         lo, hi = COUNT_RANGES[parameter]
         if not lo <= int(value) <= hi:
-            raise BadArgument(function, parameter, f"expected {lo} to {hi:,}, got {value}")
+            raise BadArgument(function, parameter, f"expected {lo} to {hi:,}, got {shown_value(value)}")
     elif parameter in PERCENTILE_LISTS:
         try:
             qs = list(value)
-        except TypeError:
+        except Exception:  # (no iterable, or one whose __iter__ raises: a caller's object)
             raise BadArgument(function, parameter,
                               f"expected a list of percentiles, got {shown_value(value)}") from None
         if not 1 <= len(qs) <= MAX_PERCENTILES:
             raise BadArgument(function, parameter, f"expected 1 to {MAX_PERCENTILES:,} percentiles, got {len(qs):,}")
         for q in qs:
-            if isinstance(q, bool) or not isinstance(q, numbers.Real) or not 0 <= float(q) <= 100:  # (NaN fails)
-                raise BadArgument(function, parameter, f"expected percentiles from 0 to 100, got {repr(q)[:40]}")
+            # (NaN fails; an int past a float's range is compared as the int it is, float() overflows)
+            if isinstance(q, bool) or not isinstance(q, numbers.Real) or not 0 <= (
+                    int(q) if isinstance(q, numbers.Integral) else float(q)) <= 100:
+                raise BadArgument(function, parameter, f"expected percentiles from 0 to 100, got {shown_value(q, 40)}")
         if len(set(qs)) != len(qs):
             raise BadArgument(function, parameter, "expected distinct percentiles, got a repeated one")
 
@@ -73,20 +76,37 @@ def _accepts(hint: Any) -> tuple[type, ...] | None:
 
 
 def _check(function: str, parameter: str, value: Any, allowed: tuple[type, ...]) -> None:
-    quoted = shown_value(value)
     # (numpy's and polars' integers are ints to a caller: numbers.Integral, not bool)
     ok = isinstance(value, allowed) or (int in allowed and isinstance(value, numbers.Integral)) or (
         float in allowed and isinstance(value, numbers.Real))
     ok = ok and not (isinstance(value, bool) and bool not in allowed)
     if ok and isinstance(value, float) and not math.isfinite(value):
         ok = False
+    if ok and parameter not in COUNT_RANGES and not isinstance(value, bool) and isinstance(value, numbers.Integral) \
+            and not INT64[0] <= int(value) <= INT64[1]:  # (DuckDB's "Python integer too large", from inside the query)
+        raise BadArgument(function, parameter, f"expected a 64-bit integer, got {shown_value(value)}")
     if ok and isinstance(value, list):
         ok = all(isinstance(v, str) for v in value)
     if not ok:
         want = " or ".join("None" if t is type(None) else t.__name__ for t in allowed)
         if allowed == (list,):
             want = "a list of str"
-        raise BadArgument(function, parameter, f"expected {want}, got {quoted}")
+        raise BadArgument(function, parameter, f"expected {want}, got {shown_value(value)}")
+
+
+def _plain(value: Any) -> Any:
+    """A checked value as the builtin it stands for: a numpy or polars integer an int (DuckDB
+    cannot bind numpy.int64), a real a float, a str subclass a str (its own __eq__ or
+    __repr__ never runs inside the query or its error line)."""
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return value
 
 
 def checked(func: F) -> F:
@@ -113,8 +133,9 @@ def checked(func: F) -> F:
             kinds = allowed.get(name)
             if kinds is not None:
                 _check(func.__name__, name, value, kinds)
+                bound.arguments[name] = _plain(value)
             if name in ranged:
                 _check_range(func.__name__, name, value)
-        return func(*args, **kwargs)
+        return func(*bound.args, **bound.kwargs)
 
     return typing.cast(F, wrapper)
