@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import os
 from collections.abc import Callable
 from typing import Annotated, Any, get_args
 
@@ -41,10 +42,22 @@ def _store_to_write(db: str | None) -> str | None:
     if db is None:
         return None
     blank_name(db)
-    problem = store_to_write_problem(db)
+    problem = store_to_write_problem(db) or wal_folder_problem(db)
     if problem is not None:  # (the path as typed: a newline in it shown as \n, not joined into a space)
         raise KVTraceError(f"{printable(db) if db else repr(db)}: {problem}")
     return db
+
+
+def wal_folder_problem(db: str) -> str | None:
+    """``store.connection.wal_folder_problem`` of a DuckDB store to write (a '?' in its folder:
+    every commit failed, after the store file was made), duckdb loaded only where a '?' is."""
+    from kvtrace.store.backend import is_clickhouse
+
+    if is_clickhouse(db) or "?" not in os.path.realpath(db):
+        return None
+    from kvtrace.store.connection import wal_folder_problem as problem
+
+    return problem(db)
 
 
 # A store a command writes into: created when missing.

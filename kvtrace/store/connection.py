@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 import duckdb
 
 from kvtrace.errors import STORE_SIDE_SUFFIXES
+from kvtrace.names import printable
 from kvtrace.store.backend import duckdb_path_problem
 from kvtrace.store.errors import COMMITTED_STAYS, DAMAGED, StoreBusyError, StoreError, write_failure_reason
 from kvtrace.store.layout import check_layout
@@ -322,6 +323,25 @@ os.register_at_fork(after_in_child=_WriterLock.forget)
 _NO_STORE = "no such database file (run `kvtrace replay --db` or `kvtrace demo` first)"
 
 
+def wal_folder_problem(path: str) -> str | None:
+    """Why DuckDB cannot keep ``path``'s write-ahead log beside it; None where it can.
+
+    DuckDB names the log by putting ``.wal`` before the first ``?`` of the store's real path
+    (what follows a ``?`` read as a URL's parameters), not at its end: a ``?`` in the
+    store's folder sends the log to another folder (``q?x/s.duckdb``'s to ``q.wal?x/s.duckdb``),
+    where every commit failed (a missing folder, an empty database left behind) or the log
+    went into someone else's folder, over whatever file had its name. (A ``?`` in the file's
+    own name keeps the log beside it, under a name DuckDB reads back.)"""
+    real = os.path.realpath(path)  # (DuckDB's: links followed, relative to the current directory)
+    folder = os.path.dirname(real)
+    if "?" not in folder:
+        return None
+    at = real.index("?")
+    return (f"a '?' in its folder {printable(folder)}: DuckDB would write the store's log at "
+            f"{printable(real[:at] + '.wal' + real[at:])} (it reads a '?' as the start of URL parameters); "
+            "choose a folder without '?'")
+
+
 class _TurnTaken(Exception):
     """Another process's writer holds the store (its write lock)."""
 
@@ -329,6 +349,8 @@ class _TurnTaken(Exception):
 def _open(path: str, read_only: bool, timeout_s: float) -> duckdb.DuckDBPyConnection:
     """A connection to ``path``; a read-write one holds the writer lock until ``_close_writer``."""
     problem = duckdb_path_problem(path, missing=_NO_STORE if read_only else None)
+    if problem is None and not read_only:
+        problem = wal_folder_problem(path)
     if problem is not None:
         raise StoreError(path or "''", problem)
     real = os.path.realpath(path)  # (the markers and the lock of the file, whatever name it is reached by)
