@@ -67,6 +67,10 @@ def _run() -> None:
         if _out_of_memory(e):  # (`ulimit -v`, a container's limit: what was committed before is kept)
             error("out of memory; give the command more memory, or less to hold (--limit, a smaller trace or pool)")
             sys.exit(2)
+        deleted = _cwd_deleted(e)
+        if deleted is not None:
+            error(deleted)
+            sys.exit(2)
         if not (_while_interrupted(e) or stop_signalled()):
             raise
         # Ctrl-C or SIGTERM came while a library ran, which raised its own error instead
@@ -228,6 +232,29 @@ def _out_of_memory(e: BaseException) -> bool:
     duckdb = sys.modules.get("duckdb")  # (imported only by the commands that open a store)
     refused = getattr(duckdb, "OutOfMemoryException", None)
     return refused is not None and isinstance(e, refused)
+
+
+def _cwd_deleted(e: BaseException) -> str | None:
+    """The error line of ``e`` where it is the current directory's getcwd() failing, the
+    directory deleted under the shell (a relative path made absolute: ``os.path.realpath``,
+    ``abspath``, raise FileNotFoundError naming no file); else None."""
+    import os
+
+    if not isinstance(e, FileNotFoundError) or e.filename is not None:
+        return None
+    try:
+        os.getcwd()
+        return None
+    except FileNotFoundError:
+        pass
+    try:
+        where = os.readlink("/proc/self/cwd").removesuffix(" (deleted)")
+    except OSError:
+        where = "."
+    from kvtrace.names import printable
+
+    return (f"{printable(where)}: the current directory no longer exists (deleted), so no relative path can be "
+            "read or written; cd to a folder that exists, or give absolute paths")
 
 
 def _while_interrupted(e: BaseException) -> bool:
