@@ -89,6 +89,17 @@ def check_db_type(db: object) -> None:
     ``str()`` of 0, True, None or a list named a DuckDB file in the current directory."""
     if isinstance(db, bool) or not isinstance(db, (str, os.PathLike)):
         raise ConfigError("--db", shown_value(db), "expected a store's path or URL, a string")
+    # Every store reads str(db) as its path: a path-like object of a caller's class whose str()
+    # is no path (its repr, '<Mine object at 0x...>') named a DuckDB file in the current
+    # directory, even where its __fspath__ raised or gave bytes, and a str() that raised was
+    # its own traceback. Refused unless str() and os.fspath() agree on one text.
+    try:
+        path, text = os.fspath(db), str(db)
+    except Exception:  # (whatever a caller's __fspath__ or __str__ raises)
+        raise ConfigError("--db", shown_value(db), "expected a store's path or URL: its path cannot be read") from None
+    if not (isinstance(path, str) and isinstance(text, str) and str.__eq__(str.__str__(path), str.__str__(text))):
+        raise ConfigError("--db", shown_value(db), "expected a store's path or URL, a string or a path whose str() "
+                          "is its path")
 
 
 def is_clickhouse(db: str | os.PathLike) -> bool:
