@@ -4,9 +4,10 @@ mistake is told at once): the diff's bounds, and where the demo may write its st
 
 from __future__ import annotations
 
+import numbers
 import os
 
-from kvtrace.errors import ConfigError, KVTraceError, check_option, check_seed
+from kvtrace.errors import MAX_SEED, ConfigError, KVTraceError, check_option, check_seed
 from kvtrace.names import shown_value
 from kvtrace.store.backend import duckdb_path_problem
 
@@ -20,6 +21,15 @@ MAX_TOP = 2**31
 
 def check_diff_options(seed: int, top: int, resamples: int) -> None:
     """ConfigError naming the option (``--seed``, ``--top``, ``--resamples``) out of range."""
+    for option, value, lo, hi in (("--seed", seed, 0, MAX_SEED), ("--top", top, 0, MAX_TOP),
+                                  ("--resamples", resamples, MIN_RESAMPLES, MAX_RESAMPLES)):
+        # (an API caller's 2.5 or numpy float reached numpy's SeedSequence or range(), a
+        # TypeError; an int past 4,300 digits was check_option's str() ValueError)
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise ConfigError(option, shown_value(value), "expected a whole number")
+        if not lo <= value <= hi:  # (check_option's words)
+            raise ConfigError(option, shown_value(value), f"expected >= {lo:,}" if value < lo else
+                              f"expected at most {hi:,}")
     check_seed(seed)
     check_option("--top", top, 0, MAX_TOP)
     check_option("--resamples", resamples, MIN_RESAMPLES, MAX_RESAMPLES)

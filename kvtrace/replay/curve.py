@@ -281,6 +281,18 @@ class CurveResult:
         return note
 
 
+def _check_callers(policies: object, computed: object) -> None:
+    """A ConfigError for an API caller's policies that are no sequence of names (a TypeError,
+    a numpy truth ValueError; one string's letters taken as names) or ``computed`` that is no
+    callable (a TypeError once the whole curve was computed, the curve lost)."""
+    if policies is not None and (isinstance(policies, str) or not isinstance(policies, (list, tuple))
+                                 or not all(isinstance(p, str) for p in policies)):
+        raise ConfigError("--policy", shown_value(policies), f"expected a sequence of policy names "
+                                                             f"({', '.join(CURVE_POLICIES)})")
+    if computed is not None and not callable(computed):
+        raise ConfigError("computed", shown_value(computed), "expected a callable taking the CurveResult, or None")
+
+
 def run_curve(spec, capacities: str, *, policies: Sequence[str] | None = None, db: str | Path | None = None,
               workers: int | None = None, ray_address: str | None = None,
               computed: Callable[[CurveResult], None] | None = None) -> CurveResult:
@@ -292,6 +304,7 @@ def run_curve(spec, capacities: str, *, policies: Sequence[str] | None = None, d
     from kvtrace.replay.run import check_spec, open_workload, validate
 
     check_spec(spec)
+    _check_callers(policies, computed)
     if policies is None:  # (`curve --mode engine` was refused for a --policy belady never typed)
         policies = ("lru",) if spec.mode == "engine" else CURVE_POLICIES
     if not policies or "" in policies:  # (an empty item, as in lru,,belady, is a typo: refused as --capacities does)
@@ -311,7 +324,8 @@ def run_curve(spec, capacities: str, *, policies: Sequence[str] | None = None, d
     # (each refused outside engine mode: --workers was taken and did nothing, where --ray was refused)
     for flag, given in (("--ray", ray_address), ("--workers", workers)):
         if given is not None and spec.mode != "engine":
-            raise ConfigError(flag, str(given), "engine mode only (a cache-only curve is one pass in this process)")
+            raise ConfigError(flag, given if isinstance(given, str) else shown_value(given),
+                              "engine mode only (a cache-only curve is one pass in this process)")
     if spec.mode != "engine":
         _refuse_unused_settings(spec)
     if spec.mode == "engine":

@@ -25,7 +25,7 @@ import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -235,7 +235,7 @@ def check_workers(workers: int | None, ray_address: str | None = None) -> None:
     processes, or with ``ray_address`` of replays in flight on the cluster)."""
     if workers is not None and (type(workers) is not int or workers < 1):
         what = "processes" if ray_address is None else "replays in flight on the cluster"
-        raise ConfigError("--workers", str(workers), f"expected a number of {what} >= 1")
+        raise ConfigError("--workers", shown_value(workers), f"expected a number of {what} >= 1")
 
 
 def _replay_one(spec: RunSpec, keep_spans: bool) -> Replayed:
@@ -255,6 +255,34 @@ def _check_params(params: object) -> None:
                                               and isinstance(p[1], (list, tuple)))), None)
     if bad is not None:
         raise ConfigError("--param", bad, "expected a sequence of (setting name, list of values) pairs")
+    # (a name that is no RunSpec setting: an AttributeError, 'name' a TypeError; a value that is
+    # no key, a list or an array: an unhashable TypeError)
+    settings = {f.name for f in fields(RunSpec)} - {"name"}
+    for name, values in pairs or ():
+        if str.__str__(name) not in settings:
+            raise ConfigError("--param", shown_value(name), f"unknown parameter; expected a RunSpec setting, such as "
+                                                            f"{', '.join(PARAMETERS)}")
+        for value in values:
+            try:  # (a key, and a label: str() of an int past 4,300 digits or of a raising repr raised there)
+                hash(value)
+                str(value)
+            except Exception:  # (whatever a caller's __hash__, __str__ or __repr__ raises)
+                raise ConfigError("--param", f"{name}={shown_value(value)}",
+                                  "expected a setting's value (a number, a string or a tuple)") from None
+
+
+def _check_callers(on_done: object, ray_address: object, values_flag: object) -> tuple[str | None, str]:
+    """A ConfigError for an API caller's on_done that is no callable (a TypeError after the
+    first replay, the rest never run), ray_address or values_flag that is no string (a
+    TypeError, or a numpy truth ValueError, inside the sweep)."""
+    if on_done is not None and not callable(on_done):
+        raise ConfigError("on_done", shown_value(on_done), "expected a callable taking each SweepRun, or None")
+    if ray_address is not None and not isinstance(ray_address, str):
+        raise ConfigError("--ray", shown_value(ray_address), "expected HOST:PORT, ray://HOST:PORT, auto or local")
+    if not isinstance(values_flag, str):
+        raise ConfigError("values_flag", shown_value(values_flag), "expected the option the values were typed in")
+    # (as plain strings: a str subclass's own __eq__ never runs inside the sweep)
+    return (None if ray_address is None else str.__str__(ray_address)), str.__str__(values_flag)
 
 
 def run_sweep(
@@ -280,6 +308,7 @@ def run_sweep(
 
         check_db_type(db)  # (before any replay: Store.open meets it after every one)
     _check_params(params)
+    ray_address, values_flag = _check_callers(on_done, ray_address, values_flag)
     combos = combinations(params)
     if not combos:
         raise KVTraceError("sweep: no parameter values to sweep")
