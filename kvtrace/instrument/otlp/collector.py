@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import datetime as _dt
 import errno
 import json
 import logging
@@ -74,12 +73,10 @@ from kvtrace.instrument.otlp.limits import (
     REPLY_GRACE_S,
     check_collector_options,
 )
-from kvtrace.metrics import SPANS_MISSING, summary_disagreement, summary_problem
+from kvtrace.metrics import SPANS_MISSING
 from kvtrace.process import bracketed, is_ipv6, port_in_use, sigterm_as_interrupt, unbracketed
+from kvtrace.store.clickhouse.run_rules import RecordRefused, run_record, sent_span_count, short_summary, summary_object
 from kvtrace.store.schema import (
-    CONFIG_TEXT_KEYS,
-    FINISHED_STATUSES,
-    RUN_RECORD_PREFIX,
     SEQ_ATTRIBUTE,
     SOURCE_OTLP,
     SPAN_RUN,
@@ -87,7 +84,7 @@ from kvtrace.store.schema import (
     named_run_name,
     run_id_problem,
 )
-from kvtrace.store.writer import DESCRIBED_FIELDS, Store
+from kvtrace.store.writer import Store
 
 TRACES_PATH = "/v1/traces"
 _log = logging.getLogger(__name__)
@@ -490,7 +487,10 @@ class OTLPCollector:
                             raise PayloadError(f"{where}: a {SPAN_RUN} record whose resource names no "
                                                f"{RUN_ID_RESOURCE_KEY}: it finishes no run")
                         self._check_collected(key, where)
-                        records.append((key, _run_record(kwargs["attributes"], where)))
+                        try:
+                            records.append((key, run_record(kwargs["attributes"])))
+                        except RecordRefused as err:
+                            raise PayloadError(f"{where}: {err}") from None
                         continue
                     seq = None
                     if key:
@@ -690,14 +690,14 @@ class OTLPCollector:
             return False
         record = dict(record)
         described = record.pop("described")
-        sent = _sent_span_count(record["summary"])
+        sent = sent_span_count(record["summary"])
         held = self._held(run_id)
         if record["status"] == "complete" and sent is not None and not held.covers(sent):
             sender = json.loads(record["summary"])
             self._short_runs[run_id] = (sent, sender)
             # the collector's finding, kept in the summary beside its sender's numbers: what tells the
             # run it finished short from one its sender called incomplete, after a restart too
-            record["summary"] = json.dumps({**sender, SPANS_MISSING: sent - held.count_below(sent)}, sort_keys=True)
+            record["summary"] = short_summary(sender, sent, held.count_below(sent))
             record["status"] = "incomplete"
             _log.warning("run %s: its sender numbered %d spans, not all of them come yet: incomplete until they do",
                          run_id, sent)
@@ -776,8 +776,8 @@ class OTLPCollector:
             return
         if mode == "otlp" and status != "running" and digest is None and summary is None:
             self._unrecorded_runs.add(run_id)
-        stored = _summary_object(summary) if status == "incomplete" else None
-        sent = _sent_span_count(summary) if stored is not None and SPANS_MISSING in stored else None
+        stored = summary_object(summary) if status == "incomplete" else None
+        sent = sent_span_count(summary) if stored is not None and SPANS_MISSING in stored else None
         if sent is not None and stored is not None and not self._held(run_id).covers(sent):
             # (finished short by an earlier collector, which said so in its summary: the rest of its
             # spans, sent again to this one, complete it; it stayed incomplete for good, its list of
@@ -819,101 +819,6 @@ def _named_run(resource: dict, where: str) -> str:
     if problem is not None:
         raise PayloadError(f"{where}: resource {RUN_ID_RESOURCE_KEY}: {problem}")
     return run_id
-
-
-def _summary_object(summary: object) -> dict | None:
-    """A summary's JSON text as an object, None where it is none (a store's summary, read back
-    at a restart, may be damaged)."""
-    try:
-        decoded = json.loads(summary) if isinstance(summary, str) else None
-    except ValueError:
-        return None
-    return decoded if isinstance(decoded, dict) else None
-
-
-def _sent_span_count(summary: object) -> int | None:
-    """The spans a kvtrace sender numbered in its run (its summary's ``spans``, checked by
-    ``_run_record``), or None where the summary gives none."""
-    decoded = _summary_object(summary)
-    count = decoded.get("spans") if decoded is not None else None
-    return count if isinstance(count, int) and not isinstance(count, bool) else None
-
-
-MAX_RECORD_FIELD_CHARS = 1 << 20  # a run record's text field (a config is a few KB)
-
-
-def _run_record(attributes: dict, where: str) -> dict:
-    """The status, digest, summary, trace digest and descriptive fields (``described``: name, created,
-    trace source, config, behaviours) of a ``kvtrace.run`` span, checked before
-    anything of its request is committed (a PayloadError naming the attribute: the request is
-    refused whole, where a bad summary once failed after the request's spans were stored)."""
-    get = lambda key: attributes.get(f"{RUN_RECORD_PREFIX}{key}")
-    status = get("status")
-    digest, summary, trace_digest = get("digest"), get("summary"), get("trace_digest")
-    # (another status, "bogus" or 2, finished the run as complete without a word: a failed run read as a good one)
-    if status is not None and status not in FINISHED_STATUSES:
-        raise PayloadError(f"{where}: {RUN_RECORD_PREFIX}status: expected {', '.join(FINISHED_STATUSES[:-1])} or "
-                           f"{FINISHED_STATUSES[-1]}, got {status!r}"[:300])
-    if digest is not None and not isinstance(digest, str):
-        raise PayloadError(f"{where}: {RUN_RECORD_PREFIX}digest: expected a string, got {type(digest).__name__}")
-    if digest is not None and run_id_problem(digest) is not None:  # (what diff compares and prints: one word)
-        raise PayloadError(f"{where}: {RUN_RECORD_PREFIX}digest: expected 1 to 128 printable characters without "
-                           f"spaces, got {digest!r}"[:300])
-    # what the run replayed, as its content: a diff pairs runs by it (the collected twin of a
-    # stored replay was "a different trace", 'gen:mixed' vs None, without --force)
-    if trace_digest is not None and (not isinstance(trace_digest, str) or run_id_problem(trace_digest) is not None):
-        shown = trace_digest if isinstance(trace_digest, str) else type(trace_digest).__name__
-        raise PayloadError(f"{where}: {RUN_RECORD_PREFIX}trace_digest: expected 1 to 128 printable characters "
-                           f"without spaces, got {shown!r}"[:300])
-    if summary is not None:
-        try:
-            decoded = json.loads(summary) if isinstance(summary, str) else None
-        except ValueError:
-            decoded = None
-        if not isinstance(decoded, dict):
-            raise PayloadError(f"{where}: {RUN_RECORD_PREFIX}summary: expected a JSON object as a string")
-        # (a rate of 7.5 showed as 750%, a count of "many" as text; 9 hits of 5 queries, a rate its
-        # counters do not give, evictions their reasons do not add up to, a p99 under its p50)
-        if SPANS_MISSING in decoded:  # (a collector's own finding: sent, it made a sender's incomplete completable)
-            raise PayloadError(f"{where}: {RUN_RECORD_PREFIX}summary: {SPANS_MISSING}: a collector's own key (the "
-                               "spans it has not received), not a sender's")
-        problem = summary_problem(decoded) or summary_disagreement(decoded)
-        if problem is not None:
-            raise PayloadError(f"{where}: {RUN_RECORD_PREFIX}summary: {problem}")
-    described: dict[str, str] = {}
-    for key in DESCRIBED_FIELDS:  # what the run was: the producer's name, trace, config and behaviours
-        value = get(key)
-        if value is None:
-            continue
-        if not isinstance(value, str) or len(value) > MAX_RECORD_FIELD_CHARS:
-            raise PayloadError(f"{where}: {RUN_RECORD_PREFIX}{key}: expected a string of at most "
-                               f"{MAX_RECORD_FIELD_CHARS:,} characters")
-        if key == "created":  # (sorted as text by every listing: stored in UTC, as kvtrace writes its own)
-            try:
-                when = _dt.datetime.fromisoformat(value)
-            except ValueError:
-                when = None
-            if when is None or when.tzinfo is None:
-                raise PayloadError(f"{where}: {RUN_RECORD_PREFIX}created: expected an ISO 8601 time with its UTC "
-                                   f"offset, got {value[:80]!r}")
-            value = when.astimezone(_dt.UTC).isoformat()
-        if key in ("config", "behaviours"):
-            try:
-                decoded = json.loads(value)
-            except ValueError:
-                decoded = None
-            kind = dict if key == "config" else list
-            if not isinstance(decoded, kind) or (key == "behaviours" and not all(isinstance(b, str) for b in decoded)):
-                what = "a JSON object" if key == "config" else "a JSON list of names"
-                raise PayloadError(f"{where}: {RUN_RECORD_PREFIX}{key}: expected {what} as a string")
-            if isinstance(decoded, dict):  # (what every listing names a run's backend by: `runs` showed "7 ['x'] @ 5")
-                bad = next((k for k in CONFIG_TEXT_KEYS if k in decoded and not isinstance(decoded[k], str)), None)
-                if bad is not None:
-                    raise PayloadError(f"{where}: {RUN_RECORD_PREFIX}config: {bad}: expected a string, got "
-                                       f"{type(decoded[bad]).__name__}")
-        described[key] = value
-    return {"status": status or "complete",
-            "digest": digest, "summary": summary, "trace_digest": trace_digest, "described": described}
 
 
 class CollectorClosed(KVTraceError):

@@ -36,16 +36,13 @@ from typing import Any
 from kvtrace.store.backend import ClickHouseTarget
 from kvtrace.store.schema import (
     CACHE_READ_OF,
-    CONFIG_TEXT_KEYS,
     FAMILIES,
-    FINISHED_STATUSES,
     GENAI_CACHE_READ,
     MAX_RUN_ID_CHARS,
     MAX_SPAN_COUNT,
     NUM_BLOCKS_COLUMN,
     OTHER_TABLE,
     RUN_ID_RESOURCE_KEY,
-    RUN_RECORD_PREFIX,
     SEQ_ATTRIBUTE,
     SOURCE_OTLP,
     SOURCES,
@@ -53,11 +50,11 @@ from kvtrace.store.schema import (
     SPAN_NAMES,
     SPAN_REQUEST,
     SPAN_RUN,
+    SPAN_TABLES,
     SUMMED_COUNTS,
     TIME_OFFSET_COLUMN,
     TIME_OFFSET_RESOURCE_KEY,
     named_run_name,
-    run_id_problem,
 )
 
 COLLECTOR_HOST = "otel-collector"  # runs.writer_host of a collected run
@@ -400,55 +397,100 @@ def attach(con, target: ClickHouseTarget) -> None:
         con.command(f"INSERT INTO {table} ({cols}) {select}")  # what the collector wrote before
 
 
-def _described(key: str, text: Any) -> str | None:
-    """A record's ``created`` (ISO 8601 with its UTC offset, stored in UTC), ``config`` (a JSON
-    object whose backend and vLLM fields are text) or ``behaviours`` (a JSON list of names) as
-    `kvtrace collect` takes it, or None where it would refuse it."""
-    import datetime as dt
+def _first_records(con) -> dict[str, dict]:
+    """Each run's first ``kvtrace.run`` record that finishes it, as `kvtrace collect` takes it
+    (``run_rules.run_record``), of the runs no record has finished yet: the exporter's rows of
+    records, oldest first, whose envelope collect takes and whose resource names the run
+    (collect refuses a record that names none: it finished the exporter's ``otlp:<service>``
+    run here). A record collect refuses (a 400) names no run and finishes none."""
+    from kvtrace.store.clickhouse.run_rules import RecordRefused, run_record
 
-    if not isinstance(text, str):
-        return None
-    if key == "created":
+    otel = f"`{con.target.otel_table}`"
+    rows = con.ch_frame(
+        f"SELECT {_RUN_ID} AS run_id, CAST(SpanAttributes AS {_STR_MAP}) AS record FROM {otel} "
+        f"WHERE SpanName = {_q(SPAN_RUN)} AND mapContains(ResourceAttributes, {_q(RUN_ID_RESOURCE_KEY)}) "
+        f"AND {_ENVELOPE_PROBLEM} = '' AND run_id NOT IN (SELECT run_id FROM runs WHERE status != 'running' "
+        f"OR writer_host != {_q(COLLECTOR_HOST)}) ORDER BY Timestamp, TraceId, SpanId")
+    first: dict[str, dict] = {}
+    for run_id, record in rows.rows():
+        if run_id in first:
+            continue
+        items = record.items() if isinstance(record, dict) else record  # polars' Map, or its list form
         try:
-            when = dt.datetime.fromisoformat(text)
-        except ValueError:
-            return None
-        return when.astimezone(dt.UTC).isoformat() if when.tzinfo is not None else None
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return None
-    if key == "config":
-        ok = isinstance(value, dict) and all(isinstance(value[k], str) for k in CONFIG_TEXT_KEYS if k in value)
-    else:
-        ok = isinstance(value, list) and all(isinstance(b, str) for b in value)
-    return text if ok else None
+            first[run_id] = run_record(dict(items))
+        except RecordRefused:
+            continue
+    return first
 
 
-def _summary_refused(text: Any) -> bool:
-    """Whether a record's summary is one `kvtrace collect` would refuse (``metrics``' checks)."""
-    from kvtrace.metrics import summary_disagreement, summary_problem
+def _held_below(con, run_id: str, sent: int) -> int:
+    """How many of the seq numbers 0 to ``sent`` - 1 (``kvtrace.seq``, as its sender numbered
+    its spans) the run's stored spans hold: what `kvtrace collect` counts (``_HeldSeqs``)."""
+    union = " UNION ALL ".join(f"SELECT seq FROM {t} WHERE run_id = {{run_id:String}} AND seq >= 0 "
+                               f"AND seq < {{sent:Int64}}" for t in SPAN_TABLES)
+    return int(con.ch_frame(f"SELECT uniqExact(seq) AS n FROM ({union})", {"run_id": run_id, "sent": sent})["n"][0])
 
-    try:
-        summary = json.loads(text) if isinstance(text, str) else None
-    except ValueError:
-        return True
-    return not isinstance(summary, dict) or (summary_problem(summary) or summary_disagreement(summary)) is not None
+
+def _finish(con, run_id: str, status: str, fields: dict[str, Any]) -> None:
+    """A collected run's derived tables built (again) and its status and record fields set."""
+    from kvtrace.store.clickhouse.tables import materialise
+
+    materialise(con, run_id)
+    sets = ", ".join(f"{c} = {{{c}:String}}" for c in fields)
+    con.command(f"ALTER TABLE runs UPDATE {sets}{', ' if sets else ''}status = {{status:String}} "
+                "WHERE run_id = {run_id:String} SETTINGS mutations_sync = 2",
+                {**fields, "status": status, "run_id": run_id})
+
+
+def _refresh_short(con) -> list[str]:
+    """Collected runs a complete record finished short (SPANS_MISSING in their summary: some
+    spans their sender numbered had not come), counted again: complete with their sender's
+    summary once every one has come, else the count they lack kept true (their derived tables
+    rebuilt with the spans that came), as `kvtrace collect` keeps them. Returns the runs changed."""
+    from kvtrace.metrics import SPANS_MISSING
+    from kvtrace.store.clickhouse.run_rules import sent_span_count, short_summary, summary_object
+
+    short = con.ch_frame(
+        f"SELECT run_id, summary FROM runs WHERE status = 'incomplete' AND writer_host = {_q(COLLECTOR_HOST)} "
+        f"AND position(summary, {_q(SPANS_MISSING)}) > 0 ORDER BY run_id")
+    changed = []
+    for run_id, text in short.rows():
+        stored, sent = summary_object(text), sent_span_count(text)
+        if stored is None or sent is None or not isinstance(stored.get(SPANS_MISSING), int):
+            continue
+        sender = {k: v for k, v in stored.items() if k != SPANS_MISSING}
+        held = _held_below(con, run_id, sent)
+        if sent - held == stored[SPANS_MISSING]:
+            continue
+        if held >= sent:
+            _finish(con, run_id, "complete", {"summary": json.dumps(sender, sort_keys=True)})
+        else:
+            _finish(con, run_id, "incomplete", {"summary": short_summary(sender, sent, held)})
+        changed.append(run_id)
+    return changed
 
 
 def register_collected_runs(con) -> list[str]:
-    """A ``runs`` row for every collected run that lacks one, and, for each collected run
-    still ``running`` whose record has arrived, its derived tables and the record's
-    status, digest and summary. Returns the runs finished here."""
+    """A ``runs`` row for every collected run that lacks one (a run of a stored span, or of a
+    record `kvtrace collect` takes: ``_first_records``), and, for each collected run still
+    ``running`` whose record has arrived, its derived tables and the record's status, digest
+    and summary (``incomplete``, SPANS_MISSING in its summary, where the record says
+    ``complete`` and some of the spans its sender numbered have not come). Returns the runs
+    finished here, and those finished short whose count changed."""
     import pyarrow as pa
 
-    from kvtrace.store.clickhouse.tables import materialise
+    from kvtrace.store.clickhouse.run_rules import sent_span_count, short_summary
     from kvtrace.store.schema import RUN_COLUMNS
 
+    records = _first_records(con)
+    fresh = f"(SELECT run_id FROM {COLLECTED_RUNS} WHERE run_id NOT IN (SELECT run_id FROM runs))"
+    spanned = " UNION ALL ".join(f"SELECT run_id FROM {t} WHERE run_id IN {fresh}" for t in SPAN_TABLES)
     new = con.ch_frame(
-        f"SELECT c.run_id AS run_id, any(c.{TIME_OFFSET_COLUMN}) AS o, any(c.service_name) AS service "
-        f"FROM {COLLECTED_RUNS} AS c WHERE c.run_id NOT IN (SELECT run_id FROM runs) "
-        "GROUP BY c.run_id ORDER BY c.run_id")
+        f"SELECT c.run_id AS run_id, any(c.{TIME_OFFSET_COLUMN}) AS o, any(c.service_name) AS service, "
+        f"c.run_id IN ({spanned}) AS spanned FROM {COLLECTED_RUNS} AS c WHERE c.run_id NOT IN "
+        "(SELECT run_id FROM runs) GROUP BY c.run_id ORDER BY c.run_id")
+    # (a run of records alone that `kvtrace collect` refuses is none: a record 'bogus' was listed)
+    new = new.filter([bool(s) or r in records for r, s in zip(new["run_id"].to_list(), new["spanned"].to_list())])
     if new.height:
         rows: dict[str, list[Any]] = {c: [None] * new.height for c, _, _ in RUN_COLUMNS}
         rows["run_id"] = new["run_id"].to_list()
@@ -459,42 +501,20 @@ def register_collected_runs(con) -> list[str]:
         rows[TIME_OFFSET_COLUMN] = new["o"].to_list()
         types = {"writer_pid": pa.int32(), TIME_OFFSET_COLUMN: pa.int64()}
         con.insert_arrow("runs", pa.table({c: pa.array(v, types.get(c, pa.string())) for c, v in rows.items()}))
-    done = con.ch_frame(
-        f"SELECT r.run_id AS run_id, any(rec.record) AS record FROM runs AS r INNER JOIN {RUN_RECORDS} AS rec "
-        f"ON rec.run_id = r.run_id WHERE r.status = 'running' AND r.writer_host = {_q(COLLECTOR_HOST)} "
-        "GROUP BY r.run_id ORDER BY r.run_id")
-    finished = []
-    for run_id, record in done.rows():
-        items = record.items() if isinstance(record, dict) else record  # polars' Map, or its list form
-        rec = {k.removeprefix(RUN_RECORD_PREFIX): v for k, v in items if k.startswith(RUN_RECORD_PREFIX)}
-        get = rec.get
-        materialise(con, run_id)
+    running = con.ch_frame(f"SELECT run_id FROM runs WHERE status = 'running' AND writer_host = {_q(COLLECTOR_HOST)} "
+                           "ORDER BY run_id")["run_id"].to_list()
+    finished = _refresh_short(con)
+    for run_id in (r for r in running if r in records):
+        record = dict(records[run_id])
         # (its mode stays otlp, as `kvtrace collect` keeps it: a kvtrace replay's is read from its
         # config, ``metrics.replayed_mode``)
-        fields = {c: get(c) for c in ("name", "created", "trace_source", "trace_digest", "config", "behaviours",
-                                      "digest", "summary") if get(c) is not None}
-        # what `kvtrace collect` refuses, this path (which refuses nothing: the exporter took it)
-        # keeps none of: a status no run finishes as is told as incomplete, not complete; a summary
-        # that is no summary, or disagrees with itself, is left out (every view computes one from
-        # the run's spans); a digest that is no one word is left out
-        status = get("status") or "complete"
-        if status not in FINISHED_STATUSES:
-            status = "incomplete"
-        if "summary" in fields and _summary_refused(fields["summary"]):
-            del fields["summary"]
-        for key in ("digest", "trace_digest"):
-            if key in fields and run_id_problem(str(fields[key])) is not None:
-                del fields[key]
-        for key in ("created", "config", "behaviours"):
-            if key in fields:
-                kept = _described(key, fields[key])
-                if kept is None:
-                    del fields[key]
-                else:
-                    fields[key] = kept
-        sets = ", ".join(f"{c} = {{{c}:String}}" for c in fields)
-        con.command(f"ALTER TABLE runs UPDATE {sets}{', ' if sets else ''}status = {{status:String}} "
-                    "WHERE run_id = {run_id:String} SETTINGS mutations_sync = 2",
-                    {**fields, "status": status, "run_id": run_id})
+        fields = {c: v for c, v in (*record.pop("described").items(), *record.items()) if v is not None}
+        status = fields.pop("status")
+        sent = sent_span_count(fields.get("summary"))
+        if status == "complete" and sent is not None:
+            held = _held_below(con, run_id, sent)
+            if held < sent:  # (an export request lost: `kvtrace collect` finishes it so, until the rest come)
+                status, fields["summary"] = "incomplete", short_summary(json.loads(fields["summary"]), sent, held)
+        _finish(con, run_id, status, fields)
         finished.append(run_id)
     return finished

@@ -1,0 +1,135 @@
+"""What a ``kvtrace.run`` record (a kvtrace export's run record) must hold to finish a run: one
+home, read by both collector paths.
+
+- `kvtrace collect` (``instrument.otlp.collector``) refuses the request that carries a record
+  breaking a rule (a 400 naming the attribute: ``RecordRefused``'s message);
+- the OpenTelemetry Collector's ClickHouse path (``store.clickhouse.collector``), whose
+  exporter took the record already, lets such a record name no run and finish none, as the
+  refused request does on `collect` (it listed a run of a lone record with status ``bogus``,
+  or a summary whose rate was 2.0, and finished a run with it).
+
+The rules: a status of FINISHED_STATUSES; a digest and trace digest of one word
+(``run_id_problem``); a summary that is a JSON object holding no collector's own key
+(SPANS_MISSING) and passing ``metrics``' checks of its counts, rates and latency statistics;
+a name, created time (ISO 8601 with its UTC offset, kept in UTC), trace source, config (a
+JSON object whose backend and vLLM fields are text) and behaviours (a JSON list of names) of
+text, at most MAX_RECORD_FIELD_CHARS each. The ClickHouse exporter writes every attribute as
+text, so a value of another type (an int digest) is taken there as its text: what the
+exporter's table holds. A record's summary ``spans`` (``sent_span_count``) is the count of
+spans its sender numbered: a ``complete`` record of a run that lacks some of them finishes it
+``incomplete``, SPANS_MISSING saying how many, on both paths.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from kvtrace.metrics import SPANS_MISSING, summary_disagreement, summary_problem
+from kvtrace.store.schema import CONFIG_TEXT_KEYS, FINISHED_STATUSES, RUN_RECORD_PREFIX, run_id_problem
+from kvtrace.store.writer import DESCRIBED_FIELDS
+
+MAX_RECORD_FIELD_CHARS = 1 << 20  # a run record's text field (a config is a few KB)
+
+
+class RecordRefused(ValueError):
+    """A ``kvtrace.run`` record that finishes no run; the message names the attribute."""
+
+
+def summary_object(summary: object) -> dict | None:
+    """A summary's JSON text as an object, None where it is none (a store's summary, read back
+    at a restart, may be damaged)."""
+    try:
+        decoded = json.loads(summary) if isinstance(summary, str) else None
+    except ValueError:
+        return None
+    return decoded if isinstance(decoded, dict) else None
+
+
+def sent_span_count(summary: object) -> int | None:
+    """The spans a kvtrace sender numbered in its run (its summary's ``spans``, checked by
+    ``run_record``), or None where the summary gives none."""
+    decoded = summary_object(summary)
+    count = decoded.get("spans") if decoded is not None else None
+    return count if isinstance(count, int) and not isinstance(count, bool) else None
+
+
+def run_record(attributes: Mapping[str, Any]) -> dict:
+    """The status, digest, summary, trace digest and descriptive fields (``described``: name,
+    created, trace source, config, behaviours) of a ``kvtrace.run`` span's attributes;
+    RecordRefused (its message naming the attribute) where the record breaks a rule."""
+    get = lambda key: attributes.get(f"{RUN_RECORD_PREFIX}{key}")
+    status = get("status")
+    digest, summary, trace_digest = get("digest"), get("summary"), get("trace_digest")
+    # (another status, "bogus" or 2, finished the run as complete without a word: a failed run read as a good one)
+    if status is not None and status not in FINISHED_STATUSES:
+        raise RecordRefused(f"{RUN_RECORD_PREFIX}status: expected {', '.join(FINISHED_STATUSES[:-1])} or "
+                            f"{FINISHED_STATUSES[-1]}, got {status!r}"[:300])
+    if digest is not None and not isinstance(digest, str):
+        raise RecordRefused(f"{RUN_RECORD_PREFIX}digest: expected a string, got {type(digest).__name__}")
+    if digest is not None and run_id_problem(digest) is not None:  # (what diff compares and prints: one word)
+        raise RecordRefused(f"{RUN_RECORD_PREFIX}digest: expected 1 to 128 printable characters without "
+                            f"spaces, got {digest!r}"[:300])
+    # what the run replayed, as its content: a diff pairs runs by it (the collected twin of a
+    # stored replay was "a different trace", 'gen:mixed' vs None, without --force)
+    if trace_digest is not None and (not isinstance(trace_digest, str) or run_id_problem(trace_digest) is not None):
+        shown = trace_digest if isinstance(trace_digest, str) else type(trace_digest).__name__
+        raise RecordRefused(f"{RUN_RECORD_PREFIX}trace_digest: expected 1 to 128 printable characters "
+                            f"without spaces, got {shown!r}"[:300])
+    if summary is not None:
+        decoded = summary_object(summary)
+        if decoded is None:
+            raise RecordRefused(f"{RUN_RECORD_PREFIX}summary: expected a JSON object as a string")
+        # (a rate of 7.5 showed as 750%, a count of "many" as text; 9 hits of 5 queries, a rate its
+        # counters do not give, evictions their reasons do not add up to, a p99 under its p50)
+        if SPANS_MISSING in decoded:  # (a collector's own finding: sent, it made a sender's incomplete completable)
+            raise RecordRefused(f"{RUN_RECORD_PREFIX}summary: {SPANS_MISSING}: a collector's own key (the "
+                                "spans it has not received), not a sender's")
+        problem = summary_problem(decoded) or summary_disagreement(decoded)
+        if problem is not None:
+            raise RecordRefused(f"{RUN_RECORD_PREFIX}summary: {problem}")
+    described: dict[str, str] = {}
+    for key in DESCRIBED_FIELDS:  # what the run was: the producer's name, trace, config and behaviours
+        value = get(key)
+        if value is None:
+            continue
+        if not isinstance(value, str) or len(value) > MAX_RECORD_FIELD_CHARS:
+            raise RecordRefused(f"{RUN_RECORD_PREFIX}{key}: expected a string of at most "
+                                f"{MAX_RECORD_FIELD_CHARS:,} characters")
+        if key == "created":  # (sorted as text by every listing: stored in UTC, as kvtrace writes its own)
+            try:
+                when: dt.datetime | None = dt.datetime.fromisoformat(value)
+            except ValueError:
+                when = None
+            if when is None or when.tzinfo is None:
+                raise RecordRefused(f"{RUN_RECORD_PREFIX}created: expected an ISO 8601 time with its UTC "
+                                    f"offset, got {value[:80]!r}")
+            value = when.astimezone(dt.UTC).isoformat()
+        if key in ("config", "behaviours"):
+            try:
+                decoded_field = json.loads(value)
+            except ValueError:
+                decoded_field = None
+            kind = dict if key == "config" else list
+            if not isinstance(decoded_field, kind) or (
+                    key == "behaviours" and not all(isinstance(b, str) for b in decoded_field)):
+                what = "a JSON object" if key == "config" else "a JSON list of names"
+                raise RecordRefused(f"{RUN_RECORD_PREFIX}{key}: expected {what} as a string")
+            if isinstance(decoded_field, dict):  # (what every listing names a backend by: `runs` showed "7 ['x'] @ 5")
+                bad = next((k for k in CONFIG_TEXT_KEYS
+                            if k in decoded_field and not isinstance(decoded_field[k], str)), None)
+                if bad is not None:
+                    raise RecordRefused(f"{RUN_RECORD_PREFIX}config: {bad}: expected a string, got "
+                                        f"{type(decoded_field[bad]).__name__}")
+        described[key] = value
+    return {"status": status or "complete",
+            "digest": digest, "summary": summary, "trace_digest": trace_digest, "described": described}
+
+
+def short_summary(summary: dict, sent: int, held: int) -> str:
+    """A sender's summary with the collector's finding beside its numbers: SPANS_MISSING, the
+    spans of the ``sent`` it numbered (``kvtrace.seq`` 0 to sent - 1) of which ``held`` are
+    stored (what tells the run it finished short from one its sender called incomplete)."""
+    return json.dumps({**summary, SPANS_MISSING: sent - held}, sort_keys=True)
