@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
+from kvtrace.names import shown_value
 from kvtrace.numeric import percentiles as _percentiles
 
 if TYPE_CHECKING:  # numpy is imported where a latency is summarised, not to parse a command line
@@ -403,10 +404,10 @@ def parse_percentiles(text: str | Sequence[float] | None) -> tuple[float, ...]:
             p = float(item)
             if isinstance(item, str) and not (item.isascii() and "_" not in item):
                 raise ValueError
-        except (TypeError, ValueError):
-            raise ValueError(f"percentile {item!r} is not a number in ASCII digits") from None
+        except (TypeError, ValueError, OverflowError):  # (OverflowError: an int past a float's range)
+            raise ValueError(f"percentile {shown_value(item)} is not a number in ASCII digits") from None
         if not 0 <= p <= 100 or math.isnan(p):
-            raise ValueError(f"percentile {item!r} is outside 0..100")
+            raise ValueError(f"percentile {shown_value(item)} is outside 0..100")
         out.append(p)
     if not out:
         raise ValueError("no percentiles given")

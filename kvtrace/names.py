@@ -97,6 +97,15 @@ def shown_value(value: object, limit: int = 80) -> str:
     return cut_middle(text, limit)
 
 
+def shown_count(value: int) -> str:
+    """An API caller's whole number as an error line quotes it: with thousands separators, as
+    kvtrace prints every count, and one past Python's 4,300 printable digits by its size."""
+    try:
+        return cut_middle(f"{value:,}", 80)
+    except ValueError:  # (int's str refuses it: sys.get_int_max_str_digits())
+        return shown_value(value)
+
+
 def _without_repr(value: object) -> str:
     kind = printable(type(value).__name__)
     if isinstance(value, int):  # (repr refuses an int past sys.get_int_max_str_digits())

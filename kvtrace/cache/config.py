@@ -19,7 +19,7 @@ from kvtrace.errors import ConfigError
 
 # The three switchable behaviours, all on by default as in current vLLM. BEHAVIOURS has a
 # fixed order, for anything that lists them (a frozenset's order varies per process).
-from kvtrace.names import BEHAVIOURS
+from kvtrace.names import BEHAVIOURS, shown_count, shown_value
 from kvtrace.names import EXTERNAL_HIT_RUNNING_COW as EXTERNAL_HIT_RUNNING_COW
 from kvtrace.names import SHARED_PREFIX_PINNING as SHARED_PREFIX_PINNING
 from kvtrace.names import TRANSIENT_CHECKPOINT_RETENTION as TRANSIENT_CHECKPOINT_RETENTION
@@ -96,14 +96,19 @@ class CacheConfig:
             raise ConfigError(_SOURCE, "groups", "expected at least one KV cache group spec")
         hbs = self.hash_block_size
         if not isinstance(hbs, int) or hbs <= 0:
-            raise ConfigError(_SOURCE, "hash_block_size", f"expected a positive int, got {hbs!r}")
+            raise ConfigError(_SOURCE, "hash_block_size", f"expected a positive int, got {shown_value(hbs)}")
         for gid, spec in enumerate(groups):
             if not isinstance(spec, (FullAttentionSpec, SlidingWindowSpec, MambaSpec)):
-                raise ConfigError(_SOURCE, f"groups[{gid}]", f"unknown spec {spec!r}")
+                raise ConfigError(_SOURCE, f"groups[{gid}]", f"unknown spec {shown_value(spec)}")
+            for name in ("block_size", "sliding_window", "num_lanes"):  # (an API caller's: of any type)
+                v = getattr(spec, name, 1)
+                if isinstance(v, bool) or not isinstance(v, int):
+                    raise ConfigError(_SOURCE, f"groups[{gid}].{name}", f"expected an int, got {shown_value(v)}")
             if spec.block_size <= 0 or spec.block_size % hbs:
                 raise ConfigError(
                     _SOURCE, f"groups[{gid}].block_size",
-                    f"expected a positive multiple of hash_block_size {hbs}, got {spec.block_size}",
+                    f"expected a positive multiple of hash_block_size {shown_value(hbs)}, got "
+                    f"{shown_value(spec.block_size)}",
                 )
             if isinstance(spec, SlidingWindowSpec) and spec.sliding_window < 1:
                 raise ConfigError(_SOURCE, f"groups[{gid}].sliding_window", "expected >= 1")
@@ -112,7 +117,7 @@ class CacheConfig:
         nb = self.num_gpu_blocks
         if isinstance(nb, bool) or not isinstance(nb, (int, tuple, list)):
             raise ConfigError(_SOURCE, "num_gpu_blocks", f"expected an int >= 2 (one shared pool) or one int per "
-                                                         f"group ({len(groups)} separate pools), got {nb!r}")
+                                                         f"group ({len(groups)} separate pools), got {shown_value(nb)}")
         nbs = (nb,) if isinstance(nb, int) else tuple(nb)
         if (not isinstance(nb, int) and len(nbs) != len(groups)) or any(
             isinstance(n, bool) or not isinstance(n, int) or n < 2 for n in nbs
@@ -122,17 +127,17 @@ class CacheConfig:
                     if isinstance(nb, int) else
                     f"expected one int >= 2 per group ({len(groups)} groups, each its own pool), or one int for "
                     "one shared pool")
-            raise ConfigError(_SOURCE, "num_gpu_blocks", f"{what}, got {nb!r}")
+            raise ConfigError(_SOURCE, "num_gpu_blocks", f"{what}, got {shown_value(nb)}")
         if sum(nbs) > MAX_BLOCKS:
-            raise ConfigError(_SOURCE, "num_gpu_blocks", f"{sum(nbs):,} blocks is beyond what kvtrace can hold "
-                                                         f"(at most {MAX_BLOCKS:,})")
+            raise ConfigError(_SOURCE, "num_gpu_blocks", f"{shown_count(sum(nbs))} blocks is beyond what kvtrace "
+                                                         f"can hold (at most {MAX_BLOCKS:,})")
         object.__setattr__(self, "num_gpu_blocks", nb if isinstance(nb, int) else nbs)
         if self.hash_fn not in HASH_FUNCTIONS:
-            raise ConfigError(_SOURCE, "hash_fn", f"expected one of {HASH_FUNCTIONS}, got {self.hash_fn!r}")
+            raise ConfigError(_SOURCE, "hash_fn", f"expected one of {HASH_FUNCTIONS}, got {shown_value(self.hash_fn)}")
         k = self.retention_interval
         if k is not None:
             if not isinstance(k, int) or k < 0:
-                raise ConfigError(_SOURCE, "retention_interval", f"expected None, 0 or k > 0, got {k!r}")
+                raise ConfigError(_SOURCE, "retention_interval", f"expected None, 0 or k > 0, got {shown_value(k)}")
             if not any(isinstance(spec, (SlidingWindowSpec, MambaSpec)) for spec in groups):
                 # vLLM's _validate_prefix_cache_retention_interval: full attention keeps
                 # every block, so a retention interval would silently do nothing.
@@ -151,21 +156,22 @@ class CacheConfig:
         for name in ("num_speculative_blocks", "num_prefill_checkpoint_blocks"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
-                raise ConfigError(_SOURCE, name, f"expected an int >= 0, got {v!r}")
+                raise ConfigError(_SOURCE, name, f"expected an int >= 0, got {shown_value(v)}")
         pool = self.num_gpu_blocks if isinstance(self.num_gpu_blocks, int) else min(self.num_gpu_blocks)
         if self.num_speculative_blocks >= pool:  # (every request holds them: none could ever be scheduled)
             raise ConfigError(_SOURCE, "num_speculative_blocks",
-                              f"{self.num_speculative_blocks:,} is not below the pool's {pool:,} blocks")
+                              f"{shown_count(self.num_speculative_blocks)} is not below the pool's {pool:,} blocks")
         if self.num_prefill_checkpoint_blocks > 1:
             raise ConfigError(_SOURCE, "num_prefill_checkpoint_blocks",
                               f"expected 0 or 1 (vLLM reserves one checkpoint block per chunk), "
-                              f"got {self.num_prefill_checkpoint_blocks}")
+                              f"got {shown_value(self.num_prefill_checkpoint_blocks)}")
         if self.num_prefill_checkpoint_blocks and not any(isinstance(s, MambaSpec) for s in groups):
             raise ConfigError(_SOURCE, "num_prefill_checkpoint_blocks", "needs a MambaSpec group")
         align = self.prefill_checkpoint_alignment
         if align is not None:
             if isinstance(align, bool) or not isinstance(align, int) or align < 1:
-                raise ConfigError(_SOURCE, "prefill_checkpoint_alignment", f"expected tokens >= 1, got {align!r}")
+                raise ConfigError(_SOURCE, "prefill_checkpoint_alignment",
+                                  f"expected tokens >= 1, got {shown_value(align)}")
             if not self.num_prefill_checkpoint_blocks:
                 raise ConfigError(_SOURCE, "prefill_checkpoint_alignment",
                                   "has no effect without num_prefill_checkpoint_blocks = 1; leave it unset")

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from kvtrace.errors import ConfigError
+from kvtrace.names import shown_value
 
 _FP_BITS = 62  # fixed point of the MoE term: exact integers, the same on every machine
 # A coefficient's bound: 1,000 s a unit in ns (1 s in ps), far past any machine, so that a
@@ -95,7 +96,7 @@ class CostModel:
             v = getattr(self, name)
             hi = MAX_EXPERTS if name in ("num_experts", "experts_per_token") else MAX_COEFFICIENT
             if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= hi:
-                raise ConfigError(f"cost model {self.name}", name, f"expected an int from 0 to {hi:,}, got {v!r}")
+                raise ConfigError(f"cost model {self.name}", name, f"expected an int from 0 to {hi:,}, got {shown_value(v)}")
         if self.moe_expert_ns and not self.num_experts:  # (the term counts experts touched: E is needed)
             raise ConfigError(f"cost model {self.name}", "num_experts",
                               f"expected the number of experts (>= 1) with moe_expert_ns {self.moe_expert_ns}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvtrace.errors import ConfigError
+from kvtrace.names import shown_value
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,15 +23,16 @@ class SchedulerConfig:
         for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ConfigError("SchedulerConfig", name, f"expected a positive int, got {v!r}")
+                raise ConfigError("SchedulerConfig", name, f"expected a positive int, got {shown_value(v)}")
         for name in ("enable_chunked_prefill", "scheduler_reserve_full_isl"):
             v = getattr(self, name)
             if not isinstance(v, bool):
-                raise ConfigError("SchedulerConfig", name, f"expected true or false, got {v!r}")
+                raise ConfigError("SchedulerConfig", name, f"expected true or false, got {shown_value(v)}")
         thr = self.long_prefill_token_threshold
         # (a float or a string reached the scheduler's token arithmetic: a TypeError, or fractional chunks)
         if not isinstance(thr, int) or isinstance(thr, bool) or thr < 0:
-            raise ConfigError("SchedulerConfig", "long_prefill_token_threshold", f"expected an int >= 0, got {thr!r}")
+            raise ConfigError("SchedulerConfig", "long_prefill_token_threshold",
+                              f"expected an int >= 0, got {shown_value(thr)}")
 
     def check_vllm_accepts(self) -> None:
         """ConfigError for what vLLM's own ``SchedulerConfig`` refuses (its

@@ -54,12 +54,12 @@ from kvtrace.metrics import (
     parse_percentiles,
     request_latency_samples,
 )
-from kvtrace.names import shown_value
+from kvtrace.names import shown_count, shown_value
 from kvtrace.numeric import cdiv
 from kvtrace.process import collector_paused, raise_stop, stop_pending
 from kvtrace.workload import TraceRequest
 from kvtrace.workload.lines import MAX_TIME_NS as MAX_TRACE_NS
-from kvtrace.workload.lines import VOCAB_SIZE
+from kvtrace.workload.lines import MAX_TOKENS, VOCAB_SIZE
 
 # What a pool too small for a request says to do; a caller whose own flag sets the pool
 # (curve's --capacities) says it in its words instead (replay.sweep)
@@ -100,43 +100,48 @@ def _next_request(it) -> Any:
         raise KVTraceError(f"workload: an item {shown_value(r)} of type {type(r).__name__}; expected a TraceRequest")
     name = r.request_id
     if not isinstance(name, str):
-        raise KVTraceError(f"workload: a request id {name!r}; expected a string")
+        raise KVTraceError(f"workload: a request id {shown_value(name)}; expected a string")
+    rid = shown_value(name)  # (a str subclass's repr may raise: quoted as shown_value quotes)
     a: Any = r.arrival_ns  # (an API caller's, of any type)
     if isinstance(a, bool) or (not isinstance(a, numbers.Integral) and not (
             isinstance(a, float) and math.isfinite(a) and a.is_integer())):
-        raise KVTraceError(f"workload: request {name!r} arrives at {a!r} ns; expected a whole number of ns")
+        raise KVTraceError(f"workload: request {rid} arrives at {shown_value(a)} ns; expected a whole number of ns")
     if a >= MAX_TRACE_NS:  # (the readers' bound: later, the clock's overflow blamed the cost model)
-        raise KVTraceError(f"workload: request {name!r} arrives at {a:,} ns; expected a time below 2^62 ns "
+        raise KVTraceError(f"workload: request {rid} arrives at {shown_count(a)} ns; expected a time below 2^62 ns "
                            "(about 146 years)")
     for field in ("input_length", "output_length", "namespace"):  # (the readers' ints: others broke the worker)
         if type(getattr(r, field)) is not int:
-            raise KVTraceError(f"workload: request {name!r} has {field} {getattr(r, field)!r}; expected an int")
+            raise KVTraceError(f"workload: request {rid} has {field} {shown_value(getattr(r, field))}; expected an int")
+    for field in ("input_length", "output_length"):  # (as a trace file's: past it, counts beyond any context)
+        if getattr(r, field) > MAX_TOKENS:
+            raise KVTraceError(f"workload: request {rid} has {field} {shown_count(getattr(r, field))}; expected at "
+                               f"most {MAX_TOKENS:,} tokens")
     if r.cache_salt is not None and type(r.cache_salt) is not str:
-        raise KVTraceError(f"workload: request {name!r} has cache_salt {r.cache_salt!r}; expected a string")
+        raise KVTraceError(f"workload: request {rid} has cache_salt {shown_value(r.cache_salt)}; expected a string")
     if (r.token_ids is None) == (r.hash_ids is None):
-        raise KVTraceError(f"workload: request {name!r} gives {'neither' if r.token_ids is None else 'both'} of "
+        raise KVTraceError(f"workload: request {rid} gives {'neither' if r.token_ids is None else 'both'} of "
                            "token_ids and hash_ids; expected exactly one")
     # token ids as the readers give them: whole numbers in [0, VOCAB_SIZE) (a uint64 id past it
     # made content mode report divergent outputs of a correct cache; an id of VOCAB_SIZE is
     # --no-content's sampled token; 1.5 was cut to 1; a string was a ValueError traceback)
     for field, ids in (("token_ids", r.token_ids), ("expected_output", r.expected_output)):
         if ids is not None and not _token_ids_ok(ids):
-            raise KVTraceError(f"workload: request {name!r} has {field} that are not token ids; expected whole "
+            raise KVTraceError(f"workload: request {rid} has {field} that are not token ids; expected whole "
                                f"numbers in [0, {VOCAB_SIZE:,}), one list of them")
     if r.expected_output is not None and len(r.expected_output) != r.output_length:
-        raise KVTraceError(f"workload: request {name!r} has {len(r.expected_output):,} expected_output tokens for "
+        raise KVTraceError(f"workload: request {rid} has {len(r.expected_output):,} expected_output tokens for "
                            f"output_length {r.output_length:,}; expected as many")
     if r.hash_ids is not None:
         size = r.hash_block_size
-        if type(size) is not int or size < 1:
-            raise KVTraceError(f"workload: request {name!r} has hash_block_size {size!r}; expected tokens per "
-                               "hash id, an int >= 1")
+        if type(size) is not int or not 1 <= size <= MAX_TOKENS:
+            raise KVTraceError(f"workload: request {rid} has hash_block_size {shown_value(size)}; expected tokens per "
+                               f"hash id, an int from 1 to {MAX_TOKENS:,}")
         if type(r.hash_ids) is not tuple or not all(type(h) is int for h in r.hash_ids):
-            raise KVTraceError(f"workload: request {name!r} has hash_ids of {type(r.hash_ids).__name__}; expected "
+            raise KVTraceError(f"workload: request {rid} has hash_ids of {type(r.hash_ids).__name__}; expected "
                                "a tuple of int ids")
         # (one id a block, the last one partial too, as the readers give them)
         if len(r.hash_ids) != -(-r.input_length // size):
-            raise KVTraceError(f"workload: request {name!r} has {len(r.hash_ids):,} hash_ids for input_length "
+            raise KVTraceError(f"workload: request {rid} has {len(r.hash_ids):,} hash_ids for input_length "
                                f"{r.input_length:,} at {size} tokens each; expected {-(-r.input_length // size):,}")
     return r
 
@@ -173,21 +178,23 @@ class Engine:
         backend: str = DEFAULT_BACKEND,
     ):
         if not isinstance(backend, str) or backend not in BACKENDS:
-            raise KVTraceError(f"engine: unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
+            raise KVTraceError(f"engine: unknown backend {shown_value(backend)}; expected one of {', '.join(BACKENDS)}")
         self.backend = backend
         if not isinstance(preset, (str, EnginePreset)):  # (an AttributeError at .name)
-            raise KVTraceError(f"engine: preset {preset!r}; expected a preset's name or an EnginePreset")
+            raise KVTraceError(f"engine: preset {shown_value(preset)}; expected a preset's name or an EnginePreset")
         if not isinstance(content, bool):  # (content="no" ran with content)
-            raise KVTraceError(f"engine: content {content!r}; expected True or False")
+            raise KVTraceError(f"engine: content {shown_value(content)}; expected True or False")
         if not isinstance(verify, bool):  # (verify="no" verified, and the summary counted what it found)
-            raise KVTraceError(f"engine: verify {verify!r}; expected True or False")
+            raise KVTraceError(f"engine: verify {shown_value(verify)}; expected True or False")
         # (a string was a TypeError traceback at the first step; 1.5 audited at steps 3, 6, ...,
         # -1 at every step)
         if type(audit_interval) is not int or audit_interval < 0:
-            raise KVTraceError(f"engine: audit_interval {audit_interval!r}; expected a number of steps, an int >= 0 "
+            raise KVTraceError(f"engine: audit_interval {shown_value(audit_interval)}; expected a number of steps, "
+                               "an int >= 0 "
                                "(0: once, at the end)")
         if cpu_threads is not None and (type(cpu_threads) is not int or cpu_threads < 1):
-            raise KVTraceError(f"engine: cpu_threads {cpu_threads!r}; expected an int >= 1, or None for torch's own")
+            raise KVTraceError(f"engine: cpu_threads {shown_value(cpu_threads)}; expected an int >= 1, or None for "
+                               "torch's own")
         p = get_preset(preset) if isinstance(preset, str) else preset
         self.preset_name = p.name
         # (None alone is the preset's: `or` gave {}, 0 or "" the preset's too, unsaid)
@@ -198,9 +205,10 @@ class Engine:
         for name, given, kind in (("cache_config", self.cache_config, CacheConfig),
                                   ("scheduler_config", self.scheduler_config, SchedulerConfig)):
             if not isinstance(given, kind):
-                raise KVTraceError(f"engine: {name} {given!r}; expected a {kind.__name__} (or None for the preset's)")
+                raise KVTraceError(f"engine: {name} {shown_value(given)}; expected a {kind.__name__} (or None for "
+                                   "the preset's)")
         if not isinstance(self.cost_model, CostModel):
-            raise KVTraceError(f"engine: cost_model {self.cost_model!r}; expected a CostModel")
+            raise KVTraceError(f"engine: cost_model {shown_value(self.cost_model)}; expected a CostModel")
         problem = free_step_problem(self.cost_model)  # (what --config refuses: 0-ns steps)
         if problem is not None:
             raise ConfigError("engine", "cost_model", problem)
@@ -222,7 +230,8 @@ class Engine:
             self.percentiles = ()
         odd = next((q for q in self.percentiles if isinstance(q, bool) or not isinstance(q, numbers.Real)), None)
         if not self.percentiles or odd is not None:
-            raise ConfigError("engine", "percentiles", f"{percentiles!r}: expected a sequence of numbers from 0 to 100")
+            raise ConfigError("engine", "percentiles",
+                              f"{shown_value(percentiles)}: expected a sequence of numbers from 0 to 100")
         # (a Fraction or a Decimal: numpy's TypeError after the run) as floats, ints and floats kept
         self.percentiles = tuple(q if isinstance(q, (int, float)) else float(q) for q in self.percentiles)
         try:
@@ -302,23 +311,24 @@ class Engine:
             nonlocal pending, last_arrival
             while pending is not None and pending.arrival_ns <= clock.now_ns:
                 if pending.arrival_ns < 0:  # (the first request: there is no previous one to blame)
-                    raise KVTraceError(f"workload: request {pending.request_id!r} arrives at {pending.arrival_ns} ns; "
-                                       "expected a time >= 0")
+                    raise KVTraceError(f"workload: request {shown_value(pending.request_id)} arrives at "
+                                       f"{pending.arrival_ns} ns; expected a time >= 0")
                 if pending.arrival_ns < last_arrival:
-                    raise KVTraceError(f"workload: request {pending.request_id!r} arrives before the previous one")
+                    raise KVTraceError(f"workload: request {shown_value(pending.request_id)} arrives before the "
+                                       "previous one")
                 if pending.request_id in live:
                     # (the scheduler, the worker and the records key requests by id: the second one
                     # replaced the first, which was never finished (no content), or the worker's
                     # table of it broke (a ValueError))
-                    raise KVTraceError(f"workload: request {pending.request_id!r} arrives while an earlier request "
-                                       "of that id is still in flight; expected unique request ids")
+                    raise KVTraceError(f"workload: request {shown_value(pending.request_id)} arrives while an earlier "
+                                       "request of that id is still in flight; expected unique request ids")
                 if pending.input_length < 1:
-                    raise KVTraceError(f"workload: request {pending.request_id!r} has a prompt of "
+                    raise KVTraceError(f"workload: request {shown_value(pending.request_id)} has a prompt of "
                                        f"{pending.input_length} tokens; expected at least 1")
                 last_arrival = pending.arrival_ns
                 req = EngineRequest(pending)
                 if req.num_prompt_tokens != pending.input_length:  # (the limits below read input_length)
-                    raise KVTraceError(f"workload: request {pending.request_id!r} has input_length "
+                    raise KVTraceError(f"workload: request {shown_value(pending.request_id)} has input_length "
                                        f"{pending.input_length:,} and {req.num_prompt_tokens:,} prompt token ids; "
                                        "expected as many")
                 # at least one token is generated (EngineRequest.max_tokens): vLLM refuses a prompt

@@ -25,6 +25,7 @@ from kvtrace.cache.config import MAX_BLOCKS
 from kvtrace.engine.clock import CostModel, get_cost_model
 from kvtrace.engine.config import SchedulerConfig
 from kvtrace.errors import ConfigError
+from kvtrace.names import shown_value
 from kvtrace.numeric import cdiv
 
 KEEP = object()  # "leave this setting as the preset has it"
@@ -94,7 +95,7 @@ PRESETS = {
 
 def _check_hash_block_size(hbs: object, groups: tuple) -> None:
     if isinstance(hbs, bool) or not isinstance(hbs, int) or hbs < 1:
-        raise ConfigError("CacheConfig", "hash_block_size", f"expected a positive token count, got {hbs!r}")
+        raise ConfigError("CacheConfig", "hash_block_size", f"expected a positive token count, got {shown_value(hbs)}")
     for g in groups:
         if g.block_size % hbs:
             raise ConfigError("CacheConfig", "hash_block_size", f"{hbs} does not divide the block size "
