@@ -69,7 +69,11 @@ class RunSpec:
     def __post_init__(self) -> None:
         # a notebook's pathlib.Path, as config_file takes one (the trace's was an AttributeError)
         if isinstance(self.trace, os.PathLike):
-            self.trace = os.fspath(self.trace)
+            try:
+                self.trace = os.fspath(self.trace)
+            except Exception:  # (a caller's __fspath__ that raises: its own traceback)
+                raise ConfigError("TRACE", shown_value(self.trace), "expected a trace file's path or gen:NAME: "
+                                                                     "its path cannot be read") from None
 
 
 @dataclass(slots=True)
@@ -111,8 +115,8 @@ def open_workload(spec: RunSpec) -> _Workload:
 
         for flag, given in (("--format", spec.trace_format), ("--trace-block-size", spec.trace_block_size)):
             if given is not None:  # (it was ignored)
-                raise ConfigError(flag, str(given), f"{spec.trace} is a generated workload, not a file of a format; "
-                                                    f"drop {flag}")
+                raise ConfigError(flag, _quoted(given),
+                                  f"{spec.trace} is a generated workload, not a file of a format; drop {flag}")
 
         name = spec.trace[len(GENERATED_PREFIX):]
         if name not in WORKLOADS:  # (generate's own error names its WORKLOAD argument, not TRACE)
@@ -197,7 +201,7 @@ def engine_preset(spec: RunSpec):
         if spec.external_capacity_blocks is not None:
             external = spec.external_capacity_blocks
         if spec.block_size is not None and spec.block_size < 1:
-            raise ConfigError("--block-size", str(spec.block_size), "expected a positive token count")
+            raise ConfigError("--block-size", _quoted(spec.block_size), "expected a positive token count")
         preset = get_preset(
             preset_name,
             capacity_blocks=capacity,
@@ -584,6 +588,20 @@ def backend_resource(config: dict[str, Any]) -> dict[str, Any] | None:
     return attrs
 
 
+def _quoted(value: Any) -> str:
+    """A setting's value as its refusal quotes it: a string as typed, anything else as
+    shown_value shows it (str() of an int past 4,300 digits, or of an object whose repr
+    raises, raised its own exception in place of the error line)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, numbers.Number):  # (a numpy int as the CLI would print it: 3, not np.int64(3))
+        try:
+            return str(value)
+        except Exception:  # (an int past 4,300 digits; a caller's number whose str raises)
+            pass
+    return shown_value(value)
+
+
 def _whole(value: Any) -> bool:
     """An int, not a bool (nor a numpy int, which check_option and the presets refuse too)."""
     return isinstance(value, int) and not isinstance(value, bool)
@@ -661,14 +679,14 @@ def _check_whole_numbers(spec: RunSpec) -> None:
             numpy_int = isinstance(value, numbers.Integral) and not isinstance(value, bool)
             why = (f"expected a Python int, not {kind.__module__}.{kind.__name__} (int() it)" if numpy_int
                    else "expected a whole number")
-            raise ConfigError(flag, str(value), why)
+            raise ConfigError(flag, _quoted(value), why)
     blocks = spec.capacity_blocks  # (also inf, cache-only's unbounded cache, or one int per group: a tuple)
     if blocks is not None and not isinstance(blocks, (numbers.Number, tuple)):  # (an array: its truth ValueError)
         raise ConfigError("--capacity-blocks", shown_value(blocks),
                           "expected a number of blocks, or inf (cache-only mode)")
     if blocks is not None and blocks != math.inf and not _whole(blocks) and not (
             isinstance(blocks, tuple) and all(map(_whole, blocks))):
-        raise ConfigError("--capacity-blocks", str(blocks), "expected a number of blocks, or inf (cache-only mode)")
+        raise ConfigError("--capacity-blocks", _quoted(blocks), "expected a number of blocks, or inf (cache-only mode)")
     if isinstance(spec.without, str):  # (its letters were taken for behaviour names)
         raise ConfigError("--without", spec.without, "expected a sequence of behaviour names, not one string")
 
@@ -685,10 +703,10 @@ def check_percentiles(percentiles: Any) -> tuple[float, ...]:
     if isinstance(percentiles, (str, bytes)) or not isinstance(percentiles, (tuple, list)):
         # (a string's characters were taken one by one; a generator was used up by the check)
         raise ConfigError("--percentiles", shown_value(percentiles), "expected a tuple of numbers, e.g. (50, 90, 99)")
-    listed = ",".join(map(str, percentiles))
+    listed = ",".join(map(_quoted, percentiles))  # (str() of an int past 4,300 digits, of a raising repr: raised)
     odd = next((p for p in percentiles if isinstance(p, bool) or not isinstance(p, numbers.Real)), None)
     if odd is not None:  # ('50' passed float() below, and broke the summary's numpy)
-        raise ConfigError("--percentiles", listed, f"percentile {odd!r} is not a number")
+        raise ConfigError("--percentiles", listed, f"percentile {shown_value(odd)} is not a number")
     try:
         return parse_percentiles(list(percentiles))
     except ValueError as err:
@@ -717,7 +735,7 @@ def validate(spec: RunSpec) -> tuple[dict[str, Any], list[str], Any]:
     if spec.capacity_tokens is not None:
         # one capacity: in blocks or in tokens (each mode would otherwise drop one silently)
         if spec.capacity_blocks is not None:
-            raise ConfigError("--capacity-tokens", str(spec.capacity_tokens),
+            raise ConfigError("--capacity-tokens", _quoted(spec.capacity_tokens),
                               f"give either it or --capacity-blocks ({spec.capacity_blocks}), not both")
         check_option("--capacity-tokens", spec.capacity_tokens, 1)
     from kvtrace.engine.backends import BACKENDS, DEFAULT_BACKEND
@@ -780,7 +798,7 @@ def validate(spec: RunSpec) -> tuple[dict[str, Any], list[str], Any]:
     )
     for flag, value in engine_only:
         if value is not None:
-            raise ConfigError(flag, str(value), "applies to engine mode only: cache-only mode replays one LRU over "
+            raise ConfigError(flag, _quoted(value), "applies to engine mode only: cache-only mode replays one LRU over "
                                                 "the trace's blocks (drop it, or use --mode engine)")
     unbounded = spec.capacity_blocks in (None, math.inf) and spec.capacity_tokens is None
     if not unbounded:
@@ -805,16 +823,17 @@ def _check_cache_only_capacity(spec: RunSpec) -> None:
     if spec.capacity_tokens is not None:
         flag, given = "--capacity-tokens", spec.capacity_tokens
         if spec.block_size is None:
-            raise ConfigError(flag, str(given), "cache-only mode needs --block-size with it")
+            raise ConfigError(flag, _quoted(given), "cache-only mode needs --block-size with it")
         blocks = cdiv(spec.capacity_tokens, spec.block_size)
     else:
         flag, given = "--capacity-blocks", spec.capacity_blocks
         assert given is not None  # (the caller: bounded)
         blocks = check_option(flag, given, 1)
     if blocks > MAX_CAPACITY_BLOCKS:
-        raise ConfigError(flag, str(given), f"{blocks:,} blocks is beyond what a bounded pool can hold (at most "
-                                            f"{MAX_CAPACITY_BLOCKS:,}); omit it, or say --capacity-blocks inf, for an "
-                                            "unbounded cache")
+        raise ConfigError(flag, _quoted(given), f"{_quoted(blocks) if blocks > 2**64 else format(blocks, ',')} blocks "
+                                                f"is beyond what a bounded pool can hold (at most "
+                                                f"{MAX_CAPACITY_BLOCKS:,}); omit it, or say --capacity-blocks inf, "
+                                                "for an unbounded cache")
 
 
 def run_record(spec: RunSpec, result: RunResult) -> dict[str, Any]:
