@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 
+from kvtrace.replay.run import RunSpec, run_replay
 from kvtrace.store import Store
 from tests.store.scenario import scenario_table
 
@@ -17,3 +18,13 @@ def scenario_db(tmp_path):
     store.append_spans(scenario_table(), run_id=run_id)
     store.finish_run(run_id, digest="abc", summary={"prefix_cache_hit_rate": 0.25})
     return path, run_id
+
+
+@pytest.fixture()
+def small_replay(tmp_path):
+    """A small engine replay (gen:mixed: 40 requests, no content, 64 blocks)
+    recorded into a new store; returns (path, run_id)."""
+    db = tmp_path / "s.duckdb"
+    result = run_replay(RunSpec("gen:mixed", limit=40, content=False, capacity_blocks=64), db=db)
+    assert result.run_id is not None
+    return db, result.run_id

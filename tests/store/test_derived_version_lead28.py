@@ -26,11 +26,8 @@ def _by_kind(db: Path, run_id: str) -> pl.DataFrame:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> tuple[Path, str]:
-    db = tmp_path / "old.duckdb"
-    result = run_replay(RunSpec("gen:mixed", limit=40, content=False, capacity_blocks=64), db=db)
-    assert result.run_id is not None
-    return db, result.run_id
+def store(small_replay) -> tuple[Path, str]:
+    return small_replay
 
 
 def _age(db: Path, version: str | None) -> None:

@@ -17,17 +17,13 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 
-from kvtrace.replay.run import RunSpec, run_replay
 from kvtrace.store import derived
 from kvtrace.store.writer import Store
 
 
 @pytest.fixture
-def replayed(tmp_path: Path) -> tuple[Path, str]:
-    db = tmp_path / "s.duckdb"
-    result = run_replay(RunSpec("gen:mixed", limit=40, content=False, capacity_blocks=64), db=db)
-    assert result.run_id is not None
-    return db, result.run_id
+def replayed(small_replay) -> tuple[Path, str]:
+    return small_replay
 
 
 def _scratch(folder: Path) -> list[str]:
