@@ -23,9 +23,9 @@ from kvtrace.compare.options import demo_target
 from kvtrace.compare.render import render
 from kvtrace.compare.source import diff_runs
 from kvtrace.compare.study import BEHAVIOURS
-from kvtrace.errors import KVTraceError
+from kvtrace.errors import ConfigError, KVTraceError
 from kvtrace.metrics import backend_label, times_source
-from kvtrace.names import printable, stdout_console
+from kvtrace.names import printable, shown_value, stdout_console
 from kvtrace.process import pid_after, remove_dead_leftovers, signals_held, stop_exception
 from kvtrace.replay.report import format_value
 from kvtrace.replay.run import RunResult, RunSpec, run_replay
@@ -93,7 +93,13 @@ def run_demo(
     leaves the old store as it was, and nothing of its own). A symbolic link is written
     through; anything else that is not an earlier demo store is refused before any replay."""
     check_db_type(db_path)  # (str() of 0 or None named a store in the current directory)
-    console = console or stdout_console()
+    # (progress of None or "no" ran as a flag's truth, an array's a ValueError; a console that
+    # is none an AttributeError once the whole demo was recorded, one whose truth raises, that)
+    if not isinstance(progress, bool):
+        raise ConfigError("progress", shown_value(progress), "expected True or False")
+    if console is not None and not callable(getattr(console, "print", None)):
+        raise ConfigError("console", shown_value(console), "expected a rich Console, or None")
+    console = console if console is not None else stdout_console()
     db = str(db_path)
     specs = demo_specs(trace, seed=seed, limit=limit, backend=backend)
     if is_clickhouse(db):  # a server's or chdb's tables: the runs are added, nothing is replaced

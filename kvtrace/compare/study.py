@@ -79,7 +79,8 @@ def study_trace(behaviour: str) -> str:
 
 def check_behaviour(behaviour: str) -> str:
     if not isinstance(behaviour, str) or behaviour not in BEHAVIOURS:  # (an array: its truth ValueError)
-        raise KVTraceError(f"study: unknown behaviour {behaviour!r}; expected one of {', '.join(BEHAVIOURS)}")
+        raise KVTraceError(f"study: unknown behaviour {shown_value(behaviour)}; "
+                           f"expected one of {', '.join(BEHAVIOURS)}")
     return behaviour
 
 
@@ -429,6 +430,10 @@ def run_study(
         base = RunSpec(trace="", **(study_defaults(behaviour) if trace is None else {}))
     trace = trace or study_trace(behaviour)
     spec0 = replace(base, trace=trace, seed=seed, limit=limit if limit is not None else base.limit)
+    if spec0.limit is not None and (isinstance(spec0.limit, bool) or not isinstance(spec0.limit, int)):
+        # (before == 0 below: an array's truth ValueError, a caller's __eq__ that raises)
+        raise ConfigError("--limit", shown_value(spec0.limit), "expected a number of requests >= 1 (without it: "
+                                                               "the whole trace)")
     if spec0.limit == 0:  # (a replay takes it; a pair of empty runs read as "the behaviour changes nothing")
         raise ConfigError("--limit", "0", "a study of no requests compares nothing; give at least 1 (or no --limit)")
     if spec0.config_file:  # (a file's without adds to both runs': B would be off too, and said to be on)
