@@ -92,6 +92,7 @@ def launch(db: str | os.PathLike, host: str = "127.0.0.1", port: int = 8501, run
 
     host = unbracketed(host)  # ([::1], a URL's spelling, as collect --host takes it)
     check_address(host, port)
+    check_streamlit_home()
     if not port:  # a free one, chosen here: the address printed below is the one served
         try:
             port = free_port(host)
@@ -114,9 +115,12 @@ def launch(db: str | os.PathLike, host: str = "127.0.0.1", port: int = 8501, run
     relay: _Relay | None = None
     try:
         with signals_held():  # (a stop between the start and here would leave the server unknown)
-            print(f"kvtrace dashboard: open {page_url(host, port, run, compare)}", file=sys.stderr, flush=True)
             sys.stdout.flush()
-            server = _start(server_command(db, host, port), env)
+            try:
+                server = _start(server_command(db, host, port), env)
+            except OSError as err:  # (a process limit reached, an interpreter this user may not run)
+                raise KVTraceError(_not_started(err)) from None
+            print(f"kvtrace dashboard: open {page_url(host, port, run, compare)}", file=sys.stderr, flush=True)
             relay = _Relay(server)
         code = server.wait()
         relay.join()
@@ -132,6 +136,47 @@ def launch(db: str | os.PathLike, host: str = "127.0.0.1", port: int = 8501, run
             relay.join()
         print("kvtrace dashboard: stopped", file=sys.stderr, flush=True)
         return 0
+
+
+def _not_started(err: OSError) -> str:
+    """The one line of a server process that could not be started (fork or exec refused)."""
+    from kvtrace.names import printable
+
+    what = f" ({printable(err.filename)})" if err.filename else ""
+    return f"cannot start the dashboard server (streamlit): {err.strerror or err}{what}"
+
+
+def check_streamlit_home() -> None:
+    """KVTraceError where the server (Streamlit) would fail on, or print a traceback for, its
+    user settings in ``~/.streamlit`` (HOME, or the password database's home without it):
+    a HOME that is a file (``HOME=/dev/null``: the server exited at start, its one line
+    naming Streamlit's ``secrets.py``), a settings file it may not read, or a ``config.toml``
+    that is no TOML (Streamlit printed its parser's traceback and went on without any of it).
+    Told before anything starts, naming the file (and its line and column)."""
+    import tomllib
+
+    from kvtrace.names import printable
+
+    home = os.path.expanduser("~")  # (Streamlit's Path.home())
+    if home == "~":
+        return  # (no HOME and no home in the password database: Streamlit reads no settings)
+    for name in ("config.toml", "secrets.toml"):
+        path = os.path.join(home, ".streamlit", name)
+        try:
+            with open(path, "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            continue
+        except OSError as err:
+            raise KVTraceError(f"{printable(path)}: cannot read ({err.strerror or err}): the dashboard server "
+                               f"(Streamlit) reads its settings there, in HOME ({printable(home)}); set HOME to a "
+                               "folder of yours") from None
+        if name == "config.toml":
+            try:
+                tomllib.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
+                raise KVTraceError(f"{printable(path)}: not TOML ({err}): Streamlit's settings, which the dashboard "
+                                   "server reads; fix or move the file") from None
 
 
 # How long a stopped server may take to shut down before it is killed.
