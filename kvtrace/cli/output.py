@@ -168,8 +168,14 @@ def fitted_streams() -> Iterator[None]:
     (``>&-``) is the null device; a character the terminal's encoding lacks
     (``PYTHONIOENCODING=ascii``, a run named in Greek) is written as its escape instead of
     failing the command; a failed write to stdout is a StdoutError (StdoutClosed for a
-    closed pipe); one to stderr loses what stderr shows, nothing else."""
+    closed pipe); one to stderr loses what stderr shows, nothing else. A ``COLUMNS`` that is
+    no width (``0``, ``-1``) is set aside for the block: rich laid every table out in it, a
+    terminal's summary, runs and diff tables printed as nothing, exit 0."""
     saved = sys.stdout, sys.stderr
+    columns = os.environ.get("COLUMNS")
+    no_width = columns is not None and not (columns.strip().isdigit() and int(columns) > 0)
+    if no_width:  # (rich asks the terminal instead: its size, or 80 where it says 0)
+        del os.environ["COLUMNS"]
     for name in ("stdout", "stderr"):
         stream = getattr(sys, name)
         if stream is None:
@@ -184,6 +190,8 @@ def fitted_streams() -> Iterator[None]:
         yield
     finally:
         sys.stdout, sys.stderr = saved
+        if no_width:
+            os.environ["COLUMNS"] = str(columns)
 
 
 def _failure(err: OSError) -> StdoutError | StdoutClosed:
