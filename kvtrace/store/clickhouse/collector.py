@@ -165,27 +165,35 @@ def run_id_refused_sql(text: str) -> str:
 
 _UNSUPPORTED = tuple(f"json: unsupported value: {v}" for v in ("NaN", "+Inf", "-Inf"))  # (convert.unsupported_text)
 _OFFSET_TEXT = f"ResourceAttributes[{_q(TIME_OFFSET_RESOURCE_KEY)}]"
+_IDS_PROBLEMS = (  # (condition, reason) of the envelope's ids and times, read by collect's decoder of every span
+    f"NOT match(TraceId, {_q(_HEX.format(32))}) OR TraceId = repeat('0', 32)",
+    "'TraceId: not a trace id (32 hex digits, not all zeros)'",
+    f"NOT match(SpanId, {_q(_HEX.format(16))}) OR SpanId = repeat('0', 16)",
+    "'SpanId: not a span id (16 hex digits, not all zeros)'",
+    f"ParentSpanId != '' AND NOT match(ParentSpanId, {_q(_HEX.format(16))})",
+    "'ParentSpanId: not a span id (16 hex digits)'",
+    "Duration >= 9223372036854775808", "'the span ends before it starts'")
+_RUN_ID_PROBLEM = (
+    f"mapContains(ResourceAttributes, {_q(RUN_ID_RESOURCE_KEY)}) AND {run_id_refused_sql(_RUN_ID_TEXT)}",
+    f"'resource {RUN_ID_RESOURCE_KEY}: expected 1 to {MAX_RUN_ID_CHARS} printable characters without spaces'")
 _ENVELOPE_PROBLEM = (
-    f"multiIf(NOT match(TraceId, {_q(_HEX.format(32))}) OR TraceId = repeat('0', 32), "
-    "'TraceId: not a trace id (32 hex digits, not all zeros)', "
-    f"NOT match(SpanId, {_q(_HEX.format(16))}) OR SpanId = repeat('0', 16), "
-    "'SpanId: not a span id (16 hex digits, not all zeros)', "
-    f"ParentSpanId != '' AND NOT match(ParentSpanId, {_q(_HEX.format(16))}), "
-    "'ParentSpanId: not a span id (16 hex digits)', "
-    "Duration >= 9223372036854775808, 'the span ends before it starts', "
+    "multiIf(" + ", ".join(_IDS_PROBLEMS) + ", "
     f"mapContains(ResourceAttributes, {_q(TIME_OFFSET_RESOURCE_KEY)}) "
     f"AND NOT (match({_OFFSET_TEXT}, '^[0-9]{{1,19}}$') AND toInt128OrNull({_OFFSET_TEXT}) < 9223372036854775808), "
     f"'resource {TIME_OFFSET_RESOURCE_KEY}: not an integer of ns from 0 to 2^63', "
     f"toUnixTimestamp64Nano(Timestamp) < {_OFFSET}, 'the span starts before the resource''s "
     f"{TIME_OFFSET_RESOURCE_KEY}', "
-    f"mapContains(ResourceAttributes, {_q(RUN_ID_RESOURCE_KEY)}) AND {run_id_refused_sql(_RUN_ID_TEXT)}, "
-    f"'resource {RUN_ID_RESOURCE_KEY}: expected 1 to {MAX_RUN_ID_CHARS} printable characters without spaces', "
+    + ", ".join(_RUN_ID_PROBLEM) + ", "
     # a NaN or infinity in a number column (the exporter's text of it: Go's encoding/json error),
     # which collect refuses (``convert._floats``) whatever the span's name: it was kept as an extra
     + "".join(f"SpanAttributes[{_q(c.attr)}] IN ({', '.join(map(_q, _UNSUPPORTED))}), "
               f"{_q(f'{c.attr}: NaN, infinity and numbers beyond a double cannot be stored as numbers')}, "
               for c in SPAN_COLUMN_DEFS if c.attr and c.sql == "DOUBLE")
     + "'')")
+# Why `kvtrace collect` would refuse a ``kvtrace.run`` record whatever its attributes: its ids, its
+# times, its run id (the decoder's checks and ``_named_run``), not its times against the resource's
+# offset nor its number columns, which collect reads of spans alone (a record is stored as no span)
+_RECORD_ENVELOPE_PROBLEM = "multiIf(" + ", ".join((*_IDS_PROBLEMS, *_RUN_ID_PROBLEM)) + ", '')"
 _CHUNK = "Tuple(start_ns Nullable(Int64), end_ns Nullable(Int64), num_tokens Nullable(Int64))"
 
 
@@ -397,27 +405,29 @@ def attach(con, target: ClickHouseTarget) -> None:
         con.command(f"INSERT INTO {table} ({cols}) {select}")  # what the collector wrote before
 
 
-def _first_records(con) -> dict[str, dict]:
+def _first_records(con) -> dict[str, tuple[dict, int, str]]:
     """Each run's first ``kvtrace.run`` record that finishes it, as `kvtrace collect` takes it
-    (``run_rules.run_record``), of the runs no record has finished yet: the exporter's rows of
-    records, oldest first, whose envelope collect takes and whose resource names the run
-    (collect refuses a record that names none: it finished the exporter's ``otlp:<service>``
-    run here). A record collect refuses (a 400) names no run and finishes none."""
+    (``run_rules.run_record``), with its resource's offset and service, of the runs no record
+    has finished yet: the exporter's rows of records, oldest first, whose ids and times collect
+    takes (``_RECORD_ENVELOPE_PROBLEM``) and whose resource names the run (collect refuses a
+    record that names none: it finished the exporter's ``otlp:<service>`` run here). A record
+    collect refuses (a 400) names no run and finishes none."""
     from kvtrace.store.clickhouse.run_rules import RecordRefused, run_record
 
     otel = f"`{con.target.otel_table}`"
     rows = con.ch_frame(
-        f"SELECT {_RUN_ID} AS run_id, CAST(SpanAttributes AS {_STR_MAP}) AS record FROM {otel} "
-        f"WHERE SpanName = {_q(SPAN_RUN)} AND mapContains(ResourceAttributes, {_q(RUN_ID_RESOURCE_KEY)}) "
-        f"AND {_ENVELOPE_PROBLEM} = '' AND run_id NOT IN (SELECT run_id FROM runs WHERE status != 'running' "
-        f"OR writer_host != {_q(COLLECTOR_HOST)}) ORDER BY Timestamp, TraceId, SpanId")
-    first: dict[str, dict] = {}
-    for run_id, record in rows.rows():
+        f"SELECT {_RUN_ID} AS run_id, CAST(SpanAttributes AS {_STR_MAP}) AS record, {_OFFSET} AS o, "
+        f"ServiceName AS service FROM {otel} WHERE SpanName = {_q(SPAN_RUN)} "
+        f"AND mapContains(ResourceAttributes, {_q(RUN_ID_RESOURCE_KEY)}) AND {_RECORD_ENVELOPE_PROBLEM} = '' "
+        f"AND run_id NOT IN (SELECT run_id FROM runs WHERE status != 'running' OR writer_host != "
+        f"{_q(COLLECTOR_HOST)}) ORDER BY Timestamp, TraceId, SpanId")
+    first: dict[str, tuple[dict, int, str]] = {}
+    for run_id, record, offset, service in rows.rows():
         if run_id in first:
             continue
         items = record.items() if isinstance(record, dict) else record  # polars' Map, or its list form
         try:
-            first[run_id] = run_record(dict(items))
+            first[run_id] = (run_record(dict(items)), offset, service)
         except RecordRefused:
             continue
     return first
@@ -477,6 +487,7 @@ def register_collected_runs(con) -> list[str]:
     and summary (``incomplete``, SPANS_MISSING in its summary, where the record says
     ``complete`` and some of the spans its sender numbered have not come). Returns the runs
     finished here, and those finished short whose count changed."""
+    import polars as pl
     import pyarrow as pa
 
     from kvtrace.store.clickhouse.run_rules import sent_span_count, short_summary
@@ -489,8 +500,16 @@ def register_collected_runs(con) -> list[str]:
         f"SELECT c.run_id AS run_id, any(c.{TIME_OFFSET_COLUMN}) AS o, any(c.service_name) AS service, "
         f"c.run_id IN ({spanned}) AS spanned FROM {COLLECTED_RUNS} AS c WHERE c.run_id NOT IN "
         "(SELECT run_id FROM runs) GROUP BY c.run_id ORDER BY c.run_id")
-    # (a run of records alone that `kvtrace collect` refuses is none: a record 'bogus' was listed)
-    new = new.filter([bool(s) or r in records for r, s in zip(new["run_id"].to_list(), new["spanned"].to_list())])
+    # (a run of records alone that `kvtrace collect` refuses is none: a record 'bogus' was listed;
+    # one it takes is, though the collected-runs view left it out: its resource's offset after its
+    # start, which collect reads of spans alone, or a view attached before records named runs)
+    running_sql = (f"SELECT run_id FROM runs WHERE status = 'running' AND writer_host = {_q(COLLECTOR_HOST)} "
+                   "ORDER BY run_id")
+    running = set(con.ch_frame(running_sql)["run_id"].to_list())  # (records name these, or runs not yet in runs)
+    named = {r: o for r, o, _, s in new.rows() if s or r in records}
+    named.update((r, o) for r, (_, o, _) in records.items() if r not in named and r not in running)
+    new = pl.DataFrame({"run_id": sorted(named), "o": [named[r] for r in sorted(named)]},
+                       schema={"run_id": pl.String, "o": pl.Int64})
     if new.height:
         rows: dict[str, list[Any]] = {c: [None] * new.height for c, _, _ in RUN_COLUMNS}
         rows["run_id"] = new["run_id"].to_list()
@@ -501,11 +520,11 @@ def register_collected_runs(con) -> list[str]:
         rows[TIME_OFFSET_COLUMN] = new["o"].to_list()
         types = {"writer_pid": pa.int32(), TIME_OFFSET_COLUMN: pa.int64()}
         con.insert_arrow("runs", pa.table({c: pa.array(v, types.get(c, pa.string())) for c, v in rows.items()}))
-    running = con.ch_frame(f"SELECT run_id FROM runs WHERE status = 'running' AND writer_host = {_q(COLLECTOR_HOST)} "
-                           "ORDER BY run_id")["run_id"].to_list()
     finished = _refresh_short(con)
-    for run_id in (r for r in running if r in records):
-        record = dict(records[run_id])
+    for run_id in con.ch_frame(running_sql)["run_id"].to_list():
+        if run_id not in records:
+            continue
+        record = dict(records[run_id][0])
         # (its mode stays otlp, as `kvtrace collect` keeps it: a kvtrace replay's is read from its
         # config, ``metrics.replayed_mode``)
         fields = {c: v for c, v in (*record.pop("described").items(), *record.items()) if v is not None}
@@ -517,4 +536,23 @@ def register_collected_runs(con) -> list[str]:
                 status, fields["summary"] = "incomplete", short_summary(json.loads(fields["summary"]), sent, held)
         _finish(con, run_id, status, fields)
         finished.append(run_id)
-    return finished
+    return finished + _rebuild_late(con, set(finished))
+
+
+def _rebuild_late(con, done: set[str]) -> list[str]:
+    """The finished collected runs (but ``done``) whose derived tables count other than the spans
+    they hold, rebuilt: spans that came after the run's record finished it (`kvtrace collect`
+    rebuilds such a run's tables as they come, and at its next start: ``_queue_unrebuilt_runs``;
+    here `runs` said 1 span of a complete run holding 3, for good)."""
+    finished = f"SELECT run_id FROM runs WHERE status != 'running' AND writer_host = {_q(COLLECTOR_HOST)}"
+    union = " UNION ALL ".join(f"SELECT run_id FROM {t} WHERE run_id IN ({finished})" for t in SPAN_TABLES)
+    short = con.ch_frame(
+        f"SELECT h.run_id AS run_id FROM (SELECT run_id, count() AS n FROM ({union}) GROUP BY run_id) AS h "
+        "LEFT JOIN (SELECT run_id, toInt64(sum(spans)) AS n FROM span_stats GROUP BY run_id) AS d "
+        "ON d.run_id = h.run_id WHERE h.n != d.n ORDER BY h.run_id")["run_id"].to_list()
+    rebuilt = [r for r in short if r not in done]
+    for run_id in rebuilt:
+        from kvtrace.store.clickhouse.tables import materialise
+
+        materialise(con, run_id)
+    return rebuilt
