@@ -253,6 +253,9 @@ def export(
         # (named at its flag alone: the CLI's own "kvtrace: error:" says which command)
         raise ConfigError("--parquet", None,
                           "expected an output directory, got an empty path (say . for the current one)")
+    if parquet == "-":  # (a folder named '-' was made, where every -o refuses '-' as no file name meant)
+        raise ConfigError("--parquet", None, "-: not stdout here (an export is three files); name a directory, "
+                                             "./- for one of that name")
     for p in export_parquet(db, run, parquet).values():
         typer.echo(printable(p))  # (one path a line: a newline in a name would read as two)
 
