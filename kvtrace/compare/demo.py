@@ -51,6 +51,8 @@ VLLM_DEMO_SETTINGS: dict[str, Any] = {**DEMO_SETTINGS, "capacity_blocks": 100}
 
 def demo_settings(backend: str = "kvtrace") -> dict[str, Any]:
     """The settings every replay of a demo through ``backend``'s all-on run shares."""
+    if not isinstance(backend, str):  # (an array's == "vllm": its truth ValueError; a caller's __eq__ that raises)
+        raise ConfigError("--backend", shown_value(backend), "expected a string")
     return VLLM_DEMO_SETTINGS if backend == "vllm" else DEMO_SETTINGS
 
 

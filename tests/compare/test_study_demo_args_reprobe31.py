@@ -50,3 +50,10 @@ def test_a_demo_of_hostile_progress_or_console_is_refused_before_any_replay(tmp_
     with pytest.raises(ConfigError, match=rf"^{name}: "):
         run_demo(tmp_path / "d.duckdb", limit=2, **{"progress": False, **kwargs})
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("backend", [np.array(["vllm", "kvtrace"]), _NoEq(), 5], ids=["array", "raising-eq", "int"])
+def test_a_demo_through_a_backend_that_is_no_name_is_refused_at_backend(tmp_path, backend):
+    with pytest.raises(ConfigError, match=r"^--backend: .*expected a string$"):
+        run_demo(tmp_path / "d.duckdb", progress=False, limit=2, backend=backend)
+    assert os.listdir(tmp_path) == []
