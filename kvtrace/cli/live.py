@@ -61,6 +61,10 @@ def collect(
            f"{count(collector.requests_rejected, 'request')} rejected")
 
 
+# the bytes of a path a Unix socket's address holds (Linux's sun_path, 108 with its NUL)
+_IPC_PATH_BYTES = 107
+
+
 @capture_app.command("vllm")
 def capture_vllm(
     endpoint: Annotated[str, typer.Option(
@@ -88,6 +92,11 @@ def capture_vllm(
         if address is not None and address.startswith("inproc://"):  # (it recorded a run of nothing, exit 1)
             raise ConfigError(option, address, "inproc:// reaches sockets of this process only, never a vLLM "
                                                "server's: give its tcp:// or ipc:// endpoint")
+        size = len(address.removeprefix("ipc://").encode("utf-8", "surrogateescape")) if address else 0
+        if address is not None and address.startswith("ipc://") and size > _IPC_PATH_BYTES:
+            # (ZMQ's connect refused it, 'File name too long', once the capture's run was made: a failed run)
+            raise ConfigError(option, address, f"the socket path is {size:,} bytes, past the {_IPC_PATH_BYTES} a "
+                                               "Unix socket's address holds; give a shorter path (or tcp://)")
     capture_endpoints(endpoint, replay_endpoint, duration, dp_size)  # (before ZMQ and the store load)
     if trace_out is not None:  # before anything is received (a store there would be lost)
         from kvtrace.store.backend import is_clickhouse
