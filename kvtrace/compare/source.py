@@ -7,7 +7,7 @@ are refused unless forced: a diff is an isolated measurement only on the same tr
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import duckdb
@@ -28,7 +28,7 @@ from kvtrace.compare.model import (
 )
 from kvtrace.compare.options import DEFAULT_RESAMPLES, check_diff_options, check_diff_runs
 from kvtrace.compare.pairing import behaviours_on, same_trace
-from kvtrace.errors import KVTraceError
+from kvtrace.errors import ConfigError, KVTraceError
 from kvtrace.metrics import (
     BLOCK_UNIT_KEYS,
     DEFAULT_PERCENTILES,
@@ -39,7 +39,7 @@ from kvtrace.metrics import (
     replayed_mode,
     run_backend,
 )
-from kvtrace.names import printable, run_kind
+from kvtrace.names import printable, run_kind, shown_value
 from kvtrace.store import read
 from kvtrace.store.errors import StoreError
 
@@ -234,6 +234,8 @@ def diff_results(
     come from spans: a store's alone."""
     check_diff_options(seed, top, resamples)
     percentiles = _checked_percentiles(percentiles)
+    _check_kept(summary_a=summary_a, per_request_a=per_request_a, summary_b=summary_b, per_request_b=per_request_b,
+                run_a=run_a, run_b=run_b)
     diff = diff_summaries(summary_a, summary_b, run_a=run_a, run_b=run_b, ci_verdicts=True)
     kept_a, kept_b = _kept_requests(per_request_a), _kept_requests(per_request_b)
     if kept_a is None or kept_b is None:  # (a cache-only run: no latencies, and none of its hits per request stored)
@@ -242,6 +244,33 @@ def diff_results(
     other = _pair_requests(diff, hits_a, hits_b, [], top)
     _add_latency(diff, latency_a, latency_b, seed, resamples, percentiles, pair=not other)
     return diff
+
+
+_KEPT_REQUEST_KEYS = ("request_id", "prompt_tokens", "hit_tokens", "ttft_ns", "itl_ns")  # (what _kept_requests reads)
+
+
+def _check_kept(**given: Any) -> None:
+    """A ConfigError naming the argument for an API caller's replay kept in memory that is not
+    what RunResult keeps: a summary or run record that is no dict, per-request rows that are
+    no list of dicts, or an engine run's rows without a key the comparison reads (each was a
+    TypeError, AttributeError, KeyError or numpy truth ValueError inside the comparison)."""
+    for name, value in given.items():
+        if name.startswith("per_request"):
+            rows = value if isinstance(value, (list, tuple)) else None
+            bad = None if value is None else shown_value(value) if rows is None else next(
+                (shown_value(r) for r in rows if not isinstance(r, Mapping)), None)
+            if bad is not None:
+                raise ConfigError(name, bad, "expected a replay's per-request rows, a list of dicts "
+                                             "(RunResult.per_request)")
+            if rows and "ttft_ns" in rows[0]:  # (an engine run's: read below)
+                for row in rows:
+                    missing = next((k for k in _KEPT_REQUEST_KEYS if k not in row), None)
+                    if missing is not None:
+                        raise ConfigError(name, shown_value(row), f"expected each row to hold {missing!r}")
+        elif not isinstance(value, Mapping) and not (name.startswith("run_") and value is None):
+            what = "a run's record, a dict (RunResult.record)" if name.startswith("run_") else \
+                "a replay's summary, a dict (RunResult.summary)"
+            raise ConfigError(name, shown_value(value), f"expected {what}")
 
 
 def _kept_requests(per_request: Sequence[dict[str, Any]]) -> tuple[pl.DataFrame, dict[str, pl.DataFrame]] | None:
