@@ -29,8 +29,9 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanKind, Status, StatusCode, TraceFlags, TraceState
 
-from kvtrace.errors import KVTraceError
+from kvtrace.errors import ConfigError, KVTraceError
 from kvtrace.instrument.batch import BATCH_SCHEMA, conform
+from kvtrace.names import shown_value
 from kvtrace.store.clickhouse.span_rules import ATTRIBUTE_OF, span_problem
 from kvtrace.store.schema import (
     ATTRIBUTE_COLUMNS,
@@ -545,7 +546,11 @@ class SpanRowsBuilder:
 def readable_spans_to_table(spans: Iterable[ReadableSpan], default_source: str | None = None,
                             full_resource: bool = False) -> pa.Table:
     rows = SpanRowsBuilder(full_resource)
+    if isinstance(spans, (str, bytes)) or not isinstance(spans, Iterable):
+        raise ConfigError("readable_spans_to_table", "spans", f"expected ReadableSpans, got {shown_value(spans)}")
     for span in spans:
+        if not isinstance(span, ReadableSpan):  # (an AttributeError deep in the row builder)
+            raise ConfigError("readable_spans_to_table", "spans", f"expected ReadableSpans, got {shown_value(span)}")
         rows.add_readable(span, default_source)
     return rows.to_table()
 
@@ -606,6 +611,9 @@ def table_to_readable_spans(table: pa.Table, resource: Resource | None = None,
     ``time_offset_ns`` is added to the start, end and event times (an OTLP export: see
     ``schema.TIME_OFFSET_RESOURCE_KEY``); ``first_seq``: number the spans from it in a
     ``kvtrace.seq`` attribute (their order in the run, which a collector may lose)."""
+    if not isinstance(table, pa.Table):
+        raise ConfigError("table_to_readable_spans", "table", f"expected a pyarrow Table of store rows, got "
+                                                              f"{shown_value(table)}")
     n = table.num_rows
     cols = {c: table.column(c).to_pylist() for c in table.column_names if table.column(c).null_count < n}
     typed = [(key, cols[col], _attr_encoder(col)) for key, col in ATTRIBUTE_COLUMNS.items() if col in cols]

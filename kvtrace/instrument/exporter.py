@@ -16,13 +16,30 @@ from collections.abc import Sequence
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from kvtrace.errors import ConfigError
 from kvtrace.instrument.batch import SpanBatch
 from kvtrace.instrument.convert import readable_spans_to_table
+from kvtrace.names import shown_value
+
+# What the exporter calls of its store: a kvtrace Store's, or a sweep worker's in-memory sink
+STORE_METHODS = ("append_spans", "flush_if_due", "flush", "release")
+
+
+def check_span_sink(store: object, run_id: object, where: str) -> None:
+    """Refuse, at ``where``, a store the exporter cannot write to (a path given for an open
+    store was taken, and the first hand-over was an AttributeError inside the run) and a run
+    id that is no string."""
+    if not all(callable(getattr(store, m, None)) for m in STORE_METHODS):
+        raise ConfigError(where, "store", f"expected an open kvtrace Store (kvtrace.store.Store.open(path)), "
+                                          f"got {shown_value(store)}")
+    if not isinstance(run_id, str) or not run_id:
+        raise ConfigError(where, "run_id", f"expected the id of a run created in the store, got {shown_value(run_id)}")
 
 
 class DuckDBSpanExporter(SpanExporter):
     def __init__(self, store, run_id: str):
         """``store``: an open ``kvtrace.store.writer.Store``; ``run_id``: a run created in it."""
+        check_span_sink(store, run_id, "DuckDBSpanExporter")
         self.store = store
         self.run_id = run_id
         self.spans_written = 0

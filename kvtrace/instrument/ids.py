@@ -10,9 +10,13 @@ because cache spans (lookups, copies) link to a request before it has finished.
 from __future__ import annotations
 
 import hashlib
+import numbers
 
 import numpy as np
 from opentelemetry.sdk.trace.id_generator import IdGenerator
+
+from kvtrace.errors import MAX_SEED, ConfigError
+from kvtrace.names import shown_value
 
 _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
@@ -38,11 +42,19 @@ def mix64(x: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
+def check_id_seed(seed: object, where: str) -> int:
+    """A span-id seed as ``--seed`` takes one (an int from 0 to MAX_SEED), refused at ``where``
+    otherwise (a str or None was a TypeError or ValueError traceback, 1.5 cut to 1)."""
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= int(seed) <= MAX_SEED:
+        raise ConfigError(where, "seed", f"expected an int from 0 to {MAX_SEED:,}, got {shown_value(seed)}")
+    return int(seed)
+
+
 class SeededIdGenerator(IdGenerator):
     """An OTel ``IdGenerator`` whose ids are a pure function of (seed, ordinal)."""
 
     def __init__(self, seed: int = 0):
-        self.seed = int(seed)
+        self.seed = check_id_seed(seed, "SeededIdGenerator")
         self._next = 0
         base = _mix(self.seed & _MASK64)
         self._keys = {k: _mix(base ^ k) for k in (_SPAN, _TRACE_HI, _TRACE_LO)}

@@ -56,7 +56,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from kvtrace import __version__
 from kvtrace.engine.events import StepBatch
-from kvtrace.errors import KVTraceError
+from kvtrace.errors import ConfigError, KVTraceError
 from kvtrace.instrument.batch import SCOPE_NAME, Envelope, SpanBatch
 from kvtrace.instrument.convert import (
     RUN_ID_RESOURCE_KEY,
@@ -64,10 +64,11 @@ from kvtrace.instrument.convert import (
     stored_resource_items,
     table_to_readable_spans,
 )
-from kvtrace.instrument.ids import SeededIdGenerator
+from kvtrace.instrument.ids import SeededIdGenerator, check_id_seed
 from kvtrace.instrument.processor import BulkSpanProcessor
 from kvtrace.instrument.spans import SpanBatchBuilder
 from kvtrace.metrics import CACHE_ONLY_STEP_NS
+from kvtrace.names import shown_value
 from kvtrace.store.schema import BACKEND_RESOURCE_KEY, RUN_RECORD_PREFIX, SPAN_RUN
 
 DEFAULT_FLUSH_SPANS = 32_768
@@ -124,6 +125,13 @@ class KVCacheInstrumentor:
         flush_steps: int = DEFAULT_FLUSH_STEPS,
         flush_cache_steps: int = DEFAULT_FLUSH_CACHE_STEPS,
     ):
+        if run_id is not None and not isinstance(run_id, str):  # (keyed the spans' resource as given)
+            raise ConfigError("KVCacheInstrumentor", "run_id", f"expected a string, got {shown_value(run_id)}")
+        check_id_seed(seed, "KVCacheInstrumentor")
+        for name, every in (("flush_spans", flush_spans), ("step_ns", step_ns), ("flush_steps", flush_steps),
+                            ("flush_cache_steps", flush_cache_steps)):
+            if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+                raise ConfigError("KVCacheInstrumentor", name, f"expected an int >= 1, got {shown_value(every)}")
         self.tracer_provider = tracer_provider if tracer_provider is not None else trace_api.get_tracer_provider()
         self.run_id = run_id
         self.seed = seed

@@ -33,11 +33,11 @@ from opentelemetry.sdk.trace.export import SpanExporter
 
 from kvtrace.errors import ConfigError, KVTraceError
 from kvtrace.instrument.convert import RUN_ID_RESOURCE_KEY
-from kvtrace.instrument.exporter import DuckDBSpanExporter
-from kvtrace.instrument.ids import SeededIdGenerator
+from kvtrace.instrument.exporter import DuckDBSpanExporter, check_span_sink
+from kvtrace.instrument.ids import SeededIdGenerator, check_id_seed
 from kvtrace.instrument.instrumentor import DEFAULT_STEP_NS, KVCacheInstrumentor, provider_span_processors
 from kvtrace.instrument.processor import BulkSpanProcessor
-from kvtrace.names import OTLP_ENDPOINT_VARIABLES, errno_phrase, otlp_requested
+from kvtrace.names import OTLP_ENDPOINT_VARIABLES, errno_phrase, otlp_requested, shown_value
 from kvtrace.store.schema import SPAN_RUN, TIME_OFFSET_RESOURCE_KEY
 
 _ENV_ENDPOINTS = OTLP_ENDPOINT_VARIABLES
@@ -310,13 +310,21 @@ def build_tracer_provider(
     OTLP export names (``kvtrace.run.id``; default ``run_id``), see ``unique_export_run_id``.
     Call ``provider.force_flush()`` before ``store.finish_run`` and ``shutdown()`` at the end.
     """
+    # (what it cannot use, refused before anything starts: a path for the store was an
+    # AttributeError at the first hand-over, an int endpoint one inside urllib)
+    if store is not None:
+        check_span_sink(store, run_id, "build_tracer_provider")
+    elif run_id is not None and not isinstance(run_id, str):
+        raise ConfigError("build_tracer_provider", "run_id", f"expected a string, got {shown_value(run_id)}")
+    if otlp_endpoint is not None and not isinstance(otlp_endpoint, str):
+        raise ConfigError("build_tracer_provider", "otlp_endpoint", f"expected a URL, got {shown_value(otlp_endpoint)}")
+    check_id_seed(seed, "build_tracer_provider")
     exporting = export and otlp_requested(otlp_endpoint)  # (export False: never, whatever OTEL_* says)
     offset = export_time_offset(time_offset_ns) if exporting else None
     resource = make_resource(run_id, service_name, resource_attributes, offset)
     provider = TracerProvider(resource=resource, id_generator=SeededIdGenerator(seed))
     if store is not None:
-        if run_id is None:
-            raise ValueError("build_tracer_provider: a store needs a run_id")
+        assert run_id is not None  # (check_span_sink's)
         # background: the export thread also commits what waits once it is due, between
         # hand-overs (a store not of kvtrace.store, a sweep worker's in memory, has no need)
         provider.add_span_processor(

@@ -34,8 +34,10 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from kvtrace.errors import ConfigError
 from kvtrace.instrument.batch import SpanBatch
 from kvtrace.instrument.convert import table_to_readable_spans
+from kvtrace.names import shown_value
 
 _log = logging.getLogger(__name__)
 _STOP = object()
@@ -83,6 +85,10 @@ class BulkSpanProcessor(SpanProcessor):
         and a kill -9 lost them (2.4 s behind on the Mooncake trace, 5.9 s at
         ``dense-attention``); a reader waited for it too. Its errors reach the producer as
         an export's."""
+        # (else an AttributeError at the first export, on the worker thread where there is one)
+        if not any(callable(getattr(exporter, m, None)) for m in ("export", "export_batch")):
+            raise ConfigError("BulkSpanProcessor", "exporter",
+                              f"expected an OTel SpanExporter or a columnar one, got {shown_value(exporter)}")
         self.exporter = exporter
         self.max_export_batch_size = max_export_batch_size
         self.max_export_bytes = max_export_bytes

@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from kvtrace.engine.events import StepExecuted
+from kvtrace.errors import ConfigError
 from kvtrace.instrument.arrow_columns import constant, constant_map, single_item_lists
 from kvtrace.instrument.batch import BATCH_SCHEMA, Envelope, SpanBatch
 from kvtrace.instrument.ids import SeededIdGenerator
@@ -43,6 +44,7 @@ from kvtrace.instrument.span_kinds import (
     inferred_by,
     inferred_column,
 )
+from kvtrace.names import shown_value
 from kvtrace.store.schema import FAMILY_OF_NAME, SPAN_STEP
 
 _I64, _U64, _STR = pa.int64(), pa.uint64(), pa.string()
@@ -58,6 +60,8 @@ class SpanBatchBuilder:
                  "_step", "_step_inferred", "_step_no", "_timed", "envelope", "ids")
 
     def __init__(self, ids: SeededIdGenerator, envelope: Envelope | None = None):
+        if not isinstance(ids, SeededIdGenerator):  # (its span ids are reserved in bulk: no other generator's)
+            raise ConfigError("SpanBatchBuilder", "ids", f"expected a SeededIdGenerator, got {shown_value(ids)}")
         self.ids = ids
         self.envelope = envelope if envelope is not None else Envelope()
         backend = self.envelope.backend  # what its cache infers (span_kinds): kvtrace's, nothing
