@@ -9,7 +9,7 @@ import typer
 
 from kvtrace.cli.application import app
 from kvtrace.cli.options import output_file, typed_paths
-from kvtrace.cli.output import is_stdout, status
+from kvtrace.cli.output import is_stdout, shell_word, status
 from kvtrace.errors import KVTraceError, check_option
 
 
@@ -90,7 +90,7 @@ def calibrate(
             # /dev/null" read nothing back)
             status(f"wrote the cost model to {out} (not a file: save it to one to use it with --config)")
         else:
-            status(f"wrote {out} (use it with: kvtrace replay TRACE --config {out})")
+            status(f"wrote {out} (use it with: kvtrace replay TRACE --config {shell_word(out)})")
 
 
 def _a_stream(out: str) -> bool:

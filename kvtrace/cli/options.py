@@ -69,6 +69,7 @@ DbRequired = Annotated[str, typer.Option(metavar="STORE", callback=_store_to_wri
 
 def _existing_store(db: str) -> str:
     # checked while parsing, before the command imports duckdb: a typo is told at once
+    from kvtrace.cli.output import shell_word
     from kvtrace.errors import KVTraceError, file_problem
     from kvtrace.names import printable
     from kvtrace.store.backend import is_clickhouse, url_like_problem
@@ -80,7 +81,7 @@ def _existing_store(db: str) -> str:
     shown = printable(db)  # (as typed: a newline in the path shown as \n, not joined into a space)
     # (md:foo, s3://...: told as the writer tells it; its "kvtrace replay --db md:foo" hint was refused)
     problem = url_like_problem(db) or file_problem(
-        db, missing=f"no such database (run `kvtrace demo` or `kvtrace replay TRACE --db {shown}`)")
+        db, missing=f"no such database (run `kvtrace demo` or `kvtrace replay TRACE --db {shell_word(db)}`)")
     if problem is not None:
         raise KVTraceError(f"{shown}: {problem}")
     return db

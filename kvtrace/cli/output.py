@@ -35,6 +35,15 @@ def error(msg: str) -> None:
     typer.echo(f"kvtrace: error: {line}", err=True)
 
 
+def shell_word(text: object) -> str:
+    """``text`` as a command line shown for copying takes it: one shell word (a path with a
+    space, a quote or a glob character quoted, as the demo's closing command quotes it), its
+    control characters as escapes."""
+    import shlex
+
+    return printable(shlex.quote(str(text)))
+
+
 def status(msg: str) -> None:
     """A status line on stderr, so stdout stays clean for data: one line, whatever path or
     name it quotes."""

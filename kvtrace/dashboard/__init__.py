@@ -101,8 +101,13 @@ def launch(db: str | os.PathLike, host: str = "127.0.0.1", port: int = 8501, run
     path = Path(db)
     if not is_clickhouse(db):
         if not path.exists():
-            raise ConfigError("kvtrace dashboard", "--db", f"{path}: no such database file (fill one with "
-                                                           f"`kvtrace demo` or `kvtrace replay TRACE --db {path}`)")
+            import shlex
+
+            from kvtrace.names import printable
+
+            raise ConfigError("kvtrace dashboard", "--db", f"{path}: no such database file (fill one with `kvtrace "
+                                                           f"demo` or `kvtrace replay TRACE --db "
+                                                           f"{printable(shlex.quote(str(path)))}`)")
         from kvtrace.store.connection import read_connection
 
         with read_connection(path):  # the check every reader makes (`kvtrace runs`): a kvtrace store
