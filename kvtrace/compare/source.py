@@ -65,6 +65,7 @@ def diff_runs(
     """
     check_diff_options(seed, top, resamples)
     check_diff_runs(run_a, run_b, force)
+    run_a, run_b = str.__str__(run_a), str.__str__(run_b)  # (a str subclass's own __eq__ or __repr__ never runs)
     percentiles = _checked_percentiles(percentiles)
     view = StoreView(db)
     # Everything both runs' comparison reads, from one committed state of the store (the

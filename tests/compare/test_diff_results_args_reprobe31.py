@@ -41,3 +41,25 @@ def test_an_engine_runs_row_without_a_key_the_comparison_reads_is_refused(kept):
     del rows[3]["itl_ns"]
     with pytest.raises(ConfigError, match=r"^per_request_b: .*expected each row to hold 'itl_ns'$"):
         diff_results(**{**kept, "per_request_b": rows})
+
+
+class _RunId(str):
+    """A run id of a str subclass whose own repr and == raise (diff_runs raised them from the
+    store's queries and its error lines)."""
+
+    def __repr__(self):
+        raise RuntimeError("no repr")
+
+    def __eq__(self, other):
+        raise RuntimeError("no eq")
+
+    __hash__ = str.__hash__
+
+
+def test_diff_runs_reads_run_ids_of_a_str_subclass_as_the_strings_they_are(tmp_path):
+    db = str(tmp_path / "s.duckdb")
+    run_replay(RunSpec("gen:chat", limit=6, mode="cache-only"), db=db, export=False)
+    run_replay(RunSpec("gen:chat", limit=6, mode="cache-only", seed=1), db=db, export=False)
+    from kvtrace.compare.source import diff_runs
+
+    assert diff_runs(db, _RunId("r1"), _RunId("r2"), force=True).run_b["run_id"] == "r2"
