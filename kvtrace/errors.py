@@ -5,7 +5,7 @@ import os
 import re
 import stat
 
-from kvtrace.names import printable
+from kvtrace.names import printable, shown_value
 
 # What str.splitlines splits at: each shown as its escape in an error's one line
 _LINE_BREAKS = re.compile("[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
@@ -67,11 +67,11 @@ def check_option(option: str, value: int | float, minimum: int | float,
     unless it is a finite number in [minimum, maximum] (NaN and inf are refused)."""
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if not number or (isinstance(value, float) and not math.isfinite(value)):
-        raise ConfigError(option, str(value), "expected a finite number")
+        raise ConfigError(option, shown_value(value), "expected a finite number")
     if value < minimum:
-        raise ConfigError(option, str(value), f"expected >= {minimum:,}")
+        raise ConfigError(option, shown_value(value), f"expected >= {minimum:,}")
     if maximum is not None and value > maximum:
-        raise ConfigError(option, str(value), f"expected at most {maximum:,}")
+        raise ConfigError(option, shown_value(value), f"expected at most {maximum:,}")
     return value
 
 
@@ -88,7 +88,8 @@ def check_limit(limit: int | None, option: str = "--limit") -> int | None:
     negative one reached the trace reader, which named its own parameter ``limit``, and 0
     recorded an empty run (where ``runs --limit 0`` means all: one flag, two meanings)."""
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise ConfigError(option, str(limit), "expected a number of requests >= 1 (without it: the whole trace)")
+        raise ConfigError(option, shown_value(limit),
+                          "expected a number of requests >= 1 (without it: the whole trace)")
     return limit
 
 

@@ -14,7 +14,7 @@ from kvtrace.engine.clock import COEFFICIENTS, CostModel
 from kvtrace.engine.config import SchedulerConfig
 from kvtrace.engine.engine import Engine
 from kvtrace.engine.presets import get_preset
-from kvtrace.errors import KVTraceError
+from kvtrace.errors import KVTraceError, check_limit, check_option, check_seed
 from kvtrace.metrics import parse_percentiles
 from kvtrace.names import shown_count
 from kvtrace.workload import TraceRequest
@@ -101,3 +101,13 @@ def test_a_hostile_percentile_is_one_short_line(value) -> None:
 def test_a_count_is_quoted_with_separators_and_a_huge_one_by_its_size() -> None:
     assert shown_count(33_554_432) == "33,554,432"
     assert shown_count(10**5000) == "<int of about 5,001 digits>"
+
+
+@pytest.mark.parametrize("value", [*VALUES.values(), -(10**5000)], ids=[*VALUES.keys(), "-5,001-digit int"])
+@pytest.mark.parametrize("check", [check_seed, check_limit, lambda v: check_option("--x", v, 0, 10)],
+                         ids=["check_seed", "check_limit", "check_option"])
+def test_a_flags_check_quotes_an_api_callers_value_as_one_short_line(check, value) -> None:
+    with pytest.raises(KVTraceError) as err:  # (str(value) raised, or wrote it whole)
+        check(value)
+    line = str(err.value)
+    assert "\n" not in line and len(line) < 400, line[:400]
