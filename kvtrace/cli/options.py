@@ -42,22 +42,23 @@ def _store_to_write(db: str | None) -> str | None:
     if db is None:
         return None
     blank_name(db)
-    problem = store_to_write_problem(db) or wal_folder_problem(db)
+    problem = store_to_write_problem(db) or rewritten_path_problem(db)
     if problem is not None:  # (the path as typed: a newline in it shown as \n, not joined into a space)
         raise KVTraceError(f"{printable(db) if db else repr(db)}: {problem}")
     return db
 
 
-def wal_folder_problem(db: str) -> str | None:
-    """``store.connection.wal_folder_problem`` of a DuckDB store to write (a '?' in its folder:
-    every commit failed, after the store file was made), duckdb loaded only where a '?' is."""
+def rewritten_path_problem(db: str, writing: bool = True) -> str | None:
+    """``store.connection.rewritten_path_problem`` of a DuckDB store (a leading '~', a '\\', a
+    '?' in the folder of one to write: DuckDB would open or log elsewhere), duckdb loaded only
+    where one of them is."""
     from kvtrace.store.backend import is_clickhouse
 
-    if is_clickhouse(db) or "?" not in os.path.realpath(db):
+    if is_clickhouse(db) or not (db.startswith("~") or "\\" in db or any(c in os.path.realpath(db) for c in "?\\")):
         return None
-    from kvtrace.store.connection import wal_folder_problem as problem
+    from kvtrace.store.connection import rewritten_path_problem as problem
 
-    return problem(db)
+    return problem(db, writing)
 
 
 # A store a command writes into: created when missing.
@@ -80,7 +81,7 @@ def _existing_store(db: str) -> str:
         raise KVTraceError("--db: expected a store path, got an empty one")
     shown = printable(db)  # (as typed: a newline in the path shown as \n, not joined into a space)
     # (md:foo, s3://...: told as the writer tells it; its "kvtrace replay --db md:foo" hint was refused)
-    problem = url_like_problem(db) or file_problem(
+    problem = url_like_problem(db) or rewritten_path_problem(db, writing=False) or file_problem(
         db, missing=f"no such database (run `kvtrace demo` or `kvtrace replay TRACE --db {shell_word(db)}`)")
     if problem is not None:
         raise KVTraceError(f"{shown}: {problem}")

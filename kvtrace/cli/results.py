@@ -21,7 +21,7 @@ from kvtrace.cli.options import (
     Percentiles,
     blank_name,
     replay_options,
-    wal_folder_problem,
+    rewritten_path_problem,
 )
 from kvtrace.cli.options import percentiles as parse_percentiles
 from kvtrace.cli.output import echo_json, error, one_format, print_rows, recorded, shell_word, status
@@ -226,7 +226,7 @@ def demo(
     if not is_clickhouse(db):
         from kvtrace.errors import KVTraceError, read_only_problem
 
-        problem = read_only_problem(db) or wal_folder_problem(db)
+        problem = read_only_problem(db) or rewritten_path_problem(db)
         if problem is not None:  # (the new store's rename replaced it all the same)
             raise KVTraceError(f"{printable(db)}: {problem}")  # (a newline in it shown as \n, not a space)
         demo_target(db)  # (before the replay engine loads: a wrong --db is told at once)

@@ -323,18 +323,29 @@ os.register_at_fork(after_in_child=_WriterLock.forget)
 _NO_STORE = "no such database file (run `kvtrace replay --db` or `kvtrace demo` first)"
 
 
-def wal_folder_problem(path: str) -> str | None:
-    """Why DuckDB cannot keep ``path``'s write-ahead log beside it; None where it can.
+def rewritten_path_problem(path: str, writing: bool) -> str | None:
+    """Why DuckDB would not open ``path`` as kvtrace names it; None where it would.
 
-    DuckDB names the log by putting ``.wal`` before the first ``?`` of the store's real path
-    (what follows a ``?`` read as a URL's parameters), not at its end: a ``?`` in the
-    store's folder sends the log to another folder (``q?x/s.duckdb``'s to ``q.wal?x/s.duckdb``),
-    where every commit failed (a missing folder, an empty database left behind) or the log
-    went into someone else's folder, over whatever file had its name. (A ``?`` in the file's
-    own name keeps the log beside it, under a name DuckDB reads back.)"""
+    DuckDB 2.0.1 rewrites a path before it opens it: a leading ``~`` is the home folder,
+    joined as text (``~/s.duckdb`` is $HOME/s.duckdb where kvtrace checked ./~/s.duckdb, and
+    ``~x.duckdb`` is $HOME + ``x.duckdb``, a file beside the home folder), and every ``\\`` is
+    a ``/`` (a Windows separator: ``a\\b/s.duckdb`` opened ``a/b/s.duckdb``, another file, for
+    reading and writing). And it names the write-ahead log by putting ``.wal`` before the
+    first ``?`` of the store's real path: a ``?`` in the store's folder sends the log to
+    another folder (``q?x/s.duckdb``'s to ``q.wal?x/s.duckdb``), where every commit failed (a
+    missing folder, an empty database left behind) or the log went into someone else's
+    folder. (A ``?`` in the file's own name keeps the log beside it, under a name DuckDB
+    reads back.)"""
     real = os.path.realpath(path)  # (DuckDB's: links followed, relative to the current directory)
+    if path.startswith("~"):
+        home = os.environ.get("HOME") or "~"
+        return (f"DuckDB reads a leading '~' as the home folder: it would open {printable(home + path[1:])}, not "
+                f"{printable(real)}; write the path out ($HOME/..., or ./{printable(path)} for that name here)")
+    if "\\" in path or "\\" in real:
+        return (f"DuckDB reads a '\\' in a path as '/' (a Windows separator): it would open "
+                f"{printable(real.replace(chr(92), '/'))}, another file; rename the folder or file without '\\'")
     folder = os.path.dirname(real)
-    if "?" not in folder:
+    if not writing or "?" not in folder:
         return None
     at = real.index("?")
     return (f"a '?' in its folder {printable(folder)}: DuckDB would write the store's log at "
@@ -349,8 +360,8 @@ class _TurnTaken(Exception):
 def _open(path: str, read_only: bool, timeout_s: float) -> duckdb.DuckDBPyConnection:
     """A connection to ``path``; a read-write one holds the writer lock until ``_close_writer``."""
     problem = duckdb_path_problem(path, missing=_NO_STORE if read_only else None)
-    if problem is None and not read_only:
-        problem = wal_folder_problem(path)
+    if problem is None:
+        problem = rewritten_path_problem(path, writing=not read_only)
     if problem is not None:
         raise StoreError(path or "''", problem)
     real = os.path.realpath(path)  # (the markers and the lock of the file, whatever name it is reached by)
