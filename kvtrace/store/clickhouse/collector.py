@@ -334,7 +334,16 @@ def _stored(names: Iterable[str] | None = None) -> str:
     the ruled span names among ``names`` (None: all). A span left out stays in the exporter's
     table, its reason in otel_refused_spans."""
     ruled = [(n, p) for n, p in _problems() if names is None or n in names]
-    return f"{_ENVELOPE_PROBLEM} = ''" + "".join(f" AND (SpanName != {_q(n)} OR {p} = '')" for n, p in ruled)
+    return (f"{_ENVELOPE_PROBLEM} = '' AND NOT {_NOT_COLLECTED}"
+            + "".join(f" AND (SpanName != {_q(n)} OR {p} = '')" for n, p in ruled))
+
+
+# A span naming a run of the store that no collector made (a replay's or a capture's: its mode is
+# not otlp), which `kvtrace collect` refuses (a 400: nothing is added to it): its spans were added
+# to the replay's here, and every view of the run counted them (11 requests of a replay of 10)
+_NOT_COLLECTED = f"({_RUN_ID} IN (SELECT run_id FROM runs WHERE mode != 'otlp'))"
+_NOT_COLLECTED_WHY = (f"'resource {RUN_ID_RESOURCE_KEY}: a run of this store that no collector made: nothing is "
+                      "added to it'")
 
 
 def _problems() -> list[tuple[str, str]]:
@@ -368,7 +377,7 @@ def _side_tables(otel_table: str) -> list[tuple[str, str, str, str]]:
          "SELECT run_id, name, trace_id, span_id, start_ns, reason FROM ("
          f"SELECT {_RUN_ID} AS run_id, SpanName AS name, TraceId AS trace_id, SpanId AS span_id, "
          f"toUnixTimestamp64Nano(Timestamp) - {_OFFSET} AS start_ns, "
-         f"multiIf({_ENVELOPE_PROBLEM} != '', {_ENVELOPE_PROBLEM}, "
+         f"multiIf({_ENVELOPE_PROBLEM} != '', {_ENVELOPE_PROBLEM}, {_NOT_COLLECTED}, {_NOT_COLLECTED_WHY}, "
          f"{', '.join(f'SpanName = {_q(n)}, {p}' for n, p in _problems())}, '') AS reason "
          f"FROM {otel_table} WHERE SpanName != {_q(SPAN_RUN)}) WHERE reason != ''"),
         (COLLECTED_RUNS,
