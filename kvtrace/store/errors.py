@@ -12,7 +12,9 @@ DAMAGED = "damaged kvtrace store"  # how every error about a store's broken insi
 COMMITTED_STAYS = "(what was committed before stays)"  # how a write the disk refused ends
 # DuckDB's async writer wraps the system's reason in JSON (a full disk while a file grows:
 # ..."Could not write file \"...\": No space left on device","errno":"28"})
-_JSON_ERRNO = re.compile(r'"errno":"(?P<errno>\d+)"')
+# (at the end of the text, where the JSON closes: a path holding "errno":"2" is the user's, and
+# was read as the reason, 'No such file or directory' for a full disk)
+_JSON_ERRNO = re.compile(r'"errno":"(?P<errno>\d{1,9})"\}*\s*$')
 
 
 def write_failure_reason(text: str) -> str:
