@@ -15,6 +15,7 @@ The behaviour names are the cache config's switches, imported from their one hom
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -424,6 +425,8 @@ def run_study(
         from kvtrace.replay.run import check_spec
 
         check_spec(base, "base")
+    if isinstance(trace, os.PathLike):  # (a notebook's pathlib.Path, as RunSpec takes one: it was refused)
+        trace = RunSpec(trace).trace
     if trace is not None and not isinstance(trace, str):  # (a numpy array: its truth ValueError)
         raise ConfigError("TRACE", shown_value(trace), "expected a trace file's path or gen:NAME, a string")
     if base is None:

@@ -57,3 +57,11 @@ def test_a_demo_through_a_backend_that_is_no_name_is_refused_at_backend(tmp_path
     with pytest.raises(ConfigError, match=r"^--backend: .*expected a string$"):
         run_demo(tmp_path / "d.duckdb", progress=False, limit=2, backend=backend)
     assert os.listdir(tmp_path) == []
+
+
+def test_a_study_of_a_trace_given_as_a_path_replays_it_as_runspec_takes_one():
+    from pathlib import Path
+
+    trace = Path(__file__).parents[1] / "data" / "mooncake_synthetic_trace.jsonl"
+    result = run_study("shared-prefix-pinning", trace=trace, limit=3)
+    assert result.trace == str(trace)
