@@ -25,7 +25,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from kvtrace.errors import KVTraceError
 from kvtrace.instrument.otlp.limits import MAX_SPANS_PER_REQUEST
-from kvtrace.names import cut_middle
+from kvtrace.names import cut_middle, shown_value
 
 _KINDS = {0: None, 1: None, 2: "Server", 3: "Client", 4: "Producer", 5: "Consumer"}
 _KIND_NAMES = {"SPAN_KIND_UNSPECIFIED": 0, "SPAN_KIND_INTERNAL": 1, "SPAN_KIND_SERVER": 2,
@@ -248,18 +248,12 @@ def _json_int(v: Any, what: str, lo: int = _I64[0], hi: int = _I64[1]) -> int:
     elif (isinstance(v, float) and v.is_integer()) or (isinstance(v, str) and _DECIMAL.fullmatch(v)):
         out = int(v)
     if out is None:
-        raise PayloadError(f"{what}: expected an integer, got {_shown(v)}")
+        raise PayloadError(f"{what}: expected an integer, got {shown_value(v, 40)}")
     if not lo <= out <= hi:
         # (the value shortened: a refusal is cut at _MESSAGE_CHARS, and 1e300's 301 digits
         # took the rest of it, "is out of range" included)
-        raise PayloadError(f"{what}: {_shown(out)} is out of range ({lo} to {hi})")
+        raise PayloadError(f"{what}: {shown_value(out, 40)} is out of range ({lo} to {hi})")
     return out
-
-
-def _shown(v: Any) -> str:
-    """A value as a refusal quotes it: at most some 40 characters, and how long it was."""
-    text = repr(v)
-    return text if len(text) <= 40 else f"{text[:24]}... ({len(text):,} characters)"
 
 
 def _json_time(v: Any, what: str) -> int:
@@ -286,7 +280,7 @@ def _json_double(v: Any, what: str) -> float:
             return float(v)
         except OverflowError:  # an integer literal beyond any double
             pass
-    raise PayloadError(f"{what}: expected a number, got {_shown(v)}")
+    raise PayloadError(f"{what}: expected a number, got {shown_value(v, 40)}")
 
 
 def _json_str(v: Any, what: str, default: str | None = None) -> str | None:
