@@ -666,6 +666,15 @@ def _check_destinations(db: Any, otlp_endpoint: Any, store: Any, spans_to: Any, 
             raise ConfigError(name, shown_value(value), "expected True or False")
 
 
+def _numpy_int_advice(value: Any) -> str | None:
+    """What a count that is a numpy (or another library's) integer is told, else None: it is
+    a whole number to its reader (np.int64(100) read "100: expected a number of blocks")."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
+        kind = type(value)
+        return f"expected a Python int, not {kind.__module__}.{kind.__name__} (int() it)"
+    return None
+
+
 def _check_whole_numbers(spec: RunSpec) -> None:
     """A ConfigError at its flag for a count of the spec that is no whole number: the CLI's
     are ints, an API caller's 1.5 reached the cache's config (a TypeError) or was truncated
@@ -686,7 +695,8 @@ def _check_whole_numbers(spec: RunSpec) -> None:
                           "expected a number of blocks, or inf (cache-only mode)")
     if blocks is not None and blocks != math.inf and not _whole(blocks) and not (
             isinstance(blocks, tuple) and all(map(_whole, blocks))):
-        raise ConfigError("--capacity-blocks", _quoted(blocks), "expected a number of blocks, or inf (cache-only mode)")
+        raise ConfigError("--capacity-blocks", _quoted(blocks), _numpy_int_advice(blocks)
+                          or "expected a number of blocks, or inf (cache-only mode)")
     if isinstance(spec.without, str):  # (its letters were taken for behaviour names)
         raise ConfigError("--without", spec.without, "expected a sequence of behaviour names, not one string")
 
@@ -725,6 +735,9 @@ def validate(spec: RunSpec) -> tuple[dict[str, Any], list[str], Any]:
     if spec.mode not in MODES:
         raise ConfigError("--mode", spec.mode, f"expected one of {', '.join(MODES)}")
     # (as a file's reader holds it: a generated workload took 0, an empty run recorded, and True, 1 request)
+    advice = _numpy_int_advice(spec.limit)
+    if advice is not None:  # (np.int64(3) read "expected a number of requests >= 1")
+        raise ConfigError("--limit", _quoted(spec.limit), advice)
     check_limit(spec.limit)
     _check_types(spec)
     _check_whole_numbers(spec)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 
 from kvtrace.errors import ConfigError
@@ -41,3 +42,12 @@ def test_a_setting_with_no_str_is_refused_in_one_line_at_its_flag(setting, flag)
 def test_a_trace_whose_path_cannot_be_read_is_refused_at_trace():
     with pytest.raises(ConfigError, match=r"^TRACE: <_NoPath whose repr raised>|^TRACE: <.*_NoPath object"):
         RunSpec(_NoPath())
+
+
+@pytest.mark.parametrize(("setting", "flag"), [
+    ({"limit": np.int64(3)}, "--limit"), ({"capacity_blocks": np.int64(100)}, "--capacity-blocks"),
+], ids=["limit", "capacity_blocks"])
+def test_a_numpy_count_is_told_to_be_a_python_int_as_the_other_counts_are(setting, flag):
+    # (it read "100: expected a number of blocks", "expected a number of requests >= 1")
+    with pytest.raises(ConfigError, match=rf"^{flag}: \d+: expected a Python int, not numpy\.int64 \(int\(\) it\)$"):
+        run_replay(RunSpec("gen:chat", mode="cache-only", **{"limit": 2, **setting}), export=False)
