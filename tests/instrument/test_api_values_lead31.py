@@ -18,6 +18,7 @@ from kvtrace.instrument import (
     readable_spans_to_table,
     table_to_readable_spans,
 )
+from kvtrace.replay.sweep import _CollectedSpans  # (a sweep worker's span sink: no Store)
 
 
 class ReprRaises:
@@ -31,11 +32,11 @@ HOSTILE = {"a path": "x.duckdb", "None": None, "an int": 7, "a float": 1.5, "a b
 ENTRIES = {
     "DuckDBSpanExporter store": (lambda v: DuckDBSpanExporter(v, "r"), {"None", "a path", "an int", "a float",
                                                                          "a bool", "10**5000", "repr raises"}),
-    "DuckDBSpanExporter run_id": (lambda v: DuckDBSpanExporter(_Sink(), v), {"None", "an int", "a float", "a bool",
-                                                                              "10**5000", "repr raises"}),
+    "DuckDBSpanExporter run_id": (lambda v: DuckDBSpanExporter(_CollectedSpans(), v),
+                                  {"None", "an int", "a float", "a bool", "10**5000", "repr raises"}),
     "build_tracer_provider store": (lambda v: build_tracer_provider(store=v, run_id="r"),
                                     {"a path", "an int", "a float", "a bool", "10**5000", "repr raises"}),
-    "build_tracer_provider run_id": (lambda v: build_tracer_provider(store=_Sink(), run_id=v),
+    "build_tracer_provider run_id": (lambda v: build_tracer_provider(store=_CollectedSpans(), run_id=v),
                                      {"None", "an int", "a float", "a bool", "10**5000", "repr raises"}),
     "build_tracer_provider seed": (lambda v: build_tracer_provider(seed=v),
                                    {"None", "a path", "a float", "a bool", "10**5000", "repr raises"}),
@@ -55,22 +56,6 @@ ENTRIES = {
 }
 
 
-class _Sink:
-    """A store as the exporter uses one (a sweep worker's collects the tables)."""
-
-    def append_spans(self, table, run_id=None, *, flush_when_due=True) -> int:
-        return table.num_rows
-
-    def flush_if_due(self) -> int:
-        return 0
-
-    def flush(self) -> int:
-        return 0
-
-    def release(self) -> None:
-        pass
-
-
 CASES = [(e, v) for e, (_, refused) in ENTRIES.items() for v in sorted(refused)]
 
 
@@ -84,6 +69,6 @@ def test_a_value_it_cannot_use_is_one_line_naming_it(entry, value) -> None:
 
 
 def test_a_store_or_a_sweep_workers_sink_is_taken() -> None:
-    assert DuckDBSpanExporter(_Sink(), "r").run_id == "r"
-    assert build_tracer_provider(store=_Sink(), run_id="r", seed=2**64 - 1) is not None
+    assert DuckDBSpanExporter(_CollectedSpans(), "r").run_id == "r"
+    assert build_tracer_provider(store=_CollectedSpans(), run_id="r", seed=2**64 - 1) is not None
     assert SeededIdGenerator(2**64 - 1).seed == 2**64 - 1
