@@ -54,6 +54,7 @@ from kvtrace.store.schema import (
     SUMMED_COUNTS,
     TIME_OFFSET_COLUMN,
     TIME_OFFSET_RESOURCE_KEY,
+    created_now,
     named_run_name,
 )
 
@@ -526,6 +527,9 @@ def register_collected_runs(con) -> list[str]:
         rows["mode"] = ["otlp"] * new.height
         rows["status"] = ["running"] * new.height
         rows["writer_host"] = [COLLECTOR_HOST] * new.height
+        # (when kvtrace first met the run, as `kvtrace collect` gives its runs the time it made them,
+        # until a record's created says otherwise: `runs` listed these without one)
+        rows["created"] = [created_now()] * new.height
         rows[TIME_OFFSET_COLUMN] = new["o"].to_list()
         types = {"writer_pid": pa.int32(), TIME_OFFSET_COLUMN: pa.int64()}
         con.insert_arrow("runs", pa.table({c: pa.array(v, types.get(c, pa.string())) for c, v in rows.items()}))
