@@ -196,12 +196,28 @@ def _start(command: list[str], env: dict[str, str]) -> subprocess.Popen:
     # run in kvtrace's own folder, not the user's: Streamlit reads ``.streamlit/config.toml``
     # (and secrets) from its working directory, and a user's (baseUrlPath "foo") served the
     # dashboard where the address printed 404s. The --db path is absolute already.
+    # The server reads no stdin: given the null device, as its stdout is where this process's
+    # was closed (`<&-`, `>&-`): it inherited no descriptor there (or the read end of its own
+    # stderr pipe), opened its event loop's at 0 or 1, and libuv aborted it as it stopped
+    # ("uv__close: Assertion `fd > STDERR_FILENO' failed", SIGABRT).
     where = str(APP_PATH.parent)
+    stdout = None if _inherited(1) else subprocess.DEVNULL
     if os.name != "posix":
-        return subprocess.Popen(command, env=env, cwd=where, stderr=subprocess.PIPE)
+        return subprocess.Popen(command, env=env, cwd=where, stdin=subprocess.DEVNULL, stdout=stdout,
+                                stderr=subprocess.PIPE)
     if sys.platform.startswith("linux"):
         command = [sys.executable, "-S", "-P", "-c", _WITH_PARENT, str(os.getpid()), *command]
-    return subprocess.Popen(command, env=env, cwd=where, stderr=subprocess.PIPE, process_group=0)
+    return subprocess.Popen(command, env=env, cwd=where, stdin=subprocess.DEVNULL, stdout=stdout,
+                            stderr=subprocess.PIPE, process_group=0)
+
+
+def _inherited(fd: int) -> bool:
+    """Whether a child would inherit ``fd``: open here, and not close-on-exec (the null device
+    ``cli.output.fitted_streams`` puts where a closed stdout was is Python's, which is)."""
+    try:
+        return os.get_inheritable(fd)
+    except OSError:
+        return False
 
 
 def _died(code: int, failure: str | None) -> str:
