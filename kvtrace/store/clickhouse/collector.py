@@ -18,13 +18,19 @@ block into the typed columns the DuckDB store has, so the read API, the dashboar
 - times stay as stored, shifted by the resource's ``kvtrace.run.time_offset_ns`` (0 for
   other producers), which every row records: the views subtract it, as for direct
   writes;
-- the ``kvtrace.run`` span (a kvtrace export's run record) goes to ``otel_run_records``.
+- the ``kvtrace.run`` span (a kvtrace export's run record) goes to ``otel_run_records``
+  (kept for earlier kvtraces: records are read from the exporter's table, see below);
+- spans naming a run of the store that no collector made (a replay's) are left out.
 
 ``attach`` creates the views (and the exporter's table, if the collector has not yet:
 the same columns, no TTL) and back-fills rows already there; ``register_collected_runs``
-(run by every ``Store.open``) gives each collected run its ``runs`` row and, once its
-record has arrived, builds its derived tables and takes the record's status. Until
-then a collected run reads as ``running``: its derived tables are computed on the fly.
+(run by every ``Store.open``) gives each collected run its ``runs`` row and, once a
+record `kvtrace collect` takes has arrived (``run_rules.run_record``, the one rule both
+paths read: a record collect refuses names no run and finishes none), builds its derived
+tables and takes the record's status (``incomplete`` with SPANS_MISSING while spans its
+sender numbered are missing, as collect). Until then a collected run reads as
+``running``: its derived tables are computed on the fly. A finished run given spans since
+has its derived tables rebuilt at the next open.
 """
 
 from __future__ import annotations
