@@ -30,7 +30,7 @@ from kvtrace.cache.config import (
 from kvtrace.errors import ConfigError, KVTraceError
 from kvtrace.metrics import points_text
 from kvtrace.names import shown_value
-from kvtrace.replay.run import GENERATED_PREFIX, RunSpec, run_replay, validate
+from kvtrace.replay.run import GENERATED_PREFIX, RunSpec, is_set, run_replay, validate
 from kvtrace.replay.sweep import (
     CAPACITY_FORMS,
     at_swept_value,
@@ -341,9 +341,9 @@ def check_sweep_given_once(given: RunSpec, sweep: Any) -> None:
     name = parsed[0]
     bare = RunSpec(trace="")
     for other in CAPACITY_FORMS if name in CAPACITY_FORMS else (name,):
-        if getattr(given, other) != getattr(bare, other):
+        if is_set(getattr(given, other), getattr(bare, other)):
             raise ConfigError("--sweep", name, f"is also set for the whole study ({other} = "
-                                               f"{getattr(given, other)!r}); give it one way")
+                                               f"{shown_value(getattr(given, other))}); give it one way")
 
 
 def study_base(behaviour: str, given: RunSpec, swept: str | None = None) -> RunSpec:

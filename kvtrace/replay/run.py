@@ -602,6 +602,15 @@ def _quoted(value: Any) -> str:
     return shown_value(value)
 
 
+def is_set(value: Any, default: Any) -> bool:
+    """Whether a spec's setting differs from its default: a value whose != raises or is no
+    bool (a numpy array: its truth ValueError) is set."""
+    try:
+        return bool(value != default)
+    except Exception:  # (whatever a caller's __eq__ or __ne__ raises)
+        return True
+
+
 def _whole(value: Any) -> bool:
     """An int, not a bool (nor a numpy int, which check_option and the presets refuse too)."""
     return isinstance(value, int) and not isinstance(value, bool)

@@ -41,7 +41,7 @@ from kvtrace.process import (
     worker_start,
 )
 from kvtrace.replay.config_file import parse_retention
-from kvtrace.replay.run import FLAG_OF_FIELD, RunResult, RunSpec, is_unbounded, run_replay
+from kvtrace.replay.run import FLAG_OF_FIELD, RunResult, RunSpec, is_set, is_unbounded, run_replay
 from kvtrace.workload.lines import parse_decimal
 
 _INT_PARAMS = ("capacity_blocks", "capacity_tokens", "external_capacity_blocks", "block_size")
@@ -322,10 +322,10 @@ def run_sweep(
             if other != name and other in swept:
                 raise ConfigError("--param", name, f"is swept with {other}, the same capacity in other units; "
                                                    "sweep one of them")
-            if getattr(base, other) != getattr(bare, other):
+            if is_set(getattr(base, other), getattr(bare, other)):
                 given = f"{other} = " if other != name else ""
                 raise ConfigError("--param", name, f"is also set for the whole sweep ({given}"
-                                                   f"{getattr(base, other)!r}); give it one way")
+                                                   f"{shown_value(getattr(base, other))}); give it one way")
     if base.config_file and any(name == "without" for name, _ in params):
         # (a file's switches add to every run's: a run labelled without=none would run without them)
         from kvtrace.replay.config_file import load_config_file

@@ -65,3 +65,17 @@ def test_a_study_of_a_trace_given_as_a_path_replays_it_as_runspec_takes_one():
     trace = Path(__file__).parents[1] / "data" / "mooncake_synthetic_trace.jsonl"
     result = run_study("shared-prefix-pinning", trace=trace, limit=3)
     assert result.trace == str(trace)
+
+
+@pytest.mark.parametrize("capacity", [5000, np.array([1, 2]), _NoRepr()], ids=["int", "array", "raising-repr"])
+def test_a_base_that_also_sets_the_swept_setting_is_refused_in_one_line(capacity):
+    # (an array's != was its truth ValueError in the check, a raising repr that exception)
+    from kvtrace.compare.study import check_sweep_given_once
+    from kvtrace.replay.run import RunSpec
+    from kvtrace.replay.sweep import run_sweep
+
+    with pytest.raises(ConfigError, match=r"^--sweep: capacity_blocks: is also set for the whole study"):
+        check_sweep_given_once(RunSpec("gen:chat", limit=2, capacity_blocks=capacity), "capacity_blocks=100,200")
+    with pytest.raises(ConfigError, match=r"^--param: capacity_blocks: is also set for the whole sweep"):
+        run_sweep(RunSpec("gen:chat", limit=2, mode="cache-only", capacity_blocks=capacity),
+                  [("capacity_blocks", [10])], workers=1)
