@@ -54,6 +54,10 @@ _HEADER = re.compile(r"[ \t]*[\x21\x23-\x27\x2a\x2b\x2d\x2e\x30-\x39\x41-\x5a\x5
                      r"[\x20\x21\x23-\x2b\x2d-\x3a\x3c-\x5b\x5d-\x7e]*")
 PROTOCOLS = ("http/protobuf", "grpc")
 EXPORT_TIMEOUT_S = 5.0  # one export, retries included, unless the OTEL_* timeout says otherwise
+# The longest OTEL_* timeout taken: the SDK adds it to the clock for each export's deadline
+# (1e10 s was past time_t: every span failed, 'timestamp out of range for platform time_t')
+MAX_EXPORT_TIMEOUT_S = 86_400.0
+RESOURCE_VARIABLE = "OTEL_RESOURCE_ATTRIBUTES"
 # Where the SDK's exporters (and kvtrace's processor) log each failed try.
 _EXPORT_LOGGERS = ("opentelemetry.exporter.otlp.proto.http.trace_exporter",
                    "opentelemetry.exporter.otlp.common.http", "opentelemetry.exporter.otlp.proto.grpc.exporter",
@@ -152,11 +156,12 @@ def check_otlp_settings(endpoint: str | None) -> None:
         text = os.environ.get(key)
         if text:
             try:
-                ok = math.isfinite(float(text)) and float(text) > 0
+                ok = math.isfinite(float(text)) and 0 < float(text) <= MAX_EXPORT_TIMEOUT_S
             except ValueError:
                 ok = False
             if not ok:
-                raise ConfigError(key, repr(text), "expected a positive number of seconds")
+                raise ConfigError(key, shown_value(text), f"expected a positive number of seconds, at most "
+                                                          f"{MAX_EXPORT_TIMEOUT_S:,.0f} (a day)")
     for key in _ENV_COMPRESSIONS:
         text = os.environ.get(key)
         allowed = _COMPRESSIONS.get(protocol, _COMPRESSIONS["http/protobuf"])
@@ -167,6 +172,18 @@ def check_otlp_settings(endpoint: str | None) -> None:
             if header and not _HEADER.fullmatch(header):
                 raise ConfigError(key, repr(header)[:100], "expected comma-separated NAME=VALUE headers "
                                                            "(values URL-encoded)")
+
+
+def check_resource_variable() -> None:
+    """Refuse an OTEL_RESOURCE_ATTRIBUTES the SDK would log and drop in part, before anything
+    is recorded: an item without ``=`` (an empty one too: ``a=1,,b=2``) or with an empty key
+    each printed a warning line mid-run, and that pair was left out of every span's resource."""
+    text = os.environ.get(RESOURCE_VARIABLE)
+    for item in (text or "").split(",") if text else ():
+        key, eq, _ = item.partition("=")
+        if not eq or not key.strip():
+            raise ConfigError(RESOURCE_VARIABLE, shown_value(item), "expected comma-separated KEY=VALUE pairs "
+                                                                    "(values URL-encoded), no empty one")
 
 
 def otlp_span_exporter(endpoint: str | None = None) -> SpanExporter:
@@ -270,6 +287,7 @@ def make_resource(run_id: str | None, service_name: str | None = None,
 
     ``service_name`` wins when given; else OTEL_SERVICE_NAME; else ``kvtrace``.
     """
+    check_resource_variable()
     attrs: dict[str, Any] = dict(attributes or {})
     if time_offset_ns is not None:
         attrs[TIME_OFFSET_RESOURCE_KEY] = int(time_offset_ns)
