@@ -673,6 +673,13 @@ def _check_destinations(db: Any, otlp_endpoint: Any, store: Any, spans_to: Any, 
     for name, value in flags.items():
         if not isinstance(value, bool):
             raise ConfigError(name, shown_value(value), "expected True or False")
+    # (one destination of the run's spans: with two, the store won and the other was dropped unsaid,
+    # a db's file never made, a spans_to never called)
+    if store is not None and db is not None:
+        raise ConfigError("store", shown_value(store), f"given with db={shown_value(db)}; give one of them")
+    if spans_to is not None and (store is not None or db is not None):
+        raise ConfigError("spans_to", shown_value(spans_to), "takes the spans of a run without a store; give it "
+                                                               "or a db (or an open store), not both")
 
 
 def _numpy_int_advice(value: Any) -> str | None:

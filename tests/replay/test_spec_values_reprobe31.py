@@ -51,3 +51,21 @@ def test_a_numpy_count_is_told_to_be_a_python_int_as_the_other_counts_are(settin
     # (it read "100: expected a number of blocks", "expected a number of requests >= 1")
     with pytest.raises(ConfigError, match=rf"^{flag}: \d+: expected a Python int, not numpy\.int64 \(int\(\) it\)$"):
         run_replay(RunSpec("gen:chat", mode="cache-only", **{"limit": 2, **setting}), export=False)
+
+
+def test_a_run_given_two_destinations_for_its_spans_is_refused_before_it_is_recorded(tmp_path):
+    # (the store won and the other was dropped unsaid: db's file never made, spans_to never called)
+    from kvtrace.replay.sweep import _CollectedSpans
+    from kvtrace.store import Store
+
+    spec = RunSpec("gen:chat", limit=2, mode="cache-only")
+    other = tmp_path / "other.duckdb"
+    with Store.open(str(tmp_path / "s.duckdb")) as store:
+        with pytest.raises(ConfigError, match=r"^store: .*given with db="):
+            run_replay(spec, db=str(other), store=store, export=False)
+        with pytest.raises(ConfigError, match=r"^spans_to: .*not both$"):
+            run_replay(spec, store=store, spans_to=_CollectedSpans(), export=False)
+        assert not store.has_run("r1")
+    with pytest.raises(ConfigError, match=r"^spans_to: .*not both$"):
+        run_replay(spec, db=str(other), spans_to=_CollectedSpans(), export=False)
+    assert not other.exists()
