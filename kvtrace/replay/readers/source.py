@@ -87,11 +87,15 @@ class TraceSource:
         The files are looked at every ``CHECKED_EVERY`` requests too: a trace a writer appended
         to faster than the read went on was read for ever, its refusal waiting for an end."""
         read = 0
-        for request in it:
-            read += 1
-            yield request
-            if read % CHECKED_EVERY == 0:
-                stamp = self._check_unchanged(stamp)
+        try:
+            for request in it:
+                read += 1
+                yield request
+                if read % CHECKED_EVERY == 0:
+                    stamp = self._check_unchanged(stamp)
+        except TraceFormatError:
+            self._check_unchanged(stamp)  # (a file cut or rewritten mid-line reads as a bad line: say which)
+            raise
         self._check_unchanged(stamp)
         if not read:
             self._none_read()
@@ -109,11 +113,15 @@ class TraceSource:
         read went unseen: the read never reached the end that checked it)."""
         assert self.limit is not None
         read = 0
-        for request in islice(it, self.limit):
-            read += 1
-            yield request
-            if read % CHECKED_EVERY == 0:  # (as a whole read looks: a --limit of millions)
-                stamp = self._check_unchanged(stamp)
+        try:
+            for request in islice(it, self.limit):
+                read += 1
+                yield request
+                if read % CHECKED_EVERY == 0:  # (as a whole read looks: a --limit of millions)
+                    stamp = self._check_unchanged(stamp)
+        except TraceFormatError:
+            self._check_unchanged(stamp)  # (as _unchanged's)
+            raise
         try:
             self.more = next(it, None) is not None
         except KVTraceError:
