@@ -433,20 +433,39 @@ def _first_records(con) -> dict[str, tuple[dict, int, str]]:
     otel = f"`{con.target.otel_table}`"
     rows = con.ch_frame(
         f"SELECT {_RUN_ID} AS run_id, CAST(SpanAttributes AS {_STR_MAP}) AS record, {_OFFSET} AS o, "
-        f"ServiceName AS service FROM {otel} WHERE SpanName = {_q(SPAN_RUN)} "
+        f"ServiceName AS service, TraceId AS trace_id, SpanId AS span_id, "
+        f"toUnixTimestamp64Nano(Timestamp) - {_OFFSET} AS start_ns FROM {otel} WHERE SpanName = {_q(SPAN_RUN)} "
         f"AND mapContains(ResourceAttributes, {_q(RUN_ID_RESOURCE_KEY)}) AND {_RECORD_ENVELOPE_PROBLEM} = '' "
         f"AND run_id NOT IN (SELECT run_id FROM runs WHERE status != 'running' OR writer_host != "
         f"{_q(COLLECTOR_HOST)}) ORDER BY Timestamp, TraceId, SpanId")
     first: dict[str, tuple[dict, int, str]] = {}
-    for run_id, record, offset, service in rows.rows():
-        if run_id in first:
-            continue
+    refused: list[tuple[str, str, str, int, str]] = []
+    for run_id, record, offset, service, trace_id, span_id, start_ns in rows.rows():
         items = record.items() if isinstance(record, dict) else record  # polars' Map, or its list form
         try:
-            first[run_id] = (run_record(dict(items)), offset, service)
-        except RecordRefused:
+            taken = run_record(dict(items))
+        except RecordRefused as err:  # (collect's 400 says why; here otel_refused_spans does, as of a span)
+            refused.append((run_id, trace_id, span_id, start_ns, str(err)))
             continue
+        first.setdefault(run_id, (taken, offset, service))
+    _note_refused_records(con, refused)
     return first
+
+
+def _note_refused_records(con, refused: list[tuple[str, str, str, int, str]]) -> None:
+    """Records `kvtrace collect` refuses, each with its reason in otel_refused_spans once (a
+    refused span's reason is there; a refused record's was nowhere)."""
+    import pyarrow as pa
+
+    if not refused:
+        return
+    noted = set(con.ch_frame(f"SELECT trace_id, span_id FROM {REFUSED_SPANS} WHERE name = {_q(SPAN_RUN)}").rows())
+    new = list({(r[1], r[2]): r for r in refused if (r[1], r[2]) not in noted}.values())  # (a retried export's too)
+    if new:
+        run_ids, trace_ids, span_ids, starts, reasons = (list(c) for c in zip(*new))
+        con.insert_arrow(REFUSED_SPANS, pa.table({
+            "run_id": run_ids, "name": [SPAN_RUN] * len(new), "trace_id": trace_ids, "span_id": span_ids,
+            "start_ns": pa.array(starts, pa.int64()), "reason": reasons}))
 
 
 def _held_below(con, run_id: str, sent: int) -> int:
