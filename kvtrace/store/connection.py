@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 
 import duckdb
 
-from kvtrace.errors import STORE_SIDE_SUFFIXES
+from kvtrace.errors import STORE_SIDE_SUFFIXES, duckdb_magic
 from kvtrace.names import printable
 from kvtrace.store.backend import duckdb_path_problem
 from kvtrace.store.errors import COMMITTED_STAYS, DAMAGED, StoreBusyError, StoreError, write_failure_reason
@@ -335,7 +335,8 @@ def rewritten_path_problem(path: str, writing: bool) -> str | None:
     another folder (``q?x/s.duckdb``'s to ``q.wal?x/s.duckdb``), where every commit failed (a
     missing folder, an empty database left behind) or the log went into someone else's
     folder. (A ``?`` in the file's own name keeps the log beside it, under a name DuckDB
-    reads back.)"""
+    reads back, but not ``<file>.wal``: ``a?b.duckdb``'s is ``a.wal?b.duckdb``, where a DuckDB
+    database of its own, another store, would be taken for the log and deleted.)"""
     real = os.path.realpath(path)  # (DuckDB's: links followed, relative to the current directory)
     if path.startswith("~"):
         home = os.environ.get("HOME") or "~"
@@ -345,12 +346,24 @@ def rewritten_path_problem(path: str, writing: bool) -> str | None:
         return (f"DuckDB reads a '\\' in a path as '/' (a Windows separator): it would open "
                 f"{printable(real.replace(chr(92), '/'))}, another file; rename the folder or file without '\\'")
     folder = os.path.dirname(real)
-    if not writing or "?" not in folder:
+    if not writing or "?" not in real:
         return None
     at = real.index("?")
-    return (f"a '?' in its folder {printable(folder)}: DuckDB would write the store's log at "
-            f"{printable(real[:at] + '.wal' + real[at:])} (it reads a '?' as the start of URL parameters); "
-            "choose a folder without '?'")
+    log = real[:at] + ".wal" + real[at:]
+    if "?" in folder:
+        return (f"a '?' in its folder {printable(folder)}: DuckDB would write the store's log at "
+                f"{printable(log)} (it reads a '?' as the start of URL parameters); choose a folder without '?'")
+    # A '?' in the file's own name: its log is beside it, but not at <file>.wal (backend's
+    # duckdb_path_problem asks of that name): at a.wal?b.duckdb for a?b.duckdb, where a store of
+    # that name was replayed into a?b.duckdb as its log and deleted, its runs lost.
+    if duckdb_magic(log):
+        return (f"{printable(log)} is a DuckDB database of its own, which DuckDB would read as this store's "
+                "write-ahead log (it puts '.wal' before a '?' in the name), and delete; rename that file first")
+    owner = real[:at - 4] + real[at:]
+    if real[:at].endswith(".wal") and duckdb_magic(owner) is not None:
+        return (f"is the write-ahead log's name of the store {printable(owner)} (DuckDB puts '.wal' before a '?' "
+                "in the name: it would take a store here for that store's log, and delete it); choose another name")
+    return None
 
 
 class _TurnTaken(Exception):
