@@ -431,25 +431,44 @@ def _first_records(con) -> dict[str, tuple[dict, int, str]]:
     from kvtrace.store.clickhouse.run_rules import RecordRefused, run_record
 
     otel = f"`{con.target.otel_table}`"
+    unfinished = (f"run_id NOT IN (SELECT run_id FROM runs WHERE status != 'running' OR writer_host != "
+                  f"{_q(COLLECTOR_HOST)})")
     rows = con.ch_frame(
         f"SELECT {_RUN_ID} AS run_id, CAST(SpanAttributes AS {_STR_MAP}) AS record, {_OFFSET} AS o, "
         f"ServiceName AS service, TraceId AS trace_id, SpanId AS span_id, "
-        f"toUnixTimestamp64Nano(Timestamp) - {_OFFSET} AS start_ns FROM {otel} WHERE SpanName = {_q(SPAN_RUN)} "
-        f"AND mapContains(ResourceAttributes, {_q(RUN_ID_RESOURCE_KEY)}) AND {_RECORD_ENVELOPE_PROBLEM} = '' "
-        f"AND run_id NOT IN (SELECT run_id FROM runs WHERE status != 'running' OR writer_host != "
-        f"{_q(COLLECTOR_HOST)}) ORDER BY Timestamp, TraceId, SpanId")
+        f"toUnixTimestamp64Nano(Timestamp) - {_OFFSET} AS start_ns, "
+        f"mapContains(ResourceAttributes, {_q(RUN_ID_RESOURCE_KEY)}) AND {_RECORD_ENVELOPE_PROBLEM} = '' AS ok "
+        f"FROM {otel} WHERE SpanName = {_q(SPAN_RUN)} AND {unfinished} ORDER BY Timestamp, TraceId, SpanId")
     first: dict[str, tuple[dict, int, str]] = {}
     refused: list[tuple[str, str, str, int, str]] = []
-    for run_id, record, offset, service, trace_id, span_id, start_ns in rows.rows():
-        items = record.items() if isinstance(record, dict) else record  # polars' Map, or its list form
+    for run_id, record, offset, service, trace_id, span_id, start_ns, ok in rows.rows():
+        if not ok:
+            continue
         try:
-            taken = run_record(dict(items))
+            taken = run_record(_as_dict(record))
         except RecordRefused as err:  # (collect's 400 says why; here otel_refused_spans does, as of a span)
             refused.append((run_id, trace_id, span_id, start_ns, str(err)))
             continue
         first.setdefault(run_id, (taken, offset, service))
     _note_refused_records(con, refused)
+    # a record the exporter's table holds no more (its TTL): the copy otel_run_records keeps, where
+    # the exporter's table holds no record of the run (a run named by none, otlp:<service>, is left)
+    present = set(rows["run_id"].to_list())
+    kept = con.ch_frame(f"SELECT run_id, record, {TIME_OFFSET_COLUMN} AS o, service_name FROM {RUN_RECORDS} "
+                        f"WHERE {unfinished} AND NOT startsWith(run_id, 'otlp:') ORDER BY run_id")
+    for run_id, record, offset, service in kept.rows():
+        if run_id in present or run_id in first:
+            continue
+        try:
+            first[run_id] = (run_record(_as_dict(record)), offset, service)
+        except RecordRefused:
+            continue
     return first
+
+
+def _as_dict(record: Any) -> dict:
+    """A Map column's value as a dict (polars' Map, or its list form; an empty map reads as None)."""
+    return dict(record.items() if isinstance(record, dict) else record or ())
 
 
 def _note_refused_records(con, refused: list[tuple[str, str, str, int, str]]) -> None:
