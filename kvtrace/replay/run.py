@@ -431,10 +431,13 @@ def run_replay(
     spec = replace(spec, percentiles=check_percentiles(spec.percentiles))
     config, behaviours, preset = validate(spec)
     otlp = export and otlp_requested(otlp_endpoint)
-    if otlp:  # before the run is created: a refused setting records nothing
-        from kvtrace.instrument.pipeline import check_otlp_settings
+    if otlp or db is not None or store is not None or spans_to is not None:
+        # before the run is created: a refused setting records nothing
+        from kvtrace.instrument.pipeline import check_otlp_settings, check_resource_variable
 
-        check_otlp_settings(otlp_endpoint)
+        check_resource_variable()  # (every recording's spans carry the resource)
+        if otlp:
+            check_otlp_settings(otlp_endpoint)
     config[DEFINITIONS_CONFIG_KEY] = DEFINITIONS  # (diff tells runs recorded under other definitions apart)
     if workload is None:
         workload = open_workload(spec)

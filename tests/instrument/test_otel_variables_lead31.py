@@ -41,3 +41,15 @@ def test_pairs_the_sdk_reads_are_kept(monkeypatch, caplog) -> None:
         attrs = make_resource("r1").attributes
     assert (attrs["team"], attrs["zone"], attrs["empty"]) == ("kv", "eu west", "")
     assert not caplog.records
+
+
+def test_a_refused_resource_variable_records_no_run(monkeypatch, tmp_path) -> None:
+    from kvtrace.replay.run import RunSpec, run_replay
+    from kvtrace.store import read
+
+    db = tmp_path / "s.duckdb"
+    run_replay(RunSpec("gen:chat", limit=2, mode="cache-only", capacity_blocks=64), db=db)
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "team=kv,,zone=eu")
+    with pytest.raises(ConfigError, match="OTEL_RESOURCE_ATTRIBUTES"):
+        run_replay(RunSpec("gen:chat", limit=2, mode="cache-only", capacity_blocks=64), db=db)
+    assert len(read.runs(db)) == 1  # (it was made, and marked failed)
