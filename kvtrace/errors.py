@@ -57,7 +57,8 @@ class ConfigError(KVTraceError):
 
     def __init__(self, source: str, key: str | None, what: str):
         shown = printable(source)  # (a path's newline shown as \n, not joined into a space)
-        super().__init__(f"{shown}: {what}" if key is None else f"{shown}: {key}: {what}")
+        # (a key or value quoted from an API caller or a file: its escapes shown, never sent raw)
+        super().__init__(f"{shown}: {what}" if key is None else f"{shown}: {printable(key)}: {what}")
         self.source, self.key, self.what = source, key, what
 
 

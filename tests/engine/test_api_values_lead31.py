@@ -114,3 +114,11 @@ def test_a_flags_check_quotes_an_api_callers_value_as_one_short_line(check, valu
         assert "\n" not in line and len(line) < 400, line[:400]
     else:  # (--limit takes any count >= 1)
         assert check is check_limit and type(value) is int and value > 0
+
+
+def test_a_refused_value_reaches_an_api_caller_without_a_raw_escape() -> None:
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    with pytest.raises(KVTraceError) as err:  # (the CLI's error() cleaned it; an API caller got it raw)
+        run_replay(RunSpec("gen:chat", mode="\x1b[2J"))
+    assert "\x1b" not in str(err.value) and "\\x1b[2J" in str(err.value)
