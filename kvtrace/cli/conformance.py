@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Annotated
 
 import typer
@@ -40,6 +43,15 @@ def conformance(
         limit=spec.limit, concurrency=concurrency, max_output_tokens=max_output_tokens,
         external_capacity_blocks=spec.external_capacity_blocks, seed=spec.seed,
     )
+    if _cwd_deleted():
+        # torch (its MKL: 'Intel oneMKL FATAL ERROR: Cannot load .../libtorch_cpu.so', exit 2) and
+        # vLLM (torch._dynamo's getcwd(): 'vLLM does not import (... FileNotFoundError ...)') do not
+        # import in a current directory deleted under the shell: loaded from / (a command of
+        # absolute paths or gen:NAME works; a relative path is still told as 691226d tells it)
+        from kvtrace.engine.backends.vllm._load import load_vllm
+
+        with _in_the_root():
+            load_vllm()
     result = run_conformance(cspec)
     if as_json:
         echo_json(result.as_dict())
@@ -48,3 +60,23 @@ def conformance(
             typer.echo(line)
     if not result.agree:
         raise typer.Exit(1)
+
+
+def _cwd_deleted() -> bool:
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        return True
+    return False
+
+
+@contextmanager
+def _in_the_root() -> Iterator[None]:
+    """In /, and back in the current directory (deleted, still open) after."""
+    here = os.open(".", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.chdir("/")
+        yield
+    finally:
+        os.fchdir(here)
+        os.close(here)
