@@ -166,13 +166,20 @@ def markdown_code(text: object) -> str:
 
 
 PIPED_WIDTH = 100_000  # columns rich lays out for a stdout that is not a terminal: no row is folded for grep
+# The narrowest a table is laid out at: on a terminal narrower than that (5 columns) rich
+# left every cell blank, exit 0; laid out at this width, its lines wrap on the terminal.
+MIN_TERMINAL_WIDTH = 80
 
 
 def stdout_console() -> Any:
     """rich's console for a command's stdout, the one every table goes through: a terminal's
-    own width, else ``PIPED_WIDTH`` (rich's 80 would cut a metric's name and wrap a path)."""
+    own width, at least ``MIN_TERMINAL_WIDTH``, else ``PIPED_WIDTH`` (rich's 80 would cut a
+    metric's name and wrap a path)."""
     import sys
 
     from rich.console import Console
 
-    return Console(width=None if sys.stdout.isatty() else PIPED_WIDTH)
+    console = Console(width=None if sys.stdout.isatty() else PIPED_WIDTH)
+    if console.width < MIN_TERMINAL_WIDTH:
+        console.width = MIN_TERMINAL_WIDTH
+    return console
