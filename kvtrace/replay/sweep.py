@@ -31,7 +31,7 @@ from typing import Any
 
 from kvtrace.errors import ConfigError, KVTraceError, TraceFormatError
 from kvtrace.metrics import points_text
-from kvtrace.names import BEHAVIOURS, shown_value
+from kvtrace.names import BEHAVIOURS, printable, shown_value
 from kvtrace.process import (
     STOP_SIGNALS,
     handled_stop_signals,
@@ -669,6 +669,12 @@ def _on_ray_driver(ray, specs: list[RunSpec], keep: bool, address: str,
             with contextlib.suppress(Exception):  # (whatever it started goes too)
                 ray.shutdown()
             _held_stop(held, stops)  # (Ctrl-C to the process group: Ray's processes died of it too)
+            if isinstance(err, OSError) and not isinstance(err, ConnectionError) and err.filename is not None:
+                # (Ray writes its token and session files under HOME and the temporary folder:
+                # HOME=/dev/null was a NotADirectoryError traceback)
+                raise KVTraceError(f"--ray {address}: Ray cannot write {printable(str(err.filename))}: "
+                                   f"{err.strerror or err}; set HOME (and TMPDIR) to folders this user can "
+                                   "write") from None
             if not isinstance(err, (ConnectionError, RuntimeError, ValueError)):
                 raise
             if address == "auto" and "Could not find any running Ray instance" in str(err):
