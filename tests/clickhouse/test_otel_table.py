@@ -43,7 +43,8 @@ def test_a_store_opened_without_its_otel_table_option_names_the_option_not_damag
 def test_a_record_the_exporter_took_keeps_nothing_kvtrace_collect_would_refuse(tmp_path):
     """The OTel Collector's ClickHouse exporter takes any run record, and nothing can refuse it:
     a status no run finishes as finished the run `complete`, and a summary of 9 hits in 5
-    queries and a digest of two words were stored as given (collect2's finding)."""
+    queries and a digest of two words were stored as given (collect2's finding). A record
+    kvtrace collect would refuse now finishes nothing, as collect's 400 does."""
     import json
 
     db = f"chdb:{tmp_path / 'store'}"
@@ -62,8 +63,9 @@ def test_a_record_the_exporter_took_keeps_nothing_kvtrace_collect_would_refuse(t
             "SpanAttributes": pa.array([[], list(record.items())], pa.map_(pa.string(), pa.string()))}))
     Store.open(db).close()  # registers the collected run, and finishes it from its record
     (run,) = read.runs(db).iter_rows(named=True)
-    assert run["run_id"] == "x1" and run["name"] == "sent"  # (the rest of the record is kept)
-    assert run["status"] == "incomplete" and run["digest"] is None and run["summary"] is None
+    # (a record collect refuses names and finishes nothing: d5b3bd6, one rule on both paths)
+    assert run["run_id"] == "x1" and run["name"] == "otlp x1"
+    assert run["status"] == "running" and run["digest"] is None and run["summary"] is None
     # (re-probe C1: these were kept too, and a config that was no JSON made the run read damaged)
     assert run["trace_digest"] is None and run["created"] != "yesterday" and run["mode"] == "otlp"
     assert read.run(db, "x1")["config"] is None and run["status"] != "damaged"
