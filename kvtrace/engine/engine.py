@@ -251,7 +251,11 @@ class Engine:
         if isinstance(listeners, (str, bytes)) or not isinstance(listeners, Iterable):
             raise KVTraceError(f"engine: listeners {shown_value(listeners)}; expected a sequence of callables taking "
                                "a StepBatch")
-        listeners = tuple(listeners)
+        try:
+            listeners = tuple(listeners)
+        except Exception:  # (whatever a caller's __iter__ raises: said in one line)
+            raise KVTraceError(f"engine: listeners {shown_value(listeners)} cannot be iterated; expected a sequence "
+                               "of callables taking a StepBatch") from None
         odd = [x for x in listeners if not callable(x)]
         if odd:
             raise KVTraceError(f"engine: listener {shown_value(odd[0])} is not callable; expected callables taking a "

@@ -140,7 +140,14 @@ class KVCacheInstrumentor:
         self.flush_cache_steps = flush_cache_steps
         self.step_ns = step_ns
         self._pending_steps = 0
+        if processors is not None and (isinstance(processors, (str, bytes)) or not isinstance(processors, Iterable)):
+            raise ConfigError("KVCacheInstrumentor", "processors", f"expected a sequence of span processors, got "
+                                                                   f"{shown_value(processors)}")
         self._explicit_processors = tuple(processors) if processors is not None else None
+        odd = next((p for p in self._explicit_processors or () if not all(
+            callable(getattr(p, m, None)) for m in ("on_end", "force_flush"))), None)
+        if odd is not None:  # (an AttributeError at the first hand-over, inside the run)
+            raise ConfigError("KVCacheInstrumentor", "processors", f"expected span processors, got {shown_value(odd)}")
         gen = getattr(self.tracer_provider, "id_generator", None)
         self.ids = gen if isinstance(gen, SeededIdGenerator) else SeededIdGenerator(seed)
         resource = getattr(self.tracer_provider, "resource", None) or Resource({"service.name": "kvtrace"})

@@ -334,8 +334,16 @@ def build_tracer_provider(
         check_span_sink(store, run_id, "build_tracer_provider")
     elif run_id is not None and not isinstance(run_id, str):
         raise ConfigError("build_tracer_provider", "run_id", f"expected a string, got {shown_value(run_id)}")
-    if otlp_endpoint is not None and not isinstance(otlp_endpoint, str):
-        raise ConfigError("build_tracer_provider", "otlp_endpoint", f"expected a URL, got {shown_value(otlp_endpoint)}")
+    for name, text in (("otlp_endpoint", otlp_endpoint), ("service_name", service_name),
+                       ("export_run_id", export_run_id)):
+        if text is not None and not isinstance(text, str):
+            raise ConfigError("build_tracer_provider", name, f"expected a string, got {shown_value(text)}")
+    if resource_attributes is not None and not isinstance(resource_attributes, Mapping):
+        raise ConfigError("build_tracer_provider", "resource_attributes",
+                          f"expected a mapping of attribute names to values, got {shown_value(resource_attributes)}")
+    for name, flag in (("background", background), ("export", export)):
+        if not isinstance(flag, bool):  # (a numpy array: its truth ValueError; "no": taken as true)
+            raise ConfigError("build_tracer_provider", name, f"expected True or False, got {shown_value(flag)}")
     check_id_seed(seed, "build_tracer_provider")
     exporting = export and otlp_requested(otlp_endpoint)  # (export False: never, whatever OTEL_* says)
     offset = export_time_offset(time_offset_ns) if exporting else None

@@ -5,8 +5,10 @@ exit hook; a seed or run id of another type failed later, or never (ids keyed on
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
+from kvtrace.engine.engine import Engine
 from kvtrace.errors import KVTraceError
 from kvtrace.instrument import (
     BulkSpanProcessor,
@@ -72,3 +74,26 @@ def test_a_store_or_a_sweep_workers_sink_is_taken() -> None:
     assert DuckDBSpanExporter(_CollectedSpans(), "r").run_id == "r"
     assert build_tracer_provider(store=_CollectedSpans(), run_id="r", seed=2**64 - 1) is not None
     assert SeededIdGenerator(2**64 - 1).seed == 2**64 - 1
+
+
+class IterRaises:
+    def __iter__(self):
+        raise RuntimeError("no iter")
+
+
+@pytest.mark.parametrize(("label", "make"), [
+    ("processors 5", lambda: KVCacheInstrumentor(None, processors=5)),
+    ("processors [5]", lambda: KVCacheInstrumentor(None, processors=[5])),
+    ("resource_attributes 5", lambda: build_tracer_provider(resource_attributes=5)),
+    ("resource_attributes 'x'", lambda: build_tracer_provider(resource_attributes="x")),
+    ("service_name 10**5000", lambda: build_tracer_provider(service_name=10**5000)),
+    ("service_name 5", lambda: build_tracer_provider(service_name=5)),
+    ("export array", lambda: build_tracer_provider(export=np.array([1, 2]))),
+    ("background 'no'", lambda: build_tracer_provider(background="no")),
+    ("listeners whose iter raises", lambda: Engine("kimi-hybrid").run([], listeners=IterRaises())),
+])
+def test_more_arguments_it_cannot_use_are_one_line(label, make) -> None:
+    with pytest.raises(KVTraceError) as err:  # (re-probe 31: TypeError, ValueError, RuntimeError tracebacks)
+        make()
+    line = str(err.value)
+    assert "\n" not in line and len(line) < 400, line[:400]
