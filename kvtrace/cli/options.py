@@ -42,10 +42,22 @@ def _store_to_write(db: str | None) -> str | None:
     if db is None:
         return None
     blank_name(db)
+    dash_store(db)
     problem = store_to_write_problem(db) or rewritten_path_problem(db)
     if problem is not None:  # (the path as typed: a newline in it shown as \n, not joined into a space)
         raise KVTraceError(f"{printable(db) if db else repr(db)}: {problem}")
     return db
+
+
+def dash_store(db: str) -> None:
+    """``-`` is no store a user means (a store is a file, never stdin or stdout): a DuckDB
+    store named '-' was made in the current directory ('run r1 recorded in -', exit 0), as
+    161b718 found of --parquet -; ``./-`` names such a file."""
+    from kvtrace.errors import KVTraceError
+
+    if db == "-":
+        raise KVTraceError("--db: -: not stdin or stdout here (a store is a file); name one, ./- for a file of "
+                           "that name")
 
 
 def rewritten_path_problem(db: str, writing: bool = True) -> str | None:
@@ -79,6 +91,7 @@ def _existing_store(db: str) -> str:
         return db
     if not db:
         raise KVTraceError("--db: expected a store path, got an empty one")
+    dash_store(db)
     shown = printable(db)  # (as typed: a newline in the path shown as \n, not joined into a space)
     # (md:foo, s3://...: told as the writer tells it; its "kvtrace replay --db md:foo" hint was refused)
     problem = url_like_problem(db) or rewritten_path_problem(db, writing=False) or file_problem(

@@ -20,6 +20,7 @@ from kvtrace.cli.options import (
     Markdown,
     Percentiles,
     blank_name,
+    dash_store,
     replay_options,
     rewritten_path_problem,
 )
@@ -206,6 +207,7 @@ def _demo_store(db: str) -> str:
     if db == "":
         raise typer.BadParameter("expected a path, got an empty one")
     blank_name(db)
+    dash_store(db)
     return db
 
 
