@@ -85,6 +85,7 @@ def capture_vllm(
     error (the run's summary says nothing_received)."""
     from kvtrace.errors import ConfigError
     from kvtrace.instrument.vllm.endpoints import capture_endpoints
+    from kvtrace.names import printable
 
     for option, address in (("--endpoint", endpoint), ("--replay-endpoint", replay_endpoint)):
         if address is not None and not address.strip():  # (--replay-endpoint '' turned gap recovery off unsaid)
@@ -92,12 +93,25 @@ def capture_vllm(
         if address is not None and address.startswith("inproc://"):  # (it recorded a run of nothing, exit 1)
             raise ConfigError(option, address, "inproc:// reaches sockets of this process only, never a vLLM "
                                                "server's: give its tcp:// or ipc:// endpoint")
-        size = len(address.removeprefix("ipc://").encode("utf-8", "surrogateescape")) if address else 0
-        if address is not None and address.startswith("ipc://") and size > _IPC_PATH_BYTES:
-            # (ZMQ's connect refused it, 'File name too long', once the capture's run was made: a failed run)
-            raise ConfigError(option, address, f"the socket path is {size:,} bytes, past the {_IPC_PATH_BYTES} a "
-                                               "Unix socket's address holds; give a shorter path (or tcp://)")
-    capture_endpoints(endpoint, replay_endpoint, duration, dp_size)  # (before ZMQ and the store load)
+    # each rank's own address (an ipc path holding "inproc" gets _dp{rank} appended, as vLLM
+    # does): rank 1's past the socket's 107 bytes was 'File name too long' once its run was made
+    ranks = capture_endpoints(endpoint, replay_endpoint, duration, dp_size)  # (before ZMQ and the store load)
+    for rank_endpoints in ranks:
+        for option, address in zip(("--endpoint", "--replay-endpoint"), rank_endpoints, strict=True):
+            if address is None or not address.startswith("ipc://"):
+                continue
+            given = endpoint if option == "--endpoint" else str(replay_endpoint)
+            path = address.removeprefix("ipc://")
+            if path in ("", "@"):  # (ZMQ's 'Invalid argument' once the capture's run was made: a failed run)
+                raise ConfigError(option, given, "expected ipc://PATH (a socket's path, or @NAME for an abstract "
+                                                 "one), got no path")
+            size = len(path.encode("utf-8", "surrogateescape"))
+            if size > _IPC_PATH_BYTES:
+                # (ZMQ's connect refused it, 'File name too long', once the capture's run was made: a failed run)
+                whose = "" if address == given else f" of {printable(address)}, a DP rank's,"
+                raise ConfigError(option, given, f"the socket path{whose} is {size:,} bytes, past the "
+                                                 f"{_IPC_PATH_BYTES} a Unix socket's address holds; give a shorter "
+                                                 "path (or tcp://)")
     if trace_out is not None:  # before anything is received (a store there would be lost)
         from kvtrace.store.backend import is_clickhouse
         from kvtrace.workload.lines import AtomicText
