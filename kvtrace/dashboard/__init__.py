@@ -165,7 +165,7 @@ def check_streamlit_home() -> None:
     home = os.path.expanduser("~")  # (Streamlit's Path.home())
     if home == "~":
         return  # (no HOME and no home in the password database: Streamlit reads no settings)
-    for name in ("config.toml", "secrets.toml"):
+    for name in ("config.toml", "secrets.toml", "credentials.toml"):
         path = os.path.join(home, ".streamlit", name)
         try:
             with open(path, "rb") as f:
@@ -182,6 +182,34 @@ def check_streamlit_home() -> None:
             except (UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
                 raise KVTraceError(f"{printable(path)}: not TOML ({err}): Streamlit's settings, which the dashboard "
                                    "server reads; fix or move the file") from None
+        elif name == "credentials.toml":
+            problem = _credentials_problem(raw)
+            if problem is not None:
+                raise KVTraceError(f"{printable(path)}: {problem}: Streamlit's credentials, which the dashboard server "
+                                   "could not load (it deletes such a file, or stops at its email prompt); fix or move "
+                                   "the file")
+
+
+def _credentials_problem(raw: bytes) -> str | None:
+    """Why Streamlit's ``Credentials.load`` would not take a ``credentials.toml`` (it then
+    removes the file, prints its email prompt and, with no stdin, exits: a user's file lost
+    and the server's start one meaningless line); None where it would."""
+    import tomllib
+
+    from kvtrace.names import printable
+
+    try:
+        general = tomllib.loads(raw.decode("utf-8")).get("general")
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
+        return f"not TOML ({err})"
+    if not isinstance(general, dict):
+        return "expected a [general] table"
+    email = general.get("email")
+    if not isinstance(email, str):
+        return "expected email = \"...\" in [general]"
+    if email.strip() and email.strip().count("@") != 1:
+        return f"email {printable(repr(email))} is no email address (one '@') or empty"
+    return None
 
 
 # How long a stopped server may take to shut down before it is killed.
