@@ -656,6 +656,7 @@ class AtomicText:
         beside it (``DB.write-lock``: a replay's writer removed what was written over its lock)."""
         suffix = next((s for s in STORE_SIDE_SUFFIXES if self.name.endswith(s)), None)
         if suffix is None:
+            self._refuse_a_question_mark_log()
             return
         db = self.name[:-len(suffix)]
         real = os.path.realpath(db)
@@ -663,6 +664,19 @@ class AtomicText:
             what = "the write-ahead log" if suffix == ".wal" else "a lock or marker file"
             raise KVTraceError(f"{self.name}: is {what} of the DuckDB database {db}, not "
                                "replaced by this output; write it elsewhere")
+
+    def _refuse_a_question_mark_log(self) -> None:
+        """DuckDB names the log of a database with a '?' in its file name by putting '.wal'
+        before that '?' (``a?b.duckdb``'s is ``a.wal?b.duckdb``): an output written there was
+        taken for that database's log by its next writer, and deleted."""
+        real = os.path.realpath(self.name)
+        at = real.find("?")
+        if at < 0 or "/" in real[at:] or not real[:at].endswith(".wal"):
+            return
+        db = real[:at - 4] + real[at:]
+        if duckdb_magic(db) or any(os.path.realpath(s) == db for s in self.sources):
+            raise KVTraceError(f"{self.name}: is the write-ahead log of the DuckDB database {db} (DuckDB puts "
+                               "'.wal' before a '?' in its name), not replaced by this output; write it elsewhere")
 
     def __exit__(self, exc_type, exc, tb):
         try:
