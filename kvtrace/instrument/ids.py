@@ -15,7 +15,7 @@ import numbers
 import numpy as np
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 
-from kvtrace.errors import MAX_SEED, ConfigError
+from kvtrace.errors import ConfigError
 from kvtrace.names import shown_value
 
 _MASK64 = (1 << 64) - 1
@@ -42,11 +42,16 @@ def mix64(x: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
+# The largest seed the ids can key on (a request's key hashes it as 16 signed bytes): above
+# --seed's MAX_SEED, as a capture's DP rank r takes seed + r * 2^32
+MAX_ID_SEED = (1 << 127) - 1
+
+
 def check_id_seed(seed: object, where: str) -> int:
-    """A span-id seed as ``--seed`` takes one (an int from 0 to MAX_SEED), refused at ``where``
-    otherwise (a str or None was a TypeError or ValueError traceback, 1.5 cut to 1)."""
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= int(seed) <= MAX_SEED:
-        raise ConfigError(where, "seed", f"expected an int from 0 to {MAX_SEED:,}, got {shown_value(seed)}")
+    """A span-id seed (an int from 0 to MAX_ID_SEED), refused at ``where`` otherwise (a str or
+    None was a TypeError or ValueError traceback, 1.5 cut to 1, 2^200 an OverflowError)."""
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= int(seed) <= MAX_ID_SEED:
+        raise ConfigError(where, "seed", f"expected an int from 0 to 2^127 - 1, got {shown_value(seed)}")
     return int(seed)
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -38,13 +39,14 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from kvtrace.errors import ConfigError, KVTraceError
+from kvtrace.errors import ConfigError, KVTraceError, check_option
 from kvtrace.instrument.convert import UnstorableValue
-from kvtrace.instrument.ids import SeededIdGenerator
-from kvtrace.instrument.vllm.endpoints import capture_endpoints
+from kvtrace.instrument.ids import SeededIdGenerator, check_id_seed
+from kvtrace.instrument.vllm.endpoints import MAX_DURATION_S, capture_endpoints
 from kvtrace.instrument.vllm.reconstruct import ChainTracer, native_trace, write_requests
 from kvtrace.instrument.vllm.rows import ENDPOINT_KEY, VllmSpanRows
 from kvtrace.instrument.vllm.wire import KVEventBatch, VllmWireError, decode_kv_batch, replay_frame
+from kvtrace.names import shown_value
 from kvtrace.process import sigterm_as_interrupt, stop_requested
 from kvtrace.store.schema import SUMMARY_NOTHING_RECEIVED
 from kvtrace.store.writer import Store
@@ -636,6 +638,25 @@ def run_captures(caps: list[VllmKVCapture], duration: float | None = None,
         cap.flush()
 
 
+def _check_arguments(endpoint: object, replay_endpoint: object, topic: object, trace_out: object, run_name: object,
+                     seed: object, replay_timeout_s: object, should_stop: object, on_ready: object) -> None:
+    """An API caller's arguments the CLI's flags cannot give, refused before the run is made: each
+    was a traceback once the store held a failed run for it (a topic of 5, should_stop=5), or
+    was stored as its text (run_name=5 as '5', as 286320f found for replay)."""
+    where = "capture_vllm"
+    for name, value, optional in (("endpoint", endpoint, False), ("replay_endpoint", replay_endpoint, True),
+                                  ("topic", topic, False), ("run_name", run_name, True)):
+        if not (optional and value is None) and not isinstance(value, str):
+            raise ConfigError(where, name, f"expected a string, got {shown_value(value)}")
+    if trace_out is not None and not isinstance(trace_out, (str, os.PathLike)):
+        raise ConfigError(where, "trace_out", f"expected a file's path, got {shown_value(trace_out)}")
+    check_id_seed(seed, where)
+    check_option("replay_timeout_s", replay_timeout_s, 0, MAX_DURATION_S)  # type: ignore[arg-type]
+    for name, call in (("should_stop", should_stop), ("on_ready", on_ready)):
+        if call is not None and not callable(call):
+            raise ConfigError(where, name, f"expected a callable, got {shown_value(call)}")
+
+
 def capture_vllm(endpoint: str, replay_endpoint: str | None = None, *, store_path: str | Path,
                  duration: float | None = None, topic: str = "", trace_out: str | Path | None = None,
                  run_name: str | None = None, seed: int = 0, replay_timeout_s: float = 2.0, dp_size: int = 1,
@@ -652,6 +673,8 @@ def capture_vllm(endpoint: str, replay_endpoint: str | None = None, *, store_pat
     how many publishers the SUB sockets reached at all) and in a warning.
     SIGTERM stops it as Ctrl-C does: flushed, summarised, finished.
     """
+    _check_arguments(endpoint, replay_endpoint, topic, trace_out, run_name, seed, replay_timeout_s, should_stop,
+                     on_ready)
     endpoints = capture_endpoints(endpoint, replay_endpoint, duration, dp_size)
     tracers = [ChainTracer() for _ in endpoints] if trace_out else None
     with Store.open(store_path) as store:
