@@ -30,7 +30,7 @@ from kvtrace.process import pid_after, remove_dead_leftovers, signals_held, stop
 from kvtrace.replay.report import format_value
 from kvtrace.replay.run import RunResult, RunSpec, run_replay
 from kvtrace.store import read
-from kvtrace.store.backend import check_db_type, is_clickhouse
+from kvtrace.store.backend import check_db_type, is_clickhouse, wal_path
 from kvtrace.store.connection import check_store, read_connection, write_connection
 from kvtrace.store.layout import foreign_relations
 from kvtrace.store.schema import SUMMARY_FIELDS
@@ -290,7 +290,7 @@ def _replace(built: str, target: str) -> None:
         os.chmod(built, stat.S_IMODE(os.stat(target).st_mode))
     with signals_held():
         try:
-            Path(target + ".wal").unlink(missing_ok=True)
+            Path(wal_path(target)).unlink(missing_ok=True)  # (not <target>.wal where its name holds a '?')
             os.replace(built, target)
         except OSError as err:
             raise KVTraceError(f"{target}: cannot replace with the new demo store ({err.strerror or err})") from None

@@ -193,6 +193,15 @@ def url_like_problem(path: str) -> str | None:
     return None
 
 
+def wal_path(path: str) -> str:
+    """The write-ahead log DuckDB 2.0.1 keeps beside the store at ``path``: ``<path>.wal``,
+    but with ``.wal`` before the first ``?`` of the store's real path where it holds one
+    (``a?b.duckdb``'s is ``a.wal?b.duckdb``: DuckDB reads a '?' as URL parameters' start)."""
+    real = os.path.realpath(path)
+    at = real.find("?")
+    return f"{path}.wal" if at < 0 else real[:at] + ".wal" + real[at:]
+
+
 def duckdb_path_problem(path: str, missing: str | None) -> str | None:
     """Why ``path`` cannot name a DuckDB store file, found without opening it as one; None
     when it can, or when it is missing and ``missing`` is None (a store to create)."""
@@ -207,12 +216,13 @@ def duckdb_path_problem(path: str, missing: str | None) -> str | None:
         return problem if problem == missing else f"{problem}; expected a kvtrace store file"
     # DuckDB reads <file>.wal as <file>'s write-ahead log: a store under that name is replayed
     # into <file> and deleted (its runs lost) by the next writer of <file>
-    if path.endswith(".wal") and duckdb_magic(path[:-4]) is not None:
+    # (a name with a '?' has its log elsewhere: connection.rewritten_path_problem asks of it)
+    if "?" not in path and path.endswith(".wal") and duckdb_magic(path[:-4]) is not None:
         return (f"is the write-ahead log's name of the store {path[:-4]} (DuckDB would take a store here for "
                 "that store's log, and delete it); choose another name")
-    if duckdb_magic(f"{path}.wal"):
-        return (f"{path}.wal is a DuckDB database of its own, which DuckDB would read as this store's "
-                "write-ahead log (and delete); rename that file first")
+    if duckdb_magic(wal_path(path)):
+        return (f"{printable(wal_path(path))} is a DuckDB database of its own, which DuckDB would read as this "
+                "store's write-ahead log (and delete); rename that file first")
     try:
         with open(path, "rb") as f:
             head = f.read(len(_SQLITE_MAGIC))

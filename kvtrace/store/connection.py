@@ -33,7 +33,7 @@ import duckdb
 
 from kvtrace.errors import STORE_SIDE_SUFFIXES, duckdb_magic
 from kvtrace.names import printable
-from kvtrace.store.backend import duckdb_path_problem
+from kvtrace.store.backend import duckdb_path_problem, wal_path
 from kvtrace.store.errors import COMMITTED_STAYS, DAMAGED, StoreBusyError, StoreError, write_failure_reason
 from kvtrace.store.layout import check_layout
 from kvtrace.store.schema import META_TABLE, SCHEMA_VERSION, meta_rows, meta_version
@@ -349,7 +349,7 @@ def rewritten_path_problem(path: str, writing: bool) -> str | None:
     if not writing or "?" not in real:
         return None
     at = real.index("?")
-    log = real[:at] + ".wal" + real[at:]
+    log = wal_path(path)
     if "?" in folder:
         return (f"a '?' in its folder {printable(folder)}: DuckDB would write the store's log at "
                 f"{printable(log)} (it reads a '?' as the start of URL parameters); choose a folder without '?'")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 
 from kvtrace.errors import KVTraceError
-from kvtrace.store.backend import ClickHouseTarget, clickhouse_target, is_clickhouse
+from kvtrace.store.backend import ClickHouseTarget, clickhouse_target, is_clickhouse, wal_path
 
 
 def duckdb_file_state(path: str) -> tuple | None:
@@ -27,7 +27,7 @@ def duckdb_file_state(path: str) -> tuple | None:
     except OSError:
         return None
     try:
-        wal = os.stat(f"{path}.wal")
+        wal = os.stat(wal_path(path))
         return (*key, wal.st_size, wal.st_mtime_ns)
     except FileNotFoundError:
         return (*key, None)

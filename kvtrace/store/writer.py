@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 
 from kvtrace.process import signals_held, stop_exception, stop_pending
 from kvtrace.store import derived
-from kvtrace.store.backend import is_clickhouse, store_to_write_problem
+from kvtrace.store.backend import is_clickhouse, store_to_write_problem, wal_path
 from kvtrace.store.connection import (
     DEFAULT_TIMEOUT_S,
     HeldConnection,
@@ -305,7 +305,7 @@ def _remove_failed_creation(path: str) -> bool:
             con.close()
         if found[0][0]:
             return False
-    for leftover in (path, f"{path}.wal"):
+    for leftover in (path, wal_path(path)):
         with contextlib.suppress(OSError):
             os.unlink(leftover)
     return not os.path.lexists(path)
@@ -431,7 +431,7 @@ class Store:
         problem = store_to_write_problem(self.path)  # (a name too long, a FIFO, a missing folder)
         if problem is not None:
             raise StoreError(self.path or "''", problem)
-        wal = f"{self.path}.wal"
+        wal = wal_path(self.path)
         creating = not os.path.lexists(self.path) and not os.path.lexists(wal)
         if not creating:  # (the lock file of a creation killed with -9, if any)
             _remove_stale_creation_lock(self.path)
