@@ -32,6 +32,7 @@ def server_command(db: str | os.PathLike, host: str = "127.0.0.1", port: int = 8
         "--browser.gatherUsageStats", "false",
         "--server.fileWatcherType", "none",
         "--client.toolbarMode", "viewer",
+        "--logger.level", "warning",  # (its info lines, 'Uvicorn server started on ...', beside kvtrace's own)
         "--server.baseUrlPath", "",  # (the address printed is served at /, whatever a config.toml says)
         "--", "--db", _resolved(db),
     ]
@@ -112,7 +113,12 @@ def launch(db: str | os.PathLike, host: str = "127.0.0.1", port: int = 8501, run
 
         with read_connection(path):  # the check every reader makes (`kvtrace runs`): a kvtrace store
             pass
-    env = dict(os.environ, **{DB_ENV: _resolved(db)})
+    # (no STREAMLIT_* variable: the server's settings are its flags, as no config.toml of the
+    # current folder reaches it; a bad one printed Streamlit's usage text or a traceback, or
+    # failed after the address was printed, and an SSL certificate made it serve https where
+    # the address printed says http)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMLIT_")}
+    env[DB_ENV] = _resolved(db)
     if env.get("PYTHONPATH"):  # (the server runs in kvtrace's folder: a relative entry read from the user's)
         env["PYTHONPATH"] = os.pathsep.join(str(Path(p).resolve()) if p else p
                                             for p in env["PYTHONPATH"].split(os.pathsep))

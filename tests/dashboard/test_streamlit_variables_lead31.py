@@ -1,0 +1,38 @@
+"""``kvtrace dashboard`` serves whatever STREAMLIT_* variables say: its server's settings are
+its flags (as no config.toml of the current folder reaches it). A bad one printed Streamlit's
+usage text before the kvtrace line, an SSL certificate path that does not exist a traceback,
+and a development mode or theme failed after the address was printed (re-probe reenv31)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from kvtrace.store.writer import Store
+from tests.dashboard.support import free_port, serving
+from tests.support.processes import reaped, wait_until
+
+
+@pytest.mark.parametrize("variables", [
+    {"STREAMLIT_SERVER_MAX_UPLOAD_SIZE": "abc", "STREAMLIT_SERVER_SSL_CERT_FILE": "/nonexistent",
+     "STREAMLIT_GLOBAL_DEVELOPMENT_MODE": "true", "STREAMLIT_THEME_BASE": "purple"},
+    {},
+], ids=["four hostile settings", "none"])
+def test_streamlit_variables_do_not_reach_the_server(tmp_path, monkeypatch, variables) -> None:
+    db = tmp_path / "d.duckdb"
+    Store.open(db).close()
+    port = free_port()
+    for key, value in variables.items():
+        monkeypatch.setenv(key, value)
+    proc = subprocess.Popen([sys.executable, "-m", "kvtrace.cli", "dashboard", "--db", str(db), "--port", str(port)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    with reaped(proc):
+        wait_until(proc, lambda: serving(port), "the dashboard never served")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert err.strip().splitlines() == [f"kvtrace dashboard: open http://127.0.0.1:{port}/",
+                                        "kvtrace dashboard: stopped"], err
