@@ -324,6 +324,7 @@ class OTLPCollector:
         self._recent = _RecentSpans(RECENT_SPANS)
         self._looked_up: set[str] = set()  # named runs whose store state was read (see _look_up)
         self._held_seqs: dict[str, _HeldSeqs] = {}  # named runs: the seq numbers each holds (see _numbers)
+        self._refused_writes_told: set[str] = set()  # (_tell_refused_write: each reason once)
         self._not_collected: dict[str, str] = {}  # named runs the store holds of another mode: run id -> mode
         self.spans_received = 0  # spans stored (a kvtrace.run record is no span: runs_recorded)
         self.duplicate_spans = 0  # spans already stored in their run, sent again: not stored twice
@@ -454,6 +455,17 @@ class OTLPCollector:
             self.requests_rejected += 1
 
     def ingest(self, spans: DecodedSpans, wanted: Callable[[], bool] | None = None) -> int:
+        """``_ingest``; a store that refuses the request (its reads or its commit: a full disk,
+        another process holding the file) is also told on stderr, once per reason."""
+        try:
+            return self._ingest(spans, wanted)
+        except (PayloadError, CollectorClosed, ExportAbandoned):
+            raise
+        except KVTraceError as err:
+            self._tell_refused_write(err)
+            raise
+
+    def _ingest(self, spans: DecodedSpans, wanted: Callable[[], bool] | None = None) -> int:
         """Append decoded spans (grouped by run) and commit; returns the count stored.
 
         All or nothing: a value the store cannot hold is a PayloadError naming the span
@@ -566,6 +578,18 @@ class OTLPCollector:
             for key, record in records:  # (after the commit: a failure here is logged, the spans stay)
                 self.runs_recorded += self._finish_recorded(self._run_for(key), record)
         return len(fresh)
+
+    def _tell_refused_write(self, err: KVTraceError) -> None:
+        """A request the store refused (its disk full, the file held or removed) is answered
+        503, which an exporter retries for ever; said once per reason on the collector's
+        stderr, where it was counted among the requests rejected and told nowhere."""
+        reason = str(err)
+        with self._lock:
+            told = reason in self._refused_writes_told or len(self._refused_writes_told) >= 64
+            if not told:
+                self._refused_writes_told.add(reason)
+        if not told:
+            _log.warning("a request's spans were not stored (answered 503: its sender sends them again): %s", reason)
 
     def _held(self, run_key: str) -> _HeldSeqs:
         """(under _lock) The seq numbers a named run holds (read from the store by ``_look_up``)."""
