@@ -58,22 +58,13 @@ def test_a_closed_stdin_or_stdout_leaves_the_server_whole(tmp_path, closed):
     """`kvtrace dashboard ... <&-` or `>&-`: the server inherited no descriptor 0 or 1 (Python's
     null device for a closed stdout is close-on-exec), opened its event loop's there, and
     libuv aborted it as it stopped: "uv__close: Assertion `fd > STDERR_FILENO' failed"."""
-    import signal
-    import subprocess
-
-    from tests.dashboard.support import free_port, serving
-    from tests.support.processes import reaped, wait_until
+    from tests.dashboard.support import free_port, served_then_stopped
 
     db = tmp_path / "d.duckdb"
     Store.open(db).close()
     port = free_port()
     command = [sys.executable, "-m", "kvtrace.cli", "dashboard", "--db", str(db), "--port", str(port)]
-    proc = subprocess.Popen(["bash", "-c", f'exec "$@" {closed}', "bash", *command],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    with reaped(proc):
-        wait_until(proc, lambda: serving(port), "the dashboard never served")
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
+    code, err = served_then_stopped(["bash", "-c", f'exec "$@" {closed}', "bash", *command], port)
+    assert code == 0, err
     assert "Assertion" not in err and "uv__close" not in err, err
     assert err.strip().splitlines()[-1] == "kvtrace dashboard: stopped", err

@@ -5,15 +5,12 @@ and a development mode or theme failed after the address was printed (re-probe r
 
 from __future__ import annotations
 
-import signal
-import subprocess
 import sys
 
 import pytest
 
 from kvtrace.store.writer import Store
-from tests.dashboard.support import free_port, serving
-from tests.support.processes import reaped, wait_until
+from tests.dashboard.support import free_port, served_then_stopped
 
 
 @pytest.mark.parametrize("variables", [
@@ -27,12 +24,8 @@ def test_streamlit_variables_do_not_reach_the_server(tmp_path, monkeypatch, vari
     port = free_port()
     for key, value in variables.items():
         monkeypatch.setenv(key, value)
-    proc = subprocess.Popen([sys.executable, "-m", "kvtrace.cli", "dashboard", "--db", str(db), "--port", str(port)],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    with reaped(proc):
-        wait_until(proc, lambda: serving(port), "the dashboard never served")
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
+    code, err = served_then_stopped(
+        [sys.executable, "-m", "kvtrace.cli", "dashboard", "--db", str(db), "--port", str(port)], port)
+    assert code == 0, err
     assert err.strip().splitlines() == [f"kvtrace dashboard: open http://127.0.0.1:{port}/",
                                         "kvtrace dashboard: stopped"], err
