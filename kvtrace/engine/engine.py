@@ -101,49 +101,53 @@ def _next_request(it) -> Any:
     name = r.request_id
     if not isinstance(name, str):
         raise KVTraceError(f"workload: a request id {shown_value(name)}; expected a string")
-    rid = shown_value(name)  # (a str subclass's repr may raise: quoted as shown_value quotes)
     a: Any = r.arrival_ns  # (an API caller's, of any type)
     if isinstance(a, bool) or (not isinstance(a, numbers.Integral) and not (
             isinstance(a, float) and math.isfinite(a) and a.is_integer())):
-        raise KVTraceError(f"workload: request {rid} arrives at {shown_value(a)} ns; expected a whole number of ns")
+        raise _refused(r, f"arrives at {shown_value(a)} ns; expected a whole number of ns")
     if a >= MAX_TRACE_NS:  # (the readers' bound: later, the clock's overflow blamed the cost model)
-        raise KVTraceError(f"workload: request {rid} arrives at {shown_count(a)} ns; expected a time below 2^62 ns "
-                           "(about 146 years)")
+        raise _refused(r, f"arrives at {shown_count(a)} ns; expected a time below 2^62 ns "
+                       "(about 146 years)")
     for field in ("input_length", "output_length", "namespace"):  # (the readers' ints: others broke the worker)
-        if type(getattr(r, field)) is not int:
-            raise KVTraceError(f"workload: request {rid} has {field} {shown_value(getattr(r, field))}; expected an int")
-    for field in ("input_length", "output_length"):  # (as a trace file's: past it, counts beyond any context)
-        if getattr(r, field) > MAX_TOKENS:
-            raise KVTraceError(f"workload: request {rid} has {field} {shown_count(getattr(r, field))}; expected at "
-                               f"most {MAX_TOKENS:,} tokens")
+        value = getattr(r, field)
+        if type(value) is not int:
+            raise _refused(r, f"has {field} {shown_value(value)}; expected an int")
+        if value > MAX_TOKENS and field != "namespace":  # (as a trace file's: past it, beyond any context)
+            raise _refused(r, f"has {field} {shown_count(value)}; expected at most {MAX_TOKENS:,} tokens")
     if r.cache_salt is not None and type(r.cache_salt) is not str:
-        raise KVTraceError(f"workload: request {rid} has cache_salt {shown_value(r.cache_salt)}; expected a string")
+        raise _refused(r, f"has cache_salt {shown_value(r.cache_salt)}; expected a string")
     if (r.token_ids is None) == (r.hash_ids is None):
-        raise KVTraceError(f"workload: request {rid} gives {'neither' if r.token_ids is None else 'both'} of "
-                           "token_ids and hash_ids; expected exactly one")
+        raise _refused(r, f"gives {'neither' if r.token_ids is None else 'both'} of "
+                       "token_ids and hash_ids; expected exactly one")
     # token ids as the readers give them: whole numbers in [0, VOCAB_SIZE) (a uint64 id past it
     # made content mode report divergent outputs of a correct cache; an id of VOCAB_SIZE is
     # --no-content's sampled token; 1.5 was cut to 1; a string was a ValueError traceback)
     for field, ids in (("token_ids", r.token_ids), ("expected_output", r.expected_output)):
         if ids is not None and not _token_ids_ok(ids):
-            raise KVTraceError(f"workload: request {rid} has {field} that are not token ids; expected whole "
-                               f"numbers in [0, {VOCAB_SIZE:,}), one list of them")
+            raise _refused(r, f"has {field} that are not token ids; expected whole "
+                           f"numbers in [0, {VOCAB_SIZE:,}), one list of them")
     if r.expected_output is not None and len(r.expected_output) != r.output_length:
-        raise KVTraceError(f"workload: request {rid} has {len(r.expected_output):,} expected_output tokens for "
-                           f"output_length {r.output_length:,}; expected as many")
+        raise _refused(r, f"has {len(r.expected_output):,} expected_output tokens for "
+                       f"output_length {r.output_length:,}; expected as many")
     if r.hash_ids is not None:
         size = r.hash_block_size
         if type(size) is not int or not 1 <= size <= MAX_TOKENS:
-            raise KVTraceError(f"workload: request {rid} has hash_block_size {shown_value(size)}; expected tokens per "
-                               f"hash id, an int from 1 to {MAX_TOKENS:,}")
+            raise _refused(r, f"has hash_block_size {shown_value(size)}; expected tokens per "
+                           f"hash id, an int from 1 to {MAX_TOKENS:,}")
         if type(r.hash_ids) is not tuple or not all(type(h) is int for h in r.hash_ids):
-            raise KVTraceError(f"workload: request {rid} has hash_ids of {type(r.hash_ids).__name__}; expected "
-                               "a tuple of int ids")
+            raise _refused(r, f"has hash_ids of {type(r.hash_ids).__name__}; expected "
+                           "a tuple of int ids")
         # (one id a block, the last one partial too, as the readers give them)
         if len(r.hash_ids) != -(-r.input_length // size):
-            raise KVTraceError(f"workload: request {rid} has {len(r.hash_ids):,} hash_ids for input_length "
-                               f"{r.input_length:,} at {size} tokens each; expected {-(-r.input_length // size):,}")
+            raise _refused(r, f"has {len(r.hash_ids):,} hash_ids for input_length "
+                           f"{r.input_length:,} at {size} tokens each; expected {-(-r.input_length // size):,}")
     return r
+
+
+def _refused(r: TraceRequest, what: str) -> KVTraceError:
+    """A request refused, its id quoted as ``shown_value`` quotes it (a str subclass's repr may
+    raise): formatted only when refused, never for a request that passes."""
+    return KVTraceError(f"workload: request {shown_value(r.request_id)} {what}")
 
 
 def _token_ids_ok(ids: Any) -> bool:
