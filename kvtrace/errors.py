@@ -117,6 +117,25 @@ def duckdb_magic(path: str | os.PathLike) -> bool | None:
     return head[8:12] == DUCKDB_MAGIC if head else None
 
 
+def wal_path(path: str) -> str:
+    """The write-ahead log DuckDB 2.0.1 keeps beside the database at ``path``: ``<path>.wal``,
+    but with ``.wal`` before the first ``?`` of its real path where it holds one
+    (``a?b.duckdb``'s is ``a.wal?b.duckdb``: DuckDB reads a '?' as URL parameters' start)."""
+    real = os.path.realpath(path)
+    at = real.find("?")
+    return f"{path}.wal" if at < 0 else real[:at] + ".wal" + real[at:]
+
+
+def wal_owner(path: str) -> str | None:
+    """The database whose write-ahead log ``path`` is by ``wal_path``'s '?' rule
+    (``a.wal?b.duckdb`` is ``a?b.duckdb``'s), else None."""
+    real = os.path.realpath(path)
+    at = real.find("?")
+    if at < 0 or "/" in real[at:] or not real[:at].endswith(".wal"):
+        return None
+    return real[:at - 4] + real[at:]
+
+
 def read_only_file(path: str | os.PathLike) -> bool:
     """Whether ``path`` is a regular file not to be replaced: one this process may not write,
     or one nobody may (0444: root may write anything, and a rename over it replaced a store

@@ -23,14 +23,14 @@ from kvtrace.compare.options import demo_target
 from kvtrace.compare.render import render
 from kvtrace.compare.source import diff_runs
 from kvtrace.compare.study import BEHAVIOURS
-from kvtrace.errors import ConfigError, KVTraceError
+from kvtrace.errors import ConfigError, KVTraceError, wal_path
 from kvtrace.metrics import backend_label, times_source
 from kvtrace.names import printable, shown_value, stdout_console
 from kvtrace.process import pid_after, remove_dead_leftovers, signals_held, stop_exception
 from kvtrace.replay.report import format_value
 from kvtrace.replay.run import RunResult, RunSpec, run_replay
 from kvtrace.store import read
-from kvtrace.store.backend import check_db_type, is_clickhouse, wal_path
+from kvtrace.store.backend import check_db_type, is_clickhouse
 from kvtrace.store.connection import check_store, read_connection, write_connection
 from kvtrace.store.layout import foreign_relations
 from kvtrace.store.schema import SUMMARY_FIELDS

@@ -25,6 +25,7 @@ from kvtrace.errors import (
     file_problem,
     on_read_only_mount,
     read_only_file,
+    wal_path,
 )
 from kvtrace.names import printable, shown_value
 
@@ -191,15 +192,6 @@ def url_like_problem(path: str) -> str | None:
         return ("expected a store file path, or chdb:DIR or clickhouse://...; DuckDB would read this as a URL "
                 f"or a service (write ./{path} for a file of that name)")
     return None
-
-
-def wal_path(path: str) -> str:
-    """The write-ahead log DuckDB 2.0.1 keeps beside the store at ``path``: ``<path>.wal``,
-    but with ``.wal`` before the first ``?`` of the store's real path where it holds one
-    (``a?b.duckdb``'s is ``a.wal?b.duckdb``: DuckDB reads a '?' as URL parameters' start)."""
-    real = os.path.realpath(path)
-    at = real.find("?")
-    return f"{path}.wal" if at < 0 else real[:at] + ".wal" + real[at:]
 
 
 def duckdb_path_problem(path: str, missing: str | None) -> str | None:

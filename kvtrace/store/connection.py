@@ -31,9 +31,9 @@ from typing import Any, ClassVar
 
 import duckdb
 
-from kvtrace.errors import STORE_SIDE_SUFFIXES, duckdb_magic
+from kvtrace.errors import STORE_SIDE_SUFFIXES, duckdb_magic, wal_owner, wal_path
 from kvtrace.names import printable
-from kvtrace.store.backend import duckdb_path_problem, wal_path
+from kvtrace.store.backend import duckdb_path_problem
 from kvtrace.store.errors import COMMITTED_STAYS, DAMAGED, StoreBusyError, StoreError, write_failure_reason
 from kvtrace.store.layout import check_layout
 from kvtrace.store.schema import META_TABLE, SCHEMA_VERSION, meta_rows, meta_version
@@ -348,7 +348,6 @@ def rewritten_path_problem(path: str, writing: bool) -> str | None:
     folder = os.path.dirname(real)
     if not writing or "?" not in real:
         return None
-    at = real.index("?")
     log = wal_path(path)
     if "?" in folder:
         return (f"a '?' in its folder {printable(folder)}: DuckDB would write the store's log at "
@@ -359,8 +358,8 @@ def rewritten_path_problem(path: str, writing: bool) -> str | None:
     if duckdb_magic(log):
         return (f"{printable(log)} is a DuckDB database of its own, which DuckDB would read as this store's "
                 "write-ahead log (it puts '.wal' before a '?' in the name), and delete; rename that file first")
-    owner = real[:at - 4] + real[at:]
-    if real[:at].endswith(".wal") and duckdb_magic(owner) is not None:
+    owner = wal_owner(path)
+    if owner is not None and duckdb_magic(owner) is not None:
         return (f"is the write-ahead log's name of the store {printable(owner)} (DuckDB puts '.wal' before a '?' "
                 "in the name: it would take a store here for that store's log, and delete it); choose another name")
     return None

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import os
 
-from kvtrace.errors import KVTraceError
-from kvtrace.store.backend import ClickHouseTarget, clickhouse_target, is_clickhouse, wal_path
+from kvtrace.errors import KVTraceError, wal_path
+from kvtrace.store.backend import ClickHouseTarget, clickhouse_target, is_clickhouse
 
 
 def duckdb_file_state(path: str) -> tuple | None:

@@ -25,9 +25,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from kvtrace.errors import wal_path
 from kvtrace.process import signals_held, stop_exception, stop_pending
 from kvtrace.store import derived
-from kvtrace.store.backend import is_clickhouse, store_to_write_problem, wal_path
+from kvtrace.store.backend import is_clickhouse, store_to_write_problem
 from kvtrace.store.connection import (
     DEFAULT_TIMEOUT_S,
     HeldConnection,

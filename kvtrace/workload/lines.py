@@ -38,6 +38,7 @@ from kvtrace.errors import (
     duckdb_magic,
     on_read_only_mount,
     read_only_problem,
+    wal_owner,
 )
 from kvtrace.numeric import cdiv
 from kvtrace.process import pid_after, remove_dead_leftovers
@@ -669,11 +670,9 @@ class AtomicText:
         """DuckDB names the log of a database with a '?' in its file name by putting '.wal'
         before that '?' (``a?b.duckdb``'s is ``a.wal?b.duckdb``): an output written there was
         taken for that database's log by its next writer, and deleted."""
-        real = os.path.realpath(self.name)
-        at = real.find("?")
-        if at < 0 or "/" in real[at:] or not real[:at].endswith(".wal"):
+        db = wal_owner(self.name)
+        if db is None:
             return
-        db = real[:at - 4] + real[at:]
         if duckdb_magic(db) or any(os.path.realpath(s) == db for s in self.sources):
             raise KVTraceError(f"{self.name}: is the write-ahead log of the DuckDB database {db} (DuckDB puts "
                                "'.wal' before a '?' in its name), not replaced by this output; write it elsewhere")

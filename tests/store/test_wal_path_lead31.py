@@ -11,7 +11,8 @@ import os
 from pathlib import Path
 
 from kvtrace.compare import demo
-from kvtrace.store.backend import duckdb_path_problem, wal_path
+from kvtrace.errors import wal_path
+from kvtrace.store.backend import duckdb_path_problem
 from kvtrace.store.writer import Store
 
 
