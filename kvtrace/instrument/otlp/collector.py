@@ -87,6 +87,9 @@ from kvtrace.store.schema import (
 from kvtrace.store.writer import Store
 
 TRACES_PATH = "/v1/traces"
+# How often the HTTP server's loop looks for a stop (socketserver's default, 0.5 s, was the
+# wait of every stop: Ctrl-C, SIGTERM, a test's collector).
+SERVE_POLL_S = 0.05
 _log = logging.getLogger(__name__)
 
 
@@ -385,14 +388,15 @@ class OTLPCollector:
     def start(self) -> OTLPCollector:
         if self._grpc is not None:
             self._grpc.start()
-        self._thread = threading.Thread(target=self._server.serve_forever, name="kvtrace-otlp", daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(SERVE_POLL_S,), name="kvtrace-otlp",
+                                        daemon=True)
         self._thread.start()
         return self
 
     def serve_forever(self) -> None:
         if self._grpc is not None:
             self._grpc.start()
-        self._server.serve_forever()
+        self._server.serve_forever(SERVE_POLL_S)
 
     def _close_servers(self) -> None:
         if self._grpc is not None:
