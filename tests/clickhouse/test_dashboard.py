@@ -4,21 +4,19 @@ hashes, divergent outputs, attributed misses, one run still running)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from streamlit.testing.v1 import AppTest
 
 from kvtrace.dashboard import DB_ENV
 from kvtrace.store import read
+from tests.dashboard.apptest import app_test
 
-APP = str(Path(__file__).resolve().parents[2] / "kvtrace" / "dashboard" / "app.py")
 PAGES = ["overview", "hit_rate", "evictions", "stale", "latency", "capacity", "compare"]
 
 
 def render(db: str, monkeypatch, page: str, run_id: str) -> AppTest:
     monkeypatch.setenv(DB_ENV, db)
-    at = AppTest.from_file(APP, default_timeout=60)
+    at = app_test(60)
     at.query_params["run"] = run_id
     at.run()
     if page != "overview":

@@ -19,9 +19,6 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-APP = str(Path(__file__).resolve().parents[2] / "kvtrace" / "dashboard" / "app.py")
-
-
 @pytest.fixture(scope="session")
 def dashboard_db(replayed_store) -> str:
     return replayed_store.path

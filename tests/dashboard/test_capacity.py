@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import APP
+from apptest import app_test
 from streamlit.testing.v1 import AppTest
 
 from kvtrace.dashboard import DB_ENV
@@ -29,7 +29,7 @@ def capacity_db(tmp_path_factory):
 
 def render(db: str, monkeypatch, **params: str) -> AppTest:
     monkeypatch.setenv(DB_ENV, db)
-    at = AppTest.from_file(APP, default_timeout=60)
+    at = app_test(60)
     for k, v in params.items():
         at.query_params[k] = v
     at.run()

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from apptest import render, traces
-from conftest import APP
+from apptest import app_test, render, traces
 from streamlit.testing.v1 import AppTest
 
 from kvtrace.dashboard import DB_ENV, queries, run_config, ui
@@ -468,7 +467,7 @@ def test_missing_and_foreign_databases_give_one_error_line(tmp_path, monkeypatch
     at = render(str(bad), monkeypatch)
     assert len(at.error) == 1 and str(bad) in shown(at.error[0].value)
     monkeypatch.delenv(DB_ENV, raising=False)
-    at = AppTest.from_file(APP, default_timeout=60).run()
+    at = app_test(60).run()
     assert not at.exception and "No database given" in at.error[0].value
 
 
