@@ -69,3 +69,24 @@ def test_a_record_the_exporter_took_keeps_nothing_kvtrace_collect_would_refuse(t
     # (re-probe C1: these were kept too, and a config that was no JSON made the run read damaged)
     assert run["trace_digest"] is None and run["created"] != "yesterday" and run["mode"] == "otlp"
     assert read.run(db, "x1")["config"] is None and run["status"] != "damaged"
+
+
+def test_rows_the_exporter_wrote_before_kvtrace_came_are_copied_once(tmp_path):
+    """The collector's table first, holding a request's span; kvtrace's store laid out over it
+    later copies what it held (the views carry only rows written after them), and only once:
+    an empty table has nothing copied (a new store's), and a second open copies nothing again."""
+    from kvtrace.store.clickhouse import collector
+
+    db = f"chdb:{tmp_path / 'store'}"
+    target = clickhouse_target(db)
+    (tmp_path / "store").mkdir()
+    with client.connect(target) as con:
+        con.command(collector.otel_traces_ddl("otel_traces"))
+        con.insert_arrow("otel_traces", pa.table({
+            "Timestamp": pa.array([1_796_000_000_000_000_000], pa.timestamp("ns")),
+            "SpanName": ["kvtrace.request"], "ServiceName": ["vllm"], "TraceId": ["ab" * 16], "SpanId": ["cd" * 8],
+            "SpanAttributes": pa.array([[("kvtrace.request.id", "before")]], pa.map_(pa.string(), pa.string()))}))
+    for _ in range(2):
+        Store.open(db).close()
+        assert read.runs(db)["run_id"].to_list() == ["otlp:vllm"]
+        assert read.requests(db, "otlp:vllm")["request_id"].to_list() == ["before"]
