@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 VLLM    := $(VENV)/.vllm-installed
 DB      ?= kvtrace-demo.duckdb
 
-.PHONY: install vllm demo dashboard lint test bench browser clean gpu-wheels gpu-check
+.PHONY: install vllm demo dashboard lint test pytest bench browser clean gpu-wheels gpu-check
 
 # The install also compiles the modules kvtrace/compiled.py lists (setup.py: mypyc, Cython): an
 # edit to one reinstalls, so what runs is compiled from the sources in the tree.
@@ -54,10 +54,14 @@ browser:
 	@test -x /usr/bin/chromium || (apt-get update -q && apt-get install -y -q --no-install-recommends chromium)
 
 # Chromium's download and unpacking (network and disk) go beside the pip installs (CPU: the
-# mypyc build); lint follows them, as mypy must not read a venv pip is still writing.
+# mypyc build); lint follows them, as mypy must not read a venv pip is still writing, and runs
+# beside the tests (their workers leave a core idle about a tenth of the time: waits on servers
+# and child processes), its lines kept whole among theirs.
 test:
 	$(MAKE) -j2 --output-sync=target $(VLLM) browser
-	$(MAKE) lint
+	$(MAKE) -j2 --output-sync=line lint pytest
+
+pytest: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 bench: $(STAMP)
