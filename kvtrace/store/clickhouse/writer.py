@@ -30,7 +30,6 @@ from kvtrace.store.clickhouse.schema import column_type, derived_columns, store_
 from kvtrace.store.clickhouse.tables import check_creatable, check_meta, materialise
 from kvtrace.store.errors import StoreError, UnknownRunError
 from kvtrace.store.liveness import host_name, process_start_token
-from kvtrace.store.state import chdb_catalog_state
 from kvtrace.store.schema import (
     CURVE_COLUMNS,
     LARGEST_NUMBERED_RUN_SQL,
@@ -44,6 +43,7 @@ from kvtrace.store.schema import (
     named_run_name,
     next_run_id,
 )
+from kvtrace.store.state import chdb_catalog_state
 from kvtrace.store.writer import Store, _file_identity, _json_or_none, described, writer_alive_or_damaged
 
 _RUN_TYPES = {"INTEGER": pa.int32(), "BIGINT": pa.int64()}
