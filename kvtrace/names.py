@@ -75,6 +75,45 @@ def printable(text: object) -> str:
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
+def shell_word(text: object) -> str:
+    """``text`` as a command line shown for copying takes it: one shell word (a path with a
+    space, a quote or a glob character quoted, as the demo's closing command quotes it). A
+    word with a character no line shows as itself (a newline, an escape, a byte that is not
+    UTF-8) is ANSI-C quoted, ``$'a\\nb'``, which bash, zsh and ksh read back as the same
+    name: printable()'s escapes inside '...' pasted a backslash and an n, another file.
+    Every hint that shows a command holding a user's value (the cli's, the store's, the
+    compare pages', the dashboard's) quotes it here: one home, on the ground floor."""
+    import shlex
+
+    word = str(text)
+    if word.isprintable():
+        return shlex.quote(word)
+    return "$'" + "".join(_ansi_c(c) for c in word) + "'"
+
+
+def shell_path(path: object) -> str:
+    """A file's path as one shell word (``shell_word``) that a command reads as that file,
+    never as a flag or as stdin: a relative path that begins with ``-`` (``-x.duckdb``,
+    ``-``) shown as ``./-x.duckdb``, the same file."""
+    text = str(path)
+    return shell_word(f"./{text}" if text.startswith("-") else text)
+
+
+_ANSI_C = {"\\": "\\\\", "'": "\\'", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def _ansi_c(c: str) -> str:
+    """``c`` inside ``$'...'``: a byte os.fsdecode kept as a surrogate (not UTF-8) as that byte."""
+    if c in _ANSI_C:
+        return _ANSI_C[c]
+    code = ord(c)
+    if 0xDC80 <= code <= 0xDCFF:
+        return f"\\x{code - 0xDC00:02x}"
+    if c.isprintable():
+        return c
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
 _ERRNO = re.compile(r"\[Errno -?\d+\] [^'\")]+")
 
 

@@ -17,6 +17,8 @@ import typer
 
 from kvtrace.errors import OutputClosed
 from kvtrace.names import cut_middle, markup_literal, printable, stdout_console
+from kvtrace.names import shell_path as shell_path  # (re-exported: its home is the ground floor)
+from kvtrace.names import shell_word as shell_word
 
 MAX_ERROR_CHARS = 1_000  # a message quoting a user's value (a list of 200k numbers) stays a readable line
 
@@ -33,35 +35,6 @@ def error(msg: str) -> None:
     line = _URL_PASSWORD.sub(r"\1:***@", printable(msg))  # (an endpoint's or a store URL's password, never shown)
     line = cut_middle(line, MAX_ERROR_CHARS)  # (the end says what is wrong: a 4,000-byte path's "no such file")
     typer.echo(f"kvtrace: error: {line}", err=True)
-
-
-def shell_word(text: object) -> str:
-    """``text`` as a command line shown for copying takes it: one shell word (a path with a
-    space, a quote or a glob character quoted, as the demo's closing command quotes it). A
-    word with a character no line shows as itself (a newline, an escape, a byte that is not
-    UTF-8) is ANSI-C quoted, ``$'a\\nb'``, which bash, zsh and ksh read back as the same
-    name: printable()'s escapes inside '...' pasted a backslash and an n, another file."""
-    import shlex
-
-    word = str(text)
-    if word.isprintable():
-        return shlex.quote(word)
-    return "$'" + "".join(_ansi_c(c) for c in word) + "'"
-
-
-_ANSI_C = {"\\": "\\\\", "'": "\\'", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
-
-
-def _ansi_c(c: str) -> str:
-    """``c`` inside ``$'...'``: a byte os.fsdecode kept as a surrogate (not UTF-8) as that byte."""
-    if c in _ANSI_C:
-        return _ANSI_C[c]
-    code = ord(c)
-    if 0xDC80 <= code <= 0xDCFF:
-        return f"\\x{code - 0xDC00:02x}"
-    if c.isprintable():
-        return c
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def status(msg: str) -> None:

@@ -25,7 +25,7 @@ from kvtrace.cli.options import (
     rewritten_path_problem,
 )
 from kvtrace.cli.options import percentiles as parse_percentiles
-from kvtrace.cli.output import echo_json, error, one_format, print_rows, recorded, shell_word, status
+from kvtrace.cli.output import echo_json, error, one_format, print_rows, recorded, shell_path, shell_word, status
 from kvtrace.errors import ConfigError, KVTraceError
 from kvtrace.metrics import backend_label, run_backend
 from kvtrace.names import printable
@@ -298,12 +298,12 @@ def dashboard(
         for flag, value in (("--run", run), ("--compare", compare)):
             if value is not None and value not in rows:  # (a blank one quoted: ' ' read as no value at all)
                 named = printable(value) if value.strip() else repr(value) if value else "(empty)"
-                raise KVTraceError(f"{flag}: {named}: no such run in {shown} (`kvtrace runs --db {shell_word(db)}` "
+                raise KVTraceError(f"{flag}: {named}: no such run in {shown} (`kvtrace runs --db {shell_path(db)}` "
                                    "lists them)")
         # (the page offers runs of --run's trace only, and none to a run that names no trace:
         # either was a page of one warning)
         if compare is not None and run is not None:
-            anything = (f"(`kvtrace diff {shell_word(run)} {shell_word(compare)} --db {shell_word(db)} --force` "
+            anything = (f"(`kvtrace diff --db {shell_path(db)} --force -- {shell_word(run)} {shell_word(compare)}` "
                         "compares any two)")
             for flag, value in (("--run", run), ("--compare", compare)):
                 if not rows[value].get("trace_digest") and rows[value].get("trace_source") is None:

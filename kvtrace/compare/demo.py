@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shlex
 import shutil
 import stat
 import tempfile
@@ -25,7 +24,7 @@ from kvtrace.compare.source import diff_runs
 from kvtrace.compare.study import BEHAVIOURS
 from kvtrace.errors import ConfigError, KVTraceError, wal_path
 from kvtrace.metrics import backend_label, times_source
-from kvtrace.names import printable, shown_value, stdout_console
+from kvtrace.names import printable, shell_path, shown_value, stdout_console
 from kvtrace.process import pid_after, remove_dead_leftovers, signals_held, stop_exception
 from kvtrace.replay.report import format_value
 from kvtrace.replay.run import RunResult, RunSpec, run_replay
@@ -77,7 +76,7 @@ class DemoResult:
 
     @property
     def dashboard_command(self) -> str:
-        return f"kvtrace dashboard --db {shlex.quote(self.db_path)}"
+        return f"kvtrace dashboard --db {shell_path(self.db_path)}"
 
 
 def run_demo(

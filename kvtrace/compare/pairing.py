@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +27,7 @@ from kvtrace.metrics import (
     recorded_definitions,
     replayed_mode,
 )
-from kvtrace.names import BEHAVIOURS
+from kvtrace.names import BEHAVIOURS, shell_path, shell_word
 
 # Flattened config keys that make up a run's capacity (engine: KV blocks per group and the
 # groups' block sizes; cache-only: usable blocks of block_size tokens).
@@ -190,8 +189,8 @@ def study_command(a: Mapping[str, Any], db: str) -> str:
     # (a command to paste: paths may hold spaces; a live capture's source is its ZMQ endpoint,
     # no trace: the file its --trace-out wrote is)
     source = a.get("trace_source") if a.get("mode") != "live" else None
-    trace = shlex.quote(source or "TRACE")
-    db = shlex.quote(db)
+    trace = shell_path(source) if source else "TRACE"
+    db = shell_path(db)
     cfg = _parsed(a.get("config"))
     cfg = cfg if isinstance(cfg, dict) else {}
     # the first N requests only (a run of the whole trace is another trace, never paired with
@@ -226,12 +225,12 @@ def study_command(a: Mapping[str, Any], db: str) -> str:
     on = _behaviours(a)
     off = [b for b in BEHAVIOURS if b not in on]
     behaviour = next(iter(sorted(on)), off[0] if off else BEHAVIOURS[0])
-    flags = f" --preset {shlex.quote(str(cfg['preset']))}" if cfg.get("preset") else ""
+    flags = f" --preset {shell_word(cfg['preset'])}" if cfg.get("preset") else ""
     flags += "".join(f" --without {b}" for b in off if b != behaviour)
     # what else the run was replayed with, so that the study's all-on run is this one's twin
     cache: dict[str, Any] = cfg["cache"] if isinstance(cfg.get("cache"), dict) else {}
     if cfg.get("backend") not in (None, "kvtrace"):
-        flags += f" --backend {shlex.quote(str(cfg['backend']))}"
+        flags += f" --backend {shell_word(cfg['backend'])}"
     groups = [g for g in cache.get("groups") or () if isinstance(g, dict)]
     sizes = {g.get("block_size") for g in groups}
     if len(sizes) == 1 and isinstance(next(iter(sizes)), int):  # (before the capacity: blocks of this size)

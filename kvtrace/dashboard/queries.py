@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ from kvtrace.compare.model import RunDiff
 from kvtrace.compare.source import diff_runs
 from kvtrace.dashboard import DB_ENV, charts, run_config, state, ui
 from kvtrace.errors import KVTraceError
-from kvtrace.names import replay_mode
+from kvtrace.names import replay_mode, shell_path
 from kvtrace.store import read
 from kvtrace.store.backend import is_clickhouse
 from kvtrace.store.errors import DAMAGED, StoreError
@@ -149,7 +148,7 @@ def open_store(db: str | None) -> bool:
         return False
     if not is_clickhouse(db) and not Path(db).exists():  # (a directory: the store's own line says so)
         st.error(f"{ui.literal(db)}: no such database file. Create it with `kvtrace demo` or "
-                 f"{ui.code(f'kvtrace replay TRACE --db {shlex.quote(db)}')}.")
+                 f"{ui.code(f'kvtrace replay TRACE --db {shell_path(db)}')}.")
         return False
     key = _key(db)
     try:

@@ -6,7 +6,7 @@ import os
 import re
 
 from kvtrace.errors import KVTraceError
-from kvtrace.names import printable
+from kvtrace.names import printable, shell_path
 
 DAMAGED = "damaged kvtrace store"  # how every error about a store's broken insides begins
 COMMITTED_STAYS = "(what was committed before stays)"  # how a write the disk refused ends
@@ -40,5 +40,5 @@ class StoreBusyError(StoreError):
 
 class UnknownRunError(StoreError):
     def __init__(self, path: str, run_id: str):
-        super().__init__(path, f"no run with id {run_id!r} (see `kvtrace runs --db {printable(str(path))}`)")
+        super().__init__(path, f"no run with id {run_id!r} (see `kvtrace runs --db {shell_path(path)}`)")
         self.run_id = run_id
