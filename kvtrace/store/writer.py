@@ -312,6 +312,16 @@ def _remove_failed_creation(path: str) -> bool:
     return not os.path.lexists(path)
 
 
+def _new_database(path: str) -> bool:
+    """Whether DuckDB would make a new database at ``path``: nothing there, or an empty file."""
+    try:
+        return os.stat(path).st_size == 0
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False  # (what it is, the open says)
+
+
 def _interrupted(err: BaseException) -> bool:
     """Whether DuckDB stopped a query for a Ctrl-C or SIGTERM (it raises its own error for one)."""
     return isinstance(err, duckdb.InterruptException) or (
@@ -433,6 +443,11 @@ class Store:
         if problem is not None:
             raise StoreError(self.path or "''", problem)
         wal = wal_path(self.path)
+        if os.path.lexists(wal) and _new_database(self.path):
+            # (DuckDB takes it for the new database's log, finds it belongs to none, and deletes it:
+            # a file of the user's there was lost without a word)
+            raise StoreError(self.path, f"{wal} exists with no database beside it, and DuckDB would delete it as "
+                                        "this new store's log; move it away or remove it first")
         creating = not os.path.lexists(self.path) and not os.path.lexists(wal)
         if not creating:  # (the lock file of a creation killed with -9, if any)
             _remove_stale_creation_lock(self.path)
