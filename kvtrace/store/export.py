@@ -345,11 +345,15 @@ def _write_all(out_dir: Path, write: _Writer) -> dict[str, Path]:
         raise
 
 
-_TEMPORARY = re.compile(rf"\.(?:{'|'.join(EXPORTED_TABLES)})\.([0-9]+)-[0-9a-f]+\.parquet\.tmp")
+# an export's hidden files: each new table, and each earlier file ``_replace_all`` set aside
+# (``.old``), which an export killed with -9 in its renames left for good when only the
+# first kind was known here
+_TEMPORARY = re.compile(rf"\.(?:{'|'.join(EXPORTED_TABLES)})\.([0-9]+)-[0-9a-f]+\.parquet\.tmp(?:\.old)?")
 
 
 def _temporary_pid(name: str) -> int | None:
-    """The pid of the export whose hidden file ``name`` is (None: not one)."""
+    """The pid of the export whose hidden file ``name`` is (a new table's or an earlier file
+    set aside; None: not one)."""
     m = _TEMPORARY.fullmatch(name)
     return int(m.group(1)) if m else None
 
