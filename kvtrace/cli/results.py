@@ -142,12 +142,11 @@ def diff(
 
     check_diff_options(seed, top, resamples)  # (before the comparison's imports: told at once)
     pcts = parse_percentiles(percentiles)
-    from kvtrace.compare.gates import check_fail_if, parse_gate
+    from kvtrace.compare.gates import check_fail_if, parse_gates
     from kvtrace.compare.render import render, to_json, to_markdown
     from kvtrace.compare.source import diff_runs
 
-    for gate in fail_if:  # a malformed gate is a usage error: before any work or output
-        parse_gate(gate)
+    parse_gates(fail_if)  # a malformed or repeated gate is a usage error: before any work or output
     d = diff_runs(db, run_a, run_b, force=force, seed=seed, top=top, resamples=resamples, percentiles=pcts)
     violated = check_fail_if(d, fail_if)  # an unknown metric is an error before any output
     if as_json:

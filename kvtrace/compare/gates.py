@@ -29,9 +29,10 @@ from dataclasses import dataclass
 
 from kvtrace.compare.bootstrap import CI_LEVEL
 from kvtrace.compare.model import MetricDelta, RunDiff
-from kvtrace.compare.render import fmt
-from kvtrace.errors import KVTraceError
+from kvtrace.compare.render import check_diff, fmt
+from kvtrace.errors import ConfigError, KVTraceError
 from kvtrace.metrics import SUMMARY_RATES
+from kvtrace.names import cut_middle, printable, shown_value
 
 
 @dataclass(slots=True, frozen=True)
@@ -45,11 +46,16 @@ class Gate:
 
 def parse_gate(text: str) -> Gate:
     """'prefix_cache_hit_rate:-0.01' | 'p99_ttft_ms:+5' | 'p99_ttft_ms:10%'; KVTraceError (one
-    line) for anything else."""
+    line, quoting ``text`` cut to a readable length) for anything else, also for a value that
+    is no string (None, bytes, a number: an AttributeError before)."""
+    if not isinstance(text, str):
+        raise ConfigError("--fail-if", shown_value(text), "expected METRIC:THRESHOLD, a string")
+    text = str.__str__(text)  # (a str subclass's own partition, strip or repr never runs)
+    shown = shown_value(text)  # (a 5,000-character gate was quoted whole)
     metric, sep, raw = text.partition(":")
     metric, raw = metric.strip(), raw.strip()
     if not sep or not metric or not raw:
-        raise KVTraceError(f"--fail-if {text!r}: expected METRIC:THRESHOLD, e.g. prefix_cache_hit_rate:-0.01")
+        raise KVTraceError(f"--fail-if {shown}: expected METRIC:THRESHOLD, e.g. prefix_cache_hit_rate:-0.01")
     relative = raw.endswith("%")
     num = raw[:-1] if relative else raw
     try:  # (in ASCII digits, as every number a user types: float() read '１０' and '1_0' as 10)
@@ -57,37 +63,64 @@ def parse_gate(text: str) -> Gate:
         if not (num.isascii() and "_" not in num):
             raise ValueError
     except ValueError:
-        raise KVTraceError(f"--fail-if {text!r}: threshold {raw!r} is not a number (e.g. -0.01, +5, +10%)") from None
+        raise KVTraceError(f"--fail-if {shown}: threshold {shown_value(raw, 40)} is not a number (e.g. -0.01, +5, "
+                           "+10%)") from None
     if math.isnan(value) or math.isinf(value):
-        raise KVTraceError(f"--fail-if {text!r}: threshold must be finite")
+        raise KVTraceError(f"--fail-if {shown}: threshold must be finite")
     # The sign is read from the text so that "-0" (no drop at all) differs from "+0".
     bad = -1 if num.lstrip().startswith("-") else 1
     # A gate that can never fail would pass silently: refused, with the likely intent.
     if not relative and metric in SUMMARY_RATES and abs(value) >= 1:
-        raise KVTraceError(f"--fail-if {text!r}: {metric} is a fraction from 0 to 1, so it never changes by more "
-                           f"than 1; for percentage points write {value / 100:+g}, for a relative change {raw}%")
+        raise KVTraceError(f"--fail-if {shown}: {metric} is a fraction from 0 to 1, so it never changes by more "
+                           f"than 1; for percentage points write {value / 100:+g}, for a relative change "
+                           f"{cut_middle(printable(raw), 40)}%")
     if relative and value <= -100:
-        raise KVTraceError(f"--fail-if {text!r}: no metric drops by more than 100% (they are never negative); "
+        raise KVTraceError(f"--fail-if {shown}: no metric drops by more than 100% (they are never negative); "
                            "a relative drop gate is above -100%, e.g. -5%")
     return Gate(metric, value / 100 if relative else value, relative, bad, f"{metric}:{raw}")
+
+
+def parse_gates(gates: Iterable[str]) -> list[Gate]:
+    """Each of ``gates`` parsed (``parse_gate``); KVTraceError for ``gates`` that is one string
+    (its characters were read as gates) or no iterable, and for a second gate on a metric in
+    the same direction and of the same kind (absolute or relative) as an earlier one: one of
+    the two never decides, and which was left to the reader (a drop gate and a rise gate on
+    one metric, a band, are two directions)."""
+    if isinstance(gates, (str, bytes)) or not isinstance(gates, Iterable):
+        raise ConfigError("--fail-if", shown_value(gates), "expected METRIC:THRESHOLD strings, a list of them")
+    parsed: list[Gate] = []
+    seen: dict[tuple[str, int, bool], Gate] = {}
+    for text in gates:
+        gate = parse_gate(text)
+        key = (gate.metric, gate.bad_direction, gate.relative)
+        if key in seen:
+            kind = ("relative " if gate.relative else "") + ("drop" if gate.bad_direction < 0 else "rise")
+            raise KVTraceError(f"--fail-if {shown_value(gate.text)}: a second {kind} gate on "
+                               f"{shown_value(gate.metric)} (after {shown_value(seen[key].text)}); give one, the "
+                               "limit meant")
+        seen[key] = gate
+        parsed.append(gate)
+    return parsed
 
 
 def check_fail_if(diff: RunDiff, gates: Iterable[str]) -> list[str]:
     """The gates that ``diff`` violates, one message each (empty list = pass).
 
-    KVTraceError for a malformed gate or an unknown metric (the message lists the known ones).
+    KVTraceError for a malformed gate or an unknown metric (the message lists the known ones),
+    for a ``diff`` that is no RunDiff and for ``gates`` that are no list of strings.
     """
+    check_diff(diff)
     failures = []
     known = diff.metric_names()
-    for text in gates:
-        gate = parse_gate(text)
+    for gate in parse_gates(gates):  # (all of them first: a malformed one is told before any is judged)
         try:
             m = diff.metric(gate.metric)
         except KeyError:
             if gate.metric in diff.unmeasured:  # a known metric, null in both runs: not an unknown name
                 failures.append(f"{gate.text}: cannot evaluate: neither run measured {gate.metric} (A=–, B=–)")
                 continue
-            msg = f"--fail-if {text!r}: unknown metric {gate.metric!r}; known: {', '.join(known)}"
+            msg = (f"--fail-if {shown_value(gate.text)}: unknown metric {shown_value(gate.metric)}; "
+                   f"known: {', '.join(known)}")
             raise KVTraceError(msg) from None
         change = m.rel if gate.relative else m.delta
         unit = "%" if gate.relative else ""

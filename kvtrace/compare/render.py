@@ -25,8 +25,17 @@ from kvtrace.compare.model import (
     below_latency_resolution,
     events_mode,
 )
+from kvtrace.errors import ConfigError, check_option
 from kvtrace.metrics import backend_label, is_latency_key, times_source, times_word
-from kvtrace.names import markdown_code, markdown_literal, markup_literal, printable, stdout_console
+from kvtrace.names import (
+    PIPED_WIDTH,
+    markdown_code,
+    markdown_literal,
+    markup_literal,
+    printable,
+    shown_value,
+    stdout_console,
+)
 from kvtrace.store.schema import SUMMARY_FIELDS
 
 CORRECTNESS_METRICS = ("stale_hashes", "divergent_outputs")
@@ -35,14 +44,47 @@ CORRECTNESS_METRICS = ("stale_hashes", "divergent_outputs")
 # "none": no publish did), not the kind the evicted entry was published as: read as the
 # latter, a cache-only run's "none 1" beside "full 731" (every cache-only publish is full) was
 # no kind at all, and an engine run's "checkpoint" rows were said to be checkpoints evicted.
+MIN_TEXT_WIDTH = 20  # to_text's narrowest: below it rich folds every number a character a line
 EVICTIONS_CAPTION = ("evicted blocks, by eviction reason and by the kind of the publish that next took the block's "
                      "place (none: no publish did)")
+
+
+def check_diff(diff: object) -> None:
+    """ConfigError naming the argument for a ``diff`` that is no RunDiff (None, a dict, a
+    list of diffs): every public view of one, here and in ``gates``, checks it first (an
+    AttributeError on ``run_a`` before)."""
+    if not isinstance(diff, RunDiff):
+        raise ConfigError("diff", shown_value(diff), "expected a RunDiff (kvtrace.compare.source.diff_runs)")
+
+
+def _check_metrics(diff: RunDiff, metrics: object) -> set[str] | None:
+    """The names ``tables`` keeps, or None for all; ConfigError for one string (its characters
+    were read as names), no iterable, a name that is no string, or one that is neither a
+    summary field nor a metric or percentile of ``diff`` (its table came out empty, silently)."""
+    if metrics is None:
+        return None
+    if isinstance(metrics, (str, bytes)) or not isinstance(metrics, Iterable):
+        raise ConfigError("metrics", shown_value(metrics), "expected metric names, a list of strings, or None")
+    names = list(metrics)
+    known = {*SUMMARY_FIELDS, *(m.name for m in diff.metrics), *(s.name for s in diff.latency), *diff.unmeasured}
+    for name in names:
+        if not isinstance(name, str):
+            raise ConfigError("metrics", shown_value(name), "expected a metric name, a string")
+        if name not in known:
+            raise ConfigError("metrics", shown_value(name), f"unknown metric; known: {', '.join(diff.metric_names())}")
+    return {str.__str__(n) for n in names}
+
+
+def _check_flag(name: str, value: object) -> None:
+    if not isinstance(value, bool):  # (detail="no" showed the detail)
+        raise ConfigError(name, shown_value(value), "expected True or False")
 
 
 def to_json(diff: RunDiff) -> dict[str, Any]:
     """A JSON-ready dict: run_a, run_b, same_trace, forced, metrics, correctness, and when
     present requests, evictions, latency (with "ci": [low, high], null when unknown) and
     bootstrap; then verdicts (each metric's and percentile's, as --markdown marks them)."""
+    check_diff(diff)
     out: dict[str, Any] = {
         "run_a": diff.run_a,
         "run_b": diff.run_b,
@@ -100,6 +142,7 @@ def _shift_verdict(s: PercentileShift) -> str:
 
 def to_markdown(diff: RunDiff) -> str:
     """A compact report ready to paste into a pull request."""
+    check_diff(diff)
     a, b = diff.run_a, diff.run_b
     lines = [
         f"### kvtrace diff: {markdown_code(_label(a))} → {markdown_code(_label(b))}",
@@ -243,8 +286,10 @@ def tables(diff: RunDiff, metrics: Iterable[str] | None = None, *, detail: bool 
     from rich.table import Table
     from rich.text import Text
 
+    check_diff(diff)
+    keep = _check_metrics(diff, metrics)
+    _check_flag("detail", detail)
     out: list[Any] = []
-    keep = None if metrics is None else set(metrics)
     t = Table(title=markup_literal(f"{_label(diff.run_a)} → {_label(diff.run_b)}"), title_justify="left")
     for col in ("metric", "A", "B", "Δ", "Δ%"):
         t.add_column(col, justify="left" if col == "metric" else "right", overflow="fold")
@@ -299,6 +344,11 @@ def render(diff: RunDiff, console: Any = None, metrics: Iterable[str] | None = N
     per-request line where no table of requests holds it, to ``console`` (default: stdout).
     kvtrace diff prints it all; kvtrace demo each of its diffs with ``detail`` False (the
     same lines, the evictions and top requests left out)."""
+    check_diff(diff)
+    metrics = _check_metrics(diff, metrics)  # (before a line is printed: an iterator read once)
+    _check_flag("detail", detail)
+    if console is not None and not callable(getattr(console, "print", None)):
+        raise ConfigError("console", shown_value(console), "expected a rich Console (or None: stdout)")
     console = console or stdout_console()
     for side, run in (("A", diff.run_a), ("B", diff.run_b)):
         if run.get("status") not in (None, "complete"):
@@ -332,6 +382,10 @@ def to_text(diff: RunDiff, width: int = 120) -> str:
     """What ``render`` prints, as plain text (no colour) ``width`` columns wide."""
     from rich.console import Console
 
+    check_diff(diff)
+    if isinstance(width, bool) or not isinstance(width, int):  # (2.5 or "80": a TypeError deep in rich)
+        raise ConfigError("width", shown_value(width), "expected a whole number of columns")
+    check_option("width", width, MIN_TEXT_WIDTH, PIPED_WIDTH)  # (0 gave an empty text)
     console = Console(width=width, record=True, color_system=None, force_terminal=False, file=io.StringIO())
     render(diff, console)
     return console.export_text()
