@@ -35,6 +35,12 @@ RUN_ID = Annotated[str, typer.Argument(metavar="RUN", help="A run id (see `kvtra
 # The headline metrics `kvtrace runs` shows, summary keys: the medians by the names every
 # summary carries (vllm bench serve's), whatever --percentiles the run had.
 RUNS_METRICS = ("requests", "prefix_cache_hit_rate", "median_ttft_ms", "median_itl_ms")
+# On a terminal too narrow for every column, those left out first (the last of these first); run,
+# name, status and prefix_cache_hit_rate always show. Each cell stays on one line, but a run's
+# name, trace and behaviours (long text) fold.
+RUNS_PRIORITY = ["trace", "mode", "capacity", "requests", "behaviours", "median_ttft_ms", "median_itl_ms",
+                 "backend", "created"]
+RUNS_FOLDED = frozenset({"name", "trace", "behaviours"})
 # Runs its table shows by default: a terminal table of thousands is read by no one, and
 # rich lays one out at about 3 ms a row (20,000 runs: a minute).
 RUNS_SHOWN = 100
@@ -111,7 +117,10 @@ def runs(db: DbToRead, as_json: Json = False, limit: Annotated[int | None, typer
         rows.append([r["run_id"], r["name"] or "", trace, r["mode"] or "", backend,
                      ",".join(r["behaviours"]) or "-", size, r["status"], r["created"] or "",
                      *(format_value(m, r[m]) for m in RUNS_METRICS)])
-    print_rows(rows, title=f"runs in {db}", left=9)
+    left_out = print_rows(rows, title=f"runs in {db}", left=9, priority=RUNS_PRIORITY, fold=RUNS_FOLDED)
+    if left_out:
+        status(f"columns left out to fit the terminal: {', '.join(left_out)} (a wider terminal, a pipe or --json "
+               "shows them)")
     for r in listed:
         if r["damage"]:
             status(r["damage"])
