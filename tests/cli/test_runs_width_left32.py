@@ -23,11 +23,11 @@ ONE_LINE = ("run", "mode", "backend", "capacity", "status", "created", "requests
 _ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
-def on_terminal(args: list[str], columns: int) -> tuple[str, str]:
+def on_terminal(args: list[str], columns: int, program: str = KVTRACE) -> tuple[str, str]:
     """stdout (escapes dropped) and stderr of ``kvtrace ARGS`` with a pseudo-terminal as its stdout."""
     leader, follower = pty.openpty()
     env = {**os.environ, "COLUMNS": str(columns), "LINES": "50", "TERM": "xterm"}
-    with subprocess.Popen([KVTRACE, *args], stdout=follower, stderr=subprocess.PIPE, env=env) as proc:
+    with subprocess.Popen([program, *args], stdout=follower, stderr=subprocess.PIPE, env=env) as proc:
         os.close(follower)
         chunks = []
         while True:
@@ -90,3 +90,37 @@ def test_piped_and_json_output_do_not_change_with_the_width(replayed_store):
         assert piped(args, 80) == piped(args, 300)
     table = piped(["runs", "--db", replayed_store.path], 80)
     assert "median_itl_ms" in table and "created" in table
+
+
+SWEEP_LIKE = r'''
+import sys
+from kvtrace.cli.output import print_rows
+rows = [["capacity_blocks", "retention", "prefix_cache_hit_rate", "prefix_cache_hits", "evictions",
+         "median_ttft_ms", "median_itl_ms", "divergent_outputs"],
+        ["20", "0", "34.09% (baseline)", "11,264 (baseline)", "115 (baseline)", "56.450 (baseline)",
+         "5.370 (baseline)", "0 (baseline)"],
+        ["40", "1024", "50.75% (+16.66pp)", "16,768 (+5,504)", "81 (-34)", "58.294 (+1.845)", "5.369 (-0.000)",
+         "0 (+0)"]]
+left_out = print_rows(rows, title="sweep", left=2, priority=rows[0][2:], wrap=frozenset(rows[0][2:]))
+print("left out:", ",".join(left_out), file=sys.stderr)
+'''
+
+
+@pytest.mark.parametrize("columns", [80, 100, 200])
+def test_wrapped_columns_break_at_spaces_never_inside_a_word(columns, tmp_path):
+    """print_rows' ``wrap`` columns (a sweep's "34.09% (+0.00pp)" cells): a cell takes more
+    lines at its spaces, never folded inside a number or a header, and what does not fit is
+    left out (at 80 the sweep's 8 columns folded "(baseline)" and every header mid-word)."""
+    script = tmp_path / "rows.py"
+    script.write_text(SWEEP_LIKE)
+    out, err = on_terminal([str(script)], columns, program=sys.executable)
+    words = {w for line in SWEEP_LIKE.splitlines() for w in re.findall(r'"([^"]+)"', line)}
+    words = {w for cell in words for w in cell.split(" ")}
+    printed = {w for line in out.splitlines() if line[:1] in ("│", "┃")
+               for cell in line.strip("│┃").split("│" if "│" in line else "┃") for w in cell.split()}
+    header = next(line for line in out.splitlines() if line.startswith("┃"))
+    for cell in header.strip("┃").split("┃"):
+        assert cell.strip() in words, header  # (a header whole on its line)
+    assert printed <= words, out  # (no word cut: each printed word is a whole one)
+    assert all(len(line) <= columns for line in out.splitlines())
+    assert ("median_ttft_ms" in header) == (columns >= 200) and err.startswith("left out:")
