@@ -77,6 +77,7 @@ from kvtrace.metrics import SPANS_MISSING
 from kvtrace.process import bracketed, is_ipv6, port_in_use, sigterm_as_interrupt, unbracketed
 from kvtrace.store.clickhouse.run_rules import RecordRefused, run_record, sent_span_count, short_summary, summary_object
 from kvtrace.store.schema import (
+    RUN_RECORD_PREFIX,
     SEQ_ATTRIBUTE,
     SOURCE_OTLP,
     SPAN_RUN,
@@ -185,6 +186,11 @@ class _HeldSeqs:
     def end(self) -> int:
         """One past the largest number held (0 when none)."""
         return self._ends[-1] if self._ends else 0
+
+    @property
+    def count(self) -> int:
+        """How many numbers are held."""
+        return sum(end - start for start, end in zip(self._starts, self._ends))
 
     def count_below(self, count: int) -> int:
         """How many numbers from 0 to ``count`` - 1 are held."""
@@ -303,6 +309,7 @@ class OTLPCollector:
         self._lock = threading.Lock()
         self._closed = False  # (under _lock) the store is closed: a late request is refused, not stored
         self._default_run: str | None = None
+        self._default_spans = 0  # spans stored in the default run (the collector's own: none before it)
         self._known_runs: set[str] = set()
         self._created_runs: list[str] = []
         # created runs a kvtrace export fills (its resource names a time offset): its producer
@@ -504,7 +511,7 @@ class OTLPCollector:
                                                f"{RUN_ID_RESOURCE_KEY}: it finishes no run")
                         self._check_collected(key, where)
                         try:
-                            records.append((key, run_record(kwargs["attributes"])))
+                            records.append((key, run_record(as_exported(kwargs["attributes"]))))
                         except RecordRefused as err:
                             raise PayloadError(f"{where}: {err}") from None
                         continue
@@ -568,6 +575,7 @@ class OTLPCollector:
                 raise
             # (a run record is no span: counted apart, where "2,432 spans stored" stood beside a run of 2,431)
             self.spans_received += len(fresh)
+            self._default_spans += sum(1 for key, _ in fresh if not key)
             self.duplicate_spans += len(spans) - len(records) - len(fresh)
             for key, span_key in fresh:
                 self._recent.add(key, span_key)
@@ -727,22 +735,30 @@ class OTLPCollector:
             # run it finished short from one its sender called incomplete, after a restart too
             record["summary"] = short_summary(sender, sent, held.count_below(sent))
             record["status"] = "incomplete"
-            _log.warning("run %s: its sender numbered %d spans, not all of them come yet: incomplete until they do",
-                         run_id, sent)
+            _log.warning("run %s: its sender numbered %d spans, %d of them stored: incomplete until the rest come",
+                         run_id, sent, held.count_below(sent))
         try:  # (its name, trace, config and behaviours, as a ClickHouse collector's runs keep them)
             self.store.describe_run(run_id, **described)
         except Exception as err:
             _log.warning("run %s: record fields not kept (%s: %s)", run_id, type(err).__name__, err)
-        self._finish(run_id, **record)
-        return True
+        return self._finish(run_id, **record)  # (one that failed is not counted as finished by its record)
 
-    def _finish(self, run_id: str, **record) -> None:
-        """Finish a run; a failure (its derived tables, the store) is one log line, and the
-        run keeps the status the store gives it, so other runs and the answer go on."""
+    def _finish(self, run_id: str, **record) -> bool:
+        """Finish a run (False where it failed); a failure (its derived tables, the store) is one
+        log line, and the run keeps the status the store gives it, so other runs and the answer go on."""
         try:
             self.store.finish_run(run_id, **record)
         except Exception as err:
-            _log.warning("run %s: not finished (%s: %s); its spans are stored", run_id, type(err).__name__, err)
+            _log.warning("run %s: not finished (%s: %s); %s", run_id, type(err).__name__, err,
+                         self._what_it_holds(run_id))
+            return False
+        return True
+
+    def _what_it_holds(self, run_id: str) -> str:
+        """(under _lock) What the store holds of a run a failure leaves as it is, in words true of
+        it: "its spans are stored" was said of a run of its record alone, which holds none."""
+        held = self._default_spans if run_id == self._default_run else self._held(run_id).count
+        return "its spans are stored" if held else "it holds no span"
 
     def _refresh(self, run_id: str) -> bool:
         """A finished run given spans since: its derived tables (what ``runs`` counts)
@@ -759,8 +775,8 @@ class OTLPCollector:
             else:
                 self.store.refresh_run(run_id)
         except Exception as err:
-            _log.warning("run %s: derived tables not rebuilt (%s: %s); its spans are stored", run_id,
-                         type(err).__name__, err)
+            _log.warning("run %s: derived tables not rebuilt (%s: %s); %s", run_id, type(err).__name__, err,
+                         self._what_it_holds(run_id))
             return False
         return True
 
@@ -785,8 +801,8 @@ class OTLPCollector:
 
         self.store.release()
         with connect(self.store_path) as con:
-            found = query(con, "SELECT mode, status, digest, summary FROM runs WHERE run_id = $run_id",
-                          {"run_id": run_id})
+            found = query(con, "SELECT mode, status, digest, summary, trace_digest, name, trace_source, config, "
+                               "behaviours FROM runs WHERE run_id = $run_id", {"run_id": run_id})
             last = query(con, "SELECT trace_id, span_id FROM spans WHERE run_id = $run_id ORDER BY seq DESC "
                               f"LIMIT {MAX_SPANS_PER_REQUEST}", {"run_id": run_id}) if found.height else None
             # the numbers it holds, as ranges of consecutive seq (a few: its sender's export chunks)
@@ -796,13 +812,14 @@ class OTLPCollector:
         self._looked_up.add(run_id)
         if found.height == 0:
             return
-        mode, status, digest, summary = found.row(0)
+        mode, status, digest, summary, *recorded = found.row(0)
         if ranges is not None:
             self._held_seqs[run_id] = _HeldSeqs([(int(lo), int(hi)) for lo, hi in ranges.rows()])
         if mode != "otlp":
             self._not_collected[run_id] = str(mode)
             return
-        if mode == "otlp" and status != "running" and digest is None and summary is None:
+        if mode == "otlp" and status != "running" and not _finished_by_record(run_id, status, digest, summary,
+                                                                               *recorded):
             self._unrecorded_runs.add(run_id)
         stored = summary_object(summary) if status == "incomplete" else None
         sent = sent_span_count(summary) if stored is not None and SPANS_MISSING in stored else None
@@ -831,6 +848,29 @@ class OTLPCollector:
                 self._created_runs.append(run_id)
             self._known_runs.add(run_id)
         return run_id
+
+
+def _finished_by_record(run_id: str, status: str, digest: str | None, summary: str | None,
+                        trace_digest: str | None, name: str | None, trace_source: str | None, config: str | None,
+                        behaviours: str | None) -> bool:
+    """Whether a finished collected run's stored row shows a ``kvtrace.run`` record finished it, as
+    one collector keeps it in memory: what a record alone sets (a digest, a summary, a trace digest,
+    a name other than the collector's, a trace source, config or behaviours) or ``failed``, which no
+    collector gives a run it closes. Its first record stands: a second one, after a restart, finished
+    the run again (a record of its status alone left its row as a collector's close leaves it, and a
+    restarted collector took it for a run no record had finished)."""
+    return (status == "failed" or any(v is not None for v in (digest, summary, trace_digest, trace_source, config,
+                                                                  behaviours))
+            or (name is not None and name != named_run_name(run_id)))
+
+
+def as_exported(attributes: dict | None) -> dict[str, str]:
+    """A ``kvtrace.run`` record's attributes as the ClickHouse exporter's table holds them, each
+    value its text (``run_id_text``, pdata's AsString), so ``run_record`` reads one record alike on
+    both collector paths: an int digest 7 is the digest "7" here too (it was a 400 here, "7"
+    there), a config sent as an OTLP map its JSON (a 400 here, the run's config there), an empty
+    value "", which no field takes (it was read as absent here and refused there)."""
+    return {k: run_id_text(v) for k, v in (attributes or {}).items() if k.startswith(RUN_RECORD_PREFIX)}
 
 
 def _named_run(resource: dict, where: str) -> str:

@@ -13,9 +13,12 @@ The rules: a status of FINISHED_STATUSES; a digest and trace digest of one word
 (SPANS_MISSING) and passing ``metrics``' checks of its counts, rates and latency statistics;
 a name, created time (ISO 8601 with its UTC offset, kept in UTC), trace source, config (a
 JSON object whose backend and vLLM fields are text) and behaviours (a JSON list of names) of
-text, at most MAX_RECORD_FIELD_CHARS each. The ClickHouse exporter writes every attribute as
-text, so a value of another type (an int digest) is taken there as its text: what the
-exporter's table holds. A record's summary ``spans`` (``sent_span_count``) is the count of
+text, at most MAX_RECORD_FIELD_CHARS each, its JSON fields strict JSON (no NaN or Infinity, no
+lone surrogate escape: what the store's JSON columns refuse, which left the run unfinished). The
+ClickHouse exporter writes every attribute as text, so a value of another type (an int digest) is
+taken there as its text: what the exporter's table holds, and what `kvtrace collect` reads of it
+too (``as_exported``: the int 7 is digest "7" on both paths, an empty value "", which no field
+takes). A record's summary ``spans`` (``sent_span_count``) is the count of
 spans its sender numbered: a ``complete`` record of a run that lacks some of them finishes it
 ``incomplete``, SPANS_MISSING saying how many, on both paths.
 """
@@ -38,6 +41,22 @@ class RecordRefused(ValueError):
     """A ``kvtrace.run`` record that finishes no run; the message names the attribute."""
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is no JSON value")
+
+
+def strict_json(text: str) -> Any:
+    """``text``'s JSON value as a record field may hold it: ValueError where it is no JSON, spells
+    NaN or Infinity (Python's json takes them, as no other reader does) or escapes a lone surrogate
+    ("\\ud800": the store's JSON columns refuse it, and the run was left unfinished)."""
+    decoded = json.loads(text, parse_constant=_no_constant)
+    try:
+        json.dumps(decoded, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("a lone surrogate is no Unicode text") from None
+    return decoded
+
+
 def summary_object(summary: object) -> dict | None:
     """A summary's JSON text as an object, None where it is none (a store's summary, read back
     at a restart, may be damaged)."""
@@ -56,6 +75,26 @@ def sent_span_count(summary: object) -> int | None:
     return count if isinstance(count, int) and not isinstance(count, bool) else None
 
 
+def _word_problem(word: object) -> str | None:
+    """Why a digest or trace digest is none (None: it is one, or absent): one word, 1 to 128
+    printable characters without spaces, and no JSON array or object, the exporter's text of an
+    array or map a sender gave (a scalar's text, "7" of an int, is a word on both paths)."""
+    if word is None:
+        return None
+    if not isinstance(word, str):
+        return f"expected a string, got {type(word).__name__}"
+    if run_id_problem(word) is not None:
+        return f"expected 1 to 128 printable characters without spaces, got {word!r}"
+    if word[0] in "[{":
+        try:
+            structured = isinstance(json.loads(word), (list, dict))
+        except ValueError:
+            structured = False
+        if structured:
+            return f"expected one word, got a JSON array or object (an OTLP array or map's text), {word!r}"
+    return None
+
+
 def run_record(attributes: Mapping[str, Any]) -> dict:
     """The status, digest, summary, trace digest and descriptive fields (``described``: name,
     created, trace source, config, behaviours) of a ``kvtrace.run`` span's attributes;
@@ -67,20 +106,16 @@ def run_record(attributes: Mapping[str, Any]) -> dict:
     if status is not None and status not in FINISHED_STATUSES:
         raise RecordRefused(f"{RUN_RECORD_PREFIX}status: expected {', '.join(FINISHED_STATUSES[:-1])} or "
                             f"{FINISHED_STATUSES[-1]}, got {status!r}"[:300])
-    if digest is not None and not isinstance(digest, str):
-        raise RecordRefused(f"{RUN_RECORD_PREFIX}digest: expected a string, got {type(digest).__name__}")
-    if digest is not None and run_id_problem(digest) is not None:  # (what diff compares and prints: one word)
-        raise RecordRefused(f"{RUN_RECORD_PREFIX}digest: expected 1 to 128 printable characters without "
-                            f"spaces, got {digest!r}"[:300])
-    # what the run replayed, as its content: a diff pairs runs by it (the collected twin of a
-    # stored replay was "a different trace", 'gen:mixed' vs None, without --force)
-    if trace_digest is not None and (not isinstance(trace_digest, str) or run_id_problem(trace_digest) is not None):
-        shown = trace_digest if isinstance(trace_digest, str) else type(trace_digest).__name__
-        raise RecordRefused(f"{RUN_RECORD_PREFIX}trace_digest: expected 1 to 128 printable characters "
-                            f"without spaces, got {shown!r}"[:300])
+    for key, word in (("digest", digest), ("trace_digest", trace_digest)):  # (what diff compares and prints)
+        problem = _word_problem(word)
+        if problem is not None:
+            raise RecordRefused(f"{RUN_RECORD_PREFIX}{key}: {problem}"[:300])
     if summary is not None:
-        decoded = summary_object(summary)
-        if decoded is None:
+        try:
+            decoded = strict_json(summary) if isinstance(summary, str) else None
+        except ValueError:
+            decoded = None
+        if not isinstance(decoded, dict):
             raise RecordRefused(f"{RUN_RECORD_PREFIX}summary: expected a JSON object as a string")
         # (a rate of 7.5 showed as 750%, a count of "many" as text; 9 hits of 5 queries, a rate its
         # counters do not give, evictions their reasons do not add up to, a p99 under its p50)
@@ -100,16 +135,19 @@ def run_record(attributes: Mapping[str, Any]) -> dict:
                                 f"{MAX_RECORD_FIELD_CHARS:,} characters")
         if key == "created":  # (sorted as text by every listing: stored in UTC, as kvtrace writes its own)
             try:
-                when: dt.datetime | None = dt.datetime.fromisoformat(value)
-            except ValueError:
-                when = None
-            if when is None or when.tzinfo is None:
+                when = dt.datetime.fromisoformat(value)
+                # (in UTC: a time within a day of year 1 or 9999 is none, an OverflowError that made
+                # a 500 on collect and failed every open of a ClickHouse store holding it)
+                in_utc = when.astimezone(dt.UTC).isoformat() if when.tzinfo is not None else None
+            except (ValueError, OverflowError):
+                in_utc = None
+            if in_utc is None:
                 raise RecordRefused(f"{RUN_RECORD_PREFIX}created: expected an ISO 8601 time with its UTC "
                                     f"offset, got {value[:80]!r}")
-            value = when.astimezone(dt.UTC).isoformat()
+            value = in_utc
         if key in ("config", "behaviours"):
             try:
-                decoded_field = json.loads(value)
+                decoded_field = strict_json(value)
             except ValueError:
                 decoded_field = None
             kind = dict if key == "config" else list
