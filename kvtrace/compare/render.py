@@ -8,8 +8,10 @@ of every comparison view (tables, markdown, gate messages).
 
 from __future__ import annotations
 
+import decimal
 import io
 import math
+import numbers
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -400,9 +402,22 @@ def fmt(v: float | None, signed: bool = False, fine: bool | None = None) -> str:
     '+' to positive values. |v| < 1e-9 shows as 0 (float noise, not a change), and so
     does a change (``signed``) that rounds to 0 at its decimals (a CI bound of -3e-6 ms read
     "-0.0000"). ``fine`` (default: for a value, not a change) shows a nonzero number that
-    small in 3 significant digits: a run's 3e-05 output tokens/s read 0.0000, as none."""
+    small in 3 significant digits: a run's 3e-05 output tokens/s read 0.0000, as none.
+    ConfigError for a value that is no number (a str's TypeError before); a numpy int is
+    shown as the int it is (it read 5.000), an int past float's range in 6 digits (an
+    OverflowError)."""
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "–"
+    if not isinstance(v, numbers.Real):
+        raise ConfigError("value", shown_value(v), "expected a number or None")
+    if isinstance(v, numbers.Integral):
+        v = int(v)
+        if abs(v) >= _HUGE:  # (beyond float: its digits, not float's OverflowError)
+            return format(decimal.Decimal(v), "+.6g" if signed else ".6g")
+    elif not isinstance(v, float):  # (a numpy float32, a Fraction)
+        v = float(v)
+        if math.isnan(v):
+            return "–"
     if isinstance(v, float) and abs(v) < 1e-9:
         v = 0.0
     if (not signed if fine is None else fine) and isinstance(v, float) and 0 < abs(v) < 0.00005:

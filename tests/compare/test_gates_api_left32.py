@@ -149,3 +149,21 @@ def test_the_cli_refuses_a_repeated_gate_before_any_output(replayed_store):
     assert done.returncode == 2 and done.stdout == "", done
     assert done.stderr.startswith("kvtrace: error: --fail-if 'p99_ttft_ms:+10': a second rise gate")
     assert done.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("value", ["x", [1], b"1", object()])
+def test_fmt_refuses_what_is_no_number(value):
+    from kvtrace.compare.render import fmt
+
+    with pytest.raises(KVTraceError) as err:
+        fmt(value)
+    one_line(err, "value", "expected a number")
+
+
+def test_fmt_shows_a_numpy_int_and_an_int_past_float():
+    import numpy as np
+
+    from kvtrace.compare.render import fmt
+
+    assert (fmt(np.int64(5)), fmt(np.int64(5), signed=True)) == ("5", "+5")  # (read 5.000)
+    assert fmt(10**400) == "1.00000e+400" and fmt(-(10**400), signed=True) == "-1.00000e+400"  # (OverflowError)
