@@ -231,7 +231,8 @@ def study_command(a: Mapping[str, Any], db: str) -> str:
     cache: dict[str, Any] = cfg["cache"] if isinstance(cfg.get("cache"), dict) else {}
     if cfg.get("backend") not in (None, "kvtrace"):
         flags += f" --backend {shell_word(cfg['backend'])}"
-    groups = [g for g in cache.get("groups") or () if isinstance(g, dict)]
+    listed = cache.get("groups")  # (a damaged record's "groups": 5 was a TypeError on the Compare page)
+    groups = [g for g in listed if isinstance(g, dict)] if isinstance(listed, list) else []
     sizes = {g.get("block_size") for g in groups}
     if len(sizes) == 1 and isinstance(next(iter(sizes)), int):  # (before the capacity: blocks of this size)
         flags += f" --block-size {next(iter(sizes))}"

@@ -124,3 +124,12 @@ def test_dashboard_run_hints_paste(name, replayed_store, tmp_path):
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     argv = pasted(hint(done.stderr), tmp_path)
     assert argv[0] == "runs" and same_file(tmp_path, value_of(argv, "--db"), name)
+
+
+@pytest.mark.parametrize("groups", ["5", '"abc"', '{"a": 1}', "[5, null]", "true"])
+def test_study_command_of_a_damaged_record_s_groups(groups, tmp_path):
+    """A damaged record's ``cache.groups`` that is no list: the command all the same (an int's
+    TypeError before, on the dashboard's Compare page)."""
+    record = _run_record("t.jsonl", config='{"preset": "kimi-hybrid", "cache": {"groups": ' + groups + '}}')
+    argv = pasted(pairing.study_command(record, "s.duckdb"), tmp_path)
+    assert argv[0] == "study" and value_of(argv, "--db") == "s.duckdb"
