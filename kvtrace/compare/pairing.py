@@ -212,8 +212,10 @@ def study_command(a: Mapping[str, Any], db: str) -> str:
     if isinstance(seed, int) and not isinstance(seed, bool) and seed:
         workload_flags += f" --seed {seed}"
     if str(replayed_mode(a.get("mode"), cfg) or "").startswith("cache-only"):  # (a collected one's: its sender's)
-        size = f" --block-size {cfg['block_size']}" if cfg.get("block_size") else ""
-        if cfg.get("capacity_blocks") is None:
+        # (whole numbers only, as the flags take them: a sender's or a damaged record's text
+        # was pasted into the command as it is, "1; rm -rf ~" run as a second command)
+        size = f" --block-size {cfg['block_size']}" if _whole(cfg.get("block_size")) else ""
+        if not _whole(cfg.get("capacity_blocks")):
             # an unbounded cache evicts nothing, so no policy differs from it: a bounded run of
             # the trace is what falls short of its hit rate
             return f"kvtrace replay {trace} --mode cache-only --capacity-blocks N{size}{workload_flags} --db {db}"
@@ -222,7 +224,7 @@ def study_command(a: Mapping[str, Any], db: str) -> str:
                 f"--capacity-blocks {cfg['capacity_blocks']}{size}{workload_flags} --db {db}")
     # one of the study's pair is this run (the behaviours it has off stay off, --without), the
     # other this run with the studied one switched: one it has on, else one it has off
-    on = _behaviours(a)
+    on = _behaviours(a) & set(BEHAVIOURS)  # (kvtrace's names only: a record's "$(rm -rf ~)" was pasted as it was)
     off = [b for b in BEHAVIOURS if b not in on]
     behaviour = next(iter(sorted(on)), off[0] if off else BEHAVIOURS[0])
     flags = f" --preset {shell_word(cfg['preset'])}" if cfg.get("preset") else ""
@@ -248,6 +250,11 @@ def study_command(a: Mapping[str, Any], db: str) -> str:
     if cfg.get("content") is False:
         flags += " --no-content"
     return f"kvtrace study {behaviour} --trace {trace}{flags}{workload_flags} --db {db}"
+
+
+def _whole(value: Any) -> bool:
+    """Whether a record's value is a positive whole number, as a size flag takes it."""
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def _model_name(text: Any) -> Any:

@@ -19,7 +19,7 @@ import pytest
 
 from kvtrace.compare import pairing
 from kvtrace.compare.demo import DemoResult
-from kvtrace.names import printable, shell_path, shell_word
+from kvtrace.names import BEHAVIOURS, printable, shell_path, shell_word
 from kvtrace.store import UnknownRunError, read
 
 KVTRACE = str(Path(sys.executable).with_name("kvtrace"))
@@ -133,3 +133,23 @@ def test_study_command_of_a_damaged_record_s_groups(groups, tmp_path):
     record = _run_record("t.jsonl", config='{"preset": "kimi-hybrid", "cache": {"groups": ' + groups + '}}')
     argv = pasted(pairing.study_command(record, "s.duckdb"), tmp_path)
     assert argv[0] == "study" and value_of(argv, "--db") == "s.duckdb"
+
+
+@pytest.mark.parametrize("value", ['"1; touch pwned"', '"$(touch pwned)"', "2.5", "true", "-3", '"8 --db other"'])
+def test_cache_only_command_takes_only_whole_sizes_from_the_record(value, tmp_path):
+    """A collected run's config is its sender's, a damaged record's anything: its capacity and
+    block size were pasted into the command as they were (a second command run)."""
+    config = '{"mode": "cache-only", "policy": "lru", "capacity_blocks": ' + value + ', "block_size": ' + value + "}"
+    record = _run_record("t.jsonl", mode="cache-only/lru", config=config)
+    argv = pasted(pairing.study_command(record, "s.duckdb"), tmp_path)
+    assert not (tmp_path / "pwned").exists()
+    assert argv[:2] == ["replay", "t.jsonl"] and value_of(argv, "--db") == "s.duckdb" and argv.count("--db") == 1
+    assert value_of(argv, "--capacity-blocks") == "N" and "--block-size" not in argv
+
+
+@pytest.mark.parametrize("behaviours", ['["$(touch pwned)"]', '{"; touch pwned": true}', '["a b"]'])
+def test_study_command_names_only_kvtrace_s_behaviours(behaviours, tmp_path):
+    record = _run_record("t.jsonl", behaviours=behaviours)
+    argv = pasted(pairing.study_command(record, "s.duckdb"), tmp_path)
+    assert not (tmp_path / "pwned").exists()
+    assert argv[0] == "study" and argv[1] in BEHAVIOURS and value_of(argv, "--db") == "s.duckdb"
