@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 
+import pyarrow as pa
 import pytest
 
 from kvtrace.instrument.otlp import OTLPCollector
@@ -137,3 +138,28 @@ def test_a_created_time_without_a_utc_form_is_refused_on_both_paths(tmp_path, ch
         con.insert_arrow("otel_traces", collector_rows([_protobuf(doc)]))
     Store.open(chdb_store).close()
     assert _rows(chdb_store) == {}
+
+
+def test_a_record_key_given_twice_with_two_values_finishes_no_run_on_either_path(tmp_path, chdb_store):
+    """collect refuses the request (OTLP's keys are unique); the exporter's map keeps both values,
+    and the ClickHouse path took the last one (a record saying complete and failed read failed)."""
+    doc = {"resourceSpans": [_named("r", [_record(status="complete", digest="d1")], 1)]}
+    doc["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["attributes"].append(
+        {"key": "kvtrace.run.status", "value": {"stringValue": "failed"}})
+    collector = OTLPCollector(tmp_path / "c.duckdb", port=0).start()
+    try:
+        status, message = post_otlp_json(collector.url, doc)
+    finally:
+        collector.stop()
+    assert status == 400
+    rows = collector_rows([_protobuf({"resourceSpans": [_named("r", [_record(status="complete", digest="d1")], 1)]})])
+    pairs = rows.column("SpanAttributes").to_pylist()
+    rows = rows.set_column(rows.column_names.index("SpanAttributes"), "SpanAttributes", pa.array(
+        [list(pairs[0]) + [("kvtrace.run.status", "failed")]], pa.map_(pa.string(), pa.string())))
+    with client.connect(clickhouse_target(chdb_store)) as con:
+        con.insert_arrow("otel_traces", rows)
+    Store.open(chdb_store).close()
+    assert _rows(chdb_store) == {}
+    with client.connect(clickhouse_target(chdb_store)) as con:
+        reasons = con.ch_frame("SELECT reason FROM otel_refused_spans")["reason"].to_list()
+    assert reasons == [message.split(": ", 1)[1]]

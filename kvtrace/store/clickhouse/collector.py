@@ -426,6 +426,20 @@ def attach(con, target: ClickHouseTarget) -> None:
             con.command(f"INSERT INTO {table} ({cols}) {select}")
 
 
+# A record's attribute key given twice with two values (the exporter's map keeps both), which
+# `kvtrace collect` refuses (``decode._put_unique``): its first such key ('' where none), and its values
+_TWICE_KEY = ("arrayFirst(_k -> length(arrayDistinct(arrayFilter((_v, _kk) -> _kk = _k, mapValues(SpanAttributes), "
+              "mapKeys(SpanAttributes)))) > 1, mapKeys(SpanAttributes))")
+_TWICE_VALUES = f"arrayDistinct(arrayFilter((_v, _kk) -> _kk = {_TWICE_KEY}, mapValues(SpanAttributes), " \
+    "mapKeys(SpanAttributes)))"
+
+
+def _wire(text: str) -> str:
+    """A value as collect's refusal quotes a string (``decode._wire``)."""
+    shown = repr(text)
+    return shown if len(shown) <= 40 else f"{shown[:24]}... ({len(shown):,} characters)"
+
+
 def _first_records(con) -> dict[str, tuple[dict, int, str]]:
     """Each run's first ``kvtrace.run`` record that finishes it, as `kvtrace collect` takes it
     (``run_rules.run_record``), with its resource's offset and service, of the runs no record
@@ -442,14 +456,18 @@ def _first_records(con) -> dict[str, tuple[dict, int, str]]:
         f"SELECT {_RUN_ID} AS run_id, CAST(SpanAttributes AS {_STR_MAP}) AS record, {_OFFSET} AS o, "
         f"ServiceName AS service, TraceId AS trace_id, SpanId AS span_id, "
         f"toUnixTimestamp64Nano(Timestamp) - {_OFFSET} AS start_ns, "
-        f"mapContains(ResourceAttributes, {_q(RUN_ID_RESOURCE_KEY)}) AND {_RECORD_ENVELOPE_PROBLEM} = '' AS ok "
+        f"mapContains(ResourceAttributes, {_q(RUN_ID_RESOURCE_KEY)}) AND {_RECORD_ENVELOPE_PROBLEM} = '' AS ok, "
+        f"{_TWICE_KEY} AS twice, {_TWICE_VALUES} AS twice_values "
         f"FROM {otel} WHERE SpanName = {_q(SPAN_RUN)} AND {unfinished} ORDER BY Timestamp, TraceId, SpanId")
     first: dict[str, tuple[dict, int, str]] = {}
     refused: list[tuple[str, str, str, int, str]] = []
-    for run_id, record, offset, service, trace_id, span_id, start_ns, ok in rows.rows():
+    for run_id, record, offset, service, trace_id, span_id, start_ns, ok, twice, values in rows.rows():
         if not ok:
             continue
         try:
+            if twice:  # (the map keeps both; read as a dict, the last one was taken)
+                raise RecordRefused(f"attribute {twice!r} given twice, as {_wire(values[0])} and {_wire(values[1])} "
+                                    "(an attribute key is unique)"[:300])
             taken = run_record(_as_dict(record))
         except RecordRefused as err:  # (collect's 400 says why; here otel_refused_spans does, as of a span)
             refused.append((run_id, trace_id, span_id, start_ns, str(err)))
