@@ -163,3 +163,23 @@ def test_a_record_key_given_twice_with_two_values_finishes_no_run_on_either_path
     with client.connect(clickhouse_target(chdb_store)) as con:
         reasons = con.ch_frame("SELECT reason FROM otel_refused_spans")["reason"].to_list()
     assert reasons == [message.split(": ", 1)[1]]
+
+
+def test_two_records_of_a_run_in_one_request_finish_it_with_the_earlier_on_both_paths(tmp_path, chdb_store):
+    """The ClickHouse path, which has no arrival order, takes the earliest by time; collect took
+    the one sent first in the request (a run complete there, failed here)."""
+    doc = {"resourceSpans": [_named("r", [_record(status="complete", digest="x"),
+                                          _record(status="failed", digest="y")], 1)]}
+    spans = doc["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    spans[0]["startTimeUnixNano"], spans[0]["endTimeUnixNano"] = "5000", "6000"  # (the later one, sent first)
+    collector = OTLPCollector(tmp_path / "c.duckdb", port=0).start()
+    try:
+        assert post_otlp_json(collector.url, doc)[0] == 200
+    finally:
+        collector.stop()
+    with client.connect(clickhouse_target(chdb_store)) as con:
+        con.insert_arrow("otel_traces", collector_rows([_protobuf(doc)]))
+    Store.open(chdb_store).close()
+    got = {db: (r["status"], r["digest"]) for db in (str(tmp_path / "c.duckdb"), chdb_store)
+           for r in [_rows(db)["r"]]}
+    assert set(got.values()) == {("failed", "y")}

@@ -494,6 +494,7 @@ class OTLPCollector:
         sent: dict[str, list[int | None]] = {}  # named runs: each stored span's kvtrace.seq (None: it sent none)
         numbered: dict[tuple[str, int], str] = {}  # (run key, kvtrace.seq) -> where in the request
         records: list[tuple[str, dict]] = []
+        record_order: list[tuple[int, int, int]] = []  # each record's (start, trace id, span id)
         fresh: list[tuple[str, int]] = []  # (run key, span key) of the spans to store
         taken: set[tuple[str, int]] = set()
         exports: set[str] = set()  # runs of kvtrace exports among them (see _awaiting_record)
@@ -512,6 +513,7 @@ class OTLPCollector:
                         self._check_collected(key, where)
                         try:
                             records.append((key, run_record(as_exported(kwargs["attributes"]))))
+                            record_order.append((kwargs["start_ns"], kwargs["trace_id"], kwargs["span_id"]))
                         except RecordRefused as err:
                             raise PayloadError(f"{where}: {err}") from None
                         continue
@@ -587,7 +589,11 @@ class OTLPCollector:
             if self._late_runs:
                 self._schedule_late(self.late_refresh_s)
             self._awaiting_record.update(exports)
-            for key, record in records:  # (after the commit: a failure here is logged, the spans stay)
+            # (after the commit: a failure here is logged, the spans stay). Two records of a run in one
+            # request: the earlier one (its start, then its ids) finishes it, as the ClickHouse path,
+            # which has no arrival order, takes the first by time (the one sent first was taken here)
+            ordered = [records[i] for i in sorted(range(len(records)), key=record_order.__getitem__)]
+            for key, record in ordered:
                 self.runs_recorded += self._finish_recorded(self._run_for(key), record)
         return len(fresh)
 
