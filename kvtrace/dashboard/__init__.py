@@ -102,13 +102,11 @@ def launch(db: str | os.PathLike, host: str = "127.0.0.1", port: int = 8501, run
     path = Path(db)
     if not is_clickhouse(db):
         if not path.exists():
-            import shlex
-
-            from kvtrace.names import printable
+            from kvtrace.names import shell_path
 
             raise ConfigError("kvtrace dashboard", "--db", f"{path}: no such database file (fill one with `kvtrace "
                                                            f"demo` or `kvtrace replay TRACE --db "
-                                                           f"{printable(shlex.quote(str(path)))}`)")
+                                                           f"{shell_path(path)}`)")
         from kvtrace.store.connection import read_connection
 
         with read_connection(path):  # the check every reader makes (`kvtrace runs`): a kvtrace store

@@ -6,13 +6,13 @@ sidebar (refresh, run picker, links that keep the current filters) and runs the 
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 
 import streamlit as st
 
 from kvtrace.dashboard import charts, queries, state, ui
 from kvtrace.errors import KVTraceError
+from kvtrace.names import shell_path
 
 HERE = Path(__file__).parent
 PAGES = [
@@ -71,7 +71,7 @@ if queries.open_store(db):
         # A link names a run this store does not hold (pasted into another database, or the
         # run is gone): say so; showing another run in its place would mislead.
         st.title("Run not found")
-        runs_command = ui.code(f"kvtrace runs --db {shlex.quote(shown)}")  # (a command to paste)
+        runs_command = ui.code(f"kvtrace runs --db {shell_path(shown)}")  # (a command to paste)
         st.warning(f"Run {state.link_value(missing or '')} from the link is not in {ui.code(shown)}: nothing is "
                    f"shown in its place. Pick a run in the sidebar, or list them with {runs_command}.",
                    icon=":material/link_off:")

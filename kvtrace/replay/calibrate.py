@@ -69,7 +69,7 @@ import numpy as np
 from kvtrace.engine.clock import COEFFICIENTS, FITTED_TERMS, CostModel, StepWork, prefill_pairs
 from kvtrace.engine.costfit import Fit, Observation, Underdetermined, fit_cost_model
 from kvtrace.errors import ConfigError, KVTraceError, file_problem
-from kvtrace.names import printable
+from kvtrace.names import printable, shell_path
 from kvtrace.workload.lines import (
     MAX_TOKENS,
     check_int,
@@ -482,7 +482,7 @@ def _collected_run(db: str, run_id: str | None) -> str:
         return run_id
     if not collected:  # (a store of replays: "pass --run: it holds 0 collected runs" named no way out)
         raise KVTraceError(f"{db}: holds no collected run (vLLM's request spans, received by `kvtrace collect "
-                           f"--db {db}` from a server started with --otlp-traces-endpoint)")
+                           f"--db {shell_path(db)}` from a server started with --otlp-traces-endpoint)")
     if len(collected) != 1:
         found = ", ".join(collected) or "none"
         raise KVTraceError(f"{db}: pass --run: the store holds {len(collected)} collected runs ({found})")

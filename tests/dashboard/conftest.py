@@ -19,6 +19,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+
 @pytest.fixture(scope="session")
 def dashboard_db(replayed_store) -> str:
     return replayed_store.path

@@ -174,7 +174,7 @@ def test_commands_to_paste_quote_a_store_path_with_spaces(tmp_path, monkeypatch)
     at = render(db, monkeypatch, "compare", run=a.run_id, b=b.run_id)
     (caption,) = [shown(c.value) for c in at.caption if "kvtrace diff" in c.value]
     argv = shlex.split(caption.removesuffix(" prints this text."))
-    assert argv == ["kvtrace", "diff", a.run_id, b.run_id, "--db", db, "--markdown"]
+    assert argv == ["kvtrace", "diff", "--db", db, "--markdown", "--", a.run_id, b.run_id]
     at = render(db, monkeypatch, run="gone")
     (warning,) = [shown(w.value) for w in at.warning]
     assert f"kvtrace runs --db {shlex.quote(db)}" in warning

@@ -2,7 +2,6 @@
 bootstrap CIs and Markdown of ``kvtrace diff``."""
 
 import math
-import shlex
 from typing import Literal
 
 import polars as pl
@@ -13,7 +12,7 @@ from kvtrace.compare import pairing
 from kvtrace.compare.model import MetricDelta
 from kvtrace.compare.render import fmt, shows_no_change, to_markdown
 from kvtrace.dashboard import charts, queries, state, ui
-from kvtrace.names import replay_mode
+from kvtrace.names import replay_mode, shell_path, shell_word
 
 # (label, summary metric, kind); which way is better is the diff's (MetricDelta.verdict)
 TILES = [
@@ -175,7 +174,7 @@ def main() -> None:
 
     with st.expander("Copy as Markdown (the same text as `kvtrace diff --markdown`)"):
         st.code(to_markdown(diff), language="markdown")
-        command = " ".join(map(shlex.quote, ("kvtrace", "diff", run_a, run_b, "--db", db, "--markdown")))
+        command = f"kvtrace diff --db {shell_path(db)} --markdown -- {shell_word(run_a)} {shell_word(run_b)}"
         st.caption(f"{ui.code(command)} prints this text.")  # (quoted: ids and paths may hold spaces)
 
     req = queries.request_diff(run_a, run_b)
