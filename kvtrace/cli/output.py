@@ -81,6 +81,13 @@ def recorded(run_id: str | None, db) -> None:
 FOLD_MIN = 16  # the narrowest a column of long text (a run's name, its behaviours) is laid out at
 
 
+def tell_left_out(left_out: list[str]) -> None:
+    """The stderr line naming the columns ``print_rows`` left out to fit the terminal, if any."""
+    if left_out:
+        status(f"columns left out to fit the terminal: {', '.join(left_out)} (a wider terminal, a pipe or --json "
+               "shows them)")
+
+
 def print_rows(rows: list[list[str]], title: str | None = None, left: int = 1,
                priority: list[str] | None = None, fold: frozenset[str] = frozenset(),
                wrap: frozenset[str] = frozenset()) -> list[str]:

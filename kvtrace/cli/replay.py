@@ -12,7 +12,7 @@ import typer
 from kvtrace.cli.application import app
 from kvtrace.cli.choices import Mode
 from kvtrace.cli.options import Db, Json, replay_options
-from kvtrace.cli.output import echo_json, error, print_rows, recorded, status
+from kvtrace.cli.output import echo_json, error, print_rows, recorded, status, tell_left_out
 from kvtrace.process import pyarrow_without_pandas, stop_signalled
 
 
@@ -89,8 +89,10 @@ def sweep(
     if as_json:
         echo_json(result.to_json())
     else:
-        print_rows(sweep_table(result, base), title=f"kvtrace sweep {spec.trace} ({result.sweep_id})",
-                   left=len(params))
+        rows = sweep_table(result, base)
+        metrics = rows[0][len(params):]  # (the parameters' columns always shown; the metrics as fit, in order)
+        tell_left_out(print_rows(rows, title=f"kvtrace sweep {spec.trace} ({result.sweep_id})", left=len(params),
+                                 priority=metrics, wrap=frozenset(metrics)))
 
 
 @app.command()

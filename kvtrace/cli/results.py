@@ -25,7 +25,17 @@ from kvtrace.cli.options import (
     rewritten_path_problem,
 )
 from kvtrace.cli.options import percentiles as parse_percentiles
-from kvtrace.cli.output import echo_json, error, one_format, print_rows, recorded, shell_path, shell_word, status
+from kvtrace.cli.output import (
+    echo_json,
+    error,
+    one_format,
+    print_rows,
+    recorded,
+    shell_path,
+    shell_word,
+    status,
+    tell_left_out,
+)
 from kvtrace.errors import ConfigError, KVTraceError
 from kvtrace.metrics import backend_label, run_backend
 from kvtrace.names import printable
@@ -117,10 +127,7 @@ def runs(db: DbToRead, as_json: Json = False, limit: Annotated[int | None, typer
         rows.append([r["run_id"], r["name"] or "", trace, r["mode"] or "", backend,
                      ",".join(r["behaviours"]) or "-", size, r["status"], r["created"] or "",
                      *(format_value(m, r[m]) for m in RUNS_METRICS)])
-    left_out = print_rows(rows, title=f"runs in {db}", left=9, priority=RUNS_PRIORITY, fold=RUNS_FOLDED)
-    if left_out:
-        status(f"columns left out to fit the terminal: {', '.join(left_out)} (a wider terminal, a pipe or --json "
-               "shows them)")
+    tell_left_out(print_rows(rows, title=f"runs in {db}", left=9, priority=RUNS_PRIORITY, fold=RUNS_FOLDED))
     for r in listed:
         if r["damage"]:
             status(r["damage"])
