@@ -183,3 +183,31 @@ def test_two_records_of_a_run_in_one_request_finish_it_with_the_earlier_on_both_
     got = {db: (r["status"], r["digest"]) for db in (str(tmp_path / "c.duckdb"), chdb_store)
            for r in [_rows(db)["r"]]}
     assert set(got.values()) == {("failed", "y")}
+
+
+_NOT_UTF8 = {  # (span name, run id, attributes) of an exporter's row holding bytes that are no UTF-8 (0xff)
+    "a record's name": ("'kvtrace.run'", "'r'", "map('kvtrace.run.status', 'complete', 'kvtrace.run.name', "
+                                                "concat('a', unhex('ff')))"),
+    "a record's summary": ("'kvtrace.run'", "'r'", "map('kvtrace.run.status', 'complete', 'kvtrace.run.summary', "
+                                                   "concat('{\"x\": \"', unhex('ff'), '\"}'))"),
+    "a run id": ("'kvtrace.request'", "concat('r', unhex('fe'))", "map('kvtrace.request.id', 'q')"),
+    "a span's request id": ("'kvtrace.request'", "'r'", "map('kvtrace.request.id', concat('q', unhex('ff')))"),
+}
+
+
+@pytest.mark.parametrize("case", list(_NOT_UTF8))
+def test_bytes_that_are_no_utf8_are_left_out_and_the_store_still_opens(chdb_store, case):
+    """collect's decoder refuses a protobuf string that is no UTF-8 (a 400); the exporter, which
+    does not check, writes its bytes: every open of the store then failed (a Rust panic in polars
+    reading the record or the run id), and a span's failed every read of its run."""
+    name, run_id, attrs = _NOT_UTF8[case]
+    with client.connect(clickhouse_target(chdb_store)) as con:
+        con.command("INSERT INTO otel_traces (Timestamp, TraceId, SpanId, SpanName, ServiceName, ResourceAttributes, "
+                    f"SpanAttributes, Duration) VALUES (toDateTime64('2026-01-01 00:00:00', 9), '{'1' * 32}', "
+                    f"'{'2' * 16}', {name}, 'svc', map('kvtrace.run.id', {run_id}), {attrs}, 10)")
+    Store.open(chdb_store).close()
+    assert _rows(chdb_store) == {}
+    if name != f"'{RECORD}'":
+        with client.connect(clickhouse_target(chdb_store)) as con:
+            reasons = con.ch_frame("SELECT reason FROM otel_refused_spans")["reason"].to_list()
+        assert reasons == ["a string that is no UTF-8 text: not an ExportTraceServiceRequest"]

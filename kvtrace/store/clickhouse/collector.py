@@ -167,12 +167,26 @@ _RUN_ID_REFUSED_CHARS = r"[\\p{C}\\p{Z}\\s]"
 
 def run_id_refused_sql(text: str) -> str:
     """SQL, true where the String ``text`` cannot name a run (``schema.run_id_problem``)."""
-    return f"(lengthUTF8({text}) NOT BETWEEN 1 AND {MAX_RUN_ID_CHARS} OR match({text}, '{_RUN_ID_REFUSED_CHARS}'))"
+    return (f"(NOT isValidUTF8({text}) OR lengthUTF8({text}) NOT BETWEEN 1 AND {MAX_RUN_ID_CHARS} "
+            f"OR match({text}, '{_RUN_ID_REFUSED_CHARS}'))")
 
 
 _UNSUPPORTED = tuple(f"json: unsupported value: {v}" for v in ("NaN", "+Inf", "-Inf"))  # (convert.unsupported_text)
 _OFFSET_TEXT = f"ResourceAttributes[{_q(TIME_OFFSET_RESOURCE_KEY)}]"
+# Every string of a span is UTF-8 text: `kvtrace collect`'s protobuf decoder refuses another (a 400), and the
+# exporter, which does not check, wrote its bytes, which no reader of the store could read: every open of
+# the store failed (a Rust panic in polars) on a record's, and a span's failed each read of its run
+_UTF8_MAPS = ("SpanAttributes", "ResourceAttributes")
+_ALL_UTF8 = ("isValidUTF8(concat(SpanName, ServiceName, ScopeName, ScopeVersion, TraceState, StatusMessage, SpanKind, "
+             "StatusCode))"
+             + "".join(f" AND arrayAll(_s -> isValidUTF8(_s), arrayConcat(mapKeys({m}), mapValues({m})))"
+                       for m in _UTF8_MAPS)
+             + " AND arrayAll(_s -> isValidUTF8(_s), `Events.Name`)"
+             + "".join(f" AND arrayAll(_a -> arrayAll(_s -> isValidUTF8(_s), arrayConcat(mapKeys(_a), mapValues(_a))), "
+                       f"`{c}.Attributes`)" for c in ("Events", "Links"))
+             + " AND arrayAll(_s -> isValidUTF8(_s), `Links.TraceState`)")
 _IDS_PROBLEMS = (  # (condition, reason) of the envelope's ids and times, read by collect's decoder of every span
+    f"NOT ({_ALL_UTF8})", "'a string that is no UTF-8 text: not an ExportTraceServiceRequest'",
     f"NOT match(TraceId, {_q(_HEX.format(32))}) OR TraceId = repeat('0', 32)",
     "'TraceId: not a trace id (32 hex digits, not all zeros)'",
     f"NOT match(SpanId, {_q(_HEX.format(16))}) OR SpanId = repeat('0', 16)",
@@ -382,8 +396,8 @@ def _side_tables(otel_table: str) -> list[tuple[str, str, str, str]]:
          "start_ns Int64, reason String) ENGINE = MergeTree ORDER BY (run_id, start_ns)",
          "run_id, name, trace_id, span_id, start_ns, reason",
          "SELECT run_id, name, trace_id, span_id, start_ns, reason FROM ("
-         f"SELECT {_RUN_ID} AS run_id, SpanName AS name, TraceId AS trace_id, SpanId AS span_id, "
-         f"toUnixTimestamp64Nano(Timestamp) - {_OFFSET} AS start_ns, "
+         f"SELECT toValidUTF8({_RUN_ID}) AS run_id, toValidUTF8(SpanName) AS name, toValidUTF8(TraceId) AS trace_id, "
+         f"toValidUTF8(SpanId) AS span_id, toUnixTimestamp64Nano(Timestamp) - {_OFFSET} AS start_ns, "
          f"multiIf({_ENVELOPE_PROBLEM} != '', {_ENVELOPE_PROBLEM}, {_NOT_COLLECTED}, {_NOT_COLLECTED_WHY}, "
          f"{', '.join(f'SpanName = {_q(n)}, {p}' for n, p in _problems())}, '') AS reason "
          f"FROM {otel_table} WHERE SpanName != {_q(SPAN_RUN)}) WHERE reason != ''"),
@@ -458,7 +472,8 @@ def _first_records(con) -> dict[str, tuple[dict, int, str]]:
         f"toUnixTimestamp64Nano(Timestamp) - {_OFFSET} AS start_ns, "
         f"mapContains(ResourceAttributes, {_q(RUN_ID_RESOURCE_KEY)}) AND {_RECORD_ENVELOPE_PROBLEM} = '' AS ok, "
         f"{_TWICE_KEY} AS twice, {_TWICE_VALUES} AS twice_values "
-        f"FROM {otel} WHERE SpanName = {_q(SPAN_RUN)} AND {unfinished} ORDER BY Timestamp, TraceId, SpanId")
+        f"FROM {otel} WHERE SpanName = {_q(SPAN_RUN)} AND {_ALL_UTF8} AND {unfinished} "
+        "ORDER BY Timestamp, TraceId, SpanId")
     first: dict[str, tuple[dict, int, str]] = {}
     refused: list[tuple[str, str, str, int, str]] = []
     for run_id, record, offset, service, trace_id, span_id, start_ns, ok, twice, values in rows.rows():
@@ -478,7 +493,9 @@ def _first_records(con) -> dict[str, tuple[dict, int, str]]:
     # the exporter's table holds no record of the run (a run named by none, otlp:<service>, is left)
     present = set(rows["run_id"].to_list())
     kept = con.ch_frame(f"SELECT run_id, record, {TIME_OFFSET_COLUMN} AS o, service_name FROM {RUN_RECORDS} "
-                        f"WHERE {unfinished} AND NOT startsWith(run_id, 'otlp:') ORDER BY run_id")
+                        f"WHERE {unfinished} AND NOT startsWith(run_id, 'otlp:') AND isValidUTF8(run_id) AND "
+                        "arrayAll(_s -> isValidUTF8(_s), arrayConcat(mapKeys(record), mapValues(record))) "
+                        "ORDER BY run_id")
     for run_id, record, offset, service in kept.rows():
         if run_id in present or run_id in first:
             continue
