@@ -32,7 +32,12 @@ def format_value(key: str, value: Any) -> str:
     return str(value)
 
 
-def summary_table(summary: Mapping[str, Any], title: str = "summary") -> Table:
+# Values a user copies whole (a digest to compare runs by, a trace's path): where the table would fold them,
+# they are printed on their own line under it instead
+_COPIED = ("digest", "trace")
+
+
+def summary_table(summary: Mapping[str, Any], title: str = "summary", leave_out: tuple[str, ...] = ()) -> Table:
     from rich.table import Table
 
     from kvtrace.names import markup_literal
@@ -42,6 +47,8 @@ def summary_table(summary: Mapping[str, Any], title: str = "summary") -> Table:
     table.add_column("metric", overflow="fold")  # (never cut: a digest, a trace path)
     table.add_column("value", justify="right", overflow="fold")
     for key, value in summary.items():
+        if key in leave_out:
+            continue
         if isinstance(value, dict):  # (evictions_by_reason: the table left it out, which only --json showed)
             for sub, count in value.items():
                 table.add_row(markup_literal(f"{key}.{sub}"), markup_literal(format_value(key, count)))
@@ -54,6 +61,17 @@ def summary_table(summary: Mapping[str, Any], title: str = "summary") -> Table:
 
 
 def print_summary(summary: Mapping[str, Any], title: str = "summary", console: Console | None = None) -> None:
-    from kvtrace.names import stdout_console
+    """The summary table; on a terminal too narrow for it, the values a user copies whole
+    (``_COPIED``) go under it, one line each: folded across rows, a 64-digit digest was
+    copied with the table's borders in it."""
+    from kvtrace.names import markup_literal, stdout_console
 
-    (console or stdout_console()).print(summary_table(summary, title))
+    console = console or stdout_console()
+    table = summary_table(summary, title)
+    if console.measure(table, options=console.options.update_width(1 << 20)).maximum <= console.width:
+        console.print(table)
+        return
+    copied = tuple(k for k in _COPIED if isinstance(summary.get(k), str))
+    console.print(summary_table(summary, title, leave_out=copied))
+    for key in copied:
+        console.print(f"{key}: {markup_literal(summary[key])}", soft_wrap=True)
