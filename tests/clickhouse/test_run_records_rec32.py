@@ -41,6 +41,7 @@ def _record(**fields) -> tuple[str, dict]:
     return RECORD, {f"kvtrace.run.{k}": v for k, v in fields.items()}
 
 
+_DEEP = "[" * 5000 + "]" * 5000
 # (case: the record's fields, and whether both paths take it)
 _CASES = {
     "an int digest": ({"status": "complete", "digest": 7}, True),
@@ -61,6 +62,8 @@ _CASES = {
     "a lone surrogate in the behaviours": ({"status": "complete", "behaviours": '["\\ud800"]'}, False),
     "a NaN in the config": ({"status": "complete", "config": '{"a": NaN}'}, False),
     "an Infinity in the summary": ({"status": "complete", "summary": '{"x": Infinity}'}, False),
+    "a summary nested past Python's reader": ({"status": "complete", "summary": f'{{"x": {_DEEP}}}'}, False),
+    "a config nested past Python's reader": ({"status": "complete", "config": f'{{"x": {_DEEP}}}'}, False),
 }
 _IDS = {case: f"run{i}" for i, case in enumerate(_CASES)}
 

@@ -46,14 +46,17 @@ def _no_constant(name: str) -> Any:
 
 
 def strict_json(text: str) -> Any:
-    """``text``'s JSON value as a record field may hold it: ValueError where it is no JSON, spells
-    NaN or Infinity (Python's json takes them, as no other reader does) or escapes a lone surrogate
-    ("\\ud800": the store's JSON columns refuse it, and the run was left unfinished)."""
-    decoded = json.loads(text, parse_constant=_no_constant)
+    """``text``'s JSON value as a record field may hold it: ValueError where it is no JSON (or one
+    nested past Python's recursion limit), spells NaN or Infinity (Python's json takes them, as no
+    other reader does) or escapes a lone surrogate ("\\ud800": the store's JSON columns refuse it,
+    and the run was left unfinished)."""
     try:
+        decoded = json.loads(text, parse_constant=_no_constant)
         json.dumps(decoded, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
         raise ValueError("a lone surrogate is no Unicode text") from None
+    except RecursionError:  # (arrays nested some thousand deep: a 500 on collect, a failed open on ClickHouse)
+        raise ValueError("nested deeper than Python's JSON reader goes") from None
     return decoded
 
 
@@ -62,7 +65,7 @@ def summary_object(summary: object) -> dict | None:
     at a restart, may be damaged)."""
     try:
         decoded = json.loads(summary) if isinstance(summary, str) else None
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return decoded if isinstance(decoded, dict) else None
 
