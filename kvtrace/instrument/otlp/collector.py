@@ -761,8 +761,9 @@ class OTLPCollector:
         return True
 
     def _what_it_holds(self, run_id: str) -> str:
-        """(under _lock) What the store holds of a run a failure leaves as it is, in words true of
-        it: "its spans are stored" was said of a run of its record alone, which holds none."""
+        """(under _lock) What the store holds of a run ``_finish`` failed on (one this collector made,
+        or one it looked up: ``_held`` knows its numbers), in words true of it: "its spans are
+        stored" was said of a run of its record alone, which holds none."""
         held = self._default_spans if run_id == self._default_run else self._held(run_id).count
         return "its spans are stored" if held else "it holds no span"
 
@@ -781,8 +782,9 @@ class OTLPCollector:
             else:
                 self.store.refresh_run(run_id)
         except Exception as err:
-            _log.warning("run %s: derived tables not rebuilt (%s: %s); %s", run_id, type(err).__name__, err,
-                         self._what_it_holds(run_id))
+            # (a run given spans since its finish, or one an earlier collector left short: it holds some)
+            _log.warning("run %s: derived tables not rebuilt (%s: %s); its spans are stored", run_id,
+                         type(err).__name__, err)
             return False
         return True
 
