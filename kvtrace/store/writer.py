@@ -695,6 +695,28 @@ class Store:
         with self._read() as con:
             return fetch_one(con, "SELECT 1 FROM runs WHERE run_id = ?", [run_id]) is not None
 
+    def drop_empty_run(self, run_id: str) -> bool:
+        """Take back a run this store made and has not finished, if it holds no span (a
+        collector's request whose commit failed after its run was made: the run stayed, and
+        was finished ``complete`` with no span); whether it did. A run of spans stays."""
+        if run_id not in self._open_runs:
+            return False
+        with self._connect() as con:
+            con.execute("BEGIN")
+            self._check_owned(con, [run_id])
+            if fetch_one(con, "SELECT 1 FROM spans WHERE run_id = ? LIMIT 1", [run_id]):
+                con.execute("ROLLBACK")
+                return False
+            con.execute("DELETE FROM runs WHERE run_id = ?", [run_id])
+            con.execute("COMMIT")
+        self._forget_run(run_id)
+        return True
+
+    def _forget_run(self, run_id: str) -> None:
+        self._open_runs.discard(run_id)
+        self._owners.pop(run_id, None)
+        self._next_seq.pop(run_id, None)
+
     # -- spans -----------------------------------------------------------------------
     def append_spans(
         self,

@@ -560,6 +560,7 @@ class OTLPCollector:
                                        f"spans that name none), which a {SPAN_RUN} record does not finish")
             if wanted is not None and not wanted():
                 raise ExportAbandoned("the client cancelled the export or its deadline passed: not stored")
+            made = len(self._created_runs)
             try:
                 late = []
                 for key, table, numbers in tables:
@@ -574,6 +575,7 @@ class OTLPCollector:
                 self.store.flush()
             except BaseException:
                 self.store.discard_buffer()
+                self._take_back_runs(made)
                 raise
             # (a run record is no span: counted apart, where "2,432 spans stored" stood beside a run of 2,431)
             self.spans_received += len(fresh)
@@ -840,6 +842,22 @@ class OTLPCollector:
             for trace_hex, span_hex in reversed(last.rows()):  # (oldest first: the newest are forgotten last)
                 if trace_hex and span_hex:
                     self._recent.add(run_id, _RecentSpans.key(int(trace_hex, 16), int(span_hex, 16)))
+
+    def _take_back_runs(self, first: int) -> None:
+        """The runs a refused request made (``_created_runs`` from ``first``), taken back where
+        they hold no span: a commit that failed after its run was made left the run, finished
+        ``complete`` with no span when the collector stopped. Where the store refuses that
+        too, the run stays, as it was."""
+        for run_id in self._created_runs[first:]:
+            try:
+                dropped = self.store.drop_empty_run(run_id)
+            except KVTraceError:
+                continue
+            if dropped:
+                self._created_runs.remove(run_id)
+                self._known_runs.discard(run_id)
+                if run_id == self._default_run:
+                    self._default_run = None
 
     def _run_for(self, run_id: str) -> str:
         """The run of spans whose resource names ``run_id`` ("": none, see ``_named_run``),

@@ -259,6 +259,17 @@ class ClickHouseStore(Store):
         with self._connect() as con:
             return self._exists(con, run_id)
 
+    def drop_empty_run(self, run_id: str) -> bool:
+        if run_id not in self._open_runs:
+            return False
+        with self._connect() as con:
+            if con.ch_frame("SELECT 1 AS x FROM spans WHERE run_id = {r:String} LIMIT 1", {"r": run_id}).height:
+                return False
+            con.command("DELETE FROM runs WHERE run_id = {r:String}", {"r": run_id})
+        self._forget_run(run_id)
+        self._offsets.pop(run_id, None)
+        return True
+
     def time_offset_ns(self, run_id: str) -> int:
         if run_id not in self._offsets:
             with self._connect() as con:
