@@ -36,9 +36,42 @@ def shown_status(status: str, pid: int | None, host: str | None, start_token: st
     """The status every reader shows for a run's stored one: a ``running`` run whose writer
     is gone reads ``incomplete`` (until a writer recovers it and stores that)."""
     checked_status(status, db=db, run_id=run_id)
-    if status == "running" and not writer_alive(pid, host, start_token, db=db, run_id=run_id):
-        return "incomplete"
+    if status == "running":
+        if not writer_alive(pid, host, start_token, db=db, run_id=run_id):
+            return "incomplete"
+        _note_live_writer(db, run_id, pid, host, start_token)
     return status
+
+
+# The writers this process found alive behind a ``running`` run, by store (``shown_status``):
+# a writer killed with -9 changes nothing in the store's files, so a cache keyed on them alone
+# (the dashboard's, ``state.content_state``) showed its run ``running`` for good where every
+# other reader said ``incomplete``. ``live_writers_state`` tells the cache when one has died.
+_LIVE_WRITERS: dict[str, dict[tuple[int | None, str | None, str | None], str]] = {}
+_MAX_NOTED = 4096  # (per store: a store of more live writers than that is re-read as they change)
+
+
+def _note_live_writer(db: str, run_id: str, pid: int | None, host: str | None, start_token: str | None) -> None:
+    writers = _LIVE_WRITERS.setdefault(db, {})
+    if len(writers) >= _MAX_NOTED:
+        writers.clear()
+    writers[(pid, host, start_token)] = run_id
+
+
+def live_writers_state(db: str) -> tuple:
+    """Whether each writer ``shown_status`` found alive behind a running run of ``db`` still
+    is (empty where none was found): part of ``state.content_state``, so that it changes
+    when such a writer dies (killed with -9), as its run then reads ``incomplete``."""
+    writers = _LIVE_WRITERS.get(db)
+    if not writers:
+        return ()
+    alive = []
+    for (pid, host, start), run_id in sorted(writers.items(), key=lambda item: repr(item[0])):
+        try:
+            alive.append((pid, host, start, writer_alive(pid, host, start, db=db, run_id=run_id)))
+        except StoreError:  # (noted alive: a valid pid)
+            alive.append((pid, host, start, False))
+    return tuple(alive)
 
 
 def checked_status(status: object, *, db: str, run_id: str) -> str:

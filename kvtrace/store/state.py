@@ -7,7 +7,8 @@ the store: keys for what a process keeps about a store between opens.
   renames each table's definition into place on a CREATE, ALTER or DROP.
 - ``content_state(db)``: for caches of query results (the dashboard's): the DuckDB file's
   state, or chdb's catalog plus each table's data directory (a part added, merged or
-  dropped renames an entry in it). None for a ClickHouse server, or when it cannot be
+  dropped renames an entry in it), and whether the writers of the running runs read so
+  far are still alive. None for a ClickHouse server, or when it cannot be
   told: the caller then keeps its answers until asked to re-read.
 """
 
@@ -17,6 +18,7 @@ import os
 
 from kvtrace.errors import KVTraceError, wal_path
 from kvtrace.store.backend import ClickHouseTarget, clickhouse_target, is_clickhouse
+from kvtrace.store.liveness import live_writers_state
 
 
 def duckdb_file_state(path: str) -> tuple | None:
@@ -64,9 +66,19 @@ def _chdb_data_state(target: ClickHouseTarget) -> tuple | None:
 
 
 def content_state(db: str | os.PathLike) -> tuple | None:
-    """What changes whenever the store ``db`` names can hold other rows or tables (None: not
-    known, e.g. a ClickHouse server). About 0.1 ms: cheap beside any query."""
+    """What changes whenever the store ``db`` names can hold other rows or tables, or its
+    runs read another status (None: not known, e.g. a ClickHouse server). About 0.1 ms:
+    cheap beside any query.
+
+    A writer killed with -9 changes no file, yet its ``running`` run then reads
+    ``incomplete``: so the state also says whether each writer this process's readers found
+    alive behind a running run of the store still is (``liveness.live_writers_state``)."""
     text = str(db)
+    files = _files_state(text)
+    return None if files is None else (files, live_writers_state(text))
+
+
+def _files_state(text: str) -> tuple | None:
     if not is_clickhouse(text):
         return duckdb_file_state(text)
     try:
