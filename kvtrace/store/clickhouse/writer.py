@@ -229,9 +229,22 @@ class ClickHouseStore(Store):
     def record_curve(self, curve_id: str, points: list[dict[str, Any]]) -> None:
         arrow = {"VARCHAR": pa.string(), "BIGINT": pa.int64()}
         table = pa.table({c: pa.array([p.get(c) for p in points], arrow[kind]) for c, kind in CURVE_COLUMNS.items()})
-        with self._connect() as con:
-            con.command("DELETE FROM curves WHERE curve_id = {c:String}", {"c": curve_id})
+        # The new points first, then the earlier recording's, told apart by their created time
+        # (readers take a curve's newest recording alone): a kill between the two leaves both,
+        # never neither. ClickHouse has no transaction: a DELETE then an insert lost the curve
+        # committed before to a kill -9 between them, or to a SIGTERM, which said it was kept.
+        created = {p.get("created") for p in points}
+        with signals_held(), self._connect() as con:
+            older = set(con.ch_frame("SELECT DISTINCT ifNull(created, '') AS c FROM curves WHERE curve_id = {c:String}",
+                                     {"c": curve_id})["c"].to_list())
+            if older & created:  # (recorded again within its second: not told apart by time)
+                con.command("DELETE FROM curves WHERE curve_id = {c:String}", {"c": curve_id})
+                con.insert_arrow("curves", table)
+                return
             con.insert_arrow("curves", table)
+            for when in sorted(older):
+                con.command("DELETE FROM curves WHERE curve_id = {c:String} AND ifNull(created, '') = {w:String}",
+                            {"c": curve_id, "w": when})
 
     def _update_run(self, con: client.ClickHouseConnection, run_id: str, status: str | None,
                     digest: str | None = None, summary: str | None = None, trace_digest: str | None = None) -> None:

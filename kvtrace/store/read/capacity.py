@@ -12,7 +12,9 @@ from kvtrace.store.schema import CURVE_COLUMNS
 @checked
 def curves(db: DB) -> pl.DataFrame:
     """Every recorded curve point (``CURVE_COLUMNS`` plus prefix_cache_hit_rate), newest curve
-    first; empty for a store written before curves existed."""
+    first, each curve's newest recording alone (a ClickHouse store adds a recording before it
+    deletes the earlier one: a kill between the two leaves both); empty for a store written
+    before curves existed."""
     with connect(db) as con:
         present = query(con, "SELECT count(*) AS n FROM duckdb_tables() WHERE table_name = 'curves'")["n"][0]
         if not present:
@@ -22,6 +24,8 @@ def curves(db: DB) -> pl.DataFrame:
             SELECT {', '.join(CURVE_COLUMNS)},
                    CASE WHEN prompt_tokens > 0 THEN hit_tokens / prompt_tokens END AS prefix_cache_hit_rate
             FROM curves
+            JOIN (SELECT curve_id AS newest_id, max(coalesce(created, '')) AS newest FROM curves GROUP BY curve_id)
+              AS recordings ON curve_id = newest_id AND coalesce(created, '') = newest
             ORDER BY created DESC, curve_id, policy, capacity_blocks NULLS LAST""")
 
 
