@@ -103,15 +103,16 @@ _ANSI_C = {"\\": "\\\\", "'": "\\'", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
 
 
 def _ansi_c(c: str) -> str:
-    """``c`` inside ``$'...'``: a byte os.fsdecode kept as a surrogate (not UTF-8) as that byte."""
+    """``c`` inside ``$'...'``: a character no line shows as itself as its UTF-8 bytes, and a
+    byte os.fsdecode kept as a surrogate (not UTF-8) as that byte, each ``\\xHH``: what the
+    shell reads back is the name's bytes in any locale. (``\\xa0`` for U+00A0 pasted the byte
+    a0, not its UTF-8 c2 a0, another file; ``\\u202e`` read under LC_ALL=C is the six
+    characters ``\\u202E``.)"""
     if c in _ANSI_C:
         return _ANSI_C[c]
-    code = ord(c)
-    if 0xDC80 <= code <= 0xDCFF:
-        return f"\\x{code - 0xDC00:02x}"
     if c.isprintable():
         return c
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+    return "".join(f"\\x{b:02x}" for b in c.encode("utf-8", "surrogateescape"))
 
 
 _ERRNO = re.compile(r"\[Errno -?\d+\] [^'\")]+")

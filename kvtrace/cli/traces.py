@@ -56,9 +56,12 @@ def convert(
     check_limit(limit)
     if trace.startswith("gen:") and not os.path.lexists(trace):  # (replay's generated workload: no file here)
         from kvtrace.errors import TraceFormatError
+        from kvtrace.names import WORKLOADS
 
+        # (kvtrace's own workload names only: "gen:$(touch x)" was pasted into the hint as it was)
+        name = trace[4:] if trace[4:] in WORKLOADS else "NAME"
         raise TraceFormatError(trace, None, "a generated workload, not a trace file; write it with "
-                                            f"`kvtrace generate {trace[4:] or 'NAME'} -o FILE`")
+                                            f"`kvtrace generate {name} -o FILE`")
     source = open_trace(trace, format=value(fmt), limit=limit, block_size=trace_block_size)
     inputs = [trace, *source.files]  # (a directory trace: each of its files is an input too)
     if source.format == "weka" and os.path.isdir(trace):
