@@ -24,15 +24,18 @@ Conventions
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import math
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import polars as pl
 
-from kvtrace.compare.model import PercentileShift
-from kvtrace.compare.options import DEFAULT_RESAMPLES
+from kvtrace.compare.model import PercentileShift, check_argument, check_whole
+from kvtrace.compare.options import DEFAULT_RESAMPLES, MAX_RESAMPLES
+from kvtrace.errors import MAX_SEED, ConfigError
 from kvtrace.metrics import DEFAULT_PERCENTILES
+from kvtrace.names import shown_value
 from kvtrace.numeric import percentiles as point_percentiles
 
 PERCENTILES = DEFAULT_PERCENTILES  # vllm bench serve's --metric-percentiles, here 50,90,99
@@ -66,6 +69,9 @@ def resample_counts(rng: np.random.Generator, n_requests: int, resamples: int) -
     Drawn a block of replicates at a time (the same stream as one draw of them all): the
     draws and their counts as int64 for every replicate at once were 20 bytes a request a
     resample at their peak (a 50,000-request diff: 1 GB; at --resamples 10,000, 10 GB)."""
+    check_argument("rng", rng, np.random.Generator, "a numpy Generator (np.random.default_rng(seed))")
+    n_requests = check_whole("n_requests", n_requests, 0, 2**31 - 1)
+    resamples = check_whole("resamples", resamples, 0, MAX_RESAMPLES)
     out = np.zeros((resamples, n_requests), dtype=np.int32)
     if n_requests == 0:
         return out
@@ -298,6 +304,20 @@ def _owned_values(frame: pl.DataFrame, metric: str, universe: pl.DataFrame) -> t
     return f["owner"].to_numpy().astype(np.int64), f[metric].to_numpy()
 
 
+def _check_latency_frames(**given: Any) -> None:
+    """ConfigError naming the argument for latency frames that are no dict of polars frames
+    (or None) with request_id and the metric's column (an AttributeError inside before)."""
+    for name, frames in given.items():
+        check_argument(name, frames, Mapping, "a dict of latency frames by metric ('ttft_ms', 'itl_ms')")
+        for metric, frame in frames.items():
+            if frame is None:
+                continue
+            check_argument(f"{name}[{shown_value(metric)}]", frame, pl.DataFrame, "a polars DataFrame or None")
+            if metric in LATENCY_METRICS and not {"request_id", metric} <= set(frame.columns):
+                raise ConfigError(f"{name}[{shown_value(metric)}]", shown_value(frame.columns),
+                                  f"expected columns request_id, {metric}")
+
+
 def latency_shifts(
     latency_a: dict[str, pl.DataFrame],
     latency_b: dict[str, pl.DataFrame],
@@ -319,6 +339,18 @@ def latency_shifts(
     either run, or without observations in both, is left out. ``pair=False``: the runs'
     ids do not name the same requests (never paired, whatever ids they share).
     """
+    _check_latency_frames(latency_a=latency_a, latency_b=latency_b)
+    seed = check_whole("seed", seed, 0, MAX_SEED)
+    resamples = check_whole("resamples", resamples, 1, MAX_RESAMPLES)
+    from kvtrace.replay.run import check_percentiles  # (the CLI's reading of them: --percentiles)
+
+    percentiles = check_percentiles(percentiles)
+    unit = float(per_unit) if isinstance(per_unit, (float, np.floating)) else \
+        int(per_unit) if isinstance(per_unit, (int, np.integer)) and not isinstance(per_unit, bool) else math.nan
+    if not 0 < unit < 1e300:  # (NaN, a str, an int past float's range: an OverflowError in the division)
+        raise ConfigError("per_unit", shown_value(per_unit), "expected a finite number above 0")
+    per_unit = float(unit)
+    check_argument("pair", pair, bool, "True or False")
     rng = np.random.Generator(np.random.PCG64(seed))
     frames_a = {k: v for k, v in latency_a.items() if v is not None}
     frames_b = {k: v for k, v in latency_b.items() if v is not None}

@@ -88,9 +88,14 @@ def parse_gates(gates: Iterable[str]) -> list[Gate]:
     one metric, a band, are two directions)."""
     if isinstance(gates, (str, bytes)) or not isinstance(gates, Iterable):
         raise ConfigError("--fail-if", shown_value(gates), "expected METRIC:THRESHOLD strings, a list of them")
+    try:
+        texts = list(gates)
+    except Exception:  # (an iterable whose __iter__ raises: its own error was the traceback)
+        raise ConfigError("--fail-if", shown_value(gates),
+                          "expected METRIC:THRESHOLD strings, a list of them") from None
     parsed: list[Gate] = []
     seen: dict[tuple[str, int, bool], Gate] = {}
-    for text in gates:
+    for text in texts:
         gate = parse_gate(text)
         key = (gate.metric, gate.bad_direction, gate.relative)
         if key in seen:

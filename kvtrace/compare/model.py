@@ -14,15 +14,16 @@ and tests can diff anything; ``kvtrace.compare.source`` feeds them from the stor
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import polars as pl
 
-from kvtrace.errors import KVTraceError
+from kvtrace.errors import ConfigError, KVTraceError
 from kvtrace.metrics import BLOCK_UNIT_KEYS, is_latency_key, percentile_word
-from kvtrace.names import replay_mode
+from kvtrace.names import replay_mode, shown_value
 from kvtrace.store.schema import SUMMARY_FIELDS
 
 METRIC_DIRECTION: dict[str, int] = {
@@ -64,6 +65,9 @@ def below_latency_resolution(delta_ms: float) -> bool:
 def metric_direction(name: str) -> int:
     """+1 when a higher ``name`` is better, -1 when lower is (every latency statistic,
     ``kvtrace.metrics.is_latency_key``), 0 when neither."""
+    if not isinstance(name, str):  # (None or 5: an AttributeError on endswith)
+        raise ConfigError("name", shown_value(name), "expected a metric name, a string")
+    name = str.__str__(name)  # (a str subclass's own __eq__ or __hash__ never runs)
     if name in METRIC_DIRECTION:
         return METRIC_DIRECTION[name]
     return -1 if is_latency_key(name) else 0
@@ -232,6 +236,43 @@ class RunDiff:
 # ------------------------------------------------------------------------- builders
 
 
+def check_argument(name: str, value: Any, kind: type | tuple[type, ...], expected: str) -> None:
+    """ConfigError naming the argument ``name`` for an API caller's ``value`` that is no
+    ``kind`` (each builder's arguments, before any work: a None, a list or an array was an
+    AttributeError, TypeError or numpy truth ValueError inside it)."""
+    if not isinstance(value, kind) or (isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple)
+                                                                               else (kind,))):
+        raise ConfigError(name, shown_value(value), f"expected {expected}")
+
+
+def check_whole(name: str, value: Any, lo: int, hi: int) -> int:
+    """An API caller's whole number in [lo, hi] as the int it is (a numpy int too), else a
+    ConfigError naming the argument."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ConfigError(name, shown_value(value), "expected a whole number")
+    number = int(value)
+    if not lo <= number <= hi:
+        raise ConfigError(name, shown_value(value), f"expected a whole number from {lo:,} to {hi:,}")
+    return number
+
+
+def _check_summaries(**given: Any) -> None:
+    for name, value in given.items():
+        check_argument(name, value, Mapping, "a run summary, a dict")
+        key = next((k for k in value if not isinstance(k, str)), None)
+        if key is not None:  # (sorted with the str keys: a TypeError)
+            raise ConfigError(name, shown_value(key), "expected metric names as keys, strings")
+
+
+def _frame(name: str, frame: Any, columns: tuple[str, ...]) -> pl.DataFrame:
+    check_argument(name, frame, pl.DataFrame, "a polars DataFrame")
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        wanted = ", ".join(map(shown_value, columns))
+        raise ConfigError(name, shown_value(frame.columns), f"expected columns {wanted}")
+    return frame
+
+
 def events_mode(run: Mapping[str, Any]) -> Any:
     """The mode a compared run's events were made in (``StoreView.run_info``'s
     ``replayed_mode``: a collected replay's is its sender's), else its stored mode."""
@@ -256,6 +297,7 @@ def _rel(a: float | None, b: float | None) -> float | None:
 
 def metric_deltas(summary_a: dict[str, Any], summary_b: dict[str, Any]) -> list[MetricDelta]:
     """Deltas of every numeric summary metric: SUMMARY_FIELDS order first, then extras sorted."""
+    _check_summaries(summary_a=summary_a, summary_b=summary_b)
     keys = [k for k in SUMMARY_FIELDS if k in summary_a or k in summary_b]
     keys += sorted((set(summary_a) | set(summary_b)) - set(keys))
     out = []
@@ -280,6 +322,11 @@ def diff_summaries(
     ``ci_verdicts``: every latency statistic's verdict is a bootstrap CI's (``needs_ci``), none
     until ``with_latency_findings`` gives it one, as ``kvtrace diff`` and ``study`` judge them;
     else (two bare summaries, no bootstrap to come) each reads its raw delta."""
+    _check_summaries(summary_a=summary_a, summary_b=summary_b)
+    for name, run in (("run_a", run_a), ("run_b", run_b)):
+        if run is not None:
+            check_argument(name, run, Mapping, "a run's record, a dict, or None")
+    check_argument("ci_verdicts", ci_verdicts, bool, "True or False")
     ra = dict(run_a or {})
     rb = dict(run_b or {})
     if "digest" in summary_a:
@@ -357,8 +404,11 @@ def request_hit_diff(per_request_a: pl.DataFrame, per_request_b: pl.DataFrame, t
     vLLM's per-request num_cached_tokens) over the requests both runs hold; the ``top``
     most gained and lost, ties in request-id order. Frames need request_id and
     cached_tokens (prompt_tokens optional); KVTraceError otherwise."""
-    a = _per_request_frame(per_request_a).rename({"cached_tokens": "hit_a", "prompt_tokens": "prompt_a"})
-    b = _per_request_frame(per_request_b).rename({"cached_tokens": "hit_b", "prompt_tokens": "prompt_b"})
+    top = check_whole("top", top, 0, 2**31)
+    a = _per_request_frame(per_request_a, "per_request_a")
+    b = _per_request_frame(per_request_b, "per_request_b")
+    a = a.rename({"cached_tokens": "hit_a", "prompt_tokens": "prompt_a"})
+    b = b.rename({"cached_tokens": "hit_b", "prompt_tokens": "prompt_b"})
     joined = a.join(b, on="request_id", how="full", coalesce=True)
     only_a = joined.filter(pl.col("hit_b").is_null()).height
     only_b = joined.filter(pl.col("hit_a").is_null()).height
@@ -387,21 +437,41 @@ def request_hit_diff(per_request_a: pl.DataFrame, per_request_b: pl.DataFrame, t
     )
 
 
-def _per_request_frame(frame: pl.DataFrame) -> pl.DataFrame:
+def _per_request_frame(frame: pl.DataFrame, name: str = "per-request frame") -> pl.DataFrame:
+    check_argument(name, frame, pl.DataFrame, "a polars DataFrame")
     if "request_id" not in frame.columns or "cached_tokens" not in frame.columns:
-        raise KVTraceError(f"per-request frame: expected columns request_id, cached_tokens; got {frame.columns}")
+        raise KVTraceError(f"{name}: expected columns request_id, cached_tokens; got {shown_value(frame.columns)}")
     prompt = pl.col("prompt_tokens") if "prompt_tokens" in frame.columns else pl.lit(None, dtype=pl.Int64)
-    return frame.select(
-        pl.col("request_id").cast(pl.Utf8),
-        pl.col("cached_tokens").cast(pl.Int64),
-        prompt.cast(pl.Int64).alias("prompt_tokens"),
-    )
+    try:
+        return frame.select(
+            pl.col("request_id").cast(pl.Utf8),
+            pl.col("cached_tokens").cast(pl.Int64),
+            prompt.cast(pl.Int64).alias("prompt_tokens"),
+        )
+    except pl.exceptions.PolarsError as err:  # (a column of text or lists: polars' own error)
+        raise ConfigError(name, shown_value(frame.schema), f"expected whole-number token counts "
+                                                            f"({type(err).__name__})") from None
 
 
 def count_shifts(counts_a: pl.DataFrame, counts_b: pl.DataFrame, key: str, value: str = "count",
                  comparable: bool = True) -> list[CountShift]:
     """Outer-join two (key, count) frames, a missing key counting 0; sorted by |delta|
     descending, then key. ``comparable``: False for counts in other units (no delta)."""
+    check_argument("key", key, str, "a column name, a string")
+    check_argument("value", value, str, "a column name, a string")
+    key, value = str.__str__(key), str.__str__(value)
+    check_argument("comparable", comparable, bool, "True or False")
+    _frame("counts_a", counts_a, (key, value))
+    _frame("counts_b", counts_b, (key, value))
+    try:
+        return _count_shifts(counts_a, counts_b, key, value, comparable)
+    except pl.exceptions.PolarsError as err:  # (counts that are text: polars' own error)
+        raise ConfigError("counts_a/counts_b", f"{key}, {value}", f"expected whole-number counts by key "
+                                                                  f"({type(err).__name__})") from None
+
+
+def _count_shifts(counts_a: pl.DataFrame, counts_b: pl.DataFrame, key: str, value: str,
+                  comparable: bool) -> list[CountShift]:
     a = counts_a.select(pl.col(key).cast(pl.Utf8), pl.col(value).cast(pl.Int64).alias("a"))
     b = counts_b.select(pl.col(key).cast(pl.Utf8), pl.col(value).cast(pl.Int64).alias("b"))
     a = a.group_by(key).agg(pl.col("a").sum())

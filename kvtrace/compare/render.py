@@ -67,7 +67,11 @@ def _check_metrics(diff: RunDiff, metrics: object) -> set[str] | None:
         return None
     if isinstance(metrics, (str, bytes)) or not isinstance(metrics, Iterable):
         raise ConfigError("metrics", shown_value(metrics), "expected metric names, a list of strings, or None")
-    names = list(metrics)
+    try:
+        names = list(metrics)
+    except Exception:  # (an iterable whose __iter__ raises: its own error was the traceback)
+        raise ConfigError("metrics", shown_value(metrics),
+                          "expected metric names, a list of strings, or None") from None
     known = {*SUMMARY_FIELDS, *(m.name for m in diff.metrics), *(s.name for s in diff.latency), *diff.unmeasured}
     for name in names:
         if not isinstance(name, str):
@@ -406,6 +410,9 @@ def fmt(v: float | None, signed: bool = False, fine: bool | None = None) -> str:
     ConfigError for a value that is no number (a str's TypeError before); a numpy int is
     shown as the int it is (it read 5.000), an int past float's range in 6 digits (an
     OverflowError)."""
+    _check_flag("signed", signed)  # (an array's truth ValueError, an object's own __bool__, before)
+    if fine is not None:
+        _check_flag("fine", fine)
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "–"
     if not isinstance(v, numbers.Real):
@@ -467,8 +474,19 @@ def fmt_rel(rel: float | None, delta: float | None = None, fine: bool = False) -
     does, only where ``delta`` too shows as zero ("-0.0%" sat beside a delta of 0.0000); a
     fall too small for a tenth of a percent keeps its sign beside the delta that shows it
     (-0.3239 read +0.0%)."""
-    if rel is None:
+    _check_flag("fine", fine)
+    if rel is None or (isinstance(rel, float) and math.isnan(rel)):  # (NaN read "+nan%", fmt's –)
         return "–"
+    if not isinstance(rel, numbers.Real):  # (a str's TypeError from abs, an array's truth ValueError)
+        raise ConfigError("rel", shown_value(rel), "expected a number or None")
+    if isinstance(rel, numbers.Integral):
+        rel = int(rel)
+        if abs(rel) >= _HUGE / 100:  # (beyond float: its digits, not float's OverflowError)
+            return format(decimal.Decimal(rel) * 100, "+.3g") + "%"
+    else:
+        rel = float(rel)
+        if math.isnan(rel):
+            return "–"
     if abs(rel) >= _HUGE / 100:
         return f"{rel * 100:+.3g}%"
     shown = f"{rel * 100:+.1f}%"

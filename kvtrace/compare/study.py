@@ -15,6 +15,7 @@ The behaviour names are the cache config's switches, imported from their one hom
 
 from __future__ import annotations
 
+import numbers
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -61,7 +62,7 @@ def study_defaults(behaviour: str) -> dict[str, Any]:
     built-in workload; a user's --trace runs on the preset as it is."""
     from kvtrace.replay.generate import WORKLOADS, study_workload  # (numpy: a study of a user's trace needs none)
 
-    return dict(WORKLOADS[study_workload(behaviour)].hints)
+    return dict(WORKLOADS[study_workload(check_behaviour(behaviour))].hints)  # (5: a TypeError in generate)
 
 
 SWEEP_PARAMETERS = ("capacity_blocks", "capacity_tokens", "external_capacity_blocks", "retention")
@@ -79,10 +80,11 @@ def study_trace(behaviour: str) -> str:
 
 
 def check_behaviour(behaviour: str) -> str:
-    if not isinstance(behaviour, str) or behaviour not in BEHAVIOURS:  # (an array: its truth ValueError)
+    # (an array: its truth ValueError; a str subclass's own __eq__ ran in the tuple's test)
+    if not isinstance(behaviour, str) or str.__str__(behaviour) not in BEHAVIOURS:
         raise KVTraceError(f"study: unknown behaviour {shown_value(behaviour)}; "
                            f"expected one of {', '.join(BEHAVIOURS)}")
-    return behaviour
+    return str.__str__(behaviour)
 
 
 @dataclass(slots=True)
@@ -322,14 +324,33 @@ def parse_sweep(sweep: Any) -> tuple[str, list[Any]] | None:
         return None
     if isinstance(sweep, Mapping):
         if len(sweep) != 1:
-            raise ConfigError("--sweep", ",".join(map(str, sweep)), "expected exactly one parameter")
+            raise ConfigError("--sweep", shown_value(list(sweep)), "expected exactly one parameter")
         ((name, values),) = dict(sweep).items()
-        sweep = f"{name}={','.join(map(str, values))}"
+        # (a name that is no string, or values that are no list: 5's TypeError; each value as the
+        # text --sweep reads, a str subclass as the string it is)
+        if not isinstance(name, str) or not isinstance(values, (list, tuple)) or not all(
+                isinstance(v, (str, numbers.Real)) for v in values):
+            raise ConfigError("--sweep", shown_value(dict(sweep)), "expected {NAME: [V1, V2, ...]}")
+        sweep = f"{str.__str__(name)}={','.join(map(_sweep_text, values))}"
     if not isinstance(sweep, str):
         raise KVTraceError(f"sweep: expected a mapping or NAME=V1,V2 text, got {type(sweep).__name__}")
+    sweep = str.__str__(sweep)
     name, values = parse_param(sweep, flag="--sweep", names=SWEEP_PARAMETERS)
     combinations([(name, values)], flag="--sweep")  # (a value given twice, in any spelling, ran the pair twice)
     return name, values
+
+
+def _sweep_text(value: Any) -> str:
+    """A swept value as --sweep's text reads it: a str subclass as its string, a numpy number
+    as the Python number it is (a bool as its name, which --sweep refuses)."""
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, bool):
+        return repr(value)
+    try:
+        return repr(int(value)) if isinstance(value, numbers.Integral) else repr(float(value))
+    except (ValueError, OverflowError):  # (an int past Python's 4,300 printable digits or float's range)
+        raise ConfigError("--sweep", shown_value(value), "expected a setting's value") from None
 
 
 def check_sweep_given_once(given: RunSpec, sweep: Any) -> None:

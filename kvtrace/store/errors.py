@@ -6,7 +6,7 @@ import os
 import re
 
 from kvtrace.errors import KVTraceError
-from kvtrace.names import printable, shell_path
+from kvtrace.names import printable, shell_path, shown_value
 
 DAMAGED = "damaged kvtrace store"  # how every error about a store's broken insides begins
 COMMITTED_STAYS = "(what was committed before stays)"  # how a write the disk refused ends
@@ -40,5 +40,6 @@ class StoreBusyError(StoreError):
 
 class UnknownRunError(StoreError):
     def __init__(self, path: str, run_id: str):
-        super().__init__(path, f"no run with id {run_id!r} (see `kvtrace runs --db {shell_path(path)}`)")
+        # (its repr cut in the middle: an API caller's 5,000-character id was quoted whole)
+        super().__init__(path, f"no run with id {shown_value(run_id)} (see `kvtrace runs --db {shell_path(path)}`)")
         self.run_id = run_id
