@@ -27,6 +27,8 @@ from kvtrace.store.schema import (
     FAMILIES,
     META_TABLE,
     OTEL_TRACES_COLUMNS,
+    RECORDED_RUNS_COLUMNS,
+    RECORDED_RUNS_TABLE,
     RUN_COLUMNS,
     SCHEMA_VERSION,
     SPAN_TABLES,
@@ -42,7 +44,7 @@ TABLE, VIEW = "table", "view"
 
 # What the writer adds to a store written before it existed (CREATE / ALTER ... IF NOT
 # EXISTS when it opens one): a store may lack these and still be whole.
-ADDED_TABLES = frozenset({"curves"})
+ADDED_TABLES = frozenset({"curves", RECORDED_RUNS_TABLE})
 ADDED_COLUMNS: dict[str, tuple[str, ...]] = {"runs": ("time_offset_ns",), **derived.ADDED_COLUMNS}
 # The tables of kvtrace's earlier schema versions that today's declares no more: an older
 # store's own, never a user's (version 1 and 2 stores kept latency percentiles in
@@ -97,6 +99,7 @@ def expected(version: int) -> dict[str, Relation]:
                                   if current else {})
     if current:
         out["curves"] = Relation(TABLE, dict(CURVE_COLUMNS))
+        out[RECORDED_RUNS_TABLE] = Relation(TABLE, dict(RECORDED_RUNS_COLUMNS))
         for table, cols in derived.COLUMNS.items():
             out[table] = Relation(TABLE, dict(cols))
     return out

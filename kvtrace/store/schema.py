@@ -374,6 +374,16 @@ RUNS_DDL = "CREATE TABLE IF NOT EXISTS runs (\n    " + ",\n    ".join(
 ) + "\n)"
 
 
+# The collected runs a ``kvtrace.run`` record finished (`kvtrace collect`'s), one row a run, written
+# with its finish: a restarted collector lets no second record finish one again. A record of its
+# status alone left the run's row as a collector's close leaves it, and a second record, after a
+# restart, finished the run again. (The OTel Collector's ClickHouse path reads its records from
+# the exporter's table.) A store made before it gains it at its next writer's open.
+RECORDED_RUNS_TABLE = "recorded_runs"
+RECORDED_RUNS_COLUMNS: dict[str, str] = {"run_id": "VARCHAR"}
+RECORDED_RUNS_DDL = f"CREATE TABLE IF NOT EXISTS {RECORDED_RUNS_TABLE} (run_id VARCHAR PRIMARY KEY)"
+
+
 # A run id a sender names (the collector's ``kvtrace.run.id``): shown in every listing and
 # typed back to diff and export, so short and printable.
 MAX_RUN_ID_CHARS = 128

@@ -53,6 +53,8 @@ from kvtrace.store.schema import (
     META_TABLE,
     NUM_BLOCKS_COLUMN,
     OTHER_TABLE,
+    RECORDED_RUNS_DDL,
+    RECORDED_RUNS_TABLE,
     RUN_STATUSES,
     RUNS_DDL,
     SCHEMA_VERSION,
@@ -212,6 +214,7 @@ def _init_schema(con: duckdb.DuckDBPyConnection, path: str) -> None:
     con.execute(RUNS_DDL)
     con.execute("ALTER TABLE runs ADD COLUMN IF NOT EXISTS time_offset_ns BIGINT DEFAULT 0")  # stores before it
     con.execute(CURVES_DDL)
+    con.execute(RECORDED_RUNS_DDL)  # (stores before it too)
     for stmt in span_tables_ddl():
         con.execute(stmt)
     for stmt in derived.DDL:
@@ -643,16 +646,20 @@ class Store:
         digest: str | None = None,
         summary: Any = None,
         trace_digest: str | None = None,
+        *,
+        recorded: bool = False,
     ) -> None:
         """Flush, build the run's derived tables, and set its final status/digest/summary
         (and ``trace_digest``, when the replay found out what it replayed: a ``--limit`` that
-        cut nothing)."""
+        cut nothing). ``recorded``: a collected run its sender's ``kvtrace.run`` record
+        finishes, marked so with the finish (``RECORDED_RUNS_TABLE``): a collector started
+        later on the store lets no second record finish it again."""
         if status not in RUN_STATUSES or status == "running":
             raise ValueError(f"finish_run: status must be one of complete|failed|incomplete, not {status!r}")
         self.flush()
         try:
             with _stops_as_stops():
-                self._finish(run_id, status, digest, _json_or_none(summary), trace_digest)
+                self._finish(run_id, status, digest, _json_or_none(summary), trace_digest, recorded)
         except Exception:  # tried once: close() does not try it again (it would fail the same way)
             self._open_runs.discard(run_id)
             raise
@@ -667,7 +674,7 @@ class Store:
         self._finish(run_id, None, None, None)
 
     def _finish(self, run_id: str, status: str | None, digest: str | None, summary: str | None,
-                trace_digest: str | None = None) -> None:
+                trace_digest: str | None = None, recorded: bool = False) -> None:
         # Derived tables are computed on a read-only connection (other readers carry on) and
         # then written in one short read-write transaction with the status change.
         with self._read() as con:
@@ -684,6 +691,8 @@ class Store:
                 "WHERE run_id = ?",
                 [status, digest, summary, trace_digest, run_id],
             )
+            if recorded:  # (in the finish's transaction: never one without the other)
+                con.execute(f"INSERT OR IGNORE INTO {RECORDED_RUNS_TABLE} VALUES (?)", [run_id])
             con.execute("COMMIT")
 
     def time_offset_ns(self, run_id: str) -> int:

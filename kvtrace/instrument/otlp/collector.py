@@ -77,6 +77,7 @@ from kvtrace.metrics import SPANS_MISSING
 from kvtrace.process import bracketed, is_ipv6, port_in_use, sigterm_as_interrupt, unbracketed
 from kvtrace.store.clickhouse.run_rules import RecordRefused, run_record, sent_span_count, short_summary, summary_object
 from kvtrace.store.schema import (
+    RECORDED_RUNS_TABLE,
     RUN_RECORD_PREFIX,
     SEQ_ATTRIBUTE,
     SOURCE_OTLP,
@@ -749,7 +750,8 @@ class OTLPCollector:
             self.store.describe_run(run_id, **described)
         except Exception as err:
             _log.warning("run %s: record fields not kept (%s: %s)", run_id, type(err).__name__, err)
-        return self._finish(run_id, **record)  # (one that failed is not counted as finished by its record)
+        # (one that failed is not counted as finished by its record; one that did is marked so in the store)
+        return self._finish(run_id, recorded=True, **record)
 
     def _finish(self, run_id: str, **record) -> bool:
         """Finish a run (False where it failed); a failure (its derived tables, the store) is one
@@ -812,7 +814,8 @@ class OTLPCollector:
         self.store.release()
         with connect(self.store_path) as con:
             found = query(con, "SELECT mode, status, digest, summary, trace_digest, name, trace_source, config, "
-                               "behaviours FROM runs WHERE run_id = $run_id", {"run_id": run_id})
+                               f"behaviours, run_id IN (SELECT run_id FROM {RECORDED_RUNS_TABLE}) AS marked "
+                               "FROM runs WHERE run_id = $run_id", {"run_id": run_id})
             last = query(con, "SELECT trace_id, span_id FROM spans WHERE run_id = $run_id ORDER BY seq DESC "
                               f"LIMIT {MAX_SPANS_PER_REQUEST}", {"run_id": run_id}) if found.height else None
             # the numbers it holds, as ranges of consecutive seq (a few: its sender's export chunks)
@@ -822,14 +825,14 @@ class OTLPCollector:
         self._looked_up.add(run_id)
         if found.height == 0:
             return
-        mode, status, digest, summary, *recorded = found.row(0)
+        mode, status, digest, summary, *recorded, marked = found.row(0)
         if ranges is not None:
             self._held_seqs[run_id] = _HeldSeqs([(int(lo), int(hi)) for lo, hi in ranges.rows()])
         if mode != "otlp":
             self._not_collected[run_id] = str(mode)
             return
-        if mode == "otlp" and status != "running" and not _finished_by_record(run_id, status, digest, summary,
-                                                                               *recorded):
+        if mode == "otlp" and status != "running" and not marked and not _finished_by_record(
+                run_id, status, digest, summary, *recorded):
             self._unrecorded_runs.add(run_id)
         stored = summary_object(summary) if status == "incomplete" else None
         sent = sent_span_count(summary) if stored is not None and SPANS_MISSING in stored else None
@@ -880,11 +883,12 @@ def _finished_by_record(run_id: str, status: str, digest: str | None, summary: s
                         trace_digest: str | None, name: str | None, trace_source: str | None, config: str | None,
                         behaviours: str | None) -> bool:
     """Whether a finished collected run's stored row shows a ``kvtrace.run`` record finished it, as
-    one collector keeps it in memory: what a record alone sets (a digest, a summary, a trace digest,
-    a name other than the collector's, a trace source, config or behaviours) or ``failed``, which no
+    one collector keeps it in memory, in a store whose ``RECORDED_RUNS_TABLE`` does not say so (one
+    recorded before that table): what a record alone sets (a digest, a summary, a trace digest, a
+    name other than the collector's, a trace source, config or behaviours) or ``failed``, which no
     collector gives a run it closes. Its first record stands: a second one, after a restart, finished
-    the run again (a record of its status alone left its row as a collector's close leaves it, and a
-    restarted collector took it for a run no record had finished)."""
+    the run again. (A record of its status alone leaves its row as a collector's close leaves it:
+    only the mark tells them apart.)"""
     return (status == "failed" or any(v is not None for v in (digest, summary, trace_digest, trace_source, config,
                                                                   behaviours))
             or (name is not None and name != named_run_name(run_id)))

@@ -23,6 +23,7 @@ from kvtrace.store.schema import (
     META_TABLE,
     NUM_BLOCKS_COLUMN,
     OTHER_TABLE,
+    RECORDED_RUNS_TABLE,
     RUN_COLUMNS,
     SEQ_COLUMN,
     SPAN_COLUMN_DEFS,
@@ -146,6 +147,8 @@ def curves_ddl() -> str:
 
 
 META_DDL = f"CREATE TABLE IF NOT EXISTS {META_TABLE} (key String, value String) ENGINE = MergeTree ORDER BY key"
+RECORDED_RUNS_CH_DDL = (f"CREATE TABLE IF NOT EXISTS {RECORDED_RUNS_TABLE} (run_id String) ENGINE = MergeTree "
+                        "ORDER BY run_id")
 
 _CREATE = re.compile(r"CREATE TABLE IF NOT EXISTS (\w+)\s*\((.*)\)\s*$", re.S)
 
@@ -165,7 +168,7 @@ def derived_ddl(table: str) -> str:
 
 def store_ddl() -> list[str]:
     """Every CREATE of a kvtrace store in ClickHouse, in order."""
-    return [META_DDL, runs_ddl(), curves_ddl(), *(span_table_ddl(t) for t in SPAN_TABLES),
+    return [META_DDL, runs_ddl(), curves_ddl(), RECORDED_RUNS_CH_DDL, *(span_table_ddl(t) for t in SPAN_TABLES),
             *(derived_ddl(t) for t in derived.TABLES), *span_views_ddl()]
 
 

@@ -34,6 +34,7 @@ from kvtrace.store.schema import (
     CURVE_COLUMNS,
     LARGEST_NUMBERED_RUN_SQL,
     META_TABLE,
+    RECORDED_RUNS_TABLE,
     RUN_COLUMNS,
     SCHEMA_VERSION,
     SHIFTED_COLUMNS,
@@ -258,12 +259,16 @@ class ClickHouseStore(Store):
         )
 
     def _finish(self, run_id: str, status: str | None, digest: str | None, summary: str | None,
-                trace_digest: str | None = None) -> None:
+                trace_digest: str | None = None, recorded: bool = False) -> None:
         with self._connect() as con:
             if not self._exists(con, run_id):
                 raise UnknownRunError(self.path, run_id)
             materialise(con, run_id)
             self._update_run(con, run_id, status, digest, summary, trace_digest)
+            # (after the finish, with no transaction here: a kill between them leaves the run finished
+            # unmarked, which its record, sent again, finishes again alike, never one marked unfinished)
+            if recorded:
+                con.insert_arrow(RECORDED_RUNS_TABLE, pa.table({"run_id": pa.array([run_id], pa.string())}))
 
     def _exists(self, con: client.ClickHouseConnection, run_id: str) -> bool:
         return con.ch_frame("SELECT 1 AS x FROM runs WHERE run_id = {r:String}", {"r": run_id}).height > 0
