@@ -323,7 +323,8 @@ def _write_all(out_dir: Path, write: _Writer) -> dict[str, Path]:
             out_dir.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             raise StoreError(str(out_dir), f"cannot create export directory: {err.strerror or err}") from None
-        remove_dead_leftovers(out_dir, _temporary_pid)
+        with _renaming(out_dir):  # (no other export mid-rename while a dead one's set-aside file goes back)
+            remove_dead_leftovers(out_dir, _temporary_pid, remove=_put_back_or_remove)
         for table in EXPORTED_TABLES:
             # a name no other export picks (the pid: whose it is, once that one is gone); the
             # writer creates the file, with the usual permissions
@@ -349,6 +350,26 @@ def _write_all(out_dir: Path, write: _Writer) -> dict[str, Path]:
 # (``.old``), which an export killed with -9 in its renames left for good when only the
 # first kind was known here
 _TEMPORARY = re.compile(rf"\.(?:{'|'.join(EXPORTED_TABLES)})\.([0-9]+)-[0-9a-f]+\.parquet\.tmp(?:\.old)?")
+
+
+def _put_back_or_remove(path: str) -> None:
+    """A dead export's hidden file removed, but an earlier export's file it had set aside
+    (``.old``) put back at its own name where nothing stands there: the export was killed
+    between setting it aside and renaming its new file in, and removing it lost that file for
+    good once the next export failed or was stopped. Put back by a hard link, which never
+    replaces a file that took its place meanwhile (then the set-aside one goes)."""
+    name = os.path.basename(path)
+    if name.endswith(".old"):
+        target = os.path.join(os.path.dirname(path), f"{name[1:].split('.', 1)[0]}.parquet")
+        try:
+            os.link(path, target)
+        except FileExistsError:
+            pass
+        except OSError:  # (a file system without hard links: renamed where nothing stands)
+            if not os.path.lexists(target):
+                os.replace(path, target)
+                return
+    os.unlink(path)
 
 
 def _temporary_pid(name: str) -> int | None:
