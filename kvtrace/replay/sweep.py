@@ -355,6 +355,7 @@ def run_sweep(
         results = stack.enter_context(_results_in_order(specs, db is not None, workers, ray_address))
         store = None
         trace_digest = None  # (the first replay's: every later one read the same trace)
+        latest: Any = None  # the created of the run stored last: no later run is given an older one
         named = _deaths_named(results, combos, lambda: len(out.runs) if out is not None else 0, db is not None,
                               values_flag)
         is_sweep = values_flag in ("--param", "--sweep")
@@ -384,6 +385,13 @@ def run_sweep(
                                                          f"content than the first; {stopped_at(combo)}")
             run = SweepRun(combo, res.summary)
             if store is not None:
+                # (created: when the replay began, in its worker; a later combination's replay that
+                # began first, on Ray or another worker, listed its run as older than an earlier one,
+                # and `runs` ("newest first") in another order than the sequential sweep's)
+                created = res.record.get("created")
+                if isinstance(created, str) and latest is not None and created < latest:
+                    res.record["created"] = latest
+                latest = res.record.get("created")
                 run.run_id = _record(store, spec, res, tables, out.sweep_id, combo)
                 run.summary["run_id"] = run.run_id
             out.runs.append(run)
