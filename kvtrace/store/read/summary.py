@@ -81,26 +81,54 @@ def summary_from_spans(db: DB, run_id: str) -> dict[str, Any]:
     null for a Belady bound, which records neither) and ``evictions_by_reason``,
     ``cow_copies`` (null in cache-only runs, which copy nothing), ``stale_hashes_left``
     (engine runs), ``divergent_outputs`` (null where the engine checked no content), ``steps``
-    (engine runs) and ``spans``, each as a complete run's stored summary defines it ({} without requests),
-    all from one committed state of the store (``one_snapshot``)."""
+    (engine runs) and ``spans``, each as a complete run's stored summary defines it (without a
+    request counted, the blocks, steps and spans alone; {} without spans), all from one committed
+    state of the store (``one_snapshot``)."""
     with one_snapshot(db):
         return _summary_from_spans(db, run_id)
 
 
 def _summary_from_spans(db: DB, run_id: str) -> dict[str, Any]:
     hits = hit_counters(db, run_id)
-    if not hits.get("requests"):
-        if _record(db, run_id)[0] == "live":  # a live capture counts no requests: its blocks, as when finished
-            counts = _span_counts(db, run_id)  # (a killed capture's summary read {} beside 200 publishes)
-            return {**_cache_event_counts(db, run_id, counts), "spans": sum(int(r["spans"]) for r in counts.values())}
-        return {}
     counts = _span_counts(db, run_id)
-    totals = _request_totals(db, run_id)
     stored_mode, config = _record(db, run_id)
     # the mode its events were made in: a collected replay's is stored as ``otlp``, its
     # sender's in its config (a stopped run collected read divergent outputs null and no
     # steps beside the same run's direct store)
     mode = metrics.replayed_mode(stored_mode, config)
+    # A Belady bound has no cache manager: its spans are its lookups, and the publishes and
+    # evictions its summary counts are in none (0 from them, where the finished run said 7,069).
+    cached = config.get("policy") != "belady"
+    events = _cache_event_counts(db, run_id, counts) if cached else {"publishes": None, "evictions": None}
+    # an engine run's steps, one span each (numbered 0..n-1): a stopped run makes no final audit,
+    # whose batch a finished run's summary does not count either
+    steps = {"steps": _steps(db, run_id) if SPAN_STEP in counts else 0} if mode == "engine" else {}
+    spans = {"spans": sum(int(r["spans"]) for r in counts.values())}
+    if not hits.get("requests"):
+        # No request counted (a live capture counts none; a replay stopped, or failed, before its first
+        # request finished): no counter or latency, but the blocks its spans published and evicted, its
+        # steps and its spans, as its finished summary counts them (a killed capture's summary read {}
+        # beside 200 publishes; a replay failed after 5 steps, {"error"} alone beside the eviction its
+        # Evictions page and diff's evictions table showed)
+        if not counts:
+            return {}
+        summary = {**events, **steps, **spans}
+    else:
+        summary = _request_summary(db, run_id, hits, counts, mode, config, events)
+        summary |= {**steps, **spans}
+    # the check a stored summary gets (read.runs): a request span that ends before it arrived
+    # (an edit by hand) gave a stopped run a median E2EL of -56,174 ms in runs and diff
+    problem = metrics.summary_problem(summary)
+    if problem is not None:
+        raise StoreError(str(db), f"{DAMAGED}: run {run_id}'s spans hold values no kvtrace run holds, which its "
+                                  f"summary from them shows: {problem}")
+    return summary
+
+
+def _request_summary(db: DB, run_id: str, hits: dict[str, Any], counts: Mapping[str, Any], mode: str | None,
+                     config: Mapping[str, Any], events: dict[str, Any]) -> dict[str, Any]:
+    """The summary's keys a run with finished requests has beyond its cache events, steps and spans."""
+    totals = _request_totals(db, run_id)
 
     def spans_of(name: str) -> int:
         return int(counts[name]["spans"]) if name in counts else 0
@@ -112,28 +140,14 @@ def _summary_from_spans(db: DB, run_id: str) -> dict[str, Any]:
     # its table of them). Stale hashes stay unknown: the audit of every key at a run's end
     # never ran.
     checked = mode == "engine" and config.get("content") is not False
-    # A Belady bound has no cache manager: its spans are its lookups, and the publishes and
-    # evictions its summary counts are in none (0 from them, where the finished run said 7,069).
-    cached = config.get("policy") != "belady"
-    summary = {
+    return {
         **hits, **totals, **(_block_counts(db, run_id, config) if totals else {}),
         **latency_summary(db, run_id, _recorded_percentiles(config)),
-        **(_cache_event_counts(db, run_id, counts) if cached else {"publishes": None, "evictions": None}),
+        **events,
         "cow_copies": _cow_copies(db, run_id) if totals and SPAN_COW in counts else 0 if totals else None,
         **({"stale_hashes_left": spans_of(SPAN_STALE_LEFT),
             "divergent_outputs": spans_of(SPAN_DIVERGENT) if checked else None} if totals else {}),
-        # an engine run's steps, one span each (numbered 0..n-1): a stopped run makes no final audit,
-        # whose batch a finished run's summary does not count either
-        **({"steps": _steps(db, run_id) if SPAN_STEP in counts else 0} if mode == "engine" else {}),
-        "spans": sum(int(r["spans"]) for r in counts.values()),
     }
-    # the check a stored summary gets (read.runs): a request span that ends before it arrived
-    # (an edit by hand) gave a stopped run a median E2EL of -56,174 ms in runs and diff
-    problem = metrics.summary_problem(summary)
-    if problem is not None:
-        raise StoreError(str(db), f"{DAMAGED}: run {run_id}'s spans hold values no kvtrace run holds, which its "
-                                  f"summary from them shows: {problem}")
-    return summary
 
 
 def _record(db: DB, run_id: str) -> tuple[str | None, Mapping[str, Any]]:
