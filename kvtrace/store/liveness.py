@@ -9,9 +9,30 @@ from kvtrace.names import cut_middle
 from kvtrace.store.errors import StoreError
 from kvtrace.store.schema import RUN_STATUSES
 
+# /proc/self/ns/pid of the first pid namespace (the kernel's PROC_PID_INIT_INO)
+_INIT_PID_NAMESPACE = "pid:[4026531836]"
+
 
 def host_name() -> str:
-    return socket.gethostname()
+    """Where a writer runs, as a run's ``writer_host`` records it: the host's name, and the
+    process's pid namespace where it is not the host's first (a container that shares the
+    host's name): a pid is a process there alone. A writer alive in such a container was read
+    from outside it (or from another such container) as pid 1 or a pid no process of the
+    reader's has, so `kvtrace runs` and the dashboard said its run was ``incomplete`` and the
+    next writer outside marked it so, while it went on writing."""
+    host = socket.gethostname()
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:  # (no /proc: one namespace as far as kvtrace can tell)
+        return host
+    return host if namespace == _INIT_PID_NAMESPACE else f"{host} ({namespace})"
+
+
+def _this_host(host: str | None) -> bool:
+    """Whether a writer of ``host`` ran where this process's pids name its processes: this
+    ``host_name()``, or the bare host name an earlier kvtrace recorded (in a container, as it
+    read it before: its pid checked here)."""
+    return host is not None and host in (host_name(), socket.gethostname())
 
 
 def process_start_token(pid: int) -> str | None:
@@ -93,8 +114,8 @@ def writer_alive(pid: int | None, host: str | None, start_token: str | None, *, 
     """
     if pid is not None and (isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid <= PID_MAX):
         raise StoreError(db, f"damaged kvtrace store: run {run_id}'s writer_pid {pid!r} is not a process id")
-    if pid is None or host != host_name():
-        return host is not None and host != host_name()  # another machine: assume alive
+    if pid is None or not _this_host(host):
+        return host is not None and not _this_host(host)  # another machine or container: assume alive
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
