@@ -39,8 +39,9 @@ def error(msg: str) -> None:
 
 def status(msg: str) -> None:
     """A status line on stderr, so stdout stays clean for data: one line, whatever path or
-    name it quotes."""
-    typer.echo(printable(msg), err=True)
+    name it quotes, and a store URL's password never shown, as ``error`` hides it ("run r1
+    recorded in clickhouse://u:PASSWORD@..." printed it)."""
+    typer.echo(_URL_PASSWORD.sub(r"\1:***@", printable(msg)), err=True)
 
 
 def count(n: int, noun: str) -> str:
@@ -75,7 +76,17 @@ def one_format(as_json: bool, markdown: bool) -> None:
 def recorded(run_id: str | None, db) -> None:
     """Every command that records a run says so, with the id the other commands take."""
     if run_id is not None:
-        status(f"kvtrace: run {run_id} recorded in {db}")
+        status(f"kvtrace: run {run_id} recorded in {store_shown(db)}")
+
+
+def store_shown(db: Any) -> str:
+    """A store as a line or ``--json`` names it: a ClickHouse server URL without its password
+    (the form every store error prints: runs' title and JSON, a recorded run's line, showed
+    clickhouse://u:PASSWORD@...), anything else as given."""
+    from kvtrace.store.backend import CHDB_PREFIX, db_label, is_clickhouse
+
+    text = str(db)
+    return db_label(text) if is_clickhouse(text) and not text.startswith(CHDB_PREFIX) else text
 
 
 FOLD_MIN = 16  # the narrowest a column of long text (a run's name, its behaviours) is laid out at

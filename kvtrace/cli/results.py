@@ -34,6 +34,7 @@ from kvtrace.cli.output import (
     shell_path,
     shell_word,
     status,
+    store_shown,
     tell_left_out,
 )
 from kvtrace.errors import ConfigError, KVTraceError
@@ -111,8 +112,9 @@ def runs(db: DbToRead, as_json: Json = False, limit: Annotated[int | None, typer
             # (as diff reads them: a damaged record's Infinity read "inf%" here and null in --json)
             **{m: finite_number(summary.get(m)) for m in RUNS_METRICS},
         })
+    shown_db = store_shown(db)  # (a server URL without its password, as every error names it)
     if as_json:
-        echo_json({"db": str(db), "runs": listed})
+        echo_json({"db": shown_db, "runs": listed})
         if shown < stored.height:  # (stderr, as the table says it: --limit 2 left six runs out unsaid)
             status(f"{stored.height - shown:,} older runs not listed (--limit 0 lists all {stored.height:,})")
         return
@@ -127,7 +129,7 @@ def runs(db: DbToRead, as_json: Json = False, limit: Annotated[int | None, typer
         rows.append([r["run_id"], r["name"] or "", trace, r["mode"] or "", backend,
                      ",".join(r["behaviours"]) or "-", size, r["status"], r["created"] or "",
                      *(format_value(m, r[m]) for m in RUNS_METRICS)])
-    tell_left_out(print_rows(rows, title=f"runs in {db}", left=9, priority=RUNS_PRIORITY, fold=RUNS_FOLDED))
+    tell_left_out(print_rows(rows, title=f"runs in {shown_db}", left=9, priority=RUNS_PRIORITY, fold=RUNS_FOLDED))
     for r in listed:
         if r["damage"]:
             status(r["damage"])

@@ -150,8 +150,11 @@ class StudyResult:
                                **self.first.to_json(self.behaviour)}
         out.pop("parameter", None)
         out.pop("value", None)
-        if self.db is not None:
-            out["db"] = self.db
+        if self.db is not None:  # (a server URL without its password, as every error names it)
+            from kvtrace.store.backend import CHDB_PREFIX, db_label, is_clickhouse
+
+            server = is_clickhouse(self.db) and not str(self.db).startswith(CHDB_PREFIX)
+            out["db"] = db_label(self.db) if server else self.db
         if self.swept:
             out["sweep"] = {
                 "parameter": self.first.parameter,
