@@ -185,8 +185,34 @@ _ALL_UTF8 = ("isValidUTF8(concat(SpanName, ServiceName, ScopeName, ScopeVersion,
              + "".join(f" AND arrayAll(_a -> arrayAll(_s -> isValidUTF8(_s), arrayConcat(mapKeys(_a), mapValues(_a))), "
                        f"`{c}.Attributes`)" for c in ("Events", "Links"))
              + " AND arrayAll(_s -> isValidUTF8(_s), `Links.TraceState`)")
+
+
+def _wire_sql(text: str) -> str:
+    """SQL: a String quoted as collect's refusal quotes a string value (``decode._wire``, within
+    some 40 characters)."""
+    quoted = f"concat('''', {text}, '''')"
+    return (f"if(lengthUTF8({quoted}) <= 40, {quoted}, concat(substringUTF8({quoted}, 1, 24), '... (', "
+            f"toString(lengthUTF8({quoted})), ' characters)'))")
+
+
+# A resource attribute key given twice with two values, which `kvtrace collect` refuses (its decoder's
+# ``_put_unique``: a 400, nothing of the request stored) and the exporter's map keeps twice: its first
+# such key ('' where none) and that key's values. Its spans were filed under the run its first
+# ``kvtrace.run.id`` named (a resource naming runs a and b: collect refused it, this path filed it under
+# a), shifted by its first offset; they and its record are left out, as collect's other refusals are
+_RESOURCE_TWICE_KEY = ("arrayFirst(_k -> length(arrayDistinct(arrayFilter((_v, _kk) -> _kk = _k, "
+                       "mapValues(ResourceAttributes), mapKeys(ResourceAttributes)))) > 1, "
+                       "mapKeys(ResourceAttributes))")
+_RESOURCE_TWICE_VALUES = (f"arrayDistinct(arrayFilter((_v, _kk) -> _kk = {_RESOURCE_TWICE_KEY}, "
+                          "mapValues(ResourceAttributes), mapKeys(ResourceAttributes)))")
+_RESOURCE_TWICE = (
+    f"{_RESOURCE_TWICE_KEY} != ''",
+    f"substringUTF8(concat('resource: attribute ', {_wire_sql(_RESOURCE_TWICE_KEY)}, ' given twice, as ', "
+    f"{_wire_sql(f'{_RESOURCE_TWICE_VALUES}[1]')}, ' and ', {_wire_sql(f'{_RESOURCE_TWICE_VALUES}[2]')}, "
+    "' (an attribute key is unique)'), 1, 300)")
 _IDS_PROBLEMS = (  # (condition, reason) of the envelope's ids and times, read by collect's decoder of every span
     f"NOT ({_ALL_UTF8})", "'a string that is no UTF-8 text: not an ExportTraceServiceRequest'",
+    *_RESOURCE_TWICE,
     f"NOT match(TraceId, {_q(_HEX.format(32))}) OR TraceId = repeat('0', 32)",
     "'TraceId: not a trace id (32 hex digits, not all zeros)'",
     f"NOT match(SpanId, {_q(_HEX.format(16))}) OR SpanId = repeat('0', 16)",
@@ -470,16 +496,18 @@ def _first_records(con) -> dict[str, tuple[dict, int, str]]:
         f"SELECT {_RUN_ID} AS run_id, CAST(SpanAttributes AS {_STR_MAP}) AS record, {_OFFSET} AS o, "
         f"ServiceName AS service, TraceId AS trace_id, SpanId AS span_id, "
         f"toUnixTimestamp64Nano(Timestamp) - {_OFFSET} AS start_ns, "
-        f"mapContains(ResourceAttributes, {_q(RUN_ID_RESOURCE_KEY)}) AND {_RECORD_ENVELOPE_PROBLEM} = '' AS ok, "
+        f"mapContains(ResourceAttributes, {_q(RUN_ID_RESOURCE_KEY)}) AS named, {_RECORD_ENVELOPE_PROBLEM} AS problem, "
         f"{_TWICE_KEY} AS twice, {_TWICE_VALUES} AS twice_values "
         f"FROM {otel} WHERE SpanName = {_q(SPAN_RUN)} AND {_ALL_UTF8} AND {unfinished} "
         "ORDER BY Timestamp, TraceId, SpanId")
     first: dict[str, tuple[dict, int, str]] = {}
     refused: list[tuple[str, str, str, int, str]] = []
-    for run_id, record, offset, service, trace_id, span_id, start_ns, ok, twice, values in rows.rows():
-        if not ok:
+    for run_id, record, offset, service, trace_id, span_id, start_ns, named, problem, twice, values in rows.rows():
+        if not named:
             continue
         try:
+            if problem:  # (its envelope: ids, its run id, a resource key given twice; it was left out unsaid)
+                raise RecordRefused(problem)
             if twice:  # (the map keeps both; read as a dict, the last one was taken)
                 raise RecordRefused(f"attribute {twice!r} given twice, as {_wire(values[0])} and {_wire(values[1])} "
                                     "(an attribute key is unique)"[:300])
