@@ -51,3 +51,28 @@ def test_a_run_failed_before_any_request_finished_counts_the_blocks_its_spans_ho
     # the export's run record holds the same summary
     (exported,) = pq.read_table(export_parquet(db, run_id, tmp_path / "out")["runs"]).column("summary").to_pylist()
     assert json.loads(exported) == summary
+
+
+def test_a_stopped_cache_only_run_states_its_prompt_tokens_and_capacity_as_its_finished_summary(tmp_path):
+    """A cache-only replay SIGTERM'd after its second commit: diff said prompt_tokens "–" beside
+    the finished run's (and beside the queries it counted, which are its prompt tokens), and its
+    capacity was "–" in diff and runs where its config names it."""
+    import subprocess
+    import sys
+
+    from tests.conftest import TRACES
+
+    trace = str(TRACES / "mooncake_synthetic_trace.jsonl")
+    db, marker = tmp_path / "term.duckdb", tmp_path / "committed"
+    settings = ["--mode", "cache-only", "--capacity-blocks", "2000"]
+    proc = subprocess.run([sys.executable, "-m", "tests.replay.sigterm_driver", str(marker), "2", "--",
+                           "replay", trace, *settings, "--db", str(db)],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 143 and marker.exists(), proc.stderr
+    assert read.run(db, "r1")["status"] == "failed"
+    stopped = read.run_summary(db, "r1")
+    finished = run_replay(RunSpec(trace, mode="cache-only", capacity_blocks=2000)).summary
+    assert 0 < stopped["prompt_tokens"] == stopped["prefix_cache_queries"] <= finished["prompt_tokens"]
+    assert stopped["capacity_blocks"] == finished["capacity_blocks"] == 2000
+    # (the trace's own block size is recorded nowhere a stopped run keeps: unknown, not guessed)
+    assert stopped.get("block_size") is None and finished["block_size"] == 512

@@ -142,12 +142,30 @@ def _request_summary(db: DB, run_id: str, hits: dict[str, Any], counts: Mapping[
     checked = mode == "engine" and config.get("content") is not False
     return {
         **hits, **totals, **(_block_counts(db, run_id, config) if totals else {}),
+        **(_cache_only_sizes(hits, config) if str(mode or "").startswith("cache-only") else {}),
         **latency_summary(db, run_id, _recorded_percentiles(config)),
         **events,
         "cow_copies": _cow_copies(db, run_id) if totals and SPAN_COW in counts else 0 if totals else None,
         **({"stale_hashes_left": spans_of(SPAN_STALE_LEFT),
             "divergent_outputs": spans_of(SPAN_DIVERGENT) if checked else None} if totals else {}),
     }
+
+
+def _cache_only_sizes(hits: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+    """A cache-only run's ``prompt_tokens`` (its queries: each request's one lookup queries its
+    whole prompt) and, from its config, ``capacity_blocks`` (null: unbounded) and the
+    ``block_size`` it re-blocked the trace at (the trace's own, which no span or config
+    records, stays unknown): as its finished summary states them. A stopped cache-only run
+    showed prompt_tokens and its capacity "–" in diff and runs beside the queries it counted."""
+    def size(key: str) -> int | None:
+        value = config.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+
+    out: dict[str, Any] = {"prompt_tokens": hits.get(metrics.COUNTERS[0].key),
+                           "capacity_blocks": size("capacity_blocks")}
+    if size("block_size") is not None:
+        out["block_size"] = size("block_size")
+    return out
 
 
 def _record(db: DB, run_id: str) -> tuple[str | None, Mapping[str, Any]]:
