@@ -13,6 +13,7 @@ import io
 import math
 import numbers
 import re
+import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -295,17 +296,7 @@ def tables(diff: RunDiff, metrics: Iterable[str] | None = None, *, detail: bool 
     check_diff(diff)
     keep = _check_metrics(diff, metrics)
     _check_flag("detail", detail)
-    out: list[Any] = []
-    t = Table(title=markup_literal(f"{_label(diff.run_a)} → {_label(diff.run_b)}"), title_justify="left")
-    for col in ("metric", "A", "B", "Δ", "Δ%"):
-        t.add_column(col, justify="left" if col == "metric" else "right", overflow="fold")
-    for m in diff.metrics:
-        if keep is not None and m.name not in keep:
-            continue
-        style = {"better": "green", "worse": "red"}.get(m.verdict)
-        t.add_row(markup_literal(m.name), fmt(m.a), fmt(m.b), _change(m), fmt_rel(m.rel, m.delta, _fine(m)),
-                  style=style)
-    out.append(t)
+    out: list[Any] = [_summary_table(diff, keep)]
     if diff.latency:
         t = Table(title=f"latency percentiles, {_times(diff)} time ({round(CI_LEVEL * 100)}% bootstrap CI)",
                   title_justify="left")
@@ -343,6 +334,40 @@ def tables(diff: RunDiff, metrics: Iterable[str] | None = None, *, detail: bool 
     return out
 
 
+def _summary_table(diff: RunDiff, keep: set[str] | None, relative: bool = True) -> Any:
+    """The summary metrics' table (``relative`` False: without its Δ% column)."""
+    from rich.table import Table
+
+    t = Table(title=markup_literal(f"{_label(diff.run_a)} → {_label(diff.run_b)}"), title_justify="left")
+    for col in ("metric", "A", "B", "Δ", *(("Δ%",) if relative else ())):
+        t.add_column(col, justify="left" if col == "metric" else "right", overflow="fold")
+    for m in diff.metrics:
+        if keep is not None and m.name not in keep:
+            continue
+        style = {"better": "green", "worse": "red"}.get(m.verdict)
+        rel = (fmt_rel(m.rel, m.delta, _fine(m)),) if relative else ()
+        t.add_row(markup_literal(m.name), fmt(m.a), fmt(m.b), _change(m), *rel, style=style)
+    return t
+
+
+REL_LEFT_OUT = "columns left out to fit the terminal: Δ% (a wider terminal, a pipe, --markdown or --json shows them)"
+
+
+def _fitted(diff: RunDiff, keep: set[str] | None, first: Any, console: Any) -> Any:
+    """The summary table ``first`` as ``console`` shows it: without its Δ% column where only
+    that keeps each metric's name and number on one line (at 80 columns, a name such as
+    prompt_tokens_by_source.external_kv_transfer folded mid-word, copied with the table's
+    border in it), else as it is."""
+    from rich.measure import Measurement
+
+    width = console.options.max_width
+    unbounded = console.options.update(max_width=PIPED_WIDTH)  # (a measure within the console's is cut to it)
+    if Measurement.get(console, unbounded, first).maximum <= width:
+        return None
+    narrower = _summary_table(diff, keep, relative=False)
+    return narrower if Measurement.get(console, unbounded, narrower).maximum <= width else None
+
+
 def render(diff: RunDiff, console: Any = None, metrics: Iterable[str] | None = None, *,
            detail: bool = True) -> None:
     """Print a warning per unfinished run, the diff's notes, where its times come from and
@@ -355,6 +380,7 @@ def render(diff: RunDiff, console: Any = None, metrics: Iterable[str] | None = N
     _check_flag("detail", detail)
     if console is not None and not callable(getattr(console, "print", None)):
         raise ConfigError("console", shown_value(console), "expected a rich Console (or None: stdout)")
+    own = console is None  # (stdout's: a column left out is said on stderr, as runs and sweep say it)
     console = console or stdout_console()
     for side, run in (("A", diff.run_a), ("B", diff.run_b)):
         if run.get("status") not in (None, "complete"):
@@ -366,8 +392,17 @@ def render(diff: RunDiff, console: Any = None, metrics: Iterable[str] | None = N
     backends = backend_note(diff, code=printable)
     if backends:
         console.print(backends, markup=False, highlight=False)
-    for t in tables(diff, metrics, detail=detail):
+    shown = tables(diff, metrics, detail=detail)
+    narrower = _fitted(diff, metrics, shown[0], console)
+    if narrower is not None:
+        shown[0] = narrower
+    for t in shown:
         console.print(t)
+        if t is narrower and own:
+            console.file.flush()
+            print(REL_LEFT_OUT, file=sys.stderr, flush=True)
+        elif t is narrower:
+            console.print(REL_LEFT_OUT, markup=False, highlight=False)
     r = diff.requests
     table = detail and r is not None and bool(r.top_gained or r.top_lost)
     if r is not None and not table and (r.requests or r.only_a or r.only_b):
