@@ -446,6 +446,12 @@ class Store:
         if problem is not None:
             raise StoreError(self.path or "''", problem)
         wal = wal_path(self.path)
+        if os.path.islink(wal) or (os.path.lexists(wal) and not os.path.isfile(wal)):
+            # (DuckDB writes its log through a link, into the file it names, and deletes the link at its
+            # checkpoint: a link to a user's file beside a store had the file overwritten with the log)
+            what = ("a symbolic link, where DuckDB keeps this store's log (it would write through the link, then "
+                    "delete it)" if os.path.islink(wal) else "not a file, where DuckDB keeps this store's log")
+            raise StoreError(self.path, f"{wal} is {what}; move it away or remove it first")
         if os.path.lexists(wal) and _new_database(self.path):
             # (DuckDB takes it for the new database's log, finds it belongs to none, and deletes it:
             # a file of the user's there was lost without a word)
