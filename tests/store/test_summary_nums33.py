@@ -76,3 +76,30 @@ def test_a_stopped_cache_only_run_states_its_prompt_tokens_and_capacity_as_its_f
     assert stopped["capacity_blocks"] == finished["capacity_blocks"] == 2000
     # (the trace's own block size is recorded nowhere a stopped run keeps: unknown, not guessed)
     assert stopped.get("block_size") is None and finished["block_size"] == 512
+
+
+def test_a_vllm_servers_collected_requests_claim_no_cache_counts(tmp_path):
+    """A run a collector made of a vLLM server's llm_request spans (no cache span: its sender
+    measured no block): its summary from spans says no publishes or evictions, not 0."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from kvtrace.instrument.otlp import OTLPCollector
+
+    db = tmp_path / "collected.duckdb"
+    collector = OTLPCollector(db, port=0).start()
+    try:
+        provider = TracerProvider(resource=Resource.create({"service.name": "vllm"}))
+        provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=collector.url)))
+        with provider.get_tracer("vllm").start_as_current_span("llm_request", attributes={
+                "gen_ai.usage.input_tokens": 12, "gen_ai.usage.output_tokens": 3}):
+            pass
+        provider.shutdown()
+    finally:
+        collector.stop()
+    (run_id,) = read.runs(db)["run_id"].to_list()
+    assert read.span_counts(db, run_id)["name"].to_list() == ["llm_request"]
+    summary = read.run_summary(db, run_id)
+    assert not {"publishes", "evictions", "evictions_by_reason", "requests"} & summary.keys(), summary

@@ -110,7 +110,10 @@ def _summary_from_spans(db: DB, run_id: str) -> dict[str, Any]:
         # steps and its spans, as its finished summary counts them (a killed capture's summary read {}
         # beside 200 publishes; a replay failed after 5 steps, {"error"} alone beside the eviction its
         # Evictions page and diff's evictions table showed)
-        if not counts:
+        # (spans of a sender unknown here, a vLLM server's llm_request spans alone: no cache measured, no 0)
+        replayed = mode == "engine" or str(mode or "").startswith("cache-only")
+        measured = mode == "live" or (counts and replayed) or SPAN_PUBLISH in counts or SPAN_EVICT in counts
+        if not measured:
             return {}
         summary = {**events, **steps, **spans}
     else:
