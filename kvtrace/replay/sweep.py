@@ -694,6 +694,7 @@ def _on_ray_driver(ray, specs: list[RunSpec], keep: bool, address: str,
         started = True
     try:
         _held_stop(held, stops)  # (a stop while Ray started: the command's, now that shutdown ends it all)
+        gcs = _gcs_address(ray)
         task = ray.remote(_replay_one)
         refs: list = []  # every task submitted so far, in spec order
 
@@ -704,7 +705,7 @@ def _on_ray_driver(ray, specs: list[RunSpec], keep: bool, address: str,
             window = len(specs) if in_flight is None else in_flight
             for i in range(len(specs)):
                 submit(i + window)  # (the one taken back next, and window - 1 after it, on the cluster)
-                yield _ray_result(ray, refs[i], address)
+                yield _ray_result(ray, refs[i], address, gcs)
 
         try:
             yield results()
@@ -762,18 +763,61 @@ def _stops_held(ray, came: list[int]) -> Iterator[None]:
             utils.set_sigterm_handler = install  # type: ignore[union-attr]
 
 
-def _ray_result(ray, ref, address: str) -> Replayed:
+def _gcs_address(ray) -> str | None:
+    """HOST:PORT of the cluster's GCS, as this driver reached it (None: Ray does not say)."""
     try:
-        return ray.get(ref)
-    except ray.exceptions.RayTaskError as err:  # a replay's own error, not Ray's remote traceback
-        cause = err.cause if isinstance(err.cause, BaseException) else None
-        if isinstance(cause, KVTraceError):
-            raise cause from None
-        raise KVTraceError(f"--ray {address}: a replay failed: {cause!r}"[:500]) from None
-    except ray.exceptions.RayError as err:  # its worker or node died (retries spent), out of memory
-        what = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        raise WorkerDied(f"--ray {address}: a replay's worker died before it finished ({type(err).__name__}"
-                         f"{': ' + what if what else ''})"[:500]) from None
+        found = ray.get_runtime_context().gcs_address
+    except Exception:  # (an older or newer Ray's runtime context: the wait then has no watch)
+        return None
+    return found if isinstance(found, str) and found.rpartition(":")[2].isdigit() else None
+
+
+def _gcs_answers(gcs: str, timeout_s: float = 1.0) -> bool:
+    """Whether anything accepts a connection at the GCS's HOST:PORT."""
+    import socket
+
+    host, _, port = gcs.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except (OSError, UnicodeError, ValueError):
+        return False
+    return True
+
+
+RAY_GONE_S = 10.0  # a cluster's GCS refusing connections this long is a cluster gone (Ray's own wait: 60 s)
+
+
+def _ray_result(ray, ref, address: str, gcs: str | None = None, poll_s: float = 1.0,
+                gone_s: float = RAY_GONE_S) -> Replayed:
+    """The replay's result from its task; ``gcs``: the cluster's GCS address, watched while
+    the result is awaited. A cluster that died (``ray stop``, its head gone) held the sweep
+    60 s, then Ray ended the process from its own thread: exit 1 with Ray's lines and no
+    word of kvtrace's. A GCS that refuses connections for ``gone_s`` is told as a worker's
+    death is (exit 1, the runs stored before it kept)."""
+    gone_since = None
+    while True:
+        try:
+            return ray.get(ref) if gcs is None else ray.get(ref, timeout=poll_s)
+        except ray.exceptions.GetTimeoutError:
+            if gcs is None or _gcs_answers(gcs):
+                gone_since = None
+                continue
+            import time
+
+            now = time.monotonic()
+            gone_since = now if gone_since is None else gone_since
+            if now - gone_since >= gone_s:
+                raise WorkerDied(f"--ray {address}: the Ray cluster stopped answering before a replay finished "
+                                 f"(nothing accepted connections at its GCS, {gcs}, for {gone_s:g} s)") from None
+        except ray.exceptions.RayTaskError as err:  # a replay's own error, not Ray's remote traceback
+            cause = err.cause if isinstance(err.cause, BaseException) else None
+            if isinstance(cause, KVTraceError):
+                raise cause from None
+            raise KVTraceError(f"--ray {address}: a replay failed: {cause!r}"[:500]) from None
+        except ray.exceptions.RayError as err:  # its worker or node died (retries spent), out of memory
+            what = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            raise WorkerDied(f"--ray {address}: a replay's worker died before it finished ({type(err).__name__}"
+                             f"{': ' + what if what else ''})"[:500]) from None
 
 
 def ray_host_port(address: str) -> tuple[str, int]:
@@ -822,13 +866,44 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
             try:
                 stub.GetClusterId(gcs_service_pb2.GetClusterIdRequest(), timeout=timeout_s)  # type: ignore[attr-defined]
             except grpc.RpcError as err:
-                # (a GCS that wants a token says UNAUTHENTICATED: it is one; let ray.init answer)
                 if err.code() == grpc.StatusCode.UNIMPLEMENTED:
                     raise KVTraceError(f"{not_ray} (it has no Ray GCS service)") from None
+                if err.code() == grpc.StatusCode.UNAUTHENTICATED:  # a GCS that takes only its token's clients
+                    _check_token(address, stub, gcs_service_pb2.GetClusterIdRequest(), timeout_s)  # type: ignore[attr-defined]
     except grpc.FutureTimeoutError:
         raise KVTraceError(f"{not_ray} (no gRPC within {timeout_s:g} s)") from None
     finally:
         channel.close()
+
+
+def _check_token(address: str, stub, request, timeout_s: float) -> None:
+    """A GCS that refused a client without its token (token authentication, on by default for
+    a cluster ``ray start`` starts): ``ray.init`` of an address sends the token only under
+    RAY_AUTH_MODE=token, and otherwise (or with another cluster's token) retried for 20 s,
+    printing Ray's warnings, and ended 'cannot connect', no word of the token. Told here,
+    in one line, with what to set; the token itself is never shown."""
+    import grpc
+
+    try:
+        from ray._private.authentication.grpc_authentication_client_interceptor import (
+            _get_authentication_metadata_tuple,
+        )
+
+        metadata = _get_authentication_metadata_tuple()  # (what Ray would send: the token, in token mode)
+    except Exception:  # (another Ray's internals: let ray.init answer)
+        return
+    if not metadata:
+        raise KVTraceError(f"--ray {address}: the Ray cluster there takes only clients with its authentication "
+                           "token (token authentication, on by default for `ray start`); set RAY_AUTH_MODE=token "
+                           "(Ray then sends ~/.ray/auth_token, or RAY_AUTH_TOKEN or the file RAY_AUTH_TOKEN_PATH "
+                           "names), or say --ray auto on the head's machine")
+    try:
+        stub.GetClusterId(request, timeout=timeout_s, metadata=metadata)
+    except grpc.RpcError as err:
+        if err.code() == grpc.StatusCode.UNAUTHENTICATED:
+            raise KVTraceError(f"--ray {address}: the Ray cluster there refused this process's authentication token "
+                               "(RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token): give the token of the "
+                               "cluster's head") from None
 
 
 def sweep_table(result: SweepResult, baseline: dict[str, Any] | None = None) -> list[list[str]]:
