@@ -82,6 +82,11 @@ def _check_metrics(diff: RunDiff, metrics: object) -> set[str] | None:
     return {str.__str__(n) for n in names}
 
 
+def _check_callable(name: str, value: object) -> None:
+    if not callable(value):  # (a string: its TypeError on the first name shown)
+        raise ConfigError(name, shown_value(value), "expected a function of one text")
+
+
 def _check_flag(name: str, value: object) -> None:
     if not isinstance(value, bool):  # (detail="no" showed the detail)
         raise ConfigError(name, shown_value(value), "expected True or False")
@@ -234,6 +239,11 @@ def times_note(diff: RunDiff, code: Any = markdown_code, literal: Any = None) ->
     collector's sender, or none). ``code``: how the model's name is shown (Markdown's code
     span; plain text for a terminal); ``literal``: how a stored coefficient's name and value
     are (default: as Markdown shows them, ``_md_name``)."""
+    check_diff(diff)  # (a notebook's None: an AttributeError on run_a)
+    _check_callable("code", code)
+    if literal is not None:
+        _check_callable("literal", literal)
+
     def source(run: dict[str, Any]) -> str:
         return times_source(events_mode(run), run.get("cost_model"), code)
 
@@ -260,6 +270,8 @@ def coefficient_changes(a: Any, b: Any, most: int = 3, literal: Any = printable)
 def backend_note(diff: RunDiff, code: Any = markdown_code) -> str | None:
     """Whose cache manager made each run's events (``metrics.backend_label``), where either
     is not kvtrace's own: a patched vLLM's diff names the commits it compares. None else."""
+    check_diff(diff)
+    _check_callable("code", code)
     a, b = (backend_label(r.get("mode"), r) for r in (diff.run_a, diff.run_b))
     if a == b == "kvtrace":
         return None
@@ -414,6 +426,8 @@ def render(diff: RunDiff, console: Any = None, metrics: Iterable[str] | None = N
 def requests_line(r: RequestHitDiff) -> str:
     """The per-request comparison in one line: the per-request table's title, or the line
     in its place when no request gained or lost (the requests only one run holds too)."""
+    if not isinstance(r, RequestHitDiff):  # (None: an AttributeError; a RunDiff: its .requests is this)
+        raise ConfigError("r", shown_value(r), "expected a RequestHitDiff (RunDiff.requests)")
     only = f"; only in A: {r.only_a:,}, only in B: {r.only_b:,}" if r.only_a or r.only_b else ""
     return (f"cached tokens per request (local + external hits): {r.gained:,} gained, {r.lost:,} lost of "
             f"{r.requests:,}{only}")

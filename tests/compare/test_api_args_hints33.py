@@ -167,3 +167,16 @@ def test_an_unknown_run_id_of_thousands_of_characters_is_quoted_cut(tmp_path):
 
     err = UnknownRunError(str(tmp_path / "s.duckdb"), "r" * 5000)
     assert len(str(err)) < 400 and "characters left out" in str(err)
+
+
+@pytest.mark.parametrize("value", [None, {"run_a": {}}, "x", Raising()], ids=lambda v: type(v).__name__)
+def test_the_notes_a_notebook_prints_refuse_what_is_no_diff(value):
+    one_line(lambda: render.times_note(value), "diff")
+    one_line(lambda: render.backend_note(value), "diff")
+    one_line(lambda: render.requests_line(value), "r")
+
+
+def test_the_notes_refuse_a_code_that_is_no_function():
+    one_line(lambda: render.times_note(diff(), code="x"), "code")
+    one_line(lambda: render.backend_note(diff(), code=None), "code")
+    assert render.times_note(diff(), code=str).startswith("Times:")
