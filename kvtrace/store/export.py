@@ -349,7 +349,9 @@ def _write_all(out_dir: Path, write: _Writer) -> dict[str, Path]:
 # an export's hidden files: each new table, and each earlier file ``_replace_all`` set aside
 # (``.old``), which an export killed with -9 in its renames left for good when only the
 # first kind was known here
-_TEMPORARY = re.compile(rf"\.(?:{'|'.join(EXPORTED_TABLES)})\.([0-9]+)-[0-9a-f]+\.parquet\.tmp(?:\.old)?")
+# (its 12 hex digits exactly, as ``_write_all`` names it: a user's ".spans.123-abc.parquet.tmp"
+# was removed as a dead export's)
+_TEMPORARY = re.compile(rf"\.(?:{'|'.join(EXPORTED_TABLES)})\.([0-9]+)-[0-9a-f]{{12}}\.parquet\.tmp(?:\.old)?")
 
 
 def _put_back_or_remove(path: str) -> None:

@@ -70,7 +70,8 @@ def test_the_next_export_after_a_kill_is_whole_and_leaves_nothing_hidden(scenari
     assert pq.read_table(written["runs"]).column("run_id").to_pylist() == [second]
 
 
-@pytest.mark.parametrize("name", [".spans.999999-abc.parquet.tmp.older", ".spans.999999-ABC.parquet.tmp",
+@pytest.mark.parametrize("name", [".spans.999999-abc.parquet.tmp", ".runs.999999-abcdef0123456.parquet.tmp.old",
+                                  ".spans.999999-abc.parquet.tmp.older", ".spans.999999-ABC.parquet.tmp",
                                   ".spanz.999999-abcdef012345.parquet.tmp", "spans.999999-abcdef012345.parquet.tmp",
                                   ".spans.999999-abcdef012345.parquet.tmp~"])
 def test_a_users_file_that_only_looks_like_a_hidden_one_stays(scenario_db, tmp_path, name):
