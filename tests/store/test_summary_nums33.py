@@ -34,7 +34,7 @@ def _failed_before_any_request_finished(tmp_path) -> tuple[str, str]:
 def test_a_run_failed_before_any_request_finished_counts_the_blocks_its_spans_hold(tmp_path):
     """Its summary was its error alone: `kvtrace diff`, `runs` and the dashboard's Overview
     said evictions "–" beside the eviction its Evictions page and diff's evictions-by-reason
-    table showed, and publishes and steps "–" beside its spans."""
+    table showed, publishes and steps "–" beside its spans, and diff its capacity "–"."""
     db, run_id = _failed_before_any_request_finished(tmp_path)
     counts = {r["name"]: r for r in read.span_counts(db, run_id).iter_rows(named=True)}
     assert "kvtrace.request" not in counts and read.hit_counters(db, run_id)["requests"] == 0
@@ -46,6 +46,9 @@ def test_a_run_failed_before_any_request_finished_counts_the_blocks_its_spans_ho
     assert summary["publishes"] == counts["kvtrace.cache.publish"]["blocks"] > 0
     assert summary["steps"] == counts["kvtrace.engine.step"]["spans"] > 0
     assert summary["spans"] == sum(r["spans"] for r in counts.values())
+    # the cache's size, from its config, as a finished run of the preset states it (diff said its
+    # capacity "–" beside its block size)
+    assert (summary["block_size"], summary["capacity_blocks"]) == (512, 10_239)
     # no request counted: no counter, rate or latency (none is 0: not measured, as Overview says)
     assert not {"requests", "prefix_cache_queries", "prefix_cache_hit_rate", "median_ttft_ms"} & summary.keys()
     # the export's run record holds the same summary

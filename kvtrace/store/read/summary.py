@@ -115,7 +115,7 @@ def _summary_from_spans(db: DB, run_id: str) -> dict[str, Any]:
         measured = mode == "live" or (counts and replayed) or SPAN_PUBLISH in counts or SPAN_EVICT in counts
         if not measured:
             return {}
-        summary = {**events, **steps, **spans}
+        summary = {**events, **_configured_sizes(mode, config), **steps, **spans}
     else:
         summary = _request_summary(db, run_id, hits, counts, mode, config, events)
         summary |= {**steps, **spans}
@@ -145,7 +145,8 @@ def _request_summary(db: DB, run_id: str, hits: dict[str, Any], counts: Mapping[
     checked = mode == "engine" and config.get("content") is not False
     return {
         **hits, **totals, **(_block_counts(db, run_id, config) if totals else {}),
-        **(_cache_only_sizes(hits, config) if str(mode or "").startswith("cache-only") else {}),
+        **({"prompt_tokens": hits.get(metrics.COUNTERS[0].key), **_configured_sizes(mode, config)}
+           if str(mode or "").startswith("cache-only") else {}),
         **latency_summary(db, run_id, _recorded_percentiles(config)),
         **events,
         "cow_copies": _cow_copies(db, run_id) if totals and SPAN_COW in counts else 0 if totals else None,
@@ -154,22 +155,25 @@ def _request_summary(db: DB, run_id: str, hits: dict[str, Any], counts: Mapping[
     }
 
 
-def _cache_only_sizes(hits: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
-    """A cache-only run's ``prompt_tokens`` (its queries: each request's one lookup queries its
-    whole prompt) and, from its config, ``capacity_blocks`` (null: unbounded) and the
-    ``block_size`` it re-blocked the trace at (the trace's own, which no span or config
-    records, stays unknown): as its finished summary states them. A stopped cache-only run
-    showed prompt_tokens and its capacity "–" in diff and runs beside the queries it counted."""
+def _configured_sizes(mode: str | None, config: Mapping[str, Any]) -> dict[str, Any]:
+    """The cache's size a run's config states, as its finished summary does: an engine run's
+    ``block_size`` and ``capacity_blocks`` (``_engine_blocks``); a cache-only run's
+    ``capacity_blocks`` (null: unbounded) and the ``block_size`` it re-blocked the trace at (the
+    trace's own, which no span or config records, stays unknown). A stopped cache-only run
+    showed its capacity "–" in runs and diff (and prompt_tokens, which are its queries, beside
+    them); a replay failed before its first request finished, its capacity "–" beside its
+    block size."""
     def size(key: str) -> int | None:
         value = config.get(key)
         return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
 
-    out: dict[str, Any] = {"prompt_tokens": hits.get(metrics.COUNTERS[0].key),
-                           "capacity_blocks": size("capacity_blocks")}
-    if size("block_size") is not None:
-        out["block_size"] = size("block_size")
-    return out
-
+    if mode == "engine":
+        _, unit_size, usable = _engine_blocks(config)
+        return {"block_size": unit_size, "capacity_blocks": usable} if "cache" in config else {}
+    if not str(mode or "").startswith("cache-only"):
+        return {}
+    return {"capacity_blocks": size("capacity_blocks"), **({"block_size": size("block_size")}
+                                                          if size("block_size") is not None else {})}
 
 def _record(db: DB, run_id: str) -> tuple[str | None, Mapping[str, Any]]:
     """The run's mode and config ({} where it records none)."""
