@@ -87,7 +87,10 @@ def shell_word(text: object) -> str:
 
     word = str(text)
     if word.isprintable():
-        return shlex.quote(word)
+        quoted = shlex.quote(word)
+        # (shlex leaves a word of its safe characters bare, "=x.duckdb" too, which zsh, the
+        # macOS shell, reads as the path of a command named x.duckdb: "not found")
+        return f"'{word}'" if quoted == word and word.startswith("=") else quoted
     return "$'" + "".join(_ansi_c(c) for c in word) + "'"
 
 

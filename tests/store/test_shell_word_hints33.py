@@ -43,3 +43,12 @@ def test_converts_hint_names_a_known_workload(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code, _, err = run(["convert", "gen:chat", "-o", "out.jsonl"], capsys)
     assert code == 2 and "`kvtrace generate chat -o FILE`" in err
+
+
+@pytest.mark.parametrize("name", ["=x.duckdb", "=", "==a", "a=b"])
+def test_a_word_beginning_with_an_equals_sign_is_quoted_for_zsh(name):
+    # (zsh's EQUALS option, on by default, reads a bare leading = as a command's path)
+    for word in (shell_word(name), shell_path(name)):
+        assert not word.startswith("="), word
+        done = subprocess.run(["bash", "--norc", "-c", f"printf %s {word}"], capture_output=True, check=False)
+        assert done.stdout == os.fsencode(name)
