@@ -47,6 +47,8 @@ def _check_range(function: str, parameter: str, value: Any) -> None:
             raise BadArgument(function, parameter, f"expected {lo} to {hi:,}, got {shown_value(value)}")
     elif parameter in PERCENTILE_LISTS:
         try:
+            if isinstance(value, (str, bytes)):  # ("50,90" was read character by character: "got '5'")
+                raise TypeError
             qs = list(value)
         except Exception:  # (no iterable, or one whose __iter__ raises: a caller's object)
             raise BadArgument(function, parameter,
