@@ -19,7 +19,9 @@ E2EL with mean, median, population standard deviation and the requested percenti
 (numpy's linear interpolation, ``kvtrace.numeric``), named ``mean_ttft_ms``,
 ``p99_ttft_ms`` ...; kvtrace adds the queueing time. In kvtrace every time is *modelled* by
 the engine's cost model (virtual time), never measured; cache-only runs have no time, so
-their latency fields are None (JSON null), never 0.
+their latency fields are None (JSON null), never 0. So is a statistic without samples where
+vllm bench serve prints 0 (``np.mean(tpots or 0)``): TPOT and ITL of a run whose requests
+all generated one token.
 """
 
 from __future__ import annotations
