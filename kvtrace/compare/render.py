@@ -466,14 +466,12 @@ def fmt(v: float | None, signed: bool = False, fine: bool | None = None) -> str:
         return "–"
     if not isinstance(v, numbers.Real):
         raise ConfigError("value", shown_value(v), "expected a number or None")
-    if isinstance(v, numbers.Integral):
-        v = int(v)
+    v = _plain(v)  # (a subclass's own __int__, __abs__ or __format__ never runs)
+    if isinstance(v, int):
         if abs(v) >= _HUGE:  # (beyond float: its digits, not float's OverflowError)
             return format(decimal.Decimal(v), "+.6g" if signed else ".6g")
-    elif not isinstance(v, float):  # (a numpy float32, a Fraction)
-        v = float(v)
-        if math.isnan(v):
-            return "–"
+    elif math.isnan(v):  # (a numpy float32's, a Fraction's)
+        return "–"
     if isinstance(v, float) and abs(v) < 1e-9:
         v = 0.0
     if (not signed if fine is None else fine) and isinstance(v, float) and 0 < abs(v) < 0.00005:
@@ -491,6 +489,20 @@ def fmt(v: float | None, signed: bool = False, fine: bool | None = None) -> str:
     if not s.strip("-0.,"):  # (rounded to zero: no sign)
         return s.lstrip("-")
     return ("+" if signed and v > 0 else "") + s
+
+
+def _plain(v: numbers.Real) -> int | float:
+    """A number as the plain int or float it is: an int or float subclass's value, read past
+    its own methods (one whose __int__, __abs__ or __format__ raises was that traceback); a
+    numpy number, a Fraction, by its own conversion."""
+    if isinstance(v, int):
+        return int.__int__(v)
+    if isinstance(v, float):
+        return float.__float__(v)
+    try:
+        return int(v) if isinstance(v, numbers.Integral) else float(v)
+    except Exception:  # (an API caller's number type whose conversion raises)
+        raise ConfigError("value", shown_value(v), "expected a number or None") from None
 
 
 def _change(m: MetricDelta) -> str:
@@ -528,14 +540,12 @@ def fmt_rel(rel: float | None, delta: float | None = None, fine: bool = False) -
         return "–"
     if not isinstance(rel, numbers.Real):  # (a str's TypeError from abs, an array's truth ValueError)
         raise ConfigError("rel", shown_value(rel), "expected a number or None")
-    if isinstance(rel, numbers.Integral):
-        rel = int(rel)
+    rel = _plain(rel)
+    if isinstance(rel, int):
         if abs(rel) >= _HUGE / 100:  # (beyond float: its digits, not float's OverflowError)
             return format(decimal.Decimal(rel) * 100, "+.3g") + "%"
-    else:
-        rel = float(rel)
-        if math.isnan(rel):
-            return "–"
+    elif math.isnan(rel):
+        return "–"
     if abs(rel) >= _HUGE / 100:
         return f"{rel * 100:+.3g}%"
     shown = f"{rel * 100:+.1f}%"

@@ -180,3 +180,28 @@ def test_the_notes_refuse_a_code_that_is_no_function():
     one_line(lambda: render.times_note(diff(), code="x"), "code")
     one_line(lambda: render.backend_note(diff(), code=None), "code")
     assert render.times_note(diff(), code=str).startswith("Times:")
+
+
+class HostileFloat(float):
+    def __format__(self, spec):
+        raise RuntimeError("format")
+
+    def __abs__(self):
+        raise RuntimeError("abs")
+
+
+class HostileInt(int):
+    def __format__(self, spec):
+        raise RuntimeError("format")
+
+    def __int__(self):
+        raise RuntimeError("int")
+
+    def __abs__(self):
+        raise RuntimeError("abs")
+
+
+def test_fmt_and_fmt_rel_read_a_number_subclass_past_its_own_methods():
+    assert render.fmt(HostileFloat(1.5)) == "1.500" and render.fmt(HostileInt(3)) == "3"
+    assert render.fmt_rel(HostileFloat(0.5)) == "+50.0%" and render.fmt_rel(HostileInt(3)) == "+300.0%"
+    assert render.fmt(np.float32(1.5)) == "1.500" and render.fmt(np.float32("nan")) == "–"
