@@ -14,6 +14,7 @@ import json
 import os
 import re
 import secrets
+import stat
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -360,6 +361,8 @@ def _put_back_or_remove(path: str) -> None:
     between setting it aside and renaming its new file in, and removing it lost that file for
     good once the next export failed or was stopped. Put back by a hard link, which never
     replaces a file that took its place meanwhile (then the set-aside one goes)."""
+    if not stat.S_ISREG(os.lstat(path).st_mode):  # (kvtrace writes files alone: a link or folder is not its)
+        return
     name = os.path.basename(path)
     if name.endswith(".old"):
         target = os.path.join(os.path.dirname(path), f"{name[1:].split('.', 1)[0]}.parquet")

@@ -81,3 +81,18 @@ def test_a_users_file_that_only_looks_like_a_hidden_one_stays(scenario_db, tmp_p
     (out / name).write_bytes(b"mine")
     export_parquet(db, first, out)
     assert (out / name).read_bytes() == b"mine"
+
+
+def test_a_folder_or_link_named_like_a_dead_exports_file_stays(scenario_db, tmp_path):
+    db, first = scenario_db
+    out = tmp_path / "out"
+    out.mkdir()
+    folder = out / ".spans.999999-abcdef012345.parquet.tmp.old"
+    folder.mkdir()
+    (folder / "mine").write_bytes(b"mine")
+    mine = tmp_path / "mine.txt"
+    mine.write_bytes(b"mine")
+    link = out / ".runs.999999-abcdef012345.parquet.tmp"
+    link.symlink_to(mine)
+    export_parquet(db, first, out)
+    assert (folder / "mine").read_bytes() == b"mine" and link.is_symlink() and mine.read_bytes() == b"mine"
