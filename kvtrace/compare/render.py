@@ -392,7 +392,8 @@ def render(diff: RunDiff, console: Any = None, metrics: Iterable[str] | None = N
     _check_flag("detail", detail)
     if console is not None and not callable(getattr(console, "print", None)):
         raise ConfigError("console", shown_value(console), "expected a rich Console (or None: stdout)")
-    own = console is None  # (stdout's: a column left out is said on stderr, as runs and sweep say it)
+    # (stdout's, study's too: a column left out is said on stderr, as runs and sweep say it)
+    own = console is None or getattr(console, "file", None) is sys.stdout
     console = console or stdout_console()
     for side, run in (("A", diff.run_a), ("B", diff.run_b)):
         if run.get("status") not in (None, "complete"):

@@ -46,3 +46,11 @@ def test_stdouts_table_names_the_left_out_column_on_stderr(monkeypatch, capsys):
     render.render(diff())
     assert render.REL_LEFT_OUT in capsys.readouterr().err and "left out" not in buffer.getvalue()
     assert LONG in buffer.getvalue()
+
+
+def test_a_console_on_stdout_names_it_on_stderr_too(capsys):
+    import sys
+
+    render.render(diff(), Console(width=80, file=sys.stdout, color_system=None))  # (study's console)
+    captured = capsys.readouterr()
+    assert render.REL_LEFT_OUT in captured.err and "left out" not in captured.out and LONG in captured.out
