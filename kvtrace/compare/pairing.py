@@ -196,7 +196,7 @@ def study_command(a: Mapping[str, Any], db: str) -> str:
     # the first N requests only (a run of the whole trace is another trace, never paired with
     # it): a file's digest says so; a generated workload's digest is of what it generated,
     # the requests its summary counts
-    limit = re.search(r":limit=(\d+)", str(a.get("trace_digest") or ""))
+    limit = re.search(r":limit=([0-9]+)", str(a.get("trace_digest") or ""))  # (ASCII: as --limit takes them)
     summary = _parsed(a.get("summary"))
     requests = summary.get("requests") if isinstance(summary, dict) else None
     if limit:
@@ -205,7 +205,7 @@ def study_command(a: Mapping[str, Any], db: str) -> str:
         workload_flags = f" --limit {requests}"
     else:
         workload_flags = ""
-    read_at = re.search(r":trace_block_size=(\d+)", str(a.get("trace_digest") or ""))
+    read_at = re.search(r":trace_block_size=([0-9]+)", str(a.get("trace_digest") or ""))
     if read_at:  # (the file read at its --trace-block-size: at the default its ids count other tokens)
         workload_flags += f" --trace-block-size {read_at.group(1)}"
     seed = cfg.get("seed")  # (a generated workload's: another seed generates other requests)

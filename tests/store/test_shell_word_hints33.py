@@ -52,3 +52,15 @@ def test_a_word_beginning_with_an_equals_sign_is_quoted_for_zsh(name):
         assert not word.startswith("="), word
         done = subprocess.run(["bash", "--norc", "-c", f"printf %s {word}"], capture_output=True, check=False)
         assert done.stdout == os.fsencode(name)
+
+
+def test_the_pairing_hint_takes_a_records_limit_in_ascii_digits_alone():
+    # (a collected record's digest is its sender's text: "\\d" took "٣" and "１６", which --limit
+    # and --trace-block-size refuse, as the README says of numbers typed)
+    from kvtrace.compare.pairing import study_command
+
+    run = {"mode": "cache-only/lru", "trace_source": "t.jsonl", "config": {"capacity_blocks": 5, "policy": "lru"}}
+    odd = study_command({**run, "trace_digest": "d:limit=٣:trace_block_size=１６"}, "s.duckdb")
+    assert "--limit" not in odd and "--trace-block-size" not in odd and odd.isascii()
+    plain = study_command({**run, "trace_digest": "d:limit=30:trace_block_size=16"}, "s.duckdb")
+    assert "--limit 30 --trace-block-size 16" in plain
