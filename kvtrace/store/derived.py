@@ -44,13 +44,17 @@ from kvtrace.store.schema import (
 # Per-request latency samples (ns) of $run_id, one SELECT per metric (kvtrace.metrics.
 # LATENCIES, vllm bench serve's definitions), column ``v``.
 _ARRIVAL = "coalesce(arrival_ns, start_ns)"
+_TTFT = f"coalesce(ttft_ns, first_token_ns - {_ARRIVAL})"
+_E2EL = f"end_ns - {_ARRIVAL}"
 _REQ = f"FROM request_spans WHERE run_id = $run_id AND name = '{SPAN_REQUEST}'"
 LATENCY_VALUES = {
-    "ttft": f"SELECT coalesce(ttft_ns, first_token_ns - {_ARRIVAL}) AS v {_REQ}",
-    # (E2EL - TTFT) / (output tokens - 1): the last token minus the first, over the gaps
-    "tpot": f"SELECT (end_ns - first_token_ns) / (num_output_tokens - 1) AS v {_REQ} AND num_output_tokens > 1",
+    "ttft": f"SELECT {_TTFT} AS v {_REQ}",
+    # (E2EL - TTFT) / (output tokens - 1), of the two samples above (the last token minus the
+    # first for a kvtrace span; a sender's span that gives its TTFT and no first token time had
+    # a TTFT and an E2EL and no TPOT, where vllm bench serve computes it from those two)
+    "tpot": f"SELECT (({_E2EL}) - {_TTFT}) / (num_output_tokens - 1) AS v {_REQ} AND num_output_tokens > 1",
     "itl": f"SELECT unnest(itl_ns) AS v {_REQ}",
-    "e2el": f"SELECT end_ns - {_ARRIVAL} AS v {_REQ}",
+    "e2el": f"SELECT {_E2EL} AS v {_REQ}",
     "queue": f"SELECT first_scheduled_ns - {_ARRIVAL} AS v {_REQ}",
 }
 # The CDF every latency chart draws: percentiles 0, 0.1, ..., 100 of the samples, each
