@@ -285,6 +285,9 @@ BACKEND_RESOURCE_KEY = "kvtrace.backend"
 # values: the JSON array of their attribute keys (kvtrace.instrument.span_kinds).
 INFERRED_ATTRIBUTE = "kvtrace.inferred"
 SEQ_ATTRIBUTE = "kvtrace.seq"
+# A sender's kvtrace.seq of a named run at most: the store numbers a span sent without one on past
+# it, in int64 (both collector paths hold a named run's spans to 0..MAX_SENT_SEQ)
+MAX_SENT_SEQ = (1 << 62) - 1
 SPAN_RUN = "kvtrace.run"
 RUN_RECORD_PREFIX = "kvtrace.run."
 

@@ -77,6 +77,7 @@ from kvtrace.metrics import SPANS_MISSING
 from kvtrace.process import bracketed, is_ipv6, port_in_use, sigterm_as_interrupt, unbracketed
 from kvtrace.store.clickhouse.run_rules import RecordRefused, run_record, sent_span_count, short_summary, summary_object
 from kvtrace.store.schema import (
+    MAX_SENT_SEQ,
     RECORDED_RUNS_TABLE,
     RUN_RECORD_PREFIX,
     SEQ_ATTRIBUTE,
@@ -224,14 +225,19 @@ class _HeldSeqs:
             k += 1
 
 
-MAX_SEQ = (1 << 62) - 1  # a sender's kvtrace.seq at most: the store numbers on past it in int64
+MAX_SEQ = MAX_SENT_SEQ  # a sender's kvtrace.seq at most: the store numbers on past it in int64
 
 
 def _sent_seq(attributes: dict | None, where: str) -> int | None:
-    """A span's ``kvtrace.seq`` (its place in its kvtrace run), None when it has none."""
+    """A span's ``kvtrace.seq`` (its place in its kvtrace run), None when it has none; read as the
+    exporter's text of it, as the ClickHouse path reads it and both read a count (README: a whole
+    number, "7" or 7.0): "5" and 5.0 were a 400 here and seq 5 there."""
     value = (attributes or {}).get(SEQ_ATTRIBUTE)
     if value is None:
         return None
+    text = run_id_text(value)
+    if text.isascii() and text.isdigit() and len(text) <= 19 and int(text) <= MAX_SEQ:
+        return int(text)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEQ:
         raise PayloadError(f"{where}: {SEQ_ATTRIBUTE}: expected an integer from 0 to 2^62 - 1 (the span's place "
                            f"in its run), got {value!r}"[:300])

@@ -45,6 +45,7 @@ from kvtrace.store.schema import (
     FAMILIES,
     GENAI_CACHE_READ,
     MAX_RUN_ID_CHARS,
+    MAX_SENT_SEQ,
     MAX_SPAN_COUNT,
     NUM_BLOCKS_COLUMN,
     OTHER_TABLE,
@@ -224,6 +225,17 @@ _IDS_PROBLEMS = (  # (condition, reason) of the envelope's ids and times, read b
 _RUN_ID_PROBLEM = (
     f"mapContains(ResourceAttributes, {_q(RUN_ID_RESOURCE_KEY)}) AND {run_id_refused_sql(_RUN_ID_TEXT)}",
     f"'resource {RUN_ID_RESOURCE_KEY}: expected 1 to {MAX_RUN_ID_CHARS} printable characters without spaces'")
+# A named run's span's kvtrace.seq (its place in its run) that `kvtrace collect` refuses (``_sent_seq``: a
+# whole number from 0 to 2^62 - 1, read as the exporter's text; one value): -5 or 2^62 was stored at that
+# seq here, 'x' or 1.5 at its start time, and of two values the first taken
+_SEQ_TEXT = f"SpanAttributes[{_q(SEQ_ATTRIBUTE)}]"
+_SEQ_PROBLEM = (
+    f"{_RUN_ID_TEXT} != '' AND length(arrayDistinct(arrayFilter((_v, _k) -> _k = {_q(SEQ_ATTRIBUTE)}, "
+    "mapValues(SpanAttributes), mapKeys(SpanAttributes)))) > 1",
+    _q(f"attribute {SEQ_ATTRIBUTE!r} given twice with two values (an attribute key is unique)"),
+    f"{_RUN_ID_TEXT} != '' AND mapContains(SpanAttributes, {_q(SEQ_ATTRIBUTE)}) AND NOT (match({_SEQ_TEXT}, "
+    f"'^[0-9]{{1,19}}$') AND toInt128OrNull({_SEQ_TEXT}) <= {MAX_SENT_SEQ})",
+    _q(f"{SEQ_ATTRIBUTE}: expected an integer from 0 to 2^62 - 1 (the span's place in its run)"))
 _ENVELOPE_PROBLEM = (
     "multiIf(" + ", ".join(_IDS_PROBLEMS) + ", "
     f"mapContains(ResourceAttributes, {_q(TIME_OFFSET_RESOURCE_KEY)}) "
@@ -231,7 +243,7 @@ _ENVELOPE_PROBLEM = (
     f"'resource {TIME_OFFSET_RESOURCE_KEY}: not an integer of ns from 0 to 2^63', "
     f"toUnixTimestamp64Nano(Timestamp) < {_OFFSET}, 'the span starts before the resource''s "
     f"{TIME_OFFSET_RESOURCE_KEY}', "
-    + ", ".join(_RUN_ID_PROBLEM) + ", "
+    + ", ".join(_RUN_ID_PROBLEM) + ", " + ", ".join(_SEQ_PROBLEM) + ", "
     # a NaN or infinity in a number column (the exporter's text of it: Go's encoding/json error),
     # which collect refuses (``convert._floats``) whatever the span's name: it was kept as an extra
     + "".join(f"SpanAttributes[{_q(c.attr)}] IN ({', '.join(map(_q, _UNSUPPORTED))}), "
