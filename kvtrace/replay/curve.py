@@ -192,8 +192,10 @@ def auto_capacities(requests: Sequence[TraceRequest], block_size: int | None = N
 MAX_CURVE_POINTS = 10_000  # capacities of one curve (as a sweep's combinations)
 
 
-def parse_capacities(text: str) -> list[int | None] | None:
-    """``auto`` -> None; ``C1,C2,...`` (``inf`` for the unbounded cache) -> the list."""
+def parse_capacities(text: str, engine: bool = False) -> list[int | None] | None:
+    """``auto`` -> None; ``C1,C2,...`` (``inf`` for the unbounded cache) -> the list.
+    ``engine``: an engine curve's, whose capacities the engine bounds (each is validated as
+    replay's --capacity-blocks is): cache-only's bound and its advice (inf) are not its."""
     from kvtrace.replay.run import is_unbounded
 
     if not isinstance(text, str):  # (None, 5 or a list: an AttributeError)
@@ -205,12 +207,19 @@ def parse_capacities(text: str) -> list[int | None] | None:
         if is_unbounded(part):
             out.append(None)
             continue
-        if not (part.isascii() and part.isdigit()) or int(part) < 1:  # ('²'.isdigit() holds)
+        digits = part.lstrip("0")  # (int() of past 4,300 digits raised: a ValueError traceback)
+        if not (part.isascii() and part.isdigit()) or not digits:  # ('²'.isdigit() holds)
             raise ConfigError("--capacities", text, "expected auto, or block counts >= 1 (and inf) joined by commas")
-        if int(part) > MAX_CAPACITY_BLOCKS:  # one bound with replay's --capacity-blocks
+        if engine:
+            if len(digits) > 40:  # (a smaller one is the engine's to bound, as replay's --capacity-blocks is)
+                from kvtrace.cache.config import MAX_BLOCKS
+
+                raise ConfigError("--capacities", part, f"beyond what kvtrace can hold (at most {MAX_BLOCKS:,} "
+                                                        "blocks)")
+        elif len(digits) > 40 or int(digits) > MAX_CAPACITY_BLOCKS:  # one bound with replay's --capacity-blocks
             raise ConfigError("--capacities", part, f"at most {MAX_CAPACITY_BLOCKS:,} blocks (a bounded pool's "
                                                     "limit); say inf for the unbounded cache")
-        out.append(int(part))
+        out.append(int(digits))
     if not out:
         raise ConfigError("--capacities", text, "no capacities given")
     if len(set(out)) > MAX_CURVE_POINTS:  # (each a replay in engine mode, or for the Belady bound)
@@ -317,7 +326,7 @@ def run_curve(spec, capacities: str, *, policies: Sequence[str] | None = None, d
     for flag, given in (("--capacity-blocks", spec.capacity_blocks), ("--capacity-tokens", spec.capacity_tokens)):
         if given is not None:
             raise ConfigError(flag, str(given), "a curve sweeps the capacity itself; give --capacities instead")
-    wanted = parse_capacities(capacities)
+    wanted = parse_capacities(capacities, engine=spec.mode == "engine")
     from kvtrace.replay.sweep import check_workers
 
     check_workers(workers, ray_address)
