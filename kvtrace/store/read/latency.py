@@ -18,9 +18,13 @@ from kvtrace.store.read._api import BadArgument, checked
 from kvtrace.store.read._sql import DB, Connection, open_run, query, with_run
 from kvtrace.store.schema import COPY_REASON_EXTERNAL, SPAN_COW, SPAN_EVICT, SPAN_LOOKUP, SPAN_REQUEST
 
-_REQUEST_COLUMNS = """
+# A request's first token: its time, or (a sender's span that states its TTFT alone) its
+# arrival plus that TTFT, which a collector holds equal where both are given (REQUEST_TTFT):
+# its gaps had no token times, and ITL over time left out gaps the ITL statistics count
+_FIRST_TOKEN = "coalesce(first_token_ns, coalesce(arrival_ns, start_ns) + ttft_ns)"
+_REQUEST_COLUMNS = f"""
     request_id, session_id, coalesce(arrival_ns, start_ns) AS arrival_ns, first_scheduled_ns,
-    first_token_ns, end_ns AS finish_ns,
+    {_FIRST_TOKEN} AS first_token_ns, end_ns AS finish_ns,
     first_scheduled_ns - coalesce(arrival_ns, start_ns) AS queue_ns,
     coalesce(ttft_ns, first_token_ns - coalesce(arrival_ns, start_ns)) AS ttft_ns,
     end_ns - coalesce(arrival_ns, start_ns) AS e2el_ns,
@@ -73,7 +77,7 @@ def itl_gaps(db: DB, run_id: str, request_id: str | None = None) -> pl.DataFrame
     the gap after the first token), token_ns (time of the token that ends the gap), gap_ns."""
     return with_run(db, run_id, f"""
         WITH r AS (
-            SELECT request_id, first_token_ns, unnest(itl_ns) AS gap_ns,
+            SELECT request_id, {_FIRST_TOKEN} AS first_token_ns, unnest(itl_ns) AS gap_ns,
                    unnest(range(1, len(itl_ns) + 1)) AS index
             FROM request_spans WHERE run_id = $run_id AND name = '{SPAN_REQUEST}'
               AND ($rid IS NULL OR request_id = $rid)
@@ -164,9 +168,9 @@ def itl_over_time(db: DB, run_id: str, window_ns: int | None = None,
     over the window's gaps), max_itl_ns."""
     frame = with_run(db, run_id, f"""
         WITH r AS (
-            SELECT request_id, first_token_ns, unnest(itl_ns) AS gap_ns,
+            SELECT request_id, {_FIRST_TOKEN} AS first_token_ns, unnest(itl_ns) AS gap_ns,
                    unnest(range(1, len(itl_ns) + 1)) AS index
-            FROM request_spans WHERE run_id = $run_id AND name = '{SPAN_REQUEST}' AND first_token_ns IS NOT NULL
+            FROM request_spans WHERE run_id = $run_id AND name = '{SPAN_REQUEST}' AND {_FIRST_TOKEN} IS NOT NULL
         ),
         t AS (
             SELECT first_token_ns + sum(gap_ns) OVER (PARTITION BY request_id ORDER BY index) AS token_ns, gap_ns
