@@ -55,6 +55,7 @@ from typing import Any
 
 from kvtrace.cache import ALL_BEHAVIOURS, CacheConfig, KVCacheManager
 from kvtrace.errors import ConfigError, KVTraceError
+from kvtrace.names import printable
 
 FIELDS = ("chunk", "hit_tokens", "hit_blocks", "shared_prefix_boundary", "allocation", "block_table", "copies",
           "cached_keys", "events")
@@ -572,4 +573,6 @@ def format_report(result: ConformanceResult) -> list[str]:
         if run.stopped:
             lines.append(f"  stopped: {run.stopped}")
     lines.append("agree" if result.agree else "DISAGREE")
-    return lines
+    # (a trace path or request id of the user's is shown as printable text: an escape sequence in
+    # a file name recoloured the terminal)
+    return [printable(line) for line in lines]
