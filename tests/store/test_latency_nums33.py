@@ -67,3 +67,6 @@ def test_a_request_span_with_its_ttft_and_no_first_token_time_has_its_gaps_over_
     gaps = read.itl_gaps(db, run_id)
     assert gaps["token_ns"].to_list() == [8_000, 11_000, 8_000, 11_000]
     assert read.itl_over_time(db, run_id)["gaps"].sum() == 4
+    # and its waterfall's decode segment, from that first token to its end
+    decode = read.request_waterfall(db, run_id, "q1").filter(segment="decode")
+    assert decode.select("start_ns", "end_ns").rows() == [(5_000, 11_000)]

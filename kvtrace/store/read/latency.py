@@ -228,7 +228,7 @@ def request_waterfall(db: DB, run_id: str, request_id: str) -> pl.DataFrame:
             SELECT 'prefill', c.start_ns, c.end_ns, c.num_tokens, NULL
             FROM (SELECT unnest(prefill_chunks) AS c FROM req)
             UNION ALL
-            SELECT 'decode', first_token_ns, end_ns, num_output_tokens, NULL FROM req
+            SELECT 'decode', {_FIRST_TOKEN}, end_ns, num_output_tokens, NULL FROM req
             UNION ALL
             SELECT 'cache_hit', l.start_ns, l.end_ns, l.num_hit_tokens,
                    printf('%d/%d tokens hit at admission, %d external', coalesce(l.num_hit_tokens, 0),
