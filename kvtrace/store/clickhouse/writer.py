@@ -37,6 +37,7 @@ from kvtrace.store.schema import (
     RECORDED_RUNS_TABLE,
     RUN_COLUMNS,
     SCHEMA_VERSION,
+    SEQ_COLUMN,
     SHIFTED_COLUMNS,
     SPAN_TABLES,
     STORE_MAGIC,
@@ -63,6 +64,20 @@ def _trim_partial_flush(con: client.ClickHouseConnection, run_id: str) -> None:
     for table in SPAN_TABLES:
         con.command(f"DELETE FROM {table} WHERE run_id = {{r:String}} AND seq >= {{s:Int64}}",
                     {**params, "s": int(first)})
+
+
+def _take_back(con: client.ClickHouseConnection, done: list[tuple[str, str, list[int]]]) -> None:
+    """The rows a flush that failed part way inserted (family, run id, their seq), deleted again, as
+    far as the store lets (best effort: the failure itself is what the caller answers with). A flush
+    is one insert per family, no transaction: a failure after the first kept its rows, and the
+    sender's retry of the request (a collector answers the failure 503) stored them again, two spans
+    at one seq."""
+    for family, run_id, seqs in done:
+        try:
+            con.command(f"DELETE FROM {family} WHERE run_id = {{r:String}} AND has({{s:Array(Int64)}}, seq)",
+                        {"r": run_id, "s": seqs})
+        except Exception:
+            continue
 
 
 _CREATING = threading.Lock()
@@ -311,13 +326,19 @@ class ClickHouseStore(Store):
         with self._connect() as con, signals_held():
             # every insert of the flush and the buffer's forgetting, uncut by Ctrl-C or SIGTERM
             # (no transaction: the interrupt's own flush inserted the first families again)
-            for family, run_id, rows in inserts:
-                offset = offsets[run_id]
-                rows = _shift(rows, offset)
-                n = rows.num_rows
-                rows = rows.append_column("run_id", pa.repeat(pa.scalar(run_id, pa.string()), n))
-                rows = rows.append_column(TIME_OFFSET_COLUMN, pa.repeat(pa.scalar(offset, pa.int64()), n))
-                con.insert_arrow(family, rows)
+            done: list[tuple[str, str, list[int]]] = []
+            try:
+                for family, run_id, rows in inserts:
+                    offset = offsets[run_id]
+                    rows = _shift(rows, offset)
+                    n = rows.num_rows
+                    rows = rows.append_column("run_id", pa.repeat(pa.scalar(run_id, pa.string()), n))
+                    rows = rows.append_column(TIME_OFFSET_COLUMN, pa.repeat(pa.scalar(offset, pa.int64()), n))
+                    con.insert_arrow(family, rows)
+                    done.append((family, run_id, rows.column(SEQ_COLUMN).to_pylist()))
+            except BaseException:
+                _take_back(con, done)
+                raise
             self._buffer, self._buffered_rows = [], 0
 
 
