@@ -694,7 +694,7 @@ def _on_ray_driver(ray, specs: list[RunSpec], keep: bool, address: str,
         started = True
     try:
         _held_stop(held, stops)  # (a stop while Ray started: the command's, now that shutdown ends it all)
-        gcs = _gcs_address(ray)
+        gcs = _gcs_address(ray, address)
         task = ray.remote(_replay_one)
         refs: list = []  # every task submitted so far, in spec order
 
@@ -763,8 +763,16 @@ def _stops_held(ray, came: list[int]) -> Iterator[None]:
             utils.set_sigterm_handler = install  # type: ignore[union-attr]
 
 
-def _gcs_address(ray) -> str | None:
-    """HOST:PORT of the cluster's GCS, as this driver reached it (None: Ray does not say)."""
+def _gcs_address(ray, address: str) -> str | None:
+    """HOST:PORT of the cluster's GCS as this driver reaches it: the --ray HOST:PORT given
+    (the address the cluster calls its own may be one this machine does not reach), or for
+    auto and local the one Ray connected to; None (no watch) for a Ray Client's ray://, whose
+    driver talks to the cluster through its client server alone."""
+    if address.startswith("ray://"):
+        return None
+    if address not in ("auto", "local"):
+        host, port = ray_host_port(address)
+        return f"{host}:{port}"
     try:
         found = ray.get_runtime_context().gcs_address
     except Exception:  # (an older or newer Ray's runtime context: the wait then has no watch)
