@@ -60,6 +60,12 @@ def strict_json(text: str) -> Any:
     return decoded
 
 
+def _reason(err: ValueError) -> str:
+    """Why ``strict_json`` refused a text, in one short line (json's own message names the place:
+    "Expecting value: line 1 column 1 (char 0)")."""
+    return str(err).splitlines()[0][:120] if str(err) else type(err).__name__
+
+
 def summary_object(summary: object) -> dict | None:
     """A summary's JSON text as an object, None where it is none (a store's summary, read back
     at a restart, may be damaged)."""
@@ -114,12 +120,13 @@ def run_record(attributes: Mapping[str, Any]) -> dict:
         if problem is not None:
             raise RecordRefused(f"{RUN_RECORD_PREFIX}{key}: {problem}"[:300])
     if summary is not None:
+        why = ""  # (strict_json's reason: "expected a JSON object" alone was said of one nested too deep)
         try:
             decoded = strict_json(summary) if isinstance(summary, str) else None
-        except ValueError:
-            decoded = None
+        except ValueError as err:
+            decoded, why = None, f" ({_reason(err)})"
         if not isinstance(decoded, dict):
-            raise RecordRefused(f"{RUN_RECORD_PREFIX}summary: expected a JSON object as a string")
+            raise RecordRefused(f"{RUN_RECORD_PREFIX}summary: expected a JSON object as a string{why}"[:300])
         # (a rate of 7.5 showed as 750%, a count of "many" as text; 9 hits of 5 queries, a rate its
         # counters do not give, evictions their reasons do not add up to, a p99 under its p50)
         if SPANS_MISSING in decoded:  # (a collector's own finding: sent, it made a sender's incomplete completable)
@@ -149,15 +156,16 @@ def run_record(attributes: Mapping[str, Any]) -> dict:
                                     f"offset, got {value[:80]!r}")
             value = in_utc
         if key in ("config", "behaviours"):
+            why = ""
             try:
                 decoded_field = strict_json(value)
-            except ValueError:
-                decoded_field = None
+            except ValueError as err:
+                decoded_field, why = None, f" ({_reason(err)})"
             kind = dict if key == "config" else list
             if not isinstance(decoded_field, kind) or (
                     key == "behaviours" and not all(isinstance(b, str) for b in decoded_field)):
                 what = "a JSON object" if key == "config" else "a JSON list of names"
-                raise RecordRefused(f"{RUN_RECORD_PREFIX}{key}: expected {what} as a string")
+                raise RecordRefused(f"{RUN_RECORD_PREFIX}{key}: expected {what} as a string{why}"[:300])
             if isinstance(decoded_field, dict):  # (what every listing names a backend by: `runs` showed "7 ['x'] @ 5")
                 bad = next((k for k in CONFIG_TEXT_KEYS
                             if k in decoded_field and not isinstance(decoded_field[k], str)), None)
