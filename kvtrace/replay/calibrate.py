@@ -64,6 +64,7 @@ from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
 
+import msgspec
 import numpy as np
 
 from kvtrace.engine.clock import COEFFICIENTS, FITTED_TERMS, CostModel, StepWork, prefill_pairs
@@ -76,6 +77,7 @@ from kvtrace.workload.lines import (
     compressed_problem,
     csv_problem,
     decoded_lines,
+    refuse_repeated_keys,
     row_nul_problem,
 )
 
@@ -358,15 +360,25 @@ class _Rates:
         return self._left_of(hi - self.origin) - self._left_of(lo - self.origin)
 
 
+# what a bench result's reading takes from it: each refused when given twice with two values
+_BENCH_KEYS = frozenset(("input_lens", "output_lens", "ttfts", "itls", "errors", "start_times", "max_concurrency",
+                         "duration"))
+
+
 def bench_serve_observations(path: str, max_num_batched_tokens: int) -> list[Observation]:
     shown = printable(path)
     try:
         with open(path, "rb") as f:
-            doc = json.loads(f.read())
+            raw = f.read()
+        doc = json.loads(raw)
     except OSError as e:
         raise KVTraceError(f"{shown}: cannot read: {e.strerror}") from None
     except (UnicodeDecodeError, ValueError, RecursionError) as e:  # (too deep; an int of 5,000 digits)
         raise KVTraceError(f"{shown}: not a vllm bench serve result JSON ({type(e).__name__}: {e})"[:200]) from None
+    try:  # (a key given twice: the last one was fitted without a word, where trace files take neither)
+        refuse_repeated_keys(raw, _BENCH_KEYS)
+    except msgspec.ValidationError as e:
+        raise KVTraceError(f"{shown}: {e}") from None
     if not isinstance(doc, dict):
         raise KVTraceError(f"{shown}: expected a JSON object (a vllm bench serve result)")
     needed = ("input_lens", "output_lens", "ttfts", "itls")
