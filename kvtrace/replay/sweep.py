@@ -652,8 +652,35 @@ def _on_ray(specs: list[RunSpec], keep: bool, address: str,
     # by a cancel) Ray prints from a thread of its own on stdout, log_to_driver or not: it
     # broke `--json`'s one document (and the table's stdout) after a retry the sweep survived.
     # While this process is Ray's driver its stdout is stderr; the command prints after.
-    with contextlib.redirect_stdout(sys.stderr), _on_ray_driver(ray, specs, keep, address, in_flight) as results:
-        yield results
+    sent = [_resolved(s) for s in specs]
+    with contextlib.redirect_stdout(sys.stderr), _on_ray_driver(ray, sent, keep, address, in_flight) as results:
+        yield (_as_typed(item, spec, to) for item, spec, to in zip(results, specs, sent))
+
+
+def _resolved(spec: RunSpec) -> RunSpec:
+    """``spec`` with its trace and --config paths absolute: a Ray task opens them in its
+    worker's directory (the cluster's, wherever it was started), not this command's; a
+    relative trace was 'no such file or directory' there."""
+    from kvtrace.replay.run import GENERATED_PREFIX
+
+    changes: dict[str, Any] = {}
+    if not spec.trace.startswith(GENERATED_PREFIX) and not os.path.isabs(spec.trace):
+        changes["trace"] = os.path.abspath(spec.trace)
+    if spec.config_file and not os.path.isabs(spec.config_file):
+        changes["config_file"] = os.path.abspath(spec.config_file)
+    return replace(spec, **changes) if changes else spec
+
+
+def _as_typed(item: Replayed, spec: RunSpec, sent: RunSpec) -> Replayed:
+    """A Ray task's replay of ``sent`` (its paths resolved) recording the trace as ``spec``
+    names it, as the same replay run here records it."""
+    if sent.trace != spec.trace:
+        res = item[0]
+        if res.record.get("trace_source") == sent.trace:
+            res.record["trace_source"] = spec.trace
+        if res.summary.get("trace") == sent.trace:
+            res.summary["trace"] = spec.trace
+    return item
 
 
 @contextlib.contextmanager
