@@ -11,10 +11,12 @@ import json
 import duckdb
 import pytest
 
+from kvtrace.instrument.otlp import OTLPCollector
 from kvtrace.store import Store
 from kvtrace.store.backend import clickhouse_target
 from kvtrace.store.clickhouse import client
 from kvtrace.store.read import run, runs
+from tests.instrument.helpers import post_otlp_json
 from tests.instrument.test_collect_records_rec32 import _collect, _named, _record, _span
 
 SECOND = {"status": "failed", "digest": "d2", "summary": json.dumps({"requests": 2})}
@@ -83,3 +85,29 @@ def test_a_chdb_store_made_before_the_mark_opens_and_gains_it(tmp_path):
     _collect(db, _named("s", [_record(status="complete")], 11))
     again = _collect(db, _named("s", [_record(**SECOND)], 21))
     assert (run(db, "s")["status"], run(db, "s")["digest"], again.runs_recorded) == ("complete", None, 0)
+
+
+def test_a_record_whose_finish_failed_still_finishes_its_run_after_a_restart(tmp_path, monkeypatch):
+    """Its name was written before the finish that failed: a restarted collector took the run's row for
+    one a record had finished, and the record sent again finished nothing (the run stayed incomplete)."""
+    db = _db(tmp_path, "duckdb")
+    collector = OTLPCollector(db, port=0).start()
+    finish = collector.store._finish
+
+    def fails_for_r(run_id, *args):
+        if run_id == "r":
+            raise ValueError("derived tables: overflow")
+        return finish(run_id, *args)
+
+    monkeypatch.setattr(collector.store, "_finish", fails_for_r)
+    doc = _named("r", [_span(0), _record(status="complete", name="mine", digest="d1")], 1)
+    try:
+        assert post_otlp_json(collector.url, doc)[0] == 200
+    finally:
+        collector.stop()
+    monkeypatch.undo()
+    with duckdb.connect(db) as con:  # (what a restarted process's recovery makes of it: its writer is gone)
+        con.execute("UPDATE runs SET status = 'incomplete' WHERE run_id = 'r' AND status = 'running'")
+    again = _collect(db, _named("r", [_record(status="complete", name="mine", digest="d1")], 11))
+    got = run(db, "r")
+    assert (got["status"], got["digest"], got["name"], again.runs_recorded) == ("complete", "d1", "mine", 1)

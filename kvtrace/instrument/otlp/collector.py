@@ -752,12 +752,17 @@ class OTLPCollector:
             record["status"] = "incomplete"
             _log.warning("run %s: its sender numbered %d spans, %d of them stored: incomplete until the rest come",
                          run_id, sent, held.count_below(sent))
-        try:  # (its name, trace, config and behaviours, as a ClickHouse collector's runs keep them)
+        # (one that failed is not counted as finished by its record; one that did is marked so in the store)
+        if not self._finish(run_id, recorded=True, **record):
+            return False
+        # its name, trace, config and behaviours, as a ClickHouse collector's runs keep them: once it is finished
+        # (described before a finish that failed, a restarted collector took the record's name in its row for a
+        # record's finish, and the record sent again finished nothing)
+        try:
             self.store.describe_run(run_id, **described)
         except Exception as err:
             _log.warning("run %s: record fields not kept (%s: %s)", run_id, type(err).__name__, err)
-        # (one that failed is not counted as finished by its record; one that did is marked so in the store)
-        return self._finish(run_id, recorded=True, **record)
+        return True
 
     def _finish(self, run_id: str, **record) -> bool:
         """Finish a run (False where it failed); a failure (its derived tables, the store) is one
