@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import re
+from itertools import pairwise
 
 import pytest
 
+from kvtrace.numeric import percentiles
+from kvtrace.replay.cache_only import as_block_requests, block_keys
 from kvtrace.replay.generate import write_generated
 from kvtrace.replay.readers import read_trace
 from kvtrace.replay.run import RunSpec, run_replay
@@ -43,6 +46,15 @@ def test_trace_characterisation_values(run_notebook, trace, tmp_path):
     # With room for everything, the block hit rate is the compulsory-miss bound.
     assert result["lru_block_hit_rate"][-1] == pytest.approx(result["reuse_fraction"])
     assert result["interarrival_cv"] is not None and result["interarrival_cv"] > 0
+    # The reuse gaps' percentiles are kvtrace.numeric's, every view's (polars' linear quantile differed in
+    # the last bit): the gaps between a block's consecutive references, by the cache's own block keys.
+    keys = block_keys(as_block_requests(requests, None)[0])
+    seen: dict[int, list[int]] = {}
+    for req, ks in sorted(zip(requests, keys), key=lambda p: p[0].arrival_ns):
+        for k in ks:
+            seen.setdefault(int(k), []).append(req.arrival_ns)
+    gaps = [(b - a) / 1e9 for times in seen.values() for a, b in pairwise(times)]
+    assert gaps and result["reuse_gap_s"] == dict(zip(("p50", "p90", "p99"), percentiles(gaps, (50, 90, 99))))
     # The plots were produced (plotly outputs in the executed notebook).
     plots = [o for c in nb.cells for o in c.get("outputs", [])
              if "application/vnd.plotly.v1+json" in o.get("data", {})]
