@@ -111,3 +111,23 @@ def test_a_record_whose_finish_failed_still_finishes_its_run_after_a_restart(tmp
     again = _collect(db, _named("r", [_record(status="complete", name="mine", digest="d1")], 11))
     got = run(db, "r")
     assert (got["status"], got["digest"], got["name"], again.runs_recorded) == ("complete", "d1", "mine", 1)
+
+
+def test_a_chdb_mark_that_cannot_be_written_leaves_the_run_finished_and_described(tmp_path, monkeypatch):
+    """chdb has no transaction: the mark is written after the finish, best effort (a failure there
+    was told as a finish that failed, the record's name and config dropped and the run not counted)."""
+    from kvtrace.store.errors import StoreError
+
+    db = _db(tmp_path, "chdb")
+    insert = client.ClickHouseConnection.insert_arrow
+
+    def no_mark(self, table, rows):
+        if table == "recorded_runs":
+            raise StoreError(db, "ClickHouse refused an insert into recorded_runs: No space left on device")
+        return insert(self, table, rows)
+
+    monkeypatch.setattr(client.ClickHouseConnection, "insert_arrow", no_mark)
+    got = _collect(db, _named("r", [_span(0), _record(status="complete", name="mine", digest="d1")], 1))
+    monkeypatch.undo()
+    row = run(db, "r")
+    assert (row["status"], row["digest"], row["name"], got.runs_recorded) == ("complete", "d1", "mine", 1)

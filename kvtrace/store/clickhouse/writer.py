@@ -14,6 +14,7 @@ is how a flush, a run row and the derived tables are written:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -281,9 +282,11 @@ class ClickHouseStore(Store):
             materialise(con, run_id)
             self._update_run(con, run_id, status, digest, summary, trace_digest)
             # (after the finish, with no transaction here: a kill between them leaves the run finished
-            # unmarked, which its record, sent again, finishes again alike, never one marked unfinished)
+            # unmarked, which its record, sent again, finishes again alike, never one marked unfinished;
+            # and an insert that fails leaves it so too, the run finished, as its caller is told)
             if recorded:
-                con.insert_arrow(RECORDED_RUNS_TABLE, pa.table({"run_id": pa.array([run_id], pa.string())}))
+                with contextlib.suppress(StoreError):
+                    con.insert_arrow(RECORDED_RUNS_TABLE, pa.table({"run_id": pa.array([run_id], pa.string())}))
 
     def _exists(self, con: client.ClickHouseConnection, run_id: str) -> bool:
         return con.ch_frame("SELECT 1 AS x FROM runs WHERE run_id = {r:String}", {"r": run_id}).height > 0
