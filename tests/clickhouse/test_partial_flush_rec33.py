@@ -5,6 +5,8 @@ the run. The rows of a failed flush are taken back now."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from kvtrace.instrument.otlp import OTLPCollector
@@ -39,5 +41,9 @@ def test_a_request_whose_flush_failed_part_way_is_stored_once_when_sent_again(tm
         collector.stop()
     assert len(families) == 4  # (the first try's two inserts, the first of them kept, and the retry's two)
     with client.connect(clickhouse_target(db)) as con:
+        deadline = time.monotonic() + 30  # (the take-back's delete is not waited for: a full disk never ends one)
+        while con.ch_frame("SELECT count() AS n FROM system.mutations WHERE database = currentDatabase() "
+                           "AND NOT is_done")["n"][0] and time.monotonic() < deadline:
+            time.sleep(0.05)
         held = con.ch_frame("SELECT seq, name FROM spans WHERE run_id = 'r' ORDER BY seq").rows()
     assert held == [(0, "kvtrace.request"), (1, "kvtrace.cache.publish")]

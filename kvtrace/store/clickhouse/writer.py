@@ -72,11 +72,12 @@ def _take_back(con: client.ClickHouseConnection, done: list[tuple[str, str, list
     far as the store lets (best effort: the failure itself is what the caller answers with). A flush
     is one insert per family, no transaction: a failure after the first kept its rows, and the
     sender's retry of the request (a collector answers the failure 503) stored them again, two spans
-    at one seq."""
+    at one seq. Not waited for (``lightweight_deletes_sync = 0``): the failure is likely a full disk,
+    where a delete waited for never finished, under the signals the flush holds."""
     for family, run_id, seqs in done:
         try:
-            con.command(f"DELETE FROM {family} WHERE run_id = {{r:String}} AND has({{s:Array(Int64)}}, seq)",
-                        {"r": run_id, "s": seqs})
+            con.command(f"DELETE FROM {family} WHERE run_id = {{r:String}} AND has({{s:Array(Int64)}}, seq) "
+                        "SETTINGS lightweight_deletes_sync = 0", {"r": run_id, "s": seqs})
         except Exception:
             continue
 
