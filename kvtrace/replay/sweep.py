@@ -78,6 +78,10 @@ def parse_param(text: str, flag: str = "--param", names: Sequence[str] = PARAMET
         # (ASCII digits: int() also took 1_0 and other scripts' digits); capacity_blocks may be
         # inf, as for replay: cache-only's unbounded cache
         ints = [math.inf if name == "capacity_blocks" and is_unbounded(v) else parse_decimal(v) for v in values]
+        long = next((v.lstrip("+-") for v, i in zip(values, ints) if i is None and v.lstrip("+-").isascii()
+                     and v.lstrip("+-").isdigit()), None)
+        if long is not None:  # (an integer all the same: 'values must be integers' said of one was untrue)
+            raise ConfigError(flag, text, f"{name} values must be integers of at most 40 digits ({len(long):,} given)")
         if None in ints:
             raise ConfigError(flag, text, f"{name} values must be integers"
                                           + (" (or inf)" if name == "capacity_blocks" else ""))

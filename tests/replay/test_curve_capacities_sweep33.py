@@ -49,3 +49,19 @@ def test_cache_only_keeps_its_bound_and_its_advice():
     with pytest.raises(ConfigError, match=r"at most 4,194,302 blocks .*say inf"):
         parse_capacities("4194303")
     assert parse_capacities("4194302,inf") == [4194302, None]
+
+
+@pytest.mark.parametrize("flag", ["--param", "--sweep"])
+def test_a_swept_integer_of_too_many_digits_is_not_called_no_integer(flag):
+    """``--param capacity_blocks=<41 digits>`` said 'capacity_blocks values must be integers'
+    of an integer (the parser reads at most 40 digits)."""
+    from kvtrace.replay.sweep import parse_param
+
+    for value in ("1" * 41, HUGE):
+        with pytest.raises(ConfigError) as err:
+            parse_param(f"capacity_blocks=40,{value}", flag=flag)
+        assert "must be integers (or inf)" not in str(err.value), str(err.value)
+        assert "at most 40 digits" in str(err.value), str(err.value)
+        assert str(err.value).startswith(f"{flag}: capacity_blocks=")
+    with pytest.raises(ConfigError, match="capacity_blocks values must be integers"):
+        parse_param("capacity_blocks=40,4x", flag=flag)
