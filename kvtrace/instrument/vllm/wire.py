@@ -10,7 +10,7 @@
   none. Older versions stop earlier; decoding takes what is there. Hashes are ints
   (64-bit, possibly negative) or bytes (at most ``MAX_HASH_BYTES``), and are decoded to
   ``hash_hex`` strings.
-  Every field is checked against what the store holds (a finite ``ts`` within 2^63 ns,
+  Every field is checked against what the store holds (a finite ``ts`` below 2^62 ns, as a trace's times,
   ``block_size`` and ``group_idx`` within int32, token ids within int64, strings where
   strings belong): a batch with one bad value is a ``VllmWireError``, whole.
 - replay: a ROUTER socket. A client sends the first missing seq as 8-byte big-endian
@@ -32,6 +32,7 @@ import msgspec
 
 from kvtrace.errors import KVTraceError
 from kvtrace.instrument.arrow_columns import hash_hex
+from kvtrace.workload.lines import MAX_TIME_NS
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)  # the replay socket's end-of-batches marker
 BLOCK_STORED, BLOCK_REMOVED, ALL_BLOCKS_CLEARED = "BlockStored", "BlockRemoved", "AllBlocksCleared"
@@ -71,7 +72,10 @@ class KVEventBatch:
 
 _I32 = (-(1 << 31), (1 << 31) - 1)
 _I64 = (-(1 << 63), (1 << 63) - 1)
-_MAX_TS_S = ((1 << 63) - 1) / 1e9  # the store keeps ns in a BIGINT
+# The latest ts taken: a trace's latest time (2^62 ns, the year 2116; the store's BIGINT holds
+# 2^63). One batch timed past it among today's (a clock of another unit) was stored, and the
+# trace --trace-out rebuilt held an arrival_ns that replay refuses, after "N requests rebuilt".
+_MAX_TS_S = MAX_TIME_NS / 1e9
 # Events, hashes and token ids in one batch. vLLM publishes a batch per engine step: its
 # stored blocks' hashes and tokens, at most a step's batched tokens (a long-context prefill
 # chunk: some 10^5). A 15 MB batch of 15M one-byte ints held the capture 47 s and 3.5 GB,
@@ -156,8 +160,8 @@ def _ts(v: Any) -> float:
             (not isinstance(v, float) or math.isfinite(v)):
         seconds = float(v)
         # in ns as the rows make it (round(ts * 1e9)): the largest seconds below the bound
-        # round up to 2^63, which the store refused naming no ts
-        if round(seconds * 1e9) <= _I64[1]:
+        # may round up to it (below 2^63 they did, which the store refused naming no ts)
+        if round(seconds * 1e9) < MAX_TIME_NS:
             return seconds
     raise VllmWireError(f"vLLM KV event batch: ts must be seconds from 0 to {_MAX_TS_S:.4g}, got {v!r}"[:200])
 
