@@ -489,7 +489,14 @@ def _collected_run(db: str, run_id: str | None) -> str:
         mode = runs.filter(runs["run_id"] == run_id)["mode"].to_list()
         if mode and mode[0] != "otlp":  # (said "no vLLM llm_request spans": the run was no collection at all)
             found = ", ".join(collected[:5]) + (", ..." if len(collected) > 5 else "") or "none"
-            raise KVTraceError(f"{db}: run {run_id}: no vLLM llm_request spans: it is a replay ({mode[0]} mode), "
+            # (called as `runs` calls it: a live capture of KV events was "a replay (live mode)", and a
+            # damaged mode's text was shown as it stood)
+            from kvtrace.names import replay_mode, run_kind
+
+            kind = run_kind(mode[0])
+            what = f"a replay ({kind} mode)" if replay_mode(mode[0]) else f"a {kind}" if kind != "?" else \
+                "a run of no mode kvtrace knows"
+            raise KVTraceError(f"{db}: run {run_id}: no vLLM llm_request spans: it is {what}, "
                                f"not a collected run (the store's collected runs: {found})")
         return run_id
     if not collected:  # (a store of replays: "pass --run: it holds 0 collected runs" named no way out)

@@ -29,3 +29,16 @@ def test_a_key_given_twice_with_the_same_value_or_a_key_calibrate_does_not_read_
     path = tmp_path / "bench.json"
     path.write_text('{"itls": ' + json.dumps(_BENCH["itls"]) + ', "model_id": "a", "model_id": "b", ' + body)
     assert calibrate([str(path)], name="x").model.name == "x"
+
+
+def test_a_live_capture_named_by_run_is_called_one_not_a_replay(tmp_path):
+    """--run naming a `kvtrace capture vllm` run (mode live) was refused as "it is a replay (live
+    mode)": a capture of KV events is no replay. It is called what `runs` calls it."""
+    from kvtrace.instrument.vllm import capture_vllm
+
+    db = tmp_path / "s.duckdb"
+    stats = capture_vllm(f"ipc://{tmp_path}/nobody", store_path=db, duration=0)
+    with pytest.raises(KVTraceError) as info:
+        calibrate([str(db)], name="x", run_id=stats.run_id)
+    assert "run r1: no vLLM llm_request spans: it is a live capture, not a collected run" in str(info.value)
+    assert "replay" not in str(info.value)
