@@ -206,8 +206,9 @@ _RESOURCE_TWICE_KEY = ("arrayFirst(_k -> length(arrayDistinct(arrayFilter((_v, _
                        "mapKeys(ResourceAttributes))")
 _RESOURCE_TWICE_VALUES = (f"arrayDistinct(arrayFilter((_v, _kk) -> _kk = {_RESOURCE_TWICE_KEY}, "
                           "mapValues(ResourceAttributes), mapKeys(ResourceAttributes)))")
-_RESOURCE_TWICE = (
-    f"{_RESOURCE_TWICE_KEY} != ''",
+_RESOURCE_TWICE = (  # (its keys counted first: the search is quadratic in them, and runs on every row)
+    f"length(arrayDistinct(mapKeys(ResourceAttributes))) != length(mapKeys(ResourceAttributes)) "
+    f"AND {_RESOURCE_TWICE_KEY} != ''",
     f"substringUTF8(concat('resource: attribute ', {_wire_sql(_RESOURCE_TWICE_KEY)}, ' given twice, as ', "
     f"{_wire_sql(f'{_RESOURCE_TWICE_VALUES}[1]')}, ' and ', {_wire_sql(f'{_RESOURCE_TWICE_VALUES}[2]')}, "
     "' (an attribute key is unique)'), 1, 300)")
