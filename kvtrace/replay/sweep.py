@@ -873,13 +873,23 @@ def ray_host_port(address: str) -> tuple[str, int]:
     return host, port
 
 
-def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+def _check_reachable(address: str, timeout_s: float = 5.0, token: bool = True) -> None:
     """A HOST:PORT (or ray://HOST:PORT) that nothing answers on fails at once: ``ray.init``
-    would retry for a minute, printing its GCS client's warnings."""
+    would retry for a minute, printing its GCS client's warnings. ``token``: check that a
+    cluster that wants a token gets one (not for auto, where Ray sends the one it has)."""
     import socket
 
     if address == "auto":
-        return  # Ray finds the local cluster itself (RAY_ADDRESS, its session files)
+        # Ray finds the local cluster itself (its session files), or the one RAY_ADDRESS names:
+        # a dead one there held ray.init for minutes of retries, deaf to Ctrl-C and SIGTERM
+        named = os.environ.get("RAY_ADDRESS", "").strip()
+        if named and named not in ("auto", "local"):
+            try:
+                _check_reachable(named, timeout_s, token=False)
+            except KVTraceError as err:
+                raise KVTraceError(str(err).replace(f"--ray {named}:", f"--ray auto: RAY_ADDRESS={named}:", 1)
+                                   ) from None
+        return
     host, port = ray_host_port(address)
     try:
         socket.create_connection((host, port), timeout=timeout_s).close()
@@ -907,7 +917,7 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
             except grpc.RpcError as err:
                 if err.code() == grpc.StatusCode.UNIMPLEMENTED:
                     raise KVTraceError(f"{not_ray} (it has no Ray GCS service)") from None
-                if err.code() == grpc.StatusCode.UNAUTHENTICATED:  # a GCS that takes only its token's clients
+                if token and err.code() == grpc.StatusCode.UNAUTHENTICATED:  # a GCS that takes only its token's
                     _check_token(address, stub, gcs_service_pb2.GetClusterIdRequest(), timeout_s)  # type: ignore[attr-defined]
     except grpc.FutureTimeoutError:
         raise KVTraceError(f"{not_ray} (no gRPC within {timeout_s:g} s)") from None

@@ -45,3 +45,30 @@ def test_a_relative_trace_and_config_reach_a_ray_worker_elsewhere_and_are_record
     assert {r.summary["trace"] for r in on_ray.runs} == {"trace.jsonl"}
     assert on_ray.sweep_id == here.sweep_id
     assert [r.summary["trace"] for r in engine.runs] == ["trace.jsonl", "trace.jsonl"]
+
+
+def test_ray_auto_with_a_dead_ray_address_is_refused_in_seconds(tmp_path):
+    """``--ray auto`` goes where RAY_ADDRESS says: a dead address there held ray.init for
+    minutes of retries and warnings, deaf to SIGTERM (timeout's) and Ctrl-C alike."""
+    import socket
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    pytest.importorskip("ray")
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env["RAY_ADDRESS"] = f"127.0.0.1:{port}"
+    db = tmp_path / "s.duckdb"
+    began = time.monotonic()
+    out = subprocess.run([str(Path(sys.executable).parent / "kvtrace"), "sweep", "gen:mixed", "--param",
+                          "capacity_blocks=40,50", "--ray", "auto", "--db", str(db)],
+                         env=env, capture_output=True, text=True, timeout=90, check=False)
+    assert time.monotonic() - began < 30
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip().splitlines() == [f"kvtrace: error: --ray auto: RAY_ADDRESS=127.0.0.1:{port}: cannot "
+                                               "reach a Ray cluster there (Connection refused)"], out.stderr
+    assert not db.exists()
