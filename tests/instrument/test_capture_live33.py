@@ -45,3 +45,58 @@ def test_a_batch_timed_past_what_a_trace_holds_leaves_the_rebuilt_trace_replayab
     assert "2 batches" in result.output and "1 bad messages" in result.output, result.output
     assert f"2 requests rebuilt in {trace}" in result.output
     assert [r.arrival_ns for r in read_native(str(trace))] == [0, 2_000_000_000]
+
+
+def test_a_second_ctrl_c_while_the_close_settles_a_held_message_keeps_the_counts(tmp_path):
+    """A seq that jumped ahead as the last message before the stop is settled at the close, its
+    gap asked of the replay socket (a slow one answers within the replay timeout). A second Ctrl-C
+    there failed the run with the error alone as its summary: every count gone, where a second
+    Ctrl-C in the loop keeps them beside the error."""
+    import os
+    import signal
+    import threading
+
+    import msgspec
+    import pytest
+    import zmq
+
+    from kvtrace.instrument.vllm import capture_vllm
+    from kvtrace.store.read.runs import run
+
+    ctx = zmq.Context()
+    pub, router = ctx.socket(zmq.PUB), ctx.socket(zmq.ROUTER)  # (a replay socket that never answers)
+    for sock in (pub, router):
+        sock.setsockopt(zmq.LINGER, 0)
+    pub_ep, replay_ep = f"ipc://{tmp_path}/pub", f"ipc://{tmp_path}/replay"
+    pub.bind(pub_ep)
+    router.bind(replay_ep)
+    stored = ["BlockStored", [1], None, [1] * 16, 16, None, "GPU", None]
+    caps: list = []
+    timer: list[threading.Timer] = []
+
+    def should_stop() -> bool:
+        if not caps or not caps[0].stats.connected:
+            return False
+        if not caps[0].stats.batches:
+            for seq in (0, 1, 2, 9):  # (9: a jump past 3..8, held until the close)
+                pub.send_multipart([b"", seq.to_bytes(8, "big"), msgspec.msgpack.encode([T0 + seq, [stored]])])
+            return False
+        if caps[0].held and not timer:  # the second Ctrl-C, while the close waits on the replay socket
+            timer.append(threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)))
+            timer[0].start()
+        return bool(timer)
+
+    db = tmp_path / "s.duckdb"
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            capture_vllm(pub_ep, replay_ep, store_path=db, replay_timeout_s=30.0, on_ready=caps.append,
+                         should_stop=should_stop)
+    finally:
+        for t in timer:
+            t.join()
+        ctx.destroy(0)
+    record = run(str(db), "r1")
+    assert record["status"] == "failed"
+    summary = record["summary"]
+    assert summary["error"].startswith("KeyboardInterrupt")
+    assert summary["batches"] == 3 and summary["connected"] == 1, summary

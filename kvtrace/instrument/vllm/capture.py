@@ -184,7 +184,9 @@ class VllmKVCapture:
             raise ConfigError(option, address, str(err)) from None
 
     def close(self) -> None:
-        """Flush what is pending and close the sockets."""
+        """Flush what is pending and close the sockets (once: a second call does nothing)."""
+        if self._ctx.closed:
+            return
         self._settle_pending(force=True)
         self.flush()
         self.socket.disable_monitor()
@@ -694,6 +696,11 @@ def capture_vllm(endpoint: str, replay_endpoint: str | None = None, *, store_pat
                     on_ready(cap)
             with sigterm_as_interrupt():
                 run_captures(caps, duration, should_stop)
+            # (within the try: a message held at the stop is settled here, its gap asked of the replay
+            # socket for up to its timeout, and a second Ctrl-C then failed the run with the error
+            # alone as its summary, every count gone)
+            for cap in caps:
+                cap.close()
         except BaseException as exc:
             # (a second Ctrl-C, an error): the run failed, its counts kept beside the error, where
             # the store's own failure summary held the error alone (every count of what was stored gone)
@@ -705,8 +712,6 @@ def capture_vllm(endpoint: str, replay_endpoint: str | None = None, *, store_pat
                 counts = _summary_counts(CaptureStats.total([c.stats for c in caps], run_id), traced=False)
                 store.finish_run(run_id, status="failed", summary={**counts, "error": f"{type(exc).__name__}: {exc}"})
             raise
-        for cap in caps:
-            cap.close()
         rebuilt = native_trace(tracers) if trace_out is not None and tracers else None
         trace = None if rebuilt is None else rebuilt[:2]
         if rebuilt is not None and tracers:  # each rank's own (the summary's ranks said 0, their total N)
