@@ -508,7 +508,10 @@ def run_study(
             text = str(err)
             if parameter in CAPACITY_FORMS:  # (the engine's advice named --capacity-blocks, which the sweep replaces)
                 text = swept_capacity_advice(text, f"{parameter} values of --sweep")
-            raise KVTraceError(f"--sweep {parameter}={value}: {text}") from None
+            # (and what it kept, as a sweep's line says it: the pairs before it were stored, unsaid)
+            kept = f"{len(result.points)} of {len(pairs)} values' pairs {'stored' if db is not None else 'done'}"
+            raise KVTraceError(f"--sweep {parameter}={value}: {text}; the study stopped at {parameter}={value}, "
+                               f"{kept}") from None
         if db is not None and on.run_id and off.run_id:
             diff = diff_runs(db, off.run_id, on.run_id, seed=seed, percentiles=on_spec.percentiles)
         else:

@@ -440,7 +440,8 @@ def test_a_swept_capacity_too_small_for_a_request_is_named_at_its_sweep_value():
     --capacity-blocks the user never typed, not the --sweep value that made it."""
     base = RunSpec(trace="", **S.study_defaults("external-hit-running-cow"), content=False)
     with pytest.raises(KVTraceError, match=r"^--sweep capacity_blocks=2: engine: request \S+ .* cannot be scheduled"
-                                           r".*; raise the capacity_blocks values of --sweep$") as err:
+                                           r".*; raise the capacity_blocks values of --sweep; the study stopped at "
+                                           r"capacity_blocks=2, 0 of 1 values' pairs done$") as err:
         S.run_study("external-hit-running-cow", base=base, sweep="capacity_blocks=2", limit=2)
     assert "--capacity-blocks" not in str(err.value)  # (advice the study's own sweep replaces)
 
