@@ -100,3 +100,42 @@ def test_a_second_ctrl_c_while_the_close_settles_a_held_message_keeps_the_counts
     summary = record["summary"]
     assert summary["error"].startswith("KeyboardInterrupt")
     assert summary["batches"] == 3 and summary["connected"] == 1, summary
+
+
+def test_a_replay_socket_that_never_answers_is_no_answer_cut_at_the_stop(tmp_path, caplog):
+    """At the stop the tail past the last batch is asked of the replay socket, for the replay
+    timeout. One that never answered (reached, silent) was taken for an answer cut at the stop:
+    its rest read off for a second more, and a warning that "a replay answer cut at the stop had
+    not ended 1 s later (0 more batches taken off undecoded)", of an answer that never came."""
+    import logging
+
+    import msgspec
+    import zmq
+
+    from kvtrace.instrument.vllm import capture_vllm
+
+    ctx = zmq.Context()
+    pub, router = ctx.socket(zmq.PUB), ctx.socket(zmq.ROUTER)
+    for sock in (pub, router):
+        sock.setsockopt(zmq.LINGER, 0)
+    pub_ep, replay_ep = f"ipc://{tmp_path}/pub", f"ipc://{tmp_path}/replay"
+    pub.bind(pub_ep)
+    router.bind(replay_ep)
+    stored = ["BlockStored", [1], None, [1] * 16, 16, None, "GPU", None]
+    caps: list = []
+
+    def should_stop() -> bool:
+        if caps and caps[0].stats.connected and not caps[0].stats.batches:
+            pub.send_multipart([b"", (0).to_bytes(8, "big"), msgspec.msgpack.encode([T0, [stored]])])
+        return bool(caps and caps[0].stats.batches)
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="kvtrace.instrument.vllm.capture"):
+            stats = capture_vllm(pub_ep, replay_ep, store_path=tmp_path / "s.duckdb", on_ready=caps.append,
+                                 should_stop=should_stop)
+        asked = router.poll(0)  # (the tail was asked)
+    finally:
+        ctx.destroy(0)
+    assert asked
+    assert stats.batches == 1 and stats.lost == 0 and stats.missed_before_contact == 0
+    assert "cut at the stop" not in caplog.text, caplog.text

@@ -445,7 +445,11 @@ class VllmKVCapture:
             # until the end marker, quiet for the timeout, too many frames or too long; or, once a
             # stop is asked for, DRAIN_S after it (the stop's tail has its own ``wait_s``): read whole,
             # first contact's answer of vLLM's 10,000 batches held Ctrl-C and --duration 2 for 35 s
-            while frames_left > 0 and time.monotonic() < deadline and self._replay.poll(timeout_ms):
+            quiet = False  # (the socket said nothing for the timeout: no answer cut, whatever the time)
+            while frames_left > 0 and time.monotonic() < deadline:
+                if not self._replay.poll(timeout_ms):
+                    quiet = True
+                    break
                 until = self._answer_until() if wait_s is None else None
                 if until is not None and time.monotonic() >= until:
                     cut = True
@@ -482,7 +486,9 @@ class VllmKVCapture:
                     deadline += time.monotonic() - began
                 elif s not in accepted:
                     late[s] = payload
-            cut = cut or (not ended and time.monotonic() >= deadline)  # (not an answer gone quiet)
+            # (not an answer gone quiet: at the stop its quiet time is the whole budget, and a replay
+            # socket that never answered was read off for DISCARD_S more, "an answer cut at the stop")
+            cut = cut or (not ended and not quiet and time.monotonic() >= deadline)
             if not known and cut and not restarted and frames_left > 0:
                 # cut short (a stop, its time): the seqs of the rest, taken off undecoded, say how
                 # many it did not bring; counted nowhere, a stop at first contact left 5,790 of
