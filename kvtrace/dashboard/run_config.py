@@ -52,7 +52,9 @@ class Capacity:
 
 
 def _positive(v: Any) -> TypeGuard[int]:
-    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+    # (a size a summary can state, up to 2^63-1: a damaged config's 10^30 was listed by runs as
+    # its capacity, where the run's summary from spans states none)
+    return isinstance(v, int) and not isinstance(v, bool) and 0 < v < 1 << 63
 
 
 def capacity(cfg: dict[str, Any], summary: dict[str, Any] | None = None) -> Capacity | None:

@@ -165,7 +165,7 @@ def _configured_sizes(mode: str | None, config: Mapping[str, Any]) -> dict[str, 
     block size."""
     def size(key: str) -> int | None:
         value = config.get(key)
-        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+        return value if _is_size(value) else None
 
     if mode == "engine":
         _, unit_size, usable = _engine_blocks(config)
@@ -234,16 +234,28 @@ def _engine_blocks(config: Mapping[str, Any]) -> tuple[int | None, int | None, i
         return None, None, None
     unit = next((g for g, spec in enumerate(groups) if spec.get("type") == "FullAttentionSpec"), None)
     size = groups[unit or 0].get("block_size")
-    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+    if not _is_size(size):
         return None, None, None
     if unit is None:
         return size, None, None
     pools = cache.get("num_gpu_blocks") if isinstance(cache, Mapping) else None
     pool = pools if isinstance(pools, int) else pools[unit] if (
         isinstance(pools, list) and unit < len(pools)) else None
-    if not isinstance(pool, int) or isinstance(pool, bool) or pool < 2:
+    if not _is_size(pool) or pool < 2:
         return size, size, None
     return size, size, pool - 1
+
+
+_MAX_SIZE = (1 << 63) - 1  # (metrics.summary_problem's bound on a size)
+
+
+def _is_size(value: object) -> TypeGuard[int]:
+    """Whether a config's value is a size a summary can state (an int from 1 to 2^63-1, as
+    ``metrics.summary_problem`` checks one): anything else, a store's own record damaged or
+    foreign, is an unknown size, as a wrong type is (a capacity of 10^30 in a stopped run's
+    config was told as its spans holding values no kvtrace run holds, and the run refused by
+    diff and export)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= _MAX_SIZE
 
 
 def _block_counts(db: DB, run_id: str, config: Mapping[str, Any]) -> dict[str, Any]:
