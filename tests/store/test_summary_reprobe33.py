@@ -19,10 +19,10 @@ from tests.conftest import TRACES
 def _stopped_with_config(tmp_path, mode: str, damage) -> tuple[str, str]:
     db = str(tmp_path / "s.duckdb")
     spec = RunSpec(str(TRACES / "mooncake_synthetic_trace.jsonl"), mode=mode, limit=20,
-                   **({"capacity_blocks": 2000} if mode == "cache-only" else {}))
+                   capacity_blocks=2000 if mode == "cache-only" else None)
     run_replay(spec, db=db)
     with duckdb.connect(db) as con:
-        (config,) = con.execute("SELECT config FROM runs WHERE run_id = 'r1'").fetchone()
+        (config,) = con.execute("SELECT config FROM runs WHERE run_id = 'r1'").fetchone() or (None,)
         con.execute("UPDATE runs SET config = ?, status = 'failed', summary = ? WHERE run_id = 'r1'",
                     [json.dumps(damage(json.loads(config))), json.dumps({"error": "KVTraceError: stopped"})])
     return db, "r1"
