@@ -707,6 +707,8 @@ def capture_vllm(endpoint: str, replay_endpoint: str | None = None, *, store_pat
             # alone as its summary, every count gone)
             for cap in caps:
                 cap.close()
+            # (the trace's rebuild too: a second Ctrl-C there failed the run with the error alone)
+            rebuilt = native_trace(tracers) if trace_out is not None and tracers else None
         except BaseException as exc:
             # (a second Ctrl-C, an error): the run failed, its counts kept beside the error, where
             # the store's own failure summary held the error alone (every count of what was stored gone)
@@ -718,7 +720,6 @@ def capture_vllm(endpoint: str, replay_endpoint: str | None = None, *, store_pat
                 counts = _summary_counts(CaptureStats.total([c.stats for c in caps], run_id), traced=False)
                 store.finish_run(run_id, status="failed", summary={**counts, "error": f"{type(exc).__name__}: {exc}"})
             raise
-        rebuilt = native_trace(tracers) if trace_out is not None and tracers else None
         trace = None if rebuilt is None else rebuilt[:2]
         if rebuilt is not None and tracers:  # each rank's own (the summary's ranks said 0, their total N)
             for cap, tracer, cut in zip(caps, tracers, rebuilt[2]):
