@@ -9,14 +9,11 @@ from kvtrace.names import cut_middle
 from kvtrace.store.errors import StoreError
 from kvtrace.store.schema import RUN_STATUSES
 
-# /proc/self/ns/pid of the first pid namespace (the kernel's PROC_PID_INIT_INO)
-_INIT_PID_NAMESPACE = "pid:[4026531836]"
-
 
 def host_name() -> str:
-    """Where a writer runs, as a run's ``writer_host`` records it: the host's name, and the
-    process's pid namespace where it is not the host's first (a container that shares the
-    host's name): a pid is a process there alone. A writer alive in such a container was read
+    """Where a writer runs, as a run's ``writer_host`` records it: the host's name and the
+    process's pid namespace (a container may share the host's name): a pid is a process there
+    alone; the bare name where /proc tells none. A writer alive in such a container was read
     from outside it (or from another such container) as pid 1 or a pid no process of the
     reader's has, so `kvtrace runs` and the dashboard said its run was ``incomplete`` and the
     next writer outside marked it so, while it went on writing."""
@@ -25,7 +22,10 @@ def host_name() -> str:
         namespace = os.readlink("/proc/self/ns/pid")
     except OSError:  # (no /proc: one namespace as far as kvtrace can tell)
         return host
-    return host if namespace == _INIT_PID_NAMESPACE else f"{host} ({namespace})"
+    # (the host's first namespace named too: a writer there recorded its bare name, which a reader
+    # in a container of that name took for its own, its pid checked there: incomplete while it
+    # went on writing, and marked so by the container's next writer)
+    return f"{host} ({namespace})"
 
 
 def _this_host(host: str | None) -> bool:
