@@ -103,7 +103,10 @@ def runs(db: DbToRead, as_json: Json = False, limit: Annotated[int | None, typer
             # (the switched-on ones: a {name: on} record listed its off ones too)
             "behaviours": behaviours_on(row["behaviours"]) or [],
             # (an unbounded cache-only run has no capacity, but a block size all the same)
-            "capacity_blocks": cap.blocks if cap else None,
+            # (else the summary's: a stopped cache-only run at its trace's block size, which its spans
+            # never record, states its configured capacity there, as diff and the read API show it:
+            # runs said "-" and null)
+            "capacity_blocks": cap.blocks if cap else _stated_size(summary.get("capacity_blocks")),
             "unbounded": config.get("mode") == "cache-only" and "capacity_blocks" in config
                          and config["capacity_blocks"] is None,
             "block_size": cap.block_size if cap else summary.get("block_size"),
@@ -121,7 +124,7 @@ def runs(db: DbToRead, as_json: Json = False, limit: Annotated[int | None, typer
     header = ["run", "name", "trace", "mode", "backend", "behaviours", "capacity", "status", "created", *RUNS_METRICS]
     rows = [header]
     for r in listed:
-        size = f"{r['capacity_blocks']:,}×{r['block_size']}" if r["capacity_blocks"] else "-"
+        size = f"{r['capacity_blocks']:,}×{r['block_size'] or '?'}" if r["capacity_blocks"] else "-"
         if r["unbounded"]:  # (as curve and sweep tables say it: "-" read as a capacity not recorded)
             size = f"unbounded×{r['block_size']}" if r["block_size"] else "unbounded"
         trace = Path(r["trace"]).name if r["trace"] else "-"  # (a collected run names none: not "None")
@@ -135,6 +138,11 @@ def runs(db: DbToRead, as_json: Json = False, limit: Annotated[int | None, typer
             status(r["damage"])
     if shown < stored.height:
         status(f"{stored.height - shown:,} older runs not listed (--limit 0 lists all {stored.height:,})")
+
+
+def _stated_size(value: object) -> int | None:
+    """A summary's size where it is one (an int from 1 to 2^63-1), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 1 << 63 else None
 
 
 @app.command()
