@@ -40,7 +40,10 @@ PERCENTILE_LISTS = ("qs", "percentiles")  # each a list of distinct percentiles 
 INT64 = (-(2**63), 2**63 - 1)  # what an int argument may be (the store's times, ids and counts)
 
 
-def _check_range(function: str, parameter: str, value: Any) -> None:
+def _check_range(function: str, parameter: str, value: Any) -> tuple[Any, ...] | None:
+    """BadArgument for a count out of its range or a percentile list that is not one; a
+    percentile list's items as a tuple (an iterator or generator is read once, by the check:
+    the function then got an empty one, and said nothing of the percentiles asked)."""
     if parameter in COUNT_RANGES and isinstance(value, numbers.Integral):
         lo, hi = COUNT_RANGES[parameter]
         if not lo <= int(value) <= hi:
@@ -62,6 +65,8 @@ def _check_range(function: str, parameter: str, value: Any) -> None:
                 raise BadArgument(function, parameter, f"expected percentiles from 0 to 100, got {shown_value(q, 40)}")
         if len(set(qs)) != len(qs):
             raise BadArgument(function, parameter, "expected distinct percentiles, got a repeated one")
+        return tuple(qs)
+    return None
 
 
 def _accepts(hint: Any) -> tuple[type, ...] | None:
@@ -137,7 +142,9 @@ def checked(func: F) -> F:
                 _check(func.__name__, name, value, kinds)
                 bound.arguments[name] = _plain(value)
             if name in ranged:
-                _check_range(func.__name__, name, value)
+                checked_value = _check_range(func.__name__, name, value)
+                if checked_value is not None:  # (a generator's items, read once here: the function got none)
+                    bound.arguments[name] = checked_value
         return func(*bound.args, **bound.kwargs)
 
     return typing.cast(F, wrapper)
