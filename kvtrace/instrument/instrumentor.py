@@ -69,8 +69,10 @@ from kvtrace.instrument.processor import BulkSpanProcessor
 from kvtrace.instrument.spans import SpanBatchBuilder
 from kvtrace.metrics import CACHE_ONLY_STEP_NS
 from kvtrace.names import shown_value
-from kvtrace.store.schema import BACKEND_RESOURCE_KEY, RUN_RECORD_PREFIX, SPAN_RUN
+from kvtrace.store.schema import BACKEND_RESOURCE_KEY, RUN_RECORD_PREFIX, RUN_STATUSES, SPAN_RUN
 
+OPENING_STATUS = RUN_STATUSES[0]  # an opening record's status ("running": run_rules.OPENING_STATUS, one value)
+OPENING_ORDINAL = 1 << 62  # the id ordinal an opening record's ids are taken at (a run's spans take 0 on)
 DEFAULT_FLUSH_SPANS = 32_768
 # Hand-over points are counted, never timed: a batch's ids and the store's seq order
 # depend on where batches end, so a wall-clock trigger would make two runs of one trace
@@ -169,6 +171,7 @@ class KVCacheInstrumentor:
         self.spans_emitted = 0
         self.records_sent = 0  # run records handed to the OTLP exports (one kvtrace.run span each)
         self.batches_emitted = 0
+        self._opening: dict[str, str] | None = None  # an opening record's attributes, sent with the first export
 
     # -- instrument / uninstrument ----------------------------------------------------------------
     @property
@@ -265,12 +268,54 @@ class KVCacheInstrumentor:
         self._resolve_processors()  # processors added to the provider late still get spans
         self.spans_emitted += batch.num_spans
         self.batches_emitted += 1
+        if self._opening is not None:
+            self._send_opening()
         for bulk in self._bulk:
             bulk.on_batch(batch)
         if self._other:
             for span in table_to_readable_spans(batch.table, self.resource):
                 for proc in self._other:
                     proc.on_end(span)
+
+    def open_run(self, record: Mapping[str, Any]) -> None:
+        """Send, as its own export request just ahead of the run's first batch of spans, an
+        opening record: a ``kvtrace.run`` span of status ``running`` carrying what is known at
+        the start (name, trace, trace digest, config, behaviours, created; never a digest or a
+        summary), so a collected copy of a run killed before its end (kill -9: no record) keeps
+        its settings. A collector sets them where no record set them and finishes nothing with
+        it; ``record_run`` still finishes the run. Only to the OTLP exports, as ``record_run``."""
+        fields = {k: v for k, v in record.items() if k not in ("status", "digest", "summary")}
+        self._opening = {**self._record_attributes(fields), f"{RUN_RECORD_PREFIX}status": OPENING_STATUS}
+        if self.batches_emitted:  # (opened late: it goes now)
+            self._send_opening()
+
+    def _send_opening(self) -> None:
+        attrs, self._opening = self._opening, None
+        exports = [p for p in self._resolved_bulk() if p.columnar is None]
+        if attrs is None or not exports:
+            return
+        # ids of its own, far past the run's (the seeded counter the spans take theirs from is left
+        # as it was: a store written directly, and the spans of the export, keep the ids they had)
+        ids = SeededIdGenerator(self.ids.seed)
+        ids.reserve(OPENING_ORDINAL)
+        ctx = trace_api.SpanContext(trace_id=ids.generate_trace_id(), span_id=ids.generate_span_id(),
+                                    is_remote=False, trace_flags=trace_api.TraceFlags(trace_api.TraceFlags.SAMPLED))
+        self.records_sent += 1
+        for proc in exports:
+            proc.on_end(ReadableSpan(
+                name=SPAN_RUN, context=ctx, resource=proc.resource or self.resource, attributes=attrs,
+                start_time=proc.time_offset_ns, end_time=proc.time_offset_ns,
+                instrumentation_scope=InstrumentationScope(SCOPE_NAME, __version__),
+            ))
+            with proc._lock:  # (its own request, ahead of the batch: not held until the next 2,048 spans)
+                chunk, proc._pending = proc._pending, []
+            if chunk:
+                proc._submit(chunk)
+
+    @staticmethod
+    def _record_attributes(record: Mapping[str, Any]) -> dict[str, str]:
+        return {f"{RUN_RECORD_PREFIX}{k}": v if isinstance(v, str) else json.dumps(v, sort_keys=True)
+                for k, v in record.items() if v is not None}
 
     def record_run(self, record: Mapping[str, Any], end_ns: int = 0) -> None:
         """Send the run record (``runs`` columns: name, config, digest, status, summary...)
@@ -282,8 +327,8 @@ class KVCacheInstrumentor:
         if not exports:
             return
         self.flush()
-        attrs = {f"{RUN_RECORD_PREFIX}{k}": v if isinstance(v, str) else json.dumps(v, sort_keys=True)
-                 for k, v in record.items() if v is not None}
+        self._opening = None  # (no span went before it: the record carries all an opening one would)
+        attrs = self._record_attributes(record)
         trace_id, span_id = self.ids.generate_trace_id(), self.ids.generate_span_id()
         ctx = trace_api.SpanContext(trace_id=trace_id, span_id=span_id, is_remote=False,
                                     trace_flags=trace_api.TraceFlags(trace_api.TraceFlags.SAMPLED))

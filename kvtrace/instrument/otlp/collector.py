@@ -75,7 +75,14 @@ from kvtrace.instrument.otlp.limits import (
 )
 from kvtrace.metrics import SPANS_MISSING
 from kvtrace.process import bracketed, is_ipv6, port_in_use, sigterm_as_interrupt, unbracketed
-from kvtrace.store.clickhouse.run_rules import RecordRefused, run_record, sent_span_count, short_summary, summary_object
+from kvtrace.store.clickhouse.run_rules import (
+    RecordRefused,
+    is_opening,
+    run_record,
+    sent_span_count,
+    short_summary,
+    summary_object,
+)
 from kvtrace.store.schema import (
     MAX_SENT_SEQ,
     RECORDED_RUNS_TABLE,
@@ -325,6 +332,9 @@ class OTLPCollector:
         # runs an earlier collector on this store made and left without a record (stopped, or
         # killed: incomplete), which their producer's record still finishes
         self._unrecorded_runs: set[str] = set()
+        # runs an opening record (or a record's fields, before a restart) described already: a second
+        # opening record, or one after the finishing record, changes nothing
+        self._opened: set[str] = set()
         # runs whose record said complete while some of the spans its sender numbered (its summary's
         # ``spans``) had not come: finished incomplete, and complete once the rest come (a lost
         # export request read complete, its summary's counts beside a store short of them)
@@ -521,6 +531,8 @@ class OTLPCollector:
                         try:
                             records.append((key, run_record(as_exported(kwargs["attributes"]))))
                             record_order.append((kwargs["start_ns"], kwargs["trace_id"], kwargs["span_id"]))
+                            if is_opening(records[-1][1]):  # (a run of it alone is cut short at the close)
+                                exports.add(key)
                         except RecordRefused as err:
                             raise PayloadError(f"{where}: {err}") from None
                         continue
@@ -603,7 +615,10 @@ class OTLPCollector:
             # which has no arrival order, takes the first by time (the one sent first was taken here)
             ordered = [records[i] for i in sorted(range(len(records)), key=record_order.__getitem__)]
             for key, record in ordered:
-                self.runs_recorded += self._finish_recorded(self._run_for(key), record)
+                if is_opening(record):
+                    self._open_recorded(self._run_for(key), record)
+                else:
+                    self.runs_recorded += self._finish_recorded(self._run_for(key), record)
         return len(fresh)
 
     def _tell_refused_write(self, err: KVTraceError) -> None:
@@ -764,6 +779,20 @@ class OTLPCollector:
             _log.warning("run %s: record fields not kept (%s: %s)", run_id, type(err).__name__, err)
         return True
 
+    def _open_recorded(self, run_id: str, record: dict) -> None:
+        """An opening record (``run_rules.is_opening``): the run's name, trace, config, behaviours and
+        created time its sender knew at its start, set where no record set them (a run still
+        running, or one an earlier collector left without a record), so a run whose sender was
+        killed keeps its settings. It finishes nothing and marks nothing (the run's record still
+        finishes it); a second one, or one after the finishing record, changes nothing."""
+        if run_id in self._opened or (run_id not in self._created_runs and run_id not in self._unrecorded_runs):
+            return
+        self._opened.add(run_id)
+        try:
+            self.store.describe_run(run_id, **record["described"])
+        except Exception as err:
+            _log.warning("run %s: opening record's fields not kept (%s: %s)", run_id, type(err).__name__, err)
+
     def _finish(self, run_id: str, **record) -> bool:
         """Finish a run (False where it failed); a failure (its derived tables, the store) is one
         log line, and the run keeps the status the store gives it, so other runs and the answer go on."""
@@ -845,6 +874,10 @@ class OTLPCollector:
         if mode == "otlp" and status != "running" and not marked and not _finished_by_record(
                 run_id, status, digest, summary, *recorded):
             self._unrecorded_runs.add(run_id)
+        name, trace_source, config, behaviours = recorded[1:]
+        if any(v is not None for v in (trace_source, config, behaviours)) or (
+                name is not None and name != named_run_name(run_id)):
+            self._opened.add(run_id)  # (described by a record before this collector: an opening one changes nothing)
         stored = summary_object(summary) if status == "incomplete" else None
         sent = sent_span_count(summary) if stored is not None and SPANS_MISSING in stored else None
         if sent is not None and stored is not None and not self._held(run_id).covers(sent):
@@ -895,14 +928,15 @@ def _finished_by_record(run_id: str, status: str, digest: str | None, summary: s
                         behaviours: str | None) -> bool:
     """Whether a finished collected run's stored row shows a ``kvtrace.run`` record finished it, as
     one collector keeps it in memory, in a store whose ``RECORDED_RUNS_TABLE`` does not say so (one
-    recorded before that table): what a record alone sets (a digest, a summary, a trace digest, a
-    name other than the collector's, a trace source, config or behaviours) or ``failed``, which no
-    collector gives a run it closes. Its first record stands: a second one, after a restart, finished
-    the run again. (A record of its status alone leaves its row as a collector's close leaves it:
-    only the mark tells them apart.)"""
-    return (status == "failed" or any(v is not None for v in (digest, summary, trace_digest, trace_source, config,
-                                                                  behaviours))
-            or (name is not None and name != named_run_name(run_id)))
+    recorded before that table): what a finishing record alone sets (a digest, a summary, a trace
+    digest) or ``failed``, which no collector gives a run it closes. Not its name, trace source,
+    config or behaviours: an opening record (``run_rules.is_opening``) sets those on a run it does
+    not finish, which its finishing record, after a restart, still finishes. Its first record
+    stands: a second one, after a restart, finished the run again. (A record of its status alone
+    leaves its row as a collector's close leaves it: only the mark tells them apart.)"""
+    # (not its name, trace source, config or behaviours: an opening record sets those on a run it finishes not)
+    del name, trace_source, config, behaviours
+    return status == "failed" or any(v is not None for v in (digest, summary, trace_digest))
 
 
 def as_exported(attributes: dict | None) -> dict[str, str]:

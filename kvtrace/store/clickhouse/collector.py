@@ -494,14 +494,15 @@ def _wire(text: str) -> str:
     return shown if len(shown) <= 40 else f"{shown[:24]}... ({len(shown):,} characters)"
 
 
-def _first_records(con) -> dict[str, tuple[dict, int, str]]:
-    """Each run's first ``kvtrace.run`` record that finishes it, as `kvtrace collect` takes it
-    (``run_rules.run_record``), with its resource's offset and service, of the runs no record
+def _first_records(con) -> tuple[dict[str, tuple[dict, int, str]], dict[str, tuple[dict, int, str]]]:
+    """Each run's first ``kvtrace.run`` record that finishes it, and its first opening record
+    (``run_rules.is_opening``: never the one that finishes it, though first by time), as
+    `kvtrace collect` takes it (``run_rules.run_record``), with its resource's offset and service, of the runs no record
     has finished yet: the exporter's rows of records, oldest first, whose ids and times collect
     takes (``_RECORD_ENVELOPE_PROBLEM``) and whose resource names the run (collect refuses a
     record that names none: it finished the exporter's ``otlp:<service>`` run here). A record
     collect refuses (a 400) names no run and finishes none."""
-    from kvtrace.store.clickhouse.run_rules import RecordRefused, run_record
+    from kvtrace.store.clickhouse.run_rules import RecordRefused, is_opening, run_record
 
     otel = f"`{con.target.otel_table}`"
     unfinished = (f"run_id NOT IN (SELECT run_id FROM runs WHERE status != 'running' OR writer_host != "
@@ -515,6 +516,7 @@ def _first_records(con) -> dict[str, tuple[dict, int, str]]:
         f"FROM {otel} WHERE SpanName = {_q(SPAN_RUN)} AND {_ALL_UTF8} AND {unfinished} "
         "ORDER BY Timestamp, TraceId, SpanId")
     first: dict[str, tuple[dict, int, str]] = {}
+    opening: dict[str, tuple[dict, int, str]] = {}
     refused: list[tuple[str, str, str, int, str]] = []
     for run_id, record, offset, service, trace_id, span_id, start_ns, named, problem, twice, values in rows.rows():
         if not named:
@@ -529,7 +531,7 @@ def _first_records(con) -> dict[str, tuple[dict, int, str]]:
         except RecordRefused as err:  # (collect's 400 says why; here otel_refused_spans does, as of a span)
             refused.append((run_id, trace_id, span_id, start_ns, str(err)))
             continue
-        first.setdefault(run_id, (taken, offset, service))
+        (opening if is_opening(taken) else first).setdefault(run_id, (taken, offset, service))
     # records holding bytes that are no UTF-8, read as valid text (their own bytes panicked polars):
     # left out above, and said nowhere, where the README says their reason is in otel_refused_spans
     garbled = con.ch_frame(
@@ -549,10 +551,11 @@ def _first_records(con) -> dict[str, tuple[dict, int, str]]:
         if run_id in present or run_id in first:
             continue
         try:
-            first[run_id] = (run_record(_as_dict(record)), offset, service)
+            taken = run_record(_as_dict(record))
         except RecordRefused:
             continue
-    return first
+        (opening if is_opening(taken) else first).setdefault(run_id, (taken, offset, service))
+    return first, opening
 
 
 def _as_dict(record: Any) -> dict:
@@ -593,6 +596,26 @@ def _finish(con, run_id: str, status: str, fields: dict[str, Any]) -> None:
     con.command(f"ALTER TABLE runs UPDATE {sets}{', ' if sets else ''}status = {{status:String}} "
                 "WHERE run_id = {run_id:String} SETTINGS mutations_sync = 2",
                 {**fields, "status": status, "run_id": run_id})
+
+
+def _describe_opened(con, described: dict[str, dict[str, str]]) -> None:
+    """Collected runs still ``running`` (no record finished them) given the descriptive fields of
+    their first opening record (``run_rules.is_opening``: name, created, trace, config, behaviours),
+    as `kvtrace collect` sets them: a run whose sender was killed keeps its settings. A run that
+    holds them already is not written again (a mutation per open of the store)."""
+    from kvtrace.store.writer import DESCRIBED_FIELDS
+
+    if not described:
+        return
+    rows = con.ch_frame(f"SELECT run_id, {', '.join(DESCRIBED_FIELDS)} FROM runs WHERE status = 'running' AND "
+                        f"writer_host = {_q(COLLECTOR_HOST)} ORDER BY run_id")
+    for run_id, *stored in rows.rows():
+        fields = described.get(run_id)
+        if not fields or all(fields.get(k, v) == v for k, v in zip(DESCRIBED_FIELDS, stored, strict=True)):
+            continue
+        sets = ", ".join(f"{c} = {{{c}:String}}" for c in fields)
+        con.command(f"ALTER TABLE runs UPDATE {sets} WHERE run_id = {{run_id:String}} SETTINGS mutations_sync = 2",
+                    {**fields, "run_id": run_id})
 
 
 def _refresh_short(con) -> list[str]:
@@ -636,7 +659,7 @@ def register_collected_runs(con) -> list[str]:
     from kvtrace.store.clickhouse.run_rules import sent_span_count, short_summary
     from kvtrace.store.schema import RUN_COLUMNS
 
-    records = _first_records(con)
+    records, openings = _first_records(con)
     fresh = f"(SELECT run_id FROM {COLLECTED_RUNS} WHERE run_id NOT IN (SELECT run_id FROM runs))"
     spanned = " UNION ALL ".join(f"SELECT run_id FROM {t} WHERE run_id IN {fresh}" for t in SPAN_TABLES)
     new = con.ch_frame(
@@ -649,8 +672,9 @@ def register_collected_runs(con) -> list[str]:
     running_sql = (f"SELECT run_id FROM runs WHERE status = 'running' AND writer_host = {_q(COLLECTOR_HOST)} "
                    "ORDER BY run_id")
     running = set(con.ch_frame(running_sql)["run_id"].to_list())  # (records name these, or runs not yet in runs)
-    named = {r: o for r, o, _, s in new.rows() if s or r in records}
-    named.update((r, o) for r, (_, o, _) in records.items() if r not in named and r not in running)
+    named = {r: o for r, o, _, s in new.rows() if s or r in records or r in openings}
+    for recorded in (records, openings):
+        named.update((r, o) for r, (_, o, _) in recorded.items() if r not in named and r not in running)
     new = pl.DataFrame({"run_id": sorted(named), "o": [named[r] for r in sorted(named)]},
                        schema={"run_id": pl.String, "o": pl.Int64})
     if new.height:
@@ -667,6 +691,7 @@ def register_collected_runs(con) -> list[str]:
         types = {"writer_pid": pa.int32(), TIME_OFFSET_COLUMN: pa.int64()}
         con.insert_arrow("runs", pa.table({c: pa.array(v, types.get(c, pa.string())) for c, v in rows.items()}))
     finished = _refresh_short(con)
+    _describe_opened(con, {r: o[0]["described"] for r, o in openings.items() if r not in records})
     for run_id in con.ch_frame(running_sql)["run_id"].to_list():
         if run_id not in records:
             continue

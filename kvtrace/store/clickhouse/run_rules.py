@@ -21,6 +21,13 @@ too (``as_exported``: the int 7 is digest "7" on both paths, an empty value "", 
 takes). A record's summary ``spans`` (``sent_span_count``) is the count of
 spans its sender numbered: a ``complete`` record of a run that lacks some of them finishes it
 ``incomplete``, SPANS_MISSING saying how many, on both paths.
+
+An opening record (status OPENING_STATUS, ``running``: ``is_opening``), which a kvtrace export
+sends with its first export, carries no digest and no summary (one that does is refused): its
+name, created time, trace source, config and behaviours are set where no record set them, so a
+run whose sender was killed keeps its settings; it finishes nothing, marks nothing in
+recorded_runs and counts as no span, on both paths. A second one, or one after the finishing
+record, changes nothing; the finishing record's fields win.
 """
 
 from __future__ import annotations
@@ -31,10 +38,19 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvtrace.metrics import SPANS_MISSING, summary_disagreement, summary_problem
-from kvtrace.store.schema import CONFIG_TEXT_KEYS, FINISHED_STATUSES, RUN_RECORD_PREFIX, run_id_problem
+from kvtrace.store.schema import CONFIG_TEXT_KEYS, FINISHED_STATUSES, RUN_RECORD_PREFIX, RUN_STATUSES, run_id_problem
 from kvtrace.store.writer import DESCRIBED_FIELDS
 
 MAX_RECORD_FIELD_CHARS = 1 << 20  # a run record's text field (a config is a few KB)
+# an opening record's status ("running"): a kvtrace.run record a run's sender sends with its first export
+OPENING_STATUS = RUN_STATUSES[0]
+
+
+def is_opening(record: Mapping[str, Any]) -> bool:
+    """Whether ``run_record``'s reading of a record is an opening one (status OPENING_STATUS):
+    its descriptive fields set where no record set them; it finishes nothing, marks nothing and
+    counts as no span."""
+    return record.get("status") == OPENING_STATUS
 
 
 class RecordRefused(ValueError):
@@ -111,8 +127,15 @@ def run_record(attributes: Mapping[str, Any]) -> dict:
     get = lambda key: attributes.get(f"{RUN_RECORD_PREFIX}{key}")
     status = get("status")
     digest, summary, trace_digest = get("digest"), get("summary"), get("trace_digest")
+    # an opening record (OPENING_STATUS, sent with a run's first export): what is known at its start, no
+    # digest and no summary; it finishes nothing (a record "running" of another shape is refused, as before)
+    opening = status == OPENING_STATUS
+    if opening and (digest is not None or summary is not None):
+        raise RecordRefused(f"{RUN_RECORD_PREFIX}status: {OPENING_STATUS} is an opening record's, which carries no "
+                            f"{'digest' if digest is not None else 'summary'} (a finishing record's status is "
+                            f"{', '.join(FINISHED_STATUSES[:-1])} or {FINISHED_STATUSES[-1]})")
     # (another status, "bogus" or 2, finished the run as complete without a word: a failed run read as a good one)
-    if status is not None and status not in FINISHED_STATUSES:
+    if status is not None and not opening and status not in FINISHED_STATUSES:
         raise RecordRefused(f"{RUN_RECORD_PREFIX}status: expected {', '.join(FINISHED_STATUSES[:-1])} or "
                             f"{FINISHED_STATUSES[-1]}, got {status!r}"[:300])
     for key, word in (("digest", digest), ("trace_digest", trace_digest)):  # (what diff compares and prints)
