@@ -325,7 +325,7 @@ def _write_all(out_dir: Path, write: _Writer) -> dict[str, Path]:
         except OSError as err:
             raise StoreError(str(out_dir), f"cannot create export directory: {err.strerror or err}") from None
         with _renaming(out_dir):  # (no other export mid-rename while a dead one's set-aside file goes back)
-            remove_dead_leftovers(out_dir, _temporary_pid, remove=_put_back_or_remove)
+            _clean_dead_exports(out_dir)
         for table in EXPORTED_TABLES:
             # a name no other export picks (the pid: whose it is, once that one is gone); the
             # writer creates the file, with the usual permissions
@@ -375,6 +375,38 @@ def _put_back_or_remove(path: str) -> None:
                 os.replace(path, target)
                 return
     os.unlink(path)
+
+
+def _clean_dead_exports(out_dir: Path) -> None:
+    """What exports killed with -9 left in ``out_dir``: an export killed in its renames (an
+    earlier file of its set aside, ``.old``) wrote every new file before its first rename, so
+    its renames are finished, the folder then holds that export whole; any other's hidden files
+    go (``_put_back_or_remove``). Putting back the earlier file alone left one run's spans
+    beside the other run's record and evicted blocks, three files that looked whole, once the
+    next export failed or was stopped."""
+    dead: list[str] = []
+    remove_dead_leftovers(out_dir, _temporary_pid, remove=dead.append)
+    by_pid: dict[int | None, list[str]] = {}
+    for path in dead:
+        by_pid.setdefault(_temporary_pid(os.path.basename(path)), []).append(path)
+    for paths in by_pid.values():
+        renaming = any(p.endswith(".old") and _regular(p) for p in paths)
+        for path in sorted(paths, key=lambda p: p.endswith(".old")):  # (its new files first)
+            with contextlib.suppress(OSError):
+                if renaming and not path.endswith(".old") and _regular(path):
+                    name = os.path.basename(path)
+                    target = os.path.join(os.path.dirname(path), f"{name[1:].split('.', 1)[0]}.parquet")
+                    if not os.path.isdir(target):
+                        os.replace(path, target)  # (the killed export's rename, finished)
+                        continue
+                _put_back_or_remove(path)
+
+
+def _regular(path: str) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _temporary_pid(name: str) -> int | None:
