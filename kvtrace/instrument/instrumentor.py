@@ -69,9 +69,8 @@ from kvtrace.instrument.processor import BulkSpanProcessor
 from kvtrace.instrument.spans import SpanBatchBuilder
 from kvtrace.metrics import CACHE_ONLY_STEP_NS
 from kvtrace.names import shown_value
-from kvtrace.store.schema import BACKEND_RESOURCE_KEY, RUN_RECORD_PREFIX, RUN_STATUSES, SPAN_RUN
+from kvtrace.store.schema import BACKEND_RESOURCE_KEY, OPENING_STATUS, RUN_RECORD_PREFIX, SPAN_RUN
 
-OPENING_STATUS = RUN_STATUSES[0]  # an opening record's status ("running": run_rules.OPENING_STATUS, one value)
 OPENING_ORDINAL = 1 << 62  # the id ordinal an opening record's ids are taken at (a run's spans take 0 on)
 DEFAULT_FLUSH_SPANS = 32_768
 # Hand-over points are counted, never timed: a batch's ids and the store's seq order
@@ -302,15 +301,11 @@ class KVCacheInstrumentor:
                                     is_remote=False, trace_flags=trace_api.TraceFlags(trace_api.TraceFlags.SAMPLED))
         self.records_sent += 1
         for proc in exports:
-            proc.on_end(ReadableSpan(
+            proc.send_now(ReadableSpan(  # (its own request, ahead of the batch: not held for 2,048 spans)
                 name=SPAN_RUN, context=ctx, resource=proc.resource or self.resource, attributes=attrs,
                 start_time=proc.time_offset_ns, end_time=proc.time_offset_ns,
                 instrumentation_scope=InstrumentationScope(SCOPE_NAME, __version__),
             ))
-            with proc._lock:  # (its own request, ahead of the batch: not held until the next 2,048 spans)
-                chunk, proc._pending = proc._pending, []
-            if chunk:
-                proc._submit(chunk)
 
     @staticmethod
     def _record_attributes(record: Mapping[str, Any]) -> dict[str, str]:

@@ -135,6 +135,15 @@ class BulkSpanProcessor(SpanProcessor):
             chunk, self._pending = self._pending, []
         self._submit(chunk)
 
+    def send_now(self, span: ReadableSpan) -> None:
+        """``span``, with any spans pending before it, as one export request now: not held until
+        ``max_export_batch_size`` spans gather (a run's opening record, ahead of its first batch)."""
+        self.on_end(span)
+        with self._lock:
+            chunk, self._pending = self._pending, []
+        if chunk:
+            self._submit(chunk)
+
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         with self._lock:
             chunk, self._pending = self._pending, []

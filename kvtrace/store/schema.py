@@ -237,6 +237,8 @@ GENAI_CACHE_READ = "gen_ai.usage.cache_read.input_tokens"
 CACHE_READ_OF = ("num_hit_tokens", "num_external_hit_tokens")
 
 RUN_STATUSES = ("running", "complete", "failed", "incomplete")
+
+
 def named_run_name(run_id: str) -> str:
     """The name a collector gives a run its sender named (``kvtrace.run.id``) until the sender's
     record names it: a store's recovery tells such a run, numbered by its sender (``kvtrace.seq``,
@@ -246,6 +248,9 @@ def named_run_name(run_id: str) -> str:
 
 CONFIG_TEXT_KEYS = ("backend", "vllm_version", "vllm_commit")  # a run config's keys the views show as text
 FINISHED_STATUSES = RUN_STATUSES[1:]  # what a finished run is (a collected run's record may name one)
+# A kvtrace.run record that opens a run (a kvtrace export sends it with its first): what is known at
+# the start, set where no record set it; it finishes nothing (store/clickhouse/run_rules.is_opening)
+OPENING_STATUS = RUN_STATUSES[0]
 
 # The headline fields of a run summary (``runs.summary``), in display order: what the
 # replay prints first, what diff and the dashboard show before anything else. Every

@@ -95,8 +95,10 @@ def test_an_undefined_kind_stores_nothing_of_its_request_and_keeps_what_was_stor
     assert count_spans(tmp_path / "probe25.duckdb", "probe25") == 1
 
 
-@pytest.mark.parametrize("status, shown", [({"stringValue": "bogus"}, "'bogus'"), ({"stringValue": "running"},
-                                           "'running'"), ({"intValue": "2"}, "'2'"), ({"stringValue": ""}, "''")])
+# (a "running" record with no digest or summary is a run's opening record, fc4c7dd: tests/clickhouse/
+# test_opening_record_start33.py holds what both paths do with it, and refuse of one with either)
+@pytest.mark.parametrize("status, shown", [({"stringValue": "bogus"}, "'bogus'"), ({"intValue": "2"}, "'2'"),
+                                           ({"stringValue": ""}, "''")])
 def test_a_run_records_status_other_than_a_finished_runs_is_refused_whole(collector, tmp_path, status, shown):
     """A record's status other than complete, failed or incomplete finished the run as
     ``complete`` with a 200: a ``FAILED`` or ``error`` run read as a good one."""

@@ -38,12 +38,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvtrace.metrics import SPANS_MISSING, summary_disagreement, summary_problem
-from kvtrace.store.schema import CONFIG_TEXT_KEYS, FINISHED_STATUSES, RUN_RECORD_PREFIX, RUN_STATUSES, run_id_problem
+from kvtrace.store.schema import CONFIG_TEXT_KEYS, FINISHED_STATUSES, OPENING_STATUS, RUN_RECORD_PREFIX, run_id_problem
 from kvtrace.store.writer import DESCRIBED_FIELDS
 
 MAX_RECORD_FIELD_CHARS = 1 << 20  # a run record's text field (a config is a few KB)
-# an opening record's status ("running"): a kvtrace.run record a run's sender sends with its first export
-OPENING_STATUS = RUN_STATUSES[0]
 
 
 def is_opening(record: Mapping[str, Any]) -> bool:
