@@ -48,3 +48,22 @@ def test_a_damaged_configs_huge_size_is_unknown_not_spans_damaged(tmp_path, mode
     (row,) = json.loads(listed.stdout)["runs"]
     assert row["damage"] is None and row["capacity_blocks"] in (None, 2000, 10_239), row
     assert row["block_size"] in (None, 512), row
+
+
+def test_a_replay_stopped_before_any_span_states_its_configured_sizes(tmp_path):
+    """e63070f gave a replay stopped before its first request finished its cache's size from
+    its config; one stopped before any span was {} still: diff showed its block size (from the
+    config) beside capacity_blocks left out, and the finished run's 10,239 against nothing."""
+    db, run_id = _stopped_with_config(tmp_path, "engine", lambda c: c)
+    with duckdb.connect(db) as con:
+        for (table,) in con.execute("SELECT table_name FROM information_schema.tables "
+                                    "WHERE table_type = 'BASE TABLE' AND table_name != 'runs'").fetchall():
+            if "run_id" in [c[0] for c in con.execute(f'DESCRIBE "{table}"').fetchall()]:
+                con.execute(f'DELETE FROM "{table}" WHERE run_id = ?', [run_id])
+    assert read.span_counts(db, run_id).height == 0
+    summary = read.run_summary(db, run_id)
+    assert summary == {"error": "KVTraceError: stopped", "block_size": 512, "capacity_blocks": 10_239}
+    shown = CliRunner().invoke(app, ["diff", run_id, run_id, "--db", db, "--json"])
+    assert shown.exit_code == 0, shown.output
+    rows = json.loads(shown.stdout)["metrics"]
+    assert (rows["block_size"]["a"], rows["capacity_blocks"]["a"]) == (512, 10_239)

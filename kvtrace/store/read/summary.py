@@ -82,8 +82,8 @@ def summary_from_spans(db: DB, run_id: str) -> dict[str, Any]:
     ``cow_copies`` (null in cache-only runs, which copy nothing), ``stale_hashes_left``
     (engine runs), ``divergent_outputs`` (null where the engine checked no content), ``steps``
     (engine runs) and ``spans``, each as a complete run's stored summary defines it (without a
-    request counted, the blocks, steps and spans alone; {} without spans), all from one committed
-    state of the store (``one_snapshot``)."""
+    request counted, the blocks, steps and spans alone; without spans, a replay's configured sizes
+    alone, else {}), all from one committed state of the store (``one_snapshot``)."""
     with one_snapshot(db):
         return _summary_from_spans(db, run_id)
 
@@ -113,8 +113,8 @@ def _summary_from_spans(db: DB, run_id: str) -> dict[str, Any]:
         # (spans of a sender unknown here, a vLLM server's llm_request spans alone: no cache measured, no 0)
         replayed = mode == "engine" or str(mode or "").startswith("cache-only")
         measured = mode == "live" or (counts and replayed) or SPAN_PUBLISH in counts or SPAN_EVICT in counts
-        if not measured:
-            return {}
+        if not measured:  # (a replay stopped before any span: its cache's size all the same, from its
+            return _configured_sizes(mode, config)  # config; diff said its block size beside capacity "–")
         summary = {**events, **_configured_sizes(mode, config), **steps, **spans}
     else:
         summary = _request_summary(db, run_id, hits, counts, mode, config, events)
