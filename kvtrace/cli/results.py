@@ -105,8 +105,9 @@ def runs(db: DbToRead, as_json: Json = False, limit: Annotated[int | None, typer
             # (an unbounded cache-only run has no capacity, but a block size all the same)
             # (else the summary's: a stopped cache-only run at its trace's block size, which its spans
             # never record, states its configured capacity there, as diff and the read API show it:
-            # runs said "-" and null)
-            "capacity_blocks": cap.blocks if cap else _stated_size(summary.get("capacity_blocks")),
+            # runs said "-" and null; one stopped before any span, its config's, which it states)
+            "capacity_blocks": cap.blocks if cap else _stated_size(summary.get("capacity_blocks")) or (
+                _stated_size(config.get("capacity_blocks")) if config.get("mode") == "cache-only" else None),
             "unbounded": config.get("mode") == "cache-only" and "capacity_blocks" in config
                          and config["capacity_blocks"] is None,
             "block_size": cap.block_size if cap else summary.get("block_size"),

@@ -30,3 +30,17 @@ def test_a_stopped_cache_only_runs_capacity_is_listed_as_its_summary_states_it(t
     assert (row["capacity_blocks"], row["block_size"], row["unbounded"]) == (2000, None, False)
     table = CliRunner().invoke(app, ["runs", "--db", str(db)], env={"COLUMNS": "300"})
     assert table.exit_code == 0 and "2,000×?" in table.stdout, table.output
+
+
+def test_a_cache_only_run_stopped_before_any_span_lists_its_capacity(tmp_path):
+    from kvtrace.store import Store
+
+    db = tmp_path / "e.duckdb"
+    with Store.open(db) as store:
+        run_id = store.create_run("empty", mode="cache-only/lru", config={
+            "mode": "cache-only", "policy": "lru", "capacity_blocks": 2000, "block_size": None})
+        store.finish_run(run_id, status="failed", summary={"error": "KVTraceError: stopped"})
+    assert read.run_summary(db, run_id)["capacity_blocks"] == 2000
+    listed = CliRunner().invoke(app, ["runs", "--db", str(db), "--json"])
+    (row,) = json.loads(listed.stdout)["runs"]
+    assert (row["capacity_blocks"], row["block_size"]) == (2000, None)
