@@ -130,7 +130,12 @@ def run_demo(
     console.print()
     # Unwrapped (a narrow or piped console would break the path mid-word, and the command
     # with it); the path shown as typed, never as markup or terminal codes.
-    console.print(f"{len(result.runs)} runs recorded in {printable(db)}. Open the dashboard:",
+    # (a server URL without its password, as every other line names it: the command below holds it,
+    # to work when pasted, as the README says; this line printed it a second time)
+    from kvtrace.store.backend import CHDB_PREFIX, db_label
+
+    shown = db_label(db) if is_clickhouse(db) and not str(db).startswith(CHDB_PREFIX) else db
+    console.print(f"{len(result.runs)} runs recorded in {printable(shown)}. Open the dashboard:",
                   markup=False, highlight=False, soft_wrap=True)
     console.print(printable(result.dashboard_command), markup=False, highlight=False, soft_wrap=True)
     return result
