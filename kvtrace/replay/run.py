@@ -545,10 +545,14 @@ def run_replay(
 
 @contextlib.contextmanager
 def _failed_record(instrumentor, record: dict[str, Any]) -> Iterator[list[bool]]:
-    """Around a recorded run: when it raises before its record was sent (``sent`` holds
-    True once it was), its OTLP exports get a ``failed`` record, as its store marks it (a
-    collected copy of a stopped or failed replay read ``incomplete``, with no error)."""
+    """Around a recorded run: its OTLP exports get an opening record (its name, trace, config,
+    behaviours, created) with their first spans, so a collected copy of a replay killed with -9,
+    which sends no other, keeps its settings; when it raises before its record was sent (``sent``
+    holds True once it was), a ``failed`` record, as its store marks it (a collected copy of a
+    stopped or failed replay read ``incomplete``, with no error)."""
     sent: list[bool] = []
+    if instrumentor is not None:
+        instrumentor.open_run(record)
     try:
         yield sent
     except BaseException as exc:
