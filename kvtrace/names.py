@@ -65,6 +65,21 @@ def otlp_requested(endpoint: str | None) -> bool:
     return bool(endpoint) or any(os.environ.get(k) for k in OTLP_ENDPOINT_VARIABLES)
 
 
+# user:password@ after a scheme (one slash too: a path normalised), to the last @ of the word:
+# a password may hold a / or an @ that was not encoded
+_URL_PASSWORD = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*:/{1,2}[^/@\s:]*):\S*@")
+# a secret a URL's query string gives (clickhouse://host/db?password=..., as ClickHouse's JDBC and
+# other clients take it: refused as an unknown option, the error quoted it whole)
+_QUERY_SECRET = re.compile(r"([?&;](?:password|passwd|pwd|pass|secret|token|access_token|api_key|apikey)=)"
+                           r"[^&;#\s]*?(?=:\s|[&;#\s]|$)", re.IGNORECASE)
+
+
+def without_secrets(line: str) -> str:
+    """``line`` with every URL's password, in its userinfo or its query, as *** (every error and
+    status line, and the store's own errors quoting a ``--db`` URL: one rule)."""
+    return _QUERY_SECRET.sub(r"\1***", _URL_PASSWORD.sub(r"\1:***@", line))
+
+
 def printable(text: object) -> str:
     """A user's text (a run's name, a trace's path) as one printable line: control
     characters (a newline, an escape sequence that would recolour the terminal) shown as

@@ -8,7 +8,6 @@ import io
 import json
 import math
 import os
-import re
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -16,32 +15,18 @@ from typing import Any
 import typer
 
 from kvtrace.errors import OutputClosed
-from kvtrace.names import cut_middle, markup_literal, printable, stdout_console
+from kvtrace.names import cut_middle, markup_literal, printable, stdout_console, without_secrets
 from kvtrace.names import shell_path as shell_path  # (re-exported: its home is the ground floor)
 from kvtrace.names import shell_word as shell_word
 
 MAX_ERROR_CHARS = 1_000  # a message quoting a user's value (a list of 200k numbers) stays a readable line
 
 
-# user:password@ after a scheme (one slash too: a path normalised), to the last @ of the word:
-# a password may hold a / or an @ that was not encoded
-_URL_PASSWORD = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*:/{1,2}[^/@\s:]*):\S*@")
-# a secret a URL's query string gives (clickhouse://host/db?password=..., as ClickHouse's JDBC and
-# other clients take it: refused as an unknown option, the error quoted it whole)
-_QUERY_SECRET = re.compile(r"([?&;](?:password|passwd|pwd|pass|secret|token|access_token|api_key|apikey)=)"
-                           r"[^&;#\s]*?(?=:\s|[&;#\s]|$)", re.IGNORECASE)
-
-
-def _hidden(line: str) -> str:
-    """``line`` with every URL's password, in its userinfo or its query, as ***."""
-    return _QUERY_SECRET.sub(r"\1***", _URL_PASSWORD.sub(r"\1:***@", line))
-
-
 def error(msg: str) -> None:
     """The one error line; what it quotes (a path, a key) shown as typed, never obeyed as
     terminal codes (click strips those only when stderr is not a terminal), and cut in the
     middle when it quotes a huge value or path (its end, what is wrong, kept)."""
-    line = _hidden(printable(msg))  # (an endpoint's or a store URL's password, never shown)
+    line = without_secrets(printable(msg))  # (an endpoint's or a store URL's password, never shown)
     line = cut_middle(line, MAX_ERROR_CHARS)  # (the end says what is wrong: a 4,000-byte path's "no such file")
     typer.echo(f"kvtrace: error: {line}", err=True)
 
@@ -50,7 +35,7 @@ def status(msg: str) -> None:
     """A status line on stderr, so stdout stays clean for data: one line, whatever path or
     name it quotes, and a store URL's password never shown, as ``error`` hides it ("run r1
     recorded in clickhouse://u:PASSWORD@..." printed it)."""
-    typer.echo(_hidden(printable(msg)), err=True)
+    typer.echo(without_secrets(printable(msg)), err=True)
 
 
 def count(n: int, noun: str) -> str:

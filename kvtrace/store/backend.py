@@ -27,7 +27,7 @@ from kvtrace.errors import (
     read_only_file,
     wal_path,
 )
-from kvtrace.names import printable, shown_value
+from kvtrace.names import printable, shown_value, without_secrets
 
 CHDB_PREFIX = "chdb:"
 SERVER_SCHEMES = ("clickhouse", "clickhouses")
@@ -131,7 +131,7 @@ def clickhouse_target(db: str | os.PathLike) -> ClickHouseTarget:
         # (a newline in the path shown as \n, as a DuckDB path is: a one-line error made it a space)
         return ClickHouseTarget(label=printable(text), path=resolved,
                                 otel_table=_one(opts, "otel_table", DEFAULT_OTEL_TABLE, text))
-    shown = _without_password(text)  # what errors say: a password is never printed
+    shown = without_secrets(text)  # what errors say: a password is never printed (the userinfo's, the query's)
     try:
         url = urlparse(text)
     except ValueError as err:  # e.g. "Invalid IPv6 URL" for an unclosed [
@@ -157,13 +157,6 @@ def clickhouse_target(db: str | os.PathLike) -> ClickHouseTarget:
         otel_table=_one(parse_qs(url.query, keep_blank_values=True), "otel_table", DEFAULT_OTEL_TABLE, shown),
     )
 
-
-_PASSWORD = re.compile(r"^([a-z]+://[^/@]*?):[^/@]*@", re.IGNORECASE)
-
-
-def _without_password(url: str) -> str:
-    """``scheme://user:secret@host...`` as ``scheme://user:***@host...``."""
-    return _PASSWORD.sub(r"\1:***@", url, count=1)
 
 
 def _one(opts: dict[str, list[str]], key: str, default: str, text: str) -> str:
