@@ -50,7 +50,7 @@ from kvtrace.cache.config import FullAttentionSpec, MambaSpec, SlidingWindowSpec
 from kvtrace.engine.clock import COEFFICIENTS, COST_MODELS, FITTED_TERMS, CostModel, free_step_problem
 from kvtrace.errors import ConfigError, file_problem
 from kvtrace.names import BEHAVIOURS, cut_middle, printable
-from kvtrace.workload.lines import compressed_problem, parse_decimal, without_bom
+from kvtrace.workload.lines import MAX_TOKENS, compressed_problem, parse_decimal, without_bom
 
 _CACHE_KEYS = {
     "num_gpu_blocks": (int, list),
@@ -96,6 +96,15 @@ def parse_retention(value: Any, source: str = "--retention", key: str | None = N
     if value is None or (isinstance(value, str) and value.strip().lower() == "none"):
         return None
     k = value if isinstance(value, int) else parse_decimal(value) if isinstance(value, str) else None
+    digits = str(value).strip().lstrip("+")
+    if (k is not None and k > MAX_TOKENS) or (k is None and digits.isascii() and digits.isdigit()):
+        # (a token count all the same: 'expected ... a token count K' said of one was untrue, and one
+        # past 2^31 was taken, where every other token count stops there)
+        what = f"a token count K of at most {MAX_TOKENS:,} tokens" + (f" ({len(digits):,} digits given)" if k is None
+                                                                       else "")
+        if key is None:
+            raise ConfigError(source, cut_middle(str(value), 80), f"expected none, 0 or {what}")
+        raise ConfigError(source, key, f"expected none, 0 or {what}")
     if k is None or k < 0 or isinstance(value, bool):
         if key is None:
             raise ConfigError(source, str(value), "expected none, 0 or a token count K")
