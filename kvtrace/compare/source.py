@@ -97,8 +97,10 @@ def _read(view: StoreView, db: Any, run_a: str, run_b: str, force: bool) -> tupl
         else:  # (or the file itself changed between the runs: their configs keep no --limit or --format to tell)
             which = (f"{a!r}, read differently (another --limit, --trace-block-size or --format) or changed between "
                      "the runs")
-        raise KVTraceError(f"{db}: runs {run_a} and {run_b} replay different traces ({which}); pass --force to "
-                           "compare anyway")
+        # (a live capture replays nothing: two captures of other servers "replayed different traces")
+        live = "live" in (info_a.get("replayed_mode"), info_b.get("replayed_mode"))
+        what = "come from different sources" if live else "replay different traces"
+        raise KVTraceError(f"{db}: runs {run_a} and {run_b} {what} ({which}); pass --force to compare anyway")
     view.preload(run_a, run_b)
     return info_a, info_b, same
 
