@@ -155,6 +155,12 @@ def shown_value(value: object, limit: int = 80) -> str:
     return cut_middle(text, limit)
 
 
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """``n`` and its noun for a status line: "1 request", "2,048 requests" (``plural`` where
+    an s is not it: "batches")."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {plural or noun + 's'}"
+
+
 def shown_count(value: int) -> str:
     """An API caller's whole number as an error line quotes it: with thousands separators, as
     kvtrace prints every count, and one past Python's 4,300 printable digits by its size."""

@@ -15,6 +15,7 @@ from typing import Any
 import typer
 
 from kvtrace.errors import OutputClosed
+from kvtrace.names import count as count  # (re-exported: its home is the ground floor)
 from kvtrace.names import cut_middle, markup_literal, printable, stdout_console, without_secrets
 from kvtrace.names import shell_path as shell_path  # (re-exported: its home is the ground floor)
 from kvtrace.names import shell_word as shell_word
@@ -36,11 +37,6 @@ def status(msg: str) -> None:
     name it quotes, and a store URL's password never shown, as ``error`` hides it ("run r1
     recorded in clickhouse://u:PASSWORD@..." printed it)."""
     typer.echo(without_secrets(printable(msg)), err=True)
-
-
-def count(n: int, noun: str) -> str:
-    """``n`` and its noun for a status line: "1 request", "2,048 requests"."""
-    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
 
 
 def echo_json(obj: Any) -> None:

@@ -42,7 +42,7 @@ def test_a_batch_timed_past_what_a_trace_holds_leaves_the_rebuilt_trace_replayab
     finally:
         pub.shutdown()
     assert result.exit_code == 0, result.output
-    assert "2 batches" in result.output and "1 bad messages" in result.output, result.output
+    assert "2 batches" in result.output and "1 bad message" in result.output, result.output
     assert f"2 requests rebuilt in {trace}" in result.output
     assert [r.arrival_ns for r in read_native(str(trace))] == [0, 2_000_000_000]
 

@@ -46,7 +46,7 @@ from kvtrace.instrument.vllm.endpoints import MAX_DURATION_S, capture_endpoints
 from kvtrace.instrument.vllm.reconstruct import ChainTracer, native_trace, write_requests
 from kvtrace.instrument.vllm.rows import ENDPOINT_KEY, VllmSpanRows
 from kvtrace.instrument.vllm.wire import KVEventBatch, VllmWireError, decode_kv_batch, replay_frame
-from kvtrace.names import shown_value
+from kvtrace.names import count, shown_value
 from kvtrace.process import sigterm_as_interrupt, stop_requested
 from kvtrace.store.schema import SUMMARY_NOTHING_RECEIVED
 from kvtrace.store.writer import Store
@@ -769,11 +769,13 @@ def capture_report(stats: CaptureStats) -> str:
 
 def capture_counts(stats: CaptureStats) -> str:
     """A capture's counts, the nonzero ones beyond batches, events and spans."""
-    parts = [f"{stats.batches} batches", f"{stats.events} events", f"{stats.spans} spans"]
-    for name in ("recovered", "lost", "missed_before_contact", "duplicates", "restarts", "bad_messages",
-                 "unknown_events"):
-        if getattr(stats, name):
-            parts.append(f"{getattr(stats, name)} {name.replace('_', ' ')}")
+    parts = [count(stats.batches, "batch", "batches"), count(stats.events, "event"), count(stats.spans, "span")]
+    # (each count its noun, singular at 1: "1 bad messages", "1 restarts" read before)
+    for name, noun in (("recovered", None), ("lost", None), ("missed_before_contact", None),
+                       ("duplicates", "duplicate"), ("restarts", "restart"), ("bad_messages", "bad message"),
+                       ("unknown_events", "unknown event")):
+        if n := getattr(stats, name):
+            parts.append(count(n, noun) if noun else f"{n:,} {name.replace('_', ' ')}")
     if stats.nothing_received:
         parts.append("NOTHING RECEIVED")
     return ", ".join(parts)
