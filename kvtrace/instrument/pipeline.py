@@ -68,9 +68,12 @@ class SpansNotDelivered(KVTraceError):
     """Spans an OTLP collector did not take (refused, or unreachable after the retries)."""
 
     def __init__(self, endpoint: str, failed: int, total: int, reason: str | None, records: int = 0):
-        # (the run record travels as one more span: "1,337 of 1,337" beside a run of 1,336 spans)
+        # (the run records travel as spans too: "1,338 of 1,338" beside a run of 1,336 spans, its
+        # opening record and its closing one)
         said = [reason] if reason else []
-        said += [f"of the run's {total - records:,} and its {SPAN_RUN} record"] if records else []
+        if records:
+            which = f"its {SPAN_RUN} record" if records == 1 else f"its {records:,} {SPAN_RUN} records"
+            said.append(f"of the run's {total - records:,} and {which}")
         why = f" ({'; '.join(said)})" if said else ""
         super().__init__(f"{endpoint}: {failed:,} of {total:,} spans were not delivered{why}"[:400])
         self.endpoint, self.failed, self.total = endpoint, failed, total

@@ -348,10 +348,10 @@ def test_replay_to_a_dead_collector_says_how_many_spans_were_not_delivered(tmp_p
     summary = json.loads(r.stdout)
     lines = r.stderr.strip().splitlines()
     assert lines[0] == f"kvtrace: run {summary['run_id']} recorded in {db}"
-    sent = summary["spans"] + 1  # the export ends with the run record, one kvtrace.run span
+    sent = summary["spans"] + 2  # the run's records, a kvtrace.run span each: its opening one and its closing one
     assert len(lines) == 2 and lines[1].startswith(f"kvtrace: error: --otlp-endpoint http://127.0.0.1:{port}: "
                                                    f"{sent} of {sent} spans were not delivered ("), r.stderr
-    assert lines[1].endswith(f"; of the run's {sent - 1} and its kvtrace.run record)"), r.stderr
+    assert lines[1].endswith(f"; of the run's {sent - 2} and its 2 kvtrace.run records)"), r.stderr
     assert "Connection refused" in lines[1]
     assert summary["otlp_spans_undelivered"] == sent > 1
     con = duckdb.connect(str(db), read_only=True)
