@@ -18,8 +18,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from kvtrace.errors import KVTraceError
-from kvtrace.store import Store, export, export_parquet
+from kvtrace.store import Store, export_parquet
 from tests.store.scenario import scenario_rows, scenario_table
 
 ROOT = str(Path(__file__).resolve().parents[2])
@@ -38,26 +37,6 @@ def two_runs(scenario_db):
         store.append_spans(scenario_table(scenario_rows()[:3]), run_id=second)
         store.finish_run(second)
     return db, first, second
-
-
-@pytest.mark.parametrize("k", [2, 4, 6])  # (each table's earlier file set aside, its new one not yet in)
-def test_a_failed_export_after_a_killed_one_keeps_the_earlier_files(scenario_db, tmp_path, monkeypatch, k):
-    db, first, second = two_runs(scenario_db)
-    out = tmp_path / "out"
-    export_parquet(db, first, out)
-    killed_export(db, second, out, k)
-
-    def full_disk(*args, **kwargs):
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(export, "_write_canonical", full_disk)
-    with pytest.raises(KVTraceError, match="No space left on device"):
-        export_parquet(db, first, out)
-    names = sorted(os.listdir(out))
-    assert names == ["evicted_blocks.parquet", "runs.parquet", "spans.parquet"], names
-    runs = {table: set(pq.read_table(out / f"{table}.parquet").column("run_id").to_pylist())
-            for table in ("runs", "spans")}
-    assert runs["runs"] <= {first, second} and runs["spans"] <= {first, second}
 
 
 def test_the_next_export_after_a_kill_is_whole_and_leaves_nothing_hidden(scenario_db, tmp_path):
