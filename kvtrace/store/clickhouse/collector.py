@@ -507,6 +507,9 @@ def _first_records(con) -> tuple[dict[str, tuple[dict, int, str]], dict[str, tup
     otel = f"`{con.target.otel_table}`"
     unfinished = (f"run_id NOT IN (SELECT run_id FROM runs WHERE status != 'running' OR writer_host != "
                   f"{_q(COLLECTOR_HOST)})")
+    # (a table of no record, as every store's no exporter writes to: the two reads of records below,
+    # whose expressions ClickHouse takes some 30 ms to plan over no row, at every open of the store)
+    any_record = con.ch_frame(f"SELECT count() AS n FROM {otel} WHERE SpanName = {_q(SPAN_RUN)}")["n"][0] > 0
     rows = con.ch_frame(
         f"SELECT {_RUN_ID} AS run_id, CAST(SpanAttributes AS {_STR_MAP}) AS record, {_OFFSET} AS o, "
         f"ServiceName AS service, TraceId AS trace_id, SpanId AS span_id, "
@@ -514,11 +517,12 @@ def _first_records(con) -> tuple[dict[str, tuple[dict, int, str]], dict[str, tup
         f"mapContains(ResourceAttributes, {_q(RUN_ID_RESOURCE_KEY)}) AS named, {_RECORD_ENVELOPE_PROBLEM} AS problem, "
         f"{_TWICE_KEY} AS twice, {_TWICE_VALUES} AS twice_values "
         f"FROM {otel} WHERE SpanName = {_q(SPAN_RUN)} AND {_ALL_UTF8} AND {unfinished} "
-        "ORDER BY Timestamp, TraceId, SpanId")
+        "ORDER BY Timestamp, TraceId, SpanId") if any_record else None
     first: dict[str, tuple[dict, int, str]] = {}
     opening: dict[str, tuple[dict, int, str]] = {}
     refused: list[tuple[str, str, str, int, str]] = []
-    for run_id, record, offset, service, trace_id, span_id, start_ns, named, problem, twice, values in rows.rows():
+    for run_id, record, offset, service, trace_id, span_id, start_ns, named, problem, twice, values in (
+            rows.rows() if rows is not None else ()):
         if not named:
             continue
         try:
@@ -534,15 +538,16 @@ def _first_records(con) -> tuple[dict[str, tuple[dict, int, str]], dict[str, tup
         (opening if is_opening(taken) else first).setdefault(run_id, (taken, offset, service))
     # records holding bytes that are no UTF-8, read as valid text (their own bytes panicked polars):
     # left out above, and said nowhere, where the README says their reason is in otel_refused_spans
-    garbled = con.ch_frame(
-        f"SELECT toValidUTF8({_RUN_ID}) AS run_id, toValidUTF8(TraceId) AS trace_id, toValidUTF8(SpanId) AS span_id, "
-        f"toUnixTimestamp64Nano(Timestamp) - {_OFFSET} AS start_ns FROM {otel} WHERE SpanName = {_q(SPAN_RUN)} "
-        f"AND mapContains(ResourceAttributes, {_q(RUN_ID_RESOURCE_KEY)}) AND NOT ({_ALL_UTF8})")
-    refused += [(*row, _NOT_UTF8_WHY) for row in garbled.rows()]
+    if any_record:
+        garbled = con.ch_frame(
+            f"SELECT toValidUTF8({_RUN_ID}) AS run_id, toValidUTF8(TraceId) AS trace_id, toValidUTF8(SpanId) AS "
+            f"span_id, toUnixTimestamp64Nano(Timestamp) - {_OFFSET} AS start_ns FROM {otel} WHERE SpanName = "
+            f"{_q(SPAN_RUN)} AND mapContains(ResourceAttributes, {_q(RUN_ID_RESOURCE_KEY)}) AND NOT ({_ALL_UTF8})")
+        refused += [(*row, _NOT_UTF8_WHY) for row in garbled.rows()]
     _note_refused_records(con, refused)
     # a record the exporter's table holds no more (its TTL): the copy otel_run_records keeps, where
     # the exporter's table holds no record of the run (a run named by none, otlp:<service>, is left)
-    present = set(rows["run_id"].to_list())
+    present = set(rows["run_id"].to_list()) if rows is not None else set()
     kept = con.ch_frame(f"SELECT run_id, record, {TIME_OFFSET_COLUMN} AS o, service_name FROM {RUN_RECORDS} "
                         f"WHERE {unfinished} AND NOT startsWith(run_id, 'otlp:') AND isValidUTF8(run_id) AND "
                         "arrayAll(_s -> isValidUTF8(_s), arrayConcat(mapKeys(record), mapValues(record))) "
