@@ -872,7 +872,7 @@ class OTLPCollector:
             self._not_collected[run_id] = str(mode)
             return
         if mode == "otlp" and status != "running" and not marked and not _finished_by_record(
-                run_id, status, digest, summary, *recorded):
+                status, digest, summary, recorded[0]):
             self._unrecorded_runs.add(run_id)
         name, trace_source, config, behaviours = recorded[1:]
         if any(v is not None for v in (trace_source, config, behaviours)) or (
@@ -923,9 +923,7 @@ class OTLPCollector:
         return run_id
 
 
-def _finished_by_record(run_id: str, status: str, digest: str | None, summary: str | None,
-                        trace_digest: str | None, name: str | None, trace_source: str | None, config: str | None,
-                        behaviours: str | None) -> bool:
+def _finished_by_record(status: str, digest: str | None, summary: str | None, trace_digest: str | None) -> bool:
     """Whether a finished collected run's stored row shows a ``kvtrace.run`` record finished it, as
     one collector keeps it in memory, in a store whose ``RECORDED_RUNS_TABLE`` does not say so (one
     recorded before that table): what a finishing record alone sets (a digest, a summary, a trace
@@ -934,8 +932,6 @@ def _finished_by_record(run_id: str, status: str, digest: str | None, summary: s
     not finish, which its finishing record, after a restart, still finishes. Its first record
     stands: a second one, after a restart, finished the run again. (A record of its status alone
     leaves its row as a collector's close leaves it: only the mark tells them apart.)"""
-    # (not its name, trace source, config or behaviours: an opening record sets those on a run it finishes not)
-    del name, trace_source, config, behaviours
     return status == "failed" or any(v is not None for v in (digest, summary, trace_digest))
 
 
