@@ -22,6 +22,7 @@ ORDER = [
     "store_queries",  # issue 5: every read query on a 10M-span store
     "dashboard_pages",  # issue 5: every page render on a 10M-span store
     "demo",  # issue 6: kvtrace demo wall time
+    "clickhouse_collector",  # the ClickHouse path: an insert through kvtrace's views, a new chdb store
     "sweep_curve",  # issue 17: sweep on 2 workers vs sequential; one-pass curve vs 8 replays
     "peer_dynamo",  # issue 16: kvtrace beside Dynamo's mocker on the same trace
     "vllm_backend",  # issue 13: the engine around vLLM 0.33's own KVCacheManager vs kvtrace's (needs make vllm)

@@ -107,10 +107,10 @@ def empty_chdb_store(db: str, made: list) -> None:
     from kvtrace.store.clickhouse import client
 
     with client.connect(clickhouse_target(db)) as con:
-        tables = con.ch_frame("SELECT name, engine LIKE '%View' FROM system.tables "
+        tables = con.ch_frame("SELECT name, engine LIKE '%View' OR engine = 'Null' FROM system.tables "
                               "WHERE database = currentDatabase() ORDER BY engine LIKE '%View' DESC").rows()
         if con.ch_frame(_LAYOUT).rows() == made:
-            for name, _ in (t for t in tables if not t[1]):
+            for name, _ in (t for t in tables if not t[1]):  # (a view, or otel_checked, keeps no row)
                 con.command(f"TRUNCATE TABLE `{name}` SYNC")
         else:
             for name, _ in tables:

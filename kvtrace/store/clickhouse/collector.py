@@ -2,10 +2,12 @@
 into kvtrace's typed tables by materialised views.
 
 The exporter stores every span attribute as a string in ``SpanAttributes`` (arrays as
-JSON, like pdata's ``AsString``) and the resource in ``ResourceAttributes``. Per family
-table, a materialised view (an insert trigger on ``otel_traces``) parses each inserted
-block into the typed columns the DuckDB store has, so the read API, the dashboard and
-``diff`` read collector-fed runs from the same tables as directly written ones:
+JSON, like pdata's ``AsString``) and the resource in ``ResourceAttributes``. A materialised
+view (an insert trigger on ``otel_traces``) parses each inserted block once into
+``otel_checked`` (a Null table: typed values, and why `kvtrace collect` would refuse each
+span), and one view per family table takes from there the typed columns the DuckDB store
+has, so the read API, the dashboard and ``diff`` read collector-fed runs from the same
+tables as directly written ones:
 
 - the run is the resource's ``kvtrace.run.id``, else ``otlp:<ServiceName>`` (a vLLM or
   LMCache service's spans beside kvtrace's); names kvtrace does not know (vLLM's
@@ -36,7 +38,6 @@ has its derived tables rebuilt at the next open.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 from typing import Any
 
 from kvtrace.store.backend import ClickHouseTarget
@@ -47,6 +48,7 @@ from kvtrace.store.schema import (
     MAX_RUN_ID_CHARS,
     MAX_SENT_SEQ,
     MAX_SPAN_COUNT,
+    META_TABLE,
     NUM_BLOCKS_COLUMN,
     OTHER_TABLE,
     RUN_ID_RESOURCE_KEY,
@@ -312,41 +314,112 @@ def _single(key: str) -> str:
             f"_k = {k}, mapValues(SpanAttributes), mapKeys(SpanAttributes)))) = 1)")
 
 
-def _attribute(column: str, key: str, duck: str) -> str:
-    """SQL: the column's value of the exporter's attribute string where `kvtrace collect`
-    would take it (``_value_ok``, given once), else NULL (an array column: empty)."""
-    v = f"SpanAttributes[{_q(key)}]"
-    ok = _value_ok(column, duck, v)
-    cond = f"mapContains(SpanAttributes, {_q(key)}) AND {_single(key)}" + (f" AND {ok}" if ok else "")
+# --- the views ---------------------------------------------------------------------------------
+# Every rule is read once per inserted block: a first view (the gate) takes the exporter's rows
+# into ``otel_checked``, a Null table (it keeps nothing), with each typed attribute's value and
+# whether its column takes it, and why `kvtrace collect` would refuse the span ('' where it
+# would not); the views filling kvtrace's tables read those. Each view had read every rule of
+# the exporter's strings itself: ClickHouse planned some 0.3 MB of SQL at every insert (0.8 s
+# on chdb for a block of one span) and at each new store.
+CHECKED = "otel_checked"
+_RAW = ("Timestamp", "TraceId", "SpanId", "ParentSpanId", "TraceState", "SpanName", "SpanKind", "ServiceName",
+        "ResourceAttributes", "ScopeName", "ScopeVersion", "SpanAttributes", "Duration", "StatusCode",
+        "StatusMessage", *(f"`{n}.{f}`" for n, fs in (("Events", ("Timestamp", "Name", "Attributes")),
+                                                      ("Links", ("TraceId", "SpanId", "TraceState", "Attributes")))
+                           for f in fs))
+_TYPED = tuple(c for c in SPAN_COLUMN_DEFS if c.attr)  # the columns of typed attributes (spans_other has them all)
+
+
+# The span's attribute keys given twice with two values (``_single`` fails for them), once per span
+_TWICE = ("if(length(arrayDistinct(mapKeys(SpanAttributes))) = length(mapKeys(SpanAttributes)), "
+          "CAST([] AS Array(String)), arrayFilter(_k -> length(arrayDistinct(arrayFilter((_v, _kk) -> _kk = _k, "
+          "mapValues(SpanAttributes), mapKeys(SpanAttributes)))) > 1, arrayDistinct(mapKeys(SpanAttributes)))) "
+          "AS _twice")
+
+
+def own(relation: str) -> bool:
+    """Whether a relation of the exporter's columns is kvtrace's: ``otel_checked`` or a view."""
+    return relation == CHECKED or relation.startswith(_MV_PREFIX)
+
+
+def _taken_flag(column: str) -> str:
+    """``otel_checked``'s column: whether the span's attribute of ``column`` is one value the
+    column takes (then it is no extra attribute)."""
+    return f"`_taken_{column}`"
+
+
+def _taken_sql(column: str, key: str, duck: str) -> str:
+    """SQL: whether the span gives the attribute ``key`` once (or one value twice) as a value
+    `kvtrace collect` takes into the column (``_value_ok``). A value it does not take is kept in
+    ``extra_attributes``: ``12.5`` or ``true`` of a token count, ``[1.5]`` or ``zzz`` of block
+    ids (`kvtrace collect` keeps a value of another type there), and ``-5`` tokens or a key
+    given twice with two values (collect refuses the span; this path, whose exporter took it,
+    keeps the value where it is read as the sender's, not as a count)."""
+    ok = _value_ok(column, duck, f"SpanAttributes[{_q(key)}]")
+    return f"mapContains(SpanAttributes, {_q(key)}) AND NOT has(_twice, {_q(key)})" + (f" AND {ok}" if ok else "")
+
+
+def _typed_sql(column: str, key: str, duck: str) -> str:
+    """SQL: the column's value of the exporter's attribute string where the column takes it
+    (its ``_taken_flag``), else NULL (an array column: empty)."""
+    v, taken = f"SpanAttributes[{_q(key)}]", _taken_flag(column)
     if column == "prefill_chunks":
-        flat = f"if({cond}, JSONExtract({v}, 'Array(Int64)'), [])"
+        flat = f"if({taken}, JSONExtract({v}, 'Array(Int64)'), [])"
         return (f"arrayMap(i -> CAST(({flat}[3 * i + 1], {flat}[3 * i + 2], {flat}[3 * i + 3]), '{_CHUNK}'), "
                 f"range(intDiv(length({flat}), 3)))")
     if duck.endswith("[]"):
         inner = {"BIGINT": "Int64", "VARCHAR": "String", "DOUBLE": "Float64"}[duck[:-2]]
-        return f"if({cond}, JSONExtract({v}, 'Array({inner})'), [])"
+        return f"if({taken}, JSONExtract({v}, 'Array({inner})'), [])"
     parsed = {"BIGINT": f"toInt64OrNull({v})", "INTEGER": f"toInt32OrNull({v})", "DOUBLE": f"toFloat64OrNull({v})",
               "UBIGINT": f"CAST(toInt64OrNull({v}) AS Nullable(UInt64))",  # sent as the int64 of the same bits
               "VARCHAR": v}[duck]
-    return f"if({cond}, {parsed}, NULL)"
+    return f"if({taken}, {parsed}, NULL)"
 
 
-def _taken(column: str, key: str, duck: str) -> str:
-    """SQL over the lambda's ``k``, ``v``: whether the attribute is this typed key and its
-    column took its value (then it is no extra attribute). A value the column does not take
-    is kept in ``extra_attributes``: ``12.5`` or ``true`` of a token count, ``[1.5]`` or
-    ``zzz`` of block ids (`kvtrace collect` keeps a value of another type there), and ``-5``
-    tokens or a key given twice with two values (collect refuses the span; this path, whose
-    exporter took it, keeps the value where it is read as the sender's, not as a count)."""
-    ok = _value_ok(column, duck, "v")
-    return f"(k = {_q(key)} AND {_single(key)}" + (f" AND {ok})" if ok else ")")
+# A span naming a run of the store that no collector made (a replay's or a capture's: its mode is
+# not otlp), which `kvtrace collect` refuses (a 400: nothing is added to it): its spans were added
+# to the replay's here, and every view of the run counted them (11 requests of a replay of 10)
+_NOT_COLLECTED = f"({_RUN_ID} IN (SELECT run_id FROM runs WHERE mode != 'otlp'))"
+_NOT_COLLECTED_WHY = (f"'resource {RUN_ID_RESOURCE_KEY}: a run of this store that no collector made: nothing is "
+                      "added to it'")
 
 
-def _family_select(table: str, otel_table: str) -> tuple[str, str]:
-    """(column list, SELECT over the exporter's table) filling one family table."""
+def _refusal_sql() -> str:
+    """SQL over ``otel_checked``'s typed columns: why `kvtrace collect` would refuse the span, ''
+    where it would not: the envelope's problems (``_envelope``), a run no collector made, and
+    the rules across its fields (``span_rules``) of its span name, over the typed values and
+    its times less the run's offset."""
+    from kvtrace.store.clickhouse.span_rules import RULED_SPANS, span_problem_sql
+
+    start = f"(toUnixTimestamp64Nano(Timestamp) - {_OFFSET})"
+    times = {"start_ns": start, "end_ns": f"({start} + toInt64(Duration))"}
+    attr = {c.name: c.attr or "" for c in _TYPED}
+    column = lambda c: times.get(c) or f"`{c}`"
+    sent = lambda c: f"mapContains(SpanAttributes, {_q(attr[c])})"
+    ruled = [(n, sql) for n in RULED_SPANS if (sql := span_problem_sql(n, column, sent)) is not None]
+    return (f"multiIf(_envelope != '', _envelope, {_NOT_COLLECTED}, {_NOT_COLLECTED_WHY}, "
+            + "".join(f"SpanName = {_q(n)}, {p}, " for n, p in ruled) + "'')")
+
+
+def checked_select(otel_table: str) -> str:
+    """The gate's SELECT over the exporter's table: its rows, each typed attribute's
+    ``_taken_`` flag and value, and ``_reason`` (``_refusal_sql``)."""
+    raw = ", ".join(_RAW)
+    flags = ", ".join(_taken_flag(c.name) for c in _TYPED)
+    typed = ", ".join(f"`{c.name}`" for c in _TYPED)
+    flagged = ", ".join(f"{_taken_sql(c.name, c.attr or '', c.sql)} AS {_taken_flag(c.name)}" for c in _TYPED)
+    values = ", ".join(f"{_typed_sql(c.name, c.attr or '', c.sql)} AS `{c.name}`" for c in _TYPED)
+    first = f"SELECT {raw}, {flagged}, {_ENVELOPE_PROBLEM} AS _envelope FROM (SELECT {raw}, {_TWICE} FROM {otel_table})"
+    second = f"SELECT {raw}, {flags}, _envelope, {values} FROM ({first})"
+    return f"SELECT {raw}, {flags}, {typed}, {_refusal_sql()} AS _reason FROM ({second})"
+
+
+def _family_select(table: str, source: str) -> tuple[str, str]:
+    """(column list, SELECT over ``otel_checked`` or ``source``, a subquery of its rows)
+    filling one family table with the spans `kvtrace collect` would store."""
     from kvtrace.store.clickhouse.schema import stored_columns
 
-    typed = {c.name: c for c in SPAN_COLUMN_DEFS}
+    typed = {c.name: c for c in _TYPED}
     columns = stored_columns(table)
     exprs: list[str] = []
     taken = [f"k = {_q(SEQ_ATTRIBUTE)}"]  # (the attributes that are no extra: the store's own seq, and below)
@@ -362,67 +435,31 @@ def _family_select(table: str, otel_table: str) -> tuple[str, str]:
         elif col == "extra_attributes":
             exprs.append("{extra}")
         elif col == NUM_BLOCKS_COLUMN:
-            ids, hashes = (_attribute(c, typed[c].attr or "", typed[c].sql) for c in ("block_ids", "block_hashes"))
-            exprs.append(f"toInt32(if(length({ids}) > 0, length({ids}), length({hashes})))")
+            exprs.append("toInt32(if(length(block_ids) > 0, length(block_ids), length(block_hashes)))")
         else:
-            c = typed[col]
-            assert c.attr is not None, col
-            exprs.append(_attribute(col, c.attr, c.sql))
-            taken.append(_taken(col, c.attr, c.sql))
+            exprs.append(f"`{col}`")
+            taken.append(f"(k = {_q(typed[col].attr or '')} AND {_taken_flag(col)})")
     # a request's cache-read tokens equal to its hit + external hit tokens: the alias kvtrace's
     # export sends of the columns kept (README), derived again by every reader; another value,
     # or one on another span, is the sender's and kept (as `kvtrace collect`: CACHE_READ_OF)
-    hits = [_attribute(c, typed[c].attr or "", typed[c].sql) for c in CACHE_READ_OF]
     taken.append(f"(k = {_q(GENAI_CACHE_READ)} AND SpanName = {_q(SPAN_REQUEST)} AND {_single(GENAI_CACHE_READ)} "
-                 f"AND ({' OR '.join(f'{h} IS NOT NULL' for h in hits)}) "
-                 f"AND v = toString({' + '.join(f'coalesce({h}, 0)' for h in hits)}))")
+                 f"AND ({' OR '.join(f'`{h}` IS NOT NULL' for h in CACHE_READ_OF)}) "
+                 f"AND v = toString({' + '.join(f'coalesce(`{h}`, 0)' for h in CACHE_READ_OF)}))")
     extra = f"CAST(mapFilter((k, v) -> NOT ({' OR '.join(taken)}), SpanAttributes) AS {_STR_MAP})"
     exprs = [e.replace("{extra}", extra) for e in exprs]
     if table == OTHER_TABLE:
         known = ", ".join(_q(n) for n in (*SPAN_NAMES, SPAN_RUN))
-        where = f"SpanName NOT IN ({known}) AND {_stored(())}"
+        where = f"SpanName NOT IN ({known})"
     else:
-        names = FAMILIES[table][1]
-        where = f"SpanName IN ({', '.join(_q(n) for n in names)}) AND {_stored(names)}"
+        where = f"SpanName IN ({', '.join(_q(n) for n in FAMILIES[table][1])})"
     cols = ", ".join(f"`{c}`" for c in columns)
-    select = ", ".join(f"{e} AS `{c}`" for e, c in zip(exprs, columns))
-    return cols, f"SELECT {select} FROM {otel_table} WHERE {where}"
+    select = ", ".join(e if e == f"`{c}`" else f"{e} AS `{c}`" for e, c in zip(exprs, columns))
+    return cols, f"SELECT {select} FROM {source} WHERE {where} AND _reason = ''"
 
 
-def _stored(names: Iterable[str] | None = None) -> str:
-    """SQL, true where a span is stored in kvtrace's tables: none of the envelope's problems, and
-    none of the rules across its fields (``span_rules``: `kvtrace collect` refuses such a span) of
-    the ruled span names among ``names`` (None: all). A span left out stays in the exporter's
-    table, its reason in otel_refused_spans."""
-    ruled = [(n, p) for n, p in _problems() if names is None or n in names]
-    return (f"{_ENVELOPE_PROBLEM} = '' AND NOT {_NOT_COLLECTED}"
-            + "".join(f" AND (SpanName != {_q(n)} OR {p} = '')" for n, p in ruled))
-
-
-# A span naming a run of the store that no collector made (a replay's or a capture's: its mode is
-# not otlp), which `kvtrace collect` refuses (a 400: nothing is added to it): its spans were added
-# to the replay's here, and every view of the run counted them (11 requests of a replay of 10)
-_NOT_COLLECTED = f"({_RUN_ID} IN (SELECT run_id FROM runs WHERE mode != 'otlp'))"
-_NOT_COLLECTED_WHY = (f"'resource {RUN_ID_RESOURCE_KEY}: a run of this store that no collector made: nothing is "
-                      "added to it'")
-
-
-def _problems() -> list[tuple[str, str]]:
-    """(span name, SQL of why its span breaks a rule across its fields, '' where none) per
-    ruled span name (``span_rules``, the rules `kvtrace collect` refuses spans by), over the
-    typed values the views derive and the span's times less the run's offset."""
-    from kvtrace.store.clickhouse.span_rules import RULED_SPANS, span_problem_sql
-
-    typed = {c.name: c for c in SPAN_COLUMN_DEFS}
-    start = f"(toUnixTimestamp64Nano(Timestamp) - {_OFFSET})"
-    times = {"start_ns": start, "end_ns": f"({start} + toInt64(Duration))"}
-    column = lambda c: times.get(c) or _attribute(c, typed[c].attr or "", typed[c].sql)
-    sent = lambda c: f"mapContains(SpanAttributes, {_q(typed[c].attr or '')})"
-    return [(n, sql) for n in RULED_SPANS if (sql := span_problem_sql(n, column, sent)) is not None]
-
-
-def _side_tables(otel_table: str) -> list[tuple[str, str, str, str]]:
-    """(table, its DDL, column list, SELECT over the exporter's table) of the run side tables."""
+def _side_tables(otel_table: str, source: str) -> list[tuple[str, str, str, str]]:
+    """(table, its DDL, column list, SELECT) of the run side tables: the records' over the
+    exporter's table, the others' over ``otel_checked`` or ``source`` (as ``_family_select``)."""
     return [
         (RUN_RECORDS,
          f"CREATE TABLE IF NOT EXISTS {RUN_RECORDS} (run_id String, record {_STR_MAP}, "
@@ -435,12 +472,9 @@ def _side_tables(otel_table: str) -> list[tuple[str, str, str, str]]:
          f"CREATE TABLE IF NOT EXISTS {REFUSED_SPANS} (run_id String, name String, trace_id String, span_id String, "
          "start_ns Int64, reason String) ENGINE = MergeTree ORDER BY (run_id, start_ns)",
          "run_id, name, trace_id, span_id, start_ns, reason",
-         "SELECT run_id, name, trace_id, span_id, start_ns, reason FROM ("
          f"SELECT toValidUTF8({_RUN_ID}) AS run_id, toValidUTF8(SpanName) AS name, toValidUTF8(TraceId) AS trace_id, "
          f"toValidUTF8(SpanId) AS span_id, toUnixTimestamp64Nano(Timestamp) - {_OFFSET} AS start_ns, "
-         f"multiIf({_ENVELOPE_PROBLEM} != '', {_ENVELOPE_PROBLEM}, {_NOT_COLLECTED}, {_NOT_COLLECTED_WHY}, "
-         f"{', '.join(f'SpanName = {_q(n)}, {p}' for n, p in _problems())}, '') AS reason "
-         f"FROM {otel_table} WHERE SpanName != {_q(SPAN_RUN)}) WHERE reason != ''"),
+         f"_reason AS reason FROM {source} WHERE SpanName != {_q(SPAN_RUN)} AND _reason != ''"),
         (COLLECTED_RUNS,
          f"CREATE TABLE IF NOT EXISTS {COLLECTED_RUNS} (run_id String, service_name String, "
          f"{TIME_OFFSET_COLUMN} Int64) ENGINE = ReplacingMergeTree ORDER BY run_id",
@@ -451,33 +485,67 @@ def _side_tables(otel_table: str) -> list[tuple[str, str, str, str]]:
          # record names it, as `kvtrace collect` makes the run of a record alone: a replay stopped
          # before its first span sends its 'failed' record alone, which collect listed and this path not)
          f"SELECT DISTINCT {_RUN_ID} AS run_id, ServiceName AS service_name, {_OFFSET} AS {TIME_OFFSET_COLUMN} "
-         f"FROM {otel_table} WHERE {_stored()}"),
+         f"FROM {source} WHERE _reason = ''"),
     ]
 
 
+VIEWS_VERSION_KEY = "collector_views"  # kvtrace_meta: a digest of the views' SQL the store was last given
+
+
+def _views(src: str) -> list[tuple[str, str, str, str]]:
+    """(view, the table it fills, column list, SELECT) of every view, the gate first; and, as
+    the fourth item's twin for a back-fill, each SELECT over the exporter's rows."""
+    gate = checked_select(src)
+    views = [(f"{_MV_PREFIX}{CHECKED}", CHECKED, "", gate)]
+    views += [(f"{_MV_PREFIX}{t}", t, *_family_select(t, CHECKED)) for t in SPAN_TABLES]
+    views += [(f"{_MV_PREFIX}{t}", t, cols, select) for t, _, cols, select in _side_tables(src, CHECKED)]
+    return views
+
+
 def attach(con, target: ClickHouseTarget) -> None:
-    """The exporter's table (if missing) and the views from it into kvtrace's tables;
-    rows it held before the views existed are copied once."""
-    from kvtrace.store.clickhouse.schema import SPAN_TABLES
+    """The exporter's table (if missing), ``otel_checked`` and the views from them into
+    kvtrace's tables; rows the exporter's table held before a view existed are copied once.
+    A store whose views an earlier kvtrace made (its digest in ``kvtrace_meta`` not this
+    one's) has each one's query replaced in place (``MODIFY QUERY``: no insert goes past it)."""
+    import hashlib
 
     src = f"`{target.otel_table}`"  # (quoted: any name ?otel_table= takes, `ü` or `select`, is one table)
     con.command(otel_traces_ddl(src))
+    views = _views(src)
+    digest = hashlib.sha256("\n".join(v[3] for v in views).encode()).hexdigest()[:32]
     existing = con.table_names()
-    fills = [(t, *_family_select(t, src)) for t in SPAN_TABLES]
-    for table, ddl, cols, select in _side_tables(src):
+    given = con.ch_frame(f"SELECT value FROM {META_TABLE} WHERE key = {_q(VIEWS_VERSION_KEY)}")["value"].to_list()
+    if CHECKED not in existing:
+        con.command(f"CREATE TABLE IF NOT EXISTS {CHECKED} ENGINE = Null EMPTY AS {views[0][3]}")
+    elif given != [digest]:  # (a Null table keeps no row: its columns are replaced at once)
+        con.command(f"CREATE OR REPLACE TABLE {CHECKED} ENGINE = Null EMPTY AS {views[0][3]}")
+    for _, ddl, _, _ in _side_tables(src, CHECKED):
         con.command(ddl)
-        fills.append((table, cols, select))
     made = []
-    for table, cols, select in fills:
-        view = f"{_MV_PREFIX}{table}"
+    # the gate first: a view replaced in place reads otel_traces or otel_checked at each moment,
+    # so each span passes it once (a view made new is filled below with what came before)
+    for view, table, cols, select in views:
         if view not in existing:
             con.command(f"CREATE MATERIALIZED VIEW IF NOT EXISTS {view} TO {table} AS {select}")
-            made.append((table, cols, select))
+            made.append((table, cols))
+        elif given != [digest]:
+            con.command(f"ALTER TABLE {view} MODIFY QUERY {select}")
+    if given != [digest]:
+        if given:
+            con.command(f"ALTER TABLE {META_TABLE} UPDATE value = {{v:String}} WHERE key = {_q(VIEWS_VERSION_KEY)} "
+                        "SETTINGS mutations_sync = 2", {"v": digest})
+        else:
+            con.command(f"INSERT INTO {META_TABLE} (key, value) VALUES ({_q(VIEWS_VERSION_KEY)}, {{v:String}})",
+                        {"v": digest})
     # what the collector wrote before: rows from now on go through the views. None on an empty
-    # table, which a new store's is (its rules' SELECTs were 1 s of a new chdb store's 3 s)
+    # table, which a new store's is
+    made = [(t, c) for t, c in made if t != CHECKED]
     if made and con.ch_frame(f"SELECT count() > 0 AS held FROM {src}")["held"][0]:
-        for table, cols, select in made:
-            con.command(f"INSERT INTO {table} ({cols}) {select}")
+        rows = f"({views[0][3]})"
+        fills = {t: (c, s) for t, c, s in [(t, *_family_select(t, rows)) for t in SPAN_TABLES]}
+        fills |= {t: (c, s) for t, _, c, s in _side_tables(src, rows)}
+        for table, cols in made:
+            con.command(f"INSERT INTO {table} ({cols}) {fills[table][1]}")
 
 
 # A record's attribute key given twice with two values (the exporter's map keeps both), which
