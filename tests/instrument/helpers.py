@@ -94,8 +94,11 @@ def post_otlp_json(url: str, doc: dict) -> tuple[int, str]:
 def capture_batches(pub, pub_ep: str, replay_ep: str, sent: list, tmp_path: Path, **kwargs):
     """``capture_vllm`` of ``pub_ep`` (a thread; store ``s.duckdb`` and trace ``t.jsonl`` in
     ``tmp_path``; ``kwargs`` its other settings) while vLLM's own publisher ``pub`` sends the
-    batches ``sent`` once the capture reached it; stopped once every batch is in (a batch the
-    slow joiner drops comes back through the replay socket). Its stats; ``pub`` shut down."""
+    batches ``sent`` once the capture reached it; stopped once every batch is in, or none came
+    for 2 s: the subscription can go live after the burst (ZMQ's slow joiner: PUB drops what
+    it sends before), and no later batch tells of it; the stop asks the replay socket for it,
+    as a capture stopped after a burst does. (It waited 60 s for them, then failed, under load.)
+    Its stats; ``pub`` shut down."""
     import threading
     import time
 
@@ -119,8 +122,11 @@ def capture_batches(pub, pub_ep: str, replay_ep: str, sent: list, tmp_path: Path
             time.sleep(0.02)
         for batch in sent:
             pub.publish(batch)
-        while caps[0].stats.batches < len(sent):
-            assert time.monotonic() < deadline, caps[0].stats
+        seen, since = -1, time.monotonic()
+        while caps[0].stats.batches < len(sent) and time.monotonic() - since < 2:
+            if caps[0].stats.batches != seen:
+                seen, since = caps[0].stats.batches, time.monotonic()
+            assert time.monotonic() < deadline, repr(caps[0].stats)
             time.sleep(0.02)
     finally:
         done.set()
