@@ -86,7 +86,14 @@ def _held_chdb(tmp_path_factory) -> Iterator[tuple[str, list]]:
     db = f"chdb:{tmp_path_factory.mktemp('held') / 'ch'}"
     Store.open(db).close()
     with client.connect(clickhouse_target(db)) as con:
-        yield db, con.ch_frame(_LAYOUT).rows()
+        yield db, new_store_state(con)
+
+
+def new_store_state(con) -> tuple[list, list]:
+    """What ``empty_chdb_store`` makes a store again: a new store's layout and meta rows."""
+    from kvtrace.store.schema import META_TABLE
+
+    return con.ch_frame(_LAYOUT).rows(), con.ch_frame(f"SELECT key, value FROM {META_TABLE} ORDER BY key").rows()
 
 
 @pytest.fixture
@@ -96,22 +103,29 @@ def chdb_store(_held_chdb) -> str:
     return _held_chdb[0]
 
 
-def empty_chdb_store(db: str, made: list) -> None:
-    """Make the chdb store ``db`` (its session held) as a new one is, ``made`` its new layout.
+def empty_chdb_store(db: str, made: tuple[list, list]) -> None:
+    """Make the chdb store ``db`` (its session held) as a new one is, ``made`` its new layout
+    and meta rows (``new_store_state``).
 
-    Where the layout is as made, its tables are emptied (2 s a case less than making the 35
-    tables and views again; the store's opening writes its meta rows back); where a case
-    changed it, every table and view is dropped and the store made again."""
+    Where the layout is as made, its tables are emptied and its meta rows written back (a
+    second a case less than making the 35 tables and views again); where a case changed it,
+    every table and view is dropped and the store made again."""
+    import pyarrow as pa
+
     from kvtrace.store import Store
     from kvtrace.store.backend import clickhouse_target
     from kvtrace.store.clickhouse import client
+    from kvtrace.store.schema import META_TABLE
+
+    layout, meta = made
 
     with client.connect(clickhouse_target(db)) as con:
         tables = con.ch_frame("SELECT name, engine LIKE '%View' OR engine = 'Null' FROM system.tables "
                               "WHERE database = currentDatabase() ORDER BY engine LIKE '%View' DESC").rows()
-        if con.ch_frame(_LAYOUT).rows() == made:
+        if con.ch_frame(_LAYOUT).rows() == layout:
             for name, _ in (t for t in tables if not t[1]):  # (a view, or otel_checked, keeps no row)
                 con.command(f"TRUNCATE TABLE `{name}` SYNC")
+            con.insert_arrow(META_TABLE, pa.table({"key": [k for k, _ in meta], "value": [v for _, v in meta]}))
         else:
             for name, _ in tables:
                 con.command(f"DROP TABLE IF EXISTS `{name}` SYNC")

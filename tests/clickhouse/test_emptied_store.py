@@ -7,7 +7,7 @@ from kvtrace.replay.run import RunSpec, run_replay
 from kvtrace.store import Store
 from kvtrace.store.backend import clickhouse_target
 from kvtrace.store.clickhouse import client
-from tests.clickhouse.conftest import _LAYOUT, empty_chdb_store
+from tests.clickhouse.conftest import _LAYOUT, empty_chdb_store, new_store_state
 
 
 def _contents(con) -> dict[str, list]:
@@ -22,12 +22,12 @@ def test_an_emptied_store_is_a_new_one_after_rows_and_after_damage(tmp_path):
     db = f"chdb:{tmp_path / 'ch'}"
     Store.open(db).close()
     with client.connect(clickhouse_target(db)) as con:
-        made, new = con.ch_frame(_LAYOUT).rows(), _contents(con)
+        made, new = new_store_state(con), _contents(con)
         run_replay(RunSpec("gen:chat", limit=4, mode="cache-only"), db=db)
         assert _contents(con) != new  # (the replay wrote rows)
         empty_chdb_store(db, made)
         assert _contents(con) == new
         con.command("ALTER TABLE spans_lookup DROP COLUMN time_offset_ns")
-        assert con.ch_frame(_LAYOUT).rows() != made
+        assert con.ch_frame(_LAYOUT).rows() != made[0]
         empty_chdb_store(db, made)
         assert _contents(con) == new
