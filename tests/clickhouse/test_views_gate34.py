@@ -63,7 +63,7 @@ def _as_an_earlier_kvtrace_left_it(db: str) -> None:
             select = (collector._family_select(table, rows)[1] if table.startswith("spans_") else
                       next(s for t, _, _, s in collector._side_tables(src, rows) if t == table))
             con.command(f"ALTER TABLE {view} MODIFY QUERY {select}")
-        con.command(f"DROP TABLE {collector._MV_PREFIX}{collector.CHECKED} SYNC")
+        con.command(f"DROP TABLE {collector.VIEW_PREFIX}{collector.CHECKED} SYNC")
         con.command(f"DROP TABLE {collector.CHECKED} SYNC")
         con.command(f"DELETE FROM {META_TABLE} WHERE key = '{collector.VIEWS_VERSION_KEY}'")
         assert collector.CHECKED not in con.table_names()
@@ -74,12 +74,12 @@ def test_every_rule_is_read_by_the_gate_alone(chdb_store):
         views = _views(con)
         readers = con.ch_frame("SELECT dependencies_table FROM system.tables WHERE database = currentDatabase() "
                                f"AND name = '{collector.CHECKED}'")["dependencies_table"][0].to_list()
-    gate = f"{collector._MV_PREFIX}{collector.CHECKED}"
+    gate = f"{collector.VIEW_PREFIX}{collector.CHECKED}"
     assert all(r in views[gate] for r in _REASONS)
     for view, sql in views.items():
         if view != gate:
             assert not any(r in sql for r in _REASONS), view
-    assert sorted(readers) == sorted(v for v in views if v not in (gate, f"{collector._MV_PREFIX}otel_run_records"))
+    assert sorted(readers) == sorted(v for v in views if v not in (gate, f"{collector.VIEW_PREFIX}otel_run_records"))
 
 
 def test_views_an_earlier_kvtrace_made_are_replaced_in_place_and_store_alike(_held_chdb):
@@ -107,7 +107,7 @@ def test_views_an_earlier_kvtrace_made_are_replaced_in_place_and_store_alike(_he
 
 def test_a_view_changed_since_is_given_back_and_the_digest_kept_once(chdb_store):
     with client.connect(clickhouse_target(chdb_store)) as con:
-        view = f"{collector._MV_PREFIX}spans_request"
+        view = f"{collector.VIEW_PREFIX}spans_request"
         con.command(f"ALTER TABLE {view} MODIFY QUERY {collector._family_select('spans_request', 'otel_checked')[1]} "
                     "AND 0")
         con.command(f"ALTER TABLE {META_TABLE} UPDATE value = 'earlier' WHERE key = '{collector.VIEWS_VERSION_KEY}' "

@@ -41,6 +41,7 @@ import json
 from typing import Any
 
 from kvtrace.store.backend import ClickHouseTarget
+from kvtrace.store.clickhouse.schema import CHECKED_TABLE, VIEW_PREFIX
 from kvtrace.store.schema import (
     CACHE_READ_OF,
     FAMILIES,
@@ -71,7 +72,6 @@ COLLECTOR_HOST = "otel-collector"  # runs.writer_host of a collected run
 RUN_RECORDS = "otel_run_records"
 COLLECTED_RUNS = "otel_collected_runs"
 REFUSED_SPANS = "otel_refused_spans"  # spans left out of the typed tables: they break a rule `kvtrace collect` holds
-_MV_PREFIX = "kvtrace_from_"
 
 # The exporter's traces table (exporter/clickhouseexporter/internal/sqltemplates/
 # traces_table.sql of opentelemetry-collector-contrib, the bloom-filter variant), with
@@ -321,7 +321,7 @@ def _single(key: str) -> str:
 # would not); the views filling kvtrace's tables read those. Each view had read every rule of
 # the exporter's strings itself: ClickHouse planned some 0.3 MB of SQL at every insert (0.8 s
 # on chdb for a block of one span) and at each new store.
-CHECKED = "otel_checked"
+CHECKED = CHECKED_TABLE
 _RAW = ("Timestamp", "TraceId", "SpanId", "ParentSpanId", "TraceState", "SpanName", "SpanKind", "ServiceName",
         "ResourceAttributes", "ScopeName", "ScopeVersion", "SpanAttributes", "Duration", "StatusCode",
         "StatusMessage", *(f"`{n}.{f}`" for n, fs in (("Events", ("Timestamp", "Name", "Attributes")),
@@ -335,11 +335,6 @@ _TWICE = ("if(length(arrayDistinct(mapKeys(SpanAttributes))) = length(mapKeys(Sp
           "CAST([] AS Array(String)), arrayFilter(_k -> length(arrayDistinct(arrayFilter((_v, _kk) -> _kk = _k, "
           "mapValues(SpanAttributes), mapKeys(SpanAttributes)))) > 1, arrayDistinct(mapKeys(SpanAttributes)))) "
           "AS _twice")
-
-
-def own(relation: str) -> bool:
-    """Whether a relation of the exporter's columns is kvtrace's: ``otel_checked`` or a view."""
-    return relation == CHECKED or relation.startswith(_MV_PREFIX)
 
 
 def _taken_flag(column: str) -> str:
@@ -496,9 +491,9 @@ def _views(src: str) -> list[tuple[str, str, str, str]]:
     """(view, the table it fills, column list, SELECT) of every view, the gate first; and, as
     the fourth item's twin for a back-fill, each SELECT over the exporter's rows."""
     gate = checked_select(src)
-    views = [(f"{_MV_PREFIX}{CHECKED}", CHECKED, "", gate)]
-    views += [(f"{_MV_PREFIX}{t}", t, *_family_select(t, CHECKED)) for t in SPAN_TABLES]
-    views += [(f"{_MV_PREFIX}{t}", t, cols, select) for t, _, cols, select in _side_tables(src, CHECKED)]
+    views = [(f"{VIEW_PREFIX}{CHECKED}", CHECKED, "", gate)]
+    views += [(f"{VIEW_PREFIX}{t}", t, *_family_select(t, CHECKED)) for t in SPAN_TABLES]
+    views += [(f"{VIEW_PREFIX}{t}", t, cols, select) for t, _, cols, select in _side_tables(src, CHECKED)]
     return views
 
 

@@ -4,8 +4,8 @@ derived tables, rebuilt server-side from the SQL the DuckDB store runs (``materi
 from __future__ import annotations
 
 from kvtrace.store import derived, dialect
-from kvtrace.store.clickhouse import client, collector
-from kvtrace.store.clickhouse.schema import derived_columns, store_tables
+from kvtrace.store.clickhouse import client
+from kvtrace.store.clickhouse.schema import collector_relation, derived_columns, store_tables
 from kvtrace.store.errors import DAMAGED, StoreError
 from kvtrace.store.schema import META_TABLE, SCHEMA_VERSION, SPAN_TABLES, TIME_OFFSET_COLUMN, meta_rows, meta_version
 from kvtrace.store.state import chdb_catalog_state
@@ -79,7 +79,7 @@ def _check_columns(con: client.ClickHouseConnection, label: str, version: int) -
     for name, relation in expected(version).items():
         if name == "otel_traces":  # here the OTel Collector exporter's table (?otel_table=), its columns its own
             if con.target.otel_table not in have:
-                others = sorted(t for t, cols in have.items() if cols >= _OTEL_COLUMNS and not collector.own(t))
+                others = sorted(t for t, cols in have.items() if cols >= _OTEL_COLUMNS and not collector_relation(t))
                 if others:  # (a whole store written with another ?otel_table=: not "damaged")
                     named = others[0] if len(others) == 1 else f"one of {', '.join(others)}"
                     raise StoreError(label, f"no table {con.target.otel_table}: this store's OTel table is "
