@@ -71,7 +71,7 @@ _LAYOUT = ("SELECT name, engine, create_table_query FROM system.tables WHERE dat
 
 
 @pytest.fixture(scope="module")
-def _held_chdb(tmp_path_factory) -> Iterator[tuple[str, list]]:
+def _held_chdb(tmp_path_factory) -> Iterator[tuple[str, tuple[list, list]]]:
     """One chdb directory for a module's cases, its session held open until the module ends,
     and its layout as a new store has it.
 

@@ -488,8 +488,7 @@ VIEWS_VERSION_KEY = "collector_views"  # kvtrace_meta: a digest of the views' SQ
 
 
 def _views(src: str) -> list[tuple[str, str, str, str]]:
-    """(view, the table it fills, column list, SELECT) of every view, the gate first; and, as
-    the fourth item's twin for a back-fill, each SELECT over the exporter's rows."""
+    """(view, the table it fills, column list, SELECT) of every view, the gate first."""
     gate = checked_select(src)
     views = [(f"{VIEW_PREFIX}{CHECKED}", CHECKED, "", gate)]
     views += [(f"{VIEW_PREFIX}{t}", t, *_family_select(t, CHECKED)) for t in SPAN_TABLES]

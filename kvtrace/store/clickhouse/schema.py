@@ -45,6 +45,8 @@ VIEW_PREFIX = "kvtrace_from_"
 def collector_relation(name: str) -> bool:
     """Whether a relation is the collector path's own: ``otel_checked`` or one of its views."""
     return name == CHECKED_TABLE or name.startswith(VIEW_PREFIX)
+
+
 # Columns every row has: not Nullable (sorting keys must not be, and it is cheaper).
 _NOT_NULL = {"run_id", "name", SEQ_COLUMN, NUM_BLOCKS_COLUMN, TIME_OFFSET_COLUMN}
 _LOW_CARDINALITY = {"run_id", "name", "source", "service_name", "scope_name", "scope_version", "publish_kind",
