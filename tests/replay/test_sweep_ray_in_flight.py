@@ -34,8 +34,10 @@ def test_workers_beside_ray_bound_the_tasks_in_flight(monkeypatch):
         return Counted
 
     def get(ref, *args, **kwargs):
-        in_flight.append(submitted[0] - len(in_flight))  # submitted, less those taken back before
-        return real_get(ref, *args, **kwargs)
+        before = submitted[0] - len(in_flight)  # submitted, less those taken back before
+        got = real_get(ref, *args, **kwargs)  # (a poll that timed out, a replay past 1 s under load, took none)
+        in_flight.append(before)
+        return got
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     try:
