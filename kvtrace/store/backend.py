@@ -158,7 +158,6 @@ def clickhouse_target(db: str | os.PathLike) -> ClickHouseTarget:
     )
 
 
-
 def _one(opts: dict[str, list[str]], key: str, default: str, text: str) -> str:
     unknown = set(opts) - {key}
     if unknown:

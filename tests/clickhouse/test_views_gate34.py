@@ -63,18 +63,18 @@ def _as_an_earlier_kvtrace_left_it(db: str) -> None:
             select = (collector._family_select(table, rows)[1] if table.startswith("spans_") else
                       next(s for t, _, _, s in collector._side_tables(src, rows) if t == table))
             con.command(f"ALTER TABLE {view} MODIFY QUERY {select}")
-        con.command(f"DROP TABLE {collector.VIEW_PREFIX}{collector.CHECKED} SYNC")
-        con.command(f"DROP TABLE {collector.CHECKED} SYNC")
+        con.command(f"DROP TABLE {collector.VIEW_PREFIX}{collector.CHECKED_TABLE} SYNC")
+        con.command(f"DROP TABLE {collector.CHECKED_TABLE} SYNC")
         con.command(f"DELETE FROM {META_TABLE} WHERE key = '{collector.VIEWS_VERSION_KEY}'")
-        assert collector.CHECKED not in con.table_names()
+        assert collector.CHECKED_TABLE not in con.table_names()
 
 
 def test_every_rule_is_read_by_the_gate_alone(chdb_store):
     with client.connect(clickhouse_target(chdb_store)) as con:
         views = _views(con)
         readers = con.ch_frame("SELECT dependencies_table FROM system.tables WHERE database = currentDatabase() "
-                               f"AND name = '{collector.CHECKED}'")["dependencies_table"][0].to_list()
-    gate = f"{collector.VIEW_PREFIX}{collector.CHECKED}"
+                               f"AND name = '{collector.CHECKED_TABLE}'")["dependencies_table"][0].to_list()
+    gate = f"{collector.VIEW_PREFIX}{collector.CHECKED_TABLE}"
     assert all(r in views[gate] for r in _REASONS)
     for view, sql in views.items():
         if view != gate:
@@ -97,8 +97,8 @@ def test_views_an_earlier_kvtrace_made_are_replaced_in_place_and_store_alike(_he
     _insert(db, _batch("a", 1))  # (through the earlier views)
     Store.open(db).close()  # (a writer's open: the views replaced)
     with client.connect(clickhouse_target(db)) as con:
-        assert collector.CHECKED in con.table_names()
-        assert not any(r in sql for v, sql in _views(con).items() if not v.endswith(collector.CHECKED)
+        assert collector.CHECKED_TABLE in con.table_names()
+        assert not any(r in sql for v, sql in _views(con).items() if not v.endswith(collector.CHECKED_TABLE)
                        for r in _REASONS)
     _insert(db, _batch("b", 11))  # (through this kvtrace's)
     Store.open(db).close()

@@ -321,7 +321,6 @@ def _single(key: str) -> str:
 # would not); the views filling kvtrace's tables read those. Each view had read every rule of
 # the exporter's strings itself: ClickHouse planned some 0.3 MB of SQL at every insert (0.8 s
 # on chdb for a block of one span) and at each new store.
-CHECKED = CHECKED_TABLE
 _RAW = ("Timestamp", "TraceId", "SpanId", "ParentSpanId", "TraceState", "SpanName", "SpanKind", "ServiceName",
         "ResourceAttributes", "ScopeName", "ScopeVersion", "SpanAttributes", "Duration", "StatusCode",
         "StatusMessage", *(f"`{n}.{f}`" for n, fs in (("Events", ("Timestamp", "Name", "Attributes")),
@@ -490,9 +489,9 @@ VIEWS_VERSION_KEY = "collector_views"  # kvtrace_meta: a digest of the views' SQ
 def _views(src: str) -> list[tuple[str, str, str, str]]:
     """(view, the table it fills, column list, SELECT) of every view, the gate first."""
     gate = checked_select(src)
-    views = [(f"{VIEW_PREFIX}{CHECKED}", CHECKED, "", gate)]
-    views += [(f"{VIEW_PREFIX}{t}", t, *_family_select(t, CHECKED)) for t in SPAN_TABLES]
-    views += [(f"{VIEW_PREFIX}{t}", t, cols, select) for t, _, cols, select in _side_tables(src, CHECKED)]
+    views = [(f"{VIEW_PREFIX}{CHECKED_TABLE}", CHECKED_TABLE, "", gate)]
+    views += [(f"{VIEW_PREFIX}{t}", t, *_family_select(t, CHECKED_TABLE)) for t in SPAN_TABLES]
+    views += [(f"{VIEW_PREFIX}{t}", t, cols, select) for t, _, cols, select in _side_tables(src, CHECKED_TABLE)]
     return views
 
 
@@ -509,37 +508,38 @@ def attach(con, target: ClickHouseTarget) -> None:
     digest = hashlib.sha256("\n".join(v[3] for v in views).encode()).hexdigest()[:32]
     existing = con.table_names()
     given = con.ch_frame(f"SELECT value FROM {META_TABLE} WHERE key = {_q(VIEWS_VERSION_KEY)}")["value"].to_list()
-    if CHECKED not in existing:
-        con.command(f"CREATE TABLE IF NOT EXISTS {CHECKED} ENGINE = Null EMPTY AS {views[0][3]}")
-    elif given != [digest]:  # (a Null table keeps no row: its columns are replaced at once)
-        con.command(f"CREATE OR REPLACE TABLE {CHECKED} ENGINE = Null EMPTY AS {views[0][3]}")
-    for _, ddl, _, _ in _side_tables(src, CHECKED):
+    stale = given != [digest]
+    if CHECKED_TABLE not in existing:
+        con.command(f"CREATE TABLE IF NOT EXISTS {CHECKED_TABLE} ENGINE = Null EMPTY AS {views[0][3]}")
+    elif stale:  # (a Null table keeps no row: its columns are replaced at once)
+        con.command(f"CREATE OR REPLACE TABLE {CHECKED_TABLE} ENGINE = Null EMPTY AS {views[0][3]}")
+    for _, ddl, _, _ in _side_tables(src, CHECKED_TABLE):
         con.command(ddl)
     made = []
     # the gate first: a view replaced in place reads otel_traces or otel_checked at each moment,
     # so each span passes it once (a view made new is filled below with what came before)
-    for view, table, cols, select in views:
+    for view, table, _, select in views:
         if view not in existing:
             con.command(f"CREATE MATERIALIZED VIEW IF NOT EXISTS {view} TO {table} AS {select}")
-            made.append((table, cols))
-        elif given != [digest]:
+            made.append(table)
+        elif stale:
             con.command(f"ALTER TABLE {view} MODIFY QUERY {select}")
-    if given != [digest]:
-        if given:
-            con.command(f"ALTER TABLE {META_TABLE} UPDATE value = {{v:String}} WHERE key = {_q(VIEWS_VERSION_KEY)} "
-                        "SETTINGS mutations_sync = 2", {"v": digest})
-        else:
-            con.command(f"INSERT INTO {META_TABLE} (key, value) VALUES ({_q(VIEWS_VERSION_KEY)}, {{v:String}})",
-                        {"v": digest})
+    if stale and given:
+        con.command(f"ALTER TABLE {META_TABLE} UPDATE value = {{v:String}} WHERE key = {_q(VIEWS_VERSION_KEY)} "
+                    "SETTINGS mutations_sync = 2", {"v": digest})
+    elif stale:
+        con.command(f"INSERT INTO {META_TABLE} (key, value) VALUES ({_q(VIEWS_VERSION_KEY)}, {{v:String}})",
+                    {"v": digest})
     # what the collector wrote before: rows from now on go through the views. None on an empty
-    # table, which a new store's is
-    made = [(t, c) for t, c in made if t != CHECKED]
+    # table, which a new store's is (the gate's own table keeps none)
+    made = [t for t in made if t != CHECKED_TABLE]
     if made and con.ch_frame(f"SELECT count() > 0 AS held FROM {src}")["held"][0]:
         rows = f"({views[0][3]})"
-        fills = {t: (c, s) for t, c, s in [(t, *_family_select(t, rows)) for t in SPAN_TABLES]}
-        fills |= {t: (c, s) for t, _, c, s in _side_tables(src, rows)}
-        for table, cols in made:
-            con.command(f"INSERT INTO {table} ({cols}) {fills[table][1]}")
+        fills = {t: _family_select(t, rows) for t in SPAN_TABLES}
+        fills |= {t: (cols, select) for t, _, cols, select in _side_tables(src, rows)}
+        for table in made:
+            cols, select = fills[table]
+            con.command(f"INSERT INTO {table} ({cols}) {select}")
 
 
 # A record's attribute key given twice with two values (the exporter's map keeps both), which
