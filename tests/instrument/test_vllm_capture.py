@@ -1134,3 +1134,82 @@ def test_a_captures_summary_counts_its_published_and_evicted_blocks_as_every_vie
     published = sum(len(r["block_hashes"] or ()) for r in rows if r["name"] == "kvtrace.cache.publish")
     assert (summary["publishes"], summary["evictions"]) == (published, evicted) and evicted >= 17
     assert summary["batches"] == 20 and sum(summary["evictions_by_reason"].values()) == evicted
+
+
+def test_a_backlog_at_the_stop_is_taken_off_whole_and_counted(monkeypatch, caplog):
+    """A backlog the discard's time bound could not read (1 s, ~150k messages, where a stop
+    found 200k queued) left 6,173 batches in no count and the newest seq unseen. Here the
+    clock runs 0.05 s a look, so the old bound took 20 messages of 200; the whole queue is
+    taken now (its RCVHWM at most), and a queue outlasting the bound is said to."""
+    import time
+
+    import zmq
+
+    from kvtrace.instrument.vllm import capture as capture_module
+    from kvtrace.instrument.vllm.capture import VllmKVCapture, run_captures
+
+    ctx = zmq.Context.instance()
+    pub = ctx.socket(zmq.PUB)
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    cap = VllmKVCapture(f"tcp://127.0.0.1:{port}", replay_timeout_s=0.01)
+    try:
+        cap.receive([b"kv", (0).to_bytes(8, "big"), _raw_batch(1.0)])  # seq 0: accepted
+        time.sleep(0.5)  # (the subscription reaches the publisher)
+        for seq in range(1, 201):
+            pub.send_multipart([b"kv", seq.to_bytes(8, "big"), _raw_batch(float(seq))])
+        deadline = time.monotonic() + 10
+        while not cap.socket.poll(0) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.5)  # (the rest queued behind the first)
+        monkeypatch.setattr(capture_module, "DRAIN_S", 0.0)  # nothing decoded after the stop
+        ticks = iter(range(10**9))
+
+        class FastClock:  # 0.05 s more at every look
+            sleep = staticmethod(time.sleep)
+
+            @staticmethod
+            def monotonic() -> float:
+                return next(ticks) * 0.05
+
+        monkeypatch.setattr(capture_module, "time", FastClock)
+        with caplog.at_level("WARNING", logger="kvtrace.instrument.vllm.capture"):
+            run_captures([cap], should_stop=lambda: True)
+    finally:
+        monkeypatch.undo()
+        cap.close()
+        pub.close(0)
+    assert (cap.stats.batches, cap.stats.lost) == (1, 200)
+    assert not any("in no count" in r.getMessage() for r in caplog.records)
+
+
+def test_a_queue_that_outlasts_the_discard_is_said_to(monkeypatch, caplog):
+    """Batches still queued when the discard's time ran out were in no count, without a word."""
+    import time
+
+    import zmq
+
+    from kvtrace.instrument.vllm import capture as capture_module
+    from kvtrace.instrument.vllm.capture import VllmKVCapture, run_captures
+
+    ctx = zmq.Context.instance()
+    pub = ctx.socket(zmq.PUB)
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    cap = VllmKVCapture(f"tcp://127.0.0.1:{port}", replay_timeout_s=0.01)
+    try:
+        cap.receive([b"kv", (0).to_bytes(8, "big"), _raw_batch(1.0)])
+        time.sleep(0.5)
+        for seq in range(1, 101):
+            pub.send_multipart([b"kv", seq.to_bytes(8, "big"), _raw_batch(float(seq))])
+        deadline = time.monotonic() + 10
+        while not cap.socket.poll(0) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.5)
+        monkeypatch.setattr(capture_module, "DRAIN_S", 0.0)
+        monkeypatch.setattr(capture_module, "DISCARD_S", 0.0)  # (no time to take any off)
+        with caplog.at_level("WARNING", logger="kvtrace.instrument.vllm.capture"):
+            run_captures([cap], should_stop=lambda: True)
+    finally:
+        cap.close()
+        pub.close(0)
+    said = [r.getMessage() for r in caplog.records if "in no count" in r.getMessage()]
+    assert cap.stats.batches == 1 and len(said) == 1, [r.getMessage() for r in caplog.records]

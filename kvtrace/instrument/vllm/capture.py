@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -71,9 +72,12 @@ MAX_FIRST_SEQ = 1 << 62  # (a stray first message there still leaves 2^62 steps 
 # recovery before its batches came (counted lost, under load).
 _REPLAY_SLACK_FRAMES = 10_001
 # How long a stopping capture keeps receiving what is already queued on its sockets; what
-# is still queued after that is taken off them undecoded, for up to DISCARD_S, and counted lost.
+# is still queued after that is taken off them undecoded and counted lost: the socket's
+# whole queue (its RCVHWM at most, read at ~150k messages a second), or what DISCARD_S
+# allows, whichever ends first. (DISCARD_S was 1 s, the whole bound: a backlog of 200k
+# left 6,173 batches queued in no count, and the newest seq unseen.)
 DRAIN_S = 5.0
-DISCARD_S = 1.0
+DISCARD_S = 15.0
 
 
 @dataclass(slots=True)
@@ -159,6 +163,7 @@ class VllmKVCapture:
         self._rows = VllmSpanRows(SeededIdGenerator(seed), {"service.name": "vllm", ENDPOINT_KEY: endpoint}, dp_rank)
         self._ctx = zmq.Context()
         self.socket = self._ctx.socket(zmq.SUB)
+        self.rcvhwm = rcvhwm
         self.socket.setsockopt(zmq.RCVHWM, rcvhwm)
         self.socket.setsockopt(zmq.SUBSCRIBE, topic.encode())
         self.socket.setsockopt(zmq.LINGER, 0)
@@ -623,8 +628,10 @@ def run_captures(caps: list[VllmKVCapture], duration: float | None = None,
         discard_until = time.monotonic() + DISCARD_S
         discarded = set()
         for cap in caps:
-            undrained, newest = 0, None
-            while time.monotonic() < discard_until and cap.socket.poll(0):
+            # (the queue holds rcvhwm messages at most: as many reads take all it held at the
+            # stop, whatever a publisher still sending adds meanwhile)
+            undrained, newest, most = 0, None, cap.rcvhwm or sys.maxsize  # (0: ZMQ's "no limit")
+            while undrained < most and time.monotonic() < discard_until and cap.socket.poll(0):
                 frames = cap.socket.recv_multipart()
                 if len(frames) == 3:  # (a batch's frames: topic, seq, payload)
                     undrained += 1
@@ -637,6 +644,10 @@ def run_captures(caps: list[VllmKVCapture], duration: float | None = None,
                 cap.stats.lost += lost
                 _log.warning("%s: %d batches still queued %.0f s after the stop were not decoded: %d counted lost "
                              "(with the seqs between them)", cap.endpoint, undrained, DRAIN_S, lost)
+            if undrained < most and cap.socket.poll(0):
+                last = newest if newest is not None else cap.last_seq
+                _log.warning("%s: batches were still queued %.0f s after the stop and %.0f s more: those past seq %s "
+                             "are in no count", cap.endpoint, DRAIN_S, DISCARD_S, "?" if last is None else last)
         # one replay timeout for every rank's tail (the largest a capture was given), not one each
         tail_until = time.monotonic() + max(cap.replay_timeout_s for cap in caps)
         for cap in caps:
