@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlparse
@@ -217,7 +218,41 @@ def duckdb_path_problem(path: str, missing: str | None) -> str | None:
             return "a SQLite database, not a DuckDB one; expected a kvtrace store file"
         # told before a command's work, not once a sweep's replays are done and to be stored
         return "not a DuckDB database (expected a kvtrace store file)"
-    return None
+    return truncation_problem(path) if head else None
+
+
+# DuckDB's file: a main header, then two database headers (each a block of this size, the
+# newer by iteration in use), then the blocks. A database header is a checksum and then
+# uint64s: iteration, meta_block, free_list, block_count, block_alloc_size, vector_size...
+_HEADER_BLOCK = 4096
+_DB_HEADER = struct.Struct("<8x5Q")
+
+
+def truncation_problem(path: str) -> str | None:
+    """Why the DuckDB file at ``path`` is cut short: smaller than its newer header's block
+    count says, and ending within a block (a copy or a download cut short). A writer's open
+    of such a file failed at a block past the end only after it had checkpointed into the
+    file, rewriting pages a reader still needed; a cut of the last byte opened without error
+    and took new runs that no reader could list. None when whole, or unreadable here."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(3 * _HEADER_BLOCK)
+            size = os.fstat(f.fileno()).st_size
+    except OSError:
+        return None
+    if len(head) < 3 * _HEADER_BLOCK:
+        return None  # (DuckDB's own open says what is wrong with a file that short)
+    headers = [_DB_HEADER.unpack_from(head, at) for at in (_HEADER_BLOCK, 2 * _HEADER_BLOCK)]
+    _, _, _, blocks, block_size = max(headers)  # (the newer: iteration first)
+    if not (4096 <= block_size <= 1 << 30 and block_size & (block_size - 1) == 0 and blocks < 1 << 40):
+        return None  # (a layout this check does not know: left to DuckDB)
+    whole = 3 * _HEADER_BLOCK + blocks * block_size
+    if size >= whole or (size - 3 * _HEADER_BLOCK) % block_size == 0:
+        # (DuckDB writes whole blocks, and cuts free ones off the end just before it writes the
+        # header that no longer counts them: a file a kill left there is short, but whole)
+        return None
+    return (f"corrupt or truncated DuckDB file ({size:,} bytes, where its header counts {whole:,}: a copy or a "
+            "download cut short?); nothing is read from or written to it")
 
 
 READ_ONLY_STORE = "cannot write: Permission denied (a read-only file: nothing is written to it)"
