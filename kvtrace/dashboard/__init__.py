@@ -107,10 +107,11 @@ def launch(db: str | os.PathLike, host: str = "127.0.0.1", port: int = 8501, run
             raise ConfigError("kvtrace dashboard", "--db", f"{path}: no such database file (fill one with `kvtrace "
                                                            f"demo` or `kvtrace replay TRACE --db "
                                                            f"{shell_path(path)}`)")
-        from kvtrace.store.connection import read_connection
+        from kvtrace.store import read
 
-        with read_connection(path):  # the check every reader makes (`kvtrace runs`): a kvtrace store
-            pass
+        # what `kvtrace runs` reads, read here: a store whose layout is whole but whose run
+        # statistics are damaged (a block's checksum) was served, each page one error
+        read.runs(path)
     # (no STREAMLIT_* variable: the server's settings are its flags, as no config.toml of the
     # current folder reaches it; a bad one printed Streamlit's usage text or a traceback, or
     # failed after the address was printed, and an SSL certificate made it serve https where
@@ -228,12 +229,14 @@ def _start(command: list[str], env: dict[str, str]) -> subprocess.Popen:
     # run in kvtrace's own folder, not the user's: Streamlit reads ``.streamlit/config.toml``
     # (and secrets) from its working directory, and a user's (baseUrlPath "foo") served the
     # dashboard where the address printed 404s. The --db path is absolute already.
-    # The server reads no stdin: given the null device, as its stdout is where this process's
-    # was closed (`<&-`, `>&-`): it inherited no descriptor there (or the read end of its own
-    # stderr pipe), opened its event loop's at 0 or 1, and libuv aborted it as it stopped
-    # ("uv__close: Assertion `fd > STDERR_FILENO' failed", SIGABRT).
+    # The server reads no stdin and writes nothing kvtrace does not say better: its stdout
+    # holds Streamlit's banner ("You can now view your Streamlit app in your browser", the
+    # URL, "Stopping..."), beside kvtrace's own address and `stopped` lines. Both are the null
+    # device, never a closed descriptor (`<&-`, `>&-`): a server that inherited none there (or
+    # the read end of its own stderr pipe) opened its event loop's at 0 or 1, and libuv
+    # aborted it as it stopped ("uv__close: Assertion `fd > STDERR_FILENO' failed", SIGABRT).
     where = str(APP_PATH.parent)
-    stdout = None if _inherited(1) else subprocess.DEVNULL
+    stdout = subprocess.DEVNULL
     if os.name != "posix":
         return subprocess.Popen(command, env=env, cwd=where, stdin=subprocess.DEVNULL, stdout=stdout,
                                 stderr=subprocess.PIPE)
@@ -241,15 +244,6 @@ def _start(command: list[str], env: dict[str, str]) -> subprocess.Popen:
         command = [sys.executable, "-S", "-P", "-c", _WITH_PARENT, str(os.getpid()), *command]
     return subprocess.Popen(command, env=env, cwd=where, stdin=subprocess.DEVNULL, stdout=stdout,
                             stderr=subprocess.PIPE, process_group=0)
-
-
-def _inherited(fd: int) -> bool:
-    """Whether a child would inherit ``fd``: open here, and not close-on-exec (the null device
-    ``cli.output.fitted_streams`` puts where a closed stdout was is Python's, which is)."""
-    try:
-        return os.get_inheritable(fd)
-    except OSError:
-        return False
 
 
 def _died(code: int, failure: str | None) -> str:
