@@ -50,6 +50,8 @@ from kvtrace.store.schema import (
     FAMILIES,
     FAMILY_OF_NAME,
     LARGEST_NUMBERED_RUN_SQL,
+    LEFTOVER_SPANS,
+    LEFTOVER_SPANS_SQL,
     META_TABLE,
     NUM_BLOCKS_COLUMN,
     OTHER_TABLE,
@@ -577,11 +579,16 @@ class Store:
         if time_offset_ns is not None and time_offset_ns != 0:
             raise ValueError("create_run: a DuckDB store keeps virtual times as they are (time_offset_ns 0)")
         with self._connect() as con:
+            leftover = LEFTOVER_SPANS_SQL.format(id="$id")
             if run_id is None:
                 largest = fetch_one(con, LARGEST_NUMBERED_RUN_SQL.format(matches="run_id SIMILAR TO 'r[0-9]+'"))
                 run_id = next_run_id(largest[0] if largest else None)
+                while fetch_one(con, leftover, {"id": run_id}):  # (never another run's spans)
+                    run_id = next_run_id(run_id)
             elif fetch_one(con, "SELECT 1 FROM runs WHERE run_id = ?", [run_id]):
                 raise StoreError(self.path, f"run id {run_id!r} already exists")
+            elif fetch_one(con, leftover, {"id": run_id}):
+                raise StoreError(self.path, f"run id {run_id!r}: {LEFTOVER_SPANS}")
             pid = os.getpid()
             con.execute(
                 "INSERT INTO runs (run_id, name, created, trace_source, trace_digest, config, behaviours, mode,"

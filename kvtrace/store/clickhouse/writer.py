@@ -34,6 +34,8 @@ from kvtrace.store.liveness import host_name, process_start_token
 from kvtrace.store.schema import (
     CURVE_COLUMNS,
     LARGEST_NUMBERED_RUN_SQL,
+    LEFTOVER_SPANS,
+    LEFTOVER_SPANS_SQL,
     META_TABLE,
     RECORDED_RUNS_TABLE,
     RUN_COLUMNS,
@@ -216,8 +218,12 @@ class ClickHouseStore(Store):
             if run_id is None:
                 largest = con.ch_frame(LARGEST_NUMBERED_RUN_SQL.format(matches="match(run_id, '^r[0-9]+$')"))
                 run_id = next_run_id(largest["run_id"][0] if largest.height else None)
+                while self._leftover(con, run_id):  # (never another run's spans)
+                    run_id = next_run_id(run_id)
             elif self._exists(con, run_id):
                 raise StoreError(self.path, f"run id {run_id!r} already exists")
+            elif self._leftover(con, run_id):
+                raise StoreError(self.path, f"run id {run_id!r}: {LEFTOVER_SPANS}")
             pid = os.getpid()
             row = {"run_id": run_id, "name": name, "created": created, "trace_source": trace_source,
                    "trace_digest": trace_digest, "config": _json_or_none(config),
@@ -288,6 +294,9 @@ class ClickHouseStore(Store):
             if recorded:
                 with contextlib.suppress(StoreError):
                     con.insert_arrow(RECORDED_RUNS_TABLE, pa.table({"run_id": pa.array([run_id], pa.string())}))
+
+    def _leftover(self, con: client.ClickHouseConnection, run_id: str) -> bool:
+        return con.ch_frame(LEFTOVER_SPANS_SQL.format(id="{r:String}"), {"r": run_id}).height > 0
 
     def _exists(self, con: client.ClickHouseConnection, run_id: str) -> bool:
         return con.ch_frame("SELECT 1 AS x FROM runs WHERE run_id = {r:String}", {"r": run_id}).height > 0
