@@ -12,8 +12,10 @@ import numpy as np
 import polars as pl
 
 from kvtrace import metrics
+from kvtrace.names import printable
 from kvtrace.numeric import percentiles
 from kvtrace.store import derived
+from kvtrace.store.errors import StoreError
 from kvtrace.store.read._api import BadArgument, checked
 from kvtrace.store.read._sql import DB, Connection, open_run, query, with_run
 from kvtrace.store.schema import COPY_REASON_EXTERNAL, SPAN_COW, SPAN_EVICT, SPAN_LOOKUP, SPAN_REQUEST
@@ -62,13 +64,24 @@ def per_request_hits(db: DB, run_id: str) -> pl.DataFrame:
     """Per request (for diffs): columns request_id, num_prompt_tokens,
     num_local_hit_tokens, num_external_hit_tokens, num_cached_tokens (local + external at
     first schedule: vLLM's per-request num_cached_tokens), num_computed_tokens, ttft_ns."""
-    return with_run(db, run_id, f"""
+    frame = with_run(db, run_id, f"""
         SELECT request_id, num_prompt_tokens, coalesce(num_hit_tokens, 0) AS num_local_hit_tokens,
                coalesce(num_external_hit_tokens, 0) AS num_external_hit_tokens,
                coalesce(num_hit_tokens, 0) + coalesce(num_external_hit_tokens, 0) AS num_cached_tokens,
                num_computed_tokens,
                coalesce(ttft_ns, first_token_ns - coalesce(arrival_ns, start_ns)) AS ttft_ns
         FROM request_spans WHERE run_id = $run_id AND name = '{SPAN_REQUEST}' ORDER BY request_id""")
+    # (as hit_counters refuses them: a request whose hits exceed its prompt, or are negative,
+    # was set against the other run's as "gained" by diff, the store's damage unsaid)
+    bad = frame.filter((pl.col("num_cached_tokens") > pl.col("num_prompt_tokens"))
+                       | (pl.col("num_local_hit_tokens") < 0) | (pl.col("num_external_hit_tokens") < 0))
+    if bad.height:
+        row = bad.row(0, named=True)
+        raise StoreError(str(db), f"damaged kvtrace store: run {run_id}'s request {printable(row['request_id'])} has "
+                                  f"{row['num_local_hit_tokens']:,} local and {row['num_external_hit_tokens']:,} "
+                                  f"external hit tokens of a {row['num_prompt_tokens']:,}-token prompt "
+                                  f"({bad.height:,} such requests)")
+    return frame
 
 
 @checked
