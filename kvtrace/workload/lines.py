@@ -541,6 +541,40 @@ def writes_in_place(path: str) -> bool:
         return False
 
 
+# How long an output FIFO may wait for its reader: a pipeline's starts at once; one that
+# never comes held the command for good (a shell's `> FIFO` waits so too, but says nothing)
+FIFO_READER_WAIT_S = 10.0
+
+
+def _is_fifo(path: str) -> bool:
+    try:
+        return stat.S_ISFIFO(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def _fifo_with_reader(name: str) -> int:
+    """A blocking write descriptor of the FIFO ``name``, once a process opens it to read
+    (polled: a blocking open would wait for good); KVTraceError after FIFO_READER_WAIT_S."""
+    import fcntl
+    import time
+
+    deadline = time.monotonic() + FIFO_READER_WAIT_S
+    while True:
+        try:
+            fd = os.open(name, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as e:
+            if e.errno != errno.ENXIO:  # (ENXIO: no reader yet)
+                raise KVTraceError(f"{name}: cannot write: {e.strerror}") from None
+            if time.monotonic() >= deadline:
+                raise KVTraceError(f"{name}: is a FIFO that no process opened to read within "
+                                   f"{FIFO_READER_WAIT_S:g} s; start its reader first (nothing was written)") from None
+            time.sleep(0.05)
+            continue
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        return fd
+
+
 def _open_descriptor(path: str) -> int | None:
     """The descriptor ``path`` names (/dev/stdout, /dev/fd/N, /proc/self/fd/N), else None."""
     if path in _STD_PATHS:
@@ -621,10 +655,12 @@ class AtomicText:
             prefix = name + ".tmp-"  # (the suffix's shape: the pid follows it)
             remove_dead_leftovers(parent, lambda entry: pid_after(prefix, entry))
         fd = _open_descriptor(self.name) if in_place else None
+        fifo = _fifo_with_reader(self.name) if fd is None and in_place and _is_fifo(self.path) else None
         try:
             # an open descriptor's own file description (its offset, its append mode), so the
             # output lands where a redirection would put it; opening /dev/stdout anew truncates
-            f = os.fdopen(os.dup(fd), "wb") if fd is not None else open(self.tmp or self.path, "wb")
+            f = (os.fdopen(fifo, "wb") if fifo is not None else os.fdopen(os.dup(fd), "wb") if fd is not None
+                 else open(self.tmp or self.path, "wb"))
             if self.tmp is not None:
                 self._keep_mode(f.fileno())
             self.f = _Sink(f, self.name)
