@@ -143,7 +143,15 @@ def as_block_requests(requests: Iterable[TraceRequest], block_size: int | None) 
         raise ConfigError("cache-only", "block_size", f"expected 1 to {MAX_TOKENS:,} tokens, got {block_size}")
     reblocked = 0  # before any is made: the Mooncake trace at --block-size 1 is 61M blocks, 5 GB, no end
     for r in reqs:
-        if r.hash_ids is None or r.hash_block_size != block_size:
+        if r.hash_ids is not None and r.hash_block_size == block_size:
+            # (a request no pool holds, however it is blocked: a 52-byte Azure row of 16,777,216
+            # tokens at --trace-block-size 1 took curve's auto capacities past 5 GB)
+            if len(r.hash_ids) > MAX_BLOCKS:
+                raise ConfigError("cache-only", "block_size",
+                                  f"request {r.request_id} ({r.input_length:,} tokens) is {len(r.hash_ids):,} blocks "
+                                  f"of {block_size} tokens, more than a pool holds ({MAX_BLOCKS:,}); pass a larger "
+                                  "--block-size")
+        else:
             blocks = -(-r.input_length // block_size)
             if blocks > MAX_BLOCKS:  # (a 100-byte trace took 62 s and 4 GB)
                 raise ConfigError("cache-only", "block_size",

@@ -185,8 +185,11 @@ def auto_capacities(requests: Sequence[TraceRequest], block_size: int | None = N
     keys = block_keys(reqs)
     largest = max((len(k) for k in keys), default=1) or 1
     distinct = len(np.unique(np.fromiter((x for k in keys for x in k), dtype=np.int64))) or 1
-    top = max(distinct, largest + 1)
-    return [int(c) for c in np.unique(np.geomspace(largest, top, points).round().astype(np.int64))]
+    # (at most the largest bounded pool, as --capacities is: a point past it was a replay of a
+    # pool kvtrace refuses elsewhere; the unbounded cache's point is the one pass's)
+    top = min(max(distinct, largest + 1), MAX_CAPACITY_BLOCKS)
+    low = min(largest, top)
+    return [int(c) for c in np.unique(np.geomspace(low, top, points).round().astype(np.int64))]
 
 
 MAX_CURVE_POINTS = 10_000  # capacities of one curve (as a sweep's combinations)
