@@ -250,11 +250,13 @@ def derived_status(con: Connection, status: str) -> str:
     with publishes by seq, and ``diff`` showed 12 evictions before a partial tail where its
     spans have 1. DuckDB and ClickHouse alike. A store records the version when it is made:
     an older one is never rebuilt in place (a rebuild held a big store from every reader for
-    half a minute), so its runs, and the runs appended to it since, are read from their spans."""
+    half a minute), so its runs, and the runs appended to it since, are read from their spans.
+    So are a newer kvtrace's (a version past ours): rows of definitions this one does not know
+    were read as its own."""
     if status == "running":
         return status
     meta = query(con, f"SELECT key, value FROM {META_TABLE} WHERE key = $key", {"key": derived.DERIVED_VERSION_KEY})
-    return status if derived.built_version(dict(meta.rows())) >= derived.DERIVED_VERSION else "running"
+    return status if derived.built_version(dict(meta.rows())) == derived.DERIVED_VERSION else "running"
 
 
 def derived_relation(table: str, status: str) -> str:
