@@ -467,7 +467,8 @@ class ArrivalOrder:
             raise TraceFormatError(
                 self.path, line,
                 f"{self.what}: {value!r} is not a time kvtrace can replay (expected a finite number below "
-                f"{MAX_TIME_NS // self.unit_ns:,})"[:240],
+                # (exact: 4,611,686,018.4 s was taken where the bound read 4,611,686,018)
+                f"{Decimal(MAX_TIME_NS) / Decimal(self.unit_ns):,f})"[:240],
             )
         last = self.last_ns
         if last is not None and arrival_ns < last:
