@@ -288,10 +288,26 @@ def _output_dir(directory: str | Path) -> Path:
         raise StoreError(str(out_dir), f"cannot use as export directory: {err.strerror or err}") from None
     for table in EXPORTED_TABLES:  # (each is renamed into place: a rename replaced a 0444 file all the same)
         target = out_dir / f"{table}.parquet"
-        problem = read_only_problem(target)
+        problem = read_only_problem(target) or _not_parquet(target)
         if problem is not None:
             raise StoreError(str(target), problem)
     return out_dir
+
+
+def _not_parquet(target: Path) -> str | None:
+    """Why a file at ``target`` is not an earlier export's to replace: it holds something
+    else than Parquet (a user's notes named spans.parquet were replaced, exit 0), as
+    calibrate keeps a file that is not a cost model."""
+    try:
+        if not stat.S_ISREG(os.stat(target).st_mode):  # (a FIFO's open would wait for a writer)
+            return None
+        with open(target, "rb") as f:
+            head = f.read(4)
+    except OSError:
+        return None  # (none there; unreadable: the rename says what it can)
+    if not head or head == b"PAR1":
+        return None
+    return "exists and is not a Parquet file (an earlier export's), so it is not replaced; export elsewhere or move it"
 
 
 def _not_the_stores_own(db: str | Path, out_dir: Path) -> None:

@@ -285,7 +285,7 @@ def test_a_folder_locked_past_the_timeout_is_one_line_and_nothing_replaced(work,
     tmp, db, run = work
     out = tmp / "out"
     out.mkdir()
-    (out / "runs.parquet").write_bytes(b"an earlier export")
+    (out / "runs.parquet").write_bytes(b"PAR1 an earlier export")
     monkeypatch.setattr(export_module, "RENAME_LOCK_TIMEOUT_S", 0.3)
     fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -294,7 +294,7 @@ def test_a_folder_locked_past_the_timeout_is_one_line_and_nothing_replaced(work,
     finally:
         os.close(fd)
     _one_line(code, err, str(out), "another process has held its lock for 0.3 s")
-    assert _entries(out) == ["runs.parquet"] and (out / "runs.parquet").read_bytes() == b"an earlier export"
+    assert _entries(out) == ["runs.parquet"] and (out / "runs.parquet").read_bytes() == b"PAR1 an earlier export"
 
 
 @pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs util-linux's setpriv to drop root")
