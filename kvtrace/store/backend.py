@@ -124,6 +124,9 @@ def clickhouse_target(db: str | os.PathLike) -> ClickHouseTarget:
             path = path[2:]
         if not path:
             raise ConfigError("--db", text, "expected chdb:PATH (a directory for the embedded ClickHouse)")
+        if path.startswith(":") or "://" in path:  # (chdb:://, a URL's spelling: a folder ':' was made)
+            raise ConfigError("--db", text, "expected chdb:PATH, a directory's path (write chdb:./NAME for a folder "
+                                            "whose name starts with ':'; a server is clickhouse://HOST:8123/DB)")
         opts = parse_qs(query, keep_blank_values=True)  # (an empty ?otel_table= was the default, unsaid)
         try:
             resolved = str(Path(path).resolve())
