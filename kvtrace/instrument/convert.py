@@ -66,6 +66,7 @@ _SIGN64 = 1 << 63
 _INT_RANGE = {pa.int64(): (-_SIGN64, _SIGN64 - 1), pa.int32(): (-(1 << 31), (1 << 31) - 1),
               pa.uint64(): (-_SIGN64, _MASK64)}
 _MIN_VALUE = {c.name: c.min_value for c in SPAN_COLUMN_DEFS if c.min_value is not None}
+_MAX_VALUE = {c.name: c.max_value for c in SPAN_COLUMN_DEFS if c.max_value is not None}
 
 
 class UnstorableValue(KVTraceError):
@@ -124,13 +125,17 @@ def _fits(key: str, column: str, values: Sequence[int]) -> None:
                                   f"{MAX_SPAN_COUNT:,}, so the store's sums over a run fit int64)"[:300])
 
 
-def _floats(key: str, values: Sequence[int | float]) -> list[float]:
+def _floats(key: str, values: Sequence[int | float], column: str | None = None) -> list[float]:
     try:
         out = [float(x) for x in values]
     except OverflowError:  # an int beyond any double
         out = [math.inf]
     if not all(map(math.isfinite, out)):
         raise UnstorableValue(f"{key}: NaN, infinity and numbers beyond a double cannot be stored as numbers")
+    lo, hi = _MIN_VALUE.get(column or "", -math.inf), _MAX_VALUE.get(column or "", math.inf)
+    if out and not (lo <= min(out) and max(out) <= hi):  # (an ITL percentile of -1 ns, a pool 150% used)
+        bad = next(v for v in out if not lo <= v <= hi)
+        raise UnstorableValue(f"{key}: {bad!r} does not fit the store's {column} column ({lo:g} to {hi:g})"[:300])
     return out
 
 
@@ -224,7 +229,7 @@ def _column_value(column: str, v: Any, key: str = "") -> tuple[bool, Any]:
             return (False, None) if ints is None else (True, ints)
         if pa.types.is_floating(item):
             if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
-                return True, _floats(key, v)
+                return True, _floats(key, v, column)
             return False, None
         if pa.types.is_string(item):
             return (all(isinstance(x, str) for x in v), list(v))
@@ -239,9 +244,9 @@ def _column_value(column: str, v: Any, key: str = "") -> tuple[bool, Any]:
         return True, (v & _MASK64 if t == pa.uint64() else v)
     if pa.types.is_floating(t):
         if isinstance(v, (int, float)) and not isinstance(v, bool):
-            return True, _floats(key, (v,))[0]
+            return True, _floats(key, (v,), column)[0]
         if isinstance(v, str) and _NUMBER_TEXT.fullmatch(v) and math.isfinite(x := float(v)):
-            return True, x
+            return True, _floats(key, (x,), column)[0]
         if isinstance(v, str) and v in _UNSUPPORTED_TEXTS:  # (a NaN's text, as a Go forwarder sends it: the
             _floats(key, (math.nan,))  # ClickHouse path reads it as the NaN, and leaves the span out as this refuses)
         return False, None

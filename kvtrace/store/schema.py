@@ -71,17 +71,19 @@ _CHUNKS_SQL = "STRUCT(start_ns BIGINT, end_ns BIGINT, num_tokens BIGINT)[]"
 
 class Col:
     """One span column: name, Arrow type, DuckDB type, the OTel attribute key it stores, and
-    for an integer column the least value a sender may put there (``min_value``: times,
-    steps and durations are never negative, so the store's SQL can subtract any two of them
-    in BIGINT without overflow; counts, ids and sizes are never negative either, so no sum
-    of them in a view goes below zero)."""
+    the least value a sender may put there (``min_value``: times, steps and durations are
+    never negative, so the store's SQL can subtract any two of them in BIGINT without
+    overflow; counts, ids and sizes are never negative either, so no sum of them in a view
+    goes below zero; nor are a number column's gaps). A number column may say its greatest
+    too (``max_value``: a pool's usage is a share, 0..1). `kvtrace collect` refuses a span
+    with a value beyond them; the ClickHouse path keeps it as an extra attribute's text."""
 
-    __slots__ = ("arrow", "attr", "doc", "min_value", "name", "sql")
+    __slots__ = ("arrow", "attr", "doc", "max_value", "min_value", "name", "sql")
 
     def __init__(self, name: str, arrow: pa.DataType, sql: str, attr: str | None, doc: str,
-                 min_value: int | None = None):
+                 min_value: int | None = None, max_value: float | None = None):
         self.name, self.arrow, self.sql, self.attr, self.doc = name, arrow, sql, attr, doc
-        self.min_value = min_value
+        self.min_value, self.max_value = min_value, max_value
 
 
 # (name, arrow type, duckdb type, OTel attribute key or None, meaning)
@@ -152,7 +154,8 @@ SPAN_COLUMN_DEFS: tuple[Col, ...] = (
     Col("num_waiting", _I64, "BIGINT", "kvtrace.step.waiting", "", min_value=0),
     Col("num_copies", _I64, "BIGINT", "kvtrace.step.copies", "", min_value=0),
     Col("num_preempted", _I64, "BIGINT", "kvtrace.step.preempted", "", min_value=0),
-    Col("usage", pa.list_(_F64), "DOUBLE[]", "kvtrace.step.usage", "block-pool usage per KV group, 0..1"),
+    Col("usage", pa.list_(_F64), "DOUBLE[]", "kvtrace.step.usage", "block-pool usage per KV group, 0..1",
+        min_value=0, max_value=1),
     # request
     Col("session_id", _STR, "VARCHAR", "kvtrace.request.session_id", ""),
     Col("arrival_ns", _I64, "BIGINT", "kvtrace.request.arrival_ns", "request arrival (span start is arrival too)",
@@ -173,9 +176,9 @@ SPAN_COLUMN_DEFS: tuple[Col, ...] = (
         "local hit tokens of those re-lookups", min_value=0),
     Col("ttft_ns", _I64, "BIGINT", "kvtrace.request.ttft_ns", "first_token_ns - arrival_ns", min_value=0),
     Col("itl_ns", pa.list_(_I64), "BIGINT[]", "kvtrace.request.itl_ns", "every inter-token gap", min_value=0),
-    Col("itl_mean_ns", _F64, "DOUBLE", "kvtrace.request.itl_mean_ns", ""),
-    Col("itl_p50_ns", _F64, "DOUBLE", "kvtrace.request.itl_p50_ns", ""),
-    Col("itl_p99_ns", _F64, "DOUBLE", "kvtrace.request.itl_p99_ns", ""),
+    Col("itl_mean_ns", _F64, "DOUBLE", "kvtrace.request.itl_mean_ns", "", min_value=0),
+    Col("itl_p50_ns", _F64, "DOUBLE", "kvtrace.request.itl_p50_ns", "", min_value=0),
+    Col("itl_p99_ns", _F64, "DOUBLE", "kvtrace.request.itl_p99_ns", "", min_value=0),
     Col("itl_max_ns", _I64, "BIGINT", "kvtrace.request.itl_max_ns", "", min_value=0),
     Col("prefill_chunks", pa.list_(CHUNK_STRUCT), _CHUNKS_SQL, "kvtrace.request.prefill_chunks",
         "(start_ns, end_ns, num_tokens) per prefill chunk", min_value=0),

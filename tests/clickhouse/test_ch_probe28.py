@@ -73,6 +73,10 @@ _BROKEN = {  # each breaks one rule `kvtrace collect` refuses a span by
     "gaps of 2^62 beyond its start and end": (REQUEST, {"kvtrace.request.itl_ns": [1 << 62, 1 << 62]}),
     "a lookup hitting more than it asked": (LOOKUP, {"kvtrace.lookup.query_tokens": 10, HITS: 20}),
     "a lookup's hits without its query": (LOOKUP, {HITS: 20}),
+    # (probe 35: a group's hit rate read 24,900%; a waterfall drew a chunk of negative length)
+    "a group's hits beyond the query": (LOOKUP, {"kvtrace.lookup.query_tokens": 10,
+                                                 "kvtrace.lookup.hit_tokens_per_group": [5, 15]}),
+    "a prefill chunk ending before its start": (REQUEST, {"kvtrace.request.prefill_chunks": [1500, 1200, 4]}),
 }
 
 
@@ -115,6 +119,12 @@ def _grid() -> list[dict]:
                     "num_preempted_hit_tokens": hit, "name": REQUEST})
         out.append({"start_ns": 1, "end_ns": 2, "num_query_tokens": prompt, "num_hit_tokens": hit,
                     "num_external_hit_tokens": ext, "name": LOOKUP})
+        out.append({"start_ns": 1, "end_ns": 2, "num_query_tokens": prompt, "name": LOOKUP,
+                    "hit_tokens_per_group": [x for x in (hit, ext) if x is not None]})
+    for start, end in itertools.product((None, 3), (None, 2, 3, 4)):
+        out.append({"start_ns": 1, "end_ns": 9, "name": REQUEST,
+                    "prefill_chunks": [{"start_ns": 1, "end_ns": 2, "num_tokens": 1},
+                                       {"start_ns": start, "end_ns": end, "num_tokens": 1}]})
     return out
 
 
@@ -126,15 +136,18 @@ def test_the_rules_in_python_and_in_sql_agree_on_every_span(chdb_store):
     from kvtrace.store.clickhouse.span_rules import span_problem, span_problem_sql
 
     spans = _grid()
-    rows = "\n".join(json.dumps({"i": i, **{c: s.get(c) for c in _GRID_COLUMNS}, "itl_ns": s.get("itl_ns") or []})
+    lists = ("itl_ns", "hit_tokens_per_group", "prefill_chunks")
+    rows = "\n".join(json.dumps({"i": i, **{c: s.get(c) for c in _GRID_COLUMNS}, **{c: s.get(c) or [] for c in lists}})
                      for i, s in enumerate(spans))
-    structure = ", ".join(["i Int64", *(f"{c} Nullable(Int64)" for c in _GRID_COLUMNS), "itl_ns Array(Int64)"])
+    chunk = "Tuple(start_ns Nullable(Int64), end_ns Nullable(Int64), num_tokens Nullable(Int64))"
+    structure = ", ".join(["i Int64", *(f"{c} Nullable(Int64)" for c in _GRID_COLUMNS), "itl_ns Array(Int64)",
+                           "hit_tokens_per_group Array(Int64)", f"prefill_chunks Array({chunk})"])
     request, lookup = (span_problem_sql(n, lambda c: c) for n in (REQUEST, LOOKUP))
     names = "[" + ", ".join(f"'{s['name']}'" for s in spans) + "]"
     db = chdb_store  # (a store's server: this process's chdb is the stores')
     whys = [why for _, why in _ch(db, f"SELECT i, if({names}[i + 1] = '{REQUEST}', {request}, {lookup}) AS why "
                                       f"FROM format(JSONEachRow, '{structure}', $${rows}$$) ORDER BY i")]
-    python = [span_problem(s["name"], lambda c, s=s: s.get(c) or None if c == "itl_ns" else s.get(c)) for s in spans]
+    python = [span_problem(s["name"], lambda c, s=s: s.get(c) or None if c in lists else s.get(c)) for s in spans]
     assert [w == "" for w in whys] == [p is None for p in python]
     assert 0 < sum(p is None for p in python) < len(python)  # (both sides of the rules)
 

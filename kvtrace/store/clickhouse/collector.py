@@ -288,8 +288,9 @@ def _value_ok(column: str, duck: str, x: str) -> str | None:
     collect refuses the span). None: any string (a text column)."""
     if duck == "VARCHAR":
         return None
+    col = next(c for c in SPAN_COLUMN_DEFS if c.name == column)
     if duck == "DOUBLE":
-        return f"(match({x}, {_q(_NUMBER)}) AND isFinite(toFloat64OrNull({x})))"
+        return f"(match({x}, {_q(_NUMBER)}) AND {_float_ok(col, x)})"
     lo, hi, most = _bounds(column, duck) if "INT" in duck or column == "prefill_chunks" else (0, 0, 0)
     if not (duck.endswith("[]") or column == "prefill_chunks"):
         return _int_ok(x, lo, most)
@@ -297,13 +298,21 @@ def _value_ok(column: str, duck: str, x: str) -> str | None:
     if duck == "VARCHAR[]":
         each = f"arrayAll(_r -> JSONType(_r) = 'String', {raw})"
     elif duck == "DOUBLE[]":
-        each = f"arrayAll(_r -> JSONType(_r) IN ('Int64', 'UInt64', 'Double') AND isFinite(toFloat64OrNull(_r)), {raw})"
+        each = f"arrayAll(_r -> JSONType(_r) IN ('Int64', 'UInt64', 'Double') AND {_float_ok(col, '_r')}, {raw})"
     elif column == "prefill_chunks":  # a flat (start, end, tokens) int array: every third value a count
         each = (f"length({raw}) % 3 = 0 AND arrayAll((_r, _i) -> {_int_ok('_r', lo, hi)} AND "
                 f"(_i % 3 != 0 OR toInt128OrNull(_r) <= {most}), {raw}, arrayEnumerate({raw}))")
     else:
         each = f"arrayAll(_r -> {_int_ok('_r', lo, most)}, {raw})"
     return f"(isValidJSON({x}) AND JSONType({x}) = 'Array' AND {each})"
+
+
+def _float_ok(col, x: str) -> str:
+    """SQL: whether the number ``x`` spells is finite and within the column's bounds (its
+    ``min_value`` and ``max_value``), as `kvtrace collect` takes it (``convert._floats``)."""
+    bounds = "".join(f" AND toFloat64OrNull({x}) {op} {v!r}" for op, v in ((">=", col.min_value),
+                                                                              ("<=", col.max_value)) if v is not None)
+    return f"isFinite(toFloat64OrNull({x})){bounds}"
 
 
 def _single(key: str) -> str:

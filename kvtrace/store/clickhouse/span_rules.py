@@ -14,9 +14,10 @@ A span that breaks one gave every reader negative latencies or counters, or a ra
 The rules (``store/schema.py`` holds the request's data: REQUEST_TIME_ORDER, REQUEST_TTFT,
 REQUEST_WITHIN): a request's times in order (arrival: the span's start where none is given);
 its ttft_ns the first token less its arrival; its inter-token gaps within its first token (else
-its start) and its end; its hit tokens within what it asked; a lookup's hits within its query
-tokens. (This module lives with the ClickHouse path because both layers may import it; it
-imports nothing but ``store.schema``.)
+its start) and its end; its hit tokens within what it asked; its prefill chunks each ending no
+earlier than they start; a lookup's hits, and each KV group's, within its query tokens. (This
+module lives with the ClickHouse path because both layers may import it; it imports nothing but
+``store.schema``.)
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ WITHIN: dict[str, tuple[tuple[tuple[tuple[str, ...], str], ...], frozenset[str]]
 }
 RULED_SPANS = tuple(WITHIN)  # the span names a rule reads
 ITL_COLUMN = "itl_ns"
+CHUNKS_COLUMN = "prefill_chunks"
+PER_GROUP_COLUMN = "hit_tokens_per_group"
 ATTRIBUTE_OF = ({c.name: c.attr for c in SPAN_COLUMN_DEFS if c.attr}
                 | {"end_ns": "the span's end", "start_ns": "its start"})
 
@@ -91,6 +94,19 @@ def span_problem(name: str, value: Callable[[str], Any], sent: Callable[[str], A
         if gaps and begin is not None and end is not None and sum(gaps) > end - begin:
             return (f"{ATTRIBUTE_OF[ITL_COLUMN]}: its gaps add up to {sum(gaps)} ns, more than "
                     f"{ATTRIBUTE_OF['end_ns']} - {ATTRIBUTE_OF[since]} = {end - begin} ns")
+        # each prefill chunk ends no earlier than it starts (a chunk of 500 -> 100 ns was stored,
+        # and the request's waterfall drew a negative bar)
+        for chunk in value(CHUNKS_COLUMN) or ():
+            if None not in (chunk["start_ns"], chunk["end_ns"]) and chunk["end_ns"] < chunk["start_ns"]:
+                return (f"{ATTRIBUTE_OF[CHUNKS_COLUMN]}: a chunk ends at {chunk['end_ns']}, before its start "
+                        f"{chunk['start_ns']}")
+    if name == SPAN_LOOKUP:
+        # each group's hits within the tokens looked up (a group's 1e9 of 40,160 was stored, and
+        # its hit rate read 24,900%)
+        per, query = value(PER_GROUP_COLUMN), value("num_query_tokens")
+        if per and query is not None and max(per) > query:
+            return (f"{ATTRIBUTE_OF[PER_GROUP_COLUMN]}: a group's {max(per)} hit tokens exceed "
+                    f"{ATTRIBUTE_OF['num_query_tokens']} {query}; hits are counted within it")
     within, needed = WITHIN[name]
     for parts, whole_column in within:
         part = sum(v for c in parts if (v := value(c)) is not None)
@@ -134,6 +150,12 @@ def span_problem_sql(name: str, column: Callable[[str], str], sent: Callable[[st
         cases.append((f"{gaps} > {wide('end_ns')} - {begin}",
                       f"{ATTRIBUTE_OF[ITL_COLUMN]}: its gaps add up to more than the span's end less its first "
                       "token (else its start)"))
+        cases.append((f"arrayExists(_c -> tupleElement(_c, 'end_ns') < tupleElement(_c, 'start_ns'), "
+                      f"{column(CHUNKS_COLUMN)})", f"{ATTRIBUTE_OF[CHUNKS_COLUMN]}: a chunk ends before its start"))
+    if name == SPAN_LOOKUP:
+        cases.append((f"toInt128(arrayMax({column(PER_GROUP_COLUMN)})) > {wide('num_query_tokens')}",
+                      f"{ATTRIBUTE_OF[PER_GROUP_COLUMN]}: a group's hit tokens exceed "
+                      f"{ATTRIBUTE_OF['num_query_tokens']}; hits are counted within it"))
     within, needed = WITHIN[name]
     for parts, whole_column in within:
         part = " + ".join(f"coalesce({wide(c)}, 0)" for c in parts)
