@@ -244,7 +244,8 @@ def test_request_waterfall(scenario_db):
     (lambda db, run: read.prefix_families(db, run, ["a", 1]), "root_hashes: expected a list of str"),
     (lambda db, run: read.runs(None), "runs: db: expected str or Path, got None"),
     (lambda db, run: read.run(db), "run: arguments: missing a required argument: 'run_id'"),
-    (lambda db, run: read.hit_counters_over_time(db, run, window_ns=0), "window_ns: must be positive, got 0"),
+    (lambda db, run: read.hit_counters_over_time(db, run, window_ns=0),
+     "hit_counters_over_time: window_ns: expected 1 to"),
     # counts and percentiles out of range: DuckDB's LIMIT error blamed on the store, an
     # IndexError, a MemoryError, numpy's and polars' errors
     (lambda db, run: read.per_prefix_reuse(db, run, top=-1), "per_prefix_reuse: top: expected 0 to 1,000,000, got -1"),

@@ -57,3 +57,19 @@ def test_a_str_subclass_whose_repr_raises_is_a_run_id_like_any_string(store):
     assert read.span_counts(store, _NoRepr("r1")).height > 0
     with pytest.raises(KVTraceError, match=r"metric: expected one of .*, got .nope.$"):
         read.latency_stats(store, "r1", _NoRepr("nope"))
+
+
+@pytest.mark.parametrize("window", [0, -1])
+def test_a_window_of_no_length_names_the_function_asked(store, window):
+    """(probe 35: every *_over_time said 'read: window_ns: must be positive')"""
+    for call, name in ((read.hit_counters_over_time, "hit_counters_over_time"),
+                       (read.usage_over_time, "usage_over_time")):
+        with pytest.raises(BadArgument, match=rf"^{name}: window_ns: expected 1 to "):
+            call(store, "r1", window_ns=window)
+
+
+def test_a_stored_summary_that_is_no_mapping_is_refused(store):
+    """(probe 35: stored='x' gave the spans' summary, as for a run that kept none)"""
+    with pytest.raises(BadArgument, match=r"^summary_with_spans: stored: expected the run's stored summary"):
+        read.summary_with_spans(store, "r1", "x")
+    assert read.summary_with_spans(store, "r1", None)["requests"] == 20

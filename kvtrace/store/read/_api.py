@@ -35,6 +35,7 @@ class BadArgument(KVTraceError, ValueError):
 COUNT_RANGES: dict[str, tuple[int, int]] = {
     "limit": (0, 100_000_000), "top": (0, 1_000_000), "top_prefixes": (0, 10_000), "bins": (1, 100_000),
     "windows": (1, 100_000), "span_ns": (0, 2**63 - 1),
+    "window_ns": (1, 2**63 - 1),  # (None: chosen; else named by the function asked, not "read")
 }
 PERCENTILE_LISTS = ("qs", "percentiles")  # each a list of distinct percentiles in 0..100
 INT64 = (-(2**63), 2**63 - 1)  # what an int argument may be (the store's times, ids and counts)

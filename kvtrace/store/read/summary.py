@@ -7,8 +7,9 @@ from collections.abc import Mapping
 from typing import Any, TypeGuard
 
 from kvtrace import metrics
+from kvtrace.names import shown_value
 from kvtrace.store.errors import DAMAGED, StoreError
-from kvtrace.store.read._api import checked
+from kvtrace.store.read._api import BadArgument, checked
 from kvtrace.store.read._sql import DB, one_snapshot, with_run
 from kvtrace.store.read.evictions import evictions_by_reason
 from kvtrace.store.read.hits import hit_counters
@@ -47,6 +48,9 @@ def summary_with_spans(db: DB, run_id: str, stored: Mapping[str, Any] | None) ->
     ``summary_from_spans`` with what was stored on top (the error stays). The one rule every
     view follows (a SIGTERM'd run showed its spans' numbers on the dashboard's tiles and
     blanks in ``runs`` and ``diff``)."""
+    if stored is not None and not isinstance(stored, Mapping):  # ('x' gave the spans' summary, unsaid)
+        raise BadArgument("summary_with_spans", "stored", f"expected the run's stored summary (a mapping) or "
+                                                          f"None, got {shown_value(stored)}")
     if finished_summary(stored):
         if "evictions" in stored:
             return dict(stored)
