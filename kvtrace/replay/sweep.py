@@ -695,9 +695,11 @@ def _on_ray_driver(ray, specs: list[RunSpec], keep: bool, address: str,
     # (the command's handlers, acted on once ray.init is done)
     stops = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     if not ray.is_initialized():
-        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}
+        # (address "local" said to Ray too: without it, ray.init followed RAY_ADDRESS, and one that
+        # nothing answered on held --ray local for good, deaf to Ctrl-C and SIGTERM)
+        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR",
+                                  "address": address}
         if address != "local":
-            kwargs["address"] = address
             _check_reachable(address)
         try:
             # (Ray's SIGTERM handler would exit without the run's stop path: status 15, no word; and
