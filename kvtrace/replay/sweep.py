@@ -328,8 +328,11 @@ def run_sweep(
                                                    "sweep one of them")
             if is_set(getattr(base, other), getattr(bare, other)):
                 given = f"{other} = " if other != name else ""
-                raise ConfigError("--param", name, f"is also set for the whole sweep ({given}"
-                                                   f"{shown_value(getattr(base, other))}); give it one way")
+                value = getattr(base, other)
+                # (a tuple of names as the flag spells it: "(('shared-prefix-pinning',))" was shown)
+                shown = ",".join(map(str, value)) if isinstance(value, (tuple, list)) else shown_value(value)
+                raise ConfigError("--param", name, f"is also set for the whole sweep ({given}{shown}); give it "
+                                                   "one way")
     if base.config_file and any(name == "without" for name, _ in params):
         # (a file's switches add to every run's: a run labelled without=none would run without them)
         from kvtrace.replay.config_file import load_config_file

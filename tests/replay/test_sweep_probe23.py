@@ -180,6 +180,9 @@ def test_a_sweep_of_mode_shows_each_runs_own_cache():
      "--param: capacity_blocks: is also set for the whole sweep (capacity_tokens = 20000); give it one way"),
     ([("capacity_tokens", [20_000])], {"capacity_blocks": 30},
      "--param: capacity_tokens: is also set for the whole sweep (capacity_blocks = 30); give it one way"),
+    # (probe 35: a tuple of names was shown as Python's, "(('shared-prefix-pinning',))")
+    ([("without", [(), ("external-hit-running-cow",)])], {"without": ("shared-prefix-pinning",)},
+     "--param: without: is also set for the whole sweep (shared-prefix-pinning); give it one way"),
 ])
 def test_a_capacity_swept_in_one_unit_and_given_in_the_other_is_refused_by_the_sweep(params, given, what):
     """The capacity in blocks and in tokens are one setting (as study takes them): swept in
