@@ -78,6 +78,9 @@ _REPLAY_SLACK_FRAMES = 10_001
 # left 6,173 batches queued in no count, and the newest seq unseen.)
 DRAIN_S = 5.0
 DISCARD_S = 15.0
+# How long the rest of a replay answer cut at the stop is read off undecoded (vLLM sends its
+# whole answer at once; a replay socket that never ends its answer holds the stop no longer)
+ANSWER_REST_S = 1.0
 
 
 @dataclass(slots=True)
@@ -492,7 +495,7 @@ class VllmKVCapture:
                 elif s not in accepted:
                     late[s] = payload
             # (not an answer gone quiet: at the stop its quiet time is the whole budget, and a replay
-            # socket that never answered was read off for DISCARD_S more, "an answer cut at the stop")
+            # socket that never answered was read off for ANSWER_REST_S more, "an answer cut at the stop")
             cut = cut or (not ended and not quiet and time.monotonic() >= deadline)
             if not known and cut and not restarted and frames_left > 0:
                 # cut short (a stop, its time): the seqs of the rest, taken off undecoded, say how
@@ -533,12 +536,12 @@ class VllmKVCapture:
     def _read_rest(self, first: int, check: int | None, reach: int, unjudged: bool,
                    timeout_ms: int) -> tuple[int, bool]:
         """The rest of a replay answer cut short, read off the replay socket undecoded for up to
-        DISCARD_S (or until quiet for ``timeout_ms``): (past the newest seq at least ``first`` it
+        ANSWER_REST_S (or until quiet for ``timeout_ms``): (past the newest seq at least ``first`` it
         held, whether it showed a restart: ``check`` with another payload, while ``unjudged``).
         vLLM sends its whole answer at once, so the rest is queued already; an answer that has
         not ended by then is logged (what it held past the newest seq read is in no count)."""
         assert self._replay is not None
-        until = time.monotonic() + DISCARD_S
+        until = time.monotonic() + ANSWER_REST_S
         ended, taken = False, 0
         while (left := until - time.monotonic()) > 0 and self._replay.poll(max(1, min(timeout_ms, int(left * 1000)))):
             decoded, frame = self._replay_message()
@@ -556,7 +559,7 @@ class VllmKVCapture:
                 reach = max(reach, s + 1)
         if not ended:
             _log.warning("%s: a replay answer cut at the stop had not ended %.0f s later (%d more batches taken "
-                         "off undecoded): any it held past seq %d are in no count", self.endpoint, DISCARD_S, taken,
+                         "off undecoded): any it held past seq %d are in no count", self.endpoint, ANSWER_REST_S, taken,
                          reach - 1)
         return reach, False
 
