@@ -823,36 +823,40 @@ def test_a_batch_that_is_no_event_batch_says_what_it_is(doc, needle):
         decode_kv_batch(msgspec.msgpack.encode(doc))
     assert needle in str(info.value)
 
+@contextlib.contextmanager
+def _queued_at_the_stop(seqs):
+    """A capture that accepted seq 0, with ``seqs`` queued on its SUB socket undecoded (a
+    publisher of its own); closed, with the publisher, when the block ends."""
+    from kvtrace.instrument.vllm.capture import VllmKVCapture
 
-def test_batches_discarded_at_the_stop_count_the_seqs_between_them(monkeypatch):
-    """Seqs 2, 4, ..., 20 still queued at the stop (the replay socket dead, the drain over):
-    10 messages taken off undecoded were counted 10 lost, where 20 seqs after 0 were never
-    stored (the odd ones were never received either)."""
-    import time
-
-    import zmq
-
-    from kvtrace.instrument.vllm import capture as capture_module
-    from kvtrace.instrument.vllm.capture import VllmKVCapture, run_captures
-
-    ctx = zmq.Context.instance()
-    pub = ctx.socket(zmq.PUB)
+    pub = zmq.Context.instance().socket(zmq.PUB)
     port = pub.bind_to_random_port("tcp://127.0.0.1")
     cap = VllmKVCapture(f"tcp://127.0.0.1:{port}", replay_timeout_s=0.01)
     try:
         cap.receive([b"kv", (0).to_bytes(8, "big"), _raw_batch(1.0)])  # seq 0: accepted
         time.sleep(0.5)  # (the subscription reaches the publisher)
-        for seq in range(2, 21, 2):
+        for seq in seqs:
             pub.send_multipart([b"kv", seq.to_bytes(8, "big"), _raw_batch(float(seq))])
         deadline = time.monotonic() + 10
         while not cap.socket.poll(0) and time.monotonic() < deadline:
             time.sleep(0.01)
         time.sleep(0.3)  # (the rest queued behind the first)
-        monkeypatch.setattr(capture_module, "DRAIN_S", 0.0)  # nothing decoded after the stop
-        run_captures([cap], should_stop=lambda: True)
+        yield cap
     finally:
         cap.close()
         pub.close(0)
+
+
+def test_batches_discarded_at_the_stop_count_the_seqs_between_them(monkeypatch):
+    """Seqs 2, 4, ..., 20 still queued at the stop (the replay socket dead, the drain over):
+    10 messages taken off undecoded were counted 10 lost, where 20 seqs after 0 were never
+    stored (the odd ones were never received either)."""
+    from kvtrace.instrument.vllm import capture as capture_module
+    from kvtrace.instrument.vllm.capture import run_captures
+
+    with _queued_at_the_stop(range(2, 21, 2)) as cap:
+        monkeypatch.setattr(capture_module, "DRAIN_S", 0.0)  # nothing decoded after the stop
+        run_captures([cap], should_stop=lambda: True)
     assert (cap.stats.batches, cap.stats.lost) == (1, 20)
     assert cap.lost_with_discarded(3, None) == 3  # (no seq read: the messages alone)
 
@@ -1141,26 +1145,10 @@ def test_a_backlog_at_the_stop_is_taken_off_whole_and_counted(monkeypatch, caplo
     found 200k queued) left 6,173 batches in no count and the newest seq unseen. Here the
     clock runs 0.05 s a look, so the old bound took 20 messages of 200; the whole queue is
     taken now (its RCVHWM at most), and a queue outlasting the bound is said to."""
-    import time
-
-    import zmq
-
     from kvtrace.instrument.vllm import capture as capture_module
-    from kvtrace.instrument.vllm.capture import VllmKVCapture, run_captures
+    from kvtrace.instrument.vllm.capture import run_captures
 
-    ctx = zmq.Context.instance()
-    pub = ctx.socket(zmq.PUB)
-    port = pub.bind_to_random_port("tcp://127.0.0.1")
-    cap = VllmKVCapture(f"tcp://127.0.0.1:{port}", replay_timeout_s=0.01)
-    try:
-        cap.receive([b"kv", (0).to_bytes(8, "big"), _raw_batch(1.0)])  # seq 0: accepted
-        time.sleep(0.5)  # (the subscription reaches the publisher)
-        for seq in range(1, 201):
-            pub.send_multipart([b"kv", seq.to_bytes(8, "big"), _raw_batch(float(seq))])
-        deadline = time.monotonic() + 10
-        while not cap.socket.poll(0) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(0.5)  # (the rest queued behind the first)
+    with _queued_at_the_stop(range(1, 201)) as cap:
         monkeypatch.setattr(capture_module, "DRAIN_S", 0.0)  # nothing decoded after the stop
         ticks = iter(range(10**9))
 
@@ -1172,44 +1160,24 @@ def test_a_backlog_at_the_stop_is_taken_off_whole_and_counted(monkeypatch, caplo
                 return next(ticks) * 0.05
 
         monkeypatch.setattr(capture_module, "time", FastClock)
-        with caplog.at_level("WARNING", logger="kvtrace.instrument.vllm.capture"):
-            run_captures([cap], should_stop=lambda: True)
-    finally:
-        monkeypatch.undo()
-        cap.close()
-        pub.close(0)
+        try:
+            with caplog.at_level("WARNING", logger="kvtrace.instrument.vllm.capture"):
+                run_captures([cap], should_stop=lambda: True)
+        finally:
+            monkeypatch.undo()  # (the real clock again for the close)
     assert (cap.stats.batches, cap.stats.lost) == (1, 200)
     assert not any("in no count" in r.getMessage() for r in caplog.records)
 
 
 def test_a_queue_that_outlasts_the_discard_is_said_to(monkeypatch, caplog):
     """Batches still queued when the discard's time ran out were in no count, without a word."""
-    import time
-
-    import zmq
-
     from kvtrace.instrument.vllm import capture as capture_module
-    from kvtrace.instrument.vllm.capture import VllmKVCapture, run_captures
+    from kvtrace.instrument.vllm.capture import run_captures
 
-    ctx = zmq.Context.instance()
-    pub = ctx.socket(zmq.PUB)
-    port = pub.bind_to_random_port("tcp://127.0.0.1")
-    cap = VllmKVCapture(f"tcp://127.0.0.1:{port}", replay_timeout_s=0.01)
-    try:
-        cap.receive([b"kv", (0).to_bytes(8, "big"), _raw_batch(1.0)])
-        time.sleep(0.5)
-        for seq in range(1, 101):
-            pub.send_multipart([b"kv", seq.to_bytes(8, "big"), _raw_batch(float(seq))])
-        deadline = time.monotonic() + 10
-        while not cap.socket.poll(0) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(0.5)
+    with _queued_at_the_stop(range(1, 101)) as cap:
         monkeypatch.setattr(capture_module, "DRAIN_S", 0.0)
         monkeypatch.setattr(capture_module, "DISCARD_S", 0.0)  # (no time to take any off)
         with caplog.at_level("WARNING", logger="kvtrace.instrument.vllm.capture"):
             run_captures([cap], should_stop=lambda: True)
-    finally:
-        cap.close()
-        pub.close(0)
     said = [r.getMessage() for r in caplog.records if "in no count" in r.getMessage()]
     assert cap.stats.batches == 1 and len(said) == 1, [r.getMessage() for r in caplog.records]
