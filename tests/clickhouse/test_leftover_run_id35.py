@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from kvtrace.store import Store, StoreError
 from tests.cli.support import run as kvtrace
 from tests.clickhouse.test_ch_probe28 import _ch
 from tests.conftest import MOONCAKE
+from tests.store.test_damage_probe35 import assert_leftover_id_refused
 
 pytest.importorskip("chdb")
 
@@ -24,9 +24,4 @@ def test_a_run_id_whose_spans_remain_is_not_given_again(chdb_store, capsys):
     assert code == 0 and "run r2 recorded" in err, err
     assert _ch(chdb_store, "SELECT run_id, count() FROM spans GROUP BY run_id ORDER BY run_id") == [
         ("r1", spans), ("r2", spans)]
-    store = Store.open(chdb_store)
-    try:
-        with pytest.raises(StoreError, match=r"run id 'r1': spans of a run of this id remain without its run row"):
-            store.create_run("again", run_id="r1")
-    finally:
-        store.close()
+    assert_leftover_id_refused(chdb_store, "r1")

@@ -42,10 +42,15 @@ def test_a_run_id_whose_spans_remain_is_not_given_again(tmp_path, capsys):
     after = _spans(db)
     assert after["r2"] == before["r2"] and after["r3"] == before["r1"]  # (the same replay: as many spans)
     assert read.runs(db)["run_id"].sort().to_list() == ["r1", "r3"]
+    assert_leftover_id_refused(db, "r2")
+
+
+def assert_leftover_id_refused(db: str, run_id: str) -> None:
+    """A run given, by name, an id whose spans remain without its row is refused (any store)."""
     store = Store.open(db)
     try:
-        with pytest.raises(StoreError, match=r"run id 'r2': spans of a run of this id remain without its run row"):
-            store.create_run("again", run_id="r2")
+        with pytest.raises(StoreError, match=rf"run id '{run_id}': spans of a run of this id remain without its "):
+            store.create_run("again", run_id=run_id)
     finally:
         store.close()
 
