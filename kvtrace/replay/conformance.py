@@ -467,6 +467,10 @@ def run_conformance(spec: ConformanceSpec, api=None) -> ConformanceResult:
 
     if spec.concurrency < 1:
         raise ConfigError("--concurrency", str(spec.concurrency), "expected >= 1")
+    # (as a sweep refuses a value given twice: the same comparison was run twice, and listed twice)
+    twice = next((c for i, c in enumerate(spec.capacity_blocks) if c in spec.capacity_blocks[:i]), None)
+    if twice is not None:
+        raise ConfigError("--capacity-blocks", str(twice), "is given twice (one comparison per pool size)")
     # every setting (the seed, the limit...: validate) and the trace's opening checked before
     # vLLM loads (10 s and more), so a mistake is told at once
     planned = []

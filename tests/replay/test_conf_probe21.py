@@ -162,3 +162,16 @@ def test_a_key_reads_alike_in_events_and_cached_keys(vllm_api):
     assert events.step == keys.step and events.only == keys.only == (0, 1)
     ((op, group, event_hash),) = events.kvtrace
     assert op == "stored" and keys.kvtrace == [(group, event_hash)]
+
+
+def test_a_pool_size_given_twice_is_refused_before_vllm_loads(capsys):
+    """(probe 35: `--capacity-blocks 40 --capacity-blocks 40` ran the same comparison twice, where a
+    sweep refuses a value given twice)"""
+    from kvtrace.errors import ConfigError
+    from tests.cli.support import assert_one_line, run
+
+    with pytest.raises(ConfigError, match=r"^--capacity-blocks: 40: is given twice"):
+        run_conformance(ConformanceSpec("gen:chat", limit=2, capacity_blocks=(40, 80, 40)))
+    code, _, err = run(["conformance", "gen:chat", "--limit", "2", "--capacity-blocks", "40",
+                        "--capacity-blocks", "40"], capsys)
+    assert_one_line(code, err, "--capacity-blocks: 40: is given twice")
