@@ -24,16 +24,19 @@ def test_a_fifo_nobody_reads_is_one_line_not_a_hang(tmp_path, capsys, monkeypatc
     monkeypatch.setattr(lines, "FIFO_READER_WAIT_S", 0.3)
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
-    drained: list[bytes] = []
+    done = threading.Event()
 
     def late_reader() -> None:  # (the old open blocked for good: a reader, much later, ends the test)
-        time.sleep(30)
-        with open(fifo, "rb") as f:
-            drained.append(f.read())
+        if not done.wait(30):
+            with open(fifo, "rb") as f:
+                f.read()
 
     threading.Thread(target=late_reader, daemon=True).start()
     t = time.monotonic()
-    code, _, err = run([*argv, "-o", str(fifo)], capsys)
+    try:
+        code, _, err = run([*argv, "-o", str(fifo)], capsys)
+    finally:
+        done.set()
     assert time.monotonic() - t < 20
     assert_one_line(code, err, str(fifo), "is a FIFO that no process opened to read within 0.3 s",
                     "nothing was written")
