@@ -64,6 +64,7 @@ from kvtrace.store.schema import (
     SUMMED_COUNTS,
     TIME_OFFSET_COLUMN,
     TIME_OFFSET_RESOURCE_KEY,
+    Col,
     created_now,
     named_run_name,
 )
@@ -266,11 +267,14 @@ _DECIMAL = "^-?[0-9]{1,40}$"
 _NUMBER = "^-?[0-9]+([.][0-9]+)?([eE][+-]?[0-9]+)?$"  # (a JSON number's spelling: not "inf", " 7")
 
 
+_COLUMN = {c.name: c for c in SPAN_COLUMN_DEFS}
+
+
 def _bounds(column: str, duck: str) -> tuple[int, int, int]:
     """(least, greatest, greatest count) an integer column takes, as `kvtrace collect` checks
     it (``instrument.convert._fits``): the type's range, no less than its min_value, and a
     summed count no more than MAX_SPAN_COUNT."""
-    col = next(c for c in SPAN_COLUMN_DEFS if c.name == column)
+    col = _COLUMN[column]
     lo, hi = _INT_RANGE["BIGINT" if column == "prefill_chunks" else duck.removesuffix("[]")]
     if col.min_value is not None:
         lo = max(lo, col.min_value)
@@ -288,7 +292,7 @@ def _value_ok(column: str, duck: str, x: str) -> str | None:
     collect refuses the span). None: any string (a text column)."""
     if duck == "VARCHAR":
         return None
-    col = next(c for c in SPAN_COLUMN_DEFS if c.name == column)
+    col = _COLUMN[column]
     if duck == "DOUBLE":
         return f"(match({x}, {_q(_NUMBER)}) AND {_float_ok(col, x)})"
     lo, hi, most = _bounds(column, duck) if "INT" in duck or column == "prefill_chunks" else (0, 0, 0)
@@ -307,7 +311,7 @@ def _value_ok(column: str, duck: str, x: str) -> str | None:
     return f"(isValidJSON({x}) AND JSONType({x}) = 'Array' AND {each})"
 
 
-def _float_ok(col, x: str) -> str:
+def _float_ok(col: Col, x: str) -> str:
     """SQL: whether the number ``x`` spells is finite and within the column's bounds (its
     ``min_value`` and ``max_value``), as `kvtrace collect` takes it (``convert._floats``)."""
     bounds = "".join(f" AND toFloat64OrNull({x}) {op} {v!r}" for op, v in ((">=", col.min_value),

@@ -156,10 +156,10 @@ def run_record(attributes: Mapping[str, Any]) -> dict:
         problem = summary_problem(decoded) or summary_disagreement(decoded)
         if problem is not None:
             raise RecordRefused(f"{RUN_RECORD_PREFIX}summary: {problem}")
+        text = lambda v: v if isinstance(v, str) else json.dumps(v)  # (an int 7 is the digest "7")
         for key, word in (("digest", digest), ("trace_digest", trace_digest)):
             # (a record's digest beside a summary saying another: diff printed both, the run complete)
             said = decoded.get(key)
-            text = lambda v: v if isinstance(v, str) else json.dumps(v)  # (an int 7 is the digest "7")
             if word is not None and said is not None and text(said) != text(word):
                 raise RecordRefused(f"{RUN_RECORD_PREFIX}{key}: {str(word)[:80]!r} is not the summary's {key} "
                                     f"{str(said)[:80]!r}")
