@@ -26,7 +26,6 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlparse
 
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
@@ -212,6 +211,9 @@ def otlp_span_exporter(endpoint: str | None = None) -> SpanExporter:
         key = next((k for k in _ENV_ENDPOINTS if os.environ.get(k)), None)
         if key is not None:
             kw["endpoint"] = _env_traces_url(key)
+    # imported here, as the gRPC one: its protobuf modules cost a replay without an endpoint 80 ms
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
     return OTLPSpanExporter(**kw)
 
 
