@@ -130,17 +130,21 @@ def test_default_run_names_tell_apart_runs_of_other_settings(tmp_path):
 def test_a_limit_past_the_traces_end_replays_the_same_trace(tmp_path, backend):
     """`--limit 100000` on a 3,993-request trace replays the whole trace, yet its runs and
     curves named another one (`diff` refused the pair as different traces); so did
-    `--limit 3993`, the trace's length (the reader now reads one request past a limit)."""
+    `--limit 3993`, the trace's length (the reader now reads one request past a limit).
+    (Here the trace's first 150 requests: the length, not the size, is the subject.)"""
     from kvtrace.replay.curve import run_curve
     from kvtrace.store import read
 
     db = f"chdb:{tmp_path / 'ch'}" if backend == "chdb" else str(tmp_path / "s.duckdb")
-    spec = RunSpec(str(MOONCAKE), mode="cache-only", capacity_blocks=500)
-    # (3,993: the trace's length; 3,992: one request short)
-    ids = {limit: run_replay(replace(spec, limit=limit), db=db).run_id for limit in (None, 100_000, 100, 3993, 3992)}
+    trace = tmp_path / "mooncake150.jsonl"
+    with open(MOONCAKE) as f:
+        trace.write_text("".join(next(f) for _ in range(150)))
+    spec = RunSpec(str(trace), mode="cache-only", capacity_blocks=500)
+    # (150: the trace's length; 149: one request short)
+    ids = {limit: run_replay(replace(spec, limit=limit), db=db).run_id for limit in (None, 100_000, 100, 150, 149)}
     digest = {limit: read.run(db, run_id)["trace_digest"] for limit, run_id in ids.items()}
-    assert digest[100_000] == digest[None] == digest[3993] != digest[100]
-    assert len({digest[None], digest[100], digest[3992]}) == 3
+    assert digest[100_000] == digest[None] == digest[150] != digest[100]
+    assert len({digest[None], digest[100], digest[149]}) == 3
     if backend == "duckdb":
         curves = [run_curve(replace(spec, capacity_blocks=None, limit=limit), "100,200", db=db) for limit in
                   (None, 100_000)]
