@@ -80,16 +80,27 @@ _BROKEN = {  # each breaks one rule `kvtrace collect` refuses a span by
 }
 
 
+_GOOD = (REQUEST, {"kvtrace.request.id": "ok", PROMPT: 30, HITS: 20})
+
+
+@pytest.fixture(scope="module")
+def _good_collected(tmp_path_factory) -> tuple[str, int]:
+    """The DuckDB store `kvtrace collect` wrote of the good request alone, and its answer's
+    status: the same for every broken case, so collected once (only read)."""
+    return _collected(tmp_path_factory.mktemp("good"), _doc([_GOOD]))
+
+
 @pytest.mark.parametrize("case", sorted(_BROKEN))
-def test_a_span_collect_refuses_by_a_rule_is_left_out_of_the_clickhouse_tables(tmp_path, chdb_store, case):
+def test_a_span_collect_refuses_by_a_rule_is_left_out_of_the_clickhouse_tables(tmp_path, chdb_store, case,
+                                                                               _good_collected):
     """Hits beyond the prompt, times out of order, gaps beyond the request: `kvtrace collect`
     refuses the span (400), while the ClickHouse path stored it, and every read of the run then
     said "damaged kvtrace store ... local_compute -10", or gave an external hit rate of 4."""
-    good = (REQUEST, {"kvtrace.request.id": "ok", PROMPT: 30, HITS: 20})
+    good = _GOOD
     name, attrs = _BROKEN[case]
     doc = _doc([good, (name, {"kvtrace.request.id": "bad", **attrs})])
     assert _collected(tmp_path, _doc([_BROKEN[case]]), "refused")[1] == 400
-    duck, status = _collected(tmp_path, _doc([good]))
+    duck, status = _good_collected
     assert status == 200
     ch = _exported(chdb_store, doc)
     assert _ch(ch, "SELECT count() FROM spans_request") == [(1,)]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -77,6 +79,24 @@ def _chdb(path, *queries: str) -> None:
     subprocess.run([sys.executable, "-c", code, str(path), *queries], check=True, timeout=120)
 
 
+@pytest.fixture(scope="module")
+def _chat_chdb(tmp_path_factory) -> Path:
+    """A chdb store holding one finished run r1 (``kvtrace replay gen:chat --mode cache-only
+    --limit 5``), recorded once for the module by a real process; never written to (a case
+    takes its own copy, ``_chat_store``)."""
+    store = tmp_path_factory.mktemp("chat") / "made"
+    made = _kvtrace("replay", "gen:chat", "--mode", "cache-only", "--limit", "5", "--db", f"chdb:{store}")
+    assert made.returncode == 0, made.stderr
+    return store
+
+
+def _chat_store(made: Path, to: Path) -> Path:
+    """A copy of the module's recorded store at ``to``, the case's own (chdb's table links
+    in the directory are relative: the copy opens as a store of its own)."""
+    shutil.copytree(made, to, symlinks=True)
+    return to
+
+
 def test_a_schema_version_that_is_no_integer_is_a_damaged_store(tmp_path):
     _chdb(tmp_path / "m", "CREATE TABLE kvtrace_meta (key String, value String) ENGINE = MergeTree ORDER BY key",
           "INSERT INTO kvtrace_meta VALUES ('magic', 'kvtrace-store'), ('schema_version', 'abc')")
@@ -96,10 +116,8 @@ def test_a_directory_chdb_cannot_start_on_is_its_cause_not_busy(tmp_path):
     assert "another process" not in proc.stderr
 
 
-def test_an_opener_waiting_for_a_held_directory_prints_nothing_of_chdbs(tmp_path):
-    store = f"chdb:{tmp_path}/w"
-    made = _kvtrace("replay", "gen:chat", "--mode", "cache-only", "--limit", "5", "--db", store)
-    assert made.returncode == 0, made.stderr
+def test_an_opener_waiting_for_a_held_directory_prints_nothing_of_chdbs(tmp_path, _chat_chdb):
+    store = f"chdb:{_chat_store(_chat_chdb, tmp_path / 'w')}"
     hold = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom chdb import session as chs\n"
                              "s = chs.Session(sys.argv[1])\nprint('held', flush=True)\ntime.sleep(3)\ns.close()\n",
                              str(tmp_path / "w")], stdout=subprocess.PIPE, text=True)
@@ -113,22 +131,19 @@ def test_an_opener_waiting_for_a_held_directory_prints_nothing_of_chdbs(tmp_path
 
 
 @pytest.mark.parametrize("inside", ["", "metadata/default"])
-def test_an_export_into_a_chdb_stores_own_directory_is_refused(tmp_path, inside):
-    store = tmp_path / "e"
-    made = _kvtrace("replay", "gen:chat", "--mode", "cache-only", "--limit", "5", "--db", f"chdb:{store}")
-    assert made.returncode == 0, made.stderr
+def test_an_export_into_a_chdb_stores_own_directory_is_refused(tmp_path, inside, _chat_chdb):
+    store = _chat_store(_chat_chdb, tmp_path / "e")
     proc = _kvtrace("export", "--db", f"chdb:{store}", "--run", "r1", "--parquet", str(store / inside))
     assert_one_line(proc.returncode, proc.stderr, "is the store", "export somewhere else")
     assert not list(store.rglob("*.parquet"))
     assert _kvtrace("runs", "--db", f"chdb:{store}").returncode == 0  # (it opens as before)
 
 
-def test_data_parts_chdb_sets_aside_as_broken_make_a_damaged_store(tmp_path):
+def test_data_parts_chdb_sets_aside_as_broken_make_a_damaged_store(tmp_path, _chat_chdb):
     # truncated data.bin files: chdb detached the parts on open and every read came up short
     # (an export of a third of the spans, exit 0)
-    store = tmp_path / "t"
-    made = _kvtrace("replay", "gen:chat", "--mode", "cache-only", "--limit", "5", "--db", f"chdb:{store}")
-    assert made.returncode == 0, made.stderr
+    store = _chat_store(_chat_chdb, tmp_path / "t")
+    assert list(store.rglob("data.bin"))  # (there are parts to damage)
     for data in store.rglob("data.bin"):
         data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
     for argv in (["runs"], ["export", "--run", "r1", "--parquet", str(tmp_path / "out")]):
@@ -137,11 +152,10 @@ def test_data_parts_chdb_sets_aside_as_broken_make_a_damaged_store(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_a_dropped_column_or_table_is_a_damaged_store_before_an_export_writes(tmp_path):
+def test_a_dropped_column_or_table_is_a_damaged_store_before_an_export_writes(tmp_path, _chat_chdb):
     """As DuckDB's layout check: a chdb store without runs.name was exported as if whole (a
     runs.parquet without it, exit 0), while `runs` failed on ClickHouse's own SQL error."""
-    store = f"chdb:{tmp_path}/s"
-    assert _kvtrace("replay", "gen:chat", "--limit", "3", "--mode", "cache-only", "--db", store).returncode == 0
+    store = f"chdb:{_chat_store(_chat_chdb, tmp_path / 's')}"
     _chdb(tmp_path / "s", "ALTER TABLE runs DROP COLUMN name", "DROP TABLE span_stats")
     out = tmp_path / "out"
     for argv in (["runs"], ["export", "--run", "r1", "--parquet", str(out)]):
@@ -151,12 +165,11 @@ def test_a_dropped_column_or_table_is_a_damaged_store_before_an_export_writes(tm
     assert not out.exists()
 
 
-def test_the_layout_check_is_kept_per_catalog_state_and_sees_later_damage(tmp_path):
+def test_the_layout_check_is_kept_per_catalog_state_and_sees_later_damage(tmp_path, _chat_chdb):
     """Checked once per state of the store's catalog (a check costs about 25 ms, and every
     dashboard query opens the store), yet a column dropped after it is still found. In a
     process of its own: chdb opens one directory a process."""
-    store = f"chdb:{tmp_path}/s"
-    assert _kvtrace("replay", "gen:chat", "--limit", "3", "--mode", "cache-only", "--db", store).returncode == 0
+    store = f"chdb:{_chat_store(_chat_chdb, tmp_path / 's')}"
     script = f"""
 import subprocess, sys
 from kvtrace.store import read
@@ -179,14 +192,13 @@ except StoreError as err:
     assert "damaged kvtrace store: column runs.name is missing" in proc.stdout, proc.stdout
 
 
-def test_a_chdb_stores_content_state_changes_with_its_rows(tmp_path):
+def test_a_chdb_stores_content_state_changes_with_its_rows(tmp_path, _chat_chdb):
     """``content_state`` (the dashboard's cache key) of a chdb store: equal while nothing is
     written, different after another run is recorded (new parts, no new table)."""
     from kvtrace.store.state import content_state
 
-    store = f"chdb:{tmp_path}/s"
+    store = f"chdb:{_chat_store(_chat_chdb, tmp_path / 's')}"  # (one run recorded)
     replay = ("replay", "gen:chat", "--limit", "3", "--mode", "cache-only", "--db", store)
-    assert _kvtrace(*replay).returncode == 0
     before = content_state(store)
     assert before is not None and before == content_state(store)
     assert _kvtrace(*replay).returncode == 0

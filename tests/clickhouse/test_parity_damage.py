@@ -4,8 +4,10 @@ cut short is finished by the next writer, not refused for good."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +15,26 @@ from tests.cli.test_bad_input import assert_one_line
 from tests.clickhouse.test_cli_errors import _chdb, _kvtrace
 
 REPLAY = ("replay", "gen:chat", "--mode", "cache-only", "--limit", "3")
+
+
+@pytest.fixture(scope="module")
+def _recorded(tmp_path_factory) -> tuple[Path, Path]:
+    """Two chdb stores recorded once for the module by real ``kvtrace replay`` processes
+    (REPLAY): one holding r1, the other r1 and r2 (the same store after a second replay).
+    Never written to: a case takes its own copy (``_copy``)."""
+    root = tmp_path_factory.mktemp("recorded")
+    one, two = root / "one", root / "two"
+    assert _kvtrace(*REPLAY, "--db", f"chdb:{two}").returncode == 0
+    shutil.copytree(two, one, symlinks=True)
+    assert _kvtrace(*REPLAY, "--db", f"chdb:{two}").returncode == 0
+    return one, two
+
+
+def _copy(made: Path, to: Path) -> Path:
+    """The case's own copy of a recorded store (chdb's table links are relative: the copy is
+    a store of its own)."""
+    shutil.copytree(made, to, symlinks=True)
+    return to
 
 
 def _files(path) -> list[str]:
@@ -69,11 +91,10 @@ def test_a_store_creation_killed_before_its_meta_rows_is_finished_by_the_next_wr
     assert listed.returncode == 0 and '"run_id": "r1"' in listed.stdout, listed.stderr
 
 
-def test_a_store_whose_meta_is_lost_is_not_written_into(tmp_path):
+def test_a_store_whose_meta_is_lost_is_not_written_into(tmp_path, _recorded):
     """As DuckDB's writer refuses tables without kvtrace_meta: a replay re-made the meta of
     a store whose meta was dropped and added its run beside records it could not vouch for."""
-    store = f"chdb:{tmp_path / 's'}"
-    assert _kvtrace(*REPLAY, "--db", store).returncode == 0
+    store = f"chdb:{_copy(_recorded[0], tmp_path / 's')}"  # (r1 recorded)
     _chdb(tmp_path / "s", "DROP TABLE kvtrace_meta")
     parts = _parts(tmp_path / "s")
     proc = _kvtrace(*REPLAY, "--db", store)
@@ -89,10 +110,8 @@ def test_a_store_whose_meta_is_lost_is_not_written_into(tmp_path):
     # a column of ClickHouse's span tables alone: every reader failed on ClickHouse's own error
     ("ALTER TABLE spans_lookup DROP COLUMN time_offset_ns", "column spans_lookup.time_offset_ns is missing"),
 ])
-def test_damage_of_the_clickhouse_layout_is_one_line_from_every_command(tmp_path, damage, needle):
-    store = f"chdb:{tmp_path / 's'}"
-    assert _kvtrace(*REPLAY, "--db", store).returncode == 0
-    assert _kvtrace(*REPLAY, "--db", store).returncode == 0
+def test_damage_of_the_clickhouse_layout_is_one_line_from_every_command(tmp_path, damage, needle, _recorded):
+    store = f"chdb:{_copy(_recorded[1], tmp_path / 's')}"  # (r1 and r2 recorded)
     _chdb(tmp_path / "s", damage)
     out = tmp_path / "out"
     for argv in (["runs"], ["diff", "r1", "r2"], ["export", "--run", "r1", "--parquet", str(out)], list(REPLAY)):
@@ -101,12 +120,11 @@ def test_damage_of_the_clickhouse_layout_is_one_line_from_every_command(tmp_path
     assert not out.exists()
 
 
-def test_data_files_chdb_finds_damaged_only_when_read_are_a_damaged_store(tmp_path):
+def test_data_files_chdb_finds_damaged_only_when_read_are_a_damaged_store(tmp_path, _recorded):
     """A data file of the right size but wrong bytes passes chdb's open (no broken part) and
     fails the first query that reads it: ClickHouse's own error ("Code: 432 ... Unknown
     codec family code"), not the damaged store it is."""
-    store = f"chdb:{tmp_path / 's'}"
-    assert _kvtrace(*REPLAY, "--db", store).returncode == 0
+    store = f"chdb:{_copy(_recorded[0], tmp_path / 's')}"  # (r1 recorded)
     runs = (tmp_path / "s" / "data" / "default" / "runs").resolve()
     for data in runs.glob("*/data.bin"):
         size = data.stat().st_size

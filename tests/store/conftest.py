@@ -10,7 +10,17 @@ from tests.store.scenario import scenario_table
 @pytest.fixture()
 def scenario_db(tmp_path):
     """A finished run ``sc`` holding the hand-built scenario; returns (path, run_id)."""
-    path = tmp_path / "scenario.duckdb"
+    return make_scenario_db(tmp_path / "scenario.duckdb")
+
+
+@pytest.fixture(scope="module")
+def scenario_db_once(tmp_path_factory):
+    """``scenario_db`` made once for a module whose tests only read it; returns (path, run_id)."""
+    return make_scenario_db(tmp_path_factory.mktemp("scenario") / "scenario.duckdb")
+
+
+def make_scenario_db(path):
+    """The store of ``scenario_db`` at ``path``: (path, run_id)."""
     store = Store.open(path)
     run_id = store.create_run("scenario", run_id="sc", trace_source="hand-built", trace_digest="t1",
                               config={"capacity": 8}, behaviours={"checkpoint_retention": True},
