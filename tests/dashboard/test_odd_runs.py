@@ -4,6 +4,7 @@ Belady runs themselves, a directory as the store."""
 from __future__ import annotations
 
 import polars as pl
+import pytest
 from apptest import render
 
 from kvtrace.dashboard import ui
@@ -23,6 +24,19 @@ def _stopped_run(db: str) -> str:
     synthetic_run.write_steps(store, run, steps)
     store.close()
     return run
+
+
+@pytest.fixture(scope="module")
+def lru_and_belady(tmp_path_factory) -> tuple[str, str, str]:
+    """A store, at a path with a space, of two cache-only runs of one trace at one capacity: LRU
+    and Belady (read only by the tests that use it)."""
+    from kvtrace.replay.run import RunSpec, run_replay
+
+    db = str(tmp_path_factory.mktemp("pair") / "my runs.duckdb")
+    spec = {"limit": 12, "mode": "cache-only", "capacity_blocks": 40}
+    a = run_replay(RunSpec("gen:mixed", name="lru", **spec), db=db)
+    b = run_replay(RunSpec("gen:mixed", name="opt", policy="belady", **spec), db=db)
+    return db, a.run_id, b.run_id
 
 
 def test_a_run_without_a_stored_summary_shows_the_numbers_of_kvtrace_runs_and_diff(tmp_path, monkeypatch):
@@ -82,14 +96,9 @@ def test_a_directory_as_the_store_is_named_a_directory_not_missing(tmp_path, mon
     assert "no such database file" not in at.error[0].value
 
 
-def test_compare_of_cache_only_runs_does_not_blame_request_ids(tmp_path, monkeypatch):
-    from kvtrace.replay.run import RunSpec, run_replay
-
-    db = str(tmp_path / "pair.duckdb")
-    spec = {"limit": 12, "mode": "cache-only", "capacity_blocks": 40}
-    a = run_replay(RunSpec("gen:mixed", name="lru", **spec), db=db)
-    b = run_replay(RunSpec("gen:mixed", name="opt", policy="belady", **spec), db=db)
-    at = render(db, monkeypatch, "compare", run=a.run_id, b=b.run_id)
+def test_compare_of_cache_only_runs_does_not_blame_request_ids(lru_and_belady, monkeypatch):
+    db, a, b = lru_and_belady
+    at = render(db, monkeypatch, "compare", run=a, b=b)
     infos = [i.value for i in at.info]
     assert not any("share no request ids" in i for i in infos), infos
     assert any("they record no request spans" in i for i in infos), infos
@@ -161,39 +170,35 @@ def test_a_belady_runs_evictions_page_does_not_say_the_cache_never_filled(tmp_pa
     assert any(f"counts {ui.count(done.summary['evictions'])} evicted blocks" in i for i in infos), infos
 
 
-def test_commands_to_paste_quote_a_store_path_with_spaces(tmp_path, monkeypatch):
+def test_commands_to_paste_quote_a_store_path_with_spaces(lru_and_belady, monkeypatch):
     import shlex
 
-    from kvtrace.replay.run import RunSpec, run_replay
     from tests.support.markdown import shown
 
-    db = str(tmp_path / "my runs.duckdb")
-    spec = {"limit": 12, "mode": "cache-only", "capacity_blocks": 40}
-    a = run_replay(RunSpec("gen:mixed", name="lru", **spec), db=db)
-    b = run_replay(RunSpec("gen:mixed", name="opt", policy="belady", **spec), db=db)
-    at = render(db, monkeypatch, "compare", run=a.run_id, b=b.run_id)
+    db, a, b = lru_and_belady
+    assert " " in db
+    at = render(db, monkeypatch, "compare", run=a, b=b)
     (caption,) = [shown(c.value) for c in at.caption if "kvtrace diff" in c.value]
     argv = shlex.split(caption.removesuffix(" prints this text."))
-    assert argv == ["kvtrace", "diff", "--db", db, "--markdown", "--", a.run_id, b.run_id]
+    assert argv == ["kvtrace", "diff", "--db", db, "--markdown", "--", a, b]
     at = render(db, monkeypatch, run="gone")
     (warning,) = [shown(w.value) for w in at.warning]
     assert f"kvtrace runs --db {shlex.quote(db)}" in warning
 
 
-def test_request_ids_reach_the_sankey_as_text_not_plotly_markup(tmp_path, monkeypatch):
+def test_request_ids_reach_the_sankey_as_text_not_plotly_markup(tmp_path, monkeypatch, capsys):
     """A trace's request ids name the Sankey's prefixes ("first REQUEST"): plotly would
     draw an <a href> there as a live link."""
     import json
-    import subprocess
-    import sys
 
     from apptest import traces
 
     from kvtrace.replay.run import RunSpec, run_replay
+    from tests.cli.support import run
 
     trace = tmp_path / "hostile.jsonl"
-    subprocess.run([sys.executable, "-m", "kvtrace.cli", "generate", "mixed", "-o", str(trace), "--format", "native",
-                    "--requests", "40"], check=True, capture_output=True)
+    code, _, err = run(["generate", "mixed", "-o", str(trace), "--format", "native", "--requests", "40"], capsys)
+    assert code == 0, err
     head, *rows = trace.read_text().splitlines()
     link = '<a href="https://e.invalid/">{}</a>'
     trace.write_text("\n".join([head, *(json.dumps({**r, "request_id": link.format(r["request_id"])})

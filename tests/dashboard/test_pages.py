@@ -328,7 +328,7 @@ def test_waterfall_marks_one_cache_hit_per_request_not_every_repeated_lookup(das
         assert f"after {n - 1} lookups" in marks["hovertext"][0]
 
 
-def test_compare_page_deltas_ci_cdfs_and_markdown_are_kvtrace_diffs(dashboard_db, monkeypatch):
+def test_compare_page_deltas_ci_cdfs_and_markdown_are_kvtrace_diffs(dashboard_db, monkeypatch, capsys):
     from kvtrace.compare.render import fmt
     from kvtrace.compare.source import diff_runs
 
@@ -361,13 +361,14 @@ def test_compare_page_deltas_ci_cdfs_and_markdown_are_kvtrace_diffs(dashboard_db
     assert {"TTFT CDF, A vs B", "ITL CDF, A vs B"} <= titles
     shifts = next(df.value for df in at.dataframe if "percentile" in df.value.columns)
     assert list(shifts["percentile"]) == [x.name for x in diff.latency]
-    # the copy-as-Markdown block is kvtrace diff --markdown, byte for byte
-    from tests.cli.test_cli import kvtrace
+    # the copy-as-Markdown block is kvtrace diff --markdown, byte for byte (the command run in this process)
+    from tests.cli.support import run
 
-    cli = kvtrace("diff", run_on, run_off, "--db", dashboard_db, "--markdown")
-    assert cli.returncode == 0, cli.stderr
+    capsys.readouterr()  # (only the command's own output below)
+    code, stdout, stderr = run(["diff", run_on, run_off, "--db", dashboard_db, "--markdown"], capsys)
+    assert code == 0, stderr
     (block,) = [c for c in at.code if c.language == "markdown"]
-    assert block.value.rstrip("\n") == cli.stdout.rstrip("\n")  # (echo adds a newline)
+    assert block.value.rstrip("\n") == stdout.rstrip("\n")  # (echo adds a newline)
     on, off = (set(read.run(dashboard_db, r)["behaviours"]) for r in (run_on, run_off))
     (differ,) = sorted(on ^ off)
     assert any(shown(c.value) == f"Settings that differ: behaviour {differ}: A on → B off" for c in at.caption)

@@ -78,13 +78,22 @@ def collector(tmp_path):
     c.stop()
 
 
-def test_binds_loopback_by_default(collector):
-    assert collector.address[0] == "127.0.0.1"
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """The ``collector`` fixture's collector, one for the module: for the tests that assert only
+    the replies to their own requests (a refusal, a limit), never what the store holds."""
+    c = OTLPCollector(tmp_path_factory.mktemp("served") / "rx.duckdb", port=0, max_body_bytes=64 * 1024).start()
+    yield c
+    c.stop()
+
+
+def test_binds_loopback_by_default(served):
+    assert served.address[0] == "127.0.0.1"
 
 
 @pytest.mark.parametrize("method", ["GET", "PUT", "DELETE", "PATCH", "OPTIONS"])
-def test_a_method_other_than_post_gets_405_in_otlp_form(collector, method):
-    req = urllib.request.Request(collector.url, data=b"{}" if method != "GET" else None, method=method,
+def test_a_method_other_than_post_gets_405_in_otlp_form(served, method):
+    req = urllib.request.Request(served.url, data=b"{}" if method != "GET" else None, method=method,
                                  headers={"Content-Type": "application/json"})
     with pytest.raises(urllib.error.HTTPError) as err:
         urllib.request.urlopen(req, timeout=10)
@@ -179,16 +188,16 @@ def test_a_deflate_body_is_read_in_either_framing(tmp_path, collector, wbits):
     assert count_spans(tmp_path / "rx.duckdb", "json-run") == 3
 
 
-def test_body_limits(collector):
+def test_body_limits(served):
     big = b"x" * (65 * 1024)
-    assert _post(collector.url, big)[0] == 413
+    assert _post(served.url, big)[0] == 413
     bomb = gzip.compress(b" " * (1024 * 1024))  # small on the wire, 1 MiB inflated
     assert len(bomb) < 64 * 1024
-    assert _post(collector.url, bomb, encoding="gzip")[0] == 413
-    assert _post(collector.url, zlib.compress(b" " * (1024 * 1024)), encoding="deflate")[0] == 413
-    assert _post(collector.url, b"{}", "text/plain")[0] == 415
-    assert _post(collector.url.replace("/v1/traces", "/v1/logs"), b"{}")[0] == 404
-    assert _post(collector.url, b"{}")[0] == 200  # an empty export is fine
+    assert _post(served.url, bomb, encoding="gzip")[0] == 413
+    assert _post(served.url, zlib.compress(b" " * (1024 * 1024)), encoding="deflate")[0] == 413
+    assert _post(served.url, b"{}", "text/plain")[0] == 415
+    assert _post(served.url.replace("/v1/traces", "/v1/logs"), b"{}")[0] == 404
+    assert _post(served.url, b"{}")[0] == 200  # an empty export is fine
 
 
 # --- hostile requests: refused whole, named, never a traceback, never poisoning the next --------
@@ -446,8 +455,8 @@ def test_a_content_length_that_is_no_byte_count_is_400(tmp_path, collector, capf
     (json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": ["x"]}]}]}).encode(),
      "resourceSpans[0].scopeSpans[0].spans: expected a list of objects"),
 ])
-def test_json_of_the_wrong_shape_or_size_is_400_naming_it(tmp_path, collector, capfd, body, needle):
-    status, reply, _ = _post(collector.url, body)
+def test_json_of_the_wrong_shape_or_size_is_400_naming_it(served, capfd, body, needle):
+    status, reply, _ = _post(served.url, body)
     assert status == 400 and needle in json.loads(reply)["message"], reply
     assert "Traceback" not in capfd.readouterr().err
 
@@ -561,11 +570,11 @@ def test_a_body_sent_with_a_refused_method_is_never_read_as_a_request(tmp_path, 
     assert "smuggled" not in _runs(tmp_path / "rx.duckdb")
 
 
-def test_http_servers_own_refusals_are_otlp_status_json_not_html(collector):
-    reply = _raw_http(collector.address, b"BREW /v1/traces HTTP/1.1\r\nHost: x\r\n\r\n", b"", half_close=False)
+def test_http_servers_own_refusals_are_otlp_status_json_not_html(served):
+    reply = _raw_http(served.address, b"BREW /v1/traces HTTP/1.1\r\nHost: x\r\n\r\n", b"", half_close=False)
     assert reply.startswith(b"HTTP/1.1 501"), reply[:200]
     assert json.loads(reply.split(b"\r\n\r\n", 1)[1])["message"].startswith("Unsupported method")
-    head = _raw_http(collector.address, b"HEAD /v1/traces HTTP/1.1\r\nHost: x\r\n\r\n", b"", half_close=False)
+    head = _raw_http(served.address, b"HEAD /v1/traces HTTP/1.1\r\nHost: x\r\n\r\n", b"", half_close=False)
     assert head.startswith(b"HTTP/1.1 405") and head.endswith(b"\r\n\r\n")  # no body after a HEAD's headers
 
 
@@ -578,11 +587,11 @@ def test_an_absolute_form_target_names_the_traces_path(tmp_path, collector):
     assert count_spans(tmp_path / "rx.duckdb", "json-run") == 2
 
 
-def test_a_gzip_body_of_many_members_is_refused(collector):
+def test_a_gzip_body_of_many_members_is_refused(served):
     """Each member copied the rest of the body: 750k empty members took minutes of CPU."""
-    status, reply, _ = _post(collector.url, gzip.compress(b"") * 3_000, "application/json", "gzip")
+    status, reply, _ = _post(served.url, gzip.compress(b"") * 3_000, "application/json", "gzip")
     assert status == 400 and "more than 64 members" in json.loads(reply)["message"]
-    assert _post(collector.url, gzip.compress(b"") * 63 + gzip.compress(b"{}"), "application/json", "gzip")[0] == 200
+    assert _post(served.url, gzip.compress(b"") * 63 + gzip.compress(b"{}"), "application/json", "gzip")[0] == 200
 
 
 @pytest.mark.parametrize("field, value, needle", [
@@ -592,10 +601,10 @@ def test_a_gzip_body_of_many_members_is_refused(collector):
     ("startTimeUnixNano", " 1_000 ", "startTimeUnixNano: expected an integer"),
     ("startTimeUnixNano", "\u0661\u0662", "startTimeUnixNano: expected an integer"),
 ])
-def test_json_ids_and_integers_are_read_strictly(tmp_path, collector, field, value, needle):
+def test_json_ids_and_integers_are_read_strictly(served, field, value, needle):
     span = {"traceId": TRACE, "spanId": "0000000000000001", "name": "n", field: value}
     body = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]}).encode()
-    status, reply, _ = _post(collector.url, body)
+    status, reply, _ = _post(served.url, body)
     assert status == 400 and needle in json.loads(reply)["message"], reply
 
 

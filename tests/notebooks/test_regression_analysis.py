@@ -171,7 +171,7 @@ def test_collected_replays_times_are_called_what_diff_calls_them(run_notebook, t
     db = tmp_path / "collected.duckdb"
     collector = OTLPCollector(db, port=0, grpc_port=None).start()
     try:
-        sent = [run_replay(RunSpec("gen:chat", limit=8), otlp_endpoint=collector.url).otlp_run_id for _ in range(2)]
+        sent = [run_replay(RunSpec("gen:chat", limit=3), otlp_endpoint=collector.url).otlp_run_id for _ in range(2)]
     finally:
         collector.stop()
     out, nb = run_notebook("regression_analysis", db_path=str(db), run_a=sent[0], run_b=sent[1])
@@ -231,7 +231,7 @@ def test_a_block_size_for_a_native_trace_names_the_parameter(run_notebook, tmp_p
         run_notebook("regression_analysis", trace=str(trace), trace_block_size=64)
 
 
-def test_notebook_verdict_cautions_a_pair_recorded_under_other_definitions(run_notebook, tmp_path):
+def test_notebook_verdict_cautions_a_pair_recorded_under_other_definitions(run_notebook, study_db, tmp_path):
     """The notebook called B worse on a number whose meaning changed between the runs, its
     RESULT without a word of it (re-probe B): the verdict cautions, RESULT carries the notes."""
     import json
@@ -239,9 +239,9 @@ def test_notebook_verdict_cautions_a_pair_recorded_under_other_definitions(run_n
 
     import duckdb
 
-    res = run_study(SHARED_PREFIX_PINNING, db=tmp_path / "s.duckdb", seed=0, limit=20)
+    study, res = study_db  # (a copy of the module's study store: its off run's config is edited below)
     db = tmp_path / "old.duckdb"
-    shutil.copy(tmp_path / "s.duckdb", db)
+    shutil.copy(study, db)
     con = duckdb.connect(str(db))
     (config,) = con.execute("SELECT config FROM runs WHERE run_id = ?", [res.first.run_off]).fetchone()
     config = json.loads(config)
