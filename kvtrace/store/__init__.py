@@ -59,7 +59,10 @@ Concurrency (``connection.py``)
     a writer the marker above. Writers take turns under a POSIX lock on ``<db>.write-lock``
     held from each open to its close (DuckDB 2.0.1 now and then lost a commit when processes
     took turns writing one file). ``finish_run`` computes derived tables on a read-only
-    connection and writes them in one short transaction.
+    connection and writes them in one short transaction. Every open attaches the file to
+    a DuckDB instance kept for reuse (``instances.py``: a new instance's built-in catalog
+    was most of an open's cost) and detaches it at close, which lets the file go as a
+    connection's close did.
 
 Crash safety
     Each flush is a committed DuckDB transaction: it survives kill -9 (WAL replay on the

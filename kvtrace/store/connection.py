@@ -33,6 +33,7 @@ import duckdb
 
 from kvtrace.errors import STORE_SIDE_SUFFIXES, duckdb_magic, wal_owner, wal_path
 from kvtrace.names import printable
+from kvtrace.store import instances
 from kvtrace.store.backend import duckdb_path_problem
 from kvtrace.store.errors import COMMITTED_STAYS, DAMAGED, StoreBusyError, StoreError, write_failure_reason
 from kvtrace.store.layout import check_layout
@@ -223,9 +224,9 @@ _READ_AS_DATA = "not a DuckDB database (DuckDB reads this file as data, e.g. a t
 def _check_is_a_file(con: duckdb.DuckDBPyConnection, path: str) -> None:
     """DuckDB opens an existing file it reads as data (a ``.jsonl`` trace, a ``.csv``) as
     a new in-memory database, without error: nothing written there would be kept."""
-    rows = con.execute("SELECT path FROM duckdb_databases() WHERE NOT internal").fetchall()
+    rows = con.execute("SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchall()
     if rows and rows[0][0] is None:
-        con.close()
+        instances.detach(con)
         raise StoreError(path, _READ_AS_DATA)
 
 
@@ -389,13 +390,13 @@ def _open(path: str, read_only: bool, timeout_s: float) -> duckdb.DuckDBPyConnec
                     raise _TurnTaken(f"another process holds {write_lock_path(real)}")
                 con = None
                 try:
-                    con = duckdb.connect(path, read_only=read_only)
+                    con = instances.attach(path, read_only=read_only)
                     _check_is_a_file(con, path)
                     _quiet(con)
                 except BaseException:
                     if con is not None:  # (a stop signal here left it open: the stop path's own open of
                         with contextlib.suppress(Exception):  # the file, to mark the run failed, was refused)
-                            con.close()
+                            instances.detach(con)
                     if not read_only:
                         _WriterLock.release(path)
                     raise
@@ -428,7 +429,7 @@ def check_store(con: duckdb.DuckDBPyConnection, path: str) -> int:
     try:
         rows = con.execute(f"SELECT key, value FROM {META_TABLE}").fetchall()
     except duckdb.CatalogException:
-        if not fetch_value(con, "SELECT count(*) FROM duckdb_tables() WHERE NOT internal"):
+        if not fetch_value(con, "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database()"):
             # what a writer killed (-9) while it created the store leaves: nothing can remove it then
             raise StoreError(path, EMPTY_DATABASE) from None
         raise StoreError(path, f"not a kvtrace store (DuckDB file without a {META_TABLE} table)") from None
@@ -452,7 +453,7 @@ def read_connection(path: str | Path, timeout_s: float = DEFAULT_TIMEOUT_S) -> I
             with _older_schema(path, version):
                 yield con
     finally:
-        con.close()
+        instances.detach(con)
 
 
 @contextlib.contextmanager
@@ -484,7 +485,7 @@ def write_connection(path: str | Path, timeout_s: float = DEFAULT_TIMEOUT_S) -> 
 
 def _close_writer(path: str, con: duckdb.DuckDBPyConnection) -> None:
     try:
-        con.close()
+        instances.detach(con)
     finally:
         _WriterLock.release(path)
 

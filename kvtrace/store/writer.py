@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 
 from kvtrace.errors import wal_path
 from kvtrace.process import signals_held, stop_exception, stop_pending
-from kvtrace.store import derived
+from kvtrace.store import derived, instances
 from kvtrace.store.backend import is_clickhouse, store_to_write_problem
 from kvtrace.store.connection import (
     DEFAULT_TIMEOUT_S,
@@ -196,7 +196,8 @@ def _init_schema(con: duckdb.DuckDBPyConnection, path: str) -> None:
     """Create the schema in a new file; in an existing store, check it is whole first (a
     table or column missing is refused as damage, never re-created empty: a new run would
     reuse the ids of the runs whose records are gone), then add what newer kvtraces added."""
-    tables = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+    tables = {r[0] for r in con.execute(
+        "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()").fetchall()}
     if tables and META_TABLE not in tables:
         raise StoreError(path, f"not a kvtrace store (DuckDB file with tables {sorted(tables)[:5]} "
                                f"but no {META_TABLE})")
@@ -300,15 +301,16 @@ def _remove_failed_creation(path: str) -> bool:
     (another process made one there meanwhile) or another process has it open; whether
     nothing is left."""
     try:
-        con = duckdb.connect(path, read_only=True)
+        con = instances.attach(path, read_only=True)
     except duckdb.Error as err:
         if _is_lock_conflict(err):
             return False  # in use: not ours to judge
     else:
         try:
-            found = con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [META_TABLE]).fetchall()
+            found = con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ? "
+                                "AND database_name = current_database()", [META_TABLE]).fetchall()
         finally:
-            con.close()
+            instances.detach(con)
         if found[0][0]:
             return False
     for leftover in (path, wal_path(path)):

@@ -10,7 +10,7 @@ import duckdb
 import pyarrow as pa
 import pytest
 
-from kvtrace.store import Store, read
+from kvtrace.store import Store, instances, read
 from kvtrace.store.errors import StoreError
 
 
@@ -116,33 +116,33 @@ def test_a_new_store_two_writers_start_on_is_created_once_and_holds_both_runs(tm
     (then that writer waits for it, and opens the store made); the connect then writes a new
     database over whatever is there."""
     db = tmp_path / "s.duckdb"
-    real_connect = duckdb.connect
+    real_attach = instances.attach  # (where DuckDB opens, and creates, a store file)
     deferred = []
 
-    def connect(path, *args, **kwargs):
+    def attach(path, *args, **kwargs):
         if deferred or str(path) != str(db):
-            return real_connect(path, *args, **kwargs)
+            return real_attach(path, *args, **kwargs)
         missing = not os.path.exists(path)
         if _lock_held(f"{db}.creating"):
             deferred.append("waits for the lock")
         else:
             deferred.append("creates now")
-            monkeypatch.setattr(duckdb, "connect", real_connect)  # (the other writer's own connects)
+            monkeypatch.setattr(instances, "attach", real_attach)  # (the other writer's own connects)
             try:
                 _other_writers_store(db)
             finally:
-                monkeypatch.setattr(duckdb, "connect", connect)
+                monkeypatch.setattr(instances, "attach", attach)
         if missing and os.path.exists(path):  # what DuckDB's creation of a new database does to it
             fresh = tmp_path / "fresh.duckdb"
-            real_connect(str(fresh)).close()
+            duckdb.connect(str(fresh)).close()
             with open(fresh, "rb") as src, open(path, "r+b") as dst:
                 dst.truncate(0)
                 shutil.copyfileobj(src, dst)
-        return real_connect(path, *args, **kwargs)
+        return real_attach(path, *args, **kwargs)
 
-    monkeypatch.setattr(duckdb, "connect", connect)
+    monkeypatch.setattr(instances, "attach", attach)
     store = Store.open(db)
-    monkeypatch.setattr(duckdb, "connect", real_connect)
+    monkeypatch.setattr(instances, "attach", real_attach)
     if deferred == ["waits for the lock"]:
         _other_writers_store(db)  # (it had the lock once this writer let it go)
     run_id = store.create_run("ours")
