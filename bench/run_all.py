@@ -19,6 +19,7 @@ ORDER = [
     "cold_start",  # issue 16: a user error in < 0.5 s, torch not imported
     "span_path",  # issue 4: spans/s end to end and exporter alone
     "store_append",  # issue 4: bulk Arrow insert rate
+    "store_open",  # what an open of a store costs: a new DuckDB instance vs a kept one
     "store_queries",  # issue 5: every read query on a 10M-span store
     "dashboard_pages",  # issue 5: every page render on a 10M-span store
     "demo",  # issue 6: kvtrace demo wall time
