@@ -19,9 +19,14 @@ What an open did before, it still does:
   for a file it opens, and the locks are DuckDB's (held from attach to detach).
 - **The same errors.** ``ATTACH`` reads a file as ``connect`` does: a missing file, a
   directory, a truncated or foreign file, a held lock give the same exceptions.
+- **A file this process opened with ``duckdb.connect``** (a notebook's own connection) is
+  reached through that instance, as before: DuckDB's instance cache shares it in the same
+  mode and refuses the other.
 
 A child made by ``fork`` starts afresh: the parent's instances are kept, never used and
-never destroyed there (destroying one would checkpoint the parent's file).
+never destroyed there (destroying one would checkpoint the parent's file), and a file the
+parent held is refused (``duckdb.connect`` handed the child the parent's instance: its
+writes went nowhere the parent could see, under no lock).
 """
 
 from __future__ import annotations
@@ -37,10 +42,8 @@ _KEEP_IDLE = 4  # instances kept for later opens (one a file open at once in pra
 _RESET = ("threads", "memory_limit", "checkpoint_threshold", "temp_directory")
 SAME_FILE_OTHER_MODE = ("Connection Error: Can't open a connection to same database file with a different "
                         "configuration than existing connections")
-# DuckDB's "Unique file handle conflict" names the instance's internal database (ours: a new
-# name each open), so a caller telling each reason once told it every time; said plainly
-HELD_BY_ANOTHER_INSTANCE = ("Connection Error: the file is open in another DuckDB instance of this process (a "
-                            "duckdb.connect of its own, or one a parent process held when it forked this one)")
+HELD_BY_PARENT = ("Connection Error: the file was open in this process's parent when it forked this one, and "
+                  "DuckDB's copy of it here is not this process's to use; open it in the parent, or after it lets go")
 
 
 @dataclass
@@ -64,7 +67,8 @@ class _Instances:
 
 
 _state = _Instances()
-_forked_away: list[tuple[object, ...]] = []  # (kept alive: see the module docstring)
+# what a parent process had (kept alive: see the module docstring): its idle instances, its files
+_forked_away: list[tuple[list[duckdb.DuckDBPyConnection], dict[str, _Attached]]] = []
 
 
 def _start_afresh() -> None:
@@ -94,14 +98,20 @@ def attach(path: str, read_only: bool) -> duckdb.DuckDBPyConnection:
             instance.execute(f"ATTACH {_literal(path)} AS {alias} ({'READ_ONLY' if read_only else 'READ_WRITE'})")
         except duckdb.Error as err:
             _retire(state, instance)  # (nothing attached)
-            if "Unique file handle conflict" in str(err):
-                raise duckdb.ConnectionException(HELD_BY_ANOTHER_INSTANCE) from None
-            raise
+            if "Unique file handle conflict" not in str(err):
+                raise
+            if any(real in files for _, files in _forked_away):
+                raise duckdb.ConnectionException(HELD_BY_PARENT) from None
         except BaseException:  # (a stop signal: attached or not, the instance goes)
             instance.close()
             raise
-        held = state.files[real] = _Attached(instance, alias, read_only)
-        return _hand_out(state, held, real)
+        else:
+            held = state.files[real] = _Attached(instance, alias, read_only)
+            return _hand_out(state, held, real)
+    # Another instance of this process holds the file (a user's own duckdb.connect in a
+    # notebook): DuckDB's instance cache hands out a connection to it, in the same mode, as
+    # it did before; in another mode it refuses, as it did before.
+    return duckdb.connect(path, read_only=read_only)
 
 
 def _hand_out(state: _Instances, held: _Attached, real: str) -> duckdb.DuckDBPyConnection:

@@ -107,7 +107,7 @@ def test_a_forked_child_is_refused_the_file_its_parent_holds_not_handed_the_pare
             try:
                 instances.attach(a, read_only=False).execute("CREATE TABLE childs AS SELECT 1 AS x")
             except duckdb.Error as err:
-                code = 0 if str(err) == instances.HELD_BY_ANOTHER_INSTANCE else 4
+                code = 0 if str(err) == instances.HELD_BY_PARENT else 4
             except BaseException:
                 code = 5
             os._exit(code)
@@ -117,19 +117,29 @@ def test_a_forked_child_is_refused_the_file_its_parent_holds_not_handed_the_pare
         assert con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'childs'").fetchone() == (0,)
 
 
-def test_a_file_another_duckdb_instance_of_this_process_holds_is_refused_in_the_same_words_each_time(two_stores):
-    """DuckDB's refusal names the internal database of each attempt (a new name each time): a
-    collector telling each reason once told this one at every request."""
-    a, _ = two_stores
-    theirs = duckdb.connect(a)
+
+def test_a_file_this_process_opened_with_duckdb_connect_is_reached_through_that_instance(two_stores):
+    """A notebook's own ``duckdb.connect`` beside kvtrace's reads: the read shares its instance
+    in the same mode and is refused in the other, in DuckDB's words each time, as before (the
+    attach's refusal named a new internal database at each try: a collector telling each
+    reason once told it at every request)."""
+    a, b = two_stores
+    theirs = duckdb.connect(a, read_only=True)
+    try:
+        assert read.runs(a).height == 0
+        with read_connection(a) as con:
+            assert con.execute("SELECT count(*) FROM runs").fetchone() == (0,)
+    finally:
+        theirs.close()
+    theirs = duckdb.connect(b)
     try:
         refusals = set()
         for _ in range(2):
             with pytest.raises(duckdb.ConnectionException) as refused:
-                instances.attach(a, read_only=True)
+                instances.attach(b, read_only=True)
             refusals.add(str(refused.value))
     finally:
         theirs.close()
-    assert refusals == {instances.HELD_BY_ANOTHER_INSTANCE}
-    with read_connection(a) as con:  # (and nothing was left attached by the refusals)
+    assert refusals == {instances.SAME_FILE_OTHER_MODE}
+    with read_connection(b) as con:  # (and nothing was left attached by the refusals)
         assert con.execute("SELECT count(*) FROM runs").fetchone() == (0,)
