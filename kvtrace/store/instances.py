@@ -2,7 +2,7 @@
 
 ``duckdb.connect(path)`` builds a new database instance each time a file is opened anew,
 and most of an open's cost is the instance's catalog of built-in functions: an open and
-close took 16.5 ms (198 s of CPU over ``make test``'s 12,470 opens), where attaching the
+close took 16.5 ms (its connect alone 198 s over ``make test``'s 12,470 opens), where attaching the
 file to an instance already built and detaching it takes 4.7 ms (``bench/store_open.py``).
 So ``attach`` takes an idle in-memory instance, ``ATTACH``es the file to it and hands back
 a connection that ``USE``s it; ``detach`` lets go of the file (DuckDB checkpoints it then,
