@@ -38,8 +38,11 @@ from dataclasses import dataclass, field
 import duckdb
 
 _KEEP_IDLE = 4  # instances kept for later opens (one a file open at once in practice)
-# the settings kvtrace changes on an instance (see module docstring), reset between files
-_RESET = ("threads", "memory_limit", "checkpoint_threshold", "temp_directory")
+# the settings kvtrace changes on an instance (see module docstring), reset between files where
+# changed (a RESET costs about as much as a query: all four were two-thirds of a detach); the
+# temporary folder always, which DuckDB refuses for an instance that spilled there
+_SETTINGS = ("threads", "memory_limit", "checkpoint_threshold")
+_SETTINGS_NOW = "SELECT " + ", ".join(f"current_setting('{name}')" for name in _SETTINGS)
 SAME_FILE_OTHER_MODE = ("Connection Error: Can't open a connection to same database file with a different "
                         "configuration than existing connections")
 HELD_BY_PARENT = ("Connection Error: the file was open in this process's parent when it forked this one, and "
@@ -64,6 +67,7 @@ class _Instances:
         self.files: dict[str, _Attached] = {}  # real path -> its attachment
         self.users: dict[int, str] = {}  # id() of a connection handed out -> real path
         self.made = 0
+        self.defaults: tuple | None = None  # _SETTINGS of a new instance (the same for every one)
 
 
 _state = _Instances()
@@ -90,7 +94,7 @@ def attach(path: str, read_only: bool) -> duckdb.DuckDBPyConnection:
             if held.read_only != read_only:
                 raise duckdb.ConnectionException(SAME_FILE_OTHER_MODE)
             return _hand_out(state, held, real)
-        instance = state.idle.pop() if state.idle else duckdb.connect(":memory:")
+        instance = state.idle.pop() if state.idle else _new_instance(state)
         state.made += 1
         alias = f"kvtrace_store_{state.made}"
         try:
@@ -112,6 +116,13 @@ def attach(path: str, read_only: bool) -> duckdb.DuckDBPyConnection:
     # notebook): DuckDB's instance cache hands out a connection to it, in the same mode, as
     # it did before; in another mode it refuses, as it did before.
     return duckdb.connect(path, read_only=read_only)
+
+
+def _new_instance(state: _Instances) -> duckdb.DuckDBPyConnection:
+    instance = duckdb.connect(":memory:")
+    if state.defaults is None:
+        state.defaults = instance.execute(_SETTINGS_NOW).fetchone()
+    return instance
 
 
 def _hand_out(state: _Instances, held: _Attached, real: str) -> duckdb.DuckDBPyConnection:
@@ -166,7 +177,10 @@ def _retire(state: _Instances, instance: duckdb.DuckDBPyConnection) -> None:
         instance.close()
         return
     try:
-        for setting in _RESET:
+        now, defaults = instance.execute(_SETTINGS_NOW).fetchone(), state.defaults
+        changed = _SETTINGS if now is None or defaults is None else [
+            name for name, value, default in zip(_SETTINGS, now, defaults, strict=True) if value != default]
+        for setting in (*changed, "temp_directory"):
             instance.execute(f"RESET {setting}")
     except duckdb.Error:
         instance.close()
