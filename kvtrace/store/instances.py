@@ -39,7 +39,7 @@ import duckdb
 
 _KEEP_IDLE = 4  # instances kept for later opens (one a file open at once in practice)
 # the settings kvtrace changes on an instance (see module docstring), reset between files where
-# changed (a RESET costs about as much as a query: all four were two-thirds of a detach); the
+# changed (a RESET costs about as much as a query: all four were half of a detach); the
 # temporary folder always, which DuckDB refuses for an instance that spilled there
 _SETTINGS = ("threads", "memory_limit", "checkpoint_threshold")
 _SETTINGS_NOW = "SELECT " + ", ".join(f"current_setting('{name}')" for name in _SETTINGS)
