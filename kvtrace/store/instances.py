@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import duckdb
 
@@ -54,7 +54,7 @@ class _Attached:
     instance: duckdb.DuckDBPyConnection
     alias: str
     read_only: bool
-    users: set[int] = field(default_factory=set)  # id() of the connections handed out
+    users: int = 0  # connections handed out and not yet detached (state.users names them)
 
 
 class _Instances:
@@ -134,7 +134,7 @@ def _hand_out(state: _Instances, held: _Attached, real: str) -> duckdb.DuckDBPyC
         if not held.users:
             _let_go(state, real, held)
         raise
-    held.users.add(id(con))
+    held.users += 1
     state.users[id(con)] = real
     return con
 
@@ -149,7 +149,7 @@ def detach(con: duckdb.DuckDBPyConnection) -> None:
         if real is None:
             return
         held = state.files[real]
-        held.users.discard(id(con))
+        held.users -= 1
         if not held.users:
             _let_go(state, real, held)
 
