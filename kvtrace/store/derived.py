@@ -67,6 +67,21 @@ def latency_samples_sql(metric: str) -> str:
     return f"SELECT CAST(v AS DOUBLE) AS v FROM ({LATENCY_VALUES[metric]}) WHERE v IS NOT NULL ORDER BY v"
 
 
+# Every latency's samples of $run_id in one SELECT: column ``m``, the metric's place in
+# LATENCY_VALUES, and ``v`` (DOUBLE, ns), sorted by both. A finish planned five queries
+# over the request spans' view for them before (19 of its 140 ms on a small run).
+ALL_LATENCY_SAMPLES_SQL = " UNION ALL ".join(
+    f"SELECT {i} AS m, CAST(v AS DOUBLE) AS v FROM ({sql}) WHERE v IS NOT NULL"
+    for i, sql in enumerate(LATENCY_VALUES.values())) + " ORDER BY m, v"
+
+
+def samples_by_metric(rows: pa.Table) -> dict[str, np.ndarray]:
+    """``ALL_LATENCY_SAMPLES_SQL``'s rows as each metric's sorted samples."""
+    m, v = rows.column("m").to_numpy(), rows.column("v").to_numpy()
+    ends = np.searchsorted(m, np.arange(len(LATENCY_VALUES) + 1), side="left")
+    return {metric: v[ends[i]:ends[i + 1]] for i, metric in enumerate(LATENCY_VALUES)}
+
+
 def latency_cdf_table(run_id: str, samples: dict[str, np.ndarray]) -> pa.Table:
     """The ``latency_cdf`` rows of one run from its samples per metric: (run_id, metric,
     q, value_ns, n) for every metric with samples, q in CDF_PERCENTILES (percent)."""
@@ -384,8 +399,7 @@ def compute(con, run_id: str) -> DerivedRows:
                     if failure is None:
                         raise
                     raise failure from None
-            samples = {m: con.sql(latency_samples_sql(m), params=params).to_arrow_table().column("v").to_numpy()
-                       for m in LATENCY_VALUES}
+            samples = samples_by_metric(con.sql(ALL_LATENCY_SAMPLES_SQL, params=params).to_arrow_table())
         out["latency_cdf"] = latency_cdf_table(run_id, samples)
     except BaseException:
         out.close()

@@ -134,8 +134,7 @@ def materialise(con: client.ClickHouseConnection, run_id: str) -> None:
     }
     for table in derived.TABLES:  # evicted_blocks first: the others read it
         if table == "latency_cdf":  # percentiles by kvtrace.numeric, the one definition: in Python
-            samples = {m: con.query_arrow(derived.latency_samples_sql(m), params).column("v").to_numpy()
-                       for m in derived.LATENCY_VALUES}
+            samples = derived.samples_by_metric(con.query_arrow(derived.ALL_LATENCY_SAMPLES_SQL, params))
             con.insert_arrow(table, derived.latency_cdf_table(run_id, samples))
             continue
         cols = ", ".join(c for c, _ in derived_columns(table))
