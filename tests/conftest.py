@@ -82,15 +82,25 @@ SHARED_BUILDS = {"ch_stores": "clickhouse_replays", "story_stores": "clickhouse_
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
     """Under ``pytest -n N --dist loadgroup`` (``make test``) the ``source_modules`` tests go to
-    one worker, which runs them in its one subprocess (before xdist names the group), and the
-    tests of a ``SHARED_BUILDS`` fixture to one worker."""
+    one worker, which runs them in its one subprocess (before xdist names the group), the
+    tests of a ``SHARED_BUILDS`` fixture to one worker, and so do those of a module that builds
+    a fixture once a module (or class): each worker given some of them built it again (a
+    module's replays, a chdb store, a Streamlit server and a browser; 6 s and more each)."""
     for item in items:
         if item.get_closest_marker("source_modules") is not None:
             item.add_marker(pytest.mark.xdist_group(SOURCE_GROUP))
             continue
         group = next((SHARED_BUILDS[f] for f in getattr(item, "fixturenames", ()) if f in SHARED_BUILDS), None)
+        if group is None and _builds_per_module(item):
+            group = f"module:{item.nodeid.partition('::')[0]}"
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _builds_per_module(item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    return info is not None and any(
+        defs and defs[-1].scope in ("module", "class") for defs in info.name2fixturedefs.values())
 
 
 def _plain_nodeid(nodeid: str) -> str:
