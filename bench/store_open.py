@@ -9,7 +9,10 @@ Prints the median of ``--opens`` timings per line, in ms, on a store one small r
 - ``instances.attach`` + detach: the file attached to a kept instance (how it is made now);
 - ``read_connection``, ``write_connection``: kvtrace's opens, with their checks (the store's
   layout, the file's kind, lock markers) and a ``SELECT 1``;
-- ``read.runs``: a whole read-API call (``kvtrace runs`` makes one).
+- ``read.runs``: a whole read-API call (``kvtrace runs`` makes one);
+- ``Store.open`` + close of the existing store: what every writer (a replay, a collector)
+  does first; its schema's DDL runs only where the views' stamp is not this kvtrace's;
+- ``Store.open`` + close of a new store: the DDL, every table and view made.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import duckdb
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kvtrace.replay.run import RunSpec, run_replay
-from kvtrace.store import instances, read
+from kvtrace.store import Store, instances, read
 from kvtrace.store.connection import read_connection, write_connection
 
 
@@ -67,7 +70,10 @@ def main() -> None:
                  ("instances.attach + detach (a kept instance)", attach),
                  ("read_connection + SELECT 1", reading),
                  ("write_connection + SELECT 1", writing),
-                 ("read.runs", lambda: read.runs(db))]
+                 ("read.runs", lambda: read.runs(db)),
+                 ("Store.open + close, the existing store", lambda: Store.open(db).close()),
+                 ("Store.open + close, a new store", lambda: Store.open(str(Path(tempfile.mkdtemp(dir=tmp)) /
+                                                                             "new.duckdb")).close())]
         for label, fn in lines:
             print(f"{label:<48} {median_ms(fn, args.opens):7.2f} ms")
 
