@@ -197,7 +197,8 @@ def _family_inserts(buffer: list[tuple[str, pa.Table]]) -> list[tuple[str, str, 
 def _init_schema(con: duckdb.DuckDBPyConnection, path: str) -> None:
     """Create the schema in a new file; in an existing store, check it is whole first (a
     table or column missing is refused as damage, never re-created empty: a new run would
-    reuse the ids of the runs whose records are gone), then add what newer kvtraces added."""
+    reuse the ids of the runs whose records are gone), then add what newer kvtraces added and
+    make the views again: unless all of it is there already (``_schema_is_current``)."""
     tables = {r[0] for r in con.execute(
         "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()").fetchall()}
     if tables and META_TABLE not in tables:
@@ -233,23 +234,25 @@ def _init_schema(con: duckdb.DuckDBPyConnection, path: str) -> None:
 # kvtrace, which replaces every view it opens and so drops the stamps, or by hand), instead of
 # at every open (35 ms of the 60 an open of an existing store took: binding the views' unions).
 _VIEWS = tuple(name for name, rel in layout.expected(SCHEMA_VERSION).items() if rel.kind == layout.VIEW)
+_ADDED_COLUMNS = tuple(f"{table}.{col}" for table, cols in layout.ADDED_COLUMNS.items() for col in cols)
 
 
 @functools.cache
 def _schema_ddl() -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The writer's DDL after the meta table: (tables and their added columns, views)."""
     spans = span_tables_ddl()
+    views = [s for s in spans if s.startswith("CREATE OR REPLACE VIEW")]
     tables = [
         RUNS_DDL,
         "ALTER TABLE runs ADD COLUMN IF NOT EXISTS time_offset_ns BIGINT DEFAULT 0",  # stores before it
         CURVES_DDL,
         RECORDED_RUNS_DDL,  # (stores before it too)
-        *(s for s in spans if not s.startswith("CREATE OR REPLACE VIEW")),
+        *(s for s in spans if s not in views),
         *derived.DDL,
         *(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {col} {derived.COLUMNS[table][col]}"  # span_stats of
           for table, columns in derived.ADDED_COLUMNS.items() for col in columns),  # stores before the extent
     ]
-    views = [s for s in spans if s.startswith("CREATE OR REPLACE VIEW")] + [otel_traces_view_ddl()]
+    views.append(otel_traces_view_ddl())
     assert len(views) == len(_VIEWS)
     return tuple(tables), tuple(views)
 
@@ -264,7 +267,6 @@ def _schema_is_current(con: duckdb.DuckDBPyConnection) -> bool:
     """Whether the store open on ``con`` (whole: ``check_store`` passed) holds what
     ``_schema_ddl`` makes: every view stamped by it, and the tables and columns an older
     store may lack (the only ones ``check_store`` lets be missing) there."""
-    added = [f"{t}.{c}" for t, cols in layout.ADDED_COLUMNS.items() for c in cols]
     views, tables, columns = con.execute(
         "SELECT (SELECT count(*) FROM duckdb_views() WHERE database_name = current_database() "
         "AND schema_name = 'main' AND comment = $stamp AND list_contains($views, view_name)), "
@@ -273,8 +275,8 @@ def _schema_is_current(con: duckdb.DuckDBPyConnection) -> bool:
         "(SELECT count(*) FROM duckdb_columns() WHERE database_name = current_database() "
         "AND schema_name = 'main' AND list_contains($columns, table_name || '.' || column_name))",
         {"stamp": _schema_stamp(), "views": list(_VIEWS), "tables": sorted(layout.ADDED_TABLES),
-         "columns": added}).fetchone() or (0, 0, 0)
-    return (views, tables, columns) == (len(_VIEWS), len(layout.ADDED_TABLES), len(added))
+         "columns": list(_ADDED_COLUMNS)}).fetchone() or (0, 0, 0)
+    return (views, tables, columns) == (len(_VIEWS), len(layout.ADDED_TABLES), len(_ADDED_COLUMNS))
 
 
 def creation_lock_path(path: str) -> str:
